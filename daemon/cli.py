@@ -1,0 +1,39 @@
+"""The ``gpugov`` console script: one parser, subcommands registered by their modules."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from daemon import sim_cli
+
+# Modules that add subcommands; each exposes ``register(subparsers)``.
+COMMAND_MODULES = (sim_cli,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``gpugov`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="gpugov",
+        description="Serving-aware GPU clock governor and its simulated serving plant.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for module in COMMAND_MODULES:
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the chosen subcommand; return the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except sim_cli.INPUT_ERRORS as error:
+        return sim_cli.fail(str(error))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""``gpugov simulate`` and ``gpugov profiles``: offline runs of a controller on the plant."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from controllers.baseline import (
+    fixed_clock_controller,
+    maximum_clock_controller,
+    reactive_clock_controller,
+)
+from plant import ServingPlant, ServingResult, load_profile, simulate
+from plant.profile import ProfileError, list_bundled_profiles
+from plant.scheduler import SCHEDULERS
+from plant.types import ClockController, Request
+from plant.workload import DEFAULT_TRACE, TraceError, load_trace, workload_checksum
+
+DEFAULT_PROFILE = "h100-sxm-llama3-8b"
+CONTROLLER_HELP = "max | fixed:MHZ | reactive"
+
+
+class UsageError(ValueError):
+    """A command-line value is invalid; the message names the flag."""
+
+
+def build_controller(
+    spec: str, plant: ServingPlant, workload: Sequence[Request]
+) -> ClockController:
+    """Build a controller from a ``--controller`` spec such as ``fixed:1410``."""
+    del workload  # Only forecasting controllers (later kinds) use the workload's declared lengths.
+    kind, _, argument = spec.partition(":")
+    match kind:
+        case "max" | "maximum":
+            return maximum_clock_controller
+        case "reactive":
+            return reactive_clock_controller
+        case "fixed":
+            try:
+                value = float(argument)
+            except ValueError as error:
+                raise UsageError(
+                    f"--controller fixed:MHZ needs a number, got {argument!r}"
+                ) from error
+            if not math.isfinite(value) or value <= 0:
+                raise UsageError(f"--controller fixed:MHZ needs a positive clock, got {argument!r}")
+            profile = plant.profile
+            if not profile.minimum_clock_mhz <= value <= profile.maximum_clock_mhz:
+                raise UsageError(
+                    f"--controller fixed:{argument}: outside the profile's supported range "
+                    f"{profile.minimum_clock_mhz:g}-{profile.maximum_clock_mhz:g} MHz"
+                )
+            return fixed_clock_controller(value)
+        case _:
+            raise UsageError(
+                f"--controller: unknown controller {spec!r}; expected {CONTROLLER_HELP}"
+            )
+
+
+def _fmt(value: Any, unit: str = "", digits: int = 3) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def format_summary(metrics: dict[str, Any], title: str = "") -> str:
+    """The short metrics table printed by ``simulate`` and the simulated daemon."""
+    rows = [
+        ("energy", _fmt(metrics["energy_j"] / 1000.0, " kJ", 2)),
+        ("energy per output token", _fmt(metrics["energy_per_output_token_j"], " J", 4)),
+        ("mean power", _fmt(metrics["mean_power_w"], " W", 1)),
+        ("TTFT p50 / p95 / p99", " / ".join(
+            _fmt(metrics[k], " s") for k in ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s"))),
+        ("TPOT p50 / p95 / p99", " / ".join(
+            _fmt(metrics[k] * 1000 if metrics[k] is not None else None, " ms", 1)
+            for k in ("tpot_p50_s", "tpot_p95_s", "tpot_p99_s"))),
+        ("SLO attainment", _fmt(
+            metrics["slo_attainment"] * 100 if metrics["slo_attainment"] is not None else None,
+            " %", 2)),
+        ("SLOs (TTFT / TPOT)",
+         f"{metrics['ttft_slo_s']:g} s / {metrics['tpot_slo_s'] * 1000:g} ms"),
+        ("requests completed / arrived",
+         f"{metrics['completed_requests']} / {metrics['arrived_requests']}"
+         f" ({metrics['censored_requests']} censored)"),
+        ("output tokens", str(metrics["output_tokens"])),
+        ("simulated time", _fmt(metrics["simulated_duration_s"], " s", 1)),
+        ("power-cap / thermal violation", f"{metrics['power_cap_violation_s']:.2f} s / "
+                                          f"{metrics['thermal_violation_s']:.2f} s"),
+        ("peak temperature", _fmt(metrics["peak_temperature_c"], " C", 1)),
+        ("clock changes", str(metrics["clock_changes"])),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [title] if title else []
+    lines += [f"  {name:<{width}}  {value}" for name, value in rows]
+    return "\n".join(lines)
+
+
+def write_plot(result: ServingResult, path: Path, title: str = "") -> None:
+    """PNG of clock, power, queue and temperature over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(4, 1, figsize=(11, 9), sharex=True)
+    t = result.time_s
+    axes[0].plot(t, result.requested_clock_mhz, label="requested", lw=0.8)
+    axes[0].plot(t, result.realized_clock_mhz, label="realised", lw=0.8, alpha=0.8)
+    axes[0].set_ylabel("SM clock (MHz)")
+    axes[0].legend(loc="upper right", fontsize=8)
+    axes[1].plot(t, result.power_w, lw=0.6, color="tab:red")
+    limit = result.metadata.get("plant", {}).get("power_limit_w")
+    if limit:
+        axes[1].axhline(limit, ls="--", color="k", lw=0.8, label="power limit")
+        axes[1].legend(loc="upper right", fontsize=8)
+    axes[1].set_ylabel("power (W)")
+    axes[2].plot(t, result.prefill_queue, label="waiting for first token", lw=0.8)
+    axes[2].plot(t, result.decode_active, label="decoding", lw=0.8)
+    axes[2].set_ylabel("requests")
+    axes[2].legend(loc="upper right", fontsize=8)
+    axes[3].plot(t, result.temperature_c, color="tab:orange", lw=0.8)
+    axes[3].set_ylabel("temperature (C)")
+    axes[3].set_xlabel("time (s)")
+    fig.suptitle(title or result.controller_name)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _positive(flag: str, value: float | None) -> None:
+    if value is not None and (not math.isfinite(value) or value <= 0):
+        raise UsageError(f"{flag} must be positive, got {value!r}")
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    """Entry point of ``gpugov simulate``."""
+    _positive("--control-period", args.control_period)
+    _positive("--duration", args.duration)
+    _positive("--load-scale", args.load_scale)
+    if args.start < 0:
+        raise UsageError(f"--start must be >= 0, got {args.start!r}")
+    workload, report = load_trace(
+        args.trace,
+        format=args.trace_format,
+        start_s=args.start,
+        duration_s=args.duration,
+        load_scale=args.load_scale,
+    )
+    if not workload:
+        raise UsageError(f"--trace {args.trace}: the selected window holds no requests")
+    profile = load_profile(args.profile)
+    plant = ServingPlant.from_profile(profile, latency_noise_cv=args.latency_noise)
+    controller = build_controller(args.controller, plant, workload)
+    scheduler = SCHEDULERS[args.scheduler]
+    result = simulate(
+        workload,
+        plant,
+        scheduler,
+        controller,
+        seed=args.seed,
+        controller_name=args.controller,
+        control_period_s=args.control_period,
+    )
+    metrics = result.metrics.as_dict()
+    title = (
+        f"gpugov simulate: {args.controller} on {profile.name} ({profile.profile_status}), "
+        f"trace {Path(report.path).name} [{len(workload)} requests]"
+    )
+    print(format_summary(metrics, title))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        series = result.as_dict(stride=args.stride)
+        series.pop("metrics")
+        payload = {
+            "metrics": metrics,
+            "metadata": {
+                **result.metadata,
+                "controller": args.controller,
+                "control_period_s": args.control_period,
+                "trace": {
+                    "path": report.path,
+                    "format": report.format,
+                    "rows": report.rows,
+                    "skipped_zero_token_rows": report.skipped_zero_token_rows,
+                    "sha256": report.sha256,
+                    "start_s": args.start,
+                    "duration_s": args.duration,
+                    "load_scale": args.load_scale,
+                    "requests": len(workload),
+                    "workload_checksum": workload_checksum(workload),
+                },
+                "series_stride": args.stride,
+            },
+            "series": series,
+        }
+        out.write_text(json.dumps(payload, indent=1, allow_nan=False))
+        print(f"wrote {out}")
+    if args.plot:
+        write_plot(result, Path(args.plot), title)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def run_profiles(args: argparse.Namespace) -> int:
+    """Entry point of ``gpugov profiles``."""
+    rows = list_bundled_profiles()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'name':<28} {'status':<20} {'clocks (MHz)':<14} gpu / model")
+    for row in rows:
+        clock_range = row.get("clock_range_mhz") or ["?", "?"]
+        print(
+            f"{row['name']:<28} {row['status']:<20} {clock_range[0]}-{clock_range[1]:<9} "
+            f"{row['gpu']} / {row['model']}"
+        )
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``simulate`` and ``profiles`` to the ``gpugov`` parser."""
+    sim = subparsers.add_parser(
+        "simulate",
+        help="run a controller on the simulated plant and print its metrics",
+        description="Replay a trace through the iteration-level plant under one controller.",
+    )
+    sim.add_argument("--trace", default=DEFAULT_TRACE,
+                     help=f"bundled or shared trace name, or a path (default {DEFAULT_TRACE})")
+    sim.add_argument("--trace-format", default="auto",
+                     choices=["auto", "azure", "burstgpt", "mooncake", "csv"])
+    sim.add_argument("--profile", default=DEFAULT_PROFILE,
+                     help=f"bundled profile name or manifest path (default {DEFAULT_PROFILE})")
+    sim.add_argument("--controller", default="max", help=CONTROLLER_HELP)
+    sim.add_argument("--scheduler", default="chunked", choices=sorted(SCHEDULERS))
+    sim.add_argument("--control-period", type=float, default=1.0, metavar="S")
+    sim.add_argument("--start", type=float, default=0.0, metavar="S",
+                     help="window start, seconds after the trace's first arrival")
+    sim.add_argument("--duration", type=float, default=None, metavar="S",
+                     help="window length in seconds (default: the whole trace)")
+    sim.add_argument("--load-scale", type=float, default=1.0, metavar="X",
+                     help="X>1 compresses inter-arrival times (more load), X<1 dilates")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--latency-noise", type=float, default=0.0, metavar="CV",
+                     help="coefficient of variation of iteration-time jitter (seeded)")
+    sim.add_argument("--out", default=None, metavar="FILE.json")
+    sim.add_argument("--stride", type=int, default=10,
+                     help="keep every N-th series sample in the JSON (default 10)")
+    sim.add_argument("--plot", default=None, metavar="FILE.png")
+    sim.set_defaults(handler=run_simulate)
+
+    prof = subparsers.add_parser("profiles", help="list the bundled GPU profiles")
+    prof.add_argument("--json", action="store_true")
+    prof.set_defaults(handler=run_profiles)
+
+
+INPUT_ERRORS = (UsageError, TraceError, ProfileError)
+
+
+def fail(message: str) -> int:
+    """Print one clear error line and return the usage-error exit code."""
+    print(f"gpugov: error: {message}", file=sys.stderr)
+    return 2

@@ -1,0 +1,422 @@
+"""GPU performance profiles: per-clock prefill/decode rates and phase powers, with provenance.
+
+A profile is a CSV over the supported SM clocks plus a JSON manifest beside it (see
+``profiles/README.md`` for the schema). :func:`load_profile` validates both and records
+their sha256s so every result can say exactly which profile produced it.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+Phase = Literal["prefill", "decode", "idle"]
+
+CSV_COLUMNS = (
+    "clock_mhz",
+    "prefill_tokens_per_s",
+    "decode_tokens_per_s",
+    "prefill_power_w",
+    "decode_power_w",
+    "idle_power_w",
+)
+
+
+class ProfileError(ValueError):
+    """A profile CSV or manifest is malformed; the message names the file and field."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLatencyModel:
+    """Split of the reference decode iteration time into weight, batch and KV parts.
+
+    Decode iteration time at clock f for batch B with total context C tokens is
+    ``t_ref(f) * (weight_fraction + batch_fraction * B/B_ref + kv_fraction * C/C_ref)``,
+    with ``t_ref(f) = B_ref / decode_tokens_per_s(f)`` and ``C_ref = B_ref * L_ref``.
+    The fractions sum to one, so the profile's aggregate decode rate is reproduced
+    exactly at the reference batch and context.
+    """
+
+    weight_fraction: float
+    batch_fraction: float
+    kv_fraction: float
+    reference_batch_size: int
+    reference_context_tokens: int
+
+    def __post_init__(self) -> None:
+        parts = (self.weight_fraction, self.batch_fraction, self.kv_fraction)
+        if any(p < 0.0 for p in parts) or abs(sum(parts) - 1.0) > 1e-6:
+            raise ValueError(f"decode latency fractions must be >= 0 and sum to 1, got {parts}")
+        if self.reference_batch_size < 1 or self.reference_context_tokens < 1:
+            raise ValueError("reference batch size and context tokens must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class DecodePowerBatchModel:
+    """Logistic dependence of decode power on batch size (ML.ENERGY's model form).
+
+    ``P(f, B) = idle(f) + (decode_power(f) - idle(f)) * s(B) / s(B_ref)`` with
+    ``s(B) = sigmoid(k * (log2 B - x0))``; ``s(B_ref)`` normalises so the profile's
+    decode power is reproduced at the reference batch.
+    """
+
+    k: float
+    x0: float
+
+    def factor(self, batch: float, reference_batch: float) -> float:
+        """Decode dynamic-power multiplier for ``batch`` relative to the reference batch."""
+        if batch <= 0:
+            return 0.0
+        s = 1.0 / (1.0 + np.exp(-self.k * (np.log2(batch) - self.x0)))
+        s_ref = 1.0 / (1.0 + np.exp(-self.k * (np.log2(reference_batch) - self.x0)))
+        return float(s / s_ref)
+
+
+@dataclass(frozen=True)
+class PerformanceProfile:
+    """Per-GPU table over ascending supported clocks (the seed's ``PerformanceProfile``)."""
+
+    clock_mhz: NDArray[np.float64]
+    prefill_tokens_per_s: NDArray[np.float64]
+    decode_tokens_per_s: NDArray[np.float64]
+    prefill_power_w: NDArray[np.float64]
+    decode_power_w: NDArray[np.float64]
+    idle_power_w: NDArray[np.float64]
+    ttft_slo_s: float
+    tpot_slo_s: float
+    manifest: Mapping[str, Any] = field(default_factory=dict)
+    name: str = "unnamed"
+    profile_csv_sha256: str = ""
+    manifest_sha256: str = ""
+
+    def __post_init__(self) -> None:
+        arrays = {
+            "clock_mhz": self.clock_mhz,
+            "prefill_tokens_per_s": self.prefill_tokens_per_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "prefill_power_w": self.prefill_power_w,
+            "decode_power_w": self.decode_power_w,
+            "idle_power_w": self.idle_power_w,
+        }
+        size = None
+        for key, value in arrays.items():
+            array = np.asarray(value, dtype=float)
+            object.__setattr__(self, key, array)
+            if array.ndim != 1 or array.size < 2:
+                raise ValueError(f"profile {self.name}: {key} must be 1-D with >= 2 clocks")
+            if size is None:
+                size = array.size
+            elif array.size != size:
+                raise ValueError(
+                    f"profile {self.name}: {key} has {array.size} values, clock_mhz has {size}"
+                )
+            if not np.all(np.isfinite(array)) or np.any(array <= 0.0):
+                bad = int(np.flatnonzero(~np.isfinite(array) | (array <= 0.0))[0])
+                raise ValueError(
+                    f"profile {self.name}: {key}[{bad}] must be finite and positive, "
+                    f"got {array[bad]!r}"
+                )
+        if np.any(np.diff(self.clock_mhz) <= 0.0):
+            bad = int(np.flatnonzero(np.diff(self.clock_mhz) <= 0.0)[0]) + 1
+            raise ValueError(
+                f"profile {self.name}: clock_mhz must be strictly ascending; "
+                f"row {bad} ({self.clock_mhz[bad]!r}) is not above the previous"
+            )
+        for key in ("ttft_slo_s", "tpot_slo_s"):
+            value = getattr(self, key)
+            if not np.isfinite(value) or value <= 0.0:
+                raise ValueError(f"profile {self.name}: {key} must be positive, got {value!r}")
+        realized = self._realized_map()
+        object.__setattr__(self, "_realized_by_requested", realized)
+
+    # ----------------------------------------------------------------- provenance
+    @property
+    def profile_status(self) -> str:
+        """The manifest's ``status`` (``measured``, ``literature-derived`` or ``synthetic``)."""
+        return str(self.manifest.get("status", "synthetic"))
+
+    @property
+    def is_measured(self) -> bool:
+        """True only for profiles measured on real hardware."""
+        return self.profile_status == "measured"
+
+    @property
+    def measurement_validated(self) -> bool:
+        """True when a measured profile's manifest says its validation passed."""
+        return self.is_measured and bool(self.manifest.get("measurement_validated", False))
+
+    @property
+    def source_label(self) -> str:
+        """One line naming the GPU, model and provenance, for tables and figures."""
+        gpu = self.manifest.get("gpu", "unknown GPU")
+        model = self.manifest.get("model", "unknown model")
+        return f"{gpu}, {model} ({self.profile_status})"
+
+    # ------------------------------------------------------------------- clocks
+    @property
+    def minimum_clock_mhz(self) -> float:
+        """Lowest supported clock."""
+        return float(self.clock_mhz[0])
+
+    @property
+    def maximum_clock_mhz(self) -> float:
+        """Highest supported clock."""
+        return float(self.clock_mhz[-1])
+
+    def quantize_clock(self, value: float, downward: bool = True) -> float:
+        """Map a clock onto the supported set: the highest clock <= value (downward) or
+        the lowest clock >= value (upward), clamped to the supported range."""
+        if not np.isfinite(value):
+            raise ValueError(f"clock must be finite, got {value!r}")
+        clocks = self.clock_mhz
+        if downward:
+            index = int(np.searchsorted(clocks, value + 1e-9, side="right")) - 1
+        else:
+            index = int(np.searchsorted(clocks, value - 1e-9, side="left"))
+        return float(clocks[min(max(index, 0), clocks.size - 1)])
+
+    def clock_index(self, value: float, downward: bool = True) -> int:
+        """Index of :meth:`quantize_clock`'s result in ``clock_mhz``."""
+        quantized = self.quantize_clock(value, downward=downward)
+        return int(np.searchsorted(self.clock_mhz, quantized - 1e-9))
+
+    def _realized_map(self) -> dict[float, float]:
+        selection = self.manifest.get("clock_profile_selection", {})
+        if not isinstance(selection, Mapping):
+            return {}
+        raw = selection.get("realized_clock_median_mhz_by_requested", {})
+        if not isinstance(raw, Mapping):
+            return {}
+        result: dict[float, float] = {}
+        for requested, realized in raw.items():
+            try:
+                req, rea = float(requested), float(realized)
+            except (TypeError, ValueError) as error:
+                raise ValueError(
+                    f"profile {self.name}: clock_profile_selection."
+                    f"realized_clock_median_mhz_by_requested[{requested!r}] is not numeric"
+                ) from error
+            if np.isfinite(req) and np.isfinite(rea) and rea > 0.0:
+                result[req] = rea
+        return result
+
+    def realized_clock(self, requested_mhz: float) -> float:
+        """Clock the GPU actually runs at when ``requested_mhz`` (supported) is locked.
+
+        A measured manifest's requested-to-realised medians are honoured; otherwise the
+        request is realised exactly.
+        """
+        mapping: dict[float, float] = self._realized_by_requested  # type: ignore[attr-defined]
+        return float(mapping.get(float(requested_mhz), requested_mhz))
+
+    # -------------------------------------------------------------- rates, powers
+    def rate(self, phase: Phase, clock_mhz: float) -> float:
+        """Aggregate tokens/s of ``phase`` at ``clock_mhz`` (interpolated; idle is 0)."""
+        if phase == "prefill":
+            return float(np.interp(clock_mhz, self.clock_mhz, self.prefill_tokens_per_s))
+        if phase == "decode":
+            return float(np.interp(clock_mhz, self.clock_mhz, self.decode_tokens_per_s))
+        if phase == "idle":
+            return 0.0
+        raise ValueError(f"unknown phase {phase!r}; expected prefill, decode or idle")
+
+    def power(self, phase: Phase, clock_mhz: float) -> float:
+        """Board power in watts of ``phase`` at ``clock_mhz`` (interpolated)."""
+        if phase == "prefill":
+            table = self.prefill_power_w
+        elif phase == "decode":
+            table = self.decode_power_w
+        elif phase == "idle":
+            table = self.idle_power_w
+        else:
+            raise ValueError(f"unknown phase {phase!r}; expected prefill, decode or idle")
+        return float(np.interp(clock_mhz, self.clock_mhz, table))
+
+    # -------------------------------------------------------- engine model params
+    @property
+    def decode_latency_model(self) -> DecodeLatencyModel:
+        """Decode iteration model from the manifest (defaults: a pure aggregate rate)."""
+        raw = self.manifest.get("decode_latency_model")
+        engine = self.manifest.get("engine", {})
+        reference_batch = int(engine.get("reference_batch_size", 64))
+        reference_context = int(engine.get("reference_context_tokens", 1024))
+        if not raw:
+            return DecodeLatencyModel(1.0, 0.0, 0.0, reference_batch, reference_context)
+        return DecodeLatencyModel(
+            weight_fraction=float(raw["weight_fraction"]),
+            batch_fraction=float(raw["batch_fraction"]),
+            kv_fraction=float(raw["kv_fraction"]),
+            reference_batch_size=reference_batch,
+            reference_context_tokens=reference_context,
+        )
+
+    @property
+    def decode_power_batch_model(self) -> DecodePowerBatchModel | None:
+        """Batch dependence of decode power, or None (power independent of batch)."""
+        raw = self.manifest.get("decode_power_batch_model")
+        if not raw:
+            return None
+        return DecodePowerBatchModel(k=float(raw["k"]), x0=float(raw["x0"]))
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able summary used in result metadata."""
+        return {
+            "name": self.name,
+            "status": self.profile_status,
+            "source": self.source_label,
+            "profile_csv_sha256": self.profile_csv_sha256,
+            "manifest_sha256": self.manifest_sha256,
+            "minimum_clock_mhz": self.minimum_clock_mhz,
+            "maximum_clock_mhz": self.maximum_clock_mhz,
+            "supported_clock_count": int(self.clock_mhz.size),
+            "ttft_slo_s": self.ttft_slo_s,
+            "tpot_slo_s": self.tpot_slo_s,
+        }
+
+
+# ----------------------------------------------------------------------- loading
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def bundled_profile_dir() -> Path:
+    """Directory of the profiles shipped inside the ``profiles`` package."""
+    return Path(str(resources.files("profiles")))
+
+
+def list_bundled_profiles() -> list[dict[str, Any]]:
+    """Name, GPU, model and status of every bundled profile, sorted by name."""
+    rows = []
+    for manifest_path in sorted(bundled_profile_dir().glob("*.json")):
+        manifest = json.loads(manifest_path.read_text())
+        rows.append(
+            {
+                "name": manifest_path.stem,
+                "gpu": manifest.get("gpu", ""),
+                "model": manifest.get("model", ""),
+                "status": manifest.get("status", "synthetic"),
+                "clock_range_mhz": manifest.get("clock_range_mhz"),
+                "path": str(manifest_path),
+            }
+        )
+    return rows
+
+
+def resolve_profile_path(name_or_path: str | Path) -> Path:
+    """Return the manifest path for a bundled profile name, a manifest or a CSV path."""
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".json" and candidate.exists():
+        return candidate
+    if candidate.suffix == ".csv" and candidate.exists():
+        manifest = candidate.with_suffix(".json")
+        if not manifest.exists():
+            raise ProfileError(f"{candidate}: no manifest {manifest.name} beside the CSV")
+        return manifest
+    bundled = bundled_profile_dir() / f"{name_or_path}.json"
+    if bundled.exists():
+        return bundled
+    names = ", ".join(row["name"] for row in list_bundled_profiles())
+    raise ProfileError(f"unknown profile {str(name_or_path)!r}; bundled profiles: {names}")
+
+
+def _read_csv(path: Path) -> dict[str, NDArray[np.float64]]:
+    try:
+        handle = path.open(newline="")
+    except OSError as error:
+        raise ProfileError(f"{path}: cannot read profile CSV: {error}") from error
+    with handle:
+        reader = csv.DictReader(handle)
+        header = reader.fieldnames or []
+        missing = [column for column in CSV_COLUMNS if column not in header]
+        if missing:
+            raise ProfileError(f"{path}: missing column(s) {missing}; header is {header}")
+        columns: dict[str, list[float]] = {column: [] for column in CSV_COLUMNS}
+        for line_number, row in enumerate(reader, start=2):
+            for column in CSV_COLUMNS:
+                raw = row.get(column)
+                try:
+                    value = float(raw)  # type: ignore[arg-type]
+                except (TypeError, ValueError) as error:
+                    raise ProfileError(
+                        f"{path}:{line_number}: column {column!r} is not a number: {raw!r}"
+                    ) from error
+                if not np.isfinite(value) or value <= 0.0:
+                    raise ProfileError(
+                        f"{path}:{line_number}: column {column!r} must be positive, got {raw!r}"
+                    )
+                columns[column].append(value)
+    if len(columns["clock_mhz"]) < 2:
+        raise ProfileError(f"{path}: needs at least two clock rows")
+    clocks = columns["clock_mhz"]
+    for index in range(1, len(clocks)):
+        if clocks[index] <= clocks[index - 1]:
+            raise ProfileError(
+                f"{path}:{index + 2}: clock_mhz must be strictly ascending "
+                f"({clocks[index]} after {clocks[index - 1]})"
+            )
+    return {key: np.asarray(values, dtype=float) for key, values in columns.items()}
+
+
+REQUIRED_MANIFEST_KEYS = ("status", "csv", "ttft_slo_s", "tpot_slo_s", "power_limit_w", "thermal")
+REQUIRED_THERMAL_KEYS = (
+    "ambient_temperature_c",
+    "thermal_resistance_c_per_w",
+    "thermal_time_constant_s",
+    "thermal_limit_c",
+)
+
+
+def load_profile(name_or_path: str | Path) -> PerformanceProfile:
+    """Load and validate a profile by bundled name or by manifest/CSV path.
+
+    Raises:
+        ProfileError: naming the file and the field or line that is wrong.
+    """
+    manifest_path = resolve_profile_path(name_or_path)
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as error:
+        raise ProfileError(
+            f"{manifest_path}:{error.lineno}: manifest is not valid JSON: {error.msg}"
+        ) from error
+    if not isinstance(manifest, dict):
+        raise ProfileError(f"{manifest_path}: manifest must be a JSON object")
+    for key in REQUIRED_MANIFEST_KEYS:
+        if key not in manifest:
+            raise ProfileError(f"{manifest_path}: manifest lacks required key {key!r}")
+    thermal = manifest["thermal"]
+    if not isinstance(thermal, dict):
+        raise ProfileError(f"{manifest_path}: 'thermal' must be an object")
+    for key in REQUIRED_THERMAL_KEYS:
+        value = thermal.get(key)
+        if not isinstance(value, int | float) or not np.isfinite(value):
+            raise ProfileError(f"{manifest_path}: thermal.{key} must be a number, got {value!r}")
+    for key in ("ttft_slo_s", "tpot_slo_s", "power_limit_w"):
+        value = manifest[key]
+        if not isinstance(value, int | float) or not value > 0:
+            raise ProfileError(f"{manifest_path}: {key} must be a positive number, got {value!r}")
+    csv_path = manifest_path.parent / str(manifest["csv"])
+    if not csv_path.exists():
+        raise ProfileError(f"{manifest_path}: csv {manifest['csv']!r} not found beside it")
+    columns = _read_csv(csv_path)
+    try:
+        return PerformanceProfile(
+            **columns,
+            ttft_slo_s=float(manifest["ttft_slo_s"]),
+            tpot_slo_s=float(manifest["tpot_slo_s"]),
+            manifest=manifest,
+            name=manifest_path.stem,
+            profile_csv_sha256=_sha256(csv_path),
+            manifest_sha256=_sha256(manifest_path),
+        )
+    except ValueError as error:
+        raise ProfileError(f"{manifest_path}: {error}") from error

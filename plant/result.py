@@ -1,0 +1,180 @@
+"""Simulation results: time series on the plant grid, per-request records and metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from plant.types import RequestRecord
+
+SERIES_NAMES = (
+    "time_s",
+    "prefill_queue",
+    "decode_active",
+    "completed_requests",
+    "kv_tokens",
+    "power_w",
+    "requested_clock_mhz",
+    "realized_clock_mhz",
+    "energy_j",
+    "temperature_c",
+)
+
+
+@dataclass(frozen=True)
+class ServingMetrics:
+    """Headline numbers of one run. Latency percentiles use observed values only;
+    censored requests are counted separately and count as SLO misses."""
+
+    energy_j: float
+    energy_per_output_token_j: float | None
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p95_s: float | None
+    tpot_p99_s: float | None
+    slo_attainment: float | None
+    ttft_slo_attainment: float | None
+    tpot_slo_attainment: float | None
+    arrived_requests: int
+    completed_requests: int
+    censored_requests: int
+    ttft_censored_requests: int
+    tpot_censored_requests: int
+    output_tokens: int
+    simulated_duration_s: float
+    mean_power_w: float
+    power_cap_violation_s: float
+    thermal_violation_s: float
+    peak_temperature_c: float
+    peak_queued_requests_at_minimum_clock: float
+    preemptions: int
+    clock_changes: int
+    ttft_slo_s: float
+    tpot_slo_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict of every metric."""
+        return asdict(self)
+
+
+def _percentile(values: NDArray[np.float64], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values.size else None
+
+
+def compute_metrics(
+    records: Sequence[RequestRecord],
+    *,
+    energy_j: float,
+    duration_s: float,
+    output_tokens: int,
+    ttft_slo_s: float,
+    tpot_slo_s: float,
+    power_cap_violation_s: float,
+    thermal_violation_s: float,
+    peak_temperature_c: float,
+    peak_queued_requests_at_minimum_clock: float,
+    preemptions: int,
+    clock_changes: int,
+) -> ServingMetrics:
+    """Summarise records into :class:`ServingMetrics` (censoring kept visible)."""
+    ttft = np.array([r.ttft_s for r in records if r.ttft_s is not None], dtype=float)
+    tpot = np.array([r.tpot_s for r in records if r.tpot_s is not None], dtype=float)
+    ttft_censored = sum(1 for r in records if r.ttft_censored)
+    tpot_censored = sum(1 for r in records if r.tpot_censored)
+    completed = sum(1 for r in records if r.finish_time_s is not None)
+    ttft_ok = 0
+    tpot_ok = 0
+    both_ok = 0
+    for r in records:
+        ttft_met = r.ttft_s is not None and r.ttft_s <= ttft_slo_s + 1e-12
+        if r.finish_time_s is None:
+            tpot_met = False
+        else:
+            value = r.tpot_s
+            tpot_met = value is None or value <= tpot_slo_s + 1e-12
+        ttft_ok += ttft_met
+        tpot_ok += tpot_met
+        both_ok += ttft_met and tpot_met
+    arrived = len(records)
+    return ServingMetrics(
+        energy_j=float(energy_j),
+        energy_per_output_token_j=(float(energy_j) / output_tokens) if output_tokens else None,
+        ttft_p50_s=_percentile(ttft, 50),
+        ttft_p95_s=_percentile(ttft, 95),
+        ttft_p99_s=_percentile(ttft, 99),
+        tpot_p50_s=_percentile(tpot, 50),
+        tpot_p95_s=_percentile(tpot, 95),
+        tpot_p99_s=_percentile(tpot, 99),
+        slo_attainment=(both_ok / arrived) if arrived else None,
+        ttft_slo_attainment=(ttft_ok / arrived) if arrived else None,
+        tpot_slo_attainment=(tpot_ok / arrived) if arrived else None,
+        arrived_requests=arrived,
+        completed_requests=completed,
+        censored_requests=arrived - completed,
+        ttft_censored_requests=ttft_censored,
+        tpot_censored_requests=tpot_censored,
+        output_tokens=int(output_tokens),
+        simulated_duration_s=float(duration_s),
+        mean_power_w=float(energy_j / duration_s) if duration_s > 0 else 0.0,
+        power_cap_violation_s=float(power_cap_violation_s),
+        thermal_violation_s=float(thermal_violation_s),
+        peak_temperature_c=float(peak_temperature_c),
+        peak_queued_requests_at_minimum_clock=float(peak_queued_requests_at_minimum_clock),
+        preemptions=int(preemptions),
+        clock_changes=int(clock_changes),
+        ttft_slo_s=float(ttft_slo_s),
+        tpot_slo_s=float(tpot_slo_s),
+    )
+
+
+@dataclass(frozen=True)
+class ServingResult:
+    """Output of :func:`plant.simulate`: series on the ``time_step_s`` grid, records, metrics.
+
+    ``power_w[k]`` is the mean power over ``(time_s[k-1], time_s[k]]`` so that
+    ``energy_j[k] == sum(power_w[:k+1] * dt)`` up to rounding; the other series are the
+    state at ``time_s[k]``.
+    """
+
+    time_s: NDArray[np.float64]
+    prefill_queue: NDArray[np.float64]
+    decode_active: NDArray[np.float64]
+    completed_requests: NDArray[np.float64]
+    kv_tokens: NDArray[np.float64]
+    power_w: NDArray[np.float64]
+    requested_clock_mhz: NDArray[np.float64]
+    realized_clock_mhz: NDArray[np.float64]
+    energy_j: NDArray[np.float64]
+    temperature_c: NDArray[np.float64]
+    phase: tuple[str, ...]
+    request_records: tuple[RequestRecord, ...]
+    metrics: ServingMetrics
+    controller_name: str = ""
+    scheduler_name: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self, stride: int = 1) -> dict[str, Any]:
+        """JSON-able dict with every ``stride``-th series sample (the last one always kept)."""
+        if stride < 1:
+            raise ValueError(f"stride must be >= 1, got {stride}")
+        count = self.time_s.size
+        indices = np.arange(0, count, stride)
+        if count and indices[-1] != count - 1:
+            indices = np.append(indices, count - 1)
+        payload: dict[str, Any] = {
+            "controller_name": self.controller_name,
+            "scheduler_name": self.scheduler_name,
+        }
+        for name in SERIES_NAMES:
+            values = getattr(self, name)[indices]
+            payload[name] = [float(v) for v in values]
+        payload["phase"] = [self.phase[i] for i in indices]
+        payload["metrics"] = self.metrics.as_dict()
+        payload["metadata"] = dict(self.metadata)
+        return payload

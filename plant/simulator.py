@@ -1,0 +1,817 @@
+"""Iteration-level simulator of one GPU serving LLM requests under a clock controller.
+
+The engine loop follows vLLM's scheduler: each iteration runs one decode token for every
+running request plus prefill chunks within a token budget, bounded by a maximum batch
+size and a KV-cache token capacity (arrivals wait when it is full; a running request is
+preempted and recomputed, as vLLM V1 does, when decode growth overflows it).
+
+Latency model (documented in ``docs/plant.md``), at realised clock ``f``:
+
+* prefill: ``P / prefill_tokens_per_s(f)`` for ``P`` prompt tokens (compute-bound);
+* decode: ``t_ref(f) * (a + b * B / B_ref + c * C / C_ref)`` for batch ``B`` with total
+  context ``C`` tokens, ``t_ref(f) = B_ref / decode_tokens_per_s(f)`` (memory-bound,
+  weakly clock dependent through the profile); ``a + b + c = 1`` reproduces the profile's
+  aggregate decode rate at the reference batch and context;
+* a mixed iteration takes the sum (``tau = alpha + beta * C``, arXiv 2602.02987).
+
+Clocks: a requested clock is quantised to the supported set and takes effect after
+``actuation_delay_s``; the realised clock follows a measured manifest's medians, and is
+held lower while the iteration's power would exceed the power limit (SW power cap) or
+while the die is above the thermal limit (to the highest clock whose steady-state
+temperature is within the limit). Power is the time-weighted phase mix of the
+iteration at the realised clock; the one-state thermal RC is integrated exactly.
+
+Time advances segment by segment (iteration ends, clock changes, arrivals while idle);
+series samples on the ``time_step_s`` grid are taken analytically inside segments.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from plant.plant import ServingPlant
+from plant.result import ServingResult, compute_metrics
+from plant.scheduler import chunked_prefill_scheduler, scheduler_label
+from plant.types import (
+    ClockController,
+    Request,
+    RequestRecord,
+    Scheduler,
+    SchedulerView,
+    ServingObservation,
+)
+
+_EPS = 1e-12
+
+
+class ControllerError(RuntimeError):
+    """A clock controller raised or returned an invalid clock; the message says when."""
+
+
+class PlantSimulation:
+    """Stateful shell around the engine: advance time, observe, request clocks.
+
+    ``simulate`` drives it for offline runs; the daemon's simulated mode drives the same
+    object in (scaled) real time.
+    """
+
+    def __init__(
+        self,
+        workload: Sequence[Request],
+        plant: ServingPlant,
+        scheduler: Scheduler = chunked_prefill_scheduler,
+        *,
+        seed: int = 0,
+        initial_clock_mhz: float | None = None,
+    ) -> None:
+        plant.validate()
+        requests = tuple(workload)
+        for left, right in itertools.pairwise(requests):
+            if right.arrival_time_s < left.arrival_time_s:
+                raise ValueError(
+                    f"workload must be sorted by arrival_time_s: request {right.request_id} "
+                    f"arrives at {right.arrival_time_s} before request {left.request_id}"
+                )
+        for request in requests:
+            if request.prompt_tokens + request.output_tokens > plant.kv_capacity_tokens:
+                raise ValueError(
+                    f"request {request.request_id} needs {request.prompt_tokens} + "
+                    f"{request.output_tokens} KV tokens, more than the plant's "
+                    f"kv_capacity_tokens={plant.kv_capacity_tokens}"
+                )
+        self.plant = plant
+        self.scheduler = scheduler
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+        self._noise_cv = plant.latency_noise_cv
+        self.requests = requests
+        self._arrival = [r.arrival_time_s for r in requests]
+        self._prompt = [int(r.prompt_tokens) for r in requests]
+        self._output = [int(r.output_tokens) for r in requests]
+        n = len(requests)
+        self._first_token: list[float | None] = [None] * n
+        self._finish: list[float | None] = [None] * n
+        self._generated = [0] * n
+        self._prefill_len = list(self._prompt)
+        self._preemptions = [0] * n
+        self._epoch = [0] * n
+
+        profile = plant.profile
+        self._clocks = [float(c) for c in profile.clock_mhz]
+        realized = [profile.realized_clock(c) for c in self._clocks]
+        self._realized_mhz = realized
+        self._pf_rate = [profile.rate("prefill", c) for c in realized]
+        decode_model = profile.decode_latency_model
+        self._b_ref = float(decode_model.reference_batch_size)
+        self._c_ref = float(
+            decode_model.reference_batch_size * decode_model.reference_context_tokens
+        )
+        self._dec_a = decode_model.weight_fraction
+        self._dec_b = decode_model.batch_fraction
+        self._dec_c = decode_model.kv_fraction
+        self._dec_tref = [self._b_ref / profile.rate("decode", c) for c in realized]
+        self._p_pf = [profile.power("prefill", c) for c in realized]
+        self._p_dec = [profile.power("decode", c) for c in realized]
+        self._p_idle = [profile.power("idle", c) for c in realized]
+        self._batch_power = profile.decode_power_batch_model
+        self._batch_factor_cache: dict[int, float] = {}
+        self._max_index = len(self._clocks) - 1
+
+        # Engine state.
+        self.time_s = 0.0
+        self._next_arrival = 0
+        self._waiting: deque[int] = deque()
+        self._waiting_tokens = 0
+        self._prefilling: list[list[int]] = []  # [request index, remaining prefill tokens]
+        self._prefilling_tokens = 0
+        self._running: dict[int, int] = {}  # request index -> decode start counter
+        self._heap: list[tuple[int, int, int]] = []  # (finish counter, request, epoch)
+        self._decode_counter = 0
+        self._sum_start = 0
+        self._sum_gen0 = 0
+        self._sum_plen_running = 0
+        self._kv_prefill = 0
+        self._completed = 0
+        self._output_total = 0
+        self._prompt_total = 0
+        self._preemption_total = 0
+
+        # Iteration in progress.
+        self._in_iteration = False
+        self._iter_progress = 0.0
+        self._iter_decode_batch = 0
+        self._iter_context = 0
+        self._iter_prefill_tokens = 0
+        self._iter_chunks: list[tuple[list[int], int]] = []
+        self._iter_noise = 1.0
+        self._idle_until: float | None = None
+
+        # Clocks.
+        start_index = (
+            self._max_index
+            if initial_clock_mhz is None
+            else profile.clock_index(initial_clock_mhz, downward=True)
+        )
+        self._requested_index = start_index
+        self._effective_index = start_index
+        self._pending: deque[tuple[float, int]] = deque()
+        self._clock_changes = 0
+        self._current_realized_index = start_index
+
+        # Physics.
+        self.temperature_c = plant.ambient_temperature_c + (
+            plant.thermal_resistance_c_per_w * self._p_idle[start_index]
+        )
+        self.energy_j = 0.0
+        self._power_w = self._p_idle[start_index]
+        self._power_violation_s = 0.0
+        self._thermal_violation_s = 0.0
+        self._peak_temperature = self.temperature_c
+        self._busy_s = 0.0
+
+        # Windowed statistics since the previous observe().
+        self._window_start = 0.0
+        self._window_busy0 = 0.0
+        self._ttft_sum = 0.0
+        self._ttft_count = 0
+        self._itl_sum = 0.0
+        self._itl_count = 0
+
+        # Series on the grid.
+        self._dt = plant.time_step_s
+        self._next_tick = 0
+        self._series: dict[str, list[float]] = {
+            name: []
+            for name in (
+                "time_s",
+                "prefill_queue",
+                "decode_active",
+                "completed_requests",
+                "kv_tokens",
+                "power_w",
+                "requested_clock_mhz",
+                "realized_clock_mhz",
+                "energy_j",
+                "temperature_c",
+            )
+        }
+        self._phase_series: list[str] = []
+        self._last_tick_energy = 0.0
+        self._phase = "idle"
+        self._record_tick(0.0, 0.0)
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def done(self) -> bool:
+        """Every request has arrived and finished."""
+        count = len(self.requests)
+        return self._next_arrival >= count and self._completed >= count
+
+    @property
+    def requested_clock_mhz(self) -> float:
+        """Latest requested (quantised) clock."""
+        return self._clocks[self._requested_index]
+
+    @property
+    def realized_clock_mhz(self) -> float:
+        """Clock the GPU runs at now."""
+        return self._realized_mhz[self._current_realized_index]
+
+    def request_clock(self, clock_mhz: float) -> float:
+        """Request a clock (quantised downward); it takes effect after the actuation delay."""
+        if not math.isfinite(clock_mhz):
+            raise ValueError(f"requested clock must be finite, got {clock_mhz!r}")
+        index = self.plant.profile.clock_index(clock_mhz, downward=True)
+        if index != self._requested_index:
+            self._requested_index = index
+            self._clock_changes += 1
+            effective = self.time_s + self.plant.actuation_delay_s
+            if self.plant.actuation_delay_s <= 0.0:
+                self._effective_index = index
+                self._pending.clear()
+            else:
+                self._pending.append((effective, index))
+        return self._clocks[index]
+
+    def observe(self, step_index: int | None = None) -> ServingObservation:
+        """What a real node could know now; windowed latencies since the previous call."""
+        now = self.time_s
+        self._move_arrivals(now)
+        decode_active = len(self._running)
+        generated = self._sum_gen0 + decode_active * self._decode_counter - self._sum_start
+        kv = self._kv_prefill + self._kv_running()
+        elapsed = now - self._window_start
+        utilization = (
+            (self._busy_s - self._window_busy0) / elapsed if elapsed > _EPS else None
+        )
+        profile = self.plant.profile
+        observation = ServingObservation(
+            time_s=now,
+            step_index=int(round(now / self._dt)) if step_index is None else step_index,
+            arrived_requests=self._next_arrival,
+            prefill_remaining_tokens=float(self._waiting_tokens + self._prefilling_tokens),
+            decode_active=decode_active,
+            generated_decode_tokens=float(generated),
+            temperature_c=self.temperature_c,
+            waiting_requests=len(self._waiting) + len(self._prefilling),
+            completed_requests=self._completed,
+            output_tokens_total=float(self._output_total),
+            prompt_tokens_total=float(self._prompt_total),
+            kv_tokens=float(kv),
+            kv_capacity_tokens=float(self.plant.kv_capacity_tokens),
+            power_w=self._power_w,
+            energy_j=self.energy_j,
+            requested_clock_mhz=self._clocks[self._requested_index],
+            realized_clock_mhz=self._realized_mhz[self._current_realized_index],
+            gpu_utilization=None if utilization is None else min(1.0, max(0.0, utilization)),
+            power_limit_w=self.plant.power_limit_w,
+            thermal_limit_c=self.plant.thermal_limit_c,
+            supported_clocks_mhz=tuple(self._clocks),
+            ttft_recent_s=(self._ttft_sum / self._ttft_count) if self._ttft_count else None,
+            tpot_recent_s=(self._itl_sum / self._itl_count) if self._itl_count else None,
+            ttft_slo_s=profile.ttft_slo_s,
+            tpot_slo_s=profile.tpot_slo_s,
+        )
+        self._window_start = now
+        self._window_busy0 = self._busy_s
+        self._ttft_sum = 0.0
+        self._ttft_count = 0
+        self._itl_sum = 0.0
+        self._itl_count = 0
+        return observation
+
+    def advance_to(self, end_s: float, *, stop_when_done: bool = False) -> None:
+        """Run the engine until ``end_s`` (idling when there is no work).
+
+        With ``stop_when_done`` it stops as soon as every request has finished, so an
+        offline run ends at the last completion rather than at the next control tick.
+        """
+        while self.time_s < end_s - _EPS:
+            if stop_when_done and self.done:
+                return
+            if not self._in_iteration:
+                self._move_arrivals(self.time_s)
+                if self._idle_until is None and not self._start_iteration():
+                    # Nothing to run: idle until the next arrival.
+                    next_arrival = (
+                        self._arrival[self._next_arrival]
+                        if self._next_arrival < len(self._arrival)
+                        else math.inf
+                    )
+                    self._idle_until = max(next_arrival, self.time_s)
+                if self._idle_until is not None:
+                    target = min(self._idle_until, end_s, self._next_pending_time())
+                    self._segment_idle(target)
+                    if self.time_s >= self._idle_until - _EPS:
+                        self._idle_until = None
+                    continue
+            self._segment_busy(end_s)
+
+    # ------------------------------------------------------------- engine internals
+    def _move_arrivals(self, now: float) -> None:
+        arrival = self._arrival
+        index = self._next_arrival
+        count = len(arrival)
+        while index < count and arrival[index] <= now + _EPS:
+            self._waiting.append(index)
+            tokens = self._prefill_len[index]
+            self._waiting_tokens += tokens
+            index += 1
+        if index != self._next_arrival:
+            self._next_arrival = index
+            if self._idle_until is not None and not self._in_iteration:
+                self._idle_until = None
+
+    def _kv_running(self) -> int:
+        return (
+            self._sum_plen_running
+            + len(self._running) * self._decode_counter
+            - self._sum_start
+        )
+
+    def _next_pending_time(self) -> float:
+        return self._pending[0][0] if self._pending else math.inf
+
+    def _start_iteration(self) -> bool:
+        """Ask the scheduler for the next iteration; return False when nothing runs."""
+        has_work = bool(self._waiting or self._prefilling or self._running)
+        if not has_work:
+            return False
+        plant = self.plant
+        view = SchedulerView(
+            time_s=self.time_s,
+            waiting_requests=len(self._waiting),
+            prefilling_requests=len(self._prefilling),
+            decode_active=len(self._running),
+            prefill_remaining_tokens=self._waiting_tokens + self._prefilling_tokens,
+            oldest_waiting_age_s=(
+                self.time_s - self._arrival[self._waiting[0]] if self._waiting else 0.0
+            ),
+            kv_tokens=self._kv_prefill + self._kv_running(),
+            kv_capacity_tokens=plant.kv_capacity_tokens,
+            max_batch_size=plant.max_batch_size,
+        )
+        plan = self.scheduler(view)
+        batch = 0
+        if plan.decode and self._running:
+            # Decode growth needs one KV slot per running request; preempt (recompute)
+            # the most recently started requests when the cache would overflow.
+            while (
+                self._running
+                and self._kv_prefill + self._kv_running() + len(self._running)
+                > plant.kv_capacity_tokens
+            ):
+                self._preempt_latest()
+            batch = len(self._running)
+        budget = plan.prefill_token_budget
+        if plan.count_decode_in_budget:
+            budget -= batch
+        chunks: list[tuple[list[int], int]] = []
+        prefill_tokens = 0
+        if budget > 0:
+            for entry in self._prefilling:
+                if budget <= 0:
+                    break
+                take = min(entry[1], budget)
+                chunks.append((entry, take))
+                budget -= take
+                prefill_tokens += take
+            capacity = plant.kv_capacity_tokens
+            while budget > 0 and self._waiting:
+                head = self._waiting[0]
+                needed = self._prefill_len[head]
+                in_batch = len(self._running) + len(self._prefilling)
+                if in_batch >= plant.max_batch_size:
+                    break
+                if self._kv_prefill + self._kv_running() + needed + batch > capacity:
+                    break
+                self._waiting.popleft()
+                self._waiting_tokens -= needed
+                self._kv_prefill += needed
+                entry = [head, needed]
+                self._prefilling.append(entry)
+                self._prefilling_tokens += needed
+                take = min(needed, budget)
+                chunks.append((entry, take))
+                budget -= take
+                prefill_tokens += take
+        if batch == 0 and prefill_tokens == 0:
+            if plan.idle_s > 0.0:
+                self._idle_until = self.time_s + plan.idle_s
+                return False
+            if self._waiting and not self._running and not self._prefilling:
+                raise RuntimeError(
+                    f"scheduler deadlock at t={self.time_s:.3f}s: requests wait but the "
+                    "scheduler ran nothing and asked for no idle time"
+                )
+            # Blocked (e.g. KV full with only prefills pending): wait one grid step.
+            self._idle_until = self.time_s + self._dt
+            return False
+        self._in_iteration = True
+        self._iter_progress = 0.0
+        self._iter_decode_batch = batch
+        self._iter_context = self._kv_running() if batch else 0
+        self._iter_prefill_tokens = prefill_tokens
+        self._iter_chunks = chunks
+        if self._noise_cv > 0.0:
+            sigma = math.sqrt(math.log1p(self._noise_cv**2))
+            self._iter_noise = float(self._rng.lognormal(-0.5 * sigma * sigma, sigma))
+        if batch and prefill_tokens:
+            self._phase = "mixed"
+        elif batch:
+            self._phase = "decode"
+        else:
+            self._phase = "prefill"
+        return True
+
+    def _preempt_latest(self) -> None:
+        victim, start = self._running.popitem()
+        produced = self._decode_counter - start
+        plen = self._prefill_len[victim]
+        self._sum_start -= start
+        gen0 = self._generated[victim]
+        self._sum_gen0 -= gen0
+        self._sum_plen_running -= plen
+        self._generated[victim] = gen0 + produced
+        self._epoch[victim] += 1
+        self._preemptions[victim] += 1
+        self._preemption_total += 1
+        # Recompute: prompt plus every token generated so far is prefilled again.
+        new_len = self._prompt[victim] + self._generated[victim]
+        self._prefill_len[victim] = new_len
+        self._waiting.appendleft(victim)
+        self._waiting_tokens += new_len
+
+    def _batch_factor(self, batch: int) -> float:
+        model = self._batch_power
+        if model is None or batch <= 0:
+            return 1.0
+        cached = self._batch_factor_cache.get(batch)
+        if cached is None:
+            cached = model.factor(batch, self._b_ref)
+            self._batch_factor_cache[batch] = cached
+        return cached
+
+    def _iteration_parts(self, index: int) -> tuple[float, float, float]:
+        """(prefill seconds, decode seconds, power W) of the current iteration at ``index``."""
+        tokens = self._iter_prefill_tokens
+        t_pf = tokens / self._pf_rate[index] if tokens else 0.0
+        batch = self._iter_decode_batch
+        if batch:
+            t_dec = self._dec_tref[index] * (
+                self._dec_a
+                + self._dec_b * batch / self._b_ref
+                + self._dec_c * self._iter_context / self._c_ref
+            )
+            idle = self._p_idle[index]
+            p_dec = idle + (self._p_dec[index] - idle) * self._batch_factor(batch)
+        else:
+            t_dec = 0.0
+            p_dec = 0.0
+        total = t_pf + t_dec
+        power = (t_pf * self._p_pf[index] + t_dec * p_dec) / total
+        noise = self._iter_noise
+        return t_pf * noise, t_dec * noise, power
+
+    def _thermal_safe_power_w(self) -> float:
+        """Highest power whose steady-state temperature stays within the thermal limit."""
+        plant = self.plant
+        return (plant.thermal_limit_c - plant.ambient_temperature_c) / (
+            plant.thermal_resistance_c_per_w
+        )
+
+    def _busy_clock(self) -> tuple[int, tuple[float, float, float]]:
+        """Realised clock index for the current iteration and its (t_pf, t_dec, power).
+
+        The requested clock is held lower while the iteration's power exceeds the power
+        limit (SW power cap), and while the die is at or above the thermal limit.
+        """
+        index = self._effective_index
+        parts = self._iteration_parts(index)
+        limit = self.plant.power_limit_w + 1e-9
+        while index > 0 and parts[2] > limit:
+            index -= 1
+            parts = self._iteration_parts(index)
+        if self.temperature_c >= self.plant.thermal_limit_c:
+            safe = self._thermal_safe_power_w()
+            while index > 0 and parts[2] > safe:
+                index -= 1
+                parts = self._iteration_parts(index)
+        return index, parts
+
+    def _idle_clock(self) -> int:
+        index = self._effective_index
+        if self.temperature_c >= self.plant.thermal_limit_c:
+            safe = self._thermal_safe_power_w()
+            while index > 0 and self._p_idle[index] > safe:
+                index -= 1
+        return index
+
+    def _apply_pending(self) -> None:
+        pending = self._pending
+        while pending and pending[0][0] <= self.time_s + _EPS:
+            self._effective_index = pending.popleft()[1]
+
+    def _segment_busy(self, end_s: float) -> None:
+        self._apply_pending()
+        index, (t_pf, t_dec, power) = self._busy_clock()
+        self._current_realized_index = index
+        duration = t_pf + t_dec
+        remaining = (1.0 - self._iter_progress) * duration
+        finish = self.time_s + remaining
+        target = min(finish, end_s, self._next_pending_time())
+        if target >= finish - _EPS:
+            target = finish
+            completes = True
+        else:
+            completes = False
+        dt = target - self.time_s
+        self._integrate(dt, power, busy=True)
+        if completes:
+            self._finish_iteration(duration)
+        elif duration > 0.0:
+            self._iter_progress += dt / duration
+
+    def _segment_idle(self, target: float) -> None:
+        self._apply_pending()
+        index = self._idle_clock()
+        self._current_realized_index = index
+        if self._idle_until is not None and math.isinf(target):
+            raise RuntimeError("idle segment without an end")
+        self._phase = "idle"
+        self._integrate(max(0.0, target - self.time_s), self._p_idle[index], busy=False)
+
+    def _integrate(self, dt: float, power: float, *, busy: bool) -> None:
+        """Advance time by ``dt`` at constant ``power``: energy, thermal RC, grid samples."""
+        plant = self.plant
+        start = self.time_s
+        end = start + dt
+        t0 = self.temperature_c
+        tau = plant.thermal_time_constant_s
+        t_eq = plant.ambient_temperature_c + plant.thermal_resistance_c_per_w * power
+        self._power_w = power
+        # Invariant: every grid tick <= time_s has been recorded.
+        dt_grid = self._dt
+        tick_time = self._next_tick * dt_grid
+        while tick_time <= end + _EPS:
+            elapsed = max(0.0, tick_time - start)
+            self.temperature_c = t_eq + (t0 - t_eq) * math.exp(-elapsed / tau)
+            self._record_tick(tick_time, self.energy_j + power * elapsed)
+            tick_time = self._next_tick * dt_grid
+        if dt <= 0.0:
+            self.temperature_c = t0
+            return
+        self.energy_j += power * dt
+        self.temperature_c = t_eq + (t0 - t_eq) * math.exp(-dt / tau)
+        if self.temperature_c > self._peak_temperature:
+            self._peak_temperature = self.temperature_c
+        if busy:
+            self._busy_s += dt
+        if power > plant.power_limit_w + 1e-9:
+            self._power_violation_s += dt
+        limit = plant.thermal_limit_c
+        if t0 > limit or t_eq > limit:
+            self._thermal_violation_s += _time_above(t0, t_eq, tau, dt, limit)
+        self.time_s = end
+
+    def _record_tick(self, tick_time: float, energy: float) -> None:
+        series = self._series
+        arrived = bisect.bisect_right(self._arrival, tick_time + _EPS)
+        unmoved = arrived - self._next_arrival
+        series["time_s"].append(tick_time)
+        series["prefill_queue"].append(
+            float(len(self._waiting) + len(self._prefilling) + max(0, unmoved))
+        )
+        series["decode_active"].append(float(len(self._running)))
+        series["completed_requests"].append(float(self._completed))
+        series["kv_tokens"].append(float(self._kv_prefill + self._kv_running()))
+        if series["energy_j"]:
+            series["power_w"].append((energy - self._last_tick_energy) / self._dt)
+        else:
+            series["power_w"].append(self._power_w)
+        series["requested_clock_mhz"].append(self._clocks[self._requested_index])
+        series["realized_clock_mhz"].append(self._realized_mhz[self._current_realized_index])
+        series["energy_j"].append(energy)
+        series["temperature_c"].append(self.temperature_c)
+        self._phase_series.append(self._phase)
+        self._last_tick_energy = energy
+        self._next_tick += 1
+
+    def _finish_iteration(self, duration: float) -> None:
+        now = self.time_s
+        batch = self._iter_decode_batch
+        self._in_iteration = False
+        if batch:
+            self._decode_counter += 1
+            counter = self._decode_counter
+            self._output_total += batch
+            self._itl_sum += duration * batch
+            self._itl_count += batch
+            heap = self._heap
+            epoch = self._epoch
+            running = self._running
+            while heap and heap[0][0] <= counter:
+                _, request, request_epoch = heapq.heappop(heap)
+                if request_epoch != epoch[request] or request not in running:
+                    continue
+                start = running.pop(request)
+                self._sum_start -= start
+                self._sum_gen0 -= self._generated[request]
+                self._sum_plen_running -= self._prefill_len[request]
+                self._generated[request] = self._output[request]
+                self._finish[request] = now
+                self._completed += 1
+        if self._iter_chunks:
+            self._prompt_total += self._iter_prefill_tokens
+            self._prefilling_tokens -= self._iter_prefill_tokens
+            completed_any = False
+            for entry, take in self._iter_chunks:
+                entry[1] -= take
+                if entry[1] <= 0:
+                    completed_any = True
+                    self._complete_prefill(entry[0], now)
+            if completed_any:
+                self._prefilling = [entry for entry in self._prefilling if entry[1] > 0]
+            self._iter_chunks = []
+        self._iter_prefill_tokens = 0
+
+    def _complete_prefill(self, request: int, now: float) -> None:
+        plen = self._prefill_len[request]
+        self._kv_prefill -= plen
+        self._generated[request] += 1
+        self._output_total += 1
+        if self._first_token[request] is None:
+            self._first_token[request] = now
+            self._ttft_sum += now - self._arrival[request]
+            self._ttft_count += 1
+        if self._generated[request] >= self._output[request]:
+            self._finish[request] = now
+            self._completed += 1
+            return
+        counter = self._decode_counter
+        self._running[request] = counter
+        self._sum_start += counter
+        self._sum_gen0 += self._generated[request]
+        self._sum_plen_running += plen
+        remaining = self._output[request] - self._generated[request]
+        heapq.heappush(self._heap, (counter + remaining, request, self._epoch[request]))
+
+    # ----------------------------------------------------------------- results
+    def records(self) -> tuple[RequestRecord, ...]:
+        """Records of every request that has arrived by now."""
+        out = []
+        for index in range(self._next_arrival):
+            request = self.requests[index]
+            generated = self._generated[index]
+            if index in self._running:
+                generated += self._decode_counter - self._running[index]
+            out.append(
+                RequestRecord(
+                    request_id=request.request_id,
+                    arrival_time_s=request.arrival_time_s,
+                    prompt_tokens=request.prompt_tokens,
+                    output_tokens=request.output_tokens,
+                    first_token_time_s=self._first_token[index],
+                    finish_time_s=self._finish[index],
+                    generated_tokens=generated,
+                    preemptions=self._preemptions[index],
+                )
+            )
+        return tuple(out)
+
+    def result(
+        self, controller_name: str = "", scheduler_name: str = "", **metadata: Any
+    ) -> ServingResult:
+        """Freeze the run into a :class:`ServingResult`."""
+        self._move_arrivals(self.time_s)
+        records = self.records()
+        series = {key: np.asarray(values, dtype=float) for key, values in self._series.items()}
+        minimum = self._realized_mhz[0]
+        at_minimum = np.isclose(series["realized_clock_mhz"], minimum)
+        queued = series["prefill_queue"] + series["decode_active"]
+        peak_at_minimum = float(np.max(queued[at_minimum])) if np.any(at_minimum) else 0.0
+        profile = self.plant.profile
+        metrics = compute_metrics(
+            records,
+            energy_j=self.energy_j,
+            duration_s=self.time_s,
+            output_tokens=self._output_total,
+            ttft_slo_s=profile.ttft_slo_s,
+            tpot_slo_s=profile.tpot_slo_s,
+            power_cap_violation_s=self._power_violation_s,
+            thermal_violation_s=self._thermal_violation_s,
+            peak_temperature_c=self._peak_temperature,
+            peak_queued_requests_at_minimum_clock=peak_at_minimum,
+            preemptions=self._preemption_total,
+            clock_changes=self._clock_changes,
+        )
+        meta = {
+            "seed": self.seed,
+            "plant": self.plant.describe(),
+            "scheduler": scheduler_name or scheduler_label(self.scheduler),
+            **metadata,
+        }
+        return ServingResult(
+            **series,
+            phase=tuple(self._phase_series),
+            request_records=records,
+            metrics=metrics,
+            controller_name=controller_name,
+            scheduler_name=scheduler_name or scheduler_label(self.scheduler),
+            metadata=meta,
+        )
+
+
+def _time_above(t0: float, t_eq: float, tau: float, dt: float, limit: float) -> float:
+    """Time within ``dt`` that ``T(t) = t_eq + (t0 - t_eq) e^{-t/tau}`` spends above ``limit``."""
+    if t0 > limit and t_eq >= limit:
+        return dt
+    if t0 > limit:  # cooling towards t_eq < limit
+        crossing = tau * math.log((t0 - t_eq) / (limit - t_eq))
+        return min(dt, crossing)
+    if t_eq > limit:  # heating from below
+        crossing = tau * math.log((t_eq - t0) / (t_eq - limit))
+        return max(0.0, dt - crossing)
+    return 0.0
+
+
+def _controller_name(controller: Callable[..., Any]) -> str:
+    return str(getattr(controller, "__name__", type(controller).__name__))
+
+
+def simulate(
+    workload: Sequence[Request],
+    plant: ServingPlant,
+    scheduler: Scheduler = chunked_prefill_scheduler,
+    controller: ClockController | None = None,
+    seed: int = 0,
+    *,
+    controller_name: str | None = None,
+    scheduler_name: str | None = None,
+    control_period_s: float = 1.0,
+    horizon_s: float | None = None,
+) -> ServingResult:
+    """Run ``workload`` on ``plant`` with ``controller`` called every ``control_period_s``.
+
+    The run ends when every request has finished, or at ``horizon_s`` (default: last
+    arrival plus ``plant.drain_timeout_s``); requests unfinished then are censored.
+
+    Raises:
+        ControllerError: the controller raised (chained) or returned a non-finite clock.
+    """
+    if controller is None:
+        raise ValueError("simulate needs a clock controller")
+    if not math.isfinite(control_period_s) or control_period_s <= 0.0:
+        raise ValueError(f"control_period_s must be positive, got {control_period_s!r}")
+    simulation = PlantSimulation(workload, plant, scheduler, seed=seed)
+    requests = simulation.requests
+    last_arrival = requests[-1].arrival_time_s if requests else 0.0
+    horizon = last_arrival + plant.drain_timeout_s if horizon_s is None else float(horizon_s)
+    if horizon <= 0.0:
+        raise ValueError(f"horizon_s must be positive, got {horizon!r}")
+    name = controller_name or _controller_name(controller)
+    step = 0
+    while True:
+        tick = step * control_period_s
+        if tick > horizon + _EPS:
+            simulation.advance_to(horizon, stop_when_done=True)
+            break
+        simulation.advance_to(tick, stop_when_done=True)
+        if simulation.done and step > 0:
+            break
+        observation = simulation.observe()
+        try:
+            requested = controller(observation)
+        except Exception as error:
+            raise ControllerError(
+                f"controller {name!r} raised at t={observation.time_s:.3f}s "
+                f"(step {observation.step_index}): {error}"
+            ) from error
+        try:
+            value = float(requested)
+        except (TypeError, ValueError) as error:
+            raise ControllerError(
+                f"controller {name!r} returned {requested!r} at t={observation.time_s:.3f}s; "
+                "expected a clock in MHz"
+            ) from error
+        if not math.isfinite(value):
+            raise ControllerError(
+                f"controller {name!r} returned a non-finite clock {value!r} "
+                f"at t={observation.time_s:.3f}s"
+            )
+        simulation.request_clock(value)
+        step += 1
+    return simulation.result(
+        controller_name=name,
+        scheduler_name=scheduler_name or "",
+        control_period_s=control_period_s,
+        horizon_s=horizon,
+    )

@@ -1,0 +1,220 @@
+"""Shared value types of the serving plant: requests, observations, records, protocols.
+
+Names follow the seed (`../shared/SEED_NOTES.md` section 1) so the seed's methods port
+unchanged in spirit. Units are in every field name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One LLM request as a trace records it.
+
+    ``output_tokens`` is the realised output length. The plant uses it to decide when a
+    request finishes; controllers must never read it for a request that has not finished
+    (they see only :class:`ServingObservation`).
+    """
+
+    request_id: int
+    arrival_time_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.arrival_time_s) or self.arrival_time_s < 0.0:
+            raise ValueError(
+                f"request {self.request_id}: arrival_time_s must be finite and >= 0, "
+                f"got {self.arrival_time_s!r}"
+            )
+        if int(self.prompt_tokens) != self.prompt_tokens or self.prompt_tokens < 1:
+            raise ValueError(
+                f"request {self.request_id}: prompt_tokens must be an integer >= 1, "
+                f"got {self.prompt_tokens!r}"
+            )
+        if int(self.output_tokens) != self.output_tokens or self.output_tokens < 1:
+            raise ValueError(
+                f"request {self.request_id}: output_tokens must be an integer >= 1, "
+                f"got {self.output_tokens!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """Outcome of one request in a simulation.
+
+    ``first_token_time_s`` is ``None`` when the run ended before the first token (TTFT
+    censored); ``finish_time_s`` is ``None`` when the run ended before the last token
+    (TPOT censored). TPOT is (finish - first token) / (output_tokens - 1); a one-token
+    request has no inter-token interval, so its ``tpot_s`` is ``None`` without censoring.
+    """
+
+    request_id: int
+    arrival_time_s: float
+    prompt_tokens: int
+    output_tokens: int
+    first_token_time_s: float | None
+    finish_time_s: float | None
+    generated_tokens: int
+    preemptions: int = 0
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token in seconds, or None when censored."""
+        if self.first_token_time_s is None:
+            return None
+        return self.first_token_time_s - self.arrival_time_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first, or None (censored or one token)."""
+        if self.first_token_time_s is None or self.finish_time_s is None:
+            return None
+        if self.output_tokens <= 1:
+            return None
+        return (self.finish_time_s - self.first_token_time_s) / (self.output_tokens - 1)
+
+    @property
+    def ttft_censored(self) -> bool:
+        """True when the run ended before this request's first token."""
+        return self.first_token_time_s is None
+
+    @property
+    def tpot_censored(self) -> bool:
+        """True when the run ended before this request's last token."""
+        return self.finish_time_s is None
+
+
+@dataclass(frozen=True, slots=True)
+class ServingObservation:
+    """What a clock controller sees at a control instant: only what a real node can know.
+
+    The first block holds the seed's fields. The rest are what NVML and an engine's
+    ``/metrics`` page expose on a real node (see ``daemon/``); fields a source cannot
+    provide are ``None``. No field reveals future arrivals or an unfinished request's
+    output length.
+
+    ``generated_decode_tokens`` counts tokens generated so far by the requests that are
+    decoding now (the seed's ``estimate_decode_remaining_tokens`` subtracts it from
+    ``decode_active * mean_output_tokens``); ``output_tokens_total`` is the engine's
+    cumulative generation counter.
+    """
+
+    time_s: float
+    step_index: int
+    arrived_requests: int
+    prefill_remaining_tokens: float
+    decode_active: int
+    generated_decode_tokens: float
+    temperature_c: float
+    # Queue and progress (engine metrics on a real node).
+    waiting_requests: int = 0
+    completed_requests: int = 0
+    output_tokens_total: float = 0.0
+    prompt_tokens_total: float = 0.0
+    kv_tokens: float = 0.0
+    kv_capacity_tokens: float | None = None
+    # GPU state (NVML on a real node).
+    power_w: float | None = None
+    energy_j: float | None = None
+    requested_clock_mhz: float | None = None
+    realized_clock_mhz: float | None = None
+    gpu_utilization: float | None = None
+    power_limit_w: float | None = None
+    thermal_limit_c: float | None = None
+    supported_clocks_mhz: tuple[float, ...] = ()
+    # Latency over the last control window (engine histograms on a real node).
+    ttft_recent_s: float | None = None
+    tpot_recent_s: float | None = None
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.time_s):
+            raise ValueError(f"time_s must be finite, got {self.time_s!r}")
+        for name in ("arrived_requests", "decode_active", "waiting_requests"):
+            value = getattr(self, name)
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+        if self.prefill_remaining_tokens < 0:
+            raise ValueError(
+                f"prefill_remaining_tokens must be >= 0, got {self.prefill_remaining_tokens!r}"
+            )
+
+    @property
+    def minimum_clock_mhz(self) -> float | None:
+        """Lowest supported clock, when the source reported the supported set."""
+        return self.supported_clocks_mhz[0] if self.supported_clocks_mhz else None
+
+    @property
+    def maximum_clock_mhz(self) -> float | None:
+        """Highest supported clock, when the source reported the supported set."""
+        return self.supported_clocks_mhz[-1] if self.supported_clocks_mhz else None
+
+
+@dataclass(frozen=True)
+class MPCDiagnostics:
+    """Solve statistics an MPC controller reports (the seed's fields)."""
+
+    solve_times_s: NDArray[np.float64]
+    successful_solves: int
+    fallback_count: int
+    control_period_s: float
+    horizon_steps: int
+    solve_time_limit_s: float
+    fallback_reasons: dict[str, int] = field(default_factory=dict)
+
+
+@runtime_checkable
+class ClockController(Protocol):
+    """Maps an observation to a requested SM clock in MHz.
+
+    Optional introspection attributes the seed sets: ``__name__``, ``plans_by_step``,
+    ``plan_start_times_by_step``, ``plan_dt_s`` and ``diagnostics()``.
+    """
+
+    def __call__(self, observation: ServingObservation) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerView:
+    """The engine state a scheduler sees at the start of an iteration."""
+
+    time_s: float
+    waiting_requests: int
+    prefilling_requests: int
+    decode_active: int
+    prefill_remaining_tokens: int
+    oldest_waiting_age_s: float
+    kv_tokens: int
+    kv_capacity_tokens: int
+    max_batch_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class IterationPlan:
+    """What one engine iteration runs.
+
+    ``decode``: run one decode token for every running request. ``prefill_token_budget``:
+    prompt tokens the iteration may prefill (chunks of partially prefilled requests first,
+    then new admissions in arrival order). ``count_decode_in_budget``: decode tokens use
+    the same budget, as vLLM's ``max_num_batched_tokens`` does. ``idle_s``: when nothing
+    runs, how long the engine waits before asking again (a scheduler may idle on purpose).
+    """
+
+    decode: bool
+    prefill_token_budget: int
+    count_decode_in_budget: bool = False
+    idle_s: float = 0.0
+
+
+class Scheduler(Protocol):
+    """The serving engine's batching rule inside the plant."""
+
+    def __call__(self, view: SchedulerView) -> IterationPlan: ...

@@ -1,0 +1,794 @@
+"""Request workloads for the serving plant: real trace loaders and synthetic generators.
+
+Real traces (see ``../shared/traces/README.md`` for their origin and licences):
+
+* ``azure``: Azure LLM inference trace 2023 (Splitwise), ``TIMESTAMP,ContextTokens,
+  GeneratedTokens`` with ``YYYY-MM-DD HH:MM:SS.fffffff`` timestamps (100 ns ticks, parsed
+  exactly as integers, not through ``strptime``'s six-digit ``%f``).
+* ``burstgpt``: BurstGPT CSV, both the ``_1`` layout (``Timestamp,Model,Request tokens,
+  Response tokens,Total tokens,Log Type``) and the ``_3`` layout (adds ``Session ID`` and
+  ``Elapsed time``); timestamps in seconds, integer or float.
+* ``mooncake``: Mooncake JSON lines, ``timestamp`` in milliseconds, ``input_length``,
+  ``output_length``; ``hash_ids`` is ignored.
+* ``csv``: a plain ``arrival_time_s,prompt_tokens,output_tokens`` CSV.
+
+Mapping to :class:`~plant.types.Request`: ``arrival_time_s`` is the row's timestamp minus
+the first data row's timestamp, in seconds; ``request_id`` is the 0-based index of the
+data record in the file. Skipped zero-token rows (failed requests in BurstGPT) still use
+up their index, so ids always map back to file rows: for a file without blank lines the
+id is the line number minus 2 (CSV, one header line) or minus 1 (JSON lines).
+
+Every bad input raises :class:`TraceError` with a ``path:line: what is wrong`` message.
+
+The synthetic generators (:func:`poisson_workload`, :func:`bursty_workload`) draw
+lognormal lengths fitted to the Azure conversation trace's medians and means. They are
+synthetic stand-ins, not replays; use :func:`load_trace` for real arrivals.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import hashlib
+import io
+import json
+import math
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from plant.types import Request
+
+TraceFormat = Literal["auto", "azure", "burstgpt", "mooncake", "csv"]
+
+#: Environment variable naming the directory that holds the shared real traces.
+TRACES_DIR_ENV = "GPUGOV_TRACES_DIR"
+
+#: Default shared-traces directory: ``../shared/traces`` next to the repository checkout.
+DEFAULT_TRACES_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
+
+#: Trace bundled with the package (``plant/data``), loadable without the shared directory.
+DEFAULT_TRACE = "azure-conv-10min"
+
+BUNDLED_TRACES: dict[str, str] = {"azure-conv-10min": "azure_conv_10min.csv"}
+
+SHARED_TRACES: dict[str, str] = {
+    "azure-conv": "AzureLLMInferenceTrace_conv.csv",
+    "azure-code": "AzureLLMInferenceTrace_code.csv",
+    "mooncake": "mooncake_conversation_trace.jsonl",
+    "burstgpt1": "burstgpt1_first400rows.csv",
+    "burstgpt3": "burstgpt3_first400rows.csv",
+}
+
+# Columns (timestamp, prompt tokens, output tokens) that identify each CSV format.
+_CSV_COLUMNS: dict[str, tuple[str, str, str]] = {
+    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
+    "csv": ("arrival_time_s", "prompt_tokens", "output_tokens"),
+}
+_MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
+
+_KNOWN_FORMATS = (
+    "azure (CSV header TIMESTAMP,ContextTokens,GeneratedTokens); "
+    "burstgpt (CSV header with Timestamp,Request tokens,Response tokens); "
+    "mooncake (JSON lines with timestamp,input_length,output_length); "
+    "csv (CSV header arrival_time_s,prompt_tokens,output_tokens)"
+)
+
+_AZURE_TIMESTAMP = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?")
+
+
+class TraceError(ValueError):
+    """A trace file is missing, unreadable or malformed; the message is ``path:line: what``."""
+
+
+class TraceWarning(UserWarning):
+    """A trace loaded, but some rows were skipped (zero-token rows: failed requests)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceLoadReport:
+    """Provenance of one :func:`load_trace` call.
+
+    Attributes:
+        path: resolved file path.
+        format: detected or requested format (``azure``, ``burstgpt``, ``mooncake``, ``csv``).
+        rows: data rows in the file, zero-token rows included (before windowing).
+        skipped_zero_token_rows: rows dropped because prompt or output tokens were 0.
+        sha256: hex digest of the file's bytes.
+        first_timestamp_raw: the first data row's timestamp as written; arrivals count
+            from it.
+        requests: requests returned (after skipping, windowing and scaling).
+        start_s: window start in the trace's own seconds from its first timestamp.
+        duration_s: window length in the trace's own seconds, ``None`` for the rest.
+        load_scale: arrival-rate multiplier applied after windowing.
+        name: the trace name when loaded by name (``azure-conv``...), else ``None``.
+    """
+
+    path: str
+    format: str
+    rows: int
+    skipped_zero_token_rows: int
+    sha256: str
+    first_timestamp_raw: str
+    requests: int
+    start_s: float = 0.0
+    duration_s: float | None = None
+    load_scale: float = 1.0
+    name: str | None = None
+
+
+@dataclass(slots=True)
+class _Parsed:
+    """Columns parsed from a trace, arrivals already relative to the first timestamp."""
+
+    ids: list[int]
+    arrivals_s: list[float]
+    prompts: list[int]
+    outputs: list[int]
+    rows: int
+    skipped: int
+    first_timestamp_raw: str
+
+
+# --------------------------------------------------------------------------- resolving
+
+
+def traces_dir() -> Path:
+    """Directory of the shared real traces: ``$GPUGOV_TRACES_DIR``, else the default.
+
+    The default is ``../shared/traces`` next to the repository checkout, computed from
+    this file's location so it does not depend on the working directory.
+    """
+    configured = os.environ.get(TRACES_DIR_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    return DEFAULT_TRACES_DIR
+
+
+def _bundled_path(file_name: str) -> Path:
+    """Path of a file in the package's ``data`` folder (works from an installed wheel)."""
+    return Path(str(resources.files("plant") / "data" / file_name))
+
+
+def resolve_trace(name_or_path: str | Path) -> Path:
+    """Map a trace name to its file, or return the argument as a path.
+
+    Names: ``azure-conv-10min`` (bundled in the package) and the shared traces
+    ``azure-conv``, ``azure-code``, ``mooncake``, ``burstgpt1``, ``burstgpt3`` (looked up
+    in :func:`traces_dir`). Any other string, and any :class:`~pathlib.Path`, is a path.
+
+    Raises:
+        TraceError: a shared trace's file is absent; the message names
+            ``$GPUGOV_TRACES_DIR`` and the default directory.
+    """
+    if isinstance(name_or_path, Path):
+        return name_or_path
+    if name_or_path in BUNDLED_TRACES:
+        return _bundled_path(BUNDLED_TRACES[name_or_path])
+    if name_or_path in SHARED_TRACES:
+        file_name = SHARED_TRACES[name_or_path]
+        directory = traces_dir()
+        path = directory / file_name
+        if not path.is_file():
+            configured = os.environ.get(TRACES_DIR_ENV)
+            where = f"${TRACES_DIR_ENV}={configured}" if configured else f"{directory} (default)"
+            raise TraceError(
+                f"trace {name_or_path!r}: {file_name} not found in {where}; set "
+                f"${TRACES_DIR_ENV} to the directory holding the shared traces, or place "
+                f"them at the default {DEFAULT_TRACES_DIR}"
+            )
+        return path
+    return Path(name_or_path)
+
+
+def list_traces() -> list[dict[str, Any]]:
+    """Known trace names, where each resolves now, and whether the file is present."""
+    listing: list[dict[str, Any]] = []
+    for name, file_name in BUNDLED_TRACES.items():
+        path = _bundled_path(file_name)
+        listing.append(
+            {"name": name, "kind": "bundled", "path": str(path), "present": path.is_file()}
+        )
+    directory = traces_dir()
+    for name, file_name in SHARED_TRACES.items():
+        path = directory / file_name
+        listing.append(
+            {"name": name, "kind": "shared", "path": str(path), "present": path.is_file()}
+        )
+    return listing
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _fail(path: Path, line: int | None, message: str) -> TraceError:
+    """Build a TraceError whose message is ``path:line: message``."""
+    where = f"{path}:{line}" if line is not None else f"{path}"
+    return TraceError(f"{where}: {message}")
+
+
+def _token_count(raw: Any, field: str, path: Path, line: int) -> int:
+    """Parse a token count: a non-negative integer (``12`` or an integral ``12.0``)."""
+    value: int | float
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        raise _fail(path, line, f"field {field!r}: expected a token count, got {raw!r}")
+    if isinstance(raw, str):
+        try:
+            value = int(raw)
+        except ValueError:
+            try:
+                value = float(raw)
+            except ValueError:
+                raise _fail(
+                    path, line, f"field {field!r}: expected a token count, got {raw!r}"
+                ) from None
+    else:
+        value = raw
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise _fail(
+                path, line, f"field {field!r}: expected an integer token count, got {raw!r}"
+            )
+        value = int(value)
+    if value < 0:
+        raise _fail(path, line, f"field {field!r}: negative token count {raw!r}")
+    return value
+
+
+def _seconds(raw: Any, field: str, path: Path, line: int) -> float:
+    """Parse a finite numeric timestamp (seconds or milliseconds, as the format says)."""
+    if isinstance(raw, bool):
+        raise _fail(path, line, f"field {field!r}: expected a number, got {raw!r}")
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise _fail(path, line, f"field {field!r}: expected a number, got {raw!r}") from None
+    if not math.isfinite(value):
+        raise _fail(path, line, f"field {field!r}: timestamp must be finite, got {raw!r}")
+    return value
+
+
+class _AzureClock:
+    """Parses Azure timestamps to integer nanoseconds, caching the per-date day number."""
+
+    def __init__(self) -> None:
+        self._days: dict[str, int] = {}
+
+    def __call__(self, raw: str, field: str, path: Path, line: int) -> int:
+        match = _AZURE_TIMESTAMP.fullmatch(raw.strip())
+        if match is None:
+            raise _fail(
+                path,
+                line,
+                f"field {field!r}: expected a timestamp YYYY-MM-DD HH:MM:SS.fffffff, got {raw!r}",
+            )
+        date, hours, minutes, seconds, fraction = match.groups()
+        day = self._days.get(date)
+        if day is None:
+            try:
+                day = dt.date.fromisoformat(date).toordinal()
+            except ValueError:
+                raise _fail(path, line, f"field {field!r}: invalid date in {raw!r}") from None
+            self._days[date] = day
+        h, m, s = int(hours), int(minutes), int(seconds)
+        if h > 23 or m > 59 or s > 59:
+            raise _fail(path, line, f"field {field!r}: invalid time of day in {raw!r}")
+        nanoseconds = int(fraction.ljust(9, "0")) if fraction else 0
+        return ((day * 86_400 + h * 3_600 + m * 60 + s) * 1_000_000_000) + nanoseconds
+
+
+def _read_text(path: Path) -> tuple[str, str]:
+    """Read a trace as UTF-8 text (BOM allowed); return (text, sha256 of the bytes)."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise _fail(path, None, f"cannot read trace file: {e.strerror or e}") from e
+    digest = hashlib.sha256(data).hexdigest()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise _fail(path, line, f"not UTF-8 text ({e.reason} at byte {e.start})") from e
+    return text, digest
+
+
+def _first_line(text: str) -> str:
+    """The file's first line without its terminator."""
+    return text.split("\n", 1)[0].rstrip("\r")
+
+
+def _detect_format(path: Path, text: str) -> str:
+    """Pick the format from the first line; raise naming the known formats otherwise."""
+    if not text:
+        raise _fail(path, 1, "empty file (no header and no data rows)")
+    first = _first_line(text)
+    if first.lstrip().startswith("{"):
+        return "mooncake"
+    header = {name.strip() for name in next(csv.reader([first]), [])}
+    matches = [fmt for fmt, cols in _CSV_COLUMNS.items() if set(cols) <= header]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise _fail(
+            path,
+            1,
+            f"header {first!r} matches several formats ({', '.join(matches)}); "
+            "pass format= to choose one",
+        )
+    hint = ""
+    overlap = max(_CSV_COLUMNS.items(), key=lambda item: len(set(item[1]) & header))
+    missing = [col for col in overlap[1] if col not in header]
+    if len(missing) < len(overlap[1]):
+        hint = f" (closest: {overlap[0]}, missing column(s) {', '.join(map(repr, missing))})"
+    raise _fail(path, 1, f"unknown header {first!r}{hint}; known formats: {_KNOWN_FORMATS}")
+
+
+def _parse_csv(path: Path, text: str, fmt: str) -> _Parsed:
+    """Parse one of the CSV formats; arrivals relative to the first data row."""
+    if not text:
+        raise _fail(path, 1, "empty file (no header and no data rows)")
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = [name.strip() for name in next(reader)]
+    ts_col, prompt_col, output_col = _CSV_COLUMNS[fmt]
+    for col in (ts_col, prompt_col, output_col):
+        if col not in header:
+            raise _fail(
+                path,
+                1,
+                f"missing column {col!r} required by format {fmt!r}; header has "
+                f"{', '.join(map(repr, header))}",
+            )
+    i_ts, i_prompt, i_output = (header.index(c) for c in (ts_col, prompt_col, output_col))
+    width = len(header)
+    azure_clock = _AzureClock() if fmt == "azure" else None
+
+    ids: list[int] = []
+    stamps: list[Any] = []  # int nanoseconds (azure) or float seconds
+    prompts: list[int] = []
+    outputs: list[int] = []
+    record = 0
+    skipped = 0
+    first_raw = ""
+    origin: Any = 0
+    previous: float | int | None = None
+    previous_line = 0
+    for row in reader:
+        line = reader.line_num
+        if not row or not any(cell.strip() for cell in row):
+            continue  # blank line: not a record
+        if len(row) != width:
+            if len(row) < width:
+                absent = header[len(row)]
+                raise _fail(
+                    path,
+                    line,
+                    f"missing field {absent!r}: row has {len(row)} of {width} fields",
+                )
+            raise _fail(path, line, f"row has {len(row)} fields, header has {width}")
+        raw_ts = row[i_ts]
+        stamp: float | int
+        if azure_clock is not None:
+            stamp = azure_clock(raw_ts, ts_col, path, line)
+        else:
+            stamp = _seconds(raw_ts, ts_col, path, line)
+        prompt = _token_count(row[i_prompt], prompt_col, path, line)
+        output = _token_count(row[i_output], output_col, path, line)
+        if previous is None:
+            first_raw, origin = raw_ts.strip(), stamp
+        elif stamp < previous:
+            raise _fail(
+                path,
+                line,
+                f"field {ts_col!r}: timestamp {raw_ts.strip()!r} goes backwards "
+                f"(line {previous_line} is later)",
+            )
+        previous, previous_line = stamp, line
+        if prompt == 0 or output == 0:
+            skipped += 1
+        else:
+            ids.append(record)
+            stamps.append(stamp)
+            prompts.append(prompt)
+            outputs.append(output)
+        record += 1
+    if record == 0:
+        raise _fail(path, reader.line_num + 1, "no data rows after the header")
+    if azure_clock is not None:
+        # Integer nanoseconds: the subtraction is exact, then one rounding to seconds.
+        arrivals = [(s - origin) / 1e9 for s in stamps]
+    else:
+        arrivals = [s - origin for s in stamps]
+    return _Parsed(ids, arrivals, prompts, outputs, record, skipped, first_raw)
+
+
+def _parse_mooncake(path: Path, text: str) -> _Parsed:
+    """Parse Mooncake JSON lines (timestamps in ms); arrivals relative to the first line."""
+    ids: list[int] = []
+    stamps: list[float] = []
+    prompts: list[int] = []
+    outputs: list[int] = []
+    record = 0
+    skipped = 0
+    first_raw = ""
+    origin = 0.0
+    previous: float | None = None
+    previous_line = 0
+    line = 0
+    if not text:
+        raise _fail(path, 1, "empty file (no data rows)")
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()  # the terminator of the last line does not start another line
+    for line, content in enumerate(lines, start=1):
+        if not content.strip():
+            continue
+        try:
+            item = json.loads(content)
+        except json.JSONDecodeError as e:
+            raise _fail(path, line, f"invalid JSON: {e.msg} (column {e.colno})") from None
+        if not isinstance(item, dict):
+            raise _fail(path, line, f"expected a JSON object, got {type(item).__name__}")
+        for field in _MOONCAKE_FIELDS:
+            if field not in item:
+                raise _fail(path, line, f"missing field {field!r}")
+        raw_ts = item["timestamp"]
+        stamp = _seconds(raw_ts, "timestamp", path, line)
+        prompt = _token_count(item["input_length"], "input_length", path, line)
+        output = _token_count(item["output_length"], "output_length", path, line)
+        if previous is None:
+            first_raw, origin = json.dumps(raw_ts), stamp
+        elif stamp < previous:
+            raise _fail(
+                path,
+                line,
+                f"field 'timestamp': timestamp {raw_ts!r} goes backwards "
+                f"(line {previous_line} is later)",
+            )
+        previous, previous_line = stamp, line
+        if prompt == 0 or output == 0:
+            skipped += 1
+        else:
+            ids.append(record)
+            stamps.append(stamp)
+            prompts.append(prompt)
+            outputs.append(output)
+        record += 1
+    if record == 0:
+        raise _fail(path, line + 1, "no data rows (empty trace)")
+    arrivals = [(s - origin) / 1000.0 for s in stamps]
+    return _Parsed(ids, arrivals, prompts, outputs, record, skipped, first_raw)
+
+
+def _check_window(start_s: float, duration_s: float | None) -> None:
+    """Validate a window: finite start >= 0 and finite duration > 0 (or None)."""
+    if not math.isfinite(start_s) or start_s < 0.0:
+        raise ValueError(f"start_s must be finite and >= 0, got {start_s!r}")
+    if duration_s is not None and (not math.isfinite(duration_s) or duration_s <= 0.0):
+        raise ValueError(f"duration_s must be finite and > 0, got {duration_s!r}")
+
+
+def _check_scale(load_scale: float) -> None:
+    """Validate a load scale: finite and > 0."""
+    if not math.isfinite(load_scale) or load_scale <= 0.0:
+        raise ValueError(f"load_scale must be finite and > 0, got {load_scale!r}")
+
+
+def load_trace(
+    path_or_name: str | Path,
+    *,
+    format: TraceFormat = "auto",
+    start_s: float = 0.0,
+    duration_s: float | None = None,
+    load_scale: float = 1.0,
+) -> tuple[tuple[Request, ...], TraceLoadReport]:
+    """Load a real trace as requests sorted by arrival.
+
+    Steps: parse (arrival = timestamp minus the first data row's timestamp) -> keep
+    arrivals in ``[start_s, start_s + duration_s)`` (the trace's own seconds) -> divide by
+    ``load_scale`` -> rebase so the window start is time 0. This is exactly
+    ``scale_load(select_window(full, start_s, duration_s), load_scale)``.
+
+    Args:
+        path_or_name: a trace name (see :func:`resolve_trace`) or a file path.
+        format: ``auto`` detects from the first line; otherwise force a format.
+        start_s: window start, seconds from the trace's first timestamp.
+        duration_s: window length in trace seconds; ``None`` keeps the rest.
+        load_scale: arrival-rate multiplier (2.0 halves every inter-arrival time).
+
+    Returns:
+        The requests and a :class:`TraceLoadReport`. Zero-token rows are skipped with one
+        :class:`TraceWarning` per file naming their count.
+
+    Raises:
+        TraceError: missing/unreadable file, unknown header, malformed row (the message
+            is ``path:line: ...``), or a window holding no requests.
+        ValueError: bad ``format``, window or ``load_scale``.
+    """
+    if format not in ("auto", "azure", "burstgpt", "mooncake", "csv"):
+        raise ValueError(f"format must be auto, azure, burstgpt, mooncake or csv, got {format!r}")
+    _check_window(start_s, duration_s)
+    _check_scale(load_scale)
+    name = (
+        path_or_name
+        if isinstance(path_or_name, str) and path_or_name in BUNDLED_TRACES | SHARED_TRACES
+        else None
+    )
+    path = resolve_trace(path_or_name)
+    text, digest = _read_text(path)
+    fmt = _detect_format(path, text) if format == "auto" else format
+    parsed = _parse_mooncake(path, text) if fmt == "mooncake" else _parse_csv(path, text, fmt)
+    if parsed.skipped:
+        warnings.warn(
+            f"{path}: skipped {parsed.skipped} zero-token row(s) of {parsed.rows} "
+            "(failed requests)",
+            TraceWarning,
+            stacklevel=2,
+        )
+
+    end_s = math.inf if duration_s is None else start_s + duration_s
+    requests: list[Request] = []
+    for rid, arrival, prompt, output in zip(
+        parsed.ids, parsed.arrivals_s, parsed.prompts, parsed.outputs, strict=True
+    ):
+        if start_s <= arrival < end_s:
+            shifted = arrival - start_s
+            if load_scale != 1.0:
+                shifted = shifted / load_scale
+            requests.append(Request(rid, shifted, prompt, output))
+    if not requests:
+        span = parsed.arrivals_s[-1] if parsed.arrivals_s else 0.0
+        raise _fail(
+            path,
+            None,
+            f"window [{start_s}, {end_s}) s holds no requests (kept arrivals span 0 to {span} s)",
+        )
+    report = TraceLoadReport(
+        path=str(path),
+        format=fmt,
+        rows=parsed.rows,
+        skipped_zero_token_rows=parsed.skipped,
+        sha256=digest,
+        first_timestamp_raw=parsed.first_timestamp_raw,
+        requests=len(requests),
+        start_s=start_s,
+        duration_s=duration_s,
+        load_scale=load_scale,
+        name=name,
+    )
+    return tuple(requests), report
+
+
+# --------------------------------------------------------------------------- transforms
+
+
+def _sorted(workload: Sequence[Request]) -> list[Request]:
+    """Requests sorted by arrival, ties kept in their given order."""
+    return sorted(workload, key=lambda r: r.arrival_time_s)
+
+
+def select_window(
+    workload: Sequence[Request], start_s: float, duration_s: float | None
+) -> tuple[Request, ...]:
+    """Keep arrivals in ``[start_s, start_s + duration_s)``, rebased so ``start_s`` is 0.
+
+    Request ids and lengths are kept; ``duration_s=None`` keeps everything after start.
+    The result may be empty.
+
+    Raises:
+        ValueError: start < 0, duration <= 0, or either not finite.
+    """
+    _check_window(start_s, duration_s)
+    end_s = math.inf if duration_s is None else start_s + duration_s
+    return tuple(
+        Request(r.request_id, r.arrival_time_s - start_s, r.prompt_tokens, r.output_tokens)
+        for r in _sorted(workload)
+        if start_s <= r.arrival_time_s < end_s
+    )
+
+
+def scale_load(workload: Sequence[Request], load_scale: float) -> tuple[Request, ...]:
+    """Multiply the arrival rate by ``load_scale``: every arrival time becomes ``t / X``.
+
+    ``X > 1`` compresses inter-arrival times (more load), ``X < 1`` dilates them. Ids and
+    lengths are kept.
+
+    Raises:
+        ValueError: ``load_scale`` not finite and > 0.
+    """
+    _check_scale(load_scale)
+    if load_scale == 1.0:
+        return tuple(_sorted(workload))
+    return tuple(
+        Request(r.request_id, r.arrival_time_s / load_scale, r.prompt_tokens, r.output_tokens)
+        for r in _sorted(workload)
+    )
+
+
+def workload_checksum(workload: Sequence[Request]) -> str:
+    """SHA-256 hex digest of a workload, stable across runs, platforms and versions.
+
+    Canonical encoding: the line ``gpugov-workload-v1``, then one ASCII line per request,
+    in the given order, ``request_id,repr(float(arrival_time_s)),prompt,output``. Python's
+    float ``repr`` is the shortest round-tripping decimal, so it is platform independent.
+    """
+    digest = hashlib.sha256(b"gpugov-workload-v1\n")
+    for r in workload:
+        line = (
+            f"{int(r.request_id)},{float(r.arrival_time_s)!r},"
+            f"{int(r.prompt_tokens)},{int(r.output_tokens)}\n"
+        )
+        digest.update(line.encode("ascii"))
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- synthetic
+
+LengthSampler = Callable[[np.random.Generator, int], NDArray[np.int64]]
+LengthSpec = int | LengthSampler | None
+
+
+@dataclass(frozen=True, slots=True)
+class LognormalLengths:
+    """Lognormal token-length sampler given by its median and mean, rounded and clipped.
+
+    ``mu = ln(median)``, ``sigma = sqrt(2 ln(mean / median))`` (lognormal mean is
+    ``exp(mu + sigma^2 / 2)``). Samples are rounded to integers and clipped to
+    ``[minimum, maximum]``, so the realised mean is slightly below ``mean``.
+    """
+
+    median: float
+    mean: float
+    minimum: int = 1
+    maximum: int = 16_384
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.median) and self.median > 0):
+            raise ValueError(f"median must be finite and > 0, got {self.median!r}")
+        if not (math.isfinite(self.mean) and self.mean >= self.median):
+            raise ValueError(f"mean must be finite and >= median, got {self.mean!r}")
+        if not (1 <= self.minimum <= self.maximum):
+            raise ValueError(
+                f"need 1 <= minimum <= maximum, got {self.minimum!r}, {self.maximum!r}"
+            )
+
+    @property
+    def sigma(self) -> float:
+        """Log-space standard deviation."""
+        return math.sqrt(2.0 * math.log(self.mean / self.median))
+
+    def __call__(self, rng: np.random.Generator, n: int) -> NDArray[np.int64]:
+        """Draw ``n`` lengths."""
+        draws = rng.lognormal(math.log(self.median), self.sigma, size=n)
+        return np.clip(np.rint(draws), self.minimum, self.maximum).astype(np.int64)
+
+
+#: Prompt lengths fitted to the Azure conversation trace (median 1020, mean 1154.7;
+#: the trace's max is 14,050, clipped here at 16,384).
+AZURE_CONV_PROMPT_TOKENS = LognormalLengths(median=1020.0, mean=1154.7, maximum=16_384)
+#: Output lengths fitted to the Azure conversation trace (median 129, mean 211.1; the
+#: trace's max is 1,000, clipped here at 2,048).
+AZURE_CONV_OUTPUT_TOKENS = LognormalLengths(median=129.0, mean=211.1, maximum=2_048)
+
+
+def _lengths(
+    spec: LengthSpec, default: LognormalLengths, rng: np.random.Generator, n: int, what: str
+) -> NDArray[np.int64]:
+    """Draw ``n`` lengths from a fixed int, a sampler, or the default; check they are >= 1."""
+    if spec is None:
+        values = default(rng, n)
+    elif isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
+        if spec < 1:
+            raise ValueError(f"{what} must be >= 1, got {spec!r}")
+        values = np.full(n, int(spec), dtype=np.int64)
+    elif callable(spec):
+        values = np.asarray(spec(rng, n))
+        if values.shape != (n,):
+            raise ValueError(f"{what} sampler returned shape {values.shape}, expected ({n},)")
+        if n and (np.any(values != np.rint(values)) or values.min() < 1):
+            raise ValueError(f"{what} sampler must return integers >= 1")
+        values = values.astype(np.int64)
+    else:
+        raise TypeError(f"{what} must be an int, a sampler (rng, n) -> array, or None")
+    return values
+
+
+def _build(
+    arrivals_s: NDArray[np.float64],
+    rngs: Sequence[np.random.Generator],
+    prompt_tokens: LengthSpec,
+    output_tokens: LengthSpec,
+) -> tuple[Request, ...]:
+    """Attach lengths to sorted arrivals; ids are 0..n-1 in arrival order."""
+    n = len(arrivals_s)
+    prompts = _lengths(prompt_tokens, AZURE_CONV_PROMPT_TOKENS, rngs[0], n, "prompt_tokens")
+    outputs = _lengths(output_tokens, AZURE_CONV_OUTPUT_TOKENS, rngs[1], n, "output_tokens")
+    return tuple(
+        Request(i, float(t), int(p), int(o))
+        for i, (t, p, o) in enumerate(zip(arrivals_s, prompts, outputs, strict=True))
+    )
+
+
+def _streams(seed: int) -> Iterator[np.random.Generator]:
+    """Independent generators for arrivals, prompts and outputs from one seed.
+
+    Separate streams mean changing the output sampler does not change the arrivals or
+    the prompts drawn for the same seed.
+    """
+    for child in np.random.SeedSequence(seed).spawn(3):
+        yield np.random.default_rng(child)
+
+
+def _check_rate(name: str, value: float) -> None:
+    """Validate a rate or duration: finite and >= 0."""
+    if not math.isfinite(value) or value < 0.0:
+        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+
+
+def poisson_workload(
+    rate_per_s: float,
+    duration_s: float,
+    *,
+    seed: int,
+    prompt_tokens: LengthSpec = None,
+    output_tokens: LengthSpec = None,
+) -> tuple[Request, ...]:
+    """Synthetic homogeneous Poisson arrivals on ``[0, duration_s)``.
+
+    The count is Poisson(``rate_per_s * duration_s``) and the arrival times are sorted
+    uniforms, which is the same process as exponential gaps. Lengths default to
+    :data:`AZURE_CONV_PROMPT_TOKENS` and :data:`AZURE_CONV_OUTPUT_TOKENS`; pass an int for
+    a fixed length or a sampler ``(rng, n) -> int array``. Deterministic per ``seed``.
+    """
+    _check_rate("rate_per_s", rate_per_s)
+    if not math.isfinite(duration_s) or duration_s <= 0.0:
+        raise ValueError(f"duration_s must be finite and > 0, got {duration_s!r}")
+    arrival_rng, prompt_rng, output_rng = _streams(seed)
+    n = int(arrival_rng.poisson(rate_per_s * duration_s))
+    arrivals = np.sort(arrival_rng.uniform(0.0, duration_s, size=n))
+    return _build(arrivals, (prompt_rng, output_rng), prompt_tokens, output_tokens)
+
+
+def bursty_workload(
+    on_rate_per_s: float,
+    off_rate_per_s: float,
+    on_s: float,
+    off_s: float,
+    duration_s: float,
+    *,
+    seed: int,
+    prompt_tokens: LengthSpec = None,
+    output_tokens: LengthSpec = None,
+) -> tuple[Request, ...]:
+    """Synthetic on/off modulated Poisson arrivals on ``[0, duration_s)``.
+
+    The rate is ``on_rate_per_s`` for ``on_s`` seconds, then ``off_rate_per_s`` for
+    ``off_s`` seconds, repeating, starting in the on phase at time 0. Drawn by thinning a
+    Poisson process at the larger rate. Mean rate is
+    ``(on_rate * on_s + off_rate * off_s) / (on_s + off_s)``. Lengths as in
+    :func:`poisson_workload`. Deterministic per ``seed``.
+    """
+    _check_rate("on_rate_per_s", on_rate_per_s)
+    _check_rate("off_rate_per_s", off_rate_per_s)
+    _check_rate("off_s", off_s)
+    if not math.isfinite(on_s) or on_s <= 0.0:
+        raise ValueError(f"on_s must be finite and > 0, got {on_s!r}")
+    if not math.isfinite(duration_s) or duration_s <= 0.0:
+        raise ValueError(f"duration_s must be finite and > 0, got {duration_s!r}")
+    arrival_rng, prompt_rng, output_rng = _streams(seed)
+    peak = max(on_rate_per_s, off_rate_per_s)
+    n = int(arrival_rng.poisson(peak * duration_s))
+    candidates = np.sort(arrival_rng.uniform(0.0, duration_s, size=n))
+    keep_u = arrival_rng.uniform(0.0, 1.0, size=n)
+    in_on = np.mod(candidates, on_s + off_s) < on_s
+    rate = np.where(in_on, on_rate_per_s, off_rate_per_s)
+    arrivals = candidates[keep_u * peak < rate] if peak > 0 else candidates
+    return _build(arrivals, (prompt_rng, output_rng), prompt_tokens, output_tokens)

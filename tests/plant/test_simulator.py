@@ -1,0 +1,307 @@
+"""Known-answer tests of the iteration-level plant (no wall-time assertions)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from synthetic import make_plant, make_profile
+
+from controllers.baseline import (
+    fixed_clock_controller,
+    maximum_clock_controller,
+    reactive_clock_controller,
+    sample_and_hold_clock_controller,
+)
+from plant import (
+    ControllerError,
+    PlantSimulation,
+    Request,
+    ServingObservation,
+    chunked_prefill_scheduler,
+    decode_priority_scheduler,
+    prefill_priority_scheduler,
+    simulate,
+)
+from plant.simulator import _time_above
+from plant.workload import poisson_workload
+
+
+def sparse_workload(count: int = 6, gap_s: float = 20.0) -> tuple[Request, ...]:
+    """Requests far apart so each runs alone on the GPU."""
+    return tuple(
+        Request(i, 1.0 + i * gap_s, 700 + 300 * i, 40 + 10 * i) for i in range(count)
+    )
+
+
+def test_thermal_rc_matches_closed_form_step_response() -> None:
+    plant = make_plant(thermal_time_constant_s=12.0, actuation_delay_s=0.0)
+    profile = plant.profile
+    simulation = PlantSimulation((), plant, initial_clock_mhz=profile.minimum_clock_mhz)
+    t0 = simulation.temperature_c
+    assert t0 == pytest.approx(30.0 + 0.07 * profile.power("idle", profile.minimum_clock_mhz))
+    simulation.request_clock(profile.maximum_clock_mhz)  # a power step at t = 0
+    simulation.advance_to(60.0)
+    result = simulation.result()
+    t_eq = 30.0 + 0.07 * profile.power("idle", profile.maximum_clock_mhz)
+    expected = t_eq + (t0 - t_eq) * np.exp(-result.time_s / 12.0)
+    np.testing.assert_allclose(result.temperature_c, expected, rtol=0, atol=1e-9)
+
+
+def test_time_above_limit_closed_form() -> None:
+    # Heating from 20 to an equilibrium of 100 crosses 60 at tau * ln(80 / 40).
+    assert _time_above(20.0, 100.0, 10.0, 30.0, 60.0) == pytest.approx(30.0 - 10.0 * math.log(2.0))
+    # Cooling from 90 towards 30 stays above 60 for tau * ln(60 / 30).
+    assert _time_above(90.0, 30.0, 10.0, 30.0, 60.0) == pytest.approx(10.0 * math.log(2.0))
+    assert _time_above(20.0, 50.0, 10.0, 30.0, 60.0) == 0.0
+
+
+def test_low_load_ttft_equals_prompt_work_over_prefill_rate() -> None:
+    plant = make_plant()
+    workload = sparse_workload()
+    result = simulate(workload, plant, chunked_prefill_scheduler, maximum_clock_controller)
+    rate = plant.profile.rate("prefill", plant.profile.maximum_clock_mhz)
+    for record in result.request_records:
+        expected = record.prompt_tokens / rate
+        assert record.ttft_s == pytest.approx(expected, rel=1e-9)
+    assert result.metrics.slo_attainment == 1.0
+
+
+def test_decode_rate_reproduced_at_reference_batch(plant) -> None:  # type: ignore[no-untyped-def]
+    profile = plant.profile
+    model = profile.decode_latency_model
+    simulation = PlantSimulation((), plant)
+    simulation._iter_decode_batch = model.reference_batch_size
+    simulation._iter_context = model.reference_batch_size * model.reference_context_tokens
+    simulation._iter_prefill_tokens = 0
+    for index, clock in enumerate(profile.clock_mhz):
+        _, t_dec, _ = simulation._iteration_parts(index)
+        assert model.reference_batch_size / t_dec == pytest.approx(profile.rate("decode", clock))
+
+
+def test_energy_is_integral_of_power_and_series_consistent(plant) -> None:  # type: ignore[no-untyped-def]
+    workload = poisson_workload(3.0, 60.0, seed=3)
+    result = simulate(workload, plant, chunked_prefill_scheduler, reactive_clock_controller)
+    dt = plant.time_step_s
+    integrated = np.concatenate([[0.0], np.cumsum(result.power_w[1:] * dt)])
+    np.testing.assert_allclose(integrated, result.energy_j, rtol=1e-9, atol=1e-9)
+    # The total adds the tail after the last grid tick at no more than peak power.
+    tail = result.metrics.simulated_duration_s - result.time_s[-1]
+    assert 0.0 <= tail < dt
+    assert result.metrics.energy_j >= result.energy_j[-1]
+    assert result.metrics.energy_j - result.energy_j[-1] <= tail * plant.power_limit_w + 1e-9
+
+
+def test_idle_energy_equals_idle_power_times_time(plant) -> None:  # type: ignore[no-untyped-def]
+    simulation = PlantSimulation((), plant, initial_clock_mhz=1200.0)
+    simulation.advance_to(37.3)
+    expected = plant.profile.power("idle", 1200.0) * 37.3
+    assert simulation.energy_j == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "scheduler",
+    [chunked_prefill_scheduler, prefill_priority_scheduler, decode_priority_scheduler],
+    ids=["chunked", "prefill-priority", "decode-priority"],
+)
+def test_every_output_token_generated_exactly_once(scheduler) -> None:  # type: ignore[no-untyped-def]
+    workload = poisson_workload(6.0, 40.0, seed=11)
+    plant = make_plant()
+    result = simulate(workload, plant, scheduler, maximum_clock_controller)
+    assert result.metrics.completed_requests == len(workload)
+    assert result.metrics.output_tokens == sum(r.output_tokens for r in workload)
+    for record in result.request_records:
+        assert record.generated_tokens == record.output_tokens
+        assert record.finish_time_s is not None and record.first_token_time_s is not None
+        assert record.finish_time_s >= record.first_token_time_s >= record.arrival_time_s
+
+
+def test_kv_overflow_preempts_and_recomputes_without_duplicating_tokens() -> None:
+    workload = tuple(Request(i, 0.01 * i, 2000, 600) for i in range(24))
+    plant = make_plant(kv_capacity_tokens=30_000)
+    result = simulate(workload, plant, chunked_prefill_scheduler, maximum_clock_controller)
+    assert result.metrics.preemptions > 0
+    assert result.metrics.output_tokens == 24 * 600
+    assert all(r.generated_tokens == 600 for r in result.request_records)
+    assert float(np.max(result.kv_tokens)) <= 30_000
+
+
+def test_kv_capacity_makes_requests_wait() -> None:
+    workload = tuple(Request(i, 0.0, 8000, 50) for i in range(6))
+    small = make_plant(kv_capacity_tokens=17_000)
+    large = make_plant()
+    waited = simulate(workload, small, chunked_prefill_scheduler, maximum_clock_controller)
+    free = simulate(workload, large, chunked_prefill_scheduler, maximum_clock_controller)
+    assert float(np.max(waited.kv_tokens)) <= 17_000
+    last_ttft_small = max(r.ttft_s for r in waited.request_records)  # type: ignore[type-var]
+    last_ttft_large = max(r.ttft_s for r in free.request_records)  # type: ignore[type-var]
+    assert last_ttft_small > last_ttft_large
+
+
+def test_identical_seeds_identical_results_different_seeds_differ() -> None:
+    plant = make_plant(latency_noise_cv=0.2)
+    workload = poisson_workload(4.0, 30.0, seed=5)
+    first = simulate(workload, plant, chunked_prefill_scheduler, reactive_clock_controller, seed=7)
+    second = simulate(workload, plant, chunked_prefill_scheduler, reactive_clock_controller, seed=7)
+    other = simulate(workload, plant, chunked_prefill_scheduler, reactive_clock_controller, seed=8)
+    assert json.dumps(first.as_dict()) == json.dumps(second.as_dict())
+    assert first.metrics.energy_j != other.metrics.energy_j
+
+
+def test_lower_fixed_clock_saves_energy_at_low_load_without_faster_ttft(plant) -> None:  # type: ignore[no-untyped-def]
+    workload = poisson_workload(0.5, 120.0, seed=2)
+    results = [
+        simulate(workload, plant, chunked_prefill_scheduler, fixed_clock_controller(clock))
+        for clock in (1980.0, 1500.0, 1005.0)
+    ]
+    energies = [r.metrics.energy_j for r in results]
+    assert energies[0] > energies[1] > energies[2]
+    ttfts = [[rec.ttft_s for rec in r.request_records] for r in results]
+    for higher, lower in itertools.pairwise(ttfts):
+        assert all(b >= a - 1e-12 for a, b in zip(higher, lower, strict=True))
+
+
+def test_power_cap_holds_realized_clock_below_request() -> None:
+    plant = make_plant(power_limit_w=330.0)
+    workload = poisson_workload(8.0, 30.0, seed=4)
+    result = simulate(workload, plant, chunked_prefill_scheduler, maximum_clock_controller)
+    assert float(np.max(result.power_w[1:])) <= 330.0 + 1e-6
+    assert result.metrics.power_cap_violation_s == 0.0
+    assert np.any(result.realized_clock_mhz < result.requested_clock_mhz)
+
+
+def test_thermal_limit_holds_temperature() -> None:
+    plant = make_plant(thermal_limit_c=45.0, thermal_time_constant_s=5.0)
+    workload = poisson_workload(8.0, 60.0, seed=4)
+    result = simulate(workload, plant, chunked_prefill_scheduler, maximum_clock_controller)
+    # The die may overshoot only within one iteration of crossing the limit.
+    assert float(np.max(result.temperature_c)) < 45.0 + 0.5
+    assert np.any(result.realized_clock_mhz < result.requested_clock_mhz)
+    # While hot, iterations run at a clock whose steady state is within the limit; only
+    # the iteration in flight when the limit is crossed finishes at the old clock.
+    safe_power = (45.0 - 30.0) / 0.07
+    hot = result.temperature_c[:-1] > 45.0 + 0.05
+    assert hot.any()
+    assert float(np.mean(result.power_w[1:][hot])) <= safe_power
+    assert result.metrics.thermal_violation_s > 0.0
+
+
+def test_actuation_delay_and_quantisation() -> None:
+    plant = make_plant(actuation_delay_s=0.25, time_step_s=0.05)
+    simulation = PlantSimulation((), plant, initial_clock_mhz=1980.0)
+    assert simulation.request_clock(1003.0) == 990.0  # quantised downward on the 15 MHz grid
+    simulation.advance_to(0.2)
+    assert simulation.realized_clock_mhz == 1980.0
+    simulation.advance_to(0.3)
+    assert simulation.realized_clock_mhz == 990.0
+
+
+def test_measured_manifest_realized_medians_are_honoured() -> None:
+    profile = make_profile(
+        clock_profile_selection={"realized_clock_median_mhz_by_requested": {"1980": 1875.0}}
+    )
+    plant = make_plant(profile)
+    workload = sparse_workload(2)
+    result = simulate(workload, plant, chunked_prefill_scheduler, maximum_clock_controller)
+    assert set(np.unique(result.realized_clock_mhz)) == {1875.0}
+    assert set(np.unique(result.requested_clock_mhz)) == {1980.0}
+    rate = profile.rate("prefill", 1875.0)
+    assert result.request_records[0].ttft_s == pytest.approx(700 / rate, rel=1e-9)
+
+
+def test_observations_never_reveal_unfinished_output_lengths(plant) -> None:  # type: ignore[no-untyped-def]
+    workload = poisson_workload(3.0, 20.0, seed=9)
+    sentinel = list(workload)
+    sentinel[5] = replace(sentinel[5], output_tokens=sentinel[5].output_tokens + 900)
+    seen: list[list[ServingObservation]] = [[], []]
+
+    def recorder(bucket: list[ServingObservation]):  # type: ignore[no-untyped-def]
+        def controller(observation: ServingObservation) -> float:
+            bucket.append(observation)
+            return 1500.0
+
+        return controller
+
+    first = simulate(workload, plant, chunked_prefill_scheduler, recorder(seen[0]),
+                     control_period_s=0.25)
+    simulate(tuple(sentinel), plant, chunked_prefill_scheduler, recorder(seen[1]),
+             control_period_s=0.25)
+    finish = first.request_records[5].finish_time_s
+    assert finish is not None
+    compared = 0
+    for a, b in zip(seen[0], seen[1], strict=False):
+        if a.time_s >= finish:
+            break
+        assert a == b
+        compared += 1
+    assert compared > 10
+
+
+def test_controller_exception_propagates_with_context(plant) -> None:  # type: ignore[no-untyped-def]
+    def broken(observation: ServingObservation) -> float:
+        if observation.time_s >= 3.0:
+            raise ZeroDivisionError("boom")
+        return 1500.0
+
+    with pytest.raises(ControllerError, match=r"t=3\.000s") as info:
+        simulate(sparse_workload(), plant, chunked_prefill_scheduler, broken)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    with pytest.raises(ControllerError, match="non-finite"):
+        simulate(sparse_workload(), plant, chunked_prefill_scheduler, lambda o: float("nan"))
+
+
+def test_controller_period_any_positive_value(plant) -> None:  # type: ignore[no-untyped-def]
+    calls: list[float] = []
+
+    def controller(observation: ServingObservation) -> float:
+        calls.append(observation.time_s)
+        return 1980.0
+
+    simulate(sparse_workload(2), plant, chunked_prefill_scheduler, controller, control_period_s=0.3)
+    np.testing.assert_allclose(np.diff(calls), 0.3, atol=1e-9)
+    with pytest.raises(ValueError, match="control_period_s"):
+        simulate(sparse_workload(2), plant, chunked_prefill_scheduler, controller,
+                 control_period_s=0.0)
+
+
+def test_censoring_at_horizon(plant) -> None:  # type: ignore[no-untyped-def]
+    workload = tuple(Request(i, 0.0, 4000, 3000) for i in range(4))
+    result = simulate(workload, plant, chunked_prefill_scheduler, maximum_clock_controller,
+                      horizon_s=2.0)
+    metrics = result.metrics
+    assert metrics.censored_requests == 4
+    assert metrics.completed_requests == 0
+    assert metrics.tpot_censored_requests == 4
+    assert metrics.slo_attainment == 0.0
+    assert all(r.finish_time_s is None for r in result.request_records)
+
+
+def test_result_as_dict_is_json_and_strided(plant) -> None:  # type: ignore[no-untyped-def]
+    result = simulate(sparse_workload(3), plant, chunked_prefill_scheduler,
+                      sample_and_hold_clock_controller(reactive_clock_controller, period_s=2.0))
+    payload = result.as_dict(stride=7)
+    text = json.dumps(payload, allow_nan=False)
+    assert "peak_queued_requests_at_minimum_clock" in text
+    assert payload["time_s"][-1] == pytest.approx(float(result.time_s[-1]))
+    count = result.time_s.size
+    expected = len(range(0, count, 7)) + (0 if (count - 1) % 7 == 0 else 1)
+    assert len(payload["time_s"]) == len(payload["phase"]) == expected
+    for key in ("energy_j", "energy_per_output_token_j", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s",
+                "tpot_p50_s", "tpot_p95_s", "tpot_p99_s", "slo_attainment", "completed_requests",
+                "censored_requests", "output_tokens", "simulated_duration_s",
+                "power_cap_violation_s", "thermal_violation_s",
+                "peak_queued_requests_at_minimum_clock"):
+        assert key in payload["metrics"]
+    with pytest.raises(ValueError):
+        result.as_dict(stride=0)
+
+
+def test_workload_must_be_sorted_and_fit_kv(plant) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="sorted"):
+        PlantSimulation((Request(0, 5.0, 10, 10), Request(1, 1.0, 10, 10)), plant)
+    with pytest.raises(ValueError, match="kv_capacity_tokens"):
+        PlantSimulation((Request(0, 0.0, 500_000, 10),), plant)

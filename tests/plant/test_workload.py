@@ -1,0 +1,647 @@
+"""Tests for plant.workload: trace loaders against the real files, errors, transforms.
+
+Known answers come from ``../shared/traces/README.md`` (row counts, spans, token means)
+and from ``plant/data/ATTRIBUTION.md`` (the bundled slice's rows and sha256).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import plant.workload as workload_module
+from plant.types import Request
+from plant.workload import (
+    AZURE_CONV_OUTPUT_TOKENS,
+    AZURE_CONV_PROMPT_TOKENS,
+    DEFAULT_TRACES_DIR,
+    TRACES_DIR_ENV,
+    LognormalLengths,
+    TraceError,
+    TraceWarning,
+    bursty_workload,
+    list_traces,
+    load_trace,
+    poisson_workload,
+    resolve_trace,
+    scale_load,
+    select_window,
+    workload_checksum,
+)
+
+SLICE_SHA256 = "d231084ba67ad511f6d4f99ee5027b656cc414f9ce203ec2b63d6ac26fa13620"
+SLICE_CHECKSUM = "a3302e55ef479624dc5a0810ccaa9bd29df0f982b3607c4b97bc1a25ea98c96f"
+SOURCE_CONV_SHA256 = "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8"
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+BURST1_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+BURST3_HEADER = (
+    "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+)
+
+
+def shared_traces_dir() -> Path:
+    """The shared traces directory by the loader's own rule (env var, else default)."""
+    configured = os.environ.get(TRACES_DIR_ENV)
+    return Path(configured) if configured else DEFAULT_TRACES_DIR
+
+
+def require_shared(file_name: str) -> Path:
+    """Path of a shared trace file, skipping the test when it is absent."""
+    path = shared_traces_dir() / file_name
+    if not path.is_file():
+        pytest.skip(f"shared trace {path} not present")
+    return path
+
+
+def write(tmp_path: Path, name: str, content: str | bytes) -> Path:
+    """Write a small trace file into tmp_path."""
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+    return path
+
+
+def load_quiet(*args: object, **kwargs: object) -> tuple[tuple[Request, ...], object]:
+    """load_trace, failing the test on any warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return load_trace(*args, **kwargs)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- real traces
+
+# name, file, format, rows, skipped, last arrival s, mean prompt, mean output (README; the
+# README's means include zero-token rows, whose tokens are 0, so sum / rows reproduces them).
+REAL_TRACES = [
+    ("azure-conv", "AzureLLMInferenceTrace_conv.csv", "azure", 19366, 0, 3501.721937,
+     1154.7, 211.1),
+    ("azure-code", "AzureLLMInferenceTrace_code.csv", "azure", 8819, 0, 3435.948056,
+     2047.8, 27.9),
+    ("mooncake", "mooncake_conversation_trace.jsonl", "mooncake", 12031, 0, 3536.999,
+     12035.1, 342.6),
+    ("burstgpt1", "burstgpt1_first400rows.csv", "burstgpt", 400, 17, 37269.0, 520.5, 276.5),
+    ("burstgpt3", "burstgpt3_first400rows.csv", "burstgpt", 400, 1, 41453.0, 617.4, 170.9),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "file_name", "fmt", "rows", "skipped", "last_s", "prompt_mean", "output_mean"),
+    REAL_TRACES,
+)
+def test_real_trace_known_answers(
+    name: str,
+    file_name: str,
+    fmt: str,
+    rows: int,
+    skipped: int,
+    last_s: float,
+    prompt_mean: float,
+    output_mean: float,
+) -> None:
+    path = require_shared(file_name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        requests, report = load_trace(name)
+    zero_warnings = [w for w in caught if issubclass(w.category, TraceWarning)]
+    assert len(caught) == len(zero_warnings)
+    if skipped:
+        assert len(zero_warnings) == 1
+        assert f"skipped {skipped} zero-token" in str(zero_warnings[0].message)
+    else:
+        assert not zero_warnings
+    assert report.path == str(path)
+    assert report.name == name
+    assert report.format == fmt
+    assert report.rows == rows
+    assert report.skipped_zero_token_rows == skipped
+    assert report.requests == len(requests) == rows - skipped
+    assert report.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert requests[0].arrival_time_s == 0.0
+    assert requests[-1].arrival_time_s == pytest.approx(last_s, abs=1e-9)
+    arrivals = [r.arrival_time_s for r in requests]
+    assert arrivals == sorted(arrivals)
+    assert sum(r.prompt_tokens for r in requests) / rows == pytest.approx(prompt_mean, abs=0.05)
+    assert sum(r.output_tokens for r in requests) / rows == pytest.approx(output_mean, abs=0.05)
+    # Ids are file row indices: increasing, with gaps only where rows were skipped.
+    ids = [r.request_id for r in requests]
+    assert ids == sorted(ids) and ids[-1] <= rows - 1
+    assert len(set(range(rows)) - set(ids)) == skipped
+
+
+def test_real_traces_by_path_and_by_name_agree() -> None:
+    path = require_shared("AzureLLMInferenceTrace_code.csv")
+    by_name, _ = load_quiet("azure-code")
+    by_path, report = load_quiet(path, format="azure")
+    assert by_name == by_path
+    assert report.name is None
+
+
+def test_burstgpt1_zero_rows_skipped_keep_row_ids() -> None:
+    require_shared("burstgpt1_first400rows.csv")
+    with pytest.warns(TraceWarning, match="skipped 17 zero-token row"):
+        requests, _ = load_trace("burstgpt1")
+    ids = {r.request_id for r in requests}
+    # Row 20 (file line 22) is the first zero-token row of the file.
+    assert 19 in ids and 20 not in ids and 21 in ids
+    # README: without the zero rows, prompt mean 543.6 and output mean 288.8.
+    assert np.mean([r.prompt_tokens for r in requests]) == pytest.approx(543.6, abs=0.05)
+    assert np.mean([r.output_tokens for r in requests]) == pytest.approx(288.8, abs=0.05)
+
+
+def test_burstgpt3_float_timestamps_and_first_raw() -> None:
+    require_shared("burstgpt3_first400rows.csv")
+    with pytest.warns(TraceWarning, match="skipped 1 zero-token row"):
+        requests, report = load_trace("burstgpt3")
+    assert report.first_timestamp_raw == "19440110.0"
+    assert requests[1].arrival_time_s == 51.0  # 19440161.0 - 19440110.0
+
+
+# --------------------------------------------------------------------------- bundled slice
+
+
+def test_bundled_slice_loads_without_shared_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TRACES_DIR_ENV, str(tmp_path / "no-such-dir"))
+    monkeypatch.chdir(tmp_path)
+    requests, report = load_quiet("azure-conv-10min")
+    assert report.sha256 == SLICE_SHA256
+    assert report.format == "azure"
+    assert report.rows == report.requests == len(requests) == 3335
+    assert report.skipped_zero_token_rows == 0
+    assert report.first_timestamp_raw == "2023-11-16 18:53:00.7324930"
+    assert requests[0] == Request(0, 0.0, 390, 144)
+    assert requests[-1] == Request(3334, 599.232421, 1799, 145)
+    assert workload_checksum(requests) == SLICE_CHECKSUM
+    # The shared names are unavailable here, and the error says where it looked.
+    with pytest.raises(TraceError) as excinfo:
+        resolve_trace("azure-conv")
+    message = str(excinfo.value)
+    assert TRACES_DIR_ENV in message
+    assert str(tmp_path / "no-such-dir") in message
+    assert str(DEFAULT_TRACES_DIR) in message
+
+
+def test_bundled_slice_is_unmodified_source_rows() -> None:
+    source = require_shared("AzureLLMInferenceTrace_conv.csv").read_bytes()
+    assert hashlib.sha256(source).hexdigest() == SOURCE_CONV_SHA256
+    bundled = resolve_trace("azure-conv-10min").read_bytes()
+    source_lines = source.splitlines(keepends=True)
+    # Header (line 1) plus source lines 13,295 to 16,629 (1-based), as ATTRIBUTION.md says.
+    assert bundled == source_lines[0] + b"".join(source_lines[13294:16629])
+    attribution = (resolve_trace("azure-conv-10min").parent / "ATTRIBUTION.md").read_text()
+    assert SLICE_SHA256 in attribution and SOURCE_CONV_SHA256 in attribution
+
+
+def test_bundled_slice_matches_full_trace_window() -> None:
+    require_shared("AzureLLMInferenceTrace_conv.csv")
+    full, _ = load_quiet("azure-conv")
+    sliced, _ = load_quiet("azure-conv-10min")
+    first = full[13293]
+    assert first.arrival_time_s == pytest.approx(2234.051903, abs=1e-9)
+    window = select_window(full, first.arrival_time_s, 599.25)  # next row is at 599.294
+    assert len(window) == len(sliced)
+    for whole, part in zip(window, sliced, strict=True):
+        assert whole.request_id == part.request_id + 13293
+        assert (whole.prompt_tokens, whole.output_tokens) == (
+            part.prompt_tokens,
+            part.output_tokens,
+        )
+        assert whole.arrival_time_s == pytest.approx(part.arrival_time_s, abs=1e-6)
+
+
+# --------------------------------------------------------------------------- detection
+
+
+@pytest.mark.parametrize(
+    ("content", "fmt", "expected"),
+    [
+        (
+            AZURE_HEADER + "2023-11-16 18:00:00.0000000,10,5\n2023-11-16 18:00:01.5000000,20,6\n",
+            "azure",
+            [Request(0, 0.0, 10, 5), Request(1, 1.5, 20, 6)],
+        ),
+        (
+            BURST1_HEADER + "5,ChatGPT,10,5,15,Conversation log\n7,GPT-4,20,6,26,API log\n",
+            "burstgpt",
+            [Request(0, 0.0, 10, 5), Request(1, 2.0, 20, 6)],
+        ),
+        (
+            BURST3_HEADER + "100.0,abc,3,ChatGPT,10,5,15,Conversation log\n"
+            "102.5,,4,GPT-4,20,6,26,API log\n",
+            "burstgpt",
+            [Request(0, 0.0, 10, 5), Request(1, 2.5, 20, 6)],
+        ),
+        (
+            '{"timestamp": 1000, "input_length": 10, "output_length": 5, "hash_ids": [0]}\n'
+            '{"timestamp": 4000, "input_length": 20, "output_length": 6, "hash_ids": [0, 1]}\n',
+            "mooncake",
+            [Request(0, 0.0, 10, 5), Request(1, 3.0, 20, 6)],
+        ),
+        (
+            "arrival_time_s,prompt_tokens,output_tokens\n0.0,10,5\n0.25,20,6\n",
+            "csv",
+            [Request(0, 0.0, 10, 5), Request(1, 0.25, 20, 6)],
+        ),
+        (
+            "output_tokens, prompt_tokens ,arrival_time_s\r\n5,10,0\r\n6,20,0.25\r\n",
+            "csv",
+            [Request(0, 0.0, 10, 5), Request(1, 0.25, 20, 6)],
+        ),
+    ],
+    ids=["azure", "burstgpt1", "burstgpt3", "mooncake", "csv", "csv-reordered-crlf"],
+)
+def test_auto_detects_every_format(
+    tmp_path: Path, content: str, fmt: str, expected: list[Request]
+) -> None:
+    path = write(tmp_path, "trace.txt", content)
+    requests, report = load_quiet(path)
+    assert report.format == fmt
+    assert list(requests) == expected
+    forced, _ = load_quiet(path, format=fmt)  # type: ignore[arg-type]
+    assert forced == requests
+
+
+def test_format_override_resolves_ambiguous_header(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "both.csv",
+        "arrival_time_s,prompt_tokens,output_tokens,TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "0.0,10,5,2023-11-16 18:00:00.0000000,100,50\n"
+        "2.0,20,6,2023-11-16 18:00:01.0000000,200,60\n",
+    )
+    with pytest.raises(TraceError, match=r"both\.csv:1: .*several formats \(azure, csv\)"):
+        load_trace(path)
+    as_csv, report = load_quiet(path, format="csv")
+    assert report.format == "csv"
+    assert list(as_csv) == [Request(0, 0.0, 10, 5), Request(1, 2.0, 20, 6)]
+    as_azure, _ = load_quiet(path, format="azure")
+    assert list(as_azure) == [Request(0, 0.0, 100, 50), Request(1, 1.0, 200, 60)]
+
+
+def test_format_override_that_does_not_fit_names_the_problem(tmp_path: Path) -> None:
+    path = write(tmp_path, "az.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,10,5\n")
+    with pytest.raises(TraceError, match=r"az\.csv:1: missing column 'Timestamp'.*'burstgpt'"):
+        load_trace(path, format="burstgpt")
+    with pytest.raises(TraceError, match=r"az\.csv:1: invalid JSON"):
+        load_trace(path, format="mooncake")
+    with pytest.raises(ValueError, match="format must be"):
+        load_trace(path, format="parquet")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- errors
+
+BAD_FILES = [
+    ("unknown-header", "foo,bar,baz\n1,2,3\n", 1, "unknown header 'foo,bar,baz'"),
+    ("near-miss-header", "TIMESTAMP,ContextTokens\n2023-11-16 18:00:00.0,1\n", 1,
+     "closest: azure, missing column(s) 'GeneratedTokens'"),
+    ("missing-field", AZURE_HEADER + "2023-11-16 18:00:00.0,10,5\n2023-11-16 18:00:01.0,10\n",
+     3, "missing field 'GeneratedTokens'"),
+    ("extra-field", AZURE_HEADER + "2023-11-16 18:00:00.0,10,5,7\n", 2, "4 fields"),
+    ("non-numeric-tokens", AZURE_HEADER + "2023-11-16 18:00:00.0,10,5\n"
+     "2023-11-16 18:00:01.0,10,5\n2023-11-16 18:00:02.0,ten,5\n", 4,
+     "field 'ContextTokens': expected a token count, got 'ten'"),
+    ("fractional-tokens", "arrival_time_s,prompt_tokens,output_tokens\n0,10,5.5\n", 2,
+     "field 'output_tokens': expected an integer token count"),
+    ("bad-azure-timestamp", AZURE_HEADER + "2023-11-16 18:00:00.0,10,5\n16/11/2023 18:00,1,1\n",
+     3, "field 'TIMESTAMP': expected a timestamp"),
+    ("bad-azure-date", AZURE_HEADER + "2023-02-30 18:00:00.0,10,5\n", 2, "invalid date"),
+    ("bad-azure-time", AZURE_HEADER + "2023-11-16 24:00:00.0,10,5\n", 2, "invalid time of day"),
+    ("non-numeric-timestamp", BURST1_HEADER + "5,ChatGPT,1,1,2,API log\n"
+     "x,ChatGPT,1,1,2,API log\n", 3, "field 'Timestamp': expected a number, got 'x'"),
+    ("nan-timestamp", "arrival_time_s,prompt_tokens,output_tokens\nnan,10,5\n", 2,
+     "must be finite"),
+    ("negative-tokens", BURST1_HEADER + "5,ChatGPT,1,1,2,API log\n6,ChatGPT,1,-3,-2,API log\n",
+     3, "field 'Response tokens': negative token count '-3'"),
+    ("backwards", AZURE_HEADER + "2023-11-16 18:00:00.0,10,5\n2023-11-16 18:00:02.0,10,5\n"
+     "2023-11-16 18:00:01.0,10,5\n", 4, "goes backwards (line 3 is later)"),
+    ("backwards-csv", "arrival_time_s,prompt_tokens,output_tokens\n1.0,1,1\n0.5,1,1\n", 3,
+     "goes backwards"),
+    ("empty", "", 1, "empty file"),
+    ("json-empty", "", 1, "empty file"),
+    ("header-only", AZURE_HEADER, 2, "no data rows"),
+    ("json-blank-lines-only", "\n\n", 3, "no data rows"),
+    ("json-invalid", '{"timestamp": 0, "input_length": 1, "output_length": 1}\n'
+     '{"timestamp": 1, "input_length": 1, "output_length": 1}\n{"timestamp": 2, "input_le\n',
+     3, "invalid JSON"),
+    ("json-not-object", '{"timestamp": 0, "input_length": 1, "output_length": 1}\n[1, 2]\n',
+     2, "expected a JSON object"),
+    ("json-missing-field", '{"timestamp": 0, "input_length": 1, "output_length": 1}\n'
+     '{"timestamp": 1, "input_length": 1}\n', 2, "missing field 'output_length'"),
+    ("json-non-numeric", '{"timestamp": "soon", "input_length": 1, "output_length": 1}\n', 1,
+     "field 'timestamp': expected a number"),
+    ("json-bool-tokens", '{"timestamp": 0, "input_length": true, "output_length": 1}\n', 1,
+     "field 'input_length': expected a token count"),
+    ("json-fractional-tokens", '{"timestamp": 0, "input_length": 2.5, "output_length": 1}\n', 1,
+     "expected an integer token count"),
+    ("json-null-tokens", '{"timestamp": 0, "input_length": null, "output_length": 1}\n', 1,
+     "expected a token count"),
+    ("inf-tokens", "arrival_time_s,prompt_tokens,output_tokens\n0,inf,1\n", 2,
+     "expected an integer token count"),
+    ("json-negative", '{"timestamp": 0, "input_length": 1, "output_length": -1}\n', 1,
+     "negative token count"),
+    ("json-backwards", '{"timestamp": 5, "input_length": 1, "output_length": 1}\n'
+     '{"timestamp": 4, "input_length": 1, "output_length": 1}\n', 2, "goes backwards"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "content", "line", "fragment"), BAD_FILES, ids=[case[0] for case in BAD_FILES]
+)
+def test_broken_files_name_file_and_line(
+    tmp_path: Path, case: str, content: str, line: int, fragment: str
+) -> None:
+    # Cases named json-* are Mooncake JSON lines (forced, since some have no JSON to detect).
+    is_json = case.startswith("json")
+    path = write(tmp_path, "broken.jsonl" if is_json else "broken.csv", content)
+    with pytest.raises(TraceError) as excinfo:
+        load_trace(path, format="mooncake" if is_json else "auto")
+    message = str(excinfo.value)
+    assert message.startswith(f"{path}:{line}: "), message
+    assert fragment in message
+
+
+def test_unknown_header_lists_known_formats(tmp_path: Path) -> None:
+    path = write(tmp_path, "odd.csv", "a,b\n1,2\n")
+    with pytest.raises(TraceError) as excinfo:
+        load_trace(path)
+    for fmt in ("azure", "burstgpt", "mooncake", "csv"):
+        assert fmt in str(excinfo.value)
+
+
+def test_not_utf8_names_the_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "bin.csv", AZURE_HEADER.encode() + b"2023-11-16 18:00:00.0,1,1\n\xff\n")
+    with pytest.raises(TraceError, match=r"bin\.csv:3: not UTF-8"):
+        load_trace(path)
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    missing = tmp_path / "absent.csv"
+    with pytest.raises(TraceError, match=r"absent\.csv: cannot read trace file"):
+        load_trace(missing)
+    with pytest.raises(TraceError, match="cannot read trace file"):
+        load_trace(tmp_path)  # a directory
+
+
+def test_zero_token_rows_one_warning_per_file(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "z.csv",
+        BURST1_HEADER + "5,ChatGPT,10,5,15,API log\n6,ChatGPT,0,0,0,API log\n"
+        "7,ChatGPT,3,0,3,API log\n8,ChatGPT,4,4,8,API log\n",
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        requests, report = load_trace(path)
+    assert len(caught) == 1 and issubclass(caught[0].category, TraceWarning)
+    assert "z.csv" in str(caught[0].message) and "skipped 2 zero-token" in str(caught[0].message)
+    assert report.skipped_zero_token_rows == 2 and report.rows == 4
+    assert list(requests) == [Request(0, 0.0, 10, 5), Request(3, 3.0, 4, 4)]
+
+
+def test_blank_lines_are_not_records(tmp_path: Path) -> None:
+    path = write(tmp_path, "b.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,1,1\n\n"
+                 "2023-11-16 18:00:01.0,2,2\n\n")  # fmt: skip
+    requests, report = load_quiet(path)
+    assert report.rows == 2
+    assert [r.request_id for r in requests] == [0, 1]
+
+
+def test_azure_timestamps_are_parsed_exactly(tmp_path: Path) -> None:
+    # Seven fractional digits (100 ns), across midnight, and 1 to 7 digit fractions.
+    path = write(
+        tmp_path,
+        "t.csv",
+        AZURE_HEADER + "2023-11-16 23:59:59.9999999,1,1\n2023-11-17 00:00:00.0000000,1,1\n"
+        "2023-11-17 00:00:00.0000007,1,1\n2023-11-17 00:00:00.5,1,1\n"
+        "2023-11-17 00:00:01,1,1\n",
+    )
+    requests, report = load_quiet(path)
+    assert report.first_timestamp_raw == "2023-11-16 23:59:59.9999999"
+    assert [r.arrival_time_s for r in requests] == [0.0, 1e-7, 8e-7, 0.5000001, 1.0000001]
+
+
+def test_arrivals_are_relative_to_first_timestamp(tmp_path: Path) -> None:
+    path = write(tmp_path, "c.csv", "arrival_time_s,prompt_tokens,output_tokens\n5,1,1\n7.5,1,1\n")
+    requests, report = load_quiet(path)
+    assert [r.arrival_time_s for r in requests] == [0.0, 2.5]
+    assert report.first_timestamp_raw == "5"
+
+
+# --------------------------------------------------------------------------- window, scale
+
+
+def ladder(n: int = 10, step_s: float = 1.0) -> tuple[Request, ...]:
+    """Requests at 0, step, 2 step, ... with distinct lengths."""
+    return tuple(Request(i, i * step_s, 100 + i, 10 + i) for i in range(n))
+
+
+def test_select_window_half_open_and_rebased_to_window_start() -> None:
+    window = select_window(ladder(), 2.5, 3.5)  # keeps arrivals 3, 4, 5 (6.0 is excluded)
+    assert window == (Request(3, 0.5, 103, 13), Request(4, 1.5, 104, 14), Request(5, 2.5, 105, 15))
+    assert select_window(ladder(), 3.0, 1.0) == (Request(3, 0.0, 103, 13),)  # start inclusive
+    assert select_window(ladder(), 7.0, None)[-1] == Request(9, 2.0, 109, 19)
+    assert select_window(ladder(), 100.0, 5.0) == ()
+    for start, duration in ((-1.0, 1.0), (0.0, 0.0), (0.0, -2.0), (math.nan, 1.0), (0.0, math.inf)):
+        with pytest.raises(ValueError):
+            select_window(ladder(), start, duration)
+
+
+def test_scale_load_compresses_and_dilates() -> None:
+    doubled = scale_load(ladder(), 2.0)
+    assert [r.arrival_time_s for r in doubled] == [i / 2 for i in range(10)]
+    assert [(r.request_id, r.prompt_tokens, r.output_tokens) for r in doubled] == [
+        (r.request_id, r.prompt_tokens, r.output_tokens) for r in ladder()
+    ]
+    halved = scale_load(ladder(), 0.5)
+    assert [r.arrival_time_s for r in halved] == [2.0 * i for i in range(10)]
+    assert scale_load(ladder(), 1.0) == ladder()
+    for bad in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="load_scale"):
+            scale_load(ladder(), bad)
+
+
+def test_transforms_sort_unsorted_input() -> None:
+    shuffled = (Request(1, 2.0, 1, 1), Request(0, 1.0, 1, 1))
+    assert [r.request_id for r in scale_load(shuffled, 2.0)] == [0, 1]
+    assert [r.request_id for r in select_window(shuffled, 0.0, None)] == [0, 1]
+
+
+def test_load_trace_window_then_scale_then_rebase() -> None:
+    full, _ = load_quiet("azure-conv-10min")
+    requests, report = load_quiet(
+        "azure-conv-10min", start_s=100.0, duration_s=200.0, load_scale=2.0
+    )
+    assert requests == scale_load(select_window(full, 100.0, 200.0), 2.0)
+    expected = [r for r in full if 100.0 <= r.arrival_time_s < 300.0]
+    assert len(requests) == len(expected) == report.requests
+    assert requests[0].request_id == expected[0].request_id
+    assert requests[0].arrival_time_s == (expected[0].arrival_time_s - 100.0) / 2.0
+    assert all(0.0 <= r.arrival_time_s < 100.0 for r in requests)
+    assert (report.start_s, report.duration_s, report.load_scale) == (100.0, 200.0, 2.0)
+    assert report.rows == 3335
+
+
+def test_load_trace_empty_window_and_bad_arguments() -> None:
+    with pytest.raises(TraceError, match="holds no requests"):
+        load_trace("azure-conv-10min", start_s=10_000.0)
+    with pytest.raises(ValueError, match="load_scale"):
+        load_trace("azure-conv-10min", load_scale=0.0)
+    with pytest.raises(ValueError, match="duration_s"):
+        load_trace("azure-conv-10min", duration_s=0.0)
+
+
+# --------------------------------------------------------------------------- synthetic
+
+
+def test_poisson_is_deterministic_per_seed_and_rate_is_right() -> None:
+    a = poisson_workload(5.0, 2000.0, seed=7)
+    assert a == poisson_workload(5.0, 2000.0, seed=7)
+    assert a != poisson_workload(5.0, 2000.0, seed=8)
+    # Count ~ Poisson(10,000): sd 100, allow 5 sd.
+    assert abs(len(a) - 10_000) < 500
+    arrivals = np.array([r.arrival_time_s for r in a])
+    assert np.all(np.diff(arrivals) >= 0) and arrivals[0] >= 0 and arrivals[-1] < 2000.0
+    assert [r.request_id for r in a] == list(range(len(a)))
+    gaps = np.diff(arrivals)
+    assert np.std(gaps) / np.mean(gaps) == pytest.approx(1.0, abs=0.05)  # exponential gaps
+    prompts = np.array([r.prompt_tokens for r in a])
+    outputs = np.array([r.output_tokens for r in a])
+    assert np.median(prompts) == pytest.approx(1020, rel=0.03)
+    assert np.median(outputs) == pytest.approx(129, rel=0.05)
+    assert np.mean(prompts) == pytest.approx(1154.7, rel=0.03)
+    assert prompts.min() >= 1 and prompts.max() <= AZURE_CONV_PROMPT_TOKENS.maximum
+    assert outputs.min() >= 1 and outputs.max() <= AZURE_CONV_OUTPUT_TOKENS.maximum
+
+
+def test_length_options_fixed_sampler_and_independent_streams() -> None:
+    base = poisson_workload(2.0, 100.0, seed=3)
+    fixed = poisson_workload(2.0, 100.0, seed=3, output_tokens=64)
+    assert {r.output_tokens for r in fixed} == {64}
+    # Changing the output lengths changes neither the arrivals nor the prompts.
+    assert [(r.arrival_time_s, r.prompt_tokens) for r in fixed] == [
+        (r.arrival_time_s, r.prompt_tokens) for r in base
+    ]
+    short = LognormalLengths(median=10.0, mean=12.0, maximum=20)
+    custom = poisson_workload(2.0, 100.0, seed=3, prompt_tokens=short)
+    assert all(1 <= r.prompt_tokens <= 20 for r in custom)
+
+    def constant(rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, 5)
+
+    assert {
+        r.prompt_tokens for r in poisson_workload(1.0, 50.0, seed=1, prompt_tokens=constant)
+    } == {5}
+
+    def broken(rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.zeros(n)
+
+    with pytest.raises(ValueError, match="sampler"):
+        poisson_workload(1.0, 50.0, seed=1, prompt_tokens=broken)
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        poisson_workload(1.0, 50.0, seed=1, prompt_tokens=0)
+    with pytest.raises(ValueError, match="rate_per_s"):
+        poisson_workload(-1.0, 50.0, seed=1)
+    with pytest.raises(ValueError, match="duration_s"):
+        poisson_workload(1.0, 0.0, seed=1)
+    assert poisson_workload(0.0, 50.0, seed=1) == ()
+
+
+def test_bursty_rates_per_phase() -> None:
+    on_rate, off_rate, on_s, off_s, duration = 20.0, 2.0, 10.0, 30.0, 4000.0
+    a = bursty_workload(on_rate, off_rate, on_s, off_s, duration, seed=11)
+    assert a == bursty_workload(on_rate, off_rate, on_s, off_s, duration, seed=11)
+    assert a != bursty_workload(on_rate, off_rate, on_s, off_s, duration, seed=12)
+    arrivals = np.array([r.arrival_time_s for r in a])
+    assert np.all(np.diff(arrivals) >= 0) and arrivals[-1] < duration
+    in_on = np.mod(arrivals, on_s + off_s) < on_s
+    # 100 periods: 1000 s on (expect 20,000, sd 141) and 3000 s off (expect 6,000, sd 77).
+    assert abs(int(in_on.sum()) - 20_000) < 5 * 141
+    assert abs(int((~in_on).sum()) - 6_000) < 5 * 77
+    mean_rate = (on_rate * on_s + off_rate * off_s) / (on_s + off_s)
+    assert len(a) / duration == pytest.approx(mean_rate, rel=0.03)
+    silent = bursty_workload(5.0, 0.0, 1.0, 4.0, 500.0, seed=2)
+    assert all(r.arrival_time_s % 5.0 < 1.0 for r in silent)
+    with pytest.raises(ValueError, match="on_s"):
+        bursty_workload(1.0, 1.0, 0.0, 1.0, 10.0, seed=0)
+
+
+def test_lognormal_fit_reproduces_median_and_mean() -> None:
+    lengths = LognormalLengths(median=129.0, mean=211.1, maximum=10**9)
+    assert math.exp(math.log(129.0) + lengths.sigma**2 / 2) == pytest.approx(211.1)
+    with pytest.raises(ValueError):
+        LognormalLengths(median=100.0, mean=50.0)
+
+
+# --------------------------------------------------------------------------- checksum
+
+
+def test_checksum_known_answer_and_encoding() -> None:
+    workload = (Request(0, 0.0, 10, 5), Request(1, 0.1, 20, 7))
+    expected = hashlib.sha256(b"gpugov-workload-v1\n0,0.0,10,5\n1,0.1,20,7\n").hexdigest()
+    assert workload_checksum(workload) == expected
+    assert expected == "846a88936ce97a6fd8e02ea0bc28918520f884fbeaf636ad0150a4b0a5291848"
+    numpy_scalars = (Request(0, np.float64(0.0), np.int64(10), np.int64(5)),)  # type: ignore[arg-type]
+    assert workload_checksum(numpy_scalars) == workload_checksum((Request(0, 0.0, 10, 5),))
+
+
+def test_checksum_sensitive_to_every_field_and_order() -> None:
+    base = ladder(5)
+    reference = workload_checksum(base)
+    assert workload_checksum(ladder(5)) == reference
+    r = base[2]
+    variants = [
+        Request(r.request_id + 10, r.arrival_time_s, r.prompt_tokens, r.output_tokens),
+        Request(r.request_id, math.nextafter(r.arrival_time_s, 10.0), r.prompt_tokens,
+                r.output_tokens),
+        Request(r.request_id, r.arrival_time_s, r.prompt_tokens + 1, r.output_tokens),
+        Request(r.request_id, r.arrival_time_s, r.prompt_tokens, r.output_tokens + 1),
+    ]  # fmt: skip
+    digests = {workload_checksum((*base[:2], v, *base[3:])) for v in variants}
+    assert len(digests) == len(variants) and reference not in digests
+    assert workload_checksum(tuple(reversed(base))) != reference
+    assert workload_checksum(base[:4]) != reference
+
+
+# --------------------------------------------------------------------------- names
+
+
+def test_resolve_trace_names_env_and_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TRACES_DIR_ENV, str(tmp_path))
+    write(tmp_path, "burstgpt1_first400rows.csv", BURST1_HEADER + "5,ChatGPT,1,1,2,API log\n")
+    assert resolve_trace("burstgpt1") == tmp_path / "burstgpt1_first400rows.csv"
+    _, report = load_quiet("burstgpt1")
+    assert report.rows == 1 and report.name == "burstgpt1"
+    with pytest.raises(TraceError, match=r"mooncake_conversation_trace\.jsonl not found"):
+        resolve_trace("mooncake")
+    assert resolve_trace("some/file.csv") == Path("some/file.csv")
+    assert resolve_trace(Path("azure-conv")) == Path("azure-conv")  # a Path is always a path
+    assert resolve_trace("azure-conv-10min").name == "azure_conv_10min.csv"
+
+    listing = {entry["name"]: entry for entry in list_traces()}
+    assert set(listing) == {
+        "azure-conv-10min", "azure-conv", "azure-code", "mooncake", "burstgpt1", "burstgpt3"
+    }  # fmt: skip
+    assert (
+        listing["azure-conv-10min"]["present"] and listing["azure-conv-10min"]["kind"] == "bundled"
+    )
+    assert listing["burstgpt1"]["present"] and listing["burstgpt1"]["path"] == str(
+        tmp_path / "burstgpt1_first400rows.csv"
+    )
+    assert not listing["mooncake"]["present"]
+
+
+def test_default_traces_dir_is_next_to_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TRACES_DIR_ENV, raising=False)
+    module_file = Path(workload_module.__file__).resolve()
+    repo_root = module_file.parents[1]
+    assert repo_root.parent / "shared" / "traces" == DEFAULT_TRACES_DIR
+    assert shared_traces_dir() == DEFAULT_TRACES_DIR

@@ -1,0 +1,54 @@
+"""A small synthetic profile (clearly labelled synthetic) and plants for known-answer tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from plant import PerformanceProfile, ServingPlant
+
+
+def make_profile(**manifest_extra: Any) -> PerformanceProfile:
+    """A synthetic H100-like profile for known-answer tests (never presented as measured)."""
+    clocks = np.arange(345.0, 1981.0, 15.0)
+    x = clocks / clocks[-1]
+    manifest: dict[str, Any] = {
+        "status": "synthetic",
+        "gpu": "test GPU",
+        "model": "test model",
+        "engine": {
+            "reference_batch_size": 64,
+            "reference_context_tokens": 1536,
+            "max_batch_size": 256,
+            "kv_capacity_tokens": 400_000,
+        },
+        "decode_latency_model": {"weight_fraction": 0.5, "batch_fraction": 0.1, "kv_fraction": 0.4},
+        "decode_power_batch_model": {"k": 1.0, "x0": 4.0},
+    }
+    manifest.update(manifest_extra)
+    return PerformanceProfile(
+        clock_mhz=clocks,
+        prefill_tokens_per_s=20_000.0 * x,
+        decode_tokens_per_s=4_000.0 * (0.7 + 0.3 * x),
+        prefill_power_w=120.0 + 560.0 * x**2.5,
+        decode_power_w=120.0 + 330.0 * x**2,
+        idle_power_w=100.0 + 22.0 * x,
+        ttft_slo_s=1.0,
+        tpot_slo_s=0.1,
+        manifest=manifest,
+        name="synthetic-test",
+    )
+
+
+def make_plant(profile: PerformanceProfile | None = None, **overrides: Any) -> ServingPlant:
+    """A plant around the synthetic profile with H100-like limits."""
+    values: dict[str, Any] = {
+        "power_limit_w": 700.0,
+        "thermal_limit_c": 87.0,
+        "ambient_temperature_c": 30.0,
+        "thermal_resistance_c_per_w": 0.07,
+        "thermal_time_constant_s": 30.0,
+    }
+    values.update(overrides)
+    return ServingPlant.from_profile(profile or make_profile(), **values)
