@@ -29,9 +29,18 @@ from plant.types import (
     SchedulerView,
     ServingObservation,
 )
+from plant.workload import (
+    DEFAULT_TRACE,
+    TraceError,
+    bursty_workload,
+    load_trace,
+    poisson_workload,
+    workload_checksum,
+)
 
 __all__ = [
     "CHUNKED_PREFILL_LABEL",
+    "DEFAULT_TRACE",
     "ChunkedPrefillScheduler",
     "ClockController",
     "ControllerError",
@@ -50,10 +59,15 @@ __all__ = [
     "ServingObservation",
     "ServingPlant",
     "ServingResult",
+    "TraceError",
+    "bursty_workload",
     "chunked_prefill_scheduler",
     "decode_priority_scheduler",
     "list_bundled_profiles",
     "load_profile",
+    "load_trace",
+    "poisson_workload",
     "prefill_priority_scheduler",
     "simulate",
+    "workload_checksum",
 ]

@@ -81,7 +81,7 @@ class DecodePowerBatchModel:
         return float(s / s_ref)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PerformanceProfile:
     """Per-GPU table over ascending supported clocks (the seed's ``PerformanceProfile``)."""
 
@@ -297,7 +297,12 @@ def list_bundled_profiles() -> list[dict[str, Any]]:
     """Name, GPU, model and status of every bundled profile, sorted by name."""
     rows = []
     for manifest_path in sorted(bundled_profile_dir().glob("*.json")):
-        manifest = json.loads(manifest_path.read_text())
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except json.JSONDecodeError as error:
+            raise ProfileError(
+                f"{manifest_path}:{error.lineno}: manifest is not valid JSON: {error.msg}"
+            ) from error
         rows.append(
             {
                 "name": manifest_path.stem,
@@ -314,7 +319,9 @@ def list_bundled_profiles() -> list[dict[str, Any]]:
 def resolve_profile_path(name_or_path: str | Path) -> Path:
     """Return the manifest path for a bundled profile name, a manifest or a CSV path."""
     candidate = Path(name_or_path)
-    if candidate.suffix == ".json" and candidate.exists():
+    if candidate.suffix in (".json", ".csv") and not candidate.exists():
+        raise ProfileError(f"{candidate}: profile file not found")
+    if candidate.suffix == ".json":
         return candidate
     if candidate.suffix == ".csv" and candidate.exists():
         manifest = candidate.with_suffix(".json")
@@ -340,7 +347,10 @@ def _read_csv(path: Path) -> dict[str, NDArray[np.float64]]:
         if missing:
             raise ProfileError(f"{path}: missing column(s) {missing}; header is {header}")
         columns: dict[str, list[float]] = {column: [] for column in CSV_COLUMNS}
-        for line_number, row in enumerate(reader, start=2):
+        line_numbers: list[int] = []
+        for row in reader:
+            line_number = reader.line_num
+            line_numbers.append(line_number)
             for column in CSV_COLUMNS:
                 raw = row.get(column)
                 try:
@@ -360,13 +370,14 @@ def _read_csv(path: Path) -> dict[str, NDArray[np.float64]]:
     for index in range(1, len(clocks)):
         if clocks[index] <= clocks[index - 1]:
             raise ProfileError(
-                f"{path}:{index + 2}: clock_mhz must be strictly ascending "
+                f"{path}:{line_numbers[index]}: clock_mhz must be strictly ascending "
                 f"({clocks[index]} after {clocks[index - 1]})"
             )
     return {key: np.asarray(values, dtype=float) for key, values in columns.items()}
 
 
 REQUIRED_MANIFEST_KEYS = ("status", "csv", "ttft_slo_s", "tpot_slo_s", "power_limit_w", "thermal")
+PROFILE_STATUSES = ("measured", "literature-derived", "synthetic")
 REQUIRED_THERMAL_KEYS = (
     "ambient_temperature_c",
     "thermal_resistance_c_per_w",
@@ -396,20 +407,29 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
     thermal = manifest["thermal"]
     if not isinstance(thermal, dict):
         raise ProfileError(f"{manifest_path}: 'thermal' must be an object")
+    if manifest["status"] not in PROFILE_STATUSES:
+        raise ProfileError(
+            f"{manifest_path}: status must be one of {PROFILE_STATUSES}, got {manifest['status']!r}"
+        )
     for key in REQUIRED_THERMAL_KEYS:
         value = thermal.get(key)
-        if not isinstance(value, int | float) or not np.isfinite(value):
+        if not _is_number(value):
             raise ProfileError(f"{manifest_path}: thermal.{key} must be a number, got {value!r}")
+    for key in ("thermal_resistance_c_per_w", "thermal_time_constant_s"):
+        if not thermal[key] > 0:
+            raise ProfileError(
+                f"{manifest_path}: thermal.{key} must be positive, got {thermal[key]!r}"
+            )
     for key in ("ttft_slo_s", "tpot_slo_s", "power_limit_w"):
         value = manifest[key]
-        if not isinstance(value, int | float) or not value > 0:
+        if not _is_number(value) or not value > 0:
             raise ProfileError(f"{manifest_path}: {key} must be a positive number, got {value!r}")
     csv_path = manifest_path.parent / str(manifest["csv"])
     if not csv_path.exists():
         raise ProfileError(f"{manifest_path}: csv {manifest['csv']!r} not found beside it")
     columns = _read_csv(csv_path)
     try:
-        return PerformanceProfile(
+        profile = PerformanceProfile(
             **columns,
             ttft_slo_s=float(manifest["ttft_slo_s"]),
             tpot_slo_s=float(manifest["tpot_slo_s"]),
@@ -420,3 +440,18 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
         )
     except ValueError as error:
         raise ProfileError(f"{manifest_path}: {error}") from error
+    for section in ("decode_latency_model", "decode_power_batch_model"):
+        try:
+            getattr(profile, section)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ProfileError(f"{manifest_path}: {section} is invalid: {error!r}") from error
+    return profile
+
+
+def _is_number(value: object) -> bool:
+    """A finite int or float that is not a bool (JSON ``true`` is not a number here)."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and bool(np.isfinite(value))
+    )

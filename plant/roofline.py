@@ -81,8 +81,7 @@ GENERATOR = "plant/roofline.py v1"
 CLOCK_STEP_MHZ = 15
 
 CSV_HEADER = (
-    "clock_mhz,prefill_tokens_per_s,decode_tokens_per_s,"
-    "prefill_power_w,decode_power_w,idle_power_w"
+    "clock_mhz,prefill_tokens_per_s,decode_tokens_per_s,prefill_power_w,decode_power_w,idle_power_w"
 )
 
 
@@ -467,8 +466,7 @@ def _sources(gpu: GpuSpec) -> list[dict[str, str]]:
         },
         {
             "quantity": "Llama-3.1-8B shape",
-            "value": "8,030,261,248 parameters; 32 layers; 8 KV heads; head_dim 128; "
-            "d_model 4096",
+            "value": "8,030,261,248 parameters; 32 layers; 8 KV heads; head_dim 128; d_model 4096",
             "source": "Meta Llama-3.1-8B-Instruct model card/config (not from PROFILE_FACTS)",
         },
         {
@@ -719,9 +717,7 @@ def build_profile(
             "prefill_tokens_per_s_at_max_clock": _r(table["prefill_tokens_per_s"][-1]),
             "decode_iteration_s_at_max_clock": _r(total),
             "min_decode_energy_clock_mhz": int(clocks[decode_energy.index(min(decode_energy))]),
-            "min_prefill_energy_clock_mhz": int(
-                clocks[prefill_energy.index(min(prefill_energy))]
-            ),
+            "min_prefill_energy_clock_mhz": int(clocks[prefill_energy.index(min(prefill_energy))]),
             "decode_energy_saving_at_best_clock_vs_max": _r(
                 1.0 - min(decode_energy) / decode_energy[-1], 3
             ),

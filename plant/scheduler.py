@@ -1,8 +1,10 @@
 """Batching rules of the serving engine inside the plant.
 
 Each scheduler maps the engine state at the start of an iteration (:class:`SchedulerView`)
-to what the iteration runs (:class:`IterationPlan`). Admission order is always first come,
-first served; the plant enforces the batch-size and KV-cache limits.
+to what the iteration runs (:class:`IterationPlan`). A scheduler whose plan never depends
+on the state may expose it as ``constant_plan``; the plant then skips building the view.
+Admission order is always first come, first served; the plant enforces the batch-size and
+KV-cache limits.
 """
 
 from __future__ import annotations
@@ -24,10 +26,15 @@ class ChunkedPrefillScheduler:
 
     token_budget: int = 512
 
-    def __call__(self, view: SchedulerView) -> IterationPlan:
+    @property
+    def constant_plan(self) -> IterationPlan:
+        """The same plan every iteration, so the plant may skip building a view."""
         return IterationPlan(
             decode=True, prefill_token_budget=self.token_budget, count_decode_in_budget=True
         )
+
+    def __call__(self, view: SchedulerView) -> IterationPlan:
+        return self.constant_plan
 
 
 @dataclass(frozen=True, slots=True)

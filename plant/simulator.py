@@ -42,6 +42,7 @@ from plant.result import ServingResult, compute_metrics
 from plant.scheduler import chunked_prefill_scheduler, scheduler_label
 from plant.types import (
     ClockController,
+    IterationPlan,
     Request,
     RequestRecord,
     Scheduler,
@@ -89,6 +90,7 @@ class PlantSimulation:
                 )
         self.plant = plant
         self.scheduler = scheduler
+        self._constant_plan: IterationPlan | None = getattr(scheduler, "constant_plan", None)
         self.seed = seed
         self._rng = np.random.default_rng(seed)
         self._noise_cv = plant.latency_noise_cv
@@ -346,20 +348,9 @@ class PlantSimulation:
         if not has_work:
             return False
         plant = self.plant
-        view = SchedulerView(
-            time_s=self.time_s,
-            waiting_requests=len(self._waiting),
-            prefilling_requests=len(self._prefilling),
-            decode_active=len(self._running),
-            prefill_remaining_tokens=self._waiting_tokens + self._prefilling_tokens,
-            oldest_waiting_age_s=(
-                self.time_s - self._arrival[self._waiting[0]] if self._waiting else 0.0
-            ),
-            kv_tokens=self._kv_prefill + self._kv_running(),
-            kv_capacity_tokens=plant.kv_capacity_tokens,
-            max_batch_size=plant.max_batch_size,
-        )
-        plan = self.scheduler(view)
+        plan = self._constant_plan
+        if plan is None:
+            plan = self.scheduler(self._view())
         batch = 0
         if plan.decode and self._running:
             # Decode growth needs one KV slot per running request; preempt (recompute)
@@ -431,6 +422,22 @@ class PlantSimulation:
         else:
             self._phase = "prefill"
         return True
+
+    def _view(self) -> SchedulerView:
+        plant = self.plant
+        return SchedulerView(
+            time_s=self.time_s,
+            waiting_requests=len(self._waiting),
+            prefilling_requests=len(self._prefilling),
+            decode_active=len(self._running),
+            prefill_remaining_tokens=self._waiting_tokens + self._prefilling_tokens,
+            oldest_waiting_age_s=(
+                self.time_s - self._arrival[self._waiting[0]] if self._waiting else 0.0
+            ),
+            kv_tokens=self._kv_prefill + self._kv_running(),
+            kv_capacity_tokens=plant.kv_capacity_tokens,
+            max_batch_size=plant.max_batch_size,
+        )
 
     def _preempt_latest(self) -> None:
         victim, start = self._running.popitem()

@@ -1,0 +1,81 @@
+"""Loader edge cases: exact line numbers, strict types, optional sections checked early."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from plant.profile import ProfileError, bundled_profile_dir, load_profile
+
+NAME = "h100-sxm-llama3-8b"
+
+
+def copy_profile(tmp_path: Path) -> tuple[Path, Path]:
+    """Copy the bundled H100 profile into ``tmp_path``; return (manifest, csv)."""
+    source = bundled_profile_dir()
+    manifest = tmp_path / f"{NAME}.json"
+    shutil.copy(source / f"{NAME}.json", manifest)
+    csv_name = json.loads(manifest.read_text())["csv"]
+    shutil.copy(source / csv_name, tmp_path / csv_name)
+    return manifest, tmp_path / csv_name
+
+
+def edit_manifest(manifest: Path, **changes: object) -> None:
+    data = json.loads(manifest.read_text())
+    for dotted, value in changes.items():
+        target = data
+        *parents, leaf = dotted.split("__")
+        for parent in parents:
+            target = target[parent]
+        target[leaf] = value
+    manifest.write_text(json.dumps(data))
+
+
+def test_csv_error_reports_real_line_after_blank_line(tmp_path: Path) -> None:
+    manifest, csv_path = copy_profile(tmp_path)
+    lines = csv_path.read_text().splitlines()
+    lines.insert(2, "")  # a blank line after the first data row
+    lines[5] = lines[5].replace(lines[5].split(",")[1], "oops", 1)
+    csv_path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ProfileError, match=rf"{csv_path.name}:6: column 'prefill_tokens_per_s'"):
+        load_profile(manifest)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"tpot_slo_s": True}, "tpot_slo_s must be a positive number"),
+        ({"status": "measured-ish"}, "status must be one of"),
+        (
+            {"thermal__thermal_resistance_c_per_w": -0.1},
+            "thermal_resistance_c_per_w must be positive",
+        ),
+        ({"decode_latency_model": {"weight_fraction": 1.0}}, "decode_latency_model is invalid"),
+        ({"decode_power_batch_model": {"k": "x", "x0": 1}}, "decode_power_batch_model is invalid"),
+    ],
+)
+def test_manifest_values_checked_at_load(tmp_path: Path, change: dict, message: str) -> None:
+    manifest, _ = copy_profile(tmp_path)
+    edit_manifest(manifest, **change)
+    with pytest.raises(ProfileError, match=message) as info:
+        load_profile(manifest)
+    assert manifest.name in str(info.value)
+
+
+def test_missing_profile_file_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.json"
+    with pytest.raises(ProfileError, match=r"nope\.json: profile file not found"):
+        load_profile(missing)
+    with pytest.raises(ProfileError, match="unknown profile 'nope'; bundled profiles: "):
+        load_profile("nope")
+
+
+def test_profiles_compare_by_identity() -> None:
+    first = load_profile(NAME)
+    second = load_profile(NAME)
+    assert first == first
+    assert first != second  # no elementwise array comparison, no exception
+    assert len({first, second}) == 2  # hashable, so usable as a cache key
