@@ -1,0 +1,91 @@
+"""``gpugov simulate`` and ``gpugov profiles`` through the real entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from daemon.cli import main
+
+METRIC_KEYS = (
+    "energy_j", "energy_per_output_token_j", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s",
+    "tpot_p50_s", "tpot_p95_s", "tpot_p99_s", "slo_attainment", "completed_requests",
+    "censored_requests", "output_tokens", "simulated_duration_s", "power_cap_violation_s",
+    "thermal_violation_s", "peak_queued_requests_at_minimum_clock",
+)
+
+
+def test_simulate_writes_metrics_json_and_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run.json"
+    plot = tmp_path / "run.png"
+    code = main([
+        "simulate", "--controller", "fixed:1410", "--duration", "60", "--start", "30",
+        "--out", str(out), "--plot", str(plot), "--control-period", "0.5",
+    ])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "SLO attainment" in printed and "energy per output token" in printed
+    payload = json.loads(out.read_text())
+    for key in METRIC_KEYS:
+        assert key in payload["metrics"]
+    assert payload["metrics"]["arrived_requests"] == payload["metadata"]["trace"]["requests"]
+    assert payload["metadata"]["plant"]["profile"]["status"] == "literature-derived"
+    assert len(payload["metadata"]["trace"]["workload_checksum"]) == 64
+    # The t = 0 sample is the GPU's default state before the first decision.
+    assert set(payload["series"]["requested_clock_mhz"][1:]) == {1410.0}
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_lower_clock_lower_energy_via_cli(tmp_path: Path) -> None:
+    energies = []
+    for clock in ("1980", "1200"):
+        out = tmp_path / f"{clock}.json"
+        assert main(["simulate", "--controller", f"fixed:{clock}", "--duration", "60",
+                     "--out", str(out)]) == 0
+        energies.append(json.loads(out.read_text())["metrics"]["energy_j"])
+    assert energies[1] < energies[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--trace", "/nonexistent/trace.csv"], "trace.csv"),
+        (["--profile", "no-such-gpu"], "unknown profile 'no-such-gpu'"),
+        (["--controller", "fixed:abc"], "--controller fixed:MHZ needs a number"),
+        (["--controller", "fixed:5000"], "outside the profile's supported range"),
+        (["--controller", "warp-drive"], "unknown controller 'warp-drive'"),
+        (["--load-scale", "-1"], "--load-scale must be positive"),
+        (["--duration", "0"], "--duration must be positive"),
+    ],
+)
+def test_simulate_bad_input_one_clear_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("gpugov: error: ")
+    assert message in err[0]
+
+
+def test_simulate_broken_trace_names_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "broken.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0.0,10,5\n1.0,abc,5\n")
+    assert main(["simulate", "--trace", str(trace)]) == 2
+    assert "broken.csv:3" in capsys.readouterr().err
+
+
+def test_profiles_lists_bundled_with_status(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profiles", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    names = {row["name"] for row in rows}
+    assert {"h100-sxm-llama3-8b", "h200-sxm-llama3-8b", "a100-sxm-80gb-llama3-8b"} <= names
+    assert {row["status"] for row in rows} == {"literature-derived"}
+    assert main(["profiles"]) == 0
+    assert "literature-derived" in capsys.readouterr().out
