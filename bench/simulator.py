@@ -84,7 +84,8 @@ def main() -> int:
     out.write_text(json.dumps(payload, indent=1))
     if note:
         print(f"note: {note}")
-    print(f"{'controller':<20} {'simulated s':>12} {'wall s':>8} {'ratio':>8}  target {TARGET_RATIO:g}x")
+    header = f"{'controller':<20} {'simulated s':>12} {'wall s':>8} {'ratio':>8}"
+    print(f"{header}  target {TARGET_RATIO:g}x")
     for row in rows:
         print(
             f"{row['controller']:<20} {row['simulated_s']:>12.1f} {row['wall_s']:>8.2f} "
