@@ -72,8 +72,10 @@ class PlantSimulation:
         *,
         seed: int = 0,
         initial_clock_mhz: float | None = None,
+        fast_forward: bool = True,
     ) -> None:
         plant.validate()
+        self._fast_forward_enabled = fast_forward
         requests = tuple(workload)
         for left, right in itertools.pairwise(requests):
             if right.arrival_time_s < left.arrival_time_s:
@@ -188,6 +190,7 @@ class PlantSimulation:
         self._itl_count = 0
 
         # Series on the grid.
+        self._ff_tick: tuple[float, float, float, int, int] | None = None
         self._dt = plant.time_step_s
         self._next_tick = 0
         self._series: dict[str, list[float]] = {
@@ -301,7 +304,8 @@ class PlantSimulation:
                 return
             if not self._in_iteration:
                 self._move_arrivals(self.time_s)
-                if self._idle_until is None and not self._start_iteration():
+                started = self._idle_until is None and self._start_iteration()
+                if not started and self._idle_until is None:
                     # Nothing to run: idle until the next arrival.
                     next_arrival = (
                         self._arrival[self._next_arrival]
@@ -309,6 +313,8 @@ class PlantSimulation:
                         else math.inf
                     )
                     self._idle_until = max(next_arrival, self.time_s)
+                if started and self._fast_forward_enabled and self._fast_forward(end_s):
+                    continue
                 if self._idle_until is not None:
                     target = min(self._idle_until, end_s, self._next_pending_time())
                     self._segment_idle(target)
@@ -421,6 +427,73 @@ class PlantSimulation:
             self._phase = "decode"
         else:
             self._phase = "prefill"
+        return True
+
+    def _fast_forward(self, end_s: float) -> bool:
+        """Run a stretch of identical decode-only iterations in closed form.
+
+        Eligible when the new iteration decodes only, nothing waits or prefills, the
+        scheduler's plan is constant and there is no jitter. The stretch stops before the
+        next request completion, arrival, clock change, ``end_s`` or KV overflow, and is
+        skipped when the die could reach the thermal limit. Iteration ``i`` of the stretch
+        lasts ``base + slope * i`` (context grows by ``B`` tokens per iteration) at the
+        constant decode power ``p_dec(B)``, so time, energy, temperature and token counts
+        are exactly those of the iteration-by-iteration path. Returns True when it ran.
+        """
+        batch = self._iter_decode_batch
+        if (
+            self._constant_plan is None
+            or self._noise_cv > 0.0
+            or self._iter_prefill_tokens
+            or not batch
+            or self._waiting
+            or self._prefilling
+            or not self._heap
+        ):
+            return False
+        plant = self.plant
+        self._apply_pending()
+        index, (_, base, power) = self._busy_clock()
+        if (
+            self.temperature_c >= plant.thermal_limit_c
+            or plant.ambient_temperature_c + plant.thermal_resistance_c_per_w * power
+            >= plant.thermal_limit_c
+        ):
+            return False
+        counter = self._decode_counter
+        k_completion = self._heap[0][0] - counter - 1
+        free = plant.kv_capacity_tokens - self._kv_prefill - self._kv_running()
+        k_kv = free // batch - 1
+        next_arrival = (
+            self._arrival[self._next_arrival]
+            if self._next_arrival < len(self._arrival)
+            else math.inf
+        )
+        available = min(end_s, next_arrival, self._next_pending_time()) - self.time_s
+        slope = self._dec_tref[index] * self._dec_c * batch / self._c_ref
+        if math.isinf(available):
+            k_time = k_completion
+        elif slope > 0.0:
+            b = base - 0.5 * slope
+            k_time = int((-b + math.sqrt(b * b + 2.0 * slope * available)) / slope)
+        else:
+            k_time = int(available / base)
+        count = min(k_completion, k_kv, k_time)
+        while count > 0 and count * base + slope * count * (count - 1) / 2.0 > available:
+            count -= 1
+        if count < 2:
+            return False
+        total = count * base + slope * count * (count - 1) / 2.0
+        self._current_realized_index = index
+        self._phase = "decode"
+        self._ff_tick = (self.time_s, base, slope, batch, count)
+        self._integrate(total, power, busy=True)
+        self._ff_tick = None
+        self._decode_counter = counter + count
+        self._output_total += count * batch
+        self._itl_sum += total * batch
+        self._itl_count += count * batch
+        self._in_iteration = False
         return True
 
     def _view(self) -> SchedulerView:
@@ -599,7 +672,18 @@ class PlantSimulation:
         )
         series["decode_active"].append(float(len(self._running)))
         series["completed_requests"].append(float(self._completed))
-        series["kv_tokens"].append(float(self._kv_prefill + self._kv_running()))
+        kv = self._kv_prefill + self._kv_running()
+        if self._ff_tick is not None:
+            # Inside a fast-forwarded stretch: add the iterations finished by tick_time.
+            start, base, slope, batch, count = self._ff_tick
+            done = 0
+            elapsed = tick_time - start
+            while done < count and (done + 1) * base + slope * done * (done + 1) / 2.0 <= (
+                elapsed + _EPS
+            ):
+                done += 1
+            kv += done * batch
+        series["kv_tokens"].append(float(kv))
         if series["energy_j"]:
             series["power_w"].append((energy - self._last_tick_energy) / self._dt)
         else:

@@ -305,3 +305,32 @@ def test_workload_must_be_sorted_and_fit_kv(plant) -> None:  # type: ignore[no-u
         PlantSimulation((Request(0, 5.0, 10, 10), Request(1, 1.0, 10, 10)), plant)
     with pytest.raises(ValueError, match="kv_capacity_tokens"):
         PlantSimulation((Request(0, 0.0, 500_000, 10),), plant)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"kv_capacity_tokens": 30_000}, {"thermal_limit_c": 45.0, "thermal_time_constant_s": 5.0}],
+    ids=["default", "kv-limited", "thermal-limited"],
+)
+def test_fast_forward_matches_iteration_by_iteration(overrides: dict) -> None:
+    plant = make_plant(**overrides)
+    workload = poisson_workload(3.0, 60.0, seed=21)
+    runs = []
+    for fast in (True, False):
+        simulation = PlantSimulation(workload, plant, fast_forward=fast)
+        for step in range(200):
+            simulation.advance_to(step * 0.5)
+            observation = simulation.observe()
+            simulation.request_clock(reactive_clock_controller(observation))
+        runs.append(simulation.result())
+    fast_result, slow_result = runs
+    for name in ("energy_j", "temperature_c", "power_w", "kv_tokens", "realized_clock_mhz",
+                 "prefill_queue", "decode_active", "completed_requests"):
+        np.testing.assert_allclose(getattr(fast_result, name), getattr(slow_result, name),
+                                   rtol=1e-9, atol=1e-6, err_msg=name)
+    for a, b in zip(fast_result.request_records, slow_result.request_records, strict=True):
+        assert a.generated_tokens == b.generated_tokens
+        for field in ("first_token_time_s", "finish_time_s"):
+            x, y = getattr(a, field), getattr(b, field)
+            assert (x is None and y is None) or x == pytest.approx(y, rel=1e-9, abs=1e-9)
+    assert fast_result.metrics.output_tokens == slow_result.metrics.output_tokens
