@@ -334,3 +334,19 @@ def test_fast_forward_matches_iteration_by_iteration(overrides: dict) -> None:
             x, y = getattr(a, field), getattr(b, field)
             assert (x is None and y is None) or x == pytest.approx(y, rel=1e-9, abs=1e-9)
     assert fast_result.metrics.output_tokens == slow_result.metrics.output_tokens
+
+
+def test_scheduler_requested_idle_is_honoured(plant) -> None:  # type: ignore[no-untyped-def]
+    from plant import IterationPlan, SchedulerView
+
+    def patient(view: SchedulerView) -> IterationPlan:
+        # Hold new prompts until the oldest has waited 0.4 s (a batching-delay policy).
+        if view.waiting_requests and view.oldest_waiting_age_s < 0.4 - 1e-9:
+            return IterationPlan(decode=view.decode_active > 0, prefill_token_budget=0,
+                                 idle_s=0.1)
+        return IterationPlan(decode=True, prefill_token_budget=4096)
+
+    result = simulate(sparse_workload(3), plant, patient, maximum_clock_controller)
+    rate = plant.profile.rate("prefill", plant.profile.maximum_clock_mhz)
+    for record in result.request_records:
+        assert record.ttft_s == pytest.approx(0.4 + record.prompt_tokens / rate, abs=1e-6)
