@@ -12,6 +12,7 @@ from controllers.baseline import (
     reactive_clock_controller,
     sample_and_hold_clock_controller,
 )
+from controllers.experiments import build_textbook_results
 from controllers.mpc import (
     MPCController,
     MPCWeights,
@@ -61,6 +62,7 @@ __all__ = [
     "SampleAndHoldController",
     "SchedulingMDP",
     "TransitionDataset",
+    "build_textbook_results",
     "estimate_decode_remaining_tokens",
     "evaluate_scheduling_policy",
     "fit_fqi",

@@ -597,6 +597,7 @@ class MPCController:
         self.fallback_count = 0
         self.fallback_reasons: dict[str, int] = dict.fromkeys(FALLBACK_REASONS, 0)
         self.last_error: str | None = None
+        self.last_plan: FloatArray | None = None
         self.plans_by_step: dict[int, tuple[float, ...]] = {}
         self.plan_start_times_by_step: dict[int, float] = {}
         self.plan_dt_s = self.control_period_s
@@ -671,8 +672,20 @@ class MPCController:
 
         initial = np.full(problem.horizon_steps, (self.current_clock - minimum) / span)
         bounds = [(0.0, 1.0)] * problem.horizon_steps
+        direct = getattr(self.solver, "solve_problem", None)
         start = self.timer()
         try:
+            if direct is not None:
+                # A discrete solver searches supported clocks directly: no rounding step.
+                outcome = direct(problem, self.last_plan)
+                plan = np.asarray(outcome.x, dtype=float) if outcome.success else None
+                elapsed = self.timer() - start
+                if elapsed > self.solve_time_limit_s:
+                    return None, "overrun", elapsed
+                if plan is None or plan.shape != (problem.horizon_steps,):
+                    self.last_error = outcome.message or "solver reported failure"
+                    return None, "solver_failed", elapsed
+                return plan, None, elapsed
             outcome = self.solver(normalized_cost, initial, bounds)
             candidate = np.asarray(outcome.x, dtype=float)
             solved = (
@@ -722,11 +735,13 @@ class MPCController:
         self.solve_times.append(elapsed)
         if candidate is not None:
             applied = tuple(float(value) for value in candidate)
+            self.last_plan = np.asarray(applied, dtype=float)
             self.current_clock = applied[0]
             self.successful_solves += 1
             self.plans_by_step[observation.step_index] = applied
         else:
             assert reason is not None
+            self.last_plan = None
             self.current_clock = self._fallback_clock(observation)
             self.fallback_count += 1
             self.fallback_reasons[reason] += 1
