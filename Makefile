@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench venv clean
+.PHONY: demo test lint bench experiments dashboard deploy-check venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/gpugov simulate --controller reactive --out out/demo.json --plot out/demo.png
+	mkdir -p out
+	$(BIN)/gpugov run --simulate --record out/demo.jsonl
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -26,6 +27,17 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/simulator.py
+	$(BIN)/python bench/daemon.py
+
+experiments: $(STAMP)
+	$(BIN)/gpugov experiments --out results/bundled
+	$(BIN)/gpugov experiments --trace azure-conv --out results/azure-conv
+
+dashboard: $(STAMP)
+	$(BIN)/python deploy/grafana/dashboard.py > deploy/grafana/gpugov-dashboard.json
+
+deploy-check: $(STAMP)
+	$(BIN)/pytest -q tests/deploy
 
 clean:
 	rm -rf out build *.egg-info .pytest_cache .ruff_cache

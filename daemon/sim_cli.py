@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from controllers.baseline import (
-    fixed_clock_controller,
-    maximum_clock_controller,
-    reactive_clock_controller,
-)
+from daemon import decide
+from daemon.config import FixedControllerConfig, MPCControllerConfig
+from daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
+from daemon.errors import ControllerError as GpugovControllerError
+from daemon.service import simulated_mpc
 from plant import ServingPlant, ServingResult, load_profile, simulate
 from plant.profile import ProfileError, list_bundled_profiles
 from plant.scheduler import SCHEDULERS
@@ -22,7 +22,7 @@ from plant.types import ClockController, Request
 from plant.workload import DEFAULT_TRACE, TraceError, load_trace, workload_checksum
 
 DEFAULT_PROFILE = "h100-sxm-llama3-8b"
-CONTROLLER_HELP = "max | fixed:MHZ | reactive"
+CONTROLLER_HELP = CONTROLLER_SPEC_HELP
 
 
 class UsageError(ValueError):
@@ -30,36 +30,34 @@ class UsageError(ValueError):
 
 
 def build_controller(
-    spec: str, plant: ServingPlant, workload: Sequence[Request]
+    spec: str, plant: ServingPlant, workload: Sequence[Request], control_period_s: float = 1.0
 ) -> ClockController:
-    """Build a controller from a ``--controller`` spec such as ``fixed:1410``."""
-    del workload  # Only forecasting controllers (later kinds) use the workload's declared lengths.
-    kind, _, argument = spec.partition(":")
-    match kind:
-        case "max" | "maximum":
-            return maximum_clock_controller
-        case "reactive":
-            return reactive_clock_controller
-        case "fixed":
-            try:
-                value = float(argument)
-            except ValueError as error:
-                raise UsageError(
-                    f"--controller fixed:MHZ needs a number, got {argument!r}"
-                ) from error
-            if not math.isfinite(value) or value <= 0:
-                raise UsageError(f"--controller fixed:MHZ needs a positive clock, got {argument!r}")
-            profile = plant.profile
-            if not profile.minimum_clock_mhz <= value <= profile.maximum_clock_mhz:
-                raise UsageError(
-                    f"--controller fixed:{argument}: outside the profile's supported range "
-                    f"{profile.minimum_clock_mhz:g}-{profile.maximum_clock_mhz:g} MHz"
-                )
-            return fixed_clock_controller(value)
-        case _:
+    """Build a controller from a ``--controller`` spec such as ``fixed:1410`` or ``mpc``.
+
+    The same parser and factory as ``gpugov run``; the MPC plans on the run's plant with
+    the workload's mean prompt and output lengths as declared forecasts, fixed before the
+    run, exactly as ``gpugov run --simulate`` does.
+    """
+    try:
+        config = parse_controller_spec(spec, default_profile=plant.profile.name)
+    except ValueError as error:
+        message = str(error)
+        raise UsageError(
+            message if message.startswith("--controller") else f"--controller: {message}"
+        ) from error
+    if isinstance(config, FixedControllerConfig):
+        profile = plant.profile
+        if not profile.minimum_clock_mhz <= config.clock_mhz <= profile.maximum_clock_mhz:
             raise UsageError(
-                f"--controller: unknown controller {spec!r}; expected {CONTROLLER_HELP}"
+                f"--controller {spec}: outside the profile's supported range "
+                f"{profile.minimum_clock_mhz:g}-{profile.maximum_clock_mhz:g} MHz"
             )
+    if isinstance(config, MPCControllerConfig):
+        return simulated_mpc(config, plant, workload, control_period_s)
+    try:
+        return decide.build_controller(config, period_s=control_period_s)
+    except GpugovControllerError as error:
+        raise UsageError(f"--controller {spec}: {error}") from error
 
 
 def _fmt(value: Any, unit: str = "", digits: int = 3) -> str:
@@ -158,7 +156,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--trace {args.trace}: the selected window holds no requests")
     profile = load_profile(args.profile)
     plant = ServingPlant.from_profile(profile, latency_noise_cv=args.latency_noise)
-    controller = build_controller(args.controller, plant, workload)
+    controller = build_controller(args.controller, plant, workload, args.control_period)
     scheduler = SCHEDULERS[args.scheduler]
     result = simulate(
         workload,

@@ -52,6 +52,11 @@ from plant.types import (
 
 _EPS = 1e-12
 
+# NVML clock-event-reason bits (nvmlClocksEventReason*), reported the way a real GPU would.
+CLOCK_EVENT_GPU_IDLE = 0x1
+CLOCK_EVENT_SW_POWER_CAP = 0x4
+CLOCK_EVENT_SW_THERMAL_SLOWDOWN = 0x20
+
 
 class ControllerError(RuntimeError):
     """A clock controller raised or returned an invalid clock; the message says when."""
@@ -169,6 +174,8 @@ class PlantSimulation:
         self._pending: deque[tuple[float, int]] = deque()
         self._clock_changes = 0
         self._current_realized_index = start_index
+        # Why the realised clock is below the request now, as NVML's bitmask.
+        self.clock_event_reasons = CLOCK_EVENT_GPU_IDLE
 
         # Physics.
         self.temperature_c = plant.ambient_temperature_c + (
@@ -574,25 +581,34 @@ class PlantSimulation:
         The requested clock is held lower while the iteration's power exceeds the power
         limit (SW power cap), and while the die is at or above the thermal limit.
         """
-        index = self._effective_index
+        requested = index = self._effective_index
         parts = self._iteration_parts(index)
         limit = self.plant.power_limit_w + 1e-9
         while index > 0 and parts[2] > limit:
             index -= 1
             parts = self._iteration_parts(index)
+        reasons = CLOCK_EVENT_SW_POWER_CAP if index < requested else 0
         if self.temperature_c >= self.plant.thermal_limit_c:
+            capped = index
             safe = self._thermal_safe_power_w()
             while index > 0 and parts[2] > safe:
                 index -= 1
                 parts = self._iteration_parts(index)
+            if index < capped:
+                reasons |= CLOCK_EVENT_SW_THERMAL_SLOWDOWN
+        self.clock_event_reasons = reasons
         return index, parts
 
     def _idle_clock(self) -> int:
-        index = self._effective_index
+        requested = index = self._effective_index
+        reasons = CLOCK_EVENT_GPU_IDLE
         if self.temperature_c >= self.plant.thermal_limit_c:
             safe = self._thermal_safe_power_w()
             while index > 0 and self._p_idle[index] > safe:
                 index -= 1
+            if index < requested:
+                reasons |= CLOCK_EVENT_SW_THERMAL_SLOWDOWN
+        self.clock_event_reasons = reasons
         return index
 
     def _apply_pending(self) -> None:

@@ -10,10 +10,22 @@ import pytest
 from daemon.cli import main
 
 METRIC_KEYS = (
-    "energy_j", "energy_per_output_token_j", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s",
-    "tpot_p50_s", "tpot_p95_s", "tpot_p99_s", "slo_attainment", "completed_requests",
-    "censored_requests", "output_tokens", "simulated_duration_s", "power_cap_violation_s",
-    "thermal_violation_s", "peak_queued_requests_at_minimum_clock",
+    "energy_j",
+    "energy_per_output_token_j",
+    "ttft_p50_s",
+    "ttft_p95_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "tpot_p95_s",
+    "tpot_p99_s",
+    "slo_attainment",
+    "completed_requests",
+    "censored_requests",
+    "output_tokens",
+    "simulated_duration_s",
+    "power_cap_violation_s",
+    "thermal_violation_s",
+    "peak_queued_requests_at_minimum_clock",
 )
 
 
@@ -22,10 +34,23 @@ def test_simulate_writes_metrics_json_and_plot(
 ) -> None:
     out = tmp_path / "run.json"
     plot = tmp_path / "run.png"
-    code = main([
-        "simulate", "--controller", "fixed:1410", "--duration", "60", "--start", "30",
-        "--out", str(out), "--plot", str(plot), "--control-period", "0.5",
-    ])
+    code = main(
+        [
+            "simulate",
+            "--controller",
+            "fixed:1410",
+            "--duration",
+            "60",
+            "--start",
+            "30",
+            "--out",
+            str(out),
+            "--plot",
+            str(plot),
+            "--control-period",
+            "0.5",
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "SLO attainment" in printed and "energy per output token" in printed
@@ -44,8 +69,20 @@ def test_simulate_lower_clock_lower_energy_via_cli(tmp_path: Path) -> None:
     energies = []
     for clock in ("1980", "1200"):
         out = tmp_path / f"{clock}.json"
-        assert main(["simulate", "--controller", f"fixed:{clock}", "--duration", "60",
-                     "--out", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "simulate",
+                    "--controller",
+                    f"fixed:{clock}",
+                    "--duration",
+                    "60",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         energies.append(json.loads(out.read_text())["metrics"]["energy_j"])
     assert energies[1] < energies[0]
 
@@ -89,3 +126,22 @@ def test_profiles_lists_bundled_with_status(capsys: pytest.CaptureFixture[str]) 
     assert {row["status"] for row in rows} == {"literature-derived"}
     assert main(["profiles"]) == 0
     assert "literature-derived" in capsys.readouterr().out
+
+
+def test_simulate_mpc_and_open_loop_controllers(tmp_path: Path) -> None:
+    from controllers.open_loop import optimize_open_loop, save_plan
+    from plant import ServingPlant, load_profile, load_trace
+
+    out = tmp_path / "mpc.json"
+    assert main(["simulate", "--controller", "mpc", "--duration", "30", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["metadata"]["controller"] == "mpc"
+    workload, _ = load_trace("azure-conv-10min", duration_s=60)
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    plan_path = tmp_path / "plan.json"
+    save_plan(optimize_open_loop(workload, plant), plan_path)
+    out = tmp_path / "plan-run.json"
+    assert main(["simulate", "--controller", f"open-loop:{plan_path}", "--duration", "60",
+                 "--out", str(out)]) == 0
+    plan = json.loads(plan_path.read_text())
+    series = json.loads(out.read_text())["series"]
+    assert set(series["requested_clock_mhz"][1:]) <= set(plan["applied_clock_mhz"])

@@ -350,3 +350,30 @@ def test_scheduler_requested_idle_is_honoured(plant) -> None:  # type: ignore[no
     rate = plant.profile.rate("prefill", plant.profile.maximum_clock_mhz)
     for record in result.request_records:
         assert record.ttft_s == pytest.approx(0.4 + record.prompt_tokens / rate, abs=1e-6)
+
+
+def test_clock_event_reasons_follow_nvml_bits() -> None:
+    from plant.simulator import (
+        CLOCK_EVENT_GPU_IDLE,
+        CLOCK_EVENT_SW_POWER_CAP,
+        CLOCK_EVENT_SW_THERMAL_SLOWDOWN,
+    )
+
+    idle = PlantSimulation((), make_plant())
+    idle.advance_to(1.0)
+    assert idle.clock_event_reasons == CLOCK_EVENT_GPU_IDLE
+    capped = PlantSimulation(poisson_workload(8.0, 10.0, seed=4), make_plant(power_limit_w=330.0))
+    seen: set[int] = set()
+    for step in range(1, 100):
+        capped.advance_to(step * 0.1)
+        seen.add(capped.clock_event_reasons)
+    assert any(reason & CLOCK_EVENT_SW_POWER_CAP for reason in seen)
+    hot = PlantSimulation(
+        poisson_workload(8.0, 60.0, seed=4),
+        make_plant(thermal_limit_c=45.0, thermal_time_constant_s=5.0),
+    )
+    seen = set()
+    for step in range(1, 600):
+        hot.advance_to(step * 0.1)
+        seen.add(hot.clock_event_reasons)
+    assert any(reason & CLOCK_EVENT_SW_THERMAL_SLOWDOWN for reason in seen)

@@ -1,0 +1,101 @@
+"""The GPU backend role: one GPU's readings and its clock lock.
+
+Implementations: :class:`daemon.nvml.NvmlBackend` (the product),
+:class:`daemon.nvidia_smi.NvidiaSmiBackend` (fallback),
+:class:`daemon.simulated.SimulatedBackend` (the plant) and :class:`DryRunBackend` (wraps
+any of them: reads for real, only logs writes).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One GPU's readings at one instant; a reading that failed or is unsupported is None.
+
+    ``utilization`` is a ratio in [0, 1]. ``clock_event_reasons`` is NVML's bitmask
+    (``nvmlClocksEventReason*``). ``read_errors`` names the reads that failed transiently
+    in this sample (counted by the daemon and survived).
+    """
+
+    gpu: str
+    power_w: float | None = None
+    energy_j: float | None = None
+    temperature_c: float | None = None
+    sm_clock_mhz: float | None = None
+    utilization: float | None = None
+    clock_event_reasons: int | None = None
+    power_limit_w: float | None = None
+    read_errors: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.utilization is not None and not 0.0 <= self.utilization <= 1.0:
+            raise ValueError(f"utilization must be a ratio in [0, 1], got {self.utilization!r}")
+        if self.power_w is not None and self.power_w < 0.0:
+            raise ValueError(f"power_w must be >= 0, got {self.power_w!r}")
+
+
+@runtime_checkable
+class GpuBackend(Protocol):
+    """One GPU: read it, lock its SM clock, unlock it.
+
+    ``label`` names the GPU in logs and metrics (the NVML index as text). Errors are the
+    daemon's own (:mod:`daemon.errors`), never the vendor's.
+    """
+
+    @property
+    def label(self) -> str: ...
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]: ...
+
+    def sample(self) -> GpuSample: ...
+
+    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None: ...
+
+    def reset_clocks(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class DryRunBackend:
+    """Wraps a backend: every read goes through, every write is only logged and recorded.
+
+    ``writes`` lists ``("lock", min, max)`` and ``("reset",)`` in call order.
+    """
+
+    def __init__(self, inner: GpuBackend) -> None:
+        self._inner = inner
+        self.writes: list[tuple[object, ...]] = []
+
+    @property
+    def label(self) -> str:
+        """The wrapped GPU's label."""
+        return self._inner.label
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        """The wrapped GPU's supported clocks."""
+        return self._inner.supported_clocks_mhz()
+
+    def sample(self) -> GpuSample:
+        """A real reading from the wrapped GPU."""
+        return self._inner.sample()
+
+    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None:
+        """Log the lock that would be written; write nothing."""
+        self.writes.append(("lock", int(min_mhz), int(max_mhz)))
+        log.info("dry run: GPU %s: would lock SM clock to %d,%d MHz", self.label, min_mhz, max_mhz)
+
+    def reset_clocks(self) -> None:
+        """Log the reset that would be written; write nothing."""
+        self.writes.append(("reset",))
+        log.info("dry run: GPU %s: would reset SM clock lock", self.label)
+
+    def close(self) -> None:
+        """Close the wrapped backend."""
+        self._inner.close()

@@ -1,0 +1,274 @@
+"""The daemon's TOML configuration, validated by pydantic v2 (frozen, no unknown keys).
+
+Loaded only by the CLI (:func:`load_config`); everything else takes plain values. An
+error names the file, the field path (``domains[0].controller.clock_mhz``) and the
+reason, and nothing is applied. ``deploy/gpugov.example.toml`` shows every key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from daemon.errors import ConfigError
+
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+LoosePath = Annotated[Path, Field(strict=False)]
+
+
+def _as_tuple(value: Any) -> Any:
+    # TOML arrays arrive as lists; the frozen models hold tuples.
+    if isinstance(value, dict):
+        raise ValueError("must be an array: write [[domains]] (double brackets), once per domain")
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _gpu_id(value: Any) -> int | str:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value.startswith(("GPU-", "MIG-")):
+        return value
+    raise ValueError(f"a GPU is an NVML index (0, 1, ...) or a GPU-/MIG- UUID, got {value!r}")
+
+
+GpuId = Annotated[int | str, PlainValidator(_gpu_id)]
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9400`` for IPv6) to ``(host, port)``.
+
+    Raises:
+        ValueError: not HOST:PORT or the port is outside 0-65535.
+    """
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"must be HOST:PORT such as 127.0.0.1:9400, got {value!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+# ------------------------------------------------------------------ controllers
+class MaxControllerConfig(_Frozen):
+    """Always the highest supported clock (what the GPU does unlocked under load)."""
+
+    kind: Literal["max"]
+
+
+class FixedControllerConfig(_Frozen):
+    """One fixed clock, quantised down onto the supported set."""
+
+    kind: Literal["fixed"]
+    clock_mhz: PositiveFloat
+
+
+class ReactiveControllerConfig(_Frozen):
+    """The queue/latency step governor (``controllers.baseline.ReactiveGovernor``)."""
+
+    kind: Literal["reactive"]
+    up_fraction: PositiveFloat = 0.8
+    down_fraction: PositiveFloat = 0.5
+    queue_high_tokens: PositiveFloat = 2048.0
+    idle_utilization: Annotated[float, Field(ge=0, le=1)] = 0.05
+    step_mhz: PositiveFloat = 105.0
+
+
+class OpenLoopControllerConfig(_Frozen):
+    """Replays a saved open-loop plan (``controllers.open_loop.save_plan``)."""
+
+    kind: Literal["open-loop"]
+    plan: LoosePath
+
+
+class MPCControllerConfig(_Frozen):
+    """Model-predictive control on the plant model built from a profile."""
+
+    kind: Literal["mpc"]
+    profile: str = "h100-sxm-llama3-8b"
+    horizon_s: PositiveFloat = 10.0
+    solve_time_limit_s: PositiveFloat = 0.8
+    mean_prompt_tokens: PositiveFloat | None = None
+    mean_output_tokens: PositiveFloat | None = None
+
+
+ControllerConfig = Annotated[
+    MaxControllerConfig
+    | FixedControllerConfig
+    | ReactiveControllerConfig
+    | OpenLoopControllerConfig
+    | MPCControllerConfig,
+    Field(discriminator="kind"),
+]
+
+
+# ----------------------------------------------------------------------- domain
+class EngineConfig(_Frozen):
+    """Where the domain's serving engine publishes its Prometheus metrics."""
+
+    kind: Literal["auto", "vllm", "sglang", "tgi"] = "auto"
+    url: str = "http://127.0.0.1:8000/metrics"
+    timeout_s: PositiveFloat = 0.5
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+        return value
+
+
+class SafetyConfig(_Frozen):
+    """Limits applied to every decision, whatever the controller."""
+
+    floor_mhz: PositiveFloat | None = None
+    dwell_s: NonNegativeFloat = 1.0
+
+
+class DomainConfig(_Frozen):
+    """GPUs serving one engine: one source, one controller, one clock for all."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]+$", max_length=64)]
+    gpus: Annotated[tuple[GpuId, ...], BeforeValidator(_as_tuple), Field(min_length=1)]
+    engine: EngineConfig = EngineConfig()
+    controller: ControllerConfig = MaxControllerConfig(kind="max")
+    safety: SafetyConfig = SafetyConfig()
+    failsafe: Literal["max", "unlock"] = "max"
+    stale_after_s: PositiveFloat | None = None
+    lock_mode: Literal["pin", "cap"] = "pin"
+    ttft_slo_s: PositiveFloat | None = None
+    tpot_slo_s: PositiveFloat | None = None
+    thermal_limit_c: PositiveFloat | None = None
+    mean_prompt_tokens: PositiveFloat = 512.0
+    mean_output_tokens: PositiveFloat = 256.0
+
+
+class DaemonSection(_Frozen):
+    """Process-wide settings."""
+
+    period_s: Annotated[float, Field(ge=0.05, le=60.0)] = 1.0
+    metrics_address: str = "127.0.0.1:9400"
+    backend: Literal["nvml", "nvidia-smi"] = "nvml"
+    dry_run: bool = False
+    record: LoosePath | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        if value:
+            parse_address(value)
+        return value
+
+
+class GpugovConfig(_Frozen):
+    """The whole file: ``[daemon]`` and one ``[[domains]]`` table per control domain."""
+
+    daemon: DaemonSection = DaemonSection()
+    domains: Annotated[tuple[DomainConfig, ...], BeforeValidator(_as_tuple), Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _domains_are_disjoint(self) -> GpugovConfig:
+        names: set[str] = set()
+        gpus: dict[str, str] = {}
+        for domain in self.domains:
+            if domain.name in names:
+                raise ValueError(f"domain name {domain.name!r} is used twice")
+            names.add(domain.name)
+            for gpu in domain.gpus:
+                key = str(gpu)
+                if key in gpus:
+                    raise ValueError(
+                        f"GPU {key} is in domains {gpus[key]!r} and {domain.name!r}; "
+                        "a GPU belongs to one domain"
+                    )
+                gpus[key] = domain.name
+        return self
+
+    @model_validator(mode="after")
+    def _timeouts_fit_the_period(self) -> GpugovConfig:
+        period = self.daemon.period_s
+        for index, domain in enumerate(self.domains):
+            if domain.engine.timeout_s >= period:
+                raise ValueError(
+                    f"domains[{index}].engine.timeout_s ({domain.engine.timeout_s:g} s) must be "
+                    f"shorter than daemon.period_s ({period:g} s), or a hung engine stalls the loop"
+                )
+        return self
+
+    def stale_after_s(self, domain: DomainConfig) -> float:
+        """The domain's stale age: its own, else three control periods."""
+        return domain.stale_after_s or 3.0 * self.daemon.period_s
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def format_validation_error(error: ValidationError, source: str) -> str:
+    """One line per problem: ``FILE: field.path: reason``."""
+    lines = []
+    for item in error.errors():
+        loc = list(item["loc"])
+        # Pydantic puts the union tag after "controller" (controller.fixed.clock_mhz): drop it.
+        for index in range(len(loc) - 1):
+            if loc[index] == "controller" and loc[index + 1] in _CONTROLLER_TAGS:
+                del loc[index + 1]
+                break
+        message = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
+        message = message.removeprefix("Value error, ")
+        lines.append(f"{source}: {_path(tuple(loc))}: {message}")
+    return "\n".join(lines)
+
+
+_CONTROLLER_TAGS = frozenset({"max", "fixed", "reactive", "open-loop", "mpc"})
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>") -> GpugovConfig:
+    """Validate an already-parsed TOML document.
+
+    Raises:
+        ConfigError: every problem, one per line, naming ``source`` and the field path.
+    """
+    try:
+        return GpugovConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error, source)) from error
+
+
+def load_config(path: str | Path) -> GpugovConfig:
+    """Read and validate a TOML config file.
+
+    Raises:
+        ConfigError: unreadable file, TOML syntax error, or invalid values.
+    """
+    source = Path(path)
+    try:
+        text = source.read_text()
+    except OSError as error:
+        raise ConfigError(f"{source}: cannot read config: {error.strerror or error}") from error
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{source}: not valid TOML: {error}") from error
+    return parse_config(data, str(source))

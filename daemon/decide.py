@@ -1,0 +1,235 @@
+"""Decide: build a controller from config, and wrap it in the safety limits.
+
+One factory picks the controller with a ``match`` on the config's ``kind``; a new kind is
+one more case. Safety limits wrap any controller, Gymnasium-style:
+``MinimumDwell(FloorClock(ClampToSupported(inner, clocks), floor, clocks), dwell_s)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from controllers.baseline import (
+    ReactiveGovernor,
+    fixed_clock_controller,
+    maximum_clock_controller,
+)
+from daemon.config import (
+    ControllerConfig,
+    FixedControllerConfig,
+    MaxControllerConfig,
+    MPCControllerConfig,
+    OpenLoopControllerConfig,
+    ReactiveControllerConfig,
+)
+from daemon.errors import ControllerError
+from plant.types import ClockController, ServingObservation
+
+CONTROLLER_SPEC_HELP = "max | fixed:MHZ | reactive | open-loop:PLAN.json | mpc[:PROFILE]"
+
+
+def controller_name(controller: object) -> str:
+    """A short label for metrics and logs."""
+    return str(getattr(controller, "__name__", type(controller).__name__))
+
+
+def build_controller(spec: ControllerConfig, *, period_s: float) -> ClockController:
+    """The controller a config section asks for.
+
+    Args:
+        spec: the ``[domains.controller]`` section.
+        period_s: the daemon's control period (MPC plans on it).
+
+    Raises:
+        ControllerError: a plan file or profile cannot be loaded, or the kind's module is
+            not available in this build.
+    """
+    match spec:
+        case MaxControllerConfig():
+            return maximum_clock_controller
+        case FixedControllerConfig(clock_mhz=clock_mhz):
+            return fixed_clock_controller(clock_mhz)
+        case ReactiveControllerConfig():
+            return ReactiveGovernor(
+                up_fraction=spec.up_fraction,
+                down_fraction=spec.down_fraction,
+                queue_high_tokens=spec.queue_high_tokens,
+                idle_utilization=spec.idle_utilization,
+                step_mhz=spec.step_mhz,
+            )
+        case OpenLoopControllerConfig(plan=plan):
+            from controllers.open_loop import OpenLoopClockController, PlanFormatError, load_plan
+
+            try:
+                return OpenLoopClockController(load_plan(plan))
+            except PlanFormatError as error:
+                raise ControllerError(str(error)) from error
+        case MPCControllerConfig():
+            return _build_mpc(spec, period_s)
+    raise ControllerError(f"unknown controller kind {getattr(spec, 'kind', spec)!r}")
+
+
+def _build_mpc(spec: MPCControllerConfig, period_s: float) -> ClockController:
+    try:
+        from controllers.mpc import MPCController
+    except ImportError as error:
+        raise ControllerError("the mpc controller is not available in this build") from error
+    from plant import ServingPlant, load_profile
+    from plant.profile import ProfileError
+
+    try:
+        plant = ServingPlant.from_profile(load_profile(spec.profile))
+    except ProfileError as error:
+        raise ControllerError(f"mpc controller: {error}") from error
+    options: dict[str, Any] = {
+        "horizon_s": spec.horizon_s,
+        "control_period_s": period_s,
+        "solve_time_limit_s": spec.solve_time_limit_s,
+    }
+    if spec.mean_prompt_tokens is not None:
+        options["mean_prompt_tokens"] = spec.mean_prompt_tokens
+    if spec.mean_output_tokens is not None:
+        options["mean_output_tokens"] = spec.mean_output_tokens
+    return MPCController(plant, **options)
+
+
+def parse_controller_spec(text: str, *, default_profile: str | None = None) -> ControllerConfig:
+    """A command-line ``--controller`` value as a controller config.
+
+    ``max``, ``fixed:1410``, ``reactive``, ``open-loop:plan.json``, ``mpc`` or
+    ``mpc:PROFILE`` (default: ``default_profile``).
+
+    Raises:
+        ValueError: naming the spec and what was expected.
+    """
+    kind, _, argument = text.partition(":")
+    match kind:
+        case "max" | "maximum":
+            return MaxControllerConfig(kind="max")
+        case "fixed":
+            try:
+                clock = float(argument)
+            except ValueError as error:
+                raise ValueError(f"--controller fixed:MHZ needs a number, got {text!r}") from error
+            if not math.isfinite(clock) or clock <= 0:
+                raise ValueError(f"--controller fixed:MHZ needs a positive clock, got {text!r}")
+            return FixedControllerConfig(kind="fixed", clock_mhz=clock)
+        case "reactive":
+            return ReactiveControllerConfig(kind="reactive")
+        case "open-loop":
+            if not argument:
+                raise ValueError("--controller open-loop:PLAN.json needs the plan file")
+            return OpenLoopControllerConfig.model_validate({"kind": "open-loop", "plan": argument})
+        case "mpc":
+            profile = argument or default_profile
+            if profile:
+                return MPCControllerConfig(kind="mpc", profile=profile)
+            return MPCControllerConfig(kind="mpc")
+    raise ValueError(f"unknown controller {text!r}; expected {CONTROLLER_SPEC_HELP}")
+
+
+# ---------------------------------------------------------------------- wrappers
+class ClampToSupported:
+    """Quantise the inner decision down onto the supported clocks, within their range.
+
+    A non-finite decision becomes the maximum clock (safe for latency) and is counted in
+    ``invalid_decisions``.
+    """
+
+    def __init__(self, inner: ClockController, clocks_mhz: Sequence[float]) -> None:
+        if not clocks_mhz:
+            raise ValueError("ClampToSupported needs at least one supported clock")
+        self.inner = inner
+        self.clocks_mhz = tuple(sorted(float(c) for c in clocks_mhz))
+        self.invalid_decisions = 0
+        self.last_raw_mhz: float | None = None
+        self.__name__ = controller_name(inner)
+
+    def __call__(self, observation: ServingObservation) -> float:
+        decision = self.inner(observation)  # a controller's exception propagates
+        try:
+            requested = float(decision)
+        except (TypeError, ValueError):
+            requested = math.nan
+        self.last_raw_mhz = requested if math.isfinite(requested) else None
+        if not math.isfinite(requested):
+            self.invalid_decisions += 1
+            return self.clocks_mhz[-1]
+        eligible = [c for c in self.clocks_mhz if c <= requested + 1e-9]
+        return eligible[-1] if eligible else self.clocks_mhz[0]
+
+
+class FloorClock:
+    """Never go below ``floor_mhz`` (rounded up onto the supported clocks)."""
+
+    def __init__(
+        self, inner: ClockController, floor_mhz: float, clocks_mhz: Sequence[float] = ()
+    ) -> None:
+        above = [float(c) for c in sorted(clocks_mhz) if c >= floor_mhz - 1e-9]
+        self.floor_mhz = above[0] if above else float(floor_mhz)
+        self.inner = inner
+        self.__name__ = controller_name(inner)
+
+    def __call__(self, observation: ServingObservation) -> float:
+        return max(float(self.inner(observation)), self.floor_mhz)
+
+
+class MinimumDwell:
+    """Hold a clock for at least ``dwell_s`` (by ``observation.time_s``) before changing it.
+
+    Frequent lock changes disturb NCCL collectives (NVIDIA/nccl#1551).
+    """
+
+    def __init__(self, inner: ClockController, dwell_s: float) -> None:
+        if dwell_s < 0 or not math.isfinite(dwell_s):
+            raise ValueError(f"dwell_s must be >= 0, got {dwell_s!r}")
+        self.inner = inner
+        self.dwell_s = float(dwell_s)
+        self.held_mhz: float | None = None
+        self._since_s = -math.inf
+        self.suppressed = 0
+        self.__name__ = controller_name(inner)
+
+    def __call__(self, observation: ServingObservation) -> float:
+        requested = float(self.inner(observation))
+        if self.held_mhz is None or requested == self.held_mhz:
+            if self.held_mhz is None:
+                self._since_s = observation.time_s
+            self.held_mhz = requested
+            return requested
+        if observation.time_s - self._since_s + 1e-9 < self.dwell_s:
+            self.suppressed += 1
+            return self.held_mhz
+        self.held_mhz = requested
+        self._since_s = observation.time_s
+        return requested
+
+
+def with_safety(
+    inner: ClockController,
+    clocks_mhz: Sequence[float],
+    *,
+    floor_mhz: float | None = None,
+    dwell_s: float = 1.0,
+) -> MinimumDwell:
+    """The standard wrapping: clamp to supported, then the floor, then the dwell time."""
+    controller: ClockController = ClampToSupported(inner, clocks_mhz)
+    if floor_mhz is not None:
+        controller = FloorClock(controller, floor_mhz, clocks_mhz)
+    return MinimumDwell(controller, dwell_s)
+
+
+def innermost(controller: object) -> object:
+    """The controller inside every safety wrapper (for ``diagnostics()``)."""
+    while isinstance(controller, ClampToSupported | FloorClock | MinimumDwell):
+        controller = controller.inner
+    return controller
+
+
+def invalid_decisions(controller: object) -> int:
+    """Non-finite decisions replaced by the maximum clock, over the wrapper chain."""
+    while isinstance(controller, FloorClock | MinimumDwell):
+        controller = controller.inner
+    return controller.invalid_decisions if isinstance(controller, ClampToSupported) else 0

@@ -1,0 +1,532 @@
+"""Engine sources: scrape a serving engine's Prometheus ``/metrics`` into an EngineSample.
+
+``VllmSource``, ``SglangSource`` and ``TgiSource`` fetch the page over HTTP (urllib, with a
+timeout), keep only the lines of the series they use (a vLLM page is thousands of lines
+of histogram buckets; parsing it whole costs milliseconds) and parse those with
+``prometheus_client.parser.text_string_to_metric_families``, matching on sample names
+(the parser drops ``_total`` from a counter's family name but not from its samples).
+:func:`detect_engine` picks the engine from the metric names.
+
+Aggregation over series of one sample name: series that differ only in a rank label
+(``tp_rank``, ``pp_rank``, ...) are one engine reporting the same state several times,
+so the largest is taken; everything else (data-parallel ``engine``/``dp_rank`` labels,
+``finished_reason``, several models) is summed, except ratios, which are averaged.
+The derivations from these cumulative values to a ``ServingObservation`` live in
+:mod:`daemon.observer` and ``docs/daemon.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.client
+import os
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from daemon.errors import EngineParseError, EngineUnavailable
+
+EngineKind = Literal["vllm", "sglang", "tgi"]
+RANK_LABELS = frozenset({"tp_rank", "pp_rank", "rank", "attn_tp_rank", "moe_ep_rank"})
+Aggregate = Literal["sum", "mean"]
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramTotals:
+    """A histogram's cumulative ``_sum`` (seconds) and ``_count``."""
+
+    sum_s: float
+    count: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSample:
+    """What one scrape of an engine says; cumulative counters are since the engine started.
+
+    The last block holds exact values only a simulated engine knows; a real engine
+    leaves them None and :mod:`daemon.observer` estimates them.
+    """
+
+    engine: str
+    running_requests: int
+    waiting_requests: int
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    finished_requests_total: float | None = None
+    arrived_requests_total: float | None = None
+    preemptions_total: float | None = None
+    ttft: HistogramTotals | None = None
+    tpot: HistogramTotals | None = None
+    kv_usage_ratio: float | None = None
+    kv_capacity_tokens: float | None = None
+    kv_tokens: float | None = None
+    # Exact values (simulated engine only).
+    prefill_remaining_tokens: float | None = None
+    generated_decode_tokens: float | None = None
+    ttft_recent_s: float | None = None
+    tpot_recent_s: float | None = None
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+
+
+@runtime_checkable
+class EngineSource(Protocol):
+    """One serving engine's state, fetched now.
+
+    Raises :class:`~daemon.errors.EngineUnavailable` (or its ``EngineParseError``) when the
+    engine cannot be read; the daemon counts it and falls back when it lasts.
+    """
+
+    def scrape(self) -> EngineSample: ...
+
+
+# ----------------------------------------------------------------------- fetching
+Fetcher = Callable[[str, float], str]
+
+
+def http_get(url: str, timeout_s: float) -> str:
+    """GET ``url`` with urllib (a new connection each time) and return the body as text.
+
+    Raises:
+        EngineUnavailable: refused, timed out, non-200, or not UTF-8.
+    """
+    request = urllib.request.Request(url, headers={"Accept": "text/plain"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            body = response.read()
+    except urllib.error.HTTPError as error:
+        raise EngineUnavailable(f"{url}: HTTP {error.code} {error.reason}") from error
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise EngineUnavailable(f"{url}: {reason}") from error
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise EngineParseError(f"{url}: the metrics page is not UTF-8: {error}") from error
+
+
+class KeepAliveFetcher:
+    """GET over one persistent HTTP/1.1 connection per host, reopened when it fails.
+
+    A fresh connection per scrape (urllib) costs a TCP handshake and urllib's machinery,
+    milliseconds on a small VM; the engines' servers (uvicorn, axum) keep connections
+    alive. ``https://`` URLs go through :func:`http_get`. A reused connection the server
+    closed while idle is retried once on a new one; a timeout is not retried.
+    """
+
+    def __init__(self) -> None:
+        self._connections: dict[tuple[str, int], http.client.HTTPConnection] = {}
+
+    def __call__(self, url: str, timeout_s: float) -> str:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            return http_get(url, timeout_s)
+        key = (parts.hostname, parts.port or 80)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        for _ in range(2):
+            connection = self._connections.pop(key, None)
+            reused = connection is not None
+            if connection is None:
+                connection = http.client.HTTPConnection(key[0], key[1], timeout=timeout_s)
+            elif connection.sock is not None:
+                connection.sock.settimeout(timeout_s)
+            try:
+                connection.request("GET", path, headers={"Accept": "text/plain"})
+                response = connection.getresponse()
+                body = response.read()
+            except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected) as error:
+                connection.close()
+                if reused:
+                    continue  # the server dropped an idle keep-alive connection
+                raise EngineUnavailable(f"{url}: {error!r}") from error
+            except (http.client.HTTPException, OSError) as error:
+                connection.close()
+                raise EngineUnavailable(f"{url}: {error!r}") from error
+            if response.will_close:
+                connection.close()
+            else:
+                self._connections[key] = connection
+            if response.status != 200:
+                raise EngineUnavailable(f"{url}: HTTP {response.status} {response.reason}")
+            try:
+                return body.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise EngineParseError(f"{url}: the metrics page is not UTF-8: {error}") from error
+        raise EngineUnavailable(f"{url}: connection dropped twice")  # pragma: no cover
+
+    def close(self) -> None:
+        """Close every kept connection."""
+        for connection in self._connections.values():
+            connection.close()
+        self._connections.clear()
+
+
+# ------------------------------------------------------------------------ parsing
+Series = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def _sample_name(line: str) -> str:
+    end = len(line)
+    for stop in ("{", " ", "\t"):
+        position = line.find(stop)
+        if position != -1 and position < end:
+            end = position
+    return line[:end]
+
+
+@functools.lru_cache(maxsize=16)
+def _line_selector(wanted: frozenset[str] | None) -> re.Pattern[str]:
+    """A regex matching ``"\\n" + line`` for lines that start with a wanted sample name.
+
+    The names' common prefix (``vllm:``, ``sglang:``) is a literal the regex engine can
+    search for, which makes the scan several times faster than a per-line Python loop.
+    """
+    if wanted is None:
+        return re.compile(r"\n[ \t]*(?!#)[^\s][^\n]*")
+    ordered = sorted(wanted, key=len, reverse=True)
+    prefix = os.path.commonprefix(ordered)  # noqa: RUF071 - a string prefix is meant
+    names = "|".join(re.escape(name[len(prefix) :]) for name in ordered)
+    return re.compile(rf"\n{re.escape(prefix)}(?:{names})(?=[{{ \t])[^\n]*")
+
+
+SeriesCache = dict[str, tuple[str, dict[str, str]]]
+
+
+def _split_value(line: str) -> tuple[str, str]:
+    """``name{labels}`` and the rest (value, optional timestamp) of a sample line."""
+    close = line.rfind("}")  # values and timestamps are numbers: the last brace ends labels
+    if close != -1:
+        return line[: close + 1], line[close + 1 :]
+    head, _, rest = line.partition(" ")
+    return head, rest
+
+
+def parse_page(
+    text: str, wanted: Iterable[str] | None, source: str, cache: SeriesCache | None = None
+) -> Series:
+    """Parse exposition text into ``{sample name: [(labels, value), ...]}``.
+
+    Only lines whose sample name is in ``wanted`` are parsed (all when None); they are
+    picked with one regex scan, so a page of thousands of bucket lines costs little.
+    With ``cache`` (one per source), a series seen before reuses its parsed name and
+    labels and only its value is read; new series go through prometheus_client's parser.
+
+    Raises:
+        EngineParseError: naming ``source`` and the 1-based line that does not parse.
+    """
+    selector = _line_selector(None if wanted is None else frozenset(wanted))
+    padded = "\n" + text
+    series: Series = {}
+    fresh: list[re.Match[str]] = []
+    for match in selector.finditer(padded):
+        line = match.group(0).strip()
+        key, rest = _split_value(line)
+        known = cache.get(key) if cache is not None else None
+        if known is not None:
+            fields = rest.split()
+            try:
+                value = float(fields[0])
+            except (IndexError, ValueError):
+                fresh.append(match)  # let the real parser name the problem
+                continue
+            series.setdefault(known[0], []).append((known[1], value))
+        else:
+            fresh.append(match)
+    if not fresh:
+        return series
+    block = "\n".join(match.group(0).strip() for match in fresh) + "\n"
+    try:
+        families = list(text_string_to_metric_families(block))
+    except ValueError:
+        for match in fresh:  # find the culprit to name it
+            line = match.group(0).strip()
+            try:
+                list(text_string_to_metric_families(line + "\n"))
+            except ValueError as error:
+                number = padded.count("\n", 0, match.start() + 1)
+                raise EngineParseError(
+                    f"{source}: line {number} is not Prometheus text ({error}): {line[:200]!r}"
+                ) from error
+        raise  # pragma: no cover - the block failed but no single line did
+    samples = [sample for family in families for sample in family.samples]
+    if cache is not None and len(samples) == len(fresh):
+        if len(cache) > 20_000:  # label churn (e.g. per-request labels): start over
+            cache.clear()
+        for match, sample in zip(fresh, samples, strict=True):
+            cache[_split_value(match.group(0).strip())[0]] = (sample.name, sample.labels)
+    for sample in samples:
+        series.setdefault(sample.name, []).append((sample.labels, float(sample.value)))
+    return series
+
+
+def aggregate(series: Series, name: str, how: Aggregate = "sum") -> float | None:
+    """Combine every series of sample ``name``; None when the page lacks it.
+
+    Series that differ only in rank labels count once (their maximum); the rest are
+    summed (``how="sum"``) or averaged (``how="mean"``, for ratios).
+    """
+    rows = series.get(name)
+    if not rows:
+        return None
+    groups: dict[tuple[tuple[str, str], ...], float] = {}
+    for labels, value in rows:
+        key = tuple(sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS))
+        previous = groups.get(key)
+        groups[key] = value if previous is None else max(previous, value)
+    total = sum(groups.values())
+    return total / len(groups) if how == "mean" else total
+
+
+def _first(series: Series, names: Iterable[str], how: Aggregate = "sum") -> float | None:
+    for name in names:
+        value = aggregate(series, name, how)
+        if value is not None:
+            return value
+    return None
+
+
+def _histogram(series: Series, bases: Iterable[str]) -> HistogramTotals | None:
+    for base in bases:
+        total = aggregate(series, f"{base}_sum")
+        count = aggregate(series, f"{base}_count")
+        if total is not None and count is not None:
+            return HistogramTotals(sum_s=total, count=count)
+    return None
+
+
+# -------------------------------------------------------------------- the engines
+@dataclass(frozen=True)
+class EngineSpec:
+    """Which sample names carry each value, in order of preference (newest name first)."""
+
+    kind: EngineKind
+    running: tuple[str, ...]
+    waiting: tuple[str, ...]
+    prompt_tokens: tuple[str, ...] = ()
+    generation_tokens: tuple[str, ...] = ()
+    finished: tuple[str, ...] = ()
+    arrived: tuple[str, ...] = ()
+    preemptions: tuple[str, ...] = ()
+    ttft: tuple[str, ...] = ()
+    tpot: tuple[str, ...] = ()
+    kv_usage: tuple[str, ...] = ()
+    kv_tokens: tuple[str, ...] = ()
+    info: tuple[str, ...] = ()
+
+    def wanted(self) -> frozenset[str]:
+        """Every sample name this engine's extraction reads."""
+        names: set[str] = set()
+        for group in (
+            self.running,
+            self.waiting,
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.finished,
+            self.arrived,
+            self.preemptions,
+            self.kv_usage,
+            self.kv_tokens,
+            self.info,
+        ):
+            names.update(group)
+        for base in (*self.ttft, *self.tpot):
+            names.update((f"{base}_sum", f"{base}_count"))
+        return frozenset(names)
+
+
+VLLM = EngineSpec(
+    kind="vllm",
+    running=("vllm:num_requests_running",),
+    waiting=("vllm:num_requests_waiting",),
+    prompt_tokens=("vllm:prompt_tokens_total",),
+    generation_tokens=("vllm:generation_tokens_total",),
+    finished=("vllm:request_success_total", "vllm:e2e_request_latency_seconds_count"),
+    preemptions=("vllm:num_preemptions_total",),
+    ttft=("vllm:time_to_first_token_seconds",),
+    tpot=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    info=("vllm:cache_config_info",),
+)
+SGLANG = EngineSpec(
+    kind="sglang",
+    running=("sglang:num_running_reqs",),
+    waiting=("sglang:num_queue_reqs",),
+    prompt_tokens=("sglang:prompt_tokens_total",),
+    generation_tokens=("sglang:generation_tokens_total",),
+    finished=("sglang:num_requests_total", "sglang:e2e_request_latency_seconds_count"),
+    ttft=("sglang:time_to_first_token_seconds",),
+    tpot=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+    kv_usage=("sglang:token_usage",),
+    kv_tokens=("sglang:num_used_tokens",),
+)
+TGI = EngineSpec(
+    kind="tgi",
+    running=("tgi_batch_current_size",),
+    waiting=("tgi_queue_size",),
+    prompt_tokens=("tgi_request_input_length_sum",),
+    generation_tokens=("tgi_request_generated_tokens_sum",),
+    finished=("tgi_request_success", "tgi_request_success_total"),
+    arrived=("tgi_request_count", "tgi_request_count_total"),
+    tpot=("tgi_request_mean_time_per_token_duration",),
+)
+SPECS: dict[str, EngineSpec] = {"vllm": VLLM, "sglang": SGLANG, "tgi": TGI}
+
+
+def _vllm_kv_capacity(series: Series) -> float | None:
+    """KV capacity in tokens summed over engines, from ``vllm:cache_config_info`` labels:
+    ``kv_cache_size_tokens`` (recent releases), else ``num_gpu_blocks * block_size``."""
+    rows = series.get("vllm:cache_config_info")
+    if not rows:
+        return None
+    per_engine: dict[tuple[tuple[str, str], ...], float] = {}
+    for labels, _ in rows:
+        try:
+            if "kv_cache_size_tokens" in labels:
+                tokens = float(labels["kv_cache_size_tokens"])
+            else:
+                tokens = float(labels["num_gpu_blocks"]) * float(labels["block_size"])
+        except (KeyError, ValueError):
+            continue
+        key = tuple(sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS))
+        per_engine[key] = tokens
+    return sum(per_engine.values()) if per_engine else None
+
+
+def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
+    """Build an :class:`EngineSample` from parsed series.
+
+    Raises:
+        EngineParseError: the page has neither the running nor the waiting gauge (wrong
+            engine kind or metrics disabled).
+    """
+    running = _first(series, spec.running)
+    waiting = _first(series, spec.waiting)
+    if running is None and waiting is None:
+        raise EngineParseError(
+            f"{source}: no {spec.kind} queue gauges ({spec.running[0]}, {spec.waiting[0]}) "
+            "on the page; wrong engine kind, or metrics not enabled"
+        )
+    usage = _first(series, spec.kv_usage, how="mean")
+    capacity = _vllm_kv_capacity(series) if spec.kind == "vllm" else None
+    kv_tokens = _first(series, spec.kv_tokens)
+    if capacity is None and kv_tokens is not None and usage:
+        capacity = kv_tokens / usage
+    if kv_tokens is None and usage is not None and capacity is not None:
+        kv_tokens = usage * capacity
+    return EngineSample(
+        engine=spec.kind,
+        running_requests=round(running or 0.0),
+        waiting_requests=round(waiting or 0.0),
+        prompt_tokens_total=_first(series, spec.prompt_tokens),
+        generation_tokens_total=_first(series, spec.generation_tokens),
+        finished_requests_total=_first(series, spec.finished),
+        arrived_requests_total=_first(series, spec.arrived),
+        preemptions_total=_first(series, spec.preemptions),
+        ttft=_histogram(series, spec.ttft),
+        tpot=_histogram(series, spec.tpot),
+        kv_usage_ratio=usage,
+        kv_capacity_tokens=capacity,
+        kv_tokens=kv_tokens,
+    )
+
+
+def detect_engine(series_names: Iterable[str]) -> EngineKind | None:
+    """The engine whose metric prefix appears on the page (vLLM, SGLang, TGI), or None."""
+    names = list(series_names)
+    for prefix, kind in (("vllm:", "vllm"), ("sglang:", "sglang"), ("tgi_", "tgi")):
+        if any(name.startswith(prefix) for name in names):
+            return kind  # type: ignore[return-value]
+    return None
+
+
+class ScrapedSource:
+    """An engine's ``/metrics`` page over HTTP.
+
+    Args:
+        url: the metrics URL, e.g. ``http://127.0.0.1:8000/metrics``.
+        kind: ``"vllm"``, ``"sglang"``, ``"tgi"`` or ``"auto"`` (detected on the first
+            successful scrape, then fixed).
+        timeout_s: HTTP timeout.
+        fetch: ``(url, timeout_s) -> text``; tests may pass their own.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        kind: EngineKind | Literal["auto"] = "auto",
+        *,
+        timeout_s: float = 0.5,
+        fetch: Fetcher | None = None,
+    ) -> None:
+        if kind != "auto" and kind not in SPECS:
+            raise ValueError(f"unknown engine kind {kind!r}; expected auto, {', '.join(SPECS)}")
+        self.url = url
+        self.timeout_s = timeout_s
+        self._fetch = fetch or KeepAliveFetcher()
+        self.spec: EngineSpec | None = None if kind == "auto" else SPECS[kind]
+        self._wanted = None if self.spec is None else self.spec.wanted()
+        self._cache: SeriesCache = {}
+        self.last_scrape_s: float | None = None
+
+    @property
+    def kind(self) -> str:
+        """The engine kind, ``"auto"`` until detected."""
+        return "auto" if self.spec is None else self.spec.kind
+
+    def scrape(self) -> EngineSample:
+        """Fetch and parse the page.
+
+        Raises:
+            EngineUnavailable: fetch failed. EngineParseError: bad text or unknown engine.
+        """
+        started = time.perf_counter()
+        text = self._fetch(self.url, self.timeout_s)
+        if self.spec is None:
+            kind = detect_engine(
+                _sample_name(line) for line in text.splitlines() if line[:1] != "#"
+            )
+            if kind is None:
+                raise EngineParseError(
+                    f"{self.url}: no vllm:, sglang: or tgi_ metrics on the page; "
+                    "set the engine kind explicitly"
+                )
+            self.spec = SPECS[kind]
+            self._wanted = self.spec.wanted()
+        series = parse_page(text, self._wanted, self.url, self._cache)
+        sample = extract(self.spec, series, self.url)
+        self.last_scrape_s = time.perf_counter() - started
+        return sample
+
+    def close(self) -> None:
+        """Close kept-alive connections."""
+        close = getattr(self._fetch, "close", None)
+        if close is not None:
+            close()
+
+
+class VllmSource(ScrapedSource):
+    """vLLM: V1 names, with the deprecated aliases older fleets still run."""
+
+    def __init__(self, url: str, *, timeout_s: float = 0.5, fetch: Fetcher | None = None) -> None:
+        super().__init__(url, "vllm", timeout_s=timeout_s, fetch=fetch)
+
+
+class SglangSource(ScrapedSource):
+    """SGLang (needs ``--enable-metrics``); per-rank series counted once."""
+
+    def __init__(self, url: str, *, timeout_s: float = 0.5, fetch: Fetcher | None = None) -> None:
+        super().__init__(url, "sglang", timeout_s=timeout_s, fetch=fetch)
+
+
+class TgiSource(ScrapedSource):
+    """Hugging Face text-generation-inference (no TTFT histogram: TTFT stays None)."""
+
+    def __init__(self, url: str, *, timeout_s: float = 0.5, fetch: Fetcher | None = None) -> None:
+        super().__init__(url, "tgi", timeout_s=timeout_s, fetch=fetch)

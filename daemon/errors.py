@@ -1,0 +1,130 @@
+"""The daemon's error tree, and the one table that maps NVML return codes onto it.
+
+Every NVML failure becomes one of these in :func:`from_nvml` (chained ``from`` the
+original), so nothing above ``daemon/nvml.py`` ever catches ``pynvml.NVMLError``.
+
+* GpugovError -- base of everything the daemon raises on purpose.
+    * GpuError -- a GPU call failed.
+        * PermissionDenied -- locking clocks needs root or CAP_SYS_ADMIN.
+        * NotSupported -- the GPU or driver lacks the feature.
+        * GpuLost -- the GPU fell off the bus or needs a reset; not survivable.
+        * GpuUnavailable -- no driver, no library, no such GPU: the daemon cannot start.
+        * TransientGpuError -- a read that may succeed next tick (timeout, no data, ...).
+    * EngineUnavailable -- the engine's ``/metrics`` could not be fetched.
+        * EngineParseError -- the page was fetched but is not Prometheus text.
+    * ConfigError -- the config file is wrong; nothing was applied.
+    * ControllerError -- a controller could not be built from its config.
+    * ControllerFailure -- a controller raised while deciding (clocks were reset).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PERMISSION_DENIED_MESSAGE = (
+    "needs root or CAP_SYS_ADMIN to lock clocks; run with --dry-run to observe only"
+)
+
+
+class GpugovError(Exception):
+    """Base of every error the daemon raises on purpose."""
+
+
+class GpuError(GpugovError):
+    """A GPU call failed. ``code`` is the NVML return code when there is one."""
+
+    def __init__(self, message: str, *, gpu: str | None = None, code: int | None = None) -> None:
+        super().__init__(message)
+        self.gpu = gpu
+        self.code = code
+
+
+class PermissionDenied(GpuError):
+    """Locking or resetting clocks was refused: the process lacks root/CAP_SYS_ADMIN."""
+
+
+class NotSupported(GpuError):
+    """The GPU or driver does not support the call (pre-Volta, MIG, vGPU, old driver)."""
+
+
+class GpuLost(GpuError):
+    """The GPU fell off the bus or needs a reset; the daemon resets what it can and exits."""
+
+
+class GpuUnavailable(GpuError):
+    """NVML cannot be used at all: no library, no driver, no such GPU."""
+
+
+class TransientGpuError(GpuError):
+    """A failure that may not repeat next tick; counted and survived."""
+
+
+class EngineUnavailable(GpugovError):
+    """The engine's metrics endpoint could not be fetched (refused, timeout, HTTP error)."""
+
+
+class EngineParseError(EngineUnavailable):
+    """The endpoint answered with text that is not Prometheus exposition format."""
+
+
+class ConfigError(GpugovError):
+    """The configuration is invalid; the message names the file, field path and reason."""
+
+
+class ControllerError(GpugovError):
+    """A controller could not be built (missing plan file, unknown profile, ...)."""
+
+
+class ControllerFailure(GpugovError):
+    """A controller raised while deciding; the loop stopped and the clocks were reset."""
+
+
+# NVML return code -> error class. Codes not listed map to GpuError. Values are the
+# NVML_ERROR_* constants of nvml.h (stable across driver branches).
+NVML_ERROR_MAP: dict[int, type[GpuError]] = {
+    1: GpuUnavailable,  # UNINITIALIZED
+    2: GpuError,  # INVALID_ARGUMENT: a bug or an unsupported clock pair
+    3: NotSupported,  # NOT_SUPPORTED
+    4: PermissionDenied,  # NO_PERMISSION
+    6: GpuUnavailable,  # NOT_FOUND (no such GPU index/UUID)
+    8: TransientGpuError,  # INSUFFICIENT_POWER
+    9: GpuUnavailable,  # DRIVER_NOT_LOADED
+    10: TransientGpuError,  # TIMEOUT
+    11: TransientGpuError,  # IRQ_ISSUE
+    12: GpuUnavailable,  # LIBRARY_NOT_FOUND
+    13: NotSupported,  # FUNCTION_NOT_FOUND (driver too old for the symbol)
+    14: GpuError,  # CORRUPTED_INFOROM
+    15: GpuLost,  # GPU_IS_LOST
+    16: GpuLost,  # RESET_REQUIRED
+    17: PermissionDenied,  # OPERATING_SYSTEM ("the operating system has blocked the request")
+    18: GpuUnavailable,  # LIB_RM_VERSION_MISMATCH
+    19: TransientGpuError,  # IN_USE
+    20: TransientGpuError,  # MEMORY
+    21: TransientGpuError,  # NO_DATA
+    23: TransientGpuError,  # INSUFFICIENT_RESOURCES
+    24: NotSupported,  # FREQ_NOT_SUPPORTED
+    26: NotSupported,  # DEPRECATED
+    27: TransientGpuError,  # NOT_READY
+    28: GpuLost,  # GPU_NOT_FOUND (vanished after discovery)
+    999: TransientGpuError,  # UNKNOWN: counted; repeated failures surface as staleness
+}
+
+FUNCTION_NOT_FOUND = 13
+
+
+def from_nvml(error: Any, action: str, *, gpu: str | None = None) -> GpuError:
+    """Translate a ``pynvml.NVMLError`` into the daemon's tree (raise it ``from error``).
+
+    Args:
+        error: the NVML exception; its ``.value`` is the return code.
+        action: what was being done, e.g. ``"lock clocks"``; goes into the message.
+        gpu: the GPU label for the message.
+    """
+    code = getattr(error, "value", None)
+    kind = NVML_ERROR_MAP.get(code, GpuError) if isinstance(code, int) else GpuError
+    where = f"GPU {gpu}: " if gpu is not None else ""
+    if kind is PermissionDenied:
+        message = f"{where}{action}: {PERMISSION_DENIED_MESSAGE}"
+    else:
+        message = f"{where}{action} failed: {error} (NVML code {code})"
+    return kind(message, gpu=gpu, code=code)

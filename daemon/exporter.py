@@ -1,0 +1,331 @@
+"""Prometheus exporter: a scrape-time Collector over the latest per-domain snapshots.
+
+Its own ``CollectorRegistry`` (never the global one), served by prometheus_client's WSGI
+app on ``127.0.0.1:9400`` by default. Names are ``gpugov_*`` in base units (hertz, watts,
+joules, celsius, seconds); labels ``domain``, ``gpu`` and, on decision metrics,
+``controller``. The loop calls :meth:`Exporter.publish` once per tick with immutable
+snapshots; a scrape reads whatever was published last.
+"""
+
+from __future__ import annotations
+
+import platform
+import socket
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from daemon import __version__
+from daemon.backend import GpuSample
+from plant.types import ServingObservation
+
+MHZ = 1e6
+SOLVE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+@dataclass
+class SolveHistogram:
+    """Cumulative histogram of controller solve times (seconds)."""
+
+    bounds_s: tuple[float, ...] = SOLVE_BUCKETS_S
+    counts: list[int] = field(default_factory=list)
+    sum_s: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * len(self.bounds_s)
+
+    def observe(self, seconds: float) -> None:
+        """Add one solve time."""
+        self.sum_s += seconds
+        self.count += 1
+        for index, bound in enumerate(self.bounds_s):
+            if seconds <= bound:
+                self.counts[index] += 1
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """``(le, cumulative count)`` pairs ending with ``+Inf``."""
+        rows = [(repr(float(b)), float(c)) for b, c in zip(self.bounds_s, self.counts, strict=True)]
+        return [*rows, ("+Inf", float(self.count))]
+
+
+@dataclass(frozen=True)
+class DomainSnapshot:
+    """Everything the exporter shows about one domain after one tick."""
+
+    domain: str
+    controller: str
+    gpus: tuple[GpuSample, ...]
+    observation: ServingObservation | None
+    requested_mhz: float | None
+    applied_mhz: float | None
+    failsafe: bool
+    engine_age_s: float | None
+    engine_scrape_s: float
+    decisions_total: int
+    clock_writes_total: int
+    engine_errors_total: int
+    gpu_read_errors_total: Mapping[str, int]
+    fallbacks_total: Mapping[str, int]
+    solve_buckets: tuple[tuple[str, float], ...]
+    solve_sum_s: float
+
+
+@dataclass(frozen=True)
+class LoopSnapshot:
+    """Loop-wide counters."""
+
+    ticks_total: int = 0
+    overruns_total: int = 0
+    tick_seconds: float = 0.0
+    period_s: float = 1.0
+
+
+def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+class SnapshotCollector(Collector):
+    """Turns the latest snapshots into metric families at scrape time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._domains: tuple[DomainSnapshot, ...] = ()
+        self._loop = LoopSnapshot()
+        self._started = False
+
+    def publish(self, domains: Sequence[DomainSnapshot], loop: LoopSnapshot) -> None:
+        """Replace the snapshots (called by the loop once per tick)."""
+        with self._lock:
+            self._domains = tuple(domains)
+            self._loop = loop
+            self._started = True
+
+    def collect(self) -> Iterator[Metric]:
+        """Metric families from the latest snapshots."""
+        with self._lock:
+            domains, loop = self._domains, self._loop
+        info = InfoMetricFamily("gpugov_build", "gpugov version and Python runtime")
+        info.add_metric([], {"version": __version__, "python": platform.python_version()})
+        yield info
+        yield from self._gpu_metrics(domains)
+        yield from self._domain_metrics(domains)
+        yield from self._loop_metrics(loop)
+
+    def _gpu_metrics(self, domains: Sequence[DomainSnapshot]) -> Iterator[Metric]:
+        labels = ("domain", "gpu")
+        power = _gauge("gpugov_gpu_power_watts", "GPU board power (instant when available)", labels)
+        energy = CounterMetricFamily(
+            "gpugov_gpu_energy_joules", "GPU energy counter since the driver loaded", labels=labels
+        )
+        temperature = _gauge("gpugov_gpu_temperature_celsius", "GPU die temperature", labels)
+        clock = _gauge("gpugov_gpu_sm_clock_hertz", "Realised SM clock", labels)
+        utilization = _gauge("gpugov_gpu_utilization_ratio", "GPU utilisation (0-1)", labels)
+        limit = _gauge("gpugov_gpu_power_limit_watts", "Enforced GPU power limit", labels)
+        reasons = _gauge(
+            "gpugov_gpu_clock_event_reasons", "NVML clock-event-reason bitmask", labels
+        )
+        errors = CounterMetricFamily(
+            "gpugov_gpu_read_errors", "GPU reads that failed and were survived", labels=labels
+        )
+        for snapshot in domains:
+            for gpu in snapshot.gpus:
+                key = [snapshot.domain, gpu.gpu]
+                for family, value, scale in (
+                    (power, gpu.power_w, 1.0),
+                    (energy, gpu.energy_j, 1.0),
+                    (temperature, gpu.temperature_c, 1.0),
+                    (clock, gpu.sm_clock_mhz, MHZ),
+                    (utilization, gpu.utilization, 1.0),
+                    (limit, gpu.power_limit_w, 1.0),
+                    (reasons, gpu.clock_event_reasons, 1.0),
+                ):
+                    if value is not None:
+                        family.add_metric(key, float(value) * scale)
+                errors.add_metric(key, float(snapshot.gpu_read_errors_total.get(gpu.gpu, 0)))
+        yield from (power, energy, temperature, clock, utilization, limit, reasons, errors)
+
+    def _domain_metrics(self, domains: Sequence[DomainSnapshot]) -> Iterator[Metric]:
+        d = ("domain",)
+        dc = ("domain", "controller")
+        requested = _gauge(
+            "gpugov_requested_clock_hertz", "SM clock decided for the domain (after safety)", dc
+        )
+        applied = _gauge(
+            "gpugov_applied_clock_hertz", "SM clock the domain's GPUs are locked to", d
+        )
+        locked = _gauge("gpugov_clock_locked", "1 when the daemon holds a clock lock", d)
+        writes = CounterMetricFamily(
+            "gpugov_clock_writes", "Clock lock/reset writes made", labels=list(d)
+        )
+        decisions = CounterMetricFamily(
+            "gpugov_decisions", "Controller decisions taken", labels=list(dc)
+        )
+        solve = HistogramMetricFamily(
+            "gpugov_controller_solve_seconds", "Wall time of one controller call", labels=list(dc)
+        )
+        fallbacks = CounterMetricFamily(
+            "gpugov_fallbacks",
+            "Decisions replaced by a fallback, by reason",
+            labels=["domain", "controller", "reason"],
+        )
+        scrape_errors = CounterMetricFamily(
+            "gpugov_engine_scrape_errors", "Failed engine /metrics scrapes", labels=list(d)
+        )
+        scrape_time = _gauge(
+            "gpugov_engine_scrape_duration_seconds", "Wall time of the last engine scrape", d
+        )
+        age = _gauge(
+            "gpugov_observation_age_seconds", "Age of the newest engine data at the last tick", d
+        )
+        failsafe = _gauge(
+            "gpugov_failsafe_active", "1 while the domain is held in its fail-safe state", d
+        )
+        waiting = _gauge("gpugov_queue_waiting_requests", "Requests waiting in the engine", d)
+        running = _gauge("gpugov_queue_running_requests", "Requests running in the engine", d)
+        ttft = _gauge("gpugov_ttft_seconds", "Mean time to first token over the last tick", d)
+        tpot = _gauge("gpugov_tpot_seconds", "Mean time per output token over the last tick", d)
+        ttft_slo = _gauge("gpugov_ttft_slo_seconds", "TTFT service-level objective", d)
+        tpot_slo = _gauge("gpugov_tpot_slo_seconds", "TPOT service-level objective", d)
+        domain_power = _gauge("gpugov_domain_power_watts", "Summed power of the domain's GPUs", d)
+        output_tokens = CounterMetricFamily(
+            "gpugov_output_tokens", "Tokens the engine generated (its own counter)", labels=list(d)
+        )
+        prompt_tokens = CounterMetricFamily(
+            "gpugov_prompt_tokens",
+            "Prompt tokens the engine prefilled (its own counter)",
+            labels=list(d),
+        )
+        completed = CounterMetricFamily(
+            "gpugov_completed_requests",
+            "Requests the engine finished (its own counter)",
+            labels=list(d),
+        )
+        for s in domains:
+            key, keyc = [s.domain], [s.domain, s.controller]
+            if s.requested_mhz is not None:
+                requested.add_metric(keyc, s.requested_mhz * MHZ)
+            if s.applied_mhz is not None:
+                applied.add_metric(key, s.applied_mhz * MHZ)
+            locked.add_metric(key, 0.0 if s.applied_mhz is None else 1.0)
+            writes.add_metric(key, float(s.clock_writes_total))
+            decisions.add_metric(keyc, float(s.decisions_total))
+            solve.add_metric(keyc, buckets=list(s.solve_buckets), sum_value=s.solve_sum_s)
+            for reason, count in sorted(s.fallbacks_total.items()):
+                fallbacks.add_metric([*keyc, reason], float(count))
+            scrape_errors.add_metric(key, float(s.engine_errors_total))
+            scrape_time.add_metric(key, s.engine_scrape_s)
+            if s.engine_age_s is not None:
+                age.add_metric(key, s.engine_age_s)
+            failsafe.add_metric(key, 1.0 if s.failsafe else 0.0)
+            o = s.observation
+            if o is not None:
+                waiting.add_metric(key, float(o.waiting_requests))
+                running.add_metric(key, float(o.decode_active))
+                output_tokens.add_metric(key, float(o.output_tokens_total))
+                prompt_tokens.add_metric(key, float(o.prompt_tokens_total))
+                completed.add_metric(key, float(o.completed_requests))
+                for family, value in (
+                    (ttft, o.ttft_recent_s),
+                    (tpot, o.tpot_recent_s),
+                    (ttft_slo, o.ttft_slo_s),
+                    (tpot_slo, o.tpot_slo_s),
+                    (domain_power, o.power_w),
+                ):
+                    if value is not None:
+                        family.add_metric(key, float(value))
+        yield from (requested, applied, locked, writes, decisions, solve, fallbacks)
+        yield from (scrape_errors, scrape_time, age, failsafe, waiting, running)
+        yield from (ttft, tpot, ttft_slo, tpot_slo, domain_power)
+        yield from (output_tokens, prompt_tokens, completed)
+
+    def _loop_metrics(self, loop: LoopSnapshot) -> Iterator[Metric]:
+        ticks = CounterMetricFamily("gpugov_loop_ticks", "Control-loop iterations run")
+        ticks.add_metric([], float(loop.ticks_total))
+        overruns = CounterMetricFamily(
+            "gpugov_loop_overruns", "Ticks skipped because an iteration ran past its period"
+        )
+        overruns.add_metric([], float(loop.overruns_total))
+        duration = GaugeMetricFamily(
+            "gpugov_loop_tick_duration_seconds", "Wall time of the last loop iteration"
+        )
+        duration.add_metric([], loop.tick_seconds)
+        period = GaugeMetricFamily("gpugov_loop_period_seconds", "Configured control period")
+        period.add_metric([], loop.period_s)
+        yield from (ticks, overruns, duration, period)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class Exporter:
+    """The registry, its collector and (optionally) the HTTP server.
+
+    Args:
+        host, port: where to serve ``/metrics``; port 0 picks a free port (tests).
+        serve: False to build the registry without an HTTP server.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 9400, *, serve: bool = True) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = SnapshotCollector()
+        self.registry.register(self.collector)
+        self._server: ThreadingWSGIServer | None = None
+        self._thread: threading.Thread | None = None
+        self.host, self.port = host, port
+        if serve:
+            self._start(host, port)
+
+    def _start(self, host: str, port: int) -> None:
+        app = make_wsgi_app(self.registry)
+
+        class Server(ThreadingWSGIServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        self._server = make_server(host, port, app, Server, handler_class=_QuietHandler)
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.1},  # how fast close() returns
+            name="gpugov-metrics",
+            daemon=True,
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        """The metrics URL."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def publish(self, domains: Sequence[DomainSnapshot], loop: LoopSnapshot) -> None:
+        """Make these snapshots what the next scrape sees."""
+        self.collector.publish(domains, loop)
+
+    def close(self) -> None:
+        """Stop the HTTP server (idempotent)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> Exporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

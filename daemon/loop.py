@@ -1,0 +1,451 @@
+"""The control loop: observe, decide, actuate, publish, on a period that never drifts.
+
+```python
+with ClockActuator(backends) as actuator:        # restores the GPUs' clocks on exit, always
+    for now_s in TimedLoop(period_s, clock):
+        observation = observer.observe(now_s)    # NVML + engine, or the simulated plant
+        requested_mhz = controller(observation)
+        actuator.apply(requested_mhz)            # writes only when the decision changed
+        exporter.publish(observation, requested_mhz)
+```
+
+:func:`run` is that loop over several domains, with the fail-safe, systemd
+notifications and the per-tick record. The clock and the sleeper are injected, so tests
+and the simulated mode run it on virtual time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, Literal, Protocol
+
+from daemon.actuator import ClockActuator
+from daemon.decide import ClampToSupported, controller_name, innermost, invalid_decisions
+from daemon.errors import ControllerFailure
+from daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
+from daemon.observer import DomainObserver, Observed
+from plant.types import ClockController, ServingObservation
+
+log = logging.getLogger(__name__)
+
+FailsafeMode = Literal["max", "unlock"]
+
+
+# ----------------------------------------------------------------------- timing
+class TimedLoop:
+    """Yields the time since start at ticks aimed at ``start + k * period_s``.
+
+    Sleeping to absolute targets keeps the period from drifting; a tick that ends past
+    the next target skips the targets it missed (counted in ``overruns``).
+
+    Args:
+        period_s: control period.
+        clock: monotonic seconds (``time.monotonic``; virtual in tests and simulation).
+        sleep: sleeps for a duration; default waits on ``stop`` so a stop wakes it.
+        stop: set it to end the loop after the current tick.
+    """
+
+    def __init__(
+        self,
+        period_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Any] | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        if not math.isfinite(period_s) or period_s <= 0:
+            raise ValueError(f"period_s must be positive, got {period_s!r}")
+        self.period_s = period_s
+        self.stop = stop or threading.Event()
+        self._clock = clock
+        self._sleep = sleep or self.stop.wait
+        self.ticks = 0
+        self.overruns = 0
+
+    def __iter__(self) -> Iterator[float]:
+        start = self._clock()
+        k = 0
+        while not self.stop.is_set():
+            yield self._clock() - start
+            self.ticks += 1
+            k += 1
+            now = self._clock()
+            target = start + k * self.period_s
+            if now > target:
+                missed = math.floor((now - start) / self.period_s) - k + 1
+                self.overruns += missed
+                k += missed
+                target = start + k * self.period_s
+            if not self.stop.is_set():
+                self._sleep(target - now)
+
+
+class VirtualClock:
+    """Time that moves only when slept on: ``--virtual`` and the tests."""
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self.now_s = start_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        """Advance time by ``seconds`` at once."""
+        if seconds > 0:
+            self.now_s += seconds
+
+
+class ScaledClock:
+    """Simulated seconds running ``speed`` times faster than the wall clock."""
+
+    def __init__(
+        self,
+        speed: float,
+        *,
+        wall: Callable[[], float] = time.monotonic,
+        stop: threading.Event | None = None,
+    ) -> None:
+        if not math.isfinite(speed) or speed <= 0:
+            raise ValueError(f"speed must be positive, got {speed!r}")
+        self.speed = speed
+        self._wall = wall
+        self._start = wall()
+        self._stop = stop or threading.Event()
+
+    def __call__(self) -> float:
+        return (self._wall() - self._start) * self.speed
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds`` of simulated time (woken early by ``stop``)."""
+        if seconds > 0:
+            self._stop.wait(seconds / self.speed)
+
+
+# ---------------------------------------------------------------------- systemd
+class Notifier(Protocol):
+    """Where sd_notify messages go."""
+
+    def notify(self, state: str) -> Any: ...
+
+
+class SystemdNotify:
+    """READY/WATCHDOG/STATUS/STOPPING for ``Type=notify`` units; silent outside systemd.
+
+    Args:
+        notifier: a ``sdnotify.SystemdNotifier``-like object (tests pass a recorder).
+        environ: for ``NOTIFY_SOCKET``, ``WATCHDOG_USEC`` and ``WATCHDOG_PID``.
+    """
+
+    def __init__(
+        self, notifier: Notifier | None = None, environ: Mapping[str, str] | None = None
+    ) -> None:
+        env = os.environ if environ is None else environ
+        pid = env.get("WATCHDOG_PID")
+        self.watchdog_enabled = "WATCHDOG_USEC" in env and (pid is None or pid == str(os.getpid()))
+        if notifier is None and env.get("NOTIFY_SOCKET"):
+            import sdnotify
+
+            notifier = sdnotify.SystemdNotifier()
+        self._notifier = notifier
+        self.ready_sent = False
+
+    def _send(self, state: str) -> None:
+        if self._notifier is not None:
+            self._notifier.notify(state)
+
+    def tick(self, status: str) -> None:
+        """Once per loop: READY=1 the first time, WATCHDOG=1 when enabled, STATUS=."""
+        if not self.ready_sent:
+            self._send("READY=1")
+            self.ready_sent = True
+        if self.watchdog_enabled:
+            self._send("WATCHDOG=1")
+        self._send(f"STATUS={status}")
+
+    def stopping(self) -> None:
+        """STOPPING=1 (clocks are being reset)."""
+        self._send("STOPPING=1")
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT set ``stop`` (a second SIGINT raises KeyboardInterrupt).
+
+    Only in the main thread; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and stop.is_set():
+            raise KeyboardInterrupt
+        log.info("received %s; stopping", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+# ----------------------------------------------------------------------- domains
+@dataclass(frozen=True)
+class TickRecord:
+    """What happened in one domain at one tick (also one line of ``--record``)."""
+
+    domain: str
+    controller: str
+    time_s: float
+    step: int
+    observation: ServingObservation
+    decision_mhz: float | None
+    requested_mhz: float | None
+    applied_mhz: int | None
+    solve_s: float | None
+    failsafe: bool
+    writes: int
+    engine_error: str | None
+    gpu_read_errors: tuple[str, ...] = field(default=())
+
+
+class Domain:
+    """One control domain: observer, safety-wrapped controller, actuator, counters.
+
+    Args:
+        name: domain label.
+        observer: its GPUs and engine.
+        controller: the wrapped controller (see :func:`daemon.decide.with_safety`).
+        actuator: its GPUs' clock actuator (entered by :func:`run`).
+        failsafe: on stale engine data, lock the maximum clock (``"max"``) or unlock.
+        label: controller name for metrics (default: the controller's ``__name__``).
+        solve_clock: wall clock for timing the controller.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        observer: DomainObserver,
+        controller: ClockController,
+        actuator: ClockActuator,
+        *,
+        failsafe: FailsafeMode = "max",
+        label: str | None = None,
+        solve_clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.name = name
+        self.observer = observer
+        self.controller = controller
+        self.actuator = actuator
+        self.failsafe_mode = failsafe
+        self.label = label or controller_name(controller)
+        self._solve_clock = solve_clock
+        self.failsafe_active = False
+        self.decisions = 0
+        self.fallbacks: dict[str, int] = {}
+        self.solve = SolveHistogram()
+        self.last: Observed | None = None
+        self.last_requested_mhz: float | None = None
+
+    def _failsafe(self, observed: Observed) -> tuple[float | None, int]:
+        if not self.failsafe_active:
+            self.failsafe_active = True
+            age = observed.engine_age_s
+            log.warning(
+                "domain %s: engine data %s (%s); fail-safe: %s",
+                self.name,
+                "never received" if age is None else f"{age:.1f}s old",
+                observed.engine_error or "no new data",
+                "maximum clock" if self.failsafe_mode == "max" else "unlocked",
+            )
+        self.fallbacks["engine_stale"] = self.fallbacks.get("engine_stale", 0) + 1
+        if self.failsafe_mode == "max":
+            clocks = self.observer.supported_clocks_mhz()
+            target = clocks[-1]
+            return target, self.actuator.apply(int(target))
+        return None, self.actuator.unlock()
+
+    def tick(self, now_s: float, step: int) -> TickRecord:
+        """Observe, decide (or fall back), actuate.
+
+        Raises:
+            GpuLost, PermissionDenied, NotSupported: not survivable.
+            Exception: whatever the controller raised (the caller resets the clocks).
+        """
+        observed = self.observer.observe(now_s, step, self.actuator.applied_mhz)
+        self.last = observed
+        decision: float | None = None
+        solve_s: float | None = None
+        if observed.engine_fresh:
+            if self.failsafe_active:
+                self.failsafe_active = False
+                log.warning("domain %s: engine data back; fail-safe ended", self.name)
+            started = self._solve_clock()
+            try:
+                requested: float | None = float(self.controller(observed.observation))
+            except Exception as error:  # re-raised with context; the actuator resets
+                raise ControllerFailure(
+                    f"domain {self.name}: controller {self.label!r} raised at "
+                    f"t={now_s:.3f}s (step {step}): {error!r}"
+                ) from error
+            solve_s = self._solve_clock() - started
+            self.solve.observe(solve_s)
+            self.decisions += 1
+            decision = _raw_decision(self.controller, requested)
+            invalid = invalid_decisions(self.controller)
+            if invalid:
+                self.fallbacks["invalid_decision"] = invalid
+            writes = self.actuator.apply(int(round(requested)))  # type: ignore[arg-type]
+        else:
+            requested, writes = self._failsafe(observed)
+        self.last_requested_mhz = requested
+        errors = tuple(
+            f"{sample.gpu}:{name}" for sample in observed.gpu_samples for name in sample.read_errors
+        )
+        return TickRecord(
+            domain=self.name,
+            controller=self.label,
+            time_s=now_s,
+            step=step,
+            observation=observed.observation,
+            decision_mhz=decision,
+            requested_mhz=requested,
+            applied_mhz=self.actuator.applied_mhz,
+            solve_s=solve_s,
+            failsafe=self.failsafe_active,
+            writes=writes,
+            engine_error=observed.engine_error,
+            gpu_read_errors=errors,
+        )
+
+    def fallback_counts(self) -> dict[str, int]:
+        """Fallbacks by reason: the daemon's own and those the controller reports (MPC)."""
+        counts = dict(self.fallbacks)
+        reasons = getattr(innermost(self.controller), "fallback_reasons", None)
+        if isinstance(reasons, Mapping):
+            for reason, count in reasons.items():
+                if count:
+                    counts[f"controller_{reason}"] = int(count)
+        return counts
+
+    def snapshot(self) -> DomainSnapshot:
+        """The exporter's view after the last tick."""
+        observed = self.last
+        return DomainSnapshot(
+            domain=self.name,
+            controller=self.label,
+            gpus=observed.gpu_samples if observed else (),
+            observation=observed.observation if observed else None,
+            requested_mhz=self.last_requested_mhz,
+            applied_mhz=self.actuator.applied_mhz,
+            failsafe=self.failsafe_active,
+            engine_age_s=observed.engine_age_s if observed else None,
+            engine_scrape_s=observed.scrape_s if observed else 0.0,
+            decisions_total=self.decisions,
+            clock_writes_total=self.actuator.writes,
+            engine_errors_total=self.observer.engine_errors,
+            gpu_read_errors_total=dict(self.observer.gpu_read_errors),
+            fallbacks_total=self.fallback_counts(),
+            solve_buckets=tuple(self.solve.buckets()),
+            solve_sum_s=self.solve.sum_s,
+        )
+
+
+def _raw_decision(controller: object, fallback: float) -> float:
+    """The inner controller's own answer, before the safety wrappers changed it."""
+    while not isinstance(controller, ClampToSupported):
+        inner = getattr(controller, "inner", None)
+        if inner is None:
+            return fallback
+        controller = inner
+    return controller.last_raw_mhz if controller.last_raw_mhz is not None else fallback
+
+
+# ----------------------------------------------------------------------- the loop
+TickSink = Callable[[Sequence[TickRecord]], None]
+
+
+@dataclass
+class RunStats:
+    """Totals of one run."""
+
+    ticks: int = 0
+    overruns: int = 0
+    tick_seconds: list[float] = field(default_factory=list)
+
+
+def _status_line(records: Sequence[TickRecord]) -> str:
+    parts = []
+    for record in records:
+        state = "FAIL-SAFE" if record.failsafe else f"{record.requested_mhz or 0:.0f} MHz"
+        o = record.observation
+        parts.append(
+            f"{record.domain}: {state}, {o.waiting_requests} waiting, {o.decode_active} running"
+        )
+    return "; ".join(parts)
+
+
+def run(
+    domains: Sequence[Domain],
+    loop: TimedLoop,
+    *,
+    exporter: Exporter | None = None,
+    notify: SystemdNotify | None = None,
+    on_tick: TickSink | None = None,
+    before_tick: Callable[[float, int], bool] | None = None,
+    wall: Callable[[], float] = time.perf_counter,
+    keep_tick_times: bool = False,
+) -> RunStats:
+    """Run the loop until ``loop.stop`` is set or ``before_tick`` returns True.
+
+    Every domain's actuator is entered first, so on any way out (stop, signal, an
+    exception from a controller or a lost GPU) every clock the daemon locked is reset.
+
+    Args:
+        before_tick: ``(now_s, step) -> stop?``, checked before each tick (simulation end).
+        on_tick: receives each tick's records (the ``--record`` writer).
+        keep_tick_times: keep every tick's wall duration in the stats (benchmarks).
+    """
+    notify = notify or SystemdNotify(environ={})
+    stats = RunStats()
+    with contextlib.ExitStack() as stack:
+        for domain in domains:
+            stack.enter_context(domain.actuator)
+        try:
+            for step, now_s in enumerate(loop):
+                if before_tick is not None and before_tick(now_s, step):
+                    break
+                started = wall()
+                records = [domain.tick(now_s, step) for domain in domains]
+                elapsed = wall() - started
+                stats.ticks += 1
+                if keep_tick_times:
+                    stats.tick_seconds.append(elapsed)
+                if exporter is not None:
+                    exporter.publish(
+                        [domain.snapshot() for domain in domains],
+                        LoopSnapshot(
+                            ticks_total=stats.ticks,
+                            overruns_total=loop.overruns,
+                            tick_seconds=elapsed,
+                            period_s=loop.period_s,
+                        ),
+                    )
+                if on_tick is not None:
+                    on_tick(records)
+                notify.tick(_status_line(records))
+        finally:
+            stats.overruns = loop.overruns
+            notify.stopping()
+    return stats

@@ -1,0 +1,578 @@
+"""The node commands of ``gpugov``: run, check-config, reset-clocks, status, replay.
+
+Exit codes (also in ``docs/daemon.md``):
+
+* 0 -- success, or a clean stop (SIGTERM/SIGINT) with every clock reset;
+* 1 -- the daemon failed at run time (a controller raised, an unexpected GPU error);
+* 2 -- usage or configuration error (nothing was applied);
+* 3 -- permission denied: locking clocks needs root or CAP_SYS_ADMIN;
+* 4 -- no usable GPU: no driver/NVML, no such GPU, or clock locking not supported;
+* 5 -- a GPU was lost mid-run (the others were reset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+import math
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from daemon.config import GpugovConfig, load_config, parse_address
+from daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
+from daemon.engines import ScrapedSource
+from daemon.errors import (
+    PERMISSION_DENIED_MESSAGE,
+    ConfigError,
+    ControllerError,
+    EngineUnavailable,
+    GpugovError,
+    GpuLost,
+    GpuUnavailable,
+    NotSupported,
+    PermissionDenied,
+)
+from daemon.exporter import Exporter
+from daemon.loop import RunStats, ScaledClock, SystemdNotify, TimedLoop, VirtualClock, run
+from daemon.loop import stop_on_signals as _stop_on_signals
+from daemon.nvidia_smi import run_command
+from daemon.nvml import NvmlBackend, load_pynvml, nvml_device_count
+from daemon.record import Recorder, RecordingError, read_recording
+from daemon.replay import replay
+from daemon.service import domains_from_config, open_backend, simulated_run
+
+log = logging.getLogger("gpugov")
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_PERMISSION = 3
+EXIT_NO_GPU = 4
+EXIT_GPU_LOST = 5
+
+DEFAULT_PROFILE = "h100-sxm-llama3-8b"
+DEFAULT_SPEED = 10.0
+CAP_SYS_ADMIN = 21
+
+
+class UsageError(ValueError):
+    """A command-line value is invalid; the message names the flag."""
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"gpugov: error: {message}", file=sys.stderr)
+    return code
+
+
+def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Turn the daemon's errors into one clear line and the documented exit code."""
+
+    @functools.wraps(handler)
+    def wrapped(args: argparse.Namespace) -> int:
+        from plant.profile import ProfileError
+        from plant.workload import TraceError
+
+        try:
+            return handler(args)
+        except PermissionDenied:
+            print(f"gpugov: {PERMISSION_DENIED_MESSAGE}", file=sys.stderr)
+            return EXIT_PERMISSION
+        except GpuLost as error:
+            return _fail(f"{error}; the other GPUs' clocks were reset", EXIT_GPU_LOST)
+        except (GpuUnavailable, NotSupported) as error:
+            return _fail(str(error), EXIT_NO_GPU)
+        except (ConfigError, ControllerError, RecordingError) as error:
+            return _fail(str(error), EXIT_USAGE)
+        except (UsageError, TraceError, ProfileError) as error:
+            return _fail(str(error), EXIT_USAGE)
+        except GpugovError as error:
+            return _fail(str(error), EXIT_FAILURE)
+
+    return wrapped
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _exporter(address: str | None) -> Exporter | None:
+    if not address or address.lower() == "none":
+        return None
+    try:
+        host, port = parse_address(address)
+    except ValueError as error:
+        raise UsageError(f"--metrics-address {error}") from error
+    try:
+        return Exporter(host, port)
+    except OSError as error:
+        raise UsageError(
+            f"cannot serve metrics on {address}: {error.strerror or error}; "
+            "pick another --metrics-address (or 'none')"
+        ) from error
+
+
+# --------------------------------------------------------------------------- run
+def _run_node(args: argparse.Namespace) -> int:
+    if not args.config:
+        raise UsageError("gpugov run needs --config FILE (or --simulate)")
+    config = load_config(args.config)
+    _setup_logging(args.log_level or config.daemon.log_level)
+    assembled = domains_from_config(config, dry_run=args.dry_run)
+    exporter = None
+    recorder = None
+    try:
+        exporter = _exporter(args.metrics_address or config.daemon.metrics_address)
+        record = args.record or config.daemon.record
+        recorder = Recorder(record, assembled.header) if record else None
+        stop = threading.Event()
+        mode = "dry run" if args.dry_run or config.daemon.dry_run else "locking clocks"
+        log.info(
+            "gpugov %s: %d domain(s), period %.3g s%s",
+            mode,
+            len(assembled.domains),
+            config.daemon.period_s,
+            f", metrics on {exporter.url}" if exporter else "",
+        )
+        with _stop_on_signals(stop):
+            run(
+                assembled.domains,
+                TimedLoop(config.daemon.period_s, stop=stop),
+                exporter=exporter,
+                notify=SystemdNotify(),
+                on_tick=recorder,
+            )
+    finally:
+        if recorder is not None:
+            recorder.close()
+        if exporter is not None:
+            exporter.close()
+        assembled.close()
+    log.info("stopped; clocks reset")
+    return EXIT_OK
+
+
+def _positive(flag: str, value: float | None) -> None:
+    if value is not None and (not math.isfinite(value) or value <= 0):
+        raise UsageError(f"{flag} must be positive, got {value!r}")
+
+
+def _run_simulated(args: argparse.Namespace) -> int:
+    from plant import ServingPlant, load_profile
+    from plant.workload import DEFAULT_TRACE, load_trace
+
+    _setup_logging(args.log_level or "warning")
+    for flag in ("speed", "duration", "period", "load_scale"):
+        _positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
+    if args.dwell is not None and args.dwell < 0:
+        raise UsageError(f"--dwell must be >= 0, got {args.dwell!r}")
+    trace = args.trace or DEFAULT_TRACE
+    workload, report = load_trace(trace, duration_s=args.duration, load_scale=args.load_scale)
+    if not workload:
+        raise UsageError(f"--trace {trace}: the selected window holds no requests")
+    profile = load_profile(args.profile)
+    plant = ServingPlant.from_profile(profile)
+    try:
+        spec = parse_controller_spec(args.controller, default_profile=args.profile)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    stop = threading.Event()
+    if args.virtual:
+        virtual = VirtualClock()
+        clock: Callable[[], float] = virtual
+        sleep: Callable[[float], Any] = virtual.sleep
+    else:
+        scaled = ScaledClock(args.speed or DEFAULT_SPEED, stop=stop)
+        clock, sleep = scaled, scaled.sleep
+    simulation = simulated_run(
+        workload,
+        plant,
+        spec,
+        clock,
+        period_s=args.period,
+        dwell_s=args.dwell if args.dwell is not None else 1.0,
+        seed=args.seed,
+        header={
+            "trace": str(report.path),
+            "profile": profile.name,
+            "requests": len(workload),
+            "speed": "virtual" if args.virtual else args.speed or DEFAULT_SPEED,
+        },
+    )
+    exporter = _exporter(args.metrics_address)
+    recorder = Recorder(args.record, simulation.header) if args.record else None
+    pace = "virtual time" if args.virtual else f"{args.speed or DEFAULT_SPEED:g}x real time"
+    print(
+        f"gpugov run --simulate: {len(workload)} requests from {Path(report.path).name}, "
+        f"profile {profile.name}, controller {simulation.domain.label}, {pace}"
+        + (f"; metrics on {exporter.url}" if exporter else ""),
+        flush=True,
+    )
+    try:
+        with _stop_on_signals(stop):
+            stats = run(
+                [simulation.domain],
+                TimedLoop(args.period, clock=clock, sleep=sleep, stop=stop),
+                exporter=exporter,
+                on_tick=recorder,
+                before_tick=simulation.before_tick,
+            )
+    finally:
+        simulation.finish()
+        if recorder is not None:
+            recorder.close()
+        if exporter is not None:
+            exporter.close()
+    _print_summary(simulation, stats, args, profile, report, len(workload))
+    return EXIT_OK
+
+
+def _print_summary(
+    simulation: Any, stats: RunStats, args: argparse.Namespace, profile: Any, report: Any, n: int
+) -> None:
+    metrics = simulation.result.metrics.as_dict()
+    domain = simulation.domain
+    title = (
+        f"gpugov run --simulate: {domain.label} on {profile.name} ({profile.profile_status}), "
+        f"trace {Path(report.path).name} [{n} requests]"
+    )
+    print(format_summary(metrics, title))
+    fallbacks = ", ".join(f"{k} {v}" for k, v in sorted(domain.fallback_counts().items()))
+    print(
+        f"  daemon: {stats.ticks} ticks, {stats.overruns} overruns, "
+        f"{domain.decisions} decisions, {domain.actuator.writes} clock writes"
+        + (f", fallbacks: {fallbacks}" if fallbacks else "")
+    )
+    if args.record:
+        print(f"wrote {args.record}")
+
+
+def format_summary(metrics: dict[str, Any], title: str = "") -> str:
+    """The summary table of ``gpugov simulate`` (the lead's ``sim_cli.format_summary``)."""
+    from daemon import sim_cli
+
+    return sim_cli.format_summary(metrics, title)
+
+
+@_guarded
+def cmd_run(args: argparse.Namespace) -> int:
+    """``gpugov run``."""
+    if args.simulate:
+        if args.config:
+            raise UsageError("--simulate and --config are exclusive")
+        return _run_simulated(args)
+    if args.virtual or args.speed is not None:
+        raise UsageError("--speed and --virtual only apply to --simulate")
+    return _run_node(args)
+
+
+# ------------------------------------------------------------------ check-config
+@_guarded
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """``gpugov check-config FILE``: validate, print what would run, apply nothing."""
+    config = load_config(args.file)
+    print(f"{args.file}: OK")
+    print(describe_config(config))
+    return EXIT_OK
+
+
+def describe_config(config: GpugovConfig) -> str:
+    """A few lines naming every domain's GPUs, engine, controller and limits."""
+    d = config.daemon
+    lines = [
+        f"  period {d.period_s:g} s, backend {d.backend}, metrics "
+        f"{d.metrics_address or 'off'}{', dry run' if d.dry_run else ''}"
+    ]
+    for domain in config.domains:
+        controller = domain.controller.model_dump(exclude={"kind"}, mode="json")
+        options = ", ".join(f"{k}={v}" for k, v in controller.items() if v is not None)
+        floor = domain.safety.floor_mhz
+        lines.append(
+            f"  domain {domain.name}: GPUs {', '.join(map(str, domain.gpus))}; "
+            f"engine {domain.engine.kind} at {domain.engine.url}; "
+            f"controller {domain.controller.kind}{f' ({options})' if options else ''}; "
+            f"fail-safe {domain.failsafe} after {config.stale_after_s(domain):g} s; "
+            f"dwell {domain.safety.dwell_s:g} s" + (f"; floor {floor:g} MHz" if floor else "")
+        )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ reset-clocks
+def _gpu_list(text: str) -> list[int | str] | None:
+    if text == "all":
+        return None
+    out: list[int | str] = []
+    for part in text.split(","):
+        part = part.strip()
+        if part.isdigit():
+            out.append(int(part))
+        elif part.startswith(("GPU-", "MIG-")):
+            out.append(part)
+        else:
+            raise UsageError(
+                f"--gpus takes 'all' or indices/UUIDs separated by commas, got {part!r}"
+            )
+    return out
+
+
+@_guarded
+def cmd_reset_clocks(args: argparse.Namespace) -> int:
+    """``gpugov reset-clocks``: remove every SM clock lock (for ExecStopPost= and people)."""
+    gpus = _gpu_list(args.gpus)
+    if gpus is None and args.backend == "nvidia-smi":
+        run_command(["nvidia-smi", "--reset-gpu-clocks"], 30.0)
+        print("all GPUs: SM clock locks reset (nvidia-smi)")
+        return EXIT_OK
+    if gpus is None:
+        gpus = list(range(nvml_device_count(load_pynvml())))
+    failures = 0
+    for gpu in gpus:
+        backend = open_backend(gpu, args.backend)
+        try:
+            backend.reset_clocks()
+            print(f"GPU {backend.label}: SM clock lock reset")
+        except (GpuLost, NotSupported) as error:
+            failures += 1
+            print(f"GPU {gpu}: {error}", file=sys.stderr)
+        finally:
+            backend.close()
+    return EXIT_GPU_LOST if failures else EXIT_OK
+
+
+# ------------------------------------------------------------------------ status
+def may_lock_clocks(status_path: str | Path = "/proc/self/status") -> bool:
+    """Whether this process holds CAP_SYS_ADMIN (what NVML checks), else whether it is root."""
+    try:
+        for line in Path(status_path).read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def gpu_status(nvml: Any = None) -> list[dict[str, Any]]:
+    """Per GPU: name, UUID, supported clock range, current clock, power, temperature.
+
+    Raises:
+        GpuUnavailable: no driver or library.
+    """
+    rows = []
+    for index in range(nvml_device_count(nvml)):
+        backend = NvmlBackend(index, nvml=nvml)
+        try:
+            try:
+                clocks = backend.supported_clocks_mhz()
+                clock_range: list[int] | None = [clocks[0], clocks[-1]]
+                count: int | None = len(clocks)
+            except (NotSupported, GpuUnavailable):
+                clock_range, count = None, None
+            sample = backend.sample()
+            rows.append(
+                {
+                    "index": index,
+                    "name": backend.name,
+                    "uuid": backend.uuid,
+                    "supported_clock_range_mhz": clock_range,
+                    "supported_clock_count": count,
+                    "sm_clock_mhz": sample.sm_clock_mhz,
+                    "power_w": sample.power_w,
+                    "temperature_c": sample.temperature_c,
+                    "utilization": sample.utilization,
+                    "power_limit_w": sample.power_limit_w,
+                    "clock_event_reasons": sample.clock_event_reasons,
+                }
+            )
+        finally:
+            backend.close()
+    return rows
+
+
+def engine_status(url: str, kind: str = "auto", timeout_s: float = 1.0) -> dict[str, Any]:
+    """Whether the engine's metrics page answers, and its queue if it does."""
+    source = ScrapedSource(url, kind, timeout_s=timeout_s)  # type: ignore[arg-type]
+    try:
+        sample = source.scrape()
+    except EngineUnavailable as error:
+        return {"url": url, "reachable": False, "error": str(error)}
+    return {
+        "url": url,
+        "reachable": True,
+        "engine": sample.engine,
+        "waiting": sample.waiting_requests,
+        "running": sample.running_requests,
+    }
+
+
+@_guarded
+def cmd_status(args: argparse.Namespace) -> int:
+    """``gpugov status``."""
+    report: dict[str, Any] = {"may_lock_clocks": may_lock_clocks(), "gpus": [], "engines": []}
+    code = EXIT_OK
+    try:
+        report["gpus"] = gpu_status(load_pynvml())
+    except GpuUnavailable as error:
+        report["gpu_error"] = str(error)
+        code = EXIT_NO_GPU
+    engines: list[tuple[str, str]] = [(url, "auto") for url in args.engine_url or []]
+    if args.config:
+        config = load_config(args.config)
+        engines += [(d.engine.url, d.engine.kind) for d in config.domains]
+    report["engines"] = [engine_status(url, kind) for url, kind in engines]
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return code
+    allowed = "yes" if report["may_lock_clocks"] else "no (needs root or CAP_SYS_ADMIN)"
+    print(f"may lock clocks: {allowed}")
+    if "gpu_error" in report:
+        print(f"GPUs: unavailable: {report['gpu_error']}")
+    for gpu in report["gpus"]:
+        clock_range = gpu["supported_clock_range_mhz"]
+        span = f"{clock_range[0]}-{clock_range[1]} MHz" if clock_range else "not reported"
+        print(
+            f"GPU {gpu['index']}: {gpu['name']} {gpu['uuid']}; supported {span}; "
+            f"now {_num(gpu['sm_clock_mhz'], 'MHz')}, {_num(gpu['power_w'], 'W')}, "
+            f"{_num(gpu['temperature_c'], 'C')}"
+        )
+    for engine in report["engines"]:
+        if engine["reachable"]:
+            print(
+                f"engine {engine['url']}: reachable ({engine['engine']}, "
+                f"{engine['waiting']} waiting, {engine['running']} running)"
+            )
+        else:
+            print(f"engine {engine['url']}: unreachable: {engine['error']}")
+    return code
+
+
+def _num(value: float | None, unit: str) -> str:
+    return "n/a" if value is None else f"{value:.0f} {unit}"
+
+
+# ------------------------------------------------------------------------ replay
+@_guarded
+def cmd_replay(args: argparse.Namespace) -> int:
+    """``gpugov replay FILE.jsonl --controller X``."""
+    header, _ = read_recording(args.file)
+    try:
+        spec = parse_controller_spec(
+            args.controller, default_profile=args.profile or header.get("profile")
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    report = replay(args.file, spec)
+    print(report.format(show=args.show))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- register
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add run, check-config, reset-clocks, status and replay to the ``gpugov`` parser."""
+    run_parser = subparsers.add_parser(
+        "run",
+        help="run the governor on this node (or on the simulated plant with --simulate)",
+        description="Observe GPUs and the serving engine, decide a clock, lock it; "
+        "every lock is reset on exit. Exit codes: 0 ok, 1 run-time failure, 2 usage or "
+        "config error, 3 permission denied, 4 no usable GPU, 5 GPU lost.",
+    )
+    run_parser.add_argument("--config", metavar="FILE", help="TOML config (a real node)")
+    run_parser.add_argument(
+        "--dry-run", action="store_true", help="observe and decide, log the clock writes, make none"
+    )
+    run_parser.add_argument(
+        "--simulate", action="store_true", help="run against the simulated plant instead"
+    )
+    run_parser.add_argument("--trace", default=None, help="trace name or path (simulate)")
+    run_parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile (simulate)")
+    run_parser.add_argument(
+        "--controller", default="mpc", help=f"{CONTROLLER_SPEC_HELP} (simulate; default mpc)"
+    )
+    pace = run_parser.add_mutually_exclusive_group()
+    pace.add_argument(
+        "--speed",
+        type=float,
+        default=None,
+        metavar="X",
+        help=f"simulated seconds per wall second (default {DEFAULT_SPEED:g})",
+    )
+    pace.add_argument("--virtual", action="store_true", help="run as fast as possible")
+    run_parser.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="S",
+        help="simulate: the trace window's length in seconds (default: the whole trace)",
+    )
+    run_parser.add_argument("--load-scale", type=float, default=1.0, metavar="X")
+    run_parser.add_argument("--period", type=float, default=1.0, metavar="S", help="simulate")
+    run_parser.add_argument("--dwell", type=float, default=None, metavar="S", help="simulate")
+    run_parser.add_argument("--seed", type=int, default=0)
+    run_parser.add_argument(
+        "--metrics-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve /metrics here (default 127.0.0.1:9400 or the config's; 'none' to disable)",
+    )
+    run_parser.add_argument("--record", default=None, metavar="FILE.jsonl")
+    run_parser.add_argument(
+        "--log-level",
+        default=None,
+        choices=["debug", "info", "warning", "error"],
+        help="default: the config's, or warning with --simulate",
+    )
+    run_parser.set_defaults(handler=_run_entry)
+
+    check = subparsers.add_parser("check-config", help="validate a config file; apply nothing")
+    check.add_argument("file", metavar="FILE")
+    check.set_defaults(handler=cmd_check_config)
+
+    reset = subparsers.add_parser(
+        "reset-clocks", help="remove SM clock locks (for ExecStopPost= and people)"
+    )
+    reset.add_argument("--gpus", default="all", help="'all' or indices/UUIDs, comma separated")
+    reset.add_argument("--backend", default="nvml", choices=["nvml", "nvidia-smi"])
+    reset.set_defaults(handler=cmd_reset_clocks)
+
+    status = subparsers.add_parser(
+        "status", help="GPUs, clock ranges, clocks, power, lock permission, engine reachability"
+    )
+    status.add_argument("--config", metavar="FILE", help="also check the config's engines")
+    status.add_argument("--engine-url", action="append", metavar="URL")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(handler=cmd_status)
+
+    rep = subparsers.add_parser(
+        "replay", help="replay a --record file through another controller and compare"
+    )
+    rep.add_argument("file", metavar="FILE.jsonl")
+    rep.add_argument("--controller", required=True, help=CONTROLLER_SPEC_HELP)
+    rep.add_argument("--profile", default=None, help="profile for mpc (default: the recording's)")
+    rep.add_argument("--show", type=int, default=10, help="differences to list")
+    rep.set_defaults(handler=cmd_replay)
+
+
+def _run_entry(args: argparse.Namespace) -> int:
+    if args.metrics_address is None and args.simulate:
+        args.metrics_address = "127.0.0.1:9400"
+    return cmd_run(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one of this module's commands (for tests and ``python -m daemon.node_cli``)."""
+    parser = argparse.ArgumentParser(prog="gpugov")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""Fallback GPU backend through the ``nvidia-smi`` command line (when NVML bindings fail).
+
+Slow (tens of milliseconds per call, more without persistence mode): use it with
+periods of a second or more, never as the first choice. The command runner is injected,
+so tests fake it. Query fields: ``power.draw.instant`` (falls back to ``power.draw`` on
+drivers that lack it), ``clocks_event_reasons.active`` (falls back to
+``clocks_throttle_reasons.active``). nvidia-smi exposes no energy counter: ``energy_j``
+stays None.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+from collections.abc import Callable, Sequence
+
+from daemon.backend import GpuSample
+from daemon.errors import (
+    PERMISSION_DENIED_MESSAGE,
+    GpuError,
+    GpuLost,
+    GpuUnavailable,
+    NotSupported,
+    PermissionDenied,
+    TransientGpuError,
+)
+
+Runner = Callable[[Sequence[str], float], str]
+
+
+def run_command(argv: Sequence[str], timeout_s: float) -> str:
+    """Run ``argv``; return stdout.
+
+    Raises:
+        GpuUnavailable: the executable is missing.
+        TransientGpuError: it timed out.
+        PermissionDenied, NotSupported, GpuLost, GpuError: from its error text.
+    """
+    try:
+        done = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except FileNotFoundError as error:
+        raise GpuUnavailable(f"{argv[0]} not found") from error
+    except subprocess.TimeoutExpired as error:
+        raise TransientGpuError(f"{' '.join(argv)} timed out after {timeout_s:g} s") from error
+    if done.returncode != 0:
+        raise classify_failure(argv, (done.stderr or "") + (done.stdout or ""))
+    return done.stdout
+
+
+def classify_failure(argv: Sequence[str], text: str) -> GpuError:
+    """Map nvidia-smi's error text onto the daemon's error tree."""
+    lowered = text.lower()
+    command = " ".join(argv)
+    message = f"{command}: {text.strip()[:300]}"
+    if "insufficient permissions" in lowered or "permission" in lowered:
+        return PermissionDenied(f"{command}: {PERMISSION_DENIED_MESSAGE}")
+    if "gpu is lost" in lowered or "fallen off the bus" in lowered:
+        return GpuLost(message)
+    if "not supported" in lowered or "not a valid field" in lowered:
+        return NotSupported(message)
+    if "couldn't communicate with the nvidia driver" in lowered or "no devices" in lowered:
+        return GpuUnavailable(message)
+    return GpuError(message)
+
+
+def _number(raw: str) -> float | None:
+    value = raw.strip()
+    if not value or value.startswith("[") or value.upper() in ("N/A", "NA"):
+        return None
+    try:
+        return float(int(value, 16)) if value.lower().startswith("0x") else float(value)
+    except ValueError:
+        return None
+
+
+class NvidiaSmiBackend:
+    """One GPU through ``nvidia-smi -i N``.
+
+    Args:
+        gpu: index or UUID as nvidia-smi accepts it.
+        runner: ``(argv, timeout_s) -> stdout``.
+        executable: the nvidia-smi path.
+        timeout_s: per command.
+    """
+
+    def __init__(
+        self,
+        gpu: int | str = 0,
+        *,
+        runner: Runner = run_command,
+        executable: str = "nvidia-smi",
+        timeout_s: float = 5.0,
+    ) -> None:
+        self._gpu = str(gpu)
+        self._run = runner
+        self._exe = executable
+        self._timeout_s = timeout_s
+        self._power_field = "power.draw.instant"
+        self._reasons_field = "clocks_event_reasons.active"
+        self._supported: tuple[int, ...] | None = None
+
+    @property
+    def label(self) -> str:
+        """The GPU as given."""
+        return self._gpu
+
+    def _query(self, fields: str) -> list[str]:
+        out = self._run(
+            [self._exe, "-i", self._gpu, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+            self._timeout_s,
+        )
+        rows = [row for row in csv.reader(io.StringIO(out)) if row]
+        if not rows:
+            raise TransientGpuError(f"nvidia-smi -i {self._gpu}: empty answer")
+        return [cell.strip() for cell in rows[0]]
+
+    def sample(self) -> GpuSample:
+        """Power, temperature, SM clock, utilisation, event reasons, power limit.
+
+        Raises:
+            GpuLost, GpuUnavailable, TransientGpuError: as the command reports.
+        """
+        while True:
+            fields = (
+                f"clocks.sm,{self._power_field},temperature.gpu,utilization.gpu,"
+                f"enforced.power.limit,{self._reasons_field}"
+            )
+            try:
+                row = self._query(fields)
+                break
+            except NotSupported:
+                # Older drivers: no instant power, and the Throttle name for event reasons.
+                if self._power_field == "power.draw.instant":
+                    self._power_field = "power.draw"
+                elif self._reasons_field == "clocks_event_reasons.active":
+                    self._reasons_field = "clocks_throttle_reasons.active"
+                else:
+                    raise
+        if len(row) < 6:
+            raise TransientGpuError(f"nvidia-smi -i {self._gpu}: expected 6 fields, got {row}")
+        clock, power, temperature, utilization, limit, reasons = (_number(c) for c in row[:6])
+        return GpuSample(
+            gpu=self._gpu,
+            power_w=power,
+            temperature_c=temperature,
+            sm_clock_mhz=clock,
+            utilization=None if utilization is None else min(max(utilization / 100.0, 0.0), 1.0),
+            clock_event_reasons=None if reasons is None else int(reasons),
+            power_limit_w=limit,
+        )
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        """Graphics clocks listed for the highest memory clock, ascending (cached)."""
+        if self._supported is None:
+            out = self._run(
+                [
+                    self._exe,
+                    "-i",
+                    self._gpu,
+                    "--query-supported-clocks=memory,graphics",
+                    "--format=csv,noheader,nounits",
+                ],
+                self._timeout_s,
+            )
+            pairs = []
+            for row in csv.reader(io.StringIO(out)):
+                if len(row) >= 2:
+                    memory, graphics = _number(row[0]), _number(row[1])
+                    if memory is not None and graphics is not None:
+                        pairs.append((int(memory), int(graphics)))
+            if not pairs:
+                raise NotSupported(f"nvidia-smi -i {self._gpu}: no supported clocks listed")
+            top = max(memory for memory, _ in pairs)
+            self._supported = tuple(sorted({g for m, g in pairs if m == top}))
+        return self._supported
+
+    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None:
+        """``nvidia-smi -i N --lock-gpu-clocks=MIN,MAX``."""
+        self._run(
+            [self._exe, "-i", self._gpu, f"--lock-gpu-clocks={int(min_mhz)},{int(max_mhz)}"],
+            self._timeout_s,
+        )
+
+    def reset_clocks(self) -> None:
+        """``nvidia-smi -i N --reset-gpu-clocks``."""
+        self._run([self._exe, "-i", self._gpu, "--reset-gpu-clocks"], self._timeout_s)
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,398 @@
+"""NVML backend: one GPU read and locked through ``nvidia-ml-py`` (``import pynvml``).
+
+The ``pynvml`` module is a constructor argument (default: the real one), so tests run
+this exact code against ``tests/daemon/fake_pynvml.py``. Every ``NVMLError`` becomes a
+:mod:`daemon.errors` error in :func:`daemon.errors.from_nvml`.
+
+Reads per sample (see ``../shared/NVML_NOTES.md``): instant power through
+``nvmlDeviceGetFieldValues`` (field 186, GPU scope, then MODULE scope; falls back to
+``nvmlDeviceGetPowerUsage``, a 1 s average on Ampere+), the energy counter
+(``nvmlDeviceGetTotalEnergyConsumption``, at most once per ``energy_interval_s`` because
+it is ~1000x slower than the other reads), temperature (``TemperatureV``, falls back
+to the deprecated ``Temperature``), SM clock, utilisation, clock-event reasons (the new
+name, falls back to the ``Throttle`` name on FUNCTION_NOT_FOUND) and the enforced power
+limit. A read that is unsupported is dropped for good; a transient failure leaves the
+field None for this sample and is named in ``GpuSample.read_errors``; a lost GPU raises
+:class:`~daemon.errors.GpuLost`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, TypeVar
+
+from daemon.backend import GpuSample
+from daemon.errors import (
+    GpuError,
+    GpuLost,
+    GpuUnavailable,
+    NotSupported,
+    PermissionDenied,
+    from_nvml,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Constants from nvml.h, used when an old binding lacks the name.
+FI_DEV_POWER_INSTANT = 186
+POWER_SCOPE_GPU = 0
+POWER_SCOPE_MODULE = 1
+# Per-field return codes that will not change on the next call: INVALID_ARGUMENT,
+# NOT_SUPPORTED, FUNCTION_NOT_FOUND.
+_PERMANENT_FIELD_CODES = frozenset({2, 3, 13})
+
+
+def load_pynvml() -> ModuleType:
+    """Import the real ``pynvml`` (nvidia-ml-py).
+
+    Raises:
+        GpuUnavailable: the package is not installed.
+    """
+    try:
+        import pynvml
+    except ImportError as error:  # pragma: no cover - the package is a dependency
+        raise GpuUnavailable("nvidia-ml-py is not installed (import pynvml failed)") from error
+    return pynvml
+
+
+def _const(nvml: Any, name: str, default: int) -> int:
+    return int(getattr(nvml, name, default))
+
+
+def _field_value(nvml: Any, field: Any) -> float:
+    """The numeric value of a ``c_nvmlFieldValue_t`` according to its ``valueType``."""
+    member = {
+        _const(nvml, "NVML_VALUE_TYPE_DOUBLE", 0): "dVal",
+        _const(nvml, "NVML_VALUE_TYPE_UNSIGNED_INT", 1): "uiVal",
+        _const(nvml, "NVML_VALUE_TYPE_UNSIGNED_LONG", 2): "ulVal",
+        _const(nvml, "NVML_VALUE_TYPE_UNSIGNED_LONG_LONG", 3): "ullVal",
+        _const(nvml, "NVML_VALUE_TYPE_SIGNED_LONG_LONG", 4): "sllVal",
+        _const(nvml, "NVML_VALUE_TYPE_SIGNED_INT", 5): "siVal",
+        _const(nvml, "NVML_VALUE_TYPE_UNSIGNED_SHORT", 6): "usVal",
+    }.get(int(field.valueType), "ullVal")
+    return float(getattr(field.value, member))
+
+
+def nvml_device_count(nvml: ModuleType | None = None) -> int:
+    """Number of GPUs NVML sees (initialises and shuts NVML down around the call).
+
+    Raises:
+        GpuUnavailable: no driver or library.
+    """
+    nvml = nvml or load_pynvml()
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as error:
+        raise from_nvml(error, "initialise NVML") from error
+    try:
+        return int(nvml.nvmlDeviceGetCount())
+    except nvml.NVMLError as error:
+        raise from_nvml(error, "count GPUs") from error
+    finally:
+        nvml.nvmlShutdown()
+
+
+class NvmlBackend:
+    """One GPU through NVML. Initialises NVML (refcounted) and releases it on ``close()``.
+
+    Args:
+        gpu: NVML index (PCI order) or a ``GPU-...`` UUID.
+        nvml: the ``pynvml`` module; tests pass a fake.
+
+    Raises:
+        GpuUnavailable: no driver/library, or no such GPU.
+    """
+
+    def __init__(
+        self,
+        gpu: int | str = 0,
+        *,
+        nvml: ModuleType | None = None,
+        energy_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._nvml: Any = nvml or load_pynvml()
+        self._closed = False
+        try:
+            self._nvml.nvmlInit()
+        except self._nvml.NVMLError as error:
+            raise from_nvml(error, "initialise NVML", gpu=str(gpu)) from error
+        try:
+            if isinstance(gpu, str) and gpu.startswith(("GPU-", "MIG-")):
+                self._handle = self._nvml.nvmlDeviceGetHandleByUUID(gpu)
+                self._index = int(self._nvml.nvmlDeviceGetIndex(self._handle))
+            else:
+                self._index = int(gpu)
+                self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self._index)
+            self.uuid = str(self._nvml.nvmlDeviceGetUUID(self._handle))
+            self.name = str(self._nvml.nvmlDeviceGetName(self._handle))
+        except self._nvml.NVMLError as error:
+            self._nvml.nvmlShutdown()
+            translated = from_nvml(error, "open GPU", gpu=str(gpu))
+            if not isinstance(translated, PermissionDenied | GpuLost | GpuUnavailable):
+                # INVALID_ARGUMENT here means an index past the last GPU.
+                translated = GpuUnavailable(
+                    f"GPU {gpu}: no such GPU or it cannot be opened ({error})",
+                    gpu=str(gpu),
+                    code=translated.code,
+                )
+            raise translated from error
+        self._label = str(self._index)
+        self._supported: tuple[int, ...] | None = None
+        self._dropped: set[str] = set()
+        self.energy_interval_s = energy_interval_s
+        self._clock = clock
+        self._energy_j: float | None = None
+        self._energy_read_s = -math.inf
+        self._power_scopes: tuple[int, ...] = (
+            _const(self._nvml, "NVML_POWER_SCOPE_GPU", POWER_SCOPE_GPU),
+            _const(self._nvml, "NVML_POWER_SCOPE_MODULE", POWER_SCOPE_MODULE),
+        )
+        self._use_temperature_v = True
+        self._event_reasons_name = "nvmlDeviceGetCurrentClocksEventReasons"
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def label(self) -> str:
+        """The NVML index as text."""
+        return self._label
+
+    @property
+    def index(self) -> int:
+        """The NVML index (PCI order)."""
+        return self._index
+
+    # --------------------------------------------------------------------- reads
+    def _call(self, action: str, function: Callable[..., T], *args: Any) -> T:
+        try:
+            return function(*args)
+        except self._nvml.NVMLError as error:
+            raise from_nvml(error, action, gpu=self._label) from error
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        """SM clocks the GPU accepts for locking, ascending (cached after the first call).
+
+        Uses the highest supported memory clock's graphics-clock list.
+
+        Raises:
+            NotSupported, GpuLost, GpuError: as NVML reports.
+        """
+        if self._supported is None:
+            nvml = self._nvml
+            memory = self._call(
+                "list memory clocks", nvml.nvmlDeviceGetSupportedMemoryClocks, self._handle
+            )
+            if not memory:
+                raise NotSupported(f"GPU {self._label}: no supported memory clocks listed")
+            graphics = self._call(
+                "list graphics clocks",
+                nvml.nvmlDeviceGetSupportedGraphicsClocks,
+                self._handle,
+                max(memory),
+            )
+            if not graphics:
+                raise NotSupported(f"GPU {self._label}: no supported graphics clocks listed")
+            self._supported = tuple(sorted({int(c) for c in graphics}))
+        return self._supported
+
+    def _read(self, name: str, errors: list[str], function: Callable[[], T]) -> T | None:
+        """Run one read; drop it for good if unsupported, count it if transient."""
+        if name in self._dropped:
+            return None
+        try:
+            return function()
+        except GpuLost:
+            raise
+        except NotSupported:
+            self._dropped.add(name)
+            log.info("GPU %s: %s not supported; no longer read", self._label, name)
+            return None
+        except GpuUnavailable:
+            raise
+        except GpuError as error:
+            errors.append(name)
+            log.debug("GPU %s: %s failed: %s", self._label, name, error)
+            return None
+
+    def _power(self) -> float:
+        """Instant power (field 186) in watts; the 1 s average getter where unsupported."""
+        nvml = self._nvml
+        if self._power_scopes:
+            power_field = _const(nvml, "NVML_FI_DEV_POWER_INSTANT", FI_DEV_POWER_INSTANT)
+            try:
+                values = self._call(
+                    "read power field",
+                    nvml.nvmlDeviceGetFieldValues,
+                    self._handle,
+                    [(power_field, self._power_scopes[0])],
+                )
+            except NotSupported:
+                values = None
+                self._power_scopes = ()
+            if values is not None:
+                code = int(values[0].nvmlReturn)
+                if code == _const(nvml, "NVML_SUCCESS", 0):
+                    return _field_value(nvml, values[0]) / 1000.0
+                if code in _PERMANENT_FIELD_CODES:
+                    # GPU scope fails on Grace-Hopper C2C parts (Zeus): try MODULE scope next,
+                    # then the averaged getter for good.
+                    self._power_scopes = self._power_scopes[1:]
+        return float(self._call("read power", nvml.nvmlDeviceGetPowerUsage, self._handle)) / 1000.0
+
+    def _energy(self) -> float:
+        """The energy counter in joules, read at most once per ``energy_interval_s``.
+
+        Measured on an H200 (driver 580): this read takes ~3 ms (p99 ~17 ms) while every
+        other read takes ~2 us, so it is not read on every tick of a fast loop.
+        """
+        now = self._clock()
+        if self._energy_j is not None and now - self._energy_read_s < self.energy_interval_s:
+            return self._energy_j
+        energy_mj = self._call(
+            "read energy", self._nvml.nvmlDeviceGetTotalEnergyConsumption, self._handle
+        )
+        self._energy_j = float(energy_mj) / 1000.0
+        self._energy_read_s = now
+        return self._energy_j
+
+    def _temperature(self) -> float:
+        nvml = self._nvml
+        sensor = _const(nvml, "NVML_TEMPERATURE_GPU", 0)
+        if self._use_temperature_v and hasattr(nvml, "nvmlDeviceGetTemperatureV"):
+            try:
+                return float(
+                    self._call(
+                        "read temperature", nvml.nvmlDeviceGetTemperatureV, self._handle, sensor
+                    )
+                )
+            except NotSupported:
+                self._use_temperature_v = False
+        return float(
+            self._call("read temperature", nvml.nvmlDeviceGetTemperature, self._handle, sensor)
+        )
+
+    def _event_reasons(self) -> int:
+        nvml = self._nvml
+        function = getattr(nvml, self._event_reasons_name, None)
+        if function is not None:
+            try:
+                return int(self._call("read clock event reasons", function, self._handle))
+            except NotSupported as error:
+                if self._event_reasons_name.endswith("ThrottleReasons"):
+                    raise
+                # FUNCTION_NOT_FOUND: the driver predates the rename; use the old name.
+                log.debug("GPU %s: %s; trying the Throttle name", self._label, error)
+        self._event_reasons_name = "nvmlDeviceGetCurrentClocksThrottleReasons"
+        return int(
+            self._call(
+                "read clock event reasons",
+                nvml.nvmlDeviceGetCurrentClocksThrottleReasons,
+                self._handle,
+            )
+        )
+
+    def sample(self) -> GpuSample:
+        """Read power, energy, temperature, SM clock, utilisation, event reasons, power limit.
+
+        Raises:
+            GpuLost: the GPU fell off the bus.
+            GpuUnavailable: NVML was shut down under us.
+        """
+        nvml = self._nvml
+        errors: list[str] = []
+        power_w = self._read("power", errors, self._power)
+        energy_j = self._read("energy", errors, self._energy)
+        temperature = self._read("temperature", errors, self._temperature)
+        clock = self._read(
+            "sm_clock",
+            errors,
+            lambda: self._call(
+                "read SM clock",
+                nvml.nvmlDeviceGetClockInfo,
+                self._handle,
+                _const(nvml, "NVML_CLOCK_SM", 1),
+            ),
+        )
+        rates = self._read(
+            "utilization",
+            errors,
+            lambda: self._call(
+                "read utilisation", nvml.nvmlDeviceGetUtilizationRates, self._handle
+            ),
+        )
+        reasons = self._read("clock_event_reasons", errors, self._event_reasons)
+        limit_mw = self._read(
+            "power_limit",
+            errors,
+            lambda: self._call(
+                "read power limit", nvml.nvmlDeviceGetEnforcedPowerLimit, self._handle
+            ),
+        )
+        utilization = None
+        if rates is not None:
+            utilization = min(max(float(rates.gpu) / 100.0, 0.0), 1.0)
+        return GpuSample(
+            gpu=self._label,
+            power_w=power_w,
+            energy_j=energy_j,
+            temperature_c=temperature,
+            sm_clock_mhz=None if clock is None else float(clock),
+            utilization=utilization,
+            clock_event_reasons=reasons,
+            power_limit_w=None if limit_mw is None else float(limit_mw) / 1000.0,
+            read_errors=tuple(errors),
+        )
+
+    # -------------------------------------------------------------------- writes
+    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None:
+        """Lock the SM clock into ``[min_mhz, max_mhz]`` (nvmlDeviceSetGpuLockedClocks).
+
+        Raises:
+            PermissionDenied: not root / no CAP_SYS_ADMIN.
+            NotSupported: pre-Volta or the pair is not accepted.
+            GpuLost: the GPU fell off the bus.
+        """
+        self._call(
+            f"lock clocks to {int(min_mhz)},{int(max_mhz)} MHz",
+            self._nvml.nvmlDeviceSetGpuLockedClocks,
+            self._handle,
+            int(min_mhz),
+            int(max_mhz),
+        )
+
+    def reset_clocks(self) -> None:
+        """Remove any SM clock lock (nvmlDeviceResetGpuLockedClocks).
+
+        Raises:
+            PermissionDenied, NotSupported, GpuLost: as NVML reports.
+        """
+        self._call("reset clocks", self._nvml.nvmlDeviceResetGpuLockedClocks, self._handle)
+
+    def max_clock_mhz(self) -> int | None:
+        """``nvmlDeviceGetMaxClockInfo`` for the SM clock, or None when it fails."""
+        try:
+            return int(
+                self._call(
+                    "read max SM clock",
+                    self._nvml.nvmlDeviceGetMaxClockInfo,
+                    self._handle,
+                    _const(self._nvml, "NVML_CLOCK_SM", 1),
+                )
+            )
+        except GpuError:
+            return None
+
+    def close(self) -> None:
+        """Release this backend's NVML reference (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            try:
+                self._nvml.nvmlShutdown()
+            except self._nvml.NVMLError as error:
+                log.debug("GPU %s: nvmlShutdown failed: %s", self._label, error)

@@ -1,0 +1,252 @@
+"""One control domain's observation: its GPUs' samples plus its engine's scrape.
+
+Derivations from the engine's cumulative counters (documented in ``docs/daemon.md``):
+
+* ``arrived_requests``: the engine's arrival counter when it has one (TGI), else
+  finished + waiting + running (every request that arrived is in one of the three).
+* ``waiting_requests`` / ``decode_active``: the waiting and running gauges.
+* ``prefill_remaining_tokens``: waiting requests x the running mean prompt length, the
+  mean being prompt tokens / first tokens (TTFT histogram count) since the engine started,
+  else prompt tokens / finished requests, else the configured default.
+* ``generated_decode_tokens``: running x mean output length / 2 (a running request is on
+  average half done; mean output = generation tokens / finished requests, else default).
+* ``ttft_recent_s`` / ``tpot_recent_s``: (sum now - sum before) / (count now - count
+  before) of the histograms between two successful scrapes; None when no request
+  completed the event in the window or a counter went backwards (engine restart).
+* GPU fields over the domain: power, energy and power limit summed; temperature the
+  hottest GPU; realised clock the slowest; utilisation the mean.
+
+A simulated engine fills the exact values itself and they are used as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from daemon.backend import GpuBackend, GpuSample
+from daemon.engines import EngineSample, EngineSource, HistogramTotals
+from daemon.errors import EngineUnavailable, TransientGpuError
+from plant.types import ServingObservation
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """One tick's observation and the health of the data behind it.
+
+    ``engine_age_s`` is the time since the last successful scrape (None: never
+    succeeded); ``engine_fresh`` is False when that exceeds the domain's stale age or
+    there has been no scrape at all.
+    """
+
+    observation: ServingObservation
+    gpu_samples: tuple[GpuSample, ...]
+    engine_sample: EngineSample | None
+    engine_age_s: float | None
+    engine_fresh: bool
+    engine_error: str | None
+    scrape_s: float
+
+
+def _window_mean(now: HistogramTotals | None, before: HistogramTotals | None) -> float | None:
+    if now is None or before is None:
+        return None
+    count = now.count - before.count
+    total = now.sum_s - before.sum_s
+    if count <= 0 or total < 0:
+        return None
+    return total / count
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def _sum(values: Sequence[float | None]) -> float | None:
+    if not values or any(v is None for v in values):
+        return None
+    return float(sum(v for v in values if v is not None))
+
+
+class DomainObserver:
+    """Builds a domain's :class:`ServingObservation` each tick.
+
+    Args:
+        backends: the domain's GPUs.
+        source: the domain's engine.
+        stale_after_s: engine data older than this is stale (the fail-safe trigger).
+        ttft_slo_s, tpot_slo_s, thermal_limit_c: copied into every observation.
+        mean_prompt_tokens, mean_output_tokens: defaults until the engine's counters
+            give a mean.
+        clock: monotonic seconds, for the scrape's own duration.
+    """
+
+    def __init__(
+        self,
+        backends: Sequence[GpuBackend],
+        source: EngineSource,
+        *,
+        stale_after_s: float,
+        ttft_slo_s: float | None = None,
+        tpot_slo_s: float | None = None,
+        thermal_limit_c: float | None = None,
+        mean_prompt_tokens: float = 512.0,
+        mean_output_tokens: float = 256.0,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if stale_after_s <= 0:
+            raise ValueError(f"stale_after_s must be positive, got {stale_after_s!r}")
+        self.backends = list(backends)
+        self.source = source
+        self.stale_after_s = stale_after_s
+        self.ttft_slo_s = ttft_slo_s
+        self.tpot_slo_s = tpot_slo_s
+        self.thermal_limit_c = thermal_limit_c
+        self.mean_prompt_tokens = mean_prompt_tokens
+        self.mean_output_tokens = mean_output_tokens
+        self._clock = clock
+        self._supported: tuple[float, ...] | None = None
+        self._last: EngineSample | None = None
+        self._last_time_s: float | None = None
+        self._window_base: EngineSample | None = None
+        self._temperature_c = math.nan
+        self.engine_errors = 0
+        self.gpu_read_errors: dict[str, int] = {b.label: 0 for b in self.backends}
+
+    def supported_clocks_mhz(self) -> tuple[float, ...]:
+        """Clocks every GPU of the domain supports, ascending (cached)."""
+        if self._supported is None:
+            common = set(self.backends[0].supported_clocks_mhz())
+            for backend in self.backends[1:]:
+                common &= set(backend.supported_clocks_mhz())
+            self._supported = tuple(float(c) for c in sorted(common))
+        return self._supported
+
+    def _sample_gpus(self) -> tuple[GpuSample, ...]:
+        samples = []
+        for backend in self.backends:
+            try:
+                sample = backend.sample()
+            except TransientGpuError as error:
+                log.warning("GPU %s: sample failed: %s", backend.label, error)
+                sample = GpuSample(gpu=backend.label, read_errors=("sample",))
+            if sample.read_errors:
+                self.gpu_read_errors[backend.label] += len(sample.read_errors)
+            samples.append(sample)
+        return tuple(samples)
+
+    def _scrape(self, now_s: float) -> str | None:
+        try:
+            sample = self.source.scrape()
+        except EngineUnavailable as error:
+            self.engine_errors += 1
+            log.warning("engine scrape failed: %s", error)
+            return str(error)
+        self._window_base, self._last = self._last, sample
+        self._last_time_s = now_s
+        return None
+
+    def observe(self, now_s: float, step_index: int, requested_clock_mhz: float | None) -> Observed:
+        """Sample the GPUs, scrape the engine and derive the observation.
+
+        ``requested_clock_mhz`` is the clock the daemon has locked (None: unlocked, which
+        is reported as the maximum supported clock, what an unlocked GPU runs under load).
+
+        Raises:
+            GpuLost: a GPU fell off the bus.
+        """
+        gpus = self._sample_gpus()
+        started = self._clock()
+        error = self._scrape(now_s)
+        scrape_s = self._clock() - started
+        age = None if self._last_time_s is None else now_s - self._last_time_s
+        fresh = age is not None and age <= self.stale_after_s
+        observation = self._build(now_s, step_index, requested_clock_mhz, gpus, error is None)
+        return Observed(
+            observation=observation,
+            gpu_samples=gpus,
+            engine_sample=self._last,
+            engine_age_s=age,
+            engine_fresh=fresh,
+            engine_error=error,
+            scrape_s=scrape_s,
+        )
+
+    def _build(
+        self,
+        now_s: float,
+        step_index: int,
+        requested_clock_mhz: float | None,
+        gpus: tuple[GpuSample, ...],
+        new_scrape: bool,
+    ) -> ServingObservation:
+        engine = self._last or EngineSample(engine="none", running_requests=0, waiting_requests=0)
+        base = self._window_base if new_scrape else None
+        temperatures = [g.temperature_c for g in gpus if g.temperature_c is not None]
+        if temperatures:
+            self._temperature_c = max(temperatures)
+        clocks_now = [g.sm_clock_mhz for g in gpus if g.sm_clock_mhz is not None]
+        utilizations = [g.utilization for g in gpus if g.utilization is not None]
+        supported = self.supported_clocks_mhz()
+        if requested_clock_mhz is None and supported:
+            requested_clock_mhz = supported[-1]
+
+        finished = engine.finished_requests_total
+        arrived = engine.arrived_requests_total
+        if arrived is None:
+            arrived = (finished or 0.0) + engine.waiting_requests + engine.running_requests
+        mean_prompt = (
+            _ratio(engine.prompt_tokens_total, engine.ttft.count if engine.ttft else None)
+            or _ratio(engine.prompt_tokens_total, finished)
+            or self.mean_prompt_tokens
+        )
+        mean_output = _ratio(engine.generation_tokens_total, finished) or self.mean_output_tokens
+        prefill = engine.prefill_remaining_tokens
+        if prefill is None:
+            prefill = engine.waiting_requests * mean_prompt
+        generated = engine.generated_decode_tokens
+        if generated is None:
+            generated = engine.running_requests * mean_output / 2.0
+        ttft = tpot = None  # nothing measured in a window without a new scrape
+        if new_scrape:
+            ttft = engine.ttft_recent_s
+            if ttft is None and base is not None:
+                ttft = _window_mean(engine.ttft, base.ttft)
+            tpot = engine.tpot_recent_s
+            if tpot is None and base is not None:
+                tpot = _window_mean(engine.tpot, base.tpot)
+
+        return ServingObservation(
+            time_s=now_s,
+            step_index=step_index,
+            arrived_requests=max(0, round(arrived)),
+            prefill_remaining_tokens=max(0.0, float(prefill)),
+            decode_active=max(0, engine.running_requests),
+            generated_decode_tokens=max(0.0, float(generated)),
+            temperature_c=self._temperature_c,
+            waiting_requests=max(0, engine.waiting_requests),
+            completed_requests=round(finished or 0.0),
+            output_tokens_total=float(engine.generation_tokens_total or 0.0),
+            prompt_tokens_total=float(engine.prompt_tokens_total or 0.0),
+            kv_tokens=float(engine.kv_tokens or 0.0),
+            kv_capacity_tokens=engine.kv_capacity_tokens,
+            power_w=_sum([g.power_w for g in gpus]),
+            energy_j=_sum([g.energy_j for g in gpus]),
+            requested_clock_mhz=requested_clock_mhz,
+            realized_clock_mhz=min(clocks_now) if clocks_now else None,
+            gpu_utilization=sum(utilizations) / len(utilizations) if utilizations else None,
+            power_limit_w=_sum([g.power_limit_w for g in gpus]),
+            thermal_limit_c=self.thermal_limit_c,
+            supported_clocks_mhz=supported,
+            ttft_recent_s=ttft,
+            tpot_recent_s=tpot,
+            ttft_slo_s=engine.ttft_slo_s if engine.ttft_slo_s is not None else self.ttft_slo_s,
+            tpot_slo_s=engine.tpot_slo_s if engine.tpot_slo_s is not None else self.tpot_slo_s,
+        )

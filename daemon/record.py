@@ -1,0 +1,129 @@
+"""``--record FILE.jsonl``: one JSON line per domain per tick, and reading it back.
+
+The first line is a header (``"format": "gpugov-record-v1"``) naming the period and, per
+domain, the controller, the safety settings and the supported clocks (left out of the
+tick lines to keep them short). Each following line is a :class:`~daemon.loop.TickRecord`:
+the observation, the controller's own decision, the requested clock after the safety
+wrappers, the applied lock, the solve time, the fail-safe flag and any errors.
+Non-finite floats are written as ``null``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from daemon import __version__
+from daemon.errors import GpugovError
+from daemon.loop import TickRecord
+from plant.types import ServingObservation
+
+RECORD_FORMAT = "gpugov-record-v1"
+
+
+class RecordingError(GpugovError):
+    """A recording file is unreadable or not a gpugov recording (names file and line)."""
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def observation_to_dict(observation: ServingObservation) -> dict[str, Any]:
+    """JSON-able observation without ``supported_clocks_mhz`` (it is in the header)."""
+    data = {
+        f.name: getattr(observation, f.name)
+        for f in dataclasses.fields(observation)
+        if f.name != "supported_clocks_mhz"
+    }
+    return _clean(data)
+
+
+def observation_from_dict(
+    data: Mapping[str, Any], supported_clocks_mhz: Sequence[float] = ()
+) -> ServingObservation:
+    """Rebuild an observation (a null temperature comes back as NaN)."""
+    values = dict(data)
+    if values.get("temperature_c") is None:
+        values["temperature_c"] = math.nan
+    values["supported_clocks_mhz"] = tuple(float(c) for c in supported_clocks_mhz)
+    return ServingObservation(**values)
+
+
+def record_to_dict(record: TickRecord) -> dict[str, Any]:
+    """One tick line."""
+    data = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    data["observation"] = observation_to_dict(record.observation)
+    data["gpu_read_errors"] = list(record.gpu_read_errors)
+    return _clean(data)
+
+
+class Recorder:
+    """Writes the header, then one line per tick record; use as ``on_tick``.
+
+    Args:
+        path: the JSONL file (parents created; overwritten).
+        header: extra header fields (period, domains with their clocks, run metadata).
+    """
+
+    def __init__(self, path: str | Path, header: Mapping[str, Any]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] | None = self.path.open("w")
+        self.lines = 0
+        self._write({"format": RECORD_FORMAT, "gpugov_version": __version__, **header})
+
+    def _write(self, data: Mapping[str, Any]) -> None:
+        assert self._file is not None, "recorder is closed"
+        self._file.write(json.dumps(_clean(dict(data)), allow_nan=False) + "\n")
+
+    def __call__(self, records: Sequence[TickRecord]) -> None:
+        for record in records:
+            self._write(record_to_dict(record))
+            self.lines += 1
+        assert self._file is not None
+        self._file.flush()
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_recording(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The header and the tick lines of a recording.
+
+    Raises:
+        RecordingError: unreadable, not JSON lines, or not a gpugov recording.
+    """
+    source = Path(path)
+    try:
+        text = source.read_text()
+    except OSError as error:
+        raise RecordingError(
+            f"{source}: cannot read recording: {error.strerror or error}"
+        ) from error
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise RecordingError(f"{source}: empty recording")
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise RecordingError(f"{source}:{number}: not JSON: {error.msg}") from error
+    header = rows[0]
+    if not isinstance(header, dict) or header.get("format") != RECORD_FORMAT:
+        raise RecordingError(f"{source}:1: not a {RECORD_FORMAT} header")
+    return header, rows[1:]

@@ -1,0 +1,142 @@
+"""``gpugov replay``: feed a recording's observations to another controller, compare.
+
+The replay is open loop: the recorded observations came from the recorded controller's
+clocks, so a stateful controller (MPC, reactive) sees a world its own decisions did not
+shape. The comparison is still the useful one: where, given the same information, the
+two controllers would have asked for different clocks. Both decisions go through the
+recording's safety settings (clamp, floor, dwell); fail-safe ticks are skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from daemon.config import ControllerConfig
+from daemon.decide import build_controller, controller_name, with_safety
+from daemon.record import RecordingError, observation_from_dict, read_recording
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One tick where the decisions differ."""
+
+    domain: str
+    step: int
+    time_s: float
+    recorded_mhz: float
+    replayed_mhz: float
+
+
+@dataclass
+class ReplayReport:
+    """Where the replayed controller's requests differ from the recorded ones."""
+
+    recorded_controller: str
+    replayed_controller: str
+    compared: int = 0
+    skipped_failsafe: int = 0
+    differences: list[Difference] = field(default_factory=list)
+    abs_diff_sum_mhz: float = 0.0
+    recorded_sum_mhz: float = 0.0
+    replayed_sum_mhz: float = 0.0
+
+    @property
+    def differing(self) -> int:
+        """Ticks whose requests differ by at least 1 MHz."""
+        return len(self.differences)
+
+    def ranges(self) -> list[tuple[float, float, int]]:
+        """Runs of consecutive differing steps as ``(first time, last time, ticks)``."""
+        runs: list[tuple[float, float, int]] = []
+        previous_step = None
+        for diff in self.differences:
+            if runs and previous_step is not None and diff.step == previous_step + 1:
+                start, _, count = runs[-1]
+                runs[-1] = (start, diff.time_s, count + 1)
+            else:
+                runs.append((diff.time_s, diff.time_s, 1))
+            previous_step = diff.step
+        return runs
+
+    def format(self, show: int = 10) -> str:
+        """A short human report."""
+        n = max(self.compared, 1)
+        lines = [
+            f"replayed {self.compared} decisions of {self.recorded_controller!r} through "
+            f"{self.replayed_controller!r} ({self.skipped_failsafe} fail-safe ticks skipped)",
+            f"  differing ticks     {self.differing} ({100.0 * self.differing / n:.1f} %)",
+            f"  mean |difference|   {self.abs_diff_sum_mhz / n:.1f} MHz",
+            f"  mean request        recorded {self.recorded_sum_mhz / n:.1f} MHz, "
+            f"replayed {self.replayed_sum_mhz / n:.1f} MHz",
+        ]
+        runs = self.ranges()
+        if runs:
+            lines.append(f"  differing stretches ({len(runs)}; first {min(show, len(runs))}):")
+            for start, end, count in runs[:show]:
+                lines.append(f"    t = {start:9.1f} .. {end:9.1f} s  ({count} ticks)")
+        if self.differences:
+            lines.append(
+                f"  first {min(show, self.differing)} differences (t, recorded -> replayed):"
+            )
+            for diff in self.differences[:show]:
+                lines.append(
+                    f"    {diff.domain} t = {diff.time_s:9.1f} s  "
+                    f"{diff.recorded_mhz:7.0f} -> {diff.replayed_mhz:7.0f} MHz"
+                )
+        return "\n".join(lines)
+
+
+def replay(path: str | Path, spec: ControllerConfig) -> ReplayReport:
+    """Replay ``path`` through the controller ``spec`` describes.
+
+    Raises:
+        RecordingError: the file is not a usable recording.
+        ControllerError: the controller cannot be built.
+    """
+    header, rows = read_recording(path)
+    period_s = float(header.get("period_s", 1.0))
+    domains: dict[str, dict[str, Any]] = {d["name"]: d for d in header.get("domains", [])}
+    controllers = {}
+    for name, info in domains.items():
+        clocks = info.get("supported_clocks_mhz") or []
+        if not clocks:
+            raise RecordingError(f"{path}: domain {name!r} has no supported clocks in the header")
+        safety = info.get("safety", {})
+        controllers[name] = with_safety(
+            build_controller(spec, period_s=period_s),
+            clocks,
+            floor_mhz=safety.get("floor_mhz"),
+            dwell_s=float(safety.get("dwell_s", 1.0)),
+        )
+    recorded_names = sorted({str(info.get("controller", "?")) for info in domains.values()})
+    any_controller = next(iter(controllers.values()), None)
+    report = ReplayReport(
+        recorded_controller=", ".join(recorded_names),
+        replayed_controller=controller_name(any_controller) if any_controller else "?",
+    )
+    for number, row in enumerate(rows, start=2):
+        name = row.get("domain")
+        if name not in controllers:
+            raise RecordingError(f"{path}:{number}: domain {name!r} is not in the header")
+        if row.get("failsafe") or row.get("requested_mhz") is None:
+            report.skipped_failsafe += 1
+            continue
+        try:
+            observation = observation_from_dict(
+                row["observation"], domains[name]["supported_clocks_mhz"]
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise RecordingError(f"{path}:{number}: bad observation: {error}") from error
+        replayed = float(controllers[name](observation))
+        recorded = float(row["requested_mhz"])
+        report.compared += 1
+        report.recorded_sum_mhz += recorded
+        report.replayed_sum_mhz += replayed
+        report.abs_diff_sum_mhz += abs(replayed - recorded)
+        if abs(replayed - recorded) >= 1.0:
+            report.differences.append(
+                Difference(name, int(row.get("step", 0)), observation.time_s, recorded, replayed)
+            )
+    return report

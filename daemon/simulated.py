@@ -1,0 +1,143 @@
+"""The simulated node: a :class:`plant.PlantSimulation` behind the daemon's two roles.
+
+``SimulatedBackend`` (the GPU) and ``SimulatedSource`` (the engine) share one
+:class:`SimulatedNode`. Each tick the backend's ``sample()`` advances the plant to the
+loop's clock and takes one observation (its latency window closes there); the source's
+``scrape()`` in the same tick reads that same observation. The daemon's loop, observer,
+safety wrappers, actuator and exporter run unchanged on top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from daemon.backend import GpuSample
+from daemon.engines import EngineSample
+from plant import PlantSimulation
+from plant.types import ServingObservation
+
+
+class SimulatedNode:
+    """The plant plus the clock that drives it.
+
+    Args:
+        simulation: the plant shell.
+        clock: the loop's clock in simulated seconds.
+        horizon_s: the plant never advances past this.
+    """
+
+    def __init__(
+        self,
+        simulation: PlantSimulation,
+        clock: Callable[[], float],
+        *,
+        horizon_s: float | None = None,
+    ) -> None:
+        self.simulation = simulation
+        self._clock = clock
+        self.horizon_s = horizon_s
+        self._observation: ServingObservation | None = None
+
+    def advance(self, time_s: float) -> None:
+        """Run the plant up to ``time_s`` (capped at the horizon)."""
+        if self.horizon_s is not None:
+            time_s = min(time_s, self.horizon_s)
+        if time_s > self.simulation.time_s:
+            # Like plant.simulate: end at the last completion, not at the next tick.
+            self.simulation.advance_to(time_s, stop_when_done=True)
+
+    def refresh(self) -> ServingObservation:
+        """Advance to the clock's time and take this tick's observation."""
+        self.advance(self._clock())
+        self._observation = self.simulation.observe()
+        return self._observation
+
+    def current(self) -> ServingObservation:
+        """This tick's observation (taken now if the tick has none yet)."""
+        return self._observation if self._observation is not None else self.refresh()
+
+    @property
+    def done(self) -> bool:
+        """Every request has arrived and finished."""
+        return self.simulation.done
+
+
+class SimulatedBackend:
+    """The plant's GPU as a :class:`~daemon.backend.GpuBackend`.
+
+    A lock requests its upper clock from the plant (quantised down, effective after the
+    plant's actuation delay); a reset requests the maximum (an unlocked GPU under load).
+    """
+
+    def __init__(self, node: SimulatedNode, label: str = "0") -> None:
+        self._node = node
+        self._label = label
+        clocks = node.simulation.plant.profile.clock_mhz
+        self._clocks = tuple(int(round(float(c))) for c in clocks)
+        self.locks: list[tuple[int, int]] = []
+        self.resets = 0
+
+    @property
+    def label(self) -> str:
+        """The GPU label."""
+        return self._label
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        """The profile's clocks."""
+        return self._clocks
+
+    def sample(self) -> GpuSample:
+        """Advance the plant to now and read its GPU."""
+        observation = self._node.refresh()
+        return GpuSample(
+            gpu=self._label,
+            power_w=observation.power_w,
+            energy_j=observation.energy_j,
+            temperature_c=observation.temperature_c,
+            sm_clock_mhz=observation.realized_clock_mhz,
+            utilization=observation.gpu_utilization,
+            clock_event_reasons=self._node.simulation.clock_event_reasons,
+            power_limit_w=observation.power_limit_w,
+        )
+
+    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None:
+        """Ask the plant for ``max_mhz``."""
+        self.locks.append((int(min_mhz), int(max_mhz)))
+        self._node.simulation.request_clock(float(max_mhz))
+
+    def reset_clocks(self) -> None:
+        """Ask the plant for its maximum clock."""
+        self.resets += 1
+        self._node.simulation.request_clock(float(self._clocks[-1]))
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class SimulatedSource:
+    """The plant's engine as an :class:`~daemon.engines.EngineSource` with exact values."""
+
+    def __init__(self, node: SimulatedNode) -> None:
+        self._node = node
+
+    def scrape(self) -> EngineSample:
+        """This tick's engine state."""
+        o = self._node.current()
+        return EngineSample(
+            engine="simulated",
+            running_requests=o.decode_active,
+            waiting_requests=o.waiting_requests,
+            prompt_tokens_total=o.prompt_tokens_total,
+            generation_tokens_total=o.output_tokens_total,
+            finished_requests_total=float(o.completed_requests),
+            arrived_requests_total=float(o.arrived_requests),
+            kv_usage_ratio=(o.kv_tokens / o.kv_capacity_tokens) if o.kv_capacity_tokens else None,
+            kv_capacity_tokens=o.kv_capacity_tokens,
+            kv_tokens=o.kv_tokens,
+            prefill_remaining_tokens=o.prefill_remaining_tokens,
+            generated_decode_tokens=o.generated_decode_tokens,
+            ttft_recent_s=o.ttft_recent_s,
+            tpot_recent_s=o.tpot_recent_s,
+            ttft_slo_s=o.ttft_slo_s,
+            tpot_slo_s=o.tpot_slo_s,
+        )

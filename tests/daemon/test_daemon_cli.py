@@ -1,0 +1,182 @@
+"""The node commands: run, check-config, reset-clocks, status, replay, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import MetricsServer, fixture_text
+from fake_pynvml import FakeNvml
+
+import daemon.node_cli as node_cli
+import daemon.nvml as nvml_module
+from daemon.errors import PERMISSION_DENIED_MESSAGE
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "gpugov.example.toml"
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    fake = FakeNvml(2)
+    monkeypatch.setattr(nvml_module, "load_pynvml", lambda: fake)
+    monkeypatch.setattr(node_cli, "load_pynvml", lambda: fake)
+    return fake
+
+
+def _config(tmp_path: Path, url: str, extra: str = "") -> Path:
+    path = tmp_path / "gpugov.toml"
+    path.write_text(
+        f'[daemon]\nmetrics_address = ""\n{extra}\n'
+        f'[[domains]]\nname = "llm"\ngpus = [0, 1]\n'
+        f'[domains.engine]\nkind = "vllm"\nurl = "{url}"\n'
+    )
+    return path
+
+
+def test_check_config_ok(capsys: pytest.CaptureFixture[str]) -> None:
+    assert node_cli.main(["check-config", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert "OK" in out and "domain llama-8b" in out and "controller reactive" in out
+
+
+def test_check_config_bad(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[domains]]\nname = "x"\ngpus = [0]\n[domains.controller]\nkind = "fixed"\n')
+    assert node_cli.main(["check-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpugov: error: ") and "domains[0].controller.clock_mhz" in err
+
+
+def test_run_without_permission_exits_3(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    capsys: pytest.CaptureFixture[str],
+    fake: FakeNvml,
+) -> None:
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    fake.permission = False
+    assert node_cli.main(["run", "--config", str(_config(tmp_path, metrics_server.url))]) == 3
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == f"gpugov: {PERMISSION_DENIED_MESSAGE}"
+    assert fake.initialized == 0
+
+
+def test_run_with_missing_gpu_exits_4(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "g.toml"
+    path.write_text('[[domains]]\nname = "x"\ngpus = [7]\n')
+    assert node_cli.main(["run", "--config", str(path)]) == 4
+    assert "GPU 7" in capsys.readouterr().err
+    assert fake.initialized == 0
+
+
+def test_run_with_gpu_lost_exits_5(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    import fake_pynvml as fp
+
+    fake.fail("nvmlDeviceGetUtilizationRates", fp.NVML_ERROR_GPU_IS_LOST, times=None)
+    assert node_cli.main(["run", "--config", str(_config(tmp_path, metrics_server.url))]) == 5
+    assert "GPU is lost" in capsys.readouterr().err
+
+
+def test_run_flag_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert node_cli.main(["run"]) == 2
+    assert node_cli.main(["run", "--speed", "5", "--config", "x.toml"]) == 2
+    assert node_cli.main(["run", "--simulate", "--virtual", "--controller", "warp"]) == 2
+    assert node_cli.main(["run", "--simulate", "--speed", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown controller 'warp'" in err
+    assert "--speed must be positive" in err
+
+
+def test_reset_clocks(fake: FakeNvml, capsys: pytest.CaptureFixture[str]) -> None:
+    fake.gpus[0].locked = (900, 900)
+    assert node_cli.main(["reset-clocks"]) == 0
+    assert fake.writes == [
+        ("nvmlDeviceResetGpuLockedClocks", 0),
+        ("nvmlDeviceResetGpuLockedClocks", 1),
+    ]
+    assert node_cli.main(["reset-clocks", "--gpus", "1"]) == 0
+    assert fake.writes[-1] == ("nvmlDeviceResetGpuLockedClocks", 1)
+    assert "GPU 1: SM clock lock reset" in capsys.readouterr().out
+    assert node_cli.main(["reset-clocks", "--gpus", "x"]) == 2
+    fake.permission = False
+    assert node_cli.main(["reset-clocks"]) == 3
+
+
+def test_status(
+    fake: FakeNvml, metrics_server: MetricsServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    metrics_server.page = fixture_text("sglang_real.txt")
+    assert node_cli.main(["status", "--engine-url", metrics_server.url]) == 0
+    out = capsys.readouterr().out
+    assert "may lock clocks:" in out
+    assert "GPU 0: NVIDIA H100 80GB HBM3 GPU-fake-0000; supported 345-1980 MHz" in out
+    assert "reachable (sglang, 2826 waiting, 162 running)" in out
+    metrics_server.down = True
+    assert node_cli.main(["status", "--json", "--engine-url", metrics_server.url]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["gpus"][1]["supported_clock_count"] == 110
+    assert report["engines"][0]["reachable"] is False
+    fake.driver_loaded = False
+    assert node_cli.main(["status"]) == 4
+    assert "unavailable" in capsys.readouterr().out
+
+
+def test_may_lock_clocks_reads_capabilities(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text("Name:\tx\nCapEff:\t0000000000200000\n")
+    assert node_cli.may_lock_clocks(status)
+    status.write_text("Name:\tx\nCapEff:\t0000000000000000\n")
+    assert not node_cli.may_lock_clocks(status)
+
+
+def test_run_simulate_virtual_record_and_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = tmp_path / "rec.jsonl"
+    argv = [
+        "run",
+        "--simulate",
+        "--virtual",
+        "--duration",
+        "60",
+        "--controller",
+        "reactive",
+        "--metrics-address",
+        "127.0.0.1:0",
+        "--record",
+        str(record),
+    ]
+    assert node_cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "gpugov run --simulate: reactive_governor on h100-sxm-llama3-8b" in out
+    for row in (
+        "energy per output token",
+        "TTFT p50 / p95 / p99",
+        "SLO attainment",
+        "clock changes",
+        "daemon:",
+    ):
+        assert row in out
+    assert f"wrote {record}" in out
+    assert node_cli.main(["replay", str(record), "--controller", "max"]) == 0
+    out = capsys.readouterr().out
+    assert "through 'maximum_clock_controller'" in out and "differing ticks" in out
+    assert node_cli.main(["replay", str(tmp_path / "nope.jsonl"), "--controller", "max"]) == 2
+
+
+def test_nvidia_smi_reset_all_uses_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(
+        node_cli, "run_command", lambda argv, timeout: calls.append(list(argv)) or ""
+    )
+    assert node_cli.main(["reset-clocks", "--backend", "nvidia-smi"]) == 0
+    assert calls == [["nvidia-smi", "--reset-gpu-clocks"]]

@@ -1,0 +1,119 @@
+"""Config: the example file validates; every bad field names file, path and reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from daemon.config import GpugovConfig, load_config, parse_address, parse_config
+from daemon.errors import ConfigError
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "gpugov.example.toml"
+MINIMAL = {"domains": [{"name": "llm", "gpus": [0]}]}
+
+
+def _domain(**overrides: object) -> dict[str, object]:
+    return {"domains": [{"name": "llm", "gpus": [0], **overrides}]}
+
+
+def test_example_config_is_valid() -> None:
+    config = load_config(EXAMPLE)
+    assert isinstance(config, GpugovConfig)
+    assert config.daemon.metrics_address == "127.0.0.1:9400"
+    assert config.domains[0].engine.url.startswith("http://127.0.0.1")
+
+
+def test_defaults() -> None:
+    config = parse_config(MINIMAL)
+    domain = config.domains[0]
+    assert config.daemon.period_s == 1.0 and config.daemon.backend == "nvml"
+    assert domain.controller.kind == "max" and domain.failsafe == "max"
+    assert domain.safety.dwell_s == 1.0 and config.stale_after_s(domain) == 3.0
+    with pytest.raises(Exception, match="frozen"):
+        config.daemon.period_s = 2.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("data", "path", "reason"),
+    [
+        ({"daemon": {"period_s": "fast"}, **MINIMAL}, "daemon.period_s", "valid number"),
+        ({"daemon": {"period_s": 0.0}, **MINIMAL}, "daemon.period_s", "greater than or equal"),
+        ({"daemon": {"dry_run": "yes"}, **MINIMAL}, "daemon.dry_run", "valid boolean"),
+        ({"daemon": {"backend": "dcgm"}, **MINIMAL}, "daemon.backend", "'nvml' or 'nvidia-smi'"),
+        ({"daemon": {"metrics_address": "9400"}, **MINIMAL}, "daemon.metrics_address", "HOST:PORT"),
+        ({"daemon": {"bogus": 1}, **MINIMAL}, "daemon.bogus", "unknown key"),
+        ({"domains": {"name": "x"}}, "domains", "[[domains]]"),
+        ({"domains": []}, "domains", "at least 1"),
+        (_domain(gpus=[]), "domains[0].gpus", "at least 1"),
+        (_domain(gpus=["eth0"]), "domains[0].gpus[0]", "NVML index"),
+        (_domain(gpus=[-1]), "domains[0].gpus[0]", "NVML index"),
+        (_domain(name="has space"), "domains[0].name", "pattern"),
+        (_domain(engine={"url": "ftp://x"}), "domains[0].engine.url", "http://"),
+        (_domain(engine={"timeout_s": -1}), "domains[0].engine.timeout_s", "greater than 0"),
+        (_domain(engine={"kind": "trtllm"}), "domains[0].engine.kind", "'auto'"),
+        (_domain(controller={"kind": "pid"}), "domains[0].controller", "does not match"),
+        (_domain(controller={"kind": "fixed"}), "domains[0].controller.clock_mhz", "required"),
+        (
+            _domain(controller={"kind": "fixed", "clock_mhz": "1410"}),
+            "domains[0].controller.clock_mhz",
+            "valid number",
+        ),
+        (
+            _domain(controller={"kind": "mpc", "horizon_s": 0}),
+            "domains[0].controller.horizon_s",
+            "greater than 0",
+        ),
+        (
+            _domain(controller={"kind": "max", "clock_mhz": 1}),
+            "domains[0].controller.clock_mhz",
+            "unknown key",
+        ),
+        (_domain(safety={"dwell_s": -1}), "domains[0].safety.dwell_s", "greater than or equal"),
+        (_domain(safety={"floor_mhz": 0}), "domains[0].safety.floor_mhz", "greater than 0"),
+        (_domain(failsafe="min"), "domains[0].failsafe", "'max' or 'unlock'"),
+        (_domain(stale_after_s=float("inf")), "domains[0].stale_after_s", "finite"),
+        (
+            {"daemon": {"period_s": 0.1}, **_domain(engine={"timeout_s": 0.5})},
+            "(top level)",
+            "shorter than daemon.period_s",
+        ),
+        (
+            {"domains": [{"name": "a", "gpus": [0]}, {"name": "a", "gpus": [1]}]},
+            "(top level)",
+            "used twice",
+        ),
+        (
+            {"domains": [{"name": "a", "gpus": [0]}, {"name": "b", "gpus": [0]}]},
+            "(top level)",
+            "one domain",
+        ),
+    ],
+)
+def test_bad_field_is_named(data: dict[str, object], path: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "gpugov.toml")
+    message = str(info.value)
+    assert f"gpugov.toml: {path}: " in message
+    assert reason in message
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[daemon\nperiod_s = 1\n")
+    with pytest.raises(ConfigError, match=r"bad.toml: not valid TOML.*line 1"):
+        load_config(bad)
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text('[daemon]\nperiod_s = "x"\n[[domains]]\nname = "a"\ngpus = [0]\n')
+    with pytest.raises(ConfigError, match=r"wrong.toml: daemon.period_s"):
+        load_config(wrong)
+
+
+def test_parse_address() -> None:
+    assert parse_address("127.0.0.1:9400") == ("127.0.0.1", 9400)
+    assert parse_address("[::1]:9400") == ("::1", 9400)
+    assert parse_address(":9400") == ("127.0.0.1", 9400)
+    with pytest.raises(ValueError):
+        parse_address("host:99999")

@@ -1,0 +1,166 @@
+"""Controller factory and the safety wrappers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from controllers.baseline import ReactiveGovernor, maximum_clock_controller
+from daemon.config import (
+    FixedControllerConfig,
+    MaxControllerConfig,
+    MPCControllerConfig,
+    OpenLoopControllerConfig,
+    ReactiveControllerConfig,
+)
+from daemon.decide import (
+    ClampToSupported,
+    FloorClock,
+    MinimumDwell,
+    build_controller,
+    innermost,
+    invalid_decisions,
+    parse_controller_spec,
+    with_safety,
+)
+from daemon.errors import ControllerError
+from plant.types import ServingObservation
+
+CLOCKS = (345.0, 900.0, 1200.0, 1500.0, 1980.0)
+
+
+def _obs(t: float = 0.0) -> ServingObservation:
+    return ServingObservation(
+        time_s=t,
+        step_index=int(t),
+        arrived_requests=0,
+        prefill_remaining_tokens=0.0,
+        decode_active=0,
+        generated_decode_tokens=0.0,
+        temperature_c=50.0,
+        supported_clocks_mhz=CLOCKS,
+    )
+
+
+class Scripted:
+    """Returns the scripted clocks in order."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = list(values)
+        self.__name__ = "scripted"
+
+    def __call__(self, observation: ServingObservation) -> float:
+        return self.values.pop(0)
+
+
+def test_factory_kinds(tmp_path: Path) -> None:
+    assert (
+        build_controller(MaxControllerConfig(kind="max"), period_s=1.0) is maximum_clock_controller
+    )
+    assert (
+        build_controller(FixedControllerConfig(kind="fixed", clock_mhz=1200), period_s=1)(_obs())
+        == 1200
+    )
+    reactive = build_controller(
+        ReactiveControllerConfig(kind="reactive", step_mhz=30.0), period_s=1.0
+    )
+    assert isinstance(reactive, ReactiveGovernor) and reactive.step_mhz == 30.0
+    with pytest.raises(ControllerError, match="cannot read plan"):
+        build_controller(
+            OpenLoopControllerConfig(kind="open-loop", plan=tmp_path / "missing.json"), period_s=1
+        )
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "nope"}))
+    with pytest.raises(ControllerError):
+        build_controller(OpenLoopControllerConfig(kind="open-loop", plan=bad), period_s=1.0)
+    with pytest.raises(ControllerError, match="profile"):
+        build_controller(MPCControllerConfig(kind="mpc", profile="no-such-profile"), period_s=1.0)
+
+
+def test_factory_mpc_builds() -> None:
+    pytest.importorskip("controllers.mpc")
+    controller = build_controller(MPCControllerConfig(kind="mpc", horizon_s=5.0), period_s=1.0)
+    assert controller.__name__ == "mpc_clock"  # type: ignore[attr-defined]
+
+
+def test_open_loop_plan_round_trip(tmp_path: Path) -> None:
+    import numpy as np
+
+    from controllers.open_loop import OpenLoopPlan, save_plan
+
+    plan = OpenLoopPlan(
+        time_s=np.array([0.0, 1.0]),
+        continuous_clock_mhz=np.array([1000.0, 1500.0]),
+        applied_clock_mhz=np.array([900.0, 1500.0]),
+        predicted_backlog_s=np.array([0.0, 0.0, 0.0]),
+        objective=1.0,
+        optimization_method="test",
+        success=True,
+        message="",
+        control_period_s=1.0,
+        workload_checksum="x",
+        profile_status="synthetic",
+    )
+    path = save_plan(plan, tmp_path / "plan.json")
+    controller = build_controller(OpenLoopControllerConfig(kind="open-loop", plan=path), period_s=1)
+    assert controller(_obs(0.0)) == 900.0 and controller(_obs(1.5)) == 1500.0
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("max", "max"),
+        ("fixed:1410", "fixed"),
+        ("reactive", "reactive"),
+        ("mpc", "mpc"),
+        ("mpc:h100-sxm-llama3-8b", "mpc"),
+        ("open-loop:p.json", "open-loop"),
+    ],
+)
+def test_parse_controller_spec(text: str, kind: str) -> None:
+    assert parse_controller_spec(text).kind == kind
+
+
+@pytest.mark.parametrize("text", ["fixed:abc", "fixed:-5", "open-loop", "nope"])
+def test_parse_controller_spec_errors(text: str) -> None:
+    with pytest.raises(ValueError, match="controller"):
+        parse_controller_spec(text)
+
+
+def test_clamp_quantises_down_within_range() -> None:
+    clamp = ClampToSupported(Scripted([1300.0, 5000.0, 100.0, math.nan, 1500.0]), CLOCKS)
+    assert [clamp(_obs()) for _ in range(5)] == [1200.0, 1980.0, 345.0, 1980.0, 1500.0]
+    assert clamp.invalid_decisions == 1
+    assert invalid_decisions(MinimumDwell(clamp, 0.0)) == 1
+
+
+def test_floor_rounds_up_onto_supported() -> None:
+    floor = FloorClock(ClampToSupported(Scripted([345.0, 1500.0]), CLOCKS), 1000.0, CLOCKS)
+    assert floor.floor_mhz == 1200.0
+    assert floor(_obs()) == 1200.0 and floor(_obs()) == 1500.0
+
+
+def test_dwell_holds_changes() -> None:
+    dwell = MinimumDwell(Scripted([1500.0, 900.0, 900.0, 1200.0, 1200.0]), dwell_s=2.0)
+    out = [dwell(_obs(t)) for t in (0.0, 1.0, 2.0, 3.0, 4.0)]
+    assert out == [1500.0, 1500.0, 900.0, 900.0, 1200.0]
+    assert dwell.suppressed == 2
+
+
+def test_controller_exceptions_propagate_through_wrappers() -> None:
+    def broken(observation: ServingObservation) -> float:
+        raise ValueError("bug")
+
+    with pytest.raises(ValueError, match="bug"):
+        with_safety(broken, CLOCKS)(_obs())
+
+
+def test_with_safety_chain() -> None:
+    inner = Scripted([100.0])
+    wrapped = with_safety(inner, CLOCKS, floor_mhz=900.0, dwell_s=1.0)
+    assert wrapped(_obs()) == 900.0
+    assert innermost(wrapped) is inner
+    assert wrapped.__name__ == "scripted"

@@ -1,0 +1,243 @@
+"""Engine sources: recorded real pages over a local HTTP server, aggregation, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import MetricsServer, fixture_text
+
+from daemon.engines import (
+    EngineSource,
+    HistogramTotals,
+    ScrapedSource,
+    SglangSource,
+    TgiSource,
+    VllmSource,
+    aggregate,
+    detect_engine,
+    parse_page,
+)
+from daemon.errors import EngineParseError, EngineUnavailable
+
+
+def test_vllm_real_page_over_http(metrics_server: MetricsServer) -> None:
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    source = VllmSource(metrics_server.url, timeout_s=2.0)
+    assert isinstance(source, EngineSource)
+    sample = source.scrape()
+    assert sample.engine == "vllm"
+    assert (sample.running_requests, sample.waiting_requests) == (0, 0)
+    assert sample.prompt_tokens_total == 80.0
+    assert sample.generation_tokens_total == 500.0
+    assert sample.finished_requests_total == 10.0
+    assert sample.ttft == HistogramTotals(0.205, 10.0)
+    assert sample.tpot == HistogramTotals(0.864, 490.0)
+    assert sample.kv_capacity_tokens == 551520.0  # kv_cache_size_tokens = 34470 * 16
+    assert sample.kv_usage_ratio == 0.0 and sample.kv_tokens == 0.0
+    assert metrics_server.requests == 1
+
+
+def test_shared_pages_parse(shared_engine_metrics: Path) -> None:
+    vllm = ScrapedSource(
+        "file:vllm",
+        fetch=lambda url, t: (shared_engine_metrics / "vllm_v1_excerpts.txt").read_text(),
+    ).scrape()
+    assert vllm.engine == "vllm" and vllm.finished_requests_total == 10.0
+    sglang = ScrapedSource(
+        "file:sglang",
+        fetch=lambda url, t: (shared_engine_metrics / "sglang_docs_sample.txt").read_text(),
+    ).scrape()
+    assert sglang.engine == "sglang"
+    assert (sglang.running_requests, sglang.waiting_requests) == (162, 2826)
+
+
+def test_sglang_real_page() -> None:
+    sample = SglangSource("x", fetch=lambda url, t: fixture_text("sglang_real.txt")).scrape()
+    assert (sample.running_requests, sample.waiting_requests) == (162, 2826)
+    assert sample.prompt_tokens_total == pytest.approx(8.128902e06)
+    assert sample.generation_tokens_total == pytest.approx(7.557572e06)
+    assert sample.ttft == HistogramTotals(pytest.approx(2.3518979474117756e06), 11008.0)
+    # Older SGLang: TPOT from the deprecated time_per_output_token histogram.
+    assert sample.tpot is not None and sample.tpot.count == pytest.approx(7.400757e06)
+    # No num_requests_total on this page: finished from the e2e histogram count.
+    assert sample.finished_requests_total == 11228.0
+    assert sample.kv_usage_ratio == pytest.approx(0.28)
+    assert sample.kv_tokens == 123859.0
+    assert sample.kv_capacity_tokens == pytest.approx(123859.0 / 0.28)
+
+
+def test_vllm_data_parallel_engines_are_summed() -> None:
+    sample = VllmSource("x", fetch=lambda url, t: fixture_text("vllm_dp2_synthetic.txt")).scrape()
+    assert (sample.running_requests, sample.waiting_requests) == (20, 4)
+    assert sample.prompt_tokens_total == 100000.0
+    assert sample.finished_requests_total == 170.0  # over engines and finished_reason
+    assert sample.preemptions_total == 3.0
+    assert sample.ttft == HistogramTotals(pytest.approx(60.0), 200.0)
+    assert sample.tpot == HistogramTotals(pytest.approx(996.0), 49800.0)
+    assert sample.kv_usage_ratio == pytest.approx(0.375)  # a ratio: averaged
+    assert sample.kv_capacity_tokens == 320000.0
+    assert sample.kv_tokens == pytest.approx(120000.0)
+
+
+def test_vllm_deprecated_aliases() -> None:
+    sample = VllmSource(
+        "x", fetch=lambda url, t: fixture_text("vllm_legacy_synthetic.txt")
+    ).scrape()
+    assert sample.kv_usage_ratio == pytest.approx(0.3)
+    assert sample.tpot == HistogramTotals(5.0, 100.0)
+    assert sample.finished_requests_total == 7.0
+    assert sample.ttft is None and sample.prompt_tokens_total is None
+
+
+def test_sglang_ranks_counted_once() -> None:
+    sample = SglangSource(
+        "x", fetch=lambda url, t: fixture_text("sglang_ranks_synthetic.txt")
+    ).scrape()
+    assert (sample.running_requests, sample.waiting_requests) == (10, 5)
+    assert sample.prompt_tokens_total == 1000.0
+    assert sample.finished_requests_total == 4.0
+    assert sample.kv_tokens == 5000.0
+    assert sample.kv_capacity_tokens == pytest.approx(20000.0)
+    assert sample.tpot == HistogramTotals(2.0, 100.0)
+
+
+def test_tgi_page() -> None:
+    sample = TgiSource("x", fetch=lambda url, t: fixture_text("tgi_synthetic.txt")).scrape()
+    assert (sample.running_requests, sample.waiting_requests) == (24, 6)
+    assert sample.arrived_requests_total == 150.0
+    assert sample.finished_requests_total == 120.0
+    assert sample.prompt_tokens_total == 61440.0
+    assert sample.tpot == HistogramTotals(3.6, 120.0)
+    assert sample.ttft is None
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("vllm_v1_real.txt", "vllm"),
+        ("sglang_real.txt", "sglang"),
+        ("tgi_synthetic.txt", "tgi"),
+    ],
+)
+def test_auto_detection(name: str, kind: str) -> None:
+    source = ScrapedSource("x", "auto", fetch=lambda url, t: fixture_text(name))
+    assert source.kind == "auto"
+    source.scrape()
+    assert source.kind == kind
+
+
+def test_detect_engine_unknown() -> None:
+    assert detect_engine(["node_cpu_seconds_total"]) is None
+    source = ScrapedSource("http://h/metrics", fetch=lambda url, t: "up 1\n")
+    with pytest.raises(EngineParseError, match="http://h/metrics"):
+        source.scrape()
+
+
+def test_parse_error_names_url_and_line() -> None:
+    page = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        "vllm:num_requests_running 1\n"
+        'vllm:num_requests_waiting{a="1" nope\n'
+    )
+    with pytest.raises(EngineParseError, match=r"http://e/metrics: line 3"):
+        VllmSource("http://e/metrics", fetch=lambda url, t: page).scrape()
+
+
+def test_unused_bad_lines_are_ignored() -> None:
+    page = fixture_text("vllm_v1_real.txt") + "some_other_metric{ garbage\n"
+    assert VllmSource("x", fetch=lambda url, t: page).scrape().engine == "vllm"
+
+
+def test_wrong_engine_kind_is_a_parse_error() -> None:
+    with pytest.raises(EngineParseError, match="no sglang queue gauges"):
+        SglangSource("x", fetch=lambda url, t: fixture_text("vllm_v1_real.txt")).scrape()
+
+
+def test_refused_connection_is_unavailable(metrics_server: MetricsServer) -> None:
+    url = metrics_server.url
+    metrics_server.close()
+    with pytest.raises(EngineUnavailable, match=url.rsplit("/", 1)[0]):
+        VllmSource(url, timeout_s=1.0).scrape()
+
+
+def test_http_error_and_dropped_connection(metrics_server: MetricsServer) -> None:
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    metrics_server.status = 503
+    source = VllmSource(metrics_server.url, timeout_s=2.0)
+    with pytest.raises(EngineUnavailable, match="HTTP 503"):
+        source.scrape()
+    metrics_server.status = 200
+    metrics_server.down = True
+    with pytest.raises(EngineUnavailable):
+        source.scrape()
+    metrics_server.down = False
+    assert source.scrape().finished_requests_total == 10.0
+
+
+def test_aggregate_rules() -> None:
+    series = parse_page(
+        'a{engine="0",tp_rank="0"} 3\na{engine="0",tp_rank="1"} 3\na{engine="1",tp_rank="0"} 4\n'
+        'r{engine="0"} 0.2\nr{engine="1"} 0.4\n',
+        None,
+        "t",
+    )
+    assert aggregate(series, "a") == 7.0
+    assert aggregate(series, "r", "mean") == pytest.approx(0.3)
+    assert aggregate(series, "missing") is None
+
+
+def test_keep_alive_connection_is_reused() -> None:
+    server = MetricsServer(protocol="HTTP/1.1")
+    try:
+        server.page = fixture_text("vllm_v1_real.txt")
+        source = VllmSource(server.url, timeout_s=2.0)
+        for _ in range(3):
+            assert source.scrape().finished_requests_total == 10.0
+        assert (server.requests, server.connections) == (3, 1)
+        server.status = 500
+        with pytest.raises(EngineUnavailable, match="HTTP 500"):
+            source.scrape()
+        server.status = 200
+        assert source.scrape().engine == "vllm"
+        source.close()
+        assert source.scrape().engine == "vllm"
+        assert server.connections == 2
+    finally:
+        server.close()
+
+
+def test_https_and_other_urls_use_urllib(monkeypatch: pytest.MonkeyPatch) -> None:
+    import daemon.engines as engines
+
+    seen: list[str] = []
+    monkeypatch.setattr(engines, "http_get", lambda url, t: seen.append(url) or "")
+    engines.KeepAliveFetcher()("https://example.invalid/metrics", 1.0)
+    assert seen == ["https://example.invalid/metrics"]
+
+
+def test_series_cache_gives_same_answer_without_reparsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import daemon.engines as engines
+
+    page = fixture_text("vllm_dp2_synthetic.txt")
+    wanted = engines.VLLM.wanted()
+    cache: engines.SeriesCache = {}
+    first = parse_page(page, wanted, "u", cache)
+    assert first == parse_page(page, wanted, "u")
+    calls = {"n": 0}
+    real = engines.text_string_to_metric_families
+
+    def counting(text: str):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        return real(text)
+
+    monkeypatch.setattr(engines, "text_string_to_metric_families", counting)
+    changed = page.replace(
+        'vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3.0',
+        'vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 9.0',
+    )
+    again = parse_page(changed, wanted, "u", cache)
+    assert calls["n"] == 0
+    assert aggregate(again, "vllm:num_requests_waiting") == 10.0
+    with pytest.raises(EngineParseError, match="line 9"):
+        parse_page(changed.replace("} 9.0", "} nine"), wanted, "u", cache)

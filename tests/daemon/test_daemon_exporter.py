@@ -1,0 +1,178 @@
+"""Exporter: own registry, live values over HTTP, a clean exposition."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import urllib.request
+
+import pytest
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+from daemon.backend import GpuSample
+from daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
+from plant.types import ServingObservation
+
+UNIT_SUFFIXES = ("_watts", "_joules", "_celsius", "_hertz", "_seconds", "_ratio", "_requests")
+
+
+def _snapshot() -> DomainSnapshot:
+    histogram = SolveHistogram()
+    for seconds in (0.0004, 0.02, 0.3):
+        histogram.observe(seconds)
+    observation = ServingObservation(
+        time_s=5.0,
+        step_index=5,
+        arrived_requests=10,
+        prefill_remaining_tokens=100.0,
+        decode_active=3,
+        generated_decode_tokens=10.0,
+        temperature_c=61.0,
+        waiting_requests=2,
+        completed_requests=7,
+        output_tokens_total=1234.0,
+        prompt_tokens_total=5678.0,
+        power_w=650.0,
+        ttft_recent_s=0.25,
+        tpot_recent_s=0.02,
+        ttft_slo_s=1.0,
+        tpot_slo_s=0.05,
+    )
+    gpus = (
+        GpuSample(
+            "0",
+            power_w=350.0,
+            energy_j=1000.0,
+            temperature_c=61.0,
+            sm_clock_mhz=1410.0,
+            utilization=0.8,
+            clock_event_reasons=4,
+            power_limit_w=700.0,
+        ),
+        GpuSample("1", power_w=300.0, read_errors=("temperature",)),
+    )
+    return DomainSnapshot(
+        domain="llm",
+        controller="mpc_clock",
+        gpus=gpus,
+        observation=observation,
+        requested_mhz=1410.0,
+        applied_mhz=1410.0,
+        failsafe=False,
+        engine_age_s=0.0,
+        engine_scrape_s=0.002,
+        decisions_total=6,
+        clock_writes_total=2,
+        engine_errors_total=1,
+        gpu_read_errors_total={"0": 0, "1": 3},
+        fallbacks_total={"engine_stale": 2},
+        solve_buckets=tuple(histogram.buckets()),
+        solve_sum_s=histogram.sum_s,
+    )
+
+
+@pytest.fixture
+def page() -> str:
+    with Exporter("127.0.0.1", 0) as exporter:
+        assert exporter.url.startswith("http://127.0.0.1:")
+        exporter.publish(
+            [_snapshot()], LoopSnapshot(ticks_total=6, overruns_total=1, tick_seconds=0.0003)
+        )
+        with urllib.request.urlopen(exporter.url, timeout=5) as response:
+            assert response.headers["Content-Type"].startswith("text/plain")
+            return response.read().decode()
+
+
+def test_values_and_labels(page: str) -> None:
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(page)
+        for s in family.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert value("gpugov_gpu_power_watts", domain="llm", gpu="0") == 350.0
+    assert value("gpugov_gpu_energy_joules_total", domain="llm", gpu="0") == 1000.0
+    assert value("gpugov_gpu_sm_clock_hertz", domain="llm", gpu="0") == 1410e6
+    assert value("gpugov_gpu_temperature_celsius", domain="llm", gpu="0") == 61.0
+    assert value("gpugov_gpu_utilization_ratio", domain="llm", gpu="0") == 0.8
+    assert value("gpugov_gpu_read_errors_total", domain="llm", gpu="1") == 3.0
+    assert ("gpugov_gpu_temperature_celsius", (("domain", "llm"), ("gpu", "1"))) not in samples
+    assert value("gpugov_requested_clock_hertz", domain="llm", controller="mpc_clock") == 1410e6
+    assert value("gpugov_applied_clock_hertz", domain="llm") == 1410e6
+    assert value("gpugov_clock_writes_total", domain="llm") == 2.0
+    assert value("gpugov_decisions_total", domain="llm", controller="mpc_clock") == 6.0
+    assert (
+        value("gpugov_fallbacks_total", domain="llm", controller="mpc_clock", reason="engine_stale")
+        == 2.0
+    )
+    assert (
+        value("gpugov_controller_solve_seconds_count", domain="llm", controller="mpc_clock") == 3.0
+    )
+    assert (
+        value(
+            "gpugov_controller_solve_seconds_bucket",
+            domain="llm",
+            controller="mpc_clock",
+            le="0.001",
+        )
+        == 1.0
+    )
+    assert value("gpugov_queue_waiting_requests", domain="llm") == 2.0
+    assert value("gpugov_queue_running_requests", domain="llm") == 3.0
+    assert value("gpugov_ttft_seconds", domain="llm") == 0.25
+    assert value("gpugov_tpot_slo_seconds", domain="llm") == 0.05
+    assert value("gpugov_failsafe_active", domain="llm") == 0.0
+    assert value("gpugov_observation_age_seconds", domain="llm") == 0.0
+    assert value("gpugov_engine_scrape_errors_total", domain="llm") == 1.0
+    assert value("gpugov_output_tokens_total", domain="llm") == 1234.0
+    assert value("gpugov_prompt_tokens_total", domain="llm") == 5678.0
+    assert value("gpugov_completed_requests_total", domain="llm") == 7.0
+    assert value("gpugov_loop_ticks_total") == 6.0
+    assert value("gpugov_loop_overruns_total") == 1.0
+    build = [k for k in samples if k[0] == "gpugov_build_info"]
+    assert build and dict(build[0][1])["version"]
+
+
+def test_exposition_is_clean(page: str) -> None:
+    helps = set(re.findall(r"^# HELP (\S+) ", page, re.M))
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", page, re.M))
+    assert helps == set(types)
+    for name, kind in types.items():
+        assert name.startswith("gpugov_"), name
+        assert re.fullmatch(r"[a-z_]+", name), name
+        if kind == "counter":
+            assert name.endswith("_total"), name
+        elif kind == "gauge" and name != "gpugov_build_info" and not name.endswith("_active"):
+            assert name.endswith(UNIT_SUFFIXES) or name.endswith(("_locked", "_reasons")), name
+    for line in page.splitlines():
+        if line and not line.startswith("#"):
+            metric = re.match(r"[a-z_]+", line).group(0)  # type: ignore[union-attr]
+            assert any(metric.startswith(n) for n in types), line
+
+
+def test_promtool_if_installed(page: str) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed")
+    done = subprocess.run(
+        [promtool, "check", "metrics"], input=page, text=True, capture_output=True
+    )
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+
+
+def test_own_registry_not_global() -> None:
+    exporter = Exporter(serve=False)
+    assert exporter.registry is not REGISTRY
+    names = {m.name for m in REGISTRY.collect()}
+    assert not any(name.startswith("gpugov") for name in names)
+
+
+def test_empty_before_first_tick() -> None:
+    exporter = Exporter(serve=False)
+    families = {m.name for m in exporter.registry.collect()}
+    assert "gpugov_build" in families

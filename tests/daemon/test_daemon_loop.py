@@ -1,0 +1,104 @@
+"""TimedLoop on virtual time, systemd notifications, signal handling."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from daemon.loop import ScaledClock, SystemdNotify, TimedLoop, VirtualClock, stop_on_signals
+
+
+def test_ticks_at_absolute_targets_without_drift() -> None:
+    clock = VirtualClock(100.0)
+    loop = TimedLoop(0.5, clock=clock, sleep=clock.sleep)
+    times = []
+    for now in loop:
+        times.append(now)
+        clock.now_s += 0.123  # work inside the tick does not shift the next target
+        if len(times) == 5:
+            loop.stop.set()
+    assert times == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0])
+    assert loop.ticks == 5 and loop.overruns == 0
+
+
+def test_overrun_skips_missed_targets() -> None:
+    clock = VirtualClock()
+    loop = TimedLoop(1.0, clock=clock, sleep=clock.sleep)
+    times = []
+    for now in loop:
+        times.append(now)
+        if len(times) == 2:
+            clock.now_s += 2.5  # this tick ran past two targets
+        if len(times) == 4:
+            loop.stop.set()
+    assert times == pytest.approx([0.0, 1.0, 4.0, 5.0])
+    assert loop.overruns == 2
+
+
+def test_stop_before_start_yields_nothing() -> None:
+    loop = TimedLoop(1.0, clock=VirtualClock(), sleep=lambda s: None)
+    loop.stop.set()
+    assert list(loop) == []
+
+
+def test_period_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        TimedLoop(0.0)
+
+
+def test_scaled_clock_uses_wall_time() -> None:
+    wall = VirtualClock(50.0)
+    scaled = ScaledClock(60.0, wall=wall)
+    wall.now_s += 2.0
+    assert scaled() == pytest.approx(120.0)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def notify(self, state: str) -> None:
+        self.messages.append(state)
+
+
+def test_systemd_ready_watchdog_status_stopping() -> None:
+    recorder = Recorder()
+    notify = SystemdNotify(recorder, environ={"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "10000000"})
+    notify.tick("one")
+    notify.tick("two")
+    notify.stopping()
+    assert recorder.messages == [
+        "READY=1",
+        "WATCHDOG=1",
+        "STATUS=one",
+        "WATCHDOG=1",
+        "STATUS=two",
+        "STOPPING=1",
+    ]
+
+
+def test_no_watchdog_without_usec_or_for_another_pid() -> None:
+    recorder = Recorder()
+    SystemdNotify(recorder, environ={"NOTIFY_SOCKET": "/x"}).tick("s")
+    other = SystemdNotify(recorder, environ={"WATCHDOG_USEC": "1", "WATCHDOG_PID": "1"})
+    assert not other.watchdog_enabled or os.getpid() == 1
+    assert "WATCHDOG=1" not in recorder.messages
+
+
+def test_silent_outside_systemd() -> None:
+    notify = SystemdNotify(environ={})
+    notify.tick("x")
+    notify.stopping()
+
+
+def test_sigterm_and_sigint_set_stop() -> None:
+    loop = TimedLoop(1.0, clock=VirtualClock(), sleep=lambda s: None)
+    previous = signal.getsignal(signal.SIGTERM)
+    with stop_on_signals(loop.stop):
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert loop.stop.is_set()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)  # a second interrupt is not ignored
+    assert signal.getsignal(signal.SIGTERM) is previous

@@ -1,0 +1,262 @@
+"""End to end on a fake node: fake NVML, a real local /metrics server, virtual time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from conftest import MetricsServer, fixture_text
+from fake_pynvml import FakeNvml
+from prometheus_client.parser import text_string_to_metric_families
+
+from daemon.config import parse_config
+from daemon.errors import ControllerFailure, GpuLost, PermissionDenied
+from daemon.exporter import Exporter
+from daemon.loop import Domain, RunStats, TickRecord, TimedLoop, VirtualClock, run, stop_on_signals
+from daemon.service import domains_from_config
+
+LOCK = "nvmlDeviceSetGpuLockedClocks"
+RESET = "nvmlDeviceResetGpuLockedClocks"
+
+
+def _config(url: str, **domain: Any) -> Any:
+    section = {
+        "name": "llm",
+        "gpus": [0, 1],
+        "engine": {"kind": "vllm", "url": url, "timeout_s": 0.9},
+        "controller": {"kind": "fixed", "clock_mhz": 1410},
+        **domain,
+    }
+    return parse_config({"daemon": {"period_s": 1.0}, "domains": [section]})
+
+
+def _run(
+    domains: Sequence[Domain],
+    ticks: int,
+    *,
+    on_step: Callable[[int, list[TickRecord]], None] | None = None,
+    exporter: Exporter | None = None,
+    loop: TimedLoop | None = None,
+) -> tuple[list[TickRecord], RunStats]:
+    clock = VirtualClock()
+    loop = loop or TimedLoop(1.0, clock=clock, sleep=clock.sleep)
+    records: list[TickRecord] = []
+
+    def sink(batch: Sequence[TickRecord]) -> None:
+        records.extend(batch)
+        if on_step is not None:
+            on_step(batch[0].step, records)
+
+    stats = run(
+        domains,
+        loop,
+        exporter=exporter,
+        on_tick=sink,
+        before_tick=lambda now, step: step >= ticks,
+    )
+    return records, stats
+
+
+@pytest.fixture
+def vllm_server(metrics_server: MetricsServer) -> MetricsServer:
+    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
+    return metrics_server
+
+
+def test_locks_once_and_resets_on_stop(vllm_server: MetricsServer) -> None:
+    fake = FakeNvml(2)
+    assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
+    records, stats = _run(assembled.domains, 5)
+    assembled.close()
+    assert stats.ticks == 5
+    assert [r.requested_mhz for r in records] == [1410.0] * 5
+    assert fake.writes == [(LOCK, 0, 1410, 1410), (LOCK, 1, 1410, 1410), (RESET, 0), (RESET, 1)]
+    assert records[-1].observation.waiting_requests == 4  # two DP engines summed
+    assert records[-1].observation.power_w == pytest.approx(700.0)  # two GPUs summed
+    assert fake.initialized == 0
+    assert vllm_server.requests == 5
+
+
+def test_engine_down_then_back(vllm_server: MetricsServer) -> None:
+    fake = FakeNvml(2)
+    config = _config(vllm_server.url, stale_after_s=2.5)
+    assembled = domains_from_config(config, nvml=fake)
+    exporter = Exporter(port=0)
+    scraped: dict[int, str] = {}
+
+    def on_step(step: int, records: list[TickRecord]) -> None:
+        if step == 2:
+            vllm_server.down = True
+        if step == 8:
+            vllm_server.down = False
+        if step in (6, 10):
+            with urllib.request.urlopen(exporter.url, timeout=5) as response:
+                scraped[step] = response.read().decode()
+
+    try:
+        records, _ = _run(assembled.domains, 11, on_step=on_step, exporter=exporter)
+    finally:
+        exporter.close()
+        assembled.close()
+    failsafe = [r.failsafe for r in records]
+    # Down from step 3; stale once the last good data (step 2) is older than 2.5 s.
+    assert failsafe == [False] * 5 + [True] * 4 + [False] * 2
+    assert [r.requested_mhz for r in records[5:9]] == [1980.0] * 4
+    assert records[9].requested_mhz == 1410.0
+    assert all(r.engine_error for r in records[3:9])
+    locks = [w for w in fake.writes if w[0] == LOCK and w[1] == 0]
+    assert locks == [(LOCK, 0, 1410, 1410), (LOCK, 0, 1980, 1980), (LOCK, 0, 1410, 1410)]
+    during = {s.name: s for f in text_string_to_metric_families(scraped[6]) for s in f.samples}
+    assert during["gpugov_failsafe_active"].value == 1.0
+    assert during["gpugov_engine_scrape_errors_total"].value == 4.0
+    after = {
+        (s.name, s.labels.get("reason")): s.value
+        for f in text_string_to_metric_families(scraped[10])
+        for s in f.samples
+    }
+    assert after[("gpugov_failsafe_active", None)] == 0.0
+    assert after[("gpugov_fallbacks_total", "engine_stale")] == 4.0
+    assert after[("gpugov_applied_clock_hertz", None)] == 1410e6
+
+
+def test_failsafe_unlock_mode(vllm_server: MetricsServer) -> None:
+    fake = FakeNvml(1)
+    config = _config(vllm_server.url, gpus=[0], failsafe="unlock", stale_after_s=1.5)
+
+    def on_step(step: int, records: list[TickRecord]) -> None:
+        vllm_server.down = step >= 1
+
+    assembled = domains_from_config(config, nvml=fake)
+    records, _ = _run(assembled.domains, 5, on_step=on_step)
+    assembled.close()
+    assert records[-1].failsafe and records[-1].applied_mhz is None
+    assert fake.writes[:2] == [(LOCK, 0, 1410, 1410), (RESET, 0)]
+
+
+def test_no_engine_at_start_goes_failsafe(metrics_server: MetricsServer) -> None:
+    metrics_server.down = True
+    fake = FakeNvml(1)
+    assembled = domains_from_config(_config(metrics_server.url, gpus=[0]), nvml=fake)
+    records, _ = _run(assembled.domains, 2)
+    assembled.close()
+    assert all(r.failsafe for r in records)
+    assert fake.writes[0] == (LOCK, 0, 1980, 1980)
+
+
+def test_permission_denied_stops_with_nothing_locked(vllm_server: MetricsServer) -> None:
+    fake = FakeNvml(2, permission=False)
+    assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
+    with pytest.raises(PermissionDenied, match="CAP_SYS_ADMIN"):
+        _run(assembled.domains, 5)
+    assembled.close()
+    assert fake.writes == []
+    assert fake.locked(0) is None and fake.locked(1) is None
+
+
+def test_gpu_lost_mid_run_resets_the_rest(vllm_server: MetricsServer) -> None:
+    fake = FakeNvml(2)
+    assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
+
+    def on_step(step: int, records: list[TickRecord]) -> None:
+        if step == 2:
+            fake.lose(1)
+
+    with pytest.raises(GpuLost):
+        _run(assembled.domains, 10, on_step=on_step)
+    assembled.close()
+    assert fake.locked(0) is None
+    assert fake.writes[-1] == (RESET, 0)
+
+
+def test_transient_read_errors_survived(vllm_server: MetricsServer) -> None:
+    import fake_pynvml as fp
+
+    fake = FakeNvml(2)
+    assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
+
+    def on_step(step: int, records: list[TickRecord]) -> None:
+        if step == 1:
+            fake.fail("nvmlDeviceGetTemperatureV", fp.NVML_ERROR_TIMEOUT, times=2)
+
+    records, stats = _run(assembled.domains, 5, on_step=on_step)
+    assembled.close()
+    assert stats.ticks == 5
+    assert records[2].gpu_read_errors == ("0:temperature", "1:temperature")
+    assert assembled.domains[0].observer.gpu_read_errors == {"0": 1, "1": 1}
+
+
+def test_sigterm_resets_clocks(vllm_server: MetricsServer) -> None:
+    fake = FakeNvml(2)
+    assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
+    clock = VirtualClock()
+    loop = TimedLoop(1.0, clock=clock, sleep=clock.sleep)
+
+    def on_step(step: int, records: list[TickRecord]) -> None:
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with stop_on_signals(loop.stop):
+        records, _ = _run(assembled.domains, 1000, on_step=on_step, loop=loop)
+    assembled.close()
+    assert len(records) == 4
+    assert fake.writes[-2:] == [(RESET, 0), (RESET, 1)]
+    assert fake.locked(0) is None and fake.locked(1) is None
+
+
+def test_controller_exception_resets_clocks(vllm_server: MetricsServer) -> None:
+    fake = FakeNvml(2)
+    assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
+    domain = assembled.domains[0]
+    calls = {"n": 0}
+    inner = domain.controller
+
+    def flaky(observation: Any) -> float:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise ZeroDivisionError("bug in controller")
+        return float(inner(observation))
+
+    domain.controller = flaky
+    with pytest.raises(ControllerFailure, match="ZeroDivisionError") as info:
+        _run(assembled.domains, 10)
+    assembled.close()
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    assert fake.writes[-2:] == [(RESET, 0), (RESET, 1)]
+
+
+def test_dry_run_writes_nothing(vllm_server: MetricsServer) -> None:
+    fake = FakeNvml(2)
+    assembled = domains_from_config(_config(vllm_server.url), dry_run=True, nvml=fake)
+    records, _ = _run(assembled.domains, 3)
+    assembled.close()
+    assert fake.writes == []
+    assert records[-1].applied_mhz == 1410  # what it would have locked
+    dry = assembled.domains[0].observer.backends[0]
+    assert dry.writes[0] == ("lock", 1410, 1410) and dry.writes[-1] == ("reset",)  # type: ignore[attr-defined]
+
+
+def test_two_domains(metrics_server: MetricsServer) -> None:
+    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
+    fake = FakeNvml(3)
+    config = parse_config(
+        {
+            "domains": [
+                {
+                    "name": "a",
+                    "gpus": [0, 1],
+                    "engine": {"url": metrics_server.url},
+                    "controller": {"kind": "fixed", "clock_mhz": 1200},
+                },
+                {"name": "b", "gpus": [2], "engine": {"url": metrics_server.url}},
+            ]
+        }
+    )
+    assembled = domains_from_config(config, nvml=fake)
+    records, _ = _run(assembled.domains, 2)
+    assembled.close()
+    assert {(r.domain, r.requested_mhz) for r in records} == {("a", 1200.0), ("b", 1980.0)}
+    assert sorted(w for w in fake.writes if w[0] == RESET) == [(RESET, 0), (RESET, 1), (RESET, 2)]

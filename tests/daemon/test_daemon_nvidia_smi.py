@@ -1,0 +1,80 @@
+"""NvidiaSmiBackend with a fake command runner."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from daemon.errors import GpuLost, GpuUnavailable, NotSupported, PermissionDenied
+from daemon.nvidia_smi import NvidiaSmiBackend, classify_failure, run_command
+
+
+class FakeSmi:
+    """Answers like nvidia-smi; ``old_driver`` rejects the newer query fields."""
+
+    def __init__(self, old_driver: bool = False) -> None:
+        self.old_driver = old_driver
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: Sequence[str], timeout_s: float) -> str:
+        self.calls.append(list(argv))
+        query = next((a for a in argv if a.startswith("--query-gpu=")), "")
+        if self.old_driver and ("power.draw.instant" in query or "clocks_event" in query):
+            raise classify_failure(argv, f'Field "{query}" is not a valid field to query.')
+        if query:
+            return "1410, 352.10, 61, 87, 700.00, 0x0000000000000004\n"
+        if any(a.startswith("--query-supported-clocks") for a in argv):
+            return "3201, 1980\n3201, 1965\n3201, 345\n1593, 1200\n"
+        return ""
+
+
+def test_sample_and_clocks() -> None:
+    smi = FakeSmi()
+    backend = NvidiaSmiBackend(3, runner=smi)
+    sample = backend.sample()
+    assert sample.gpu == "3" and sample.sm_clock_mhz == 1410.0 and sample.power_w == 352.1
+    assert sample.temperature_c == 61 and sample.utilization == pytest.approx(0.87)
+    assert sample.power_limit_w == 700.0 and sample.clock_event_reasons == 4
+    assert sample.energy_j is None
+    assert backend.supported_clocks_mhz() == (345, 1965, 1980)
+    backend.lock_clocks(1200, 1200)
+    backend.reset_clocks()
+    assert smi.calls[-2] == ["nvidia-smi", "-i", "3", "--lock-gpu-clocks=1200,1200"]
+    assert smi.calls[-1] == ["nvidia-smi", "-i", "3", "--reset-gpu-clocks"]
+
+
+def test_old_driver_fields_fall_back() -> None:
+    smi = FakeSmi(old_driver=True)
+    sample = NvidiaSmiBackend(0, runner=smi).sample()
+    assert sample.power_w == 352.1
+    assert "power.draw," in smi.calls[-1][3] and "clocks_throttle_reasons" in smi.calls[-1][3]
+
+
+def test_na_fields_are_none() -> None:
+    backend = NvidiaSmiBackend(
+        0, runner=lambda argv, t: "[N/A], [N/A], 40, [Not Supported], N/A, 0x0\n"
+    )
+    sample = backend.sample()
+    assert sample.power_w is None and sample.sm_clock_mhz is None and sample.utilization is None
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("Failed to set clocks for GPU 0: Insufficient Permissions", PermissionDenied),
+        ("Unable to determine the device handle for GPU 0000:00:1E.0: GPU is lost.", GpuLost),
+        ("Setting locked GPU clocks is not supported for GPU 0.", NotSupported),
+        (
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+            GpuUnavailable,
+        ),
+    ],
+)
+def test_error_text_classified(text: str, kind: type) -> None:
+    assert type(classify_failure(["nvidia-smi"], text)) is kind
+
+
+def test_missing_executable() -> None:
+    with pytest.raises(GpuUnavailable, match="not found"):
+        run_command(["/nonexistent/nvidia-smi", "-L"], 1.0)

@@ -1,0 +1,208 @@
+"""NvmlBackend's real code against the fake pynvml module; the error table."""
+
+from __future__ import annotations
+
+import fake_pynvml as fp
+import pytest
+from fake_pynvml import FakeNvml
+
+from daemon.backend import DryRunBackend, GpuBackend
+from daemon.errors import (
+    PERMISSION_DENIED_MESSAGE,
+    GpuError,
+    GpuLost,
+    GpuUnavailable,
+    NotSupported,
+    PermissionDenied,
+    TransientGpuError,
+    from_nvml,
+)
+from daemon.nvml import NvmlBackend, nvml_device_count
+
+
+def test_fake_errors_behave_like_pynvml() -> None:
+    error = fp.NVMLError(fp.NVML_ERROR_NO_PERMISSION)
+    assert type(error).__name__ == "NVMLError_NoPermission"
+    assert isinstance(error, fp.NVMLError_NoPermission)
+    assert error.value == 4
+    assert fp.NVMLError_GpuIsLost().value == 15
+    assert str(fp.NVMLError(fp.NVML_ERROR_GPU_IS_LOST)) == "GPU is lost"
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [
+        (fp.NVML_ERROR_NO_PERMISSION, PermissionDenied),
+        (fp.NVML_ERROR_NOT_SUPPORTED, NotSupported),
+        (fp.NVML_ERROR_FUNCTION_NOT_FOUND, NotSupported),
+        (fp.NVML_ERROR_GPU_IS_LOST, GpuLost),
+        (fp.NVML_ERROR_DRIVER_NOT_LOADED, GpuUnavailable),
+        (fp.NVML_ERROR_TIMEOUT, TransientGpuError),
+        (fp.NVML_ERROR_CORRUPTED_INFOROM, GpuError),
+        (12345, GpuError),
+    ],
+)
+def test_error_table(code: int, kind: type[GpuError]) -> None:
+    translated = from_nvml(fp.NVMLError(code), "lock clocks", gpu="0")
+    assert type(translated) is kind
+    assert translated.code == code
+    assert translated.gpu == "0"
+
+
+def test_permission_message_is_the_one_clear_line() -> None:
+    translated = from_nvml(fp.NVMLError(fp.NVML_ERROR_NO_PERMISSION), "lock clocks")
+    assert PERMISSION_DENIED_MESSAGE in str(translated)
+
+
+def test_sample_reads_everything_in_base_units(fake_nvml: FakeNvml) -> None:
+    backend = NvmlBackend(1, nvml=fake_nvml)
+    assert isinstance(backend, GpuBackend)
+    assert backend.label == "1"
+    sample = backend.sample()
+    assert sample.gpu == "1"
+    assert sample.power_w == pytest.approx(350.0)  # instant field, not the 1 s average
+    assert sample.energy_j == pytest.approx(1000.0)
+    assert sample.temperature_c == 55
+    assert sample.sm_clock_mhz == 1980
+    assert sample.utilization == pytest.approx(0.8)
+    assert sample.clock_event_reasons == 0
+    assert sample.power_limit_w == pytest.approx(700.0)
+    assert sample.read_errors == ()
+    # Power and energy come from one field-values call.
+    assert fake_nvml.calls["nvmlDeviceGetFieldValues"] == 1
+    assert "nvmlDeviceGetPowerUsage" not in fake_nvml.calls
+    backend.close()
+    assert fake_nvml.initialized == 0
+
+
+def test_open_by_uuid(fake_nvml: FakeNvml) -> None:
+    backend = NvmlBackend("GPU-fake-0001", nvml=fake_nvml)
+    assert backend.index == 1
+    with pytest.raises(GpuUnavailable):
+        NvmlBackend("GPU-nope", nvml=fake_nvml)
+
+
+def test_no_driver_is_unavailable() -> None:
+    fake = FakeNvml(1)
+    fake.driver_loaded = False
+    with pytest.raises(GpuUnavailable, match="Driver Not Loaded"):
+        NvmlBackend(0, nvml=fake)
+    with pytest.raises(GpuUnavailable):
+        nvml_device_count(fake)
+
+
+def test_device_count(fake_nvml: FakeNvml) -> None:
+    assert nvml_device_count(fake_nvml) == 2
+    assert fake_nvml.initialized == 0
+
+
+def test_supported_clocks_ascending_and_cached(fake_nvml: FakeNvml) -> None:
+    backend = NvmlBackend(0, nvml=fake_nvml)
+    clocks = backend.supported_clocks_mhz()
+    assert clocks[0] == 345 and clocks[-1] == 1980
+    assert list(clocks) == sorted(clocks)
+    backend.supported_clocks_mhz()
+    assert fake_nvml.calls["nvmlDeviceGetSupportedGraphicsClocks"] == 1
+    assert backend.max_clock_mhz() == 1980
+
+
+def test_power_falls_back_to_average_getter() -> None:
+    fake = FakeNvml([fp.FakeGpu(index=0, field_power_supported=False)])
+    backend = NvmlBackend(0, nvml=fake)
+    assert backend.sample().power_w == pytest.approx(340.0)
+    assert backend.sample().energy_j == pytest.approx(1000.0)
+    # GPU scope, then MODULE scope, then the getter for good.
+    calls = fake.calls["nvmlDeviceGetFieldValues"]
+    backend.sample()
+    assert fake.calls["nvmlDeviceGetFieldValues"] == calls
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 3
+
+
+def test_temperature_and_event_reason_fallbacks() -> None:
+    fake = FakeNvml(1)
+    fake.remove("nvmlDeviceGetTemperatureV")
+    fake.remove("nvmlDeviceGetCurrentClocksEventReasons")
+    fake.gpus[0].event_reasons = fp.nvmlClocksEventReasonSwPowerCap
+    backend = NvmlBackend(0, nvml=fake)
+    for _ in range(2):
+        sample = backend.sample()
+        assert sample.temperature_c == 55
+        assert sample.clock_event_reasons == 0x4
+        assert sample.read_errors == ()
+    # The new names are asked once, then the old ones only.
+    assert fake.calls["nvmlDeviceGetTemperatureV"] == 1
+    assert fake.calls["nvmlDeviceGetCurrentClocksEventReasons"] == 1
+    assert fake.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 2
+
+
+def test_transient_read_error_is_counted_and_survived() -> None:
+    fake = FakeNvml(1)
+    backend = NvmlBackend(0, nvml=fake)
+    fake.fail("nvmlDeviceGetClockInfo", fp.NVML_ERROR_TIMEOUT, times=1)
+    fake.fail("nvmlDeviceGetUtilizationRates", fp.NVML_ERROR_UNKNOWN, times=1)
+    sample = backend.sample()
+    assert sample.sm_clock_mhz is None and sample.utilization is None
+    assert sample.read_errors == ("sm_clock", "utilization")
+    assert sample.power_w == pytest.approx(350.0)
+    again = backend.sample()
+    assert again.sm_clock_mhz == 1980 and again.read_errors == ()
+
+
+def test_unsupported_read_is_dropped_for_good() -> None:
+    fake = FakeNvml(1)
+    backend = NvmlBackend(0, nvml=fake)
+    fake.fail("nvmlDeviceGetUtilizationRates", fp.NVML_ERROR_NOT_SUPPORTED, times=1)
+    assert backend.sample().utilization is None
+    assert backend.sample().utilization is None
+    assert fake.calls["nvmlDeviceGetUtilizationRates"] == 1
+
+
+def test_lost_gpu_raises_on_sample(fake_nvml: FakeNvml) -> None:
+    backend = NvmlBackend(0, nvml=fake_nvml)
+    fake_nvml.lose(0)
+    with pytest.raises(GpuLost):
+        backend.sample()
+
+
+def test_lock_and_reset_call_nvml(fake_nvml: FakeNvml) -> None:
+    backend = NvmlBackend(0, nvml=fake_nvml)
+    backend.lock_clocks(1410, 1410)
+    assert fake_nvml.locked(0) == (1410, 1410)
+    backend.reset_clocks()
+    assert fake_nvml.locked(0) is None
+    assert fake_nvml.writes == [
+        ("nvmlDeviceSetGpuLockedClocks", 0, 1410, 1410),
+        ("nvmlDeviceResetGpuLockedClocks", 0),
+    ]
+
+
+def test_lock_without_permission() -> None:
+    fake = FakeNvml(1, permission=False)
+    backend = NvmlBackend(0, nvml=fake)
+    with pytest.raises(PermissionDenied, match="CAP_SYS_ADMIN") as info:
+        backend.lock_clocks(1410, 1410)
+    assert isinstance(info.value.__cause__, fp.NVMLError_NoPermission)
+
+
+def test_dry_run_reads_but_never_writes(fake_nvml: FakeNvml) -> None:
+    backend = DryRunBackend(NvmlBackend(0, nvml=fake_nvml))
+    assert backend.sample().power_w == pytest.approx(350.0)
+    backend.lock_clocks(1200, 1200)
+    backend.reset_clocks()
+    assert fake_nvml.writes == []
+    assert backend.writes == [("lock", 1200, 1200), ("reset",)]
+    assert backend.supported_clocks_mhz()[-1] == 1980
+
+
+def test_energy_counter_read_at_most_once_per_interval() -> None:
+    fake = FakeNvml(1)
+    now = {"t": 0.0}
+    backend = NvmlBackend(0, nvml=fake, energy_interval_s=1.0, clock=lambda: now["t"])
+    assert backend.sample().energy_j == pytest.approx(1000.0)
+    fake.gpus[0].energy_mj += 500_000
+    now["t"] = 0.5
+    assert backend.sample().energy_j == pytest.approx(1000.0)  # cached: the read is slow
+    now["t"] = 1.0
+    assert backend.sample().energy_j == pytest.approx(1500.0)
+    assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] == 2
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 3  # power every sample

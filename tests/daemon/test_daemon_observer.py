@@ -1,0 +1,158 @@
+"""DomainObserver: derivations from engine counters and GPU samples."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from daemon.backend import GpuSample
+from daemon.engines import EngineSample, HistogramTotals
+from daemon.errors import EngineUnavailable, GpuLost, TransientGpuError
+from daemon.observer import DomainObserver
+
+
+class StubGpu:
+    """A GpuBackend returning scripted samples."""
+
+    def __init__(self, label: str, clocks: tuple[int, ...] = (900, 1200, 1500, 1980)) -> None:
+        self.label = label
+        self.clocks = clocks
+        self.next: GpuSample | Exception = GpuSample(gpu=label)
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        return self.clocks
+
+    def sample(self) -> GpuSample:
+        if isinstance(self.next, Exception):
+            raise self.next
+        return self.next
+
+    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None: ...
+
+    def reset_clocks(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class StubSource:
+    """An EngineSource returning scripted samples or raising."""
+
+    def __init__(self) -> None:
+        self.next: EngineSample | Exception = EngineSample("vllm", 0, 0)
+
+    def scrape(self) -> EngineSample:
+        if isinstance(self.next, Exception):
+            raise self.next
+        return self.next
+
+
+def _engine(**kw: object) -> EngineSample:
+    base: dict[str, object] = {"engine": "vllm", "running_requests": 4, "waiting_requests": 2}
+    base.update(kw)
+    return EngineSample(**base)  # type: ignore[arg-type]
+
+
+def test_derivations_from_counters() -> None:
+    gpu, source = StubGpu("0"), StubSource()
+    observer = DomainObserver([gpu], source, stale_after_s=3.0, ttft_slo_s=1.0, tpot_slo_s=0.05)
+    source.next = _engine(
+        prompt_tokens_total=10_000.0,
+        generation_tokens_total=4_000.0,
+        finished_requests_total=16.0,
+        ttft=HistogramTotals(4.0, 20.0),
+        tpot=HistogramTotals(40.0, 4000.0),
+        kv_tokens=3000.0,
+        kv_capacity_tokens=10000.0,
+    )
+    first = observer.observe(0.0, 0, None).observation
+    assert first.arrived_requests == 16 + 2 + 4
+    assert first.waiting_requests == 2 and first.decode_active == 4
+    assert first.prefill_remaining_tokens == pytest.approx(2 * 10_000 / 20)  # mean prompt 500
+    assert first.generated_decode_tokens == pytest.approx(4 * (4000 / 16) / 2)
+    assert first.ttft_recent_s is None  # no window yet
+    assert first.completed_requests == 16
+    assert first.kv_tokens == 3000.0 and first.kv_capacity_tokens == 10000.0
+    assert first.requested_clock_mhz == 1980.0  # unlocked reads as the maximum
+    assert first.supported_clocks_mhz == (900.0, 1200.0, 1500.0, 1980.0)
+    assert (first.ttft_slo_s, first.tpot_slo_s) == (1.0, 0.05)
+    source.next = _engine(
+        prompt_tokens_total=12_000.0,
+        finished_requests_total=20.0,
+        ttft=HistogramTotals(7.0, 25.0),
+        tpot=HistogramTotals(52.0, 4600.0),
+    )
+    second = observer.observe(1.0, 1, 1200.0).observation
+    assert second.ttft_recent_s == pytest.approx(3.0 / 5)
+    assert second.tpot_recent_s == pytest.approx(12.0 / 600)
+    assert second.requested_clock_mhz == 1200.0
+
+
+def test_defaults_without_counters_and_counter_reset() -> None:
+    source = StubSource()
+    observer = DomainObserver(
+        [StubGpu("0")], source, stale_after_s=3.0, mean_prompt_tokens=100, mean_output_tokens=50
+    )
+    source.next = _engine(ttft=HistogramTotals(10.0, 100.0))
+    o = observer.observe(0.0, 0, None).observation
+    assert o.prefill_remaining_tokens == 200.0 and o.generated_decode_tokens == 100.0
+    source.next = _engine(ttft=HistogramTotals(1.0, 3.0))  # engine restarted
+    assert observer.observe(1.0, 1, None).observation.ttft_recent_s is None
+
+
+def test_domain_aggregation_over_gpus() -> None:
+    a, b = StubGpu("0"), StubGpu("1", clocks=(900, 1500, 1980, 2000))
+    a.next = GpuSample(
+        "0",
+        power_w=300,
+        energy_j=10,
+        temperature_c=60,
+        sm_clock_mhz=1500,
+        utilization=0.5,
+        power_limit_w=700,
+    )
+    b.next = GpuSample(
+        "1",
+        power_w=200,
+        energy_j=5,
+        temperature_c=70,
+        sm_clock_mhz=1410,
+        utilization=0.7,
+        power_limit_w=700,
+    )
+    observer = DomainObserver([a, b], StubSource(), stale_after_s=3.0)
+    o = observer.observe(0.0, 0, None).observation
+    assert o.power_w == 500 and o.energy_j == 15 and o.power_limit_w == 1400
+    assert o.temperature_c == 70 and o.realized_clock_mhz == 1410
+    assert o.gpu_utilization == pytest.approx(0.6)
+    assert o.supported_clocks_mhz == (900.0, 1500.0, 1980.0)  # common to both
+
+
+def test_staleness_and_errors() -> None:
+    gpu, source = StubGpu("0"), StubSource()
+    observer = DomainObserver([gpu], source, stale_after_s=2.5)
+    source.next = EngineUnavailable("down")
+    never = observer.observe(0.0, 0, None)
+    assert never.engine_age_s is None and not never.engine_fresh
+    assert never.engine_error == "down" and observer.engine_errors == 1
+    assert math.isnan(never.observation.temperature_c)
+    source.next = _engine()
+    assert observer.observe(1.0, 1, None).engine_fresh
+    source.next = EngineUnavailable("down again")
+    assert observer.observe(3.0, 2, None).engine_fresh  # 2.0 s old
+    late = observer.observe(4.0, 3, None)
+    assert not late.engine_fresh and late.engine_age_s == pytest.approx(3.0)
+    assert late.observation.waiting_requests == 2  # last good data kept
+
+
+def test_gpu_read_errors_counted_lost_raises() -> None:
+    gpu = StubGpu("0")
+    observer = DomainObserver([gpu], StubSource(), stale_after_s=3.0)
+    gpu.next = GpuSample("0", read_errors=("power", "temperature"))
+    observer.observe(0.0, 0, None)
+    gpu.next = TransientGpuError("timeout")
+    observer.observe(1.0, 1, None)
+    assert observer.gpu_read_errors == {"0": 3}
+    gpu.next = GpuLost("gone")
+    with pytest.raises(GpuLost):
+        observer.observe(2.0, 2, None)

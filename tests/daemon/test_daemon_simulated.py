@@ -1,0 +1,157 @@
+"""The simulated daemon: same loop on the plant, consistent with plant.simulate, live metrics."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from controllers.baseline import reactive_clock_controller
+from daemon.config import FixedControllerConfig, ReactiveControllerConfig
+from daemon.exporter import Exporter
+from daemon.loop import TickRecord, TimedLoop, VirtualClock, run
+from daemon.record import Recorder, read_recording
+from daemon.replay import replay
+from daemon.service import simulated_run
+from plant import ServingPlant, load_profile, simulate
+from plant.workload import load_trace
+
+
+@pytest.fixture(scope="module")
+def workload_and_plant() -> tuple[tuple, ServingPlant]:  # type: ignore[type-arg]
+    workload, _ = load_trace("azure-conv-10min", duration_s=180)
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    return workload, plant
+
+
+def test_virtual_minutes_match_plant_simulate_and_metrics_are_live(
+    workload_and_plant: tuple,
+    tmp_path: Path,  # type: ignore[type-arg]
+) -> None:
+    workload, plant = workload_and_plant
+    clock = VirtualClock()
+    sim = simulated_run(workload, plant, ReactiveControllerConfig(kind="reactive"), clock)
+    exporter = Exporter(port=0)
+    scraped: list[tuple[TickRecord, dict[tuple[str, str | None], float]]] = []
+    records: list[TickRecord] = []
+    recorder = Recorder(tmp_path / "run.jsonl", sim.header)
+
+    def on_tick(batch: Sequence[TickRecord]) -> None:
+        records.extend(batch)
+        recorder(batch)
+        if batch[0].step in (30, 120):
+            with urllib.request.urlopen(exporter.url, timeout=5) as response:
+                text = response.read().decode()
+            values = {
+                (s.name, s.labels.get("gpu")): s.value
+                for f in text_string_to_metric_families(text)
+                for s in f.samples
+            }
+            scraped.append((batch[0], values))
+
+    try:
+        stats = run(
+            [sim.domain],
+            TimedLoop(1.0, clock=clock, sleep=clock.sleep),
+            exporter=exporter,
+            on_tick=on_tick,
+            before_tick=sim.before_tick,
+        )
+    finally:
+        exporter.close()
+        recorder.close()
+    assert sim.result is not None
+    daemon_metrics = sim.result.metrics.as_dict()
+    reference = simulate(workload, plant, controller=reactive_clock_controller).metrics.as_dict()
+    for key in (
+        "energy_j",
+        "output_tokens",
+        "completed_requests",
+        "clock_changes",
+        "simulated_duration_s",
+        "ttft_p95_s",
+        "tpot_p95_s",
+        "slo_attainment",
+    ):
+        assert daemon_metrics[key] == pytest.approx(reference[key], rel=1e-9), key
+    assert stats.ticks == len(records) > 180
+
+    # Scraped values are the plant's at that tick.
+    assert len(scraped) == 2
+    for record, values in scraped:
+        o = record.observation
+        assert values[("gpugov_gpu_power_watts", "0")] == pytest.approx(o.power_w)
+        assert values[("gpugov_gpu_energy_joules_total", "0")] == pytest.approx(o.energy_j)
+        assert values[("gpugov_gpu_temperature_celsius", "0")] == pytest.approx(o.temperature_c)
+        assert values[("gpugov_queue_waiting_requests", None)] == o.waiting_requests
+        assert values[("gpugov_queue_running_requests", None)] == o.decode_active
+        assert values[("gpugov_requested_clock_hertz", None)] == pytest.approx(
+            record.requested_mhz * 1e6
+        )
+        assert values[("gpugov_loop_ticks_total", None)] == record.step + 1
+        assert values[("gpugov_ttft_slo_seconds", None)] == plant.profile.ttft_slo_s
+
+    # The actuator reset the simulated GPU (to the maximum) after the result was frozen.
+    backend = sim.domain.observer.backends[0]
+    assert backend.resets == 1  # type: ignore[attr-defined]
+
+    # The recording replays through the same controller with no difference ...
+    header, rows = read_recording(tmp_path / "run.jsonl")
+    assert header["mode"] == "simulated" and len(rows) == len(records)
+    assert json.loads((tmp_path / "run.jsonl").read_text().splitlines()[1])["decision_mhz"] > 0
+    same = replay(tmp_path / "run.jsonl", ReactiveControllerConfig(kind="reactive"))
+    assert same.compared == len(records) and same.differing == 0
+    # ... and differs from a fixed clock where the governor moved.
+    fixed = replay(tmp_path / "run.jsonl", FixedControllerConfig(kind="fixed", clock_mhz=1980))
+    assert fixed.differing > 0
+    assert "differing ticks" in fixed.format()
+
+
+def test_speed_mode_uses_scaled_wall_clock(workload_and_plant: tuple) -> None:  # type: ignore[type-arg]
+    from daemon.loop import ScaledClock
+
+    workload, plant = workload_and_plant
+    wall = VirtualClock()
+    scaled = ScaledClock(60.0, wall=wall)
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds / 60.0)  # wall seconds the real sleeper would wait
+        wall.sleep(seconds / 60.0)
+
+    sim = simulated_run(
+        workload[:50], plant, FixedControllerConfig(kind="fixed", clock_mhz=1200), scaled
+    )
+    run([sim.domain], TimedLoop(1.0, clock=scaled, sleep=sleep), before_tick=sim.before_tick)
+    assert sim.result is not None and sim.result.metrics.completed_requests == 50
+    assert sleeps and max(sleeps) == pytest.approx(1.0 / 60.0)
+
+
+def test_real_h200_dry_run_recording_replays() -> None:
+    from conftest import FIXTURES
+
+    path = FIXTURES / "h200_dryrun_reactive.jsonl"
+    header, rows = read_recording(path)
+    assert header["mode"] == "node" and header["dry_run"] is True
+    assert len(rows) >= 100
+    clocks = header["domains"][0]["supported_clocks_mhz"]
+    assert (clocks[0], clocks[-1], len(clocks)) == (345.0, 1980.0, 110)
+    energies = [row["observation"]["energy_j"] for row in rows]
+    assert energies == sorted(energies)
+    for row in rows:
+        o = row["observation"]
+        assert 50.0 < o["power_w"] < 800.0 and o["power_limit_w"] == 700.0
+        assert 345.0 <= o["realized_clock_mhz"] <= 1980.0
+        assert not row["failsafe"] and row["engine_error"] is None
+    # Prefill (compute-bound) hits the power cap; decode (memory-bound) runs at the top clock.
+    prefill = [r["observation"] for r in rows if r["observation"]["waiting_requests"] == 8]
+    decode = [r["observation"] for r in rows if r["observation"]["decode_active"] == 8]
+    assert min(o["realized_clock_mhz"] for o in prefill) < 1700.0
+    assert max(o["realized_clock_mhz"] for o in decode) == 1980.0
+    same = replay(path, ReactiveControllerConfig(kind="reactive"))
+    assert same.compared == len(rows) and same.differing == 0
+    assert replay(path, FixedControllerConfig(kind="fixed", clock_mhz=1980)).differing > 0

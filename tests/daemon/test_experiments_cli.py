@@ -1,0 +1,170 @@
+"""``gpugov experiments --quick`` through the real entry point."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controllers.experiments import TIMING_FIELDS, build_textbook_results
+from daemon import experiments_cli
+from daemon.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+QUICK_ARGS = ["experiments", "--quick", "--window", "120", "--animation", "30"]
+TOP_LEVEL_KEYS = {
+    "metadata",
+    "modeling",
+    "open_loop",
+    "mpc",
+    "scheduling",
+    "fqi",
+    "scheduling_on_plant",
+}
+TABLE_ROWS = (
+    "| Open-loop plan, nominal arrivals |",
+    "| Open-loop plan, shifted arrivals |",
+    "| Maximum clock, shifted |",
+    "| Reactive governor, shifted |",
+    "| Offline plan, shifted (same run as open-loop shifted) |",
+    "| MPC, shifted |",
+    "| Exact DP |",
+    "| FQI, broad coverage |",
+    "| FQI, narrow log |",
+    "| Exact DP policy |",
+    "| Broad-FQI policy |",
+    "| Narrow-FQI policy |",
+    "| Decode-priority policy |",
+    "| Chunked prefill (512 tokens) |",
+)
+
+
+def _strict_load(text: str) -> Any:
+    def reject(constant: str) -> None:
+        raise ValueError(f"non-strict JSON constant {constant}")
+
+    return json.loads(text, parse_constant=reject)
+
+
+def _run_quick(out: Path) -> tuple[int, str, str]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main([*QUICK_ARGS, "--out", str(out)])
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str, str]:
+    out = tmp_path_factory.mktemp("experiments") / "quick"
+    code, stdout, stderr = _run_quick(out)
+    return out, code, stdout, stderr
+
+
+def _without_timing(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_timing(v) for k, v in value.items() if k not in TIMING_FIELDS}
+    if isinstance(value, list):
+        return [_without_timing(item) for item in value]
+    return value
+
+
+def test_quick_run_writes_results_summary_and_every_figure(quick_run) -> None:
+    out, code, stdout, _ = quick_run
+    assert code == 0
+    results = _strict_load((out / "results.json").read_text())
+    assert set(results) == TOP_LEVEL_KEYS
+    for name in experiments_cli.FIGURES:
+        path = out / "figures" / name
+        assert path.read_bytes()[:8] == PNG_MAGIC, name
+        assert f"wrote {path}" in stdout
+    assert f"wrote {out / 'results.json'}" in stdout
+    assert f"wrote {out / 'summary.md'}" in stdout
+
+
+def test_quick_results_record_sizes_trace_and_version(quick_run) -> None:
+    out, _, _, _ = quick_run
+    metadata = _strict_load((out / "results.json").read_text())["metadata"]
+    assert metadata["sizes"] == experiments_cli.QUICK_SIZES
+    assert metadata["quick"] is True
+    assert metadata["trace"]["name"] == "azure-conv-10min"
+    assert len(metadata["trace"]["sha256"]) == 64
+    assert metadata["trace"]["duration_s"] == 120.0
+    assert metadata["scheduling_trace_source_window_s"] == 120.0
+    assert metadata["gpugov_version"]
+    assert metadata["profile"]["status"] == "literature-derived"
+    assert set(metadata["seed_deviations"]) == {"open_loop", "mpc", "scheduling", "experiments"}
+
+
+def test_summary_has_the_headline_tables_and_caveats(quick_run) -> None:
+    out, _, _, _ = quick_run
+    summary = (out / "summary.md").read_text()
+    for row in TABLE_ROWS:
+        assert row in summary, row
+    assert "Profile status: literature-derived" in summary
+    assert "Solve time p50 / p99 / max" in summary
+    assert "fallbacks to the reactive governor" in summary
+    assert "## Seed deviations" in summary
+    assert "--quick" in summary
+    for name in experiments_cli.FIGURES:
+        assert f"(figures/{name})" in summary
+
+
+def test_progress_lines_carry_elapsed_seconds(quick_run) -> None:
+    _, _, _, stderr = quick_run
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) >= 10
+    pattern = re.compile(r"^\[\s*\d+\.\d s\] \S")
+    assert all(pattern.match(line) for line in lines), lines
+    assert any("fqi" in line for line in lines)
+    assert lines[-1].endswith("done")
+
+
+def test_identical_runs_give_identical_json_except_solve_times(
+    quick_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out, _, _, _ = quick_run
+    first = _strict_load((out / "results.json").read_text())
+    if first["mpc"]["diagnostics"]["fallback_reasons"]["overrun"]:
+        pytest.skip("an MPC solve overran its wall-clock limit here; runs are not comparable")
+    # The second run times solves with a fake clock (1 ms per reading), so it cannot
+    # overrun; without overruns the solve times never change a decision. The figures
+    # were checked above; this run only needs the JSON.
+    ticks = iter(range(1, 10**9))
+    monkeypatch.setattr(
+        experiments_cli,
+        "build_textbook_results",
+        functools.partial(build_textbook_results, mpc_timer=lambda: next(ticks) * 1e-3),
+    )
+    monkeypatch.setattr(experiments_cli, "write_figures", lambda results, directory: [])
+    code, _, _ = _run_quick(tmp_path / "again")
+    assert code == 0
+    second = _strict_load((tmp_path / "again" / "results.json").read_text())
+    assert second["mpc"]["diagnostics"]["solve_time_p99_s"] == pytest.approx(1e-3)
+    assert first["mpc"]["diagnostics"]["solve_time_p99_s"] is not None
+    assert _without_timing(first) == _without_timing(second)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--window", "0"], "--window must be positive"),
+        (["--animation", "200", "--window", "100"], "exceeds --window"),
+        (["--start", "-1"], "--start must be >= 0"),
+        (["--trace", "no-such-trace.csv"], "no-such-trace.csv"),
+        (["--profile", "no-such-profile"], "no-such-profile"),
+    ],
+)
+def test_bad_arguments_fail_with_one_clear_line(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["experiments", "--quick", *argv, "--out", str(tmp_path / "bad")])
+    assert code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("gpugov: error:") and message in error
+    assert not (tmp_path / "bad" / "results.json").exists()

@@ -1,0 +1,65 @@
+"""Shared helpers for the deployment checks: where things are, and tools that may be missing.
+
+A check whose tool is missing is skipped with the reason on a developer's machine, but
+fails when ``CI`` is set, so CI cannot pass by skipping. ``.ci/install-tools.sh`` installs
+every tool these checks use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+SYSTEMD = DEPLOY / "systemd"
+PROMETHEUS = DEPLOY / "prometheus"
+GRAFANA = DEPLOY / "grafana"
+KUBERNETES = DEPLOY / "kubernetes"
+OPERATOR_GUIDE = REPO / "docs" / "operator.md"
+INSTALL_HINT = "run .ci/install-tools.sh (as root) to install it"
+
+
+def in_ci() -> bool:
+    """True when the ``CI`` environment variable is set (to anything but empty)."""
+    return bool(os.environ.get("CI"))
+
+
+def missing(what: str) -> None:
+    """Skip (developer machine) or fail (CI) because ``what`` is not installed."""
+    message = f"{what} is not installed; {INSTALL_HINT}"
+    if in_ci():
+        pytest.fail(f"{message} (CI is set, so a missing tool fails instead of skipping)")
+    pytest.skip(message, allow_module_level=True)
+
+
+def require_tool(name: str) -> str:
+    """The absolute path of executable ``name``, or skip/fail when it is not on PATH."""
+    path = shutil.which(name)
+    if path is None:
+        missing(f"`{name}`")
+    assert path is not None
+    return path
+
+
+def require_module(name: str) -> ModuleType:
+    """Import ``name``, or skip/fail when it is not installed."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        missing(f"Python package `{name}`")
+        raise  # unreachable: missing() always raises
+
+
+def gpugov_executable() -> Path:
+    """The project's ``gpugov`` console script in the running interpreter's environment."""
+    path = Path(sys.executable).parent / "gpugov"
+    if not path.exists():
+        pytest.fail(f"{path} not found: install the project (pip install -e '.[test]')")
+    return path

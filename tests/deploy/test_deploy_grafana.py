@@ -1,0 +1,109 @@
+"""The Grafana dashboard: the committed JSON is what the generator builds, and it has the
+panels and variables the operator guide promises. Its queries are run against a real
+Prometheus in ``test_deploy_live.py``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from types import ModuleType
+from typing import Any
+
+from deploytools import GRAFANA, require_module
+
+GENERATOR = GRAFANA / "dashboard.py"
+COMMITTED = GRAFANA / "gpugov-dashboard.json"
+REGENERATE = ".venv/bin/python deploy/grafana/dashboard.py > deploy/grafana/gpugov-dashboard.json"
+
+
+def generator() -> ModuleType:
+    """deploy/grafana/dashboard.py as a module (it is a script, not a package)."""
+    require_module("grafana_foundation_sdk")
+    spec = importlib.util.spec_from_file_location("gpugov_dashboard", GENERATOR)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def dashboard() -> dict[str, Any]:
+    """The committed dashboard JSON."""
+    return json.loads(COMMITTED.read_text())
+
+
+def panels(board: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every non-row panel, including those nested in collapsed rows."""
+    out = []
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            out.extend(panel.get("panels", []))
+        else:
+            out.append(panel)
+    return out
+
+
+def test_committed_json_is_up_to_date() -> None:
+    built = generator().dashboard_json()
+    assert COMMITTED.read_text() == built, f"the dashboard JSON is stale; run: {REGENERATE}"
+
+
+def test_json_round_trips_through_the_sdk_model() -> None:
+    require_module("grafana_foundation_sdk")
+    from grafana_foundation_sdk.cog.plugins import register_default_plugins
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    register_default_plugins()
+    model = Dashboard.from_json(dashboard())
+    assert model.uid == "gpugov-node"
+
+
+def test_panel_ids_are_unique_and_every_query_uses_the_datasource_variable() -> None:
+    board = dashboard()
+    rows = [p for p in board["panels"] if p["type"] == "row"]
+    ids = [p["id"] for p in rows + panels(board)]
+    assert len(ids) == len(set(ids))
+    for panel in panels(board):
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert panel["targets"], panel["title"]
+        assert panel.get("description"), f"{panel['title']}: say how to read it"
+        for target in panel["targets"]:
+            assert target["expr"].strip()
+            assert 'instance=~"$instance"' in target["expr"], (
+                f"{panel['title']}/{target['refId']}: not filtered by the node variable"
+            )
+
+
+def test_node_and_domain_variables() -> None:
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    assert variables["datasource"]["query"] == "prometheus"
+    for name in ("instance", "domain"):
+        assert variables[name]["type"] == "query"
+        assert variables[name]["multi"] and variables[name]["includeAll"]
+        assert variables[name]["allValue"] == ".*"
+    assert "$instance" in variables["domain"]["query"]
+
+
+def test_rows_per_domain_and_per_gpu_with_the_promised_panels() -> None:
+    board = dashboard()
+    rows = [p for p in board["panels"] if p["type"] == "row"]
+    assert [r["title"] for r in rows] == ["Overview", "Domain $domain", "GPUs", "Daemon"]
+    assert rows[1]["repeat"] == "domain"
+    titles = " | ".join(p["title"] for p in panels(board))
+    for topic in (
+        r"SM clock: requested, applied, realised",
+        r"Power",
+        r"Energy per output token",
+        r"Temperature per GPU",
+        r"Engine queue",
+        r"Time to first token vs SLO",
+        r"Time per output token vs SLO",
+        r"Controller solve time",
+        r"Fallbacks",
+        r"Engine scrapes",
+        r"Throttling per GPU",
+    ):
+        assert re.search(topic, titles), f"no panel for {topic!r}"
+    per_gpu = [p for p in panels(board) if p["title"].endswith("per GPU")]
+    for panel in per_gpu:
+        assert "{{gpu}}" in panel["targets"][0]["legendFormat"], panel["title"]

@@ -1,0 +1,184 @@
+"""Kubernetes manifests and the Dockerfile, validated offline.
+
+Built-in kinds are validated by ``kubernetes-validate`` (which ships the Kubernetes JSON
+schemas) in strict mode, so an unknown field fails, against the oldest and the newest
+Kubernetes minor it knows of that we support. The ServiceMonitor is a CRD the package has
+no schema for: it is validated with ``jsonschema`` against a small schema vendored in
+``tests/deploy/schemas/`` (a subset of the prometheus-operator CRD, see its $comment).
+Then the pieces are checked against each other and against gpugov itself: the config in
+the ConfigMap passes gpugov's own validation, the container args and the Dockerfile's
+command parse with gpugov's own CLI, and ports, labels and selectors line up.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deploytools import DEPLOY, KUBERNETES, require_module
+
+from daemon.cli import build_parser
+from daemon.config import parse_address, parse_config
+
+yaml = require_module("yaml")
+
+MANIFESTS = sorted(KUBERNETES.glob("*.yaml")) + sorted(KUBERNETES.glob("examples/*.yaml"))
+SERVICEMONITOR_SCHEMA = (
+    Path(__file__).parent / "schemas" / "servicemonitor-monitoring.coreos.com-v1.json"
+)
+# The oldest minor we claim (the engine example's internalTrafficPolicy is GA since 1.26).
+OLDEST_KUBERNETES = "1.28"
+DOCKERFILE = DEPLOY / "Dockerfile"
+
+
+def documents() -> list[tuple[str, dict[str, Any]]]:
+    """``(file name, document)`` for every YAML document of every manifest."""
+    out = []
+    for path in MANIFESTS:
+        for document in yaml.safe_load_all(path.read_text()):
+            if document is not None:
+                out.append((str(path.relative_to(KUBERNETES)), document))
+    return out
+
+
+def find(kind: str, name: str | None = None) -> dict[str, Any]:
+    """The one manifest of ``kind`` (and ``name``) under deploy/kubernetes/ (not examples)."""
+    found = [
+        d for f, d in documents()
+        if d["kind"] == kind and not f.startswith("examples/")
+        and (name is None or d["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def kubernetes_versions() -> list[str]:
+    """The oldest supported and the newest Kubernetes minor kubernetes-validate knows."""
+    module = require_module("kubernetes_validate")
+    return [OLDEST_KUBERNETES, module.latest_version()]
+
+
+@pytest.mark.parametrize(
+    ("source", "document"),
+    [pytest.param(f, d, id=f"{f}:{d['kind']}") for f, d in documents()],
+)
+def test_manifest_validates_offline(source: str, document: dict[str, Any]) -> None:
+    if document["apiVersion"].startswith("monitoring.coreos.com/"):
+        jsonschema = require_module("jsonschema")
+        schema = json.loads(SERVICEMONITOR_SCHEMA.read_text())
+        jsonschema.Draft202012Validator.check_schema(schema)
+        errors = list(jsonschema.Draft202012Validator(schema).iter_errors(document))
+        assert not errors, f"{source}: " + "; ".join(
+            f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors
+        )
+        return
+    module = require_module("kubernetes_validate")
+    for version in kubernetes_versions():
+        try:
+            module.validate(document, version, strict=True)
+        except module.ValidationError as error:
+            pytest.fail(f"{source} ({document['kind']}) on Kubernetes {version}: {error}")
+
+
+def test_the_vendored_schema_rejects_a_misspelt_field() -> None:
+    jsonschema = require_module("jsonschema")
+    schema = json.loads(SERVICEMONITOR_SCHEMA.read_text())
+    monitor = json.loads(json.dumps(find("ServiceMonitor")))
+    monitor["spec"]["endpoints"][0]["intervall"] = "15s"
+    assert list(jsonschema.Draft202012Validator(schema).iter_errors(monitor))
+
+
+def container() -> dict[str, Any]:
+    """The gpugov container of the DaemonSet."""
+    containers = find("DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["gpugov"]
+    return containers[0]
+
+
+def config_text() -> str:
+    """config.toml from the ConfigMap the DaemonSet mounts."""
+    pod = find("DaemonSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mount = next(m for m in container()["volumeMounts"] if m["mountPath"] == "/etc/gpugov")
+    configmap = find("ConfigMap", volumes[mount["name"]]["configMap"]["name"])
+    return configmap["data"]["config.toml"]
+
+
+def test_configmap_config_passes_gpugovs_validation() -> None:
+    config = parse_config(tomllib.loads(config_text()), "configmap.yaml:config.toml")
+    host, port = parse_address(config.daemon.metrics_address)
+    assert host not in {"127.0.0.1", "localhost", "::1"}, "a probe cannot reach loopback"
+    ports = {p["name"]: p["containerPort"] for p in container()["ports"]}
+    assert ports["metrics"] == port
+    assert not config.daemon.dry_run
+
+
+def test_daemonset_privileges_network_and_probes() -> None:
+    pod = find("DaemonSet")["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is False
+    assert pod.get("hostPID", False) is False
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    security = container()["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert security["privileged"] is False
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert "nvidia.com/gpu" not in json.dumps(container().get("resources", {}))
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container()[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+
+
+def test_daemonset_args_parse_with_the_real_cli() -> None:
+    args = build_parser().parse_args(container()["args"])
+    assert args.config == "/etc/gpugov/config.toml"
+    assert not args.dry_run
+
+
+def test_service_and_servicemonitor_select_the_pods() -> None:
+    pod_labels = find("DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    service = find("Service")
+    assert service["metadata"]["namespace"] == find("DaemonSet")["metadata"]["namespace"]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    monitor = find("ServiceMonitor")
+    selected = monitor["spec"]["selector"]["matchLabels"]
+    assert selected.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [service["metadata"]["namespace"]]
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    # Without jobLabel the job is the Service's name: the alert rules match job="gpugov".
+    assert "jobLabel" not in monitor["spec"] and service["metadata"]["name"] == "gpugov"
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """``(INSTRUCTION, arguments)`` with continuation lines joined and comments dropped."""
+    logical, current = [], ""
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.lstrip().startswith("#") or not line.strip():
+            continue
+        current += line.rstrip("\\").strip() + " "
+        if not line.endswith("\\"):
+            logical.append(current.strip())
+            current = ""
+    return [(item.split(" ", 1)[0].upper(), item.split(" ", 1)[1]) for item in logical]
+
+
+def test_dockerfile_copies_what_exists_and_runs_the_real_cli() -> None:
+    instructions = dockerfile_instructions()
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    for instruction, arguments in instructions:
+        if instruction == "COPY" and not arguments.startswith("--from"):
+            *sources, _ = shlex.split(arguments)
+            for source in sources:
+                assert (DEPLOY.parent / source).exists(), f"COPY {source}: not in the repository"
+                assert source.rstrip("/") in allowed, f"COPY {source}: excluded by .dockerignore"
+    entrypoint = json.loads(dict(instructions)["ENTRYPOINT"])
+    command = json.loads(dict(instructions)["CMD"])
+    assert entrypoint == ["/opt/gpugov/venv/bin/gpugov"]
+    assert command == container()["args"]
+    build_parser().parse_args(command)

@@ -1,0 +1,112 @@
+"""Prometheus assets: `promtool check config`, `check rules`, `test rules`, and their coverage.
+
+Every alert must appear in ``deploy/prometheus/tests/gpugov.test.yml`` at least once
+firing and at least once with no alert expected after it fired (cleared), and every
+alert's runbook anchor must exist in the operator guide. The live checks against a real
+server are in ``test_deploy_live.py``.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from deploytools import OPERATOR_GUIDE, PROMETHEUS, require_module, require_tool
+
+yaml = require_module("yaml")
+
+RULE_FILES = sorted((PROMETHEUS / "rules").glob("*.rules.yml"))
+ALERT_RULES = PROMETHEUS / "rules" / "gpugov-alerts.rules.yml"
+RECORDING_RULES = PROMETHEUS / "rules" / "gpugov-recording.rules.yml"
+UNIT_TESTS = PROMETHEUS / "tests" / "gpugov.test.yml"
+
+
+def promtool(*args: str, cwd: Path = PROMETHEUS) -> str:
+    """Run promtool; fail with its output when it exits non-zero."""
+    tool = require_tool("promtool")
+    result = subprocess.run(
+        [tool, *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"promtool {' '.join(args)} failed:\n{output}"
+    return output
+
+
+def rules(path: Path) -> list[dict[str, Any]]:
+    """Every rule of every group in a rule file."""
+    document = yaml.safe_load(path.read_text())
+    return [rule for group in document["groups"] for rule in group["rules"]]
+
+
+def alert_names() -> list[str]:
+    """The alerts defined in the alert rule file."""
+    return [rule["alert"] for rule in rules(ALERT_RULES)]
+
+
+def test_rule_files_are_the_expected_two() -> None:
+    assert sorted([ALERT_RULES, RECORDING_RULES]) == RULE_FILES
+
+
+def test_promtool_check_config() -> None:
+    output = promtool("check", "config", "prometheus.yml")
+    assert "SUCCESS" in output
+
+
+def test_promtool_check_rules() -> None:
+    output = promtool("check", "rules", *(str(p) for p in RULE_FILES))
+    assert output.count("SUCCESS") == len(RULE_FILES)
+
+
+def test_promtool_test_rules() -> None:
+    output = promtool("test", "rules", str(UNIT_TESTS))
+    assert "SUCCESS" in output
+
+
+def test_every_alert_fires_and_clears_in_the_unit_tests() -> None:
+    document = yaml.safe_load(UNIT_TESTS.read_text())
+    fired: set[str] = set()
+    cleared_after_firing: set[str] = set()
+    seconds = {"s": 1, "m": 60, "h": 3600}
+    for case in document["tests"]:
+        checks = sorted(
+            case.get("alert_rule_test", []),
+            key=lambda c: int(c["eval_time"][:-1]) * seconds[c["eval_time"][-1]],
+        )
+        firing_in_case: set[str] = set()
+        for check in checks:
+            name = check["alertname"]
+            if check.get("exp_alerts"):
+                firing_in_case.add(name)
+                fired.add(name)
+            elif name in firing_in_case:
+                cleared_after_firing.add(name)
+    for name in alert_names():
+        assert name in fired, f"{name} never fires in {UNIT_TESTS.name}"
+        assert name in cleared_after_firing, f"{name} never clears in {UNIT_TESTS.name}"
+
+
+def test_alerts_are_documented() -> None:
+    guide = OPERATOR_GUIDE.read_text()
+    anchors = {
+        re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-")
+        for heading in re.findall(r"^#+ (.+)$", guide, flags=re.M)
+    }
+    for rule in rules(ALERT_RULES):
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}
+        for key in ("summary", "description", "runbook_url"):
+            assert rule["annotations"].get(key), f"{rule['alert']}: no {key}"
+        url = rule["annotations"]["runbook_url"]
+        assert url == f"docs/operator.md#{rule['alert'].lower()}"
+        assert rule["alert"].lower() in anchors, (
+            f"{rule['alert']}: no '## {rule['alert']}' section in docs/operator.md"
+        )
+
+
+def test_recording_rule_names_follow_the_convention() -> None:
+    for rule in rules(RECORDING_RULES):
+        level, metric, operations = rule["record"].split(":")
+        assert level in {"domain", "gpu"}, rule["record"]
+        assert metric.startswith("gpugov_"), rule["record"]
+        assert operations, rule["record"]

@@ -1,0 +1,178 @@
+"""The systemd units: `systemd-analyze verify`, the security exposure score, and their shape.
+
+``systemd-analyze verify`` checks that every ``Exec*=`` binary exists, so it runs on a copy
+of each unit whose ``/opt/gpugov/venv/bin/gpugov`` is rewritten to this environment's
+``gpugov`` (the only difference; the test checks the copy differs in nothing else).
+``systemd-analyze security --offline=true`` reads the unit file alone; the main unit must
+score at most 3.0 and the observe-only one lower still.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from deploytools import SYSTEMD, gpugov_executable, require_tool
+
+from daemon.cli import build_parser
+from daemon.config import load_config, parse_address
+
+INSTALLED_GPUGOV = "/opt/gpugov/venv/bin/gpugov"
+MAIN = SYSTEMD / "gpugov.service"
+OBSERVE = SYSTEMD / "gpugov-observe.service"
+MAX_EXPOSURE_MAIN = 3.0
+UNITS = [MAIN, OBSERVE]
+EXPOSURE = re.compile(r"Overall exposure level for (\S+): (\d+(?:\.\d+)?) ")
+
+
+def directives(path: Path) -> list[tuple[str, str, str]]:
+    """``(section, key, value)`` for every assignment in a unit file, in order."""
+    section = ""
+    out = []
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        out.append((section, key.strip(), value.strip()))
+    return out
+
+
+def values(path: Path, key: str) -> list[str]:
+    """Every value assigned to ``key`` in the unit."""
+    return [value for _, k, value in directives(path) if k == key]
+
+
+def one(path: Path, key: str) -> str:
+    """The single value of ``key``; fails when it is missing or repeated."""
+    found = values(path, key)
+    assert len(found) == 1, f"{path.name}: expected one {key}=, found {found}"
+    return found[0]
+
+
+def verifiable_copy(unit: Path, directory: Path) -> Path:
+    """The unit with the installed gpugov path pointed at this environment's gpugov."""
+    text = unit.read_text()
+    assert INSTALLED_GPUGOV in text, f"{unit.name} no longer runs {INSTALLED_GPUGOV}"
+    copy = directory / unit.name
+    copy.write_text(text.replace(INSTALLED_GPUGOV, str(gpugov_executable())))
+    return copy
+
+
+def exposure(unit: Path) -> tuple[float, str]:
+    """The overall exposure score of ``systemd-analyze security --offline=true`` and its table."""
+    tool = require_tool("systemd-analyze")
+    result = subprocess.run(
+        [tool, "security", "--offline=true", "--no-pager", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    table = result.stdout + result.stderr
+    match = EXPOSURE.search(table)
+    assert match, f"no overall exposure in the output (exit {result.returncode}):\n{table}"
+    assert match.group(1) == unit.name
+    return float(match.group(2)), table
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
+def test_systemd_analyze_verify(unit: Path, tmp_path: Path) -> None:
+    tool = require_tool("systemd-analyze")
+    copy = verifiable_copy(unit, tmp_path)
+    result = subprocess.run(
+        [tool, "verify", "--man=no", str(copy)], capture_output=True, text=True, timeout=60
+    )
+    output = (result.stdout + result.stderr).strip()
+    assert result.returncode == 0, f"systemd-analyze verify {unit.name} failed:\n{output}"
+    assert output == "", f"systemd-analyze verify {unit.name} warned:\n{output}"
+
+
+def test_main_unit_exposure_at_most_3() -> None:
+    score, table = exposure(MAIN)
+    assert score <= MAX_EXPOSURE_MAIN, (
+        f"{MAIN.name}: overall exposure {score} > {MAX_EXPOSURE_MAIN}\n{table}"
+    )
+
+
+def test_observe_unit_exposure_below_main() -> None:
+    main_score, _ = exposure(MAIN)
+    score, table = exposure(OBSERVE)
+    assert score < main_score, (
+        f"{OBSERVE.name}: overall exposure {score} is not below {MAIN.name}'s {main_score}\n"
+        f"{table}"
+    )
+
+
+def test_main_unit_contract() -> None:
+    assert one(MAIN, "Type") == "notify"
+    assert one(MAIN, "Restart") == "on-failure"
+    assert re.fullmatch(r"\d+s", one(MAIN, "WatchdogSec"))
+    assert one(MAIN, "ExecStart").endswith("--config /etc/gpugov/config.toml")
+    assert one(MAIN, "ExecStopPost") == f"{INSTALLED_GPUGOV} reset-clocks --gpus all"
+    assert one(MAIN, "CapabilityBoundingSet") == "CAP_SYS_ADMIN"
+    assert one(MAIN, "AmbientCapabilities") == ""
+    assert one(MAIN, "DevicePolicy") == "closed"
+    allowed = values(MAIN, "DeviceAllow")
+    # nvmlInit() opened exactly these on driver 580 (H200): nvidia0, nvidiactl, nvidia-uvm,
+    # nvidia-caps/nvidia-cap1 and nvidia-cap2 (read-only). Older drivers name major 195
+    # "nvidia-frontend".
+    assert sorted(allowed) == sorted([
+        "char-nvidia-frontend rw",
+        "char-nvidia rw",
+        "char-nvidiactl rw",
+        "/dev/nvidia-uvm rw",
+        "char-nvidia-caps r",
+    ])
+    assert values(OBSERVE, "DeviceAllow") == allowed
+    for key, value in (
+        ("NoNewPrivileges", "yes"),
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"),
+        ("ProtectKernelTunables", "yes"),
+        ("ProtectKernelModules", "yes"),
+        ("ProtectControlGroups", "yes"),
+        ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6"),
+        ("IPAddressAllow", "localhost"),
+    ):
+        assert one(MAIN, key) == value, key
+    assert "@system-service" in values(MAIN, "SystemCallFilter")
+    # PrivateDevices= would hide /dev/nvidia*; PrivateUsers= would void CAP_SYS_ADMIN.
+    assert not values(MAIN, "PrivateDevices")
+    assert not values(MAIN, "PrivateUsers")
+
+
+def test_observe_unit_contract() -> None:
+    assert one(OBSERVE, "Type") == "notify"
+    assert one(OBSERVE, "ExecStart").endswith("--config /etc/gpugov/config.toml --dry-run")
+    assert one(OBSERVE, "CapabilityBoundingSet") == ""
+    assert one(OBSERVE, "DynamicUser") == "yes"
+    assert not values(OBSERVE, "ExecStopPost")
+    assert one(OBSERVE, "Conflicts") == "gpugov.service"
+    assert not values(OBSERVE, "PrivateDevices")
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
+def test_exec_lines_parse_with_the_real_cli(unit: Path) -> None:
+    """Every gpugov command line in the unit is accepted by gpugov's own argument parser."""
+    parser = build_parser()
+    for key in ("ExecStart", "ExecStopPost"):
+        for line in values(unit, key):
+            argv = shlex.split(line)
+            assert argv[0] == INSTALLED_GPUGOV
+            parser.parse_args(argv[1:])  # exits (SystemExit) on an unknown flag
+
+
+def test_the_example_config_the_readme_installs_is_valid() -> None:
+    """deploy/README.md installs deploy/gpugov.example.toml as /etc/gpugov/config.toml."""
+    example = SYSTEMD.parent / "gpugov.example.toml"
+    assert example.exists(), f"{example} is missing (deploy/README.md installs it)"
+    config = load_config(example)
+    host, _ = parse_address(config.daemon.metrics_address)
+    assert host in {"127.0.0.1", "::1", "localhost"}, "the units allow loopback only"
