@@ -214,6 +214,10 @@ def mpc_fluid_rollout(
 _mpc_fluid_rollout = mpc_fluid_rollout
 
 
+LATENCY_MODELS = ("seed", "iteration")
+CHUNK_TOKENS = 512.0  # the plant's chunked-prefill token budget
+
+
 @dataclass(frozen=True, slots=True)
 class MPCWeights:
     """Cost weights (the seed's constants are the defaults)."""
@@ -247,6 +251,65 @@ class MPCProblem:
     mean_output_tokens: float
     previous_clock_mhz: float
     weights: MPCWeights = field(default_factory=MPCWeights)
+    latency_model: str = "seed"
+    slo_margin: float = 1.0
+
+    @property
+    def ttft_target_s(self) -> float:
+        """TTFT above which the cost is penalised: ``slo_margin`` times the SLO."""
+        return self.slo_margin * self.plant.profile.ttft_slo_s
+
+    @property
+    def tpot_target_s(self) -> float:
+        """TPOT above which the cost is penalised: ``slo_margin`` times the SLO."""
+        return self.slo_margin * self.plant.profile.tpot_slo_s
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.slo_margin <= 1.0:
+            raise ValueError(f"slo_margin must lie in (0, 1], got {self.slo_margin!r}")
+        if self.latency_model not in LATENCY_MODELS:
+            raise ValueError(
+                f"latency_model must be one of {LATENCY_MODELS}, got {self.latency_model!r}"
+            )
+
+    def decode_iteration_s(self, active: FloatArray, decode_rate: FloatArray) -> FloatArray:
+        """Decode iteration time (s) for ``active`` requests at each decode rate, by the
+        profile's decode latency model (the plant's): ``t_ref * (a + b B/B_ref + c C/C_ref)``
+        with context ``C = B * (mean prompt + mean output / 2)``."""
+        model = self.plant.profile.decode_latency_model
+        reference = float(model.reference_batch_size)
+        context = self.mean_prompt_tokens + 0.5 * self.mean_output_tokens
+        t_ref = reference / np.maximum(decode_rate, 1e-12)
+        return t_ref * (
+            model.weight_fraction
+            + model.batch_fraction * active / reference
+            + model.kv_fraction * active * context / (reference * model.reference_context_tokens)
+        )
+
+    def tpot_proxy(
+        self,
+        active: FloatArray,
+        decode_rate: FloatArray,
+        served_prefill: FloatArray,
+        prefill_rate: FloatArray,
+    ) -> FloatArray:
+        """TPOT proxy of the ``iteration`` latency model: a decode iteration's time
+        stretched by the share of the period spent on prefill, ``t_dec / (1 - u_p)``."""
+        busy = served_prefill / np.maximum(prefill_rate * self.control_period_s, 1e-12)
+        stretched = self.decode_iteration_s(active, decode_rate) / np.maximum(1.0 - busy, 0.05)
+        return np.where(active > 1e-9, stretched, 0.0)
+
+    def ttft_proxy(
+        self, prefill: FloatArray, active: FloatArray, decode_rate: FloatArray,
+        prefill_rate: FloatArray,
+    ) -> FloatArray:
+        """TTFT proxy of the ``iteration`` latency model: the queued prompt tokens plus a
+        new prompt, at the prefill rate chunked prefill leaves beside the decode batch
+        (``chunk`` tokens per iteration of ``t_dec + chunk / prefill_rate``)."""
+        chunk = np.maximum(CHUNK_TOKENS - active, 32.0)
+        iteration = self.decode_iteration_s(active, decode_rate) * (active > 1e-9)
+        effective = chunk / (iteration + chunk / np.maximum(prefill_rate, 1e-12))
+        return (prefill + self.mean_prompt_tokens) / effective
 
     @property
     def horizon_steps(self) -> int:
@@ -283,6 +346,8 @@ class MPCProblem:
             raise ValueError(
                 f"clock sequence must have shape ({self.horizon_steps},), got {sequence.shape}"
             )
+        if self.latency_model != "seed":
+            return float(self.costs(sequence[None, :])[0])
         profile = self.plant.profile
         weights = self.weights
         predicted = self.rollout(sequence)
@@ -291,10 +356,10 @@ class MPCProblem:
         normalized_frequency = (sequence - minimum) / (maximum - minimum)
         previous_normalized = (self.previous_clock_mhz - minimum) / (maximum - minimum)
         changes = np.diff(np.concatenate([[previous_normalized], normalized_frequency]))
-        ttft_slack = np.maximum(0.0, predicted.ttft_proxy_s - profile.ttft_slo_s) / max(
+        ttft_slack = np.maximum(0.0, predicted.ttft_proxy_s - self.ttft_target_s) / max(
             profile.ttft_slo_s, 1e-12
         )
-        tpot_slack = np.maximum(0.0, predicted.tpot_proxy_s - profile.tpot_slo_s) / max(
+        tpot_slack = np.maximum(0.0, predicted.tpot_proxy_s - self.tpot_target_s) / max(
             profile.tpot_slo_s, 1e-12
         )
         maximum_power = max(profile.prefill_power_w[-1], profile.decode_power_w[-1])
@@ -366,8 +431,18 @@ class MPCProblem:
             completed_decode = served_decode / output_divisor
             decode = np.maximum(0.0, available_decode - served_decode)
             active = np.maximum(0.0, active + completed_prefill - completed_decode)
-            ttft_proxy = prefill / np.maximum(prefill_rate[:, index], 1e-12)
-            tpot_proxy = active / np.maximum(decode_rate[:, index], 1e-12)
+            if self.latency_model == "seed":
+                ttft_proxy = prefill / np.maximum(prefill_rate[:, index], 1e-12)
+            else:
+                ttft_proxy = self.ttft_proxy(
+                    prefill, active, decode_rate[:, index], prefill_rate[:, index]
+                )
+            if self.latency_model == "seed":
+                tpot_proxy = active / np.maximum(decode_rate[:, index], 1e-12)
+            else:
+                tpot_proxy = self.tpot_proxy(
+                    active, decode_rate[:, index], served_prefill, prefill_rate[:, index]
+                )
             power = np.where(
                 both,
                 0.5 * (prefill_power[:, index] + decode_power[:, index]),
@@ -383,8 +458,8 @@ class MPCProblem:
             )
             temperature = equilibrium + (temperature - equilibrium) * decay
             power_sum += normalized_power
-            ttft_penalty += (np.maximum(0.0, ttft_proxy - profile.ttft_slo_s) / ttft_scale) ** 2
-            tpot_penalty += (np.maximum(0.0, tpot_proxy - profile.tpot_slo_s) / tpot_scale) ** 2
+            ttft_penalty += (np.maximum(0.0, ttft_proxy - self.ttft_target_s) / ttft_scale) ** 2
+            tpot_penalty += (np.maximum(0.0, tpot_proxy - self.tpot_target_s) / tpot_scale) ** 2
             limit_penalty += (
                 np.maximum(0.0, normalized_power - power_limit) ** 2
                 + np.maximum(0.0, temperature - self.plant.thermal_limit_c) ** 2
@@ -562,6 +637,8 @@ class MPCController:
         fallback: ClockController | None = None,
         discrete_refinement: bool = False,
         timer: Callable[[], float] = perf_counter,
+        latency_model: str = "seed",
+        slo_margin: float = 1.0,
     ) -> None:
         for name, value in (
             ("mean_prompt_tokens", mean_prompt_tokens),
@@ -588,6 +665,14 @@ class MPCController:
         self.fallback: ClockController = _default_fallback() if fallback is None else fallback
         self.discrete_refinement = bool(discrete_refinement)
         self.timer = timer
+        if latency_model not in LATENCY_MODELS:
+            raise ValueError(
+                f"latency_model must be one of {LATENCY_MODELS}, got {latency_model!r}"
+            )
+        self.latency_model = latency_model
+        if not 0.0 < slo_margin <= 1.0:
+            raise ValueError(f"slo_margin must lie in (0, 1], got {slo_margin!r}")
+        self.slo_margin = float(slo_margin)
         self.arrival_times_seen: deque[float] = deque()
         self.previous_arrived_count = 0
         self.current_clock = plant.profile.minimum_clock_mhz
@@ -650,6 +735,8 @@ class MPCController:
             mean_output_tokens=self.mean_output_tokens,
             previous_clock_mhz=self.current_clock,
             weights=self.weights,
+            latency_model=self.latency_model,
+            slo_margin=self.slo_margin,
         )
 
     def solve(self, problem: MPCProblem) -> tuple[FloatArray | None, str | None, float]:

@@ -96,14 +96,21 @@ class OpenLoopControllerConfig(_Frozen):
 
 
 class MPCControllerConfig(_Frozen):
-    """Model-predictive control on the plant model built from a profile."""
+    """Model-predictive control on the plant model built from a profile.
 
-    kind: Literal["mpc"]
+    ``mpc``: the fast discrete-search solver on the iteration-level latency model with a
+    0.7 SLO margin. ``mpc-slsqp``: the seed's SLSQP solver on the seed's fluid model and
+    SLOs (the reference). ``latency_model`` and ``slo_margin`` override either default.
+    """
+
+    kind: Literal["mpc", "mpc-slsqp"]
     profile: str = "h100-sxm-llama3-8b"
     horizon_s: PositiveFloat = 10.0
     solve_time_limit_s: PositiveFloat = 0.8
     mean_prompt_tokens: PositiveFloat | None = None
     mean_output_tokens: PositiveFloat | None = None
+    latency_model: Literal["iteration", "seed"] | None = None
+    slo_margin: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
 
 
 ControllerConfig = Annotated[

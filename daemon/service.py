@@ -15,7 +15,7 @@ from typing import Any
 from daemon.actuator import ClockActuator, LockMode
 from daemon.backend import DryRunBackend, GpuBackend
 from daemon.config import ControllerConfig, GpugovConfig, MPCControllerConfig
-from daemon.decide import build_controller, with_safety
+from daemon.decide import build_controller, mpc_controller, with_safety
 from daemon.engines import ScrapedSource
 from daemon.loop import Domain, FailsafeMode
 from daemon.nvidia_smi import NvidiaSmiBackend
@@ -275,19 +275,16 @@ def simulated_run(
 def simulated_mpc(
     spec: MPCControllerConfig, plant: ServingPlant, workload: Sequence[Request], period_s: float
 ) -> Any:
-    from controllers.mpc import MPCController, expected_output_tokens_forecast
+    """The MPC on the run's own plant, with the workload's mean prompt and output
+    lengths as declared forecasts unless the config gives them."""
+    from controllers.mpc import expected_output_tokens_forecast
 
-    prompt = spec.mean_prompt_tokens or float(
-        sum(r.prompt_tokens for r in workload) / len(workload)
-    )
-    output = spec.mean_output_tokens or expected_output_tokens_forecast(workload)
-    return MPCController(
+    return mpc_controller(
+        spec,
         plant,
-        mean_prompt_tokens=prompt,
-        mean_output_tokens=output,
-        horizon_s=spec.horizon_s,
-        control_period_s=period_s,
-        solve_time_limit_s=spec.solve_time_limit_s,
+        period_s,
+        mean_prompt_tokens=float(sum(r.prompt_tokens for r in workload) / len(workload)),
+        mean_output_tokens=expected_output_tokens_forecast(workload),
     )
 
 

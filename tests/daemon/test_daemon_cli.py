@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import MetricsServer, fixture_text
+from daemon_support import MetricsServer, fixture_text
 from fake_pynvml import FakeNvml
 
 import daemon.node_cli as node_cli

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import MetricsServer, fixture_text
+from daemon_support import MetricsServer, fixture_text
 
 from daemon.engines import (
     EngineSource,

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from conftest import MetricsServer, fixture_text
+from daemon_support import MetricsServer, fixture_text
 from fake_pynvml import FakeNvml
 from prometheus_client.parser import text_string_to_metric_families
 

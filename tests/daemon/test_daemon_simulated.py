@@ -132,7 +132,7 @@ def test_speed_mode_uses_scaled_wall_clock(workload_and_plant: tuple) -> None:  
 
 
 def test_real_h200_dry_run_recording_replays() -> None:
-    from conftest import FIXTURES
+    from daemon_support import FIXTURES
 
     path = FIXTURES / "h200_dryrun_reactive.jsonl"
     header, rows = read_recording(path)

@@ -1,0 +1,128 @@
+"""The discrete-search MPC solver and the iteration latency model: known answers."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from test_mpc import _observation, _random_states
+
+from controllers.fast_mpc import DiscreteSearchSolver, LevelTables, level_costs
+from controllers.mpc import MPCController, MPCProblem
+from plant import ServingPlant, chunked_prefill_scheduler, load_profile, load_trace, simulate
+
+
+def _problem(plant, observation, rate, clock_index, horizon_s, **options) -> MPCProblem:  # type: ignore[no-untyped-def]
+    controller = MPCController(
+        plant,
+        horizon_s=horizon_s,
+        mean_prompt_tokens=1_000.0,
+        mean_output_tokens=150.0,
+        solve_time_limit_s=60.0,
+        **options,
+    )
+    controller.current_clock = float(plant.profile.clock_mhz[clock_index])
+    return controller.problem(observation, rate)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"latency_model": "iteration"}, {"latency_model": "iteration", "slo_margin": 0.7}],
+    ids=["seed", "iteration", "iteration-margin"],
+)
+def test_level_costs_equal_problem_costs(synthetic_plant, options) -> None:  # type: ignore[no-untyped-def]
+    tables = LevelTables.from_profile(synthetic_plant.profile)
+    rng = np.random.default_rng(3)
+    for observation, rate, clock_index in _random_states(25, seed=5):
+        problem = _problem(synthetic_plant, observation, rate, clock_index, 6.0, **options)
+        levels = rng.integers(0, tables.clock_mhz.size, size=(40, problem.horizon_steps))
+        expected = problem.costs(tables.clock_mhz[levels])
+        np.testing.assert_allclose(level_costs(problem, levels, tables), expected, rtol=1e-12)
+        assert problem.cost(tables.clock_mhz[levels[0]]) == pytest.approx(expected[0], rel=1e-12)
+
+
+def test_power_and_thermal_terms_counted_when_reachable(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
+    hot = synthetic_plant.with_overrides(power_limit_w=300.0, thermal_limit_c=40.0)
+    tables = LevelTables.from_profile(hot.profile)
+    observation = _observation(prefill_tokens=3_000.0, decode_active=8, temperature_c=39.0)
+    problem = _problem(hot, observation, 2.0, 8, 4.0)
+    levels = np.array([[8] * 4, [0] * 4, [4, 8, 0, 2]])
+    np.testing.assert_allclose(
+        level_costs(problem, levels, tables), problem.costs(tables.clock_mhz[levels]), rtol=1e-12
+    )
+
+
+@pytest.mark.parametrize("latency_model", ["seed", "iteration"])
+def test_discrete_search_matches_brute_force_on_tiny_horizons(  # type: ignore[no-untyped-def]
+    synthetic_plant, latency_model
+) -> None:
+    clocks = synthetic_plant.profile.clock_mhz
+    every_plan = np.array(list(itertools.product(clocks, repeat=3)))
+    solver = DiscreteSearchSolver()
+    gaps = []
+    for observation, rate, clock_index in _random_states(40, seed=11):
+        problem = _problem(
+            synthetic_plant, observation, rate, clock_index, 3.0, latency_model=latency_model
+        )
+        outcome = solver.solve_problem(problem, None)
+        assert outcome.success
+        assert set(outcome.x) <= set(clocks)
+        best = float(np.min(problem.costs(every_plan)))
+        cost = problem.cost(outcome.x)
+        assert cost >= best - 1e-12
+        gaps.append((cost - best) / best)
+    assert np.mean(np.array(gaps) < 1e-9) >= 0.95
+    assert max(gaps) < 0.01
+
+
+def test_discrete_search_never_worse_than_every_constant_plan(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
+    solver = DiscreteSearchSolver()
+    clocks = synthetic_plant.profile.clock_mhz
+    for observation, rate, clock_index in _random_states(20, seed=2):
+        problem = _problem(synthetic_plant, observation, rate, clock_index, 10.0)
+        plan = solver.solve_problem(problem, None).x
+        constants = problem.costs(np.repeat(clocks[:, None], problem.horizon_steps, axis=1))
+        assert problem.cost(plan) <= float(np.min(constants)) + 1e-12
+
+
+def test_fast_mpc_in_the_loop_is_deterministic_and_uses_warm_starts() -> None:
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    workload, _ = load_trace("azure-conv-10min", duration_s=40)
+    results = []
+    for _ in range(2):
+        controller = MPCController(
+            plant,
+            mean_prompt_tokens=1060.0,
+            mean_output_tokens=206.0,
+            solver=DiscreteSearchSolver(),
+            latency_model="iteration",
+            slo_margin=0.7,
+            solve_time_limit_s=10.0,
+        )
+        result = simulate(workload, plant, chunked_prefill_scheduler, controller)
+        assert controller.fallback_count == 0
+        assert controller.last_plan is not None
+        results.append(result)
+    np.testing.assert_array_equal(results[0].requested_clock_mhz, results[1].requested_clock_mhz)
+    assert set(np.unique(results[0].requested_clock_mhz)) <= set(plant.profile.clock_mhz)
+
+
+def test_overrun_of_the_fast_solver_falls_back(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
+    controller = MPCController(
+        synthetic_plant, solver=DiscreteSearchSolver(), solve_time_limit_s=0.0
+    )
+    supported = tuple(float(c) for c in synthetic_plant.profile.clock_mhz)
+    controller(_observation(prefill_tokens=2_000.0, decode_active=3, supported=supported))
+    assert controller.fallback_reasons["overrun"] == 1
+    assert controller.last_plan is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"latency_model": "magic"}, "latency_model"), ({"slo_margin": 0.0}, "slo_margin"),
+     ({"slo_margin": 1.5}, "slo_margin")],
+)
+def test_latency_model_and_margin_validated(synthetic_plant, kwargs, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=message):
+        MPCController(synthetic_plant, **kwargs)

@@ -1,0 +1,70 @@
+"""Helpers shared by the daemon tests: a local metrics server and the fixture pages.
+
+Imported by name (``from daemon_support import ...``; ``conftest.py`` puts this folder on
+``sys.path``), so no test module imports a module named ``conftest``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+class MetricsServer:
+    """A real HTTP server on 127.0.0.1 serving ``page`` at /metrics (``status`` settable)."""
+
+    def __init__(self, protocol: str = "HTTP/1.0") -> None:
+        import http.server
+        import threading
+
+        self.page = ""
+        self.status = 200
+        self.down = False  # when True, connections are dropped without an answer
+        self.requests = 0
+        self.connections = 0
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = protocol
+
+            def setup(self) -> None:
+                server.connections += 1
+                super().setup()
+
+            def do_GET(self) -> None:
+                server.requests += 1
+                if server.down:
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                body = server.page.encode()
+                self.send_response(server.status)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/metrics"
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving; later requests are refused."""
+        if self._closed:
+            return
+        self._closed = True
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def fixture_text(name: str) -> str:
+    """Contents of tests/daemon/fixtures/NAME."""
+    return (FIXTURES / name).read_text()
