@@ -7,12 +7,15 @@ whole batches of supported-clock plans at once with a vectorised rollout (the ve
 model and cost as :meth:`controllers.mpc.MPCProblem.costs`, tested equal) and searches
 them directly:
 
-1. a structured candidate set, priced in one pass: every constant plan, every two-block
-   plan "first period at level i, the rest at level j" on a coarse level grid, and the
-   previous decision's plan shifted by one period (warm start);
-2. a best-improvement local search from the best candidate: move one period, or every
-   period from some point to the end, by +-1, 2, 4, 8 or 16 levels; all moves of a round
-   are priced in one pass; stop when no move lowers the cost.
+1. a structured candidate set, priced in one pass: every constant plan, and two-block
+   ("first period at level i, the rest at level j") and alternating ("i, j, i, j, ...")
+   plans on a coarse level grid, plus the previous decision's plan shifted by one period
+   (warm start);
+2. a best-improvement local search from the ``starts`` best candidates at once: moves of
+   one period, of a period and all later ones, of two adjacent periods in opposite
+   directions, of every other period from some point on, and swaps of adjacent periods;
+   each round prices every incumbent's neighbourhood in one pass, and the number of
+   rounds is capped so the solve time is bounded.
 
 The result is a supported-clock plan whose model cost is what the controller applies,
 with no rounding step after the optimisation.

@@ -9,6 +9,7 @@ any of them: reads for real, only logs writes).
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -66,12 +67,13 @@ class GpuBackend(Protocol):
 class DryRunBackend:
     """Wraps a backend: every read goes through, every write is only logged and recorded.
 
-    ``writes`` lists ``("lock", min, max)`` and ``("reset",)`` in call order.
+    ``writes`` keeps the last ``history`` of ``("lock", min, max)`` and ``("reset",)`` in
+    call order (bounded, so a long-running dry-run daemon does not grow).
     """
 
-    def __init__(self, inner: GpuBackend) -> None:
+    def __init__(self, inner: GpuBackend, history: int = 1000) -> None:
         self._inner = inner
-        self.writes: list[tuple[object, ...]] = []
+        self.writes: deque[tuple[object, ...]] = deque(maxlen=history)
 
     @property
     def label(self) -> str:

@@ -151,6 +151,10 @@ class SystemdNotify:
         env = os.environ if environ is None else environ
         pid = env.get("WATCHDOG_PID")
         self.watchdog_enabled = "WATCHDOG_USEC" in env and (pid is None or pid == str(os.getpid()))
+        try:
+            self.watchdog_s = float(env.get("WATCHDOG_USEC", "0")) / 1e6
+        except ValueError:
+            self.watchdog_s = 0.0
         if notifier is None and env.get("NOTIFY_SOCKET"):
             import sdnotify
 
@@ -161,6 +165,19 @@ class SystemdNotify:
     def _send(self, state: str) -> None:
         if self._notifier is not None:
             self._notifier.notify(state)
+
+    def check_period(self, period_s: float) -> None:
+        """Refuse a control period the unit's watchdog would kill (one ping per tick).
+
+        Raises:
+            ValueError: ``period_s`` is at least half of ``WatchdogSec=``.
+        """
+        if self.watchdog_enabled and self.watchdog_s > 0 and period_s >= self.watchdog_s / 2:
+            raise ValueError(
+                f"daemon.period_s = {period_s:g} s is too long for the unit's WatchdogSec="
+                f"{self.watchdog_s:g}s (the loop pings the watchdog once per tick); use a "
+                f"period under {self.watchdog_s / 2:g} s or raise WatchdogSec"
+            )
 
     def tick(self, status: str) -> None:
         """Once per loop: READY=1 the first time, WATCHDOG=1 when enabled, STATUS=."""

@@ -127,6 +127,11 @@ def _run_node(args: argparse.Namespace) -> int:
         raise UsageError("gpugov run needs --config FILE (or --simulate)")
     config = load_config(args.config)
     _setup_logging(args.log_level or config.daemon.log_level)
+    notify = SystemdNotify()
+    try:
+        notify.check_period(config.daemon.period_s)
+    except ValueError as error:
+        raise UsageError(f"{args.config}: {error}") from error
     assembled = domains_from_config(config, dry_run=args.dry_run)
     exporter = None
     recorder = None
@@ -148,7 +153,7 @@ def _run_node(args: argparse.Namespace) -> int:
                 assembled.domains,
                 TimedLoop(config.daemon.period_s, stop=stop),
                 exporter=exporter,
-                notify=SystemdNotify(),
+                notify=notify,
                 on_tick=recorder,
             )
     finally:
@@ -167,8 +172,9 @@ def _positive(flag: str, value: float | None) -> None:
 
 
 def _run_simulated(args: argparse.Namespace) -> int:
+    from daemon.sim_cli import load_trace_for_cli
     from plant import ServingPlant, load_profile
-    from plant.workload import DEFAULT_TRACE, load_trace
+    from plant.workload import DEFAULT_TRACE
 
     _setup_logging(args.log_level or "warning")
     for flag in ("speed", "duration", "period", "load_scale"):
@@ -176,7 +182,9 @@ def _run_simulated(args: argparse.Namespace) -> int:
     if args.dwell is not None and args.dwell < 0:
         raise UsageError(f"--dwell must be >= 0, got {args.dwell!r}")
     trace = args.trace or DEFAULT_TRACE
-    workload, report = load_trace(trace, duration_s=args.duration, load_scale=args.load_scale)
+    workload, report = load_trace_for_cli(
+        trace, duration_s=args.duration, load_scale=args.load_scale
+    )
     if not workload:
         raise UsageError(f"--trace {trace}: the selected window holds no requests")
     profile = load_profile(args.profile)
@@ -257,7 +265,7 @@ def _print_summary(
 
 
 def format_summary(metrics: dict[str, Any], title: str = "") -> str:
-    """The summary table of ``gpugov simulate`` (the lead's ``sim_cli.format_summary``)."""
+    """The same summary table as ``gpugov simulate`` prints."""
     from daemon import sim_cli
 
     return sim_cli.format_summary(metrics, title)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from daemon.config import ControllerConfig
+from daemon.config import ControllerConfig, MPCControllerConfig
 from daemon.decide import build_controller, controller_name, with_safety
 from daemon.record import RecordingError, observation_from_dict, read_recording
 
@@ -88,6 +88,20 @@ class ReplayReport:
         return "\n".join(lines)
 
 
+def _with_recorded_forecasts(spec: ControllerConfig, info: dict[str, Any]) -> ControllerConfig:
+    """An MPC spec without declared forecasts takes the recording's, so replaying an MPC
+    recording through the same MPC rebuilds the controller that made it."""
+    recorded = info.get("controller_config") or {}
+    if not isinstance(spec, MPCControllerConfig):
+        return spec
+    update = {
+        key: recorded[key]
+        for key in ("mean_prompt_tokens", "mean_output_tokens")
+        if getattr(spec, key) is None and recorded.get(key)
+    }
+    return spec.model_copy(update=update) if update else spec
+
+
 def replay(path: str | Path, spec: ControllerConfig) -> ReplayReport:
     """Replay ``path`` through the controller ``spec`` describes.
 
@@ -105,7 +119,7 @@ def replay(path: str | Path, spec: ControllerConfig) -> ReplayReport:
             raise RecordingError(f"{path}: domain {name!r} has no supported clocks in the header")
         safety = info.get("safety", {})
         controllers[name] = with_safety(
-            build_controller(spec, period_s=period_s),
+            build_controller(_with_recorded_forecasts(spec, info), period_s=period_s),
             clocks,
             floor_mhz=safety.get("floor_mhz"),
             dwell_s=float(safety.get("dwell_s", 1.0)),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from controllers.mpc import expected_output_tokens_forecast
 from daemon.actuator import ClockActuator, LockMode
 from daemon.backend import DryRunBackend, GpuBackend
 from daemon.config import ControllerConfig, GpugovConfig, MPCControllerConfig
@@ -242,6 +243,15 @@ def simulated_run(
     backend = SimulatedBackend(node)
     controller = None
     if isinstance(controller_spec, MPCControllerConfig):
+        # Record the forecasts the MPC really uses, so a replay rebuilds the same MPC.
+        controller_spec = controller_spec.model_copy(
+            update={
+                "mean_prompt_tokens": controller_spec.mean_prompt_tokens
+                or float(sum(r.prompt_tokens for r in workload) / len(workload)),
+                "mean_output_tokens": controller_spec.mean_output_tokens
+                or expected_output_tokens_forecast(workload),
+            }
+        )
         controller = simulated_mpc(controller_spec, plant, workload, period_s)
     domain = build_domain(
         "sim",
@@ -277,8 +287,6 @@ def simulated_mpc(
 ) -> Any:
     """The MPC on the run's own plant, with the workload's mean prompt and output
     lengths as declared forecasts unless the config gives them."""
-    from controllers.mpc import expected_output_tokens_forecast
-
     return mpc_controller(
         spec,
         plant,

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,14 @@ from plant import ServingPlant, ServingResult, load_profile, simulate
 from plant.profile import ProfileError, list_bundled_profiles
 from plant.scheduler import SCHEDULERS
 from plant.types import ClockController, Request
-from plant.workload import DEFAULT_TRACE, TraceError, load_trace, workload_checksum
+from plant.workload import (
+    DEFAULT_TRACE,
+    TraceError,
+    TraceLoadReport,
+    TraceWarning,
+    load_trace,
+    workload_checksum,
+)
 
 DEFAULT_PROFILE = "h100-sxm-llama3-8b"
 CONTROLLER_HELP = CONTROLLER_SPEC_HELP
@@ -58,6 +66,23 @@ def build_controller(
         return decide.build_controller(config, period_s=control_period_s)
     except GpugovControllerError as error:
         raise UsageError(f"--controller {spec}: {error}") from error
+
+
+def load_trace_for_cli(
+    trace: str, **options: Any
+) -> tuple[tuple[Request, ...], TraceLoadReport]:
+    """``load_trace`` with its warnings (skipped zero-token rows) as one stderr line each."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TraceWarning)
+        result = load_trace(trace, **options)
+    for warning in caught:
+        if issubclass(warning.category, TraceWarning):
+            print(f"gpugov: warning: {warning.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
+    return result
 
 
 def _fmt(value: Any, unit: str = "", digits: int = 3) -> str:
@@ -145,7 +170,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     _positive("--load-scale", args.load_scale)
     if args.start < 0:
         raise UsageError(f"--start must be >= 0, got {args.start!r}")
-    workload, report = load_trace(
+    workload, report = load_trace_for_cli(
         args.trace,
         format=args.trace_format,
         start_s=args.start,

@@ -180,3 +180,27 @@ def test_nvidia_smi_reset_all_uses_runner(monkeypatch: pytest.MonkeyPatch) -> No
     )
     assert node_cli.main(["reset-clocks", "--backend", "nvidia-smi"]) == 0
     assert calls == [["nvidia-smi", "--reset-gpu-clocks"]]
+
+
+def test_mpc_recording_replays_through_the_same_mpc_exactly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = tmp_path / "mpc.jsonl"
+    argv = ["run", "--simulate", "--virtual", "--duration", "40", "--metrics-address", "none",
+            "--record", str(record)]
+    assert node_cli.main(argv) == 0
+    capsys.readouterr()
+    assert node_cli.main(["replay", str(record), "--controller", "mpc"]) == 0
+    out = capsys.readouterr().out
+    assert "through 'mpc_clock'" in out
+    assert "differing ticks     0 (0.0 %)" in out
+
+
+def test_watchdog_rejects_a_period_it_would_kill() -> None:
+    from daemon.loop import SystemdNotify
+
+    notify = SystemdNotify(notifier=None, environ={"WATCHDOG_USEC": "30000000"})
+    notify.check_period(10.0)
+    with pytest.raises(ValueError, match="WatchdogSec=30s"):
+        notify.check_period(20.0)
+    SystemdNotify(notifier=None, environ={}).check_period(59.0)

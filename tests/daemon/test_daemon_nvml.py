@@ -190,7 +190,7 @@ def test_dry_run_reads_but_never_writes(fake_nvml: FakeNvml) -> None:
     backend.lock_clocks(1200, 1200)
     backend.reset_clocks()
     assert fake_nvml.writes == []
-    assert backend.writes == [("lock", 1200, 1200), ("reset",)]
+    assert list(backend.writes) == [("lock", 1200, 1200), ("reset",)]
     assert backend.supported_clocks_mhz()[-1] == 1980
 
 

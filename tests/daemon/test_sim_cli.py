@@ -145,3 +145,13 @@ def test_simulate_mpc_and_open_loop_controllers(tmp_path: Path) -> None:
     plan = json.loads(plan_path.read_text())
     series = json.loads(out.read_text())["series"]
     assert set(series["requested_clock_mhz"][1:]) <= set(plan["applied_clock_mhz"])
+
+
+def test_skipped_zero_token_rows_reported_on_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "zeros.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0.0,10,5\n1.0,0,5\n2.0,12,3\n")
+    assert main(["simulate", "--trace", str(trace)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"gpugov: warning: {trace}: skipped 1 zero-token row(s) of 3 (failed requests)"]

@@ -377,3 +377,39 @@ def test_clock_event_reasons_follow_nvml_bits() -> None:
         hot.advance_to(step * 0.1)
         seen.add(hot.clock_event_reasons)
     assert any(reason & CLOCK_EVENT_SW_THERMAL_SLOWDOWN for reason in seen)
+
+
+def test_energy_known_answer_for_one_request_at_a_fixed_clock() -> None:
+    """Idle, then chunked prefill, then decode at batch 1: energy from the profile alone."""
+    plant = make_plant(actuation_delay_s=0.0)
+    profile = plant.profile
+    clock = 1200.0
+    prompt, output, arrival = 1500, 40, 2.5
+    simulation = PlantSimulation(
+        (Request(0, arrival, prompt, output),), plant, initial_clock_mhz=clock
+    )
+    while not simulation.done:
+        simulation.advance_to(simulation.time_s + 1.0, stop_when_done=True)
+    model = profile.decode_latency_model
+    t_ref = model.reference_batch_size / profile.rate("decode", clock)
+    c_ref = model.reference_batch_size * model.reference_context_tokens
+    # Decode iteration j runs with context prompt + j (the first token came with prefill).
+    decode_times = [
+        t_ref * (model.weight_fraction + model.batch_fraction / model.reference_batch_size
+                 + model.kv_fraction * (prompt + j) / c_ref)
+        for j in range(output - 1)
+    ]
+    idle = profile.power("idle", clock)
+    batch_factor = profile.decode_power_batch_model.factor(1, model.reference_batch_size)
+    decode_power = idle + (profile.power("decode", clock) - idle) * batch_factor
+    prefill_time = prompt / profile.rate("prefill", clock)
+    expected_energy = (
+        idle * arrival + profile.power("prefill", clock) * prefill_time
+        + decode_power * sum(decode_times)
+    )
+    expected_end = arrival + prefill_time + sum(decode_times)
+    assert simulation.time_s == pytest.approx(expected_end, rel=1e-12)
+    assert simulation.energy_j == pytest.approx(expected_energy, rel=1e-9)
+    record = simulation.records()[0]
+    assert record.ttft_s == pytest.approx(prefill_time, rel=1e-12)
+    assert record.tpot_s == pytest.approx(sum(decode_times) / (output - 1), rel=1e-12)
