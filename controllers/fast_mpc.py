@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from controllers.mpc import MPCProblem, SolveOutcome
+from controllers.mpc import CHUNK_TOKENS, MPCProblem, SolveOutcome
 from plant.profile import PerformanceProfile
 
 IntArray = NDArray[np.int_]
@@ -81,7 +81,24 @@ def level_costs(problem: MPCProblem, levels: IntArray, tables: LevelTables) -> F
     inverse_prefill = 1.0 / np.maximum(tables.prefill_rate, 1e-12)[by_step]
     inverse_decode = 1.0 / np.maximum(tables.decode_rate, 1e-12)[by_step]
     iteration_model = problem.latency_model != "seed"
-    prefill_rate_step = tables.prefill_rate[by_step] if iteration_model else prefill_capacity
+    if iteration_model:
+        # The iteration latency model's proxies (MPCProblem.ttft_proxy / tpot_proxy),
+        # rearranged into per-level tables: t_dec = t0 + t1 * active.
+        model = profile.decode_latency_model
+        reference = float(model.reference_batch_size)
+        context = problem.mean_prompt_tokens + 0.5 * problem.mean_output_tokens
+        t_ref = reference / np.maximum(tables.decode_rate, 1e-12)
+        t0 = (t_ref * model.weight_fraction)[by_step]
+        t1 = (
+            t_ref
+            * (
+                model.batch_fraction / reference
+                + model.kv_fraction * context / (reference * model.reference_context_tokens)
+            )
+        )[by_step]
+        inverse_capacity = 1.0 / np.maximum(tables.prefill_rate * h, 1e-12)[by_step]
+        inverse_rate = 1.0 / np.maximum(tables.prefill_rate, 1e-12)[by_step]
+        mean_prompt = problem.mean_prompt_tokens
     prefill_power = tables.prefill_power[by_step]
     decode_power = tables.decode_power[by_step]
     idle_power = tables.idle_power[by_step]
@@ -142,27 +159,20 @@ def level_costs(problem: MPCProblem, levels: IntArray, tables: LevelTables) -> F
         )
         power_sum += power
         if iteration_model:
-            ttft = (
-                problem.ttft_proxy(
-                    prefill, active, tables.decode_rate[by_step[index]], prefill_rate_step[index]
-                )
-                - ttft_slo
-            )
+            busy_decode = active > 1e-9
+            t_dec = t0[index] + t1[index] * active
+            chunk = np.maximum(CHUNK_TOKENS - active, 32.0)
+            ttft = (prefill + mean_prompt) * (
+                t_dec * busy_decode / chunk + inverse_rate[index]
+            ) - ttft_slo
+            np.maximum(ttft, 0.0, out=ttft)
+            ttft_penalty += ttft * ttft
+            stretch = np.maximum(1.0 - served_prefill * inverse_capacity[index], 0.05)
+            tpot = np.where(busy_decode, t_dec / stretch, 0.0) - tpot_slo
         else:
             ttft = prefill * inverse_prefill[index] - ttft_slo
-        np.maximum(ttft, 0.0, out=ttft)
-        ttft_penalty += ttft * ttft
-        if iteration_model:
-            tpot = (
-                problem.tpot_proxy(
-                    active,
-                    tables.decode_rate[by_step[index]],
-                    served_prefill,
-                    prefill_rate_step[index],
-                )
-                - tpot_slo
-            )
-        else:
+            np.maximum(ttft, 0.0, out=ttft)
+            ttft_penalty += ttft * ttft
             tpot = active * inverse_decode[index] - tpot_slo
         np.maximum(tpot, 0.0, out=tpot)
         tpot_penalty += tpot * tpot
@@ -202,12 +212,15 @@ class DiscreteSearchSolver:
         step_sizes: level offsets of single-period moves in the local search.
         maximum_rounds: cap on local-search rounds (each prices every move at once), so
             the solve time is bounded whatever the state.
+        starts: incumbents searched side by side from the best distinct candidates.
+        free_periods: most independent levels in a plan; longer horizons use blocks.
     """
 
     coarse_levels: int = 28
     step_sizes: tuple[int, ...] = (1, 2, 4, 8)
     maximum_rounds: int = 12
     starts: int = 4
+    free_periods: int = 10
     _tables: dict[int, LevelTables] = field(default_factory=dict, repr=False)
     _pools: dict[tuple[int, int], IntArray] = field(default_factory=dict, repr=False)
     _moves: dict[int, IntArray] = field(default_factory=dict, repr=False)
@@ -269,7 +282,8 @@ class DiscreteSearchSolver:
         ).astype(int)
 
     def candidates(self, steps: int, levels: int, warm_start: IntArray | None) -> IntArray:
-        """Constant, two-block and alternating plans on a coarse grid, and the warm start."""
+        """Constant, two-block and alternating plans on a coarse grid, and the warm start
+        (already shifted by one period by the caller)."""
         key = (steps, levels)
         pool = self._pools.get(key)
         if pool is None:
@@ -284,8 +298,7 @@ class DiscreteSearchSolver:
             pool = np.unique(np.concatenate([constant, two_block, alternating]), axis=0)
             self._pools[key] = pool
         if warm_start is not None and warm_start.size == steps:
-            shifted = np.concatenate([warm_start[1:], warm_start[-1:]])
-            return np.concatenate([pool, shifted[None, :]], axis=0)
+            return np.concatenate([pool, warm_start[None, :]], axis=0)
         return pool
 
     def search(
@@ -295,13 +308,27 @@ class DiscreteSearchSolver:
 
         Local search runs from the ``starts`` best distinct candidates at once: each
         round prices the neighbourhoods of every incumbent in one pass, and each
-        incumbent moves to its best neighbour while that lowers its cost.
+        incumbent moves to its best neighbour while that lowers its cost. Horizons
+        longer than ``free_periods`` are searched with move blocking: the plan holds one
+        level per block of consecutive periods (standard in MPC), so the search space and
+        the solve time grow with the number of blocks, not the horizon.
         """
         tables = self.tables(problem.plant.profile)
         levels = tables.clock_mhz.size
         steps = problem.horizon_steps
-        pool = self.candidates(steps, levels, warm_start)
-        costs = level_costs(problem, pool, tables)
+        free = min(steps, self.free_periods)
+        block_of_step = (np.arange(steps) * free) // steps
+
+        def costs_of(block_plans: IntArray) -> FloatArray:
+            return level_costs(problem, block_plans[:, block_of_step], tables)
+
+        warm = None
+        if warm_start is not None and warm_start.size == steps:
+            shifted = np.concatenate([warm_start[1:], warm_start[-1:]])
+            first_of_block = np.searchsorted(block_of_step, np.arange(free))
+            warm = shifted[first_of_block]
+        pool = self.candidates(free, levels, warm)
+        costs = costs_of(pool)
         order = np.argsort(costs, kind="stable")[: self.starts]
         incumbents = [pool[i].copy() for i in order]
         incumbent_costs = [float(costs[i]) for i in order]
@@ -311,7 +338,7 @@ class DiscreteSearchSolver:
             rounds += 1
             blocks = [self._neighbours(incumbents[i], levels) for i in active]
             trials = np.concatenate(blocks, axis=0)
-            trial_costs = level_costs(problem, trials, tables)
+            trial_costs = costs_of(trials)
             still = []
             offset = 0
             for i, block in zip(active, blocks, strict=True):
@@ -326,7 +353,7 @@ class DiscreteSearchSolver:
             active = still
         self.last_rounds = rounds
         winner = int(np.argmin(incumbent_costs))
-        return incumbents[winner], incumbent_costs[winner]
+        return incumbents[winner][block_of_step], incumbent_costs[winner]
 
     def solve_problem(self, problem: MPCProblem, warm_start_mhz: FloatArray | None) -> SolveOutcome:
         """Solve ``problem`` and return the supported-clock plan in MHz."""

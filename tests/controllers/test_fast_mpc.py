@@ -126,3 +126,16 @@ def test_overrun_of_the_fast_solver_falls_back(synthetic_plant) -> None:  # type
 def test_latency_model_and_margin_validated(synthetic_plant, kwargs, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=message):
         MPCController(synthetic_plant, **kwargs)
+
+
+def test_long_horizons_use_move_blocking(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
+    solver = DiscreteSearchSolver(free_periods=5)
+    observation = _observation(prefill_tokens=3_000.0, decode_active=6)
+    problem = _problem(synthetic_plant, observation, 2.0, 4, 20.0)
+    plan = solver.solve_problem(problem, None).x
+    assert plan.shape == (20,)
+    # Five blocks of four periods, one level each.
+    assert all(len(set(plan[start : start + 4])) == 1 for start in range(0, 20, 4))
+    clocks = synthetic_plant.profile.clock_mhz
+    constants = problem.costs(np.repeat(clocks[:, None], 20, axis=1))
+    assert problem.cost(plan) <= float(np.min(constants)) + 1e-12
