@@ -26,15 +26,13 @@ Seed deviations (also listed in :data:`MPC_SEED_DEVIATIONS` and in ``run_mpc`` r
   caller supplies one.
 * Scaling. SLSQP works on clocks normalised to [0, 1]. In MHz (the seed) the cost
   gradient is about 1e-3 per MHz, SLSQP's first step is as small, and its ``ftol=1e-6``
-  test often stops at the starting clock: on 60 random H100 states the seed's scaling
-  moved less than 1 MHz in 40% of solves, and the normalised solve reached a lower cost
-  in 90%.
+  test often stops at the starting clock; the normalised solve moves from it.
 * Rounding. The seed quantised the continuous plan downward. Because the surrogate's cost
   jumps where a phase's work runs out within a period, that rounding can cost far more
   than the best supported plan next to it; :func:`refine_discrete_plan` searches the
   neighbouring supported plans when ``discrete_refinement=True``. It is off by default:
   it optimises the surrogate harder, and with the TPOT proxy below that costs SLO
-  attainment on the detailed plant (0.80 -> 0.68 on a minute of the bundled trace).
+  attainment on the detailed plant.
 * A fallback clock is quantised downward onto the supported set like the MPC's plans.
 
 Known limitation kept from the seed: the TPOT proxy (active decodes over the aggregate
@@ -562,9 +560,8 @@ def refine_discrete_plan(
 
     Why: the fluid surrogate's cost jumps where a phase's work runs out within a period
     (the share switches), so plain downward rounding of a good continuous plan can cost
-    far more than the best supported plan next to it. On 300 random 3-step problems
-    (9 supported clocks) SLSQP plus this search matched brute force in 98% of them; the
-    rest were SLSQP local minima.
+    far more than the best supported plan next to it. ``tests/controllers/test_mpc.py``
+    checks it against brute force on tiny horizons.
     """
     profile = problem.plant.profile
     clocks = profile.clock_mhz
@@ -948,9 +945,7 @@ MPC_SEED_DEVIATIONS = (
     "a fallback clock from the reactive governor is quantised downward onto the "
     "supported set, like the MPC's own plans",
     "SLSQP runs on clocks normalised to [0, 1]: in MHz (the seed) the cost gradient is "
-    "about 1e-3 per MHz and SLSQP's ftol=1e-6 test often stops at the starting clock (in "
-    "40% of 60 random H100 states it moved less than 1 MHz; normalised, it found a lower "
-    "cost in 90%)",
+    "about 1e-3 per MHz and SLSQP's ftol=1e-6 test often stops at the starting clock",
     "the downward-quantised SLSQP plan (the seed's) is improved by a local search over "
     "supported clocks (refine_discrete_plan); the applied plan's model cost is never "
     "higher than the seed's quantised plan",
