@@ -6,10 +6,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from daemon import experiments_cli, node_cli, sim_cli
+from daemon import bench_cli, experiments_cli, node_cli, sim_cli
 
 # Modules that add subcommands; each exposes ``register(subparsers)``.
-COMMAND_MODULES = (sim_cli, node_cli, experiments_cli)
+COMMAND_MODULES = (sim_cli, node_cli, experiments_cli, bench_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,132 @@
+"""``gpugov bench controllers`` through the real entry point, on the hidden tiny setup."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon import bench_cli
+from daemon.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+ROW_KEYS = {
+    "scenario",
+    "controller",
+    "energy_j",
+    "energy_per_output_token_j",
+    "slo_attainment",
+    "holds_slo",
+    "oracle_capture",
+    "ttft_p95_s",
+    "tpot_p95_s",
+    "power_cap_violation_s",
+    "thermal_violation_s",
+    "decision_time_p50_s",
+    "decision_time_p99_s",
+}
+COMPARISON_KEYS = {
+    "points",
+    "fraction_no_worse",
+    "worst_relative_excess",
+    "fast_p99_s",
+    "slsqp_p99_s",
+}
+CONTROLLERS = [
+    "max_clock",
+    "best_fixed",
+    "reactive",
+    "open_loop",
+    "mpc_slsqp",
+    "mpc_fast",
+    "window_oracle",
+]
+
+
+def _strict_load(text: str) -> Any:
+    def reject(constant: str) -> None:
+        raise ValueError(f"non-strict JSON constant {constant}")
+
+    return json.loads(text, parse_constant=reject)
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(argv)
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str, str]:
+    out = tmp_path_factory.mktemp("scoreboard")
+    code, stdout, stderr = _run(["bench", "controllers", "--tiny", "--out", str(out)])
+    return out, code, stdout, stderr
+
+
+def test_tiny_scoreboard_writes_json_markdown_and_png(
+    tiny_run: tuple[Path, int, str, str],
+) -> None:
+    out, code, stdout, stderr = tiny_run
+    assert code == 0, stderr
+    payload = _strict_load((out / "scoreboard.json").read_text())
+    assert payload["mode"] == "tiny"
+    rows = payload["rows"]
+    assert [row["controller"] for row in rows] == CONTROLLERS
+    for row in rows:
+        assert set(row) >= ROW_KEYS, row["controller"]
+    by_key = {row["controller"]: row for row in rows}
+    assert by_key["max_clock"]["holds_slo"] is True
+    assert by_key["max_clock"]["oracle_capture"] == 0.0
+    assert by_key["window_oracle"]["holds_slo"] is True
+    # Oracles are offline searches: no per-call decision time.
+    assert by_key["window_oracle"]["decision_time_p99_s"] is None
+    assert by_key["mpc_slsqp"]["decision_time_p99_s"] > 0.0
+    for row in rows:
+        if not row["holds_slo"]:
+            assert row["oracle_capture"] is None
+    comparison = payload["mpc_solver_comparison"]
+    assert set(comparison) >= COMPARISON_KEYS
+    assert comparison["points"] == by_key["mpc_slsqp"]["mpc_solves"] > 0
+    assert 0.0 <= comparison["fraction_no_worse"] <= 1.0
+    scenario = payload["scenarios"][0]
+    assert scenario["lp_bound"]["energy_j"] <= min(row["energy_j"] for row in rows)
+    markdown = (out / "scoreboard.md").read_text()
+    assert "| controller | energy | saved |" in markdown
+    assert "Window oracle (hindsight)" in markdown
+    assert (out / "scoreboard.png").read_bytes().startswith(PNG_MAGIC)
+    assert "MPC (fast)" in stdout
+    assert "wrote" in stdout
+    assert "azure-conv-10min|h100-sxm-llama3-8b|recorded" in stderr
+
+
+def test_bench_controllers_rejects_an_unknown_load(tmp_path: Path) -> None:
+    code, _, stderr = _run(
+        ["bench", "controllers", "--tiny", "--loads", "peak", "--out", str(tmp_path)]
+    )
+    assert code == 2
+    assert "unknown load" in stderr
+    assert not (tmp_path / "scoreboard.json").exists()
+
+
+def test_bench_controllers_rejects_an_unknown_profile(tmp_path: Path) -> None:
+    code, _, stderr = _run(
+        ["bench", "controllers", "--tiny", "--profiles", "b200-nope", "--out", str(tmp_path)]
+    )
+    assert code == 2
+    assert "b200-nope" in stderr
+
+
+def test_bench_requires_a_benchmark_name() -> None:
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+        main(["bench"])
+
+
+def test_scoreboard_module_is_the_checkout_file() -> None:
+    module = bench_cli.scoreboard_module()
+    assert module is not None
+    assert Path(module.__file__).resolve() == bench_cli.SCOREBOARD
