@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from plant.plant import ServingPlant
-from plant.result import ServingResult, compute_metrics
+from plant.result import SERIES_NAMES, ServingResult, compute_metrics
 from plant.scheduler import chunked_prefill_scheduler, scheduler_label
 from plant.types import (
     ClockController,
@@ -200,21 +200,7 @@ class PlantSimulation:
         self._ff_tick: tuple[float, float, float, int, int] | None = None
         self._dt = plant.time_step_s
         self._next_tick = 0
-        self._series: dict[str, list[float]] = {
-            name: []
-            for name in (
-                "time_s",
-                "prefill_queue",
-                "decode_active",
-                "completed_requests",
-                "kv_tokens",
-                "power_w",
-                "requested_clock_mhz",
-                "realized_clock_mhz",
-                "energy_j",
-                "temperature_c",
-            )
-        }
+        self._series: dict[str, list[float]] = {name: [] for name in SERIES_NAMES}
         self._phase_series: list[str] = []
         self._last_tick_energy = 0.0
         self._phase = "idle"
