@@ -95,7 +95,7 @@ from controllers.oracles import (
     window_oracle,
 )
 from daemon.config import MPCControllerConfig
-from daemon.decide import mpc_controller
+from daemon.service import simulated_mpc
 from plant import PerformanceProfile, ServingPlant, ServingResult, load_profile, simulate
 from plant.scheduler import chunked_prefill_scheduler
 from plant.types import ClockController, Request, ServingObservation
@@ -408,20 +408,14 @@ def scoreboard_mpc(
 ) -> MPCController:
     """The MPC of config kind ``kind`` (``mpc``: the fast solver and model; ``mpc-slsqp``:
     the seed's) exactly as the daemon's simulated mode builds it
-    (:func:`daemon.decide.mpc_controller`), with the workload's mean prompt and output
-    lengths as declared forecasts, fixed before the run."""
+    (:func:`daemon.service.simulated_mpc`), with forecasts declared from the workload
+    before the run."""
     spec = MPCControllerConfig(
         kind=kind,  # type: ignore[arg-type]
         horizon_s=horizon_s,
         solve_time_limit_s=solve_time_limit_s,
     )
-    controller = mpc_controller(
-        spec,
-        plant,
-        control_period_s,
-        mean_prompt_tokens=float(sum(r.prompt_tokens for r in workload) / len(workload)),
-        mean_output_tokens=expected_output_tokens_forecast(workload),
-    )
+    controller = simulated_mpc(spec, plant, workload, control_period_s)
     assert isinstance(controller, MPCController)
     return controller
 

@@ -98,7 +98,7 @@ def level_costs(problem: MPCProblem, levels: IntArray, tables: LevelTables) -> F
         )[by_step]
         inverse_capacity = 1.0 / np.maximum(tables.prefill_rate * h, 1e-12)[by_step]
         inverse_rate = 1.0 / np.maximum(tables.prefill_rate, 1e-12)[by_step]
-        mean_prompt = problem.mean_prompt_tokens
+        mean_prompt = problem.ttft_prompt
     prefill_power = tables.prefill_power[by_step]
     decode_power = tables.decode_power[by_step]
     idle_power = tables.idle_power[by_step]

@@ -251,6 +251,15 @@ class MPCProblem:
     weights: MPCWeights = field(default_factory=MPCWeights)
     latency_model: str = "seed"
     slo_margin: float = 1.0
+    ttft_prompt_tokens: float | None = None
+
+    @property
+    def ttft_prompt(self) -> float:
+        """Prompt length the iteration model's TTFT proxy charges a new request
+        (a declared tail length, default the mean)."""
+        if self.ttft_prompt_tokens is None:
+            return self.mean_prompt_tokens
+        return self.ttft_prompt_tokens
 
     @property
     def ttft_target_s(self) -> float:
@@ -307,7 +316,7 @@ class MPCProblem:
         chunk = np.maximum(CHUNK_TOKENS - active, 32.0)
         iteration = self.decode_iteration_s(active, decode_rate) * (active > 1e-9)
         effective = chunk / (iteration + chunk / np.maximum(prefill_rate, 1e-12))
-        return (prefill + self.mean_prompt_tokens) / effective
+        return (prefill + self.ttft_prompt) / effective
 
     @property
     def horizon_steps(self) -> int:
@@ -636,6 +645,7 @@ class MPCController:
         timer: Callable[[], float] = perf_counter,
         latency_model: str = "seed",
         slo_margin: float = 1.0,
+        ttft_prompt_tokens: float | None = None,
     ) -> None:
         for name, value in (
             ("mean_prompt_tokens", mean_prompt_tokens),
@@ -670,6 +680,11 @@ class MPCController:
         if not 0.0 < slo_margin <= 1.0:
             raise ValueError(f"slo_margin must lie in (0, 1], got {slo_margin!r}")
         self.slo_margin = float(slo_margin)
+        if ttft_prompt_tokens is not None and not (
+            math.isfinite(ttft_prompt_tokens) and ttft_prompt_tokens > 0
+        ):
+            raise ValueError(f"ttft_prompt_tokens must be positive, got {ttft_prompt_tokens!r}")
+        self.ttft_prompt_tokens = ttft_prompt_tokens
         self.arrival_times_seen: deque[float] = deque()
         self.previous_arrived_count = 0
         self.current_clock = plant.profile.minimum_clock_mhz
@@ -734,6 +749,7 @@ class MPCController:
             weights=self.weights,
             latency_model=self.latency_model,
             slo_margin=self.slo_margin,
+            ttft_prompt_tokens=self.ttft_prompt_tokens,
         )
 
     def solve(self, problem: MPCProblem) -> tuple[FloatArray | None, str | None, float]:

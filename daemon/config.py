@@ -100,7 +100,9 @@ class MPCControllerConfig(_Frozen):
 
     ``mpc``: the fast discrete-search solver on the iteration-level latency model with a
     0.7 SLO margin. ``mpc-slsqp``: the seed's SLSQP solver on the seed's fluid model and
-    SLOs (the reference). ``latency_model`` and ``slo_margin`` override either default.
+    SLOs (the reference). ``latency_model`` and ``slo_margin`` override either default;
+    ``ttft_prompt_tokens`` is the declared prompt length the iteration model's TTFT proxy
+    charges a new request (default: the mean prompt).
     """
 
     kind: Literal["mpc", "mpc-slsqp"]
@@ -109,6 +111,7 @@ class MPCControllerConfig(_Frozen):
     solve_time_limit_s: PositiveFloat = 0.8
     mean_prompt_tokens: PositiveFloat | None = None
     mean_output_tokens: PositiveFloat | None = None
+    ttft_prompt_tokens: PositiveFloat | None = None
     latency_model: Literal["iteration", "seed"] | None = None
     slo_margin: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
 

@@ -106,6 +106,8 @@ def mpc_controller(
     output = spec.mean_output_tokens or mean_output_tokens
     if prompt is not None:
         options["mean_prompt_tokens"] = prompt
+    if spec.ttft_prompt_tokens is not None:
+        options["ttft_prompt_tokens"] = spec.ttft_prompt_tokens
     if output is not None:
         options["mean_output_tokens"] = output
     controller = MPCController(plant, **options)

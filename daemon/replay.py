@@ -96,7 +96,7 @@ def _with_recorded_forecasts(spec: ControllerConfig, info: dict[str, Any]) -> Co
         return spec
     update = {
         key: recorded[key]
-        for key in ("mean_prompt_tokens", "mean_output_tokens")
+        for key in ("mean_prompt_tokens", "mean_output_tokens", "ttft_prompt_tokens")
         if getattr(spec, key) is None and recorded.get(key)
     }
     return spec.model_copy(update=update) if update else spec

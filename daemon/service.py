@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from controllers.mpc import expected_output_tokens_forecast
 from daemon.actuator import ClockActuator, LockMode
 from daemon.backend import DryRunBackend, GpuBackend
@@ -244,15 +246,8 @@ def simulated_run(
     controller = None
     if isinstance(controller_spec, MPCControllerConfig):
         # Record the forecasts the MPC really uses, so a replay rebuilds the same MPC.
-        controller_spec = controller_spec.model_copy(
-            update={
-                "mean_prompt_tokens": controller_spec.mean_prompt_tokens
-                or float(sum(r.prompt_tokens for r in workload) / len(workload)),
-                "mean_output_tokens": controller_spec.mean_output_tokens
-                or expected_output_tokens_forecast(workload),
-            }
-        )
-        controller = simulated_mpc(controller_spec, plant, workload, period_s)
+        controller_spec = with_workload_forecasts(controller_spec, workload)
+        controller = mpc_controller(controller_spec, plant, period_s)
     domain = build_domain(
         "sim",
         [backend],
@@ -282,18 +277,29 @@ def simulated_run(
     return SimulatedRun(node=node, domain=domain, horizon_s=horizon, header=full_header)
 
 
+def with_workload_forecasts(
+    spec: MPCControllerConfig, workload: Sequence[Request]
+) -> MPCControllerConfig:
+    """``spec`` with the forecasts it leaves open declared from ``workload``, fixed before
+    the run: the mean prompt and output lengths (as the seed's experiment declares them)
+    and the 95th-percentile prompt the iteration model's TTFT proxy charges a new request
+    (a mean prompt underestimates TTFT tails on long-prompt traces)."""
+    prompts = np.array([r.prompt_tokens for r in workload], dtype=float)
+    declared = {
+        "mean_prompt_tokens": float(prompts.mean()),
+        "mean_output_tokens": expected_output_tokens_forecast(workload),
+        "ttft_prompt_tokens": float(np.percentile(prompts, 95)),
+    }
+    update = {key: value for key, value in declared.items() if getattr(spec, key) is None}
+    return spec.model_copy(update=update)
+
+
 def simulated_mpc(
     spec: MPCControllerConfig, plant: ServingPlant, workload: Sequence[Request], period_s: float
 ) -> Any:
-    """The MPC on the run's own plant, with the workload's mean prompt and output
-    lengths as declared forecasts unless the config gives them."""
-    return mpc_controller(
-        spec,
-        plant,
-        period_s,
-        mean_prompt_tokens=float(sum(r.prompt_tokens for r in workload) / len(workload)),
-        mean_output_tokens=expected_output_tokens_forecast(workload),
-    )
+    """The MPC on the run's own plant, with forecasts declared from the workload unless
+    the config gives them (:func:`with_workload_forecasts`)."""
+    return mpc_controller(with_workload_forecasts(spec, workload), plant, period_s)
 
 
 __all__ = [

@@ -28,8 +28,13 @@ def _problem(plant, observation, rate, clock_index, horizon_s, **options) -> MPC
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"latency_model": "iteration"}, {"latency_model": "iteration", "slo_margin": 0.7}],
-    ids=["seed", "iteration", "iteration-margin"],
+    [
+        {},
+        {"latency_model": "iteration"},
+        {"latency_model": "iteration", "slo_margin": 0.7},
+        {"latency_model": "iteration", "ttft_prompt_tokens": 4000.0},
+    ],
+    ids=["seed", "iteration", "iteration-margin", "iteration-tail-prompt"],
 )
 def test_level_costs_equal_problem_costs(synthetic_plant, options) -> None:  # type: ignore[no-untyped-def]
     tables = LevelTables.from_profile(synthetic_plant.profile)
@@ -139,3 +144,13 @@ def test_long_horizons_use_move_blocking(synthetic_plant) -> None:  # type: igno
     clocks = synthetic_plant.profile.clock_mhz
     constants = problem.costs(np.repeat(clocks[:, None], 20, axis=1))
     assert problem.cost(plan) <= float(np.min(constants)) + 1e-12
+
+
+def test_tail_prompt_raises_predicted_ttft(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
+    observation = _observation(prefill_tokens=2_000.0, decode_active=6)
+    mean = _problem(synthetic_plant, observation, 2.0, 0, 3.0, latency_model="iteration")
+    tail = _problem(synthetic_plant, observation, 2.0, 0, 3.0, latency_model="iteration",
+                    ttft_prompt_tokens=5_000.0)
+    assert tail.ttft_prompt == 5_000.0 and mean.ttft_prompt == mean.mean_prompt_tokens
+    plan = np.full(3, synthetic_plant.profile.minimum_clock_mhz)
+    assert tail.cost(plan) > mean.cost(plan)
