@@ -32,7 +32,7 @@ from typing import Any
 
 from controllers.experiments import build_textbook_results
 from daemon import __version__
-from daemon.sim_cli import DEFAULT_PROFILE, UsageError
+from daemon.sim_cli import DEFAULT_PROFILE, UsageError, require_positive
 from plant import ServingPlant, load_profile
 from plant.workload import DEFAULT_TRACE, load_trace
 
@@ -533,11 +533,6 @@ def write_figures(results: Mapping[str, Any], directory: Path) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- run
-def _positive(flag: str, value: float) -> None:
-    if not math.isfinite(value) or value <= 0.0:
-        raise UsageError(f"{flag} must be positive, got {value!r}")
-
-
 def run_experiments(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov experiments``."""
     started = time.perf_counter()
@@ -545,8 +540,8 @@ def run_experiments(args: argparse.Namespace) -> int:
     def progress(message: str) -> None:
         print(f"[{time.perf_counter() - started:7.1f} s] {message}", file=sys.stderr, flush=True)
 
-    _positive("--window", args.window)
-    _positive("--animation", args.animation)
+    require_positive("--window", args.window)
+    require_positive("--animation", args.animation)
     if not math.isfinite(args.start) or args.start < 0.0:
         raise UsageError(f"--start must be >= 0, got {args.start!r}")
     if args.animation > args.window:

@@ -16,7 +16,6 @@ import argparse
 import functools
 import json
 import logging
-import math
 import os
 import sys
 import threading
@@ -46,6 +45,7 @@ from daemon.nvml import NvmlBackend, load_pynvml, nvml_device_count
 from daemon.record import Recorder, RecordingError, read_recording
 from daemon.replay import replay
 from daemon.service import domains_from_config, open_backend, simulated_run
+from daemon.sim_cli import UsageError, format_summary, load_trace_for_cli, require_positive
 
 log = logging.getLogger("gpugov")
 
@@ -59,10 +59,6 @@ EXIT_GPU_LOST = 5
 DEFAULT_PROFILE = "h100-sxm-llama3-8b"
 DEFAULT_SPEED = 10.0
 CAP_SYS_ADMIN = 21
-
-
-class UsageError(ValueError):
-    """A command-line value is invalid; the message names the flag."""
 
 
 def _fail(message: str, code: int) -> int:
@@ -166,19 +162,13 @@ def _run_node(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _positive(flag: str, value: float | None) -> None:
-    if value is not None and (not math.isfinite(value) or value <= 0):
-        raise UsageError(f"{flag} must be positive, got {value!r}")
-
-
 def _run_simulated(args: argparse.Namespace) -> int:
-    from daemon.sim_cli import load_trace_for_cli
     from plant import ServingPlant, load_profile
     from plant.workload import DEFAULT_TRACE
 
     _setup_logging(args.log_level or "warning")
     for flag in ("speed", "duration", "period", "load_scale"):
-        _positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
+        require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     if args.dwell is not None and args.dwell < 0:
         raise UsageError(f"--dwell must be >= 0, got {args.dwell!r}")
     trace = args.trace or DEFAULT_TRACE
@@ -262,13 +252,6 @@ def _print_summary(
     )
     if args.record:
         print(f"wrote {args.record}")
-
-
-def format_summary(metrics: dict[str, Any], title: str = "") -> str:
-    """The same summary table as ``gpugov simulate`` prints."""
-    from daemon import sim_cli
-
-    return sim_cli.format_summary(metrics, title)
 
 
 @_guarded

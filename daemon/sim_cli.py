@@ -158,16 +158,17 @@ def write_plot(result: ServingResult, path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
-def _positive(flag: str, value: float | None) -> None:
+def require_positive(flag: str, value: float | None) -> None:
+    """Raise :class:`UsageError` naming ``flag`` unless ``value`` is None or positive."""
     if value is not None and (not math.isfinite(value) or value <= 0):
         raise UsageError(f"{flag} must be positive, got {value!r}")
 
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov simulate``."""
-    _positive("--control-period", args.control_period)
-    _positive("--duration", args.duration)
-    _positive("--load-scale", args.load_scale)
+    require_positive("--control-period", args.control_period)
+    require_positive("--duration", args.duration)
+    require_positive("--load-scale", args.load_scale)
     if args.start < 0:
         raise UsageError(f"--start must be >= 0, got {args.start!r}")
     workload, report = load_trace_for_cli(
