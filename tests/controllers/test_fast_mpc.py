@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 from test_mpc import _observation, _random_states
 
-from controllers.fast_mpc import DiscreteSearchSolver, LevelTables, level_costs
+from controllers import search_kernel
+from controllers.fast_mpc import DiscreteSearchSolver, plan_costs
 from controllers.mpc import MPCController, MPCProblem
+from controllers.search_kernel import local_search, price_plans, problem_arrays
 from plant import ServingPlant, chunked_prefill_scheduler, load_profile, load_trace, simulate
 
 
@@ -36,25 +38,27 @@ def _problem(plant, observation, rate, clock_index, horizon_s, **options) -> MPC
     ],
     ids=["seed", "iteration", "iteration-margin", "iteration-tail-prompt"],
 )
-def test_level_costs_equal_problem_costs(synthetic_plant, options) -> None:  # type: ignore[no-untyped-def]
-    tables = LevelTables.from_profile(synthetic_plant.profile)
+def test_kernel_costs_equal_problem_costs(synthetic_plant, options) -> None:  # type: ignore[no-untyped-def]
+    clocks = synthetic_plant.profile.clock_mhz
     rng = np.random.default_rng(3)
     for observation, rate, clock_index in _random_states(25, seed=5):
         problem = _problem(synthetic_plant, observation, rate, clock_index, 6.0, **options)
-        levels = rng.integers(0, tables.clock_mhz.size, size=(40, problem.horizon_steps))
-        expected = problem.costs(tables.clock_mhz[levels])
-        np.testing.assert_allclose(level_costs(problem, levels, tables), expected, rtol=1e-12)
-        assert problem.cost(tables.clock_mhz[levels[0]]) == pytest.approx(expected[0], rel=1e-12)
+        levels = rng.integers(0, clocks.size, size=(40, problem.horizon_steps))
+        expected = problem.costs(clocks[levels])
+        np.testing.assert_allclose(plan_costs(problem, levels), expected, rtol=1e-12)
+        assert problem.cost(clocks[levels[0]]) == pytest.approx(expected[0], rel=1e-12)
 
 
 def test_power_and_thermal_terms_counted_when_reachable(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
     hot = synthetic_plant.with_overrides(power_limit_w=300.0, thermal_limit_c=40.0)
-    tables = LevelTables.from_profile(hot.profile)
     observation = _observation(prefill_tokens=3_000.0, decode_active=8, temperature_c=39.0)
     problem = _problem(hot, observation, 2.0, 8, 4.0)
     levels = np.array([[8] * 4, [0] * 4, [4, 8, 0, 2]])
+    _, parameters, _ = problem_arrays(problem)
+    assert parameters[search_kernel._P_CHECK_POWER] == 1.0
+    assert parameters[search_kernel._P_CHECK_THERMAL] == 1.0
     np.testing.assert_allclose(
-        level_costs(problem, levels, tables), problem.costs(tables.clock_mhz[levels]), rtol=1e-12
+        plan_costs(problem, levels), problem.costs(hot.profile.clock_mhz[levels]), rtol=1e-12
     )
 
 
@@ -154,3 +158,64 @@ def test_tail_prompt_raises_predicted_ttft(synthetic_plant) -> None:  # type: ig
     assert tail.ttft_prompt == 5_000.0 and mean.ttft_prompt == mean.mean_prompt_tokens
     plan = np.full(3, synthetic_plant.profile.minimum_clock_mhz)
     assert tail.cost(plan) > mean.cost(plan)
+
+
+def test_local_search_prices_incrementally_and_returns_the_true_cost(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
+    """The search's incremental, pruned pricing reports exactly the full cost of the plan
+    it returns, never above its start, and stays within its trial cap."""
+    solver = DiscreteSearchSolver()
+    levels = synthetic_plant.profile.clock_mhz.size
+    rng = np.random.default_rng(7)
+    for observation, rate, clock_index in _random_states(15, seed=9):
+        for model in ("seed", "iteration"):
+            problem = _problem(
+                synthetic_plant, observation, rate, clock_index, 8.0, latency_model=model
+            )
+            table, parameters, arrivals = problem_arrays(problem)
+            steps = np.arange(8, dtype=np.int64)
+            start = rng.integers(0, levels, size=8).astype(np.int64)
+            start_cost = price_plans(start[None, :], steps, table, parameters, arrivals)[0]
+            plan, cost, trials = local_search(
+                start.copy(), steps, solver.move_matrix(8), levels, 300, table, parameters,
+                arrivals,
+            )
+            assert trials <= 300
+            assert cost <= start_cost
+            assert cost == pytest.approx(problem.cost(synthetic_plant.profile.clock_mhz[plan]),
+                                         rel=1e-12)
+
+
+def test_every_search_is_bounded_by_its_trial_cap(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
+    solver = DiscreteSearchSolver(starts=3, maximum_trials=5)
+    observation = _observation(prefill_tokens=3_000.0, decode_active=6)
+    problem = _problem(synthetic_plant, observation, 2.0, 4, 10.0)
+    outcome = solver.solve_problem(problem, None)
+    assert outcome.success
+    assert 0 < solver.last_trials <= 3 * 5
+
+
+@pytest.mark.parametrize("name", ["coarse_levels", "starts", "maximum_trials", "free_periods"])
+def test_solver_settings_validated(name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        DiscreteSearchSolver(**{name: 0})
+
+
+def test_kernels_compile_in_memory_where_no_cache_is_writable(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """numba raises RuntimeError at decoration when cache=True finds no writable cache
+    directory; the kernels then compile without a disk cache instead of failing import."""
+    calls = []
+
+    def fake_njit(*, cache: bool, nogil: bool):  # type: ignore[no-untyped-def]
+        calls.append(cache)
+        if cache:
+            raise RuntimeError("cannot cache function: no locator available")
+        return lambda function: function
+
+    monkeypatch.setattr(search_kernel, "njit", fake_njit)
+
+    def kernel(x: float) -> float:
+        return x + 1.0
+
+    compiled = search_kernel._jit(kernel)
+    assert calls == [True, False]
+    assert compiled(1.0) == 2.0

@@ -35,6 +35,8 @@ COMPARISON_KEYS = {
     "worst_relative_excess",
     "fast_p99_s",
     "slsqp_p99_s",
+    "long_horizon_steps",
+    "fast_long_p99_s",
 }
 CONTROLLERS = [
     "max_clock",

@@ -1,0 +1,443 @@
+"""Compiled kernels of the fast MPC solver: pricing plans and searching them (numba).
+
+The fast solver's cost is the seed MPC's (:meth:`controllers.mpc.MPCProblem.costs`);
+these kernels compute exactly that cost one plan at a time, in compiled code, so a search
+can do what vectorised numpy cannot cheaply do:
+
+- **incremental pricing**: a move that changes a plan from period ``p`` on only re-rolls
+  the fluid model from the incumbent's stored state at ``p``;
+- **pruning**: every term of the cost is non-negative and accumulates period by period,
+  so a trial is abandoned as soon as its partial cost reaches the incumbent's;
+- **first-improvement local search**: moves are tried in a fixed cyclic order and the
+  first that lowers the cost is taken, with no per-round array building.
+
+Problem data travel as three arrays built by :func:`problem_arrays`: a per-level table,
+a parameter vector and the per-period prompt arrivals. The tests check the kernel's costs
+against ``MPCProblem.costs`` for both latency models.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+from numba import njit
+from numpy.typing import NDArray
+
+from controllers.mpc import CHUNK_TOKENS, MPCProblem
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def _jit(function: _Function) -> _Function:
+    """Compile ``function`` with numba, caching the machine code on disk where numba
+    finds a writable cache directory (``NUMBA_CACHE_DIR``, the package's ``__pycache__``
+    or the user's cache); where none is writable (a read-only install under a hardened
+    unit with no ``NUMBA_CACHE_DIR``), compile in memory on every start instead."""
+    try:
+        return njit(cache=True, nogil=True)(function)  # type: ignore[no-any-return]
+    except RuntimeError:
+        return njit(cache=False, nogil=True)(function)  # type: ignore[no-any-return]
+
+# Rows of the per-level table (one column per supported clock).
+_PREFILL_CAPACITY = 0  # prefill tokens one period serves, at full share
+_DECODE_CAPACITY = 1  # decode tokens one period serves, at full share
+_INVERSE_PREFILL = 2  # 1 / prefill rate (the seed's TTFT proxy)
+_INVERSE_DECODE = 3  # 1 / decode rate (the seed's TPOT proxy)
+_T0 = 4  # iteration model: decode iteration time = T0 + T1 * active
+_T1 = 5
+_INVERSE_CAPACITY = 6  # 1 / (prefill rate * period)
+_INVERSE_RATE = 7  # 1 / prefill rate (iteration model)
+_PREFILL_POWER = 8
+_DECODE_POWER = 9
+_IDLE_POWER = 10
+_NORMALIZED_CLOCK = 11  # (clock - minimum) / span, for the clock-change penalty
+_TABLE_ROWS = 12
+
+# Entries of the parameter vector.
+_P_PREFILL, _P_DECODE, _P_ACTIVE, _P_TEMPERATURE = 0, 1, 2, 3
+_P_INV_PROMPT, _P_INV_OUTPUT, _P_MEAN_OUTPUT = 4, 5, 6
+_P_ITERATION, _P_TTFT_PROMPT, _P_TTFT_TARGET, _P_TPOT_TARGET = 7, 8, 9, 10
+_P_W_POWER, _P_W_TTFT, _P_W_TPOT, _P_W_CHANGE, _P_W_LIMIT, _P_W_TERMINAL = (
+    11, 12, 13, 14, 15, 16,
+)
+_P_CHECK_POWER, _P_POWER_LIMIT, _P_INV_MAX_POWER = 17, 18, 19
+_P_CHECK_THERMAL, _P_AMBIENT, _P_RESISTANCE, _P_DECAY, _P_THERMAL_LIMIT = 20, 21, 22, 23, 24
+_P_PREVIOUS, _P_INV_PREFILL_MAX, _P_INV_DECODE_MAX, _P_CHUNK = 25, 26, 27, 28
+_PARAMETERS = 29
+
+
+def problem_arrays(
+    problem: MPCProblem, clock_mhz: FloatArray | None = None
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """The kernel's view of ``problem``: ``(table, parameters, arrivals)``.
+
+    ``table`` has one column per supported clock (the profile's, or ``clock_mhz``
+    interpolated on the profile), laid out by the ``_`` row constants above.
+    """
+    plant = problem.plant
+    profile = plant.profile
+    grid = profile.clock_mhz.astype(float)
+    clocks = grid if clock_mhz is None else np.asarray(clock_mhz, dtype=float)
+
+    def at(values: FloatArray) -> FloatArray:
+        return np.interp(clocks, grid, np.asarray(values, dtype=float))
+
+    h = problem.control_period_s
+    prefill_rate = at(profile.prefill_tokens_per_s)
+    decode_rate = at(profile.decode_tokens_per_s)
+    table = np.empty((_TABLE_ROWS, clocks.size))
+    table[_PREFILL_CAPACITY] = prefill_rate * h
+    table[_DECODE_CAPACITY] = decode_rate * h
+    table[_INVERSE_PREFILL] = 1.0 / np.maximum(prefill_rate, 1e-12)
+    table[_INVERSE_DECODE] = 1.0 / np.maximum(decode_rate, 1e-12)
+    model = profile.decode_latency_model
+    reference = float(model.reference_batch_size)
+    context = problem.mean_prompt_tokens + 0.5 * problem.mean_output_tokens
+    t_ref = reference / np.maximum(decode_rate, 1e-12)
+    table[_T0] = t_ref * model.weight_fraction
+    table[_T1] = t_ref * (
+        model.batch_fraction / reference
+        + model.kv_fraction * context / (reference * model.reference_context_tokens)
+    )
+    table[_INVERSE_CAPACITY] = 1.0 / np.maximum(prefill_rate * h, 1e-12)
+    table[_INVERSE_RATE] = 1.0 / np.maximum(prefill_rate, 1e-12)
+    table[_PREFILL_POWER] = at(profile.prefill_power_w)
+    table[_DECODE_POWER] = at(profile.decode_power_w)
+    table[_IDLE_POWER] = at(profile.idle_power_w)
+    minimum = profile.minimum_clock_mhz
+    span = profile.maximum_clock_mhz - minimum
+    table[_NORMALIZED_CLOCK] = (clocks - minimum) / span
+
+    weights = problem.weights
+    maximum_power = max(profile.prefill_power_w[-1], profile.decode_power_w[-1])
+    ttft_scale = max(profile.ttft_slo_s, 1e-12)
+    tpot_scale = max(profile.tpot_slo_s, 1e-12)
+    power_limit = plant.power_limit_w / maximum_power
+    highest_power = float(np.max(table[_PREFILL_POWER : _IDLE_POWER + 1]))
+    ambient = plant.ambient_temperature_c
+    resistance = plant.thermal_resistance_c_per_w
+    parameters = np.zeros(_PARAMETERS)
+    parameters[_P_PREFILL] = max(0.0, problem.initial_prefill_tokens)
+    parameters[_P_DECODE] = max(0.0, problem.initial_decode_tokens)
+    parameters[_P_ACTIVE] = max(0.0, problem.initial_active_decode)
+    parameters[_P_TEMPERATURE] = float(problem.initial_temperature_c)
+    parameters[_P_INV_PROMPT] = 1.0 / max(problem.mean_prompt_tokens, 1.0)
+    parameters[_P_INV_OUTPUT] = 1.0 / max(problem.mean_output_tokens, 1.0)
+    parameters[_P_MEAN_OUTPUT] = problem.mean_output_tokens
+    parameters[_P_ITERATION] = float(problem.latency_model != "seed")
+    parameters[_P_TTFT_PROMPT] = problem.ttft_prompt
+    parameters[_P_TTFT_TARGET] = problem.ttft_target_s
+    parameters[_P_TPOT_TARGET] = problem.tpot_target_s
+    parameters[_P_W_POWER] = weights.power / maximum_power
+    parameters[_P_W_TTFT] = weights.ttft / (ttft_scale * ttft_scale)
+    parameters[_P_W_TPOT] = weights.tpot / (tpot_scale * tpot_scale)
+    parameters[_P_W_CHANGE] = weights.clock_change
+    parameters[_P_W_LIMIT] = weights.constraint
+    parameters[_P_W_TERMINAL] = weights.terminal_backlog
+    # The limit terms are skipped when no plan can reach them: the temperature is a
+    # running convex combination of the start temperature and equilibria no hotter than
+    # the table's highest power allows.
+    parameters[_P_CHECK_POWER] = float(highest_power / maximum_power > power_limit)
+    parameters[_P_POWER_LIMIT] = power_limit
+    parameters[_P_INV_MAX_POWER] = 1.0 / maximum_power
+    parameters[_P_CHECK_THERMAL] = float(
+        max(float(problem.initial_temperature_c), ambient + resistance * highest_power)
+        > plant.thermal_limit_c
+    )
+    parameters[_P_AMBIENT] = ambient
+    parameters[_P_RESISTANCE] = resistance
+    parameters[_P_DECAY] = math.exp(-h / plant.thermal_time_constant_s)
+    parameters[_P_THERMAL_LIMIT] = plant.thermal_limit_c
+    parameters[_P_PREVIOUS] = (problem.previous_clock_mhz - minimum) / span
+    parameters[_P_INV_PREFILL_MAX] = 1.0 / profile.prefill_tokens_per_s[-1]
+    parameters[_P_INV_DECODE_MAX] = 1.0 / profile.decode_tokens_per_s[-1]
+    parameters[_P_CHUNK] = CHUNK_TOKENS
+    return table, parameters, np.asarray(problem.prompt_arrivals, dtype=float)
+
+
+@_jit
+def _advance(
+    level: int,
+    previous_level: int,
+    step: int,
+    state: FloatArray,
+    table: FloatArray,
+    parameters: FloatArray,
+    arrivals: FloatArray,
+) -> float:
+    """Advance ``state`` (prefill, decode, active, temperature) one period at ``level``,
+    in place, and return that period's cost (the clock change from ``previous_level``,
+    or from the problem's previous clock when it is negative, included)."""
+    prefill, decode, active, temperature = state[0], state[1], state[2], state[3]
+    available_prefill = prefill + arrivals[step]
+    has_prefill = available_prefill > 1e-12
+    has_decode = decode > 1e-12
+    if has_prefill and has_decode:
+        prefill_share = 0.5
+        decode_share = 0.5
+    else:
+        prefill_share = 1.0 if has_prefill else 0.0
+        decode_share = 1.0 if has_decode else 0.0
+    served_prefill = min(available_prefill, table[_PREFILL_CAPACITY, level] * prefill_share)
+    completed_prefill = served_prefill * parameters[_P_INV_PROMPT]
+    prefill = max(available_prefill - served_prefill, 0.0)
+    available_decode = decode + completed_prefill * parameters[_P_MEAN_OUTPUT]
+    served_decode = min(available_decode, table[_DECODE_CAPACITY, level] * decode_share)
+    decode = max(available_decode - served_decode, 0.0)
+    active = max(active + completed_prefill - served_decode * parameters[_P_INV_OUTPUT], 0.0)
+    if has_prefill or has_decode:
+        power = (
+            prefill_share * table[_PREFILL_POWER, level]
+            + decode_share * table[_DECODE_POWER, level]
+        )
+    else:
+        power = table[_IDLE_POWER, level]
+    if parameters[_P_ITERATION] > 0.0:
+        busy = active > 1e-9
+        t_dec = table[_T0, level] + table[_T1, level] * active
+        chunk = max(parameters[_P_CHUNK] - active, 32.0)
+        iteration = t_dec / chunk if busy else 0.0
+        ttft = (prefill + parameters[_P_TTFT_PROMPT]) * (
+            iteration + table[_INVERSE_RATE, level]
+        ) - parameters[_P_TTFT_TARGET]
+        stretch = max(1.0 - served_prefill * table[_INVERSE_CAPACITY, level], 0.05)
+        tpot = (t_dec / stretch if busy else 0.0) - parameters[_P_TPOT_TARGET]
+    else:
+        ttft = prefill * table[_INVERSE_PREFILL, level] - parameters[_P_TTFT_TARGET]
+        tpot = active * table[_INVERSE_DECODE, level] - parameters[_P_TPOT_TARGET]
+    ttft = max(ttft, 0.0)
+    tpot = max(tpot, 0.0)
+    limit = 0.0
+    if parameters[_P_CHECK_POWER] > 0.0:
+        over_power = max(
+            0.0, power * parameters[_P_INV_MAX_POWER] - parameters[_P_POWER_LIMIT]
+        )
+        limit += over_power * over_power
+    if parameters[_P_CHECK_THERMAL] > 0.0:
+        equilibrium = parameters[_P_AMBIENT] + parameters[_P_RESISTANCE] * power
+        temperature = equilibrium + (temperature - equilibrium) * parameters[_P_DECAY]
+        over_thermal = max(0.0, temperature - parameters[_P_THERMAL_LIMIT])
+        limit += over_thermal * over_thermal
+    if previous_level < 0:
+        change = table[_NORMALIZED_CLOCK, level] - parameters[_P_PREVIOUS]
+    else:
+        change = table[_NORMALIZED_CLOCK, level] - table[_NORMALIZED_CLOCK, previous_level]
+    state[0], state[1], state[2], state[3] = prefill, decode, active, temperature
+    return (
+        parameters[_P_W_POWER] * power
+        + parameters[_P_W_TTFT] * ttft * ttft
+        + parameters[_P_W_TPOT] * tpot * tpot
+        + parameters[_P_W_CHANGE] * change * change
+        + parameters[_P_W_LIMIT] * limit
+    )
+
+
+@_jit
+def _terminal(state: FloatArray, parameters: FloatArray) -> float:
+    """The terminal backlog term of the state after the last period."""
+    backlog = (
+        state[0] * parameters[_P_INV_PREFILL_MAX] + state[1] * parameters[_P_INV_DECODE_MAX]
+    )
+    return parameters[_P_W_TERMINAL] * backlog * backlog
+
+
+@_jit
+def _initial_state(parameters: FloatArray) -> FloatArray:
+    state = np.empty(4)
+    state[0] = parameters[_P_PREFILL]
+    state[1] = parameters[_P_DECODE]
+    state[2] = parameters[_P_ACTIVE]
+    state[3] = parameters[_P_TEMPERATURE]
+    return state
+
+
+@_jit
+def price_plans(
+    plans: IntArray,
+    block_of_step: IntArray,
+    table: FloatArray,
+    parameters: FloatArray,
+    arrivals: FloatArray,
+) -> FloatArray:
+    """Cost of every row of ``plans`` (levels per block; ``block_of_step`` maps each
+    period to its block), with no pruning."""
+    count = plans.shape[0]
+    steps = block_of_step.size
+    costs = np.empty(count)
+    state = np.empty(4)
+    for row in range(count):
+        state[:] = _initial_state(parameters)
+        total = 0.0
+        previous = -1
+        for step in range(steps):
+            level = plans[row, block_of_step[step]]
+            total += _advance(level, previous, step, state, table, parameters, arrivals)
+            previous = level
+        costs[row] = total + _terminal(state, parameters)
+    return costs
+
+
+@_jit
+def _trajectory(
+    plan: IntArray,
+    block_of_step: IntArray,
+    start: int,
+    states: FloatArray,
+    table: FloatArray,
+    parameters: FloatArray,
+    arrivals: FloatArray,
+) -> float:
+    """Re-roll ``states`` (row ``k``: state and cost so far before period ``k``) from
+    period ``start`` under ``plan``; return the plan's total cost."""
+    steps = block_of_step.size
+    state = states[start, :4].copy()
+    total = states[start, 4]
+    previous = plan[block_of_step[start - 1]] if start > 0 else -1
+    for step in range(start, steps):
+        level = plan[block_of_step[step]]
+        total += _advance(level, previous, step, state, table, parameters, arrivals)
+        previous = level
+        states[step + 1, :4] = state
+        states[step + 1, 4] = total
+    return total + _terminal(state, parameters)
+
+
+@_jit
+def _suffix_cost(
+    plan: IntArray,
+    block_of_step: IntArray,
+    start: int,
+    states: FloatArray,
+    bound: float,
+    table: FloatArray,
+    parameters: FloatArray,
+    arrivals: FloatArray,
+) -> float:
+    """Cost of ``plan``, which agrees with the incumbent (``states``) before period
+    ``start``; ``inf`` as soon as the partial cost reaches ``bound``."""
+    steps = block_of_step.size
+    state = states[start, :4].copy()
+    total = states[start, 4]
+    previous = plan[block_of_step[start - 1]] if start > 0 else -1
+    for step in range(start, steps):
+        level = plan[block_of_step[step]]
+        total += _advance(level, previous, step, state, table, parameters, arrivals)
+        if total >= bound:
+            return np.inf
+        previous = level
+    return total + _terminal(state, parameters)
+
+
+@_jit
+def local_search(
+    plan: IntArray,
+    block_of_step: IntArray,
+    moves: IntArray,
+    levels: int,
+    maximum_trials: int,
+    table: FloatArray,
+    parameters: FloatArray,
+    arrivals: FloatArray,
+) -> tuple[IntArray, float, int]:
+    """First-improvement local search from ``plan`` (levels per block).
+
+    The neighbourhood is every additive move (row of ``moves``) that keeps all levels in
+    ``[0, levels)``, and every swap of two adjacent blocks. Moves are tried in cyclic
+    order, each priced from the first period it changes; the first one that lowers the
+    cost is taken. Stops at a local optimum (a whole cycle without improvement) or after
+    ``maximum_trials`` priced trials. Returns ``(plan, cost, trials)``.
+    """
+    blocks = plan.size
+    steps = block_of_step.size
+    first_step = np.empty(blocks, dtype=np.int64)
+    for block in range(blocks - 1, -1, -1):
+        for step in range(steps):
+            if block_of_step[step] == block:
+                first_step[block] = step
+                break
+    additive = moves.shape[0]
+    first_block = np.empty(additive, dtype=np.int64)
+    for row in range(additive):
+        first_block[row] = blocks
+        for block in range(blocks):
+            if moves[row, block] != 0:
+                first_block[row] = block
+                break
+    total_moves = additive + blocks - 1
+    current = plan.copy()
+    trial = plan.copy()
+    states = np.zeros((steps + 1, 5))
+    states[0, :4] = _initial_state(parameters)
+    cost = _trajectory(current, block_of_step, 0, states, table, parameters, arrivals)
+    trials = 0
+    since_improvement = 0
+    move = 0
+    while since_improvement < total_moves and trials < maximum_trials:
+        valid = True
+        if move < additive:
+            changed = first_block[move]
+            if changed >= blocks:
+                valid = False
+            else:
+                for block in range(blocks):
+                    level = current[block] + moves[move, block]
+                    if level < 0 or level >= levels:
+                        valid = False
+                        break
+                    trial[block] = level
+        else:
+            changed = move - additive
+            if current[changed] == current[changed + 1]:
+                valid = False
+            else:
+                trial[:] = current
+                trial[changed] = current[changed + 1]
+                trial[changed + 1] = current[changed]
+        if valid:
+            trials += 1
+            tolerance = 1e-12 * max(1.0, abs(cost))
+            start = first_step[changed]
+            value = _suffix_cost(
+                trial, block_of_step, start, states, cost - tolerance, table, parameters,
+                arrivals,
+            )
+            if value < cost - tolerance:
+                current[:] = trial
+                cost = _trajectory(
+                    current, block_of_step, start, states, table, parameters, arrivals
+                )
+                since_improvement = 0
+            else:
+                since_improvement += 1
+        else:
+            since_improvement += 1
+        move = (move + 1) % total_moves
+    return current, cost, trials
+
+
+_COMPILED = False
+
+
+def compile_kernels() -> None:
+    """Compile (or load from numba's cache) every kernel once per process, on tiny
+    inputs of the production types, so no control period pays the compile time."""
+    global _COMPILED
+    if _COMPILED:
+        return
+    table = np.ones((_TABLE_ROWS, 2))
+    parameters = np.ones(_PARAMETERS)
+    arrivals = np.ones(1)
+    blocks = np.zeros(1, dtype=np.int64)
+    plans = np.zeros((1, 1), dtype=np.int64)
+    price_plans(plans, blocks, table, parameters, arrivals)
+    local_search(
+        plans[0].copy(), blocks, np.ones((1, 1), dtype=np.int64), 2, 4, table, parameters,
+        arrivals,
+    )
+    _COMPILED = True
