@@ -54,6 +54,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.optimize import minimize
 
+from controllers.adaptation import BurstHedge, SLOFeedback
 from plant.plant import ServingPlant
 from plant.profile import PerformanceProfile
 from plant.result import ServingResult
@@ -623,6 +624,14 @@ class MPCController:
             supported clocks (:func:`refine_discrete_plan`); False (default) gives the
             seed's plain downward quantisation.
         timer: monotonic clock in seconds used to time solves (injectable for tests).
+        latency_model: ``"seed"`` (the seed's proxies) or ``"iteration"``.
+        slo_margin: the proxies are penalised above this fraction of each SLO.
+        ttft_prompt_tokens: declared prompt length the iteration model's TTFT proxy
+            charges a new request (default: the mean prompt).
+        burst_hedge: when given, the TTFT proxy charges a new request at least the
+            recent burst size it tracks (:class:`controllers.adaptation.BurstHedge`).
+        slo_feedback: when given, integral action on ``slo_margin`` from measured
+            latencies (:class:`controllers.adaptation.SLOFeedback`).
 
     Raises:
         ValueError: non-finite or non-positive forecasts, horizon, period or limit.
@@ -646,6 +655,8 @@ class MPCController:
         latency_model: str = "seed",
         slo_margin: float = 1.0,
         ttft_prompt_tokens: float | None = None,
+        burst_hedge: BurstHedge | None = None,
+        slo_feedback: SLOFeedback | None = None,
     ) -> None:
         for name, value in (
             ("mean_prompt_tokens", mean_prompt_tokens),
@@ -685,6 +696,10 @@ class MPCController:
         ):
             raise ValueError(f"ttft_prompt_tokens must be positive, got {ttft_prompt_tokens!r}")
         self.ttft_prompt_tokens = ttft_prompt_tokens
+        self.burst_hedge = burst_hedge
+        self.slo_feedback = slo_feedback
+        self.charged_prompt_tokens = ttft_prompt_tokens
+        self.effective_slo_margin = self.slo_margin
         self.arrival_times_seen: deque[float] = deque()
         self.previous_arrived_count = 0
         self.current_clock = plant.profile.minimum_clock_mhz
@@ -748,9 +763,24 @@ class MPCController:
             previous_clock_mhz=self.current_clock,
             weights=self.weights,
             latency_model=self.latency_model,
-            slo_margin=self.slo_margin,
-            ttft_prompt_tokens=self.ttft_prompt_tokens,
+            slo_margin=self.effective_slo_margin,
+            ttft_prompt_tokens=self.charged_prompt_tokens,
         )
+
+    def adapt(self, observation: ServingObservation) -> None:
+        """Fold one period's observation into the burst hedge and the SLO feedback,
+        setting the prompt the TTFT proxy charges and the margin the next problem uses."""
+        period = self.control_period_s
+        ttft_slo = observation.ttft_slo_s or self.plant.profile.ttft_slo_s
+        if self.burst_hedge is not None:
+            self.burst_hedge.update(observation, period)
+            declared = self.ttft_prompt_tokens or self.mean_prompt_tokens
+            hedge = self.burst_hedge.prompt_tokens(self.mean_prompt_tokens, period, ttft_slo)
+            self.charged_prompt_tokens = max(declared, hedge)
+        if self.slo_feedback is not None:
+            self.effective_slo_margin = self.slo_margin / self.slo_feedback.update(
+                observation, period
+            )
 
     def solve(self, problem: MPCProblem) -> tuple[FloatArray | None, str | None, float]:
         """Solve ``problem`` from the current clock and return a supported-clock plan.
@@ -831,6 +861,7 @@ class MPCController:
             return self.current_clock
         self.last_control_index = control_index
         arrival_rate = self._arrival_rate(observation)
+        self.adapt(observation)
         candidate, reason, elapsed = self.solve(self.problem(observation, arrival_rate))
         self.solve_times.append(elapsed)
         if candidate is not None:

@@ -102,7 +102,10 @@ class MPCControllerConfig(_Frozen):
     0.7 SLO margin. ``mpc-slsqp``: the seed's SLSQP solver on the seed's fluid model and
     SLOs (the reference). ``latency_model`` and ``slo_margin`` override either default;
     ``ttft_prompt_tokens`` is the declared prompt length the iteration model's TTFT proxy
-    charges a new request (default: the mean prompt).
+    charges a new request (default: the mean prompt). ``burst_hedge`` (charge a new
+    request the recent burst size) and ``slo_feedback`` (tighten the margin while measured
+    latency nears the SLO) default to on for ``mpc`` and off for ``mpc-slsqp``; see
+    ``controllers/adaptation.py``.
     """
 
     kind: Literal["mpc", "mpc-slsqp"]
@@ -114,6 +117,8 @@ class MPCControllerConfig(_Frozen):
     ttft_prompt_tokens: PositiveFloat | None = None
     latency_model: Literal["iteration", "seed"] | None = None
     slo_margin: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    burst_hedge: bool | None = None
+    slo_feedback: bool | None = None
 
 
 ControllerConfig = Annotated[

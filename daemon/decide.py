@@ -89,6 +89,7 @@ def mpc_controller(
     Declared forecasts come from the config, else from the caller (the simulated modes
     pass the workload's means), else the controller's defaults.
     """
+    from controllers.adaptation import BurstHedge, SLOFeedback
     from controllers.fast_mpc import DiscreteSearchSolver
     from controllers.mpc import MPCController
 
@@ -102,6 +103,11 @@ def mpc_controller(
     }
     if fast:
         options["solver"] = DiscreteSearchSolver()
+    # The online corrections default to on for the fast MPC, off for the seed's.
+    if spec.burst_hedge if spec.burst_hedge is not None else fast:
+        options["burst_hedge"] = BurstHedge()
+    if spec.slo_feedback if spec.slo_feedback is not None else fast:
+        options["slo_feedback"] = SLOFeedback()
     prompt = spec.mean_prompt_tokens or mean_prompt_tokens
     output = spec.mean_output_tokens or mean_output_tokens
     if prompt is not None:

@@ -86,6 +86,30 @@ def test_factory_mpc_builds() -> None:
     assert controller.__name__ == "mpc_clock"  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize(
+    ("kind", "overrides", "hedged", "fed_back"),
+    [
+        ("mpc", {}, True, True),
+        ("mpc-slsqp", {}, False, False),
+        ("mpc", {"burst_hedge": False, "slo_feedback": False}, False, False),
+        ("mpc-slsqp", {"burst_hedge": True}, True, False),
+        ("mpc-slsqp", {"slo_feedback": True}, False, True),
+    ],
+)
+def test_mpc_online_corrections_default_per_kind_and_override(  # type: ignore[no-untyped-def]
+    kind, overrides, hedged, fed_back
+) -> None:
+    from controllers.adaptation import BurstHedge, SLOFeedback
+    from daemon.decide import mpc_controller
+    from plant import ServingPlant, load_profile
+
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    spec = MPCControllerConfig(kind=kind, **overrides)
+    controller = mpc_controller(spec, plant, 1.0)
+    assert isinstance(controller.burst_hedge, BurstHedge) is hedged  # type: ignore[attr-defined]
+    assert isinstance(controller.slo_feedback, SLOFeedback) is fed_back  # type: ignore[attr-defined]
+
+
 def test_open_loop_plan_round_trip(tmp_path: Path) -> None:
     import numpy as np
 

@@ -1,0 +1,139 @@
+"""Online corrections an MPC applies to its model from what the node reports.
+
+The MPC's fluid model forecasts a constant arrival rate and penalises predicted
+latencies, so on its own it misjudges two things the scoreboard shows (docs/scoreboard.md):
+
+- **bursts**: arrivals come in clumps (BurstGPT, Azure code), and a clump that lands
+  just after a decision waits at the clock chosen for a quiet period;
+- **model error**: the latency proxies are approximations whose error differs per GPU
+  and per workload.
+
+:class:`BurstHedge` sizes the prompt work a newly arriving request may find ahead of it
+from the recent arrival history, and :class:`SLOFeedback` is integral action on the SLO
+margin from the engine's measured latencies (the standard way to make a model-based
+controller offset-free). Both read only what a real node observes: the arrival counter
+and the windowed TTFT/TPOT the engine's metrics give.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from plant.types import ServingObservation
+
+
+@dataclass
+class BurstHedge:
+    """The prompt tokens the TTFT proxy charges a new request, from recent bursts.
+
+    Keeps per-period arrival counts over the last ``window_s``; a burst is the number
+    of arrivals within any TTFT-SLO-long run of periods, and the hedge is ``share``
+    times the ``quantile`` of those bursts times the mean prompt: on average a request
+    in a burst finds half of it ahead of it.
+
+    Args:
+        quantile: burst quantile hedged against, in [0, 1].
+        share: the part of a burst charged ahead of the new request, in (0, 1].
+        window_s: arrival history kept, seconds.
+    """
+
+    quantile: float = 0.9
+    share: float = 0.5
+    window_s: float = 60.0
+    _counts: deque[int] = field(default_factory=deque, repr=False)
+    _previous_arrived: int | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.quantile <= 1.0:
+            raise ValueError(f"BurstHedge.quantile must lie in [0, 1], got {self.quantile!r}")
+        if not 0.0 < self.share <= 1.0:
+            raise ValueError(f"BurstHedge.share must lie in (0, 1], got {self.share!r}")
+        if not math.isfinite(self.window_s) or self.window_s <= 0.0:
+            raise ValueError(f"BurstHedge.window_s must be positive, got {self.window_s!r}")
+
+    def update(self, observation: ServingObservation, period_s: float) -> None:
+        """Count the arrivals since the previous update (one control period)."""
+        arrived = observation.arrived_requests
+        previous = arrived if self._previous_arrived is None else self._previous_arrived
+        # A counter that goes backwards (an engine restart) counts as no arrivals.
+        self._counts.append(max(0, arrived - previous))
+        self._previous_arrived = arrived
+        keep = max(1, int(math.ceil(self.window_s / period_s)))
+        while len(self._counts) > keep:
+            self._counts.popleft()
+
+    def burst_requests(self, period_s: float, ttft_slo_s: float) -> float:
+        """The ``quantile`` of arrivals within one TTFT SLO, over the kept history."""
+        if not self._counts:
+            return 0.0
+        counts = np.fromiter(self._counts, dtype=float, count=len(self._counts))
+        span = max(1, int(round(ttft_slo_s / period_s)))
+        if counts.size >= span:
+            totals = np.convolve(counts, np.ones(span), mode="valid")
+        else:
+            totals = np.array([counts.sum()])
+        return float(np.quantile(totals, self.quantile))
+
+    def prompt_tokens(self, mean_prompt_tokens: float, period_s: float, ttft_slo_s: float) -> float:
+        """Prompt tokens to charge a new request for the burst it may land in."""
+        return self.share * self.burst_requests(period_s, ttft_slo_s) * mean_prompt_tokens
+
+
+@dataclass
+class SLOFeedback:
+    """Integral action on the MPC's SLO margin from the engine's windowed latencies.
+
+    Each period the pressure is the larger of windowed TTFT / TTFT SLO and windowed
+    TPOT / TPOT SLO. Above ``pressure`` the scale grows by ``grow_per_s`` (per second
+    of control period), otherwise it relaxes by ``relax_per_s`` back towards 1; the MPC
+    divides its margin by the scale, so measured latency near the SLO tightens the
+    targets the model plans against, and headroom loosens them again, slowly.
+
+    Args:
+        pressure: windowed latency over SLO above which the margin tightens.
+        grow_per_s: factor the scale grows by per second under pressure (> 1).
+        relax_per_s: factor the scale shrinks by per second without pressure (>= 1).
+        maximum_scale: cap on the scale (the tightest margin is margin / cap).
+    """
+
+    pressure: float = 0.8
+    grow_per_s: float = 1.5
+    relax_per_s: float = 1.02
+    maximum_scale: float = 4.0
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.pressure > 0.0:
+            raise ValueError(f"SLOFeedback.pressure must be positive, got {self.pressure!r}")
+        if not self.grow_per_s > 1.0 or not self.relax_per_s >= 1.0:
+            raise ValueError("SLOFeedback needs grow_per_s > 1 and relax_per_s >= 1")
+        if not self.maximum_scale >= 1.0:
+            raise ValueError(
+                f"SLOFeedback.maximum_scale must be >= 1, got {self.maximum_scale!r}"
+            )
+
+    @staticmethod
+    def latency_pressure(observation: ServingObservation) -> float | None:
+        """Windowed latency over SLO (the larger of TTFT and TPOT), or None when the
+        window saw no latency or the source reports no SLO."""
+        ratios = []
+        for value, slo in (
+            (observation.ttft_recent_s, observation.ttft_slo_s),
+            (observation.tpot_recent_s, observation.tpot_slo_s),
+        ):
+            if value is not None and slo is not None and slo > 0 and math.isfinite(value):
+                ratios.append(value / slo)
+        return max(ratios) if ratios else None
+
+    def update(self, observation: ServingObservation, period_s: float) -> float:
+        """Fold one period's measured latencies in; return the new scale."""
+        ratio = self.latency_pressure(observation)
+        if ratio is not None and ratio > self.pressure:
+            self.scale = min(self.maximum_scale, self.scale * self.grow_per_s**period_s)
+        else:
+            self.scale = max(1.0, self.scale / self.relax_per_s**period_s)
+        return self.scale

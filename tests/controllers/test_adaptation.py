@@ -1,0 +1,144 @@
+"""The MPC's online corrections: the burst hedge and SLO feedback, with known answers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from controllers.adaptation import BurstHedge, SLOFeedback
+from controllers.fast_mpc import DiscreteSearchSolver
+from controllers.mpc import MPCController
+from plant import ServingObservation
+
+
+def _seen(arrived: int, *, time_s: float = 1.0, ttft: float | None = None,
+          tpot: float | None = None) -> ServingObservation:
+    return ServingObservation(
+        time_s=time_s,
+        step_index=int(time_s),
+        arrived_requests=arrived,
+        prefill_remaining_tokens=0.0,
+        decode_active=0,
+        generated_decode_tokens=0.0,
+        temperature_c=40.0,
+        ttft_recent_s=ttft,
+        tpot_recent_s=tpot,
+        ttft_slo_s=1.0,
+        tpot_slo_s=0.05,
+    )
+
+
+def test_burst_hedge_counts_arrivals_per_period_and_takes_the_quantile() -> None:
+    hedge = BurstHedge(quantile=1.0, share=0.5, window_s=10.0)
+    cumulative = 0
+    for count in (0, 2, 0, 8, 1, 0):
+        cumulative += count
+        hedge.update(_seen(cumulative), period_s=1.0)
+    # One-second SLO at one-second periods: the largest single period's arrivals.
+    assert hedge.burst_requests(period_s=1.0, ttft_slo_s=1.0) == 8.0
+    assert hedge.prompt_tokens(1_000.0, period_s=1.0, ttft_slo_s=1.0) == 4_000.0
+
+
+def test_burst_hedge_sums_an_slo_long_run_of_short_periods() -> None:
+    hedge = BurstHedge(quantile=1.0, share=1.0)
+    cumulative = 0
+    for count in (1, 0, 3, 2, 0, 0):
+        cumulative += count
+        hedge.update(_seen(cumulative), period_s=0.5)
+    # Two half-second periods per one-second SLO: the largest pair is 3 + 2.
+    assert hedge.burst_requests(period_s=0.5, ttft_slo_s=1.0) == 5.0
+
+
+def test_burst_hedge_forgets_old_periods_and_survives_a_counter_reset() -> None:
+    hedge = BurstHedge(quantile=1.0, window_s=3.0)
+    hedge.update(_seen(0), 1.0)
+    hedge.update(_seen(50), 1.0)  # a burst of 50
+    for arrived in (51, 52, 53):
+        hedge.update(_seen(arrived), 1.0)
+    assert hedge.burst_requests(1.0, 1.0) == 1.0  # the burst fell out of the window
+    hedge.update(_seen(3), 1.0)  # the engine restarted: counts from zero again
+    assert hedge.burst_requests(1.0, 1.0) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"quantile": 1.5}, "quantile"), ({"share": 0.0}, "share"), ({"window_s": 0.0}, "window")],
+)
+def test_burst_hedge_validates(kwargs, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=message):
+        BurstHedge(**kwargs)
+
+
+def test_slo_feedback_grows_under_pressure_and_relaxes_per_second() -> None:
+    feedback = SLOFeedback(pressure=0.8, grow_per_s=1.5, relax_per_s=1.02, maximum_scale=4.0)
+    # TPOT at 90% of its SLO is pressure: one second of it grows the scale by 1.5.
+    assert feedback.update(_seen(0, tpot=0.045), period_s=1.0) == pytest.approx(1.5)
+    # Half-second periods: the same growth per second.
+    feedback.update(_seen(0, ttft=0.95), period_s=0.5)
+    assert feedback.update(_seen(0, ttft=0.95), period_s=0.5) == pytest.approx(2.25)
+    for _ in range(10):
+        feedback.update(_seen(0, ttft=2.0), period_s=1.0)
+    assert feedback.scale == 4.0  # capped
+    # No measured latency is no pressure: relax by 2% per second, never below 1.
+    assert feedback.update(_seen(0), period_s=1.0) == pytest.approx(4.0 / 1.02)
+    for _ in range(200):
+        feedback.update(_seen(0, ttft=0.1, tpot=0.01), period_s=1.0)
+    assert feedback.scale == 1.0
+
+
+def test_slo_feedback_pressure_ignores_missing_and_non_finite_latencies() -> None:
+    assert SLOFeedback.latency_pressure(_seen(0)) is None
+    assert SLOFeedback.latency_pressure(_seen(0, ttft=0.5, tpot=0.04)) == pytest.approx(0.8)
+    assert SLOFeedback.latency_pressure(_seen(0, ttft=math.nan, tpot=0.01)) == pytest.approx(0.2)
+
+
+def test_slo_feedback_validates() -> None:
+    with pytest.raises(ValueError, match="grow_per_s"):
+        SLOFeedback(grow_per_s=1.0)
+    with pytest.raises(ValueError, match="maximum_scale"):
+        SLOFeedback(maximum_scale=0.5)
+
+
+def test_mpc_plans_against_the_adapted_prompt_and_margin(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
+    """The corrections reach the problem the solver sees, and raise the planned clock."""
+    common = {
+        "mean_prompt_tokens": 500.0,
+        "mean_output_tokens": 100.0,
+        "latency_model": "iteration",
+        "slo_margin": 0.7,
+        "solver": DiscreteSearchSolver(),
+        "solve_time_limit_s": 10.0,
+    }
+    plain = MPCController(synthetic_plant, **common)
+    adapted = MPCController(
+        synthetic_plant, burst_hedge=BurstHedge(quantile=1.0), slo_feedback=SLOFeedback(),
+        **common,
+    )
+    clocks = tuple(float(c) for c in synthetic_plant.profile.clock_mhz)
+    arrivals = np.cumsum([0, 1, 0, 12, 0, 1])
+    for index, arrived in enumerate(arrivals):
+        observation = ServingObservation(
+            time_s=float(index),
+            step_index=index,
+            arrived_requests=int(arrived),
+            prefill_remaining_tokens=200.0,
+            decode_active=2,
+            generated_decode_tokens=20.0,
+            temperature_c=40.0,
+            ttft_recent_s=0.95,
+            tpot_recent_s=0.01,
+            ttft_slo_s=1.0,
+            tpot_slo_s=0.05,
+            supported_clocks_mhz=clocks,
+        )
+        plain(observation)
+        adapted(observation)
+    assert adapted.charged_prompt_tokens == pytest.approx(0.5 * 12 * 500.0)
+    assert adapted.effective_slo_margin == pytest.approx(0.7 / 4.0)  # the scale hit its cap
+    problem = adapted.problem(observation, 1.0)
+    assert problem.ttft_prompt == adapted.charged_prompt_tokens
+    assert problem.slo_margin == adapted.effective_slo_margin
+    assert plain.problem(observation, 1.0).slo_margin == 0.7
+    assert adapted.current_clock >= plain.current_clock
