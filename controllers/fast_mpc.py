@@ -8,9 +8,9 @@ supported-clock plans directly, pricing them with the very same model and cost a
 tested equal):
 
 1. a structured candidate pool, every plan priced: every constant plan, and two-block
-   ("first period at level i, the rest at level j") and alternating ("i, j, i, j, ...")
-   plans on a coarse level grid, plus the previous decision's plan shifted by one period
-   (warm start);
+   ("first period at level i, the rest at level j"), alternating ("i, j, i, j, ...") and
+   late-step ("a low level until period k, then level j") plans on a coarse level grid,
+   plus the previous decision's plan shifted by one period (warm start);
 2. a first-improvement local search from each of the ``starts`` best candidates that lie
    at least ``start_spread`` levels from each other: moves of one period, of a period and
    all later ones, of two adjacent periods in opposite directions, of every other period
@@ -62,6 +62,8 @@ class DiscreteSearchSolver:
         maximum_trials: cap on the moves one local search prices, so the solve time is
             bounded whatever the state.
         free_periods: most independent levels in a plan; longer horizons use blocks.
+        late_step_levels: low levels of the late-step candidate family (hold a low level
+            for the first periods, then step to any coarse level); 0 turns it off.
         start_spread: least total level difference (summed over the free periods)
             between any two starts, so the searches begin in different basins of a
             rugged cost (60 is six levels a period over ten periods).
@@ -75,6 +77,7 @@ class DiscreteSearchSolver:
     maximum_trials: int = 1000
     free_periods: int = 10
     start_spread: int = 60
+    late_step_levels: int = 4
     _pools: dict[tuple[int, int], IntArray] = field(default_factory=dict, repr=False)
     _moves: dict[int, IntArray] = field(default_factory=dict, repr=False)
     last_trials: int = 0
@@ -83,6 +86,9 @@ class DiscreteSearchSolver:
         for name in ("coarse_levels", "starts", "maximum_trials", "free_periods"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("late_step_levels", "start_spread"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         # Compile now, not inside the first control period.
         compile_kernels()
 
@@ -139,7 +145,17 @@ class DiscreteSearchSolver:
             two_block[:, 0] = first
             alternating = np.repeat(rest[:, None], steps, axis=1)
             alternating[:, 0::2] = first[:, None]
-            pool = np.unique(np.concatenate([constant, two_block, alternating]), axis=0)
+            families = [constant, two_block, alternating]
+            # Hold a low level, then step up for the rest of the horizon at any period:
+            # the plan a backlog that can wait calls for. The low levels are the lowest
+            # of a grid four times as sparse as the level count allows.
+            low = np.unique(np.linspace(0, levels - 1, 4 * self.late_step_levels).round())
+            for level in low.astype(np.int64)[: self.late_step_levels]:
+                for split in range(2, steps):
+                    late_step = np.repeat(coarse[:, None], steps, axis=1)
+                    late_step[:, :split] = level
+                    families.append(late_step)
+            pool = np.unique(np.concatenate(families), axis=0)
             self._pools[key] = np.ascontiguousarray(pool, dtype=np.int64)
             pool = self._pools[key]
         if warm_start is not None and warm_start.size == steps:

@@ -194,10 +194,25 @@ def test_every_search_is_bounded_by_its_trial_cap(synthetic_plant) -> None:  # t
     assert 0 < solver.last_trials <= 3 * 5
 
 
-@pytest.mark.parametrize("name", ["coarse_levels", "starts", "maximum_trials", "free_periods"])
-def test_solver_settings_validated(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("coarse_levels", 0), ("starts", 0), ("maximum_trials", 0), ("free_periods", 0),
+     ("late_step_levels", -1), ("start_spread", -1)],
+)
+def test_solver_settings_validated(name: str, value: int) -> None:
     with pytest.raises(ValueError, match=name):
-        DiscreteSearchSolver(**{name: 0})
+        DiscreteSearchSolver(**{name: value})
+
+
+def test_candidate_pool_holds_every_family() -> None:
+    solver = DiscreteSearchSolver(coarse_levels=4, late_step_levels=2)
+    pool = {tuple(row) for row in solver.candidates(5, 13, None)}
+    assert (7, 7, 7, 7, 7) in pool  # constant, every level
+    assert (0, 12, 12, 12, 12) in pool  # two-block on the coarse grid (0, 4, 8, 12)
+    assert (12, 4, 12, 4, 12) in pool  # alternating
+    assert (0, 0, 0, 8, 8) in pool and (2, 2, 12, 12, 12) in pool  # late steps
+    warm = np.array([1, 2, 3, 4, 5])
+    assert tuple(solver.candidates(5, 13, warm)[-1]) == (1, 2, 3, 4, 5)
 
 
 def test_kernels_compile_in_memory_where_no_cache_is_writable(monkeypatch) -> None:  # type: ignore[no-untyped-def]
