@@ -109,7 +109,13 @@ from plant.workload import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / "bench" / "results" / "controllers"
+# In a source checkout the results live beside the benchmark; installed from a wheel,
+# there is no checkout, and they go to a folder under the working directory.
+DEFAULT_OUT = (
+    ROOT / "bench" / "results" / "controllers"
+    if (ROOT / "pyproject.toml").is_file()
+    else Path("gpugov-scoreboard")
+)
 
 TRACES = ("azure-conv-10min", "azure-conv", "azure-code", "mooncake", "burstgpt1")
 PROFILES = ("h100-sxm-llama3-8b", "h200-sxm-llama3-8b", "a100-sxm-80gb-llama3-8b")
@@ -1290,6 +1296,11 @@ def config_for(
     return replace(config, **changes)
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the checkout when it lies inside it."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The scoreboard's command-line options (shared by this script and the CLI)."""
     parser.add_argument(
@@ -1302,7 +1313,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         default=str(DEFAULT_OUT),
         metavar="DIR",
-        help=f"output directory (default {DEFAULT_OUT.relative_to(ROOT)})",
+        help=f"output directory (default {_shown(DEFAULT_OUT)})",
     )
     parser.add_argument(
         "--traces",

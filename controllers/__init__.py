@@ -1,51 +1,52 @@
 """Clock controllers and the scheduling MDP methods; pure computation, no I/O.
 
 Public names follow the seed's ``__all__`` (see ``../shared/SEED_NOTES.md`` section 2).
+They load on first use (PEP 562), so importing one controller module does not pull in
+scikit-learn and the experiment suite: ``gpugov`` starts in a fraction of the time.
 """
 
-from controllers.baseline import (
-    FixedClockController,
-    ReactiveGovernor,
-    SampleAndHoldController,
-    fixed_clock_controller,
-    maximum_clock_controller,
-    reactive_clock_controller,
-    sample_and_hold_clock_controller,
-)
-from controllers.experiments import build_textbook_results
-from controllers.mpc import (
-    MPCController,
-    MPCWeights,
-    estimate_decode_remaining_tokens,
-    mpc_latency_proxies,
-    run_mpc,
-)
-from controllers.open_loop import (
-    OpenLoopClockController,
-    OpenLoopPlan,
-    load_plan,
-    open_loop_clock_controller,
-    optimize_open_loop,
-    save_plan,
-    select_frequency_experiment_window,
-    shift_largest_burst,
-)
-from controllers.scheduling import (
-    SCHEDULING_ACTIONS,
-    DPSolution,
-    FQISolution,
-    PolicyEvaluation,
-    SchedulingMDP,
-    TransitionDataset,
-    evaluate_scheduling_policy,
-    fit_fqi,
-    generate_transition_dataset,
-    make_scheduling_mdp,
-    policy_slice,
-    scheduling_mdp_from_trace,
-    solve_scheduling_mdp,
-)
-from controllers.scheduling_policy import MDPPolicyScheduler
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_MODULES = {
+    "FixedClockController": "controllers.baseline",
+    "ReactiveGovernor": "controllers.baseline",
+    "SampleAndHoldController": "controllers.baseline",
+    "fixed_clock_controller": "controllers.baseline",
+    "maximum_clock_controller": "controllers.baseline",
+    "reactive_clock_controller": "controllers.baseline",
+    "sample_and_hold_clock_controller": "controllers.baseline",
+    "build_textbook_results": "controllers.experiments",
+    "MPCController": "controllers.mpc",
+    "MPCWeights": "controllers.mpc",
+    "estimate_decode_remaining_tokens": "controllers.mpc",
+    "mpc_latency_proxies": "controllers.mpc",
+    "run_mpc": "controllers.mpc",
+    "OpenLoopClockController": "controllers.open_loop",
+    "OpenLoopPlan": "controllers.open_loop",
+    "load_plan": "controllers.open_loop",
+    "open_loop_clock_controller": "controllers.open_loop",
+    "optimize_open_loop": "controllers.open_loop",
+    "save_plan": "controllers.open_loop",
+    "select_frequency_experiment_window": "controllers.open_loop",
+    "shift_largest_burst": "controllers.open_loop",
+    "SCHEDULING_ACTIONS": "controllers.scheduling",
+    "DPSolution": "controllers.scheduling",
+    "FQISolution": "controllers.scheduling",
+    "PolicyEvaluation": "controllers.scheduling",
+    "SchedulingMDP": "controllers.scheduling",
+    "TransitionDataset": "controllers.scheduling",
+    "evaluate_scheduling_policy": "controllers.scheduling",
+    "fit_fqi": "controllers.scheduling",
+    "generate_transition_dataset": "controllers.scheduling",
+    "make_scheduling_mdp": "controllers.scheduling",
+    "policy_slice": "controllers.scheduling",
+    "scheduling_mdp_from_trace": "controllers.scheduling",
+    "solve_scheduling_mdp": "controllers.scheduling",
+    "MDPPolicyScheduler": "controllers.scheduling_policy",
+}
 
 __all__ = [
     "SCHEDULING_ACTIONS",
@@ -84,3 +85,17 @@ __all__ = [
     "shift_largest_burst",
     "solve_scheduling_mdp",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module that defines ``name`` on first access."""
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'controllers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -117,7 +117,6 @@ SLO_TOLERANCE = 0.01
 maximum clock's for a run to hold the SLO."""
 
 _EPS = 1e-9
-_ATOMIC_TYPES = frozenset({int, float, bool, type(None)})
 
 
 # ------------------------------------------------------------------ SLO and capture
@@ -175,52 +174,6 @@ def oracle_capture(
 
 
 # -------------------------------------------------------------------- simulation
-def fork_simulation(simulation: PlantSimulation) -> PlantSimulation:
-    """An independent copy of ``simulation`` for what-if runs, without its series.
-
-    ``copy.deepcopy`` of a :class:`PlantSimulation` is a correct fork (plain Python
-    state plus a numpy ``Generator``) but copies every recorded grid sample, which grows
-    with simulated time (about 90 ms at 300 s of the bundled trace). This fork shares the
-    immutable workload and plant, starts the fork's grid series empty (a fork's
-    :meth:`~PlantSimulation.result` therefore has series from the fork point only; its
-    energy, request outcomes and state are exact), and copies lists of plain numbers
-    with ``list.copy`` (about 1 ms). It reads the simulator's private ``_series`` and
-    ``_phase_series`` only to skip them; without them it still forks, more slowly.
-    """
-    memo: dict[int, Any] = {
-        id(simulation.requests): simulation.requests,
-        id(simulation.plant): simulation.plant,
-    }
-    series = getattr(simulation, "_series", None)
-    if isinstance(series, dict):
-        for values in series.values():
-            memo[id(values)] = []
-    phases = getattr(simulation, "_phase_series", None)
-    if isinstance(phases, list):
-        memo[id(phases)] = []
-    for value in vars(simulation).values():
-        # Lists of plain numbers: a shallow copy is a deep copy, and far faster.
-        if (
-            type(value) is list
-            and id(value) not in memo
-            and len(value) > 32
-            and set(map(type, value)) <= _ATOMIC_TYPES
-        ):
-            memo[id(value)] = value.copy()
-    return copy.deepcopy(simulation, memo)
-
-
-def _request_progress(
-    simulation: PlantSimulation,
-) -> tuple[list[float | None], list[float | None]]:
-    """First-token and finish times per request index (the simulator's own lists).
-
-    Raises:
-        AttributeError: the simulator no longer keeps them under these names.
-    """
-    return simulation._first_token, simulation._finish
-
-
 def _drive(
     simulation: PlantSimulation,
     clock_mhz: float,
@@ -514,7 +467,7 @@ class _MissCounter:
 
     def settle(self, simulation: PlantSimulation) -> None:
         """Advance the settled prefix on the main run (its outcomes are final)."""
-        first, finish = _request_progress(simulation)
+        first, finish = simulation.request_times()
         now = simulation.time_s
         arrived = bisect.bisect_right(self.arrivals, now + 1e-12)
         while self.settled_upto < arrived:
@@ -526,7 +479,7 @@ class _MissCounter:
 
     def known_misses(self, simulation: PlantSimulation) -> tuple[int, int]:
         """(known misses, arrived requests) of ``simulation`` at its current time."""
-        first, finish = _request_progress(simulation)
+        first, finish = simulation.request_times()
         now = simulation.time_s
         arrived = bisect.bisect_right(self.arrivals, now + 1e-12)
         misses = self.settled_misses
@@ -634,7 +587,7 @@ def _greedy_schedule(
             candidates.update((previous - offset, previous + offset))
         best: tuple[tuple[int, float, float], int] | None = None
         for index in sorted(c for c in candidates if 0 <= c < settings.levels):
-            fork = fork_simulation(main)
+            fork = main.fork()
             forks += 1
             end_step = first_step + settings.window_steps
             over = _drive(
@@ -1127,7 +1080,6 @@ __all__ = [
     "WindowOracle",
     "best_fixed_clock",
     "fluid_energy_lower_bound",
-    "fork_simulation",
     "holds_slo",
     "maximum_clock_reference",
     "oracle_capture",

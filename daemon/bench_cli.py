@@ -1,55 +1,30 @@
 """``gpugov bench controllers``: the controller scoreboard from the command line.
 
-Runs the same code as ``python bench/controllers.py`` (see ``docs/scoreboard.md``):
-every controller and hindsight oracle on trace windows x bundled profiles x loads,
-written to ``DIR/scoreboard.json``, ``DIR/scoreboard.md`` and ``DIR/scoreboard.png``
-(default ``bench/results/controllers/``), with a short summary on stdout and progress
-lines on stderr.
-
-``bench/`` is not an installed package: the scoreboard is found in the source checkout
-this module lives in (the repository root is put on ``sys.path`` when ``bench`` is not
-importable, so the scoreboard's worker processes can import it too).
+Runs :mod:`bench.controllers` (also ``python bench/controllers.py``; see
+``docs/scoreboard.md``): every controller and hindsight oracle on trace windows x bundled
+profiles x loads, written to ``DIR/scoreboard.json``, ``DIR/scoreboard.md`` and
+``DIR/scoreboard.png`` (default ``bench/results/controllers/`` in a source checkout,
+``gpugov-scoreboard/`` otherwise), with a short summary on stdout and progress lines on
+stderr. ``bench`` installs with the package, so this works from a wheel as well.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import sys
-from pathlib import Path
 from types import ModuleType
 
 from daemon.sim_cli import UsageError
 
-ROOT = Path(__file__).resolve().parents[1]
-SCOREBOARD = ROOT / "bench" / "controllers.py"
 
-
-def scoreboard_module() -> ModuleType | None:
-    """``bench.controllers``, or ``None`` outside a source checkout."""
-    if not SCOREBOARD.is_file():
-        return None
-    try:
-        return importlib.import_module("bench.controllers")
-    except ModuleNotFoundError as error:
-        if error.name not in ("bench", "bench.controllers"):
-            raise
-    sys.path.insert(0, str(ROOT))
-    importlib.invalidate_caches()
+def scoreboard_module() -> ModuleType:
+    """``bench.controllers`` (imported on first use: it is heavy)."""
     return importlib.import_module("bench.controllers")
-
-
-def _missing(args: argparse.Namespace) -> int:
-    raise UsageError(
-        f"bench controllers: {SCOREBOARD} not found; run gpugov from a source checkout"
-    )
 
 
 def run_controllers(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov bench controllers``."""
     module = scoreboard_module()
-    if module is None:
-        return _missing(args)
     try:
         module.config_for(
             quick=args.quick,
@@ -70,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     bench = subparsers.add_parser(
         "bench",
         help="benchmarks: the controller scoreboard",
-        description="Benchmarks run from the source checkout.",
+        description="Benchmarks of the installed package.",
     )
     inner = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK")
     inner.required = True
@@ -84,11 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             "DIR/scoreboard.md and DIR/scoreboard.png."
         ),
     )
-    module = scoreboard_module()
-    if module is None:
-        parser.set_defaults(handler=_missing)
-        return
-    module.add_arguments(parser)
+    scoreboard_module().add_arguments(parser)
     parser.set_defaults(handler=run_controllers)
 
 

@@ -17,7 +17,6 @@ from controllers.oracles import (
     _lower_hull,
     best_fixed_clock,
     fluid_energy_lower_bound,
-    fork_simulation,
     holds_slo,
     maximum_clock_reference,
     oracle_capture,
@@ -119,7 +118,7 @@ def test_fork_runs_on_exactly_like_a_deep_copy() -> None:
     simulation = PlantSimulation(workload, plant)
     simulation.request_clock(900.0)
     simulation.advance_to(12.3)
-    forked = fork_simulation(simulation)
+    forked = simulation.fork()
     copied = copy.deepcopy(simulation)
     for run in (forked, copied):
         run.request_clock(600.0)

@@ -128,7 +128,9 @@ def test_bench_requires_a_benchmark_name() -> None:
         main(["bench"])
 
 
-def test_scoreboard_module_is_the_checkout_file() -> None:
+def test_scoreboard_is_the_bench_package_module() -> None:
     module = bench_cli.scoreboard_module()
-    assert module is not None
-    assert Path(module.__file__).resolve() == bench_cli.SCOREBOARD
+    assert module.__name__ == "bench.controllers"
+    assert Path(module.__file__).resolve() == Path(__file__).resolve().parents[2] / "bench" / (
+        "controllers.py"
+    )
