@@ -101,6 +101,7 @@ class SLOFeedback:
     """
 
     pressure: float = 0.8
+    tpot_pressure: float | None = None
     grow_per_s: float = 1.5
     relax_per_s: float = 1.02
     maximum_scale: float = 4.0
@@ -117,22 +118,30 @@ class SLOFeedback:
             )
 
     @staticmethod
-    def latency_pressure(observation: ServingObservation) -> float | None:
-        """Windowed latency over SLO (the larger of TTFT and TPOT), or None when the
-        window saw no latency or the source reports no SLO."""
-        ratios = []
+    def latency_ratios(observation: ServingObservation) -> tuple[float | None, float | None]:
+        """Windowed TTFT / TTFT SLO and windowed TPOT / TPOT SLO; each None when the
+        window saw no such latency or the source reports no SLO."""
+        ratios: list[float | None] = []
         for value, slo in (
             (observation.ttft_recent_s, observation.ttft_slo_s),
             (observation.tpot_recent_s, observation.tpot_slo_s),
         ):
-            if value is not None and slo is not None and slo > 0 and math.isfinite(value):
-                ratios.append(value / slo)
-        return max(ratios) if ratios else None
+            usable = value is not None and slo is not None and slo > 0 and math.isfinite(value)
+            ratios.append(value / slo if usable else None)  # type: ignore[operator]
+        return ratios[0], ratios[1]
+
+    def under_pressure(self, observation: ServingObservation) -> bool:
+        """Whether the windowed TTFT is above ``pressure`` of its SLO, or the windowed
+        TPOT above ``tpot_pressure`` (default ``pressure``) of its SLO."""
+        ttft, tpot = self.latency_ratios(observation)
+        tpot_limit = self.pressure if self.tpot_pressure is None else self.tpot_pressure
+        return (ttft is not None and ttft > self.pressure) or (
+            tpot is not None and tpot > tpot_limit
+        )
 
     def update(self, observation: ServingObservation, period_s: float) -> float:
         """Fold one period's measured latencies in; return the new scale."""
-        ratio = self.latency_pressure(observation)
-        if ratio is not None and ratio > self.pressure:
+        if self.under_pressure(observation):
             self.scale = min(self.maximum_scale, self.scale * self.grow_per_s**period_s)
         else:
             self.scale = max(1.0, self.scale / self.relax_per_s**period_s)

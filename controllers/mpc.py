@@ -253,6 +253,17 @@ class MPCProblem:
     latency_model: str = "seed"
     slo_margin: float = 1.0
     ttft_prompt_tokens: float | None = None
+    ttft_excess_cap: float | None = None
+
+    @property
+    def ttft_excess_cap_s(self) -> float:
+        """TTFT excess (over the target) beyond which the penalty stops growing:
+        ``ttft_excess_cap`` TTFT SLOs, or no cap (the seed's) when None. A request that
+        late has missed its SLO whatever the clock, so a capped penalty stops spending
+        energy to make it less late."""
+        if self.ttft_excess_cap is None:
+            return math.inf
+        return self.ttft_excess_cap * self.plant.profile.ttft_slo_s
 
     @property
     def ttft_prompt(self) -> float:
@@ -275,6 +286,8 @@ class MPCProblem:
     def __post_init__(self) -> None:
         if not 0.0 < self.slo_margin <= 1.0:
             raise ValueError(f"slo_margin must lie in (0, 1], got {self.slo_margin!r}")
+        if self.ttft_excess_cap is not None and not self.ttft_excess_cap > 0.0:
+            raise ValueError(f"ttft_excess_cap must be positive, got {self.ttft_excess_cap!r}")
         if self.latency_model not in LATENCY_MODELS:
             raise ValueError(
                 f"latency_model must be one of {LATENCY_MODELS}, got {self.latency_model!r}"
@@ -364,7 +377,8 @@ class MPCProblem:
         normalized_frequency = (sequence - minimum) / (maximum - minimum)
         previous_normalized = (self.previous_clock_mhz - minimum) / (maximum - minimum)
         changes = np.diff(np.concatenate([[previous_normalized], normalized_frequency]))
-        ttft_slack = np.maximum(0.0, predicted.ttft_proxy_s - self.ttft_target_s) / max(
+        ttft_excess = np.maximum(0.0, predicted.ttft_proxy_s - self.ttft_target_s)
+        ttft_slack = np.minimum(ttft_excess, self.ttft_excess_cap_s) / max(
             profile.ttft_slo_s, 1e-12
         )
         tpot_slack = np.maximum(0.0, predicted.tpot_proxy_s - self.tpot_target_s) / max(
@@ -466,7 +480,10 @@ class MPCProblem:
             )
             temperature = equilibrium + (temperature - equilibrium) * decay
             power_sum += normalized_power
-            ttft_penalty += (np.maximum(0.0, ttft_proxy - self.ttft_target_s) / ttft_scale) ** 2
+            ttft_excess = np.minimum(
+                np.maximum(0.0, ttft_proxy - self.ttft_target_s), self.ttft_excess_cap_s
+            )
+            ttft_penalty += (ttft_excess / ttft_scale) ** 2
             tpot_penalty += (np.maximum(0.0, tpot_proxy - self.tpot_target_s) / tpot_scale) ** 2
             limit_penalty += (
                 np.maximum(0.0, normalized_power - power_limit) ** 2
@@ -632,6 +649,8 @@ class MPCController:
             recent burst size it tracks (:class:`controllers.adaptation.BurstHedge`).
         slo_feedback: when given, integral action on ``slo_margin`` from measured
             latencies (:class:`controllers.adaptation.SLOFeedback`).
+        ttft_excess_cap: cap on the penalised TTFT excess, in TTFT SLOs
+            (:attr:`MPCProblem.ttft_excess_cap_s`); None (the seed's) for no cap.
 
     Raises:
         ValueError: non-finite or non-positive forecasts, horizon, period or limit.
@@ -657,6 +676,7 @@ class MPCController:
         ttft_prompt_tokens: float | None = None,
         burst_hedge: BurstHedge | None = None,
         slo_feedback: SLOFeedback | None = None,
+        ttft_excess_cap: float | None = None,
     ) -> None:
         for name, value in (
             ("mean_prompt_tokens", mean_prompt_tokens),
@@ -697,6 +717,9 @@ class MPCController:
             raise ValueError(f"ttft_prompt_tokens must be positive, got {ttft_prompt_tokens!r}")
         self.ttft_prompt_tokens = ttft_prompt_tokens
         self.burst_hedge = burst_hedge
+        if ttft_excess_cap is not None and not ttft_excess_cap > 0.0:
+            raise ValueError(f"ttft_excess_cap must be positive, got {ttft_excess_cap!r}")
+        self.ttft_excess_cap = ttft_excess_cap
         self.slo_feedback = slo_feedback
         self.charged_prompt_tokens = ttft_prompt_tokens
         self.effective_slo_margin = self.slo_margin
@@ -765,6 +788,7 @@ class MPCController:
             latency_model=self.latency_model,
             slo_margin=self.effective_slo_margin,
             ttft_prompt_tokens=self.charged_prompt_tokens,
+            ttft_excess_cap=self.ttft_excess_cap,
         )
 
     def adapt(self, observation: ServingObservation) -> None:

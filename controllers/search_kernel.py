@@ -69,7 +69,8 @@ _P_W_POWER, _P_W_TTFT, _P_W_TPOT, _P_W_CHANGE, _P_W_LIMIT, _P_W_TERMINAL = (
 _P_CHECK_POWER, _P_POWER_LIMIT, _P_INV_MAX_POWER = 17, 18, 19
 _P_CHECK_THERMAL, _P_AMBIENT, _P_RESISTANCE, _P_DECAY, _P_THERMAL_LIMIT = 20, 21, 22, 23, 24
 _P_PREVIOUS, _P_INV_PREFILL_MAX, _P_INV_DECODE_MAX, _P_CHUNK = 25, 26, 27, 28
-_PARAMETERS = 29
+_P_TTFT_CAP = 29  # most TTFT excess penalised (s)
+_PARAMETERS = 30
 
 
 def problem_arrays(
@@ -158,6 +159,7 @@ def problem_arrays(
     parameters[_P_INV_PREFILL_MAX] = 1.0 / profile.prefill_tokens_per_s[-1]
     parameters[_P_INV_DECODE_MAX] = 1.0 / profile.decode_tokens_per_s[-1]
     parameters[_P_CHUNK] = CHUNK_TOKENS
+    parameters[_P_TTFT_CAP] = problem.ttft_excess_cap_s
     return table, parameters, np.asarray(problem.prompt_arrivals, dtype=float)
 
 
@@ -211,7 +213,7 @@ def _advance(
     else:
         ttft = prefill * table[_INVERSE_PREFILL, level] - parameters[_P_TTFT_TARGET]
         tpot = active * table[_INVERSE_DECODE, level] - parameters[_P_TPOT_TARGET]
-    ttft = max(ttft, 0.0)
+    ttft = min(max(ttft, 0.0), parameters[_P_TTFT_CAP])
     tpot = max(tpot, 0.0)
     limit = 0.0
     if parameters[_P_CHECK_POWER] > 0.0:

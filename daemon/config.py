@@ -105,7 +105,8 @@ class MPCControllerConfig(_Frozen):
     charges a new request (default: the mean prompt). ``burst_hedge`` (charge a new
     request the recent burst size) and ``slo_feedback`` (tighten the margin while measured
     latency nears the SLO) default to on for ``mpc`` and off for ``mpc-slsqp``; see
-    ``controllers/adaptation.py``.
+    ``controllers/adaptation.py``. ``ttft_excess_cap`` (in TTFT SLOs) caps the penalised
+    TTFT excess: 1.0 for ``mpc``, no cap for ``mpc-slsqp``.
     """
 
     kind: Literal["mpc", "mpc-slsqp"]
@@ -119,6 +120,7 @@ class MPCControllerConfig(_Frozen):
     slo_margin: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     burst_hedge: bool | None = None
     slo_feedback: bool | None = None
+    ttft_excess_cap: PositiveFloat | None = None
 
 
 ControllerConfig = Annotated[

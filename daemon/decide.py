@@ -33,6 +33,8 @@ CONTROLLER_SPEC_HELP = (
 # Penalise predicted latency above 70% of each SLO: the proxies are means, the SLOs are
 # judged per request (chosen on the scoreboard, see docs/scoreboard.md).
 FAST_MPC_SLO_MARGIN = 0.7
+FAST_MPC_TTFT_EXCESS_CAP = 1.0
+"""The fast MPC stops penalising TTFT excess beyond one TTFT SLO (see MPCProblem)."""
 
 
 def controller_name(controller: object) -> str:
@@ -108,6 +110,9 @@ def mpc_controller(
         options["burst_hedge"] = BurstHedge()
     if spec.slo_feedback if spec.slo_feedback is not None else fast:
         options["slo_feedback"] = SLOFeedback()
+    cap = spec.ttft_excess_cap or (FAST_MPC_TTFT_EXCESS_CAP if fast else None)
+    if cap is not None:
+        options["ttft_excess_cap"] = cap
     prompt = spec.mean_prompt_tokens or mean_prompt_tokens
     output = spec.mean_output_tokens or mean_output_tokens
     if prompt is not None:

@@ -88,10 +88,20 @@ def test_slo_feedback_grows_under_pressure_and_relaxes_per_second() -> None:
     assert feedback.scale == 1.0
 
 
-def test_slo_feedback_pressure_ignores_missing_and_non_finite_latencies() -> None:
-    assert SLOFeedback.latency_pressure(_seen(0)) is None
-    assert SLOFeedback.latency_pressure(_seen(0, ttft=0.5, tpot=0.04)) == pytest.approx(0.8)
-    assert SLOFeedback.latency_pressure(_seen(0, ttft=math.nan, tpot=0.01)) == pytest.approx(0.2)
+def test_slo_feedback_ratios_ignore_missing_and_non_finite_latencies() -> None:
+    assert SLOFeedback.latency_ratios(_seen(0)) == (None, None)
+    ttft, tpot = SLOFeedback.latency_ratios(_seen(0, ttft=0.5, tpot=0.04))
+    assert ttft == pytest.approx(0.5) and tpot == pytest.approx(0.8)
+    assert SLOFeedback.latency_ratios(_seen(0, ttft=math.nan, tpot=0.01))[0] is None
+
+
+def test_slo_feedback_can_judge_tpot_against_its_own_threshold() -> None:
+    shared = SLOFeedback(pressure=0.8)
+    own = SLOFeedback(pressure=0.8, tpot_pressure=1.0)
+    noisy_tpot = _seen(0, ttft=0.1, tpot=0.045)  # TPOT at 90% of SLO
+    assert shared.under_pressure(noisy_tpot) and not own.under_pressure(noisy_tpot)
+    assert own.under_pressure(_seen(0, ttft=0.9, tpot=0.01))
+    assert own.under_pressure(_seen(0, ttft=0.1, tpot=0.06))
 
 
 def test_slo_feedback_validates() -> None:

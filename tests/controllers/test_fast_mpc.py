@@ -35,8 +35,11 @@ def _problem(plant, observation, rate, clock_index, horizon_s, **options) -> MPC
         {"latency_model": "iteration"},
         {"latency_model": "iteration", "slo_margin": 0.7},
         {"latency_model": "iteration", "ttft_prompt_tokens": 4000.0},
+        {"latency_model": "iteration", "ttft_prompt_tokens": 9000.0, "ttft_excess_cap": 0.5},
+        {"ttft_excess_cap": 0.2},
     ],
-    ids=["seed", "iteration", "iteration-margin", "iteration-tail-prompt"],
+    ids=["seed", "iteration", "iteration-margin", "iteration-tail-prompt",
+         "iteration-capped", "seed-capped"],
 )
 def test_kernel_costs_equal_problem_costs(synthetic_plant, options) -> None:  # type: ignore[no-untyped-def]
     clocks = synthetic_plant.profile.clock_mhz
@@ -234,3 +237,22 @@ def test_kernels_compile_in_memory_where_no_cache_is_writable(monkeypatch) -> No
     compiled = search_kernel._jit(kernel)
     assert calls == [True, False]
     assert compiled(1.0) == 2.0
+
+
+def test_capped_ttft_penalty_stops_growing_past_the_cap(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
+    """Past ``ttft_excess_cap`` SLOs of excess, a later first token costs nothing more:
+    the cost then differs between two hopeless backlogs only by their other terms."""
+    observation = _observation(prefill_tokens=200_000.0, decode_active=4)
+    capped = _problem(synthetic_plant, observation, 2.0, 0, 3.0, latency_model="iteration",
+                      ttft_excess_cap=1.0)
+    uncapped = _problem(synthetic_plant, observation, 2.0, 0, 3.0, latency_model="iteration")
+    assert capped.ttft_excess_cap_s == synthetic_plant.profile.ttft_slo_s
+    assert uncapped.ttft_excess_cap_s == float("inf")
+    clocks = synthetic_plant.profile.clock_mhz
+    low, high = np.full(3, clocks[0]), np.full(3, clocks[-1])
+    # Uncapped, the maximum clock's faster queue is worth its power; capped, every step
+    # is hopeless either way and the minimum clock is cheaper.
+    assert uncapped.cost(high) < uncapped.cost(low)
+    assert capped.cost(low) < capped.cost(high)
+    with pytest.raises(ValueError, match="ttft_excess_cap"):
+        _problem(synthetic_plant, observation, 2.0, 0, 3.0, ttft_excess_cap=0.0)

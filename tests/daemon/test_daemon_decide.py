@@ -110,6 +110,20 @@ def test_mpc_online_corrections_default_per_kind_and_override(  # type: ignore[n
     assert isinstance(controller.slo_feedback, SLOFeedback) is fed_back  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize(
+    ("kind", "overrides", "cap"),
+    [("mpc", {}, 1.0), ("mpc-slsqp", {}, None), ("mpc", {"ttft_excess_cap": 3.0}, 3.0),
+     ("mpc-slsqp", {"ttft_excess_cap": 2.0}, 2.0)],
+)
+def test_mpc_ttft_excess_cap_defaults_per_kind(kind, overrides, cap) -> None:  # type: ignore[no-untyped-def]
+    from daemon.decide import mpc_controller
+    from plant import ServingPlant, load_profile
+
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    controller = mpc_controller(MPCControllerConfig(kind=kind, **overrides), plant, 1.0)
+    assert controller.ttft_excess_cap == cap  # type: ignore[attr-defined]
+
+
 def test_open_loop_plan_round_trip(tmp_path: Path) -> None:
     import numpy as np
 
