@@ -1051,6 +1051,9 @@ def markdown(payload: dict[str, Any]) -> str:
         f"{payload['config']['jobs']} worker process(es). Definitions: `docs/scoreboard.md`.",
         "Energy saved is relative to the maximum clock; SLO holds when attainment is within "
         "1 point of the maximum clock's; capture = (E_max - E) / (E_max - E_oracle).",
+        f"Control period {payload['config']['control_period_s']:g} s (the fast MPC "
+        f"{payload['config'].get('fast_mpc_period_s', payload['config']['control_period_s']):g}"
+        f" s); MPC horizon {payload['config']['mpc_horizon_s']:g} s.",
         "",
     ]
     if payload["skipped"]:

@@ -134,3 +134,27 @@ def test_scoreboard_is_the_bench_package_module() -> None:
     assert Path(module.__file__).resolve() == Path(__file__).resolve().parents[2] / "bench" / (
         "controllers.py"
     )
+
+
+def test_mpc_ablation_reproduces_the_scoreboards_fast_mpc(
+    tiny_run: tuple[Path, int, str, str], tmp_path: Path
+) -> None:
+    """The ablation's last variant is the scoreboard's fast MPC, so on the same scenario
+    it uses the same energy (the simulator and the solver are deterministic)."""
+    from bench import mpc_ablation
+
+    out, code, _, stderr = tiny_run
+    assert code == 0, stderr
+    target = tmp_path / "ablation.json"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert mpc_ablation.main(
+            ["--scoreboard", str(out / "scoreboard.json"), "--out", str(target), "--jobs", "1"]
+        ) == 0
+    payload = _strict_load(target.read_text())
+    assert [item["variant"] for item in payload["summary"]] == list(mpc_ablation.VARIANTS)
+    board = _strict_load((out / "scoreboard.json").read_text())
+    fast = next(row for row in board["rows"] if row["controller"] == "mpc_fast")
+    default = [row for row in payload["rows"] if row["variant"] == "+ TTFT penalty cap (default)"]
+    assert len(default) == 1
+    assert default[0]["energy_j"] == pytest.approx(fast["energy_j"], rel=1e-12)
+    assert default[0]["holds_slo"] == fast["holds_slo"]
