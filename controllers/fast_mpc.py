@@ -186,16 +186,17 @@ class DiscreteSearchSolver:
         moves = self.move_matrix(free)
         best_plan, best_cost = pool[order[0]], float(costs[order[0]])
         self.last_trials = 0
-        chosen: list[IntArray] = []
-        for index in order:
-            if len(chosen) >= self.starts:
+        # Distinct starts: each differs from every earlier one by at least
+        # ``start_spread`` levels in total, so the searches explore different basins.
+        ranked = pool[order]
+        eligible = np.ones(len(ranked), dtype=bool)
+        for _ in range(self.starts):
+            remaining = np.flatnonzero(eligible)
+            if remaining.size == 0:
                 break
-            candidate = pool[index]
-            # Distinct starts: each differs from every earlier one by at least
-            # ``start_spread`` levels in total, so the searches explore different basins.
-            if any(np.abs(candidate - other).sum() < self.start_spread for other in chosen):
-                continue
-            chosen.append(candidate)
+            candidate = ranked[remaining[0]]
+            eligible[remaining[0]] = False
+            eligible &= np.abs(ranked - candidate).sum(axis=1) >= self.start_spread
             plan, cost, trials = local_search(
                 candidate.copy(), block_of_step, moves, levels, self.maximum_trials,
                 table, parameters, arrivals,

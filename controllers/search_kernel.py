@@ -286,43 +286,21 @@ def price_plans(
 
 
 @_jit
-def _trajectory(
-    plan: IntArray,
-    block_of_step: IntArray,
-    start: int,
-    states: FloatArray,
-    table: FloatArray,
-    parameters: FloatArray,
-    arrivals: FloatArray,
-) -> float:
-    """Re-roll ``states`` (row ``k``: state and cost so far before period ``k``) from
-    period ``start`` under ``plan``; return the plan's total cost."""
-    steps = block_of_step.size
-    state = states[start, :4].copy()
-    total = states[start, 4]
-    previous = plan[block_of_step[start - 1]] if start > 0 else -1
-    for step in range(start, steps):
-        level = plan[block_of_step[step]]
-        total += _advance(level, previous, step, state, table, parameters, arrivals)
-        previous = level
-        states[step + 1, :4] = state
-        states[step + 1, 4] = total
-    return total + _terminal(state, parameters)
-
-
-@_jit
-def _suffix_cost(
+def _roll(
     plan: IntArray,
     block_of_step: IntArray,
     start: int,
     states: FloatArray,
     bound: float,
+    keep: bool,
     table: FloatArray,
     parameters: FloatArray,
     arrivals: FloatArray,
 ) -> float:
-    """Cost of ``plan``, which agrees with the incumbent (``states``) before period
-    ``start``; ``inf`` as soon as the partial cost reaches ``bound``."""
+    """Cost of ``plan``, which agrees with the incumbent (``states``, row ``k``: state
+    and cost so far before period ``k``) before period ``start``: rolled from there,
+    ``inf`` as soon as the partial cost reaches ``bound``. With ``keep``, the new
+    trajectory is written into ``states`` (the plan becomes the incumbent)."""
     steps = block_of_step.size
     state = states[start, :4].copy()
     total = states[start, 4]
@@ -333,6 +311,9 @@ def _suffix_cost(
         if total >= bound:
             return np.inf
         previous = level
+        if keep:
+            states[step + 1, :4] = state
+            states[step + 1, 4] = total
     return total + _terminal(state, parameters)
 
 
@@ -376,7 +357,9 @@ def local_search(
     trial = plan.copy()
     states = np.zeros((steps + 1, 5))
     states[0, :4] = _initial_state(parameters)
-    cost = _trajectory(current, block_of_step, 0, states, table, parameters, arrivals)
+    cost = _roll(
+        current, block_of_step, 0, states, np.inf, True, table, parameters, arrivals
+    )
     trials = 0
     since_improvement = 0
     move = 0
@@ -405,14 +388,15 @@ def local_search(
             trials += 1
             tolerance = 1e-12 * max(1.0, abs(cost))
             start = first_step[changed]
-            value = _suffix_cost(
-                trial, block_of_step, start, states, cost - tolerance, table, parameters,
-                arrivals,
+            value = _roll(
+                trial, block_of_step, start, states, cost - tolerance, False, table,
+                parameters, arrivals,
             )
             if value < cost - tolerance:
                 current[:] = trial
-                cost = _trajectory(
-                    current, block_of_step, start, states, table, parameters, arrivals
+                cost = _roll(
+                    current, block_of_step, start, states, np.inf, True, table, parameters,
+                    arrivals,
                 )
                 since_improvement = 0
             else:
