@@ -69,24 +69,17 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-if __name__ == "__main__":
-    # Run as a script, this file's folder heads sys.path and its name would shadow the
-    # ``controllers`` package: put the repository root there instead.
-    _HERE = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-    sys.path.insert(0, str(_HERE.parent))
-
 import numpy as np
 
-from controllers.baseline import maximum_clock_controller, reactive_clock_controller
-from controllers.mpc import (
+from gpugov.controllers.baseline import maximum_clock_controller, reactive_clock_controller
+from gpugov.controllers.mpc import (
     MPCController,
     MPCProblem,
     MPCSolver,
     expected_output_tokens_forecast,
 )
-from controllers.open_loop import OpenLoopClockController, optimize_open_loop
-from controllers.oracles import (
+from gpugov.controllers.open_loop import OpenLoopClockController, optimize_open_loop
+from gpugov.controllers.oracles import (
     SLO_TOLERANCE,
     best_fixed_clock,
     fluid_energy_lower_bound,
@@ -94,12 +87,12 @@ from controllers.oracles import (
     oracle_capture,
     window_oracle,
 )
-from daemon.config import MPCControllerConfig
-from daemon.service import simulated_mpc
-from plant import PerformanceProfile, ServingPlant, ServingResult, load_profile, simulate
-from plant.scheduler import chunked_prefill_scheduler
-from plant.types import ClockController, Request, ServingObservation
-from plant.workload import (
+from gpugov.daemon.config import MPCControllerConfig
+from gpugov.daemon.service import simulated_mpc
+from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, load_profile, simulate
+from gpugov.plant.scheduler import chunked_prefill_scheduler
+from gpugov.plant.types import ClockController, Request, ServingObservation
+from gpugov.plant.workload import (
     TraceError,
     TraceWarning,
     load_trace,

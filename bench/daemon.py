@@ -25,15 +25,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "daemon")]
+sys.path[:0] = [str(ROOT / "tests" / "daemon")]
 
 from fake_pynvml import FakeNvml  # noqa: E402
 
-from daemon.config import parse_config  # noqa: E402
-from daemon.engines import parse_page  # noqa: E402
-from daemon.exporter import Exporter  # noqa: E402
-from daemon.loop import TimedLoop, VirtualClock, run  # noqa: E402
-from daemon.service import domains_from_config  # noqa: E402
+from gpugov.daemon.config import parse_config  # noqa: E402
+from gpugov.daemon.engines import parse_page  # noqa: E402
+from gpugov.daemon.exporter import Exporter  # noqa: E402
+from gpugov.daemon.loop import TimedLoop, VirtualClock, run  # noqa: E402
+from gpugov.daemon.service import domains_from_config  # noqa: E402
 
 SERVER = r"""
 import http.server, sys

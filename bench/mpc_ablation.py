@@ -18,25 +18,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-if __name__ == "__main__":
-    # Run as a script: put the repository root, not this folder, on sys.path.
-    _HERE = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-    sys.path.insert(0, str(_HERE.parent))
-
-from bench.controllers import DEFAULT_OUT, build_scenario
-from controllers.oracles import SLO_TOLERANCE, holds_slo, oracle_capture
-from daemon.config import MPCControllerConfig
-from daemon.service import simulated_mpc
-from plant import ServingPlant, load_profile, simulate
-from plant.scheduler import chunked_prefill_scheduler
+from gpugov.bench.controllers import DEFAULT_OUT, build_scenario
+from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo, oracle_capture
+from gpugov.daemon.config import MPCControllerConfig
+from gpugov.daemon.service import simulated_mpc
+from gpugov.plant import ServingPlant, load_profile, simulate
+from gpugov.plant.scheduler import chunked_prefill_scheduler
 
 NO_CAP = 1e9
 """A TTFT excess cap no prediction reaches: the uncapped (seed's) penalty."""

@@ -17,9 +17,9 @@ import platform
 import time
 from pathlib import Path
 
-from controllers.baseline import maximum_clock_controller, reactive_clock_controller
-from plant import ServingPlant, chunked_prefill_scheduler, load_profile, load_trace, simulate
-from plant.workload import TraceError
+from gpugov.controllers.baseline import maximum_clock_controller, reactive_clock_controller
+from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, load_trace, simulate
+from gpugov.plant.workload import TraceError
 
 TARGET_RATIO = 1000.0
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from plant.types import ServingObservation
+from gpugov.plant.types import ServingObservation
 
 
 @dataclass

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from plant.types import ClockController, ServingObservation
+from gpugov.plant.types import ClockController, ServingObservation
 
 
 def _require_clocks(observation: ServingObservation, who: str) -> tuple[float, ...]:

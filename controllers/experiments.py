@@ -34,25 +34,25 @@ from typing import Any
 
 import numpy as np
 
-from controllers.baseline import (
+from gpugov.controllers.baseline import (
     fixed_clock_controller,
     maximum_clock_controller,
     reactive_clock_controller,
     sample_and_hold_clock_controller,
 )
-from controllers.mpc import (
+from gpugov.controllers.mpc import (
     MPCController,
     expected_output_tokens_forecast,
     mpc_summary,
 )
-from controllers.open_loop import (
+from gpugov.controllers.open_loop import (
     OPEN_LOOP_SEED_DEVIATIONS,
     open_loop_clock_controller,
     optimize_open_loop,
     select_frequency_experiment_window,
     shift_largest_burst,
 )
-from controllers.scheduling import (
+from gpugov.controllers.scheduling import (
     REDUCED_REPLAY_RANDOM_SEED,
     REDUCED_REPLAY_STEPS,
     SCHEDULING_SEED_DEVIATIONS,
@@ -66,13 +66,13 @@ from controllers.scheduling import (
     scheduling_mdp_from_trace,
     solve_scheduling_mdp,
 )
-from controllers.scheduling_policy import MDPPolicyScheduler
-from plant.plant import ServingPlant
-from plant.result import ServingResult
-from plant.scheduler import CHUNKED_PREFILL_LABEL, chunked_prefill_scheduler
-from plant.simulator import simulate
-from plant.types import Request, RequestRecord
-from plant.workload import workload_checksum
+from gpugov.controllers.scheduling_policy import MDPPolicyScheduler
+from gpugov.plant.plant import ServingPlant
+from gpugov.plant.result import ServingResult
+from gpugov.plant.scheduler import CHUNKED_PREFILL_LABEL, chunked_prefill_scheduler
+from gpugov.plant.simulator import simulate
+from gpugov.plant.types import Request, RequestRecord
+from gpugov.plant.workload import workload_checksum
 
 ProgressCallback = Callable[[str], None]
 

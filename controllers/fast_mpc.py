@@ -32,8 +32,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from controllers.mpc import MPCProblem, SolveOutcome
-from controllers.search_kernel import compile_kernels, local_search, price_plans, problem_arrays
+from gpugov.controllers.mpc import MPCProblem, SolveOutcome
+from gpugov.controllers.search_kernel import (
+    compile_kernels,
+    local_search,
+    price_plans,
+    problem_arrays,
+)
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]

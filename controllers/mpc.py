@@ -54,13 +54,19 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.optimize import minimize
 
-from controllers.adaptation import BurstHedge, SLOFeedback
-from plant.plant import ServingPlant
-from plant.profile import PerformanceProfile
-from plant.result import ServingResult
-from plant.scheduler import chunked_prefill_scheduler, scheduler_label
-from plant.simulator import simulate
-from plant.types import ClockController, MPCDiagnostics, Request, Scheduler, ServingObservation
+from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
+from gpugov.plant.plant import ServingPlant
+from gpugov.plant.profile import PerformanceProfile
+from gpugov.plant.result import ServingResult
+from gpugov.plant.scheduler import chunked_prefill_scheduler, scheduler_label
+from gpugov.plant.simulator import simulate
+from gpugov.plant.types import (
+    ClockController,
+    MPCDiagnostics,
+    Request,
+    Scheduler,
+    ServingObservation,
+)
 
 FloatArray = NDArray[np.float64]
 
@@ -617,7 +623,7 @@ def refine_discrete_plan(
 
 # ---------------------------------------------------------------- controller
 def _default_fallback() -> ClockController:
-    from controllers.baseline import reactive_clock_controller
+    from gpugov.controllers.baseline import reactive_clock_controller
 
     return reactive_clock_controller
 

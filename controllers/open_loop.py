@@ -25,11 +25,11 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.optimize import linprog
 
-from plant.plant import ServingPlant
-from plant.profile import PerformanceProfile
-from plant.scheduler import chunked_prefill_scheduler
-from plant.types import ClockController, Request, Scheduler, ServingObservation
-from plant.workload import workload_checksum
+from gpugov.plant.plant import ServingPlant
+from gpugov.plant.profile import PerformanceProfile
+from gpugov.plant.scheduler import chunked_prefill_scheduler
+from gpugov.plant.types import ClockController, Request, Scheduler, ServingObservation
+from gpugov.plant.workload import workload_checksum
 
 FloatArray = NDArray[np.float64]
 

@@ -103,12 +103,12 @@ from numpy.typing import NDArray
 from scipy import sparse
 from scipy.optimize import linprog
 
-from controllers.baseline import FixedClockController
-from plant.plant import ServingPlant
-from plant.result import ServingResult
-from plant.scheduler import chunked_prefill_scheduler
-from plant.simulator import PlantSimulation, simulate
-from plant.types import Request, RequestRecord, Scheduler, ServingObservation
+from gpugov.controllers.baseline import FixedClockController
+from gpugov.plant.plant import ServingPlant
+from gpugov.plant.result import ServingResult
+from gpugov.plant.scheduler import chunked_prefill_scheduler
+from gpugov.plant.simulator import PlantSimulation, simulate
+from gpugov.plant.types import Request, RequestRecord, Scheduler, ServingObservation
 
 FloatArray = NDArray[np.float64]
 

@@ -30,8 +30,8 @@ from numpy.typing import NDArray
 from scipy.optimize import linprog
 from sklearn.ensemble import ExtraTreesRegressor
 
-from plant.profile import PerformanceProfile
-from plant.types import Request
+from gpugov.plant.profile import PerformanceProfile
+from gpugov.plant.types import Request
 
 SCHEDULING_ACTIONS = ("prefill", "decode", "idle")
 SchedulingActionName = Literal["prefill", "decode", "idle"]

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from controllers.scheduling import (
+from gpugov.controllers.scheduling import (
     DECODE,
     IDLE,
     NUMBER_STATES,
@@ -44,7 +44,7 @@ from controllers.scheduling import (
     DPSolution,
     state_index,
 )
-from plant.types import IterationPlan, SchedulerView
+from gpugov.plant.types import IterationPlan, SchedulerView
 
 DEFAULT_PREFILL_TOKEN_BUDGET = 512
 MAXIMUM_LEVEL = 6

@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
-from controllers.mpc import CHUNK_TOKENS, MPCProblem
+from gpugov.controllers.mpc import CHUNK_TOKENS, MPCProblem
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]

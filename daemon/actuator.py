@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Literal
 
-from daemon.backend import GpuBackend
-from daemon.errors import GpuError, TransientGpuError
+from gpugov.daemon.backend import GpuBackend
+from gpugov.daemon.errors import GpuError, TransientGpuError
 
 log = logging.getLogger(__name__)
 

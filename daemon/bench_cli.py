@@ -14,12 +14,12 @@ import argparse
 import importlib
 from types import ModuleType
 
-from daemon.sim_cli import UsageError
+from gpugov.daemon.sim_cli import UsageError
 
 
 def scoreboard_module() -> ModuleType:
     """``bench.controllers`` (imported on first use: it is heavy)."""
-    return importlib.import_module("bench.controllers")
+    return importlib.import_module("gpugov.bench.controllers")
 
 
 def run_controllers(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from daemon.errors import ConfigError
+from gpugov.daemon.errors import ConfigError
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]

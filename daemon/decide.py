@@ -11,12 +11,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from controllers.baseline import (
+from gpugov.controllers.baseline import (
     ReactiveGovernor,
     fixed_clock_controller,
     maximum_clock_controller,
 )
-from daemon.config import (
+from gpugov.daemon.config import (
     ControllerConfig,
     FixedControllerConfig,
     MaxControllerConfig,
@@ -24,8 +24,8 @@ from daemon.config import (
     OpenLoopControllerConfig,
     ReactiveControllerConfig,
 )
-from daemon.errors import ControllerError
-from plant.types import ClockController, ServingObservation
+from gpugov.daemon.errors import ControllerError
+from gpugov.plant.types import ClockController, ServingObservation
 
 CONTROLLER_SPEC_HELP = (
     "max | fixed:MHZ | reactive | open-loop:PLAN.json | mpc[:PROFILE] | mpc-slsqp[:PROFILE]"
@@ -67,7 +67,11 @@ def build_controller(spec: ControllerConfig, *, period_s: float) -> ClockControl
                 step_mhz=spec.step_mhz,
             )
         case OpenLoopControllerConfig(plan=plan):
-            from controllers.open_loop import OpenLoopClockController, PlanFormatError, load_plan
+            from gpugov.controllers.open_loop import (
+                OpenLoopClockController,
+                PlanFormatError,
+                load_plan,
+            )
 
             try:
                 return OpenLoopClockController(load_plan(plan))
@@ -91,9 +95,9 @@ def mpc_controller(
     Declared forecasts come from the config, else from the caller (the simulated modes
     pass the workload's means), else the controller's defaults.
     """
-    from controllers.adaptation import BurstHedge, SLOFeedback
-    from controllers.fast_mpc import DiscreteSearchSolver
-    from controllers.mpc import MPCController
+    from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
+    from gpugov.controllers.fast_mpc import DiscreteSearchSolver
+    from gpugov.controllers.mpc import MPCController
 
     fast = spec.kind == "mpc"
     options: dict[str, Any] = {
@@ -127,8 +131,8 @@ def mpc_controller(
 
 
 def _build_mpc(spec: MPCControllerConfig, period_s: float) -> ClockController:
-    from plant import ServingPlant, load_profile
-    from plant.profile import ProfileError
+    from gpugov.plant import ServingPlant, load_profile
+    from gpugov.plant.profile import ProfileError
 
     try:
         plant = ServingPlant.from_profile(load_profile(spec.profile))

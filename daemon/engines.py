@@ -31,7 +31,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.errors import EngineParseError, EngineUnavailable
+from gpugov.daemon.errors import EngineParseError, EngineUnavailable
 
 EngineKind = Literal["vllm", "sglang", "tgi"]
 RANK_LABELS = frozenset({"tp_rank", "pp_rank", "rank", "attn_tp_rank", "moe_ep_rank"})

@@ -30,11 +30,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from controllers.experiments import build_textbook_results
-from daemon import __version__
-from daemon.sim_cli import DEFAULT_PROFILE, UsageError, require_positive
-from plant import ServingPlant, load_profile
-from plant.workload import DEFAULT_TRACE, load_trace
+from gpugov import __version__
+from gpugov.controllers.experiments import build_textbook_results
+from gpugov.daemon.sim_cli import DEFAULT_PROFILE, UsageError, require_positive
+from gpugov.plant import ServingPlant, load_profile
+from gpugov.plant.workload import DEFAULT_TRACE, load_trace
 
 DEFAULT_WINDOW_S = 300.0
 DEFAULT_ANIMATION_S = 60.0

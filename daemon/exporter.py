@@ -27,9 +27,9 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from daemon import __version__
-from daemon.backend import GpuSample
-from plant.types import ServingObservation
+from gpugov import __version__
+from gpugov.daemon.backend import GpuSample
+from gpugov.plant.types import ServingObservation
 
 MHZ = 1e6
 SOLVE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Literal, Protocol
 
-from daemon.actuator import ClockActuator
-from daemon.decide import ClampToSupported, controller_name, innermost, invalid_decisions
-from daemon.errors import ControllerFailure
-from daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
-from daemon.observer import DomainObserver, Observed
-from plant.types import ClockController, ServingObservation
+from gpugov.daemon.actuator import ClockActuator
+from gpugov.daemon.decide import ClampToSupported, controller_name, innermost, invalid_decisions
+from gpugov.daemon.errors import ControllerFailure
+from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
+from gpugov.daemon.observer import DomainObserver, Observed
+from gpugov.plant.types import ClockController, ServingObservation
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from daemon.config import GpugovConfig, load_config, parse_address
-from daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
-from daemon.engines import ScrapedSource
-from daemon.errors import (
+from gpugov.daemon.config import GpugovConfig, load_config, parse_address
+from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
+from gpugov.daemon.engines import ScrapedSource
+from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,
     ConfigError,
     ControllerError,
@@ -37,15 +37,15 @@ from daemon.errors import (
     NotSupported,
     PermissionDenied,
 )
-from daemon.exporter import Exporter
-from daemon.loop import RunStats, ScaledClock, SystemdNotify, TimedLoop, VirtualClock, run
-from daemon.loop import stop_on_signals as _stop_on_signals
-from daemon.nvidia_smi import run_command
-from daemon.nvml import NvmlBackend, load_pynvml, nvml_device_count
-from daemon.record import Recorder, RecordingError, read_recording
-from daemon.replay import replay
-from daemon.service import domains_from_config, open_backend, simulated_run
-from daemon.sim_cli import UsageError, format_summary, load_trace_for_cli, require_positive
+from gpugov.daemon.exporter import Exporter
+from gpugov.daemon.loop import RunStats, ScaledClock, SystemdNotify, TimedLoop, VirtualClock, run
+from gpugov.daemon.loop import stop_on_signals as _stop_on_signals
+from gpugov.daemon.nvidia_smi import run_command
+from gpugov.daemon.nvml import NvmlBackend, load_pynvml, nvml_device_count
+from gpugov.daemon.record import Recorder, RecordingError, read_recording
+from gpugov.daemon.replay import replay
+from gpugov.daemon.service import domains_from_config, open_backend, simulated_run
+from gpugov.daemon.sim_cli import UsageError, format_summary, load_trace_for_cli, require_positive
 
 log = logging.getLogger("gpugov")
 
@@ -71,8 +71,8 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 
     @functools.wraps(handler)
     def wrapped(args: argparse.Namespace) -> int:
-        from plant.profile import ProfileError
-        from plant.workload import TraceError
+        from gpugov.plant.profile import ProfileError
+        from gpugov.plant.workload import TraceError
 
         try:
             return handler(args)
@@ -163,8 +163,8 @@ def _run_node(args: argparse.Namespace) -> int:
 
 
 def _run_simulated(args: argparse.Namespace) -> int:
-    from plant import ServingPlant, load_profile
-    from plant.workload import DEFAULT_TRACE
+    from gpugov.plant import ServingPlant, load_profile
+    from gpugov.plant.workload import DEFAULT_TRACE
 
     _setup_logging(args.log_level or "warning")
     for flag in ("speed", "duration", "period", "load_scale"):

@@ -15,8 +15,8 @@ import io
 import subprocess
 from collections.abc import Callable, Sequence
 
-from daemon.backend import GpuSample
-from daemon.errors import (
+from gpugov.daemon.backend import GpuSample
+from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,
     GpuError,
     GpuLost,

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-from daemon.backend import GpuSample
-from daemon.errors import (
+from gpugov.daemon.backend import GpuSample
+from gpugov.daemon.errors import (
     GpuError,
     GpuLost,
     GpuUnavailable,

@@ -27,10 +27,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from daemon.backend import GpuBackend, GpuSample
-from daemon.engines import EngineSample, EngineSource, HistogramTotals
-from daemon.errors import EngineUnavailable, TransientGpuError
-from plant.types import ServingObservation
+from gpugov.daemon.backend import GpuBackend, GpuSample
+from gpugov.daemon.engines import EngineSample, EngineSource, HistogramTotals
+from gpugov.daemon.errors import EngineUnavailable, TransientGpuError
+from gpugov.plant.types import ServingObservation
 
 log = logging.getLogger(__name__)
 

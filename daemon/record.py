@@ -17,10 +17,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from daemon import __version__
-from daemon.errors import GpugovError
-from daemon.loop import TickRecord
-from plant.types import ServingObservation
+from gpugov import __version__
+from gpugov.daemon.errors import GpugovError
+from gpugov.daemon.loop import TickRecord
+from gpugov.plant.types import ServingObservation
 
 RECORD_FORMAT = "gpugov-record-v1"
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from daemon.config import ControllerConfig, MPCControllerConfig
-from daemon.decide import build_controller, controller_name, with_safety
-from daemon.record import RecordingError, observation_from_dict, read_recording
+from gpugov.daemon.config import ControllerConfig, MPCControllerConfig
+from gpugov.daemon.decide import build_controller, controller_name, with_safety
+from gpugov.daemon.record import RecordingError, observation_from_dict, read_recording
 
 
 @dataclass(frozen=True)

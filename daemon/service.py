@@ -14,19 +14,19 @@ from typing import Any
 
 import numpy as np
 
-from controllers.mpc import expected_output_tokens_forecast
-from daemon.actuator import ClockActuator, LockMode
-from daemon.backend import DryRunBackend, GpuBackend
-from daemon.config import ControllerConfig, GpugovConfig, MPCControllerConfig
-from daemon.decide import build_controller, mpc_controller, with_safety
-from daemon.engines import ScrapedSource
-from daemon.loop import Domain, FailsafeMode
-from daemon.nvidia_smi import NvidiaSmiBackend
-from daemon.nvml import NvmlBackend
-from daemon.observer import DomainObserver
-from daemon.simulated import SimulatedBackend, SimulatedNode, SimulatedSource
-from plant import PlantSimulation, ServingPlant, ServingResult
-from plant.types import Request
+from gpugov.controllers.mpc import expected_output_tokens_forecast
+from gpugov.daemon.actuator import ClockActuator, LockMode
+from gpugov.daemon.backend import DryRunBackend, GpuBackend
+from gpugov.daemon.config import ControllerConfig, GpugovConfig, MPCControllerConfig
+from gpugov.daemon.decide import build_controller, mpc_controller, with_safety
+from gpugov.daemon.engines import ScrapedSource
+from gpugov.daemon.loop import Domain, FailsafeMode
+from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
+from gpugov.daemon.nvml import NvmlBackend
+from gpugov.daemon.observer import DomainObserver
+from gpugov.daemon.simulated import SimulatedBackend, SimulatedNode, SimulatedSource
+from gpugov.plant import PlantSimulation, ServingPlant, ServingResult
+from gpugov.plant.types import Request
 
 log = logging.getLogger(__name__)
 

@@ -11,16 +11,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from daemon import decide
-from daemon.config import FixedControllerConfig, MPCControllerConfig
-from daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
-from daemon.errors import ControllerError as GpugovControllerError
-from daemon.service import simulated_mpc
-from plant import ServingPlant, ServingResult, load_profile, simulate
-from plant.profile import ProfileError, list_bundled_profiles
-from plant.scheduler import SCHEDULERS
-from plant.types import ClockController, Request
-from plant.workload import (
+from gpugov.daemon import decide
+from gpugov.daemon.config import FixedControllerConfig, MPCControllerConfig
+from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
+from gpugov.daemon.errors import ControllerError as GpugovControllerError
+from gpugov.daemon.service import simulated_mpc
+from gpugov.plant import ServingPlant, ServingResult, load_profile, simulate
+from gpugov.plant.profile import ProfileError, list_bundled_profiles
+from gpugov.plant.scheduler import SCHEDULERS
+from gpugov.plant.types import ClockController, Request
+from gpugov.plant.workload import (
     DEFAULT_TRACE,
     TraceError,
     TraceLoadReport,

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from daemon.backend import GpuSample
-from daemon.engines import EngineSample
-from plant import PlantSimulation
-from plant.types import ServingObservation
+from gpugov.daemon.backend import GpuSample
+from gpugov.daemon.engines import EngineSample
+from gpugov.plant import PlantSimulation
+from gpugov.plant.types import ServingObservation
 
 
 class SimulatedNode:

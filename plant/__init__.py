@@ -1,15 +1,15 @@
 """The simulated serving plant: profiles, power/thermal model, workloads, schedulers,
 and the iteration-level simulator (names follow the seed's ``inference_serving``)."""
 
-from plant.plant import ServingPlant
-from plant.profile import (
+from gpugov.plant.plant import ServingPlant
+from gpugov.plant.profile import (
     PerformanceProfile,
     ProfileError,
     list_bundled_profiles,
     load_profile,
 )
-from plant.result import ServingMetrics, ServingResult
-from plant.scheduler import (
+from gpugov.plant.result import ServingMetrics, ServingResult
+from gpugov.plant.scheduler import (
     CHUNKED_PREFILL_LABEL,
     ChunkedPrefillScheduler,
     DecodePriorityScheduler,
@@ -18,8 +18,8 @@ from plant.scheduler import (
     decode_priority_scheduler,
     prefill_priority_scheduler,
 )
-from plant.simulator import ControllerError, PlantSimulation, simulate
-from plant.types import (
+from gpugov.plant.simulator import ControllerError, PlantSimulation, simulate
+from gpugov.plant.types import (
     ClockController,
     IterationPlan,
     MPCDiagnostics,
@@ -29,7 +29,7 @@ from plant.types import (
     SchedulerView,
     ServingObservation,
 )
-from plant.workload import (
+from gpugov.plant.workload import (
     DEFAULT_TRACE,
     TraceError,
     bursty_workload,

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from plant.profile import PerformanceProfile
+from gpugov.plant.profile import PerformanceProfile
 
 
 @dataclass(frozen=True)

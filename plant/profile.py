@@ -290,7 +290,7 @@ def _sha256(path: Path) -> str:
 
 def bundled_profile_dir() -> Path:
     """Directory of the profiles shipped inside the ``profiles`` package."""
-    return Path(str(resources.files("profiles")))
+    return Path(str(resources.files("gpugov.profiles")))
 
 
 def list_bundled_profiles() -> list[dict[str, Any]]:

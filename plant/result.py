@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from plant.types import RequestRecord
+from gpugov.plant.types import RequestRecord
 
 SERIES_NAMES = (
     "time_s",

@@ -1,6 +1,6 @@
 """Roofline model that derives the bundled, literature-derived GPU performance profiles.
 
-Run ``python -m plant.roofline --out profiles/`` to regenerate ``profiles/<name>.csv`` and
+Run ``python -m gpugov.plant.roofline --out profiles/`` to regenerate ``profiles/<name>.csv`` and
 ``profiles/<name>.json`` byte for byte. Nothing here is measured: every number is either a
 published figure (``/work/shared/PROFILE_FACTS.md`` or an NVIDIA datasheet/whitepaper, each
 cited in the manifest's ``sources``) or an assumption listed in the manifest's
@@ -735,7 +735,7 @@ def build_profile(
         "assumptions": _assumptions(gpu, params, scale),
         "derivation": {
             "generator": GENERATOR,
-            "command": "python -m plant.roofline --out profiles/",
+            "command": "python -m gpugov.plant.roofline --out profiles/",
             "parameters": {
                 **{
                     key_: (_r(value) if isinstance(value, float) else value)
@@ -770,9 +770,9 @@ def write_profiles(out_dir: Path, keys: Sequence[str] | None = None) -> list[Pat
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: ``python -m plant.roofline --out profiles/``."""
+    """CLI: ``python -m gpugov.plant.roofline --out profiles/``."""
     parser = argparse.ArgumentParser(
-        prog="python -m plant.roofline",
+        prog="python -m gpugov.plant.roofline",
         description="Regenerate the literature-derived GPU profiles from the roofline model.",
     )
     parser.add_argument("--out", type=Path, default=Path("profiles"), help="output directory")

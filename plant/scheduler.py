@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plant.types import IterationPlan, SchedulerView
+from gpugov.plant.types import IterationPlan, SchedulerView
 
 CHUNKED_PREFILL_LABEL = "512-token interleaved chunked-prefill surrogate"
 

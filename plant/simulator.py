@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from plant.plant import ServingPlant
-from plant.result import SERIES_NAMES, ServingResult, compute_metrics
-from plant.scheduler import chunked_prefill_scheduler, scheduler_label
-from plant.types import (
+from gpugov.plant.plant import ServingPlant
+from gpugov.plant.result import SERIES_NAMES, ServingResult, compute_metrics
+from gpugov.plant.scheduler import chunked_prefill_scheduler, scheduler_label
+from gpugov.plant.types import (
     ClockController,
     IterationPlan,
     Request,

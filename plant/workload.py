@@ -45,7 +45,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from plant.types import Request
+from gpugov.plant.types import Request
 
 TraceFormat = Literal["auto", "azure", "burstgpt", "mooncake", "csv"]
 
@@ -156,7 +156,7 @@ def traces_dir() -> Path:
 
 def _bundled_path(file_name: str) -> Path:
     """Path of a file in the package's ``data`` folder (works from an installed wheel)."""
-    return Path(str(resources.files("plant") / "data" / file_name))
+    return Path(str(resources.files("gpugov.plant") / "data" / file_name))
 
 
 def resolve_trace(name_or_path: str | Path) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from synthetic import make_plant, make_profile
 
-from plant import PerformanceProfile, ServingPlant
+from gpugov.plant import PerformanceProfile, ServingPlant
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from plant import PerformanceProfile, ServingPlant
+from gpugov.plant import PerformanceProfile, ServingPlant
 
 
 def make_profile(**manifest_extra: Any) -> PerformanceProfile:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from plant.profile import PerformanceProfile
-from plant.types import Request
+from gpugov.plant.profile import PerformanceProfile
+from gpugov.plant.types import Request
 
 
 def make_synthetic_profile(number_clocks: int = 9, **manifest: object) -> PerformanceProfile:
@@ -61,7 +61,7 @@ def workload_factory():
 
 def make_synthetic_plant(profile: PerformanceProfile | None = None, **overrides: object):
     """A ServingPlant around the synthetic profile (H100-like limits)."""
-    from plant.plant import ServingPlant
+    from gpugov.plant.plant import ServingPlant
 
     values: dict[str, object] = {
         "profile": make_synthetic_profile() if profile is None else profile,

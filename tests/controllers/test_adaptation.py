@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from controllers.adaptation import BurstHedge, SLOFeedback
-from controllers.fast_mpc import DiscreteSearchSolver
-from controllers.mpc import MPCController
-from plant import ServingObservation
+from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
+from gpugov.controllers.fast_mpc import DiscreteSearchSolver
+from gpugov.controllers.mpc import MPCController
+from gpugov.plant import ServingObservation
 
 
 def _seen(arrived: int, *, time_s: float = 1.0, ttft: float | None = None,

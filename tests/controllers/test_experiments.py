@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from controllers.experiments import (
+from gpugov.controllers.experiments import (
     EXPERIMENT_SEED_DEVIATIONS,
     build_textbook_results,
     matched_first_token_latency,
@@ -18,16 +18,16 @@ from controllers.experiments import (
     optional_difference,
     queued_at,
 )
-from controllers.mpc import run_mpc
-from controllers.open_loop import (
+from gpugov.controllers.mpc import run_mpc
+from gpugov.controllers.open_loop import (
     OPEN_LOOP_SEED_DEVIATIONS,
     select_frequency_experiment_window,
     shift_largest_burst,
 )
-from controllers.scheduling import SCHEDULING_SEED_DEVIATIONS, scheduling_clock_calibration
-from plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
-from plant.types import Request, RequestRecord
-from plant.workload import load_trace, workload_checksum
+from gpugov.controllers.scheduling import SCHEDULING_SEED_DEVIATIONS, scheduling_clock_calibration
+from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
+from gpugov.plant.types import Request, RequestRecord
+from gpugov.plant.workload import load_trace, workload_checksum
 
 SMALL_SIZES = {
     "fqi_transitions": 1_500,

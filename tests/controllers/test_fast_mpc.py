@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from test_mpc import _observation, _random_states
 
-from controllers import search_kernel
-from controllers.fast_mpc import DiscreteSearchSolver, plan_costs
-from controllers.mpc import MPCController, MPCProblem
-from controllers.search_kernel import local_search, price_plans, problem_arrays
-from plant import ServingPlant, chunked_prefill_scheduler, load_profile, load_trace, simulate
+from gpugov.controllers import search_kernel
+from gpugov.controllers.fast_mpc import DiscreteSearchSolver, plan_costs
+from gpugov.controllers.mpc import MPCController, MPCProblem
+from gpugov.controllers.search_kernel import local_search, price_plans, problem_arrays
+from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, load_trace, simulate
 
 
 def _problem(plant, observation, rate, clock_index, horizon_s, **options) -> MPCProblem:  # type: ignore[no-untyped-def]

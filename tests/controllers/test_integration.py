@@ -7,17 +7,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from controllers.baseline import maximum_clock_controller
-from controllers.mpc import run_mpc
-from controllers.open_loop import (
+from gpugov.controllers.baseline import maximum_clock_controller
+from gpugov.controllers.mpc import run_mpc
+from gpugov.controllers.open_loop import (
     forecast_request_work_seconds,
     open_loop_clock_controller,
     optimize_open_loop,
     select_frequency_experiment_window,
     shift_largest_burst,
 )
-from plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
-from plant.workload import load_trace
+from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
+from gpugov.plant.workload import load_trace
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from controllers.mpc import (
+from gpugov.controllers.mpc import (
     FALLBACK_REASONS,
     MPCController,
     MPCProblem,
@@ -21,7 +21,7 @@ from controllers.mpc import (
     refine_discrete_plan,
     run_mpc,
 )
-from plant.types import MPCDiagnostics, ServingObservation
+from gpugov.plant.types import MPCDiagnostics, ServingObservation
 
 
 def _observation(

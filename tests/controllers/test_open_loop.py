@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from controllers.open_loop import (
+from gpugov.controllers.open_loop import (
     OpenLoopClockController,
     PlanFormatError,
     arrival_work_grid,
@@ -23,8 +23,8 @@ from controllers.open_loop import (
     service_levels,
     shift_largest_burst,
 )
-from plant.types import Request, ServingObservation
-from plant.workload import workload_checksum
+from gpugov.plant.types import Request, ServingObservation
+from gpugov.plant.workload import workload_checksum
 
 
 def _observation(time_s: float) -> ServingObservation:

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from synthetic import make_plant
 
-from controllers.baseline import FixedClockController, reactive_clock_controller
-from controllers.oracles import (
+from gpugov.controllers.baseline import FixedClockController, reactive_clock_controller
+from gpugov.controllers.oracles import (
     BestFixedClock,
     ScheduleController,
     WindowOracle,
@@ -23,9 +24,8 @@ from controllers.oracles import (
     phase_token_costs,
     window_oracle,
 )
-from plant import PlantSimulation, ServingPlant, ServingResult, simulate
-from plant.types import Request
-from tests.synthetic import make_plant
+from gpugov.plant import PlantSimulation, ServingPlant, ServingResult, simulate
+from gpugov.plant.types import Request
 
 
 def _workload() -> tuple[Request, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controllers.scheduling import (
+from gpugov.controllers.scheduling import (
     DECODE,
     IDLE,
     NUMBER_STATES,

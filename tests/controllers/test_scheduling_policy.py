@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controllers.scheduling import (
+from gpugov.controllers.scheduling import (
     DECODE,
     IDLE,
     PREFILL,
@@ -14,8 +14,8 @@ from controllers.scheduling import (
     solve_scheduling_mdp,
     state_index,
 )
-from controllers.scheduling_policy import MDPPolicyScheduler
-from plant.types import IterationPlan, SchedulerView
+from gpugov.controllers.scheduling_policy import MDPPolicyScheduler
+from gpugov.plant.types import IterationPlan, SchedulerView
 
 
 def _view(
@@ -121,8 +121,8 @@ def test_rejects_bad_policies_and_parameters(mdp):
 
 
 def test_runs_on_the_plant(mdp, synthetic_plant, workload_factory):
-    from controllers.baseline import maximum_clock_controller
-    from plant.simulator import simulate
+    from gpugov.controllers.baseline import maximum_clock_controller
+    from gpugov.plant.simulator import simulate
 
     scheduler = MDPPolicyScheduler(decode_priority_policy(mdp), label="Decode priority (MDP)")
     workload = workload_factory(30, spacing_s=0.4, prompt=600, output=40)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-for _path in (HERE, HERE.parents[1]):  # the fakes, and the repo root when not installed
+for _path in (HERE,):  # the fakes (fake_pynvml, daemon_support)
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from daemon import bench_cli
-from daemon.cli import main
+from gpugov.cli import main
+from gpugov.daemon import bench_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ROW_KEYS = {
@@ -130,7 +130,7 @@ def test_bench_requires_a_benchmark_name() -> None:
 
 def test_scoreboard_is_the_bench_package_module() -> None:
     module = bench_cli.scoreboard_module()
-    assert module.__name__ == "bench.controllers"
+    assert module.__name__ == "gpugov.bench.controllers"
     assert Path(module.__file__).resolve() == Path(__file__).resolve().parents[2] / "bench" / (
         "controllers.py"
     )
@@ -141,7 +141,7 @@ def test_mpc_ablation_reproduces_the_scoreboards_fast_mpc(
 ) -> None:
     """The ablation's last variant is the scoreboard's fast MPC, so on the same scenario
     it uses the same energy (the simulator and the solver are deterministic)."""
-    from bench import mpc_ablation
+    from gpugov.bench import mpc_ablation
 
     out, code, _, stderr = tiny_run
     assert code == 0, stderr

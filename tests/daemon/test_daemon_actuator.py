@@ -6,9 +6,9 @@ import fake_pynvml as fp
 import pytest
 from fake_pynvml import FakeNvml
 
-from daemon.actuator import ClockActuator
-from daemon.errors import GpuLost, PermissionDenied
-from daemon.nvml import NvmlBackend
+from gpugov.daemon.actuator import ClockActuator
+from gpugov.daemon.errors import GpuLost, PermissionDenied
+from gpugov.daemon.nvml import NvmlBackend
 
 
 def _backends(fake: FakeNvml) -> list[NvmlBackend]:

@@ -9,9 +9,9 @@ import pytest
 from daemon_support import MetricsServer, fixture_text
 from fake_pynvml import FakeNvml
 
-import daemon.node_cli as node_cli
-import daemon.nvml as nvml_module
-from daemon.errors import PERMISSION_DENIED_MESSAGE
+import gpugov.daemon.node_cli as node_cli
+import gpugov.daemon.nvml as nvml_module
+from gpugov.daemon.errors import PERMISSION_DENIED_MESSAGE
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "gpugov.example.toml"
 
@@ -197,7 +197,7 @@ def test_mpc_recording_replays_through_the_same_mpc_exactly(
 
 
 def test_watchdog_rejects_a_period_it_would_kill() -> None:
-    from daemon.loop import SystemdNotify
+    from gpugov.daemon.loop import SystemdNotify
 
     notify = SystemdNotify(notifier=None, environ={"WATCHDOG_USEC": "30000000"})
     notify.check_period(10.0)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.config import GpugovConfig, load_config, parse_address, parse_config
-from daemon.errors import ConfigError
+from gpugov.daemon.config import GpugovConfig, load_config, parse_address, parse_config
+from gpugov.daemon.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "gpugov.example.toml"
 MINIMAL = {"domains": [{"name": "llm", "gpus": [0]}]}

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from controllers.baseline import ReactiveGovernor, maximum_clock_controller
-from daemon.config import (
+from gpugov.controllers.baseline import ReactiveGovernor, maximum_clock_controller
+from gpugov.daemon.config import (
     FixedControllerConfig,
     MaxControllerConfig,
     MPCControllerConfig,
     OpenLoopControllerConfig,
     ReactiveControllerConfig,
 )
-from daemon.decide import (
+from gpugov.daemon.decide import (
     ClampToSupported,
     FloorClock,
     MinimumDwell,
@@ -26,8 +26,8 @@ from daemon.decide import (
     parse_controller_spec,
     with_safety,
 )
-from daemon.errors import ControllerError
-from plant.types import ServingObservation
+from gpugov.daemon.errors import ControllerError
+from gpugov.plant.types import ServingObservation
 
 CLOCKS = (345.0, 900.0, 1200.0, 1500.0, 1980.0)
 
@@ -81,7 +81,7 @@ def test_factory_kinds(tmp_path: Path) -> None:
 
 
 def test_factory_mpc_builds() -> None:
-    pytest.importorskip("controllers.mpc")
+    pytest.importorskip("gpugov.controllers.mpc")
     controller = build_controller(MPCControllerConfig(kind="mpc", horizon_s=5.0), period_s=1.0)
     assert controller.__name__ == "mpc_clock"  # type: ignore[attr-defined]
 
@@ -99,9 +99,9 @@ def test_factory_mpc_builds() -> None:
 def test_mpc_online_corrections_default_per_kind_and_override(  # type: ignore[no-untyped-def]
     kind, overrides, hedged, fed_back
 ) -> None:
-    from controllers.adaptation import BurstHedge, SLOFeedback
-    from daemon.decide import mpc_controller
-    from plant import ServingPlant, load_profile
+    from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
+    from gpugov.daemon.decide import mpc_controller
+    from gpugov.plant import ServingPlant, load_profile
 
     plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
     spec = MPCControllerConfig(kind=kind, **overrides)
@@ -116,8 +116,8 @@ def test_mpc_online_corrections_default_per_kind_and_override(  # type: ignore[n
      ("mpc-slsqp", {"ttft_excess_cap": 2.0}, 2.0)],
 )
 def test_mpc_ttft_excess_cap_defaults_per_kind(kind, overrides, cap) -> None:  # type: ignore[no-untyped-def]
-    from daemon.decide import mpc_controller
-    from plant import ServingPlant, load_profile
+    from gpugov.daemon.decide import mpc_controller
+    from gpugov.plant import ServingPlant, load_profile
 
     plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
     controller = mpc_controller(MPCControllerConfig(kind=kind, **overrides), plant, 1.0)
@@ -127,7 +127,7 @@ def test_mpc_ttft_excess_cap_defaults_per_kind(kind, overrides, cap) -> None:  #
 def test_open_loop_plan_round_trip(tmp_path: Path) -> None:
     import numpy as np
 
-    from controllers.open_loop import OpenLoopPlan, save_plan
+    from gpugov.controllers.open_loop import OpenLoopPlan, save_plan
 
     plan = OpenLoopPlan(
         time_s=np.array([0.0, 1.0]),

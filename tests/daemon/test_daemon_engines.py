@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from daemon_support import MetricsServer, fixture_text
 
-from daemon.engines import (
+from gpugov.daemon.engines import (
     EngineSource,
     HistogramTotals,
     ScrapedSource,
@@ -18,7 +18,7 @@ from daemon.engines import (
     detect_engine,
     parse_page,
 )
-from daemon.errors import EngineParseError, EngineUnavailable
+from gpugov.daemon.errors import EngineParseError, EngineUnavailable
 
 
 def test_vllm_real_page_over_http(metrics_server: MetricsServer) -> None:
@@ -208,7 +208,7 @@ def test_keep_alive_connection_is_reused() -> None:
 
 
 def test_https_and_other_urls_use_urllib(monkeypatch: pytest.MonkeyPatch) -> None:
-    import daemon.engines as engines
+    import gpugov.daemon.engines as engines
 
     seen: list[str] = []
     monkeypatch.setattr(engines, "http_get", lambda url, t: seen.append(url) or "")
@@ -217,7 +217,7 @@ def test_https_and_other_urls_use_urllib(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_series_cache_gives_same_answer_without_reparsing(monkeypatch: pytest.MonkeyPatch) -> None:
-    import daemon.engines as engines
+    import gpugov.daemon.engines as engines
 
     page = fixture_text("vllm_dp2_synthetic.txt")
     wanted = engines.VLLM.wanted()

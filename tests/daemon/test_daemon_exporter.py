@@ -11,9 +11,9 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.backend import GpuSample
-from daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
-from plant.types import ServingObservation
+from gpugov.daemon.backend import GpuSample
+from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
+from gpugov.plant.types import ServingObservation
 
 UNIT_SUFFIXES = ("_watts", "_joules", "_celsius", "_hertz", "_seconds", "_ratio", "_requests")
 

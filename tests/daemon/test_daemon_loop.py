@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from daemon.loop import ScaledClock, SystemdNotify, TimedLoop, VirtualClock, stop_on_signals
+from gpugov.daemon.loop import ScaledClock, SystemdNotify, TimedLoop, VirtualClock, stop_on_signals
 
 
 def test_ticks_at_absolute_targets_without_drift() -> None:

@@ -13,11 +13,19 @@ from daemon_support import MetricsServer, fixture_text
 from fake_pynvml import FakeNvml
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.config import parse_config
-from daemon.errors import ControllerFailure, GpuLost, PermissionDenied
-from daemon.exporter import Exporter
-from daemon.loop import Domain, RunStats, TickRecord, TimedLoop, VirtualClock, run, stop_on_signals
-from daemon.service import domains_from_config
+from gpugov.daemon.config import parse_config
+from gpugov.daemon.errors import ControllerFailure, GpuLost, PermissionDenied
+from gpugov.daemon.exporter import Exporter
+from gpugov.daemon.loop import (
+    Domain,
+    RunStats,
+    TickRecord,
+    TimedLoop,
+    VirtualClock,
+    run,
+    stop_on_signals,
+)
+from gpugov.daemon.service import domains_from_config
 
 LOCK = "nvmlDeviceSetGpuLockedClocks"
 RESET = "nvmlDeviceResetGpuLockedClocks"

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from daemon.errors import GpuLost, GpuUnavailable, NotSupported, PermissionDenied
-from daemon.nvidia_smi import NvidiaSmiBackend, classify_failure, run_command
+from gpugov.daemon.errors import GpuLost, GpuUnavailable, NotSupported, PermissionDenied
+from gpugov.daemon.nvidia_smi import NvidiaSmiBackend, classify_failure, run_command
 
 
 class FakeSmi:

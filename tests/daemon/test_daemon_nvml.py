@@ -6,8 +6,8 @@ import fake_pynvml as fp
 import pytest
 from fake_pynvml import FakeNvml
 
-from daemon.backend import DryRunBackend, GpuBackend
-from daemon.errors import (
+from gpugov.daemon.backend import DryRunBackend, GpuBackend
+from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,
     GpuError,
     GpuLost,
@@ -17,7 +17,7 @@ from daemon.errors import (
     TransientGpuError,
     from_nvml,
 )
-from daemon.nvml import NvmlBackend, nvml_device_count
+from gpugov.daemon.nvml import NvmlBackend, nvml_device_count
 
 
 def test_fake_errors_behave_like_pynvml() -> None:

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from daemon.backend import GpuSample
-from daemon.engines import EngineSample, HistogramTotals
-from daemon.errors import EngineUnavailable, GpuLost, TransientGpuError
-from daemon.observer import DomainObserver
+from gpugov.daemon.backend import GpuSample
+from gpugov.daemon.engines import EngineSample, HistogramTotals
+from gpugov.daemon.errors import EngineUnavailable, GpuLost, TransientGpuError
+from gpugov.daemon.observer import DomainObserver
 
 
 class StubGpu:

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controllers.baseline import reactive_clock_controller
-from daemon.config import FixedControllerConfig, ReactiveControllerConfig
-from daemon.exporter import Exporter
-from daemon.loop import TickRecord, TimedLoop, VirtualClock, run
-from daemon.record import Recorder, read_recording
-from daemon.replay import replay
-from daemon.service import simulated_run
-from plant import ServingPlant, load_profile, simulate
-from plant.workload import load_trace
+from gpugov.controllers.baseline import reactive_clock_controller
+from gpugov.daemon.config import FixedControllerConfig, ReactiveControllerConfig
+from gpugov.daemon.exporter import Exporter
+from gpugov.daemon.loop import TickRecord, TimedLoop, VirtualClock, run
+from gpugov.daemon.record import Recorder, read_recording
+from gpugov.daemon.replay import replay
+from gpugov.daemon.service import simulated_run
+from gpugov.plant import ServingPlant, load_profile, simulate
+from gpugov.plant.workload import load_trace
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,7 @@ def test_virtual_minutes_match_plant_simulate_and_metrics_are_live(
 
 
 def test_speed_mode_uses_scaled_wall_clock(workload_and_plant: tuple) -> None:  # type: ignore[type-arg]
-    from daemon.loop import ScaledClock
+    from gpugov.daemon.loop import ScaledClock
 
     workload, plant = workload_and_plant
     wall = VirtualClock()

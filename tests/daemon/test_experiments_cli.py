@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from controllers.experiments import TIMING_FIELDS, build_textbook_results
-from daemon import experiments_cli
-from daemon.cli import main
+from gpugov.cli import main
+from gpugov.controllers.experiments import TIMING_FIELDS, build_textbook_results
+from gpugov.daemon import experiments_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 QUICK_ARGS = ["experiments", "--quick", "--window", "120", "--animation", "30"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli import main
+from gpugov.cli import main
 
 METRIC_KEYS = (
     "energy_j",
@@ -129,8 +129,8 @@ def test_profiles_lists_bundled_with_status(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_simulate_mpc_and_open_loop_controllers(tmp_path: Path) -> None:
-    from controllers.open_loop import optimize_open_loop, save_plan
-    from plant import ServingPlant, load_profile, load_trace
+    from gpugov.controllers.open_loop import optimize_open_loop, save_plan
+    from gpugov.plant import ServingPlant, load_profile, load_trace
 
     out = tmp_path / "mpc.json"
     assert main(["simulate", "--controller", "mpc", "--duration", "30", "--out", str(out)]) == 0

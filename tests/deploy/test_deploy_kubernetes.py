@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from deploytools import DEPLOY, KUBERNETES, require_module
 
-from daemon.cli import build_parser
-from daemon.config import parse_address, parse_config
+from gpugov.cli import build_parser
+from gpugov.daemon.config import parse_address, parse_config
 
 yaml = require_module("yaml")
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from deploytools import SYSTEMD, gpugov_executable, require_tool
 
-from daemon.cli import build_parser
-from daemon.config import load_config, parse_address
+from gpugov.cli import build_parser
+from gpugov.daemon.config import load_config, parse_address
 
 INSTALLED_GPUGOV = "/opt/gpugov/venv/bin/gpugov"
 MAIN = SYSTEMD / "gpugov.service"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from plant.profile import ProfileError, bundled_profile_dir, load_profile
+from gpugov.plant.profile import ProfileError, bundled_profile_dir, load_profile
 
 NAME = "h100-sxm-llama3-8b"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plant import roofline
-from plant.profile import (
+from gpugov.plant import roofline
+from gpugov.plant.profile import (
     PerformanceProfile,
     ProfileError,
     bundled_profile_dir,
@@ -236,7 +236,7 @@ def test_bundled_files_are_exactly_what_the_generator_writes(tmp_path: Path) -> 
 
 def test_generator_runs_as_a_module(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "plant.roofline", "--out", str(tmp_path), "--only", NAMES[0]],
+        [sys.executable, "-m", "gpugov.plant.roofline", "--out", str(tmp_path), "--only", NAMES[0]],
         cwd=REPO_ROOT,
         check=True,
         capture_output=True,

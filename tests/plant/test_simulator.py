@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from synthetic import make_plant, make_profile
 
-from controllers.baseline import (
+from gpugov.controllers.baseline import (
     fixed_clock_controller,
     maximum_clock_controller,
     reactive_clock_controller,
     sample_and_hold_clock_controller,
 )
-from plant import (
+from gpugov.plant import (
     ControllerError,
     PlantSimulation,
     Request,
@@ -27,8 +27,8 @@ from plant import (
     prefill_priority_scheduler,
     simulate,
 )
-from plant.simulator import _time_above
-from plant.workload import poisson_workload
+from gpugov.plant.simulator import _time_above
+from gpugov.plant.workload import poisson_workload
 
 
 def sparse_workload(count: int = 6, gap_s: float = 20.0) -> tuple[Request, ...]:
@@ -337,7 +337,7 @@ def test_fast_forward_matches_iteration_by_iteration(overrides: dict) -> None:
 
 
 def test_scheduler_requested_idle_is_honoured(plant) -> None:  # type: ignore[no-untyped-def]
-    from plant import IterationPlan, SchedulerView
+    from gpugov.plant import IterationPlan, SchedulerView
 
     def patient(view: SchedulerView) -> IterationPlan:
         # Hold new prompts until the oldest has waited 0.4 s (a batching-delay policy).
@@ -353,7 +353,7 @@ def test_scheduler_requested_idle_is_honoured(plant) -> None:  # type: ignore[no
 
 
 def test_clock_event_reasons_follow_nvml_bits() -> None:
-    from plant.simulator import (
+    from gpugov.plant.simulator import (
         CLOCK_EVENT_GPU_IDLE,
         CLOCK_EVENT_SW_POWER_CAP,
         CLOCK_EVENT_SW_THERMAL_SLOWDOWN,

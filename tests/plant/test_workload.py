@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import plant.workload as workload_module
-from plant.types import Request
-from plant.workload import (
+import gpugov.plant.workload as workload_module
+from gpugov.plant.types import Request
+from gpugov.plant.workload import (
     AZURE_CONV_OUTPUT_TOKENS,
     AZURE_CONV_PROMPT_TOKENS,
     DEFAULT_TRACES_DIR,

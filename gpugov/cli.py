@@ -6,7 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from daemon import bench_cli, experiments_cli, node_cli, sim_cli
+from gpugov import __version__
+from gpugov.daemon import bench_cli, experiments_cli, node_cli, sim_cli
 
 # Modules that add subcommands; each exposes ``register(subparsers)``.
 COMMAND_MODULES = (sim_cli, node_cli, experiments_cli, bench_cli)
@@ -17,6 +18,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpugov",
         description="Serving-aware GPU clock governor and its simulated serving plant.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"gpugov {__version__}",
+        help="print the version and exit",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
