@@ -24,12 +24,12 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gpugov.bench.controllers import DEFAULT_OUT, build_scenario
 from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo, oracle_capture
 from gpugov.daemon.config import MPCControllerConfig
 from gpugov.daemon.service import simulated_mpc
 from gpugov.plant import ServingPlant, load_profile, simulate
 from gpugov.plant.scheduler import chunked_prefill_scheduler
+from gpugov.study.scoreboard import DEFAULT_OUT, build_scenario
 
 NO_CAP = 1e9
 """A TTFT excess cap no prediction reaches: the uncapped (seed's) penalty."""

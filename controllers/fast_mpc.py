@@ -74,7 +74,7 @@ class DiscreteSearchSolver:
             rugged cost (60 is six levels a period over ten periods).
 
     The defaults were chosen on the scoreboard's solver comparison
-    (``bench/controllers.py``); see ``docs/scoreboard.md``.
+    (``study/scoreboard.py``); see ``docs/scoreboard.md``.
     """
 
     coarse_levels: int = 28

@@ -2,7 +2,7 @@
 
 Each oracle sees the whole future (every arrival and every output length) and works on
 the detailed plant (:class:`plant.PlantSimulation`), so it is a reference for the
-scoreboard (``bench/controllers.py``), never a controller a node could run. All of them
+scoreboard (``study/scoreboard.py``), never a controller a node could run. All of them
 share one SLO condition: a run *holds the SLO* when its SLO attainment is at least the
 maximum clock's minus ``tolerance`` (1 percentage point by default), see
 :func:`holds_slo`.

@@ -23,6 +23,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpugov.daemon.cli_support import (
+    UsageError,
+    format_summary,
+    load_trace_for_cli,
+    require_positive,
+)
 from gpugov.daemon.config import GpugovConfig, load_config, parse_address
 from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
 from gpugov.daemon.engines import ScrapedSource
@@ -45,7 +51,6 @@ from gpugov.daemon.nvml import NvmlBackend, load_pynvml, nvml_device_count
 from gpugov.daemon.record import Recorder, RecordingError, read_recording
 from gpugov.daemon.replay import replay
 from gpugov.daemon.service import domains_from_config, open_backend, simulated_run
-from gpugov.daemon.sim_cli import UsageError, format_summary, load_trace_for_cli, require_positive
 
 log = logging.getLogger("gpugov")
 

@@ -7,10 +7,11 @@ import sys
 from collections.abc import Sequence
 
 from gpugov import __version__
-from gpugov.daemon import bench_cli, experiments_cli, node_cli, sim_cli
+from gpugov.daemon import cli_support, node_cli
+from gpugov.study import experiments_cli, scoreboard_cli, simulate_cli
 
 # Modules that add subcommands; each exposes ``register(subparsers)``.
-COMMAND_MODULES = (sim_cli, node_cli, experiments_cli, bench_cli)
+COMMAND_MODULES = (simulate_cli, node_cli, experiments_cli, scoreboard_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,8 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))
-    except sim_cli.INPUT_ERRORS as error:
-        return sim_cli.fail(str(error))
+    except cli_support.INPUT_ERRORS as error:
+        return cli_support.fail(str(error))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import pytest
 
 from gpugov.cli import main
 from gpugov.controllers.experiments import TIMING_FIELDS, build_textbook_results
-from gpugov.daemon import experiments_cli
+from gpugov.study import experiments_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 QUICK_ARGS = ["experiments", "--quick", "--window", "120", "--animation", "30"]

@@ -9,7 +9,7 @@ also compares the two MPC solvers on every decision point of one recorded closed
 run. See ``docs/scoreboard.md`` for every definition; ``gpugov bench controllers`` runs
 the same code.
 
-    .venv/bin/python bench/controllers.py [--quick] [--out DIR] [--jobs N]
+    .venv/bin/python study/scoreboard.py [--quick] [--out DIR] [--jobs N]
 
 Writes ``DIR/scoreboard.json``, ``DIR/scoreboard.md`` and ``DIR/scoreboard.png``
 (default ``bench/results/controllers/``) and prints a short summary.
@@ -1392,7 +1392,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python bench/controllers.py``."""
+    """Entry point of ``python study/scoreboard.py``."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     add_arguments(parser)
     return run_from_args(parser.parse_args(argv))

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpugov.cli import main
-from gpugov.daemon import bench_cli
+from gpugov.study import scoreboard_cli as bench_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ROW_KEYS = {
@@ -128,20 +128,22 @@ def test_bench_requires_a_benchmark_name() -> None:
         main(["bench"])
 
 
-def test_scoreboard_is_the_bench_package_module() -> None:
+def test_scoreboard_is_the_study_package_module() -> None:
     module = bench_cli.scoreboard_module()
-    assert module.__name__ == "gpugov.bench.controllers"
-    assert Path(module.__file__).resolve() == Path(__file__).resolve().parents[2] / "bench" / (
-        "controllers.py"
+    assert module.__name__ == "gpugov.study.scoreboard"
+    assert Path(module.__file__).resolve() == Path(__file__).resolve().parents[2] / "study" / (
+        "scoreboard.py"
     )
 
 
 def test_mpc_ablation_reproduces_the_scoreboards_fast_mpc(
-    tiny_run: tuple[Path, int, str, str], tmp_path: Path
+    tiny_run: tuple[Path, int, str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The ablation's last variant is the scoreboard's fast MPC, so on the same scenario
     it uses the same energy (the simulator and the solver are deterministic)."""
-    from gpugov.bench import mpc_ablation
+    # The benchmarks are scripts in bench/, not part of the package.
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    import mpc_ablation
 
     out, code, _, stderr = tiny_run
     assert code == 0, stderr

@@ -32,7 +32,7 @@ from typing import Any
 
 from gpugov import __version__
 from gpugov.controllers.experiments import build_textbook_results
-from gpugov.daemon.sim_cli import DEFAULT_PROFILE, UsageError, require_positive
+from gpugov.daemon.cli_support import DEFAULT_PROFILE, UsageError, require_positive
 from gpugov.plant import ServingPlant, load_profile
 from gpugov.plant.workload import DEFAULT_TRACE, load_trace
 

@@ -1,6 +1,6 @@
 """``gpugov bench controllers``: the controller scoreboard from the command line.
 
-Runs :mod:`bench.controllers` (also ``python bench/controllers.py``; see
+Runs :mod:`gpugov.study.scoreboard` (also ``python study/scoreboard.py``; see
 ``docs/scoreboard.md``): every controller and hindsight oracle on trace windows x bundled
 profiles x loads, written to ``DIR/scoreboard.json``, ``DIR/scoreboard.md`` and
 ``DIR/scoreboard.png`` (default ``bench/results/controllers/`` in a source checkout,
@@ -14,12 +14,12 @@ import argparse
 import importlib
 from types import ModuleType
 
-from gpugov.daemon.sim_cli import UsageError
+from gpugov.daemon.cli_support import UsageError
 
 
 def scoreboard_module() -> ModuleType:
-    """``bench.controllers`` (imported on first use: it is heavy)."""
-    return importlib.import_module("gpugov.bench.controllers")
+    """``gpugov.study.scoreboard`` (imported on first use: it is heavy)."""
+    return importlib.import_module("gpugov.study.scoreboard")
 
 
 def run_controllers(args: argparse.Namespace) -> int:
