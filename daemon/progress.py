@@ -1,0 +1,110 @@
+"""Progress with an ETA for long commands: a redrawn bar on a terminal, a periodic line elsewhere.
+
+One class for every long command (simulate, run --simulate, the scoreboard, experiments,
+sweeps, profile). The clock and the stream are arguments, so tests need no sleeping.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+
+def format_duration(seconds: float) -> str:
+    """``73`` -> ``"1m13s"``; ``3700`` -> ``"1h01m"``; negative or non-finite -> ``"?"``."""
+    if not seconds >= 0 or seconds == float("inf"):
+        return "?"
+    whole = int(round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{(whole % 3600) // 60:02d}m"
+
+
+class Progress:
+    """Report ``done`` out of ``total`` units of work, with the rate so far and an ETA.
+
+    On a terminal the line is redrawn in place at most every ``tty_interval_s``; otherwise
+    a full line is written every ``log_interval_s`` (and at the end), so logs stay short.
+    ``detail`` strings (energy so far, SLO so far, ...) are appended to the line.
+    """
+
+    def __init__(
+        self,
+        total: float,
+        label: str,
+        *,
+        unit: str = "",
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        tty: bool | None = None,
+        tty_interval_s: float = 0.2,
+        log_interval_s: float = 10.0,
+        enabled: bool = True,
+    ) -> None:
+        if not total >= 0:
+            raise ValueError(f"progress total must be >= 0, got {total!r}")
+        self.total = float(total)
+        self.label = label
+        self.unit = unit
+        self.stream = sys.stderr if stream is None else stream
+        self.clock = clock
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.interval_s = tty_interval_s if self.tty else log_interval_s
+        self.enabled = enabled
+        self.start_s = clock()
+        self._last_emit_s = -float("inf")
+        self._done = 0.0
+        self._closed = False
+
+    def line(self, done: float, detail: str = "") -> str:
+        """The progress line for ``done`` units (pure; used by ``update`` and tests)."""
+        elapsed = self.clock() - self.start_s
+        fraction = min(1.0, done / self.total) if self.total > 0 else 1.0
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - done) / rate if rate > 0 else float("inf")
+        unit = f" {self.unit}" if self.unit else ""
+        text = (
+            f"{self.label}: {fraction * 100:5.1f}% ({done:,.0f}/{self.total:,.0f}{unit}), "
+            f"elapsed {format_duration(elapsed)}, ETA {format_duration(eta)}"
+        )
+        if self.tty:
+            width = 20
+            filled = int(round(fraction * width))
+            text = f"[{'#' * filled}{'.' * (width - filled)}] {text}"
+        return f"{text}, {detail}" if detail else text
+
+    def update(self, done: float, detail: str = "", *, force: bool = False) -> None:
+        """Record progress; emit a line when the interval has passed (or ``force``)."""
+        self._done = done
+        if not self.enabled or self._closed:
+            return
+        now = self.clock()
+        if not force and now - self._last_emit_s < self.interval_s:
+            return
+        self._last_emit_s = now
+        text = self.line(done, detail)
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self, detail: str = "") -> None:
+        """Emit the final line (and end the redrawn one on a terminal)."""
+        if self._closed:
+            return
+        self.update(self._done, detail, force=True)
+        self._closed = True
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,76 @@
+"""The shared progress reporter: ETA arithmetic, terminal redraws, periodic log lines."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from gpugov.daemon.progress import Progress, format_duration
+
+
+class FakeClock:
+    """A clock the test advances by hand."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (59.4, "59s"), (73, "1m13s"), (3700, "1h01m"), (-1, "?"), (float("inf"), "?")],
+)
+def test_format_duration(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+def test_eta_from_the_rate_so_far() -> None:
+    clock = FakeClock()
+    progress = Progress(100, "simulate", unit="s", stream=io.StringIO(), clock=clock, tty=False)
+    clock.now_s = 10.0
+    line = progress.line(25, "energy 1.0 kJ")
+    assert "25.0% (25/100 s)" in line
+    assert "elapsed 10s" in line
+    assert "ETA 30s" in line  # 25 units in 10 s: 75 more take 30 s
+    assert line.endswith("energy 1.0 kJ")
+
+
+def test_log_mode_writes_one_line_per_interval_and_a_final_line() -> None:
+    clock, stream = FakeClock(), io.StringIO()
+    progress = Progress(10, "job", stream=stream, clock=clock, tty=False, log_interval_s=5.0)
+    for step in range(1, 11):
+        clock.now_s = float(step)
+        progress.update(step)
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3  # t=1 (first), t=6 (interval passed), and the closing line
+    assert "100.0%" in lines[-1]
+    assert "\r" not in stream.getvalue()
+
+
+def test_terminal_mode_redraws_in_place() -> None:
+    clock, stream = FakeClock(), io.StringIO()
+    with Progress(4, "job", stream=stream, clock=clock, tty=True, tty_interval_s=0.0) as bar:
+        for step in range(1, 5):
+            clock.now_s = float(step)
+            bar.update(step)
+    text = stream.getvalue()
+    assert text.count("\r\x1b[2K") == 5  # four updates and the closing redraw
+    assert "[####################]" in text
+    assert text.endswith("\n")
+
+
+def test_disabled_progress_writes_nothing() -> None:
+    stream = io.StringIO()
+    progress = Progress(5, "job", stream=stream, tty=False, enabled=False)
+    progress.update(5, force=True)
+    progress.close()
+    assert stream.getvalue() == ""
+
+
+def test_a_negative_total_is_refused() -> None:
+    with pytest.raises(ValueError, match="-1"):
+        Progress(-1, "job")
