@@ -28,6 +28,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/simulator.py
 	$(BIN)/python bench/daemon.py
+	$(BIN)/python bench/cli_speed.py
 
 experiments: $(STAMP)
 	$(BIN)/gpugov experiments --out results/bundled

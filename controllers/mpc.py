@@ -52,7 +52,6 @@ from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.optimize import minimize
 
 from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
 from gpugov.plant.plant import ServingPlant
@@ -547,6 +546,8 @@ class SLSQPSolver:
         initial: FloatArray,
         bounds: Sequence[tuple[float, float]],
     ) -> SolveOutcome:
+        from scipy.optimize import minimize  # SciPy loads only for the SLSQP solver
+
         solution = minimize(
             objective,
             initial,

@@ -13,7 +13,6 @@ from gpugov.daemon import decide
 from gpugov.daemon.config import FixedControllerConfig, MPCControllerConfig
 from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
-from gpugov.daemon.service import simulated_mpc
 from gpugov.plant import ServingPlant
 from gpugov.plant.profile import ProfileError
 from gpugov.plant.types import ClockController, Request
@@ -56,6 +55,8 @@ def build_controller(
                 f"{profile.minimum_clock_mhz:g}-{profile.maximum_clock_mhz:g} MHz"
             )
     if isinstance(config, MPCControllerConfig):
+        from gpugov.daemon.service import simulated_mpc  # the node's assembly: only for mpc
+
         return simulated_mpc(config, plant, workload, control_period_s)
     try:
         return decide.build_controller(config, period_s=control_period_s)

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from gpugov.controllers.mpc import expected_output_tokens_forecast
 from gpugov.daemon.actuator import ClockActuator, LockMode
 from gpugov.daemon.backend import DryRunBackend, GpuBackend
 from gpugov.daemon.config import ControllerConfig, GpugovConfig, MPCControllerConfig
@@ -284,6 +283,8 @@ def with_workload_forecasts(
     the run: the mean prompt and output lengths (as the seed's experiment declares them)
     and the 95th-percentile prompt the iteration model's TTFT proxy charges a new request
     (a mean prompt underestimates TTFT tails on long-prompt traces)."""
+    from gpugov.controllers.mpc import expected_output_tokens_forecast
+
     prompts = np.array([r.prompt_tokens for r in workload], dtype=float)
     declared = {
         "mean_prompt_tokens": float(prompts.mean()),
