@@ -7,7 +7,9 @@ one more case. Safety limits wrap any controller, Gymnasium-style:
 
 from __future__ import annotations
 
+import copy
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -174,6 +176,37 @@ def parse_controller_spec(text: str, *, default_profile: str | None = None) -> C
                 return MPCControllerConfig(kind=kind, profile=profile)
             return MPCControllerConfig(kind=kind)
     raise ValueError(f"unknown controller {text!r}; expected {CONTROLLER_SPEC_HELP}")
+
+
+def warm_up(
+    controller: ClockController,
+    clocks_mhz: Sequence[float],
+    *,
+    thermal_limit_c: float | None = None,
+) -> float:
+    """Make one dummy decision on a copy of ``controller`` and return its seconds.
+
+    The copy sees an idle node at time 0, so whatever a controller pays on its first
+    call (the fast MPC's kernel compile or cache load, lazy imports, cached candidate
+    pools) is paid before the loop's clock starts, and the controller itself keeps no
+    trace of it: its first real decision is the run's first decision. Called for every
+    domain when it is assembled (:func:`daemon.service.build_domain`).
+    """
+    probe = copy.deepcopy(controller)
+    observation = ServingObservation(
+        time_s=0.0,
+        step_index=0,
+        arrived_requests=0,
+        prefill_remaining_tokens=0.0,
+        decode_active=0,
+        generated_decode_tokens=0.0,
+        temperature_c=40.0,
+        thermal_limit_c=thermal_limit_c,
+        supported_clocks_mhz=tuple(float(c) for c in clocks_mhz),
+    )
+    started = time.perf_counter()
+    probe(observation)
+    return time.perf_counter() - started
 
 
 # ---------------------------------------------------------------------- wrappers

@@ -220,6 +220,8 @@ def _run_simulated(args: argparse.Namespace) -> int:
         + (f"; metrics on {exporter.url}" if exporter else ""),
         flush=True,
     )
+    if isinstance(clock, ScaledClock):
+        clock.start()  # the paced plant starts now: its controller is built and warmed
     try:
         with _stop_on_signals(stop):
             stats = run(

@@ -1,0 +1,102 @@
+"""The controller is built and warmed before a paced plant's clock starts.
+
+A first-use cost (the fast MPC's numba compile, 8-15 s on a cold machine) used to run
+after ``run --simulate`` had started its paced clock, so hundreds of requests arrived
+before the first decision. Here the wall clock is fake: building the MPC "takes" 15 s
+of it, and the first decision must still happen at plant time ~0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gpugov.controllers.fast_mpc as fast_mpc
+import gpugov.daemon.node_cli as node_cli
+from gpugov.daemon.decide import warm_up
+from gpugov.daemon.loop import ScaledClock
+from gpugov.daemon.record import read_recording
+from gpugov.plant.types import ServingObservation
+
+COMPILE_S = 15.0
+
+
+class _FakeWall:
+    """The real monotonic clock plus whatever a fake compile added."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._monotonic = time.monotonic
+        self.offset_s = 0.0
+
+    def __call__(self) -> float:
+        return self._monotonic() + self.offset_s
+
+
+def test_first_decision_at_plant_time_zero_despite_a_slow_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wall = _FakeWall()
+    real_compile = fast_mpc.compile_kernels
+
+    def slow_compile() -> None:
+        real_compile()
+        wall.offset_s += COMPILE_S  # a cold machine's compile, on the fake wall clock
+
+    class FakeWallClock(ScaledClock):
+        def __init__(self, speed: float, *, stop: Any = None) -> None:
+            super().__init__(speed, wall=wall, stop=stop)
+
+    monkeypatch.setattr(fast_mpc, "compile_kernels", slow_compile)
+    monkeypatch.setattr(node_cli, "ScaledClock", FakeWallClock)
+    record = tmp_path / "run.jsonl"
+    argv = [
+        "run", "--simulate", "--controller", "mpc", "--speed", "50", "--duration", "20",
+        "--metrics-address", "none", "--record", str(record),
+    ]
+    assert node_cli.main(argv) == 0
+    assert wall.offset_s >= COMPILE_S, "the fake compile did not run: the test proves nothing"
+    _, ticks = read_recording(record)
+    first = ticks[0]
+    # Without the warm-up ordering the plant would be 50 x 15 s = 750 s in at the first
+    # tick, with every request of the 20 s window already arrived and served.
+    assert first["time_s"] < 1.0
+    assert first["decision_mhz"] is not None
+    assert first["observation"]["arrived_requests"] <= 5
+    assert len(ticks) >= 5, "the run should last the 20 s window"
+
+
+class _Counting:
+    """A stateful controller: counts its calls, remembers the last time it saw."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.last_time_s: float | None = None
+
+    def __call__(self, observation: ServingObservation) -> float:
+        self.calls += 1
+        self.last_time_s = observation.time_s
+        return observation.supported_clocks_mhz[-1]
+
+
+def test_warm_up_decides_on_a_copy_and_leaves_the_controller_untouched() -> None:
+    controller = _Counting()
+    seconds = warm_up(controller, (900.0, 1980.0), thermal_limit_c=85.0)
+    assert seconds >= 0.0
+    assert controller.calls == 0 and controller.last_time_s is None
+
+
+def test_warm_up_compiles_the_fast_mpc_and_keeps_its_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpugov.daemon.config import MPCControllerConfig
+    from gpugov.daemon.decide import build_controller
+
+    controller = build_controller(MPCControllerConfig(kind="mpc"), period_s=1.0)
+    clocks = tuple(float(c) for c in controller.plant.profile.clock_mhz)
+    warm_up(controller, clocks)
+    assert controller.solve_times == [] and controller.last_control_index is None
+    assert controller.fallback_count == 0
