@@ -11,11 +11,11 @@ import pytest
 from synthetic import make_plant
 
 from gpugov.controllers.baseline import FixedClockController, reactive_clock_controller
+from gpugov.controllers.oracle_bound import _lower_hull
 from gpugov.controllers.oracles import (
     BestFixedClock,
     ScheduleController,
     WindowOracle,
-    _lower_hull,
     best_fixed_clock,
     fluid_energy_lower_bound,
     holds_slo,

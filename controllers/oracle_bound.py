@@ -1,0 +1,281 @@
+"""The fluid LP lower bound: the least energy any run serving the trace's work can use on
+this plant, from an LP over windows (assumptions in ``controllers/oracles.py``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import sparse
+from scipy.optimize import linprog
+
+from gpugov.controllers.oracle_common import (
+    FloatArray,
+)
+from gpugov.plant.plant import ServingPlant
+from gpugov.plant.types import Request
+
+
+# ------------------------------------------------------------------ fluid LP bound
+@dataclass(frozen=True)
+class FluidEnergyBound:
+    """Result of :func:`fluid_energy_lower_bound` (energies in joules)."""
+
+    energy_j: float
+    idle_floor_j: float
+    window_s: float
+    windows: int
+    last_arrival_s: float
+    prefill_tokens: float
+    decode_tokens: float
+    tail_prefill_tokens: float
+    tail_decode_tokens: float
+    prefill_hull_clocks_mhz: tuple[float, ...]
+    decode_hull_clocks_mhz: tuple[float, ...]
+    success: bool
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return {
+            "energy_j": self.energy_j,
+            "idle_floor_j": self.idle_floor_j,
+            "window_s": self.window_s,
+            "windows": self.windows,
+            "last_arrival_s": self.last_arrival_s,
+            "prefill_tokens": self.prefill_tokens,
+            "decode_tokens": self.decode_tokens,
+            "tail_prefill_tokens": self.tail_prefill_tokens,
+            "tail_decode_tokens": self.tail_decode_tokens,
+            "prefill_hull_clocks_mhz": list(self.prefill_hull_clocks_mhz),
+            "decode_hull_clocks_mhz": list(self.decode_hull_clocks_mhz),
+            "success": self.success,
+            "message": self.message,
+        }
+
+
+def _lower_hull(seconds: FloatArray, cost: FloatArray) -> NDArray[np.int_]:
+    """Indices of the lower-left convex hull of ``(seconds, cost)`` points.
+
+    From the fastest point to the cheapest one; every other point is no better than a
+    convex combination of hull points with no more seconds and no more cost.
+    """
+    order = sorted(range(seconds.size), key=lambda i: (seconds[i], cost[i]))
+    hull: list[int] = []
+    for i in order:
+        if hull and cost[i] >= cost[hull[-1]] - 1e-15:
+            continue  # slower and no cheaper than the last kept point
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            cross = (seconds[b] - seconds[a]) * (cost[i] - cost[a]) - (cost[b] - cost[a]) * (
+                seconds[i] - seconds[a]
+            )
+            if cross <= 0.0:  # b lies on or above the segment a-i
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return np.asarray(hull, dtype=int)
+
+
+def phase_token_costs(plant: ServingPlant, minimum_context_tokens: float) -> dict[str, FloatArray]:
+    """Per supported clock: seconds and joules per prefill token, and the best case per
+    decode token (module notes), at the clock the plant realises.
+
+    Returns:
+        ``clock_mhz``, ``prefill_s``, ``prefill_j``, ``decode_s``, ``decode_j`` (the
+        fastest and the cheapest decode token over batch sizes, each its own minimum),
+        ``decode_marginal_j`` (the lowest joules per decode token above the lowest idle
+        power, ``min_B seconds * (p_dec(B) - P_idle_min)``) and ``idle_w``.
+    """
+    profile = plant.profile
+    clocks = profile.clock_mhz.astype(float)
+    realized = np.array([profile.realized_clock(c) for c in clocks])
+    prefill_rate = np.array([profile.rate("prefill", c) for c in realized])
+    decode_rate = np.array([profile.rate("decode", c) for c in realized])
+    prefill_power = np.array([profile.power("prefill", c) for c in realized])
+    decode_power = np.array([profile.power("decode", c) for c in realized])
+    idle_power = np.array([profile.power("idle", c) for c in realized])
+    model = profile.decode_latency_model
+    b_ref = float(model.reference_batch_size)
+    c_ref = b_ref * float(model.reference_context_tokens)
+    batches = np.arange(1, plant.max_batch_size + 1, dtype=float)
+    t_ref = b_ref / decode_rate
+    iteration_s = t_ref[:, None] * (
+        model.weight_fraction
+        + model.batch_fraction * batches[None, :] / b_ref
+        + model.kv_fraction * batches[None, :] * minimum_context_tokens / c_ref
+    )
+    power_model = profile.decode_power_batch_model
+    factor = np.array(
+        [1.0 if power_model is None else power_model.factor(b, b_ref) for b in batches]
+    )
+    iteration_w = idle_power[:, None] + (decode_power - idle_power)[:, None] * factor[None, :]
+    per_token_s = iteration_s / batches[None, :]
+    per_token_j = per_token_s * iteration_w
+    idle_floor = float(np.min(idle_power))
+    return {
+        "clock_mhz": clocks,
+        "prefill_s": 1.0 / prefill_rate,
+        "prefill_j": prefill_power / prefill_rate,
+        "decode_s": per_token_s.min(axis=1),
+        "decode_j": per_token_j.min(axis=1),
+        "decode_marginal_j": (per_token_s * (iteration_w - idle_floor)).min(axis=1),
+        "idle_w": idle_power,
+    }
+
+
+def fluid_energy_lower_bound(
+    workload: Sequence[Request],
+    plant: ServingPlant,
+    *,
+    window_s: float = 1.0,
+) -> FluidEnergyBound:
+    """Lower bound on the energy of any run serving ``workload`` (module notes).
+
+    Raises:
+        ValueError: an empty workload or a non-positive window.
+    """
+    requests = tuple(workload)
+    if not requests:
+        raise ValueError("fluid_energy_lower_bound needs at least one request")
+    if not math.isfinite(window_s) or window_s <= 0.0:
+        raise ValueError(f"window_s must be positive, got {window_s!r}")
+    minimum_context = float(min(r.prompt_tokens for r in requests))
+    costs = phase_token_costs(plant, minimum_context)
+    idle_floor_w = float(np.min(costs["idle_w"]))
+    prefill_s, prefill_j = costs["prefill_s"], costs["prefill_j"]
+    decode_s, decode_j = costs["decode_s"], costs["decode_j"]
+    prefill_marginal = prefill_j - idle_floor_w * prefill_s
+    decode_marginal = costs["decode_marginal_j"]
+    prefill_hull = _lower_hull(prefill_s, prefill_marginal)
+    decode_hull = _lower_hull(decode_s, decode_marginal)
+    tail_prefill_j = float(np.min(prefill_j))
+    tail_decode_j = float(np.min(decode_j))
+
+    arrivals = np.array([r.arrival_time_s for r in requests], dtype=float)
+    prompt = np.array([r.prompt_tokens for r in requests], dtype=float)
+    decode = np.array([r.output_tokens - 1 for r in requests], dtype=float)
+    last_arrival = float(arrivals.max())
+    total_prefill, total_decode = float(prompt.sum()), float(decode.sum())
+    windows = int(math.ceil(last_arrival / window_s - 1e-12)) if last_arrival > 0.0 else 0
+    clocks = costs["clock_mhz"]
+    hull_clocks = (
+        tuple(float(clocks[i]) for i in prefill_hull),
+        tuple(float(clocks[i]) for i in decode_hull),
+    )
+    if windows == 0:
+        energy = tail_prefill_j * total_prefill + tail_decode_j * total_decode
+        return FluidEnergyBound(
+            energy,
+            0.0,
+            float(window_s),
+            0,
+            last_arrival,
+            total_prefill,
+            total_decode,
+            total_prefill,
+            total_decode,
+            *hull_clocks,
+            True,
+            "no window before the last arrival",
+        )
+    lengths = np.full(windows, float(window_s))
+    lengths[-1] = last_arrival - window_s * (windows - 1)
+    index = np.minimum((arrivals / window_s).astype(int), windows - 1)
+    prefill_in = np.bincount(index, weights=prompt, minlength=windows)
+    decode_in = np.bincount(index, weights=decode, minlength=windows)
+
+    # Variable layout per window k: [x_k (prefill per hull clock), y_k (decode per hull
+    # clock), q_k (prefill backlog at the window's end), r_k (decode backlog)].
+    hp, hd = prefill_hull.size, decode_hull.size
+    width = hp + hd + 2
+    count = windows * width
+    cost = np.zeros(count)
+    base = np.arange(windows) * width
+    for j, level in enumerate(prefill_hull):
+        cost[base + j] = prefill_marginal[level]
+    for j, level in enumerate(decode_hull):
+        cost[base + hp + j] = decode_marginal[level]
+    cost[base[-1] + hp + hd] = tail_prefill_j
+    cost[base[-1] + hp + hd + 1] = tail_decode_j
+
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+
+    def put(row: int, col: int, value: float) -> None:
+        rows.append(row)
+        cols.append(col)
+        vals.append(value)
+
+    # Equalities: backlog_k - backlog_{k-1} + served_k = arrived_k, per phase.
+    for k in range(windows):
+        b = k * width
+        for j in range(hp):
+            put(2 * k, b + j, 1.0)
+        put(2 * k, b + hp + hd, 1.0)
+        for j in range(hd):
+            put(2 * k + 1, b + hp + j, 1.0)
+        put(2 * k + 1, b + hp + hd + 1, 1.0)
+        if k > 0:
+            put(2 * k, b - width + hp + hd, -1.0)
+            put(2 * k + 1, b - width + hp + hd + 1, -1.0)
+    equality = sparse.csr_matrix((vals, (rows, cols)), shape=(2 * windows, count))
+    equality_rhs = np.column_stack([prefill_in, decode_in]).reshape(-1)
+    rows, cols, vals = [], [], []
+    # Inequalities: busy seconds of window k <= its length.
+    for k in range(windows):
+        b = k * width
+        for j, level in enumerate(prefill_hull):
+            put(k, b + j, float(prefill_s[level]))
+        for j, level in enumerate(decode_hull):
+            put(k, b + hp + j, float(decode_s[level]))
+    inequality = sparse.csr_matrix((vals, (rows, cols)), shape=(windows, count))
+    solution = linprog(
+        cost,
+        A_ub=inequality,
+        b_ub=lengths,
+        A_eq=equality,
+        b_eq=equality_rhs,
+        bounds=(0.0, None),
+        method="highs",
+    )
+    idle_floor_j = idle_floor_w * last_arrival
+    if not solution.success:
+        # Never infeasible (the tail absorbs any work); report rather than raise.
+        return FluidEnergyBound(
+            float("nan"),
+            idle_floor_j,
+            float(window_s),
+            windows,
+            last_arrival,
+            total_prefill,
+            total_decode,
+            float("nan"),
+            float("nan"),
+            *hull_clocks,
+            False,
+            str(solution.message),
+        )
+    x = np.asarray(solution.x)
+    return FluidEnergyBound(
+        energy_j=float(solution.fun) + idle_floor_j,
+        idle_floor_j=idle_floor_j,
+        window_s=float(window_s),
+        windows=windows,
+        last_arrival_s=last_arrival,
+        prefill_tokens=total_prefill,
+        decode_tokens=total_decode,
+        tail_prefill_tokens=float(x[base[-1] + hp + hd]),
+        tail_decode_tokens=float(x[base[-1] + hp + hd + 1]),
+        prefill_hull_clocks_mhz=hull_clocks[0],
+        decode_hull_clocks_mhz=hull_clocks[1],
+        success=True,
+        message=str(solution.message),
+    )
+

@@ -1,0 +1,445 @@
+"""The window schedule in hindsight: a clock per window from a greedy forward search that
+forks the plant at each boundary (rules in ``controllers/oracles.py``)."""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpugov.controllers.oracle_common import (
+    SLO_TOLERANCE,
+    FloatArray,
+    _drive,
+    holds_slo,
+    maximum_clock_reference,
+)
+from gpugov.plant.plant import ServingPlant
+from gpugov.plant.result import ServingResult
+from gpugov.plant.scheduler import chunked_prefill_scheduler
+from gpugov.plant.simulator import PlantSimulation, simulate
+from gpugov.plant.types import Request, RequestRecord, Scheduler, ServingObservation
+
+
+# ------------------------------------------------------------------ window oracle
+class ScheduleController:
+    """Replays a clock per window: ``clocks_mhz[k]`` during ``[k w, (k+1) w)``.
+
+    After the schedule ends its last clock is held; a negative time uses the first.
+    """
+
+    def __init__(
+        self, clocks_mhz: Sequence[float], window_s: float, name: str = "clock_schedule"
+    ) -> None:
+        if not clocks_mhz:
+            raise ValueError("a clock schedule needs at least one window")
+        if not math.isfinite(window_s) or window_s <= 0.0:
+            raise ValueError(f"window_s must be positive, got {window_s!r}")
+        self.clocks_mhz = tuple(float(c) for c in clocks_mhz)
+        self.window_s = float(window_s)
+        self.__name__ = name
+
+    def __call__(self, observation: ServingObservation) -> float:
+        index = int(math.floor((observation.time_s + 1e-9) / self.window_s))
+        return self.clocks_mhz[min(max(index, 0), len(self.clocks_mhz) - 1)]
+
+
+def _miss_known_time(record: RequestRecord, ttft_slo_s: float, tpot_slo_s: float) -> float:
+    """When a request's SLO miss becomes known (``math.inf`` for a request that meets it).
+
+    A miss is known at ``t`` when ``t`` exceeds the returned time (see the module notes).
+    """
+    arrival = record.arrival_time_s
+    first = record.first_token_time_s
+    if first is None or first - arrival > ttft_slo_s + 1e-12:
+        return arrival + ttft_slo_s
+    output = record.output_tokens
+    if output <= 1:
+        return math.inf if record.finish_time_s is not None else arrival + ttft_slo_s
+    deadline = first + tpot_slo_s * (output - 1)
+    finish = record.finish_time_s
+    if finish is None or (finish - first) / (output - 1) > tpot_slo_s + 1e-12:
+        return deadline
+    return math.inf
+
+
+@dataclass
+class _MissCounter:
+    """Known SLO misses of a (forked) run, counted incrementally from a settled prefix."""
+
+    arrivals: list[float]
+    outputs: list[int]
+    ttft_slo_s: float
+    tpot_slo_s: float
+    settled_upto: int = 0
+    settled_misses: int = 0
+
+    def _status(
+        self, index: int, now: float, first: list[float | None], finish: list[float | None]
+    ) -> int:
+        """1 for a known miss, 0 for a final success, -1 while open."""
+        arrival = self.arrivals[index]
+        first_token = first[index]
+        if first_token is None:
+            return 1 if now > arrival + self.ttft_slo_s + 1e-12 else -1
+        if first_token - arrival > self.ttft_slo_s + 1e-12:
+            return 1
+        output = self.outputs[index]
+        done = finish[index]
+        if output <= 1:
+            return 0 if done is not None else -1
+        if done is not None:
+            return 1 if (done - first_token) / (output - 1) > self.tpot_slo_s + 1e-12 else 0
+        return 1 if now - first_token > self.tpot_slo_s * (output - 1) + 1e-12 else -1
+
+    def settle(self, simulation: PlantSimulation) -> None:
+        """Advance the settled prefix on the main run (its outcomes are final)."""
+        first, finish = simulation.request_times()
+        now = simulation.time_s
+        arrived = bisect.bisect_right(self.arrivals, now + 1e-12)
+        while self.settled_upto < arrived:
+            status = self._status(self.settled_upto, now, first, finish)
+            if status < 0:
+                break
+            self.settled_misses += status
+            self.settled_upto += 1
+
+    def known_misses(self, simulation: PlantSimulation) -> tuple[int, int]:
+        """(known misses, arrived requests) of ``simulation`` at its current time."""
+        first, finish = simulation.request_times()
+        now = simulation.time_s
+        arrived = bisect.bisect_right(self.arrivals, now + 1e-12)
+        misses = self.settled_misses
+        for index in range(self.settled_upto, arrived):
+            if self._status(index, now, first, finish) == 1:
+                misses += 1
+        return misses, arrived
+
+
+@dataclass(frozen=True)
+class WindowOracle:
+    """Result of :func:`window_oracle`.
+
+    ``schedule_mhz[k]`` is the clock of window ``k``; ``result`` is the schedule's
+    replay with :func:`plant.simulate`. ``attempts`` records every schedule tried
+    (margin, energy, attainment, whether it held); ``source`` says which one was kept.
+    """
+
+    schedule_mhz: tuple[float, ...]
+    window_s: float
+    lookahead_s: float
+    continuation_clock_mhz: float
+    result: ServingResult
+    holds_slo: bool
+    source: str
+    attempts: tuple[dict[str, Any], ...]
+    candidate_runs: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able summary (the run's metrics are not repeated)."""
+        return {
+            "window_s": self.window_s,
+            "lookahead_s": self.lookahead_s,
+            "continuation_clock_mhz": self.continuation_clock_mhz,
+            "windows": len(self.schedule_mhz),
+            "schedule_mhz": list(self.schedule_mhz),
+            "holds_slo": self.holds_slo,
+            "source": self.source,
+            "attempts": list(self.attempts),
+            "candidate_runs": self.candidate_runs,
+            "energy_j": self.result.metrics.energy_j,
+            "slo_attainment": self.result.metrics.slo_attainment,
+        }
+
+
+@dataclass
+class _SearchSettings:
+    window_steps: int
+    lookahead_steps: int
+    control_period_s: float
+    horizon_s: float
+    continuation_index: int
+    coarse: tuple[int, ...]
+    neighbour_steps: tuple[int, ...]
+    levels: int
+    reference_miss_times: FloatArray
+    cumulative_output_tokens: list[float]
+    terminal_prefill_j_per_token: float
+    terminal_output_j_per_token: float
+    counter_template: _MissCounter = field(repr=False)
+
+
+def _terminal_energy(simulation: PlantSimulation, arrived: int, settings: _SearchSettings) -> float:
+    """Work left in ``simulation`` valued at the continuation clock's joules per token."""
+    observation = simulation.observe()
+    left_output = max(
+        0.0, settings.cumulative_output_tokens[arrived] - observation.output_tokens_total
+    )
+    return (
+        observation.prefill_remaining_tokens * settings.terminal_prefill_j_per_token
+        + left_output * settings.terminal_output_j_per_token
+    )
+
+
+def _greedy_schedule(
+    requests: tuple[Request, ...],
+    plant: ServingPlant,
+    scheduler: Scheduler,
+    seed: int,
+    settings: _SearchSettings,
+    margin: float,
+) -> tuple[list[float], int]:
+    """One greedy forward search (module notes, steps 1-4): (clocks per window, forks)."""
+    clocks = plant.profile.clock_mhz
+    main = PlantSimulation(requests, plant, scheduler, seed=seed)
+    counter = copy.copy(settings.counter_template)
+    period = settings.control_period_s
+    schedule: list[float] = []
+    previous = settings.continuation_index
+    forks = 0
+    window = 0
+    while True:
+        first_step = window * settings.window_steps
+        start = first_step * period
+        if start > settings.horizon_s + 1e-12:
+            break
+        main.advance_to(start, stop_when_done=True)
+        if main.done and window > 0:
+            break
+        counter.settle(main)
+        candidates = set(settings.coarse)
+        candidates.add(previous)
+        candidates.add(settings.continuation_index)
+        for offset in settings.neighbour_steps:
+            candidates.update((previous - offset, previous + offset))
+        best: tuple[tuple[int, float, float], int] | None = None
+        for index in sorted(c for c in candidates if 0 <= c < settings.levels):
+            fork = main.fork()
+            forks += 1
+            end_step = first_step + settings.window_steps
+            over = _drive(
+                fork, float(clocks[index]), first_step, end_step, period, settings.horizon_s
+            )
+            if not over:
+                look_end = end_step + settings.lookahead_steps
+                over = _drive(
+                    fork,
+                    float(clocks[settings.continuation_index]),
+                    end_step,
+                    look_end,
+                    period,
+                    settings.horizon_s,
+                )
+                if not over:
+                    fork.advance_to(min(look_end * period, settings.horizon_s), stop_when_done=True)
+            misses, arrived = counter.known_misses(fork)
+            energy = fork.energy_j - main.energy_j + _terminal_energy(fork, arrived, settings)
+            reference = int(
+                np.searchsorted(settings.reference_miss_times, fork.time_s - 1e-12, "left")
+            )
+            allowed = reference + int(math.floor(margin * arrived + 1e-9))
+            excess = max(0, misses - allowed)
+            # Admissible first (excess 0), then fewest misses, then energy, then the
+            # higher clock.
+            key = (excess, float(misses) if excess else 0.0, energy)
+            if best is None or key < best[0] or (key == best[0] and index > best[1]):
+                best = (key, index)
+        assert best is not None
+        chosen = best[1]
+        schedule.append(float(clocks[chosen]))
+        previous = chosen
+        over = _drive(
+            main,
+            float(clocks[chosen]),
+            first_step,
+            first_step + settings.window_steps,
+            period,
+            settings.horizon_s,
+        )
+        window += 1
+        if over:
+            break
+    return schedule, forks
+
+
+def window_oracle(
+    workload: Sequence[Request],
+    plant: ServingPlant,
+    scheduler: Scheduler = chunked_prefill_scheduler,
+    *,
+    reference: ServingResult | None = None,
+    continuation_clock_mhz: float | None = None,
+    continuation_result: ServingResult | None = None,
+    window_s: float = 5.0,
+    lookahead_s: float = 15.0,
+    coarse_levels: int = 8,
+    neighbour_steps: Sequence[int] = (2, 6),
+    margins: Sequence[float] | None = None,
+    tolerance: float = SLO_TOLERANCE,
+    seed: int = 0,
+    control_period_s: float = 1.0,
+) -> WindowOracle:
+    """A per-window clock schedule in hindsight by greedy forked search (module notes).
+
+    Args:
+        workload: the requests.
+        plant: the plant to simulate.
+        scheduler: the engine's batching rule.
+        reference: the maximum-clock run (simulated here when ``None``).
+        continuation_clock_mhz: clock of the lookahead and of the fallbacks; pass the
+            best fixed clock (default: the maximum clock).
+        continuation_result: the run at the continuation clock if already simulated
+            (the best fixed clock's run); simulated here when needed otherwise.
+        window_s: schedule window; a whole number of control periods.
+        lookahead_s: seconds simulated at the continuation clock after each window.
+        coarse_levels: evenly spaced supported clocks tried in every window.
+        neighbour_steps: level offsets around the previous window's clock also tried.
+        margins: extra known misses allowed, as a fraction of arrived requests, one
+            greedy search per margin until the replay holds the SLO (default
+            ``(tolerance / 2, 0)``).
+        tolerance: the SLO condition's slack (fraction).
+        seed: plant seed.
+        control_period_s: control tick, as in :func:`plant.simulate`.
+
+    Raises:
+        ValueError: an empty workload, a window that is not a whole number of control
+            periods, or a negative lookahead or margin.
+    """
+    requests = tuple(workload)
+    if not requests:
+        raise ValueError("window_oracle needs at least one request")
+    if not math.isfinite(control_period_s) or control_period_s <= 0.0:
+        raise ValueError(f"control_period_s must be positive, got {control_period_s!r}")
+    window_steps = int(round(window_s / control_period_s))
+    if window_steps < 1 or abs(window_steps * control_period_s - window_s) > 1e-9:
+        raise ValueError(
+            f"window_s ({window_s!r}) must be a positive whole number of control periods "
+            f"({control_period_s!r} s)"
+        )
+    if not math.isfinite(lookahead_s) or lookahead_s < 0.0:
+        raise ValueError(f"lookahead_s must be finite and >= 0, got {lookahead_s!r}")
+    margin_values = (tolerance / 2.0, 0.0) if margins is None else tuple(margins)
+    if not margin_values or any(not math.isfinite(m) or m < 0.0 for m in margin_values):
+        raise ValueError(f"margins must be finite and >= 0, got {margins!r}")
+    if coarse_levels < 2:
+        raise ValueError(f"coarse_levels must be >= 2, got {coarse_levels}")
+    profile = plant.profile
+    levels = profile.clock_mhz.size
+    if reference is None:
+        reference = maximum_clock_reference(
+            requests, plant, scheduler, seed=seed, control_period_s=control_period_s
+        )
+    reference_attainment = reference.metrics.slo_attainment
+    continuation = (
+        profile.maximum_clock_mhz
+        if continuation_clock_mhz is None
+        else profile.quantize_clock(continuation_clock_mhz)
+    )
+    continuation_index = profile.clock_index(continuation)
+    realized = profile.realized_clock(continuation)
+    miss_times = np.sort(
+        np.array(
+            [
+                _miss_known_time(r, profile.ttft_slo_s, profile.tpot_slo_s)
+                for r in reference.request_records
+            ],
+            dtype=float,
+        )
+    )
+    settings = _SearchSettings(
+        window_steps=window_steps,
+        lookahead_steps=int(math.ceil(lookahead_s / control_period_s - 1e-9)),
+        control_period_s=float(control_period_s),
+        horizon_s=requests[-1].arrival_time_s + plant.drain_timeout_s,
+        continuation_index=continuation_index,
+        coarse=tuple(int(i) for i in np.unique(np.linspace(0, levels - 1, coarse_levels).round())),
+        neighbour_steps=tuple(int(s) for s in neighbour_steps),
+        levels=levels,
+        reference_miss_times=miss_times,
+        cumulative_output_tokens=[0.0, *np.cumsum([r.output_tokens for r in requests]).tolist()],
+        terminal_prefill_j_per_token=profile.power("prefill", realized)
+        / profile.rate("prefill", realized),
+        terminal_output_j_per_token=profile.power("decode", realized)
+        / profile.rate("decode", realized),
+        counter_template=_MissCounter(
+            arrivals=[r.arrival_time_s for r in requests],
+            outputs=[int(r.output_tokens) for r in requests],
+            ttft_slo_s=profile.ttft_slo_s,
+            tpot_slo_s=profile.tpot_slo_s,
+        ),
+    )
+
+    def replay(schedule: Sequence[float]) -> ServingResult:
+        return simulate(
+            requests,
+            plant,
+            scheduler,
+            ScheduleController(schedule, window_s, name="window_oracle"),
+            seed,
+            controller_name="window_oracle",
+            control_period_s=control_period_s,
+        )
+
+    attempts: list[dict[str, Any]] = []
+    total_forks = 0
+    last_schedule: list[float] = [continuation]
+
+    def record(source: str, schedule: Sequence[float], result: ServingResult) -> bool:
+        held = holds_slo(result.metrics.slo_attainment, reference_attainment, tolerance)
+        attempts.append(
+            {
+                "source": source,
+                "energy_j": result.metrics.energy_j,
+                "slo_attainment": result.metrics.slo_attainment,
+                "holds_slo": held,
+                "windows": len(schedule),
+            }
+        )
+        return held
+
+    chosen: tuple[list[float], ServingResult, str] | None = None
+    for margin in margin_values:
+        schedule, forks = _greedy_schedule(requests, plant, scheduler, seed, settings, margin)
+        total_forks += forks
+        last_schedule = schedule
+        result = replay(schedule)
+        source = f"greedy(margin={margin:g})"
+        if record(source, schedule, result):
+            chosen = (schedule, result, source)
+            break
+    if chosen is None:
+        raised = [max(c, continuation) for c in last_schedule]
+        result = replay(raised)
+        source = "greedy raised to the continuation clock"
+        if record(source, raised, result):
+            chosen = (raised, result, source)
+    # The constant continuation schedule is a candidate too (and the last fallback).
+    constant = [continuation] * max(1, len(last_schedule))
+    constant_result = continuation_result if continuation_result is not None else replay(constant)
+    source = "constant continuation clock"
+    constant_holds = record(source, constant, constant_result)
+    if constant_holds and (
+        chosen is None or constant_result.metrics.energy_j < chosen[1].metrics.energy_j
+    ):
+        chosen = (constant, constant_result, source)
+    if chosen is None:
+        chosen = (constant, constant_result, source)
+    schedule, result, source = chosen
+    return WindowOracle(
+        schedule_mhz=tuple(schedule),
+        window_s=float(window_s),
+        lookahead_s=float(lookahead_s),
+        continuation_clock_mhz=continuation,
+        result=result,
+        holds_slo=holds_slo(result.metrics.slo_attainment, reference_attainment, tolerance),
+        source=source,
+        attempts=tuple(attempts),
+        candidate_runs=total_forks,
+    )
+
+
