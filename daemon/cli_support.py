@@ -3,6 +3,7 @@ runs, trace loading with one-line warnings, the metrics table, and one clear err
 
 from __future__ import annotations
 
+import importlib
 import math
 import sys
 import warnings
@@ -125,6 +126,29 @@ def require_positive(flag: str, value: float | None) -> None:
     """Raise :class:`UsageError` naming ``flag`` unless ``value`` is None or positive."""
     if value is not None and (not math.isfinite(value) or value <= 0):
         raise UsageError(f"{flag} must be positive, got {value!r}")
+
+
+#: Optional module -> the extra that installs it (pyproject's optional-dependencies).
+EXTRAS = {"matplotlib": "plots", "sklearn": "study"}
+
+
+def require_extra(module: str, needed_for: str) -> None:
+    """Import ``module`` now, or raise one :class:`UsageError` line naming the extra.
+
+    Commands call it before any work, so a missing optional dependency costs nothing:
+    e.g. ``simulate --plot needs matplotlib: pip install 'gpugov[plots]'``.
+
+    Raises:
+        UsageError: the module (an optional dependency in :data:`EXTRAS`) is missing.
+    """
+    try:
+        importlib.import_module(module)
+    except ImportError as error:
+        extra = EXTRAS.get(module, module)
+        raise UsageError(
+            f"{needed_for} needs {module}, which is not installed: "
+            f"pip install 'gpugov[{extra}]'"
+        ) from error
 
 
 INPUT_ERRORS = (UsageError, TraceError, ProfileError)

@@ -32,7 +32,12 @@ from typing import Any
 
 from gpugov import __version__
 from gpugov.controllers.experiments import build_textbook_results
-from gpugov.daemon.cli_support import DEFAULT_PROFILE, UsageError, require_positive
+from gpugov.daemon.cli_support import (
+    DEFAULT_PROFILE,
+    UsageError,
+    require_extra,
+    require_positive,
+)
 from gpugov.plant import ServingPlant, load_profile
 from gpugov.plant.workload import DEFAULT_TRACE, load_trace
 
@@ -540,6 +545,8 @@ def run_experiments(args: argparse.Namespace) -> int:
     def progress(message: str) -> None:
         print(f"[{time.perf_counter() - started:7.1f} s] {message}", file=sys.stderr, flush=True)
 
+    require_extra("sklearn", "gpugov experiments (fitted Q iteration)")
+    require_extra("matplotlib", "gpugov experiments (its figures)")
     require_positive("--window", args.window)
     require_positive("--animation", args.animation)
     if not math.isfinite(args.start) or args.start < 0.0:

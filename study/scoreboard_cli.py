@@ -14,7 +14,7 @@ import argparse
 import importlib
 from types import ModuleType
 
-from gpugov.daemon.cli_support import UsageError
+from gpugov.daemon.cli_support import UsageError, require_extra
 
 
 def scoreboard_module() -> ModuleType:
@@ -24,6 +24,7 @@ def scoreboard_module() -> ModuleType:
 
 def run_controllers(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov bench controllers``."""
+    require_extra("matplotlib", "gpugov bench controllers (scoreboard.png)")
     module = scoreboard_module()
     try:
         module.config_for(

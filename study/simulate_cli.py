@@ -13,6 +13,7 @@ from gpugov.daemon.cli_support import (
     build_controller,
     format_summary,
     load_trace_for_cli,
+    require_extra,
     require_positive,
 )
 from gpugov.plant import ServingPlant, ServingResult, load_profile, simulate
@@ -64,6 +65,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     require_positive("--load-scale", args.load_scale)
     if args.start < 0:
         raise UsageError(f"--start must be >= 0, got {args.start!r}")
+    if args.plot:
+        require_extra("matplotlib", "simulate --plot")
     workload, report = load_trace_for_cli(
         args.trace,
         format=args.trace_format,

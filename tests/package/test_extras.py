@@ -1,0 +1,88 @@
+"""The node's install is lean: plotting and scikit-learn are extras, and every command that
+needs one says in one line how to install it (the import failure is simulated here)."""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from gpugov.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _project() -> dict:  # type: ignore[type-arg]
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {r.split(">")[0].split("=")[0].split("[")[0].strip().lower() for r in requirements}
+
+
+def test_node_install_has_no_plotting_or_sklearn() -> None:
+    project = _project()
+    core = _names(project["dependencies"])
+    assert "matplotlib" not in core and "scikit-learn" not in core
+    assert {"numpy", "pydantic", "prometheus-client", "nvidia-ml-py", "numba"} <= core
+    extras = project["optional-dependencies"]
+    assert _names(extras["plots"]) == {"matplotlib"}
+    assert _names(extras["study"]) == {"scikit-learn"}
+    # `make test` and the brief's `pip install -e '.[test]'` get everything the tests use.
+    assert "gpugov[plots,study]" in extras["test"]
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], extra: str) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("gpugov: error: ")
+    assert f"pip install 'gpugov[{extra}]'" in lines[0]
+    assert "Traceback" not in captured.err
+    return lines[0]
+
+
+def test_simulate_plot_without_matplotlib(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    plot, out = tmp_path / "p.png", tmp_path / "r.json"
+    code = main(["simulate", "--duration", "30", "--plot", str(plot), "--out", str(out)])
+    assert code == 2
+    assert "simulate --plot" in _one_line_error(capsys, "plots")
+    assert not plot.exists() and not out.exists()  # it failed before doing any work
+
+
+def test_simulate_without_plot_needs_no_matplotlib(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["simulate", "--duration", "30"]) == 0
+    assert "energy" in capsys.readouterr().out
+
+
+def test_experiments_without_sklearn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "sklearn", None)
+    assert main(["experiments", "--quick", "--out", str(tmp_path / "x")]) == 2
+    assert "experiments" in _one_line_error(capsys, "study")
+    assert not (tmp_path / "x").exists()
+
+
+def test_experiments_without_matplotlib(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["experiments", "--quick", "--out", str(tmp_path / "x")]) == 2
+    _one_line_error(capsys, "plots")
+
+
+def test_scoreboard_without_matplotlib(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["bench", "controllers", "--tiny", "--out", str(tmp_path / "b")]) == 2
+    assert "bench controllers" in _one_line_error(capsys, "plots")
