@@ -9,6 +9,7 @@ recording's safety settings (clamp, floor, dwell); fail-safe ticks are skipped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,14 +103,16 @@ def _with_recorded_forecasts(spec: ControllerConfig, info: dict[str, Any]) -> Co
     return spec.model_copy(update=update) if update else spec
 
 
-def replay(path: str | Path, spec: ControllerConfig) -> ReplayReport:
+def replay(
+    path: str | Path, spec: ControllerConfig, *, warn: Callable[[str], None] | None = None
+) -> ReplayReport:
     """Replay ``path`` through the controller ``spec`` describes.
 
     Raises:
         RecordingError: the file is not a usable recording.
         ControllerError: the controller cannot be built.
     """
-    header, rows = read_recording(path)
+    header, rows = read_recording(path, warn=warn)
     period_s = float(header.get("period_s", 1.0))
     domains: dict[str, dict[str, Any]] = {d["name"]: d for d in header.get("domains", [])}
     controllers = {}

@@ -18,7 +18,7 @@ from gpugov.controllers.mpc import expected_output_tokens_forecast
 from gpugov.daemon.actuator import ClockActuator, LockMode
 from gpugov.daemon.backend import DryRunBackend, GpuBackend
 from gpugov.daemon.config import ControllerConfig, GpugovConfig, MPCControllerConfig
-from gpugov.daemon.decide import build_controller, mpc_controller, with_safety
+from gpugov.daemon.decide import build_controller, mpc_controller, spec_name, with_safety
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.loop import Domain, FailsafeMode
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
@@ -111,7 +111,9 @@ def build_domain(
     )
     wrapped = with_safety(inner, clocks, floor_mhz=floor_mhz, dwell_s=dwell_s)
     actuator = ClockActuator(backends, domain=name, lock_mode=lock_mode)
-    return Domain(name, observer, wrapped, actuator, failsafe=failsafe)
+    return Domain(
+        name, observer, wrapped, actuator, failsafe=failsafe, label=spec_name(controller_spec)
+    )
 
 
 def _domain_header(domain: Domain, config_fields: dict[str, Any]) -> dict[str, Any]:
