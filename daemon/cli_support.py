@@ -61,6 +61,15 @@ def build_controller(
         raise UsageError(f"--controller {spec}: {error}") from error
 
 
+def controller_label(spec: str) -> str:
+    """The one name of a ``--controller`` spec for titles and JSON (``mpc:h200-...`` ->
+    ``mpc``; ``fixed:1410.0`` -> ``fixed:1410``); the spec itself when it does not parse."""
+    try:
+        return decide.spec_name(parse_controller_spec(spec))
+    except ValueError:
+        return spec
+
+
 def check_fixed_clock(config: object, low_mhz: float, high_mhz: float, spec: str) -> None:
     """Refuse ``fixed:MHZ`` outside the supported range ``[low, high]`` (rather than
     clamping it silently)."""

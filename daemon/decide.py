@@ -56,6 +56,8 @@ OLD_CONTROLLER_NAMES = {
     "mpc_fast": "mpc",
     "mpc_slsqp_clock": "mpc-slsqp",
     "mpc_slsqp": "mpc-slsqp",
+    "best_fixed": "best-fixed",
+    "window_oracle": "window-oracle",
 }
 """Names older versions wrote (metrics labels, recordings, JSON) -> the one name now."""
 

@@ -15,7 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.daemon.config import ControllerConfig, MPCControllerConfig
-from gpugov.daemon.decide import build_controller, controller_name, with_safety
+from gpugov.daemon.decide import (
+    build_controller,
+    canonical_controller_name,
+    spec_name,
+    with_safety,
+)
 from gpugov.daemon.record import RecordingError, observation_from_dict, read_recording
 
 
@@ -127,11 +132,13 @@ def replay(
             floor_mhz=safety.get("floor_mhz"),
             dwell_s=float(safety.get("dwell_s", 1.0)),
         )
-    recorded_names = sorted({str(info.get("controller", "?")) for info in domains.values()})
-    any_controller = next(iter(controllers.values()), None)
+    # Older recordings carry older names (mpc_clock, reactive_governor...): show today's.
+    recorded_names = sorted(
+        {canonical_controller_name(str(info.get("controller", "?"))) for info in domains.values()}
+    )
     report = ReplayReport(
         recorded_controller=", ".join(recorded_names),
-        replayed_controller=controller_name(any_controller) if any_controller else "?",
+        replayed_controller=spec_name(spec),
     )
     for number, row in enumerate(rows, start=2):
         name = row.get("domain")

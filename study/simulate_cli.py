@@ -15,6 +15,7 @@ from gpugov.daemon.cli_support import (
     build_controller,
     check_output_file,
     check_workload_fits,
+    controller_label,
     format_summary,
     load_trace_for_cli,
     require_nonnegative,
@@ -77,14 +78,15 @@ def run_simulate(args: argparse.Namespace) -> int:
         scheduler,
         controller,
         seed=args.seed,
-        controller_name=args.controller,
+        controller_name=controller_label(args.controller),
         control_period_s=args.control_period,
         on_progress=progress,
     )
     progress.close(result=result)
     metrics = result.metrics.as_dict()
     title = (
-        f"gpugov simulate: {args.controller} on {profile.name} ({profile.profile_status}), "
+        f"gpugov simulate: {controller_label(args.controller)} on {profile.name} "
+        f"({profile.profile_status}), "
         f"trace {Path(report.path).name} [{len(workload)} requests]"
     )
     print(format_summary(metrics, title))
@@ -96,7 +98,8 @@ def run_simulate(args: argparse.Namespace) -> int:
             "metrics": metrics,
             "metadata": {
                 **result.metadata,
-                "controller": args.controller,
+                "controller": controller_label(args.controller),
+                "controller_spec": args.controller,
                 "control_period_s": args.control_period,
                 "trace": {
                     "path": report.path,

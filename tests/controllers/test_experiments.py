@@ -343,7 +343,7 @@ def test_mpc_section_is_run_mpc_on_the_shifted_window(plant, workloads, results)
     )
     shifted = shift_largest_burst(window, plant.profile, expected_output_tokens=expected)
     reference = run_mpc(shifted, plant, timer=StepTimer())
-    suite = results["mpc"]["controllers"]["mpc"]
+    suite = results["mpc"]["controllers"]["mpc-slsqp"]
     assert suite["metrics"] == reference.metrics.as_dict()
     expected = reference.as_dict(stride=5)
     assert suite["requested_clock_mhz"] == expected["requested_clock_mhz"]

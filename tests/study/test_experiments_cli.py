@@ -115,12 +115,15 @@ def test_summary_has_the_headline_tables_and_caveats(quick_run) -> None:
         assert f"(figures/{name})" in summary
 
 
-def test_progress_lines_carry_elapsed_seconds(quick_run) -> None:
+def test_progress_lines_carry_step_elapsed_and_eta(quick_run) -> None:
     _, _, _, stderr = quick_run
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) >= 10
-    pattern = re.compile(r"^\[\s*\d+\.\d s\] \S")
+    pattern = re.compile(
+        r"^experiments: +\d+\.\d% \(\d+/12 steps\), elapsed \S+, ETA \S+, \S"
+    )
     assert all(pattern.match(line) for line in lines), lines
+    assert lines[-1].startswith("experiments: 100.0% (12/12 steps)")
     assert any("fqi" in line for line in lines)
     assert lines[-1].endswith("done")
 

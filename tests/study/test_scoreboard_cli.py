@@ -99,9 +99,9 @@ def test_tiny_scoreboard_writes_json_markdown_and_png(
     assert scenario["lp_bound"]["energy_j"] <= min(row["energy_j"] for row in rows)
     markdown = (out / "scoreboard.md").read_text()
     assert "| controller | energy | saved |" in markdown
-    assert "Window oracle (hindsight)" in markdown
+    assert "window-oracle (hindsight)" in markdown
     assert (out / "scoreboard.png").read_bytes().startswith(PNG_MAGIC)
-    assert "MPC (fast)" in stdout
+    assert "\nmpc " in stdout and "mpc-slsqp" in stdout
     assert "wrote" in stdout
     assert "azure-conv-10min|h100-sxm-llama3-8b|recorded" in stderr
 
