@@ -89,7 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(None if command == "?" else command)
     try:
         args = parser.parse_args(argv)
-        return int(args.handler(args))
+        code = int(args.handler(args))
+        sys.stdout.flush()  # a closed pipe raises here, inside the handler below
+        return code
     except KeyboardInterrupt:
         print("\ngpugov: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -915,13 +915,13 @@ def simulate(
     next_progress_s = 0.0
     while True:
         tick = step * control_period_s
-        if on_progress is not None and tick >= next_progress_s:
-            on_progress(simulation.time_s, simulation)
-            next_progress_s = tick + progress_every_s
         if tick > horizon + _EPS:
             simulation.advance_to(horizon, stop_when_done=True)
             break
         simulation.advance_to(tick, stop_when_done=True)
+        if on_progress is not None and tick >= next_progress_s:
+            on_progress(simulation.time_s, simulation)
+            next_progress_s = tick + progress_every_s
         if simulation.done and step > 0:
             break
         observation = simulation.observe()
