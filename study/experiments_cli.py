@@ -260,12 +260,9 @@ def format_summary_markdown(results: Mapping[str, Any], *, elapsed_s: float | No
 
 # ------------------------------------------------------------------------ figures
 def _pyplot() -> Any:
-    import matplotlib
+    from gpugov.study.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return pyplot()
 
 
 def _save(fig: Any, path: Path) -> None:
@@ -570,6 +567,7 @@ def run_experiments(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--animation ({args.animation:g} s) exceeds --duration ({args.duration:g} s)"
         )
+    _pyplot()  # the figures need the gpugov[plots] extra: say so now, not after the run
     prepare_output_dir("--out", args.out)
     sizes = QUICK_SIZES if args.quick else SEED_SIZES
 

@@ -87,8 +87,9 @@ def series_from_recording(
 ) -> RunSeries:
     """One domain's tick lines of a ``--record`` file as plot series (windowed latencies).
 
-    The requested clock is the one the daemon asked for (after the safety wrappers); the
-    realised one is what the GPU reported; fail-safe ticks are marked.
+    The requested clock is the one the daemon asked for at each tick (after the safety
+    wrappers); the realised one is what the GPU reported at the next tick, i.e. what it
+    ran during that tick's interval, so the two line up; fail-safe ticks are marked.
     """
     mine = [r for r in rows if domain is None or r.get("domain") == domain]
     obs = [r.get("observation") or {} for r in mine]
@@ -109,7 +110,7 @@ def series_from_recording(
     return RunSeries(
         time_s=times,
         requested_clock_mhz=[r.get("requested_mhz") for r in mine],
-        realized_clock_mhz=column("realized_clock_mhz"),
+        realized_clock_mhz=[*column("realized_clock_mhz")[1:], None],
         power_w=column("power_w"),
         waiting=column("waiting_requests"),
         decoding=column("decode_active"),
