@@ -1404,7 +1404,6 @@ def run_from_args(args: argparse.Namespace) -> int:
     )
     from gpugov.daemon.cli_support import UsageError, prepare_output_dir
     from gpugov.daemon.progress import Progress
-
     from gpugov.study.plots import pyplot
 
     pyplot()  # scoreboard.png needs the gpugov[plots] extra: say so before the run
