@@ -249,7 +249,9 @@ def simulated_run(
     if isinstance(controller_spec, MPCControllerConfig):
         # Record the forecasts the MPC really uses, so a replay rebuilds the same MPC.
         controller_spec = with_workload_forecasts(controller_spec, workload)
-        controller = mpc_controller(controller_spec, plant, period_s)
+        controller = mpc_controller(
+            controller_spec, planning_plant(controller_spec, plant), period_s
+        )
     domain = build_domain(
         "sim",
         [backend],
@@ -296,12 +298,31 @@ def with_workload_forecasts(
     return spec.model_copy(update=update)
 
 
+def planning_plant(spec: MPCControllerConfig, plant: ServingPlant) -> ServingPlant:
+    """The plant the MPC's model is built from: the run's own, unless the spec names
+    another profile (``--controller mpc:PROFILE``: a model-mismatch run).
+
+    Raises:
+        ProfileError: the named profile cannot be loaded.
+    """
+    named = spec.profile if "profile" in spec.model_fields_set else None
+    if named is None or named == plant.profile.name:
+        return plant
+    from gpugov.plant import load_profile
+
+    other = ServingPlant.from_profile(load_profile(named))
+    return plant if other.profile.name == plant.profile.name else other
+
+
 def simulated_mpc(
     spec: MPCControllerConfig, plant: ServingPlant, workload: Sequence[Request], period_s: float
 ) -> Any:
-    """The MPC on the run's own plant, with forecasts declared from the workload unless
-    the config gives them (:func:`with_workload_forecasts`)."""
-    return mpc_controller(with_workload_forecasts(spec, workload), plant, period_s)
+    """The MPC planning on the run's plant (or the profile the spec names, see
+    :func:`planning_plant`), with forecasts declared from the workload unless the config
+    gives them (:func:`with_workload_forecasts`)."""
+    return mpc_controller(
+        with_workload_forecasts(spec, workload), planning_plant(spec, plant), period_s
+    )
 
 
 __all__ = [

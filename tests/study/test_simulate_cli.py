@@ -155,3 +155,19 @@ def test_skipped_zero_token_rows_reported_on_one_line(
     assert main(["simulate", "--trace", str(trace), "--quiet"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"gpugov: warning: {trace}: skipped 1 zero-token row(s) of 3 (failed requests)"]
+
+
+def test_mpc_profile_part_names_the_model_it_plans_on(tmp_path: Path) -> None:
+    """``mpc:PROFILE`` is not ignored: the MPC plans on that profile (a mismatch run)."""
+    energies = {}
+    for spec in ("mpc", "mpc:h100-sxm-llama3-8b", "mpc:a100-sxm-80gb-llama3-8b"):
+        out = tmp_path / f"{spec.replace(':', '_')}.json"
+        argv = ["simulate", "--controller", spec, "--duration", "30", "--quiet",
+                "--out", str(out)]
+        assert main(argv) == 0
+        payload = json.loads(out.read_text())
+        assert payload["metadata"]["controller"] == "mpc"
+        assert payload["metadata"]["controller_spec"] == spec
+        energies[spec] = payload["metrics"]["energy_j"]
+    assert energies["mpc"] == energies["mpc:h100-sxm-llama3-8b"]
+    assert energies["mpc:a100-sxm-80gb-llama3-8b"] != energies["mpc"]
