@@ -9,7 +9,7 @@ runs the fast MPC (config kind ``mpc``, built as the scoreboard builds it) in ea
 variant below and scores it against that run's maximum-clock and window-oracle energies,
 with the scoreboard's rules (holds the SLO within 1 point of the maximum clock's
 attainment; capture = (E_max - E) / (E_max - E_oracle)). The simulator and the solver are
-deterministic, so the last variant reproduces the scoreboard's ``mpc_fast`` rows. Writes
+deterministic, so the last variant reproduces the scoreboard's ``mpc`` rows. Writes
 ``bench/results/mpc_ablation.json`` and prints a table.
 """
 
@@ -26,6 +26,7 @@ from typing import Any
 
 from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo, oracle_capture
 from gpugov.daemon.config import MPCControllerConfig
+from gpugov.daemon.decide import canonical_controller_name
 from gpugov.daemon.service import simulated_mpc
 from gpugov.plant import ServingPlant, load_profile, simulate
 from gpugov.plant.scheduler import chunked_prefill_scheduler
@@ -87,7 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = board["config"]
     by_scenario: dict[str, dict[str, dict[str, Any]]] = {}
     for row in board["rows"]:
-        by_scenario.setdefault(row["scenario"], {})[row["controller"]] = row
+        # Scoreboards written before the one-name rename say max_clock, window_oracle...
+        name = canonical_controller_name(row["controller"])
+        by_scenario.setdefault(row["scenario"], {})[name] = row
     tasks = [
         (scenario, name, period, overrides, settings)
         for scenario in by_scenario
@@ -99,12 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for run in runs:
         reference = by_scenario[run["scenario"]]
-        e_max = reference["max_clock"]["energy_j"]
+        e_max = reference["max"]["energy_j"]
         held = holds_slo(
-            run["slo_attainment"], reference["max_clock"]["slo_attainment"], SLO_TOLERANCE
+            run["slo_attainment"], reference["max"]["slo_attainment"], SLO_TOLERANCE
         )
         capture = oracle_capture(
-            e_max, run["energy_j"], reference["window_oracle"]["energy_j"], holds=held
+            e_max, run["energy_j"], reference["window-oracle"]["energy_j"], holds=held
         )
         reactive = reference["reactive"]
         rows.append({

@@ -24,6 +24,10 @@ def maximum_clock_controller(observation: ServingObservation) -> float:
     return float(_require_clocks(observation, "maximum_clock_controller")[-1])
 
 
+# Controllers carry gpugov's one name for them (the --controller spec, the metrics label).
+maximum_clock_controller.__name__ = "max"
+
+
 @dataclass(frozen=True, slots=True)
 class FixedClockController:
     """Request one fixed clock (quantised downward by the actuator or plant)."""
@@ -36,7 +40,7 @@ class FixedClockController:
 
     @property
     def __name__(self) -> str:
-        return f"fixed_{self.clock_mhz:g}_mhz"
+        return f"fixed:{self.clock_mhz:g}"
 
     def __call__(self, observation: ServingObservation) -> float:
         return float(self.clock_mhz)
@@ -74,7 +78,7 @@ class ReactiveGovernor:
 
     @property
     def __name__(self) -> str:
-        return "reactive_governor"
+        return "reactive"
 
     def __call__(self, observation: ServingObservation) -> float:
         clocks = _require_clocks(observation, "ReactiveGovernor")

@@ -3,11 +3,14 @@
 :func:`build_textbook_results` is the seed's function of the same name, ported step for
 step: a modelling run at the maximum clock, the open-loop plan on a selected 60 s window
 (nominal arrivals, then the largest burst moved 20 s earlier), the MPC comparison
-(maximum clock, reactive governor, the same offline plan, MPC) on the shifted window, and
-the scheduling MDP (exact DP, fitted Q iteration on broad and narrow logs, Monte Carlo
-evaluation, policy and coverage slices). The returned dict has the seed's top-level keys
-(``metadata``, ``modeling``, ``open_loop``, ``mpc``, ``scheduling``, ``fqi``) with the
-seed's inner keys; additions never rename or remove a seed key:
+(``max``, ``reactive``, the same ``open-loop`` plan, the seed's SLSQP MPC ``mpc-slsqp``) on
+the shifted window, and the scheduling MDP (exact DP, fitted Q iteration on broad and
+narrow logs, Monte Carlo evaluation, policy and coverage slices). The returned dict has the
+seed's top-level keys (``metadata``, ``modeling``, ``open_loop``, ``mpc``, ``scheduling``,
+``fqi``) with the seed's inner keys, except one rename: the MPC comparison's controllers
+are keyed and named by the one name gpugov uses everywhere (CLI spec, metrics label,
+recordings, scoreboard), so the seed's ``maximum_clock``, ``offline`` and ``mpc`` are
+``max``, ``open-loop`` and ``mpc-slsqp``. Additions never remove a seed key:
 
 * ``metadata`` also holds ``seed_deviations`` (every place the ported methods or this
   suite differ from the seed, and why), ``inputs`` (workload checksums and lengths, the
@@ -271,7 +274,7 @@ def _run_mpc(
         chunked_prefill_scheduler,
         controller,
         0,
-        controller_name="MPC",
+        controller_name="mpc-slsqp",
         scheduler_name=SCHEDULER_NAME,
         control_period_s=controller.control_period_s,
     )
@@ -353,7 +356,7 @@ def build_textbook_results(
         plant,
         chunked_prefill_scheduler,
         maximum_clock_controller,
-        controller_name="Maximum clock",
+        controller_name="max",
         scheduler_name=SCHEDULER_NAME,
     )
 
@@ -383,7 +386,7 @@ def build_textbook_results(
         plant,
         chunked_prefill_scheduler,
         open_loop_clock_controller(plan),
-        controller_name="Offline plan",
+        controller_name="open-loop",
         scheduler_name=SCHEDULER_NAME,
     )
     shifted_workload = shift_largest_burst(
@@ -400,7 +403,7 @@ def build_textbook_results(
         plant,
         chunked_prefill_scheduler,
         open_loop_clock_controller(plan),
-        controller_name="Same offline plan, shifted arrivals",
+        controller_name="open-loop",
         scheduler_name=SCHEDULER_NAME,
     )
     report("mpc comparison: maximum clock and reactive governor on the shifted window")
@@ -409,7 +412,7 @@ def build_textbook_results(
         plant,
         chunked_prefill_scheduler,
         maximum_clock_controller,
-        controller_name="Maximum clock",
+        controller_name="max",
         scheduler_name=SCHEDULER_NAME,
     )
     reactive_result = simulate(
@@ -417,7 +420,7 @@ def build_textbook_results(
         plant,
         chunked_prefill_scheduler,
         sample_and_hold_clock_controller(reactive_clock_controller, period_s=1.0),
-        controller_name="Reactive governor",
+        controller_name="reactive",
         scheduler_name=SCHEDULER_NAME,
     )
     report("mpc comparison: receding-horizon MPC (SLSQP every second)")
@@ -643,10 +646,10 @@ def build_textbook_results(
         },
         "mpc": {
             "controllers": {
-                "maximum_clock": maximum_result.as_dict(stride=stride),
+                "max": maximum_result.as_dict(stride=stride),
                 "reactive": reactive_result.as_dict(stride=stride),
-                "offline": open_loop_shifted.as_dict(stride=stride),
-                "mpc": mpc_result.as_dict(stride=stride),
+                "open-loop": open_loop_shifted.as_dict(stride=stride),
+                "mpc-slsqp": mpc_result.as_dict(stride=stride),
             },
             "diagnostics": copy.deepcopy(mpc_diagnostics),
         },
@@ -746,7 +749,7 @@ def _scheduling_on_plant(
             plant,
             scheduler,
             controller,
-            controller_name=f"Fixed {clock_mhz:g} MHz",
+            controller_name=f"fixed:{clock_mhz:g}",
             scheduler_name=label,
         )
         schedulers[key] = _plant_scheduler_payload(result, label=label, policy=key, stride=stride)
@@ -755,7 +758,7 @@ def _scheduling_on_plant(
         plant,
         chunked_prefill_scheduler,
         controller,
-        controller_name=f"Fixed {clock_mhz:g} MHz",
+        controller_name=f"fixed:{clock_mhz:g}",
         scheduler_name=SCHEDULER_NAME,
     )
     schedulers["chunked_prefill"] = _plant_scheduler_payload(

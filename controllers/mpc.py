@@ -743,7 +743,9 @@ class MPCController:
         self.plans_by_step: dict[int, tuple[float, ...]] = {}
         self.plan_start_times_by_step: dict[int, float] = {}
         self.plan_dt_s = self.control_period_s
-        self.__name__ = "mpc_clock"
+        # The one controller name (CLI spec, metrics, JSON): the SLSQP solver is the
+        # seed's ``mpc-slsqp``; any other solver is the fast ``mpc``.
+        self.__name__ = "mpc-slsqp" if isinstance(self.solver, SLSQPSolver) else "mpc"
 
     @classmethod
     def from_profile(

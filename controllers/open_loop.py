@@ -286,7 +286,7 @@ class OpenLoopClockController:
         self.plan_dt_s = plan.control_period_s
         self.plans_by_step = {0: tuple(float(value) for value in plan.applied_clock_mhz)}
         self.plan_start_times_by_step = {0: 0.0}
-        self.__name__ = "open_loop_clock"
+        self.__name__ = "open-loop"
 
     def __call__(self, observation: ServingObservation) -> float:
         index = int(np.floor((observation.time_s + 1e-12) / self.plan.control_period_s))

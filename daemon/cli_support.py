@@ -3,11 +3,14 @@ runs, trace loading with one-line warnings, the metrics table, and one clear err
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import math
+import os
 import sys
+import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpugov.daemon import decide
@@ -48,13 +51,8 @@ def build_controller(
         raise UsageError(
             message if message.startswith("--controller") else f"--controller: {message}"
         ) from error
-    if isinstance(config, FixedControllerConfig):
-        profile = plant.profile
-        if not profile.minimum_clock_mhz <= config.clock_mhz <= profile.maximum_clock_mhz:
-            raise UsageError(
-                f"--controller {spec}: outside the profile's supported range "
-                f"{profile.minimum_clock_mhz:g}-{profile.maximum_clock_mhz:g} MHz"
-            )
+    profile = plant.profile
+    check_fixed_clock(config, profile.minimum_clock_mhz, profile.maximum_clock_mhz, spec)
     if isinstance(config, MPCControllerConfig):
         from gpugov.daemon.service import simulated_mpc  # the node's assembly: only for mpc
 
@@ -63,6 +61,43 @@ def build_controller(
         return decide.build_controller(config, period_s=control_period_s)
     except GpugovControllerError as error:
         raise UsageError(f"--controller {spec}: {error}") from error
+
+
+def controller_label(spec: str) -> str:
+    """The one name of a ``--controller`` spec for titles and JSON (``mpc:h200-...`` ->
+    ``mpc``; ``fixed:1410.0`` -> ``fixed:1410``); the spec itself when it does not parse."""
+    try:
+        return decide.spec_name(parse_controller_spec(spec))
+    except ValueError:
+        return spec
+
+
+def check_fixed_clock(config: object, low_mhz: float, high_mhz: float, spec: str) -> None:
+    """Refuse ``fixed:MHZ`` outside the supported range ``[low, high]`` (rather than
+    clamping it silently)."""
+    if isinstance(config, FixedControllerConfig) and not (
+        low_mhz <= config.clock_mhz <= high_mhz
+    ):
+        raise UsageError(
+            f"--controller {spec}: outside the supported range {low_mhz:g}-{high_mhz:g} MHz"
+        )
+
+
+def check_engine_url(url: str) -> None:
+    """Refuse an engine URL that is not ``http(s)://HOST[:PORT]/...`` (one line)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        port_ok = False
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise UsageError(
+            f"--engine-url {url}: not an http(s) URL with a host and a valid port, such as "
+            "http://127.0.0.1:8000/metrics"
+        )
 
 
 def load_trace_for_cli(
@@ -120,6 +155,98 @@ def format_summary(metrics: dict[str, Any], title: str = "") -> str:
     lines = [title] if title else []
     lines += [f"  {name:<{width}}  {value}" for name, value in rows]
     return "\n".join(lines)
+
+
+MAX_SIMULATED_DAYS = 7.0
+"""Longest window ``simulate`` and ``run --simulate`` accept, in simulated days (a trace
+with an arrival at 1e308 s, or ``--load-scale 1e-6``, would otherwise never end)."""
+
+
+def hidden_alias(
+    parser: argparse.ArgumentParser, old: str, dest: str, kind: Callable[[str], Any]
+) -> None:
+    """Accept ``old`` as a deprecated spelling of the flag stored in ``dest``, unlisted
+    in ``--help`` (one flag name per concept; scripts using the old name keep working)."""
+    parser.add_argument(
+        old, dest=dest, type=kind, default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
+
+
+def warn(message: str) -> None:
+    """Print one warning line on stderr."""
+    print(f"gpugov: warning: {message}", file=sys.stderr)
+
+
+def require_nonnegative(flag: str, value: float | None) -> None:
+    """Raise :class:`UsageError` naming ``flag`` unless ``value`` is None or finite >= 0."""
+    if value is not None and (not math.isfinite(value) or value < 0):
+        raise UsageError(f"{flag} must be finite and >= 0, got {value!r}")
+
+
+def check_output_file(flag: str, path: str | os.PathLike[str] | None) -> None:
+    """Refuse an output file that cannot be written, before any work is done.
+
+    The parent directory must already exist (nothing is created behind the user's back)
+    and accept a new file; an existing target must be a writable file. Nothing is
+    written to the target itself, so a refused or failed run loses no earlier output.
+    """
+    if path is None:
+        return
+    target = os.fspath(path)
+    parent = os.path.dirname(os.path.abspath(target))
+    if os.path.isdir(target):
+        raise UsageError(f"{flag} {target}: is a directory; give a file name")
+    if not os.path.isdir(parent):
+        raise UsageError(
+            f"{flag} {target}: directory {parent} does not exist (create it first)"
+        )
+    try:
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".gpugov-write-test-"):
+            pass
+    except OSError as error:
+        raise UsageError(
+            f"{flag} {target}: cannot write in {parent}: {error.strerror or error}"
+        ) from error
+    if os.path.exists(target) and not os.access(target, os.W_OK):
+        raise UsageError(f"{flag} {target}: file is not writable")
+
+
+def prepare_output_dir(flag: str, path: str | os.PathLike[str]) -> None:
+    """Create the output directory ``path`` (and its parents) before the work, or refuse
+    it in one line (a file in the way, no permission, read-only file system)."""
+    target = os.fspath(path)
+    try:
+        os.makedirs(target, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=target, prefix=".gpugov-write-test-"):
+            pass
+    except OSError as error:
+        raise UsageError(
+            f"{flag} {target}: cannot write there: {error.strerror or error}"
+        ) from error
+
+
+def check_workload_fits(
+    workload: Sequence[Request], plant: ServingPlant, trace: str
+) -> None:
+    """Refuse a workload the plant cannot run: a request larger than the KV cache, or
+    a window longer than :data:`MAX_SIMULATED_DAYS` (it would not end in reasonable time).
+    """
+    capacity = plant.kv_capacity_tokens
+    for request in workload:
+        if request.prompt_tokens + request.output_tokens > capacity:
+            raise UsageError(
+                f"--trace {trace}: request {request.request_id} needs "
+                f"{request.prompt_tokens} + {request.output_tokens} KV tokens, more than the "
+                f"profile's KV capacity of {capacity} tokens"
+            )
+    if workload:
+        span_s = workload[-1].arrival_time_s
+        if not math.isfinite(span_s) or span_s > MAX_SIMULATED_DAYS * 86_400.0:
+            raise UsageError(
+                f"--trace {trace}: the window spans {span_s:.3g} simulated seconds, over the "
+                f"limit of {MAX_SIMULATED_DAYS:g} simulated days; choose a shorter --duration "
+                "or a larger --load-scale"
+            )
 
 
 def require_positive(flag: str, value: float | None) -> None:

@@ -44,6 +44,43 @@ def controller_name(controller: object) -> str:
     return str(getattr(controller, "__name__", type(controller).__name__))
 
 
+OLD_CONTROLLER_NAMES = {
+    "maximum": "max",
+    "maximum_clock": "max",
+    "maximum_clock_controller": "max",
+    "max_clock": "max",
+    "reactive_governor": "reactive",
+    "open_loop_clock": "open-loop",
+    "open_loop": "open-loop",
+    "offline": "open-loop",
+    "Offline plan": "open-loop",
+    "mpc_clock": "mpc",
+    "mpc_fast": "mpc",
+    "mpc_slsqp_clock": "mpc-slsqp",
+    "mpc_slsqp": "mpc-slsqp",
+    "best_fixed": "best-fixed",
+    "window_oracle": "window-oracle",
+}
+"""Names older versions wrote (metrics labels, recordings, JSON) -> the one name now."""
+
+
+def canonical_controller_name(name: str) -> str:
+    """The one name of a controller (``max``, ``fixed:MHZ``, ``reactive``, ``open-loop``,
+    ``mpc``, ``mpc-slsqp``), also for a name an older recording or result carries."""
+    if name.startswith("fixed_") and name.endswith("_mhz"):
+        return f"fixed:{name[len('fixed_'):-len('_mhz')]}"
+    return OLD_CONTROLLER_NAMES.get(name, name)
+
+
+def spec_name(spec: ControllerConfig) -> str:
+    """The one name of a configured controller: its ``--controller`` spec without the
+    argument (``fixed`` keeps its clock: ``fixed:1410``). Metrics labels, recordings,
+    JSON and figures all use it."""
+    if isinstance(spec, FixedControllerConfig):
+        return f"fixed:{spec.clock_mhz:g}"
+    return str(spec.kind)
+
+
 def build_controller(spec: ControllerConfig, *, period_s: float) -> ClockController:
     """The controller a config section asks for.
 
@@ -128,7 +165,7 @@ def mpc_controller(
     if output is not None:
         options["mean_output_tokens"] = output
     controller = MPCController(plant, **options)
-    controller.__name__ = "mpc_clock" if fast else "mpc_slsqp_clock"
+    controller.__name__ = spec.kind
     return controller
 
 
@@ -147,14 +184,23 @@ def parse_controller_spec(text: str, *, default_profile: str | None = None) -> C
     """A command-line ``--controller`` value as a controller config.
 
     ``max``, ``fixed:1410``, ``reactive``, ``open-loop:plan.json``, ``mpc`` or
-    ``mpc:PROFILE`` (default: ``default_profile``).
+    ``mpc:PROFILE`` (default: ``default_profile``); ``mpc-slsqp`` likewise. An argument
+    where none is taken (``reactive:foo``), or an MPC profile that is neither a bundled
+    profile nor a profile file, is refused.
 
     Raises:
         ValueError: naming the spec and what was expected.
     """
-    kind, _, argument = text.partition(":")
+    kind, colon, argument = text.partition(":")
     match kind:
-        case "max" | "maximum":
+        case "max" | "maximum" | "reactive":
+            if colon:
+                raise ValueError(
+                    f"--controller {text!r}: {kind} takes no argument; "
+                    f"expected {CONTROLLER_SPEC_HELP}"
+                )
+            if kind == "reactive":
+                return ReactiveControllerConfig(kind="reactive")
             return MaxControllerConfig(kind="max")
         case "fixed":
             try:
@@ -164,14 +210,16 @@ def parse_controller_spec(text: str, *, default_profile: str | None = None) -> C
             if not math.isfinite(clock) or clock <= 0:
                 raise ValueError(f"--controller fixed:MHZ needs a positive clock, got {text!r}")
             return FixedControllerConfig(kind="fixed", clock_mhz=clock)
-        case "reactive":
-            return ReactiveControllerConfig(kind="reactive")
         case "open-loop":
             if not argument:
                 raise ValueError("--controller open-loop:PLAN.json needs the plan file")
             return OpenLoopControllerConfig.model_validate({"kind": "open-loop", "plan": argument})
         case "mpc" | "mpc-slsqp":
+            if colon and not argument:
+                raise ValueError(f"--controller {text!r}: name a profile after the colon")
             profile = argument or default_profile
+            if argument:
+                _check_profile(argument, text)
             if profile:
                 return MPCControllerConfig(kind=kind, profile=profile)
             return MPCControllerConfig(kind=kind)
@@ -207,6 +255,14 @@ def warm_up(
     started = time.perf_counter()
     probe(observation)
     return time.perf_counter() - started
+def _check_profile(name: str, text: str) -> None:
+    """Refuse an MPC profile that is neither bundled nor a profile file (one line)."""
+    from gpugov.plant.profile import ProfileError, resolve_profile_path
+
+    try:
+        resolve_profile_path(name)
+    except ProfileError as error:
+        raise ValueError(f"--controller {text!r}: {error}") from error
 
 
 # ---------------------------------------------------------------------- wrappers

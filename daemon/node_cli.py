@@ -25,9 +25,16 @@ from typing import Any
 
 from gpugov.daemon.cli_support import (
     UsageError,
+    check_engine_url,
+    check_fixed_clock,
+    check_output_file,
+    check_workload_fits,
     format_summary,
+    hidden_alias,
     load_trace_for_cli,
+    require_nonnegative,
     require_positive,
+    warn,
 )
 from gpugov.daemon.config import GpugovConfig, load_config, parse_address
 from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
@@ -113,6 +120,11 @@ def _exporter(address: str | None) -> Exporter | None:
         host, port = parse_address(address)
     except ValueError as error:
         raise UsageError(f"--metrics-address {error}") from error
+    if host in ("0.0.0.0", "::", "*"):
+        warn(
+            f"metrics address {address} exposes /metrics on every network interface; "
+            "use 127.0.0.1 or one interface's address unless that is intended"
+        )
     try:
         return Exporter(host, port)
     except OSError as error:
@@ -127,6 +139,7 @@ def _run_node(args: argparse.Namespace) -> int:
     if not args.config:
         raise UsageError("gpugov run needs --config FILE (or --simulate)")
     config = load_config(args.config)
+    check_output_file("--record", args.record or config.daemon.record)
     _setup_logging(args.log_level or config.daemon.log_level)
     notify = SystemdNotify()
     try:
@@ -168,14 +181,15 @@ def _run_node(args: argparse.Namespace) -> int:
 
 
 def _run_simulated(args: argparse.Namespace) -> int:
+    from gpugov.daemon.sim_progress import SimulationProgress
     from gpugov.plant import ServingPlant, load_profile
     from gpugov.plant.workload import DEFAULT_TRACE
 
     _setup_logging(args.log_level or "warning")
-    for flag in ("speed", "duration", "period", "load_scale"):
+    for flag in ("speed", "duration", "control_period", "load_scale"):
         require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
-    if args.dwell is not None and args.dwell < 0:
-        raise UsageError(f"--dwell must be >= 0, got {args.dwell!r}")
+    require_nonnegative("--dwell", args.dwell)
+    check_output_file("--record", args.record)
     trace = args.trace or DEFAULT_TRACE
     workload, report = load_trace_for_cli(
         trace, duration_s=args.duration, load_scale=args.load_scale
@@ -184,10 +198,12 @@ def _run_simulated(args: argparse.Namespace) -> int:
         raise UsageError(f"--trace {trace}: the selected window holds no requests")
     profile = load_profile(args.profile)
     plant = ServingPlant.from_profile(profile)
+    check_workload_fits(workload, plant, trace)
     try:
         spec = parse_controller_spec(args.controller, default_profile=args.profile)
     except ValueError as error:
         raise UsageError(str(error)) from error
+    check_fixed_clock(spec, profile.minimum_clock_mhz, profile.maximum_clock_mhz, args.controller)
     stop = threading.Event()
     if args.virtual:
         virtual = VirtualClock()
@@ -201,7 +217,7 @@ def _run_simulated(args: argparse.Namespace) -> int:
         plant,
         spec,
         clock,
-        period_s=args.period,
+        period_s=args.control_period,
         dwell_s=args.dwell if args.dwell is not None else 1.0,
         seed=args.seed,
         header={
@@ -220,19 +236,29 @@ def _run_simulated(args: argparse.Namespace) -> int:
         + (f"; metrics on {exporter.url}" if exporter else ""),
         flush=True,
     )
+    progress = SimulationProgress(
+        workload[-1].arrival_time_s, "run --simulate", enabled=not args.quiet
+    )
+
+    def before_tick(now_s: float, step: int) -> bool:
+        over = simulation.before_tick(now_s, step)
+        progress(now_s, simulation.node.simulation)
+        return over
+
     if isinstance(clock, ScaledClock):
         clock.start()  # the paced plant starts now: its controller is built and warmed
     try:
         with _stop_on_signals(stop):
             stats = run(
                 [simulation.domain],
-                TimedLoop(args.period, clock=clock, sleep=sleep, stop=stop),
+                TimedLoop(args.control_period, clock=clock, sleep=sleep, stop=stop),
                 exporter=exporter,
                 on_tick=recorder,
-                before_tick=simulation.before_tick,
+                before_tick=before_tick,
             )
     finally:
         simulation.finish()
+        progress.close(simulation.node.simulation)
         if recorder is not None:
             recorder.close()
         if exporter is not None:
@@ -267,6 +293,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.simulate:
         if args.config:
             raise UsageError("--simulate and --config are exclusive")
+        if args.dry_run:
+            raise UsageError(
+                "--dry-run applies to a node run (--config); --simulate never touches a GPU"
+            )
         return _run_simulated(args)
     if args.virtual or args.speed is not None:
         raise UsageError("--speed and --virtual only apply to --simulate")
@@ -421,6 +451,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     except GpuUnavailable as error:
         report["gpu_error"] = str(error)
         code = EXIT_NO_GPU
+    for url in args.engine_url or []:
+        check_engine_url(url)
     engines: list[tuple[str, str]] = [(url, "auto") for url in args.engine_url or []]
     if args.config:
         config = load_config(args.config)
@@ -460,14 +492,21 @@ def _num(value: float | None, unit: str) -> str:
 @_guarded
 def cmd_replay(args: argparse.Namespace) -> int:
     """``gpugov replay FILE.jsonl --controller X``."""
-    header, _ = read_recording(args.file)
+    header, _ = read_recording(args.file, warn=lambda message: None)
     try:
         spec = parse_controller_spec(
             args.controller, default_profile=args.profile or header.get("profile")
         )
     except ValueError as error:
         raise UsageError(str(error)) from error
-    report = replay(args.file, spec)
+    clocks = [
+        float(clock)
+        for domain in header.get("domains", [])
+        for clock in domain.get("supported_clocks_mhz") or []
+    ]
+    if clocks:
+        check_fixed_clock(spec, min(clocks), max(clocks), args.controller)
+    report = replay(args.file, spec, warn=warn)
     print(report.format(show=args.show))
     return EXIT_OK
 
@@ -489,10 +528,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     run_parser.add_argument(
         "--simulate", action="store_true", help="run against the simulated plant instead"
     )
-    run_parser.add_argument("--trace", default=None, help="trace name or path (simulate)")
-    run_parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile (simulate)")
     run_parser.add_argument(
-        "--controller", default="mpc", help=f"{CONTROLLER_SPEC_HELP} (simulate; default mpc)"
+        "--trace", default=None, metavar="NAME|PATH",
+        help="--simulate: trace name (see gpugov traces) or file (default azure-conv-10min)",
+    )
+    run_parser.add_argument(
+        "--profile", default=DEFAULT_PROFILE,
+        help=f"--simulate: the plant's profile, name or manifest (default {DEFAULT_PROFILE})",
+    )
+    run_parser.add_argument(
+        "--controller", default="mpc", help=f"{CONTROLLER_SPEC_HELP} (--simulate; default mpc)"
     )
     pace = run_parser.add_mutually_exclusive_group()
     pace.add_argument(
@@ -500,58 +545,85 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         type=float,
         default=None,
         metavar="X",
-        help=f"simulated seconds per wall second (default {DEFAULT_SPEED:g})",
+        help=f"--simulate: simulated seconds per wall second (default {DEFAULT_SPEED:g})",
     )
-    pace.add_argument("--virtual", action="store_true", help="run as fast as possible")
+    pace.add_argument(
+        "--virtual", action="store_true", help="--simulate: run as fast as possible"
+    )
     run_parser.add_argument(
         "--duration",
         type=float,
         default=None,
         metavar="S",
-        help="simulate: the trace window's length in seconds (default: the whole trace)",
+        help="--simulate: the trace window's length in seconds (default: the whole trace)",
     )
-    run_parser.add_argument("--load-scale", type=float, default=1.0, metavar="X")
-    run_parser.add_argument("--period", type=float, default=1.0, metavar="S", help="simulate")
-    run_parser.add_argument("--dwell", type=float, default=None, metavar="S", help="simulate")
-    run_parser.add_argument("--seed", type=int, default=0)
+    run_parser.add_argument(
+        "--load-scale", type=float, default=1.0, metavar="X",
+        help="--simulate: X>1 compresses inter-arrival times (more load), X<1 dilates",
+    )
+    run_parser.add_argument(
+        "--control-period", type=float, default=1.0, metavar="S",
+        help="--simulate: seconds between decisions (a node run takes daemon.period_s)",
+    )
+    hidden_alias(run_parser, "--period", "control_period", float)
+    run_parser.add_argument(
+        "--dwell", type=float, default=None, metavar="S",
+        help="--simulate: hold each clock at least S seconds (default 1)",
+    )
+    run_parser.add_argument(
+        "--seed", type=int, default=0, help="--simulate: seed of the plant's noise (default 0)"
+    )
     run_parser.add_argument(
         "--metrics-address",
         default=None,
         metavar="HOST:PORT",
         help="serve /metrics here (default 127.0.0.1:9400 or the config's; 'none' to disable)",
     )
-    run_parser.add_argument("--record", default=None, metavar="FILE.jsonl")
+    run_parser.add_argument(
+        "--record", default=None, metavar="FILE.jsonl",
+        help="write one JSON line per domain per tick (for gpugov replay and gpugov plot); "
+        "its directory must exist",
+    )
     run_parser.add_argument(
         "--log-level",
         default=None,
         choices=["debug", "info", "warning", "error"],
         help="default: the config's, or warning with --simulate",
     )
+    run_parser.add_argument(
+        "--quiet", action="store_true", help="--simulate: no progress lines on stderr"
+    )
     run_parser.set_defaults(handler=_run_entry)
 
     check = subparsers.add_parser("check-config", help="validate a config file; apply nothing")
-    check.add_argument("file", metavar="FILE")
+    check.add_argument("file", metavar="FILE", help="the TOML config to validate")
     check.set_defaults(handler=cmd_check_config)
 
     reset = subparsers.add_parser(
         "reset-clocks", help="remove SM clock locks (for ExecStopPost= and people)"
     )
     reset.add_argument("--gpus", default="all", help="'all' or indices/UUIDs, comma separated")
-    reset.add_argument("--backend", default="nvml", choices=["nvml", "nvidia-smi"])
+    reset.add_argument(
+        "--backend", default="nvml", choices=["nvml", "nvidia-smi"],
+        help="reset through NVML (default) or the nvidia-smi command",
+    )
     reset.set_defaults(handler=cmd_reset_clocks)
 
     status = subparsers.add_parser(
         "status", help="GPUs, clock ranges, clocks, power, lock permission, engine reachability"
     )
     status.add_argument("--config", metavar="FILE", help="also check the config's engines")
-    status.add_argument("--engine-url", action="append", metavar="URL")
-    status.add_argument("--json", action="store_true")
+    status.add_argument(
+        "--engine-url", action="append", metavar="URL",
+        help="also check this engine's metrics page (repeatable)",
+    )
+    status.add_argument("--json", action="store_true", help="print the report as JSON")
     status.set_defaults(handler=cmd_status)
 
     rep = subparsers.add_parser(
         "replay", help="replay a --record file through another controller and compare"
     )
-    rep.add_argument("file", metavar="FILE.jsonl")
+    rep.add_argument("file", metavar="FILE.jsonl", help="a recording from run --record")
     rep.add_argument("--controller", required=True, help=CONTROLLER_SPEC_HELP)
     rep.add_argument("--profile", default=None, help="profile for mpc (default: the recording's)")
     rep.add_argument("--show", type=int, default=10, help="differences to list")

@@ -77,6 +77,13 @@ class Progress:
             text = f"[{'#' * filled}{'.' * (width - filled)}] {text}"
         return f"{text}, {detail}" if detail else text
 
+    def due(self) -> bool:
+        """Whether the next :meth:`update` would emit a line (so callers can skip
+        computing an expensive ``detail`` when it would not be shown)."""
+        if not self.enabled or self._closed:
+            return False
+        return self.clock() - self._last_emit_s >= self.interval_s
+
     def update(self, done: float, detail: str = "", *, force: bool = False) -> None:
         """Record progress; emit a line when the interval has passed (or ``force``)."""
         self._done = done
@@ -93,11 +100,12 @@ class Progress:
             self.stream.write(text + "\n")
         self.stream.flush()
 
-    def close(self, detail: str = "") -> None:
-        """Emit the final line (and end the redrawn one on a terminal)."""
+    def close(self, detail: str = "", *, done: float | None = None) -> None:
+        """Emit the final line (and end the redrawn one on a terminal); ``done``, when
+        given, is the final amount of work."""
         if self._closed:
             return
-        self.update(self._done, detail, force=True)
+        self.update(self._done if done is None else done, detail, force=True)
         self._closed = True
         if self.enabled and self.tty:
             self.stream.write("\n")

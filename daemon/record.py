@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,6 +28,10 @@ RECORD_FORMAT = "gpugov-record-v1"
 
 class RecordingError(GpugovError):
     """A recording file is unreadable or not a gpugov recording (names file and line)."""
+
+
+class RecordingWarning(UserWarning):
+    """A recording was read, but its cut-off last line was dropped."""
 
 
 def _clean(value: Any) -> Any:
@@ -72,14 +77,22 @@ class Recorder:
     """Writes the header, then one line per tick record; use as ``on_tick``.
 
     Args:
-        path: the JSONL file (parents created; overwritten).
+        path: the JSONL file (overwritten; its directory must exist: a mistyped path is
+            refused, not created).
         header: extra header fields (period, domains with their clocks, run metadata).
+
+    Raises:
+        RecordingError: the file cannot be opened for writing.
     """
 
     def __init__(self, path: str | Path, header: Mapping[str, Any]) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] | None = self.path.open("w")
+        try:
+            self._file: IO[str] | None = self.path.open("w")
+        except OSError as error:
+            raise RecordingError(
+                f"{self.path}: cannot write the recording: {error.strerror or error}"
+            ) from error
         self.lines = 0
         self._write({"format": RECORD_FORMAT, "gpugov_version": __version__, **header})
 
@@ -101,8 +114,13 @@ class Recorder:
             self._file = None
 
 
-def read_recording(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def read_recording(
+    path: str | Path, *, warn: Callable[[str], None] | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The header and the tick lines of a recording.
+
+    A last line that is not complete JSON (a run killed mid-write) is dropped, and
+    ``warn`` (default: :func:`warnings.warn`) gets one line saying so.
 
     Raises:
         RecordingError: unreadable, not JSON lines, or not a gpugov recording.
@@ -122,6 +140,16 @@ def read_recording(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as error:
+            if number == len(lines) and number > 1:
+                message = (
+                    f"{source}:{number}: last line is incomplete (the run was cut short?); "
+                    f"using the {number - 1} complete line(s) before it"
+                )
+                if warn is None:
+                    warnings.warn(message, RecordingWarning, stacklevel=2)
+                else:
+                    warn(message)
+                break
             raise RecordingError(f"{source}:{number}: not JSON: {error.msg}") from error
     header = rows[0]
     if not isinstance(header, dict) or header.get("format") != RECORD_FORMAT:

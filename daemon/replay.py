@@ -9,12 +9,18 @@ recording's safety settings (clamp, floor, dwell); fail-safe ticks are skipped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpugov.daemon.config import ControllerConfig, MPCControllerConfig
-from gpugov.daemon.decide import build_controller, controller_name, with_safety
+from gpugov.daemon.decide import (
+    build_controller,
+    canonical_controller_name,
+    spec_name,
+    with_safety,
+)
 from gpugov.daemon.record import RecordingError, observation_from_dict, read_recording
 
 
@@ -102,14 +108,16 @@ def _with_recorded_forecasts(spec: ControllerConfig, info: dict[str, Any]) -> Co
     return spec.model_copy(update=update) if update else spec
 
 
-def replay(path: str | Path, spec: ControllerConfig) -> ReplayReport:
+def replay(
+    path: str | Path, spec: ControllerConfig, *, warn: Callable[[str], None] | None = None
+) -> ReplayReport:
     """Replay ``path`` through the controller ``spec`` describes.
 
     Raises:
         RecordingError: the file is not a usable recording.
         ControllerError: the controller cannot be built.
     """
-    header, rows = read_recording(path)
+    header, rows = read_recording(path, warn=warn)
     period_s = float(header.get("period_s", 1.0))
     domains: dict[str, dict[str, Any]] = {d["name"]: d for d in header.get("domains", [])}
     controllers = {}
@@ -124,11 +132,13 @@ def replay(path: str | Path, spec: ControllerConfig) -> ReplayReport:
             floor_mhz=safety.get("floor_mhz"),
             dwell_s=float(safety.get("dwell_s", 1.0)),
         )
-    recorded_names = sorted({str(info.get("controller", "?")) for info in domains.values()})
-    any_controller = next(iter(controllers.values()), None)
+    # Older recordings carry older names (mpc_clock, reactive_governor...): show today's.
+    recorded_names = sorted(
+        {canonical_controller_name(str(info.get("controller", "?"))) for info in domains.values()}
+    )
     report = ReplayReport(
         recorded_controller=", ".join(recorded_names),
-        replayed_controller=controller_name(any_controller) if any_controller else "?",
+        replayed_controller=spec_name(spec),
     )
     for number, row in enumerate(rows, start=2):
         name = row.get("domain")

@@ -17,7 +17,13 @@ import numpy as np
 from gpugov.daemon.actuator import ClockActuator, LockMode
 from gpugov.daemon.backend import DryRunBackend, GpuBackend
 from gpugov.daemon.config import ControllerConfig, GpugovConfig, MPCControllerConfig
-from gpugov.daemon.decide import build_controller, mpc_controller, warm_up, with_safety
+from gpugov.daemon.decide import (
+    build_controller,
+    mpc_controller,
+    spec_name,
+    warm_up,
+    with_safety,
+)
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.loop import Domain, FailsafeMode
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
@@ -118,7 +124,9 @@ def build_domain(
         log.warning("domain %s: the controller's warm-up decision raised %r", name, error)
     wrapped = with_safety(inner, clocks, floor_mhz=floor_mhz, dwell_s=dwell_s)
     actuator = ClockActuator(backends, domain=name, lock_mode=lock_mode)
-    return Domain(name, observer, wrapped, actuator, failsafe=failsafe)
+    return Domain(
+        name, observer, wrapped, actuator, failsafe=failsafe, label=spec_name(controller_spec)
+    )
 
 
 def _domain_header(domain: Domain, config_fields: dict[str, Any]) -> dict[str, Any]:
@@ -254,7 +262,9 @@ def simulated_run(
     if isinstance(controller_spec, MPCControllerConfig):
         # Record the forecasts the MPC really uses, so a replay rebuilds the same MPC.
         controller_spec = with_workload_forecasts(controller_spec, workload)
-        controller = mpc_controller(controller_spec, plant, period_s)
+        controller = mpc_controller(
+            controller_spec, planning_plant(controller_spec, plant), period_s
+        )
     domain = build_domain(
         "sim",
         [backend],
@@ -303,12 +313,31 @@ def with_workload_forecasts(
     return spec.model_copy(update=update)
 
 
+def planning_plant(spec: MPCControllerConfig, plant: ServingPlant) -> ServingPlant:
+    """The plant the MPC's model is built from: the run's own, unless the spec names
+    another profile (``--controller mpc:PROFILE``: a model-mismatch run).
+
+    Raises:
+        ProfileError: the named profile cannot be loaded.
+    """
+    named = spec.profile if "profile" in spec.model_fields_set else None
+    if named is None or named == plant.profile.name:
+        return plant
+    from gpugov.plant import load_profile
+
+    other = ServingPlant.from_profile(load_profile(named))
+    return plant if other.profile.name == plant.profile.name else other
+
+
 def simulated_mpc(
     spec: MPCControllerConfig, plant: ServingPlant, workload: Sequence[Request], period_s: float
 ) -> Any:
-    """The MPC on the run's own plant, with forecasts declared from the workload unless
-    the config gives them (:func:`with_workload_forecasts`)."""
-    return mpc_controller(with_workload_forecasts(spec, workload), plant, period_s)
+    """The MPC planning on the run's plant (or the profile the spec names, see
+    :func:`planning_plant`), with forecasts declared from the workload unless the config
+    gives them (:func:`with_workload_forecasts`)."""
+    return mpc_controller(
+        with_workload_forecasts(spec, workload), planning_plant(spec, plant), period_s
+    )
 
 
 __all__ = [

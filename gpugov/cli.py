@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -18,6 +19,7 @@ NODE = "gpugov.daemon.node_cli"
 SIMULATE = "gpugov.study.simulate_cli"
 EXPERIMENTS = "gpugov.study.experiments_cli"
 SCOREBOARD = "gpugov.study.scoreboard_cli"
+PLOT = "gpugov.study.plot_cli"
 
 #: Subcommand -> (module that registers it, one-line help for ``gpugov --help``).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -30,7 +32,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profiles": (SIMULATE, "list the bundled GPU profiles"),
     "experiments": (EXPERIMENTS, "run the textbook study (open-loop vs MPC, DP vs FQI)"),
     "bench": (SCOREBOARD, "benchmarks: the controller scoreboard"),
+    "traces": (SIMULATE, "list the trace names, where each resolves and whether it is present"),
+    "plot": (PLOT, "plot a replay or run --record recording (FILE.jsonl) to a PNG"),
 }
+
+EXIT_INTERRUPTED = 130
+"""Exit code after Ctrl-C (128 + SIGINT), as shells report it."""
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -72,13 +79,27 @@ def _command_in(argv: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv`` and run the chosen subcommand; return the exit code."""
+    """Parse ``argv`` and run the chosen subcommand; return the exit code.
+
+    Ctrl-C ends any command with one line and exit code 130; a closed stdout (``gpugov
+    profiles --json | head``) ends it quietly (the Python docs' SIGPIPE recipe).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command_in(argv)
     parser = build_parser(None if command == "?" else command)
-    args = parser.parse_args(argv)
     try:
-        return int(args.handler(args))
+        args = parser.parse_args(argv)
+        code = int(args.handler(args))
+        sys.stdout.flush()  # a closed pipe raises here, inside the handler below
+        return code
+    except KeyboardInterrupt:
+        print("\ngpugov: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # Python flushes stdout at exit; point it at devnull so that flush cannot raise.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     except Exception as error:  # the outermost edge: input errors become one clear line
         from gpugov.daemon import cli_support
 

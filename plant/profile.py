@@ -424,6 +424,17 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
         value = manifest[key]
         if not _is_number(value) or not value > 0:
             raise ProfileError(f"{manifest_path}: {key} must be a positive number, got {value!r}")
+    clock_range = manifest.get("clock_range_mhz")
+    if clock_range is not None and not (
+        isinstance(clock_range, list)
+        and len(clock_range) == 2
+        and all(_is_number(value) and value > 0 for value in clock_range)
+        and clock_range[0] < clock_range[1]
+    ):
+        raise ProfileError(
+            f"{manifest_path}: clock_range_mhz must be [lowest, highest] with "
+            f"0 < lowest < highest, got {clock_range!r}"
+        )
     csv_path = manifest_path.parent / str(manifest["csv"])
     if not csv_path.exists():
         raise ProfileError(f"{manifest_path}: csv {manifest['csv']!r} not found beside it")

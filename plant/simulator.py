@@ -886,11 +886,16 @@ def simulate(
     scheduler_name: str | None = None,
     control_period_s: float = 1.0,
     horizon_s: float | None = None,
+    on_progress: Callable[[float, PlantSimulation], None] | None = None,
+    progress_every_s: float = 10.0,
 ) -> ServingResult:
     """Run ``workload`` on ``plant`` with ``controller`` called every ``control_period_s``.
 
     The run ends when every request has finished, or at ``horizon_s`` (default: last
     arrival plus ``plant.drain_timeout_s``); requests unfinished then are censored.
+    ``on_progress(time_s, simulation)``, when given, is called at the first control tick
+    at or after every ``progress_every_s`` simulated seconds (the plant itself never
+    prints; a CLI turns the call into a progress line).
 
     Raises:
         ControllerError: the controller raised (chained) or returned a non-finite clock.
@@ -907,12 +912,16 @@ def simulate(
         raise ValueError(f"horizon_s must be positive, got {horizon!r}")
     name = controller_name or _controller_name(controller)
     step = 0
+    next_progress_s = 0.0
     while True:
         tick = step * control_period_s
         if tick > horizon + _EPS:
             simulation.advance_to(horizon, stop_when_done=True)
             break
         simulation.advance_to(tick, stop_when_done=True)
+        if on_progress is not None and tick >= next_progress_s:
+            on_progress(simulation.time_s, simulation)
+            next_progress_s = tick + progress_every_s
         if simulation.done and step > 0:
             break
         observation = simulation.observe()

@@ -10,13 +10,15 @@ Runs :func:`controllers.experiments.build_textbook_results` on a trace and write
   comparison's clock/power/queue/temperature trajectories, the DP/FQI policy slices,
   the FQI datasets' coverage and the on-plant scheduler comparison.
 
-Workloads. ``--trace`` is loaded from ``--start`` (default 0) for ``--window`` seconds
+Workloads. ``--trace`` is loaded from ``--start`` (default 0) for ``--duration`` seconds
 (default 300, the seed's ``scheduling_trace_source_window_s``): that is the evaluation
 workload the frequency window is selected from and the scheduling MDP is calibrated on.
 The animation workload (the modelling run) is its first ``--animation`` seconds
 (default 60). Arrivals are not rescaled (``load_dilation`` 1.0).
 
-Progress lines with elapsed seconds go to stderr; the written paths to stdout.
+Progress (step, elapsed, ETA) goes to stderr: a redrawn bar on a terminal, one line per
+step otherwise; the written paths go to stdout. ``--window`` is the old name of
+``--duration`` (still accepted, not listed in ``--help``).
 """
 
 from __future__ import annotations
@@ -35,11 +37,16 @@ from gpugov.controllers.experiments import build_textbook_results
 from gpugov.daemon.cli_support import (
     DEFAULT_PROFILE,
     UsageError,
+    check_workload_fits,
+    hidden_alias,
+    load_trace_for_cli,
+    prepare_output_dir,
     require_extra,
     require_positive,
 )
+from gpugov.daemon.progress import Progress
 from gpugov.plant import ServingPlant, load_profile
-from gpugov.plant.workload import DEFAULT_TRACE, load_trace
+from gpugov.plant.workload import DEFAULT_TRACE
 
 DEFAULT_WINDOW_S = 300.0
 DEFAULT_ANIMATION_S = 60.0
@@ -73,11 +80,13 @@ FIGURES = (
 """Files written under ``DIR/figures``."""
 
 MPC_CONTROLLERS = (
-    ("maximum_clock", "Maximum clock"),
-    ("reactive", "Reactive governor"),
-    ("offline", "Offline plan"),
-    ("mpc", "MPC"),
+    ("max", "max"),
+    ("reactive", "reactive"),
+    ("open-loop", "open-loop"),
+    ("mpc-slsqp", "mpc-slsqp"),
 )
+"""The frequency experiment's controllers: results key and label, both the one name the
+CLI spec, the metrics and the scoreboard use (the seed's MPC is ``mpc-slsqp``)."""
 POLICIES = (
     ("exact_dp", "Exact DP"),
     ("broad_fqi", "FQI, broad coverage"),
@@ -160,17 +169,17 @@ def format_summary_markdown(results: Mapping[str, Any], *, elapsed_s: float | No
         "",
         "Open loop: the LP plan for the nominal window, replayed without feedback on the "
         "nominal and on the shifted arrivals. The MPC comparison runs on the shifted "
-        "arrivals; its offline row is the same run as the open-loop shifted row.",
+        "arrivals; its open-loop row is the same run as the open-loop shifted row.",
         "",
         METRICS_HEADER,
         _metrics_row("Open-loop plan, nominal arrivals", open_loop["nominal"]["metrics"]),
         _metrics_row("Open-loop plan, shifted arrivals", open_loop["shifted"]["metrics"]),
     ]
     for key, label in MPC_CONTROLLERS:
-        suffix = " (same run as open-loop shifted)" if key == "offline" else ""
+        suffix = " (same run as open-loop shifted)" if key == "open-loop" else ""
         lines.append(_metrics_row(f"{label}, shifted{suffix}", mpc[key]["metrics"]))
     lines.append(
-        _metrics_row("Modelling run (maximum clock, animation)", results["modeling"]["metrics"])
+        _metrics_row("Modelling run (max, animation)", results["modeling"]["metrics"])
     )
     mismatch = results["open_loop"]["mismatch_metrics"]
     lines += [
@@ -252,12 +261,9 @@ def format_summary_markdown(results: Mapping[str, Any], *, elapsed_s: float | No
 
 # ------------------------------------------------------------------------ figures
 def _pyplot() -> Any:
-    import matplotlib
+    from gpugov.study.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return pyplot()
 
 
 def _save(fig: Any, path: Path) -> None:
@@ -513,9 +519,9 @@ def write_figures(results: Mapping[str, Any], directory: Path) -> list[Path]:
     }
     writers: dict[str, Callable[[Path], None]] = {
         "modeling.png": lambda path: plot_trajectories(
-            [("Maximum clock", results["modeling"])],
+            [("max", results["modeling"])],
             path,
-            "Modelling run: maximum clock, chunked prefill",
+            "Modelling run: max (maximum clock), chunked prefill",
             **limits,
         ),
         "open_loop.png": lambda path: plot_open_loop(results, path),
@@ -538,30 +544,45 @@ def write_figures(results: Mapping[str, Any], directory: Path) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- run
+EXPERIMENT_STEPS = 12
+"""Progress steps: the suite's eleven (``build_textbook_results`` reports one line before
+each) and writing the figures."""
+
+
 def run_experiments(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov experiments``."""
     started = time.perf_counter()
+    bar = Progress(EXPERIMENT_STEPS, "experiments", unit="steps", stream=sys.stderr)
+    steps = 0
 
     def progress(message: str) -> None:
-        print(f"[{time.perf_counter() - started:7.1f} s] {message}", file=sys.stderr, flush=True)
+        nonlocal steps
+        bar.update(steps, message, force=True)
+        steps += 1
 
     require_extra("sklearn", "gpugov experiments (fitted Q iteration)")
     require_extra("matplotlib", "gpugov experiments (its figures)")
-    require_positive("--window", args.window)
+    require_positive("--duration", args.duration)
     require_positive("--animation", args.animation)
     if not math.isfinite(args.start) or args.start < 0.0:
         raise UsageError(f"--start must be >= 0, got {args.start!r}")
-    if args.animation > args.window:
-        raise UsageError(f"--animation ({args.animation:g} s) exceeds --window ({args.window:g} s)")
+    if args.animation > args.duration:
+        raise UsageError(
+            f"--animation ({args.animation:g} s) exceeds --duration ({args.duration:g} s)"
+        )
+    _pyplot()  # the figures need the gpugov[plots] extra: say so now, not after the run
+    prepare_output_dir("--out", args.out)
     sizes = QUICK_SIZES if args.quick else SEED_SIZES
 
-    progress(f"loading trace {args.trace} ({args.window:g} s from {args.start:g} s)")
-    evaluation, report = load_trace(args.trace, start_s=args.start, duration_s=args.window)
+    evaluation, report = load_trace_for_cli(
+        args.trace, start_s=args.start, duration_s=args.duration
+    )
     animation = tuple(r for r in evaluation if r.arrival_time_s < args.animation)
     if not animation:
         raise UsageError(f"--animation {args.animation:g}: the first seconds hold no requests")
     profile = load_profile(args.profile)
     plant = ServingPlant.from_profile(profile)
+    check_workload_fits(evaluation, plant, args.trace)
     extra = {
         "gpugov_version": __version__,
         "quick": bool(args.quick),
@@ -572,12 +593,12 @@ def run_experiments(args: argparse.Namespace) -> int:
             "sha256": report.sha256,
             "rows": report.rows,
             "start_s": args.start,
-            "duration_s": args.window,
+            "duration_s": args.duration,
             "animation_duration_s": args.animation,
         },
         "profile": profile.describe(),
         "workload_choice": (
-            "evaluation workload: the trace's arrivals in [start, start + window); "
+            "evaluation workload: the trace's arrivals in [start, start + duration); "
             "animation workload: its first `animation` seconds; arrivals not rescaled"
         ),
     }
@@ -588,7 +609,7 @@ def run_experiments(args: argparse.Namespace) -> int:
             plant,
             load_dilation=1.0,
             progress=progress,
-            scheduling_trace_source_window_s=args.window,
+            scheduling_trace_source_window_s=args.duration,
             extra_metadata=extra,
             **sizes,
         )
@@ -596,19 +617,19 @@ def run_experiments(args: argparse.Namespace) -> int:
         raise UsageError(f"--trace {args.trace}: {error}") from error
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
     results_path.write_text(json.dumps(results, allow_nan=False) + "\n")
     print(f"wrote {results_path}")
     progress("writing figures")
-    for path in write_figures(results, out / "figures"):
-        print(f"wrote {path}")
+    written = write_figures(results, out / "figures")
     summary_path = out / "summary.md"
     summary_path.write_text(
         format_summary_markdown(results, elapsed_s=time.perf_counter() - started)
     )
+    bar.close("done", done=EXPERIMENT_STEPS)
+    for path in written:
+        print(f"wrote {path}")
     print(f"wrote {summary_path}")
-    progress("done")
     return 0
 
 
@@ -645,12 +666,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="evaluation window start, seconds after the trace's first arrival",
     )
     parser.add_argument(
-        "--window",
+        "--duration",
         type=float,
         default=DEFAULT_WINDOW_S,
         metavar="S",
-        help=f"evaluation window length (default {DEFAULT_WINDOW_S:g} s)",
+        help=f"evaluation window length in seconds (default {DEFAULT_WINDOW_S:g})",
     )
+    hidden_alias(parser, "--window", "duration", float)
     parser.add_argument(
         "--animation",
         type=float,

@@ -56,14 +56,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing
 import os
 import platform
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -93,6 +90,8 @@ from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, load_p
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.plant.types import ClockController, Request, ServingObservation
 from gpugov.plant.workload import (
+    BUNDLED_TRACES,
+    SHARED_TRACES,
     TraceError,
     TraceWarning,
     load_trace,
@@ -130,15 +129,15 @@ LIGHT_LOAD_FRACTION = 0.2
 CAPACITY_SEARCH_LIMIT = 16.0
 
 CONTROLLER_ORDER = (
-    "max_clock",
-    "best_fixed",
+    "max",
+    "best-fixed",
     "reactive",
-    "open_loop",
-    "mpc_slsqp",
-    "mpc_fast",
-    "window_oracle",
+    "open-loop",
+    "mpc-slsqp",
+    "mpc",
+    "window-oracle",
 )
-ORACLE_KEYS = frozenset({"best_fixed", "window_oracle"})
+ORACLE_KEYS = frozenset({"best-fixed", "window-oracle"})
 
 
 # --------------------------------------------------------------------- configuration
@@ -432,7 +431,7 @@ def build_scoreboard_controllers(
     fast_mpc_period_s: float | None = None,
 ) -> list[ControllerEntry]:
     """The online controllers of the scoreboard, in table order (the one place to swap
-    one in: keys ``max_clock``, ``reactive``, ``open_loop``, ``mpc_slsqp``, ``mpc_fast``).
+    one in: keys ``max``, ``reactive``, ``open-loop``, ``mpc-slsqp``, ``mpc``).
 
     The MPCs are the daemon's config kinds ``mpc-slsqp`` (the seed's SLSQP solver and
     fluid model, the reference) and ``mpc`` (the fast discrete-search solver with its
@@ -471,23 +470,25 @@ def build_scoreboard_controllers(
         )
 
     return [
-        ControllerEntry("max_clock", "Maximum clock", lambda: maximum_clock_controller),
-        ControllerEntry("reactive", "Reactive governor", lambda: reactive_clock_controller),
-        ControllerEntry("open_loop", "Open-loop plan", open_loop),
-        ControllerEntry("mpc_slsqp", "MPC (SLSQP)", mpc("mpc-slsqp", control_period_s)),
-        ControllerEntry("mpc_fast", "MPC (fast)", mpc("mpc", fast_period), fast_period),
+        ControllerEntry("max", LABELS["max"], lambda: maximum_clock_controller),
+        ControllerEntry("reactive", LABELS["reactive"], lambda: reactive_clock_controller),
+        ControllerEntry("open-loop", LABELS["open-loop"], open_loop),
+        ControllerEntry("mpc-slsqp", LABELS["mpc-slsqp"], mpc("mpc-slsqp", control_period_s)),
+        ControllerEntry("mpc", LABELS["mpc"], mpc("mpc", fast_period), fast_period),
     ]
 
 
 LABELS = {
-    "max_clock": "Maximum clock",
-    "best_fixed": "Best fixed (hindsight)",
-    "reactive": "Reactive governor",
-    "open_loop": "Open-loop plan",
-    "mpc_slsqp": "MPC (SLSQP)",
-    "mpc_fast": "MPC (fast)",
-    "window_oracle": "Window oracle (hindsight)",
+    "max": "max",
+    "best-fixed": "best-fixed (hindsight)",
+    "reactive": "reactive",
+    "open-loop": "open-loop",
+    "mpc-slsqp": "mpc-slsqp",
+    "mpc": "mpc",
+    "window-oracle": "window-oracle (hindsight)",
 }
+"""Row labels: a controller's one name (its ``--controller`` spec, metrics label and JSON
+key); the hindsight oracles, which are not controllers, say so."""
 
 
 class TimedController:
@@ -741,7 +742,7 @@ def run_scenario(
         start = time.perf_counter()
         inner = entry.build()
         offline = time.perf_counter() - start
-        recorder = ProblemRecorder(inner) if compare and entry.key == "mpc_slsqp" else None
+        recorder = ProblemRecorder(inner) if compare and entry.key == "mpc-slsqp" else None
         timed = TimedController(inner)
         result, wall = run(timed, entry.key, entry.control_period_s)
         extra: dict[str, Any] = {}
@@ -759,7 +760,7 @@ def run_scenario(
                 "mpc_horizon_steps": int(report.horizon_steps),
             }
         results[entry.key] = result
-        if entry.key == "max_clock":
+        if entry.key == "max":
             reference = result
         assert reference is not None, "the maximum clock must run first"
         rows[entry.key] = _row(
@@ -797,9 +798,9 @@ def run_scenario(
         control_period_s=period,
     )
     best_s = time.perf_counter() - start
-    rows["best_fixed"] = _row(
+    rows["best-fixed"] = _row(
         scenario,
-        "best_fixed",
+        "best-fixed",
         best.result,
         reference,
         decision_times_s=None,
@@ -824,9 +825,9 @@ def run_scenario(
         control_period_s=period,
     )
     oracle_s = time.perf_counter() - start
-    rows["window_oracle"] = _row(
+    rows["window-oracle"] = _row(
         scenario,
-        "window_oracle",
+        "window-oracle",
         oracle.result,
         reference,
         decision_times_s=None,
@@ -842,7 +843,7 @@ def run_scenario(
     # The oracle energy: the lowest of the hindsight oracles that hold the SLO.
     holding = [
         (rows[key]["energy_j"], key)
-        for key in ("best_fixed", "window_oracle")
+        for key in ("best-fixed", "window-oracle")
         if rows[key]["holds_slo"]
     ]
     oracle_energy, oracle_key = min(holding) if holding else (None, None)
@@ -901,9 +902,14 @@ def _run_task(args: tuple[str, str, str, BenchConfig, bool]) -> dict[str, Any]:
 
 
 def run_scoreboard(
-    config: BenchConfig, progress: Callable[[str], None] | None = None
+    config: BenchConfig,
+    progress: Callable[[str], None] | None = None,
+    tick: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Run every scenario (in ``config.jobs`` processes) and assemble the payload."""
+    """Run every scenario (in ``config.jobs`` processes) and assemble the payload.
+
+    ``progress`` gets one line when the run starts and one per finished scenario;
+    ``tick`` is called about once a second while worker processes run (a live ETA)."""
     say = progress or (lambda line: None)
     started = time.perf_counter()
     specs = config.scenario_specs()
@@ -918,17 +924,21 @@ def run_scoreboard(
     )
     jobs = config.jobs or min(len(tasks), os.cpu_count() or 1)
     outcomes: dict[int, dict[str, Any]] = {}
+    say(
+        f"bench controllers: {len(tasks)} scenario(s) in {min(jobs, len(tasks))} process(es); "
+        "each first calibrates its SLO capacity at the maximum clock, then runs "
+        f"{len(CONTROLLER_ORDER)} controllers and oracles and the LP bound"
+    )
     if jobs <= 1 or len(tasks) <= 1:
         for i in order:
             outcomes[i] = _run_task(tasks[i])
             say(_progress_line(outcomes[i], len(outcomes), len(tasks), started))
     else:
-        context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            futures = {pool.submit(_run_task, tasks[i]): i for i in order}
-            for future in as_completed(futures):
-                outcomes[futures[future]] = future.result()
-                say(_progress_line(outcomes[futures[future]], len(outcomes), len(tasks), started))
+        from gpugov.study.pool import run_in_pool
+
+        for i, outcome in run_in_pool(_run_task, [(i, tasks[i]) for i in order], jobs, tick):
+            outcomes[i] = outcome
+            say(_progress_line(outcome, len(outcomes), len(tasks), started))
     rows: list[dict[str, Any]] = []
     scenarios: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
@@ -1295,6 +1305,15 @@ def config_for(
     config = TINY if tiny else QUICK if quick else FULL
     changes: dict[str, Any] = {}
     if traces:
+        for name in traces:
+            if name not in BUNDLED_TRACES and name not in SHARED_TRACES and not (
+                Path(name).is_file()
+            ):
+                known = " ".join([*BUNDLED_TRACES, *SHARED_TRACES])
+                raise ValueError(
+                    f"--traces: unknown trace {name!r}, not a trace name ({known}; see "
+                    "gpugov traces) nor a file"
+                )
         changes["traces"] = tuple(traces)
     if profiles:
         for name in profiles:
@@ -1310,8 +1329,8 @@ def config_for(
             raise ValueError(f"--duration must be positive, got {duration_s!r}")
         changes["duration_s"] = float(duration_s)
     if jobs is not None:
-        if jobs < 0:
-            raise ValueError(f"--jobs must be >= 0, got {jobs}")
+        if jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {jobs}")
         changes["jobs"] = jobs
     return replace(config, **changes)
 
@@ -1383,7 +1402,27 @@ def run_from_args(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         jobs=args.jobs,
     )
-    payload = run_scoreboard(config, progress=lambda line: print(line, file=sys.stderr))
+    from gpugov.daemon.cli_support import UsageError, prepare_output_dir
+    from gpugov.daemon.progress import Progress
+    from gpugov.study.plots import pyplot
+
+    pyplot()  # scoreboard.png needs the gpugov[plots] extra: say so before the run
+    prepare_output_dir("--out", args.out)
+    bar = Progress(len(config.scenario_specs()), "bench controllers", unit="scenarios")
+    done, last = 0, ""
+
+    def progress(line: str) -> None:
+        nonlocal done, last
+        if line.startswith("["):
+            done += 1
+        last = line
+        bar.update(done, line, force=True)
+
+    payload = run_scoreboard(config, progress=progress, tick=lambda: bar.update(done, last))
+    bar.close()
+    if not payload["scenarios"]:
+        reasons = "; ".join(sorted({s["reason"] for s in payload["skipped"]}))
+        raise UsageError(f"no scenario could run: {reasons}")
     paths = write_outputs(payload, Path(args.out))
     print(short_table(payload))
     for path in paths.values():

@@ -1,9 +1,11 @@
-"""``gpugov simulate`` and ``gpugov profiles``: offline runs of a controller on the plant."""
+"""``gpugov simulate``, ``gpugov profiles`` and ``gpugov traces``: offline runs of a
+controller on the plant, and the profiles and traces they can use."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from gpugov.daemon.cli_support import (
@@ -11,11 +13,16 @@ from gpugov.daemon.cli_support import (
     DEFAULT_PROFILE,
     UsageError,
     build_controller,
+    check_output_file,
+    check_workload_fits,
+    controller_label,
     format_summary,
     load_trace_for_cli,
     require_extra,
+    require_nonnegative,
     require_positive,
 )
+from gpugov.daemon.sim_progress import SimulationProgress
 from gpugov.plant import ServingPlant, ServingResult, load_profile, simulate
 from gpugov.plant.profile import list_bundled_profiles
 from gpugov.plant.scheduler import SCHEDULERS
@@ -26,36 +33,11 @@ from gpugov.plant.workload import (
 
 
 def write_plot(result: ServingResult, path: Path, title: str = "") -> None:
-    """PNG of clock, power, queue and temperature over time."""
-    import matplotlib
+    """PNG of the run: clocks (requested and realised), power against the cap, queues,
+    TTFT/TPOT against their SLOs and temperature against the thermal limit."""
+    from gpugov.study.plots import series_from_result, write_run_plot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(4, 1, figsize=(11, 9), sharex=True)
-    t = result.time_s
-    axes[0].plot(t, result.requested_clock_mhz, label="requested", lw=0.8)
-    axes[0].plot(t, result.realized_clock_mhz, label="realised", lw=0.8, alpha=0.8)
-    axes[0].set_ylabel("SM clock (MHz)")
-    axes[0].legend(loc="upper right", fontsize=8)
-    axes[1].plot(t, result.power_w, lw=0.6, color="tab:red")
-    limit = result.metadata.get("plant", {}).get("power_limit_w")
-    if limit:
-        axes[1].axhline(limit, ls="--", color="k", lw=0.8, label="power limit")
-        axes[1].legend(loc="upper right", fontsize=8)
-    axes[1].set_ylabel("power (W)")
-    axes[2].plot(t, result.prefill_queue, label="waiting for first token", lw=0.8)
-    axes[2].plot(t, result.decode_active, label="decoding", lw=0.8)
-    axes[2].set_ylabel("requests")
-    axes[2].legend(loc="upper right", fontsize=8)
-    axes[3].plot(t, result.temperature_c, color="tab:orange", lw=0.8)
-    axes[3].set_ylabel("temperature (C)")
-    axes[3].set_xlabel("time (s)")
-    fig.suptitle(title or result.controller_name)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    write_run_plot(series_from_result(result), path, title or result.controller_name)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -63,10 +45,15 @@ def run_simulate(args: argparse.Namespace) -> int:
     require_positive("--control-period", args.control_period)
     require_positive("--duration", args.duration)
     require_positive("--load-scale", args.load_scale)
-    if args.start < 0:
+    require_nonnegative("--latency-noise", args.latency_noise)
+    if args.stride < 1:
+        raise UsageError(f"--stride must be >= 1, got {args.stride!r}")
+    if not math.isfinite(args.start) or args.start < 0:
         raise UsageError(f"--start must be >= 0, got {args.start!r}")
+    check_output_file("--out", args.out)
+    check_output_file("--plot", args.plot)
     if args.plot:
-        require_extra("matplotlib", "simulate --plot")
+        require_extra("matplotlib", "simulate --plot")  # one line now, not after the run
     workload, report = load_trace_for_cli(
         args.trace,
         format=args.trace_format,
@@ -78,33 +65,40 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--trace {args.trace}: the selected window holds no requests")
     profile = load_profile(args.profile)
     plant = ServingPlant.from_profile(profile, latency_noise_cv=args.latency_noise)
+    check_workload_fits(workload, plant, args.trace)
     controller = build_controller(args.controller, plant, workload, args.control_period)
     scheduler = SCHEDULERS[args.scheduler]
+    progress = SimulationProgress(
+        workload[-1].arrival_time_s, "simulate", enabled=not args.quiet
+    )
     result = simulate(
         workload,
         plant,
         scheduler,
         controller,
         seed=args.seed,
-        controller_name=args.controller,
+        controller_name=controller_label(args.controller),
         control_period_s=args.control_period,
+        on_progress=progress,
     )
+    progress.close(result=result)
     metrics = result.metrics.as_dict()
     title = (
-        f"gpugov simulate: {args.controller} on {profile.name} ({profile.profile_status}), "
+        f"gpugov simulate: {controller_label(args.controller)} on {profile.name} "
+        f"({profile.profile_status}), "
         f"trace {Path(report.path).name} [{len(workload)} requests]"
     )
     print(format_summary(metrics, title))
     if args.out:
         out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
         series = result.as_dict(stride=args.stride)
         series.pop("metrics")
         payload = {
             "metrics": metrics,
             "metadata": {
                 **result.metadata,
-                "controller": args.controller,
+                "controller": controller_label(args.controller),
+                "controller_spec": args.controller,
                 "control_period_s": args.control_period,
                 "trace": {
                     "path": report.path,
@@ -127,6 +121,25 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.plot:
         write_plot(result, Path(args.plot), title)
         print(f"wrote {args.plot}")
+    return 0
+
+
+def run_traces(args: argparse.Namespace) -> int:
+    """Entry point of ``gpugov traces``: every trace name, where it resolves, present?"""
+    from gpugov.plant.workload import TRACES_DIR_ENV, list_traces, traces_dir
+
+    rows = list_traces()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'name':<18} {'kind':<8} {'present':<8} path")
+    for row in rows:
+        present = "yes" if row["present"] else "no"
+        print(f"{row['name']:<18} {row['kind']:<8} {present:<8} {row['path']}")
+    print(
+        f"shared traces are looked up in {traces_dir()} "
+        f"(set ${TRACES_DIR_ENV} to change); any other --trace value is a file path"
+    )
     return 0
 
 
@@ -156,29 +169,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     sim.add_argument("--trace", default=DEFAULT_TRACE,
                      help=f"bundled or shared trace name, or a path (default {DEFAULT_TRACE})")
     sim.add_argument("--trace-format", default="auto",
-                     choices=["auto", "azure", "burstgpt", "mooncake", "csv"])
+                     choices=["auto", "azure", "burstgpt", "mooncake", "csv"],
+                     help="the trace file's format (default: detected from its first line)")
     sim.add_argument("--profile", default=DEFAULT_PROFILE,
                      help=f"bundled profile name or manifest path (default {DEFAULT_PROFILE})")
     sim.add_argument("--controller", default="max", help=CONTROLLER_HELP)
-    sim.add_argument("--scheduler", default="chunked", choices=sorted(SCHEDULERS))
-    sim.add_argument("--control-period", type=float, default=1.0, metavar="S")
+    sim.add_argument("--scheduler", default="chunked", choices=sorted(SCHEDULERS),
+                     help="the engine's batching rule (default chunked prefill)")
+    sim.add_argument("--control-period", type=float, default=1.0, metavar="S",
+                     help="seconds between controller decisions (default 1)")
     sim.add_argument("--start", type=float, default=0.0, metavar="S",
                      help="window start, seconds after the trace's first arrival")
     sim.add_argument("--duration", type=float, default=None, metavar="S",
                      help="window length in seconds (default: the whole trace)")
     sim.add_argument("--load-scale", type=float, default=1.0, metavar="X",
                      help="X>1 compresses inter-arrival times (more load), X<1 dilates")
-    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--seed", type=int, default=0,
+                     help="seed of the latency noise (default 0)")
     sim.add_argument("--latency-noise", type=float, default=0.0, metavar="CV",
                      help="coefficient of variation of iteration-time jitter (seeded)")
-    sim.add_argument("--out", default=None, metavar="FILE.json")
+    sim.add_argument("--out", default=None, metavar="FILE.json",
+                     help="write metrics, metadata and time series as JSON here")
     sim.add_argument("--stride", type=int, default=10,
                      help="keep every N-th series sample in the JSON (default 10)")
-    sim.add_argument("--plot", default=None, metavar="FILE.png")
+    sim.add_argument("--plot", default=None, metavar="FILE.png",
+                     help="write a PNG of clocks, power, queues, TTFT/TPOT vs SLO and "
+                     "temperature (needs gpugov[plots])")
+    sim.add_argument("--quiet", action="store_true",
+                     help="no progress lines on stderr")
     sim.set_defaults(handler=run_simulate)
 
     prof = subparsers.add_parser("profiles", help="list the bundled GPU profiles")
-    prof.add_argument("--json", action="store_true")
+    prof.add_argument("--json", action="store_true", help="print the list as JSON")
     prof.set_defaults(handler=run_profiles)
+
+    traces = subparsers.add_parser(
+        "traces",
+        help="list the trace names, where each resolves and whether it is present",
+        description="List the bundled and shared trace names --trace accepts, the file "
+        "each resolves to now, and whether that file is present.",
+    )
+    traces.add_argument("--json", action="store_true", help="print the list as JSON")
+    traces.set_defaults(handler=run_traces)
 
 

@@ -223,7 +223,7 @@ def test_every_seed_key_is_present(results) -> None:
     assert set(open_loop["mismatch_metrics"]) >= SEED_MISMATCH_KEYS
     assert set(open_loop["plan"]) >= SEED_PLAN_KEYS
 
-    assert set(results["mpc"]["controllers"]) == {"maximum_clock", "reactive", "offline", "mpc"}
+    assert set(results["mpc"]["controllers"]) == {"max", "reactive", "open-loop", "mpc-slsqp"}
     for payload in results["mpc"]["controllers"].values():
         assert set(payload) >= SEED_RESULT_KEYS
 
@@ -321,11 +321,11 @@ def test_open_loop_experiment_matches_its_window(plant, workloads, results) -> N
     nominal = results["open_loop"]["controllers"]["nominal"]["metrics"]
     assert nominal["arrived_requests"] == window["request_count"]
     assert nominal["matched_moved_burst_request_count"] == mismatch["moved_request_count"]
-    # The offline controller of the MPC comparison is the shifted open-loop run.
-    assert results["mpc"]["controllers"]["offline"]["metrics"] == {
+    # The open-loop controller of the MPC comparison is the shifted open-loop run.
+    assert results["mpc"]["controllers"]["open-loop"]["metrics"] == {
         key: value
         for key, value in results["open_loop"]["controllers"]["shifted"]["metrics"].items()
-        if key in results["mpc"]["controllers"]["offline"]["metrics"]
+        if key in results["mpc"]["controllers"]["open-loop"]["metrics"]
     }
     plan = results["open_loop"]["plan"]
     assert plan["success"] and len(plan["applied_clock_mhz"]) == 60
@@ -343,7 +343,7 @@ def test_mpc_section_is_run_mpc_on_the_shifted_window(plant, workloads, results)
     )
     shifted = shift_largest_burst(window, plant.profile, expected_output_tokens=expected)
     reference = run_mpc(shifted, plant, timer=StepTimer())
-    suite = results["mpc"]["controllers"]["mpc"]
+    suite = results["mpc"]["controllers"]["mpc-slsqp"]
     assert suite["metrics"] == reference.metrics.as_dict()
     expected = reference.as_dict(stride=5)
     assert suite["requested_clock_mhz"] == expected["requested_clock_mhz"]

@@ -433,7 +433,7 @@ def test_diagnostics_shape(synthetic_plant, workload_factory):
     assert sum(diagnostics.fallback_reasons.values()) == diagnostics.fallback_count
     assert (diagnostics.control_period_s, diagnostics.horizon_steps) == (1.0, 10)
     assert diagnostics.solve_time_limit_s == 0.8
-    assert controller.__name__ == "mpc_clock" and controller.plan_dt_s == 1.0
+    assert controller.__name__ == "mpc-slsqp" and controller.plan_dt_s == 1.0
     assert len(controller.plans_by_step) == 5
     for step, plan in controller.plans_by_step.items():
         assert len(plan) in (1, 10)

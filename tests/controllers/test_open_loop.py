@@ -154,7 +154,7 @@ def test_controller_replays_the_plan(synthetic_plant):
     plan = optimize_open_loop(_bursty_workload(), synthetic_plant)
     controller = open_loop_clock_controller(plan)
     assert isinstance(controller, OpenLoopClockController)
-    assert controller.__name__ == "open_loop_clock"
+    assert controller.__name__ == "open-loop"
     assert controller.plan_dt_s == 1.0
     assert controller.plans_by_step[0] == tuple(plan.applied_clock_mhz)
     assert controller.plan_start_times_by_step == {0: 0.0}

@@ -83,7 +83,7 @@ def test_factory_kinds(tmp_path: Path) -> None:
 def test_factory_mpc_builds() -> None:
     pytest.importorskip("gpugov.controllers.mpc")
     controller = build_controller(MPCControllerConfig(kind="mpc", horizon_s=5.0), period_s=1.0)
-    assert controller.__name__ == "mpc_clock"  # type: ignore[attr-defined]
+    assert controller.__name__ == "mpc"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,7 @@ def _snapshot() -> DomainSnapshot:
     )
     return DomainSnapshot(
         domain="llm",
-        controller="mpc_clock",
+        controller="mpc",
         gpus=gpus,
         observation=observation,
         requested_mhz=1410.0,
@@ -102,22 +102,22 @@ def test_values_and_labels(page: str) -> None:
     assert value("gpugov_gpu_utilization_ratio", domain="llm", gpu="0") == 0.8
     assert value("gpugov_gpu_read_errors_total", domain="llm", gpu="1") == 3.0
     assert ("gpugov_gpu_temperature_celsius", (("domain", "llm"), ("gpu", "1"))) not in samples
-    assert value("gpugov_requested_clock_hertz", domain="llm", controller="mpc_clock") == 1410e6
+    assert value("gpugov_requested_clock_hertz", domain="llm", controller="mpc") == 1410e6
     assert value("gpugov_applied_clock_hertz", domain="llm") == 1410e6
     assert value("gpugov_clock_writes_total", domain="llm") == 2.0
-    assert value("gpugov_decisions_total", domain="llm", controller="mpc_clock") == 6.0
+    assert value("gpugov_decisions_total", domain="llm", controller="mpc") == 6.0
     assert (
-        value("gpugov_fallbacks_total", domain="llm", controller="mpc_clock", reason="engine_stale")
+        value("gpugov_fallbacks_total", domain="llm", controller="mpc", reason="engine_stale")
         == 2.0
     )
     assert (
-        value("gpugov_controller_solve_seconds_count", domain="llm", controller="mpc_clock") == 3.0
+        value("gpugov_controller_solve_seconds_count", domain="llm", controller="mpc") == 3.0
     )
     assert (
         value(
             "gpugov_controller_solve_seconds_bucket",
             domain="llm",
-            controller="mpc_clock",
+            controller="mpc",
             le="0.001",
         )
         == 1.0

@@ -17,7 +17,7 @@ from gpugov.controllers.experiments import TIMING_FIELDS, build_textbook_results
 from gpugov.study import experiments_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-QUICK_ARGS = ["experiments", "--quick", "--window", "120", "--animation", "30"]
+QUICK_ARGS = ["experiments", "--quick", "--duration", "120", "--animation", "30"]
 TOP_LEVEL_KEYS = {
     "metadata",
     "modeling",
@@ -30,10 +30,10 @@ TOP_LEVEL_KEYS = {
 TABLE_ROWS = (
     "| Open-loop plan, nominal arrivals |",
     "| Open-loop plan, shifted arrivals |",
-    "| Maximum clock, shifted |",
-    "| Reactive governor, shifted |",
-    "| Offline plan, shifted (same run as open-loop shifted) |",
-    "| MPC, shifted |",
+    "| max, shifted |",
+    "| reactive, shifted |",
+    "| open-loop, shifted (same run as open-loop shifted) |",
+    "| mpc-slsqp, shifted |",
     "| Exact DP |",
     "| FQI, broad coverage |",
     "| FQI, narrow log |",
@@ -115,12 +115,15 @@ def test_summary_has_the_headline_tables_and_caveats(quick_run) -> None:
         assert f"(figures/{name})" in summary
 
 
-def test_progress_lines_carry_elapsed_seconds(quick_run) -> None:
+def test_progress_lines_carry_step_elapsed_and_eta(quick_run) -> None:
     _, _, _, stderr = quick_run
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) >= 10
-    pattern = re.compile(r"^\[\s*\d+\.\d s\] \S")
+    pattern = re.compile(
+        r"^experiments: +\d+\.\d% \(\d+/12 steps\), elapsed \S+, ETA \S+, \S"
+    )
     assert all(pattern.match(line) for line in lines), lines
+    assert lines[-1].startswith("experiments: 100.0% (12/12 steps)")
     assert any("fqi" in line for line in lines)
     assert lines[-1].endswith("done")
 
@@ -153,8 +156,9 @@ def test_identical_runs_give_identical_json_except_solve_times(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--window", "0"], "--window must be positive"),
-        (["--animation", "200", "--window", "100"], "exceeds --window"),
+        (["--duration", "0"], "--duration must be positive"),
+        (["--window", "0"], "--duration must be positive"),
+        (["--animation", "200", "--duration", "100"], "exceeds --duration"),
         (["--start", "-1"], "--start must be >= 0"),
         (["--trace", "no-such-trace.csv"], "no-such-trace.csv"),
         (["--profile", "no-such-profile"], "no-such-profile"),

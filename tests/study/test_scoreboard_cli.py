@@ -39,13 +39,13 @@ COMPARISON_KEYS = {
     "fast_long_p99_s",
 }
 CONTROLLERS = [
-    "max_clock",
-    "best_fixed",
+    "max",
+    "best-fixed",
     "reactive",
-    "open_loop",
-    "mpc_slsqp",
-    "mpc_fast",
-    "window_oracle",
+    "open-loop",
+    "mpc-slsqp",
+    "mpc",
+    "window-oracle",
 ]
 
 
@@ -82,26 +82,26 @@ def test_tiny_scoreboard_writes_json_markdown_and_png(
     for row in rows:
         assert set(row) >= ROW_KEYS, row["controller"]
     by_key = {row["controller"]: row for row in rows}
-    assert by_key["max_clock"]["holds_slo"] is True
-    assert by_key["max_clock"]["oracle_capture"] == 0.0
-    assert by_key["window_oracle"]["holds_slo"] is True
+    assert by_key["max"]["holds_slo"] is True
+    assert by_key["max"]["oracle_capture"] == 0.0
+    assert by_key["window-oracle"]["holds_slo"] is True
     # Oracles are offline searches: no per-call decision time.
-    assert by_key["window_oracle"]["decision_time_p99_s"] is None
-    assert by_key["mpc_slsqp"]["decision_time_p99_s"] > 0.0
+    assert by_key["window-oracle"]["decision_time_p99_s"] is None
+    assert by_key["mpc-slsqp"]["decision_time_p99_s"] > 0.0
     for row in rows:
         if not row["holds_slo"]:
             assert row["oracle_capture"] is None
     comparison = payload["mpc_solver_comparison"]
     assert set(comparison) >= COMPARISON_KEYS
-    assert comparison["points"] == by_key["mpc_slsqp"]["mpc_solves"] > 0
+    assert comparison["points"] == by_key["mpc-slsqp"]["mpc_solves"] > 0
     assert 0.0 <= comparison["fraction_no_worse"] <= 1.0
     scenario = payload["scenarios"][0]
     assert scenario["lp_bound"]["energy_j"] <= min(row["energy_j"] for row in rows)
     markdown = (out / "scoreboard.md").read_text()
     assert "| controller | energy | saved |" in markdown
-    assert "Window oracle (hindsight)" in markdown
+    assert "window-oracle (hindsight)" in markdown
     assert (out / "scoreboard.png").read_bytes().startswith(PNG_MAGIC)
-    assert "MPC (fast)" in stdout
+    assert "\nmpc " in stdout and "mpc-slsqp" in stdout
     assert "wrote" in stdout
     assert "azure-conv-10min|h100-sxm-llama3-8b|recorded" in stderr
 
@@ -155,7 +155,7 @@ def test_mpc_ablation_reproduces_the_scoreboards_fast_mpc(
     payload = _strict_load(target.read_text())
     assert [item["variant"] for item in payload["summary"]] == list(mpc_ablation.VARIANTS)
     board = _strict_load((out / "scoreboard.json").read_text())
-    fast = next(row for row in board["rows"] if row["controller"] == "mpc_fast")
+    fast = next(row for row in board["rows"] if row["controller"] == "mpc")
     default = [row for row in payload["rows"] if row["variant"] == "+ TTFT penalty cap (default)"]
     assert len(default) == 1
     assert default[0]["energy_j"] == pytest.approx(fast["energy_j"], rel=1e-12)

@@ -93,7 +93,7 @@ def test_simulate_lower_clock_lower_energy_via_cli(tmp_path: Path) -> None:
         (["--trace", "/nonexistent/trace.csv"], "trace.csv"),
         (["--profile", "no-such-gpu"], "unknown profile 'no-such-gpu'"),
         (["--controller", "fixed:abc"], "--controller fixed:MHZ needs a number"),
-        (["--controller", "fixed:5000"], "outside the profile's supported range"),
+        (["--controller", "fixed:5000"], "outside the supported range"),
         (["--controller", "warp-drive"], "unknown controller 'warp-drive'"),
         (["--load-scale", "-1"], "--load-scale must be positive"),
         (["--duration", "0"], "--duration must be positive"),
@@ -152,6 +152,22 @@ def test_skipped_zero_token_rows_reported_on_one_line(
 ) -> None:
     trace = tmp_path / "zeros.csv"
     trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0.0,10,5\n1.0,0,5\n2.0,12,3\n")
-    assert main(["simulate", "--trace", str(trace)]) == 0
+    assert main(["simulate", "--trace", str(trace), "--quiet"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"gpugov: warning: {trace}: skipped 1 zero-token row(s) of 3 (failed requests)"]
+
+
+def test_mpc_profile_part_names_the_model_it_plans_on(tmp_path: Path) -> None:
+    """``mpc:PROFILE`` is not ignored: the MPC plans on that profile (a mismatch run)."""
+    energies = {}
+    for spec in ("mpc", "mpc:h100-sxm-llama3-8b", "mpc:a100-sxm-80gb-llama3-8b"):
+        out = tmp_path / f"{spec.replace(':', '_')}.json"
+        argv = ["simulate", "--controller", spec, "--duration", "30", "--quiet",
+                "--out", str(out)]
+        assert main(argv) == 0
+        payload = json.loads(out.read_text())
+        assert payload["metadata"]["controller"] == "mpc"
+        assert payload["metadata"]["controller_spec"] == spec
+        energies[spec] = payload["metrics"]["energy_j"]
+    assert energies["mpc"] == energies["mpc:h100-sxm-llama3-8b"]
+    assert energies["mpc:a100-sxm-80gb-llama3-8b"] != energies["mpc"]

@@ -1,0 +1,72 @@
+"""``gpugov plot FILE.jsonl``: plot a ``replay``-able recording (``run --record``) to a PNG.
+
+One figure per domain, the same panels as ``simulate --plot`` (see :mod:`gpugov.study.plots`);
+latencies are the windowed TTFT and TPOT the daemon observed each tick.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    """Entry point of ``gpugov plot``."""
+    from gpugov.daemon.cli_support import UsageError, check_output_file, warn
+    from gpugov.daemon.record import RecordingError, read_recording
+    from gpugov.study.plots import pyplot, series_from_recording, write_run_plot
+
+    source = Path(args.file)
+    out = Path(args.out) if args.out else source.with_suffix(".png")
+    pyplot("gpugov plot")  # the missing extra is one line, before any reading
+    try:
+        header, rows = read_recording(source, warn=warn)
+    except RecordingError as error:
+        raise UsageError(str(error)) from error
+    domains = [str(d.get("name")) for d in header.get("domains", [])] or [None]
+    if args.domain is not None:
+        if args.domain not in domains:
+            raise UsageError(f"--domain {args.domain}: not in {source} (domains: {domains})")
+        domains = [args.domain]
+    targets = {
+        domain: out if len(domains) == 1 else out.with_name(f"{out.stem}-{domain}{out.suffix}")
+        for domain in domains
+    }
+    for target in targets.values():
+        check_output_file("--out", target)
+    controllers = {str(d.get("name")): d.get("controller") for d in header.get("domains", [])}
+    for domain, target in targets.items():
+        series = series_from_recording(rows, domain)
+        if not series.time_s:
+            raise UsageError(f"{source}: domain {domain!r} has no tick lines to plot")
+        from gpugov.daemon.decide import canonical_controller_name
+
+        name = canonical_controller_name(str(controllers.get(domain, "?")))
+        title = (
+            f"gpugov plot: {source.name}, domain {domain}, controller {name} "
+            f"({header.get('mode', 'node')}, {len(series.time_s)} ticks)"
+        )
+        write_run_plot(series, target, title)
+        print(f"wrote {target}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``plot`` to the ``gpugov`` parser."""
+    parser = subparsers.add_parser(
+        "plot",
+        help="plot a replay or run --record recording (FILE.jsonl) to a PNG",
+        description="Plot a recording written by 'gpugov run --record': clocks (requested "
+        "and realised), power against the cap, queues, TTFT/TPOT against their SLOs and "
+        "temperature against the thermal limit. Needs the gpugov[plots] extra.",
+    )
+    parser.add_argument("file", metavar="FILE.jsonl", help="a recording from run --record")
+    parser.add_argument(
+        "--out", default=None, metavar="FILE.png",
+        help="the PNG to write (default: FILE.png beside the recording; with several "
+        "domains, one FILE-DOMAIN.png each)",
+    )
+    parser.add_argument(
+        "--domain", default=None, metavar="NAME", help="plot only this domain (default: all)"
+    )
+    parser.set_defaults(handler=run_plot)

@@ -1,0 +1,192 @@
+"""Issue 11's CLI list: each bad input is refused with its exit code and ONE stderr line.
+
+Every case goes through the real entry point (``gpugov.cli.main``); none may print a
+traceback, and nothing may be written where the user did not ask.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpugov.cli import main
+
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1, err
+    assert err[0].startswith("gpugov: error: "), err
+    return err[0]
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> Path:
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,10\n1,200,20\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("rec") / "run.jsonl"
+    argv = ["run", "--simulate", "--virtual", "--duration", "20", "--controller", "reactive",
+            "--metrics-address", "none", "--record", str(path), "--quiet"]
+    assert main(argv) == 0
+    return path
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["simulate", "--stride", "0"], "--stride must be >= 1"),
+        (["simulate", "--latency-noise", "-1"], "--latency-noise must be finite and >= 0"),
+        (["simulate", "--controller", "mpc:garbage"], "unknown profile 'garbage'"),
+        (["simulate", "--controller", "mpc:"], "name a profile after the colon"),
+        (["simulate", "--controller", "reactive:foo"], "reactive takes no argument"),
+        (["simulate", "--controller", "max:1"], "max takes no argument"),
+        (["simulate", "--load-scale", "1e-6"], "over the limit of 7 simulated days"),
+        (["run", "--simulate", "--controller", "mpc:garbage"], "unknown profile 'garbage'"),
+        (["run", "--simulate", "--dry-run"], "--dry-run applies to a node run"),
+        (["run", "--simulate", "--load-scale", "1e-6"], "over the limit of 7 simulated days"),
+        (["run", "--simulate", "--controller", "fixed:99999"], "outside the supported range"),
+        (["status", "--engine-url", "notaurl"], "--engine-url notaurl: not an http(s) URL"),
+        (["status", "--engine-url", "http://127.0.0.1:99999/metrics"], "valid port"),
+        (["bench", "controllers", "--traces", "nosuch"], "unknown trace 'nosuch'"),
+        (["bench", "controllers", "--jobs", "0"], "--jobs must be >= 1"),
+        (["experiments", "--out", "/dev/null/x"], "--out /dev/null/x: cannot write there"),
+    ],
+)
+def test_bad_input_is_one_line(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert expected in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("flag", ["--out", "--plot"])
+def test_unwritable_simulate_outputs_are_refused_before_the_work(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    target = blocker / "x.out"  # a file's "subdirectory": never writable
+    assert main(["simulate", flag, str(target), "--duration", "5"]) == 2
+    line = _one_error_line(capsys)
+    assert f"{flag} {target}" in line
+    missing = tmp_path / "no" / "such" / "x.out"
+    assert main(["simulate", flag, str(missing), "--duration", "5"]) == 2
+    assert "does not exist (create it first)" in _one_error_line(capsys)
+    assert not (tmp_path / "no").exists()
+
+
+def test_record_under_a_missing_directory_is_refused_not_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "nosuch" / "run.jsonl"
+    argv = ["run", "--simulate", "--virtual", "--duration", "5", "--metrics-address", "none",
+            "--record", str(target)]
+    assert main(argv) == 2
+    line = _one_error_line(capsys)
+    assert f"--record {target}: directory {target.parent} does not exist" in line
+    assert not target.parent.exists()
+
+
+def test_prompt_above_the_kv_capacity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    big = tmp_path / "big.csv"
+    big.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,10\n1,900000,10\n")
+    for argv in (["simulate", "--trace", str(big)],
+                 ["run", "--simulate", "--virtual", "--trace", str(big)]):
+        assert main(argv) == 2
+        line = _one_error_line(capsys)
+        assert "request 1 needs 900000 + 10 KV tokens" in line and str(big) in line
+
+
+def test_arrival_far_in_the_future_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    far = tmp_path / "far.csv"
+    far.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,10,10\n1e308,10,10\n")
+    assert main(["simulate", "--trace", str(far)]) == 2
+    assert "7 simulated days" in _one_error_line(capsys)
+
+
+def test_trace_from_dev_zero_is_refused_at_the_line_cap(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["simulate", "--trace", "/dev/zero"]) == 2
+    assert "/dev/zero:1: line longer than 65536 bytes" in _one_error_line(capsys)
+
+
+def test_reversed_clock_range_in_a_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = "h100-sxm-llama3-8b"
+    shutil.copy(PROFILES / f"{name}.csv", tmp_path / f"{name}.csv")
+    manifest = json.loads((PROFILES / f"{name}.json").read_text())
+    manifest["clock_range_mhz"] = list(reversed(manifest["clock_range_mhz"]))
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(manifest))
+    assert main(["simulate", "--profile", str(path), "--duration", "5"]) == 2
+    line = _one_error_line(capsys)
+    assert str(path) in line and "clock_range_mhz must be [lowest, highest]" in line
+
+
+def test_replay_refuses_a_fixed_clock_outside_the_recording(
+    recording: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", str(recording), "--controller", "fixed:99999"]) == 2
+    assert "outside the supported range" in _one_error_line(capsys)
+
+
+def test_crash_cut_recording_replays_up_to_the_last_complete_line(
+    recording: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = recording.read_text()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(text[: len(text) - 40])  # the last tick line loses its end
+    complete = len(text.splitlines()) - 2
+    assert main(["replay", str(cut), "--controller", "max"]) == 0
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(warnings) == 1 and warnings[0].startswith("gpugov: warning: ")
+    assert "last line is incomplete" in warnings[0]
+    assert f"using the {complete + 1} complete line(s)" in warnings[0]
+    assert f"replayed {complete} decisions" in captured.out
+
+
+def test_all_interfaces_metrics_address_warns(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gpugov.daemon.node_cli as node_cli
+
+    bound: list[tuple[str, int]] = []
+
+    class NoServer:
+        """Stands in for the exporter: tests never listen beyond loopback."""
+
+        url = "http://0.0.0.0:0/metrics"
+
+        def __init__(self, host: str, port: int) -> None:
+            bound.append((host, port))
+
+        def publish(self, *args: object, **kwargs: object) -> None:
+            """Accept whatever the loop publishes."""
+
+        def __getattr__(self, name: str) -> object:
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(node_cli, "Exporter", NoServer)
+    argv = ["run", "--simulate", "--virtual", "--duration", "5", "--quiet",
+            "--metrics-address", "0.0.0.0:0"]
+    assert main(argv) == 0
+    assert bound == [("0.0.0.0", 0)]
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == [
+        "gpugov: warning: metrics address 0.0.0.0:0 exposes /metrics on every network "
+        "interface; use 127.0.0.1 or one interface's address unless that is intended"
+    ]
