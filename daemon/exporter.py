@@ -82,6 +82,8 @@ class DomainSnapshot:
     fallbacks_total: Mapping[str, int]
     solve_buckets: tuple[tuple[str, float], ...]
     solve_sum_s: float
+    external_clock_changes_total: Mapping[str, int] = field(default_factory=dict)
+    yielded_gpus: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,16 @@ class SnapshotCollector(Collector):
         errors = CounterMetricFamily(
             "gpugov_gpu_read_errors", "GPU reads that failed and were survived", labels=labels
         )
+        external = CounterMetricFamily(
+            "gpugov_gpu_external_clock_changes",
+            "Clock changes made by someone else that the readback caught",
+            labels=labels,
+        )
+        yielded = _gauge(
+            "gpugov_gpu_clock_yield_active",
+            "1 when gpugov left the GPU to an outside clock setting (external_clock_policy)",
+            labels,
+        )
         for snapshot in domains:
             for gpu in snapshot.gpus:
                 key = [snapshot.domain, gpu.gpu]
@@ -156,7 +168,12 @@ class SnapshotCollector(Collector):
                     if value is not None:
                         family.add_metric(key, float(value) * scale)
                 errors.add_metric(key, float(snapshot.gpu_read_errors_total.get(gpu.gpu, 0)))
+                external.add_metric(
+                    key, float(snapshot.external_clock_changes_total.get(gpu.gpu, 0))
+                )
+                yielded.add_metric(key, 1.0 if gpu.gpu in snapshot.yielded_gpus else 0.0)
         yield from (power, energy, temperature, clock, utilization, limit, reasons, errors)
+        yield from (external, yielded)
 
     def _domain_metrics(self, domains: Sequence[DomainSnapshot]) -> Iterator[Metric]:
         d = ("domain",)
