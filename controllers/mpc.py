@@ -742,6 +742,8 @@ class MPCController:
         self.plans_by_step: dict[int, tuple[float, ...]] = {}
         self.plan_start_times_by_step: dict[int, float] = {}
         self.plan_dt_s = self.control_period_s
+        # None keeps every plan and solve time (studies read them); the daemon bounds it.
+        self.history_limit: int | None = None
         self.__name__ = "mpc_clock"
 
     @classmethod
@@ -908,7 +910,17 @@ class MPCController:
             self.fallback_reasons[reason] += 1
             self.plans_by_step[observation.step_index] = (float(self.current_clock),)
         self.plan_start_times_by_step[observation.step_index] = observation.time_s
+        if self.history_limit is not None:
+            self._trim_history(self.history_limit)
         return self.current_clock
+
+    def _trim_history(self, limit: int) -> None:
+        """Keep the last ``limit`` plans and solve times (a daemon runs for months)."""
+        for history in (self.plans_by_step, self.plan_start_times_by_step):
+            while len(history) > limit:
+                del history[next(iter(history))]
+        if len(self.solve_times) > 2 * limit:
+            del self.solve_times[:-limit]
 
     def diagnostics(self) -> MPCDiagnostics:
         """Solve times, success and fallback counts (by reason) so far."""

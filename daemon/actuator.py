@@ -20,6 +20,7 @@ Three more duties, each documented in ``docs/daemon.md``:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +28,13 @@ from types import TracebackType
 from typing import Any, Literal
 
 from gpugov.daemon.backend import GpuBackend, GpuSample
-from gpugov.daemon.errors import GpuError, GpuLost, NotSupported, PermissionDenied, TransientGpuError
+from gpugov.daemon.errors import (
+    GpuError,
+    GpuLost,
+    NotSupported,
+    PermissionDenied,
+    TransientGpuError,
+)
 from gpugov.daemon.lockstate import LockState, gpu_key
 
 log = logging.getLogger(__name__)
@@ -319,7 +326,7 @@ class ClockActuator:
         label = backend.label
         if label not in self._tolerance_mhz:
             clocks = sorted(set(backend.supported_clocks_mhz()))
-            steps = sorted(b - a for a, b in zip(clocks, clocks[1:], strict=False))
+            steps = sorted(b - a for a, b in itertools.pairwise(clocks))
             step = steps[len(steps) // 2] if steps else 15
             self._tolerance_mhz[label] = 2.0 * max(step, 1)
         return self._tolerance_mhz[label]

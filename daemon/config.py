@@ -164,7 +164,9 @@ class EngineConfig(_Frozen):
             raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
         parts = urllib.parse.urlsplit(value)
         if not parts.hostname:
-            raise ValueError(f"must name a host, such as http://127.0.0.1:8000/metrics, got {value!r}")
+            raise ValueError(
+                f"must name a host, such as http://127.0.0.1:8000/metrics, got {value!r}"
+            )
         try:
             parts.port  # noqa: B018 - urllib checks the range when the port is read
         except ValueError:

@@ -1,8 +1,9 @@
 """Engine sources: scrape a serving engine's Prometheus ``/metrics`` into an EngineSample.
 
-``VllmSource``, ``SglangSource`` and ``TgiSource`` fetch the page over HTTP (one kept-alive
-connection, one overall deadline per scrape, a size cap), keep only the lines of the series they use (a vLLM page is thousands of lines
-of histogram buckets; parsing it whole costs milliseconds) and parse those with
+``VllmSource``, ``SglangSource`` and ``TgiSource`` fetch the page over HTTP (one kept-
+alive connection, one overall deadline per scrape, a size cap), keep only the lines of
+the series they use (a vLLM page is thousands of lines of histogram buckets; parsing it
+whole costs milliseconds) and parse those with
 ``prometheus_client.parser.text_string_to_metric_families``, matching on sample names
 (the parser drops ``_total`` from a counter's family name but not from its samples).
 :func:`detect_engine` picks the engine from the metric names.

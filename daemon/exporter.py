@@ -1,11 +1,11 @@
 """Prometheus exporter: a scrape-time Collector over the latest per-domain snapshots.
 
 Its own ``CollectorRegistry`` (never the global one), served by prometheus_client's WSGI
-app on ``127.0.0.1:9400`` by default. Names are ``gpugov_*`` in base units (hertz, watts,
-joules, celsius, seconds); labels ``domain``, ``gpu`` and, on decision metrics,
-``controller``. The loop calls :meth:`Exporter.publish` once per tick with immutable
-snapshots; a scrape reads whatever was published last.
-"""
+app on ``127.0.0.1:9400`` by default, with at most :data:`MAX_CONNECTIONS` connections
+at once and a :data:`CONNECTION_TIMEOUT_S` socket timeout. Names are ``gpugov_*`` in
+base units (hertz, watts, joules, celsius, seconds); labels ``domain``, ``gpu`` and, on
+decision metrics, ``controller``. The loop calls :meth:`Exporter.publish` once per tick
+with immutable snapshots; a scrape reads whatever was published last. """
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import socket
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry
@@ -285,9 +286,49 @@ class SnapshotCollector(Collector):
         yield from (ticks, overruns, duration, period)
 
 
+MAX_CONNECTIONS = 32
+"""Connections served at once; more are closed at once (a scraper retries)."""
+CONNECTION_TIMEOUT_S = 10.0
+"""An idle or slow client is dropped after this long, so it cannot hold a thread."""
+
+
 class _QuietHandler(WSGIRequestHandler):
+    timeout = CONNECTION_TIMEOUT_S  # StreamRequestHandler sets it on the socket
+
     def log_message(self, format: str, *args: object) -> None:
         pass
+
+
+class _BoundedServer(ThreadingWSGIServer):
+    """One thread per connection, at most ``max_connections`` at once.
+
+    prometheus_client's server starts a thread per connection with no limit and no
+    timeout, so idle connections would each hold a thread forever.
+    """
+
+    max_connections = MAX_CONNECTIONS
+
+    def server_activate(self) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        self.refused = 0
+        super().server_activate()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class Exporter:
@@ -302,7 +343,7 @@ class Exporter:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = SnapshotCollector()
         self.registry.register(self.collector)
-        self._server: ThreadingWSGIServer | None = None
+        self._server: _BoundedServer | None = None
         self._thread: threading.Thread | None = None
         self.host, self.port = host, port
         if serve:
@@ -311,7 +352,7 @@ class Exporter:
     def _start(self, host: str, port: int) -> None:
         app = make_wsgi_app(self.registry)
 
-        class Server(ThreadingWSGIServer):
+        class Server(_BoundedServer):
             address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
         self._server = make_server(host, port, app, Server, handler_class=_QuietHandler)

@@ -95,9 +95,11 @@ class LockState:
             "pid": self.pid,
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
-        if self._entries.get(key, {}).get("max_mhz") == entry["max_mhz"] and self._entries[
-            key
-        ].get("min_mhz") == entry["min_mhz"] and self._entries[key].get("pid") == self.pid:
+        if (
+            self._entries.get(key, {}).get("max_mhz") == entry["max_mhz"]
+            and self._entries[key].get("min_mhz") == entry["min_mhz"]
+            and self._entries[key].get("pid") == self.pid
+        ):
             return
         self._entries[key] = entry
         self._write()

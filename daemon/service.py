@@ -34,6 +34,8 @@ from gpugov.plant.types import Request
 log = logging.getLogger(__name__)
 
 
+CONTROLLER_HISTORY_STEPS = 1000
+"""Plans and solve times a controller keeps in the daemon (the studies keep all)."""
 START_ATTEMPTS = 5
 START_BACKOFF_S = 0.25
 
@@ -60,7 +62,9 @@ def retry_transient(
         except TransientGpuError as error:
             if attempt + 1 >= attempts:
                 raise
-            log.warning("%s failed (attempt %d of %d): %s; retrying", what, attempt + 1, attempts, error)
+            log.warning(
+                "%s failed (attempt %d of %d): %s; retrying", what, attempt + 1, attempts, error
+            )
             sleep(backoff_s * 2**attempt)
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -168,6 +172,8 @@ def build_domain(
         if controller is not None
         else build_controller(controller_spec, period_s=period_s)
     )
+    if hasattr(inner, "history_limit"):
+        inner.history_limit = CONTROLLER_HISTORY_STEPS  # bounded memory on a node
     wrapped = with_safety(inner, clocks, floor_mhz=floor_mhz, dwell_s=dwell_s)
     actuator = ClockActuator(
         backends, domain=name, lock_mode=lock_mode, external_policy=external_policy, state=state
