@@ -5,12 +5,14 @@ app on ``127.0.0.1:9400`` by default, with at most :data:`MAX_CONNECTIONS` conne
 at once and a :data:`CONNECTION_TIMEOUT_S` socket timeout. Names are ``gpugov_*`` in
 base units (hertz, watts, joules, celsius, seconds); labels ``domain``, ``gpu`` and, on
 decision metrics, ``controller``. The loop calls :meth:`Exporter.publish` once per tick
-with immutable snapshots; a scrape reads whatever was published last. """
+with immutable snapshots; a scrape reads whatever was published last."""
 
 from __future__ import annotations
 
+import logging
 import platform
 import socket
+import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +33,8 @@ from prometheus_client.registry import Collector
 from gpugov import __version__
 from gpugov.daemon.backend import GpuSample
 from gpugov.plant.types import ServingObservation
+
+log = logging.getLogger(__name__)
 
 MHZ = 1e6
 SOLVE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -307,6 +311,11 @@ class _BoundedServer(ThreadingWSGIServer):
     """
 
     max_connections = MAX_CONNECTIONS
+    request_queue_size = 64  # the listen backlog (socketserver's default is 5)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that timed out or vanished is routine: no traceback on stderr."""
+        log.debug("metrics client %s dropped: %s", client_address, sys.exc_info()[1])
 
     def server_activate(self) -> None:
         self._slots = threading.BoundedSemaphore(self.max_connections)

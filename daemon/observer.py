@@ -130,6 +130,7 @@ class DomainObserver:
         self.scrape_timeout_s = scrape_timeout_s
         self.log_every_s = log_every_s
         self.engine_errors = 0
+        self._cut = False
         self.failed_in_a_row = 0
         self._down_since_s: float | None = None
         self._last_reminder_s = -math.inf
@@ -169,12 +170,20 @@ class DomainObserver:
     def _scrape(self, now_s: float) -> tuple[str | None, float]:
         started = self._clock()
         budget = self._budget(now_s)
+        cut = (
+            budget is not None
+            and self.scrape_timeout_s is not None
+            and budget < self.scrape_timeout_s
+        )
+        self._cut = False
         try:
             sample = (
                 self.source.scrape() if budget is None else self.source.scrape(timeout_s=budget)
             )
         except EngineUnavailable as error:
             elapsed = self._clock() - started
+            # Ran out the deadline the stale age set: the data is stale by now.
+            self._cut = cut and budget is not None and elapsed >= budget - 1e-3
             self.engine_errors += 1
             self._report_failure(now_s, str(error))
             return str(error), elapsed
@@ -220,7 +229,8 @@ class DomainObserver:
         error, scrape_s = self._scrape(now_s)
         decided_s = now_s + scrape_s
         age = None if self._last_time_s is None else max(0.0, decided_s - self._last_time_s)
-        fresh = age is not None and age <= self.stale_after_s
+        # A scrape cut short by the stale deadline failed because the data went stale.
+        fresh = age is not None and age <= self.stale_after_s and not (error and self._cut)
         observation = self._build(now_s, step_index, requested_clock_mhz, gpus, error is None)
         return Observed(
             observation=observation,
