@@ -49,7 +49,15 @@ from gpugov.daemon.errors import (
     TransientGpuError,
 )
 from gpugov.daemon.exporter import Exporter
-from gpugov.daemon.loop import RunStats, ScaledClock, SystemdNotify, TimedLoop, VirtualClock, run
+from gpugov.daemon.loop import (
+    RunStats,
+    ScaledClock,
+    SystemdNotify,
+    TimedLoop,
+    VirtualClock,
+    restore_all,
+    run,
+)
 from gpugov.daemon.loop import stop_on_signals as _stop_on_signals
 from gpugov.daemon.nvidia_smi import run_command
 from gpugov.daemon.nvml import NvmlBackend, load_pynvml, nvml_device_count
@@ -142,25 +150,29 @@ def _run_node(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(f"{args.config}: {error}") from error
     dry_run = args.dry_run or config.daemon.dry_run
-    assembled = domains_from_config(config, dry_run=dry_run)
-    exporter = None
-    recorder = None
-    try:
-        for domain in assembled.domains:
-            domain.actuator.reconcile(config.daemon.reconcile, dry_run=dry_run)
-        exporter = _exporter(args.metrics_address or config.daemon.metrics_address)
-        record = args.record or config.daemon.record
-        recorder = Recorder(record, assembled.header) if record else None
-        stop = threading.Event()
-        mode = "dry run" if dry_run else "locking clocks"
-        log.info(
-            "gpugov %s: %d domain(s), period %.3g s%s",
-            mode,
-            len(assembled.domains),
-            config.daemon.period_s,
-            f", metrics on {exporter.url}" if exporter else "",
-        )
-        with _stop_on_signals(stop):
+    stop = threading.Event()
+    # Signals are caught from here on: one during the start (opening the GPUs,
+    # reconciling, building the MPC) ends the run cleanly before the first tick.
+    with _stop_on_signals(stop):
+        assembled = domains_from_config(config, dry_run=dry_run)
+        exporter = None
+        recorder = None
+        entered = False
+        try:
+            for domain in assembled.domains:
+                domain.actuator.reconcile(config.daemon.reconcile, dry_run=dry_run)
+            exporter = _exporter(args.metrics_address or config.daemon.metrics_address)
+            record = args.record or config.daemon.record
+            recorder = Recorder(record, assembled.header) if record else None
+            mode = "dry run" if dry_run else "locking clocks"
+            log.info(
+                "gpugov %s: %d domain(s), period %.3g s%s",
+                mode,
+                len(assembled.domains),
+                config.daemon.period_s,
+                f", metrics on {exporter.url}" if exporter else "",
+            )
+            entered = True
             run(
                 assembled.domains,
                 TimedLoop(config.daemon.period_s, stop=stop),
@@ -168,12 +180,14 @@ def _run_node(args: argparse.Namespace) -> int:
                 notify=notify,
                 on_tick=recorder,
             )
-    finally:
-        if recorder is not None:
-            recorder.close()
-        if exporter is not None:
-            exporter.close()
-        assembled.close()
+        finally:
+            if not entered:  # what reconcile could not reset is tried once more
+                restore_all(assembled.domains)
+            if recorder is not None:
+                recorder.close()
+            if exporter is not None:
+                exporter.close()
+            assembled.close()
     log.info("stopped; every clock gpugov locked was reset")
     return EXIT_OK
 

@@ -131,6 +131,7 @@ class DomainObserver:
         self.log_every_s = log_every_s
         self.engine_errors = 0
         self._cut = False
+        self._was_fresh = False
         self.failed_in_a_row = 0
         self._down_since_s: float | None = None
         self._last_reminder_s = -math.inf
@@ -164,7 +165,9 @@ class DomainObserver:
             return None
         left = self._last_time_s + self.stale_after_s - now_s
         if left <= 0:
-            return None  # already stale: give the engine its whole timeout to come back
+            # Stale already: decide the fail-safe now if the last tick was still fresh
+            # (a late tick), else give the engine its whole timeout to come back.
+            return 0.0 if self._was_fresh else None
         return left if self.scrape_timeout_s is None else min(left, self.scrape_timeout_s)
 
     def _scrape(self, now_s: float) -> tuple[str | None, float]:
@@ -231,6 +234,7 @@ class DomainObserver:
         age = None if self._last_time_s is None else max(0.0, decided_s - self._last_time_s)
         # A scrape cut short by the stale deadline failed because the data went stale.
         fresh = age is not None and age <= self.stale_after_s and not (error and self._cut)
+        self._was_fresh = fresh
         observation = self._build(now_s, step_index, requested_clock_mhz, gpus, error is None)
         return Observed(
             observation=observation,
