@@ -314,7 +314,7 @@ class Daemon:
         """What it wrote to stdout so far."""
         return (self.node.root / f"{self.name}.out").read_text(errors="replace")
 
-    def wait_for(self, predicate: Any, timeout_s: float = 20.0, what: str = "") -> float:
+    def wait_for(self, predicate: Any, timeout_s: float = 90.0, what: str = "") -> float:
         """Poll ``predicate()`` until true; returns the time it became true."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -328,7 +328,7 @@ class Daemon:
                 raise AssertionError(f"timed out waiting for {what}:\n{self.stderr}")
             time.sleep(0.02)
 
-    def wait_locked(self, mhz: int, timeout_s: float = 20.0, what: str = "") -> float:
+    def wait_locked(self, mhz: int, timeout_s: float = 90.0, what: str = "") -> float:
         """Until every GPU is locked at ``mhz``."""
         return self.wait_for(
             lambda: all(lock == [mhz, mhz] for lock in self.node.locked()),
@@ -356,13 +356,13 @@ class Daemon:
         assert self.process is not None
         self.process.send_signal(sig)
 
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 90.0) -> int:
         """Signal it and wait; the exit code."""
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(sig)
         return self.wait(timeout_s)
 
-    def wait(self, timeout_s: float = 20.0) -> int:
+    def wait(self, timeout_s: float = 90.0) -> int:
         """Wait for the exit; the exit code."""
         assert self.process is not None
         return self.process.wait(timeout_s)
