@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
-from gpugov.daemon.backend import GpuBackend, GpuSample
+from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
 from gpugov.daemon.errors import (
     GpuError,
     GpuLost,
@@ -351,6 +351,8 @@ class ClockActuator:
             held = self.locked_mhz.get(label)
             if backend is None or held in (None, _UNKNOWN) or label in self.yielded:
                 continue
+            if isinstance(backend, DryRunBackend):
+                continue  # a dry run never wrote the lock it remembers
             clock = sample.sm_clock_mhz
             if clock is None:
                 continue

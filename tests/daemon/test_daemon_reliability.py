@@ -312,6 +312,18 @@ def test_external_clock_change_is_seen_counted_and_handled(policy: str) -> None:
         assert actuator.restore() == [] and fake.writes[-1][0] == RESET  # not reset by us
 
 
+def test_a_dry_run_never_calls_the_real_clock_an_external_change() -> None:
+    from gpugov.daemon.backend import DryRunBackend
+
+    fake = FakeNvml(1)
+    backend = DryRunBackend(NvmlBackend(0, nvml=fake))
+    actuator = ClockActuator([backend])
+    actuator.apply(1410)  # only logged: the GPU stays at 1980
+    for _ in range(4):
+        assert actuator.check_readback([backend.sample()]) == []
+    assert actuator.external_changes == {"0": 0}
+
+
 def test_throttling_below_the_lock_is_not_an_external_change() -> None:
     fake = FakeNvml(1)
     backend = NvmlBackend(0, nvml=fake)
