@@ -171,6 +171,7 @@ class DomainObserver:
         return left if self.scrape_timeout_s is None else min(left, self.scrape_timeout_s)
 
     def _scrape(self, now_s: float) -> tuple[str | None, float]:
+        """Scrape at ``now_s`` (the tick's time plus what the GPU reads took)."""
         started = self._clock()
         budget = self._budget(now_s)
         cut = (
@@ -228,9 +229,11 @@ class DomainObserver:
         Raises:
             GpuLost: a GPU fell off the bus.
         """
+        tick_started = self._clock()
         gpus = self._sample_gpus()
-        error, scrape_s = self._scrape(now_s)
-        decided_s = now_s + scrape_s
+        reads_s = self._clock() - tick_started
+        error, scrape_s = self._scrape(now_s + reads_s)
+        decided_s = now_s + reads_s + scrape_s
         age = None if self._last_time_s is None else max(0.0, decided_s - self._last_time_s)
         # A scrape cut short by the stale deadline failed because the data went stale.
         fresh = age is not None and age <= self.stale_after_s and not (error and self._cut)
