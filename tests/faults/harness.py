@@ -283,8 +283,9 @@ class Daemon:
     def start(self) -> Daemon:
         """Start it (stderr to a file)."""
         env = dict(os.environ)
+        # Only the fake pynvml goes first; gpugov itself is the installed one.
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(HERE / "fakenv"), str(REPO), env.get("PYTHONPATH", "")]
+            p for p in (str(HERE / "fakenv"), env.get("PYTHONPATH", "")) if p
         )
         env[STATE_ENV] = str(self.node.path)
         env["STATE_DIRECTORY"] = str(self.node.state_dir)
