@@ -746,6 +746,8 @@ class MPCController:
         # The one controller name (CLI spec, metrics, JSON): the SLSQP solver is the
         # seed's ``mpc-slsqp``; any other solver is the fast ``mpc``.
         self.__name__ = "mpc-slsqp" if isinstance(self.solver, SLSQPSolver) else "mpc"
+        # None keeps every plan and solve time (studies read them); the daemon bounds it.
+        self.history_limit: int | None = None
 
     @classmethod
     def from_profile(
@@ -911,7 +913,17 @@ class MPCController:
             self.fallback_reasons[reason] += 1
             self.plans_by_step[observation.step_index] = (float(self.current_clock),)
         self.plan_start_times_by_step[observation.step_index] = observation.time_s
+        if self.history_limit is not None:
+            self._trim_history(self.history_limit)
         return self.current_clock
+
+    def _trim_history(self, limit: int) -> None:
+        """Keep the last ``limit`` plans and solve times (a daemon runs for months)."""
+        for history in (self.plans_by_step, self.plan_start_times_by_step):
+            while len(history) > limit:
+                del history[next(iter(history))]
+        if len(self.solve_times) > 2 * limit:
+            del self.solve_times[:-limit]
 
     def diagnostics(self) -> MPCDiagnostics:
         """Solve times, success and fallback counts (by reason) so far."""

@@ -1,25 +1,57 @@
 """Clock actuation for one control domain: lock only on change, always reset on the way out.
 
-NVML cannot read a clock lock back, so the actuator remembers what it wrote and
-"restoring" means resetting every GPU it ever wrote to (GEOPM does the same). Use it as a
-context manager: the reset runs on a normal stop, on SIGTERM/SIGINT (the loop stops, the
-``with`` block exits) and on any exception.
+NVML cannot read a clock lock back, so the actuator remembers what it wrote (in memory
+and in the state file, :mod:`daemon.lockstate`) and "restoring" means resetting every GPU
+it ever wrote to (GEOPM does the same), retried with backoff. Use it as a context
+manager: the reset runs on a normal stop, on every terminating signal (the loop stops,
+the ``with`` block exits) and on any exception.
+
+Three more duties, each documented in ``docs/daemon.md``:
+
+* :meth:`ClockActuator.reconcile` at start: a lock a previous run left (state file) or
+  one the GPU shows (ApplicationsClocksSetting active below the top clock) is reset or
+  adopted, and the log says which.
+* :meth:`ClockActuator.check_readback` every tick: the realised SM clock is compared
+  with the lock; a change nobody here made (``nvidia-smi -lgc``/``-rgc``, the driver) is
+  counted and re-asserted or yielded to, by the domain's ``external_clock_policy``.
+* :meth:`ClockActuator.restore` at exit: every GPU ever written to is reset; failures
+  are retried with exponential backoff and the GPUs still locked are returned by name.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
-from gpugov.daemon.backend import GpuBackend
-from gpugov.daemon.errors import GpuError, TransientGpuError
+from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
+from gpugov.daemon.errors import (
+    GpuError,
+    GpuLost,
+    NotSupported,
+    PermissionDenied,
+    TransientGpuError,
+)
+from gpugov.daemon.lockstate import LockState, gpu_key
 
 log = logging.getLogger(__name__)
 
 LockMode = Literal["pin", "cap"]
+ExternalPolicy = Literal["reassert", "yield"]
+ReconcilePolicy = Literal["reset", "adopt"]
 _UNKNOWN = -1  # a write failed half way: the GPU's lock state is unknown, write again
+
+APPLICATIONS_CLOCKS_SETTING = 0x2
+"""nvmlClocksEventReasonApplicationsClocksSetting: the clock is held by a setting (a lock)."""
+EXPLAINS_LOWER_CLOCK = 0x1 | 0x4 | 0x8 | 0x10 | 0x20 | 0x40 | 0x80 | 0x100
+"""Event reasons that explain a realised clock below the lock: idle, power cap, slowdowns
+(hardware, thermal, power brake), sync boost, display clock."""
+CONFIRM_READS = 2
+"""Consecutive readbacks that must disagree with the lock before it counts as external."""
+PERMANENT_RESET_ERRORS = (GpuLost, PermissionDenied, NotSupported)
 
 
 class ClockActuator:
@@ -30,6 +62,12 @@ class ClockActuator:
         domain: name for logs.
         lock_mode: ``"pin"`` locks ``[f, f]``; ``"cap"`` locks ``[min supported, f]`` so
             the GPU may still idle down.
+        external_policy: on a clock change made by someone else, lock again
+            (``"reassert"``) or leave that GPU alone until restart (``"yield"``).
+        state: where locks are persisted for the next start (None: nowhere).
+        reset_attempts, reset_backoff_s: the exit reset tries a failing GPU this many
+            times, sleeping ``backoff * 2**k`` between rounds.
+        sleep: for the backoff (tests pass a recorder).
     """
 
     def __init__(
@@ -38,16 +76,30 @@ class ClockActuator:
         *,
         domain: str = "default",
         lock_mode: LockMode = "pin",
+        external_policy: ExternalPolicy = "reassert",
+        state: LockState | None = None,
+        reset_attempts: int = 5,
+        reset_backoff_s: float = 0.2,
+        sleep: Callable[[float], Any] = time.sleep,
     ) -> None:
         if not backends:
             raise ValueError(f"domain {domain!r}: a clock actuator needs at least one GPU")
         self._backends = list(backends)
         self.domain = domain
         self.lock_mode = lock_mode
+        self.external_policy = external_policy
+        self.state = state
+        self.reset_attempts = max(1, int(reset_attempts))
+        self.reset_backoff_s = reset_backoff_s
+        self._sleep = sleep
         self.locked_mhz: dict[str, int | None] = {b.label: None for b in self._backends}
         self._touched: set[str] = set()
         self.writes = 0
         self.write_errors = 0
+        self.external_changes: dict[str, int] = {b.label: 0 for b in self._backends}
+        self.yielded: set[str] = set()
+        self._disagreements: dict[str, int] = {b.label: 0 for b in self._backends}
+        self._tolerance_mhz: dict[str, float] = {}
 
     def __enter__(self) -> ClockActuator:
         return self
@@ -90,7 +142,7 @@ class ClockActuator:
         clock_mhz = int(clock_mhz)
         written = 0
         for backend in self._backends:
-            if self.locked_mhz[backend.label] == clock_mhz:
+            if self.locked_mhz[backend.label] == clock_mhz or backend.label in self.yielded:
                 continue
             low, high = self._range(backend, clock_mhz)
             self._touched.add(backend.label)
@@ -106,6 +158,9 @@ class ClockActuator:
                 self.write_errors += 1
                 raise
             self.locked_mhz[backend.label] = clock_mhz
+            self._disagreements[backend.label] = 0
+            if self.state is not None:
+                self.state.record(gpu_key(backend), backend.label, low, high)
             written += 1
         if written:
             self.writes += written
@@ -120,7 +175,7 @@ class ClockActuator:
         """
         written = 0
         for backend in self._backends:
-            if self.locked_mhz[backend.label] is None:
+            if self.locked_mhz[backend.label] is None or backend.label in self.yielded:
                 continue
             try:
                 backend.reset_clocks()
@@ -129,27 +184,213 @@ class ClockActuator:
                 log.warning("domain %s: %s; retrying next tick", self.domain, error)
                 continue
             self.locked_mhz[backend.label] = None
+            self._disagreements[backend.label] = 0
+            if self.state is not None:
+                self.state.clear(gpu_key(backend))
             written += 1
         self.writes += written
         return written
 
     def restore(self) -> list[str]:
-        """Reset every GPU ever written to; never raises.
+        """Reset every GPU ever written to, retrying failures with backoff; never raises.
+
+        A GPU that is lost, refuses permission or lacks the call is not retried (it would
+        fail the same way); any other failure is retried ``reset_attempts`` times.
 
         Returns:
-            Labels of the GPUs that could not be reset (lost, no permission, ...).
+            Labels of the GPUs that could not be reset (they may still be locked).
         """
-        failures = []
+        pending = [
+            b for b in self._backends if b.label in self._touched and b.label not in self.yielded
+        ]
+        failed: list[str] = []
+        for attempt in range(self.reset_attempts):
+            retry = []
+            for backend in pending:
+                try:
+                    backend.reset_clocks()
+                except PERMANENT_RESET_ERRORS as error:
+                    failed.append(backend.label)
+                    log.error("domain %s: reset failed: %s", self.domain, error)
+                    continue
+                except GpuError as error:
+                    retry.append(backend)
+                    log.warning(
+                        "domain %s: reset failed (attempt %d of %d): %s",
+                        self.domain,
+                        attempt + 1,
+                        self.reset_attempts,
+                        error,
+                    )
+                    continue
+                self._touched.discard(backend.label)
+                self.locked_mhz[backend.label] = None
+                if self.state is not None:
+                    self.state.clear(gpu_key(backend))
+                log.info("domain %s: GPU %s clocks reset", self.domain, backend.label)
+            pending = retry
+            if not pending:
+                break
+            if attempt + 1 < self.reset_attempts:
+                self._sleep(self.reset_backoff_s * 2**attempt)
+        for backend in pending:
+            failed.append(backend.label)
+            log.error(
+                "domain %s: GPU %s: reset failed %d times; it may still be locked",
+                self.domain,
+                backend.label,
+                self.reset_attempts,
+            )
+        return sorted(failed, key=_label_order)
+
+    # --------------------------------------------------------------- reconcile
+    def reconcile(self, policy: ReconcilePolicy = "reset", *, dry_run: bool = False) -> list[str]:
+        """At start: find locks a previous run (or someone else) left, reset or adopt them.
+
+        A GPU counts as locked when the state file holds an entry for it written by
+        another process, or when NVML shows ApplicationsClocksSetting among its clock
+        event reasons while its SM clock is below the top supported clock (a lock below
+        the top; a lock at the top is harmless and cannot be told from no lock).
+
+        Returns:
+            One line per GPU saying what was found and done (also logged).
+        """
+        lines = []
         for backend in self._backends:
-            if backend.label not in self._touched:
-                continue
+            lines.append(self._reconcile_one(backend, policy, dry_run))
+        return lines
+
+    def _reconcile_one(self, backend: GpuBackend, policy: ReconcilePolicy, dry_run: bool) -> str:
+        label, key = backend.label, gpu_key(backend)
+        entry = self.state.get(key) if self.state is not None else None
+        if entry is not None and entry.get("pid") == getattr(self.state, "pid", None):
+            entry = None  # our own (cannot happen at start; be safe)
+        try:
+            sample: GpuSample | None = backend.sample()
+        except GpuError as error:
+            sample = None
+            log.debug("GPU %s: reading clocks for reconcile failed: %s", label, error)
+        top = max(backend.supported_clocks_mhz())
+        clock = sample.sm_clock_mhz if sample is not None else None
+        reasons = sample.clock_event_reasons if sample is not None else None
+        seems_locked = (
+            reasons is not None
+            and bool(reasons & APPLICATIONS_CLOCKS_SETTING)
+            and clock is not None
+            and clock < top - self._tolerance(backend)
+        )
+        now = f"{clock:.0f} MHz" if clock is not None else "unknown"
+        if entry is not None:
+            found = (
+                f"a previous gpugov run (pid {entry.get('pid')}, {entry.get('time')}) left it "
+                f"locked at {entry.get('min_mhz')}-{entry.get('max_mhz')} MHz (now {now} of "
+                f"{top} MHz)"
+            )
+        elif seems_locked:
+            found = (
+                f"it runs at {now} of {top} MHz with ApplicationsClocksSetting active: "
+                "locked by someone else or by a run that left no record"
+            )
+        else:
+            line = f"GPU {label}: no lock found (SM clock {now} of {top} MHz)"
+            log.info("reconcile: %s", line)
+            return line
+        if dry_run:
+            line = f"GPU {label}: {found}; dry run: left as it is"
+        elif policy == "adopt":
+            self._touched.add(label)
+            held = entry.get("max_mhz") if entry is not None else None
+            pinned = entry is not None and entry.get("min_mhz") == held
+            self.locked_mhz[label] = int(held) if pinned and self.lock_mode == "pin" else _UNKNOWN
+            if self.state is not None and entry is not None:
+                self.state.record(key, label, int(entry["min_mhz"]), int(entry["max_mhz"]))
+            line = f"GPU {label}: {found}; adopted: governed from here, reset on exit"
+        else:
             try:
                 backend.reset_clocks()
             except GpuError as error:
-                failures.append(backend.label)
-                log.error("domain %s: reset failed: %s", self.domain, error)
+                self._touched.add(label)  # try again at exit
+                self.locked_mhz[label] = _UNKNOWN
+                line = f"GPU {label}: {found}; reset FAILED: {error}"
+                log.error("reconcile: %s", line)
+                return line
+            if self.state is not None:
+                self.state.clear(key)
+            line = f"GPU {label}: {found}; reset"
+        log.warning("reconcile: %s", line)
+        return line
+
+    # ---------------------------------------------------------------- readback
+    def _tolerance(self, backend: GpuBackend) -> float:
+        """Two supported-clock steps: what a lock's realised clock may differ by."""
+        label = backend.label
+        if label not in self._tolerance_mhz:
+            clocks = sorted(set(backend.supported_clocks_mhz()))
+            steps = sorted(b - a for a, b in itertools.pairwise(clocks))
+            step = steps[len(steps) // 2] if steps else 15
+            self._tolerance_mhz[label] = 2.0 * max(step, 1)
+        return self._tolerance_mhz[label]
+
+    def check_readback(self, samples: Sequence[GpuSample]) -> list[str]:
+        """Compare each GPU's realised SM clock with the lock held; act on outside changes.
+
+        A pinned GPU running above its lock, or below it with no event reason that
+        explains it (idle, power cap, slowdown), was changed by someone else (a capped
+        GPU only above). After :data:`CONFIRM_READS` such reads in a row the change is
+        counted in ``external_changes`` and, by ``external_policy``, the lock is
+        written again on the next apply or the GPU is left alone (``yielded``).
+
+        Returns:
+            Labels of the GPUs whose change was confirmed at this call.
+        """
+        by_label = {b.label: b for b in self._backends}
+        changed = []
+        for sample in samples:
+            label = sample.gpu
+            backend = by_label.get(label)
+            held = self.locked_mhz.get(label)
+            if backend is None or held in (None, _UNKNOWN) or label in self.yielded:
                 continue
-            self._touched.discard(backend.label)
-            self.locked_mhz[backend.label] = None
-            log.info("domain %s: GPU %s clocks reset", self.domain, backend.label)
-        return failures
+            if isinstance(backend, DryRunBackend):
+                continue  # a dry run never wrote the lock it remembers
+            clock = sample.sm_clock_mhz
+            if clock is None:
+                continue
+            tolerance = self._tolerance(backend)
+            reasons = sample.clock_event_reasons
+            above = clock > held + tolerance  # type: ignore[operator]
+            below = (
+                self.lock_mode == "pin"
+                and clock < held - tolerance  # type: ignore[operator]
+                and reasons is not None
+                and not reasons & EXPLAINS_LOWER_CLOCK
+            )
+            if not (above or below):
+                self._disagreements[label] = 0
+                continue
+            self._disagreements[label] += 1
+            if self._disagreements[label] < CONFIRM_READS:
+                continue
+            self._disagreements[label] = 0
+            self.external_changes[label] += 1
+            changed.append(label)
+            what = (
+                f"domain {self.domain}: GPU {label} runs at {clock:.0f} MHz but gpugov locked "
+                f"it at {held} MHz: changed by someone else (nvidia-smi -lgc/-rgc, another "
+                "tool, the driver)"
+            )
+            if self.external_policy == "yield":
+                self.yielded.add(label)
+                self.locked_mhz[label] = None
+                self._touched.discard(label)
+                if self.state is not None:
+                    self.state.clear(gpu_key(backend))
+                log.warning("%s; yielding: gpugov leaves this GPU alone until restarted", what)
+            else:
+                self.locked_mhz[label] = _UNKNOWN
+                log.warning("%s; locking it again", what)
+        return changed
+
+
+def _label_order(label: str) -> tuple[int, str]:
+    return (int(label), label) if label.isdigit() else (1 << 30, label)

@@ -8,6 +8,7 @@ reason, and nothing is applied. ``deploy/gpugov.example.toml`` shows every key.
 from __future__ import annotations
 
 import tomllib
+import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -59,6 +60,10 @@ def parse_address(value: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+MIN_STALE_PERIODS = 1.5
+"""``stale_after_s`` must be at least this many control periods."""
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
@@ -86,6 +91,15 @@ class ReactiveControllerConfig(_Frozen):
     queue_high_tokens: PositiveFloat = 2048.0
     idle_utilization: Annotated[float, Field(ge=0, le=1)] = 0.05
     step_mhz: PositiveFloat = 105.0
+
+    @model_validator(mode="after")
+    def _fractions_ordered(self) -> ReactiveControllerConfig:
+        if self.down_fraction > self.up_fraction:
+            raise ValueError(
+                f"down_fraction ({self.down_fraction:g}) must not exceed up_fraction "
+                f"({self.up_fraction:g}): the governor would step up and down at once"
+            )
+        return self
 
 
 class OpenLoopControllerConfig(_Frozen):
@@ -141,11 +155,22 @@ class EngineConfig(_Frozen):
     url: str = "http://127.0.0.1:8000/metrics"
     timeout_s: PositiveFloat = 0.5
 
+    max_page_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
+
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+        parts = urllib.parse.urlsplit(value)
+        if not parts.hostname:
+            raise ValueError(
+                f"must name a host, such as http://127.0.0.1:8000/metrics, got {value!r}"
+            )
+        try:
+            parts.port  # noqa: B018 - urllib checks the range when the port is read
+        except ValueError:
+            raise ValueError(f"has a port outside 0-65535 or not a number: {value!r}") from None
         return value
 
 
@@ -165,6 +190,7 @@ class DomainConfig(_Frozen):
     controller: ControllerConfig = MaxControllerConfig(kind="max")
     safety: SafetyConfig = SafetyConfig()
     failsafe: Literal["max", "unlock"] = "max"
+    external_clock_policy: Literal["reassert", "yield"] = "reassert"
     stale_after_s: PositiveFloat | None = None
     lock_mode: Literal["pin", "cap"] = "pin"
     ttft_slo_s: PositiveFloat | None = None
@@ -183,6 +209,8 @@ class DaemonSection(_Frozen):
     dry_run: bool = False
     record: LoosePath | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    state_dir: LoosePath | None = None
+    reconcile: Literal["reset", "adopt"] = "reset"
 
     @field_validator("metrics_address")
     @classmethod
@@ -224,6 +252,14 @@ class GpugovConfig(_Frozen):
                 raise ValueError(
                     f"domains[{index}].engine.timeout_s ({domain.engine.timeout_s:g} s) must be "
                     f"shorter than daemon.period_s ({period:g} s), or a hung engine stalls the loop"
+                )
+            stale = domain.stale_after_s
+            if stale is not None and stale < MIN_STALE_PERIODS * period:
+                raise ValueError(
+                    f"domains[{index}].stale_after_s ({stale:g} s) must be at least "
+                    f"{MIN_STALE_PERIODS:g} x daemon.period_s ({MIN_STALE_PERIODS * period:g} s): "
+                    "data is at least one period old at every tick, so a shorter age "
+                    "would hold the domain in fail-safe"
                 )
         return self
 

@@ -1,8 +1,9 @@
 """Engine sources: scrape a serving engine's Prometheus ``/metrics`` into an EngineSample.
 
-``VllmSource``, ``SglangSource`` and ``TgiSource`` fetch the page over HTTP (urllib, with a
-timeout), keep only the lines of the series they use (a vLLM page is thousands of lines
-of histogram buckets; parsing it whole costs milliseconds) and parse those with
+``VllmSource``, ``SglangSource`` and ``TgiSource`` fetch the page over HTTP (one kept-
+alive connection, one overall deadline per scrape, a size cap), keep only the lines of
+the series they use (a vLLM page is thousands of lines of histogram buckets; parsing it
+whole costs milliseconds) and parse those with
 ``prometheus_client.parser.text_string_to_metric_families``, matching on sample names
 (the parser drops ``_total`` from a counter's family name but not from its samples).
 :func:`detect_engine` picks the engine from the metric names.
@@ -17,14 +18,16 @@ The derivations from these cumulative values to a ``ServingObservation`` live in
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.client
+import math
 import os
 import re
+import socket
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
@@ -82,34 +85,64 @@ class EngineSource(Protocol):
 
     Raises :class:`~daemon.errors.EngineUnavailable` (or its ``EngineParseError``) when the
     engine cannot be read; the daemon counts it and falls back when it lasts.
+    ``timeout_s`` shortens the source's own deadline for this one scrape (the observer
+    passes what is left before its data would go stale).
     """
 
-    def scrape(self) -> EngineSample: ...
+    def scrape(self, timeout_s: float | None = None) -> EngineSample: ...
 
 
 # ----------------------------------------------------------------------- fetching
 Fetcher = Callable[[str, float], str]
 
+MAX_PAGE_BYTES = 16 * 1024 * 1024
+"""The largest metrics page read (a vLLM page is ~100 KB); a larger one is a bad scrape."""
 
-def http_get(url: str, timeout_s: float) -> str:
-    """GET ``url`` with urllib (a new connection each time) and return the body as text.
 
-    Raises:
-        EngineUnavailable: refused, timed out, non-200, or not UTF-8.
-    """
-    request = urllib.request.Request(url, headers={"Accept": "text/plain"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            body = response.read()
-    except urllib.error.HTTPError as error:
-        raise EngineUnavailable(f"{url}: HTTP {error.code} {error.reason}") from error
-    except (urllib.error.URLError, http.client.HTTPException, OSError) as error:
-        reason = getattr(error, "reason", error)
-        raise EngineUnavailable(f"{url}: {reason}") from error
+def _decode(body: bytes, url: str) -> str:
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError as error:
         raise EngineParseError(f"{url}: the metrics page is not UTF-8: {error}") from error
+
+
+def http_get(url: str, timeout_s: float, max_bytes: int = MAX_PAGE_BYTES) -> str:
+    """GET ``url`` once (a new connection) within one overall deadline of ``timeout_s``.
+
+    Raises:
+        EngineUnavailable: refused, timed out, non-200, too large, or not UTF-8.
+    """
+    fetcher = KeepAliveFetcher(max_bytes=max_bytes)
+    try:
+        return fetcher(url, timeout_s)
+    finally:
+        fetcher.close()
+
+
+class _Deadline:
+    """Shuts a connection's socket down when the whole exchange passes its deadline.
+
+    A socket timeout bounds one read; a server that trickles a byte at a time resets it
+    on every read. The timer bounds the whole request, headers and body together.
+    """
+
+    def __init__(self, connection: http.client.HTTPConnection, timeout_s: float) -> None:
+        self.expired = False
+        self._connection = connection
+        self._timer = threading.Timer(timeout_s, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _expire(self) -> None:
+        self.expired = True
+        sock = self._connection.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def cancel(self) -> None:
+        """Disarm (the exchange finished in time)."""
+        self._timer.cancel()
 
 
 class KeepAliveFetcher:
@@ -117,49 +150,89 @@ class KeepAliveFetcher:
 
     A fresh connection per scrape (urllib) costs a TCP handshake and urllib's machinery,
     milliseconds on a small VM; the engines' servers (uvicorn, axum) keep connections
-    alive. ``https://`` URLs go through :func:`http_get`. A reused connection the server
-    closed while idle is retried once on a new one; a timeout is not retried.
+    alive. ``timeout_s`` is one deadline for the whole exchange (connect, headers, body),
+    not per socket read, so a trickling or hung engine costs at most ``timeout_s``. A
+    page over ``max_bytes`` is refused. A reused connection the server closed while idle
+    is retried once on a new one (within the same deadline); a timeout is not retried.
     """
 
-    def __init__(self) -> None:
-        self._connections: dict[tuple[str, int], http.client.HTTPConnection] = {}
+    def __init__(self, max_bytes: int = MAX_PAGE_BYTES) -> None:
+        self.max_bytes = int(max_bytes)
+        self._connections: dict[tuple[str, str, int], http.client.HTTPConnection] = {}
+
+    def _open(self, key: tuple[str, str, int], timeout_s: float) -> http.client.HTTPConnection:
+        scheme, host, port = key
+        if scheme == "https":
+            return http.client.HTTPSConnection(host, port, timeout=timeout_s)
+        return http.client.HTTPConnection(host, port, timeout=timeout_s)
 
     def __call__(self, url: str, timeout_s: float) -> str:
         parts = urllib.parse.urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            return http_get(url, timeout_s)
-        key = (parts.hostname, parts.port or 80)
+        try:
+            port = parts.port
+        except ValueError as error:
+            raise EngineUnavailable(f"{url}: {error}") from error
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise EngineUnavailable(f"{url}: not an http:// or https:// URL with a host")
+        key = (parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80))
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        end = time.monotonic() + timeout_s
         for _ in range(2):
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                break
             connection = self._connections.pop(key, None)
             reused = connection is not None
             if connection is None:
-                connection = http.client.HTTPConnection(key[0], key[1], timeout=timeout_s)
+                connection = self._open(key, remaining)
             elif connection.sock is not None:
-                connection.sock.settimeout(timeout_s)
+                connection.sock.settimeout(remaining)
+            deadline = _Deadline(connection, remaining)
             try:
                 connection.request("GET", path, headers={"Accept": "text/plain"})
                 response = connection.getresponse()
-                body = response.read()
+                length = response.getheader("Content-Length")
+                if length is not None and length.isdigit() and int(length) > self.max_bytes:
+                    connection.close()
+                    raise EngineParseError(
+                        f"{url}: the metrics page is {int(length)} bytes, over the "
+                        f"{self.max_bytes}-byte limit"
+                    )
+                body = response.read(self.max_bytes + 1)
             except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected) as error:
                 connection.close()
+                if deadline.expired:
+                    raise self._late(url, timeout_s) from error
                 if reused:
                     continue  # the server dropped an idle keep-alive connection
                 raise EngineUnavailable(f"{url}: {error!r}") from error
             except (http.client.HTTPException, OSError) as error:
                 connection.close()
+                if deadline.expired or isinstance(error, TimeoutError):
+                    raise self._late(url, timeout_s) from error
                 raise EngineUnavailable(f"{url}: {error!r}") from error
+            finally:
+                deadline.cancel()
+            if deadline.expired:
+                connection.close()
+                raise self._late(url, timeout_s)
+            if len(body) > self.max_bytes:
+                connection.close()
+                raise EngineParseError(
+                    f"{url}: the metrics page is over the {self.max_bytes}-byte limit"
+                )
             if response.will_close:
                 connection.close()
             else:
                 self._connections[key] = connection
             if response.status != 200:
                 raise EngineUnavailable(f"{url}: HTTP {response.status} {response.reason}")
-            try:
-                return body.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise EngineParseError(f"{url}: the metrics page is not UTF-8: {error}") from error
-        raise EngineUnavailable(f"{url}: connection dropped twice")  # pragma: no cover
+            return _decode(body, url)
+        raise self._late(url, timeout_s)
+
+    @staticmethod
+    def _late(url: str, timeout_s: float) -> EngineUnavailable:
+        return EngineUnavailable(f"{url}: no complete answer within {timeout_s:.3g} s")
 
     def close(self) -> None:
         """Close every kept connection."""
@@ -379,14 +452,11 @@ TGI = EngineSpec(
 SPECS: dict[str, EngineSpec] = {"vllm": VLLM, "sglang": SGLANG, "tgi": TGI}
 
 
-def _vllm_kv_capacity(series: Series) -> float | None:
-    """KV capacity in tokens summed over engines, from ``vllm:cache_config_info`` labels:
+def _vllm_kv_capacities(series: Series) -> dict[tuple[tuple[str, str], ...], float]:
+    """KV capacity in tokens per engine (non-rank labels), from ``vllm:cache_config_info``:
     ``kv_cache_size_tokens`` (recent releases), else ``num_gpu_blocks * block_size``."""
-    rows = series.get("vllm:cache_config_info")
-    if not rows:
-        return None
     per_engine: dict[tuple[tuple[str, str], ...], float] = {}
-    for labels, _ in rows:
+    for labels, _ in series.get("vllm:cache_config_info") or ():
         try:
             if "kv_cache_size_tokens" in labels:
                 tokens = float(labels["kv_cache_size_tokens"])
@@ -394,9 +464,64 @@ def _vllm_kv_capacity(series: Series) -> float | None:
                 tokens = float(labels["num_gpu_blocks"]) * float(labels["block_size"])
         except (KeyError, ValueError):
             continue
+        if not math.isfinite(tokens) or tokens < 0:
+            continue
         key = tuple(sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS))
         per_engine[key] = tokens
-    return sum(per_engine.values()) if per_engine else None
+    return per_engine
+
+
+def _weighted_kv_tokens(
+    series: Series, usage_names: Iterable[str], capacities: dict[tuple[tuple[str, str], ...], float]
+) -> float | None:
+    """Sum over engines of each engine's usage ratio times its own capacity.
+
+    An engine's usage series and its ``cache_config_info`` row are matched on the labels
+    they share (``engine`` for data-parallel vLLM). None when any engine has no match.
+    """
+    for name in usage_names:
+        rows = series.get(name)
+        if not rows:
+            continue
+        usage: dict[tuple[tuple[str, str], ...], float] = {}
+        for labels, value in rows:
+            key = tuple(sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS))
+            usage[key] = max(usage.get(key, value), value)
+        total = 0.0
+        for key, ratio in usage.items():
+            mine = dict(key)
+            matches = [
+                tokens
+                for info, tokens in capacities.items()
+                if all(mine[k] == v for k, v in info if k in mine)
+                and any(k in mine for k, _ in info)
+            ]
+            if len(matches) != 1:
+                if len(usage) == 1 and len(capacities) == 1:
+                    matches = list(capacities.values())
+                else:
+                    return None
+            total += ratio * matches[0]
+        return total
+    return None
+
+
+def check_values(series: Series, source: str) -> None:
+    """Refuse a page whose values cannot be true: NaN, infinite or negative.
+
+    Every series the daemon reads is a count, a token total, a latency sum or a ratio.
+
+    Raises:
+        EngineParseError: naming ``source``, the series and the value.
+    """
+    for name, rows in series.items():
+        for labels, value in rows:
+            if not math.isfinite(value) or value < 0:
+                shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                raise EngineParseError(
+                    f"{source}: impossible value {name}{{{shown}}} = {value!r} "
+                    "(not a finite non-negative number); scrape discarded"
+                )
 
 
 def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
@@ -413,13 +538,24 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
             f"{source}: no {spec.kind} queue gauges ({spec.running[0]}, {spec.waiting[0]}) "
             "on the page; wrong engine kind, or metrics not enabled"
         )
+    check_values(series, source)
     usage = _first(series, spec.kv_usage, how="mean")
-    capacity = _vllm_kv_capacity(series) if spec.kind == "vllm" else None
+    if usage is not None and usage > 1.0 + 1e-6:
+        raise EngineParseError(
+            f"{source}: impossible KV cache usage {usage!r} (a ratio above 1); scrape discarded"
+        )
+    capacities = _vllm_kv_capacities(series) if spec.kind == "vllm" else {}
+    capacity = sum(capacities.values()) if capacities else None
     kv_tokens = _first(series, spec.kv_tokens)
     if capacity is None and kv_tokens is not None and usage:
         capacity = kv_tokens / usage
     if kv_tokens is None and usage is not None and capacity is not None:
-        kv_tokens = usage * capacity
+        # Data-parallel engines may have different caches: weight each one's usage by
+        # its own capacity; the mean usage times the summed capacity only as a fallback.
+        weighted = _weighted_kv_tokens(series, spec.kv_usage, capacities)
+        kv_tokens = usage * capacity if weighted is None else weighted
+        if weighted is not None and capacity > 0:
+            usage = weighted / capacity
     return EngineSample(
         engine=spec.kind,
         running_requests=round(running or 0.0),
@@ -453,8 +589,9 @@ class ScrapedSource:
         url: the metrics URL, e.g. ``http://127.0.0.1:8000/metrics``.
         kind: ``"vllm"``, ``"sglang"``, ``"tgi"`` or ``"auto"`` (detected on the first
             successful scrape, then fixed).
-        timeout_s: HTTP timeout.
+        timeout_s: one deadline for the whole scrape (connect, headers, body).
         fetch: ``(url, timeout_s) -> text``; tests may pass their own.
+        max_page_bytes: a larger page is refused (a bad scrape).
     """
 
     def __init__(
@@ -464,12 +601,13 @@ class ScrapedSource:
         *,
         timeout_s: float = 0.5,
         fetch: Fetcher | None = None,
+        max_page_bytes: int = MAX_PAGE_BYTES,
     ) -> None:
         if kind != "auto" and kind not in SPECS:
             raise ValueError(f"unknown engine kind {kind!r}; expected auto, {', '.join(SPECS)}")
         self.url = url
         self.timeout_s = timeout_s
-        self._fetch = fetch or KeepAliveFetcher()
+        self._fetch = fetch or KeepAliveFetcher(max_bytes=max_page_bytes)
         self.spec: EngineSpec | None = None if kind == "auto" else SPECS[kind]
         self._wanted = None if self.spec is None else self.spec.wanted()
         self._cache: SeriesCache = {}
@@ -480,14 +618,16 @@ class ScrapedSource:
         """The engine kind, ``"auto"`` until detected."""
         return "auto" if self.spec is None else self.spec.kind
 
-    def scrape(self) -> EngineSample:
-        """Fetch and parse the page.
+    def scrape(self, timeout_s: float | None = None) -> EngineSample:
+        """Fetch and parse the page within ``timeout_s`` (default: the source's own).
 
         Raises:
-            EngineUnavailable: fetch failed. EngineParseError: bad text or unknown engine.
+            EngineUnavailable: fetch failed or timed out. EngineParseError: bad text,
+                impossible values or unknown engine.
         """
         started = time.perf_counter()
-        text = self._fetch(self.url, self.timeout_s)
+        budget = self.timeout_s if timeout_s is None else max(0.0, min(timeout_s, self.timeout_s))
+        text = self._fetch(self.url, budget)
         if self.spec is None:
             kind = detect_engine(
                 _sample_name(line) for line in text.splitlines() if line[:1] != "#"

@@ -15,6 +15,7 @@ original), so nothing above ``daemon/nvml.py`` ever catches ``pynvml.NVMLError``
     * ConfigError -- the config file is wrong; nothing was applied.
     * ControllerError -- a controller could not be built from its config.
     * ControllerFailure -- a controller raised while deciding (clocks were reset).
+    * ClocksNotReset -- at exit, some GPUs' locks could not be reset (named).
 """
 
 from __future__ import annotations
@@ -77,6 +78,17 @@ class ControllerError(GpugovError):
 
 class ControllerFailure(GpugovError):
     """A controller raised while deciding; the loop stopped and the clocks were reset."""
+
+
+class ClocksNotReset(GpugovError):
+    """At exit some GPUs' clock locks could not be reset, even after retries.
+
+    ``gpus`` lists their labels; the message names them and the command to run.
+    """
+
+    def __init__(self, message: str, *, gpus: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.gpus = gpus
 
 
 # NVML return code -> error class. Codes not listed map to GpuError. Values are the

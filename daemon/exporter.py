@@ -1,19 +1,22 @@
 """Prometheus exporter: a scrape-time Collector over the latest per-domain snapshots.
 
 Its own ``CollectorRegistry`` (never the global one), served by prometheus_client's WSGI
-app on ``127.0.0.1:9400`` by default. Names are ``gpugov_*`` in base units (hertz, watts,
-joules, celsius, seconds); labels ``domain``, ``gpu`` and, on decision metrics,
-``controller``. The loop calls :meth:`Exporter.publish` once per tick with immutable
-snapshots; a scrape reads whatever was published last.
-"""
+app on ``127.0.0.1:9400`` by default, with at most :data:`MAX_CONNECTIONS` connections
+at once and a :data:`CONNECTION_TIMEOUT_S` socket timeout. Names are ``gpugov_*`` in
+base units (hertz, watts, joules, celsius, seconds); labels ``domain``, ``gpu`` and, on
+decision metrics, ``controller``. The loop calls :meth:`Exporter.publish` once per tick
+with immutable snapshots; a scrape reads whatever was published last."""
 
 from __future__ import annotations
 
+import logging
 import platform
 import socket
+import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry
@@ -30,6 +33,8 @@ from prometheus_client.registry import Collector
 from gpugov import __version__
 from gpugov.daemon.backend import GpuSample
 from gpugov.plant.types import ServingObservation
+
+log = logging.getLogger(__name__)
 
 MHZ = 1e6
 SOLVE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -82,6 +87,8 @@ class DomainSnapshot:
     fallbacks_total: Mapping[str, int]
     solve_buckets: tuple[tuple[str, float], ...]
     solve_sum_s: float
+    external_clock_changes_total: Mapping[str, int] = field(default_factory=dict)
+    yielded_gpus: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,6 +148,16 @@ class SnapshotCollector(Collector):
         errors = CounterMetricFamily(
             "gpugov_gpu_read_errors", "GPU reads that failed and were survived", labels=labels
         )
+        external = CounterMetricFamily(
+            "gpugov_gpu_external_clock_changes",
+            "Clock changes made by someone else that the readback caught",
+            labels=labels,
+        )
+        yielded = _gauge(
+            "gpugov_gpu_clock_yield_active",
+            "1 when gpugov left the GPU to an outside clock setting (external_clock_policy)",
+            labels,
+        )
         for snapshot in domains:
             for gpu in snapshot.gpus:
                 key = [snapshot.domain, gpu.gpu]
@@ -156,7 +173,12 @@ class SnapshotCollector(Collector):
                     if value is not None:
                         family.add_metric(key, float(value) * scale)
                 errors.add_metric(key, float(snapshot.gpu_read_errors_total.get(gpu.gpu, 0)))
+                external.add_metric(
+                    key, float(snapshot.external_clock_changes_total.get(gpu.gpu, 0))
+                )
+                yielded.add_metric(key, 1.0 if gpu.gpu in snapshot.yielded_gpus else 0.0)
         yield from (power, energy, temperature, clock, utilization, limit, reasons, errors)
+        yield from (external, yielded)
 
     def _domain_metrics(self, domains: Sequence[DomainSnapshot]) -> Iterator[Metric]:
         d = ("domain",)
@@ -268,9 +290,54 @@ class SnapshotCollector(Collector):
         yield from (ticks, overruns, duration, period)
 
 
+MAX_CONNECTIONS = 32
+"""Connections served at once; more are closed at once (a scraper retries)."""
+CONNECTION_TIMEOUT_S = 10.0
+"""An idle or slow client is dropped after this long, so it cannot hold a thread."""
+
+
 class _QuietHandler(WSGIRequestHandler):
+    timeout = CONNECTION_TIMEOUT_S  # StreamRequestHandler sets it on the socket
+
     def log_message(self, format: str, *args: object) -> None:
         pass
+
+
+class _BoundedServer(ThreadingWSGIServer):
+    """One thread per connection, at most ``max_connections`` at once.
+
+    prometheus_client's server starts a thread per connection with no limit and no
+    timeout, so idle connections would each hold a thread forever.
+    """
+
+    max_connections = MAX_CONNECTIONS
+    request_queue_size = 64  # the listen backlog (socketserver's default is 5)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that timed out or vanished is routine: no traceback on stderr."""
+        log.debug("metrics client %s dropped: %s", client_address, sys.exc_info()[1])
+
+    def server_activate(self) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        self.refused = 0
+        super().server_activate()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class Exporter:
@@ -285,7 +352,7 @@ class Exporter:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = SnapshotCollector()
         self.registry.register(self.collector)
-        self._server: ThreadingWSGIServer | None = None
+        self._server: _BoundedServer | None = None
         self._thread: threading.Thread | None = None
         self.host, self.port = host, port
         if serve:
@@ -294,7 +361,7 @@ class Exporter:
     def _start(self, host: str, port: int) -> None:
         app = make_wsgi_app(self.registry)
 
-        class Server(ThreadingWSGIServer):
+        class Server(_BoundedServer):
             address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
         self._server = make_server(host, port, app, Server, handler_class=_QuietHandler)

@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,7 +31,7 @@ from typing import Any, Literal, Protocol
 
 from gpugov.daemon.actuator import ClockActuator
 from gpugov.daemon.decide import ClampToSupported, controller_name, innermost, invalid_decisions
-from gpugov.daemon.errors import ControllerFailure
+from gpugov.daemon.errors import ClocksNotReset, ControllerFailure
 from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
 from gpugov.daemon.observer import DomainObserver, Observed
 from gpugov.plant.types import ClockController, ServingObservation
@@ -198,23 +199,55 @@ class SystemdNotify:
         self._send("STOPPING=1")
 
 
+STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name)
+    for name in (
+        "SIGTERM",
+        "SIGINT",
+        "SIGHUP",
+        "SIGQUIT",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGALRM",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGPOLL",
+    )
+    if hasattr(signal, name)
+)
+"""Every catchable signal whose default action ends the process (SIGPIPE stays ignored,
+as Python leaves it): each one stops the loop and the clocks are reset."""
+
+
 @contextlib.contextmanager
 def stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """SIGTERM and SIGINT set ``stop`` (a second SIGINT raises KeyboardInterrupt).
+    """Every terminating signal (:data:`STOP_SIGNALS`) sets ``stop``.
 
-    Only in the main thread; elsewhere this does nothing.
+    A repeated signal is logged and changes nothing: the reset that follows the stop is
+    never interrupted, so every GPU gets its reset. SIGKILL cannot be caught; the next
+    start reconciles (see :meth:`daemon.actuator.ClockActuator.reconcile`). Only in the
+    main thread; elsewhere this does nothing.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT and stop.is_set():
-            raise KeyboardInterrupt
-        log.info("received %s; stopping", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            log.warning("received %s again; still stopping (resetting clocks first)", name)
+            return
+        log.info("received %s; stopping", name)
         stop.set()
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {}
+    for sig in STOP_SIGNALS:
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except (OSError, ValueError):  # pragma: no cover - a platform without it
+            continue
     try:
         yield
     finally:
@@ -307,6 +340,7 @@ class Domain:
         """
         observed = self.observer.observe(now_s, step, self.actuator.applied_mhz)
         self.last = observed
+        self.actuator.check_readback(observed.gpu_samples)
         decision: float | None = None
         solve_s: float | None = None
         if observed.engine_fresh:
@@ -381,6 +415,8 @@ class Domain:
             fallbacks_total=self.fallback_counts(),
             solve_buckets=tuple(self.solve.buckets()),
             solve_sum_s=self.solve.sum_s,
+            external_clock_changes_total=dict(self.actuator.external_changes),
+            yielded_gpus=tuple(sorted(self.actuator.yielded)),
         )
 
 
@@ -431,43 +467,66 @@ def run(
 ) -> RunStats:
     """Run the loop until ``loop.stop`` is set or ``before_tick`` returns True.
 
-    Every domain's actuator is entered first, so on any way out (stop, signal, an
-    exception from a controller or a lost GPU) every clock the daemon locked is reset.
+    On any way out (stop, signal, an exception from a controller or a lost GPU) every
+    clock the daemon locked is reset, failures retried with backoff.
 
     Args:
         before_tick: ``(now_s, step) -> stop?``, checked before each tick (simulation end).
         on_tick: receives each tick's records (the ``--record`` writer).
         keep_tick_times: keep every tick's wall duration in the stats (benchmarks).
+
+    Raises:
+        ClocksNotReset: the loop ended normally but some GPUs could not be reset (when
+            another error is already on its way out, the failures are logged instead).
     """
     notify = notify or SystemdNotify(environ={})
     stats = RunStats()
-    with contextlib.ExitStack() as stack:
-        for domain in domains:
-            stack.enter_context(domain.actuator)
-        try:
-            for step, now_s in enumerate(loop):
-                if before_tick is not None and before_tick(now_s, step):
-                    break
-                started = wall()
-                records = [domain.tick(now_s, step) for domain in domains]
-                elapsed = wall() - started
-                stats.ticks += 1
-                if keep_tick_times:
-                    stats.tick_seconds.append(elapsed)
-                if exporter is not None:
-                    exporter.publish(
-                        [domain.snapshot() for domain in domains],
-                        LoopSnapshot(
-                            ticks_total=stats.ticks,
-                            overruns_total=loop.overruns,
-                            tick_seconds=elapsed,
-                            period_s=loop.period_s,
-                        ),
-                    )
-                if on_tick is not None:
-                    on_tick(records)
-                notify.tick(_status_line(records))
-        finally:
-            stats.overruns = loop.overruns
-            notify.stopping()
+    try:
+        for step, now_s in enumerate(loop):
+            if before_tick is not None and before_tick(now_s, step):
+                break
+            started = wall()
+            records = [domain.tick(now_s, step) for domain in domains]
+            elapsed = wall() - started
+            stats.ticks += 1
+            if keep_tick_times:
+                stats.tick_seconds.append(elapsed)
+            if exporter is not None:
+                exporter.publish(
+                    [domain.snapshot() for domain in domains],
+                    LoopSnapshot(
+                        ticks_total=stats.ticks,
+                        overruns_total=loop.overruns,
+                        tick_seconds=elapsed,
+                        period_s=loop.period_s,
+                    ),
+                )
+            if on_tick is not None:
+                on_tick(records)
+            notify.tick(_status_line(records))
+    finally:
+        stats.overruns = loop.overruns
+        notify.stopping()
+        failed = restore_all(domains)
+        if failed and sys.exc_info()[1] is None:
+            raise ClocksNotReset(not_reset_message(failed), gpus=tuple(failed))
+        if failed:
+            log.error("%s", not_reset_message(failed))
     return stats
+
+
+def restore_all(domains: Sequence[Domain]) -> list[str]:
+    """Reset every domain's locks (each actuator retries); the labels still locked."""
+    failed: list[str] = []
+    for domain in domains:
+        failed.extend(domain.actuator.restore())
+    return failed
+
+
+def not_reset_message(gpus: Sequence[str]) -> str:
+    """The one line naming the GPUs still locked and how to reset them by hand."""
+    names = ",".join(gpus)
+    return (
+        f"could not reset the SM clock lock of GPU(s) {names} after retries; they may still "
+        f"be locked: run `gpugov reset-clocks --gpus {names}` as root"
+    )

@@ -7,7 +7,9 @@ Exit codes (also in ``docs/daemon.md``):
 * 2 -- usage or configuration error (nothing was applied);
 * 3 -- permission denied: locking clocks needs root or CAP_SYS_ADMIN;
 * 4 -- no usable GPU: no driver/NVML, no such GPU, or clock locking not supported;
-* 5 -- a GPU was lost mid-run (the others were reset).
+* 5 -- a GPU was lost mid-run (the others were reset);
+* 6 -- at exit (or in ``reset-clocks``) some GPUs' locks could not be reset: the message
+  names them.
 """
 
 from __future__ import annotations
@@ -41,17 +43,28 @@ from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,
+    ClocksNotReset,
     ConfigError,
     ControllerError,
     EngineUnavailable,
+    GpuError,
     GpugovError,
     GpuLost,
     GpuUnavailable,
     NotSupported,
     PermissionDenied,
+    TransientGpuError,
 )
 from gpugov.daemon.exporter import Exporter
-from gpugov.daemon.loop import RunStats, ScaledClock, SystemdNotify, TimedLoop, VirtualClock, run
+from gpugov.daemon.loop import (
+    RunStats,
+    ScaledClock,
+    SystemdNotify,
+    TimedLoop,
+    VirtualClock,
+    restore_all,
+    run,
+)
 from gpugov.daemon.loop import stop_on_signals as _stop_on_signals
 from gpugov.daemon.nvidia_smi import run_command
 from gpugov.daemon.nvml import NvmlBackend, load_pynvml, nvml_device_count
@@ -67,6 +80,7 @@ EXIT_USAGE = 2
 EXIT_PERMISSION = 3
 EXIT_NO_GPU = 4
 EXIT_GPU_LOST = 5
+EXIT_NOT_RESET = 6
 
 DEFAULT_PROFILE = "h100-sxm-llama3-8b"
 DEFAULT_SPEED = 10.0
@@ -88,6 +102,8 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 
         try:
             return handler(args)
+        except ClocksNotReset as error:
+            return _fail(str(error), EXIT_NOT_RESET)
         except PermissionDenied:
             print(f"gpugov: {PERMISSION_DENIED_MESSAGE}", file=sys.stderr)
             return EXIT_PERMISSION
@@ -146,23 +162,30 @@ def _run_node(args: argparse.Namespace) -> int:
         notify.check_period(config.daemon.period_s)
     except ValueError as error:
         raise UsageError(f"{args.config}: {error}") from error
-    assembled = domains_from_config(config, dry_run=args.dry_run)
-    exporter = None
-    recorder = None
-    try:
-        exporter = _exporter(args.metrics_address or config.daemon.metrics_address)
-        record = args.record or config.daemon.record
-        recorder = Recorder(record, assembled.header) if record else None
-        stop = threading.Event()
-        mode = "dry run" if args.dry_run or config.daemon.dry_run else "locking clocks"
-        log.info(
-            "gpugov %s: %d domain(s), period %.3g s%s",
-            mode,
-            len(assembled.domains),
-            config.daemon.period_s,
-            f", metrics on {exporter.url}" if exporter else "",
-        )
-        with _stop_on_signals(stop):
+    dry_run = args.dry_run or config.daemon.dry_run
+    stop = threading.Event()
+    # Signals are caught from here on: one during the start (opening the GPUs,
+    # reconciling, building the MPC) ends the run cleanly before the first tick.
+    with _stop_on_signals(stop):
+        assembled = domains_from_config(config, dry_run=dry_run)
+        exporter = None
+        recorder = None
+        entered = False
+        try:
+            for domain in assembled.domains:
+                domain.actuator.reconcile(config.daemon.reconcile, dry_run=dry_run)
+            exporter = _exporter(args.metrics_address or config.daemon.metrics_address)
+            record = args.record or config.daemon.record
+            recorder = Recorder(record, assembled.header) if record else None
+            mode = "dry run" if dry_run else "locking clocks"
+            log.info(
+                "gpugov %s: %d domain(s), period %.3g s%s",
+                mode,
+                len(assembled.domains),
+                config.daemon.period_s,
+                f", metrics on {exporter.url}" if exporter else "",
+            )
+            entered = True
             run(
                 assembled.domains,
                 TimedLoop(config.daemon.period_s, stop=stop),
@@ -170,13 +193,15 @@ def _run_node(args: argparse.Namespace) -> int:
                 notify=notify,
                 on_tick=recorder,
             )
-    finally:
-        if recorder is not None:
-            recorder.close()
-        if exporter is not None:
-            exporter.close()
-        assembled.close()
-    log.info("stopped; clocks reset")
+        finally:
+            if not entered:  # what reconcile could not reset is tried once more
+                restore_all(assembled.domains)
+            if recorder is not None:
+                recorder.close()
+            if exporter is not None:
+                exporter.close()
+            assembled.close()
+    log.info("stopped; every clock gpugov locked was reset")
     return EXIT_OK
 
 
@@ -352,9 +377,51 @@ def _gpu_list(text: str) -> list[int | str] | None:
     return out
 
 
+RESET_ATTEMPTS = 4
+RESET_BACKOFF_S = 0.25
+
+
+def _reset_one(gpu: int | str, backend_kind: str, sleep: Callable[[float], Any]) -> str | None:
+    """Reset one GPU's SM clock lock, retrying transient errors; None or the error text."""
+    error: Exception | None = None
+    for attempt in range(RESET_ATTEMPTS):
+        try:
+            backend = open_backend(gpu, backend_kind, sleep=sleep)
+        except (GpuError, UsageError) as failure:
+            error = failure
+        else:
+            try:
+                backend.reset_clocks()
+                _forget_lock(backend)
+                return None
+            except GpuError as failure:
+                error = failure
+            finally:
+                backend.close()
+        if not isinstance(error, TransientGpuError) or attempt + 1 == RESET_ATTEMPTS:
+            break
+        sleep(RESET_BACKOFF_S * 2**attempt)
+    return str(error)
+
+
+def _forget_lock(backend: Any) -> None:
+    """Remove the GPU from the daemon's lock state file, if there is one."""
+    from gpugov.daemon.lockstate import LockState, default_state_dir, gpu_key
+
+    directory = default_state_dir(None)
+    if directory is not None and (directory / "locks.json").exists():
+        LockState(directory).clear(gpu_key(backend))
+
+
 @_guarded
 def cmd_reset_clocks(args: argparse.Namespace) -> int:
-    """``gpugov reset-clocks``: remove every SM clock lock (for ExecStopPost= and people)."""
+    """``gpugov reset-clocks``: remove SM clock locks, trying every GPU and reporting each.
+
+    Exit 0 when every GPU was reset, 3 when permission was denied, 6 when any GPU could
+    not be reset (each is named with its error), 4 when no GPU could be listed at all.
+    """
+    import time
+
     gpus = _gpu_list(args.gpus)
     if gpus is None and args.backend == "nvidia-smi":
         run_command(["nvidia-smi", "--reset-gpu-clocks"], 30.0)
@@ -362,18 +429,24 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
         return EXIT_OK
     if gpus is None:
         gpus = list(range(nvml_device_count(load_pynvml())))
-    failures = 0
+    failed: dict[str, str] = {}
     for gpu in gpus:
-        backend = open_backend(gpu, args.backend)
-        try:
-            backend.reset_clocks()
-            print(f"GPU {backend.label}: SM clock lock reset")
-        except (GpuLost, NotSupported) as error:
-            failures += 1
-            print(f"GPU {gpu}: {error}", file=sys.stderr)
-        finally:
-            backend.close()
-    return EXIT_GPU_LOST if failures else EXIT_OK
+        error = _reset_one(gpu, args.backend, time.sleep)
+        if error is None:
+            print(f"GPU {gpu}: SM clock lock reset")
+        else:
+            failed[str(gpu)] = error
+            print(f"GPU {gpu}: NOT reset: {error}", file=sys.stderr)
+    if not failed:
+        return EXIT_OK
+    denied = all(PERMISSION_DENIED_MESSAGE in error for error in failed.values())
+    names = ", ".join(failed)
+    print(
+        f"gpugov: error: {len(failed)} of {len(gpus)} GPU(s) not reset: {names}"
+        + ("" if denied else "; they may still be locked"),
+        file=sys.stderr,
+    )
+    return EXIT_PERMISSION if denied else EXIT_NOT_RESET
 
 
 # ------------------------------------------------------------------------ status

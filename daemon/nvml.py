@@ -32,6 +32,7 @@ from gpugov.daemon.errors import (
     GpuUnavailable,
     NotSupported,
     PermissionDenied,
+    TransientGpuError,
     from_nvml,
 )
 
@@ -135,7 +136,9 @@ class NvmlBackend:
         except self._nvml.NVMLError as error:
             self._nvml.nvmlShutdown()
             translated = from_nvml(error, "open GPU", gpu=str(gpu))
-            if not isinstance(translated, PermissionDenied | GpuLost | GpuUnavailable):
+            if not isinstance(
+                translated, PermissionDenied | GpuLost | GpuUnavailable | TransientGpuError
+            ):
                 # INVALID_ARGUMENT here means an index past the last GPU.
                 translated = GpuUnavailable(
                     f"GPU {gpu}: no such GPU or it cannot be opened ({error})",

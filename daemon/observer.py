@@ -86,6 +86,14 @@ class DomainObserver:
         mean_prompt_tokens, mean_output_tokens: defaults until the engine's counters
             give a mean.
         clock: monotonic seconds, for the scrape's own duration.
+        scrape_timeout_s: the source's own deadline (the observer never gives a scrape
+            longer, and gives it less when the data would go stale first).
+        log_every_s: while the engine stays down, one reminder per this many seconds
+            (the first failure and the recovery are always logged).
+
+    Staleness is measured when the scrape returns: the data's age is the time from the
+    end of the last successful scrape to the end of this one, so a slow or trickling
+    engine cannot push the fail-safe past ``stale_after_s`` plus one period.
     """
 
     def __init__(
@@ -100,6 +108,8 @@ class DomainObserver:
         mean_prompt_tokens: float = 512.0,
         mean_output_tokens: float = 256.0,
         clock: Callable[[], float] = time.perf_counter,
+        scrape_timeout_s: float | None = None,
+        log_every_s: float = 60.0,
     ) -> None:
         if stale_after_s <= 0:
             raise ValueError(f"stale_after_s must be positive, got {stale_after_s!r}")
@@ -117,7 +127,14 @@ class DomainObserver:
         self._last_time_s: float | None = None
         self._window_base: EngineSample | None = None
         self._temperature_c = math.nan
+        self.scrape_timeout_s = scrape_timeout_s
+        self.log_every_s = log_every_s
         self.engine_errors = 0
+        self._cut = False
+        self._was_fresh = False
+        self.failed_in_a_row = 0
+        self._down_since_s: float | None = None
+        self._last_reminder_s = -math.inf
         self.gpu_read_errors: dict[str, int] = {b.label: 0 for b in self.backends}
 
     def supported_clocks_mhz(self) -> tuple[float, ...]:
@@ -142,16 +159,66 @@ class DomainObserver:
             samples.append(sample)
         return tuple(samples)
 
-    def _scrape(self, now_s: float) -> str | None:
+    def _budget(self, now_s: float) -> float | None:
+        """What is left of the scrape deadline before the last good data goes stale."""
+        if self._last_time_s is None:
+            return None
+        left = self._last_time_s + self.stale_after_s - now_s
+        if left <= 0:
+            # Stale already: decide the fail-safe now if the last tick was still fresh
+            # (a late tick), else give the engine its whole timeout to come back.
+            return 0.0 if self._was_fresh else None
+        return left if self.scrape_timeout_s is None else min(left, self.scrape_timeout_s)
+
+    def _scrape(self, now_s: float) -> tuple[str | None, float]:
+        """Scrape at ``now_s`` (the tick's time plus what the GPU reads took)."""
+        started = self._clock()
+        budget = self._budget(now_s)
+        cut = (
+            budget is not None
+            and self.scrape_timeout_s is not None
+            and budget < self.scrape_timeout_s
+        )
+        self._cut = False
         try:
-            sample = self.source.scrape()
+            sample = (
+                self.source.scrape() if budget is None else self.source.scrape(timeout_s=budget)
+            )
         except EngineUnavailable as error:
+            elapsed = self._clock() - started
+            # Ran out the deadline the stale age set: the data is stale by now.
+            self._cut = cut and budget is not None and elapsed >= budget - 1e-3
             self.engine_errors += 1
-            log.warning("engine scrape failed: %s", error)
-            return str(error)
+            self._report_failure(now_s, str(error))
+            return str(error), elapsed
+        elapsed = self._clock() - started
+        if self.failed_in_a_row:
+            down_s = now_s - (self._down_since_s if self._down_since_s is not None else now_s)
+            log.warning(
+                "engine scrape back after %d failed scrape(s) (%.1f s)",
+                self.failed_in_a_row,
+                down_s,
+            )
+        self.failed_in_a_row = 0
+        self._down_since_s = None
         self._window_base, self._last = self._last, sample
-        self._last_time_s = now_s
-        return None
+        self._last_time_s = now_s + elapsed
+        return None, elapsed
+
+    def _report_failure(self, now_s: float, error: str) -> None:
+        """One WARNING when the engine goes down, then one reminder per ``log_every_s``."""
+        self.failed_in_a_row += 1
+        if self.failed_in_a_row == 1:
+            self._down_since_s = now_s
+            self._last_reminder_s = now_s
+            log.warning("engine scrape failed: %s", error)
+        elif now_s - self._last_reminder_s >= self.log_every_s:
+            self._last_reminder_s = now_s
+            log.warning(
+                "engine still failing: %d scrapes in a row: %s", self.failed_in_a_row, error
+            )
+        else:
+            log.debug("engine scrape failed: %s", error)
 
     def observe(self, now_s: float, step_index: int, requested_clock_mhz: float | None) -> Observed:
         """Sample the GPUs, scrape the engine and derive the observation.
@@ -162,12 +229,15 @@ class DomainObserver:
         Raises:
             GpuLost: a GPU fell off the bus.
         """
+        tick_started = self._clock()
         gpus = self._sample_gpus()
-        started = self._clock()
-        error = self._scrape(now_s)
-        scrape_s = self._clock() - started
-        age = None if self._last_time_s is None else now_s - self._last_time_s
-        fresh = age is not None and age <= self.stale_after_s
+        reads_s = self._clock() - tick_started
+        error, scrape_s = self._scrape(now_s + reads_s)
+        decided_s = now_s + reads_s + scrape_s
+        age = None if self._last_time_s is None else max(0.0, decided_s - self._last_time_s)
+        # A scrape cut short by the stale deadline failed because the data went stale.
+        fresh = age is not None and age <= self.stale_after_s and not (error and self._cut)
+        self._was_fresh = fresh
         observation = self._build(now_s, step_index, requested_clock_mhz, gpus, error is None)
         return Observed(
             observation=observation,

@@ -7,6 +7,7 @@ object, the way STYLE.md asks (the CLI loads it, this turns it into parts).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from gpugov.daemon.actuator import ClockActuator, LockMode
+from gpugov.daemon.actuator import ClockActuator, ExternalPolicy, LockMode
 from gpugov.daemon.backend import DryRunBackend, GpuBackend
 from gpugov.daemon.config import ControllerConfig, GpugovConfig, MPCControllerConfig
 from gpugov.daemon.decide import (
@@ -25,6 +26,8 @@ from gpugov.daemon.decide import (
     with_safety,
 )
 from gpugov.daemon.engines import ScrapedSource
+from gpugov.daemon.errors import ConfigError, TransientGpuError
+from gpugov.daemon.lockstate import LockState, default_state_dir
 from gpugov.daemon.loop import Domain, FailsafeMode
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
@@ -36,21 +39,72 @@ from gpugov.plant.types import Request
 log = logging.getLogger(__name__)
 
 
+CONTROLLER_HISTORY_STEPS = 1000
+"""Plans and solve times a controller keeps in the daemon (the studies keep all)."""
+START_ATTEMPTS = 5
+START_BACKOFF_S = 0.25
+
+
+def retry_transient(
+    action: Callable[[], Any],
+    what: str,
+    *,
+    attempts: int = START_ATTEMPTS,
+    backoff_s: float = START_BACKOFF_S,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> Any:
+    """Run ``action``, retrying a :class:`TransientGpuError` up to ``attempts`` times.
+
+    At start a single NVML timeout (reading supported clocks, opening a GPU) must not
+    abort the daemon; the waits double from ``backoff_s`` (0.25 + 0.5 + 1 + 2 s at most).
+
+    Raises:
+        TransientGpuError: still failing after the last attempt.
+    """
+    for attempt in range(attempts):
+        try:
+            return action()
+        except TransientGpuError as error:
+            if attempt + 1 >= attempts:
+                raise
+            log.warning(
+                "%s failed (attempt %d of %d): %s; retrying", what, attempt + 1, attempts, error
+            )
+            sleep(backoff_s * 2**attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def open_backend(
     gpu: int | str,
     kind: str = "nvml",
     *,
     dry_run: bool = False,
     nvml: ModuleType | None = None,
+    sleep: Callable[[float], Any] = time.sleep,
 ) -> GpuBackend:
     """One GPU's backend (``nvml`` or ``nvidia-smi``), wrapped for a dry run if asked.
 
+    Transient NVML errors while opening the GPU and listing its clocks are retried
+    (:func:`retry_transient`).
+
     Raises:
         GpuUnavailable: no driver, library or GPU.
+        TransientGpuError: still failing after the retries.
     """
-    backend: GpuBackend = (
-        NvidiaSmiBackend(gpu) if kind == "nvidia-smi" else NvmlBackend(gpu, nvml=nvml)
-    )
+
+    def open_one() -> GpuBackend:
+        if kind == "nvidia-smi":
+            return NvidiaSmiBackend(gpu)
+        return NvmlBackend(gpu, nvml=nvml)
+
+    backend: GpuBackend = retry_transient(open_one, f"GPU {gpu}: open", sleep=sleep)
+    try:
+        retry_transient(
+            backend.supported_clocks_mhz, f"GPU {gpu}: list supported clocks", sleep=sleep
+        )
+    except TransientGpuError:
+        backend.close()
+        raise
     return DryRunBackend(backend) if dry_run else backend
 
 
@@ -81,6 +135,8 @@ def build_domain(
     stale_after_s: float,
     failsafe: FailsafeMode = "max",
     lock_mode: LockMode = "pin",
+    external_policy: ExternalPolicy = "reassert",
+    state: LockState | None = None,
     floor_mhz: float | None = None,
     dwell_s: float = 1.0,
     ttft_slo_s: float | None = None,
@@ -100,6 +156,7 @@ def build_domain(
     Raises:
         NotSupported: a GPU lists no supported clocks.
         ControllerError: the controller cannot be built.
+        ConfigError: ``floor_mhz`` is above the GPUs' top clock.
     """
     observer = DomainObserver(
         backends,
@@ -110,8 +167,14 @@ def build_domain(
         thermal_limit_c=thermal_limit_c,
         mean_prompt_tokens=mean_prompt_tokens,
         mean_output_tokens=mean_output_tokens,
+        scrape_timeout_s=getattr(source, "timeout_s", None),
     )
     clocks = observer.supported_clocks_mhz()
+    if floor_mhz is not None and clocks and floor_mhz > clocks[-1]:
+        raise ConfigError(
+            f"domain {name!r}: safety.floor_mhz ({floor_mhz:g} MHz) is above the top "
+            f"supported clock of its GPUs ({clocks[-1]:g} MHz)"
+        )
     inner = (
         controller
         if controller is not None
@@ -122,8 +185,12 @@ def build_domain(
         log.debug("domain %s: controller warmed up in %.3f s", name, warm_s)
     except Exception as error:  # the loop meets (and reports) a failing controller itself
         log.warning("domain %s: the controller's warm-up decision raised %r", name, error)
+    if hasattr(inner, "history_limit"):
+        inner.history_limit = CONTROLLER_HISTORY_STEPS  # bounded memory on a node
     wrapped = with_safety(inner, clocks, floor_mhz=floor_mhz, dwell_s=dwell_s)
-    actuator = ClockActuator(backends, domain=name, lock_mode=lock_mode)
+    actuator = ClockActuator(
+        backends, domain=name, lock_mode=lock_mode, external_policy=external_policy, state=state
+    )
     return Domain(
         name, observer, wrapped, actuator, failsafe=failsafe, label=spec_name(controller_spec)
     )
@@ -139,16 +206,53 @@ def _domain_header(domain: Domain, config_fields: dict[str, Any]) -> dict[str, A
     }
 
 
+def _build_configured(
+    config: GpugovConfig,
+    spec: Any,
+    backends: Sequence[GpuBackend],
+    source: ScrapedSource,
+    state: LockState | None,
+) -> Domain:
+    return build_domain(
+        spec.name,
+        backends,
+        source,
+        spec.controller,
+        period_s=config.daemon.period_s,
+        stale_after_s=config.stale_after_s(spec),
+        failsafe=spec.failsafe,
+        lock_mode=spec.lock_mode,
+        external_policy=spec.external_clock_policy,
+        state=state,
+        floor_mhz=spec.safety.floor_mhz,
+        dwell_s=spec.safety.dwell_s,
+        ttft_slo_s=spec.ttft_slo_s,
+        tpot_slo_s=spec.tpot_slo_s,
+        thermal_limit_c=spec.thermal_limit_c,
+        mean_prompt_tokens=spec.mean_prompt_tokens,
+        mean_output_tokens=spec.mean_output_tokens,
+    )
+
+
 def domains_from_config(
-    config: GpugovConfig, *, dry_run: bool = False, nvml: ModuleType | None = None
+    config: GpugovConfig,
+    *,
+    dry_run: bool = False,
+    nvml: ModuleType | None = None,
 ) -> Assembled:
     """Open every domain's GPUs and engine source and build its controller.
 
+    Locks are persisted in the state directory (``daemon.state_dir``, else
+    ``$STATE_DIRECTORY``) unless this is a dry run.
+
     Raises:
         GpuUnavailable, NotSupported, ControllerError: nothing is left open.
+        ConfigError: a limit the config sets does not fit the GPUs (``floor_mhz``).
     """
     dry_run = dry_run or config.daemon.dry_run
     assembled = Assembled(domains=[])
+    state_dir = default_state_dir(config.daemon.state_dir)
+    state = None if dry_run or state_dir is None else LockState(state_dir)
     try:
         for spec in config.domains:
             backends = [
@@ -157,25 +261,13 @@ def domains_from_config(
             ]
             assembled.backends.extend(backends)
             source = ScrapedSource(
-                spec.engine.url, spec.engine.kind, timeout_s=spec.engine.timeout_s
+                spec.engine.url,
+                spec.engine.kind,
+                timeout_s=spec.engine.timeout_s,
+                max_page_bytes=spec.engine.max_page_bytes,
             )
-            domain = build_domain(
-                spec.name,
-                backends,
-                source,
-                spec.controller,
-                period_s=config.daemon.period_s,
-                stale_after_s=config.stale_after_s(spec),
-                failsafe=spec.failsafe,
-                lock_mode=spec.lock_mode,
-                floor_mhz=spec.safety.floor_mhz,
-                dwell_s=spec.safety.dwell_s,
-                ttft_slo_s=spec.ttft_slo_s,
-                tpot_slo_s=spec.tpot_slo_s,
-                thermal_limit_c=spec.thermal_limit_c,
-                mean_prompt_tokens=spec.mean_prompt_tokens,
-                mean_output_tokens=spec.mean_output_tokens,
-            )
+            assembled.sources.append(source)
+            domain = _build_configured(config, spec, backends, source, state)
             assembled.domains.append(domain)
     except BaseException:
         assembled.close()

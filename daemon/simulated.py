@@ -120,7 +120,7 @@ class SimulatedSource:
     def __init__(self, node: SimulatedNode) -> None:
         self._node = node
 
-    def scrape(self) -> EngineSample:
+    def scrape(self, timeout_s: float | None = None) -> EngineSample:
         """This tick's engine state."""
         o = self._node.current()
         return EngineSample(

@@ -57,6 +57,7 @@ NVML_VALUE_TYPE_UNSIGNED_INT = 1
 NVML_VALUE_TYPE_UNSIGNED_LONG = 2
 NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 nvmlClocksEventReasonGpuIdle = 0x1
+nvmlClocksEventReasonApplicationsClocksSetting = 0x2
 nvmlClocksEventReasonSwPowerCap = 0x4
 nvmlClocksEventReasonSwThermalSlowdown = 0x20
 
@@ -355,6 +356,11 @@ class FakeNvml:
         )
         handle.locked = (minGpuClockMHz, maxGpuClockMHz)
         handle.sm_clock_mhz = maxGpuClockMHz
+        # A lock below the top clock shows as ApplicationsClocksSetting (as on real GPUs).
+        if maxGpuClockMHz < max(handle.graphics_clocks_mhz):
+            handle.event_reasons |= nvmlClocksEventReasonApplicationsClocksSetting
+        else:
+            handle.event_reasons &= ~nvmlClocksEventReasonApplicationsClocksSetting
 
     def nvmlDeviceResetGpuLockedClocks(self, handle: FakeGpu) -> None:
         self._enter("nvmlDeviceResetGpuLockedClocks", handle)
@@ -363,6 +369,7 @@ class FakeNvml:
         self.writes.append(("nvmlDeviceResetGpuLockedClocks", handle.index))
         handle.locked = None
         handle.sm_clock_mhz = max(handle.graphics_clocks_mhz)
+        handle.event_reasons &= ~nvmlClocksEventReasonApplicationsClocksSetting
 
     # -------------------------------------------------------------------- helpers
     def locked(self, index: int) -> tuple[int, int] | None:

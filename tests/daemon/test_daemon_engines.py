@@ -207,13 +207,30 @@ def test_keep_alive_connection_is_reused() -> None:
         server.close()
 
 
-def test_https_and_other_urls_use_urllib(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_https_uses_a_tls_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    import http.client
+
     import gpugov.daemon.engines as engines
 
-    seen: list[str] = []
-    monkeypatch.setattr(engines, "http_get", lambda url, t: seen.append(url) or "")
-    engines.KeepAliveFetcher()("https://example.invalid/metrics", 1.0)
-    assert seen == ["https://example.invalid/metrics"]
+    seen: list[tuple[str, int]] = []
+
+    class Refused:
+        sock = None
+
+        def __init__(self, host: str, port: int, timeout: float) -> None:
+            seen.append((host, port))
+
+        def request(self, *args: object, **kwargs: object) -> None:
+            raise ConnectionRefusedError("refused")
+
+        def close(self) -> None: ...
+
+    monkeypatch.setattr(http.client, "HTTPSConnection", Refused)
+    with pytest.raises(EngineUnavailable, match="refused"):
+        engines.KeepAliveFetcher()("https://engine.example:8443/metrics", 1.0)
+    assert seen == [("engine.example", 8443)]
+    with pytest.raises(EngineUnavailable, match="not an http"):
+        engines.KeepAliveFetcher()("ftp://127.0.0.1/metrics", 1.0)
 
 
 def test_series_cache_gives_same_answer_without_reparsing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -41,7 +41,7 @@ class StubSource:
     def __init__(self) -> None:
         self.next: EngineSample | Exception = EngineSample("vllm", 0, 0)
 
-    def scrape(self) -> EngineSample:
+    def scrape(self, timeout_s: float | None = None) -> EngineSample:
         if isinstance(self.next, Exception):
             raise self.next
         return self.next

@@ -138,6 +138,19 @@ def test_daemonset_args_parse_with_the_real_cli() -> None:
     assert not args.dry_run
 
 
+def test_daemonset_resets_on_every_exit_and_keeps_lock_state() -> None:
+    """Issue 11: no ExecStopPost= in Kubernetes; preStop + reconcile at start instead."""
+    command = container()["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "/opt/gpugov/venv/bin/gpugov"
+    args = build_parser().parse_args(command[1:])
+    assert args.command == "reset-clocks" and args.gpus == "all"
+    env = {e["name"]: e.get("value") for e in container()["env"]}
+    mounts = {m["name"]: m["mountPath"] for m in container()["volumeMounts"]}
+    volumes = {v["name"]: v for v in find("DaemonSet")["spec"]["template"]["spec"]["volumes"]}
+    assert mounts["state"] == env["STATE_DIRECTORY"]
+    assert volumes["state"]["hostPath"]["type"] == "DirectoryOrCreate"
+
+
 def test_service_and_servicemonitor_select_the_pods() -> None:
     pod_labels = find("DaemonSet")["spec"]["template"]["metadata"]["labels"]
     service = find("Service")

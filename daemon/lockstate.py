@@ -1,0 +1,134 @@
+"""What this daemon last locked, persisted so the next start can undo it after a crash.
+
+NVML has no getter for a clock lock (``../shared/NVML_NOTES.md`` 1.3), so a daemon that
+was SIGKILLed, OOM-killed or lost power leaves no trace on the GPU that can be read back
+exactly. :class:`LockState` keeps one small JSON file in the state directory (systemd's
+``StateDirectory=`` gives ``$STATE_DIRECTORY``; Kubernetes mounts a hostPath there):
+
+```json
+{"version": 1, "gpus": {"GPU-8f2e...": {"gpu": "0", "min_mhz": 1410, "max_mhz": 1410,
+                                     "pid": 4242, "time": "2026-11-30T10:00:00+00:00"}}}
+```
+
+An entry is written after every lock write and removed after every reset, keyed by the
+GPU's UUID (indices can change across reboots). The file is replaced atomically
+(write to a temporary file, then ``os.replace``). A state file that cannot be read or
+written is logged once and ignored: the daemon then reconciles from what NVML shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "locks.json"
+STATE_DIR_ENV = "STATE_DIRECTORY"
+
+
+def default_state_dir(configured: str | Path | None) -> Path | None:
+    """The configured state directory, else systemd's ``$STATE_DIRECTORY``, else None."""
+    if configured is not None:
+        return Path(configured)
+    env = os.environ.get(STATE_DIR_ENV)
+    if env:
+        return Path(env.split(":")[0])  # systemd joins several directories with ':'
+    return None
+
+
+class LockState:
+    """The locks this daemon holds, in ``DIR/locks.json``.
+
+    Args:
+        directory: the state directory (created if missing).
+        pid: this process's id, stored with every entry.
+    """
+
+    def __init__(self, directory: str | Path, *, pid: int | None = None) -> None:
+        self.path = Path(directory) / STATE_FILE
+        self.pid = os.getpid() if pid is None else pid
+        self._warned = False
+        self._entries: dict[str, dict[str, Any]] = self.read()
+
+    def _warn(self, action: str, error: Exception) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "lock state %s: cannot %s (%s); a crash would leave no record of the "
+                "locks, reconcile at start falls back to reading the clocks",
+                self.path,
+                action,
+                error,
+            )
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        """The entries on disk (empty when the file is missing or unreadable)."""
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as error:
+            self._warn("read it", error)
+            return {}
+        gpus = data.get("gpus") if isinstance(data, dict) else None
+        if not isinstance(gpus, dict):
+            return {}
+        return {str(k): v for k, v in gpus.items() if isinstance(v, dict)}
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The entry for GPU ``key`` (its UUID), if any."""
+        return self._entries.get(key)
+
+    def record(self, key: str, gpu: str, min_mhz: int, max_mhz: int) -> None:
+        """Remember that GPU ``key`` is locked to ``[min_mhz, max_mhz]`` by this process."""
+        entry = {
+            "gpu": gpu,
+            "min_mhz": int(min_mhz),
+            "max_mhz": int(max_mhz),
+            "pid": self.pid,
+            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        if (
+            self._entries.get(key, {}).get("max_mhz") == entry["max_mhz"]
+            and self._entries[key].get("min_mhz") == entry["min_mhz"]
+            and self._entries[key].get("pid") == self.pid
+        ):
+            return
+        self._entries[key] = entry
+        self._write()
+
+    def clear(self, key: str) -> None:
+        """Forget GPU ``key`` (it was reset)."""
+        if self._entries.pop(key, None) is not None:
+            self._write()
+
+    def _write(self) -> None:
+        text = json.dumps({"version": 1, "gpus": self._entries}, indent=1, sort_keys=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle, name = tempfile.mkstemp(prefix=".locks.", dir=self.path.parent)
+            try:
+                with os.fdopen(handle, "w") as out:
+                    out.write(text)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(name, self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
+                raise
+        except OSError as error:
+            self._warn("write it", error)
+
+
+def gpu_key(backend: object) -> str:
+    """The key a GPU is stored under: its UUID when the backend knows it, else its label."""
+    uuid = getattr(backend, "uuid", None)
+    return str(uuid) if uuid else str(getattr(backend, "label", "?"))

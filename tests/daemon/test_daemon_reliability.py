@@ -1,0 +1,447 @@
+"""Issue 11's daemon holes, one test each: bad values, deadlines, resets, reconcile,
+external clock changes, start retries, config gaps, exporter connections, bounded history."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import fake_pynvml as fp
+import pytest
+from daemon_support import MetricsServer, fixture_text
+from fake_pynvml import FakeNvml
+
+from gpugov.daemon.actuator import ClockActuator
+from gpugov.daemon.config import parse_config
+from gpugov.daemon.engines import ScrapedSource, VllmSource, extract, parse_page
+from gpugov.daemon.errors import (
+    ClocksNotReset,
+    ConfigError,
+    EngineParseError,
+    EngineUnavailable,
+    TransientGpuError,
+)
+from gpugov.daemon.exporter import Exporter
+from gpugov.daemon.lockstate import LockState
+from gpugov.daemon.loop import TimedLoop, VirtualClock, run
+from gpugov.daemon.nvml import NvmlBackend
+from gpugov.daemon.observer import DomainObserver
+from gpugov.daemon.service import domains_from_config, open_backend
+
+LOCK = "nvmlDeviceSetGpuLockedClocks"
+RESET = "nvmlDeviceResetGpuLockedClocks"
+WAITING = 'vllm:num_requests_waiting{engine="0",model_name="m"}'
+
+
+def _page(extra: str = "", waiting: str = "3") -> str:
+    return f'vllm:num_requests_running{{engine="0",model_name="m"}} 2\n{WAITING} {waiting}\n{extra}'
+
+
+# ---------------------------------------------------------------- item 1: bad values
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-4"])
+def test_non_finite_or_negative_values_are_a_bad_scrape(value: str) -> None:
+    series = parse_page(_page(waiting=value), None, "u")
+    with pytest.raises(EngineParseError, match=r"impossible value vllm:num_requests_waiting"):
+        extract(__import__("gpugov.daemon.engines", fromlist=["VLLM"]).VLLM, series, "u")
+
+
+def test_kv_usage_above_one_is_impossible() -> None:
+    from gpugov.daemon.engines import VLLM
+
+    page = _page('vllm:kv_cache_usage_perc{engine="0",model_name="m"} 7.5\n')
+    with pytest.raises(EngineParseError, match="KV cache usage"):
+        extract(VLLM, parse_page(page, None, "u"), "u")
+
+
+# -------------------------------------------------------------- item 14: kv_tokens
+def test_kv_tokens_weight_each_engine_by_its_own_capacity() -> None:
+    from gpugov.daemon.engines import VLLM
+
+    page = fixture_text("vllm_dp2_synthetic.txt").replace(
+        'engine="1",num_gpu_blocks="10000"', 'engine="1",num_gpu_blocks="30000"'
+    )
+    sample = extract(VLLM, parse_page(page, VLLM.wanted(), "u"), "u")
+    # engine 0: 0.5 x 160,000; engine 1: 0.25 x 480,000 (not the mean 0.375 x 640,000).
+    assert sample.kv_capacity_tokens == 640_000.0
+    assert sample.kv_tokens == pytest.approx(0.5 * 160_000 + 0.25 * 480_000)
+    assert sample.kv_usage_ratio == pytest.approx(200_000 / 640_000)
+
+
+# ---------------------------------------------------------- item 2: one deadline
+class _Trickle:
+    """A loopback server that answers one byte every ``gap_s`` (headers and all)."""
+
+    def __init__(self, gap_s: float = 0.05) -> None:
+        self.gap_s = gap_s
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(4)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/metrics"
+        self._stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        self._sock.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        body = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 100000
+        try:
+            conn.recv(65536)
+            for byte in body:
+                if self._stop.is_set():
+                    break
+                conn.sendall(bytes([byte]))
+                time.sleep(self.gap_s)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sock.close()
+
+
+def test_a_trickling_engine_costs_at_most_the_deadline() -> None:
+    server = _Trickle()
+    try:
+        source = VllmSource(server.url, timeout_s=0.3)
+        started = time.monotonic()
+        with pytest.raises(EngineUnavailable, match=r"no complete answer within 0\.3 s"):
+            source.scrape()
+        assert time.monotonic() - started < 1.0  # per-read timeouts alone never end
+        started = time.monotonic()
+        with pytest.raises(EngineUnavailable):
+            source.scrape(timeout_s=0.1)  # the observer's shorter budget wins
+        assert time.monotonic() - started < 0.6
+    finally:
+        server.close()
+
+
+def test_an_oversized_page_is_refused(metrics_server: MetricsServer) -> None:
+    metrics_server.page = _page() + "# padding\n" * 20_000
+    source = ScrapedSource(metrics_server.url, "vllm", timeout_s=2.0, max_page_bytes=64 * 1024)
+    with pytest.raises(EngineParseError, match="over the 65536-byte limit"):
+        source.scrape()
+
+
+class _SlowSource:
+    """An engine that answers after ``delay_s`` (of the observer's clock) or fails."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+        self.ok = True
+        self.budgets: list[float | None] = []
+
+    def scrape(self, timeout_s: float | None = None) -> Any:
+        from gpugov.daemon.engines import EngineSample
+
+        self.budgets.append(timeout_s)
+        if self.ok:
+            self.clock[0] += 0.01
+            return EngineSample("vllm", 1, 1)
+        self.clock[0] += timeout_s if timeout_s is not None else 0.4  # timed out
+        raise EngineUnavailable("slow")
+
+
+def test_failsafe_within_stale_plus_one_period_for_a_slow_engine() -> None:
+    clock = [0.0]
+    source = _SlowSource(clock)
+    gpu = NvmlBackend(0, nvml=_fake_open(FakeNvml(1)))
+    period, stale = 1.0, 2.0
+    observer = DomainObserver(
+        [gpu], source, stale_after_s=stale, clock=lambda: clock[0], scrape_timeout_s=0.9
+    )
+    observer.observe(0.0, 0, None)  # good data, received at ~0.01
+    source.ok = False
+    failsafe_at = None
+    for step in range(1, 6):
+        clock[0] = 0.0
+        observed = observer.observe(step * period, step, None)
+        if not observed.engine_fresh:
+            failsafe_at = step * period + observed.scrape_s
+            break
+    assert failsafe_at is not None
+    assert failsafe_at - 0.01 <= stale + period
+    assert source.budgets[1:3] == [0.9, pytest.approx(0.01)]  # the last tick is cut short
+
+
+def _fake_open(fake: FakeNvml) -> Any:
+    return fake
+
+
+# ------------------------------------------------------------- item 12: log lines
+def test_scrape_warnings_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    clock = [0.0]
+    source = _SlowSource(clock)
+    observer = DomainObserver(
+        [NvmlBackend(0, nvml=FakeNvml(1))], source, stale_after_s=3.0, log_every_s=60.0
+    )
+    source.ok = False
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.observer"):
+        for step in range(100):
+            observer.observe(float(step), step, None)
+        source.ok = True
+        observer.observe(100.0, 100, None)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "engine scrape failed: slow"
+    assert sum("still failing" in line for line in lines) == 1  # at 60 s
+    assert lines[-1].startswith("engine scrape back after 100 failed scrape(s)")
+    assert len(lines) == 3
+
+
+# ---------------------------------------------------- items 4 and 3: exit reset
+def test_failed_reset_is_retried_then_named() -> None:
+    fake = FakeNvml(2)
+    backends = [NvmlBackend(i, nvml=fake) for i in range(2)]
+    sleeps: list[float] = []
+    actuator = ClockActuator(backends, sleep=sleeps.append)
+    actuator.apply(1410)
+    fake.fail(RESET, fp.NVML_ERROR_TIMEOUT, times=3)
+    assert actuator.restore() == []
+    assert fake.locked(0) is None and fake.locked(1) is None
+    assert sleeps == [0.2, 0.4]  # GPU 0 failed twice, then reset; GPU 1 once
+    actuator.apply(1200)
+    fake.lose(1)
+    fake.fail(RESET, fp.NVML_ERROR_UNKNOWN, times=None)
+    assert actuator.restore() == ["0", "1"]
+    assert len(sleeps) == 2 + 4  # GPU 1 (lost) is not retried; GPU 0 five times
+
+
+def test_run_raises_naming_the_gpus_still_locked(metrics_server: MetricsServer) -> None:
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    fake = FakeNvml(2)
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0, 1],
+                    "engine": {"kind": "vllm", "url": metrics_server.url, "timeout_s": 0.9},
+                    "controller": {"kind": "fixed", "clock_mhz": 1410},
+                }
+            ],
+        }
+    )
+    assembled = domains_from_config(config, nvml=fake)
+    for domain in assembled.domains:
+        domain.actuator._sleep = lambda s: None
+    clock = VirtualClock()
+
+    def stop_after(now: float, step: int) -> bool:
+        if step == 2:
+            fake.fail(RESET, fp.NVML_ERROR_UNKNOWN, times=None)
+        return step >= 2
+
+    with pytest.raises(ClocksNotReset, match=r"GPU\(s\) 0,1 .*reset-clocks --gpus 0,1"):
+        run(
+            assembled.domains,
+            TimedLoop(1.0, clock=clock, sleep=clock.sleep),
+            before_tick=stop_after,
+        )
+    assembled.close()
+    assert fake.locked(0) == (1410, 1410)
+
+
+# ---------------------------------------------------------- item 6: reconcile
+def test_reconcile_resets_what_a_killed_run_left(tmp_path: Path) -> None:
+    fake = FakeNvml(2)
+    first = ClockActuator(
+        [NvmlBackend(i, nvml=fake) for i in range(2)], state=LockState(tmp_path, pid=1)
+    )
+    first.apply(1200)  # ... and the process is SIGKILLed: no restore
+    assert set(LockState(tmp_path).read()) == {"GPU-fake-0000", "GPU-fake-0001"}
+    fake.gpus[1].locked = None  # someone reset GPU 1 by hand meanwhile
+    fake.gpus[1].sm_clock_mhz = 1980
+    fake.gpus[1].event_reasons = 0
+    second = ClockActuator(
+        [NvmlBackend(i, nvml=fake) for i in range(2)], state=LockState(tmp_path, pid=2)
+    )
+    lines = second.reconcile("reset")
+    assert "previous gpugov run (pid 1" in lines[0] and lines[0].endswith("; reset")
+    assert "1200-1200 MHz" in lines[0]
+    assert lines[1].endswith("; reset")  # the record says locked: reset anyway (harmless)
+    assert fake.locked(0) is None and LockState(tmp_path).read() == {}
+
+
+def test_reconcile_sees_a_lock_nobody_recorded_and_can_adopt(tmp_path: Path) -> None:
+    fake = FakeNvml(1)
+    fake.nvmlInit()
+    fake.nvmlDeviceSetGpuLockedClocks(fake.gpus[0], 900, 900)  # nvidia-smi -lgc 900
+    fake.nvmlShutdown()
+    actuator = ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path))
+    (line,) = actuator.reconcile("adopt")
+    assert "runs at 900 MHz of 1980 MHz with ApplicationsClocksSetting" in line
+    assert line.endswith("adopted: governed from here, reset on exit")
+    assert fake.locked(0) == (900, 900)
+    assert actuator.restore() == [] and fake.locked(0) is None
+    (line,) = ClockActuator([NvmlBackend(0, nvml=fake)]).reconcile("reset")
+    assert line.startswith("GPU 0: no lock found (SM clock 1980 MHz of 1980 MHz)")
+
+
+# ------------------------------------------------- item 7: external clock changes
+@pytest.mark.parametrize("policy", ["reassert", "yield"])
+def test_external_clock_change_is_seen_counted_and_handled(policy: str) -> None:
+    fake = FakeNvml(1)
+    backend = NvmlBackend(0, nvml=fake)
+    actuator = ClockActuator([backend], external_policy=policy)  # type: ignore[arg-type]
+    actuator.apply(1410)
+    assert actuator.check_readback([backend.sample()]) == []
+    fake.nvmlDeviceResetGpuLockedClocks(fake.gpus[0])  # nvidia-smi -rgc behind our back
+    assert actuator.check_readback([backend.sample()]) == []  # one read is not enough
+    assert actuator.check_readback([backend.sample()]) == ["0"]
+    assert actuator.external_changes == {"0": 1}
+    assert actuator.applied_mhz is None  # what is true: not our lock any more
+    writes = actuator.apply(1410)
+    if policy == "reassert":
+        assert writes == 1 and fake.locked(0) == (1410, 1410)
+    else:
+        assert writes == 0 and fake.locked(0) is None and actuator.yielded == {"0"}
+        assert actuator.restore() == [] and fake.writes[-1][0] == RESET  # not reset by us
+
+
+def test_a_dry_run_never_calls_the_real_clock_an_external_change() -> None:
+    from gpugov.daemon.backend import DryRunBackend
+
+    fake = FakeNvml(1)
+    backend = DryRunBackend(NvmlBackend(0, nvml=fake))
+    actuator = ClockActuator([backend])
+    actuator.apply(1410)  # only logged: the GPU stays at 1980
+    for _ in range(4):
+        assert actuator.check_readback([backend.sample()]) == []
+    assert actuator.external_changes == {"0": 0}
+
+
+def test_throttling_below_the_lock_is_not_an_external_change() -> None:
+    fake = FakeNvml(1)
+    backend = NvmlBackend(0, nvml=fake)
+    actuator = ClockActuator([backend])
+    actuator.apply(1410)
+    fake.gpus[0].sm_clock_mhz = 1100
+    fake.gpus[0].event_reasons |= fp.nvmlClocksEventReasonSwPowerCap
+    for _ in range(3):
+        assert actuator.check_readback([backend.sample()]) == []
+    fake.gpus[0].event_reasons = fp.nvmlClocksEventReasonApplicationsClocksSetting
+    actuator.check_readback([backend.sample()])
+    assert actuator.check_readback([backend.sample()]) == ["0"]  # someone locked it lower
+
+
+# ------------------------------------------------------ item 9: start retries
+def test_transient_nvml_errors_at_start_are_retried() -> None:
+    fake = FakeNvml(1)
+    fake.fail("nvmlDeviceGetSupportedGraphicsClocks", fp.NVML_ERROR_TIMEOUT, times=2)
+    sleeps: list[float] = []
+    backend = open_backend(0, nvml=fake, sleep=sleeps.append)
+    assert backend.supported_clocks_mhz()[-1] == 1980 and sleeps == [0.25, 0.5]
+    backend.close()
+    fake.fail("nvmlDeviceGetHandleByIndex", fp.NVML_ERROR_TIMEOUT, times=None)
+    with pytest.raises(TransientGpuError):
+        open_backend(0, nvml=fake, sleep=sleeps.append)
+    assert fake.initialized == 0
+
+
+# ------------------------------------------------------- item 10: config gaps
+def _domain(**kw: Any) -> dict[str, Any]:
+    return {"name": "d", "gpus": [0], **kw}
+
+
+@pytest.mark.parametrize(
+    ("domain", "daemon", "needle"),
+    [
+        (_domain(engine={"url": "http://127.0.0.1:99999/metrics"}), {}, "port outside"),
+        (_domain(engine={"url": "http:///metrics"}), {}, "must name a host"),
+        (
+            _domain(controller={"kind": "reactive", "up_fraction": 0.4, "down_fraction": 0.6}),
+            {},
+            "down_fraction (0.6) must not exceed up_fraction (0.4)",
+        ),
+        (_domain(stale_after_s=0.5), {"period_s": 1.0}, "stale_after_s (0.5 s) must be at least"),
+    ],
+)
+def test_config_gaps_are_refused(
+    domain: dict[str, Any], daemon: dict[str, Any], needle: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"daemon": daemon, "domains": [domain]}, "g.toml")
+    assert needle in str(caught.value) and str(caught.value).startswith("g.toml: ")
+    assert len(str(caught.value).splitlines()) == 1
+
+
+def test_floor_above_the_top_clock_is_refused_at_start(metrics_server: MetricsServer) -> None:
+    fake = FakeNvml(1)
+    config = parse_config(
+        {"domains": [_domain(engine={"url": metrics_server.url}, safety={"floor_mhz": 2500.0})]}
+    )
+    with pytest.raises(ConfigError, match=r"safety.floor_mhz \(2500 MHz\) is above .*1980"):
+        domains_from_config(config, nvml=fake)
+    assert fake.initialized == 0
+
+
+# ------------------------------------------------ item 11: exporter connections
+def test_idle_connections_do_not_hold_threads_forever(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpugov.daemon.exporter as exporter_module
+
+    monkeypatch.setattr(exporter_module._QuietHandler, "timeout", 0.5)
+    exporter = Exporter(port=0)
+    idle = []
+    try:
+        before = threading.active_count()
+        for _ in range(40):  # more than MAX_CONNECTIONS, none sends a request
+            idle.append(socket.create_connection(("127.0.0.1", exporter.port), timeout=5))
+        time.sleep(0.2)
+        assert threading.active_count() - before <= exporter_module.MAX_CONNECTIONS
+        deadline = time.monotonic() + 10
+        while True:  # the idle ones time out; a scrape is served again
+            try:
+                with urllib.request.urlopen(exporter.url, timeout=2) as response:
+                    assert b"gpugov_build_info" in response.read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        time.sleep(0.7)
+        assert threading.active_count() - before <= 1
+    finally:
+        for sock in idle:
+            sock.close()
+        exporter.close()
+
+
+# ------------------------------------------------------ item 8: bounded history
+def test_mpc_history_is_bounded_in_the_daemon() -> None:
+    from gpugov.controllers.mpc import MPCController
+    from gpugov.plant import ServingPlant, load_profile
+    from gpugov.plant.types import ServingObservation
+
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    controller = MPCController(plant, horizon_s=2.0, control_period_s=1.0)
+    controller.history_limit = 5
+    clocks = tuple(float(c) for c in plant.profile.clock_mhz)
+    for step in range(30):
+        controller(
+            ServingObservation(
+                time_s=float(step),
+                step_index=step,
+                arrived_requests=step,
+                prefill_remaining_tokens=0.0,
+                decode_active=0,
+                generated_decode_tokens=0.0,
+                temperature_c=50.0,
+                supported_clocks_mhz=clocks,
+            )
+        )
+    assert len(controller.plans_by_step) == 5 and min(controller.plans_by_step) == 25
+    assert len(controller.plan_start_times_by_step) == 5
+    assert len(controller.solve_times) <= 10

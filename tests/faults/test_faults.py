@@ -1,0 +1,545 @@
+"""The fault campaign: the real ``gpugov`` process against a misbehaving engine and NVML.
+
+Each scenario starts ``python -m gpugov`` (period 0.2 s, stale after 0.6 s, a fixed
+1410 MHz controller, two fake H100s whose NVML state lives in a file) and asserts the
+outcome an operator cares about: the clocks are reset at the end, the fail-safe (a lock
+at the top clock, 1980 MHz) comes within ``stale_after_s`` + one period, the exit code,
+and one clear line with no traceback. The scenarios run four at a time in a module
+fixture; one test per scenario reports its result. Set ``GPUGOV_FAULTS_REPORT=FILE`` to
+write the figures (scenarios, passes, fail-safe times) as JSON.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import (
+    LOCKED_MHZ,
+    PERIOD_S,
+    STALE_S,
+    TOP_MHZ,
+    Daemon,
+    Engine,
+    Node,
+    assert_clean,
+    config_text,
+    last_line,
+)
+
+# Scheduling slack on a loaded 2-core CI machine, on top of the stale_after_s + period bound.
+SLACK_S = 0.3
+WORKERS = 4  # scenarios at once: mostly waiting, one interpreter start each
+NVML_TIMEOUT, NVML_UNKNOWN, NVML_DRIVER_NOT_LOADED = 10, 999, 9
+RESET = "nvmlDeviceResetGpuLockedClocks"
+PAGE_COMPLAINTS = ("not Prometheus text", "impossible", "queue gauges", "not UTF-8", "no vllm:")
+PERMISSION_LINE = "gpugov: needs root or CAP_SYS_ADMIN to lock clocks"
+
+Scenario = Callable[[Path], dict[str, Any]]
+SCENARIOS: dict[str, Scenario] = {}
+
+
+def scenario(name: str) -> Callable[[Scenario], Scenario]:
+    """Register a scenario under ``name``."""
+
+    def register(function: Scenario) -> Scenario:
+        SCENARIOS[name] = function
+        return function
+
+    return register
+
+
+def _daemon(root: Path, engine: Engine, *, gpus: int = 2, **domain: Any) -> tuple[Node, Daemon]:
+    node = Node(root, gpus)
+    config = root / "gpugov.toml"
+    daemon_section = domain.pop("daemon_extra", "")
+    text = config_text(engine.url, gpus=tuple(range(gpus)), **domain)
+    config.write_text(text.replace("[daemon]\n", f"[daemon]\n{daemon_section}", 1))
+    return node, Daemon(node, ["run", "--config", str(config)])
+
+
+def _first_write_after(node: Node, since: float, kind: str, mhz: int | None = None) -> float:
+    for write in node.writes():
+        if write[0] == kind and write[-1] >= since and (mhz is None or write[3] == mhz):
+            return float(write[-1])
+    raise AssertionError(f"no {kind} {mhz} write after {since}: {node.writes()}")
+
+
+def _stop_clean(node: Node, daemon: Daemon, sig: int = signal.SIGTERM) -> None:
+    code = daemon.stop(sig)
+    assert code == 0, daemon.stderr
+    assert node.locked() == [None] * len(node.locked()), node.writes()
+    assert_clean(daemon)
+
+
+# ------------------------------------------------------------------ engine faults
+def _engine_fault(mode: str) -> Scenario:
+    def run(root: Path) -> dict[str, Any]:
+        engine = Engine("ok")
+        node, daemon = _daemon(root, engine)
+        try:
+            daemon.start().wait_locked(LOCKED_MHZ)
+            time.sleep(3 * PERIOD_S)
+            started = engine.set(mode)
+            daemon.wait_locked(TOP_MHZ, what=f"fail-safe under {mode}")
+            failsafe_s = _first_write_after(node, started, "lock", TOP_MHZ) - started
+            assert failsafe_s <= STALE_S + PERIOD_S + SLACK_S, failsafe_s
+            active = 'gpugov_failsafe_active{domain="llm"}'
+            daemon.wait_for(lambda: daemon.metrics()[active] == 1.0, what="fail-safe metric")
+            metrics = daemon.metrics()
+            assert metrics['gpugov_engine_scrape_errors_total{domain="llm"}'] >= 1.0
+            time.sleep(4 * PERIOD_S)  # stays in fail-safe, keeps ticking
+            ticks = daemon.metrics()["gpugov_loop_ticks_total"]
+            assert ticks > metrics["gpugov_loop_ticks_total"]
+            engine.set("ok")
+            daemon.wait_locked(LOCKED_MHZ)
+            _stop_clean(node, daemon)
+            log = daemon.stderr
+            assert log.count("engine scrape failed") == 1, log  # one line, not one per tick
+            assert "engine scrape back after" in log
+            return {"failsafe_s": round(failsafe_s, 3)}
+        finally:
+            daemon.kill()
+            engine.close()
+
+    return run
+
+
+for _mode in (
+    "down", "drop", "hang", "trickle", "slow", "500", "garbage", "binary", "huge",
+    "nan", "inf", "negative", "kv-impossible",
+):  # fmt: skip
+    scenario(f"engine-{_mode}")(_engine_fault(_mode))
+
+
+def _healthy(mode: str) -> Scenario:
+    def run(root: Path) -> dict[str, Any]:
+        engine = Engine(mode)
+        node, daemon = _daemon(root, engine)
+        try:
+            daemon.start().wait_locked(LOCKED_MHZ)
+            time.sleep(6 * PERIOD_S)
+            active = 'gpugov_failsafe_active{domain="llm"}'
+            daemon.wait_for(lambda: daemon.metrics()[active] == 0.0, what="no fail-safe")
+            assert daemon.metrics()["gpugov_loop_ticks_total"] >= 5
+            # The page itself is always read: no parse error, no impossible value. (A
+            # scrape may still time out on a loaded machine; that is not the page's fault.)
+            for complaint in PAGE_COMPLAINTS:
+                assert complaint not in daemon.stderr, daemon.stderr
+            _stop_clean(node, daemon)
+            return {}
+        finally:
+            daemon.kill()
+            engine.close()
+
+    return run
+
+
+for _mode in ("vllm-v1", "vllm-legacy", "vllm-dp2", "sglang", "tgi", "backwards"):
+    scenario(f"page-{_mode}")(_healthy(_mode))
+
+
+@scenario("engine-down-at-start")
+def _down_at_start(root: Path) -> dict[str, Any]:
+    engine = Engine("down")
+    node, daemon = _daemon(root, engine)
+    try:
+        daemon.start().wait_locked(TOP_MHZ)  # fail-safe from the first tick
+        engine.set("ok")
+        daemon.wait_locked(LOCKED_MHZ)
+        _stop_clean(node, daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+# ------------------------------------------------------------------------ signals
+def _signal(name: str) -> Scenario:
+    def run(root: Path) -> dict[str, Any]:
+        engine = Engine("ok")
+        node, daemon = _daemon(root, engine)
+        try:
+            daemon.start().wait_locked(LOCKED_MHZ)
+            _stop_clean(node, daemon, getattr(signal, name))
+            assert f"received {name}; stopping" in daemon.stderr
+            return {}
+        finally:
+            daemon.kill()
+            engine.close()
+
+    return run
+
+
+for _name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1"):
+    scenario(f"signal-{_name}")(_signal(_name))
+
+
+@scenario("signal-repeated-during-reset")
+def _repeated_signal(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        node.delay(RESET, 0.6)  # a slow reset: the second Ctrl-C lands in the middle
+        daemon.send(signal.SIGINT)
+        daemon.wait_for(lambda: any(w[0] == "reset" for w in node.writes()), what="first reset")
+        daemon.send(signal.SIGINT)
+        daemon.send(signal.SIGTERM)
+        assert daemon.wait() == 0, daemon.stderr
+        assert node.locked() == [None, None]  # the later GPU was reset too
+        assert "again; still stopping" in daemon.stderr
+        assert_clean(daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+# ---------------------------------------------------------------------- NVML faults
+@scenario("nvml-reset-transient-at-exit")
+def _reset_transient(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        node.fail(RESET, NVML_TIMEOUT, times=2)
+        _stop_clean(node, daemon)
+        assert "reset failed (attempt 1 of 5)" in daemon.stderr
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("nvml-reset-fails-at-exit")
+def _reset_fails(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        node.fail(RESET, NVML_UNKNOWN, times=None)
+        assert daemon.stop() == 6, daemon.stderr
+        assert node.locked() == [[LOCKED_MHZ] * 2] * 2  # truthfully still locked
+        line = last_line(daemon)
+        assert line.startswith("gpugov: error: could not reset the SM clock lock of GPU(s) 0,1")
+        assert "gpugov reset-clocks --gpus 0,1" in line
+        assert_clean(daemon)
+        node.clear_failures()
+        reset = Daemon(node, ["reset-clocks", "--gpus", "0,1"], name="reset").start()
+        assert reset.wait() == 0 and node.locked() == [None, None]
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("nvml-transient-at-start")
+def _start_transient(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        node.fail("nvmlDeviceGetSupportedGraphicsClocks", NVML_TIMEOUT, times=2)
+        node.fail("nvmlInit", NVML_UNKNOWN, times=1)
+        daemon.start().wait_locked(LOCKED_MHZ)
+        assert "retrying" in daemon.stderr
+        _stop_clean(node, daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("nvml-gpu-lost-mid-run")
+def _gpu_lost(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        node.set_gpu(1, lost=True)
+        assert daemon.wait() == 5, daemon.stderr
+        assert node.locked()[0] is None  # the GPU still there was reset
+        assert "GPU 1" in last_line(daemon) and last_line(daemon).startswith("gpugov: error:")
+        assert_clean(daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("nvml-permission-denied")
+def _permission(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        node.edit(permission=False)
+        assert daemon.start().wait() == 3, daemon.stderr
+        assert last_line(daemon).startswith(PERMISSION_LINE)
+        assert node.locked() == [None, None]
+        assert_clean(daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("nvml-driver-not-loaded")
+def _no_driver(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        node.fail("nvmlInit", NVML_DRIVER_NOT_LOADED, times=None)
+        assert daemon.start().wait() == 4, daemon.stderr
+        assert last_line(daemon).startswith("gpugov: error:")
+        assert_clean(daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("nvml-read-errors-every-tick")
+def _read_errors(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        node.fail("nvmlDeviceGetUtilizationRates", NVML_TIMEOUT, times=None)
+        daemon.start().wait_locked(LOCKED_MHZ)
+        time.sleep(4 * PERIOD_S)
+        assert daemon.metrics()['gpugov_gpu_read_errors_total{domain="llm",gpu="0"}'] >= 2
+        _stop_clean(node, daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("nvml-lock-write-transient")
+def _lock_transient(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        node.fail("nvmlDeviceSetGpuLockedClocks", NVML_TIMEOUT, times=3)
+        daemon.start().wait_locked(LOCKED_MHZ)
+        _stop_clean(node, daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+# -------------------------------------------------------- reconcile and outside changes
+@scenario("reconcile-after-sigkill")
+def _after_sigkill(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, first = _daemon(root, engine, failsafe="unlock")
+    second = Daemon(node, first.args, name="second")
+    try:
+        first.start().wait_locked(LOCKED_MHZ)
+        first.kill()  # SIGKILL: nothing is reset
+        assert node.locked() == [[LOCKED_MHZ] * 2] * 2
+        engine.set("down")  # with failsafe = "unlock" the next run would never touch it
+        second.start()
+        second.wait_for(lambda: node.locked() == [None, None], what="reconcile reset")
+        assert "previous gpugov run (pid" in second.stderr and "; reset" in second.stderr
+        _stop_clean(node, second)
+        return {}
+    finally:
+        first.kill()
+        second.kill()
+        engine.close()
+
+
+@scenario("reconcile-adopt-unrecorded-lock")
+def _adopt(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine, daemon_extra='reconcile = "adopt"\n')
+    try:
+        node.set_gpu(0, locked=[900, 900], sm_clock_mhz=900, event_reasons=0x2)
+        daemon.start().wait_locked(LOCKED_MHZ)
+        assert "with ApplicationsClocksSetting active" in daemon.stderr
+        assert "adopted: governed from here, reset on exit" in daemon.stderr
+        _stop_clean(node, daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("external-reset-reasserted")
+def _reassert(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        changed = time.time()
+        node.set_gpu(0, locked=None, sm_clock_mhz=TOP_MHZ, event_reasons=0)  # nvidia-smi -rgc
+        daemon.wait_locked(LOCKED_MHZ)
+        daemon.wait_for(
+            lambda: any(w[0] == "lock" and w[1] == 0 and w[-1] > changed for w in node.writes()),
+            what="re-assert",
+        )
+        key = 'gpugov_gpu_external_clock_changes_total{domain="llm",gpu="0"}'
+        assert daemon.metrics()[key] == 1.0
+        assert "changed by someone else" in daemon.stderr
+        _stop_clean(node, daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("external-lock-yielded")
+def _yield(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine, external_clock_policy="yield")
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        node.set_gpu(0, locked=[1200, 1200], sm_clock_mhz=1200, event_reasons=0x2)
+        key = 'gpugov_gpu_clock_yield_active{domain="llm",gpu="0"}'
+        daemon.wait_for(lambda: daemon.metrics().get(key) == 1.0, what="yield")
+        assert daemon.stop() == 0, daemon.stderr
+        assert node.locked() == [[1200, 1200], None]  # left to its owner; ours reset
+        assert_clean(daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+# -------------------------------------------------------------------- reset-clocks
+@scenario("reset-clocks-one-gpu-fails")
+def _reset_clocks_partial(root: Path) -> dict[str, Any]:
+    node = Node(root)
+    for index in (0, 1):
+        node.set_gpu(index, locked=[900, 900], sm_clock_mhz=900, event_reasons=0x2)
+    node.fail(RESET, NVML_UNKNOWN, times=None, gpu=1)
+    reset = Daemon(node, ["reset-clocks"], name="reset").start()
+    assert reset.wait() == 6, reset.stderr
+    assert node.locked() == [None, [900, 900]]
+    assert "GPU 0: SM clock lock reset" in reset.stdout
+    assert "GPU 1: NOT reset:" in reset.stderr
+    assert last_line(reset).startswith("gpugov: error: 1 of 2 GPU(s) not reset: 1")
+    assert_clean(reset)
+    return {}
+
+
+@scenario("reset-clocks-transient-retried")
+def _reset_clocks_transient(root: Path) -> dict[str, Any]:
+    node = Node(root)
+    node.set_gpu(0, locked=[900, 900], sm_clock_mhz=900, event_reasons=0x2)
+    node.fail(RESET, NVML_TIMEOUT, times=2, gpu=0)
+    reset = Daemon(node, ["reset-clocks"], name="reset").start()
+    assert reset.wait() == 0, reset.stderr
+    assert node.locked() == [None, None]
+    assert_clean(reset)
+    return {}
+
+
+# -------------------------------------------------------------------------- config
+def _bad_config(domain: dict[str, Any], needle: str, gpus: int = 2) -> Scenario:
+    def run(root: Path) -> dict[str, Any]:
+        engine = Engine("ok")
+        node, daemon = _daemon(root, engine, gpus=gpus, **domain)
+        try:
+            assert daemon.start().wait() == 2, daemon.stderr
+            line = last_line(daemon)
+            assert line.startswith("gpugov: error:") and needle in line, daemon.stderr
+            assert node.locked() == [None] * gpus and node.writes() == []
+            assert_clean(daemon)
+            return {}
+        finally:
+            daemon.kill()
+            engine.close()
+
+    return run
+
+
+scenario("config-stale-shorter-than-period")(
+    _bad_config({"stale_after_s": 0.1}, "stale_after_s (0.1 s) must be at least")
+)
+scenario("config-floor-above-top-clock")(
+    _bad_config({"safety": {"floor_mhz": 2500.0}}, "safety.floor_mhz (2500 MHz) is above")
+)
+
+
+# --------------------------------------------------------------------- the campaign
+def _run_one(name: str, base: Path) -> tuple[str, dict[str, Any] | None, str | None, float]:
+    root = base / name
+    root.mkdir()
+    started = time.monotonic()
+    try:
+        figures = SCENARIOS[name](root)
+    except BaseException:  # a failed assertion: reported by this scenario's test
+        return name, None, traceback.format_exc(), time.monotonic() - started
+    return name, figures, None, time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def campaign() -> dict[str, tuple[dict[str, Any] | None, str | None, float]]:
+    """Every scenario, four at a time; ``{name: (figures, error, seconds)}``."""
+    results: dict[str, tuple[dict[str, Any] | None, str | None, float]] = {}
+    only = os.environ.get("GPUGOV_FAULTS_ONLY")
+    names = [n for n in SCENARIOS if not only or n in only.split(",")]
+    with (
+        tempfile.TemporaryDirectory(prefix="gpugov-faults-") as tmp,
+        concurrent.futures.ThreadPoolExecutor(max_workers=WORKERS) as pool,
+    ):
+        futures = [pool.submit(_run_one, name, Path(tmp)) for name in names]
+        for future in concurrent.futures.as_completed(futures):
+            name, figures, error, seconds = future.result()
+            results[name] = (figures, error, seconds)
+    report = os.environ.get("GPUGOV_FAULTS_REPORT")
+    if report:
+        failsafe = {
+            n: f["failsafe_s"] for n, (f, _, _) in results.items() if f and "failsafe_s" in f
+        }
+        Path(report).write_text(
+            json.dumps(
+                {
+                    "scenarios": len(results),
+                    "passed": sum(error is None for _, error, _ in results.values()),
+                    "period_s": PERIOD_S,
+                    "stale_after_s": STALE_S,
+                    "bound_s": STALE_S + PERIOD_S,
+                    "failsafe_s": dict(sorted(failsafe.items())),
+                    "failsafe_max_s": max(failsafe.values(), default=None),
+                    "failsafe_max_periods": max(failsafe.values(), default=0) / PERIOD_S,
+                    "failed": sorted(n for n, (_, e, _) in results.items() if e),
+                    "python": sys.version.split()[0],
+                },
+                indent=1,
+            )
+        )
+    return results
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_fault(
+    name: str, campaign: dict[str, tuple[dict[str, Any] | None, str | None, float]]
+) -> None:
+    if name not in campaign:
+        pytest.skip("not selected by GPUGOV_FAULTS_ONLY")
+    figures, error, _ = campaign[name]
+    assert error is None, f"scenario {name} failed:\n{error}"
+    assert figures is not None
+
+
+def test_the_campaign_covers_the_issue() -> None:
+    """The faults issue 11 lists, each a scenario."""
+    wanted = {
+        "engine-down", "engine-hang", "engine-trickle", "engine-slow", "engine-500",
+        "engine-garbage", "engine-huge", "engine-nan", "engine-inf", "page-backwards",
+        "page-vllm-v1", "page-vllm-legacy", "page-sglang", "page-tgi",
+    }  # fmt: skip
+    assert wanted <= set(SCENARIOS)
