@@ -19,6 +19,7 @@ from gpugov.daemon.actuator import ClockActuator, LockMode
 from gpugov.daemon.backend import DryRunBackend, GpuBackend
 from gpugov.daemon.config import ControllerConfig, GpugovConfig, MPCControllerConfig
 from gpugov.daemon.decide import build_controller, mpc_controller, with_safety
+from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.loop import Domain, FailsafeMode
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
@@ -37,15 +38,21 @@ def open_backend(
     *,
     dry_run: bool = False,
     nvml: ModuleType | None = None,
+    emulator: str | None = None,
 ) -> GpuBackend:
-    """One GPU's backend (``nvml`` or ``nvidia-smi``), wrapped for a dry run if asked.
+    """One GPU's backend (``nvml``, ``nvidia-smi`` or ``emulated`` at ``emulator``),
+    wrapped for a dry run if asked.
 
     Raises:
-        GpuUnavailable: no driver, library or GPU.
+        GpuUnavailable: no driver, library or GPU (or no emulator answering).
     """
-    backend: GpuBackend = (
-        NvidiaSmiBackend(gpu) if kind == "nvidia-smi" else NvmlBackend(gpu, nvml=nvml)
-    )
+    backend: GpuBackend
+    if kind == "emulated":
+        backend = EmulatedBackend(gpu, emulator=emulator or "http://127.0.0.1:8000")
+    elif kind == "nvidia-smi":
+        backend = NvidiaSmiBackend(gpu)
+    else:
+        backend = NvmlBackend(gpu, nvml=nvml)
     return DryRunBackend(backend) if dry_run else backend
 
 
@@ -137,7 +144,13 @@ def domains_from_config(
     try:
         for spec in config.domains:
             backends = [
-                open_backend(gpu, config.daemon.backend, dry_run=dry_run, nvml=nvml)
+                open_backend(
+                    gpu,
+                    config.daemon.backend,
+                    dry_run=dry_run,
+                    nvml=nvml,
+                    emulator=config.daemon.emulator,
+                )
                 for gpu in spec.gpus
             ]
             assembled.backends.extend(backends)

@@ -18,6 +18,9 @@ NODE = "gpugov.daemon.node_cli"
 SIMULATE = "gpugov.study.simulate_cli"
 EXPERIMENTS = "gpugov.study.experiments_cli"
 SCOREBOARD = "gpugov.study.scoreboard_cli"
+EMULATE = "gpugov.study.emulate.cli"
+LOAD = "gpugov.study.load_cli"
+PROFILE = "gpugov.study.profiler.cli"
 
 #: Subcommand -> (module that registers it, one-line help for ``gpugov --help``).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -30,6 +33,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profiles": (SIMULATE, "list the bundled GPU profiles"),
     "experiments": (EXPERIMENTS, "run the textbook study (open-loop vs MPC, DP vs FQI)"),
     "bench": (SCOREBOARD, "benchmarks: the controller scoreboard"),
+    "emulate": (EMULATE, "serve an emulated node (OpenAI API, vLLM /metrics, GPUs) on loopback"),
+    "load": (LOAD, "replay a trace against an OpenAI-compatible endpoint; client TTFT/TPOT"),
+    "profile": (PROFILE, "measure a GPU profile by sweeping locked clocks under controlled load"),
 }
 
 
