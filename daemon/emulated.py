@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import threading
 import urllib.parse
 from typing import Any
 
@@ -65,6 +66,7 @@ class EmulatedBackend:
         self._port = parts.port or 80
         self._timeout_s = timeout_s
         self._connection: http.client.HTTPConnection | None = None
+        self._lock = threading.Lock()  # one connection; NVML calls may come from threads
         self._index = int(gpu)
         self._label = str(gpu)
         self.emulator = emulator
@@ -96,6 +98,12 @@ class EmulatedBackend:
 
     # ------------------------------------------------------------------ transport
     def _request(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, Any]:
+        with self._lock:
+            return self._request_locked(method, path, body)
+
+    def _request_locked(
+        self, method: str, path: str, body: dict[str, Any] | None
+    ) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
         for attempt in range(2):
@@ -230,6 +238,7 @@ class EmulatedBackend:
 
     def close(self) -> None:
         """Close the kept connection (idempotent)."""
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
+        with self._lock:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None

@@ -205,6 +205,7 @@ class EmulatorServer(ThreadingHTTPServer):
     """The emulator on ``(host, port)``; port 0 picks a free one (see :attr:`url`)."""
 
     daemon_threads = True
+    request_queue_size = 1024  # many clients connect at once (a load test, a profile sweep)
 
     def __init__(self, node: EmulatedNode, host: str = "127.0.0.1", port: int = 8000,
                  *, model: str = "gpugov-emulated") -> None:
