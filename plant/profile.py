@@ -141,7 +141,8 @@ class PerformanceProfile:
     # ----------------------------------------------------------------- provenance
     @property
     def profile_status(self) -> str:
-        """The manifest's ``status`` (``measured``, ``literature-derived`` or ``synthetic``)."""
+        """The manifest's ``status`` (``measured``, ``emulated``, ``literature-derived`` or
+        ``synthetic``)."""
         return str(self.manifest.get("status", "synthetic"))
 
     @property

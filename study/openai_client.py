@@ -9,8 +9,10 @@ common BPE tokenizers). ``ignore_eos: true`` makes the output exactly ``max_toke
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -111,9 +113,11 @@ def stream_completion(
     *,
     timeout_s: float = 600.0,
     clock: Callable[[], float] = time.monotonic,
+    barrier: threading.Barrier | None = None,
 ) -> StreamTiming:
     """POST one streamed completion and time every token event; never raises for the
-    server's failures (they land in ``error``)."""
+    server's failures (they land in ``error``). With ``barrier``, connect first and send
+    when every party has connected (a batch that starts together)."""
     host, port, prefix = base_url(url)
     prompt = body["prompt"]
     timing = StreamTiming(
@@ -124,6 +128,15 @@ def stream_completion(
     connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
         data = json.dumps(body).encode()
+        if barrier is not None:
+            try:
+                connection.connect()
+            except OSError:
+                barrier.abort()  # release the others at once; this failure is reported
+                raise
+            # A party that failed breaks the barrier: send anyway, its error is reported.
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=min(timeout_s, 30.0))
         timing.sent_s = clock()
         connection.request(
             "POST", f"{prefix}/v1/completions", body=data,

@@ -21,9 +21,15 @@ from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.errors import GpuError, GpuLost
 from gpugov.study.openai_client import StreamTiming, request_body, stream_completion
 
+MIN_WINDOW_TOKENS = 8  # tokens per request inside the all-decoding window
+
 
 class ProfileRunError(RuntimeError):
     """A measurement cannot go on (engine gone, model too small); the message says why."""
+
+
+class _ShortWindow(ProfileRunError):
+    """The batch never decoded together long enough; retried with a longer output."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,9 +175,12 @@ def _concurrent(
     url: str, bodies: Sequence[dict], timeout_s: float
 ) -> list[StreamTiming]:
     results: list[StreamTiming | None] = [None] * len(bodies)
+    barrier = threading.Barrier(len(bodies))
 
     def one(index: int) -> None:
-        results[index] = stream_completion(url, bodies[index], timeout_s=timeout_s)
+        results[index] = stream_completion(
+            url, bodies[index], timeout_s=timeout_s, barrier=barrier
+        )
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(bodies))]
     for thread in threads:
@@ -255,10 +264,24 @@ class Measurer:
         )
 
     def decode(
-        self, batch: int, prompt_tokens: int, output_tokens: int
+        self, batch: int, prompt_tokens: int, output_tokens: int, *, attempts: int = 4
     ) -> tuple[DecodePoint, list[GpuReading]]:
         """``batch`` requests at once; the iteration time over the window where all of
-        them decode together (after the last first token, before the first finish)."""
+        them decode together (after the last first token, before the first finish).
+
+        When that window holds too few iterations (the batch's prefills or the client's
+        sends spread too far), the point is measured again with twice the output."""
+        for attempt in range(attempts):
+            try:
+                return self._decode_once(batch, prompt_tokens, output_tokens << attempt)
+            except _ShortWindow as error:
+                if attempt == attempts - 1:
+                    raise ProfileRunError(str(error)) from error
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _decode_once(
+        self, batch: int, prompt_tokens: int, output_tokens: int
+    ) -> tuple[DecodePoint, list[GpuReading]]:
         bodies = [self._body(prompt_tokens, output_tokens) for _ in range(batch)]
         timings = _concurrent(self.url, bodies, self.request_timeout_s)
         if any(len(t.token_s) < output_tokens for t in timings):
@@ -273,12 +296,12 @@ class Measurer:
         generated = []
         for timing in timings:
             inside = [s for s in timing.token_s if start <= s <= end]
-            if len(inside) >= 3:
+            if len(inside) >= MIN_WINDOW_TOKENS:
                 intervals.append((inside[-1] - inside[0]) / (len(inside) - 1))
                 first_index = timing.token_s.index(inside[0])
                 generated.append(first_index + (len(inside) - 1) / 2.0)
-        if len(intervals) < max(1, batch // 2) or end - start <= 0:
-            raise ProfileRunError(
+        if len(intervals) < max(1, (batch + 1) // 2) or end - start <= 0:
+            raise _ShortWindow(
                 f"decode at batch {batch}: the requests never decoded together; raise the "
                 "output length or check the engine's max_num_seqs"
             )
