@@ -141,6 +141,19 @@ def window_power_w(readings: Sequence[GpuReading]) -> float | None:
     return float(np.median(powers)) if powers else None
 
 
+def robust_interval_s(times: Sequence[float]) -> float:
+    """Seconds per token from arrival times: the Theil-Sen slope (median of pairwise
+    slopes), so tokens delivered in a burst after a stall (a busy client or server CPU)
+    do not tilt it the way the first-to-last difference would."""
+    t = np.asarray(times, dtype=float)
+    index = np.arange(t.size, dtype=float)
+    upper = np.triu_indices(t.size, k=1)
+    slopes = (t[:, None] - t[None, :])[upper[::-1]] / (index[:, None] - index[None, :])[
+        upper[::-1]
+    ]
+    return float(np.median(slopes))
+
+
 def median_clock_mhz(readings: Sequence[GpuReading]) -> float | None:
     """Median realised SM clock over readings."""
     clocks = [r.sm_clock_mhz for r in readings if r.sm_clock_mhz is not None]
@@ -297,7 +310,7 @@ class Measurer:
         for timing in timings:
             inside = [s for s in timing.token_s if start <= s <= end]
             if len(inside) >= MIN_WINDOW_TOKENS:
-                intervals.append((inside[-1] - inside[0]) / (len(inside) - 1))
+                intervals.append(robust_interval_s(inside))
                 first_index = timing.token_s.index(inside[0])
                 generated.append(first_index + (len(inside) - 1) / 2.0)
         if len(intervals) < max(1, (batch + 1) // 2) or end - start <= 0:

@@ -20,9 +20,12 @@ from typing import Any
 from gpugov.daemon.actuator import ClockActuator
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.progress import Progress
+from gpugov.study.profiler.fit import fit_decode
 from gpugov.study.profiler.measure import GpuSampler, Measurer, ProfileRunError, point_dict
 
 STATE_FILE = "sweep-state.jsonl"
+MAX_REMEASURES = 2
+DECODE_FIT_MIN_R2 = 0.995
 THERMAL_SAMPLE_S = 0.25
 
 
@@ -69,6 +72,18 @@ def default_decode_points(
         (max(2, reference_batch // 4), full),
         (max(2, reference_batch // 2), half),
     )
+
+
+def worst_decode_point(points: Sequence[dict[str, Any]]) -> int | None:
+    """Index of the decode point the latency fit explains worst, when the fit's R^2 is
+    under ``DECODE_FIT_MIN_R2`` or a point is off by more than 3%; else None."""
+    rows = [(p["batch"], p["context_tokens"], p["iteration_s"]) for p in points]
+    fit = fit_decode(rows)
+    relative = [abs(fit.iteration_s(b, c) / t - 1.0) for b, c, t in rows]
+    worst = int(max(range(len(rows)), key=lambda i: relative[i]))
+    if fit.r_squared < DECODE_FIT_MIN_R2 or relative[worst] > 0.03:
+        return worst
+    return None
 
 
 def pick_clocks(supported: Sequence[int], count: int) -> tuple[int, ...]:
@@ -150,6 +165,19 @@ class Sweep:
             decode.append(point_dict(point))
             busy_clocks += [r.sm_clock_mhz for r in readings if r.sm_clock_mhz]
             self._check_stop()
+        remeasured = 0
+        while remeasured < MAX_REMEASURES:
+            # A point the linear latency model cannot explain was most likely disturbed
+            # (a stalled client or server): measure that one again.
+            worst = worst_decode_point(decode)
+            if worst is None:
+                break
+            batch, prompt = decode[worst]["batch"], decode[worst]["prompt_tokens"]
+            point, readings = measurer.decode(batch, prompt, settings.decode_output_tokens)
+            decode[worst] = point_dict(point)
+            busy_clocks += [r.sm_clock_mhz for r in readings if r.sm_clock_mhz]
+            remeasured += 1
+            self._check_stop()
         ended = self.clock()
         thermal = []
         last = -1e9
@@ -170,6 +198,7 @@ class Sweep:
             "decode": decode,
             "thermal": thermal,
             "duration_s": ended - started,
+            "decode_points_remeasured": remeasured,
         }
 
     def run(
