@@ -205,7 +205,8 @@ class DaemonSection(_Frozen):
 
     period_s: Annotated[float, Field(ge=0.05, le=60.0)] = 1.0
     metrics_address: str = "127.0.0.1:9400"
-    backend: Literal["nvml", "nvidia-smi"] = "nvml"
+    backend: Literal["nvml", "nvidia-smi", "emulated"] = "nvml"
+    emulator: str | None = None
     dry_run: bool = False
     record: LoosePath | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -218,6 +219,22 @@ class DaemonSection(_Frozen):
         if value:
             parse_address(value)
         return value
+
+    @field_validator("emulator")
+    @classmethod
+    def _emulator_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("http://"):
+            raise ValueError(f"must be an http:// URL such as http://127.0.0.1:8000, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _emulator_for_emulated(self) -> DaemonSection:
+        if self.backend == "emulated" and not self.emulator:
+            raise ValueError(
+                'backend = "emulated" needs emulator = "http://127.0.0.1:8000" '
+                "(the address of gpugov emulate)"
+            )
+        return self
 
 
 class GpugovConfig(_Frozen):

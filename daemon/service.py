@@ -25,6 +25,7 @@ from gpugov.daemon.decide import (
     warm_up,
     with_safety,
 )
+from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.errors import ConfigError, TransientGpuError
 from gpugov.daemon.lockstate import LockState, default_state_dir
@@ -81,18 +82,22 @@ def open_backend(
     dry_run: bool = False,
     nvml: ModuleType | None = None,
     sleep: Callable[[float], Any] = time.sleep,
+    emulator: str | None = None,
 ) -> GpuBackend:
-    """One GPU's backend (``nvml`` or ``nvidia-smi``), wrapped for a dry run if asked.
+    """One GPU's backend (``nvml``, ``nvidia-smi`` or ``emulated`` at ``emulator``),
+    wrapped for a dry run if asked.
 
     Transient NVML errors while opening the GPU and listing its clocks are retried
     (:func:`retry_transient`).
 
     Raises:
-        GpuUnavailable: no driver, library or GPU.
+        GpuUnavailable: no driver, library or GPU (or no emulator answering).
         TransientGpuError: still failing after the retries.
     """
 
     def open_one() -> GpuBackend:
+        if kind == "emulated":
+            return EmulatedBackend(gpu, emulator=emulator or "http://127.0.0.1:8000")
         if kind == "nvidia-smi":
             return NvidiaSmiBackend(gpu)
         return NvmlBackend(gpu, nvml=nvml)
@@ -256,7 +261,13 @@ def domains_from_config(
     try:
         for spec in config.domains:
             backends = [
-                open_backend(gpu, config.daemon.backend, dry_run=dry_run, nvml=nvml)
+                open_backend(
+                    gpu,
+                    config.daemon.backend,
+                    dry_run=dry_run,
+                    nvml=nvml,
+                    emulator=config.daemon.emulator,
+                )
                 for gpu in spec.gpus
             ]
             assembled.backends.extend(backends)

@@ -20,6 +20,9 @@ SIMULATE = "gpugov.study.simulate_cli"
 EXPERIMENTS = "gpugov.study.experiments_cli"
 SCOREBOARD = "gpugov.study.scoreboard_cli"
 PLOT = "gpugov.study.plot_cli"
+EMULATE = "gpugov.study.emulate.cli"
+LOAD = "gpugov.study.load_cli"
+PROFILE = "gpugov.study.profiler.cli"
 
 #: Subcommand -> (module that registers it, one-line help for ``gpugov --help``).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -34,6 +37,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": (SCOREBOARD, "benchmarks: the controller scoreboard"),
     "traces": (SIMULATE, "list the trace names, where each resolves and whether it is present"),
     "plot": (PLOT, "plot a replay or run --record recording (FILE.jsonl) to a PNG"),
+    "emulate": (EMULATE, "serve an emulated node (OpenAI API, vLLM /metrics, GPUs) on loopback"),
+    "load": (LOAD, "replay a trace against an OpenAI-compatible endpoint; client TTFT/TPOT"),
+    "profile": (PROFILE, "measure a GPU profile by sweeping locked clocks under controlled load"),
 }
 
 EXIT_INTERRUPTED = 130

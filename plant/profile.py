@@ -141,7 +141,8 @@ class PerformanceProfile:
     # ----------------------------------------------------------------- provenance
     @property
     def profile_status(self) -> str:
-        """The manifest's ``status`` (``measured``, ``literature-derived`` or ``synthetic``)."""
+        """The manifest's ``status`` (``measured``, ``emulated``, ``literature-derived`` or
+        ``synthetic``)."""
         return str(self.manifest.get("status", "synthetic"))
 
     @property
@@ -377,7 +378,7 @@ def _read_csv(path: Path) -> dict[str, NDArray[np.float64]]:
 
 
 REQUIRED_MANIFEST_KEYS = ("status", "csv", "ttft_slo_s", "tpot_slo_s", "power_limit_w", "thermal")
-PROFILE_STATUSES = ("measured", "literature-derived", "synthetic")
+PROFILE_STATUSES = ("measured", "emulated", "literature-derived", "synthetic")
 REQUIRED_THERMAL_KEYS = (
     "ambient_temperature_c",
     "thermal_resistance_c_per_w",

@@ -226,6 +226,43 @@ class PlantSimulation:
         """Clock the GPU runs at now."""
         return self._realized_mhz[self._current_realized_index]
 
+    def add_request(self, prompt_tokens: int, output_tokens: int) -> int:
+        """Append a request arriving now (online serving: ``gpugov emulate``); its index.
+
+        Raises:
+            ValueError: a length is not a positive integer, or the request cannot fit
+                the KV cache.
+        """
+        if prompt_tokens + output_tokens > self.plant.kv_capacity_tokens:
+            raise ValueError(
+                f"{prompt_tokens} + {output_tokens} KV tokens exceed the plant's "
+                f"kv_capacity_tokens={self.plant.kv_capacity_tokens}"
+            )
+        index = len(self._arrival)
+        request = Request(index, self.time_s, int(prompt_tokens), int(output_tokens))
+        if not isinstance(self.requests, list):
+            self.requests = list(self.requests)  # type: ignore[assignment]
+        self.requests.append(request)  # type: ignore[attr-defined]
+        for values, value in (
+            (self._arrival, self.time_s),
+            (self._prompt, int(prompt_tokens)),
+            (self._output, int(output_tokens)),
+            (self._first_token, None),
+            (self._finish, None),
+            (self._generated, 0),
+            (self._prefill_len, int(prompt_tokens)),
+            (self._preemptions, 0),
+            (self._epoch, 0),
+        ):
+            values.append(value)  # type: ignore[attr-defined]
+        return index
+
+    def generated_tokens(self, index: int) -> int:
+        """Tokens request ``index`` has produced so far (the prefill's first one included)."""
+        generated = self._generated[index]
+        start = self._running.get(index)
+        return generated if start is None else generated + self._decode_counter - start
+
     def request_clock(self, clock_mhz: float) -> float:
         """Request a clock (quantised downward); it takes effect after the actuation delay."""
         if not math.isfinite(clock_mhz):

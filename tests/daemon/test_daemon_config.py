@@ -40,7 +40,7 @@ def test_defaults() -> None:
         ({"daemon": {"period_s": "fast"}, **MINIMAL}, "daemon.period_s", "valid number"),
         ({"daemon": {"period_s": 0.0}, **MINIMAL}, "daemon.period_s", "greater than or equal"),
         ({"daemon": {"dry_run": "yes"}, **MINIMAL}, "daemon.dry_run", "valid boolean"),
-        ({"daemon": {"backend": "dcgm"}, **MINIMAL}, "daemon.backend", "'nvml' or 'nvidia-smi'"),
+        ({"daemon": {"backend": "dcgm"}, **MINIMAL}, "daemon.backend", "or 'emulated'"),
         ({"daemon": {"metrics_address": "9400"}, **MINIMAL}, "daemon.metrics_address", "HOST:PORT"),
         ({"daemon": {"bogus": 1}, **MINIMAL}, "daemon.bogus", "unknown key"),
         ({"domains": {"name": "x"}}, "domains", "[[domains]]"),
@@ -117,3 +117,13 @@ def test_parse_address() -> None:
     assert parse_address(":9400") == ("127.0.0.1", 9400)
     with pytest.raises(ValueError):
         parse_address("host:99999")
+
+
+def test_emulated_backend_needs_an_emulator_url() -> None:
+    """backend = "emulated" without emulator = URL is one clear error; with it, valid."""
+    with pytest.raises(ConfigError, match="needs emulator"):
+        parse_config({"daemon": {"backend": "emulated"}, **MINIMAL})
+    config = parse_config(
+        {"daemon": {"backend": "emulated", "emulator": "http://127.0.0.1:8000"}, **MINIMAL}
+    )
+    assert config.daemon.emulator == "http://127.0.0.1:8000"

@@ -1,0 +1,244 @@
+"""Emulated backend: one GPU of ``gpugov emulate``, read and locked over loopback HTTP.
+
+The emulator answers NVML's calls (``/gpu/<i>``, ``/gpu/<i>/sample``, ``/gpu/<i>/lock``,
+``/gpu/<i>/reset``) with NVML's units (mW, mJ, MHz, C) and, on failure, NVML's return
+code (``{"nvmlReturn": code}``). Codes become :mod:`daemon.errors` errors through the same
+table as :mod:`daemon.nvml` (:func:`daemon.errors.from_nvml`), and a read is dropped,
+counted or fatal exactly as there. An emulator that does not answer is a transient read
+failure (and an unavailable GPU when opening).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import threading
+import urllib.parse
+from typing import Any
+
+from gpugov.daemon.backend import GpuSample
+from gpugov.daemon.errors import (
+    GpuError,
+    GpuLost,
+    GpuUnavailable,
+    NotSupported,
+    TransientGpuError,
+    from_nvml,
+)
+
+log = logging.getLogger(__name__)
+
+# Sample fields -> the NVML read they stand for (for dropped/errored read names).
+_READS = {
+    "power": "power_mw",
+    "energy": "energy_mj",
+    "temperature": "temperature_c",
+    "sm_clock": "sm_clock_mhz",
+    "utilization": "utilization_gpu",
+    "clock_event_reasons": "clock_event_reasons",
+    "power_limit": "enforced_power_limit_mw",
+}
+
+
+class EmulatorNvmlError(Exception):
+    """An NVML return code sent by the emulator (``value`` as on ``pynvml.NVMLError``)."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML return code {value}")
+        self.value = value
+
+
+class EmulatedBackend:
+    """One emulated GPU at ``emulator`` (``http://127.0.0.1:8000``), index ``gpu``.
+
+    Raises:
+        GpuUnavailable: the emulator does not answer, or has no such GPU.
+    """
+
+    def __init__(self, gpu: int | str = 0, *, emulator: str, timeout_s: float = 0.5) -> None:
+        parts = urllib.parse.urlsplit(emulator)
+        if parts.scheme != "http" or not parts.hostname:
+            raise GpuUnavailable(f"emulator URL must be http://HOST:PORT, got {emulator!r}")
+        if not isinstance(gpu, int):
+            raise GpuUnavailable(f"GPU {gpu}: an emulated GPU is named by its index (0, 1, ...)")
+        self._host = parts.hostname
+        self._port = parts.port or 80
+        self._timeout_s = timeout_s
+        self._connection: http.client.HTTPConnection | None = None
+        self._lock = threading.Lock()  # one connection; NVML calls may come from threads
+        self._index = int(gpu)
+        self._label = str(gpu)
+        self.emulator = emulator
+        self._dropped: set[str] = set()
+        try:
+            info = self._call("open GPU", "GET", f"/gpu/{self._index}")
+        except (GpuLost, GpuUnavailable):
+            raise
+        except GpuError as error:
+            raise GpuUnavailable(
+                f"GPU {gpu}: no such emulated GPU at {emulator} ({error})", gpu=self._label
+            ) from error
+        self.uuid = str(info.get("uuid", ""))
+        self.name = str(info.get("name", ""))
+        self._max_clock_mhz = info.get("max_sm_clock_mhz")
+        memory = info.get("supported_memory_clocks_mhz") or []
+        graphics = info.get("supported_graphics_clocks_mhz") or []
+        self._supported = tuple(sorted({int(c) for c in graphics})) if memory else ()
+
+    @property
+    def label(self) -> str:
+        """The emulated GPU's index as text."""
+        return self._label
+
+    @property
+    def index(self) -> int:
+        """The emulated GPU's index."""
+        return self._index
+
+    # ------------------------------------------------------------------ transport
+    def _request(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, Any]:
+        with self._lock:
+            return self._request_locked(method, path, body)
+
+    def _request_locked(
+        self, method: str, path: str, body: dict[str, Any] | None
+    ) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        for attempt in range(2):
+            if self._connection is None:
+                self._connection = http.client.HTTPConnection(
+                    self._host, self._port, timeout=self._timeout_s
+                )
+            try:
+                self._connection.request(method, path, body=data, headers=headers)
+                response = self._connection.getresponse()
+                payload = response.read()
+            except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
+                self._connection.close()
+                self._connection = None
+                if attempt == 0:
+                    continue  # the server dropped an idle keep-alive connection
+                raise
+            except (http.client.HTTPException, OSError):
+                self._connection.close()
+                self._connection = None
+                raise
+            if response.will_close:
+                self._connection.close()
+                self._connection = None
+            return response.status, json.loads(payload or b"{}")
+        raise OSError("connection dropped twice")  # pragma: no cover
+
+    def _call(self, action: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """One NVML call over HTTP; NVML codes become daemon errors as in ``daemon/nvml.py``."""
+        try:
+            status, payload = self._request(method, path, body)
+        except (http.client.HTTPException, OSError, ValueError) as error:
+            raise TransientGpuError(
+                f"GPU {self._label}: {action}: emulator {self.emulator} did not answer: {error}",
+                gpu=self._label,
+            ) from error
+        code = payload.get("nvmlReturn", 0) if isinstance(payload, dict) else 0
+        if status != 200 or code:
+            nvml_error = EmulatorNvmlError(int(code) if code else 999)
+            raise from_nvml(nvml_error, action, gpu=self._label) from nvml_error
+        return payload
+
+    # ---------------------------------------------------------------------- reads
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        """SM clocks the GPU accepts for locking, ascending.
+
+        Raises:
+            NotSupported: the emulator lists none.
+        """
+        if not self._supported:
+            raise NotSupported(f"GPU {self._label}: no supported graphics clocks listed")
+        return self._supported
+
+    def max_clock_mhz(self) -> int | None:
+        """The GPU's max SM clock, or None."""
+        return None if self._max_clock_mhz is None else int(self._max_clock_mhz)
+
+    def sample(self) -> GpuSample:
+        """One reading; unsupported fields are dropped for good, transient ones counted.
+
+        Raises:
+            GpuLost: the GPU fell off the bus.
+        """
+        try:
+            payload = self._call("read GPU", "GET", f"/gpu/{self._index}/sample")
+        except GpuLost:
+            raise
+        except NotSupported:
+            return GpuSample(gpu=self._label, read_errors=("sample",))
+        except GpuUnavailable:
+            raise
+        except GpuError as error:
+            log.debug("GPU %s: read failed: %s", self._label, error)
+            return GpuSample(gpu=self._label, read_errors=tuple(_READS))
+        errors: list[str] = []
+        values: dict[str, float | None] = {}
+        for name, key in _READS.items():
+            raw = payload.get(key)
+            if name in self._dropped:
+                values[name] = None
+                continue
+            if isinstance(raw, dict):  # {"nvmlReturn": code} for this field
+                error = from_nvml(EmulatorNvmlError(int(raw.get("nvmlReturn", 999))), name)
+                if isinstance(error, GpuLost):
+                    raise error
+                if isinstance(error, NotSupported):
+                    self._dropped.add(name)
+                    log.info("GPU %s: %s not supported; no longer read", self._label, name)
+                else:
+                    errors.append(name)
+                values[name] = None
+            elif isinstance(raw, int | float) and not isinstance(raw, bool):
+                values[name] = float(raw)
+            else:
+                values[name] = None
+                errors.append(name)
+        utilization = values["utilization"]
+        reasons = values["clock_event_reasons"]
+        return GpuSample(
+            gpu=self._label,
+            power_w=None if values["power"] is None else values["power"] / 1000.0,
+            energy_j=None if values["energy"] is None else values["energy"] / 1000.0,
+            temperature_c=values["temperature"],
+            sm_clock_mhz=values["sm_clock"],
+            utilization=None if utilization is None else min(max(utilization / 100.0, 0.0), 1.0),
+            clock_event_reasons=None if reasons is None else int(reasons),
+            power_limit_w=None if values["power_limit"] is None else values["power_limit"] / 1000.0,
+            read_errors=tuple(errors),
+        )
+
+    # --------------------------------------------------------------------- writes
+    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None:
+        """Lock the SM clock into ``[min_mhz, max_mhz]``.
+
+        Raises:
+            PermissionDenied, NotSupported, GpuLost, TransientGpuError: as the GPU answers.
+        """
+        self._call(
+            f"lock clocks to {int(min_mhz)},{int(max_mhz)} MHz",
+            "POST",
+            f"/gpu/{self._index}/lock",
+            {"min_mhz": int(min_mhz), "max_mhz": int(max_mhz)},
+        )
+
+    def reset_clocks(self) -> None:
+        """Remove any SM clock lock.
+
+        Raises:
+            PermissionDenied, NotSupported, GpuLost, TransientGpuError: as the GPU answers.
+        """
+        self._call("reset clocks", "POST", f"/gpu/{self._index}/reset", {})
+
+    def close(self) -> None:
+        """Close the kept connection (idempotent)."""
+        with self._lock:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None

@@ -1,0 +1,111 @@
+"""``gpugov emulate``: serve an emulated node (OpenAI API, vLLM /metrics, NVML-like GPUs)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from types import FrameType
+
+
+def cmd_emulate(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT; print the URL once listening."""
+    from gpugov.daemon.cli_support import UsageError, require_positive
+    from gpugov.daemon.config import parse_address
+    from gpugov.plant import ServingPlant, load_profile
+    from gpugov.study.emulate.node import EmulatedNode
+    from gpugov.study.emulate.server import EmulatorServer, is_loopback
+
+    try:
+        host, port = parse_address(args.address)
+    except ValueError as error:
+        raise UsageError(f"--address {error}") from error
+    if not is_loopback(host):
+        raise UsageError(f"--address {args.address}: the emulator serves on loopback only")
+    if args.gpus < 1:
+        raise UsageError(f"--gpus must be >= 1, got {args.gpus}")
+    require_positive("--speed", args.speed)
+    fault, lost_after = "none", None
+    if args.fault.startswith("lost-after:"):
+        try:
+            lost_after = float(args.fault.split(":", 1)[1])
+        except ValueError as error:
+            raise UsageError(f"--fault {args.fault}: expected lost-after:SECONDS") from error
+    elif args.fault in ("none", "no-permission", "not-supported", "lost"):
+        fault = args.fault
+    else:
+        raise UsageError(
+            f"--fault {args.fault}: expected none, no-permission, not-supported, lost "
+            "or lost-after:SECONDS"
+        )
+    plant = ServingPlant.from_profile(load_profile(args.profile))
+    node = EmulatedNode(
+        plant, gpus=args.gpus, seed=args.seed, speed=args.speed, fault=fault,
+        lost_after_s=lost_after,
+    )
+    try:
+        server = EmulatorServer(node, host, port, model=args.served_model_name)
+    except OSError as error:
+        raise UsageError(
+            f"--address {args.address}: cannot listen: {error.strerror or error}"
+        ) from error
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+    server.start()
+    print(
+        f"gpugov emulate: {args.gpus} emulated GPU(s), model {args.served_model_name!r}, "
+        f"serving on {server.url} (OpenAI API under /v1, /metrics, GPUs under /gpu)",
+        flush=True,
+    )
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.close()
+    print("gpugov emulate: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``emulate`` to the ``gpugov`` parser."""
+    parser = subparsers.add_parser(
+        "emulate",
+        help="serve an emulated node: OpenAI API, vLLM /metrics and GPUs, no GPU needed",
+        description="Serve, in real time on loopback, a node backed by the simulated plant: "
+        "the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models), "
+        "vLLM V1's /metrics, and emulated GPUs (under /gpu) that `gpugov run` drives with "
+        "backend = \"emulated\" and `gpugov profile --backend emulated` measures.",
+    )
+    parser.add_argument(
+        "--profile", required=True, metavar="NAME|PATH",
+        help="the plant's profile: a bundled name (gpugov profiles) or a manifest/CSV path",
+    )
+    parser.add_argument(
+        "--address", default="127.0.0.1:8000", metavar="HOST:PORT",
+        help="loopback address to serve on (port 0 picks a free one; default 127.0.0.1:8000)",
+    )
+    parser.add_argument("--gpus", type=int, default=1, metavar="N",
+                        help="emulated GPUs, one data-parallel engine replica each (default 1)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seeds the plants and the end-of-sequence draws (default 0)")
+    parser.add_argument(
+        "--served-model-name", default="gpugov-emulated", metavar="NAME",
+        help="model id served under /v1/models (default gpugov-emulated)",
+    )
+    parser.add_argument(
+        "--speed", type=float, default=1.0, metavar="X",
+        help="plant seconds per wall second (default 1, real time; >1 is a test mode: "
+        "every time measured by a client shrinks by X)",
+    )
+    parser.add_argument(
+        "--fault", default="none", metavar="KIND",
+        help="inject an NVML failure on every GPU: no-permission, not-supported (locks), "
+        "lost, or lost-after:SECONDS (default none)",
+    )
+    parser.set_defaults(handler=cmd_emulate)

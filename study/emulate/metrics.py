@@ -1,0 +1,112 @@
+"""The emulated engine's ``/metrics`` page, in vLLM V1's exposition format.
+
+Names, labels (``model_name``, ``engine``; ``finished_reason`` on successes) and histogram
+buckets are vLLM V1's (``vllm/v1/metrics/loggers.py``), so anything that scrapes a real
+vLLM (gpugov's ``VllmSource``, Prometheus rules, dashboards) reads this page unchanged.
+"""
+
+from __future__ import annotations
+
+from gpugov.study.emulate.node import EmulatedNode, Histogram
+
+BLOCK_SIZE = 16
+
+
+def _labels(model: str, engine: int, **extra: str) -> str:
+    pairs = {"engine": str(engine), **extra, "model_name": model}
+    return ",".join(f'{key}="{value}"' for key, value in pairs.items())
+
+
+def _number(value: float) -> str:
+    return repr(float(value))
+
+
+def _histogram(lines: list[str], name: str, labels: str, histogram: Histogram) -> None:
+    cumulative = histogram.cumulative()
+    for bound, count in zip(histogram.buckets, cumulative, strict=False):
+        lines.append(f'{name}_bucket{{{labels},le="{float(bound)}"}} {_number(count)}')
+    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {_number(cumulative[-1])}')
+    lines.append(f"{name}_count{{{labels}}} {_number(histogram.count)}")
+    lines.append(f"{name}_sum{{{labels}}} {_number(histogram.sum)}")
+
+
+def render_metrics(node: EmulatedNode, model: str) -> str:
+    """The whole page for every replica of ``node``."""
+    replicas = range(len(node.simulations))
+    states = [node.engine_state(r) for r in replicas]
+    kv_capacity = node.plant.kv_capacity_tokens
+    lines: list[str] = []
+
+    def family(name: str, kind: str, help_text: str) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+
+    family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.")
+    for r in replicas:
+        lines.append(f"vllm:num_requests_running{{{_labels(model, r)}}} "
+                     f"{_number(states[r]['running'])}")
+    family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.")
+    for r in replicas:
+        lines.append(f"vllm:num_requests_waiting{{{_labels(model, r)}}} "
+                     f"{_number(states[r]['waiting'])}")
+    family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.")
+    for r in replicas:
+        lines.append(f"vllm:kv_cache_usage_perc{{{_labels(model, r)}}} "
+                     f"{_number(states[r]['kv_usage'])}")
+    family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
+    for r in replicas:
+        info = _labels(
+            model,
+            r,
+            block_size=str(BLOCK_SIZE),
+            cache_dtype="auto",
+            enable_prefix_caching="True",
+            gpu_memory_utilization="0.9",
+            num_gpu_blocks=str(kv_capacity // BLOCK_SIZE),
+        )
+        lines.append(f"vllm:cache_config_info{{{info}}} 1.0")
+    with node.lock:
+        stats = [node.stats[r] for r in replicas]
+        preemptions = [
+            sum(record.preemptions for record in node.simulations[r].records()) for r in replicas
+        ]
+        family(
+            "vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine."
+        )
+        for r in replicas:
+            lines.append(f"vllm:num_preemptions_total{{{_labels(model, r)}}} "
+                         f"{_number(preemptions[r])}")
+        family("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.")
+        for r in replicas:
+            lines.append(f"vllm:prompt_tokens_total{{{_labels(model, r)}}} "
+                         f"{_number(stats[r].prompt_tokens)}")
+        family("vllm:generation_tokens", "counter", "Number of generation tokens processed.")
+        for r in replicas:
+            lines.append(f"vllm:generation_tokens_total{{{_labels(model, r)}}} "
+                         f"{_number(stats[r].generation_tokens)}")
+        family("vllm:request_success", "counter", "Count of successfully processed requests.")
+        for r in replicas:
+            for reason, count in sorted(stats[r].finished.items()):
+                labels = _labels(model, r, finished_reason=reason)
+                lines.append(f"vllm:request_success_total{{{labels}}} {_number(count)}")
+        for name, attribute, help_text in (
+            (
+                "vllm:time_to_first_token_seconds",
+                "ttft",
+                "Histogram of time to first token in seconds.",
+            ),
+            (
+                "vllm:inter_token_latency_seconds",
+                "itl",
+                "Histogram of inter-token latency in seconds.",
+            ),
+            (
+                "vllm:e2e_request_latency_seconds",
+                "e2e",
+                "Histogram of e2e request latency in seconds.",
+            ),
+        ):
+            family(name, "histogram", help_text)
+            for r in replicas:
+                _histogram(lines, name, _labels(model, r), getattr(stats[r], attribute))
+    return "\n".join(lines) + "\n"

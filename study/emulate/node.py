@@ -1,0 +1,369 @@
+"""The emulated node: one simulated plant per GPU, advanced in (scaled) real time.
+
+A background thread advances every GPU's :class:`~gpugov.plant.PlantSimulation` to the
+wall clock every ``tick_s``; requests are injected as they arrive and their tokens are
+handed to the HTTP handlers as the plant's iterations produce them. With ``--gpus N``
+the node is data parallel: N replicas of the engine, one per GPU, each request sent to
+the replica with the fewest unfinished requests (vLLM's ``engine`` label tells them apart
+on ``/metrics``). Everything here is guarded by one lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpugov.plant import PlantSimulation, ServingPlant
+
+log = logging.getLogger(__name__)
+
+# vLLM V1's histogram buckets (vllm/v1/metrics/loggers.py), seconds.
+TTFT_BUCKETS_S = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)
+ITL_BUCKETS_S = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)
+E2E_BUCKETS_S = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)
+
+# NVML return codes the emulated GPU answers with (nvml.h NVML_ERROR_*).
+NVML_SUCCESS = 0
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_GPU_IS_LOST = 15
+# nvmlClocksEventReasonApplicationsClocksSetting: a clock lock holds the clock down.
+CLOCK_EVENT_APPLICATIONS_CLOCKS_SETTING = 0x2
+
+FAULTS = ("none", "no-permission", "not-supported", "lost")
+
+
+class Histogram:
+    """A cumulative Prometheus histogram: bucket counts, sum and count."""
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        """Record ``value`` ``times`` times."""
+        index = int(np.searchsorted(self.buckets, value, side="left"))
+        self.counts[index] += times
+        self.sum += value * times
+        self.count += times
+
+    def cumulative(self) -> list[int]:
+        """Counts per ``le`` bound, cumulative, the last one for ``+Inf``."""
+        return [int(c) for c in np.cumsum(self.counts)]
+
+
+@dataclass
+class EngineStats:
+    """One replica's cumulative counters, in vLLM V1's terms."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=lambda: {"length": 0, "stop": 0})
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
+    itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS_S))
+    e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS_S))
+
+
+@dataclass
+class Stream:
+    """One request in flight: the handler reads ``events`` (token counts, then the end)."""
+
+    replica: int
+    index: int
+    prompt_tokens: int
+    output_tokens: int
+    finish_reason: str
+    events: queue.SimpleQueue[tuple[str, int]] = field(default_factory=queue.SimpleQueue)
+    sent: int = 0
+    last_token_s: float | None = None
+
+
+@dataclass
+class GpuState:
+    """What the emulated GPU's NVML would hold: the lock and any injected fault."""
+
+    fault: str = "none"
+    lost_at_s: float | None = None
+    locked: tuple[int, int] | None = None
+
+
+class EmulatedNode:
+    """N simulated GPUs serving one engine endpoint, advanced to the wall clock.
+
+    Args:
+        plant: the plant every GPU runs (the profile and limits).
+        gpus: number of GPUs (data-parallel replicas).
+        seed: seeds the plants and the natural output lengths.
+        speed: plant seconds per wall second (1 = real time; >1 only for tests).
+        tick_s: wall seconds between advances (token timing resolution).
+        clock: wall clock (monotonic seconds).
+    """
+
+    def __init__(
+        self,
+        plant: ServingPlant,
+        *,
+        gpus: int = 1,
+        seed: int = 0,
+        speed: float = 1.0,
+        tick_s: float = 0.002,
+        clock: Callable[[], float] = time.monotonic,
+        fault: str = "none",
+        lost_after_s: float | None = None,
+    ) -> None:
+        if gpus < 1:
+            raise ValueError(f"--gpus must be >= 1, got {gpus}")
+        if not math.isfinite(speed) or speed <= 0:
+            raise ValueError(f"speed must be positive, got {speed!r}")
+        if fault not in FAULTS:
+            raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
+        self.plant = plant
+        self.speed = float(speed)
+        self.tick_s = float(tick_s)
+        self._clock = clock
+        self._start_wall_s = clock()
+        self.lock = threading.RLock()
+        self.simulations = [
+            PlantSimulation((), plant, seed=seed + gpu, fast_forward=True) for gpu in range(gpus)
+        ]
+        self.stats = [EngineStats() for _ in range(gpus)]
+        self.gpu_state = [GpuState(fault=fault) for _ in range(gpus)]
+        if lost_after_s is not None:
+            for state in self.gpu_state:
+                state.lost_at_s = float(lost_after_s)
+        self._streams: list[dict[int, Stream]] = [{} for _ in range(gpus)]
+        self._rng = np.random.default_rng(seed)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        clocks = plant.profile.clock_mhz
+        self.supported_clocks_mhz = tuple(int(round(c)) for c in clocks)
+        self.max_clock_mhz = self.supported_clocks_mhz[-1]
+
+    # --------------------------------------------------------------------- time
+    def plant_time_s(self) -> float:
+        """Plant seconds since the node started (wall time times ``speed``)."""
+        return (self._clock() - self._start_wall_s) * self.speed
+
+    def start(self) -> None:
+        """Start the thread that advances the plants to the wall clock."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="emulated-plant", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the advancing thread and end every open stream."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        with self.lock:
+            for streams in self._streams:
+                for stream in streams.values():
+                    stream.events.put(("abort", 0))
+                streams.clear()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.advance()
+            except Exception:  # the thread's outermost edge: keep serving, say why
+                log.exception("emulated plant failed to advance")
+            self._stop.wait(self.tick_s)
+
+    def advance(self) -> None:
+        """Advance every plant to now and hand out the tokens produced since last time."""
+        with self.lock:
+            now = self.plant_time_s()
+            for replica, simulation in enumerate(self.simulations):
+                if now > simulation.time_s:
+                    simulation.advance_to(now)
+                self._deliver(replica, simulation.time_s)
+
+    def _deliver(self, replica: int, now_s: float) -> None:
+        simulation = self.simulations[replica]
+        stats = self.stats[replica]
+        first, finish = simulation.request_times()
+        streams = self._streams[replica]
+        done = []
+        for index, stream in streams.items():
+            produced = min(simulation.generated_tokens(index), stream.output_tokens)
+            new = produced - stream.sent
+            arrival = simulation.requests[index].arrival_time_s
+            if new > 0:
+                if stream.sent == 0:
+                    first_s = first[index]
+                    ttft = (first_s if first_s is not None else now_s) - arrival
+                    stats.ttft.observe(ttft)
+                    stream.last_token_s = first_s if first_s is not None else now_s
+                    stats.generation_tokens += 1
+                    new_after_first = new - 1
+                else:
+                    new_after_first = new
+                if new_after_first > 0:
+                    end_s = finish[index] if finish[index] is not None else now_s
+                    last = stream.last_token_s if stream.last_token_s is not None else end_s
+                    stats.itl.observe(max(0.0, end_s - last) / new_after_first, new_after_first)
+                    stats.generation_tokens += new_after_first
+                    stream.last_token_s = end_s
+                stream.sent = produced
+                stream.events.put(("tokens", new))
+            end = finish[index]
+            if end is not None and stream.sent >= stream.output_tokens:
+                stats.e2e.observe(end - arrival)
+                stats.finished[stream.finish_reason] += 1
+                stream.events.put(("done", stream.sent))
+                done.append(index)
+        for index in done:
+            del streams[index]
+
+    # ------------------------------------------------------------------ serving
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt plus output one request may ask for (the KV cache's size,
+        capped like a typical ``--max-model-len``)."""
+        engine = self.plant.profile.manifest.get("engine", {})
+        cap = int(engine.get("max_model_len", 131_072)) if isinstance(engine, dict) else 131_072
+        return min(self.plant.kv_capacity_tokens, cap)
+
+    def natural_output_tokens(self, max_tokens: int, ignore_eos: bool) -> tuple[int, str]:
+        """Output length and finish reason: ``max_tokens`` with ``ignore_eos``; else an
+        end-of-sequence drawn from a geometric law (mean 256 tokens), capped by it."""
+        if ignore_eos:
+            return max_tokens, "length"
+        with self.lock:
+            natural = int(self._rng.geometric(1.0 / 256.0))
+        if natural < max_tokens:
+            return natural, "stop"
+        return max_tokens, "length"
+
+    def submit(self, prompt_tokens: int, output_tokens: int, finish_reason: str) -> Stream:
+        """Inject a request now on the least-loaded replica; its tokens arrive on the
+        returned stream's ``events``."""
+        with self.lock:
+            self.advance()
+            replica = min(range(len(self.simulations)), key=lambda r: len(self._streams[r]))
+            simulation = self.simulations[replica]
+            index = simulation.add_request(prompt_tokens, output_tokens)
+            stream = Stream(replica, index, prompt_tokens, output_tokens, finish_reason)
+            self._streams[replica][index] = stream
+            self.stats[replica].prompt_tokens += prompt_tokens
+            return stream
+
+    def engine_state(self, replica: int) -> dict[str, float]:
+        """The gauges vLLM exports for one replica: running, waiting, KV usage."""
+        with self.lock:
+            observation = self.simulations[replica].observe()
+        running = observation.decode_active
+        waiting = observation.waiting_requests
+        return {
+            "running": float(running),
+            "waiting": float(waiting),
+            "kv_usage": observation.kv_tokens / observation.kv_capacity_tokens,
+        }
+
+    # --------------------------------------------------------------------- GPUs
+    def _gpu_error(self, gpu: int) -> int:
+        """The NVML code every call on ``gpu`` fails with now (0 when healthy)."""
+        state = self.gpu_state[gpu]
+        if state.fault == "lost" or (
+            state.lost_at_s is not None and self.plant_time_s() >= state.lost_at_s
+        ):
+            return NVML_ERROR_GPU_IS_LOST
+        return NVML_SUCCESS
+
+    def gpu_sample(self, gpu: int) -> dict[str, object]:
+        """NVML's reads for one GPU, each a value or ``{"nvmlReturn": code}``."""
+        code = self._gpu_error(gpu)
+        if code:
+            return {"nvmlReturn": code}
+        with self.lock:
+            self.advance()
+            simulation = self.simulations[gpu]
+            observation = simulation.observe()
+            reasons = int(simulation.clock_event_reasons)
+            realized = simulation.realized_clock_mhz
+            if self.gpu_state[gpu].locked is not None and simulation.requested_clock_mhz < (
+                self.max_clock_mhz
+            ):
+                reasons |= CLOCK_EVENT_APPLICATIONS_CLOCKS_SETTING
+            busy = not (reasons & 0x1)
+            return {
+                "power_mw": int(round((observation.power_w or 0.0) * 1000.0)),
+                "energy_mj": int((observation.energy_j or 0.0) * 1000.0),
+                "temperature_c": int(round(observation.temperature_c)),
+                "sm_clock_mhz": int(round(realized)),
+                "utilization_gpu": 100 if busy else 0,
+                "clock_event_reasons": reasons,
+                "enforced_power_limit_mw": int(round(self.plant.power_limit_w * 1000.0)),
+            }
+
+    def gpu_info(self, gpu: int) -> dict[str, object]:
+        """Identity and clock tables of one GPU (what NVML's getters return)."""
+        code = self._gpu_error(gpu)
+        if code:
+            return {"nvmlReturn": code}
+        return {
+            "index": gpu,
+            "uuid": f"GPU-00000000-0000-4000-8000-{gpu:012d}",
+            "name": "Emulated GPU",
+            "max_sm_clock_mhz": self.max_clock_mhz,
+            "supported_memory_clocks_mhz": [2619],
+            "supported_graphics_clocks_mhz": list(reversed(self.supported_clocks_mhz)),
+        }
+
+    def lock_clocks(self, gpu: int, min_mhz: int, max_mhz: int) -> int:
+        """nvmlDeviceSetGpuLockedClocks: lock the SM clock (after the actuation delay).
+
+        Returns:
+            The NVML return code (0 on success).
+        """
+        code = self._gpu_error(gpu)
+        if code:
+            return code
+        fault = self.gpu_state[gpu].fault
+        if fault == "no-permission":
+            return NVML_ERROR_NO_PERMISSION
+        if fault == "not-supported":
+            return NVML_ERROR_NOT_SUPPORTED
+        if min_mhz <= 0 or max_mhz < min_mhz:
+            return NVML_ERROR_INVALID_ARGUMENT
+        with self.lock:
+            self.advance()
+            # Under load a [min, max] lock runs at max; the plant models one clock.
+            self.simulations[gpu].request_clock(float(max_mhz))
+            self.gpu_state[gpu].locked = (int(min_mhz), int(max_mhz))
+        return NVML_SUCCESS
+
+    def reset_clocks(self, gpu: int) -> int:
+        """nvmlDeviceResetGpuLockedClocks: unlock (the GPU boosts to its max clock)."""
+        code = self._gpu_error(gpu)
+        if code:
+            return code
+        fault = self.gpu_state[gpu].fault
+        if fault == "no-permission":
+            return NVML_ERROR_NO_PERMISSION
+        if fault == "not-supported":
+            return NVML_ERROR_NOT_SUPPORTED
+        with self.lock:
+            self.advance()
+            self.simulations[gpu].request_clock(float(self.max_clock_mhz))
+            self.gpu_state[gpu].locked = None
+        return NVML_SUCCESS

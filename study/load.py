@@ -1,0 +1,197 @@
+"""Replay a trace against an OpenAI-compatible endpoint and measure latency from the client.
+
+Each trace request is sent at its arrival time (after ``load_scale``) as a streamed
+``/v1/completions`` with its prompt length (token ids or text, see
+:mod:`gpugov.study.openai_client`), ``max_tokens`` = its output length and
+``ignore_eos: true``, so a real vLLM or SGLang does the work the trace describes.
+Bounded: at most ``max_concurrency`` requests in flight (one daemon thread each; a
+request waits client-side when the bound is reached), each at most ``request_timeout_s``,
+the whole run at most the trace window plus ``drain_s``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpugov.daemon.progress import Progress
+from gpugov.plant.types import Request
+from gpugov.study.openai_client import PromptMode, StreamTiming, request_body, stream_completion
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass
+class LoadRun:
+    """The outcome of one replay: one timing per request sent, and what was not sent."""
+
+    timings: list[StreamTiming]
+    scheduled: int
+    not_sent: int
+    clipped_prompts: int
+    wall_s: float
+    late_starts: int
+
+
+def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {f"p{p}": None for p in PERCENTILES} | {"mean": None}
+    array = np.asarray(values, dtype=float)
+    out: dict[str, float | None] = {f"p{p}": float(np.percentile(array, p)) for p in PERCENTILES}
+    out["mean"] = float(array.mean())
+    return out
+
+
+def summarize(run: LoadRun) -> dict[str, Any]:
+    """Counts, client-side TTFT/TPOT percentiles (seconds) and throughput."""
+    done = [t for t in run.timings if t.error is None and t.end_s is not None]
+    failed = [t for t in run.timings if t.error is not None]
+    ttft = [t.ttft_s for t in done if t.ttft_s is not None]
+    tpot = [t.tpot_s for t in done if t.tpot_s is not None]
+    output = sum(len(t.token_s) for t in run.timings)
+    errors: dict[str, int] = {}
+    for timing in failed:
+        key = (timing.error or "")[:80]
+        errors[key] = errors.get(key, 0) + 1
+    return {
+        "requests_scheduled": run.scheduled,
+        "requests_sent": len(run.timings),
+        "requests_completed": len(done),
+        "requests_failed": len(failed),
+        "requests_unfinished": len(run.timings) - len(done) - len(failed),
+        "requests_not_sent": run.not_sent,
+        "late_starts": run.late_starts,
+        "clipped_prompts": run.clipped_prompts,
+        "output_tokens": output,
+        "wall_s": run.wall_s,
+        "output_tokens_per_s": output / run.wall_s if run.wall_s > 0 else None,
+        "ttft_s": _percentiles(ttft),
+        "tpot_s": _percentiles(tpot),
+        "errors": errors,
+    }
+
+
+def run_load(
+    workload: Sequence[Request],
+    url: str,
+    model: str,
+    *,
+    max_concurrency: int = 256,
+    request_timeout_s: float = 600.0,
+    drain_s: float = 120.0,
+    max_model_len: int | None = None,
+    prompt_mode: PromptMode = "ids",
+    progress: Progress | None = None,
+    stop: threading.Event | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> LoadRun:
+    """Send ``workload`` to ``url`` in real time; return every request's client timings.
+
+    Late start: a request sent more than 100 ms after its arrival (the concurrency bound
+    was reached, or the machine could not keep up).
+    """
+    if max_concurrency < 1:
+        raise ValueError(f"max concurrency must be >= 1, got {max_concurrency}")
+    stop = stop or threading.Event()
+    slots = threading.BoundedSemaphore(max_concurrency)
+    timings: list[StreamTiming] = []
+    lock = threading.Lock()
+    threads: list[threading.Thread] = []
+    window_s = workload[-1].arrival_time_s if workload else 0.0
+    deadline = clock() + window_s + drain_s
+    clipped = 0
+    late = 0
+    start = clock()
+
+    def worker(body: dict[str, Any]) -> None:
+        try:
+            timing = stream_completion(url, body, timeout_s=request_timeout_s, clock=clock)
+            with lock:
+                timings.append(timing)
+        finally:
+            slots.release()
+
+    sent = 0
+    for request in workload:
+        due = start + request.arrival_time_s
+        while not stop.is_set() and clock() < due:
+            stop.wait(min(0.05, max(0.0, due - clock())))
+            if progress is not None:
+                progress.update(clock() - start, f"{sent} requests sent")
+        if stop.is_set():
+            break
+        while not slots.acquire(timeout=0.1):
+            if stop.is_set() or clock() > deadline:
+                break
+        else:
+            prompt, output = int(request.prompt_tokens), int(request.output_tokens)
+            if max_model_len is not None and prompt + output > max_model_len:
+                prompt = max(1, max_model_len - output)
+                output = min(output, max_model_len - prompt)
+                clipped += 1
+            if clock() - due > 0.1:
+                late += 1
+            body = request_body(model, prompt, output, prompt_mode, salt=sent)
+            thread = threading.Thread(target=worker, args=(body,), daemon=True)
+            thread.start()
+            threads.append(thread)
+            sent += 1
+            continue
+        break
+    for thread in threads:
+        remaining = deadline - clock()
+        if remaining <= 0 or stop.is_set():
+            break
+        while thread.is_alive() and not stop.is_set() and clock() < deadline:
+            thread.join(timeout=min(0.2, max(0.0, deadline - clock())))
+            if progress is not None:
+                progress.update(min(clock() - start, window_s), f"{sent} requests sent, draining")
+    wall = clock() - start
+    with lock:
+        collected = list(timings)
+    # Requests still streaming at the deadline count as sent but unfinished.
+    unfinished = sent - len(collected)
+    collected += [
+        StreamTiming(prompt_tokens=0, max_tokens=0, sent_s=start) for _ in range(unfinished)
+    ]
+    return LoadRun(
+        timings=collected,
+        scheduled=len(workload),
+        not_sent=len(workload) - sent,
+        clipped_prompts=clipped,
+        wall_s=wall,
+        late_starts=late,
+    )
+
+
+def format_report(summary: dict[str, Any]) -> str:
+    """The human-readable summary table."""
+
+    def ms(values: dict[str, float | None]) -> str:
+        return " / ".join(
+            "n/a" if values[k] is None else f"{values[k] * 1000:.1f}"  # type: ignore[operator]
+            for k in ("p50", "p90", "p99")
+        )
+
+    rows = [
+        ("requests sent / completed / failed",
+         f"{summary['requests_sent']} / {summary['requests_completed']} / "
+         f"{summary['requests_failed']} (unfinished {summary['requests_unfinished']}, "
+         f"not sent {summary['requests_not_sent']})"),
+        ("TTFT p50 / p90 / p99 (client)", ms(summary["ttft_s"]) + " ms"),
+        ("TPOT p50 / p90 / p99 (client)", ms(summary["tpot_s"]) + " ms"),
+        ("output tokens", f"{summary['output_tokens']} "
+         f"({(summary['output_tokens_per_s'] or 0):.1f} tok/s)"),
+        ("late starts", str(summary["late_starts"])),
+        ("wall time", f"{summary['wall_s']:.1f} s"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"  {name:<{width}}  {value}" for name, value in rows]
+    for error, count in summary["errors"].items():
+        lines.append(f"  error x{count}: {error}")
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""A small streaming client for OpenAI-compatible servers (vLLM, SGLang, ``gpugov emulate``).
+
+One request, streamed: the client records when it sent the request, when each token event
+arrived and how the stream ended. The prompt is either token ids (``prompt`` as a list of
+integers, exact on vLLM, SGLang and the emulator) or text of the right length
+(``" the"`` repeated: four characters, which is one token by the emulator's rule and for
+common BPE tokenizers). ``ignore_eos: true`` makes the output exactly ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+PromptMode = Literal["ids", "text"]
+TOKEN_ID_BASE = 1000  # ids 1000-1999: ordinary vocabulary entries for every common tokenizer
+
+
+class EngineUnreachable(ValueError):
+    """The engine's OpenAI endpoint does not answer; the message says where."""
+
+
+@dataclass
+class StreamTiming:
+    """What the client saw of one streamed request (``time.monotonic`` seconds)."""
+
+    prompt_tokens: int
+    max_tokens: int
+    sent_s: float
+    token_s: list[float] = field(default_factory=list)
+    end_s: float | None = None
+    error: str | None = None
+    usage_completion_tokens: int | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token as the client saw it."""
+        return self.token_s[0] - self.sent_s if self.token_s else None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first."""
+        if len(self.token_s) < 2:
+            return None
+        return (self.token_s[-1] - self.token_s[0]) / (len(self.token_s) - 1)
+
+
+def base_url(url: str) -> tuple[str, int, str]:
+    """``(host, port, path prefix)`` of an engine URL given with or without ``/v1``.
+
+    Raises:
+        EngineUnreachable: not an http:// URL.
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise EngineUnreachable(f"--url {url}: expected http://HOST:PORT")
+    prefix = parts.path.rstrip("/")
+    prefix = prefix.removesuffix("/v1")
+    return parts.hostname, parts.port or 80, prefix
+
+
+def served_model(url: str, timeout_s: float = 5.0) -> str:
+    """The first model id ``GET /v1/models`` lists.
+
+    Raises:
+        EngineUnreachable: refused, timed out, or not an OpenAI-compatible answer.
+    """
+    host, port, prefix = base_url(url)
+    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        connection.request("GET", f"{prefix}/v1/models")
+        response = connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise EngineUnreachable(f"{url}/v1/models: HTTP {response.status}")
+        return str(json.loads(body)["data"][0]["id"])
+    except (OSError, http.client.HTTPException) as error:
+        raise EngineUnreachable(f"engine at {url} does not answer: {error}") from error
+    except (ValueError, KeyError, IndexError, TypeError) as error:
+        raise EngineUnreachable(f"{url}/v1/models is not an OpenAI model list: {error}") from error
+    finally:
+        connection.close()
+
+
+def request_body(
+    model: str, prompt_tokens: int, max_tokens: int, mode: PromptMode = "ids", salt: int = 0
+) -> dict[str, Any]:
+    """A streamed ``/v1/completions`` body of exactly ``prompt_tokens`` and ``max_tokens``."""
+    if mode == "ids":
+        prompt: Any = [TOKEN_ID_BASE + (salt + i) % 1000 for i in range(prompt_tokens)]
+    else:
+        prompt = " the" * prompt_tokens
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": int(max_tokens),
+        "ignore_eos": True,
+        "stream": True,
+        "temperature": 0.0,
+    }
+
+
+def stream_completion(
+    url: str,
+    body: dict[str, Any],
+    *,
+    timeout_s: float = 600.0,
+    clock: Callable[[], float] = time.monotonic,
+    barrier: threading.Barrier | None = None,
+) -> StreamTiming:
+    """POST one streamed completion and time every token event; never raises for the
+    server's failures (they land in ``error``). With ``barrier``, connect first and send
+    when every party has connected (a batch that starts together)."""
+    host, port, prefix = base_url(url)
+    prompt = body["prompt"]
+    timing = StreamTiming(
+        prompt_tokens=len(prompt) if isinstance(prompt, list) else len(prompt) // 4,
+        max_tokens=int(body["max_tokens"]),
+        sent_s=clock(),
+    )
+    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        data = json.dumps(body).encode()
+        if barrier is not None:
+            try:
+                connection.connect()
+            except OSError:
+                barrier.abort()  # release the others at once; this failure is reported
+                raise
+            # A party that failed breaks the barrier: send anyway, its error is reported.
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=min(timeout_s, 30.0))
+        timing.sent_s = clock()
+        connection.request(
+            "POST", f"{prefix}/v1/completions", body=data,
+            headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+        )
+        response = connection.getresponse()
+        if response.status != 200:
+            text = response.read()[:300].decode(errors="replace")
+            timing.error = f"HTTP {response.status}: {text}"
+            return timing
+        while True:
+            line = response.readline()
+            if not line:
+                break
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                break
+            now = clock()
+            try:
+                event = json.loads(payload)
+            except ValueError:
+                continue
+            choices = event.get("choices") or []
+            if choices and choices[0].get("text"):
+                timing.token_s.append(now)
+            usage = event.get("usage")
+            if usage:
+                timing.usage_completion_tokens = usage.get("completion_tokens")
+        timing.end_s = clock()
+    except (OSError, http.client.HTTPException) as error:
+        timing.error = f"{type(error).__name__}: {error}"
+    finally:
+        connection.close()
+    return timing

@@ -1,0 +1,1 @@
+"""``gpugov profile``: measure a GPU profile (CSV + manifest) by sweeping locked clocks."""

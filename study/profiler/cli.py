@@ -1,0 +1,280 @@
+"""``gpugov profile``: sweep locked clocks under controlled load and write a GPU profile."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+EXIT_RUNTIME, EXIT_PERMISSION, EXIT_NO_GPU, EXIT_GPU_LOST, EXIT_INTERRUPTED = 1, 3, 4, 5, 130
+
+
+def _error(message: str, code: int) -> int:
+    print(f"gpugov: error: {message}", file=sys.stderr)
+    return code
+
+
+def _gpus(text: str) -> list[int | str]:
+    from gpugov.daemon.cli_support import UsageError
+
+    out: list[int | str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part.isdigit():
+            out.append(int(part))
+        elif part.startswith(("GPU-", "MIG-")):
+            out.append(part)
+        else:
+            raise UsageError(f"--gpus {text}: expected indices or GPU- UUIDs, comma separated")
+    if not out:
+        raise UsageError("--gpus needs at least one GPU")
+    return out
+
+
+def _max_model_len(url: str) -> int | None:
+    """``max_model_len`` from ``GET /v1/models`` when the server says it (vLLM does)."""
+    import http.client
+
+    from gpugov.study.openai_client import base_url
+
+    host, port, prefix = base_url(url)
+    connection = http.client.HTTPConnection(host, port, timeout=5.0)
+    try:
+        connection.request("GET", f"{prefix}/v1/models")
+        data = json.loads(connection.getresponse().read())
+        value = data["data"][0].get("max_model_len")
+        return int(value) if value else None
+    except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError):
+        return None
+    finally:
+        connection.close()
+
+
+def _kv_capacity(url: str) -> int | None:
+    from gpugov.daemon.engines import ScrapedSource
+    from gpugov.daemon.errors import EngineUnavailable
+
+    base = url.rstrip("/").removesuffix("/v1")
+    source = ScrapedSource(f"{base}/metrics", "auto", timeout_s=2.0)
+    try:
+        capacity = source.scrape().kv_capacity_tokens
+        return int(capacity) if capacity else None
+    except EngineUnavailable:
+        return None
+    finally:
+        source.close()
+
+
+def _check_load(record: dict[str, Any]) -> None:
+    """Refuse a GPU the engine cannot load: prefill barely above idle power, or prefill
+    time swamped by fixed per-request latency (a model far too small for the GPU)."""
+    from gpugov.study.profiler.measure import ProfileRunError
+
+    idle = record["idle_power_w"] or 0.0
+    prefill = record["prefill"]
+    work_s = prefill["prompt_tokens"] / prefill["tokens_per_s"]
+    if not prefill["power_w"] or prefill["power_w"] < idle * 1.05:
+        raise ProfileRunError(
+            "the model is too small to load the GPU: prefill draws "
+            f"{prefill['power_w'] or 0:.0f} W against {idle:.0f} W idle; profile a larger model"
+        )
+    if work_s < 0.25 * max(prefill["fixed_latency_s"], 0.0):
+        raise ProfileRunError(
+            f"the model is too small to load the GPU: a {prefill['prompt_tokens']}-token prefill "
+            f"takes {work_s * 1000:.1f} ms against {prefill['fixed_latency_s'] * 1000:.1f} ms of "
+            "fixed latency per request"
+        )
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Run the sweep (or the dry run) and write the profile; one line per failure."""
+    from gpugov.daemon.cli_support import UsageError, require_positive
+    from gpugov.daemon.errors import (
+        GpugovError,
+        GpuLost,
+        GpuUnavailable,
+        PermissionDenied,
+    )
+    from gpugov.daemon.loop import stop_on_signals
+    from gpugov.daemon.service import open_backend
+    from gpugov.study.openai_client import EngineUnreachable, served_model
+    from gpugov.study.profiler.measure import ProfileRunError
+    from gpugov.study.profiler.sweep import (
+        Interrupted,
+        Sweep,
+        SweepSettings,
+        default_decode_points,
+        pick_clocks,
+    )
+    from gpugov.study.profiler.write import write_profile
+
+    require_positive("--dwell", args.dwell)
+    require_positive("--ttft-slo", args.ttft_slo)
+    require_positive("--tpot-slo", args.tpot_slo)
+    if args.clocks is not None and args.clocks < 2:
+        raise UsageError(f"--clocks must be >= 2, got {args.clocks}")
+    for flag, value in (("--reference-batch", args.reference_batch),
+                        ("--reference-context", args.reference_context)):
+        if value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    gpus = _gpus(args.gpus)
+    try:
+        model = served_model(args.engine_url)
+    except EngineUnreachable as error:
+        raise UsageError(f"--engine-url: {error}; nothing was changed") from error
+    max_len = _max_model_len(args.engine_url) or 8192
+    emulator = args.emulator or args.engine_url.rstrip("/").removesuffix("/v1")
+    out_dir = Path(args.out)
+    try:
+        backends = [
+            open_backend(gpu, args.backend, dry_run=args.dry_run, emulator=emulator)
+            for gpu in gpus
+        ]
+    except GpuUnavailable as error:
+        return _error(f"{error}", EXIT_NO_GPU)
+    try:
+        supported = backends[0].supported_clocks_mhz()
+        if args.clock_list:
+            try:
+                clocks = tuple(int(c) for c in args.clock_list.split(","))
+            except ValueError as error:
+                raise UsageError(f"--clock-list {args.clock_list}: expected MHz,MHz,...") from error
+            bad = [c for c in clocks if c not in supported]
+            if bad:
+                raise UsageError(
+                    f"--clock-list: {bad[0]} MHz is not a supported clock "
+                    f"({min(supported)}-{max(supported)} MHz; see gpugov status)"
+                )
+            if len(set(clocks)) < 2 and not args.dry_run:
+                raise UsageError("--clock-list needs at least two clocks")
+        else:
+            clocks = pick_clocks(supported, args.clocks or 8)
+        prompt_tokens = max(16, min(4096, max_len - 2))
+        settings = SweepSettings(
+            clocks_mhz=tuple(dict.fromkeys(clocks)),
+            dwell_s=args.dwell,
+            prefill_prompt_tokens=prompt_tokens,
+            decode_points=default_decode_points(
+                args.reference_batch, args.reference_context, max_len
+            ),
+            reference_batch=args.reference_batch,
+            reference_context_tokens=args.reference_context,
+        )
+        stop = threading.Event()
+        sweep = Sweep(backends, args.engine_url, model, settings, out_dir, stop=stop,
+                      progress_enabled=not args.quiet)
+        with stop_on_signals(stop):
+            if args.dry_run:
+                record = sweep.dry_run()
+                out_dir.mkdir(parents=True, exist_ok=True)
+                path = out_dir / "dry-run.json"
+                path.write_text(json.dumps(record, indent=2) + "\n")
+                _print_dry_run(record, path)
+                return 0
+            records = sweep.run(resume=args.resume, check_load=_check_load)
+        sample = backends[0].sample()
+        name = args.name or _default_name(getattr(backends[0], "name", "gpu"), model)
+        manifest = write_profile(
+            records,
+            out_dir,
+            name=name,
+            status="emulated" if args.backend == "emulated" else "measured",
+            gpu_name=str(getattr(backends[0], "name", "unknown GPU")),
+            model=model,
+            supported_clocks=supported,
+            power_limit_w=(sample.power_limit_w or 700.0) * len(backends),
+            settings=settings.header(),
+            command="gpugov " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else []),
+            ttft_slo_s=args.ttft_slo,
+            tpot_slo_s=args.tpot_slo,
+            kv_capacity_tokens=_kv_capacity(args.engine_url),
+            backend=args.backend,
+        )
+    except Interrupted:
+        return _error(
+            f"interrupted; clocks reset; rerun with --resume to continue ({out_dir})",
+            EXIT_INTERRUPTED,
+        )
+    except ProfileRunError as error:
+        return _error(f"{error}; clocks reset", EXIT_RUNTIME)
+    except PermissionDenied as error:
+        return _error(f"{error}", EXIT_PERMISSION)
+    except GpuLost as error:
+        return _error(f"{error}; clocks reset where possible", EXIT_GPU_LOST)
+    except GpugovError as error:
+        return _error(f"{error}; clocks reset", EXIT_RUNTIME)
+    finally:
+        for backend in backends:
+            backend.close()
+    print(f"gpugov profile: wrote {manifest} and {manifest.with_suffix('.csv').name}")
+    print(f"  use it: gpugov simulate --profile {manifest} --controller mpc:{manifest}")
+    print(f'  or in a config: [domains.controller] kind = "mpc", profile = "{manifest}"')
+    return 0
+
+
+def _default_name(gpu: str, model: str) -> str:
+    text = f"{gpu}-{model}".lower()
+    return re.sub(r"[^a-z0-9.]+", "-", text).strip("-")[:80] or "profile"
+
+
+def _print_dry_run(record: dict[str, Any], path: Path) -> None:
+    prefill = record["prefill"]
+    print(f"gpugov profile --dry-run: measured at the current clock "
+          f"({record['realized_clock_mhz']} MHz), changed nothing; wrote {path}")
+    print(f"  idle power     {record['idle_power_w']:.1f} W")
+    print(f"  prefill        {prefill['tokens_per_s']:.0f} tok/s at {prefill['power_w']:.1f} W "
+          f"(R^2 {prefill['r_squared']:.4f})")
+    for point in record["decode"]:
+        print(f"  decode B={point['batch']:<4d} context {point['context_tokens']:.0f}: "
+              f"{point['iteration_s'] * 1000:.2f} ms/iteration at {point['power_w'] or 0:.1f} W")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``profile`` to the ``gpugov`` parser."""
+    parser = subparsers.add_parser(
+        "profile",
+        help="measure a GPU profile by sweeping locked clocks under controlled load",
+        description="Lock each clock in turn (reset at the end and on every way out), drive "
+        "the engine's OpenAI endpoint with controlled load, and measure prefill rate, decode "
+        "iteration time at several batches and contexts, idle/prefill/decode power and the "
+        "realised clock; write a profile (CSV + manifest) usable as mpc:PATH. Exit codes: "
+        "0 ok, 1 run-time failure, 2 usage error, 3 permission denied, 4 no GPU, 5 GPU lost, "
+        "130 interrupted (--resume continues).",
+    )
+    parser.add_argument("--engine-url", required=True, metavar="URL",
+                        help="the engine's OpenAI-compatible base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--gpus", required=True, metavar="LIST",
+                        help="the engine's GPUs (NVML indices or UUIDs, comma separated)")
+    parser.add_argument("--backend", choices=["nvml", "nvidia-smi", "emulated"], default="nvml",
+                        help="how to read and lock the GPUs (default nvml)")
+    parser.add_argument("--emulator", default=None, metavar="URL",
+                        help="gpugov emulate's URL for --backend emulated (default: --engine-url)")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="directory for the profile, the sweep state and dry-run.json")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--clocks", type=int, default=None, metavar="N",
+                       help="measure N supported clocks spread from max to min (default 8)")
+    which.add_argument("--clock-list", default=None, metavar="MHZ,...",
+                       help="measure exactly these supported clocks")
+    parser.add_argument("--dwell", type=float, default=2.0, metavar="S",
+                        help="idle power window per clock in seconds (default 2)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted sweep in --out (same flags)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="measure only at the current clock; change nothing")
+    parser.add_argument("--name", default=None,
+                        help="profile name (file stem; default from the GPU and model names)")
+    parser.add_argument("--reference-batch", type=int, default=64, metavar="B",
+                        help="decode reference batch of the profile's decode columns (default 64)")
+    parser.add_argument("--reference-context", type=int, default=1024, metavar="TOKENS",
+                        help="decode reference context per sequence (default 1024)")
+    parser.add_argument("--ttft-slo", type=float, default=1.0, metavar="S",
+                        help="TTFT SLO written into the manifest (default 1.0)")
+    parser.add_argument("--tpot-slo", type=float, default=0.05, metavar="S",
+                        help="TPOT SLO written into the manifest (default 0.05)")
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.set_defaults(handler=cmd_profile)

@@ -1,0 +1,284 @@
+"""The clock sweep behind ``gpugov profile``: lock each clock, measure, record, always reset.
+
+Clocks are locked through the daemon's :class:`~gpugov.daemon.actuator.ClockActuator`
+(the ``with`` block resets every GPU it touched on a normal end, on an error and on
+SIGTERM/SIGINT). After each clock one JSON line is appended to ``DIR/sweep-state.jsonl``,
+so ``--resume`` measures only the clocks still missing. The profile (CSV + manifest) is
+written from the state file at the end: :mod:`gpugov.study.profiler.write`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpugov.daemon.actuator import ClockActuator
+from gpugov.daemon.backend import GpuBackend
+from gpugov.daemon.progress import Progress
+from gpugov.study.profiler.fit import fit_decode
+from gpugov.study.profiler.measure import GpuSampler, Measurer, ProfileRunError, point_dict
+
+STATE_FILE = "sweep-state.jsonl"
+MAX_REMEASURES = 2
+DECODE_FIT_MIN_R2 = 0.995
+THERMAL_SAMPLE_S = 0.25
+
+
+class Interrupted(RuntimeError):
+    """SIGTERM/SIGINT arrived; the clocks were reset and the state file kept."""
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """What the sweep measures at each clock (recorded in the state file and manifest)."""
+
+    clocks_mhz: tuple[int, ...]
+    dwell_s: float = 2.0
+    settle_s: float = 0.5
+    prefill_prompt_tokens: int = 4096
+    prefill_requests: int = 6
+    decode_points: tuple[tuple[int, int], ...] = ((8, 128), (64, 128), (16, 768), (32, 384))
+    decode_output_tokens: int = 64
+    reference_batch: int = 64
+    reference_context_tokens: int = 1024
+
+    def header(self) -> dict[str, Any]:
+        """JSON-able settings, compared on ``--resume``."""
+        out = asdict(self)
+        out["clocks_mhz"] = list(self.clocks_mhz)
+        out["decode_points"] = [list(p) for p in self.decode_points]
+        return out
+
+
+def default_decode_points(
+    reference_batch: int, reference_context: int, max_model_len: int
+) -> tuple[tuple[int, int], ...]:
+    """Four design points (batch, prompt tokens) spanning the reference: two batches at a
+    short context, and smaller batches at the reference context and half of it (not
+    collinear, so the weight, batch and KV terms separate, and the reference point is
+    interpolated rather than extrapolated)."""
+    limit = max(16, max_model_len - 128)
+    short = min(128, limit)
+    full = max(short + 1, min(reference_context, limit))
+    half = max(short + 1, min(reference_context // 2, limit))
+    return (
+        (max(1, reference_batch // 8), short),
+        (reference_batch, short),
+        (max(2, reference_batch // 4), full),
+        (max(2, reference_batch // 2), half),
+    )
+
+
+def worst_decode_point(points: Sequence[dict[str, Any]]) -> int | None:
+    """Index of the decode point the latency fit explains worst, when the fit's R^2 is
+    under ``DECODE_FIT_MIN_R2`` or a point is off by more than 3%; else None."""
+    rows = [(p["batch"], p["context_tokens"], p["iteration_s"]) for p in points]
+    fit = fit_decode(rows)
+    relative = [abs(fit.iteration_s(b, c) / t - 1.0) for b, c, t in rows]
+    worst = int(max(range(len(rows)), key=lambda i: relative[i]))
+    if fit.r_squared < DECODE_FIT_MIN_R2 or relative[worst] > 0.03:
+        return worst
+    return None
+
+
+def pick_clocks(supported: Sequence[int], count: int) -> tuple[int, ...]:
+    """``count`` supported clocks spread evenly from the highest to the lowest, descending."""
+    ordered = sorted(set(int(c) for c in supported))
+    if count >= len(ordered):
+        return tuple(reversed(ordered))
+    if count < 2:
+        return (ordered[-1],)
+    picks = []
+    for index in range(count):
+        target = ordered[-1] - (ordered[-1] - ordered[0]) * index / (count - 1)
+        picks.append(min(ordered, key=lambda c, t=target: abs(c - t)))
+    return tuple(dict.fromkeys(picks))
+
+
+def read_state(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The header and the clock records of a state file (a torn last line is ignored)."""
+    if not path.exists():
+        return None, []
+    header = None
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("kind") == "header":
+            header = row
+        elif row.get("kind") == "clock":
+            records.append(row)
+    return header, records
+
+
+def _append(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a") as handle:
+        handle.write(json.dumps(row) + "\n")
+        handle.flush()
+
+
+@dataclass
+class Sweep:
+    """One sweep: GPUs, engine, settings, and where the state goes."""
+
+    backends: Sequence[GpuBackend]
+    url: str
+    model: str
+    settings: SweepSettings
+    out_dir: Path
+    stop: threading.Event = field(default_factory=threading.Event)
+    progress_enabled: bool = True
+    clock: Callable[[], float] = time.monotonic
+
+    @property
+    def state_path(self) -> Path:
+        """``DIR/sweep-state.jsonl``."""
+        return self.out_dir / STATE_FILE
+
+    def _check_stop(self) -> None:
+        if self.stop.is_set():
+            raise Interrupted("interrupted")
+
+    def measure_clock(
+        self, measurer: Measurer, sampler: GpuSampler, requested_mhz: int | None
+    ) -> dict[str, Any]:
+        """Idle, prefill and every decode point at the clock now in force."""
+        settings = self.settings
+        started = self.clock()
+        idle_w, idle_clock = measurer.idle(settings.dwell_s)
+        self._check_stop()
+        prefill, prefill_readings = measurer.prefill(
+            settings.prefill_prompt_tokens, settings.prefill_requests
+        )
+        self._check_stop()
+        decode = []
+        busy_clocks = [r.sm_clock_mhz for r in prefill_readings if r.sm_clock_mhz]
+        for batch, prompt in settings.decode_points:
+            point, readings = measurer.decode(batch, prompt, settings.decode_output_tokens)
+            decode.append(point_dict(point))
+            busy_clocks += [r.sm_clock_mhz for r in readings if r.sm_clock_mhz]
+            self._check_stop()
+        remeasured = 0
+        while remeasured < MAX_REMEASURES:
+            # A point the linear latency model cannot explain was most likely disturbed
+            # (a stalled client or server): measure that one again.
+            worst = worst_decode_point(decode)
+            if worst is None:
+                break
+            batch, prompt = decode[worst]["batch"], decode[worst]["prompt_tokens"]
+            point, readings = measurer.decode(batch, prompt, settings.decode_output_tokens)
+            decode[worst] = point_dict(point)
+            busy_clocks += [r.sm_clock_mhz for r in readings if r.sm_clock_mhz]
+            remeasured += 1
+            self._check_stop()
+        ended = self.clock()
+        thermal = []
+        last = -1e9
+        for reading in sampler.window(started, ended):
+            if reading.time_s - last >= THERMAL_SAMPLE_S and reading.power_w is not None and (
+                reading.temperature_c is not None
+            ):
+                thermal.append([reading.time_s, reading.power_w, reading.temperature_c])
+                last = reading.time_s
+        realized = sorted(busy_clocks)[len(busy_clocks) // 2] if busy_clocks else idle_clock
+        return {
+            "kind": "clock",
+            "clock_mhz": requested_mhz,
+            "realized_clock_mhz": realized,
+            "idle_clock_mhz": idle_clock,
+            "idle_power_w": idle_w,
+            "prefill": point_dict(prefill),
+            "decode": decode,
+            "thermal": thermal,
+            "duration_s": ended - started,
+            "decode_points_remeasured": remeasured,
+        }
+
+    def run(
+        self, *, resume: bool = False, check_load: Callable[[dict], None] | None = None
+    ) -> list[dict]:
+        """Measure every clock not yet in the state file; reset the clocks on every way out.
+
+        Returns:
+            Every clock record (resumed and new), in measurement order.
+
+        Raises:
+            ProfileRunError: the engine failed or the GPU was not loaded (clocks reset).
+            Interrupted: SIGTERM/SIGINT (clocks reset, state kept for --resume).
+            GpuError: a GPU call failed for good (clocks reset).
+        """
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        header, records = read_state(self.state_path)
+        wanted = self.settings.header()
+        if resume and header is not None:
+            if header.get("settings") != wanted or header.get("url") != self.url:
+                raise ProfileRunError(
+                    f"{self.state_path}: --resume with different settings or engine than the "
+                    "interrupted sweep; rerun with the same flags or without --resume"
+                )
+        else:
+            records = []
+            self.state_path.write_text("")
+            _append(self.state_path, {
+                "kind": "header", "settings": wanted, "url": self.url, "model": self.model,
+                "gpus": [b.label for b in self.backends], "started_unix_s": time.time(),
+            })
+        done = {r["clock_mhz"] for r in records}
+        todo = [c for c in self.settings.clocks_mhz if c not in done]
+        sampler = GpuSampler(self.backends)
+        measurer = Measurer(self.url, self.model, sampler)
+        progress = Progress(
+            len(self.settings.clocks_mhz), "profile", unit="clocks", enabled=self.progress_enabled
+        )
+        progress.update(len(done), "resumed" if done else "", force=True)
+        sampler.start()
+        try:
+            with ClockActuator(self.backends, domain="profile") as actuator:
+                for clock_mhz in todo:
+                    self._check_stop()
+                    actuator.apply(clock_mhz)
+                    time.sleep(self.settings.settle_s)
+                    record = self.measure_clock(measurer, sampler, clock_mhz)
+                    if check_load is not None and not records:
+                        check_load(record)
+                    records.append(record)
+                    _append(self.state_path, record)
+                    progress.update(
+                        len(records),
+                        f"{clock_mhz} MHz: prefill {record['prefill']['tokens_per_s']:.0f} tok/s",
+                        force=True,
+                    )
+                    sampler.check()
+        finally:
+            sampler.stop()
+            progress.close()
+        return records
+
+    def dry_run(self) -> dict[str, Any]:
+        """Measure at the clock in force now; lock nothing, reset nothing."""
+        sampler = GpuSampler(self.backends)
+        measurer = Measurer(self.url, self.model, sampler)
+        sampler.start()
+        try:
+            time.sleep(max(0.2, 2 * sampler.interval_s))
+            return self.measure_clock(measurer, sampler, None)
+        finally:
+            sampler.stop()
+
+
+__all__ = [
+    "Interrupted",
+    "ProfileRunError",
+    "Sweep",
+    "SweepSettings",
+    "default_decode_points",
+    "pick_clocks",
+    "read_state",
+]

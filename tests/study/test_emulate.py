@@ -1,0 +1,193 @@
+"""``gpugov emulate`` over real loopback HTTP: the OpenAI API, vLLM /metrics and the GPUs,
+read through the daemon's own VllmSource and the ``emulated`` backend."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.parse
+from collections.abc import Iterator
+
+import pytest
+from synthetic import make_plant
+
+from gpugov.daemon.backend import GpuBackend
+from gpugov.daemon.emulated import EmulatedBackend
+from gpugov.daemon.engines import ScrapedSource
+from gpugov.daemon.errors import GpuLost, GpuUnavailable, NotSupported, PermissionDenied
+from gpugov.study.emulate.node import EmulatedNode
+from gpugov.study.emulate.server import EmulatorServer
+
+
+def _serve(**node_options: object) -> EmulatorServer:
+    node = EmulatedNode(make_plant(), **node_options)  # type: ignore[arg-type]
+    server = EmulatorServer(node, "127.0.0.1", 0)
+    server.start()
+    return server
+
+
+@pytest.fixture
+def emulator() -> Iterator[EmulatorServer]:
+    server = _serve()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _post(url: str, path: str, body: object) -> tuple[int, bytes]:
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    connection.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    payload = response.read()
+    connection.close()
+    return response.status, payload
+
+
+def _get(url: str, path: str) -> tuple[int, bytes]:
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    connection.request("GET", path)
+    response = connection.getresponse()
+    payload = response.read()
+    connection.close()
+    return response.status, payload
+
+
+def test_completion_counts_prompt_and_output_tokens(emulator: EmulatorServer) -> None:
+    status, body = _post(
+        emulator.url, "/v1/completions",
+        {"model": "gpugov-emulated", "prompt": "x" * 400, "max_tokens": 7, "ignore_eos": True},
+    )
+    assert status == 200
+    answer = json.loads(body)
+    assert answer["object"] == "text_completion"
+    assert answer["usage"] == {"prompt_tokens": 100, "total_tokens": 107, "completion_tokens": 7}
+    assert answer["choices"][0]["finish_reason"] == "length"
+    status, body = _post(
+        emulator.url, "/v1/completions",
+        {"prompt_token_ids": list(range(33)), "max_tokens": 2, "ignore_eos": True},
+    )
+    assert json.loads(body)["usage"]["prompt_tokens"] == 33
+
+
+def test_streams_one_event_per_token_then_done(emulator: EmulatorServer) -> None:
+    status, body = _post(
+        emulator.url, "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12,
+         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    assert status == 200
+    events = [line[6:] for line in body.decode().split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    content = [c for c in chunks if c["choices"] and "content" in c["choices"][0]["delta"]
+               and c["choices"][0]["delta"]["content"]]
+    assert len(content) == 12
+    assert content[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+
+
+def test_bad_requests_get_vllm_error_bodies(emulator: EmulatorServer) -> None:
+    status, body = _post(emulator.url, "/v1/completions", b"{not json")
+    assert status == 400
+    error = json.loads(body)
+    assert set(error) == {"object", "message", "type", "param", "code"}
+    assert error["object"] == "error" and error["type"] == "BadRequestError"
+    assert error["code"] == 400
+    status, body = _post(emulator.url, "/v1/completions", {"prompt": "a", "max_tokens": 10**7})
+    assert status == 400 and "maximum context length" in json.loads(body)["message"]
+    status, body = _post(emulator.url, "/v1/completions", {"model": "other", "prompt": "a"})
+    assert status == 404 and json.loads(body)["type"] == "NotFoundError"
+    status, _ = _get(emulator.url, "/v1/nothing")
+    assert status == 404
+    status, body = _get(emulator.url, "/v1/models")
+    assert json.loads(body)["data"][0]["id"] == "gpugov-emulated"
+
+
+def test_metrics_page_moves_and_parses_with_vllm_source(emulator: EmulatorServer) -> None:
+    source = ScrapedSource(f"{emulator.url}/metrics", "vllm", timeout_s=2.0)
+    before = source.scrape()
+    body = {"prompt": "y" * 80, "max_tokens": 5, "ignore_eos": True}
+    _post(emulator.url, "/v1/completions", body)
+    after = source.scrape()
+    source.close()
+    assert before.engine == "vllm"
+    assert after.prompt_tokens_total == (before.prompt_tokens_total or 0) + 20
+    assert after.generation_tokens_total == (before.generation_tokens_total or 0) + 5
+    assert after.finished_requests_total == (before.finished_requests_total or 0) + 1
+    assert after.ttft is not None and after.ttft.count == 1
+    assert after.tpot is not None and after.tpot.count == 4
+    assert after.kv_capacity_tokens == pytest.approx(400_000, rel=1e-3)
+    _, page = _get(emulator.url, "/metrics")
+    text = page.decode()
+    labels = 'engine="0",model_name="gpugov-emulated",le="2560.0"'
+    assert f"vllm:time_to_first_token_seconds_bucket{{{labels}}}" in text
+    assert "h100" not in text.lower() and "synthetic" not in text.lower()
+
+
+def test_emulated_backend_reads_locks_and_resets(emulator: EmulatorServer) -> None:
+    backend = EmulatedBackend(0, emulator=emulator.url)
+    assert isinstance(backend, GpuBackend)
+    clocks = backend.supported_clocks_mhz()
+    assert clocks[0] == 345 and clocks[-1] == 1980
+    sample = backend.sample()
+    assert sample.power_w is not None and sample.power_w > 0
+    assert sample.energy_j is not None and sample.temperature_c is not None
+    assert sample.sm_clock_mhz == 1980 and sample.power_limit_w == 700.0
+    backend.lock_clocks(900, 900)
+    time.sleep(0.1)  # the plant's actuation delay is 20 ms
+    locked = backend.sample()
+    assert locked.sm_clock_mhz == 900
+    assert locked.clock_event_reasons is not None and locked.clock_event_reasons & 0x2
+    assert locked.energy_j is not None and locked.energy_j >= sample.energy_j
+    backend.reset_clocks()
+    time.sleep(0.1)
+    reset = backend.sample()
+    assert reset.sm_clock_mhz == 1980 and not (reset.clock_event_reasons or 0) & 0x2
+    backend.close()
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [("no-permission", PermissionDenied), ("not-supported", NotSupported), ("lost", GpuLost)],
+)
+def test_emulated_backend_maps_nvml_errors(fault: str, error: type[Exception]) -> None:
+    server = _serve(fault="lost" if fault == "lost" else fault)
+    try:
+        if fault == "lost":
+            with pytest.raises(GpuLost):
+                EmulatedBackend(0, emulator=server.url)
+            return
+        backend = EmulatedBackend(0, emulator=server.url)
+        with pytest.raises(error):
+            backend.lock_clocks(900, 900)
+        with pytest.raises(error):
+            backend.reset_clocks()
+        backend.close()
+    finally:
+        server.close()
+
+
+def test_gpu_lost_mid_run_raises_on_sample() -> None:
+    server = _serve(lost_after_s=0.3)
+    try:
+        backend = EmulatedBackend(0, emulator=server.url)
+        time.sleep(0.4)
+        with pytest.raises(GpuLost):
+            backend.sample()
+    finally:
+        server.close()
+
+
+def test_unreachable_emulator_is_an_unavailable_gpu() -> None:
+    server = _serve()
+    url = server.url
+    server.close()
+    with pytest.raises(GpuUnavailable):
+        EmulatedBackend(0, emulator=url)
+    with pytest.raises(GpuUnavailable):
+        EmulatedBackend(5, emulator="ftp://127.0.0.1:1")

@@ -1,0 +1,62 @@
+"""``gpugov load`` against the emulator on loopback: every request sent, streamed and timed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from synthetic import make_plant
+
+from gpugov.cli import main
+from gpugov.plant.types import Request
+from gpugov.study.emulate.node import EmulatedNode
+from gpugov.study.emulate.server import EmulatorServer
+from gpugov.study.load import run_load, summarize
+from gpugov.study.openai_client import served_model
+
+
+@pytest.fixture
+def emulator():
+    server = EmulatorServer(EmulatedNode(make_plant()), "127.0.0.1", 0)
+    server.start()
+    yield server
+    server.close()
+
+
+def test_replay_times_every_request(emulator: EmulatorServer) -> None:
+    workload = [Request(i, 0.1 * i, 64 + 16 * i, 8 + i) for i in range(6)]
+    model = served_model(emulator.url)
+    run = run_load(workload, emulator.url, model, max_concurrency=4, drain_s=20.0)
+    summary = summarize(run)
+    assert summary["requests_completed"] == 6 and summary["requests_failed"] == 0
+    assert summary["output_tokens"] == sum(r.output_tokens for r in workload)
+    assert all(len(t.token_s) == t.max_tokens for t in run.timings)
+    assert 0 < summary["ttft_s"]["p50"] < 1.0
+    assert 0 < summary["tpot_s"]["p50"] < 0.5
+
+
+def test_text_prompts_work_too(emulator: EmulatorServer) -> None:
+    run = run_load([Request(0, 0.0, 40, 3)], emulator.url, "gpugov-emulated", prompt_mode="text")
+    assert summarize(run)["requests_completed"] == 1
+
+
+def test_cli_writes_json_and_fails_cleanly_when_unreachable(
+    emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,100,5\n2023-11-16 18:15:47.0805900,50,4\n"
+    )
+    out = tmp_path / "load.json"
+    code = main(["load", "--trace", str(trace), "--url", emulator.url, "--json", str(out),
+                 "--quiet"])
+    assert code == 0
+    summary = json.loads(out.read_text())
+    assert summary["requests_completed"] == 2
+    assert summary["output_tokens"] == 9
+    code = main(["load", "--trace", str(trace), "--url", "http://127.0.0.1:9", "--quiet"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("gpugov: error: engine at http://127.0.0.1:9 does not answer")

@@ -1,0 +1,190 @@
+"""``gpugov profile`` against ``gpugov emulate``: the written profile matches the emulated
+truth on profiles of very different shapes; resume, dry run and bad input."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from synthetic import make_profile
+
+from gpugov.cli import main
+from gpugov.daemon.emulated import EmulatedBackend
+from gpugov.plant import PerformanceProfile, ServingPlant, load_profile
+from gpugov.study.emulate.node import EmulatedNode
+from gpugov.study.emulate.server import EmulatorServer
+from gpugov.study.profiler.accuracy import compare
+from gpugov.study.profiler.sweep import Interrupted, Sweep, SweepSettings, default_decode_points
+
+
+def memory_bound_profile(**overrides: Any) -> PerformanceProfile:
+    """A shape unlike the bundled ones: clocks 600-1500 MHz in 30 MHz steps, a prefill
+    rate that saturates, a flat memory-bound decode dominated by the KV read, a decode
+    power that barely follows the clock, a high idle, and realised clocks below the
+    requested ones at the top (as a power-limited board shows)."""
+    clocks = np.arange(600.0, 1501.0, 30.0)
+    x = clocks / clocks[-1]
+    manifest: dict[str, Any] = {
+        "status": "synthetic",
+        "engine": {"reference_batch_size": 32, "reference_context_tokens": 2048,
+                   "max_batch_size": 128, "kv_capacity_tokens": 300_000},
+        "decode_latency_model": {"weight_fraction": 0.25, "batch_fraction": 0.05,
+                                 "kv_fraction": 0.70},
+        "decode_power_batch_model": {"k": 0.8, "x0": 2.5},
+        "clock_profile_selection": {"realized_clock_median_mhz_by_requested": {
+            "1500.0": 1470.0, "1470.0": 1455.0}},
+    }
+    values = {
+        "clock_mhz": clocks,
+        "prefill_tokens_per_s": 30_000.0 * (1.0 - np.exp(-2.5 * x)),
+        "decode_tokens_per_s": 2_500.0 * (0.97 + 0.03 * x),
+        "prefill_power_w": 260.0 + 300.0 * x**1.5,
+        "decode_power_w": 330.0 + 40.0 * x,
+        "idle_power_w": 180.0 + 10.0 * x,
+        "ttft_slo_s": 2.0, "tpot_slo_s": 0.08, "manifest": manifest, "name": "memory-bound",
+    }
+    values.update(overrides)
+    return PerformanceProfile(**values)
+
+
+def _server(profile: PerformanceProfile) -> EmulatorServer:
+    plant = ServingPlant.from_profile(
+        profile, power_limit_w=1000.0, thermal_limit_c=95.0, ambient_temperature_c=30.0,
+        thermal_resistance_c_per_w=0.05, thermal_time_constant_s=30.0,
+    )
+    server = EmulatorServer(EmulatedNode(plant), "127.0.0.1", 0)
+    server.start()
+    return server
+
+
+@pytest.fixture
+def synthetic_emulator() -> Iterator[EmulatorServer]:
+    server = _server(make_profile())
+    yield server
+    server.close()
+
+
+def _profile(url: str, out: Path, *extra: str) -> int:
+    return main(["profile", "--engine-url", url, "--gpus", "0", "--backend", "emulated",
+                 "--out", str(out), "--quiet", *extra])
+
+
+@pytest.mark.parametrize(
+    ("truth_factory", "clocks", "reference"),
+    [
+        (make_profile, "1980,1290,600", ("64", "1536")),
+        (memory_bound_profile, "1500,1050,600", ("32", "2048")),
+    ],
+    ids=["h100-like", "memory-bound"],
+)
+def test_profile_matches_the_emulated_truth(
+    truth_factory: Any, clocks: str, reference: tuple[str, str], tmp_path: Path
+) -> None:
+    truth = truth_factory()
+    server = _server(truth)
+    try:
+        code = _profile(server.url, tmp_path, "--clock-list", clocks, "--dwell", "0.5",
+                        "--name", "measured", "--reference-batch", reference[0],
+                        "--reference-context", reference[1])
+        assert code == 0
+        assert server.node.gpu_state[0].locked is None  # reset at the end
+    finally:
+        server.close()
+    measured = load_profile(tmp_path / "measured.json")
+    assert measured.profile_status == "emulated" and not measured.is_measured
+    assert measured.manifest["measured_clocks_mhz"] == sorted(int(c) for c in clocks.split(","))
+    report = compare(measured, truth)
+    for row in report["rows"]:
+        assert row["median_abs_error"] < 0.05, row
+        assert row["worst_abs_error"] < 0.15, row
+    fits = measured.manifest["fits"]["per_clock"]
+    assert all(f["decode_model"]["r_squared"] > 0.95 for f in fits)
+    assert all(f["prefill_slope_r_squared"] > 0.99 for f in fits)
+    selection = measured.manifest["clock_profile_selection"]
+    realized = selection["realized_clock_median_mhz_by_requested"]
+    for clock in clocks.split(","):
+        assert realized[clock] == pytest.approx(truth.realized_clock(float(clock)), abs=1.0)
+
+
+def _settings(dwell: float) -> SweepSettings:
+    return SweepSettings(
+        clocks_mhz=(1980, 600), dwell_s=dwell, prefill_prompt_tokens=4096,
+        decode_points=default_decode_points(64, 1024, 131_072),
+        reference_batch=64, reference_context_tokens=1024,
+    )
+
+
+def test_interrupted_sweep_resets_and_resumes(
+    synthetic_emulator: EmulatorServer, tmp_path: Path
+) -> None:
+    url = synthetic_emulator.url
+    backend = EmulatedBackend(0, emulator=url)
+    stop = threading.Event()
+    sweep = Sweep([backend], url, "gpugov-emulated", _settings(0.5), tmp_path, stop=stop,
+                  progress_enabled=False)
+    with pytest.raises(Interrupted):
+        sweep.run(check_load=lambda record: stop.set())
+    backend.close()
+    assert synthetic_emulator.node.gpu_state[0].locked is None
+    lines = [json.loads(line) for line in (tmp_path / "sweep-state.jsonl").read_text().splitlines()]
+    assert [row["clock_mhz"] for row in lines if row["kind"] == "clock"] == [1980]
+    first = lines[1]
+    code = _profile(url, tmp_path, "--clock-list", "1980,600", "--dwell", "0.5",
+                    "--resume", "--name", "resumed")
+    assert code == 0
+    rows = [json.loads(line) for line in (tmp_path / "sweep-state.jsonl").read_text().splitlines()]
+    assert [row["clock_mhz"] for row in rows if row["kind"] == "clock"] == [1980, 600]
+    assert rows[1] == first  # the measured clock was kept, not measured again
+    assert load_profile(tmp_path / "resumed.json").clock_mhz[-1] == 1980
+    code = _profile(url, tmp_path, "--clock-list", "1980,1290", "--resume")
+    assert code == 1  # different settings: refused, nothing overwritten
+
+
+def test_dry_run_changes_nothing(
+    synthetic_emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node = synthetic_emulator.node
+    code = _profile(synthetic_emulator.url, tmp_path, "--dry-run", "--dwell", "0.3")
+    assert code == 0
+    assert node.gpu_state[0].locked is None and node.simulations[0].requested_clock_mhz == 1980
+    record = json.loads((tmp_path / "dry-run.json").read_text())
+    assert record["prefill"]["tokens_per_s"] == pytest.approx(20_000.0, rel=0.05)
+    assert not (tmp_path / "sweep-state.jsonl").exists()
+    assert "changed nothing" in capsys.readouterr().out
+
+
+def test_unreachable_engine_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = _profile("http://127.0.0.1:9", tmp_path, "--clocks", "3")
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpugov: error: --engine-url: engine at")
+
+
+def test_model_too_small_to_load_the_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    idle = 100.0 + 22.0 * np.arange(345.0, 1981.0, 15.0) / 1980.0
+    truth = make_profile()
+    tiny = PerformanceProfile(
+        clock_mhz=truth.clock_mhz, prefill_tokens_per_s=truth.prefill_tokens_per_s,
+        decode_tokens_per_s=truth.decode_tokens_per_s, prefill_power_w=idle * 1.01,
+        decode_power_w=idle * 1.01, idle_power_w=idle, ttft_slo_s=1.0, tpot_slo_s=0.1,
+        manifest=truth.manifest, name="tiny",
+    )
+    server = _server(tiny)
+    try:
+        code = _profile(server.url, tmp_path, "--clock-list", "1980,600", "--dwell", "0.3")
+        assert code == 1
+        assert server.node.gpu_state[0].locked is None
+        assert server.node.simulations[0].requested_clock_mhz == 1980
+    finally:
+        server.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "too small to load the GPU" in err[0] and "clocks reset" in err[0]
