@@ -196,6 +196,8 @@ def check_output_file(flag: str, path: str | os.PathLike[str] | None) -> None:
     parent = os.path.dirname(os.path.abspath(target))
     if os.path.isdir(target):
         raise UsageError(f"{flag} {target}: is a directory; give a file name")
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise UsageError(f"{flag} {target}: {parent} is not a directory")
     if not os.path.isdir(parent):
         raise UsageError(
             f"{flag} {target}: directory {parent} does not exist (create it first)"

@@ -99,7 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe raises here, inside the handler below
         return code
     except KeyboardInterrupt:
-        print("\ngpugov: interrupted", file=sys.stderr)
+        # On a terminal, end a progress bar's line first; elsewhere the line stands alone.
+        start = "\n" if sys.stderr.isatty() else ""
+        print(f"{start}gpugov: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # Python flushes stdout at exit; point it at devnull so that flush cannot raise.

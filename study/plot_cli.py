@@ -44,7 +44,9 @@ def run_plot(args: argparse.Namespace) -> int:
         name = canonical_controller_name(str(controllers.get(domain, "?")))
         title = (
             f"gpugov plot: {source.name}, domain {domain}, controller {name} "
-            f"({header.get('mode', 'node')}, {len(series.time_s)} ticks)"
+            f"({header.get('mode', 'node')}"
+            + (", dry run: no clock was set" if header.get("dry_run") else "")
+            + f", {len(series.time_s)} ticks)"
         )
         write_run_plot(series, target, title)
         print(f"wrote {target}")

@@ -58,6 +58,7 @@ import json
 import math
 import os
 import platform
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -1432,9 +1433,17 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python study/scoreboard.py``."""
+    from gpugov.daemon.cli_support import UsageError, fail
+
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     add_arguments(parser)
-    return run_from_args(parser.parse_args(argv))
+    try:
+        return run_from_args(parser.parse_args(argv))
+    except (UsageError, ValueError) as error:
+        return fail(str(error))
+    except KeyboardInterrupt:
+        print("gpugov: interrupted", file=sys.stderr)
+        return 130
 
 
 __all__ = [

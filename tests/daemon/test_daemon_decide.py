@@ -202,3 +202,28 @@ def test_with_safety_chain() -> None:
     assert wrapped(_obs()) == 900.0
     assert innermost(wrapped) is inner
     assert wrapped.__name__ == "scripted"
+
+
+def test_one_name_per_controller_and_old_names_map_to_it() -> None:
+    from gpugov.daemon.decide import canonical_controller_name, spec_name
+
+    for text, name in [("max", "max"), ("maximum", "max"), ("fixed:1410.0", "fixed:1410"),
+                       ("reactive", "reactive"), ("mpc", "mpc"), ("mpc-slsqp", "mpc-slsqp"),
+                       ("mpc:h200-sxm-llama3-8b", "mpc")]:
+        assert spec_name(parse_controller_spec(text)) == name
+    for old, new in [("mpc_clock", "mpc"), ("mpc_slsqp_clock", "mpc-slsqp"),
+                     ("maximum_clock_controller", "max"), ("reactive_governor", "reactive"),
+                     ("open_loop_clock", "open-loop"), ("Offline plan", "open-loop"),
+                     ("fixed_1410_mhz", "fixed:1410"), ("mpc_fast", "mpc"), ("mpc", "mpc")]:
+        assert canonical_controller_name(old) == new
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("reactive:foo", "reactive takes no argument"), ("max:", "max takes no argument"),
+     ("mpc:garbage", "unknown profile 'garbage'"), ("mpc-slsqp:", "name a profile"),
+     ("mpc:/nonexistent/p.json", "profile file not found")],
+)
+def test_controller_spec_arguments_are_checked(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_controller_spec(text)

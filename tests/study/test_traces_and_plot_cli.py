@@ -98,3 +98,18 @@ def test_missing_matplotlib_is_one_line(
     assert "needs matplotlib" in lines[0]
     assert lines[0].endswith("pip install 'gpugov[plots]'")
     assert not (tmp_path / "x.png").exists()
+
+
+REAL = Path(__file__).resolve().parents[1] / "daemon" / "fixtures" / "h200_dryrun_reactive.jsonl"
+
+
+def test_old_recording_names_read_as_todays(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A recording from before the rename says ``reactive_governor``: replay and plot
+    show ``reactive``, and the real H200 recording plots (realised under the cap)."""
+    assert main(["replay", str(REAL), "--controller", "reactive"]) == 0
+    assert "decisions of 'reactive' through 'reactive'" in capsys.readouterr().out
+    out = tmp_path / "h200.png"
+    assert main(["plot", str(REAL), "--out", str(out)]) == 0
+    assert out.read_bytes().startswith(PNG_MAGIC)

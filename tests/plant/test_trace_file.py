@@ -1,0 +1,48 @@
+"""The trace reader's documented limits: line length and total size, with file and line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpugov.plant import trace_file
+from gpugov.plant.workload import TraceError, load_trace
+
+HEADER = "arrival_time_s,prompt_tokens,output_tokens\n"
+
+
+def test_long_line_is_refused_with_its_line_number(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(HEADER + "0,10,10\n" + "9" * (trace_file.MAX_LINE_BYTES + 1) + "\n")
+    with pytest.raises(TraceError, match=rf"^{path}:3: line longer than 65536 bytes"):
+        load_trace(path)
+
+
+def test_a_line_split_across_chunks_is_measured_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(trace_file, "_READ_CHUNK_BYTES", 7)
+    monkeypatch.setattr(trace_file, "MAX_LINE_BYTES", 60)
+    path = tmp_path / "t.csv"
+    rows = "".join(f"{i},{10 + i},{5 + i}\n" for i in range(20))
+    path.write_text(HEADER + rows)
+    requests, report = load_trace(path)  # 42-byte header, short rows: within the caps
+    assert len(requests) == 20 and report.rows == 20
+    path.write_text(HEADER + rows + "1" * 61 + "\n")
+    with pytest.raises(TraceError, match=rf"^{path}:22: line longer than 60 bytes"):
+        load_trace(path)
+
+
+def test_total_size_is_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trace_file, "_READ_CHUNK_BYTES", 16)
+    monkeypatch.setattr(trace_file, "MAX_TRACE_BYTES", 100)
+    path = tmp_path / "t.csv"
+    path.write_text(HEADER + "".join(f"{i},10,10\n" for i in range(20)))
+    with pytest.raises(TraceError, match=rf"^{path}: larger than the 100-byte limit"):
+        load_trace(path)
+
+
+def test_dev_zero_fails_fast_at_line_one() -> None:
+    with pytest.raises(TraceError, match=r"^/dev/zero:1: line longer than"):
+        load_trace("/dev/zero")
