@@ -204,6 +204,7 @@ def _run_simulated(args: argparse.Namespace) -> int:
         period_s=args.period,
         dwell_s=args.dwell if args.dwell is not None else 1.0,
         seed=args.seed,
+        virtual_time=args.virtual,
         header={
             "trace": str(report.path),
             "profile": profile.name,
