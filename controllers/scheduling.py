@@ -13,8 +13,9 @@ value-iteration answer can be checked. Offline RL is fitted Q iteration with Ext
 (:func:`fit_fqi`) on logged transitions (:func:`generate_transition_dataset`).
 
 Random streams. The seed samples each next state with ``Generator.choice(n, p=row)``,
-which draws one uniform and inverts the row's normalised cumulative sum. This module does
-exactly that with precomputed cumulative rows, so :func:`generate_transition_dataset`,
+which draws one uniform and inverts the row's normalised cumulative sum.
+``scheduling_rl`` does exactly that with precomputed cumulative rows, so
+:func:`generate_transition_dataset`,
 :func:`evaluate_scheduling_policy` and the reduced trajectory reproduce the seed's numbers
 bit for bit (the tests check this against a per-step ``choice`` reference), while
 :func:`evaluate_scheduling_policy` runs all episodes at once: the uniforms are drawn up

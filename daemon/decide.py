@@ -128,15 +128,19 @@ def mpc_controller(
     *,
     mean_prompt_tokens: float | None = None,
     mean_output_tokens: float | None = None,
+    virtual_time: bool = False,
 ) -> ClockController:
     """The MPC a config asks for, planning on ``plant``.
 
     Declared forecasts come from the config, else from the caller (the simulated modes
-    pass the workload's means), else the controller's defaults.
+    pass the workload's means), else the controller's defaults. With ``virtual_time``
+    (simulate, run --simulate --virtual, the scoreboard) a solve is bounded by a
+    deterministic evaluation budget instead of the wall-clock ``solve_time_limit_s``, so
+    a busy machine cannot change a decision.
     """
     from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
     from gpugov.controllers.fast_mpc import DiscreteSearchSolver
-    from gpugov.controllers.mpc import MPCController
+    from gpugov.controllers.mpc import DEFAULT_SOLVE_BUDGET_EVALUATIONS, MPCController
 
     fast = spec.kind == "mpc"
     options: dict[str, Any] = {
@@ -164,6 +168,8 @@ def mpc_controller(
         options["ttft_prompt_tokens"] = spec.ttft_prompt_tokens
     if output is not None:
         options["mean_output_tokens"] = output
+    if virtual_time:
+        options["solve_budget_evaluations"] = DEFAULT_SOLVE_BUDGET_EVALUATIONS
     controller = MPCController(plant, **options)
     controller.__name__ = spec.kind
     return controller

@@ -245,6 +245,7 @@ def _run_simulated(args: argparse.Namespace) -> int:
         period_s=args.control_period,
         dwell_s=args.dwell if args.dwell is not None else 1.0,
         seed=args.seed,
+        virtual_time=args.virtual,
         header={
             "trace": str(report.path),
             "profile": profile.name,

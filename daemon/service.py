@@ -347,12 +347,14 @@ def simulated_run(
     seed: int = 0,
     horizon_s: float | None = None,
     header: dict[str, Any] | None = None,
+    virtual_time: bool = False,
 ) -> SimulatedRun:
     """A simulated node with one domain on one simulated GPU.
 
     The MPC controller plans on the run's own plant, with the declared forecasts the
     config gives or, by default, the workload's mean prompt and output lengths (fixed
-    before the run, as ``gpugov simulate`` does).
+    before the run, as ``gpugov simulate`` does). ``virtual_time`` (the clock is virtual,
+    not paced) bounds its solves by a deterministic budget, not the wall clock.
     """
     if not workload:
         raise ValueError("the simulated workload has no requests")
@@ -366,7 +368,10 @@ def simulated_run(
         # Record the forecasts the MPC really uses, so a replay rebuilds the same MPC.
         controller_spec = with_workload_forecasts(controller_spec, workload)
         controller = mpc_controller(
-            controller_spec, planning_plant(controller_spec, plant), period_s
+            controller_spec,
+            planning_plant(controller_spec, plant),
+            period_s,
+            virtual_time=virtual_time,
         )
     domain = build_domain(
         "sim",
@@ -433,13 +438,22 @@ def planning_plant(spec: MPCControllerConfig, plant: ServingPlant) -> ServingPla
 
 
 def simulated_mpc(
-    spec: MPCControllerConfig, plant: ServingPlant, workload: Sequence[Request], period_s: float
+    spec: MPCControllerConfig,
+    plant: ServingPlant,
+    workload: Sequence[Request],
+    period_s: float,
+    *,
+    virtual_time: bool = True,
 ) -> Any:
     """The MPC planning on the run's plant (or the profile the spec names, see
     :func:`planning_plant`), with forecasts declared from the workload unless the config
-    gives them (:func:`with_workload_forecasts`)."""
+    gives them (:func:`with_workload_forecasts`). Offline runs are in virtual time by
+    default: solves are bounded by a deterministic budget, not the wall clock."""
     return mpc_controller(
-        with_workload_forecasts(spec, workload), planning_plant(spec, plant), period_s
+        with_workload_forecasts(spec, workload),
+        planning_plant(spec, plant),
+        period_s,
+        virtual_time=virtual_time,
     )
 
 

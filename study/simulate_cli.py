@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 from gpugov.daemon.cli_support import (
     CONTROLLER_HELP,
@@ -38,6 +39,23 @@ def write_plot(result: ServingResult, path: Path, title: str = "") -> None:
     from gpugov.study.plots import series_from_result, write_run_plot
 
     write_run_plot(series_from_result(result), path, title or result.controller_name)
+
+
+def controller_diagnostics(controller: object) -> dict[str, Any] | None:
+    """An MPC's solve record for the JSON: solves, fallbacks by reason (``budget``: a
+    solve that used up its deterministic budget in virtual time), the budget or limit."""
+    diagnostics = getattr(controller, "diagnostics", None)
+    if not callable(diagnostics):
+        return None
+    report = diagnostics()
+    return {
+        "solves": int(len(report.solve_times_s)),
+        "successful_solves": int(report.successful_solves),
+        "fallbacks": int(report.fallback_count),
+        "fallback_reasons": dict(report.fallback_reasons),
+        "solve_budget_evaluations": getattr(controller, "solve_budget_evaluations", None),
+        "solve_time_limit_s": float(report.solve_time_limit_s),
+    }
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -113,6 +131,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                     "workload_checksum": workload_checksum(workload),
                 },
                 "series_stride": args.stride,
+                "controller_diagnostics": controller_diagnostics(controller),
             },
             "series": series,
         }

@@ -356,7 +356,12 @@ def test_failed_solve_falls_back_and_is_counted(synthetic_plant):
     assert controller.plans_by_step[0] == (1440.0,)
     diagnostics = controller.diagnostics()
     assert diagnostics.fallback_count == 1 and diagnostics.successful_solves == 0
-    assert diagnostics.fallback_reasons == {"solver_failed": 1, "overrun": 0, "exception": 0}
+    assert diagnostics.fallback_reasons == {
+        "solver_failed": 1,
+        "overrun": 0,
+        "exception": 0,
+        "budget": 0,
+    }
     assert controller.last_error == "Iteration limit"
 
 
@@ -376,6 +381,7 @@ def test_overrun_falls_back(synthetic_plant):
         "solver_failed": 0,
         "overrun": 2,
         "exception": 0,
+        "budget": 0,
     }
 
 
