@@ -30,6 +30,7 @@ import random
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     clock = VirtualClock()
     fake = FakeNvml(1)
+    # The fake's own write log is test bookkeeping, not the daemon's: keep it bounded so
+    # the slope measures the daemon (unbounded, it grows ~100 B per clock change).
+    fake.writes = deque(maxlen=1000)  # type: ignore[assignment]
     assembled = domains_from_config(config, nvml=fake)
     page = SyntheticVllm(clock)
     for source in assembled.sources:

@@ -9,6 +9,7 @@ safety wrappers, actuator and exporter run unchanged on top.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 from gpugov.daemon.backend import GpuSample
@@ -74,7 +75,7 @@ class SimulatedBackend:
         self._label = label
         clocks = node.simulation.plant.profile.clock_mhz
         self._clocks = tuple(int(round(float(c))) for c in clocks)
-        self.locks: list[tuple[int, int]] = []
+        self.locks: deque[tuple[int, int]] = deque(maxlen=1000)  # the last writes, bounded
         self.resets = 0
 
     @property
