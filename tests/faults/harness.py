@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import http.server
+import importlib.util
 import json
 import os
 import re
@@ -21,9 +22,27 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 FIXTURES = REPO / "tests" / "daemon" / "fixtures"
-sys.path.insert(0, str(HERE / "fakenv"))
 
-from pynvml import STATE_ENV, initial_state, locked_state, write_state  # noqa: E402
+
+def _load_fake_nvml() -> Any:
+    """The file-backed fake ``pynvml`` under a private name: this test process keeps the
+    real ``pynvml`` for every other test; only the daemon processes import the fake."""
+    fake = HERE / "fakenv" / "pynvml.py"
+    spec = importlib.util.spec_from_file_location("fault_fake_pynvml", fake)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_FAKE = _load_fake_nvml()
+STATE_ENV, initial_state, locked_state, write_state = (
+    _FAKE.STATE_ENV,
+    _FAKE.initial_state,
+    _FAKE.locked_state,
+    _FAKE.write_state,
+)
 
 PERIOD_S = 0.2
 STALE_S = 0.6  # three periods
