@@ -24,8 +24,10 @@ recordings, scoreboard), so the seed's ``maximum_clock``, ``offline`` and ``mpc`
   (the MDP's calibration clock) on the evaluation workload.
 
 Pure computation: no file I/O, no printing. ``progress`` receives one line per step.
-Everything is deterministic except the MPC's solve times (wall clock, ``perf_counter``),
-which also decide overrun fallbacks; pass ``mpc_timer`` to make a run fully repeatable.
+Everything is deterministic: the MPC runs in virtual time, so a deterministic budget of
+cost evaluations bounds its solves, never the wall clock (a busy machine cannot change a
+decision); only the reported solve times vary (``perf_counter``; pass ``mpc_timer`` to fix
+them too).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from gpugov.controllers.baseline import (
     sample_and_hold_clock_controller,
 )
 from gpugov.controllers.mpc import (
+    DEFAULT_SOLVE_BUDGET_EVALUATIONS,
     MPCController,
     expected_output_tokens_forecast,
     mpc_summary,
@@ -267,7 +270,12 @@ def _run_mpc(
     """``run_mpc(workload, plant)`` with the solve-time distribution in its metadata."""
     forecast = expected_output_tokens_forecast(workload)
     options: dict[str, Any] = {} if timer is None else {"timer": timer}
-    controller = MPCController(plant, mean_output_tokens=forecast, **options)
+    controller = MPCController(
+        plant,
+        mean_output_tokens=forecast,
+        solve_budget_evaluations=DEFAULT_SOLVE_BUDGET_EVALUATIONS,
+        **options,
+    )
     result = simulate(
         workload,
         plant,
