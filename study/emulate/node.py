@@ -4,8 +4,8 @@ A background thread advances every GPU's :class:`~gpugov.plant.PlantSimulation` 
 wall clock every ``tick_s``; requests are injected as they arrive and their tokens are
 handed to the HTTP handlers as the plant's iterations produce them. With ``--gpus N``
 the node is data parallel: N replicas of the engine, one per GPU, each request sent to
-the replica with the fewest unfinished requests (vLLM's ``engine`` label tells them apart
-on ``/metrics``). Everything here is guarded by one lock.
+the replica with the fewest unfinished requests, ties in turn (vLLM's ``engine`` label
+tells them apart on ``/metrics``). Everything here is guarded by one lock.
 """
 
 from __future__ import annotations
@@ -151,6 +151,7 @@ class EmulatedNode:
             for state in self.gpu_state:
                 state.lost_at_s = float(lost_after_s)
         self._streams: list[dict[int, Stream]] = [{} for _ in range(gpus)]
+        self._next_replica = 0
         self._rng = np.random.default_rng(seed)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -259,7 +260,13 @@ class EmulatedNode:
         returned stream's ``events``."""
         with self.lock:
             self.advance()
-            replica = min(range(len(self.simulations)), key=lambda r: len(self._streams[r]))
+            count = len(self.simulations)
+            # Fewest requests in flight; ties go round robin (as vLLM's DP balancer).
+            replica = min(
+                range(count),
+                key=lambda r: (len(self._streams[r]), (r - self._next_replica) % count),
+            )
+            self._next_replica = (replica + 1) % count
             simulation = self.simulations[replica]
             index = simulation.add_request(prompt_tokens, output_tokens)
             stream = Stream(replica, index, prompt_tokens, output_tokens, finish_reason)

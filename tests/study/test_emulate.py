@@ -191,3 +191,31 @@ def test_unreachable_emulator_is_an_unavailable_gpu() -> None:
         EmulatedBackend(0, emulator=url)
     with pytest.raises(GpuUnavailable):
         EmulatedBackend(5, emulator="ftp://127.0.0.1:1")
+
+
+def test_two_gpus_are_two_data_parallel_replicas() -> None:
+    """--gpus 2: two engines on /metrics (vLLM's engine label, summed by VllmSource), two
+    GPUs that lock independently."""
+    server = _serve(gpus=2)
+    try:
+        for _ in range(2):
+            _post(server.url, "/v1/completions",
+                  {"prompt": "z" * 40, "max_tokens": 3, "ignore_eos": True})
+        _, page = _get(server.url, "/metrics")
+        text = page.decode()
+        assert 'vllm:prompt_tokens_total{engine="0",model_name="gpugov-emulated"} 10.0' in text
+        assert 'vllm:prompt_tokens_total{engine="1",model_name="gpugov-emulated"} 10.0' in text
+        source = ScrapedSource(f"{server.url}/metrics", "vllm", timeout_s=2.0)
+        assert source.scrape().prompt_tokens_total == 20
+        source.close()
+        first = EmulatedBackend(0, emulator=server.url)
+        second = EmulatedBackend(1, emulator=server.url)
+        first.lock_clocks(600, 600)
+        time.sleep(0.1)
+        assert first.sample().sm_clock_mhz == 600
+        assert second.sample().sm_clock_mhz == 1980
+        first.reset_clocks()
+        first.close()
+        second.close()
+    finally:
+        server.close()
