@@ -141,7 +141,7 @@ def test_staleness_and_errors() -> None:
     source.next = EngineUnavailable("down again")
     assert observer.observe(3.0, 2, None).engine_fresh  # 2.0 s old
     late = observer.observe(4.0, 3, None)
-    assert not late.engine_fresh and late.engine_age_s == pytest.approx(3.0)
+    assert not late.engine_fresh and late.engine_age_s == pytest.approx(3.0, abs=0.05)
     assert late.observation.waiting_requests == 2  # last good data kept
 
 
