@@ -344,6 +344,7 @@ def list_bundled_profiles() -> list[dict[str, Any]]:
             {
                 "name": manifest_path.stem,
                 "gpu": manifest.get("gpu", ""),
+                "gpu_kind": manifest.get("gpu_kind", ""),
                 "model": manifest.get("model", ""),
                 "status": manifest.get("status", "synthetic"),
                 "clock_range_mhz": manifest.get("clock_range_mhz"),
