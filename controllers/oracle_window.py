@@ -78,6 +78,7 @@ class _MissCounter:
     tpot_slo_s: float
     settled_upto: int = 0
     settled_misses: int = 0
+    ttft_slos: list[float] | None = None  # per request (prompt-length SLO); None: ttft_slo_s
 
     def _status(
         self, index: int, now: float, first: list[float | None], finish: list[float | None]
@@ -85,9 +86,10 @@ class _MissCounter:
         """1 for a known miss, 0 for a final success, -1 while open."""
         arrival = self.arrivals[index]
         first_token = first[index]
+        ttft_slo = self.ttft_slo_s if self.ttft_slos is None else self.ttft_slos[index]
         if first_token is None:
-            return 1 if now > arrival + self.ttft_slo_s + 1e-12 else -1
-        if first_token - arrival > self.ttft_slo_s + 1e-12:
+            return 1 if now > arrival + ttft_slo + 1e-12 else -1
+        if first_token - arrival > ttft_slo + 1e-12:
             return 1
         output = self.outputs[index]
         done = finish[index]
@@ -345,7 +347,7 @@ def window_oracle(
     miss_times = np.sort(
         np.array(
             [
-                _miss_known_time(r, profile.ttft_slo_s, profile.tpot_slo_s)
+                _miss_known_time(r, profile.ttft_slo_for(r.prompt_tokens), profile.tpot_slo_s)
                 for r in reference.request_records
             ],
             dtype=float,
@@ -371,6 +373,7 @@ def window_oracle(
             outputs=[int(r.output_tokens) for r in requests],
             ttft_slo_s=profile.ttft_slo_s,
             tpot_slo_s=profile.tpot_slo_s,
+            ttft_slos=[profile.ttft_slo_for(r.prompt_tokens) for r in requests],
         ),
     )
 

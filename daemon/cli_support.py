@@ -140,7 +140,10 @@ def format_summary(metrics: dict[str, Any], title: str = "") -> str:
             metrics["slo_attainment"] * 100 if metrics["slo_attainment"] is not None else None,
             " %", 2)),
         ("SLOs (TTFT / TPOT)",
-         f"{metrics['ttft_slo_s']:g} s / {metrics['tpot_slo_s'] * 1000:g} ms"),
+         f"{metrics['ttft_slo_s']:g} s"
+         + (f" + {metrics['ttft_slo_per_prompt_token_s'] * 1e6:g} us/prompt token"
+            if metrics.get("ttft_slo_per_prompt_token_s") else "")
+         + f" / {metrics['tpot_slo_s'] * 1000:g} ms"),
         ("requests completed / arrived",
          f"{metrics['completed_requests']} / {metrics['arrived_requests']}"
          f" ({metrics['censored_requests']} censored)"),

@@ -18,6 +18,9 @@ class ServingPlant:
     for piecewise-constant power. ``actuation_delay_s`` is the time from a clock request
     to the new clock taking effect. ``kv_capacity_tokens`` and ``max_batch_size`` bound
     the running batch as vLLM's KV block pool and ``max_num_seqs`` do.
+    ``tensor_parallel`` is the number of GPUs in the domain (one clock for all of them, as
+    the daemon's multi-GPU domains lock it): the profile's rates are the domain's, its powers
+    and ``power_limit_w`` the sum over the GPUs, its thermal state each GPU's.
     """
 
     profile: PerformanceProfile
@@ -32,6 +35,7 @@ class ServingPlant:
     kv_capacity_tokens: int = 400_000
     drain_timeout_s: float = 600.0
     latency_noise_cv: float = 0.0
+    tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
         self.validate()
@@ -68,6 +72,10 @@ class ServingPlant:
             raise ValueError(
                 f"ServingPlant.kv_capacity_tokens must be >= 1, got {self.kv_capacity_tokens}"
             )
+        if self.tensor_parallel < 1:
+            raise ValueError(
+                f"ServingPlant.tensor_parallel must be >= 1, got {self.tensor_parallel}"
+            )
         if not np.isfinite(self.latency_noise_cv) or not 0.0 <= self.latency_noise_cv < 1.0:
             raise ValueError(
                 f"ServingPlant.latency_noise_cv must lie in [0, 1), got {self.latency_noise_cv!r}"
@@ -86,6 +94,7 @@ class ServingPlant:
             "ambient_temperature_c": float(thermal.get("ambient_temperature_c", 30.0)),
             "thermal_resistance_c_per_w": float(thermal.get("thermal_resistance_c_per_w", 0.07)),
             "thermal_time_constant_s": float(thermal.get("thermal_time_constant_s", 30.0)),
+            "tensor_parallel": profile.tensor_parallel,
         }
         if "max_batch_size" in engine:
             values["max_batch_size"] = int(engine["max_batch_size"])

@@ -242,6 +242,30 @@ class PerformanceProfile:
             raise ValueError(f"unknown phase {phase!r}; expected prefill, decode or idle")
         return float(np.interp(clock_mhz, self.clock_mhz, table))
 
+    # -------------------------------------------------------------- SLO, domain
+    @property
+    def ttft_slo_per_prompt_token_s(self) -> float:
+        """TTFT allowance per prompt token on top of ``ttft_slo_s`` (0: a flat SLO)."""
+        return float(self.manifest.get("ttft_slo_per_prompt_token_s", 0.0))
+
+    def ttft_slo_for(self, prompt_tokens: float) -> float:
+        """TTFT SLO of a request with ``prompt_tokens`` prompt tokens, in seconds:
+        ``ttft_slo_s + ttft_slo_per_prompt_token_s * prompt_tokens``."""
+        return self.ttft_slo_s + self.ttft_slo_per_prompt_token_s * float(prompt_tokens)
+
+    @property
+    def tensor_parallel(self) -> int:
+        """GPUs in the simulated domain (rates are the domain's, powers its sum)."""
+        raw = self.manifest.get("tensor_parallel", 1)
+        if isinstance(raw, Mapping):
+            raw = raw.get("size", 1)
+        return int(raw)
+
+    @property
+    def worst_calibration_error(self) -> float | None:
+        """Largest ``|relative_error|`` of the manifest's calibration rows, or None."""
+        return worst_calibration_error(self.manifest)
+
     # -------------------------------------------------------- engine model params
     @property
     def decode_latency_model(self) -> DecodeLatencyModel:
@@ -280,7 +304,9 @@ class PerformanceProfile:
             "maximum_clock_mhz": self.maximum_clock_mhz,
             "supported_clock_count": int(self.clock_mhz.size),
             "ttft_slo_s": self.ttft_slo_s,
+            "ttft_slo_per_prompt_token_s": self.ttft_slo_per_prompt_token_s,
             "tpot_slo_s": self.tpot_slo_s,
+            "tensor_parallel": self.tensor_parallel,
         }
 
 
@@ -294,8 +320,19 @@ def bundled_profile_dir() -> Path:
     return Path(str(resources.files("gpugov.profiles")))
 
 
+def worst_calibration_error(manifest: Mapping[str, Any]) -> float | None:
+    """Largest ``|relative_error|`` over a manifest's ``calibration`` rows (None: no rows)."""
+    rows = manifest.get("calibration") or []
+    errors = [
+        abs(float(row["relative_error"]))
+        for row in rows
+        if isinstance(row, Mapping) and _is_number(row.get("relative_error"))
+    ]
+    return max(errors) if errors else None
+
+
 def list_bundled_profiles() -> list[dict[str, Any]]:
-    """Name, GPU, model and status of every bundled profile, sorted by name."""
+    """Name, path, GPU, model, TP, status and calibration quality of every bundled profile."""
     rows = []
     for manifest_path in sorted(bundled_profile_dir().glob("*.json")):
         try:
@@ -308,13 +345,25 @@ def list_bundled_profiles() -> list[dict[str, Any]]:
             {
                 "name": manifest_path.stem,
                 "gpu": manifest.get("gpu", ""),
+                "gpu_kind": manifest.get("gpu_kind", ""),
                 "model": manifest.get("model", ""),
                 "status": manifest.get("status", "synthetic"),
                 "clock_range_mhz": manifest.get("clock_range_mhz"),
+                "tensor_parallel": _tp_size(manifest.get("tensor_parallel", 1)),
+                "ttft_slo_s": manifest.get("ttft_slo_s"),
+                "ttft_slo_per_prompt_token_s": manifest.get("ttft_slo_per_prompt_token_s", 0.0),
+                "tpot_slo_s": manifest.get("tpot_slo_s"),
+                "calibration_rows": len(manifest.get("calibration") or []),
+                "worst_calibration_error": worst_calibration_error(manifest),
                 "path": str(manifest_path),
             }
         )
     return rows
+
+
+def _tp_size(raw: Any) -> Any:
+    """The TP degree of a manifest's ``tensor_parallel`` (an int or ``{"size": n}``)."""
+    return raw.get("size", 1) if isinstance(raw, Mapping) else raw
 
 
 def resolve_profile_path(name_or_path: str | Path) -> Path:
@@ -435,6 +484,16 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
         raise ProfileError(
             f"{manifest_path}: clock_range_mhz must be [lowest, highest] with "
             f"0 < lowest < highest, got {clock_range!r}"
+        )
+    allowance = manifest.get("ttft_slo_per_prompt_token_s", 0.0)
+    if not _is_number(allowance) or allowance < 0:
+        raise ProfileError(
+            f"{manifest_path}: ttft_slo_per_prompt_token_s must be a number >= 0, got {allowance!r}"
+        )
+    tp = _tp_size(manifest.get("tensor_parallel", 1))
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ProfileError(
+            f"{manifest_path}: tensor_parallel size must be an integer >= 1, got {tp!r}"
         )
     csv_path = manifest_path.parent / str(manifest["csv"])
     if not csv_path.exists():

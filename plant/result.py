@@ -57,6 +57,7 @@ class ServingMetrics:
     clock_changes: int
     ttft_slo_s: float
     tpot_slo_s: float
+    ttft_slo_per_prompt_token_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict of every metric."""
@@ -81,8 +82,12 @@ def compute_metrics(
     peak_queued_requests_at_minimum_clock: float,
     preemptions: int,
     clock_changes: int,
+    ttft_slo_per_prompt_token_s: float = 0.0,
 ) -> ServingMetrics:
-    """Summarise records into :class:`ServingMetrics` (censoring kept visible)."""
+    """Summarise records into :class:`ServingMetrics` (censoring kept visible).
+
+    A request's TTFT SLO is ``ttft_slo_s + ttft_slo_per_prompt_token_s * prompt_tokens``.
+    """
     ttft = np.array([r.ttft_s for r in records if r.ttft_s is not None], dtype=float)
     tpot = np.array([r.tpot_s for r in records if r.tpot_s is not None], dtype=float)
     ttft_censored = sum(1 for r in records if r.ttft_censored)
@@ -92,7 +97,8 @@ def compute_metrics(
     tpot_ok = 0
     both_ok = 0
     for r in records:
-        ttft_met = r.ttft_s is not None and r.ttft_s <= ttft_slo_s + 1e-12
+        ttft_slo = ttft_slo_s + ttft_slo_per_prompt_token_s * r.prompt_tokens
+        ttft_met = r.ttft_s is not None and r.ttft_s <= ttft_slo + 1e-12
         if r.finish_time_s is None:
             tpot_met = False
         else:
@@ -130,6 +136,7 @@ def compute_metrics(
         clock_changes=int(clock_changes),
         ttft_slo_s=float(ttft_slo_s),
         tpot_slo_s=float(tpot_slo_s),
+        ttft_slo_per_prompt_token_s=float(ttft_slo_per_prompt_token_s),
     )
 
 

@@ -196,6 +196,7 @@ class PlantSimulation:
         self._window_busy0 = 0.0
         self._ttft_sum = 0.0
         self._ttft_count = 0
+        self._ttft_prompt_sum = 0.0
         self._itl_sum = 0.0
         self._itl_count = 0
 
@@ -315,9 +316,12 @@ class PlantSimulation:
             supported_clocks_mhz=tuple(self._clocks),
             ttft_recent_s=(self._ttft_sum / self._ttft_count) if self._ttft_count else None,
             tpot_recent_s=(self._itl_sum / self._itl_count) if self._itl_count else None,
-            ttft_slo_s=profile.ttft_slo_s,
+            ttft_slo_s=profile.ttft_slo_for(
+                self._ttft_prompt_sum / self._ttft_count if self._ttft_count else 0.0
+            ),
             tpot_slo_s=profile.tpot_slo_s,
         )
+        self._ttft_prompt_sum = 0.0
         self._window_start = now
         self._window_busy0 = self._busy_s
         self._ttft_sum = 0.0
@@ -785,6 +789,7 @@ class PlantSimulation:
             self._first_token[request] = now
             self._ttft_sum += now - self._arrival[request]
             self._ttft_count += 1
+            self._ttft_prompt_sum += self._prompt[request]
         if self._generated[request] >= self._output[request]:
             self._finish[request] = now
             self._completed += 1
@@ -871,6 +876,7 @@ class PlantSimulation:
             output_tokens=self._output_total,
             ttft_slo_s=profile.ttft_slo_s,
             tpot_slo_s=profile.tpot_slo_s,
+            ttft_slo_per_prompt_token_s=profile.ttft_slo_per_prompt_token_s,
             power_cap_violation_s=self._power_violation_s,
             thermal_violation_s=self._thermal_violation_s,
             peak_temperature_c=self._peak_temperature,

@@ -88,6 +88,7 @@ from gpugov.controllers.oracles import (
 from gpugov.daemon.config import MPCControllerConfig
 from gpugov.daemon.service import simulated_mpc
 from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, load_profile, simulate
+from gpugov.plant.profile import list_bundled_profiles
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.plant.types import ClockController, Request, ServingObservation
 from gpugov.plant.workload import (
@@ -1292,6 +1293,15 @@ def short_table(payload: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def expand_profiles(names: Sequence[str]) -> list[str]:
+    """``--profiles`` values with ``all`` replaced by every bundled profile (the zoo)."""
+    out: list[str] = []
+    for name in names:
+        expanded = [row["name"] for row in list_bundled_profiles()] if name == "all" else [name]
+        out += [n for n in expanded if n not in out]
+    return out
+
+
 def config_for(
     *,
     quick: bool = False,
@@ -1317,6 +1327,7 @@ def config_for(
                 )
         changes["traces"] = tuple(traces)
     if profiles:
+        profiles = expand_profiles(profiles)
         for name in profiles:
             load_profile(name)  # ProfileError (a ValueError) names a bad profile now
         changes["profiles"] = tuple(profiles)
@@ -1367,7 +1378,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="NAME",
         default=None,
-        help="bundled profile names (default: all three)",
+        help="bundled profile names or manifest paths, or 'all' for the whole zoo "
+        f"(default: {' '.join(PROFILES)})",
     )
     parser.add_argument(
         "--loads",

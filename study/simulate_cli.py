@@ -168,11 +168,19 @@ def run_profiles(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"{'name':<28} {'status':<20} {'clocks (MHz)':<14} gpu / model")
+    print(
+        f"{'name':<30} {'status':<19} {'TP':>2} {'clocks (MHz)':<12} {'SLO TTFT/TPOT':<22} "
+        f"{'worst cal.':>10}  gpu / model"
+    )
     for row in rows:
         clock_range = row.get("clock_range_mhz") or ["?", "?"]
+        worst = row.get("worst_calibration_error")
+        worst_text = "none" if worst is None else f"{worst:.3f}"
+        slo = f"{row.get('ttft_slo_s')}s+{row.get('ttft_slo_per_prompt_token_s', 0) * 1e6:g}us/tok"
+        slo += f"/{row.get('tpot_slo_s')}s"
         print(
-            f"{row['name']:<28} {row['status']:<20} {clock_range[0]}-{clock_range[1]:<9} "
+            f"{row['name']:<30} {row['status']:<19} {row.get('tensor_parallel', 1):>2} "
+            f"{clock_range[0]}-{clock_range[1]:<7} {slo:<22} {worst_text:>10}  "
             f"{row['gpu']} / {row['model']}"
         )
     return 0

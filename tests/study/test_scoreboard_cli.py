@@ -123,6 +123,20 @@ def test_bench_controllers_rejects_an_unknown_profile(tmp_path: Path) -> None:
     assert "b200-nope" in stderr
 
 
+def test_profiles_all_expands_to_the_zoo() -> None:
+    from gpugov.plant.profile import list_bundled_profiles
+    from gpugov.study import scoreboard
+
+    names = [row["name"] for row in list_bundled_profiles()]
+    config = scoreboard.config_for(tiny=True, profiles=["all"])
+    assert list(config.profiles) == names
+    # "all" plus a name already in it: no duplicate scenarios.
+    config = scoreboard.config_for(tiny=True, profiles=["h100-sxm-llama3-8b", "all"])
+    assert len(config.profiles) == len(names)
+    assert config.profiles[0] == "h100-sxm-llama3-8b"
+    assert scoreboard.FULL.profiles == scoreboard.PROFILES
+
+
 def test_bench_requires_a_benchmark_name() -> None:
     with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
         main(["bench"])

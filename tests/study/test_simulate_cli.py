@@ -124,8 +124,18 @@ def test_profiles_lists_bundled_with_status(capsys: pytest.CaptureFixture[str]) 
     names = {row["name"] for row in rows}
     assert {"h100-sxm-llama3-8b", "h200-sxm-llama3-8b", "a100-sxm-80gb-llama3-8b"} <= names
     assert {row["status"] for row in rows} == {"literature-derived"}
+    assert len(rows) >= 10
+    for row in rows:
+        assert Path(row["path"]).is_file()
+        assert row["gpu"] and row["model"] and row["tensor_parallel"] >= 1
+        assert "worst_calibration_error" in row
+    by_name = {row["name"]: row for row in rows}
+    assert by_name["h100-sxm-llama3-70b-tp8"]["tensor_parallel"] == 8
+    assert 0.0 <= by_name["h100-sxm-llama3-8b"]["worst_calibration_error"] <= 0.2
     assert main(["profiles"]) == 0
-    assert "literature-derived" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "literature-derived" in text
+    assert "h200-sxm-llama3-70b-tp4" in text
 
 
 def test_simulate_mpc_and_open_loop_controllers(tmp_path: Path) -> None:

@@ -1,0 +1,118 @@
+"""Extract the small measured-data tables the profile generator calibrates against.
+
+Reads a local mirror of microsoft/vidur (MIT licence) with ``git show`` and writes
+``profiles/calibration/vidur_linear_ops.csv`` (per-layer time of the non-attention
+operators, summed medians, ms) and ``profiles/calibration/vidur_all_reduce.csv``
+(intra-node all-reduce medians, ms). Run: ``python bench/extract_calibration.py MIRROR``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+GPUS = {"a100": "a100", "h100": "h100"}
+MODELS = {
+    "meta-llama/Llama-2-7b-hf": "Llama-2-7B",
+    "meta-llama/Meta-Llama-3-8B": "Llama-3-8B",
+    "codellama/CodeLlama-34b-Instruct-hf": "CodeLlama-34B",
+    "meta-llama/Llama-2-70b-hf": "Llama-2-70B",
+    "meta-llama/Meta-Llama-3-70B": "Llama-3-70B",
+}
+LAYER_OPS = (
+    "input_layernorm",
+    "attn_pre_proj",
+    "attn_rope",
+    "attn_post_proj",
+    "post_attention_layernorm",
+    "mlp_up_proj",
+    "mlp_act",
+    "mlp_down_proj",
+    "add",
+)
+TOKENS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+SIZES = (2048, 1048576, 4194304, 16777216, 67108864)
+
+
+def _show(mirror: Path, path: str) -> list[dict[str, str]] | None:
+    """Rows of a CSV at HEAD of the mirror, or None when the file is absent."""
+    run = subprocess.run(
+        ["git", "-C", str(mirror), "show", f"HEAD:{path}"], capture_output=True, text=True
+    )
+    if run.returncode != 0 or not run.stdout.strip():
+        return None
+    return list(csv.DictReader(io.StringIO(run.stdout)))
+
+
+def main(argv: list[str]) -> int:
+    """Write both extracts from the mirror named on the command line."""
+    mirror = Path(argv[1])
+    commit = subprocess.run(
+        ["git", "-C", str(mirror), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    out = Path(__file__).resolve().parents[1] / "profiles" / "calibration"
+    rows = []
+    for gpu in GPUS:
+        for repo_model, model in MODELS.items():
+            data = _show(mirror, f"data/profiling/compute/{gpu}/{repo_model}/mlp.csv")
+            if data is None:
+                continue
+            for r in data:
+                tokens, tp = int(r["num_tokens"]), int(r["num_tensor_parallel_workers"])
+                if tokens not in TOKENS:
+                    continue
+                layer_ms = sum(float(r[f"time_stats.{op}.median"]) for op in LAYER_OPS)
+                rows.append(
+                    (
+                        gpu,
+                        model,
+                        tp,
+                        tokens,
+                        int(r["n_embd"]),
+                        int(r["n_expanded_embd"]),
+                        int(r["n_head"]),
+                        int(r["n_kv_head"]),
+                        f"{layer_ms:.4f}",
+                    )
+                )
+    rows.sort()
+    with (out / "vidur_linear_ops.csv").open("w", newline="\n") as handle:
+        handle.write(f"# microsoft/vidur@{commit} data/profiling/compute/<gpu>/<model>/mlp.csv\n")
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(
+            (
+                "gpu",
+                "model",
+                "tp",
+                "num_tokens",
+                "d_model",
+                "d_ff",
+                "n_heads",
+                "n_kv_heads",
+                "layer_ms",
+            )
+        )
+        writer.writerows(rows)
+    ar_rows = []
+    for gpu in GPUS:
+        data = _show(mirror, f"data/profiling/network/{gpu}_dgx/all_reduce.csv") or []
+        for r in data:
+            size, workers = int(r["size"]), int(r["num_workers"])
+            if size in SIZES and r["devices_per_node"] == r["num_workers"]:
+                ar_rows.append((gpu, workers, size, r["time_stats.all_reduce.median"]))
+    ar_rows = sorted(set(ar_rows))
+    with (out / "vidur_all_reduce.csv").open("w", newline="\n") as handle:
+        handle.write(
+            f"# microsoft/vidur@{commit} data/profiling/network/<gpu>_dgx/all_reduce.csv\n"
+        )
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(("gpu", "workers", "size_bytes", "median_ms"))
+        writer.writerows(ar_rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))
