@@ -35,6 +35,9 @@ Seed deviations (also listed in :data:`MPC_SEED_DEVIATIONS` and in ``run_mpc`` r
   attainment on the detailed plant.
 * A fallback clock is quantised downward onto the supported set like the MPC's plans.
 
+The fluid model and the horizon problem are in :mod:`gpugov.controllers.mpc_model`, the
+solvers in :mod:`gpugov.controllers.mpc_solvers`; this module keeps the controller.
+
 Known limitation kept from the seed: the TPOT proxy (active decodes over the aggregate
 decode rate) ignores the per-iteration weight-read time, so it underestimates real TPOT
 at small batches and the MPC can trade TPOT SLO attainment for energy on the detailed
@@ -46,14 +49,36 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from time import perf_counter
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
+from gpugov.controllers.mpc_model import (
+    CHUNK_TOKENS,
+    DEFAULT_ARRIVAL_WINDOW_S,
+    DEFAULT_EXPECTED_OUTPUT_TOKENS,
+    DEFAULT_EXPECTED_PROMPT_TOKENS,
+    DEFAULT_SOLVE_BUDGET_EVALUATIONS,
+    FALLBACK_REASONS,
+    LATENCY_MODELS,
+    FloatArray,
+    MPCProblem,
+    MPCRollout,
+    MPCWeights,
+    _BudgetExhausted,
+    estimate_decode_remaining_tokens,
+    mpc_fluid_rollout,
+    mpc_latency_proxies,
+)
+from gpugov.controllers.mpc_solvers import (
+    MPCSolver,
+    SLSQPSolver,
+    SolveOutcome,
+    refine_discrete_plan,
+)
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import PerformanceProfile
 from gpugov.plant.result import ServingResult
@@ -66,572 +91,6 @@ from gpugov.plant.types import (
     Scheduler,
     ServingObservation,
 )
-
-FloatArray = NDArray[np.float64]
-
-DEFAULT_EXPECTED_PROMPT_TOKENS = 1024.0
-"""Declared prompt-length forecast when none is given (tokens; near the Azure
-conversation trace's mean of about 1,155 and median of 1,020)."""
-DEFAULT_EXPECTED_OUTPUT_TOKENS = 128.0
-"""Declared output-length forecast when none is given (the seed's open-loop default)."""
-DEFAULT_ARRIVAL_WINDOW_S = 30.0
-FALLBACK_REASONS = ("solver_failed", "overrun", "exception", "budget")
-DEFAULT_SOLVE_BUDGET_EVALUATIONS = 5_000
-"""Cost evaluations one solve may use in virtual time (``solve_budget_evaluations``).
-
-SLSQP's own limit (50 iterations of about horizon + 2 evaluations each) keeps it below
-this at the default horizons: on the bundled slice the most a solve used was 648. 5,000
-evaluations are about what the 0.8 s wall-clock limit allows on the 2-core development
-machine (130-190 us per evaluation, measured under load), so the budget cuts the solves
-the limit would cut on a node, but the same way on every machine."""
-
-
-class _BudgetExhausted(Exception):
-    """A solve used up its deterministic evaluation budget (virtual time)."""
-
-
-# ------------------------------------------------------------------- the model
-def mpc_latency_proxies(
-    prefill_tokens: float,
-    active_decode_requests: float,
-    clock_mhz: float,
-    profile: PerformanceProfile,
-) -> tuple[float, float]:
-    """Separate TTFT and TPOT delay proxies (seconds) for the reduced MPC model.
-
-    TTFT proxy: queued prefill tokens over the prefill rate; TPOT proxy: active decodes
-    over the aggregate decode rate (one token for each).
-    """
-    ttft_proxy = max(0.0, prefill_tokens) / max(profile.rate("prefill", clock_mhz), 1e-12)
-    tpot_proxy = max(0.0, active_decode_requests) / max(profile.rate("decode", clock_mhz), 1e-12)
-    return float(ttft_proxy), float(tpot_proxy)
-
-
-def estimate_decode_remaining_tokens(
-    active_decode_requests: int,
-    generated_tokens_so_far: float,
-    mean_output_tokens: float,
-) -> float:
-    """Unfinished decode work, ``max(0, active * mean_output - generated)``, without
-    observing eventual output lengths."""
-    return float(max(0.0, active_decode_requests * mean_output_tokens - generated_tokens_so_far))
-
-
-@dataclass(frozen=True, slots=True)
-class MPCRollout:
-    """Predicted trajectories; state arrays have one more entry than the horizon."""
-
-    prefill_tokens: FloatArray
-    decode_tokens: FloatArray
-    active_decode: FloatArray
-    temperature_c: FloatArray
-    normalized_power: FloatArray
-    ttft_proxy_s: FloatArray
-    tpot_proxy_s: FloatArray
-
-
-def mpc_fluid_rollout(
-    clock_mhz: FloatArray,
-    *,
-    initial_prefill_tokens: float,
-    initial_decode_tokens: float,
-    initial_active_decode: float,
-    prompt_arrivals: FloatArray,
-    mean_prompt_tokens: float,
-    mean_output_tokens: float,
-    plant: ServingPlant,
-    control_period_s: float,
-    initial_temperature_c: float,
-) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
-    """Predict separate phase workloads under the alternating scheduler surrogate.
-
-    Per period: with both prefill and decode work the GPU splits its time 50/50,
-    otherwise it gives all of it to the phase with work. Completed prefill tokens become
-    requests (``/ mean_prompt_tokens``) that each bring ``mean_output_tokens`` of decode
-    work; power is the share-weighted phase power; temperature follows the RC model.
-
-    Returns:
-        ``(prefill, decode, active, temperature, normalized_power, ttft_proxy,
-        tpot_proxy)`` as in the seed.
-    """
-    clock_mhz = np.asarray(clock_mhz, dtype=float)
-    steps = clock_mhz.size
-    profile = plant.profile
-    # Rates and powers depend on the clock only; vectorised np.interp gives exactly the
-    # values the seed's per-step profile.rate()/power() calls gave, much faster.
-    grid = profile.clock_mhz
-    # Python floats in the loop: this runs inside SLSQP's finite differences.
-    prefill_rate = np.interp(clock_mhz, grid, profile.prefill_tokens_per_s).tolist()
-    decode_rate = np.interp(clock_mhz, grid, profile.decode_tokens_per_s).tolist()
-    prefill_power = np.interp(clock_mhz, grid, profile.prefill_power_w).tolist()
-    decode_power = np.interp(clock_mhz, grid, profile.decode_power_w).tolist()
-    idle_power = np.interp(clock_mhz, grid, profile.idle_power_w).tolist()
-    arrivals = np.asarray(prompt_arrivals, dtype=float).tolist()
-
-    prefill = [max(0.0, float(initial_prefill_tokens))]
-    decode = [max(0.0, float(initial_decode_tokens))]
-    active = [max(0.0, float(initial_active_decode))]
-    temperature = [float(initial_temperature_c)]
-    normalized_power: list[float] = []
-    ttft_proxy: list[float] = []
-    tpot_proxy: list[float] = []
-    maximum_power = float(max(profile.prefill_power_w[-1], profile.decode_power_w[-1]))
-    decay = math.exp(-control_period_s / plant.thermal_time_constant_s)
-    ambient = float(plant.ambient_temperature_c)
-    resistance = float(plant.thermal_resistance_c_per_w)
-    prompt_divisor = max(mean_prompt_tokens, 1.0)
-    output_divisor = max(mean_output_tokens, 1.0)
-    for index in range(steps):
-        available_prefill = prefill[index] + arrivals[index]
-        has_prefill = available_prefill > 1e-12
-        has_decode = decode[index] > 1e-12
-        if has_prefill and has_decode:
-            prefill_share = decode_share = 0.5
-        elif has_prefill:
-            prefill_share, decode_share = 1.0, 0.0
-        elif has_decode:
-            prefill_share, decode_share = 0.0, 1.0
-        else:
-            prefill_share = decode_share = 0.0
-        served_prefill = min(
-            available_prefill, prefill_rate[index] * control_period_s * prefill_share
-        )
-        completed_prefill = served_prefill / prompt_divisor
-        prefill.append(max(0.0, available_prefill - served_prefill))
-        available_decode = decode[index] + completed_prefill * mean_output_tokens
-        served_decode = min(available_decode, decode_rate[index] * control_period_s * decode_share)
-        completed_decode = served_decode / output_divisor
-        decode.append(max(0.0, available_decode - served_decode))
-        active.append(max(0.0, active[index] + completed_prefill - completed_decode))
-        ttft_proxy.append(prefill[index + 1] / max(prefill_rate[index], 1e-12))
-        tpot_proxy.append(active[index + 1] / max(decode_rate[index], 1e-12))
-        if prefill_share > 0.0 and decode_share > 0.0:
-            power = 0.5 * (prefill_power[index] + decode_power[index])
-        elif prefill_share > 0.0:
-            power = prefill_power[index]
-        elif decode_share > 0.0:
-            power = decode_power[index]
-        else:
-            power = idle_power[index]
-        normalized_power.append(power / maximum_power)
-        equilibrium = ambient + resistance * power
-        temperature.append(equilibrium + (temperature[index] - equilibrium) * decay)
-    return (
-        np.asarray(prefill),
-        np.asarray(decode),
-        np.asarray(active),
-        np.asarray(temperature),
-        np.asarray(normalized_power),
-        np.asarray(ttft_proxy),
-        np.asarray(tpot_proxy),
-    )
-
-
-_mpc_fluid_rollout = mpc_fluid_rollout
-
-
-LATENCY_MODELS = ("seed", "iteration")
-CHUNK_TOKENS = 512.0  # the plant's chunked-prefill token budget
-
-
-@dataclass(frozen=True, slots=True)
-class MPCWeights:
-    """Cost weights (the seed's constants are the defaults)."""
-
-    power: float = 1.0
-    ttft: float = 20.0
-    tpot: float = 10.0
-    clock_change: float = 0.05
-    constraint: float = 1_000.0
-    terminal_backlog: float = 20.0
-
-    def __post_init__(self) -> None:
-        for name in ("power", "ttft", "tpot", "clock_change", "constraint", "terminal_backlog"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0.0:
-                raise ValueError(f"MPCWeights.{name} must be finite and >= 0, got {value!r}")
-
-
-@dataclass(frozen=True)
-class MPCProblem:
-    """One horizon's optimisation problem: the initial state, forecasts and weights."""
-
-    plant: ServingPlant
-    control_period_s: float
-    initial_prefill_tokens: float
-    initial_decode_tokens: float
-    initial_active_decode: float
-    initial_temperature_c: float
-    prompt_arrivals: FloatArray
-    mean_prompt_tokens: float
-    mean_output_tokens: float
-    previous_clock_mhz: float
-    weights: MPCWeights = field(default_factory=MPCWeights)
-    latency_model: str = "seed"
-    slo_margin: float = 1.0
-    ttft_prompt_tokens: float | None = None
-    ttft_excess_cap: float | None = None
-
-    @property
-    def ttft_excess_cap_s(self) -> float:
-        """TTFT excess (over the target) beyond which the penalty stops growing:
-        ``ttft_excess_cap`` TTFT SLOs, or no cap (the seed's) when None. A request that
-        late has missed its SLO whatever the clock, so a capped penalty stops spending
-        energy to make it less late."""
-        if self.ttft_excess_cap is None:
-            return math.inf
-        return self.ttft_excess_cap * self.plant.profile.ttft_slo_s
-
-    @property
-    def ttft_prompt(self) -> float:
-        """Prompt length the iteration model's TTFT proxy charges a new request
-        (a declared tail length, default the mean)."""
-        if self.ttft_prompt_tokens is None:
-            return self.mean_prompt_tokens
-        return self.ttft_prompt_tokens
-
-    @property
-    def ttft_target_s(self) -> float:
-        """TTFT above which the cost is penalised: ``slo_margin`` times the SLO."""
-        return self.slo_margin * self.plant.profile.ttft_slo_s
-
-    @property
-    def tpot_target_s(self) -> float:
-        """TPOT above which the cost is penalised: ``slo_margin`` times the SLO."""
-        return self.slo_margin * self.plant.profile.tpot_slo_s
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.slo_margin <= 1.0:
-            raise ValueError(f"slo_margin must lie in (0, 1], got {self.slo_margin!r}")
-        if self.ttft_excess_cap is not None and not self.ttft_excess_cap > 0.0:
-            raise ValueError(f"ttft_excess_cap must be positive, got {self.ttft_excess_cap!r}")
-        if self.latency_model not in LATENCY_MODELS:
-            raise ValueError(
-                f"latency_model must be one of {LATENCY_MODELS}, got {self.latency_model!r}"
-            )
-
-    def decode_iteration_s(self, active: FloatArray, decode_rate: FloatArray) -> FloatArray:
-        """Decode iteration time (s) for ``active`` requests at each decode rate, by the
-        profile's decode latency model (the plant's): ``t_ref * (a + b B/B_ref + c C/C_ref)``
-        with context ``C = B * (mean prompt + mean output / 2)``."""
-        model = self.plant.profile.decode_latency_model
-        reference = float(model.reference_batch_size)
-        context = self.mean_prompt_tokens + 0.5 * self.mean_output_tokens
-        t_ref = reference / np.maximum(decode_rate, 1e-12)
-        return t_ref * (
-            model.weight_fraction
-            + model.batch_fraction * active / reference
-            + model.kv_fraction * active * context / (reference * model.reference_context_tokens)
-        )
-
-    def tpot_proxy(
-        self,
-        active: FloatArray,
-        decode_rate: FloatArray,
-        served_prefill: FloatArray,
-        prefill_rate: FloatArray,
-    ) -> FloatArray:
-        """TPOT proxy of the ``iteration`` latency model: a decode iteration's time
-        stretched by the share of the period spent on prefill, ``t_dec / (1 - u_p)``."""
-        busy = served_prefill / np.maximum(prefill_rate * self.control_period_s, 1e-12)
-        stretched = self.decode_iteration_s(active, decode_rate) / np.maximum(1.0 - busy, 0.05)
-        return np.where(active > 1e-9, stretched, 0.0)
-
-    def ttft_proxy(
-        self, prefill: FloatArray, active: FloatArray, decode_rate: FloatArray,
-        prefill_rate: FloatArray,
-    ) -> FloatArray:
-        """TTFT proxy of the ``iteration`` latency model: the queued prompt tokens plus a
-        new prompt, at the prefill rate chunked prefill leaves beside the decode batch
-        (``chunk`` tokens per iteration of ``t_dec + chunk / prefill_rate``)."""
-        chunk = np.maximum(CHUNK_TOKENS - active, 32.0)
-        iteration = self.decode_iteration_s(active, decode_rate) * (active > 1e-9)
-        effective = chunk / (iteration + chunk / np.maximum(prefill_rate, 1e-12))
-        return (prefill + self.ttft_prompt) / effective
-
-    @property
-    def horizon_steps(self) -> int:
-        """Number of control periods in the horizon."""
-        return int(self.prompt_arrivals.size)
-
-    @property
-    def bounds(self) -> list[tuple[float, float]]:
-        """Per-step clock bounds ``[f_min, f_max]``."""
-        profile = self.plant.profile
-        return [(profile.minimum_clock_mhz, profile.maximum_clock_mhz)] * self.horizon_steps
-
-    def rollout(self, clock_mhz: FloatArray) -> MPCRollout:
-        """Predicted trajectories under ``clock_mhz``."""
-        return MPCRollout(
-            *mpc_fluid_rollout(
-                np.asarray(clock_mhz, dtype=float),
-                initial_prefill_tokens=self.initial_prefill_tokens,
-                initial_decode_tokens=self.initial_decode_tokens,
-                initial_active_decode=self.initial_active_decode,
-                prompt_arrivals=self.prompt_arrivals,
-                mean_prompt_tokens=self.mean_prompt_tokens,
-                mean_output_tokens=self.mean_output_tokens,
-                plant=self.plant,
-                control_period_s=self.control_period_s,
-                initial_temperature_c=self.initial_temperature_c,
-            )
-        )
-
-    def cost(self, clock_mhz: FloatArray) -> float:
-        """The seed's objective for one clock sequence (MHz, continuous)."""
-        sequence = np.asarray(clock_mhz, dtype=float)
-        if sequence.shape != (self.horizon_steps,):
-            raise ValueError(
-                f"clock sequence must have shape ({self.horizon_steps},), got {sequence.shape}"
-            )
-        if self.latency_model != "seed":
-            return float(self.costs(sequence[None, :])[0])
-        profile = self.plant.profile
-        weights = self.weights
-        predicted = self.rollout(sequence)
-        minimum = profile.minimum_clock_mhz
-        maximum = profile.maximum_clock_mhz
-        normalized_frequency = (sequence - minimum) / (maximum - minimum)
-        previous_normalized = (self.previous_clock_mhz - minimum) / (maximum - minimum)
-        changes = np.diff(np.concatenate([[previous_normalized], normalized_frequency]))
-        ttft_excess = np.maximum(0.0, predicted.ttft_proxy_s - self.ttft_target_s)
-        ttft_slack = np.minimum(ttft_excess, self.ttft_excess_cap_s) / max(
-            profile.ttft_slo_s, 1e-12
-        )
-        tpot_slack = np.maximum(0.0, predicted.tpot_proxy_s - self.tpot_target_s) / max(
-            profile.tpot_slo_s, 1e-12
-        )
-        maximum_power = max(profile.prefill_power_w[-1], profile.decode_power_w[-1])
-        power_slack = np.maximum(
-            0.0, predicted.normalized_power - self.plant.power_limit_w / maximum_power
-        )
-        thermal_slack = np.maximum(0.0, predicted.temperature_c[1:] - self.plant.thermal_limit_c)
-        terminal_backlog = (
-            predicted.prefill_tokens[-1] / profile.prefill_tokens_per_s[-1]
-            + predicted.decode_tokens[-1] / profile.decode_tokens_per_s[-1]
-        )
-        return float(
-            weights.power * np.sum(predicted.normalized_power)
-            + weights.ttft * np.sum(ttft_slack**2)
-            + weights.tpot * np.sum(tpot_slack**2)
-            + weights.clock_change * np.sum(changes**2)
-            + weights.constraint * np.sum(power_slack**2 + thermal_slack**2)
-            + weights.terminal_backlog * terminal_backlog**2
-        )
-
-    def costs(self, clock_mhz: FloatArray) -> FloatArray:
-        """The objective for each row of an ``(M, horizon_steps)`` array of sequences.
-
-        The same model and cost as :meth:`cost`, vectorised over the rows so a discrete
-        search can price many candidate plans in one pass (the tests check the two
-        agree); :meth:`cost` stays a scalar loop because it is faster for one sequence.
-        """
-        sequences = np.atleast_2d(np.asarray(clock_mhz, dtype=float))
-        profile = self.plant.profile
-        weights = self.weights
-        grid = profile.clock_mhz
-        count, steps = sequences.shape
-        h = self.control_period_s
-        prefill_rate = np.interp(sequences, grid, profile.prefill_tokens_per_s)
-        decode_rate = np.interp(sequences, grid, profile.decode_tokens_per_s)
-        prefill_power = np.interp(sequences, grid, profile.prefill_power_w)
-        decode_power = np.interp(sequences, grid, profile.decode_power_w)
-        idle_power = np.interp(sequences, grid, profile.idle_power_w)
-        maximum_power = max(profile.prefill_power_w[-1], profile.decode_power_w[-1])
-        decay = math.exp(-h / self.plant.thermal_time_constant_s)
-        prompt_divisor = max(self.mean_prompt_tokens, 1.0)
-        output_divisor = max(self.mean_output_tokens, 1.0)
-
-        prefill = np.full(count, max(0.0, self.initial_prefill_tokens))
-        decode = np.full(count, max(0.0, self.initial_decode_tokens))
-        active = np.full(count, max(0.0, self.initial_active_decode))
-        temperature = np.full(count, float(self.initial_temperature_c))
-        power_sum = np.zeros(count)
-        ttft_penalty = np.zeros(count)
-        tpot_penalty = np.zeros(count)
-        limit_penalty = np.zeros(count)
-        power_limit = self.plant.power_limit_w / maximum_power
-        ttft_scale = max(profile.ttft_slo_s, 1e-12)
-        tpot_scale = max(profile.tpot_slo_s, 1e-12)
-        for index in range(steps):
-            available_prefill = prefill + self.prompt_arrivals[index]
-            has_prefill = available_prefill > 1e-12
-            has_decode = decode > 1e-12
-            both = has_prefill & has_decode
-            prefill_share = np.where(both, 0.5, np.where(has_prefill, 1.0, 0.0))
-            decode_share = np.where(both, 0.5, np.where(has_decode, 1.0, 0.0))
-            served_prefill = np.minimum(
-                available_prefill, prefill_rate[:, index] * h * prefill_share
-            )
-            completed_prefill = served_prefill / prompt_divisor
-            prefill = np.maximum(0.0, available_prefill - served_prefill)
-            available_decode = decode + completed_prefill * self.mean_output_tokens
-            served_decode = np.minimum(available_decode, decode_rate[:, index] * h * decode_share)
-            completed_decode = served_decode / output_divisor
-            decode = np.maximum(0.0, available_decode - served_decode)
-            active = np.maximum(0.0, active + completed_prefill - completed_decode)
-            if self.latency_model == "seed":
-                ttft_proxy = prefill / np.maximum(prefill_rate[:, index], 1e-12)
-            else:
-                ttft_proxy = self.ttft_proxy(
-                    prefill, active, decode_rate[:, index], prefill_rate[:, index]
-                )
-            if self.latency_model == "seed":
-                tpot_proxy = active / np.maximum(decode_rate[:, index], 1e-12)
-            else:
-                tpot_proxy = self.tpot_proxy(
-                    active, decode_rate[:, index], served_prefill, prefill_rate[:, index]
-                )
-            power = np.where(
-                both,
-                0.5 * (prefill_power[:, index] + decode_power[:, index]),
-                np.where(
-                    has_prefill,
-                    prefill_power[:, index],
-                    np.where(has_decode, decode_power[:, index], idle_power[:, index]),
-                ),
-            )
-            normalized_power = power / maximum_power
-            equilibrium = (
-                self.plant.ambient_temperature_c + self.plant.thermal_resistance_c_per_w * power
-            )
-            temperature = equilibrium + (temperature - equilibrium) * decay
-            power_sum += normalized_power
-            ttft_excess = np.minimum(
-                np.maximum(0.0, ttft_proxy - self.ttft_target_s), self.ttft_excess_cap_s
-            )
-            ttft_penalty += (ttft_excess / ttft_scale) ** 2
-            tpot_penalty += (np.maximum(0.0, tpot_proxy - self.tpot_target_s) / tpot_scale) ** 2
-            limit_penalty += (
-                np.maximum(0.0, normalized_power - power_limit) ** 2
-                + np.maximum(0.0, temperature - self.plant.thermal_limit_c) ** 2
-            )
-        minimum = profile.minimum_clock_mhz
-        span = profile.maximum_clock_mhz - minimum
-        normalized_frequency = (sequences - minimum) / span
-        previous_normalized = np.full((count, 1), (self.previous_clock_mhz - minimum) / span)
-        changes = np.diff(np.concatenate([previous_normalized, normalized_frequency], axis=1))
-        terminal_backlog = (
-            prefill / profile.prefill_tokens_per_s[-1] + decode / profile.decode_tokens_per_s[-1]
-        )
-        return (
-            weights.power * power_sum
-            + weights.ttft * ttft_penalty
-            + weights.tpot * tpot_penalty
-            + weights.clock_change * np.sum(changes**2, axis=1)
-            + weights.constraint * limit_penalty
-            + weights.terminal_backlog * terminal_backlog**2
-        )
-
-
-# ------------------------------------------------------------------- solvers
-@dataclass(frozen=True, slots=True)
-class SolveOutcome:
-    """What a solver returns: a candidate sequence and whether it claims success."""
-
-    x: FloatArray
-    success: bool
-    message: str = ""
-
-
-class MPCSolver(Protocol):
-    """Minimise ``objective`` over box ``bounds`` from ``initial``."""
-
-    def __call__(
-        self,
-        objective: Callable[[FloatArray], float],
-        initial: FloatArray,
-        bounds: Sequence[tuple[float, float]],
-    ) -> SolveOutcome: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SLSQPSolver:
-    """SciPy SLSQP with the seed's options (50 iterations, ftol 1e-6)."""
-
-    maximum_iterations: int = 50
-    tolerance: float = 1e-6
-
-    def __call__(
-        self,
-        objective: Callable[[FloatArray], float],
-        initial: FloatArray,
-        bounds: Sequence[tuple[float, float]],
-    ) -> SolveOutcome:
-        from scipy.optimize import minimize  # SciPy loads only for the SLSQP solver
-
-        solution = minimize(
-            objective,
-            initial,
-            method="SLSQP",
-            bounds=list(bounds),
-            options={"maxiter": self.maximum_iterations, "ftol": self.tolerance, "disp": False},
-        )
-        return SolveOutcome(
-            x=np.asarray(solution.x, dtype=float),
-            success=bool(solution.success),
-            message=str(solution.message),
-        )
-
-
-def _pair_moves(steps: int) -> NDArray[np.int_]:
-    """Single-period moves of one index and joint moves of two adjacent periods."""
-    moves = []
-    for position in range(steps):
-        for direction in (-1, 1):
-            single = np.zeros(steps, dtype=int)
-            single[position] = direction
-            moves.append(single)
-            if position + 1 < steps:
-                for other in (-1, 1):
-                    pair = single.copy()
-                    pair[position + 1] = other
-                    moves.append(pair)
-    return np.array(moves, dtype=int).reshape(-1, steps)
-
-
-def refine_discrete_plan(
-    problem: MPCProblem,
-    continuous_mhz: FloatArray,
-    *,
-    maximum_moves: int = 200,
-) -> FloatArray:
-    """Round a continuous plan onto supported clocks by a local search on the model cost.
-
-    Starts from the downward-quantised plan (the seed's rounding) and from the upward
-    one; from each, repeatedly takes the best move of one supported-clock index in one
-    period or in two adjacent periods while the cost falls (at most ``maximum_moves``
-    moves), pricing all moves at once with :meth:`MPCProblem.costs`. Returns the
-    cheapest plan found, so never one costlier than the downward-quantised plan.
-
-    Why: the fluid surrogate's cost jumps where a phase's work runs out within a period
-    (the share switches), so plain downward rounding of a good continuous plan can cost
-    far more than the best supported plan next to it. ``tests/controllers/test_mpc.py``
-    checks it against brute force on tiny horizons.
-    """
-    profile = problem.plant.profile
-    clocks = profile.clock_mhz
-    size = clocks.size
-    continuous = np.asarray(continuous_mhz, dtype=float)
-    downward = np.array([profile.clock_index(value, downward=True) for value in continuous])
-    upward = np.array([profile.clock_index(value, downward=False) for value in continuous])
-    moves = _pair_moves(problem.horizon_steps)
-    best_plan = clocks[downward].astype(float)
-    best_cost = problem.cost(best_plan)
-    for start in (downward, upward):
-        index = start.copy()
-        cost = float(problem.costs(clocks[index][None, :])[0])
-        for _ in range(maximum_moves):
-            trials = index[None, :] + moves
-            trials = trials[np.all((trials >= 0) & (trials < size), axis=1)]
-            trial_costs = problem.costs(clocks[trials])
-            best = int(np.argmin(trial_costs))
-            if not trial_costs[best] < cost - 1e-12:
-                break
-            index, cost = trials[best], float(trial_costs[best])
-        if cost < best_cost - 1e-12:
-            best_plan, best_cost = clocks[index].astype(float), cost
-    return best_plan
 
 
 # ---------------------------------------------------------------- controller
@@ -1086,6 +545,34 @@ __all__ = [
     "DEFAULT_EXPECTED_PROMPT_TOKENS",
     "DEFAULT_SOLVE_BUDGET_EVALUATIONS",
     "FALLBACK_REASONS",
+    "MPC_SEED_DEVIATIONS",
+    "MPCController",
+    "MPCProblem",
+    "MPCRollout",
+    "MPCSolver",
+    "MPCWeights",
+    "SLSQPSolver",
+    "SolveOutcome",
+    "estimate_decode_remaining_tokens",
+    "expected_output_tokens_forecast",
+    "mpc_fluid_rollout",
+    "mpc_latency_proxies",
+    "mpc_summary",
+    "refine_discrete_plan",
+    "run_mpc",
+]
+
+
+# The MPC's public names, wherever they are defined (the model and the solvers live in
+# mpc_model.py and mpc_solvers.py; users import them from here).
+__all__ = [
+    "CHUNK_TOKENS",
+    "DEFAULT_ARRIVAL_WINDOW_S",
+    "DEFAULT_EXPECTED_OUTPUT_TOKENS",
+    "DEFAULT_EXPECTED_PROMPT_TOKENS",
+    "DEFAULT_SOLVE_BUDGET_EVALUATIONS",
+    "FALLBACK_REASONS",
+    "LATENCY_MODELS",
     "MPC_SEED_DEVIATIONS",
     "MPCController",
     "MPCProblem",
