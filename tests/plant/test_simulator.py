@@ -27,7 +27,7 @@ from gpugov.plant import (
     prefill_priority_scheduler,
     simulate,
 )
-from gpugov.plant.simulator import _time_above
+from gpugov.plant.gpu_physics import _time_above
 from gpugov.plant.workload import poisson_workload
 
 
@@ -353,7 +353,7 @@ def test_scheduler_requested_idle_is_honoured(plant) -> None:  # type: ignore[no
 
 
 def test_clock_event_reasons_follow_nvml_bits() -> None:
-    from gpugov.plant.simulator import (
+    from gpugov.plant.gpu_physics import (
         CLOCK_EVENT_GPU_IDLE,
         CLOCK_EVENT_SW_POWER_CAP,
         CLOCK_EVENT_SW_THERMAL_SLOWDOWN,
