@@ -18,6 +18,7 @@ NODE = "gpugov.daemon.node_cli"
 SIMULATE = "gpugov.study.simulate_cli"
 EXPERIMENTS = "gpugov.study.experiments_cli"
 SCOREBOARD = "gpugov.study.scoreboard_cli"
+SWEEP = "gpugov.study.sweep_cli"
 
 #: Subcommand -> (module that registers it, one-line help for ``gpugov --help``).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -30,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profiles": (SIMULATE, "list the bundled GPU profiles"),
     "experiments": (EXPERIMENTS, "run the textbook study (open-loop vs MPC, DP vs FQI)"),
     "bench": (SCOREBOARD, "benchmarks: the controller scoreboard"),
+    "sweep": (SWEEP, "run a grid of traces x profiles x loads x controllers x seeds"),
 }
 
 

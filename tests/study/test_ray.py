@@ -105,3 +105,26 @@ def test_ray_gives_up_on_a_cell_that_always_kills_its_worker(ray_runtime: RayRun
 def test_a_task_error_on_ray_keeps_its_type(ray_runtime: RayRuntime) -> None:
     with pytest.raises(ValueError, match="cell 3: bad input"):
         list(map_cells(cell_tasks.reject, [3], spec=RunnerSpec(ray_address="local")))
+
+
+def test_sweep_on_ray_appends_the_same_cells_as_the_local_pool(
+    ray_runtime: RayRuntime, tmp_path: Path
+) -> None:
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b", '
+        '"a100-sxm-80gb-llama3-8b"]\nloads = [1.0, 1.5]\ncontrollers = ["max", "mpc"]\n'
+        "duration_s = 20.0\n"
+    )
+    rows = {}
+    for name, runner in (("pool", ["--jobs", "1"]), ("ray", ["--ray", "local"])):
+        code, _, stderr = _run(
+            ["sweep", "--grid", str(grid), "--out", str(tmp_path / name), *runner]
+        )
+        assert code == 0, stderr
+        lines = (tmp_path / name / "results.jsonl").read_text().splitlines()
+        rows[name] = {row["key"]: row for row in map(json.loads, lines)}
+    assert len(rows["ray"]) == 8 and rows["ray"].keys() == rows["pool"].keys()
+    for key, row in rows["ray"].items():
+        assert row["metrics"] == rows["pool"][key]["metrics"], row["controller"]
+    assert len({row["worker"] for row in rows["ray"].values()}) >= 1
