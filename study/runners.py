@@ -17,6 +17,10 @@ result as it finishes, whichever runner runs it. The scoreboard, ``gpugov sweep`
   unfinished cell goes to a fresh pool, and the restarts are counted.
 * An exception raised by the task function itself is not a lost worker: it propagates
   (Ray's wrapper is removed), so input errors still reach the user as one line.
+* Every cell runs with one BLAS/OpenMP thread, whatever the runner (Ray's workers do so
+  by default): parallelism comes from the cells, and a cell's floating-point result (the
+  SLSQP MPC's is sensitive to the summation order of multi-threaded BLAS) does not depend
+  on the runner or on how many cores its machine has.
 
 Ray is an optional extra (``pip install 'gpugov[ray]'``), imported only when asked for.
 """
@@ -116,11 +120,13 @@ def import_ray() -> ModuleType:
     return ray
 
 
-def add_runner_arguments(parser: Any, *, jobs: bool = True) -> None:
+def add_runner_arguments(
+    parser: Any, *, jobs: bool = True, jobs_help: str = "local worker processes (default: one "
+    "per CPU)"
+) -> None:
     """``--ray ADDRESS`` and ``--retries N`` (and ``--jobs N`` unless the caller has it)."""
     if jobs:
-        parser.add_argument("--jobs", type=int, default=None, metavar="N",
-                            help="local worker processes (default: one per CPU)")
+        parser.add_argument("--jobs", type=int, default=None, metavar="N", help=jobs_help)
     parser.add_argument(
         "--ray", default=None, metavar="ADDRESS",
         help="run the cells as Ray tasks: 'local' starts a Ray runtime on this machine "
@@ -141,12 +147,22 @@ def spec_from_args(args: Any) -> RunnerSpec:
     )
 
 
+def single_threaded() -> Any:
+    """A context in which BLAS and OpenMP use one thread (``threadpoolctl``, which comes
+    with scikit-learn)."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1)
+
+
 # ----------------------------------------------------------------------- in-process
 def _serial(
     fn: TaskFunction, cells: Sequence[Any], order: Sequence[int], shared: Mapping[str, Any]
 ) -> Iterator[CellDone[Any]]:
     for index in order:
-        yield CellDone(index, fn(cells[index], shared), 1, worker_label())
+        with single_threaded():
+            value = fn(cells[index], shared)
+        yield CellDone(index, value, 1, worker_label())
 
 
 # ----------------------------------------------------------------------- local pool
@@ -156,6 +172,7 @@ _WORKER_SHARED: Mapping[str, Any] = {}
 def _set_worker_shared(shared: Mapping[str, Any]) -> None:
     global _WORKER_SHARED
     _WORKER_SHARED = shared
+    single_threaded()  # stays in force for the worker's life
 
 
 def _pool_task(fn: TaskFunction, cell: Any) -> tuple[Any, str]:
@@ -240,7 +257,8 @@ class RayShared(Mapping[str, Any]):
 
 
 def _ray_task(fn: TaskFunction, cell: Any, shared: Mapping[str, Any]) -> tuple[Any, str, str]:
-    return fn(cell, shared), worker_label(), __version__
+    with single_threaded():
+        return fn(cell, shared), worker_label(), __version__
 
 
 class RayRuntime:
@@ -416,6 +434,7 @@ __all__ = [
     "add_runner_arguments",
     "import_ray",
     "map_cells",
+    "single_threaded",
     "spec_from_args",
     "worker_label",
 ]

@@ -14,6 +14,7 @@ from typing import Any
 
 import cell_tasks
 import pytest
+from study_support import run_quick_experiments
 
 from gpugov.cli import main
 from gpugov.study.runners import RayRuntime, RunnerError, RunnerSpec, map_cells
@@ -128,3 +129,34 @@ def test_sweep_on_ray_appends_the_same_cells_as_the_local_pool(
     for key, row in rows["ray"].items():
         assert row["metrics"] == rows["pool"][key]["metrics"], row["controller"]
     assert len({row["worker"] for row in rows["ray"].values()}) >= 1
+
+
+def _without(value: Any, keys: set[str]) -> Any:
+    if isinstance(value, dict):
+        return {k: _without(v, keys) for k, v in value.items() if k not in keys}
+    if isinstance(value, list):
+        return [_without(item, keys) for item in value]
+    return value
+
+
+def test_experiments_parts_on_ray_give_the_sequential_result(
+    experiments_quick_run: tuple[Path, int, str, str],
+    ray_runtime: RayRuntime,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpugov.controllers.experiments import TIMING_FIELDS
+    from gpugov.study import experiments_cli
+
+    out, code, _, stderr = experiments_quick_run
+    assert code == 0, stderr
+    first = json.loads((out / "results.json").read_text())
+    monkeypatch.setattr(experiments_cli, "write_figures", lambda results, directory: [])
+    code, _, stderr = run_quick_experiments(tmp_path / "ray", "--ray", "local")
+    assert code == 0, stderr
+    second = json.loads((tmp_path / "ray" / "results.json").read_text())
+    assert second["metadata"].pop("runner")["kind"] == "ray"
+    assert stderr.count("part ") >= 5
+    if any(r["mpc"]["diagnostics"]["fallback_reasons"]["overrun"] for r in (first, second)):
+        pytest.skip("an MPC solve overran its wall-clock limit here; runs are not comparable")
+    assert _without(first, set(TIMING_FIELDS)) == _without(second, set(TIMING_FIELDS))
