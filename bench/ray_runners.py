@@ -138,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loads=["recorded", "cap70"] if args.mode == "tiny" else None, jobs=args.jobs,
     )
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    load_at_start = os.getloadavg()
     say(f"scoreboard ({args.mode}) on the local pool, {args.jobs} processes")
     pool = run_board(config, RunnerSpec(jobs=args.jobs))
     say(f"  {pool['wall_s']:.1f} s; the same on a local Ray runtime with {args.jobs} CPUs")
@@ -160,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mode": args.mode,
         "jobs": args.jobs,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "load_average_at_start": load_at_start,
                     "load_average_at_end": os.getloadavg()},
         "pool": pool,
         "ray": on_ray,
