@@ -229,31 +229,32 @@ def _pool(
 
 
 # ------------------------------------------------------------------------------ Ray
+_RAY_FETCHED: dict[str, Any] = {}
+"""Shared values this worker process fetched, by object id (kept for its next cells)."""
+_RAY_FETCHED_LIMIT = 16
+
+
 class RayShared(Mapping[str, Any]):
     """The shared inputs as object-store references; a worker fetches a value the first
-    time its cell reads it (and keeps it for the next cell in the same process)."""
+    time one of its cells reads it and keeps it for the next cells in the same process."""
 
     def __init__(self, refs: Mapping[str, Any]) -> None:
         self.refs = dict(refs)
-        self._cache: dict[str, Any] = {}
 
     def __getitem__(self, key: str) -> Any:
-        if key not in self._cache:
-            self._cache[key] = import_ray().get(self.refs[key])
-        return self._cache[key]
+        ref = self.refs[key]
+        name = ref.hex()
+        if name not in _RAY_FETCHED:
+            if len(_RAY_FETCHED) >= _RAY_FETCHED_LIMIT:
+                _RAY_FETCHED.pop(next(iter(_RAY_FETCHED)))
+            _RAY_FETCHED[name] = import_ray().get(ref)
+        return _RAY_FETCHED[name]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.refs)
 
     def __len__(self) -> int:
         return len(self.refs)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"refs": self.refs}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.refs = state["refs"]
-        self._cache = {}
 
 
 def _ray_task(fn: TaskFunction, cell: Any, shared: Mapping[str, Any]) -> tuple[Any, str, str]:

@@ -86,6 +86,7 @@ from gpugov.controllers.oracles import (
     window_oracle,
 )
 from gpugov.daemon.config import MPCControllerConfig
+from gpugov.daemon.progress import format_duration
 from gpugov.daemon.service import simulated_mpc
 from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, load_profile, simulate
 from gpugov.plant.scheduler import chunked_prefill_scheduler
@@ -1048,7 +1049,8 @@ def _progress_line(outcome: dict[str, Any], done: int, total: int, started: floa
     if "skipped" in outcome:
         return f"[{done}/{total} {elapsed:6.1f}s] skipped {outcome['skipped']['scenario']}"
     info = outcome["scenario"]
-    return f"[{done}/{total} {elapsed:6.1f}s] {info['key']} ({info['wall_s']:.1f}s)"
+    eta = format_duration(elapsed / done * (total - done)) if done else "?"
+    return f"[{done}/{total} {elapsed:6.1f}s ETA {eta}] {info['key']} ({info['wall_s']:.1f}s)"
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
