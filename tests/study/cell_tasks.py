@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpugov.study.sweep import run_cell as sweep_run_cell
+
 
 def double(cell: int, shared: Mapping[str, Any]) -> int:
     """``2 * cell + shared["offset"]``."""
@@ -34,3 +36,13 @@ def always_die(cell: int, shared: Mapping[str, Any]) -> int:
 def reject(cell: int, shared: Mapping[str, Any]) -> int:
     """Raise an input error from inside the task."""
     raise ValueError(f"cell {cell}: bad input")
+
+
+def sweep_cell_dying_once(cell: Any, shared: Mapping[str, Any]) -> dict[str, Any]:
+    """``gpugov sweep``'s cell, except that the first run of the cell named by
+    ``$GPUGOV_TEST_KILL_CELL`` kills its worker (``$GPUGOV_TEST_KILL_MARKER`` remembers)."""
+    marker = Path(os.environ["GPUGOV_TEST_KILL_MARKER"])
+    if cell.label() == os.environ["GPUGOV_TEST_KILL_CELL"] and not marker.exists():
+        marker.write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return sweep_run_cell(cell, shared)

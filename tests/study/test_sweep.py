@@ -184,3 +184,28 @@ def test_without_matplotlib_the_table_is_still_written(
     assert PLOTS_HINT in stderr
     assert (out / "summary.md").exists() and not (out / "sweep.png").exists()
     assert "reactive" in stdout
+
+
+def test_a_worker_killed_mid_sweep_loses_nothing_and_counts_nothing_twice(
+    full_sweep, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cell_tasks
+
+    from gpugov.study import sweep
+
+    grid, reference, _, _ = full_sweep
+    victim = "bursty.csv|h100-sxm-llama3-8b|x2|reactive|seed 1"
+    monkeypatch.setenv("GPUGOV_TEST_KILL_CELL", victim)
+    monkeypatch.setenv("GPUGOV_TEST_KILL_MARKER", str(tmp_path / "killed"))
+    monkeypatch.setattr(sweep, "run_cell", cell_tasks.sweep_cell_dying_once)
+    out = tmp_path / "out"
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "2"])
+    assert code == 0, stderr
+    assert (tmp_path / "killed").exists(), "a worker really died"
+    assert "worker process died" in stderr and "retry 1/2" in stderr
+    rows = _rows(out)
+    assert len(rows) == CELLS and len({row["key"] for row in rows}) == CELLS
+    assert max(row["attempts"] for row in rows) == 2
+    assert {r["key"]: r["metrics"] for r in rows} == {
+        r["key"]: r["metrics"] for r in _rows(reference)
+    }
