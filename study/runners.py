@@ -286,11 +286,13 @@ class RayRuntime:
         }
         try:
             if address == LOCAL_RAY:
+                # A runtime for this machine alone: its processes talk over loopback.
                 ray.init(
                     address="local",
                     num_cpus=self.spec.jobs or os.cpu_count() or 1,
                     include_dashboard=False,
                     object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                    _node_ip_address="127.0.0.1",
                     **options,
                 )
             else:
