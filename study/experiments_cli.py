@@ -44,6 +44,7 @@ from gpugov.plant.workload import DEFAULT_TRACE, load_trace
 from gpugov.study.runners import (
     RunnerSpec,
     add_runner_arguments,
+    import_ray,
     map_cells,
     single_threaded,
     spec_from_args,
@@ -585,6 +586,9 @@ def run_experiments(args: argparse.Namespace) -> int:
     if args.animation > args.window:
         raise UsageError(f"--animation ({args.animation:g} s) exceeds --window ({args.window:g} s)")
     sizes = QUICK_SIZES if args.quick else SEED_SIZES
+    spec = spec_from_args(args)
+    if spec.ray_address is not None:
+        import_ray()  # the install hint before any work
 
     progress(f"loading trace {args.trace} ({args.window:g} s from {args.start:g} s)")
     evaluation, report = load_trace(args.trace, start_s=args.start, duration_s=args.window)
@@ -612,7 +616,6 @@ def run_experiments(args: argparse.Namespace) -> int:
             "animation workload: its first `animation` seconds; arrivals not rescaled"
         ),
     }
-    spec = spec_from_args(args)
     try:
         if spec.ray_address is not None or spec.jobs > 1:
             results = build_sharded_results(

@@ -55,7 +55,7 @@ from gpugov.plant.workload import (
     scale_load,
     workload_checksum,
 )
-from gpugov.study.runners import RunnerSpec, map_cells
+from gpugov.study.runners import RunnerSpec, import_ray, map_cells
 
 RESULTS = "results.jsonl"
 SUMMARY_MD = "summary.md"
@@ -508,6 +508,8 @@ def run_sweep(
         UsageError: a bad grid, or results already in ``out`` without ``resume``.
     """
     say = say or (lambda line: print(line, file=sys.stderr))
+    if spec is not None and spec.ray_address is not None:
+        import_ray()  # the install hint before any work or file
     plan = plan_sweep(grid_path)
     results_path = out / RESULTS
     if results_path.exists() and results_path.stat().st_size and not resume:

@@ -68,14 +68,28 @@ def test_bad_runner_values_are_usage_errors() -> None:
         RunnerSpec(ray_address=" ")
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["bench", "controllers", "--tiny"],
+        ["sweep", "--grid", "GRID"],
+        ["experiments", "--quick"],
+    ],
+    ids=["bench", "sweep", "experiments"],
+)
 def test_ray_missing_says_how_to_install_it_in_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
+    grid = tmp_path / "grid.toml"
+    grid.write_text('traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+                    'controllers = ["max"]\n')
+    argv = [str(grid) if word == "GRID" else word for word in command]
+    out = tmp_path / "out"
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(["bench", "controllers", "--tiny", "--ray", "local", "--out", str(tmp_path)])
+        code = main([*argv, "--ray", "local", "--out", str(out)])
     assert code == 2
     assert stderr.getvalue() == f"gpugov: error: {RAY_INSTALL_HINT}\n"
     assert "pip install 'gpugov[ray]'" in RAY_INSTALL_HINT
-    assert not (tmp_path / "scoreboard.json").exists()
+    assert not out.exists()
