@@ -34,63 +34,40 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from gpugov.controllers.baseline import (
-    fixed_clock_controller,
-    maximum_clock_controller,
-    reactive_clock_controller,
-    sample_and_hold_clock_controller,
-)
-from gpugov.controllers.mpc import (
-    DEFAULT_SOLVE_BUDGET_EVALUATIONS,
-    MPCController,
-    expected_output_tokens_forecast,
-    mpc_summary,
+from gpugov.controllers.experiment_parts import (
+    ARRIVAL_SHIFT_S,
+    FIRST_STAGE,
+    FQI_MAXIMUM_DEPTH,
+    FQI_MINIMUM_LEAF_SIZE,
+    FQI_RANDOM_SEED,
+    FREQUENCY_EXPERIMENT_WINDOW_S,
+    SuiteInputs,
+    moved_request_ids,
+    run_part,
+    run_scheduling_on_plant,
 )
 from gpugov.controllers.open_loop import (
     OPEN_LOOP_SEED_DEVIATIONS,
-    open_loop_clock_controller,
-    optimize_open_loop,
-    select_frequency_experiment_window,
-    shift_largest_burst,
 )
 from gpugov.controllers.scheduling import (
     REDUCED_REPLAY_RANDOM_SEED,
     REDUCED_REPLAY_STEPS,
     SCHEDULING_SEED_DEVIATIONS,
-    decode_priority_policy,
-    evaluate_scheduling_policy,
-    fit_fqi,
-    policy_action_coverage_slices,
     policy_slice,
     reduced_policy_trajectory,
-    scheduling_clock_calibration,
-    scheduling_mdp_from_trace,
-    solve_scheduling_mdp,
 )
-from gpugov.controllers.scheduling_policy import MDPPolicyScheduler
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.result import ServingResult
-from gpugov.plant.scheduler import CHUNKED_PREFILL_LABEL, chunked_prefill_scheduler
-from gpugov.plant.simulator import simulate
 from gpugov.plant.types import Request, RequestRecord
 from gpugov.plant.workload import workload_checksum
 
 ProgressCallback = Callable[[str], None]
 
-SCHEDULER_NAME = CHUNKED_PREFILL_LABEL
-FREQUENCY_EXPERIMENT_WINDOW_S = 60.0
-ARRIVAL_SHIFT_S = 20.0
 QUEUE_PROBE_TIME_S = 30.0
-SERIES_SPACING_S = 0.5
-FQI_MAXIMUM_DEPTH = 12
-FQI_MINIMUM_LEAF_SIZE = 2
-FQI_RANDOM_SEED = 0
-NARROW_EXPLORATION_PROBABILITY = 0.05
 
 EXPERIMENT_SEED_DEVIATIONS = (
     "the MPC run is run_mpc's (same defaults and declared forecast), built from "
@@ -246,64 +223,6 @@ def queued_at(result: ServingResult, time_s: float) -> float:
     return float(result.prefill_queue[index] + result.decode_active[index])
 
 
-def moved_request_ids(original: Sequence[Request], shifted: Sequence[Request]) -> set[int]:
-    """Ids of requests whose arrival differs between two versions of a workload."""
-    before = {request.request_id: request.arrival_time_s for request in original}
-    return {
-        request.request_id
-        for request in shifted
-        if request.request_id in before
-        and abs(request.arrival_time_s - before[request.request_id]) > 1e-9
-    }
-
-
-# --------------------------------------------------------------------- small helpers
-def _percentile(values: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else None
-
-
-def _run_mpc(
-    workload: Sequence[Request],
-    plant: ServingPlant,
-    timer: Callable[[], float] | None,
-) -> ServingResult:
-    """``run_mpc(workload, plant)`` with the solve-time distribution in its metadata."""
-    forecast = expected_output_tokens_forecast(workload)
-    options: dict[str, Any] = {} if timer is None else {"timer": timer}
-    controller = MPCController(
-        plant,
-        mean_output_tokens=forecast,
-        solve_budget_evaluations=DEFAULT_SOLVE_BUDGET_EVALUATIONS,
-        **options,
-    )
-    result = simulate(
-        workload,
-        plant,
-        chunked_prefill_scheduler,
-        controller,
-        0,
-        controller_name="mpc-slsqp",
-        scheduler_name=SCHEDULER_NAME,
-        control_period_s=controller.control_period_s,
-    )
-    times = [float(value) for value in controller.diagnostics().solve_times_s]
-    summary = {
-        **mpc_summary(controller, forecast),
-        "solve_time_p99_s": _percentile(times, 99),
-        "solve_times_s": times,
-    }
-    return replace(result, metadata={**result.metadata, "mpc": summary})
-
-
-def _plant_scheduler_payload(
-    result: ServingResult, *, label: str, policy: str, stride: int
-) -> dict[str, Any]:
-    payload = result.as_dict(stride=stride)
-    payload["policy"] = policy
-    payload["label"] = label
-    return payload
-
-
 # ---------------------------------------------------------------------- the suite
 def build_textbook_results(
     animation_workload: Sequence[Request],
@@ -351,155 +270,80 @@ def build_textbook_results(
     """
     if not animation_workload or not evaluation_workload:
         raise ValueError("animation_workload and evaluation_workload must not be empty")
+    inputs = SuiteInputs(
+        tuple(animation_workload),
+        tuple(evaluation_workload),
+        plant,
+        fqi_transitions=fqi_transitions,
+        fqi_sweeps=fqi_sweeps,
+        fqi_trees=fqi_trees,
+        evaluation_episodes=evaluation_episodes,
+        evaluation_horizon_steps=evaluation_horizon_steps,
+        mpc_timer=mpc_timer,
+    )
+    parts = {name: run_part(name, inputs, progress) for name in FIRST_STAGE}
+    on_plant = run_scheduling_on_plant(inputs, parts, progress)
+    return assemble_textbook_results(
+        inputs,
+        parts,
+        on_plant,
+        load_dilation=load_dilation,
+        scheduling_trace_source_window_s=scheduling_trace_source_window_s,
+        extra_metadata=extra_metadata,
+        progress=progress,
+    )
+
+
+def assemble_textbook_results(
+    inputs: SuiteInputs,
+    parts: Mapping[str, Mapping[str, Any]],
+    scheduling_on_plant: dict[str, Any],
+    *,
+    load_dilation: float = 1.0,
+    scheduling_trace_source_window_s: float = 300.0,
+    extra_metadata: Mapping[str, Any] | None = None,
+    progress: ProgressCallback | None = None,
+) -> dict[str, Any]:
+    """The suite's result from its parts (:mod:`controllers.experiment_parts`): the
+    first stage's outputs by part name and the second stage's ``scheduling_on_plant``."""
 
     def report(message: str) -> None:
         if progress is not None:
             progress(message)
 
-    stride = max(1, int(round(SERIES_SPACING_S / plant.time_step_s)))
-
-    report(f"modelling run: maximum clock on {len(animation_workload)} requests")
-    modeling_result = simulate(
-        animation_workload,
-        plant,
-        chunked_prefill_scheduler,
-        maximum_clock_controller,
-        controller_name="max",
-        scheduler_name=SCHEDULER_NAME,
-    )
-
-    # The declared output forecast of the frequency experiment: the evaluation trace's
-    # mean output length, fixed before any run (the seed's choice). No controller reads
-    # an individual request's output_tokens.
-    expected_output_tokens = float(
-        np.mean([request.output_tokens for request in evaluation_workload])
-    )
-    report("open loop: selecting the 60 s window and solving the LP plan")
-    frequency_workload, frequency_window_metadata = select_frequency_experiment_window(
-        evaluation_workload,
-        plant.profile,
-        horizon_s=FREQUENCY_EXPERIMENT_WINDOW_S,
-        shift_s=ARRIVAL_SHIFT_S,
-        expected_output_tokens=expected_output_tokens,
-    )
-    plan = optimize_open_loop(
-        frequency_workload,
-        plant,
-        horizon_s=FREQUENCY_EXPERIMENT_WINDOW_S,
-        expected_output_tokens=expected_output_tokens,
-    )
-    report("open loop: nominal and shifted arrivals under the same plan")
-    open_loop_nominal = simulate(
-        frequency_workload,
-        plant,
-        chunked_prefill_scheduler,
-        open_loop_clock_controller(plan),
-        controller_name="open-loop",
-        scheduler_name=SCHEDULER_NAME,
-    )
-    shifted_workload = shift_largest_burst(
-        frequency_workload,
-        plant.profile,
-        shift_s=ARRIVAL_SHIFT_S,
-        expected_output_tokens=expected_output_tokens,
-    )
-    moved_ids = moved_request_ids(frequency_workload, shifted_workload)
-    if not moved_ids:
-        raise RuntimeError("selected frequency window did not yield a moved burst")
-    open_loop_shifted = simulate(
-        shifted_workload,
-        plant,
-        chunked_prefill_scheduler,
-        open_loop_clock_controller(plan),
-        controller_name="open-loop",
-        scheduler_name=SCHEDULER_NAME,
-    )
-    report("mpc comparison: maximum clock and reactive governor on the shifted window")
-    maximum_result = simulate(
-        shifted_workload,
-        plant,
-        chunked_prefill_scheduler,
-        maximum_clock_controller,
-        controller_name="max",
-        scheduler_name=SCHEDULER_NAME,
-    )
-    reactive_result = simulate(
-        shifted_workload,
-        plant,
-        chunked_prefill_scheduler,
-        sample_and_hold_clock_controller(reactive_clock_controller, period_s=1.0),
-        controller_name="reactive",
-        scheduler_name=SCHEDULER_NAME,
-    )
-    report("mpc comparison: receding-horizon MPC (SLSQP every second)")
-    mpc_result = _run_mpc(shifted_workload, plant, mpc_timer)
-
-    report("scheduling MDP: calibration and exact value iteration")
-    mdp = scheduling_mdp_from_trace(evaluation_workload, plant.profile)
-    fixed_requested_clock_mhz, batch_balanced_realized_clock_mhz = scheduling_clock_calibration(
-        plant.profile
-    )
-    exact = solve_scheduling_mdp(mdp)
-    report(
-        f"fqi: broad (uniform) log, {fqi_transitions} transitions, {fqi_sweeps} sweeps x "
-        f"{fqi_trees} trees"
-    )
-    broad = fit_fqi(
-        mdp,
-        behavior="uniform",
-        number_transitions=fqi_transitions,
-        sweeps=fqi_sweeps,
-        number_trees=fqi_trees,
-        maximum_depth=FQI_MAXIMUM_DEPTH,
-        minimum_leaf_size=FQI_MINIMUM_LEAF_SIZE,
-        random_seed=FQI_RANDOM_SEED,
-        reference_policy=exact.policy,
-    )
-    report(
-        f"fqi: narrow (decode-priority) log, {fqi_transitions} transitions, {fqi_sweeps} "
-        f"sweeps x {fqi_trees} trees"
-    )
-    narrow = fit_fqi(
-        mdp,
-        behavior="decode_priority",
-        number_transitions=fqi_transitions,
-        sweeps=fqi_sweeps,
-        number_trees=fqi_trees,
-        maximum_depth=FQI_MAXIMUM_DEPTH,
-        minimum_leaf_size=FQI_MINIMUM_LEAF_SIZE,
-        exploration_probability=NARROW_EXPLORATION_PROBABILITY,
-        random_seed=FQI_RANDOM_SEED,
-        reference_policy=exact.policy,
-    )
-    report(
-        f"policy evaluation: DP, broad and narrow FQI, {evaluation_episodes} episodes x "
-        f"{evaluation_horizon_steps} steps"
-    )
-    exact_evaluation = evaluate_scheduling_policy(
-        mdp, exact.policy, episodes=evaluation_episodes, horizon_steps=evaluation_horizon_steps
-    )
-    broad_evaluation = evaluate_scheduling_policy(
-        mdp, broad.policy, episodes=evaluation_episodes, horizon_steps=evaluation_horizon_steps
-    )
-    narrow_evaluation = evaluate_scheduling_policy(
-        mdp, narrow.policy, episodes=evaluation_episodes, horizon_steps=evaluation_horizon_steps
-    )
-    heuristic_policy = decode_priority_policy(mdp)
-
-    report("scheduling on the plant: MDP policies vs chunked prefill at the calibration clock")
-    scheduling_on_plant = _scheduling_on_plant(
-        evaluation_workload,
-        plant,
-        clock_mhz=fixed_requested_clock_mhz,
-        decision_period_s=mdp.decision_period_s,
-        policies={
-            "exact_dp": ("Exact DP", exact.policy),
-            "broad_fqi": ("FQI, broad coverage", broad.policy),
-            "narrow_fqi": ("FQI, narrow log", narrow.policy),
-            "decode_priority": ("Decode-priority heuristic", heuristic_policy),
-        },
-        stride=stride,
-    )
+    animation_workload = inputs.animation_workload
+    evaluation_workload = inputs.evaluation_workload
+    plant = inputs.plant
+    fqi_transitions = inputs.fqi_transitions
+    fqi_sweeps = inputs.fqi_sweeps
+    fqi_trees = inputs.fqi_trees
+    evaluation_episodes = inputs.evaluation_episodes
+    evaluation_horizon_steps = inputs.evaluation_horizon_steps
+    stride = inputs.stride
+    expected_output_tokens = inputs.expected_output_tokens
+    modeling_result = parts["modeling"]["modeling_result"]
+    frequency = parts["frequency"]
+    frequency_workload = frequency["frequency_workload"]
+    frequency_window_metadata = frequency["frequency_window_metadata"]
+    plan = frequency["plan"]
+    open_loop_nominal = frequency["open_loop_nominal"]
+    open_loop_shifted = frequency["open_loop_shifted"]
+    shifted_workload = frequency["shifted_workload"]
+    moved_ids = frequency["moved_ids"]
+    maximum_result = frequency["maximum_result"]
+    reactive_result = frequency["reactive_result"]
+    mpc_result = frequency["mpc_result"]
+    scheduling = parts["scheduling"]
+    mdp = scheduling["mdp"]
+    exact = scheduling["exact"]
+    fixed_requested_clock_mhz = scheduling["fixed_requested_clock_mhz"]
+    batch_balanced_realized_clock_mhz = scheduling["batch_balanced_realized_clock_mhz"]
+    exact_evaluation = scheduling["exact_evaluation"]
+    heuristic_policy = scheduling["heuristic_policy"]
+    broad = parts["fqi_broad"]
+    narrow = parts["fqi_narrow"]
+    broad_evaluation = broad["evaluation"]
+    narrow_evaluation = narrow["evaluation"]
 
     report("assembling results")
     nominal_matched = matched_first_token_latency(open_loop_nominal.request_records, moved_ids)
@@ -531,8 +375,8 @@ def build_textbook_results(
         return {str(age): policy_slice(policy, oldest_age_bin=age).tolist() for age in range(5)}
 
     exact_slices = slices(exact.policy)
-    broad_slices = slices(broad.policy)
-    narrow_slices = slices(narrow.policy)
+    broad_slices = slices(broad["policy"])
+    narrow_slices = slices(narrow["policy"])
 
     def trajectory(policy: Any, label: str) -> dict[str, object]:
         return reduced_policy_trajectory(
@@ -695,20 +539,20 @@ def build_textbook_results(
         "fqi": {
             "controllers": {
                 "exact_dp": copy.deepcopy(exact_trajectory),
-                "broad_fqi": trajectory(broad.policy, "FQI, broad coverage"),
-                "narrow_fqi": trajectory(narrow.policy, "FQI, narrow log"),
+                "broad_fqi": trajectory(broad["policy"], "FQI, broad coverage"),
+                "narrow_fqi": trajectory(narrow["policy"], "FQI, narrow log"),
             },
             "metrics": {
                 "exact_dp": exact_evaluation.as_dict(),
                 "broad_fqi": {
                     **broad_evaluation.as_dict(),
-                    "coverage_fraction": broad.dataset.coverage_fraction,
-                    "policy_disagreement_fraction": broad.policy_disagreement_fraction,
+                    "coverage_fraction": broad["coverage_fraction"],
+                    "policy_disagreement_fraction": broad["policy_disagreement_fraction"],
                 },
                 "narrow_fqi": {
                     **narrow_evaluation.as_dict(),
-                    "coverage_fraction": narrow.dataset.coverage_fraction,
-                    "policy_disagreement_fraction": narrow.policy_disagreement_fraction,
+                    "coverage_fraction": narrow["coverage_fraction"],
+                    "policy_disagreement_fraction": narrow["policy_disagreement_fraction"],
                 },
             },
             "policy_slices": {
@@ -717,8 +561,8 @@ def build_textbook_results(
                 "narrow_fqi": narrow_slices,
             },
             "coverage_slices": {
-                "broad_fqi": policy_action_coverage_slices(broad.dataset, broad.policy),
-                "narrow_fqi": policy_action_coverage_slices(narrow.dataset, narrow.policy),
+                "broad_fqi": broad["coverage_slices"],
+                "narrow_fqi": narrow["coverage_slices"],
             },
             "protocol": {
                 "transitions_per_dataset": fqi_transitions,
@@ -735,66 +579,10 @@ def build_textbook_results(
     }
 
 
-def _scheduling_on_plant(
-    workload: Sequence[Request],
-    plant: ServingPlant,
-    *,
-    clock_mhz: float,
-    decision_period_s: float,
-    policies: Mapping[str, tuple[str, Any]],
-    stride: int,
-) -> dict[str, Any]:
-    """Each policy as an :class:`MDPPolicyScheduler`, plus chunked prefill, on the plant
-    at one fixed clock."""
-    controller = fixed_clock_controller(clock_mhz)
-    schedulers: dict[str, Any] = {}
-    for key, (label, policy) in policies.items():
-        scheduler = MDPPolicyScheduler(
-            np.asarray(policy, dtype=int), decision_period_s=decision_period_s, label=label
-        )
-        result = simulate(
-            workload,
-            plant,
-            scheduler,
-            controller,
-            controller_name=f"fixed:{clock_mhz:g}",
-            scheduler_name=label,
-        )
-        schedulers[key] = _plant_scheduler_payload(result, label=label, policy=key, stride=stride)
-    chunked = simulate(
-        workload,
-        plant,
-        chunked_prefill_scheduler,
-        controller,
-        controller_name=f"fixed:{clock_mhz:g}",
-        scheduler_name=SCHEDULER_NAME,
-    )
-    schedulers["chunked_prefill"] = _plant_scheduler_payload(
-        chunked, label=SCHEDULER_NAME, policy="none (chunked prefill)", stride=stride
-    )
-    return {
-        "schedulers": schedulers,
-        "metrics": {key: payload["metrics"] for key, payload in schedulers.items()},
-        "clock_mhz": float(clock_mhz),
-        "decision_period_s": float(decision_period_s),
-        "request_count": len(workload),
-        "workload_checksum": workload_checksum(workload),
-        "state_mapping": (
-            "MDPPolicyScheduler: p = min(6, waiting + prefilling requests); d = min(6, "
-            "ceil(decode_active / ceil(max_batch_size / 6))); age bin from the oldest "
-            "waiting request's age with edges (1, 2, 3, 4) x decision period"
-        ),
-        "description": (
-            "beyond the seed: the reduced-MDP policies run as the serving engine's batching "
-            "rule on the detailed plant, every scheduler at the MDP's calibration clock on "
-            "the evaluation workload"
-        ),
-    }
-
-
 __all__ = [
     "EXPERIMENT_SEED_DEVIATIONS",
     "TIMING_FIELDS",
+    "assemble_textbook_results",
     "build_textbook_results",
     "matched_first_token_latency",
     "measurement_caveats",

@@ -23,6 +23,7 @@ PLOT = "gpugov.study.plot_cli"
 EMULATE = "gpugov.study.emulate.cli"
 LOAD = "gpugov.study.load_cli"
 PROFILE = "gpugov.study.profiler.cli"
+SWEEP = "gpugov.study.sweep_cli"
 
 #: Subcommand -> (module that registers it, one-line help for ``gpugov --help``).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -40,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "emulate": (EMULATE, "serve an emulated node (OpenAI API, vLLM /metrics, GPUs) on loopback"),
     "load": (LOAD, "replay a trace against an OpenAI-compatible endpoint; client TTFT/TPOT"),
     "profile": (PROFILE, "measure a GPU profile by sweeping locked clocks under controlled load"),
+    "sweep": (SWEEP, "run a grid of traces x profiles x loads x controllers x seeds"),
 }
 
 EXIT_INTERRUPTED = 130

@@ -33,7 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from gpugov import __version__
-from gpugov.controllers.experiments import build_textbook_results
+from gpugov.controllers.experiment_parts import (
+    FIRST_STAGE,
+    SuiteInputs,
+    run_part,
+    run_scheduling_on_plant,
+)
+from gpugov.controllers.experiments import assemble_textbook_results, build_textbook_results
 from gpugov.daemon.cli_support import (
     DEFAULT_PROFILE,
     UsageError,
@@ -47,6 +53,14 @@ from gpugov.daemon.cli_support import (
 from gpugov.daemon.progress import Progress
 from gpugov.plant import ServingPlant, load_profile
 from gpugov.plant.workload import DEFAULT_TRACE
+from gpugov.study.runners import (
+    RunnerSpec,
+    add_runner_arguments,
+    import_ray,
+    map_cells,
+    single_threaded,
+    spec_from_args,
+)
 
 DEFAULT_WINDOW_S = 300.0
 DEFAULT_ANIMATION_S = 60.0
@@ -543,6 +557,31 @@ def write_figures(results: Mapping[str, Any], directory: Path) -> list[Path]:
     return written
 
 
+# ------------------------------------------------------------------------ sharded
+def run_part_task(name: str, shared: Mapping[str, Any]) -> dict[str, Any]:
+    """One first-stage part as a runner task (the inputs arrive by value in ``shared``)."""
+    return run_part(name, shared["inputs"])
+
+
+def build_sharded_results(
+    inputs: SuiteInputs,
+    spec: RunnerSpec,
+    progress: Callable[[str], None],
+    **assembly: Any,
+) -> dict[str, Any]:
+    """:func:`build_textbook_results` with the first-stage parts as parallel tasks (local
+    pool or Ray), then the on-plant stage and the assembly here: the same result."""
+    parts: dict[str, dict[str, Any]] = {}
+    progress(f"running {len(FIRST_STAGE)} independent parts as tasks: {', '.join(FIRST_STAGE)}")
+    for done in map_cells(run_part_task, list(FIRST_STAGE), spec=spec,
+                          shared={"inputs": inputs}, on_event=progress):
+        name = FIRST_STAGE[done.index]
+        parts[name] = done.value
+        progress(f"part {name} done ({len(parts)}/{len(FIRST_STAGE)}, on {done.worker})")
+    on_plant = run_scheduling_on_plant(inputs, parts, progress)
+    return assemble_textbook_results(inputs, parts, on_plant, progress=progress, **assembly)
+
+
 # --------------------------------------------------------------------------- run
 EXPERIMENT_STEPS = 12
 """Progress steps: the suite's eleven (``build_textbook_results`` reports one line before
@@ -573,6 +612,9 @@ def run_experiments(args: argparse.Namespace) -> int:
     _pyplot()  # the figures need the gpugov[plots] extra: say so now, not after the run
     prepare_output_dir("--out", args.out)
     sizes = QUICK_SIZES if args.quick else SEED_SIZES
+    spec = spec_from_args(args)
+    if spec.ray_address is not None:
+        import_ray()  # the install hint before any work
 
     evaluation, report = load_trace_for_cli(
         args.trace, start_s=args.start, duration_s=args.duration
@@ -603,16 +645,29 @@ def run_experiments(args: argparse.Namespace) -> int:
         ),
     }
     try:
-        results = build_textbook_results(
-            animation,
-            evaluation,
-            plant,
-            load_dilation=1.0,
-            progress=progress,
-            scheduling_trace_source_window_s=args.duration,
-            extra_metadata=extra,
-            **sizes,
-        )
+        if spec.ray_address is not None or spec.jobs > 1:
+            results = build_sharded_results(
+                SuiteInputs(animation, evaluation, plant, **sizes),
+                spec,
+                progress,
+                load_dilation=1.0,
+                scheduling_trace_source_window_s=args.duration,
+                extra_metadata={**extra, "runner": spec.describe()},
+            )
+        else:
+            with single_threaded():  # as the runners' cells: results independent of cores
+                results = build_textbook_results(
+                    animation,
+                    evaluation,
+                    plant,
+                    load_dilation=1.0,
+                    progress=progress,
+                    scheduling_trace_source_window_s=args.duration,
+                    extra_metadata=extra,
+                    **sizes,
+                )
+    except UsageError:
+        raise
     except ValueError as error:
         raise UsageError(f"--trace {args.trace}: {error}") from error
 
@@ -682,6 +737,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         f"(default {DEFAULT_ANIMATION_S:g})",
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    add_runner_arguments(
+        parser,
+        jobs_help="run the independent parts (modelling, open loop + MPC, DP, broad FQI, "
+        "narrow FQI) in N local processes (default: one after the other)",
+    )
     parser.set_defaults(handler=run_experiments)
 
 

@@ -61,7 +61,7 @@ import platform
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -86,6 +86,7 @@ from gpugov.controllers.oracles import (
     window_oracle,
 )
 from gpugov.daemon.config import MPCControllerConfig
+from gpugov.daemon.progress import format_duration
 from gpugov.daemon.service import simulated_mpc
 from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, load_profile, simulate
 from gpugov.plant.profile import list_bundled_profiles
@@ -101,6 +102,7 @@ from gpugov.plant.workload import (
     select_window,
     workload_checksum,
 )
+from gpugov.study.runners import RunnerSpec, add_runner_arguments, map_cells, spec_from_args
 
 ROOT = Path(__file__).resolve().parents[1]
 # In a source checkout the results live beside the benchmark; installed from a wheel,
@@ -337,8 +339,17 @@ def _window(
     return select_window(full, start, length), start, length
 
 
-def build_scenario(trace: str, plant: ServingPlant, load: str, duration_s: float) -> Scenario:
+def build_scenario(
+    trace: str,
+    plant: ServingPlant,
+    load: str,
+    duration_s: float,
+    full_trace: tuple[tuple[Request, ...], str] | None = None,
+) -> Scenario:
     """The workload of one scenario (module notes: windows, capacity, loads).
+
+    ``full_trace`` (requests, sha256) is the loaded trace when the caller has it (a Ray
+    worker gets it by value); without it the trace is loaded by name here.
 
     Raises:
         TraceError: the trace cannot be loaded.
@@ -347,7 +358,7 @@ def build_scenario(trace: str, plant: ServingPlant, load: str, duration_s: float
     if load not in LOADS:
         raise ValueError(f"load must be one of {LOADS}, got {load!r}")
     profile = plant.profile
-    full, digest = _full_trace(trace)
+    full, digest = _full_trace(trace) if full_trace is None else full_trace
     if trace in WHOLE_TRACE:
         window, start, length = _window(full, 0.0, full[-1].arrival_time_s + 1e-6)
         capacity, light, probes = slo_capacity(window, plant, length)
@@ -698,9 +709,19 @@ def _row(
 
 
 def run_scenario(
-    trace: str, profile_name: str, load: str, config: BenchConfig, compare: bool = False
+    trace: str,
+    profile_name: str,
+    load: str,
+    config: BenchConfig,
+    compare: bool = False,
+    *,
+    profile: PerformanceProfile | None = None,
+    full_trace: tuple[tuple[Request, ...], str] | None = None,
 ) -> dict[str, Any]:
     """Every controller, both oracles and the LP bound on one scenario.
+
+    ``profile`` and ``full_trace`` pass the loaded inputs by value (a worker on another
+    machine has no path to them); without them they are loaded by name here.
 
     Returns:
         ``{"scenario": ..., "rows": [...], "comparison": ... or None}``; with
@@ -708,9 +729,9 @@ def run_scenario(
         :func:`compare_recorded` needs to solve them again.
     """
     started = time.perf_counter()
-    profile = load_profile(profile_name)
+    profile = load_profile(profile_name) if profile is None else profile
     plant = ServingPlant.from_profile(profile)
-    scenario = build_scenario(trace, plant, load, config.duration_s)
+    scenario = build_scenario(trace, plant, load, config.duration_s, full_trace)
     requests = scenario.requests
     period = config.control_period_s
 
@@ -895,23 +916,45 @@ def compare_recorded(
     return comparison
 
 
-def _run_task(args: tuple[str, str, str, BenchConfig, bool]) -> dict[str, Any]:
+def _run_task(
+    args: tuple[str, str, str, BenchConfig, bool], shared: Mapping[str, Any]
+) -> dict[str, Any]:
+    """One scenario as a runner task; the profile and the trace come in ``shared``."""
     trace, profile, load, config, compare = args
     try:
-        return run_scenario(trace, profile, load, config, compare)
+        return run_scenario(
+            trace,
+            profile,
+            load,
+            config,
+            compare,
+            profile=shared[f"profile:{profile}"],
+            full_trace=shared[f"trace:{trace}"],
+        )
     except TraceError as error:
         return {"skipped": {"scenario": f"{trace}|{profile}|{load}", "reason": str(error)}}
+
+
+def _shared_inputs(config: BenchConfig) -> tuple[dict[str, Any], dict[str, str]]:
+    """The profiles and full traces every scenario reads, loaded here (the driver) and
+    handed to the workers by value; traces that fail to load map to their error."""
+    shared: dict[str, Any] = {f"profile:{name}": load_profile(name) for name in config.profiles}
+    failed: dict[str, str] = {}
+    for name in config.traces:
+        try:
+            shared[f"trace:{name}"] = _full_trace(name)
+        except TraceError as error:
+            failed[name] = str(error)
+    return shared, failed
 
 
 def run_scoreboard(
     config: BenchConfig,
     progress: Callable[[str], None] | None = None,
-    tick: Callable[[], None] | None = None,
+    runner: RunnerSpec | None = None,
 ) -> dict[str, Any]:
-    """Run every scenario (in ``config.jobs`` processes) and assemble the payload.
-
-    ``progress`` gets one line when the run starts and one per finished scenario;
-    ``tick`` is called about once a second while worker processes run (a live ETA)."""
+    """Run every scenario (in ``config.jobs`` processes, or as Ray tasks when ``runner``
+    says so) and assemble the payload."""
     say = progress or (lambda line: None)
     started = time.perf_counter()
     specs = config.scenario_specs()
@@ -925,22 +968,30 @@ def run_scoreboard(
         range(len(tasks)), key=lambda i: (not tasks[i][4], tasks[i][0] in WHOLE_TRACE, i)
     )
     jobs = config.jobs or min(len(tasks), os.cpu_count() or 1)
+    runner = runner or RunnerSpec(jobs=jobs)
+    shared, failed = _shared_inputs(config)
     outcomes: dict[int, dict[str, Any]] = {}
     say(
-        f"bench controllers: {len(tasks)} scenario(s) in {min(jobs, len(tasks))} process(es); "
+        f"bench controllers: {len(tasks)} scenario(s), {runner.kind} runner; "
         "each first calibrates its SLO capacity at the maximum clock, then runs "
         f"{len(CONTROLLER_ORDER)} controllers and oracles and the LP bound"
     )
-    if jobs <= 1 or len(tasks) <= 1:
-        for i in order:
-            outcomes[i] = _run_task(tasks[i])
+    for i, task in enumerate(tasks):
+        if task[0] in failed:
+            outcomes[i] = {"skipped": {"scenario": "|".join(task[:3]), "reason": failed[task[0]]}}
             say(_progress_line(outcomes[i], len(outcomes), len(tasks), started))
-    else:
-        from gpugov.study.pool import run_in_pool
-
-        for i, outcome in run_in_pool(_run_task, [(i, tasks[i]) for i in order], jobs, tick):
-            outcomes[i] = outcome
-            say(_progress_line(outcome, len(outcomes), len(tasks), started))
+    runnable = [i for i in order if i not in outcomes]
+    for done in map_cells(
+        _run_task,
+        [tasks[i] for i in runnable],
+        spec=runner,
+        shared=shared,
+        on_event=say,
+        label=lambda task: "|".join(task[:3]),
+    ):
+        index = runnable[done.index]
+        outcomes[index] = done.value
+        say(_progress_line(outcomes[index], len(outcomes), len(tasks), started))
     rows: list[dict[str, Any]] = []
     scenarios: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
@@ -968,6 +1019,7 @@ def run_scoreboard(
             "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(),
         },
+        "runner": runner.describe(),
         "wall_s": elapsed,
         "scenarios": scenarios,
         "skipped": skipped,
@@ -1007,7 +1059,8 @@ def _progress_line(outcome: dict[str, Any], done: int, total: int, started: floa
     if "skipped" in outcome:
         return f"[{done}/{total} {elapsed:6.1f}s] skipped {outcome['skipped']['scenario']}"
     info = outcome["scenario"]
-    return f"[{done}/{total} {elapsed:6.1f}s] {info['key']} ({info['wall_s']:.1f}s)"
+    eta = format_duration(elapsed / done * (total - done)) if done else "?"
+    return f"[{done}/{total} {elapsed:6.1f}s ETA {eta}] {info['key']} ({info['wall_s']:.1f}s)"
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -1402,6 +1455,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="worker processes (default: one per CPU)",
     )
+    add_runner_arguments(parser, jobs=False)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -1431,7 +1485,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         last = line
         bar.update(done, line, force=True)
 
-    payload = run_scoreboard(config, progress=progress, tick=lambda: bar.update(done, last))
+    runner = replace(spec_from_args(args), jobs=config.jobs)
+    payload = run_scoreboard(config, progress=progress, runner=runner)
     bar.close()
     if not payload["scenarios"]:
         reasons = "; ".join(sorted({s["reason"] for s in payload["skipped"]}))

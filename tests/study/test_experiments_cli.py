@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_quick_experiments
 
 from gpugov.cli import main
 from gpugov.controllers.experiments import TIMING_FIELDS, build_textbook_results
 from gpugov.study import experiments_cli
+from gpugov.study.runners import RunnerSpec
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-QUICK_ARGS = ["experiments", "--quick", "--duration", "120", "--animation", "30"]
 TOP_LEVEL_KEYS = {
     "metadata",
     "modeling",
@@ -52,18 +51,13 @@ def _strict_load(text: str) -> Any:
     return json.loads(text, parse_constant=reject)
 
 
-def _run_quick(out: Path) -> tuple[int, str, str]:
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main([*QUICK_ARGS, "--out", str(out)])
-    return code, stdout.getvalue(), stderr.getvalue()
+def _run_quick(out: Path, *extra: str) -> tuple[int, str, str]:
+    return run_quick_experiments(out, *extra)
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str, str]:
-    out = tmp_path_factory.mktemp("experiments") / "quick"
-    code, stdout, stderr = _run_quick(out)
-    return out, code, stdout, stderr
+def quick_run(experiments_quick_run: tuple[Path, int, str, str]) -> tuple[Path, int, str, str]:
+    return experiments_quick_run
 
 
 def _without_timing(value: Any) -> Any:
@@ -172,3 +166,23 @@ def test_bad_arguments_fail_with_one_clear_line(
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("gpugov: error:") and message in error
     assert not (tmp_path / "bad" / "results.json").exists()
+
+
+def test_parts_in_a_local_pool_give_the_sequential_result(
+    quick_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--jobs 2 runs the independent parts (modelling, open loop + MPC, DP, both FQIs) as
+    pool tasks and assembles the same result as the sequential run."""
+    out, _, _, _ = quick_run
+    first = _strict_load((out / "results.json").read_text())
+    monkeypatch.setattr(experiments_cli, "write_figures", lambda results, directory: [])
+    code, _, stderr = _run_quick(tmp_path / "sharded", "--jobs", "2")
+    assert code == 0, stderr
+    second = _strict_load((tmp_path / "sharded" / "results.json").read_text())
+    assert second["metadata"].pop("runner") == RunnerSpec(jobs=2).describe()
+    assert "part fqi_narrow done" in stderr and "part frequency done" in stderr
+    if first["mpc"]["diagnostics"]["fallback_reasons"]["overrun"] or second["mpc"][
+        "diagnostics"
+    ]["fallback_reasons"]["overrun"]:
+        pytest.skip("an MPC solve overran its wall-clock limit here; runs are not comparable")
+    assert _without_timing(first) == _without_timing(second)

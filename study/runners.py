@@ -1,0 +1,459 @@
+"""Where a study's independent cells run: in this process, a local process pool, or Ray.
+
+One function, :func:`map_cells`, maps a picklable task function over cells and yields each
+result as it finishes, whichever runner runs it. The scoreboard, ``gpugov sweep`` and
+``gpugov experiments`` use it, so ``--jobs N`` (the default local pool) and ``--ray``
+(a local Ray runtime, or an existing cluster) run the same tasks on the same inputs.
+
+* Task functions take ``(cell, shared)``: ``cell`` is small and picklable; ``shared`` is a
+  read-only mapping of the large inputs (loaded traces, profiles) that reach every worker
+  by value, never as a path that exists only on the driver. The local pool hands them to
+  each worker process once (fork); Ray puts each into its object store once and a worker
+  fetches the ones its cell reads.
+* A worker lost mid-task (killed, out of memory, its node gone) is retried up to
+  ``retries`` times and reported through ``on_event``; every cell's result is yielded
+  exactly once. Ray's own task retries are off (``max_retries=0``) so the driver sees,
+  counts and reports each loss. A local pool cannot tell which cell killed it: every
+  unfinished cell goes to a fresh pool, and the restarts are counted.
+* An exception raised by the task function itself is not a lost worker: it propagates
+  (Ray's wrapper is removed), so input errors still reach the user as one line.
+* Every cell runs with one BLAS/OpenMP thread, whatever the runner (Ray's workers do so
+  by default): parallelism comes from the cells, and a cell's floating-point result (the
+  SLSQP MPC's is sensitive to the summation order of multi-threaded BLAS) does not depend
+  on the runner or on how many cores its machine has.
+
+Ray is an optional extra (``pip install 'gpugov[ray]'``), imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Generic, TypeVar
+
+from gpugov import __version__
+from gpugov.daemon.cli_support import UsageError
+
+C = TypeVar("C")
+R = TypeVar("R")
+
+TaskFunction = Callable[[Any, Mapping[str, Any]], Any]
+"""``fn(cell, shared) -> result``; module-level (picklable by reference)."""
+
+RAY_INSTALL_HINT = (
+    "--ray needs Ray, which is not installed: pip install 'gpugov[ray]' (or: pip install ray)"
+)
+LOCAL_RAY = "local"
+"""``--ray local`` starts a Ray runtime on this machine; anything else is an address."""
+LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024
+"""Object store of a local Ray runtime: the shared inputs are a few MB; keep it small."""
+DEFAULT_RETRIES = 2
+
+
+class RunnerError(UsageError):
+    """A runner cannot start, reach its cluster, or keep a cell's worker alive."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerSpec:
+    """How to run cells: ``jobs`` local processes, or Ray at ``ray_address``.
+
+    Attributes:
+        jobs: local worker processes (0: one per CPU, at most one per cell); with Ray
+            and ``ray_address == "local"``, the CPUs given to the local Ray runtime.
+        ray_address: None for the local pool; ``"local"`` to start a Ray runtime here;
+            ``"auto"``, ``HOST:PORT`` or ``ray://HOST:PORT`` to join a cluster.
+        retries: how often a cell whose worker was lost is run again.
+    """
+
+    jobs: int = 0
+    ray_address: str | None = None
+    retries: int = DEFAULT_RETRIES
+
+    def __post_init__(self) -> None:
+        if self.jobs < 0:
+            raise UsageError(f"--jobs must be >= 0, got {self.jobs}")
+        if self.retries < 0:
+            raise UsageError(f"--retries must be >= 0, got {self.retries}")
+        if self.ray_address is not None and not self.ray_address.strip():
+            raise UsageError("--ray needs 'local', 'auto' or a cluster address")
+
+    @property
+    def kind(self) -> str:
+        """``"ray"`` or ``"local"``."""
+        return "ray" if self.ray_address is not None else "local"
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able description for a payload's provenance."""
+        return {"kind": self.kind, "jobs": self.jobs, "ray_address": self.ray_address,
+                "retries": self.retries}
+
+
+@dataclass(frozen=True, slots=True)
+class CellDone(Generic[R]):
+    """One finished cell: its index in the input, its result, and where it ran."""
+
+    index: int
+    value: R
+    attempts: int
+    worker: str
+
+
+def worker_label() -> str:
+    """``host:pid`` of the process running a cell."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def import_ray() -> ModuleType:
+    """The ``ray`` module, or :class:`RunnerError` with the one-line install hint."""
+    try:
+        import ray
+    except ImportError as error:
+        raise RunnerError(RAY_INSTALL_HINT) from error
+    return ray
+
+
+def add_runner_arguments(
+    parser: Any, *, jobs: bool = True, jobs_help: str = "local worker processes (default: one "
+    "per CPU)"
+) -> None:
+    """``--ray ADDRESS`` and ``--retries N`` (and ``--jobs N`` unless the caller has it)."""
+    if jobs:
+        parser.add_argument("--jobs", type=int, default=None, metavar="N", help=jobs_help)
+    parser.add_argument(
+        "--ray", default=None, metavar="ADDRESS",
+        help="run the cells as Ray tasks: 'local' starts a Ray runtime on this machine "
+        "(--jobs CPUs), 'auto' or HOST:PORT joins a running cluster (needs gpugov[ray])",
+    )
+    parser.add_argument(
+        "--retries", type=int, default=DEFAULT_RETRIES, metavar="N",
+        help=f"runs again a cell whose worker died, up to N times (default {DEFAULT_RETRIES})",
+    )
+
+
+def spec_from_args(args: Any) -> RunnerSpec:
+    """The :class:`RunnerSpec` of parsed ``--jobs``/``--ray``/``--retries`` arguments."""
+    return RunnerSpec(
+        jobs=getattr(args, "jobs", None) or 0,
+        ray_address=getattr(args, "ray", None),
+        retries=getattr(args, "retries", DEFAULT_RETRIES),
+    )
+
+
+def single_threaded() -> Any:
+    """A context in which BLAS and OpenMP use one thread (``threadpoolctl``, which comes
+    with scikit-learn)."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1)
+
+
+# ----------------------------------------------------------------------- in-process
+def _serial(
+    fn: TaskFunction, cells: Sequence[Any], order: Sequence[int], shared: Mapping[str, Any]
+) -> Iterator[CellDone[Any]]:
+    for index in order:
+        with single_threaded():
+            value = fn(cells[index], shared)
+        yield CellDone(index, value, 1, worker_label())
+
+
+# ----------------------------------------------------------------------- local pool
+_WORKER_SHARED: Mapping[str, Any] = {}
+
+
+def _set_worker_shared(shared: Mapping[str, Any]) -> None:
+    """Worker initialiser: the shared inputs, one BLAS thread, and SIGINT ignored (the
+    parent alone handles Ctrl-C and ends the workers, so none prints a traceback)."""
+    global _WORKER_SHARED
+    _WORKER_SHARED = shared
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    single_threaded()  # stays in force for the worker's life
+
+
+def _pool_task(fn: TaskFunction, cell: Any) -> tuple[Any, str]:
+    return fn(cell, _WORKER_SHARED), worker_label()
+
+
+def _pool(
+    fn: TaskFunction,
+    cells: Sequence[Any],
+    order: Sequence[int],
+    shared: Mapping[str, Any],
+    jobs: int,
+    retries: int,
+    say: Callable[[str], None],
+) -> Iterator[CellDone[Any]]:
+    """Cells over a fork pool; a broken pool (a worker died) is replaced, its unfinished
+    cells resubmitted, at most ``retries`` times."""
+    context = multiprocessing.get_context("fork")
+    pending = list(order)
+    restarts = 0
+    while pending:
+        lost: list[int] = []
+        pool = ProcessPoolExecutor(
+            max_workers=min(jobs, len(pending)),
+            mp_context=context,
+            initializer=_set_worker_shared,
+            initargs=(shared,),
+        )
+        finished = False
+        try:
+            futures = {pool.submit(_pool_task, fn, cells[i]): i for i in pending}
+            for future in as_completed(futures):
+                index = futures[future]
+                try:
+                    value, worker = future.result()
+                except BrokenProcessPool:
+                    lost.append(index)
+                    continue
+                yield CellDone(index, value, restarts + 1, worker)
+            finished = True
+        finally:
+            if finished:
+                pool.shutdown(wait=True, cancel_futures=True)
+            else:
+                # Ctrl-C or an error here: the executor's shutdown would wait for the
+                # running cells, so end the workers now and exit at once.
+                processes = list(getattr(pool, "_processes", {}).values())
+                pool.shutdown(wait=False, cancel_futures=True)
+                for process in processes:
+                    process.terminate()
+                for process in processes:
+                    process.join(timeout=5.0)
+        if not lost:
+            return
+        restarts += 1
+        if restarts > retries:
+            raise RunnerError(
+                f"a worker process died {restarts} times; {len(lost)} cell(s) unfinished "
+                f"(raise --retries, or look for memory exhaustion)"
+            )
+        say(
+            f"a worker process died; running its pool's {len(lost)} unfinished cell(s) "
+            f"again in a new pool (retry {restarts}/{retries})"
+        )
+        pending = [i for i in order if i in set(lost)]
+
+
+# ------------------------------------------------------------------------------ Ray
+_RAY_FETCHED: dict[str, Any] = {}
+"""Shared values this worker process fetched, by object id (kept for its next cells)."""
+_RAY_FETCHED_LIMIT = 16
+
+
+class RayShared(Mapping[str, Any]):
+    """The shared inputs as object-store references; a worker fetches a value the first
+    time one of its cells reads it and keeps it for the next cells in the same process."""
+
+    def __init__(self, refs: Mapping[str, Any]) -> None:
+        self.refs = dict(refs)
+
+    def __getitem__(self, key: str) -> Any:
+        ref = self.refs[key]
+        name = ref.hex()
+        if name not in _RAY_FETCHED:
+            if len(_RAY_FETCHED) >= _RAY_FETCHED_LIMIT:
+                _RAY_FETCHED.pop(next(iter(_RAY_FETCHED)))
+            _RAY_FETCHED[name] = import_ray().get(ref)
+        return _RAY_FETCHED[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.refs)
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+
+def _ray_task(fn: TaskFunction, cell: Any, shared: Mapping[str, Any]) -> tuple[Any, str, str]:
+    with single_threaded():
+        return fn(cell, shared), worker_label(), __version__
+
+
+class RayRuntime:
+    """Context manager: connect to (or start) Ray; shut down only what it started.
+
+    A runtime already initialised in this process (a test's shared fixture, a notebook)
+    is used as it is and left running.
+    """
+
+    def __init__(self, spec: RunnerSpec) -> None:
+        self.spec = spec
+        self.ray = import_ray()
+        self.started = False
+
+    def __enter__(self) -> RayRuntime:
+        ray = self.ray
+        if ray.is_initialized():
+            return self
+        address = self.spec.ray_address
+        options: dict[str, Any] = {
+            "logging_level": logging.WARNING,
+            "log_to_driver": False,
+            "configure_logging": True,
+        }
+        try:
+            if address == LOCAL_RAY:
+                # A runtime for this machine alone: its processes talk over loopback.
+                ray.init(
+                    address="local",
+                    num_cpus=self.spec.jobs or os.cpu_count() or 1,
+                    include_dashboard=False,
+                    object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                    _node_ip_address="127.0.0.1",
+                    **options,
+                )
+            else:
+                ray.init(address=address, **options)
+        except (ConnectionError, RuntimeError, ValueError) as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise RunnerError(f"--ray {address}: cannot start or join Ray: {first}") from error
+        self.started = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.started:
+            self.ray.shutdown()
+            self.started = False
+
+    def cpus(self) -> int:
+        """CPUs the runtime offers to tasks."""
+        return int(self.ray.cluster_resources().get("CPU", 0))
+
+
+def _lost_worker_errors(ray: ModuleType) -> tuple[type[BaseException], ...]:
+    names = ("WorkerCrashedError", "NodeDiedError", "LocalRayletDiedError", "ObjectLostError",
+             "ActorDiedError")
+    found = [getattr(ray.exceptions, name, None) for name in names]
+    return tuple(kind for kind in found if isinstance(kind, type))
+
+
+def _ray(
+    fn: TaskFunction,
+    cells: Sequence[Any],
+    order: Sequence[int],
+    shared: Mapping[str, Any],
+    spec: RunnerSpec,
+    say: Callable[[str], None],
+    label: Callable[[Any], str],
+) -> Iterator[CellDone[Any]]:
+    with RayRuntime(spec) as runtime:
+        ray = runtime.ray
+        lost_errors = _lost_worker_errors(ray)
+        handle = RayShared({key: ray.put(value) for key, value in shared.items()})
+        remote = ray.remote(max_retries=0, num_cpus=1)(_ray_task)
+        attempts: dict[int, int] = {}
+        pending: dict[Any, int] = {}
+
+        def submit(index: int) -> None:
+            attempts[index] = attempts.get(index, 0) + 1
+            pending[remote.remote(fn, cells[index], handle)] = index
+
+        for index in order:
+            submit(index)
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    index = pending.pop(ref)
+                    try:
+                        value, worker, version = ray.get(ref)
+                    except lost_errors as error:
+                        if attempts[index] > spec.retries:
+                            raise RunnerError(
+                                f"cell {label(cells[index])}: worker lost "
+                                f"{attempts[index]} times ({type(error).__name__}); giving up"
+                            ) from error
+                        say(
+                            f"cell {label(cells[index])}: worker lost "
+                            f"({type(error).__name__}); running it again "
+                            f"(retry {attempts[index]}/{spec.retries})"
+                        )
+                        submit(index)
+                        continue
+                    except ray.exceptions.RayTaskError as error:
+                        cause = getattr(error, "cause", None)
+                        if isinstance(cause, BaseException):
+                            raise cause from None
+                        raise
+                    if version != __version__:
+                        raise RunnerError(
+                            f"--ray {spec.ray_address}: worker {worker} runs gpugov {version}, "
+                            f"this driver {__version__}; install the same version on the cluster"
+                        )
+                    yield CellDone(index, value, attempts[index], worker)
+        finally:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+
+
+# -------------------------------------------------------------------------- public
+def map_cells(
+    fn: TaskFunction,
+    cells: Sequence[C],
+    *,
+    spec: RunnerSpec | None = None,
+    shared: Mapping[str, Any] | None = None,
+    order: Sequence[int] | None = None,
+    on_event: Callable[[str], None] | None = None,
+    label: Callable[[Any], str] = str,
+) -> Iterator[CellDone[Any]]:
+    """Run ``fn(cell, shared)`` for every cell; yield each result as it finishes.
+
+    Args:
+        fn: a module-level task function (picklable by reference).
+        cells: the cells (small, picklable).
+        spec: the runner (default: a local pool, one process per CPU).
+        shared: large read-only inputs every task may read, by value.
+        order: submission order (indices into ``cells``; default: as given), e.g.
+            longest first.
+        on_event: receives one line per lost worker and retry.
+        label: names a cell in those lines.
+
+    Yields:
+        :class:`CellDone` per cell, exactly once each, in completion order.
+
+    Raises:
+        RunnerError: Ray missing or unreachable, or a cell lost its worker more than
+            ``spec.retries`` times.
+        Exception: whatever ``fn`` raised (the first failing cell's, Ray's wrapper removed).
+    """
+    spec = spec or RunnerSpec()
+    shared = dict(shared or {})
+    order = list(range(len(cells))) if order is None else list(order)
+    if sorted(order) != list(range(len(cells))):
+        raise ValueError("order must be a permutation of the cells' indices")
+    say = on_event or (lambda line: None)
+    if not cells:
+        return iter(())
+    if spec.ray_address is not None:
+        import_ray()  # the install hint now, before any work
+        return _ray(fn, cells, order, shared, spec, say, label)
+    jobs = spec.jobs or min(len(cells), os.cpu_count() or 1)
+    if jobs <= 1 or len(cells) <= 1:
+        return _serial(fn, cells, order, shared)
+    return _pool(fn, cells, order, shared, jobs, spec.retries, say)
+
+
+__all__ = [
+    "LOCAL_RAY",
+    "RAY_INSTALL_HINT",
+    "CellDone",
+    "RayRuntime",
+    "RunnerError",
+    "RunnerSpec",
+    "add_runner_arguments",
+    "import_ray",
+    "map_cells",
+    "single_threaded",
+    "spec_from_args",
+    "worker_label",
+]

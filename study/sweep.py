@@ -1,0 +1,584 @@
+"""``gpugov sweep``: a grid of traces x profiles x loads x controllers x seeds, one cell each.
+
+Every cell is one ``gpugov simulate`` run (the same trace window, load scaling, plant,
+controller factory and metrics), run by :func:`gpugov.study.runners.map_cells` on the local
+pool or on Ray. Each finished cell is appended to ``DIR/results.jsonl`` at once (one JSON
+line, flushed and synced), keyed by a stable hash of everything that determines its result
+(the cell's parameters, the grid's settings and the sha256 of its trace window and profile
+files), so ``--resume`` runs only the cells whose key is not already there: an interrupted
+sweep loses at most the cells that were running, and no cell is counted twice. At the end:
+``DIR/summary.md`` and ``DIR/summary.json`` (the table, mean over seeds) and
+``DIR/sweep.png`` (with matplotlib, the ``gpugov[plots]`` extra).
+
+The grid file (TOML; every key but the four lists is optional)::
+
+    traces = ["azure-conv-10min", "azure-code"]   # names, or paths (relative to the file)
+    profiles = ["h100-sxm-llama3-8b"]             # bundled names, or manifest paths
+    loads = [0.5, 1.0, 2.0]                       # arrival-rate multipliers (--load-scale)
+    controllers = ["max", "reactive", "mpc"]      # simulate's --controller specs
+    seeds = [0, 1]                                # plant seeds (matter with latency_noise)
+    start_s = 0.0                                 # window start in the trace (--start)
+    duration_s = 300.0                            # window length (--duration; default all)
+    control_period_s = 1.0                        # --control-period
+    scheduler = "chunked"                         # --scheduler
+    latency_noise = 0.0                           # --latency-noise (iteration jitter CV)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gpugov import __version__
+from gpugov.daemon.cli_support import UsageError, build_controller, load_trace_for_cli
+from gpugov.daemon.progress import Progress
+from gpugov.plant import PerformanceProfile, ServingPlant, load_profile, simulate
+from gpugov.plant.profile import ProfileError
+from gpugov.plant.scheduler import SCHEDULERS
+from gpugov.plant.types import Request
+from gpugov.plant.workload import (
+    BUNDLED_TRACES,
+    SHARED_TRACES,
+    TraceError,
+    scale_load,
+    workload_checksum,
+)
+from gpugov.study.runners import RunnerSpec, import_ray, map_cells
+
+RESULTS = "results.jsonl"
+SUMMARY_MD = "summary.md"
+SUMMARY_JSON = "summary.json"
+PLOT = "sweep.png"
+GRID_COPY = "grid.toml"
+BASELINE = "max"
+"""The controller energy savings are measured against, when the grid has it."""
+PLOTS_HINT = "matplotlib is not installed: no plot written (pip install 'gpugov[plots]')"
+
+
+class SweepGrid(BaseModel):
+    """The grid file's keys (module docstring); unknown keys are errors."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    traces: list[str] = Field(min_length=1)
+    profiles: list[str] = Field(min_length=1)
+    loads: list[float] = Field(default=[1.0], min_length=1)
+    controllers: list[str] = Field(min_length=1)
+    seeds: list[int] = Field(default=[0], min_length=1)
+    start_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    duration_s: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    control_period_s: float = Field(default=1.0, gt=0.0, allow_inf_nan=False)
+    scheduler: str = "chunked"
+    latency_noise: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+
+    @field_validator("traces", "profiles", "controllers", "seeds", "loads")
+    @classmethod
+    def _distinct(cls, values: list[Any]) -> list[Any]:
+        seen = [value for index, value in enumerate(values) if value in values[:index]]
+        if seen:
+            raise ValueError(f"duplicate value {seen[0]!r}")
+        return values
+
+    @field_validator("traces", "profiles", "controllers")
+    @classmethod
+    def _non_empty(cls, values: list[str]) -> list[str]:
+        if any(not value.strip() for value in values):
+            raise ValueError("empty name")
+        return values
+
+    @field_validator("loads")
+    @classmethod
+    def _positive(cls, values: list[float]) -> list[float]:
+        bad = [value for value in values if not math.isfinite(value) or value <= 0.0]
+        if bad:
+            raise ValueError(f"loads are arrival-rate multipliers > 0, got {bad[0]!r}")
+        return values
+
+    @field_validator("scheduler")
+    @classmethod
+    def _scheduler(cls, value: str) -> str:
+        if value not in SCHEDULERS:
+            raise ValueError(f"unknown scheduler {value!r}; choose from {sorted(SCHEDULERS)}")
+        return value
+
+    def settings(self) -> dict[str, Any]:
+        """The settings every cell shares (part of each cell's key)."""
+        return {
+            "start_s": self.start_s,
+            "duration_s": self.duration_s,
+            "control_period_s": self.control_period_s,
+            "scheduler": self.scheduler,
+            "latency_noise": self.latency_noise,
+        }
+
+
+def _pydantic_line(path: Path, error: ValidationError) -> str:
+    """One line naming the file and the first bad key."""
+    first = error.errors()[0]
+    location = ""
+    for part in first["loc"]:
+        location += f"[{part}]" if isinstance(part, int) else (f".{part}" if location else part)
+    if first["type"] == "extra_forbidden":
+        known = ", ".join(SweepGrid.model_fields)
+        return f"{path}: unknown key {location!r} (known keys: {known})"
+    if first["type"] == "missing":
+        return f"{path}: missing key {location!r}"
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return f"{path}: key {location!r}: {message}"
+
+
+def read_grid(path: Path) -> SweepGrid:
+    """Parse and validate a grid file (syntax and values; names are checked later).
+
+    Raises:
+        UsageError: unreadable file, bad TOML, unknown key or bad value (one line).
+    """
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as error:
+        raise UsageError(f"--grid {path}: cannot read: {error.strerror or error}") from error
+    except tomllib.TOMLDecodeError as error:
+        raise UsageError(f"{path}: not valid TOML: {error}") from error
+    try:
+        return SweepGrid.model_validate(raw)
+    except ValidationError as error:
+        raise UsageError(_pydantic_line(path, error)) from error
+
+
+# ------------------------------------------------------------------------ the cells
+@dataclass(frozen=True, slots=True)
+class SweepCell:
+    """One run of the grid, with its stable key."""
+
+    key: str
+    trace: str
+    profile: str
+    load: float
+    controller: str
+    seed: int
+    settings: tuple[tuple[str, Any], ...]
+
+    def label(self) -> str:
+        """``trace|profile|xload|controller|seed`` for progress lines."""
+        return f"{self.trace}|{self.profile}|x{self.load:g}|{self.controller}|seed {self.seed}"
+
+    def parameters(self) -> dict[str, Any]:
+        """The cell's parameters as a row's fields."""
+        return {
+            "trace": self.trace,
+            "profile": self.profile,
+            "load": self.load,
+            "controller": self.controller,
+            "seed": self.seed,
+        }
+
+
+def cell_key(parameters: Mapping[str, Any]) -> str:
+    """A stable hash (sha256 of the canonical JSON, 16 hex digits) of a cell's inputs."""
+    text = json.dumps(parameters, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _resolve(entry: str, known: Sequence[str], base: Path) -> str:
+    """A name as it is, a relative path made relative to the grid file's folder."""
+    if entry in known or Path(entry).is_absolute():
+        return entry
+    candidate = base / entry
+    return str(candidate) if candidate.exists() else entry
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPlan:
+    """A validated grid: its cells and the inputs they read (sent to workers by value)."""
+
+    grid: SweepGrid
+    cells: tuple[SweepCell, ...]
+    shared: dict[str, Any]
+    trace_checksums: dict[str, str]
+
+
+def plan_sweep(path: Path) -> SweepPlan:
+    """Read ``path``, load every trace window and profile, check every controller spec,
+    and list the cells with their keys.
+
+    Raises:
+        UsageError: a bad grid, an unknown or unreadable trace or profile, a bad
+            controller spec (one line naming the file and the key).
+    """
+    grid = read_grid(path)
+    base = path.resolve().parent
+    shared: dict[str, Any] = {}
+    checksums: dict[str, str] = {}
+    profiles: dict[str, PerformanceProfile] = {}
+    for entry in grid.profiles:
+        try:
+            profile = load_profile(_resolve(entry, (), base))
+        except (ProfileError, OSError) as error:
+            raise UsageError(f"{path}: key 'profiles': {error}") from error
+        profiles[entry] = profile
+        shared[f"profile:{entry}"] = profile
+    known_traces = tuple(BUNDLED_TRACES) + tuple(SHARED_TRACES)
+    for entry in grid.traces:
+        try:
+            workload, _ = load_trace_for_cli(
+                _resolve(entry, known_traces, base),
+                start_s=grid.start_s,
+                duration_s=grid.duration_s,
+            )
+        except (TraceError, ValueError) as error:
+            raise UsageError(f"{path}: key 'traces': {error}") from error
+        shared[f"trace:{entry}"] = workload
+        checksums[entry] = workload_checksum(workload)
+    first = shared[f"trace:{grid.traces[0]}"]
+    for spec in grid.controllers:
+        for entry, profile in profiles.items():
+            try:
+                build_controller(spec, ServingPlant.from_profile(profile), first,
+                                 grid.control_period_s)
+            except UsageError as error:
+                message = str(error).removeprefix("--controller: ")
+                raise UsageError(f"{path}: key 'controllers' ({entry}): {message}") from error
+    settings = grid.settings()
+    cells = []
+    for trace in grid.traces:
+        for entry, profile in profiles.items():
+            for load in grid.loads:
+                for controller in grid.controllers:
+                    for seed in grid.seeds:
+                        identity = {
+                            "trace": trace,
+                            "trace_window_checksum": checksums[trace],
+                            "profile": entry,
+                            "profile_csv_sha256": profile.profile_csv_sha256,
+                            "profile_manifest_sha256": profile.manifest_sha256,
+                            "load": load,
+                            "controller": controller,
+                            "seed": seed,
+                            **settings,
+                        }
+                        cells.append(SweepCell(cell_key(identity), trace, entry, load,
+                                               controller, seed, tuple(settings.items())))
+    return SweepPlan(grid, tuple(cells), shared, checksums)
+
+
+def _strict(value: Any) -> Any:
+    """Non-finite floats become None, so every line is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(item) for item in value]
+    return value
+
+
+def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
+    """One cell, as ``gpugov simulate`` runs it; a failure becomes a ``failed`` row (a
+    sweep of hours does not stop for one cell; ``--resume`` runs failed cells again)."""
+    started = time.perf_counter()
+    settings = dict(cell.settings)
+    base = {"key": cell.key, **cell.parameters(), "settings": settings}
+    try:
+        window: Sequence[Request] = shared[f"trace:{cell.trace}"]
+        workload = scale_load(window, cell.load) if cell.load != 1.0 else tuple(window)
+        plant = ServingPlant.from_profile(
+            shared[f"profile:{cell.profile}"], latency_noise_cv=settings["latency_noise"]
+        )
+        period = settings["control_period_s"]
+        controller = build_controller(cell.controller, plant, workload, period)
+        result = simulate(
+            workload,
+            plant,
+            SCHEDULERS[settings["scheduler"]],
+            controller,
+            seed=cell.seed,
+            controller_name=cell.controller,
+            control_period_s=period,
+        )
+    except Exception as error:  # the cell's outermost edge: recorded, the sweep goes on
+        return {**base, "status": "failed", "error": f"{type(error).__name__}: {error}",
+                "wall_s": time.perf_counter() - started}
+    return {
+        **base,
+        "status": "ok",
+        "requests": len(workload),
+        "workload_checksum": workload_checksum(workload),
+        "metrics": _strict(result.metrics.as_dict()),
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+# ---------------------------------------------------------------------- the results
+def read_results(path: Path, *, repair: bool = False) -> tuple[list[dict[str, Any]], int]:
+    """The rows of a results file and the number of unreadable lines dropped.
+
+    Only a last line cut short by an interrupted write is expected; with ``repair`` the
+    file is truncated to its last complete line, so appending continues cleanly.
+
+    Raises:
+        UsageError: an unreadable line other than the last (the file is not ours).
+    """
+    if not path.exists():
+        return [], 0
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    rows: list[dict[str, Any]] = []
+    good_bytes = 0
+    dropped = 0
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            good_bytes += len(line) + 1
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or "key" not in row:
+                raise ValueError("not a sweep row")
+        except ValueError as error:
+            if number == len(lines) or (number == len(lines) - 1 and not lines[-1]):
+                dropped += 1
+                break
+            raise UsageError(f"{path}:{number}: not a sweep result line ({error})") from error
+        if number == len(lines):  # a complete row without its newline: keep, add one
+            rows.append(row)
+            good_bytes = len(data)
+            if repair:
+                with path.open("ab") as handle:
+                    handle.write(b"\n")
+            break
+        rows.append(row)
+        good_bytes += len(line) + 1
+    if repair and dropped:
+        with path.open("r+b") as handle:
+            handle.truncate(min(good_bytes, len(data)))
+    return rows, dropped
+
+
+def append_row(handle: Any, row: Mapping[str, Any]) -> None:
+    """Append one row and make it durable before the next cell is counted."""
+    handle.write(json.dumps(row, allow_nan=False) + "\n")
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return sum(present) / len(present) if present else None
+
+
+def summarize(
+    rows: Sequence[Mapping[str, Any]], cells: Sequence[SweepCell]
+) -> list[dict[str, Any]]:
+    """Per (trace, profile, load, controller): means over seeds of energy, J/token, SLO
+    attainment, TTFT/TPOT p95, violations, and energy saved against ``max`` on the same
+    (trace, profile, load, seed) when the grid has it."""
+    wanted = {cell.key for cell in cells}
+    latest = {row["key"]: row for row in rows if row["key"] in wanted and row["status"] == "ok"}
+    baseline = {
+        (row["trace"], row["profile"], row["load"], row["seed"]): row["metrics"]["energy_j"]
+        for row in latest.values()
+        if row["controller"] == BASELINE
+    }
+    groups: dict[tuple[str, str, float, str], list[dict[str, Any]]] = {}
+    for cell in cells:
+        row = latest.get(cell.key)
+        if row is not None:
+            groups.setdefault((cell.trace, cell.profile, cell.load, cell.controller), []).append(
+                row
+            )
+    table = []
+    for (trace, profile, load, controller), members in groups.items():
+        metrics = [row["metrics"] for row in members]
+        saved = []
+        for row in members:
+            reference = baseline.get((trace, profile, load, row["seed"]))
+            if reference:
+                saved.append((reference - row["metrics"]["energy_j"]) / reference)
+        table.append(
+            {
+                "trace": trace,
+                "profile": profile,
+                "load": load,
+                "controller": controller,
+                "seeds": len(members),
+                "energy_j": _mean([m["energy_j"] for m in metrics]),
+                "energy_saved_vs_max": _mean(saved),
+                "energy_per_output_token_j": _mean(
+                    [m["energy_per_output_token_j"] for m in metrics]
+                ),
+                "slo_attainment": _mean([m["slo_attainment"] for m in metrics]),
+                "ttft_p95_s": _mean([m["ttft_p95_s"] for m in metrics]),
+                "tpot_p95_s": _mean([m["tpot_p95_s"] for m in metrics]),
+                "power_cap_violation_s": _mean([m["power_cap_violation_s"] for m in metrics]),
+                "thermal_violation_s": _mean([m["thermal_violation_s"] for m in metrics]),
+            }
+        )
+    return table
+
+
+def _fmt(value: Any, scale: float = 1.0, digits: int = 2, suffix: str = "") -> str:
+    return "-" if value is None else f"{value * scale:.{digits}f}{suffix}"
+
+
+def format_table(table: Sequence[Mapping[str, Any]], *, markdown: bool = False) -> str:
+    """The summary as a fixed-width table (stdout) or a markdown table."""
+    header = ["trace", "profile", "load", "controller", "seeds", "energy", "saved",
+              "J/token", "SLO", "TTFT p95", "TPOT p95"]
+    body = [
+        [
+            row["trace"], row["profile"], f"x{row['load']:g}", row["controller"],
+            str(row["seeds"]), _fmt(row["energy_j"], 1e-3, 1, " kJ"),
+            _fmt(row["energy_saved_vs_max"], 100, 1, "%"),
+            _fmt(row["energy_per_output_token_j"], 1, 3),
+            _fmt(row["slo_attainment"], 100, 1, "%"), _fmt(row["ttft_p95_s"], 1, 3, " s"),
+            _fmt(row["tpot_p95_s"], 1000, 1, " ms"),
+        ]
+        for row in table
+    ]
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |",
+                 "| " + " | ".join("---" if i < 4 else "---:" for i in range(len(header))) + " |"]
+        lines += ["| " + " | ".join(cells) + " |" for cells in body]
+        return "\n".join(lines)
+    widths = [max(len(str(cells[i])) for cells in [header, *body]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(str(cell).ljust(width) if i < 4 else str(cell).rjust(width)
+                  for i, (cell, width) in enumerate(zip(cells, widths, strict=True)))
+        for cells in [header, *body]
+    )
+
+
+def write_plot(table: Sequence[Mapping[str, Any]], path: Path) -> bool:
+    """PNG: J per output token against SLO attainment, one point per group, one colour per
+    controller. Returns False (and writes nothing) without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 6))
+    controllers = list(dict.fromkeys(row["controller"] for row in table))
+    for index, controller in enumerate(controllers):
+        mine = [r for r in table if r["controller"] == controller
+                and r["slo_attainment"] is not None and r["energy_per_output_token_j"] is not None]
+        ax.scatter([100.0 * r["slo_attainment"] for r in mine],
+                   [r["energy_per_output_token_j"] for r in mine],
+                   label=controller, color=f"C{index % 10}", alpha=0.8, s=36)
+    ax.set_xlabel("SLO attainment (%), mean over seeds")
+    ax.set_ylabel("energy per output token (J)")
+    ax.set_title(f"gpugov sweep: {len(table)} groups (trace x profile x load x controller)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ---------------------------------------------------------------------------- run
+def run_sweep(
+    grid_path: Path,
+    out: Path,
+    *,
+    spec: RunnerSpec | None = None,
+    resume: bool = False,
+    say: Callable[[str], None] | None = None,
+    progress_stream: Any = None,
+) -> dict[str, Any]:
+    """Plan, run the cells not yet done, append each as it finishes, then summarise.
+
+    Returns:
+        ``{"cells", "ran", "skipped_done", "failed", "table", "paths"}``.
+
+    Raises:
+        UsageError: a bad grid, or results already in ``out`` without ``resume``.
+    """
+    say = say or (lambda line: print(line, file=sys.stderr))
+    if spec is not None and spec.ray_address is not None:
+        import_ray()  # the install hint before any work or file
+    plan = plan_sweep(grid_path)
+    results_path = out / RESULTS
+    if results_path.exists() and results_path.stat().st_size and not resume:
+        raise UsageError(
+            f"--out {out}: {results_path.name} already holds results; add --resume to "
+            "continue that sweep, or choose another --out"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    rows, dropped = read_results(results_path, repair=True)
+    if dropped:
+        say(f"{results_path}: dropped a last line cut short by an interrupted write")
+    done = {row["key"] for row in rows if row.get("status") == "ok"}
+    todo = [cell for cell in plan.cells if cell.key not in done]
+    skipped = len(plan.cells) - len(todo)
+    if resume:
+        say(f"resuming: {skipped} of {len(plan.cells)} cells already done, {len(todo)} to run")
+    (out / GRID_COPY).write_text(grid_path.read_text())
+    failed = 0
+    with results_path.open("a") as handle, Progress(
+        len(todo), "sweep", unit="cells", stream=progress_stream
+    ) as progress:
+        for count, finished in enumerate(
+            map_cells(run_cell, todo, spec=spec, shared=plan.shared, on_event=say,
+                      label=SweepCell.label),
+            1,
+        ):
+            row = {
+                **finished.value,
+                "attempts": finished.attempts,
+                "worker": finished.worker,
+                "gpugov_version": __version__,
+                "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+            append_row(handle, row)
+            rows.append(row)
+            if row["status"] != "ok":
+                failed += 1
+                say(f"cell {todo[finished.index].label()} failed: {row['error']}")
+            progress.update(count, todo[finished.index].label())
+    table = summarize(rows, plan.cells)
+    paths = {"results": results_path, "summary_md": out / SUMMARY_MD,
+             "summary_json": out / SUMMARY_JSON}
+    paths["summary_json"].write_text(json.dumps(
+        {"grid": plan.grid.model_dump(), "cells": len(plan.cells), "failed": failed,
+         "runner": (spec or RunnerSpec()).describe(), "table": _strict(table)},
+        indent=1, allow_nan=False) + "\n")
+    paths["summary_md"].write_text(
+        f"# gpugov sweep: {grid_path.name}\n\n{len(plan.cells)} cells; means over seeds; "
+        f"saved is energy saved against `{BASELINE}` on the same trace, profile, load and "
+        f"seed.\n\n{format_table(table, markdown=True)}\n"
+    )
+    if write_plot(table, out / PLOT):
+        paths["plot"] = out / PLOT
+    else:
+        say(PLOTS_HINT)
+    return {"cells": len(plan.cells), "ran": len(todo), "skipped_done": skipped,
+            "failed": failed, "table": table, "paths": paths}
+
+
+__all__ = [
+    "SweepCell",
+    "SweepGrid",
+    "cell_key",
+    "format_table",
+    "plan_sweep",
+    "read_grid",
+    "read_results",
+    "run_cell",
+    "run_sweep",
+    "summarize",
+    "write_plot",
+]

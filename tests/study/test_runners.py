@@ -1,0 +1,95 @@
+"""The cell runners without Ray: in-process, the local pool, lost workers, and the
+one-line install hint when ``--ray`` is asked for and Ray is missing."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+import cell_tasks
+import pytest
+
+from gpugov.cli import main
+from gpugov.daemon.cli_support import UsageError
+from gpugov.study.runners import (
+    RAY_INSTALL_HINT,
+    RunnerError,
+    RunnerSpec,
+    map_cells,
+)
+
+
+def _values(done: list) -> dict[int, int]:
+    indices = [item.index for item in done]
+    assert sorted(indices) == list(range(len(indices))), "every cell exactly once"
+    return {item.index: item.value for item in done}
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_every_cell_once_with_the_shared_inputs(jobs: int) -> None:
+    done = list(map_cells(cell_tasks.double, [3, 1, 4, 1, 5], spec=RunnerSpec(jobs=jobs),
+                          shared={"offset": 100}, order=[4, 3, 2, 1, 0]))
+    assert _values(done) == {0: 106, 1: 102, 2: 108, 3: 102, 4: 110}
+    assert all(item.attempts == 1 for item in done)
+
+
+def test_a_pool_worker_killed_mid_task_is_retried_and_reported(tmp_path: Path) -> None:
+    events: list[str] = []
+    cells = [(value, str(tmp_path / "killed")) for value in range(4)]
+    done = list(map_cells(cell_tasks.die_once, cells, spec=RunnerSpec(jobs=2),
+                          shared={"offset": 1}, on_event=events.append))
+    assert _values(done) == {0: 1, 1: 11, 2: 21, 3: 31}
+    assert (tmp_path / "killed").exists(), "the worker was really killed once"
+    assert len(events) == 1 and "worker process died" in events[0] and "retry 1/2" in events[0]
+    assert max(item.attempts for item in done) == 2
+
+
+def test_a_cell_that_always_kills_its_worker_gives_up_after_the_retries() -> None:
+    events: list[str] = []
+    with pytest.raises(RunnerError, match="died 2 times"):
+        list(map_cells(cell_tasks.always_die, [1, 2], spec=RunnerSpec(jobs=2, retries=1),
+                       on_event=events.append))
+    assert len(events) == 1
+
+
+def test_a_task_error_propagates_unchanged() -> None:
+    with pytest.raises(ValueError, match="cell 7: bad input"):
+        list(map_cells(cell_tasks.reject, [7], spec=RunnerSpec(jobs=1)))
+
+
+def test_bad_runner_values_are_usage_errors() -> None:
+    with pytest.raises(UsageError, match="--jobs"):
+        RunnerSpec(jobs=-1)
+    with pytest.raises(UsageError, match="--retries"):
+        RunnerSpec(retries=-1)
+    with pytest.raises(UsageError, match="--ray"):
+        RunnerSpec(ray_address=" ")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["bench", "controllers", "--tiny"],
+        ["sweep", "--grid", "GRID"],
+        ["experiments", "--quick"],
+    ],
+    ids=["bench", "sweep", "experiments"],
+)
+def test_ray_missing_says_how_to_install_it_in_one_line(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
+    grid = tmp_path / "grid.toml"
+    grid.write_text('traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+                    'controllers = ["max"]\n')
+    argv = [str(grid) if word == "GRID" else word for word in command]
+    out = tmp_path / "out"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main([*argv, "--ray", "local", "--out", str(out)])
+    assert code == 2
+    assert stderr.getvalue() == f"gpugov: error: {RAY_INSTALL_HINT}\n"
+    assert "pip install 'gpugov[ray]'" in RAY_INSTALL_HINT
+    assert not out.exists()

@@ -1,0 +1,211 @@
+"""``gpugov sweep`` through the real entry point: cells equal ``simulate``'s runs, results
+are appended as cells finish, ``--resume`` runs only what is missing (never a cell twice),
+and bad grid files get one line naming the file and the key."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpugov.cli import main
+from gpugov.study.sweep import PLOTS_HINT, RESULTS, cell_key, plan_sweep
+
+GRID = """
+traces = ["azure-conv-10min", "bursty.csv"]
+profiles = ["h100-sxm-llama3-8b"]
+loads = [1.0, 2.0]
+controllers = ["max", "reactive", "fixed:1200"]
+seeds = [0, 1]
+duration_s = 30.0
+latency_noise = 0.05
+"""
+CELLS = 2 * 1 * 2 * 3 * 2
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(argv)
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def _grid(folder: Path, text: str = GRID) -> Path:
+    """A grid beside a trace of our own: bursts of long prompts unlike the Azure slice."""
+    rows = ["arrival_time_s,prompt_tokens,output_tokens"]
+    for burst in range(6):
+        for index in range(8):
+            rows.append(f"{5.0 * burst + 0.05 * index:.2f},{3000 + 200 * index},{20 + index}")
+    (folder / "bursty.csv").write_text("\n".join(rows) + "\n")
+    path = folder / "grid.toml"
+    path.write_text(text)
+    return path
+
+
+def _rows(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / RESULTS).read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def full_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str, str]:
+    folder = tmp_path_factory.mktemp("sweep")
+    grid = _grid(folder)
+    out = folder / "out"
+    code, stdout, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "2"])
+    assert code == 0, stderr
+    return grid, out, stdout, stderr
+
+
+def test_every_cell_once_with_simulates_metrics(full_sweep, tmp_path: Path) -> None:
+    grid, out, stdout, stderr = full_sweep
+    rows = _rows(out)
+    assert len(rows) == CELLS and len({row["key"] for row in rows}) == CELLS
+    assert all(row["status"] == "ok" for row in rows)
+    assert f"{CELLS} cells: {CELLS} ran now" in stdout
+    assert "sweep: 100.0%" in stderr and "ETA" in stderr
+    # One cell against `gpugov simulate` with the same flags: the same metrics exactly.
+    cell = next(r for r in rows if r["trace"] == "bursty.csv" and r["load"] == 2.0
+                and r["controller"] == "reactive" and r["seed"] == 1)
+    target = tmp_path / "simulate.json"
+    code, _, stderr = _run([
+        "simulate", "--trace", str(grid.parent / "bursty.csv"), "--duration", "30",
+        "--load-scale", "2", "--controller", "reactive", "--seed", "1",
+        "--latency-noise", "0.05", "--out", str(target),
+    ])
+    assert code == 0, stderr
+    assert json.loads(target.read_text())["metrics"] == cell["metrics"]
+    # Seeds matter with latency noise; the max clock saves nothing against itself.
+    by = {(r["trace"], r["load"], r["controller"], r["seed"]): r for r in rows}
+    assert by[("bursty.csv", 2.0, "max", 0)]["metrics"] != by[("bursty.csv", 2.0, "max", 1)][
+        "metrics"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["table"]) == CELLS // 2
+    for row in summary["table"]:
+        assert row["seeds"] == 2
+        if row["controller"] == "max":
+            assert row["energy_saved_vs_max"] == 0.0
+    assert "| trace | profile | load | controller |" in (out / "summary.md").read_text()
+    assert (out / "sweep.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_resume_runs_only_the_missing_cells(full_sweep, tmp_path: Path) -> None:
+    grid, out, _, _ = full_sweep
+    lines = (out / RESULTS).read_text().splitlines(keepends=True)
+    # An interrupted sweep: three cells never finished, the last write cut short.
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    (resumed / RESULTS).write_text("".join(lines[:-3]) + lines[-3][: len(lines[-3]) // 2])
+    code, stdout, stderr = _run(
+        ["sweep", "--grid", str(grid), "--out", str(resumed), "--resume", "--jobs", "2"]
+    )
+    assert code == 0, stderr
+    assert f"{CELLS} cells: 3 ran now, {CELLS - 3} done before" in stdout
+    assert "cut short" in stderr
+    rows = _rows(resumed)
+    assert len(rows) == CELLS and len({row["key"] for row in rows}) == CELLS
+    original = {row["key"]: row["metrics"] for row in _rows(out)}
+    assert {row["key"]: row["metrics"] for row in rows} == original
+    # Resuming a finished sweep runs nothing and counts nothing twice.
+    code, stdout, _ = _run(["sweep", "--grid", str(grid), "--out", str(resumed), "--resume"])
+    assert code == 0 and f"0 ran now, {CELLS} done before" in stdout
+    assert len(_rows(resumed)) == CELLS
+
+
+def test_existing_results_need_resume(full_sweep) -> None:
+    grid, out, _, _ = full_sweep
+    before = (out / RESULTS).read_bytes()
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    assert code == 2
+    assert stderr.count("\n") == 1 and "--resume" in stderr
+    assert (out / RESULTS).read_bytes() == before
+
+
+def test_keys_are_stable_and_follow_the_settings(tmp_path: Path) -> None:
+    grid = _grid(tmp_path)
+    first = [cell.key for cell in plan_sweep(grid).cells]
+    assert first == [cell.key for cell in plan_sweep(grid).cells]
+    assert len(set(first)) == CELLS
+    grid.write_text(GRID.replace("latency_noise = 0.05", "latency_noise = 0.1"))
+    assert not set(first) & {cell.key for cell in plan_sweep(grid).cells}
+    assert cell_key({"a": 1, "b": 2}) == cell_key({"b": 2, "a": 1})
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ("seeds = [0, 1]", "unknown key 'colour'"),
+        ("loads = [1.0, 2.0]", "key 'loads': "),
+        ("loads = [1.0, 2.0]", "key 'loads': "),
+        ('traces = ["azure-conv-10min", "bursty.csv"]', "key 'traces': "),
+        ('profiles = ["h100-sxm-llama3-8b"]', "key 'profiles': "),
+        ('controllers = ["max", "reactive", "fixed:1200"]', "key 'controllers'"),
+        ("duration_s = 30.0", "not valid TOML"),
+        ('traces = ["azure-conv-10min", "bursty.csv"]', "missing key 'traces'"),
+    ],
+    ids=["unknown-key", "bad-load", "duplicate-load", "unknown-trace", "unknown-profile",
+         "bad-controller", "bad-toml", "missing"],
+)
+def test_bad_grid_files_get_one_line(
+    change: str, expected: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    replacement = {
+        "unknown-key": 'seeds = [0, 1]\ncolour = "blue"',
+        "bad-load": "loads = [1.0, -2.0]",
+        "duplicate-load": "loads = [1.0, 1.0]",
+        "unknown-trace": 'traces = ["azure-conv-10min", "nope.csv"]',
+        "unknown-profile": 'profiles = ["b300-nope"]',
+        "bad-controller": 'controllers = ["max", "warp-drive"]',
+        "bad-toml": "duration_s = = 30",
+        "missing": "",
+    }[request.node.callspec.id]
+    grid = _grid(tmp_path, GRID.replace(change, replacement))
+    out = tmp_path / "out"
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    assert code == 2
+    assert stderr.count("\n") == 1, stderr
+    assert stderr.startswith(f"gpugov: error: {grid}") and expected in stderr
+    assert not (out / RESULTS).exists()
+
+
+def test_without_matplotlib_the_table_is_still_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    grid = _grid(tmp_path, GRID.replace("seeds = [0, 1]", "seeds = [0]").replace(
+        "loads = [1.0, 2.0]", "loads = [1.0]"))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    out = tmp_path / "out"
+    code, stdout, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"])
+    assert code == 0, stderr
+    assert PLOTS_HINT in stderr
+    assert (out / "summary.md").exists() and not (out / "sweep.png").exists()
+    assert "reactive" in stdout
+
+
+def test_a_worker_killed_mid_sweep_loses_nothing_and_counts_nothing_twice(
+    full_sweep, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cell_tasks
+
+    from gpugov.study import sweep
+
+    grid, reference, _, _ = full_sweep
+    victim = "bursty.csv|h100-sxm-llama3-8b|x2|reactive|seed 1"
+    monkeypatch.setenv("GPUGOV_TEST_KILL_CELL", victim)
+    monkeypatch.setenv("GPUGOV_TEST_KILL_MARKER", str(tmp_path / "killed"))
+    monkeypatch.setattr(sweep, "run_cell", cell_tasks.sweep_cell_dying_once)
+    out = tmp_path / "out"
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "2"])
+    assert code == 0, stderr
+    assert (tmp_path / "killed").exists(), "a worker really died"
+    assert "worker process died" in stderr and "retry 1/2" in stderr
+    rows = _rows(out)
+    assert len(rows) == CELLS and len({row["key"] for row in rows}) == CELLS
+    assert max(row["attempts"] for row in rows) == 2
+    assert {r["key"]: r["metrics"] for r in rows} == {
+        r["key"]: r["metrics"] for r in _rows(reference)
+    }
