@@ -610,11 +610,11 @@ def run_experiments(args: argparse.Namespace) -> int:
             f"--animation ({args.animation:g} s) exceeds --duration ({args.duration:g} s)"
         )
     _pyplot()  # the figures need the gpugov[plots] extra: say so now, not after the run
-    prepare_output_dir("--out", args.out)
-    sizes = QUICK_SIZES if args.quick else SEED_SIZES
     spec = spec_from_args(args)
     if spec.ray_address is not None:
         import_ray()  # the install hint before any work
+    prepare_output_dir("--out", args.out)
+    sizes = QUICK_SIZES if args.quick else SEED_SIZES
 
     evaluation, report = load_trace_for_cli(
         args.trace, start_s=args.start, duration_s=args.duration

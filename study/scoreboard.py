@@ -1474,6 +1474,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     from gpugov.study.plots import pyplot
 
     pyplot()  # scoreboard.png needs the gpugov[plots] extra: say so before the run
+    runner = replace(spec_from_args(args), jobs=config.jobs)
+    if runner.ray_address is not None:
+        from gpugov.study.runners import import_ray
+
+        import_ray()  # --ray without Ray installed: the install hint, before any work
     prepare_output_dir("--out", args.out)
     bar = Progress(len(config.scenario_specs()), "bench controllers", unit="scenarios")
     done, last = 0, ""
@@ -1485,7 +1490,6 @@ def run_from_args(args: argparse.Namespace) -> int:
         last = line
         bar.update(done, line, force=True)
 
-    runner = replace(spec_from_args(args), jobs=config.jobs)
     payload = run_scoreboard(config, progress=progress, runner=runner)
     bar.close()
     if not payload["scenarios"]:
