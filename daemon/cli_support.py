@@ -10,10 +10,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpugov.daemon import decide
-from gpugov.daemon.config import FixedControllerConfig, MPCControllerConfig
+from gpugov.daemon.config import (
+    FixedControllerConfig,
+    MPCControllerConfig,
+    OnlineMPCControllerConfig,
+)
 from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
-from gpugov.daemon.service import simulated_mpc
+from gpugov.daemon.service import simulated_mpc, with_workload_forecasts
 from gpugov.plant import ServingPlant
 from gpugov.plant.profile import ProfileError
 from gpugov.plant.types import ClockController, Request
@@ -57,6 +61,9 @@ def build_controller(
             )
     if isinstance(config, MPCControllerConfig):
         return simulated_mpc(config, plant, workload, control_period_s)
+    if isinstance(config, OnlineMPCControllerConfig):
+        # Declared forecasts from the workload, as for the MPC; never the plant's profile.
+        config = with_workload_forecasts(config, workload)
     try:
         return decide.build_controller(config, period_s=control_period_s)
     except GpugovControllerError as error:

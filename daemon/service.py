@@ -10,14 +10,19 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from gpugov.controllers.mpc import expected_output_tokens_forecast
 from gpugov.daemon.actuator import ClockActuator, LockMode
 from gpugov.daemon.backend import DryRunBackend, GpuBackend
-from gpugov.daemon.config import ControllerConfig, GpugovConfig, MPCControllerConfig
+from gpugov.daemon.config import (
+    ControllerConfig,
+    GpugovConfig,
+    MPCControllerConfig,
+    OnlineMPCControllerConfig,
+)
 from gpugov.daemon.decide import build_controller, mpc_controller, with_safety
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.loop import Domain, FailsafeMode
@@ -27,6 +32,8 @@ from gpugov.daemon.observer import DomainObserver
 from gpugov.daemon.simulated import SimulatedBackend, SimulatedNode, SimulatedSource
 from gpugov.plant import PlantSimulation, ServingPlant, ServingResult
 from gpugov.plant.types import Request
+
+SpecWithForecasts = TypeVar("SpecWithForecasts", MPCControllerConfig, OnlineMPCControllerConfig)
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +255,9 @@ def simulated_run(
         # Record the forecasts the MPC really uses, so a replay rebuilds the same MPC.
         controller_spec = with_workload_forecasts(controller_spec, workload)
         controller = mpc_controller(controller_spec, plant, period_s)
+    elif isinstance(controller_spec, OnlineMPCControllerConfig):
+        # Declared forecasts only: the online MPC never reads the plant's profile.
+        controller_spec = with_workload_forecasts(controller_spec, workload)
     domain = build_domain(
         "sim",
         [backend],
@@ -278,8 +288,8 @@ def simulated_run(
 
 
 def with_workload_forecasts(
-    spec: MPCControllerConfig, workload: Sequence[Request]
-) -> MPCControllerConfig:
+    spec: SpecWithForecasts, workload: Sequence[Request]
+) -> SpecWithForecasts:
     """``spec`` with the forecasts it leaves open declared from ``workload``, fixed before
     the run: the mean prompt and output lengths (as the seed's experiment declares them)
     and the 95th-percentile prompt the iteration model's TTFT proxy charges a new request
