@@ -456,7 +456,26 @@ class OnlineModel:
         top = np.maximum(blocks[:, -1], 0.0)
         mean, covariance = self._time_prior(top)
         self.time.reset_prior(mean, covariance)
+        self._recentre_power()
         self.warmed_up = True
+
+    def _recentre_power(self) -> None:
+        """Scale each phase's physics power curve to the value learned at the top clock,
+        so clocks not visited yet are priced by the physics shape, not the generic prior."""
+        k = self.knots_mhz.size
+        mean = self.power.mean.copy()
+        covariance = np.zeros_like(self.power.covariance)
+        for index, block in enumerate(POWER_BLOCKS):
+            shape = self._physics_power(block)
+            top = float(mean[(index + 1) * k - 1])
+            if not top > 0.0:
+                top = float(shape[-1])
+            curve = shape * (top / shape[-1])
+            mean[index * k : (index + 1) * k] = curve
+            covariance[index * k : (index + 1) * k, index * k : (index + 1) * k] = (
+                smooth_covariance(self.knots_mhz, self.relative_spread * top, 0.5)
+            )
+        self.power.reset_prior(mean, covariance)
 
     # ---------------------------------------------------------- predictions
     def realized_mhz(self, requested_mhz: float) -> float:

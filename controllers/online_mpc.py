@@ -69,8 +69,8 @@ class SafeExploration:
     """
 
     step_fraction: float = 0.08
-    explore_slack: float = 0.6
-    backoff: float = 0.9
+    explore_slack: float = 0.5
+    backoff: float = 0.8
     backoff_hold_s: float = 5.0
     maximum_relative_std: float = 0.25
     minimum_visits: int = 5
@@ -264,6 +264,8 @@ class OnlineMPCController:
         mean, std = table["decode_iteration_s"]
         iteration_s = mean + z * std
         powers = np.vstack([table[phase][0] for phase in ("prefill", "decode", "idle")])
+        # Physics: board power does not fall as the clock rises.
+        powers = np.maximum.accumulate(np.maximum(powers, 1.0), axis=1)
         # Physics: no part of an iteration gets faster at a lower clock, so the times
         # are made non-increasing in the clock (running maximum from the top).
         prefill_s = np.maximum.accumulate(np.maximum(prefill_s, 1e-7)[::-1])[::-1]

@@ -10,6 +10,7 @@ evaluation, never by the controller.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -18,8 +19,8 @@ from gpugov.controllers.online_mpc import REFERENCE_BATCH, OnlineMPCController
 from gpugov.daemon.config import OnlineMPCControllerConfig
 from gpugov.daemon.decide import online_controller
 from gpugov.daemon.service import with_workload_forecasts
-from gpugov.plant import PerformanceProfile, ServingResult
-from gpugov.plant.types import Request
+from gpugov.plant import PerformanceProfile, PlantSimulation, ServingPlant, ServingResult
+from gpugov.plant.types import ClockController, Request
 
 WARMUP_S = 300.0
 """The issue's warm-up: capture is also reported over what follows the first 5 minutes."""
@@ -133,6 +134,45 @@ def summarize_model_error(rows: Sequence[dict[str, Any]]) -> dict[str, float | N
     return out
 
 
+def run_segments(
+    segments: Sequence[tuple[Sequence[Request], ServingPlant, str]],
+    controller: ClockController,
+    *,
+    control_period_s: float = 1.0,
+    seed: int = 0,
+) -> list[ServingResult]:
+    """Run one controller across engine restarts: each segment is a workload served by a
+    fresh engine on a plant under a ``model_name`` (the engine's label); the controller
+    sees one continuous clock, counters that restart from zero and the new label, as on
+    a node whose engine was restarted with another model. Returns one result per segment.
+    """
+    results = []
+    offset = 0.0
+    for workload, plant, name in segments:
+        simulation = PlantSimulation(workload, plant, seed=seed)
+        horizon = simulation.requests[-1].arrival_time_s + plant.drain_timeout_s
+        step = 0
+        while True:
+            tick = step * control_period_s
+            if tick > horizon:
+                simulation.advance_to(horizon, stop_when_done=True)
+                break
+            simulation.advance_to(tick, stop_when_done=True)
+            if simulation.done and step > 0:
+                break
+            observation = simulation.observe()
+            observation = replace(
+                observation, time_s=observation.time_s + offset, model_name=name
+            )
+            simulation.request_clock(float(controller(observation)))
+            step += 1
+        results.append(
+            simulation.result(controller_name="segment", control_period_s=control_period_s)
+        )
+        offset += simulation.time_s + control_period_s
+    return results
+
+
 def online_model_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     """Markdown: the online MPC's learned-against-true model error per scenario, and its
     capture over the whole run beside the capture after the warm-up."""
@@ -188,6 +228,7 @@ __all__ = [
     "energy_after",
     "model_error_by_clock",
     "online_model_lines",
+    "run_segments",
     "scoreboard_online",
     "summarize_model_error",
 ]
