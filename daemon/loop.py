@@ -376,7 +376,25 @@ class Domain:
             fallbacks_total=self.fallback_counts(),
             solve_buckets=tuple(self.solve.buckets()),
             solve_sum_s=self.solve.sum_s,
+            model=self.model_status(),
         )
+
+    def model_status(self) -> dict[str, Any] | None:
+        """The controller's learning status when it learns a model (``mpc-online``)."""
+        status = getattr(innermost(self.controller), "status", None)
+        if not callable(status):
+            return None
+        value = status()
+        return value if isinstance(value, dict) else None
+
+    def close_controller(self) -> None:
+        """Let the controller persist what it learned (``mpc-online``); never raises."""
+        close = getattr(innermost(self.controller), "close", None)
+        if callable(close):
+            try:
+                close()
+            except OSError as error:
+                log.warning("%s: controller state not saved: %s", self.name, error)
 
 
 def _raw_decision(controller: object, fallback: float) -> float:
@@ -464,5 +482,7 @@ def run(
                 notify.tick(_status_line(records))
         finally:
             stats.overruns = loop.overruns
+            for domain in domains:
+                domain.close_controller()
             notify.stopping()
     return stats

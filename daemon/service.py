@@ -111,6 +111,17 @@ def build_domain(
         mean_output_tokens=mean_output_tokens,
     )
     clocks = observer.supported_clocks_mhz()
+    if controller is None and isinstance(controller_spec, OnlineMPCControllerConfig):
+        controller = _online_for_domain(
+            name,
+            backends,
+            controller_spec,
+            period_s,
+            mean_prompt_tokens=mean_prompt_tokens,
+            mean_output_tokens=mean_output_tokens,
+            ttft_slo_s=ttft_slo_s,
+            tpot_slo_s=tpot_slo_s,
+        )
     inner = (
         controller
         if controller is not None
@@ -119,6 +130,26 @@ def build_domain(
     wrapped = with_safety(inner, clocks, floor_mhz=floor_mhz, dwell_s=dwell_s)
     actuator = ClockActuator(backends, domain=name, lock_mode=lock_mode)
     return Domain(name, observer, wrapped, actuator, failsafe=failsafe)
+
+
+def _online_for_domain(
+    name: str,
+    backends: Sequence[GpuBackend],
+    spec: OnlineMPCControllerConfig,
+    period_s: float,
+    **declared: Any,
+) -> Any:
+    """The online MPC of a domain, its forecasts and SLOs from the domain's config, and
+    its model kept in the state directory (keyed by the GPUs' UUIDs) when there is one."""
+    from gpugov.daemon.decide import online_controller
+    from gpugov.daemon.model_store import PersistentOnlineModel, state_directory
+
+    controller = online_controller(spec, period_s, **declared)
+    directory = state_directory(spec.state_dir)
+    if directory is None:
+        return controller
+    uuids = [str(getattr(backend, "uuid", None) or backend.label) for backend in backends]
+    return PersistentOnlineModel(controller, directory, name, uuids)  # type: ignore[arg-type]
 
 
 def _domain_header(domain: Domain, config_fields: dict[str, Any]) -> dict[str, Any]:
