@@ -257,6 +257,7 @@ class DomainObserver:
             thermal_limit_c=self.thermal_limit_c,
             supported_clocks_mhz=supported,
             clock_event_reasons=_reasons([g.clock_event_reasons for g in gpus]),
+            model_name=engine.model_name,
             ttft_recent_s=ttft,
             tpot_recent_s=tpot,
             ttft_slo_s=engine.ttft_slo_s if engine.ttft_slo_s is not None else self.ttft_slo_s,

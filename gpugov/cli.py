@@ -18,6 +18,7 @@ NODE = "gpugov.daemon.node_cli"
 SIMULATE = "gpugov.study.simulate_cli"
 EXPERIMENTS = "gpugov.study.experiments_cli"
 SCOREBOARD = "gpugov.study.scoreboard_cli"
+MODEL = "gpugov.daemon.model_cli"
 
 #: Subcommand -> (module that registers it, one-line help for ``gpugov --help``).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -26,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": (NODE, "show GPUs, clocks, power, permissions and engine reachability"),
     "reset-clocks": (NODE, "unlock the GPUs' SM clocks (the unit's ExecStopPost=)"),
     "replay": (NODE, "run a recording through another controller and compare decisions"),
+    "model": (MODEL, "show or export the model the mpc-online controller learned"),
     "simulate": (SIMULATE, "run a controller on the simulated plant and print its metrics"),
     "profiles": (SIMULATE, "list the bundled GPU profiles"),
     "experiments": (EXPERIMENTS, "run the textbook study (open-loop vs MPC, DP vs FQI)"),
