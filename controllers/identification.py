@@ -219,11 +219,18 @@ class Window:
 
 
 def window_between(
-    previous: ServingObservation, current: ServingObservation
+    previous: ServingObservation,
+    current: ServingObservation,
+    prompt_per_request: float | None = None,
 ) -> Window | None:
     """The :class:`Window` between two observations, or None when it cannot be used
     (no time passed, counters went backwards (engine restart), or the GPU reported no
-    utilisation or clock)."""
+    utilisation or clock).
+
+    The mean context of a running request is ``prompt_per_request`` (an estimate from
+    the engine's counters, :class:`PromptEstimate`) plus the tokens it generated so far;
+    without the estimate, the KV tokens per running request (which also counts the KV of
+    prompts still being prefilled, so it overstates the context under long prompts)."""
     duration = current.time_s - previous.time_s
     if not duration > 1e-6:
         return None
@@ -234,10 +241,19 @@ def window_between(
     if current.gpu_utilization is None or current.realized_clock_mhz is None:
         return None
     busy = min(1.0, max(0.0, current.gpu_utilization)) * duration
+    # A request's first token comes from its prefill, not from a decode iteration: the
+    # decode tokens are the generated ones less one per request that left the queue.
+    started = (current.arrived_requests - current.waiting_requests) - (
+        previous.arrived_requests - previous.waiting_requests
+    )
+    generated = max(0.0, generated - max(0, started))
     batch = 0.5 * (previous.decode_active + current.decode_active)
     iterations = generated / batch if batch >= 0.5 else (1.0 if generated > 0 else 0.0)
     running = max(current.decode_active, 1)
-    context = max(0.0, current.kv_tokens) / running
+    if prompt_per_request is not None:
+        context = prompt_per_request + max(0.0, current.generated_decode_tokens) / running
+    else:
+        context = max(0.0, current.kv_tokens) / running
     energy = None
     if current.energy_j is not None and previous.energy_j is not None:
         delta = current.energy_j - previous.energy_j
@@ -262,6 +278,34 @@ def window_between(
         temperature_start_c=previous.temperature_c,
         temperature_end_c=current.temperature_c,
     )
+
+
+@dataclass
+class PromptEstimate:
+    """Mean prompt tokens per request, from the engine's counters: prompt tokens
+    prefilled over requests that left the queue, exponentially weighted over
+    ``memory_windows`` windows (so a changing prompt mix is followed)."""
+
+    memory_windows: float = 60.0
+    _tokens: float = 0.0
+    _requests: float = 0.0
+
+    def update(self, previous: ServingObservation, current: ServingObservation) -> None:
+        """Fold in one window (ignored when a counter went backwards)."""
+        tokens = current.prompt_tokens_total - previous.prompt_tokens_total
+        started = (current.arrived_requests - current.waiting_requests) - (
+            previous.arrived_requests - previous.waiting_requests
+        )
+        if tokens < 0.0 or started < 0:
+            return
+        decay = math.exp(-1.0 / self.memory_windows)
+        self._tokens = decay * self._tokens + tokens
+        self._requests = decay * self._requests + started
+
+    @property
+    def value(self) -> float | None:
+        """The estimate, or None before a few requests were seen."""
+        return self._tokens / self._requests if self._requests >= 3.0 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,12 @@ from numpy.typing import NDArray
 
 from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
 from gpugov.controllers.fast_mpc import DiscreteSearchSolver
-from gpugov.controllers.identification import ModelPrior, OnlineModel, window_between
+from gpugov.controllers.identification import (
+    ModelPrior,
+    OnlineModel,
+    PromptEstimate,
+    window_between,
+)
 from gpugov.controllers.mpc import (
     DEFAULT_EXPECTED_OUTPUT_TOKENS,
     DEFAULT_EXPECTED_PROMPT_TOKENS,
@@ -201,6 +206,7 @@ class OnlineMPCController:
         self.model_name: str | None = None
         self.previous: ServingObservation | None = None
         self.current_clock: float | None = None
+        self.prompt_estimate = PromptEstimate()
         self.update_times_s: list[float] = []
         self.resets = 0
         self.last_reason = "start"
@@ -380,7 +386,8 @@ class OnlineMPCController:
         if previous is None:
             return
         start = self.timer()
-        window = window_between(previous, observation)
+        self.prompt_estimate.update(previous, observation)
+        window = window_between(previous, observation, self.prompt_estimate.value)
         if window is not None:
             self.model.update(window)
         self.update_times_s.append(self.timer() - start)

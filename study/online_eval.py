@@ -82,16 +82,25 @@ def model_error_by_clock(
     minimum_seconds: float = 5.0,
 ) -> list[dict[str, Any]]:
     """Learned (mean, not pessimistic) against true model at each clock the run held for
-    at least ``minimum_seconds``: relative errors of the prefill rate, the decode iteration
-    time at the reference batch and context, and the prefill/decode/idle powers."""
+    at least ``minimum_seconds``: relative errors of the prefill rate, the decode
+    iteration time at the run's operating point (its mean decode batch while decoding,
+    and a context of mean prompt + half the mean output) and the phase powers. The
+    operating point, not the profile's reference batch: the model is learned from the
+    batches the node runs, and a trace of short outputs never shows a batch of 64."""
     model = controller.model
     if model is None or not model.warmed_up:
         return []
     dt = float(result.time_s[1] - result.time_s[0]) if result.time_s.size > 1 else 0.1
     clocks, counts = np.unique(result.realized_clock_mhz, return_counts=True)
     decode = profile.decode_latency_model
-    context = float(decode.reference_context_tokens)
-    batch = float(decode.reference_batch_size)
+    decoding = result.decode_active[result.decode_active > 0]
+    batch = float(decoding.mean()) if decoding.size else 1.0
+    records = result.request_records
+    context = (
+        float(np.mean([r.prompt_tokens + 0.5 * r.output_tokens for r in records]))
+        if records
+        else float(decode.reference_context_tokens)
+    )
     rows = []
     for clock, count in zip(clocks, counts, strict=True):
         seconds = float(count) * dt
@@ -101,16 +110,32 @@ def model_error_by_clock(
         learned_prefill = 1.0 / max(model.prefill_s_per_token(f)[0], 1e-12)
         true_prefill = profile.rate("prefill", f)
         learned_iteration = model.decode_iteration_s(f, batch, context)[0]
-        true_iteration = batch / profile.rate("decode", f)
+        t_ref = decode.reference_batch_size / profile.rate("decode", f)
+        true_iteration = t_ref * (
+            decode.weight_fraction
+            + decode.batch_fraction * batch / decode.reference_batch_size
+            + decode.kv_fraction
+            * batch
+            * context
+            / (decode.reference_batch_size * decode.reference_context_tokens)
+        )
         row: dict[str, Any] = {
             "clock_mhz": f,
             "seconds": seconds,
+            "decode_batch": batch,
+            "context_tokens": context,
             "prefill_rate_error": learned_prefill / true_prefill - 1.0,
             "decode_iteration_error": learned_iteration / true_iteration - 1.0,
         }
         for phase in ("prefill", "decode", "idle"):
             learned = model.phase_power_w(f, phase)[0]
             true_power = profile.power(phase, f)  # type: ignore[arg-type]
+            batch_model = profile.decode_power_batch_model
+            if phase == "decode" and batch_model is not None:
+                # The plant's decode power depends on the batch: compare at the run's.
+                idle = profile.power("idle", f)
+                factor = batch_model.factor(batch, decode.reference_batch_size)
+                true_power = idle + (true_power - idle) * factor
             row[f"{phase}_power_error"] = learned / true_power - 1.0
         rows.append(row)
     return rows
