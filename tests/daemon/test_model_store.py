@@ -166,3 +166,37 @@ def test_model_command_imports_no_study_code() -> None:
     )
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def test_controller_spec_and_config_kind() -> None:
+    from gpugov.daemon.config import OnlineMPCControllerConfig, parse_config
+    from gpugov.daemon.decide import parse_controller_spec
+    from gpugov.daemon.errors import ConfigError
+
+    assert parse_controller_spec("mpc-online") == OnlineMPCControllerConfig(kind="mpc-online")
+    hinted = parse_controller_spec("mpc-online:h100-sxm-llama3-8b")
+    assert isinstance(hinted, OnlineMPCControllerConfig)
+    assert hinted.prior_profile == "h100-sxm-llama3-8b"
+    config = parse_config(
+        {"domains": [{"name": "llm", "gpus": [0],
+                      "controller": {"kind": "mpc-online", "state_dir": "/var/lib/x"}}]}
+    )
+    assert config.domains[0].controller.state_dir == Path("/var/lib/x")  # type: ignore[union-attr]
+    with pytest.raises(ConfigError) as error:
+        parse_config({"domains": [{"name": "llm", "gpus": [0],
+                                   "controller": {"kind": "mpc-online", "uncertainty_z": -1}}]})
+    assert str(error.value).count("\n") == 0
+    assert "domains[0].controller.uncertainty_z" in str(error.value)
+
+
+def test_simulated_daemon_saves_the_model_in_the_state_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    code = main(["run", "--simulate", "--virtual", "--controller", "mpc-online",
+                 "--duration", "40"])
+    assert code == 0, capsys.readouterr().err
+    payload = read_stored(model_path(tmp_path, "sim"))
+    assert payload["model"]["warmed_up"] is True
+    assert main(["model", "show", "--state-dir", str(tmp_path)]) == 0
+    assert "domain sim" in capsys.readouterr().out
