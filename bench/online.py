@@ -44,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of arrivals")
     parser.add_argument("--repeat", type=int, default=20, help="replays of the windows")
     parser.add_argument("--out", default=str(OUT), help="output JSON")
+    parser.add_argument(
+        "--nonstationary", action="store_true",
+        help="also run the prompt-mix and model-swap scenarios (a few minutes)",
+    )
     args = parser.parse_args(argv)
 
     profile = load_profile("h100-sxm-llama3-8b")
@@ -111,6 +115,17 @@ def main(argv: list[str] | None = None) -> int:
         "model_bytes_after": after,
         "machine": {"python": platform.python_version(), "processor": platform.machine()},
     }
+    if args.nonstationary:
+        from gpugov.study.online_eval import nonstationary_runs
+
+        print("running the non-stationary scenarios", file=sys.stderr)
+        result["nonstationary"] = nonstationary_runs()
+        for row in result["nonstationary"]:
+            print(f"{row['case']:<11} segment {row['segment']} {row['controller']:<10} "
+                  f"SLO {100 * row['slo_attainment']:6.2f}% (max "
+                  f"{100 * (row['max_clock_slo_attainment'] or 0):6.2f}%) holds "
+                  f"{'yes' if row['holds_slo'] else 'NO ':<3} saved "
+                  f"{100 * row['energy_saved_fraction']:5.1f}%")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

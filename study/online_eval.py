@@ -198,6 +198,76 @@ def run_segments(
     return results
 
 
+def _shifted(requests: Sequence[Request], offset_s: float, first_id: int) -> list[Request]:
+    return [
+        Request(first_id + i, r.arrival_time_s + offset_s, r.prompt_tokens, r.output_tokens)
+        for i, r in enumerate(requests)
+    ]
+
+
+def nonstationary_runs(
+    duration_s: float = 300.0, control_period_s: float = 0.5
+) -> list[dict[str, Any]]:
+    """The two non-stationary scenarios of issue 14, on the bundled profiles at 70 % of
+    the SLO capacity: ``prompt-mix`` (the Azure conversation window, then the Azure code
+    window: prompts twice as long, outputs a tenth as long) on the H100 profile, and
+    ``model-swap`` (the conversation window on the H100 profile, then the engine restarts
+    on the A100 profile under another ``model_name``). Each runs the maximum clock, the
+    profile-fed fast MPC (built on the first profile, as a node configured once would
+    keep it) and ``mpc-online``; one row per controller and segment."""
+    from gpugov.controllers.baseline import maximum_clock_controller
+    from gpugov.daemon.config import MPCControllerConfig
+    from gpugov.daemon.service import simulated_mpc
+    from gpugov.plant import load_profile
+    from gpugov.study.scoreboard import build_scenario
+
+    h100 = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    a100 = ServingPlant.from_profile(load_profile("a100-sxm-80gb-llama3-8b"))
+    conv = build_scenario("azure-conv-10min", h100, "cap70", duration_s).requests
+    code = build_scenario("azure-code", h100, "cap70", duration_s).requests
+    conv_a100 = build_scenario("azure-conv-10min", a100, "cap70", duration_s).requests
+    mixed = list(conv) + _shifted(code, conv[-1].arrival_time_s + 1.0, len(conv))
+    cases = {
+        "prompt-mix": [(mixed, h100, "llama-3-8b")],
+        "model-swap": [(list(conv), h100, "llama-3-8b"), (list(conv_a100), a100, "other")],
+    }
+    rows: list[dict[str, Any]] = []
+    for case, segments in cases.items():
+        everything = [r for workload, _, _ in segments for r in workload]
+        builders = {
+            "max_clock": lambda: maximum_clock_controller,
+            "mpc_fast": lambda everything=everything: simulated_mpc(
+                MPCControllerConfig(kind="mpc"), h100, everything, control_period_s
+            ),
+            "mpc_online": lambda everything=everything: scoreboard_online(
+                everything, control_period_s=control_period_s
+            ),
+        }
+        reference: list[ServingResult] = []
+        for key, build in builders.items():
+            controller = build()
+            results = run_segments(segments, controller, control_period_s=control_period_s)
+            if key == "max_clock":
+                reference = results
+            for index, result in enumerate(results):
+                base = reference[index].metrics
+                attainment = result.metrics.slo_attainment or 0.0
+                rows.append(
+                    {
+                        "case": case,
+                        "segment": index,
+                        "controller": key,
+                        "slo_attainment": attainment,
+                        "max_clock_slo_attainment": base.slo_attainment,
+                        "holds_slo": attainment >= (base.slo_attainment or 0.0) - 0.01,
+                        "energy_j": result.metrics.energy_j,
+                        "energy_saved_fraction": 1.0 - result.metrics.energy_j / base.energy_j,
+                        "resets": getattr(controller, "resets", None),
+                    }
+                )
+    return rows
+
+
 def online_model_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     """Markdown: the online MPC's learned-against-true model error per scenario, and its
     capture over the whole run beside the capture after the warm-up."""
@@ -252,6 +322,7 @@ __all__ = [
     "capture_after",
     "energy_after",
     "model_error_by_clock",
+    "nonstationary_runs",
     "online_model_lines",
     "run_segments",
     "scoreboard_online",

@@ -1011,6 +1011,16 @@ DEFINITIONS = {
         "oracles (best fixed, window) that hold the SLO; null when the controller does not "
         "hold the SLO or the oracle saves nothing"
     ),
+    "oracle_capture_after_warmup": (
+        "oracle capture on the energy used after the warm-up (min(300 s, half the window "
+        "length)) by the controller, the maximum clock and the oracle; null when the "
+        "controller does not hold the SLO over the whole run"
+    ),
+    "model_error": (
+        "mpc_online only: time-weighted mean |learned / true - 1| over the realised clocks "
+        "held >= 5 s; decode iteration at the run's mean decode batch and a context of "
+        "mean prompt + half the mean output"
+    ),
     "decision_time": (
         "wall time per controller call (perf_counter); MPC: its own solve times "
         "(diagnostics); oracles: null (offline search, see offline_compute_s)"
