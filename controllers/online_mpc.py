@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import perf_counter
 from typing import Any
 
@@ -71,6 +71,11 @@ class SafeExploration:
         maximum_relative_std: the floor never goes where the model's latency standard
             deviation exceeds this fraction of its mean.
         minimum_visits: busy windows at a clock before it counts as explored.
+        baseline_headroom: where the latency measured at the top clock is itself high
+            (a GPU whose TPOT sits near the SLO at any clock), the thresholds move up to
+            that baseline plus this much: ``explore`` below ``max(explore_slack,
+            baseline + headroom)``, back off above ``min(0.95, max(backoff, baseline +
+            2 headroom))``; otherwise the top clock's own noise would trigger them.
     """
 
     step_fraction: float = 0.08
@@ -79,6 +84,8 @@ class SafeExploration:
     backoff_hold_s: float = 5.0
     maximum_relative_std: float = 0.25
     minimum_visits: int = 5
+    baseline_headroom: float = 0.08
+    baseline: float | None = None
     backoff_until_s: float = -math.inf
     backoffs: int = 0
     floor_mhz: float | None = None
@@ -103,7 +110,7 @@ class SafeExploration:
         frontier = model.lowest_explored_mhz(self.minimum_visits)
         step = self.step_fraction * (clocks[-1] - clocks[0])
         pressure = self.pressure(observation)
-        slack = pressure is None or pressure < self.explore_slack
+        slack = pressure is None or pressure < self.explore_threshold
         target = frontier - step if slack else frontier
         # Never where the model is too unsure (relative std of the latency predictions).
         candidates = clocks[(clocks >= target - 1e-9) & (clocks <= frontier + 1e-9)]
@@ -120,10 +127,40 @@ class SafeExploration:
         self.floor_mhz = allowed
         return allowed
 
-    def backing_off(self, observation: ServingObservation) -> bool:
-        """Whether to hold the maximum clock now (starts a hold on high pressure)."""
+    @property
+    def explore_threshold(self) -> float:
+        """Measured latency / SLO below which the floor may step down."""
+        if self.baseline is None:
+            return self.explore_slack
+        return min(self.backoff_threshold - 0.05,
+                   max(self.explore_slack, self.baseline + self.baseline_headroom))
+
+    @property
+    def backoff_threshold(self) -> float:
+        """Measured latency / SLO above which the clock goes to the maximum."""
+        if self.baseline is None:
+            return self.backoff
+        return min(0.95, max(self.backoff, self.baseline + 2.0 * self.baseline_headroom))
+
+    def observe_top(self, observation: ServingObservation, maximum_mhz: float) -> None:
+        """Track the latency pressure measured while the top clock was requested."""
         pressure = self.pressure(observation)
-        if pressure is not None and pressure > self.backoff:
+        requested = observation.requested_clock_mhz
+        if pressure is None or requested is None or requested < maximum_mhz - 1e-6:
+            return
+        if self.baseline is None:
+            self.baseline = pressure
+        else:
+            self.baseline += 0.05 * (pressure - self.baseline)
+
+    def backing_off(self, observation: ServingObservation, maximum_mhz: float) -> bool:
+        """Whether to hold the maximum clock now: a hold starts when the latency measured
+        while the clock was below the maximum passes the threshold (at the maximum clock
+        a high latency is not the clock's doing, and holding longer would not help)."""
+        pressure = self.pressure(observation)
+        requested = observation.requested_clock_mhz
+        lowered = requested is None or requested < maximum_mhz - 1e-6
+        if pressure is not None and pressure > self.backoff_threshold and lowered:
             if observation.time_s >= self.backoff_until_s:
                 self.backoffs += 1
             self.backoff_until_s = observation.time_s + self.backoff_hold_s
@@ -232,6 +269,10 @@ class OnlineMPCController:
         """Forget the learned model (another model served, another GPU); re-learn."""
         self.model = None if observation is None else self._new_model(observation)
         self.mpc = None
+        self.exploration = replace(
+            self.exploration, baseline=None, backoff_until_s=-math.inf, floor_mhz=None,
+            exploring=False,
+        )
         self.previous = observation
         self.resets += 1
 
@@ -400,7 +441,8 @@ class OnlineMPCController:
         assert model is not None
         maximum = float(model.clocks_mhz[-1])
         slos = self.slos(observation)
-        if self.exploration.backing_off(observation):
+        self.exploration.observe_top(observation, maximum)
+        if self.exploration.backing_off(observation, maximum):
             self.last_reason = "backoff"
         elif not model.warmed_up:
             self.last_reason = "warm-up"
@@ -448,6 +490,7 @@ class OnlineMPCController:
             "floor_mhz": self.exploration.floor_mhz,
             "lowest_explored_mhz": model.lowest_explored_mhz(self.exploration.minimum_visits),
             "backoffs": self.exploration.backoffs,
+            "top_clock_pressure": self.exploration.baseline,
             "resets": self.resets,
             "reason": self.last_reason,
             "model_name": self.model_name,

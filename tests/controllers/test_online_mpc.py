@@ -210,7 +210,7 @@ def test_controller_never_reads_the_profile_and_still_controls(profile) -> None:
     controller = _online(workload)
     result = simulate(workload, plant, chunked_prefill_scheduler, controller, 0)
     assert controller.model is not None and controller.model.warmed_up
-    assert controller.last_reason in {"mpc", "explore-floor", "backoff"}
+    assert controller.last_reason in {"mpc", "explore-floor", "backoff", "probe"}
     assert np.min(result.requested_clock_mhz) < profile.maximum_clock_mhz
 
 
@@ -274,7 +274,7 @@ def test_holds_the_slo_on_unseen_shapes_and_saves_energy(shape: str) -> None:
         decision = controller(observation)
         # The frontier the decision saw: the clock may go at most one step below it.
         model = controller.model
-        if model is not None and controller.last_reason in ("mpc", "explore-floor"):
+        if model is not None and controller.last_reason in ("mpc", "explore-floor", "probe"):
             below_frontier.append(model.lowest_explored_mhz() - decision)
         return decision
 

@@ -45,6 +45,7 @@ CONTROLLERS = [
     "open_loop",
     "mpc_slsqp",
     "mpc_fast",
+    "mpc_online",
     "window_oracle",
 ]
 
