@@ -74,13 +74,14 @@ class SafeExploration:
         baseline_headroom: where the latency measured at the top clock is itself high
             (a GPU whose TPOT sits near the SLO at any clock), the thresholds move up to
             that baseline plus this much: ``explore`` below ``max(explore_slack,
-            baseline + headroom)``, back off above ``min(0.95, max(backoff, baseline +
-            2 headroom))``; otherwise the top clock's own noise would trigger them.
+            baseline + headroom)`` (and 0.05 under the back-off threshold), back off
+            above ``min(0.95, max(backoff, baseline + headroom))``; otherwise the top
+            clock's own noise would trigger them.
     """
 
     step_fraction: float = 0.08
-    explore_slack: float = 0.5
-    backoff: float = 0.8
+    explore_slack: float = 0.6
+    backoff: float = 0.9
     backoff_hold_s: float = 5.0
     maximum_relative_std: float = 0.25
     minimum_visits: int = 5
@@ -140,7 +141,7 @@ class SafeExploration:
         """Measured latency / SLO above which the clock goes to the maximum."""
         if self.baseline is None:
             return self.backoff
-        return min(0.95, max(self.backoff, self.baseline + 2.0 * self.baseline_headroom))
+        return min(0.95, max(self.backoff, self.baseline + self.baseline_headroom))
 
     def observe_top(self, observation: ServingObservation, maximum_mhz: float) -> None:
         """Track the latency pressure measured while the top clock was requested."""
