@@ -310,3 +310,17 @@ def test_relearns_after_a_model_swap_and_a_prompt_mix_change() -> None:
         reference = simulate(workload, plant, chunked_prefill_scheduler,
                              maximum_clock_controller, 0)
         assert result.metrics.slo_attainment >= reference.metrics.slo_attainment - 0.01
+
+
+def test_a_profile_prior_skips_the_warm_up(profile) -> None:  # type: ignore[no-untyped-def]
+    from gpugov.controllers.online_mpc import prior_from_profile
+
+    prior = prior_from_profile(profile)
+    model = OnlineModel(profile.clock_mhz, 700.0, prior=prior)
+    assert model.warmed_up
+    top = profile.maximum_clock_mhz
+    assert model.prefill_s_per_token(top)[0] == pytest.approx(1.0 / profile.rate("prefill", top))
+    assert model.phase_power_w(top, "decode")[0] == pytest.approx(profile.power("decode", top))
+    # Without a hint the model starts unwarmed and the controller holds the top clock.
+    bare = OnlineModel(profile.clock_mhz, 700.0)
+    assert not bare.warmed_up and bare.confidence() == 0.0
