@@ -477,6 +477,11 @@ class OnlineMPCController:
             fallback_reasons={},
         )
 
+    @property
+    def fallback_reasons(self) -> dict[str, int]:
+        """The inner MPC's fallbacks by reason (exported as ``controller_<reason>``)."""
+        return {} if self.mpc is None else dict(self.mpc.fallback_reasons)
+
     def status(self) -> dict[str, Any]:
         """What the exporter and ``gpugov model show`` report about the learning."""
         model = self.model

@@ -252,6 +252,11 @@ class PersistentOnlineModel:
         """The inner controller's learning status."""
         return self.inner.status()
 
+    @property
+    def fallback_reasons(self) -> dict[str, int]:
+        """The inner MPC's fallbacks by reason."""
+        return self.inner.fallback_reasons
+
 
 def _json_safe(value: Any) -> Any:
     """Non-finite floats become None (JSON has no NaN/inf)."""
