@@ -14,7 +14,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpugov.daemon import decide
-from gpugov.daemon.config import FixedControllerConfig, MPCControllerConfig
+from gpugov.daemon.config import (
+    FixedControllerConfig,
+    MPCControllerConfig,
+    OnlineMPCControllerConfig,
+)
 from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.plant import ServingPlant
@@ -57,6 +61,11 @@ def build_controller(
         from gpugov.daemon.service import simulated_mpc  # the node's assembly: only for mpc
 
         return simulated_mpc(config, plant, workload, control_period_s)
+    if isinstance(config, OnlineMPCControllerConfig):
+        from gpugov.daemon.service import with_workload_forecasts
+
+        # Declared forecasts from the workload, as for the MPC; never the plant's profile.
+        config = with_workload_forecasts(config, workload)
     try:
         return decide.build_controller(config, period_s=control_period_s)
     except GpugovControllerError as error:

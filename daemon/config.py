@@ -137,12 +137,38 @@ class MPCControllerConfig(_Frozen):
     ttft_excess_cap: PositiveFloat | None = None
 
 
+class OnlineMPCControllerConfig(_Frozen):
+    """The self-calibrating MPC (``controllers.online_mpc``): learns the node's clock ->
+    latency/power model online, so it needs no profile (``docs/online.md``).
+
+    ``prior_profile`` optionally names a bundled profile (or a manifest path) whose top
+    clock seeds the model instead of the warm-up. ``state_dir`` keeps the learned model
+    across restarts (default: systemd's ``$STATE_DIRECTORY``, else none). ``warmup_s``:
+    seconds at the maximum clock before the MPC takes over; ``memory_s``: how long evidence
+    lasts; ``uncertainty_z``: standard deviations added to predicted latencies.
+    """
+
+    kind: Literal["mpc-online"]
+    horizon_s: PositiveFloat = 10.0
+    solve_time_limit_s: PositiveFloat = 0.8
+    mean_prompt_tokens: PositiveFloat | None = None
+    mean_output_tokens: PositiveFloat | None = None
+    ttft_prompt_tokens: PositiveFloat | None = None
+    slo_margin: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.7
+    warmup_s: PositiveFloat = 20.0
+    memory_s: PositiveFloat = 900.0
+    uncertainty_z: NonNegativeFloat = 1.5
+    prior_profile: str | None = None
+    state_dir: LoosePath | None = None
+
+
 ControllerConfig = Annotated[
     MaxControllerConfig
     | FixedControllerConfig
     | ReactiveControllerConfig
     | OpenLoopControllerConfig
-    | MPCControllerConfig,
+    | MPCControllerConfig
+    | OnlineMPCControllerConfig,
     Field(discriminator="kind"),
 ]
 
@@ -311,7 +337,9 @@ def format_validation_error(error: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-_CONTROLLER_TAGS = frozenset({"max", "fixed", "reactive", "open-loop", "mpc"})
+_CONTROLLER_TAGS = frozenset(
+    {"max", "fixed", "reactive", "open-loop", "mpc", "mpc-online"}
+)
 
 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> GpugovConfig:

@@ -23,6 +23,7 @@ from gpugov.daemon.config import (
     FixedControllerConfig,
     MaxControllerConfig,
     MPCControllerConfig,
+    OnlineMPCControllerConfig,
     OpenLoopControllerConfig,
     ReactiveControllerConfig,
 )
@@ -31,6 +32,7 @@ from gpugov.plant.types import ClockController, ServingObservation
 
 CONTROLLER_SPEC_HELP = (
     "max | fixed:MHZ | reactive | open-loop:PLAN.json | mpc[:PROFILE] | mpc-slsqp[:PROFILE]"
+    " | mpc-online[:PRIOR_PROFILE]"
 )
 # Penalise predicted latency above 70% of each SLO: the proxies are means, the SLOs are
 # judged per request (chosen on the scoreboard, see docs/scoreboard.md).
@@ -118,6 +120,8 @@ def build_controller(spec: ControllerConfig, *, period_s: float) -> ClockControl
                 raise ControllerError(str(error)) from error
         case MPCControllerConfig():
             return _build_mpc(spec, period_s)
+        case OnlineMPCControllerConfig():
+            return online_controller(spec, period_s)
     raise ControllerError(f"unknown controller kind {getattr(spec, 'kind', spec)!r}")
 
 
@@ -175,6 +179,55 @@ def mpc_controller(
     return controller
 
 
+def online_controller(
+    spec: OnlineMPCControllerConfig,
+    period_s: float,
+    *,
+    mean_prompt_tokens: float | None = None,
+    mean_output_tokens: float | None = None,
+    ttft_slo_s: float | None = None,
+    tpot_slo_s: float | None = None,
+) -> ClockController:
+    """The self-calibrating MPC a config asks for. It reads no profile while it runs;
+    ``prior_profile``, when set, is read once here as a rough prior.
+
+    Raises:
+        ControllerError: the prior profile cannot be loaded.
+    """
+    from gpugov.controllers.online_mpc import OnlineMPCController, prior_from_profile
+
+    prior = None
+    if spec.prior_profile is not None:
+        from gpugov.plant import load_profile
+        from gpugov.plant.profile import ProfileError
+
+        try:
+            prior = prior_from_profile(load_profile(spec.prior_profile))
+        except ProfileError as error:
+            raise ControllerError(f"mpc-online prior_profile: {error}") from error
+    options: dict[str, Any] = {}
+    prompt = spec.mean_prompt_tokens or mean_prompt_tokens
+    output = spec.mean_output_tokens or mean_output_tokens
+    if prompt is not None:
+        options["mean_prompt_tokens"] = prompt
+    if output is not None:
+        options["mean_output_tokens"] = output
+    return OnlineMPCController(
+        ttft_prompt_tokens=spec.ttft_prompt_tokens,
+        horizon_s=spec.horizon_s,
+        control_period_s=period_s,
+        solve_time_limit_s=spec.solve_time_limit_s,
+        slo_margin=spec.slo_margin,
+        warmup_s=spec.warmup_s,
+        memory_s=spec.memory_s,
+        uncertainty_z=spec.uncertainty_z,
+        ttft_slo_s=ttft_slo_s,
+        tpot_slo_s=tpot_slo_s,
+        prior=prior,
+        **options,
+    )
+
+
 def _build_mpc(spec: MPCControllerConfig, period_s: float) -> ClockController:
     from gpugov.plant import ServingPlant, load_profile
     from gpugov.plant.profile import ProfileError
@@ -220,6 +273,10 @@ def parse_controller_spec(text: str, *, default_profile: str | None = None) -> C
             if not argument:
                 raise ValueError("--controller open-loop:PLAN.json needs the plan file")
             return OpenLoopControllerConfig.model_validate({"kind": "open-loop", "plan": argument})
+        case "mpc-online":
+            if argument:
+                return OnlineMPCControllerConfig(kind="mpc-online", prior_profile=argument)
+            return OnlineMPCControllerConfig(kind="mpc-online")
         case "mpc" | "mpc-slsqp":
             if colon and not argument:
                 raise ValueError(f"--controller {text!r}: name a profile after the colon")

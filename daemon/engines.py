@@ -77,6 +77,9 @@ class EngineSample:
     tpot_recent_s: float | None = None
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
+    model_name: str | None = None
+    """The ``model_name`` label of the engine's series (vLLM, SGLang); several models
+    are joined with commas; None when the engine does not label its series."""
 
 
 @runtime_checkable
@@ -524,6 +527,17 @@ def check_values(series: Series, source: str) -> None:
                 )
 
 
+def model_name(series: Series, names: Iterable[str]) -> str | None:
+    """The ``model_name`` label on the first of ``names`` present (sorted and joined
+    with commas when the page serves several), or None."""
+    for name in names:
+        rows = series.get(name)
+        if rows:
+            labels = sorted({str(lab["model_name"]) for lab, _ in rows if "model_name" in lab})
+            return ",".join(labels) if labels else None
+    return None
+
+
 def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
     """Build an :class:`EngineSample` from parsed series.
 
@@ -570,6 +584,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         kv_usage_ratio=usage,
         kv_capacity_tokens=capacity,
         kv_tokens=kv_tokens,
+        model_name=model_name(series, (*spec.running, *spec.waiting)),
     )
 
 

@@ -89,6 +89,8 @@ class DomainSnapshot:
     solve_sum_s: float
     external_clock_changes_total: Mapping[str, int] = field(default_factory=dict)
     yielded_gpus: tuple[str, ...] = ()
+    model: Mapping[str, Any] | None = None
+    """The online MPC's learning status (``OnlineMPCController.status()``), else None."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ class SnapshotCollector(Collector):
         yield info
         yield from self._gpu_metrics(domains)
         yield from self._domain_metrics(domains)
+        yield from self._model_metrics(domains)
         yield from self._loop_metrics(loop)
 
     def _gpu_metrics(self, domains: Sequence[DomainSnapshot]) -> Iterator[Metric]:
@@ -273,6 +276,70 @@ class SnapshotCollector(Collector):
         yield from (scrape_errors, scrape_time, age, failsafe, waiting, running)
         yield from (ttft, tpot, ttft_slo, tpot_slo, domain_power)
         yield from (output_tokens, prompt_tokens, completed)
+
+    def _model_metrics(self, domains: Sequence[DomainSnapshot]) -> Iterator[Metric]:
+        """``gpugov_model_*``: the online MPC's learned model (domains running one)."""
+        d = ("domain",)
+        samples = CounterMetricFamily(
+            "gpugov_model_samples",
+            "Control windows folded into the learned latency model (restarts on a reset)",
+            labels=list(d),
+        )
+        residuals = {
+            "busy_s": _gauge(
+                "gpugov_model_busy_residual_seconds",
+                "RMS innovation of the learned busy-time fit (seconds per window)", d,
+            ),
+            "energy_j": _gauge(
+                "gpugov_model_energy_residual_joules",
+                "RMS innovation of the learned energy fit (joules per window)", d,
+            ),
+            "temperature_c": _gauge(
+                "gpugov_model_temperature_residual_celsius",
+                "RMS innovation of the learned thermal fit (degrees per window)", d,
+            ),
+        }
+        confidence = _gauge(
+            "gpugov_model_confidence_ratio",
+            "1 minus the mean relative standard deviation of the learned latencies (0-1)",
+            d,
+        )
+        exploring = _gauge(
+            "gpugov_model_exploration_active",
+            "1 while the clock floor sits below the explored clocks (safe exploration)",
+            d,
+        )
+        warmup = _gauge(
+            "gpugov_model_warmup_active", "1 while the model warms up at the top clock", d
+        )
+        floor = _gauge("gpugov_model_floor_hertz", "Lowest clock the exploration allows now", d)
+        backoffs = CounterMetricFamily(
+            "gpugov_model_backoffs",
+            "Back-offs to the maximum clock on measured latency near the SLO",
+            labels=list(d),
+        )
+        resets = CounterMetricFamily(
+            "gpugov_model_resets", "Times the learned model was discarded", labels=list(d)
+        )
+        for s in domains:
+            model = s.model
+            if not model:
+                continue
+            key = [s.domain]
+            samples.add_metric(key, float(model.get("samples", 0)))
+            for fit, value in (model.get("residual_rms") or {}).items():
+                if fit in residuals:
+                    residuals[fit].add_metric(key, float(value))
+            confidence.add_metric(key, float(model.get("confidence", 0.0)))
+            exploring.add_metric(key, 1.0 if model.get("exploring") else 0.0)
+            warmup.add_metric(key, 0.0 if model.get("warmed_up") else 1.0)
+            if model.get("floor_mhz") is not None:
+                floor.add_metric(key, float(model["floor_mhz"]) * MHZ)
+            backoffs.add_metric(key, float(model.get("backoffs", 0)))
+            resets.add_metric(key, float(model.get("resets", 0)))
+        yield samples
+        yield from residuals.values()
+        yield from (confidence, exploring, warmup, floor, backoffs, resets)
 
     def _loop_metrics(self, loop: LoopSnapshot) -> Iterator[Metric]:
         ticks = CounterMetricFamily("gpugov_loop_ticks", "Control-loop iterations run")

@@ -417,7 +417,25 @@ class Domain:
             solve_sum_s=self.solve.sum_s,
             external_clock_changes_total=dict(self.actuator.external_changes),
             yielded_gpus=tuple(sorted(self.actuator.yielded)),
+            model=self.model_status(),
         )
+
+    def model_status(self) -> dict[str, Any] | None:
+        """The controller's learning status when it learns a model (``mpc-online``)."""
+        status = getattr(innermost(self.controller), "status", None)
+        if not callable(status):
+            return None
+        value = status()
+        return value if isinstance(value, dict) else None
+
+    def close_controller(self) -> None:
+        """Let the controller persist what it learned (``mpc-online``); never raises."""
+        close = getattr(innermost(self.controller), "close", None)
+        if callable(close):
+            try:
+                close()
+            except OSError as error:
+                log.warning("%s: controller state not saved: %s", self.name, error)
 
 
 def _raw_decision(controller: object, fallback: float) -> float:
@@ -506,6 +524,8 @@ def run(
             notify.tick(_status_line(records))
     finally:
         stats.overruns = loop.overruns
+        for domain in domains:
+            domain.close_controller()
         notify.stopping()
         failed = restore_all(domains)
         if failed and sys.exc_info()[1] is None:

@@ -75,6 +75,17 @@ def _sum(values: Sequence[float | None]) -> float | None:
     return float(sum(v for v in values if v is not None))
 
 
+def _reasons(values: Sequence[int | None]) -> int | None:
+    """The clock-event reasons of a domain: every GPU's bits ORed (None when none known)."""
+    known = [int(v) for v in values if v is not None]
+    if not known:
+        return None
+    combined = 0
+    for value in known:
+        combined |= value
+    return combined
+
+
 class DomainObserver:
     """Builds a domain's :class:`ServingObservation` each tick.
 
@@ -315,6 +326,8 @@ class DomainObserver:
             power_limit_w=_sum([g.power_limit_w for g in gpus]),
             thermal_limit_c=self.thermal_limit_c,
             supported_clocks_mhz=supported,
+            clock_event_reasons=_reasons([g.clock_event_reasons for g in gpus]),
+            model_name=engine.model_name,
             ttft_recent_s=ttft,
             tpot_recent_s=tpot,
             ttft_slo_s=engine.ttft_slo_s if engine.ttft_slo_s is not None else self.ttft_slo_s,

@@ -14,7 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpugov.daemon.config import ControllerConfig, MPCControllerConfig
+from gpugov.daemon.config import (
+    ControllerConfig,
+    MPCControllerConfig,
+    OnlineMPCControllerConfig,
+)
 from gpugov.daemon.decide import (
     build_controller,
     canonical_controller_name,
@@ -98,7 +102,7 @@ def _with_recorded_forecasts(spec: ControllerConfig, info: dict[str, Any]) -> Co
     """An MPC spec without declared forecasts takes the recording's, so replaying an MPC
     recording through the same MPC rebuilds the controller that made it."""
     recorded = info.get("controller_config") or {}
-    if not isinstance(spec, MPCControllerConfig):
+    if not isinstance(spec, MPCControllerConfig | OnlineMPCControllerConfig):
         return spec
     update = {
         key: recorded[key]

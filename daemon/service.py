@@ -11,13 +11,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from gpugov.daemon.actuator import ClockActuator, ExternalPolicy, LockMode
 from gpugov.daemon.backend import DryRunBackend, GpuBackend
-from gpugov.daemon.config import ControllerConfig, GpugovConfig, MPCControllerConfig
+from gpugov.daemon.config import (
+    ControllerConfig,
+    GpugovConfig,
+    MPCControllerConfig,
+    OnlineMPCControllerConfig,
+)
 from gpugov.daemon.decide import (
     build_controller,
     mpc_controller,
@@ -36,6 +41,8 @@ from gpugov.daemon.observer import DomainObserver
 from gpugov.daemon.simulated import SimulatedBackend, SimulatedNode, SimulatedSource
 from gpugov.plant import PlantSimulation, ServingPlant, ServingResult
 from gpugov.plant.types import Request
+
+SpecWithForecasts = TypeVar("SpecWithForecasts", MPCControllerConfig, OnlineMPCControllerConfig)
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +187,17 @@ def build_domain(
             f"domain {name!r}: safety.floor_mhz ({floor_mhz:g} MHz) is above the top "
             f"supported clock of its GPUs ({clocks[-1]:g} MHz)"
         )
+    if controller is None and isinstance(controller_spec, OnlineMPCControllerConfig):
+        controller = _online_for_domain(
+            name,
+            backends,
+            controller_spec,
+            period_s,
+            mean_prompt_tokens=mean_prompt_tokens,
+            mean_output_tokens=mean_output_tokens,
+            ttft_slo_s=ttft_slo_s,
+            tpot_slo_s=tpot_slo_s,
+        )
     inner = (
         controller
         if controller is not None
@@ -199,6 +217,26 @@ def build_domain(
     return Domain(
         name, observer, wrapped, actuator, failsafe=failsafe, label=spec_name(controller_spec)
     )
+
+
+def _online_for_domain(
+    name: str,
+    backends: Sequence[GpuBackend],
+    spec: OnlineMPCControllerConfig,
+    period_s: float,
+    **declared: Any,
+) -> Any:
+    """The online MPC of a domain, its forecasts and SLOs from the domain's config, and
+    its model kept in the state directory (keyed by the GPUs' UUIDs) when there is one."""
+    from gpugov.daemon.decide import online_controller
+    from gpugov.daemon.model_store import PersistentOnlineModel, state_directory
+
+    controller = online_controller(spec, period_s, **declared)
+    directory = state_directory(spec.state_dir)
+    if directory is None:
+        return controller
+    uuids = [str(getattr(backend, "uuid", None) or backend.label) for backend in backends]
+    return PersistentOnlineModel(controller, directory, name, uuids)  # type: ignore[arg-type]
 
 
 def _domain_header(domain: Domain, config_fields: dict[str, Any]) -> dict[str, Any]:
@@ -373,6 +411,9 @@ def simulated_run(
             period_s,
             virtual_time=virtual_time,
         )
+    elif isinstance(controller_spec, OnlineMPCControllerConfig):
+        # Declared forecasts only: the online MPC never reads the plant's profile.
+        controller_spec = with_workload_forecasts(controller_spec, workload)
     domain = build_domain(
         "sim",
         [backend],
@@ -403,8 +444,8 @@ def simulated_run(
 
 
 def with_workload_forecasts(
-    spec: MPCControllerConfig, workload: Sequence[Request]
-) -> MPCControllerConfig:
+    spec: SpecWithForecasts, workload: Sequence[Request]
+) -> SpecWithForecasts:
     """``spec`` with the forecasts it leaves open declared from ``workload``, fixed before
     the run: the mean prompt and output lengths (as the seed's experiment declares them)
     and the 95th-percentile prompt the iteration model's TTFT proxy charges a new request

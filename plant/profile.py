@@ -427,7 +427,7 @@ def _read_csv(path: Path) -> dict[str, NDArray[np.float64]]:
 
 
 REQUIRED_MANIFEST_KEYS = ("status", "csv", "ttft_slo_s", "tpot_slo_s", "power_limit_w", "thermal")
-PROFILE_STATUSES = ("measured", "emulated", "literature-derived", "synthetic")
+PROFILE_STATUSES = ("measured", "emulated", "literature-derived", "synthetic", "online-identified")
 REQUIRED_THERMAL_KEYS = (
     "ambient_temperature_c",
     "thermal_resistance_c_per_w",

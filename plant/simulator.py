@@ -314,6 +314,7 @@ class PlantSimulation(GpuPhysics):
             power_limit_w=self.plant.power_limit_w,
             thermal_limit_c=self.plant.thermal_limit_c,
             supported_clocks_mhz=tuple(self._clocks),
+            clock_event_reasons=self.clock_event_reasons,
             ttft_recent_s=(self._ttft_sum / self._ttft_count) if self._ttft_count else None,
             tpot_recent_s=(self._itl_sum / self._itl_count) if self._itl_count else None,
             ttft_slo_s=profile.ttft_slo_for(

@@ -129,6 +129,10 @@ class ServingObservation:
     power_limit_w: float | None = None
     thermal_limit_c: float | None = None
     supported_clocks_mhz: tuple[float, ...] = ()
+    clock_event_reasons: int | None = None
+    """NVML clock-event-reason bitmask (why the realised clock is below the request)."""
+    model_name: str | None = None
+    """The engine's ``model_name`` label (a change means another model is served)."""
     # Latency over the last control window (engine histograms on a real node).
     ttft_recent_s: float | None = None
     tpot_recent_s: float | None = None

@@ -364,6 +364,45 @@ def daemon_panels(ids: _Ids) -> list[Timeseries]:
     ]
 
 
+def model_panels(ids: _Ids) -> list[Timeseries]:
+    """The online MPC's learned model (``mpc-online``): evidence, fit, confidence and
+    exploration. Empty for domains running another controller."""
+    return [
+        timeseries(
+            ids, "Learned model: samples and confidence",
+            "Control windows folded into the learned latency model, and its confidence "
+            "(1 minus the mean relative standard deviation of its latency predictions).",
+            "short",
+            [(f"gpugov_model_samples_total{{{DOMAIN}}}", "samples {{instance}} {{domain}}"),
+             (f"gpugov_model_confidence_ratio{{{DOMAIN}}} * 100",
+              "confidence % {{instance}} {{domain}}")],
+            width=8, min_value=0,
+        ),
+        timeseries(
+            ids, "Learned model: fit residuals",
+            "RMS innovation of the busy-time fit (seconds per window) and the energy fit "
+            "(joules per window, dashed).", "short",
+            [(f"gpugov_model_busy_residual_seconds{{{DOMAIN}}}",
+              "busy s {{instance}} {{domain}}"),
+             (f"gpugov_model_energy_residual_joules{{{DOMAIN}}}",
+              "energy J {{instance}} {{domain}}")],
+            width=8, dashed=("B",), min_value=0,
+        ),
+        timeseries(
+            ids, "Learned model: exploration",
+            "1 while the floor sits below the explored clocks (safe exploration) or the "
+            "model warms up at the top clock; back-offs to the maximum clock per minute.",
+            "short",
+            [(f"gpugov_model_exploration_active{{{DOMAIN}}}",
+              "exploring {{instance}} {{domain}}"),
+             (f"gpugov_model_warmup_active{{{DOMAIN}}}", "warm-up {{instance}} {{domain}}"),
+             (f"60 * rate(gpugov_model_backoffs_total{{{DOMAIN}}}[{RATE}])",
+              "back-offs/min {{instance}} {{domain}}")],
+            width=8, min_value=0,
+        ),
+    ]
+
+
 def build_dashboard() -> Dashboard:
     """The whole dashboard."""
     ids = _Ids()
@@ -385,6 +424,7 @@ def build_dashboard() -> Dashboard:
         (Row("Domain $domain").id(ids()).repeat("domain"), domain_panels(ids)),
         (Row("GPUs").id(ids()), gpu_panels(ids)),
         (Row("Daemon").id(ids()), daemon_panels(ids)),
+        (Row("Learned model (mpc-online)").id(ids()), model_panels(ids)),
     ]
     for row, panels in sections:
         board = board.with_row(row)

@@ -35,6 +35,7 @@ def test_vllm_real_page_over_http(metrics_server: MetricsServer) -> None:
     assert sample.tpot == HistogramTotals(0.864, 490.0)
     assert sample.kv_capacity_tokens == 551520.0  # kv_cache_size_tokens = 34470 * 16
     assert sample.kv_usage_ratio == 0.0 and sample.kv_tokens == 0.0
+    assert sample.model_name == "Qwen/Qwen3-0.6B"  # keys the online MPC's learned model
     assert metrics_server.requests == 1
 
 

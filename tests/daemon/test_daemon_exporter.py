@@ -70,6 +70,16 @@ def _snapshot() -> DomainSnapshot:
         fallbacks_total={"engine_stale": 2},
         solve_buckets=tuple(histogram.buckets()),
         solve_sum_s=histogram.sum_s,
+        model={
+            "samples": 120,
+            "confidence": 0.75,
+            "exploring": True,
+            "warmed_up": True,
+            "residual_rms": {"busy_s": 0.01, "energy_j": 3.0, "temperature_c": 0.1},
+            "floor_mhz": 1200.0,
+            "backoffs": 2,
+            "resets": 1,
+        },
     )
 
 
@@ -136,6 +146,23 @@ def test_values_and_labels(page: str) -> None:
     assert value("gpugov_loop_overruns_total") == 1.0
     build = [k for k in samples if k[0] == "gpugov_build_info"]
     assert build and dict(build[0][1])["version"]
+
+
+def test_online_model_gauges(page: str) -> None:
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(page)
+        for s in family.samples
+    }
+    key = (("domain", "llm"),)
+    assert samples[("gpugov_model_samples_total", key)] == 120.0
+    assert samples[("gpugov_model_confidence_ratio", key)] == 0.75
+    assert samples[("gpugov_model_exploration_active", key)] == 1.0
+    assert samples[("gpugov_model_warmup_active", key)] == 0.0
+    assert samples[("gpugov_model_busy_residual_seconds", key)] == 0.01
+    assert samples[("gpugov_model_energy_residual_joules", key)] == 3.0
+    assert samples[("gpugov_model_floor_hertz", key)] == 1200e6
+    assert samples[("gpugov_model_backoffs_total", key)] == 2.0
 
 
 def test_exposition_is_clean(page: str) -> None:

@@ -87,7 +87,9 @@ def test_node_and_domain_variables() -> None:
 def test_rows_per_domain_and_per_gpu_with_the_promised_panels() -> None:
     board = dashboard()
     rows = [p for p in board["panels"] if p["type"] == "row"]
-    assert [r["title"] for r in rows] == ["Overview", "Domain $domain", "GPUs", "Daemon"]
+    assert [r["title"] for r in rows] == [
+        "Overview", "Domain $domain", "GPUs", "Daemon", "Learned model (mpc-online)"
+    ]
     assert rows[1]["repeat"] == "domain"
     titles = " | ".join(p["title"] for p in panels(board))
     for topic in (
@@ -102,6 +104,9 @@ def test_rows_per_domain_and_per_gpu_with_the_promised_panels() -> None:
         r"Fallbacks",
         r"Engine scrapes",
         r"Throttling per GPU",
+        r"Learned model: samples and confidence",
+        r"Learned model: fit residuals",
+        r"Learned model: exploration",
     ):
         assert re.search(topic, titles), f"no panel for {topic!r}"
     per_gpu = [p for p in panels(board) if p["title"].endswith("per GPU")]

@@ -45,6 +45,7 @@ CONTROLLERS = [
     "open-loop",
     "mpc-slsqp",
     "mpc",
+    "mpc-online",
     "window-oracle",
 ]
 

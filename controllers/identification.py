@@ -1,0 +1,688 @@
+"""Online identification of a node's clock -> latency/power model from its observations.
+
+A real node shows, per control window, how many prompt tokens the engine prefilled and how
+many tokens it generated (engine counters), how busy the GPU was and how much energy it
+used (NVML), and at which clock it really ran. This module fits, by recursive Bayesian
+linear regression with forgetting (:class:`RecursiveLeastSquares`), the model the MPC
+needs, on features the physics suggests:
+
+* **busy time** of a window = prefill time + decode time,
+  ``busy = sum_k g h_k(f) [tp_k P + tw_k N + tb_k D + tc_k D c]`` where ``P`` is prompt
+  kilo-tokens, ``N`` decode iterations (hundreds), ``D`` generated kilo-tokens, ``c`` the
+  mean context per running request (kilo-tokens), ``g = f_max / f`` and ``h_k`` the
+  piecewise-linear interpolation weights of the clock over ``knots`` clocks. A constant
+  coefficient across knots is a compute-bound part (time ~ 1/f); coefficients falling
+  with the clock are memory-bound parts (time flat in f). Before any data the prior
+  holds every knot equal to the top one: the compute-bound extrapolation, which is the
+  pessimistic one (no part of an iteration slows down faster than 1/f);
+* **energy** of a window = ``sum_k h_k(f) [pi_k idle_s + pp_k prefill_s + pd_k decode_s]``
+  (power per phase per clock), the prefill seconds taken from the time model;
+* **the realised clock** per requested clock (power-cap and thermal holds), as a ratio;
+* **thermal RC**: ``T' = a T + b + c P`` per window.
+
+Every estimate keeps its covariance, so the model reports a standard deviation for any
+prediction (:meth:`OnlineModel.decode_iteration_s` etc.). Memory is fixed by the number
+of clocks and knots, whatever the run length. Pure computation: no I/O, no clocks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from gpugov.plant.types import ServingObservation
+
+FloatArray = NDArray[np.float64]
+
+MODEL_VERSION = 1
+"""Version of :meth:`OnlineModel.state_dict`'s layout; a stored model of another version is
+discarded."""
+# Feature units (keep the coefficients near 1e-2..1 s so the regression is well scaled).
+PROMPT_UNIT = 1000.0  # prompt tokens per feature unit
+ITERATION_UNIT = 100.0  # decode iterations per unit
+DECODE_UNIT = 1000.0  # generated tokens per unit
+CONTEXT_UNIT = 1000.0  # context tokens per unit
+TIME_BLOCKS = ("prefill", "weights", "batch", "context")
+POWER_BLOCKS = ("idle", "prefill", "decode")
+NOISE_FLOOR = 1e-8
+"""Least measurement-noise variance a regression assumes (keeps the gain finite)."""
+CLOCK_EVENT_HOLDS = 0x4 | 0x20 | 0x40 | 0x80
+"""NVML clock-event bits for software power cap, SW/HW thermal slowdown and HW slowdown."""
+
+
+@dataclass
+class RecursiveLeastSquares:
+    """Bayesian linear regression updated one sample at a time, with forgetting.
+
+    ``y = x . theta + e``, Gaussian prior ``theta ~ N(mean, covariance)``. Each update is
+    the Kalman/RLS step; forgetting relaxes the covariance towards the prior
+    (``P <- lam P + (1 - lam) P0``), so old evidence fades, the estimate tracks a drifting
+    plant, and the covariance never winds up beyond the prior (bounded memory and
+    numerics). The noise variance is tracked as an exponentially weighted mean of the
+    squared innovations.
+
+    Args:
+        mean: prior mean (n,).
+        covariance: prior covariance (n, n), symmetric positive definite.
+        noise_variance: initial measurement-noise variance.
+        forgetting: ``lam`` per update, in (0, 1].
+    """
+
+    mean: FloatArray
+    covariance: FloatArray
+    noise_variance: float
+    forgetting: float = 0.995
+    prior_covariance: FloatArray = field(init=False)
+    samples: int = 0
+    residual_ms: float = 0.0
+    """Exponentially weighted mean squared innovation (same units as ``y`` squared)."""
+
+    def __post_init__(self) -> None:
+        self.mean = np.array(self.mean, dtype=float)
+        self.covariance = np.array(self.covariance, dtype=float)
+        n = self.mean.size
+        if self.covariance.shape != (n, n):
+            raise ValueError(f"covariance must be ({n}, {n}), got {self.covariance.shape}")
+        if not 0.0 < self.forgetting <= 1.0:
+            raise ValueError(f"forgetting must lie in (0, 1], got {self.forgetting!r}")
+        if not self.noise_variance > 0.0:
+            raise ValueError(f"noise_variance must be positive, got {self.noise_variance!r}")
+        self.prior_covariance = self.covariance.copy()
+
+    def reset_prior(self, mean: FloatArray, covariance: FloatArray) -> None:
+        """Replace the prior (and the current estimate) by ``mean`` and ``covariance``."""
+        self.mean = np.array(mean, dtype=float)
+        self.covariance = np.array(covariance, dtype=float)
+        self.prior_covariance = self.covariance.copy()
+
+    def predict(self, x: FloatArray) -> tuple[float, float]:
+        """``(mean, standard deviation)`` of ``x . theta`` (parameter uncertainty only)."""
+        px = self.covariance @ x
+        return float(x @ self.mean), math.sqrt(max(0.0, float(x @ px)))
+
+    def update(self, x: FloatArray, y: float, weight: float = 1.0) -> float:
+        """Fold in one sample ``y ~ x . theta`` (``weight`` scales its precision); return
+        the innovation (``y`` minus the prediction before the update)."""
+        lam = self.forgetting
+        self.covariance = lam * self.covariance + (1.0 - lam) * self.prior_covariance
+        px = self.covariance @ x
+        innovation = float(y - x @ self.mean)
+        variance = float(x @ px) + self.noise_variance / max(weight, 1e-9)
+        gain = px / variance
+        self.mean = self.mean + gain * innovation
+        self.covariance = self.covariance - np.outer(gain, px)
+        # Keep it symmetric against rounding.
+        self.covariance = 0.5 * (self.covariance + self.covariance.T)
+        self.samples += 1
+        beta = 0.05 if self.samples > 20 else 1.0 / self.samples
+        self.residual_ms = (1.0 - beta) * self.residual_ms + beta * innovation * innovation
+        self.noise_variance = max(
+            (1.0 - beta) * self.noise_variance + beta * innovation * innovation,
+            NOISE_FLOOR,
+        )
+        return innovation
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state."""
+        return {
+            "mean": self.mean.tolist(),
+            "covariance": self.covariance.tolist(),
+            "prior_covariance": self.prior_covariance.tolist(),
+            "noise_variance": self.noise_variance,
+            "forgetting": self.forgetting,
+            "samples": self.samples,
+            "residual_ms": self.residual_ms,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output (shapes checked).
+
+        Raises:
+            ValueError: a shape or value does not fit this regression.
+        """
+        mean = np.asarray(state["mean"], dtype=float)
+        covariance = np.asarray(state["covariance"], dtype=float)
+        prior = np.asarray(state["prior_covariance"], dtype=float)
+        n = self.mean.size
+        if mean.shape != (n,) or covariance.shape != (n, n) or prior.shape != (n, n):
+            raise ValueError(f"stored regression has the wrong shape (expected {n} parameters)")
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(covariance))):
+            raise ValueError("stored regression holds non-finite numbers")
+        noise = float(state["noise_variance"])
+        if not noise > 0.0 or not math.isfinite(noise):
+            raise ValueError(f"stored noise_variance must be positive, got {noise!r}")
+        self.mean, self.covariance, self.prior_covariance = mean, covariance, prior
+        self.noise_variance = noise
+        self.samples = int(state["samples"])
+        self.residual_ms = float(state["residual_ms"])
+
+
+def hat_weights(clock_mhz: float, knots_mhz: FloatArray) -> FloatArray:
+    """Piecewise-linear interpolation weights of ``clock_mhz`` on ``knots_mhz`` (sum 1)."""
+    weights = np.zeros(knots_mhz.size)
+    if clock_mhz <= knots_mhz[0]:
+        weights[0] = 1.0
+        return weights
+    if clock_mhz >= knots_mhz[-1]:
+        weights[-1] = 1.0
+        return weights
+    upper = int(np.searchsorted(knots_mhz, clock_mhz, side="right"))
+    lower = upper - 1
+    span = knots_mhz[upper] - knots_mhz[lower]
+    share = (clock_mhz - knots_mhz[lower]) / span
+    weights[lower] = 1.0 - share
+    weights[upper] = share
+    return weights
+
+
+def hat_matrix(clocks_mhz: FloatArray, knots_mhz: FloatArray) -> FloatArray:
+    """:func:`hat_weights` for every clock, one row each."""
+    return np.vstack([hat_weights(float(c), knots_mhz) for c in clocks_mhz])
+
+
+def hat_rows(clocks_mhz: FloatArray, knots_mhz: FloatArray) -> FloatArray:
+    """:func:`hat_matrix` vectorised (one ``np.interp`` per knot)."""
+    eye = np.eye(knots_mhz.size)
+    return np.column_stack([np.interp(clocks_mhz, knots_mhz, eye[j]) for j in range(eye.shape[0])])
+
+
+def smooth_covariance(knots_mhz: FloatArray, scale: float, length_fraction: float) -> FloatArray:
+    """Squared-exponential covariance over the knots (plus a small nugget): neighbouring
+    clocks are strongly correlated, far ones less."""
+    span = max(float(knots_mhz[-1] - knots_mhz[0]), 1.0)
+    distance = (knots_mhz[:, None] - knots_mhz[None, :]) / (length_fraction * span)
+    kernel = np.exp(-0.5 * distance**2) + 1e-4 * np.eye(knots_mhz.size)
+    return scale * scale * kernel
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """What one control window showed, derived from two consecutive observations."""
+
+    duration_s: float
+    busy_s: float
+    prompt_tokens: float
+    generated_tokens: float
+    iterations: float
+    context_tokens: float
+    """Mean context (prompt + generated) per running request, tokens."""
+    energy_j: float | None
+    realized_mhz: float
+    requested_mhz: float | None
+    held: bool
+    temperature_start_c: float
+    temperature_end_c: float
+
+
+def window_between(
+    previous: ServingObservation,
+    current: ServingObservation,
+    prompt_per_request: float | None = None,
+) -> Window | None:
+    """The :class:`Window` between two observations, or None when it cannot be used
+    (no time passed, counters went backwards (engine restart), or the GPU reported no
+    utilisation or clock).
+
+    The mean context of a running request is ``prompt_per_request`` (an estimate from
+    the engine's counters, :class:`PromptEstimate`) plus the tokens it generated so far;
+    without the estimate, the KV tokens per running request (which also counts the KV of
+    prompts still being prefilled, so it overstates the context under long prompts)."""
+    duration = current.time_s - previous.time_s
+    if not duration > 1e-6:
+        return None
+    prompt = current.prompt_tokens_total - previous.prompt_tokens_total
+    generated = current.output_tokens_total - previous.output_tokens_total
+    if prompt < 0.0 or generated < 0.0:
+        return None
+    if current.gpu_utilization is None or current.realized_clock_mhz is None:
+        return None
+    busy = min(1.0, max(0.0, current.gpu_utilization)) * duration
+    # A request's first token comes from its prefill, not from a decode iteration: the
+    # decode tokens are the generated ones less one per request that left the queue.
+    started = (current.arrived_requests - current.waiting_requests) - (
+        previous.arrived_requests - previous.waiting_requests
+    )
+    generated = max(0.0, generated - max(0, started))
+    batch = 0.5 * (previous.decode_active + current.decode_active)
+    iterations = generated / batch if batch >= 0.5 else (1.0 if generated > 0 else 0.0)
+    running = max(current.decode_active, 1)
+    if prompt_per_request is not None:
+        context = prompt_per_request + max(0.0, current.generated_decode_tokens) / running
+    else:
+        context = max(0.0, current.kv_tokens) / running
+    energy = None
+    if current.energy_j is not None and previous.energy_j is not None:
+        delta = current.energy_j - previous.energy_j
+        energy = delta if delta >= 0.0 else None
+    held = False
+    reasons = getattr(current, "clock_event_reasons", None)
+    if reasons is not None:
+        held = bool(int(reasons) & CLOCK_EVENT_HOLDS)
+    return Window(
+        duration_s=duration,
+        busy_s=busy,
+        prompt_tokens=prompt,
+        generated_tokens=generated,
+        iterations=iterations,
+        context_tokens=context,
+        energy_j=energy,
+        realized_mhz=float(current.realized_clock_mhz),
+        requested_mhz=previous.requested_clock_mhz
+        if current.requested_clock_mhz is None
+        else current.requested_clock_mhz,
+        held=held,
+        temperature_start_c=previous.temperature_c,
+        temperature_end_c=current.temperature_c,
+    )
+
+
+@dataclass
+class PromptEstimate:
+    """Mean prompt tokens per request, from the engine's counters: prompt tokens
+    prefilled over requests that left the queue, exponentially weighted over
+    ``memory_windows`` windows (so a changing prompt mix is followed)."""
+
+    memory_windows: float = 60.0
+    _tokens: float = 0.0
+    _requests: float = 0.0
+
+    def update(self, previous: ServingObservation, current: ServingObservation) -> None:
+        """Fold in one window (ignored when a counter went backwards)."""
+        tokens = current.prompt_tokens_total - previous.prompt_tokens_total
+        started = (current.arrived_requests - current.waiting_requests) - (
+            previous.arrived_requests - previous.waiting_requests
+        )
+        if tokens < 0.0 or started < 0:
+            return
+        decay = math.exp(-1.0 / self.memory_windows)
+        self._tokens = decay * self._tokens + tokens
+        self._requests = decay * self._requests + started
+
+    @property
+    def value(self) -> float | None:
+        """The estimate, or None before a few requests were seen."""
+        return self._tokens / self._requests if self._requests >= 3.0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPrior:
+    """A rough starting point (from a bundled profile or a hint): per-clock values at the
+    top clock, used instead of the warm-up estimate. All optional."""
+
+    prefill_s_per_token: float | None = None
+    decode_iteration_s: float | None = None
+    """Decode iteration time at the reference batch and context, at the top clock."""
+    idle_power_w: float | None = None
+    prefill_power_w: float | None = None
+    decode_power_w: float | None = None
+
+
+class OnlineModel:
+    """The learned clock -> latency/power model of one control domain.
+
+    Args:
+        clocks_mhz: the supported clocks (NVML), ascending.
+        power_limit_w: the board power limit (NVML), the scale of the power prior.
+        knots: clocks the coefficients are interpolated between (spread over the range).
+        memory_s: the forgetting horizon: evidence older than this fades.
+        period_s: the expected window length (sets the forgetting per update).
+        warmup_windows: busy windows at one clock before the prior is re-centred on them.
+        prior: optional :class:`ModelPrior`.
+    """
+
+    def __init__(
+        self,
+        clocks_mhz: tuple[float, ...] | list[float] | FloatArray,
+        power_limit_w: float,
+        *,
+        knots: int = 8,
+        memory_s: float = 900.0,
+        period_s: float = 1.0,
+        warmup_windows: int = 20,
+        relative_spread: float = 0.3,
+        prior: ModelPrior | None = None,
+    ) -> None:
+        clocks = np.unique(np.asarray(clocks_mhz, dtype=float))
+        if clocks.size < 2:
+            raise ValueError("OnlineModel needs at least two supported clocks")
+        if not math.isfinite(power_limit_w) or power_limit_w <= 0.0:
+            raise ValueError(f"power_limit_w must be positive, got {power_limit_w!r}")
+        self.clocks_mhz = clocks
+        self.power_limit_w = float(power_limit_w)
+        count = max(2, min(int(knots), clocks.size))
+        self.knots_mhz = np.unique(
+            clocks[np.linspace(0, clocks.size - 1, count).round().astype(int)]
+        )
+        k = self.knots_mhz.size
+        self.maximum_mhz = float(clocks[-1])
+        self.relative_spread = float(relative_spread)
+        self.warmup_windows = int(warmup_windows)
+        forgetting = math.exp(-max(period_s, 1e-3) / max(memory_s, period_s))
+        self.memory_s = float(memory_s)
+        # Before warm-up: a broad prior with all knots of a block moving together.
+        broad_time = np.kron(np.eye(len(TIME_BLOCKS)), np.ones((k, k)) + 1e-3 * np.eye(k))
+        self.time = RecursiveLeastSquares(
+            np.zeros(len(TIME_BLOCKS) * k), broad_time, 1e-4, forgetting
+        )
+        power_prior = np.concatenate(
+            [self._physics_power(block) for block in POWER_BLOCKS]
+        )
+        power_cov = np.kron(
+            np.eye(len(POWER_BLOCKS)),
+            smooth_covariance(self.knots_mhz, 0.3 * self.power_limit_w, 0.5),
+        )
+        self.power = RecursiveLeastSquares(power_prior, power_cov, 25.0, forgetting)
+        self.thermal = RecursiveLeastSquares(
+            np.array([0.97, 1.0, 0.002]), np.diag([0.05, 100.0, 1e-3]) ** 2, 0.05, forgetting
+        )
+        self.realized_ratio = np.ones(clocks.size)
+        self.visits = np.zeros(clocks.size, dtype=np.int64)
+        self.warmed_up = False
+        self._warmup_count = 0
+        self.prior = prior
+        if prior is not None:
+            self._apply_prior(prior)
+
+    # --------------------------------------------------------------- priors
+    def _physics_power(self, block: str) -> FloatArray:
+        """Power prior per knot: ``p = p0 + (p_top - p0) x^2.5`` (dynamic power ~ f V^2),
+        scaled on the power limit."""
+        x = self.knots_mhz / self.maximum_mhz
+        floor = 0.15 * self.power_limit_w
+        top = {"idle": 0.2, "prefill": 0.9, "decode": 0.6}[block] * self.power_limit_w
+        if block == "idle":
+            return floor + (top - floor) * x
+        return floor + (top - floor) * x**2.5
+
+    def _time_prior(self, top_values: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """Every knot equal to the top clock's value (compute-bound extrapolation), with a
+        spread of ``relative_spread`` times the value, correlated over the clocks."""
+        k = self.knots_mhz.size
+        mean = np.repeat(top_values, k)
+        blocks = []
+        for value in top_values:
+            scale = self.relative_spread * max(abs(float(value)), 1e-4)
+            blocks.append(smooth_covariance(self.knots_mhz, scale, 0.35))
+        covariance = np.zeros((mean.size, mean.size))
+        for index, block in enumerate(blocks):
+            covariance[index * k : (index + 1) * k, index * k : (index + 1) * k] = block
+        return mean, covariance
+
+    def _apply_prior(self, prior: ModelPrior) -> None:
+        if prior.prefill_s_per_token is not None and prior.decode_iteration_s is not None:
+            # Split the hinted decode iteration: half weight reads, the rest batch/context.
+            iteration = prior.decode_iteration_s
+            top = np.array(
+                [
+                    prior.prefill_s_per_token * PROMPT_UNIT,
+                    0.5 * iteration * ITERATION_UNIT,
+                    0.25 * iteration / 64.0 * DECODE_UNIT,
+                    0.25 * iteration / (64.0 * 1024.0) * DECODE_UNIT * CONTEXT_UNIT,
+                ]
+            )
+            mean, covariance = self._time_prior(top)
+            self.time.reset_prior(mean, covariance * 4.0)
+            self.warmed_up = True
+        k = self.knots_mhz.size
+        mean = self.power.mean.copy()
+        for index, value in enumerate(
+            (prior.idle_power_w, prior.prefill_power_w, prior.decode_power_w)
+        ):
+            if value is not None:
+                block = self._physics_power(POWER_BLOCKS[index])
+                mean[index * k : (index + 1) * k] = block * (value / block[-1])
+        self.power.reset_prior(mean, self.power.covariance)
+
+    # ------------------------------------------------------------- features
+    def _g(self, clock_mhz: float) -> float:
+        return self.maximum_mhz / max(clock_mhz, 1.0)
+
+    def _clock_index(self, clock_mhz: float) -> int:
+        index = int(np.searchsorted(self.clocks_mhz, clock_mhz - 1e-6))
+        return min(max(index, 0), self.clocks_mhz.size - 1)
+
+    def time_features(self, window: Window, hat: FloatArray | None = None) -> FloatArray:
+        """Regressors of the busy-time model for ``window``."""
+        h = hat_weights(window.realized_mhz, self.knots_mhz) if hat is None else hat
+        h = h * self._g(window.realized_mhz)
+        work = np.array(
+            [
+                window.prompt_tokens / PROMPT_UNIT,
+                window.iterations / ITERATION_UNIT,
+                window.generated_tokens / DECODE_UNIT,
+                window.generated_tokens / DECODE_UNIT * window.context_tokens / CONTEXT_UNIT,
+            ]
+        )
+        return np.outer(work, h).ravel()
+
+    # --------------------------------------------------------------- update
+    def update(self, window: Window) -> None:
+        """Fold one window in: busy time, energy, realised clock, temperature."""
+        index = self._clock_index(window.realized_mhz)
+        hat = hat_weights(window.realized_mhz, self.knots_mhz)
+        busy_fraction = window.busy_s / window.duration_s
+        if window.requested_mhz is not None and busy_fraction > 0.5:
+            requested = self._clock_index(window.requested_mhz)
+            ratio = min(1.0, window.realized_mhz / max(window.requested_mhz, 1.0))
+            self.realized_ratio[requested] += 0.2 * (ratio - self.realized_ratio[requested])
+        worked = window.prompt_tokens > 0 or window.generated_tokens > 0
+        x = self.time_features(window, hat)
+        if worked and window.busy_s > 0.0:
+            self.visits[index] += 1
+            self.time.update(x, window.busy_s)
+            if not self.warmed_up:
+                self._warmup_count += 1
+                if self._warmup_count >= self.warmup_windows:
+                    self._finish_warmup()
+        if window.energy_j is not None:
+            k = self.knots_mhz.size
+            prefill = max(0.0, float(x[:k] @ self.time.mean[:k]))
+            prefill = min(prefill, window.busy_s)
+            decode = max(0.0, window.busy_s - prefill)
+            idle = max(0.0, window.duration_s - window.busy_s)
+            power_x = np.outer(np.array([idle, prefill, decode]), hat).ravel()
+            self.power.update(power_x, window.energy_j)
+            mean_power = window.energy_j / window.duration_s
+            self.thermal.update(
+                np.array([window.temperature_start_c, 1.0, mean_power]),
+                window.temperature_end_c,
+            )
+
+    def _finish_warmup(self) -> None:
+        """Re-centre the time prior on the warm-up estimate (every knot at the estimate,
+        the compute-bound extrapolation) with a spread relative to it."""
+        k = self.knots_mhz.size
+        blocks = self.time.mean.reshape(len(TIME_BLOCKS), k)
+        top = np.maximum(blocks[:, -1], 0.0)
+        mean, covariance = self._time_prior(top)
+        self.time.reset_prior(mean, covariance)
+        self._recentre_power()
+        self.warmed_up = True
+
+    def _recentre_power(self) -> None:
+        """Scale each phase's physics power curve to the value learned at the top clock,
+        so clocks not visited yet are priced by the physics shape, not the generic prior."""
+        k = self.knots_mhz.size
+        mean = self.power.mean.copy()
+        covariance = np.zeros_like(self.power.covariance)
+        for index, block in enumerate(POWER_BLOCKS):
+            shape = self._physics_power(block)
+            top = float(mean[(index + 1) * k - 1])
+            if not top > 0.0:
+                top = float(shape[-1])
+            curve = shape * (top / shape[-1])
+            mean[index * k : (index + 1) * k] = curve
+            covariance[index * k : (index + 1) * k, index * k : (index + 1) * k] = (
+                smooth_covariance(self.knots_mhz, self.relative_spread * top, 0.5)
+            )
+        self.power.reset_prior(mean, covariance)
+
+    # ---------------------------------------------------------- predictions
+    def realized_mhz(self, requested_mhz: float) -> float:
+        """The clock a request for ``requested_mhz`` is expected to realise."""
+        return float(requested_mhz * self.realized_ratio[self._clock_index(requested_mhz)])
+
+    def _time_vector(self, clock_mhz: float, work: FloatArray) -> FloatArray:
+        return np.kron(work, hat_weights(clock_mhz, self.knots_mhz) * self._g(clock_mhz))
+
+    def prefill_s_per_token(self, clock_mhz: float) -> tuple[float, float]:
+        """``(mean, std)`` prefill seconds per prompt token at ``clock_mhz`` (realised)."""
+        mean, std = self.time.predict(self._time_vector(clock_mhz, np.array([1.0, 0, 0, 0])))
+        return mean / PROMPT_UNIT, std / PROMPT_UNIT
+
+    def decode_iteration_s(
+        self, clock_mhz: float, batch: float, context_tokens: float
+    ) -> tuple[float, float]:
+        """``(mean, std)`` of one decode iteration's seconds for ``batch`` running requests
+        of ``context_tokens`` mean context, at ``clock_mhz`` (realised)."""
+        work = np.array(
+            [
+                0.0,
+                1.0 / ITERATION_UNIT,
+                batch / DECODE_UNIT,
+                batch / DECODE_UNIT * context_tokens / CONTEXT_UNIT,
+            ]
+        )
+        return self.time.predict(self._time_vector(clock_mhz, work))
+
+    def table(
+        self, clocks_mhz: FloatArray, batch: float, context_tokens: float
+    ) -> dict[str, tuple[FloatArray, FloatArray]]:
+        """Vectorised predictions at many (realised) clocks: ``{name: (mean, std)}`` for
+        ``prefill_s_per_token``, ``decode_iteration_s`` (at ``batch`` and
+        ``context_tokens``) and the ``idle``/``prefill``/``decode`` powers (std omitted:
+        zeros)."""
+        clocks = np.asarray(clocks_mhz, dtype=float)
+        hat = hat_rows(clocks, self.knots_mhz)
+        scaled = hat * (self.maximum_mhz / np.maximum(clocks, 1.0))[:, None]
+        k = self.knots_mhz.size
+        out: dict[str, tuple[FloatArray, FloatArray]] = {}
+        zero = np.zeros((clocks.size, k))
+        prefill_x = np.hstack([scaled, zero, zero, zero])
+        decode_x = np.hstack(
+            [
+                zero,
+                scaled / ITERATION_UNIT,
+                scaled * batch / DECODE_UNIT,
+                scaled * batch / DECODE_UNIT * context_tokens / CONTEXT_UNIT,
+            ]
+        )
+        for name, x, unit in (
+            ("prefill_s_per_token", prefill_x, PROMPT_UNIT),
+            ("decode_iteration_s", decode_x, 1.0),
+        ):
+            mean = x @ self.time.mean
+            variance = ((x @ self.time.covariance) * x).sum(axis=1)
+            out[name] = (mean / unit, np.sqrt(np.maximum(variance, 0.0)) / unit)
+        blocks = self.power.mean.reshape(len(POWER_BLOCKS), k)
+        for index, phase in enumerate(POWER_BLOCKS):
+            out[phase] = (hat @ blocks[index], np.zeros(clocks.size))
+        return out
+
+    def phase_power_w(self, clock_mhz: float, phase: str) -> tuple[float, float]:
+        """``(mean, std)`` board power of ``phase`` (idle, prefill, decode) at the clock."""
+        work = np.zeros(len(POWER_BLOCKS))
+        work[POWER_BLOCKS.index(phase)] = 1.0
+        return self.power.predict(np.kron(work, hat_weights(clock_mhz, self.knots_mhz)))
+
+    def thermal_parameters(self) -> tuple[float, float, float] | None:
+        """``(ambient C, resistance C/W, time constant in windows)`` from the RC fit, or
+        None while the fit is not physical."""
+        a, b, c = (float(v) for v in self.thermal.mean)
+        if self.thermal.samples < 30 or not 0.0 < a < 0.999 or c <= 0.0:
+            return None
+        resistance = c / (1.0 - a)
+        ambient = b / (1.0 - a)
+        if not (1e-4 < resistance < 1.0 and -20.0 < ambient < 80.0):
+            return None
+        return ambient, resistance, -1.0 / math.log(a)
+
+    def confidence(self) -> float:
+        """A 0..1 summary of how sure the latency model is: 1 minus the mean relative
+        standard deviation of the prefill and decode predictions over the clocks."""
+        if not self.warmed_up:
+            return 0.0
+        relative = []
+        for clock in self.knots_mhz:
+            for mean, std in (
+                self.prefill_s_per_token(float(clock)),
+                self.decode_iteration_s(float(clock), 64.0, 1024.0),
+            ):
+                relative.append(std / max(abs(mean), 1e-12))
+        return float(max(0.0, 1.0 - min(1.0, float(np.mean(relative)))))
+
+    def residual_rms(self) -> dict[str, float]:
+        """Root-mean-square innovation of each fit: busy seconds, joules, degrees."""
+        return {
+            "busy_s": math.sqrt(self.time.residual_ms),
+            "energy_j": math.sqrt(self.power.residual_ms),
+            "temperature_c": math.sqrt(self.thermal.residual_ms),
+        }
+
+    @property
+    def samples(self) -> int:
+        """Windows folded into the latency model."""
+        return self.time.samples
+
+    def lowest_explored_mhz(self, minimum_visits: int = 5) -> float:
+        """The lowest clock with at least ``minimum_visits`` busy windows (the top clock
+        when none)."""
+        explored = np.flatnonzero(self.visits >= minimum_visits)
+        return float(self.clocks_mhz[explored[0]]) if explored.size else self.maximum_mhz
+
+    # ------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state (see :data:`MODEL_VERSION`)."""
+        return {
+            "version": MODEL_VERSION,
+            "clocks_mhz": self.clocks_mhz.tolist(),
+            "knots_mhz": self.knots_mhz.tolist(),
+            "power_limit_w": self.power_limit_w,
+            "warmed_up": self.warmed_up,
+            "warmup_count": self._warmup_count,
+            "realized_ratio": self.realized_ratio.tolist(),
+            "visits": self.visits.tolist(),
+            "time": self.time.state_dict(),
+            "power": self.power.state_dict(),
+            "thermal": self.thermal.state_dict(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output.
+
+        Raises:
+            ValueError: another version, other clocks, or a malformed field.
+        """
+        if state.get("version") != MODEL_VERSION:
+            raise ValueError(
+                f"model version {state.get('version')!r}, this gpugov reads {MODEL_VERSION}"
+            )
+        clocks = np.asarray(state["clocks_mhz"], dtype=float)
+        if clocks.shape != self.clocks_mhz.shape or not np.allclose(clocks, self.clocks_mhz):
+            raise ValueError("stored model was learned on other supported clocks")
+        ratio = np.asarray(state["realized_ratio"], dtype=float)
+        visits = np.asarray(state["visits"], dtype=np.int64)
+        if ratio.shape != clocks.shape or visits.shape != clocks.shape:
+            raise ValueError("stored per-clock arrays have the wrong length")
+        if not np.all((ratio > 0.0) & (ratio <= 1.0)):
+            raise ValueError("stored realised-clock ratios must lie in (0, 1]")
+        self.time.load_state(state["time"])
+        self.power.load_state(state["power"])
+        self.thermal.load_state(state["thermal"])
+        self.realized_ratio = ratio
+        self.visits = visits
+        self.warmed_up = bool(state["warmed_up"])
+        self._warmup_count = int(state["warmup_count"])
+
+    def nbytes(self) -> int:
+        """Bytes held by the model's arrays (constant over the run)."""
+        total = self.clocks_mhz.nbytes + self.knots_mhz.nbytes
+        total += self.realized_ratio.nbytes + self.visits.nbytes
+        for regression in (self.time, self.power, self.thermal):
+            total += regression.mean.nbytes + regression.covariance.nbytes
+            total += regression.prior_covariance.nbytes
+        return total

@@ -1,0 +1,524 @@
+"""The self-calibrating governor: an MPC that learns its node's model online (``mpc-online``).
+
+It is given only what a real node knows: the supported clocks and power limit (in every
+observation, from NVML), the SLOs and declared forecasts (config), and the
+:class:`ServingObservation` stream. It never sees a profile. Each call it
+
+1. folds the window since the previous observation into :class:`OnlineModel`
+   (:mod:`controllers.identification`);
+2. builds a *learned* :class:`PerformanceProfile` over the supported clocks from the
+   model's **pessimistic** predictions: latency at the mean plus ``uncertainty_z``
+   standard deviations, so the MPC's SLO margin is wider where the model is unsure and
+   narrows as evidence builds up; power at the mean;
+3. runs the fast MPC (discrete search, iteration latency model, burst hedge, SLO
+   feedback: :mod:`controllers.fast_mpc`, :mod:`controllers.adaptation`) on that profile;
+4. applies :class:`SafeExploration` to the MPC's decision.
+
+Safe exploration (``docs/online.md``): the maximum clock until the warm-up windows are
+in; afterwards the clock may go at most one bounded step (``step_fraction`` of the clock
+range) below the lowest clock already explored, only while the measured TTFT and TPOT are
+below ``explore_slack`` of their SLOs, and never where the model's relative uncertainty
+exceeds ``maximum_relative_std``; when a measured latency passes ``backoff`` of its SLO the
+clock goes to the maximum at once and stays there for ``backoff_hold_s``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
+from gpugov.controllers.fast_mpc import DiscreteSearchSolver
+from gpugov.controllers.identification import (
+    ModelPrior,
+    OnlineModel,
+    PromptEstimate,
+    window_between,
+)
+from gpugov.controllers.mpc import (
+    DEFAULT_EXPECTED_OUTPUT_TOKENS,
+    DEFAULT_EXPECTED_PROMPT_TOKENS,
+    MPCController,
+)
+from gpugov.plant.plant import ServingPlant
+from gpugov.plant.profile import PerformanceProfile
+from gpugov.plant.types import MPCDiagnostics, ServingObservation
+
+FloatArray = NDArray[np.float64]
+
+ONLINE_STATUS = "online-identified"
+"""Profile status of a learned model (``measured`` stays reserved for clock sweeps)."""
+REFERENCE_BATCH = 64
+DEFAULT_THERMAL_LIMIT_C = 87.0
+
+
+@dataclass
+class SafeExploration:
+    """Where the clock may go, from what has been explored and the measured SLO slack.
+
+    Args:
+        step_fraction: most the floor moves below the explored frontier, as a fraction
+            of the clock range.
+        explore_slack: measured latency / SLO below which the floor may step down.
+        backoff: measured latency / SLO above which the clock goes to the maximum.
+        backoff_hold_s: how long a back-off holds the maximum clock.
+        maximum_relative_std: the floor never goes where the model's latency standard
+            deviation exceeds this fraction of its mean.
+        minimum_visits: busy windows at a clock before it counts as explored.
+        baseline_headroom: where the latency measured at the top clock is itself high
+            (a GPU whose TPOT sits near the SLO at any clock), the thresholds move up to
+            that baseline plus this much: ``explore`` below ``max(explore_slack,
+            baseline + headroom)`` (and 0.05 under the back-off threshold), back off
+            above ``min(0.95, max(backoff, baseline + headroom))``; otherwise the top
+            clock's own noise would trigger them.
+    """
+
+    step_fraction: float = 0.08
+    explore_slack: float = 0.6
+    backoff: float = 0.9
+    backoff_hold_s: float = 5.0
+    maximum_relative_std: float = 0.25
+    minimum_visits: int = 5
+    baseline_headroom: float = 0.08
+    baseline: float | None = None
+    backoff_until_s: float = -math.inf
+    backoffs: int = 0
+    floor_mhz: float | None = None
+    exploring: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.step_fraction <= 1.0:
+            raise ValueError(f"step_fraction must lie in (0, 1], got {self.step_fraction!r}")
+        if not 0.0 < self.explore_slack < self.backoff:
+            raise ValueError("SafeExploration needs 0 < explore_slack < backoff")
+
+    @staticmethod
+    def pressure(observation: ServingObservation) -> float | None:
+        """The larger of measured TTFT / SLO and TPOT / SLO, or None when unmeasured."""
+        ttft, tpot = SLOFeedback.latency_ratios(observation)
+        known = [value for value in (ttft, tpot) if value is not None]
+        return max(known) if known else None
+
+    def floor(self, model: OnlineModel, observation: ServingObservation, zscore: float) -> float:
+        """The lowest clock allowed now (MHz, supported)."""
+        clocks = model.clocks_mhz
+        frontier = model.lowest_explored_mhz(self.minimum_visits)
+        step = self.step_fraction * (clocks[-1] - clocks[0])
+        pressure = self.pressure(observation)
+        slack = pressure is None or pressure < self.explore_threshold
+        target = frontier - step if slack else frontier
+        # Never where the model is too unsure (relative std of the latency predictions).
+        candidates = clocks[(clocks >= target - 1e-9) & (clocks <= frontier + 1e-9)]
+        allowed = frontier
+        for clock in candidates:
+            relative = max(
+                _relative(*model.prefill_s_per_token(float(clock))),
+                _relative(*model.decode_iteration_s(float(clock), REFERENCE_BATCH, 1024.0)),
+            )
+            if zscore * relative <= self.maximum_relative_std * max(zscore, 1.0):
+                allowed = float(clock)
+                break
+        self.exploring = allowed < frontier - 1e-9
+        self.floor_mhz = allowed
+        return allowed
+
+    @property
+    def explore_threshold(self) -> float:
+        """Measured latency / SLO below which the floor may step down."""
+        if self.baseline is None:
+            return self.explore_slack
+        return min(self.backoff_threshold - 0.05,
+                   max(self.explore_slack, self.baseline + self.baseline_headroom))
+
+    @property
+    def backoff_threshold(self) -> float:
+        """Measured latency / SLO above which the clock goes to the maximum."""
+        if self.baseline is None:
+            return self.backoff
+        return min(0.95, max(self.backoff, self.baseline + self.baseline_headroom))
+
+    def observe_top(self, observation: ServingObservation, maximum_mhz: float) -> None:
+        """Track the latency pressure measured while the top clock was requested."""
+        pressure = self.pressure(observation)
+        requested = observation.requested_clock_mhz
+        if pressure is None or requested is None or requested < maximum_mhz - 1e-6:
+            return
+        if self.baseline is None:
+            self.baseline = pressure
+        else:
+            self.baseline += 0.05 * (pressure - self.baseline)
+
+    def backing_off(self, observation: ServingObservation, maximum_mhz: float) -> bool:
+        """Whether to hold the maximum clock now: a hold starts when the latency measured
+        while the clock was below the maximum passes the threshold (at the maximum clock
+        a high latency is not the clock's doing, and holding longer would not help)."""
+        pressure = self.pressure(observation)
+        requested = observation.requested_clock_mhz
+        lowered = requested is None or requested < maximum_mhz - 1e-6
+        if pressure is not None and pressure > self.backoff_threshold and lowered:
+            if observation.time_s >= self.backoff_until_s:
+                self.backoffs += 1
+            self.backoff_until_s = observation.time_s + self.backoff_hold_s
+        return observation.time_s < self.backoff_until_s
+
+
+def _relative(mean: float, std: float) -> float:
+    return std / max(abs(mean), 1e-12)
+
+
+class OnlineMPCController:
+    """Fast MPC on a model identified online (module notes). A :class:`ClockController`.
+
+    Args:
+        mean_prompt_tokens, mean_output_tokens, ttft_prompt_tokens: declared forecasts.
+        horizon_s, control_period_s, solve_time_limit_s: as :class:`MPCController`.
+        slo_margin: base margin of the MPC's latency targets (the uncertainty widens it).
+        ttft_slo_s, tpot_slo_s: SLOs used when the observation carries none.
+        thermal_limit_c: used when the observation carries none.
+        memory_s: forgetting horizon of the identification.
+        warmup_s: seconds of busy windows at the maximum clock before the MPC takes over.
+        uncertainty_z: standard deviations added to predicted latencies.
+        prior: optional rough prior (:class:`ModelPrior`).
+        exploration: the :class:`SafeExploration` policy.
+        mpc_options: more :class:`MPCController` keyword arguments.
+    """
+
+    def __init__(
+        self,
+        *,
+        mean_prompt_tokens: float = DEFAULT_EXPECTED_PROMPT_TOKENS,
+        mean_output_tokens: float = DEFAULT_EXPECTED_OUTPUT_TOKENS,
+        ttft_prompt_tokens: float | None = None,
+        horizon_s: float = 10.0,
+        control_period_s: float = 1.0,
+        solve_time_limit_s: float = 0.8,
+        slo_margin: float = 0.7,
+        ttft_slo_s: float | None = None,
+        tpot_slo_s: float | None = None,
+        thermal_limit_c: float | None = None,
+        memory_s: float = 900.0,
+        warmup_s: float = 20.0,
+        uncertainty_z: float = 1.5,
+        knots: int = 8,
+        prior: ModelPrior | None = None,
+        exploration: SafeExploration | None = None,
+        timer: Callable[[], float] = perf_counter,
+        **mpc_options: Any,
+    ) -> None:
+        for name, value in (
+            ("mean_prompt_tokens", mean_prompt_tokens),
+            ("mean_output_tokens", mean_output_tokens),
+            ("control_period_s", control_period_s),
+            ("memory_s", memory_s),
+        ):
+            if not math.isfinite(value) or value <= 0.0:
+                raise ValueError(f"{name} must be finite and positive, got {value!r}")
+        if not math.isfinite(uncertainty_z) or uncertainty_z < 0.0:
+            raise ValueError(f"uncertainty_z must be >= 0, got {uncertainty_z!r}")
+        self.mean_prompt_tokens = float(mean_prompt_tokens)
+        self.mean_output_tokens = float(mean_output_tokens)
+        self.ttft_prompt_tokens = ttft_prompt_tokens
+        self.horizon_s = float(horizon_s)
+        self.control_period_s = float(control_period_s)
+        self.solve_time_limit_s = float(solve_time_limit_s)
+        self.slo_margin = float(slo_margin)
+        self.ttft_slo_s = ttft_slo_s
+        self.tpot_slo_s = tpot_slo_s
+        self.thermal_limit_c = thermal_limit_c
+        self.memory_s = float(memory_s)
+        self.warmup_windows = max(1, int(math.ceil(warmup_s / control_period_s)))
+        self.uncertainty_z = float(uncertainty_z)
+        self.knots = int(knots)
+        self.prior = prior
+        self.exploration = exploration or SafeExploration()
+        self.timer = timer
+        self.mpc_options = mpc_options
+        self.model: OnlineModel | None = None
+        self.mpc: MPCController | None = None
+        self.model_name: str | None = None
+        self.previous: ServingObservation | None = None
+        self.current_clock: float | None = None
+        self.prompt_estimate = PromptEstimate()
+        self.update_times_s: list[float] = []
+        self.resets = 0
+        self.last_reason = "start"
+        self.__name__ = "mpc_online_clock"
+
+    # ----------------------------------------------------------------- model
+    def _new_model(self, observation: ServingObservation) -> OnlineModel:
+        clocks = observation.supported_clocks_mhz
+        if len(clocks) < 2:
+            raise ValueError("mpc-online needs the supported clocks in the observation")
+        power_limit = observation.power_limit_w or 700.0
+        return OnlineModel(
+            clocks,
+            power_limit,
+            knots=self.knots,
+            memory_s=self.memory_s,
+            period_s=self.control_period_s,
+            warmup_windows=self.warmup_windows,
+            prior=self.prior,
+        )
+
+    def reset(self, observation: ServingObservation | None = None) -> None:
+        """Forget the learned model (another model served, another GPU); re-learn."""
+        self.model = None if observation is None else self._new_model(observation)
+        self.mpc = None
+        self.exploration = replace(
+            self.exploration, baseline=None, backoff_until_s=-math.inf, floor_mhz=None,
+            exploring=False,
+        )
+        self.previous = observation
+        self.resets += 1
+
+    def restore(self, state: dict[str, Any], observation: ServingObservation) -> None:
+        """Start from a stored model (:meth:`OnlineModel.state_dict`).
+
+        Raises:
+            ValueError: the state does not fit this node's clocks or version.
+        """
+        model = self._new_model(observation)
+        model.load_state(state)
+        self.model = model
+
+    def slos(self, observation: ServingObservation) -> tuple[float, float] | None:
+        """(TTFT SLO, TPOT SLO): the observation's, else the configured ones."""
+        ttft = observation.ttft_slo_s or self.ttft_slo_s
+        tpot = observation.tpot_slo_s or self.tpot_slo_s
+        if ttft is None or tpot is None:
+            return None
+        return float(ttft), float(tpot)
+
+    def learned_profile(
+        self, slos: tuple[float, float], *, pessimistic: bool = True
+    ) -> PerformanceProfile:
+        """The model as a profile over the supported clocks: latencies at the mean plus
+        ``uncertainty_z`` standard deviations (``pessimistic``), powers at the mean."""
+        model = self.model
+        assert model is not None
+        z = self.uncertainty_z if pessimistic else 0.0
+        clocks = model.clocks_mhz
+        context = self.mean_prompt_tokens + 0.5 * self.mean_output_tokens
+        realized = clocks * model.realized_ratio
+        table = model.table(realized, REFERENCE_BATCH, context)
+        mean, std = table["prefill_s_per_token"]
+        prefill_s = mean + z * std
+        mean, std = table["decode_iteration_s"]
+        iteration_s = mean + z * std
+        powers = np.vstack([table[phase][0] for phase in ("prefill", "decode", "idle")])
+        # Physics: board power does not fall as the clock rises.
+        powers = np.maximum.accumulate(np.maximum(powers, 1.0), axis=1)
+        # Physics: no part of an iteration gets faster at a lower clock, so the times
+        # are made non-increasing in the clock (running maximum from the top).
+        prefill_s = np.maximum.accumulate(np.maximum(prefill_s, 1e-7)[::-1])[::-1]
+        iteration_s = np.maximum.accumulate(np.maximum(iteration_s, 1e-5)[::-1])[::-1]
+        top = float(clocks[-1])
+        weights = max(model.decode_iteration_s(top, 0.0, 0.0)[0], 0.0)
+        batch_only = max(model.decode_iteration_s(top, REFERENCE_BATCH, 0.0)[0] - weights, 0.0)
+        full = max(model.decode_iteration_s(top, REFERENCE_BATCH, context)[0], 1e-9)
+        kv = max(full - weights - batch_only, 0.0)
+        total = weights + batch_only + kv
+        fractions = (
+            (weights / total, batch_only / total, kv / total) if total > 0 else (1.0, 0.0, 0.0)
+        )
+        manifest = {
+            "status": ONLINE_STATUS,
+            "gpu": "learned online",
+            "model": self.model_name or "unknown model",
+            "engine": {
+                "reference_batch_size": REFERENCE_BATCH,
+                "reference_context_tokens": max(1, int(round(context))),
+            },
+            "decode_latency_model": {
+                "weight_fraction": fractions[0],
+                "batch_fraction": fractions[1],
+                "kv_fraction": 1.0 - fractions[0] - fractions[1],
+            },
+            "power_limit_w": model.power_limit_w,
+        }
+        return PerformanceProfile(
+            clock_mhz=clocks.copy(),
+            prefill_tokens_per_s=1.0 / prefill_s,
+            decode_tokens_per_s=REFERENCE_BATCH / iteration_s,
+            prefill_power_w=np.maximum(powers[0], 1.0),
+            decode_power_w=np.maximum(powers[1], 1.0),
+            idle_power_w=np.maximum(powers[2], 1.0),
+            ttft_slo_s=slos[0],
+            tpot_slo_s=slos[1],
+            manifest=manifest,
+            name="online",
+        )
+
+    def learned_plant(
+        self, observation: ServingObservation, slos: tuple[float, float]
+    ) -> ServingPlant:
+        """The plant the MPC plans on: the learned profile, NVML's power limit, the
+        thermal limit and the learned thermal RC (a neutral one until it is learned)."""
+        model = self.model
+        assert model is not None
+        profile = self.learned_profile(slos)
+        limit = observation.thermal_limit_c or self.thermal_limit_c or DEFAULT_THERMAL_LIMIT_C
+        power_limit = observation.power_limit_w or model.power_limit_w
+        fitted = model.thermal_parameters()
+        if fitted is not None and fitted[0] < limit:
+            ambient, resistance, windows = fitted
+            tau = max(1.0, windows * self.control_period_s)
+        else:
+            # Unknown RC: one that keeps the die under its limit at the power limit, so
+            # the MPC leaves thermal holds to the GPU until the fit is physical.
+            ambient = min(30.0, limit - 10.0)
+            resistance = (limit - ambient) / (1.1 * power_limit)
+            tau = 30.0
+        return ServingPlant(
+            profile=profile,
+            power_limit_w=power_limit,
+            thermal_limit_c=limit,
+            ambient_temperature_c=ambient,
+            thermal_resistance_c_per_w=resistance,
+            thermal_time_constant_s=tau,
+        )
+
+    def _mpc(self, plant: ServingPlant) -> MPCController:
+        if self.mpc is None:
+            options: dict[str, Any] = {
+                "solver": DiscreteSearchSolver(),
+                "latency_model": "iteration",
+                "slo_margin": self.slo_margin,
+                "burst_hedge": BurstHedge(),
+                "slo_feedback": SLOFeedback(),
+                "ttft_excess_cap": 1.0,
+                **self.mpc_options,
+            }
+            if self.ttft_prompt_tokens is not None:
+                options["ttft_prompt_tokens"] = self.ttft_prompt_tokens
+            self.mpc = MPCController(
+                plant,
+                mean_prompt_tokens=self.mean_prompt_tokens,
+                mean_output_tokens=self.mean_output_tokens,
+                horizon_s=self.horizon_s,
+                control_period_s=self.control_period_s,
+                solve_time_limit_s=self.solve_time_limit_s,
+                timer=self.timer,
+                **options,
+            )
+        else:
+            self.mpc.plant = plant
+        return self.mpc
+
+    # ---------------------------------------------------------------- control
+    def observe(self, observation: ServingObservation) -> None:
+        """Fold ``observation`` into the model (resets on a model-name change)."""
+        name = observation.model_name
+        if name is not None and self.model_name is not None and name != self.model_name:
+            self.reset(observation)
+        if name is not None:
+            self.model_name = name
+        if self.model is None:
+            self.model = self._new_model(observation)
+            self.previous = observation
+            return
+        previous = self.previous
+        self.previous = observation
+        if previous is None:
+            return
+        start = self.timer()
+        self.prompt_estimate.update(previous, observation)
+        window = window_between(previous, observation, self.prompt_estimate.value)
+        if window is not None:
+            self.model.update(window)
+        self.update_times_s.append(self.timer() - start)
+        if len(self.update_times_s) > 4096:
+            del self.update_times_s[:2048]
+
+    def __call__(self, observation: ServingObservation) -> float:
+        self.observe(observation)
+        model = self.model
+        assert model is not None
+        maximum = float(model.clocks_mhz[-1])
+        slos = self.slos(observation)
+        self.exploration.observe_top(observation, maximum)
+        if self.exploration.backing_off(observation, maximum):
+            self.last_reason = "backoff"
+        elif not model.warmed_up:
+            self.last_reason = "warm-up"
+        elif slos is None:
+            self.last_reason = "no SLO known"
+        else:
+            plant = self.learned_plant(observation, slos)
+            decision = float(self._mpc(plant)(observation))
+            floor = self.exploration.floor(model, observation, self.uncertainty_z)
+            self.current_clock = max(decision, floor)
+            self.last_reason = "explore-floor" if decision < floor else "mpc"
+            return self.current_clock
+        self.exploration.exploring = False
+        self.current_clock = maximum
+        if self.mpc is not None:
+            # Keep the MPC's notion of the applied clock (its clock-change penalty).
+            self.mpc.current_clock = maximum
+        return maximum
+
+    def diagnostics(self) -> MPCDiagnostics:
+        """The inner MPC's solve statistics (empty before the MPC first ran)."""
+        if self.mpc is not None:
+            return self.mpc.diagnostics()
+        return MPCDiagnostics(
+            solve_times_s=np.zeros(0),
+            successful_solves=0,
+            fallback_count=0,
+            control_period_s=self.control_period_s,
+            horizon_steps=int(math.ceil(self.horizon_s / self.control_period_s)),
+            solve_time_limit_s=self.solve_time_limit_s,
+            fallback_reasons={},
+        )
+
+    @property
+    def fallback_reasons(self) -> dict[str, int]:
+        """The inner MPC's fallbacks by reason (exported as ``controller_<reason>``)."""
+        return {} if self.mpc is None else dict(self.mpc.fallback_reasons)
+
+    def status(self) -> dict[str, Any]:
+        """What the exporter and ``gpugov model show`` report about the learning."""
+        model = self.model
+        if model is None:
+            return {"samples": 0, "confidence": 0.0, "exploring": False, "warmed_up": False}
+        return {
+            "samples": model.samples,
+            "confidence": model.confidence(),
+            "exploring": self.exploration.exploring,
+            "warmed_up": model.warmed_up,
+            "residual_rms": model.residual_rms(),
+            "floor_mhz": self.exploration.floor_mhz,
+            "lowest_explored_mhz": model.lowest_explored_mhz(self.exploration.minimum_visits),
+            "backoffs": self.exploration.backoffs,
+            "top_clock_pressure": self.exploration.baseline,
+            "resets": self.resets,
+            "reason": self.last_reason,
+            "model_name": self.model_name,
+        }
+
+
+def prior_from_profile(profile: PerformanceProfile) -> ModelPrior:
+    """A rough :class:`ModelPrior` from a profile (a config hint: a bundled profile to
+    start from), read once when the controller is built, never during control."""
+    top = profile.maximum_clock_mhz
+    return ModelPrior(
+        prefill_s_per_token=1.0 / profile.rate("prefill", top),
+        decode_iteration_s=REFERENCE_BATCH / profile.rate("decode", top),
+        idle_power_w=profile.power("idle", top),
+        prefill_power_w=profile.power("prefill", top),
+        decode_power_w=profile.power("decode", top),
+    )
+
+
+__all__ = [
+    "ONLINE_STATUS",
+    "OnlineMPCController",
+    "SafeExploration",
+    "prior_from_profile",
+]

@@ -1,0 +1,264 @@
+"""``gpugov model``: show or export what the online MPC (``mpc-online``) has learned.
+
+``gpugov model show [--config F | --state-dir DIR]`` prints each stored model with its
+uncertainty; ``gpugov model export --out DIR`` writes it as a profile (CSV + manifest in
+the bundled schema) with status ``online-identified``. Reads the state files only; never
+touches a GPU. Imports nothing of the study code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpugov.controllers.identification import OnlineModel
+from gpugov.controllers.online_mpc import REFERENCE_BATCH, OnlineMPCController
+from gpugov.daemon.config import OnlineMPCControllerConfig, load_config
+from gpugov.daemon.errors import ConfigError
+from gpugov.daemon.model_store import StoredModelError, read_stored, state_directory
+from gpugov.plant.profile import CSV_COLUMNS
+
+
+class ModelCliError(ValueError):
+    """A usage or input problem; one line naming the flag or file."""
+
+
+def stored_files(args: argparse.Namespace) -> list[tuple[str, Path]]:
+    """``(domain, state file)`` for every model the arguments point at."""
+    if args.config:
+        config = load_config(args.config)
+        found = []
+        for domain in config.domains:
+            spec = domain.controller
+            if not isinstance(spec, OnlineMPCControllerConfig):
+                continue
+            directory = state_directory(args.state_dir or spec.state_dir)
+            if directory is None:
+                raise ModelCliError(
+                    f"{args.config}: domain {domain.name!r} has no state_dir and "
+                    "$STATE_DIRECTORY is unset; pass --state-dir"
+                )
+            found.append((domain.name, directory / f"online-model-{domain.name}.json"))
+        if not found:
+            raise ModelCliError(f"{args.config}: no domain runs the mpc-online controller")
+        return found
+    directory = state_directory(args.state_dir)
+    if directory is None:
+        raise ModelCliError(
+            "no state directory: pass --config, --state-dir or set $STATE_DIRECTORY"
+        )
+    files = sorted(directory.glob("online-model-*.json"))
+    if not files:
+        raise ModelCliError(f"{directory}: no learned model (online-model-*.json) here")
+    return [(path.stem.removeprefix("online-model-"), path) for path in files]
+
+
+def load_model(path: Path) -> tuple[dict[str, Any], OnlineModel]:
+    """The stored payload and the model rebuilt from it.
+
+    Raises:
+        ModelCliError: missing, corrupt or partial file (named).
+    """
+    try:
+        payload = read_stored(path)
+    except FileNotFoundError as error:
+        raise ModelCliError(f"{path}: no learned model yet") from error
+    except StoredModelError as error:
+        raise ModelCliError(str(error)) from error
+    state = payload["model"]
+    try:
+        model = OnlineModel(state["clocks_mhz"], float(state["power_limit_w"]))
+        model.load_state(state)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ModelCliError(f"{path}: stored model is invalid: {error}") from error
+    return payload, model
+
+
+def _controller(payload: dict[str, Any], model: OnlineModel) -> OnlineMPCController:
+    controller = OnlineMPCController(
+        mean_prompt_tokens=float(payload.get("mean_prompt_tokens") or 1024.0),
+        mean_output_tokens=float(payload.get("mean_output_tokens") or 128.0),
+    )
+    controller.model = model
+    controller.model_name = payload["key"].get("model_name")
+    return controller
+
+
+def describe(domain: str, path: Path, payload: dict[str, Any], model: OnlineModel) -> str:
+    """The model as text: key, fit quality, then per-clock predictions with +- 1 std."""
+    key = payload["key"]
+    residual = model.residual_rms()
+    lines = [
+        f"domain {domain}: {path}",
+        f"  GPUs {', '.join(key['gpu_uuids']) or '?'}; model {key.get('model_name') or '?'}",
+        f"  samples {model.samples}, warmed up {'yes' if model.warmed_up else 'no'}, "
+        f"confidence {model.confidence():.2f}; fit RMS: busy {residual['busy_s'] * 1e3:.1f} ms, "
+        f"energy {residual['energy_j']:.1f} J, temperature {residual['temperature_c']:.2f} C "
+        "(per window)",
+        f"  {'clock MHz':>9} {'visits':>7} {'prefill tok/s':>20} {'decode iter ms':>17} "
+        f"{'prefill W':>10} {'decode W':>9} {'idle W':>7}",
+    ]
+    context = float(payload.get("mean_prompt_tokens") or 1024.0) + 0.5 * float(
+        payload.get("mean_output_tokens") or 128.0
+    )
+    clocks = model.clocks_mhz
+    shown = sorted(set(np.linspace(0, clocks.size - 1, min(12, clocks.size)).round().astype(int)))
+    for index in shown:
+        clock = float(clocks[index])
+        seconds, seconds_std = model.prefill_s_per_token(clock)
+        rate = 1.0 / max(seconds, 1e-12)
+        rate_std = rate * seconds_std / max(seconds, 1e-12)
+        iteration, iteration_std = model.decode_iteration_s(clock, REFERENCE_BATCH, context)
+        powers = [model.phase_power_w(clock, phase)[0] for phase in ("prefill", "decode", "idle")]
+        lines.append(
+            f"  {clock:9.0f} {int(model.visits[index]):7d} "
+            f"{rate:11.0f} +- {rate_std:5.0f} "
+            f"{iteration * 1e3:8.2f} +- {iteration_std * 1e3:5.2f} "
+            f"{powers[0]:10.0f} {powers[1]:9.0f} {powers[2]:7.0f}"
+        )
+    lines.append(
+        f"  (decode iteration at batch {REFERENCE_BATCH}, context {context:.0f} tokens; "
+        "+- one standard deviation)"
+    )
+    return "\n".join(lines)
+
+
+def export(
+    domain: str, payload: dict[str, Any], model: OnlineModel, out: Path,
+    ttft_slo_s: float | None, tpot_slo_s: float | None,
+) -> tuple[Path, Path]:
+    """Write ``online-<domain>.csv`` and ``.json`` (status ``online-identified``)."""
+    slos = payload.get("slos") or {}
+    ttft = ttft_slo_s or slos.get("ttft_slo_s")
+    tpot = tpot_slo_s or slos.get("tpot_slo_s")
+    if not ttft or not tpot:
+        raise ModelCliError(
+            f"domain {domain}: the stored model has no SLOs; pass --ttft-slo and --tpot-slo"
+        )
+    controller = _controller(payload, model)
+    profile = controller.learned_profile((float(ttft), float(tpot)), pessimistic=False)
+    limit = float(slos.get("thermal_limit_c") or 87.0)
+    fitted = model.thermal_parameters()
+    if fitted is not None:
+        ambient, resistance, windows = fitted
+        thermal = {
+            "ambient_temperature_c": ambient,
+            "thermal_resistance_c_per_w": resistance,
+            "thermal_time_constant_s": max(1.0, windows),
+            "thermal_limit_c": limit,
+            "source": "learned online (per control window)",
+        }
+    else:
+        thermal = {
+            "ambient_temperature_c": 30.0,
+            "thermal_resistance_c_per_w": (limit - 30.0) / (1.1 * model.power_limit_w),
+            "thermal_time_constant_s": 30.0,
+            "thermal_limit_c": limit,
+            "source": "not learned yet: a neutral RC that stays under the limit",
+        }
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"online-{domain}"
+    csv_path, manifest_path = out / f"{name}.csv", out / f"{name}.json"
+    context = controller.mean_prompt_tokens + 0.5 * controller.mean_output_tokens
+    with csv_path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow([*CSV_COLUMNS, "prefill_s_per_token_std", "decode_iteration_s_std"])
+        for index, clock in enumerate(profile.clock_mhz):
+            writer.writerow(
+                [
+                    f"{clock:g}",
+                    f"{profile.prefill_tokens_per_s[index]:.6g}",
+                    f"{profile.decode_tokens_per_s[index]:.6g}",
+                    f"{profile.prefill_power_w[index]:.6g}",
+                    f"{profile.decode_power_w[index]:.6g}",
+                    f"{profile.idle_power_w[index]:.6g}",
+                    f"{model.prefill_s_per_token(float(clock))[1]:.6g}",
+                    f"{model.decode_iteration_s(float(clock), REFERENCE_BATCH, context)[1]:.6g}",
+                ]
+            )
+    key = payload["key"]
+    manifest = {
+        **profile.manifest,
+        "status": "online-identified",
+        "csv": csv_path.name,
+        "gpu": ", ".join(key["gpu_uuids"]),
+        "model": key.get("model_name") or "unknown model",
+        "ttft_slo_s": float(ttft),
+        "tpot_slo_s": float(tpot),
+        "power_limit_w": model.power_limit_w,
+        "thermal": thermal,
+        "provenance": (
+            "identified online by gpugov's mpc-online controller from the node's own "
+            "engine counters and NVML readings; not a clock sweep (status measured is "
+            "reserved for those)"
+        ),
+        "online_model": {
+            "samples": model.samples,
+            "confidence": model.confidence(),
+            "residual_rms": model.residual_rms(),
+            "visits_by_clock_mhz": {
+                f"{c:g}": int(v) for c, v in zip(model.clocks_mhz, model.visits, strict=True) if v
+            },
+        },
+    }
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return csv_path, manifest_path
+
+
+def run_model(args: argparse.Namespace) -> int:
+    """Entry point of ``gpugov model show|export``."""
+    try:
+        files = stored_files(args)
+        if args.domain:
+            files = [item for item in files if item[0] == args.domain]
+            if not files:
+                raise ModelCliError(f"--domain {args.domain}: no such domain with a model")
+        for domain, path in files:
+            payload, model = load_model(path)
+            if args.action == "show":
+                print(describe(domain, path, payload, model))
+            else:
+                written = export(domain, payload, model, Path(args.out), args.ttft_slo,
+                                 args.tpot_slo)
+                for item in written:
+                    print(f"wrote {item}")
+    except (ModelCliError, ConfigError) as error:
+        print(f"gpugov: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``model show`` and ``model export`` to the ``gpugov`` parser."""
+    parser = subparsers.add_parser(
+        "model",
+        help="show or export the model the mpc-online controller learned",
+        description="Read the learned model(s) from the state directory. Exit codes: 0 ok, "
+        "2 usage or input error.",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    for action, text in (
+        ("show", "print the learned model with its uncertainty"),
+        ("export", "write it as a profile CSV + manifest (status online-identified)"),
+    ):
+        sub = actions.add_parser(action, help=text, description=text)
+        sub.add_argument("--config", metavar="FILE", help="the daemon's TOML config")
+        sub.add_argument(
+            "--state-dir", metavar="DIR", default=None,
+            help="state directory (default: the config's state_dir or $STATE_DIRECTORY)",
+        )
+        sub.add_argument("--domain", metavar="NAME", default=None, help="only this domain")
+        if action == "export":
+            sub.add_argument("--out", required=True, metavar="DIR", help="output directory")
+            sub.add_argument("--ttft-slo", type=float, default=None, metavar="S",
+                             help="TTFT SLO for the manifest (default: the stored one)")
+            sub.add_argument("--tpot-slo", type=float, default=None, metavar="S",
+                             help="TPOT SLO for the manifest (default: the stored one)")
+        sub.set_defaults(handler=run_model, action=action)

@@ -1,0 +1,282 @@
+"""Persistence of the online MPC's learned model in the state directory.
+
+One JSON file per control domain, ``online-model-<domain>.json`` in the state directory
+(systemd's ``StateDirectory=``, ``$STATE_DIRECTORY``; or the controller's ``state_dir``),
+holding a format tag, the model version, the **key** (the domain's GPU UUIDs and the
+engine's ``model_name`` label), the SLOs last seen and the model
+(:meth:`controllers.identification.OnlineModel.state_dict`).
+
+- A stored model whose key differs from the node's (another model served, a GPU swapped)
+  is discarded and the model is learned again.
+- A corrupt or partial file is refused with one clear log line, renamed aside
+  (``.corrupt-<UTC time>``) and learning starts fresh; it never stops the daemon.
+- Writes are atomic: a temporary file in the same directory, fsynced, then renamed over.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpugov.controllers.identification import MODEL_VERSION
+from gpugov.controllers.online_mpc import OnlineMPCController
+from gpugov.plant.types import MPCDiagnostics, ServingObservation
+
+log = logging.getLogger("gpugov.model")
+
+FORMAT = "gpugov-online-model"
+SAVE_EVERY_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelKey:
+    """What a learned model belongs to: the domain's GPUs and the served model."""
+
+    gpu_uuids: tuple[str, ...]
+    model_name: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"gpu_uuids": list(self.gpu_uuids), "model_name": self.model_name}
+
+
+class StoredModelError(ValueError):
+    """A state file is corrupt or partial; the message names the file and the problem."""
+
+
+def state_directory(configured: Path | str | None) -> Path | None:
+    """The directory to keep models in: the configured one, else systemd's
+    ``$STATE_DIRECTORY`` (its first entry), else None (no persistence)."""
+    if configured is not None:
+        return Path(configured)
+    env = os.environ.get("STATE_DIRECTORY")
+    if env:
+        return Path(env.split(":")[0])
+    return None
+
+
+def model_path(directory: Path, domain: str) -> Path:
+    """The state file of ``domain``."""
+    return directory / f"online-model-{domain}.json"
+
+
+def read_stored(path: Path) -> dict[str, Any]:
+    """Parse and check a state file.
+
+    Raises:
+        FileNotFoundError: no file.
+        StoredModelError: unreadable, not JSON, wrong format or version, fields missing.
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError) as error:
+        raise StoredModelError(f"{path}: cannot read: {error}") from error
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise StoredModelError(
+            f"{path}:{error.lineno}: not valid JSON ({error.msg}); partial write?"
+        ) from error
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise StoredModelError(f"{path}: not a gpugov online-model file")
+    if payload.get("version") != MODEL_VERSION:
+        raise StoredModelError(
+            f"{path}: model version {payload.get('version')!r}, this gpugov reads {MODEL_VERSION}"
+        )
+    for key in ("key", "model"):
+        if not isinstance(payload.get(key), dict):
+            raise StoredModelError(f"{path}: field {key!r} is missing or not an object")
+    key = payload["key"]
+    if not isinstance(key.get("gpu_uuids"), list):
+        raise StoredModelError(f"{path}: key.gpu_uuids is missing")
+    return payload
+
+
+def set_aside(path: Path, now: Callable[[], float] = time.time) -> Path:
+    """Rename a refused file out of the way (kept for inspection); return the new path."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now()))
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    os.replace(path, target)
+    return target
+
+
+def write_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """Write JSON to ``path`` atomically (temporary file, fsync, rename).
+
+    Raises:
+        OSError: the directory cannot be written.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with temporary.open("w") as handle:
+            json.dump(payload, handle, allow_nan=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        if temporary.exists():
+            temporary.unlink()
+
+
+class PersistentOnlineModel:
+    """Wraps an :class:`OnlineMPCController`: restores its model from the state file on
+    the first observation (or when the key changes), saves it every ``save_every_s`` of
+    observation time and on :meth:`close`. Storage trouble is logged, never raised."""
+
+    def __init__(
+        self,
+        inner: OnlineMPCController,
+        directory: Path,
+        domain: str,
+        gpu_uuids: Sequence[str],
+        *,
+        save_every_s: float = SAVE_EVERY_S,
+    ) -> None:
+        self.inner = inner
+        self.path = model_path(directory, domain)
+        self.gpu_uuids = tuple(str(u) for u in gpu_uuids)
+        self.save_every_s = float(save_every_s)
+        self.key: ModelKey | None = None
+        self._last_save_s = -math.inf
+        self._last_observation: ServingObservation | None = None
+        self.restored = False
+        self.messages: list[str] = []
+        self.__name__ = inner.__name__
+
+    def _say(self, level: int, message: str) -> None:
+        log.log(level, message)
+        self.messages.append(message)
+        del self.messages[:-20]
+
+    def _restore(self, observation: ServingObservation, key: ModelKey) -> None:
+        try:
+            payload = read_stored(self.path)
+        except FileNotFoundError:
+            return
+        except StoredModelError as error:
+            try:
+                aside = set_aside(self.path)
+                where = f"; set aside as {aside.name}"
+            except OSError as rename_error:
+                where = f"; could not set it aside: {rename_error}"
+            self._say(logging.WARNING, f"learned model refused: {error}{where}; learning anew")
+            return
+        stored = ModelKey(tuple(payload["key"]["gpu_uuids"]), payload["key"].get("model_name"))
+        if stored != key:
+            self._say(
+                logging.INFO,
+                f"{self.path}: stored model is for {stored.as_dict()}, this node is "
+                f"{key.as_dict()}; discarded, learning anew",
+            )
+            return
+        try:
+            self.inner.restore(payload["model"], observation)
+        except (KeyError, TypeError, ValueError) as error:
+            try:
+                aside = set_aside(self.path)
+                where = f"; set aside as {aside.name}"
+            except OSError as rename_error:
+                where = f"; could not set it aside: {rename_error}"
+            self._say(
+                logging.WARNING, f"learned model refused: {self.path}: {error}{where}; "
+                "learning anew"
+            )
+            return
+        self.restored = True
+        self._say(logging.INFO, f"{self.path}: learned model restored")
+
+    def save(self) -> bool:
+        """Write the model now; False (logged) when there is nothing or it failed."""
+        model = self.inner.model
+        if model is None or self.key is None:
+            return False
+        observation = self._last_observation
+        payload = {
+            "format": FORMAT,
+            "version": MODEL_VERSION,
+            "key": self.key.as_dict(),
+            "saved_at_unix_s": time.time(),
+            "slos": {
+                "ttft_slo_s": None if observation is None else observation.ttft_slo_s,
+                "tpot_slo_s": None if observation is None else observation.tpot_slo_s,
+                "thermal_limit_c": None if observation is None else observation.thermal_limit_c,
+            },
+            "mean_prompt_tokens": self.inner.mean_prompt_tokens,
+            "mean_output_tokens": self.inner.mean_output_tokens,
+            "status": _json_safe(self.inner.status()),
+            "model": model.state_dict(),
+        }
+        try:
+            write_atomic(self.path, payload)
+        except (OSError, ValueError) as error:
+            self._say(logging.WARNING, f"{self.path}: cannot save the learned model: {error}")
+            return False
+        return True
+
+    def __call__(self, observation: ServingObservation) -> float:
+        key = ModelKey(self.gpu_uuids, observation.model_name)
+        if key != self.key:
+            if self.key is not None:
+                self.save()  # the old model's last state, before it is reset
+            self.key = key
+            if self.inner.model is not None and self.inner.model_name != key.model_name:
+                self.inner.reset(observation)
+            self.inner.model_name = key.model_name
+            self._restore(observation, key)
+        self._last_observation = observation
+        decision = self.inner(observation)
+        due = observation.time_s - self._last_save_s >= self.save_every_s
+        if due and self.save():
+            self._last_save_s = observation.time_s
+        return decision
+
+    def close(self) -> None:
+        """Save on shutdown."""
+        self.save()
+
+    def diagnostics(self) -> MPCDiagnostics:
+        """The inner controller's diagnostics."""
+        return self.inner.diagnostics()
+
+    def status(self) -> dict[str, Any]:
+        """The inner controller's learning status."""
+        return self.inner.status()
+
+    @property
+    def fallback_reasons(self) -> dict[str, int]:
+        """The inner MPC's fallbacks by reason."""
+        return self.inner.fallback_reasons
+
+
+def _json_safe(value: Any) -> Any:
+    """Non-finite floats become None (JSON has no NaN/inf)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+__all__ = [
+    "FORMAT",
+    "ModelKey",
+    "PersistentOnlineModel",
+    "StoredModelError",
+    "model_path",
+    "read_stored",
+    "set_aside",
+    "state_directory",
+    "write_atomic",
+]

@@ -1,0 +1,202 @@
+"""Persistence of the online MPC's model and ``gpugov model show|export``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from synthetic import make_plant
+
+from gpugov.cli import main
+from gpugov.controllers.online_mpc import OnlineMPCController
+from gpugov.daemon.model_store import (
+    PersistentOnlineModel,
+    model_path,
+    read_stored,
+    state_directory,
+)
+from gpugov.plant import chunked_prefill_scheduler, load_profile, simulate
+from gpugov.plant.types import Request
+
+GPUS = ("GPU-aaaa", "GPU-bbbb")
+
+
+def _workload(seconds: float = 60.0, seed: int = 3) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    times = np.cumsum(rng.exponential(0.4, size=int(seconds / 0.4 * 2)))
+    times = times[times < seconds]
+    return [
+        Request(i, float(t), int(rng.integers(200, 2000)), int(rng.integers(20, 200)))
+        for i, t in enumerate(times)
+    ]
+
+
+def _controller() -> OnlineMPCController:
+    return OnlineMPCController(
+        mean_prompt_tokens=1100.0, mean_output_tokens=110.0, warmup_s=10.0
+    )
+
+
+class Named:
+    """Adds the engine's model_name label to every observation (what the observer does)."""
+
+    def __init__(self, inner: PersistentOnlineModel, name: str) -> None:
+        self.inner, self.name = inner, name
+
+    def __call__(self, observation):  # type: ignore[no-untyped-def]
+        return self.inner(replace(observation, model_name=self.name))
+
+
+def _learn(
+    directory: Path, gpus: tuple[str, ...] = GPUS, name: str = "llama"
+) -> PersistentOnlineModel:
+    wrapper = PersistentOnlineModel(_controller(), directory, "llm", gpus)
+    simulate(_workload(), make_plant(), chunked_prefill_scheduler, Named(wrapper, name), 0)
+    wrapper.close()
+    return wrapper
+
+
+def test_model_survives_a_restart(tmp_path: Path) -> None:
+    first = _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    payload = read_stored(path)
+    assert payload["key"] == {"gpu_uuids": list(GPUS), "model_name": "llama"}
+    assert not list(tmp_path.glob(".*tmp*"))  # atomic write left nothing behind
+    learned = first.inner.model
+    assert learned is not None and learned.warmed_up
+    second = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    workload = _workload(5.0, seed=9)
+    simulate(workload, make_plant(), chunked_prefill_scheduler, Named(second, "llama"), 0)
+    assert second.restored
+    restored = second.inner.model
+    assert restored is not None and restored.warmed_up
+    assert restored.samples >= learned.samples  # it kept learning from where it stopped
+
+
+@pytest.mark.parametrize(
+    ("gpus", "name"), [(("GPU-aaaa", "GPU-cccc"), "llama"), (GPUS, "mistral")],
+    ids=["gpu-swapped", "other-model"],
+)
+def test_model_is_discarded_when_the_key_changes(tmp_path: Path, gpus, name) -> None:  # type: ignore[no-untyped-def]
+    _learn(tmp_path)
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", gpus)
+    simulate(_workload(5.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, name), 0)
+    assert not wrapper.restored
+    assert any("discarded" in message for message in wrapper.messages)
+    assert wrapper.inner.model is not None and not wrapper.inner.model.warmed_up
+    wrapper.close()
+    assert read_stored(model_path(tmp_path, "llm"))["key"]["model_name"] == name
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['{"format": "gpugov-online-model", "version": 1, "key": {"gpu_u', "\x00\x01garbage",
+     '{"format": "gpugov-online-model", "version": 1, "key": {"gpu_uuids": ["GPU-aaaa", '
+     '"GPU-bbbb"], "model_name": "llama"}, "model": {"version": 1, "clocks_mhz": [1, 2]}}'],
+    ids=["truncated", "binary", "wrong-clocks"],
+)
+def test_corrupt_state_is_set_aside_and_learning_starts_fresh(tmp_path: Path, content: str) -> None:
+    path = model_path(tmp_path, "llm")
+    path.write_text(content)
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    simulate(_workload(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
+    assert not wrapper.restored
+    refused = [m for m in wrapper.messages if "refused" in m]
+    assert len(refused) == 1 and "\n" not in refused[0] and str(path) in refused[0]
+    assert len(list(tmp_path.glob("online-model-llm.json.corrupt-*"))) == 1
+    wrapper.close()
+    assert read_stored(path)["key"]["model_name"] == "llama"  # a fresh, valid file
+
+
+def test_state_directory_defaults_to_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/gpugov:/other")
+    assert state_directory(None) == Path("/var/lib/gpugov")
+    assert state_directory("/x") == Path("/x")
+    monkeypatch.delenv("STATE_DIRECTORY")
+    assert state_directory(None) is None
+
+
+def test_model_show_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _learn(tmp_path)
+    assert main(["model", "show", "--state-dir", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    assert "domain llm" in shown and "GPU-aaaa" in shown and "+-" in shown
+    out = tmp_path / "export"
+    assert main(["model", "export", "--state-dir", str(tmp_path), "--out", str(out)]) == 0
+    profile = load_profile(out / "online-llm.json")
+    assert profile.profile_status == "online-identified" and not profile.is_measured
+    assert profile.ttft_slo_s == make_plant().profile.ttft_slo_s
+    # The exported table is the stored model's mean prediction.
+    from gpugov.daemon.model_cli import load_model
+
+    _, model = load_model(model_path(tmp_path, "llm"))
+    top = profile.maximum_clock_mhz
+    assert profile.rate("prefill", top) == pytest.approx(
+        1.0 / model.prefill_s_per_token(top)[0], rel=1e-4
+    )
+    assert profile.power("decode", top) == pytest.approx(
+        model.phase_power_w(top, "decode")[0], rel=1e-4
+    )
+
+
+def test_model_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["model", "show", "--state-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(tmp_path) in err
+    model_path(tmp_path, "llm").write_text("{")
+    assert main(["model", "show", "--state-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not valid JSON" in err
+    config = tmp_path / "gpugov.toml"
+    config.write_text('[[domains]]\nname = "llm"\ngpus = [0]\n[domains.controller]\nkind = "max"\n')
+    assert main(["model", "show", "--config", str(config)]) == 2
+    assert "no domain runs the mpc-online controller" in capsys.readouterr().err
+
+
+def test_model_command_imports_no_study_code() -> None:
+    code = (
+        "import sys, gpugov.daemon.model_cli; "
+        "heavy = ('sklearn', 'matplotlib', 'gpugov.study'); "
+        "bad = [m for m in sys.modules if m.startswith(heavy)]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def test_controller_spec_and_config_kind() -> None:
+    from gpugov.daemon.config import OnlineMPCControllerConfig, parse_config
+    from gpugov.daemon.decide import parse_controller_spec
+    from gpugov.daemon.errors import ConfigError
+
+    assert parse_controller_spec("mpc-online") == OnlineMPCControllerConfig(kind="mpc-online")
+    hinted = parse_controller_spec("mpc-online:h100-sxm-llama3-8b")
+    assert isinstance(hinted, OnlineMPCControllerConfig)
+    assert hinted.prior_profile == "h100-sxm-llama3-8b"
+    config = parse_config(
+        {"domains": [{"name": "llm", "gpus": [0],
+                      "controller": {"kind": "mpc-online", "state_dir": "/var/lib/x"}}]}
+    )
+    assert config.domains[0].controller.state_dir == Path("/var/lib/x")  # type: ignore[union-attr]
+    with pytest.raises(ConfigError) as error:
+        parse_config({"domains": [{"name": "llm", "gpus": [0],
+                                   "controller": {"kind": "mpc-online", "uncertainty_z": -1}}]})
+    assert str(error.value).count("\n") == 0
+    assert "domains[0].controller.uncertainty_z" in str(error.value)
+
+
+def test_simulated_daemon_saves_the_model_in_the_state_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    code = main(["run", "--simulate", "--virtual", "--controller", "mpc-online",
+                 "--duration", "40"])
+    assert code == 0, capsys.readouterr().err
+    payload = read_stored(model_path(tmp_path, "sim"))
+    assert payload["model"]["warmed_up"] is True
+    assert main(["model", "show", "--state-dir", str(tmp_path)]) == 0
+    assert "domain sim" in capsys.readouterr().out
