@@ -899,10 +899,10 @@ def run_scenario(
     e_max = reference.metrics.energy_j
     # Capture over what follows the warm-up (5 minutes, at most half of a short run).
     warmup = min(WARMUP_S, 0.5 * config.duration_s)
-    oracle_result = {"best_fixed": best.result, "window_oracle": oracle.result}.get(
+    oracle_result = {"best-fixed": best.result, "window-oracle": oracle.result}.get(
         oracle_key or ""
     )
-    results["best_fixed"], results["window_oracle"] = best.result, oracle.result
+    results["best-fixed"], results["window-oracle"] = best.result, oracle.result
     for key, row in rows.items():
         row["warmup_s"] = warmup
         row["oracle_capture_after_warmup"] = capture_after(
