@@ -242,6 +242,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Read the learned model(s) from the state directory. Exit codes: 0 ok, "
         "2 usage or input error.",
     )
+    parser.set_defaults(handler=run_model)  # each action below names itself in `action`
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
     for action, text in (

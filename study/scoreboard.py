@@ -7,7 +7,9 @@ fluid LP lower bound on energy, and reports energy, J/token, SLO attainment, p95
 TPOT, power-cap and thermal violation seconds, decision times and oracle capture. It
 also compares the two MPC solvers on every decision point of one recorded closed-loop
 run. See ``docs/scoreboard.md`` for every definition; ``gpugov bench controllers`` runs
-the same code.
+the same code. This module runs the scenarios and holds the CLI; the configuration and
+scenarios are in ``scoreboard_scenarios``, the controllers in ``scoreboard_controllers``,
+the MPC solver comparison in ``scoreboard_solvers`` and the outputs in ``scoreboard_report``.
 
     .venv/bin/python study/scoreboard.py [--quick] [--out DIR] [--jobs N]
 
@@ -54,630 +56,76 @@ oracles and the bound come from :mod:`controllers.oracles`.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
 import sys
 import time
-import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
-from functools import cache
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from gpugov.controllers.baseline import maximum_clock_controller, reactive_clock_controller
-from gpugov.controllers.mpc import (
-    MPCController,
-    MPCProblem,
-    MPCSolver,
-    expected_output_tokens_forecast,
-)
-from gpugov.controllers.open_loop import OpenLoopClockController, optimize_open_loop
 from gpugov.controllers.oracles import (
-    SLO_TOLERANCE,
     best_fixed_clock,
     fluid_energy_lower_bound,
     holds_slo,
     oracle_capture,
     window_oracle,
 )
-from gpugov.daemon.config import MPCControllerConfig
 from gpugov.daemon.progress import format_duration
-from gpugov.daemon.service import simulated_mpc
 from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, load_profile, simulate
 from gpugov.plant.profile import list_bundled_profiles
 from gpugov.plant.scheduler import chunked_prefill_scheduler
-from gpugov.plant.types import ClockController, Request, ServingObservation
+from gpugov.plant.types import ClockController, Request
 from gpugov.plant.workload import (
     BUNDLED_TRACES,
     SHARED_TRACES,
     TraceError,
-    TraceWarning,
-    load_trace,
-    scale_load,
-    select_window,
-    workload_checksum,
 )
 from gpugov.study.online_eval import (
     WARMUP_S,
     capture_after,
     model_error_by_clock,
-    online_model_lines,
-    scoreboard_online,
     summarize_model_error,
 )
 from gpugov.study.runners import RunnerSpec, add_runner_arguments, map_cells, spec_from_args
-
-ROOT = Path(__file__).resolve().parents[1]
-# In a source checkout the results live beside the benchmark; installed from a wheel,
-# there is no checkout, and they go to a folder under the working directory.
-DEFAULT_OUT = (
-    ROOT / "bench" / "results" / "controllers"
-    if (ROOT / "pyproject.toml").is_file()
-    else Path("gpugov-scoreboard")
+from gpugov.study.scoreboard_controllers import (
+    ControllerEntry,
+    build_scoreboard_controllers,
+    scoreboard_mpc,
 )
-
-TRACES = ("azure-conv-10min", "azure-conv", "azure-code", "mooncake", "burstgpt1")
-PROFILES = ("h100-sxm-llama3-8b", "h200-sxm-llama3-8b", "a100-sxm-80gb-llama3-8b")
-LOADS = ("recorded", "cap70")
-TRACE_STARTS_S = {
-    "azure-conv-10min": 0.0,
-    "azure-conv": 1800.0,
-    "azure-code": 600.0,
-    "mooncake": 1800.0,
-    "burstgpt1": 0.0,
-}
-"""Source window start per trace (seconds after its first arrival)."""
-WHOLE_TRACE = frozenset({"burstgpt1"})
-"""Traces used whole (too few rows for a window), time-compressed to the target load."""
-TARGET_UTILIZATION = 0.7
-BUSY_UTILIZATION = 0.9
-LIGHT_LOAD_FRACTION = 0.2
-"""Light load for the capacity search, as a fraction of the fluid estimate's capacity."""
-CAPACITY_SEARCH_LIMIT = 16.0
-
-CONTROLLER_ORDER = (
-    "max",
-    "best-fixed",
-    "reactive",
-    "open-loop",
-    "mpc-slsqp",
-    "mpc",
-    "mpc-online",
-    "window-oracle",
+from gpugov.study.scoreboard_report import (
+    DEFINITIONS,
+    short_table,
+    summarize,
+    write_outputs,
 )
-ORACLE_KEYS = frozenset({"best-fixed", "window-oracle"})
-
-
-# --------------------------------------------------------------------- configuration
-@dataclass(frozen=True)
-class BenchConfig:
-    """What one scoreboard run covers and how hard the oracles search."""
-
-    traces: tuple[str, ...] = TRACES
-    profiles: tuple[str, ...] = PROFILES
-    loads: tuple[str, ...] = LOADS
-    duration_s: float = 600.0
-    control_period_s: float = 1.0
-    mpc_horizon_s: float = 10.0
-    mpc_solve_time_limit_s: float = 0.8
-    fast_mpc_period_s: float = 0.5
-    oracle_window_s: float = 5.0
-    oracle_lookahead_s: float = 15.0
-    oracle_coarse_levels: int = 8
-    oracle_neighbour_steps: tuple[int, ...] = (2, 6)
-    best_fixed_coarse_points: int = 5
-    lp_window_s: float = 1.0
-    tolerance: float = SLO_TOLERANCE
-    comparison_scenario: str | None = "azure-conv-10min|h100-sxm-llama3-8b|recorded"
-    jobs: int = 0
-    seed: int = 0
-    mode: str = "full"
-
-    def scenario_specs(self) -> list[tuple[str, str, str]]:
-        """(trace, profile, load) for every scenario, in table order."""
-        return [(t, p, ld) for t in self.traces for p in self.profiles for ld in self.loads]
-
-
-FULL = BenchConfig()
-QUICK = BenchConfig(
-    traces=("azure-conv-10min", "azure-code"),
-    profiles=("h100-sxm-llama3-8b",),
-    duration_s=120.0,
-    mode="quick",
+from gpugov.study.scoreboard_scenarios import (
+    CONTROLLER_ORDER,
+    DEFAULT_OUT,
+    FULL,
+    LABELS,
+    LOADS,
+    PROFILES,
+    QUICK,
+    ROOT,
+    TINY,
+    TRACES,
+    WHOLE_TRACE,
+    BenchConfig,
+    Scenario,
+    _full_trace,
+    build_scenario,
+    slo_capacity,
 )
-TINY = BenchConfig(
-    traces=("azure-conv-10min",),
-    profiles=("h100-sxm-llama3-8b",),
-    loads=("recorded",),
-    duration_s=15.0,
-    oracle_window_s=5.0,
-    oracle_lookahead_s=5.0,
-    oracle_coarse_levels=4,
-    oracle_neighbour_steps=(3,),
-    best_fixed_coarse_points=3,
-    jobs=1,
-    mode="tiny",
+from gpugov.study.scoreboard_solvers import (
+    ProblemRecorder,
+    TimedController,
+    _percentile,
+    compare_mpc_solvers,
+    compare_recorded,
 )
-
-
-# ------------------------------------------------------------------------ scenarios
-@dataclass(frozen=True)
-class Scenario:
-    """One trace window at one load on one profile."""
-
-    key: str
-    trace: str
-    profile: str
-    load: str
-    load_label: str
-    requests: tuple[Request, ...]
-    source_start_s: float
-    source_duration_s: float
-    load_scale: float
-    capacity_load_scale: float
-    capacity_probes: int
-    light_load_slo_attainment: float
-    utilization: float
-    fluid_utilization_estimate: float
-    trace_sha256: str
-
-    def describe(self) -> dict[str, Any]:
-        """JSON-able description (without the requests)."""
-        arrivals = [r.arrival_time_s for r in self.requests]
-        return {
-            "key": self.key,
-            "trace": self.trace,
-            "profile": self.profile,
-            "load": self.load,
-            "load_label": self.load_label,
-            "source_start_s": self.source_start_s,
-            "source_duration_s": self.source_duration_s,
-            "load_scale": self.load_scale,
-            "capacity_load_scale": self.capacity_load_scale,
-            "capacity_probes": self.capacity_probes,
-            "light_load_slo_attainment": self.light_load_slo_attainment,
-            "utilization": self.utilization,
-            "fluid_utilization_estimate": self.fluid_utilization_estimate,
-            "requests": len(self.requests),
-            "arrival_span_s": (max(arrivals) - min(arrivals)) if arrivals else 0.0,
-            "scenario_duration_s": self.source_duration_s / self.load_scale,
-            "trace_sha256": self.trace_sha256,
-            "workload_checksum": workload_checksum(self.requests),
-        }
-
-
-def work_seconds_at_maximum(requests: Iterable[Request], profile: PerformanceProfile) -> float:
-    """Seconds of work at the maximum clock by the profile's aggregate rates (the fluid
-    estimate's numerator)."""
-    top = profile.realized_clock(profile.maximum_clock_mhz)
-    prefill = profile.rate("prefill", top)
-    decode = profile.rate("decode", top)
-    return sum(r.prompt_tokens / prefill + (r.output_tokens - 1) / decode for r in requests)
-
-
-def slo_attainment_at_maximum(
-    requests: Sequence[Request], plant: ServingPlant, load_scale: float
-) -> float:
-    """SLO attainment of the maximum clock on ``requests`` at ``load_scale``."""
-    result = simulate(
-        scale_load(requests, load_scale),
-        plant,
-        chunked_prefill_scheduler,
-        maximum_clock_controller,
-        controller_name="capacity probe",
-    )
-    return result.metrics.slo_attainment or 0.0
-
-
-def slo_capacity(
-    requests: Sequence[Request],
-    plant: ServingPlant,
-    duration_s: float,
-    *,
-    tolerance: float = SLO_TOLERANCE,
-    light_fraction: float = LIGHT_LOAD_FRACTION,
-    bisections: int = 4,
-) -> tuple[float, float, int]:
-    """The window's SLO capacity multiplier at the maximum clock (module notes).
-
-    Returns:
-        ``(capacity multiplier, light-load SLO attainment, simulations run)``.
-
-    Raises:
-        ValueError: no requests or a non-positive duration.
-    """
-    if not requests or duration_s <= 0.0:
-        raise ValueError("slo_capacity needs requests and a positive duration")
-    guess = duration_s / max(work_seconds_at_maximum(requests, plant.profile), 1e-9)
-    runs = 0
-
-    def attainment(scale: float) -> float:
-        nonlocal runs
-        runs += 1
-        return slo_attainment_at_maximum(requests, plant, scale)
-
-    # Light load: 20% of the fluid guess, lowered 4x at a time (at most twice) while
-    # that still gains half a point (bursty traces stay congested at 20% on average).
-    light = light_fraction * guess
-    reference = attainment(light)
-    for _ in range(2):
-        lighter = attainment(light / 4.0)
-        if lighter < reference + tolerance / 2.0:
-            break
-        light, reference = light / 4.0, lighter
-    threshold = reference - tolerance - 1e-12
-    low, high = light, guess
-    if attainment(high) >= threshold:
-        low = high
-        while high < CAPACITY_SEARCH_LIMIT * guess:
-            high *= 2.0
-            if attainment(high) < threshold:
-                break
-            low = high
-        else:
-            return high, reference, runs
-    for _ in range(bisections):
-        middle = math.sqrt(low * high)
-        if attainment(middle) >= threshold:
-            low = middle
-        else:
-            high = middle
-    return low, reference, runs
-
-
-@cache
-def _full_trace(name: str) -> tuple[tuple[Request, ...], str]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TraceWarning)
-        requests, report = load_trace(name)
-    return requests, report.sha256
-
-
-def _window(
-    full: Sequence[Request], start_s: float, length_s: float
-) -> tuple[tuple[Request, ...], float, float]:
-    """Arrivals in ``[start, start + length)``, the window moved back to fit the trace."""
-    span = full[-1].arrival_time_s if full else 0.0
-    length = min(length_s, span + 1e-6)
-    start = max(0.0, min(start_s, span + 1e-6 - length))
-    return select_window(full, start, length), start, length
-
-
-def build_scenario(
-    trace: str,
-    plant: ServingPlant,
-    load: str,
-    duration_s: float,
-    full_trace: tuple[tuple[Request, ...], str] | None = None,
-) -> Scenario:
-    """The workload of one scenario (module notes: windows, capacity, loads).
-
-    ``full_trace`` (requests, sha256) is the loaded trace when the caller has it (a Ray
-    worker gets it by value); without it the trace is loaded by name here.
-
-    Raises:
-        TraceError: the trace cannot be loaded.
-        ValueError: an unknown load.
-    """
-    if load not in LOADS:
-        raise ValueError(f"load must be one of {LOADS}, got {load!r}")
-    profile = plant.profile
-    full, digest = _full_trace(trace) if full_trace is None else full_trace
-    if trace in WHOLE_TRACE:
-        window, start, length = _window(full, 0.0, full[-1].arrival_time_s + 1e-6)
-        capacity, light, probes = slo_capacity(window, plant, length)
-        target = BUSY_UTILIZATION if load == "recorded" else TARGET_UTILIZATION
-        scale = target * capacity
-        label = "busy" if load == "recorded" else "cap70"
-    else:
-        window, start, length = _window(full, TRACE_STARTS_S.get(trace, 0.0), duration_s)
-        capacity, light, probes = slo_capacity(window, plant, length)
-        if load == "recorded":
-            pool = 1 if capacity >= 1.0 else math.ceil(1.0 / capacity)
-            scale = 1.0 / pool
-            label = "recorded" if pool == 1 else f"recorded/{pool}"
-            if pool > 1:
-                window, start, length = _window(full, start, duration_s * scale)
-        else:
-            window, start, length = _window(full, start, duration_s * TARGET_UTILIZATION * capacity)
-            capacity, light, more = slo_capacity(window, plant, length)
-            probes += more
-            scale = TARGET_UTILIZATION * capacity
-            label = "cap70"
-    return Scenario(
-        key=f"{trace}|{profile.name}|{load}",
-        trace=trace,
-        profile=profile.name,
-        load=load,
-        load_label=label,
-        requests=scale_load(window, scale),
-        source_start_s=start,
-        source_duration_s=length,
-        load_scale=scale,
-        capacity_load_scale=capacity,
-        capacity_probes=probes,
-        light_load_slo_attainment=light,
-        utilization=scale / capacity,
-        fluid_utilization_estimate=work_seconds_at_maximum(window, profile) * scale / length,
-        trace_sha256=digest,
-    )
-
-
-# ---------------------------------------------------------------------- controllers
-@dataclass(frozen=True)
-class ControllerEntry:
-    """One online controller of the scoreboard: a key, a label and a factory."""
-
-    key: str
-    label: str
-    build: Callable[[], ClockController]
-    control_period_s: float | None = None
-    """The controller's own control period; None runs it at the scenario's."""
-
-
-def scoreboard_mpc(
-    plant: ServingPlant,
-    workload: Sequence[Request],
-    kind: str,
-    *,
-    control_period_s: float = 1.0,
-    horizon_s: float = 10.0,
-    solve_time_limit_s: float = 0.8,
-) -> MPCController:
-    """The MPC of config kind ``kind`` (``mpc``: the fast solver and model; ``mpc-slsqp``:
-    the seed's) exactly as the daemon's simulated mode builds it
-    (:func:`daemon.service.simulated_mpc`), with forecasts declared from the workload
-    before the run."""
-    spec = MPCControllerConfig(
-        kind=kind,  # type: ignore[arg-type]
-        horizon_s=horizon_s,
-        solve_time_limit_s=solve_time_limit_s,
-    )
-    controller = simulated_mpc(spec, plant, workload, control_period_s)
-    assert isinstance(controller, MPCController)
-    return controller
-
-
-def build_scoreboard_controllers(
-    plant: ServingPlant,
-    workload: Sequence[Request],
-    *,
-    control_period_s: float = 1.0,
-    mpc_horizon_s: float = 10.0,
-    mpc_solve_time_limit_s: float = 0.8,
-    fast_mpc_period_s: float | None = None,
-) -> list[ControllerEntry]:
-    """The online controllers of the scoreboard, in table order (the one place to swap
-    one in: keys ``max``, ``reactive``, ``open-loop``, ``mpc-slsqp``, ``mpc``).
-
-    The MPCs are the daemon's config kinds ``mpc-slsqp`` (the seed's SLSQP solver and
-    fluid model, the reference) and ``mpc`` (the fast discrete-search solver with its
-    latency model, SLO margin, burst hedge and SLO feedback), built by
-    :func:`scoreboard_mpc`. The fast MPC runs every ``fast_mpc_period_s`` (default: the
-    scenario's period) over the same horizon in seconds, since its solve time allows it.
-
-    The open-loop plan (:func:`optimize_open_loop`) covers the scenario to 60 s past the
-    last arrival with the MPC's output forecast; its factory solves the LP, so building it
-    is its offline cost.
-    """
-    requests = tuple(workload)
-    forecast = expected_output_tokens_forecast(requests)
-    plan_horizon = math.ceil(requests[-1].arrival_time_s) + 60.0
-
-    def open_loop() -> ClockController:
-        plan = optimize_open_loop(
-            requests,
-            plant,
-            horizon_s=plan_horizon,
-            control_period_s=control_period_s,
-            expected_output_tokens=forecast,
-        )
-        return OpenLoopClockController(plan)
-
-    fast_period = control_period_s if fast_mpc_period_s is None else fast_mpc_period_s
-
-    def mpc(kind: str, period: float) -> Callable[[], ClockController]:
-        return lambda: scoreboard_mpc(
-            plant,
-            requests,
-            kind,
-            control_period_s=period,
-            horizon_s=mpc_horizon_s,
-            solve_time_limit_s=mpc_solve_time_limit_s,
-        )
-
-    return [
-        ControllerEntry("max", LABELS["max"], lambda: maximum_clock_controller),
-        ControllerEntry("reactive", LABELS["reactive"], lambda: reactive_clock_controller),
-        ControllerEntry("open-loop", LABELS["open-loop"], open_loop),
-        ControllerEntry("mpc-slsqp", LABELS["mpc-slsqp"], mpc("mpc-slsqp", control_period_s)),
-        ControllerEntry("mpc", LABELS["mpc"], mpc("mpc", fast_period), fast_period),
-        ControllerEntry(
-            "mpc-online",
-            LABELS["mpc-online"],
-            lambda: scoreboard_online(
-                requests,
-                control_period_s=fast_period,
-                horizon_s=mpc_horizon_s,
-                solve_time_limit_s=mpc_solve_time_limit_s,
-            ),
-            fast_period,
-        ),
-    ]
-
-
-LABELS = {
-    "max": "max",
-    "best-fixed": "best-fixed (hindsight)",
-    "reactive": "reactive",
-    "open-loop": "open-loop",
-    "mpc-slsqp": "mpc-slsqp",
-    "mpc": "mpc",
-    "mpc-online": "mpc-online",
-    "window-oracle": "window-oracle (hindsight)",
-}
-"""Row labels: a controller's one name (its ``--controller`` spec, metrics label and JSON
-key); the hindsight oracles, which are not controllers, say so."""
-
-
-class TimedController:
-    """Times every call of ``inner`` (wall clock, ``perf_counter``)."""
-
-    def __init__(self, inner: ClockController) -> None:
-        self.inner = inner
-        self.call_times_s: list[float] = []
-        self.__name__ = str(getattr(inner, "__name__", type(inner).__name__))
-
-    def __call__(self, observation: ServingObservation) -> float:
-        start = time.perf_counter()
-        value = self.inner(observation)
-        self.call_times_s.append(time.perf_counter() - start)
-        return value
-
-
-class ProblemRecorder:
-    """Records every :class:`MPCProblem` an MPC controller builds during a run.
-
-    Wraps the instance's ``problem`` method, so it works for any controller exposing
-    ``problem(observation, arrival_rate)`` (the decision points of the run, in order).
-    """
-
-    def __init__(self, controller: MPCController) -> None:
-        self.problems: list[MPCProblem] = []
-        original = controller.problem
-
-        def recording(observation: ServingObservation, arrival_rate: float) -> MPCProblem:
-            problem = original(observation, arrival_rate)
-            self.problems.append(problem)
-            return problem
-
-        controller.problem = recording  # type: ignore[method-assign]
-
-
-def _percentile(values: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else None
-
-
-LONG_HORIZON_SPLIT = 4
-"""The solver comparison also times the fast solver with each period split in this many."""
-
-
-def compare_mpc_solvers(
-    problems: Sequence[MPCProblem],
-    plant: ServingPlant,
-    workload: Sequence[Request],
-    *,
-    control_period_s: float = 1.0,
-    horizon_s: float = 10.0,
-    fast_solver: MPCSolver | None = None,
-) -> dict[str, Any]:
-    """Solve every recorded problem with SLSQP and the fast solver; compare the costs.
-
-    The problems are the SLSQP MPC's (the seed's model and SLOs), so both solvers
-    minimise the same cost. Each solver runs inside its own MPC controller (the
-    scoreboard's ``mpc-slsqp`` and ``mpc`` builds, no overrun limit; ``fast_solver``
-    replaces the latter's solver), started from the recorded previous clock; the fast
-    solver keeps its own warm start (its previous plan) across the sequence. Costs are
-    ``problem.cost(plan)`` of the applied (supported-clock) plans. A point counts as no
-    worse when the fast cost is at most the SLSQP cost plus ``1e-9`` relative (a failed
-    SLSQP solve counts as no worse, a failed fast solve as worse).
-    """
-    slsqp = scoreboard_mpc(
-        plant,
-        workload,
-        "mpc-slsqp",
-        control_period_s=control_period_s,
-        horizon_s=horizon_s,
-        solve_time_limit_s=1e9,
-    )
-    fast = scoreboard_mpc(
-        plant,
-        workload,
-        "mpc",
-        control_period_s=control_period_s,
-        horizon_s=horizon_s,
-        solve_time_limit_s=1e9,
-    )
-    if fast_solver is not None:
-        fast.solver = fast_solver
-    slsqp_times: list[float] = []
-    fast_times: list[float] = []
-    excess: list[float] = []
-    no_worse = 0
-    failures = {"slsqp": 0, "fast": 0}
-    for problem in problems:
-        slsqp.current_clock = problem.previous_clock_mhz
-        plan_s, _, elapsed_s = slsqp.solve(problem)
-        fast.current_clock = problem.previous_clock_mhz
-        plan_f, _, elapsed_f = fast.solve(problem)
-        fast.last_plan = plan_f
-        slsqp_times.append(elapsed_s)
-        fast_times.append(elapsed_f)
-        failures["slsqp"] += plan_s is None
-        failures["fast"] += plan_f is None
-        if plan_f is None:
-            excess.append(math.inf)
-            continue
-        cost_f = problem.cost(plan_f)
-        if plan_s is None:
-            no_worse += 1
-            continue
-        cost_s = problem.cost(plan_s)
-        relative = (cost_f - cost_s) / max(abs(cost_s), 1e-12)
-        excess.append(relative)
-        no_worse += relative <= 1e-9
-    # The same states over the same 10 s, at four times the control rate: each problem's
-    # periods split in four (arrivals spread evenly), solved by the fast solver alone.
-    long_fast = scoreboard_mpc(
-        plant,
-        workload,
-        "mpc",
-        control_period_s=control_period_s / LONG_HORIZON_SPLIT,
-        horizon_s=horizon_s,
-        solve_time_limit_s=1e9,
-    )
-    if fast_solver is not None:
-        long_fast.solver = fast_solver
-    long_times: list[float] = []
-    for problem in problems:
-        split = replace(
-            problem,
-            control_period_s=problem.control_period_s / LONG_HORIZON_SPLIT,
-            prompt_arrivals=np.repeat(
-                problem.prompt_arrivals / LONG_HORIZON_SPLIT, LONG_HORIZON_SPLIT
-            ),
-        )
-        long_fast.current_clock = problem.previous_clock_mhz
-        plan_long, _, elapsed_long = long_fast.solve(split)
-        long_fast.last_plan = plan_long
-        long_times.append(elapsed_long)
-    points = len(problems)
-    worst = max(excess) if excess else None
-    return {
-        "points": points,
-        "fraction_no_worse": (no_worse / points) if points else None,
-        "worst_relative_excess": None if worst is None or math.isinf(worst) else worst,
-        "fast_p50_s": _percentile(fast_times, 50),
-        "fast_p99_s": _percentile(fast_times, 99),
-        "slsqp_p50_s": _percentile(slsqp_times, 50),
-        "slsqp_p99_s": _percentile(slsqp_times, 99),
-        "solver_failures": failures,
-        "horizon_steps": problems[0].horizon_steps if problems else None,
-        "long_horizon_steps": (
-            problems[0].horizon_steps * LONG_HORIZON_SPLIT if problems else None
-        ),
-        "fast_long_p50_s": _percentile(long_times, 50),
-        "fast_long_p99_s": _percentile(long_times, 99),
-        "rule": (
-            "cost = problem.cost(applied plan); no worse when fast <= slsqp * (1 + 1e-9); "
-            "worst_relative_excess = max (fast - slsqp) / |slsqp| (negative: always better)"
-        ),
-    }
 
 
 # -------------------------------------------------------------------------- scoring
@@ -933,26 +381,6 @@ def run_scenario(
     }
 
 
-def compare_recorded(
-    recorded: dict[str, Any], say: Callable[[str], None] | None = None
-) -> dict[str, Any]:
-    """:func:`compare_mpc_solvers` on the decision points a scenario recorded, run in
-    this process after every scenario has finished."""
-    problems = recorded["problems"]
-    if say is not None:
-        say(f"comparing the MPC solvers on {len(problems)} decision points of "
-            f"{recorded['scenario']}")
-    comparison = compare_mpc_solvers(
-        problems,
-        recorded["plant"],
-        recorded["requests"],
-        control_period_s=recorded["control_period_s"],
-        horizon_s=recorded["horizon_s"],
-    )
-    comparison["scenario"] = recorded["scenario"]
-    return comparison
-
-
 def _run_task(
     args: tuple[str, str, str, BenchConfig, bool], shared: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -1066,41 +494,6 @@ def run_scoreboard(
     }
 
 
-DEFINITIONS = {
-    "holds_slo": (
-        f"SLO attainment >= the maximum clock's minus {100 * SLO_TOLERANCE:g} percentage point"
-    ),
-    "oracle_capture": (
-        "(E_max - E) / (E_max - E_oracle), E_oracle the lowest energy of the hindsight "
-        "oracles (best fixed, window) that hold the SLO; null when the controller does not "
-        "hold the SLO or the oracle saves nothing"
-    ),
-    "oracle_capture_after_warmup": (
-        "oracle capture on the energy used after the warm-up (min(300 s, half the window "
-        "length)) by the controller, the maximum clock and the oracle; null when the "
-        "controller does not hold the SLO over the whole run"
-    ),
-    "model_error": (
-        "mpc-online only: time-weighted mean |learned / true - 1| over the realised clocks "
-        "held >= 5 s; decode iteration at the run's mean decode batch and a context of "
-        "mean prompt + half the mean output"
-    ),
-    "decision_time": (
-        "wall time per controller call (perf_counter); MPC: its own solve times "
-        "(diagnostics); oracles: null (offline search, see offline_compute_s)"
-    ),
-    "utilization": (
-        "load multiplier over the SLO capacity multiplier: the highest multiplier at which "
-        "the maximum clock's SLO attainment is within 1 point of its light-load attainment"
-    ),
-    "fluid_utilization_estimate": (
-        "(sum prompt / prefill_rate(f_max) + sum (output - 1) / decode_rate(f_max)) / "
-        "scenario duration"
-    ),
-    "lp_bound": "fluid LP lower bound on the energy of any run serving all the work",
-}
-
-
 def _progress_line(outcome: dict[str, Any], done: int, total: int, started: float) -> str:
     elapsed = time.perf_counter() - started
     if "skipped" in outcome:
@@ -1108,300 +501,6 @@ def _progress_line(outcome: dict[str, Any], done: int, total: int, started: floa
     info = outcome["scenario"]
     eta = format_duration(elapsed / done * (total - done)) if done else "?"
     return f"[{done}/{total} {elapsed:6.1f}s ETA {eta}] {info['key']} ({info['wall_s']:.1f}s)"
-
-
-def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per controller across scenarios: how often it holds the SLO, its median energy
-    saving and capture, and its worst p99 decision time."""
-    out = []
-    for key in CONTROLLER_ORDER:
-        mine = [r for r in rows if r["controller"] == key]
-        if not mine:
-            continue
-        captures = [r["oracle_capture"] for r in mine if r["oracle_capture"] is not None]
-        after = [
-            r["oracle_capture_after_warmup"]
-            for r in mine
-            if r.get("oracle_capture_after_warmup") is not None
-        ]
-        saved = [r["energy_saved_fraction"] for r in mine if r["energy_saved_fraction"] is not None]
-        p99 = [r["decision_time_p99_s"] for r in mine if r["decision_time_p99_s"] is not None]
-        out.append(
-            {
-                "controller": key,
-                "label": LABELS[key],
-                "scenarios": len(mine),
-                "holds_slo": sum(bool(r["holds_slo"]) for r in mine),
-                "median_energy_saved_fraction": float(np.median(saved)) if saved else None,
-                "median_oracle_capture": float(np.median(captures)) if captures else None,
-                "min_oracle_capture": float(min(captures)) if captures else None,
-                "median_oracle_capture_after_warmup": (
-                    float(np.median(after)) if after else None
-                ),
-                "max_decision_time_p99_s": float(max(p99)) if p99 else None,
-            }
-        )
-    return out
-
-
-# ----------------------------------------------------------------------------- output
-def _fmt(value: Any, scale: float = 1.0, digits: int = 2, suffix: str = "") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float | int):
-        return f"{value * scale:.{digits}f}{suffix}"
-    return str(value)
-
-
-def markdown(payload: dict[str, Any]) -> str:
-    """The scoreboard as markdown: settings, per-scenario tables, summary, comparison."""
-    lines = [
-        f"# Controller scoreboard ({payload['mode']})",
-        "",
-        f"Wall time {payload['wall_s']:.1f} s on {payload['machine']['cpus']} CPUs, "
-        f"{payload['config']['jobs']} worker process(es). Definitions: `docs/scoreboard.md`.",
-        "Energy saved is relative to the maximum clock; SLO holds when attainment is within "
-        "1 point of the maximum clock's; capture = (E_max - E) / (E_max - E_oracle).",
-        f"Control period {payload['config']['control_period_s']:g} s (the fast MPC "
-        f"{payload['config'].get('fast_mpc_period_s', payload['config']['control_period_s']):g}"
-        f" s); MPC horizon {payload['config']['mpc_horizon_s']:g} s.",
-        "",
-    ]
-    if payload["skipped"]:
-        lines.append(
-            "Skipped: " + "; ".join(f"{s['scenario']} ({s['reason']})" for s in payload["skipped"])
-        )
-        lines.append("")
-    lines += [
-        "## Summary per controller",
-        "",
-        "| controller | scenarios | holds SLO | median saved | median capture | "
-        "min capture | median capture after warm-up | worst p99 decision |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for s in payload["summary"]:
-        lines.append(
-            f"| {s['label']} | {s['scenarios']} | {s['holds_slo']} | "
-            f"{_fmt(s['median_energy_saved_fraction'], 100, 1, '%')} | "
-            f"{_fmt(s['median_oracle_capture'], 1, 2)} | {_fmt(s['min_oracle_capture'], 1, 2)} | "
-            f"{_fmt(s.get('median_oracle_capture_after_warmup'), 1, 2)} | "
-            f"{_fmt(s['max_decision_time_p99_s'], 1000, 2, ' ms')} |"
-        )
-    lines += online_model_lines(payload["rows"])
-    comparison = payload.get("mpc_solver_comparison")
-    if comparison:
-        lines += [
-            "",
-            "## MPC solvers on the same decision points",
-            "",
-            f"Scenario `{comparison['scenario']}`, {comparison['points']} decision points, "
-            f"{comparison['horizon_steps']}-step horizon: the fast solver is no worse on "
-            f"{_fmt(comparison['fraction_no_worse'], 100, 1, '%')} of points, worst relative "
-            f"excess {_fmt(comparison['worst_relative_excess'], 100, 3, '%')}; p99 solve "
-            f"{_fmt(comparison['fast_p99_s'], 1000, 2, ' ms')} (fast) vs "
-            f"{_fmt(comparison['slsqp_p99_s'], 1000, 2, ' ms')} (SLSQP); with each period "
-            f"split in {LONG_HORIZON_SPLIT} ({comparison.get('long_horizon_steps')} steps), "
-            f"fast p99 {_fmt(comparison.get('fast_long_p99_s'), 1000, 2, ' ms')}.",
-        ]
-    by_scenario: dict[str, list[dict[str, Any]]] = {}
-    for row in payload["rows"]:
-        by_scenario.setdefault(row["scenario"], []).append(row)
-    lines += [
-        "",
-        "## Energy saved per scenario",
-        "",
-        "Energy saved vs the maximum clock, then capture in brackets; a dash after the "
-        "saving marks a run that does not hold the SLO. Utilisation is the load over the "
-        "maximum clock's SLO capacity; A_max the maximum clock's SLO attainment; the last "
-        "column the fluid LP bound over the oracle energy.",
-        "",
-        "| trace | profile | load | util | A_max | "
-        + " | ".join(LABELS[key] for key in CONTROLLER_ORDER[1:])
-        + " | LP / oracle |",
-        "| --- | --- | --- | ---: | ---: | "
-        + " | ".join("---:" for _ in CONTROLLER_ORDER[1:])
-        + " | ---: |",
-    ]
-    for info in payload["scenarios"]:
-        mine = {row["controller"]: row for row in by_scenario.get(info["key"], [])}
-        cells = []
-        for key in CONTROLLER_ORDER[1:]:
-            row = mine.get(key)
-            if row is None:
-                cells.append("")
-                continue
-            saved = _fmt(row["energy_saved_fraction"], 100, 1, "%")
-            if not row["holds_slo"]:
-                cells.append(f"{saved} -")
-            elif row["oracle_capture"] is None:
-                cells.append(saved)
-            else:
-                cells.append(f"{saved} ({row['oracle_capture']:.2f})")
-        bound = info["lp_bound"]["energy_j"]
-        ratio = (
-            _fmt(bound / info["oracle_energy_j"], 1, 2)
-            if bound is not None and info["oracle_energy_j"]
-            else "-"
-        )
-        lines.append(
-            f"| {info['trace']} | {info['profile']} | {info['load_label']} | "
-            f"{_fmt(info['utilization'], 100, 0, '%')} | "
-            f"{_fmt(info['max_clock_slo_attainment'], 100, 1, '%')} | "
-            + " | ".join(cells)
-            + f" | {ratio} |"
-        )
-    lines += ["", "## Scenarios", ""]
-    for info in payload["scenarios"]:
-        bound = info["lp_bound"]
-        lines += [
-            f"### {info['trace']} / {info['profile']} / {info['load_label']}",
-            "",
-            f"{info['requests']} requests over {info['scenario_duration_s']:.0f} s "
-            f"(source {info['source_start_s']:.0f} s + {info['source_duration_s']:.0f} s, "
-            f"load scale {info['load_scale']:.3g}); utilisation "
-            f"{100 * info['utilization']:.0f}% of maximum-clock SLO capacity (fluid estimate "
-            f"{100 * info['fluid_utilization_estimate']:.0f}%), maximum clock's SLO attainment "
-            f"{_fmt(info['max_clock_slo_attainment'], 100, 2, '%')}. Best fixed clock "
-            f"{info['best_fixed']['clock_mhz']:g} MHz ({info['best_fixed']['simulations']} "
-            f"runs); window oracle {info['window_oracle']['source']}; fluid LP bound "
-            f"{_fmt(bound['energy_j'], 1e-3, 1, ' kJ')}.",
-            "",
-            "| controller | energy | saved | J/token | SLO | holds | TTFT p95 | TPOT p95 | "
-            "cap / thermal | decision p50 / p99 | capture |",
-            "| --- | ---: | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for row in by_scenario.get(info["key"], []):
-            decision = (
-                "offline"
-                if row["decision_time_p50_s"] is None
-                else f"{_fmt(row['decision_time_p50_s'], 1000, 2)} / "
-                f"{_fmt(row['decision_time_p99_s'], 1000, 2)} ms"
-            )
-            lines.append(
-                f"| {row['label']} | {_fmt(row['energy_j'], 1e-3, 1, ' kJ')} | "
-                f"{_fmt(row['energy_saved_fraction'], 100, 1, '%')} | "
-                f"{_fmt(row['energy_per_output_token_j'], 1, 3)} | "
-                f"{_fmt(row['slo_attainment'], 100, 2, '%')} | {_fmt(row['holds_slo'])} | "
-                f"{_fmt(row['ttft_p95_s'], 1, 3, ' s')} | "
-                f"{_fmt(row['tpot_p95_s'], 1000, 1, ' ms')} | "
-                f"{_fmt(row['power_cap_violation_s'], 1, 1)} / "
-                f"{_fmt(row['thermal_violation_s'], 1, 1)} s | {decision} | "
-                f"{_fmt(row['oracle_capture'], 1, 2)} |"
-            )
-        lines.append("")
-    return "\n".join(lines) + "\n"
-
-
-def write_plot(payload: dict[str, Any], path: Path) -> None:
-    """PNG: energy saved vs SLO attainment (relative to the maximum clock), one point per
-    controller and scenario."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    markers = dict(zip(CONTROLLER_ORDER, "os^vDP*X", strict=True))
-    fig, ax = plt.subplots(figsize=(9, 6))
-    for index, key in enumerate(CONTROLLER_ORDER):
-        mine = [
-            r
-            for r in payload["rows"]
-            if r["controller"] == key
-            and r["slo_attainment_vs_max_pp"] is not None
-            and r["energy_saved_fraction"] is not None
-        ]
-        if not mine:
-            continue
-        ax.scatter(
-            [r["slo_attainment_vs_max_pp"] for r in mine],
-            [100.0 * r["energy_saved_fraction"] for r in mine],
-            label=LABELS[key],
-            marker=markers[key],
-            color=f"C{index}",
-            alpha=0.8,
-            s=36,
-        )
-    shown = [
-        r["slo_attainment_vs_max_pp"]
-        for r in payload["rows"]
-        if r["slo_attainment_vs_max_pp"] is not None
-    ]
-    ax.set_xscale("symlog", linthresh=1.0)
-    ax.set_xlim(min([-2.0, *shown]) * 1.2, max([0.5, *shown]) * 1.5)
-    ax.axvline(-100.0 * SLO_TOLERANCE, color="k", ls="--", lw=0.8)
-    ax.text(
-        -100.0 * SLO_TOLERANCE, ax.get_ylim()[1], " SLO holds to the right", va="top", fontsize=8
-    )
-    ax.set_xlabel("SLO attainment minus the maximum clock's (percentage points, symlog)")
-    ax.set_ylabel("energy saved vs the maximum clock (%)")
-    ax.set_title(f"gpugov controller scoreboard ({payload['mode']}): one point per scenario")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _strict(value: Any) -> Any:
-    """Replace non-finite floats by None so the JSON is strict."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_strict(v) for v in value]
-    if isinstance(value, np.generic):
-        return _strict(value.item())
-    return value
-
-
-def write_outputs(payload: dict[str, Any], out_dir: Path) -> dict[str, Path]:
-    """Write ``scoreboard.json``, ``scoreboard.md`` and ``scoreboard.png`` to ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "json": out_dir / "scoreboard.json",
-        "md": out_dir / "scoreboard.md",
-        "png": out_dir / "scoreboard.png",
-    }
-    paths["json"].write_text(json.dumps(_strict(payload), indent=1, allow_nan=False) + "\n")
-    paths["md"].write_text(markdown(payload))
-    write_plot(payload, paths["png"])
-    return paths
-
-
-def short_table(payload: dict[str, Any]) -> str:
-    """The summary printed on stdout."""
-    lines = [
-        f"{'controller':<26} {'holds':>7} {'saved':>7} {'capture':>8} {'min cap':>8} "
-        f"{'cap>warm':>8} {'p99 dec':>10}"
-    ]
-    for s in payload["summary"]:
-        lines.append(
-            f"{s['label']:<26} {s['holds_slo']:>3}/{s['scenarios']:<3} "
-            f"{_fmt(s['median_energy_saved_fraction'], 100, 1, '%'):>7} "
-            f"{_fmt(s['median_oracle_capture'], 1, 2):>8} {_fmt(s['min_oracle_capture'], 1, 2):>8} "
-            f"{_fmt(s.get('median_oracle_capture_after_warmup'), 1, 2):>8} "
-            f"{_fmt(s['max_decision_time_p99_s'], 1000, 2, ' ms'):>10}"
-        )
-    comparison = payload.get("mpc_solver_comparison")
-    if comparison:
-        lines.append(
-            f"MPC solvers on {comparison['points']} points: fast no worse on "
-            f"{_fmt(comparison['fraction_no_worse'], 100, 1, '%')}, worst excess "
-            f"{_fmt(comparison['worst_relative_excess'], 100, 3, '%')}, p99 "
-            f"{_fmt(comparison['fast_p99_s'], 1000, 2, ' ms')} fast vs "
-            f"{_fmt(comparison['slsqp_p99_s'], 1000, 2, ' ms')} SLSQP; "
-            f"{comparison.get('long_horizon_steps')}-step fast p99 "
-            f"{_fmt(comparison.get('fast_long_p99_s'), 1000, 2, ' ms')}"
-        )
-    lines.append(
-        f"{len(payload['scenarios'])} scenarios, {len(payload['skipped'])} skipped, "
-        f"wall {payload['wall_s']:.1f} s"
-    )
-    return "\n".join(lines)
 
 
 def expand_profiles(names: Sequence[str]) -> list[str]:

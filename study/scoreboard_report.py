@@ -1,0 +1,354 @@
+"""The scoreboard's outputs: the summary per controller, the Markdown report, the plot,
+the strict JSON and the short table on stdout."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpugov.controllers.oracles import (
+    SLO_TOLERANCE,
+)
+from gpugov.study.online_eval import (
+    online_model_lines,
+)
+from gpugov.study.scoreboard_scenarios import (
+    CONTROLLER_ORDER,
+    LABELS,
+)
+from gpugov.study.scoreboard_solvers import (
+    LONG_HORIZON_SPLIT,
+)
+
+DEFINITIONS = {
+    "holds_slo": (
+        f"SLO attainment >= the maximum clock's minus {100 * SLO_TOLERANCE:g} percentage point"
+    ),
+    "oracle_capture": (
+        "(E_max - E) / (E_max - E_oracle), E_oracle the lowest energy of the hindsight "
+        "oracles (best fixed, window) that hold the SLO; null when the controller does not "
+        "hold the SLO or the oracle saves nothing"
+    ),
+    "oracle_capture_after_warmup": (
+        "oracle capture on the energy used after the warm-up (min(300 s, half the window "
+        "length)) by the controller, the maximum clock and the oracle; null when the "
+        "controller does not hold the SLO over the whole run"
+    ),
+    "model_error": (
+        "mpc-online only: time-weighted mean |learned / true - 1| over the realised clocks "
+        "held >= 5 s; decode iteration at the run's mean decode batch and a context of "
+        "mean prompt + half the mean output"
+    ),
+    "decision_time": (
+        "wall time per controller call (perf_counter); MPC: its own solve times "
+        "(diagnostics); oracles: null (offline search, see offline_compute_s)"
+    ),
+    "utilization": (
+        "load multiplier over the SLO capacity multiplier: the highest multiplier at which "
+        "the maximum clock's SLO attainment is within 1 point of its light-load attainment"
+    ),
+    "fluid_utilization_estimate": (
+        "(sum prompt / prefill_rate(f_max) + sum (output - 1) / decode_rate(f_max)) / "
+        "scenario duration"
+    ),
+    "lp_bound": "fluid LP lower bound on the energy of any run serving all the work",
+}
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per controller across scenarios: how often it holds the SLO, its median energy
+    saving and capture, and its worst p99 decision time."""
+    out = []
+    for key in CONTROLLER_ORDER:
+        mine = [r for r in rows if r["controller"] == key]
+        if not mine:
+            continue
+        captures = [r["oracle_capture"] for r in mine if r["oracle_capture"] is not None]
+        after = [
+            r["oracle_capture_after_warmup"]
+            for r in mine
+            if r.get("oracle_capture_after_warmup") is not None
+        ]
+        saved = [r["energy_saved_fraction"] for r in mine if r["energy_saved_fraction"] is not None]
+        p99 = [r["decision_time_p99_s"] for r in mine if r["decision_time_p99_s"] is not None]
+        out.append(
+            {
+                "controller": key,
+                "label": LABELS[key],
+                "scenarios": len(mine),
+                "holds_slo": sum(bool(r["holds_slo"]) for r in mine),
+                "median_energy_saved_fraction": float(np.median(saved)) if saved else None,
+                "median_oracle_capture": float(np.median(captures)) if captures else None,
+                "min_oracle_capture": float(min(captures)) if captures else None,
+                "median_oracle_capture_after_warmup": (
+                    float(np.median(after)) if after else None
+                ),
+                "max_decision_time_p99_s": float(max(p99)) if p99 else None,
+            }
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- output
+def _fmt(value: Any, scale: float = 1.0, digits: int = 2, suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float | int):
+        return f"{value * scale:.{digits}f}{suffix}"
+    return str(value)
+
+
+def markdown(payload: dict[str, Any]) -> str:
+    """The scoreboard as markdown: settings, per-scenario tables, summary, comparison."""
+    lines = [
+        f"# Controller scoreboard ({payload['mode']})",
+        "",
+        f"Wall time {payload['wall_s']:.1f} s on {payload['machine']['cpus']} CPUs, "
+        f"{payload['config']['jobs']} worker process(es). Definitions: `docs/scoreboard.md`.",
+        "Energy saved is relative to the maximum clock; SLO holds when attainment is within "
+        "1 point of the maximum clock's; capture = (E_max - E) / (E_max - E_oracle).",
+        f"Control period {payload['config']['control_period_s']:g} s (the fast MPC "
+        f"{payload['config'].get('fast_mpc_period_s', payload['config']['control_period_s']):g}"
+        f" s); MPC horizon {payload['config']['mpc_horizon_s']:g} s.",
+        "",
+    ]
+    if payload["skipped"]:
+        lines.append(
+            "Skipped: " + "; ".join(f"{s['scenario']} ({s['reason']})" for s in payload["skipped"])
+        )
+        lines.append("")
+    lines += [
+        "## Summary per controller",
+        "",
+        "| controller | scenarios | holds SLO | median saved | median capture | "
+        "min capture | median capture after warm-up | worst p99 decision |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for s in payload["summary"]:
+        lines.append(
+            f"| {s['label']} | {s['scenarios']} | {s['holds_slo']} | "
+            f"{_fmt(s['median_energy_saved_fraction'], 100, 1, '%')} | "
+            f"{_fmt(s['median_oracle_capture'], 1, 2)} | {_fmt(s['min_oracle_capture'], 1, 2)} | "
+            f"{_fmt(s.get('median_oracle_capture_after_warmup'), 1, 2)} | "
+            f"{_fmt(s['max_decision_time_p99_s'], 1000, 2, ' ms')} |"
+        )
+    lines += online_model_lines(payload["rows"])
+    comparison = payload.get("mpc_solver_comparison")
+    if comparison:
+        lines += [
+            "",
+            "## MPC solvers on the same decision points",
+            "",
+            f"Scenario `{comparison['scenario']}`, {comparison['points']} decision points, "
+            f"{comparison['horizon_steps']}-step horizon: the fast solver is no worse on "
+            f"{_fmt(comparison['fraction_no_worse'], 100, 1, '%')} of points, worst relative "
+            f"excess {_fmt(comparison['worst_relative_excess'], 100, 3, '%')}; p99 solve "
+            f"{_fmt(comparison['fast_p99_s'], 1000, 2, ' ms')} (fast) vs "
+            f"{_fmt(comparison['slsqp_p99_s'], 1000, 2, ' ms')} (SLSQP); with each period "
+            f"split in {LONG_HORIZON_SPLIT} ({comparison.get('long_horizon_steps')} steps), "
+            f"fast p99 {_fmt(comparison.get('fast_long_p99_s'), 1000, 2, ' ms')}.",
+        ]
+    by_scenario: dict[str, list[dict[str, Any]]] = {}
+    for row in payload["rows"]:
+        by_scenario.setdefault(row["scenario"], []).append(row)
+    lines += [
+        "",
+        "## Energy saved per scenario",
+        "",
+        "Energy saved vs the maximum clock, then capture in brackets; a dash after the "
+        "saving marks a run that does not hold the SLO. Utilisation is the load over the "
+        "maximum clock's SLO capacity; A_max the maximum clock's SLO attainment; the last "
+        "column the fluid LP bound over the oracle energy.",
+        "",
+        "| trace | profile | load | util | A_max | "
+        + " | ".join(LABELS[key] for key in CONTROLLER_ORDER[1:])
+        + " | LP / oracle |",
+        "| --- | --- | --- | ---: | ---: | "
+        + " | ".join("---:" for _ in CONTROLLER_ORDER[1:])
+        + " | ---: |",
+    ]
+    for info in payload["scenarios"]:
+        mine = {row["controller"]: row for row in by_scenario.get(info["key"], [])}
+        cells = []
+        for key in CONTROLLER_ORDER[1:]:
+            row = mine.get(key)
+            if row is None:
+                cells.append("")
+                continue
+            saved = _fmt(row["energy_saved_fraction"], 100, 1, "%")
+            if not row["holds_slo"]:
+                cells.append(f"{saved} -")
+            elif row["oracle_capture"] is None:
+                cells.append(saved)
+            else:
+                cells.append(f"{saved} ({row['oracle_capture']:.2f})")
+        bound = info["lp_bound"]["energy_j"]
+        ratio = (
+            _fmt(bound / info["oracle_energy_j"], 1, 2)
+            if bound is not None and info["oracle_energy_j"]
+            else "-"
+        )
+        lines.append(
+            f"| {info['trace']} | {info['profile']} | {info['load_label']} | "
+            f"{_fmt(info['utilization'], 100, 0, '%')} | "
+            f"{_fmt(info['max_clock_slo_attainment'], 100, 1, '%')} | "
+            + " | ".join(cells)
+            + f" | {ratio} |"
+        )
+    lines += ["", "## Scenarios", ""]
+    for info in payload["scenarios"]:
+        bound = info["lp_bound"]
+        lines += [
+            f"### {info['trace']} / {info['profile']} / {info['load_label']}",
+            "",
+            f"{info['requests']} requests over {info['scenario_duration_s']:.0f} s "
+            f"(source {info['source_start_s']:.0f} s + {info['source_duration_s']:.0f} s, "
+            f"load scale {info['load_scale']:.3g}); utilisation "
+            f"{100 * info['utilization']:.0f}% of maximum-clock SLO capacity (fluid estimate "
+            f"{100 * info['fluid_utilization_estimate']:.0f}%), maximum clock's SLO attainment "
+            f"{_fmt(info['max_clock_slo_attainment'], 100, 2, '%')}. Best fixed clock "
+            f"{info['best_fixed']['clock_mhz']:g} MHz ({info['best_fixed']['simulations']} "
+            f"runs); window oracle {info['window_oracle']['source']}; fluid LP bound "
+            f"{_fmt(bound['energy_j'], 1e-3, 1, ' kJ')}.",
+            "",
+            "| controller | energy | saved | J/token | SLO | holds | TTFT p95 | TPOT p95 | "
+            "cap / thermal | decision p50 / p99 | capture |",
+            "| --- | ---: | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for row in by_scenario.get(info["key"], []):
+            decision = (
+                "offline"
+                if row["decision_time_p50_s"] is None
+                else f"{_fmt(row['decision_time_p50_s'], 1000, 2)} / "
+                f"{_fmt(row['decision_time_p99_s'], 1000, 2)} ms"
+            )
+            lines.append(
+                f"| {row['label']} | {_fmt(row['energy_j'], 1e-3, 1, ' kJ')} | "
+                f"{_fmt(row['energy_saved_fraction'], 100, 1, '%')} | "
+                f"{_fmt(row['energy_per_output_token_j'], 1, 3)} | "
+                f"{_fmt(row['slo_attainment'], 100, 2, '%')} | {_fmt(row['holds_slo'])} | "
+                f"{_fmt(row['ttft_p95_s'], 1, 3, ' s')} | "
+                f"{_fmt(row['tpot_p95_s'], 1000, 1, ' ms')} | "
+                f"{_fmt(row['power_cap_violation_s'], 1, 1)} / "
+                f"{_fmt(row['thermal_violation_s'], 1, 1)} s | {decision} | "
+                f"{_fmt(row['oracle_capture'], 1, 2)} |"
+            )
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def write_plot(payload: dict[str, Any], path: Path) -> None:
+    """PNG: energy saved vs SLO attainment (relative to the maximum clock), one point per
+    controller and scenario."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    markers = dict(zip(CONTROLLER_ORDER, "os^vDP*X", strict=True))
+    fig, ax = plt.subplots(figsize=(9, 6))
+    for index, key in enumerate(CONTROLLER_ORDER):
+        mine = [
+            r
+            for r in payload["rows"]
+            if r["controller"] == key
+            and r["slo_attainment_vs_max_pp"] is not None
+            and r["energy_saved_fraction"] is not None
+        ]
+        if not mine:
+            continue
+        ax.scatter(
+            [r["slo_attainment_vs_max_pp"] for r in mine],
+            [100.0 * r["energy_saved_fraction"] for r in mine],
+            label=LABELS[key],
+            marker=markers[key],
+            color=f"C{index}",
+            alpha=0.8,
+            s=36,
+        )
+    shown = [
+        r["slo_attainment_vs_max_pp"]
+        for r in payload["rows"]
+        if r["slo_attainment_vs_max_pp"] is not None
+    ]
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xlim(min([-2.0, *shown]) * 1.2, max([0.5, *shown]) * 1.5)
+    ax.axvline(-100.0 * SLO_TOLERANCE, color="k", ls="--", lw=0.8)
+    ax.text(
+        -100.0 * SLO_TOLERANCE, ax.get_ylim()[1], " SLO holds to the right", va="top", fontsize=8
+    )
+    ax.set_xlabel("SLO attainment minus the maximum clock's (percentage points, symlog)")
+    ax.set_ylabel("energy saved vs the maximum clock (%)")
+    ax.set_title(f"gpugov controller scoreboard ({payload['mode']}): one point per scenario")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _strict(value: Any) -> Any:
+    """Replace non-finite floats by None so the JSON is strict."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    if isinstance(value, np.generic):
+        return _strict(value.item())
+    return value
+
+
+def write_outputs(payload: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """Write ``scoreboard.json``, ``scoreboard.md`` and ``scoreboard.png`` to ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "json": out_dir / "scoreboard.json",
+        "md": out_dir / "scoreboard.md",
+        "png": out_dir / "scoreboard.png",
+    }
+    paths["json"].write_text(json.dumps(_strict(payload), indent=1, allow_nan=False) + "\n")
+    paths["md"].write_text(markdown(payload))
+    write_plot(payload, paths["png"])
+    return paths
+
+
+def short_table(payload: dict[str, Any]) -> str:
+    """The summary printed on stdout."""
+    lines = [
+        f"{'controller':<26} {'holds':>7} {'saved':>7} {'capture':>8} {'min cap':>8} "
+        f"{'cap>warm':>8} {'p99 dec':>10}"
+    ]
+    for s in payload["summary"]:
+        lines.append(
+            f"{s['label']:<26} {s['holds_slo']:>3}/{s['scenarios']:<3} "
+            f"{_fmt(s['median_energy_saved_fraction'], 100, 1, '%'):>7} "
+            f"{_fmt(s['median_oracle_capture'], 1, 2):>8} {_fmt(s['min_oracle_capture'], 1, 2):>8} "
+            f"{_fmt(s.get('median_oracle_capture_after_warmup'), 1, 2):>8} "
+            f"{_fmt(s['max_decision_time_p99_s'], 1000, 2, ' ms'):>10}"
+        )
+    comparison = payload.get("mpc_solver_comparison")
+    if comparison:
+        lines.append(
+            f"MPC solvers on {comparison['points']} points: fast no worse on "
+            f"{_fmt(comparison['fraction_no_worse'], 100, 1, '%')}, worst excess "
+            f"{_fmt(comparison['worst_relative_excess'], 100, 3, '%')}, p99 "
+            f"{_fmt(comparison['fast_p99_s'], 1000, 2, ' ms')} fast vs "
+            f"{_fmt(comparison['slsqp_p99_s'], 1000, 2, ' ms')} SLSQP; "
+            f"{comparison.get('long_horizon_steps')}-step fast p99 "
+            f"{_fmt(comparison.get('fast_long_p99_s'), 1000, 2, ' ms')}"
+        )
+    lines.append(
+        f"{len(payload['scenarios'])} scenarios, {len(payload['skipped'])} skipped, "
+        f"wall {payload['wall_s']:.1f} s"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,336 @@
+"""The scoreboard's configuration and scenarios: traces x profiles x loads, each window
+scaled to the load it names, the SLO capacity search, and the controllers' one names."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from gpugov.controllers.baseline import maximum_clock_controller
+from gpugov.controllers.oracles import (
+    SLO_TOLERANCE,
+)
+from gpugov.plant import PerformanceProfile, ServingPlant, simulate
+from gpugov.plant.scheduler import chunked_prefill_scheduler
+from gpugov.plant.types import Request
+from gpugov.plant.workload import (
+    TraceWarning,
+    load_trace,
+    scale_load,
+    select_window,
+    workload_checksum,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+# In a source checkout the results live beside the benchmark; installed from a wheel,
+# there is no checkout, and they go to a folder under the working directory.
+DEFAULT_OUT = (
+    ROOT / "bench" / "results" / "controllers"
+    if (ROOT / "pyproject.toml").is_file()
+    else Path("gpugov-scoreboard")
+)
+
+TRACES = ("azure-conv-10min", "azure-conv", "azure-code", "mooncake", "burstgpt1")
+PROFILES = ("h100-sxm-llama3-8b", "h200-sxm-llama3-8b", "a100-sxm-80gb-llama3-8b")
+LOADS = ("recorded", "cap70")
+TRACE_STARTS_S = {
+    "azure-conv-10min": 0.0,
+    "azure-conv": 1800.0,
+    "azure-code": 600.0,
+    "mooncake": 1800.0,
+    "burstgpt1": 0.0,
+}
+"""Source window start per trace (seconds after its first arrival)."""
+WHOLE_TRACE = frozenset({"burstgpt1"})
+"""Traces used whole (too few rows for a window), time-compressed to the target load."""
+TARGET_UTILIZATION = 0.7
+BUSY_UTILIZATION = 0.9
+LIGHT_LOAD_FRACTION = 0.2
+"""Light load for the capacity search, as a fraction of the fluid estimate's capacity."""
+CAPACITY_SEARCH_LIMIT = 16.0
+
+CONTROLLER_ORDER = (
+    "max",
+    "best-fixed",
+    "reactive",
+    "open-loop",
+    "mpc-slsqp",
+    "mpc",
+    "mpc-online",
+    "window-oracle",
+)
+ORACLE_KEYS = frozenset({"best-fixed", "window-oracle"})
+
+
+# --------------------------------------------------------------------- configuration
+@dataclass(frozen=True)
+class BenchConfig:
+    """What one scoreboard run covers and how hard the oracles search."""
+
+    traces: tuple[str, ...] = TRACES
+    profiles: tuple[str, ...] = PROFILES
+    loads: tuple[str, ...] = LOADS
+    duration_s: float = 600.0
+    control_period_s: float = 1.0
+    mpc_horizon_s: float = 10.0
+    mpc_solve_time_limit_s: float = 0.8
+    fast_mpc_period_s: float = 0.5
+    oracle_window_s: float = 5.0
+    oracle_lookahead_s: float = 15.0
+    oracle_coarse_levels: int = 8
+    oracle_neighbour_steps: tuple[int, ...] = (2, 6)
+    best_fixed_coarse_points: int = 5
+    lp_window_s: float = 1.0
+    tolerance: float = SLO_TOLERANCE
+    comparison_scenario: str | None = "azure-conv-10min|h100-sxm-llama3-8b|recorded"
+    jobs: int = 0
+    seed: int = 0
+    mode: str = "full"
+
+    def scenario_specs(self) -> list[tuple[str, str, str]]:
+        """(trace, profile, load) for every scenario, in table order."""
+        return [(t, p, ld) for t in self.traces for p in self.profiles for ld in self.loads]
+
+
+FULL = BenchConfig()
+QUICK = BenchConfig(
+    traces=("azure-conv-10min", "azure-code"),
+    profiles=("h100-sxm-llama3-8b",),
+    duration_s=120.0,
+    mode="quick",
+)
+TINY = BenchConfig(
+    traces=("azure-conv-10min",),
+    profiles=("h100-sxm-llama3-8b",),
+    loads=("recorded",),
+    duration_s=15.0,
+    oracle_window_s=5.0,
+    oracle_lookahead_s=5.0,
+    oracle_coarse_levels=4,
+    oracle_neighbour_steps=(3,),
+    best_fixed_coarse_points=3,
+    jobs=1,
+    mode="tiny",
+)
+
+
+# ------------------------------------------------------------------------ scenarios
+@dataclass(frozen=True)
+class Scenario:
+    """One trace window at one load on one profile."""
+
+    key: str
+    trace: str
+    profile: str
+    load: str
+    load_label: str
+    requests: tuple[Request, ...]
+    source_start_s: float
+    source_duration_s: float
+    load_scale: float
+    capacity_load_scale: float
+    capacity_probes: int
+    light_load_slo_attainment: float
+    utilization: float
+    fluid_utilization_estimate: float
+    trace_sha256: str
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able description (without the requests)."""
+        arrivals = [r.arrival_time_s for r in self.requests]
+        return {
+            "key": self.key,
+            "trace": self.trace,
+            "profile": self.profile,
+            "load": self.load,
+            "load_label": self.load_label,
+            "source_start_s": self.source_start_s,
+            "source_duration_s": self.source_duration_s,
+            "load_scale": self.load_scale,
+            "capacity_load_scale": self.capacity_load_scale,
+            "capacity_probes": self.capacity_probes,
+            "light_load_slo_attainment": self.light_load_slo_attainment,
+            "utilization": self.utilization,
+            "fluid_utilization_estimate": self.fluid_utilization_estimate,
+            "requests": len(self.requests),
+            "arrival_span_s": (max(arrivals) - min(arrivals)) if arrivals else 0.0,
+            "scenario_duration_s": self.source_duration_s / self.load_scale,
+            "trace_sha256": self.trace_sha256,
+            "workload_checksum": workload_checksum(self.requests),
+        }
+
+
+def work_seconds_at_maximum(requests: Iterable[Request], profile: PerformanceProfile) -> float:
+    """Seconds of work at the maximum clock by the profile's aggregate rates (the fluid
+    estimate's numerator)."""
+    top = profile.realized_clock(profile.maximum_clock_mhz)
+    prefill = profile.rate("prefill", top)
+    decode = profile.rate("decode", top)
+    return sum(r.prompt_tokens / prefill + (r.output_tokens - 1) / decode for r in requests)
+
+
+def slo_attainment_at_maximum(
+    requests: Sequence[Request], plant: ServingPlant, load_scale: float
+) -> float:
+    """SLO attainment of the maximum clock on ``requests`` at ``load_scale``."""
+    result = simulate(
+        scale_load(requests, load_scale),
+        plant,
+        chunked_prefill_scheduler,
+        maximum_clock_controller,
+        controller_name="capacity probe",
+    )
+    return result.metrics.slo_attainment or 0.0
+
+
+def slo_capacity(
+    requests: Sequence[Request],
+    plant: ServingPlant,
+    duration_s: float,
+    *,
+    tolerance: float = SLO_TOLERANCE,
+    light_fraction: float = LIGHT_LOAD_FRACTION,
+    bisections: int = 4,
+) -> tuple[float, float, int]:
+    """The window's SLO capacity multiplier at the maximum clock (module notes).
+
+    Returns:
+        ``(capacity multiplier, light-load SLO attainment, simulations run)``.
+
+    Raises:
+        ValueError: no requests or a non-positive duration.
+    """
+    if not requests or duration_s <= 0.0:
+        raise ValueError("slo_capacity needs requests and a positive duration")
+    guess = duration_s / max(work_seconds_at_maximum(requests, plant.profile), 1e-9)
+    runs = 0
+
+    def attainment(scale: float) -> float:
+        nonlocal runs
+        runs += 1
+        return slo_attainment_at_maximum(requests, plant, scale)
+
+    # Light load: 20% of the fluid guess, lowered 4x at a time (at most twice) while
+    # that still gains half a point (bursty traces stay congested at 20% on average).
+    light = light_fraction * guess
+    reference = attainment(light)
+    for _ in range(2):
+        lighter = attainment(light / 4.0)
+        if lighter < reference + tolerance / 2.0:
+            break
+        light, reference = light / 4.0, lighter
+    threshold = reference - tolerance - 1e-12
+    low, high = light, guess
+    if attainment(high) >= threshold:
+        low = high
+        while high < CAPACITY_SEARCH_LIMIT * guess:
+            high *= 2.0
+            if attainment(high) < threshold:
+                break
+            low = high
+        else:
+            return high, reference, runs
+    for _ in range(bisections):
+        middle = math.sqrt(low * high)
+        if attainment(middle) >= threshold:
+            low = middle
+        else:
+            high = middle
+    return low, reference, runs
+
+
+@cache
+def _full_trace(name: str) -> tuple[tuple[Request, ...], str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceWarning)
+        requests, report = load_trace(name)
+    return requests, report.sha256
+
+
+def _window(
+    full: Sequence[Request], start_s: float, length_s: float
+) -> tuple[tuple[Request, ...], float, float]:
+    """Arrivals in ``[start, start + length)``, the window moved back to fit the trace."""
+    span = full[-1].arrival_time_s if full else 0.0
+    length = min(length_s, span + 1e-6)
+    start = max(0.0, min(start_s, span + 1e-6 - length))
+    return select_window(full, start, length), start, length
+
+
+def build_scenario(
+    trace: str,
+    plant: ServingPlant,
+    load: str,
+    duration_s: float,
+    full_trace: tuple[tuple[Request, ...], str] | None = None,
+) -> Scenario:
+    """The workload of one scenario (module notes: windows, capacity, loads).
+
+    ``full_trace`` (requests, sha256) is the loaded trace when the caller has it (a Ray
+    worker gets it by value); without it the trace is loaded by name here.
+
+    Raises:
+        TraceError: the trace cannot be loaded.
+        ValueError: an unknown load.
+    """
+    if load not in LOADS:
+        raise ValueError(f"load must be one of {LOADS}, got {load!r}")
+    profile = plant.profile
+    full, digest = _full_trace(trace) if full_trace is None else full_trace
+    if trace in WHOLE_TRACE:
+        window, start, length = _window(full, 0.0, full[-1].arrival_time_s + 1e-6)
+        capacity, light, probes = slo_capacity(window, plant, length)
+        target = BUSY_UTILIZATION if load == "recorded" else TARGET_UTILIZATION
+        scale = target * capacity
+        label = "busy" if load == "recorded" else "cap70"
+    else:
+        window, start, length = _window(full, TRACE_STARTS_S.get(trace, 0.0), duration_s)
+        capacity, light, probes = slo_capacity(window, plant, length)
+        if load == "recorded":
+            pool = 1 if capacity >= 1.0 else math.ceil(1.0 / capacity)
+            scale = 1.0 / pool
+            label = "recorded" if pool == 1 else f"recorded/{pool}"
+            if pool > 1:
+                window, start, length = _window(full, start, duration_s * scale)
+        else:
+            window, start, length = _window(full, start, duration_s * TARGET_UTILIZATION * capacity)
+            capacity, light, more = slo_capacity(window, plant, length)
+            probes += more
+            scale = TARGET_UTILIZATION * capacity
+            label = "cap70"
+    return Scenario(
+        key=f"{trace}|{profile.name}|{load}",
+        trace=trace,
+        profile=profile.name,
+        load=load,
+        load_label=label,
+        requests=scale_load(window, scale),
+        source_start_s=start,
+        source_duration_s=length,
+        load_scale=scale,
+        capacity_load_scale=capacity,
+        capacity_probes=probes,
+        light_load_slo_attainment=light,
+        utilization=scale / capacity,
+        fluid_utilization_estimate=work_seconds_at_maximum(window, profile) * scale / length,
+        trace_sha256=digest,
+    )
+
+
+LABELS = {
+    "max": "max",
+    "best-fixed": "best-fixed (hindsight)",
+    "reactive": "reactive",
+    "open-loop": "open-loop",
+    "mpc-slsqp": "mpc-slsqp",
+    "mpc": "mpc",
+    "mpc-online": "mpc-online",
+    "window-oracle": "window-oracle (hindsight)",
+}
+"""Row labels: a controller's one name (its ``--controller`` spec, metrics label and JSON
+key); the hindsight oracles, which are not controllers, say so."""
