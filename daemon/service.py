@@ -230,7 +230,7 @@ def simulated_run(
     horizon_s: float | None = None,
     header: dict[str, Any] | None = None,
 ) -> SimulatedRun:
-    """A simulated node with one domain on one simulated GPU.
+    """A simulated node with one domain on the plant's ``tensor_parallel`` simulated GPUs.
 
     The MPC controller plans on the run's own plant, with the declared forecasts the
     config gives or, by default, the workload's mean prompt and output lengths (fixed
@@ -242,7 +242,8 @@ def simulated_run(
     last_arrival = workload[-1].arrival_time_s
     horizon = last_arrival + plant.drain_timeout_s if horizon_s is None else float(horizon_s)
     node = SimulatedNode(simulation, clock, horizon_s=horizon)
-    backend = SimulatedBackend(node)
+    gpus = plant.tensor_parallel
+    backends = [SimulatedBackend(node, label=str(i), share=1.0 / gpus) for i in range(gpus)]
     controller = None
     if isinstance(controller_spec, MPCControllerConfig):
         # Record the forecasts the MPC really uses, so a replay rebuilds the same MPC.
@@ -250,7 +251,7 @@ def simulated_run(
         controller = mpc_controller(controller_spec, plant, period_s)
     domain = build_domain(
         "sim",
-        [backend],
+        backends,
         SimulatedSource(node),
         controller_spec,
         period_s=period_s,
