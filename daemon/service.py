@@ -387,7 +387,7 @@ def simulated_run(
     header: dict[str, Any] | None = None,
     virtual_time: bool = False,
 ) -> SimulatedRun:
-    """A simulated node with one domain on one simulated GPU.
+    """A simulated node with one domain on the plant's ``tensor_parallel`` simulated GPUs.
 
     The MPC controller plans on the run's own plant, with the declared forecasts the
     config gives or, by default, the workload's mean prompt and output lengths (fixed
@@ -400,7 +400,8 @@ def simulated_run(
     last_arrival = workload[-1].arrival_time_s
     horizon = last_arrival + plant.drain_timeout_s if horizon_s is None else float(horizon_s)
     node = SimulatedNode(simulation, clock, horizon_s=horizon)
-    backend = SimulatedBackend(node)
+    gpus = plant.tensor_parallel
+    backends = [SimulatedBackend(node, label=str(i), share=1.0 / gpus) for i in range(gpus)]
     controller = None
     if isinstance(controller_spec, MPCControllerConfig):
         # Record the forecasts the MPC really uses, so a replay rebuilds the same MPC.
@@ -416,7 +417,7 @@ def simulated_run(
         controller_spec = with_workload_forecasts(controller_spec, workload)
     domain = build_domain(
         "sim",
-        [backend],
+        backends,
         SimulatedSource(node),
         controller_spec,
         period_s=period_s,

@@ -38,6 +38,7 @@ class SimulatedNode:
         self._clock = clock
         self.horizon_s = horizon_s
         self._observation: ServingObservation | None = None
+        self._observed_at: float | None = None
 
     def advance(self, time_s: float) -> None:
         """Run the plant up to ``time_s`` (capped at the horizon)."""
@@ -48,9 +49,15 @@ class SimulatedNode:
             self.simulation.advance_to(time_s, stop_when_done=True)
 
     def refresh(self) -> ServingObservation:
-        """Advance to the clock's time and take this tick's observation."""
-        self.advance(self._clock())
+        """Advance to the clock's time and take this tick's observation (once per clock
+        time: the GPUs of a multi-GPU domain share it, and observing resets the engine's
+        latency window)."""
+        now = self._clock()
+        if self._observation is not None and self._observed_at == now:
+            return self._observation
+        self.advance(now)
         self._observation = self.simulation.observe()
+        self._observed_at = now
         return self._observation
 
     def current(self) -> ServingObservation:
@@ -68,11 +75,15 @@ class SimulatedBackend:
 
     A lock requests its upper clock from the plant (quantised down, effective after the
     plant's actuation delay); a reset requests the maximum (an unlocked GPU under load).
+    A tensor-parallel plant is one backend per GPU (``share = 1 / tensor_parallel``): each
+    reports its share of the domain's power, energy and power limit and the domain's
+    clock and temperature, so the observer's sums give back the plant's domain.
     """
 
-    def __init__(self, node: SimulatedNode, label: str = "0") -> None:
+    def __init__(self, node: SimulatedNode, label: str = "0", share: float = 1.0) -> None:
         self._node = node
         self._label = label
+        self._share = float(share)
         clocks = node.simulation.plant.profile.clock_mhz
         self._clocks = tuple(int(round(float(c))) for c in clocks)
         self.locks: deque[tuple[int, int]] = deque(maxlen=1000)  # the last writes, bounded
@@ -92,13 +103,16 @@ class SimulatedBackend:
         observation = self._node.refresh()
         return GpuSample(
             gpu=self._label,
-            power_w=observation.power_w,
-            energy_j=observation.energy_j,
+            power_w=observation.power_w * self._share,
+            energy_j=observation.energy_j * self._share,
             temperature_c=observation.temperature_c,
             sm_clock_mhz=observation.realized_clock_mhz,
             utilization=observation.gpu_utilization,
             clock_event_reasons=self._node.simulation.clock_event_reasons,
-            power_limit_w=observation.power_limit_w,
+            power_limit_w=(
+                None if observation.power_limit_w is None
+                else observation.power_limit_w * self._share
+            ),
         )
 
     def lock_clocks(self, min_mhz: int, max_mhz: int) -> None:

@@ -114,6 +114,7 @@ from gpugov.study.scoreboard_scenarios import (
     TRACES,
     WHOLE_TRACE,
     BenchConfig,
+    EmptyWindowError,
     Scenario,
     _full_trace,
     build_scenario,
@@ -396,7 +397,7 @@ def _run_task(
             profile=shared[f"profile:{profile}"],
             full_trace=shared[f"trace:{trace}"],
         )
-    except TraceError as error:
+    except (TraceError, EmptyWindowError) as error:
         return {"skipped": {"scenario": f"{trace}|{profile}|{load}", "reason": str(error)}}
 
 

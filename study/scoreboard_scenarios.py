@@ -262,6 +262,19 @@ def _window(
     return select_window(full, start, length), start, length
 
 
+class EmptyWindowError(ValueError):
+    """A scenario's window, shrunk to a small profile's capacity, holds no requests."""
+
+
+def _require_requests(window: Sequence[Request], trace: str, length_s: float) -> None:
+    """Raise :class:`EmptyWindowError` when ``window`` is empty (the scenario is skipped)."""
+    if not window:
+        raise EmptyWindowError(
+            f"{trace}: the {length_s:.3g} s window this profile's capacity allows holds no "
+            "requests"
+        )
+
+
 def build_scenario(
     trace: str,
     plant: ServingPlant,
@@ -276,6 +289,7 @@ def build_scenario(
 
     Raises:
         TraceError: the trace cannot be loaded.
+        EmptyWindowError: the window shrunk to the profile's capacity holds no requests.
         ValueError: an unknown load.
     """
     if load not in LOADS:
@@ -297,8 +311,10 @@ def build_scenario(
             label = "recorded" if pool == 1 else f"recorded/{pool}"
             if pool > 1:
                 window, start, length = _window(full, start, duration_s * scale)
+                _require_requests(window, trace, length)
         else:
             window, start, length = _window(full, start, duration_s * TARGET_UTILIZATION * capacity)
+            _require_requests(window, trace, length)
             capacity, light, more = slo_capacity(window, plant, length)
             probes += more
             scale = TARGET_UTILIZATION * capacity

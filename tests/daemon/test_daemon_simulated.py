@@ -157,3 +157,30 @@ def test_real_h200_dry_run_recording_replays() -> None:
     same = replay(path, ReactiveControllerConfig(kind="reactive"))
     assert same.compared == len(rows) and same.differing == 0
     assert replay(path, FixedControllerConfig(kind="fixed", clock_mhz=1980)).differing > 0
+
+
+def test_tensor_parallel_plant_is_a_multi_gpu_domain() -> None:
+    """A TP-4 profile runs as a domain of four simulated GPUs whose sums are the plant's."""
+    workload, _ = load_trace("azure-conv-10min", duration_s=40)
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-70b-tp4"))
+    assert plant.tensor_parallel == 4
+    clock = VirtualClock()
+    sim = simulated_run(workload, plant, ReactiveControllerConfig(kind="reactive"), clock)
+    backends = sim.domain.observer.backends
+    assert [b.label for b in backends] == ["0", "1", "2", "3"]
+    records: list[TickRecord] = []
+    run(
+        [sim.domain],
+        TimedLoop(1.0, clock=clock, sleep=clock.sleep),
+        on_tick=records.extend,
+        before_tick=sim.before_tick,
+    )
+    assert sim.result is not None
+    samples = [b.sample() for b in backends]
+    assert len({s.sm_clock_mhz for s in samples}) == 1
+    assert sum(s.energy_j for s in samples) == pytest.approx(sim.result.metrics.energy_j, rel=1e-6)
+    assert sum(s.power_limit_w for s in samples) == pytest.approx(plant.power_limit_w)  # type: ignore[misc]
+    # One clock decision per tick, however many GPUs the domain locks.
+    reference = simulate(workload, plant, controller=reactive_clock_controller).metrics
+    assert sim.result.metrics.clock_changes == reference.clock_changes
+    assert sim.result.metrics.energy_j == pytest.approx(reference.energy_j, rel=1e-9)

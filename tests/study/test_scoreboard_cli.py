@@ -175,3 +175,22 @@ def test_mpc_ablation_reproduces_the_scoreboards_fast_mpc(
     assert len(default) == 1
     assert default[0]["energy_j"] == pytest.approx(fast["energy_j"], rel=1e-12)
     assert default[0]["holds_slo"] == fast["holds_slo"]
+
+
+def test_a_window_emptied_by_a_small_profile_is_skipped_not_fatal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpugov.study import scoreboard
+
+    with pytest.raises(scoreboard.EmptyWindowError, match="holds no requests"):
+        scoreboard._require_requests((), "azure-code", 0.5)
+
+    def empty(*args: object, **kwargs: object) -> None:
+        raise scoreboard.EmptyWindowError("azure-code: the 0.5 s window holds no requests")
+
+    monkeypatch.setattr(scoreboard, "run_scenario", empty)
+    out = scoreboard._run_task(
+        ("azure-code", "l4-llama3.2-3b", "cap70", scoreboard.TINY, False)
+    )
+    assert out["skipped"]["scenario"] == "azure-code|l4-llama3.2-3b|cap70"
+    assert "holds no requests" in out["skipped"]["reason"]
