@@ -8,6 +8,7 @@ operators, summed medians, ms) and ``profiles/calibration/vidur_all_reduce.csv``
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import subprocess
@@ -47,13 +48,33 @@ def _show(mirror: Path, path: str) -> list[dict[str, str]] | None:
     return list(csv.DictReader(io.StringIO(run.stdout)))
 
 
-def main(argv: list[str]) -> int:
-    """Write both extracts from the mirror named on the command line."""
-    mirror = Path(argv[1])
-    commit = subprocess.run(
+def main(argv: list[str] | None = None) -> int:
+    """Write both extracts from the mirror named on the command line.
+
+    Refuses (one line, exit 2, nothing written) a path that is not a git mirror of vidur.
+    """
+    parser = argparse.ArgumentParser(
+        description="Extract Vidur's measured timings into profiles/calibration/."
+    )
+    parser.add_argument("mirror", type=Path, help="a git mirror of microsoft/vidur")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parents[1] / "profiles" / "calibration",
+        help="folder for the two CSV extracts (default: profiles/calibration)",
+    )
+    args = parser.parse_args(argv)
+    mirror, out = args.mirror, args.out
+    head = subprocess.run(
         ["git", "-C", str(mirror), "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    out = Path(__file__).resolve().parents[1] / "profiles" / "calibration"
+    )
+    commit = head.stdout.strip()
+    if head.returncode != 0 or not commit:
+        print(f"extract_calibration: error: {mirror}: not a git mirror", file=sys.stderr)
+        return 2
+    if _show(mirror, "data/profiling/network/a100_dgx/all_reduce.csv") is None:
+        print(f"extract_calibration: error: {mirror}: no Vidur profiling data", file=sys.stderr)
+        return 2
     rows = []
     for gpu in GPUS:
         for repo_model, model in MODELS.items():
@@ -115,4 +136,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv))
+    raise SystemExit(main())
