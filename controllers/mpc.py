@@ -540,29 +540,6 @@ MPC_SEED_DEVIATIONS = (
 )
 
 
-__all__ = [
-    "DEFAULT_EXPECTED_OUTPUT_TOKENS",
-    "DEFAULT_EXPECTED_PROMPT_TOKENS",
-    "DEFAULT_SOLVE_BUDGET_EVALUATIONS",
-    "FALLBACK_REASONS",
-    "MPC_SEED_DEVIATIONS",
-    "MPCController",
-    "MPCProblem",
-    "MPCRollout",
-    "MPCSolver",
-    "MPCWeights",
-    "SLSQPSolver",
-    "SolveOutcome",
-    "estimate_decode_remaining_tokens",
-    "expected_output_tokens_forecast",
-    "mpc_fluid_rollout",
-    "mpc_latency_proxies",
-    "mpc_summary",
-    "refine_discrete_plan",
-    "run_mpc",
-]
-
-
 # The MPC's public names, wherever they are defined (the model and the solvers live in
 # mpc_model.py and mpc_solvers.py; users import them from here).
 __all__ = [

@@ -2,8 +2,9 @@
 and every recording rule must return data.
 
 The module starts two processes, both bound to 127.0.0.1 on free ports and both stopped
-at the end whatever happens: ``gpugov run --simulate`` (reactive controller, 10x real
-time, a trace window that ends on its own after about a minute) and the distribution's
+at the end whatever happens: ``gpugov run --simulate`` (the ``mpc-online`` controller, so
+the learned-model panels have data too; 10x real time, a trace window that ends on its own
+after about a minute) and the distribution's
 ``prometheus`` with a temporary config (1 s scrape and rule evaluation, the repository's
 rule files) and a temporary storage directory. Once Prometheus holds a few seconds of
 samples and rule evaluations:
@@ -240,7 +241,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     try:
         with logs["gpugov"].open("wb") as out:
             processes["gpugov"] = subprocess.Popen(
-                [str(gpugov), "run", "--simulate", "--controller", "reactive",
+                [str(gpugov), "run", "--simulate", "--controller", "mpc-online",
                  "--speed", str(SPEED), "--duration", str(SIMULATED_S),
                  "--metrics-address", instance, "--log-level", "warning"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

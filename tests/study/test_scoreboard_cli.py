@@ -180,17 +180,18 @@ def test_mpc_ablation_reproduces_the_scoreboards_fast_mpc(
 def test_a_window_emptied_by_a_small_profile_is_skipped_not_fatal(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gpugov.study import scoreboard
+    from gpugov.study import scoreboard, scoreboard_scenarios
 
     with pytest.raises(scoreboard.EmptyWindowError, match="holds no requests"):
-        scoreboard._require_requests((), "azure-code", 0.5)
+        scoreboard_scenarios._require_requests((), "azure-code", 0.5)
 
     def empty(*args: object, **kwargs: object) -> None:
         raise scoreboard.EmptyWindowError("azure-code: the 0.5 s window holds no requests")
 
     monkeypatch.setattr(scoreboard, "run_scenario", empty)
     out = scoreboard._run_task(
-        ("azure-code", "l4-llama3.2-3b", "cap70", scoreboard.TINY, False)
+        ("azure-code", "l4-llama3.2-3b", "cap70", scoreboard.TINY, False),
+        {"profile:l4-llama3.2-3b": None, "trace:azure-code": None},
     )
     assert out["skipped"]["scenario"] == "azure-code|l4-llama3.2-3b|cap70"
     assert "holds no requests" in out["skipped"]["reason"]
