@@ -21,47 +21,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
-
 from gpugov.cli import main as gpugov_main
 from gpugov.plant import load_profile
-from gpugov.study.profiler.accuracy import compare
-
-
-def memory_bound_files(directory: Path) -> Path:
-    """Write a profile unlike the bundled ones (600-1500 MHz, saturating prefill, flat
-    KV-dominated decode, high idle, realised clocks below the top requests); its manifest."""
-    clocks = np.arange(600.0, 1501.0, 30.0)
-    x = clocks / clocks[-1]
-    columns = {
-        "clock_mhz": clocks,
-        "prefill_tokens_per_s": 30_000.0 * (1.0 - np.exp(-2.5 * x)),
-        "decode_tokens_per_s": 2_500.0 * (0.97 + 0.03 * x),
-        "prefill_power_w": 260.0 + 300.0 * x**1.5,
-        "decode_power_w": 330.0 + 40.0 * x,
-        "idle_power_w": 180.0 + 10.0 * x,
-    }
-    csv = directory / "memory-bound.csv"
-    lines = [",".join(columns)]
-    for row in zip(*columns.values(), strict=True):
-        lines.append(",".join(f"{v:.6g}" for v in row))
-    csv.write_text("\n".join(lines) + "\n")
-    manifest = {
-        "status": "synthetic", "csv": csv.name, "ttft_slo_s": 2.0, "tpot_slo_s": 0.08,
-        "power_limit_w": 1000.0,
-        "thermal": {"ambient_temperature_c": 30.0, "thermal_resistance_c_per_w": 0.05,
-                    "thermal_time_constant_s": 30.0, "thermal_limit_c": 95.0},
-        "engine": {"reference_batch_size": 32, "reference_context_tokens": 2048,
-                   "max_batch_size": 128, "kv_capacity_tokens": 300_000},
-        "decode_latency_model": {"weight_fraction": 0.25, "batch_fraction": 0.05,
-                                 "kv_fraction": 0.70},
-        "decode_power_batch_model": {"k": 0.8, "x0": 2.5},
-        "clock_profile_selection": {"realized_clock_median_mhz_by_requested": {
-            "1500.0": 1470.0, "1470.0": 1455.0}},
-    }
-    path = directory / "memory-bound.json"
-    path.write_text(json.dumps(manifest, indent=2))
-    return path
+from gpugov.study.profiler.accuracy import compare, memory_bound_profile, write_profile_files
 
 
 def _free_port() -> int:
@@ -123,7 +85,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name in args.profiles.split(","):
-            path = str(memory_bound_files(work)) if name == "memory-bound" else name
+            if name == "memory-bound":
+                path = str(write_profile_files(memory_bound_profile(), work))
+            else:
+                path = name
             result = run_one(path, work)
             results.append(result)
             print(f"{result['profile']}: exit {result['exit_code']}, {result['wall_s']:.0f} s")
