@@ -41,18 +41,23 @@ def render_metrics(node: EmulatedNode, model: str) -> str:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
 
-    family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.")
-    for r in replicas:
-        lines.append(f"vllm:num_requests_running{{{_labels(model, r)}}} "
-                     f"{_number(states[r]['running'])}")
-    family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.")
-    for r in replicas:
-        lines.append(f"vllm:num_requests_waiting{{{_labels(model, r)}}} "
-                     f"{_number(states[r]['waiting'])}")
-    family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.")
-    for r in replicas:
-        lines.append(f"vllm:kv_cache_usage_perc{{{_labels(model, r)}}} "
-                     f"{_number(states[r]['kv_usage'])}")
+    def per_replica(
+        name: str, kind: str, help_text: str, values: list[float], suffix: str = ""
+    ) -> None:
+        """One family with one sample per replica (counters' samples end in ``_total``)."""
+        family(name, kind, help_text)
+        for r in replicas:
+            lines.append(f"{name}{suffix}{{{_labels(model, r)}}} {_number(values[r])}")
+
+    per_replica("vllm:num_requests_running", "gauge",
+                "Number of requests in model execution batches.",
+                [state["running"] for state in states])
+    per_replica("vllm:num_requests_waiting", "gauge",
+                "Number of requests waiting to be processed.",
+                [state["waiting"] for state in states])
+    per_replica("vllm:kv_cache_usage_perc", "gauge",
+                "KV-cache usage. 1 means 100 percent usage.",
+                [state["kv_usage"] for state in states])
     family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
     for r in replicas:
         info = _labels(
@@ -70,20 +75,13 @@ def render_metrics(node: EmulatedNode, model: str) -> str:
         preemptions = [
             sum(record.preemptions for record in node.simulations[r].records()) for r in replicas
         ]
-        family(
-            "vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine."
-        )
-        for r in replicas:
-            lines.append(f"vllm:num_preemptions_total{{{_labels(model, r)}}} "
-                         f"{_number(preemptions[r])}")
-        family("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.")
-        for r in replicas:
-            lines.append(f"vllm:prompt_tokens_total{{{_labels(model, r)}}} "
-                         f"{_number(stats[r].prompt_tokens)}")
-        family("vllm:generation_tokens", "counter", "Number of generation tokens processed.")
-        for r in replicas:
-            lines.append(f"vllm:generation_tokens_total{{{_labels(model, r)}}} "
-                         f"{_number(stats[r].generation_tokens)}")
+        per_replica("vllm:num_preemptions", "counter",
+                    "Cumulative number of preemption from the engine.", preemptions, "_total")
+        per_replica("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.",
+                    [stat.prompt_tokens for stat in stats], "_total")
+        per_replica("vllm:generation_tokens", "counter",
+                    "Number of generation tokens processed.",
+                    [stat.generation_tokens for stat in stats], "_total")
         family("vllm:request_success", "counter", "Count of successfully processed requests.")
         for r in replicas:
             for reason, count in sorted(stats[r].finished.items()):
