@@ -11,6 +11,7 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from gpugov.daemon import decide
@@ -123,6 +124,13 @@ def load_trace_for_cli(
             warnings.warn_explicit(
                 warning.message, warning.category, warning.filename, warning.lineno
             )
+    if result[1].batch_grid_s is not None:
+        print(
+            f"gpugov: note: {Path(result[1].path).name} stamps arrivals on a "
+            f"{result[1].batch_grid_s:g} s grid; each batch is spread over its step "
+            "(--keep-batched-stamps replays the stamps as written)",
+            file=sys.stderr,
+        )
     return result
 
 

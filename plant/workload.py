@@ -45,6 +45,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from gpugov.plant.trace_batches import spread_batched_arrivals
 from gpugov.plant.trace_file import read_trace_text
 from gpugov.plant.types import Request
 
@@ -112,6 +113,8 @@ class TraceLoadReport:
         duration_s: window length in the trace's own seconds, ``None`` for the rest.
         load_scale: arrival-rate multiplier applied after windowing.
         name: the trace name when loaded by name (``azure-conv``...), else ``None``.
+        batch_grid_s: the grid step (trace seconds) over which batched arrivals were
+            spread, ``None`` when the trace is not batched or spreading was off.
     """
 
     path: str
@@ -125,6 +128,7 @@ class TraceLoadReport:
     duration_s: float | None = None
     load_scale: float = 1.0
     name: str | None = None
+    batch_grid_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -480,10 +484,13 @@ def load_trace(
     start_s: float = 0.0,
     duration_s: float | None = None,
     load_scale: float = 1.0,
+    spread_batches: bool = True,
 ) -> tuple[tuple[Request, ...], TraceLoadReport]:
     """Load a real trace as requests sorted by arrival.
 
-    Steps: parse (arrival = timestamp minus the first data row's timestamp) -> keep
+    Steps: parse (arrival = timestamp minus the first data row's timestamp) -> spread a
+    batched trace's arrivals over its grid step (:mod:`gpugov.plant.trace_batches`;
+    Mooncake's 3 s grid; ``spread_batches=False`` keeps the stamps as written) -> keep
     arrivals in ``[start_s, start_s + duration_s)`` (the trace's own seconds) -> divide by
     ``load_scale`` -> rebase so the window start is time 0. This is exactly
     ``scale_load(select_window(full, start_s, duration_s), load_scale)``.
@@ -494,6 +501,8 @@ def load_trace(
         start_s: window start, seconds from the trace's first timestamp.
         duration_s: window length in trace seconds; ``None`` keeps the rest.
         load_scale: arrival-rate multiplier (2.0 halves every inter-arrival time).
+        spread_batches: spread the arrivals of a batched (grid-quantised) trace over
+            their grid step; the report's ``batch_grid_s`` says whether it applied.
 
     Returns:
         The requests and a :class:`TraceLoadReport`. Zero-token rows are skipped with one
@@ -525,10 +534,15 @@ def load_trace(
             stacklevel=2,
         )
 
+    arrivals, grid = (
+        spread_batched_arrivals(parsed.arrivals_s)
+        if spread_batches
+        else (parsed.arrivals_s, None)
+    )
     end_s = math.inf if duration_s is None else start_s + duration_s
     requests: list[Request] = []
     for rid, arrival, prompt, output in zip(
-        parsed.ids, parsed.arrivals_s, parsed.prompts, parsed.outputs, strict=True
+        parsed.ids, arrivals, parsed.prompts, parsed.outputs, strict=True
     ):
         if start_s <= arrival < end_s:
             shifted = arrival - start_s
@@ -554,6 +568,7 @@ def load_trace(
         duration_s=duration_s,
         load_scale=load_scale,
         name=name,
+        batch_grid_s=grid,
     )
     return tuple(requests), report
 

@@ -28,7 +28,11 @@ def cmd_load(args: argparse.Namespace) -> int:
     except EngineUnreachable as error:
         raise UsageError(str(error)) from error
     workload, report = load_trace_for_cli(
-        args.trace, duration_s=args.duration, load_scale=args.load_scale, start_s=args.start
+        args.trace,
+        duration_s=args.duration,
+        load_scale=args.load_scale,
+        start_s=args.start,
+        spread_batches=not args.keep_batched_stamps,
     )
     if not workload:
         raise UsageError(f"--trace {args.trace}: the selected window holds no requests")
@@ -96,6 +100,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="arrival-rate multiplier (2 halves every gap; default 1)")
     parser.add_argument("--duration", type=float, default=None, metavar="S",
                         help="trace window length in trace seconds (default: the whole trace)")
+    parser.add_argument("--keep-batched-stamps", action="store_true",
+                        help="send a grid-quantised trace's batches at once, as written "
+                        "(default: spread each batch over its grid step)")
     parser.add_argument("--start", type=float, default=0.0, metavar="S",
                         help="trace window start in trace seconds (default 0)")
     parser.add_argument("--model", default=None,

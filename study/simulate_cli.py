@@ -77,6 +77,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         format=args.trace_format,
         start_s=args.start,
         duration_s=args.duration,
+        spread_batches=not args.keep_batched_stamps,
         load_scale=args.load_scale,
     )
     if not workload:
@@ -211,6 +212,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                      help="window length in seconds (default: the whole trace)")
     sim.add_argument("--load-scale", type=float, default=1.0, metavar="X",
                      help="X>1 compresses inter-arrival times (more load), X<1 dilates")
+    sim.add_argument("--keep-batched-stamps", action="store_true",
+                     help="replay a grid-quantised trace's timestamps as written (default: "
+                     "spread each batch over its grid step, e.g. Mooncake's 3 s)")
     sim.add_argument("--seed", type=int, default=0,
                      help="seed of the latency noise (default 0)")
     sim.add_argument("--latency-noise", type=float, default=0.0, metavar="CV",

@@ -109,7 +109,7 @@ def test_real_trace_known_answers(
     path = require_shared(file_name)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        requests, report = load_trace(name)
+        requests, report = load_trace(name, spread_batches=False)
     zero_warnings = [w for w in caught if issubclass(w.category, TraceWarning)]
     assert len(caught) == len(zero_warnings)
     if skipped:
@@ -134,6 +134,16 @@ def test_real_trace_known_answers(
     ids = [r.request_id for r in requests]
     assert ids == sorted(ids) and ids[-1] <= rows - 1
     assert len(set(range(rows)) - set(ids)) == skipped
+    # Spread (the default): only Mooncake is batched (a 3 s grid), and no arrival leaves
+    # its grid step.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spread, spread_report = load_trace(name)
+    assert (spread_report.batch_grid_s is not None) == (name == "mooncake")
+    step = spread_report.batch_grid_s or 0.0
+    for kept, moved in zip(requests, spread, strict=True):
+        assert kept.request_id == moved.request_id
+        assert kept.arrival_time_s <= moved.arrival_time_s <= kept.arrival_time_s + step
 
 
 def test_real_traces_by_path_and_by_name_agree() -> None:
