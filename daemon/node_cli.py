@@ -33,6 +33,7 @@ from gpugov.daemon.cli_support import (
     check_workload_fits,
     format_summary,
     hidden_alias,
+    light_load_note,
     load_trace_for_cli,
     require_nonnegative,
     require_positive,
@@ -309,6 +310,9 @@ def _print_summary(
         f"{domain.decisions} decisions, {domain.actuator.writes} clock writes"
         + (f", fallbacks: {fallbacks}" if fallbacks else "")
     )
+    note = light_load_note(simulation.result.request_records)
+    if note:
+        print(note)
     if args.record:
         print(f"wrote {args.record}")
 
@@ -634,7 +638,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     run_parser.add_argument(
         "--load-scale", type=float, default=1.0, metavar="X",
-        help="--simulate: X>1 compresses inter-arrival times (more load), X<1 dilates",
+        help="--simulate: X>1 compresses inter-arrival times (more load), X<1 dilates "
+        "(after the --duration window is cut)",
     )
     run_parser.add_argument(
         "--control-period", type=float, default=1.0, metavar="S",
