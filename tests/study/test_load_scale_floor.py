@@ -1,7 +1,8 @@
 """``--load-scale`` on a trace whose arrivals come in simultaneous groups (Mooncake's
 3 s grid): the scale is applied (the arrival rate changes by exactly X), and once every
 group finishes before the next arrives, the command says that a smaller scale only adds
-idle time (the light-load floor), in ``simulate`` and ``run --simulate``."""
+idle time (the light-load floor), in ``simulate`` and ``run --simulate``; ``load`` names
+the groups."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import warnings
 from pathlib import Path
 
 import pytest
+from synthetic import make_plant
 
 from gpugov.cli import main
 from gpugov.plant.result import arrival_separation
 from gpugov.plant.types import RequestRecord
 from gpugov.plant.workload import load_trace
+from gpugov.study.emulate.node import EmulatedNode
+from gpugov.study.emulate.server import EmulatorServer
 
 GROUPS = 6
 GROUP_SIZE = 4
@@ -116,3 +120,20 @@ def test_run_simulate_prints_the_same_note(
                  "--load-scale", "0.5", "--quiet"])
     assert code == 0
     assert "light-load floor" in capsys.readouterr().out
+
+
+def test_load_names_the_simultaneous_groups(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = grouped_trace(tmp_path)
+    server = EmulatorServer(EmulatedNode(make_plant()), "127.0.0.1", 0)
+    server.start()
+    try:
+        code = main(["load", "--trace", str(trace), "--url", server.url, "--duration", "4",
+                     "--load-scale", "10", "--quiet"])
+    finally:
+        server.close()
+    assert code == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith(f"gpugov load: {2 * GROUP_SIZE} requests from grouped.jsonl")
+    assert f"(at 2 arrival times, up to {GROUP_SIZE} at once: --load-scale spaces" in first
