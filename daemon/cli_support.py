@@ -266,16 +266,16 @@ def check_workload_fits(
 
 def light_load_note(records: Sequence[RequestRecord]) -> str | None:
     """The one line ``simulate`` and ``run --simulate`` print when every request finished
-    before the next arrival time: a smaller ``--load-scale`` then changes only idle time
-    and energy, never a latency (see :class:`gpugov.plant.result.ArrivalSeparation`)."""
+    before the next arrival time: a smaller ``--load-scale`` then shortens no queue, it
+    only lengthens idle gaps (see :class:`gpugov.plant.result.ArrivalSeparation`)."""
     separation = arrival_separation(records)
     if not separation.separated or separation.arrival_times < 2:
         return None
     return (
         f"note: every request finished before the next arrival time ({len(records)} "
         f"requests at {separation.arrival_times} arrival times, up to "
-        f"{separation.largest_group} at once): latency and SLO attainment are at this "
-        "window's light-load floor; a smaller --load-scale adds only idle time and energy"
+        f"{separation.largest_group} at once): none queued behind an earlier arrival, so "
+        "a smaller --load-scale only lengthens the idle gaps (this window's light-load floor)"
     )
 
 

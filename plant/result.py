@@ -193,11 +193,13 @@ class ArrivalSeparation:
     that arrived at one time, and whether every request finished before the next distinct
     arrival time (then no two arrival times ever shared the GPU).
 
-    When ``separated`` holds, dividing the arrival times further (a smaller load scale)
-    cannot change any request's latency, only the idle time between them (and its energy):
-    the run sits at its light-load floor. Traces that record arrivals on a coarse grid
-    (Mooncake: a 3 s grid, 2 to 28 requests at one time) keep their simultaneous groups
-    at every scale, so that floor is not 100% attainment.
+    When ``separated`` holds, no request queued behind an earlier arrival time's, so
+    dividing the arrival times further (a smaller load scale) only lengthens the idle gaps:
+    the run sits at its light-load floor (at a fixed clock the latencies stay exactly the
+    same; a controller that acts on idle time may still choose other clocks). Traces
+    that record arrivals on a coarse grid (Mooncake: a 3 s grid, 2 to 28 requests at one
+    time) keep their simultaneous groups at every scale, so that floor is not 100%
+    attainment.
     """
 
     arrival_times: int
