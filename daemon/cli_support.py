@@ -24,7 +24,8 @@ from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.plant import ServingPlant
 from gpugov.plant.profile import ProfileError
-from gpugov.plant.types import ClockController, Request
+from gpugov.plant.result import arrival_separation
+from gpugov.plant.types import ClockController, Request, RequestRecord
 from gpugov.plant.workload import (
     TraceError,
     TraceLoadReport,
@@ -269,6 +270,21 @@ def check_workload_fits(
                 f"limit of {MAX_SIMULATED_DAYS:g} simulated days; choose a shorter --duration "
                 "or a larger --load-scale"
             )
+
+
+def light_load_note(records: Sequence[RequestRecord]) -> str | None:
+    """The one line ``simulate`` and ``run --simulate`` print when every request finished
+    before the next arrival time: a smaller ``--load-scale`` then shortens no queue, it
+    only lengthens idle gaps (see :class:`gpugov.plant.result.ArrivalSeparation`)."""
+    separation = arrival_separation(records)
+    if not separation.separated or separation.arrival_times < 2:
+        return None
+    return (
+        f"note: every request finished before the next arrival time ({len(records)} "
+        f"requests at {separation.arrival_times} arrival times, up to "
+        f"{separation.largest_group} at once): none queued behind an earlier arrival, so "
+        "a smaller --load-scale only lengthens the idle gaps (this window's light-load floor)"
+    )
 
 
 def require_positive(flag: str, value: float | None) -> None:

@@ -33,6 +33,7 @@ from gpugov.daemon.cli_support import (
     check_workload_fits,
     format_summary,
     hidden_alias,
+    light_load_note,
     load_trace_for_cli,
     require_nonnegative,
     require_positive,
@@ -217,7 +218,10 @@ def _run_simulated(args: argparse.Namespace) -> int:
     check_output_file("--record", args.record)
     trace = args.trace or DEFAULT_TRACE
     workload, report = load_trace_for_cli(
-        trace, duration_s=args.duration, load_scale=args.load_scale
+        trace,
+        duration_s=args.duration,
+        load_scale=args.load_scale,
+        spread_batches=not args.keep_batched_stamps,
     )
     if not workload:
         raise UsageError(f"--trace {trace}: the selected window holds no requests")
@@ -309,6 +313,9 @@ def _print_summary(
         f"{domain.decisions} decisions, {domain.actuator.writes} clock writes"
         + (f", fallbacks: {fallbacks}" if fallbacks else "")
     )
+    note = light_load_note(simulation.result.request_records)
+    if note:
+        print(note)
     if args.record:
         print(f"wrote {args.record}")
 
@@ -634,7 +641,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     run_parser.add_argument(
         "--load-scale", type=float, default=1.0, metavar="X",
-        help="--simulate: X>1 compresses inter-arrival times (more load), X<1 dilates",
+        help="--simulate: X>1 compresses inter-arrival times (more load), X<1 dilates "
+        "(after the --duration window is cut)",
+    )
+    run_parser.add_argument(
+        "--keep-batched-stamps", action="store_true",
+        help="--simulate: replay a grid-quantised trace's timestamps as written (default: "
+        "spread each batch over its grid step, e.g. Mooncake's 3 s)",
     )
     run_parser.add_argument(
         "--control-period", type=float, default=1.0, metavar="S",

@@ -227,6 +227,13 @@ class PlantSimulation(GpuPhysics):
         """Clock the GPU runs at now."""
         return self._realized_mhz[self._current_realized_index]
 
+    @property
+    def preemptions(self) -> int:
+        """Preemptions so far, every request together: a running count, so reading it
+        costs the same however many requests have finished (``gpugov emulate``'s
+        ``vllm:num_preemptions_total``)."""
+        return self._preemption_total
+
     def add_request(self, prompt_tokens: int, output_tokens: int) -> int:
         """Append a request arriving now (online serving: ``gpugov emulate``); its index.
 

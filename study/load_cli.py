@@ -7,6 +7,7 @@ import json
 import signal
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 from types import FrameType
 
@@ -37,9 +38,15 @@ def cmd_load(args: argparse.Namespace) -> int:
     if not workload:
         raise UsageError(f"--trace {args.trace}: the selected window holds no requests")
     window = workload[-1].arrival_time_s
+    groups = Counter(r.arrival_time_s for r in workload)
+    together = (
+        f" (at {len(groups)} arrival times, up to {max(groups.values())} at once: "
+        "--load-scale spaces these groups, it never splits one)"
+        if len(groups) < len(workload) else ""
+    )
     print(
         f"gpugov load: {len(workload)} requests from {Path(report.path).name} over "
-        f"{window:.0f} s against {args.url} (model {model})",
+        f"{window:.0f} s{together} against {args.url} (model {model})",
         file=sys.stderr, flush=True,
     )
     stop = threading.Event()

@@ -18,6 +18,7 @@ from gpugov.daemon.cli_support import (
     check_workload_fits,
     controller_label,
     format_summary,
+    light_load_note,
     load_trace_for_cli,
     require_extra,
     require_nonnegative,
@@ -26,6 +27,7 @@ from gpugov.daemon.cli_support import (
 from gpugov.daemon.sim_progress import SimulationProgress
 from gpugov.plant import ServingPlant, ServingResult, load_profile, simulate
 from gpugov.plant.profile import list_bundled_profiles
+from gpugov.plant.result import arrival_separation
 from gpugov.plant.scheduler import SCHEDULERS
 from gpugov.plant.workload import (
     DEFAULT_TRACE,
@@ -108,6 +110,10 @@ def run_simulate(args: argparse.Namespace) -> int:
         f"trace {Path(report.path).name} [{len(workload)} requests]"
     )
     print(format_summary(metrics, title))
+    separation = arrival_separation(result.request_records)
+    note = light_load_note(result.request_records)
+    if note:
+        print(note)
     if args.out:
         out = Path(args.out)
         series = result.as_dict(stride=args.stride)
@@ -129,6 +135,9 @@ def run_simulate(args: argparse.Namespace) -> int:
                     "duration_s": args.duration,
                     "load_scale": args.load_scale,
                     "requests": len(workload),
+                    "arrival_times": separation.arrival_times,
+                    "largest_arrival_group": separation.largest_group,
+                    "light_load_floor": separation.separated,
                     "workload_checksum": workload_checksum(workload),
                 },
                 "series_stride": args.stride,
@@ -211,7 +220,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     sim.add_argument("--duration", type=float, default=None, metavar="S",
                      help="window length in seconds (default: the whole trace)")
     sim.add_argument("--load-scale", type=float, default=1.0, metavar="X",
-                     help="X>1 compresses inter-arrival times (more load), X<1 dilates")
+                     help="X>1 compresses inter-arrival times (more load), X<1 dilates; "
+                     "applied after the --start/--duration window is cut (the window "
+                     "keeps its requests, they arrive over duration/X seconds)")
     sim.add_argument("--keep-batched-stamps", action="store_true",
                      help="replay a grid-quantised trace's timestamps as written (default: "
                      "spread each batch over its grid step, e.g. Mooncake's 3 s)")

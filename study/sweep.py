@@ -46,6 +46,7 @@ from gpugov.daemon.cli_support import UsageError, build_controller, load_trace_f
 from gpugov.daemon.progress import Progress
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile, simulate
 from gpugov.plant.profile import ProfileError
+from gpugov.plant.result import arrival_separation
 from gpugov.plant.scheduler import SCHEDULERS
 from gpugov.plant.types import Request
 from gpugov.plant.workload import (
@@ -315,6 +316,7 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
         "status": "ok",
         "requests": len(workload),
         "workload_checksum": workload_checksum(workload),
+        "light_load_floor": arrival_separation(result.request_records).separated,
         "metrics": _strict(result.metrics.as_dict()),
         "wall_s": time.perf_counter() - started,
     }

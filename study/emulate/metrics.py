@@ -72,9 +72,8 @@ def render_metrics(node: EmulatedNode, model: str) -> str:
         lines.append(f"vllm:cache_config_info{{{info}}} 1.0")
     with node.lock:
         stats = [node.stats[r] for r in replicas]
-        preemptions = [
-            sum(record.preemptions for record in node.simulations[r].records()) for r in replicas
-        ]
+        # Running counts only: a scrape's work must not grow with the requests served.
+        preemptions = [node.simulations[r].preemptions for r in replicas]
         per_replica("vllm:num_preemptions", "counter",
                     "Cumulative number of preemption from the engine.", preemptions, "_total")
         per_replica("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.",

@@ -78,7 +78,9 @@ def test_every_cell_once_with_simulates_metrics(full_sweep, tmp_path: Path) -> N
         "--latency-noise", "0.05", "--out", str(target),
     ])
     assert code == 0, stderr
-    assert json.loads(target.read_text())["metrics"] == cell["metrics"]
+    simulated = json.loads(target.read_text())
+    assert simulated["metrics"] == cell["metrics"]
+    assert simulated["metadata"]["trace"]["light_load_floor"] == cell["light_load_floor"]
     # Seeds matter with latency noise; the max clock saves nothing against itself.
     by = {(r["trace"], r["load"], r["controller"], r["seed"]): r for r in rows}
     assert by[("bursty.csv", 2.0, "max", 0)]["metrics"] != by[("bursty.csv", 2.0, "max", 1)][
