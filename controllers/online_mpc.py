@@ -63,14 +63,23 @@ class SafeExploration:
     """Where the clock may go, from what has been explored and the measured SLO slack.
 
     Args:
-        step_fraction: most the floor moves below the explored frontier, as a fraction
-            of the clock range.
+        step_fraction: how far the floor moves below the explored frontier, as a
+            fraction of the clock range.
+        largest_step_fraction: the longest such step, taken when the measured latency
+            is far under the exploration threshold: the floor goes down to ``frontier *
+            pressure / threshold`` (latency grows at most like 1/f), but never more than
+            this fraction of the range below the frontier.
         explore_slack: measured latency / SLO below which the floor may step down.
         backoff: measured latency / SLO above which the clock goes to the maximum.
         backoff_hold_s: how long a back-off holds the maximum clock.
         maximum_relative_std: the floor never goes where the model's latency standard
             deviation exceeds this fraction of its mean.
         minimum_visits: busy windows at a clock before it counts as explored.
+        calm_windows: after a back-off the floor rises one step above the clock that
+            caused it (each further back-off while it is raised doubles the rise), and
+            comes down one step per ``calm_windows`` decisions whose measured latencies
+            sat under the exploration threshold (an idle window is no evidence): so a
+            workload whose bursts a clock cannot absorb stops meeting that clock.
         baseline_headroom: where the latency measured at the top clock is itself high
             (a GPU whose TPOT sits near the SLO at any clock), the thresholds move up to
             that baseline plus this much: ``explore`` below ``max(explore_slack,
@@ -80,17 +89,22 @@ class SafeExploration:
     """
 
     step_fraction: float = 0.08
+    largest_step_fraction: float = 0.24
     explore_slack: float = 0.6
     backoff: float = 0.9
-    backoff_hold_s: float = 5.0
+    backoff_hold_s: float = 2.0
     maximum_relative_std: float = 0.25
     minimum_visits: int = 5
     baseline_headroom: float = 0.08
+    calm_windows: int = 30
     baseline: float | None = None
     backoff_until_s: float = -math.inf
     backoffs: int = 0
     floor_mhz: float | None = None
     exploring: bool = False
+    raised_floor_mhz: float | None = None
+    calm_count: int = 0
+    raise_steps: int = 1
 
     def __post_init__(self) -> None:
         if not 0.0 < self.step_fraction <= 1.0:
@@ -113,6 +127,13 @@ class SafeExploration:
         pressure = self.pressure(observation)
         slack = pressure is None or pressure < self.explore_threshold
         target = frontier - step if slack else frontier
+        if slack and pressure is not None and pressure > 0.0:
+            # Latency grows at most like 1/f: at f' = frontier * pressure / threshold the
+            # measured pressure would just reach the exploration threshold. Far from it,
+            # the floor may take a longer step (at most ``largest_step_fraction``).
+            longest = self.largest_step_fraction * (clocks[-1] - clocks[0])
+            physics = frontier * pressure / self.explore_threshold
+            target = min(target, max(physics, frontier - longest))
         # Never where the model is too unsure (relative std of the latency predictions).
         candidates = clocks[(clocks >= target - 1e-9) & (clocks <= frontier + 1e-9)]
         allowed = frontier
@@ -125,8 +146,30 @@ class SafeExploration:
                 allowed = float(clock)
                 break
         self.exploring = allowed < frontier - 1e-9
+        # Only a measured calm window is evidence that the raised floor may come down.
+        calm = pressure is not None and pressure < self.explore_threshold
+        allowed = self._after_backoffs(allowed, clocks, step, calm=calm)
         self.floor_mhz = allowed
         return allowed
+
+    def _after_backoffs(self, allowed: float, clocks: FloatArray, step: float, *,
+                        calm: bool) -> float:
+        """``allowed`` raised to the floor left by recent back-offs, which comes down one
+        step per ``calm_windows`` calm decisions."""
+        if self.raised_floor_mhz is None:
+            return allowed
+        self.calm_count = self.calm_count + 1 if calm else 0
+        if self.calm_count >= self.calm_windows:
+            self.calm_count = 0
+            self.raised_floor_mhz -= step
+            if self.raised_floor_mhz <= allowed + 1e-9:  # no longer binding: dissolved
+                self.raised_floor_mhz = None
+                return allowed
+        raised = clocks[clocks >= self.raised_floor_mhz - 1e-9]
+        floor = float(raised[0]) if raised.size else float(clocks[-1])
+        if floor > allowed:
+            self.exploring = False
+        return max(allowed, floor)
 
     @property
     def explore_threshold(self) -> float:
@@ -164,8 +207,23 @@ class SafeExploration:
         if pressure is not None and pressure > self.backoff_threshold and lowered:
             if observation.time_s >= self.backoff_until_s:
                 self.backoffs += 1
+                self._raise_floor(observation, maximum_mhz)
             self.backoff_until_s = observation.time_s + self.backoff_hold_s
         return observation.time_s < self.backoff_until_s
+
+    def _raise_floor(self, observation: ServingObservation, maximum_mhz: float) -> None:
+        """After a back-off, keep the clock above the clock that caused it."""
+        clocks = observation.supported_clocks_mhz
+        if len(clocks) < 2 or observation.requested_clock_mhz is None:
+            return
+        step = self.step_fraction * (float(clocks[-1]) - float(clocks[0]))
+        # One step on a first back-off; each further one while the floor is still raised
+        # doubles the rise (a workload whose bursts keep reaching the SLO climbs fast).
+        self.raise_steps = 1 if self.raised_floor_mhz is None else 2 * self.raise_steps
+        clock = float(observation.requested_clock_mhz)
+        raised = min(maximum_mhz, clock + self.raise_steps * step)
+        self.raised_floor_mhz = max(self.raised_floor_mhz or -math.inf, raised)
+        self.calm_count = 0
 
 
 def _relative(mean: float, std: float) -> float:
@@ -272,7 +330,7 @@ class OnlineMPCController:
         self.mpc = None
         self.exploration = replace(
             self.exploration, baseline=None, backoff_until_s=-math.inf, floor_mhz=None,
-            exploring=False,
+            exploring=False, raised_floor_mhz=None, calm_count=0, raise_steps=1,
         )
         self.previous = observation
         self.resets += 1

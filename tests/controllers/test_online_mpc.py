@@ -267,12 +267,13 @@ def test_holds_the_slo_on_unseen_shapes_and_saves_energy(shape: str) -> None:
     reference = simulate(workload, plant, chunked_prefill_scheduler, maximum_clock_controller, 0)
     controller = _online(workload)
     clocks = plant.profile.clock_mhz
-    step = controller.exploration.step_fraction * (clocks[-1] - clocks[0])
+    # The longest step: far under the exploration threshold (physics-bounded, capped).
+    step = controller.exploration.largest_step_fraction * (clocks[-1] - clocks[0])
     below_frontier: list[float] = []
 
     def checked(observation):  # type: ignore[no-untyped-def]
         decision = controller(observation)
-        # The frontier the decision saw: the clock may go at most one step below it.
+        # The frontier the decision saw: the clock may go at most one capped step below it.
         model = controller.model
         if model is not None and controller.last_reason in ("mpc", "explore-floor", "probe"):
             below_frontier.append(model.lowest_explored_mhz() - decision)
