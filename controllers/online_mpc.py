@@ -96,7 +96,7 @@ class SafeExploration:
     maximum_relative_std: float = 0.25
     minimum_visits: int = 5
     baseline_headroom: float = 0.08
-    calm_windows: int = 30
+    calm_windows: int = 5
     baseline: float | None = None
     backoff_until_s: float = -math.inf
     backoffs: int = 0
@@ -146,8 +146,11 @@ class SafeExploration:
                 allowed = float(clock)
                 break
         self.exploring = allowed < frontier - 1e-9
-        # Only a measured calm window is evidence that the raised floor may come down.
-        calm = pressure is not None and pressure < self.explore_threshold
+        # Only a measured calm window (latency nearer the exploration threshold than the
+        # back-off one) is evidence that the raised floor may come down.
+        calm = pressure is not None and pressure < 0.5 * (
+            self.explore_threshold + self.backoff_threshold
+        )
         allowed = self._after_backoffs(allowed, clocks, step, calm=calm)
         self.floor_mhz = allowed
         return allowed
