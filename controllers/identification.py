@@ -319,6 +319,20 @@ class ModelPrior:
     idle_power_w: float | None = None
     prefill_power_w: float | None = None
     decode_power_w: float | None = None
+    time_table: tuple[tuple[float, float, float, float, float], ...] = ()
+    """Per-clock times from physics (a hint, :mod:`controllers.online_prior`): rows of
+    ``(clock MHz, prefill s per prompt token, decode s per iteration, s per running request
+    per iteration, s per context token per iteration)``; gives the time prior its clock
+    shape (kept when the warm-up re-centres the level). Overrides the two values above."""
+    replaces_warmup: bool = True
+    """True (a profile): the prior stands in for the warm-up. False (a rough hint): the
+    warm-up still runs, the prior only starts it, with a wide covariance."""
+    relative_std: float = 1.0
+    """With ``replaces_warmup=False``: prior std of the times relative to the value (never
+    tighter than the no-hint prior)."""
+    board_power_w: float | None = None
+    """The domain's board power (TDP x GPUs) the hint implies: the power-cap fallback."""
+    source: str = "profile"
 
 
 class OnlineModel:
@@ -383,6 +397,9 @@ class OnlineModel:
         self.visits = np.zeros(clocks.size, dtype=np.int64)
         self.warmed_up = False
         self._warmup_count = 0
+        self.time_shape = np.ones((len(TIME_BLOCKS), k))
+        """Per-knot coefficient relative to the top knot's, per block: ones (the
+        compute-bound extrapolation) unless a prior's ``time_table`` gives the physics."""
         self.prior = prior
         if prior is not None:
             self._apply_prior(prior)
@@ -402,7 +419,7 @@ class OnlineModel:
         """Every knot equal to the top clock's value (compute-bound extrapolation), with a
         spread of ``relative_spread`` times the value, correlated over the clocks."""
         k = self.knots_mhz.size
-        mean = np.repeat(top_values, k)
+        mean = (np.asarray(top_values, dtype=float)[:, None] * self.time_shape).ravel()
         blocks = []
         for value in top_values:
             scale = self.relative_spread * max(abs(float(value)), 1e-4)
@@ -412,8 +429,43 @@ class OnlineModel:
             covariance[index * k : (index + 1) * k, index * k : (index + 1) * k] = block
         return mean, covariance
 
+    def _hinted_coefficients(self, prior: ModelPrior) -> FloatArray:
+        """The time coefficients per block and knot that ``prior.time_table`` implies."""
+        table = np.asarray(sorted(prior.time_table), dtype=float)
+        units = (PROMPT_UNIT, ITERATION_UNIT, DECODE_UNIT, DECODE_UNIT * CONTEXT_UNIT)
+        g = self.maximum_mhz / self.knots_mhz
+        rows = [
+            np.interp(self.knots_mhz, table[:, 0], table[:, 1 + index]) * unit / g
+            for index, unit in enumerate(units)
+        ]
+        return np.maximum(np.vstack(rows), 0.0)
+
+    def _apply_hint(self, prior: ModelPrior) -> None:
+        """Start from physics-shaped times (``time_table``) with a wide covariance; the
+        shape (relative to the top knot, at most the compute-bound 1) is kept after the
+        warm-up."""
+        coefficients = self._hinted_coefficients(prior)
+        top = np.maximum(coefficients[:, -1:], 1e-12)
+        self.time_shape = np.clip(coefficients / top, 0.05, 1.0)
+        if prior.replaces_warmup:
+            mean, covariance = self._time_prior(coefficients[:, -1])
+            self.time.reset_prior(mean, covariance * 4.0)
+            self.warmed_up = True
+            return
+        k = self.knots_mhz.size
+        blocks = [
+            max(1.0, prior.relative_std * float(value)) ** 2 * (np.ones((k, k)) + 1e-3 * np.eye(k))
+            for value in coefficients[:, -1]
+        ]
+        covariance = np.zeros((coefficients.size, coefficients.size))
+        for index, block in enumerate(blocks):
+            covariance[index * k : (index + 1) * k, index * k : (index + 1) * k] = block
+        self.time.reset_prior((top * self.time_shape).ravel(), covariance)
+
     def _apply_prior(self, prior: ModelPrior) -> None:
-        if prior.prefill_s_per_token is not None and prior.decode_iteration_s is not None:
+        if prior.time_table:
+            self._apply_hint(prior)
+        elif prior.prefill_s_per_token is not None and prior.decode_iteration_s is not None:
             # Split the hinted decode iteration: half weight reads, the rest batch/context.
             iteration = prior.decode_iteration_s
             top = np.array(
