@@ -326,10 +326,7 @@ class ModelPrior:
     shape (kept when the warm-up re-centres the level). Overrides the two values above."""
     replaces_warmup: bool = True
     """True (a profile): the prior stands in for the warm-up. False (a rough hint): the
-    warm-up still runs, the prior only starts it, with a wide covariance."""
-    relative_std: float = 1.0
-    """With ``replaces_warmup=False``: prior std of the times relative to the value (never
-    tighter than the no-hint prior)."""
+    warm-up still runs and sets the level; only ``time_table``'s clock shape is taken."""
     board_power_w: float | None = None
     """The domain's board power (TDP x GPUs) the hint implies: the power-cap fallback."""
     source: str = "profile"
@@ -416,14 +413,16 @@ class OnlineModel:
         return floor + (top - floor) * x**2.5
 
     def _time_prior(self, top_values: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """Every knot equal to the top clock's value (compute-bound extrapolation), with a
-        spread of ``relative_spread`` times the value, correlated over the clocks."""
+        """Every knot equal to the top clock's value (compute-bound extrapolation; times
+        ``time_shape`` when a hint gave the physics' shape), with a spread of
+        ``relative_spread`` times the value, correlated over the clocks."""
         k = self.knots_mhz.size
         mean = (np.asarray(top_values, dtype=float)[:, None] * self.time_shape).ravel()
         blocks = []
-        for value in top_values:
+        for index, value in enumerate(top_values):
             scale = self.relative_spread * max(abs(float(value)), 1e-4)
-            blocks.append(smooth_covariance(self.knots_mhz, scale, 0.35))
+            shape = self.time_shape[index]
+            blocks.append(smooth_covariance(self.knots_mhz, scale, 0.35) * np.outer(shape, shape))
         covariance = np.zeros((mean.size, mean.size))
         for index, block in enumerate(blocks):
             covariance[index * k : (index + 1) * k, index * k : (index + 1) * k] = block
@@ -441,9 +440,11 @@ class OnlineModel:
         return np.maximum(np.vstack(rows), 0.0)
 
     def _apply_hint(self, prior: ModelPrior) -> None:
-        """Start from physics-shaped times (``time_table``) with a wide covariance; the
-        shape (relative to the top knot, at most the compute-bound 1) is kept after the
-        warm-up."""
+        """Take the clock shape of ``time_table`` (per block, relative to the top knot, at
+        most the compute-bound 1; used when the warm-up re-centres the prior). A prior that
+        replaces the warm-up also sets the level; a rough hint does not: the warm-up's
+        evidence sets it and the split between the parts (started from a wrong level or
+        split, the warm-up's fit goes wrong and a part can end stuck near zero)."""
         coefficients = self._hinted_coefficients(prior)
         top = np.maximum(coefficients[:, -1:], 1e-12)
         self.time_shape = np.clip(coefficients / top, 0.05, 1.0)
@@ -451,16 +452,6 @@ class OnlineModel:
             mean, covariance = self._time_prior(coefficients[:, -1])
             self.time.reset_prior(mean, covariance * 4.0)
             self.warmed_up = True
-            return
-        k = self.knots_mhz.size
-        blocks = [
-            max(1.0, prior.relative_std * float(value)) ** 2 * (np.ones((k, k)) + 1e-3 * np.eye(k))
-            for value in coefficients[:, -1]
-        ]
-        covariance = np.zeros((coefficients.size, coefficients.size))
-        for index, block in enumerate(blocks):
-            covariance[index * k : (index + 1) * k, index * k : (index + 1) * k] = block
-        self.time.reset_prior((top * self.time_shape).ravel(), covariance)
 
     def _apply_prior(self, prior: ModelPrior) -> None:
         if prior.time_table:

@@ -6,13 +6,15 @@ roofline physics (:mod:`gpugov.plant.roofline`, the board figures of
 :mod:`gpugov.plant.zoo` and the fitted efficiencies of :mod:`gpugov.plant.calibration`)
 gives a rough per-clock picture: prefill seconds per prompt token, the per-iteration
 (weight-streaming) part of a decode iteration, the per-request and per-context-token parts,
-and the phase powers at the top clock. :func:`prior_from_hints` turns it into a
-:class:`ModelPrior` whose time part keeps the warm-up (``replaces_warmup=False``) and is
-**wide**: its covariance is never tighter than the no-hint prior and at least 100 % of the
-hinted value, so a wrong hint is overruled by the first windows of evidence. What the hint
-keeps after the warm-up is the *clock shape* (which parts are memory-bound, flat in the
-clock), so clocks not yet explored are predicted by the physics instead of the
-compute-bound extrapolation (``docs/online.md``).
+and the board power. :func:`prior_from_hints` turns it into a :class:`ModelPrior` that
+keeps the warm-up (``replaces_warmup=False``) and gives the identification only what a rough
+hint can be trusted with: the *clock shape* of each part of the time model (which parts are
+memory-bound, flat in the clock), relative to the top clock, so clocks not yet explored
+are predicted by the physics instead of the compute-bound extrapolation. The level comes
+from the warm-up's evidence, never from the hint (a parameter count off by 10x would
+otherwise bias it and inflate the regression's noise estimate); the prior's covariance
+stays the no-hint one (30 % relative, correlated over the clocks), so every visited clock
+overrules the shape (``docs/online.md``).
 
 The model shape behind a parameter count is a Llama-like one (``d_ff = 3.5 d``, 8 KV heads
 of 128, about 115 ``d_model`` per layer); an MoE (``active_params_b`` below
@@ -45,11 +47,6 @@ AUTO = "auto"
 """``gpu = "auto"``: the daemon fills in the NVML name of the domain's first GPU."""
 REFERENCE_BATCH = 64
 REFERENCE_CONTEXT_TOKENS = 1024
-HINT_RELATIVE_STD = 1.0
-"""Prior standard deviation of hinted times, relative to the hinted value (at least)."""
-DECODE_POWER_SHARE = 0.6
-"""Decode power above idle at the top clock, as a share of prefill's (rough: the
-weight-streaming iteration keeps the tensor cores partly idle)."""
 LAYER_WIDTH_RATIO = 115.0
 """Llama-like aspect ratio: ``d_model / n_layers`` of Llama 3.x 3B, 8B, 70B is 110-128."""
 
@@ -191,8 +188,9 @@ def prior_from_hints(
 ) -> ModelPrior | None:
     """The :class:`ModelPrior` the hints support, or None when they give nothing.
 
-    The GPU alone gives the phase powers and the board power (TDP x TP, the power-cap
-    fallback); with ``params_b`` it also gives the per-clock times. An unknown GPU name
+    The GPU alone gives the board power (TDP x TP: the power-cap fallback and the scale of
+    the power prior when NVML reports no limit); with ``params_b`` it also gives the
+    per-clock time shape (:func:`time_table`). An unknown GPU name
     calls ``warn`` once and gives no prior from the name; ``"auto"`` must have been
     replaced by the NVML name before this is called (otherwise it is ignored).
     """
@@ -206,19 +204,12 @@ def prior_from_hints(
                  "no prior from the GPU name")
         return None
     tp = hints.tensor_parallel
-    idle = gpu.context_idle_power_w * tp
-    prefill = RooflineParameters().prefill_power_fraction_of_tdp * gpu.tdp_w * tp
-    decode = idle + DECODE_POWER_SHARE * (prefill - idle)
     table: tuple[tuple[float, float, float, float, float], ...] = ()
     if hints.params_b is not None:
         table = time_table(gpu, model_shape(hints.params_b, hints.active_params_b), tp)
     return ModelPrior(
-        idle_power_w=idle,
-        prefill_power_w=prefill,
-        decode_power_w=decode,
         time_table=table,
         replaces_warmup=False,
-        relative_std=HINT_RELATIVE_STD,
         board_power_w=gpu.tdp_w * tp,
         source=f"hint: {gpu.gpu} x{tp}"
         + (f", {hints.params_b:g}B parameters" if hints.params_b is not None else ""),
