@@ -174,3 +174,28 @@ def test_the_simulated_daemon_runs_with_hints(tmp_path: Path,
                  "mpc-online:params_b=huge"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "params_b must be a number" in err[0]
+
+
+def test_a_node_fills_in_auto_and_the_start_power_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fake_pynvml import FakeNvml
+
+    from gpugov.daemon.decide import innermost
+    from gpugov.daemon.service import domains_from_config
+
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    fake = FakeNvml(2)  # two "NVIDIA H100 80GB HBM3" at a 700 W enforced limit each
+    fake.gpus[1].power_limit_mw = 650_000
+    config = parse_config({"domains": [{
+        "name": "llm", "gpus": [0, 1],
+        "engine": {"kind": "vllm", "url": "http://127.0.0.1:9/metrics", "timeout_s": 0.5},
+        "controller": {"kind": "mpc-online", "prior": {"gpu": "auto", "params_b": 70}},
+    }]})
+    assembled = domains_from_config(config, nvml=fake)
+    try:
+        controller = innermost(assembled.domains[0].controller)
+        assert isinstance(controller, OnlineMPCController)
+        assert controller.power_limit_w == pytest.approx(1_350.0)  # summed at start
+        assert controller.prior is not None and "H100" in controller.prior.source
+        assert controller.prior.board_power_w == pytest.approx(2 * 700.0)  # TP = 2 GPUs
+    finally:
+        assembled.close()
