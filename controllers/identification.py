@@ -319,6 +319,17 @@ class ModelPrior:
     idle_power_w: float | None = None
     prefill_power_w: float | None = None
     decode_power_w: float | None = None
+    time_table: tuple[tuple[float, float, float, float, float], ...] = ()
+    """Per-clock times from physics (a hint, :mod:`controllers.online_prior`): rows of
+    ``(clock MHz, prefill s per prompt token, decode s per iteration, s per running request
+    per iteration, s per context token per iteration)``; gives the time prior its clock
+    shape (kept when the warm-up re-centres the level). Overrides the two values above."""
+    replaces_warmup: bool = True
+    """True (a profile): the prior stands in for the warm-up. False (a rough hint): the
+    warm-up still runs and sets the level; only ``time_table``'s clock shape is taken."""
+    board_power_w: float | None = None
+    """The domain's board power (TDP x GPUs) the hint implies: the power-cap fallback."""
+    source: str = "profile"
 
 
 class OnlineModel:
@@ -383,6 +394,9 @@ class OnlineModel:
         self.visits = np.zeros(clocks.size, dtype=np.int64)
         self.warmed_up = False
         self._warmup_count = 0
+        self.time_shape = np.ones((len(TIME_BLOCKS), k))
+        """Per-knot coefficient relative to the top knot's, per block: ones (the
+        compute-bound extrapolation) unless a prior's ``time_table`` gives the physics."""
         self.prior = prior
         if prior is not None:
             self._apply_prior(prior)
@@ -399,21 +413,50 @@ class OnlineModel:
         return floor + (top - floor) * x**2.5
 
     def _time_prior(self, top_values: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """Every knot equal to the top clock's value (compute-bound extrapolation), with a
-        spread of ``relative_spread`` times the value, correlated over the clocks."""
+        """Every knot equal to the top clock's value (compute-bound extrapolation; times
+        ``time_shape`` when a hint gave the physics' shape), with a spread of
+        ``relative_spread`` times the value, correlated over the clocks."""
         k = self.knots_mhz.size
-        mean = np.repeat(top_values, k)
+        mean = (np.asarray(top_values, dtype=float)[:, None] * self.time_shape).ravel()
         blocks = []
-        for value in top_values:
+        for index, value in enumerate(top_values):
             scale = self.relative_spread * max(abs(float(value)), 1e-4)
-            blocks.append(smooth_covariance(self.knots_mhz, scale, 0.35))
+            shape = self.time_shape[index]
+            blocks.append(smooth_covariance(self.knots_mhz, scale, 0.35) * np.outer(shape, shape))
         covariance = np.zeros((mean.size, mean.size))
         for index, block in enumerate(blocks):
             covariance[index * k : (index + 1) * k, index * k : (index + 1) * k] = block
         return mean, covariance
 
+    def _hinted_coefficients(self, prior: ModelPrior) -> FloatArray:
+        """The time coefficients per block and knot that ``prior.time_table`` implies."""
+        table = np.asarray(sorted(prior.time_table), dtype=float)
+        units = (PROMPT_UNIT, ITERATION_UNIT, DECODE_UNIT, DECODE_UNIT * CONTEXT_UNIT)
+        g = self.maximum_mhz / self.knots_mhz
+        rows = [
+            np.interp(self.knots_mhz, table[:, 0], table[:, 1 + index]) * unit / g
+            for index, unit in enumerate(units)
+        ]
+        return np.maximum(np.vstack(rows), 0.0)
+
+    def _apply_hint(self, prior: ModelPrior) -> None:
+        """Take the clock shape of ``time_table`` (per block, relative to the top knot, at
+        most the compute-bound 1; used when the warm-up re-centres the prior). A prior that
+        replaces the warm-up also sets the level; a rough hint does not: the warm-up's
+        evidence sets it and the split between the parts (started from a wrong level or
+        split, the warm-up's fit goes wrong and a part can end stuck near zero)."""
+        coefficients = self._hinted_coefficients(prior)
+        top = np.maximum(coefficients[:, -1:], 1e-12)
+        self.time_shape = np.clip(coefficients / top, 0.05, 1.0)
+        if prior.replaces_warmup:
+            mean, covariance = self._time_prior(coefficients[:, -1])
+            self.time.reset_prior(mean, covariance * 4.0)
+            self.warmed_up = True
+
     def _apply_prior(self, prior: ModelPrior) -> None:
-        if prior.prefill_s_per_token is not None and prior.decode_iteration_s is not None:
+        if prior.time_table:
+            self._apply_hint(prior)
+        elif prior.prefill_s_per_token is not None and prior.decode_iteration_s is not None:
             # Split the hinted decode iteration: half weight reads, the rest batch/context.
             iteration = prior.decode_iteration_s
             top = np.array(

@@ -56,6 +56,11 @@ ONLINE_STATUS = "online-identified"
 """Profile status of a learned model (``measured`` stays reserved for clock sweeps)."""
 REFERENCE_BATCH = 64
 DEFAULT_THERMAL_LIMIT_C = 87.0
+UNCAPPED_POWER_SCALE_W = 300.0
+"""Scale of the power prior (not a cap) when no power limit, hint or reading is known."""
+UNCAPPED_FACTOR = 10.0
+"""With no cap known, the MPC plans on a 'cap' this many times the learned top power, so
+the cap never binds (``ServingPlant`` needs a finite one)."""
 
 
 @dataclass
@@ -246,6 +251,9 @@ class OnlineMPCController:
         warmup_s: seconds of busy windows at the maximum clock before the MPC takes over.
         uncertainty_z: standard deviations added to predicted latencies.
         prior: optional rough prior (:class:`ModelPrior`).
+        power_limit_w: the domain's summed enforced power limit known at start (NVML),
+            used when an observation carries none; else the prior's board power (TDP x
+            GPUs, a hint); else no cap is assumed (:meth:`power_cap_w`).
         exploration: the :class:`SafeExploration` policy.
         mpc_options: more :class:`MPCController` keyword arguments.
     """
@@ -268,6 +276,7 @@ class OnlineMPCController:
         uncertainty_z: float = 1.5,
         knots: int = 8,
         prior: ModelPrior | None = None,
+        power_limit_w: float | None = None,
         exploration: SafeExploration | None = None,
         timer: Callable[[], float] = perf_counter,
         **mpc_options: Any,
@@ -297,6 +306,8 @@ class OnlineMPCController:
         self.uncertainty_z = float(uncertainty_z)
         self.knots = int(knots)
         self.prior = prior
+        self.power_limit_w = power_limit_w
+        self.last_power_limit_w: float | None = None
         self.exploration = exploration or SafeExploration()
         self.timer = timer
         self.mpc_options = mpc_options
@@ -316,16 +327,36 @@ class OnlineMPCController:
         clocks = observation.supported_clocks_mhz
         if len(clocks) < 2:
             raise ValueError("mpc-online needs the supported clocks in the observation")
-        power_limit = observation.power_limit_w or 700.0
+        power_scale = self.power_cap_w(observation)
+        if power_scale is None:
+            measured = observation.power_w
+            power_scale = (
+                2.0 * measured
+                if measured is not None and math.isfinite(measured) and measured > 0.0
+                else UNCAPPED_POWER_SCALE_W
+            )
         return OnlineModel(
             clocks,
-            power_limit,
+            power_scale,
             knots=self.knots,
             memory_s=self.memory_s,
             period_s=self.control_period_s,
             warmup_windows=self.warmup_windows,
             prior=self.prior,
         )
+
+    def power_cap_w(self, observation: ServingObservation) -> float | None:
+        """The domain's power cap: the observation's (NVML, every tick), else the last one
+        an observation carried, else the enforced limit known at start, else the hinted
+        board power (TDP x GPUs); None when nothing is known (no cap is assumed)."""
+        board = None if self.prior is None else self.prior.board_power_w
+        for value in (observation.power_limit_w, self.last_power_limit_w, self.power_limit_w,
+                      board):
+            if value is not None and math.isfinite(value) and value > 0.0:
+                if value is observation.power_limit_w:
+                    self.last_power_limit_w = float(value)
+                return float(value)
+        return None
 
     def reset(self, observation: ServingObservation | None = None) -> None:
         """Forget the learned model (another model served, another GPU); re-learn."""
@@ -425,7 +456,9 @@ class OnlineMPCController:
         assert model is not None
         profile = self.learned_profile(slos)
         limit = observation.thermal_limit_c or self.thermal_limit_c or DEFAULT_THERMAL_LIMIT_C
-        power_limit = observation.power_limit_w or model.power_limit_w
+        cap = self.power_cap_w(observation)
+        top_power = max(float(profile.prefill_power_w[-1]), float(profile.decode_power_w[-1]))
+        power_limit = cap if cap is not None else UNCAPPED_FACTOR * top_power
         fitted = model.thermal_parameters()
         if fitted is not None and fitted[0] < limit:
             ambient, resistance, windows = fitted
@@ -434,7 +467,7 @@ class OnlineMPCController:
             # Unknown RC: one that keeps the die under its limit at the power limit, so
             # the MPC leaves thermal holds to the GPU until the fit is physical.
             ambient = min(30.0, limit - 10.0)
-            resistance = (limit - ambient) / (1.1 * power_limit)
+            resistance = (limit - ambient) / (1.1 * (power_limit if cap else top_power))
             tau = 30.0
         return ServingPlant(
             profile=profile,

@@ -137,12 +137,39 @@ class MPCControllerConfig(_Frozen):
     ttft_excess_cap: PositiveFloat | None = None
 
 
+class PriorHintsConfig(_Frozen):
+    """Rough hints for ``mpc-online``'s prior (``controllers.online_prior``): the GPU
+    (``"auto"``: the NVML name of the domain's first GPU; else a name such as
+    ``"NVIDIA H100 80GB HBM3"``, matched by family), the served model's parameters in
+    billions (total, and active per token for an MoE) and its tensor-parallel degree
+    (default: the domain's GPU count). A wrong hint costs little: the warm-up still runs
+    and the evidence overrules it."""
+
+    gpu: str | None = None
+    params_b: Annotated[float, Field(gt=0, le=1e5, allow_inf_nan=False)] | None = None
+    active_params_b: Annotated[float, Field(gt=0, le=1e5, allow_inf_nan=False)] | None = None
+    tensor_parallel: Annotated[int, Field(ge=1, le=64)] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PriorHintsConfig:
+        from gpugov.controllers.online_prior import PriorHints
+
+        PriorHints(
+            gpu=self.gpu,
+            params_b=self.params_b,
+            active_params_b=self.active_params_b,
+            tensor_parallel=self.tensor_parallel or 1,
+        )
+        return self
+
+
 class OnlineMPCControllerConfig(_Frozen):
     """The self-calibrating MPC (``controllers.online_mpc``): learns the node's clock ->
     latency/power model online, so it needs no profile (``docs/online.md``).
 
     ``prior_profile`` optionally names a bundled profile (or a manifest path) whose top
-    clock seeds the model instead of the warm-up. ``state_dir`` keeps the learned model
+    clock seeds the model instead of the warm-up; ``prior`` gives rough hints instead
+    (:class:`PriorHintsConfig`; not both). ``state_dir`` keeps the learned model
     across restarts (default: systemd's ``$STATE_DIRECTORY``, else none). ``warmup_s``:
     seconds at the maximum clock before the MPC takes over; ``memory_s``: how long evidence
     lasts; ``uncertainty_z``: standard deviations added to predicted latencies.
@@ -159,7 +186,14 @@ class OnlineMPCControllerConfig(_Frozen):
     memory_s: PositiveFloat = 900.0
     uncertainty_z: NonNegativeFloat = 1.5
     prior_profile: str | None = None
+    prior: PriorHintsConfig | None = None
     state_dir: LoosePath | None = None
+
+    @model_validator(mode="after")
+    def _one_prior(self) -> OnlineMPCControllerConfig:
+        if self.prior is not None and self.prior_profile is not None:
+            raise ValueError("set prior_profile or prior (hints), not both")
+        return self
 
 
 ControllerConfig = Annotated[

@@ -8,6 +8,7 @@ one more case. Safety limits wrap any controller, Gymnasium-style:
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -25,15 +26,27 @@ from gpugov.daemon.config import (
     MPCControllerConfig,
     OnlineMPCControllerConfig,
     OpenLoopControllerConfig,
+    PriorHintsConfig,
     ReactiveControllerConfig,
 )
 from gpugov.daemon.errors import ControllerError
 from gpugov.plant.types import ClockController, ServingObservation
 
+log = logging.getLogger(__name__)
+
 CONTROLLER_SPEC_HELP = (
     "max | fixed:MHZ | reactive | open-loop:PLAN.json | mpc[:PROFILE] | mpc-slsqp[:PROFILE]"
-    " | mpc-online[:PRIOR_PROFILE]"
+    " | mpc-online[:PRIOR_PROFILE | :gpu=NAME,params_b=B,active_params_b=B,tp=N]"
 )
+ONLINE_HINT_KEYS = {
+    "gpu": "gpu",
+    "params_b": "params_b",
+    "active_params_b": "active_params_b",
+    "tp": "tensor_parallel",
+    "tensor_parallel": "tensor_parallel",
+    "profile": "prior_profile",
+}
+"""``--controller mpc-online:KEY=VALUE,...`` keys -> config fields."""
 # Penalise predicted latency above 70% of each SLO: the proxies are means, the SLOs are
 # judged per request (chosen on the scoreboard, see docs/scoreboard.md).
 FAST_MPC_SLO_MARGIN = 0.7
@@ -187,9 +200,15 @@ def online_controller(
     mean_output_tokens: float | None = None,
     ttft_slo_s: float | None = None,
     tpot_slo_s: float | None = None,
+    gpu_name: str | None = None,
+    gpu_count: int | None = None,
+    power_limit_w: float | None = None,
 ) -> ClockController:
     """The self-calibrating MPC a config asks for. It reads no profile while it runs;
-    ``prior_profile``, when set, is read once here as a rough prior.
+    ``prior_profile``, when set, is read once here as a rough prior; ``prior`` hints are
+    turned into one (``controllers.online_prior``): ``gpu = "auto"`` takes ``gpu_name``
+    (NVML's), the TP degree defaults to ``gpu_count``. ``power_limit_w`` (the domain's
+    summed enforced limit at start) stands in when an observation carries none.
 
     Raises:
         ControllerError: the prior profile cannot be loaded.
@@ -197,6 +216,8 @@ def online_controller(
     from gpugov.controllers.online_mpc import OnlineMPCController, prior_from_profile
 
     prior = None
+    if spec.prior is not None:
+        prior = _hinted_prior(spec, gpu_name, gpu_count)
     if spec.prior_profile is not None:
         from gpugov.plant import load_profile
         from gpugov.plant.profile import ProfileError
@@ -224,8 +245,88 @@ def online_controller(
         ttft_slo_s=ttft_slo_s,
         tpot_slo_s=tpot_slo_s,
         prior=prior,
+        power_limit_w=power_limit_w,
         **options,
     )
+
+
+def _hinted_prior(
+    spec: OnlineMPCControllerConfig, gpu_name: str | None, gpu_count: int | None
+) -> Any:
+    """The prior of ``spec.prior``'s hints (None when they give none; one warning line
+    for a GPU name that is unknown or, with ``auto``, not reported)."""
+    from gpugov.controllers.online_prior import AUTO, PriorHints, prior_from_hints
+
+    hints = spec.prior
+    assert hints is not None
+    gpu = hints.gpu
+    if gpu is not None and gpu.strip().lower() == AUTO:
+        gpu = gpu_name
+        if not gpu:
+            log.warning("mpc-online prior: gpu = \"auto\" but the GPU reports no name; "
+                        "no prior from the GPU name")
+    return prior_from_hints(
+        PriorHints(
+            gpu=gpu or None,
+            params_b=hints.params_b,
+            active_params_b=hints.active_params_b,
+            tensor_parallel=hints.tensor_parallel or max(1, gpu_count or 1),
+        ),
+        warn=log.warning,
+    )
+
+
+def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
+    """``mpc-online:ARGUMENT``: a prior profile, or ``KEY=VALUE`` hints separated by
+    commas (:data:`ONLINE_HINT_KEYS`).
+
+    Raises:
+        ValueError: one line naming the spec and the key.
+    """
+    if "=" not in argument:
+        return OnlineMPCControllerConfig(kind="mpc-online", prior_profile=argument)
+    fields: dict[str, Any] = {}
+    hints: dict[str, Any] = {}
+    for item in argument.split(","):
+        key, equals, value = (part.strip() for part in item.partition("="))
+        if key not in ONLINE_HINT_KEYS or not equals or not value:
+            raise ValueError(
+                f"--controller {text!r}: expected KEY=VALUE with KEY one of "
+                f"{', '.join(sorted(ONLINE_HINT_KEYS))}, got {item!r}"
+            )
+        name = ONLINE_HINT_KEYS[key]
+        if name == "prior_profile":
+            fields[name] = value
+            continue
+        if name in ("params_b", "active_params_b"):
+            try:
+                number = float(value)
+            except ValueError:
+                raise ValueError(
+                    f"--controller {text!r}: {key} must be a number of billions, got {value!r}"
+                ) from None
+            hints[name] = number
+        elif name == "tensor_parallel":
+            if not value.isdigit():
+                raise ValueError(
+                    f"--controller {text!r}: {key} must be a whole number of GPUs, got {value!r}"
+                )
+            hints[name] = int(value)
+        else:
+            hints[name] = value
+    from pydantic import ValidationError
+
+    try:
+        if hints:
+            fields["prior"] = PriorHintsConfig(**hints)
+        return OnlineMPCControllerConfig(kind="mpc-online", **fields)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "prior"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if not message.startswith(where):
+            message = f"{where}: {message}"
+        raise ValueError(f"--controller {text!r}: {message}") from None
 
 
 def _build_mpc(spec: MPCControllerConfig, period_s: float) -> ClockController:
@@ -275,7 +376,7 @@ def parse_controller_spec(text: str, *, default_profile: str | None = None) -> C
             return OpenLoopControllerConfig.model_validate({"kind": "open-loop", "plan": argument})
         case "mpc-online":
             if argument:
-                return OnlineMPCControllerConfig(kind="mpc-online", prior_profile=argument)
+                return _online_spec(text, argument)
             return OnlineMPCControllerConfig(kind="mpc-online")
         case "mpc" | "mpc-slsqp":
             if colon and not argument:

@@ -32,7 +32,7 @@ from gpugov.daemon.decide import (
 )
 from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.daemon.engines import ScrapedSource
-from gpugov.daemon.errors import ConfigError, TransientGpuError
+from gpugov.daemon.errors import ConfigError, GpugovError, TransientGpuError
 from gpugov.daemon.lockstate import LockState, default_state_dir
 from gpugov.daemon.loop import Domain, FailsafeMode
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
@@ -231,12 +231,44 @@ def _online_for_domain(
     from gpugov.daemon.decide import online_controller
     from gpugov.daemon.model_store import PersistentOnlineModel, state_directory
 
-    controller = online_controller(spec, period_s, **declared)
+    names = [str(getattr(_unwrapped(b), "name", "") or "") for b in backends]
+    controller = online_controller(
+        spec,
+        period_s,
+        gpu_name=names[0] if names and names[0] else None,
+        gpu_count=len(backends),
+        power_limit_w=_start_power_limit_w(backends),
+        **declared,
+    )
     directory = state_directory(spec.state_dir)
     if directory is None:
         return controller
     uuids = [str(getattr(backend, "uuid", None) or backend.label) for backend in backends]
     return PersistentOnlineModel(controller, directory, name, uuids)  # type: ignore[arg-type]
+
+
+def _unwrapped(backend: GpuBackend) -> GpuBackend:
+    """The GPU backend inside a dry-run wrapper (reads go through it unchanged)."""
+    return backend._inner if isinstance(backend, DryRunBackend) else backend
+
+
+def _start_power_limit_w(backends: Sequence[GpuBackend]) -> float | None:
+    """The domain's summed enforced power limit now (NVML), or None when a GPU does not
+    report one. Simulated GPUs are not sampled here (a sample advances their plant); their
+    observations carry the limit every tick."""
+    total = 0.0
+    for backend in backends:
+        if isinstance(_unwrapped(backend), SimulatedBackend):
+            return None
+        try:
+            limit = backend.sample().power_limit_w
+        except GpugovError as error:
+            log.warning("GPU %s: no power limit read at start (%s)", backend.label, error)
+            return None
+        if limit is None or not limit > 0.0:
+            return None
+        total += float(limit)
+    return total or None
 
 
 def _domain_header(domain: Domain, config_fields: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,228 @@
+"""A rough prior for ``mpc-online`` from config hints: GPU name, parameter count, TP degree.
+
+A node's operator usually knows which GPU it has (NVML reports the name), roughly how big
+the served model is and over how many GPUs it is split. From that alone the plant's own
+roofline physics (:mod:`gpugov.plant.roofline`, the board figures of
+:mod:`gpugov.plant.zoo` and the fitted efficiencies of :mod:`gpugov.plant.calibration`)
+gives a rough per-clock picture: prefill seconds per prompt token, the per-iteration
+(weight-streaming) part of a decode iteration, the per-request and per-context-token parts,
+and the board power. :func:`prior_from_hints` turns it into a :class:`ModelPrior` that
+keeps the warm-up (``replaces_warmup=False``) and gives the identification only what a rough
+hint can be trusted with: the *clock shape* of each part of the time model (which parts are
+memory-bound, flat in the clock), relative to the top clock, so clocks not yet explored
+are predicted by the physics instead of the compute-bound extrapolation. The level comes
+from the warm-up's evidence, never from the hint (a parameter count off by 10x would
+otherwise bias it and inflate the regression's noise estimate); the prior's covariance
+stays the no-hint one (30 % relative, correlated over the clocks), so every visited clock
+overrules the shape (``docs/online.md``).
+
+The model shape behind a parameter count is a Llama-like one (``d_ff = 3.5 d``, 8 KV heads
+of 128, about 115 ``d_model`` per layer); an MoE (``active_params_b`` below
+``params_b``) gets two routed experts per token and as many experts as the total needs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from gpugov.controllers.identification import ModelPrior
+from gpugov.plant import calibration
+from gpugov.plant.roofline import Domain, RooflineParameters
+from gpugov.plant.zoo import GPUS, GpuSpec, ModelSpec, ProfileSpec
+
+GPU_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("B200", "b200"),
+    ("H200", "h200"),
+    ("H100", "h100"),
+    ("A100", "a100"),
+    ("L40S", "l40s"),
+    ("L4", "l4"),
+)
+"""NVML name token -> board of :data:`gpugov.plant.zoo.GPUS` (first match wins; a token
+matches only as a whole word: ``GH200`` and ``L40`` are not ``H200`` and ``L4``)."""
+AUTO = "auto"
+"""``gpu = "auto"``: the daemon fills in the NVML name of the domain's first GPU."""
+REFERENCE_BATCH = 64
+REFERENCE_CONTEXT_TOKENS = 1024
+LAYER_WIDTH_RATIO = 115.0
+"""Llama-like aspect ratio: ``d_model / n_layers`` of Llama 3.x 3B, 8B, 70B is 110-128."""
+
+
+class HintError(ValueError):
+    """A hint value is out of range; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class PriorHints:
+    """What the operator declares about a domain (all optional).
+
+    Args:
+        gpu: NVML device name such as ``"NVIDIA H100 80GB HBM3"`` (matched by family).
+        params_b: total parameters of the served model, billions.
+        active_params_b: parameters active per token (MoE), billions; default ``params_b``.
+        tensor_parallel: GPUs the model is split over (the domain's GPUs).
+    """
+
+    gpu: str | None = None
+    params_b: float | None = None
+    active_params_b: float | None = None
+    tensor_parallel: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("params_b", "active_params_b"):
+            value = getattr(self, name)
+            if value is not None and (not math.isfinite(value) or not 0.0 < value <= 1e5):
+                raise HintError(f"prior.{name} must be a positive number of billions, "
+                                f"got {value!r}")
+        if (
+            self.active_params_b is not None
+            and self.params_b is not None
+            and self.active_params_b > self.params_b
+        ):
+            raise HintError(f"prior.active_params_b ({self.active_params_b:g}) exceeds "
+                            f"prior.params_b ({self.params_b:g})")
+        if self.active_params_b is not None and self.params_b is None:
+            raise HintError("prior.active_params_b needs prior.params_b (the total)")
+        tp = self.tensor_parallel
+        if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= 64:
+            raise HintError(f"prior.tensor_parallel must be an integer 1-64, got {tp!r}")
+        if self.gpu is not None and not self.gpu.strip():
+            raise HintError("prior.gpu must name a GPU (or be \"auto\"), got an empty string")
+
+
+def gpu_family(name: str) -> GpuSpec | None:
+    """The board of :data:`GPU_FAMILIES` an NVML device name belongs to, or None."""
+    upper = name.upper()
+    for token, key in GPU_FAMILIES:
+        if re.search(rf"(?<![A-Z0-9]){token}(?![A-Z0-9])", upper):
+            return GPUS[key]
+    return None
+
+
+def model_shape(params_b: float, active_params_b: float | None = None) -> ModelSpec:
+    """A Llama-like :class:`ModelSpec` with ``params_b`` billion parameters (MoE when
+    ``active_params_b`` is below it): a rough stand-in for a model we only know the size of."""
+    total = params_b * 1e9
+    active = (active_params_b or params_b) * 1e9
+    # Per layer about 13 d^2 (attention with 8 KV heads of 128 plus a gated MLP of 3.5 d).
+    d_model = max(512, int(round((active * LAYER_WIDTH_RATIO / 13.0) ** (1.0 / 3.0) / 128.0)) * 128)
+    n_layers = max(1, int(round(active / (13.0 * d_model * d_model))))
+    n_heads = d_model // 128
+    n_kv = min(8, n_heads)
+    attention = d_model * (d_model + 2 * n_kv * 128) + d_model * d_model
+    if total <= active * 1.05:
+        d_ff = max(256, int(round((active / n_layers - attention) / (3 * d_model) / 256)) * 256)
+        return ModelSpec("hint", "hinted model", int(total), int(active), n_layers, n_heads,
+                         n_kv, 128, d_model, d_ff)
+    per_expert = max(1.0, (active / n_layers - attention) / 2.0)  # two experts per token
+    experts = max(3, int(round((total / n_layers - attention) / per_expert)))
+    d_ff = max(128, int(round(per_expert / (3 * d_model))))
+    return ModelSpec(
+        "hint", "hinted MoE model", int(total), int(active), n_layers, n_heads, n_kv, 128,
+        d_model, d_ff, n_experts=experts, experts_per_token=2,
+        expert_parameter_count=min(int(total), int(experts * per_expert * n_layers)),
+    )
+
+
+def _domain(gpu: GpuSpec, model: ModelSpec, tp: int) -> Domain:
+    spec = ProfileSpec("hint", gpu.key, model.key, tp, REFERENCE_BATCH, 1.0, 0.1, "hint")
+    # All-reduce timings exist for H100/A100 at 2, 4, 8 GPUs: use the nearest.
+    workers = min((2, 4, 8), key=lambda n: abs(n - tp))
+    source = gpu.all_reduce_from
+    if tp > 1 and (source, workers) not in calibration.all_reduce_points():
+        source = "h100"
+    return Domain(
+        spec,
+        replace(gpu, all_reduce_from=source),
+        model,
+        calibration.fit_efficiency(gpu.efficiency_from),
+        RooflineParameters(),
+    )
+
+
+def _all_reduce_s(domain: Domain, tokens: float) -> float:
+    if domain.tp <= 1:
+        return 0.0
+    size = tokens * domain.model.d_model * domain.model.bytes_per_value
+    workers = min((2, 4, 8), key=lambda n: abs(n - domain.tp))
+    return 2.0 * domain.model.n_layers * calibration.all_reduce_s(
+        domain.gpu.all_reduce_from, workers, size
+    )
+
+
+def time_table(
+    gpu: GpuSpec, model: ModelSpec, tensor_parallel: int
+) -> tuple[tuple[float, float, float, float, float], ...]:
+    """Per supported clock of ``gpu`` (15 MHz grid): ``(clock MHz, prefill s per prompt
+    token, decode s per iteration, s per running request per iteration, s per context token
+    per iteration)`` from the plant's roofline (:class:`gpugov.plant.roofline.Domain`)."""
+    domain = _domain(gpu, model, tensor_parallel)
+    params = domain.params
+    prompt = float(params.reference_prompt_tokens)
+    rows = []
+    for clock in [*domain.clocks()[::4], gpu.max_clock_mhz]:
+        f = float(clock)
+        attention = 2.0 * model.n_layers * model.d_model * prompt * prompt / domain.tp
+        prefill = (
+            domain.linear_s(f, prompt)
+            + attention / (domain.eff.gemm_mfu * domain.peak_flops(f))
+            + _all_reduce_s(domain, prompt)
+            + params.fixed_iteration_overhead_s
+        ) / prompt
+        iteration = (
+            domain.linear_s(f, REFERENCE_BATCH)
+            + _all_reduce_s(domain, REFERENCE_BATCH)
+            + params.fixed_iteration_overhead_s
+        )
+        per_request = params.per_sequence_overhead_s
+        per_context = domain.kv_s(f, 1.0, 1.0)
+        rows.append((f, prefill, iteration, per_request, per_context))
+    return tuple(sorted(set(rows)))
+
+
+def prior_from_hints(
+    hints: PriorHints, *, warn: Callable[[str], None] | None = None
+) -> ModelPrior | None:
+    """The :class:`ModelPrior` the hints support, or None when they give nothing.
+
+    The GPU alone gives the board power (TDP x TP: the power-cap fallback and the scale of
+    the power prior when NVML reports no limit); with ``params_b`` it also gives the
+    per-clock time shape (:func:`time_table`). An unknown GPU name
+    calls ``warn`` once and gives no prior from the name; ``"auto"`` must have been
+    replaced by the NVML name before this is called (otherwise it is ignored).
+    """
+    if hints.gpu is None or hints.gpu.strip().lower() == AUTO:
+        return None
+    gpu = gpu_family(hints.gpu)
+    if gpu is None:
+        if warn is not None:
+            families = ", ".join(token for token, _ in GPU_FAMILIES)
+            warn(f"mpc-online prior: GPU {hints.gpu!r} is not a known family ({families}); "
+                 "no prior from the GPU name")
+        return None
+    tp = hints.tensor_parallel
+    table: tuple[tuple[float, float, float, float, float], ...] = ()
+    if hints.params_b is not None:
+        table = time_table(gpu, model_shape(hints.params_b, hints.active_params_b), tp)
+    return ModelPrior(
+        time_table=table,
+        replaces_warmup=False,
+        board_power_w=gpu.tdp_w * tp,
+        source=f"hint: {gpu.gpu} x{tp}"
+        + (f", {hints.params_b:g}B parameters" if hints.params_b is not None else ""),
+    )
+
+
+__all__ = [
+    "AUTO",
+    "GPU_FAMILIES",
+    "HintError",
+    "PriorHints",
+    "gpu_family",
+    "model_shape",
+    "prior_from_hints",
+    "time_table",
+]
