@@ -23,6 +23,7 @@ from gpugov.plant.roofline import (
     domain,
     fit_decode_power_batch_model,
     logistic_anchor_power_w,
+    power_capped_decode_clock,
     profile_table,
     render_csv,
     streaming_activity,
@@ -106,6 +107,87 @@ def _vidur_rows(d: Domain) -> list[dict[str, Any]]:
     return rows
 
 
+ATTENTION_ROWS = {
+    # profile -> (model in the extract, TP of the extract, batches, contexts); None = all
+    "a100-sxm-80gb-llama3-8b": ("Llama-3-8B", 1, None, None),
+    "a100-sxm-80gb-llama3-70b-tp4": ("Llama-2-70B", 2, (32, 64, 128), (512, 1280, 4032)),
+}
+
+
+def _attention_rows(d: Domain) -> list[dict[str, Any]]:
+    chosen = ATTENTION_ROWS.get(d.spec.name)
+    if chosen is None:
+        return []
+    model, tp, batches, contexts = chosen
+    rows = []
+    for point in calibration.attention_points():
+        same_kv_split = point.kv_heads_per_gpu == d.model.n_kv_heads // d.tp
+        if not (
+            (point.model == model and point.tensor_parallel == tp)
+            or (point.gpu == d.gpu.key and same_kv_split and point.model != model)
+        ):
+            continue
+        if point.model == model and (
+            (batches is not None and point.batch not in batches)
+            or (contexts is not None and point.context_tokens not in contexts)
+        ):
+            continue
+        proxy = "" if point.model.startswith("Llama-3") and tp == d.tp else (
+            f" ({point.kv_heads_per_gpu} KV heads per GPU, as {d.model.name.split(' ')[0]} "
+            f"at TP {d.tp})"
+        )
+        rows.append(
+            _row(
+                f"{calibration.attention_source(point.source_file)} "
+                f"(profiles/calibration/{point.source_file})",
+                "decode attention kernel time per layer (ms), max clock",
+                f"{point.model}, TP {point.tensor_parallel}, {point.backend} backend, batch "
+                f"{point.batch}, {point.context_tokens} tokens of context per sequence{proxy}",
+                point.layer_s * 1e3,
+                calibration.predict_attention(point) * 1e3,
+                "fit",
+                "Small decode batches of this kernel switch work splits; the one launch + "
+                "bandwidth line per GPU kind cannot follow every step.",
+            )
+        )
+    return rows
+
+
+def _decode_iteration_rows(d: Domain) -> list[dict[str, Any]]:
+    """A100 Llama-3-8B: Vidur's kernel-time sum for one decode iteration vs the model's."""
+    if d.spec.name != "a100-sxm-80gb-llama3-8b":
+        return []
+    batch, context = 64, 1536
+    wanted = ("a100", "Llama-3-8B", 1, batch)
+    linear = next(
+        p
+        for p in calibration.linear_points()
+        if (p.gpu, p.model, p.shape.tensor_parallel, p.num_tokens) == wanted
+    )
+    attention = next(
+        p
+        for p in calibration.attention_points()
+        if (p.model, p.tensor_parallel, p.batch, p.context_tokens)
+        == ("Llama-3-8B", 1, batch, context)
+    )
+    layers = d.model.n_layers
+    return [
+        _row(
+            f"microsoft/vidur@{calibration.source_commit()} mlp.csv + "
+            f"{calibration.attention_source(attention.source_file)}",
+            "decode iteration time, sum of the per-layer kernels (ms), max clock",
+            f"Llama-3-8B on A100, TP 1, batch {batch}, {context} tokens of context per "
+            f"sequence: {layers} x (non-attention operators + decode attention), which is "
+            "Vidur's execution time with its default skip_cpu_overhead_modeling; the profile's "
+            "full iteration adds the output projection and the engine overheads",
+            layers * (linear.layer_s + attention.layer_s) * 1e3,
+            layers * (calibration.predict_point(linear) + calibration.predict_attention(attention))
+            * 1e3,
+            "check",
+        )
+    ]
+
+
 def _all_reduce_rows(d: Domain) -> list[dict[str, Any]]:
     if d.tp <= 1:
         return []
@@ -124,7 +206,7 @@ def _all_reduce_rows(d: Domain) -> list[dict[str, Any]]:
                 calibration.all_reduce_s(source_gpu, d.tp, size) * 1e3,
                 "fit",
                 "Tiny messages are latency-bound and noisy in the measurement; the "
-                "two-parameter latency + bandwidth line trades them against large ones.",
+                "two-protocol latency + bandwidth model trades them against large ones.",
             )
         )
     return rows
@@ -240,7 +322,14 @@ def calibration_rows(d: Domain) -> list[dict[str, Any]]:
     """Every measured point this profile is compared with (see the module docstring)."""
     mu = streaming_activity(d.params)
     sigma = clock_fixed_stream_share(d.params)
-    return _vidur_rows(d) + _all_reduce_rows(d) + _idle_rows(d) + _energy_rows(d, mu, sigma)
+    return (
+        _vidur_rows(d)
+        + _attention_rows(d)
+        + _decode_iteration_rows(d)
+        + _all_reduce_rows(d)
+        + _idle_rows(d)
+        + _energy_rows(d, mu, sigma)
+    )
 
 
 def _sources(d: Domain) -> list[dict[str, str]]:
@@ -367,6 +456,16 @@ def _assumptions(d: Domain, mu: float) -> list[str]:
             "which scales the expert GEMM time. The plant's linear decode-latency model keeps "
             "the reference batch's weight share, so it overstates weight time at small batches."
         )
+    sigma = clock_fixed_stream_share(p)
+    capped = [
+        f for f in d.clocks() if power_capped_decode_clock(d, f, mu, sigma) < f
+    ]
+    if capped:
+        items.append(
+            f"At locked clocks from {capped[0]} MHz up the modelled decode power exceeds the "
+            f"{gpu.tdp_w:g} W limit per GPU, so those rows report the decode at the clock the "
+            "power cap leaves (decode power at the limit, rate of that clock)."
+        )
     if gpu.key == "h200":
         items.append(
             "H200 idle power is derived, not published: H100's bare 71.8 W and 121.7 W with "
@@ -425,7 +524,8 @@ def build_profile(key: str) -> tuple[str, dict[str, Any]]:
     slope = (d.linear_s(f_max, b_ref + 1) - d.linear_s(f_max, b_ref - 1)) / 2.0
     batch_linear = max(0.0, min(parts["linear_s"], slope * b_ref))
     alpha = d.all_reduce_s(0.0)
-    weight = _r((parts["linear_s"] - batch_linear + parts["fixed_s"] + alpha) / total)
+    fixed = parts["linear_s"] - batch_linear + parts["fixed_s"] + parts["attention_launch_s"]
+    weight = _r((fixed + alpha) / total)
     kv = _r(parts["kv_s"] / total)
     batch = _r(1.0 - weight - kv)
     k, x0 = fit_decode_power_batch_model(p)
