@@ -126,7 +126,7 @@ def test_calibration_rows_are_complete_and_consistent(bundled: PerformanceProfil
     assert summary["worst_relative_error"] == worst == bundled.worst_calibration_error
     assert summary["note"]
     if not rows:
-        assert "No published measured point" in summary["note"]
+        assert "no stated error" in summary["note"]
 
 
 def test_measured_gpus_have_time_rows_within_target() -> None:
