@@ -191,13 +191,17 @@ class Domain:
         """Fixed part of the decode attention kernels per iteration (all layers)."""
         return self.model.n_layers * self.attention.launch_s
 
-    def decode_parts_s(self, clock_mhz: float, batch: float | None = None) -> dict[str, float]:
-        """Parts of one decode iteration at ``batch`` (default reference) and L_ref."""
+    def decode_parts_s(
+        self, clock_mhz: float, batch: float | None = None, context: float | None = None
+    ) -> dict[str, float]:
+        """Parts of one decode iteration at ``batch`` (default reference) and ``context``
+        tokens per sequence (default L_ref)."""
         b = float(batch if batch is not None else self.spec.reference_batch_size)
         p = self.params
+        length = float(context if context is not None else p.reference_context_tokens)
         parts = {
             "linear_s": self.linear_s(clock_mhz, b),
-            "kv_s": self.kv_s(clock_mhz, b, p.reference_context_tokens),
+            "kv_s": self.kv_s(clock_mhz, b, length),
             "attention_launch_s": self.attention_launch_s(),
             "all_reduce_s": self.all_reduce_s(b),
             "per_sequence_s": b * p.per_sequence_overhead_s,
@@ -211,7 +215,7 @@ class Domain:
         )
         parts["bytes_per_gpu"] = (
             self.model.streamed_weight_bytes(b) / self.tp
-            + b * p.reference_context_tokens * self.model.kv_bytes_per_token / self.tp
+            + b * length * self.model.kv_bytes_per_token / self.tp
         )
         return parts
 

@@ -175,6 +175,22 @@ MIXTRAL_8X7B = ModelSpec(
     expert_parameter_count=8 * 3 * 4096 * 14336 * 32,
     expert_load_imbalance=1.15,
 )
+# Not served by a bundled profile: shapes of models whose published measurements check a
+# board's physics (plant/roofline_manifest.py, "published serving" rows).
+QWEN25_7B = ModelSpec(
+    key="qwen2.5-7b",
+    name="Qwen2.5-7B-Instruct (BF16, TP=1)",
+    parameter_count=7_615_616_512,
+    active_parameter_count=7_615_616_512,
+    n_layers=28,
+    n_heads=28,
+    n_kv_heads=4,
+    head_dim=128,
+    d_model=3584,
+    d_ff=18944,
+    vocab_size=152064,
+)
+CHECK_MODELS: dict[str, ModelSpec] = {QWEN25_7B.key: QWEN25_7B}
 MODELS: dict[str, ModelSpec] = {
     m.key: m for m in (LLAMA_31_8B, LLAMA_31_70B, LLAMA_32_3B, MIXTRAL_8X7B)
 }
