@@ -9,6 +9,7 @@ error exceeds :data:`ERROR_TARGET` carries a ``note`` saying why.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict
 from typing import Any
@@ -195,8 +196,37 @@ INFERENCE_BENCH = (
 )
 
 
+A100_40GB_SWEEP = (
+    "johnmusgrave.com 'vLLM throughput-latency sweep on NVIDIA A100' (vLLM 0.23.0, "
+    "Llama-3.1-8B-Instruct BF16 on one A100 40GB, 'decode at one request per time runs at "
+    "about 75 tokens/sec'; not from PROFILE_FACTS)"
+)
+
+
 def _published_serving_rows(d: Domain) -> list[dict[str, Any]]:
-    """L4: a published single-stream decode rate of another model on the same board."""
+    """Published single-stream vLLM decode rates checking a board's physics.
+
+    L4: another model (Qwen2.5-7B) on the same board. A100 8B: the same model on the 40 GB
+    A100 (the 80 GB board's physics with the 40 GB datasheet bandwidth, 1.555 TB/s).
+    """
+    if d.spec.name == "a100-sxm-80gb-llama3-8b":
+        board = dataclasses.replace(
+            d.gpu, memory_bandwidth_bytes_per_s=1.555e12, memory_capacity_bytes=40e9
+        )
+        check = Domain(d.spec, board, d.model, d.eff, d.params, d.attention)
+        rate = 1.0 / check.decode_parts_s(board.max_clock_mhz, 1, 1024 + 64)["total_s"]
+        return [
+            _row(
+                A100_40GB_SWEEP,
+                "single-stream decode rate (output tokens/s)",
+                "A100 40GB (this board's physics at the 40 GB datasheet bandwidth, 1.555 TB/s), "
+                "Llama-3.1-8B, vLLM, concurrency 1, 1024-token prompts, 128 output tokens, "
+                "default clock; the source gives the rate as 'about 75'",
+                75.0,
+                rate,
+                "check",
+            )
+        ]
     if d.gpu.key != "l4" or d.tp != 1:
         return []
     model = CHECK_MODELS["qwen2.5-7b"]
