@@ -7,6 +7,9 @@ plant's iteration time from the bundled profile's decode latency model and their
 
 from __future__ import annotations
 
+import argparse
+import sys
+
 from gpugov.plant import calibration
 from gpugov.plant.profile import load_profile
 from gpugov.plant.zoo import LLAMA_31_8B
@@ -15,8 +18,9 @@ PROFILE = "a100-sxm-80gb-llama3-8b"
 CONTEXT = 1536
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     """Print the comparison table."""
+    argparse.ArgumentParser(prog="bench/decode_check.py", description=__doc__).parse_args(argv)
     prof = load_profile(PROFILE)
     lat, eng = prof.manifest["decode_latency_model"], prof.manifest["engine"]
     b_ref, l_ref = eng["reference_batch_size"], eng["reference_context_tokens"]
@@ -44,4 +48,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))

@@ -5,6 +5,7 @@ Run: ``python bench/profile_tables.py profiles`` after regenerating the profiles
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import sys
@@ -13,7 +14,9 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     """Print both tables' rows for the manifests in the folder named (exit 2 if none)."""
-    root = Path(argv[0]) if argv else Path("profiles")
+    parser = argparse.ArgumentParser(prog="bench/profile_tables.py", description=__doc__)
+    parser.add_argument("folder", nargs="?", type=Path, default=Path("profiles"))
+    root = parser.parse_args(argv).folder
     manifests = [json.loads(p.read_text()) for p in sorted(root.glob("*.json"))]
     if not manifests:
         print(f"profile_tables: error: {root}: no manifests", file=sys.stderr)

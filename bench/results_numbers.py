@@ -7,6 +7,7 @@ Run after ``gpugov experiments --out results/bundled`` and
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -52,7 +53,9 @@ def report(folder: Path) -> None:
 
 def main(argv: list[str]) -> int:
     """Report every named folder under results/ (exit 2 naming a missing results.json)."""
-    for name in argv:
+    parser = argparse.ArgumentParser(prog="bench/results_numbers.py", description=__doc__)
+    parser.add_argument("runs", nargs="+", help="folders under results/")
+    for name in parser.parse_args(argv).runs:
         folder = Path("results") / name
         if not (folder / "results.json").is_file():
             print(f"results_numbers: error: {folder}/results.json: not found", file=sys.stderr)
