@@ -520,3 +520,29 @@ def test_a100_decode_iteration_tracks_vidurs_measured_kernels() -> None:
             + lat["kv_fraction"] * batch * context / (b_ref * l_ref)
         )
         assert 1.0 <= plant / vidur <= 1.2, (batch, plant, vidur)
+
+
+def test_all_reduce_fits_every_measured_point_and_grows_with_size() -> None:
+    """The two-protocol NCCL model meets the 0.2 target on every Vidur point."""
+    for (gpu, workers), points in calibration.all_reduce_points().items():
+        for size, seconds in points:
+            model = calibration.all_reduce_s(gpu, workers, size)
+            assert abs(model / seconds - 1.0) <= 0.2, (gpu, workers, size)
+        sizes = np.geomspace(1e3, 1e8, 60)
+        times = [calibration.all_reduce_s(gpu, workers, s) for s in sizes]
+        assert np.all(np.diff(times) > 0.0)
+    assert calibration.all_reduce_s("h100", 1, 1e6) == 0.0
+
+
+def test_attention_fit_is_physical_and_matches_the_llama3_points() -> None:
+    """Decode attention: a positive launch, a bandwidth near the linear operators', and the
+    Llama-3-8B FlashInfer points within the target."""
+    eff = calibration.fit_attention()
+    assert 0.0 < eff.launch_s < 1e-4
+    assert 0.5 < eff.relative_bandwidth <= 1.5
+    for point in calibration.attention_points():
+        if point.model == "Llama-3-8B":
+            error = calibration.predict_attention(point) / point.layer_s - 1.0
+            assert abs(error) <= 0.2 + 1e-3, point
+    quality = calibration.attention_fit_quality()
+    assert quality["points"] == len(calibration.attention_points())
