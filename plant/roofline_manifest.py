@@ -708,6 +708,12 @@ def build_profile(key: str) -> tuple[str, dict[str, Any]]:
                 if gpu.efficiency_from in calibration.MEASURED_BOARDS
                 else {"gpu": gpu.efficiency_from}
             ),
+            "attention_fit": {
+                "gpu": calibration.ATTENTION_GPU,
+                "launch_s": d.attention.launch_s,
+                "relative_bandwidth": d.attention.relative_bandwidth,
+                **calibration.attention_fit_quality(),
+            },
         },
         "sources": _sources(d),
         "assumptions": _assumptions(d, mu),
