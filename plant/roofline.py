@@ -27,9 +27,13 @@ Linear operators (fitted to Vidur's measured per-layer timings)
     per GPU kind (:func:`gpugov.plant.calibration.fit_efficiency`).
 
 Decode iteration at ``B`` sequences of context ``L``
-    ``t_iter = t_lin(f, B) + B L b_kv / (tp BW(f)) + 2 n_layers AR(B d 2 bytes)
-    + B tau + t_fix``, ``AR`` the all-reduce time over ``tp`` GPUs fitted to Vidur's
-    measured NCCL all-reduce (zero at TP 1); ``decode_tokens_per_s = B / t_iter``.
+    ``t_iter = t_lin(f, B) + n_layers (t_attn + B L b_kv / (n_layers tp r BW(f)))
+    + 2 n_layers AR(B d 2 bytes) + B tau + t_fix``: the decode attention kernel's launch
+    ``t_attn`` and relative bandwidth ``r`` are fitted to Vidur's measured A100 attention
+    timings (:func:`gpugov.plant.calibration.fit_attention`), ``AR`` is the all-reduce time
+    over ``tp`` GPUs fitted to Vidur's measured NCCL all-reduce (zero at TP 1);
+    ``decode_tokens_per_s = B / t_iter``. ``t_lin`` streams every weight except an untied
+    input embedding table (a row gather).
 
 Prefill of ``L_p`` tokens
     ``t_pre = t_lin(f, L_p) + 2 n_layers d L_p**2 / (tp MFU F(f)) + 2 n_layers AR(L_p d 2)
@@ -47,6 +51,9 @@ Voltage and power (per GPU, times ``tp`` for the domain)
     clock: L2, crossbar, memory PHY) once, on the H200 8B domain, so the best clock lock
     saves the published 32% of decode energy. Both are used unchanged everywhere.
 
+A decode row whose modelled power exceeds the board limit reports the decode at the clock
+the firmware's power cap leaves (:func:`power_capped_decode_clock`).
+
 Decode power vs batch: ML.ENERGY's logistic ``P(B) = idle + L sigmoid(k (log2 B - x0))``
 with ``k``, ``x0`` fitted to the H100 anchors (see ``profiles/README.md``).
 """
@@ -62,7 +69,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from gpugov.plant import calibration
-from gpugov.plant.calibration import Efficiency, LayerShape
+from gpugov.plant.calibration import AttentionEfficiency, Efficiency, LayerShape
 from gpugov.plant.zoo import (
     CLOCK_STEP_MHZ,
     GPUS,
@@ -73,7 +80,7 @@ from gpugov.plant.zoo import (
     ProfileSpec,
 )
 
-GENERATOR = "plant/roofline.py v2"
+GENERATOR = "plant/roofline.py v3"
 CSV_HEADER = (
     "clock_mhz,prefill_tokens_per_s,decode_tokens_per_s,prefill_power_w,decode_power_w,idle_power_w"
 )
@@ -116,6 +123,7 @@ class Domain:
     model: ModelSpec
     eff: Efficiency
     params: RooflineParameters
+    attention: AttentionEfficiency
 
     @property
     def tp(self) -> int:
@@ -174,17 +182,27 @@ class Domain:
         return 2.0 * self.model.n_layers * per_call
 
     def kv_s(self, clock_mhz: float, batch: float, context: float) -> float:
-        """Time to read the batch's KV cache (split over the TP group)."""
+        """Time the decode attention kernels spend reading the batch's KV cache (all layers,
+        split over the TP group), at the fitted attention bandwidth."""
         total = batch * context * self.model.kv_bytes_per_token / self.tp
-        return total / self.bandwidth(clock_mhz)
+        return total / (self.attention.relative_bandwidth * self.bandwidth(clock_mhz))
 
-    def decode_parts_s(self, clock_mhz: float, batch: float | None = None) -> dict[str, float]:
-        """Parts of one decode iteration at ``batch`` (default reference) and L_ref."""
+    def attention_launch_s(self) -> float:
+        """Fixed part of the decode attention kernels per iteration (all layers)."""
+        return self.model.n_layers * self.attention.launch_s
+
+    def decode_parts_s(
+        self, clock_mhz: float, batch: float | None = None, context: float | None = None
+    ) -> dict[str, float]:
+        """Parts of one decode iteration at ``batch`` (default reference) and ``context``
+        tokens per sequence (default L_ref)."""
         b = float(batch if batch is not None else self.spec.reference_batch_size)
         p = self.params
+        length = float(context if context is not None else p.reference_context_tokens)
         parts = {
             "linear_s": self.linear_s(clock_mhz, b),
-            "kv_s": self.kv_s(clock_mhz, b, p.reference_context_tokens),
+            "kv_s": self.kv_s(clock_mhz, b, length),
+            "attention_launch_s": self.attention_launch_s(),
             "all_reduce_s": self.all_reduce_s(b),
             "per_sequence_s": b * p.per_sequence_overhead_s,
             "fixed_s": p.fixed_iteration_overhead_s,
@@ -197,7 +215,7 @@ class Domain:
         )
         parts["bytes_per_gpu"] = (
             self.model.streamed_weight_bytes(b) / self.tp
-            + b * p.reference_context_tokens * self.model.kv_bytes_per_token / self.tp
+            + b * length * self.model.kv_bytes_per_token / self.tp
         )
         return parts
 
@@ -289,6 +307,7 @@ def domain(name: str, params: RooflineParameters | None = None) -> Domain:
         MODELS[spec.model],
         calibration.fit_efficiency(gpu.efficiency_from),
         params or RooflineParameters(),
+        calibration.fit_attention(),
     )
 
 
@@ -384,18 +403,41 @@ def clock_fixed_stream_share(params: RooflineParameters | None = None) -> float:
     return float(f"{0.5 * (low + high):.4g}")
 
 
+def power_capped_decode_clock(d: Domain, clock_mhz: float, mu: float, sigma: float) -> float:
+    """The clock a decode at locked ``clock_mhz`` really runs at under the board power limit.
+
+    A locked clock is an upper bound: when the modelled decode power exceeds the TDP the
+    firmware lowers the clock until it fits, so the row reports the decode at that clock
+    (bisected to 1e-6 MHz; the lowest supported clock is the floor).
+    """
+    limit = d.gpu.tdp_w
+    if d.decode_gpu_w(clock_mhz, mu, sigma) <= limit:
+        return clock_mhz
+    low, high = float(d.gpu.min_clock_mhz), float(clock_mhz)
+    if d.decode_gpu_w(low, mu, sigma) > limit:
+        return low
+    while high - low > 1e-6:
+        mid = 0.5 * (low + high)
+        if d.decode_gpu_w(mid, mu, sigma) > limit:
+            high = mid
+        else:
+            low = mid
+    return low
+
+
 def profile_table(d: Domain) -> dict[str, list[float]]:
     """Every CSV column over the clock grid (unrounded), for the whole domain."""
     mu = streaming_activity(d.params)
     sigma = clock_fixed_stream_share(d.params)
     tp = d.tp
     clocks = d.clocks()
+    decode_clocks = [power_capped_decode_clock(d, f, mu, sigma) for f in clocks]
     return {
         "clock_mhz": [float(f) for f in clocks],
         "prefill_tokens_per_s": [d.prefill_tokens_per_s(f) for f in clocks],
-        "decode_tokens_per_s": [d.decode_tokens_per_s(f) for f in clocks],
+        "decode_tokens_per_s": [d.decode_tokens_per_s(f) for f in decode_clocks],
         "prefill_power_w": [tp * d.prefill_gpu_w(f) for f in clocks],
-        "decode_power_w": [tp * d.decode_gpu_w(f, mu, sigma) for f in clocks],
+        "decode_power_w": [tp * d.decode_gpu_w(f, mu, sigma) for f in decode_clocks],
         "idle_power_w": [tp * d.idle_gpu_w(f) for f in clocks],
     }
 

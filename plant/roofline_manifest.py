@@ -9,6 +9,7 @@ error exceeds :data:`ERROR_TARGET` carries a ``note`` saying why.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict
 from typing import Any
@@ -23,11 +24,12 @@ from gpugov.plant.roofline import (
     domain,
     fit_decode_power_batch_model,
     logistic_anchor_power_w,
+    power_capped_decode_clock,
     profile_table,
     render_csv,
     streaming_activity,
 )
-from gpugov.plant.zoo import FACTS, GPU_SOURCES, MODEL_SOURCES
+from gpugov.plant.zoo import CHECK_MODELS, FACTS, GPU_SOURCES, MODEL_SOURCES, ProfileSpec
 
 ERROR_TARGET = 0.2
 VIDUR_PROXY = {
@@ -106,6 +108,146 @@ def _vidur_rows(d: Domain) -> list[dict[str, Any]]:
     return rows
 
 
+ATTENTION_ROWS = {
+    # profile -> (model in the extract, TP of the extract, batches, contexts); None = all
+    "a100-sxm-80gb-llama3-8b": ("Llama-3-8B", 1, None, None),
+    "a100-sxm-80gb-llama3-70b-tp4": ("Llama-2-70B", 2, (32, 64, 128), (512, 1280, 4032)),
+}
+
+
+def _attention_rows(d: Domain) -> list[dict[str, Any]]:
+    chosen = ATTENTION_ROWS.get(d.spec.name)
+    if chosen is None:
+        return []
+    model, tp, batches, contexts = chosen
+    rows = []
+    for point in calibration.attention_points():
+        same_kv_split = point.kv_heads_per_gpu == d.model.n_kv_heads // d.tp
+        if not (
+            (point.model == model and point.tensor_parallel == tp)
+            or (point.gpu == d.gpu.key and same_kv_split and point.model != model)
+        ):
+            continue
+        if point.model == model and (
+            (batches is not None and point.batch not in batches)
+            or (contexts is not None and point.context_tokens not in contexts)
+        ):
+            continue
+        proxy = "" if point.model.startswith("Llama-3") and tp == d.tp else (
+            f" ({point.kv_heads_per_gpu} KV heads per GPU, as {d.model.name.split(' ')[0]} "
+            f"at TP {d.tp})"
+        )
+        rows.append(
+            _row(
+                f"{calibration.attention_source(point.source_file)} "
+                f"(profiles/calibration/{point.source_file})",
+                "decode attention kernel time per layer (ms), max clock",
+                f"{point.model}, TP {point.tensor_parallel}, {point.backend} backend, batch "
+                f"{point.batch}, {point.context_tokens} tokens of context per sequence{proxy}",
+                point.layer_s * 1e3,
+                calibration.predict_attention(point) * 1e3,
+                "fit",
+                "Small decode batches of this kernel switch work splits; the one launch + "
+                "bandwidth line per GPU kind cannot follow every step.",
+            )
+        )
+    return rows
+
+
+def _decode_iteration_rows(d: Domain) -> list[dict[str, Any]]:
+    """A100 Llama-3-8B: Vidur's kernel-time sum for one decode iteration vs the model's."""
+    if d.spec.name != "a100-sxm-80gb-llama3-8b":
+        return []
+    batch, context = 64, 1536
+    wanted = ("a100", "Llama-3-8B", 1, batch)
+    linear = next(
+        p
+        for p in calibration.linear_points()
+        if (p.gpu, p.model, p.shape.tensor_parallel, p.num_tokens) == wanted
+    )
+    attention = next(
+        p
+        for p in calibration.attention_points()
+        if (p.model, p.tensor_parallel, p.batch, p.context_tokens)
+        == ("Llama-3-8B", 1, batch, context)
+    )
+    layers = d.model.n_layers
+    return [
+        _row(
+            f"microsoft/vidur@{calibration.source_commit()} mlp.csv + "
+            f"{calibration.attention_source(attention.source_file)}",
+            "decode iteration time, sum of the per-layer kernels (ms), max clock",
+            f"Llama-3-8B on A100, TP 1, batch {batch}, {context} tokens of context per "
+            f"sequence: {layers} x (non-attention operators + decode attention), which is "
+            "Vidur's execution time with its default skip_cpu_overhead_modeling; the profile's "
+            "full iteration adds the output projection and the engine overheads",
+            layers * (linear.layer_s + attention.layer_s) * 1e3,
+            layers * (calibration.predict_point(linear) + calibration.predict_attention(attention))
+            * 1e3,
+            "check",
+        )
+    ]
+
+
+INFERENCE_BENCH = (
+    "ree2raz/inference-bench README 'Validated by Real Benchmarks' (github.com/ree2raz/"
+    "inference-bench@0fb76f3; vLLM v0.8.5, Qwen2.5-7B-Instruct FP16 on one L4, 'FP16 c=1 "
+    "per-stream 17.1 tok/s measured'; not from PROFILE_FACTS)"
+)
+
+
+A100_40GB_SWEEP = (
+    "johnmusgrave.com 'vLLM throughput-latency sweep on NVIDIA A100' (vLLM 0.23.0, "
+    "Llama-3.1-8B-Instruct BF16 on one A100 40GB, 'decode at one request per time runs at "
+    "about 75 tokens/sec'; not from PROFILE_FACTS)"
+)
+
+
+def _published_serving_rows(d: Domain) -> list[dict[str, Any]]:
+    """Published single-stream vLLM decode rates checking a board's physics.
+
+    L4: another model (Qwen2.5-7B) on the same board. A100 8B: the same model on the 40 GB
+    A100 (the 80 GB board's physics with the 40 GB datasheet bandwidth, 1.555 TB/s).
+    """
+    if d.spec.name == "a100-sxm-80gb-llama3-8b":
+        board = dataclasses.replace(
+            d.gpu, memory_bandwidth_bytes_per_s=1.555e12, memory_capacity_bytes=40e9
+        )
+        check = Domain(d.spec, board, d.model, d.eff, d.params, d.attention)
+        rate = 1.0 / check.decode_parts_s(board.max_clock_mhz, 1, 1024 + 64)["total_s"]
+        return [
+            _row(
+                A100_40GB_SWEEP,
+                "single-stream decode rate (output tokens/s)",
+                "A100 40GB (this board's physics at the 40 GB datasheet bandwidth, 1.555 TB/s), "
+                "Llama-3.1-8B, vLLM, concurrency 1, 1024-token prompts, 128 output tokens, "
+                "default clock; the source gives the rate as 'about 75'",
+                75.0,
+                rate,
+                "check",
+            )
+        ]
+    if d.gpu.key != "l4" or d.tp != 1:
+        return []
+    model = CHECK_MODELS["qwen2.5-7b"]
+    spec = ProfileSpec("check", d.gpu.key, model.key, 1, 1, 1.0, 0.05, "check")
+    check = Domain(spec, d.gpu, model, d.eff, d.params, d.attention)
+    context = 200 + 64  # ~200-token prompts, half of the 128 output tokens
+    rate = 1.0 / check.decode_parts_s(d.gpu.max_clock_mhz, 1, context)["total_s"]
+    return [
+        _row(
+            INFERENCE_BENCH,
+            "single-stream decode rate (output tokens/s)",
+            f"{model.name} (not this profile's model: the same L4 board physics) with vLLM, "
+            "concurrency 1, ~200-token prompts and 128 output tokens, default clock; the "
+            "measured rate also carries the ~70 ms TTFT (about 1%)",
+            17.1,
+            rate,
+            "check",
+        )
+    ]
+
+
 def _all_reduce_rows(d: Domain) -> list[dict[str, Any]]:
     if d.tp <= 1:
         return []
@@ -124,7 +266,7 @@ def _all_reduce_rows(d: Domain) -> list[dict[str, Any]]:
                 calibration.all_reduce_s(source_gpu, d.tp, size) * 1e3,
                 "fit",
                 "Tiny messages are latency-bound and noisy in the measurement; the "
-                "two-parameter latency + bandwidth line trades them against large ones.",
+                "two-protocol latency + bandwidth model trades them against large ones.",
             )
         )
     return rows
@@ -240,7 +382,15 @@ def calibration_rows(d: Domain) -> list[dict[str, Any]]:
     """Every measured point this profile is compared with (see the module docstring)."""
     mu = streaming_activity(d.params)
     sigma = clock_fixed_stream_share(d.params)
-    return _vidur_rows(d) + _all_reduce_rows(d) + _idle_rows(d) + _energy_rows(d, mu, sigma)
+    return (
+        _vidur_rows(d)
+        + _attention_rows(d)
+        + _decode_iteration_rows(d)
+        + _published_serving_rows(d)
+        + _all_reduce_rows(d)
+        + _idle_rows(d)
+        + _energy_rows(d, mu, sigma)
+    )
 
 
 def _sources(d: Domain) -> list[dict[str, str]]:
@@ -302,15 +452,28 @@ def _assumptions(d: Domain, mu: float) -> list[str]:
         efficiency = "H100's fit reused (same GH100 die; Vidur has no H200 data)"
     else:
         efficiency = "the mean of the A100 and H100 fits (no measured timings for this board)"
+    attention = (
+        "fitted to A100's measured kernels"
+        if gpu.key == calibration.ATTENTION_GPU
+        else f"A100's fit carried to {gpu.kind} as a ratio to its own bandwidth"
+    )
     items = [
         f"Efficiency ({efficiency}): bandwidth fraction {eff.bandwidth_fraction}, GEMM MFU "
         f"{eff.gemm_mfu}, launch {eff.layer_launch_s * 1e6:.4g} us per layer, knee sharpness "
-        f"{eff.knee_sharpness}; attention FLOPs run at the same MFU; every weight (embedding "
-        "table included) is streamed once per iteration.",
+        f"{eff.knee_sharpness}; prefill attention FLOPs run at the same MFU; every weight "
+        "except an untied input embedding table (a row gather) is streamed once per iteration.",
+        f"Decode attention ({attention}): {d.attention.launch_s * 1e6:.4g} us per layer plus the "
+        f"KV bytes at {d.attention.relative_bandwidth} x the linear operators' bandwidth, "
+        "fitted (log error) to Vidur's measured A100 decode-attention kernels (Llama-3-8B with "
+        "FlashInfer, Llama-2-70B at TP 2 with FlashAttention); no other board's attention "
+        "timings were reachable.",
         f"The SM load path sustains {p.sm_load_bytes_per_clock:g} B per SM per clock; bandwidth "
         f"sags below f_need with knee sharpness {p.bandwidth_knee_sharpness:g}.",
         f"Fixed decode iteration overhead {p.fixed_iteration_overhead_s * 1e3:g} ms and "
         f"{p.per_sequence_overhead_s * 1e6:g} us per sequence per iteration (engine/CPU side, "
+        "not calibrated: Vidur's measured vLLM-V0 CPU overheads on A100 are about 3.5 ms per "
+        "iteration at batch 64, serial with the GPU; vLLM V1's asynchronous scheduling overlaps "
+        "most of that work, so the model keeps the smaller figure; "
         "clock-independent).",
         f"Reference decode batch {d.spec.reference_batch_size} and context "
         f"{p.reference_context_tokens} tokens per sequence (mean prompt 1155 + half the mean "
@@ -367,6 +530,16 @@ def _assumptions(d: Domain, mu: float) -> list[str]:
             "which scales the expert GEMM time. The plant's linear decode-latency model keeps "
             "the reference batch's weight share, so it overstates weight time at small batches."
         )
+    sigma = clock_fixed_stream_share(p)
+    capped = [
+        f for f in d.clocks() if power_capped_decode_clock(d, f, mu, sigma) < f
+    ]
+    if capped:
+        items.append(
+            f"At locked clocks from {capped[0]} MHz up the modelled decode power exceeds the "
+            f"{gpu.tdp_w:g} W limit per GPU, so those rows report the decode at the clock the "
+            "power cap leaves (decode power at the limit, rate of that clock)."
+        )
     if gpu.key == "h200":
         items.append(
             "H200 idle power is derived, not published: H100's bare 71.8 W and 121.7 W with "
@@ -375,7 +548,8 @@ def _assumptions(d: Domain, mu: float) -> list[str]:
     if gpu.key == "l4":
         items.append(
             "L4 idle power (16 W bare, 28 W with a CUDA context) and its 210 MHz floor are "
-            "assumptions, not published figures; no measured point for L4 was found."
+            "assumptions, not published figures; the only published L4 point used is a "
+            "single-stream decode rate of another model on the same board (a check row)."
         )
     if gpu.key == "b200":
         items.append(
@@ -391,12 +565,25 @@ def _assumptions(d: Domain, mu: float) -> list[str]:
     return items
 
 
+NO_POINT_NOTES = {
+    "b200": (
+        "ML.ENERGY Benchmark v3.0 measured Llama-3.1-8B on B200 (its Hugging Face dataset "
+        "ml-energy/benchmark-v3), but no figure of it was reachable from where this profile was "
+        "generated, and no other published B200 point for this model was found; "
+    ),
+}
+
+
 def _calibration_note(d: Domain, rows: list[dict[str, Any]]) -> str:
     if not rows:
+        lead = NO_POINT_NOTES.get(
+            d.gpu.key,
+            f"No published measured point was found for {d.gpu.kind} with this model "
+            "(ML.ENERGY covers H100 and B200 only; Vidur has no H200 or Mixtral data); ",
+        )
         return (
-            f"No published measured point was found for {d.gpu.kind} with this model; the "
-            "profile rests on the datasheet and the efficiency fits of the measured GPUs, with "
-            "no stated error."
+            lead + "the profile rests on the datasheet and the efficiency fits of the measured "
+            "GPUs, with no stated error."
         )
     over = [r for r in rows if abs(r["relative_error"]) > ERROR_TARGET]
     if not over:
@@ -425,7 +612,8 @@ def build_profile(key: str) -> tuple[str, dict[str, Any]]:
     slope = (d.linear_s(f_max, b_ref + 1) - d.linear_s(f_max, b_ref - 1)) / 2.0
     batch_linear = max(0.0, min(parts["linear_s"], slope * b_ref))
     alpha = d.all_reduce_s(0.0)
-    weight = _r((parts["linear_s"] - batch_linear + parts["fixed_s"] + alpha) / total)
+    fixed = parts["linear_s"] - batch_linear + parts["fixed_s"] + parts["attention_launch_s"]
+    weight = _r((fixed + alpha) / total)
     kv = _r(parts["kv_s"] / total)
     batch = _r(1.0 - weight - kv)
     k, x0 = fit_decode_power_batch_model(p)
@@ -520,6 +708,12 @@ def build_profile(key: str) -> tuple[str, dict[str, Any]]:
                 if gpu.efficiency_from in calibration.MEASURED_BOARDS
                 else {"gpu": gpu.efficiency_from}
             ),
+            "attention_fit": {
+                "gpu": calibration.ATTENTION_GPU,
+                "launch_s": d.attention.launch_s,
+                "relative_bandwidth": d.attention.relative_bandwidth,
+                **calibration.attention_fit_quality(),
+            },
         },
         "sources": _sources(d),
         "assumptions": _assumptions(d, mu),

@@ -28,6 +28,8 @@ class ModelSpec:
     head_dim: int
     d_model: int
     d_ff: int
+    vocab_size: int = 0
+    tied_embeddings: bool = False
     bytes_per_value: int = 2
     n_experts: int = 0
     experts_per_token: int = 0
@@ -49,17 +51,24 @@ class ModelSpec:
         """KV-cache bytes per token over the whole model: K and V, every layer and KV head."""
         return float(2 * self.n_layers * self.n_kv_heads * self.head_dim * self.bytes_per_value)
 
+    @property
+    def input_embedding_parameters(self) -> int:
+        """Parameters of an untied input embedding table (a row gather, never streamed)."""
+        return 0 if self.tied_embeddings else self.vocab_size * self.d_model
+
     def streamed_weight_bytes(self, tokens: float) -> float:
         """Weight bytes one forward pass over ``tokens`` tokens reads (whole model).
 
-        Dense: every weight. MoE: the shared weights plus the experts that at least one
-        token routes to, ``E * (1 - (1 - k/E)**tokens)`` of ``E`` in expectation under
-        uniform routing.
+        Dense: every weight except an untied input embedding table, of which a pass reads
+        only the tokens' rows (the output projection is streamed whole). MoE: the shared
+        weights plus the experts that at least one token routes to,
+        ``E * (1 - (1 - k/E)**tokens)`` of ``E`` in expectation under uniform routing.
         """
+        dense = self.parameter_count - self.input_embedding_parameters
         if not self.is_moe:
-            return self.weight_bytes
+            return float(dense * self.bytes_per_value)
         share = 1.0 - (1.0 - self.experts_per_token / self.n_experts) ** max(tokens, 0.0)
-        shared = self.parameter_count - self.expert_parameter_count
+        shared = dense - self.expert_parameter_count
         return float((shared + self.expert_parameter_count * share) * self.bytes_per_value)
 
 
@@ -120,6 +129,7 @@ LLAMA_31_8B = ModelSpec(
     head_dim=128,
     d_model=4096,
     d_ff=14336,
+    vocab_size=128256,
 )
 LLAMA_31_70B = ModelSpec(
     key="llama3-70b",
@@ -132,6 +142,7 @@ LLAMA_31_70B = ModelSpec(
     head_dim=128,
     d_model=8192,
     d_ff=28672,
+    vocab_size=128256,
 )
 LLAMA_32_3B = ModelSpec(
     key="llama3-3b",
@@ -144,6 +155,8 @@ LLAMA_32_3B = ModelSpec(
     head_dim=128,
     d_model=3072,
     d_ff=8192,
+    vocab_size=128256,
+    tied_embeddings=True,
 )
 MIXTRAL_8X7B = ModelSpec(
     key="mixtral-8x7b",
@@ -156,11 +169,28 @@ MIXTRAL_8X7B = ModelSpec(
     head_dim=128,
     d_model=4096,
     d_ff=14336,
+    vocab_size=32000,
     n_experts=8,
     experts_per_token=2,
     expert_parameter_count=8 * 3 * 4096 * 14336 * 32,
     expert_load_imbalance=1.15,
 )
+# Not served by a bundled profile: shapes of models whose published measurements check a
+# board's physics (plant/roofline_manifest.py, "published serving" rows).
+QWEN25_7B = ModelSpec(
+    key="qwen2.5-7b",
+    name="Qwen2.5-7B-Instruct (BF16, TP=1)",
+    parameter_count=7_615_616_512,
+    active_parameter_count=7_615_616_512,
+    n_layers=28,
+    n_heads=28,
+    n_kv_heads=4,
+    head_dim=128,
+    d_model=3584,
+    d_ff=18944,
+    vocab_size=152064,
+)
+CHECK_MODELS: dict[str, ModelSpec] = {QWEN25_7B.key: QWEN25_7B}
 MODELS: dict[str, ModelSpec] = {
     m.key: m for m in (LLAMA_31_8B, LLAMA_31_70B, LLAMA_32_3B, MIXTRAL_8X7B)
 }
@@ -463,25 +493,28 @@ MODEL_SOURCES: dict[str, dict[str, str]] = {
         "quantity": "Llama-3.1-8B shape",
         "value": "8,030,261,248 parameters; 32 layers; "
         "8 KV heads; head_dim 128; d_model 4096; d_ff 14336",
-        "source": "Meta Llama-3.1-8B-Instruct model card/config" + DATASHEET,
+        "source": "Meta Llama-3.1-8B-Instruct model card/config (vocabulary 128256, untied "
+        "embeddings)" + DATASHEET,
     },
     "llama3-70b": {
         "quantity": "Llama-3.1-70B shape",
         "value": "70,553,706,496 parameters; 80 layers; "
         "8 KV heads; head_dim 128; d_model 8192; d_ff 28672",
-        "source": "Meta Llama-3.1-70B-Instruct model card/config" + DATASHEET,
+        "source": "Meta Llama-3.1-70B-Instruct model card/config (vocabulary 128256, untied "
+        "embeddings)" + DATASHEET,
     },
     "llama3-3b": {
         "quantity": "Llama-3.2-3B shape",
         "value": "3,212,749,824 parameters; 28 layers; "
         "8 KV heads; head_dim 128; d_model 3072; d_ff 8192",
-        "source": "Meta Llama-3.2-3B-Instruct model card/config" + DATASHEET,
+        "source": "Meta Llama-3.2-3B-Instruct model card/config (vocabulary 128256, tied "
+        "embeddings)" + DATASHEET,
     },
     "mixtral-8x7b": {
         "quantity": "Mixtral-8x7B shape",
         "value": "46.7B total / 12.9B active parameters; 32 layers; 8 experts, top-2; "
         "8 KV heads; d_model 4096; expert d_ff 14336",
-        "source": "Mistral AI Mixtral-8x7B model card/config and paper (arXiv 2401.04088)"
-        + DATASHEET,
+        "source": "Mistral AI Mixtral-8x7B model card/config (vocabulary 32000, untied "
+        "embeddings) and paper (arXiv 2401.04088)" + DATASHEET,
     },
 }

@@ -126,7 +126,7 @@ def test_calibration_rows_are_complete_and_consistent(bundled: PerformanceProfil
     assert summary["worst_relative_error"] == worst == bundled.worst_calibration_error
     assert summary["note"]
     if not rows:
-        assert "No published measured point" in summary["note"]
+        assert "no stated error" in summary["note"]
 
 
 def test_measured_gpus_have_time_rows_within_target() -> None:
@@ -213,7 +213,13 @@ def test_powers_ordered_and_below_the_domain_limit(bundled: PerformanceProfile) 
     assert 0.8 * limit <= bundled.prefill_power_w[-1] <= limit
     for table in (bundled.prefill_power_w, bundled.decode_power_w, bundled.idle_power_w):
         assert np.all(table <= limit)
-        assert np.all(np.diff(table) > 0.0)
+        # strictly rising, except decode rows the power cap holds at the limit
+        rising = np.diff(table) > 0.0
+        capped = (table[:-1] == limit) & (table[1:] == limit)
+        assert np.all(rising | capped)
+    capped_rows = bundled.decode_power_w == limit
+    assert not capped_rows[0]
+    assert np.all(np.diff(capped_rows.astype(int)) >= 0)  # capped rows are the top clocks
     assert np.all(bundled.idle_power_w < bundled.decode_power_w)
     assert np.all(bundled.idle_power_w < bundled.prefill_power_w)
     idle = bundled.idle_power_w
@@ -315,7 +321,14 @@ def test_tensor_parallel_domains(gpu: str) -> None:
 def test_moe_streams_only_routed_experts_and_states_imbalance() -> None:
     model = zoo.MIXTRAL_8X7B
     assert model.streamed_weight_bytes(1) < 0.4 * model.weight_bytes
-    assert model.streamed_weight_bytes(64) == pytest.approx(model.weight_bytes, rel=1e-6)
+    # At batch 64 every expert is read; only the untied input embedding table is not
+    # streamed (a row gather).
+    embedding = model.vocab_size * model.d_model * model.bytes_per_value
+    assert model.streamed_weight_bytes(64) == pytest.approx(
+        model.weight_bytes - embedding, rel=1e-6
+    )
+    tied = zoo.MODELS["llama3-3b"]
+    assert tied.streamed_weight_bytes(1) == tied.weight_bytes
     assert model.active_parameter_count < model.parameter_count / 3
     profile = load_profile("h200-sxm-mixtral-8x7b")
     assert any("imbalance" in item for item in profile.manifest["assumptions"])
@@ -337,6 +350,7 @@ def test_generator_handles_a_domain_unlike_the_bundled_ones() -> None:
             zoo.MODELS[spec.model],
             calibration.fit_efficiency(gpu.efficiency_from),
             roofline.RooflineParameters(),
+            calibration.fit_attention(),
         )
         if spec.gpu == "l40s":
             with pytest.raises(KeyError):
@@ -473,3 +487,62 @@ def test_malformed_json_names_the_manifest(copy_of_h100: tuple[Path, Path]) -> N
     with pytest.raises(ProfileError, match="not valid JSON") as error:
         load_profile(json_path)
     assert str(json_path) in str(error.value)
+
+
+def test_a100_decode_iteration_tracks_vidurs_measured_kernels() -> None:
+    """Issue 12: the A100 8B plant's decode iteration against Vidur's kernel-time sum.
+
+    Vidur (default, no CPU overheads) times an iteration as the sum of the measured per-layer
+    kernels; the plant adds the output projection and the engine overheads, so it may be
+    slower, but by far less than the "half again" once reported.
+    """
+    prof = load_profile("a100-sxm-80gb-llama3-8b")
+    lat, eng = prof.manifest["decode_latency_model"], prof.manifest["engine"]
+    b_ref, l_ref = eng["reference_batch_size"], eng["reference_context_tokens"]
+    t_ref = b_ref / prof.decode_tokens_per_s[-1]
+    layers = zoo.LLAMA_31_8B.n_layers
+    linear = {
+        p.num_tokens: p.layer_s
+        for p in calibration.linear_points()
+        if (p.gpu, p.model, p.shape.tensor_parallel) == ("a100", "Llama-3-8B", 1)
+    }
+    attention = {
+        (p.batch, p.context_tokens): p.layer_s
+        for p in calibration.attention_points()
+        if (p.model, p.tensor_parallel) == ("Llama-3-8B", 1)
+    }
+    for batch in (1, 8, 32, 64, 128):
+        context = 1536
+        vidur = layers * (linear[batch] + attention[(batch, context)])
+        plant = t_ref * (
+            lat["weight_fraction"]
+            + lat["batch_fraction"] * batch / b_ref
+            + lat["kv_fraction"] * batch * context / (b_ref * l_ref)
+        )
+        assert 1.0 <= plant / vidur <= 1.2, (batch, plant, vidur)
+
+
+def test_all_reduce_fits_every_measured_point_and_grows_with_size() -> None:
+    """The two-protocol NCCL model meets the 0.2 target on every Vidur point."""
+    for (gpu, workers), points in calibration.all_reduce_points().items():
+        for size, seconds in points:
+            model = calibration.all_reduce_s(gpu, workers, size)
+            assert abs(model / seconds - 1.0) <= 0.2, (gpu, workers, size)
+        sizes = np.geomspace(1e3, 1e8, 60)
+        times = [calibration.all_reduce_s(gpu, workers, s) for s in sizes]
+        assert np.all(np.diff(times) > 0.0)
+    assert calibration.all_reduce_s("h100", 1, 1e6) == 0.0
+
+
+def test_attention_fit_is_physical_and_matches_the_llama3_points() -> None:
+    """Decode attention: a positive launch, a bandwidth near the linear operators', and the
+    Llama-3-8B FlashInfer points within the target."""
+    eff = calibration.fit_attention()
+    assert 0.0 < eff.launch_s < 1e-4
+    assert 0.5 < eff.relative_bandwidth <= 1.5
+    for point in calibration.attention_points():
+        if point.model == "Llama-3-8B":
+            error = calibration.predict_attention(point) / point.layer_s - 1.0
+            assert abs(error) <= 0.2 + 1e-3, point
+    quality = calibration.attention_fit_quality()
+    assert quality["points"] == len(calibration.attention_points())
