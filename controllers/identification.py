@@ -418,9 +418,13 @@ class OnlineModel:
         ``relative_spread`` times the value, correlated over the clocks."""
         k = self.knots_mhz.size
         mean = (np.asarray(top_values, dtype=float)[:, None] * self.time_shape).ravel()
+        # A part the warm-up could not separate (estimate near or clipped at 0) keeps a
+        # spread on the scale of the largest part (the units make the parts comparable),
+        # or later evidence could never move it.
+        floor = max(1e-4, 0.05 * float(np.max(np.abs(top_values), initial=0.0)))
         blocks = []
         for index, value in enumerate(top_values):
-            scale = self.relative_spread * max(abs(float(value)), 1e-4)
+            scale = self.relative_spread * max(abs(float(value)), floor)
             shape = self.time_shape[index]
             blocks.append(smooth_covariance(self.knots_mhz, scale, 0.35) * np.outer(shape, shape))
         covariance = np.zeros((mean.size, mean.size))

@@ -140,6 +140,7 @@ def _domain(gpu: GpuSpec, model: ModelSpec, tp: int) -> Domain:
         model,
         calibration.fit_efficiency(gpu.efficiency_from),
         RooflineParameters(),
+        calibration.fit_attention(),
     )
 
 
@@ -175,6 +176,7 @@ def time_table(
         iteration = (
             domain.linear_s(f, REFERENCE_BATCH)
             + _all_reduce_s(domain, REFERENCE_BATCH)
+            + domain.attention_launch_s()
             + params.fixed_iteration_overhead_s
         )
         per_request = params.per_sequence_overhead_s

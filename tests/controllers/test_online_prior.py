@@ -108,7 +108,7 @@ def _truth(gpu: str, model: str, tp: int) -> Domain:
     spec = ProfileSpec("truth", gpu, model, tp, 64, 1.5, 0.075, "test")
     board = GPUS[gpu]
     return Domain(spec, board, MODELS[model], calibration.fit_efficiency(board.efficiency_from),
-                  RooflineParameters())
+                  RooflineParameters(), calibration.fit_attention())
 
 
 TRUTH = ("a100", "mixtral-8x7b", 4)  # Mixtral on 4 A100s: not a bundled profile
