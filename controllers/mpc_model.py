@@ -276,11 +276,21 @@ class MPCProblem:
         served_prefill: FloatArray,
         prefill_rate: FloatArray,
     ) -> FloatArray:
-        """TPOT proxy of the ``iteration`` latency model: a decode iteration's time
-        stretched by the share of the period spent on prefill, ``t_dec / (1 - u_p)``."""
+        """TPOT proxy of the ``iteration`` latency model: the larger of a decode iteration's
+        time stretched by the share of the period spent on prefill, ``t_dec / (1 - u_p)``,
+        and the mixed iteration a short-lived request sees: while prompts are prefilled
+        every iteration carries a chunk, ``t_dec + s * chunk / prefill_rate``, where ``s``
+        is the prefill stretch's share of a request's decode life (``mean_output_tokens``
+        iterations), at most 1."""
         busy = served_prefill / np.maximum(prefill_rate * self.control_period_s, 1e-12)
-        stretched = self.decode_iteration_s(active, decode_rate) / np.maximum(1.0 - busy, 0.05)
-        return np.where(active > 1e-9, stretched, 0.0)
+        t_dec = self.decode_iteration_s(active, decode_rate)
+        stretched = t_dec / np.maximum(1.0 - busy, 0.05)
+        chunk = np.maximum(CHUNK_TOKENS - active, 32.0)
+        inverse_rate = 1.0 / np.maximum(prefill_rate, 1e-12)
+        prefilling = served_prefill * (t_dec / chunk + inverse_rate)
+        life = np.maximum(self.mean_output_tokens * t_dec, 1e-9)
+        mixed = t_dec + np.minimum(1.0, prefilling / life) * chunk * inverse_rate
+        return np.where(active > 1e-9, np.maximum(stretched, mixed), 0.0)
 
     def ttft_proxy(
         self, prefill: FloatArray, active: FloatArray, decode_rate: FloatArray,

@@ -209,7 +209,13 @@ def _advance(
             iteration + table[_INVERSE_RATE, level]
         ) - parameters[_P_TTFT_TARGET]
         stretch = max(1.0 - served_prefill * table[_INVERSE_CAPACITY, level], 0.05)
-        tpot = (t_dec / stretch if busy else 0.0) - parameters[_P_TPOT_TARGET]
+        # While prompts are prefilled every decode iteration carries a chunk; a request
+        # whose decode life is short next to that stretch sees only such iterations.
+        slice_s = chunk * table[_INVERSE_RATE, level]
+        prefilling_s = served_prefill * (iteration + table[_INVERSE_RATE, level])
+        life_s = max(parameters[_P_MEAN_OUTPUT] * t_dec, 1e-9)
+        mixed = t_dec + min(1.0, prefilling_s / life_s) * slice_s
+        tpot = (max(t_dec / stretch, mixed) if busy else 0.0) - parameters[_P_TPOT_TARGET]
     else:
         ttft = prefill * table[_INVERSE_PREFILL, level] - parameters[_P_TTFT_TARGET]
         tpot = active * table[_INVERSE_DECODE, level] - parameters[_P_TPOT_TARGET]
