@@ -256,3 +256,45 @@ def test_capped_ttft_penalty_stops_growing_past_the_cap(synthetic_plant) -> None
     assert capped.cost(low) < capped.cost(high)
     with pytest.raises(ValueError, match="ttft_excess_cap"):
         _problem(synthetic_plant, observation, 2.0, 0, 3.0, ttft_excess_cap=0.0)
+
+
+@pytest.mark.parametrize("mean_output", [20.0, 150.0])
+def test_kernel_costs_equal_problem_costs_for_short_and_long_answers(
+    synthetic_plant, mean_output: float  # type: ignore[no-untyped-def]
+) -> None:
+    clocks = synthetic_plant.profile.clock_mhz
+    rng = np.random.default_rng(4)
+    for observation, rate, clock_index in _random_states(15, seed=6):
+        controller = MPCController(synthetic_plant, horizon_s=6.0, mean_prompt_tokens=2_000.0,
+                                   mean_output_tokens=mean_output, latency_model="iteration",
+                                   solve_time_limit_s=60.0)
+        controller.current_clock = float(clocks[clock_index])
+        problem = controller.problem(observation, rate)
+        levels = rng.integers(0, clocks.size, size=(30, problem.horizon_steps))
+        np.testing.assert_allclose(plan_costs(problem, levels), problem.costs(clocks[levels]),
+                                   rtol=1e-12)
+
+
+def test_short_answers_see_the_mixed_iteration_while_prompts_are_prefilled(
+    synthetic_plant,  # type: ignore[no-untyped-def]
+) -> None:
+    observation = _observation(prefill_tokens=3_000.0, decode_active=8, temperature_c=40.0)
+
+    def proxy(mean_output: float) -> tuple[float, float, float]:
+        controller = MPCController(synthetic_plant, horizon_s=2.0, mean_prompt_tokens=2_000.0,
+                                   mean_output_tokens=mean_output, latency_model="iteration")
+        problem = controller.problem(observation, 1.0)
+        active, decode_rate = np.array([8.0]), np.array([2_000.0])
+        served, prefill_rate = np.array([3_000.0]), np.array([20_000.0])
+        t_dec = float(problem.decode_iteration_s(active, decode_rate)[0])
+        value = float(problem.tpot_proxy(active, decode_rate, served, prefill_rate)[0])
+        stretched = t_dec / (1.0 - 3_000.0 / (20_000.0 * problem.control_period_s))
+        return value, t_dec, stretched
+
+    short, t_dec, stretched = proxy(5.0)
+    # A 5-token answer decodes entirely beside prefill chunks of 512 - 8 tokens.
+    assert short == pytest.approx(t_dec + (512.0 - 8.0) / 20_000.0, rel=1e-9)
+    long_answer, _, _ = proxy(5_000.0)
+    # A long answer sees the period's average: about the stretched iteration.
+    assert long_answer < short
+    assert long_answer == pytest.approx(stretched, rel=0.05)
