@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from gpugov.plant import calibration, roofline, zoo
+from gpugov.plant.decode_check import decode_check
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import (
     PerformanceProfile,
@@ -496,29 +497,9 @@ def test_a100_decode_iteration_tracks_vidurs_measured_kernels() -> None:
     kernels; the plant adds the output projection and the engine overheads, so it may be
     slower, but by far less than the "half again" once reported.
     """
-    prof = load_profile("a100-sxm-80gb-llama3-8b")
-    lat, eng = prof.manifest["decode_latency_model"], prof.manifest["engine"]
-    b_ref, l_ref = eng["reference_batch_size"], eng["reference_context_tokens"]
-    t_ref = b_ref / prof.decode_tokens_per_s[-1]
-    layers = zoo.LLAMA_31_8B.n_layers
-    linear = {
-        p.num_tokens: p.layer_s
-        for p in calibration.linear_points()
-        if (p.gpu, p.model, p.shape.tensor_parallel) == ("a100", "Llama-3-8B", 1)
-    }
-    attention = {
-        (p.batch, p.context_tokens): p.layer_s
-        for p in calibration.attention_points()
-        if (p.model, p.tensor_parallel) == ("Llama-3-8B", 1)
-    }
-    for batch in (1, 8, 32, 64, 128):
-        context = 1536
-        vidur = layers * (linear[batch] + attention[(batch, context)])
-        plant = t_ref * (
-            lat["weight_fraction"]
-            + lat["batch_fraction"] * batch / b_ref
-            + lat["kv_fraction"] * batch * context / (b_ref * l_ref)
-        )
+    rows = decode_check()
+    assert [batch for batch, _, _ in rows] == [1, 8, 32, 64, 128]
+    for batch, vidur, plant in rows:
         assert 1.0 <= plant / vidur <= 1.2, (batch, plant, vidur)
 
 

@@ -1,0 +1,49 @@
+"""The A100 Llama-3-8B decode iteration against Vidur's measured kernels (issue 12's check).
+
+Vidur (default, no CPU overheads) times an iteration as the sum of its measured per-layer
+kernels (linear operators plus decode attention); the plant's bundled profile times it with
+its decode latency model. ``bench/decode_check.py`` prints the comparison and a test holds
+the ratio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpugov.plant import calibration
+from gpugov.plant.profile import load_profile
+from gpugov.plant.zoo import LLAMA_31_8B
+
+PROFILE = "a100-sxm-80gb-llama3-8b"
+CONTEXT_TOKENS = 1536
+BATCHES = (1, 8, 32, 64, 128)
+
+
+def decode_check(
+    batches: Sequence[int] = BATCHES, context_tokens: int = CONTEXT_TOKENS
+) -> list[tuple[int, float, float]]:
+    """``(batch, Vidur's kernel-time sum s, plant iteration s)`` per batch."""
+    prof = load_profile(PROFILE)
+    lat, eng = prof.manifest["decode_latency_model"], prof.manifest["engine"]
+    b_ref, l_ref = eng["reference_batch_size"], eng["reference_context_tokens"]
+    t_ref = b_ref / prof.decode_tokens_per_s[-1]
+    linear = {
+        p.num_tokens: p.layer_s
+        for p in calibration.linear_points()
+        if (p.gpu, p.model, p.shape.tensor_parallel) == ("a100", "Llama-3-8B", 1)
+    }
+    attention = {
+        (p.batch, p.context_tokens): p.layer_s
+        for p in calibration.attention_points()
+        if (p.model, p.tensor_parallel) == ("Llama-3-8B", 1)
+    }
+    rows = []
+    for batch in batches:
+        vidur = LLAMA_31_8B.n_layers * (linear[batch] + attention[(batch, context_tokens)])
+        plant = t_ref * (
+            lat["weight_fraction"]
+            + lat["batch_fraction"] * batch / b_ref
+            + lat["kv_fraction"] * batch * context_tokens / (b_ref * l_ref)
+        )
+        rows.append((batch, vidur, plant))
+    return rows
