@@ -281,15 +281,20 @@ class MPCProblem:
         and the mixed iteration a short-lived request sees: while prompts are prefilled
         every iteration carries a chunk, ``t_dec + s * chunk / prefill_rate``, where ``s``
         is the prefill stretch's share of a request's decode life (``mean_output_tokens``
-        iterations), at most 1."""
+        iterations, at most one period: a longer life sees each period's share), at most
+        1."""
         busy = served_prefill / np.maximum(prefill_rate * self.control_period_s, 1e-12)
         t_dec = self.decode_iteration_s(active, decode_rate)
         stretched = t_dec / np.maximum(1.0 - busy, 0.05)
         chunk = np.maximum(CHUNK_TOKENS - active, 32.0)
         inverse_rate = 1.0 / np.maximum(prefill_rate, 1e-12)
         prefilling = served_prefill * (t_dec / chunk + inverse_rate)
-        life = np.maximum(self.mean_output_tokens * t_dec, 1e-9)
-        mixed = t_dec + np.minimum(1.0, prefilling / life) * chunk * inverse_rate
+        life = np.maximum(np.minimum(self.mean_output_tokens * t_dec, self.control_period_s),
+                          1e-9)
+        share = np.minimum(1.0, prefilling / life)
+        # Tokens come one per iteration: a time share ``share`` of mixed iterations.
+        mixed = 1.0 / (share / (t_dec + chunk * inverse_rate)
+                       + (1.0 - share) / np.maximum(t_dec, 1e-12))
         return np.where(active > 1e-9, np.maximum(stretched, mixed), 0.0)
 
     def ttft_proxy(

@@ -70,7 +70,8 @@ _P_CHECK_POWER, _P_POWER_LIMIT, _P_INV_MAX_POWER = 17, 18, 19
 _P_CHECK_THERMAL, _P_AMBIENT, _P_RESISTANCE, _P_DECAY, _P_THERMAL_LIMIT = 20, 21, 22, 23, 24
 _P_PREVIOUS, _P_INV_PREFILL_MAX, _P_INV_DECODE_MAX, _P_CHUNK = 25, 26, 27, 28
 _P_TTFT_CAP = 29  # most TTFT excess penalised (s)
-_PARAMETERS = 30
+_P_PERIOD = 30  # control period (s)
+_PARAMETERS = 31
 
 
 def problem_arrays(
@@ -160,6 +161,7 @@ def problem_arrays(
     parameters[_P_INV_DECODE_MAX] = 1.0 / profile.decode_tokens_per_s[-1]
     parameters[_P_CHUNK] = CHUNK_TOKENS
     parameters[_P_TTFT_CAP] = problem.ttft_excess_cap_s
+    parameters[_P_PERIOD] = h
     return table, parameters, np.asarray(problem.prompt_arrivals, dtype=float)
 
 
@@ -209,12 +211,14 @@ def _advance(
             iteration + table[_INVERSE_RATE, level]
         ) - parameters[_P_TTFT_TARGET]
         stretch = max(1.0 - served_prefill * table[_INVERSE_CAPACITY, level], 0.05)
-        # While prompts are prefilled every decode iteration carries a chunk; a request
-        # whose decode life is short next to that stretch sees only such iterations.
+        # While prompts are prefilled every decode iteration carries a chunk: the share of
+        # a request's decode life (at most a period) that the prefill stretch covers.
         slice_s = chunk * table[_INVERSE_RATE, level]
         prefilling_s = served_prefill * (iteration + table[_INVERSE_RATE, level])
-        life_s = max(parameters[_P_MEAN_OUTPUT] * t_dec, 1e-9)
-        mixed = t_dec + min(1.0, prefilling_s / life_s) * slice_s
+        life_s = max(min(parameters[_P_MEAN_OUTPUT] * t_dec, parameters[_P_PERIOD]), 1e-9)
+        share = min(1.0, prefilling_s / life_s)
+        # Tokens come one per iteration: a time share ``share`` of mixed iterations.
+        mixed = 1.0 / (share / (t_dec + slice_s) + (1.0 - share) / max(t_dec, 1e-12))
         tpot = (max(t_dec / stretch, mixed) if busy else 0.0) - parameters[_P_TPOT_TARGET]
     else:
         ttft = prefill * table[_INVERSE_PREFILL, level] - parameters[_P_TTFT_TARGET]
