@@ -139,6 +139,7 @@ class Scenario:
     utilization: float
     fluid_utilization_estimate: float
     trace_sha256: str
+    rejected_requests: int = 0
 
     def describe(self) -> dict[str, Any]:
         """JSON-able description (without the requests)."""
@@ -162,6 +163,7 @@ class Scenario:
             "scenario_duration_s": self.source_duration_s / self.load_scale,
             "trace_sha256": self.trace_sha256,
             "workload_checksum": workload_checksum(self.requests),
+            "rejected_requests": self.rejected_requests,
         }
 
 
@@ -295,7 +297,13 @@ def build_scenario(
     if load not in LOADS:
         raise ValueError(f"load must be one of {LOADS}, got {load!r}")
     profile = plant.profile
-    full, digest = _full_trace(trace) if full_trace is None else full_trace
+    everything, digest = _full_trace(trace) if full_trace is None else full_trace
+    # A request larger than the KV cache is one the engine refuses (vLLM's max_model_len):
+    # it is left out of the scenario and counted.
+    capacity_tokens = plant.kv_capacity_tokens
+    full = tuple(
+        r for r in everything if r.prompt_tokens + r.output_tokens <= capacity_tokens
+    )
     if trace in WHOLE_TRACE:
         window, start, length = _window(full, 0.0, full[-1].arrival_time_s + 1e-6)
         capacity, light, probes = slo_capacity(window, plant, length)
@@ -335,6 +343,11 @@ def build_scenario(
         utilization=scale / capacity,
         fluid_utilization_estimate=work_seconds_at_maximum(window, profile) * scale / length,
         trace_sha256=digest,
+        rejected_requests=sum(
+            1
+            for r in select_window(everything, start, length)
+            if r.prompt_tokens + r.output_tokens > capacity_tokens
+        ),
     )
 
 

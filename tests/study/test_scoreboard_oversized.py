@@ -1,0 +1,32 @@
+"""A scenario leaves out (and counts) requests larger than the profile's KV cache, as an
+engine refuses a prompt over its max_model_len, instead of failing the whole scoreboard."""
+
+from __future__ import annotations
+
+import hashlib
+
+from synthetic import make_plant
+
+from gpugov.plant.types import Request
+from gpugov.study.scoreboard_scenarios import build_scenario
+
+
+def test_requests_larger_than_the_kv_cache_are_rejected_and_counted() -> None:
+    plant = make_plant(kv_capacity_tokens=20_000)
+    requests = tuple(
+        Request(i, 0.5 * i, 30_000 if i % 25 == 7 else 800, 100) for i in range(400)
+    )
+    oversized = sum(1 for r in requests if r.prompt_tokens + r.output_tokens > 20_000)
+    assert oversized > 0
+    scenario = build_scenario(
+        "made-up", plant, "recorded", 200.0, (requests, hashlib.sha256(b"x").hexdigest())
+    )
+    assert scenario.requests, "the scenario still runs"
+    assert all(r.prompt_tokens + r.output_tokens <= 20_000 for r in scenario.requests)
+    described = scenario.describe()
+    assert described["rejected_requests"] > 0
+    window = [r for r in requests
+              if scenario.source_start_s <= r.arrival_time_s
+              < scenario.source_start_s + scenario.source_duration_s]
+    assert described["rejected_requests"] == sum(r.prompt_tokens > 20_000 for r in window)
+    assert described["requests"] + described["rejected_requests"] == len(window)
