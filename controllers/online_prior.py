@@ -129,10 +129,9 @@ def model_shape(params_b: float, active_params_b: float | None = None) -> ModelS
 
 def _domain(gpu: GpuSpec, model: ModelSpec, tp: int) -> Domain:
     spec = ProfileSpec("hint", gpu.key, model.key, tp, REFERENCE_BATCH, 1.0, 0.1, "hint")
-    # All-reduce timings exist for H100/A100 at 2, 4, 8 GPUs: use the nearest.
-    workers = min((2, 4, 8), key=lambda n: abs(n - tp))
+    # All-reduce timings exist for H100 and A100 nodes only: other boards borrow H100's.
     source = gpu.all_reduce_from
-    if tp > 1 and (source, workers) not in calibration.all_reduce_points():
+    if tp > 1 and all(g != source for g, _ in calibration.all_reduce_points()):
         source = "h100"
     return Domain(
         spec,
@@ -141,16 +140,6 @@ def _domain(gpu: GpuSpec, model: ModelSpec, tp: int) -> Domain:
         calibration.fit_efficiency(gpu.efficiency_from),
         RooflineParameters(),
         calibration.fit_attention(),
-    )
-
-
-def _all_reduce_s(domain: Domain, tokens: float) -> float:
-    if domain.tp <= 1:
-        return 0.0
-    size = tokens * domain.model.d_model * domain.model.bytes_per_value
-    workers = min((2, 4, 8), key=lambda n: abs(n - domain.tp))
-    return 2.0 * domain.model.n_layers * calibration.all_reduce_s(
-        domain.gpu.all_reduce_from, workers, size
     )
 
 
@@ -166,16 +155,10 @@ def time_table(
     rows = []
     for clock in [*domain.clocks()[::4], gpu.max_clock_mhz]:
         f = float(clock)
-        attention = 2.0 * model.n_layers * model.d_model * prompt * prompt / domain.tp
-        prefill = (
-            domain.linear_s(f, prompt)
-            + attention / (domain.eff.gemm_mfu * domain.peak_flops(f))
-            + _all_reduce_s(domain, prompt)
-            + params.fixed_iteration_overhead_s
-        ) / prompt
+        prefill = domain.prefill_s(f) / prompt
         iteration = (
             domain.linear_s(f, REFERENCE_BATCH)
-            + _all_reduce_s(domain, REFERENCE_BATCH)
+            + domain.all_reduce_s(REFERENCE_BATCH)
             + domain.attention_launch_s()
             + params.fixed_iteration_overhead_s
         )

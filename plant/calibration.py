@@ -263,9 +263,13 @@ def fit_all_reduce(gpu: str, workers: int) -> tuple[float, float, float, float]:
 
 
 def all_reduce_s(gpu: str, workers: int, size_bytes: float) -> float:
-    """Model all-reduce time over ``workers`` GPUs of ``gpu``'s node (0 when workers == 1)."""
+    """Model all-reduce time over ``workers`` GPUs of ``gpu``'s node (0 when workers == 1).
+    A group size Vidur did not measure uses the nearest measured one (2, 4 or 8)."""
     if workers <= 1:
         return 0.0
+    measured = [n for g, n in all_reduce_points() if g == gpu]
+    if measured and workers not in measured:
+        workers = min(measured, key=lambda n: (abs(n - workers), n))
     a1, b1, a2, b2 = fit_all_reduce(gpu, workers)
     return float(_two_protocol_s((a1 * 1e6, b1 / 1e9, a2 * 1e6, b2 / 1e9), size_bytes))
 
