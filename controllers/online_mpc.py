@@ -12,7 +12,9 @@ observation, from NVML), the SLOs and declared forecasts (config), and the
    narrows as evidence builds up; power at the mean;
 3. runs the fast MPC (discrete search, iteration latency model, burst hedge, SLO
    feedback: :mod:`controllers.fast_mpc`, :mod:`controllers.adaptation`) on that profile;
-4. applies :class:`SafeExploration` to the MPC's decision.
+4. applies :class:`SafeExploration` to the MPC's decision, and the burst guard
+   (:meth:`OnlineMPCController.burst_floor`): while a prompt burst is prefilled beside
+   decoding requests, a clock whose mixed iteration fits the TPOT SLO.
 
 Safe exploration (``docs/online.md``): the maximum clock until the warm-up windows are
 in; afterwards the clock may go at most one bounded step (``step_fraction`` of the clock
@@ -46,6 +48,7 @@ from gpugov.controllers.mpc import (
     DEFAULT_EXPECTED_PROMPT_TOKENS,
     MPCController,
 )
+from gpugov.controllers.mpc_model import CHUNK_TOKENS
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import PerformanceProfile
 from gpugov.plant.types import MPCDiagnostics, ServingObservation
@@ -234,6 +237,50 @@ class SafeExploration:
         self.calm_count = 0
 
 
+@dataclass
+class ArrivalClumping:
+    """How often arrivals come with company: the share of decision periods with any
+    arrival that had two or more (counts decayed over ``memory_windows`` such periods).
+
+    A lone prompt at an idle GPU has nobody decoding beside its prefill; prompts arriving
+    together decode beside each other's prefill chunks, at whatever clock the GPU was
+    parked at until the next decision. ``clumped`` says whether that risk is common.
+    """
+
+    memory_windows: float = 120.0
+    threshold: float = 0.1
+    minimum_windows: float = 5.0
+    windows: float = 0.0
+    clumped_windows: float = 0.0
+    last_arrived: int | None = None
+
+    def update(self, observation: ServingObservation) -> None:
+        """Fold the arrivals since the previous observation in (a counter that went
+        backwards, an engine restart, starts the count again)."""
+        arrived = observation.arrived_requests
+        previous, self.last_arrived = self.last_arrived, arrived
+        if previous is None or arrived <= previous:
+            return
+        keep = 1.0 - 1.0 / self.memory_windows
+        self.windows = keep * self.windows + 1.0
+        self.clumped_windows = keep * self.clumped_windows + float(arrived - previous >= 2)
+
+    @property
+    def share(self) -> float | None:
+        """The decayed share of arrival periods with two or more arrivals (None before
+        ``minimum_windows`` such periods)."""
+        if self.windows < self.minimum_windows:
+            return None
+        return self.clumped_windows / self.windows
+
+    @property
+    def clumped(self) -> bool:
+        """Whether clumped arrivals are common (not assumed before there is evidence:
+        the warm-up holds the maximum clock meanwhile)."""
+        share = self.share
+        return share is not None and share >= self.threshold
+
+
 def _relative(mean: float, std: float) -> float:
     return std / max(abs(mean), 1e-12)
 
@@ -278,6 +325,7 @@ class OnlineMPCController:
         prior: ModelPrior | None = None,
         power_limit_w: float | None = None,
         exploration: SafeExploration | None = None,
+        burst_guard: bool = True,
         timer: Callable[[], float] = perf_counter,
         **mpc_options: Any,
     ) -> None:
@@ -309,6 +357,8 @@ class OnlineMPCController:
         self.power_limit_w = power_limit_w
         self.last_power_limit_w: float | None = None
         self.exploration = exploration or SafeExploration()
+        self.burst_guard = bool(burst_guard)
+        self.clumping = ArrivalClumping()
         self.timer = timer
         self.mpc_options = mpc_options
         self.model: OnlineModel | None = None
@@ -532,6 +582,7 @@ class OnlineMPCController:
 
     def __call__(self, observation: ServingObservation) -> float:
         self.observe(observation)
+        self.clumping.update(observation)
         model = self.model
         assert model is not None
         maximum = float(model.clocks_mhz[-1])
@@ -547,8 +598,12 @@ class OnlineMPCController:
             plant = self.learned_plant(observation, slos)
             decision = float(self._mpc(plant)(observation))
             floor = self.exploration.floor(model, observation, self.uncertainty_z)
-            self.current_clock = max(decision, floor)
-            self.last_reason = "explore-floor" if decision < floor else "mpc"
+            guard = self.burst_floor(observation, slos[1]) if self.burst_guard else None
+            self.current_clock = max(decision, floor, guard or 0.0)
+            if guard is not None and guard > max(decision, floor):
+                self.last_reason = "burst-guard"
+            else:
+                self.last_reason = "explore-floor" if decision < floor else "mpc"
             return self.current_clock
         self.exploration.exploring = False
         self.current_clock = maximum
@@ -556,6 +611,42 @@ class OnlineMPCController:
             # Keep the MPC's notion of the applied clock (its clock-change penalty).
             self.mpc.current_clock = maximum
         return maximum
+
+    def burst_floor(self, observation: ServingObservation, tpot_slo_s: float) -> float | None:
+        """The lowest clock for a prompt burst, or None when none waits and none is
+        expected sooner than the next decision.
+
+        While more than one chunk of prompt tokens waits beside decoding requests (or
+        beside other waiting prompts, which decode beside the rest), every iteration
+        carries a prefill chunk, and a short answer gets all its tokens from such mixed
+        iterations: its TPOT is the mixed iteration's time. This is the lowest supported
+        clock whose pessimistic mixed iteration (mean plus ``uncertainty_z`` std) stays
+        within the TPOT SLO, the maximum when none does. An idle GPU parks there too
+        where arrivals often come together (:class:`ArrivalClumping`): the next burst
+        arrives unannounced and is served at the parked clock until the next decision,
+        and a locked clock costs an idle GPU little.
+        """
+        backlog = observation.prefill_remaining_tokens
+        idle = (backlog <= 0.0 and observation.decode_active == 0
+                and observation.waiting_requests == 0 and self.clumping.clumped)
+        others = observation.decode_active > 0 or observation.waiting_requests > 1
+        if not (idle or (backlog > CHUNK_TOKENS and others)):
+            return None
+        model = self.model
+        assert model is not None
+        batch = max(1.0, float(observation.decode_active))
+        chunk = max(CHUNK_TOKENS - batch, 32.0)
+        clocks = model.clocks_mhz
+        context = self.mean_prompt_tokens + 0.5 * self.mean_output_tokens
+        table = model.table(clocks * model.realized_ratio, batch, context)
+        z = self.uncertainty_z
+        prefill_mean, prefill_std = table["prefill_s_per_token"]
+        decode_mean, decode_std = table["decode_iteration_s"]
+        mixed = decode_mean + z * decode_std + chunk * (prefill_mean + z * prefill_std)
+        # Physics: no iteration gets faster at a lower clock (running maximum from the top).
+        mixed = np.maximum.accumulate(mixed[::-1])[::-1]
+        within = np.flatnonzero(mixed <= tpot_slo_s)
+        return float(clocks[within[0]]) if within.size else float(clocks[-1])
 
     def diagnostics(self) -> MPCDiagnostics:
         """The inner MPC's solve statistics (empty before the MPC first ran)."""
@@ -591,6 +682,7 @@ class OnlineMPCController:
             "lowest_explored_mhz": model.lowest_explored_mhz(self.exploration.minimum_visits),
             "backoffs": self.exploration.backoffs,
             "top_clock_pressure": self.exploration.baseline,
+            "arrival_clumping": self.clumping.share,
             "resets": self.resets,
             "reason": self.last_reason,
             "model_name": self.model_name,

@@ -313,6 +313,10 @@ class SnapshotCollector(Collector):
             "gpugov_model_warmup_active", "1 while the model warms up at the top clock", d
         )
         floor = _gauge("gpugov_model_floor_hertz", "Lowest clock the exploration allows now", d)
+        guard = _gauge(
+            "gpugov_model_burst_guard_active",
+            "1 when the last decision was raised to the burst guard's clock", d,
+        )
         backoffs = CounterMetricFamily(
             "gpugov_model_backoffs",
             "Back-offs to the maximum clock on measured latency near the SLO",
@@ -335,11 +339,12 @@ class SnapshotCollector(Collector):
             warmup.add_metric(key, 0.0 if model.get("warmed_up") else 1.0)
             if model.get("floor_mhz") is not None:
                 floor.add_metric(key, float(model["floor_mhz"]) * MHZ)
+            guard.add_metric(key, 1.0 if model.get("reason") == "burst-guard" else 0.0)
             backoffs.add_metric(key, float(model.get("backoffs", 0)))
             resets.add_metric(key, float(model.get("resets", 0)))
         yield samples
         yield from residuals.values()
-        yield from (confidence, exploring, warmup, floor, backoffs, resets)
+        yield from (confidence, exploring, warmup, floor, guard, backoffs, resets)
 
     def _loop_metrics(self, loop: LoopSnapshot) -> Iterator[Metric]:
         ticks = CounterMetricFamily("gpugov_loop_ticks", "Control-loop iterations run")

@@ -77,6 +77,7 @@ def _snapshot() -> DomainSnapshot:
             "warmed_up": True,
             "residual_rms": {"busy_s": 0.01, "energy_j": 3.0, "temperature_c": 0.1},
             "floor_mhz": 1200.0,
+            "reason": "burst-guard",
             "backoffs": 2,
             "resets": 1,
         },
@@ -162,6 +163,7 @@ def test_online_model_gauges(page: str) -> None:
     assert samples[("gpugov_model_busy_residual_seconds", key)] == 0.01
     assert samples[("gpugov_model_energy_residual_joules", key)] == 3.0
     assert samples[("gpugov_model_floor_hertz", key)] == 1200e6
+    assert samples[("gpugov_model_burst_guard_active", key)] == 1.0
     assert samples[("gpugov_model_backoffs_total", key)] == 2.0
 
 

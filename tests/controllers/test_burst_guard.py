@@ -1,0 +1,159 @@
+"""The burst guard: while a prompt burst is prefilled beside decoding requests, the clock
+keeps the pessimistic mixed iteration within the TPOT SLO; an idle GPU parks there when
+arrivals often come together (:class:`ArrivalClumping`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from synthetic import make_plant, make_profile
+
+from gpugov.controllers.baseline import maximum_clock_controller
+from gpugov.controllers.mpc_model import CHUNK_TOKENS
+from gpugov.controllers.online_mpc import ArrivalClumping, OnlineMPCController
+from gpugov.plant import PerformanceProfile, chunked_prefill_scheduler, simulate
+from gpugov.plant.types import Request, ServingObservation
+
+CLOCKS = np.arange(500.0, 1501.0, 50.0)
+PREFILL_S_PER_TOKEN_TOP = 6e-5  # 512 tokens: 30.7 ms at the top clock
+DECODE_S_TOP = 0.012
+
+
+class _Model:
+    """What the guard reads of :class:`OnlineModel`: clocks, the realised ratio and a
+    latency table that scales like 1/f with a 10% relative std."""
+
+    clocks_mhz = CLOCKS
+    realized_ratio = np.ones(CLOCKS.size)
+
+    def table(self, clocks: np.ndarray, batch: float, context: float) -> dict:
+        scale = CLOCKS[-1] / np.asarray(clocks)
+        prefill = PREFILL_S_PER_TOKEN_TOP * scale
+        decode = DECODE_S_TOP * scale
+        return {"prefill_s_per_token": (prefill, 0.1 * prefill),
+                "decode_iteration_s": (decode, 0.1 * decode)}
+
+
+def _mixed(clock: float, batch: float, z: float) -> float:
+    scale = CLOCKS[-1] / clock
+    chunk = max(CHUNK_TOKENS - batch, 32.0)
+    return (1.0 + 0.1 * z) * scale * (DECODE_S_TOP + chunk * PREFILL_S_PER_TOKEN_TOP)
+
+
+def _seen(*, backlog: float, running: int, waiting: int, arrived: int = 0) -> ServingObservation:
+    return ServingObservation(
+        time_s=1.0, step_index=1, arrived_requests=arrived, prefill_remaining_tokens=backlog,
+        decode_active=running, generated_decode_tokens=0.0, temperature_c=40.0,
+        waiting_requests=waiting, supported_clocks_mhz=tuple(CLOCKS),
+    )
+
+
+def _controller() -> OnlineMPCController:
+    controller = OnlineMPCController()
+    controller.model = _Model()  # type: ignore[assignment]
+    return controller
+
+
+def test_a_burst_beside_decodes_gets_the_lowest_clock_whose_mixed_iteration_fits() -> None:
+    controller = _controller()
+    z = controller.uncertainty_z
+    slo = 0.07
+    floor = controller.burst_floor(_seen(backlog=4000.0, running=8, waiting=3), slo)
+    fitting = [c for c in CLOCKS if _mixed(c, 8, z) <= slo]
+    assert fitting and floor == pytest.approx(min(fitting))
+    assert _mixed(floor - 50.0, 8, z) > slo  # one step lower would not fit
+
+
+def test_a_slo_no_clock_meets_during_a_burst_gets_the_maximum() -> None:
+    controller = _controller()
+    assert _mixed(CLOCKS[-1], 2, controller.uncertainty_z) > 0.03
+    assert controller.burst_floor(_seen(backlog=4000.0, running=2, waiting=0), 0.03) == CLOCKS[-1]
+
+
+def test_no_burst_no_guard() -> None:
+    controller = _controller()
+    # Less than one chunk waits, or one lone prompt with nobody decoding beside it.
+    assert controller.burst_floor(_seen(backlog=300.0, running=5, waiting=1), 0.05) is None
+    assert controller.burst_floor(_seen(backlog=9000.0, running=0, waiting=1), 0.05) is None
+    # Idle, and no evidence that arrivals come together: no parking.
+    assert controller.burst_floor(_seen(backlog=0.0, running=0, waiting=0), 0.05) is None
+
+
+def test_an_idle_gpu_parks_at_the_burst_clock_where_arrivals_come_together() -> None:
+    controller = _controller()
+    arrived = 0
+    for _ in range(20):
+        arrived += 3
+        controller.clumping.update(_seen(backlog=0.0, running=0, waiting=0, arrived=arrived))
+    assert controller.clumping.clumped
+    slo = 0.07
+    floor = controller.burst_floor(_seen(backlog=0.0, running=0, waiting=0), slo)
+    fitting = [c for c in CLOCKS if _mixed(c, 1, controller.uncertainty_z) <= slo]
+    assert floor == pytest.approx(min(fitting))
+
+
+def test_arrival_clumping_counts_periods_with_company() -> None:
+    clumping = ArrivalClumping()
+    assert clumping.share is None and not clumping.clumped  # no evidence yet
+    arrived = 0
+    for index in range(40):
+        arrived += 2 if index % 10 == 5 else 1  # one period in ten has two arrivals
+        clumping.update(_seen(backlog=0.0, running=0, waiting=0, arrived=arrived))
+        clumping.update(_seen(backlog=0.0, running=0, waiting=0, arrived=arrived))  # quiet
+    assert clumping.share == pytest.approx(0.1, abs=0.02)  # decayed counts: near 0.1
+    lone = ArrivalClumping()
+    for arrived in range(1, 30):
+        lone.update(_seen(backlog=0.0, running=0, waiting=0, arrived=arrived))
+    assert lone.share == 0.0 and not lone.clumped
+    # An engine restart (the counter goes back) is not an arrival.
+    lone.update(_seen(backlog=0.0, running=0, waiting=0, arrived=0))
+    assert lone.last_arrived == 0 and lone.share == 0.0
+
+
+def _clumped_short_answers(seed: int, duration_s: float = 300.0) -> list[Request]:
+    """Groups of 1-4 prompts arriving together; 40% of answers are 2-9 tokens long."""
+    rng = np.random.default_rng(seed)
+    requests: list[Request] = []
+    time_s = 0.0
+    while time_s < duration_s:
+        time_s += 0.05 + rng.exponential(3.0)
+        for k in range(int(rng.integers(1, 5))):
+            output = int(rng.integers(2, 10)) if rng.random() < 0.4 else int(rng.integers(30, 300))
+            requests.append(Request(len(requests), time_s + 0.01 * k,
+                                    int(rng.integers(800, 3000)), output))
+    return requests
+
+
+def test_on_a_plant_whose_mixed_iteration_nears_the_slo_at_the_top_clock_it_holds() -> None:
+    """A shape unlike the bundled ones: prefill slow enough that an iteration carrying a
+    512-token chunk takes most of the TPOT SLO even at the top clock."""
+    base = make_profile()
+    profile = PerformanceProfile(
+        clock_mhz=base.clock_mhz, prefill_tokens_per_s=0.75 * base.prefill_tokens_per_s,
+        decode_tokens_per_s=base.decode_tokens_per_s, prefill_power_w=base.prefill_power_w,
+        decode_power_w=base.decode_power_w, idle_power_w=base.idle_power_w,
+        ttft_slo_s=1.5, tpot_slo_s=0.055, manifest=base.manifest, name="mix-tight",
+    )
+    plant = make_plant(profile)
+    workload = _clumped_short_answers(1)
+    reference = simulate(workload, plant, chunked_prefill_scheduler, maximum_clock_controller, 0)
+    prompts = np.array([r.prompt_tokens for r in workload], dtype=float)
+    outputs = np.array([r.output_tokens for r in workload], dtype=float)
+    controller = OnlineMPCController(
+        mean_prompt_tokens=float(prompts.mean()), mean_output_tokens=float(outputs.mean()),
+        ttft_prompt_tokens=float(np.percentile(prompts, 95)), control_period_s=0.5,
+    )
+    guarded = 0
+
+    def counted(observation: ServingObservation) -> float:
+        nonlocal guarded
+        decision = controller(observation)
+        guarded += controller.last_reason == "burst-guard"
+        return decision
+
+    result = simulate(workload, plant, chunked_prefill_scheduler, counted, 0,
+                      control_period_s=0.5)
+    assert reference.metrics.slo_attainment is not None
+    assert result.metrics.slo_attainment >= reference.metrics.slo_attainment - 0.01
+    assert result.metrics.energy_j < reference.metrics.energy_j
+    assert guarded > 0 and controller.clumping.clumped
