@@ -13,8 +13,9 @@ observation, from NVML), the SLOs and declared forecasts (config), and the
 3. runs the fast MPC (discrete search, iteration latency model, burst hedge, SLO
    feedback: :mod:`controllers.fast_mpc`, :mod:`controllers.adaptation`) on that profile;
 4. applies :class:`SafeExploration` to the MPC's decision, and the burst guard
-   (:meth:`OnlineMPCController.burst_floor`): while a prompt burst is prefilled beside
-   decoding requests, a clock whose mixed iteration fits the TPOT SLO.
+   (:meth:`OnlineMPCController.burst_floor`): while a prompt backlog is prefilled, a
+   clock that drains it within the TTFT SLO and, beside decoding requests, whose mixed
+   iteration fits the TPOT SLO.
 
 Safe exploration (``docs/online.md``): the maximum clock until the warm-up windows are
 in; afterwards the clock may go at most one bounded step (``step_fraction`` of the clock
@@ -598,7 +599,7 @@ class OnlineMPCController:
             plant = self.learned_plant(observation, slos)
             decision = float(self._mpc(plant)(observation))
             floor = self.exploration.floor(model, observation, self.uncertainty_z)
-            guard = self.burst_floor(observation, slos[1]) if self.burst_guard else None
+            guard = self.burst_floor(observation, slos) if self.burst_guard else None
             self.current_clock = max(decision, floor, guard or 0.0)
             if guard is not None and guard > max(decision, floor):
                 self.last_reason = "burst-guard"
@@ -612,25 +613,38 @@ class OnlineMPCController:
             self.mpc.current_clock = maximum
         return maximum
 
-    def burst_floor(self, observation: ServingObservation, tpot_slo_s: float) -> float | None:
-        """The lowest clock for a prompt burst, or None when none waits and none is
-        expected sooner than the next decision.
+    def burst_floor(self, observation: ServingObservation, slos: tuple[float, float]
+                    ) -> float | None:
+        """The lowest clock for a prompt backlog, or None when none waits and none is
+        expected sooner than the next decision. ``slos``: (TTFT SLO, TPOT SLO), seconds.
 
-        While more than one chunk of prompt tokens waits beside decoding requests (or
-        beside other waiting prompts, which decode beside the rest), every iteration
-        carries a prefill chunk, and a short answer gets all its tokens from such mixed
-        iterations: its TPOT is the mixed iteration's time. This is the lowest supported
-        clock whose pessimistic mixed iteration (mean plus ``uncertainty_z`` std) stays
-        within the TPOT SLO, the maximum when none does. An idle GPU parks there too
-        where arrivals often come together (:class:`ArrivalClumping`): the next burst
-        arrives unannounced and is served at the parked clock until the next decision,
-        and a locked clock costs an idle GPU little.
+        With more than one chunk of prompt tokens waiting, every iteration carries a
+        prefill chunk until the backlog is drained. Two limits follow, each at the
+        pessimistic mixed iteration (decode iteration at the running batch plus the
+        chunk's prefill, each at mean + ``uncertainty_z`` std):
+
+        * **drain**: the backlog, chunk by chunk, must be prefilled within the MPC's TTFT
+          target (``slo_margin`` times the TTFT SLO: the waiting prompts have already
+          waited part of it); a backlog only the top clock drains in time needs the top
+          clock, where the MPC's capped TTFT penalty would give it up;
+        * **short answers**: beside decoding requests (or other waiting prompts, which
+          decode beside the rest), a short answer gets all its tokens from mixed
+          iterations, so its TPOT is the mixed iteration's time: that must fit the
+          TPOT SLO.
+
+        The result is the lowest supported clock meeting both, the maximum when none
+        does. An idle GPU parks at the short-answer clock too where arrivals often come
+        together (:class:`ArrivalClumping`): a clump arriving unannounced is served at
+        the parked clock until the next decision, and a locked clock costs an idle GPU
+        little.
         """
+        ttft_slo_s, tpot_slo_s = slos
         backlog = observation.prefill_remaining_tokens
         idle = (backlog <= 0.0 and observation.decode_active == 0
                 and observation.waiting_requests == 0 and self.clumping.clumped)
+        draining = backlog > CHUNK_TOKENS
         others = observation.decode_active > 0 or observation.waiting_requests > 1
-        if not (idle or (backlog > CHUNK_TOKENS and others)):
+        if not (idle or draining):
             return None
         model = self.model
         assert model is not None
@@ -645,7 +659,12 @@ class OnlineMPCController:
         mixed = decode_mean + z * decode_std + chunk * (prefill_mean + z * prefill_std)
         # Physics: no iteration gets faster at a lower clock (running maximum from the top).
         mixed = np.maximum.accumulate(mixed[::-1])[::-1]
-        within = np.flatnonzero(mixed <= tpot_slo_s)
+        fits = np.ones(clocks.size, dtype=bool)
+        if idle or others:
+            fits &= mixed <= tpot_slo_s
+        if draining:
+            fits &= math.ceil(backlog / chunk) * mixed <= self.slo_margin * ttft_slo_s
+        within = np.flatnonzero(fits)
         return float(clocks[within[0]]) if within.size else float(clocks[-1])
 
     def diagnostics(self) -> MPCDiagnostics:

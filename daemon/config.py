@@ -172,7 +172,9 @@ class OnlineMPCControllerConfig(_Frozen):
     (:class:`PriorHintsConfig`; not both). ``state_dir`` keeps the learned model
     across restarts (default: systemd's ``$STATE_DIRECTORY``, else none). ``warmup_s``:
     seconds at the maximum clock before the MPC takes over; ``memory_s``: how long evidence
-    lasts; ``uncertainty_z``: standard deviations added to predicted latencies.
+    lasts; ``uncertainty_z``: standard deviations added to predicted latencies;
+    ``burst_guard``: hold a clock that drains a prompt backlog in time and keeps short
+    answers' mixed iterations within the TPOT SLO (``OnlineMPCController.burst_floor``).
     """
 
     kind: Literal["mpc-online"]
@@ -185,6 +187,7 @@ class OnlineMPCControllerConfig(_Frozen):
     warmup_s: PositiveFloat = 20.0
     memory_s: PositiveFloat = 900.0
     uncertainty_z: NonNegativeFloat = 1.5
+    burst_guard: bool = True
     prior_profile: str | None = None
     prior: PriorHintsConfig | None = None
     state_dir: LoosePath | None = None

@@ -242,6 +242,7 @@ def online_controller(
         warmup_s=spec.warmup_s,
         memory_s=spec.memory_s,
         uncertainty_z=spec.uncertainty_z,
+        burst_guard=spec.burst_guard,
         ttft_slo_s=ttft_slo_s,
         tpot_slo_s=tpot_slo_s,
         prior=prior,

@@ -1,8 +1,10 @@
-"""The burst guard: while a prompt burst is prefilled beside decoding requests, the clock
-keeps the pessimistic mixed iteration within the TPOT SLO; an idle GPU parks there when
-arrivals often come together (:class:`ArrivalClumping`)."""
+"""The burst guard: while a prompt backlog is prefilled the clock drains it within the TTFT
+target and, beside decoding requests, keeps the pessimistic mixed iteration within the TPOT
+SLO; an idle GPU parks there when arrivals often come together (:class:`ArrivalClumping`)."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -58,7 +60,7 @@ def test_a_burst_beside_decodes_gets_the_lowest_clock_whose_mixed_iteration_fits
     controller = _controller()
     z = controller.uncertainty_z
     slo = 0.07
-    floor = controller.burst_floor(_seen(backlog=4000.0, running=8, waiting=3), slo)
+    floor = controller.burst_floor(_seen(backlog=4000.0, running=8, waiting=3), (100.0, slo))
     fitting = [c for c in CLOCKS if _mixed(c, 8, z) <= slo]
     assert fitting and floor == pytest.approx(min(fitting))
     assert _mixed(floor - 50.0, 8, z) > slo  # one step lower would not fit
@@ -67,16 +69,35 @@ def test_a_burst_beside_decodes_gets_the_lowest_clock_whose_mixed_iteration_fits
 def test_a_slo_no_clock_meets_during_a_burst_gets_the_maximum() -> None:
     controller = _controller()
     assert _mixed(CLOCKS[-1], 2, controller.uncertainty_z) > 0.03
-    assert controller.burst_floor(_seen(backlog=4000.0, running=2, waiting=0), 0.03) == CLOCKS[-1]
+    seen = _seen(backlog=4000.0, running=2, waiting=0)
+    assert controller.burst_floor(seen, (100.0, 0.03)) == CLOCKS[-1]
 
 
 def test_no_burst_no_guard() -> None:
     controller = _controller()
-    # Less than one chunk waits, or one lone prompt with nobody decoding beside it.
-    assert controller.burst_floor(_seen(backlog=300.0, running=5, waiting=1), 0.05) is None
-    assert controller.burst_floor(_seen(backlog=9000.0, running=0, waiting=1), 0.05) is None
+    # Less than one chunk waits: no guard.
+    assert controller.burst_floor(_seen(backlog=300.0, running=5, waiting=1), (1.0, 0.05)) is None
     # Idle, and no evidence that arrivals come together: no parking.
-    assert controller.burst_floor(_seen(backlog=0.0, running=0, waiting=0), 0.05) is None
+    assert controller.burst_floor(_seen(backlog=0.0, running=0, waiting=0), (1.0, 0.05)) is None
+    # One lone prompt with nobody decoding beside it: only the drain limit, which a loose
+    # TTFT SLO meets at the lowest clock (the TPOT limit would not: 0.01 s).
+    lone = _seen(backlog=9000.0, running=0, waiting=1)
+    assert controller.burst_floor(lone, (100.0, 0.01)) == CLOCKS[0]
+
+
+def test_a_backlog_is_drained_within_the_ttft_target() -> None:
+    controller = _controller()
+    z = controller.uncertainty_z
+    backlog, ttft = 9000.0, 1.6
+    floor = controller.burst_floor(_seen(backlog=backlog, running=0, waiting=1), (ttft, 1.0))
+    chunk = CHUNK_TOKENS - 1.0
+    fitting = [c for c in CLOCKS
+               if math.ceil(backlog / chunk) * _mixed(c, 1, z) <= controller.slo_margin * ttft]
+    assert fitting and floor == pytest.approx(min(fitting)) and floor > CLOCKS[0]
+    # A backlog no clock drains in time gets the maximum (the MPC's capped TTFT penalty
+    # would give it up).
+    hopeless = _seen(backlog=50 * backlog, running=0, waiting=1)
+    assert controller.burst_floor(hopeless, (ttft, 1.0)) == CLOCKS[-1]
 
 
 def test_an_idle_gpu_parks_at_the_burst_clock_where_arrivals_come_together() -> None:
@@ -87,7 +108,7 @@ def test_an_idle_gpu_parks_at_the_burst_clock_where_arrivals_come_together() -> 
         controller.clumping.update(_seen(backlog=0.0, running=0, waiting=0, arrived=arrived))
     assert controller.clumping.clumped
     slo = 0.07
-    floor = controller.burst_floor(_seen(backlog=0.0, running=0, waiting=0), slo)
+    floor = controller.burst_floor(_seen(backlog=0.0, running=0, waiting=0), (1.0, slo))
     fitting = [c for c in CLOCKS if _mixed(c, 1, controller.uncertainty_z) <= slo]
     assert floor == pytest.approx(min(fitting))
 
