@@ -12,7 +12,8 @@ from synthetic import make_plant, make_profile
 
 from gpugov.controllers.baseline import maximum_clock_controller
 from gpugov.controllers.mpc_model import CHUNK_TOKENS
-from gpugov.controllers.online_mpc import ArrivalClumping, OnlineMPCController
+from gpugov.controllers.online_exploration import ArrivalClumping
+from gpugov.controllers.online_mpc import OnlineMPCController
 from gpugov.plant import PerformanceProfile, chunked_prefill_scheduler, simulate
 from gpugov.plant.types import Request, ServingObservation
 

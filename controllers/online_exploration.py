@@ -1,0 +1,248 @@
+"""Where ``mpc-online`` may put the clock while its model is still being learned.
+
+:class:`SafeExploration` bounds how far below the explored clocks the clock may go, and
+backs off to the maximum when a measured latency nears its SLO; :class:`ArrivalClumping`
+measures how often arrivals come together (where an idle GPU should park high). The
+policy and its worst case are in ``docs/online.md``: after the warm-up the clock may go
+at most one bounded step (``step_fraction`` of the clock range) below the lowest clock
+already explored, only while the measured TTFT and TPOT are below ``explore_slack`` of
+their SLOs, and never where the model's relative uncertainty exceeds
+``maximum_relative_std``; when a measured latency passes ``backoff`` of its SLO the clock
+goes to the maximum at once and stays there for ``backoff_hold_s``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from gpugov.controllers.adaptation import SLOFeedback
+from gpugov.controllers.identification import OnlineModel
+from gpugov.plant.types import ServingObservation
+
+FloatArray = NDArray[np.float64]
+
+REFERENCE_BATCH = 64
+"""Decode batch at which the learned profile and the exploration's uncertainty are read."""
+
+
+@dataclass
+class SafeExploration:
+    """Where the clock may go, from what has been explored and the measured SLO slack.
+
+    Args:
+        step_fraction: how far the floor moves below the explored frontier, as a
+            fraction of the clock range.
+        largest_step_fraction: the longest such step, taken when the measured latency
+            is far under the exploration threshold: the floor goes down to ``frontier *
+            pressure / threshold`` (latency grows at most like 1/f), but never more than
+            this fraction of the range below the frontier.
+        explore_slack: measured latency / SLO below which the floor may step down.
+        backoff: measured latency / SLO above which the clock goes to the maximum.
+        backoff_hold_s: how long a back-off holds the maximum clock.
+        maximum_relative_std: the floor never goes where the model's latency standard
+            deviation exceeds this fraction of its mean.
+        minimum_visits: busy windows at a clock before it counts as explored.
+        calm_windows: after a back-off the floor rises one step above the clock that
+            caused it (each further back-off while it is raised doubles the rise), and
+            comes down one step per ``calm_windows`` decisions whose measured latencies
+            sat under the exploration threshold (an idle window is no evidence): so a
+            workload whose bursts a clock cannot absorb stops meeting that clock.
+        baseline_headroom: where the latency measured at the top clock is itself high
+            (a GPU whose TPOT sits near the SLO at any clock), the thresholds move up to
+            that baseline plus this much: ``explore`` below ``max(explore_slack,
+            baseline + headroom)`` (and 0.05 under the back-off threshold), back off
+            above ``min(0.95, max(backoff, baseline + headroom))``; otherwise the top
+            clock's own noise would trigger them.
+    """
+
+    step_fraction: float = 0.08
+    largest_step_fraction: float = 0.24
+    explore_slack: float = 0.6
+    backoff: float = 0.9
+    backoff_hold_s: float = 2.0
+    maximum_relative_std: float = 0.25
+    minimum_visits: int = 5
+    baseline_headroom: float = 0.08
+    calm_windows: int = 5
+    baseline: float | None = None
+    backoff_until_s: float = -math.inf
+    backoffs: int = 0
+    floor_mhz: float | None = None
+    exploring: bool = False
+    raised_floor_mhz: float | None = None
+    calm_count: int = 0
+    raise_steps: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.step_fraction <= 1.0:
+            raise ValueError(f"step_fraction must lie in (0, 1], got {self.step_fraction!r}")
+        if not 0.0 < self.explore_slack < self.backoff:
+            raise ValueError("SafeExploration needs 0 < explore_slack < backoff")
+
+    @staticmethod
+    def pressure(observation: ServingObservation) -> float | None:
+        """The larger of measured TTFT / SLO and TPOT / SLO, or None when unmeasured."""
+        ttft, tpot = SLOFeedback.latency_ratios(observation)
+        known = [value for value in (ttft, tpot) if value is not None]
+        return max(known) if known else None
+
+    def floor(self, model: OnlineModel, observation: ServingObservation, zscore: float) -> float:
+        """The lowest clock allowed now (MHz, supported)."""
+        clocks = model.clocks_mhz
+        frontier = model.lowest_explored_mhz(self.minimum_visits)
+        step = self.step_fraction * (clocks[-1] - clocks[0])
+        pressure = self.pressure(observation)
+        slack = pressure is None or pressure < self.explore_threshold
+        target = frontier - step if slack else frontier
+        if slack and pressure is not None and pressure > 0.0:
+            # Latency grows at most like 1/f: at f' = frontier * pressure / threshold the
+            # measured pressure would just reach the exploration threshold. Far from it,
+            # the floor may take a longer step (at most ``largest_step_fraction``).
+            longest = self.largest_step_fraction * (clocks[-1] - clocks[0])
+            physics = frontier * pressure / self.explore_threshold
+            target = min(target, max(physics, frontier - longest))
+        # Never where the model is too unsure (relative std of the latency predictions).
+        candidates = clocks[(clocks >= target - 1e-9) & (clocks <= frontier + 1e-9)]
+        allowed = frontier
+        for clock in candidates:
+            relative = max(
+                _relative(*model.prefill_s_per_token(float(clock))),
+                _relative(*model.decode_iteration_s(float(clock), REFERENCE_BATCH, 1024.0)),
+            )
+            if zscore * relative <= self.maximum_relative_std * max(zscore, 1.0):
+                allowed = float(clock)
+                break
+        self.exploring = allowed < frontier - 1e-9
+        # Only a measured calm window (latency nearer the exploration threshold than the
+        # back-off one) is evidence that the raised floor may come down.
+        calm = pressure is not None and pressure < 0.5 * (
+            self.explore_threshold + self.backoff_threshold
+        )
+        allowed = self._after_backoffs(allowed, clocks, step, calm=calm)
+        self.floor_mhz = allowed
+        return allowed
+
+    def _after_backoffs(self, allowed: float, clocks: FloatArray, step: float, *,
+                        calm: bool) -> float:
+        """``allowed`` raised to the floor left by recent back-offs, which comes down one
+        step per ``calm_windows`` calm decisions."""
+        if self.raised_floor_mhz is None:
+            return allowed
+        self.calm_count = self.calm_count + 1 if calm else 0
+        if self.calm_count >= self.calm_windows:
+            self.calm_count = 0
+            self.raised_floor_mhz -= step
+            if self.raised_floor_mhz <= allowed + 1e-9:  # no longer binding: dissolved
+                self.raised_floor_mhz = None
+                return allowed
+        raised = clocks[clocks >= self.raised_floor_mhz - 1e-9]
+        floor = float(raised[0]) if raised.size else float(clocks[-1])
+        if floor > allowed:
+            self.exploring = False
+        return max(allowed, floor)
+
+    @property
+    def explore_threshold(self) -> float:
+        """Measured latency / SLO below which the floor may step down."""
+        if self.baseline is None:
+            return self.explore_slack
+        return min(self.backoff_threshold - 0.05,
+                   max(self.explore_slack, self.baseline + self.baseline_headroom))
+
+    @property
+    def backoff_threshold(self) -> float:
+        """Measured latency / SLO above which the clock goes to the maximum."""
+        if self.baseline is None:
+            return self.backoff
+        return min(0.95, max(self.backoff, self.baseline + self.baseline_headroom))
+
+    def observe_top(self, observation: ServingObservation, maximum_mhz: float) -> None:
+        """Track the latency pressure measured while the top clock was requested."""
+        pressure = self.pressure(observation)
+        requested = observation.requested_clock_mhz
+        if pressure is None or requested is None or requested < maximum_mhz - 1e-6:
+            return
+        if self.baseline is None:
+            self.baseline = pressure
+        else:
+            self.baseline += 0.05 * (pressure - self.baseline)
+
+    def backing_off(self, observation: ServingObservation, maximum_mhz: float) -> bool:
+        """Whether to hold the maximum clock now: a hold starts when the latency measured
+        while the clock was below the maximum passes the threshold (at the maximum clock
+        a high latency is not the clock's doing, and holding longer would not help)."""
+        pressure = self.pressure(observation)
+        requested = observation.requested_clock_mhz
+        lowered = requested is None or requested < maximum_mhz - 1e-6
+        if pressure is not None and pressure > self.backoff_threshold and lowered:
+            if observation.time_s >= self.backoff_until_s:
+                self.backoffs += 1
+                self._raise_floor(observation, maximum_mhz)
+            self.backoff_until_s = observation.time_s + self.backoff_hold_s
+        return observation.time_s < self.backoff_until_s
+
+    def _raise_floor(self, observation: ServingObservation, maximum_mhz: float) -> None:
+        """After a back-off, keep the clock above the clock that caused it."""
+        clocks = observation.supported_clocks_mhz
+        if len(clocks) < 2 or observation.requested_clock_mhz is None:
+            return
+        step = self.step_fraction * (float(clocks[-1]) - float(clocks[0]))
+        # One step on a first back-off; each further one while the floor is still raised
+        # doubles the rise (a workload whose bursts keep reaching the SLO climbs fast).
+        self.raise_steps = 1 if self.raised_floor_mhz is None else 2 * self.raise_steps
+        clock = float(observation.requested_clock_mhz)
+        raised = min(maximum_mhz, clock + self.raise_steps * step)
+        self.raised_floor_mhz = max(self.raised_floor_mhz or -math.inf, raised)
+        self.calm_count = 0
+
+
+@dataclass
+class ArrivalClumping:
+    """How often arrivals come with company: the share of decision periods with any
+    arrival that had two or more (counts decayed over ``memory_windows`` such periods).
+
+    A lone prompt at an idle GPU has nobody decoding beside its prefill; prompts arriving
+    together decode beside each other's prefill chunks, at whatever clock the GPU was
+    parked at until the next decision. ``clumped`` says whether that risk is common.
+    """
+
+    memory_windows: float = 120.0
+    threshold: float = 0.1
+    minimum_windows: float = 5.0
+    windows: float = 0.0
+    clumped_windows: float = 0.0
+    last_arrived: int | None = None
+
+    def update(self, observation: ServingObservation) -> None:
+        """Fold the arrivals since the previous observation in (a counter that went
+        backwards, an engine restart, starts the count again)."""
+        arrived = observation.arrived_requests
+        previous, self.last_arrived = self.last_arrived, arrived
+        if previous is None or arrived <= previous:
+            return
+        keep = 1.0 - 1.0 / self.memory_windows
+        self.windows = keep * self.windows + 1.0
+        self.clumped_windows = keep * self.clumped_windows + float(arrived - previous >= 2)
+
+    @property
+    def share(self) -> float | None:
+        """The decayed share of arrival periods with two or more arrivals (None before
+        ``minimum_windows`` such periods)."""
+        if self.windows < self.minimum_windows:
+            return None
+        return self.clumped_windows / self.windows
+
+    @property
+    def clumped(self) -> bool:
+        """Whether clumped arrivals are common (not assumed before there is evidence:
+        the warm-up holds the maximum clock meanwhile)."""
+        share = self.share
+        return share is not None and share >= self.threshold
+
+
+def _relative(mean: float, std: float) -> float:
+    return std / max(abs(mean), 1e-12)
