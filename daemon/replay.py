@@ -22,6 +22,7 @@ from gpugov.daemon.config import (
 from gpugov.daemon.decide import (
     build_controller,
     canonical_controller_name,
+    online_controller,
     spec_name,
     with_safety,
 )
@@ -112,6 +113,20 @@ def _with_recorded_forecasts(spec: ControllerConfig, info: dict[str, Any]) -> Co
     return spec.model_copy(update=update) if update else spec
 
 
+def _replayed_controller(spec: ControllerConfig, info: dict[str, Any], period_s: float
+                         ) -> Any:
+    """The controller ``spec`` asks for; an ``mpc-online`` hint ``gpu = "auto"`` takes the
+    recorded domain's first GPU name and its GPU count (``gpu_names``, ``gpus``), as the
+    daemon does (a recording without names: one warning, no prior from the name)."""
+    if isinstance(spec, OnlineMPCControllerConfig):
+        names = [str(n) for n in info.get("gpu_names") or [] if n]
+        return online_controller(
+            spec, period_s, gpu_name=names[0] if names else None,
+            gpu_count=len(info.get("gpus") or []) or None,
+        )
+    return build_controller(spec, period_s=period_s)
+
+
 def replay(
     path: str | Path, spec: ControllerConfig, *, warn: Callable[[str], None] | None = None
 ) -> ReplayReport:
@@ -131,7 +146,7 @@ def replay(
             raise RecordingError(f"{path}: domain {name!r} has no supported clocks in the header")
         safety = info.get("safety", {})
         controllers[name] = with_safety(
-            build_controller(_with_recorded_forecasts(spec, info), period_s=period_s),
+            _replayed_controller(_with_recorded_forecasts(spec, info), info, period_s),
             clocks,
             floor_mhz=safety.get("floor_mhz"),
             dwell_s=float(safety.get("dwell_s", 1.0)),

@@ -276,6 +276,9 @@ def _domain_header(domain: Domain, config_fields: dict[str, Any]) -> dict[str, A
         "name": domain.name,
         "controller": domain.label,
         "gpus": [b.label for b in domain.observer.backends],
+        # NVML names, so that `gpugov replay` can fill an mpc-online `gpu = "auto"` hint.
+        "gpu_names": [str(getattr(_unwrapped(b), "name", "") or "")
+                      for b in domain.observer.backends],
         "supported_clocks_mhz": list(domain.observer.supported_clocks_mhz()),
         **config_fields,
     }

@@ -104,6 +104,7 @@ def test_virtual_minutes_match_plant_simulate_and_metrics_are_live(
     # The recording replays through the same controller with no difference ...
     header, rows = read_recording(tmp_path / "run.jsonl")
     assert header["mode"] == "simulated" and len(rows) == len(records)
+    assert len(header["domains"][0]["gpu_names"]) == len(header["domains"][0]["gpus"])
     assert json.loads((tmp_path / "run.jsonl").read_text().splitlines()[1])["decision_mhz"] > 0
     same = replay(tmp_path / "run.jsonl", ReactiveControllerConfig(kind="reactive"))
     assert same.compared == len(records) and same.differing == 0
@@ -184,3 +185,34 @@ def test_tensor_parallel_plant_is_a_multi_gpu_domain() -> None:
     reference = simulate(workload, plant, controller=reactive_clock_controller).metrics
     assert sim.result.metrics.clock_changes == reference.clock_changes
     assert sim.result.metrics.energy_j == pytest.approx(reference.energy_j, rel=1e-9)
+
+
+def test_replay_fills_an_online_gpu_auto_hint_from_the_recorded_gpu_names(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A recording's header names the domain's GPUs (NVML), so `gpugov replay` resolves
+    an mpc-online `gpu = "auto"` hint as the daemon did; an older recording warns once."""
+    from daemon_support import FIXTURES
+
+    from gpugov.daemon.config import OnlineMPCControllerConfig
+    from gpugov.daemon.replay import _replayed_controller
+
+    spec = OnlineMPCControllerConfig.model_validate(
+        {"kind": "mpc-online", "prior": {"gpu": "auto", "params_b": 70}}
+    )
+    two = {"gpu_names": ["NVIDIA H200", "NVIDIA H200"], "gpus": ["0", "1"]}
+    controller = _replayed_controller(spec, two, 0.5)
+    assert controller.prior is not None and "H200" in controller.prior.source
+    assert "x2" in controller.prior.source and controller.prior.board_power_w == 1400.0
+    with caplog.at_level("WARNING"):
+        unnamed = _replayed_controller(spec, {"gpus": ["0"]}, 0.5)
+    assert unnamed.prior is None and "reports no name" in caplog.text
+
+    # The whole replay runs through it on a real recording given a name.
+    lines = (FIXTURES / "h200_dryrun_reactive.jsonl").read_text().splitlines()
+    header = json.loads(lines[0])
+    header["domains"][0]["gpu_names"] = ["NVIDIA H200"]
+    path = tmp_path / "named.jsonl"
+    path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    report = replay(path, spec)
+    assert report.compared == len(lines) - 1
