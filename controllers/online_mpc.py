@@ -218,6 +218,12 @@ class OnlineMPCController:
             return None
         return float(ttft), float(tpot)
 
+    @property
+    def context_tokens(self) -> float:
+        """Mean context of a running request the learned profile is read at: the declared
+        prompt plus half the declared output."""
+        return self.mean_prompt_tokens + 0.5 * self.mean_output_tokens
+
     def learned_profile(
         self, slos: tuple[float, float], *, pessimistic: bool = True
     ) -> PerformanceProfile:
@@ -227,7 +233,7 @@ class OnlineMPCController:
         assert model is not None
         z = self.uncertainty_z if pessimistic else 0.0
         clocks = model.clocks_mhz
-        context = self.mean_prompt_tokens + 0.5 * self.mean_output_tokens
+        context = self.context_tokens
         realized = clocks * model.realized_ratio
         table = model.table(realized, REFERENCE_BATCH, context)
         mean, std = table["prefill_s_per_token"]
@@ -239,8 +245,8 @@ class OnlineMPCController:
         powers = np.maximum.accumulate(np.maximum(powers, 1.0), axis=1)
         # Physics: no part of an iteration gets faster at a lower clock, so the times
         # are made non-increasing in the clock (running maximum from the top).
-        prefill_s = np.maximum.accumulate(np.maximum(prefill_s, 1e-7)[::-1])[::-1]
-        iteration_s = np.maximum.accumulate(np.maximum(iteration_s, 1e-5)[::-1])[::-1]
+        prefill_s = _non_increasing(np.maximum(prefill_s, 1e-7))
+        iteration_s = _non_increasing(np.maximum(iteration_s, 1e-5))
         top = float(clocks[-1])
         weights = max(model.decode_iteration_s(top, 0.0, 0.0)[0], 0.0)
         batch_only = max(model.decode_iteration_s(top, REFERENCE_BATCH, 0.0)[0] - weights, 0.0)
@@ -431,14 +437,14 @@ class OnlineMPCController:
         batch = max(1.0, float(observation.decode_active))
         chunk = max(CHUNK_TOKENS - batch, 32.0)
         clocks = model.clocks_mhz
-        context = self.mean_prompt_tokens + 0.5 * self.mean_output_tokens
+        context = self.context_tokens
         table = model.table(clocks * model.realized_ratio, batch, context)
         z = self.uncertainty_z
         prefill_mean, prefill_std = table["prefill_s_per_token"]
         decode_mean, decode_std = table["decode_iteration_s"]
         mixed = decode_mean + z * decode_std + chunk * (prefill_mean + z * prefill_std)
-        # Physics: no iteration gets faster at a lower clock (running maximum from the top).
-        mixed = np.maximum.accumulate(mixed[::-1])[::-1]
+        # Physics: no iteration gets faster at a lower clock.
+        mixed = _non_increasing(mixed)
         fits = np.ones(clocks.size, dtype=bool)
         if idle or others:
             fits &= mixed <= tpot_slo_s
@@ -486,6 +492,12 @@ class OnlineMPCController:
             "reason": self.last_reason,
             "model_name": self.model_name,
         }
+
+
+def _non_increasing(values: FloatArray) -> FloatArray:
+    """``values`` (per clock, ascending) raised to their running maximum from the top
+    clock down: no part of an iteration gets faster at a lower clock."""
+    return np.maximum.accumulate(values[::-1])[::-1]
 
 
 def prior_from_profile(profile: PerformanceProfile) -> ModelPrior:

@@ -34,6 +34,14 @@ class _Model:
         mean = 0.02 * 1500.0 / clock_mhz
         return mean, self.relative_std * mean
 
+    def table(self, clocks: np.ndarray, batch: float, context: float) -> dict:
+        rows = [(self.prefill_s_per_token(c), self.decode_iteration_s(c, batch, context))
+                for c in clocks]
+        prefill = np.array([r[0] for r in rows])
+        decode = np.array([r[1] for r in rows])
+        return {"prefill_s_per_token": (prefill[:, 0], prefill[:, 1]),
+                "decode_iteration_s": (decode[:, 0], decode[:, 1])}
+
 
 def _seen(time_s: float, *, ttft_ratio: float | None, requested: float) -> ServingObservation:
     return ServingObservation(
