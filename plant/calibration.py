@@ -109,6 +109,7 @@ def _rows(name: str) -> tuple[str, list[dict[str, str]]]:
     return comment, list(csv.DictReader(line for line in lines[1:]))
 
 
+@cache
 def source_commit() -> str:
     """The vidur commit the extracts were taken from."""
     comment, _ = _rows(LINEAR_FILE)
@@ -303,6 +304,7 @@ class AttentionEfficiency:
     relative_bandwidth: float
 
 
+@cache
 def attention_source(name: str) -> str:
     """The provenance comment of one attention extract."""
     comment, _ = _rows(name)

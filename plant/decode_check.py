@@ -24,8 +24,8 @@ def decode_check(
 ) -> list[tuple[int, float, float]]:
     """``(batch, Vidur's kernel-time sum s, plant iteration s)`` per batch."""
     prof = load_profile(PROFILE)
-    lat, eng = prof.manifest["decode_latency_model"], prof.manifest["engine"]
-    b_ref, l_ref = eng["reference_batch_size"], eng["reference_context_tokens"]
+    lat = prof.decode_latency_model
+    b_ref, l_ref = lat.reference_batch_size, lat.reference_context_tokens
     t_ref = b_ref / prof.decode_tokens_per_s[-1]
     linear = {
         p.num_tokens: p.layer_s
@@ -41,9 +41,9 @@ def decode_check(
     for batch in batches:
         vidur = LLAMA_31_8B.n_layers * (linear[batch] + attention[(batch, context_tokens)])
         plant = t_ref * (
-            lat["weight_fraction"]
-            + lat["batch_fraction"] * batch / b_ref
-            + lat["kv_fraction"] * batch * context_tokens / (b_ref * l_ref)
+            lat.weight_fraction
+            + lat.batch_fraction * batch / b_ref
+            + lat.kv_fraction * batch * context_tokens / (b_ref * l_ref)
         )
         rows.append((batch, vidur, plant))
     return rows

@@ -213,7 +213,7 @@ def _published_serving_rows(d: Domain) -> list[dict[str, Any]]:
         board = dataclasses.replace(
             d.gpu, memory_bandwidth_bytes_per_s=1.555e12, memory_capacity_bytes=40e9
         )
-        check = Domain(d.spec, board, d.model, d.eff, d.params, d.attention)
+        check = dataclasses.replace(d, gpu=board)
         rate = 1.0 / check.decode_parts_s(board.max_clock_mhz, 1, 1024 + 64)["total_s"]
         return [
             _row(
@@ -231,7 +231,7 @@ def _published_serving_rows(d: Domain) -> list[dict[str, Any]]:
         return []
     model = CHECK_MODELS["qwen2.5-7b"]
     spec = ProfileSpec("check", d.gpu.key, model.key, 1, 1, 1.0, 0.05, "check")
-    check = Domain(spec, d.gpu, model, d.eff, d.params, d.attention)
+    check = dataclasses.replace(d, spec=spec, model=model)
     context = 200 + 64  # ~200-token prompts, half of the 128 output tokens
     rate = 1.0 / check.decode_parts_s(d.gpu.max_clock_mhz, 1, context)["total_s"]
     return [
