@@ -337,6 +337,24 @@ def attention_points() -> tuple[AttentionPoint, ...]:
     )
 
 
+def a100_llama3_8b_decode_points(batch: int, context_tokens: int
+                                  ) -> tuple[LinearPoint, AttentionPoint]:
+    """Vidur's A100 Llama-3-8B (TP 1) kernels of one decode iteration: the linear
+    operators at ``batch`` tokens and decode attention for ``batch`` sequences of
+    ``context_tokens`` (the only model with both tables; StopIteration when unmeasured)."""
+    linear = next(
+        p for p in linear_points()
+        if (p.gpu, p.model, p.shape.tensor_parallel, p.num_tokens)
+        == ("a100", "Llama-3-8B", 1, batch)
+    )
+    attention = next(
+        p for p in attention_points()
+        if (p.model, p.tensor_parallel, p.batch, p.context_tokens)
+        == ("Llama-3-8B", 1, batch, context_tokens)
+    )
+    return linear, attention
+
+
 def attention_time_s(eff: AttentionEfficiency, kv_bytes: float, bandwidth: float) -> float:
     """Model decode-attention time of one layer on one GPU reading ``kv_bytes``."""
     return eff.launch_s + kv_bytes / (eff.relative_bandwidth * bandwidth)

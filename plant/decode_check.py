@@ -27,19 +27,10 @@ def decode_check(
     lat = prof.decode_latency_model
     b_ref, l_ref = lat.reference_batch_size, lat.reference_context_tokens
     t_ref = b_ref / prof.decode_tokens_per_s[-1]
-    linear = {
-        p.num_tokens: p.layer_s
-        for p in calibration.linear_points()
-        if (p.gpu, p.model, p.shape.tensor_parallel) == ("a100", "Llama-3-8B", 1)
-    }
-    attention = {
-        (p.batch, p.context_tokens): p.layer_s
-        for p in calibration.attention_points()
-        if (p.model, p.tensor_parallel) == ("Llama-3-8B", 1)
-    }
     rows = []
     for batch in batches:
-        vidur = LLAMA_31_8B.n_layers * (linear[batch] + attention[(batch, context_tokens)])
+        linear, attention = calibration.a100_llama3_8b_decode_points(batch, context_tokens)
+        vidur = LLAMA_31_8B.n_layers * (linear.layer_s + attention.layer_s)
         plant = t_ref * (
             lat.weight_fraction
             + lat.batch_fraction * batch / b_ref

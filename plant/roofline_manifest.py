@@ -159,18 +159,7 @@ def _decode_iteration_rows(d: Domain) -> list[dict[str, Any]]:
     if d.spec.name != "a100-sxm-80gb-llama3-8b":
         return []
     batch, context = 64, 1536
-    wanted = ("a100", "Llama-3-8B", 1, batch)
-    linear = next(
-        p
-        for p in calibration.linear_points()
-        if (p.gpu, p.model, p.shape.tensor_parallel, p.num_tokens) == wanted
-    )
-    attention = next(
-        p
-        for p in calibration.attention_points()
-        if (p.model, p.tensor_parallel, p.batch, p.context_tokens)
-        == ("Llama-3-8B", 1, batch, context)
-    )
+    linear, attention = calibration.a100_llama3_8b_decode_points(batch, context)
     layers = d.model.n_layers
     return [
         _row(
