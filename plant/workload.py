@@ -550,7 +550,7 @@ def load_trace(
                 shifted = shifted / load_scale
             requests.append(Request(rid, shifted, prompt, output))
     if not requests:
-        span = parsed.arrivals_s[-1] if parsed.arrivals_s else 0.0
+        span = arrivals[-1] if arrivals else 0.0
         raise _fail(
             path,
             None,
