@@ -24,7 +24,7 @@ from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.plant import ServingPlant
 from gpugov.plant.profile import ProfileError
-from gpugov.plant.result import arrival_separation
+from gpugov.plant.result import ArrivalSeparation, arrival_separation
 from gpugov.plant.types import ClockController, Request, RequestRecord
 from gpugov.plant.workload import (
     TraceError,
@@ -272,11 +272,15 @@ def check_workload_fits(
             )
 
 
-def light_load_note(records: Sequence[RequestRecord]) -> str | None:
+def light_load_note(
+    records: Sequence[RequestRecord], separation: ArrivalSeparation | None = None
+) -> str | None:
     """The one line ``simulate`` and ``run --simulate`` print when every request finished
     before the next arrival time: a smaller ``--load-scale`` then shortens no queue, it
-    only lengthens idle gaps (see :class:`gpugov.plant.result.ArrivalSeparation`)."""
-    separation = arrival_separation(records)
+    only lengthens idle gaps (see :class:`gpugov.plant.result.ArrivalSeparation`).
+    ``separation``: ``arrival_separation(records)`` when the caller has it already."""
+    if separation is None:
+        separation = arrival_separation(records)
     if not separation.separated or separation.arrival_times < 2:
         return None
     return (

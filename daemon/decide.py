@@ -96,12 +96,20 @@ def spec_name(spec: ControllerConfig) -> str:
     return str(spec.kind)
 
 
-def build_controller(spec: ControllerConfig, *, period_s: float) -> ClockController:
+def build_controller(
+    spec: ControllerConfig,
+    *,
+    period_s: float,
+    gpu_name: str | None = None,
+    gpu_count: int | None = None,
+) -> ClockController:
     """The controller a config section asks for.
 
     Args:
         spec: the ``[domains.controller]`` section.
         period_s: the daemon's control period (MPC plans on it).
+        gpu_name, gpu_count: the domain's first GPU name (NVML) and its GPU count, for an
+            ``mpc-online`` prior hint ``gpu = "auto"`` (:func:`first_gpu_name`).
 
     Raises:
         ControllerError: a plan file or profile cannot be loaded, or the kind's module is
@@ -134,8 +142,14 @@ def build_controller(spec: ControllerConfig, *, period_s: float) -> ClockControl
         case MPCControllerConfig():
             return _build_mpc(spec, period_s)
         case OnlineMPCControllerConfig():
-            return online_controller(spec, period_s)
+            return online_controller(spec, period_s, gpu_name=gpu_name, gpu_count=gpu_count)
     raise ControllerError(f"unknown controller kind {getattr(spec, 'kind', spec)!r}")
+
+
+def first_gpu_name(names: Sequence[str]) -> str | None:
+    """A domain's GPU name for ``gpu = "auto"``: its first GPU's, None when that one
+    reports none."""
+    return names[0] if names and names[0] else None
 
 
 def mpc_controller(

@@ -22,7 +22,7 @@ from gpugov.daemon.config import (
 from gpugov.daemon.decide import (
     build_controller,
     canonical_controller_name,
-    online_controller,
+    first_gpu_name,
     spec_name,
     with_safety,
 )
@@ -115,16 +115,15 @@ def _with_recorded_forecasts(spec: ControllerConfig, info: dict[str, Any]) -> Co
 
 def _replayed_controller(spec: ControllerConfig, info: dict[str, Any], period_s: float
                          ) -> Any:
-    """The controller ``spec`` asks for; an ``mpc-online`` hint ``gpu = "auto"`` takes the
-    recorded domain's first GPU name and its GPU count (``gpu_names``, ``gpus``), as the
-    daemon does (a recording without names: one warning, no prior from the name)."""
-    if isinstance(spec, OnlineMPCControllerConfig):
-        names = [str(n) for n in info.get("gpu_names") or [] if n]
-        return online_controller(
-            spec, period_s, gpu_name=names[0] if names else None,
-            gpu_count=len(info.get("gpus") or []) or None,
-        )
-    return build_controller(spec, period_s=period_s)
+    """The controller ``spec`` asks for, given the recorded domain's GPU names and count
+    (``gpu_names``, ``gpus``) as the daemon was, for an ``mpc-online`` hint ``gpu =
+    "auto"`` (a recording without names: one warning, no prior from the name)."""
+    return build_controller(
+        spec,
+        period_s=period_s,
+        gpu_name=first_gpu_name([str(n or "") for n in info.get("gpu_names") or []]),
+        gpu_count=len(info.get("gpus") or []) or None,
+    )
 
 
 def replay(

@@ -228,14 +228,13 @@ def _online_for_domain(
 ) -> Any:
     """The online MPC of a domain, its forecasts and SLOs from the domain's config, and
     its model kept in the state directory (keyed by the GPUs' UUIDs) when there is one."""
-    from gpugov.daemon.decide import online_controller
+    from gpugov.daemon.decide import first_gpu_name, online_controller
     from gpugov.daemon.model_store import PersistentOnlineModel, state_directory
 
-    names = [str(getattr(_unwrapped(b), "name", "") or "") for b in backends]
     controller = online_controller(
         spec,
         period_s,
-        gpu_name=names[0] if names and names[0] else None,
+        gpu_name=first_gpu_name(_gpu_names(backends)),
         gpu_count=len(backends),
         power_limit_w=_start_power_limit_w(backends),
         **declared,
@@ -245,6 +244,11 @@ def _online_for_domain(
         return controller
     uuids = [str(getattr(backend, "uuid", None) or backend.label) for backend in backends]
     return PersistentOnlineModel(controller, directory, name, uuids)  # type: ignore[arg-type]
+
+
+def _gpu_names(backends: Sequence[GpuBackend]) -> list[str]:
+    """The GPUs' NVML names ("" for one that reports none)."""
+    return [str(getattr(_unwrapped(b), "name", "") or "") for b in backends]
 
 
 def _unwrapped(backend: GpuBackend) -> GpuBackend:
@@ -277,8 +281,7 @@ def _domain_header(domain: Domain, config_fields: dict[str, Any]) -> dict[str, A
         "controller": domain.label,
         "gpus": [b.label for b in domain.observer.backends],
         # NVML names, so that `gpugov replay` can fill an mpc-online `gpu = "auto"` hint.
-        "gpu_names": [str(getattr(_unwrapped(b), "name", "") or "")
-                      for b in domain.observer.backends],
+        "gpu_names": _gpu_names(domain.observer.backends),
         "supported_clocks_mhz": list(domain.observer.supported_clocks_mhz()),
         **config_fields,
     }

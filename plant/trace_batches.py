@@ -47,7 +47,7 @@ def spread_batched_arrivals(arrivals_s: Sequence[float]) -> tuple[list[float], f
     batch, and a batch never reaches the next timestamp).
     """
     grid = batch_grid_s(arrivals_s)
-    if grid is None or grid <= 0.0:
+    if grid is None:
         return list(arrivals_s), None
     times = np.asarray(arrivals_s, dtype=float)
     out = times.copy()

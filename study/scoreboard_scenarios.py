@@ -343,11 +343,7 @@ def build_scenario(
         utilization=scale / capacity,
         fluid_utilization_estimate=work_seconds_at_maximum(window, profile) * scale / length,
         trace_sha256=digest,
-        rejected_requests=sum(
-            1
-            for r in select_window(everything, start, length)
-            if r.prompt_tokens + r.output_tokens > capacity_tokens
-        ),
+        rejected_requests=len(select_window(everything, start, length)) - len(window),
     )
 
 

@@ -111,7 +111,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     )
     print(format_summary(metrics, title))
     separation = arrival_separation(result.request_records)
-    note = light_load_note(result.request_records)
+    note = light_load_note(result.request_records, separation)
     if note:
         print(note)
     if args.out:
