@@ -17,6 +17,7 @@ import csv
 import io
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 GPUS = {"a100": "a100", "h100": "h100"}
@@ -110,24 +111,13 @@ def main(argv: list[str] | None = None) -> int:
                         f"{layer_ms:.4f}",
                     )
                 )
-    rows.sort()
-    with (out / "vidur_linear_ops.csv").open("w", newline="\n") as handle:
-        handle.write(f"# microsoft/vidur@{commit} data/profiling/compute/<gpu>/<model>/mlp.csv\n")
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(
-            (
-                "gpu",
-                "model",
-                "tp",
-                "num_tokens",
-                "d_model",
-                "d_ff",
-                "n_heads",
-                "n_kv_heads",
-                "layer_ms",
-            )
-        )
-        writer.writerows(rows)
+    _write_extract(
+        out / "vidur_linear_ops.csv",
+        f"microsoft/vidur@{commit} data/profiling/compute/<gpu>/<model>/mlp.csv",
+        ("gpu", "model", "tp", "num_tokens", "d_model", "d_ff", "n_heads", "n_kv_heads",
+         "layer_ms"),
+        sorted(rows),
+    )
     ar_rows = []
     for gpu in GPUS:
         data = _show(mirror, f"data/profiling/network/{gpu}_dgx/all_reduce.csv", rev) or []
@@ -135,14 +125,12 @@ def main(argv: list[str] | None = None) -> int:
             size, workers = int(r["size"]), int(r["num_workers"])
             if size in SIZES and r["devices_per_node"] == r["num_workers"]:
                 ar_rows.append((gpu, workers, size, r["time_stats.all_reduce.median"]))
-    ar_rows = sorted(set(ar_rows))
-    with (out / "vidur_all_reduce.csv").open("w", newline="\n") as handle:
-        handle.write(
-            f"# microsoft/vidur@{commit} data/profiling/network/<gpu>_dgx/all_reduce.csv\n"
-        )
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(("gpu", "workers", "size_bytes", "median_ms"))
-        writer.writerows(ar_rows)
+    _write_extract(
+        out / "vidur_all_reduce.csv",
+        f"microsoft/vidur@{commit} data/profiling/network/<gpu>_dgx/all_reduce.csv",
+        ("gpu", "workers", "size_bytes", "median_ms"),
+        sorted(set(ar_rows)),
+    )
     return _write_attention(mirror, out)
 
 
@@ -177,26 +165,24 @@ def _write_attention(mirror: Path, out: Path) -> int:
                 f"{float(r['time_stats.attn_decode.median']):.4f}",
             )
         )
-    rows.sort()
-    with (out / "vidur_attention_decode.csv").open("w", newline="\n") as handle:
-        handle.write(f"# microsoft/vidur@{ATTENTION_COMMIT} {ATTENTION_PATH}\n")
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(
-            (
-                "gpu",
-                "model",
-                "backend",
-                "tp",
-                "n_heads",
-                "n_kv_heads",
-                "head_dim",
-                "batch",
-                "kv_tokens",
-                "attn_ms",
-            )
-        )
-        writer.writerows(rows)
+    _write_extract(
+        out / "vidur_attention_decode.csv",
+        f"microsoft/vidur@{ATTENTION_COMMIT} {ATTENTION_PATH}",
+        ("gpu", "model", "backend", "tp", "n_heads", "n_kv_heads", "head_dim", "batch",
+         "kv_tokens", "attn_ms"),
+        sorted(rows),
+    )
     return 0
+
+
+def _write_extract(path: Path, source: str, header: Sequence[str],
+                   rows: Sequence[Sequence[object]]) -> None:
+    """One extract: a ``# source`` provenance line, the header, the rows (LF endings)."""
+    with path.open("w", newline="\n") as handle:
+        handle.write(f"# {source}\n")
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(rows)
 
 
 if __name__ == "__main__":
