@@ -183,7 +183,12 @@ class SafeExploration:
         if pressure is not None and pressure > self.backoff_threshold and lowered:
             if observation.time_s >= self.backoff_until_s:
                 self.backoffs += 1
-                self._raise_floor(observation, maximum_mhz)
+                # Latency grows at most like 1/f: if even the top clock could not have
+                # brought it under the threshold, the lowered clock is not the cause and
+                # does not raise the floor (the hold still gives the fastest clock).
+                share = (requested or 0.0) / maximum_mhz
+                if pressure * share <= self.backoff_threshold:
+                    self._raise_floor(observation, maximum_mhz)
             self.backoff_until_s = observation.time_s + self.backoff_hold_s
         return observation.time_s < self.backoff_until_s
 

@@ -107,6 +107,7 @@ class OnlineMPCController:
         power_limit_w: float | None = None,
         exploration: SafeExploration | None = None,
         burst_guard: bool = True,
+        decode_descent: bool = True,
         timer: Callable[[], float] = perf_counter,
         **mpc_options: Any,
     ) -> None:
@@ -139,6 +140,7 @@ class OnlineMPCController:
         self.last_power_limit_w: float | None = None
         self.exploration = exploration or SafeExploration()
         self.burst_guard = bool(burst_guard)
+        self.decode_descent = bool(decode_descent)
         self.clumping = ArrivalClumping()
         self.timer = timer
         self.mpc_options = mpc_options
@@ -386,11 +388,17 @@ class OnlineMPCController:
             decision = float(self._mpc(plant)(observation))
             floor = self.exploration.floor(model, observation, self.uncertainty_z)
             guard = self.burst_floor(observation, slos) if self.burst_guard else None
+            descent = self.descent_clock(observation, slos) if self.decode_descent else None
+            descended = descent is not None and descent < decision
+            if descended:
+                decision = float(descent)  # type: ignore[arg-type]
             self.current_clock = max(decision, floor, guard or 0.0)
             if guard is not None and guard > max(decision, floor):
                 self.last_reason = "burst-guard"
+            elif decision < floor:
+                self.last_reason = "explore-floor"
             else:
-                self.last_reason = "explore-floor" if decision < floor else "mpc"
+                self.last_reason = "decode-descent" if descended else "mpc"
             return self.current_clock
         self.exploration.exploring = False
         self.current_clock = maximum
@@ -398,6 +406,62 @@ class OnlineMPCController:
             # Keep the MPC's notion of the applied clock (its clock-change penalty).
             self.mpc.current_clock = maximum
         return maximum
+
+    def descent_clock(self, observation: ServingObservation, slos: tuple[float, float]
+                      ) -> float | None:
+        """A lower clock for a decode-only window, or None where it does not apply.
+
+        While the GPU only decodes (no prompt tokens waiting or being prefilled) and the
+        window measured its latencies at pressure ``p`` (max of TTFT/SLO and TPOT/SLO) at
+        the applied clock ``f``, every clock from ``f * p / threshold`` up keeps them
+        under the exploration threshold (latency grows at most like 1/f): a bound that
+        needs no model. Among those clocks it picks the one with the least decode energy
+        per iteration by the model's optimistic prediction (mean power times the
+        iteration time at mean - ``uncertainty_z`` std, at the running batch): clocks
+        never visited look cheap and get tried, visited ones are priced by evidence.
+        Where arrivals come together (:class:`ArrivalClumping`) it stays at or above the
+        clock whose mixed iteration fits the TPOT SLO, as an idle GPU parks there."""
+        if (
+            observation.prefill_remaining_tokens > 0.0
+            or observation.waiting_requests > 0
+            or observation.decode_active <= 0
+        ):
+            return None
+        pressure = self.exploration.pressure(observation)
+        applied = observation.requested_clock_mhz
+        if pressure is None or applied is None or not pressure > 0.0:
+            return None
+        model = self.model
+        assert model is not None
+        bound = applied * pressure / self.exploration.explore_threshold
+        clocks = model.clocks_mhz
+        table = model.table(clocks * model.realized_ratio, float(observation.decode_active),
+                            self.context_tokens)
+        mean, std = table["decode_iteration_s"]
+        optimistic = np.maximum(mean - self.uncertainty_z * std, 1e-9)
+        energy = table["decode"][0] * optimistic
+        allowed = clocks >= bound - 1e-9
+        if self.clumping.clumped:
+            mixed = self._mixed_iteration_s(observation, table)
+            allowed &= clocks >= float(_first_fit(clocks, mixed <= slos[1]))
+        candidates = np.flatnonzero(allowed)
+        if not candidates.size:
+            return None
+        return float(clocks[candidates[int(np.argmin(energy[candidates]))]])
+
+    def _mixed_iteration_s(self, observation: ServingObservation,
+                           table: dict[str, tuple[FloatArray, FloatArray]]) -> FloatArray:
+        """Pessimistic seconds of one mixed iteration (the running batch's decode plus a
+        prefill chunk, each at mean + ``uncertainty_z`` std) per clock of ``table``
+        (read at the running batch), made non-increasing in the clock."""
+        batch = max(1.0, float(observation.decode_active))
+        chunk = max(CHUNK_TOKENS - batch, 32.0)
+        z = self.uncertainty_z
+        prefill_mean, prefill_std = table["prefill_s_per_token"]
+        decode_mean, decode_std = table["decode_iteration_s"]
+        mixed = decode_mean + z * decode_std + chunk * (prefill_mean + z * prefill_std)
+        # Physics: no iteration gets faster at a lower clock.
+        return _non_increasing(mixed)
 
     def burst_floor(self, observation: ServingObservation, slos: tuple[float, float]
                     ) -> float | None:
@@ -437,21 +501,14 @@ class OnlineMPCController:
         batch = max(1.0, float(observation.decode_active))
         chunk = max(CHUNK_TOKENS - batch, 32.0)
         clocks = model.clocks_mhz
-        context = self.context_tokens
-        table = model.table(clocks * model.realized_ratio, batch, context)
-        z = self.uncertainty_z
-        prefill_mean, prefill_std = table["prefill_s_per_token"]
-        decode_mean, decode_std = table["decode_iteration_s"]
-        mixed = decode_mean + z * decode_std + chunk * (prefill_mean + z * prefill_std)
-        # Physics: no iteration gets faster at a lower clock.
-        mixed = _non_increasing(mixed)
+        table = model.table(clocks * model.realized_ratio, batch, self.context_tokens)
+        mixed = self._mixed_iteration_s(observation, table)
         fits = np.ones(clocks.size, dtype=bool)
         if idle or others:
             fits &= mixed <= tpot_slo_s
         if draining:
             fits &= math.ceil(backlog / chunk) * mixed <= self.slo_margin * ttft_slo_s
-        within = np.flatnonzero(fits)
-        return float(clocks[within[0]]) if within.size else float(clocks[-1])
+        return _first_fit(clocks, fits)
 
     def diagnostics(self) -> MPCDiagnostics:
         """The inner MPC's solve statistics (empty before the MPC first ran)."""
@@ -492,6 +549,12 @@ class OnlineMPCController:
             "reason": self.last_reason,
             "model_name": self.model_name,
         }
+
+
+def _first_fit(clocks: FloatArray, fits: NDArray[np.bool_]) -> float:
+    """The lowest clock where ``fits`` holds, the top clock when it holds nowhere."""
+    within = np.flatnonzero(fits)
+    return float(clocks[within[0]]) if within.size else float(clocks[-1])
 
 
 def _non_increasing(values: FloatArray) -> FloatArray:

@@ -174,7 +174,10 @@ class OnlineMPCControllerConfig(_Frozen):
     seconds at the maximum clock before the MPC takes over; ``memory_s``: how long evidence
     lasts; ``uncertainty_z``: standard deviations added to predicted latencies;
     ``burst_guard``: hold a clock that drains a prompt backlog in time and keeps short
-    answers' mixed iterations within the TPOT SLO (``OnlineMPCController.burst_floor``).
+    answers' mixed iterations within the TPOT SLO (``OnlineMPCController.burst_floor``);
+    ``decode_descent``: in decode-only windows, lower the clock as far as the measured
+    latency (grown like 1/f) allows, to the least optimistic decode energy
+    (``OnlineMPCController.descent_clock``).
     """
 
     kind: Literal["mpc-online"]
@@ -188,6 +191,7 @@ class OnlineMPCControllerConfig(_Frozen):
     memory_s: PositiveFloat = 900.0
     uncertainty_z: NonNegativeFloat = 1.5
     burst_guard: bool = True
+    decode_descent: bool = True
     prior_profile: str | None = None
     prior: PriorHintsConfig | None = None
     state_dir: LoosePath | None = None

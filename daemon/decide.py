@@ -257,6 +257,7 @@ def online_controller(
         memory_s=spec.memory_s,
         uncertainty_z=spec.uncertainty_z,
         burst_guard=spec.burst_guard,
+        decode_descent=spec.decode_descent,
         ttft_slo_s=ttft_slo_s,
         tpot_slo_s=tpot_slo_s,
         prior=prior,

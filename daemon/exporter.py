@@ -317,6 +317,10 @@ class SnapshotCollector(Collector):
             "gpugov_model_burst_guard_active",
             "1 when the last decision was raised to the burst guard's clock", d,
         )
+        descent = _gauge(
+            "gpugov_model_decode_descent_active",
+            "1 when the last decision was lowered by the decode descent", d,
+        )
         backoffs = CounterMetricFamily(
             "gpugov_model_backoffs",
             "Back-offs to the maximum clock on measured latency near the SLO",
@@ -340,11 +344,12 @@ class SnapshotCollector(Collector):
             if model.get("floor_mhz") is not None:
                 floor.add_metric(key, float(model["floor_mhz"]) * MHZ)
             guard.add_metric(key, 1.0 if model.get("reason") == "burst-guard" else 0.0)
+            descent.add_metric(key, 1.0 if model.get("reason") == "decode-descent" else 0.0)
             backoffs.add_metric(key, float(model.get("backoffs", 0)))
             resets.add_metric(key, float(model.get("resets", 0)))
         yield samples
         yield from residuals.values()
-        yield from (confidence, exploring, warmup, floor, guard, backoffs, resets)
+        yield from (confidence, exploring, warmup, floor, guard, descent, backoffs, resets)
 
     def _loop_metrics(self, loop: LoopSnapshot) -> Iterator[Metric]:
         ticks = CounterMetricFamily("gpugov_loop_ticks", "Control-loop iterations run")

@@ -391,7 +391,8 @@ def model_panels(ids: _Ids) -> list[Timeseries]:
         timeseries(
             ids, "Learned model: exploration",
             "1 while the floor sits below the explored clocks (safe exploration), the "
-            "model warms up at the top clock, or the burst guard raised the clock; "
+            "model warms up at the top clock, the burst guard raised the clock, or the decode "
+            "descent lowered it; "
             "back-offs to the maximum clock per minute.",
             "short",
             [(f"gpugov_model_exploration_active{{{DOMAIN}}}",
@@ -399,6 +400,8 @@ def model_panels(ids: _Ids) -> list[Timeseries]:
              (f"gpugov_model_warmup_active{{{DOMAIN}}}", "warm-up {{instance}} {{domain}}"),
              (f"gpugov_model_burst_guard_active{{{DOMAIN}}}",
               "burst guard {{instance}} {{domain}}"),
+             (f"gpugov_model_decode_descent_active{{{DOMAIN}}}",
+              "decode descent {{instance}} {{domain}}"),
              (f"60 * rate(gpugov_model_backoffs_total{{{DOMAIN}}}[{RATE}])",
               "back-offs/min {{instance}} {{domain}}")],
             width=8, min_value=0,

@@ -115,3 +115,15 @@ def test_only_measured_calm_brings_the_raised_floor_down() -> None:
         policy.floor(model, _seen(100.0 + k, ttft_ratio=0.2, requested=1000.0), 1.5)
     assert policy.raised_floor_mhz is None
     assert policy.floor(model, _seen(200.0, ttft_ratio=0.55, requested=700.0), 1.5) < 700.0
+
+
+def test_a_latency_the_top_clock_would_show_too_holds_but_raises_no_floor() -> None:
+    policy = SafeExploration()
+    # 0.98 of the SLO at 1450 MHz: at 1500 it would still be at least 0.98 * 1450 / 1500
+    # = 0.947 > 0.9 (latency grows at most like 1/f), so the clock was not the cause.
+    assert policy.backing_off(_seen(10.0, ttft_ratio=0.98, requested=1450.0), 1500.0)
+    assert policy.backoffs == 1 and policy.raised_floor_mhz is None
+    # The same latency at 1000 MHz: the top clock could have brought it to 0.65.
+    assert policy.backing_off(_seen(20.0, ttft_ratio=0.98, requested=1000.0), 1500.0)
+    assert policy.backoffs == 2
+    assert policy.raised_floor_mhz == pytest.approx(1000.0 + STEP)

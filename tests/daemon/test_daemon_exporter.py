@@ -164,6 +164,7 @@ def test_online_model_gauges(page: str) -> None:
     assert samples[("gpugov_model_energy_residual_joules", key)] == 3.0
     assert samples[("gpugov_model_floor_hertz", key)] == 1200e6
     assert samples[("gpugov_model_burst_guard_active", key)] == 1.0
+    assert samples[("gpugov_model_decode_descent_active", key)] == 0.0
     assert samples[("gpugov_model_backoffs_total", key)] == 2.0
 
 

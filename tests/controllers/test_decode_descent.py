@@ -1,0 +1,173 @@
+"""Decode descent: in a decode-only window the clock may go down to where the measured
+latency, grown like 1/f, still sits under the exploration threshold, and there to the
+clock of least decode energy by the model's optimistic prediction."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from synthetic import make_plant, make_profile
+
+from gpugov.controllers.baseline import maximum_clock_controller
+from gpugov.controllers.online_mpc import OnlineMPCController
+from gpugov.plant import PerformanceProfile, chunked_prefill_scheduler, simulate
+from gpugov.plant.types import Request, ServingObservation
+
+CLOCKS = np.arange(500.0, 1501.0, 50.0)
+TOP = CLOCKS[-1]
+
+
+class _Model:
+    """What the descent reads of :class:`OnlineModel`: a decode iteration whose time and
+    relative std are given per clock, and a decode power rising with the clock."""
+
+    clocks_mhz = CLOCKS
+    realized_ratio = np.ones(CLOCKS.size)
+
+    def __init__(self, iteration_s: np.ndarray, relative_std: np.ndarray | float = 0.0,
+                 power_w: np.ndarray | None = None) -> None:
+        self.iteration_s = iteration_s
+        self.relative_std = relative_std
+        self.power_w = 100.0 + 300.0 * (CLOCKS / TOP) ** 2 if power_w is None else power_w
+
+    def table(self, clocks: np.ndarray, batch: float, context: float) -> dict:
+        prefill = 5e-5 * TOP / np.asarray(clocks)
+        return {"prefill_s_per_token": (prefill, 0.0 * prefill),
+                "decode_iteration_s": (self.iteration_s, self.relative_std * self.iteration_s),
+                "decode": (self.power_w, np.zeros(CLOCKS.size))}
+
+
+def _seen(*, applied: float, tpot_ratio: float | None, running: int = 2,
+          backlog: float = 0.0, waiting: int = 0, arrived: int = 0) -> ServingObservation:
+    return ServingObservation(
+        time_s=1.0, step_index=1, arrived_requests=arrived, prefill_remaining_tokens=backlog,
+        decode_active=running, generated_decode_tokens=0.0, temperature_c=40.0,
+        waiting_requests=waiting, supported_clocks_mhz=tuple(CLOCKS),
+        requested_clock_mhz=applied,
+        tpot_recent_s=None if tpot_ratio is None else 0.05 * tpot_ratio,
+        tpot_slo_s=0.05, ttft_slo_s=2.0,
+    )
+
+
+def _controller(model: _Model) -> OnlineMPCController:
+    controller = OnlineMPCController()
+    controller.model = model  # type: ignore[assignment]
+    return controller
+
+
+def test_memory_bound_decode_descends_to_the_physics_bound() -> None:
+    # Flat iteration time: the lowest clock costs the least energy, so the descent goes
+    # as low as the measured latency allows: f * p / threshold.
+    controller = _controller(_Model(np.full(CLOCKS.size, 0.015)))
+    threshold = controller.exploration.explore_threshold
+    clock = controller.descent_clock(_seen(applied=1200.0, tpot_ratio=0.3), (2.0, 0.05))
+    bound = 1200.0 * 0.3 / threshold
+    assert clock == pytest.approx(min(c for c in CLOCKS if c >= bound))
+    assert clock * threshold / 0.3 >= 1200.0 - 1e-6  # latency stays under the threshold
+
+
+def test_compute_bound_decode_stops_at_the_energy_optimum() -> None:
+    # Time ~ 1/f with a large static power: energy per iteration falls, then rises.
+    time_s = 0.012 * TOP / CLOCKS
+    power = 250.0 + 150.0 * (CLOCKS / TOP) ** 3
+    controller = _controller(_Model(time_s, power_w=power))
+    clock = controller.descent_clock(_seen(applied=1500.0, tpot_ratio=0.1), (2.0, 0.05))
+    best = CLOCKS[int(np.argmin(power * time_s))]
+    assert CLOCKS[0] < best < TOP and clock == pytest.approx(best)
+
+
+def test_unsure_clocks_are_priced_optimistically() -> None:
+    # The same mean time everywhere, but the low clocks are unexplored (wide std): their
+    # optimistic time is lower, so the descent tries them, within the physics bound.
+    mean = np.full(CLOCKS.size, 0.02)
+    relative = np.where(CLOCKS < 900.0, 0.3, 0.01)
+    power = np.full(CLOCKS.size, 200.0)
+    controller = _controller(_Model(mean, relative, power))
+    clock = controller.descent_clock(_seen(applied=1000.0, tpot_ratio=0.3), (2.0, 0.05))
+    assert clock is not None and 500.0 <= clock < 900.0
+    assert clock >= 1000.0 * 0.3 / controller.exploration.explore_threshold - 1e-6
+
+
+def test_no_descent_outside_decode_only_windows() -> None:
+    controller = _controller(_Model(np.full(CLOCKS.size, 0.015)))
+    slos = (2.0, 0.05)
+    assert controller.descent_clock(_seen(applied=1200.0, tpot_ratio=0.3, backlog=600.0),
+                                    slos) is None
+    assert controller.descent_clock(_seen(applied=1200.0, tpot_ratio=0.3, waiting=1),
+                                    slos) is None
+    assert controller.descent_clock(_seen(applied=1200.0, tpot_ratio=0.3, running=0),
+                                    slos) is None
+    # Nothing measured: no bound, no descent.
+    assert controller.descent_clock(_seen(applied=1200.0, tpot_ratio=None), slos) is None
+
+
+def test_where_arrivals_come_together_it_keeps_the_short_answer_clock() -> None:
+    controller = _controller(_Model(np.full(CLOCKS.size, 0.015)))
+    arrived = 0
+    for _ in range(20):
+        arrived += 3
+        controller.clumping.update(_seen(applied=1500.0, tpot_ratio=0.1, arrived=arrived))
+    assert controller.clumping.clumped
+    tpot_slo = 0.05
+    clock = controller.descent_clock(_seen(applied=1500.0, tpot_ratio=0.1), (2.0, tpot_slo))
+    # Mixed iteration: 15 ms decode plus a 510-token chunk at 5e-5 s/token * TOP / f.
+    fits = [c for c in CLOCKS if 0.015 + 510 * 5e-5 * TOP / c <= tpot_slo]
+    assert clock == pytest.approx(min(fits)) and clock > CLOCKS[0]
+
+
+def _lone_long_prompts(seed: int, duration_s: float) -> list[Request]:
+    """Long prompts arriving one at a time, a few hundred tokens out: small batches."""
+    rng = np.random.default_rng(seed)
+    requests: list[Request] = []
+    time_s = 0.0
+    while time_s < duration_s:
+        time_s += 1.0 + rng.exponential(3.0)
+        requests.append(Request(len(requests), time_s, int(rng.integers(4000, 12000)),
+                                int(rng.integers(100, 500))))
+    return requests
+
+
+def test_on_a_memory_bound_plant_with_lone_long_prompts_it_saves_and_holds() -> None:
+    """A shape unlike the bundled ones: decode almost all weight reads (flat in the clock
+    below the top), prompts long and lone, so the batch stays at 1-3."""
+    base = make_profile(decode_latency_model={
+        "weight_fraction": 0.9, "batch_fraction": 0.05, "kv_fraction": 0.05})
+    x = base.clock_mhz / base.clock_mhz[-1]
+    profile = PerformanceProfile(
+        clock_mhz=base.clock_mhz, prefill_tokens_per_s=base.prefill_tokens_per_s,
+        decode_tokens_per_s=4_000.0 * np.minimum(1.0, 0.8 + 0.4 * x),
+        prefill_power_w=base.prefill_power_w, decode_power_w=base.decode_power_w,
+        idle_power_w=base.idle_power_w, ttft_slo_s=3.0, tpot_slo_s=0.06,
+        manifest=base.manifest, name="lone-long",
+    )
+    plant = make_plant(profile)
+    workload = _lone_long_prompts(4, 400.0)
+    reference = simulate(workload, plant, chunked_prefill_scheduler, maximum_clock_controller, 0)
+    prompts = np.array([r.prompt_tokens for r in workload], dtype=float)
+    outputs = np.array([r.output_tokens for r in workload], dtype=float)
+    results = {}
+    descended = 0
+    for enabled in (False, True):
+        controller = OnlineMPCController(
+            mean_prompt_tokens=float(prompts.mean()), mean_output_tokens=float(outputs.mean()),
+            ttft_prompt_tokens=float(np.percentile(prompts, 95)), control_period_s=0.5,
+            decode_descent=enabled,
+        )
+
+        def counted(observation: ServingObservation, c: OnlineMPCController = controller
+                    ) -> float:
+            nonlocal descended
+            decision = c(observation)
+            descended += c.last_reason == "decode-descent"
+            return decision
+
+        results[enabled] = simulate(workload, plant, chunked_prefill_scheduler, counted, 0,
+                                    control_period_s=0.5)
+    assert reference.metrics.slo_attainment is not None
+    for result in results.values():
+        assert result.metrics.slo_attainment >= reference.metrics.slo_attainment - 0.01
+    assert descended > 0
+    assert results[True].metrics.energy_j < results[False].metrics.energy_j
+    assert math.isfinite(results[True].metrics.energy_j)
