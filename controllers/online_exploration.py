@@ -141,11 +141,18 @@ class SafeExploration:
             if self.raised_floor_mhz <= allowed + 1e-9:  # no longer binding: dissolved
                 self.raised_floor_mhz = None
                 return allowed
-        raised = clocks[clocks >= self.raised_floor_mhz - 1e-9]
-        floor = float(raised[0]) if raised.size else float(clocks[-1])
+        floor = self.backoff_floor(clocks)
         if floor > allowed:
             self.exploring = False
         return max(allowed, floor)
+
+    def backoff_floor(self, clocks: FloatArray) -> float:
+        """The floor recent back-offs left (the lowest clock when none): what still binds
+        where the exploration's own floor does not (an idle GPU, a decode descent)."""
+        if self.raised_floor_mhz is None:
+            return float(clocks[0])
+        raised = clocks[clocks >= self.raised_floor_mhz - 1e-9]
+        return float(raised[0]) if raised.size else float(clocks[-1])
 
     @property
     def explore_threshold(self) -> float:

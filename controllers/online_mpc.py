@@ -389,16 +389,22 @@ class OnlineMPCController:
             floor = self.exploration.floor(model, observation, self.uncertainty_z)
             guard = self.burst_floor(observation, slos) if self.burst_guard else None
             descent = self.descent_clock(observation, slos) if self.decode_descent else None
-            descended = descent is not None and descent < decision
-            if descended:
-                decision = float(descent)  # type: ignore[arg-type]
+            descended = descent is not None and descent < max(decision, floor)
+            if descent is not None:
+                # The descent's clock is safe by the measured latency and the 1/f law, not
+                # by the model: the exploration floor (model uncertainty) does not bind
+                # below it; the floor back-offs left still does.
+                decision = min(decision, descent)
+                floor = max(min(floor, descent), self.exploration.backoff_floor(model.clocks_mhz))
             self.current_clock = max(decision, floor, guard or 0.0)
             if guard is not None and guard > max(decision, floor):
                 self.last_reason = "burst-guard"
+            elif descended and self.current_clock <= float(descent) + 1e-9:  # type: ignore[arg-type]
+                self.last_reason = "decode-descent"
             elif decision < floor:
                 self.last_reason = "explore-floor"
             else:
-                self.last_reason = "decode-descent" if descended else "mpc"
+                self.last_reason = "mpc"
             return self.current_clock
         self.exploration.exploring = False
         self.current_clock = maximum
@@ -490,8 +496,7 @@ class OnlineMPCController:
         """
         ttft_slo_s, tpot_slo_s = slos
         backlog = observation.prefill_remaining_tokens
-        idle = (backlog <= 0.0 and observation.decode_active == 0
-                and observation.waiting_requests == 0 and self.clumping.clumped)
+        idle = _idle(observation) and self.clumping.clumped
         draining = backlog > CHUNK_TOKENS
         others = observation.decode_active > 0 or observation.waiting_requests > 1
         if not (idle or draining):
@@ -549,6 +554,12 @@ class OnlineMPCController:
             "reason": self.last_reason,
             "model_name": self.model_name,
         }
+
+
+def _idle(observation: ServingObservation) -> bool:
+    """No prompt waiting or being prefilled, nobody decoding."""
+    return (observation.prefill_remaining_tokens <= 0.0 and observation.decode_active == 0
+            and observation.waiting_requests == 0)
 
 
 def _first_fit(clocks: FloatArray, fits: NDArray[np.bool_]) -> float:

@@ -171,3 +171,48 @@ def test_on_a_memory_bound_plant_with_lone_long_prompts_it_saves_and_holds() -> 
     assert descended > 0
     assert results[True].metrics.energy_j < results[False].metrics.energy_j
     assert math.isfinite(results[True].metrics.energy_j)
+
+
+def _warmed_controller() -> tuple[OnlineMPCController, np.ndarray]:
+    """A controller whose model has seen only the top clock (its exploration floor sits
+    one step under the top)."""
+    from gpugov.controllers.identification import OnlineModel, Window
+
+    clocks = np.arange(500.0, 1501.0, 25.0)
+    controller = OnlineMPCController(mean_prompt_tokens=1000.0, mean_output_tokens=200.0,
+                                     ttft_slo_s=2.0, tpot_slo_s=0.05)
+    model = OnlineModel(clocks, 400.0, warmup_windows=10)
+    for step in range(40):
+        prompt = 2000.0 if step % 2 else 0.0
+        busy = 0.1 + prompt * 5e-5
+        model.update(Window(1.0, busy, prompt, 8.0 * 20, 20.0, 1200.0, 200.0, 1500.0, 1500.0,
+                            False, 50.0, 50.0))
+    assert model.warmed_up
+    controller.model = model
+    return controller, clocks
+
+
+def _observed(time_s: float, clocks: np.ndarray, *, running: int, tpot_ratio: float | None,
+              arrived: int = 5) -> ServingObservation:
+    return ServingObservation(
+        time_s=time_s, step_index=int(time_s), arrived_requests=arrived,
+        prefill_remaining_tokens=0.0, decode_active=running, generated_decode_tokens=0.0,
+        temperature_c=50.0, supported_clocks_mhz=tuple(clocks), requested_clock_mhz=1500.0,
+        realized_clock_mhz=1500.0, gpu_utilization=1.0 if running else 0.0, power_limit_w=400.0,
+        tpot_recent_s=None if tpot_ratio is None else 0.05 * tpot_ratio,
+        ttft_slo_s=2.0, tpot_slo_s=0.05,
+    )
+
+
+def test_the_descent_goes_below_the_exploration_floor_but_not_below_its_bound() -> None:
+    controller, clocks = _warmed_controller()
+    controller(_observed(1.0, clocks, running=2, tpot_ratio=0.1))
+    clock = controller(_observed(2.0, clocks, running=2, tpot_ratio=0.1))
+    floor = controller.status()["floor_mhz"]
+    assert controller.last_reason == "decode-descent"
+    assert clock < floor  # the exploration floor does not bind below the descent
+    assert clock >= 1500.0 * 0.1 / controller.exploration.explore_threshold - 1e-6
+    # A floor left by a back-off still binds.
+    controller.exploration.raised_floor_mhz = 1300.0
+    assert controller(_observed(3.0, clocks, running=2, tpot_ratio=0.1)) >= 1300.0
+
