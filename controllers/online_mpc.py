@@ -13,9 +13,11 @@ observation, from NVML), the SLOs and declared forecasts (config), and the
 3. runs the fast MPC (discrete search, iteration latency model, burst hedge, SLO
    feedback: :mod:`controllers.fast_mpc`, :mod:`controllers.adaptation`) on that profile;
 4. applies safe exploration (:mod:`controllers.online_exploration`) to the MPC's
-   decision, and the burst guard (:meth:`OnlineMPCController.burst_floor`): while a
-   prompt backlog is prefilled, a clock that drains it within the TTFT target and,
-   beside decoding requests, whose mixed iteration fits the TPOT SLO.
+   decision, the decode descent (:meth:`OnlineMPCController.descent_clock`: in a
+   decode-only window, a lower clock the measured latency and the 1/f law allow) and the
+   burst guard (:meth:`OnlineMPCController.burst_floor`): while a prompt backlog is
+   prefilled, a clock that drains it within the TTFT target and, beside decoding
+   requests, whose mixed iteration fits the TPOT SLO.
 
 Before the warm-up windows are in, the clock stays at the maximum (``docs/online.md``).
 """
