@@ -391,7 +391,8 @@ class OnlineMPCController:
             floor = self.exploration.floor(model, observation, self.uncertainty_z)
             guard = self.burst_floor(observation, slos) if self.burst_guard else None
             descent = self.descent_clock(observation, slos) if self.decode_descent else None
-            descended = descent is not None and descent < max(decision, floor)
+            lowest = math.inf if descent is None else descent
+            descended = lowest < max(decision, floor)
             if descent is not None:
                 # The descent's clock is safe by the measured latency and the 1/f law, not
                 # by the model: the exploration floor (model uncertainty) does not bind
@@ -401,7 +402,7 @@ class OnlineMPCController:
             self.current_clock = max(decision, floor, guard or 0.0)
             if guard is not None and guard > max(decision, floor):
                 self.last_reason = "burst-guard"
-            elif descended and self.current_clock <= float(descent) + 1e-9:  # type: ignore[arg-type]
+            elif descended and self.current_clock <= lowest + 1e-9:
                 self.last_reason = "decode-descent"
             elif decision < floor:
                 self.last_reason = "explore-floor"

@@ -11,6 +11,7 @@ import pytest
 from synthetic import make_plant, make_profile
 
 from gpugov.controllers.baseline import maximum_clock_controller
+from gpugov.controllers.identification import OnlineModel, Window
 from gpugov.controllers.online_mpc import OnlineMPCController
 from gpugov.plant import PerformanceProfile, chunked_prefill_scheduler, simulate
 from gpugov.plant.types import Request, ServingObservation
@@ -176,8 +177,6 @@ def test_on_a_memory_bound_plant_with_lone_long_prompts_it_saves_and_holds() -> 
 def _warmed_controller() -> tuple[OnlineMPCController, np.ndarray]:
     """A controller whose model has seen only the top clock (its exploration floor sits
     one step under the top)."""
-    from gpugov.controllers.identification import OnlineModel, Window
-
     clocks = np.arange(500.0, 1501.0, 25.0)
     controller = OnlineMPCController(mean_prompt_tokens=1000.0, mean_output_tokens=200.0,
                                      ttft_slo_s=2.0, tpot_slo_s=0.05)
