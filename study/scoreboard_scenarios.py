@@ -283,11 +283,15 @@ def build_scenario(
     load: str,
     duration_s: float,
     full_trace: tuple[tuple[Request, ...], str] | None = None,
+    *,
+    start_s: float | None = None,
 ) -> Scenario:
     """The workload of one scenario (module notes: windows, capacity, loads).
 
     ``full_trace`` (requests, sha256) is the loaded trace when the caller has it (a Ray
-    worker gets it by value); without it the trace is loaded by name here.
+    worker gets it by value); without it the trace is loaded by name here. ``start_s``
+    moves the source window's start (default: the trace's ``TRACE_STARTS_S`` entry), so
+    held-out windows of a trace can be run (``bench/online_windows.py``).
 
     Raises:
         TraceError: the trace cannot be loaded.
@@ -311,7 +315,8 @@ def build_scenario(
         scale = target * capacity
         label = "busy" if load == "recorded" else "cap70"
     else:
-        window, start, length = _window(full, TRACE_STARTS_S.get(trace, 0.0), duration_s)
+        first = TRACE_STARTS_S.get(trace, 0.0) if start_s is None else start_s
+        window, start, length = _window(full, first, duration_s)
         capacity, light, probes = slo_capacity(window, plant, length)
         if load == "recorded":
             pool = 1 if capacity >= 1.0 else math.ceil(1.0 / capacity)

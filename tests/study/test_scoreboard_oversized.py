@@ -30,3 +30,21 @@ def test_requests_larger_than_the_kv_cache_are_rejected_and_counted() -> None:
               < scenario.source_start_s + scenario.source_duration_s]
     assert described["rejected_requests"] == sum(r.prompt_tokens > 20_000 for r in window)
     assert described["requests"] + described["rejected_requests"] == len(window)
+
+
+def test_start_s_moves_the_source_window() -> None:
+    """``start_s`` runs a held-out window of a trace (``bench/online_windows.py``); without
+    it the window starts where the trace's entry says (0 s for an unknown trace)."""
+    plant = make_plant(kv_capacity_tokens=200_000)
+    requests = tuple(Request(i, 0.5 * i, 800, 100) for i in range(2_000))
+    trace = (requests, hashlib.sha256(b"y").hexdigest())
+    default = build_scenario("made-up", plant, "recorded", 100.0, trace)
+    moved = build_scenario("made-up", plant, "recorded", 100.0, trace, start_s=400.0)
+    assert default.source_start_s == 0.0
+    assert moved.source_start_s == 400.0
+    assert moved.requests and default.requests
+    # Re-based to the window's start, and drawn from the moved window's arrivals.
+    assert min(r.arrival_time_s for r in moved.requests) < 1.0
+    window = {r.request_id for r in requests
+              if 400.0 <= r.arrival_time_s < 400.0 + moved.source_duration_s}
+    assert {r.request_id for r in moved.requests} <= window

@@ -1,0 +1,219 @@
+"""Held-out windows: ``mpc-online`` (and any scoreboard controller) against the maximum
+clock on windows of a trace that the scoreboard does not use.
+
+The scoreboard runs one fixed window per trace; a change to a controller that helps there
+can hurt elsewhere. This benchmark moves the window's start over the trace (``--starts``)
+and, for every start, profile and load, runs the maximum clock and the chosen controllers
+on the same workload. Per controller it reports:
+
+* whether it holds the SLO (attainment within the scoreboard's tolerance of the maximum
+  clock's) and how many more requests than the maximum clock miss their SLO;
+* how many more requests come within 10% of their TTFT SLO (TTFT > 0.9 x its SLO): a
+  smoother measure of the tail risk than the misses, which are few;
+* the energy saved against the maximum clock, over the whole run and after the warm-up.
+
+The scoreboard's scenario builder makes each window (capacity search, loads), so a
+window here is what the scoreboard would run had it started there.
+
+    .venv/bin/python bench/online_windows.py [--trace mooncake] [--starts 0 600 1200 2400 3000]
+
+Writes ``bench/results/online_windows.json`` and prints a table (a few minutes per 10
+cells on 2 cores, progress with an ETA on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from gpugov.controllers.oracle_common import SLO_TOLERANCE, holds_slo
+from gpugov.daemon.progress import Progress
+from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
+from gpugov.plant.result import ServingResult
+from gpugov.study.online_eval import WARMUP_S, energy_after
+from gpugov.study.scoreboard_controllers import build_scoreboard_controllers
+from gpugov.study.scoreboard_scenarios import WHOLE_TRACE, build_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results" / "online_windows.json"
+PROFILES = (
+    "h100-sxm-llama3-8b",
+    "h200-sxm-llama3-8b",
+    "a100-sxm-80gb-llama3-8b",
+    "h100-sxm-mixtral-8x7b-tp2",
+)
+NEAR_FRACTION = 0.9
+"""A request whose TTFT passes this fraction of its TTFT SLO counts as a near miss."""
+
+
+def _tail(result: ServingResult, plant: ServingPlant) -> tuple[int, int]:
+    """(requests whose TTFT passed NEAR_FRACTION of their SLO, requests that missed the
+    SLO) of one run."""
+    profile = plant.profile
+    near = 0
+    for record in result.request_records:
+        ttft = record.ttft_s
+        if ttft is None or ttft > NEAR_FRACTION * profile.ttft_slo_for(record.prompt_tokens):
+            near += 1
+    attainment = result.metrics.slo_attainment or 0.0
+    missed = int(round((1.0 - attainment) * len(result.request_records)))
+    return near, missed
+
+
+def run_cell(cell: tuple[str, float, str, str, float, tuple[str, ...]]) -> dict[str, Any]:
+    """Run the maximum clock and ``keys`` on one window; a dict row (``error`` set when
+    the window cannot be built)."""
+    trace, start, profile_name, load, duration, keys = cell
+    row: dict[str, Any] = {"trace": trace, "start_s": start, "profile": profile_name,
+                           "load": load}
+    plant = ServingPlant.from_profile(load_profile(profile_name))
+    try:
+        scenario = build_scenario(trace, plant, load, duration, start_s=start)
+    except Exception as error:  # a window too small to hold requests at this capacity
+        row["error"] = str(error)
+        return row
+    row["requests"] = len(scenario.requests)
+    row["load_label"] = scenario.load_label
+    warmup = min(WARMUP_S, duration / 2.0)
+    runs: dict[str, dict[str, Any]] = {}
+    for entry in build_scoreboard_controllers(
+        plant, scenario.requests, control_period_s=1.0, fast_mpc_period_s=0.5
+    ):
+        if entry.key != "max" and entry.key not in keys:
+            continue
+        result = simulate(scenario.requests, plant, chunked_prefill_scheduler, entry.build(),
+                          0, controller_name=entry.key,
+                          control_period_s=entry.control_period_s or 1.0)
+        near, missed = _tail(result, plant)
+        runs[entry.key] = {
+            "slo_attainment": result.metrics.slo_attainment,
+            "energy_j": result.metrics.energy_j,
+            "energy_after_warmup_j": energy_after(result, warmup),
+            "ttft_near_misses": near,
+            "missed_requests": missed,
+        }
+    top = runs["max"]
+    for run in runs.values():
+        run["holds_slo"] = holds_slo(run["slo_attainment"], top["slo_attainment"])
+        run["extra_missed_requests"] = run["missed_requests"] - top["missed_requests"]
+        run["extra_ttft_near_misses"] = run["ttft_near_misses"] - top["ttft_near_misses"]
+        run["energy_saved_fraction"] = 1.0 - run["energy_j"] / top["energy_j"]
+        after = top["energy_after_warmup_j"]
+        run["energy_saved_after_warmup_fraction"] = (
+            1.0 - run["energy_after_warmup_j"] / after if after > 0.0 else None
+        )
+    row["controllers"] = runs
+    return row
+
+
+def summarise(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Per controller over the windows that ran."""
+    ran = [row for row in rows if "controllers" in row]
+    summary = []
+    for key in ("max", *keys):
+        mine = [row["controllers"][key] for row in ran if key in row["controllers"]]
+        if not mine:
+            continue
+        after = [r["energy_saved_after_warmup_fraction"] for r in mine
+                 if r["energy_saved_after_warmup_fraction"] is not None]
+        summary.append({
+            "controller": key,
+            "windows": len(mine),
+            "holds_slo": sum(bool(r["holds_slo"]) for r in mine),
+            "extra_missed_requests": sum(r["extra_missed_requests"] for r in mine),
+            "extra_ttft_near_misses": sum(r["extra_ttft_near_misses"] for r in mine),
+            "mean_energy_saved_fraction": statistics.fmean(
+                r["energy_saved_fraction"] for r in mine),
+            "mean_energy_saved_after_warmup_fraction": (
+                statistics.fmean(after) if after else None),
+        })
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the windows and write the JSON."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--trace", default="mooncake", help="trace name (default mooncake)")
+    parser.add_argument("--starts", type=float, nargs="+",
+                        default=[0.0, 600.0, 1200.0, 2400.0, 3000.0],
+                        help="window starts, seconds into the trace")
+    parser.add_argument("--profiles", nargs="+", default=list(PROFILES))
+    parser.add_argument("--loads", nargs="+", default=["recorded", "cap70"])
+    parser.add_argument("--controllers", nargs="+", default=["mpc-online"],
+                        help="scoreboard controller keys run beside the maximum clock")
+    parser.add_argument("--duration", type=float, default=600.0,
+                        help="seconds of arrivals per window")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", default=str(OUT), help="output JSON")
+    args = parser.parse_args(argv)
+    if args.trace in WHOLE_TRACE:
+        print(f"error: --trace {args.trace} is used whole by the scoreboard; it has no "
+              "windows to move", file=sys.stderr)
+        return 2
+    keys = tuple(key for key in args.controllers if key != "max")
+    cells = [(args.trace, start, profile, load, args.duration, keys)
+             for start, profile, load in itertools.product(args.starts, args.profiles,
+                                                           args.loads)]
+    started = time.time()
+    rows: list[dict[str, Any]] = []
+    bar = Progress(len(cells), "online windows", unit="windows")
+    with ProcessPoolExecutor(max(1, args.jobs)) as pool:
+        for row in pool.map(run_cell, cells):
+            rows.append(row)
+            bar.update(len(rows), f"last {row['profile']} {row['load']} @ {row['start_s']:g} s")
+    bar.close()
+    summary = summarise(rows, keys)
+    result = {
+        "benchmark": "online-windows",
+        "trace": args.trace,
+        "starts_s": args.starts,
+        "duration_s": args.duration,
+        "slo_tolerance": SLO_TOLERANCE,
+        "near_fraction": NEAR_FRACTION,
+        "wall_s": time.time() - started,
+        "rows": rows,
+        "summary": summary,
+        "machine": {"python": platform.python_version(), "processor": platform.machine(),
+                    "cpus": os.cpu_count()},
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    for row in rows:
+        if "error" in row:
+            print(f"{row['start_s']:6g} {row['profile']:<28} {row['load']:<8} skipped: "
+                  f"{row['error']}")
+            continue
+        line = f"{row['start_s']:6g} {row['profile']:<28} {row['load_label']:<11} " \
+               f"n={row['requests']:<4}"
+        for key in keys:
+            run = row["controllers"][key]
+            after = run["energy_saved_after_warmup_fraction"]
+            line += (f" | {key} {'holds' if run['holds_slo'] else 'MISS '} "
+                     f"+{run['extra_missed_requests']} missed "
+                     f"+{run['extra_ttft_near_misses']} near, saved "
+                     f"{100 * run['energy_saved_fraction']:5.1f}% (after warm-up "
+                     f"{'-' if after is None else f'{100 * after:5.1f}%'})")
+        print(line)
+    for entry in summary:
+        after = entry["mean_energy_saved_after_warmup_fraction"]
+        print(f"{entry['controller']:<11} holds {entry['holds_slo']}/{entry['windows']}, "
+              f"{entry['extra_missed_requests']:+d} missed and "
+              f"{entry['extra_ttft_near_misses']:+d} near misses against the maximum clock; "
+              f"mean saved {100 * entry['mean_energy_saved_fraction']:.1f}% "
+              f"(after warm-up {'-' if after is None else f'{100 * after:.1f}%'})")
+    print(f"wrote {out} in {result['wall_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
