@@ -390,19 +390,23 @@ class OnlineMPCController:
             decision = float(self._mpc(plant)(observation))
             floor = self.exploration.floor(model, observation, self.uncertainty_z)
             guard = self.burst_floor(observation, slos) if self.burst_guard else None
-            descent = self.descent_clock(observation, slos) if self.decode_descent else None
-            lowest = math.inf if descent is None else descent
-            descended = lowest < max(decision, floor)
-            if descent is not None:
-                # The descent's clock is safe by the measured latency and the 1/f law, not
-                # by the model: the exploration floor (model uncertainty) does not bind
-                # below it; the floor back-offs left still does.
+            window = self.descent_window(observation, slos) if self.decode_descent else None
+            # What the MPC and the exploration floor alone would give.
+            undescended = max(decision, floor)
+            if window is not None:
+                # Every clock from the window's bound up is safe by the measured latency
+                # and the 1/f law, not by the model: the exploration floor (model
+                # uncertainty) does not bind below that bound, so the MPC's own lower
+                # decision passes too; the floor back-offs left still binds.
+                bound, descent = window
                 decision = min(decision, descent)
-                floor = max(min(floor, descent), self.exploration.backoff_floor(model.clocks_mhz))
+                floor = max(min(floor, bound), self.exploration.backoff_floor(model.clocks_mhz))
             self.current_clock = max(decision, floor, guard or 0.0)
             if guard is not None and guard > max(decision, floor):
                 self.last_reason = "burst-guard"
-            elif descended and self.current_clock <= lowest + 1e-9:
+            elif window is not None and self.current_clock < undescended - 1e-9:
+                # Lowered by the descent: its clock, or the MPC's decision its bound let
+                # below the floor.
                 self.last_reason = "decode-descent"
             elif decision < floor:
                 self.last_reason = "explore-floor"
@@ -418,7 +422,15 @@ class OnlineMPCController:
 
     def descent_clock(self, observation: ServingObservation, slos: tuple[float, float]
                       ) -> float | None:
-        """A lower clock for a decode-only window, or None where it does not apply.
+        """The decode descent's clock (:meth:`descent_window`), or None where it does
+        not apply."""
+        window = self.descent_window(observation, slos)
+        return None if window is None else window[1]
+
+    def descent_window(self, observation: ServingObservation, slos: tuple[float, float]
+                       ) -> tuple[float, float] | None:
+        """``(bound, clock)`` for a decode-only window, or None where it does not apply:
+        the lowest clock the measured latency allows, and the descent's clock.
 
         While the GPU only decodes (no prompt tokens waiting or being prefilled) and the
         window measured its latencies at pressure ``p`` (max of TTFT/SLO and TPOT/SLO) at
@@ -456,7 +468,8 @@ class OnlineMPCController:
         candidates = np.flatnonzero(allowed)
         if not candidates.size:
             return None
-        return float(clocks[candidates[int(np.argmin(energy[candidates]))]])
+        chosen = candidates[int(np.argmin(energy[candidates]))]
+        return float(clocks[candidates[0]]), float(clocks[chosen])
 
     def _mixed_iteration_s(self, observation: ServingObservation,
                            table: dict[str, tuple[FloatArray, FloatArray]]) -> FloatArray:

@@ -215,3 +215,35 @@ def test_the_descent_goes_below_the_exploration_floor_but_not_below_its_bound() 
     controller.exploration.raised_floor_mhz = 1300.0
     assert controller(_observed(3.0, clocks, running=2, tpot_ratio=0.1)) >= 1300.0
 
+
+
+class _LowMPC:
+    """An inner MPC that asks for a low clock (what the learned model's MPC may want
+    once its plan says the decode has slack)."""
+
+    plant = None
+    current_clock = None
+
+    def __call__(self, observation: ServingObservation) -> float:
+        return 600.0
+
+
+def test_in_a_decode_only_window_the_mpc_goes_below_the_floor_down_to_the_bound() -> None:
+    # Every clock from the measured-latency bound up is safe by the measurement, so the
+    # exploration floor (model uncertainty) yields there to the MPC's own lower decision
+    # too, not only to the descent's clock.
+    controller, clocks = _warmed_controller()
+    controller(_observed(1.0, clocks, running=2, tpot_ratio=0.1))
+    controller.mpc = _LowMPC()  # type: ignore[assignment]
+    seen = _observed(2.0, clocks, running=2, tpot_ratio=0.1)
+    clock = controller(seen)
+    floor = controller.status()["floor_mhz"]
+    window = controller.descent_window(seen, (2.0, 0.05))
+    assert window is not None
+    bound, descent = window
+    assert bound <= 600.0 < floor  # the floor alone would have held the MPC up
+    assert clock == pytest.approx(min(600.0, descent))
+    # Outside a decode-only window the floor binds the MPC as before.
+    idle = _observed(3.0, clocks, running=0, tpot_ratio=None)
+    assert controller.descent_window(idle, (2.0, 0.05)) is None
+    assert controller(idle) >= controller.status()["floor_mhz"] - 1e-9
