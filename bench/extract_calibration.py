@@ -114,8 +114,17 @@ def main(argv: list[str] | None = None) -> int:
     _write_extract(
         out / "vidur_linear_ops.csv",
         f"microsoft/vidur@{commit} data/profiling/compute/<gpu>/<model>/mlp.csv",
-        ("gpu", "model", "tp", "num_tokens", "d_model", "d_ff", "n_heads", "n_kv_heads",
-         "layer_ms"),
+        (
+            "gpu",
+            "model",
+            "tp",
+            "num_tokens",
+            "d_model",
+            "d_ff",
+            "n_heads",
+            "n_kv_heads",
+            "layer_ms",
+        ),
         sorted(rows),
     )
     ar_rows = []
@@ -168,15 +177,26 @@ def _write_attention(mirror: Path, out: Path) -> int:
     _write_extract(
         out / "vidur_attention_decode.csv",
         f"microsoft/vidur@{ATTENTION_COMMIT} {ATTENTION_PATH}",
-        ("gpu", "model", "backend", "tp", "n_heads", "n_kv_heads", "head_dim", "batch",
-         "kv_tokens", "attn_ms"),
+        (
+            "gpu",
+            "model",
+            "backend",
+            "tp",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "batch",
+            "kv_tokens",
+            "attn_ms",
+        ),
         sorted(rows),
     )
     return 0
 
 
-def _write_extract(path: Path, source: str, header: Sequence[str],
-                   rows: Sequence[Sequence[object]]) -> None:
+def _write_extract(
+    path: Path, source: str, header: Sequence[str], rows: Sequence[Sequence[object]]
+) -> None:
     """One extract: a ``# source`` provenance line, the header, the rows (LF endings)."""
     with path.open("w", newline="\n") as handle:
         handle.write(f"# {source}\n")

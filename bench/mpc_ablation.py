@@ -37,7 +37,8 @@ NO_CAP = 1e9
 
 VARIANTS: dict[str, tuple[float, dict[str, Any]]] = {
     "latency model only, 1 s": (
-        1.0, {"burst_hedge": False, "slo_feedback": False, "ttft_excess_cap": NO_CAP}
+        1.0,
+        {"burst_hedge": False, "slo_feedback": False, "ttft_excess_cap": NO_CAP},
     ),
     "+ burst hedge, SLO feedback": (1.0, {"ttft_excess_cap": NO_CAP}),
     "+ 0.5 s periods": (0.5, {"ttft_excess_cap": NO_CAP}),
@@ -79,9 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run every variant on every scenario of the scoreboard and write the results."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--scoreboard", type=Path, default=DEFAULT_OUT / "scoreboard.json")
-    parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT.parent / "mpc_ablation.json"
-    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT.parent / "mpc_ablation.json")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
     board = json.loads(args.scoreboard.read_text())
@@ -103,39 +102,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     for run in runs:
         reference = by_scenario[run["scenario"]]
         e_max = reference["max"]["energy_j"]
-        held = holds_slo(
-            run["slo_attainment"], reference["max"]["slo_attainment"], SLO_TOLERANCE
-        )
+        held = holds_slo(run["slo_attainment"], reference["max"]["slo_attainment"], SLO_TOLERANCE)
         capture = oracle_capture(
             e_max, run["energy_j"], reference["window-oracle"]["energy_j"], holds=held
         )
         reactive = reference["reactive"]
-        rows.append({
-            **run,
-            "holds_slo": held,
-            "oracle_capture": capture,
-            "energy_saved_fraction": (e_max - run["energy_j"]) / e_max,
-            "beats_reactive": (
-                None if not (held and reactive["holds_slo"])
-                else run["energy_j"] < reactive["energy_j"]
-            ),
-        })
+        rows.append(
+            {
+                **run,
+                "holds_slo": held,
+                "oracle_capture": capture,
+                "energy_saved_fraction": (e_max - run["energy_j"]) / e_max,
+                "beats_reactive": (
+                    None
+                    if not (held and reactive["holds_slo"])
+                    else run["energy_j"] < reactive["energy_j"]
+                ),
+            }
+        )
     summary = []
     for name in VARIANTS:
         mine = [row for row in rows if row["variant"] == name]
         both = [row for row in mine if row["beats_reactive"] is not None]
-        summary.append({
-            "variant": name,
-            "control_period_s": VARIANTS[name][0],
-            "overrides": VARIANTS[name][1],
-            "holds_slo": sum(row["holds_slo"] for row in mine),
-            "capture_at_least_0_8": sum(
-                row["holds_slo"] and (row["oracle_capture"] or 0.0) >= 0.8 for row in mine
-            ),
-            "beats_reactive": sum(bool(row["beats_reactive"]) for row in both),
-            "both_hold": len(both),
-            "scenarios": len(mine),
-        })
+        summary.append(
+            {
+                "variant": name,
+                "control_period_s": VARIANTS[name][0],
+                "overrides": VARIANTS[name][1],
+                "holds_slo": sum(row["holds_slo"] for row in mine),
+                "capture_at_least_0_8": sum(
+                    row["holds_slo"] and (row["oracle_capture"] or 0.0) >= 0.8 for row in mine
+                ),
+                "beats_reactive": sum(bool(row["beats_reactive"]) for row in both),
+                "both_hold": len(both),
+                "scenarios": len(mine),
+            }
+        )
     payload = {
         "benchmark": "mpc_ablation",
         "scoreboard": str(args.scoreboard),

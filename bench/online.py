@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=20, help="replays of the windows")
     parser.add_argument("--out", default=str(OUT), help="output JSON")
     parser.add_argument(
-        "--nonstationary", action="store_true",
+        "--nonstationary",
+        action="store_true",
         help="also run the prompt-mix and model-swap scenarios (a few minutes)",
     )
     args = parser.parse_args(argv)
@@ -64,10 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         decisions.append(time.perf_counter() - start)
         return value
 
-    print(f"running mpc-online on {scenario.key} ({len(scenario.requests)} requests)",
-          file=sys.stderr)
-    simulate(scenario.requests, plant, chunked_prefill_scheduler, recording, 0,
-             control_period_s=0.5)
+    print(
+        f"running mpc-online on {scenario.key} ({len(scenario.requests)} requests)", file=sys.stderr
+    )
+    simulate(
+        scenario.requests, plant, chunked_prefill_scheduler, recording, 0, control_period_s=0.5
+    )
     windows: list[Window] = []
     for previous, current in itertools.pairwise(observations):
         window = window_between(previous, current)
@@ -121,22 +124,28 @@ def main(argv: list[str] | None = None) -> int:
         print("running the non-stationary scenarios", file=sys.stderr)
         result["nonstationary"] = nonstationary_runs()
         for row in result["nonstationary"]:
-            print(f"{row['case']:<11} segment {row['segment']} {row['controller']:<10} "
-                  f"SLO {100 * row['slo_attainment']:6.2f}% (max "
-                  f"{100 * (row['max_clock_slo_attainment'] or 0):6.2f}%) holds "
-                  f"{'yes' if row['holds_slo'] else 'NO ':<3} saved "
-                  f"{100 * row['energy_saved_fraction']:5.1f}%")
+            print(
+                f"{row['case']:<11} segment {row['segment']} {row['controller']:<10} "
+                f"SLO {100 * row['slo_attainment']:6.2f}% (max "
+                f"{100 * (row['max_clock_slo_attainment'] or 0):6.2f}%) holds "
+                f"{'yes' if row['holds_slo'] else 'NO ':<3} saved "
+                f"{100 * row['energy_saved_fraction']:5.1f}%"
+            )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"identification update: p50 {result['update_p50_ms']:.3f} ms, p99 "
-          f"{result['update_p99_ms']:.3f} ms, mean {result['update_mean_ms']:.3f} ms "
-          f"(target 0.2 ms) over {update.size} updates; thread CPU time p50 "
-          f"{result['update_cpu_p50_ms']:.3f} ms, p99 {result['update_cpu_p99_ms']:.3f} ms, "
-          f"mean {result['update_cpu_mean_ms']:.3f} ms (load average "
-          f"{result['load_average_1min']:.1f})")
-    print(f"learned-profile build p50 {result['profile_build_p50_ms']:.3f} ms; whole decision "
-          f"p50 {result['decision_p50_ms']:.2f} ms, p99 {result['decision_p99_ms']:.2f} ms")
+    print(
+        f"identification update: p50 {result['update_p50_ms']:.3f} ms, p99 "
+        f"{result['update_p99_ms']:.3f} ms, mean {result['update_mean_ms']:.3f} ms "
+        f"(target 0.2 ms) over {update.size} updates; thread CPU time p50 "
+        f"{result['update_cpu_p50_ms']:.3f} ms, p99 {result['update_cpu_p99_ms']:.3f} ms, "
+        f"mean {result['update_cpu_mean_ms']:.3f} ms (load average "
+        f"{result['load_average_1min']:.1f})"
+    )
+    print(
+        f"learned-profile build p50 {result['profile_build_p50_ms']:.3f} ms; whole decision "
+        f"p50 {result['decision_p50_ms']:.2f} ms, p99 {result['decision_p99_ms']:.2f} ms"
+    )
     print(f"model memory {before} B before, {after} B after; wrote {out}")
     return 0
 

@@ -53,14 +53,19 @@ def main(argv: list[str] | None = None) -> int:
             "not_reached": len(reached) - len(done),
             "final_error_max": max(float(f) for _, f in runs),
         }
-        print(f"{name:32s} median {convergence[name]['median_windows']} windows to "
-              f"{experiments.TOLERANCE:.0%} (not reached {convergence[name]['not_reached']}"
-              f"/{args.seeds}), final error <= {convergence[name]['final_error_max']:.3f}")
+        print(
+            f"{name:32s} median {convergence[name]['median_windows']} windows to "
+            f"{experiments.TOLERANCE:.0%} (not reached {convergence[name]['not_reached']}"
+            f"/{args.seeds}), final error <= {convergence[name]['final_error_max']:.3f}"
+        )
     closed = {}
     for plant in sorted(experiments.PLANTS):
         top = experiments.simulate(
-            experiments._poisson(2.0, 180.0, seed=31), experiments.PLANTS[plant](),
-            experiments.chunked_prefill_scheduler, experiments.maximum_clock_controller, 0,
+            experiments._poisson(2.0, 180.0, seed=31),
+            experiments.PLANTS[plant](),
+            experiments.chunked_prefill_scheduler,
+            experiments.maximum_clock_controller,
+            0,
         )
         for hint in [None, *sorted(experiments.HINTS)]:
             prior = None if hint is None else prior_from_hints(experiments.HINTS[hint])
@@ -73,14 +78,25 @@ def main(argv: list[str] | None = None) -> int:
                 "backoffs": controller.exploration.backoffs,
             }
             closed[f"{plant} / {hint or 'no hint'}"] = row
-            print(f"{plant:22s} {hint or 'no hint':24s} SLO {row['slo_attainment']:.4f} "
-                  f"(max clock {row['max_clock_slo_attainment']:.4f}), saved "
-                  f"{row['energy_saved']:.1%}, lowest {row['lowest_clock_mhz']:.0f} MHz")
+            print(
+                f"{plant:22s} {hint or 'no hint':24s} SLO {row['slo_attainment']:.4f} "
+                f"(max clock {row['max_clock_slo_attainment']:.4f}), saved "
+                f"{row['energy_saved']:.1%}, lowest {row['lowest_clock_mhz']:.0f} MHz"
+            )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"tolerance": experiments.TOLERANCE, "seeds": args.seeds,
-                               "convergence": convergence, "closed_loop": closed}, indent=2)
-                   + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "tolerance": experiments.TOLERANCE,
+                "seeds": args.seeds,
+                "convergence": convergence,
+                "closed_loop": closed,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {out}")
     return 0
 

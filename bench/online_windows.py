@@ -73,8 +73,7 @@ def run_cell(cell: tuple[str, float, str, str, float, tuple[str, ...]]) -> dict[
     """Run the maximum clock and ``keys`` on one window; a dict row (``error`` set when
     the window cannot be built)."""
     trace, start, profile_name, load, duration, keys = cell
-    row: dict[str, Any] = {"trace": trace, "start_s": start, "profile": profile_name,
-                           "load": load}
+    row: dict[str, Any] = {"trace": trace, "start_s": start, "profile": profile_name, "load": load}
     plant = ServingPlant.from_profile(load_profile(profile_name))
     try:
         scenario = build_scenario(trace, plant, load, duration, start_s=start)
@@ -90,9 +89,15 @@ def run_cell(cell: tuple[str, float, str, str, float, tuple[str, ...]]) -> dict[
     ):
         if entry.key != "max" and entry.key not in keys:
             continue
-        result = simulate(scenario.requests, plant, chunked_prefill_scheduler, entry.build(),
-                          0, controller_name=entry.key,
-                          control_period_s=entry.control_period_s or 1.0)
+        result = simulate(
+            scenario.requests,
+            plant,
+            chunked_prefill_scheduler,
+            entry.build(),
+            0,
+            controller_name=entry.key,
+            control_period_s=entry.control_period_s or 1.0,
+        )
         near, missed = _tail(result, plant)
         runs[entry.key] = {
             "slo_attainment": result.metrics.slo_attainment,
@@ -123,19 +128,26 @@ def summarise(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[st
         mine = [row["controllers"][key] for row in ran if key in row["controllers"]]
         if not mine:
             continue
-        after = [r["energy_saved_after_warmup_fraction"] for r in mine
-                 if r["energy_saved_after_warmup_fraction"] is not None]
-        summary.append({
-            "controller": key,
-            "windows": len(mine),
-            "holds_slo": sum(bool(r["holds_slo"]) for r in mine),
-            "extra_missed_requests": sum(r["extra_missed_requests"] for r in mine),
-            "extra_ttft_near_misses": sum(r["extra_ttft_near_misses"] for r in mine),
-            "mean_energy_saved_fraction": statistics.fmean(
-                r["energy_saved_fraction"] for r in mine),
-            "mean_energy_saved_after_warmup_fraction": (
-                statistics.fmean(after) if after else None),
-        })
+        after = [
+            r["energy_saved_after_warmup_fraction"]
+            for r in mine
+            if r["energy_saved_after_warmup_fraction"] is not None
+        ]
+        summary.append(
+            {
+                "controller": key,
+                "windows": len(mine),
+                "holds_slo": sum(bool(r["holds_slo"]) for r in mine),
+                "extra_missed_requests": sum(r["extra_missed_requests"] for r in mine),
+                "extra_ttft_near_misses": sum(r["extra_ttft_near_misses"] for r in mine),
+                "mean_energy_saved_fraction": statistics.fmean(
+                    r["energy_saved_fraction"] for r in mine
+                ),
+                "mean_energy_saved_after_warmup_fraction": (
+                    statistics.fmean(after) if after else None
+                ),
+            }
+        )
     return summary
 
 
@@ -143,26 +155,39 @@ def main(argv: list[str] | None = None) -> int:
     """Run the windows and write the JSON."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--trace", default="mooncake", help="trace name (default mooncake)")
-    parser.add_argument("--starts", type=float, nargs="+",
-                        default=[0.0, 600.0, 1200.0, 2400.0, 3000.0],
-                        help="window starts, seconds into the trace")
+    parser.add_argument(
+        "--starts",
+        type=float,
+        nargs="+",
+        default=[0.0, 600.0, 1200.0, 2400.0, 3000.0],
+        help="window starts, seconds into the trace",
+    )
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES))
     parser.add_argument("--loads", nargs="+", default=["recorded", "cap70"])
-    parser.add_argument("--controllers", nargs="+", default=["mpc-online"],
-                        help="scoreboard controller keys run beside the maximum clock")
-    parser.add_argument("--duration", type=float, default=600.0,
-                        help="seconds of arrivals per window")
+    parser.add_argument(
+        "--controllers",
+        nargs="+",
+        default=["mpc-online"],
+        help="scoreboard controller keys run beside the maximum clock",
+    )
+    parser.add_argument(
+        "--duration", type=float, default=600.0, help="seconds of arrivals per window"
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=str(OUT), help="output JSON")
     args = parser.parse_args(argv)
     if args.trace in WHOLE_TRACE:
-        print(f"error: --trace {args.trace} is used whole by the scoreboard; it has no "
-              "windows to move", file=sys.stderr)
+        print(
+            f"error: --trace {args.trace} is used whole by the scoreboard; it has no "
+            "windows to move",
+            file=sys.stderr,
+        )
         return 2
     keys = tuple(key for key in args.controllers if key != "max")
-    cells = [(args.trace, start, profile, load, args.duration, keys)
-             for start, profile, load in itertools.product(args.starts, args.profiles,
-                                                           args.loads)]
+    cells = [
+        (args.trace, start, profile, load, args.duration, keys)
+        for start, profile, load in itertools.product(args.starts, args.profiles, args.loads)
+    ]
     started = time.time()
     rows: list[dict[str, Any]] = []
     bar = Progress(len(cells), "online windows", unit="windows")
@@ -182,35 +207,45 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": time.time() - started,
         "rows": rows,
         "summary": summary,
-        "machine": {"python": platform.python_version(), "processor": platform.machine(),
-                    "cpus": os.cpu_count()},
+        "machine": {
+            "python": platform.python_version(),
+            "processor": platform.machine(),
+            "cpus": os.cpu_count(),
+        },
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     for row in rows:
         if "error" in row:
-            print(f"{row['start_s']:6g} {row['profile']:<28} {row['load']:<8} skipped: "
-                  f"{row['error']}")
+            print(
+                f"{row['start_s']:6g} {row['profile']:<28} {row['load']:<8} skipped: {row['error']}"
+            )
             continue
-        line = f"{row['start_s']:6g} {row['profile']:<28} {row['load_label']:<11} " \
-               f"n={row['requests']:<4}"
+        line = (
+            f"{row['start_s']:6g} {row['profile']:<28} {row['load_label']:<11} "
+            f"n={row['requests']:<4}"
+        )
         for key in keys:
             run = row["controllers"][key]
             after = run["energy_saved_after_warmup_fraction"]
-            line += (f" | {key} {'holds' if run['holds_slo'] else 'MISS '} "
-                     f"+{run['extra_missed_requests']} missed "
-                     f"+{run['extra_ttft_near_misses']} near, saved "
-                     f"{100 * run['energy_saved_fraction']:5.1f}% (after warm-up "
-                     f"{'-' if after is None else f'{100 * after:5.1f}%'})")
+            line += (
+                f" | {key} {'holds' if run['holds_slo'] else 'MISS '} "
+                f"+{run['extra_missed_requests']} missed "
+                f"+{run['extra_ttft_near_misses']} near, saved "
+                f"{100 * run['energy_saved_fraction']:5.1f}% (after warm-up "
+                f"{'-' if after is None else f'{100 * after:5.1f}%'})"
+            )
         print(line)
     for entry in summary:
         after = entry["mean_energy_saved_after_warmup_fraction"]
-        print(f"{entry['controller']:<11} holds {entry['holds_slo']}/{entry['windows']}, "
-              f"{entry['extra_missed_requests']:+d} missed and "
-              f"{entry['extra_ttft_near_misses']:+d} near misses against the maximum clock; "
-              f"mean saved {100 * entry['mean_energy_saved_fraction']:.1f}% "
-              f"(after warm-up {'-' if after is None else f'{100 * after:.1f}%'})")
+        print(
+            f"{entry['controller']:<11} holds {entry['holds_slo']}/{entry['windows']}, "
+            f"{entry['extra_missed_requests']:+d} missed and "
+            f"{entry['extra_ttft_near_misses']:+d} near misses against the maximum clock; "
+            f"mean saved {100 * entry['mean_energy_saved_fraction']:.1f}% "
+            f"(after warm-up {'-' if after is None else f'{100 * after:.1f}%'})"
+        )
     print(f"wrote {out} in {result['wall_s']:.0f} s")
     return 0
 

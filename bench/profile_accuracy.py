@@ -39,9 +39,19 @@ def run_one(truth_path: str, work: Path) -> dict:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     emulator = subprocess.Popen(
-        [sys.executable, "-m", "gpugov", "emulate", "--profile", truth_path,
-         "--address", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy(),
+        [
+            sys.executable,
+            "-m",
+            "gpugov",
+            "emulate",
+            "--profile",
+            truth_path,
+            "--address",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=os.environ.copy(),
     )
     try:
         for _ in range(100):
@@ -52,12 +62,26 @@ def run_one(truth_path: str, work: Path) -> dict:
                 time.sleep(0.2)
         out = work / truth.name
         started = time.monotonic()
-        code = gpugov_main([
-            "profile", "--engine-url", url, "--gpus", "0", "--backend", "emulated",
-            "--out", str(out), "--name", "measured", "--quiet",
-            "--reference-batch", str(engine.get("reference_batch_size", 64)),
-            "--reference-context", str(engine.get("reference_context_tokens", 1024)),
-        ])
+        code = gpugov_main(
+            [
+                "profile",
+                "--engine-url",
+                url,
+                "--gpus",
+                "0",
+                "--backend",
+                "emulated",
+                "--out",
+                str(out),
+                "--name",
+                "measured",
+                "--quiet",
+                "--reference-batch",
+                str(engine.get("reference_batch_size", 64)),
+                "--reference-context",
+                str(engine.get("reference_context_tokens", 1024)),
+            ]
+        )
         wall = time.monotonic() - started
     finally:
         emulator.send_signal(signal.SIGTERM)
@@ -93,10 +117,14 @@ def main() -> int:
             results.append(result)
             print(f"{result['profile']}: exit {result['exit_code']}, {result['wall_s']:.0f} s")
             for row in result.get("rows", []):
-                errors = " ".join(f"{k.split('_')[0][:4]}-{k.split('_')[1][:3]} "
-                                  f"{v * 100:+.2f}%" for k, v in row["errors"].items())
-                print(f"  {row['clock_mhz']:5d} MHz  median {row['median_abs_error'] * 100:.2f}%"
-                      f"  worst {row['worst_abs_error'] * 100:.2f}%  ({errors})")
+                errors = " ".join(
+                    f"{k.split('_')[0][:4]}-{k.split('_')[1][:3]} {v * 100:+.2f}%"
+                    for k, v in row["errors"].items()
+                )
+                print(
+                    f"  {row['clock_mhz']:5d} MHz  median {row['median_abs_error'] * 100:.2f}%"
+                    f"  worst {row['worst_abs_error'] * 100:.2f}%  ({errors})"
+                )
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2) + "\n")

@@ -68,10 +68,17 @@ def run_board(config: scoreboard.BenchConfig, runner: RunnerSpec) -> dict[str, A
     payload = scoreboard.run_scoreboard(config, runner=runner)
     wall = time.perf_counter() - started
     costs = [s["wall_s"] for s in payload["scenarios"]]
-    return {"wall_s": wall, "scenario_wall_s": costs, "scenarios": len(costs),
-            # The SLSQP MPC drops solves that overrun a wall-clock budget: not compared.
-            "energy_j": {f"{r['scenario']}|{r['controller']}": r["energy_j"]
-                         for r in payload["rows"] if r["controller"] != "mpc_slsqp"}}
+    return {
+        "wall_s": wall,
+        "scenario_wall_s": costs,
+        "scenarios": len(costs),
+        # The SLSQP MPC drops solves that overrun a wall-clock budget: not compared.
+        "energy_j": {
+            f"{r['scenario']}|{r['controller']}": r["energy_j"]
+            for r in payload["rows"]
+            if r["controller"] != "mpc_slsqp"
+        },
+    }
 
 
 def ray_overheads(jobs: int, tasks: int) -> dict[str, Any]:
@@ -118,10 +125,19 @@ def scaling(costs: Sequence[float], cells: int, overhead: Mapping[str, Any]) -> 
         dispatch = cells * overhead["per_task_s"]
         work = makespan(repeated, workers)
         total = fixed + max(dispatch, work)
-        parts = {"start-up": fixed, "dispatch": dispatch,
-                 "longest cell" if work <= max(repeated) + 1e-9 else "work": work}
-        out.append({"workers": workers, "wall_s": total, "speedup_vs_serial": serial / total,
-                    "bound": max(parts, key=lambda name: parts[name])})
+        parts = {
+            "start-up": fixed,
+            "dispatch": dispatch,
+            "longest cell" if work <= max(repeated) + 1e-9 else "work": work,
+        }
+        out.append(
+            {
+                "workers": workers,
+                "wall_s": total,
+                "speedup_vs_serial": serial / total,
+                "bound": max(parts, key=lambda name: parts[name]),
+            }
+        )
     return out
 
 
@@ -134,8 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "ray_runners.json"))
     args = parser.parse_args(argv)
     config = scoreboard.config_for(
-        quick=args.mode == "quick", tiny=args.mode == "tiny",
-        loads=["recorded", "cap70"] if args.mode == "tiny" else None, jobs=args.jobs,
+        quick=args.mode == "quick",
+        tiny=args.mode == "tiny",
+        loads=["recorded", "cap70"] if args.mode == "tiny" else None,
+        jobs=args.jobs,
     )
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     load_at_start = os.getloadavg()
@@ -153,23 +171,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     cell_started = time.perf_counter()
     plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
     workload = scoreboard._full_trace("azure-conv-10min")[0]
-    simulate(workload, plant, chunked_prefill_scheduler,
-             build_controller("reactive", plant, workload), 0)
+    simulate(
+        workload, plant, chunked_prefill_scheduler, build_controller("reactive", plant, workload), 0
+    )
     sweep_costs = [time.perf_counter() - cell_started]
     result = {
         "benchmark": "ray_runners",
         "mode": args.mode,
         "jobs": args.jobs,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                    "load_average_at_start": load_at_start,
-                    "load_average_at_end": os.getloadavg()},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": os.getloadavg(),
+        },
         "pool": pool,
         "ray": on_ray,
         "ray_over_pool_speedup": pool["wall_s"] / on_ray["wall_s"],
         "same_energies_but_slsqp": pool["energy_j"] == on_ray["energy_j"],
-        "per_cell_cost_s": {"scoreboard_scenario_mean": statistics.fmean(costs),
-                            "scoreboard_scenario_max": max(costs),
-                            "sweep_cell_azure_10min_reactive": sweep_costs[0]},
+        "per_cell_cost_s": {
+            "scoreboard_scenario_mean": statistics.fmean(costs),
+            "scoreboard_scenario_max": max(costs),
+            "sweep_cell_azure_10min_reactive": sweep_costs[0],
+        },
         "ray_overhead": overhead,
         "scaling": {
             "scoreboard_quick_cells_repeated_to_30": scaling(costs, 30, overhead),
@@ -180,18 +204,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"pool {pool['wall_s']:.1f} s, ray {on_ray['wall_s']:.1f} s: ray/pool speed-up "
-          f"{result['ray_over_pool_speedup']:.2f}x "
-          f"(same energies but SLSQP: {result['same_energies_but_slsqp']})")
-    print(f"scenario cost mean {statistics.fmean(costs):.1f} s (max {max(costs):.1f} s); "
-          f"sweep cell {sweep_costs[0]:.2f} s")
-    print(f"ray: init {overhead['init_s']:.1f} s, first round {overhead['first_round_s']:.1f} s, "
-          f"{1000 * overhead['per_task_s']:.2f} ms per task, trace round "
-          f"{overhead['trace_put_and_fetch_round_s']:.2f} s")
+    print(
+        f"pool {pool['wall_s']:.1f} s, ray {on_ray['wall_s']:.1f} s: ray/pool speed-up "
+        f"{result['ray_over_pool_speedup']:.2f}x "
+        f"(same energies but SLSQP: {result['same_energies_but_slsqp']})"
+    )
+    print(
+        f"scenario cost mean {statistics.fmean(costs):.1f} s (max {max(costs):.1f} s); "
+        f"sweep cell {sweep_costs[0]:.2f} s"
+    )
+    print(
+        f"ray: init {overhead['init_s']:.1f} s, first round {overhead['first_round_s']:.1f} s, "
+        f"{1000 * overhead['per_task_s']:.2f} ms per task, trace round "
+        f"{overhead['trace_put_and_fetch_round_s']:.2f} s"
+    )
     for name, rows in result["scaling"].items():
-        print(name + ": " + ", ".join(
-            f"W={r['workers']} {r['wall_s']:.0f} s ({r['speedup_vs_serial']:.1f}x, {r['bound']})"
-            for r in rows))
+        print(
+            name
+            + ": "
+            + ", ".join(
+                f"W={r['workers']} {r['wall_s']:.0f} s "
+                f"({r['speedup_vs_serial']:.1f}x, {r['bound']})"
+                for r in rows
+            )
+        )
     print(f"wrote {out}")
     return 0
 

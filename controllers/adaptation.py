@@ -113,9 +113,7 @@ class SLOFeedback:
         if not self.grow_per_s > 1.0 or not self.relax_per_s >= 1.0:
             raise ValueError("SLOFeedback needs grow_per_s > 1 and relax_per_s >= 1")
         if not self.maximum_scale >= 1.0:
-            raise ValueError(
-                f"SLOFeedback.maximum_scale must be >= 1, got {self.maximum_scale!r}"
-            )
+            raise ValueError(f"SLOFeedback.maximum_scale must be >= 1, got {self.maximum_scale!r}")
 
     @staticmethod
     def latency_ratios(observation: ServingObservation) -> tuple[float | None, float | None]:

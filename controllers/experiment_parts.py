@@ -353,8 +353,9 @@ def run_scheduling_on_plant(
     """The second stage: each first-stage policy as an :class:`MDPPolicyScheduler`, plus
     chunked prefill, on the plant at the MDP's calibration clock."""
     if progress is not None:
-        progress("scheduling on the plant: MDP policies vs chunked prefill at the calibration "
-                 "clock")
+        progress(
+            "scheduling on the plant: MDP policies vs chunked prefill at the calibration clock"
+        )
     scheduling = parts["scheduling"]
     return _scheduling_on_plant(
         inputs.evaluation_workload,

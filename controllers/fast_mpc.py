@@ -203,8 +203,14 @@ class DiscreteSearchSolver:
             eligible[remaining[0]] = False
             eligible &= np.abs(ranked - candidate).sum(axis=1) >= self.start_spread
             plan, cost, trials = local_search(
-                candidate.copy(), block_of_step, moves, levels, self.maximum_trials,
-                table, parameters, arrivals,
+                candidate.copy(),
+                block_of_step,
+                moves,
+                levels,
+                self.maximum_trials,
+                table,
+                parameters,
+                arrivals,
             )
             self.last_trials += int(trials)
             if cost < best_cost:

@@ -379,9 +379,7 @@ class OnlineModel:
         self.time = RecursiveLeastSquares(
             np.zeros(len(TIME_BLOCKS) * k), broad_time, 1e-4, forgetting
         )
-        power_prior = np.concatenate(
-            [self._physics_power(block) for block in POWER_BLOCKS]
-        )
+        power_prior = np.concatenate([self._physics_power(block) for block in POWER_BLOCKS])
         power_cov = np.kron(
             np.eye(len(POWER_BLOCKS)),
             smooth_covariance(self.knots_mhz, 0.3 * self.power_limit_w, 0.5),

@@ -289,16 +289,19 @@ class MPCProblem:
         chunk = np.maximum(CHUNK_TOKENS - active, 32.0)
         inverse_rate = 1.0 / np.maximum(prefill_rate, 1e-12)
         prefilling = served_prefill * (t_dec / chunk + inverse_rate)
-        life = np.maximum(np.minimum(self.mean_output_tokens * t_dec, self.control_period_s),
-                          1e-9)
+        life = np.maximum(np.minimum(self.mean_output_tokens * t_dec, self.control_period_s), 1e-9)
         share = np.minimum(1.0, prefilling / life)
         # Tokens come one per iteration: a time share ``share`` of mixed iterations.
-        mixed = 1.0 / (share / (t_dec + chunk * inverse_rate)
-                       + (1.0 - share) / np.maximum(t_dec, 1e-12))
+        mixed = 1.0 / (
+            share / (t_dec + chunk * inverse_rate) + (1.0 - share) / np.maximum(t_dec, 1e-12)
+        )
         return np.where(active > 1e-9, np.maximum(stretched, mixed), 0.0)
 
     def ttft_proxy(
-        self, prefill: FloatArray, active: FloatArray, decode_rate: FloatArray,
+        self,
+        prefill: FloatArray,
+        active: FloatArray,
+        decode_rate: FloatArray,
         prefill_rate: FloatArray,
     ) -> FloatArray:
         """TTFT proxy of the ``iteration`` latency model: the queued prompt tokens plus a
@@ -482,5 +485,3 @@ class MPCProblem:
             + weights.constraint * limit_penalty
             + weights.terminal_backlog * terminal_backlog**2
         )
-
-

@@ -124,5 +124,3 @@ def refine_discrete_plan(
         if cost < best_cost - 1e-12:
             best_plan, best_cost = clocks[index].astype(float), cost
     return best_plan
-
-

@@ -111,11 +111,10 @@ class SafeExploration:
         allowed = frontier
         if candidates.size:
             table = model.table(candidates, REFERENCE_BATCH, 1024.0)
-            relative = np.maximum(_relative(*table["prefill_s_per_token"]),
-                                  _relative(*table["decode_iteration_s"]))
-            sure = np.flatnonzero(
-                zscore * relative <= self.maximum_relative_std * max(zscore, 1.0)
+            relative = np.maximum(
+                _relative(*table["prefill_s_per_token"]), _relative(*table["decode_iteration_s"])
             )
+            sure = np.flatnonzero(zscore * relative <= self.maximum_relative_std * max(zscore, 1.0))
             if sure.size:
                 allowed = float(candidates[sure[0]])
         self.exploring = allowed < frontier - 1e-9
@@ -128,8 +127,9 @@ class SafeExploration:
         self.floor_mhz = allowed
         return allowed
 
-    def _after_backoffs(self, allowed: float, clocks: FloatArray, step: float, *,
-                        calm: bool) -> float:
+    def _after_backoffs(
+        self, allowed: float, clocks: FloatArray, step: float, *, calm: bool
+    ) -> float:
         """``allowed`` raised to the floor left by recent back-offs, which comes down one
         step per ``calm_windows`` calm decisions."""
         if self.raised_floor_mhz is None:
@@ -159,8 +159,10 @@ class SafeExploration:
         """Measured latency / SLO below which the floor may step down."""
         if self.baseline is None:
             return self.explore_slack
-        return min(self.backoff_threshold - 0.05,
-                   max(self.explore_slack, self.baseline + self.baseline_headroom))
+        return min(
+            self.backoff_threshold - 0.05,
+            max(self.explore_slack, self.baseline + self.baseline_headroom),
+        )
 
     @property
     def backoff_threshold(self) -> float:

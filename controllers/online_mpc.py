@@ -185,8 +185,12 @@ class OnlineMPCController:
         an observation carried, else the enforced limit known at start, else the hinted
         board power (TDP x GPUs); None when nothing is known (no cap is assumed)."""
         board = None if self.prior is None else self.prior.board_power_w
-        for value in (observation.power_limit_w, self.last_power_limit_w, self.power_limit_w,
-                      board):
+        for value in (
+            observation.power_limit_w,
+            self.last_power_limit_w,
+            self.power_limit_w,
+            board,
+        ):
             if value is not None and math.isfinite(value) and value > 0.0:
                 if value is observation.power_limit_w:
                     self.last_power_limit_w = float(value)
@@ -198,8 +202,14 @@ class OnlineMPCController:
         self.model = None if observation is None else self._new_model(observation)
         self.mpc = None
         self.exploration = replace(
-            self.exploration, baseline=None, backoff_until_s=-math.inf, floor_mhz=None,
-            exploring=False, raised_floor_mhz=None, calm_count=0, raise_steps=1,
+            self.exploration,
+            baseline=None,
+            backoff_until_s=-math.inf,
+            floor_mhz=None,
+            exploring=False,
+            raised_floor_mhz=None,
+            calm_count=0,
+            raise_steps=1,
         )
         self.previous = observation
         self.resets += 1
@@ -420,15 +430,17 @@ class OnlineMPCController:
             self.mpc.current_clock = maximum
         return maximum
 
-    def descent_clock(self, observation: ServingObservation, slos: tuple[float, float]
-                      ) -> float | None:
+    def descent_clock(
+        self, observation: ServingObservation, slos: tuple[float, float]
+    ) -> float | None:
         """The decode descent's clock (:meth:`descent_window`), or None where it does
         not apply."""
         window = self.descent_window(observation, slos)
         return None if window is None else window[1]
 
-    def descent_window(self, observation: ServingObservation, slos: tuple[float, float]
-                       ) -> tuple[float, float] | None:
+    def descent_window(
+        self, observation: ServingObservation, slos: tuple[float, float]
+    ) -> tuple[float, float] | None:
         """``(bound, clock)`` for a decode-only window, or None where it does not apply:
         the lowest clock the measured latency allows, and the descent's clock.
 
@@ -456,8 +468,9 @@ class OnlineMPCController:
         assert model is not None
         bound = applied * pressure / self.exploration.explore_threshold
         clocks = model.clocks_mhz
-        table = model.table(clocks * model.realized_ratio, float(observation.decode_active),
-                            self.context_tokens)
+        table = model.table(
+            clocks * model.realized_ratio, float(observation.decode_active), self.context_tokens
+        )
         mean, std = table["decode_iteration_s"]
         optimistic = np.maximum(mean - self.uncertainty_z * std, 1e-9)
         energy = table["decode"][0] * optimistic
@@ -471,8 +484,9 @@ class OnlineMPCController:
         chosen = candidates[int(np.argmin(energy[candidates]))]
         return float(clocks[candidates[0]]), float(clocks[chosen])
 
-    def _mixed_iteration_s(self, observation: ServingObservation,
-                           table: dict[str, tuple[FloatArray, FloatArray]]) -> FloatArray:
+    def _mixed_iteration_s(
+        self, observation: ServingObservation, table: dict[str, tuple[FloatArray, FloatArray]]
+    ) -> FloatArray:
         """Pessimistic seconds of one mixed iteration (the running batch's decode plus a
         prefill chunk, each at mean + ``uncertainty_z`` std) per clock of ``table``
         (read at the running batch), made non-increasing in the clock."""
@@ -485,8 +499,9 @@ class OnlineMPCController:
         # Physics: no iteration gets faster at a lower clock.
         return _non_increasing(mixed)
 
-    def burst_floor(self, observation: ServingObservation, slos: tuple[float, float]
-                    ) -> float | None:
+    def burst_floor(
+        self, observation: ServingObservation, slos: tuple[float, float]
+    ) -> float | None:
         """The lowest clock for a prompt backlog, or None when none waits and none is
         expected sooner than the next decision. ``slos``: (TTFT SLO, TPOT SLO), seconds.
 
@@ -574,8 +589,11 @@ class OnlineMPCController:
 
 def _idle(observation: ServingObservation) -> bool:
     """No prompt waiting or being prefilled, nobody decoding."""
-    return (observation.prefill_remaining_tokens <= 0.0 and observation.decode_active == 0
-            and observation.waiting_requests == 0)
+    return (
+        observation.prefill_remaining_tokens <= 0.0
+        and observation.decode_active == 0
+        and observation.waiting_requests == 0
+    )
 
 
 def _first_fit(clocks: FloatArray, fits: NDArray[np.bool_]) -> float:

@@ -75,22 +75,25 @@ class PriorHints:
         for name in ("params_b", "active_params_b"):
             value = getattr(self, name)
             if value is not None and (not math.isfinite(value) or not 0.0 < value <= 1e5):
-                raise HintError(f"prior.{name} must be a positive number of billions, "
-                                f"got {value!r}")
+                raise HintError(
+                    f"prior.{name} must be a positive number of billions, got {value!r}"
+                )
         if (
             self.active_params_b is not None
             and self.params_b is not None
             and self.active_params_b > self.params_b
         ):
-            raise HintError(f"prior.active_params_b ({self.active_params_b:g}) exceeds "
-                            f"prior.params_b ({self.params_b:g})")
+            raise HintError(
+                f"prior.active_params_b ({self.active_params_b:g}) exceeds "
+                f"prior.params_b ({self.params_b:g})"
+            )
         if self.active_params_b is not None and self.params_b is None:
             raise HintError("prior.active_params_b needs prior.params_b (the total)")
         tp = self.tensor_parallel
         if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= 64:
             raise HintError(f"prior.tensor_parallel must be an integer 1-64, got {tp!r}")
         if self.gpu is not None and not self.gpu.strip():
-            raise HintError("prior.gpu must name a GPU (or be \"auto\"), got an empty string")
+            raise HintError('prior.gpu must name a GPU (or be "auto"), got an empty string')
 
 
 def gpu_family(name: str) -> GpuSpec | None:
@@ -115,14 +118,34 @@ def model_shape(params_b: float, active_params_b: float | None = None) -> ModelS
     attention = d_model * (d_model + 2 * n_kv * 128) + d_model * d_model
     if total <= active * 1.05:
         d_ff = max(256, int(round((active / n_layers - attention) / (3 * d_model) / 256)) * 256)
-        return ModelSpec("hint", "hinted model", int(total), int(active), n_layers, n_heads,
-                         n_kv, 128, d_model, d_ff)
+        return ModelSpec(
+            "hint",
+            "hinted model",
+            int(total),
+            int(active),
+            n_layers,
+            n_heads,
+            n_kv,
+            128,
+            d_model,
+            d_ff,
+        )
     per_expert = max(1.0, (active / n_layers - attention) / 2.0)  # two experts per token
     experts = max(3, int(round((total / n_layers - attention) / per_expert)))
     d_ff = max(128, int(round(per_expert / (3 * d_model))))
     return ModelSpec(
-        "hint", "hinted MoE model", int(total), int(active), n_layers, n_heads, n_kv, 128,
-        d_model, d_ff, n_experts=experts, experts_per_token=2,
+        "hint",
+        "hinted MoE model",
+        int(total),
+        int(active),
+        n_layers,
+        n_heads,
+        n_kv,
+        128,
+        d_model,
+        d_ff,
+        n_experts=experts,
+        experts_per_token=2,
         expert_parameter_count=min(int(total), int(experts * per_expert * n_layers)),
     )
 
@@ -185,8 +208,10 @@ def prior_from_hints(
     if gpu is None:
         if warn is not None:
             families = ", ".join(token for token, _ in GPU_FAMILIES)
-            warn(f"mpc-online prior: GPU {hints.gpu!r} is not a known family ({families}); "
-                 "no prior from the GPU name")
+            warn(
+                f"mpc-online prior: GPU {hints.gpu!r} is not a known family ({families}); "
+                "no prior from the GPU name"
+            )
         return None
     tp = hints.tensor_parallel
     table: tuple[tuple[float, float, float, float, float], ...] = ()

@@ -278,4 +278,3 @@ def fluid_energy_lower_bound(
         success=True,
         message=str(solution.message),
     )
-

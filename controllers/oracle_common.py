@@ -138,5 +138,3 @@ def maximum_clock_reference(
     return _run_fixed(
         tuple(workload), plant, scheduler, plant.profile.maximum_clock_mhz, seed, control_period_s
     )
-
-

@@ -180,5 +180,3 @@ def best_fixed_clock(
         reference_attainment=reference_attainment,
         tolerance=tolerance,
     )
-
-

@@ -444,5 +444,3 @@ def window_oracle(
         attempts=tuple(attempts),
         candidate_runs=total_forks,
     )
-
-

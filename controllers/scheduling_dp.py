@@ -258,5 +258,3 @@ def decode_priority_policy(mdp: SchedulingMDP) -> IntArray:
         [DECODE if d > 0 else (PREFILL if p > 0 and d < 6 else IDLE) for p, d, _ in mdp.states],
         dtype=int,
     )
-
-

@@ -399,5 +399,3 @@ def scheduling_mdp_from_trace(
         decision_period_s=decision_period_s,
         action_energy=action_energy,
     )
-
-

@@ -44,6 +44,7 @@ def _jit(function: _Function) -> _Function:
     except RuntimeError:
         return njit(cache=False, nogil=True)(function)  # type: ignore[no-any-return]
 
+
 # Rows of the per-level table (one column per supported clock).
 _PREFILL_CAPACITY = 0  # prefill tokens one period serves, at full share
 _DECODE_CAPACITY = 1  # decode tokens one period serves, at full share
@@ -64,7 +65,12 @@ _P_PREFILL, _P_DECODE, _P_ACTIVE, _P_TEMPERATURE = 0, 1, 2, 3
 _P_INV_PROMPT, _P_INV_OUTPUT, _P_MEAN_OUTPUT = 4, 5, 6
 _P_ITERATION, _P_TTFT_PROMPT, _P_TTFT_TARGET, _P_TPOT_TARGET = 7, 8, 9, 10
 _P_W_POWER, _P_W_TTFT, _P_W_TPOT, _P_W_CHANGE, _P_W_LIMIT, _P_W_TERMINAL = (
-    11, 12, 13, 14, 15, 16,
+    11,
+    12,
+    13,
+    14,
+    15,
+    16,
 )
 _P_CHECK_POWER, _P_POWER_LIMIT, _P_INV_MAX_POWER = 17, 18, 19
 _P_CHECK_THERMAL, _P_AMBIENT, _P_RESISTANCE, _P_DECAY, _P_THERMAL_LIMIT = 20, 21, 22, 23, 24
@@ -227,9 +233,7 @@ def _advance(
     tpot = max(tpot, 0.0)
     limit = 0.0
     if parameters[_P_CHECK_POWER] > 0.0:
-        over_power = max(
-            0.0, power * parameters[_P_INV_MAX_POWER] - parameters[_P_POWER_LIMIT]
-        )
+        over_power = max(0.0, power * parameters[_P_INV_MAX_POWER] - parameters[_P_POWER_LIMIT])
         limit += over_power * over_power
     if parameters[_P_CHECK_THERMAL] > 0.0:
         equilibrium = parameters[_P_AMBIENT] + parameters[_P_RESISTANCE] * power
@@ -253,9 +257,7 @@ def _advance(
 @_jit
 def _terminal(state: FloatArray, parameters: FloatArray) -> float:
     """The terminal backlog term of the state after the last period."""
-    backlog = (
-        state[0] * parameters[_P_INV_PREFILL_MAX] + state[1] * parameters[_P_INV_DECODE_MAX]
-    )
+    backlog = state[0] * parameters[_P_INV_PREFILL_MAX] + state[1] * parameters[_P_INV_DECODE_MAX]
     return parameters[_P_W_TERMINAL] * backlog * backlog
 
 
@@ -367,9 +369,7 @@ def local_search(
     trial = plan.copy()
     states = np.zeros((steps + 1, 5))
     states[0, :4] = _initial_state(parameters)
-    cost = _roll(
-        current, block_of_step, 0, states, np.inf, True, table, parameters, arrivals
-    )
+    cost = _roll(current, block_of_step, 0, states, np.inf, True, table, parameters, arrivals)
     trials = 0
     since_improvement = 0
     move = 0
@@ -399,13 +399,27 @@ def local_search(
             tolerance = 1e-12 * max(1.0, abs(cost))
             start = first_step[changed]
             value = _roll(
-                trial, block_of_step, start, states, cost - tolerance, False, table,
-                parameters, arrivals,
+                trial,
+                block_of_step,
+                start,
+                states,
+                cost - tolerance,
+                False,
+                table,
+                parameters,
+                arrivals,
             )
             if value < cost - tolerance:
                 current[:] = trial
                 cost = _roll(
-                    current, block_of_step, start, states, np.inf, True, table, parameters,
+                    current,
+                    block_of_step,
+                    start,
+                    states,
+                    np.inf,
+                    True,
+                    table,
+                    parameters,
                     arrivals,
                 )
                 since_improvement = 0
@@ -433,7 +447,13 @@ def compile_kernels() -> None:
     plans = np.zeros((1, 1), dtype=np.int64)
     price_plans(plans, blocks, table, parameters, arrivals)
     local_search(
-        plans[0].copy(), blocks, np.ones((1, 1), dtype=np.int64), 2, 4, table, parameters,
+        plans[0].copy(),
+        blocks,
+        np.ones((1, 1), dtype=np.int64),
+        2,
+        4,
+        table,
+        parameters,
         arrivals,
     )
     _COMPILED = True

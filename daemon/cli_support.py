@@ -86,9 +86,7 @@ def controller_label(spec: str) -> str:
 def check_fixed_clock(config: object, low_mhz: float, high_mhz: float, spec: str) -> None:
     """Refuse ``fixed:MHZ`` outside the supported range ``[low, high]`` (rather than
     clamping it silently)."""
-    if isinstance(config, FixedControllerConfig) and not (
-        low_mhz <= config.clock_mhz <= high_mhz
-    ):
+    if isinstance(config, FixedControllerConfig) and not (low_mhz <= config.clock_mhz <= high_mhz):
         raise UsageError(
             f"--controller {spec}: outside the supported range {low_mhz:g}-{high_mhz:g} MHz"
         )
@@ -111,9 +109,7 @@ def check_engine_url(url: str) -> None:
         )
 
 
-def load_trace_for_cli(
-    trace: str, **options: Any
-) -> tuple[tuple[Request, ...], TraceLoadReport]:
+def load_trace_for_cli(trace: str, **options: Any) -> tuple[tuple[Request, ...], TraceLoadReport]:
     """``load_trace`` with its warnings (skipped zero-token rows) as one stderr line each."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TraceWarning)
@@ -149,26 +145,46 @@ def format_summary(metrics: dict[str, Any], title: str = "") -> str:
         ("energy", _fmt(metrics["energy_j"] / 1000.0, " kJ", 2)),
         ("energy per output token", _fmt(metrics["energy_per_output_token_j"], " J", 4)),
         ("mean power", _fmt(metrics["mean_power_w"], " W", 1)),
-        ("TTFT p50 / p95 / p99", " / ".join(
-            _fmt(metrics[k], " s") for k in ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s"))),
-        ("TPOT p50 / p95 / p99", " / ".join(
-            _fmt(metrics[k] * 1000 if metrics[k] is not None else None, " ms", 1)
-            for k in ("tpot_p50_s", "tpot_p95_s", "tpot_p99_s"))),
-        ("SLO attainment", _fmt(
-            metrics["slo_attainment"] * 100 if metrics["slo_attainment"] is not None else None,
-            " %", 2)),
-        ("SLOs (TTFT / TPOT)",
-         f"{metrics['ttft_slo_s']:g} s"
-         + (f" + {metrics['ttft_slo_per_prompt_token_s'] * 1e6:g} us/prompt token"
-            if metrics.get("ttft_slo_per_prompt_token_s") else "")
-         + f" / {metrics['tpot_slo_s'] * 1000:g} ms"),
-        ("requests completed / arrived",
-         f"{metrics['completed_requests']} / {metrics['arrived_requests']}"
-         f" ({metrics['censored_requests']} censored)"),
+        (
+            "TTFT p50 / p95 / p99",
+            " / ".join(_fmt(metrics[k], " s") for k in ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s")),
+        ),
+        (
+            "TPOT p50 / p95 / p99",
+            " / ".join(
+                _fmt(metrics[k] * 1000 if metrics[k] is not None else None, " ms", 1)
+                for k in ("tpot_p50_s", "tpot_p95_s", "tpot_p99_s")
+            ),
+        ),
+        (
+            "SLO attainment",
+            _fmt(
+                metrics["slo_attainment"] * 100 if metrics["slo_attainment"] is not None else None,
+                " %",
+                2,
+            ),
+        ),
+        (
+            "SLOs (TTFT / TPOT)",
+            f"{metrics['ttft_slo_s']:g} s"
+            + (
+                f" + {metrics['ttft_slo_per_prompt_token_s'] * 1e6:g} us/prompt token"
+                if metrics.get("ttft_slo_per_prompt_token_s")
+                else ""
+            )
+            + f" / {metrics['tpot_slo_s'] * 1000:g} ms",
+        ),
+        (
+            "requests completed / arrived",
+            f"{metrics['completed_requests']} / {metrics['arrived_requests']}"
+            f" ({metrics['censored_requests']} censored)",
+        ),
         ("output tokens", str(metrics["output_tokens"])),
         ("simulated time", _fmt(metrics["simulated_duration_s"], " s", 1)),
-        ("power-cap / thermal violation", f"{metrics['power_cap_violation_s']:.2f} s / "
-                                          f"{metrics['thermal_violation_s']:.2f} s"),
+        (
+            "power-cap / thermal violation",
+            f"{metrics['power_cap_violation_s']:.2f} s / {metrics['thermal_violation_s']:.2f} s",
+        ),
         ("peak temperature", _fmt(metrics["peak_temperature_c"], " C", 1)),
         ("clock changes", str(metrics["clock_changes"])),
     ]
@@ -220,9 +236,7 @@ def check_output_file(flag: str, path: str | os.PathLike[str] | None) -> None:
     if os.path.exists(parent) and not os.path.isdir(parent):
         raise UsageError(f"{flag} {target}: {parent} is not a directory")
     if not os.path.isdir(parent):
-        raise UsageError(
-            f"{flag} {target}: directory {parent} does not exist (create it first)"
-        )
+        raise UsageError(f"{flag} {target}: directory {parent} does not exist (create it first)")
     try:
         with tempfile.NamedTemporaryFile(dir=parent, prefix=".gpugov-write-test-"):
             pass
@@ -248,9 +262,7 @@ def prepare_output_dir(flag: str, path: str | os.PathLike[str]) -> None:
         ) from error
 
 
-def check_workload_fits(
-    workload: Sequence[Request], plant: ServingPlant, trace: str
-) -> None:
+def check_workload_fits(workload: Sequence[Request], plant: ServingPlant, trace: str) -> None:
     """Refuse a workload the plant cannot run: a request larger than the KV cache, or
     a window longer than :data:`MAX_SIMULATED_DAYS` (it would not end in reasonable time).
     """
@@ -315,8 +327,7 @@ def require_extra(module: str, needed_for: str) -> None:
     except ImportError as error:
         extra = EXTRAS.get(module, module)
         raise UsageError(
-            f"{needed_for} needs {module}, which is not installed: "
-            f"pip install 'gpugov[{extra}]'"
+            f"{needed_for} needs {module}, which is not installed: pip install 'gpugov[{extra}]'"
         ) from error
 
 

@@ -378,9 +378,7 @@ def format_validation_error(error: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-_CONTROLLER_TAGS = frozenset(
-    {"max", "fixed", "reactive", "open-loop", "mpc", "mpc-online"}
-)
+_CONTROLLER_TAGS = frozenset({"max", "fixed", "reactive", "open-loop", "mpc", "mpc-online"})
 
 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> GpugovConfig:

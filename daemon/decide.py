@@ -83,7 +83,7 @@ def canonical_controller_name(name: str) -> str:
     """The one name of a controller (``max``, ``fixed:MHZ``, ``reactive``, ``open-loop``,
     ``mpc``, ``mpc-slsqp``), also for a name an older recording or result carries."""
     if name.startswith("fixed_") and name.endswith("_mhz"):
-        return f"fixed:{name[len('fixed_'):-len('_mhz')]}"
+        return f"fixed:{name[len('fixed_') : -len('_mhz')]}"
     return OLD_CONTROLLER_NAMES.get(name, name)
 
 
@@ -279,8 +279,10 @@ def _hinted_prior(
     if gpu is not None and gpu.strip().lower() == AUTO:
         gpu = gpu_name
         if not gpu:
-            log.warning("mpc-online prior: gpu = \"auto\" but the GPU reports no name; "
-                        "no prior from the GPU name")
+            log.warning(
+                'mpc-online prior: gpu = "auto" but the GPU reports no name; '
+                "no prior from the GPU name"
+            )
     return prior_from_hints(
         PriorHints(
             gpu=gpu or None,
@@ -435,6 +437,8 @@ def warm_up(
     started = time.perf_counter()
     probe(observation)
     return time.perf_counter() - started
+
+
 def _check_profile(name: str, text: str) -> None:
     """Refuse an MPC profile that is neither bundled nor a profile file (one line)."""
     from gpugov.plant.profile import ProfileError, resolve_profile_path

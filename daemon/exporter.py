@@ -288,15 +288,18 @@ class SnapshotCollector(Collector):
         residuals = {
             "busy_s": _gauge(
                 "gpugov_model_busy_residual_seconds",
-                "RMS innovation of the learned busy-time fit (seconds per window)", d,
+                "RMS innovation of the learned busy-time fit (seconds per window)",
+                d,
             ),
             "energy_j": _gauge(
                 "gpugov_model_energy_residual_joules",
-                "RMS innovation of the learned energy fit (joules per window)", d,
+                "RMS innovation of the learned energy fit (joules per window)",
+                d,
             ),
             "temperature_c": _gauge(
                 "gpugov_model_temperature_residual_celsius",
-                "RMS innovation of the learned thermal fit (degrees per window)", d,
+                "RMS innovation of the learned thermal fit (degrees per window)",
+                d,
             ),
         }
         confidence = _gauge(
@@ -315,11 +318,13 @@ class SnapshotCollector(Collector):
         floor = _gauge("gpugov_model_floor_hertz", "Lowest clock the exploration allows now", d)
         guard = _gauge(
             "gpugov_model_burst_guard_active",
-            "1 when the last decision was raised to the burst guard's clock", d,
+            "1 when the last decision was raised to the burst guard's clock",
+            d,
         )
         descent = _gauge(
             "gpugov_model_decode_descent_active",
-            "1 when the last decision was lowered by the decode descent", d,
+            "1 when the last decision was lowered by the decode descent",
+            d,
         )
         backoffs = CounterMetricFamily(
             "gpugov_model_backoffs",

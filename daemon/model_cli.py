@@ -130,8 +130,12 @@ def describe(domain: str, path: Path, payload: dict[str, Any], model: OnlineMode
 
 
 def export(
-    domain: str, payload: dict[str, Any], model: OnlineModel, out: Path,
-    ttft_slo_s: float | None, tpot_slo_s: float | None,
+    domain: str,
+    payload: dict[str, Any],
+    model: OnlineModel,
+    out: Path,
+    ttft_slo_s: float | None,
+    tpot_slo_s: float | None,
 ) -> tuple[Path, Path]:
     """Write ``online-<domain>.csv`` and ``.json`` (status ``online-identified``)."""
     slos = payload.get("slos") or {}
@@ -224,8 +228,9 @@ def run_model(args: argparse.Namespace) -> int:
             if args.action == "show":
                 print(describe(domain, path, payload, model))
             else:
-                written = export(domain, payload, model, Path(args.out), args.ttft_slo,
-                                 args.tpot_slo)
+                written = export(
+                    domain, payload, model, Path(args.out), args.ttft_slo, args.tpot_slo
+                )
                 for item in written:
                     print(f"wrote {item}")
     except (ModelCliError, ConfigError) as error:
@@ -252,14 +257,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         sub = actions.add_parser(action, help=text, description=text)
         sub.add_argument("--config", metavar="FILE", help="the daemon's TOML config")
         sub.add_argument(
-            "--state-dir", metavar="DIR", default=None,
+            "--state-dir",
+            metavar="DIR",
+            default=None,
             help="state directory (default: the config's state_dir or $STATE_DIRECTORY)",
         )
         sub.add_argument("--domain", metavar="NAME", default=None, help="only this domain")
         if action == "export":
             sub.add_argument("--out", required=True, metavar="DIR", help="output directory")
-            sub.add_argument("--ttft-slo", type=float, default=None, metavar="S",
-                             help="TTFT SLO for the manifest (default: the stored one)")
-            sub.add_argument("--tpot-slo", type=float, default=None, metavar="S",
-                             help="TPOT SLO for the manifest (default: the stored one)")
+            sub.add_argument(
+                "--ttft-slo",
+                type=float,
+                default=None,
+                metavar="S",
+                help="TTFT SLO for the manifest (default: the stored one)",
+            )
+            sub.add_argument(
+                "--tpot-slo",
+                type=float,
+                default=None,
+                metavar="S",
+                help="TPOT SLO for the manifest (default: the stored one)",
+            )
         sub.set_defaults(handler=run_model, action=action)

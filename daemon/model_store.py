@@ -188,8 +188,8 @@ class PersistentOnlineModel:
             except OSError as rename_error:
                 where = f"; could not set it aside: {rename_error}"
             self._say(
-                logging.WARNING, f"learned model refused: {self.path}: {error}{where}; "
-                "learning anew"
+                logging.WARNING,
+                f"learned model refused: {self.path}: {error}{where}; learning anew",
             )
             return
         self.restored = True

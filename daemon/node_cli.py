@@ -611,11 +611,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--simulate", action="store_true", help="run against the simulated plant instead"
     )
     run_parser.add_argument(
-        "--trace", default=None, metavar="NAME|PATH",
+        "--trace",
+        default=None,
+        metavar="NAME|PATH",
         help="--simulate: trace name (see gpugov traces) or file (default azure-conv-10min)",
     )
     run_parser.add_argument(
-        "--profile", default=DEFAULT_PROFILE,
+        "--profile",
+        default=DEFAULT_PROFILE,
         help=f"--simulate: the plant's profile, name or manifest (default {DEFAULT_PROFILE})",
     )
     run_parser.add_argument(
@@ -629,9 +632,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="X",
         help=f"--simulate: simulated seconds per wall second (default {DEFAULT_SPEED:g})",
     )
-    pace.add_argument(
-        "--virtual", action="store_true", help="--simulate: run as fast as possible"
-    )
+    pace.add_argument("--virtual", action="store_true", help="--simulate: run as fast as possible")
     run_parser.add_argument(
         "--duration",
         type=float,
@@ -640,22 +641,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="--simulate: the trace window's length in seconds (default: the whole trace)",
     )
     run_parser.add_argument(
-        "--load-scale", type=float, default=1.0, metavar="X",
+        "--load-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
         help="--simulate: X>1 compresses inter-arrival times (more load), X<1 dilates "
         "(after the --duration window is cut)",
     )
     run_parser.add_argument(
-        "--keep-batched-stamps", action="store_true",
+        "--keep-batched-stamps",
+        action="store_true",
         help="--simulate: replay a grid-quantised trace's timestamps as written (default: "
         "spread each batch over its grid step, e.g. Mooncake's 3 s)",
     )
     run_parser.add_argument(
-        "--control-period", type=float, default=1.0, metavar="S",
+        "--control-period",
+        type=float,
+        default=1.0,
+        metavar="S",
         help="--simulate: seconds between decisions (a node run takes daemon.period_s)",
     )
     hidden_alias(run_parser, "--period", "control_period", float)
     run_parser.add_argument(
-        "--dwell", type=float, default=None, metavar="S",
+        "--dwell",
+        type=float,
+        default=None,
+        metavar="S",
         help="--simulate: hold each clock at least S seconds (default 1)",
     )
     run_parser.add_argument(
@@ -668,7 +679,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="serve /metrics here (default 127.0.0.1:9400 or the config's; 'none' to disable)",
     )
     run_parser.add_argument(
-        "--record", default=None, metavar="FILE.jsonl",
+        "--record",
+        default=None,
+        metavar="FILE.jsonl",
         help="write one JSON line per domain per tick (for gpugov replay and gpugov plot); "
         "its directory must exist",
     )
@@ -692,7 +705,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     reset.add_argument("--gpus", default="all", help="'all' or indices/UUIDs, comma separated")
     reset.add_argument(
-        "--backend", default="nvml", choices=["nvml", "nvidia-smi"],
+        "--backend",
+        default="nvml",
+        choices=["nvml", "nvidia-smi"],
         help="reset through NVML (default) or the nvidia-smi command",
     )
     reset.set_defaults(handler=cmd_reset_clocks)
@@ -702,7 +717,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     status.add_argument("--config", metavar="FILE", help="also check the config's engines")
     status.add_argument(
-        "--engine-url", action="append", metavar="URL",
+        "--engine-url",
+        action="append",
+        metavar="URL",
         help="also check this engine's metrics page (repeatable)",
     )
     status.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -113,8 +113,7 @@ def _with_recorded_forecasts(spec: ControllerConfig, info: dict[str, Any]) -> Co
     return spec.model_copy(update=update) if update else spec
 
 
-def _replayed_controller(spec: ControllerConfig, info: dict[str, Any], period_s: float
-                         ) -> Any:
+def _replayed_controller(spec: ControllerConfig, info: dict[str, Any], period_s: float) -> Any:
     """The controller ``spec`` asks for, given the recorded domain's GPU names and count
     (``gpu_names``, ``gpus``) as the daemon was, for an ``mpc-online`` hint ``gpu =
     "auto"`` (a recording without names: one warning, no prior from the name)."""

@@ -110,7 +110,8 @@ class SimulatedBackend:
             utilization=observation.gpu_utilization,
             clock_event_reasons=self._node.simulation.clock_event_reasons,
             power_limit_w=(
-                None if observation.power_limit_w is None
+                None
+                if observation.power_limit_w is None
                 else observation.power_limit_w * self._share
             ),
         )

@@ -61,7 +61,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Serving-aware GPU clock governor and its simulated serving plant.",
     )
     parser.add_argument(
-        "--version", action="version", version=f"gpugov {__version__}",
+        "--version",
+        action="version",
+        version=f"gpugov {__version__}",
         help="print the version and exit",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

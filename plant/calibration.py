@@ -337,18 +337,21 @@ def attention_points() -> tuple[AttentionPoint, ...]:
     )
 
 
-def a100_llama3_8b_decode_points(batch: int, context_tokens: int
-                                  ) -> tuple[LinearPoint, AttentionPoint]:
+def a100_llama3_8b_decode_points(
+    batch: int, context_tokens: int
+) -> tuple[LinearPoint, AttentionPoint]:
     """Vidur's A100 Llama-3-8B (TP 1) kernels of one decode iteration: the linear
     operators at ``batch`` tokens and decode attention for ``batch`` sequences of
     ``context_tokens`` (the only model with both tables; StopIteration when unmeasured)."""
     linear = next(
-        p for p in linear_points()
+        p
+        for p in linear_points()
         if (p.gpu, p.model, p.shape.tensor_parallel, p.num_tokens)
         == ("a100", "Llama-3-8B", 1, batch)
     )
     attention = next(
-        p for p in attention_points()
+        p
+        for p in attention_points()
         if (p.model, p.tensor_parallel, p.batch, p.context_tokens)
         == ("Llama-3-8B", 1, batch, context_tokens)
     )
@@ -383,9 +386,7 @@ def fit_attention() -> AttentionEfficiency:
 
 def predict_attention(point: AttentionPoint) -> float:
     """Model time of a measured attention point with the fitted attention efficiency."""
-    return attention_time_s(
-        fit_attention(), point.kv_bytes, _measured_linear_bandwidth(point.gpu)
-    )
+    return attention_time_s(fit_attention(), point.kv_bytes, _measured_linear_bandwidth(point.gpu))
 
 
 def attention_fit_quality() -> dict[str, float | int]:

@@ -522,7 +522,5 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
 def _is_number(value: object) -> bool:
     """A finite int or float that is not a bool (JSON ``true`` is not a number here)."""
     return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and bool(np.isfinite(value))
+        isinstance(value, int | float) and not isinstance(value, bool) and bool(np.isfinite(value))
     )

@@ -133,9 +133,13 @@ def _attention_rows(d: Domain) -> list[dict[str, Any]]:
             or (contexts is not None and point.context_tokens not in contexts)
         ):
             continue
-        proxy = "" if point.model.startswith("Llama-3") and tp == d.tp else (
-            f" ({point.kv_heads_per_gpu} KV heads per GPU, as {d.model.name.split(' ')[0]} "
-            f"at TP {d.tp})"
+        proxy = (
+            ""
+            if point.model.startswith("Llama-3") and tp == d.tp
+            else (
+                f" ({point.kv_heads_per_gpu} KV heads per GPU, as {d.model.name.split(' ')[0]} "
+                f"at TP {d.tp})"
+            )
         )
         rows.append(
             _row(
@@ -171,7 +175,8 @@ def _decode_iteration_rows(d: Domain) -> list[dict[str, Any]]:
             "Vidur's execution time with its default skip_cpu_overhead_modeling; the profile's "
             "full iteration adds the output projection and the engine overheads",
             layers * (linear.layer_s + attention.layer_s) * 1e3,
-            layers * (calibration.predict_point(linear) + calibration.predict_attention(attention))
+            layers
+            * (calibration.predict_point(linear) + calibration.predict_attention(attention))
             * 1e3,
             "check",
         )
@@ -520,9 +525,7 @@ def _assumptions(d: Domain, mu: float) -> list[str]:
             "the reference batch's weight share, so it overstates weight time at small batches."
         )
     sigma = clock_fixed_stream_share(p)
-    capped = [
-        f for f in d.clocks() if power_capped_decode_clock(d, f, mu, sigma) < f
-    ]
+    capped = [f for f in d.clocks() if power_capped_decode_clock(d, f, mu, sigma) < f]
     if capped:
         items.append(
             f"At locked clocks from {capped[0]} MHz up the modelled decode power exceeds the "

@@ -295,9 +295,7 @@ class PlantSimulation(GpuPhysics):
         generated = self._sum_gen0 + decode_active * self._decode_counter - self._sum_start
         kv = self._kv_prefill + self._kv_running()
         elapsed = now - self._window_start
-        utilization = (
-            (self._busy_s - self._window_busy0) / elapsed if elapsed > _EPS else None
-        )
+        utilization = (self._busy_s - self._window_busy0) / elapsed if elapsed > _EPS else None
         profile = self.plant.profile
         observation = ServingObservation(
             time_s=now,
@@ -384,11 +382,7 @@ class PlantSimulation(GpuPhysics):
                 self._idle_until = None
 
     def _kv_running(self) -> int:
-        return (
-            self._sum_plen_running
-            + len(self._running) * self._decode_counter
-            - self._sum_start
-        )
+        return self._sum_plen_running + len(self._running) * self._decode_counter - self._sum_start
 
     def _next_pending_time(self) -> float:
         return self._pending[0][0] if self._pending else math.inf

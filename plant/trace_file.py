@@ -39,7 +39,8 @@ def read_trace_text(
                 total += len(chunk)
                 if total > MAX_TRACE_BYTES:
                     raise fail(
-                        path, None,
+                        path,
+                        None,
                         f"larger than the {MAX_TRACE_BYTES:,}-byte limit of a trace; "
                         "split it or select the window you need first",
                     )
@@ -48,7 +49,8 @@ def read_trace_text(
                     length = len(part) + (line_length if index == 0 else 0)
                     if length > MAX_LINE_BYTES:
                         raise fail(
-                            path, lines_before + index + 1,
+                            path,
+                            lines_before + index + 1,
                             f"line longer than {MAX_LINE_BYTES} bytes; not a trace "
                             "(rows are a timestamp and two token counts)",
                         )

@@ -535,9 +535,7 @@ def load_trace(
         )
 
     arrivals, grid = (
-        spread_batched_arrivals(parsed.arrivals_s)
-        if spread_batches
-        else (parsed.arrivals_s, None)
+        spread_batched_arrivals(parsed.arrivals_s) if spread_batches else (parsed.arrivals_s, None)
     )
     end_s = math.inf if duration_s is None else start_s + duration_s
     requests: list[Request] = []

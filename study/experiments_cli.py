@@ -192,9 +192,7 @@ def format_summary_markdown(results: Mapping[str, Any], *, elapsed_s: float | No
     for key, label in MPC_CONTROLLERS:
         suffix = " (same run as open-loop shifted)" if key == "open-loop" else ""
         lines.append(_metrics_row(f"{label}, shifted{suffix}", mpc[key]["metrics"]))
-    lines.append(
-        _metrics_row("Modelling run (max, animation)", results["modeling"]["metrics"])
-    )
+    lines.append(_metrics_row("Modelling run (max, animation)", results["modeling"]["metrics"]))
     mismatch = results["open_loop"]["mismatch_metrics"]
     lines += [
         "",
@@ -573,8 +571,9 @@ def build_sharded_results(
     pool or Ray), then the on-plant stage and the assembly here: the same result."""
     parts: dict[str, dict[str, Any]] = {}
     progress(f"running {len(FIRST_STAGE)} independent parts as tasks: {', '.join(FIRST_STAGE)}")
-    for done in map_cells(run_part_task, list(FIRST_STAGE), spec=spec,
-                          shared={"inputs": inputs}, on_event=progress):
+    for done in map_cells(
+        run_part_task, list(FIRST_STAGE), spec=spec, shared={"inputs": inputs}, on_event=progress
+    ):
         name = FIRST_STAGE[done.index]
         parts[name] = done.value
         progress(f"part {name} done ({len(parts)}/{len(FIRST_STAGE)}, on {done.worker})")

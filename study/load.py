@@ -179,14 +179,18 @@ def format_report(summary: dict[str, Any]) -> str:
         )
 
     rows = [
-        ("requests sent / completed / failed",
-         f"{summary['requests_sent']} / {summary['requests_completed']} / "
-         f"{summary['requests_failed']} (unfinished {summary['requests_unfinished']}, "
-         f"not sent {summary['requests_not_sent']})"),
+        (
+            "requests sent / completed / failed",
+            f"{summary['requests_sent']} / {summary['requests_completed']} / "
+            f"{summary['requests_failed']} (unfinished {summary['requests_unfinished']}, "
+            f"not sent {summary['requests_not_sent']})",
+        ),
         ("TTFT p50 / p90 / p99 (client)", ms(summary["ttft_s"]) + " ms"),
         ("TPOT p50 / p90 / p99 (client)", ms(summary["tpot_s"]) + " ms"),
-        ("output tokens", f"{summary['output_tokens']} "
-         f"({(summary['output_tokens_per_s'] or 0):.1f} tok/s)"),
+        (
+            "output tokens",
+            f"{summary['output_tokens']} ({(summary['output_tokens_per_s'] or 0):.1f} tok/s)",
+        ),
         ("late starts", str(summary["late_starts"])),
         ("wall time", f"{summary['wall_s']:.1f} s"),
     ]

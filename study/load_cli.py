@@ -42,12 +42,14 @@ def cmd_load(args: argparse.Namespace) -> int:
     together = (
         f" (at {len(groups)} arrival times, up to {max(groups.values())} at once: "
         "--load-scale spaces these groups, it never splits one)"
-        if len(groups) < len(workload) else ""
+        if len(groups) < len(workload)
+        else ""
     )
     print(
         f"gpugov load: {len(workload)} requests from {Path(report.path).name} over "
         f"{window:.0f} s{together} against {args.url} (model {model})",
-        file=sys.stderr, flush=True,
+        file=sys.stderr,
+        flush=True,
     )
     stop = threading.Event()
 
@@ -58,7 +60,9 @@ def cmd_load(args: argparse.Namespace) -> int:
     progress = Progress(max(window, 1e-9), "load", unit="s", enabled=not args.quiet)
     try:
         run = run_load(
-            workload, args.url, model,
+            workload,
+            args.url,
+            model,
             max_concurrency=args.max_concurrency,
             request_timeout_s=args.request_timeout,
             drain_s=args.drain,
@@ -83,8 +87,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         path.write_text(json.dumps(summary, indent=2) + "\n")
     if summary["requests_sent"] and not summary["requests_completed"]:
         first = next(iter(summary["errors"]), "no request finished")
-        print(f"gpugov: error: no request completed against {args.url}: {first}",
-              file=sys.stderr)
+        print(f"gpugov: error: no request completed against {args.url}: {first}", file=sys.stderr)
         return 1
     return 130 if stop.is_set() else 0
 
@@ -99,33 +102,84 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "ignore_eos), to gpugov emulate or a real vLLM/SGLang, and report TTFT and TPOT "
         "percentiles measured by the client.",
     )
-    parser.add_argument("--trace", required=True, metavar="NAME|PATH",
-                        help="trace name (gpugov traces) or file")
-    parser.add_argument("--url", required=True, metavar="URL",
-                        help="the engine's base URL, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--load-scale", type=float, default=1.0, metavar="X",
-                        help="arrival-rate multiplier (2 halves every gap; default 1)")
-    parser.add_argument("--duration", type=float, default=None, metavar="S",
-                        help="trace window length in trace seconds (default: the whole trace)")
-    parser.add_argument("--keep-batched-stamps", action="store_true",
-                        help="send a grid-quantised trace's batches at once, as written "
-                        "(default: spread each batch over its grid step)")
-    parser.add_argument("--start", type=float, default=0.0, metavar="S",
-                        help="trace window start in trace seconds (default 0)")
-    parser.add_argument("--model", default=None,
-                        help="model id to request (default: the first of GET /v1/models)")
-    parser.add_argument("--prompt", choices=["ids", "text"], default="ids",
-                        help="send prompts as token ids (exact; default) or as text")
-    parser.add_argument("--max-model-len", type=int, default=None, metavar="N",
-                        help="clip prompt + output to N tokens (for models shorter than the "
-                        "trace's requests)")
-    parser.add_argument("--max-concurrency", type=int, default=256, metavar="N",
-                        help="requests in flight at most (default 256)")
-    parser.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
-                        help="one request's timeout (default 600)")
-    parser.add_argument("--drain", type=float, default=120.0, metavar="S",
-                        help="wait at most this long after the last arrival (default 120)")
-    parser.add_argument("--json", default=None, metavar="FILE",
-                        help="also write the summary (counts, percentiles in seconds) as JSON")
+    parser.add_argument(
+        "--trace", required=True, metavar="NAME|PATH", help="trace name (gpugov traces) or file"
+    )
+    parser.add_argument(
+        "--url",
+        required=True,
+        metavar="URL",
+        help="the engine's base URL, e.g. http://127.0.0.1:8000",
+    )
+    parser.add_argument(
+        "--load-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="arrival-rate multiplier (2 halves every gap; default 1)",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="S",
+        help="trace window length in trace seconds (default: the whole trace)",
+    )
+    parser.add_argument(
+        "--keep-batched-stamps",
+        action="store_true",
+        help="send a grid-quantised trace's batches at once, as written "
+        "(default: spread each batch over its grid step)",
+    )
+    parser.add_argument(
+        "--start",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="trace window start in trace seconds (default 0)",
+    )
+    parser.add_argument(
+        "--model", default=None, help="model id to request (default: the first of GET /v1/models)"
+    )
+    parser.add_argument(
+        "--prompt",
+        choices=["ids", "text"],
+        default="ids",
+        help="send prompts as token ids (exact; default) or as text",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        metavar="N",
+        help="clip prompt + output to N tokens (for models shorter than the trace's requests)",
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=256,
+        metavar="N",
+        help="requests in flight at most (default 256)",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="one request's timeout (default 600)",
+    )
+    parser.add_argument(
+        "--drain",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="wait at most this long after the last arrival (default 120)",
+    )
+    parser.add_argument(
+        "--json",
+        default=None,
+        metavar="FILE",
+        help="also write the summary (counts, percentiles in seconds) as JSON",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     parser.set_defaults(handler=cmd_load)

@@ -186,9 +186,7 @@ def run_segments(
             if simulation.done and step > 0:
                 break
             observation = simulation.observe()
-            observation = replace(
-                observation, time_s=observation.time_s + offset, model_name=name
-            )
+            observation = replace(observation, time_s=observation.time_s + offset, model_name=name)
             simulation.request_clock(float(controller(observation)))
             step += 1
         results.append(
@@ -274,9 +272,7 @@ def online_model_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     mine = [row for row in rows if row.get("controller") == "mpc-online"]
     if not mine:
         return []
-    fast = {
-        row["scenario"]: row for row in rows if row.get("controller") == "mpc"
-    }
+    fast = {row["scenario"]: row for row in rows if row.get("controller") == "mpc"}
     lines = [
         "",
         "## Online MPC: capture and learned-model error",

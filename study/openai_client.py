@@ -139,7 +139,9 @@ def stream_completion(
                 barrier.wait(timeout=min(timeout_s, 30.0))
         timing.sent_s = clock()
         connection.request(
-            "POST", f"{prefix}/v1/completions", body=data,
+            "POST",
+            f"{prefix}/v1/completions",
+            body=data,
             headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
         )
         response = connection.getresponse()

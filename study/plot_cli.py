@@ -64,7 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument("file", metavar="FILE.jsonl", help="a recording from run --record")
     parser.add_argument(
-        "--out", default=None, metavar="FILE.png",
+        "--out",
+        default=None,
+        metavar="FILE.png",
         help="the PNG to write (default: FILE.png beside the recording; with several "
         "domains, one FILE-DOMAIN.png each)",
     )

@@ -132,15 +132,32 @@ def write_run_plot(series: RunSeries, path: str | Path, title: str) -> None:
     """Write the six-panel PNG of one run to ``path``."""
     plt = pyplot()
     fig, axes = plt.subplots(
-        6, 1, figsize=(11, 13), sharex=True,
+        6,
+        1,
+        figsize=(11, 13),
+        sharex=True,
         gridspec_kw={"height_ratios": [1.3, 1, 1, 1.3, 1, 0.6]},
     )
     t = list(series.time_s)
     clocks, power, queue, latency, temperature = axes[0], axes[1], axes[2], axes[3], axes[4]
-    clocks.step(t, _clean(series.requested_clock_mhz), where="post", lw=2.2, alpha=0.45,
-                color="tab:blue", label="requested")
-    clocks.step(t, _clean(series.realized_clock_mhz), where="post", lw=0.9, ls="--",
-                color="tab:red", label="realised")
+    clocks.step(
+        t,
+        _clean(series.requested_clock_mhz),
+        where="post",
+        lw=2.2,
+        alpha=0.45,
+        color="tab:blue",
+        label="requested",
+    )
+    clocks.step(
+        t,
+        _clean(series.realized_clock_mhz),
+        where="post",
+        lw=0.9,
+        ls="--",
+        color="tab:red",
+        label="realised",
+    )
     for when in series.failsafe_s:
         clocks.axvline(when, color="tab:gray", lw=0.4, alpha=0.4)
     clocks.set_ylabel("SM clock (MHz)")
@@ -155,11 +172,17 @@ def write_run_plot(series: RunSeries, path: str | Path, title: str) -> None:
     queue.set_ylabel("requests")
     queue.legend(loc="upper right", fontsize=8)
     _latency_panel(latency, series)
-    temperature.plot(t, _clean(series.temperature_c), color="tab:orange", lw=0.8,
-                     label="temperature")
+    temperature.plot(
+        t, _clean(series.temperature_c), color="tab:orange", lw=0.8, label="temperature"
+    )
     if series.thermal_limit_c:
-        temperature.axhline(series.thermal_limit_c, ls="--", color="k", lw=0.8,
-                            label=f"thermal limit {series.thermal_limit_c:g} C")
+        temperature.axhline(
+            series.thermal_limit_c,
+            ls="--",
+            color="k",
+            lw=0.8,
+            label=f"thermal limit {series.thermal_limit_c:g} C",
+        )
     temperature.set_ylabel("temperature (C)")
     temperature.legend(loc="lower right", fontsize=8)
     difference = [
@@ -187,8 +210,7 @@ def _latency_panel(axis: Any, series: RunSeries) -> None:
             continue
         ratio = [max(float(v) / slo, 1e-3) for v in values]
         unit = f"{slo:g} s" if name == "TTFT" else f"{slo * 1000:g} ms"
-        axis.scatter(times, ratio, s=3, alpha=0.5, color=colour,
-                     label=f"{name} / SLO ({unit})")
+        axis.scatter(times, ratio, s=3, alpha=0.5, color=colour, label=f"{name} / SLO ({unit})")
         shown = True
     axis.axhline(1.0, ls="--", color="k", lw=0.8, label="SLO")
     if shown:

@@ -93,8 +93,12 @@ class RunnerSpec:
 
     def describe(self) -> dict[str, Any]:
         """JSON-able description for a payload's provenance."""
-        return {"kind": self.kind, "jobs": self.jobs, "ray_address": self.ray_address,
-                "retries": self.retries}
+        return {
+            "kind": self.kind,
+            "jobs": self.jobs,
+            "ray_address": self.ray_address,
+            "retries": self.retries,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,19 +126,26 @@ def import_ray() -> ModuleType:
 
 
 def add_runner_arguments(
-    parser: Any, *, jobs: bool = True, jobs_help: str = "local worker processes (default: one "
-    "per CPU)"
+    parser: Any,
+    *,
+    jobs: bool = True,
+    jobs_help: str = "local worker processes (default: one per CPU)",
 ) -> None:
     """``--ray ADDRESS`` and ``--retries N`` (and ``--jobs N`` unless the caller has it)."""
     if jobs:
         parser.add_argument("--jobs", type=int, default=None, metavar="N", help=jobs_help)
     parser.add_argument(
-        "--ray", default=None, metavar="ADDRESS",
+        "--ray",
+        default=None,
+        metavar="ADDRESS",
         help="run the cells as Ray tasks: 'local' starts a Ray runtime on this machine "
         "(--jobs CPUs), 'auto' or HOST:PORT joins a running cluster (needs gpugov[ray])",
     )
     parser.add_argument(
-        "--retries", type=int, default=DEFAULT_RETRIES, metavar="N",
+        "--retries",
+        type=int,
+        default=DEFAULT_RETRIES,
+        metavar="N",
         help=f"runs again a cell whose worker died, up to N times (default {DEFAULT_RETRIES})",
     )
 
@@ -330,8 +341,13 @@ class RayRuntime:
 
 
 def _lost_worker_errors(ray: ModuleType) -> tuple[type[BaseException], ...]:
-    names = ("WorkerCrashedError", "NodeDiedError", "LocalRayletDiedError", "ObjectLostError",
-             "ActorDiedError")
+    names = (
+        "WorkerCrashedError",
+        "NodeDiedError",
+        "LocalRayletDiedError",
+        "ObjectLostError",
+        "ActorDiedError",
+    )
     found = [getattr(ray.exceptions, name, None) for name in names]
     return tuple(kind for kind in found if isinstance(kind, type))
 

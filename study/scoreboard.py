@@ -528,8 +528,10 @@ def config_for(
     changes: dict[str, Any] = {}
     if traces:
         for name in traces:
-            if name not in BUNDLED_TRACES and name not in SHARED_TRACES and not (
-                Path(name).is_file()
+            if (
+                name not in BUNDLED_TRACES
+                and name not in SHARED_TRACES
+                and not (Path(name).is_file())
             ):
                 known = " ".join([*BUNDLED_TRACES, *SHARED_TRACES])
                 raise ValueError(

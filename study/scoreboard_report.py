@@ -85,9 +85,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "median_energy_saved_fraction": float(np.median(saved)) if saved else None,
                 "median_oracle_capture": float(np.median(captures)) if captures else None,
                 "min_oracle_capture": float(min(captures)) if captures else None,
-                "median_oracle_capture_after_warmup": (
-                    float(np.median(after)) if after else None
-                ),
+                "median_oracle_capture_after_warmup": (float(np.median(after)) if after else None),
                 "max_decision_time_p99_s": float(max(p99)) if p99 else None,
             }
         )

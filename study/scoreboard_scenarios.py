@@ -272,8 +272,7 @@ def _require_requests(window: Sequence[Request], trace: str, length_s: float) ->
     """Raise :class:`EmptyWindowError` when ``window`` is empty (the scenario is skipped)."""
     if not window:
         raise EmptyWindowError(
-            f"{trace}: the {length_s:.3g} s window this profile's capacity allows holds no "
-            "requests"
+            f"{trace}: the {length_s:.3g} s window this profile's capacity allows holds no requests"
         )
 
 
@@ -305,9 +304,7 @@ def build_scenario(
     # A request larger than the KV cache is one the engine refuses (vLLM's max_model_len):
     # it is left out of the scenario and counted.
     capacity_tokens = plant.kv_capacity_tokens
-    full = tuple(
-        r for r in everything if r.prompt_tokens + r.output_tokens <= capacity_tokens
-    )
+    full = tuple(r for r in everything if r.prompt_tokens + r.output_tokens <= capacity_tokens)
     if trace in WHOLE_TRACE:
         window, start, length = _window(full, 0.0, full[-1].arrival_time_s + 1e-6)
         capacity, light, probes = slo_capacity(window, plant, length)

@@ -185,8 +185,10 @@ def compare_recorded(
     this process after every scenario has finished."""
     problems = recorded["problems"]
     if say is not None:
-        say(f"comparing the MPC solvers on {len(problems)} decision points of "
-            f"{recorded['scenario']}")
+        say(
+            f"comparing the MPC solvers on {len(problems)} decision points of "
+            f"{recorded['scenario']}"
+        )
     comparison = compare_mpc_solvers(
         problems,
         recorded["plant"],

@@ -89,9 +89,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     check_workload_fits(workload, plant, args.trace)
     controller = build_controller(args.controller, plant, workload, args.control_period)
     scheduler = SCHEDULERS[args.scheduler]
-    progress = SimulationProgress(
-        workload[-1].arrival_time_s, "simulate", enabled=not args.quiet
-    )
+    progress = SimulationProgress(workload[-1].arrival_time_s, "simulate", enabled=not args.quiet)
     result = simulate(
         workload,
         plant,
@@ -203,42 +201,93 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="run a controller on the simulated plant and print its metrics",
         description="Replay a trace through the iteration-level plant under one controller.",
     )
-    sim.add_argument("--trace", default=DEFAULT_TRACE,
-                     help=f"bundled or shared trace name, or a path (default {DEFAULT_TRACE})")
-    sim.add_argument("--trace-format", default="auto",
-                     choices=["auto", "azure", "burstgpt", "mooncake", "csv"],
-                     help="the trace file's format (default: detected from its first line)")
-    sim.add_argument("--profile", default=DEFAULT_PROFILE,
-                     help=f"bundled profile name or manifest path (default {DEFAULT_PROFILE})")
+    sim.add_argument(
+        "--trace",
+        default=DEFAULT_TRACE,
+        help=f"bundled or shared trace name, or a path (default {DEFAULT_TRACE})",
+    )
+    sim.add_argument(
+        "--trace-format",
+        default="auto",
+        choices=["auto", "azure", "burstgpt", "mooncake", "csv"],
+        help="the trace file's format (default: detected from its first line)",
+    )
+    sim.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help=f"bundled profile name or manifest path (default {DEFAULT_PROFILE})",
+    )
     sim.add_argument("--controller", default="max", help=CONTROLLER_HELP)
-    sim.add_argument("--scheduler", default="chunked", choices=sorted(SCHEDULERS),
-                     help="the engine's batching rule (default chunked prefill)")
-    sim.add_argument("--control-period", type=float, default=1.0, metavar="S",
-                     help="seconds between controller decisions (default 1)")
-    sim.add_argument("--start", type=float, default=0.0, metavar="S",
-                     help="window start, seconds after the trace's first arrival")
-    sim.add_argument("--duration", type=float, default=None, metavar="S",
-                     help="window length in seconds (default: the whole trace)")
-    sim.add_argument("--load-scale", type=float, default=1.0, metavar="X",
-                     help="X>1 compresses inter-arrival times (more load), X<1 dilates; "
-                     "applied after the --start/--duration window is cut (the window "
-                     "keeps its requests, they arrive over duration/X seconds)")
-    sim.add_argument("--keep-batched-stamps", action="store_true",
-                     help="replay a grid-quantised trace's timestamps as written (default: "
-                     "spread each batch over its grid step, e.g. Mooncake's 3 s)")
-    sim.add_argument("--seed", type=int, default=0,
-                     help="seed of the latency noise (default 0)")
-    sim.add_argument("--latency-noise", type=float, default=0.0, metavar="CV",
-                     help="coefficient of variation of iteration-time jitter (seeded)")
-    sim.add_argument("--out", default=None, metavar="FILE.json",
-                     help="write metrics, metadata and time series as JSON here")
-    sim.add_argument("--stride", type=int, default=10,
-                     help="keep every N-th series sample in the JSON (default 10)")
-    sim.add_argument("--plot", default=None, metavar="FILE.png",
-                     help="write a PNG of clocks, power, queues, TTFT/TPOT vs SLO and "
-                     "temperature (needs gpugov[plots])")
-    sim.add_argument("--quiet", action="store_true",
-                     help="no progress lines on stderr")
+    sim.add_argument(
+        "--scheduler",
+        default="chunked",
+        choices=sorted(SCHEDULERS),
+        help="the engine's batching rule (default chunked prefill)",
+    )
+    sim.add_argument(
+        "--control-period",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between controller decisions (default 1)",
+    )
+    sim.add_argument(
+        "--start",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="window start, seconds after the trace's first arrival",
+    )
+    sim.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="S",
+        help="window length in seconds (default: the whole trace)",
+    )
+    sim.add_argument(
+        "--load-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="X>1 compresses inter-arrival times (more load), X<1 dilates; "
+        "applied after the --start/--duration window is cut (the window "
+        "keeps its requests, they arrive over duration/X seconds)",
+    )
+    sim.add_argument(
+        "--keep-batched-stamps",
+        action="store_true",
+        help="replay a grid-quantised trace's timestamps as written (default: "
+        "spread each batch over its grid step, e.g. Mooncake's 3 s)",
+    )
+    sim.add_argument("--seed", type=int, default=0, help="seed of the latency noise (default 0)")
+    sim.add_argument(
+        "--latency-noise",
+        type=float,
+        default=0.0,
+        metavar="CV",
+        help="coefficient of variation of iteration-time jitter (seeded)",
+    )
+    sim.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE.json",
+        help="write metrics, metadata and time series as JSON here",
+    )
+    sim.add_argument(
+        "--stride",
+        type=int,
+        default=10,
+        help="keep every N-th series sample in the JSON (default 10)",
+    )
+    sim.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE.png",
+        help="write a PNG of clocks, power, queues, TTFT/TPOT vs SLO and "
+        "temperature (needs gpugov[plots])",
+    )
+    sim.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     sim.set_defaults(handler=run_simulate)
 
     prof = subparsers.add_parser("profiles", help="list the bundled GPU profiles")
@@ -253,5 +302,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     traces.add_argument("--json", action="store_true", help="print the list as JSON")
     traces.set_defaults(handler=run_traces)
-
-

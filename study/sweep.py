@@ -246,8 +246,9 @@ def plan_sweep(path: Path) -> SweepPlan:
     for spec in grid.controllers:
         for entry, profile in profiles.items():
             try:
-                build_controller(spec, ServingPlant.from_profile(profile), first,
-                                 grid.control_period_s)
+                build_controller(
+                    spec, ServingPlant.from_profile(profile), first, grid.control_period_s
+                )
             except UsageError as error:
                 message = str(error).removeprefix("--controller: ")
                 raise UsageError(f"{path}: key 'controllers' ({entry}): {message}") from error
@@ -269,8 +270,17 @@ def plan_sweep(path: Path) -> SweepPlan:
                             "seed": seed,
                             **settings,
                         }
-                        cells.append(SweepCell(cell_key(identity), trace, entry, load,
-                                               controller, seed, tuple(settings.items())))
+                        cells.append(
+                            SweepCell(
+                                cell_key(identity),
+                                trace,
+                                entry,
+                                load,
+                                controller,
+                                seed,
+                                tuple(settings.items()),
+                            )
+                        )
     return SweepPlan(grid, tuple(cells), shared, checksums)
 
 
@@ -309,8 +319,12 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
             control_period_s=period,
         )
     except Exception as error:  # the cell's outermost edge: recorded, the sweep goes on
-        return {**base, "status": "failed", "error": f"{type(error).__name__}: {error}",
-                "wall_s": time.perf_counter() - started}
+        return {
+            **base,
+            "status": "failed",
+            "error": f"{type(error).__name__}: {error}",
+            "wall_s": time.perf_counter() - started,
+        }
     return {
         **base,
         "status": "ok",
@@ -435,28 +449,48 @@ def _fmt(value: Any, scale: float = 1.0, digits: int = 2, suffix: str = "") -> s
 
 def format_table(table: Sequence[Mapping[str, Any]], *, markdown: bool = False) -> str:
     """The summary as a fixed-width table (stdout) or a markdown table."""
-    header = ["trace", "profile", "load", "controller", "seeds", "energy", "saved",
-              "J/token", "SLO", "TTFT p95", "TPOT p95"]
+    header = [
+        "trace",
+        "profile",
+        "load",
+        "controller",
+        "seeds",
+        "energy",
+        "saved",
+        "J/token",
+        "SLO",
+        "TTFT p95",
+        "TPOT p95",
+    ]
     body = [
         [
-            row["trace"], row["profile"], f"x{row['load']:g}", row["controller"],
-            str(row["seeds"]), _fmt(row["energy_j"], 1e-3, 1, " kJ"),
+            row["trace"],
+            row["profile"],
+            f"x{row['load']:g}",
+            row["controller"],
+            str(row["seeds"]),
+            _fmt(row["energy_j"], 1e-3, 1, " kJ"),
             _fmt(row["energy_saved_vs_max"], 100, 1, "%"),
             _fmt(row["energy_per_output_token_j"], 1, 3),
-            _fmt(row["slo_attainment"], 100, 1, "%"), _fmt(row["ttft_p95_s"], 1, 3, " s"),
+            _fmt(row["slo_attainment"], 100, 1, "%"),
+            _fmt(row["ttft_p95_s"], 1, 3, " s"),
             _fmt(row["tpot_p95_s"], 1000, 1, " ms"),
         ]
         for row in table
     ]
     if markdown:
-        lines = ["| " + " | ".join(header) + " |",
-                 "| " + " | ".join("---" if i < 4 else "---:" for i in range(len(header))) + " |"]
+        lines = [
+            "| " + " | ".join(header) + " |",
+            "| " + " | ".join("---" if i < 4 else "---:" for i in range(len(header))) + " |",
+        ]
         lines += ["| " + " | ".join(cells) + " |" for cells in body]
         return "\n".join(lines)
     widths = [max(len(str(cells[i])) for cells in [header, *body]) for i in range(len(header))]
     return "\n".join(
-        "  ".join(str(cell).ljust(width) if i < 4 else str(cell).rjust(width)
-                  for i, (cell, width) in enumerate(zip(cells, widths, strict=True)))
+        "  ".join(
+            str(cell).ljust(width) if i < 4 else str(cell).rjust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        )
         for cells in [header, *body]
     )
 
@@ -474,11 +508,21 @@ def write_plot(table: Sequence[Mapping[str, Any]], path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(9, 6))
     controllers = list(dict.fromkeys(row["controller"] for row in table))
     for index, controller in enumerate(controllers):
-        mine = [r for r in table if r["controller"] == controller
-                and r["slo_attainment"] is not None and r["energy_per_output_token_j"] is not None]
-        ax.scatter([100.0 * r["slo_attainment"] for r in mine],
-                   [r["energy_per_output_token_j"] for r in mine],
-                   label=controller, color=f"C{index % 10}", alpha=0.8, s=36)
+        mine = [
+            r
+            for r in table
+            if r["controller"] == controller
+            and r["slo_attainment"] is not None
+            and r["energy_per_output_token_j"] is not None
+        ]
+        ax.scatter(
+            [100.0 * r["slo_attainment"] for r in mine],
+            [r["energy_per_output_token_j"] for r in mine],
+            label=controller,
+            color=f"C{index % 10}",
+            alpha=0.8,
+            s=36,
+        )
     ax.set_xlabel("SLO attainment (%), mean over seeds")
     ax.set_ylabel("energy per output token (J)")
     ax.set_title(f"gpugov sweep: {len(table)} groups (trace x profile x load x controller)")
@@ -530,12 +574,14 @@ def run_sweep(
         say(f"resuming: {skipped} of {len(plan.cells)} cells already done, {len(todo)} to run")
     (out / GRID_COPY).write_text(grid_path.read_text())
     failed = 0
-    with results_path.open("a") as handle, Progress(
-        len(todo), "sweep", unit="cells", stream=progress_stream
-    ) as progress:
+    with (
+        results_path.open("a") as handle,
+        Progress(len(todo), "sweep", unit="cells", stream=progress_stream) as progress,
+    ):
         for count, finished in enumerate(
-            map_cells(run_cell, todo, spec=spec, shared=plan.shared, on_event=say,
-                      label=SweepCell.label),
+            map_cells(
+                run_cell, todo, spec=spec, shared=plan.shared, on_event=say, label=SweepCell.label
+            ),
             1,
         ):
             row = {
@@ -552,12 +598,25 @@ def run_sweep(
                 say(f"cell {todo[finished.index].label()} failed: {row['error']}")
             progress.update(count, todo[finished.index].label())
     table = summarize(rows, plan.cells)
-    paths = {"results": results_path, "summary_md": out / SUMMARY_MD,
-             "summary_json": out / SUMMARY_JSON}
-    paths["summary_json"].write_text(json.dumps(
-        {"grid": plan.grid.model_dump(), "cells": len(plan.cells), "failed": failed,
-         "runner": (spec or RunnerSpec()).describe(), "table": _strict(table)},
-        indent=1, allow_nan=False) + "\n")
+    paths = {
+        "results": results_path,
+        "summary_md": out / SUMMARY_MD,
+        "summary_json": out / SUMMARY_JSON,
+    }
+    paths["summary_json"].write_text(
+        json.dumps(
+            {
+                "grid": plan.grid.model_dump(),
+                "cells": len(plan.cells),
+                "failed": failed,
+                "runner": (spec or RunnerSpec()).describe(),
+                "table": _strict(table),
+            },
+            indent=1,
+            allow_nan=False,
+        )
+        + "\n"
+    )
     paths["summary_md"].write_text(
         f"# gpugov sweep: {grid_path.name}\n\n{len(plan.cells)} cells; means over seeds; "
         f"saved is energy saved against `{BASELINE}` on the same trace, profile, load and "
@@ -567,8 +626,14 @@ def run_sweep(
         paths["plot"] = out / PLOT
     else:
         say(PLOTS_HINT)
-    return {"cells": len(plan.cells), "ran": len(todo), "skipped_done": skipped,
-            "failed": failed, "table": table, "paths": paths}
+    return {
+        "cells": len(plan.cells),
+        "ran": len(todo),
+        "skipped_done": skipped,
+        "failed": failed,
+        "table": table,
+        "paths": paths,
+    }
 
 
 __all__ = [

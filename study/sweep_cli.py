@@ -45,12 +45,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             "DIR/summary.json and DIR/sweep.png. See docs/sweep.md for the grid's keys."
         ),
     )
-    parser.add_argument("--grid", required=True, metavar="FILE.toml",
-                        help="the grid: traces, profiles, loads, controllers, seeds, settings")
-    parser.add_argument("--out", required=True, metavar="DIR",
-                        help="output directory (results.jsonl, summary, plot)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the sweep in DIR: run only the cells not yet done")
+    parser.add_argument(
+        "--grid",
+        required=True,
+        metavar="FILE.toml",
+        help="the grid: traces, profiles, loads, controllers, seeds, settings",
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="output directory (results.jsonl, summary, plot)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the sweep in DIR: run only the cells not yet done",
+    )
     add_runner_arguments(parser)
     parser.set_defaults(handler=run_sweep_command)
 

@@ -127,8 +127,10 @@ def stat(
     steps: Sequence[tuple[float | None, str]],
 ) -> Stat:
     """A single-value panel coloured by absolute thresholds ``(value, colour)``."""
-    thresholds = ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(
-        [Threshold(value=value, color=color) for value, color in steps]
+    thresholds = (
+        ThresholdsConfig()
+        .mode(ThresholdsMode.ABSOLUTE)
+        .steps([Threshold(value=value, color=color) for value, color in steps])
     )
     return (
         Stat()
@@ -178,27 +180,56 @@ def overview(ids: _Ids) -> list[Stat]:
     """The top row: is it running, is it saving, is it safe."""
     green, amber, red = "green", "orange", "red"
     return [
-        stat(ids, "Daemons up", "Scraped gpugov instances that answer.", "short",
-             f'sum(up{{job="gpugov", {NODE}}})', [(None, red), (1, green)]),
-        stat(ids, "Domains in fail-safe",
-             "Domains held at their fail-safe clock because engine data is stale.",
-             "short", f"sum(gpugov_failsafe_active{{{DOMAIN}}})",
-             [(None, green), (1, red)]),
-        stat(ids, "GPU power", "Summed board power of the selected GPUs.", "watt",
-             f"sum(gpugov_gpu_power_watts{{{DOMAIN}}})", [(None, "blue")]),
-        stat(ids, "Energy per output token",
-             "Energy of the selected domains over 5 minutes divided by their generated "
-             "tokens (lower is better).", "joule",
-             f"sum(domain:gpugov_gpu_energy_joules:rate5m{{{DOMAIN}}}) / "
-             f"sum(rate(gpugov_output_tokens_total{{{DOMAIN}}}[5m]))",
-             [(None, "blue")]),
-        stat(ids, "Worst SLO attainment (10 min)",
-             "Lowest share of the last 10 minutes with mean TTFT and TPOT within SLO.",
-             "percentunit", f"min(domain:gpugov_slo_attainment:ratio_avg10m{{{DOMAIN}}})",
-             [(None, red), (0.95, amber), (0.99, green)]),
-        stat(ids, "Restarts (1 h)", "Daemon restarts seen as control-loop counter resets.",
-             "short", f"sum(resets(gpugov_loop_ticks_total{{{NODE}}}[1h]))",
-             [(None, green), (1, amber), (3, red)]),
+        stat(
+            ids,
+            "Daemons up",
+            "Scraped gpugov instances that answer.",
+            "short",
+            f'sum(up{{job="gpugov", {NODE}}})',
+            [(None, red), (1, green)],
+        ),
+        stat(
+            ids,
+            "Domains in fail-safe",
+            "Domains held at their fail-safe clock because engine data is stale.",
+            "short",
+            f"sum(gpugov_failsafe_active{{{DOMAIN}}})",
+            [(None, green), (1, red)],
+        ),
+        stat(
+            ids,
+            "GPU power",
+            "Summed board power of the selected GPUs.",
+            "watt",
+            f"sum(gpugov_gpu_power_watts{{{DOMAIN}}})",
+            [(None, "blue")],
+        ),
+        stat(
+            ids,
+            "Energy per output token",
+            "Energy of the selected domains over 5 minutes divided by their generated "
+            "tokens (lower is better).",
+            "joule",
+            f"sum(domain:gpugov_gpu_energy_joules:rate5m{{{DOMAIN}}}) / "
+            f"sum(rate(gpugov_output_tokens_total{{{DOMAIN}}}[5m]))",
+            [(None, "blue")],
+        ),
+        stat(
+            ids,
+            "Worst SLO attainment (10 min)",
+            "Lowest share of the last 10 minutes with mean TTFT and TPOT within SLO.",
+            "percentunit",
+            f"min(domain:gpugov_slo_attainment:ratio_avg10m{{{DOMAIN}}})",
+            [(None, red), (0.95, amber), (0.99, green)],
+        ),
+        stat(
+            ids,
+            "Restarts (1 h)",
+            "Daemon restarts seen as control-loop counter resets.",
+            "short",
+            f"sum(resets(gpugov_loop_ticks_total{{{NODE}}}[1h]))",
+            [(None, green), (1, amber), (3, red)],
+        ),
     ]
 
 
@@ -206,87 +237,147 @@ def domain_panels(ids: _Ids) -> list[Timeseries]:
     """The repeated per-domain row."""
     return [
         timeseries(
-            ids, "SM clock: requested, applied, realised",
+            ids,
+            "SM clock: requested, applied, realised",
             "Requested: the controller's decision after the safety wrappers. Applied: the "
             "lock written to the GPUs. Realised: the clock the GPUs ran at (below the lock "
-            "when power or thermal limits throttle).", "hertz",
-            [(f"gpugov_requested_clock_hertz{{{DOMAIN}}}",
-              "requested {{instance}} ({{controller}})"),
-             (f"gpugov_applied_clock_hertz{{{DOMAIN}}}", "applied {{instance}}"),
-             (f"domain:gpugov_gpu_sm_clock_hertz:avg{{{DOMAIN}}}", "realised {{instance}}")],
+            "when power or thermal limits throttle).",
+            "hertz",
+            [
+                (
+                    f"gpugov_requested_clock_hertz{{{DOMAIN}}}",
+                    "requested {{instance}} ({{controller}})",
+                ),
+                (f"gpugov_applied_clock_hertz{{{DOMAIN}}}", "applied {{instance}}"),
+                (f"domain:gpugov_gpu_sm_clock_hertz:avg{{{DOMAIN}}}", "realised {{instance}}"),
+            ],
         ),
         timeseries(
-            ids, "Power",
+            ids,
+            "Power",
             "Instant board power of the domain's GPUs, the 5-minute average from the energy "
-            "counters, and the summed enforced power limit.", "watt",
-            [(f"gpugov_domain_power_watts{{{DOMAIN}}}", "power {{instance}}"),
-             (f"domain:gpugov_gpu_energy_joules:rate5m{{{DOMAIN}}}", "5 min average {{instance}}"),
-             (f"sum without (gpu) (gpugov_gpu_power_limit_watts{{{DOMAIN}}})",
-              "power limit {{instance}}")],
-            dashed=("C",), min_value=0,
+            "counters, and the summed enforced power limit.",
+            "watt",
+            [
+                (f"gpugov_domain_power_watts{{{DOMAIN}}}", "power {{instance}}"),
+                (
+                    f"domain:gpugov_gpu_energy_joules:rate5m{{{DOMAIN}}}",
+                    "5 min average {{instance}}",
+                ),
+                (
+                    f"sum without (gpu) (gpugov_gpu_power_limit_watts{{{DOMAIN}}})",
+                    "power limit {{instance}}",
+                ),
+            ],
+            dashed=("C",),
+            min_value=0,
         ),
         timeseries(
-            ids, "Energy per output token",
+            ids,
+            "Energy per output token",
             "Joules per generated token over 5 minutes: what the governor minimises while "
-            "keeping latency within SLO.", "joule",
-            [(f"domain:gpugov_energy_per_output_token_joules:ratio_rate5m{{{DOMAIN}}}",
-              "J/token {{instance}}")],
-            width=8, min_value=0,
+            "keeping latency within SLO.",
+            "joule",
+            [
+                (
+                    f"domain:gpugov_energy_per_output_token_joules:ratio_rate5m{{{DOMAIN}}}",
+                    "J/token {{instance}}",
+                )
+            ],
+            width=8,
+            min_value=0,
         ),
         timeseries(
-            ids, "Engine queue",
+            ids,
+            "Engine queue",
             "Requests waiting for their first token and requests decoding, as the engine "
-            "reports them.", "short",
-            [(f"gpugov_queue_waiting_requests{{{DOMAIN}}}", "waiting {{instance}}"),
-             (f"gpugov_queue_running_requests{{{DOMAIN}}}", "running {{instance}}")],
-            width=8, min_value=0,
+            "reports them.",
+            "short",
+            [
+                (f"gpugov_queue_waiting_requests{{{DOMAIN}}}", "waiting {{instance}}"),
+                (f"gpugov_queue_running_requests{{{DOMAIN}}}", "running {{instance}}"),
+            ],
+            width=8,
+            min_value=0,
         ),
         timeseries(
-            ids, "SLO attainment (10 min)",
+            ids,
+            "SLO attainment (10 min)",
             "Share of the last 10 minutes in which both the mean TTFT and the mean TPOT of "
-            "a control period were within their SLOs. Alert below 95%.", "percentunit",
+            "a control period were within their SLOs. Alert below 95%.",
+            "percentunit",
             [(f"domain:gpugov_slo_attainment:ratio_avg10m{{{DOMAIN}}}", "attainment {{instance}}")],
-            width=8, min_value=0, max_value=1,
+            width=8,
+            min_value=0,
+            max_value=1,
         ),
         timeseries(
-            ids, "Time to first token vs SLO",
+            ids,
+            "Time to first token vs SLO",
             "Mean TTFT of the requests that got their first token in each control period; "
-            "dashed: the SLO.", "s",
-            [(f"gpugov_ttft_seconds{{{DOMAIN}}}", "TTFT {{instance}}"),
-             (f"gpugov_ttft_slo_seconds{{{DOMAIN}}}", "SLO {{instance}}")],
-            dashed=("B",), min_value=0,
+            "dashed: the SLO.",
+            "s",
+            [
+                (f"gpugov_ttft_seconds{{{DOMAIN}}}", "TTFT {{instance}}"),
+                (f"gpugov_ttft_slo_seconds{{{DOMAIN}}}", "SLO {{instance}}"),
+            ],
+            dashed=("B",),
+            min_value=0,
         ),
         timeseries(
-            ids, "Time per output token vs SLO",
-            "Mean TPOT over each control period; dashed: the SLO.", "s",
-            [(f"gpugov_tpot_seconds{{{DOMAIN}}}", "TPOT {{instance}}"),
-             (f"gpugov_tpot_slo_seconds{{{DOMAIN}}}", "SLO {{instance}}")],
-            dashed=("B",), min_value=0,
+            ids,
+            "Time per output token vs SLO",
+            "Mean TPOT over each control period; dashed: the SLO.",
+            "s",
+            [
+                (f"gpugov_tpot_seconds{{{DOMAIN}}}", "TPOT {{instance}}"),
+                (f"gpugov_tpot_slo_seconds{{{DOMAIN}}}", "SLO {{instance}}"),
+            ],
+            dashed=("B",),
+            min_value=0,
         ),
         timeseries(
-            ids, "Controller solve time",
+            ids,
+            "Controller solve time",
             "Median and 99th percentile wall time of one controller call over 5 minutes; "
-            "dashed: the control period it must fit in.", "s",
-            [(f"domain:gpugov_controller_solve_seconds:histogram_quantile_rate5m{{{DOMAIN}}}",
-              "p{{quantile}} {{instance}} ({{controller}})"),
-             (f"gpugov_loop_period_seconds{{{NODE}}}", "period {{instance}}")],
-            width=8, dashed=("B",), min_value=0,
+            "dashed: the control period it must fit in.",
+            "s",
+            [
+                (
+                    f"domain:gpugov_controller_solve_seconds:histogram_quantile_rate5m{{{DOMAIN}}}",
+                    "p{{quantile}} {{instance}} ({{controller}})",
+                ),
+                (f"gpugov_loop_period_seconds{{{NODE}}}", "period {{instance}}"),
+            ],
+            width=8,
+            dashed=("B",),
+            min_value=0,
         ),
         timeseries(
-            ids, "Fallbacks and fail-safe",
-            "Decisions replaced by a fallback, per second by reason (\"none\" when there "
-            "were none), and 1 while the domain is in fail-safe.", "short",
-            [(f"domain:gpugov_fallbacks:rate5m{{{DOMAIN}}}", "{{reason}} {{instance}}"),
-             (f"gpugov_failsafe_active{{{DOMAIN}}}", "fail-safe {{instance}}")],
-            width=8, min_value=0,
+            ids,
+            "Fallbacks and fail-safe",
+            'Decisions replaced by a fallback, per second by reason ("none" when there '
+            "were none), and 1 while the domain is in fail-safe.",
+            "short",
+            [
+                (f"domain:gpugov_fallbacks:rate5m{{{DOMAIN}}}", "{{reason}} {{instance}}"),
+                (f"gpugov_failsafe_active{{{DOMAIN}}}", "fail-safe {{instance}}"),
+            ],
+            width=8,
+            min_value=0,
         ),
         timeseries(
-            ids, "Engine scrapes",
+            ids,
+            "Engine scrapes",
             "Failed engine /metrics scrapes per second, and the age of the newest engine "
-            "data at the last tick (fail-safe starts when it passes stale_after_s).", "short",
-            [(f"domain:gpugov_engine_scrape_errors:rate5m{{{DOMAIN}}}", "errors/s {{instance}}"),
-             (f"gpugov_observation_age_seconds{{{DOMAIN}}}", "data age (s) {{instance}}")],
-            width=8, min_value=0,
+            "data at the last tick (fail-safe starts when it passes stale_after_s).",
+            "short",
+            [
+                (f"domain:gpugov_engine_scrape_errors:rate5m{{{DOMAIN}}}", "errors/s {{instance}}"),
+                (f"gpugov_observation_age_seconds{{{DOMAIN}}}", "data age (s) {{instance}}"),
+            ],
+            width=8,
+            min_value=0,
         ),
     ]
 
@@ -296,40 +387,72 @@ def gpu_panels(ids: _Ids) -> list[Timeseries]:
     legend = "{{instance}} {{domain}}/{{gpu}}"
     return [
         timeseries(
-            ids, "Realised SM clock per GPU", "SM clock each GPU ran at.", "hertz",
-            [(f"gpugov_gpu_sm_clock_hertz{{{DOMAIN}}}", legend)], width=8,
+            ids,
+            "Realised SM clock per GPU",
+            "SM clock each GPU ran at.",
+            "hertz",
+            [(f"gpugov_gpu_sm_clock_hertz{{{DOMAIN}}}", legend)],
+            width=8,
         ),
         timeseries(
-            ids, "Power per GPU", "Board power; energy counter rate for comparison.", "watt",
-            [(f"gpugov_gpu_power_watts{{{DOMAIN}}}", legend),
-             (f"rate(gpugov_gpu_energy_joules_total{{{DOMAIN}}}[{RATE}])",
-              "energy rate " + legend)],
-            width=8, min_value=0,
+            ids,
+            "Power per GPU",
+            "Board power; energy counter rate for comparison.",
+            "watt",
+            [
+                (f"gpugov_gpu_power_watts{{{DOMAIN}}}", legend),
+                (
+                    f"rate(gpugov_gpu_energy_joules_total{{{DOMAIN}}}[{RATE}])",
+                    "energy rate " + legend,
+                ),
+            ],
+            width=8,
+            min_value=0,
         ),
         timeseries(
-            ids, "Power as a share of the limit",
+            ids,
+            "Power as a share of the limit",
             "Power over the enforced power limit: near 100% the power cap, not the lock, "
-            "sets the clock.", "percentunit",
+            "sets the clock.",
+            "percentunit",
             [(f"gpu:gpugov_gpu_power_limit_utilization:ratio{{{DOMAIN}}}", legend)],
-            width=8, min_value=0, max_value=1,
+            width=8,
+            min_value=0,
+            max_value=1,
         ),
         timeseries(
-            ids, "Temperature per GPU", "GPU die temperature.", "celsius",
-            [(f"gpugov_gpu_temperature_celsius{{{DOMAIN}}}", legend)], width=8,
+            ids,
+            "Temperature per GPU",
+            "GPU die temperature.",
+            "celsius",
+            [(f"gpugov_gpu_temperature_celsius{{{DOMAIN}}}", legend)],
+            width=8,
         ),
         timeseries(
-            ids, "Utilisation per GPU", "NVML GPU utilisation.", "percentunit",
+            ids,
+            "Utilisation per GPU",
+            "NVML GPU utilisation.",
+            "percentunit",
             [(f"gpugov_gpu_utilization_ratio{{{DOMAIN}}}", legend)],
-            width=8, min_value=0, max_value=1,
+            width=8,
+            min_value=0,
+            max_value=1,
         ),
         timeseries(
-            ids, "Throttling per GPU",
+            ids,
+            "Throttling per GPU",
             "1 while NVML reports the reason (power_cap, thermal, hw_slowdown); alert when "
-            "throttled over 25% of 10 minutes. GPU read errors per second below.", "short",
-            [(f"gpu:gpugov_gpu_throttled:bool{{{DOMAIN}}}", "{{reason}} " + legend),
-             (f"rate(gpugov_gpu_read_errors_total{{{DOMAIN}}}[{RATE}])",
-              "read errors/s " + legend)],
-            width=8, min_value=0,
+            "throttled over 25% of 10 minutes. GPU read errors per second below.",
+            "short",
+            [
+                (f"gpu:gpugov_gpu_throttled:bool{{{DOMAIN}}}", "{{reason}} " + legend),
+                (
+                    f"rate(gpugov_gpu_read_errors_total{{{DOMAIN}}}[{RATE}])",
+                    "read errors/s " + legend,
+                ),
+            ],
+            width=8,
+            min_value=0,
         ),
     ]
 
@@ -338,28 +461,48 @@ def daemon_panels(ids: _Ids) -> list[Timeseries]:
     """The daemon's own health."""
     return [
         timeseries(
-            ids, "Loop tick duration",
-            "Wall time of the last control-loop iteration against the control period.", "s",
-            [(f"gpugov_loop_tick_duration_seconds{{{NODE}}}", "tick {{instance}}"),
-             (f"gpugov_loop_period_seconds{{{NODE}}}", "period {{instance}}")],
-            width=8, dashed=("B",), min_value=0,
+            ids,
+            "Loop tick duration",
+            "Wall time of the last control-loop iteration against the control period.",
+            "s",
+            [
+                (f"gpugov_loop_tick_duration_seconds{{{NODE}}}", "tick {{instance}}"),
+                (f"gpugov_loop_period_seconds{{{NODE}}}", "period {{instance}}"),
+            ],
+            width=8,
+            dashed=("B",),
+            min_value=0,
         ),
         timeseries(
-            ids, "Loop rate and overruns",
-            "Control ticks per second and ticks skipped because an iteration overran.", "short",
-            [(f"rate(gpugov_loop_ticks_total{{{NODE}}}[{RATE}])", "ticks/s {{instance}}"),
-             (f"rate(gpugov_loop_overruns_total{{{NODE}}}[{RATE}])", "overruns/s {{instance}}")],
-            width=8, min_value=0,
+            ids,
+            "Loop rate and overruns",
+            "Control ticks per second and ticks skipped because an iteration overran.",
+            "short",
+            [
+                (f"rate(gpugov_loop_ticks_total{{{NODE}}}[{RATE}])", "ticks/s {{instance}}"),
+                (f"rate(gpugov_loop_overruns_total{{{NODE}}}[{RATE}])", "overruns/s {{instance}}"),
+            ],
+            width=8,
+            min_value=0,
         ),
         timeseries(
-            ids, "Decisions and clock writes",
+            ids,
+            "Decisions and clock writes",
             "Controller decisions and clock lock/reset writes per second (writes happen only "
-            "when the decision changes).", "short",
-            [(f"sum without (controller) (rate(gpugov_decisions_total{{{DOMAIN}}}[{RATE}]))",
-              "decisions/s {{instance}} {{domain}}"),
-             (f"rate(gpugov_clock_writes_total{{{DOMAIN}}}[{RATE}])",
-              "writes/s {{instance}} {{domain}}")],
-            width=8, min_value=0,
+            "when the decision changes).",
+            "short",
+            [
+                (
+                    f"sum without (controller) (rate(gpugov_decisions_total{{{DOMAIN}}}[{RATE}]))",
+                    "decisions/s {{instance}} {{domain}}",
+                ),
+                (
+                    f"rate(gpugov_clock_writes_total{{{DOMAIN}}}[{RATE}])",
+                    "writes/s {{instance}} {{domain}}",
+                ),
+            ],
+            width=8,
+            min_value=0,
         ),
     ]
 
@@ -369,42 +512,70 @@ def model_panels(ids: _Ids) -> list[Timeseries]:
     exploration. Empty for domains running another controller."""
     return [
         timeseries(
-            ids, "Learned model: samples and confidence",
+            ids,
+            "Learned model: samples and confidence",
             "Control windows folded into the learned latency model, and its confidence "
             "(1 minus the mean relative standard deviation of its latency predictions).",
             "short",
-            [(f"gpugov_model_samples_total{{{DOMAIN}}}", "samples {{instance}} {{domain}}"),
-             (f"gpugov_model_confidence_ratio{{{DOMAIN}}} * 100",
-              "confidence % {{instance}} {{domain}}")],
-            width=8, min_value=0,
+            [
+                (f"gpugov_model_samples_total{{{DOMAIN}}}", "samples {{instance}} {{domain}}"),
+                (
+                    f"gpugov_model_confidence_ratio{{{DOMAIN}}} * 100",
+                    "confidence % {{instance}} {{domain}}",
+                ),
+            ],
+            width=8,
+            min_value=0,
         ),
         timeseries(
-            ids, "Learned model: fit residuals",
+            ids,
+            "Learned model: fit residuals",
             "RMS innovation of the busy-time fit (seconds per window) and the energy fit "
-            "(joules per window, dashed).", "short",
-            [(f"gpugov_model_busy_residual_seconds{{{DOMAIN}}}",
-              "busy s {{instance}} {{domain}}"),
-             (f"gpugov_model_energy_residual_joules{{{DOMAIN}}}",
-              "energy J {{instance}} {{domain}}")],
-            width=8, dashed=("B",), min_value=0,
+            "(joules per window, dashed).",
+            "short",
+            [
+                (
+                    f"gpugov_model_busy_residual_seconds{{{DOMAIN}}}",
+                    "busy s {{instance}} {{domain}}",
+                ),
+                (
+                    f"gpugov_model_energy_residual_joules{{{DOMAIN}}}",
+                    "energy J {{instance}} {{domain}}",
+                ),
+            ],
+            width=8,
+            dashed=("B",),
+            min_value=0,
         ),
         timeseries(
-            ids, "Learned model: exploration",
+            ids,
+            "Learned model: exploration",
             "1 while the floor sits below the explored clocks (safe exploration), the "
             "model warms up at the top clock, the burst guard raised the clock, or the decode "
             "descent lowered it; "
             "back-offs to the maximum clock per minute.",
             "short",
-            [(f"gpugov_model_exploration_active{{{DOMAIN}}}",
-              "exploring {{instance}} {{domain}}"),
-             (f"gpugov_model_warmup_active{{{DOMAIN}}}", "warm-up {{instance}} {{domain}}"),
-             (f"gpugov_model_burst_guard_active{{{DOMAIN}}}",
-              "burst guard {{instance}} {{domain}}"),
-             (f"gpugov_model_decode_descent_active{{{DOMAIN}}}",
-              "decode descent {{instance}} {{domain}}"),
-             (f"60 * rate(gpugov_model_backoffs_total{{{DOMAIN}}}[{RATE}])",
-              "back-offs/min {{instance}} {{domain}}")],
-            width=8, min_value=0,
+            [
+                (
+                    f"gpugov_model_exploration_active{{{DOMAIN}}}",
+                    "exploring {{instance}} {{domain}}",
+                ),
+                (f"gpugov_model_warmup_active{{{DOMAIN}}}", "warm-up {{instance}} {{domain}}"),
+                (
+                    f"gpugov_model_burst_guard_active{{{DOMAIN}}}",
+                    "burst guard {{instance}} {{domain}}",
+                ),
+                (
+                    f"gpugov_model_decode_descent_active{{{DOMAIN}}}",
+                    "decode descent {{instance}} {{domain}}",
+                ),
+                (
+                    f"60 * rate(gpugov_model_backoffs_total{{{DOMAIN}}}[{RATE}])",
+                    "back-offs/min {{instance}} {{domain}}",
+                ),
+            ],
+            width=8,
+            min_value=0,
         ),
     ]
 

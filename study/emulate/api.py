@@ -120,9 +120,7 @@ def _positive_int(body: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def parse_request(
-    raw: bytes, *, chat: bool, served_model: str, max_model_len: int
-) -> Generation:
+def parse_request(raw: bytes, *, chat: bool, served_model: str, max_model_len: int) -> Generation:
     """Validate a ``/v1/completions`` or ``/v1/chat/completions`` body.
 
     Raises:
@@ -136,9 +134,7 @@ def parse_request(
         raise ApiError("the request body must be a JSON object")
     model = body.get("model", served_model)
     if model is not None and model != served_model:
-        raise ApiError(
-            f"The model `{model}` does not exist.", status=404, kind="NotFoundError"
-        )
+        raise ApiError(f"The model `{model}` does not exist.", status=404, kind="NotFoundError")
     n = body.get("n", 1)
     if n != 1:
         raise ApiError("n must be 1 on this server")

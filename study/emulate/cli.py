@@ -41,7 +41,11 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         )
     plant = ServingPlant.from_profile(load_profile(args.profile))
     node = EmulatedNode(
-        plant, gpus=args.gpus, seed=args.seed, speed=args.speed, fault=fault,
+        plant,
+        gpus=args.gpus,
+        seed=args.seed,
+        speed=args.speed,
+        fault=fault,
         lost_after_s=lost_after,
     )
     try:
@@ -80,31 +84,51 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Serve, in real time on loopback, a node backed by the simulated plant: "
         "the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models), "
         "vLLM V1's /metrics, and emulated GPUs (under /gpu) that `gpugov run` drives with "
-        "backend = \"emulated\" and `gpugov profile --backend emulated` measures.",
+        'backend = "emulated" and `gpugov profile --backend emulated` measures.',
     )
     parser.add_argument(
-        "--profile", required=True, metavar="NAME|PATH",
+        "--profile",
+        required=True,
+        metavar="NAME|PATH",
         help="the plant's profile: a bundled name (gpugov profiles) or a manifest/CSV path",
     )
     parser.add_argument(
-        "--address", default="127.0.0.1:8000", metavar="HOST:PORT",
+        "--address",
+        default="127.0.0.1:8000",
+        metavar="HOST:PORT",
         help="loopback address to serve on (port 0 picks a free one; default 127.0.0.1:8000)",
     )
-    parser.add_argument("--gpus", type=int, default=1, metavar="N",
-                        help="emulated GPUs, one data-parallel engine replica each (default 1)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seeds the plants and the end-of-sequence draws (default 0)")
     parser.add_argument(
-        "--served-model-name", default="gpugov-emulated", metavar="NAME",
+        "--gpus",
+        type=int,
+        default=1,
+        metavar="N",
+        help="emulated GPUs, one data-parallel engine replica each (default 1)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the plants and the end-of-sequence draws (default 0)",
+    )
+    parser.add_argument(
+        "--served-model-name",
+        default="gpugov-emulated",
+        metavar="NAME",
         help="model id served under /v1/models (default gpugov-emulated)",
     )
     parser.add_argument(
-        "--speed", type=float, default=1.0, metavar="X",
+        "--speed",
+        type=float,
+        default=1.0,
+        metavar="X",
         help="plant seconds per wall second (default 1, real time; >1 is a test mode: "
         "every time measured by a client shrinks by X)",
     )
     parser.add_argument(
-        "--fault", default="none", metavar="KIND",
+        "--fault",
+        default="none",
+        metavar="KIND",
         help="inject an NVML failure on every GPU: no-permission, not-supported (locks), "
         "lost, or lost-after:SECONDS (default none)",
     )

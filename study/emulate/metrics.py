@@ -49,15 +49,24 @@ def render_metrics(node: EmulatedNode, model: str) -> str:
         for r in replicas:
             lines.append(f"{name}{suffix}{{{_labels(model, r)}}} {_number(values[r])}")
 
-    per_replica("vllm:num_requests_running", "gauge",
-                "Number of requests in model execution batches.",
-                [state["running"] for state in states])
-    per_replica("vllm:num_requests_waiting", "gauge",
-                "Number of requests waiting to be processed.",
-                [state["waiting"] for state in states])
-    per_replica("vllm:kv_cache_usage_perc", "gauge",
-                "KV-cache usage. 1 means 100 percent usage.",
-                [state["kv_usage"] for state in states])
+    per_replica(
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        [state["running"] for state in states],
+    )
+    per_replica(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+        [state["waiting"] for state in states],
+    )
+    per_replica(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage.",
+        [state["kv_usage"] for state in states],
+    )
     family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
     for r in replicas:
         info = _labels(
@@ -74,13 +83,27 @@ def render_metrics(node: EmulatedNode, model: str) -> str:
         stats = [node.stats[r] for r in replicas]
         # Running counts only: a scrape's work must not grow with the requests served.
         preemptions = [node.simulations[r].preemptions for r in replicas]
-        per_replica("vllm:num_preemptions", "counter",
-                    "Cumulative number of preemption from the engine.", preemptions, "_total")
-        per_replica("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.",
-                    [stat.prompt_tokens for stat in stats], "_total")
-        per_replica("vllm:generation_tokens", "counter",
-                    "Number of generation tokens processed.",
-                    [stat.generation_tokens for stat in stats], "_total")
+        per_replica(
+            "vllm:num_preemptions",
+            "counter",
+            "Cumulative number of preemption from the engine.",
+            preemptions,
+            "_total",
+        )
+        per_replica(
+            "vllm:prompt_tokens",
+            "counter",
+            "Number of prefill tokens processed.",
+            [stat.prompt_tokens for stat in stats],
+            "_total",
+        )
+        per_replica(
+            "vllm:generation_tokens",
+            "counter",
+            "Number of generation tokens processed.",
+            [stat.generation_tokens for stat in stats],
+            "_total",
+        )
         family("vllm:request_success", "counter", "Count of successfully processed requests.")
         for r in replicas:
             for reason, count in sorted(stats[r].finished.items()):

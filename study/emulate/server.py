@@ -150,8 +150,10 @@ class _Handler(BaseHTTPRequestHandler):
         if not generation.stream:
             produced = self._wait(stream)
             if produced is None:
-                self._send_json(500, ApiError("the server stopped", status=500,
-                                              kind="InternalServerError").body())
+                self._send_json(
+                    500,
+                    ApiError("the server stopped", status=500, kind="InternalServerError").body(),
+                )
                 return
             self._send_json(200, responder.complete(produced, stream.finish_reason))
             return
@@ -207,8 +209,14 @@ class EmulatorServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 1024  # many clients connect at once (a load test, a profile sweep)
 
-    def __init__(self, node: EmulatedNode, host: str = "127.0.0.1", port: int = 8000,
-                 *, model: str = "gpugov-emulated") -> None:
+    def __init__(
+        self,
+        node: EmulatedNode,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        *,
+        model: str = "gpugov-emulated",
+    ) -> None:
         if not is_loopback(host):
             raise ValueError(f"the emulator serves on loopback only, got host {host!r}")
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET

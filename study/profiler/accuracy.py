@@ -63,16 +63,19 @@ def compare(measured: PerformanceProfile, truth: PerformanceProfile) -> dict[str
         want = truth_row(truth, float(clock), batch, context)
         errors = {
             column: float(np.interp(clock, measured.clock_mhz, getattr(measured, column)))
-            / want[column] - 1.0
+            / want[column]
+            - 1.0
             for column in COLUMNS
         }
         magnitudes = np.abs(list(errors.values()))
-        rows.append({
-            "clock_mhz": int(clock),
-            "errors": errors,
-            "median_abs_error": float(np.median(magnitudes)),
-            "worst_abs_error": float(np.max(magnitudes)),
-        })
+        rows.append(
+            {
+                "clock_mhz": int(clock),
+                "errors": errors,
+                "median_abs_error": float(np.median(magnitudes)),
+                "worst_abs_error": float(np.max(magnitudes)),
+            }
+        )
     return {
         "rows": rows,
         "median_abs_error": float(np.median([r["median_abs_error"] for r in rows])),
@@ -90,13 +93,21 @@ def memory_bound_profile(**overrides: Any) -> PerformanceProfile:
     x = clocks / clocks[-1]
     manifest: dict[str, Any] = {
         "status": "synthetic",
-        "engine": {"reference_batch_size": 32, "reference_context_tokens": 2048,
-                   "max_batch_size": 128, "kv_capacity_tokens": 300_000},
-        "decode_latency_model": {"weight_fraction": 0.25, "batch_fraction": 0.05,
-                                 "kv_fraction": 0.70},
+        "engine": {
+            "reference_batch_size": 32,
+            "reference_context_tokens": 2048,
+            "max_batch_size": 128,
+            "kv_capacity_tokens": 300_000,
+        },
+        "decode_latency_model": {
+            "weight_fraction": 0.25,
+            "batch_fraction": 0.05,
+            "kv_fraction": 0.70,
+        },
         "decode_power_batch_model": {"k": 0.8, "x0": 2.5},
-        "clock_profile_selection": {"realized_clock_median_mhz_by_requested": {
-            "1500.0": 1470.0, "1470.0": 1455.0}},
+        "clock_profile_selection": {
+            "realized_clock_median_mhz_by_requested": {"1500.0": 1470.0, "1470.0": 1455.0}
+        },
     }
     values = {
         "clock_mhz": clocks,
@@ -105,7 +116,10 @@ def memory_bound_profile(**overrides: Any) -> PerformanceProfile:
         "prefill_power_w": 260.0 + 300.0 * x**1.5,
         "decode_power_w": 330.0 + 40.0 * x,
         "idle_power_w": 180.0 + 10.0 * x,
-        "ttft_slo_s": 2.0, "tpot_slo_s": 0.08, "manifest": manifest, "name": "memory-bound",
+        "ttft_slo_s": 2.0,
+        "tpot_slo_s": 0.08,
+        "manifest": manifest,
+        "name": "memory-bound",
     }
     values.update(overrides)
     return PerformanceProfile(**values)
@@ -114,8 +128,14 @@ def memory_bound_profile(**overrides: Any) -> PerformanceProfile:
 def write_profile_files(profile: PerformanceProfile, directory: Path) -> Path:
     """``profile`` as a CSV + manifest ``gpugov emulate --profile PATH`` loads; the
     manifest path."""
-    columns = ("clock_mhz", "prefill_tokens_per_s", "decode_tokens_per_s",
-               "prefill_power_w", "decode_power_w", "idle_power_w")
+    columns = (
+        "clock_mhz",
+        "prefill_tokens_per_s",
+        "decode_tokens_per_s",
+        "prefill_power_w",
+        "decode_power_w",
+        "idle_power_w",
+    )
     csv = directory / f"{profile.name}.csv"
     rows = [",".join(columns)] + [
         ",".join(f"{value:.8g}" for value in values)
@@ -123,12 +143,20 @@ def write_profile_files(profile: PerformanceProfile, directory: Path) -> Path:
     ]
     csv.write_text("\n".join(rows) + "\n")
     manifest = dict(profile.manifest)
-    manifest.update({
-        "csv": csv.name, "ttft_slo_s": profile.ttft_slo_s, "tpot_slo_s": profile.tpot_slo_s,
-        "power_limit_w": 1000.0,
-        "thermal": {"ambient_temperature_c": 30.0, "thermal_resistance_c_per_w": 0.05,
-                    "thermal_time_constant_s": 30.0, "thermal_limit_c": 95.0},
-    })
+    manifest.update(
+        {
+            "csv": csv.name,
+            "ttft_slo_s": profile.ttft_slo_s,
+            "tpot_slo_s": profile.tpot_slo_s,
+            "power_limit_w": 1000.0,
+            "thermal": {
+                "ambient_temperature_c": 30.0,
+                "thermal_resistance_c_per_w": 0.05,
+                "thermal_time_constant_s": 30.0,
+                "thermal_limit_c": 95.0,
+            },
+        }
+    )
     path = directory / f"{profile.name}.json"
     path.write_text(json.dumps(manifest))
     return path

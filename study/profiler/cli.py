@@ -117,8 +117,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     require_positive("--tpot-slo", args.tpot_slo)
     if args.clocks is not None and args.clocks < 2:
         raise UsageError(f"--clocks must be >= 2, got {args.clocks}")
-    for flag, value in (("--reference-batch", args.reference_batch),
-                        ("--reference-context", args.reference_context)):
+    for flag, value in (
+        ("--reference-batch", args.reference_batch),
+        ("--reference-context", args.reference_context),
+    ):
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     gpus = _gpus(args.gpus)
@@ -131,8 +133,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     try:
         backends = [
-            open_backend(gpu, args.backend, dry_run=args.dry_run, emulator=emulator)
-            for gpu in gpus
+            open_backend(gpu, args.backend, dry_run=args.dry_run, emulator=emulator) for gpu in gpus
         ]
     except GpuUnavailable as error:
         return _error(f"{error}", EXIT_NO_GPU)
@@ -165,8 +166,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
             reference_context_tokens=args.reference_context,
         )
         stop = threading.Event()
-        sweep = Sweep(backends, args.engine_url, model, settings, out_dir, stop=stop,
-                      progress_enabled=not args.quiet)
+        sweep = Sweep(
+            backends,
+            args.engine_url,
+            model,
+            settings,
+            out_dir,
+            stop=stop,
+            progress_enabled=not args.quiet,
+        )
         with stop_on_signals(stop):
             if args.dry_run:
                 record = sweep.dry_run()
@@ -223,14 +231,20 @@ def _default_name(gpu: str, model: str) -> str:
 
 def _print_dry_run(record: dict[str, Any], path: Path) -> None:
     prefill = record["prefill"]
-    print(f"gpugov profile --dry-run: measured at the current clock "
-          f"({record['realized_clock_mhz']} MHz), changed nothing; wrote {path}")
+    print(
+        f"gpugov profile --dry-run: measured at the current clock "
+        f"({record['realized_clock_mhz']} MHz), changed nothing; wrote {path}"
+    )
     print(f"  idle power     {record['idle_power_w']:.1f} W")
-    print(f"  prefill        {prefill['tokens_per_s']:.0f} tok/s at {prefill['power_w']:.1f} W "
-          f"(R^2 {prefill['r_squared']:.4f})")
+    print(
+        f"  prefill        {prefill['tokens_per_s']:.0f} tok/s at {prefill['power_w']:.1f} W "
+        f"(R^2 {prefill['r_squared']:.4f})"
+    )
     for point in record["decode"]:
-        print(f"  decode B={point['batch']:<4d} context {point['context_tokens']:.0f}: "
-              f"{point['iteration_s'] * 1000:.2f} ms/iteration at {point['power_w'] or 0:.1f} W")
+        print(
+            f"  decode B={point['batch']:<4d} context {point['context_tokens']:.0f}: "
+            f"{point['iteration_s'] * 1000:.2f} ms/iteration at {point['power_w'] or 0:.1f} W"
+        )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -245,36 +259,95 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "0 ok, 1 run-time failure, 2 usage error, 3 permission denied, 4 no GPU, 5 GPU lost, "
         "130 interrupted (--resume continues).",
     )
-    parser.add_argument("--engine-url", required=True, metavar="URL",
-                        help="the engine's OpenAI-compatible base URL, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--gpus", required=True, metavar="LIST",
-                        help="the engine's GPUs (NVML indices or UUIDs, comma separated)")
-    parser.add_argument("--backend", choices=["nvml", "nvidia-smi", "emulated"], default="nvml",
-                        help="how to read and lock the GPUs (default nvml)")
-    parser.add_argument("--emulator", default=None, metavar="URL",
-                        help="gpugov emulate's URL for --backend emulated (default: --engine-url)")
-    parser.add_argument("--out", required=True, metavar="DIR",
-                        help="directory for the profile, the sweep state and dry-run.json")
+    parser.add_argument(
+        "--engine-url",
+        required=True,
+        metavar="URL",
+        help="the engine's OpenAI-compatible base URL, e.g. http://127.0.0.1:8000",
+    )
+    parser.add_argument(
+        "--gpus",
+        required=True,
+        metavar="LIST",
+        help="the engine's GPUs (NVML indices or UUIDs, comma separated)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=["nvml", "nvidia-smi", "emulated"],
+        default="nvml",
+        help="how to read and lock the GPUs (default nvml)",
+    )
+    parser.add_argument(
+        "--emulator",
+        default=None,
+        metavar="URL",
+        help="gpugov emulate's URL for --backend emulated (default: --engine-url)",
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="directory for the profile, the sweep state and dry-run.json",
+    )
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--clocks", type=int, default=None, metavar="N",
-                       help="measure N supported clocks spread from max to min (default 8)")
-    which.add_argument("--clock-list", default=None, metavar="MHZ,...",
-                       help="measure exactly these supported clocks")
-    parser.add_argument("--dwell", type=float, default=2.0, metavar="S",
-                        help="idle power window per clock in seconds (default 2)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue an interrupted sweep in --out (same flags)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="measure only at the current clock; change nothing")
-    parser.add_argument("--name", default=None,
-                        help="profile name (file stem; default from the GPU and model names)")
-    parser.add_argument("--reference-batch", type=int, default=64, metavar="B",
-                        help="decode reference batch of the profile's decode columns (default 64)")
-    parser.add_argument("--reference-context", type=int, default=1024, metavar="TOKENS",
-                        help="decode reference context per sequence (default 1024)")
-    parser.add_argument("--ttft-slo", type=float, default=1.0, metavar="S",
-                        help="TTFT SLO written into the manifest (default 1.0)")
-    parser.add_argument("--tpot-slo", type=float, default=0.05, metavar="S",
-                        help="TPOT SLO written into the manifest (default 0.05)")
+    which.add_argument(
+        "--clocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="measure N supported clocks spread from max to min (default 8)",
+    )
+    which.add_argument(
+        "--clock-list",
+        default=None,
+        metavar="MHZ,...",
+        help="measure exactly these supported clocks",
+    )
+    parser.add_argument(
+        "--dwell",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="idle power window per clock in seconds (default 2)",
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue an interrupted sweep in --out (same flags)"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="measure only at the current clock; change nothing"
+    )
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="profile name (file stem; default from the GPU and model names)",
+    )
+    parser.add_argument(
+        "--reference-batch",
+        type=int,
+        default=64,
+        metavar="B",
+        help="decode reference batch of the profile's decode columns (default 64)",
+    )
+    parser.add_argument(
+        "--reference-context",
+        type=int,
+        default=1024,
+        metavar="TOKENS",
+        help="decode reference context per sequence (default 1024)",
+    )
+    parser.add_argument(
+        "--ttft-slo",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="TTFT SLO written into the manifest (default 1.0)",
+    )
+    parser.add_argument(
+        "--tpot-slo",
+        type=float,
+        default=0.05,
+        metavar="S",
+        help="TPOT SLO written into the manifest (default 0.05)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     parser.set_defaults(handler=cmd_profile)

@@ -148,9 +148,7 @@ def robust_interval_s(times: Sequence[float]) -> float:
     t = np.asarray(times, dtype=float)
     index = np.arange(t.size, dtype=float)
     upper = np.triu_indices(t.size, k=1)
-    slopes = (t[:, None] - t[None, :])[upper[::-1]] / (index[:, None] - index[None, :])[
-        upper[::-1]
-    ]
+    slopes = (t[:, None] - t[None, :])[upper[::-1]] / (index[:, None] - index[None, :])[upper[::-1]]
     return float(np.median(slopes))
 
 
@@ -184,16 +182,12 @@ class PrefillResult:
     fixed_latency_s: float
 
 
-def _concurrent(
-    url: str, bodies: Sequence[dict], timeout_s: float
-) -> list[StreamTiming]:
+def _concurrent(url: str, bodies: Sequence[dict], timeout_s: float) -> list[StreamTiming]:
     results: list[StreamTiming | None] = [None] * len(bodies)
     barrier = threading.Barrier(len(bodies))
 
     def one(index: int) -> None:
-        results[index] = stream_completion(
-            url, bodies[index], timeout_s=timeout_s, barrier=barrier
-        )
+        results[index] = stream_completion(url, bodies[index], timeout_s=timeout_s, barrier=barrier)
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(bodies))]
     for thread in threads:
@@ -201,9 +195,7 @@ def _concurrent(
     for thread in threads:
         thread.join(timeout=timeout_s + 5.0)
     out = [r for r in results if r is not None]
-    failures = [r.error for r in out if r.error] + (
-        ["no answer"] * (len(bodies) - len(out))
-    )
+    failures = [r.error for r in out if r.error] + (["no answer"] * (len(bodies) - len(out)))
     if failures:
         raise ProfileRunError(f"engine at {url}: {len(failures)} request(s) failed: {failures[0]}")
     return out  # type: ignore[return-value]

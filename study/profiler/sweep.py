@@ -182,8 +182,10 @@ class Sweep:
         thermal = []
         last = -1e9
         for reading in sampler.window(started, ended):
-            if reading.time_s - last >= THERMAL_SAMPLE_S and reading.power_w is not None and (
-                reading.temperature_c is not None
+            if (
+                reading.time_s - last >= THERMAL_SAMPLE_S
+                and reading.power_w is not None
+                and (reading.temperature_c is not None)
             ):
                 thermal.append([reading.time_s, reading.power_w, reading.temperature_c])
                 last = reading.time_s
@@ -226,10 +228,17 @@ class Sweep:
         else:
             records = []
             self.state_path.write_text("")
-            _append(self.state_path, {
-                "kind": "header", "settings": wanted, "url": self.url, "model": self.model,
-                "gpus": [b.label for b in self.backends], "started_unix_s": time.time(),
-            })
+            _append(
+                self.state_path,
+                {
+                    "kind": "header",
+                    "settings": wanted,
+                    "url": self.url,
+                    "model": self.model,
+                    "gpus": [b.label for b in self.backends],
+                    "started_unix_s": time.time(),
+                },
+            )
         done = {r["clock_mhz"] for r in records}
         todo = [c for c in self.settings.clocks_mhz if c not in done]
         sampler = GpuSampler(self.backends)

@@ -47,34 +47,39 @@ def clock_rows(
         for name, value in (("idle", record["idle_power_w"]), ("prefill", prefill["power_w"])):
             if not value:
                 raise ProfileRunError(f"{record['clock_mhz']} MHz: no {name} power reading")
-        rows.append({
-            "clock_mhz": float(record["clock_mhz"]),
-            "prefill_tokens_per_s": float(prefill["tokens_per_s"]),
-            "decode_tokens_per_s": reference_batch / t_ref,
-            "prefill_power_w": float(prefill["power_w"]),
-            "decode_power_w": float(decode_power),
-            "idle_power_w": float(record["idle_power_w"]),
-        })
-        fits.append({
-            "clock_mhz": record["clock_mhz"],
-            "realized_clock_mhz": record["realized_clock_mhz"],
-            "prefill_slope_r_squared": prefill["r_squared"],
-            "decode_model": {
-                "alpha_s": decode.alpha_s, "beta_s_per_sequence": decode.beta_s,
-                "gamma_s_per_context_token": decode.gamma_s, "r_squared": decode.r_squared,
-            },
-            "decode_fractions": list(decode.fractions(reference_batch, reference_context)),
-        })
+        rows.append(
+            {
+                "clock_mhz": float(record["clock_mhz"]),
+                "prefill_tokens_per_s": float(prefill["tokens_per_s"]),
+                "decode_tokens_per_s": reference_batch / t_ref,
+                "prefill_power_w": float(prefill["power_w"]),
+                "decode_power_w": float(decode_power),
+                "idle_power_w": float(record["idle_power_w"]),
+            }
+        )
+        fits.append(
+            {
+                "clock_mhz": record["clock_mhz"],
+                "realized_clock_mhz": record["realized_clock_mhz"],
+                "prefill_slope_r_squared": prefill["r_squared"],
+                "decode_model": {
+                    "alpha_s": decode.alpha_s,
+                    "beta_s_per_sequence": decode.beta_s,
+                    "gamma_s_per_context_token": decode.gamma_s,
+                    "r_squared": decode.r_squared,
+                },
+                "decode_fractions": list(decode.fractions(reference_batch, reference_context)),
+            }
+        )
     return rows, fits
 
 
-def _interpolated(
-    rows: list[dict[str, float]], supported: Sequence[int]
-) -> list[dict[str, float]]:
+def _interpolated(rows: list[dict[str, float]], supported: Sequence[int]) -> list[dict[str, float]]:
     rows = sorted(rows, key=lambda r: r["clock_mhz"])
     measured = np.array([r["clock_mhz"] for r in rows])
-    grid = sorted({int(c) for c in supported if measured[0] <= c <= measured[-1]}
-                  | {int(c) for c in measured})
+    grid = sorted(
+        {int(c) for c in supported if measured[0] <= c <= measured[-1]} | {int(c) for c in measured}
+    )
     out = []
     for clock in grid:
         row = {"clock_mhz": float(clock)}
@@ -120,9 +125,7 @@ def write_profile(
         writer = csv.writer(handle)
         writer.writerow(CSV_COLUMNS)
         for row in table:
-            writer.writerow(
-                [int(row["clock_mhz"])] + [f"{row[c]:.6g}" for c in CSV_COLUMNS[1:]]
-            )
+            writer.writerow([int(row["clock_mhz"])] + [f"{row[c]:.6g}" for c in CSV_COLUMNS[1:]])
     top = max(fits, key=lambda f: f["clock_mhz"])
     weight, batch_share, kv_share = (max(0.0, v) for v in top["decode_fractions"])
     share_total = weight + batch_share + kv_share
@@ -187,12 +190,14 @@ def write_profile(
         "decode_latency_model": {
             "weight_fraction": round(weight / share_total, 6),
             "batch_fraction": round(batch_share / share_total, 6),
-            "kv_fraction": round(1.0 - round(weight / share_total, 6)
-                                 - round(batch_share / share_total, 6), 6),
+            "kv_fraction": round(
+                1.0 - round(weight / share_total, 6) - round(batch_share / share_total, 6), 6
+            ),
         },
         "clock_profile_selection": {
             "realized_clock_median_mhz_by_requested": {
-                str(f["clock_mhz"]): f["realized_clock_mhz"] for f in fits
+                str(f["clock_mhz"]): f["realized_clock_mhz"]
+                for f in fits
                 if f["realized_clock_mhz"] is not None
             },
         },

@@ -13,8 +13,9 @@ from gpugov.controllers.mpc import MPCController
 from gpugov.plant import ServingObservation
 
 
-def _seen(arrived: int, *, time_s: float = 1.0, ttft: float | None = None,
-          tpot: float | None = None) -> ServingObservation:
+def _seen(
+    arrived: int, *, time_s: float = 1.0, ttft: float | None = None, tpot: float | None = None
+) -> ServingObservation:
     return ServingObservation(
         time_s=time_s,
         step_index=int(time_s),
@@ -123,7 +124,9 @@ def test_mpc_plans_against_the_adapted_prompt_and_margin(synthetic_plant) -> Non
     }
     plain = MPCController(synthetic_plant, **common)
     adapted = MPCController(
-        synthetic_plant, burst_hedge=BurstHedge(quantile=1.0), slo_feedback=SLOFeedback(),
+        synthetic_plant,
+        burst_hedge=BurstHedge(quantile=1.0),
+        slo_feedback=SLOFeedback(),
         **common,
     )
     clocks = tuple(float(c) for c in synthetic_plant.profile.clock_mhz)

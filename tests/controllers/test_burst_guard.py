@@ -33,8 +33,10 @@ class _Model:
         scale = CLOCKS[-1] / np.asarray(clocks)
         prefill = PREFILL_S_PER_TOKEN_TOP * scale
         decode = DECODE_S_TOP * scale
-        return {"prefill_s_per_token": (prefill, 0.1 * prefill),
-                "decode_iteration_s": (decode, 0.1 * decode)}
+        return {
+            "prefill_s_per_token": (prefill, 0.1 * prefill),
+            "decode_iteration_s": (decode, 0.1 * decode),
+        }
 
 
 def _mixed(clock: float, batch: float, z: float) -> float:
@@ -45,9 +47,15 @@ def _mixed(clock: float, batch: float, z: float) -> float:
 
 def _seen(*, backlog: float, running: int, waiting: int, arrived: int = 0) -> ServingObservation:
     return ServingObservation(
-        time_s=1.0, step_index=1, arrived_requests=arrived, prefill_remaining_tokens=backlog,
-        decode_active=running, generated_decode_tokens=0.0, temperature_c=40.0,
-        waiting_requests=waiting, supported_clocks_mhz=tuple(CLOCKS),
+        time_s=1.0,
+        step_index=1,
+        arrived_requests=arrived,
+        prefill_remaining_tokens=backlog,
+        decode_active=running,
+        generated_decode_tokens=0.0,
+        temperature_c=40.0,
+        waiting_requests=waiting,
+        supported_clocks_mhz=tuple(CLOCKS),
     )
 
 
@@ -92,8 +100,11 @@ def test_a_backlog_is_drained_within_the_ttft_target() -> None:
     backlog, ttft = 9000.0, 1.6
     floor = controller.burst_floor(_seen(backlog=backlog, running=0, waiting=1), (ttft, 1.0))
     chunk = CHUNK_TOKENS - 1.0
-    fitting = [c for c in CLOCKS
-               if math.ceil(backlog / chunk) * _mixed(c, 1, z) <= controller.slo_margin * ttft]
+    fitting = [
+        c
+        for c in CLOCKS
+        if math.ceil(backlog / chunk) * _mixed(c, 1, z) <= controller.slo_margin * ttft
+    ]
     assert fitting and floor == pytest.approx(min(fitting)) and floor > CLOCKS[0]
     # A backlog no clock drains in time gets the maximum (the MPC's capped TTFT penalty
     # would give it up).
@@ -141,8 +152,9 @@ def _clumped_short_answers(seed: int, duration_s: float = 300.0) -> list[Request
         time_s += 0.05 + rng.exponential(3.0)
         for k in range(int(rng.integers(1, 5))):
             output = int(rng.integers(2, 10)) if rng.random() < 0.4 else int(rng.integers(30, 300))
-            requests.append(Request(len(requests), time_s + 0.01 * k,
-                                    int(rng.integers(800, 3000)), output))
+            requests.append(
+                Request(len(requests), time_s + 0.01 * k, int(rng.integers(800, 3000)), output)
+            )
     return requests
 
 
@@ -151,10 +163,16 @@ def test_on_a_plant_whose_mixed_iteration_nears_the_slo_at_the_top_clock_it_hold
     512-token chunk takes most of the TPOT SLO even at the top clock."""
     base = make_profile()
     profile = PerformanceProfile(
-        clock_mhz=base.clock_mhz, prefill_tokens_per_s=0.75 * base.prefill_tokens_per_s,
-        decode_tokens_per_s=base.decode_tokens_per_s, prefill_power_w=base.prefill_power_w,
-        decode_power_w=base.decode_power_w, idle_power_w=base.idle_power_w,
-        ttft_slo_s=1.5, tpot_slo_s=0.055, manifest=base.manifest, name="mix-tight",
+        clock_mhz=base.clock_mhz,
+        prefill_tokens_per_s=0.75 * base.prefill_tokens_per_s,
+        decode_tokens_per_s=base.decode_tokens_per_s,
+        prefill_power_w=base.prefill_power_w,
+        decode_power_w=base.decode_power_w,
+        idle_power_w=base.idle_power_w,
+        ttft_slo_s=1.5,
+        tpot_slo_s=0.055,
+        manifest=base.manifest,
+        name="mix-tight",
     )
     plant = make_plant(profile)
     workload = _clumped_short_answers(1)
@@ -162,8 +180,10 @@ def test_on_a_plant_whose_mixed_iteration_nears_the_slo_at_the_top_clock_it_hold
     prompts = np.array([r.prompt_tokens for r in workload], dtype=float)
     outputs = np.array([r.output_tokens for r in workload], dtype=float)
     controller = OnlineMPCController(
-        mean_prompt_tokens=float(prompts.mean()), mean_output_tokens=float(outputs.mean()),
-        ttft_prompt_tokens=float(np.percentile(prompts, 95)), control_period_s=0.5,
+        mean_prompt_tokens=float(prompts.mean()),
+        mean_output_tokens=float(outputs.mean()),
+        ttft_prompt_tokens=float(np.percentile(prompts, 95)),
+        control_period_s=0.5,
     )
     guarded = 0
 
@@ -173,8 +193,7 @@ def test_on_a_plant_whose_mixed_iteration_nears_the_slo_at_the_top_clock_it_hold
         guarded += controller.last_reason == "burst-guard"
         return decision
 
-    result = simulate(workload, plant, chunked_prefill_scheduler, counted, 0,
-                      control_period_s=0.5)
+    result = simulate(workload, plant, chunked_prefill_scheduler, counted, 0, control_period_s=0.5)
     assert reference.metrics.slo_attainment is not None
     assert result.metrics.slo_attainment >= reference.metrics.slo_attainment - 0.01
     assert result.metrics.energy_j < reference.metrics.energy_j

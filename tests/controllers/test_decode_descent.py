@@ -27,28 +27,48 @@ class _Model:
     clocks_mhz = CLOCKS
     realized_ratio = np.ones(CLOCKS.size)
 
-    def __init__(self, iteration_s: np.ndarray, relative_std: np.ndarray | float = 0.0,
-                 power_w: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        iteration_s: np.ndarray,
+        relative_std: np.ndarray | float = 0.0,
+        power_w: np.ndarray | None = None,
+    ) -> None:
         self.iteration_s = iteration_s
         self.relative_std = relative_std
         self.power_w = 100.0 + 300.0 * (CLOCKS / TOP) ** 2 if power_w is None else power_w
 
     def table(self, clocks: np.ndarray, batch: float, context: float) -> dict:
         prefill = 5e-5 * TOP / np.asarray(clocks)
-        return {"prefill_s_per_token": (prefill, 0.0 * prefill),
-                "decode_iteration_s": (self.iteration_s, self.relative_std * self.iteration_s),
-                "decode": (self.power_w, np.zeros(CLOCKS.size))}
+        return {
+            "prefill_s_per_token": (prefill, 0.0 * prefill),
+            "decode_iteration_s": (self.iteration_s, self.relative_std * self.iteration_s),
+            "decode": (self.power_w, np.zeros(CLOCKS.size)),
+        }
 
 
-def _seen(*, applied: float, tpot_ratio: float | None, running: int = 2,
-          backlog: float = 0.0, waiting: int = 0, arrived: int = 0) -> ServingObservation:
+def _seen(
+    *,
+    applied: float,
+    tpot_ratio: float | None,
+    running: int = 2,
+    backlog: float = 0.0,
+    waiting: int = 0,
+    arrived: int = 0,
+) -> ServingObservation:
     return ServingObservation(
-        time_s=1.0, step_index=1, arrived_requests=arrived, prefill_remaining_tokens=backlog,
-        decode_active=running, generated_decode_tokens=0.0, temperature_c=40.0,
-        waiting_requests=waiting, supported_clocks_mhz=tuple(CLOCKS),
+        time_s=1.0,
+        step_index=1,
+        arrived_requests=arrived,
+        prefill_remaining_tokens=backlog,
+        decode_active=running,
+        generated_decode_tokens=0.0,
+        temperature_c=40.0,
+        waiting_requests=waiting,
+        supported_clocks_mhz=tuple(CLOCKS),
         requested_clock_mhz=applied,
         tpot_recent_s=None if tpot_ratio is None else 0.05 * tpot_ratio,
-        tpot_slo_s=0.05, ttft_slo_s=2.0,
+        tpot_slo_s=0.05,
+        ttft_slo_s=2.0,
     )
 
 
@@ -94,12 +114,11 @@ def test_unsure_clocks_are_priced_optimistically() -> None:
 def test_no_descent_outside_decode_only_windows() -> None:
     controller = _controller(_Model(np.full(CLOCKS.size, 0.015)))
     slos = (2.0, 0.05)
-    assert controller.descent_clock(_seen(applied=1200.0, tpot_ratio=0.3, backlog=600.0),
-                                    slos) is None
-    assert controller.descent_clock(_seen(applied=1200.0, tpot_ratio=0.3, waiting=1),
-                                    slos) is None
-    assert controller.descent_clock(_seen(applied=1200.0, tpot_ratio=0.3, running=0),
-                                    slos) is None
+    assert (
+        controller.descent_clock(_seen(applied=1200.0, tpot_ratio=0.3, backlog=600.0), slos) is None
+    )
+    assert controller.descent_clock(_seen(applied=1200.0, tpot_ratio=0.3, waiting=1), slos) is None
+    assert controller.descent_clock(_seen(applied=1200.0, tpot_ratio=0.3, running=0), slos) is None
     # Nothing measured: no bound, no descent.
     assert controller.descent_clock(_seen(applied=1200.0, tpot_ratio=None), slos) is None
 
@@ -125,23 +144,32 @@ def _lone_long_prompts(seed: int, duration_s: float) -> list[Request]:
     time_s = 0.0
     while time_s < duration_s:
         time_s += 1.0 + rng.exponential(3.0)
-        requests.append(Request(len(requests), time_s, int(rng.integers(4000, 12000)),
-                                int(rng.integers(100, 500))))
+        requests.append(
+            Request(
+                len(requests), time_s, int(rng.integers(4000, 12000)), int(rng.integers(100, 500))
+            )
+        )
     return requests
 
 
 def test_on_a_memory_bound_plant_with_lone_long_prompts_it_saves_and_holds() -> None:
     """A shape unlike the bundled ones: decode almost all weight reads (flat in the clock
     below the top), prompts long and lone, so the batch stays at 1-3."""
-    base = make_profile(decode_latency_model={
-        "weight_fraction": 0.9, "batch_fraction": 0.05, "kv_fraction": 0.05})
+    base = make_profile(
+        decode_latency_model={"weight_fraction": 0.9, "batch_fraction": 0.05, "kv_fraction": 0.05}
+    )
     x = base.clock_mhz / base.clock_mhz[-1]
     profile = PerformanceProfile(
-        clock_mhz=base.clock_mhz, prefill_tokens_per_s=base.prefill_tokens_per_s,
+        clock_mhz=base.clock_mhz,
+        prefill_tokens_per_s=base.prefill_tokens_per_s,
         decode_tokens_per_s=4_000.0 * np.minimum(1.0, 0.8 + 0.4 * x),
-        prefill_power_w=base.prefill_power_w, decode_power_w=base.decode_power_w,
-        idle_power_w=base.idle_power_w, ttft_slo_s=3.0, tpot_slo_s=0.06,
-        manifest=base.manifest, name="lone-long",
+        prefill_power_w=base.prefill_power_w,
+        decode_power_w=base.decode_power_w,
+        idle_power_w=base.idle_power_w,
+        ttft_slo_s=3.0,
+        tpot_slo_s=0.06,
+        manifest=base.manifest,
+        name="lone-long",
     )
     plant = make_plant(profile)
     workload = _lone_long_prompts(4, 400.0)
@@ -152,20 +180,22 @@ def test_on_a_memory_bound_plant_with_lone_long_prompts_it_saves_and_holds() -> 
     descended = 0
     for enabled in (False, True):
         controller = OnlineMPCController(
-            mean_prompt_tokens=float(prompts.mean()), mean_output_tokens=float(outputs.mean()),
-            ttft_prompt_tokens=float(np.percentile(prompts, 95)), control_period_s=0.5,
+            mean_prompt_tokens=float(prompts.mean()),
+            mean_output_tokens=float(outputs.mean()),
+            ttft_prompt_tokens=float(np.percentile(prompts, 95)),
+            control_period_s=0.5,
             decode_descent=enabled,
         )
 
-        def counted(observation: ServingObservation, c: OnlineMPCController = controller
-                    ) -> float:
+        def counted(observation: ServingObservation, c: OnlineMPCController = controller) -> float:
             nonlocal descended
             decision = c(observation)
             descended += c.last_reason == "decode-descent"
             return decision
 
-        results[enabled] = simulate(workload, plant, chunked_prefill_scheduler, counted, 0,
-                                    control_period_s=0.5)
+        results[enabled] = simulate(
+            workload, plant, chunked_prefill_scheduler, counted, 0, control_period_s=0.5
+        )
     assert reference.metrics.slo_attainment is not None
     for result in results.values():
         assert result.metrics.slo_attainment >= reference.metrics.slo_attainment - 0.01
@@ -178,28 +208,42 @@ def _warmed_controller() -> tuple[OnlineMPCController, np.ndarray]:
     """A controller whose model has seen only the top clock (its exploration floor sits
     one step under the top)."""
     clocks = np.arange(500.0, 1501.0, 25.0)
-    controller = OnlineMPCController(mean_prompt_tokens=1000.0, mean_output_tokens=200.0,
-                                     ttft_slo_s=2.0, tpot_slo_s=0.05)
+    controller = OnlineMPCController(
+        mean_prompt_tokens=1000.0, mean_output_tokens=200.0, ttft_slo_s=2.0, tpot_slo_s=0.05
+    )
     model = OnlineModel(clocks, 400.0, warmup_windows=10)
     for step in range(40):
         prompt = 2000.0 if step % 2 else 0.0
         busy = 0.1 + prompt * 5e-5
-        model.update(Window(1.0, busy, prompt, 8.0 * 20, 20.0, 1200.0, 200.0, 1500.0, 1500.0,
-                            False, 50.0, 50.0))
+        model.update(
+            Window(
+                1.0, busy, prompt, 8.0 * 20, 20.0, 1200.0, 200.0, 1500.0, 1500.0, False, 50.0, 50.0
+            )
+        )
     assert model.warmed_up
     controller.model = model
     return controller, clocks
 
 
-def _observed(time_s: float, clocks: np.ndarray, *, running: int, tpot_ratio: float | None,
-              arrived: int = 5) -> ServingObservation:
+def _observed(
+    time_s: float, clocks: np.ndarray, *, running: int, tpot_ratio: float | None, arrived: int = 5
+) -> ServingObservation:
     return ServingObservation(
-        time_s=time_s, step_index=int(time_s), arrived_requests=arrived,
-        prefill_remaining_tokens=0.0, decode_active=running, generated_decode_tokens=0.0,
-        temperature_c=50.0, supported_clocks_mhz=tuple(clocks), requested_clock_mhz=1500.0,
-        realized_clock_mhz=1500.0, gpu_utilization=1.0 if running else 0.0, power_limit_w=400.0,
+        time_s=time_s,
+        step_index=int(time_s),
+        arrived_requests=arrived,
+        prefill_remaining_tokens=0.0,
+        decode_active=running,
+        generated_decode_tokens=0.0,
+        temperature_c=50.0,
+        supported_clocks_mhz=tuple(clocks),
+        requested_clock_mhz=1500.0,
+        realized_clock_mhz=1500.0,
+        gpu_utilization=1.0 if running else 0.0,
+        power_limit_w=400.0,
         tpot_recent_s=None if tpot_ratio is None else 0.05 * tpot_ratio,
-        ttft_slo_s=2.0, tpot_slo_s=0.05,
+        ttft_slo_s=2.0,
+        tpot_slo_s=0.05,
     )
 
 
@@ -214,7 +258,6 @@ def test_the_descent_goes_below_the_exploration_floor_but_not_below_its_bound() 
     # A floor left by a back-off still binds.
     controller.exploration.raised_floor_mhz = 1300.0
     assert controller(_observed(3.0, clocks, running=2, tpot_ratio=0.1)) >= 1300.0
-
 
 
 class _LowMPC:

@@ -38,8 +38,14 @@ def _problem(plant, observation, rate, clock_index, horizon_s, **options) -> MPC
         {"latency_model": "iteration", "ttft_prompt_tokens": 9000.0, "ttft_excess_cap": 0.5},
         {"ttft_excess_cap": 0.2},
     ],
-    ids=["seed", "iteration", "iteration-margin", "iteration-tail-prompt",
-         "iteration-capped", "seed-capped"],
+    ids=[
+        "seed",
+        "iteration",
+        "iteration-margin",
+        "iteration-tail-prompt",
+        "iteration-capped",
+        "seed-capped",
+    ],
 )
 def test_kernel_costs_equal_problem_costs(synthetic_plant, options) -> None:  # type: ignore[no-untyped-def]
     clocks = synthetic_plant.profile.clock_mhz
@@ -132,8 +138,11 @@ def test_overrun_of_the_fast_solver_falls_back(synthetic_plant) -> None:  # type
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"latency_model": "magic"}, "latency_model"), ({"slo_margin": 0.0}, "slo_margin"),
-     ({"slo_margin": 1.5}, "slo_margin")],
+    [
+        ({"latency_model": "magic"}, "latency_model"),
+        ({"slo_margin": 0.0}, "slo_margin"),
+        ({"slo_margin": 1.5}, "slo_margin"),
+    ],
 )
 def test_latency_model_and_margin_validated(synthetic_plant, kwargs, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=message):
@@ -156,8 +165,15 @@ def test_long_horizons_use_move_blocking(synthetic_plant) -> None:  # type: igno
 def test_tail_prompt_raises_predicted_ttft(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
     observation = _observation(prefill_tokens=2_000.0, decode_active=6)
     mean = _problem(synthetic_plant, observation, 2.0, 0, 3.0, latency_model="iteration")
-    tail = _problem(synthetic_plant, observation, 2.0, 0, 3.0, latency_model="iteration",
-                    ttft_prompt_tokens=5_000.0)
+    tail = _problem(
+        synthetic_plant,
+        observation,
+        2.0,
+        0,
+        3.0,
+        latency_model="iteration",
+        ttft_prompt_tokens=5_000.0,
+    )
     assert tail.ttft_prompt == 5_000.0 and mean.ttft_prompt == mean.mean_prompt_tokens
     plan = np.full(3, synthetic_plant.profile.minimum_clock_mhz)
     assert tail.cost(plan) > mean.cost(plan)
@@ -179,13 +195,20 @@ def test_local_search_prices_incrementally_and_returns_the_true_cost(synthetic_p
             start = rng.integers(0, levels, size=8).astype(np.int64)
             start_cost = price_plans(start[None, :], steps, table, parameters, arrivals)[0]
             plan, cost, trials = local_search(
-                start.copy(), steps, solver.move_matrix(8), levels, 300, table, parameters,
+                start.copy(),
+                steps,
+                solver.move_matrix(8),
+                levels,
+                300,
+                table,
+                parameters,
                 arrivals,
             )
             assert trials <= 300
             assert cost <= start_cost
-            assert cost == pytest.approx(problem.cost(synthetic_plant.profile.clock_mhz[plan]),
-                                         rel=1e-12)
+            assert cost == pytest.approx(
+                problem.cost(synthetic_plant.profile.clock_mhz[plan]), rel=1e-12
+            )
 
 
 def test_every_search_is_bounded_by_its_trial_cap(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
@@ -199,8 +222,14 @@ def test_every_search_is_bounded_by_its_trial_cap(synthetic_plant) -> None:  # t
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("coarse_levels", 0), ("starts", 0), ("maximum_trials", 0), ("free_periods", 0),
-     ("late_step_levels", -1), ("start_spread", -1)],
+    [
+        ("coarse_levels", 0),
+        ("starts", 0),
+        ("maximum_trials", 0),
+        ("free_periods", 0),
+        ("late_step_levels", -1),
+        ("start_spread", -1),
+    ],
 )
 def test_solver_settings_validated(name: str, value: int) -> None:
     with pytest.raises(ValueError, match=name):
@@ -243,8 +272,9 @@ def test_capped_ttft_penalty_stops_growing_past_the_cap(synthetic_plant) -> None
     """Past ``ttft_excess_cap`` SLOs of excess, a later first token costs nothing more:
     the cost then differs between two hopeless backlogs only by their other terms."""
     observation = _observation(prefill_tokens=200_000.0, decode_active=4)
-    capped = _problem(synthetic_plant, observation, 2.0, 0, 3.0, latency_model="iteration",
-                      ttft_excess_cap=1.0)
+    capped = _problem(
+        synthetic_plant, observation, 2.0, 0, 3.0, latency_model="iteration", ttft_excess_cap=1.0
+    )
     uncapped = _problem(synthetic_plant, observation, 2.0, 0, 3.0, latency_model="iteration")
     assert capped.ttft_excess_cap_s == synthetic_plant.profile.ttft_slo_s
     assert uncapped.ttft_excess_cap_s == float("inf")
@@ -260,19 +290,26 @@ def test_capped_ttft_penalty_stops_growing_past_the_cap(synthetic_plant) -> None
 
 @pytest.mark.parametrize("mean_output", [20.0, 150.0])
 def test_kernel_costs_equal_problem_costs_for_short_and_long_answers(
-    synthetic_plant, mean_output: float  # type: ignore[no-untyped-def]
+    synthetic_plant,
+    mean_output: float,  # type: ignore[no-untyped-def]
 ) -> None:
     clocks = synthetic_plant.profile.clock_mhz
     rng = np.random.default_rng(4)
     for observation, rate, clock_index in _random_states(15, seed=6):
-        controller = MPCController(synthetic_plant, horizon_s=6.0, mean_prompt_tokens=2_000.0,
-                                   mean_output_tokens=mean_output, latency_model="iteration",
-                                   solve_time_limit_s=60.0)
+        controller = MPCController(
+            synthetic_plant,
+            horizon_s=6.0,
+            mean_prompt_tokens=2_000.0,
+            mean_output_tokens=mean_output,
+            latency_model="iteration",
+            solve_time_limit_s=60.0,
+        )
         controller.current_clock = float(clocks[clock_index])
         problem = controller.problem(observation, rate)
         levels = rng.integers(0, clocks.size, size=(30, problem.horizon_steps))
-        np.testing.assert_allclose(plan_costs(problem, levels), problem.costs(clocks[levels]),
-                                   rtol=1e-12)
+        np.testing.assert_allclose(
+            plan_costs(problem, levels), problem.costs(clocks[levels]), rtol=1e-12
+        )
 
 
 def test_short_answers_see_the_mixed_iteration_while_prompts_are_prefilled(
@@ -281,8 +318,13 @@ def test_short_answers_see_the_mixed_iteration_while_prompts_are_prefilled(
     observation = _observation(prefill_tokens=3_000.0, decode_active=8, temperature_c=40.0)
 
     def proxy(mean_output: float) -> tuple[float, float, float]:
-        controller = MPCController(synthetic_plant, horizon_s=2.0, mean_prompt_tokens=2_000.0,
-                                   mean_output_tokens=mean_output, latency_model="iteration")
+        controller = MPCController(
+            synthetic_plant,
+            horizon_s=2.0,
+            mean_prompt_tokens=2_000.0,
+            mean_output_tokens=mean_output,
+            latency_model="iteration",
+        )
         problem = controller.problem(observation, 1.0)
         active, decode_rate = np.array([8.0]), np.array([2_000.0])
         served, prefill_rate = np.array([3_000.0]), np.array([20_000.0])

@@ -59,8 +59,9 @@ TRUE_BATCH_S = 6e-5  # s per running request per iteration, compute-bound
 TRUE_CONTEXT_S = 1.5e-8  # s per context token per iteration, memory-bound
 
 
-def _true_busy(clock: float, top: float, prompt: float, iterations: float, tokens: float,
-               context: float) -> float:
+def _true_busy(
+    clock: float, top: float, prompt: float, iterations: float, tokens: float, context: float
+) -> float:
     g = top / clock
     return (
         prompt * TRUE_PREFILL_S * g
@@ -79,9 +80,7 @@ def test_online_model_recovers_known_latency_and_power_curves() -> None:
 
     def true_power(clock: float, phase: str) -> float:
         x = clock / top
-        return {"idle": 60 + 20 * x, "prefill": 120 + 380 * x**3, "decode": 100 + 200 * x**2}[
-            phase
-        ]
+        return {"idle": 60 + 20 * x, "prefill": 120 + 380 * x**3, "decode": 100 + 200 * x**2}[phase]
 
     for step in range(4000):
         clock = float(top if step < 10 else rng.choice(visited))
@@ -99,8 +98,20 @@ def test_online_model_recovers_known_latency_and_power_curves() -> None:
             + true_power(clock, "decode") * (busy - prefill_s)
         )
         model.update(
-            Window(duration, busy * rng.normal(1.0, 0.01), prompt, tokens, iterations,
-                   context, energy, clock, clock, False, 60.0, 60.0)
+            Window(
+                duration,
+                busy * rng.normal(1.0, 0.01),
+                prompt,
+                tokens,
+                iterations,
+                context,
+                energy,
+                clock,
+                clock,
+                False,
+                60.0,
+                60.0,
+            )
         )
     for clock in visited:
         mean, std = model.prefill_s_per_token(float(clock))
@@ -121,8 +132,9 @@ def test_unexplored_clocks_are_predicted_pessimistically_with_wide_uncertainty()
     clocks = np.arange(600.0, 1801.0, 50.0)
     model = OnlineModel(clocks, 600.0, warmup_windows=20)
     for _ in range(60):  # only the top clock, as in the warm-up
-        model.update(Window(1.0, 0.5, 5000.0, 0.0, 0.0, 0.0, None, 1800.0, 1800.0, False,
-                            60.0, 60.0))
+        model.update(
+            Window(1.0, 0.5, 5000.0, 0.0, 0.0, 0.0, None, 1800.0, 1800.0, False, 60.0, 60.0)
+        )
     top_mean, top_std = model.prefill_s_per_token(1800.0)
     low_mean, low_std = model.prefill_s_per_token(600.0)
     # Compute-bound extrapolation (time ~ 1/f): the slowest the physics allows.
@@ -144,8 +156,20 @@ def test_memory_is_bounded_over_100k_updates() -> None:
     model = OnlineModel(clocks, 700.0)
     rng = np.random.default_rng(4)
     windows = [
-        Window(1.0, 0.6, float(rng.integers(0, 4000)), 300.0, 10.0, 1500.0, 300.0,
-               float(rng.choice(clocks)), None, False, 60.0, 60.1)
+        Window(
+            1.0,
+            0.6,
+            float(rng.integers(0, 4000)),
+            300.0,
+            10.0,
+            1500.0,
+            300.0,
+            float(rng.choice(clocks)),
+            None,
+            False,
+            60.0,
+            60.1,
+        )
         for _ in range(64)
     ]
     before = model.nbytes()
@@ -178,9 +202,15 @@ class GuardedProfile:
         return getattr(object.__getattribute__(self, "_inner"), name)
 
 
-def _poisson_workload(rate: float, duration_s: float, prompt: tuple[int, int],
-                      output: tuple[int, int], seed: int, start_s: float = 0.0,
-                      first_id: int = 0) -> list[Request]:
+def _poisson_workload(
+    rate: float,
+    duration_s: float,
+    prompt: tuple[int, int],
+    output: tuple[int, int],
+    seed: int,
+    start_s: float = 0.0,
+    first_id: int = 0,
+) -> list[Request]:
     rng = np.random.default_rng(seed)
     times = start_s + np.cumsum(rng.exponential(1.0 / rate, size=int(rate * duration_s * 2)))
     times = times[times < start_s + duration_s]
@@ -210,8 +240,13 @@ def test_controller_never_reads_the_profile_and_still_controls(profile) -> None:
     controller = _online(workload)
     result = simulate(workload, plant, chunked_prefill_scheduler, controller, 0)
     assert controller.model is not None and controller.model.warmed_up
-    assert controller.last_reason in {"mpc", "explore-floor", "backoff", "burst-guard",
-                                  "decode-descent"}
+    assert controller.last_reason in {
+        "mpc",
+        "explore-floor",
+        "backoff",
+        "burst-guard",
+        "decode-descent",
+    }
     assert np.min(result.requested_clock_mhz) < profile.maximum_clock_mhz
 
 
@@ -230,34 +265,51 @@ def _memory_bound_flat_profile() -> PerformanceProfile:
         idle_power_w=70.0 + 15.0 * x,
         ttft_slo_s=1.5,
         tpot_slo_s=0.08,
-        manifest={"status": "synthetic", "engine": {"reference_batch_size": 32,
-                                                    "reference_context_tokens": 2048},
-                  "decode_latency_model": {"weight_fraction": 0.7, "batch_fraction": 0.1,
-                                           "kv_fraction": 0.2}},
+        manifest={
+            "status": "synthetic",
+            "engine": {"reference_batch_size": 32, "reference_context_tokens": 2048},
+            "decode_latency_model": {
+                "weight_fraction": 0.7,
+                "batch_fraction": 0.1,
+                "kv_fraction": 0.2,
+            },
+        },
         name="memory-bound-flat",
     )
 
 
 SHAPES = {
     "memory-bound-decode": lambda: ServingPlant(
-        profile=_memory_bound_flat_profile(), power_limit_w=500.0, thermal_limit_c=87.0,
-        ambient_temperature_c=30.0, thermal_resistance_c_per_w=0.08,
-        thermal_time_constant_s=30.0),
+        profile=_memory_bound_flat_profile(),
+        power_limit_w=500.0,
+        thermal_limit_c=87.0,
+        ambient_temperature_c=30.0,
+        thermal_resistance_c_per_w=0.08,
+        thermal_time_constant_s=30.0,
+    ),
     # Prefill at the top clock draws 680 W: the 560 W cap holds the clock lower.
     "prefill-power-capped": lambda: make_plant(power_limit_w=560.0),
     "tight-slo": lambda: make_plant(make_profile(), power_limit_w=700.0).with_overrides(
-        profile=_with_slos(make_profile(), 0.5, 0.045)),
+        profile=_with_slos(make_profile(), 0.5, 0.045)
+    ),
     "loose-slo": lambda: make_plant(make_profile(), power_limit_w=700.0).with_overrides(
-        profile=_with_slos(make_profile(), 4.0, 0.3)),
+        profile=_with_slos(make_profile(), 4.0, 0.3)
+    ),
 }
 
 
 def _with_slos(profile: PerformanceProfile, ttft: float, tpot: float) -> PerformanceProfile:
     return PerformanceProfile(
-        clock_mhz=profile.clock_mhz, prefill_tokens_per_s=profile.prefill_tokens_per_s,
-        decode_tokens_per_s=profile.decode_tokens_per_s, prefill_power_w=profile.prefill_power_w,
-        decode_power_w=profile.decode_power_w, idle_power_w=profile.idle_power_w,
-        ttft_slo_s=ttft, tpot_slo_s=tpot, manifest=profile.manifest, name=profile.name,
+        clock_mhz=profile.clock_mhz,
+        prefill_tokens_per_s=profile.prefill_tokens_per_s,
+        decode_tokens_per_s=profile.decode_tokens_per_s,
+        prefill_power_w=profile.prefill_power_w,
+        decode_power_w=profile.decode_power_w,
+        idle_power_w=profile.idle_power_w,
+        ttft_slo_s=ttft,
+        tpot_slo_s=tpot,
+        manifest=profile.manifest,
+        name=profile.name,
     )
 
 
@@ -294,23 +346,27 @@ def test_relearns_after_a_model_swap_and_a_prompt_mix_change() -> None:
 
     first = make_plant()
     second = ServingPlant(
-        profile=_memory_bound_flat_profile(), power_limit_w=500.0, thermal_limit_c=87.0,
-        ambient_temperature_c=30.0, thermal_resistance_c_per_w=0.08,
-        thermal_time_constant_s=30.0)
+        profile=_memory_bound_flat_profile(),
+        power_limit_w=500.0,
+        thermal_limit_c=87.0,
+        ambient_temperature_c=30.0,
+        thermal_resistance_c_per_w=0.08,
+        thermal_time_constant_s=30.0,
+    )
     short = _poisson_workload(3.0, 100.0, (100, 600), (50, 300), seed=21)
-    long = _poisson_workload(1.5, 100.0, (1500, 3500), (50, 300), seed=22, start_s=100.0,
-                             first_id=len(short))
+    long = _poisson_workload(
+        1.5, 100.0, (1500, 3500), (50, 300), seed=22, start_s=100.0, first_id=len(short)
+    )
     mixed = short + long  # the prompt mix changes at 100 s
     swapped = _poisson_workload(2.0, 150.0, (200, 2500), (20, 300), seed=23)
     controller = _online(mixed + swapped)
-    results = run_segments(
-        [(mixed, first, "model-a"), (swapped, second, "model-b")], controller
-    )
+    results = run_segments([(mixed, first, "model-a"), (swapped, second, "model-b")], controller)
     assert controller.resets == 1 and controller.model_name == "model-b"
     assert controller.model is not None and controller.model.warmed_up
     for workload, plant, result in zip((mixed, swapped), (first, second), results, strict=True):
-        reference = simulate(workload, plant, chunked_prefill_scheduler,
-                             maximum_clock_controller, 0)
+        reference = simulate(
+            workload, plant, chunked_prefill_scheduler, maximum_clock_controller, 0
+        )
         assert result.metrics.slo_attainment >= reference.metrics.slo_attainment - 0.01
 
 

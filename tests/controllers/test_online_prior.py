@@ -58,8 +58,10 @@ def test_gpu_names_match_by_family(name: str, key: str | None) -> None:
 
 def test_an_unknown_gpu_warns_once_and_gives_no_prior() -> None:
     lines: list[str] = []
-    assert prior_from_hints(PriorHints(gpu="Tesla V100-SXM2-16GB", params_b=8.0),
-                            warn=lines.append) is None
+    assert (
+        prior_from_hints(PriorHints(gpu="Tesla V100-SXM2-16GB", params_b=8.0), warn=lines.append)
+        is None
+    )
     assert len(lines) == 1 and "V100" in lines[0] and "\n" not in lines[0]
     # No GPU at all (or "auto" not resolved): no prior, no warning.
     assert prior_from_hints(PriorHints(params_b=8.0), warn=lines.append) is None
@@ -107,18 +109,25 @@ def _truth(gpu: str, model: str, tp: int) -> Domain:
     only knows the parameter counts)."""
     spec = ProfileSpec("truth", gpu, model, tp, 64, 1.5, 0.075, "test")
     board = GPUS[gpu]
-    return Domain(spec, board, MODELS[model], calibration.fit_efficiency(board.efficiency_from),
-                  RooflineParameters(), calibration.fit_attention())
+    return Domain(
+        spec,
+        board,
+        MODELS[model],
+        calibration.fit_efficiency(board.efficiency_from),
+        RooflineParameters(),
+        calibration.fit_attention(),
+    )
 
 
 TRUTH = ("a100", "mixtral-8x7b", 4)  # Mixtral on 4 A100s: not a bundled profile
-RIGHT = PriorHints(gpu="NVIDIA A100-SXM4-80GB", params_b=46.7, active_params_b=12.9,
-                   tensor_parallel=4)
+RIGHT = PriorHints(
+    gpu="NVIDIA A100-SXM4-80GB", params_b=46.7, active_params_b=12.9, tensor_parallel=4
+)
 WRONG = {
-    "wrong family, 10x parameters": PriorHints(gpu="NVIDIA L4", params_b=467.0,
-                                               tensor_parallel=1),
-    "wrong family, 1/10 parameters": PriorHints(gpu="NVIDIA B200", params_b=4.67,
-                                                tensor_parallel=1),
+    "wrong family, 10x parameters": PriorHints(gpu="NVIDIA L4", params_b=467.0, tensor_parallel=1),
+    "wrong family, 1/10 parameters": PriorHints(
+        gpu="NVIDIA B200", params_b=4.67, tensor_parallel=1
+    ),
 }
 TOLERANCE = 0.15
 """Largest relative error of the decode iteration (batch 64, context 1024) over the
@@ -145,9 +154,13 @@ def _windows_to_tolerance(prior: Any, seed: int = 0) -> tuple[int | None, float]
         # The roofline's iteration, linear in the batch about the reference batch (the
         # form the identification fits), so the answer is known exactly.
         p = domain.params
-        return (domain.linear_s(f, 64.0) + domain.kv_s(f, batch, context)
-                + domain.all_reduce_s(64.0) + batch * p.per_sequence_overhead_s
-                + p.fixed_iteration_overhead_s)
+        return (
+            domain.linear_s(f, 64.0)
+            + domain.kv_s(f, batch, context)
+            + domain.all_reduce_s(64.0)
+            + batch * p.per_sequence_overhead_s
+            + p.fixed_iteration_overhead_s
+        )
 
     checked = clocks[::4]
     truth = [(prefill(f), iteration(f, 64.0, 1024.0)) for f in checked]
@@ -155,8 +168,10 @@ def _windows_to_tolerance(prior: Any, seed: int = 0) -> tuple[int | None, float]
     def error(model: OnlineModel, quantity: int) -> float:
         worst = 0.0
         for f, known in zip(checked, truth, strict=True):
-            learned = (model.prefill_s_per_token(f)[0],
-                       model.decode_iteration_s(f, 64.0, 1024.0)[0])[quantity]
+            learned = (
+                model.prefill_s_per_token(f)[0],
+                model.decode_iteration_s(f, 64.0, 1024.0)[0],
+            )[quantity]
             worst = max(worst, abs(learned / known[quantity] - 1.0))
         return worst
 
@@ -178,9 +193,22 @@ def _windows_to_tolerance(prior: Any, seed: int = 0) -> tuple[int | None, float]
         iterations = float(rng.integers(5, 40))
         prompt_tokens = float(rng.integers(0, 4000))
         busy = prompt_tokens * prefill(clock) + iterations * iteration(clock, batch, context)
-        model.update(Window(busy / 0.8, busy * rng.normal(1.0, 0.01), prompt_tokens,
-                            batch * iterations, iterations, context, None, clock, clock,
-                            False, 60.0, 60.0))
+        model.update(
+            Window(
+                busy / 0.8,
+                busy * rng.normal(1.0, 0.01),
+                prompt_tokens,
+                batch * iterations,
+                iterations,
+                context,
+                None,
+                clock,
+                clock,
+                False,
+                60.0,
+                60.0,
+            )
+        )
         if reached is None and model.warmed_up and error(model, 1) <= TOLERANCE:
             reached = index + 1
     return reached, max(error(model, 0), error(model, 1))
@@ -195,8 +223,10 @@ FINAL_TOLERANCE = 0.2
 def convergence() -> dict[str, list[tuple[int | None, float]]]:
     cases: dict[str, Any] = {"none": None, "right": prior_from_hints(RIGHT)}
     cases.update({name: prior_from_hints(hints) for name, hints in WRONG.items()})
-    return {name: [_windows_to_tolerance(prior, seed) for seed in SEEDS]
-            for name, prior in cases.items()}
+    return {
+        name: [_windows_to_tolerance(prior, seed) for seed in SEEDS]
+        for name, prior in cases.items()
+    }
 
 
 def test_a_right_hint_converges_at_the_end_of_the_warm_up(convergence) -> None:  # type: ignore[no-untyped-def]
@@ -225,13 +255,15 @@ def test_a_restored_model_keeps_its_level_under_a_hint() -> None:
     clocks = np.arange(510.0, 1411.0, 15.0)
     learned = OnlineModel(clocks, 1600.0, warmup_windows=5)
     for _ in range(10):
-        learned.update(Window(1.0, 0.5, 2000.0, 640.0, 10.0, 1000.0, None, 1410.0, 1410.0,
-                              False, 60.0, 60.0))
+        learned.update(
+            Window(1.0, 0.5, 2000.0, 640.0, 10.0, 1000.0, None, 1410.0, 1410.0, False, 60.0, 60.0)
+        )
     restored = OnlineModel(clocks, 1600.0, warmup_windows=5, prior=prior)
     restored.load_state(learned.state_dict())
     before = restored.prefill_s_per_token(1410.0)[0]
-    restored.update(Window(1.0, 0.5, 2000.0, 640.0, 10.0, 1000.0, None, 1410.0, 1410.0,
-                           False, 60.0, 60.0))
+    restored.update(
+        Window(1.0, 0.5, 2000.0, 640.0, 10.0, 1000.0, None, 1410.0, 1410.0, False, 60.0, 60.0)
+    )
     assert restored.prefill_s_per_token(1410.0)[0] == pytest.approx(before, rel=0.05)
 
 
@@ -250,10 +282,15 @@ def _compute_bound_profile() -> PerformanceProfile:
         idle_power_w=30.0 + 8.0 * x,
         ttft_slo_s=1.0,
         tpot_slo_s=0.06,
-        manifest={"status": "synthetic", "engine": {"reference_batch_size": 32,
-                                                    "reference_context_tokens": 1024},
-                  "decode_latency_model": {"weight_fraction": 0.3, "batch_fraction": 0.6,
-                                           "kv_fraction": 0.1}},
+        manifest={
+            "status": "synthetic",
+            "engine": {"reference_batch_size": 32, "reference_context_tokens": 1024},
+            "decode_latency_model": {
+                "weight_fraction": 0.3,
+                "batch_fraction": 0.6,
+                "kv_fraction": 0.1,
+            },
+        },
         name="compute-bound-narrow",
     )
 
@@ -262,15 +299,21 @@ def _poisson(rate: float, duration_s: float, seed: int) -> list[Request]:
     rng = np.random.default_rng(seed)
     times = np.cumsum(rng.exponential(1.0 / rate, size=int(rate * duration_s * 2)))
     times = times[times < duration_s]
-    return [Request(i, float(t), int(rng.integers(100, 2500)), int(rng.integers(20, 300)))
-            for i, t in enumerate(times)]
+    return [
+        Request(i, float(t), int(rng.integers(100, 2500)), int(rng.integers(20, 300)))
+        for i, t in enumerate(times)
+    ]
 
 
 PLANTS = {
     "compute-bound-narrow": lambda: ServingPlant(
-        profile=_compute_bound_profile(), power_limit_w=260.0, thermal_limit_c=87.0,
-        ambient_temperature_c=30.0, thermal_resistance_c_per_w=0.15,
-        thermal_time_constant_s=30.0),
+        profile=_compute_bound_profile(),
+        power_limit_w=260.0,
+        thermal_limit_c=87.0,
+        ambient_temperature_c=30.0,
+        thermal_resistance_c_per_w=0.15,
+        thermal_time_constant_s=30.0,
+    ),
     "prefill-power-capped": lambda: make_plant(power_limit_w=560.0),
 }
 HINTS = {
@@ -300,8 +343,9 @@ def references() -> dict[str, tuple[Any, Any]]:
     out = {}
     for name in PLANTS:
         workload = _poisson(2.0, 180.0, seed=31)
-        top = simulate(workload, PLANTS[name](), chunked_prefill_scheduler,
-                       maximum_clock_controller, 0)
+        top = simulate(
+            workload, PLANTS[name](), chunked_prefill_scheduler, maximum_clock_controller, 0
+        )
         out[name] = (top, _closed_loop(name, None)[0])
     return out
 
@@ -324,10 +368,18 @@ def test_a_wrong_hint_never_breaks_the_slo(references, plant_name: str, hint_nam
 # -------------------------------------------------------------- the power-cap fallback
 def _observation(power_limit_w: float | None, power_w: float | None = None) -> ServingObservation:
     return ServingObservation(
-        time_s=0.0, step_index=0, arrived_requests=0, prefill_remaining_tokens=0.0,
-        decode_active=0, generated_decode_tokens=0.0, temperature_c=40.0,
+        time_s=0.0,
+        step_index=0,
+        arrived_requests=0,
+        prefill_remaining_tokens=0.0,
+        decode_active=0,
+        generated_decode_tokens=0.0,
+        temperature_c=40.0,
         supported_clocks_mhz=tuple(float(c) for c in range(600, 1501, 30)),
-        power_limit_w=power_limit_w, power_w=power_w, ttft_slo_s=1.0, tpot_slo_s=0.05,
+        power_limit_w=power_limit_w,
+        power_w=power_w,
+        ttft_slo_s=1.0,
+        tpot_slo_s=0.05,
     )
 
 
@@ -347,7 +399,8 @@ def test_the_power_cap_comes_from_what_the_node_knows() -> None:
     assert started.model is not None and started.model.power_limit_w == pytest.approx(1_200.0)
     # The hinted board (TDP x TP) when NVML reports nothing.
     hinted = OnlineMPCController(
-        prior=prior_from_hints(PriorHints(gpu="NVIDIA L4", tensor_parallel=2)))
+        prior=prior_from_hints(PriorHints(gpu="NVIDIA L4", tensor_parallel=2))
+    )
     assert _plan_cap(hinted, _observation(None)) == pytest.approx(2 * GPUS["l4"].tdp_w)
 
 

@@ -29,18 +29,23 @@ class _Model:
         mean = 1e-4 * 1500.0 / clock_mhz
         return mean, self.relative_std * mean
 
-    def decode_iteration_s(self, clock_mhz: float, batch: float, context: float) -> tuple[
-            float, float]:
+    def decode_iteration_s(
+        self, clock_mhz: float, batch: float, context: float
+    ) -> tuple[float, float]:
         mean = 0.02 * 1500.0 / clock_mhz
         return mean, self.relative_std * mean
 
     def table(self, clocks: np.ndarray, batch: float, context: float) -> dict:
-        rows = [(self.prefill_s_per_token(c), self.decode_iteration_s(c, batch, context))
-                for c in clocks]
+        rows = [
+            (self.prefill_s_per_token(c), self.decode_iteration_s(c, batch, context))
+            for c in clocks
+        ]
         prefill = np.array([r[0] for r in rows])
         decode = np.array([r[1] for r in rows])
-        return {"prefill_s_per_token": (prefill[:, 0], prefill[:, 1]),
-                "decode_iteration_s": (decode[:, 0], decode[:, 1])}
+        return {
+            "prefill_s_per_token": (prefill[:, 0], prefill[:, 1]),
+            "decode_iteration_s": (decode[:, 0], decode[:, 1]),
+        }
 
 
 def _seen(time_s: float, *, ttft_ratio: float | None, requested: float) -> ServingObservation:
@@ -76,8 +81,9 @@ def test_far_under_the_threshold_the_floor_takes_the_physics_step_capped() -> No
     floor = policy.floor(_Model(1200.0), _seen(2.0, ttft_ratio=0.1, requested=1200.0), 1.5)
     assert floor == pytest.approx(975.0)  # the first supported clock at or above 960
     # A model too unsure below the frontier keeps the floor there.
-    unsure = policy.floor(_Model(1200.0, relative_std=0.5),
-                          _seen(3.0, ttft_ratio=0.1, requested=1200.0), 1.5)
+    unsure = policy.floor(
+        _Model(1200.0, relative_std=0.5), _seen(3.0, ttft_ratio=0.1, requested=1200.0), 1.5
+    )
     assert unsure == pytest.approx(1200.0)
 
 

@@ -44,5 +44,3 @@ def metrics_server():  # type: ignore[no-untyped-def]
     server = MetricsServer()
     yield server
     server.close()
-
-

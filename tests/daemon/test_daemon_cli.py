@@ -186,8 +186,17 @@ def test_mpc_recording_replays_through_the_same_mpc_exactly(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     record = tmp_path / "mpc.jsonl"
-    argv = ["run", "--simulate", "--virtual", "--duration", "40", "--metrics-address", "none",
-            "--record", str(record)]
+    argv = [
+        "run",
+        "--simulate",
+        "--virtual",
+        "--duration",
+        "40",
+        "--metrics-address",
+        "none",
+        "--record",
+        str(record),
+    ]
     assert node_cli.main(argv) == 0
     capsys.readouterr()
     assert node_cli.main(["replay", str(record), "--controller", "mpc"]) == 0

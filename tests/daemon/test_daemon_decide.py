@@ -112,8 +112,12 @@ def test_mpc_online_corrections_default_per_kind_and_override(  # type: ignore[n
 
 @pytest.mark.parametrize(
     ("kind", "overrides", "cap"),
-    [("mpc", {}, 1.0), ("mpc-slsqp", {}, None), ("mpc", {"ttft_excess_cap": 3.0}, 3.0),
-     ("mpc-slsqp", {"ttft_excess_cap": 2.0}, 2.0)],
+    [
+        ("mpc", {}, 1.0),
+        ("mpc-slsqp", {}, None),
+        ("mpc", {"ttft_excess_cap": 3.0}, 3.0),
+        ("mpc-slsqp", {"ttft_excess_cap": 2.0}, 2.0),
+    ],
 )
 def test_mpc_ttft_excess_cap_defaults_per_kind(kind, overrides, cap) -> None:  # type: ignore[no-untyped-def]
     from gpugov.daemon.decide import mpc_controller
@@ -207,22 +211,39 @@ def test_with_safety_chain() -> None:
 def test_one_name_per_controller_and_old_names_map_to_it() -> None:
     from gpugov.daemon.decide import canonical_controller_name, spec_name
 
-    for text, name in [("max", "max"), ("maximum", "max"), ("fixed:1410.0", "fixed:1410"),
-                       ("reactive", "reactive"), ("mpc", "mpc"), ("mpc-slsqp", "mpc-slsqp"),
-                       ("mpc:h200-sxm-llama3-8b", "mpc")]:
+    for text, name in [
+        ("max", "max"),
+        ("maximum", "max"),
+        ("fixed:1410.0", "fixed:1410"),
+        ("reactive", "reactive"),
+        ("mpc", "mpc"),
+        ("mpc-slsqp", "mpc-slsqp"),
+        ("mpc:h200-sxm-llama3-8b", "mpc"),
+    ]:
         assert spec_name(parse_controller_spec(text)) == name
-    for old, new in [("mpc_clock", "mpc"), ("mpc_slsqp_clock", "mpc-slsqp"),
-                     ("maximum_clock_controller", "max"), ("reactive_governor", "reactive"),
-                     ("open_loop_clock", "open-loop"), ("Offline plan", "open-loop"),
-                     ("fixed_1410_mhz", "fixed:1410"), ("mpc_fast", "mpc"), ("mpc", "mpc")]:
+    for old, new in [
+        ("mpc_clock", "mpc"),
+        ("mpc_slsqp_clock", "mpc-slsqp"),
+        ("maximum_clock_controller", "max"),
+        ("reactive_governor", "reactive"),
+        ("open_loop_clock", "open-loop"),
+        ("Offline plan", "open-loop"),
+        ("fixed_1410_mhz", "fixed:1410"),
+        ("mpc_fast", "mpc"),
+        ("mpc", "mpc"),
+    ]:
         assert canonical_controller_name(old) == new
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("reactive:foo", "reactive takes no argument"), ("max:", "max takes no argument"),
-     ("mpc:garbage", "unknown profile 'garbage'"), ("mpc-slsqp:", "name a profile"),
-     ("mpc:/nonexistent/p.json", "profile file not found")],
+    [
+        ("reactive:foo", "reactive takes no argument"),
+        ("max:", "max takes no argument"),
+        ("mpc:garbage", "unknown profile 'garbage'"),
+        ("mpc-slsqp:", "name a profile"),
+        ("mpc:/nonexistent/p.json", "profile file not found"),
+    ],
 )
 def test_controller_spec_arguments_are_checked(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -121,9 +121,7 @@ def test_values_and_labels(page: str) -> None:
         value("gpugov_fallbacks_total", domain="llm", controller="mpc", reason="engine_stale")
         == 2.0
     )
-    assert (
-        value("gpugov_controller_solve_seconds_count", domain="llm", controller="mpc") == 3.0
-    )
+    assert value("gpugov_controller_solve_seconds_count", domain="llm", controller="mpc") == 3.0
     assert (
         value(
             "gpugov_controller_solve_seconds_bucket",

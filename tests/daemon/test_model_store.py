@@ -36,9 +36,7 @@ def _workload(seconds: float = 60.0, seed: int = 3) -> list[Request]:
 
 
 def _controller() -> OnlineMPCController:
-    return OnlineMPCController(
-        mean_prompt_tokens=1100.0, mean_output_tokens=110.0, warmup_s=10.0
-    )
+    return OnlineMPCController(mean_prompt_tokens=1100.0, mean_output_tokens=110.0, warmup_s=10.0)
 
 
 class Named:
@@ -78,7 +76,8 @@ def test_model_survives_a_restart(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("gpus", "name"), [(("GPU-aaaa", "GPU-cccc"), "llama"), (GPUS, "mistral")],
+    ("gpus", "name"),
+    [(("GPU-aaaa", "GPU-cccc"), "llama"), (GPUS, "mistral")],
     ids=["gpu-swapped", "other-model"],
 )
 def test_model_is_discarded_when_the_key_changes(tmp_path: Path, gpus, name) -> None:  # type: ignore[no-untyped-def]
@@ -94,9 +93,12 @@ def test_model_is_discarded_when_the_key_changes(tmp_path: Path, gpus, name) -> 
 
 @pytest.mark.parametrize(
     "content",
-    ['{"format": "gpugov-online-model", "version": 1, "key": {"gpu_u', "\x00\x01garbage",
-     '{"format": "gpugov-online-model", "version": 1, "key": {"gpu_uuids": ["GPU-aaaa", '
-     '"GPU-bbbb"], "model_name": "llama"}, "model": {"version": 1, "clocks_mhz": [1, 2]}}'],
+    [
+        '{"format": "gpugov-online-model", "version": 1, "key": {"gpu_u',
+        "\x00\x01garbage",
+        '{"format": "gpugov-online-model", "version": 1, "key": {"gpu_uuids": ["GPU-aaaa", '
+        '"GPU-bbbb"], "model_name": "llama"}, "model": {"version": 1, "clocks_mhz": [1, 2]}}',
+    ],
     ids=["truncated", "binary", "wrong-clocks"],
 )
 def test_corrupt_state_is_set_aside_and_learning_starts_fresh(tmp_path: Path, content: str) -> None:
@@ -178,13 +180,29 @@ def test_controller_spec_and_config_kind() -> None:
     assert isinstance(hinted, OnlineMPCControllerConfig)
     assert hinted.prior_profile == "h100-sxm-llama3-8b"
     config = parse_config(
-        {"domains": [{"name": "llm", "gpus": [0],
-                      "controller": {"kind": "mpc-online", "state_dir": "/var/lib/x"}}]}
+        {
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "controller": {"kind": "mpc-online", "state_dir": "/var/lib/x"},
+                }
+            ]
+        }
     )
     assert config.domains[0].controller.state_dir == Path("/var/lib/x")  # type: ignore[union-attr]
     with pytest.raises(ConfigError) as error:
-        parse_config({"domains": [{"name": "llm", "gpus": [0],
-                                   "controller": {"kind": "mpc-online", "uncertainty_z": -1}}]})
+        parse_config(
+            {
+                "domains": [
+                    {
+                        "name": "llm",
+                        "gpus": [0],
+                        "controller": {"kind": "mpc-online", "uncertainty_z": -1},
+                    }
+                ]
+            }
+        )
     assert str(error.value).count("\n") == 0
     assert "domains[0].controller.uncertainty_z" in str(error.value)
 
@@ -193,8 +211,9 @@ def test_simulated_daemon_saves_the_model_in_the_state_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
-    code = main(["run", "--simulate", "--virtual", "--controller", "mpc-online",
-                 "--duration", "40"])
+    code = main(
+        ["run", "--simulate", "--virtual", "--controller", "mpc-online", "--duration", "40"]
+    )
     assert code == 0, capsys.readouterr().err
     payload = read_stored(model_path(tmp_path, "sim"))
     assert payload["model"]["warmed_up"] is True

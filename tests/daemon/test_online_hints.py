@@ -30,13 +30,17 @@ def _config(controller: dict[str, Any]) -> Any:
 
 
 def test_the_config_takes_hints() -> None:
-    config = _config({"kind": "mpc-online",
-                      "prior": {"gpu": "auto", "params_b": 47, "active_params_b": 13,
-                                "tensor_parallel": 4}})
+    config = _config(
+        {
+            "kind": "mpc-online",
+            "prior": {"gpu": "auto", "params_b": 47, "active_params_b": 13, "tensor_parallel": 4},
+        }
+    )
     spec = config.domains[0].controller
     assert isinstance(spec, OnlineMPCControllerConfig)
-    assert spec.prior == PriorHintsConfig(gpu="auto", params_b=47.0, active_params_b=13.0,
-                                          tensor_parallel=4)
+    assert spec.prior == PriorHintsConfig(
+        gpu="auto", params_b=47.0, active_params_b=13.0, tensor_parallel=4
+    )
     # No hint: exactly as before.
     assert _config({"kind": "mpc-online"}).domains[0].controller.prior is None
 
@@ -46,15 +50,22 @@ def test_the_config_takes_hints() -> None:
     [
         ({"params_b": 0}, "domains[0].controller.prior.params_b", "greater than 0"),
         ({"params_b": "70B"}, "domains[0].controller.prior.params_b", "valid number"),
-        ({"tensor_parallel": 0}, "domains[0].controller.prior.tensor_parallel",
-         "greater than or equal to 1"),
-        ({"params_b": 8, "active_params_b": 13}, "domains[0].controller.prior",
-         "prior.active_params_b (13) exceeds prior.params_b (8)"),
+        (
+            {"tensor_parallel": 0},
+            "domains[0].controller.prior.tensor_parallel",
+            "greater than or equal to 1",
+        ),
+        (
+            {"params_b": 8, "active_params_b": 13},
+            "domains[0].controller.prior",
+            "prior.active_params_b (13) exceeds prior.params_b (8)",
+        ),
         ({"gpus": "H100"}, "domains[0].controller.prior.gpus", "unknown key"),
     ],
 )
-def test_a_bad_hint_is_one_line_naming_the_field(prior: dict[str, Any], path: str,
-                                                 reason: str) -> None:
+def test_a_bad_hint_is_one_line_naming_the_field(
+    prior: dict[str, Any], path: str, reason: str
+) -> None:
     with pytest.raises(ConfigError) as info:
         _config({"kind": "mpc-online", "prior": prior})
     message = str(info.value)
@@ -64,15 +75,18 @@ def test_a_bad_hint_is_one_line_naming_the_field(prior: dict[str, Any], path: st
 
 def test_a_profile_and_hints_are_not_both_taken() -> None:
     with pytest.raises(ConfigError, match="not both"):
-        _config({"kind": "mpc-online", "prior_profile": "h100-sxm-llama3-8b",
-                 "prior": {"gpu": "auto"}})
+        _config(
+            {"kind": "mpc-online", "prior_profile": "h100-sxm-llama3-8b", "prior": {"gpu": "auto"}}
+        )
 
 
 def test_auto_takes_the_nvml_name_and_the_domain_size(caplog: pytest.LogCaptureFixture) -> None:
-    spec = OnlineMPCControllerConfig(kind="mpc-online",
-                                     prior=PriorHintsConfig(gpu="auto", params_b=70.0))
-    controller = online_controller(spec, 1.0, gpu_name="NVIDIA H100 80GB HBM3", gpu_count=4,
-                                   power_limit_w=2_400.0)
+    spec = OnlineMPCControllerConfig(
+        kind="mpc-online", prior=PriorHintsConfig(gpu="auto", params_b=70.0)
+    )
+    controller = online_controller(
+        spec, 1.0, gpu_name="NVIDIA H100 80GB HBM3", gpu_count=4, power_limit_w=2_400.0
+    )
     assert isinstance(controller, OnlineMPCController)
     assert controller.prior is not None and controller.prior.time_table
     assert controller.prior.board_power_w == pytest.approx(4 * GPUS["h100"].tdp_w)  # TP 4
@@ -81,7 +95,8 @@ def test_auto_takes_the_nvml_name_and_the_domain_size(caplog: pytest.LogCaptureF
     with caplog.at_level(logging.WARNING):
         assert online_controller(spec, 1.0).prior is None  # type: ignore[union-attr]
         unknown = OnlineMPCControllerConfig(
-            kind="mpc-online", prior=PriorHintsConfig(gpu="Tesla V100-SXM2-16GB"))
+            kind="mpc-online", prior=PriorHintsConfig(gpu="Tesla V100-SXM2-16GB")
+        )
         assert online_controller(unknown, 1.0).prior is None  # type: ignore[union-attr]
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(lines) == 2
@@ -91,10 +106,14 @@ def test_auto_takes_the_nvml_name_and_the_domain_size(caplog: pytest.LogCaptureF
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("mpc-online:gpu=NVIDIA H200,params_b=70,tp=4",
-         PriorHintsConfig(gpu="NVIDIA H200", params_b=70.0, tensor_parallel=4)),
-        ("mpc-online:gpu=auto,params_b=46.7,active_params_b=12.9",
-         PriorHintsConfig(gpu="auto", params_b=46.7, active_params_b=12.9)),
+        (
+            "mpc-online:gpu=NVIDIA H200,params_b=70,tp=4",
+            PriorHintsConfig(gpu="NVIDIA H200", params_b=70.0, tensor_parallel=4),
+        ),
+        (
+            "mpc-online:gpu=auto,params_b=46.7,active_params_b=12.9",
+            PriorHintsConfig(gpu="auto", params_b=46.7, active_params_b=12.9),
+        ),
     ],
 )
 def test_the_spec_takes_hints(text: str, expected: PriorHintsConfig) -> None:
@@ -105,7 +124,8 @@ def test_the_spec_takes_hints(text: str, expected: PriorHintsConfig) -> None:
     legacy = parse_controller_spec("mpc-online:h100-sxm-llama3-8b")
     assert legacy.prior_profile == "h100-sxm-llama3-8b"  # type: ignore[union-attr]
     assert parse_controller_spec("mpc-online:profile=h100-sxm-llama3-8b").prior_profile == (  # type: ignore[union-attr]
-        "h100-sxm-llama3-8b")
+        "h100-sxm-llama3-8b"
+    )
 
 
 @pytest.mark.parametrize(
@@ -132,8 +152,9 @@ def test_the_study_commands_build_a_hinted_controller() -> None:
 
     plant = make_plant(load_profile("h100-sxm-llama3-8b"))
     workload = [Request(0, 0.0, 500, 100)]
-    controller = build_controller("mpc-online:gpu=NVIDIA H100 80GB HBM3,params_b=8", plant,
-                                  workload, 1.0)
+    controller = build_controller(
+        "mpc-online:gpu=NVIDIA H100 80GB HBM3,params_b=8", plant, workload, 1.0
+    )
     assert isinstance(controller, OnlineMPCController)
     assert controller.prior is not None and controller.prior.time_table
     with pytest.raises(UsageError, match="params_b must be a number"):
@@ -151,8 +172,15 @@ class _Gpu:
     def sample(self) -> GpuSample:
         if self.fail:
             raise TransientGpuError("read power limit: timeout", gpu="0")
-        return GpuSample(gpu="0", power_w=100.0, energy_j=None, temperature_c=40.0,
-                         sm_clock_mhz=1980.0, utilization=0.0, power_limit_w=self.limit_w)
+        return GpuSample(
+            gpu="0",
+            power_w=100.0,
+            energy_j=None,
+            temperature_c=40.0,
+            sm_clock_mhz=1980.0,
+            utilization=0.0,
+            power_limit_w=self.limit_w,
+        )
 
 
 def test_the_start_power_limit_is_the_domains_sum() -> None:
@@ -162,16 +190,38 @@ def test_the_start_power_limit_is_the_domains_sum() -> None:
     assert _start_power_limit_w([_Gpu(700.0), _Gpu(700.0, fail=True)]) is None  # type: ignore[list-item]
 
 
-def test_the_simulated_daemon_runs_with_hints(tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_simulated_daemon_runs_with_hints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from gpugov.cli import main
 
-    code = main(["run", "--simulate", "--virtual", "--duration", "30", "--controller",
-                 "mpc-online:gpu=NVIDIA H100 80GB HBM3,params_b=8,tp=1"])
+    code = main(
+        [
+            "run",
+            "--simulate",
+            "--virtual",
+            "--duration",
+            "30",
+            "--controller",
+            "mpc-online:gpu=NVIDIA H100 80GB HBM3,params_b=8,tp=1",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     capsys.readouterr()
-    assert main(["run", "--simulate", "--virtual", "--duration", "5", "--controller",
-                 "mpc-online:params_b=huge"]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "--simulate",
+                "--virtual",
+                "--duration",
+                "5",
+                "--controller",
+                "mpc-online:params_b=huge",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "params_b must be a number" in err[0]
 
@@ -185,11 +235,22 @@ def test_a_node_fills_in_auto_and_the_start_power_limit(monkeypatch: pytest.Monk
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     fake = FakeNvml(2)  # two "NVIDIA H100 80GB HBM3" at a 700 W enforced limit each
     fake.gpus[1].power_limit_mw = 650_000
-    config = parse_config({"domains": [{
-        "name": "llm", "gpus": [0, 1],
-        "engine": {"kind": "vllm", "url": "http://127.0.0.1:9/metrics", "timeout_s": 0.5},
-        "controller": {"kind": "mpc-online", "prior": {"gpu": "auto", "params_b": 70}},
-    }]})
+    config = parse_config(
+        {
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0, 1],
+                    "engine": {
+                        "kind": "vllm",
+                        "url": "http://127.0.0.1:9/metrics",
+                        "timeout_s": 0.5,
+                    },
+                    "controller": {"kind": "mpc-online", "prior": {"gpu": "auto", "params_b": 70}},
+                }
+            ]
+        }
+    )
     assembled = domains_from_config(config, nvml=fake)
     try:
         controller = innermost(assembled.domains[0].controller)

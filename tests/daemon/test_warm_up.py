@@ -54,8 +54,18 @@ def test_first_decision_at_plant_time_zero_despite_a_slow_build(
     monkeypatch.setattr(node_cli, "ScaledClock", FakeWallClock)
     record = tmp_path / "run.jsonl"
     argv = [
-        "run", "--simulate", "--controller", "mpc", "--speed", "50", "--duration", "20",
-        "--metrics-address", "none", "--record", str(record),
+        "run",
+        "--simulate",
+        "--controller",
+        "mpc",
+        "--speed",
+        "50",
+        "--duration",
+        "20",
+        "--metrics-address",
+        "none",
+        "--record",
+        str(record),
     ]
     assert node_cli.main(argv) == 0
     assert wall.offset_s >= COMPILE_S, "the fake compile did not run: the test proves nothing"

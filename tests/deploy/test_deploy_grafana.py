@@ -88,7 +88,11 @@ def test_rows_per_domain_and_per_gpu_with_the_promised_panels() -> None:
     board = dashboard()
     rows = [p for p in board["panels"] if p["type"] == "row"]
     assert [r["title"] for r in rows] == [
-        "Overview", "Domain $domain", "GPUs", "Daemon", "Learned model (mpc-online)"
+        "Overview",
+        "Domain $domain",
+        "GPUs",
+        "Daemon",
+        "Learned model (mpc-online)",
     ]
     assert rows[1]["repeat"] == "domain"
     titles = " | ".join(p["title"] for p in panels(board))

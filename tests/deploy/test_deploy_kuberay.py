@@ -82,8 +82,12 @@ def test_core_objects_validate_strictly(kind: str) -> None:
     module = require_module("kubernetes_validate")
     if kind == "PodTemplate":
         checked = [
-            {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": group},
-             "template": template}
+            {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": group},
+                "template": template,
+            }
             for group, template in pod_templates()
         ]
     else:
@@ -147,8 +151,11 @@ def test_head_runs_only_the_driver_and_workers_mount_nothing() -> None:
 
 
 def test_the_image_installs_gpugov_with_ray_at_the_clusters_ray_version() -> None:
-    lines = [line for line in DOCKERFILE.read_text().splitlines()
-             if line.strip() and not line.startswith("#")]
+    lines = [
+        line
+        for line in DOCKERFILE.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     base = next(line.split()[1] for line in lines if line.startswith("FROM "))
     version = find("RayJob")["spec"]["rayClusterSpec"]["rayVersion"]
     assert base.startswith(f"rayproject/ray:{version}-py311")

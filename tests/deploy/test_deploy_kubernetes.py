@@ -48,8 +48,10 @@ def documents() -> list[tuple[str, dict[str, Any]]]:
 def find(kind: str, name: str | None = None) -> dict[str, Any]:
     """The one manifest of ``kind`` (and ``name``) under deploy/kubernetes/ (not examples)."""
     found = [
-        d for f, d in documents()
-        if d["kind"] == kind and not f.startswith("examples/")
+        d
+        for f, d in documents()
+        if d["kind"] == kind
+        and not f.startswith("examples/")
         and (name is None or d["metadata"]["name"] == name)
     ]
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"

@@ -153,14 +153,16 @@ class Live:
 
     def query_range(self, expr: str) -> list[dict[str, Any]]:
         """A range query over the whole run, 1 s step: what a panel asks."""
-        return self.api(
-            "query_range", query=expr, start=self.start_s, end=time.time(), step=1
-        )["result"]
+        return self.api("query_range", query=expr, start=self.start_s, end=time.time(), step=1)[
+            "result"
+        ]
 
     def series_labels(self, match: str, label: str) -> list[str]:
         """Grafana's ``label_values(match, label)``."""
         params: dict[str, str | float] = {
-            "match[]": match, "start": self.start_s, "end": time.time()
+            "match[]": match,
+            "start": self.start_s,
+            "end": time.time(),
         }
         series = self.api("series", **params)
         return sorted({s[label] for s in series if label in s})
@@ -196,9 +198,7 @@ def _wait(
     while True:
         for name, process in processes.items():
             if process.poll() is not None:
-                pytest.fail(
-                    f"{name} exited ({process.returncode}) before {what}\n{live.tail()}"
-                )
+                pytest.fail(f"{name} exited ({process.returncode}) before {what}\n{live.tail()}")
         try:
             if ready():
                 return
@@ -241,18 +241,39 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     try:
         with logs["gpugov"].open("wb") as out:
             processes["gpugov"] = subprocess.Popen(
-                [str(gpugov), "run", "--simulate", "--controller", "mpc-online",
-                 "--speed", str(SPEED), "--duration", str(SIMULATED_S),
-                 "--metrics-address", instance, "--log-level", "warning"],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                [
+                    str(gpugov),
+                    "run",
+                    "--simulate",
+                    "--controller",
+                    "mpc-online",
+                    "--speed",
+                    str(SPEED),
+                    "--duration",
+                    str(SIMULATED_S),
+                    "--metrics-address",
+                    instance,
+                    "--log-level",
+                    "warning",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
             )
         with logs["prometheus"].open("wb") as out:
             processes["prometheus"] = subprocess.Popen(
-                [prometheus, f"--config.file={work / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={work / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{web_port}",
-                 "--storage.tsdb.retention.time=1h", "--log.level=warn"],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=work,
+                [
+                    prometheus,
+                    f"--config.file={work / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={work / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{web_port}",
+                    "--storage.tsdb.retention.time=1h",
+                    "--log.level=warn",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=work,
             )
 
         def enough_data() -> bool:
@@ -262,10 +283,20 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             )
             return scrapes >= WANT_SCRAPES and evaluations >= WANT_EVALUATIONS
 
-        _wait(live, "ready Prometheus", START_DEADLINE_S,
-              lambda: get(f"{live.prometheus_url}/-/ready"), processes)
-        _wait(live, f"{WANT_SCRAPES} scrapes and {WANT_EVALUATIONS} rule evaluations",
-              DATA_DEADLINE_S, enough_data, processes)
+        _wait(
+            live,
+            "ready Prometheus",
+            START_DEADLINE_S,
+            lambda: get(f"{live.prometheus_url}/-/ready"),
+            processes,
+        )
+        _wait(
+            live,
+            f"{WANT_SCRAPES} scrapes and {WANT_EVALUATIONS} rule evaluations",
+            DATA_DEADLINE_S,
+            enough_data,
+            processes,
+        )
         yield live
     finally:
         for process in reversed(list(processes.values())):
@@ -278,7 +309,9 @@ def test_promtool_check_metrics_on_a_live_scrape(live: Live) -> None:
     assert b"gpugov_loop_ticks_total" in exposition
     result = subprocess.run(
         [require_tool("promtool"), "check", "metrics"],
-        input=exposition, capture_output=True, timeout=60,
+        input=exposition,
+        capture_output=True,
+        timeout=60,
     )
     output = (result.stdout + result.stderr).decode()
     assert result.returncode == 0 and not output.strip(), f"promtool check metrics:\n{output}"

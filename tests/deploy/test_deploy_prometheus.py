@@ -26,9 +26,7 @@ UNIT_TESTS = PROMETHEUS / "tests" / "gpugov.test.yml"
 def promtool(*args: str, cwd: Path = PROMETHEUS) -> str:
     """Run promtool; fail with its output when it exits non-zero."""
     tool = require_tool("promtool")
-    result = subprocess.run(
-        [tool, *args], cwd=cwd, capture_output=True, text=True, timeout=120
-    )
+    result = subprocess.run([tool, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"promtool {' '.join(args)} failed:\n{output}"
     return output

@@ -104,8 +104,7 @@ def test_observe_unit_exposure_below_main() -> None:
     main_score, _ = exposure(MAIN)
     score, table = exposure(OBSERVE)
     assert score < main_score, (
-        f"{OBSERVE.name}: overall exposure {score} is not below {MAIN.name}'s {main_score}\n"
-        f"{table}"
+        f"{OBSERVE.name}: overall exposure {score} is not below {MAIN.name}'s {main_score}\n{table}"
     )
 
 
@@ -122,13 +121,15 @@ def test_main_unit_contract() -> None:
     # nvmlInit() opened exactly these on driver 580 (H200): nvidia0, nvidiactl, nvidia-uvm,
     # nvidia-caps/nvidia-cap1 and nvidia-cap2 (read-only). Older drivers name major 195
     # "nvidia-frontend".
-    assert sorted(allowed) == sorted([
-        "char-nvidia-frontend rw",
-        "char-nvidia rw",
-        "char-nvidiactl rw",
-        "/dev/nvidia-uvm rw",
-        "char-nvidia-caps r",
-    ])
+    assert sorted(allowed) == sorted(
+        [
+            "char-nvidia-frontend rw",
+            "char-nvidia rw",
+            "char-nvidiactl rw",
+            "/dev/nvidia-uvm rw",
+            "char-nvidia-caps r",
+        ]
+    )
     assert values(OBSERVE, "DeviceAllow") == allowed
     for key, value in (
         ("NoNewPrivileges", "yes"),

@@ -16,7 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_python_dash_m_prints_the_version(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "gpugov", "--version"],
-        capture_output=True, text=True, cwd=tmp_path, check=False,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"gpugov {__version__}"
@@ -28,5 +31,10 @@ def test_version_is_single_sourced() -> None:
     assert "version" in pyproject["project"]["dynamic"]
     assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "gpugov.__version__"}
     assert pyproject["project"]["scripts"] == {"gpugov": "gpugov.cli:main"}
-    assert sum("__version__ =" in line for line in
-               (ROOT / "gpugov" / "__init__.py").read_text().splitlines()) == 1
+    assert (
+        sum(
+            "__version__ =" in line
+            for line in (ROOT / "gpugov" / "__init__.py").read_text().splitlines()
+        )
+        == 1
+    )

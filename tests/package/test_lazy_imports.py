@@ -15,8 +15,9 @@ import pytest
 
 from gpugov.cli import COMMANDS
 
-NODE_COMMANDS = [name for name in ("run", "status", "reset-clocks", "check-config", "model")
-                 if name in COMMANDS]
+NODE_COMMANDS = [
+    name for name in ("run", "status", "reset-clocks", "check-config", "model") if name in COMMANDS
+]
 FORBIDDEN_ON_NODE = (
     "sklearn",
     "matplotlib",
@@ -82,5 +83,7 @@ def test_help_imports_no_command_module() -> None:
 def test_offending_matches_prefixes_only() -> None:
     mods = ["gpugov.studyx", "gpugov.study", "sklearn.tree", "gpugov.controllers.scheduling_policy"]
     assert offending(mods, FORBIDDEN_ON_NODE) == [
-        "gpugov.study", "sklearn.tree", "gpugov.controllers.scheduling_policy"
+        "gpugov.study",
+        "sklearn.tree",
+        "gpugov.controllers.scheduling_policy",
     ]

@@ -21,8 +21,19 @@ import pytest
 from gpugov import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
-IGNORED = (".git", ".venv", "build", "dist", "out", "results", "__pycache__", "*.egg-info",
-           ".pytest_cache", ".ruff_cache", ".devcheck")
+IGNORED = (
+    ".git",
+    ".venv",
+    "build",
+    "dist",
+    "out",
+    "results",
+    "__pycache__",
+    "*.egg-info",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".devcheck",
+)
 
 pytestmark = pytest.mark.slow
 

@@ -33,9 +33,7 @@ from gpugov.plant.workload import poisson_workload
 
 def sparse_workload(count: int = 6, gap_s: float = 20.0) -> tuple[Request, ...]:
     """Requests far apart so each runs alone on the GPU."""
-    return tuple(
-        Request(i, 1.0 + i * gap_s, 700 + 300 * i, 40 + 10 * i) for i in range(count)
-    )
+    return tuple(Request(i, 1.0 + i * gap_s, 700 + 300 * i, 40 + 10 * i) for i in range(count))
 
 
 def test_thermal_rc_matches_closed_form_step_response() -> None:
@@ -226,10 +224,12 @@ def test_observations_never_reveal_unfinished_output_lengths(plant) -> None:  # 
 
         return controller
 
-    first = simulate(workload, plant, chunked_prefill_scheduler, recorder(seen[0]),
-                     control_period_s=0.25)
-    simulate(tuple(sentinel), plant, chunked_prefill_scheduler, recorder(seen[1]),
-             control_period_s=0.25)
+    first = simulate(
+        workload, plant, chunked_prefill_scheduler, recorder(seen[0]), control_period_s=0.25
+    )
+    simulate(
+        tuple(sentinel), plant, chunked_prefill_scheduler, recorder(seen[1]), control_period_s=0.25
+    )
     finish = first.request_records[5].finish_time_s
     assert finish is not None
     compared = 0
@@ -264,14 +264,16 @@ def test_controller_period_any_positive_value(plant) -> None:  # type: ignore[no
     simulate(sparse_workload(2), plant, chunked_prefill_scheduler, controller, control_period_s=0.3)
     np.testing.assert_allclose(np.diff(calls), 0.3, atol=1e-9)
     with pytest.raises(ValueError, match="control_period_s"):
-        simulate(sparse_workload(2), plant, chunked_prefill_scheduler, controller,
-                 control_period_s=0.0)
+        simulate(
+            sparse_workload(2), plant, chunked_prefill_scheduler, controller, control_period_s=0.0
+        )
 
 
 def test_censoring_at_horizon(plant) -> None:  # type: ignore[no-untyped-def]
     workload = tuple(Request(i, 0.0, 4000, 3000) for i in range(4))
-    result = simulate(workload, plant, chunked_prefill_scheduler, maximum_clock_controller,
-                      horizon_s=2.0)
+    result = simulate(
+        workload, plant, chunked_prefill_scheduler, maximum_clock_controller, horizon_s=2.0
+    )
     metrics = result.metrics
     assert metrics.censored_requests == 4
     assert metrics.completed_requests == 0
@@ -281,8 +283,12 @@ def test_censoring_at_horizon(plant) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_result_as_dict_is_json_and_strided(plant) -> None:  # type: ignore[no-untyped-def]
-    result = simulate(sparse_workload(3), plant, chunked_prefill_scheduler,
-                      sample_and_hold_clock_controller(reactive_clock_controller, period_s=2.0))
+    result = simulate(
+        sparse_workload(3),
+        plant,
+        chunked_prefill_scheduler,
+        sample_and_hold_clock_controller(reactive_clock_controller, period_s=2.0),
+    )
     payload = result.as_dict(stride=7)
     text = json.dumps(payload, allow_nan=False)
     assert "peak_queued_requests_at_minimum_clock" in text
@@ -290,11 +296,24 @@ def test_result_as_dict_is_json_and_strided(plant) -> None:  # type: ignore[no-u
     count = result.time_s.size
     expected = len(range(0, count, 7)) + (0 if (count - 1) % 7 == 0 else 1)
     assert len(payload["time_s"]) == len(payload["phase"]) == expected
-    for key in ("energy_j", "energy_per_output_token_j", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s",
-                "tpot_p50_s", "tpot_p95_s", "tpot_p99_s", "slo_attainment", "completed_requests",
-                "censored_requests", "output_tokens", "simulated_duration_s",
-                "power_cap_violation_s", "thermal_violation_s",
-                "peak_queued_requests_at_minimum_clock"):
+    for key in (
+        "energy_j",
+        "energy_per_output_token_j",
+        "ttft_p50_s",
+        "ttft_p95_s",
+        "ttft_p99_s",
+        "tpot_p50_s",
+        "tpot_p95_s",
+        "tpot_p99_s",
+        "slo_attainment",
+        "completed_requests",
+        "censored_requests",
+        "output_tokens",
+        "simulated_duration_s",
+        "power_cap_violation_s",
+        "thermal_violation_s",
+        "peak_queued_requests_at_minimum_clock",
+    ):
         assert key in payload["metrics"]
     with pytest.raises(ValueError):
         result.as_dict(stride=0)
@@ -324,10 +343,23 @@ def test_fast_forward_matches_iteration_by_iteration(overrides: dict) -> None:
             simulation.request_clock(reactive_clock_controller(observation))
         runs.append(simulation.result())
     fast_result, slow_result = runs
-    for name in ("energy_j", "temperature_c", "power_w", "kv_tokens", "realized_clock_mhz",
-                 "prefill_queue", "decode_active", "completed_requests"):
-        np.testing.assert_allclose(getattr(fast_result, name), getattr(slow_result, name),
-                                   rtol=1e-9, atol=1e-6, err_msg=name)
+    for name in (
+        "energy_j",
+        "temperature_c",
+        "power_w",
+        "kv_tokens",
+        "realized_clock_mhz",
+        "prefill_queue",
+        "decode_active",
+        "completed_requests",
+    ):
+        np.testing.assert_allclose(
+            getattr(fast_result, name),
+            getattr(slow_result, name),
+            rtol=1e-9,
+            atol=1e-6,
+            err_msg=name,
+        )
     for a, b in zip(fast_result.request_records, slow_result.request_records, strict=True):
         assert a.generated_tokens == b.generated_tokens
         for field in ("first_token_time_s", "finish_time_s"):
@@ -342,8 +374,7 @@ def test_scheduler_requested_idle_is_honoured(plant) -> None:  # type: ignore[no
     def patient(view: SchedulerView) -> IterationPlan:
         # Hold new prompts until the oldest has waited 0.4 s (a batching-delay policy).
         if view.waiting_requests and view.oldest_waiting_age_s < 0.4 - 1e-9:
-            return IterationPlan(decode=view.decode_active > 0, prefill_token_budget=0,
-                                 idle_s=0.1)
+            return IterationPlan(decode=view.decode_active > 0, prefill_token_budget=0, idle_s=0.1)
         return IterationPlan(decode=True, prefill_token_budget=4096)
 
     result = simulate(sparse_workload(3), plant, patient, maximum_clock_controller)
@@ -395,8 +426,12 @@ def test_energy_known_answer_for_one_request_at_a_fixed_clock() -> None:
     c_ref = model.reference_batch_size * model.reference_context_tokens
     # Decode iteration j runs with context prompt + j (the first token came with prefill).
     decode_times = [
-        t_ref * (model.weight_fraction + model.batch_fraction / model.reference_batch_size
-                 + model.kv_fraction * (prompt + j) / c_ref)
+        t_ref
+        * (
+            model.weight_fraction
+            + model.batch_fraction / model.reference_batch_size
+            + model.kv_fraction * (prompt + j) / c_ref
+        )
         for j in range(output - 1)
     ]
     idle = profile.power("idle", clock)
@@ -404,7 +439,8 @@ def test_energy_known_answer_for_one_request_at_a_fixed_clock() -> None:
     decode_power = idle + (profile.power("decode", clock) - idle) * batch_factor
     prefill_time = prompt / profile.rate("prefill", clock)
     expected_energy = (
-        idle * arrival + profile.power("prefill", clock) * prefill_time
+        idle * arrival
+        + profile.power("prefill", clock) * prefill_time
         + decode_power * sum(decode_times)
     )
     expected_end = arrival + prefill_time + sum(decode_times)

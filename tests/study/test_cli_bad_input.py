@@ -34,8 +34,20 @@ def trace(tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("rec") / "run.jsonl"
-    argv = ["run", "--simulate", "--virtual", "--duration", "20", "--controller", "reactive",
-            "--metrics-address", "none", "--record", str(path), "--quiet"]
+    argv = [
+        "run",
+        "--simulate",
+        "--virtual",
+        "--duration",
+        "20",
+        "--controller",
+        "reactive",
+        "--metrics-address",
+        "none",
+        "--record",
+        str(path),
+        "--quiet",
+    ]
     assert main(argv) == 0
     return path
 
@@ -88,8 +100,17 @@ def test_record_under_a_missing_directory_is_refused_not_created(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     target = tmp_path / "nosuch" / "run.jsonl"
-    argv = ["run", "--simulate", "--virtual", "--duration", "5", "--metrics-address", "none",
-            "--record", str(target)]
+    argv = [
+        "run",
+        "--simulate",
+        "--virtual",
+        "--duration",
+        "5",
+        "--metrics-address",
+        "none",
+        "--record",
+        str(target),
+    ]
     assert main(argv) == 2
     line = _one_error_line(capsys)
     assert f"--record {target}: directory {target.parent} does not exist" in line
@@ -99,8 +120,10 @@ def test_record_under_a_missing_directory_is_refused_not_created(
 def test_prompt_above_the_kv_capacity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     big = tmp_path / "big.csv"
     big.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,10\n1,900000,10\n")
-    for argv in (["simulate", "--trace", str(big)],
-                 ["run", "--simulate", "--virtual", "--trace", str(big)]):
+    for argv in (
+        ["simulate", "--trace", str(big)],
+        ["run", "--simulate", "--virtual", "--trace", str(big)],
+    ):
         assert main(argv) == 2
         line = _one_error_line(capsys)
         assert "request 1 needs 900000 + 10 KV tokens" in line and str(big) in line
@@ -181,8 +204,16 @@ def test_all_interfaces_metrics_address_warns(
             return lambda *args, **kwargs: None
 
     monkeypatch.setattr(node_cli, "Exporter", NoServer)
-    argv = ["run", "--simulate", "--virtual", "--duration", "5", "--quiet",
-            "--metrics-address", "0.0.0.0:0"]
+    argv = [
+        "run",
+        "--simulate",
+        "--virtual",
+        "--duration",
+        "5",
+        "--quiet",
+        "--metrics-address",
+        "0.0.0.0:0",
+    ]
     assert main(argv) == 0
     assert bound == [("0.0.0.0", 0)]
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]

@@ -41,8 +41,7 @@ def test_plant_calls_on_progress_every_n_simulated_seconds(plant) -> None:
 def test_simulation_progress_lines_with_an_injected_clock(plant) -> None:
     now = [0.0]
     stream = io.StringIO()
-    progress = SimulationProgress(20.0, "simulate", stream=stream, clock=lambda: now[0],
-                                  tty=False)
+    progress = SimulationProgress(20.0, "simulate", stream=stream, clock=lambda: now[0], tty=False)
     simulation = PlantSimulation(_workload(), plant)
     for second in range(0, 21, 2):
         simulation.advance_to(float(second))

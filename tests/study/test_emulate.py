@@ -59,7 +59,8 @@ def _get(url: str, path: str) -> tuple[int, bytes]:
 
 def test_completion_counts_prompt_and_output_tokens(emulator: EmulatorServer) -> None:
     status, body = _post(
-        emulator.url, "/v1/completions",
+        emulator.url,
+        "/v1/completions",
         {"model": "gpugov-emulated", "prompt": "x" * 400, "max_tokens": 7, "ignore_eos": True},
     )
     assert status == 200
@@ -68,7 +69,8 @@ def test_completion_counts_prompt_and_output_tokens(emulator: EmulatorServer) ->
     assert answer["usage"] == {"prompt_tokens": 100, "total_tokens": 107, "completion_tokens": 7}
     assert answer["choices"][0]["finish_reason"] == "length"
     status, body = _post(
-        emulator.url, "/v1/completions",
+        emulator.url,
+        "/v1/completions",
         {"prompt_token_ids": list(range(33)), "max_tokens": 2, "ignore_eos": True},
     )
     assert json.loads(body)["usage"]["prompt_tokens"] == 33
@@ -76,16 +78,27 @@ def test_completion_counts_prompt_and_output_tokens(emulator: EmulatorServer) ->
 
 def test_streams_one_event_per_token_then_done(emulator: EmulatorServer) -> None:
     status, body = _post(
-        emulator.url, "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12,
-         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}},
+        emulator.url,
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 12,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
     )
     assert status == 200
     events = [line[6:] for line in body.decode().split("\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
-    content = [c for c in chunks if c["choices"] and "content" in c["choices"][0]["delta"]
-               and c["choices"][0]["delta"]["content"]]
+    content = [
+        c
+        for c in chunks
+        if c["choices"]
+        and "content" in c["choices"][0]["delta"]
+        and c["choices"][0]["delta"]["content"]
+    ]
     assert len(content) == 12
     assert content[-1]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["usage"]["completion_tokens"] == 12
@@ -199,8 +212,11 @@ def test_two_gpus_are_two_data_parallel_replicas() -> None:
     server = _serve(gpus=2)
     try:
         for _ in range(2):
-            _post(server.url, "/v1/completions",
-                  {"prompt": "z" * 40, "max_tokens": 3, "ignore_eos": True})
+            _post(
+                server.url,
+                "/v1/completions",
+                {"prompt": "z" * 40, "max_tokens": 3, "ignore_eos": True},
+            )
         _, page = _get(server.url, "/metrics")
         text = page.decode()
         assert 'vllm:prompt_tokens_total{engine="0",model_name="gpugov-emulated"} 10.0' in text

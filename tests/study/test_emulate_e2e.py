@@ -62,9 +62,18 @@ def test_daemon_governs_the_emulated_node(tmp_path: Path) -> None:
     emulator_port, metrics_port = _free_port(), _free_port()
     emulator_url = f"http://127.0.0.1:{emulator_port}"
     emulator = subprocess.Popen(
-        [*GPUGOV, "emulate", "--profile", "h100-sxm-llama3-8b", "--address",
-         f"127.0.0.1:{emulator_port}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        [
+            *GPUGOV,
+            "emulate",
+            "--profile",
+            "h100-sxm-llama3-8b",
+            "--address",
+            f"127.0.0.1:{emulator_port}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     daemon = load = None
     try:
@@ -77,14 +86,31 @@ def test_daemon_governs_the_emulated_node(tmp_path: Path) -> None:
         config.write_text(text)
         daemon = subprocess.Popen(
             [*GPUGOV, "run", "--config", str(config)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
         )
         exporter_url = f"http://127.0.0.1:{metrics_port}/metrics"
         _wait_for(exporter_url, time.monotonic() + 30)
         load = subprocess.Popen(
-            [*GPUGOV, "load", "--trace", "azure-conv-10min", "--url", emulator_url,
-             "--duration", "35", "--quiet", "--json", str(tmp_path / "load.json")],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            [
+                *GPUGOV,
+                "load",
+                "--trace",
+                "azure-conv-10min",
+                "--url",
+                emulator_url,
+                "--duration",
+                "35",
+                "--quiet",
+                "--json",
+                str(tmp_path / "load.json"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
         )
         clocks: set[float] = set()
         locked_seen = False

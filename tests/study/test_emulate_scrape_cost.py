@@ -50,8 +50,7 @@ def served_node(requests: int) -> EmulatedNode:
     """Two replicas with a small KV cache (so decode growth preempts) that have served
     ``requests`` requests to the end, on a fake clock."""
     now = [0.0]
-    node = EmulatedNode(make_plant(kv_capacity_tokens=3000), gpus=2, seed=1,
-                        clock=lambda: now[0])
+    node = EmulatedNode(make_plant(kv_capacity_tokens=3000), gpus=2, seed=1, clock=lambda: now[0])
     for k in range(requests):
         node.submit(200 + 37 * (k % 11), 600 + 13 * (k % 7), "length")
         if k % 6 == 5:
@@ -77,8 +76,11 @@ def scrape_reads(node: EmulatedNode) -> tuple[int, str]:
 
 def preemption_samples(page: str) -> list[float]:
     """The ``vllm:num_preemptions_total`` sample of each replica."""
-    return [float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
-            if line.startswith("vllm:num_preemptions_total{")]
+    return [
+        float(line.rsplit(" ", 1)[1])
+        for line in page.splitlines()
+        if line.startswith("vllm:num_preemptions_total{")
+    ]
 
 
 def test_scrape_work_does_not_grow_with_finished_requests() -> None:

@@ -113,9 +113,7 @@ def test_progress_lines_carry_step_elapsed_and_eta(quick_run) -> None:
     _, _, _, stderr = quick_run
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) >= 10
-    pattern = re.compile(
-        r"^experiments: +\d+\.\d% \(\d+/12 steps\), elapsed \S+, ETA \S+, \S"
-    )
+    pattern = re.compile(r"^experiments: +\d+\.\d% \(\d+/12 steps\), elapsed \S+, ETA \S+, \S")
     assert all(pattern.match(line) for line in lines), lines
     assert lines[-1].startswith("experiments: 100.0% (12/12 steps)")
     assert any("fqi" in line for line in lines)
@@ -181,8 +179,9 @@ def test_parts_in_a_local_pool_give_the_sequential_result(
     second = _strict_load((tmp_path / "sharded" / "results.json").read_text())
     assert second["metadata"].pop("runner") == RunnerSpec(jobs=2).describe()
     assert "part fqi_narrow done" in stderr and "part frequency done" in stderr
-    if first["mpc"]["diagnostics"]["fallback_reasons"]["overrun"] or second["mpc"][
-        "diagnostics"
-    ]["fallback_reasons"]["overrun"]:
+    if (
+        first["mpc"]["diagnostics"]["fallback_reasons"]["overrun"]
+        or second["mpc"]["diagnostics"]["fallback_reasons"]["overrun"]
+    ):
         pytest.skip("an MPC solve overran its wall-clock limit here; runs are not comparable")
     assert _without_timing(first) == _without_timing(second)

@@ -50,8 +50,9 @@ def test_cli_writes_json_and_fails_cleanly_when_unreachable(
         "2023-11-16 18:15:46.6805900,100,5\n2023-11-16 18:15:47.0805900,50,4\n"
     )
     out = tmp_path / "load.json"
-    code = main(["load", "--trace", str(trace), "--url", emulator.url, "--json", str(out),
-                 "--quiet"])
+    code = main(
+        ["load", "--trace", str(trace), "--url", emulator.url, "--json", str(out), "--quiet"]
+    )
     assert code == 0
     summary = json.loads(out.read_text())
     assert summary["requests_completed"] == 2

@@ -32,12 +32,16 @@ def grouped_trace(tmp_path: Path) -> Path:
     for group in range(GROUPS):
         for member in range(GROUP_SIZE):
             prompt = 500 + 700 * member + 90 * group
-            lines.append(json.dumps({
-                "timestamp": group * GRID_MS,
-                "input_length": prompt,
-                "output_length": 20 + 15 * member,
-                "hash_ids": [],
-            }))
+            lines.append(
+                json.dumps(
+                    {
+                        "timestamp": group * GRID_MS,
+                        "input_length": prompt,
+                        "output_length": 20 + 15 * member,
+                        "hash_ids": [],
+                    }
+                )
+            )
     path = tmp_path / "grouped.jsonl"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -66,9 +70,7 @@ def test_scale_changes_the_arrival_rate_not_the_window(tmp_path: Path, scale: fl
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         base, _ = load_trace(path, duration_s=10.0, spread_batches=False)
-        scaled, report = load_trace(
-                path, duration_s=10.0, load_scale=scale, spread_batches=False
-            )
+        scaled, report = load_trace(path, duration_s=10.0, load_scale=scale, spread_batches=False)
     # the window (trace seconds) is cut first: 4 groups at 0, 3, 6, 9 s
     assert len(base) == len(scaled) == report.requests == 4 * GROUP_SIZE
     assert [r.request_id for r in scaled] == [r.request_id for r in base]
@@ -79,13 +81,24 @@ def test_scale_changes_the_arrival_rate_not_the_window(tmp_path: Path, scale: fl
     assert len({r.arrival_time_s for r in scaled}) == 4
 
 
-def run_json(tmp_path: Path, trace: Path, scale: float, capsys: pytest.CaptureFixture[str]
-             ) -> tuple[dict[str, object], str]:
+def run_json(
+    tmp_path: Path, trace: Path, scale: float, capsys: pytest.CaptureFixture[str]
+) -> tuple[dict[str, object], str]:
     """``gpugov simulate`` on ``trace`` at ``scale``: its JSON and its stdout."""
     out = tmp_path / f"run-{scale:g}.json"
-    code = main(["simulate", "--trace", str(trace), "--keep-batched-stamps",
-                 "--load-scale", str(scale),
-                 "--out", str(out), "--quiet"])
+    code = main(
+        [
+            "simulate",
+            "--trace",
+            str(trace),
+            "--keep-batched-stamps",
+            "--load-scale",
+            str(scale),
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0
     return json.loads(out.read_text()), capsys.readouterr().out
 
@@ -119,8 +132,19 @@ def test_run_simulate_prints_the_same_note(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     trace = grouped_trace(tmp_path)
-    code = main(["run", "--simulate", "--virtual", "--keep-batched-stamps", "--trace", str(trace),
-                 "--load-scale", "0.5", "--quiet"])
+    code = main(
+        [
+            "run",
+            "--simulate",
+            "--virtual",
+            "--keep-batched-stamps",
+            "--trace",
+            str(trace),
+            "--load-scale",
+            "0.5",
+            "--quiet",
+        ]
+    )
     assert code == 0
     assert "light-load floor" in capsys.readouterr().out
 
@@ -132,9 +156,21 @@ def test_load_names_the_simultaneous_groups(
     server = EmulatorServer(EmulatedNode(make_plant()), "127.0.0.1", 0)
     server.start()
     try:
-        code = main(["load", "--trace", str(trace), "--keep-batched-stamps", "--url", server.url,
-                     "--duration", "4",
-                     "--load-scale", "10", "--quiet"])
+        code = main(
+            [
+                "load",
+                "--trace",
+                str(trace),
+                "--keep-batched-stamps",
+                "--url",
+                server.url,
+                "--duration",
+                "4",
+                "--load-scale",
+                "10",
+                "--quiet",
+            ]
+        )
     finally:
         server.close()
     assert code == 0

@@ -21,11 +21,14 @@ def _module() -> ModuleType:
     return module
 
 
-def _run(holds: bool, missed: int, near: int, saved: float, after: float | None
-         ) -> dict[str, Any]:
-    return {"holds_slo": holds, "extra_missed_requests": missed,
-            "extra_ttft_near_misses": near, "energy_saved_fraction": saved,
-            "energy_saved_after_warmup_fraction": after}
+def _run(holds: bool, missed: int, near: int, saved: float, after: float | None) -> dict[str, Any]:
+    return {
+        "holds_slo": holds,
+        "extra_missed_requests": missed,
+        "extra_ttft_near_misses": near,
+        "energy_saved_fraction": saved,
+        "energy_saved_after_warmup_fraction": after,
+    }
 
 
 def test_summary_counts_holds_misses_and_mean_savings() -> None:
@@ -47,8 +50,7 @@ def test_summary_counts_holds_misses_and_mean_savings() -> None:
     assert summary["max"]["holds_slo"] == 2
 
 
-def test_a_trace_used_whole_is_refused_with_one_line(capsys: pytest.CaptureFixture[str]
-                                                     ) -> None:
+def test_a_trace_used_whole_is_refused_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     module = _module()
     assert module.main(["--trace", "burstgpt1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -39,9 +39,18 @@ def emulator_process(profile: PerformanceProfile, directory: Path) -> Iterator[s
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
-        [sys.executable, "-m", "gpugov", "emulate", "--profile", str(path),
-         "--address", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "gpugov",
+            "emulate",
+            "--profile",
+            str(path),
+            "--address",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 30
@@ -70,8 +79,12 @@ def _gpu_sample(url: str) -> dict[str, Any]:
 
 def _server(profile: PerformanceProfile) -> EmulatorServer:
     plant = ServingPlant.from_profile(
-        profile, power_limit_w=1000.0, thermal_limit_c=95.0, ambient_temperature_c=30.0,
-        thermal_resistance_c_per_w=0.05, thermal_time_constant_s=30.0,
+        profile,
+        power_limit_w=1000.0,
+        thermal_limit_c=95.0,
+        ambient_temperature_c=30.0,
+        thermal_resistance_c_per_w=0.05,
+        thermal_time_constant_s=30.0,
     )
     server = EmulatorServer(EmulatedNode(plant), "127.0.0.1", 0)
     server.start()
@@ -86,8 +99,21 @@ def synthetic_emulator() -> Iterator[EmulatorServer]:
 
 
 def _profile(url: str, out: Path, *extra: str) -> int:
-    return main(["profile", "--engine-url", url, "--gpus", "0", "--backend", "emulated",
-                 "--out", str(out), "--quiet", *extra])
+    return main(
+        [
+            "profile",
+            "--engine-url",
+            url,
+            "--gpus",
+            "0",
+            "--backend",
+            "emulated",
+            "--out",
+            str(out),
+            "--quiet",
+            *extra,
+        ]
+    )
 
 
 @pytest.mark.slow
@@ -104,9 +130,20 @@ def test_profile_matches_the_emulated_truth(
 ) -> None:
     truth = truth_factory()
     with emulator_process(truth, tmp_path) as url:
-        code = _profile(url, tmp_path, "--clock-list", clocks, "--dwell", "0.5",
-                        "--name", "measured", "--reference-batch", reference[0],
-                        "--reference-context", reference[1])
+        code = _profile(
+            url,
+            tmp_path,
+            "--clock-list",
+            clocks,
+            "--dwell",
+            "0.5",
+            "--name",
+            "measured",
+            "--reference-batch",
+            reference[0],
+            "--reference-context",
+            reference[1],
+        )
         assert code == 0
         time.sleep(0.1)
         sample = _gpu_sample(url)  # reset at the end: no lock, back at the top clock
@@ -133,9 +170,12 @@ def test_profile_matches_the_emulated_truth(
 
 def _settings(dwell: float) -> SweepSettings:
     return SweepSettings(
-        clocks_mhz=(1980, 600), dwell_s=dwell, prefill_prompt_tokens=4096,
+        clocks_mhz=(1980, 600),
+        dwell_s=dwell,
+        prefill_prompt_tokens=4096,
         decode_points=default_decode_points(64, 1024, 131_072),
-        reference_batch=64, reference_context_tokens=1024,
+        reference_batch=64,
+        reference_context_tokens=1024,
     )
 
 
@@ -145,8 +185,15 @@ def test_interrupted_sweep_resets_and_resumes(
     url = synthetic_emulator.url
     backend = EmulatedBackend(0, emulator=url)
     stop = threading.Event()
-    sweep = Sweep([backend], url, "gpugov-emulated", _settings(0.5), tmp_path, stop=stop,
-                  progress_enabled=False)
+    sweep = Sweep(
+        [backend],
+        url,
+        "gpugov-emulated",
+        _settings(0.5),
+        tmp_path,
+        stop=stop,
+        progress_enabled=False,
+    )
     with pytest.raises(Interrupted):
         sweep.run(check_load=lambda record: stop.set())
     backend.close()
@@ -154,8 +201,9 @@ def test_interrupted_sweep_resets_and_resumes(
     lines = [json.loads(line) for line in (tmp_path / "sweep-state.jsonl").read_text().splitlines()]
     assert [row["clock_mhz"] for row in lines if row["kind"] == "clock"] == [1980]
     first = lines[1]
-    code = _profile(url, tmp_path, "--clock-list", "1980,600", "--dwell", "0.5",
-                    "--resume", "--name", "resumed")
+    code = _profile(
+        url, tmp_path, "--clock-list", "1980,600", "--dwell", "0.5", "--resume", "--name", "resumed"
+    )
     assert code == 0
     rows = [json.loads(line) for line in (tmp_path / "sweep-state.jsonl").read_text().splitlines()]
     assert [row["clock_mhz"] for row in rows if row["kind"] == "clock"] == [1980, 600]
@@ -178,9 +226,7 @@ def test_dry_run_changes_nothing(
     assert "changed nothing" in capsys.readouterr().out
 
 
-def test_unreachable_engine_is_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_unreachable_engine_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = _profile("http://127.0.0.1:9", tmp_path, "--clocks", "3")
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -193,10 +239,16 @@ def test_model_too_small_to_load_the_gpu(
     idle = 100.0 + 22.0 * np.arange(345.0, 1981.0, 15.0) / 1980.0
     truth = make_profile()
     tiny = PerformanceProfile(
-        clock_mhz=truth.clock_mhz, prefill_tokens_per_s=truth.prefill_tokens_per_s,
-        decode_tokens_per_s=truth.decode_tokens_per_s, prefill_power_w=idle * 1.01,
-        decode_power_w=idle * 1.01, idle_power_w=idle, ttft_slo_s=1.0, tpot_slo_s=0.1,
-        manifest=truth.manifest, name="tiny",
+        clock_mhz=truth.clock_mhz,
+        prefill_tokens_per_s=truth.prefill_tokens_per_s,
+        decode_tokens_per_s=truth.decode_tokens_per_s,
+        prefill_power_w=idle * 1.01,
+        decode_power_w=idle * 1.01,
+        idle_power_w=idle,
+        ttft_slo_s=1.0,
+        tpot_slo_s=0.1,
+        manifest=truth.manifest,
+        name="tiny",
     )
     server = _server(tiny)
     try:

@@ -88,8 +88,15 @@ def test_a_ray_worker_killed_mid_task_is_retried_and_reported(
 ) -> None:
     events: list[str] = []
     cells = [(value, str(tmp_path / "killed")) for value in range(4)]
-    done = list(map_cells(cell_tasks.die_once, cells, spec=RunnerSpec(ray_address="local"),
-                          shared={"offset": 1}, on_event=events.append))
+    done = list(
+        map_cells(
+            cell_tasks.die_once,
+            cells,
+            spec=RunnerSpec(ray_address="local"),
+            shared={"offset": 1},
+            on_event=events.append,
+        )
+    )
     assert sorted(item.index for item in done) == [0, 1, 2, 3]
     assert {item.index: item.value for item in done} == {0: 1, 1: 11, 2: 21, 3: 31}
     assert (tmp_path / "killed").exists()
@@ -99,8 +106,7 @@ def test_a_ray_worker_killed_mid_task_is_retried_and_reported(
 
 def test_ray_gives_up_on_a_cell_that_always_kills_its_worker(ray_runtime: RayRuntime) -> None:
     with pytest.raises(RunnerError, match="worker lost 2 times"):
-        list(map_cells(cell_tasks.always_die, [5],
-                       spec=RunnerSpec(ray_address="local", retries=1)))
+        list(map_cells(cell_tasks.always_die, [5], spec=RunnerSpec(ray_address="local", retries=1)))
 
 
 def test_a_task_error_on_ray_keeps_its_type(ray_runtime: RayRuntime) -> None:

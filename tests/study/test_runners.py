@@ -29,8 +29,15 @@ def _values(done: list) -> dict[int, int]:
 
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_every_cell_once_with_the_shared_inputs(jobs: int) -> None:
-    done = list(map_cells(cell_tasks.double, [3, 1, 4, 1, 5], spec=RunnerSpec(jobs=jobs),
-                          shared={"offset": 100}, order=[4, 3, 2, 1, 0]))
+    done = list(
+        map_cells(
+            cell_tasks.double,
+            [3, 1, 4, 1, 5],
+            spec=RunnerSpec(jobs=jobs),
+            shared={"offset": 100},
+            order=[4, 3, 2, 1, 0],
+        )
+    )
     assert _values(done) == {0: 106, 1: 102, 2: 108, 3: 102, 4: 110}
     assert all(item.attempts == 1 for item in done)
 
@@ -38,8 +45,15 @@ def test_every_cell_once_with_the_shared_inputs(jobs: int) -> None:
 def test_a_pool_worker_killed_mid_task_is_retried_and_reported(tmp_path: Path) -> None:
     events: list[str] = []
     cells = [(value, str(tmp_path / "killed")) for value in range(4)]
-    done = list(map_cells(cell_tasks.die_once, cells, spec=RunnerSpec(jobs=2),
-                          shared={"offset": 1}, on_event=events.append))
+    done = list(
+        map_cells(
+            cell_tasks.die_once,
+            cells,
+            spec=RunnerSpec(jobs=2),
+            shared={"offset": 1},
+            on_event=events.append,
+        )
+    )
     assert _values(done) == {0: 1, 1: 11, 2: 21, 3: 31}
     assert (tmp_path / "killed").exists(), "the worker was really killed once"
     assert len(events) == 1 and "worker process died" in events[0] and "retry 1/2" in events[0]
@@ -49,8 +63,14 @@ def test_a_pool_worker_killed_mid_task_is_retried_and_reported(tmp_path: Path) -
 def test_a_cell_that_always_kills_its_worker_gives_up_after_the_retries() -> None:
     events: list[str] = []
     with pytest.raises(RunnerError, match="died 2 times"):
-        list(map_cells(cell_tasks.always_die, [1, 2], spec=RunnerSpec(jobs=2, retries=1),
-                       on_event=events.append))
+        list(
+            map_cells(
+                cell_tasks.always_die,
+                [1, 2],
+                spec=RunnerSpec(jobs=2, retries=1),
+                on_event=events.append,
+            )
+        )
     assert len(events) == 1
 
 
@@ -82,8 +102,9 @@ def test_ray_missing_says_how_to_install_it_in_one_line(
 ) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
     grid = tmp_path / "grid.toml"
-    grid.write_text('traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
-                    'controllers = ["max"]\n')
+    grid.write_text(
+        'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\ncontrollers = ["max"]\n'
+    )
     argv = [str(grid) if word == "GRID" else word for word in command]
     out = tmp_path / "out"
     stdout, stderr = io.StringIO(), io.StringIO()

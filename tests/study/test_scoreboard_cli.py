@@ -164,9 +164,12 @@ def test_mpc_ablation_reproduces_the_scoreboards_fast_mpc(
     assert code == 0, stderr
     target = tmp_path / "ablation.json"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert mpc_ablation.main(
-            ["--scoreboard", str(out / "scoreboard.json"), "--out", str(target), "--jobs", "1"]
-        ) == 0
+        assert (
+            mpc_ablation.main(
+                ["--scoreboard", str(out / "scoreboard.json"), "--out", str(target), "--jobs", "1"]
+            )
+            == 0
+        )
     payload = _strict_load(target.read_text())
     assert [item["variant"] for item in payload["summary"]] == list(mpc_ablation.VARIANTS)
     board = _strict_load((out / "scoreboard.json").read_text())

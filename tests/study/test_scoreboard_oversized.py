@@ -13,9 +13,7 @@ from gpugov.study.scoreboard_scenarios import build_scenario
 
 def test_requests_larger_than_the_kv_cache_are_rejected_and_counted() -> None:
     plant = make_plant(kv_capacity_tokens=20_000)
-    requests = tuple(
-        Request(i, 0.5 * i, 30_000 if i % 25 == 7 else 800, 100) for i in range(400)
-    )
+    requests = tuple(Request(i, 0.5 * i, 30_000 if i % 25 == 7 else 800, 100) for i in range(400))
     oversized = sum(1 for r in requests if r.prompt_tokens + r.output_tokens > 20_000)
     assert oversized > 0
     scenario = build_scenario(
@@ -25,9 +23,13 @@ def test_requests_larger_than_the_kv_cache_are_rejected_and_counted() -> None:
     assert all(r.prompt_tokens + r.output_tokens <= 20_000 for r in scenario.requests)
     described = scenario.describe()
     assert described["rejected_requests"] > 0
-    window = [r for r in requests
-              if scenario.source_start_s <= r.arrival_time_s
-              < scenario.source_start_s + scenario.source_duration_s]
+    window = [
+        r
+        for r in requests
+        if scenario.source_start_s
+        <= r.arrival_time_s
+        < scenario.source_start_s + scenario.source_duration_s
+    ]
     assert described["rejected_requests"] == sum(r.prompt_tokens > 20_000 for r in window)
     assert described["requests"] + described["rejected_requests"] == len(window)
 
@@ -45,6 +47,9 @@ def test_start_s_moves_the_source_window() -> None:
     assert moved.requests and default.requests
     # Re-based to the window's start, and drawn from the moved window's arrivals.
     assert min(r.arrival_time_s for r in moved.requests) < 1.0
-    window = {r.request_id for r in requests
-              if 400.0 <= r.arrival_time_s < 400.0 + moved.source_duration_s}
+    window = {
+        r.request_id
+        for r in requests
+        if 400.0 <= r.arrival_time_s < 400.0 + moved.source_duration_s
+    }
     assert {r.request_id for r in moved.requests} <= window

@@ -150,8 +150,20 @@ def test_simulate_mpc_and_open_loop_controllers(tmp_path: Path) -> None:
     plan_path = tmp_path / "plan.json"
     save_plan(optimize_open_loop(workload, plant), plan_path)
     out = tmp_path / "plan-run.json"
-    assert main(["simulate", "--controller", f"open-loop:{plan_path}", "--duration", "60",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--controller",
+                f"open-loop:{plan_path}",
+                "--duration",
+                "60",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     plan = json.loads(plan_path.read_text())
     series = json.loads(out.read_text())["series"]
     assert set(series["requested_clock_mhz"][1:]) <= set(plan["applied_clock_mhz"])
@@ -172,8 +184,7 @@ def test_mpc_profile_part_names_the_model_it_plans_on(tmp_path: Path) -> None:
     energies = {}
     for spec in ("mpc", "mpc:h100-sxm-llama3-8b", "mpc:a100-sxm-80gb-llama3-8b"):
         out = tmp_path / f"{spec.replace(':', '_')}.json"
-        argv = ["simulate", "--controller", spec, "--duration", "30", "--quiet",
-                "--out", str(out)]
+        argv = ["simulate", "--controller", spec, "--duration", "30", "--quiet", "--out", str(out)]
         assert main(argv) == 0
         payload = json.loads(out.read_text())
         assert payload["metadata"]["controller"] == "mpc"

@@ -69,22 +69,43 @@ def test_every_cell_once_with_simulates_metrics(full_sweep, tmp_path: Path) -> N
     assert f"{CELLS} cells: {CELLS} ran now" in stdout
     assert "sweep: 100.0%" in stderr and "ETA" in stderr
     # One cell against `gpugov simulate` with the same flags: the same metrics exactly.
-    cell = next(r for r in rows if r["trace"] == "bursty.csv" and r["load"] == 2.0
-                and r["controller"] == "reactive" and r["seed"] == 1)
+    cell = next(
+        r
+        for r in rows
+        if r["trace"] == "bursty.csv"
+        and r["load"] == 2.0
+        and r["controller"] == "reactive"
+        and r["seed"] == 1
+    )
     target = tmp_path / "simulate.json"
-    code, _, stderr = _run([
-        "simulate", "--trace", str(grid.parent / "bursty.csv"), "--duration", "30",
-        "--load-scale", "2", "--controller", "reactive", "--seed", "1",
-        "--latency-noise", "0.05", "--out", str(target),
-    ])
+    code, _, stderr = _run(
+        [
+            "simulate",
+            "--trace",
+            str(grid.parent / "bursty.csv"),
+            "--duration",
+            "30",
+            "--load-scale",
+            "2",
+            "--controller",
+            "reactive",
+            "--seed",
+            "1",
+            "--latency-noise",
+            "0.05",
+            "--out",
+            str(target),
+        ]
+    )
     assert code == 0, stderr
     simulated = json.loads(target.read_text())
     assert simulated["metrics"] == cell["metrics"]
     assert simulated["metadata"]["trace"]["light_load_floor"] == cell["light_load_floor"]
     # Seeds matter with latency noise; the max clock saves nothing against itself.
     by = {(r["trace"], r["load"], r["controller"], r["seed"]): r for r in rows}
-    assert by[("bursty.csv", 2.0, "max", 0)]["metrics"] != by[("bursty.csv", 2.0, "max", 1)][
-        "metrics"]
+    assert (
+        by[("bursty.csv", 2.0, "max", 0)]["metrics"] != by[("bursty.csv", 2.0, "max", 1)]["metrics"]
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["table"]) == CELLS // 2
     for row in summary["table"]:
@@ -149,8 +170,16 @@ def test_keys_are_stable_and_follow_the_settings(tmp_path: Path) -> None:
         ("duration_s = 30.0", "not valid TOML"),
         ('traces = ["azure-conv-10min", "bursty.csv"]', "missing key 'traces'"),
     ],
-    ids=["unknown-key", "bad-load", "duplicate-load", "unknown-trace", "unknown-profile",
-         "bad-controller", "bad-toml", "missing"],
+    ids=[
+        "unknown-key",
+        "bad-load",
+        "duplicate-load",
+        "unknown-trace",
+        "unknown-profile",
+        "bad-controller",
+        "bad-toml",
+        "missing",
+    ],
 )
 def test_bad_grid_files_get_one_line(
     change: str, expected: str, request: pytest.FixtureRequest, tmp_path: Path
@@ -177,8 +206,12 @@ def test_bad_grid_files_get_one_line(
 def test_without_matplotlib_the_table_is_still_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    grid = _grid(tmp_path, GRID.replace("seeds = [0, 1]", "seeds = [0]").replace(
-        "loads = [1.0, 2.0]", "loads = [1.0]"))
+    grid = _grid(
+        tmp_path,
+        GRID.replace("seeds = [0, 1]", "seeds = [0]").replace(
+            "loads = [1.0, 2.0]", "loads = [1.0]"
+        ),
+    )
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     out = tmp_path / "out"
     code, stdout, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"])

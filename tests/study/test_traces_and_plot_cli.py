@@ -18,8 +18,20 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("rec") / "run.jsonl"
-    argv = ["run", "--simulate", "--virtual", "--duration", "30", "--controller", "mpc",
-            "--metrics-address", "none", "--record", str(path), "--quiet"]
+    argv = [
+        "run",
+        "--simulate",
+        "--virtual",
+        "--duration",
+        "30",
+        "--controller",
+        "mpc",
+        "--metrics-address",
+        "none",
+        "--record",
+        str(path),
+        "--quiet",
+    ]
     assert main(argv) == 0
     return path
 
@@ -33,7 +45,9 @@ def test_traces_lists_every_name_where_it_resolves_and_whether_present(
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
     assert rows["azure-conv-10min"]["kind"] == "bundled" and rows["azure-conv-10min"]["present"]
     assert rows["mooncake"] == {
-        "name": "mooncake", "kind": "shared", "present": True,
+        "name": "mooncake",
+        "kind": "shared",
+        "present": True,
         "path": str(tmp_path / "mooncake_conversation_trace.jsonl"),
     }
     assert rows["azure-conv"]["present"] is False
