@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from gpugov.daemon.errors import ConfigError
+from gpugov.plant.profile import DEFAULT_PROFILE
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -86,18 +87,25 @@ class ReactiveControllerConfig(_Frozen):
     """The queue/latency step governor (``controllers.baseline.ReactiveGovernor``)."""
 
     kind: Literal["reactive"]
-    up_fraction: PositiveFloat = 0.8
-    down_fraction: PositiveFloat = 0.5
-    queue_high_tokens: PositiveFloat = 2048.0
-    idle_utilization: Annotated[float, Field(ge=0, le=1)] = 0.05
-    step_mhz: PositiveFloat = 105.0
+    up_fraction: PositiveFloat | None = None
+    down_fraction: PositiveFloat | None = None
+    queue_high_tokens: PositiveFloat | None = None
+    idle_utilization: Annotated[float, Field(ge=0, le=1)] | None = None
+    step_mhz: PositiveFloat | None = None
 
     @model_validator(mode="after")
     def _fractions_ordered(self) -> ReactiveControllerConfig:
-        if self.down_fraction > self.up_fraction:
+        import dataclasses
+
+        from gpugov.controllers.baseline import ReactiveGovernor
+
+        defaults = {f.name: f.default for f in dataclasses.fields(ReactiveGovernor)}
+        up = self.up_fraction if self.up_fraction is not None else defaults["up_fraction"]
+        down = self.down_fraction if self.down_fraction is not None else defaults["down_fraction"]
+        if down > up:
             raise ValueError(
-                f"down_fraction ({self.down_fraction:g}) must not exceed up_fraction "
-                f"({self.up_fraction:g}): the governor would step up and down at once"
+                f"down_fraction ({down:g}) must not exceed up_fraction "
+                f"({up:g}): the governor would step up and down at once"
             )
         return self
 
@@ -124,9 +132,9 @@ class MPCControllerConfig(_Frozen):
     """
 
     kind: Literal["mpc", "mpc-slsqp"]
-    profile: str = "h100-sxm-llama3-8b"
-    horizon_s: PositiveFloat = 10.0
-    solve_time_limit_s: PositiveFloat = 0.8
+    profile: str = DEFAULT_PROFILE
+    horizon_s: PositiveFloat | None = None
+    solve_time_limit_s: PositiveFloat | None = None
     mean_prompt_tokens: PositiveFloat | None = None
     mean_output_tokens: PositiveFloat | None = None
     ttft_prompt_tokens: PositiveFloat | None = None
@@ -181,17 +189,17 @@ class OnlineMPCControllerConfig(_Frozen):
     """
 
     kind: Literal["mpc-online"]
-    horizon_s: PositiveFloat = 10.0
-    solve_time_limit_s: PositiveFloat = 0.8
+    horizon_s: PositiveFloat | None = None
+    solve_time_limit_s: PositiveFloat | None = None
     mean_prompt_tokens: PositiveFloat | None = None
     mean_output_tokens: PositiveFloat | None = None
     ttft_prompt_tokens: PositiveFloat | None = None
-    slo_margin: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.7
-    warmup_s: PositiveFloat = 20.0
-    memory_s: PositiveFloat = 900.0
-    uncertainty_z: NonNegativeFloat = 1.5
-    burst_guard: bool = True
-    decode_descent: bool = True
+    slo_margin: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    warmup_s: PositiveFloat | None = None
+    memory_s: PositiveFloat | None = None
+    uncertainty_z: NonNegativeFloat | None = None
+    burst_guard: bool | None = None
+    decode_descent: bool | None = None
     prior_profile: str | None = None
     prior: PriorHintsConfig | None = None
     state_dir: LoosePath | None = None

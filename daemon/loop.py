@@ -29,11 +29,18 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Literal, Protocol
 
+from gpugov.controllers.contract import (
+    Closable,
+    Learner,
+    ReportsFallbacks,
+    controller_label,
+    unwrap,
+)
 from gpugov.daemon.actuator import ClockActuator
-from gpugov.daemon.decide import ClampToSupported, controller_name, innermost, invalid_decisions
 from gpugov.daemon.errors import ClocksNotReset, ControllerFailure
 from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
 from gpugov.daemon.observer import DomainObserver, Observed
+from gpugov.daemon.safety import invalid_decisions, raw_decision
 from gpugov.plant.types import ClockController, ServingObservation
 
 log = logging.getLogger(__name__)
@@ -281,10 +288,10 @@ class Domain:
     Args:
         name: domain label.
         observer: its GPUs and engine.
-        controller: the wrapped controller (see :func:`daemon.decide.with_safety`).
+        controller: the controller in its safety chain (:func:`daemon.decide.build_controller`).
         actuator: its GPUs' clock actuator (entered by :func:`run`).
         failsafe: on stale engine data, lock the maximum clock (``"max"``) or unlock.
-        label: controller name for metrics (default: the controller's ``__name__``).
+        label: controller name for metrics (default: the controller's ``name``).
         solve_clock: wall clock for timing the controller.
     """
 
@@ -304,7 +311,7 @@ class Domain:
         self.controller = controller
         self.actuator = actuator
         self.failsafe_mode = failsafe
-        self.label = label or controller_name(controller)
+        self.label = label or controller_label(controller)
         self._solve_clock = solve_clock
         self.failsafe_active = False
         self.decisions = 0
@@ -358,7 +365,7 @@ class Domain:
             solve_s = self._solve_clock() - started
             self.solve.observe(solve_s)
             self.decisions += 1
-            decision = _raw_decision(self.controller, requested)
+            decision = raw_decision(self.controller, requested)
             invalid = invalid_decisions(self.controller)
             if invalid:
                 self.fallbacks["invalid_decision"] = invalid
@@ -388,9 +395,9 @@ class Domain:
     def fallback_counts(self) -> dict[str, int]:
         """Fallbacks by reason: the daemon's own and those the controller reports (MPC)."""
         counts = dict(self.fallbacks)
-        reasons = getattr(innermost(self.controller), "fallback_reasons", None)
-        if isinstance(reasons, Mapping):
-            for reason, count in reasons.items():
+        algorithm = unwrap(self.controller)
+        if isinstance(algorithm, ReportsFallbacks):
+            for reason, count in algorithm.fallback_reasons.items():
                 if count:
                     counts[f"controller_{reason}"] = int(count)
         return counts
@@ -422,30 +429,19 @@ class Domain:
 
     def model_status(self) -> dict[str, Any] | None:
         """The controller's learning status when it learns a model (``mpc-online``)."""
-        status = getattr(innermost(self.controller), "status", None)
-        if not callable(status):
+        algorithm = unwrap(self.controller)
+        if not isinstance(algorithm, Learner):
             return None
-        value = status()
+        value = algorithm.status()
         return value if isinstance(value, dict) else None
 
     def close_controller(self) -> None:
         """Let the controller persist what it learned (``mpc-online``); never raises."""
-        close = getattr(innermost(self.controller), "close", None)
-        if callable(close):
+        if isinstance(self.controller, Closable):
             try:
-                close()
-            except OSError as error:
-                log.warning("%s: controller state not saved: %s", self.name, error)
-
-
-def _raw_decision(controller: object, fallback: float) -> float:
-    """The inner controller's own answer, before the safety wrappers changed it."""
-    while not isinstance(controller, ClampToSupported):
-        inner = getattr(controller, "inner", None)
-        if inner is None:
-            return fallback
-        controller = inner
-    return controller.last_raw_mhz if controller.last_raw_mhz is not None else fallback
+                self.controller.close()
+            except Exception as error:  # a close never stops the others' closes
+                log.warning("%s: controller not closed cleanly: %r", self.name, error)
 
 
 # ----------------------------------------------------------------------- the loop
