@@ -41,7 +41,6 @@ from gpugov.controllers.experiment_parts import (
 )
 from gpugov.controllers.experiments import assemble_textbook_results, build_textbook_results
 from gpugov.daemon.cli_support import (
-    DEFAULT_PROFILE,
     UsageError,
     check_workload_fits,
     hidden_alias,
@@ -52,6 +51,7 @@ from gpugov.daemon.cli_support import (
 )
 from gpugov.daemon.progress import Progress
 from gpugov.plant import ServingPlant, load_profile
+from gpugov.plant.profile import DEFAULT_PROFILE
 from gpugov.plant.workload import DEFAULT_TRACE
 from gpugov.study.runners import (
     RunnerSpec,
