@@ -569,9 +569,20 @@ class OnlineMPCController:
         """What the exporter and ``gpugov model show`` report about the learning."""
         model = self.model
         if model is None:
-            return {"samples": 0, "confidence": 0.0, "exploring": False, "warmed_up": False}
+            return {
+                "samples": 0,
+                "confidence": 0.0,
+                "exploring": False,
+                "warmed_up": False,
+                "skipped_nonfinite_windows": 0,
+            }
         return {
             "samples": model.samples,
+            "skipped_nonfinite_windows": model.skipped_nonfinite_windows,
+            "skipped_nonfinite": {
+                **model.skipped_nonfinite,
+                "prompt_estimate": self.prompt_estimate.skipped_nonfinite,
+            },
             "confidence": model.confidence(),
             "exploring": self.exploration.exploring,
             "warmed_up": model.warmed_up,
