@@ -555,9 +555,14 @@ class OnlineModel:
             else:
                 skipped.append("clock_ratio")
         worked = window.prompt_tokens > 0 or window.generated_tokens > 0
-        x = self.time_features(window, hat)
+        work = (window.prompt_tokens, window.iterations, window.generated_tokens)
+        x = (
+            self.time_features(window, hat)
+            if all(math.isfinite(v) for v in (*work, window.context_tokens))
+            else None
+        )
         if worked and window.busy_s > 0.0:
-            if bool(np.all(np.isfinite(x))):
+            if x is not None:
                 self.visits[index] += 1
                 self.time.update(x, window.busy_s)
                 if not self.warmed_up:
@@ -568,7 +573,13 @@ class OnlineModel:
                 skipped.append("time")
         if window.energy_j is not None:
             k = self.knots_mhz.size
-            estimated = float(x[:k] @ self.time.mean[:k])
+            estimated = math.nan  # the prefill seconds, from the prompt tokens
+            if math.isfinite(window.prompt_tokens):
+                # The time features' prefill block (same operations, same rounding).
+                prompt_x = (window.prompt_tokens / PROMPT_UNIT) * (
+                    hat * self._g(window.realized_mhz)
+                )
+                estimated = float(prompt_x @ self.time.mean[:k])
             prefill = min(max(0.0, estimated), window.busy_s)
             decode = max(0.0, window.busy_s - prefill)
             idle = max(0.0, window.duration_s - window.busy_s)
