@@ -161,3 +161,14 @@ def test_max_controller_failures_default() -> None:
     assert parse_config(MINIMAL).daemon.max_controller_failures == 10
     config = parse_config({"daemon": {"max_controller_failures": 1}, **MINIMAL})
     assert config.daemon.max_controller_failures == 1
+
+
+def test_the_example_config_at_the_recommended_mpc_period_is_valid(tmp_path: Path) -> None:
+    """The example recommends ``period_s = 0.5`` for ``mpc``: changing only that works."""
+    text = EXAMPLE.read_text()
+    assert "period_s = 1.0 " in text
+    path = tmp_path / "config.toml"
+    path.write_text(text.replace("period_s = 1.0 ", "period_s = 0.5 ", 1))
+    config = load_config(path)
+    assert config.daemon.period_s == 0.5
+    assert config.domains[0].engine.timeout_s == 0.25
