@@ -638,9 +638,11 @@ def run(
     finally:
         stats.overruns = loop.overruns
         notify.stopping()
-        failed = restore_all(domains)
-        for domain in domains:
-            domain.close_controller()
+        try:
+            failed = restore_all(domains)
+        finally:  # the clocks first; each controller's close logs its own failure
+            for domain in domains:
+                domain.close_controller()
         if failed and sys.exc_info()[1] is None:
             raise ClocksNotReset(not_reset_message(failed), gpus=tuple(failed))
         if failed:

@@ -153,8 +153,8 @@ class PersistentOnlineModel(ControllerWrapper):
     engine's real ``model_name`` differ from the stored ones.
 
     Only a model that learned at least one window is saved, so an empty model never
-    replaces a stored one; a deep copy (the warm-up's probe) neither reads nor writes
-    the state file.
+    replaces a stored one; a deep copy (a probe, such as a dummy decision) neither reads
+    nor writes the state file.
     """
 
     inner: OnlineMPCController
@@ -181,7 +181,7 @@ class PersistentOnlineModel(ControllerWrapper):
         self.__name__ = inner.__name__
 
     def __deepcopy__(self, memo: dict[int, Any]) -> PersistentOnlineModel:
-        """A copy that never touches the state file (a probe such as the warm-up's)."""
+        """A copy that never touches the state file (a probe, such as a dummy decision)."""
         clone = type(self).__new__(type(self))
         memo[id(self)] = clone
         for name, value in self.__dict__.items():
