@@ -68,7 +68,9 @@ class DryRunBackend:
     """Wraps a backend: every read goes through, every write is only logged and recorded.
 
     ``writes`` keeps the last ``history`` of ``("lock", min, max)`` and ``("reset",)`` in
-    call order (bounded, so a long-running dry-run daemon does not grow).
+    call order (bounded, so a long-running dry-run daemon does not grow). The wrapped GPU's
+    ``uuid`` and ``name`` show through, so everything keyed on them (a learned model)
+    sees the same GPU in a dry run.
     """
 
     def __init__(self, inner: GpuBackend, history: int = 1000) -> None:
@@ -76,9 +78,27 @@ class DryRunBackend:
         self.writes: deque[tuple[object, ...]] = deque(maxlen=history)
 
     @property
+    def inner(self) -> GpuBackend:
+        """The wrapped backend (reads go through it unchanged)."""
+        return self._inner
+
+    @property
     def label(self) -> str:
         """The wrapped GPU's label."""
         return self._inner.label
+
+    @property
+    def uuid(self) -> str | None:
+        """The wrapped GPU's UUID (None when its backend reports none), so a dry run
+        keys a learned model as a locking run does."""
+        uuid = getattr(self._inner, "uuid", None)
+        return str(uuid) if uuid else None
+
+    @property
+    def name(self) -> str | None:
+        """The wrapped GPU's name (NVML's), None when its backend reports none."""
+        name = getattr(self._inner, "name", None)
+        return str(name) if name else None
 
     def supported_clocks_mhz(self) -> tuple[int, ...]:
         """The wrapped GPU's supported clocks."""

@@ -3,7 +3,8 @@
 Exit codes (also in ``docs/daemon.md``):
 
 * 0 -- success, or a clean stop (SIGTERM/SIGINT) with every clock reset;
-* 1 -- the daemon failed at run time (a controller raised, an unexpected GPU error);
+* 1 -- the daemon failed at run time (a controller raised ``daemon.max_controller_failures``
+  times in a row, an unexpected GPU error);
 * 2 -- usage or configuration error (nothing was applied);
 * 3 -- permission denied: locking clocks needs root or CAP_SYS_ADMIN;
 * 4 -- no usable GPU: no driver/NVML, no such GPU, or clock locking not supported;
@@ -195,6 +196,7 @@ def _run_node(args: argparse.Namespace) -> int:
                 exporter=exporter,
                 notify=notify,
                 on_tick=recorder,
+                max_controller_failures=config.daemon.max_controller_failures,
             )
         finally:
             if not entered:  # what reconcile could not reset is tried once more

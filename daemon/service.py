@@ -230,9 +230,8 @@ def build_domain(
 
 def gpu_uuid(backend: GpuBackend) -> str:
     """A GPU's UUID (NVML), else its label: what a learned model is keyed by. A dry run
-    reads through to the GPU, so it keys a model as a locking run does."""
-    inner = _unwrapped(backend)
-    return str(getattr(inner, "uuid", None) or backend.label)
+    shows its GPU's UUID, so it keys a model as a locking run does."""
+    return str(getattr(backend, "uuid", None) or backend.label)
 
 
 def _gpu_names(backends: Sequence[GpuBackend]) -> list[str]:
@@ -242,7 +241,7 @@ def _gpu_names(backends: Sequence[GpuBackend]) -> list[str]:
 
 def _unwrapped(backend: GpuBackend) -> GpuBackend:
     """The GPU backend inside a dry-run wrapper (reads go through it unchanged)."""
-    return backend._inner if isinstance(backend, DryRunBackend) else backend
+    return backend.inner if isinstance(backend, DryRunBackend) else backend
 
 
 def _start_power_limit_w(backends: Sequence[GpuBackend]) -> float | None:
