@@ -13,6 +13,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from gpugov.daemon.errors import GpuUnavailable
+
 log = logging.getLogger(__name__)
 
 
@@ -46,8 +48,37 @@ class GpuSample:
 class GpuBackend(Protocol):
     """One GPU: read it, lock its SM clock, unlock it.
 
-    ``label`` names the GPU in logs and metrics (the NVML index as text). Errors are the
-    daemon's own (:mod:`daemon.errors`), never the vendor's.
+    The contract every implementation meets (``tests/conformance/test_backends.py`` runs
+    it against each; ``docs/backends.md``):
+
+    * ``label`` names the GPU in logs and metrics (the NVML index as text): a non-empty
+      string, and the ``gpu`` of every sample.
+    * ``supported_clocks_mhz()``: the SM clocks a lock may ask for; a non-empty tuple of
+      positive ints, strictly ascending, the same on every call.
+    * ``sample()``: a :class:`GpuSample` in base units (W, J, C, MHz, a ratio); a reading
+      the GPU lacks is None; the energy counter never decreases. A read that fails
+      transiently is None and named in ``read_errors``, or, when the whole reading failed,
+      ``sample()`` raises :class:`~daemon.errors.TransientGpuError`; the observer counts
+      both and goes on.
+    * ``lock_clocks(min_mhz, max_mhz)``: holds the SM clock in the range. Once the
+      actuation delay has passed a busy GPU reads back ``max_mhz`` (lower only with an
+      event reason that says why), and below the top clock ``clock_event_reasons`` (where
+      reported) shows ApplicationsClocksSetting (0x2). Callers ask for supported clocks
+      (the actuator does, after ``ClampToSupported``); a clock outside the supported range
+      is refused (:class:`~daemon.errors.GpuError` or ``NotSupported``) or clamped into
+      it, never read back outside it. ``min_mhz > max_mhz`` is refused with
+      :class:`~daemon.errors.GpuError` (NVML's INVALID_ARGUMENT).
+    * ``reset_clocks()``: removes the lock; the GPU returns to its default (a busy GPU
+      runs at the top clock) and ApplicationsClocksSetting clears.
+    * ``close()``: releases what the backend holds; idempotent; afterwards every call
+      raises :class:`~daemon.errors.GpuUnavailable`.
+    * Errors are the daemon's own (:mod:`daemon.errors`), never the vendor's: a lock or
+      reset without root or CAP_SYS_ADMIN raises ``PermissionDenied``; a call the GPU or
+      driver lacks, ``NotSupported``; a GPU off the bus, ``GpuLost`` (from any call); no
+      driver, no such GPU or a closed backend, ``GpuUnavailable``; a timeout or another
+      passing failure, ``TransientGpuError``.
+
+    :class:`DryRunBackend` reads for real and never writes, so it refuses no lock.
     """
 
     @property
@@ -76,6 +107,7 @@ class DryRunBackend:
     def __init__(self, inner: GpuBackend, history: int = 1000) -> None:
         self._inner = inner
         self.writes: deque[tuple[object, ...]] = deque(maxlen=history)
+        self._closed = False
 
     @property
     def inner(self) -> GpuBackend:
@@ -110,14 +142,21 @@ class DryRunBackend:
 
     def lock_clocks(self, min_mhz: int, max_mhz: int) -> None:
         """Log the lock that would be written; write nothing."""
+        self._check_open()
         self.writes.append(("lock", int(min_mhz), int(max_mhz)))
         log.info("dry run: GPU %s: would lock SM clock to %d,%d MHz", self.label, min_mhz, max_mhz)
 
     def reset_clocks(self) -> None:
         """Log the reset that would be written; write nothing."""
+        self._check_open()
         self.writes.append(("reset",))
         log.info("dry run: GPU %s: would reset SM clock lock", self.label)
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise GpuUnavailable(f"GPU {self.label}: backend is closed", gpu=self.label)
+
     def close(self) -> None:
-        """Close the wrapped backend."""
+        """Close the wrapped backend; later writes raise GpuUnavailable as its reads do."""
+        self._closed = True
         self._inner.close()
