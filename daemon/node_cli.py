@@ -556,15 +556,14 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
     """
     import time
 
-    gpus = _gpu_list(args.gpus)
+    chosen = _gpu_list(args.gpus)
     config = load_config(args.config) if args.config else None
     kind, emulator = backend_choice(args.backend, args.emulator, config)
-    if gpus is None and kind == "nvidia-smi":
+    if chosen is None and kind == "nvidia-smi":
         run_command(["nvidia-smi", "--reset-gpu-clocks"], 30.0)
         print("all GPUs: SM clock locks reset (nvidia-smi)")
         return EXIT_OK
-    if gpus is None:
-        gpus = list(_gpu_indices(kind, emulator))
+    gpus: list[int | str] = list(_gpu_indices(kind, emulator)) if chosen is None else chosen
     failed: dict[str, str] = {}
     for gpu in gpus:
         error = _reset_one(gpu, kind, time.sleep, emulator)
@@ -695,7 +694,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     engines: list[tuple[str, str]] = [(url, "auto") for url in args.engine_url or []]
     if config is not None:
         engines += [(d.engine.url, d.engine.kind) for d in config.domains]
-    report["engines"] = [engine_status(url, kind) for url, kind in engines]
+    report["engines"] = [engine_status(url, engine) for url, engine in engines]
     if args.json:
         print(json.dumps(report, indent=1))
         return code
