@@ -29,8 +29,8 @@ from gpugov.daemon.config import MPCControllerConfig
 from gpugov.daemon.decide import canonical_controller_name
 from gpugov.plant import ServingPlant, load_profile, simulate
 from gpugov.plant.scheduler import chunked_prefill_scheduler
-from gpugov.study.scoreboard import DEFAULT_OUT, build_scenario
-from gpugov.study.scoreboard_controllers import study_controller
+from gpugov.study.scoreboard.controllers import study_controller
+from gpugov.study.scoreboard.run import DEFAULT_OUT, build_scenario
 
 NO_CAP = 1e9
 """A TTFT excess cap no prediction reaches: the uncapped (seed's) penalty."""

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from gpugov.controllers.identification import OnlineModel, Window, window_between
-from gpugov.controllers.online_mpc import OnlineMPCController
+from gpugov.controllers.online.controller import OnlineMPCController
+from gpugov.controllers.online.identification import OnlineModel, Window, window_between
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
 from gpugov.plant.types import ServingObservation
-from gpugov.study.scoreboard import build_scenario
-from gpugov.study.scoreboard_controllers import scoreboard_online
+from gpugov.study.scoreboard.controllers import scoreboard_online
+from gpugov.study.scoreboard.run import build_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "online.json"

@@ -31,7 +31,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "controllers")]
 
 import test_online_prior as experiments  # noqa: E402  (the tests' helpers)
 
-from gpugov.controllers.online_prior import prior_from_hints  # noqa: E402
+from gpugov.controllers.online.prior import prior_from_hints  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

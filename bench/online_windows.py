@@ -35,13 +35,13 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gpugov.controllers.oracle_common import SLO_TOLERANCE, holds_slo
+from gpugov.controllers.oracles.common import SLO_TOLERANCE, holds_slo
 from gpugov.daemon.progress import Progress
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
 from gpugov.plant.result import ServingResult
 from gpugov.study.online_eval import WARMUP_S, energy_after
-from gpugov.study.scoreboard_controllers import build_scoreboard_controllers
-from gpugov.study.scoreboard_scenarios import WHOLE_TRACE, build_scenario
+from gpugov.study.scoreboard.controllers import build_scoreboard_controllers
+from gpugov.study.scoreboard.scenarios import WHOLE_TRACE, build_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "online_windows.json"

@@ -20,11 +20,11 @@ _MODULES = {
     "maximum_clock_controller": "gpugov.controllers.baseline",
     "reactive_clock_controller": "gpugov.controllers.baseline",
     "sample_and_hold_clock_controller": "gpugov.controllers.baseline",
-    "MPCController": "gpugov.controllers.mpc",
-    "MPCWeights": "gpugov.controllers.mpc",
-    "estimate_decode_remaining_tokens": "gpugov.controllers.mpc",
-    "mpc_latency_proxies": "gpugov.controllers.mpc",
-    "run_mpc": "gpugov.controllers.mpc",
+    "MPCController": "gpugov.controllers.mpc.controller",
+    "MPCWeights": "gpugov.controllers.mpc.controller",
+    "estimate_decode_remaining_tokens": "gpugov.controllers.mpc.controller",
+    "mpc_latency_proxies": "gpugov.controllers.mpc.controller",
+    "run_mpc": "gpugov.controllers.mpc.controller",
     "OpenLoopClockController": "gpugov.controllers.open_loop",
     "OpenLoopPlan": "gpugov.controllers.open_loop",
     "load_plan": "gpugov.controllers.open_loop",
@@ -46,7 +46,7 @@ _MODULES = {
     "policy_slice": "gpugov.controllers.scheduling",
     "scheduling_mdp_from_trace": "gpugov.controllers.scheduling",
     "solve_scheduling_mdp": "gpugov.controllers.scheduling",
-    "MDPPolicyScheduler": "gpugov.controllers.scheduling_policy",
+    "MDPPolicyScheduler": "gpugov.controllers.scheduling.policy",
 }
 
 __all__ = [

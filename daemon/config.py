@@ -156,7 +156,7 @@ class MPCControllerConfig(_Frozen):
 
 
 class PriorHintsConfig(_Frozen):
-    """Rough hints for ``mpc-online``'s prior (``controllers.online_prior``): the GPU
+    """Rough hints for ``mpc-online``'s prior (``controllers.online.prior``): the GPU
     (``"auto"``: the NVML name of the domain's first GPU; else a name such as
     ``"NVIDIA H100 80GB HBM3"``, matched by family), the served model's parameters in
     billions (total, and active per token for an MoE) and its tensor-parallel degree
@@ -170,7 +170,7 @@ class PriorHintsConfig(_Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> PriorHintsConfig:
-        from gpugov.controllers.online_prior import PriorHints
+        from gpugov.controllers.online.prior import PriorHints
 
         PriorHints(
             gpu=self.gpu,
@@ -182,7 +182,7 @@ class PriorHintsConfig(_Frozen):
 
 
 class OnlineMPCControllerConfig(_Frozen):
-    """The self-calibrating MPC (``controllers.online_mpc``): learns the node's clock ->
+    """The self-calibrating MPC (``controllers.online.controller``): learns the node's clock ->
     latency/power model online, so it needs no profile (``docs/online.md``).
 
     ``prior_profile`` optionally names a bundled profile (or a manifest path) whose top

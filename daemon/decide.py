@@ -113,7 +113,7 @@ class Forecasts:
         underestimates TTFT tails on long-prompt traces)."""
         import numpy as np
 
-        from gpugov.controllers.mpc import expected_output_tokens_forecast
+        from gpugov.controllers.mpc.controller import expected_output_tokens_forecast
 
         if not workload:
             return cls()
@@ -326,11 +326,11 @@ def planning_plant(spec: MPCControllerConfig, context: ControllerContext) -> Ser
 
 def _mpc(spec: MPCControllerConfig, context: ControllerContext) -> ClockController:
     """The MPC of ``spec`` planning on :func:`planning_plant`: ``mpc`` is the fast
-    discrete search with its preset (``controllers.fast_mpc.FAST_MPC_PRESET``),
+    discrete search with its preset (``controllers.mpc.fast.FAST_MPC_PRESET``),
     ``mpc-slsqp`` the seed's SLSQP and fluid model."""
     from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
-    from gpugov.controllers.fast_mpc import FAST_MPC_PRESET, DiscreteSearchSolver
-    from gpugov.controllers.mpc import DEFAULT_SOLVE_BUDGET_EVALUATIONS, MPCController
+    from gpugov.controllers.mpc.controller import DEFAULT_SOLVE_BUDGET_EVALUATIONS, MPCController
+    from gpugov.controllers.mpc.fast import FAST_MPC_PRESET, DiscreteSearchSolver
 
     fast = spec.kind == "mpc"
     options: dict[str, Any] = dict(FAST_MPC_PRESET) if fast else {}
@@ -354,13 +354,13 @@ def _mpc(spec: MPCControllerConfig, context: ControllerContext) -> ClockControll
 def _online(spec: OnlineMPCControllerConfig, context: ControllerContext) -> ClockController:
     """The self-calibrating MPC. It reads no profile while it runs; ``prior_profile``,
     when set, is read once here as a rough prior; ``prior`` hints are turned into one
-    (``controllers.online_prior``): ``gpu = "auto"`` takes the context's first GPU name,
+    (``controllers.online.prior``): ``gpu = "auto"`` takes the context's first GPU name,
     the TP degree defaults to its GPU count.
 
     Raises:
         ControllerError: the prior profile cannot be loaded.
     """
-    from gpugov.controllers.online_mpc import OnlineMPCController, prior_from_profile
+    from gpugov.controllers.online.controller import OnlineMPCController, prior_from_profile
 
     prior = None
     if spec.prior is not None:
@@ -373,7 +373,7 @@ def _online(spec: OnlineMPCControllerConfig, context: ControllerContext) -> Cloc
             prior = prior_from_profile(load_profile(spec.prior_profile))
         except ProfileError as error:
             raise ControllerError(f"mpc-online prior_profile: {error}") from error
-    from gpugov.controllers.mpc import DEFAULT_SOLVE_BUDGET_EVALUATIONS
+    from gpugov.controllers.mpc.controller import DEFAULT_SOLVE_BUDGET_EVALUATIONS
 
     budget = (
         {"solve_budget_evaluations": DEFAULT_SOLVE_BUDGET_EVALUATIONS}
@@ -396,7 +396,7 @@ def _hinted_prior(
 ) -> Any:
     """The prior of ``spec.prior``'s hints (None when they give none; one warning line
     for a GPU name that is unknown or, with ``auto``, not reported)."""
-    from gpugov.controllers.online_prior import AUTO, PriorHints, prior_from_hints
+    from gpugov.controllers.online.prior import AUTO, PriorHints, prior_from_hints
 
     hints = spec.prior
     assert hints is not None

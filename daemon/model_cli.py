@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from gpugov.controllers.identification import OnlineModel
-from gpugov.controllers.online_mpc import REFERENCE_BATCH, OnlineMPCController
+from gpugov.controllers.online.controller import REFERENCE_BATCH, OnlineMPCController
+from gpugov.controllers.online.identification import OnlineModel
 from gpugov.daemon.config import OnlineMPCControllerConfig, load_config
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.model_store import StoredModelError, read_stored, state_directory

@@ -4,7 +4,7 @@ One JSON file per control domain, ``online-model-<domain>.json`` in the state di
 (systemd's ``StateDirectory=``, ``$STATE_DIRECTORY``; or the controller's ``state_dir``),
 holding a format tag, the model version, the **key** (the domain's GPU UUIDs and the
 engine's ``model_name`` label), the SLOs last seen and the model
-(:meth:`controllers.identification.OnlineModel.state_dict`).
+(:meth:`controllers.online.identification.OnlineModel.state_dict`).
 
 - A stored model whose key differs from the node's (another model served, a GPU swapped)
   is discarded and the model is learned again. A ``model_name`` not known yet (None: no
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.controllers.contract import ControllerWrapper
-from gpugov.controllers.identification import MODEL_VERSION
-from gpugov.controllers.online_mpc import OnlineMPCController
+from gpugov.controllers.online.controller import OnlineMPCController
+from gpugov.controllers.online.identification import MODEL_VERSION
 from gpugov.plant.types import MPCDiagnostics, ServingObservation
 
 log = logging.getLogger("gpugov.model")

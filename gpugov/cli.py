@@ -18,7 +18,7 @@ from gpugov import __version__
 NODE = "gpugov.daemon.node_cli"
 SIMULATE = "gpugov.study.simulate_cli"
 EXPERIMENTS = "gpugov.study.experiments_cli"
-SCOREBOARD = "gpugov.study.scoreboard_cli"
+SCOREBOARD = "gpugov.study.scoreboard.cli"
 PLOT = "gpugov.study.plot_cli"
 EMULATE = "gpugov.study.emulate.cli"
 LOAD = "gpugov.study.load_cli"

@@ -33,7 +33,7 @@ from gpugov.controllers.baseline import (
     reactive_clock_controller,
     sample_and_hold_clock_controller,
 )
-from gpugov.controllers.mpc import (
+from gpugov.controllers.mpc.controller import (
     DEFAULT_SOLVE_BUDGET_EVALUATIONS,
     MPCController,
     expected_output_tokens_forecast,
@@ -54,7 +54,7 @@ from gpugov.controllers.scheduling import (
     scheduling_mdp_from_trace,
     solve_scheduling_mdp,
 )
-from gpugov.controllers.scheduling_policy import MDPPolicyScheduler
+from gpugov.controllers.scheduling.policy import MDPPolicyScheduler
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.result import ServingResult
 from gpugov.plant.scheduler import CHUNKED_PREFILL_LABEL, chunked_prefill_scheduler

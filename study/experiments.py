@@ -19,7 +19,7 @@ recordings, scoreboard), so the seed's ``maximum_clock``, ``offline`` and ``mpc`
   version);
 * ``mpc.diagnostics`` repeats the MPC's solve statistics with the p99 solve time;
 * ``scheduling_on_plant`` (beyond the seed) runs the DP, broad-FQI, narrow-FQI
-  and decode-priority policies as :class:`~gpugov.controllers.scheduling_policy.MDPPolicyScheduler`
+  and decode-priority policies as :class:`~gpugov.controllers.scheduling.policy.MDPPolicyScheduler`
   on the detailed plant, next to the plain chunked-prefill scheduler, at one fixed clock
   (the MDP's calibration clock) on the evaluation workload.
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from gpugov.controllers.online_mpc import REFERENCE_BATCH, OnlineMPCController
+from gpugov.controllers.online.controller import REFERENCE_BATCH, OnlineMPCController
 from gpugov.plant import PerformanceProfile, PlantSimulation, ServingPlant, ServingResult
 from gpugov.plant.types import ClockController, Request
 
@@ -193,8 +193,8 @@ def nonstationary_runs(
     from gpugov.controllers.contract import unwrap
     from gpugov.daemon.config import MaxControllerConfig, MPCControllerConfig
     from gpugov.plant import load_profile
-    from gpugov.study.scoreboard import build_scenario
-    from gpugov.study.scoreboard_controllers import scoreboard_online, study_controller
+    from gpugov.study.scoreboard.controllers import scoreboard_online, study_controller
+    from gpugov.study.scoreboard.run import build_scenario
 
     h100 = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
     a100 = ServingPlant.from_profile(load_profile("a100-sxm-80gb-llama3-8b"))

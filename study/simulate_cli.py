@@ -48,7 +48,7 @@ def controller_diagnostics(controller: object) -> dict[str, Any] | None:
     """An MPC's solve record for the JSON: solves, fallbacks by reason (``budget``: a
     solve that used up its deterministic budget in virtual time), the budget or limit."""
     from gpugov.controllers.contract import Diagnosable, unwrap
-    from gpugov.controllers.mpc import MPCController
+    from gpugov.controllers.mpc.controller import MPCController
 
     algorithm = unwrap(controller)  # type: ignore[arg-type]
     if not isinstance(algorithm, Diagnosable):

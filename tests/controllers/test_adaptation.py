@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
-from gpugov.controllers.fast_mpc import DiscreteSearchSolver
-from gpugov.controllers.mpc import MPCController
+from gpugov.controllers.mpc.controller import MPCController
+from gpugov.controllers.mpc.fast import DiscreteSearchSolver
 from gpugov.plant import ServingObservation
 
 

@@ -11,9 +11,9 @@ import pytest
 from synthetic import make_plant, make_profile
 
 from gpugov.controllers.baseline import maximum_clock_controller
-from gpugov.controllers.mpc_model import CHUNK_TOKENS
-from gpugov.controllers.online_exploration import ArrivalClumping
-from gpugov.controllers.online_mpc import OnlineMPCController
+from gpugov.controllers.mpc.model import CHUNK_TOKENS
+from gpugov.controllers.online.controller import OnlineMPCController
+from gpugov.controllers.online.exploration import ArrivalClumping
 from gpugov.plant import PerformanceProfile, chunked_prefill_scheduler, simulate
 from gpugov.plant.types import Request, ServingObservation
 

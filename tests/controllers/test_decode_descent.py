@@ -11,8 +11,8 @@ import pytest
 from synthetic import make_plant, make_profile
 
 from gpugov.controllers.baseline import maximum_clock_controller
-from gpugov.controllers.identification import OnlineModel, Window
-from gpugov.controllers.online_mpc import OnlineMPCController
+from gpugov.controllers.online.controller import OnlineMPCController
+from gpugov.controllers.online.identification import OnlineModel, Window
 from gpugov.plant import PerformanceProfile, chunked_prefill_scheduler, simulate
 from gpugov.plant.types import Request, ServingObservation
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpugov.controllers.baseline import maximum_clock_controller
-from gpugov.controllers.mpc import run_mpc
+from gpugov.controllers.mpc.controller import run_mpc
 from gpugov.controllers.open_loop import (
     forecast_request_work_seconds,
     open_loop_clock_controller,

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from gpugov.controllers.mpc import (
+from gpugov.controllers.mpc.controller import (
     FALLBACK_REASONS,
     MPCController,
     MPCProblem,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpugov.cli import main
-from gpugov.controllers.mpc import DEFAULT_SOLVE_BUDGET_EVALUATIONS, MPCController
+from gpugov.controllers.mpc.controller import DEFAULT_SOLVE_BUDGET_EVALUATIONS, MPCController
 from gpugov.daemon.cli_support import simulated_controller
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, load_trace, simulate
 

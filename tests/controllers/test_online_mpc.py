@@ -13,12 +13,12 @@ import pytest
 from synthetic import make_plant, make_profile
 
 from gpugov.controllers.baseline import maximum_clock_controller
-from gpugov.controllers.identification import (
+from gpugov.controllers.online.controller import OnlineMPCController
+from gpugov.controllers.online.identification import (
     OnlineModel,
     RecursiveLeastSquares,
     Window,
 )
-from gpugov.controllers.online_mpc import OnlineMPCController
 from gpugov.plant import PerformanceProfile, ServingPlant, chunked_prefill_scheduler, simulate
 from gpugov.plant.types import Request
 
@@ -371,7 +371,7 @@ def test_relearns_after_a_model_swap_and_a_prompt_mix_change() -> None:
 
 
 def test_a_profile_prior_skips_the_warm_up(profile) -> None:  # type: ignore[no-untyped-def]
-    from gpugov.controllers.online_mpc import prior_from_profile
+    from gpugov.controllers.online.controller import prior_from_profile
 
     prior = prior_from_profile(profile)
     model = OnlineModel(profile.clock_mhz, 700.0, prior=prior)

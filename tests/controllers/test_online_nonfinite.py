@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from synthetic import make_plant
 
-from gpugov.controllers.identification import (
+from gpugov.controllers.online.controller import OnlineMPCController
+from gpugov.controllers.online.identification import (
     OnlineModel,
     PromptEstimate,
     RecursiveLeastSquares,
     Window,
     window_between,
 )
-from gpugov.controllers.online_mpc import OnlineMPCController
 from gpugov.plant import chunked_prefill_scheduler, simulate
 from gpugov.plant.types import Request, ServingObservation
 

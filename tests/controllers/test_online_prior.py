@@ -13,9 +13,9 @@ import pytest
 from synthetic import make_plant
 
 from gpugov.controllers.baseline import maximum_clock_controller
-from gpugov.controllers.identification import OnlineModel, Window
-from gpugov.controllers.online_mpc import OnlineMPCController
-from gpugov.controllers.online_prior import (
+from gpugov.controllers.online.controller import OnlineMPCController
+from gpugov.controllers.online.identification import OnlineModel, Window
+from gpugov.controllers.online.prior import (
     HintError,
     PriorHints,
     gpu_family,

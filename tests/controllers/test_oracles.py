@@ -11,7 +11,6 @@ import pytest
 from synthetic import make_plant
 
 from gpugov.controllers.baseline import FixedClockController, reactive_clock_controller
-from gpugov.controllers.oracle_bound import _lower_hull
 from gpugov.controllers.oracles import (
     BestFixedClock,
     ScheduleController,
@@ -24,6 +23,7 @@ from gpugov.controllers.oracles import (
     phase_token_costs,
     window_oracle,
 )
+from gpugov.controllers.oracles.bound import _lower_hull
 from gpugov.plant import PlantSimulation, ServingPlant, ServingResult, simulate
 from gpugov.plant.types import Request
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpugov.controllers.online_exploration import SafeExploration
+from gpugov.controllers.online.exploration import SafeExploration
 from gpugov.plant.types import ServingObservation
 
 CLOCKS = tuple(float(c) for c in np.arange(500.0, 1501.0, 25.0))  # range 1000 MHz

@@ -14,7 +14,7 @@ from gpugov.controllers.scheduling import (
     solve_scheduling_mdp,
     state_index,
 )
-from gpugov.controllers.scheduling_policy import MDPPolicyScheduler
+from gpugov.controllers.scheduling.policy import MDPPolicyScheduler
 from gpugov.plant.types import IterationPlan, SchedulerView
 
 

@@ -111,7 +111,7 @@ def test_factory_returns_the_deployed_chain_named_after_the_spec() -> None:
 
 
 def test_factory_mpc_builds() -> None:
-    pytest.importorskip("gpugov.controllers.mpc")
+    pytest.importorskip("gpugov.controllers.mpc.controller")
     controller = build_controller(MPCControllerConfig(kind="mpc", horizon_s=5.0), CONTEXT)
     assert isinstance(controller, ControllerWrapper) and controller.name == "mpc"
 

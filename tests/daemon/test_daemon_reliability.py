@@ -421,7 +421,7 @@ def test_idle_connections_do_not_hold_threads_forever(monkeypatch: pytest.Monkey
 
 # ------------------------------------------------------ item 8: bounded history
 def test_mpc_history_is_bounded_in_the_daemon() -> None:
-    from gpugov.controllers.mpc import MPCController
+    from gpugov.controllers.mpc.controller import MPCController
     from gpugov.plant import ServingPlant, load_profile
     from gpugov.plant.types import ServingObservation
 

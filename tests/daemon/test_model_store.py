@@ -14,7 +14,7 @@ import pytest
 from synthetic import make_plant
 
 from gpugov.cli import main
-from gpugov.controllers.online_mpc import OnlineMPCController
+from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.daemon.model_store import (
     PersistentOnlineModel,
     model_path,

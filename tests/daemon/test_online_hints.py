@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpugov.controllers.contract import unwrap
-from gpugov.controllers.online_mpc import OnlineMPCController
+from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.cli_support import UsageError, simulated_controller
 from gpugov.daemon.config import OnlineMPCControllerConfig, PriorHintsConfig, parse_config

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-import gpugov.controllers.fast_mpc as fast_mpc
+import gpugov.controllers.mpc.fast as fast_mpc
 import gpugov.daemon.node_cli as node_cli
 from gpugov.daemon.decide import warm_up
 from gpugov.daemon.loop import ScaledClock
@@ -102,7 +102,7 @@ def test_warm_up_decides_on_a_copy_and_leaves_the_controller_untouched() -> None
 def test_warm_up_compiles_the_fast_mpc_and_keeps_its_state(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gpugov.controllers.mpc import MPCController
+    from gpugov.controllers.mpc.controller import MPCController
     from gpugov.daemon.config import MPCControllerConfig
     from gpugov.daemon.decide import ControllerContext, build_controller
     from gpugov.plant import ServingPlant, load_profile

@@ -80,9 +80,9 @@ def test_help_imports_no_command_module() -> None:
 
 
 def test_offending_matches_prefixes_only() -> None:
-    mods = ["gpugov.studyx", "gpugov.study", "sklearn.tree", "gpugov.controllers.scheduling_policy"]
+    mods = ["gpugov.studyx", "gpugov.study", "sklearn.tree", "gpugov.controllers.scheduling.policy"]
     assert offending(mods, FORBIDDEN_ON_NODE) == [
         "gpugov.study",
         "sklearn.tree",
-        "gpugov.controllers.scheduling_policy",
+        "gpugov.controllers.scheduling.policy",
     ]

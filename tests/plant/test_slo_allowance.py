@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpugov.controllers.oracle_window import _miss_known_time
+from gpugov.controllers.oracles.window import _miss_known_time
 from gpugov.plant import ServingPlant, load_profile, simulate
 from gpugov.plant.profile import ProfileError, bundled_profile_dir
 from gpugov.plant.result import compute_metrics

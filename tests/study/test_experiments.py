@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from synthetic import make_plant, make_profile
 
-from gpugov.controllers.mpc import run_mpc
+from gpugov.controllers.mpc.controller import run_mpc
 from gpugov.controllers.open_loop import (
     OPEN_LOOP_SEED_DEVIATIONS,
     select_frequency_experiment_window,

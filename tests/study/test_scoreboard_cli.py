@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpugov.cli import main
-from gpugov.study import scoreboard_cli as bench_cli
+from gpugov.study.scoreboard import cli as bench_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ROW_KEYS = {
@@ -145,7 +145,7 @@ def test_bench_requires_a_benchmark_name() -> None:
 
 def test_scoreboard_is_the_study_package_module() -> None:
     module = bench_cli.scoreboard_module()
-    assert module.__name__ == "gpugov.study.scoreboard"
+    assert module.__name__ == "gpugov.study.scoreboard.run"
     assert Path(module.__file__).resolve() == Path(__file__).resolve().parents[2] / "study" / (
         "scoreboard.py"
     )

@@ -8,7 +8,7 @@ import hashlib
 from synthetic import make_plant
 
 from gpugov.plant.types import Request
-from gpugov.study.scoreboard_scenarios import build_scenario
+from gpugov.study.scoreboard.scenarios import build_scenario
 
 
 def test_requests_larger_than_the_kv_cache_are_rejected_and_counted() -> None:

@@ -35,8 +35,8 @@ Seed deviations (also listed in :data:`MPC_SEED_DEVIATIONS` and in ``run_mpc`` r
   attainment on the detailed plant.
 * A fallback clock is quantised downward onto the supported set like the MPC's plans.
 
-The fluid model and the horizon problem are in :mod:`gpugov.controllers.mpc_model`, the
-solvers in :mod:`gpugov.controllers.mpc_solvers`; this module keeps the controller.
+The fluid model and the horizon problem are in :mod:`gpugov.controllers.mpc.model`, the
+solvers in :mod:`gpugov.controllers.mpc.solvers`; this module keeps the controller.
 
 Known limitation kept from the seed: the TPOT proxy (active decodes over the aggregate
 decode rate) ignores the per-iteration weight-read time, so it underestimates real TPOT
@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
-from gpugov.controllers.mpc_model import (
+from gpugov.controllers.mpc.model import (
     CHUNK_TOKENS,
     DEFAULT_ARRIVAL_WINDOW_S,
     DEFAULT_EXPECTED_OUTPUT_TOKENS,
@@ -73,7 +73,7 @@ from gpugov.controllers.mpc_model import (
     mpc_fluid_rollout,
     mpc_latency_proxies,
 )
-from gpugov.controllers.mpc_solvers import (
+from gpugov.controllers.mpc.solvers import (
     MPCSolver,
     SLSQPSolver,
     SolveOutcome,

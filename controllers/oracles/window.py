@@ -1,5 +1,5 @@
 """The window schedule in hindsight: a clock per window from a greedy forward search that
-forks the plant at each boundary (rules in ``controllers/oracles.py``)."""
+forks the plant at each boundary (rules in ``controllers/oracles/__init__.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from gpugov.controllers.oracle_common import (
+from gpugov.controllers.oracles.common import (
     SLO_TOLERANCE,
     FloatArray,
     _drive,

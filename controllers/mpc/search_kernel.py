@@ -1,6 +1,6 @@
 """Compiled kernels of the fast MPC solver: pricing plans and searching them (numba).
 
-The fast solver's cost is the seed MPC's (:meth:`controllers.mpc.MPCProblem.costs`);
+The fast solver's cost is the seed MPC's (:meth:`controllers.mpc.controller.MPCProblem.costs`);
 these kernels compute exactly that cost one plan at a time, in compiled code, so a search
 can do what vectorised numpy cannot cheaply do:
 
@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
-from gpugov.controllers.mpc import CHUNK_TOKENS, MPCProblem
+from gpugov.controllers.mpc.controller import CHUNK_TOKENS, MPCProblem
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]

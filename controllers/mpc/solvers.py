@@ -10,7 +10,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from gpugov.controllers.mpc_model import (
+from gpugov.controllers.mpc.model import (
     FloatArray,
     MPCProblem,
 )

@@ -5,14 +5,14 @@ observation, from NVML), the SLOs and declared forecasts (config), and the
 :class:`ServingObservation` stream. It never sees a profile. Each call it
 
 1. folds the window since the previous observation into :class:`OnlineModel`
-   (:mod:`controllers.identification`);
+   (:mod:`controllers.online.identification`);
 2. builds a *learned* :class:`PerformanceProfile` over the supported clocks from the
    model's **pessimistic** predictions: latency at the mean plus ``uncertainty_z``
    standard deviations, so the MPC's SLO margin is wider where the model is unsure and
    narrows as evidence builds up; power at the mean;
 3. runs the fast MPC (discrete search, iteration latency model, burst hedge, SLO
-   feedback: :mod:`controllers.fast_mpc`, :mod:`controllers.adaptation`) on that profile;
-4. applies safe exploration (:mod:`controllers.online_exploration`) to the MPC's
+   feedback: :mod:`controllers.mpc.fast`, :mod:`controllers.adaptation`) on that profile;
+4. applies safe exploration (:mod:`controllers.online.exploration`) to the MPC's
    decision, the decode descent (:meth:`OnlineMPCController.descent_clock`: in a
    decode-only window, a lower clock the measured latency and the 1/f law allow) and the
    burst guard (:meth:`OnlineMPCController.burst_floor`): while a prompt backlog is
@@ -34,23 +34,23 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
-from gpugov.controllers.fast_mpc import DiscreteSearchSolver
-from gpugov.controllers.identification import (
-    ModelPrior,
-    OnlineModel,
-    PromptEstimate,
-    window_between,
-)
-from gpugov.controllers.mpc import (
+from gpugov.controllers.mpc.controller import (
     DEFAULT_EXPECTED_OUTPUT_TOKENS,
     DEFAULT_EXPECTED_PROMPT_TOKENS,
     MPCController,
 )
-from gpugov.controllers.mpc_model import CHUNK_TOKENS
-from gpugov.controllers.online_exploration import (
+from gpugov.controllers.mpc.fast import DiscreteSearchSolver
+from gpugov.controllers.mpc.model import CHUNK_TOKENS
+from gpugov.controllers.online.exploration import (
     REFERENCE_BATCH,
     ArrivalClumping,
     SafeExploration,
+)
+from gpugov.controllers.online.identification import (
+    ModelPrior,
+    OnlineModel,
+    PromptEstimate,
+    window_between,
 )
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import PerformanceProfile

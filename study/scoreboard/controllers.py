@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpugov.controllers.contract import ControllerWrapper
-from gpugov.controllers.mpc import expected_output_tokens_forecast
+from gpugov.controllers.mpc.controller import expected_output_tokens_forecast
 from gpugov.controllers.open_loop import optimize_open_loop
 from gpugov.daemon.config import (
     ControllerConfig,
@@ -22,7 +22,7 @@ from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.daemon.safety import SafetySettings
 from gpugov.plant import ServingPlant
 from gpugov.plant.types import Request
-from gpugov.study.scoreboard_scenarios import LABELS
+from gpugov.study.scoreboard.scenarios import LABELS
 
 
 # ---------------------------------------------------------------------- controllers

@@ -1,7 +1,7 @@
 """Reduced scheduling MDP: exact dynamic programming, offline RL and policy evaluation.
 
-This module is the public face: it re-exports the names of ``scheduling_mdp`` (the MDP's
-types and construction), ``scheduling_dp`` (exact solvers) and ``scheduling_rl`` (logged
+This module is the public face: it re-exports the names of ``mdp`` (the MDP's
+types and construction), ``dp`` (exact solvers) and ``rl`` (logged
 transitions, fitted Q iteration, evaluation), so users import from here.
 
 Ported from the seed's scheduling half. The abstraction has 245 states (prefill count
@@ -14,7 +14,7 @@ value-iteration answer can be checked. Offline RL is fitted Q iteration with Ext
 
 Random streams. The seed samples each next state with ``Generator.choice(n, p=row)``,
 which draws one uniform and inverts the row's normalised cumulative sum.
-``scheduling_rl`` does exactly that with precomputed cumulative rows, so
+``rl`` does exactly that with precomputed cumulative rows, so
 :func:`generate_transition_dataset`,
 :func:`evaluate_scheduling_policy` and the reduced trajectory reproduce the seed's numbers
 bit for bit (the tests check this against a per-step ``choice`` reference), while
@@ -25,7 +25,7 @@ consumed them in.
 
 from __future__ import annotations
 
-from gpugov.controllers.scheduling_dp import (
+from gpugov.controllers.scheduling.dp import (
     decode_priority_policy,
     discounted_lp_solve,
     discounted_policy_iteration,
@@ -35,7 +35,7 @@ from gpugov.controllers.scheduling_dp import (
     solve_scheduling_mdp,
     solve_scheduling_mdp_lp,
 )
-from gpugov.controllers.scheduling_mdp import (
+from gpugov.controllers.scheduling.mdp import (
     _REDUCED_REPLAY_RANDOM_SEED,
     _REDUCED_REPLAY_STEPS,
     DECODE,
@@ -61,7 +61,7 @@ from gpugov.controllers.scheduling_mdp import (
     scheduling_mdp_from_trace,
     state_index,
 )
-from gpugov.controllers.scheduling_rl import (
+from gpugov.controllers.scheduling.rl import (
     _reduced_policy_trajectory,
     evaluate_scheduling_policy,
     fit_fqi,

@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gpugov.controllers.adaptation import SLOFeedback
-from gpugov.controllers.identification import OnlineModel
+from gpugov.controllers.online.identification import OnlineModel
 from gpugov.plant.types import ServingObservation
 
 FloatArray = NDArray[np.float64]

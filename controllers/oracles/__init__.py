@@ -1,12 +1,12 @@
 """Hindsight oracles: the limits a clock controller can reach on a known workload.
 
 This module is the public face and the oracles' specification: the code lives in
-``oracle_common`` (SLO condition, capture, driving the plant), ``oracle_fixed``,
-``oracle_window`` and ``oracle_bound``, and every public name is re-exported here.
+``common`` (SLO condition, capture, driving the plant), ``fixed``,
+``window`` and ``bound``, and every public name is re-exported here.
 
 Each oracle sees the whole future (every arrival and every output length) and works on
 the detailed plant (:class:`plant.PlantSimulation`), so it is a reference for the
-scoreboard (``study/scoreboard.py``), never a controller a node could run. All of them
+scoreboard (``study/scoreboard/run.py``), never a controller a node could run. All of them
 share one SLO condition: a run *holds the SLO* when its SLO attainment is at least the
 maximum clock's minus ``tolerance`` (1 percentage point by default), see
 :func:`holds_slo`.
@@ -95,19 +95,19 @@ Fluid LP lower bound (:func:`fluid_energy_lower_bound`)
 
 from __future__ import annotations
 
-from gpugov.controllers.oracle_bound import (
+from gpugov.controllers.oracles.bound import (
     FluidEnergyBound,
     fluid_energy_lower_bound,
     phase_token_costs,
 )
-from gpugov.controllers.oracle_common import (
+from gpugov.controllers.oracles.common import (
     SLO_TOLERANCE,
     holds_slo,
     maximum_clock_reference,
     oracle_capture,
 )
-from gpugov.controllers.oracle_fixed import BestFixedClock, ClockEvaluation, best_fixed_clock
-from gpugov.controllers.oracle_window import ScheduleController, WindowOracle, window_oracle
+from gpugov.controllers.oracles.fixed import BestFixedClock, ClockEvaluation, best_fixed_clock
+from gpugov.controllers.oracles.window import ScheduleController, WindowOracle, window_oracle
 
 __all__ = [
     "SLO_TOLERANCE",

@@ -1,5 +1,5 @@
 """What every hindsight oracle shares: the SLO condition, the capture ratio, and driving
-the detailed plant under a fixed clock or a schedule (see ``controllers/oracles.py``)."""
+the detailed plant under a fixed clock or a schedule (see ``controllers/oracles/__init__.py``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The reduced scheduling MDP itself: its types, state indexing and construction (from a
-profile or a trace); the solvers live in ``scheduling_dp`` and ``scheduling_rl``.
+profile or a trace); the solvers live in ``dp`` and ``rl``.
 
 The abstraction has 245 states (prefill count 0-6, decode count 0-6, oldest-request age
 bin 0-4) and three actions (prefill, decode, idle); its assumptions are spelled out in

@@ -17,11 +17,11 @@ from gpugov.controllers.oracles import (
 from gpugov.study.online_eval import (
     online_model_lines,
 )
-from gpugov.study.scoreboard_scenarios import (
+from gpugov.study.scoreboard.scenarios import (
     CONTROLLER_ORDER,
     LABELS,
 )
-from gpugov.study.scoreboard_solvers import (
+from gpugov.study.scoreboard.solvers import (
     LONG_HORIZON_SPLIT,
 )
 

@@ -1,5 +1,5 @@
 """The fluid LP lower bound: the least energy any run serving the trace's work can use on
-this plant, from an LP over windows (assumptions in ``controllers/oracles.py``)."""
+this plant, from an LP over windows (assumptions in ``controllers/oracles/__init__.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 from scipy import sparse
 from scipy.optimize import linprog
 
-from gpugov.controllers.oracle_common import (
+from gpugov.controllers.oracles.common import (
     FloatArray,
 )
 from gpugov.plant.plant import ServingPlant

@@ -4,8 +4,8 @@ The seed's MPC minimises its horizon cost with SLSQP and finite-difference gradi
 continuous clocks, then rounds the plan down onto the supported clocks. The applied
 clocks are a small discrete set and the fluid rollout is cheap, so this solver searches
 supported-clock plans directly, pricing them with the very same model and cost as
-:meth:`controllers.mpc.MPCProblem.costs` (compiled in :mod:`controllers.search_kernel`,
-tested equal):
+:meth:`controllers.mpc.controller.MPCProblem.costs` (compiled in
+:mod:`controllers.mpc.search_kernel`, tested equal):
 
 1. a structured candidate pool, every plan priced: every constant plan, and two-block
    ("first period at level i, the rest at level j"), alternating ("i, j, i, j, ...") and
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from gpugov.controllers.mpc import MPCProblem, SolveOutcome
-from gpugov.controllers.search_kernel import (
+from gpugov.controllers.mpc.controller import MPCProblem, SolveOutcome
+from gpugov.controllers.mpc.search_kernel import (
     compile_kernels,
     local_search,
     price_plans,
@@ -83,7 +83,7 @@ class DiscreteSearchSolver:
             rugged cost (60 is six levels a period over ten periods).
 
     The defaults were chosen on the scoreboard's solver comparison
-    (``study/scoreboard.py``); see ``docs/scoreboard.md``.
+    (``study/scoreboard/run.py``); see ``docs/scoreboard.md``.
     """
 
     coarse_levels: int = 28

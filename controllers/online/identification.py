@@ -339,7 +339,7 @@ class ModelPrior:
     prefill_power_w: float | None = None
     decode_power_w: float | None = None
     time_table: tuple[tuple[float, float, float, float, float], ...] = ()
-    """Per-clock times from physics (a hint, :mod:`controllers.online_prior`): rows of
+    """Per-clock times from physics (a hint, :mod:`controllers.online.prior`): rows of
     ``(clock MHz, prefill s per prompt token, decode s per iteration, s per running request
     per iteration, s per context token per iteration)``; gives the time prior its clock
     shape (kept when the warm-up re-centres the level). Overrides the two values above."""

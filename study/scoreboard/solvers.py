@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 
 from gpugov.controllers.contract import ControllerWrapper, controller_label
-from gpugov.controllers.mpc import (
+from gpugov.controllers.mpc.controller import (
     MPCController,
     MPCProblem,
     MPCSolver,
 )
 from gpugov.plant import ServingPlant
 from gpugov.plant.types import ClockController, Request, ServingObservation
-from gpugov.study.scoreboard_controllers import (
+from gpugov.study.scoreboard.controllers import (
     scoreboard_mpc,
 )
 

@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from gpugov.controllers.identification import ModelPrior
+from gpugov.controllers.online.identification import ModelPrior
 from gpugov.plant import calibration
 from gpugov.plant.roofline import Domain, RooflineParameters
 from gpugov.plant.zoo import GPUS, GpuSpec, ModelSpec, ProfileSpec

@@ -21,8 +21,8 @@ import numpy as np
 if TYPE_CHECKING:
     from sklearn.ensemble import ExtraTreesRegressor
 
-from gpugov.controllers.scheduling_dp import _labels, decode_priority_policy
-from gpugov.controllers.scheduling_mdp import (
+from gpugov.controllers.scheduling.dp import _labels, decode_priority_policy
+from gpugov.controllers.scheduling.mdp import (
     DECODE,
     NUMBER_ACTIONS,
     NUMBER_STATES,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linprog
 
-from gpugov.controllers.scheduling_mdp import (
+from gpugov.controllers.scheduling.mdp import (
     DECODE,
     IDLE,
     PREFILL,

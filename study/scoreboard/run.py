@@ -8,10 +8,10 @@ TPOT, power-cap and thermal violation seconds, decision times and oracle capture
 also compares the two MPC solvers on every decision point of one recorded closed-loop
 run. See ``docs/scoreboard.md`` for every definition; ``gpugov bench controllers`` runs
 the same code. This module runs the scenarios and holds the CLI; the configuration and
-scenarios are in ``scoreboard_scenarios``, the controllers in ``scoreboard_controllers``,
-the MPC solver comparison in ``scoreboard_solvers`` and the outputs in ``scoreboard_report``.
+scenarios are in ``scenarios``, the controllers in ``controllers``,
+the MPC solver comparison in ``solvers`` and the outputs in ``report``.
 
-    .venv/bin/python study/scoreboard.py [--quick] [--out DIR] [--jobs N]
+    .venv/bin/python -m gpugov.study.scoreboard [--quick] [--out DIR] [--jobs N]
 
 Writes ``DIR/scoreboard.json``, ``DIR/scoreboard.md`` and ``DIR/scoreboard.png``
 (default ``bench/results/controllers/``) and prints a short summary.
@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.controllers.contract import Diagnosable
-from gpugov.controllers.online_mpc import OnlineMPCController
+from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.oracles import (
     best_fixed_clock,
     fluid_energy_lower_bound,
@@ -93,18 +93,18 @@ from gpugov.study.online_eval import (
     summarize_model_error,
 )
 from gpugov.study.runners import RunnerSpec, add_runner_arguments, map_cells, spec_from_args
-from gpugov.study.scoreboard_controllers import (
+from gpugov.study.scoreboard.controllers import (
     ControllerEntry,
     build_scoreboard_controllers,
     scoreboard_mpc,
 )
-from gpugov.study.scoreboard_report import (
+from gpugov.study.scoreboard.report import (
     DEFINITIONS,
     short_table,
     summarize,
     write_outputs,
 )
-from gpugov.study.scoreboard_scenarios import (
+from gpugov.study.scoreboard.scenarios import (
     CONTROLLER_ORDER,
     DEFAULT_OUT,
     FULL,
@@ -123,7 +123,7 @@ from gpugov.study.scoreboard_scenarios import (
     build_scenario,
     slo_capacity,
 )
-from gpugov.study.scoreboard_solvers import (
+from gpugov.study.scoreboard.solvers import (
     ProblemRecorder,
     TimedController,
     _percentile,
@@ -684,7 +684,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python study/scoreboard.py``."""
+    """Entry point of ``python -m gpugov.study.scoreboard``."""
     from gpugov.daemon.cli_support import UsageError, fail
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])

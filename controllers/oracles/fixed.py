@@ -1,5 +1,6 @@
 """The best fixed clock in hindsight: the lowest-energy supported clock whose run holds
-the SLO, by bisection, a coarse scan and refinement (rules in ``controllers/oracles.py``)."""
+the SLO, by bisection, a coarse scan and refinement (rules in
+``controllers/oracles/__init__.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from gpugov.controllers.oracle_common import (
+from gpugov.controllers.oracles.common import (
     SLO_TOLERANCE,
     _run_fixed,
     holds_slo,

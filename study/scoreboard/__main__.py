@@ -1,0 +1,5 @@
+"""``python -m gpugov.study.scoreboard``: the scoreboard as a script."""
+
+from gpugov.study.scoreboard.run import main
+
+raise SystemExit(main())
