@@ -59,7 +59,8 @@ def load_pynvml() -> ModuleType:
         import pynvml
     except ImportError as error:  # pragma: no cover - the package is a dependency
         raise GpuUnavailable("nvidia-ml-py is not installed (import pynvml failed)") from error
-    return pynvml
+    module: ModuleType = pynvml
+    return module
 
 
 def _const(nvml: Any, name: str, default: int) -> int:
