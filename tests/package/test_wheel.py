@@ -32,6 +32,7 @@ IGNORED = (
     "*.egg-info",
     ".pytest_cache",
     ".ruff_cache",
+    ".mypy_cache",
     ".devcheck",
 )
 
