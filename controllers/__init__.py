@@ -1,6 +1,6 @@
 """Clock controllers and the scheduling MDP methods; pure computation, no I/O.
 
-Public names follow the seed's ``__all__`` (see ``../shared/SEED_NOTES.md`` section 2).
+Public names follow the seed's ``__all__`` (see ``docs/seed-notes.md`` section 2).
 They load on first use (PEP 562), so importing one controller module does not pull in
 scikit-learn and the experiment suite: ``gpugov`` starts in a fraction of the time.
 """

@@ -1,6 +1,6 @@
 """Tests for plant.workload: trace loaders against the real files, errors, transforms.
 
-Known answers come from ``../shared/traces/README.md`` (row counts, spans, token means)
+Known answers come from ``docs/traces.md`` (row counts, spans, token means)
 and from ``plant/data/ATTRIBUTION.md`` (the bundled slice's rows and sha256).
 """
 
