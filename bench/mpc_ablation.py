@@ -27,10 +27,10 @@ from typing import Any
 from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo, oracle_capture
 from gpugov.daemon.config import MPCControllerConfig
 from gpugov.daemon.decide import canonical_controller_name
-from gpugov.daemon.service import simulated_mpc
 from gpugov.plant import ServingPlant, load_profile, simulate
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.study.scoreboard import DEFAULT_OUT, build_scenario
+from gpugov.study.scoreboard_controllers import study_controller
 
 NO_CAP = 1e9
 """A TTFT excess cap no prediction reaches: the uncapped (seed's) penalty."""
@@ -62,7 +62,7 @@ def run_variant(
         solve_time_limit_s=settings["mpc_solve_time_limit_s"],
         **overrides,
     )
-    controller = simulated_mpc(spec, plant, requests, period)
+    controller = study_controller(spec, plant, requests, control_period_s=period)
     started = time.perf_counter()
     result = simulate(
         requests, plant, chunked_prefill_scheduler, controller, 0, control_period_s=period

@@ -29,10 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from gpugov.controllers.identification import OnlineModel, Window, window_between
+from gpugov.controllers.online_mpc import OnlineMPCController
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
 from gpugov.plant.types import ServingObservation
-from gpugov.study.online_eval import scoreboard_online
 from gpugov.study.scoreboard import build_scenario
+from gpugov.study.scoreboard_controllers import scoreboard_online
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "online.json"
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = load_profile("h100-sxm-llama3-8b")
     plant = ServingPlant.from_profile(profile)
     scenario = build_scenario("azure-conv-10min", plant, "recorded", args.duration)
-    controller = scoreboard_online(scenario.requests, control_period_s=0.5)
+    controller = scoreboard_online(plant, scenario.requests, control_period_s=0.5)
     observations: list[ServingObservation] = []
     decisions: list[float] = []
 
@@ -89,10 +90,12 @@ def main(argv: list[str] | None = None) -> int:
             times.append(time.perf_counter() - start)
     after = model.nbytes()
     slos = (profile.ttft_slo_s, profile.tpot_slo_s)
+    algorithm = controller.unwrapped
+    assert isinstance(algorithm, OnlineMPCController)
     builds = []
     for _ in range(200):
         start = time.perf_counter()
-        controller.learned_profile(slos)
+        algorithm.learned_profile(slos)
         builds.append(time.perf_counter() - start)
     update = np.asarray(times)
     cpu = np.asarray(cpu_times)

@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"  {on_ray['wall_s']:.1f} s; Ray's overheads on a fresh runtime")
     overhead = ray_overheads(args.jobs, args.tasks)
     costs = pool["scenario_wall_s"]
-    from gpugov.daemon.cli_support import build_controller
+    from gpugov.daemon.cli_support import simulated_controller
     from gpugov.plant import ServingPlant, load_profile, simulate
     from gpugov.plant.scheduler import chunked_prefill_scheduler
 
@@ -172,7 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
     workload = scoreboard._full_trace("azure-conv-10min")[0]
     simulate(
-        workload, plant, chunked_prefill_scheduler, build_controller("reactive", plant, workload), 0
+        workload,
+        plant,
+        chunked_prefill_scheduler,
+        simulated_controller("reactive", plant, workload),
+        0,
     )
     sweep_costs = [time.perf_counter() - cell_started]
     result = {

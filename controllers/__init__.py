@@ -1,8 +1,10 @@
 """Clock controllers and the scheduling MDP methods; pure computation, no I/O.
 
-Public names follow the seed's ``__all__`` (see ``docs/seed-notes.md`` section 2).
+Public names follow the seed's ``__all__`` (see ``docs/seed-notes.md`` section 2), except
+its experiment suite ``build_textbook_results``: assembling the case study is study code,
+in :mod:`gpugov.study.experiments` (also importable as ``gpugov.study.build_textbook_results``).
 They load on first use (PEP 562), so importing one controller module does not pull in
-scikit-learn and the experiment suite: ``gpugov`` starts in a fraction of the time.
+scikit-learn: ``gpugov`` starts in a fraction of the time.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ _MODULES = {
     "maximum_clock_controller": "gpugov.controllers.baseline",
     "reactive_clock_controller": "gpugov.controllers.baseline",
     "sample_and_hold_clock_controller": "gpugov.controllers.baseline",
-    "build_textbook_results": "gpugov.controllers.experiments",
     "MPCController": "gpugov.controllers.mpc",
     "MPCWeights": "gpugov.controllers.mpc",
     "estimate_decode_remaining_tokens": "gpugov.controllers.mpc",
@@ -63,7 +64,6 @@ __all__ = [
     "SampleAndHoldController",
     "SchedulingMDP",
     "TransitionDataset",
-    "build_textbook_results",
     "estimate_decode_remaining_tokens",
     "evaluate_scheduling_policy",
     "fit_fqi",

@@ -40,6 +40,15 @@ from gpugov.controllers.search_kernel import (
     problem_arrays,
 )
 
+FAST_MPC_PRESET: dict[str, float] = {
+    # Penalise predicted latency above 70% of each SLO: the proxies are means, the SLOs
+    # are judged per request (chosen on the scoreboard, see docs/scoreboard.md).
+    "slo_margin": 0.7,
+    # Stop penalising TTFT excess beyond one TTFT SLO (see MPCProblem).
+    "ttft_excess_cap": 1.0,
+}
+"""The ``mpc`` kind's MPCController options beyond the seed's (``mpc-slsqp``) defaults."""
+
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
 

@@ -52,6 +52,8 @@ NOISE_FLOOR = 1e-8
 """Least measurement-noise variance a regression assumes (keeps the gain finite)."""
 CLOCK_EVENT_HOLDS = 0x4 | 0x20 | 0x40 | 0x80
 """NVML clock-event bits for software power cap, SW/HW thermal slowdown and HW slowdown."""
+NONFINITE_PARTS = ("window", "clock_ratio", "time", "power", "thermal")
+"""Parts of :class:`OnlineModel` that skip a window holding a NaN or infinite field."""
 
 
 @dataclass
@@ -80,6 +82,8 @@ class RecursiveLeastSquares:
     samples: int = 0
     residual_ms: float = 0.0
     """Exponentially weighted mean squared innovation (same units as ``y`` squared)."""
+    rejected_nonfinite: int = 0
+    """Samples refused because ``x``, ``y`` or the weight held a NaN or an infinity."""
 
     def __post_init__(self) -> None:
         self.mean = np.array(self.mean, dtype=float)
@@ -106,7 +110,14 @@ class RecursiveLeastSquares:
 
     def update(self, x: FloatArray, y: float, weight: float = 1.0) -> float:
         """Fold in one sample ``y ~ x . theta`` (``weight`` scales its precision); return
-        the innovation (``y`` minus the prediction before the update)."""
+        the innovation (``y`` minus the prediction before the update).
+
+        A sample holding a NaN or an infinity is refused (counted in
+        ``rejected_nonfinite``, NaN returned) and changes nothing: one such sample would
+        make the estimate NaN for good."""
+        if not (math.isfinite(y) and math.isfinite(weight) and bool(np.all(np.isfinite(x)))):
+            self.rejected_nonfinite += 1
+            return math.nan
         lam = self.forgetting
         self.covariance = lam * self.covariance + (1.0 - lam) * self.prior_covariance
         px = self.covariance @ x
@@ -225,7 +236,8 @@ def window_between(
 ) -> Window | None:
     """The :class:`Window` between two observations, or None when it cannot be used
     (no time passed, counters went backwards (engine restart), or the GPU reported no
-    utilisation or clock).
+    utilisation or clock). A NaN or infinite reading is carried into the window as it is;
+    :meth:`OnlineModel.update` skips what it would spoil and counts it.
 
     The mean context of a running request is ``prompt_per_request`` (an estimate from
     the engine's counters, :class:`PromptEstimate`) plus the tokens it generated so far;
@@ -240,7 +252,9 @@ def window_between(
         return None
     if current.gpu_utilization is None or current.realized_clock_mhz is None:
         return None
-    busy = min(1.0, max(0.0, current.gpu_utilization)) * duration
+    utilization = float(current.gpu_utilization)
+    # A non-finite reading is kept as NaN: the model skips and counts such a window.
+    busy = min(1.0, max(0.0, utilization)) * duration if math.isfinite(utilization) else math.nan
     # A request's first token comes from its prefill, not from a decode iteration: the
     # decode tokens are the generated ones less one per request that left the queue.
     started = (current.arrived_requests - current.waiting_requests) - (
@@ -289,13 +303,18 @@ class PromptEstimate:
     memory_windows: float = 60.0
     _tokens: float = 0.0
     _requests: float = 0.0
+    skipped_nonfinite: int = 0
+    """Windows ignored because a counter was NaN or infinite."""
 
     def update(self, previous: ServingObservation, current: ServingObservation) -> None:
-        """Fold in one window (ignored when a counter went backwards)."""
+        """Fold in one window (ignored when a counter went backwards or is not finite)."""
         tokens = current.prompt_tokens_total - previous.prompt_tokens_total
         started = (current.arrived_requests - current.waiting_requests) - (
             previous.arrived_requests - previous.waiting_requests
         )
+        if not (math.isfinite(tokens) and math.isfinite(started)):
+            self.skipped_nonfinite += 1
+            return
         if tokens < 0.0 or started < 0:
             return
         decay = math.exp(-1.0 / self.memory_windows)
@@ -397,6 +416,10 @@ class OnlineModel:
         self.visits = np.zeros(clocks.size, dtype=np.int64)
         self.warmed_up = False
         self._warmup_count = 0
+        self.skipped_nonfinite_windows = 0
+        """Windows of which a fit (or all) was skipped for a NaN or infinite field."""
+        self.skipped_nonfinite: dict[str, int] = dict.fromkeys(NONFINITE_PARTS, 0)
+        """The same, per part of the model (``window``: the whole window was skipped)."""
         self.time_shape = np.ones((len(TIME_BLOCKS), k))
         """Per-knot coefficient relative to the top knot's, per block: ones (the
         compute-bound extrapolation) unless a prior's ``time_table`` gives the physics."""
@@ -511,36 +534,79 @@ class OnlineModel:
 
     # --------------------------------------------------------------- update
     def update(self, window: Window) -> None:
-        """Fold one window in: busy time, energy, realised clock, temperature."""
+        """Fold one window in: busy time, energy, realised clock, temperature.
+
+        A part whose inputs hold a NaN or an infinity (a temperature not read yet, a bad
+        counter) skips the window, counted in ``skipped_nonfinite`` and
+        ``skipped_nonfinite_windows``; the other parts still learn from it. A window
+        without a finite length, clock or busy time is skipped whole."""
+        skipped: list[str] = []
+        if not (
+            math.isfinite(window.duration_s)
+            and window.duration_s > 0.0
+            and math.isfinite(window.realized_mhz)
+            and math.isfinite(window.busy_s)
+        ):
+            self._count_skipped(["window"])
+            return
         index = self._clock_index(window.realized_mhz)
         hat = hat_weights(window.realized_mhz, self.knots_mhz)
         busy_fraction = window.busy_s / window.duration_s
         if window.requested_mhz is not None and busy_fraction > 0.5:
-            requested = self._clock_index(window.requested_mhz)
-            ratio = min(1.0, window.realized_mhz / max(window.requested_mhz, 1.0))
-            self.realized_ratio[requested] += 0.2 * (ratio - self.realized_ratio[requested])
+            if math.isfinite(window.requested_mhz):
+                requested = self._clock_index(window.requested_mhz)
+                ratio = min(1.0, window.realized_mhz / max(window.requested_mhz, 1.0))
+                self.realized_ratio[requested] += 0.2 * (ratio - self.realized_ratio[requested])
+            else:
+                skipped.append("clock_ratio")
         worked = window.prompt_tokens > 0 or window.generated_tokens > 0
-        x = self.time_features(window, hat)
+        work = (window.prompt_tokens, window.iterations, window.generated_tokens)
+        x = (
+            self.time_features(window, hat)
+            if all(math.isfinite(v) for v in (*work, window.context_tokens))
+            else None
+        )
         if worked and window.busy_s > 0.0:
-            self.visits[index] += 1
-            self.time.update(x, window.busy_s)
-            if not self.warmed_up:
-                self._warmup_count += 1
-                if self._warmup_count >= self.warmup_windows:
-                    self._finish_warmup()
+            if x is not None:
+                self.visits[index] += 1
+                self.time.update(x, window.busy_s)
+                if not self.warmed_up:
+                    self._warmup_count += 1
+                    if self._warmup_count >= self.warmup_windows:
+                        self._finish_warmup()
+            else:
+                skipped.append("time")
         if window.energy_j is not None:
             k = self.knots_mhz.size
-            prefill = max(0.0, float(x[:k] @ self.time.mean[:k]))
-            prefill = min(prefill, window.busy_s)
+            estimated = math.nan  # the prefill seconds, from the prompt tokens
+            if math.isfinite(window.prompt_tokens):
+                # The time features' prefill block (same operations, same rounding).
+                prompt_x = (window.prompt_tokens / PROMPT_UNIT) * (
+                    hat * self._g(window.realized_mhz)
+                )
+                estimated = float(prompt_x @ self.time.mean[:k])
+            prefill = min(max(0.0, estimated), window.busy_s)
             decode = max(0.0, window.busy_s - prefill)
             idle = max(0.0, window.duration_s - window.busy_s)
             power_x = np.outer(np.array([idle, prefill, decode]), hat).ravel()
-            self.power.update(power_x, window.energy_j)
+            if math.isfinite(window.energy_j) and math.isfinite(estimated):
+                self.power.update(power_x, window.energy_j)
+            else:
+                skipped.append("power")
             mean_power = window.energy_j / window.duration_s
-            self.thermal.update(
-                np.array([window.temperature_start_c, 1.0, mean_power]),
-                window.temperature_end_c,
-            )
+            thermal_x = np.array([window.temperature_start_c, 1.0, mean_power])
+            if math.isfinite(window.temperature_end_c) and bool(np.all(np.isfinite(thermal_x))):
+                self.thermal.update(thermal_x, window.temperature_end_c)
+            else:
+                skipped.append("thermal")
+        if skipped:
+            self._count_skipped(skipped)
+
+    def _count_skipped(self, parts: list[str]) -> None:
+        """Count one window of which ``parts`` were skipped for a non-finite field."""
+        self.skipped_nonfinite_windows += 1
+        for part in parts:
+            self.skipped_nonfinite[part] += 1
 
     def _finish_warmup(self) -> None:
         """Re-centre the time prior on the warm-up estimate (every knot at the estimate,

@@ -155,6 +155,9 @@ class OnlineMPCController:
         self.update_times_s: list[float] = []
         self.resets = 0
         self.last_reason = "start"
+        self.last_temperature_c: float | None = None
+        """The last finite temperature observed (the MPC plans from it while a reading
+        is NaN, as before the GPU's first temperature read)."""
         self.__name__ = "mpc_online_clock"
 
     # ----------------------------------------------------------------- model
@@ -359,6 +362,8 @@ class OnlineMPCController:
     # ---------------------------------------------------------------- control
     def observe(self, observation: ServingObservation) -> None:
         """Fold ``observation`` into the model (resets on a model-name change)."""
+        if math.isfinite(observation.temperature_c):
+            self.last_temperature_c = float(observation.temperature_c)
         name = observation.model_name
         if name is not None and self.model_name is not None and name != self.model_name:
             self.reset(observation)
@@ -397,7 +402,7 @@ class OnlineMPCController:
             self.last_reason = "no SLO known"
         else:
             plant = self.learned_plant(observation, slos)
-            decision = float(self._mpc(plant)(observation))
+            decision = float(self._mpc(plant)(self._with_finite_temperature(observation, plant)))
             floor = self.exploration.floor(model, observation, self.uncertainty_z)
             guard = self.burst_floor(observation, slos) if self.burst_guard else None
             window = self.descent_window(observation, slos) if self.decode_descent else None
@@ -429,6 +434,18 @@ class OnlineMPCController:
             # Keep the MPC's notion of the applied clock (its clock-change penalty).
             self.mpc.current_clock = maximum
         return maximum
+
+    def _with_finite_temperature(
+        self, observation: ServingObservation, plant: ServingPlant
+    ) -> ServingObservation:
+        """``observation`` with a finite temperature for the MPC's thermal prediction:
+        its own, else the last finite one, else the plant's ambient."""
+        if math.isfinite(observation.temperature_c):
+            return observation
+        fallback = self.last_temperature_c
+        if fallback is None:
+            fallback = float(plant.ambient_temperature_c)
+        return replace(observation, temperature_c=fallback)
 
     def descent_clock(
         self, observation: ServingObservation, slos: tuple[float, float]
@@ -569,9 +586,20 @@ class OnlineMPCController:
         """What the exporter and ``gpugov model show`` report about the learning."""
         model = self.model
         if model is None:
-            return {"samples": 0, "confidence": 0.0, "exploring": False, "warmed_up": False}
+            return {
+                "samples": 0,
+                "confidence": 0.0,
+                "exploring": False,
+                "warmed_up": False,
+                "skipped_nonfinite_windows": 0,
+            }
         return {
             "samples": model.samples,
+            "skipped_nonfinite_windows": model.skipped_nonfinite_windows,
+            "skipped_nonfinite": {
+                **model.skipped_nonfinite,
+                "prompt_estimate": self.prompt_estimate.skipped_nonfinite,
+            },
             "confidence": model.confidence(),
             "exploring": self.exploration.exploring,
             "warmed_up": model.warmed_up,

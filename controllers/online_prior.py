@@ -46,7 +46,6 @@ matches only as a whole word: ``GH200`` and ``L40`` are not ``H200`` and ``L4``)
 AUTO = "auto"
 """``gpu = "auto"``: the daemon fills in the NVML name of the domain's first GPU."""
 REFERENCE_BATCH = 64
-REFERENCE_CONTEXT_TOKENS = 1024
 LAYER_WIDTH_RATIO = 115.0
 """Llama-like aspect ratio: ``d_model / n_layers`` of Llama 3.x 3B, 8B, 70B is 110-128."""
 

@@ -13,6 +13,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from gpugov.daemon.errors import GpuUnavailable
+
 log = logging.getLogger(__name__)
 
 
@@ -46,8 +48,37 @@ class GpuSample:
 class GpuBackend(Protocol):
     """One GPU: read it, lock its SM clock, unlock it.
 
-    ``label`` names the GPU in logs and metrics (the NVML index as text). Errors are the
-    daemon's own (:mod:`daemon.errors`), never the vendor's.
+    The contract every implementation meets (``tests/conformance/test_backends.py`` runs
+    it against each; ``docs/backends.md``):
+
+    * ``label`` names the GPU in logs and metrics (the NVML index as text): a non-empty
+      string, and the ``gpu`` of every sample.
+    * ``supported_clocks_mhz()``: the SM clocks a lock may ask for; a non-empty tuple of
+      positive ints, strictly ascending, the same on every call.
+    * ``sample()``: a :class:`GpuSample` in base units (W, J, C, MHz, a ratio); a reading
+      the GPU lacks is None; the energy counter never decreases. A read that fails
+      transiently is None and named in ``read_errors``, or, when the whole reading failed,
+      ``sample()`` raises :class:`~daemon.errors.TransientGpuError`; the observer counts
+      both and goes on.
+    * ``lock_clocks(min_mhz, max_mhz)``: holds the SM clock in the range. Once the
+      actuation delay has passed a busy GPU reads back ``max_mhz`` (lower only with an
+      event reason that says why), and below the top clock ``clock_event_reasons`` (where
+      reported) shows ApplicationsClocksSetting (0x2). Callers ask for supported clocks
+      (the actuator does, after ``ClampToSupported``); a clock outside the supported range
+      is refused (:class:`~daemon.errors.GpuError` or ``NotSupported``) or clamped into
+      it, never read back outside it. ``min_mhz > max_mhz`` is refused with
+      :class:`~daemon.errors.GpuError` (NVML's INVALID_ARGUMENT).
+    * ``reset_clocks()``: removes the lock; the GPU returns to its default (a busy GPU
+      runs at the top clock) and ApplicationsClocksSetting clears.
+    * ``close()``: releases what the backend holds; idempotent; afterwards every call
+      raises :class:`~daemon.errors.GpuUnavailable`.
+    * Errors are the daemon's own (:mod:`daemon.errors`), never the vendor's: a lock or
+      reset without root or CAP_SYS_ADMIN raises ``PermissionDenied``; a call the GPU or
+      driver lacks, ``NotSupported``; a GPU off the bus, ``GpuLost`` (from any call); no
+      driver, no such GPU or a closed backend, ``GpuUnavailable``; a timeout or another
+      passing failure, ``TransientGpuError``.
+
+    :class:`DryRunBackend` reads for real and never writes, so it refuses no lock.
     """
 
     @property
@@ -68,17 +99,38 @@ class DryRunBackend:
     """Wraps a backend: every read goes through, every write is only logged and recorded.
 
     ``writes`` keeps the last ``history`` of ``("lock", min, max)`` and ``("reset",)`` in
-    call order (bounded, so a long-running dry-run daemon does not grow).
+    call order (bounded, so a long-running dry-run daemon does not grow). The wrapped GPU's
+    ``uuid`` and ``name`` show through, so everything keyed on them (a learned model)
+    sees the same GPU in a dry run.
     """
 
     def __init__(self, inner: GpuBackend, history: int = 1000) -> None:
         self._inner = inner
         self.writes: deque[tuple[object, ...]] = deque(maxlen=history)
+        self._closed = False
+
+    @property
+    def inner(self) -> GpuBackend:
+        """The wrapped backend (reads go through it unchanged)."""
+        return self._inner
 
     @property
     def label(self) -> str:
         """The wrapped GPU's label."""
         return self._inner.label
+
+    @property
+    def uuid(self) -> str | None:
+        """The wrapped GPU's UUID (None when its backend reports none), so a dry run
+        keys a learned model as a locking run does."""
+        uuid = getattr(self._inner, "uuid", None)
+        return str(uuid) if uuid else None
+
+    @property
+    def name(self) -> str | None:
+        """The wrapped GPU's name (NVML's), None when its backend reports none."""
+        name = getattr(self._inner, "name", None)
+        return str(name) if name else None
 
     def supported_clocks_mhz(self) -> tuple[int, ...]:
         """The wrapped GPU's supported clocks."""
@@ -90,14 +142,21 @@ class DryRunBackend:
 
     def lock_clocks(self, min_mhz: int, max_mhz: int) -> None:
         """Log the lock that would be written; write nothing."""
+        self._check_open()
         self.writes.append(("lock", int(min_mhz), int(max_mhz)))
         log.info("dry run: GPU %s: would lock SM clock to %d,%d MHz", self.label, min_mhz, max_mhz)
 
     def reset_clocks(self) -> None:
         """Log the reset that would be written; write nothing."""
+        self._check_open()
         self.writes.append(("reset",))
         log.info("dry run: GPU %s: would reset SM clock lock", self.label)
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise GpuUnavailable(f"GPU {self.label}: backend is closed", gpu=self.label)
+
     def close(self) -> None:
-        """Close the wrapped backend."""
+        """Close the wrapped backend; later writes raise GpuUnavailable as its reads do."""
+        self._closed = True
         self._inner.close()

@@ -14,18 +14,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpugov.controllers.contract import ControllerWrapper
 from gpugov.daemon import decide
-from gpugov.daemon.config import (
-    FixedControllerConfig,
-    MPCControllerConfig,
-    OnlineMPCControllerConfig,
-)
-from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
+from gpugov.daemon.config import FixedControllerConfig
+from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, ControllerContext, parse_controller_spec
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
+from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import ServingPlant
 from gpugov.plant.profile import ProfileError
 from gpugov.plant.result import ArrivalSeparation, arrival_separation
-from gpugov.plant.types import ClockController, Request, RequestRecord
+from gpugov.plant.types import Request, RequestRecord
 from gpugov.plant.workload import (
     TraceError,
     TraceLoadReport,
@@ -33,7 +31,6 @@ from gpugov.plant.workload import (
     load_trace,
 )
 
-DEFAULT_PROFILE = "h100-sxm-llama3-8b"
 CONTROLLER_HELP = CONTROLLER_SPEC_HELP
 
 
@@ -41,14 +38,18 @@ class UsageError(ValueError):
     """A command-line value is invalid; the message names the flag."""
 
 
-def build_controller(
-    spec: str, plant: ServingPlant, workload: Sequence[Request], control_period_s: float = 1.0
-) -> ClockController:
-    """Build a controller from a ``--controller`` spec such as ``fixed:1410`` or ``mpc``.
-
-    The same parser and factory as ``gpugov run``; the MPC plans on the run's plant with
-    the workload's mean prompt and output lengths as declared forecasts, fixed before the
-    run, exactly as ``gpugov run --simulate`` does.
+def simulated_controller(
+    spec: str,
+    plant: ServingPlant,
+    workload: Sequence[Request],
+    control_period_s: float = 1.0,
+    *,
+    safety: SafetySettings | None = None,
+) -> ControllerWrapper:
+    """The controller a ``--controller`` spec such as ``fixed:1410`` or ``mpc`` asks for,
+    for a simulated run: built by the node's factory (:func:`daemon.decide.build_controller`)
+    in the node's safety chain, with the run's plant, the workload's forecasts declared
+    before the run, and virtual time, exactly as ``gpugov run --simulate --virtual``.
     """
     try:
         config = parse_controller_spec(spec, default_profile=plant.profile.name)
@@ -59,17 +60,9 @@ def build_controller(
         ) from error
     profile = plant.profile
     check_fixed_clock(config, profile.minimum_clock_mhz, profile.maximum_clock_mhz, spec)
-    if isinstance(config, MPCControllerConfig):
-        from gpugov.daemon.service import simulated_mpc  # the node's assembly: only for mpc
-
-        return simulated_mpc(config, plant, workload, control_period_s)
-    if isinstance(config, OnlineMPCControllerConfig):
-        from gpugov.daemon.service import with_workload_forecasts
-
-        # Declared forecasts from the workload, as for the MPC; never the plant's profile.
-        config = with_workload_forecasts(config, workload)
+    context = ControllerContext.for_plant(plant, workload, period_s=control_period_s, safety=safety)
     try:
-        return decide.build_controller(config, period_s=control_period_s)
+        return decide.build_controller(config, context)
     except GpugovControllerError as error:
         raise UsageError(f"--controller {spec}: {error}") from error
 
@@ -338,3 +331,41 @@ def fail(message: str) -> int:
     """Print one clear error line and return the usage-error exit code."""
     print(f"gpugov: error: {message}", file=sys.stderr)
     return 2
+
+
+def add_safety_arguments(parser: argparse.ArgumentParser, *, prefix: str = "") -> None:
+    """``--dwell`` and ``--floor``: the safety chain a simulated run's controller runs in,
+    with a node's defaults (``safety.dwell_s`` and ``safety.floor_mhz``)."""
+    parser.add_argument(
+        "--dwell",
+        type=float,
+        default=None,
+        metavar="S",
+        help=f"{prefix}hold a clock at least S seconds before lowering it "
+        f"(the node's safety.dwell_s; default {DEFAULT_DWELL_S:g})",
+    )
+    parser.add_argument(
+        "--floor",
+        type=float,
+        default=None,
+        metavar="MHZ",
+        help=f"{prefix}never lock below MHZ (the node's safety.floor_mhz; default none)",
+    )
+
+
+def safety_from_args(args: argparse.Namespace, clocks_mhz: Sequence[float]) -> SafetySettings:
+    """The safety settings of ``--dwell`` and ``--floor``, checked against the clocks.
+
+    Raises:
+        UsageError: naming the flag.
+    """
+    require_nonnegative("--dwell", args.dwell)
+    require_positive("--floor", args.floor)
+    if args.floor is not None and clocks_mhz and args.floor > max(clocks_mhz):
+        raise UsageError(
+            f"--floor {args.floor:g}: above the top supported clock ({max(clocks_mhz):g} MHz)"
+        )
+    return SafetySettings(
+        floor_mhz=args.floor,
+        dwell_s=DEFAULT_DWELL_S if args.dwell is None else float(args.dwell),
+    )

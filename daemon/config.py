@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from gpugov.daemon.errors import ConfigError
+from gpugov.plant.profile import DEFAULT_PROFILE
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -62,6 +63,16 @@ def parse_address(value: str) -> tuple[str, int]:
 
 MIN_STALE_PERIODS = 1.5
 """``stale_after_s`` must be at least this many control periods."""
+DEFAULT_ENGINE_TIMEOUT_S = 0.5
+ENGINE_TIMEOUT_PERIOD_SHARE = 0.5
+"""An unset ``engine.timeout_s`` is ``min(0.5 s, 0.5 x daemon.period_s)``."""
+
+
+def default_engine_timeout_s(period_s: float) -> float:
+    """The scrape deadline when the config sets none: 0.5 s, or half the period when
+    that is shorter (``period_s = 0.5`` gives 0.25 s), so a hung engine never stalls
+    the loop."""
+    return min(DEFAULT_ENGINE_TIMEOUT_S, ENGINE_TIMEOUT_PERIOD_SHARE * period_s)
 
 
 class _Frozen(BaseModel):
@@ -86,18 +97,25 @@ class ReactiveControllerConfig(_Frozen):
     """The queue/latency step governor (``controllers.baseline.ReactiveGovernor``)."""
 
     kind: Literal["reactive"]
-    up_fraction: PositiveFloat = 0.8
-    down_fraction: PositiveFloat = 0.5
-    queue_high_tokens: PositiveFloat = 2048.0
-    idle_utilization: Annotated[float, Field(ge=0, le=1)] = 0.05
-    step_mhz: PositiveFloat = 105.0
+    up_fraction: PositiveFloat | None = None
+    down_fraction: PositiveFloat | None = None
+    queue_high_tokens: PositiveFloat | None = None
+    idle_utilization: Annotated[float, Field(ge=0, le=1)] | None = None
+    step_mhz: PositiveFloat | None = None
 
     @model_validator(mode="after")
     def _fractions_ordered(self) -> ReactiveControllerConfig:
-        if self.down_fraction > self.up_fraction:
+        import dataclasses
+
+        from gpugov.controllers.baseline import ReactiveGovernor
+
+        defaults = {f.name: f.default for f in dataclasses.fields(ReactiveGovernor)}
+        up = self.up_fraction if self.up_fraction is not None else defaults["up_fraction"]
+        down = self.down_fraction if self.down_fraction is not None else defaults["down_fraction"]
+        if down > up:
             raise ValueError(
-                f"down_fraction ({self.down_fraction:g}) must not exceed up_fraction "
-                f"({self.up_fraction:g}): the governor would step up and down at once"
+                f"down_fraction ({down:g}) must not exceed up_fraction "
+                f"({up:g}): the governor would step up and down at once"
             )
         return self
 
@@ -124,9 +142,9 @@ class MPCControllerConfig(_Frozen):
     """
 
     kind: Literal["mpc", "mpc-slsqp"]
-    profile: str = "h100-sxm-llama3-8b"
-    horizon_s: PositiveFloat = 10.0
-    solve_time_limit_s: PositiveFloat = 0.8
+    profile: str = DEFAULT_PROFILE
+    horizon_s: PositiveFloat | None = None
+    solve_time_limit_s: PositiveFloat | None = None
     mean_prompt_tokens: PositiveFloat | None = None
     mean_output_tokens: PositiveFloat | None = None
     ttft_prompt_tokens: PositiveFloat | None = None
@@ -181,17 +199,17 @@ class OnlineMPCControllerConfig(_Frozen):
     """
 
     kind: Literal["mpc-online"]
-    horizon_s: PositiveFloat = 10.0
-    solve_time_limit_s: PositiveFloat = 0.8
+    horizon_s: PositiveFloat | None = None
+    solve_time_limit_s: PositiveFloat | None = None
     mean_prompt_tokens: PositiveFloat | None = None
     mean_output_tokens: PositiveFloat | None = None
     ttft_prompt_tokens: PositiveFloat | None = None
-    slo_margin: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.7
-    warmup_s: PositiveFloat = 20.0
-    memory_s: PositiveFloat = 900.0
-    uncertainty_z: NonNegativeFloat = 1.5
-    burst_guard: bool = True
-    decode_descent: bool = True
+    slo_margin: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    warmup_s: PositiveFloat | None = None
+    memory_s: PositiveFloat | None = None
+    uncertainty_z: NonNegativeFloat | None = None
+    burst_guard: bool | None = None
+    decode_descent: bool | None = None
     prior_profile: str | None = None
     prior: PriorHintsConfig | None = None
     state_dir: LoosePath | None = None
@@ -220,7 +238,8 @@ class EngineConfig(_Frozen):
 
     kind: Literal["auto", "vllm", "sglang", "tgi"] = "auto"
     url: str = "http://127.0.0.1:8000/metrics"
-    timeout_s: PositiveFloat = 0.5
+    timeout_s: PositiveFloat = DEFAULT_ENGINE_TIMEOUT_S
+    """Unset in the file: ``min(0.5, daemon.period_s / 2)`` (:func:`default_engine_timeout_s`)."""
 
     max_page_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
 
@@ -279,6 +298,9 @@ class DaemonSection(_Frozen):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     state_dir: LoosePath | None = None
     reconcile: Literal["reset", "adopt"] = "reset"
+    max_controller_failures: Annotated[int, Field(ge=1, le=1_000_000)] = 10
+    """Controller exceptions in a row a domain survives (fail-safe for each tick) before
+    the daemon resets the clocks and exits 1."""
 
     @field_validator("metrics_address")
     @classmethod
@@ -304,11 +326,52 @@ class DaemonSection(_Frozen):
         return self
 
 
+def _engine_with_timeout(engine: Any, timeout_s: float) -> Any:
+    """``engine`` (a TOML table or an :class:`EngineConfig`) with ``timeout_s`` set to
+    ``timeout_s`` when it sets none; anything else unchanged (validation reports it)."""
+    if isinstance(engine, dict) and "timeout_s" not in engine:
+        return {**engine, "timeout_s": timeout_s}
+    if isinstance(engine, EngineConfig) and "timeout_s" not in engine.model_fields_set:
+        return engine.model_copy(update={"timeout_s": timeout_s})
+    return engine
+
+
 class GpugovConfig(_Frozen):
     """The whole file: ``[daemon]`` and one ``[[domains]]`` table per control domain."""
 
     daemon: DaemonSection = DaemonSection()
     domains: Annotated[tuple[DomainConfig, ...], BeforeValidator(_as_tuple), Field(min_length=1)]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_timeouts_from_the_period(cls, data: Any) -> Any:
+        """Fill each domain's unset ``engine.timeout_s`` from the period
+        (:func:`default_engine_timeout_s`); a timeout the file sets is kept (and checked
+        against the period below)."""
+        if not isinstance(data, dict):
+            return data
+        daemon = data.get("daemon", {})
+        period = daemon.period_s if isinstance(daemon, DaemonSection) else None
+        if isinstance(daemon, dict):
+            period = daemon.get("period_s", DaemonSection.model_fields["period_s"].default)
+        domains = data.get("domains")
+        if (
+            isinstance(period, bool)
+            or not isinstance(period, int | float)
+            or not isinstance(domains, list | tuple)
+        ):
+            return data  # the field validators report what is wrong
+        timeout = default_engine_timeout_s(float(period))
+        filled: list[Any] = []
+        for domain in domains:
+            if isinstance(domain, dict):
+                engine = _engine_with_timeout(domain.get("engine", {}), timeout)
+                domain = {**domain, "engine": engine}
+            elif isinstance(domain, DomainConfig):
+                engine = _engine_with_timeout(domain.engine, timeout)
+                domain = domain.model_copy(update={"engine": engine})
+            filled.append(domain)
+        return {**data, "domains": filled}
 
     @model_validator(mode="after")
     def _domains_are_disjoint(self) -> GpugovConfig:
@@ -335,7 +398,8 @@ class GpugovConfig(_Frozen):
             if domain.engine.timeout_s >= period:
                 raise ValueError(
                     f"domains[{index}].engine.timeout_s ({domain.engine.timeout_s:g} s) must be "
-                    f"shorter than daemon.period_s ({period:g} s), or a hung engine stalls the loop"
+                    f"shorter than daemon.period_s ({period:g} s), or a hung engine stalls the "
+                    f"loop; leave it unset for {default_engine_timeout_s(period):g} s"
                 )
             stale = domain.stale_after_s
             if stale is not None and stale < MIN_STALE_PERIODS * period:

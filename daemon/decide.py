@@ -1,8 +1,11 @@
-"""Decide: build a controller from config, and wrap it in the safety limits.
+"""Decide: the one factory that builds a controller from its spec and a context.
 
-One factory picks the controller with a ``match`` on the config's ``kind``; a new kind is
-one more case. Safety limits wrap any controller, Gymnasium-style:
-``MinimumDwell(FloorClock(ClampToSupported(inner, clocks), floor, clocks), dwell_s)``.
+:func:`build_controller` is the only way to make a controller: the node, ``run
+--simulate``, ``simulate``, ``replay``, sweeps and the scoreboard all call it. It picks the
+algorithm with a ``match`` on the spec's ``kind`` (a new kind is one more case), gives it
+what the :class:`ControllerContext` says it may know, keeps a learner's model in the state
+directory when there is one, and wraps it in the node's safety chain
+(:mod:`daemon.safety`), so what a study measures is what a node runs.
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpugov.controllers.baseline import (
     ReactiveGovernor,
     fixed_clock_controller,
     maximum_clock_controller,
 )
+from gpugov.controllers.contract import ControllerWrapper, HistoryBounded, layers, unwrap
 from gpugov.daemon.config import (
     ControllerConfig,
     FixedControllerConfig,
@@ -30,7 +36,11 @@ from gpugov.daemon.config import (
     ReactiveControllerConfig,
 )
 from gpugov.daemon.errors import ControllerError
-from gpugov.plant.types import ClockController, ServingObservation
+from gpugov.daemon.safety import SafetySettings, with_safety
+from gpugov.plant.types import ClockController, Request, ServingObservation
+
+if TYPE_CHECKING:
+    from gpugov.plant import ServingPlant
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +57,7 @@ ONLINE_HINT_KEYS = {
     "profile": "prior_profile",
 }
 """``--controller mpc-online:KEY=VALUE,...`` keys -> config fields."""
-# Penalise predicted latency above 70% of each SLO: the proxies are means, the SLOs are
-# judged per request (chosen on the scoreboard, see docs/scoreboard.md).
-FAST_MPC_SLO_MARGIN = 0.7
-FAST_MPC_TTFT_EXCESS_CAP = 1.0
-"""The fast MPC stops penalising TTFT excess beyond one TTFT SLO (see MPCProblem)."""
-
-
-def controller_name(controller: object) -> str:
-    """A short label for metrics and logs."""
-    return str(getattr(controller, "__name__", type(controller).__name__))
+TimeMode = Literal["wall", "virtual"]
 
 
 OLD_CONTROLLER_NAMES = {
@@ -96,38 +97,181 @@ def spec_name(spec: ControllerConfig) -> str:
     return str(spec.kind)
 
 
-def build_controller(
-    spec: ControllerConfig,
-    *,
-    period_s: float,
-    gpu_name: str | None = None,
-    gpu_count: int | None = None,
-) -> ClockController:
-    """The controller a config section asks for.
+@dataclass(frozen=True, slots=True)
+class Forecasts:
+    """Declared workload forecasts, fixed before a run (None: the controller's default)."""
 
-    Args:
-        spec: the ``[domains.controller]`` section.
-        period_s: the daemon's control period (MPC plans on it).
-        gpu_name, gpu_count: the domain's first GPU name (NVML) and its GPU count, for an
-            ``mpc-online`` prior hint ``gpu = "auto"`` (:func:`first_gpu_name`).
+    mean_prompt_tokens: float | None = None
+    mean_output_tokens: float | None = None
+    ttft_prompt_tokens: float | None = None
+    """The prompt length the iteration model's TTFT proxy charges a new request."""
+
+    @classmethod
+    def from_workload(cls, workload: Sequence[Request]) -> Forecasts:
+        """A study's declared forecasts: the workload's mean prompt and output lengths (as
+        the seed's experiment declares them) and its 95th-percentile prompt (a mean prompt
+        underestimates TTFT tails on long-prompt traces)."""
+        import numpy as np
+
+        from gpugov.controllers.mpc import expected_output_tokens_forecast
+
+        if not workload:
+            return cls()
+        prompts = np.array([r.prompt_tokens for r in workload], dtype=float)
+        return cls(
+            mean_prompt_tokens=float(prompts.mean()),
+            mean_output_tokens=expected_output_tokens_forecast(workload),
+            ttft_prompt_tokens=float(np.percentile(prompts, 95)),
+        )
+
+
+@dataclass(frozen=True)
+class ControllerContext:
+    """What a controller may know about where it runs: one frozen value per domain.
+
+    Attributes:
+        period_s: the control period it is called on.
+        supported_clocks_mhz: the domain's supported SM clocks, ascending.
+        gpu_names, gpu_uuids, gpu_count: the domain's GPUs (NVML names and UUIDs).
+        power_limit_w: the domain's summed enforced power limit at start, if known.
+        ttft_slo_s, tpot_slo_s, thermal_limit_c: the limits the node states.
+        forecasts: declared workload forecasts (a spec's own values win).
+        time_mode: ``"wall"`` (a node: solves bounded by wall-clock limits) or
+            ``"virtual"`` (simulations: bounded by a deterministic evaluation budget, so
+            a busy machine cannot change a decision).
+        state_dir: where a learner keeps its model across restarts (None: nowhere).
+        domain: the domain's name (names the state file).
+        safety: the chain's floor and dwell.
+        plant: the plant model an ``mpc`` plans on in a simulated run (its own plant);
+            None on a node, where the spec's profile is loaded.
+        plan: an open-loop plan computed offline (the scoreboard's); None: the spec's
+            plan file.
+        history_limit: how many decisions' plans and solve times a controller keeps
+            (a node bounds it; None keeps all).
+    """
+
+    period_s: float
+    supported_clocks_mhz: tuple[float, ...]
+    gpu_names: tuple[str, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
+    gpu_count: int = 1
+    power_limit_w: float | None = None
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+    thermal_limit_c: float | None = None
+    forecasts: Forecasts = field(default_factory=Forecasts)
+    time_mode: TimeMode = "wall"
+    state_dir: Path | None = None
+    domain: str = "default"
+    safety: SafetySettings = field(default_factory=SafetySettings)
+    plant: ServingPlant | None = None
+    plan: Any = None
+    history_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.period_s) or self.period_s <= 0:
+            raise ValueError(f"period_s must be positive, got {self.period_s!r}")
+        if not self.supported_clocks_mhz:
+            raise ValueError("a controller context needs the supported clocks")
+        clocks = tuple(sorted(float(c) for c in self.supported_clocks_mhz))
+        object.__setattr__(self, "supported_clocks_mhz", clocks)
+        if self.gpu_count < 1:
+            raise ValueError(f"gpu_count must be >= 1, got {self.gpu_count!r}")
+
+    @property
+    def gpu_name(self) -> str | None:
+        """The first GPU's NVML name, for an ``mpc-online`` hint ``gpu = "auto"``."""
+        return self.gpu_names[0] if self.gpu_names and self.gpu_names[0] else None
+
+    @classmethod
+    def for_plant(
+        cls,
+        plant: ServingPlant,
+        workload: Sequence[Request],
+        *,
+        period_s: float,
+        safety: SafetySettings | None = None,
+        time_mode: TimeMode = "virtual",
+        **more: Any,
+    ) -> ControllerContext:
+        """A simulated domain's context: the plant's clocks and GPUs, forecasts declared
+        from the workload, the plant itself for an ``mpc``; virtual time by default."""
+        profile = plant.profile
+        gpus = plant.tensor_parallel
+        values: dict[str, Any] = {
+            "period_s": period_s,
+            "supported_clocks_mhz": tuple(float(c) for c in profile.clock_mhz),
+            "gpu_names": (str(profile.manifest.get("gpu") or ""),) * gpus,
+            "gpu_uuids": tuple(f"simulated-{i}" for i in range(gpus)),
+            "gpu_count": gpus,
+            "thermal_limit_c": plant.thermal_limit_c,
+            "forecasts": Forecasts.from_workload(workload),
+            "time_mode": time_mode,
+            "safety": safety or SafetySettings(),
+            "plant": plant,
+        }
+        return cls(**{**values, **more})
+
+
+FORECAST_FIELDS = ("mean_prompt_tokens", "mean_output_tokens", "ttft_prompt_tokens")
+
+
+def declared_spec(spec: ControllerConfig, forecasts: Forecasts) -> ControllerConfig:
+    """``spec`` with the forecasts it leaves open declared from ``forecasts``: the spec the
+    controller really runs, which a recording keeps so that a replay rebuilds it."""
+    if not isinstance(spec, MPCControllerConfig | OnlineMPCControllerConfig):
+        return spec
+    update = {
+        name: getattr(forecasts, name)
+        for name in FORECAST_FIELDS
+        if getattr(spec, name) is None and getattr(forecasts, name) is not None
+    }
+    return spec.model_copy(update=update) if update else spec
+
+
+def build_controller(spec: ControllerConfig, context: ControllerContext) -> ControllerWrapper:
+    """The controller ``spec`` asks for, in the safety chain, as a node runs it.
+
+    The result is ``MinimumDwell(FloorClock(ClampToSupported(algorithm)))`` (the floor
+    only when set); for ``mpc-online`` with a state directory the algorithm is wrapped in
+    :class:`daemon.model_store.PersistentOnlineModel` first. Every layer is named after
+    the spec (:func:`spec_name`).
 
     Raises:
         ControllerError: a plan file or profile cannot be loaded, or the kind's module is
             not available in this build.
     """
+    spec = declared_spec(spec, context.forecasts)
+    algorithm = _algorithm(spec, context)
+    if isinstance(algorithm, HistoryBounded) and context.history_limit is not None:
+        algorithm.history_limit = context.history_limit
+    inner: ClockController = algorithm
+    if isinstance(spec, OnlineMPCControllerConfig) and context.state_dir is not None:
+        from gpugov.daemon.model_store import PersistentOnlineModel
+
+        inner = PersistentOnlineModel(
+            algorithm,  # type: ignore[arg-type]
+            context.state_dir,
+            context.domain,
+            context.gpu_uuids or tuple(str(i) for i in range(context.gpu_count)),
+        )
+    chain = with_safety(inner, context.supported_clocks_mhz, context.safety)
+    name = spec_name(spec)
+    for layer in layers(chain):
+        if isinstance(layer, ControllerWrapper):
+            layer.name = name
+    return chain
+
+
+def _algorithm(spec: ControllerConfig, context: ControllerContext) -> ClockController:
+    """The bare algorithm ``spec`` asks for (no wrapper)."""
     match spec:
         case MaxControllerConfig():
             return maximum_clock_controller
         case FixedControllerConfig(clock_mhz=clock_mhz):
             return fixed_clock_controller(clock_mhz)
         case ReactiveControllerConfig():
-            return ReactiveGovernor(
-                up_fraction=spec.up_fraction,
-                down_fraction=spec.down_fraction,
-                queue_high_tokens=spec.queue_high_tokens,
-                idle_utilization=spec.idle_utilization,
-                step_mhz=spec.step_mhz,
-            )
+            return ReactiveGovernor(**_set_fields(spec))
         case OpenLoopControllerConfig(plan=plan):
             from gpugov.controllers.open_loop import (
                 OpenLoopClockController,
@@ -135,52 +279,66 @@ def build_controller(
                 load_plan,
             )
 
+            if context.plan is not None:
+                return OpenLoopClockController(context.plan)
             try:
                 return OpenLoopClockController(load_plan(plan))
             except PlanFormatError as error:
                 raise ControllerError(str(error)) from error
         case MPCControllerConfig():
-            return _build_mpc(spec, period_s)
+            return _mpc(spec, context)
         case OnlineMPCControllerConfig():
-            return online_controller(spec, period_s, gpu_name=gpu_name, gpu_count=gpu_count)
+            return _online(spec, context)
     raise ControllerError(f"unknown controller kind {getattr(spec, 'kind', spec)!r}")
 
 
-def first_gpu_name(names: Sequence[str]) -> str | None:
-    """A domain's GPU name for ``gpu = "auto"``: its first GPU's, None when that one
-    reports none."""
-    return names[0] if names and names[0] else None
+def _set_fields(spec: Any, *, skip: Sequence[str] = ()) -> dict[str, Any]:
+    """The tuning fields a spec sets (not None): the rest keep the controller's defaults,
+    which live next to the controller."""
+    return {
+        name: value
+        for name, value in spec
+        if name != "kind" and name not in skip and value is not None
+    }
 
 
-def mpc_controller(
-    spec: MPCControllerConfig,
-    plant: Any,
-    period_s: float,
-    *,
-    mean_prompt_tokens: float | None = None,
-    mean_output_tokens: float | None = None,
-    virtual_time: bool = False,
-) -> ClockController:
-    """The MPC a config asks for, planning on ``plant``.
+def planning_plant(spec: MPCControllerConfig, context: ControllerContext) -> ServingPlant:
+    """The plant an ``mpc`` plans on: the context's (a simulated run's own plant) unless
+    the spec names another profile (``--controller mpc:PROFILE``: a model-mismatch run),
+    else the spec's profile (a node).
 
-    Declared forecasts come from the config, else from the caller (the simulated modes
-    pass the workload's means), else the controller's defaults. With ``virtual_time``
-    (simulate, run --simulate --virtual, the scoreboard) a solve is bounded by a
-    deterministic evaluation budget instead of the wall-clock ``solve_time_limit_s``, so
-    a busy machine cannot change a decision.
+    Raises:
+        ControllerError: the profile cannot be loaded.
     """
+    from gpugov.plant import ServingPlant, load_profile
+    from gpugov.plant.profile import ProfileError
+
+    named = spec.profile if "profile" in spec.model_fields_set else None
+    own = context.plant
+    if own is not None and (named is None or named == own.profile.name):
+        return own
+    try:
+        other = ServingPlant.from_profile(load_profile(named or spec.profile))
+    except ProfileError as error:
+        raise ControllerError(f"mpc controller: {error}") from error
+    return own if own is not None and other.profile.name == own.profile.name else other
+
+
+def _mpc(spec: MPCControllerConfig, context: ControllerContext) -> ClockController:
+    """The MPC of ``spec`` planning on :func:`planning_plant`: ``mpc`` is the fast
+    discrete search with its preset (``controllers.fast_mpc.FAST_MPC_PRESET``),
+    ``mpc-slsqp`` the seed's SLSQP and fluid model."""
     from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
-    from gpugov.controllers.fast_mpc import DiscreteSearchSolver
+    from gpugov.controllers.fast_mpc import FAST_MPC_PRESET, DiscreteSearchSolver
     from gpugov.controllers.mpc import DEFAULT_SOLVE_BUDGET_EVALUATIONS, MPCController
 
     fast = spec.kind == "mpc"
-    options: dict[str, Any] = {
-        "horizon_s": spec.horizon_s,
-        "control_period_s": period_s,
-        "solve_time_limit_s": spec.solve_time_limit_s,
-        "latency_model": spec.latency_model or ("iteration" if fast else "seed"),
-        "slo_margin": spec.slo_margin or (FAST_MPC_SLO_MARGIN if fast else 1.0),
-    }
+    options: dict[str, Any] = dict(FAST_MPC_PRESET) if fast else {}
+    options.update(
+        _set_fields(spec, skip=("profile", "burst_hedge", "slo_feedback", "latency_model"))
+    )
+    options["control_period_s"] = context.period_s
+    options["latency_model"] = spec.latency_model or ("iteration" if fast else "seed")
     if fast:
         options["solver"] = DiscreteSearchSolver()
     # The online corrections default to on for the fast MPC, off for the seed's.
@@ -188,41 +346,16 @@ def mpc_controller(
         options["burst_hedge"] = BurstHedge()
     if spec.slo_feedback if spec.slo_feedback is not None else fast:
         options["slo_feedback"] = SLOFeedback()
-    cap = spec.ttft_excess_cap or (FAST_MPC_TTFT_EXCESS_CAP if fast else None)
-    if cap is not None:
-        options["ttft_excess_cap"] = cap
-    prompt = spec.mean_prompt_tokens or mean_prompt_tokens
-    output = spec.mean_output_tokens or mean_output_tokens
-    if prompt is not None:
-        options["mean_prompt_tokens"] = prompt
-    if spec.ttft_prompt_tokens is not None:
-        options["ttft_prompt_tokens"] = spec.ttft_prompt_tokens
-    if output is not None:
-        options["mean_output_tokens"] = output
-    if virtual_time:
+    if context.time_mode == "virtual":
         options["solve_budget_evaluations"] = DEFAULT_SOLVE_BUDGET_EVALUATIONS
-    controller = MPCController(plant, **options)
-    controller.__name__ = spec.kind
-    return controller
+    return MPCController(planning_plant(spec, context), **options)
 
 
-def online_controller(
-    spec: OnlineMPCControllerConfig,
-    period_s: float,
-    *,
-    mean_prompt_tokens: float | None = None,
-    mean_output_tokens: float | None = None,
-    ttft_slo_s: float | None = None,
-    tpot_slo_s: float | None = None,
-    gpu_name: str | None = None,
-    gpu_count: int | None = None,
-    power_limit_w: float | None = None,
-) -> ClockController:
-    """The self-calibrating MPC a config asks for. It reads no profile while it runs;
-    ``prior_profile``, when set, is read once here as a rough prior; ``prior`` hints are
-    turned into one (``controllers.online_prior``): ``gpu = "auto"`` takes ``gpu_name``
-    (NVML's), the TP degree defaults to ``gpu_count``. ``power_limit_w`` (the domain's
-    summed enforced limit at start) stands in when an observation carries none.
+def _online(spec: OnlineMPCControllerConfig, context: ControllerContext) -> ClockController:
+    """The self-calibrating MPC. It reads no profile while it runs; ``prior_profile``,
+    when set, is read once here as a rough prior; ``prior`` hints are turned into one
+    (``controllers.online_prior``): ``gpu = "auto"`` takes the context's first GPU name,
+    the TP degree defaults to its GPU count.
 
     Raises:
         ControllerError: the prior profile cannot be loaded.
@@ -231,7 +364,7 @@ def online_controller(
 
     prior = None
     if spec.prior is not None:
-        prior = _hinted_prior(spec, gpu_name, gpu_count)
+        prior = _hinted_prior(spec, context.gpu_name, context.gpu_count)
     if spec.prior_profile is not None:
         from gpugov.plant import load_profile
         from gpugov.plant.profile import ProfileError
@@ -240,29 +373,21 @@ def online_controller(
             prior = prior_from_profile(load_profile(spec.prior_profile))
         except ProfileError as error:
             raise ControllerError(f"mpc-online prior_profile: {error}") from error
-    options: dict[str, Any] = {}
-    prompt = spec.mean_prompt_tokens or mean_prompt_tokens
-    output = spec.mean_output_tokens or mean_output_tokens
-    if prompt is not None:
-        options["mean_prompt_tokens"] = prompt
-    if output is not None:
-        options["mean_output_tokens"] = output
+    from gpugov.controllers.mpc import DEFAULT_SOLVE_BUDGET_EVALUATIONS
+
+    budget = (
+        {"solve_budget_evaluations": DEFAULT_SOLVE_BUDGET_EVALUATIONS}
+        if context.time_mode == "virtual"
+        else {}
+    )
     return OnlineMPCController(
-        ttft_prompt_tokens=spec.ttft_prompt_tokens,
-        horizon_s=spec.horizon_s,
-        control_period_s=period_s,
-        solve_time_limit_s=spec.solve_time_limit_s,
-        slo_margin=spec.slo_margin,
-        warmup_s=spec.warmup_s,
-        memory_s=spec.memory_s,
-        uncertainty_z=spec.uncertainty_z,
-        burst_guard=spec.burst_guard,
-        decode_descent=spec.decode_descent,
-        ttft_slo_s=ttft_slo_s,
-        tpot_slo_s=tpot_slo_s,
+        **_set_fields(spec, skip=("prior", "prior_profile", "state_dir")),
+        **budget,
+        control_period_s=context.period_s,
+        ttft_slo_s=context.ttft_slo_s,
+        tpot_slo_s=context.tpot_slo_s,
         prior=prior,
-        power_limit_w=power_limit_w,
-        **options,
+        power_limit_w=context.power_limit_w,
     )
 
 
@@ -347,17 +472,6 @@ def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
         raise ValueError(f"--controller {text!r}: {message}") from None
 
 
-def _build_mpc(spec: MPCControllerConfig, period_s: float) -> ClockController:
-    from gpugov.plant import ServingPlant, load_profile
-    from gpugov.plant.profile import ProfileError
-
-    try:
-        plant = ServingPlant.from_profile(load_profile(spec.profile))
-    except ProfileError as error:
-        raise ControllerError(f"mpc controller: {error}") from error
-    return mpc_controller(spec, plant, period_s)
-
-
 def parse_controller_spec(text: str, *, default_profile: str | None = None) -> ControllerConfig:
     """A command-line ``--controller`` value as a controller config.
 
@@ -414,15 +528,15 @@ def warm_up(
     *,
     thermal_limit_c: float | None = None,
 ) -> float:
-    """Make one dummy decision on a copy of ``controller`` and return its seconds.
+    """Make one dummy decision on a copy of the algorithm and return its seconds.
 
-    The copy sees an idle node at time 0, so whatever a controller pays on its first
-    call (the fast MPC's kernel compile or cache load, lazy imports, cached candidate
-    pools) is paid before the loop's clock starts, and the controller itself keeps no
-    trace of it: its first real decision is the run's first decision. Called for every
-    domain when it is assembled (:func:`daemon.service.build_domain`).
+    The copy is of the algorithm inside every wrapper (no safety layer, no persistence:
+    a warm-up never does I/O). It sees an idle node at time 0, so whatever a controller
+    pays on its first call (the fast MPC's kernel compile or cache load, lazy imports,
+    cached candidate pools) is paid before the loop's clock starts, and the controller
+    itself keeps no trace of it: its first real decision is the run's first decision.
     """
-    probe = copy.deepcopy(controller)
+    probe = copy.deepcopy(unwrap(controller))
     observation = ServingObservation(
         time_s=0.0,
         step_index=0,
@@ -449,106 +563,15 @@ def _check_profile(name: str, text: str) -> None:
         raise ValueError(f"--controller {text!r}: {error}") from error
 
 
-# ---------------------------------------------------------------------- wrappers
-class ClampToSupported:
-    """Quantise the inner decision down onto the supported clocks, within their range.
-
-    A non-finite decision becomes the maximum clock (safe for latency) and is counted in
-    ``invalid_decisions``.
-    """
-
-    def __init__(self, inner: ClockController, clocks_mhz: Sequence[float]) -> None:
-        if not clocks_mhz:
-            raise ValueError("ClampToSupported needs at least one supported clock")
-        self.inner = inner
-        self.clocks_mhz = tuple(sorted(float(c) for c in clocks_mhz))
-        self.invalid_decisions = 0
-        self.last_raw_mhz: float | None = None
-        self.__name__ = controller_name(inner)
-
-    def __call__(self, observation: ServingObservation) -> float:
-        decision = self.inner(observation)  # a controller's exception propagates
-        try:
-            requested = float(decision)
-        except (TypeError, ValueError):
-            requested = math.nan
-        self.last_raw_mhz = requested if math.isfinite(requested) else None
-        if not math.isfinite(requested):
-            self.invalid_decisions += 1
-            return self.clocks_mhz[-1]
-        eligible = [c for c in self.clocks_mhz if c <= requested + 1e-9]
-        return eligible[-1] if eligible else self.clocks_mhz[0]
-
-
-class FloorClock:
-    """Never go below ``floor_mhz`` (rounded up onto the supported clocks)."""
-
-    def __init__(
-        self, inner: ClockController, floor_mhz: float, clocks_mhz: Sequence[float] = ()
-    ) -> None:
-        above = [float(c) for c in sorted(clocks_mhz) if c >= floor_mhz - 1e-9]
-        self.floor_mhz = above[0] if above else float(floor_mhz)
-        self.inner = inner
-        self.__name__ = controller_name(inner)
-
-    def __call__(self, observation: ServingObservation) -> float:
-        return max(float(self.inner(observation)), self.floor_mhz)
-
-
-class MinimumDwell:
-    """Hold a clock for at least ``dwell_s`` (by ``observation.time_s``) before changing it.
-
-    Frequent lock changes disturb NCCL collectives (NVIDIA/nccl#1551).
-    """
-
-    def __init__(self, inner: ClockController, dwell_s: float) -> None:
-        if dwell_s < 0 or not math.isfinite(dwell_s):
-            raise ValueError(f"dwell_s must be >= 0, got {dwell_s!r}")
-        self.inner = inner
-        self.dwell_s = float(dwell_s)
-        self.held_mhz: float | None = None
-        self._since_s = -math.inf
-        self.suppressed = 0
-        self.__name__ = controller_name(inner)
-
-    def __call__(self, observation: ServingObservation) -> float:
-        requested = float(self.inner(observation))
-        if self.held_mhz is None or requested == self.held_mhz:
-            if self.held_mhz is None:
-                self._since_s = observation.time_s
-            self.held_mhz = requested
-            return requested
-        if observation.time_s - self._since_s + 1e-9 < self.dwell_s:
-            self.suppressed += 1
-            return self.held_mhz
-        self.held_mhz = requested
-        self._since_s = observation.time_s
-        return requested
-
-
-def with_safety(
-    inner: ClockController,
-    clocks_mhz: Sequence[float],
-    *,
-    floor_mhz: float | None = None,
-    dwell_s: float = 1.0,
-) -> MinimumDwell:
-    """The standard wrapping: clamp to supported, then the floor, then the dwell time."""
-    controller: ClockController = ClampToSupported(inner, clocks_mhz)
-    if floor_mhz is not None:
-        controller = FloorClock(controller, floor_mhz, clocks_mhz)
-    return MinimumDwell(controller, dwell_s)
-
-
-def innermost(controller: object) -> object:
-    """The controller inside every safety wrapper (for ``diagnostics()``)."""
-    while isinstance(controller, ClampToSupported | FloorClock | MinimumDwell):
-        controller = controller.inner
-    return controller
-
-
-def invalid_decisions(controller: object) -> int:
-    """Non-finite decisions replaced by the maximum clock, over the wrapper chain."""
-    while isinstance(controller, FloorClock | MinimumDwell):
-        controller = controller.inner
-    return controller.invalid_decisions if isinstance(controller, ClampToSupported) else 0
+__all__ = [
+    "CONTROLLER_SPEC_HELP",
+    "ControllerContext",
+    "Forecasts",
+    "build_controller",
+    "canonical_controller_name",
+    "declared_spec",
+    "parse_controller_spec",
+    "planning_plant",
+    "spec_name",
+    "warm_up",
+]

@@ -67,6 +67,7 @@ class EmulatedBackend:
         self._timeout_s = timeout_s
         self._connection: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()  # one connection; NVML calls may come from threads
+        self._closed = False
         self._index = int(gpu)
         self._label = str(gpu)
         self.emulator = emulator
@@ -133,6 +134,7 @@ class EmulatedBackend:
 
     def _call(self, action: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """One NVML call over HTTP; NVML codes become daemon errors as in ``daemon/nvml.py``."""
+        self._check_open()
         try:
             status, payload = self._request(method, path, body)
         except (http.client.HTTPException, OSError, ValueError) as error:
@@ -146,13 +148,20 @@ class EmulatedBackend:
             raise from_nvml(nvml_error, action, gpu=self._label) from nvml_error
         return payload
 
+    def _check_open(self) -> None:
+        """Refuse any call on a closed backend."""
+        if self._closed:
+            raise GpuUnavailable(f"GPU {self._label}: backend is closed", gpu=self._label)
+
     # ---------------------------------------------------------------------- reads
     def supported_clocks_mhz(self) -> tuple[int, ...]:
         """SM clocks the GPU accepts for locking, ascending.
 
         Raises:
             NotSupported: the emulator lists none.
+            GpuUnavailable: the backend is closed.
         """
+        self._check_open()
         if not self._supported:
             raise NotSupported(f"GPU {self._label}: no supported graphics clocks listed")
         return self._supported
@@ -237,8 +246,10 @@ class EmulatedBackend:
         self._call("reset clocks", "POST", f"/gpu/{self._index}/reset", {})
 
     def close(self) -> None:
-        """Close the kept connection (idempotent)."""
+        """Close the kept connection (idempotent); later calls raise
+        :class:`~daemon.errors.GpuUnavailable`."""
         with self._lock:
+            self._closed = True
             if self._connection is not None:
                 self._connection.close()
                 self._connection = None

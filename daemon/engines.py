@@ -109,19 +109,6 @@ def _decode(body: bytes, url: str) -> str:
         raise EngineParseError(f"{url}: the metrics page is not UTF-8: {error}") from error
 
 
-def http_get(url: str, timeout_s: float, max_bytes: int = MAX_PAGE_BYTES) -> str:
-    """GET ``url`` once (a new connection) within one overall deadline of ``timeout_s``.
-
-    Raises:
-        EngineUnavailable: refused, timed out, non-200, too large, or not UTF-8.
-    """
-    fetcher = KeepAliveFetcher(max_bytes=max_bytes)
-    try:
-        return fetcher(url, timeout_s)
-    finally:
-        fetcher.close()
-
-
 class _Deadline:
     """Shuts a connection's socket down when the whole exchange passes its deadline.
 
@@ -626,7 +613,6 @@ class ScrapedSource:
         self.spec: EngineSpec | None = None if kind == "auto" else SPECS[kind]
         self._wanted = None if self.spec is None else self.spec.wanted()
         self._cache: SeriesCache = {}
-        self.last_scrape_s: float | None = None
 
     @property
     def kind(self) -> str:
@@ -640,7 +626,6 @@ class ScrapedSource:
             EngineUnavailable: fetch failed or timed out. EngineParseError: bad text,
                 impossible values or unknown engine.
         """
-        started = time.perf_counter()
         budget = self.timeout_s if timeout_s is None else max(0.0, min(timeout_s, self.timeout_s))
         text = self._fetch(self.url, budget)
         if self.spec is None:
@@ -655,9 +640,7 @@ class ScrapedSource:
             self.spec = SPECS[kind]
             self._wanted = self.spec.wanted()
         series = parse_page(text, self._wanted, self.url, self._cache)
-        sample = extract(self.spec, series, self.url)
-        self.last_scrape_s = time.perf_counter() - started
-        return sample
+        return extract(self.spec, series, self.url)
 
     def close(self) -> None:
         """Close kept-alive connections."""

@@ -29,16 +29,29 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Literal, Protocol
 
+from gpugov.controllers.contract import (
+    Closable,
+    Learner,
+    ReportsFallbacks,
+    controller_label,
+    layers,
+)
 from gpugov.daemon.actuator import ClockActuator
-from gpugov.daemon.decide import ClampToSupported, controller_name, innermost, invalid_decisions
 from gpugov.daemon.errors import ClocksNotReset, ControllerFailure
 from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
 from gpugov.daemon.observer import DomainObserver, Observed
+from gpugov.daemon.safety import invalid_decisions, raw_decision
 from gpugov.plant.types import ClockController, ServingObservation
 
 log = logging.getLogger(__name__)
 
 FailsafeMode = Literal["max", "unlock"]
+MAX_CONTROLLER_FAILURES = 10
+"""Controller exceptions in a row a domain survives (fail-safe each time) before the
+daemon stops (``daemon.max_controller_failures``)."""
+CONTROLLER_ERROR_LOG_EVERY_S = 60.0
+"""After the first controller exception is logged, at most one reminder per this many
+seconds while the controller keeps failing."""
 
 
 # ----------------------------------------------------------------------- timing
@@ -281,11 +294,14 @@ class Domain:
     Args:
         name: domain label.
         observer: its GPUs and engine.
-        controller: the wrapped controller (see :func:`daemon.decide.with_safety`).
+        controller: the controller in its safety chain (:func:`daemon.decide.build_controller`).
         actuator: its GPUs' clock actuator (entered by :func:`run`).
-        failsafe: on stale engine data, lock the maximum clock (``"max"``) or unlock.
-        label: controller name for metrics (default: the controller's ``__name__``).
+        failsafe: on stale engine data or a controller exception, lock the maximum clock
+            (``"max"``) or unlock.
+        label: controller name for metrics (default: the controller's ``name``).
         solve_clock: wall clock for timing the controller.
+        max_controller_failures: controller exceptions in a row survived before
+            :meth:`tick` raises :class:`ControllerFailure`.
     """
 
     def __init__(
@@ -298,13 +314,16 @@ class Domain:
         failsafe: FailsafeMode = "max",
         label: str | None = None,
         solve_clock: Callable[[], float] = time.perf_counter,
+        max_controller_failures: int = MAX_CONTROLLER_FAILURES,
     ) -> None:
+        if max_controller_failures < 1:
+            raise ValueError(f"max_controller_failures must be >= 1, got {max_controller_failures}")
         self.name = name
         self.observer = observer
         self.controller = controller
         self.actuator = actuator
         self.failsafe_mode = failsafe
-        self.label = label or controller_name(controller)
+        self.label = label or controller_label(controller)
         self._solve_clock = solve_clock
         self.failsafe_active = False
         self.decisions = 0
@@ -312,6 +331,18 @@ class Domain:
         self.solve = SolveHistogram()
         self.last: Observed | None = None
         self.last_requested_mhz: float | None = None
+        self.max_controller_failures = int(max_controller_failures)
+        self.controller_failures = 0
+        """Controller exceptions in a row (0 after a decision)."""
+        self._failure_logged_s = -math.inf
+
+    def _failsafe_clock(self) -> tuple[float | None, int]:
+        """Apply the fail-safe: lock the top clock (``"max"``) or unlock."""
+        if self.failsafe_mode == "max":
+            clocks = self.observer.supported_clocks_mhz()
+            target = clocks[-1]
+            return target, self.actuator.apply(int(target))
+        return None, self.actuator.unlock()
 
     def _failsafe(self, observed: Observed) -> tuple[float | None, int]:
         if not self.failsafe_active:
@@ -325,44 +356,95 @@ class Domain:
                 "maximum clock" if self.failsafe_mode == "max" else "unlocked",
             )
         self.fallbacks["engine_stale"] = self.fallbacks.get("engine_stale", 0) + 1
-        if self.failsafe_mode == "max":
-            clocks = self.observer.supported_clocks_mhz()
-            target = clocks[-1]
-            return target, self.actuator.apply(int(target))
-        return None, self.actuator.unlock()
+        return self._failsafe_clock()
+
+    def _controller_failed(self, error: Exception, now_s: float, step: int) -> None:
+        """Count a controller exception and log it (the first one, then at most one
+        reminder a minute).
+
+        Raises:
+            ControllerFailure: ``max_controller_failures`` exceptions in a row.
+        """
+        self.controller_failures += 1
+        self.fallbacks["controller_error"] = self.fallbacks.get("controller_error", 0) + 1
+        if self.controller_failures >= self.max_controller_failures:
+            raise ControllerFailure(
+                f"domain {self.name}: controller {self.label!r} raised "
+                f"{self.controller_failures} time(s) in a row, the last at t={now_s:.3f}s "
+                f"(step {step}): {error!r}"
+            ) from error
+        mode = "maximum clock" if self.failsafe_mode == "max" else "unlocked"
+        if self.controller_failures == 1:
+            log.warning(
+                "domain %s: controller %r raised %r at t=%.3fs (step %d); fail-safe for this "
+                "tick: %s (the daemon stops after %d in a row)",
+                self.name,
+                self.label,
+                error,
+                now_s,
+                step,
+                mode,
+                self.max_controller_failures,
+            )
+            log.debug("domain %s: controller exception", self.name, exc_info=error)
+            self._failure_logged_s = now_s
+        elif now_s - self._failure_logged_s >= CONTROLLER_ERROR_LOG_EVERY_S:
+            log.warning(
+                "domain %s: controller %r still raising: %d in a row, the last %r",
+                self.name,
+                self.label,
+                self.controller_failures,
+                error,
+            )
+            self._failure_logged_s = now_s
 
     def tick(self, now_s: float, step: int) -> TickRecord:
         """Observe, decide (or fall back), actuate.
 
+        A controller exception is survived: the fail-safe holds for that tick and it is
+        counted (fallback ``controller_error``).
+
         Raises:
             GpuLost, PermissionDenied, NotSupported: not survivable.
-            Exception: whatever the controller raised (the caller resets the clocks).
+            ControllerFailure: the controller raised ``max_controller_failures`` times
+                in a row (the caller resets the clocks).
         """
         observed = self.observer.observe(now_s, step, self.actuator.applied_mhz)
         self.last = observed
         self.actuator.check_readback(observed.gpu_samples)
         decision: float | None = None
         solve_s: float | None = None
+        failed = False
+        requested: float | None
         if observed.engine_fresh:
             if self.failsafe_active:
                 self.failsafe_active = False
                 log.warning("domain %s: engine data back; fail-safe ended", self.name)
             started = self._solve_clock()
             try:
-                requested: float | None = float(self.controller(observed.observation))
-            except Exception as error:  # re-raised with context; the actuator resets
-                raise ControllerFailure(
-                    f"domain {self.name}: controller {self.label!r} raised at "
-                    f"t={now_s:.3f}s (step {step}): {error!r}"
-                ) from error
-            solve_s = self._solve_clock() - started
-            self.solve.observe(solve_s)
-            self.decisions += 1
-            decision = _raw_decision(self.controller, requested)
-            invalid = invalid_decisions(self.controller)
-            if invalid:
-                self.fallbacks["invalid_decision"] = invalid
-            writes = self.actuator.apply(int(round(requested)))  # type: ignore[arg-type]
+                answer = float(self.controller(observed.observation))
+            except Exception as error:  # survived per tick; N in a row stop the daemon
+                self._controller_failed(error, now_s, step)
+                failed = True
+                requested, writes = self._failsafe_clock()
+            else:
+                if self.controller_failures:
+                    log.warning(
+                        "domain %s: controller %r decides again after %d exception(s)",
+                        self.name,
+                        self.label,
+                        self.controller_failures,
+                    )
+                    self.controller_failures = 0
+                solve_s = self._solve_clock() - started
+                self.solve.observe(solve_s)
+                self.decisions += 1
+                requested = answer
+                decision = raw_decision(self.controller, answer)
+                invalid = invalid_decisions(self.controller)
+                if invalid:
+                    self.fallbacks["invalid_decision"] = invalid
+                writes = self.actuator.apply(int(round(answer)))
         else:
             requested, writes = self._failsafe(observed)
         self.last_requested_mhz = requested
@@ -379,7 +461,7 @@ class Domain:
             requested_mhz=requested,
             applied_mhz=self.actuator.applied_mhz,
             solve_s=solve_s,
-            failsafe=self.failsafe_active,
+            failsafe=self.failsafe_active or failed,
             writes=writes,
             engine_error=observed.engine_error,
             gpu_read_errors=errors,
@@ -388,11 +470,12 @@ class Domain:
     def fallback_counts(self) -> dict[str, int]:
         """Fallbacks by reason: the daemon's own and those the controller reports (MPC)."""
         counts = dict(self.fallbacks)
-        reasons = getattr(innermost(self.controller), "fallback_reasons", None)
-        if isinstance(reasons, Mapping):
-            for reason, count in reasons.items():
-                if count:
-                    counts[f"controller_{reason}"] = int(count)
+        for layer in layers(self.controller):
+            if isinstance(layer, ReportsFallbacks):
+                for reason, count in layer.fallback_reasons.items():
+                    if count:
+                        counts[f"controller_{reason}"] = int(count)
+                break
         return counts
 
     def snapshot(self) -> DomainSnapshot:
@@ -405,7 +488,7 @@ class Domain:
             observation=observed.observation if observed else None,
             requested_mhz=self.last_requested_mhz,
             applied_mhz=self.actuator.applied_mhz,
-            failsafe=self.failsafe_active,
+            failsafe=self.failsafe_active or self.controller_failures > 0,
             engine_age_s=observed.engine_age_s if observed else None,
             engine_scrape_s=observed.scrape_s if observed else 0.0,
             decisions_total=self.decisions,
@@ -422,30 +505,26 @@ class Domain:
 
     def model_status(self) -> dict[str, Any] | None:
         """The controller's learning status when it learns a model (``mpc-online``)."""
-        status = getattr(innermost(self.controller), "status", None)
-        if not callable(status):
-            return None
-        value = status()
-        return value if isinstance(value, dict) else None
+        for layer in layers(self.controller):
+            if isinstance(layer, Learner):
+                value = layer.status()
+                return value if isinstance(value, dict) else None
+        return None
 
     def close_controller(self) -> None:
-        """Let the controller persist what it learned (``mpc-online``); never raises."""
-        close = getattr(innermost(self.controller), "close", None)
-        if callable(close):
-            try:
-                close()
-            except OSError as error:
-                log.warning("%s: controller state not saved: %s", self.name, error)
-
-
-def _raw_decision(controller: object, fallback: float) -> float:
-    """The inner controller's own answer, before the safety wrappers changed it."""
-    while not isinstance(controller, ClampToSupported):
-        inner = getattr(controller, "inner", None)
-        if inner is None:
-            return fallback
-        controller = inner
-    return controller.last_raw_mhz if controller.last_raw_mhz is not None else fallback
+        """Let the controller release or persist what it holds (``mpc-online`` saves its
+        model); logs a failure and never raises."""
+        # The outermost closable layer: a ControllerWrapper closes the layers inside it.
+        closable = next(
+            (layer for layer in layers(self.controller) if isinstance(layer, Closable)),
+            None,
+        )
+        if closable is None:
+            return
+        try:
+            closable.close()
+        except Exception as error:  # one controller's close never blocks another's
+            log.warning("domain %s: closing the controller failed: %r", self.name, error)
 
 
 # ----------------------------------------------------------------------- the loop
@@ -482,16 +561,22 @@ def run(
     before_tick: Callable[[float, int], bool] | None = None,
     wall: Callable[[], float] = time.perf_counter,
     keep_tick_times: bool = False,
+    max_controller_failures: int | None = None,
 ) -> RunStats:
     """Run the loop until ``loop.stop`` is set or ``before_tick`` returns True.
 
-    On any way out (stop, signal, an exception from a controller or a lost GPU) every
-    clock the daemon locked is reset, failures retried with backoff.
+    On any way out (stop, signal, a controller failing too often, a lost GPU) the exit
+    order is: ``STOPPING=1``, every clock the daemon locked is reset (failures retried
+    with backoff), then each domain's controller is closed on its own (``mpc-online``
+    saves its model); a failing close is logged and never skips a reset or another
+    domain's close.
 
     Args:
         before_tick: ``(now_s, step) -> stop?``, checked before each tick (simulation end).
         on_tick: receives each tick's records (the ``--record`` writer).
         keep_tick_times: keep every tick's wall duration in the stats (benchmarks).
+        max_controller_failures: when given, each domain's limit of controller
+            exceptions in a row (``daemon.max_controller_failures``).
 
     Raises:
         ClocksNotReset: the loop ended normally but some GPUs could not be reset (when
@@ -499,6 +584,11 @@ def run(
     """
     notify = notify or SystemdNotify(environ={})
     stats = RunStats()
+    if max_controller_failures is not None:
+        if max_controller_failures < 1:
+            raise ValueError(f"max_controller_failures must be >= 1, got {max_controller_failures}")
+        for domain in domains:
+            domain.max_controller_failures = int(max_controller_failures)
     try:
         for step, now_s in enumerate(loop):
             if before_tick is not None and before_tick(now_s, step):
@@ -524,10 +614,12 @@ def run(
             notify.tick(_status_line(records))
     finally:
         stats.overruns = loop.overruns
-        for domain in domains:
-            domain.close_controller()
         notify.stopping()
-        failed = restore_all(domains)
+        try:
+            failed = restore_all(domains)
+        finally:  # the clocks first; each controller's close logs its own failure
+            for domain in domains:
+                domain.close_controller()
         if failed and sys.exc_info()[1] is None:
             raise ClocksNotReset(not_reset_message(failed), gpus=tuple(failed))
         if failed:

@@ -7,7 +7,10 @@ engine's ``model_name`` label), the SLOs last seen and the model
 (:meth:`controllers.identification.OnlineModel.state_dict`).
 
 - A stored model whose key differs from the node's (another model served, a GPU swapped)
-  is discarded and the model is learned again.
+  is discarded and the model is learned again. A ``model_name`` not known yet (None: no
+  engine scrape so far) is no other model: it matches the stored one.
+- Only a model that learned at least one window is written, so an empty model never
+  replaces a stored one, and a deep copy of the wrapper never reads or writes the file.
 - A corrupt or partial file is refused with one clear log line, renamed aside
   (``.corrupt-<UTC time>``) and learning starts fresh; it never stops the daemon.
 - Writes are atomic: a temporary file in the same directory, fsynced, then renamed over.
@@ -15,6 +18,7 @@ engine's ``model_name`` label), the SLOs last seen and the model
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpugov.controllers.contract import ControllerWrapper
 from gpugov.controllers.identification import MODEL_VERSION
 from gpugov.controllers.online_mpc import OnlineMPCController
 from gpugov.plant.types import MPCDiagnostics, ServingObservation
@@ -45,6 +50,13 @@ class ModelKey:
     def as_dict(self) -> dict[str, Any]:
         """JSON form."""
         return {"gpu_uuids": list(self.gpu_uuids), "model_name": self.model_name}
+
+    def fits(self, other: ModelKey) -> bool:
+        """Same GPUs, and the same served model unless either name is unknown (None)."""
+        if self.gpu_uuids != other.gpu_uuids:
+            return False
+        names = (self.model_name, other.model_name)
+        return None in names or names[0] == names[1]
 
 
 class StoredModelError(ValueError):
@@ -128,10 +140,24 @@ def write_atomic(path: Path, payload: dict[str, Any]) -> None:
             temporary.unlink()
 
 
-class PersistentOnlineModel:
+class PersistentOnlineModel(ControllerWrapper):
     """Wraps an :class:`OnlineMPCController`: restores its model from the state file on
-    the first observation (or when the key changes), saves it every ``save_every_s`` of
-    observation time and on :meth:`close`. Storage trouble is logged, never raised."""
+    the first observation (or when the served model changes), saves it every
+    ``save_every_s`` of observation time and on :meth:`close`. Storage trouble is logged,
+    never raised.
+
+    The key is the domain's GPU UUIDs and the engine's ``model_name``. A ``model_name`` of
+    None (the engine's first scrape has not come in, or the engine labels no model) is
+    *unknown*, not another model: it matches a stored model of the same GPUs, and the
+    first real name is adopted. The model is learned anew only when the GPUs or the
+    engine's real ``model_name`` differ from the stored ones.
+
+    Only a model that learned at least one window is saved, so an empty model never
+    replaces a stored one; a deep copy (a probe, such as a dummy decision) neither reads
+    nor writes the state file.
+    """
+
+    inner: OnlineMPCController
 
     def __init__(
         self,
@@ -142,37 +168,58 @@ class PersistentOnlineModel:
         *,
         save_every_s: float = SAVE_EVERY_S,
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.path = model_path(directory, domain)
         self.gpu_uuids = tuple(str(u) for u in gpu_uuids)
         self.save_every_s = float(save_every_s)
         self.key: ModelKey | None = None
+        self.persist = True
         self._last_save_s = -math.inf
         self._last_observation: ServingObservation | None = None
         self.restored = False
         self.messages: list[str] = []
         self.__name__ = inner.__name__
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> PersistentOnlineModel:
+        """A copy that never touches the state file (a probe, such as a dummy decision)."""
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        for name, value in self.__dict__.items():
+            setattr(clone, name, copy.deepcopy(value, memo))
+        clone.persist = False
+        return clone
+
     def _say(self, level: int, message: str) -> None:
         log.log(level, message)
         self.messages.append(message)
         del self.messages[:-20]
 
-    def _restore(self, observation: ServingObservation, key: ModelKey) -> None:
+    def _set_aside(self, reason: str) -> None:
+        try:
+            aside = set_aside(self.path)
+            where = f"; set aside as {aside.name}"
+        except OSError as rename_error:
+            where = f"; could not set it aside: {rename_error}"
+        self._say(logging.WARNING, f"learned model refused: {reason}{where}; learning anew")
+
+    def _restore(self, observation: ServingObservation) -> None:
+        """Start from the stored model when its key fits ``self.key`` (a name still
+        unknown on either side fits any); adopt the stored name when ours is unknown."""
+        key = self.key
+        assert key is not None
+        if not self.persist:
+            return
         try:
             payload = read_stored(self.path)
         except FileNotFoundError:
             return
         except StoredModelError as error:
-            try:
-                aside = set_aside(self.path)
-                where = f"; set aside as {aside.name}"
-            except OSError as rename_error:
-                where = f"; could not set it aside: {rename_error}"
-            self._say(logging.WARNING, f"learned model refused: {error}{where}; learning anew")
+            self._set_aside(str(error))
             return
-        stored = ModelKey(tuple(payload["key"]["gpu_uuids"]), payload["key"].get("model_name"))
-        if stored != key:
+        stored = ModelKey(
+            tuple(str(u) for u in payload["key"]["gpu_uuids"]), payload["key"].get("model_name")
+        )
+        if not stored.fits(key):
             self._say(
                 logging.INFO,
                 f"{self.path}: stored model is for {stored.as_dict()}, this node is "
@@ -182,24 +229,23 @@ class PersistentOnlineModel:
         try:
             self.inner.restore(payload["model"], observation)
         except (KeyError, TypeError, ValueError) as error:
-            try:
-                aside = set_aside(self.path)
-                where = f"; set aside as {aside.name}"
-            except OSError as rename_error:
-                where = f"; could not set it aside: {rename_error}"
-            self._say(
-                logging.WARNING,
-                f"learned model refused: {self.path}: {error}{where}; learning anew",
-            )
+            self._set_aside(f"{self.path}: {error}")
             return
+        if key.model_name is None and stored.model_name is not None:
+            key = self.key = stored
+        self.inner.model_name = key.model_name
         self.restored = True
-        self._say(logging.INFO, f"{self.path}: learned model restored")
+        windows = learned_windows(self.inner)
+        self._say(logging.INFO, f"{self.path}: learned model restored ({windows} windows)")
 
     def save(self) -> bool:
-        """Write the model now; False (logged) when there is nothing or it failed."""
+        """Write the model now; False when there is nothing learned to write (or this is
+        a non-persisting copy), or when the write failed (logged)."""
         model = self.inner.model
-        if model is None or self.key is None:
+        if not self.persist or model is None or self.key is None:
             return False
+        if learned_windows(self.inner) == 0:
+            return False  # never replace a stored model with an empty one
         observation = self._last_observation
         payload = {
             "format": FORMAT,
@@ -223,16 +269,34 @@ class PersistentOnlineModel:
             return False
         return True
 
+    def _follow_key(self, observation: ServingObservation) -> None:
+        """Restore on the first observation; re-learn when the served model changes."""
+        name = observation.model_name
+        if self.key is None:
+            self.key = ModelKey(self.gpu_uuids, name)
+            self._restore(observation)
+            return
+        if name is None or name == self.key.model_name:
+            return
+        if self.key.model_name is None:
+            # The engine's first real name: the same model as far as we know.
+            self.key = ModelKey(self.gpu_uuids, name)
+            self.inner.model_name = name
+            return
+        self.save()  # the old model's last state, before it is reset
+        self._say(
+            logging.INFO,
+            f"{self.path}: the engine now serves {name!r} (was {self.key.model_name!r}); "
+            "learning anew",
+        )
+        self.key = ModelKey(self.gpu_uuids, name)
+        self.restored = False
+        self.inner.reset(observation)
+        self.inner.model_name = name
+        self._restore(observation)
+
     def __call__(self, observation: ServingObservation) -> float:
-        key = ModelKey(self.gpu_uuids, observation.model_name)
-        if key != self.key:
-            if self.key is not None:
-                self.save()  # the old model's last state, before it is reset
-            self.key = key
-            if self.inner.model is not None and self.inner.model_name != key.model_name:
-                self.inner.reset(observation)
-            self.inner.model_name = key.model_name
-            self._restore(observation, key)
+        self._follow_key(observation)
         self._last_observation = observation
         decision = self.inner(observation)
         due = observation.time_s - self._last_save_s >= self.save_every_s
@@ -241,8 +305,9 @@ class PersistentOnlineModel:
         return decision
 
     def close(self) -> None:
-        """Save on shutdown."""
+        """Save on shutdown (when there is anything learned), then close the inner one."""
         self.save()
+        super().close()
 
     def diagnostics(self) -> MPCDiagnostics:
         """The inner controller's diagnostics."""
@@ -256,6 +321,15 @@ class PersistentOnlineModel:
     def fallback_reasons(self) -> dict[str, int]:
         """The inner MPC's fallbacks by reason."""
         return self.inner.fallback_reasons
+
+
+def learned_windows(controller: OnlineMPCController) -> int:
+    """Windows the controller's model has folded in (latency, power and thermal fits;
+    0 when it has none)."""
+    model = controller.model
+    if model is None:
+        return 0
+    return int(model.time.samples + model.power.samples + model.thermal.samples)
 
 
 def _json_safe(value: Any) -> Any:
@@ -274,6 +348,7 @@ __all__ = [
     "ModelKey",
     "PersistentOnlineModel",
     "StoredModelError",
+    "learned_windows",
     "model_path",
     "read_stored",
     "set_aside",

@@ -3,7 +3,8 @@
 Exit codes (also in ``docs/daemon.md``):
 
 * 0 -- success, or a clean stop (SIGTERM/SIGINT) with every clock reset;
-* 1 -- the daemon failed at run time (a controller raised, an unexpected GPU error);
+* 1 -- the daemon failed at run time (a controller raised ``daemon.max_controller_failures``
+  times in a row, an unexpected GPU error);
 * 2 -- usage or configuration error (nothing was applied);
 * 3 -- permission denied: locking clocks needs root or CAP_SYS_ADMIN;
 * 4 -- no usable GPU: no driver/NVML, no such GPU, or clock locking not supported;
@@ -27,6 +28,7 @@ from typing import Any
 
 from gpugov.daemon.cli_support import (
     UsageError,
+    add_safety_arguments,
     check_engine_url,
     check_fixed_clock,
     check_output_file,
@@ -37,6 +39,7 @@ from gpugov.daemon.cli_support import (
     load_trace_for_cli,
     require_nonnegative,
     require_positive,
+    safety_from_args,
     warn,
 )
 from gpugov.daemon.config import GpugovConfig, load_config, parse_address
@@ -72,6 +75,7 @@ from gpugov.daemon.nvml import NvmlBackend, load_pynvml, nvml_device_count
 from gpugov.daemon.record import Recorder, RecordingError, read_recording
 from gpugov.daemon.replay import replay
 from gpugov.daemon.service import domains_from_config, open_backend, simulated_run
+from gpugov.plant.profile import DEFAULT_PROFILE
 
 log = logging.getLogger("gpugov")
 
@@ -83,7 +87,6 @@ EXIT_NO_GPU = 4
 EXIT_GPU_LOST = 5
 EXIT_NOT_RESET = 6
 
-DEFAULT_PROFILE = "h100-sxm-llama3-8b"
 DEFAULT_SPEED = 10.0
 CAP_SYS_ADMIN = 21
 
@@ -193,6 +196,7 @@ def _run_node(args: argparse.Namespace) -> int:
                 exporter=exporter,
                 notify=notify,
                 on_tick=recorder,
+                max_controller_failures=config.daemon.max_controller_failures,
             )
         finally:
             if not entered:  # what reconcile could not reset is tried once more
@@ -215,6 +219,7 @@ def _run_simulated(args: argparse.Namespace) -> int:
     for flag in ("speed", "duration", "control_period", "load_scale"):
         require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     require_nonnegative("--dwell", args.dwell)
+    require_positive("--floor", args.floor)
     check_output_file("--record", args.record)
     trace = args.trace or DEFAULT_TRACE
     workload, report = load_trace_for_cli(
@@ -247,7 +252,7 @@ def _run_simulated(args: argparse.Namespace) -> int:
         spec,
         clock,
         period_s=args.control_period,
-        dwell_s=args.dwell if args.dwell is not None else 1.0,
+        safety=safety_from_args(args, profile.clock_mhz),
         seed=args.seed,
         virtual_time=args.virtual,
         header={
@@ -662,13 +667,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="--simulate: seconds between decisions (a node run takes daemon.period_s)",
     )
     hidden_alias(run_parser, "--period", "control_period", float)
-    run_parser.add_argument(
-        "--dwell",
-        type=float,
-        default=None,
-        metavar="S",
-        help="--simulate: hold each clock at least S seconds (default 1)",
-    )
+    add_safety_arguments(run_parser, prefix="--simulate: ")
     run_parser.add_argument(
         "--seed", type=int, default=0, help="--simulate: seed of the plant's noise (default 0)"
     )

@@ -101,16 +101,26 @@ class NvidiaSmiBackend:
         self._power_field = "power.draw.instant"
         self._reasons_field = "clocks_event_reasons.active"
         self._supported: tuple[int, ...] | None = None
+        self._closed = False
 
     @property
     def label(self) -> str:
         """The GPU as given."""
         return self._gpu
 
+    def _check_open(self) -> None:
+        """Refuse any call on a closed backend."""
+        if self._closed:
+            raise GpuUnavailable(f"GPU {self._gpu}: backend is closed", gpu=self._gpu)
+
+    def _command(self, argv: Sequence[str]) -> str:
+        """Run one nvidia-smi command (refused once the backend is closed)."""
+        self._check_open()
+        return self._run(argv, self._timeout_s)
+
     def _query(self, fields: str) -> list[str]:
-        out = self._run(
-            [self._exe, "-i", self._gpu, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
-            self._timeout_s,
+        out = self._command(
+            [self._exe, "-i", self._gpu, f"--query-gpu={fields}", "--format=csv,noheader,nounits"]
         )
         rows = [row for row in csv.reader(io.StringIO(out)) if row]
         if not rows:
@@ -154,16 +164,16 @@ class NvidiaSmiBackend:
 
     def supported_clocks_mhz(self) -> tuple[int, ...]:
         """Graphics clocks listed for the highest memory clock, ascending (cached)."""
+        self._check_open()
         if self._supported is None:
-            out = self._run(
+            out = self._command(
                 [
                     self._exe,
                     "-i",
                     self._gpu,
                     "--query-supported-clocks=memory,graphics",
                     "--format=csv,noheader,nounits",
-                ],
-                self._timeout_s,
+                ]
             )
             pairs = []
             for row in csv.reader(io.StringIO(out)):
@@ -179,14 +189,14 @@ class NvidiaSmiBackend:
 
     def lock_clocks(self, min_mhz: int, max_mhz: int) -> None:
         """``nvidia-smi -i N --lock-gpu-clocks=MIN,MAX``."""
-        self._run(
-            [self._exe, "-i", self._gpu, f"--lock-gpu-clocks={int(min_mhz)},{int(max_mhz)}"],
-            self._timeout_s,
+        self._command(
+            [self._exe, "-i", self._gpu, f"--lock-gpu-clocks={int(min_mhz)},{int(max_mhz)}"]
         )
 
     def reset_clocks(self) -> None:
         """``nvidia-smi -i N --reset-gpu-clocks``."""
-        self._run([self._exe, "-i", self._gpu, "--reset-gpu-clocks"], self._timeout_s)
+        self._command([self._exe, "-i", self._gpu, "--reset-gpu-clocks"])
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Nothing to release; later calls raise :class:`~daemon.errors.GpuUnavailable`."""
+        self._closed = True

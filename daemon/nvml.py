@@ -173,7 +173,13 @@ class NvmlBackend:
         return self._index
 
     # --------------------------------------------------------------------- reads
+    def _check_open(self) -> None:
+        """Refuse any call on a closed backend (its NVML reference is released)."""
+        if self._closed:
+            raise GpuUnavailable(f"GPU {self._label}: backend is closed", gpu=self._label)
+
     def _call(self, action: str, function: Callable[..., T], *args: Any) -> T:
+        self._check_open()
         try:
             return function(*args)
         except self._nvml.NVMLError as error:
@@ -186,7 +192,9 @@ class NvmlBackend:
 
         Raises:
             NotSupported, GpuLost, GpuError: as NVML reports.
+            GpuUnavailable: the backend is closed.
         """
+        self._check_open()
         if self._supported is None:
             nvml = self._nvml
             memory = self._call(
@@ -306,8 +314,9 @@ class NvmlBackend:
 
         Raises:
             GpuLost: the GPU fell off the bus.
-            GpuUnavailable: NVML was shut down under us.
+            GpuUnavailable: NVML was shut down under us, or the backend is closed.
         """
+        self._check_open()
         nvml = self._nvml
         errors: list[str] = []
         power_w = self._read("power", errors, self._power)
@@ -393,7 +402,8 @@ class NvmlBackend:
             return None
 
     def close(self) -> None:
-        """Release this backend's NVML reference (idempotent)."""
+        """Release this backend's NVML reference (idempotent); later calls raise
+        :class:`~daemon.errors.GpuUnavailable`."""
         if not self._closed:
             self._closed = True
             try:

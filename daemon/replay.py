@@ -14,19 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpugov.daemon.config import (
-    ControllerConfig,
-    MPCControllerConfig,
-    OnlineMPCControllerConfig,
-)
+from gpugov.daemon.config import ControllerConfig
 from gpugov.daemon.decide import (
+    ControllerContext,
+    Forecasts,
     build_controller,
     canonical_controller_name,
-    first_gpu_name,
     spec_name,
-    with_safety,
 )
 from gpugov.daemon.record import RecordingError, observation_from_dict, read_recording
+from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
+from gpugov.plant.types import ClockController
 
 
 @dataclass(frozen=True)
@@ -99,30 +97,43 @@ class ReplayReport:
         return "\n".join(lines)
 
 
-def _with_recorded_forecasts(spec: ControllerConfig, info: dict[str, Any]) -> ControllerConfig:
-    """An MPC spec without declared forecasts takes the recording's, so replaying an MPC
-    recording through the same MPC rebuilds the controller that made it."""
+def _recorded_forecasts(info: dict[str, Any]) -> Forecasts:
+    """The forecasts the recorded controller declared (its recorded spec's), so replaying
+    an MPC recording through the same MPC rebuilds the controller that made it."""
     recorded = info.get("controller_config") or {}
-    if not isinstance(spec, MPCControllerConfig | OnlineMPCControllerConfig):
-        return spec
-    update = {
-        key: recorded[key]
-        for key in ("mean_prompt_tokens", "mean_output_tokens", "ttft_prompt_tokens")
-        if getattr(spec, key) is None and recorded.get(key)
-    }
-    return spec.model_copy(update=update) if update else spec
 
+    def number(key: str) -> float | None:
+        value = recorded.get(key)
+        return float(value) if isinstance(value, int | float) and value > 0 else None
 
-def _replayed_controller(spec: ControllerConfig, info: dict[str, Any], period_s: float) -> Any:
-    """The controller ``spec`` asks for, given the recorded domain's GPU names and count
-    (``gpu_names``, ``gpus``) as the daemon was, for an ``mpc-online`` hint ``gpu =
-    "auto"`` (a recording without names: one warning, no prior from the name)."""
-    return build_controller(
-        spec,
-        period_s=period_s,
-        gpu_name=first_gpu_name([str(n or "") for n in info.get("gpu_names") or []]),
-        gpu_count=len(info.get("gpus") or []) or None,
+    return Forecasts(
+        mean_prompt_tokens=number("mean_prompt_tokens"),
+        mean_output_tokens=number("mean_output_tokens"),
+        ttft_prompt_tokens=number("ttft_prompt_tokens"),
     )
+
+
+def _replayed_controller(
+    spec: ControllerConfig, info: dict[str, Any], period_s: float, clocks: list[float]
+) -> ClockController:
+    """The controller ``spec`` asks for, in the recording's safety chain, knowing what the
+    recorded domain's controller knew: its GPU names and count (``gpu_names``, ``gpus``,
+    for an ``mpc-online`` hint ``gpu = "auto"``; a recording without names: one warning,
+    no prior from the name) and the recorded forecasts."""
+    safety = info.get("safety") or {}
+    names = tuple(str(n or "") for n in info.get("gpu_names") or [])
+    context = ControllerContext(
+        period_s=period_s,
+        supported_clocks_mhz=tuple(float(c) for c in clocks),
+        gpu_names=names,
+        gpu_count=len(info.get("gpus") or []) or 1,
+        forecasts=_recorded_forecasts(info),
+        safety=SafetySettings(
+            floor_mhz=safety.get("floor_mhz"),
+            dwell_s=float(safety.get("dwell_s", DEFAULT_DWELL_S)),
+        ),
+    )
+    return build_controller(spec, context)
 
 
 def replay(
@@ -142,13 +153,7 @@ def replay(
         clocks = info.get("supported_clocks_mhz") or []
         if not clocks:
             raise RecordingError(f"{path}: domain {name!r} has no supported clocks in the header")
-        safety = info.get("safety", {})
-        controllers[name] = with_safety(
-            _replayed_controller(_with_recorded_forecasts(spec, info), info, period_s),
-            clocks,
-            floor_mhz=safety.get("floor_mhz"),
-            dwell_s=float(safety.get("dwell_s", 1.0)),
-        )
+        controllers[name] = _replayed_controller(spec, info, period_s, clocks)
     # Older recordings carry older names (mpc_clock, reactive_governor...): show today's.
     recorded_names = sorted(
         {canonical_controller_name(str(info.get("controller", "?"))) for info in domains.values()}

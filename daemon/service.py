@@ -10,25 +10,26 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
-
-import numpy as np
+from typing import Any
 
 from gpugov.daemon.actuator import ClockActuator, ExternalPolicy, LockMode
 from gpugov.daemon.backend import DryRunBackend, GpuBackend
 from gpugov.daemon.config import (
     ControllerConfig,
+    DomainConfig,
     GpugovConfig,
-    MPCControllerConfig,
     OnlineMPCControllerConfig,
 )
 from gpugov.daemon.decide import (
+    ControllerContext,
+    Forecasts,
+    TimeMode,
     build_controller,
-    mpc_controller,
+    declared_spec,
     spec_name,
     warm_up,
-    with_safety,
 )
 from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.daemon.engines import ScrapedSource
@@ -38,11 +39,10 @@ from gpugov.daemon.loop import Domain, FailsafeMode
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DomainObserver
+from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import SimulatedBackend, SimulatedNode, SimulatedSource
 from gpugov.plant import PlantSimulation, ServingPlant, ServingResult
 from gpugov.plant.types import Request
-
-SpecWithForecasts = TypeVar("SpecWithForecasts", MPCControllerConfig, OnlineMPCControllerConfig)
 
 log = logging.getLogger(__name__)
 
@@ -149,27 +149,31 @@ def build_domain(
     lock_mode: LockMode = "pin",
     external_policy: ExternalPolicy = "reassert",
     state: LockState | None = None,
-    floor_mhz: float | None = None,
-    dwell_s: float = 1.0,
+    safety: SafetySettings | None = None,
     ttft_slo_s: float | None = None,
     tpot_slo_s: float | None = None,
     thermal_limit_c: float | None = None,
     mean_prompt_tokens: float = 512.0,
     mean_output_tokens: float = 256.0,
-    controller: Any = None,
+    forecasts: Forecasts | None = None,
+    time_mode: TimeMode = "wall",
+    state_dir: Path | None = None,
+    plant: ServingPlant | None = None,
 ) -> Domain:
-    """Observer + safety-wrapped controller + actuator for one domain.
+    """Observer + controller (in its safety chain, :func:`daemon.decide.build_controller`)
+    + actuator for one domain.
 
-    ``controller`` overrides the one built from ``controller_spec`` (simulated MPC).
     The controller is built and warmed (:func:`daemon.decide.warm_up`: one dummy
-    decision on a copy) here, before any loop or paced plant clock starts, so a first-use
-    cost such as the fast MPC's compile never counts as a decision or as plant time.
+    decision on a copy of the algorithm) here, before any loop or paced plant clock
+    starts, so a first-use cost such as the fast MPC's compile never counts as a decision
+    or as plant time.
 
     Raises:
         NotSupported: a GPU lists no supported clocks.
         ControllerError: the controller cannot be built.
-        ConfigError: ``floor_mhz`` is above the GPUs' top clock.
+        ConfigError: the safety floor is above the GPUs' top clock.
     """
+    safety = safety or SafetySettings()
     observer = DomainObserver(
         backends,
         source,
@@ -182,68 +186,52 @@ def build_domain(
         scrape_timeout_s=getattr(source, "timeout_s", None),
     )
     clocks = observer.supported_clocks_mhz()
+    floor_mhz = safety.floor_mhz
     if floor_mhz is not None and clocks and floor_mhz > clocks[-1]:
         raise ConfigError(
             f"domain {name!r}: safety.floor_mhz ({floor_mhz:g} MHz) is above the top "
             f"supported clock of its GPUs ({clocks[-1]:g} MHz)"
         )
-    if controller is None and isinstance(controller_spec, OnlineMPCControllerConfig):
-        controller = _online_for_domain(
-            name,
-            backends,
-            controller_spec,
-            period_s,
-            mean_prompt_tokens=mean_prompt_tokens,
-            mean_output_tokens=mean_output_tokens,
-            ttft_slo_s=ttft_slo_s,
-            tpot_slo_s=tpot_slo_s,
-        )
-    inner = (
-        controller
-        if controller is not None
-        else build_controller(controller_spec, period_s=period_s)
+    context = ControllerContext(
+        period_s=period_s,
+        supported_clocks_mhz=tuple(clocks),
+        gpu_names=tuple(_gpu_names(backends)),
+        gpu_uuids=tuple(gpu_uuid(backend) for backend in backends),
+        gpu_count=len(backends),
+        power_limit_w=(
+            _start_power_limit_w(backends)
+            if isinstance(controller_spec, OnlineMPCControllerConfig)
+            else None
+        ),
+        ttft_slo_s=ttft_slo_s,
+        tpot_slo_s=tpot_slo_s,
+        thermal_limit_c=thermal_limit_c,
+        forecasts=forecasts or Forecasts(),
+        time_mode=time_mode,
+        state_dir=state_dir,
+        domain=name,
+        safety=safety,
+        plant=plant,
+        history_limit=CONTROLLER_HISTORY_STEPS if time_mode == "wall" else None,
     )
+    controller = build_controller(controller_spec, context)
     try:
-        warm_s = warm_up(inner, clocks, thermal_limit_c=thermal_limit_c)
+        warm_s = warm_up(controller, clocks, thermal_limit_c=thermal_limit_c)
         log.debug("domain %s: controller warmed up in %.3f s", name, warm_s)
     except Exception as error:  # the loop meets (and reports) a failing controller itself
         log.warning("domain %s: the controller's warm-up decision raised %r", name, error)
-    if hasattr(inner, "history_limit"):
-        inner.history_limit = CONTROLLER_HISTORY_STEPS  # bounded memory on a node
-    wrapped = with_safety(inner, clocks, floor_mhz=floor_mhz, dwell_s=dwell_s)
     actuator = ClockActuator(
         backends, domain=name, lock_mode=lock_mode, external_policy=external_policy, state=state
     )
     return Domain(
-        name, observer, wrapped, actuator, failsafe=failsafe, label=spec_name(controller_spec)
+        name, observer, controller, actuator, failsafe=failsafe, label=spec_name(controller_spec)
     )
 
 
-def _online_for_domain(
-    name: str,
-    backends: Sequence[GpuBackend],
-    spec: OnlineMPCControllerConfig,
-    period_s: float,
-    **declared: Any,
-) -> Any:
-    """The online MPC of a domain, its forecasts and SLOs from the domain's config, and
-    its model kept in the state directory (keyed by the GPUs' UUIDs) when there is one."""
-    from gpugov.daemon.decide import first_gpu_name, online_controller
-    from gpugov.daemon.model_store import PersistentOnlineModel, state_directory
-
-    controller = online_controller(
-        spec,
-        period_s,
-        gpu_name=first_gpu_name(_gpu_names(backends)),
-        gpu_count=len(backends),
-        power_limit_w=_start_power_limit_w(backends),
-        **declared,
-    )
-    directory = state_directory(spec.state_dir)
-    if directory is None:
-        return controller
-    uuids = [str(getattr(backend, "uuid", None) or backend.label) for backend in backends]
-    return PersistentOnlineModel(controller, directory, name, uuids)  # type: ignore[arg-type]
+def gpu_uuid(backend: GpuBackend) -> str:
+    """A GPU's UUID (NVML), else its label: what a learned model is keyed by. A dry run
+    shows its GPU's UUID, so it keys a model as a locking run does."""
+    return str(getattr(backend, "uuid", None) or backend.label)
 
 
 def _gpu_names(backends: Sequence[GpuBackend]) -> list[str]:
@@ -253,7 +241,7 @@ def _gpu_names(backends: Sequence[GpuBackend]) -> list[str]:
 
 def _unwrapped(backend: GpuBackend) -> GpuBackend:
     """The GPU backend inside a dry-run wrapper (reads go through it unchanged)."""
-    return backend._inner if isinstance(backend, DryRunBackend) else backend
+    return backend.inner if isinstance(backend, DryRunBackend) else backend
 
 
 def _start_power_limit_w(backends: Sequence[GpuBackend]) -> float | None:
@@ -289,7 +277,7 @@ def _domain_header(domain: Domain, config_fields: dict[str, Any]) -> dict[str, A
 
 def _build_configured(
     config: GpugovConfig,
-    spec: Any,
+    spec: DomainConfig,
     backends: Sequence[GpuBackend],
     source: ScrapedSource,
     state: LockState | None,
@@ -305,13 +293,27 @@ def _build_configured(
         lock_mode=spec.lock_mode,
         external_policy=spec.external_clock_policy,
         state=state,
-        floor_mhz=spec.safety.floor_mhz,
-        dwell_s=spec.safety.dwell_s,
+        safety=SafetySettings(floor_mhz=spec.safety.floor_mhz, dwell_s=spec.safety.dwell_s),
         ttft_slo_s=spec.ttft_slo_s,
         tpot_slo_s=spec.tpot_slo_s,
         thermal_limit_c=spec.thermal_limit_c,
         mean_prompt_tokens=spec.mean_prompt_tokens,
         mean_output_tokens=spec.mean_output_tokens,
+        forecasts=_declared_forecasts(spec),
+        state_dir=controller_state_dir(spec.controller, config.daemon.state_dir),
+    )
+
+
+def _declared_forecasts(spec: DomainConfig) -> Forecasts:
+    """A domain's declared forecasts: its estimation defaults, only when the operator sets
+    them (else each controller keeps its own default)."""
+    return Forecasts(
+        mean_prompt_tokens=(
+            spec.mean_prompt_tokens if "mean_prompt_tokens" in spec.model_fields_set else None
+        ),
+        mean_output_tokens=(
+            spec.mean_output_tokens if "mean_output_tokens" in spec.model_fields_set else None
+        ),
     )
 
 
@@ -369,7 +371,9 @@ def domains_from_config(
                 {
                     "engine_url": spec.engine.url,
                     "safety": spec.safety.model_dump(),
-                    "controller_config": spec.controller.model_dump(mode="json"),
+                    "controller_config": declared_spec(
+                        spec.controller, _declared_forecasts(spec)
+                    ).model_dump(mode="json"),
                 },
             )
             for domain, spec in zip(assembled.domains, config.domains, strict=True)
@@ -418,8 +422,7 @@ def simulated_run(
     clock: Callable[[], float],
     *,
     period_s: float = 1.0,
-    dwell_s: float = 1.0,
-    floor_mhz: float | None = None,
+    safety: SafetySettings | None = None,
     seed: int = 0,
     horizon_s: float | None = None,
     header: dict[str, Any] | None = None,
@@ -427,32 +430,21 @@ def simulated_run(
 ) -> SimulatedRun:
     """A simulated node with one domain on the plant's ``tensor_parallel`` simulated GPUs.
 
-    The MPC controller plans on the run's own plant, with the declared forecasts the
-    config gives or, by default, the workload's mean prompt and output lengths (fixed
-    before the run, as ``gpugov simulate`` does). ``virtual_time`` (the clock is virtual,
-    not paced) bounds its solves by a deterministic budget, not the wall clock.
+    The controller is built as a node builds it (:func:`build_domain`), with the declared
+    forecasts the config gives or, by default, the workload's (fixed before the run, as
+    ``gpugov simulate`` does); an ``mpc`` plans on the run's own plant. ``virtual_time``
+    (the clock is virtual, not paced) bounds solves by a deterministic budget, not the
+    wall clock.
     """
     if not workload:
         raise ValueError("the simulated workload has no requests")
+    safety = safety or SafetySettings()
     simulation = PlantSimulation(workload, plant, seed=seed)
     last_arrival = workload[-1].arrival_time_s
     horizon = last_arrival + plant.drain_timeout_s if horizon_s is None else float(horizon_s)
     node = SimulatedNode(simulation, clock, horizon_s=horizon)
     gpus = plant.tensor_parallel
     backends = [SimulatedBackend(node, label=str(i), share=1.0 / gpus) for i in range(gpus)]
-    controller = None
-    if isinstance(controller_spec, MPCControllerConfig):
-        # Record the forecasts the MPC really uses, so a replay rebuilds the same MPC.
-        controller_spec = with_workload_forecasts(controller_spec, workload)
-        controller = mpc_controller(
-            controller_spec,
-            planning_plant(controller_spec, plant),
-            period_s,
-            virtual_time=virtual_time,
-        )
-    elif isinstance(controller_spec, OnlineMPCControllerConfig):
-        # Declared forecasts only: the online MPC never reads the plant's profile.
-        controller_spec = with_workload_forecasts(controller_spec, workload)
     domain = build_domain(
         "sim",
         backends,
@@ -460,10 +452,12 @@ def simulated_run(
         controller_spec,
         period_s=period_s,
         stale_after_s=3.0 * period_s,
-        floor_mhz=floor_mhz,
-        dwell_s=dwell_s,
+        safety=safety,
         thermal_limit_c=plant.thermal_limit_c,
-        controller=controller,
+        forecasts=Forecasts.from_workload(workload),
+        time_mode="virtual" if virtual_time else "wall",
+        state_dir=controller_state_dir(controller_spec, None),
+        plant=plant,
     )
     full_header = {
         "mode": "simulated",
@@ -472,8 +466,10 @@ def simulated_run(
             _domain_header(
                 domain,
                 {
-                    "safety": {"floor_mhz": floor_mhz, "dwell_s": dwell_s},
-                    "controller_config": controller_spec.model_dump(mode="json"),
+                    "safety": safety.as_dict(),
+                    "controller_config": declared_spec(
+                        controller_spec, Forecasts.from_workload(workload)
+                    ).model_dump(mode="json"),
                 },
             )
         ],
@@ -482,59 +478,17 @@ def simulated_run(
     return SimulatedRun(node=node, domain=domain, horizon_s=horizon, header=full_header)
 
 
-def with_workload_forecasts(
-    spec: SpecWithForecasts, workload: Sequence[Request]
-) -> SpecWithForecasts:
-    """``spec`` with the forecasts it leaves open declared from ``workload``, fixed before
-    the run: the mean prompt and output lengths (as the seed's experiment declares them)
-    and the 95th-percentile prompt the iteration model's TTFT proxy charges a new request
-    (a mean prompt underestimates TTFT tails on long-prompt traces)."""
-    from gpugov.controllers.mpc import expected_output_tokens_forecast
-
-    prompts = np.array([r.prompt_tokens for r in workload], dtype=float)
-    declared = {
-        "mean_prompt_tokens": float(prompts.mean()),
-        "mean_output_tokens": expected_output_tokens_forecast(workload),
-        "ttft_prompt_tokens": float(np.percentile(prompts, 95)),
-    }
-    update = {key: value for key, value in declared.items() if getattr(spec, key) is None}
-    return spec.model_copy(update=update)
-
-
-def planning_plant(spec: MPCControllerConfig, plant: ServingPlant) -> ServingPlant:
-    """The plant the MPC's model is built from: the run's own, unless the spec names
-    another profile (``--controller mpc:PROFILE``: a model-mismatch run).
-
-    Raises:
-        ProfileError: the named profile cannot be loaded.
-    """
-    named = spec.profile if "profile" in spec.model_fields_set else None
-    if named is None or named == plant.profile.name:
-        return plant
-    from gpugov.plant import load_profile
-
-    other = ServingPlant.from_profile(load_profile(named))
-    return plant if other.profile.name == plant.profile.name else other
-
-
-def simulated_mpc(
-    spec: MPCControllerConfig,
-    plant: ServingPlant,
-    workload: Sequence[Request],
-    period_s: float,
-    *,
-    virtual_time: bool = True,
-) -> Any:
-    """The MPC planning on the run's plant (or the profile the spec names, see
-    :func:`planning_plant`), with forecasts declared from the workload unless the config
-    gives them (:func:`with_workload_forecasts`). Offline runs are in virtual time by
-    default: solves are bounded by a deterministic budget, not the wall clock."""
-    return mpc_controller(
-        with_workload_forecasts(spec, workload),
-        planning_plant(spec, plant),
-        period_s,
-        virtual_time=virtual_time,
-    )
+def controller_state_dir(
+    spec: ControllerConfig, daemon_state_dir: Path | str | None
+) -> Path | None:
+    """Where a learner keeps its model: the spec's ``state_dir``, else the daemon's, else
+    systemd's ``$STATE_DIRECTORY``; None for a controller that learns nothing. (A
+    simulated run's domain is ``sim``, so its file never replaces a node domain's.)"""
+    if not isinstance(spec, OnlineMPCControllerConfig):
+        return None
+    if spec.state_dir is not None:
+        return Path(spec.state_dir)
+    return default_state_dir(daemon_state_dir)
 
 
 __all__ = [

@@ -14,8 +14,13 @@ from collections.abc import Callable
 
 from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.engines import EngineSample
+from gpugov.daemon.errors import GpuError, GpuUnavailable
 from gpugov.plant import PlantSimulation
 from gpugov.plant.types import ServingObservation
+
+APPLICATIONS_CLOCKS_SETTING = 0x2
+"""nvmlClocksEventReasonApplicationsClocksSetting: a lock holds the clock below the top."""
+NVML_ERROR_INVALID_ARGUMENT = 2
 
 
 class SimulatedNode:
@@ -73,8 +78,10 @@ class SimulatedNode:
 class SimulatedBackend:
     """The plant's GPU as a :class:`~daemon.backend.GpuBackend`.
 
-    A lock requests its upper clock from the plant (quantised down, effective after the
-    plant's actuation delay); a reset requests the maximum (an unlocked GPU under load).
+    A lock requests its upper clock from the plant (quantised down onto the supported
+    clocks and clamped into their range, effective after the plant's actuation delay) and,
+    below the top clock, shows ApplicationsClocksSetting among the clock event reasons as
+    NVML does; a reset requests the maximum (an unlocked GPU under load).
     A tensor-parallel plant is one backend per GPU (``share = 1 / tensor_parallel``): each
     reports its share of the domain's power, energy and power limit and the domain's
     clock and temperature, so the observer's sums give back the plant's domain.
@@ -88,19 +95,31 @@ class SimulatedBackend:
         self._clocks = tuple(int(round(float(c))) for c in clocks)
         self.locks: deque[tuple[int, int]] = deque(maxlen=1000)  # the last writes, bounded
         self.resets = 0
+        self._held_below_top = False
+        self._closed = False
 
     @property
     def label(self) -> str:
         """The GPU label."""
         return self._label
 
+    def _check_open(self) -> None:
+        """Refuse any call on a closed backend."""
+        if self._closed:
+            raise GpuUnavailable(f"GPU {self._label}: backend is closed", gpu=self._label)
+
     def supported_clocks_mhz(self) -> tuple[int, ...]:
         """The profile's clocks."""
+        self._check_open()
         return self._clocks
 
     def sample(self) -> GpuSample:
         """Advance the plant to now and read its GPU."""
+        self._check_open()
         observation = self._node.refresh()
+        reasons = self._node.simulation.clock_event_reasons
+        if self._held_below_top:
+            reasons |= APPLICATIONS_CLOCKS_SETTING
         return GpuSample(
             gpu=self._label,
             power_w=None if observation.power_w is None else observation.power_w * self._share,
@@ -108,7 +127,7 @@ class SimulatedBackend:
             temperature_c=observation.temperature_c,
             sm_clock_mhz=observation.realized_clock_mhz,
             utilization=observation.gpu_utilization,
-            clock_event_reasons=self._node.simulation.clock_event_reasons,
+            clock_event_reasons=reasons,
             power_limit_w=(
                 None
                 if observation.power_limit_w is None
@@ -117,17 +136,33 @@ class SimulatedBackend:
         )
 
     def lock_clocks(self, min_mhz: int, max_mhz: int) -> None:
-        """Ask the plant for ``max_mhz``."""
+        """Ask the plant for ``max_mhz``.
+
+        Raises:
+            GpuError: ``min_mhz`` is above ``max_mhz`` (NVML's INVALID_ARGUMENT).
+        """
+        self._check_open()
+        if int(min_mhz) > int(max_mhz):
+            raise GpuError(
+                f"GPU {self._label}: lock clocks to {int(min_mhz)},{int(max_mhz)} MHz failed: "
+                f"the minimum is above the maximum (NVML code {NVML_ERROR_INVALID_ARGUMENT})",
+                gpu=self._label,
+                code=NVML_ERROR_INVALID_ARGUMENT,
+            )
         self.locks.append((int(min_mhz), int(max_mhz)))
-        self._node.simulation.request_clock(float(max_mhz))
+        granted = self._node.simulation.request_clock(float(max_mhz))
+        self._held_below_top = granted < self._clocks[-1]
 
     def reset_clocks(self) -> None:
         """Ask the plant for its maximum clock."""
+        self._check_open()
         self.resets += 1
         self._node.simulation.request_clock(float(self._clocks[-1]))
+        self._held_below_top = False
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Nothing to release; later calls raise :class:`~daemon.errors.GpuUnavailable`."""
+        self._closed = True
 
 
 class SimulatedSource:

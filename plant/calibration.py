@@ -34,7 +34,6 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-VIDUR_REPO = "microsoft/vidur"
 LINEAR_FILE = "vidur_linear_ops.csv"
 ALL_REDUCE_FILE = "vidur_all_reduce.csv"
 ATTENTION_FILES = ("vidur_attention_decode.csv", "vidur_attention_decode_llama3_8b.csv")

@@ -1,16 +1,22 @@
-"""The simulated GPU's side of :class:`~gpugov.plant.simulator.PlantSimulation`.
+"""The simulated GPU of :class:`~gpugov.plant.simulator.PlantSimulation`.
 
-Realised clock under the power cap and the thermal limit, the iteration's phase power at
-that clock, and the exact integration of energy and the one-state thermal RC between
-events (with the series samples on the time grid). The engine's side (scheduling, KV
-cache, requests) stays in ``simulator.py``; both share one state on the simulation object.
+:class:`GpuParameters` holds the physics the plant and its profile fix for a run (per
+supported clock: realised clock, prefill rate, reference decode time and phase powers; the
+decode latency split, the batch-power model, the power cap and the thermal RC).
+:class:`GpuPhysics` is the GPU's state on top of them: the realised clock under the power
+cap and the thermal limit, the iteration's phase power at that clock, and the exact
+integration of energy and the one-state thermal RC over constant-power segments. The
+engine (scheduling, KV cache, requests, grid series) stays in ``simulator.py`` and asks
+this object for clocks, durations and powers.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
-from typing import Any
+from dataclasses import dataclass
+
+from gpugov.plant.plant import ServingPlant
+from gpugov.plant.profile import DecodePowerBatchModel
 
 _EPS = 1e-12
 
@@ -20,190 +26,231 @@ CLOCK_EVENT_SW_POWER_CAP = 0x4
 CLOCK_EVENT_SW_THERMAL_SLOWDOWN = 0x20
 
 
-class GpuPhysics:
-    """Mixin with the GPU's physics for ``PlantSimulation`` (it owns every attribute)."""
+@dataclass(frozen=True, slots=True)
+class GpuParameters:
+    """The simulated GPU's physical parameters, fixed for a run.
 
-    # Attributes PlantSimulation defines; declared for readers and type checkers.
-    plant: Any
-    time_s: float
-    temperature_c: float
-    energy_j: float
-    clock_event_reasons: int
+    Per-clock tuples are indexed like the profile's supported clocks; rates and powers are
+    taken at each clock's realised clock. ``decode_reference_s`` is ``t_ref(f) = B_ref /
+    decode_tokens_per_s(f)`` and ``reference_context_tokens`` is ``C_ref = B_ref * L_ref``
+    (``docs/plant.md``, latency model).
+    """
+
+    clock_mhz: tuple[float, ...]
+    realized_clock_mhz: tuple[float, ...]
+    prefill_tokens_per_s: tuple[float, ...]
+    decode_reference_s: tuple[float, ...]
+    prefill_power_w: tuple[float, ...]
+    decode_power_w: tuple[float, ...]
+    idle_power_w: tuple[float, ...]
+    reference_batch_size: float
+    reference_context_tokens: float
+    weight_fraction: float
+    batch_fraction: float
+    kv_fraction: float
+    decode_power_batch_model: DecodePowerBatchModel | None
+    power_limit_w: float
+    thermal_limit_c: float
+    ambient_temperature_c: float
+    thermal_resistance_c_per_w: float
+    thermal_time_constant_s: float
+
+    @classmethod
+    def from_plant(cls, plant: ServingPlant) -> GpuParameters:
+        """Read the parameters off ``plant`` and its profile (once per simulation)."""
+        profile = plant.profile
+        clocks = tuple(float(c) for c in profile.clock_mhz)
+        realized = tuple(profile.realized_clock(c) for c in clocks)
+        decode_model = profile.decode_latency_model
+        reference_batch = float(decode_model.reference_batch_size)
+        return cls(
+            clock_mhz=clocks,
+            realized_clock_mhz=realized,
+            prefill_tokens_per_s=tuple(profile.rate("prefill", c) for c in realized),
+            decode_reference_s=tuple(reference_batch / profile.rate("decode", c) for c in realized),
+            prefill_power_w=tuple(profile.power("prefill", c) for c in realized),
+            decode_power_w=tuple(profile.power("decode", c) for c in realized),
+            idle_power_w=tuple(profile.power("idle", c) for c in realized),
+            reference_batch_size=reference_batch,
+            reference_context_tokens=float(
+                decode_model.reference_batch_size * decode_model.reference_context_tokens
+            ),
+            weight_fraction=decode_model.weight_fraction,
+            batch_fraction=decode_model.batch_fraction,
+            kv_fraction=decode_model.kv_fraction,
+            decode_power_batch_model=profile.decode_power_batch_model,
+            power_limit_w=plant.power_limit_w,
+            thermal_limit_c=plant.thermal_limit_c,
+            ambient_temperature_c=plant.ambient_temperature_c,
+            thermal_resistance_c_per_w=plant.thermal_resistance_c_per_w,
+            thermal_time_constant_s=plant.thermal_time_constant_s,
+        )
+
+    def steady_temperature_c(self, power_w: float) -> float:
+        """Temperature the die settles at under constant ``power_w``."""
+        return self.ambient_temperature_c + self.thermal_resistance_c_per_w * power_w
+
+    def temperature_after(self, start_c: float, power_w: float, elapsed_s: float) -> float:
+        """Die temperature ``elapsed_s`` after ``start_c`` at constant ``power_w`` (exact RC)."""
+        t_eq = self.steady_temperature_c(power_w)
+        return t_eq + (start_c - t_eq) * math.exp(-elapsed_s / self.thermal_time_constant_s)
+
+    def thermal_safe_power_w(self) -> float:
+        """Highest power whose steady-state temperature stays within the thermal limit."""
+        return (self.thermal_limit_c - self.ambient_temperature_c) / (
+            self.thermal_resistance_c_per_w
+        )
+
+    def decode_context_slope_s(self, index: int, batch: int) -> float:
+        """Growth of a decode iteration's time per iteration at clock ``index``: the KV
+        term's share of ``batch`` more context tokens."""
+        return (
+            self.decode_reference_s[index]
+            * self.kv_fraction
+            * batch
+            / self.reference_context_tokens
+        )
+
+
+class GpuPhysics:
+    """The simulated GPU's state: realised clock, power, energy and die temperature.
+
+    Starts idle at clock ``index`` and at that idle power's steady-state temperature. The
+    simulator asks for the realised clock of each segment (:meth:`busy_clock`,
+    :meth:`idle_clock`) and advances the GPU over it (:meth:`integrate`).
+    """
+
+    def __init__(self, params: GpuParameters, index: int) -> None:
+        self.params = params
+        idle = params.idle_power_w[index]
+        self.realized_index = index
+        # Why the realised clock is below the request now, as NVML's bitmask.
+        self.clock_event_reasons = CLOCK_EVENT_GPU_IDLE
+        self.temperature_c = params.ambient_temperature_c + (
+            params.thermal_resistance_c_per_w * idle
+        )
+        self.energy_j = 0.0
+        self.power_w = idle
+        self.peak_temperature_c = self.temperature_c
+        self.busy_s = 0.0
+        self.power_violation_s = 0.0
+        self.thermal_violation_s = 0.0
+        self._batch_factor_cache: dict[int, float] = {}
+
+    @property
+    def realized_clock_mhz(self) -> float:
+        """Clock the GPU runs at now."""
+        return self.params.realized_clock_mhz[self.realized_index]
 
     def _batch_factor(self, batch: int) -> float:
-        model = self._batch_power
+        model = self.params.decode_power_batch_model
         if model is None or batch <= 0:
             return 1.0
         cached = self._batch_factor_cache.get(batch)
         if cached is None:
-            cached = model.factor(batch, self._b_ref)
+            cached = model.factor(batch, self.params.reference_batch_size)
             self._batch_factor_cache[batch] = cached
         return cached
 
-    def _iteration_parts(self, index: int) -> tuple[float, float, float]:
-        """(prefill seconds, decode seconds, power W) of the current iteration at ``index``."""
-        tokens = self._iter_prefill_tokens
-        t_pf = tokens / self._pf_rate[index] if tokens else 0.0
-        batch = self._iter_decode_batch
-        if batch:
-            t_dec = self._dec_tref[index] * (
-                self._dec_a
-                + self._dec_b * batch / self._b_ref
-                + self._dec_c * self._iter_context / self._c_ref
+    def iteration_parts(
+        self, index: int, prefill_tokens: int, decode_batch: int, context: int, noise: float
+    ) -> tuple[float, float, float]:
+        """(prefill seconds, decode seconds, power W) of an iteration at clock ``index``.
+
+        ``prefill_tokens`` and a ``decode_batch`` over ``context`` tokens (not both zero);
+        ``noise`` multiplies both durations (the engine's seeded jitter).
+        """
+        p = self.params
+        t_pf = prefill_tokens / p.prefill_tokens_per_s[index] if prefill_tokens else 0.0
+        if decode_batch:
+            t_dec = p.decode_reference_s[index] * (
+                p.weight_fraction
+                + p.batch_fraction * decode_batch / p.reference_batch_size
+                + p.kv_fraction * context / p.reference_context_tokens
             )
-            idle = self._p_idle[index]
-            p_dec = idle + (self._p_dec[index] - idle) * self._batch_factor(batch)
+            idle = p.idle_power_w[index]
+            p_dec = idle + (p.decode_power_w[index] - idle) * self._batch_factor(decode_batch)
         else:
             t_dec = 0.0
             p_dec = 0.0
         total = t_pf + t_dec
-        power = (t_pf * self._p_pf[index] + t_dec * p_dec) / total
-        noise = self._iter_noise
+        power = (t_pf * p.prefill_power_w[index] + t_dec * p_dec) / total
         return t_pf * noise, t_dec * noise, power
 
-    def _thermal_safe_power_w(self) -> float:
-        """Highest power whose steady-state temperature stays within the thermal limit."""
-        plant = self.plant
-        return (plant.thermal_limit_c - plant.ambient_temperature_c) / (
-            plant.thermal_resistance_c_per_w
-        )
-
-    def _busy_clock(self) -> tuple[int, tuple[float, float, float]]:
-        """Realised clock index for the current iteration and its (t_pf, t_dec, power).
+    def busy_clock(
+        self, index: int, prefill_tokens: int, decode_batch: int, context: int, noise: float
+    ) -> tuple[int, tuple[float, float, float]]:
+        """Realised clock index for an iteration requested at ``index``, and its
+        :meth:`iteration_parts`; sets :attr:`realized_index` and :attr:`clock_event_reasons`.
 
         The requested clock is held lower while the iteration's power exceeds the power
         limit (SW power cap), and while the die is at or above the thermal limit.
         """
-        requested = index = self._effective_index
-        parts = self._iteration_parts(index)
-        limit = self.plant.power_limit_w + 1e-9
+        requested = index
+        parts = self.iteration_parts(index, prefill_tokens, decode_batch, context, noise)
+        limit = self.params.power_limit_w + 1e-9
         while index > 0 and parts[2] > limit:
             index -= 1
-            parts = self._iteration_parts(index)
+            parts = self.iteration_parts(index, prefill_tokens, decode_batch, context, noise)
         reasons = CLOCK_EVENT_SW_POWER_CAP if index < requested else 0
-        if self.temperature_c >= self.plant.thermal_limit_c:
+        if self.temperature_c >= self.params.thermal_limit_c:
             capped = index
-            safe = self._thermal_safe_power_w()
+            safe = self.params.thermal_safe_power_w()
             while index > 0 and parts[2] > safe:
                 index -= 1
-                parts = self._iteration_parts(index)
+                parts = self.iteration_parts(index, prefill_tokens, decode_batch, context, noise)
             if index < capped:
                 reasons |= CLOCK_EVENT_SW_THERMAL_SLOWDOWN
         self.clock_event_reasons = reasons
+        self.realized_index = index
         return index, parts
 
-    def _idle_clock(self) -> int:
-        requested = index = self._effective_index
+    def idle_clock(self, index: int) -> int:
+        """Realised clock index while idle at requested ``index`` (held lower only by the
+        thermal limit); sets :attr:`realized_index` and :attr:`clock_event_reasons`."""
+        requested = index
         reasons = CLOCK_EVENT_GPU_IDLE
-        if self.temperature_c >= self.plant.thermal_limit_c:
-            safe = self._thermal_safe_power_w()
-            while index > 0 and self._p_idle[index] > safe:
+        if self.temperature_c >= self.params.thermal_limit_c:
+            safe = self.params.thermal_safe_power_w()
+            idle_power = self.params.idle_power_w
+            while index > 0 and idle_power[index] > safe:
                 index -= 1
             if index < requested:
                 reasons |= CLOCK_EVENT_SW_THERMAL_SLOWDOWN
         self.clock_event_reasons = reasons
+        self.realized_index = index
         return index
 
-    def _apply_pending(self) -> None:
-        pending = self._pending
-        while pending and pending[0][0] <= self.time_s + _EPS:
-            self._effective_index = pending.popleft()[1]
+    def may_reach_thermal_limit(self, power_w: float) -> bool:
+        """The die is at the thermal limit, or would reach it under constant ``power_w``."""
+        p = self.params
+        return (
+            self.temperature_c >= p.thermal_limit_c
+            or p.steady_temperature_c(power_w) >= p.thermal_limit_c
+        )
 
-    def _segment_busy(self, end_s: float) -> None:
-        self._apply_pending()
-        index, (t_pf, t_dec, power) = self._busy_clock()
-        self._current_realized_index = index
-        duration = t_pf + t_dec
-        remaining = (1.0 - self._iter_progress) * duration
-        finish = self.time_s + remaining
-        target = min(finish, end_s, self._next_pending_time())
-        if target >= finish - _EPS:
-            target = finish
-            completes = True
-        else:
-            completes = False
-        dt = target - self.time_s
-        self._integrate(dt, power, busy=True)
-        if completes:
-            self._finish_iteration(duration)
-        elif duration > 0.0:
-            self._iter_progress += dt / duration
-
-    def _segment_idle(self, target: float) -> None:
-        self._apply_pending()
-        index = self._idle_clock()
-        self._current_realized_index = index
-        if self._idle_until is not None and math.isinf(target):
-            raise RuntimeError("idle segment without an end")
-        self._phase = "idle"
-        self._integrate(max(0.0, target - self.time_s), self._p_idle[index], busy=False)
-
-    def _integrate(self, dt: float, power: float, *, busy: bool) -> None:
-        """Advance time by ``dt`` at constant ``power``: energy, thermal RC, grid samples."""
-        plant = self.plant
-        start = self.time_s
-        end = start + dt
-        t0 = self.temperature_c
-        tau = plant.thermal_time_constant_s
-        t_eq = plant.ambient_temperature_c + plant.thermal_resistance_c_per_w * power
-        self._power_w = power
-        # Invariant: every grid tick <= time_s has been recorded.
-        dt_grid = self._dt
-        tick_time = self._next_tick * dt_grid
-        while tick_time <= end + _EPS:
-            elapsed = max(0.0, tick_time - start)
-            self.temperature_c = t_eq + (t0 - t_eq) * math.exp(-elapsed / tau)
-            self._record_tick(tick_time, self.energy_j + power * elapsed)
-            tick_time = self._next_tick * dt_grid
+    def integrate(self, dt: float, power: float, *, busy: bool) -> None:
+        """Run ``dt`` seconds at constant ``power``: energy, thermal RC, busy time and the
+        seconds above the power and thermal limits (``dt <= 0`` only sets the power)."""
+        self.power_w = power
         if dt <= 0.0:
-            self.temperature_c = t0
             return
+        p = self.params
+        t0 = self.temperature_c
+        tau = p.thermal_time_constant_s
+        # temperature_after(t0, power, dt), inlined on the simulator's hot path.
+        t_eq = p.ambient_temperature_c + p.thermal_resistance_c_per_w * power
         self.energy_j += power * dt
         self.temperature_c = t_eq + (t0 - t_eq) * math.exp(-dt / tau)
-        if self.temperature_c > self._peak_temperature:
-            self._peak_temperature = self.temperature_c
+        if self.temperature_c > self.peak_temperature_c:
+            self.peak_temperature_c = self.temperature_c
         if busy:
-            self._busy_s += dt
-        if power > plant.power_limit_w + 1e-9:
-            self._power_violation_s += dt
-        limit = plant.thermal_limit_c
+            self.busy_s += dt
+        if power > p.power_limit_w + 1e-9:
+            self.power_violation_s += dt
+        limit = p.thermal_limit_c
         if t0 > limit or t_eq > limit:
-            self._thermal_violation_s += _time_above(t0, t_eq, tau, dt, limit)
-        self.time_s = end
-
-    def _record_tick(self, tick_time: float, energy: float) -> None:
-        series = self._series
-        arrived = bisect.bisect_right(self._arrival, tick_time + _EPS)
-        unmoved = arrived - self._next_arrival
-        series["time_s"].append(tick_time)
-        series["prefill_queue"].append(
-            float(len(self._waiting) + len(self._prefilling) + max(0, unmoved))
-        )
-        series["decode_active"].append(float(len(self._running)))
-        series["completed_requests"].append(float(self._completed))
-        kv = self._kv_prefill + self._kv_running()
-        if self._ff_tick is not None:
-            # Inside a fast-forwarded stretch: add the iterations finished by tick_time.
-            start, base, slope, batch, count = self._ff_tick
-            done = 0
-            elapsed = tick_time - start
-            while done < count and (done + 1) * base + slope * done * (done + 1) / 2.0 <= (
-                elapsed + _EPS
-            ):
-                done += 1
-            kv += done * batch
-        series["kv_tokens"].append(float(kv))
-        if series["energy_j"]:
-            series["power_w"].append((energy - self._last_tick_energy) / self._dt)
-        else:
-            series["power_w"].append(self._power_w)
-        series["requested_clock_mhz"].append(self._clocks[self._requested_index])
-        series["realized_clock_mhz"].append(self._realized_mhz[self._current_realized_index])
-        series["energy_j"].append(energy)
-        series["temperature_c"].append(self.temperature_c)
-        self._phase_series.append(self._phase)
-        self._last_tick_energy = energy
-        self._next_tick += 1
+            self.thermal_violation_s += _time_above(t0, t_eq, tau, dt, limit)
 
 
 def _time_above(t0: float, t_eq: float, tau: float, dt: float, limit: float) -> float:

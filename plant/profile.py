@@ -31,6 +31,10 @@ CSV_COLUMNS = (
 )
 
 
+DEFAULT_PROFILE = "h100-sxm-llama3-8b"
+"""The bundled profile a command uses when none is named (the seed's case-study GPU)."""
+
+
 class ProfileError(ValueError):
     """A profile CSV or manifest is malformed; the message names the file and field."""
 

@@ -21,7 +21,9 @@ while the die is above the thermal limit (to the highest clock whose steady-stat
 temperature is within the limit). Power is the time-weighted phase mix of the
 iteration at the realised clock; the one-state thermal RC is integrated exactly.
 
-The GPU side (realised clock, power, thermal RC integration) is in ``gpu_physics.py``.
+The GPU side (realised clock, power, thermal RC integration) is a composed
+:class:`~gpugov.plant.gpu_physics.GpuPhysics` over frozen
+:class:`~gpugov.plant.gpu_physics.GpuParameters`, in ``gpu_physics.py``.
 
 Time advances segment by segment (iteration ends, clock changes, arrivals while idle);
 series samples on the ``time_step_s`` grid are taken analytically inside segments.
@@ -29,6 +31,7 @@ series samples on the ``time_step_s`` grid are taken analytically inside segment
 
 from __future__ import annotations
 
+import bisect
 import copy
 import heapq
 import itertools
@@ -39,11 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from gpugov.plant.gpu_physics import (
-    _EPS,
-    CLOCK_EVENT_GPU_IDLE,
-    GpuPhysics,
-)
+from gpugov.plant.gpu_physics import _EPS, GpuParameters, GpuPhysics
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.result import SERIES_NAMES, ServingResult, compute_metrics
 from gpugov.plant.scheduler import chunked_prefill_scheduler, scheduler_label
@@ -65,11 +64,11 @@ class ControllerError(RuntimeError):
     """A clock controller raised or returned an invalid clock; the message says when."""
 
 
-class PlantSimulation(GpuPhysics):
+class PlantSimulation:
     """Stateful shell around the engine: advance time, observe, request clocks.
 
     ``simulate`` drives it for offline runs; the daemon's simulated mode drives the same
-    object in (scaled) real time.
+    object in (scaled) real time. The GPU's physics is :attr:`gpu`.
     """
 
     def __init__(
@@ -116,26 +115,8 @@ class PlantSimulation(GpuPhysics):
         self._preemptions = [0] * n
         self._epoch = [0] * n
 
-        profile = plant.profile
-        self._clocks = [float(c) for c in profile.clock_mhz]
-        realized = [profile.realized_clock(c) for c in self._clocks]
-        self._realized_mhz = realized
-        self._pf_rate = [profile.rate("prefill", c) for c in realized]
-        decode_model = profile.decode_latency_model
-        self._b_ref = float(decode_model.reference_batch_size)
-        self._c_ref = float(
-            decode_model.reference_batch_size * decode_model.reference_context_tokens
-        )
-        self._dec_a = decode_model.weight_fraction
-        self._dec_b = decode_model.batch_fraction
-        self._dec_c = decode_model.kv_fraction
-        self._dec_tref = [self._b_ref / profile.rate("decode", c) for c in realized]
-        self._p_pf = [profile.power("prefill", c) for c in realized]
-        self._p_dec = [profile.power("decode", c) for c in realized]
-        self._p_idle = [profile.power("idle", c) for c in realized]
-        self._batch_power = profile.decode_power_batch_model
-        self._batch_factor_cache: dict[int, float] = {}
-        self._max_index = len(self._clocks) - 1
+        params = GpuParameters.from_plant(plant)
+        self._clocks = params.clock_mhz
 
         # Engine state.
         self.time_s = 0.0
@@ -166,30 +147,19 @@ class PlantSimulation(GpuPhysics):
         self._iter_noise = 1.0
         self._idle_until: float | None = None
 
-        # Clocks.
+        # Clocks: requested, and in effect after the actuation delay.
         start_index = (
-            self._max_index
+            len(self._clocks) - 1
             if initial_clock_mhz is None
-            else profile.clock_index(initial_clock_mhz, downward=True)
+            else plant.profile.clock_index(initial_clock_mhz, downward=True)
         )
         self._requested_index = start_index
         self._effective_index = start_index
         self._pending: deque[tuple[float, int]] = deque()
         self._clock_changes = 0
-        self._current_realized_index = start_index
-        # Why the realised clock is below the request now, as NVML's bitmask.
-        self.clock_event_reasons = CLOCK_EVENT_GPU_IDLE
 
-        # Physics.
-        self.temperature_c = plant.ambient_temperature_c + (
-            plant.thermal_resistance_c_per_w * self._p_idle[start_index]
-        )
-        self.energy_j = 0.0
-        self._power_w = self._p_idle[start_index]
-        self._power_violation_s = 0.0
-        self._thermal_violation_s = 0.0
-        self._peak_temperature = self.temperature_c
-        self._busy_s = 0.0
+        # The GPU: realised clock, power, energy, temperature.
+        self.gpu = GpuPhysics(params, start_index)
 
         # Windowed statistics since the previous observe().
         self._window_start = 0.0
@@ -208,7 +178,7 @@ class PlantSimulation(GpuPhysics):
         self._phase_series: list[str] = []
         self._last_tick_energy = 0.0
         self._phase = "idle"
-        self._record_tick(0.0, 0.0)
+        self._record_tick(0.0, 0.0, self.gpu.temperature_c)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -225,7 +195,22 @@ class PlantSimulation(GpuPhysics):
     @property
     def realized_clock_mhz(self) -> float:
         """Clock the GPU runs at now."""
-        return self._realized_mhz[self._current_realized_index]
+        return self.gpu.realized_clock_mhz
+
+    @property
+    def temperature_c(self) -> float:
+        """Die temperature now."""
+        return self.gpu.temperature_c
+
+    @property
+    def energy_j(self) -> float:
+        """Energy drawn since the start."""
+        return self.gpu.energy_j
+
+    @property
+    def clock_event_reasons(self) -> int:
+        """Why the realised clock is below the request now, as NVML's bitmask."""
+        return self.gpu.clock_event_reasons
 
     @property
     def preemptions(self) -> int:
@@ -251,18 +236,15 @@ class PlantSimulation(GpuPhysics):
         if not isinstance(self.requests, list):
             self.requests = list(self.requests)  # type: ignore[assignment]
         self.requests.append(request)  # type: ignore[attr-defined]
-        for values, value in (
-            (self._arrival, self.time_s),
-            (self._prompt, int(prompt_tokens)),
-            (self._output, int(output_tokens)),
-            (self._first_token, None),
-            (self._finish, None),
-            (self._generated, 0),
-            (self._prefill_len, int(prompt_tokens)),
-            (self._preemptions, 0),
-            (self._epoch, 0),
-        ):
-            values.append(value)  # type: ignore[attr-defined]
+        self._arrival.append(self.time_s)
+        self._prompt.append(int(prompt_tokens))
+        self._output.append(int(output_tokens))
+        self._first_token.append(None)
+        self._finish.append(None)
+        self._generated.append(0)
+        self._prefill_len.append(int(prompt_tokens))
+        self._preemptions.append(0)
+        self._epoch.append(0)
         return index
 
     def generated_tokens(self, index: int) -> int:
@@ -295,7 +277,8 @@ class PlantSimulation(GpuPhysics):
         generated = self._sum_gen0 + decode_active * self._decode_counter - self._sum_start
         kv = self._kv_prefill + self._kv_running()
         elapsed = now - self._window_start
-        utilization = (self._busy_s - self._window_busy0) / elapsed if elapsed > _EPS else None
+        gpu = self.gpu
+        utilization = (gpu.busy_s - self._window_busy0) / elapsed if elapsed > _EPS else None
         profile = self.plant.profile
         observation = ServingObservation(
             time_s=now,
@@ -304,22 +287,22 @@ class PlantSimulation(GpuPhysics):
             prefill_remaining_tokens=float(self._waiting_tokens + self._prefilling_tokens),
             decode_active=decode_active,
             generated_decode_tokens=float(generated),
-            temperature_c=self.temperature_c,
+            temperature_c=gpu.temperature_c,
             waiting_requests=len(self._waiting) + len(self._prefilling),
             completed_requests=self._completed,
             output_tokens_total=float(self._output_total),
             prompt_tokens_total=float(self._prompt_total),
             kv_tokens=float(kv),
             kv_capacity_tokens=float(self.plant.kv_capacity_tokens),
-            power_w=self._power_w,
-            energy_j=self.energy_j,
+            power_w=gpu.power_w,
+            energy_j=gpu.energy_j,
             requested_clock_mhz=self._clocks[self._requested_index],
-            realized_clock_mhz=self._realized_mhz[self._current_realized_index],
+            realized_clock_mhz=gpu.realized_clock_mhz,
             gpu_utilization=None if utilization is None else min(1.0, max(0.0, utilization)),
             power_limit_w=self.plant.power_limit_w,
             thermal_limit_c=self.plant.thermal_limit_c,
             supported_clocks_mhz=tuple(self._clocks),
-            clock_event_reasons=self.clock_event_reasons,
+            clock_event_reasons=gpu.clock_event_reasons,
             ttft_recent_s=(self._ttft_sum / self._ttft_count) if self._ttft_count else None,
             tpot_recent_s=(self._itl_sum / self._itl_count) if self._itl_count else None,
             ttft_slo_s=profile.ttft_slo_for(
@@ -329,7 +312,7 @@ class PlantSimulation(GpuPhysics):
         )
         self._ttft_prompt_sum = 0.0
         self._window_start = now
-        self._window_busy0 = self._busy_s
+        self._window_busy0 = gpu.busy_s
         self._ttft_sum = 0.0
         self._ttft_count = 0
         self._itl_sum = 0.0
@@ -386,6 +369,100 @@ class PlantSimulation(GpuPhysics):
 
     def _next_pending_time(self) -> float:
         return self._pending[0][0] if self._pending else math.inf
+
+    def _apply_pending(self) -> None:
+        pending = self._pending
+        while pending and pending[0][0] <= self.time_s + _EPS:
+            self._effective_index = pending.popleft()[1]
+
+    def _segment_busy(self, end_s: float) -> None:
+        self._apply_pending()
+        _, (t_pf, t_dec, power) = self.gpu.busy_clock(
+            self._effective_index,
+            self._iter_prefill_tokens,
+            self._iter_decode_batch,
+            self._iter_context,
+            self._iter_noise,
+        )
+        duration = t_pf + t_dec
+        remaining = (1.0 - self._iter_progress) * duration
+        finish = self.time_s + remaining
+        target = min(finish, end_s, self._next_pending_time())
+        if target >= finish - _EPS:
+            target = finish
+            completes = True
+        else:
+            completes = False
+        dt = target - self.time_s
+        self._integrate(dt, power, busy=True)
+        if completes:
+            self._finish_iteration(duration)
+        elif duration > 0.0:
+            self._iter_progress += dt / duration
+
+    def _segment_idle(self, target: float) -> None:
+        self._apply_pending()
+        index = self.gpu.idle_clock(self._effective_index)
+        if self._idle_until is not None and math.isinf(target):
+            raise RuntimeError("idle segment without an end")
+        self._phase = "idle"
+        power = self.gpu.params.idle_power_w[index]
+        self._integrate(max(0.0, target - self.time_s), power, busy=False)
+
+    def _integrate(self, dt: float, power: float, *, busy: bool) -> None:
+        """Advance time by ``dt`` at constant ``power``: the GPU, then the grid samples."""
+        gpu = self.gpu
+        start = self.time_s
+        end = start + dt
+        t0 = gpu.temperature_c
+        e0 = gpu.energy_j
+        gpu.integrate(dt, power, busy=busy)
+        # Invariant: every grid tick <= time_s has been recorded.
+        params = gpu.params
+        dt_grid = self._dt
+        tick_time = self._next_tick * dt_grid
+        while tick_time <= end + _EPS:
+            elapsed = max(0.0, tick_time - start)
+            temperature = params.temperature_after(t0, power, elapsed)
+            self._record_tick(tick_time, e0 + power * elapsed, temperature)
+            tick_time = self._next_tick * dt_grid
+        if dt > 0.0:
+            self.time_s = end
+
+    def _record_tick(self, tick_time: float, energy: float, temperature: float) -> None:
+        series = self._series
+        arrived = bisect.bisect_right(self._arrival, tick_time + _EPS)
+        unmoved = arrived - self._next_arrival
+        series["time_s"].append(tick_time)
+        series["prefill_queue"].append(
+            float(len(self._waiting) + len(self._prefilling) + max(0, unmoved))
+        )
+        series["decode_active"].append(float(len(self._running)))
+        series["completed_requests"].append(float(self._completed))
+        kv = self._kv_prefill + self._kv_running()
+        if self._ff_tick is not None:
+            # Inside a fast-forwarded stretch: add the iterations finished by tick_time.
+            start, base, slope, batch, count = self._ff_tick
+            done = 0
+            elapsed = tick_time - start
+            while done < count and (done + 1) * base + slope * done * (done + 1) / 2.0 <= (
+                elapsed + _EPS
+            ):
+                done += 1
+            kv += done * batch
+        series["kv_tokens"].append(float(kv))
+        gpu = self.gpu
+        if series["energy_j"]:
+            series["power_w"].append((energy - self._last_tick_energy) / self._dt)
+        else:
+            series["power_w"].append(gpu.power_w)
+        series["requested_clock_mhz"].append(self._clocks[self._requested_index])
+        series["realized_clock_mhz"].append(gpu.realized_clock_mhz)
+        series["energy_j"].append(energy)
+        series["temperature_c"].append(temperature)
+        self._phase_series.append(self._phase)
+        self._last_tick_energy = energy
+        self._next_tick += 1
 
     def _start_iteration(self) -> bool:
         """Ask the scheduler for the next iteration; return False when nothing runs."""
@@ -492,12 +569,14 @@ class PlantSimulation(GpuPhysics):
             return False
         plant = self.plant
         self._apply_pending()
-        index, (_, base, power) = self._busy_clock()
-        if (
-            self.temperature_c >= plant.thermal_limit_c
-            or plant.ambient_temperature_c + plant.thermal_resistance_c_per_w * power
-            >= plant.thermal_limit_c
-        ):
+        index, (_, base, power) = self.gpu.busy_clock(
+            self._effective_index,
+            self._iter_prefill_tokens,
+            self._iter_decode_batch,
+            self._iter_context,
+            self._iter_noise,
+        )
+        if self.gpu.may_reach_thermal_limit(power):
             return False
         counter = self._decode_counter
         k_completion = self._heap[0][0] - counter - 1
@@ -509,7 +588,7 @@ class PlantSimulation(GpuPhysics):
             else math.inf
         )
         available = min(end_s, next_arrival, self._next_pending_time()) - self.time_s
-        slope = self._dec_tref[index] * self._dec_c * batch / self._c_ref
+        slope = self.gpu.params.decode_context_slope_s(index, batch)
         if math.isinf(available):
             k_time = k_completion
         elif slope > 0.0:
@@ -523,7 +602,6 @@ class PlantSimulation(GpuPhysics):
         if count < 2:
             return False
         total = count * base + slope * count * (count - 1) / 2.0
-        self._current_realized_index = index
         self._phase = "decode"
         self._ff_tick = (self.time_s, base, slope, batch, count)
         self._integrate(total, power, busy=True)
@@ -640,7 +718,11 @@ class PlantSimulation(GpuPhysics):
         has series from the fork point only; its energy, request outcomes and state are
         exact), and copies lists of plain numbers with ``list.copy`` (about 1 ms).
         """
-        memo: dict[int, Any] = {id(self.requests): self.requests, id(self.plant): self.plant}
+        memo: dict[int, Any] = {
+            id(self.requests): self.requests,
+            id(self.plant): self.plant,
+            id(self.gpu.params): self.gpu.params,
+        }
         for values in self._series.values():
             memo[id(values)] = []
         memo[id(self._phase_series)] = []
@@ -691,22 +773,23 @@ class PlantSimulation(GpuPhysics):
         self._move_arrivals(self.time_s)
         records = self.records()
         series = {key: np.asarray(values, dtype=float) for key, values in self._series.items()}
-        minimum = self._realized_mhz[0]
+        gpu = self.gpu
+        minimum = gpu.params.realized_clock_mhz[0]
         at_minimum = np.isclose(series["realized_clock_mhz"], minimum)
         queued = series["prefill_queue"] + series["decode_active"]
         peak_at_minimum = float(np.max(queued[at_minimum])) if np.any(at_minimum) else 0.0
         profile = self.plant.profile
         metrics = compute_metrics(
             records,
-            energy_j=self.energy_j,
+            energy_j=gpu.energy_j,
             duration_s=self.time_s,
             output_tokens=self._output_total,
             ttft_slo_s=profile.ttft_slo_s,
             tpot_slo_s=profile.tpot_slo_s,
             ttft_slo_per_prompt_token_s=profile.ttft_slo_per_prompt_token_s,
-            power_cap_violation_s=self._power_violation_s,
-            thermal_violation_s=self._thermal_violation_s,
-            peak_temperature_c=self._peak_temperature,
+            power_cap_violation_s=gpu.power_violation_s,
+            thermal_violation_s=gpu.thermal_violation_s,
+            peak_temperature_c=gpu.peak_temperature_c,
             peak_queued_requests_at_minimum_clock=peak_at_minimum,
             preemptions=self._preemption_total,
             clock_changes=self._clock_changes,

@@ -1,6 +1,6 @@
 """``gpugov experiments``: the seed's whole study from one command.
 
-Runs :func:`controllers.experiments.build_textbook_results` on a trace and writes
+Runs :func:`gpugov.study.experiments.build_textbook_results` on a trace and writes
 
 * ``DIR/results.json``: the seed's result structure (strict JSON, no NaN);
 * ``DIR/summary.md``: the headline tables (per-controller energy, J/token, TTFT/TPOT p95,
@@ -33,15 +33,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from gpugov import __version__
-from gpugov.controllers.experiment_parts import (
-    FIRST_STAGE,
-    SuiteInputs,
-    run_part,
-    run_scheduling_on_plant,
-)
-from gpugov.controllers.experiments import assemble_textbook_results, build_textbook_results
 from gpugov.daemon.cli_support import (
-    DEFAULT_PROFILE,
     UsageError,
     check_workload_fits,
     hidden_alias,
@@ -52,7 +44,15 @@ from gpugov.daemon.cli_support import (
 )
 from gpugov.daemon.progress import Progress
 from gpugov.plant import ServingPlant, load_profile
+from gpugov.plant.profile import DEFAULT_PROFILE
 from gpugov.plant.workload import DEFAULT_TRACE
+from gpugov.study.experiment_parts import (
+    FIRST_STAGE,
+    SuiteInputs,
+    run_part,
+    run_scheduling_on_plant,
+)
+from gpugov.study.experiments import assemble_textbook_results, build_textbook_results
 from gpugov.study.runners import (
     RunnerSpec,
     add_runner_arguments,

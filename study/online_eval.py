@@ -16,34 +16,11 @@ from typing import Any
 import numpy as np
 
 from gpugov.controllers.online_mpc import REFERENCE_BATCH, OnlineMPCController
-from gpugov.daemon.config import OnlineMPCControllerConfig
-from gpugov.daemon.decide import online_controller
-from gpugov.daemon.service import with_workload_forecasts
 from gpugov.plant import PerformanceProfile, PlantSimulation, ServingPlant, ServingResult
 from gpugov.plant.types import ClockController, Request
 
 WARMUP_S = 300.0
 """The issue's warm-up: capture is also reported over what follows the first 5 minutes."""
-
-
-def scoreboard_online(
-    workload: Sequence[Request],
-    *,
-    control_period_s: float,
-    horizon_s: float = 10.0,
-    solve_time_limit_s: float = 0.8,
-) -> OnlineMPCController:
-    """The ``mpc-online`` controller as ``gpugov run --simulate`` builds it: declared
-    forecasts from the workload, SLOs and clocks from the observations only."""
-    spec = with_workload_forecasts(
-        OnlineMPCControllerConfig(
-            kind="mpc-online", horizon_s=horizon_s, solve_time_limit_s=solve_time_limit_s
-        ),
-        workload,
-    )
-    controller = online_controller(spec, control_period_s)
-    assert isinstance(controller, OnlineMPCController)
-    return controller
 
 
 def energy_after(result: ServingResult, start_s: float) -> float:
@@ -206,18 +183,18 @@ def _shifted(requests: Sequence[Request], offset_s: float, first_id: int) -> lis
 def nonstationary_runs(
     duration_s: float = 300.0, control_period_s: float = 0.5
 ) -> list[dict[str, Any]]:
-    """The two non-stationary scenarios of issue 14, on the bundled profiles at 70 % of
+    """The two non-stationary scenarios, on the bundled profiles at 70 % of
     the SLO capacity: ``prompt-mix`` (the Azure conversation window, then the Azure code
     window: prompts twice as long, outputs a tenth as long) on the H100 profile, and
     ``model-swap`` (the conversation window on the H100 profile, then the engine restarts
     on the A100 profile under another ``model_name``). Each runs the maximum clock, the
     profile-fed fast MPC (built on the first profile, as a node configured once would
     keep it) and ``mpc-online``; one row per controller and segment."""
-    from gpugov.controllers.baseline import maximum_clock_controller
-    from gpugov.daemon.config import MPCControllerConfig
-    from gpugov.daemon.service import simulated_mpc
+    from gpugov.controllers.contract import unwrap
+    from gpugov.daemon.config import MaxControllerConfig, MPCControllerConfig
     from gpugov.plant import load_profile
     from gpugov.study.scoreboard import build_scenario
+    from gpugov.study.scoreboard_controllers import scoreboard_online, study_controller
 
     h100 = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
     a100 = ServingPlant.from_profile(load_profile("a100-sxm-80gb-llama3-8b"))
@@ -232,13 +209,17 @@ def nonstationary_runs(
     rows: list[dict[str, Any]] = []
     for case, segments in cases.items():
         everything = [r for workload, _, _ in segments for r in workload]
+        # Every controller in the node's safety chain of the first plant's clocks (a node
+        # configured once keeps its domain's).
         builders = {
-            "max": lambda: maximum_clock_controller,
-            "mpc": lambda everything=everything: simulated_mpc(
-                MPCControllerConfig(kind="mpc"), h100, everything, control_period_s
+            "max": lambda everything=everything: study_controller(
+                MaxControllerConfig(kind="max"), h100, everything, control_period_s=control_period_s
+            ),
+            "mpc": lambda everything=everything: study_controller(
+                MPCControllerConfig(kind="mpc"), h100, everything, control_period_s=control_period_s
             ),
             "mpc-online": lambda everything=everything: scoreboard_online(
-                everything, control_period_s=control_period_s
+                h100, everything, control_period_s=control_period_s
             ),
         }
         reference: list[ServingResult] = []
@@ -260,7 +241,11 @@ def nonstationary_runs(
                         "holds_slo": attainment >= (base.slo_attainment or 0.0) - 0.01,
                         "energy_j": result.metrics.energy_j,
                         "energy_saved_fraction": 1.0 - result.metrics.energy_j / base.energy_j,
-                        "resets": getattr(controller, "resets", None),
+                        "resets": (
+                            algorithm.resets
+                            if isinstance(algorithm := unwrap(controller), OnlineMPCController)
+                            else None
+                        ),
                     }
                 )
     return rows
@@ -321,6 +306,5 @@ __all__ = [
     "nonstationary_runs",
     "online_model_lines",
     "run_segments",
-    "scoreboard_online",
     "summarize_model_error",
 ]

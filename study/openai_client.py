@@ -37,7 +37,6 @@ class StreamTiming:
     token_s: list[float] = field(default_factory=list)
     end_s: float | None = None
     error: str | None = None
-    usage_completion_tokens: int | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -166,9 +165,6 @@ def stream_completion(
             choices = event.get("choices") or []
             if choices and choices[0].get("text"):
                 timing.token_s.append(now)
-            usage = event.get("usage")
-            if usage:
-                timing.usage_completion_tokens = usage.get("completion_tokens")
         timing.end_s = clock()
     except (OSError, http.client.HTTPException) as error:
         timing.error = f"{type(error).__name__}: {error}"

@@ -66,6 +66,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from gpugov.controllers.contract import Diagnosable
+from gpugov.controllers.online_mpc import OnlineMPCController
 from gpugov.controllers.oracles import (
     best_fixed_clock,
     fluid_energy_lower_bound,
@@ -73,6 +75,7 @@ from gpugov.controllers.oracles import (
     oracle_capture,
     window_oracle,
 )
+from gpugov.daemon.cli_support import add_safety_arguments
 from gpugov.daemon.progress import format_duration
 from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, load_profile, simulate
 from gpugov.plant.profile import list_bundled_profiles
@@ -231,18 +234,23 @@ def run_scenario(
         mpc_horizon_s=config.mpc_horizon_s,
         mpc_solve_time_limit_s=config.mpc_solve_time_limit_s,
         fast_mpc_period_s=config.fast_mpc_period_s,
+        safety=config.safety,
     ):
         start = time.perf_counter()
-        inner = entry.build()
+        chain = entry.build()
         offline = time.perf_counter() - start
-        recorder = ProblemRecorder(inner) if compare and entry.key == "mpc-slsqp" else None
-        timed = TimedController(inner)
+        inner = chain.unwrapped
+        recorder = (
+            ProblemRecorder(inner)  # type: ignore[arg-type]
+            if compare and entry.key == "mpc-slsqp"
+            else None
+        )
+        timed = TimedController(chain)
         result, wall = run(timed, entry.key, entry.control_period_s)
         extra: dict[str, Any] = {}
         times: Sequence[float] = timed.call_times_s
-        diagnostics = getattr(inner, "diagnostics", None)
-        report = diagnostics() if callable(diagnostics) else None
-        if report is not None and hasattr(report, "solve_times_s"):
+        report = inner.diagnostics() if isinstance(inner, Diagnosable) else None
+        if report is not None:
             # An MPC: its own solve times are the decision times.
             times = [float(t) for t in report.solve_times_s]
             extra = {
@@ -252,11 +260,11 @@ def run_scenario(
                 "mpc_control_period_s": float(report.control_period_s),
                 "mpc_horizon_steps": int(report.horizon_steps),
             }
-        if entry.key == "mpc-online":
-            errors = model_error_by_clock(inner, profile, result)  # type: ignore[arg-type]
+        if isinstance(inner, OnlineMPCController):
+            errors = model_error_by_clock(inner, profile, result)
             extra["model_error_by_clock"] = errors
             extra["model_error"] = summarize_model_error(errors)
-            extra["online_status"] = inner.status()  # type: ignore[attr-defined]
+            extra["online_status"] = inner.status()
         results[entry.key] = result
         if entry.key == "max":
             reference = result
@@ -522,6 +530,8 @@ def config_for(
     loads: Sequence[str] | None = None,
     duration_s: float | None = None,
     jobs: int | None = None,
+    dwell_s: float | None = None,
+    floor_mhz: float | None = None,
 ) -> BenchConfig:
     """The full, ``--quick`` or hidden ``--tiny`` configuration with overrides."""
     config = TINY if tiny else QUICK if quick else FULL
@@ -557,6 +567,14 @@ def config_for(
         if jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {jobs}")
         changes["jobs"] = jobs
+    if dwell_s is not None:
+        if not math.isfinite(dwell_s) or dwell_s < 0.0:
+            raise ValueError(f"--dwell must be finite and >= 0, got {dwell_s!r}")
+        changes["dwell_s"] = float(dwell_s)
+    if floor_mhz is not None:
+        if not math.isfinite(floor_mhz) or floor_mhz <= 0.0:
+            raise ValueError(f"--floor must be a positive clock, got {floor_mhz!r}")
+        changes["floor_mhz"] = float(floor_mhz)
     return replace(config, **changes)
 
 
@@ -615,6 +633,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="worker processes (default: one per CPU)",
     )
+    add_safety_arguments(parser, prefix="every controller runs in the node's safety chain: ")
     add_runner_arguments(parser, jobs=False)
 
 
@@ -628,6 +647,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         loads=args.loads,
         duration_s=args.duration,
         jobs=args.jobs,
+        dwell_s=args.dwell,
+        floor_mhz=args.floor,
     )
     from gpugov.daemon.cli_support import UsageError, prepare_output_dir
     from gpugov.daemon.progress import Progress

@@ -1,5 +1,5 @@
-"""The controllers every scoreboard scenario runs, built the way the daemon builds them
-(the MPCs through its own factory), each under its one name."""
+"""The controllers every scoreboard scenario runs, each built by the node's factory
+(:func:`daemon.decide.build_controller`) in the node's safety chain, under its one name."""
 
 from __future__ import annotations
 
@@ -7,22 +7,22 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpugov.controllers.baseline import maximum_clock_controller, reactive_clock_controller
-from gpugov.controllers.mpc import (
-    MPCController,
-    expected_output_tokens_forecast,
+from gpugov.controllers.contract import ControllerWrapper
+from gpugov.controllers.mpc import expected_output_tokens_forecast
+from gpugov.controllers.open_loop import optimize_open_loop
+from gpugov.daemon.config import (
+    ControllerConfig,
+    MaxControllerConfig,
+    MPCControllerConfig,
+    OnlineMPCControllerConfig,
+    OpenLoopControllerConfig,
+    ReactiveControllerConfig,
 )
-from gpugov.controllers.open_loop import OpenLoopClockController, optimize_open_loop
-from gpugov.daemon.config import MPCControllerConfig
-from gpugov.daemon.service import simulated_mpc
+from gpugov.daemon.decide import ControllerContext, build_controller
+from gpugov.daemon.safety import SafetySettings
 from gpugov.plant import ServingPlant
-from gpugov.plant.types import ClockController, Request
-from gpugov.study.online_eval import (
-    scoreboard_online,
-)
-from gpugov.study.scoreboard_scenarios import (
-    LABELS,
-)
+from gpugov.plant.types import Request
+from gpugov.study.scoreboard_scenarios import LABELS
 
 
 # ---------------------------------------------------------------------- controllers
@@ -32,9 +32,27 @@ class ControllerEntry:
 
     key: str
     label: str
-    build: Callable[[], ClockController]
+    build: Callable[[], ControllerWrapper]
     control_period_s: float | None = None
     """The controller's own control period; None runs it at the scenario's."""
+
+
+def study_controller(
+    spec: ControllerConfig,
+    plant: ServingPlant,
+    workload: Sequence[Request],
+    *,
+    control_period_s: float,
+    safety: SafetySettings | None = None,
+    plan: object = None,
+) -> ControllerWrapper:
+    """``spec``'s controller on a simulated domain of ``plant``, as ``gpugov run --simulate
+    --virtual`` builds it: the node's factory and safety chain, forecasts declared from the
+    workload before the run, the plant itself for an ``mpc``, virtual time."""
+    context = ControllerContext.for_plant(
+        plant, workload, period_s=control_period_s, safety=safety, plan=plan
+    )
+    return build_controller(spec, context)
 
 
 def scoreboard_mpc(
@@ -45,19 +63,34 @@ def scoreboard_mpc(
     control_period_s: float = 1.0,
     horizon_s: float = 10.0,
     solve_time_limit_s: float = 0.8,
-) -> MPCController:
+    safety: SafetySettings | None = None,
+) -> ControllerWrapper:
     """The MPC of config kind ``kind`` (``mpc``: the fast solver and model; ``mpc-slsqp``:
-    the seed's) exactly as the daemon's simulated mode builds it
-    (:func:`daemon.service.simulated_mpc`), with forecasts declared from the workload
-    before the run."""
+    the seed's) in its safety chain, as :func:`study_controller` builds it."""
     spec = MPCControllerConfig(
         kind=kind,  # type: ignore[arg-type]
         horizon_s=horizon_s,
         solve_time_limit_s=solve_time_limit_s,
     )
-    controller = simulated_mpc(spec, plant, workload, control_period_s)
-    assert isinstance(controller, MPCController)
-    return controller
+    return study_controller(spec, plant, workload, control_period_s=control_period_s, safety=safety)
+
+
+def scoreboard_online(
+    plant: ServingPlant,
+    workload: Sequence[Request],
+    *,
+    control_period_s: float,
+    horizon_s: float = 10.0,
+    solve_time_limit_s: float = 0.8,
+    safety: SafetySettings | None = None,
+) -> ControllerWrapper:
+    """``mpc-online`` in its safety chain, as ``gpugov run --simulate`` builds it: declared
+    forecasts from the workload; SLOs from the observations only. It never reads the
+    plant's profile (the plant gives only the clocks a node would list)."""
+    spec = OnlineMPCControllerConfig(
+        kind="mpc-online", horizon_s=horizon_s, solve_time_limit_s=solve_time_limit_s
+    )
+    return study_controller(spec, plant, workload, control_period_s=control_period_s, safety=safety)
 
 
 def build_scoreboard_controllers(
@@ -68,15 +101,17 @@ def build_scoreboard_controllers(
     mpc_horizon_s: float = 10.0,
     mpc_solve_time_limit_s: float = 0.8,
     fast_mpc_period_s: float | None = None,
+    safety: SafetySettings | None = None,
 ) -> list[ControllerEntry]:
     """The online controllers of the scoreboard, in table order (the one place to swap
-    one in: keys ``max``, ``reactive``, ``open-loop``, ``mpc-slsqp``, ``mpc``).
+    one in: keys ``max``, ``reactive``, ``open-loop``, ``mpc-slsqp``, ``mpc``,
+    ``mpc-online``), each in the node's safety chain with ``safety``'s floor and dwell.
 
     The MPCs are the daemon's config kinds ``mpc-slsqp`` (the seed's SLSQP solver and
     fluid model, the reference) and ``mpc`` (the fast discrete-search solver with its
-    latency model, SLO margin, burst hedge and SLO feedback), built by
-    :func:`scoreboard_mpc`. The fast MPC runs every ``fast_mpc_period_s`` (default: the
-    scenario's period) over the same horizon in seconds, since its solve time allows it.
+    latency model, SLO margin, burst hedge and SLO feedback). The fast MPC and
+    ``mpc-online`` run every ``fast_mpc_period_s`` (default: the scenario's period) over
+    the same horizon in seconds, since their solve time allows it.
 
     The open-loop plan (:func:`optimize_open_loop`) covers the scenario to 60 s past the
     last arrival with the MPC's output forecast; its factory solves the LP, so building it
@@ -85,8 +120,14 @@ def build_scoreboard_controllers(
     requests = tuple(workload)
     forecast = expected_output_tokens_forecast(requests)
     plan_horizon = math.ceil(requests[-1].arrival_time_s) + 60.0
+    fast_period = control_period_s if fast_mpc_period_s is None else fast_mpc_period_s
 
-    def open_loop() -> ClockController:
+    def make(spec: ControllerConfig, period: float) -> Callable[[], ControllerWrapper]:
+        return lambda: study_controller(
+            spec, plant, requests, control_period_s=period, safety=safety
+        )
+
+    def open_loop() -> ControllerWrapper:
         plan = optimize_open_loop(
             requests,
             plant,
@@ -94,35 +135,36 @@ def build_scoreboard_controllers(
             control_period_s=control_period_s,
             expected_output_tokens=forecast,
         )
-        return OpenLoopClockController(plan)
-
-    fast_period = control_period_s if fast_mpc_period_s is None else fast_mpc_period_s
-
-    def mpc(kind: str, period: float) -> Callable[[], ClockController]:
-        return lambda: scoreboard_mpc(
+        return study_controller(
+            OpenLoopControllerConfig(kind="open-loop", plan="scoreboard-plan"),
             plant,
             requests,
-            kind,
-            control_period_s=period,
+            control_period_s=control_period_s,
+            safety=safety,
+            plan=plan,
+        )
+
+    def mpc(kind: str) -> MPCControllerConfig:
+        return MPCControllerConfig(
+            kind=kind,  # type: ignore[arg-type]
             horizon_s=mpc_horizon_s,
             solve_time_limit_s=mpc_solve_time_limit_s,
         )
 
+    online = OnlineMPCControllerConfig(
+        kind="mpc-online", horizon_s=mpc_horizon_s, solve_time_limit_s=mpc_solve_time_limit_s
+    )
     return [
-        ControllerEntry("max", LABELS["max"], lambda: maximum_clock_controller),
-        ControllerEntry("reactive", LABELS["reactive"], lambda: reactive_clock_controller),
-        ControllerEntry("open-loop", LABELS["open-loop"], open_loop),
-        ControllerEntry("mpc-slsqp", LABELS["mpc-slsqp"], mpc("mpc-slsqp", control_period_s)),
-        ControllerEntry("mpc", LABELS["mpc"], mpc("mpc", fast_period), fast_period),
         ControllerEntry(
-            "mpc-online",
-            LABELS["mpc-online"],
-            lambda: scoreboard_online(
-                requests,
-                control_period_s=fast_period,
-                horizon_s=mpc_horizon_s,
-                solve_time_limit_s=mpc_solve_time_limit_s,
-            ),
-            fast_period,
+            "max", LABELS["max"], make(MaxControllerConfig(kind="max"), control_period_s)
         ),
+        ControllerEntry(
+            "reactive",
+            LABELS["reactive"],
+            make(ReactiveControllerConfig(kind="reactive"), control_period_s),
+        ),
+        ControllerEntry("open-loop", LABELS["open-loop"], open_loop),
+        ControllerEntry("mpc-slsqp", LABELS["mpc-slsqp"], make(mpc("mpc-slsqp"), control_period_s)),
+        ControllerEntry("mpc", LABELS["mpc"], make(mpc("mpc"), fast_period), fast_period),
+        ControllerEntry("mpc-online", LABELS["mpc-online"], make(online, fast_period), fast_period),
     ]

@@ -15,6 +15,7 @@ from gpugov.controllers.baseline import maximum_clock_controller
 from gpugov.controllers.oracles import (
     SLO_TOLERANCE,
 )
+from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import PerformanceProfile, ServingPlant, simulate
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.plant.types import Request
@@ -80,6 +81,10 @@ class BenchConfig:
     mpc_horizon_s: float = 10.0
     mpc_solve_time_limit_s: float = 0.8
     fast_mpc_period_s: float = 0.5
+    dwell_s: float = DEFAULT_DWELL_S
+    """The safety chain's dwell every controller runs in (a node's ``safety.dwell_s``)."""
+    floor_mhz: float | None = None
+    """The safety chain's floor (a node's ``safety.floor_mhz``; None: none)."""
     oracle_window_s: float = 5.0
     oracle_lookahead_s: float = 15.0
     oracle_coarse_levels: int = 8
@@ -91,6 +96,11 @@ class BenchConfig:
     jobs: int = 0
     seed: int = 0
     mode: str = "full"
+
+    @property
+    def safety(self) -> SafetySettings:
+        """The node's safety chain every scored controller runs in."""
+        return SafetySettings(floor_mhz=self.floor_mhz, dwell_s=self.dwell_s)
 
     def scenario_specs(self) -> list[tuple[str, str, str]]:
         """(trace, profile, load) for every scenario, in table order."""

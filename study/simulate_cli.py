@@ -11,9 +11,8 @@ from typing import Any
 
 from gpugov.daemon.cli_support import (
     CONTROLLER_HELP,
-    DEFAULT_PROFILE,
     UsageError,
-    build_controller,
+    add_safety_arguments,
     check_output_file,
     check_workload_fits,
     controller_label,
@@ -23,10 +22,12 @@ from gpugov.daemon.cli_support import (
     require_extra,
     require_nonnegative,
     require_positive,
+    safety_from_args,
+    simulated_controller,
 )
 from gpugov.daemon.sim_progress import SimulationProgress
 from gpugov.plant import ServingPlant, ServingResult, load_profile, simulate
-from gpugov.plant.profile import list_bundled_profiles
+from gpugov.plant.profile import DEFAULT_PROFILE, list_bundled_profiles
 from gpugov.plant.result import arrival_separation
 from gpugov.plant.scheduler import SCHEDULERS
 from gpugov.plant.workload import (
@@ -46,16 +47,20 @@ def write_plot(result: ServingResult, path: Path, title: str = "") -> None:
 def controller_diagnostics(controller: object) -> dict[str, Any] | None:
     """An MPC's solve record for the JSON: solves, fallbacks by reason (``budget``: a
     solve that used up its deterministic budget in virtual time), the budget or limit."""
-    diagnostics = getattr(controller, "diagnostics", None)
-    if not callable(diagnostics):
+    from gpugov.controllers.contract import Diagnosable, unwrap
+    from gpugov.controllers.mpc import MPCController
+
+    algorithm = unwrap(controller)  # type: ignore[arg-type]
+    if not isinstance(algorithm, Diagnosable):
         return None
-    report = diagnostics()
+    report = algorithm.diagnostics()
+    budget = algorithm.solve_budget_evaluations if isinstance(algorithm, MPCController) else None
     return {
         "solves": int(len(report.solve_times_s)),
         "successful_solves": int(report.successful_solves),
         "fallbacks": int(report.fallback_count),
         "fallback_reasons": dict(report.fallback_reasons),
-        "solve_budget_evaluations": getattr(controller, "solve_budget_evaluations", None),
+        "solve_budget_evaluations": budget,
         "solve_time_limit_s": float(report.solve_time_limit_s),
     }
 
@@ -66,6 +71,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     require_positive("--duration", args.duration)
     require_positive("--load-scale", args.load_scale)
     require_nonnegative("--latency-noise", args.latency_noise)
+    require_nonnegative("--dwell", args.dwell)
+    require_positive("--floor", args.floor)
     if args.stride < 1:
         raise UsageError(f"--stride must be >= 1, got {args.stride!r}")
     if not math.isfinite(args.start) or args.start < 0:
@@ -87,7 +94,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     plant = ServingPlant.from_profile(profile, latency_noise_cv=args.latency_noise)
     check_workload_fits(workload, plant, args.trace)
-    controller = build_controller(args.controller, plant, workload, args.control_period)
+    safety = safety_from_args(args, profile.clock_mhz)
+    controller = simulated_controller(
+        args.controller, plant, workload, args.control_period, safety=safety
+    )
     scheduler = SCHEDULERS[args.scheduler]
     progress = SimulationProgress(workload[-1].arrival_time_s, "simulate", enabled=not args.quiet)
     result = simulate(
@@ -123,6 +133,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                 "controller": controller_label(args.controller),
                 "controller_spec": args.controller,
                 "control_period_s": args.control_period,
+                "safety": safety.as_dict(),
                 "trace": {
                     "path": report.path,
                     "format": report.format,
@@ -231,6 +242,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="S",
         help="seconds between controller decisions (default 1)",
     )
+    add_safety_arguments(sim)
     sim.add_argument(
         "--start",
         type=float,

@@ -22,6 +22,8 @@ The grid file (TOML; every key but the four lists is optional)::
     control_period_s = 1.0                        # --control-period
     scheduler = "chunked"                         # --scheduler
     latency_noise = 0.0                           # --latency-noise (iteration jitter CV)
+    dwell_s = 1.0                                 # --dwell: the node's safety.dwell_s
+    # floor_mhz = 900.0                           # --floor: the node's safety.floor_mhz
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpugov import __version__
-from gpugov.daemon.cli_support import UsageError, build_controller, load_trace_for_cli
+from gpugov.daemon.cli_support import UsageError, load_trace_for_cli, simulated_controller
 from gpugov.daemon.progress import Progress
+from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile, simulate
 from gpugov.plant.profile import ProfileError
 from gpugov.plant.result import arrival_separation
@@ -83,6 +86,8 @@ class SweepGrid(BaseModel):
     control_period_s: float = Field(default=1.0, gt=0.0, allow_inf_nan=False)
     scheduler: str = "chunked"
     latency_noise: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    dwell_s: float = Field(default=DEFAULT_DWELL_S, ge=0.0, allow_inf_nan=False)
+    floor_mhz: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
 
     @field_validator("traces", "profiles", "controllers", "seeds", "loads")
     @classmethod
@@ -122,6 +127,8 @@ class SweepGrid(BaseModel):
             "control_period_s": self.control_period_s,
             "scheduler": self.scheduler,
             "latency_noise": self.latency_noise,
+            "dwell_s": self.dwell_s,
+            "floor_mhz": self.floor_mhz,
         }
 
 
@@ -246,8 +253,12 @@ def plan_sweep(path: Path) -> SweepPlan:
     for spec in grid.controllers:
         for entry, profile in profiles.items():
             try:
-                build_controller(
-                    spec, ServingPlant.from_profile(profile), first, grid.control_period_s
+                simulated_controller(
+                    spec,
+                    ServingPlant.from_profile(profile),
+                    first,
+                    grid.control_period_s,
+                    safety=_safety(grid.settings()),
                 )
             except UsageError as error:
                 message = str(error).removeprefix("--controller: ")
@@ -295,6 +306,14 @@ def _strict(value: Any) -> Any:
     return value
 
 
+def _safety(settings: Mapping[str, Any]) -> SafetySettings:
+    """The safety chain of a grid's settings (older results carry none: the defaults)."""
+    return SafetySettings(
+        floor_mhz=settings.get("floor_mhz"),
+        dwell_s=float(settings.get("dwell_s", DEFAULT_DWELL_S)),
+    )
+
+
 def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
     """One cell, as ``gpugov simulate`` runs it; a failure becomes a ``failed`` row (a
     sweep of hours does not stop for one cell; ``--resume`` runs failed cells again)."""
@@ -308,7 +327,9 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
             shared[f"profile:{cell.profile}"], latency_noise_cv=settings["latency_noise"]
         )
         period = settings["control_period_s"]
-        controller = build_controller(cell.controller, plant, workload, period)
+        controller = simulated_controller(
+            cell.controller, plant, workload, period, safety=_safety(settings)
+        )
         result = simulate(
             workload,
             plant,

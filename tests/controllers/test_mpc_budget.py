@@ -11,7 +11,7 @@ import pytest
 
 from gpugov.cli import main
 from gpugov.controllers.mpc import DEFAULT_SOLVE_BUDGET_EVALUATIONS, MPCController
-from gpugov.daemon.cli_support import build_controller
+from gpugov.daemon.cli_support import simulated_controller
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, load_trace, simulate
 
 PROFILE = "h100-sxm-llama3-8b"
@@ -25,7 +25,8 @@ def setting() -> tuple[tuple, ServingPlant]:  # type: ignore[type-arg]
 
 def _run(setting, *, busy: bool = False, budget: int | None = None) -> tuple[list, MPCController]:  # type: ignore[no-untyped-def,type-arg]
     workload, plant = setting
-    controller = build_controller("mpc-slsqp", plant, workload, 1.0)
+    chain = simulated_controller("mpc-slsqp", plant, workload, 1.0)
+    controller = chain.unwrapped
     assert isinstance(controller, MPCController)
     if busy:
         ticks = count()

@@ -355,7 +355,10 @@ class FakeNvml:
             ("nvmlDeviceSetGpuLockedClocks", handle.index, minGpuClockMHz, maxGpuClockMHz)
         )
         handle.locked = (minGpuClockMHz, maxGpuClockMHz)
-        handle.sm_clock_mhz = maxGpuClockMHz
+        # The GPU runs at a supported clock: the highest one at or below the upper bound.
+        supported = sorted(handle.graphics_clocks_mhz)
+        below = [clock for clock in supported if clock <= maxGpuClockMHz]
+        handle.sm_clock_mhz = below[-1] if below else supported[0]
         # A lock below the top clock shows as ApplicationsClocksSetting (as on real GPUs).
         if maxGpuClockMHz < max(handle.graphics_clocks_mhz):
             handle.event_reasons |= nvmlClocksEventReasonApplicationsClocksSetting

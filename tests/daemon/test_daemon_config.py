@@ -43,6 +43,11 @@ def test_defaults() -> None:
         ({"daemon": {"backend": "dcgm"}, **MINIMAL}, "daemon.backend", "or 'emulated'"),
         ({"daemon": {"metrics_address": "9400"}, **MINIMAL}, "daemon.metrics_address", "HOST:PORT"),
         ({"daemon": {"bogus": 1}, **MINIMAL}, "daemon.bogus", "unknown key"),
+        (
+            {"daemon": {"max_controller_failures": 0}, **MINIMAL},
+            "daemon.max_controller_failures",
+            "greater than or equal to 1",
+        ),
         ({"domains": {"name": "x"}}, "domains", "[[domains]]"),
         ({"domains": []}, "domains", "at least 1"),
         (_domain(gpus=[]), "domains[0].gpus", "at least 1"),
@@ -127,3 +132,43 @@ def test_emulated_backend_needs_an_emulator_url() -> None:
         {"daemon": {"backend": "emulated", "emulator": "http://127.0.0.1:8000"}, **MINIMAL}
     )
     assert config.daemon.emulator == "http://127.0.0.1:8000"
+
+
+def test_the_recommended_mpc_period_is_valid_with_the_default_timeout(tmp_path: Path) -> None:
+    """``period_s = 0.5`` alone: the unset engine timeout follows the period."""
+    path = tmp_path / "gpugov.toml"
+    path.write_text(
+        '[daemon]\nperiod_s = 0.5\n\n[[domains]]\nname = "llm"\ngpus = [0]\n\n'
+        '[domains.controller]\nkind = "mpc"\n\n[domains.safety]\ndwell_s = 0.5\n'
+    )
+    config = load_config(path)
+    assert config.domains[0].engine.timeout_s == 0.25
+    # The default period keeps the 0.5 s deadline; a table without the key too.
+    assert parse_config(MINIMAL).domains[0].engine.timeout_s == 0.5
+    table = _domain(engine={"kind": "vllm"})
+    assert parse_config({"daemon": {"period_s": 0.2}, **table}).domains[0].engine.timeout_s == 0.1
+    # A timeout the file sets is kept, and refused when not shorter than the period.
+    assert parse_config({"daemon": {"period_s": 0.5}, **_domain(engine={"timeout_s": 0.3})})
+    with pytest.raises(ConfigError) as info:
+        parse_config({"daemon": {"period_s": 0.5}, **_domain(engine={"timeout_s": 0.5})}, "f.toml")
+    message = str(info.value)
+    assert message.count("\n") == 0
+    assert "domains[0].engine.timeout_s (0.5 s) must be shorter than daemon.period_s" in message
+    assert "leave it unset for 0.25 s" in message
+
+
+def test_max_controller_failures_default() -> None:
+    assert parse_config(MINIMAL).daemon.max_controller_failures == 10
+    config = parse_config({"daemon": {"max_controller_failures": 1}, **MINIMAL})
+    assert config.daemon.max_controller_failures == 1
+
+
+def test_the_example_config_at_the_recommended_mpc_period_is_valid(tmp_path: Path) -> None:
+    """The example recommends ``period_s = 0.5`` for ``mpc``: changing only that works."""
+    text = EXAMPLE.read_text()
+    assert "period_s = 1.0 " in text
+    path = tmp_path / "config.toml"
+    path.write_text(text.replace("period_s = 1.0 ", "period_s = 0.5 ", 1))
+    config = load_config(path)
+    assert config.daemon.period_s == 0.5
+    assert config.domains[0].engine.timeout_s == 0.25

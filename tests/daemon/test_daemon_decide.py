@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpugov.controllers.baseline import ReactiveGovernor, maximum_clock_controller
+from gpugov.controllers.contract import ControllerWrapper, Named, layers, unwrap
 from gpugov.daemon.config import (
     FixedControllerConfig,
     MaxControllerConfig,
@@ -17,22 +19,28 @@ from gpugov.daemon.config import (
     ReactiveControllerConfig,
 )
 from gpugov.daemon.decide import (
+    ControllerContext,
+    Forecasts,
+    build_controller,
+    parse_controller_spec,
+)
+from gpugov.daemon.errors import ControllerError
+from gpugov.daemon.safety import (
     ClampToSupported,
     FloorClock,
     MinimumDwell,
-    build_controller,
-    innermost,
+    SafetySettings,
     invalid_decisions,
-    parse_controller_spec,
+    raw_decision,
     with_safety,
 )
-from gpugov.daemon.errors import ControllerError
 from gpugov.plant.types import ServingObservation
 
 CLOCKS = (345.0, 900.0, 1200.0, 1500.0, 1980.0)
+CONTEXT = ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS)
 
 
-def _obs(t: float = 0.0) -> ServingObservation:
+def _obs(t: float = 0.0, requested: float | None = None) -> ServingObservation:
     return ServingObservation(
         time_s=t,
         step_index=int(t),
@@ -42,6 +50,7 @@ def _obs(t: float = 0.0) -> ServingObservation:
         generated_decode_tokens=0.0,
         temperature_c=50.0,
         supported_clocks_mhz=CLOCKS,
+        requested_clock_mhz=requested,
     )
 
 
@@ -50,40 +59,69 @@ class Scripted:
 
     def __init__(self, values: list[float]) -> None:
         self.values = list(values)
-        self.__name__ = "scripted"
+        self.name = "scripted"
 
     def __call__(self, observation: ServingObservation) -> float:
         return self.values.pop(0)
 
 
 def test_factory_kinds(tmp_path: Path) -> None:
+    chain = build_controller(MaxControllerConfig(kind="max"), CONTEXT)
+    assert unwrap(chain) is maximum_clock_controller and chain(_obs()) == 1980.0
     assert (
-        build_controller(MaxControllerConfig(kind="max"), period_s=1.0) is maximum_clock_controller
-    )
-    assert (
-        build_controller(FixedControllerConfig(kind="fixed", clock_mhz=1200), period_s=1)(_obs())
+        build_controller(FixedControllerConfig(kind="fixed", clock_mhz=1200), CONTEXT)(_obs())
         == 1200
     )
-    reactive = build_controller(
-        ReactiveControllerConfig(kind="reactive", step_mhz=30.0), period_s=1.0
+    reactive = unwrap(
+        build_controller(ReactiveControllerConfig(kind="reactive", step_mhz=30.0), CONTEXT)
     )
     assert isinstance(reactive, ReactiveGovernor) and reactive.step_mhz == 30.0
+    # An unset knob keeps the controller's own default (one place: the controller).
+    default = unwrap(build_controller(ReactiveControllerConfig(kind="reactive"), CONTEXT))
+    assert (
+        isinstance(default, ReactiveGovernor)
+        and default.up_fraction == ReactiveGovernor().up_fraction
+    )
     with pytest.raises(ControllerError, match="cannot read plan"):
         build_controller(
-            OpenLoopControllerConfig(kind="open-loop", plan=tmp_path / "missing.json"), period_s=1
+            OpenLoopControllerConfig(kind="open-loop", plan=tmp_path / "missing.json"), CONTEXT
         )
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "nope"}))
     with pytest.raises(ControllerError):
-        build_controller(OpenLoopControllerConfig(kind="open-loop", plan=bad), period_s=1.0)
+        build_controller(OpenLoopControllerConfig(kind="open-loop", plan=bad), CONTEXT)
     with pytest.raises(ControllerError, match="profile"):
-        build_controller(MPCControllerConfig(kind="mpc", profile="no-such-profile"), period_s=1.0)
+        build_controller(MPCControllerConfig(kind="mpc", profile="no-such-profile"), CONTEXT)
+
+
+def test_factory_returns_the_deployed_chain_named_after_the_spec() -> None:
+    context = ControllerContext(
+        period_s=1.0,
+        supported_clocks_mhz=CLOCKS,
+        safety=SafetySettings(floor_mhz=900.0, dwell_s=2.0),
+    )
+    chain = build_controller(FixedControllerConfig(kind="fixed", clock_mhz=500), context)
+    kinds = [type(layer) for layer in layers(chain)[:-1]]
+    assert kinds == [MinimumDwell, FloorClock, ClampToSupported]
+    assert all(
+        isinstance(layer, Named) and layer.name == "fixed:500" for layer in layers(chain)[:-1]
+    )
+    assert chain(_obs()) == 900.0  # the floor binds: 500 MHz is below it
+    assert raw_decision(chain, 0.0) == 500.0
 
 
 def test_factory_mpc_builds() -> None:
     pytest.importorskip("gpugov.controllers.mpc")
-    controller = build_controller(MPCControllerConfig(kind="mpc", horizon_s=5.0), period_s=1.0)
-    assert controller.__name__ == "mpc"  # type: ignore[attr-defined]
+    controller = build_controller(MPCControllerConfig(kind="mpc", horizon_s=5.0), CONTEXT)
+    assert isinstance(controller, ControllerWrapper) and controller.name == "mpc"
+
+
+def _mpc(spec: MPCControllerConfig, **context: object) -> object:
+    from gpugov.plant import ServingPlant, load_profile
+
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    full = ControllerContext.for_plant(plant, (), period_s=1.0, **context)  # type: ignore[arg-type]
+    return unwrap(build_controller(spec, full))
 
 
 @pytest.mark.parametrize(
@@ -100,12 +138,8 @@ def test_mpc_online_corrections_default_per_kind_and_override(  # type: ignore[n
     kind, overrides, hedged, fed_back
 ) -> None:
     from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
-    from gpugov.daemon.decide import mpc_controller
-    from gpugov.plant import ServingPlant, load_profile
 
-    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
-    spec = MPCControllerConfig(kind=kind, **overrides)
-    controller = mpc_controller(spec, plant, 1.0)
+    controller = _mpc(MPCControllerConfig(kind=kind, **overrides))
     assert isinstance(controller.burst_hedge, BurstHedge) is hedged  # type: ignore[attr-defined]
     assert isinstance(controller.slo_feedback, SLOFeedback) is fed_back  # type: ignore[attr-defined]
 
@@ -120,12 +154,39 @@ def test_mpc_online_corrections_default_per_kind_and_override(  # type: ignore[n
     ],
 )
 def test_mpc_ttft_excess_cap_defaults_per_kind(kind, overrides, cap) -> None:  # type: ignore[no-untyped-def]
-    from gpugov.daemon.decide import mpc_controller
-    from gpugov.plant import ServingPlant, load_profile
-
-    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
-    controller = mpc_controller(MPCControllerConfig(kind=kind, **overrides), plant, 1.0)
+    controller = _mpc(MPCControllerConfig(kind=kind, **overrides))
     assert controller.ttft_excess_cap == cap  # type: ignore[attr-defined]
+
+
+def test_time_mode_and_forecasts_reach_the_mpc() -> None:
+    forecasts = Forecasts(mean_prompt_tokens=300.0, mean_output_tokens=40.0)
+    virtual = _mpc(MPCControllerConfig(kind="mpc"), forecasts=forecasts)
+    assert virtual.solve_budget_evaluations is not None  # type: ignore[attr-defined]
+    assert virtual.mean_prompt_tokens == 300.0  # type: ignore[attr-defined]
+    wall = _mpc(
+        MPCControllerConfig(kind="mpc", mean_prompt_tokens=700.0),
+        time_mode="wall",
+        forecasts=forecasts,
+    )
+    assert wall.solve_budget_evaluations is None  # type: ignore[attr-defined]
+    assert wall.mean_prompt_tokens == 700.0  # the spec's own value wins  # type: ignore[attr-defined]
+
+
+def test_the_mpc_counts_its_clock_change_from_the_applied_clock() -> None:
+    controller: Any = _mpc(MPCControllerConfig(kind="mpc"))
+    seen: list[float] = []
+    original = controller.problem
+
+    def recording(observation: ServingObservation, rate: float) -> Any:
+        problem = original(observation, rate)
+        seen.append(problem.previous_clock_mhz)
+        return problem
+
+    controller.problem = recording
+    controller(_obs(0.0, requested=1980.0))
+    held = 1200.0 if controller.current_clock != 1200.0 else 1500.0  # not its own wish
+    controller(_obs(1.0, requested=held))
+    assert seen == [1980.0, held]
 
 
 def test_open_loop_plan_round_trip(tmp_path: Path) -> None:
@@ -147,7 +208,10 @@ def test_open_loop_plan_round_trip(tmp_path: Path) -> None:
         profile_status="synthetic",
     )
     path = save_plan(plan, tmp_path / "plan.json")
-    controller = build_controller(OpenLoopControllerConfig(kind="open-loop", plan=path), period_s=1)
+    context = ControllerContext(
+        period_s=1.0, supported_clocks_mhz=CLOCKS, safety=SafetySettings(dwell_s=0.0)
+    )
+    controller = build_controller(OpenLoopControllerConfig(kind="open-loop", plan=path), context)
     assert controller(_obs(0.0)) == 900.0 and controller(_obs(1.5)) == 1500.0
 
 
@@ -185,10 +249,14 @@ def test_floor_rounds_up_onto_supported() -> None:
     assert floor(_obs()) == 1200.0 and floor(_obs()) == 1500.0
 
 
-def test_dwell_holds_changes() -> None:
-    dwell = MinimumDwell(Scripted([1500.0, 900.0, 900.0, 1200.0, 1200.0]), dwell_s=2.0)
-    out = [dwell(_obs(t)) for t in (0.0, 1.0, 2.0, 3.0, 4.0)]
-    assert out == [1500.0, 1500.0, 900.0, 900.0, 1200.0]
+def test_dwell_holds_a_lower_clock_and_lets_a_raise_through_at_once() -> None:
+    dwell = MinimumDwell(
+        Scripted([1500.0, 900.0, 900.0, 1200.0, 1980.0, 900.0, 900.0]), dwell_s=2.0
+    )
+    out = [dwell(_obs(t)) for t in (0.0, 1.0, 2.0, 3.0, 3.5, 4.5, 5.5)]
+    # 900 waits out the dwell from 1500 (t=0); 1200 and 1980 are raises: at once; 900 then
+    # waits 2 s from the last change (t=3.5).
+    assert out == [1500.0, 1500.0, 900.0, 1200.0, 1980.0, 1980.0, 900.0]
     assert dwell.suppressed == 2
 
 
@@ -202,10 +270,10 @@ def test_controller_exceptions_propagate_through_wrappers() -> None:
 
 def test_with_safety_chain() -> None:
     inner = Scripted([100.0])
-    wrapped = with_safety(inner, CLOCKS, floor_mhz=900.0, dwell_s=1.0)
+    wrapped = with_safety(inner, CLOCKS, SafetySettings(floor_mhz=900.0, dwell_s=1.0))
     assert wrapped(_obs()) == 900.0
-    assert innermost(wrapped) is inner
-    assert wrapped.__name__ == "scripted"
+    assert wrapped.unwrapped is inner and unwrap(wrapped) is inner
+    assert wrapped.name == "scripted"
 
 
 def test_one_name_per_controller_and_old_names_map_to_it() -> None:

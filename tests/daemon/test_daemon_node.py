@@ -215,7 +215,9 @@ def test_sigterm_resets_clocks(vllm_server: MetricsServer) -> None:
     assert fake.locked(0) is None and fake.locked(1) is None
 
 
-def test_controller_exception_resets_clocks(vllm_server: MetricsServer) -> None:
+def test_a_controller_exception_is_survived_with_the_failsafe(
+    vllm_server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
     fake = FakeNvml(2)
     assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
     domain = assembled.domains[0]
@@ -224,16 +226,128 @@ def test_controller_exception_resets_clocks(vllm_server: MetricsServer) -> None:
 
     def flaky(observation: Any) -> float:
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] in (3, 4):
             raise ZeroDivisionError("bug in controller")
         return float(inner(observation))
 
     domain.controller = flaky
+    with caplog.at_level("WARNING", logger="gpugov.daemon.loop"):
+        records, stats = _run(assembled.domains, 8)
+    assembled.close()
+    assert stats.ticks == 8
+    # Ticks 2 and 3 hold the fail-safe (the top clock), then the controller decides again.
+    assert [r.failsafe for r in records] == [False] * 2 + [True] * 2 + [False] * 4
+    assert [r.requested_mhz for r in records] == [1410.0] * 2 + [1980.0] * 2 + [1410.0] * 4
+    assert domain.fallback_counts()["controller_error"] == 2
+    assert domain.controller_failures == 0
+    raised = [r.getMessage() for r in caplog.records if "raised" in r.getMessage()]
+    assert len(raised) == 1 and "ZeroDivisionError" in raised[0]  # logged once
+    assert any("decides again" in r.getMessage() for r in caplog.records)
+    assert fake.writes[-2:] == [(RESET, 0), (RESET, 1)]
+
+
+def test_controller_exception_in_unlock_mode_unlocks(vllm_server: MetricsServer) -> None:
+    fake = FakeNvml(1)
+    config = _config(vllm_server.url, gpus=[0], failsafe="unlock")
+    assembled = domains_from_config(config, nvml=fake)
+    domain = assembled.domains[0]
+    inner = domain.controller
+
+    def flaky(observation: Any) -> float:
+        if observation.step_index == 2:
+            raise RuntimeError("solver exploded")
+        return float(inner(observation))
+
+    domain.controller = flaky
+    records, _ = _run(assembled.domains, 4)
+    assembled.close()
+    assert records[2].failsafe and records[2].applied_mhz is None
+    assert fake.writes[:3] == [(LOCK, 0, 1410, 1410), (RESET, 0), (LOCK, 0, 1410, 1410)]
+
+
+def test_controller_failing_in_a_row_stops_the_daemon_with_clocks_reset(
+    vllm_server: MetricsServer,
+) -> None:
+    fake = FakeNvml(2)
+    assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
+    domain = assembled.domains[0]
+    inner = domain.controller
+
+    def broken(observation: Any) -> float:
+        if observation.step_index >= 2:
+            raise ZeroDivisionError("bug in controller")
+        return float(inner(observation))
+
+    domain.controller = broken
+    clock = VirtualClock()
+    records: list[TickRecord] = []
     with pytest.raises(ControllerFailure, match="ZeroDivisionError") as info:
-        _run(assembled.domains, 10)
+        run(
+            assembled.domains,
+            TimedLoop(1.0, clock=clock, sleep=clock.sleep),
+            on_tick=records.extend,
+            before_tick=lambda now, step: step >= 100,
+            max_controller_failures=3,
+        )
     assembled.close()
     assert isinstance(info.value.__cause__, ZeroDivisionError)
+    assert "3 time(s) in a row" in str(info.value)
+    assert len(records) == 4  # two decisions, two survived failures, the third stops it
+    assert domain.fallback_counts()["controller_error"] == 3
     assert fake.writes[-2:] == [(RESET, 0), (RESET, 1)]
+    assert fake.locked(0) is None and fake.locked(1) is None
+
+
+class _Closing:
+    """A controller that records when it is closed and may fail doing so."""
+
+    def __init__(self, events: list[str], name: str, error: Exception | None) -> None:
+        self.events, self.name, self.error = events, name, error
+
+    def __call__(self, observation: Any) -> float:
+        return 1410.0
+
+    def close(self) -> None:
+        self.events.append(f"close {self.name}")
+        if self.error is not None:
+            raise self.error
+
+
+def test_exit_resets_first_then_closes_each_controller_on_its_own(
+    metrics_server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gpugov.daemon.safety import with_safety
+
+    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
+    fake = FakeNvml(2)
+    config = parse_config(
+        {
+            "domains": [
+                {"name": "a", "gpus": [0], "engine": {"url": metrics_server.url}},
+                {"name": "b", "gpus": [1], "engine": {"url": metrics_server.url}},
+            ]
+        }
+    )
+    assembled = domains_from_config(config, nvml=fake)
+    events: list[str] = []
+    for domain, error in zip(assembled.domains, (ValueError("bad state"), None), strict=True):
+        clocks = domain.observer.supported_clocks_mhz()
+        domain.controller = with_safety(_Closing(events, domain.name, error), clocks)
+        restore = domain.actuator.restore
+
+        def restoring(restore: Any = restore, name: str = domain.name) -> list[str]:
+            events.append(f"reset {name}")
+            return restore()  # type: ignore[no-any-return]
+
+        domain.actuator.restore = restoring  # type: ignore[method-assign]
+    with caplog.at_level("WARNING", logger="gpugov.daemon.loop"):
+        _run(assembled.domains, 2)
+    assembled.close()
+    # Every reset before any close; a close that raises (not an OSError) neither skips
+    # the resets nor the other domain's close.
+    assert events == ["reset a", "reset b", "close a", "close b"]
+    assert fake.locked(0) is None and fake.locked(1) is None
+    assert any("closing the controller failed" in r.getMessage() for r in caplog.records)
 
 
 def test_dry_run_writes_nothing(vllm_server: MetricsServer) -> None:

@@ -2,35 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
+from fake_nvidia_smi import FakeNvidiaSmi, FakeSmiGpu
 
 from gpugov.daemon.errors import GpuLost, GpuUnavailable, NotSupported, PermissionDenied
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend, classify_failure, run_command
 
 
-class FakeSmi:
-    """Answers like nvidia-smi; ``old_driver`` rejects the newer query fields."""
-
-    def __init__(self, old_driver: bool = False) -> None:
-        self.old_driver = old_driver
-        self.calls: list[list[str]] = []
-
-    def __call__(self, argv: Sequence[str], timeout_s: float) -> str:
-        self.calls.append(list(argv))
-        query = next((a for a in argv if a.startswith("--query-gpu=")), "")
-        if self.old_driver and ("power.draw.instant" in query or "clocks_event" in query):
-            raise classify_failure(argv, f'Field "{query}" is not a valid field to query.')
-        if query:
-            return "1410, 352.10, 61, 87, 700.00, 0x0000000000000004\n"
-        if any(a.startswith("--query-supported-clocks") for a in argv):
-            return "3201, 1980\n3201, 1965\n3201, 345\n1593, 1200\n"
-        return ""
+def _fake(old_driver: bool = False) -> FakeNvidiaSmi:
+    """A fake nvidia-smi whose GPU runs at 1410 MHz under a power cap, two memory clocks."""
+    gpus = [
+        FakeSmiGpu(
+            sm_clock_mhz=1410.0,
+            event_reasons=0x4,
+            supported_mhz={3201: (1980, 1965, 345), 1593: (1200,)},
+        )
+        for _ in range(4)
+    ]
+    return FakeNvidiaSmi(gpus, old_driver=old_driver)
 
 
 def test_sample_and_clocks() -> None:
-    smi = FakeSmi()
+    smi = _fake()
     backend = NvidiaSmiBackend(3, runner=smi)
     sample = backend.sample()
     assert sample.gpu == "3" and sample.sm_clock_mhz == 1410.0 and sample.power_w == 352.1
@@ -45,7 +38,7 @@ def test_sample_and_clocks() -> None:
 
 
 def test_old_driver_fields_fall_back() -> None:
-    smi = FakeSmi(old_driver=True)
+    smi = _fake(old_driver=True)
     sample = NvidiaSmiBackend(0, runner=smi).sample()
     assert sample.power_w == 352.1
     assert "power.draw," in smi.calls[-1][3] and "clocks_throttle_reasons" in smi.calls[-1][3]

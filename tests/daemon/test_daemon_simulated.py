@@ -201,11 +201,12 @@ def test_replay_fills_an_online_gpu_auto_hint_from_the_recorded_gpu_names(
         {"kind": "mpc-online", "prior": {"gpu": "auto", "params_b": 70}}
     )
     two = {"gpu_names": ["NVIDIA H200", "NVIDIA H200"], "gpus": ["0", "1"]}
-    controller = _replayed_controller(spec, two, 0.5)
+    clocks = [900.0, 1980.0]
+    controller = _replayed_controller(spec, two, 0.5, clocks).unwrapped  # type: ignore[attr-defined]
     assert controller.prior is not None and "H200" in controller.prior.source
     assert "x2" in controller.prior.source and controller.prior.board_power_w == 1400.0
     with caplog.at_level("WARNING"):
-        unnamed = _replayed_controller(spec, {"gpus": ["0"]}, 0.5)
+        unnamed = _replayed_controller(spec, {"gpus": ["0"]}, 0.5, clocks).unwrapped  # type: ignore[attr-defined]
     assert unnamed.prior is None and "reports no name" in caplog.text
 
     # The whole replay runs through it on a real recording given a name.

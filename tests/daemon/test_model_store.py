@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -20,7 +22,7 @@ from gpugov.daemon.model_store import (
     state_directory,
 )
 from gpugov.plant import chunked_prefill_scheduler, load_profile, simulate
-from gpugov.plant.types import Request
+from gpugov.plant.types import Request, ServingObservation
 
 GPUS = ("GPU-aaaa", "GPU-bbbb")
 
@@ -219,3 +221,160 @@ def test_simulated_daemon_saves_the_model_in_the_state_directory(
     assert payload["model"]["warmed_up"] is True
     assert main(["model", "show", "--state-dir", str(tmp_path)]) == 0
     assert "domain sim" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ the lifecycle
+def _idle(time_s: float = 0.0, name: str | None = None, **fields: object) -> ServingObservation:
+    """An observation like the warm-up's: an idle node, no model name yet by default."""
+    base: dict[str, object] = {
+        "time_s": time_s,
+        "step_index": int(time_s),
+        "arrived_requests": 0,
+        "prefill_remaining_tokens": 0.0,
+        "decode_active": 0,
+        "generated_decode_tokens": 0.0,
+        "temperature_c": 40.0,
+        "supported_clocks_mhz": tuple(float(c) for c in make_plant().profile.clock_mhz),
+        "model_name": name,
+    }
+    base.update(fields)
+    return ServingObservation(**base)  # type: ignore[arg-type]
+
+
+def _stored_windows(directory: Path) -> int:
+    model = read_stored(model_path(directory, "llm"))["model"]
+    return sum(int(model[fit]["samples"]) for fit in ("time", "power", "thermal"))
+
+
+def test_a_deep_copy_never_touches_the_stored_model(tmp_path: Path) -> None:
+    """The warm-up's probe: a copy fed an idle observation with no model name."""
+    _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    before = path.read_bytes()
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    probe = copy.deepcopy(wrapper)
+    probe(_idle())
+    probe.close()
+    assert path.read_bytes() == before
+    assert probe.messages == [] and not probe.restored
+    # The original is untouched by its copy: it restores at its own first observation.
+    assert wrapper.key is None and wrapper.inner.model is None
+    wrapper(_idle(name="llama"))
+    assert wrapper.restored
+
+
+def test_warm_up_keeps_the_stored_model(tmp_path: Path) -> None:
+    from gpugov.daemon.decide import warm_up
+
+    _learn(tmp_path)
+    windows = _stored_windows(tmp_path)
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    warm_up(wrapper, tuple(float(c) for c in make_plant().profile.clock_mhz))
+    assert _stored_windows(tmp_path) == windows
+    assert not any("discarded" in m for m in wrapper.messages)
+
+
+def test_an_unknown_model_name_matches_the_stored_model(tmp_path: Path) -> None:
+    """Before the engine's first scrape the name is None: the stored model is restored,
+    and the real name, when it comes, keeps it."""
+    _learn(tmp_path)
+    windows = _stored_windows(tmp_path)
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    wrapper(_idle(0.0))
+    assert wrapper.restored and wrapper.key is not None
+    assert wrapper.key.model_name == "llama"  # the stored name, adopted
+    model = wrapper.inner.model
+    assert model is not None and model.warmed_up
+    wrapper(_idle(1.0, name="llama"))
+    assert wrapper.inner.model is model and wrapper.inner.resets == 0
+    assert not any("discarded" in m or "anew" in m for m in wrapper.messages)
+    wrapper.close()
+    assert _stored_windows(tmp_path) >= windows
+
+
+def test_a_real_model_name_change_relearns(tmp_path: Path) -> None:
+    _learn(tmp_path)
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    wrapper(_idle(0.0))  # name unknown: the stored llama model
+    assert wrapper.restored
+    wrapper(_idle(1.0, name="mistral"))
+    assert not wrapper.restored and wrapper.inner.resets == 1
+    assert wrapper.key is not None and wrapper.key.model_name == "mistral"
+    model = wrapper.inner.model
+    assert model is not None and not model.warmed_up
+    assert any("now serves 'mistral'" in m for m in wrapper.messages)
+
+
+def test_an_empty_model_never_replaces_a_stored_one(tmp_path: Path) -> None:
+    _learn(tmp_path, gpus=("GPU-old",))
+    path = model_path(tmp_path, "llm")
+    before = path.read_bytes()
+    # Another GPU: the stored model does not fit, but nothing was learned yet either.
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    wrapper(_idle(0.0, name="llama"))
+    assert any("discarded" in m for m in wrapper.messages)
+    assert not wrapper.save()
+    wrapper.close()
+    assert path.read_bytes() == before
+    # Once it has learned a window, the new model is saved under the new key.
+    simulate(_workload(5.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
+    wrapper.close()
+    assert read_stored(path)["key"]["gpu_uuids"] == list(GPUS)
+
+
+def test_a_nan_temperature_at_start_still_saves(tmp_path: Path) -> None:
+    """The observer reports NaN until its first temperature read."""
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+
+    def observed(observation: ServingObservation) -> float:
+        if observation.time_s < 2.0:
+            observation = replace(observation, temperature_c=math.nan)
+        return wrapper(replace(observation, model_name="llama"))
+
+    simulate(_workload(20.0), make_plant(), chunked_prefill_scheduler, observed, 0)
+    wrapper.close()
+    assert not any("cannot save" in m for m in wrapper.messages)
+    payload = read_stored(model_path(tmp_path, "llm"))
+    assert payload["model"]["thermal"]["samples"] > 0
+    assert payload["status"]["skipped_nonfinite_windows"] >= 1
+
+
+def test_a_dry_run_keys_the_model_by_the_gpu_uuids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fake_pynvml import FakeNvml
+
+    from gpugov.daemon.backend import DryRunBackend
+    from gpugov.daemon.config import parse_config
+    from gpugov.controllers.contract import layers as controller_layers
+    from gpugov.daemon.service import domains_from_config
+
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    fake = FakeNvml(2)
+    config = parse_config(
+        {
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0, 1],
+                    "engine": {"kind": "vllm", "url": "http://127.0.0.1:9/metrics"},
+                    "controller": {"kind": "mpc-online", "state_dir": str(tmp_path)},
+                }
+            ]
+        }
+    )
+    keys = []
+    for dry_run in (False, True):
+        assembled = domains_from_config(config, dry_run=dry_run, nvml=fake)
+        try:
+            backends = assembled.domains[0].observer.backends
+            assert all(isinstance(b, DryRunBackend) for b in backends) == dry_run
+            layers = controller_layers(assembled.domains[0].controller)
+            wrapper = next(x for x in layers if isinstance(x, PersistentOnlineModel))
+            keys.append(wrapper.gpu_uuids)
+        finally:
+            assembled.close()
+    uuids = tuple(gpu.uuid for gpu in fake.gpus)
+    assert keys == [uuids, uuids]
+    dry = DryRunBackend(backends[0].inner)  # type: ignore[attr-defined]
+    assert dry.uuid == fake.gpus[0].uuid and dry.name == fake.gpus[0].name

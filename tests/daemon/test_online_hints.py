@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
+from gpugov.controllers.contract import unwrap
 from gpugov.controllers.online_mpc import OnlineMPCController
 from gpugov.daemon.backend import GpuSample
-from gpugov.daemon.cli_support import UsageError, build_controller
+from gpugov.daemon.cli_support import UsageError, simulated_controller
 from gpugov.daemon.config import OnlineMPCControllerConfig, PriorHintsConfig, parse_config
-from gpugov.daemon.decide import online_controller, parse_controller_spec
+from gpugov.daemon.decide import ControllerContext, build_controller, parse_controller_spec
 from gpugov.daemon.errors import ConfigError, TransientGpuError
 from gpugov.daemon.service import _start_power_limit_w
 from gpugov.plant import load_profile
@@ -80,12 +81,18 @@ def test_a_profile_and_hints_are_not_both_taken() -> None:
         )
 
 
+def online_controller(spec: OnlineMPCControllerConfig, **context: Any) -> Any:
+    """The algorithm the factory builds for ``spec`` in a context of ``context``."""
+    full = ControllerContext(period_s=1.0, supported_clocks_mhz=(900.0, 1980.0), **context)
+    return unwrap(build_controller(spec, full))
+
+
 def test_auto_takes_the_nvml_name_and_the_domain_size(caplog: pytest.LogCaptureFixture) -> None:
     spec = OnlineMPCControllerConfig(
         kind="mpc-online", prior=PriorHintsConfig(gpu="auto", params_b=70.0)
     )
     controller = online_controller(
-        spec, 1.0, gpu_name="NVIDIA H100 80GB HBM3", gpu_count=4, power_limit_w=2_400.0
+        spec, gpu_names=("NVIDIA H100 80GB HBM3",) * 4, gpu_count=4, power_limit_w=2_400.0
     )
     assert isinstance(controller, OnlineMPCController)
     assert controller.prior is not None and controller.prior.time_table
@@ -93,11 +100,11 @@ def test_auto_takes_the_nvml_name_and_the_domain_size(caplog: pytest.LogCaptureF
     assert controller.power_limit_w == pytest.approx(2_400.0)
     # "auto" on a GPU that reports no name, and an unknown name: one warning line each.
     with caplog.at_level(logging.WARNING):
-        assert online_controller(spec, 1.0).prior is None  # type: ignore[union-attr]
+        assert online_controller(spec).prior is None  # type: ignore[union-attr]
         unknown = OnlineMPCControllerConfig(
             kind="mpc-online", prior=PriorHintsConfig(gpu="Tesla V100-SXM2-16GB")
         )
-        assert online_controller(unknown, 1.0).prior is None  # type: ignore[union-attr]
+        assert online_controller(unknown).prior is None  # type: ignore[union-attr]
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(lines) == 2
     assert "auto" in lines[0] and "V100" in lines[1]
@@ -152,13 +159,15 @@ def test_the_study_commands_build_a_hinted_controller() -> None:
 
     plant = make_plant(load_profile("h100-sxm-llama3-8b"))
     workload = [Request(0, 0.0, 500, 100)]
-    controller = build_controller(
-        "mpc-online:gpu=NVIDIA H100 80GB HBM3,params_b=8", plant, workload, 1.0
+    controller = unwrap(
+        simulated_controller(
+            "mpc-online:gpu=NVIDIA H100 80GB HBM3,params_b=8", plant, workload, 1.0
+        )
     )
     assert isinstance(controller, OnlineMPCController)
     assert controller.prior is not None and controller.prior.time_table
     with pytest.raises(UsageError, match="params_b must be a number"):
-        build_controller("mpc-online:params_b=x", plant, workload, 1.0)
+        simulated_controller("mpc-online:params_b=x", plant, workload, 1.0)
 
 
 class _Gpu:
@@ -229,7 +238,6 @@ def test_the_simulated_daemon_runs_with_hints(
 def test_a_node_fills_in_auto_and_the_start_power_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     from fake_pynvml import FakeNvml
 
-    from gpugov.daemon.decide import innermost
     from gpugov.daemon.service import domains_from_config
 
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
@@ -253,7 +261,7 @@ def test_a_node_fills_in_auto_and_the_start_power_limit(monkeypatch: pytest.Monk
     )
     assembled = domains_from_config(config, nvml=fake)
     try:
-        controller = innermost(assembled.domains[0].controller)
+        controller = unwrap(assembled.domains[0].controller)
         assert isinstance(controller, OnlineMPCController)
         assert controller.power_limit_w == pytest.approx(1_350.0)  # summed at start
         assert controller.prior is not None and "H100" in controller.prior.source

@@ -102,11 +102,19 @@ def test_warm_up_decides_on_a_copy_and_leaves_the_controller_untouched() -> None
 def test_warm_up_compiles_the_fast_mpc_and_keeps_its_state(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from gpugov.controllers.mpc import MPCController
     from gpugov.daemon.config import MPCControllerConfig
-    from gpugov.daemon.decide import build_controller
+    from gpugov.daemon.decide import ControllerContext, build_controller
+    from gpugov.plant import ServingPlant, load_profile
 
-    controller = build_controller(MPCControllerConfig(kind="mpc"), period_s=1.0)
-    clocks = tuple(float(c) for c in controller.plant.profile.clock_mhz)
-    warm_up(controller, clocks)
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    clocks = tuple(float(c) for c in plant.profile.clock_mhz)
+    chain = build_controller(
+        MPCControllerConfig(kind="mpc"),
+        ControllerContext(period_s=1.0, supported_clocks_mhz=clocks),
+    )
+    controller = chain.unwrapped
+    assert isinstance(controller, MPCController)
+    warm_up(chain, clocks)
     assert controller.solve_times == [] and controller.last_control_index is None
     assert controller.fallback_count == 0

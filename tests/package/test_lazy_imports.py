@@ -21,7 +21,6 @@ NODE_COMMANDS = [
 FORBIDDEN_ON_NODE = (
     "sklearn",
     "matplotlib",
-    "gpugov.controllers.experiments",
     "gpugov.controllers.scheduling",
     "gpugov.study",
 )

@@ -27,7 +27,7 @@ from gpugov.plant import (
     prefill_priority_scheduler,
     simulate,
 )
-from gpugov.plant.gpu_physics import _time_above
+from gpugov.plant.gpu_physics import GpuParameters, GpuPhysics, _time_above
 from gpugov.plant.workload import poisson_workload
 
 
@@ -48,6 +48,40 @@ def test_thermal_rc_matches_closed_form_step_response() -> None:
     t_eq = 30.0 + 0.07 * profile.power("idle", profile.maximum_clock_mhz)
     expected = t_eq + (t0 - t_eq) * np.exp(-result.time_s / 12.0)
     np.testing.assert_allclose(result.temperature_c, expected, rtol=0, atol=1e-9)
+
+
+def test_gpu_physics_integrates_one_segment_exactly() -> None:
+    """The composed GPU alone: energy, RC step response and seconds above both limits."""
+    plant = make_plant(power_limit_w=300.0, thermal_limit_c=50.0, thermal_time_constant_s=10.0)
+    params = GpuParameters.from_plant(plant)
+    gpu = GpuPhysics(params, 0)
+    t0 = gpu.temperature_c
+    assert t0 == pytest.approx(30.0 + 0.07 * params.idle_power_w[0])
+    gpu.integrate(20.0, 400.0, busy=True)
+    t_eq = 30.0 + 0.07 * 400.0
+    assert gpu.energy_j == 8000.0
+    assert gpu.temperature_c == pytest.approx(t_eq + (t0 - t_eq) * math.exp(-2.0))
+    assert gpu.busy_s == 20.0 and gpu.power_violation_s == 20.0
+    assert gpu.thermal_violation_s == pytest.approx(_time_above(t0, t_eq, 10.0, 20.0, 50.0))
+    assert gpu.thermal_violation_s > 0.0 and gpu.peak_temperature_c == gpu.temperature_c
+    gpu.integrate(0.0, 123.0, busy=False)  # an empty segment only sets the power
+    assert gpu.power_w == 123.0 and gpu.energy_j == 8000.0 and gpu.busy_s == 20.0
+
+
+def test_gpu_parameters_are_frozen_and_shared_by_forks(plant) -> None:  # type: ignore[no-untyped-def]
+    simulation = PlantSimulation(poisson_workload(3.0, 10.0, seed=1), plant)
+    params = simulation.gpu.params
+    assert params == GpuParameters.from_plant(plant)
+    assert params.thermal_safe_power_w() == pytest.approx(
+        (plant.thermal_limit_c - plant.ambient_temperature_c) / plant.thermal_resistance_c_per_w
+    )
+    with pytest.raises(AttributeError):
+        params.power_limit_w = 1.0  # type: ignore[misc]
+    simulation.advance_to(5.0)
+    fork = simulation.fork()
+    assert fork.gpu.params is params and fork.gpu is not simulation.gpu
+    fork.advance_to(9.0)
+    assert fork.energy_j > simulation.energy_j and simulation.time_s == pytest.approx(5.0)
 
 
 def test_time_above_limit_closed_form() -> None:
@@ -72,12 +106,11 @@ def test_low_load_ttft_equals_prompt_work_over_prefill_rate() -> None:
 def test_decode_rate_reproduced_at_reference_batch(plant) -> None:  # type: ignore[no-untyped-def]
     profile = plant.profile
     model = profile.decode_latency_model
-    simulation = PlantSimulation((), plant)
-    simulation._iter_decode_batch = model.reference_batch_size
-    simulation._iter_context = model.reference_batch_size * model.reference_context_tokens
-    simulation._iter_prefill_tokens = 0
+    gpu = PlantSimulation((), plant).gpu
+    batch = model.reference_batch_size
+    context = model.reference_batch_size * model.reference_context_tokens
     for index, clock in enumerate(profile.clock_mhz):
-        _, t_dec, _ = simulation._iteration_parts(index)
+        _, t_dec, _ = gpu.iteration_parts(index, 0, batch, context, 1.0)
         assert model.reference_batch_size / t_dec == pytest.approx(profile.rate("decode", clock))
 
 

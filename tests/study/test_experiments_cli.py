@@ -12,8 +12,8 @@ import pytest
 from conftest import run_quick_experiments
 
 from gpugov.cli import main
-from gpugov.controllers.experiments import TIMING_FIELDS, build_textbook_results
 from gpugov.study import experiments_cli
+from gpugov.study.experiments import TIMING_FIELDS, build_textbook_results
 from gpugov.study.runners import RunnerSpec
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

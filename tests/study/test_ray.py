@@ -151,8 +151,8 @@ def test_experiments_parts_on_ray_give_the_sequential_result(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gpugov.controllers.experiments import TIMING_FIELDS
     from gpugov.study import experiments_cli
+    from gpugov.study.experiments import TIMING_FIELDS
 
     out, code, _, stderr = experiments_quick_run
     assert code == 0, stderr

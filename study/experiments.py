@@ -18,8 +18,8 @@ recordings, scoreboard), so the seed's ``maximum_clock``, ``offline`` and ``mpc`
   ``extra_metadata`` (the CLI adds the trace's path, digest and window, and the gpugov
   version);
 * ``mpc.diagnostics`` repeats the MPC's solve statistics with the p99 solve time;
-* ``scheduling_on_plant`` (beyond the seed, issue 3) runs the DP, broad-FQI, narrow-FQI
-  and decode-priority policies as :class:`~controllers.scheduling_policy.MDPPolicyScheduler`
+* ``scheduling_on_plant`` (beyond the seed) runs the DP, broad-FQI, narrow-FQI
+  and decode-priority policies as :class:`~gpugov.controllers.scheduling_policy.MDPPolicyScheduler`
   on the detailed plant, next to the plain chunked-prefill scheduler, at one fixed clock
   (the MDP's calibration clock) on the evaluation workload.
 
@@ -38,18 +38,6 @@ from typing import Any
 
 import numpy as np
 
-from gpugov.controllers.experiment_parts import (
-    ARRIVAL_SHIFT_S,
-    FIRST_STAGE,
-    FQI_MAXIMUM_DEPTH,
-    FQI_MINIMUM_LEAF_SIZE,
-    FQI_RANDOM_SEED,
-    FREQUENCY_EXPERIMENT_WINDOW_S,
-    SuiteInputs,
-    moved_request_ids,
-    run_part,
-    run_scheduling_on_plant,
-)
 from gpugov.controllers.open_loop import (
     OPEN_LOOP_SEED_DEVIATIONS,
 )
@@ -64,6 +52,18 @@ from gpugov.plant.plant import ServingPlant
 from gpugov.plant.result import ServingResult
 from gpugov.plant.types import Request, RequestRecord
 from gpugov.plant.workload import workload_checksum
+from gpugov.study.experiment_parts import (
+    ARRIVAL_SHIFT_S,
+    FIRST_STAGE,
+    FQI_MAXIMUM_DEPTH,
+    FQI_MINIMUM_LEAF_SIZE,
+    FQI_RANDOM_SEED,
+    FREQUENCY_EXPERIMENT_WINDOW_S,
+    SuiteInputs,
+    moved_request_ids,
+    run_part,
+    run_scheduling_on_plant,
+)
 
 ProgressCallback = Callable[[str], None]
 
@@ -304,7 +304,7 @@ def assemble_textbook_results(
     extra_metadata: Mapping[str, Any] | None = None,
     progress: ProgressCallback | None = None,
 ) -> dict[str, Any]:
-    """The suite's result from its parts (:mod:`controllers.experiment_parts`): the
+    """The suite's result from its parts (:mod:`gpugov.study.experiment_parts`): the
     first stage's outputs by part name and the second stage's ``scheduling_on_plant``."""
 
     def report(message: str) -> None:

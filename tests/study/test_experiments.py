@@ -8,16 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from synthetic import make_plant, make_profile
 
-from gpugov.controllers.experiments import (
-    EXPERIMENT_SEED_DEVIATIONS,
-    build_textbook_results,
-    matched_first_token_latency,
-    measurement_caveats,
-    moved_request_ids,
-    optional_difference,
-    queued_at,
-)
 from gpugov.controllers.mpc import run_mpc
 from gpugov.controllers.open_loop import (
     OPEN_LOOP_SEED_DEVIATIONS,
@@ -28,6 +20,15 @@ from gpugov.controllers.scheduling import SCHEDULING_SEED_DEVIATIONS, scheduling
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
 from gpugov.plant.types import Request, RequestRecord
 from gpugov.plant.workload import load_trace, workload_checksum
+from gpugov.study.experiments import (
+    EXPERIMENT_SEED_DEVIATIONS,
+    build_textbook_results,
+    matched_first_token_latency,
+    measurement_caveats,
+    moved_request_ids,
+    optional_difference,
+    queued_at,
+)
 
 SMALL_SIZES = {
     "fqi_transitions": 1_500,
@@ -451,27 +452,28 @@ def test_optional_difference_and_moved_ids() -> None:
     assert moved_request_ids(original, original) == set()
 
 
-def test_queued_at_reads_the_last_sample_at_or_before_the_time(synthetic_plant, workloads) -> None:
+def test_queued_at_reads_the_last_sample_at_or_before_the_time(workloads) -> None:
     animation, _ = workloads
-    result = simulate(animation[:20], synthetic_plant, chunked_prefill_scheduler, lambda o: 1980.0)
+    result = simulate(animation[:20], make_plant(), chunked_prefill_scheduler, lambda o: 1980.0)
     assert queued_at(result, -1.0) == 0.0
     index = int(np.searchsorted(result.time_s, 3.05, side="right") - 1)
     assert queued_at(result, 3.05) == result.prefill_queue[index] + result.decode_active[index]
 
 
-def test_measurement_caveats_follow_the_seed(synthetic_plant, profile_factory) -> None:
+def test_measurement_caveats_follow_the_seed() -> None:
+    synthetic_plant = make_plant()
     warning, r_squared, weak, peak, exceeds = measurement_caveats(synthetic_plant)
     assert warning == "" and r_squared is None and weak is None and not exceeds
-    assert peak == pytest.approx(650.0)
+    assert peak == pytest.approx(680.0)  # prefill power at the maximum clock
     measured = replace(
         synthetic_plant,
-        profile=profile_factory(status="measured", thermal_fit_r_squared=0.05, warning="Bench."),
+        profile=make_profile(status="measured", thermal_fit_r_squared=0.05, warning="Bench."),
         power_limit_w=600.0,
     )
     warning, r_squared, weak, peak, exceeds = measurement_caveats(measured)
     assert r_squared == pytest.approx(0.05) and weak is True and exceeds is True
     assert warning.startswith("Bench.") and "weak" in warning and "power cap" in warning
-    missing = replace(synthetic_plant, profile=profile_factory(status="measured"))
+    missing = replace(synthetic_plant, profile=make_profile(status="measured"))
     warning, r_squared, weak, _, exceeds = measurement_caveats(missing)
     assert r_squared is None and weak is True and not exceeds
     assert "does not report a finite R-squared" in warning

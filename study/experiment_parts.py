@@ -1,6 +1,6 @@
 """The experiment suite's independent parts, so a runner can run them side by side.
 
-:func:`controllers.experiments.build_textbook_results` is these parts run one after the
+:func:`gpugov.study.experiments.build_textbook_results` is these parts run one after the
 other and assembled; ``gpugov experiments --ray`` (or ``--jobs``) runs the first-stage
 parts as separate tasks, then the one that needs their policies, and assembles the same
 result. The parts:

@@ -1,0 +1,172 @@
+"""The safety chain every controller runs in, on a node and in every study.
+
+``MinimumDwell(FloorClock(ClampToSupported(controller, clocks), floor), dwell)``: the
+decision is quantised onto the supported clocks, kept at or above the floor, and a lower
+clock waits out the dwell time. Each layer is a :class:`ControllerWrapper`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpugov.controllers.contract import ClockController, ControllerWrapper, controller_label
+from gpugov.plant.types import ServingObservation
+
+DEFAULT_DWELL_S = 1.0
+"""Seconds a clock is held before a lower one is applied (``safety.dwell_s``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SafetySettings:
+    """The chain's parameters: ``safety.floor_mhz`` and ``safety.dwell_s`` of a domain."""
+
+    floor_mhz: float | None = None
+    dwell_s: float = DEFAULT_DWELL_S
+
+    def __post_init__(self) -> None:
+        if self.floor_mhz is not None and not (
+            math.isfinite(self.floor_mhz) and self.floor_mhz > 0
+        ):
+            raise ValueError(f"floor_mhz must be a positive clock, got {self.floor_mhz!r}")
+        if not math.isfinite(self.dwell_s) or self.dwell_s < 0:
+            raise ValueError(f"dwell_s must be >= 0, got {self.dwell_s!r}")
+
+    def as_dict(self) -> dict[str, float | None]:
+        """JSON form (recording headers, scoreboard parameters)."""
+        return {"floor_mhz": self.floor_mhz, "dwell_s": self.dwell_s}
+
+
+class _Layer(ControllerWrapper):
+    """A safety layer: named after the controller it wraps."""
+
+    def __init__(self, inner: ClockController) -> None:
+        super().__init__(inner)
+        self.name = controller_label(inner)
+
+
+class ClampToSupported(_Layer):
+    """Quantise the inner decision down onto the supported clocks, within their range.
+
+    A non-finite decision becomes the maximum clock (safe for latency) and is counted in
+    ``invalid_decisions``.
+    """
+
+    def __init__(self, inner: ClockController, clocks_mhz: Sequence[float]) -> None:
+        if not clocks_mhz:
+            raise ValueError("ClampToSupported needs at least one supported clock")
+        super().__init__(inner)
+        self.clocks_mhz = tuple(sorted(float(c) for c in clocks_mhz))
+        self.invalid_decisions = 0
+        self.last_raw_mhz: float | None = None
+
+    def __call__(self, observation: ServingObservation) -> float:
+        decision = self.inner(observation)  # a controller's exception propagates
+        try:
+            requested = float(decision)
+        except (TypeError, ValueError):
+            requested = math.nan
+        self.last_raw_mhz = requested if math.isfinite(requested) else None
+        if not math.isfinite(requested):
+            self.invalid_decisions += 1
+            return self.clocks_mhz[-1]
+        eligible = [c for c in self.clocks_mhz if c <= requested + 1e-9]
+        return eligible[-1] if eligible else self.clocks_mhz[0]
+
+
+class FloorClock(_Layer):
+    """Never go below ``floor_mhz`` (rounded up onto the supported clocks)."""
+
+    def __init__(
+        self, inner: ClockController, floor_mhz: float, clocks_mhz: Sequence[float] = ()
+    ) -> None:
+        super().__init__(inner)
+        above = [float(c) for c in sorted(clocks_mhz) if c >= floor_mhz - 1e-9]
+        self.floor_mhz = above[0] if above else float(floor_mhz)
+
+    def __call__(self, observation: ServingObservation) -> float:
+        return max(float(self.inner(observation)), self.floor_mhz)
+
+
+class MinimumDwell(_Layer):
+    """Hold a clock for at least ``dwell_s`` (by ``observation.time_s``) before lowering it.
+
+    A raise passes at once: latency never waits on the dwell. Frequent lock changes
+    disturb NCCL collectives (NVIDIA/nccl#1551); the dwell bounds how often a clock can
+    fall, and a raise can only follow a fall.
+    """
+
+    def __init__(self, inner: ClockController, dwell_s: float) -> None:
+        if dwell_s < 0 or not math.isfinite(dwell_s):
+            raise ValueError(f"dwell_s must be >= 0, got {dwell_s!r}")
+        super().__init__(inner)
+        self.dwell_s = float(dwell_s)
+        self.held_mhz: float | None = None
+        self._since_s = -math.inf
+        self.suppressed = 0
+
+    def __call__(self, observation: ServingObservation) -> float:
+        requested = float(self.inner(observation))
+        held = self.held_mhz
+        if held is not None and requested == held:
+            return requested
+        if (
+            held is not None
+            and requested < held
+            and observation.time_s - self._since_s + 1e-9 < self.dwell_s
+        ):
+            self.suppressed += 1
+            return held
+        self.held_mhz = requested
+        self._since_s = observation.time_s
+        return requested
+
+
+def with_safety(
+    inner: ClockController,
+    clocks_mhz: Sequence[float],
+    settings: SafetySettings | None = None,
+) -> MinimumDwell:
+    """The standard chain: clamp to supported, then the floor, then the dwell time."""
+    settings = settings or SafetySettings()
+    controller: ClockController = ClampToSupported(inner, clocks_mhz)
+    if settings.floor_mhz is not None:
+        controller = FloorClock(controller, settings.floor_mhz, clocks_mhz)
+    return MinimumDwell(controller, settings.dwell_s)
+
+
+def clamp_layer(controller: ClockController) -> ClampToSupported | None:
+    """The chain's :class:`ClampToSupported` layer (None outside a chain)."""
+    while isinstance(controller, ControllerWrapper):
+        if isinstance(controller, ClampToSupported):
+            return controller
+        controller = controller.inner
+    return None
+
+
+def invalid_decisions(controller: ClockController) -> int:
+    """Non-finite decisions replaced by the maximum clock, over the wrapper chain."""
+    clamp = clamp_layer(controller)
+    return clamp.invalid_decisions if clamp is not None else 0
+
+
+def raw_decision(controller: ClockController, fallback: float) -> float:
+    """The algorithm's own answer at the last call, before the chain changed it."""
+    clamp = clamp_layer(controller)
+    if clamp is None or clamp.last_raw_mhz is None:
+        return fallback
+    return clamp.last_raw_mhz
+
+
+__all__ = [
+    "DEFAULT_DWELL_S",
+    "ClampToSupported",
+    "FloorClock",
+    "MinimumDwell",
+    "SafetySettings",
+    "clamp_layer",
+    "invalid_decisions",
+    "raw_decision",
+    "with_safety",
+]
