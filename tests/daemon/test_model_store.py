@@ -344,9 +344,9 @@ def test_a_dry_run_keys_the_model_by_the_gpu_uuids(
 ) -> None:
     from fake_pynvml import FakeNvml
 
+    from gpugov.controllers.contract import layers as controller_layers
     from gpugov.daemon.backend import DryRunBackend
     from gpugov.daemon.config import parse_config
-    from gpugov.controllers.contract import layers as controller_layers
     from gpugov.daemon.service import domains_from_config
 
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
