@@ -16,6 +16,11 @@ Three more duties, each documented in ``docs/daemon.md``:
   counted and re-asserted or yielded to, by the domain's ``external_clock_policy``.
 * :meth:`ClockActuator.restore` at exit: every GPU ever written to is reset; failures
   are retried with exponential backoff and the GPUs still locked are returned by name.
+
+A lock or reset write that fails transiently is retried on the next tick. Each failure is
+counted per GPU (``write_failures``, exported as ``gpugov_clock_write_failures_total``),
+but logged at most once a minute per GPU (:class:`WriteFailureLog`): the first failure,
+a reminder with the count of lines left out, and one line when writes succeed again.
 """
 
 from __future__ import annotations
@@ -52,6 +57,80 @@ EXPLAINS_LOWER_CLOCK = 0x1 | 0x4 | 0x8 | 0x10 | 0x20 | 0x40 | 0x80 | 0x100
 CONFIRM_READS = 2
 """Consecutive readbacks that must disagree with the lock before it counts as external."""
 PERMANENT_RESET_ERRORS = (GpuLost, PermissionDenied, NotSupported)
+WRITE_FAILURE_LOG_EVERY_S = 60.0
+"""While a GPU's clock writes keep failing, one reminder line per this many seconds."""
+
+
+class WriteFailureLog:
+    """Rate-limited log of one domain's failing clock writes, per GPU.
+
+    A write that fails every tick would otherwise log a line every period (3,600 an hour
+    at 1 s). Logged: the first failure; then, while it goes on, one reminder per
+    ``every_s`` with the failures in a row and the lines left out since the last one
+    (those go to DEBUG); and one line when a write to that GPU succeeds again.
+    """
+
+    def __init__(
+        self,
+        domain: str,
+        *,
+        every_s: float = WRITE_FAILURE_LOG_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.domain = domain
+        self.every_s = every_s
+        self._clock = clock
+        self._in_a_row: dict[str, int] = {}
+        self._since_s: dict[str, float] = {}
+        self._logged_s: dict[str, float] = {}
+        self._left_out: dict[str, int] = {}
+
+    def failed(self, gpu: str, what: str, error: Exception) -> None:
+        """One failed ``what`` ("lock", "reset") on ``gpu``; logs it or counts it."""
+        now = self._clock()
+        count = self._in_a_row.get(gpu, 0) + 1
+        self._in_a_row[gpu] = count
+        if count == 1:
+            self._since_s[gpu] = self._logged_s[gpu] = now
+            self._left_out[gpu] = 0
+            log.warning(
+                "domain %s: %s; retrying every tick (while it fails, one line a minute)",
+                self.domain,
+                error,
+            )
+        elif now - self._logged_s[gpu] >= self.every_s:
+            log.warning(
+                "domain %s: GPU %s: clock %s still failing: %d failures in a row over %.0f s "
+                "(%d not logged): %s",
+                self.domain,
+                gpu,
+                what,
+                count,
+                now - self._since_s[gpu],
+                self._left_out[gpu],
+                error,
+            )
+            self._logged_s[gpu] = now
+            self._left_out[gpu] = 0
+        else:
+            self._left_out[gpu] += 1
+            log.debug("domain %s: %s; retrying next tick", self.domain, error)
+
+    def succeeded(self, gpu: str) -> None:
+        """A write to ``gpu`` went through; one line if it had been failing."""
+        count = self._in_a_row.pop(gpu, 0)
+        if count:
+            log.warning(
+                "domain %s: GPU %s: clock writes succeed again after %d failure(s) (%.0f s)",
+                self.domain,
+                gpu,
+                count,
+                self._clock() - self._since_s.pop(gpu, self._clock()),
+            )
+
+    def failing(self, gpu: str) -> int:
+        """Failures in a row on ``gpu`` now (0: its last write went through)."""
+        return self._in_a_row.get(gpu, 0)
 
 
 class ClockActuator:
@@ -68,6 +147,7 @@ class ClockActuator:
         reset_attempts, reset_backoff_s: the exit reset tries a failing GPU this many
             times, sleeping ``backoff * 2**k`` between rounds.
         sleep: for the backoff (tests pass a recorder).
+        clock: monotonic seconds, for the rate-limited write-failure log.
     """
 
     def __init__(
@@ -81,6 +161,7 @@ class ClockActuator:
         reset_attempts: int = 5,
         reset_backoff_s: float = 0.2,
         sleep: Callable[[float], Any] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not backends:
             raise ValueError(f"domain {domain!r}: a clock actuator needs at least one GPU")
@@ -96,6 +177,9 @@ class ClockActuator:
         self._touched: set[str] = set()
         self.writes = 0
         self.write_errors = 0
+        self.write_failures: dict[str, int] = {b.label: 0 for b in self._backends}
+        """Failed lock and reset writes per GPU (``gpugov_clock_write_failures_total``)."""
+        self.failure_log = WriteFailureLog(domain, clock=clock)
         self.external_changes: dict[str, int] = {b.label: 0 for b in self._backends}
         self.yielded: set[str] = set()
         self._disagreements: dict[str, int] = {b.label: 0 for b in self._backends}
@@ -150,13 +234,14 @@ class ClockActuator:
                 backend.lock_clocks(low, high)
             except TransientGpuError as error:
                 self.locked_mhz[backend.label] = _UNKNOWN
-                self.write_errors += 1
-                log.warning("domain %s: %s; retrying next tick", self.domain, error)
+                self._count_failure(backend.label)
+                self.failure_log.failed(backend.label, "lock", error)
                 continue
             except GpuError:
                 self.locked_mhz[backend.label] = _UNKNOWN
-                self.write_errors += 1
+                self._count_failure(backend.label)
                 raise
+            self.failure_log.succeeded(backend.label)
             self.locked_mhz[backend.label] = clock_mhz
             self._disagreements[backend.label] = 0
             if self.state is not None:
@@ -166,6 +251,10 @@ class ClockActuator:
             self.writes += written
             log.debug("domain %s: locked SM clock at %d MHz", self.domain, clock_mhz)
         return written
+
+    def _count_failure(self, label: str) -> None:
+        self.write_errors += 1
+        self.write_failures[label] = self.write_failures.get(label, 0) + 1
 
     def unlock(self) -> int:
         """Reset every GPU this actuator locked (the fail-safe's "unlock" mode).
@@ -180,9 +269,10 @@ class ClockActuator:
             try:
                 backend.reset_clocks()
             except TransientGpuError as error:
-                self.write_errors += 1
-                log.warning("domain %s: %s; retrying next tick", self.domain, error)
+                self._count_failure(backend.label)
+                self.failure_log.failed(backend.label, "reset", error)
                 continue
+            self.failure_log.succeeded(backend.label)
             self.locked_mhz[backend.label] = None
             self._disagreements[backend.label] = 0
             if self.state is not None:
@@ -210,10 +300,12 @@ class ClockActuator:
                 try:
                     backend.reset_clocks()
                 except PERMANENT_RESET_ERRORS as error:
+                    self._count_failure(backend.label)
                     failed.append(backend.label)
                     log.error("domain %s: reset failed: %s", self.domain, error)
                     continue
                 except GpuError as error:
+                    self._count_failure(backend.label)
                     retry.append(backend)
                     log.warning(
                         "domain %s: reset failed (attempt %d of %d): %s",
@@ -310,6 +402,7 @@ class ClockActuator:
             try:
                 backend.reset_clocks()
             except GpuError as error:
+                self._count_failure(label)
                 self._touched.add(label)  # try again at exit
                 self.locked_mhz[label] = _UNKNOWN
                 line = f"GPU {label}: {found}; reset FAILED: {error}"

@@ -41,6 +41,34 @@ _READS = {
 }
 
 
+def emulated_device_count(emulator: str, *, timeout_s: float = 2.0) -> int:
+    """How many GPUs ``gpugov emulate`` at ``emulator`` serves (``GET /gpu``), as
+    ``nvmlDeviceGetCount`` for the emulated node.
+
+    Raises:
+        GpuUnavailable: the emulator does not answer, or not as ``gpugov emulate`` does.
+    """
+    parts = urllib.parse.urlsplit(emulator)
+    if parts.scheme != "http" or not parts.hostname:
+        raise GpuUnavailable(f"emulator URL must be http://HOST:PORT, got {emulator!r}")
+    connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
+    try:
+        connection.request("GET", "/gpu")
+        response = connection.getresponse()
+        payload = json.loads(response.read() or b"{}")
+    except (http.client.HTTPException, OSError, ValueError) as error:
+        raise GpuUnavailable(f"emulator {emulator} does not answer: {error}") from error
+    finally:
+        connection.close()
+    count = payload.get("count") if isinstance(payload, dict) else None
+    if response.status != 200 or not isinstance(count, int) or isinstance(count, bool):
+        raise GpuUnavailable(
+            f"emulator {emulator}: GET /gpu answered HTTP {response.status} without a GPU "
+            "count; is it gpugov emulate?"
+        )
+    return count
+
+
 class EmulatorNvmlError(Exception):
     """An NVML return code sent by the emulator (``value`` as on ``pynvml.NVMLError``)."""
 

@@ -109,6 +109,27 @@ def _decode(body: bytes, url: str) -> str:
         raise EngineParseError(f"{url}: the metrics page is not UTF-8: {error}") from error
 
 
+def describe_failure(error: BaseException, host: str, port: int) -> str:
+    """What a failed fetch met, in words: a refused connection, a dropped one, a name
+    that does not resolve, an answer that is not HTTP (a timeout is said by the caller,
+    which knows the deadline)."""
+    if isinstance(error, ConnectionRefusedError):
+        return f"connection refused (nothing listens on {host}:{port})"
+    if isinstance(error, http.client.RemoteDisconnected):
+        return "the engine closed the connection without answering"
+    if isinstance(error, ConnectionResetError):
+        return "the engine reset the connection"
+    if isinstance(error, BrokenPipeError):
+        return "the connection broke while sending the request"
+    if isinstance(error, socket.gaierror):
+        return f"cannot resolve {host}: {error.strerror or error}"
+    if isinstance(error, http.client.HTTPException):
+        return f"not an HTTP answer ({type(error).__name__}: {error})"
+    if isinstance(error, OSError) and error.strerror:
+        return f"cannot reach {host}:{port}: {error.strerror}"
+    return f"{type(error).__name__}: {error}"
+
+
 class _Deadline:
     """Shuts a connection's socket down when the whole exchange passes its deadline.
 
@@ -166,6 +187,8 @@ class KeepAliveFetcher:
             raise EngineUnavailable(f"{url}: not an http:// or https:// URL with a host")
         key = (parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80))
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        if timeout_s <= 0:
+            raise EngineUnavailable(f"{url}: not fetched: a deadline of {timeout_s:g} s")
         end = time.monotonic() + timeout_s
         for _ in range(2):
             remaining = end - time.monotonic()
@@ -195,12 +218,12 @@ class KeepAliveFetcher:
                     raise self._late(url, timeout_s) from error
                 if reused:
                     continue  # the server dropped an idle keep-alive connection
-                raise EngineUnavailable(f"{url}: {error!r}") from error
+                raise EngineUnavailable(f"{url}: {describe_failure(error, *key[1:])}") from error
             except (http.client.HTTPException, OSError) as error:
                 connection.close()
                 if deadline.expired or isinstance(error, TimeoutError):
                     raise self._late(url, timeout_s) from error
-                raise EngineUnavailable(f"{url}: {error!r}") from error
+                raise EngineUnavailable(f"{url}: {describe_failure(error, *key[1:])}") from error
             finally:
                 deadline.cancel()
             if deadline.expired:
@@ -222,7 +245,7 @@ class KeepAliveFetcher:
 
     @staticmethod
     def _late(url: str, timeout_s: float) -> EngineUnavailable:
-        return EngineUnavailable(f"{url}: no complete answer within {timeout_s:.3g} s")
+        return EngineUnavailable(f"{url}: timed out: no complete answer within {timeout_s:.3g} s")
 
     def close(self) -> None:
         """Close every kept connection."""

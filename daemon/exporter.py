@@ -88,6 +88,8 @@ class DomainSnapshot:
     solve_buckets: tuple[tuple[str, float], ...]
     solve_sum_s: float
     external_clock_changes_total: Mapping[str, int] = field(default_factory=dict)
+    clock_write_failures_total: Mapping[str, int] = field(default_factory=dict)
+    """Failed lock and reset writes per GPU label (``ClockActuator.write_failures``)."""
     yielded_gpus: tuple[str, ...] = ()
     model: Mapping[str, Any] | None = None
     """The online MPC's learning status (``OnlineMPCController.status()``), else None."""
@@ -156,6 +158,11 @@ class SnapshotCollector(Collector):
             "Clock changes made by someone else that the readback caught",
             labels=labels,
         )
+        write_failures = CounterMetricFamily(
+            "gpugov_clock_write_failures",
+            "Clock lock and reset writes that failed (a transient failure is retried next tick)",
+            labels=labels,
+        )
         yielded = _gauge(
             "gpugov_gpu_clock_yield_active",
             "1 when gpugov left the GPU to an outside clock setting (external_clock_policy)",
@@ -179,9 +186,12 @@ class SnapshotCollector(Collector):
                 external.add_metric(
                     key, float(snapshot.external_clock_changes_total.get(gpu.gpu, 0))
                 )
+                write_failures.add_metric(
+                    key, float(snapshot.clock_write_failures_total.get(gpu.gpu, 0))
+                )
                 yielded.add_metric(key, 1.0 if gpu.gpu in snapshot.yielded_gpus else 0.0)
         yield from (power, energy, temperature, clock, utilization, limit, reasons, errors)
-        yield from (external, yielded)
+        yield from (external, write_failures, yielded)
 
     def _domain_metrics(self, domains: Sequence[DomainSnapshot]) -> Iterator[Metric]:
         d = ("domain",)

@@ -499,6 +499,7 @@ class Domain:
             solve_buckets=tuple(self.solve.buckets()),
             solve_sum_s=self.solve.sum_s,
             external_clock_changes_total=dict(self.actuator.external_changes),
+            clock_write_failures_total=dict(self.actuator.write_failures),
             yielded_gpus=tuple(sorted(self.actuator.yielded)),
             model=self.model_status(),
         )

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.cli_support import (
     UsageError,
     add_safety_arguments,
@@ -101,28 +102,44 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 
     @functools.wraps(handler)
     def wrapped(args: argparse.Namespace) -> int:
-        from gpugov.plant.profile import ProfileError
-        from gpugov.plant.workload import TraceError
-
         try:
             return handler(args)
-        except ClocksNotReset as error:
-            return _fail(str(error), EXIT_NOT_RESET)
         except PermissionDenied:
             print(f"gpugov: {PERMISSION_DENIED_MESSAGE}", file=sys.stderr)
             return EXIT_PERMISSION
         except GpuLost as error:
             return _fail(f"{error}; the other GPUs' clocks were reset", EXIT_GPU_LOST)
-        except (GpuUnavailable, NotSupported) as error:
-            return _fail(str(error), EXIT_NO_GPU)
-        except (ConfigError, ControllerError, RecordingError) as error:
-            return _fail(str(error), EXIT_USAGE)
-        except (UsageError, TraceError, ProfileError) as error:
-            return _fail(str(error), EXIT_USAGE)
-        except GpugovError as error:
-            return _fail(str(error), EXIT_FAILURE)
+        except Exception as error:
+            code = exit_code(error)
+            if code is None:
+                raise
+            return _fail(str(error), code)
 
     return wrapped
+
+
+def exit_code(error: BaseException) -> int | None:
+    """The documented exit code of an error a node command reports in one line (None: an
+    error that is not one of the daemon's)."""
+    from gpugov.plant.profile import ProfileError
+    from gpugov.plant.workload import TraceError
+
+    if isinstance(error, ClocksNotReset):
+        return EXIT_NOT_RESET
+    if isinstance(error, PermissionDenied):
+        return EXIT_PERMISSION
+    if isinstance(error, GpuLost):
+        return EXIT_GPU_LOST
+    if isinstance(error, GpuUnavailable | NotSupported):
+        return EXIT_NO_GPU
+    if isinstance(
+        error,
+        ConfigError | ControllerError | RecordingError | UsageError | TraceError | ProfileError,
+    ):
+        return EXIT_USAGE
+    if isinstance(error, GpugovError):
+        return EXIT_FAILURE
+    return None
 
 
 def _setup_logging(level: str) -> None:
@@ -338,17 +355,79 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run_simulated(args)
     if args.virtual or args.speed is not None:
         raise UsageError("--speed and --virtual only apply to --simulate")
-    return _run_node(args)
+    try:
+        return _run_node(args)
+    except ClocksNotReset as error:
+        raise _with_config_hint(error, args.config) from error
+
+
+def _with_config_hint(error: ClocksNotReset, config_path: str) -> ClocksNotReset:
+    """The exit-6 error, its reset command naming the config when the GPUs are not NVML's
+    (``reset-clocks`` defaults to NVML; with ``--config`` it takes the config's backend
+    and emulator URL)."""
+    try:
+        backend = load_config(config_path).daemon.backend
+    except ConfigError:
+        return error
+    if backend == "nvml":
+        return error
+    names = ",".join(error.gpus)
+    return ClocksNotReset(
+        f"could not reset the SM clock lock of GPU(s) {names} after retries; they may still "
+        f"be locked ({backend} backend): run `gpugov reset-clocks --config {config_path} "
+        f"--gpus {names}`",
+        gpus=error.gpus,
+    )
 
 
 # ------------------------------------------------------------------ check-config
 @_guarded
 def cmd_check_config(args: argparse.Namespace) -> int:
-    """``gpugov check-config FILE``: validate, print what would run, apply nothing."""
+    """``gpugov check-config FILE``: validate the file and check it against this node as
+    ``run`` would at start (read-only; :mod:`daemon.node_check`), print what would run,
+    apply nothing. Every problem ``run`` would refuse to start with is one line, and the
+    exit code is ``run``'s for the first; a rule or panel that could never show data is a
+    warning line (exit 0)."""
+    from gpugov.daemon.node_check import check_node, slo_warnings
+
     config = load_config(args.file)
+    problems: list[Exception] = []
+    watchdog_s = _watchdog_s(args.watchdog_sec)
+    if watchdog_s is not None:
+        usec = str(round(watchdog_s * 1e6))
+        try:
+            SystemdNotify(environ={"WATCHDOG_USEC": usec}).check_period(config.daemon.period_s)
+        except ValueError as error:
+            problems.append(UsageError(f"{args.file}: {error}"))
+    report = check_node(config, offline=args.offline, load_nvml=lambda: load_pynvml())
+    problems.extend(report.problems)
+    for line in [*slo_warnings(config), *report.warnings]:
+        warn(line)
+    if problems:
+        for problem in problems:
+            print(f"gpugov: error: {problem}", file=sys.stderr)
+        return exit_code(problems[0]) or EXIT_FAILURE
     print(f"{args.file}: OK")
     print(describe_config(config))
+    for line in report.lines:
+        print(f"  {line}")
+    locks = not args.offline and config.daemon.backend != "emulated" and not config.daemon.dry_run
+    if locks and not may_lock_clocks():
+        print("  this process may not lock clocks; run needs root or CAP_SYS_ADMIN")
     return EXIT_OK
+
+
+def _watchdog_s(flag: float | None) -> float | None:
+    """The WatchdogSec= to check ``period_s`` against: the flag's, else the environment's
+    ``WATCHDOG_USEC`` (as systemd sets it), else None."""
+    if flag is not None:
+        require_positive("--watchdog-sec", flag)
+        return flag
+    raw = os.environ.get("WATCHDOG_USEC")
+    try:
+        return float(raw) / 1e6 if raw else None
+    except ValueError:
+        return None
 
 
 def describe_config(config: GpugovConfig) -> str:
@@ -394,12 +473,17 @@ RESET_ATTEMPTS = 4
 RESET_BACKOFF_S = 0.25
 
 
-def _reset_one(gpu: int | str, backend_kind: str, sleep: Callable[[float], Any]) -> str | None:
+def _reset_one(
+    gpu: int | str,
+    backend_kind: str,
+    sleep: Callable[[float], Any],
+    emulator: str | None = None,
+) -> str | None:
     """Reset one GPU's SM clock lock, retrying transient errors; None or the error text."""
     error: Exception | None = None
     for attempt in range(RESET_ATTEMPTS):
         try:
-            backend = open_backend(gpu, backend_kind, sleep=sleep)
+            backend = open_backend(gpu, backend_kind, sleep=sleep, emulator=emulator)
         except (GpuError, UsageError) as failure:
             error = failure
         else:
@@ -426,25 +510,68 @@ def _forget_lock(backend: Any) -> None:
         LockState(directory).clear(gpu_key(backend))
 
 
+def backend_choice(
+    backend: str | None, emulator: str | None, config: GpugovConfig | None
+) -> tuple[str, str | None]:
+    """The GPU backend (and emulator URL) a command uses: the flags', else the config's
+    (``daemon.backend``, ``daemon.emulator``), else NVML.
+
+    Raises:
+        UsageError: ``emulated`` without an emulator URL, or an URL that is not http://.
+    """
+    kind = backend or (config.daemon.backend if config is not None else "nvml")
+    url = emulator or (config.daemon.emulator if config is not None else None)
+    if emulator is not None and kind != "emulated":
+        raise UsageError(f"--emulator applies to the emulated backend, not {kind}")
+    if kind == "emulated" and not url:
+        raise UsageError(
+            "--backend emulated needs --emulator URL (or --config FILE with "
+            'backend = "emulated" and emulator = ...)'
+        )
+    if url is not None and not url.startswith("http://"):
+        raise UsageError(
+            f"--emulator must be an http:// URL such as http://127.0.0.1:8000, got {url!r}"
+        )
+    return kind, url if kind == "emulated" else None
+
+
+def _gpu_indices(kind: str, emulator: str | None, nvml: Any = None) -> list[int]:
+    """Every GPU the backend sees: NVML's count, the emulator's, or nvidia-smi's list.
+
+    Raises:
+        GpuUnavailable: no driver, no nvidia-smi, or no emulator answering.
+    """
+    if kind == "emulated":
+        from gpugov.daemon.emulated import emulated_device_count
+
+        return list(range(emulated_device_count(str(emulator))))
+    if kind == "nvidia-smi":
+        out = run_command(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], 30.0)
+        return [int(line) for line in out.split() if line.strip().isdigit()]
+    return list(range(nvml_device_count(nvml if nvml is not None else load_pynvml())))
+
+
 @_guarded
 def cmd_reset_clocks(args: argparse.Namespace) -> int:
-    """``gpugov reset-clocks``: remove SM clock locks, trying every GPU and reporting each.
+    """``gpugov reset-clocks``: remove SM clock locks, trying every GPU and reporting each,
+    through the backend the flags or the config name (NVML by default).
 
     Exit 0 when every GPU was reset, 3 when permission was denied, 6 when any GPU could
     not be reset (each is named with its error), 4 when no GPU could be listed at all.
     """
     import time
 
-    gpus = _gpu_list(args.gpus)
-    if gpus is None and args.backend == "nvidia-smi":
+    chosen = _gpu_list(args.gpus)
+    config = load_config(args.config) if args.config else None
+    kind, emulator = backend_choice(args.backend, args.emulator, config)
+    if chosen is None and kind == "nvidia-smi":
         run_command(["nvidia-smi", "--reset-gpu-clocks"], 30.0)
         print("all GPUs: SM clock locks reset (nvidia-smi)")
         return EXIT_OK
-    if gpus is None:
-        gpus = list(range(nvml_device_count(load_pynvml())))
+    gpus: list[int | str] = list(_gpu_indices(kind, emulator)) if chosen is None else chosen
     failed: dict[str, str] = {}
     for gpu in gpus:
-        error = _reset_one(gpu, args.backend, time.sleep)
+        error = _reset_one(gpu, kind, time.sleep, emulator)
         if error is None:
             print(f"GPU {gpu}: SM clock lock reset")
         else:
@@ -474,15 +601,18 @@ def may_lock_clocks(status_path: str | Path = "/proc/self/status") -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
-def gpu_status(nvml: Any = None) -> list[dict[str, Any]]:
-    """Per GPU: name, UUID, supported clock range, current clock, power, temperature.
+def gpu_status(
+    nvml: Any = None, *, backend_kind: str = "nvml", emulator: str | None = None
+) -> list[dict[str, Any]]:
+    """Per GPU of the backend (``nvml``, ``nvidia-smi`` or ``emulated`` at ``emulator``):
+    name, UUID, supported clock range, current clock, power, temperature.
 
     Raises:
-        GpuUnavailable: no driver or library.
+        GpuUnavailable: no driver or library, no nvidia-smi, or no emulator answering.
     """
     rows = []
-    for index in range(nvml_device_count(nvml)):
-        backend = NvmlBackend(index, nvml=nvml)
+    for index in _gpu_indices(backend_kind, emulator, nvml):
+        backend = _open_for_status(index, backend_kind, nvml, emulator)
         try:
             try:
                 clocks = backend.supported_clocks_mhz()
@@ -494,8 +624,8 @@ def gpu_status(nvml: Any = None) -> list[dict[str, Any]]:
             rows.append(
                 {
                     "index": index,
-                    "name": backend.name,
-                    "uuid": backend.uuid,
+                    "name": getattr(backend, "name", None),
+                    "uuid": getattr(backend, "uuid", None),
                     "supported_clock_range_mhz": clock_range,
                     "supported_clock_count": count,
                     "sm_clock_mhz": sample.sm_clock_mhz,
@@ -509,6 +639,20 @@ def gpu_status(nvml: Any = None) -> list[dict[str, Any]]:
         finally:
             backend.close()
     return rows
+
+
+def _open_for_status(index: int, kind: str, nvml: Any, emulator: str | None) -> GpuBackend:
+    """One GPU of the backend, opened as ``run`` opens it (its clocks are listed later,
+    so a GPU that lists none is still shown)."""
+    if kind == "emulated":
+        from gpugov.daemon.emulated import EmulatedBackend
+
+        return EmulatedBackend(index, emulator=str(emulator))
+    if kind == "nvidia-smi":
+        from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
+
+        return NvidiaSmiBackend(index)
+    return NvmlBackend(index, nvml=nvml)
 
 
 def engine_status(url: str, kind: str = "auto", timeout_s: float = 1.0) -> dict[str, Any]:
@@ -529,33 +673,49 @@ def engine_status(url: str, kind: str = "auto", timeout_s: float = 1.0) -> dict[
 
 @_guarded
 def cmd_status(args: argparse.Namespace) -> int:
-    """``gpugov status``."""
-    report: dict[str, Any] = {"may_lock_clocks": may_lock_clocks(), "gpus": [], "engines": []}
+    """``gpugov status``: the GPUs of the backend the flags or the config name (NVML by
+    default), lock permission, and the engines' reachability."""
+    for url in args.engine_url or []:
+        check_engine_url(url)
+    config = load_config(args.config) if args.config else None
+    kind, emulator = backend_choice(args.backend, args.emulator, config)
+    emulated = kind == "emulated"
+    report: dict[str, Any] = {
+        "backend": kind,
+        **({"emulator": emulator} if emulated else {}),
+        # Emulated GPUs take locks from anyone (NVML's permission check is not emulated).
+        "may_lock_clocks": True if emulated else may_lock_clocks(),
+        "gpus": [],
+        "engines": [],
+    }
     code = EXIT_OK
     try:
-        report["gpus"] = gpu_status(load_pynvml())
+        report["gpus"] = gpu_status(
+            None if kind != "nvml" else load_pynvml(), backend_kind=kind, emulator=emulator
+        )
     except GpuUnavailable as error:
         report["gpu_error"] = str(error)
         code = EXIT_NO_GPU
-    for url in args.engine_url or []:
-        check_engine_url(url)
     engines: list[tuple[str, str]] = [(url, "auto") for url in args.engine_url or []]
-    if args.config:
-        config = load_config(args.config)
+    if config is not None:
         engines += [(d.engine.url, d.engine.kind) for d in config.domains]
-    report["engines"] = [engine_status(url, kind) for url, kind in engines]
+    report["engines"] = [engine_status(url, engine) for url, engine in engines]
     if args.json:
         print(json.dumps(report, indent=1))
         return code
-    allowed = "yes" if report["may_lock_clocks"] else "no (needs root or CAP_SYS_ADMIN)"
+    if emulated:
+        allowed = f"yes (emulated GPUs at {emulator})"
+    else:
+        allowed = "yes" if report["may_lock_clocks"] else "no (needs root or CAP_SYS_ADMIN)"
     print(f"may lock clocks: {allowed}")
     if "gpu_error" in report:
         print(f"GPUs: unavailable: {report['gpu_error']}")
     for gpu in report["gpus"]:
         clock_range = gpu["supported_clock_range_mhz"]
         span = f"{clock_range[0]}-{clock_range[1]} MHz" if clock_range else "not reported"
+        who = " ".join(str(part) for part in (gpu["name"], gpu["uuid"]) if part) or "?"
         print(
-            f"GPU {gpu['index']}: {gpu['name']} {gpu['uuid']}; supported {span}; "
+            f"GPU {gpu['index']}: {who}; supported {span}; "
             f"now {_num(gpu['sm_clock_mhz'], 'MHz')}, {_num(gpu['power_w'], 'W')}, "
             f"{_num(gpu['temperature_c'], 'C')}"
         )
@@ -695,26 +855,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     run_parser.set_defaults(handler=_run_entry)
 
-    check = subparsers.add_parser("check-config", help="validate a config file; apply nothing")
+    check = subparsers.add_parser(
+        "check-config",
+        help="validate a config file and check it against this node's GPUs; apply nothing",
+        description="Validate FILE, then check it as `run` would at start, read-only: the "
+        "GPUs exist, the floor is below their top clock, the controllers build (plan, "
+        "profiles), the emulator answers, the record file and metrics address work. "
+        "Exit codes as `run`'s.",
+    )
     check.add_argument("file", metavar="FILE", help="the TOML config to validate")
+    check.add_argument(
+        "--offline",
+        action="store_true",
+        help="check the file only: skip the GPUs, the emulator, the record file and the "
+        "metrics address",
+    )
+    check.add_argument(
+        "--watchdog-sec",
+        type=float,
+        default=None,
+        metavar="S",
+        help="check daemon.period_s against a unit's WatchdogSec= of S seconds (default: "
+        "$WATCHDOG_USEC when set)",
+    )
     check.set_defaults(handler=cmd_check_config)
 
     reset = subparsers.add_parser(
         "reset-clocks", help="remove SM clock locks (for ExecStopPost= and people)"
     )
     reset.add_argument("--gpus", default="all", help="'all' or indices/UUIDs, comma separated")
-    reset.add_argument(
-        "--backend",
-        default="nvml",
-        choices=["nvml", "nvidia-smi"],
-        help="reset through NVML (default) or the nvidia-smi command",
-    )
+    _backend_arguments(reset, "reset through")
     reset.set_defaults(handler=cmd_reset_clocks)
 
     status = subparsers.add_parser(
         "status", help="GPUs, clock ranges, clocks, power, lock permission, engine reachability"
     )
-    status.add_argument("--config", metavar="FILE", help="also check the config's engines")
+    status.add_argument(
+        "--config", metavar="FILE", help="read the config's GPU backend and check its engines"
+    )
+    _backend_arguments(status, "read the GPUs through", config=False)
     status.add_argument(
         "--engine-url",
         action="append",
@@ -732,6 +911,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     rep.add_argument("--profile", default=None, help="profile for mpc (default: the recording's)")
     rep.add_argument("--show", type=int, default=10, help="differences to list")
     rep.set_defaults(handler=cmd_replay)
+
+
+def _backend_arguments(parser: argparse.ArgumentParser, verb: str, *, config: bool = True) -> None:
+    """``--backend`` and ``--emulator`` (and ``--config`` unless the command has its own)."""
+    if config:
+        parser.add_argument(
+            "--config",
+            metavar="FILE",
+            help="take the GPU backend (and emulator URL) from this config, as run does",
+        )
+    parser.add_argument(
+        "--backend",
+        default=None,
+        choices=["nvml", "nvidia-smi", "emulated"],
+        help=f"{verb} NVML, the nvidia-smi command, or gpugov emulate's GPUs "
+        "(default: the config's, else nvml)",
+    )
+    parser.add_argument(
+        "--emulator",
+        default=None,
+        metavar="URL",
+        help="gpugov emulate's URL for --backend emulated (default: the config's)",
+    )
 
 
 def _run_entry(args: argparse.Namespace) -> int:

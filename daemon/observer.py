@@ -141,6 +141,8 @@ class DomainObserver:
         self.scrape_timeout_s = scrape_timeout_s
         self.log_every_s = log_every_s
         self.engine_errors = 0
+        self.last_error: str | None = None
+        """The last failed scrape's error (kept until a scrape succeeds)."""
         self._cut = False
         self._was_fresh = False
         self.failed_in_a_row = 0
@@ -191,17 +193,31 @@ class DomainObserver:
             and budget < self.scrape_timeout_s
         )
         self._cut = False
+        if budget is not None and budget <= 0.0:
+            # A late tick: the data went stale before it, so no scrape can save it; the
+            # fail-safe is decided now, and the reason is what the engine last did.
+            self._cut = True
+            self.engine_errors += 1
+            error = "not scraped: the last good data went stale before this tick" + (
+                f"; last scrape: {self.last_error}" if self.last_error else ""
+            )
+            self._report_failure(now_s, error)
+            return error, self._clock() - started
         try:
             sample = (
                 self.source.scrape() if budget is None else self.source.scrape(timeout_s=budget)
             )
-        except EngineUnavailable as error:
+        except EngineUnavailable as failure:
             elapsed = self._clock() - started
             # Ran out the deadline the stale age set: the data is stale by now.
             self._cut = cut and budget is not None and elapsed >= budget - 1e-3
             self.engine_errors += 1
-            self._report_failure(now_s, str(error))
-            return str(error), elapsed
+            error = str(failure)
+            self.last_error = error
+            if self._cut:
+                error += f" (given only the {budget:.2g} s left before the data went stale)"
+            self._report_failure(now_s, error)
+            return error, elapsed
         elapsed = self._clock() - started
         if self.failed_in_a_row:
             down_s = now_s - (self._down_since_s if self._down_since_s is not None else now_s)
@@ -212,6 +228,7 @@ class DomainObserver:
             )
         self.failed_in_a_row = 0
         self._down_since_s = None
+        self.last_error = None
         self._window_base, self._last = self._last, sample
         self._last_time_s = now_s + elapsed
         return None, elapsed

@@ -30,8 +30,10 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -300,6 +302,7 @@ class RayRuntime:
         self.spec = spec
         self.ray = import_ray()
         self.started = False
+        self._neutral_dir: str | None = None
 
     def __enter__(self) -> RayRuntime:
         ray = self.ray
@@ -311,6 +314,14 @@ class RayRuntime:
             "log_to_driver": False,
             "configure_logging": True,
         }
+        # ray.init puts the driver's working directory first on every worker's sys.path
+        # (and a local runtime's processes start there). From a gpugov checkout, whose
+        # gpugov/ folder holds only the root package, a worker would import that folder
+        # instead of the installed package. So Ray starts from an empty directory, kept
+        # until the runtime is shut down.
+        self._neutral_dir = tempfile.mkdtemp(prefix="gpugov-ray-")
+        previous = os.getcwd()
+        os.chdir(self._neutral_dir)
         try:
             if address == LOCAL_RAY:
                 # A runtime for this machine alone: its processes talk over loopback.
@@ -324,9 +335,14 @@ class RayRuntime:
                 )
             else:
                 ray.init(address=address, **options)
-        except (ConnectionError, RuntimeError, ValueError) as error:
+        except BaseException as error:
+            self._remove_neutral_dir()
+            if not isinstance(error, ConnectionError | RuntimeError | ValueError):
+                raise
             first = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise RunnerError(f"--ray {address}: cannot start or join Ray: {first}") from error
+        finally:
+            os.chdir(previous)
         self.started = True
         return self
 
@@ -334,6 +350,13 @@ class RayRuntime:
         if self.started:
             self.ray.shutdown()
             self.started = False
+        self._remove_neutral_dir()
+
+    def _remove_neutral_dir(self) -> None:
+        """Remove the empty directory Ray was started from (once Ray is down)."""
+        if self._neutral_dir is not None:
+            shutil.rmtree(self._neutral_dir, ignore_errors=True)
+            self._neutral_dir = None
 
     def cpus(self) -> int:
         """CPUs the runtime offers to tasks."""

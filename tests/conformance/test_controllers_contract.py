@@ -1,9 +1,10 @@
-"""One contract, every controller kind (DRAFT against today's factory API).
+"""One contract, every controller kind.
 
 Every kind the config accepts (``max``, ``fixed``, ``reactive``, ``open-loop``, ``mpc``,
 ``mpc-slsqp``, ``mpc-online``, and ``mpc-online`` keeping its model in a state directory),
-raw and inside the safety chain (:func:`gpugov.daemon.decide.with_safety`), on idle,
-burst and NaN-field observations:
+raw (the algorithm, :func:`unwrap`) and inside the safety chain the factory
+(:func:`gpugov.daemon.decide.build_controller`) returns, on idle, burst and NaN-field
+observations:
 
 * raw, it decides a finite clock (and raises nothing) on every observation, also with
   NaN in any one measured field;
@@ -12,10 +13,7 @@ burst and NaN-field observations:
 * :func:`gpugov.daemon.decide.warm_up` on it opens no file, renames none and makes no
   socket, and leaves it deciding as if it had never been warmed.
 
-Controllers are built in one place, :func:`make_controller`; adapt it when the factory
-becomes ``build_controller(spec, context)``. A combination that fails on today's code is
-marked ``xfail(strict=True)`` with the reason: fixing the bug turns it into a failure
-that asks for the mark to go.
+Controllers are built in one place, :func:`make_controller`, by the node's factory.
 """
 
 from __future__ import annotations
@@ -31,6 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gpugov.controllers.contract import unwrap
 from gpugov.controllers.open_loop import PLAN_FORMAT, OpenLoopPlan, save_plan
 from gpugov.daemon.config import (
     ControllerConfig,
@@ -41,8 +40,7 @@ from gpugov.daemon.config import (
     OpenLoopControllerConfig,
     ReactiveControllerConfig,
 )
-from gpugov.daemon.decide import build_controller, warm_up, with_safety
-from gpugov.daemon.model_store import PersistentOnlineModel
+from gpugov.daemon.decide import ControllerContext, build_controller, warm_up
 from gpugov.plant import load_profile
 from gpugov.plant.types import ClockController, ServingObservation
 
@@ -60,25 +58,20 @@ short, so a few observations reach the MPC."""
 
 # ------------------------------------------------------------------ the one factory
 def make_controller(spec: ControllerConfig, *, safety: bool) -> ClockController:
-    """The controller ``spec`` asks for on a one-GPU H100 domain, raw or in the safety chain.
-
-    Today: ``build_controller(spec, *, period_s, gpu_name, gpu_count)``, then, for
-    ``mpc-online`` with a ``state_dir``, the persistence wrapper the daemon's service adds
-    (``daemon.service._online_for_domain``). With ``build_controller(spec, context)``
-    this becomes one call with a ``ControllerContext`` (period, clocks, GPU identity,
-    state directory) plus ``with_safety``.
-    """
-    controller: ClockController = build_controller(
-        spec, period_s=PERIOD_S, gpu_name=GPU_NAME, gpu_count=1
+    """The controller ``spec`` asks for on a one-GPU H100 domain, built by the node's
+    factory: the chain it returns (``safety``), or the algorithm inside it. An
+    ``mpc-online`` spec with a ``state_dir`` keeps its model there, as on a node."""
+    state_dir = spec.state_dir if isinstance(spec, OnlineMPCControllerConfig) else None
+    context = ControllerContext(
+        period_s=PERIOD_S,
+        supported_clocks_mhz=CLOCKS_MHZ,
+        gpu_names=(GPU_NAME,),
+        gpu_uuids=(GPU_UUID,),
+        state_dir=None if state_dir is None else Path(state_dir),
+        domain="conformance",
     )
-    if isinstance(spec, OnlineMPCControllerConfig) and spec.state_dir is not None:
-        controller = PersistentOnlineModel(
-            controller,  # type: ignore[arg-type]
-            Path(spec.state_dir),
-            "conformance",
-            [GPU_UUID],
-        )
-    return with_safety(controller, CLOCKS_MHZ) if safety else controller
+    chain = build_controller(spec, context)
+    return chain if safety else unwrap(chain)
 
 
 # ------------------------------------------------------------------------ the kinds
@@ -227,38 +220,9 @@ def sequence(scenario: str, nan: tuple[str, ...] = ()) -> list[ServingObservatio
     return [observation(scenario, time_s, nan) for time_s in TIMES_S]
 
 
-# ------------------------------------------------------------- known failures
-def _known(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, reason=reason)
-
-
-ONLINE_NAN = _known(
-    "mpc-online raises on NaN measurements: a NaN realized_clock_mhz reaches "
-    "identification.hat_weights (IndexError), a NaN prompt_tokens_total reaches the "
-    "learned PerformanceProfile (ValueError)"
-)
-WARM_UP_IO = _known(
-    "warm_up deep-copies and calls the whole controller, so PersistentOnlineModel reads "
-    "its state file during the warm-up; warm-up should reach the bare controller"
-)
-KNOWN_FAILURES: dict[tuple[str, str], pytest.MarkDecorator] = {
-    ("mpc-online", "nan"): ONLINE_NAN,
-    ("mpc-online-persistent", "nan"): ONLINE_NAN,
-    ("mpc-online", "realized_clock_mhz"): ONLINE_NAN,
-    ("mpc-online-persistent", "realized_clock_mhz"): ONLINE_NAN,
-    ("mpc-online", "prompt_tokens_total"): ONLINE_NAN,
-    ("mpc-online-persistent", "prompt_tokens_total"): ONLINE_NAN,
-    ("mpc-online-persistent", "warm-up"): WARM_UP_IO,
-}
-
-
 def cases(second: tuple[str, ...]) -> list[Any]:
-    """``(kind, x)`` for every kind and every ``x`` in ``second``, known failures marked."""
-    return [
-        pytest.param(kind, other, marks=KNOWN_FAILURES.get((kind, other), ()))
-        for kind in KINDS
-        for other in second
-    ]
+    """``(kind, x)`` for every kind and every ``x`` in ``second``."""
+    return [pytest.param(kind, other) for kind in KINDS for other in second]
 
 
 # ----------------------------------------------------------------------- tests

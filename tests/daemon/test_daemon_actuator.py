@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import fake_pynvml as fp
 import pytest
 from fake_pynvml import FakeNvml
@@ -66,6 +68,34 @@ def test_transient_write_error_retried_next_tick(fake_nvml: FakeNvml) -> None:
         assert actuator.applied_mhz is None
         assert actuator.apply(1000) == 1
         assert actuator.applied_mhz == 1000
+
+
+def test_a_write_failing_every_tick_is_counted_each_time_and_logged_once_a_minute(
+    fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [0.0]
+    with ClockActuator(_backends(fake_nvml), domain="d", clock=lambda: now[0]) as actuator:
+        fake_nvml.fail("nvmlDeviceSetGpuLockedClocks", fp.NVML_ERROR_TIMEOUT, times=None)
+        with caplog.at_level(logging.DEBUG, logger="gpugov.daemon.actuator"):
+            for tick in range(150):  # 150 s at one tick a second, every write failing
+                now[0] = float(tick)
+                assert actuator.apply(1000) == 0
+            assert actuator.write_failures == {"0": 150, "1": 150}
+            fake_nvml.clear_failures()
+            now[0] = 150.0
+            assert actuator.apply(1000) == 2
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        gpu1 = [line for line in warnings if "GPU 1" in line]
+        assert len(warnings) == 8 and len(gpu1) == 4  # per GPU: first, 2 reminders, back
+        assert "lock clocks to 1000,1000 MHz failed" in gpu1[0] and "one line a minute" in gpu1[0]
+        assert "61 failures in a row over 60 s (59 not logged)" in gpu1[1]
+        assert "121 failures in a row over 120 s (59 not logged)" in gpu1[2]
+        assert gpu1[3] == "domain d: GPU 1: clock writes succeed again after 150 failure(s) (150 s)"
+        assert actuator.failure_log.failing("1") == 0
+        debug = [
+            r for r in caplog.records if r.levelno == logging.DEBUG and "GPU 1" in r.getMessage()
+        ]
+        assert len(debug) == 150 - 3
 
 
 def test_permission_denied_propagates() -> None:

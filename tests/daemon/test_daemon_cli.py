@@ -35,7 +35,7 @@ def _config(tmp_path: Path, url: str, extra: str = "") -> Path:
 
 
 def test_check_config_ok(capsys: pytest.CaptureFixture[str]) -> None:
-    assert node_cli.main(["check-config", str(EXAMPLE)]) == 0
+    assert node_cli.main(["check-config", str(EXAMPLE), "--offline"]) == 0
     out = capsys.readouterr().out
     assert "OK" in out and "domain llama-8b" in out and "controller reactive" in out
 

@@ -259,3 +259,33 @@ def test_series_cache_gives_same_answer_without_reparsing(monkeypatch: pytest.Mo
     assert aggregate(again, "vllm:num_requests_waiting") == 10.0
     with pytest.raises(EngineParseError, match="line 9"):
         parse_page(changed.replace("} 9.0", "} nine"), wanted, "u", cache)
+
+
+def test_each_failure_says_what_happened(metrics_server: MetricsServer) -> None:
+    """Refused, dropped, HTTP status, no time given, a page that is not Prometheus text:
+    each failure's line names the URL and which."""
+    url = metrics_server.url
+    port = url.split(":")[2].split("/")[0]
+    metrics_server.page = "vllm:num_requests_running{oops 3\n"
+    with pytest.raises(EngineUnavailable, match=f"^{url}: line 1 is not Prometheus text"):
+        VllmSource(url, timeout_s=2.0).scrape()
+    metrics_server.page = "<html>not a metrics page</html>\n"
+    with pytest.raises(EngineUnavailable, match=f"^{url}: no vllm queue gauges"):
+        VllmSource(url, timeout_s=2.0).scrape()
+    metrics_server.status = 503
+    with pytest.raises(EngineUnavailable) as http_error:
+        VllmSource(url, timeout_s=2.0).scrape()
+    assert str(http_error.value) == f"{url}: HTTP 503 Service Unavailable"
+    metrics_server.down = True
+    with pytest.raises(EngineUnavailable) as dropped:
+        VllmSource(url, timeout_s=2.0).scrape()
+    assert str(dropped.value) == f"{url}: the engine closed the connection without answering"
+    with pytest.raises(EngineUnavailable) as no_time:
+        VllmSource(url, timeout_s=2.0).scrape(timeout_s=0.0)
+    assert str(no_time.value) == f"{url}: not fetched: a deadline of 0 s"
+    metrics_server.close()
+    with pytest.raises(EngineUnavailable) as refused:
+        VllmSource(url, timeout_s=2.0).scrape()
+    assert str(refused.value) == (
+        f"{url}: connection refused (nothing listens on 127.0.0.1:{port})"
+    )

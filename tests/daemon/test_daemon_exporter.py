@@ -67,6 +67,7 @@ def _snapshot() -> DomainSnapshot:
         clock_writes_total=2,
         engine_errors_total=1,
         gpu_read_errors_total={"0": 0, "1": 3},
+        clock_write_failures_total={"0": 0, "1": 5},
         fallbacks_total={"engine_stale": 2},
         solve_buckets=tuple(histogram.buckets()),
         solve_sum_s=histogram.sum_s,
@@ -116,6 +117,8 @@ def test_values_and_labels(page: str) -> None:
     assert value("gpugov_requested_clock_hertz", domain="llm", controller="mpc") == 1410e6
     assert value("gpugov_applied_clock_hertz", domain="llm") == 1410e6
     assert value("gpugov_clock_writes_total", domain="llm") == 2.0
+    assert value("gpugov_clock_write_failures_total", domain="llm", gpu="0") == 0.0
+    assert value("gpugov_clock_write_failures_total", domain="llm", gpu="1") == 5.0
     assert value("gpugov_decisions_total", domain="llm", controller="mpc") == 6.0
     assert (
         value("gpugov_fallbacks_total", domain="llm", controller="mpc", reason="engine_stale")

@@ -156,3 +156,65 @@ def test_gpu_read_errors_counted_lost_raises() -> None:
     gpu.next = GpuLost("gone")
     with pytest.raises(GpuLost):
         observer.observe(2.0, 2, None)
+
+
+def test_a_late_tick_names_what_the_engine_last_did_not_a_zero_deadline() -> None:
+    """The tick at which the data goes stale is not given a scrape it cannot use (no
+    'no complete answer within 0 s'): its reason is the last failure, e.g. a refusal."""
+    gpu, source = StubGpu("0"), StubSource()
+    budgets: list[float | None] = []
+    scrape = source.scrape
+
+    def counted(timeout_s: float | None = None) -> EngineSample:
+        budgets.append(timeout_s)
+        return scrape(timeout_s)
+
+    source.scrape = counted  # type: ignore[method-assign]
+    observer = DomainObserver([gpu], source, stale_after_s=3.0, clock=lambda: 0.0)
+    source.next = _engine()
+    assert observer.observe(1.0, 1, None).engine_fresh
+    refused = (
+        "http://127.0.0.1:8000/metrics: connection refused (nothing listens on 127.0.0.1:8000)"
+    )
+    source.next = EngineUnavailable(refused)
+    for now in (2.0, 3.0):
+        observed = observer.observe(now, int(now), None)
+        assert observed.engine_fresh and observed.engine_error == refused
+    stale = observer.observe(4.0, 4, None)  # 3 s after the last good data: stale now
+    assert not stale.engine_fresh
+    assert stale.engine_error == (
+        f"not scraped: the last good data went stale before this tick; last scrape: {refused}"
+    )
+    assert len(budgets) == 3 and observer.engine_errors == 3  # counted, never fetched
+    after = observer.observe(5.0, 5, None)
+    assert not after.engine_fresh and after.engine_error == refused and len(budgets) == 4
+    source.next = _engine()
+    assert observer.observe(6.0, 6, None).engine_fresh and observer.last_error is None
+
+
+def test_a_scrape_cut_short_by_the_stale_age_says_so() -> None:
+    now = [0.0]
+    gpu = StubGpu("0")
+
+    class Slow(StubSource):
+        def scrape(self, timeout_s: float | None = None) -> EngineSample:
+            if isinstance(self.next, EngineSample):
+                return self.next
+            now[0] += timeout_s or 0.5  # runs out its whole deadline
+            raise EngineUnavailable(
+                f"http://e/metrics: timed out: no complete answer within {timeout_s:.3g} s"
+            )
+
+    source = Slow()
+    observer = DomainObserver(
+        [gpu], source, stale_after_s=2.0, clock=lambda: now[0], scrape_timeout_s=0.5
+    )
+    source.next = _engine()
+    assert observer.observe(0.0, 0, None).engine_fresh
+    source.next = EngineUnavailable("hang")
+    cut = observer.observe(1.8, 1, None)  # 0.2 s left of the stale age: the scrape gets that
+    assert not cut.engine_fresh
+    assert cut.engine_error == (
+        "http://e/metrics: timed out: no complete answer within 0.2 s "
+        "(given only the 0.2 s left before the data went stale)"
+    )

@@ -116,3 +116,20 @@ def test_rows_per_domain_and_per_gpu_with_the_promised_panels() -> None:
     per_gpu = [p for p in panels(board) if p["title"].endswith("per GPU")]
     for panel in per_gpu:
         assert "{{gpu}}" in panel["targets"][0]["legendFormat"], panel["title"]
+
+
+def test_the_panels_that_need_the_slos_are_the_four_slo_panels() -> None:
+    """``gpugov check-config`` warns that the dashboard's SLO panels stay empty for a
+    domain without SLOs (docs/daemon.md says four): every panel that reads an SLO series
+    or an SLO recording rule says SLO in its title, and there are four."""
+    from gpugov.daemon.node_check import SLO_RECORDING_RULES, SLO_SERIES
+
+    names = (*SLO_SERIES.values(), *SLO_RECORDING_RULES)
+    needing = [
+        panel["title"]
+        for panel in panels(dashboard())
+        if any(
+            name in target.get("expr", "") for target in panel.get("targets", []) for name in names
+        )
+    ]
+    assert len(needing) == 4 and all("SLO" in title for title in needing), needing

@@ -108,3 +108,26 @@ def test_recording_rule_names_follow_the_convention() -> None:
         assert level in {"domain", "gpu"}, rule["record"]
         assert metric.startswith("gpugov_"), rule["record"]
         assert operations, rule["record"]
+
+
+def test_check_config_names_exactly_the_rules_that_need_the_slos() -> None:
+    """``gpugov check-config`` warns that a domain without SLOs leaves some rules and
+    alerts without data: they must be exactly those that read an SLO series, directly
+    or through another recorded series."""
+    from gpugov.daemon.node_check import SLO_ALERTS, SLO_RECORDING_RULES, SLO_SERIES
+
+    def reads(expr: str, names: set[str]) -> bool:
+        return any(re.search(rf"(?<![\w:]){re.escape(name)}(?![\w:])", expr) for name in names)
+
+    needs = set(SLO_SERIES.values())
+    recorded: set[str] = set()
+    grown = True
+    while grown:
+        grown = False
+        for rule in rules(RECORDING_RULES):
+            if rule["record"] not in recorded and reads(rule["expr"], needs | recorded):
+                recorded.add(rule["record"])
+                grown = True
+    assert recorded == set(SLO_RECORDING_RULES)
+    alerts = [r["alert"] for r in rules(ALERT_RULES) if reads(r["expr"], needs | recorded)]
+    assert alerts == list(SLO_ALERTS)

@@ -45,13 +45,30 @@ def pool_board(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return json.loads((out / "scoreboard.json").read_text())
 
 
+SHADOW_PACKAGE = 'raise ImportError("a gpugov checkout in the working directory was imported")\n'
+
+
 @pytest.fixture(scope="module")
-def ray_runtime(pool_board: dict[str, Any]) -> Iterator[RayRuntime]:
-    """One local Ray runtime for the module, started the way ``--ray local`` starts it."""
+def ray_runtime(
+    pool_board: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RayRuntime]:
+    """One local Ray runtime for the module, started the way ``--ray local`` starts it,
+    from a working directory holding a ``gpugov/`` folder that cannot be imported (as a
+    checkout's holds only the root package): a worker that imported it instead of the
+    installed package would fail every test below."""
+    checkout = tmp_path_factory.mktemp("checkout")
+    (checkout / "gpugov").mkdir()
+    (checkout / "gpugov" / "__init__.py").write_text(SHADOW_PACKAGE)
     ray.cloudpickle.register_pickle_by_value(cell_tasks)  # the tests' tasks, by value
-    with RayRuntime(RunnerSpec(jobs=2, ray_address="local")) as runtime:
+    runtime = RayRuntime(RunnerSpec(jobs=2, ray_address="local"))
+    with contextlib.chdir(checkout):
+        runtime.__enter__()
+        assert Path.cwd() == checkout  # Ray started elsewhere; the driver's directory stays
+    try:
         assert runtime.started and ray.is_initialized()
         yield runtime
+    finally:
+        runtime.__exit__(None, None, None)
     assert not ray.is_initialized()
 
 

@@ -1,0 +1,344 @@
+"""What ``gpugov check-config`` checks beyond the file: this node, read-only.
+
+``gpugov run`` refuses to start for a config's sake in a few places: a GPU index or UUID
+that does not exist (or an emulator that does not answer), GPUs without a supported clock
+in common, ``safety.floor_mhz`` above the GPUs' top supported clock, a controller that
+cannot be built (an open-loop plan file, an ``mpc`` profile, an ``mpc-online`` prior
+profile), a record file that cannot be written, a metrics address it cannot bind.
+:func:`check_node` looks for the same problems without applying anything: the GPUs are
+opened through a dry-run backend (reads only; no lock, no reset), the lock state and any
+learned-model file are neither read nor written, and each controller is built (which
+loads its files) but never asked for a decision.
+
+Without an NVIDIA driver here (or ``nvidia-smi`` for that backend) the GPU part is
+skipped and said so in one line; ``--offline`` skips everything that depends on this
+machine (GPUs, emulator, record file, metrics address). The controllers are built either
+way.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from gpugov.daemon.backend import DryRunBackend, GpuBackend
+from gpugov.daemon.cli_support import UsageError, check_output_file
+from gpugov.daemon.config import (
+    DomainConfig,
+    GpugovConfig,
+    OnlineMPCControllerConfig,
+    parse_address,
+)
+from gpugov.daemon.errors import ConfigError, GpugovError, GpuUnavailable, NotSupported
+
+log = logging.getLogger(__name__)
+
+SLO_SERIES = {"ttft_slo_s": "gpugov_ttft_slo_seconds", "tpot_slo_s": "gpugov_tpot_slo_seconds"}
+"""The domain's SLO keys and the exporter's series that carry them (absent when unset)."""
+SLO_RECORDING_RULES = ("domain:gpugov_slo_met:bool", "domain:gpugov_slo_attainment:ratio_avg10m")
+"""The recording rules in ``deploy/prometheus/rules`` that need both SLO series."""
+SLO_ALERTS = ("GpugovSLOAttainmentLow",)
+"""The alerts in ``deploy/prometheus/rules`` that need both SLO series."""
+NO_DRIVER_CODES = frozenset({9, 12})
+"""NVML's DRIVER_NOT_LOADED and LIBRARY_NOT_FOUND: no NVIDIA driver on this machine."""
+
+
+@dataclass
+class NodeReport:
+    """What the checks found: lines to print, warning lines, and the problems ``run``
+    would refuse to start with (each an exception carrying one line)."""
+
+    lines: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    problems: list[Exception] = field(default_factory=list)
+
+
+def slo_warnings(config: GpugovConfig) -> list[str]:
+    """One line per domain that sets no TTFT or no TPOT SLO: the exporter then publishes
+    no SLO series for it, so the SLO rules, the SLO alert and the dashboard's SLO panels
+    never have data for that domain (the daemon itself runs fine)."""
+    lines = []
+    for domain in config.domains:
+        missing = [key for key in SLO_SERIES if getattr(domain, key) is None]
+        if not missing:
+            continue
+        series = " and ".join(SLO_SERIES[key] for key in missing)
+        lines.append(
+            f"domain {domain.name!r} sets no {' or '.join(missing)}: {series} "
+            f"{'is' if len(missing) == 1 else 'are'} not exported, so the recording rules "
+            f"{' and '.join(SLO_RECORDING_RULES)}, the alert {', '.join(SLO_ALERTS)} and the "
+            "dashboard's SLO panels have no data for it; set ttft_slo_s and tpot_slo_s"
+        )
+    return lines
+
+
+def check_node(
+    config: GpugovConfig,
+    *,
+    offline: bool = False,
+    nvml: ModuleType | None = None,
+    load_nvml: Callable[[], ModuleType] | None = None,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> NodeReport:
+    """Check ``config`` against this node as ``run`` would at start, applying nothing.
+
+    Args:
+        offline: skip everything that depends on this machine; build the controllers only.
+        nvml: the ``pynvml`` module (tests pass a fake); else ``load_nvml()``.
+        load_nvml: imports the real one (default :func:`daemon.nvml.load_pynvml`).
+        sleep: for the retries of a transient error while opening a GPU.
+    """
+    report = NodeReport()
+    opened: dict[str, list[GpuBackend]] | None = None
+    with _warnings_into(report.warnings):
+        try:
+            if offline:
+                report.lines.append("node checks skipped (--offline): GPUs, emulator, files")
+            else:
+                _check_outputs(config, report)
+                opened = _open_gpus(config, report, nvml, load_nvml, sleep)
+            for domain in config.domains:
+                backends = None if opened is None else opened.get(domain.name)
+                _check_domain(config, domain, backends, report)
+        finally:
+            for backends in (opened or {}).values():
+                for backend in backends:
+                    backend.close()
+    return report
+
+
+@contextmanager
+def _warnings_into(lines: list[str]) -> Iterator[None]:
+    """Collect what the daemon's modules log at WARNING or above while checking (an
+    unknown GPU family in a prior hint, a retried GPU open) as warning lines."""
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("gpugov")
+    handler = Collect(logging.WARNING)
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+# ---------------------------------------------------------------------- files, socket
+def _check_outputs(config: GpugovConfig, report: NodeReport) -> None:
+    """The record file ``run`` would write and the address its exporter would bind."""
+    try:
+        check_output_file("daemon.record", config.daemon.record)
+    except UsageError as error:
+        report.problems.append(error)
+    address = config.daemon.metrics_address
+    if address and address.lower() != "none":
+        reason = _bind_error(address)
+        if reason is not None:
+            report.problems.append(
+                UsageError(f"daemon.metrics_address {address}: cannot serve metrics: {reason}")
+            )
+
+
+def _bind_error(address: str) -> str | None:
+    """Why ``run`` could not serve ``/metrics`` on ``address``'s host, or None. Binds port
+    0 (any free one), so a daemon already serving on the configured port is no problem."""
+    host, _ = parse_address(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+    except OSError as error:
+        return error.strerror or str(error)
+    return None
+
+
+# ------------------------------------------------------------------------------ GPUs
+def _open_gpus(
+    config: GpugovConfig,
+    report: NodeReport,
+    nvml: ModuleType | None,
+    load_nvml: Callable[[], ModuleType] | None,
+    sleep: Callable[[float], Any],
+) -> dict[str, list[GpuBackend]] | None:
+    """Open every domain's GPUs read-only as ``run`` opens them; None when this machine
+    has no driver for the backend (the GPU part is skipped). A domain whose GPUs could
+    not all be opened is left out (its problem is reported)."""
+    from gpugov.daemon.service import open_backend
+
+    kind = config.daemon.backend
+    if kind == "nvml":
+        nvml = _nvml_or_none(nvml, load_nvml, report)
+        if nvml is None:
+            return None
+    elif kind == "nvidia-smi" and shutil.which("nvidia-smi") is None:
+        report.lines.append("GPU checks skipped: nvidia-smi is not installed here")
+        return None
+    elif kind == "emulated":
+        from gpugov.daemon.emulated import emulated_device_count
+
+        emulator = str(config.daemon.emulator)
+        try:
+            count = emulated_device_count(emulator)
+        except GpuUnavailable as error:
+            report.problems.append(
+                GpuUnavailable(
+                    f"{error}: start `gpugov emulate` there, or check the file alone with --offline"
+                )
+            )
+            return {}
+        report.lines.append(f"emulator {emulator}: answers, {count} GPU(s)")
+    opened: dict[str, list[GpuBackend]] = {}
+    for domain in config.domains:
+        backends: list[GpuBackend] = []
+        try:
+            for gpu in domain.gpus:
+                backends.append(
+                    open_backend(
+                        gpu,
+                        kind,
+                        dry_run=True,  # reads only, whatever happens next
+                        nvml=nvml,
+                        sleep=sleep,
+                        emulator=config.daemon.emulator,
+                    )
+                )
+        except GpugovError as error:
+            report.problems.append(error)
+            for backend in backends:
+                backend.close()
+            continue
+        opened[domain.name] = backends
+    return opened
+
+
+def _nvml_or_none(
+    nvml: ModuleType | None, load_nvml: Callable[[], ModuleType] | None, report: NodeReport
+) -> ModuleType | None:
+    """The NVML module when a driver answers here; None (and one line) when this machine
+    has no NVIDIA driver or library. Any other NVML failure is a problem: ``run`` on this
+    node would fail the same way."""
+    from gpugov.daemon.nvml import load_pynvml, nvml_device_count
+
+    try:
+        module = nvml or (load_nvml or load_pynvml)()
+        count = nvml_device_count(module)
+    except GpuUnavailable as error:
+        if error.code is None or error.code in NO_DRIVER_CODES:
+            report.lines.append(f"GPU checks skipped: no NVIDIA driver here ({error})")
+        else:
+            report.problems.append(error)
+        return None
+    except GpugovError as error:
+        report.problems.append(error)
+        return None
+    report.lines.append(f"NVML: {count} GPU(s)")
+    return module
+
+
+# ---------------------------------------------------------------------------- domains
+def _check_domain(
+    config: GpugovConfig,
+    domain: DomainConfig,
+    backends: Sequence[GpuBackend] | None,
+    report: NodeReport,
+) -> None:
+    """The domain's clocks and floor (when its GPUs were opened) and its controller."""
+    from gpugov.plant.profile import ProfileError
+
+    names: list[str] = []
+    clocks: tuple[float, ...] = ()
+    if backends is not None:
+        try:
+            clocks = _common_clocks(backends)
+        except GpugovError as error:
+            report.problems.append(error)
+            clocks = ()
+        labels = ", ".join(b.label for b in backends)
+        names = [_gpu_name(b) for b in backends]
+        if not clocks:
+            report.problems.append(
+                NotSupported(
+                    f"domain {domain.name!r}: GPUs {labels} have no supported SM clock in "
+                    "common; clock locking is not possible"
+                )
+            )
+        else:
+            report.lines.append(
+                f"domain {domain.name}: GPU {labels} ({', '.join(sorted(set(names))) or '?'}): "
+                f"{len(clocks)} supported clocks, {clocks[0]:g}-{clocks[-1]:g} MHz"
+            )
+        floor = domain.safety.floor_mhz
+        if floor is not None and clocks and floor > clocks[-1]:
+            # The refusal of daemon.service.build_domain, word for word.
+            report.problems.append(
+                ConfigError(
+                    f"domain {domain.name!r}: safety.floor_mhz ({floor:g} MHz) is above the "
+                    f"top supported clock of its GPUs ({clocks[-1]:g} MHz)"
+                )
+            )
+    try:
+        _build_controller(config, domain, names, clocks, gpus_seen=backends is not None)
+    except (GpugovError, ProfileError) as error:
+        report.problems.append(error)
+
+
+def _common_clocks(backends: Sequence[GpuBackend]) -> tuple[float, ...]:
+    """The clocks every GPU of a domain supports, ascending (as the observer takes them)."""
+    common = set(backends[0].supported_clocks_mhz())
+    for backend in backends[1:]:
+        common &= set(backend.supported_clocks_mhz())
+    return tuple(float(c) for c in sorted(common))
+
+
+def _gpu_name(backend: GpuBackend) -> str:
+    inner = backend.inner if isinstance(backend, DryRunBackend) else backend
+    return str(getattr(inner, "name", "") or "")
+
+
+def _build_controller(
+    config: GpugovConfig,
+    domain: DomainConfig,
+    gpu_names: Sequence[str],
+    clocks: Sequence[float],
+    *,
+    gpus_seen: bool,
+) -> Any:
+    """The domain's controller, built by ``run``'s factory (its plan, profile or prior
+    profile loaded) but with no state directory (no learned-model file is read or
+    written) and never asked for a decision. Offline the GPUs' clocks are unknown: a
+    stand-in clock builds the chain, which decides nothing here.
+
+    Raises:
+        ControllerError: it cannot be built.
+    """
+    from gpugov.daemon.decide import ControllerContext, build_controller
+
+    spec = domain.controller
+    hints = spec.prior if isinstance(spec, OnlineMPCControllerConfig) else None
+    if not gpus_seen and hints is not None and (hints.gpu or "").strip().lower() == "auto":
+        # gpu = "auto" takes the GPU's NVML name, which is unknown without the GPUs.
+        spec = spec.model_copy(update={"prior": hints.model_copy(update={"gpu": None})})
+    context = ControllerContext(
+        period_s=config.daemon.period_s,
+        supported_clocks_mhz=tuple(clocks) or (1.0,),
+        gpu_names=tuple(gpu_names),
+        gpu_count=len(domain.gpus),
+        ttft_slo_s=domain.ttft_slo_s,
+        tpot_slo_s=domain.tpot_slo_s,
+        thermal_limit_c=domain.thermal_limit_c,
+        state_dir=None,
+        domain=domain.name,
+    )
+    return build_controller(spec, context)

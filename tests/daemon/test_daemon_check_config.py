@@ -1,0 +1,223 @@
+"""``gpugov check-config`` against the node (fake NVML): it refuses what ``run`` refuses at
+start, with ``run``'s exit code, opens the GPUs read-only, skips the GPU part without a
+driver or with ``--offline``, and warns about SLO rules that can never have data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import fake_pynvml as fp
+import pytest
+from fake_pynvml import FakeNvml
+
+import gpugov.daemon.node_cli as node_cli
+import gpugov.daemon.nvml as nvml_module
+from gpugov.daemon.node_check import SLO_ALERTS, SLO_RECORDING_RULES
+
+SLOS = "ttft_slo_s = 1.0\ntpot_slo_s = 0.05\n"
+ENGINE = '[domains.engine]\nurl = "http://127.0.0.1:9/metrics"\n'
+
+
+class LoopStarted(Exception):
+    """``run`` got past every start check (the loop is replaced by this)."""
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    fake = FakeNvml(2)
+    monkeypatch.setattr(nvml_module, "load_pynvml", lambda: fake)
+    monkeypatch.setattr(node_cli, "load_pynvml", lambda: fake)
+
+    def loop(*args: object, **kwargs: object) -> None:
+        raise LoopStarted
+
+    monkeypatch.setattr(node_cli, "run", loop)
+    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    return fake
+
+
+def _write(tmp_path: Path, daemon: str = "", domain: str = "", tables: str = "") -> Path:
+    path = tmp_path / "gpugov.toml"
+    path.write_text(
+        f'[daemon]\nmetrics_address = ""\n{daemon}\n'
+        f'[[domains]]\nname = "llm"\ngpus = [0, 1]\n{SLOS}{domain}\n{ENGINE}{tables}'
+    )
+    return path
+
+
+def _run_code(path: Path) -> int:
+    """What ``run --dry-run`` answers at start: its exit code, or -1 when it got as far
+    as the loop."""
+    try:
+        return node_cli.main(["run", "--config", str(path), "--dry-run"])
+    except LoopStarted:
+        return -1
+
+
+REFUSED = {
+    "missing GPU index": ("", "gpus = [0, 7]", "", 4),
+    "missing GPU UUID": ("", 'gpus = ["GPU-nope"]', "", 4),
+    "floor above the top clock": ("", "", "[domains.safety]\nfloor_mhz = 2500\n", 2),
+    "missing plan file": (
+        "",
+        "",
+        '[domains.controller]\nkind = "open-loop"\nplan = "/nonexistent/plan.json"\n',
+        2,
+    ),
+    "unknown mpc profile": ("", "", '[domains.controller]\nkind = "mpc"\nprofile = "nope"\n', 2),
+    "unknown prior profile": (
+        "",
+        "",
+        '[domains.controller]\nkind = "mpc-online"\nprior_profile = "nope"\n',
+        2,
+    ),
+    "record directory missing": ('record = "/nonexistent/dir/run.jsonl"', "", "", 2),
+    "metrics address not on this host": ('metrics_address = "192.0.2.1:9400"', "", "", 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_check_config_refuses_what_run_refuses_with_its_exit_code(
+    case: str, tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    daemon, gpus, tables, code = REFUSED[case]
+    text = _write(tmp_path, daemon=daemon, tables=tables).read_text()
+    if gpus:
+        text = text.replace("gpus = [0, 1]", gpus)
+    path = tmp_path / "case.toml"
+    path.write_text(text)
+    assert node_cli.main(["check-config", str(path)]) == code
+    err = capsys.readouterr().err
+    assert err.startswith("gpugov: error: ") and "Traceback" not in err
+    assert fake.writes == [] and fake.initialized == 0  # read-only, every handle closed
+    assert _run_code(path) == code
+
+
+def test_a_good_config_passes_both_and_check_config_names_the_gpus(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write(tmp_path, tables="[domains.safety]\nfloor_mhz = 900\n")
+    assert node_cli.main(["check-config", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert f"{path}: OK" in captured.out
+    assert "NVML: 2 GPU(s)" in captured.out
+    assert "domain llm: GPU 0, 1 (NVIDIA H100 80GB HBM3): 110 supported clocks, 345-1980 MHz" in (
+        captured.out
+    )
+    assert captured.err == ""
+    assert fake.writes == [] and fake.initialized == 0
+    assert _run_code(path) == -1
+
+
+def test_the_floor_refusal_is_runs_own_line(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write(tmp_path, tables="[domains.safety]\nfloor_mhz = 2500\n")
+    assert _run_code(path) == 2
+    run_line = capsys.readouterr().err.strip()
+    assert node_cli.main(["check-config", str(path)]) == 2
+    assert run_line in capsys.readouterr().err.splitlines()
+
+
+def test_every_problem_is_one_line_and_the_first_sets_the_exit_code(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write(
+        tmp_path,
+        daemon='record = "/nonexistent/dir/run.jsonl"',
+        tables='[domains.safety]\nfloor_mhz = 2500\n[domains.controller]\nkind = "mpc"\n'
+        'profile = "nope"\n',
+    )
+    assert node_cli.main(["check-config", str(path)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 3
+    assert "daemon.record" in errors[0]
+    assert "floor_mhz" in errors[1] and "mpc controller" in errors[2]
+
+
+def test_the_watchdog_period_is_checked_as_run_checks_it(
+    tmp_path: Path,
+    fake: FakeNvml,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = _write(tmp_path, daemon="period_s = 5.0")
+    assert node_cli.main(["check-config", str(path), "--watchdog-sec", "8"]) == 2
+    assert "WatchdogSec=8s" in capsys.readouterr().err
+    assert node_cli.main(["check-config", str(path), "--watchdog-sec", "30"]) == 0
+    monkeypatch.setenv("WATCHDOG_USEC", "8000000")
+    assert node_cli.main(["check-config", str(path)]) == 2
+    capsys.readouterr()
+    assert _run_code(path) == 2
+    assert "WatchdogSec=8s" in capsys.readouterr().err
+
+
+def test_without_a_driver_the_gpu_part_is_skipped_in_one_line(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.driver_loaded = False
+    path = _write(tmp_path)
+    path.write_text(path.read_text().replace("gpus = [0, 1]", "gpus = [0, 7]"))
+    assert node_cli.main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if "skipped" in line] == [
+        "  GPU checks skipped: no NVIDIA driver here (initialise NVML failed: "
+        "Driver Not Loaded (NVML code 9))"
+    ]
+    # The controllers are still built: a missing profile is still refused.
+    path.write_text(path.read_text() + '[domains.controller]\nkind = "mpc"\nprofile = "nope"\n')
+    assert node_cli.main(["check-config", str(path)]) == 2
+
+
+def test_an_nvml_that_fails_otherwise_is_a_problem(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.fail("nvmlInit", fp.NVML_ERROR_LIB_RM_VERSION_MISMATCH, times=None)
+    assert node_cli.main(["check-config", str(_write(tmp_path))]) == 4
+    assert "NVML code 18" in capsys.readouterr().err
+
+
+def test_offline_checks_the_file_and_the_controllers_only(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write(tmp_path, daemon='record = "/nonexistent/dir/run.jsonl"')
+    path.write_text(path.read_text().replace("gpus = [0, 1]", "gpus = [0, 7]"))
+    assert node_cli.main(["check-config", str(path), "--offline"]) == 0
+    assert "node checks skipped (--offline)" in capsys.readouterr().out
+    assert fake.calls.get("nvmlInit", 0) == 0
+    path.write_text(path.read_text() + '[domains.controller]\nkind = "mpc"\nprofile = "nope"\n')
+    assert node_cli.main(["check-config", str(path), "--offline"]) == 2
+
+
+def test_a_domain_without_slos_gets_one_warning_line_and_exit_0(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write(tmp_path)
+    path.write_text(path.read_text().replace(SLOS, "ttft_slo_s = 1.0\n"))
+    assert node_cli.main(["check-config", str(path)]) == 0
+    warnings = capsys.readouterr().err.splitlines()
+    assert len(warnings) == 1 and warnings[0].startswith("gpugov: warning: domain 'llm' sets no")
+    assert "tpot_slo_s" in warnings[0] and "gpugov_tpot_slo_seconds is not exported" in warnings[0]
+    assert all(name in warnings[0] for name in (*SLO_RECORDING_RULES, *SLO_ALERTS))
+
+
+def test_the_emulated_example_sets_its_slos(capsys: pytest.CaptureFixture[str]) -> None:
+    example = Path(__file__).resolve().parents[2] / "deploy" / "emulated.toml"
+    assert node_cli.main(["check-config", str(example), "--offline"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_prior_hint_warnings_surface_as_warning_lines(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tables = '[domains.controller]\nkind = "mpc-online"\nprior = { gpu = "NVIDIA Tesla K80" }\n'
+    assert node_cli.main(["check-config", str(_write(tmp_path, tables=tables))]) == 0
+    err = capsys.readouterr().err
+    assert "gpugov: warning: mpc-online prior: GPU 'NVIDIA Tesla K80' is not a known family" in err
+    # gpu = "auto" offline: the name is unknown there, and that is no warning.
+    auto = _write(
+        tmp_path, tables='[domains.controller]\nkind = "mpc-online"\nprior = { gpu = "auto" }\n'
+    )
+    assert node_cli.main(["check-config", str(auto), "--offline"]) == 0
+    assert capsys.readouterr().err == ""

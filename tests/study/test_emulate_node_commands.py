@@ -1,0 +1,131 @@
+"""``gpugov status``, ``reset-clocks`` and ``check-config`` honour ``backend = "emulated"``:
+run against ``gpugov emulate``'s server on loopback (two emulated GPUs), never NVML."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from synthetic import make_plant
+
+import gpugov.daemon.node_cli as node_cli
+from gpugov.daemon.emulated import EmulatedBackend, emulated_device_count
+from gpugov.daemon.errors import ClocksNotReset, GpuUnavailable
+from gpugov.study.emulate.node import EmulatedNode
+from gpugov.study.emulate.server import EmulatorServer
+
+
+@pytest.fixture
+def emulator(monkeypatch: pytest.MonkeyPatch) -> Iterator[EmulatorServer]:
+    """Two emulated GPUs on a free loopback port; NVML is made unusable, so a command
+    that reads NVML instead of the emulator fails."""
+
+    def no_nvml() -> None:
+        raise AssertionError("NVML used although the backend is emulated")
+
+    monkeypatch.setattr(node_cli, "load_pynvml", no_nvml)
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    server = EmulatorServer(EmulatedNode(make_plant(), gpus=2), "127.0.0.1", 0)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _config(tmp_path: Path, emulator: str, gpus: str = "[0]") -> Path:
+    path = tmp_path / "emulated.toml"
+    path.write_text(
+        f'[daemon]\nmetrics_address = ""\nbackend = "emulated"\nemulator = "{emulator}"\n'
+        f'[[domains]]\nname = "emulated"\ngpus = {gpus}\n'
+        "ttft_slo_s = 1.0\ntpot_slo_s = 0.05\n"
+        f'[domains.engine]\nkind = "vllm"\nurl = "{emulator}/metrics"\n'
+    )
+    return path
+
+
+def _lock(emulator: str, gpu: int) -> None:
+    backend = EmulatedBackend(gpu, emulator=emulator)
+    backend.lock_clocks(900, 900)
+    backend.close()
+
+
+def test_the_emulator_counts_its_gpus(emulator: EmulatorServer) -> None:
+    assert emulated_device_count(emulator.url) == 2
+    url = emulator.url
+    emulator.close()
+    with pytest.raises(GpuUnavailable, match="does not answer"):
+        emulated_device_count(url)
+
+
+def test_status_reads_the_configs_emulated_gpus(
+    emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(tmp_path, emulator.url)
+    assert node_cli.main(["status", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"may lock clocks: yes (emulated GPUs at {emulator.url})" in out
+    gpus = [line for line in out.splitlines() if line.startswith("GPU ")]
+    assert len(gpus) == 2 and "supported 345-1980 MHz" in gpus[1]
+    assert f"engine {emulator.url}/metrics: reachable (vllm" in out
+    assert (
+        node_cli.main(["status", "--backend", "emulated", "--emulator", emulator.url, "--json"])
+        == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert report["backend"] == "emulated" and report["emulator"] == emulator.url
+    assert [gpu["index"] for gpu in report["gpus"]] == [0, 1]
+
+
+def test_reset_clocks_resets_the_configs_emulated_gpus(
+    emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _lock(emulator.url, 0)
+    _lock(emulator.url, 1)
+    states = emulator.node.gpu_state
+    assert states[0].locked == (900, 900) and states[1].locked == (900, 900)
+    config = _config(tmp_path, emulator.url)
+    assert node_cli.main(["reset-clocks", "--config", str(config), "--gpus", "1"]) == 0
+    assert states[0].locked == (900, 900) and states[1].locked is None
+    assert node_cli.main(["reset-clocks", "--config", str(config)]) == 0  # --gpus all
+    assert states[0].locked is None
+    out = capsys.readouterr().out
+    assert "GPU 0: SM clock lock reset" in out and "GPU 1: SM clock lock reset" in out
+    _lock(emulator.url, 1)
+    assert node_cli.main(["reset-clocks", "--backend", "emulated", "--emulator", emulator.url]) == 0
+    assert states[1].locked is None
+
+
+def test_reset_clocks_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    assert node_cli.main(["reset-clocks", "--backend", "emulated"]) == 2
+    assert "--backend emulated needs --emulator URL" in capsys.readouterr().err
+    assert node_cli.main(["reset-clocks", "--emulator", "http://127.0.0.1:1"]) == 2
+    assert "--emulator applies to the emulated backend" in capsys.readouterr().err
+
+
+def test_check_config_checks_the_emulator_and_its_gpus(
+    emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(tmp_path, emulator.url, gpus="[0, 1]")
+    assert node_cli.main(["check-config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"emulator {emulator.url}: answers, 2 GPU(s)" in out
+    assert "domain emulated: GPU 0, 1 (Emulated GPU): 110 supported clocks, 345-1980 MHz" in out
+    missing = _config(tmp_path, emulator.url, gpus="[0, 5]")
+    assert node_cli.main(["check-config", str(missing)]) == 4
+    assert "GPU 5: no such emulated GPU" in capsys.readouterr().err
+    url = emulator.url
+    emulator.close()
+    assert node_cli.main(["check-config", str(config)]) == 4
+    err = capsys.readouterr().err
+    assert f"emulator {url} does not answer" in err and "--offline" in err
+    assert node_cli.main(["check-config", str(config), "--offline"]) == 0
+
+
+def test_exit_6_names_the_config_for_an_emulated_node(tmp_path: Path) -> None:
+    config = _config(tmp_path, "http://127.0.0.1:8000")
+    error = node_cli._with_config_hint(ClocksNotReset("x", gpus=("0", "1")), str(config))
+    assert f"`gpugov reset-clocks --config {config} --gpus 0,1`" in str(error)
+    assert error.gpus == ("0", "1")
