@@ -116,14 +116,12 @@ class SnapshotCollector(Collector):
         self._lock = threading.Lock()
         self._domains: tuple[DomainSnapshot, ...] = ()
         self._loop = LoopSnapshot()
-        self._started = False
 
     def publish(self, domains: Sequence[DomainSnapshot], loop: LoopSnapshot) -> None:
         """Replace the snapshots (called by the loop once per tick)."""
         with self._lock:
             self._domains = tuple(domains)
             self._loop = loop
-            self._started = True
 
     def collect(self) -> Iterator[Metric]:
         """Metric families from the latest snapshots."""

@@ -1,7 +1,7 @@
 """Assembling runs: real domains from a config, or one simulated domain from the plant.
 
 Constructors below take plain values; only :func:`domains_from_config` reads the config
-object, the way STYLE.md asks (the CLI loads it, this turns it into parts).
+object (the CLI loads it, this turns it into parts).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from gpugov.daemon.decide import (
 from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.errors import ConfigError, GpugovError, TransientGpuError
-from gpugov.daemon.lockstate import LockState, default_state_dir
+from gpugov.daemon.files import resolve_state_dir
+from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.loop import Domain, FailsafeMode
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
@@ -334,7 +335,7 @@ def domains_from_config(
     """
     dry_run = dry_run or config.daemon.dry_run
     assembled = Assembled(domains=[])
-    state_dir = default_state_dir(config.daemon.state_dir)
+    state_dir = resolve_state_dir(config.daemon.state_dir)
     state = None if dry_run or state_dir is None else LockState(state_dir)
     try:
         for spec in config.domains:
@@ -488,7 +489,7 @@ def controller_state_dir(
         return None
     if spec.state_dir is not None:
         return Path(spec.state_dir)
-    return default_state_dir(daemon_state_dir)
+    return resolve_state_dir(daemon_state_dir)
 
 
 __all__ = [

@@ -50,8 +50,6 @@ TIME_BLOCKS = ("prefill", "weights", "batch", "context")
 POWER_BLOCKS = ("idle", "prefill", "decode")
 NOISE_FLOOR = 1e-8
 """Least measurement-noise variance a regression assumes (keeps the gain finite)."""
-CLOCK_EVENT_HOLDS = 0x4 | 0x20 | 0x40 | 0x80
-"""NVML clock-event bits for software power cap, SW/HW thermal slowdown and HW slowdown."""
 NONFINITE_PARTS = ("window", "clock_ratio", "time", "power", "thermal")
 """Parts of :class:`OnlineModel` that skip a window holding a NaN or infinite field."""
 
@@ -190,13 +188,8 @@ def hat_weights(clock_mhz: float, knots_mhz: FloatArray) -> FloatArray:
     return weights
 
 
-def hat_matrix(clocks_mhz: FloatArray, knots_mhz: FloatArray) -> FloatArray:
-    """:func:`hat_weights` for every clock, one row each."""
-    return np.vstack([hat_weights(float(c), knots_mhz) for c in clocks_mhz])
-
-
 def hat_rows(clocks_mhz: FloatArray, knots_mhz: FloatArray) -> FloatArray:
-    """:func:`hat_matrix` vectorised (one ``np.interp`` per knot)."""
+    """:func:`hat_weights` for every clock, one row each (one ``np.interp`` per knot)."""
     eye = np.eye(knots_mhz.size)
     return np.column_stack([np.interp(clocks_mhz, knots_mhz, eye[j]) for j in range(eye.shape[0])])
 
@@ -224,7 +217,6 @@ class Window:
     energy_j: float | None
     realized_mhz: float
     requested_mhz: float | None
-    held: bool
     temperature_start_c: float
     temperature_end_c: float
 
@@ -272,10 +264,6 @@ def window_between(
     if current.energy_j is not None and previous.energy_j is not None:
         delta = current.energy_j - previous.energy_j
         energy = delta if delta >= 0.0 else None
-    held = False
-    reasons = getattr(current, "clock_event_reasons", None)
-    if reasons is not None:
-        held = bool(int(reasons) & CLOCK_EVENT_HOLDS)
     return Window(
         duration_s=duration,
         busy_s=busy,
@@ -288,7 +276,6 @@ def window_between(
         requested_mhz=previous.requested_clock_mhz
         if current.requested_clock_mhz is None
         else current.requested_clock_mhz,
-        held=held,
         temperature_start_c=previous.temperature_c,
         temperature_end_c=current.temperature_c,
     )

@@ -65,7 +65,6 @@ CONTROLLER_ORDER = (
     "mpc-online",
     "window-oracle",
 )
-ORACLE_KEYS = frozenset({"best-fixed", "window-oracle"})
 
 
 # --------------------------------------------------------------------- configuration

@@ -216,9 +216,7 @@ def _warmed_controller() -> tuple[OnlineMPCController, np.ndarray]:
         prompt = 2000.0 if step % 2 else 0.0
         busy = 0.1 + prompt * 5e-5
         model.update(
-            Window(
-                1.0, busy, prompt, 8.0 * 20, 20.0, 1200.0, 200.0, 1500.0, 1500.0, False, 50.0, 50.0
-            )
+            Window(1.0, busy, prompt, 8.0 * 20, 20.0, 1200.0, 200.0, 1500.0, 1500.0, 50.0, 50.0)
         )
     assert model.warmed_up
     controller.model = model

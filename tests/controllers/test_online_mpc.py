@@ -108,7 +108,6 @@ def test_online_model_recovers_known_latency_and_power_curves() -> None:
                 energy,
                 clock,
                 clock,
-                False,
                 60.0,
                 60.0,
             )
@@ -132,9 +131,7 @@ def test_unexplored_clocks_are_predicted_pessimistically_with_wide_uncertainty()
     clocks = np.arange(600.0, 1801.0, 50.0)
     model = OnlineModel(clocks, 600.0, warmup_windows=20)
     for _ in range(60):  # only the top clock, as in the warm-up
-        model.update(
-            Window(1.0, 0.5, 5000.0, 0.0, 0.0, 0.0, None, 1800.0, 1800.0, False, 60.0, 60.0)
-        )
+        model.update(Window(1.0, 0.5, 5000.0, 0.0, 0.0, 0.0, None, 1800.0, 1800.0, 60.0, 60.0))
     top_mean, top_std = model.prefill_s_per_token(1800.0)
     low_mean, low_std = model.prefill_s_per_token(600.0)
     # Compute-bound extrapolation (time ~ 1/f): the slowest the physics allows.
@@ -166,7 +163,6 @@ def test_memory_is_bounded_over_100k_updates() -> None:
             300.0,
             float(rng.choice(clocks)),
             None,
-            False,
             60.0,
             60.1,
         )

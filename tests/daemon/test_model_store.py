@@ -15,11 +15,11 @@ from synthetic import make_plant
 
 from gpugov.cli import main
 from gpugov.controllers.online.controller import OnlineMPCController
+from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.model_store import (
     PersistentOnlineModel,
     model_path,
     read_stored,
-    state_directory,
 )
 from gpugov.plant import chunked_prefill_scheduler, load_profile, simulate
 from gpugov.plant.types import Request, ServingObservation
@@ -118,10 +118,10 @@ def test_corrupt_state_is_set_aside_and_learning_starts_fresh(tmp_path: Path, co
 
 def test_state_directory_defaults_to_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/gpugov:/other")
-    assert state_directory(None) == Path("/var/lib/gpugov")
-    assert state_directory("/x") == Path("/x")
+    assert resolve_state_dir(None) == Path("/var/lib/gpugov")
+    assert resolve_state_dir("/x") == Path("/x")
     monkeypatch.delenv("STATE_DIRECTORY")
-    assert state_directory(None) is None
+    assert resolve_state_dir(None) is None
 
 
 def test_model_show_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
