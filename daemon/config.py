@@ -187,12 +187,15 @@ class OnlineMPCControllerConfig(_Frozen):
 
     ``prior_profile`` optionally names a bundled profile (or a manifest path) whose top
     clock seeds the model instead of the warm-up; ``prior`` gives rough hints instead
-    (:class:`PriorHintsConfig`; not both). ``state_dir`` keeps the learned model
-    across restarts (default: systemd's ``$STATE_DIRECTORY``, else none). ``warmup_s``:
-    seconds at the maximum clock before the MPC takes over; ``memory_s``: how long evidence
-    lasts; ``uncertainty_z``: standard deviations added to predicted latencies;
-    ``burst_guard``: hold a clock that drains a prompt backlog in time and keeps short
-    answers' mixed iterations within the TPOT SLO (``OnlineMPCController.burst_floor``);
+    (:class:`PriorHintsConfig`; not both). With neither, ``auto_hints`` (default on)
+    derives the hints on the node: the GPU family from NVML's name and the model size from
+    the engine's ``model_name`` (``controllers.online.prior.AutoHints``). ``state_dir``
+    keeps the learned model across restarts (default: systemd's ``$STATE_DIRECTORY``,
+    else none). ``warmup_s``: seconds at the maximum clock before the MPC takes over;
+    ``memory_s``: how long evidence lasts; ``uncertainty_z``: standard deviations added
+    to predicted latencies; ``burst_guard``: hold a clock that drains a prompt backlog in
+    time and keeps short answers' mixed iterations within the TPOT SLO
+    (``OnlineMPCController.burst_floor``);
     ``decode_descent``: in decode-only windows, lower the clock as far as the measured
     latency (grown like 1/f) allows, to the least optimistic decode energy
     (``OnlineMPCController.descent_clock``).
@@ -210,6 +213,7 @@ class OnlineMPCControllerConfig(_Frozen):
     uncertainty_z: NonNegativeFloat | None = None
     burst_guard: bool | None = None
     decode_descent: bool | None = None
+    auto_hints: bool | None = None
     prior_profile: str | None = None
     prior: PriorHintsConfig | None = None
     state_dir: LoosePath | None = None

@@ -52,6 +52,7 @@ from gpugov.controllers.online.identification import (
     PromptEstimate,
     window_between,
 )
+from gpugov.controllers.online.prior import AutoHints
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import PerformanceProfile
 from gpugov.plant.types import MPCDiagnostics, ServingObservation
@@ -81,6 +82,10 @@ class OnlineMPCController:
         warmup_s: seconds of busy windows at the maximum clock before the MPC takes over.
         uncertainty_z: standard deviations added to predicted latencies.
         prior: optional rough prior (:class:`ModelPrior`).
+        auto_hints: where no ``prior`` is given, the hints the node derives itself
+            (:class:`AutoHints`: GPU family from NVML's name, model size from the
+            engine's ``model_name``), asked when the first name arrives and when it
+            changes; None: no prior but ``prior``.
         power_limit_w: the domain's summed enforced power limit known at start (NVML),
             used when an observation carries none; else the prior's board power (TDP x
             GPUs, a hint); else no cap is assumed (:meth:`power_cap_w`).
@@ -106,6 +111,7 @@ class OnlineMPCController:
         uncertainty_z: float = 1.5,
         knots: int = 8,
         prior: ModelPrior | None = None,
+        auto_hints: AutoHints | None = None,
         power_limit_w: float | None = None,
         exploration: SafeExploration | None = None,
         burst_guard: bool = True,
@@ -138,6 +144,10 @@ class OnlineMPCController:
         self.uncertainty_z = float(uncertainty_z)
         self.knots = int(knots)
         self.prior = prior
+        self.auto_hints = auto_hints
+        self.auto_prior: ModelPrior | None = None
+        """The prior :attr:`auto_hints` gave for the served model (None: none yet)."""
+        self._hinted_name: str | None = None
         self.power_limit_w = power_limit_w
         self.last_power_limit_w: float | None = None
         self.exploration = exploration or SafeExploration()
@@ -180,14 +190,20 @@ class OnlineMPCController:
             memory_s=self.memory_s,
             period_s=self.control_period_s,
             warmup_windows=self.warmup_windows,
-            prior=self.prior,
+            prior=self.active_prior,
         )
+
+    @property
+    def active_prior(self) -> ModelPrior | None:
+        """The prior in use: the configured one, else the automatic hints' one."""
+        return self.prior if self.prior is not None else self.auto_prior
 
     def power_cap_w(self, observation: ServingObservation) -> float | None:
         """The domain's power cap: the observation's (NVML, every tick), else the last one
         an observation carried, else the enforced limit known at start, else the hinted
         board power (TDP x GPUs); None when nothing is known (no cap is assumed)."""
-        board = None if self.prior is None else self.prior.board_power_w
+        prior = self.active_prior
+        board = None if prior is None else prior.board_power_w
         for value in (
             observation.power_limit_w,
             self.last_power_limit_w,
@@ -202,7 +218,10 @@ class OnlineMPCController:
 
     def reset(self, observation: ServingObservation | None = None) -> None:
         """Forget the learned model (another model served, another GPU); re-learn."""
-        self.model = None if observation is None else self._new_model(observation)
+        self.model = None
+        if observation is not None:
+            self._follow_name(observation.model_name)
+            self.model = self._new_model(observation)
         self.mpc = None
         self.exploration = replace(
             self.exploration,
@@ -223,6 +242,7 @@ class OnlineMPCController:
         Raises:
             ValueError: the state does not fit this node's clocks or version.
         """
+        self._follow_name(observation.model_name)
         model = self._new_model(observation)
         model.load_state(state)
         self.model = model
@@ -365,6 +385,7 @@ class OnlineMPCController:
         if math.isfinite(observation.temperature_c):
             self.last_temperature_c = float(observation.temperature_c)
         name = observation.model_name
+        self._follow_name(name)
         if name is not None and self.model_name is not None and name != self.model_name:
             self.reset(observation)
         if name is not None:
@@ -385,6 +406,21 @@ class OnlineMPCController:
         self.update_times_s.append(self.timer() - start)
         if len(self.update_times_s) > 4096:
             del self.update_times_s[:2048]
+
+    def _follow_name(self, name: str | None) -> None:
+        """On a served model name not seen before, ask the automatic hints for its prior
+        (not when a prior is configured). A model still in its warm-up takes the prior's
+        clock shape at once (the first name often arrives after the first observation);
+        on a name change the model is reset after this, from the new prior."""
+        if name is None or name == self._hinted_name:
+            return
+        self._hinted_name = name
+        if self.auto_hints is None or self.prior is not None:
+            return
+        self.auto_prior = self.auto_hints.prior_for(name)
+        model = self.model
+        if model is not None and self.auto_prior is not None:
+            model.adopt_hint(self.auto_prior)
 
     def __call__(self, observation: ServingObservation) -> float:
         self.observe(observation)
@@ -610,6 +646,7 @@ class OnlineMPCController:
             "top_clock_pressure": self.exploration.baseline,
             "arrival_clumping": self.clumping.share,
             "resets": self.resets,
+            "prior": None if self.active_prior is None else self.active_prior.source,
             "reason": self.last_reason,
             "model_name": self.model_name,
         }

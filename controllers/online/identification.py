@@ -478,6 +478,17 @@ class OnlineModel:
             self.time.reset_prior(mean, covariance * 4.0)
             self.warmed_up = True
 
+    def adopt_hint(self, prior: ModelPrior) -> bool:
+        """Take a rough hint's clock shape (``time_table``) that arrived after the model
+        was made (the engine's first ``model_name``): only while the warm-up still runs,
+        as the warm-up's end is where the shape is used; a prior that replaces the
+        warm-up, or a model already warmed up, is left as it is. True when taken."""
+        if self.warmed_up or prior.replaces_warmup or not prior.time_table:
+            return False
+        self.prior = prior
+        self._apply_hint(prior)
+        return True
+
     def _apply_prior(self, prior: ModelPrior) -> None:
         if prior.time_table:
             self._apply_hint(prior)
