@@ -269,6 +269,9 @@ class SafetyConfig(_Frozen):
 
     floor_mhz: PositiveFloat | None = None
     dwell_s: NonNegativeFloat = 1.0
+    min_relock_interval_s: Annotated[float, Field(ge=0.0, le=10.0, allow_inf_nan=False)] = 0.1
+    """Least seconds between two clock changes, raises included (NCCL collectives of a
+    TP group stall when its clocks change every ~50 ms); a raise waits at most this."""
 
 
 class DomainConfig(_Frozen):
