@@ -198,7 +198,9 @@ class OnlineMPCControllerConfig(_Frozen):
     (``OnlineMPCController.burst_floor``);
     ``decode_descent``: in decode-only windows, lower the clock as far as the measured
     latency (grown like 1/f) allows, to the least optimistic decode energy
-    (``OnlineMPCController.descent_clock``).
+    (``OnlineMPCController.descent_clock``); ``latency_window_s``: the latency-driven
+    rules read the engine's windowed latencies averaged over at least this long
+    (``controllers.online.exploration.LatencyWindow``).
     """
 
     kind: Literal["mpc-online"]
@@ -213,6 +215,7 @@ class OnlineMPCControllerConfig(_Frozen):
     uncertainty_z: NonNegativeFloat | None = None
     burst_guard: bool | None = None
     decode_descent: bool | None = None
+    latency_window_s: Annotated[float, Field(ge=0.0, le=60.0, allow_inf_nan=False)] | None = None
     auto_hints: bool | None = None
     prior_profile: str | None = None
     prior: PriorHintsConfig | None = None

@@ -24,6 +24,7 @@ Before the warm-up windows are in, the clock stays at the maximum (``docs/online
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import replace
@@ -44,6 +45,7 @@ from gpugov.controllers.mpc.model import CHUNK_TOKENS
 from gpugov.controllers.online.exploration import (
     REFERENCE_BATCH,
     ArrivalClumping,
+    LatencyWindow,
     SafeExploration,
 )
 from gpugov.controllers.online.identification import (
@@ -64,6 +66,22 @@ ONLINE_STATUS = "online-identified"
 DEFAULT_THERMAL_LIMIT_C = 87.0
 UNCAPPED_POWER_SCALE_W = 300.0
 """Scale of the power prior (not a cap) when no power limit, hint or reading is known."""
+HORIZON_PERIODS = 10
+"""Default horizon, in control periods: the MPC plans ten decisions ahead whatever the
+period (2.5 s at 0.25 s), so a shorter period buys faster reactions without a longer
+solve (``docs/online.md``, "Cost")."""
+ONLINE_SEARCH: dict[str, int] = {
+    "coarse_levels": 10,
+    "constant_stride": 4,
+    "late_step_levels": 2,
+    "starts": 2,
+    "maximum_trials": 300,
+}
+"""The discrete search ``mpc-online`` solves with (:class:`DiscreteSearchSolver`): a
+leaner pool and local search than ``mpc``'s, sized so that the whole decision fits in
+about a millisecond; its plans cost the MPC at most a few per cent more than the full
+search's, and every decision still passes the exploration floor, the burst guard and
+the decode descent (``bench/decision_time.py``, ``docs/online.md``)."""
 UNCAPPED_FACTOR = 10.0
 """With no cap known, the MPC plans on a 'cap' this many times the learned top power, so
 the cap never binds (``ServingPlant`` needs a finite one)."""
@@ -74,7 +92,8 @@ class OnlineMPCController:
 
     Args:
         mean_prompt_tokens, mean_output_tokens, ttft_prompt_tokens: declared forecasts.
-        horizon_s, control_period_s, solve_time_limit_s: as :class:`MPCController`.
+        horizon_s, control_period_s, solve_time_limit_s: as :class:`MPCController`;
+            the horizon defaults to :data:`HORIZON_PERIODS` control periods.
         slo_margin: base margin of the MPC's latency targets (the uncertainty widens it).
         ttft_slo_s, tpot_slo_s: SLOs used when the observation carries none.
         thermal_limit_c: used when the observation carries none.
@@ -90,6 +109,9 @@ class OnlineMPCController:
             used when an observation carries none; else the prior's board power (TDP x
             GPUs, a hint); else no cap is assumed (:meth:`power_cap_w`).
         exploration: the :class:`SafeExploration` policy.
+        latency_window_s: the latency-driven rules (back-off, exploration slack, decode
+            descent, SLO feedback) read the engine's windowed latencies averaged over at
+            least this long (:class:`LatencyWindow`); the queue signals stay per tick.
         mpc_options: more :class:`MPCController` keyword arguments.
     """
 
@@ -99,7 +121,7 @@ class OnlineMPCController:
         mean_prompt_tokens: float = DEFAULT_EXPECTED_PROMPT_TOKENS,
         mean_output_tokens: float = DEFAULT_EXPECTED_OUTPUT_TOKENS,
         ttft_prompt_tokens: float | None = None,
-        horizon_s: float = 10.0,
+        horizon_s: float | None = None,
         control_period_s: float = 1.0,
         solve_time_limit_s: float = 0.8,
         slo_margin: float = 0.7,
@@ -114,6 +136,7 @@ class OnlineMPCController:
         auto_hints: AutoHints | None = None,
         power_limit_w: float | None = None,
         exploration: SafeExploration | None = None,
+        latency_window_s: float = 0.5,
         burst_guard: bool = True,
         decode_descent: bool = True,
         timer: Callable[[], float] = perf_counter,
@@ -132,8 +155,10 @@ class OnlineMPCController:
         self.mean_prompt_tokens = float(mean_prompt_tokens)
         self.mean_output_tokens = float(mean_output_tokens)
         self.ttft_prompt_tokens = ttft_prompt_tokens
-        self.horizon_s = float(horizon_s)
         self.control_period_s = float(control_period_s)
+        self.horizon_s = (
+            HORIZON_PERIODS * self.control_period_s if horizon_s is None else float(horizon_s)
+        )
         self.solve_time_limit_s = float(solve_time_limit_s)
         self.slo_margin = float(slo_margin)
         self.ttft_slo_s = ttft_slo_s
@@ -151,6 +176,7 @@ class OnlineMPCController:
         self.power_limit_w = power_limit_w
         self.last_power_limit_w: float | None = None
         self.exploration = exploration or SafeExploration()
+        self.latency_window = LatencyWindow(latency_window_s)
         self.burst_guard = bool(burst_guard)
         self.decode_descent = bool(decode_descent)
         self.clumping = ArrivalClumping()
@@ -165,6 +191,8 @@ class OnlineMPCController:
         self.update_times_s: list[float] = []
         self.resets = 0
         self.last_reason = "start"
+        self._profile_template: PerformanceProfile | None = None
+        """The first learned profile; later ones are copies of it with new values."""
         self.last_temperature_c: float | None = None
         """The last finite temperature observed (the MPC plans from it while a reading
         is NaN, as before the GPU's first temperature read)."""
@@ -284,10 +312,12 @@ class OnlineMPCController:
         # are made non-increasing in the clock (running maximum from the top).
         prefill_s = _non_increasing(np.maximum(prefill_s, 1e-7))
         iteration_s = _non_increasing(np.maximum(iteration_s, 1e-5))
-        top = float(clocks[-1])
-        weights = max(model.decode_iteration_s(top, 0.0, 0.0)[0], 0.0)
-        batch_only = max(model.decode_iteration_s(top, REFERENCE_BATCH, 0.0)[0] - weights, 0.0)
-        full = max(model.decode_iteration_s(top, REFERENCE_BATCH, context)[0], 1e-9)
+        top = clocks[-1:]
+        weights = max(float(model.decode_iteration_mean(top, 0.0, 0.0)[0]), 0.0)
+        batch_only = max(
+            float(model.decode_iteration_mean(top, REFERENCE_BATCH, 0.0)[0]) - weights, 0.0
+        )
+        full = max(float(model.decode_iteration_mean(top, REFERENCE_BATCH, context)[0]), 1e-9)
         kv = max(full - weights - batch_only, 0.0)
         total = weights + batch_only + kv
         fractions = (
@@ -308,18 +338,33 @@ class OnlineMPCController:
             },
             "power_limit_w": model.power_limit_w,
         }
-        return PerformanceProfile(
-            clock_mhz=clocks.copy(),
-            prefill_tokens_per_s=1.0 / prefill_s,
-            decode_tokens_per_s=REFERENCE_BATCH / iteration_s,
-            prefill_power_w=np.maximum(powers[0], 1.0),
-            decode_power_w=np.maximum(powers[1], 1.0),
-            idle_power_w=np.maximum(powers[2], 1.0),
-            ttft_slo_s=slos[0],
-            tpot_slo_s=slos[1],
-            manifest=manifest,
-            name="online",
-        )
+        values: dict[str, Any] = {
+            "prefill_tokens_per_s": 1.0 / prefill_s,
+            "decode_tokens_per_s": REFERENCE_BATCH / iteration_s,
+            "prefill_power_w": np.maximum(powers[0], 1.0),
+            "decode_power_w": np.maximum(powers[1], 1.0),
+            "idle_power_w": np.maximum(powers[2], 1.0),
+            "ttft_slo_s": float(slos[0]),
+            "tpot_slo_s": float(slos[1]),
+            "manifest": manifest,
+        }
+        template = self._profile_template
+        if (
+            template is not None
+            and template.clock_mhz.shape == clocks.shape
+            and bool(np.array_equal(template.clock_mhz, clocks))
+            and _finite_positive(values)
+        ):
+            # The same clocks, and values that are finite and positive by construction:
+            # the previous profile with the new values, without validating them again
+            # (a fifth of the decision's time otherwise).
+            profile = copy.copy(template)
+            for name, value in values.items():
+                object.__setattr__(profile, name, value)
+            return profile
+        profile = PerformanceProfile(clock_mhz=clocks.copy(), name="online", **values)
+        self._profile_template = profile
+        return profile
 
     def learned_plant(
         self, observation: ServingObservation, slos: tuple[float, float]
@@ -355,7 +400,7 @@ class OnlineMPCController:
     def _mpc(self, plant: ServingPlant) -> MPCController:
         if self.mpc is None:
             options: dict[str, Any] = {
-                "solver": DiscreteSearchSolver(),
+                "solver": DiscreteSearchSolver(**ONLINE_SEARCH),
                 "latency_model": "iteration",
                 "slo_margin": self.slo_margin,
                 "burst_hedge": BurstHedge(),
@@ -424,6 +469,7 @@ class OnlineMPCController:
 
     def __call__(self, observation: ServingObservation) -> float:
         self.observe(observation)
+        observation = self.latency_window.view(observation)
         self.clumping.update(observation)
         model = self.model
         assert model is not None
@@ -665,6 +711,18 @@ def _first_fit(clocks: FloatArray, fits: NDArray[np.bool_]) -> float:
     """The lowest clock where ``fits`` holds, the top clock when it holds nowhere."""
     within = np.flatnonzero(fits)
     return float(clocks[within[0]]) if within.size else float(clocks[-1])
+
+
+def _finite_positive(values: dict[str, Any]) -> bool:
+    """Whether every number and array among ``values`` is finite and positive (what
+    :class:`PerformanceProfile` validates)."""
+    for value in values.values():
+        if isinstance(value, np.ndarray):
+            if not bool(np.all(np.isfinite(value) & (value > 0.0))):
+                return False
+        elif isinstance(value, float) and not (math.isfinite(value) and value > 0.0):
+            return False
+    return True
 
 
 def _non_increasing(values: FloatArray) -> FloatArray:

@@ -14,7 +14,8 @@ goes to the maximum at once and stays there for ``backoff_hold_s``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -107,13 +108,16 @@ class SafeExploration:
             target = min(target, max(physics, frontier - longest))
         # Never where the model is too unsure (relative std of the latency predictions):
         # the lowest candidate that is sure enough, all predicted in one vectorised pass.
-        candidates = clocks[(clocks >= target - 1e-9) & (clocks <= frontier + 1e-9)]
+        within = (clocks >= target - 1e-9) & (clocks <= frontier + 1e-9)
+        candidates = clocks[within]
         allowed = frontier
         if candidates.size:
-            table = model.table(candidates, REFERENCE_BATCH, 1024.0)
+            # Read on every supported clock (the model caches that table between its
+            # updates), then kept to the candidates.
+            table = model.table(clocks, REFERENCE_BATCH, 1024.0)
             relative = np.maximum(
                 _relative(*table["prefill_s_per_token"]), _relative(*table["decode_iteration_s"])
-            )
+            )[within]
             sure = np.flatnonzero(zscore * relative <= self.maximum_relative_std * max(zscore, 1.0))
             if sure.size:
                 allowed = float(candidates[sure[0]])
@@ -258,6 +262,53 @@ class ArrivalClumping:
         the warm-up holds the maximum clock meanwhile)."""
         share = self.share
         return share is not None and share >= self.threshold
+
+
+@dataclass
+class LatencyWindow:
+    """The engine's windowed TTFT and TPOT over at least ``span_s``, whatever the period.
+
+    Every latency-driven rule (the back-off, the exploration slack, the decode descent's
+    bound, the MPC's SLO feedback) compares one window's mean latency with a threshold.
+    A shorter control period makes each window's mean rest on fewer requests, so its
+    noise alone crosses the thresholds more often: at 0.25 s, one slow first token
+    decides a window. :meth:`view` gives those rules the mean latency-to-SLO ratio over
+    the windows of the last ``span_s`` (each window equally weighted; a window without a
+    measurement is left out), scaled back on the current window's SLO. At a period of
+    ``span_s`` or longer it is the observation itself. The queue and backlog signals
+    stay per tick: the burst guard still reacts at the next decision.
+    """
+
+    span_s: float = 0.5
+    _history: deque[tuple[float, float | None, float | None]] = field(
+        default_factory=deque, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.span_s) or self.span_s < 0.0:
+            raise ValueError(f"LatencyWindow.span_s must be >= 0, got {self.span_s!r}")
+
+    def view(self, observation: ServingObservation) -> ServingObservation:
+        """``observation`` with its windowed latencies averaged over ``span_s``."""
+        history = self._history
+        now = observation.time_s
+        if history and now < history[-1][0]:
+            history.clear()  # time went backwards: another run
+        ttft, tpot = SLOFeedback.latency_ratios(observation)
+        history.append((now, ttft, tpot))
+        while history and history[0][0] <= now - self.span_s + 1e-9:
+            history.popleft()
+        if len(history) <= 1:
+            return observation
+        ttfts = [entry[1] for entry in history if entry[1] is not None]
+        tpots = [entry[2] for entry in history if entry[2] is not None]
+        ttft_slo, tpot_slo = observation.ttft_slo_s, observation.tpot_slo_s
+        changes: dict[str, float] = {}
+        if ttfts and ttft_slo is not None and ttft_slo > 0.0:
+            changes["ttft_recent_s"] = math.fsum(ttfts) / len(ttfts) * ttft_slo
+        if tpots and tpot_slo is not None and tpot_slo > 0.0:
+            changes["tpot_recent_s"] = math.fsum(tpots) / len(tpots) * tpot_slo
+        return replace(observation, **changes) if changes else observation
 
 
 def _relative(mean: FloatArray, std: FloatArray) -> FloatArray:
