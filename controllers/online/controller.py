@@ -45,6 +45,7 @@ from gpugov.controllers.mpc.model import CHUNK_TOKENS
 from gpugov.controllers.online.exploration import (
     REFERENCE_BATCH,
     ArrivalClumping,
+    BacklogAge,
     LatencyWindow,
     SafeExploration,
 )
@@ -180,6 +181,7 @@ class OnlineMPCController:
         self.burst_guard = bool(burst_guard)
         self.decode_descent = bool(decode_descent)
         self.clumping = ArrivalClumping()
+        self.backlog_age = BacklogAge()
         self.timer = timer
         self.mpc_options = mpc_options
         self.model: OnlineModel | None = None
@@ -469,6 +471,7 @@ class OnlineMPCController:
 
     def __call__(self, observation: ServingObservation) -> float:
         self.observe(observation)
+        self.backlog_age.update(observation)
         observation = self.latency_window.view(observation)
         self.clumping.update(observation)
         model = self.model
@@ -610,9 +613,11 @@ class OnlineMPCController:
         chunk's prefill, each at mean + ``uncertainty_z`` std):
 
         * **drain**: the backlog, chunk by chunk, must be prefilled within the MPC's TTFT
-          target (``slo_margin`` times the TTFT SLO: the waiting prompts have already
-          waited part of it); a backlog only the top clock drains in time needs the top
-          clock, where the MPC's capped TTFT penalty would give it up;
+          target (``slo_margin`` times the TTFT SLO) less the time its oldest prompt has
+          already waited (:class:`BacklogAge`, from the prompt counter and the backlog:
+          the deadline does not slide by a period at every tick); a backlog only the top
+          clock drains in time needs the top clock, where the MPC's capped TTFT penalty
+          would give it up;
         * **short answers**: beside decoding requests (or other waiting prompts, which
           decode beside the rest), a short answer gets all its tokens from mixed
           iterations, so its TPOT is the mixed iteration's time: that must fit the
@@ -642,7 +647,9 @@ class OnlineMPCController:
         if idle or others:
             fits &= mixed <= tpot_slo_s
         if draining:
-            fits &= math.ceil(backlog / chunk) * mixed <= self.slo_margin * ttft_slo_s
+            # The oldest waiting prompt has waited ``backlog_age.age_s`` already.
+            budget = self.slo_margin * ttft_slo_s - self.backlog_age.age_s
+            fits &= math.ceil(backlog / chunk) * mixed <= budget
         return _first_fit(clocks, fits)
 
     def diagnostics(self) -> MPCDiagnostics:

@@ -311,6 +311,54 @@ class LatencyWindow:
         return replace(observation, **changes) if changes else observation
 
 
+@dataclass
+class BacklogAge:
+    """How long the oldest prompt token still waiting to be prefilled has waited, from the
+    engine's counters: the prompt tokens that arrived by each tick (prefilled so far,
+    ``prompt_tokens_total``, plus the backlog, ``prefill_remaining_tokens``) and, first
+    in first out, the tick by which the oldest token not yet prefilled had arrived.
+
+    The burst guard drains a backlog within the TTFT target *less* this age: a prompt
+    that arrived in a window at a lowered clock has already waited part of its SLO, and
+    at every later tick the deadline stays where it was instead of sliding by a period.
+    The token arrived between that tick and the one before it: the age counts from the
+    middle (half a period for a backlog the tick sees for the first time).
+    """
+
+    maximum_ticks: int = 4096
+    age_s: float = 0.0
+    _ticks: deque[tuple[float, float]] = field(default_factory=deque, repr=False)
+    _earlier_s: float | None = None
+
+    def update(self, observation: ServingObservation) -> float:
+        """Fold one tick in; return the age of the oldest waiting prompt token (0 when
+        nothing waits, or when a counter is not finite)."""
+        done = observation.prompt_tokens_total
+        waiting = observation.prefill_remaining_tokens
+        now = observation.time_s
+        ticks = self._ticks
+        if not (math.isfinite(done) and math.isfinite(waiting)):
+            ticks.clear()
+            self._earlier_s = None
+            self.age_s = 0.0
+            return self.age_s
+        arrived = done + waiting
+        if ticks and (now < ticks[-1][0] or arrived < ticks[-1][1] - 1e-6):
+            ticks.clear()  # a counter went backwards (an engine restart) or another run
+            self._earlier_s = None
+        ticks.append((now, arrived))
+        # Every token that had arrived by the first kept tick is prefilled: drop it.
+        while len(ticks) > 1 and (ticks[0][1] <= done + 1e-6 or len(ticks) > self.maximum_ticks):
+            self._earlier_s = ticks.popleft()[0]
+        if waiting <= 0.0:
+            self.age_s = 0.0
+            return self.age_s
+        head_s = ticks[0][0]
+        since_s = head_s if self._earlier_s is None else 0.5 * (self._earlier_s + head_s)
+        self.age_s = max(0.0, now - since_s)
+        return self.age_s
+
+
 def _relative(mean: FloatArray, std: FloatArray) -> FloatArray:
     """Standard deviation over the magnitude of the mean, elementwise."""
     return std / np.maximum(np.abs(mean), 1e-12)

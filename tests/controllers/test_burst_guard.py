@@ -263,3 +263,38 @@ def test_a_long_prompt_arriving_in_a_lowered_window_raises_the_clock_at_the_next
         return next(r.ttft_s for r in records if r.prompt_tokens == 16_000)  # type: ignore[attr-defined]
 
     assert long_ttft(result.request_records) <= 1.1 * long_ttft(at_top.request_records)  # type: ignore[attr-defined]
+
+
+def test_the_backlog_age_follows_the_oldest_waiting_prompt_token() -> None:
+    from dataclasses import replace
+
+    from gpugov.controllers.online.exploration import BacklogAge
+
+    def tick(time_s: float, done: float, waiting: float) -> ServingObservation:
+        seen = _seen(backlog=waiting, running=0, waiting=int(waiting > 0))
+        return replace(seen, time_s=time_s, prompt_tokens_total=done)
+
+    age = BacklogAge()
+    assert age.update(tick(0.0, 0.0, 0.0)) == 0.0
+    # 4,000 tokens arrive between 0.0 and 0.25 s: half a period old when first seen.
+    assert age.update(tick(0.25, 0.0, 4_000.0)) == pytest.approx(0.125)
+    # 1,000 prefilled, 600 more arrive: the oldest waiting token is still the first lot's.
+    assert age.update(tick(0.5, 1_000.0, 3_600.0)) == pytest.approx(0.375)
+    # The first lot is prefilled: the oldest waiting token came with the second lot.
+    assert age.update(tick(0.75, 4_100.0, 500.0)) == pytest.approx(0.375)
+    # All drained: no age.
+    assert age.update(tick(1.0, 4_600.0, 0.0)) == 0.0
+    # An engine restart (the counter went backwards) starts afresh; so does a NaN.
+    assert age.update(tick(1.25, 0.0, 1_000.0)) == pytest.approx(0.0)
+    assert age.update(tick(1.5, float("nan"), 1_000.0)) == 0.0
+
+
+def test_a_backlog_that_already_waited_gets_a_faster_clock() -> None:
+    controller = _controller()
+    observation = _seen(backlog=6 * CHUNK_TOKENS, running=8, waiting=3)
+    fresh = controller.burst_floor(observation, (1.0, 0.1))
+    controller.backlog_age.age_s = 0.4  # the oldest prompt waited 0.4 s of its 1 s SLO
+    waited = controller.burst_floor(observation, (1.0, 0.1))
+    assert fresh is not None and waited is not None and waited > fresh
+    controller.backlog_age.age_s = 0.8  # past the 0.7 s target: only the top clock
+    assert controller.burst_floor(observation, (1.0, 0.1)) == float(CLOCKS[-1])
