@@ -314,12 +314,13 @@ class OnlineMPCController:
         # are made non-increasing in the clock (running maximum from the top).
         prefill_s = _non_increasing(np.maximum(prefill_s, 1e-7))
         iteration_s = _non_increasing(np.maximum(iteration_s, 1e-5))
-        top = clocks[-1:]
-        weights = max(float(model.decode_iteration_mean(top, 0.0, 0.0)[0]), 0.0)
+        # The parts of the top clock's decode iteration (read on every supported clock:
+        # the model caches that basis for the exploration floor's table too).
+        weights = max(float(model.decode_iteration_mean(clocks, 0.0, 0.0)[-1]), 0.0)
         batch_only = max(
-            float(model.decode_iteration_mean(top, REFERENCE_BATCH, 0.0)[0]) - weights, 0.0
+            float(model.decode_iteration_mean(clocks, REFERENCE_BATCH, 0.0)[-1]) - weights, 0.0
         )
-        full = max(float(model.decode_iteration_mean(top, REFERENCE_BATCH, context)[0]), 1e-9)
+        full = max(float(model.decode_iteration_mean(clocks, REFERENCE_BATCH, context)[-1]), 1e-9)
         kv = max(full - weights - batch_only, 0.0)
         total = weights + batch_only + kv
         fractions = (
