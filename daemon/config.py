@@ -185,15 +185,20 @@ class OnlineMPCControllerConfig(_Frozen):
 
     ``prior_profile`` optionally names a bundled profile (or a manifest path) whose top
     clock seeds the model instead of the warm-up; ``prior`` gives rough hints instead
-    (:class:`PriorHintsConfig`; not both). ``state_dir`` keeps the learned model
-    across restarts (default: systemd's ``$STATE_DIRECTORY``, else none). ``warmup_s``:
-    seconds at the maximum clock before the MPC takes over; ``memory_s``: how long evidence
-    lasts; ``uncertainty_z``: standard deviations added to predicted latencies;
-    ``burst_guard``: hold a clock that drains a prompt backlog in time and keeps short
-    answers' mixed iterations within the TPOT SLO (``OnlineMPCController.burst_floor``);
+    (:class:`PriorHintsConfig`; not both). With neither, ``auto_hints`` (default on)
+    derives the hints on the node: the GPU family from NVML's name and the model size from
+    the engine's ``model_name`` (``controllers.online.prior.AutoHints``). ``state_dir``
+    keeps the learned model across restarts (default: systemd's ``$STATE_DIRECTORY``,
+    else none). ``warmup_s``: seconds at the maximum clock before the MPC takes over;
+    ``memory_s``: how long evidence lasts; ``uncertainty_z``: standard deviations added
+    to predicted latencies; ``burst_guard``: hold a clock that drains a prompt backlog in
+    time and keeps short answers' mixed iterations within the TPOT SLO
+    (``OnlineMPCController.burst_floor``);
     ``decode_descent``: in decode-only windows, lower the clock as far as the measured
     latency (grown like 1/f) allows, to the least optimistic decode energy
-    (``OnlineMPCController.descent_clock``).
+    (``OnlineMPCController.descent_clock``); ``latency_window_s``: the latency-driven
+    rules read the engine's windowed latencies averaged over at least this long
+    (``controllers.online.exploration.LatencyWindow``).
     """
 
     kind: Literal["mpc-online"]
@@ -208,6 +213,8 @@ class OnlineMPCControllerConfig(_Frozen):
     uncertainty_z: NonNegativeFloat | None = None
     burst_guard: bool | None = None
     decode_descent: bool | None = None
+    latency_window_s: Annotated[float, Field(ge=0.0, le=60.0, allow_inf_nan=False)] | None = None
+    auto_hints: bool | None = None
     prior_profile: str | None = None
     prior: PriorHintsConfig | None = None
     state_dir: LoosePath | None = None
@@ -263,6 +270,9 @@ class SafetyConfig(_Frozen):
 
     floor_mhz: PositiveFloat | None = None
     dwell_s: NonNegativeFloat = 1.0
+    min_relock_interval_s: Annotated[float, Field(ge=0.0, le=10.0, allow_inf_nan=False)] = 0.1
+    """Least seconds between two clock changes, raises included (NCCL collectives of a
+    TP group stall when its clocks change every ~50 ms); a raise waits at most this."""
 
 
 class DomainConfig(_Frozen):

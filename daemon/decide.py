@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 CONTROLLER_SPEC_HELP = (
     "max | fixed:MHZ | reactive | open-loop:PLAN.json | mpc[:PROFILE] | mpc-slsqp[:PROFILE]"
-    " | mpc-online[:PRIOR_PROFILE | :gpu=NAME,params_b=B,active_params_b=B,tp=N]"
+    " | mpc-online[:PRIOR_PROFILE | :gpu=NAME,params_b=B,active_params_b=B,tp=N | :auto=off]"
 )
 ONLINE_HINT_KEYS = {
     "gpu": "gpu",
@@ -55,6 +55,7 @@ ONLINE_HINT_KEYS = {
     "tp": "tensor_parallel",
     "tensor_parallel": "tensor_parallel",
     "profile": "prior_profile",
+    "auto": "auto_hints",
 }
 """``--controller mpc-online:KEY=VALUE,...`` keys -> config fields."""
 TimeMode = Literal["wall", "virtual"]
@@ -355,7 +356,9 @@ def _online(spec: OnlineMPCControllerConfig, context: ControllerContext) -> Cloc
     """The self-calibrating MPC. It reads no profile while it runs; ``prior_profile``,
     when set, is read once here as a rough prior; ``prior`` hints are turned into one
     (``controllers.online.prior``): ``gpu = "auto"`` takes the context's first GPU name,
-    the TP degree defaults to its GPU count.
+    the TP degree defaults to its GPU count. With neither (and ``auto_hints`` not off),
+    the controller derives the hints itself from the context's first GPU name, its GPU
+    count and the engine's ``model_name`` (:class:`controllers.online.prior.AutoHints`).
 
     Raises:
         ControllerError: the prior profile cannot be loaded.
@@ -363,8 +366,15 @@ def _online(spec: OnlineMPCControllerConfig, context: ControllerContext) -> Cloc
     from gpugov.controllers.online.controller import OnlineMPCController, prior_from_profile
 
     prior = None
+    auto_hints = None
     if spec.prior is not None:
         prior = _hinted_prior(spec, context.gpu_name, context.gpu_count)
+    elif spec.prior_profile is None and spec.auto_hints is not False:
+        from gpugov.controllers.online.prior import AutoHints
+
+        auto_hints = AutoHints(
+            gpu=context.gpu_name, tensor_parallel=max(1, context.gpu_count), warn=log.warning
+        )
     if spec.prior_profile is not None:
         from gpugov.plant import load_profile
         from gpugov.plant.profile import ProfileError
@@ -381,12 +391,13 @@ def _online(spec: OnlineMPCControllerConfig, context: ControllerContext) -> Cloc
         else {}
     )
     return OnlineMPCController(
-        **_set_fields(spec, skip=("prior", "prior_profile", "state_dir")),
+        **_set_fields(spec, skip=("prior", "prior_profile", "state_dir", "auto_hints")),
         **budget,
         control_period_s=context.period_s,
         ttft_slo_s=context.ttft_slo_s,
         tpot_slo_s=context.tpot_slo_s,
         prior=prior,
+        auto_hints=auto_hints,
         power_limit_w=context.power_limit_w,
     )
 
@@ -440,6 +451,11 @@ def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
         name = ONLINE_HINT_KEYS[key]
         if name == "prior_profile":
             fields[name] = value
+            continue
+        if name == "auto_hints":
+            if value.lower() not in ("on", "off"):
+                raise ValueError(f"--controller {text!r}: auto must be on or off, got {value!r}")
+            fields[name] = value.lower() == "on"
             continue
         if name in ("params_b", "active_params_b"):
             try:

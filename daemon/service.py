@@ -294,7 +294,11 @@ def _build_configured(
         lock_mode=spec.lock_mode,
         external_policy=spec.external_clock_policy,
         state=state,
-        safety=SafetySettings(floor_mhz=spec.safety.floor_mhz, dwell_s=spec.safety.dwell_s),
+        safety=SafetySettings(
+            floor_mhz=spec.safety.floor_mhz,
+            dwell_s=spec.safety.dwell_s,
+            min_relock_interval_s=spec.safety.min_relock_interval_s,
+        ),
         ttft_slo_s=spec.ttft_slo_s,
         tpot_slo_s=spec.tpot_slo_s,
         thermal_limit_c=spec.thermal_limit_c,

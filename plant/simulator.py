@@ -117,6 +117,10 @@ class PlantSimulation:
 
         params = GpuParameters.from_plant(plant)
         self._clocks = params.clock_mhz
+        served = plant.profile.manifest.get("model")
+        # The engine's model_name label: the profile's model, as an engine serving it
+        # would label its metrics.
+        self._model_name = served if isinstance(served, str) and served else None
 
         # Engine state.
         self.time_s = 0.0
@@ -303,6 +307,7 @@ class PlantSimulation:
             thermal_limit_c=self.plant.thermal_limit_c,
             supported_clocks_mhz=tuple(self._clocks),
             clock_event_reasons=gpu.clock_event_reasons,
+            model_name=self._model_name,
             ttft_recent_s=(self._ttft_sum / self._ttft_count) if self._ttft_count else None,
             tpot_recent_s=(self._itl_sum / self._itl_count) if self._itl_count else None,
             ttft_slo_s=profile.ttft_slo_for(

@@ -315,6 +315,19 @@ class PromptEstimate:
 
 
 @dataclass(frozen=True, slots=True)
+class _TimeMoments:
+    """The time model's predictions at a set of clocks, per block: ``per_block[n, j]``
+    is block ``j``'s mean at clock ``n`` (unweighted by the work), ``cross[j, l, n]``
+    the covariance of blocks ``j`` and ``l`` there; valid for the estimate ``mean`` and
+    ``covariance`` (the arrays themselves, compared by identity)."""
+
+    mean: FloatArray
+    covariance: FloatArray
+    per_block: FloatArray
+    cross: FloatArray
+
+
+@dataclass(frozen=True, slots=True)
 class ModelPrior:
     """A rough starting point (from a bundled profile or a hint): per-clock values at the
     top clock, used instead of the warm-up estimate. All optional."""
@@ -408,6 +421,10 @@ class OnlineModel:
         self.skipped_nonfinite: dict[str, int] = dict.fromkeys(NONFINITE_PARTS, 0)
         """The same, per part of the model (``window``: the whole window was skipped)."""
         self.time_shape = np.ones((len(TIME_BLOCKS), k))
+        self._bases: dict[bytes, tuple[FloatArray, FloatArray, _TimeMoments | None]] = {}
+        """Per clock set :meth:`table` was asked about: the hat rows, the scaled hat rows
+        and the time model's per-block moments there (recomputed when the time model's
+        estimate changes: its arrays are replaced on every update)."""
         """Per-knot coefficient relative to the top knot's, per block: ones (the
         compute-bound extrapolation) unless a prior's ``time_table`` gives the physics."""
         self.prior = prior
@@ -469,6 +486,17 @@ class OnlineModel:
             mean, covariance = self._time_prior(coefficients[:, -1])
             self.time.reset_prior(mean, covariance * 4.0)
             self.warmed_up = True
+
+    def adopt_hint(self, prior: ModelPrior) -> bool:
+        """Take a rough hint's clock shape (``time_table``) that arrived after the model
+        was made (the engine's first ``model_name``): only while the warm-up still runs,
+        as the warm-up's end is where the shape is used; a prior that replaces the
+        warm-up, or a model already warmed up, is left as it is. True when taken."""
+        if self.warmed_up or prior.replaces_warmup or not prior.time_table:
+            return False
+        self.prior = prior
+        self._apply_hint(prior)
+        return True
 
     def _apply_prior(self, prior: ModelPrior) -> None:
         if prior.time_table:
@@ -653,38 +681,83 @@ class OnlineModel:
         )
         return self.time.predict(self._time_vector(clock_mhz, work))
 
+    def _basis(self, clocks: FloatArray) -> tuple[FloatArray, FloatArray, _TimeMoments]:
+        """The hat rows of ``clocks``, scaled by ``f_max / f``, and the time model's
+        per-block prediction moments there, cached per clock set and model estimate."""
+        key = clocks.tobytes()
+        cached = self._bases.get(key)
+        if cached is None:
+            if len(self._bases) >= 8:
+                self._bases.pop(next(iter(self._bases)))
+            hat = hat_rows(clocks, self.knots_mhz)
+            scaled = hat * (self.maximum_mhz / np.maximum(clocks, 1.0))[:, None]
+            cached = (hat, scaled, None)
+        hat, scaled, moments = cached
+        mean, covariance = self.time.mean, self.time.covariance
+        if moments is None or moments.mean is not mean or moments.covariance is not covariance:
+            k = self.knots_mhz.size
+            blocks = len(TIME_BLOCKS)
+            # Per clock: each block's mean, and the covariance of every pair of blocks'
+            # predictions (the scaled hat row through that pair's covariance block).
+            per_block = scaled @ mean.reshape(blocks, k).T
+            # (n, k) @ (k, blocks * blocks * k): one matrix product for every pair.
+            pairs = covariance.reshape(blocks, k, blocks, k).transpose(1, 0, 2, 3)
+            through = (scaled @ pairs.reshape(k, -1)).reshape(-1, blocks, blocks, k)
+            cross = np.einsum("njlb,nb->jln", through, scaled)
+            moments = _TimeMoments(mean, covariance, per_block, cross)
+            cached = (hat, scaled, moments)
+        self._bases[key] = cached
+        return hat, scaled, moments
+
+    @staticmethod
+    def _decode_weights(batch: float, context_tokens: float) -> FloatArray:
+        """The time blocks' work in one decode iteration of ``batch`` requests of
+        ``context_tokens`` context (the prefill block does none)."""
+        return np.array(
+            [
+                0.0,
+                1.0 / ITERATION_UNIT,
+                batch / DECODE_UNIT,
+                batch / DECODE_UNIT * context_tokens / CONTEXT_UNIT,
+            ]
+        )
+
+    def decode_iteration_mean(
+        self, clocks_mhz: FloatArray, batch: float, context_tokens: float
+    ) -> FloatArray:
+        """Mean seconds of one decode iteration at each of ``clocks_mhz`` (realised): the
+        ``decode_iteration_s`` mean of :meth:`table`, without the rest."""
+        _, _, moments = self._basis(np.ascontiguousarray(clocks_mhz, dtype=float))
+        return moments.per_block @ self._decode_weights(batch, context_tokens)
+
     def table(
         self, clocks_mhz: FloatArray, batch: float, context_tokens: float
     ) -> dict[str, tuple[FloatArray, FloatArray]]:
         """Vectorised predictions at many (realised) clocks: ``{name: (mean, std)}`` for
         ``prefill_s_per_token``, ``decode_iteration_s`` (at ``batch`` and
         ``context_tokens``) and the ``idle``/``prefill``/``decode`` powers (std omitted:
-        zeros)."""
-        clocks = np.asarray(clocks_mhz, dtype=float)
-        hat = hat_rows(clocks, self.knots_mhz)
-        scaled = hat * (self.maximum_mhz / np.maximum(clocks, 1.0))[:, None]
+        zeros). The clock-dependent part is cached per clock set and model estimate, so
+        asking again between two updates (other batches, other contexts) costs only the
+        weighting of four blocks."""
+        clocks = np.ascontiguousarray(clocks_mhz, dtype=float)
+        hat, _, moments = self._basis(clocks)
         k = self.knots_mhz.size
         out: dict[str, tuple[FloatArray, FloatArray]] = {}
-        zero = np.zeros((clocks.size, k))
-        prefill_x = np.hstack([scaled, zero, zero, zero])
-        decode_x = np.hstack(
-            [
-                zero,
-                scaled / ITERATION_UNIT,
-                scaled * batch / DECODE_UNIT,
-                scaled * batch / DECODE_UNIT * context_tokens / CONTEXT_UNIT,
-            ]
+        prefill_variance = moments.cross[0, 0]
+        out["prefill_s_per_token"] = (
+            moments.per_block[:, 0] / PROMPT_UNIT,
+            np.sqrt(np.maximum(prefill_variance, 0.0)) / PROMPT_UNIT,
         )
-        for name, x, unit in (
-            ("prefill_s_per_token", prefill_x, PROMPT_UNIT),
-            ("decode_iteration_s", decode_x, 1.0),
-        ):
-            mean = x @ self.time.mean
-            variance = ((x @ self.time.covariance) * x).sum(axis=1)
-            out[name] = (mean / unit, np.sqrt(np.maximum(variance, 0.0)) / unit)
+        weights = self._decode_weights(batch, context_tokens)
+        decode_variance = np.einsum("j,jln,l->n", weights, moments.cross, weights)
+        out["decode_iteration_s"] = (
+            moments.per_block @ weights,
+            np.sqrt(np.maximum(decode_variance, 0.0)),
+        )
         blocks = self.power.mean.reshape(len(POWER_BLOCKS), k)
+        powers = hat @ blocks.T
         for index, phase in enumerate(POWER_BLOCKS):
-            out[phase] = (hat @ blocks[index], np.zeros(clocks.size))
+            out[phase] = (powers[:, index], np.zeros(clocks.size))
         return out
 
     def phase_power_w(self, clock_mhz: float, phase: str) -> tuple[float, float]:

@@ -81,13 +81,14 @@ def scoreboard_online(
     workload: Sequence[Request],
     *,
     control_period_s: float,
-    horizon_s: float = 10.0,
+    horizon_s: float | None = None,
     solve_time_limit_s: float = 0.8,
     safety: SafetySettings | None = None,
 ) -> ControllerWrapper:
     """``mpc-online`` in its safety chain, as ``gpugov run --simulate`` builds it: declared
     forecasts from the workload; SLOs from the observations only. It never reads the
-    plant's profile (the plant gives only the clocks a node would list)."""
+    plant's profile (the plant gives only the clocks a node would list). ``horizon_s``
+    None: its default, ten control periods."""
     spec = OnlineMPCControllerConfig(
         kind="mpc-online", horizon_s=horizon_s, solve_time_limit_s=solve_time_limit_s
     )
@@ -111,8 +112,9 @@ def build_scoreboard_controllers(
     The MPCs are the daemon's config kinds ``mpc-slsqp`` (the seed's SLSQP solver and
     fluid model, the reference) and ``mpc`` (the fast discrete-search solver with its
     latency model, SLO margin, burst hedge and SLO feedback). The fast MPC and
-    ``mpc-online`` run every ``fast_mpc_period_s`` (default: the scenario's period) over
-    the same horizon in seconds, since their solve time allows it.
+    ``mpc-online`` run every ``fast_mpc_period_s`` (default: the scenario's period), since
+    their solve time allows it: the MPCs over ``mpc_horizon_s``, ``mpc-online`` over its
+    default horizon of ten control periods (as a node runs it).
 
     The open-loop plan (:func:`optimize_open_loop`) covers the scenario to 60 s past the
     last arrival with the MPC's output forecast; its factory solves the LP, so building it
@@ -152,9 +154,7 @@ def build_scoreboard_controllers(
             solve_time_limit_s=mpc_solve_time_limit_s,
         )
 
-    online = OnlineMPCControllerConfig(
-        kind="mpc-online", horizon_s=mpc_horizon_s, solve_time_limit_s=mpc_solve_time_limit_s
-    )
+    online = OnlineMPCControllerConfig(kind="mpc-online", solve_time_limit_s=mpc_solve_time_limit_s)
     return [
         ControllerEntry(
             "max", LABELS["max"], make(MaxControllerConfig(kind="max"), control_period_s)
