@@ -258,6 +258,16 @@ class AttainmentBudget:
             log_looseness += span * period_s / (LOOSEN_WINDOWS * self.window_s)
         return min(self.loosest, max(self.tightest, math.exp(log_looseness)))
 
+    @property
+    def allowance_credit(self) -> float:
+        """The share of a per-prompt TTFT allowance the controller may plan with: all of
+        it from a looseness of 1 up, none at the tightest. Judging a long prompt against
+        its own, longer SLO lets the clock down, but a short prompt that lands behind it
+        at that clock may miss: a spend the loop gives back when behind."""
+        if self.tightest >= 1.0:
+            return 1.0
+        return min(1.0, max(0.0, (self.looseness - self.tightest) / (1.0 - self.tightest)))
+
     def status(self) -> dict[str, float | None]:
         """What the exporter and the scoreboard report: target, window, measured
         attainment and looseness."""

@@ -137,7 +137,8 @@ class MPCController:
             (:attr:`MPCProblem.ttft_excess_cap_s`); None (the seed's) for no cap.
         slo_budget: when given, the attainment-tracking loop
             (:class:`controllers.budget.AttainmentBudget`): its looseness scales
-            ``slo_margin`` (never past 1) and the SLO feedback's thresholds.
+            ``slo_margin`` (never past 1) and the SLO feedback's thresholds, and below 1
+            withdraws the per-prompt TTFT allowance (its ``allowance_credit``).
 
     With the ``iteration`` latency model, where an observation carries a per-prompt TTFT
     allowance (``ttft_slo_per_prompt_token_s``), the TTFT proxy is judged per prompt
@@ -310,13 +311,14 @@ class MPCController:
             self.burst_hedge.update(observation, period)
             hedge = self.burst_hedge.prompt_tokens(self.mean_prompt_tokens, period, ttft_slo)
             self.charged_prompt_tokens = max(declared, hedge)
+        looseness = 1.0 if self.slo_budget is None else self.slo_budget.update(observation)
         allowance = observation.ttft_slo_per_prompt_token_s
+        credit = 1.0 if self.slo_budget is None else self.slo_budget.allowance_credit
         self.ttft_allowance = (
-            float(allowance)
+            float(allowance) * credit
             if self.latency_model == "iteration" and allowance is not None and allowance > 0.0
             else 0.0
         )
-        looseness = 1.0 if self.slo_budget is None else self.slo_budget.update(observation)
         margin = min(1.0, self.slo_margin * looseness)
         if self.slo_feedback is not None:
             margin /= self.slo_feedback.update(observation, period, looseness)

@@ -593,7 +593,8 @@ class OnlineMPCController:
             if observation.waiting_requests <= 1:
                 # One prompt waits: its own per-prompt allowance is known (the whole
                 # backlog). Behind several, the last may be short: the flat SLO.
-                target += (observation.ttft_slo_per_prompt_token_s or 0.0) * backlog
+                credit = 1.0 if self.budget is None else self.budget.allowance_credit
+                target += credit * (observation.ttft_slo_per_prompt_token_s or 0.0) * backlog
             fits &= math.ceil(backlog / chunk) * mixed <= target
         return _first_fit(clocks, fits)
 

@@ -11,6 +11,7 @@ import pytest
 from synthetic import make_plant, make_profile
 from test_mpc import _observation, _random_states
 
+from gpugov.controllers.budget import AttainmentBudget, SLOTarget
 from gpugov.controllers.mpc.controller import MPCController
 from gpugov.controllers.mpc.fast import plan_costs
 from gpugov.controllers.oracles import holds_slo
@@ -135,3 +136,19 @@ def test_long_prompts_leave_the_top_clock_and_hold_the_slo(spec: ControllerConfi
     assert judged.metrics.energy_j < flat.metrics.energy_j
     assert reference.metrics.slo_attainment == 1.0
     assert holds_slo(judged.metrics.slo_attainment, reference.metrics.slo_attainment)
+
+
+def test_a_budget_behind_its_target_withdraws_the_allowance(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
+    budget = AttainmentBudget(SLOTarget(0.99, 600.0), tightest=0.7, loosest=1 / 0.7)
+    budget.looseness = 0.7
+    controller = MPCController(synthetic_plant, latency_model="iteration", slo_budget=budget)
+    observation = replace(
+        _observation(prefill_tokens=0.0, decode_active=0),
+        ttft_slo_s=0.5,
+        ttft_slo_per_prompt_token_s=ALLOWANCE,
+    )
+    controller.adapt(observation)
+    assert controller.ttft_allowance == 0.0
+    budget.looseness = 1.0
+    controller.adapt(replace(observation, time_s=1.0))
+    assert controller.ttft_allowance == ALLOWANCE

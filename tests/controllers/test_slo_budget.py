@@ -213,3 +213,14 @@ def test_mpc_online_gives_the_budget_back_where_it_is_behind() -> None:
     assert controller.budget.looseness == pytest.approx(controller.budget.tightest)
     assert controller.effective_z == pytest.approx(controller.uncertainty_z / 0.7)
     assert result.metrics.slo_attainment >= target.attainment
+
+
+def test_the_per_prompt_allowance_is_given_back_when_behind() -> None:
+    budget = AttainmentBudget(TARGET, tightest=0.7, loosest=1 / 0.7)
+    assert budget.allowance_credit == 1.0
+    budget.looseness = 0.85
+    assert budget.allowance_credit == pytest.approx(0.5)
+    budget.looseness = 0.7
+    assert budget.allowance_credit == 0.0
+    budget.looseness = 1 / 0.7
+    assert budget.allowance_credit == 1.0
