@@ -20,6 +20,9 @@ observation, from NVML), the SLOs and declared forecasts (config), and the
    requests, whose mixed iteration fits the TPOT SLO.
 
 Before the warm-up windows are in, the clock stays at the maximum (``docs/online.md``).
+With an SLO target, an :class:`~controllers.budget.AttainmentBudget` measures the
+attainment from the observation's counters and scales the MPC's margin, the SLO
+feedback's and the exploration's thresholds and ``uncertainty_z`` by its looseness.
 """
 
 from __future__ import annotations
