@@ -63,6 +63,8 @@ def parse_address(value: str) -> tuple[str, int]:
 
 MIN_STALE_PERIODS = 1.5
 """``stale_after_s`` must be at least this many control periods."""
+SLO_WINDOW_PERIODS = 12.0
+"""``slo_target.window_s`` must be at least this many control periods."""
 DEFAULT_ENGINE_TIMEOUT_S = 0.5
 ENGINE_TIMEOUT_PERIOD_SHARE = 0.5
 """An unset ``engine.timeout_s`` is ``min(0.5 s, 0.5 x daemon.period_s)``."""
@@ -265,6 +267,22 @@ class EngineConfig(_Frozen):
         return value
 
 
+class SLOTargetConfig(_Frozen):
+    """The domain's SLO target (``controllers.budget.SLOTarget``): ``attainment`` of the
+    requests meet both latency SLOs (TTFT within ``ttft_slo_s`` plus the per-prompt
+    allowance, TPOT within ``tpot_slo_s``) over a rolling ``window_s``. ``mpc`` and
+    ``mpc-online`` then spend the misses the target allows (``docs/online.md``)."""
+
+    attainment: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
+    window_s: PositiveFloat = 600.0
+
+    def target(self) -> Any:
+        """The controllers' :class:`~gpugov.controllers.budget.SLOTarget`."""
+        from gpugov.controllers.budget import SLOTarget
+
+        return SLOTarget(attainment=self.attainment, window_s=self.window_s)
+
+
 class SafetyConfig(_Frozen):
     """Limits applied to every decision, whatever the controller."""
 
@@ -289,9 +307,26 @@ class DomainConfig(_Frozen):
     lock_mode: Literal["pin", "cap"] = "pin"
     ttft_slo_s: PositiveFloat | None = None
     tpot_slo_s: PositiveFloat | None = None
+    ttft_slo_per_prompt_token_s: NonNegativeFloat | None = None
+    """TTFT SLO allowance per prompt token: a request of ``p`` prompt tokens meets its
+    TTFT SLO when ``TTFT <= ttft_slo_s + ttft_slo_per_prompt_token_s * p``."""
+    slo_target: SLOTargetConfig | None = None
     thermal_limit_c: PositiveFloat | None = None
     mean_prompt_tokens: PositiveFloat = 512.0
     mean_output_tokens: PositiveFloat = 256.0
+
+    @model_validator(mode="after")
+    def _slos_for_the_target(self) -> DomainConfig:
+        if self.ttft_slo_per_prompt_token_s is not None and self.ttft_slo_s is None:
+            raise ValueError(
+                "ttft_slo_per_prompt_token_s needs ttft_slo_s (the flat part of the TTFT SLO)"
+            )
+        if self.slo_target is not None and self.ttft_slo_s is None and self.tpot_slo_s is None:
+            raise ValueError(
+                "slo_target needs the SLOs it counts requests against: set ttft_slo_s "
+                "and/or tpot_slo_s"
+            )
+        return self
 
 
 class DaemonSection(_Frozen):
@@ -408,6 +443,14 @@ class GpugovConfig(_Frozen):
                     f"domains[{index}].engine.timeout_s ({domain.engine.timeout_s:g} s) must be "
                     f"shorter than daemon.period_s ({period:g} s), or a hung engine stalls the "
                     f"loop; leave it unset for {default_engine_timeout_s(period):g} s"
+                )
+            target = domain.slo_target
+            if target is not None and target.window_s < SLO_WINDOW_PERIODS * period:
+                raise ValueError(
+                    f"domains[{index}].slo_target.window_s ({target.window_s:g} s) must be at "
+                    f"least {SLO_WINDOW_PERIODS:g} x daemon.period_s "
+                    f"({SLO_WINDOW_PERIODS * period:g} s): the attainment loop's short window "
+                    "is a twelfth of it and must hold a control period"
                 )
             stale = domain.stale_after_s
             if stale is not None and stale < MIN_STALE_PERIODS * period:

@@ -149,6 +149,9 @@ class ControllerContext:
             plan file.
         history_limit: how many decisions' plans and solve times a controller keeps
             (a node bounds it; None keeps all).
+        slo_target: the domain's SLO target (``controllers.budget.SLOTarget``): ``mpc``
+            and ``mpc-online`` spend the misses it allows; None: they hold the SLO with
+            their fixed margins.
     """
 
     period_s: float
@@ -168,6 +171,7 @@ class ControllerContext:
     plant: ServingPlant | None = None
     plan: Any = None
     history_limit: int | None = None
+    slo_target: Any = None
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.period_s) or self.period_s <= 0:
@@ -349,6 +353,13 @@ def _mpc(spec: MPCControllerConfig, context: ControllerContext) -> ClockControll
         options["slo_feedback"] = SLOFeedback()
     if context.time_mode == "virtual":
         options["solve_budget_evaluations"] = DEFAULT_SOLVE_BUDGET_EVALUATIONS
+    if fast and context.slo_target is not None:
+        from gpugov.controllers.budget import AttainmentBudget
+
+        margin = float(options.get("slo_margin", 1.0))
+        options["slo_budget"] = AttainmentBudget(
+            context.slo_target, tightest=min(1.0, margin), loosest=1.0 / margin
+        )
     return MPCController(planning_plant(spec, context), **options)
 
 
@@ -399,6 +410,7 @@ def _online(spec: OnlineMPCControllerConfig, context: ControllerContext) -> Cloc
         prior=prior,
         auto_hints=auto_hints,
         power_limit_w=context.power_limit_w,
+        slo_target=context.slo_target,
     )
 
 

@@ -154,6 +154,8 @@ def build_domain(
     ttft_slo_s: float | None = None,
     tpot_slo_s: float | None = None,
     thermal_limit_c: float | None = None,
+    ttft_slo_per_prompt_token_s: float | None = None,
+    slo_target: Any = None,
     mean_prompt_tokens: float = 512.0,
     mean_output_tokens: float = 256.0,
     forecasts: Forecasts | None = None,
@@ -182,6 +184,7 @@ def build_domain(
         ttft_slo_s=ttft_slo_s,
         tpot_slo_s=tpot_slo_s,
         thermal_limit_c=thermal_limit_c,
+        ttft_slo_per_prompt_token_s=ttft_slo_per_prompt_token_s,
         mean_prompt_tokens=mean_prompt_tokens,
         mean_output_tokens=mean_output_tokens,
         scrape_timeout_s=getattr(source, "timeout_s", None),
@@ -214,6 +217,7 @@ def build_domain(
         safety=safety,
         plant=plant,
         history_limit=CONTROLLER_HISTORY_STEPS if time_mode == "wall" else None,
+        slo_target=slo_target,
     )
     controller = build_controller(controller_spec, context)
     try:
@@ -302,6 +306,8 @@ def _build_configured(
         ttft_slo_s=spec.ttft_slo_s,
         tpot_slo_s=spec.tpot_slo_s,
         thermal_limit_c=spec.thermal_limit_c,
+        ttft_slo_per_prompt_token_s=spec.ttft_slo_per_prompt_token_s,
+        slo_target=None if spec.slo_target is None else spec.slo_target.target(),
         mean_prompt_tokens=spec.mean_prompt_tokens,
         mean_output_tokens=spec.mean_output_tokens,
         forecasts=_declared_forecasts(spec),

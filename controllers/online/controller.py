@@ -20,6 +20,9 @@ observation, from NVML), the SLOs and declared forecasts (config), and the
    requests, whose mixed iteration fits the TPOT SLO.
 
 Before the warm-up windows are in, the clock stays at the maximum (``docs/online.md``).
+With an SLO target, an :class:`~controllers.budget.AttainmentBudget` measures the
+attainment from the observation's counters and scales the MPC's margin, the SLO
+feedback's and the exploration's thresholds and ``uncertainty_z`` by its looseness.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
+from gpugov.controllers.budget import AttainmentBudget, SLOTarget
 from gpugov.controllers.mpc.controller import (
     DEFAULT_EXPECTED_OUTPUT_TOKENS,
     DEFAULT_EXPECTED_PROMPT_TOKENS,
@@ -113,6 +117,10 @@ class OnlineMPCController:
         latency_window_s: the latency-driven rules (back-off, exploration slack, decode
             descent, SLO feedback) read the engine's windowed latencies averaged over at
             least this long (:class:`LatencyWindow`); the queue signals stay per tick.
+        slo_target: when given, spend the SLO budget (:mod:`controllers.budget`): the
+            looseness of an :class:`AttainmentBudget` scales the MPC's margin, the SLO
+            feedback's and the exploration's thresholds, and divides ``uncertainty_z``,
+            within ``[slo_margin, 1 / slo_margin]``.
         mpc_options: more :class:`MPCController` keyword arguments.
     """
 
@@ -140,6 +148,7 @@ class OnlineMPCController:
         latency_window_s: float = 0.5,
         burst_guard: bool = True,
         decode_descent: bool = True,
+        slo_target: SLOTarget | None = None,
         timer: Callable[[], float] = perf_counter,
         **mpc_options: Any,
     ) -> None:
@@ -182,6 +191,13 @@ class OnlineMPCController:
         self.decode_descent = bool(decode_descent)
         self.clumping = ArrivalClumping()
         self.backlog_age = BacklogAge()
+        self.budget = (
+            None
+            if slo_target is None
+            else AttainmentBudget(
+                slo_target, tightest=min(1.0, self.slo_margin), loosest=1.0 / self.slo_margin
+            )
+        )
         self.timer = timer
         self.mpc_options = mpc_options
         self.model: OnlineModel | None = None
@@ -298,7 +314,7 @@ class OnlineMPCController:
         ``uncertainty_z`` standard deviations (``pessimistic``), powers at the mean."""
         model = self.model
         assert model is not None
-        z = self.uncertainty_z if pessimistic else 0.0
+        z = self.effective_z if pessimistic else 0.0
         clocks = model.clocks_mhz
         context = self.context_tokens
         realized = clocks * model.realized_ratio
@@ -408,6 +424,7 @@ class OnlineMPCController:
                 "slo_margin": self.slo_margin,
                 "burst_hedge": BurstHedge(),
                 "slo_feedback": SLOFeedback(),
+                "slo_budget": self.budget,
                 "ttft_excess_cap": 1.0,
                 **self.mpc_options,
             }
@@ -470,11 +487,24 @@ class OnlineMPCController:
         if model is not None and self.auto_prior is not None:
             model.adopt_hint(self.auto_prior)
 
+    @property
+    def looseness(self) -> float:
+        """The attainment budget's looseness (1 without an SLO target)."""
+        return 1.0 if self.budget is None else self.budget.looseness
+
+    @property
+    def effective_z(self) -> float:
+        """``uncertainty_z`` over the looseness: the model is trusted more while the
+        measured attainment is ahead of its target."""
+        return self.uncertainty_z / self.looseness
+
     def __call__(self, observation: ServingObservation) -> float:
         self.observe(observation)
         self.backlog_age.update(observation)
         observation = self.latency_window.view(observation)
         self.clumping.update(observation)
+        if self.budget is not None:
+            self.exploration.looseness = self.budget.update(observation)
         model = self.model
         assert model is not None
         maximum = float(model.clocks_mhz[-1])
@@ -489,7 +519,7 @@ class OnlineMPCController:
         else:
             plant = self.learned_plant(observation, slos)
             decision = float(self._mpc(plant)(self._with_finite_temperature(observation, plant)))
-            floor = self.exploration.floor(model, observation, self.uncertainty_z)
+            floor = self.exploration.floor(model, observation, self.effective_z)
             guard = self.burst_floor(observation, slos) if self.burst_guard else None
             window = self.descent_window(observation, slos) if self.decode_descent else None
             # What the MPC and the exploration floor alone would give.
@@ -595,7 +625,7 @@ class OnlineMPCController:
         (read at the running batch), made non-increasing in the clock."""
         batch = max(1.0, float(observation.decode_active))
         chunk = max(CHUNK_TOKENS - batch, 32.0)
-        z = self.uncertainty_z
+        z = self.effective_z
         prefill_mean, prefill_std = table["prefill_s_per_token"]
         decode_mean, decode_std = table["decode_iteration_s"]
         mixed = decode_mean + z * decode_std + chunk * (prefill_mean + z * prefill_std)
@@ -614,11 +644,13 @@ class OnlineMPCController:
         chunk's prefill, each at mean + ``uncertainty_z`` std):
 
         * **drain**: the backlog, chunk by chunk, must be prefilled within the MPC's TTFT
-          target (``slo_margin`` times the TTFT SLO) less the time its oldest prompt has
-          already waited (:class:`BacklogAge`, from the prompt counter and the backlog:
-          the deadline does not slide by a period at every tick); a backlog only the top
-          clock drains in time needs the top clock, where the MPC's capped TTFT penalty
-          would give it up;
+          target (``slo_margin`` times the TTFT SLO, the margin scaled by the attainment
+          budget's looseness) less the time its oldest prompt has already waited
+          (:class:`BacklogAge`, from the prompt counter and the backlog: the deadline does
+          not slide by a period at every tick); where one prompt waits, plus its per-prompt
+          allowance, behind several the flat SLO, as the last may be short; a backlog only
+          the top clock drains in time needs the top clock, where the MPC's capped TTFT
+          penalty would give it up;
         * **short answers**: beside decoding requests (or other waiting prompts, which
           decode beside the rest), a short answer gets all its tokens from mixed
           iterations, so its TPOT is the mixed iteration's time: that must fit the
@@ -649,8 +681,14 @@ class OnlineMPCController:
             fits &= mixed <= tpot_slo_s
         if draining:
             # The oldest waiting prompt has waited ``backlog_age.age_s`` already.
-            budget = self.slo_margin * ttft_slo_s - self.backlog_age.age_s
-            fits &= math.ceil(backlog / chunk) * mixed <= budget
+            target = min(1.0, self.slo_margin * self.looseness) * ttft_slo_s
+            target -= self.backlog_age.age_s
+            if observation.waiting_requests <= 1:
+                # One prompt waits: its own per-prompt allowance is known (the whole
+                # backlog). Behind several, the last may be short: the flat SLO.
+                credit = 1.0 if self.budget is None else self.budget.allowance_credit
+                target += credit * (observation.ttft_slo_per_prompt_token_s or 0.0) * backlog
+            fits &= math.ceil(backlog / chunk) * mixed <= target
         return _first_fit(clocks, fits)
 
     def diagnostics(self) -> MPCDiagnostics:
@@ -701,6 +739,7 @@ class OnlineMPCController:
             "arrival_clumping": self.clumping.share,
             "resets": self.resets,
             "prior": None if self.active_prior is None else self.active_prior.source,
+            "slo_budget": None if self.budget is None else self.budget.status(),
             "reason": self.last_reason,
             "model_name": self.model_name,
         }

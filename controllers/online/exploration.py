@@ -22,6 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gpugov.controllers.adaptation import SLOFeedback
+from gpugov.controllers.budget import loosened
 from gpugov.controllers.online.identification import OnlineModel
 from gpugov.plant.types import ServingObservation
 
@@ -59,6 +60,9 @@ class SafeExploration:
             baseline + headroom)`` (and 0.05 under the back-off threshold), back off
             above ``min(0.95, max(backoff, baseline + headroom))``; otherwise the top
             clock's own noise would trigger them.
+        looseness: the attainment budget's looseness
+            (:class:`controllers.budget.AttainmentBudget`), set each decision: both
+            thresholds are scaled by it, never past the SLO itself.
     """
 
     step_fraction: float = 0.08
@@ -78,6 +82,7 @@ class SafeExploration:
     raised_floor_mhz: float | None = None
     calm_count: int = 0
     raise_steps: int = 1
+    looseness: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.step_fraction <= 1.0:
@@ -162,19 +167,21 @@ class SafeExploration:
     @property
     def explore_threshold(self) -> float:
         """Measured latency / SLO below which the floor may step down."""
+        slack = loosened(self.explore_slack, self.looseness)
         if self.baseline is None:
-            return self.explore_slack
+            return min(slack, self.backoff_threshold - 0.05)
         return min(
             self.backoff_threshold - 0.05,
-            max(self.explore_slack, self.baseline + self.baseline_headroom),
+            max(slack, self.baseline + self.baseline_headroom),
         )
 
     @property
     def backoff_threshold(self) -> float:
         """Measured latency / SLO above which the clock goes to the maximum."""
         if self.baseline is None:
-            return self.backoff
-        return min(0.95, max(self.backoff, self.baseline + self.baseline_headroom))
+            return loosened(self.backoff, self.looseness)
+        raised = min(0.95, max(self.backoff, self.baseline + self.baseline_headroom))
+        return loosened(raised, self.looseness)
 
     def observe_top(self, observation: ServingObservation, maximum_mhz: float) -> None:
         """Track the latency pressure measured while the top clock was requested."""
