@@ -353,7 +353,9 @@ class OnlineMPCController:
             "decode_latency_model": {
                 "weight_fraction": fractions[0],
                 "batch_fraction": fractions[1],
-                "kv_fraction": 1.0 - fractions[0] - fractions[1],
+                # kv / total itself: ``1 - w - b`` can come out at -3e-17 when the
+                # context term is zero, which the profile refuses (and the MPC fell back).
+                "kv_fraction": fractions[2],
             },
             "power_limit_w": model.power_limit_w,
         }

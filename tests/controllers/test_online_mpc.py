@@ -511,3 +511,21 @@ def _observation_at(time_s: float):  # type: ignore[no-untyped-def]
 def test_the_default_horizon_is_ten_control_periods() -> None:
     assert OnlineMPCController(control_period_s=0.25).horizon_s == pytest.approx(2.5)
     assert OnlineMPCController(control_period_s=1.0, horizon_s=20.0).horizon_s == 20.0
+
+
+def test_the_learned_profile_never_makes_the_mpc_fall_back() -> None:
+    """A learned decode model with no context term once gave ``kv_fraction = 1 - w - b``
+    of -3e-17, which the profile refused: the MPC raised and fell back on about one
+    decision in seven. A minute of the bundled trace must see no exception fallback."""
+    from gpugov.daemon.cli_support import simulated_controller
+    from gpugov.plant import ServingPlant, load_profile, load_trace, simulate
+
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    workload, _ = load_trace("azure-conv-10min", duration_s=60.0)
+    chain = simulated_controller("mpc-online", plant, workload, 1.0)
+    result = simulate(workload, plant, controller=chain)
+    algorithm = chain.unwrapped
+    assert isinstance(algorithm, OnlineMPCController)
+    assert algorithm.mpc is not None and algorithm.mpc.successful_solves > 0
+    assert algorithm.fallback_reasons["exception"] == 0
+    assert result.metrics.slo_attainment == 1.0
