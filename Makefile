@@ -2,45 +2,63 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# Two installs, one stamp each: the node's (what `make demo` runs: `pip install -e .`, no
+# extras) and the development one on top of it (tests, lint, mypy, figures, study, Ray).
+NODE_STAMP := $(VENV)/.installed-node
+TEST_STAMP := $(VENV)/.installed-test
+# mypy reads the installed layout (folder daemon/ is module gpugov.daemon) from a link tree.
+MYPY_TREE := build/mypy/gpugov
+LAYERS := plant controllers daemon profiles study
 
-.PHONY: demo test lint bench experiments dashboard deploy-check venv clean
+.PHONY: demo test lint typecheck bench experiments dashboard deploy-check venv clean
 
-$(STAMP): pyproject.toml
+$(NODE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(TEST_STAMP): $(NODE_STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,plots,study]'
-	touch $(STAMP)
+	touch $@
 
-venv: $(STAMP)
+venv: $(TEST_STAMP)
 
-demo: $(STAMP)
+demo: $(NODE_STAMP)
 	mkdir -p out
 	$(BIN)/gpugov run --simulate --record out/demo.jsonl
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(MAKE) --no-print-directory typecheck
 	$(BIN)/pytest -q
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-bench: $(STAMP)
+typecheck: $(TEST_STAMP)
+	rm -rf $(MYPY_TREE)
+	mkdir -p $(MYPY_TREE)
+	cd $(MYPY_TREE) && ln -s ../../../gpugov/*.py ../../../gpugov/py.typed . && \
+		for layer in $(LAYERS); do ln -s ../../../$$layer $$layer; done
+	$(BIN)/mypy
+
+bench: $(TEST_STAMP)
 	$(BIN)/python bench/simulator.py
 	$(BIN)/python bench/daemon.py
 	$(BIN)/python bench/cli_speed.py
 
-experiments: $(STAMP)
+experiments: $(TEST_STAMP)
 	$(BIN)/gpugov experiments --out results/bundled
 	$(BIN)/gpugov experiments --trace azure-conv --out results/azure-conv
 
-dashboard: $(STAMP)
+dashboard: $(TEST_STAMP)
 	$(BIN)/python deploy/grafana/dashboard.py > deploy/grafana/gpugov-dashboard.json
 
-deploy-check: $(STAMP)
+deploy-check: $(TEST_STAMP)
 	$(BIN)/pytest -q tests/deploy
 
 clean:
-	rm -rf out build *.egg-info .pytest_cache .ruff_cache
+	rm -rf out build *.egg-info .pytest_cache .ruff_cache .mypy_cache

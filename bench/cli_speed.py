@@ -9,7 +9,7 @@ the summary all count, not only the simulator loop:
   check-config), the import of its module the way ``gpugov.cli.main`` does it;
 * simulate: ``gpugov simulate --trace azure-conv`` (the shared Azure conversation hour,
   default controller ``max``); the ratio is simulated seconds over the process's CPU
-  seconds. Targets (issue 10): ``--help`` under 0.5 s CPU, simulate at least 1,500x.
+  seconds. Targets: ``--help`` under 0.5 s CPU, simulate at least 1,500x.
 
 Falls back to the bundled 10-minute slice, and says so, when the shared traces are
 absent. Writes ``bench/results/cli_speed.json`` (an ignored folder) and prints a table.

@@ -6,7 +6,7 @@ and a vLLM-format ``/metrics`` page of realistic size (two data-parallel engines
 histogram buckets) served over HTTP on 127.0.0.1 by a separate process, so its CPU is
 not counted. The controller is a fixed clock (negligible); its time is subtracted anyway.
 
-Targets (issue 4): under 1 ms per tick, under 2 % of one core at a 100 ms period.
+Targets: under 1 ms per tick, under 2 % of one core at a 100 ms period.
 
     .venv/bin/python bench/daemon.py [--ticks 2000] [--cpu-seconds 10] [--gpus 1]
 

@@ -8,7 +8,7 @@ alone, no MPC solve; on a shared machine the CPU time is the fair figure), and
 reports the update time percentiles, the learned-profile build time, the whole decision
 time (identification + profile + MPC solve) and the model's memory before and after.
 
-Target (issue 14): per-tick update <= 0.2 ms; memory constant whatever the run length.
+Target: per-tick update <= 0.2 ms; memory constant whatever the run length.
 
     .venv/bin/python bench/online.py [--duration 600] [--repeat 20]
 

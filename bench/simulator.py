@@ -1,6 +1,6 @@
 """Simulator speed: simulated seconds per wall second replaying the Azure conversation hour.
 
-Runs the full one-hour Azure conversation trace (shared traces, see README "Traces") at
+Runs the full one-hour Azure conversation trace (see docs/traces.md) at
 the maximum clock and under the reactive governor, on the default profile, and reports
 the real-time ratio of each. Falls back to the bundled 10-minute slice, and says so, when
 the shared traces are absent. Writes ``bench/results/simulator.json``.

@@ -1,8 +1,8 @@
 """Clock controllers and the scheduling MDP methods; pure computation, no I/O.
 
-Public names follow the seed's ``__all__``, except its experiment suite
-``build_textbook_results``: assembling the case study is study code, in
-:mod:`gpugov.study.experiments` (also importable as ``gpugov.study.build_textbook_results``).
+Public names follow the seed's ``__all__`` (see ``docs/seed-notes.md`` section 2), except
+its experiment suite ``build_textbook_results``: assembling the case study is study code,
+in :mod:`gpugov.study.experiments` (also importable as ``gpugov.study.build_textbook_results``).
 They load on first use (PEP 562), so importing one controller module does not pull in
 scikit-learn: ``gpugov`` starts in a fraction of the time.
 """

@@ -79,8 +79,12 @@ class ControllerWrapper:
     so closing the outermost layer closes the chain.
     """
 
+    name: str
+    """The one name of the controller this wrapper carries (metrics, logs, recordings)."""
+
     def __init__(self, inner: ClockController) -> None:
         self.inner = inner
+        self.name = controller_label(inner)
 
     @property
     def unwrapped(self) -> ClockController:

@@ -393,7 +393,8 @@ class ClockActuator:
             self._touched.add(label)
             held = entry.get("max_mhz") if entry is not None else None
             pinned = entry is not None and entry.get("min_mhz") == held
-            self.locked_mhz[label] = int(held) if pinned and self.lock_mode == "pin" else _UNKNOWN
+            pin = pinned and self.lock_mode == "pin"
+            self.locked_mhz[label] = int(held) if held is not None and pin else _UNKNOWN
             if self.state is not None and entry is not None:
                 self.state.record(key, label, int(entry["min_mhz"]), int(entry["max_mhz"]))
             line = f"GPU {label}: {found}; adopted: governed from here, reset on exit"
@@ -442,7 +443,7 @@ class ClockActuator:
             label = sample.gpu
             backend = by_label.get(label)
             held = self.locked_mhz.get(label)
-            if backend is None or held in (None, _UNKNOWN) or label in self.yielded:
+            if backend is None or held is None or held == _UNKNOWN or label in self.yielded:
                 continue
             if isinstance(backend, DryRunBackend):
                 continue  # a dry run never wrote the lock it remembers
@@ -451,10 +452,10 @@ class ClockActuator:
                 continue
             tolerance = self._tolerance(backend)
             reasons = sample.clock_event_reasons
-            above = clock > held + tolerance  # type: ignore[operator]
+            above = clock > held + tolerance
             below = (
                 self.lock_mode == "pin"
-                and clock < held - tolerance  # type: ignore[operator]
+                and clock < held - tolerance
                 and reasons is not None
                 and not reasons & EXPLAINS_LOWER_CLOCK
             )

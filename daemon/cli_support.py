@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -353,7 +353,7 @@ def add_safety_arguments(parser: argparse.ArgumentParser, *, prefix: str = "") -
     )
 
 
-def safety_from_args(args: argparse.Namespace, clocks_mhz: Sequence[float]) -> SafetySettings:
+def safety_from_args(args: argparse.Namespace, clocks_mhz: Iterable[float]) -> SafetySettings:
     """The safety settings of ``--dwell`` and ``--floor``, checked against the clocks.
 
     Raises:
@@ -361,9 +361,10 @@ def safety_from_args(args: argparse.Namespace, clocks_mhz: Sequence[float]) -> S
     """
     require_nonnegative("--dwell", args.dwell)
     require_positive("--floor", args.floor)
-    if args.floor is not None and clocks_mhz and args.floor > max(clocks_mhz):
+    clocks = [float(c) for c in clocks_mhz]
+    if args.floor is not None and clocks and args.floor > max(clocks):
         raise UsageError(
-            f"--floor {args.floor:g}: above the top supported clock ({max(clocks_mhz):g} MHz)"
+            f"--floor {args.floor:g}: above the top supported clock ({max(clocks):g} MHz)"
         )
     return SafetySettings(
         floor_mhz=args.floor,

@@ -105,13 +105,11 @@ class ReactiveControllerConfig(_Frozen):
 
     @model_validator(mode="after")
     def _fractions_ordered(self) -> ReactiveControllerConfig:
-        import dataclasses
-
         from gpugov.controllers.baseline import ReactiveGovernor
 
-        defaults = {f.name: f.default for f in dataclasses.fields(ReactiveGovernor)}
-        up = self.up_fraction if self.up_fraction is not None else defaults["up_fraction"]
-        down = self.down_fraction if self.down_fraction is not None else defaults["down_fraction"]
+        default = ReactiveGovernor()
+        up = self.up_fraction if self.up_fraction is not None else default.up_fraction
+        down = self.down_fraction if self.down_fraction is not None else default.down_fraction
         if down > up:
             raise ValueError(
                 f"down_fraction ({down:g}) must not exceed up_fraction "

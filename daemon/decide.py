@@ -375,7 +375,7 @@ def _online(spec: OnlineMPCControllerConfig, context: ControllerContext) -> Cloc
             raise ControllerError(f"mpc-online prior_profile: {error}") from error
     from gpugov.controllers.mpc.controller import DEFAULT_SOLVE_BUDGET_EVALUATIONS
 
-    budget = (
+    budget: dict[str, Any] = (
         {"solve_budget_evaluations": DEFAULT_SOLVE_BUDGET_EVALUATIONS}
         if context.time_mode == "virtual"
         else {}

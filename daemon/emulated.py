@@ -223,10 +223,10 @@ class EmulatedBackend:
                 values[name] = None
                 continue
             if isinstance(raw, dict):  # {"nvmlReturn": code} for this field
-                error = from_nvml(EmulatorNvmlError(int(raw.get("nvmlReturn", 999))), name)
-                if isinstance(error, GpuLost):
-                    raise error
-                if isinstance(error, NotSupported):
+                failure = from_nvml(EmulatorNvmlError(int(raw.get("nvmlReturn", 999))), name)
+                if isinstance(failure, GpuLost):
+                    raise failure
+                if isinstance(failure, NotSupported):
                     self._dropped.add(name)
                     log.info("GPU %s: %s not supported; no longer read", self._label, name)
                 else:

@@ -1,6 +1,6 @@
 """What this daemon last locked, persisted so the next start can undo it after a crash.
 
-NVML has no getter for a clock lock (``../shared/NVML_NOTES.md`` 1.3), so a daemon that
+NVML has no getter for a clock lock (``docs/nvml-notes.md`` 1.3), so a daemon that
 was SIGKILLed, OOM-killed or lost power leaves no trace on the GPU that can be read back
 exactly. :class:`LockState` keeps one small JSON file in the state directory (systemd's
 ``StateDirectory=`` gives ``$STATE_DIRECTORY``; Kubernetes mounts a hostPath there):

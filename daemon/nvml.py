@@ -4,7 +4,7 @@ The ``pynvml`` module is a constructor argument (default: the real one), so test
 this exact code against ``tests/daemon/fake_pynvml.py``. Every ``NVMLError`` becomes a
 :mod:`daemon.errors` error in :func:`daemon.errors.from_nvml`.
 
-Reads per sample (see ``../shared/NVML_NOTES.md``): instant power through
+Reads per sample (see ``docs/nvml-notes.md``): instant power through
 ``nvmlDeviceGetFieldValues`` (field 186, GPU scope, then MODULE scope; falls back to
 ``nvmlDeviceGetPowerUsage``, a 1 s average on Ampere+), the energy counter
 (``nvmlDeviceGetTotalEnergyConsumption``, at most once per ``energy_interval_s`` because
@@ -59,7 +59,8 @@ def load_pynvml() -> ModuleType:
         import pynvml
     except ImportError as error:  # pragma: no cover - the package is a dependency
         raise GpuUnavailable("nvidia-ml-py is not installed (import pynvml failed)") from error
-    return pynvml
+    module: ModuleType = pynvml
+    return module
 
 
 def _const(nvml: Any, name: str, default: int) -> int:

@@ -51,7 +51,8 @@ def observation_to_dict(observation: ServingObservation) -> dict[str, Any]:
         for f in dataclasses.fields(observation)
         if f.name != "supported_clocks_mhz"
     }
-    return _clean(data)
+    cleaned: dict[str, Any] = _clean(data)
+    return cleaned
 
 
 def observation_from_dict(
@@ -70,7 +71,8 @@ def record_to_dict(record: TickRecord) -> dict[str, Any]:
     data = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
     data["observation"] = observation_to_dict(record.observation)
     data["gpu_read_errors"] = list(record.gpu_read_errors)
-    return _clean(data)
+    cleaned: dict[str, Any] = _clean(data)
+    return cleaned
 
 
 class Recorder:

@@ -163,19 +163,19 @@ def replay(
         replayed_controller=spec_name(spec),
     )
     for number, row in enumerate(rows, start=2):
-        name = row.get("domain")
-        if name not in controllers:
-            raise RecordingError(f"{path}:{number}: domain {name!r} is not in the header")
+        domain = row.get("domain")
+        if not isinstance(domain, str) or domain not in controllers:
+            raise RecordingError(f"{path}:{number}: domain {domain!r} is not in the header")
         if row.get("failsafe") or row.get("requested_mhz") is None:
             report.skipped_failsafe += 1
             continue
         try:
             observation = observation_from_dict(
-                row["observation"], domains[name]["supported_clocks_mhz"]
+                row["observation"], domains[domain]["supported_clocks_mhz"]
             )
         except (KeyError, TypeError, ValueError) as error:
             raise RecordingError(f"{path}:{number}: bad observation: {error}") from error
-        replayed = float(controllers[name](observation))
+        replayed = float(controllers[domain](observation))
         recorded = float(row["requested_mhz"])
         report.compared += 1
         report.recorded_sum_mhz += recorded
@@ -183,6 +183,6 @@ def replay(
         report.abs_diff_sum_mhz += abs(replayed - recorded)
         if abs(replayed - recorded) >= 1.0:
             report.differences.append(
-                Difference(name, int(row.get("step", 0)), observation.time_s, recorded, replayed)
+                Difference(domain, int(row.get("step", 0)), observation.time_s, recorded, replayed)
             )
     return report

@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpugov.controllers.contract import ClockController, ControllerWrapper, controller_label
+from gpugov.controllers.contract import ClockController, ControllerWrapper
 from gpugov.plant.types import ServingObservation
 
 DEFAULT_DWELL_S = 1.0
@@ -38,15 +38,7 @@ class SafetySettings:
         return {"floor_mhz": self.floor_mhz, "dwell_s": self.dwell_s}
 
 
-class _Layer(ControllerWrapper):
-    """A safety layer: named after the controller it wraps."""
-
-    def __init__(self, inner: ClockController) -> None:
-        super().__init__(inner)
-        self.name = controller_label(inner)
-
-
-class ClampToSupported(_Layer):
+class ClampToSupported(ControllerWrapper):
     """Quantise the inner decision down onto the supported clocks, within their range.
 
     A non-finite decision becomes the maximum clock (safe for latency) and is counted in
@@ -75,7 +67,7 @@ class ClampToSupported(_Layer):
         return eligible[-1] if eligible else self.clocks_mhz[0]
 
 
-class FloorClock(_Layer):
+class FloorClock(ControllerWrapper):
     """Never go below ``floor_mhz`` (rounded up onto the supported clocks)."""
 
     def __init__(
@@ -89,7 +81,7 @@ class FloorClock(_Layer):
         return max(float(self.inner(observation)), self.floor_mhz)
 
 
-class MinimumDwell(_Layer):
+class MinimumDwell(ControllerWrapper):
     """Hold a clock for at least ``dwell_s`` (by ``observation.time_s``) before lowering it.
 
     A raise passes at once: latency never waits on the dwell. Frequent lock changes

@@ -122,8 +122,8 @@ class SimulatedBackend:
             reasons |= APPLICATIONS_CLOCKS_SETTING
         return GpuSample(
             gpu=self._label,
-            power_w=observation.power_w * self._share,
-            energy_j=observation.energy_j * self._share,
+            power_w=None if observation.power_w is None else observation.power_w * self._share,
+            energy_j=None if observation.energy_j is None else observation.energy_j * self._share,
             temperature_c=observation.temperature_c,
             sm_clock_mhz=observation.realized_clock_mhz,
             utilization=observation.gpu_utilization,

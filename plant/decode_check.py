@@ -1,4 +1,4 @@
-"""The A100 Llama-3-8B decode iteration against Vidur's measured kernels (issue 12's check).
+"""The A100 Llama-3-8B decode iteration against Vidur's measured kernels.
 
 Vidur (default, no CPU overheads) times an iteration as the sum of its measured per-layer
 kernels (linear operators plus decode attention); the plant's bundled profile times it with

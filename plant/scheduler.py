@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpugov.plant.types import IterationPlan, SchedulerView
+from gpugov.plant.types import IterationPlan, Scheduler, SchedulerView
 
 CHUNKED_PREFILL_LABEL = "512-token interleaved chunked-prefill surrogate"
 
@@ -73,7 +73,7 @@ chunked_prefill_scheduler = ChunkedPrefillScheduler()
 prefill_priority_scheduler = PrefillPriorityScheduler()
 decode_priority_scheduler = DecodePriorityScheduler()
 
-SCHEDULERS = {
+SCHEDULERS: dict[str, Scheduler] = {
     "chunked": chunked_prefill_scheduler,
     "prefill-priority": prefill_priority_scheduler,
     "decode-priority": decode_priority_scheduler,

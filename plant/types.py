@@ -1,6 +1,6 @@
 """Shared value types of the serving plant: requests, observations, records, protocols.
 
-Names follow the seed (`../shared/SEED_NOTES.md` section 1) so the seed's methods port
+Names follow the seed (``docs/seed-notes.md`` section 1) so the seed's methods port
 unchanged in spirit. Units are in every field name.
 """
 

@@ -1,6 +1,6 @@
 """Request workloads for the serving plant: real trace loaders and synthetic generators.
 
-Real traces (see ``../shared/traces/README.md`` for their origin and licences):
+Real traces (see ``docs/traces.md`` for their origin and licences):
 
 * ``azure``: Azure LLM inference trace 2023 (Splitwise), ``TIMESTAMP,ContextTokens,
   GeneratedTokens`` with ``YYYY-MM-DD HH:MM:SS.fffffff`` timestamps (100 ns ticks, parsed
@@ -54,7 +54,7 @@ TraceFormat = Literal["auto", "azure", "burstgpt", "mooncake", "csv"]
 #: Environment variable naming the directory that holds the shared real traces.
 TRACES_DIR_ENV = "GPUGOV_TRACES_DIR"
 
-#: Default shared-traces directory: ``../shared/traces`` next to the repository checkout.
+#: Default traces directory: a ``shared/traces`` folder beside the repository checkout.
 DEFAULT_TRACES_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 #: Trace bundled with the package (``plant/data``), loadable without the shared directory.
@@ -150,8 +150,8 @@ class _Parsed:
 def traces_dir() -> Path:
     """Directory of the shared real traces: ``$GPUGOV_TRACES_DIR``, else the default.
 
-    The default is ``../shared/traces`` next to the repository checkout, computed from
-    this file's location so it does not depend on the working directory.
+    The default is a ``shared/traces`` folder beside the repository checkout, computed
+    from this file's location so it does not depend on the working directory.
     """
     configured = os.environ.get(TRACES_DIR_ENV)
     if configured:

@@ -30,7 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from gpugov import __version__
 from gpugov.daemon.cli_support import (
@@ -65,7 +65,18 @@ from gpugov.study.runners import (
 DEFAULT_WINDOW_S = 300.0
 DEFAULT_ANIMATION_S = 60.0
 
-SEED_SIZES: dict[str, int] = {
+
+class SuiteSizes(TypedDict):
+    """The study's sample sizes, passed as keywords to the suite."""
+
+    fqi_transitions: int
+    fqi_sweeps: int
+    fqi_trees: int
+    evaluation_episodes: int
+    evaluation_horizon_steps: int
+
+
+SEED_SIZES: SuiteSizes = {
     "fqi_transitions": 50_000,
     "fqi_sweeps": 50,
     "fqi_trees": 200,
@@ -74,7 +85,7 @@ SEED_SIZES: dict[str, int] = {
 }
 """The seed's default sizes (what ``gpugov experiments`` runs without ``--quick``)."""
 
-QUICK_SIZES: dict[str, int] = {
+QUICK_SIZES: SuiteSizes = {
     "fqi_transitions": 2_000,
     "fqi_sweeps": 5,
     "fqi_trees": 20,

@@ -40,7 +40,8 @@ class LoadRun:
 
 def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
     if not values:
-        return {f"p{p}": None for p in PERCENTILES} | {"mean": None}
+        empty: dict[str, float | None] = {f"p{p}": None for p in PERCENTILES}
+        return empty | {"mean": None}
     array = np.asarray(values, dtype=float)
     out: dict[str, float | None] = {f"p{p}": float(np.percentile(array, p)) for p in PERCENTILES}
     out["mean"] = float(array.mean())

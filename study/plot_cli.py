@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 
 def run_plot(args: argparse.Namespace) -> int:
@@ -23,7 +24,7 @@ def run_plot(args: argparse.Namespace) -> int:
         header, rows = read_recording(source, warn=warn)
     except RecordingError as error:
         raise UsageError(str(error)) from error
-    domains = [str(d.get("name")) for d in header.get("domains", [])] or [None]
+    domains: list[str | None] = [str(d.get("name")) for d in header.get("domains", [])] or [None]
     if args.domain is not None:
         if args.domain not in domains:
             raise UsageError(f"--domain {args.domain}: not in {source} (domains: {domains})")
@@ -34,7 +35,9 @@ def run_plot(args: argparse.Namespace) -> int:
     }
     for target in targets.values():
         check_output_file("--out", target)
-    controllers = {str(d.get("name")): d.get("controller") for d in header.get("domains", [])}
+    controllers: dict[str | None, Any] = {
+        str(d.get("name")): d.get("controller") for d in header.get("domains", [])
+    }
     for domain, target in targets.items():
         series = series_from_recording(rows, domain)
         if not series.time_s:

@@ -102,7 +102,7 @@ def series_from_recording(
         return [p[0] for p in pairs], [float(p[1]) for p in pairs]
 
     def last(key: str) -> float | None:
-        values = [o.get(key) for o in obs if o.get(key) is not None]
+        values = [value for o in obs if (value := o.get(key)) is not None]
         return float(values[-1]) if values else None
 
     return RunSeries(

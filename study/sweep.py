@@ -427,7 +427,7 @@ def summarize(
         for row in latest.values()
         if row["controller"] == BASELINE
     }
-    groups: dict[tuple[str, str, float, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, float, str], list[Mapping[str, Any]]] = {}
     for cell in cells:
         row = latest.get(cell.key)
         if row is not None:

@@ -390,11 +390,11 @@ class MPCController:
         if control_index == self.last_control_index:
             return self.current_clock
         self.last_control_index = control_index
-        applied = observation.requested_clock_mhz
-        if applied is not None and math.isfinite(applied) and applied > 0.0:
+        node_clock = observation.requested_clock_mhz
+        if node_clock is not None and math.isfinite(node_clock) and node_clock > 0.0:
             # The clock-change penalty counts from the clock the node applied (a safety
             # layer may have held another), not from this controller's last wish.
-            self.current_clock = float(applied)
+            self.current_clock = float(node_clock)
         arrival_rate = self._arrival_rate(observation)
         self.adapt(observation)
         candidate, reason, elapsed = self.solve(self.problem(observation, arrival_rate))

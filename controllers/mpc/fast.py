@@ -153,8 +153,8 @@ class DiscreteSearchSolver:
         if pool is None:
             constant = np.repeat(np.arange(levels, dtype=np.int64)[:, None], steps, axis=1)
             coarse = self._coarse(levels)
-            first, rest = np.meshgrid(coarse, coarse, indexing="ij")
-            first, rest = first.reshape(-1), rest.reshape(-1)
+            first_grid, rest_grid = np.meshgrid(coarse, coarse, indexing="ij")
+            first, rest = first_grid.reshape(-1), rest_grid.reshape(-1)
             two_block = np.repeat(rest[:, None], steps, axis=1)
             two_block[:, 0] = first
             alternating = np.repeat(rest[:, None], steps, axis=1)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 from numba import njit
@@ -40,9 +40,9 @@ def _jit(function: _Function) -> _Function:
     or the user's cache); where none is writable (a read-only install under a hardened
     unit with no ``NUMBA_CACHE_DIR``), compile in memory on every start instead."""
     try:
-        return njit(cache=True, nogil=True)(function)  # type: ignore[no-any-return]
+        return cast(_Function, njit(cache=True, nogil=True)(function))
     except RuntimeError:
-        return njit(cache=False, nogil=True)(function)  # type: ignore[no-any-return]
+        return cast(_Function, njit(cache=False, nogil=True)(function))
 
 
 # Rows of the per-level table (one column per supported clock).

@@ -394,14 +394,19 @@ class OnlineModel:
         forgetting = math.exp(-max(period_s, 1e-3) / max(memory_s, period_s))
         self.memory_s = float(memory_s)
         # Before warm-up: a broad prior with all knots of a block moving together.
-        broad_time = np.kron(np.eye(len(TIME_BLOCKS)), np.ones((k, k)) + 1e-3 * np.eye(k))
+        broad_time = np.asarray(
+            np.kron(np.eye(len(TIME_BLOCKS)), np.ones((k, k)) + 1e-3 * np.eye(k)), dtype=np.float64
+        )
         self.time = RecursiveLeastSquares(
             np.zeros(len(TIME_BLOCKS) * k), broad_time, 1e-4, forgetting
         )
         power_prior = np.concatenate([self._physics_power(block) for block in POWER_BLOCKS])
-        power_cov = np.kron(
-            np.eye(len(POWER_BLOCKS)),
-            smooth_covariance(self.knots_mhz, 0.3 * self.power_limit_w, 0.5),
+        power_cov = np.asarray(
+            np.kron(
+                np.eye(len(POWER_BLOCKS)),
+                smooth_covariance(self.knots_mhz, 0.3 * self.power_limit_w, 0.5),
+            ),
+            dtype=np.float64,
         )
         self.power = RecursiveLeastSquares(power_prior, power_cov, 25.0, forgetting)
         self.thermal = RecursiveLeastSquares(
@@ -638,7 +643,8 @@ class OnlineModel:
         return float(requested_mhz * self.realized_ratio[self._clock_index(requested_mhz)])
 
     def _time_vector(self, clock_mhz: float, work: FloatArray) -> FloatArray:
-        return np.kron(work, hat_weights(clock_mhz, self.knots_mhz) * self._g(clock_mhz))
+        weights = hat_weights(clock_mhz, self.knots_mhz) * self._g(clock_mhz)
+        return np.asarray(np.kron(work, weights), dtype=np.float64)
 
     def prefill_s_per_token(self, clock_mhz: float) -> tuple[float, float]:
         """``(mean, std)`` prefill seconds per prompt token at ``clock_mhz`` (realised)."""
@@ -698,7 +704,8 @@ class OnlineModel:
         """``(mean, std)`` board power of ``phase`` (idle, prefill, decode) at the clock."""
         work = np.zeros(len(POWER_BLOCKS))
         work[POWER_BLOCKS.index(phase)] = 1.0
-        return self.power.predict(np.kron(work, hat_weights(clock_mhz, self.knots_mhz)))
+        x = np.asarray(np.kron(work, hat_weights(clock_mhz, self.knots_mhz)), dtype=np.float64)
+        return self.power.predict(x)
 
     def thermal_parameters(self) -> tuple[float, float, float] | None:
         """``(ambient C, resistance C/W, time constant in windows)`` from the RC fit, or

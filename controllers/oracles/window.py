@@ -81,7 +81,7 @@ class _MissCounter:
     ttft_slos: list[float] | None = None  # per request (prompt-length SLO); None: ttft_slo_s
 
     def _status(
-        self, index: int, now: float, first: list[float | None], finish: list[float | None]
+        self, index: int, now: float, first: Sequence[float | None], finish: Sequence[float | None]
     ) -> int:
         """1 for a known miss, 0 for a final success, -1 while open."""
         arrival = self.arrivals[index]

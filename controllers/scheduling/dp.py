@@ -96,7 +96,7 @@ def evaluate_policy_exactly(
     c_pi = stage_cost[rows, policy]
     if not np.all(np.isfinite(c_pi)):
         raise ValueError("policy selects an invalid action")
-    return np.linalg.solve(np.eye(rows.size) - gamma * p_pi, c_pi)
+    return np.asarray(np.linalg.solve(np.eye(rows.size) - gamma * p_pi, c_pi), dtype=np.float64)
 
 
 def discounted_policy_iteration(

@@ -184,7 +184,7 @@ def make_scheduling_mdp(
     decode_completion_probability: float = 0.28,
     gamma: float = 0.99,
     decision_period_s: float = 0.1,
-    action_energy: Sequence[float] = (0.85, 1.0, 0.25),
+    action_energy: Sequence[float] | FloatArray = (0.85, 1.0, 0.25),
 ) -> SchedulingMDP:
     """Construct the approved 245-state queueing abstraction.
 

@@ -7,6 +7,8 @@ vLLM (gpugov's ``VllmSource``, Prometheus rules, dashboards) reads this page unc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from gpugov.study.emulate.node import EmulatedNode, Histogram
 
 BLOCK_SIZE = 16
@@ -42,7 +44,7 @@ def render_metrics(node: EmulatedNode, model: str) -> str:
         lines.append(f"# TYPE {name} {kind}")
 
     def per_replica(
-        name: str, kind: str, help_text: str, values: list[float], suffix: str = ""
+        name: str, kind: str, help_text: str, values: Sequence[float], suffix: str = ""
     ) -> None:
         """One family with one sample per replica (counters' samples end in ``_total``)."""
         family(name, kind, help_text)

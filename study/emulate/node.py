@@ -275,7 +275,8 @@ class EmulatedNode:
                 else:
                     new_after_first = new
                 if new_after_first > 0:
-                    end_s = finish[index] if finish[index] is not None else now_s
+                    finished = finish[index]
+                    end_s = finished if finished is not None else now_s
                     last = stream.last_token_s if stream.last_token_s is not None else end_s
                     stats.itl.observe(max(0.0, end_s - last) / new_after_first, new_after_first)
                     stats.generation_tokens += new_after_first
@@ -336,10 +337,11 @@ class EmulatedNode:
             observation = self.simulations[replica].observe()
         running = observation.decode_active
         waiting = observation.waiting_requests
+        capacity = observation.kv_capacity_tokens
         return {
             "running": float(running),
             "waiting": float(waiting),
-            "kv_usage": observation.kv_tokens / observation.kv_capacity_tokens,
+            "kv_usage": observation.kv_tokens / capacity if capacity else 0.0,
         }
 
     # --------------------------------------------------------------------- GPUs

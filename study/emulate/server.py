@@ -229,7 +229,8 @@ class EmulatorServer(ThreadingHTTPServer):
     def url(self) -> str:
         """``http://host:port`` actually bound."""
         host, port = self.server_address[:2]
-        host = f"[{host}]" if ":" in str(host) else str(host)
+        host = str(host)
+        host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{port}"
 
     def start(self) -> None:

@@ -17,10 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.optimize import least_squares, nnls
 
 
-def r_squared(observed: Sequence[float], predicted: Sequence[float]) -> float:
+def r_squared(observed: ArrayLike, predicted: ArrayLike) -> float:
     """Coefficient of determination (1 for a perfect fit; 0 when observed is constant)."""
     y = np.asarray(observed, dtype=float)
     residual = float(np.sum((y - np.asarray(predicted, dtype=float)) ** 2))

@@ -96,7 +96,8 @@ def pick_clocks(supported: Sequence[int], count: int) -> tuple[int, ...]:
     picks = []
     for index in range(count):
         target = ordered[-1] - (ordered[-1] - ordered[0]) * index / (count - 1)
-        picks.append(min(ordered, key=lambda c, t=target: abs(c - t)))
+        distances = [abs(clock - target) for clock in ordered]
+        picks.append(ordered[distances.index(min(distances))])
     return tuple(dict.fromkeys(picks))
 
 

@@ -1,4 +1,4 @@
-"""``python -m gpugov.study.scoreboard``: the scoreboard as a script."""
+"""``python -m gpugov.study.scoreboard.run``: the scoreboard as a script."""
 
 from gpugov.study.scoreboard.run import main
 

@@ -1,6 +1,6 @@
 """``gpugov bench controllers``: the controller scoreboard from the command line.
 
-Runs :mod:`gpugov.study.scoreboard.run` (also ``python -m gpugov.study.scoreboard``; see
+Runs :mod:`gpugov.study.scoreboard.run` (also ``python -m gpugov.study.scoreboard.run``; see
 ``docs/scoreboard.md``): every controller and hindsight oracle on trace windows x bundled
 profiles x loads, written to ``DIR/scoreboard.json``, ``DIR/scoreboard.md`` and
 ``DIR/scoreboard.png`` (default ``bench/results/controllers/`` in a source checkout,

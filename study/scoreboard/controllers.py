@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.controllers.mpc.controller import expected_output_tokens_forecast
@@ -136,7 +137,7 @@ def build_scoreboard_controllers(
             expected_output_tokens=forecast,
         )
         return study_controller(
-            OpenLoopControllerConfig(kind="open-loop", plan="scoreboard-plan"),
+            OpenLoopControllerConfig(kind="open-loop", plan=Path("scoreboard-plan")),
             plant,
             requests,
             control_period_s=control_period_s,

@@ -11,7 +11,7 @@ the same code. This module runs the scenarios and holds the CLI; the configurati
 scenarios are in ``scenarios``, the controllers in ``controllers``,
 the MPC solver comparison in ``solvers`` and the outputs in ``report``.
 
-    .venv/bin/python -m gpugov.study.scoreboard [--quick] [--out DIR] [--jobs N]
+    .venv/bin/python -m gpugov.study.scoreboard.run [--quick] [--out DIR] [--jobs N]
 
 Writes ``DIR/scoreboard.json``, ``DIR/scoreboard.md`` and ``DIR/scoreboard.png``
 (default ``bench/results/controllers/``) and prints a short summary.
@@ -684,7 +684,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m gpugov.study.scoreboard``."""
+    """Entry point of ``python -m gpugov.study.scoreboard.run``."""
     from gpugov.daemon.cli_support import UsageError, fail
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from gpugov.controllers.contract import ControllerWrapper, controller_label
+from gpugov.controllers.contract import ControllerWrapper
 from gpugov.controllers.mpc.controller import (
     MPCController,
     MPCProblem,
@@ -31,7 +31,6 @@ class TimedController(ControllerWrapper):
     def __init__(self, inner: ClockController) -> None:
         super().__init__(inner)
         self.call_times_s: list[float] = []
-        self.name = controller_label(inner)
 
     def __call__(self, observation: ServingObservation) -> float:
         start = time.perf_counter()

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from test_mpc import _observation, _random_states
 
-from gpugov.controllers.mpc import search_kernel
-from gpugov.controllers.mpc.controller import MPCController, MPCProblem
+from gpugov.controllers.mpc.controller import MPCController, MPCProblem, search_kernel
 from gpugov.controllers.mpc.fast import DiscreteSearchSolver, plan_costs
 from gpugov.controllers.mpc.search_kernel import local_search, price_plans, problem_arrays
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, load_trace, simulate

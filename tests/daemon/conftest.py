@@ -18,7 +18,7 @@ from fake_pynvml import FakeNvml  # noqa: E402
 
 
 def shared_dir() -> Path:
-    """The project's shared folder: $GPUGOV_SHARED_DIR, else ../shared beside the repo."""
+    """The shared data folder: $GPUGOV_SHARED_DIR, else a shared/ folder beside the repo."""
     env = os.environ.get("GPUGOV_SHARED_DIR")
     return Path(env) if env else HERE.parents[2] / "shared"
 

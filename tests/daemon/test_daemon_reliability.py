@@ -1,4 +1,4 @@
-"""Issue 11's daemon holes, one test each: bad values, deadlines, resets, reconcile,
+"""The daemon's reliability cases, one test each: bad values, deadlines, resets, reconcile,
 external clock changes, start retries, config gaps, exporter connections, bounded history."""
 
 from __future__ import annotations

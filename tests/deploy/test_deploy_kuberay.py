@@ -20,6 +20,7 @@ import pytest
 from deploytools import KUBERNETES, REPO, require_module
 from test_deploy_kubernetes import kubernetes_versions
 
+from gpugov import __version__
 from gpugov.cli import build_parser
 from gpugov.plant.profile import list_bundled_profiles
 from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES
@@ -169,5 +170,5 @@ def test_the_image_installs_gpugov_with_ray_at_the_clusters_ray_version() -> Non
                 assert (REPO / source).exists(), f"COPY {source}: not in the repository"
                 assert source.rstrip("/") in allowed, f"COPY {source}: excluded"
     images = {c["image"] for _, t in pod_templates() for c in t["spec"]["containers"]}
-    assert images == {"gpugov-ray:0.1.0"}
-    assert DOCKERFILE.read_text().count("-t gpugov-ray:0.1.0") == 1
+    assert images == {f"gpugov-ray:{__version__}"}
+    assert DOCKERFILE.read_text().count(f"-t gpugov-ray:{__version__}") == 1

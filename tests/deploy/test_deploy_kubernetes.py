@@ -141,7 +141,7 @@ def test_daemonset_args_parse_with_the_real_cli() -> None:
 
 
 def test_daemonset_resets_on_every_exit_and_keeps_lock_state() -> None:
-    """Issue 11: no ExecStopPost= in Kubernetes; preStop + reconcile at start instead."""
+    """No ExecStopPost= in Kubernetes: a preStop reset, and reconcile at start instead."""
     command = container()["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "/opt/gpugov/venv/bin/gpugov"
     args = build_parser().parse_args(command[1:])

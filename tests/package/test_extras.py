@@ -30,7 +30,7 @@ def test_node_install_has_no_plotting_or_sklearn() -> None:
     extras = project["optional-dependencies"]
     assert _names(extras["plots"]) == {"matplotlib"}
     assert _names(extras["study"]) == {"scikit-learn"}
-    # `make test` and the brief's `pip install -e '.[test]'` get everything the tests use.
+    # `make test` and `pip install -e '.[test]'` get everything the tests use.
     assert "gpugov[plots,study]" in extras["test"]
 
 

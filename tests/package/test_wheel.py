@@ -32,6 +32,7 @@ IGNORED = (
     "*.egg-info",
     ".pytest_cache",
     ".ruff_cache",
+    ".mypy_cache",
     ".devcheck",
 )
 
@@ -124,3 +125,10 @@ def test_installed_entry_point_and_bundled_data(
     name, clocks, requests, trace_path = out.split()
     assert (name, clocks, requests) == ("h100-sxm-llama3-8b", "True", "True")
     assert Path(trace_path).is_relative_to(target)
+
+
+def test_wheel_carries_the_license_files(installed: tuple[Path, Path]) -> None:
+    wheel, _ = installed
+    names = zipfile.ZipFile(wheel).namelist()
+    licenses = {Path(n).name for n in names if ".dist-info/licenses/" in n}
+    assert licenses == {"LICENSE", "NOTICE"}

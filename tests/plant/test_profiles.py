@@ -491,7 +491,7 @@ def test_malformed_json_names_the_manifest(copy_of_h100: tuple[Path, Path]) -> N
 
 
 def test_a100_decode_iteration_tracks_vidurs_measured_kernels() -> None:
-    """Issue 12: the A100 8B plant's decode iteration against Vidur's kernel-time sum.
+    """The A100 8B plant's decode iteration against Vidur's kernel-time sum.
 
     Vidur (default, no CPU overheads) times an iteration as the sum of the measured per-layer
     kernels; the plant adds the output projection and the engine overheads, so it may be

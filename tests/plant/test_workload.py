@@ -1,6 +1,6 @@
 """Tests for plant.workload: trace loaders against the real files, errors, transforms.
 
-Known answers come from ``../shared/traces/README.md`` (row counts, spans, token means)
+Known answers come from ``docs/traces.md`` (row counts, spans, token means)
 and from ``plant/data/ATTRIBUTION.md`` (the bundled slice's rows and sha256).
 """
 
@@ -78,8 +78,8 @@ def load_quiet(*args: object, **kwargs: object) -> tuple[tuple[Request, ...], ob
 
 # --------------------------------------------------------------------------- real traces
 
-# name, file, format, rows, skipped, last arrival s, mean prompt, mean output (README; the
-# README's means include zero-token rows, whose tokens are 0, so sum / rows reproduces them).
+# name, file, format, rows, skipped, last arrival s, mean prompt, mean output (docs/traces.md;
+# its means include zero-token rows, whose tokens are 0, so sum / rows reproduces them).
 REAL_TRACES = [
     ("azure-conv", "AzureLLMInferenceTrace_conv.csv", "azure", 19366, 0, 3501.721937,
      1154.7, 211.1),
@@ -161,7 +161,7 @@ def test_burstgpt1_zero_rows_skipped_keep_row_ids() -> None:
     ids = {r.request_id for r in requests}
     # Row 20 (file line 22) is the first zero-token row of the file.
     assert 19 in ids and 20 not in ids and 21 in ids
-    # README: without the zero rows, prompt mean 543.6 and output mean 288.8.
+    # docs/traces.md: without the zero rows, prompt mean 543.6 and output mean 288.8.
     assert np.mean([r.prompt_tokens for r in requests]) == pytest.approx(543.6, abs=0.05)
     assert np.mean([r.output_tokens for r in requests]) == pytest.approx(288.8, abs=0.05)
 

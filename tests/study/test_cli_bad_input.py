@@ -1,4 +1,4 @@
-"""Issue 11's CLI list: each bad input is refused with its exit code and ONE stderr line.
+"""The CLI's bad inputs: each is refused with its exit code and ONE stderr line.
 
 Every case goes through the real entry point (``gpugov.cli.main``); none may print a
 traceback, and nothing may be written where the user did not ask.

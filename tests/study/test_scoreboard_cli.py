@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpugov.cli import main
-from gpugov.study.scoreboard import cli as bench_cli
+from gpugov.study.scoreboard.run import cli as bench_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ROW_KEYS = {
