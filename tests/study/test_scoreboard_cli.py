@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpugov.cli import main
-from gpugov.study.scoreboard.run import cli as bench_cli
+from gpugov.study.scoreboard import cli as bench_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ROW_KEYS = {
@@ -78,6 +78,7 @@ def test_tiny_scoreboard_writes_json_markdown_and_png(
     assert code == 0, stderr
     payload = _strict_load((out / "scoreboard.json").read_text())
     assert payload["mode"] == "tiny"
+    assert "window_summary" not in payload  # only with --windows
     rows = payload["rows"]
     assert [row["controller"] for row in rows] == CONTROLLERS
     for row in rows:
@@ -126,7 +127,7 @@ def test_bench_controllers_rejects_an_unknown_profile(tmp_path: Path) -> None:
 
 def test_profiles_all_expands_to_the_zoo() -> None:
     from gpugov.plant.profile import list_bundled_profiles
-    from gpugov.study import scoreboard
+    from gpugov.study.scoreboard import run as scoreboard
 
     names = [row["name"] for row in list_bundled_profiles()]
     config = scoreboard.config_for(tiny=True, profiles=["all"])
@@ -146,8 +147,9 @@ def test_bench_requires_a_benchmark_name() -> None:
 def test_scoreboard_is_the_study_package_module() -> None:
     module = bench_cli.scoreboard_module()
     assert module.__name__ == "gpugov.study.scoreboard.run"
-    assert Path(module.__file__).resolve() == Path(__file__).resolve().parents[2] / "study" / (
-        "scoreboard.py"
+    assert (
+        Path(module.__file__).resolve()
+        == Path(__file__).resolve().parents[2] / "study" / "scoreboard" / "run.py"
     )
 
 
@@ -183,7 +185,8 @@ def test_mpc_ablation_reproduces_the_scoreboards_fast_mpc(
 def test_a_window_emptied_by_a_small_profile_is_skipped_not_fatal(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gpugov.study import scoreboard, scoreboard_scenarios
+    from gpugov.study.scoreboard import run as scoreboard
+    from gpugov.study.scoreboard import scenarios as scoreboard_scenarios
 
     with pytest.raises(scoreboard.EmptyWindowError, match="holds no requests"):
         scoreboard_scenarios._require_requests((), "azure-code", 0.5)
@@ -193,7 +196,7 @@ def test_a_window_emptied_by_a_small_profile_is_skipped_not_fatal(
 
     monkeypatch.setattr(scoreboard, "run_scenario", empty)
     out = scoreboard._run_task(
-        ("azure-code", "l4-llama3.2-3b", "cap70", scoreboard.TINY, False),
+        ("azure-code", "l4-llama3.2-3b", "cap70", scoreboard.TINY, False, None),
         {"profile:l4-llama3.2-3b": None, "trace:azure-code": None},
     )
     assert out["skipped"]["scenario"] == "azure-code|l4-llama3.2-3b|cap70"
