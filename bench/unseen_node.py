@@ -10,8 +10,9 @@ not use (the start of the hour). Per profile:
 * the scenario: ``--duration`` seconds (1800) of the trace from ``--start`` (0 s) at
   ``--load`` (0.45) of the maximum clock's SLO capacity, measured as the scoreboard's
   ``cap70`` measures it (``slo_capacity`` on a first window, the source window resized so
-  the scaled scenario covers ``--duration`` seconds, measured again), repeated until the
-  capacity settles within 5% (at most 3 times);
+  the scenario covers ``--duration`` seconds, measured again), repeated until the
+  utilisation lies within 5 points of ``--load`` (at most 4 times; the JSON and the table
+  give the utilisation reached);
 * the runs: the maximum clock, ``mpc-online`` and ``mpc`` (fed the true profile), each
   built by the node's factory in its safety chain
   (``gpugov.study.scoreboard.controllers.study_controller``), ``mpc-online`` and ``mpc``
@@ -73,8 +74,10 @@ TARGET_FIRST = 0.5
 TARGET_WHOLE = 0.85
 ONLINE_PERIOD_S = 0.5
 """``mpc-online`` and ``mpc`` decide every 0.5 s, as on the scoreboard."""
-CAPACITY_ROUNDS = 3
-"""Resizings of the source window to the measured capacity (``light_scenario``)."""
+CAPACITY_ROUNDS = 4
+"""Resizings of the source window to the measured capacity, at most (``light_scenario``)."""
+LOAD_BAND = 0.05
+"""The utilisation the resizing settles for: ``load`` +- this (40-50% for the default)."""
 
 
 def energy_until(result: ServingResult, until_s: float) -> float:
@@ -98,12 +101,14 @@ def _window(
 def light_scenario(
     full: Sequence[Request], plant: ServingPlant, start_s: float, duration_s: float, load: float
 ) -> dict[str, Any]:
-    """About ``duration_s`` of ``full`` at ``load`` of the maximum clock's SLO capacity.
+    """``duration_s`` of ``full`` at about ``load`` of the maximum clock's SLO capacity.
 
-    The capacity depends on the window it is measured on, so the source window is resized
-    to ``duration_s * load * capacity`` and the capacity measured again, up to
-    ``CAPACITY_ROUNDS`` times, until it moves by at most 5%: the scenario then covers
-    ``duration_s`` to within that (its ``scenario_duration_s`` says exactly).
+    A source window of ``L`` seconds compressed to ``duration_s`` runs at ``L / duration_s``
+    times the recorded rate; the capacity depends on the window it is measured on, so ``L``
+    starts at ``duration_s * load * capacity`` of a first window and is reset to that of
+    the last measured one until the utilisation lies within ``LOAD_BAND`` of ``load`` (at
+    most ``CAPACITY_ROUNDS`` times). The scenario covers ``duration_s`` exactly; its
+    ``utilization`` says what load it is.
 
     Raises:
         ValueError: the trace is too short for the scenario at this load.
@@ -111,28 +116,28 @@ def light_scenario(
     fits = tuple(r for r in full if r.prompt_tokens + r.output_tokens <= plant.kv_capacity_tokens)
     window, start, length = _window(fits, start_s, duration_s)
     capacity, light, probes = slo_capacity(window, plant, length)
+    wanted = duration_s * load * capacity
     for _ in range(CAPACITY_ROUNDS):
-        wanted = duration_s * load * capacity
         window, start, length = _window(fits, start, wanted)
         if length < 0.95 * wanted:
             raise ValueError(
                 f"the trace spans {fits[-1].arrival_time_s:.0f} s; {duration_s:g} s at "
                 f"{100 * load:g}% of capacity needs {wanted:.0f} s of it (shorten --duration)"
             )
-        measured, light, more = slo_capacity(window, plant, length)
+        capacity, light, more = slo_capacity(window, plant, length)
         probes += more
-        settled = abs(measured / capacity - 1.0) <= 0.05
-        capacity = measured
-        if settled:
+        if abs(length / duration_s / capacity - load) <= LOAD_BAND:
             break
-    scale = load * capacity
+        wanted = duration_s * load * capacity
+    scale = length / duration_s
     return {
         "requests": scale_load(window, scale),
         "source_start_s": start,
         "source_duration_s": length,
-        "scenario_duration_s": length / scale,
+        "scenario_duration_s": duration_s,
         "load_scale": scale,
         "capacity_load_scale": capacity,
+        "utilization": scale / capacity,
         "capacity_probes": probes,
         "light_load_slo_attainment": light,
     }
@@ -249,7 +254,8 @@ def table(rows: Sequence[dict[str, Any]]) -> list[str]:
         lines.append(
             f"{row['profile']:<26} {scenario['requests']} requests over "
             f"{scenario['scenario_duration_s']:.0f} s (source {scenario['source_start_s']:.0f} s "
-            f"+ {scenario['source_duration_s']:.0f} s) at {100 * scenario['load']:g}% of capacity"
+            f"+ {scenario['source_duration_s']:.0f} s) at {100 * scenario['utilization']:.0f}% "
+            "of the SLO capacity"
         )
         for key in ("best-fixed", "mpc", "mpc-online"):
             run = row["controllers"][key]

@@ -71,6 +71,12 @@ def test_short_run_reports_savings_and_ratios(tmp_path: Path) -> None:
     payload = json.loads(out.read_text())
     (row,) = payload["rows"]
     assert row["profile"] == "synthetic-narrow-clocks" and row["status"] == "synthetic"
+    scenario = row["scenario"]
+    assert scenario["scenario_duration_s"] == 320.0
+    assert scenario["load_scale"] == pytest.approx(scenario["source_duration_s"] / 320.0)
+    assert scenario["utilization"] == pytest.approx(
+        scenario["load_scale"] / scenario["capacity_load_scale"]
+    )
     runs = row["controllers"]
     assert set(runs) == {"max", "mpc-online", "mpc", "best-fixed"}
     assert runs["max"]["saved_first_fraction"] == pytest.approx(0.0)
