@@ -303,8 +303,14 @@ def synthetic_profile(name: str) -> PerformanceProfile:
     """The generated profile of shape ``name`` (``compute-bound``, ``synthetic:tp4``, ...)."""
     shape = _shape(name)
     data = manifest(shape)
+    table = columns(shape)
     return PerformanceProfile(
-        **columns(shape),
+        clock_mhz=table["clock_mhz"],
+        prefill_tokens_per_s=table["prefill_tokens_per_s"],
+        decode_tokens_per_s=table["decode_tokens_per_s"],
+        prefill_power_w=table["prefill_power_w"],
+        decode_power_w=table["decode_power_w"],
+        idle_power_w=table["idle_power_w"],
         ttft_slo_s=shape.ttft_slo_s,
         tpot_slo_s=shape.tpot_slo_s,
         manifest=data,
