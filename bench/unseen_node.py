@@ -11,8 +11,8 @@ not use (the start of the hour). Per profile:
   ``--load`` (0.45) of the maximum clock's SLO capacity, measured as the scoreboard's
   ``cap70`` measures it (``slo_capacity`` on a first window, the source window resized so
   the scenario covers ``--duration`` seconds, measured again), repeated until the
-  utilisation lies within 5 points of ``--load`` (at most 4 times; the JSON and the table
-  give the utilisation reached);
+  utilisation lies within 5 points of ``--load`` (at most 5 times, keeping the closest; the
+  JSON and the table give the utilisation reached);
 * the runs: the maximum clock, ``mpc-online`` and ``mpc`` (fed the true profile), each
   built by the node's factory in its safety chain
   (``gpugov.study.scoreboard.controllers.study_controller``), ``mpc-online`` and ``mpc``
@@ -74,7 +74,7 @@ TARGET_FIRST = 0.5
 TARGET_WHOLE = 0.85
 ONLINE_PERIOD_S = 0.5
 """``mpc-online`` and ``mpc`` decide every 0.5 s, as on the scoreboard."""
-CAPACITY_ROUNDS = 4
+CAPACITY_ROUNDS = 5
 """Resizings of the source window to the measured capacity, at most (``light_scenario``)."""
 LOAD_BAND = 0.05
 """The utilisation the resizing settles for: ``load`` +- this (40-50% for the default)."""
@@ -104,10 +104,11 @@ def light_scenario(
     """``duration_s`` of ``full`` at about ``load`` of the maximum clock's SLO capacity.
 
     A source window of ``L`` seconds compressed to ``duration_s`` runs at ``L / duration_s``
-    times the recorded rate; the capacity depends on the window it is measured on, so ``L``
-    starts at ``duration_s * load * capacity`` of a first window and is reset to that of
-    the last measured one until the utilisation lies within ``LOAD_BAND`` of ``load`` (at
-    most ``CAPACITY_ROUNDS`` times). The scenario covers ``duration_s`` exactly; its
+    times the recorded rate. The capacity depends on the window it is measured on, so
+    ``L`` starts at ``duration_s * load * capacity`` of a first window and is reset to that
+    of the last measured one until the utilisation ``L / duration_s / capacity(L)`` lies
+    within ``LOAD_BAND`` of ``load``, at most ``CAPACITY_ROUNDS`` times; the window whose
+    utilisation came closest is kept. The scenario covers ``duration_s`` exactly; its
     ``utilization`` says what load it is.
 
     Raises:
@@ -117,6 +118,7 @@ def light_scenario(
     window, start, length = _window(fits, start_s, duration_s)
     capacity, light, probes = slo_capacity(window, plant, length)
     wanted = duration_s * load * capacity
+    tried: list[tuple[float, tuple[Request, ...], float, float, float, float]] = []
     for _ in range(CAPACITY_ROUNDS):
         window, start, length = _window(fits, start, wanted)
         if length < 0.95 * wanted:
@@ -126,9 +128,12 @@ def light_scenario(
             )
         capacity, light, more = slo_capacity(window, plant, length)
         probes += more
-        if abs(length / duration_s / capacity - load) <= LOAD_BAND:
+        miss = abs(length / duration_s / capacity - load)
+        tried.append((miss, window, start, length, capacity, light))
+        if miss <= LOAD_BAND:
             break
         wanted = duration_s * load * capacity
+    _, window, start, length, capacity, light = min(tried, key=lambda item: item[0])
     scale = length / duration_s
     return {
         "requests": scale_load(window, scale),
@@ -138,6 +143,7 @@ def light_scenario(
         "load_scale": scale,
         "capacity_load_scale": capacity,
         "utilization": scale / capacity,
+        "capacity_rounds": len(tried),
         "capacity_probes": probes,
         "light_load_slo_attainment": light,
     }
