@@ -104,12 +104,13 @@ def light_scenario(
     """``duration_s`` of ``full`` at about ``load`` of the maximum clock's SLO capacity.
 
     A source window of ``L`` seconds compressed to ``duration_s`` runs at ``L / duration_s``
-    times the recorded rate. The capacity depends on the window it is measured on, so
-    ``L`` starts at ``duration_s * load * capacity`` of a first window and is reset to that
-    of the last measured one until the utilisation ``L / duration_s / capacity(L)`` lies
-    within ``LOAD_BAND`` of ``load``, at most ``CAPACITY_ROUNDS`` times; the window whose
-    utilisation came closest is kept. The scenario covers ``duration_s`` exactly; its
-    ``utilization`` says what load it is.
+    times the recorded rate. The capacity depends on the window it is measured on (a burst
+    entering the window lowers it by a step), so ``L`` starts at ``duration_s * load *
+    capacity`` of a first window and is reset to that of the last measured one, or to the
+    middle of the windows found too light and too heavy when that falls outside them, until
+    the utilisation ``L / duration_s / capacity(L)`` lies within ``LOAD_BAND`` of ``load``,
+    at most ``CAPACITY_ROUNDS`` times; the window whose utilisation came closest is kept.
+    The scenario covers ``duration_s`` exactly; its ``utilization`` says what load it is.
 
     Raises:
         ValueError: the trace is too short for the scenario at this load.
@@ -119,6 +120,7 @@ def light_scenario(
     capacity, light, probes = slo_capacity(window, plant, length)
     wanted = duration_s * load * capacity
     tried: list[tuple[float, tuple[Request, ...], float, float, float, float]] = []
+    light_side, heavy_side = 0.0, math.inf  # longest too-light and shortest too-heavy L
     for _ in range(CAPACITY_ROUNDS):
         window, start, length = _window(fits, start, wanted)
         if length < 0.95 * wanted:
@@ -128,11 +130,18 @@ def light_scenario(
             )
         capacity, light, more = slo_capacity(window, plant, length)
         probes += more
-        miss = abs(length / duration_s / capacity - load)
-        tried.append((miss, window, start, length, capacity, light))
-        if miss <= LOAD_BAND:
+        utilization = length / duration_s / capacity
+        tried.append((abs(utilization - load), window, start, length, capacity, light))
+        if abs(utilization - load) <= LOAD_BAND:
             break
+        if utilization < load:
+            light_side = max(light_side, length)
+        else:
+            heavy_side = min(heavy_side, length)
         wanted = duration_s * load * capacity
+        bracketed = light_side > 0.0 and math.isfinite(heavy_side)
+        if bracketed and not light_side < wanted < heavy_side:
+            wanted = math.sqrt(light_side * heavy_side)
     _, window, start, length, capacity, light = min(tried, key=lambda item: item[0])
     scale = length / duration_s
     return {
