@@ -27,7 +27,7 @@ from gpugov.plant.workload import (
     workload_checksum,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # In a source checkout the results live beside the benchmark; installed from a wheel,
 # there is no checkout, and they go to a folder under the working directory.
 DEFAULT_OUT = (
