@@ -37,8 +37,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpugov.study import scoreboard
 from gpugov.study.runners import RayRuntime, RunnerSpec, map_cells
+from gpugov.study.scoreboard import run as scoreboard
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = (1, 2, 8, 32, 128)

@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.optimize import linprog
 
+from gpugov.controllers.mpc.model import DEFAULT_EXPECTED_OUTPUT_TOKENS
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import PerformanceProfile
 from gpugov.plant.scheduler import chunked_prefill_scheduler
@@ -33,7 +34,6 @@ from gpugov.plant.workload import workload_checksum
 
 FloatArray = NDArray[np.float64]
 
-DEFAULT_EXPECTED_OUTPUT_TOKENS = 128.0
 PLAN_FORMAT = "gpugov-open-loop-plan-v1"
 OPEN_LOOP_SEED_DEVIATIONS = (
     "OpenLoopClockController clamps a negative time to the first period (the seed "

@@ -19,6 +19,7 @@ from gpugov.daemon import decide
 from gpugov.daemon.config import FixedControllerConfig
 from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, ControllerContext, parse_controller_spec
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
+from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import ServingPlant
 from gpugov.plant.profile import ProfileError
@@ -327,10 +328,37 @@ def require_extra(module: str, needed_for: str) -> None:
 INPUT_ERRORS = (UsageError, TraceError, ProfileError)
 
 
-def fail(message: str) -> int:
-    """Print one clear error line and return the usage-error exit code."""
+def fail(message: str, code: int = ExitCode.USAGE) -> int:
+    """Print one clear error line (``gpugov: error: ...``) and return ``code``: the one
+    error printer of every command."""
     print(f"gpugov: error: {message}", file=sys.stderr)
-    return 2
+    return int(code)
+
+
+def parse_gpu_list(
+    text: str, *, flag: str = "--gpus", allow_all: bool = False
+) -> list[int | str] | None:
+    """A ``--gpus`` value: NVML indices or ``GPU-``/``MIG-`` UUIDs separated by commas,
+    or ``all`` (None) where ``allow_all``.
+
+    Raises:
+        UsageError: naming the flag and the bad entry.
+    """
+    if allow_all and text.strip() == "all":
+        return None
+    expected = "'all' or " if allow_all else ""
+    out: list[int | str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part.isdigit():
+            out.append(int(part))
+        elif part.startswith(("GPU-", "MIG-")):
+            out.append(part)
+        else:
+            raise UsageError(
+                f"{flag} takes {expected}indices or GPU-/MIG- UUIDs separated by commas, "
+                f"got {part!r}"
+            )
+    return out
 
 
 def add_safety_arguments(parser: argparse.ArgumentParser, *, prefix: str = "") -> None:

@@ -63,6 +63,8 @@ def parse_address(value: str) -> tuple[str, int]:
 
 MIN_STALE_PERIODS = 1.5
 """``stale_after_s`` must be at least this many control periods."""
+SLO_WINDOW_PERIODS = 12.0
+"""``slo_target.window_s`` must be at least this many control periods."""
 DEFAULT_ENGINE_TIMEOUT_S = 0.5
 ENGINE_TIMEOUT_PERIOD_SHARE = 0.5
 """An unset ``engine.timeout_s`` is ``min(0.5 s, 0.5 x daemon.period_s)``."""
@@ -185,15 +187,20 @@ class OnlineMPCControllerConfig(_Frozen):
 
     ``prior_profile`` optionally names a bundled profile (or a manifest path) whose top
     clock seeds the model instead of the warm-up; ``prior`` gives rough hints instead
-    (:class:`PriorHintsConfig`; not both). ``state_dir`` keeps the learned model
-    across restarts (default: systemd's ``$STATE_DIRECTORY``, else none). ``warmup_s``:
-    seconds at the maximum clock before the MPC takes over; ``memory_s``: how long evidence
-    lasts; ``uncertainty_z``: standard deviations added to predicted latencies;
-    ``burst_guard``: hold a clock that drains a prompt backlog in time and keeps short
-    answers' mixed iterations within the TPOT SLO (``OnlineMPCController.burst_floor``);
+    (:class:`PriorHintsConfig`; not both). With neither, ``auto_hints`` (default on)
+    derives the hints on the node: the GPU family from NVML's name and the model size from
+    the engine's ``model_name`` (``controllers.online.prior.AutoHints``). ``state_dir``
+    keeps the learned model across restarts (default: systemd's ``$STATE_DIRECTORY``,
+    else none). ``warmup_s``: seconds at the maximum clock before the MPC takes over;
+    ``memory_s``: how long evidence lasts; ``uncertainty_z``: standard deviations added
+    to predicted latencies; ``burst_guard``: hold a clock that drains a prompt backlog in
+    time and keeps short answers' mixed iterations within the TPOT SLO
+    (``OnlineMPCController.burst_floor``);
     ``decode_descent``: in decode-only windows, lower the clock as far as the measured
     latency (grown like 1/f) allows, to the least optimistic decode energy
-    (``OnlineMPCController.descent_clock``).
+    (``OnlineMPCController.descent_clock``); ``latency_window_s``: the latency-driven
+    rules read the engine's windowed latencies averaged over at least this long
+    (``controllers.online.exploration.LatencyWindow``).
     """
 
     kind: Literal["mpc-online"]
@@ -208,6 +215,8 @@ class OnlineMPCControllerConfig(_Frozen):
     uncertainty_z: NonNegativeFloat | None = None
     burst_guard: bool | None = None
     decode_descent: bool | None = None
+    latency_window_s: Annotated[float, Field(ge=0.0, le=60.0, allow_inf_nan=False)] | None = None
+    auto_hints: bool | None = None
     prior_profile: str | None = None
     prior: PriorHintsConfig | None = None
     state_dir: LoosePath | None = None
@@ -258,11 +267,30 @@ class EngineConfig(_Frozen):
         return value
 
 
+class SLOTargetConfig(_Frozen):
+    """The domain's SLO target (``controllers.budget.SLOTarget``): ``attainment`` of the
+    requests meet both latency SLOs (TTFT within ``ttft_slo_s`` plus the per-prompt
+    allowance, TPOT within ``tpot_slo_s``) over a rolling ``window_s``. ``mpc`` and
+    ``mpc-online`` then spend the misses the target allows (``docs/online.md``)."""
+
+    attainment: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
+    window_s: PositiveFloat = 600.0
+
+    def target(self) -> Any:
+        """The controllers' :class:`~gpugov.controllers.budget.SLOTarget`."""
+        from gpugov.controllers.budget import SLOTarget
+
+        return SLOTarget(attainment=self.attainment, window_s=self.window_s)
+
+
 class SafetyConfig(_Frozen):
     """Limits applied to every decision, whatever the controller."""
 
     floor_mhz: PositiveFloat | None = None
     dwell_s: NonNegativeFloat = 1.0
+    min_relock_interval_s: Annotated[float, Field(ge=0.0, le=10.0, allow_inf_nan=False)] = 0.1
+    """Least seconds between two clock changes, raises included (NCCL collectives of a
+    TP group stall when its clocks change every ~50 ms); a raise waits at most this."""
 
 
 class DomainConfig(_Frozen):
@@ -279,9 +307,26 @@ class DomainConfig(_Frozen):
     lock_mode: Literal["pin", "cap"] = "pin"
     ttft_slo_s: PositiveFloat | None = None
     tpot_slo_s: PositiveFloat | None = None
+    ttft_slo_per_prompt_token_s: NonNegativeFloat | None = None
+    """TTFT SLO allowance per prompt token: a request of ``p`` prompt tokens meets its
+    TTFT SLO when ``TTFT <= ttft_slo_s + ttft_slo_per_prompt_token_s * p``."""
+    slo_target: SLOTargetConfig | None = None
     thermal_limit_c: PositiveFloat | None = None
     mean_prompt_tokens: PositiveFloat = 512.0
     mean_output_tokens: PositiveFloat = 256.0
+
+    @model_validator(mode="after")
+    def _slos_for_the_target(self) -> DomainConfig:
+        if self.ttft_slo_per_prompt_token_s is not None and self.ttft_slo_s is None:
+            raise ValueError(
+                "ttft_slo_per_prompt_token_s needs ttft_slo_s (the flat part of the TTFT SLO)"
+            )
+        if self.slo_target is not None and self.ttft_slo_s is None and self.tpot_slo_s is None:
+            raise ValueError(
+                "slo_target needs the SLOs it counts requests against: set ttft_slo_s "
+                "and/or tpot_slo_s"
+            )
+        return self
 
 
 class DaemonSection(_Frozen):
@@ -398,6 +443,14 @@ class GpugovConfig(_Frozen):
                     f"domains[{index}].engine.timeout_s ({domain.engine.timeout_s:g} s) must be "
                     f"shorter than daemon.period_s ({period:g} s), or a hung engine stalls the "
                     f"loop; leave it unset for {default_engine_timeout_s(period):g} s"
+                )
+            target = domain.slo_target
+            if target is not None and target.window_s < SLO_WINDOW_PERIODS * period:
+                raise ValueError(
+                    f"domains[{index}].slo_target.window_s ({target.window_s:g} s) must be at "
+                    f"least {SLO_WINDOW_PERIODS:g} x daemon.period_s "
+                    f"({SLO_WINDOW_PERIODS * period:g} s): the attainment loop's short window "
+                    "is a twelfth of it and must hold a control period"
                 )
             stale = domain.stale_after_s
             if stale is not None and stale < MIN_STALE_PERIODS * period:

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 CONTROLLER_SPEC_HELP = (
     "max | fixed:MHZ | reactive | open-loop:PLAN.json | mpc[:PROFILE] | mpc-slsqp[:PROFILE]"
-    " | mpc-online[:PRIOR_PROFILE | :gpu=NAME,params_b=B,active_params_b=B,tp=N]"
+    " | mpc-online[:PRIOR_PROFILE | :gpu=NAME,params_b=B,active_params_b=B,tp=N | :auto=off]"
 )
 ONLINE_HINT_KEYS = {
     "gpu": "gpu",
@@ -55,6 +55,7 @@ ONLINE_HINT_KEYS = {
     "tp": "tensor_parallel",
     "tensor_parallel": "tensor_parallel",
     "profile": "prior_profile",
+    "auto": "auto_hints",
 }
 """``--controller mpc-online:KEY=VALUE,...`` keys -> config fields."""
 TimeMode = Literal["wall", "virtual"]
@@ -148,6 +149,9 @@ class ControllerContext:
             plan file.
         history_limit: how many decisions' plans and solve times a controller keeps
             (a node bounds it; None keeps all).
+        slo_target: the domain's SLO target (``controllers.budget.SLOTarget``): ``mpc``
+            and ``mpc-online`` spend the misses it allows; None: they hold the SLO with
+            their fixed margins.
     """
 
     period_s: float
@@ -167,6 +171,7 @@ class ControllerContext:
     plant: ServingPlant | None = None
     plan: Any = None
     history_limit: int | None = None
+    slo_target: Any = None
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.period_s) or self.period_s <= 0:
@@ -348,6 +353,13 @@ def _mpc(spec: MPCControllerConfig, context: ControllerContext) -> ClockControll
         options["slo_feedback"] = SLOFeedback()
     if context.time_mode == "virtual":
         options["solve_budget_evaluations"] = DEFAULT_SOLVE_BUDGET_EVALUATIONS
+    if fast and context.slo_target is not None:
+        from gpugov.controllers.budget import AttainmentBudget
+
+        margin = float(options.get("slo_margin", 1.0))
+        options["slo_budget"] = AttainmentBudget(
+            context.slo_target, tightest=min(1.0, margin), loosest=1.0 / margin
+        )
     return MPCController(planning_plant(spec, context), **options)
 
 
@@ -355,7 +367,9 @@ def _online(spec: OnlineMPCControllerConfig, context: ControllerContext) -> Cloc
     """The self-calibrating MPC. It reads no profile while it runs; ``prior_profile``,
     when set, is read once here as a rough prior; ``prior`` hints are turned into one
     (``controllers.online.prior``): ``gpu = "auto"`` takes the context's first GPU name,
-    the TP degree defaults to its GPU count.
+    the TP degree defaults to its GPU count. With neither (and ``auto_hints`` not off),
+    the controller derives the hints itself from the context's first GPU name, its GPU
+    count and the engine's ``model_name`` (:class:`controllers.online.prior.AutoHints`).
 
     Raises:
         ControllerError: the prior profile cannot be loaded.
@@ -363,8 +377,15 @@ def _online(spec: OnlineMPCControllerConfig, context: ControllerContext) -> Cloc
     from gpugov.controllers.online.controller import OnlineMPCController, prior_from_profile
 
     prior = None
+    auto_hints = None
     if spec.prior is not None:
         prior = _hinted_prior(spec, context.gpu_name, context.gpu_count)
+    elif spec.prior_profile is None and spec.auto_hints is not False:
+        from gpugov.controllers.online.prior import AutoHints
+
+        auto_hints = AutoHints(
+            gpu=context.gpu_name, tensor_parallel=max(1, context.gpu_count), warn=log.warning
+        )
     if spec.prior_profile is not None:
         from gpugov.plant import load_profile
         from gpugov.plant.profile import ProfileError
@@ -381,13 +402,15 @@ def _online(spec: OnlineMPCControllerConfig, context: ControllerContext) -> Cloc
         else {}
     )
     return OnlineMPCController(
-        **_set_fields(spec, skip=("prior", "prior_profile", "state_dir")),
+        **_set_fields(spec, skip=("prior", "prior_profile", "state_dir", "auto_hints")),
         **budget,
         control_period_s=context.period_s,
         ttft_slo_s=context.ttft_slo_s,
         tpot_slo_s=context.tpot_slo_s,
         prior=prior,
+        auto_hints=auto_hints,
         power_limit_w=context.power_limit_w,
+        slo_target=context.slo_target,
     )
 
 
@@ -440,6 +463,11 @@ def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
         name = ONLINE_HINT_KEYS[key]
         if name == "prior_profile":
             fields[name] = value
+            continue
+        if name == "auto_hints":
+            if value.lower() not in ("on", "off"):
+                raise ValueError(f"--controller {text!r}: auto must be on or off, got {value!r}")
+            fields[name] = value.lower() == "on"
             continue
         if name in ("params_b", "active_params_b"):
             try:

@@ -34,6 +34,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpugov.daemon.attainment import Buckets
 from gpugov.daemon.errors import EngineParseError, EngineUnavailable
 
 EngineKind = Literal["vllm", "sglang", "tgi"]
@@ -67,6 +68,12 @@ class EngineSample:
     preemptions_total: float | None = None
     ttft: HistogramTotals | None = None
     tpot: HistogramTotals | None = None
+    ttft_buckets: Buckets | None = None
+    """The TTFT histogram's cumulative buckets (for the SLO attainment)."""
+    tpot_buckets: Buckets | None = None
+    """The TPOT histogram's buckets: per request where the engine has one, else per
+    inter-token interval (``tpot_buckets_per_request`` says which)."""
+    tpot_buckets_per_request: bool = False
     kv_usage_ratio: float | None = None
     kv_capacity_tokens: float | None = None
     kv_tokens: float | None = None
@@ -80,6 +87,12 @@ class EngineSample:
     model_name: str | None = None
     """The ``model_name`` label of the engine's series (vLLM, SGLang); several models
     are joined with commas; None when the engine does not label its series."""
+    ttft_slo_per_prompt_token_s: float | None = None
+    ttft_recent_prompt_tokens: float | None = None
+    ttft_count_total: float | None = None
+    ttft_within_slo_total: float | None = None
+    tpot_count_total: float | None = None
+    tpot_within_slo_total: float | None = None
 
 
 @runtime_checkable
@@ -378,6 +391,36 @@ def _first(series: Series, names: Iterable[str], how: Aggregate = "sum") -> floa
     return None
 
 
+def _buckets(series: Series, bases: Iterable[str]) -> tuple[str, Buckets] | None:
+    """The first of ``bases`` whose ``_bucket`` series the page has, with its cumulative
+    buckets: series that differ only in rank labels count once (their maximum), the rest
+    (data-parallel engines) are summed bucket by bucket. None when none has a ``+Inf``
+    bucket."""
+    for base in bases:
+        rows = series.get(f"{base}_bucket")
+        if not rows:
+            continue
+        groups: dict[tuple[tuple[tuple[str, str], ...], float], float] = {}
+        for labels, value in rows:
+            try:
+                le = float(labels.get("le", "nan").replace("Inf", "inf"))
+            except ValueError:
+                continue
+            if math.isnan(le):
+                continue
+            key = tuple(
+                sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS and k != "le")
+            )
+            previous = groups.get((key, le))
+            groups[(key, le)] = value if previous is None else max(previous, value)
+        per_le: dict[float, float] = {}
+        for (_, le), value in groups.items():
+            per_le[le] = per_le.get(le, 0.0) + value
+        if math.inf in per_le:
+            return base, tuple(sorted(per_le.items()))
+    return None
+
+
 def _histogram(series: Series, bases: Iterable[str]) -> HistogramTotals | None:
     for base in bases:
         total = aggregate(series, f"{base}_sum")
@@ -402,6 +445,10 @@ class EngineSpec:
     preemptions: tuple[str, ...] = ()
     ttft: tuple[str, ...] = ()
     tpot: tuple[str, ...] = ()
+    ttft_buckets: tuple[str, ...] = ()
+    """Histograms whose buckets give the TTFT attainment."""
+    tpot_buckets: tuple[str, ...] = ()
+    """Histograms whose buckets give the TPOT attainment, per-request ones first."""
     kv_usage: tuple[str, ...] = ()
     kv_tokens: tuple[str, ...] = ()
     info: tuple[str, ...] = ()
@@ -424,7 +471,20 @@ class EngineSpec:
             names.update(group)
         for base in (*self.ttft, *self.tpot):
             names.update((f"{base}_sum", f"{base}_count"))
+        for base in (*self.ttft_buckets, *self.tpot_buckets):
+            names.add(f"{base}_bucket")
         return frozenset(names)
+
+
+PER_REQUEST_TPOT = frozenset(
+    {
+        "vllm:request_time_per_output_token_seconds",
+        "sglang:request_time_per_output_token_seconds",
+        "tgi_request_mean_time_per_token_duration",
+    }
+)
+"""TPOT histograms observed once per request (its mean time per output token), as the
+plant's TPOT SLO judges; the others observe every inter-token interval."""
 
 
 VLLM = EngineSpec(
@@ -437,6 +497,12 @@ VLLM = EngineSpec(
     preemptions=("vllm:num_preemptions_total",),
     ttft=("vllm:time_to_first_token_seconds",),
     tpot=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    ttft_buckets=("vllm:time_to_first_token_seconds",),
+    tpot_buckets=(
+        "vllm:request_time_per_output_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:time_per_output_token_seconds",
+    ),
     kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     info=("vllm:cache_config_info",),
 )
@@ -449,6 +515,12 @@ SGLANG = EngineSpec(
     finished=("sglang:num_requests_total", "sglang:e2e_request_latency_seconds_count"),
     ttft=("sglang:time_to_first_token_seconds",),
     tpot=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+    ttft_buckets=("sglang:time_to_first_token_seconds",),
+    tpot_buckets=(
+        "sglang:request_time_per_output_token_seconds",
+        "sglang:inter_token_latency_seconds",
+        "sglang:time_per_output_token_seconds",
+    ),
     kv_usage=("sglang:token_usage",),
     kv_tokens=("sglang:num_used_tokens",),
 )
@@ -461,6 +533,7 @@ TGI = EngineSpec(
     finished=("tgi_request_success", "tgi_request_success_total"),
     arrived=("tgi_request_count", "tgi_request_count_total"),
     tpot=("tgi_request_mean_time_per_token_duration",),
+    tpot_buckets=("tgi_request_mean_time_per_token_duration",),
 )
 SPECS: dict[str, EngineSpec] = {"vllm": VLLM, "sglang": SGLANG, "tgi": TGI}
 
@@ -580,6 +653,8 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         kv_tokens = usage * capacity if weighted is None else weighted
         if weighted is not None and capacity > 0:
             usage = weighted / capacity
+    tpot_buckets = _buckets(series, spec.tpot_buckets)
+    ttft_buckets = _buckets(series, spec.ttft_buckets)
     return EngineSample(
         engine=spec.kind,
         running_requests=round(running or 0.0),
@@ -591,6 +666,9 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         preemptions_total=_first(series, spec.preemptions),
         ttft=_histogram(series, spec.ttft),
         tpot=_histogram(series, spec.tpot),
+        ttft_buckets=None if ttft_buckets is None else ttft_buckets[1],
+        tpot_buckets=None if tpot_buckets is None else tpot_buckets[1],
+        tpot_buckets_per_request=tpot_buckets is not None and tpot_buckets[0] in PER_REQUEST_TPOT,
         kv_usage_ratio=usage,
         kv_capacity_tokens=capacity,
         kv_tokens=kv_tokens,

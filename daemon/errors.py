@@ -20,7 +20,29 @@ original), so nothing above ``daemon/nvml.py`` ever catches ``pynvml.NVMLError``
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import Any
+
+
+class ExitCode(IntEnum):
+    """Every gpugov command's exit status (``docs/daemon.md``, "Exit codes")."""
+
+    OK = 0
+    FAILURE = 1
+    """A runtime failure (a controller failing in a row, an unreadable state)."""
+    USAGE = 2
+    """Bad input: a flag, a config, a trace, a profile, a recording."""
+    PERMISSION = 3
+    """Locking clocks needs root or CAP_SYS_ADMIN."""
+    NO_GPU = 4
+    """No driver, library, GPU or emulator; or the GPU lacks the feature."""
+    GPU_LOST = 5
+    """A GPU fell off the bus; the others' clocks were reset."""
+    NOT_RESET = 6
+    """Some GPUs' locks could not be reset at exit (named in the error line)."""
+    INTERRUPTED = 130
+    """Stopped by a signal (as a shell reports SIGINT)."""
+
 
 PERMISSION_DENIED_MESSAGE = (
     "needs root or CAP_SYS_ADMIN to lock clocks; run with --dry-run to observe only"

@@ -116,14 +116,12 @@ class SnapshotCollector(Collector):
         self._lock = threading.Lock()
         self._domains: tuple[DomainSnapshot, ...] = ()
         self._loop = LoopSnapshot()
-        self._started = False
 
     def publish(self, domains: Sequence[DomainSnapshot], loop: LoopSnapshot) -> None:
         """Replace the snapshots (called by the loop once per tick)."""
         with self._lock:
             self._domains = tuple(domains)
             self._loop = loop
-            self._started = True
 
     def collect(self) -> Iterator[Metric]:
         """Metric families from the latest snapshots."""
@@ -344,6 +342,21 @@ class SnapshotCollector(Collector):
         resets = CounterMetricFamily(
             "gpugov_model_resets", "Times the learned model was discarded", labels=list(d)
         )
+        budget = {
+            "target": _gauge(
+                "gpugov_model_slo_target_ratio", "SLO attainment target (slo_target)", d
+            ),
+            "attainment": _gauge(
+                "gpugov_model_slo_attainment_ratio",
+                "Measured SLO attainment over the target's window (union bound of TTFT and TPOT)",
+                d,
+            ),
+            "looseness": _gauge(
+                "gpugov_model_slo_looseness_ratio",
+                "Attainment budget's looseness: above 1 spends the budget, below 1 gives it back",
+                d,
+            ),
+        }
         for s in domains:
             model = s.model
             if not model:
@@ -362,9 +375,13 @@ class SnapshotCollector(Collector):
             descent.add_metric(key, 1.0 if model.get("reason") == "decode-descent" else 0.0)
             backoffs.add_metric(key, float(model.get("backoffs", 0)))
             resets.add_metric(key, float(model.get("resets", 0)))
+            for name, value in (model.get("slo_budget") or {}).items():
+                if name in budget and value is not None:
+                    budget[name].add_metric(key, float(value))
         yield samples
         yield from residuals.values()
         yield from (confidence, exploring, warmup, floor, guard, descent, backoffs, resets)
+        yield from budget.values()
 
     def _loop_metrics(self, loop: LoopSnapshot) -> Iterator[Metric]:
         ticks = CounterMetricFamily("gpugov_loop_ticks", "Control-loop iterations run")

@@ -18,29 +18,18 @@ written is logged once and ignored: the daemon then reconciles from what NVML sh
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from gpugov.daemon.files import write_json_atomic
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "locks.json"
-STATE_DIR_ENV = "STATE_DIRECTORY"
-
-
-def default_state_dir(configured: str | Path | None) -> Path | None:
-    """The configured state directory, else systemd's ``$STATE_DIRECTORY``, else None."""
-    if configured is not None:
-        return Path(configured)
-    env = os.environ.get(STATE_DIR_ENV)
-    if env:
-        return Path(env.split(":")[0])  # systemd joins several directories with ':'
-    return None
 
 
 class LockState:
@@ -110,20 +99,8 @@ class LockState:
             self._write()
 
     def _write(self) -> None:
-        text = json.dumps({"version": 1, "gpus": self._entries}, indent=1, sort_keys=True)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            handle, name = tempfile.mkstemp(prefix=".locks.", dir=self.path.parent)
-            try:
-                with os.fdopen(handle, "w") as out:
-                    out.write(text)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(name, self.path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(name)
-                raise
+            write_json_atomic(self.path, {"version": 1, "gpus": self._entries}, indent=1)
         except OSError as error:
             self._warn("write it", error)
 

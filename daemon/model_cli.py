@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,11 @@ import numpy as np
 
 from gpugov.controllers.online.controller import REFERENCE_BATCH, OnlineMPCController
 from gpugov.controllers.online.identification import OnlineModel
+from gpugov.daemon.cli_support import fail
 from gpugov.daemon.config import OnlineMPCControllerConfig, load_config
 from gpugov.daemon.errors import ConfigError
-from gpugov.daemon.model_store import StoredModelError, read_stored, state_directory
+from gpugov.daemon.files import resolve_state_dir
+from gpugov.daemon.model_store import StoredModelError, read_stored
 from gpugov.plant.profile import CSV_COLUMNS
 
 
@@ -38,7 +39,7 @@ def stored_files(args: argparse.Namespace) -> list[tuple[str, Path]]:
             spec = domain.controller
             if not isinstance(spec, OnlineMPCControllerConfig):
                 continue
-            directory = state_directory(args.state_dir or spec.state_dir)
+            directory = resolve_state_dir(args.state_dir or spec.state_dir)
             if directory is None:
                 raise ModelCliError(
                     f"{args.config}: domain {domain.name!r} has no state_dir and "
@@ -48,7 +49,7 @@ def stored_files(args: argparse.Namespace) -> list[tuple[str, Path]]:
         if not found:
             raise ModelCliError(f"{args.config}: no domain runs the mpc-online controller")
         return found
-    directory = state_directory(args.state_dir)
+    directory = resolve_state_dir(args.state_dir)
     if directory is None:
         raise ModelCliError(
             "no state directory: pass --config, --state-dir or set $STATE_DIRECTORY"
@@ -234,8 +235,7 @@ def run_model(args: argparse.Namespace) -> int:
                 for item in written:
                     print(f"wrote {item}")
     except (ModelCliError, ConfigError) as error:
-        print(f"gpugov: error: {error}", file=sys.stderr)
-        return 2
+        return fail(str(error))
     return 0
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.online.identification import MODEL_VERSION
+from gpugov.daemon.files import json_safe, write_json_atomic
 from gpugov.plant.types import MPCDiagnostics, ServingObservation
 
 log = logging.getLogger("gpugov.model")
@@ -61,17 +62,6 @@ class ModelKey:
 
 class StoredModelError(ValueError):
     """A state file is corrupt or partial; the message names the file and the problem."""
-
-
-def state_directory(configured: Path | str | None) -> Path | None:
-    """The directory to keep models in: the configured one, else systemd's
-    ``$STATE_DIRECTORY`` (its first entry), else None (no persistence)."""
-    if configured is not None:
-        return Path(configured)
-    env = os.environ.get("STATE_DIRECTORY")
-    if env:
-        return Path(env.split(":")[0])
-    return None
 
 
 def model_path(directory: Path, domain: str) -> Path:
@@ -119,25 +109,6 @@ def set_aside(path: Path, now: Callable[[], float] = time.time) -> Path:
     target = path.with_name(f"{path.name}.corrupt-{stamp}")
     os.replace(path, target)
     return target
-
-
-def write_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """Write JSON to ``path`` atomically (temporary file, fsync, rename).
-
-    Raises:
-        OSError: the directory cannot be written.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with temporary.open("w") as handle:
-            json.dump(payload, handle, allow_nan=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    finally:
-        if temporary.exists():
-            temporary.unlink()
 
 
 class PersistentOnlineModel(ControllerWrapper):
@@ -259,11 +230,11 @@ class PersistentOnlineModel(ControllerWrapper):
             },
             "mean_prompt_tokens": self.inner.mean_prompt_tokens,
             "mean_output_tokens": self.inner.mean_output_tokens,
-            "status": _json_safe(self.inner.status()),
+            "status": json_safe(self.inner.status()),
             "model": model.state_dict(),
         }
         try:
-            write_atomic(self.path, payload)
+            write_json_atomic(self.path, payload)
         except (OSError, ValueError) as error:
             self._say(logging.WARNING, f"{self.path}: cannot save the learned model: {error}")
             return False
@@ -332,17 +303,6 @@ def learned_windows(controller: OnlineMPCController) -> int:
     return int(model.time.samples + model.power.samples + model.thermal.samples)
 
 
-def _json_safe(value: Any) -> Any:
-    """Non-finite floats become None (JSON has no NaN/inf)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 __all__ = [
     "FORMAT",
     "ModelKey",
@@ -352,6 +312,4 @@ __all__ = [
     "model_path",
     "read_stored",
     "set_aside",
-    "state_directory",
-    "write_atomic",
 ]

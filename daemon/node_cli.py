@@ -34,10 +34,12 @@ from gpugov.daemon.cli_support import (
     check_fixed_clock,
     check_output_file,
     check_workload_fits,
+    fail,
     format_summary,
     hidden_alias,
     light_load_note,
     load_trace_for_cli,
+    parse_gpu_list,
     require_nonnegative,
     require_positive,
     safety_from_args,
@@ -52,6 +54,7 @@ from gpugov.daemon.errors import (
     ConfigError,
     ControllerError,
     EngineUnavailable,
+    ExitCode,
     GpuError,
     GpugovError,
     GpuLost,
@@ -80,21 +83,16 @@ from gpugov.plant.profile import DEFAULT_PROFILE
 
 log = logging.getLogger("gpugov")
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-EXIT_PERMISSION = 3
-EXIT_NO_GPU = 4
-EXIT_GPU_LOST = 5
-EXIT_NOT_RESET = 6
+EXIT_OK = ExitCode.OK
+EXIT_FAILURE = ExitCode.FAILURE
+EXIT_USAGE = ExitCode.USAGE
+EXIT_PERMISSION = ExitCode.PERMISSION
+EXIT_NO_GPU = ExitCode.NO_GPU
+EXIT_GPU_LOST = ExitCode.GPU_LOST
+EXIT_NOT_RESET = ExitCode.NOT_RESET
 
 DEFAULT_SPEED = 10.0
 CAP_SYS_ADMIN = 21
-
-
-def _fail(message: str, code: int) -> int:
-    print(f"gpugov: error: {message}", file=sys.stderr)
-    return code
 
 
 def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -108,12 +106,12 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
             print(f"gpugov: {PERMISSION_DENIED_MESSAGE}", file=sys.stderr)
             return EXIT_PERMISSION
         except GpuLost as error:
-            return _fail(f"{error}; the other GPUs' clocks were reset", EXIT_GPU_LOST)
+            return fail(f"{error}; the other GPUs' clocks were reset", EXIT_GPU_LOST)
         except Exception as error:
             code = exit_code(error)
             if code is None:
                 raise
-            return _fail(str(error), code)
+            return fail(str(error), code)
 
     return wrapped
 
@@ -405,7 +403,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         warn(line)
     if problems:
         for problem in problems:
-            print(f"gpugov: error: {problem}", file=sys.stderr)
+            fail(str(problem))
         return exit_code(problems[0]) or EXIT_FAILURE
     print(f"{args.file}: OK")
     print(describe_config(config))
@@ -452,23 +450,6 @@ def describe_config(config: GpugovConfig) -> str:
 
 
 # ------------------------------------------------------------------ reset-clocks
-def _gpu_list(text: str) -> list[int | str] | None:
-    if text == "all":
-        return None
-    out: list[int | str] = []
-    for part in text.split(","):
-        part = part.strip()
-        if part.isdigit():
-            out.append(int(part))
-        elif part.startswith(("GPU-", "MIG-")):
-            out.append(part)
-        else:
-            raise UsageError(
-                f"--gpus takes 'all' or indices/UUIDs separated by commas, got {part!r}"
-            )
-    return out
-
-
 RESET_ATTEMPTS = 4
 RESET_BACKOFF_S = 0.25
 
@@ -503,9 +484,10 @@ def _reset_one(
 
 def _forget_lock(backend: Any) -> None:
     """Remove the GPU from the daemon's lock state file, if there is one."""
-    from gpugov.daemon.lockstate import LockState, default_state_dir, gpu_key
+    from gpugov.daemon.files import resolve_state_dir
+    from gpugov.daemon.lockstate import LockState, gpu_key
 
-    directory = default_state_dir(None)
+    directory = resolve_state_dir(None)
     if directory is not None and (directory / "locks.json").exists():
         LockState(directory).clear(gpu_key(backend))
 
@@ -561,7 +543,7 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
     """
     import time
 
-    chosen = _gpu_list(args.gpus)
+    chosen = parse_gpu_list(args.gpus, allow_all=True)
     config = load_config(args.config) if args.config else None
     kind, emulator = backend_choice(args.backend, args.emulator, config)
     if chosen is None and kind == "nvidia-smi":

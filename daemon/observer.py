@@ -13,6 +13,12 @@ Derivations from the engine's cumulative counters (documented in ``docs/daemon.m
 * ``ttft_recent_s`` / ``tpot_recent_s``: (sum now - sum before) / (count now - count
   before) of the histograms between two successful scrapes; None when no request
   completed the event in the window or a counter went backwards (engine restart).
+* ``ttft_within_slo_total`` / ``ttft_count_total`` and the TPOT pair: cumulative SLO
+  counts estimated from the histograms' buckets between successful scrapes
+  (:mod:`daemon.attainment`); None where the engine publishes no buckets or the domain
+  states no such SLO. ``ttft_recent_prompt_tokens``: prompt tokens prefilled per first
+  token in the window (:class:`daemon.attainment.PromptPerFirstToken`), for the
+  per-prompt TTFT allowance.
 * GPU fields over the domain: power, energy and power limit summed; temperature the
   hottest GPU; realised clock the slowest; utilisation the mean.
 
@@ -27,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gpugov.daemon.attainment import AttainmentEstimator, bucket_delta
 from gpugov.daemon.backend import GpuBackend, GpuSample
 from gpugov.daemon.engines import EngineSample, EngineSource, HistogramTotals
 from gpugov.daemon.errors import EngineUnavailable, TransientGpuError
@@ -94,6 +101,7 @@ class DomainObserver:
         source: the domain's engine.
         stale_after_s: engine data older than this is stale (the fail-safe trigger).
         ttft_slo_s, tpot_slo_s, thermal_limit_c: copied into every observation.
+        ttft_slo_per_prompt_token_s: the per-prompt TTFT allowance, copied too.
         mean_prompt_tokens, mean_output_tokens: defaults until the engine's counters
             give a mean.
         clock: monotonic seconds, for the scrape's own duration.
@@ -116,6 +124,7 @@ class DomainObserver:
         ttft_slo_s: float | None = None,
         tpot_slo_s: float | None = None,
         thermal_limit_c: float | None = None,
+        ttft_slo_per_prompt_token_s: float | None = None,
         mean_prompt_tokens: float = 512.0,
         mean_output_tokens: float = 256.0,
         clock: Callable[[], float] = time.perf_counter,
@@ -130,6 +139,8 @@ class DomainObserver:
         self.ttft_slo_s = ttft_slo_s
         self.tpot_slo_s = tpot_slo_s
         self.thermal_limit_c = thermal_limit_c
+        self.ttft_slo_per_prompt_token_s = ttft_slo_per_prompt_token_s
+        self.attainment = AttainmentEstimator(ttft_slo_s, tpot_slo_s, ttft_slo_per_prompt_token_s)
         self.mean_prompt_tokens = mean_prompt_tokens
         self.mean_output_tokens = mean_output_tokens
         self._clock = clock
@@ -320,6 +331,16 @@ class DomainObserver:
             tpot = engine.tpot_recent_s
             if tpot is None and base is not None:
                 tpot = _window_mean(engine.tpot, base.tpot)
+            if base is not None:
+                prompts = engine.prompt_tokens_total
+                before = base.prompt_tokens_total
+                self.attainment.add_window(
+                    bucket_delta(engine.ttft_buckets, base.ttft_buckets),
+                    bucket_delta(engine.tpot_buckets, base.tpot_buckets),
+                    None if prompts is None or before is None else prompts - before,
+                )
+        counts = self.attainment
+        exact = engine.ttft_count_total is not None or engine.tpot_count_total is not None
 
         return ServingObservation(
             time_s=now_s,
@@ -349,4 +370,18 @@ class DomainObserver:
             tpot_recent_s=tpot,
             ttft_slo_s=engine.ttft_slo_s if engine.ttft_slo_s is not None else self.ttft_slo_s,
             tpot_slo_s=engine.tpot_slo_s if engine.tpot_slo_s is not None else self.tpot_slo_s,
+            ttft_slo_per_prompt_token_s=(
+                engine.ttft_slo_per_prompt_token_s
+                if engine.ttft_slo_per_prompt_token_s is not None
+                else self.ttft_slo_per_prompt_token_s
+            ),
+            ttft_recent_prompt_tokens=(
+                engine.ttft_recent_prompt_tokens if exact else counts.recent_prompt_tokens
+            )
+            if new_scrape
+            else None,
+            ttft_count_total=engine.ttft_count_total if exact else counts.ttft_count,
+            ttft_within_slo_total=engine.ttft_within_slo_total if exact else counts.ttft_within,
+            tpot_count_total=engine.tpot_count_total if exact else counts.tpot_count,
+            tpot_within_slo_total=engine.tpot_within_slo_total if exact else counts.tpot_within,
         )

@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from gpugov import __version__
 from gpugov.daemon.errors import GpugovError
+from gpugov.daemon.files import json_safe
 from gpugov.daemon.loop import TickRecord
 from gpugov.plant.types import ServingObservation
 
@@ -34,16 +35,6 @@ class RecordingWarning(UserWarning):
     """A recording was read, but its cut-off last line was dropped."""
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
-
-
 def observation_to_dict(observation: ServingObservation) -> dict[str, Any]:
     """JSON-able observation without ``supported_clocks_mhz`` (it is in the header)."""
     data = {
@@ -51,7 +42,7 @@ def observation_to_dict(observation: ServingObservation) -> dict[str, Any]:
         for f in dataclasses.fields(observation)
         if f.name != "supported_clocks_mhz"
     }
-    cleaned: dict[str, Any] = _clean(data)
+    cleaned: dict[str, Any] = json_safe(data)
     return cleaned
 
 
@@ -71,7 +62,7 @@ def record_to_dict(record: TickRecord) -> dict[str, Any]:
     data = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
     data["observation"] = observation_to_dict(record.observation)
     data["gpu_read_errors"] = list(record.gpu_read_errors)
-    cleaned: dict[str, Any] = _clean(data)
+    cleaned: dict[str, Any] = json_safe(data)
     return cleaned
 
 
@@ -100,7 +91,7 @@ class Recorder:
 
     def _write(self, data: Mapping[str, Any]) -> None:
         assert self._file is not None, "recorder is closed"
-        self._file.write(json.dumps(_clean(dict(data)), allow_nan=False) + "\n")
+        self._file.write(json.dumps(json_safe(dict(data)), allow_nan=False) + "\n")
 
     def __call__(self, records: Sequence[TickRecord]) -> None:
         for record in records:

@@ -23,7 +23,7 @@ from gpugov.daemon.decide import (
     spec_name,
 )
 from gpugov.daemon.record import RecordingError, observation_from_dict, read_recording
-from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
+from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S, SafetySettings
 from gpugov.plant.types import ClockController
 
 
@@ -131,6 +131,9 @@ def _replayed_controller(
         safety=SafetySettings(
             floor_mhz=safety.get("floor_mhz"),
             dwell_s=float(safety.get("dwell_s", DEFAULT_DWELL_S)),
+            min_relock_interval_s=float(
+                safety.get("min_relock_interval_s", DEFAULT_MIN_RELOCK_INTERVAL_S)
+            ),
         ),
     )
     return build_controller(spec, context)

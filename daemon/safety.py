@@ -1,8 +1,9 @@
 """The safety chain every controller runs in, on a node and in every study.
 
 ``MinimumDwell(FloorClock(ClampToSupported(controller, clocks), floor), dwell)``: the
-decision is quantised onto the supported clocks, kept at or above the floor, and a lower
-clock waits out the dwell time. Each layer is a :class:`ControllerWrapper`.
+decision is quantised onto the supported clocks, kept at or above the floor, a lower
+clock waits out the dwell time and no clock changes sooner than the minimum relock
+interval after the last change. Each layer is a :class:`ControllerWrapper`.
 """
 
 from __future__ import annotations
@@ -16,14 +17,20 @@ from gpugov.plant.types import ServingObservation
 
 DEFAULT_DWELL_S = 1.0
 """Seconds a clock is held before a lower one is applied (``safety.dwell_s``)."""
+DEFAULT_MIN_RELOCK_INTERVAL_S = 0.1
+"""Least seconds between two clock changes of a domain, raises included
+(``safety.min_relock_interval_s``): NCCL collectives of a TP group stall when its
+clocks change every ~50 ms."""
 
 
 @dataclass(frozen=True, slots=True)
 class SafetySettings:
-    """The chain's parameters: ``safety.floor_mhz`` and ``safety.dwell_s`` of a domain."""
+    """The chain's parameters: ``safety.floor_mhz``, ``safety.dwell_s`` and
+    ``safety.min_relock_interval_s`` of a domain."""
 
     floor_mhz: float | None = None
     dwell_s: float = DEFAULT_DWELL_S
+    min_relock_interval_s: float = DEFAULT_MIN_RELOCK_INTERVAL_S
 
     def __post_init__(self) -> None:
         if self.floor_mhz is not None and not (
@@ -32,10 +39,17 @@ class SafetySettings:
             raise ValueError(f"floor_mhz must be a positive clock, got {self.floor_mhz!r}")
         if not math.isfinite(self.dwell_s) or self.dwell_s < 0:
             raise ValueError(f"dwell_s must be >= 0, got {self.dwell_s!r}")
+        interval = self.min_relock_interval_s
+        if not math.isfinite(interval) or interval < 0:
+            raise ValueError(f"min_relock_interval_s must be >= 0, got {interval!r}")
 
     def as_dict(self) -> dict[str, float | None]:
         """JSON form (recording headers, scoreboard parameters)."""
-        return {"floor_mhz": self.floor_mhz, "dwell_s": self.dwell_s}
+        return {
+            "floor_mhz": self.floor_mhz,
+            "dwell_s": self.dwell_s,
+            "min_relock_interval_s": self.min_relock_interval_s,
+        }
 
 
 class ClampToSupported(ControllerWrapper):
@@ -82,34 +96,48 @@ class FloorClock(ControllerWrapper):
 
 
 class MinimumDwell(ControllerWrapper):
-    """Hold a clock for at least ``dwell_s`` (by ``observation.time_s``) before lowering it.
+    """Hold a clock for at least ``dwell_s`` (by ``observation.time_s``) before lowering it,
+    and change no clock sooner than ``min_relock_interval_s`` after the last change.
 
-    A raise passes at once: latency never waits on the dwell. Frequent lock changes
-    disturb NCCL collectives (NVIDIA/nccl#1551); the dwell bounds how often a clock can
-    fall, and a raise can only follow a fall.
+    Frequent lock changes disturb NCCL collectives (NVIDIA/nccl#1551; a TP group's
+    collectives stall when its clocks change every ~50 ms). The dwell bounds how often a
+    clock can fall; a raise passes it at once, but not the relock interval: a raise
+    asked within the interval of the last change waits for the first decision after the
+    interval, so it is late by at most the interval (the decision that asked for it came
+    at least one period after that change). At a control period of at least the
+    interval the interval never binds.
     """
 
-    def __init__(self, inner: ClockController, dwell_s: float) -> None:
+    def __init__(
+        self, inner: ClockController, dwell_s: float, min_relock_interval_s: float = 0.0
+    ) -> None:
         if dwell_s < 0 or not math.isfinite(dwell_s):
             raise ValueError(f"dwell_s must be >= 0, got {dwell_s!r}")
+        if min_relock_interval_s < 0 or not math.isfinite(min_relock_interval_s):
+            raise ValueError(f"min_relock_interval_s must be >= 0, got {min_relock_interval_s!r}")
         super().__init__(inner)
         self.dwell_s = float(dwell_s)
+        self.min_relock_interval_s = float(min_relock_interval_s)
         self.held_mhz: float | None = None
         self._since_s = -math.inf
         self.suppressed = 0
+        """Lower clocks held back by the dwell."""
+        self.deferred = 0
+        """Changes (raises included) held back by the minimum relock interval."""
 
     def __call__(self, observation: ServingObservation) -> float:
         requested = float(self.inner(observation))
         held = self.held_mhz
         if held is not None and requested == held:
             return requested
-        if (
-            held is not None
-            and requested < held
-            and observation.time_s - self._since_s + 1e-9 < self.dwell_s
-        ):
-            self.suppressed += 1
-            return held
+        if held is not None:
+            since_s = observation.time_s - self._since_s + 1e-9
+            if requested < held and since_s < self.dwell_s:
+                self.suppressed += 1
+                return held
+            if since_s < self.min_relock_interval_s:
+                self.deferred += 1
+                return held
         self.held_mhz = requested
         self._since_s = observation.time_s
         return requested
@@ -120,12 +148,13 @@ def with_safety(
     clocks_mhz: Sequence[float],
     settings: SafetySettings | None = None,
 ) -> MinimumDwell:
-    """The standard chain: clamp to supported, then the floor, then the dwell time."""
+    """The standard chain: clamp to supported, then the floor, then the dwell time and
+    the minimum relock interval."""
     settings = settings or SafetySettings()
     controller: ClockController = ClampToSupported(inner, clocks_mhz)
     if settings.floor_mhz is not None:
         controller = FloorClock(controller, settings.floor_mhz, clocks_mhz)
-    return MinimumDwell(controller, settings.dwell_s)
+    return MinimumDwell(controller, settings.dwell_s, settings.min_relock_interval_s)
 
 
 def clamp_layer(controller: ClockController) -> ClampToSupported | None:
@@ -153,6 +182,7 @@ def raw_decision(controller: ClockController, fallback: float) -> float:
 
 __all__ = [
     "DEFAULT_DWELL_S",
+    "DEFAULT_MIN_RELOCK_INTERVAL_S",
     "ClampToSupported",
     "FloorClock",
     "MinimumDwell",

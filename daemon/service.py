@@ -1,7 +1,7 @@
 """Assembling runs: real domains from a config, or one simulated domain from the plant.
 
 Constructors below take plain values; only :func:`domains_from_config` reads the config
-object, the way STYLE.md asks (the CLI loads it, this turns it into parts).
+object (the CLI loads it, this turns it into parts).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from gpugov.daemon.decide import (
 from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.errors import ConfigError, GpugovError, TransientGpuError
-from gpugov.daemon.lockstate import LockState, default_state_dir
+from gpugov.daemon.files import resolve_state_dir
+from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.loop import Domain, FailsafeMode
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
@@ -153,6 +154,8 @@ def build_domain(
     ttft_slo_s: float | None = None,
     tpot_slo_s: float | None = None,
     thermal_limit_c: float | None = None,
+    ttft_slo_per_prompt_token_s: float | None = None,
+    slo_target: Any = None,
     mean_prompt_tokens: float = 512.0,
     mean_output_tokens: float = 256.0,
     forecasts: Forecasts | None = None,
@@ -181,6 +184,7 @@ def build_domain(
         ttft_slo_s=ttft_slo_s,
         tpot_slo_s=tpot_slo_s,
         thermal_limit_c=thermal_limit_c,
+        ttft_slo_per_prompt_token_s=ttft_slo_per_prompt_token_s,
         mean_prompt_tokens=mean_prompt_tokens,
         mean_output_tokens=mean_output_tokens,
         scrape_timeout_s=getattr(source, "timeout_s", None),
@@ -213,6 +217,7 @@ def build_domain(
         safety=safety,
         plant=plant,
         history_limit=CONTROLLER_HISTORY_STEPS if time_mode == "wall" else None,
+        slo_target=slo_target,
     )
     controller = build_controller(controller_spec, context)
     try:
@@ -293,10 +298,16 @@ def _build_configured(
         lock_mode=spec.lock_mode,
         external_policy=spec.external_clock_policy,
         state=state,
-        safety=SafetySettings(floor_mhz=spec.safety.floor_mhz, dwell_s=spec.safety.dwell_s),
+        safety=SafetySettings(
+            floor_mhz=spec.safety.floor_mhz,
+            dwell_s=spec.safety.dwell_s,
+            min_relock_interval_s=spec.safety.min_relock_interval_s,
+        ),
         ttft_slo_s=spec.ttft_slo_s,
         tpot_slo_s=spec.tpot_slo_s,
         thermal_limit_c=spec.thermal_limit_c,
+        ttft_slo_per_prompt_token_s=spec.ttft_slo_per_prompt_token_s,
+        slo_target=None if spec.slo_target is None else spec.slo_target.target(),
         mean_prompt_tokens=spec.mean_prompt_tokens,
         mean_output_tokens=spec.mean_output_tokens,
         forecasts=_declared_forecasts(spec),
@@ -334,7 +345,7 @@ def domains_from_config(
     """
     dry_run = dry_run or config.daemon.dry_run
     assembled = Assembled(domains=[])
-    state_dir = default_state_dir(config.daemon.state_dir)
+    state_dir = resolve_state_dir(config.daemon.state_dir)
     state = None if dry_run or state_dir is None else LockState(state_dir)
     try:
         for spec in config.domains:
@@ -488,7 +499,7 @@ def controller_state_dir(
         return None
     if spec.state_dir is not None:
         return Path(spec.state_dir)
-    return default_state_dir(daemon_state_dir)
+    return resolve_state_dir(daemon_state_dir)
 
 
 __all__ = [

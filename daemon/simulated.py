@@ -191,4 +191,10 @@ class SimulatedSource:
             tpot_recent_s=o.tpot_recent_s,
             ttft_slo_s=o.ttft_slo_s,
             tpot_slo_s=o.tpot_slo_s,
+            ttft_slo_per_prompt_token_s=o.ttft_slo_per_prompt_token_s,
+            ttft_recent_prompt_tokens=o.ttft_recent_prompt_tokens,
+            ttft_count_total=o.ttft_count_total,
+            ttft_within_slo_total=o.ttft_within_slo_total,
+            tpot_count_total=o.tpot_count_total,
+            tpot_within_slo_total=o.tpot_within_slo_total,
         )

@@ -117,6 +117,10 @@ class PlantSimulation:
 
         params = GpuParameters.from_plant(plant)
         self._clocks = params.clock_mhz
+        served = plant.profile.manifest.get("model")
+        # The engine's model_name label: the profile's model, as an engine serving it
+        # would label its metrics.
+        self._model_name = served if isinstance(served, str) and served else None
 
         # Engine state.
         self.time_s = 0.0
@@ -169,6 +173,15 @@ class PlantSimulation:
         self._ttft_prompt_sum = 0.0
         self._itl_sum = 0.0
         self._itl_count = 0
+        # SLO attainment counters since the start (what an engine's histograms give).
+        profile = plant.profile
+        self._ttft_slo_s = float(profile.ttft_slo_s)
+        self._ttft_allowance = float(profile.ttft_slo_per_prompt_token_s)
+        self._tpot_slo_s = float(profile.tpot_slo_s)
+        self._ttft_total = 0
+        self._ttft_within = 0
+        self._tpot_total = 0
+        self._tpot_within = 0
 
         # Series on the grid.
         self._ff_tick: tuple[float, float, float, int, int] | None = None
@@ -303,12 +316,19 @@ class PlantSimulation:
             thermal_limit_c=self.plant.thermal_limit_c,
             supported_clocks_mhz=tuple(self._clocks),
             clock_event_reasons=gpu.clock_event_reasons,
+            model_name=self._model_name,
             ttft_recent_s=(self._ttft_sum / self._ttft_count) if self._ttft_count else None,
             tpot_recent_s=(self._itl_sum / self._itl_count) if self._itl_count else None,
-            ttft_slo_s=profile.ttft_slo_for(
-                self._ttft_prompt_sum / self._ttft_count if self._ttft_count else 0.0
-            ),
+            ttft_slo_s=profile.ttft_slo_s,
             tpot_slo_s=profile.tpot_slo_s,
+            ttft_slo_per_prompt_token_s=self._ttft_allowance,
+            ttft_recent_prompt_tokens=(
+                self._ttft_prompt_sum / self._ttft_count if self._ttft_count else None
+            ),
+            ttft_count_total=float(self._ttft_total),
+            ttft_within_slo_total=float(self._ttft_within),
+            tpot_count_total=float(self._tpot_total),
+            tpot_within_slo_total=float(self._tpot_within),
         )
         self._ttft_prompt_sum = 0.0
         self._window_start = now
@@ -671,6 +691,7 @@ class PlantSimulation:
                 self._generated[request] = self._output[request]
                 self._finish[request] = now
                 self._completed += 1
+                self._count_tpot(request, now)
         if self._iter_chunks:
             self._prompt_total += self._iter_prefill_tokens
             self._prefilling_tokens -= self._iter_prefill_tokens
@@ -692,12 +713,17 @@ class PlantSimulation:
         self._output_total += 1
         if self._first_token[request] is None:
             self._first_token[request] = now
-            self._ttft_sum += now - self._arrival[request]
+            ttft = now - self._arrival[request]
+            self._ttft_sum += ttft
             self._ttft_count += 1
             self._ttft_prompt_sum += self._prompt[request]
+            self._ttft_total += 1
+            slo = self._ttft_slo_s + self._ttft_allowance * self._prompt[request]
+            self._ttft_within += ttft <= slo + 1e-12
         if self._generated[request] >= self._output[request]:
             self._finish[request] = now
             self._completed += 1
+            self._count_tpot(request, now)
             return
         counter = self._decode_counter
         self._running[request] = counter
@@ -706,6 +732,16 @@ class PlantSimulation:
         self._sum_plen_running += plen
         remaining = self._output[request] - self._generated[request]
         heapq.heappush(self._heap, (counter + remaining, request, self._epoch[request]))
+
+    def _count_tpot(self, request: int, now: float) -> None:
+        """Count a finished request's TPOT against the SLO, as ``compute_metrics`` judges
+        it (a one-token request has no TPOT and is not counted)."""
+        output = self._output[request]
+        first = self._first_token[request]
+        if output <= 1 or first is None:
+            return
+        self._tpot_total += 1
+        self._tpot_within += (now - first) / (output - 1) <= self._tpot_slo_s + 1e-12
 
     # ------------------------------------------------------------------- forks
     def fork(self) -> PlantSimulation:

@@ -137,7 +137,25 @@ class ServingObservation:
     ttft_recent_s: float | None = None
     tpot_recent_s: float | None = None
     ttft_slo_s: float | None = None
+    """The flat TTFT SLO (the whole SLO where there is no per-prompt allowance)."""
     tpot_slo_s: float | None = None
+    ttft_slo_per_prompt_token_s: float | None = None
+    """TTFT SLO allowance per prompt token: a request of ``p`` prompt tokens meets its TTFT
+    SLO when ``TTFT <= ttft_slo_s + ttft_slo_per_prompt_token_s * p`` (None: flat)."""
+    ttft_recent_prompt_tokens: float | None = None
+    """Mean prompt of the requests whose first token came in the window (the allowance
+    that applies to ``ttft_recent_s``; None when unknown)."""
+    # SLO attainment counters, cumulative since the source started (None: not measured).
+    ttft_count_total: float | None = None
+    """First tokens (one per request)."""
+    ttft_within_slo_total: float | None = None
+    """First tokens whose TTFT met the request's TTFT SLO (estimated from the engine's
+    histogram on a node, exact in the plant)."""
+    tpot_count_total: float | None = None
+    """Finished requests with more than one output token (per inter-token interval where
+    the engine has only an inter-token-latency histogram)."""
+    tpot_within_slo_total: float | None = None
+    """Those of ``tpot_count_total`` whose TPOT met the TPOT SLO."""
 
     def __post_init__(self) -> None:
         if not np.isfinite(self.time_s):
@@ -150,6 +168,22 @@ class ServingObservation:
             raise ValueError(
                 f"prefill_remaining_tokens must be >= 0, got {self.prefill_remaining_tokens!r}"
             )
+
+    def ttft_slo_for(self, prompt_tokens: float | None) -> float | None:
+        """The TTFT SLO of a request of ``prompt_tokens`` prompt tokens: the flat SLO plus
+        the per-prompt allowance (the flat SLO where either is unknown); None without an
+        SLO."""
+        if self.ttft_slo_s is None:
+            return None
+        allowance = self.ttft_slo_per_prompt_token_s
+        if allowance is None or prompt_tokens is None or not np.isfinite(prompt_tokens):
+            return self.ttft_slo_s
+        return self.ttft_slo_s + allowance * max(0.0, float(prompt_tokens))
+
+    @property
+    def ttft_recent_slo_s(self) -> float | None:
+        """The TTFT SLO that applies to ``ttft_recent_s``: at the window's mean prompt."""
+        return self.ttft_slo_for(self.ttft_recent_prompt_tokens)
 
     @property
     def minimum_clock_mhz(self) -> float | None:

@@ -23,24 +23,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gpugov.controllers.baseline import (
-    fixed_clock_controller,
-    maximum_clock_controller,
-    reactive_clock_controller,
-    sample_and_hold_clock_controller,
-)
+from gpugov.controllers.contract import ControllerWrapper
 from gpugov.controllers.mpc.controller import (
-    DEFAULT_SOLVE_BUDGET_EVALUATIONS,
     MPCController,
     expected_output_tokens_forecast,
     mpc_summary,
 )
 from gpugov.controllers.open_loop import (
-    open_loop_clock_controller,
+    OpenLoopPlan,
     optimize_open_loop,
     select_frequency_experiment_window,
     shift_largest_burst,
@@ -55,6 +50,16 @@ from gpugov.controllers.scheduling import (
     solve_scheduling_mdp,
 )
 from gpugov.controllers.scheduling.policy import MDPPolicyScheduler
+from gpugov.daemon.config import (
+    ControllerConfig,
+    FixedControllerConfig,
+    MaxControllerConfig,
+    MPCControllerConfig,
+    OpenLoopControllerConfig,
+    ReactiveControllerConfig,
+)
+from gpugov.daemon.decide import ControllerContext, Forecasts, build_controller
+from gpugov.daemon.safety import SafetySettings
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.result import ServingResult
 from gpugov.plant.scheduler import CHUNKED_PREFILL_LABEL, chunked_prefill_scheduler
@@ -121,6 +126,37 @@ def moved_request_ids(original: Sequence[Request], shifted: Sequence[Request]) -
     }
 
 
+MAX = MaxControllerConfig(kind="max")
+OPEN_LOOP = OpenLoopControllerConfig(kind="open-loop", plan=Path("case-study-plan"))
+"""The open-loop spec; its plan comes in the context (solved in the run, not a file)."""
+CASE_STUDY_SAFETY = SafetySettings(floor_mhz=None, dwell_s=0.0)
+"""The case study's runs hold no clock (the seed's have no dwell) and set no floor: the
+chain only quantises onto the supported clocks, which every controller here already asks
+for, so the seed's numbers are reproduced."""
+
+
+def case_study_controller(
+    spec: ControllerConfig,
+    plant: ServingPlant,
+    workload: Sequence[Request],
+    *,
+    forecasts: Forecasts | None = None,
+    plan: OpenLoopPlan | None = None,
+) -> ControllerWrapper:
+    """A controller of the case study, built by the node's factory in its safety chain
+    (:data:`CASE_STUDY_SAFETY`) on a simulated domain of ``plant``, in virtual time, with
+    only the forecasts the seed declares (none unless given)."""
+    context = ControllerContext.for_plant(
+        plant,
+        workload,
+        period_s=1.0,
+        safety=CASE_STUDY_SAFETY,
+        forecasts=forecasts or Forecasts(),
+        plan=plan,
+    )
+    return build_controller(spec, context)
+
+
 def _run_mpc(
     workload: Sequence[Request],
     plant: ServingPlant,
@@ -128,18 +164,21 @@ def _run_mpc(
 ) -> ServingResult:
     """``run_mpc(workload, plant)`` with the solve-time distribution in its metadata."""
     forecast = expected_output_tokens_forecast(workload)
-    options: dict[str, Any] = {} if timer is None else {"timer": timer}
-    controller = MPCController(
+    chain = case_study_controller(
+        MPCControllerConfig(kind="mpc-slsqp"),
         plant,
-        mean_output_tokens=forecast,
-        solve_budget_evaluations=DEFAULT_SOLVE_BUDGET_EVALUATIONS,
-        **options,
+        workload,
+        forecasts=Forecasts(mean_output_tokens=forecast),
     )
+    controller = chain.unwrapped
+    assert isinstance(controller, MPCController)
+    if timer is not None:
+        controller.timer = timer  # fixed solve times in tests; decisions use the budget
     result = simulate(
         workload,
         plant,
         chunked_prefill_scheduler,
-        controller,
+        chain,
         0,
         controller_name="mpc-slsqp",
         scheduler_name=SCHEDULER_NAME,
@@ -160,7 +199,7 @@ def _modeling(inputs: SuiteInputs, report: ProgressCallback) -> dict[str, Any]:
         inputs.animation_workload,
         inputs.plant,
         chunked_prefill_scheduler,
-        maximum_clock_controller,
+        case_study_controller(MAX, inputs.plant, inputs.animation_workload),
         controller_name="max",
         scheduler_name=SCHEDULER_NAME,
     )
@@ -189,7 +228,7 @@ def _frequency(inputs: SuiteInputs, report: ProgressCallback) -> dict[str, Any]:
         frequency_workload,
         plant,
         chunked_prefill_scheduler,
-        open_loop_clock_controller(plan),
+        case_study_controller(OPEN_LOOP, plant, frequency_workload, plan=plan),
         controller_name="open-loop",
         scheduler_name=SCHEDULER_NAME,
     )
@@ -206,7 +245,7 @@ def _frequency(inputs: SuiteInputs, report: ProgressCallback) -> dict[str, Any]:
         shifted_workload,
         plant,
         chunked_prefill_scheduler,
-        open_loop_clock_controller(plan),
+        case_study_controller(OPEN_LOOP, plant, shifted_workload, plan=plan),
         controller_name="open-loop",
         scheduler_name=SCHEDULER_NAME,
     )
@@ -215,7 +254,7 @@ def _frequency(inputs: SuiteInputs, report: ProgressCallback) -> dict[str, Any]:
         shifted_workload,
         plant,
         chunked_prefill_scheduler,
-        maximum_clock_controller,
+        case_study_controller(MAX, plant, shifted_workload),
         controller_name="max",
         scheduler_name=SCHEDULER_NAME,
     )
@@ -223,7 +262,7 @@ def _frequency(inputs: SuiteInputs, report: ProgressCallback) -> dict[str, Any]:
         shifted_workload,
         plant,
         chunked_prefill_scheduler,
-        sample_and_hold_clock_controller(reactive_clock_controller, period_s=1.0),
+        case_study_controller(ReactiveControllerConfig(kind="reactive"), plant, shifted_workload),
         controller_name="reactive",
         scheduler_name=SCHEDULER_NAME,
     )
@@ -383,7 +422,9 @@ def _scheduling_on_plant(
 ) -> dict[str, Any]:
     """Each policy as an :class:`MDPPolicyScheduler`, plus chunked prefill, on the plant
     at one fixed clock."""
-    controller = fixed_clock_controller(clock_mhz)
+    controller = case_study_controller(
+        FixedControllerConfig(kind="fixed", clock_mhz=clock_mhz), plant, workload
+    )
     schedulers: dict[str, Any] = {}
     for key, (label, policy) in policies.items():
         scheduler = MDPPolicyScheduler(

@@ -14,7 +14,8 @@ from types import FrameType
 
 def cmd_load(args: argparse.Namespace) -> int:
     """Replay the trace window, print the summary, optionally write JSON."""
-    from gpugov.daemon.cli_support import UsageError, load_trace_for_cli, require_positive
+    from gpugov.daemon.cli_support import UsageError, fail, load_trace_for_cli, require_positive
+    from gpugov.daemon.errors import ExitCode
     from gpugov.daemon.progress import Progress
     from gpugov.study.load import format_report, run_load, summarize
     from gpugov.study.openai_client import EngineUnreachable, base_url, served_model
@@ -87,9 +88,8 @@ def cmd_load(args: argparse.Namespace) -> int:
         path.write_text(json.dumps(summary, indent=2) + "\n")
     if summary["requests_sent"] and not summary["requests_completed"]:
         first = next(iter(summary["errors"]), "no request finished")
-        print(f"gpugov: error: no request completed against {args.url}: {first}", file=sys.stderr)
-        return 1
-    return 130 if stop.is_set() else 0
+        return fail(f"no request completed against {args.url}: {first}", ExitCode.FAILURE)
+    return ExitCode.INTERRUPTED if stop.is_set() else ExitCode.OK
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

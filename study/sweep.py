@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gpugov import __version__
 from gpugov.daemon.cli_support import UsageError, load_trace_for_cli, simulated_controller
+from gpugov.daemon.files import json_safe
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile, simulate
@@ -214,7 +215,6 @@ class SweepPlan:
     grid: SweepGrid
     cells: tuple[SweepCell, ...]
     shared: dict[str, Any]
-    trace_checksums: dict[str, str]
 
 
 def plan_sweep(path: Path) -> SweepPlan:
@@ -292,18 +292,7 @@ def plan_sweep(path: Path) -> SweepPlan:
                                 tuple(settings.items()),
                             )
                         )
-    return SweepPlan(grid, tuple(cells), shared, checksums)
-
-
-def _strict(value: Any) -> Any:
-    """Non-finite floats become None, so every line is strict JSON."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _strict(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_strict(item) for item in value]
-    return value
+    return SweepPlan(grid, tuple(cells), shared)
 
 
 def _safety(settings: Mapping[str, Any]) -> SafetySettings:
@@ -352,7 +341,7 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
         "requests": len(workload),
         "workload_checksum": workload_checksum(workload),
         "light_load_floor": arrival_separation(result.request_records).separated,
-        "metrics": _strict(result.metrics.as_dict()),
+        "metrics": json_safe(result.metrics.as_dict()),
         "wall_s": time.perf_counter() - started,
     }
 
@@ -631,7 +620,7 @@ def run_sweep(
                 "cells": len(plan.cells),
                 "failed": failed,
                 "runner": (spec or RunnerSpec()).describe(),
-                "table": _strict(table),
+                "table": json_safe(table),
             },
             indent=1,
             allow_nan=False,

@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
+from gpugov.controllers.budget import AttainmentBudget
 from gpugov.controllers.mpc.model import (
     CHUNK_TOKENS,
     DEFAULT_ARRIVAL_WINDOW_S,
@@ -134,6 +135,15 @@ class MPCController:
             latencies (:class:`controllers.adaptation.SLOFeedback`).
         ttft_excess_cap: cap on the penalised TTFT excess, in TTFT SLOs
             (:attr:`MPCProblem.ttft_excess_cap_s`); None (the seed's) for no cap.
+        slo_budget: when given, the attainment-tracking loop
+            (:class:`controllers.budget.AttainmentBudget`): its looseness scales
+            ``slo_margin`` (never past 1) and the SLO feedback's thresholds, and below 1
+            withdraws the per-prompt TTFT allowance (its ``allowance_credit``).
+
+    With the ``iteration`` latency model, where an observation carries a per-prompt TTFT
+    allowance (``ttft_slo_per_prompt_token_s``), the TTFT proxy is judged per prompt
+    (:meth:`MPCProblem.ttft_proxy`): the declared prompt (``ttft_prompt_tokens``, default
+    the mean) less its allowance, or the queue alone ahead of a short prompt.
 
     Raises:
         ValueError: non-finite or non-positive forecasts, horizon, period or limit.
@@ -161,6 +171,7 @@ class MPCController:
         slo_feedback: SLOFeedback | None = None,
         ttft_excess_cap: float | None = None,
         solve_budget_evaluations: int | None = None,
+        slo_budget: AttainmentBudget | None = None,
     ) -> None:
         for name, value in (
             ("mean_prompt_tokens", mean_prompt_tokens),
@@ -210,8 +221,11 @@ class MPCController:
             raise ValueError(f"ttft_excess_cap must be positive, got {ttft_excess_cap!r}")
         self.ttft_excess_cap = ttft_excess_cap
         self.slo_feedback = slo_feedback
+        self.slo_budget = slo_budget
         self.charged_prompt_tokens = ttft_prompt_tokens
         self.effective_slo_margin = self.slo_margin
+        self.ttft_allowance = 0.0
+        """The per-prompt TTFT allowance the next problem judges with (0: flat)."""
         self.arrival_times_seen: deque[float] = deque()
         self.previous_arrived_count = 0
         self.current_clock = plant.profile.minimum_clock_mhz
@@ -282,22 +296,33 @@ class MPCController:
             slo_margin=self.effective_slo_margin,
             ttft_prompt_tokens=self.charged_prompt_tokens,
             ttft_excess_cap=self.ttft_excess_cap,
+            ttft_slo_per_prompt_token_s=self.ttft_allowance,
+            ttft_own_prompt_tokens=self.ttft_prompt_tokens or self.mean_prompt_tokens,
         )
 
     def adapt(self, observation: ServingObservation) -> None:
-        """Fold one period's observation into the burst hedge and the SLO feedback,
-        setting the prompt the TTFT proxy charges and the margin the next problem uses."""
+        """Fold one period's observation into the burst hedge, the attainment budget and
+        the SLO feedback, setting the prompt the TTFT proxy charges, the TTFT SLO it is
+        judged against and the margin the next problem uses."""
         period = self.control_period_s
         ttft_slo = observation.ttft_slo_s or self.plant.profile.ttft_slo_s
+        declared = self.ttft_prompt_tokens or self.mean_prompt_tokens
         if self.burst_hedge is not None:
             self.burst_hedge.update(observation, period)
-            declared = self.ttft_prompt_tokens or self.mean_prompt_tokens
             hedge = self.burst_hedge.prompt_tokens(self.mean_prompt_tokens, period, ttft_slo)
             self.charged_prompt_tokens = max(declared, hedge)
+        looseness = 1.0 if self.slo_budget is None else self.slo_budget.update(observation)
+        allowance = observation.ttft_slo_per_prompt_token_s
+        credit = 1.0 if self.slo_budget is None else self.slo_budget.allowance_credit
+        self.ttft_allowance = (
+            float(allowance) * credit
+            if self.latency_model == "iteration" and allowance is not None and allowance > 0.0
+            else 0.0
+        )
+        margin = min(1.0, self.slo_margin * looseness)
         if self.slo_feedback is not None:
-            self.effective_slo_margin = self.slo_margin / self.slo_feedback.update(
-                observation, period
-            )
+            margin /= self.slo_feedback.update(observation, period, looseness)
+        self.effective_slo_margin = margin
 
     def solve(self, problem: MPCProblem) -> tuple[FloatArray | None, str | None, float]:
         """Solve ``problem`` from the current clock and return a supported-clock plan.

@@ -81,6 +81,8 @@ class DiscreteSearchSolver:
         start_spread: least total level difference (summed over the free periods)
             between any two starts, so the searches begin in different basins of a
             rugged cost (60 is six levels a period over ten periods).
+        constant_stride: the constant plans are every this many levels (and the top
+            one); 1 prices every constant plan.
 
     The defaults were chosen on the scoreboard's solver comparison
     (``study/scoreboard/run.py``); see ``docs/scoreboard.md``.
@@ -92,12 +94,19 @@ class DiscreteSearchSolver:
     free_periods: int = 10
     start_spread: int = 60
     late_step_levels: int = 4
+    constant_stride: int = 1
     _pools: dict[tuple[int, int], IntArray] = field(default_factory=dict, repr=False)
     _moves: dict[int, IntArray] = field(default_factory=dict, repr=False)
     last_trials: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("coarse_levels", "starts", "maximum_trials", "free_periods"):
+        for name in (
+            "coarse_levels",
+            "starts",
+            "maximum_trials",
+            "free_periods",
+            "constant_stride",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         for name in ("late_step_levels", "start_spread"):
@@ -151,7 +160,10 @@ class DiscreteSearchSolver:
         key = (steps, levels)
         pool = self._pools.get(key)
         if pool is None:
-            constant = np.repeat(np.arange(levels, dtype=np.int64)[:, None], steps, axis=1)
+            constant_levels = np.unique(
+                np.append(np.arange(0, levels, self.constant_stride), levels - 1)
+            ).astype(np.int64)
+            constant = np.repeat(constant_levels[:, None], steps, axis=1)
             coarse = self._coarse(levels)
             first_grid, rest_grid = np.meshgrid(coarse, coarse, indexing="ij")
             first, rest = first_grid.reshape(-1), rest_grid.reshape(-1)

@@ -216,6 +216,20 @@ class MPCProblem:
     slo_margin: float = 1.0
     ttft_prompt_tokens: float | None = None
     ttft_excess_cap: float | None = None
+    ttft_slo_per_prompt_token_s: float = 0.0
+    """Per-prompt TTFT allowance (s per prompt token): the iteration model's TTFT proxy
+    is judged per prompt (:meth:`ttft_proxy`); 0 keeps the flat SLO."""
+    ttft_own_prompt_tokens: float | None = None
+    """The new request's own prompt within ``ttft_prompt`` (the rest is a burst ahead of
+    it, :class:`controllers.adaptation.BurstHedge`); default all of it."""
+
+    @property
+    def ttft_own_prompt(self) -> float:
+        """The new request's own prompt, at most the charged prompt."""
+        own = (
+            self.ttft_prompt if self.ttft_own_prompt_tokens is None else self.ttft_own_prompt_tokens
+        )
+        return min(own, self.ttft_prompt)
 
     @property
     def ttft_excess_cap_s(self) -> float:
@@ -250,6 +264,14 @@ class MPCProblem:
             raise ValueError(f"slo_margin must lie in (0, 1], got {self.slo_margin!r}")
         if self.ttft_excess_cap is not None and not self.ttft_excess_cap > 0.0:
             raise ValueError(f"ttft_excess_cap must be positive, got {self.ttft_excess_cap!r}")
+        if not (
+            math.isfinite(self.ttft_slo_per_prompt_token_s)
+            and self.ttft_slo_per_prompt_token_s >= 0.0
+        ):
+            raise ValueError(
+                "ttft_slo_per_prompt_token_s must be finite and >= 0, got "
+                f"{self.ttft_slo_per_prompt_token_s!r}"
+            )
         if self.latency_model not in LATENCY_MODELS:
             raise ValueError(
                 f"latency_model must be one of {LATENCY_MODELS}, got {self.latency_model!r}"
@@ -306,11 +328,23 @@ class MPCProblem:
     ) -> FloatArray:
         """TTFT proxy of the ``iteration`` latency model: the queued prompt tokens plus a
         new prompt, at the prefill rate chunked prefill leaves beside the decode batch
-        (``chunk`` tokens per iteration of ``t_dec + chunk / prefill_rate``)."""
+        (``chunk`` tokens per iteration of ``t_dec + chunk / prefill_rate``).
+
+        With a per-prompt allowance ``a`` the new request of ``P`` own prompt tokens meets
+        ``flat + a P``, i.e. its TTFT less ``a P`` meets the flat SLO, which the target
+        then judges. A shorter new prompt behind the same queue gains less allowance than
+        it saves prefill time wherever the clock prefills faster than ``1 / a`` tokens
+        per second, so the proxy is the worse of the charged prompt's and a prompt of
+        (almost) no tokens' (the queue alone): with no allowance, the first."""
         chunk = np.maximum(CHUNK_TOKENS - active, 32.0)
         iteration = self.decode_iteration_s(active, decode_rate) * (active > 1e-9)
         effective = chunk / (iteration + chunk / np.maximum(prefill_rate, 1e-12))
-        return (prefill + self.ttft_prompt) / effective
+        proxy = (prefill + self.ttft_prompt) / effective
+        allowance = self.ttft_slo_per_prompt_token_s
+        if allowance <= 0.0:
+            return proxy
+        own = self.ttft_own_prompt
+        return np.maximum(proxy - allowance * own, (prefill + self.ttft_prompt - own) / effective)
 
     @property
     def horizon_steps(self) -> int:

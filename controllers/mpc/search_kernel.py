@@ -77,7 +77,9 @@ _P_CHECK_THERMAL, _P_AMBIENT, _P_RESISTANCE, _P_DECAY, _P_THERMAL_LIMIT = 20, 21
 _P_PREVIOUS, _P_INV_PREFILL_MAX, _P_INV_DECODE_MAX, _P_CHUNK = 25, 26, 27, 28
 _P_TTFT_CAP = 29  # most TTFT excess penalised (s)
 _P_PERIOD = 30  # control period (s)
-_PARAMETERS = 31
+_P_TTFT_ALLOWANCE = 31  # per-prompt TTFT allowance (s per prompt token)
+_P_TTFT_OWN_PROMPT = 32  # the new request's own prompt within _P_TTFT_PROMPT
+_PARAMETERS = 33
 
 
 def problem_arrays(
@@ -168,6 +170,8 @@ def problem_arrays(
     parameters[_P_CHUNK] = CHUNK_TOKENS
     parameters[_P_TTFT_CAP] = problem.ttft_excess_cap_s
     parameters[_P_PERIOD] = h
+    parameters[_P_TTFT_ALLOWANCE] = problem.ttft_slo_per_prompt_token_s
+    parameters[_P_TTFT_OWN_PROMPT] = problem.ttft_own_prompt
     return table, parameters, np.asarray(problem.prompt_arrivals, dtype=float)
 
 
@@ -213,9 +217,17 @@ def _advance(
         t_dec = table[_T0, level] + table[_T1, level] * active
         chunk = max(parameters[_P_CHUNK] - active, 32.0)
         iteration = t_dec / chunk if busy else 0.0
-        ttft = (prefill + parameters[_P_TTFT_PROMPT]) * (
-            iteration + table[_INVERSE_RATE, level]
-        ) - parameters[_P_TTFT_TARGET]
+        per_token = iteration + table[_INVERSE_RATE, level]
+        ttft = (prefill + parameters[_P_TTFT_PROMPT]) * per_token
+        if parameters[_P_TTFT_ALLOWANCE] > 0.0:
+            # Judged per prompt (MPCProblem.ttft_proxy): the charged prompt less its
+            # allowance, or the queue alone ahead of a prompt of no tokens.
+            own = parameters[_P_TTFT_OWN_PROMPT]
+            ttft = max(
+                ttft - parameters[_P_TTFT_ALLOWANCE] * own,
+                (prefill + parameters[_P_TTFT_PROMPT] - own) * per_token,
+            )
+        ttft -= parameters[_P_TTFT_TARGET]
         stretch = max(1.0 - served_prefill * table[_INVERSE_CAPACITY, level], 0.05)
         # While prompts are prefilled every decode iteration carries a chunk: the share of
         # a request's decode life (at most a period) that the prefill stretch covers.

@@ -20,10 +20,14 @@ observation, from NVML), the SLOs and declared forecasts (config), and the
    requests, whose mixed iteration fits the TPOT SLO.
 
 Before the warm-up windows are in, the clock stays at the maximum (``docs/online.md``).
+With an SLO target, an :class:`~controllers.budget.AttainmentBudget` measures the
+attainment from the observation's counters and scales the MPC's margin, the SLO
+feedback's and the exploration's thresholds and ``uncertainty_z`` by its looseness.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import replace
@@ -34,6 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
+from gpugov.controllers.budget import AttainmentBudget, SLOTarget
 from gpugov.controllers.mpc.controller import (
     DEFAULT_EXPECTED_OUTPUT_TOKENS,
     DEFAULT_EXPECTED_PROMPT_TOKENS,
@@ -44,6 +49,8 @@ from gpugov.controllers.mpc.model import CHUNK_TOKENS
 from gpugov.controllers.online.exploration import (
     REFERENCE_BATCH,
     ArrivalClumping,
+    BacklogAge,
+    LatencyWindow,
     SafeExploration,
 )
 from gpugov.controllers.online.identification import (
@@ -52,6 +59,7 @@ from gpugov.controllers.online.identification import (
     PromptEstimate,
     window_between,
 )
+from gpugov.controllers.online.prior import AutoHints
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import PerformanceProfile
 from gpugov.plant.types import MPCDiagnostics, ServingObservation
@@ -63,6 +71,22 @@ ONLINE_STATUS = "online-identified"
 DEFAULT_THERMAL_LIMIT_C = 87.0
 UNCAPPED_POWER_SCALE_W = 300.0
 """Scale of the power prior (not a cap) when no power limit, hint or reading is known."""
+HORIZON_PERIODS = 10
+"""Default horizon, in control periods: the MPC plans ten decisions ahead whatever the
+period (2.5 s at 0.25 s), so a shorter period buys faster reactions without a longer
+solve (``docs/online.md``, "Cost")."""
+ONLINE_SEARCH: dict[str, Any] = {
+    "coarse_levels": 10,
+    "constant_stride": 4,
+    "late_step_levels": 2,
+    "starts": 2,
+    "maximum_trials": 300,
+}
+"""The discrete search ``mpc-online`` solves with (:class:`DiscreteSearchSolver`): a
+leaner pool and local search than ``mpc``'s, sized so that the whole decision fits in
+about a millisecond; its plans cost the MPC at most a few per cent more than the full
+search's, and every decision still passes the exploration floor, the burst guard and
+the decode descent (``bench/decision_time.py``, ``docs/online.md``)."""
 UNCAPPED_FACTOR = 10.0
 """With no cap known, the MPC plans on a 'cap' this many times the learned top power, so
 the cap never binds (``ServingPlant`` needs a finite one)."""
@@ -73,7 +97,8 @@ class OnlineMPCController:
 
     Args:
         mean_prompt_tokens, mean_output_tokens, ttft_prompt_tokens: declared forecasts.
-        horizon_s, control_period_s, solve_time_limit_s: as :class:`MPCController`.
+        horizon_s, control_period_s, solve_time_limit_s: as :class:`MPCController`;
+            the horizon defaults to :data:`HORIZON_PERIODS` control periods.
         slo_margin: base margin of the MPC's latency targets (the uncertainty widens it).
         ttft_slo_s, tpot_slo_s: SLOs used when the observation carries none.
         thermal_limit_c: used when the observation carries none.
@@ -81,10 +106,21 @@ class OnlineMPCController:
         warmup_s: seconds of busy windows at the maximum clock before the MPC takes over.
         uncertainty_z: standard deviations added to predicted latencies.
         prior: optional rough prior (:class:`ModelPrior`).
+        auto_hints: where no ``prior`` is given, the hints the node derives itself
+            (:class:`AutoHints`: GPU family from NVML's name, model size from the
+            engine's ``model_name``), asked when the first name arrives and when it
+            changes; None: no prior but ``prior``.
         power_limit_w: the domain's summed enforced power limit known at start (NVML),
             used when an observation carries none; else the prior's board power (TDP x
             GPUs, a hint); else no cap is assumed (:meth:`power_cap_w`).
         exploration: the :class:`SafeExploration` policy.
+        latency_window_s: the latency-driven rules (back-off, exploration slack, decode
+            descent, SLO feedback) read the engine's windowed latencies averaged over at
+            least this long (:class:`LatencyWindow`); the queue signals stay per tick.
+        slo_target: when given, spend the SLO budget (:mod:`controllers.budget`): the
+            looseness of an :class:`AttainmentBudget` scales the MPC's margin, the SLO
+            feedback's and the exploration's thresholds, and divides ``uncertainty_z``,
+            within ``[slo_margin, 1 / slo_margin]``.
         mpc_options: more :class:`MPCController` keyword arguments.
     """
 
@@ -94,7 +130,7 @@ class OnlineMPCController:
         mean_prompt_tokens: float = DEFAULT_EXPECTED_PROMPT_TOKENS,
         mean_output_tokens: float = DEFAULT_EXPECTED_OUTPUT_TOKENS,
         ttft_prompt_tokens: float | None = None,
-        horizon_s: float = 10.0,
+        horizon_s: float | None = None,
         control_period_s: float = 1.0,
         solve_time_limit_s: float = 0.8,
         slo_margin: float = 0.7,
@@ -106,10 +142,13 @@ class OnlineMPCController:
         uncertainty_z: float = 1.5,
         knots: int = 8,
         prior: ModelPrior | None = None,
+        auto_hints: AutoHints | None = None,
         power_limit_w: float | None = None,
         exploration: SafeExploration | None = None,
+        latency_window_s: float = 0.5,
         burst_guard: bool = True,
         decode_descent: bool = True,
+        slo_target: SLOTarget | None = None,
         timer: Callable[[], float] = perf_counter,
         **mpc_options: Any,
     ) -> None:
@@ -126,8 +165,10 @@ class OnlineMPCController:
         self.mean_prompt_tokens = float(mean_prompt_tokens)
         self.mean_output_tokens = float(mean_output_tokens)
         self.ttft_prompt_tokens = ttft_prompt_tokens
-        self.horizon_s = float(horizon_s)
         self.control_period_s = float(control_period_s)
+        self.horizon_s = (
+            HORIZON_PERIODS * self.control_period_s if horizon_s is None else float(horizon_s)
+        )
         self.solve_time_limit_s = float(solve_time_limit_s)
         self.slo_margin = float(slo_margin)
         self.ttft_slo_s = ttft_slo_s
@@ -138,12 +179,25 @@ class OnlineMPCController:
         self.uncertainty_z = float(uncertainty_z)
         self.knots = int(knots)
         self.prior = prior
+        self.auto_hints = auto_hints
+        self.auto_prior: ModelPrior | None = None
+        """The prior :attr:`auto_hints` gave for the served model (None: none yet)."""
+        self._hinted_name: str | None = None
         self.power_limit_w = power_limit_w
         self.last_power_limit_w: float | None = None
         self.exploration = exploration or SafeExploration()
+        self.latency_window = LatencyWindow(latency_window_s)
         self.burst_guard = bool(burst_guard)
         self.decode_descent = bool(decode_descent)
         self.clumping = ArrivalClumping()
+        self.backlog_age = BacklogAge()
+        self.budget = (
+            None
+            if slo_target is None
+            else AttainmentBudget(
+                slo_target, tightest=min(1.0, self.slo_margin), loosest=1.0 / self.slo_margin
+            )
+        )
         self.timer = timer
         self.mpc_options = mpc_options
         self.model: OnlineModel | None = None
@@ -155,6 +209,8 @@ class OnlineMPCController:
         self.update_times_s: list[float] = []
         self.resets = 0
         self.last_reason = "start"
+        self._profile_template: PerformanceProfile | None = None
+        """The first learned profile; later ones are copies of it with new values."""
         self.last_temperature_c: float | None = None
         """The last finite temperature observed (the MPC plans from it while a reading
         is NaN, as before the GPU's first temperature read)."""
@@ -180,14 +236,20 @@ class OnlineMPCController:
             memory_s=self.memory_s,
             period_s=self.control_period_s,
             warmup_windows=self.warmup_windows,
-            prior=self.prior,
+            prior=self.active_prior,
         )
+
+    @property
+    def active_prior(self) -> ModelPrior | None:
+        """The prior in use: the configured one, else the automatic hints' one."""
+        return self.prior if self.prior is not None else self.auto_prior
 
     def power_cap_w(self, observation: ServingObservation) -> float | None:
         """The domain's power cap: the observation's (NVML, every tick), else the last one
         an observation carried, else the enforced limit known at start, else the hinted
         board power (TDP x GPUs); None when nothing is known (no cap is assumed)."""
-        board = None if self.prior is None else self.prior.board_power_w
+        prior = self.active_prior
+        board = None if prior is None else prior.board_power_w
         for value in (
             observation.power_limit_w,
             self.last_power_limit_w,
@@ -202,7 +264,10 @@ class OnlineMPCController:
 
     def reset(self, observation: ServingObservation | None = None) -> None:
         """Forget the learned model (another model served, another GPU); re-learn."""
-        self.model = None if observation is None else self._new_model(observation)
+        self.model = None
+        if observation is not None:
+            self._follow_name(observation.model_name)
+            self.model = self._new_model(observation)
         self.mpc = None
         self.exploration = replace(
             self.exploration,
@@ -223,6 +288,7 @@ class OnlineMPCController:
         Raises:
             ValueError: the state does not fit this node's clocks or version.
         """
+        self._follow_name(observation.model_name)
         model = self._new_model(observation)
         model.load_state(state)
         self.model = model
@@ -248,7 +314,7 @@ class OnlineMPCController:
         ``uncertainty_z`` standard deviations (``pessimistic``), powers at the mean."""
         model = self.model
         assert model is not None
-        z = self.uncertainty_z if pessimistic else 0.0
+        z = self.effective_z if pessimistic else 0.0
         clocks = model.clocks_mhz
         context = self.context_tokens
         realized = clocks * model.realized_ratio
@@ -264,10 +330,13 @@ class OnlineMPCController:
         # are made non-increasing in the clock (running maximum from the top).
         prefill_s = _non_increasing(np.maximum(prefill_s, 1e-7))
         iteration_s = _non_increasing(np.maximum(iteration_s, 1e-5))
-        top = float(clocks[-1])
-        weights = max(model.decode_iteration_s(top, 0.0, 0.0)[0], 0.0)
-        batch_only = max(model.decode_iteration_s(top, REFERENCE_BATCH, 0.0)[0] - weights, 0.0)
-        full = max(model.decode_iteration_s(top, REFERENCE_BATCH, context)[0], 1e-9)
+        # The parts of the top clock's decode iteration (read on every supported clock:
+        # the model caches that basis for the exploration floor's table too).
+        weights = max(float(model.decode_iteration_mean(clocks, 0.0, 0.0)[-1]), 0.0)
+        batch_only = max(
+            float(model.decode_iteration_mean(clocks, REFERENCE_BATCH, 0.0)[-1]) - weights, 0.0
+        )
+        full = max(float(model.decode_iteration_mean(clocks, REFERENCE_BATCH, context)[-1]), 1e-9)
         kv = max(full - weights - batch_only, 0.0)
         total = weights + batch_only + kv
         fractions = (
@@ -288,18 +357,33 @@ class OnlineMPCController:
             },
             "power_limit_w": model.power_limit_w,
         }
-        return PerformanceProfile(
-            clock_mhz=clocks.copy(),
-            prefill_tokens_per_s=1.0 / prefill_s,
-            decode_tokens_per_s=REFERENCE_BATCH / iteration_s,
-            prefill_power_w=np.maximum(powers[0], 1.0),
-            decode_power_w=np.maximum(powers[1], 1.0),
-            idle_power_w=np.maximum(powers[2], 1.0),
-            ttft_slo_s=slos[0],
-            tpot_slo_s=slos[1],
-            manifest=manifest,
-            name="online",
-        )
+        values: dict[str, Any] = {
+            "prefill_tokens_per_s": 1.0 / prefill_s,
+            "decode_tokens_per_s": REFERENCE_BATCH / iteration_s,
+            "prefill_power_w": np.maximum(powers[0], 1.0),
+            "decode_power_w": np.maximum(powers[1], 1.0),
+            "idle_power_w": np.maximum(powers[2], 1.0),
+            "ttft_slo_s": float(slos[0]),
+            "tpot_slo_s": float(slos[1]),
+            "manifest": manifest,
+        }
+        template = self._profile_template
+        if (
+            template is not None
+            and template.clock_mhz.shape == clocks.shape
+            and bool(np.array_equal(template.clock_mhz, clocks))
+            and _finite_positive(values)
+        ):
+            # The same clocks, and values that are finite and positive by construction:
+            # the previous profile with the new values, without validating them again
+            # (a fifth of the decision's time otherwise).
+            profile = copy.copy(template)
+            for name, value in values.items():
+                object.__setattr__(profile, name, value)
+            return profile
+        profile = PerformanceProfile(clock_mhz=clocks.copy(), name="online", **values)
+        self._profile_template = profile
+        return profile
 
     def learned_plant(
         self, observation: ServingObservation, slos: tuple[float, float]
@@ -335,11 +419,12 @@ class OnlineMPCController:
     def _mpc(self, plant: ServingPlant) -> MPCController:
         if self.mpc is None:
             options: dict[str, Any] = {
-                "solver": DiscreteSearchSolver(),
+                "solver": DiscreteSearchSolver(**ONLINE_SEARCH),
                 "latency_model": "iteration",
                 "slo_margin": self.slo_margin,
                 "burst_hedge": BurstHedge(),
                 "slo_feedback": SLOFeedback(),
+                "slo_budget": self.budget,
                 "ttft_excess_cap": 1.0,
                 **self.mpc_options,
             }
@@ -365,6 +450,7 @@ class OnlineMPCController:
         if math.isfinite(observation.temperature_c):
             self.last_temperature_c = float(observation.temperature_c)
         name = observation.model_name
+        self._follow_name(name)
         if name is not None and self.model_name is not None and name != self.model_name:
             self.reset(observation)
         if name is not None:
@@ -386,9 +472,39 @@ class OnlineMPCController:
         if len(self.update_times_s) > 4096:
             del self.update_times_s[:2048]
 
+    def _follow_name(self, name: str | None) -> None:
+        """On a served model name not seen before, ask the automatic hints for its prior
+        (not when a prior is configured). A model still in its warm-up takes the prior's
+        clock shape at once (the first name often arrives after the first observation);
+        on a name change the model is reset after this, from the new prior."""
+        if name is None or name == self._hinted_name:
+            return
+        self._hinted_name = name
+        if self.auto_hints is None or self.prior is not None:
+            return
+        self.auto_prior = self.auto_hints.prior_for(name)
+        model = self.model
+        if model is not None and self.auto_prior is not None:
+            model.adopt_hint(self.auto_prior)
+
+    @property
+    def looseness(self) -> float:
+        """The attainment budget's looseness (1 without an SLO target)."""
+        return 1.0 if self.budget is None else self.budget.looseness
+
+    @property
+    def effective_z(self) -> float:
+        """``uncertainty_z`` over the looseness: the model is trusted more while the
+        measured attainment is ahead of its target."""
+        return self.uncertainty_z / self.looseness
+
     def __call__(self, observation: ServingObservation) -> float:
         self.observe(observation)
+        self.backlog_age.update(observation)
+        observation = self.latency_window.view(observation)
         self.clumping.update(observation)
+        if self.budget is not None:
+            self.exploration.looseness = self.budget.update(observation)
         model = self.model
         assert model is not None
         maximum = float(model.clocks_mhz[-1])
@@ -403,7 +519,7 @@ class OnlineMPCController:
         else:
             plant = self.learned_plant(observation, slos)
             decision = float(self._mpc(plant)(self._with_finite_temperature(observation, plant)))
-            floor = self.exploration.floor(model, observation, self.uncertainty_z)
+            floor = self.exploration.floor(model, observation, self.effective_z)
             guard = self.burst_floor(observation, slos) if self.burst_guard else None
             window = self.descent_window(observation, slos) if self.decode_descent else None
             # What the MPC and the exploration floor alone would give.
@@ -509,7 +625,7 @@ class OnlineMPCController:
         (read at the running batch), made non-increasing in the clock."""
         batch = max(1.0, float(observation.decode_active))
         chunk = max(CHUNK_TOKENS - batch, 32.0)
-        z = self.uncertainty_z
+        z = self.effective_z
         prefill_mean, prefill_std = table["prefill_s_per_token"]
         decode_mean, decode_std = table["decode_iteration_s"]
         mixed = decode_mean + z * decode_std + chunk * (prefill_mean + z * prefill_std)
@@ -528,9 +644,13 @@ class OnlineMPCController:
         chunk's prefill, each at mean + ``uncertainty_z`` std):
 
         * **drain**: the backlog, chunk by chunk, must be prefilled within the MPC's TTFT
-          target (``slo_margin`` times the TTFT SLO: the waiting prompts have already
-          waited part of it); a backlog only the top clock drains in time needs the top
-          clock, where the MPC's capped TTFT penalty would give it up;
+          target (``slo_margin`` times the TTFT SLO, the margin scaled by the attainment
+          budget's looseness) less the time its oldest prompt has already waited
+          (:class:`BacklogAge`, from the prompt counter and the backlog: the deadline does
+          not slide by a period at every tick); where one prompt waits, plus its per-prompt
+          allowance, behind several the flat SLO, as the last may be short; a backlog only
+          the top clock drains in time needs the top clock, where the MPC's capped TTFT
+          penalty would give it up;
         * **short answers**: beside decoding requests (or other waiting prompts, which
           decode beside the rest), a short answer gets all its tokens from mixed
           iterations, so its TPOT is the mixed iteration's time: that must fit the
@@ -560,7 +680,15 @@ class OnlineMPCController:
         if idle or others:
             fits &= mixed <= tpot_slo_s
         if draining:
-            fits &= math.ceil(backlog / chunk) * mixed <= self.slo_margin * ttft_slo_s
+            # The oldest waiting prompt has waited ``backlog_age.age_s`` already.
+            target = min(1.0, self.slo_margin * self.looseness) * ttft_slo_s
+            target -= self.backlog_age.age_s
+            if observation.waiting_requests <= 1:
+                # One prompt waits: its own per-prompt allowance is known (the whole
+                # backlog). Behind several, the last may be short: the flat SLO.
+                credit = 1.0 if self.budget is None else self.budget.allowance_credit
+                target += credit * (observation.ttft_slo_per_prompt_token_s or 0.0) * backlog
+            fits &= math.ceil(backlog / chunk) * mixed <= target
         return _first_fit(clocks, fits)
 
     def diagnostics(self) -> MPCDiagnostics:
@@ -610,6 +738,8 @@ class OnlineMPCController:
             "top_clock_pressure": self.exploration.baseline,
             "arrival_clumping": self.clumping.share,
             "resets": self.resets,
+            "prior": None if self.active_prior is None else self.active_prior.source,
+            "slo_budget": None if self.budget is None else self.budget.status(),
             "reason": self.last_reason,
             "model_name": self.model_name,
         }
@@ -628,6 +758,18 @@ def _first_fit(clocks: FloatArray, fits: NDArray[np.bool_]) -> float:
     """The lowest clock where ``fits`` holds, the top clock when it holds nowhere."""
     within = np.flatnonzero(fits)
     return float(clocks[within[0]]) if within.size else float(clocks[-1])
+
+
+def _finite_positive(values: dict[str, Any]) -> bool:
+    """Whether every number and array among ``values`` is finite and positive (what
+    :class:`PerformanceProfile` validates)."""
+    for value in values.values():
+        if isinstance(value, np.ndarray):
+            if not bool(np.all(np.isfinite(value) & (value > 0.0))):
+                return False
+        elif isinstance(value, float) and not (math.isfinite(value) and value > 0.0):
+            return False
+    return True
 
 
 def _non_increasing(values: FloatArray) -> FloatArray:

@@ -14,12 +14,15 @@ goes to the maximum at once and stays there for ``backoff_hold_s``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from gpugov.controllers.adaptation import SLOFeedback
+from gpugov.controllers.budget import loosened
 from gpugov.controllers.online.identification import OnlineModel
 from gpugov.plant.types import ServingObservation
 
@@ -57,6 +60,9 @@ class SafeExploration:
             baseline + headroom)`` (and 0.05 under the back-off threshold), back off
             above ``min(0.95, max(backoff, baseline + headroom))``; otherwise the top
             clock's own noise would trigger them.
+        looseness: the attainment budget's looseness
+            (:class:`controllers.budget.AttainmentBudget`), set each decision: both
+            thresholds are scaled by it, never past the SLO itself.
     """
 
     step_fraction: float = 0.08
@@ -76,6 +82,7 @@ class SafeExploration:
     raised_floor_mhz: float | None = None
     calm_count: int = 0
     raise_steps: int = 1
+    looseness: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.step_fraction <= 1.0:
@@ -107,13 +114,16 @@ class SafeExploration:
             target = min(target, max(physics, frontier - longest))
         # Never where the model is too unsure (relative std of the latency predictions):
         # the lowest candidate that is sure enough, all predicted in one vectorised pass.
-        candidates = clocks[(clocks >= target - 1e-9) & (clocks <= frontier + 1e-9)]
+        within = (clocks >= target - 1e-9) & (clocks <= frontier + 1e-9)
+        candidates = clocks[within]
         allowed = frontier
         if candidates.size:
-            table = model.table(candidates, REFERENCE_BATCH, 1024.0)
+            # Read on every supported clock (the model caches that table between its
+            # updates), then kept to the candidates.
+            table = model.table(clocks, REFERENCE_BATCH, 1024.0)
             relative = np.maximum(
                 _relative(*table["prefill_s_per_token"]), _relative(*table["decode_iteration_s"])
-            )
+            )[within]
             sure = np.flatnonzero(zscore * relative <= self.maximum_relative_std * max(zscore, 1.0))
             if sure.size:
                 allowed = float(candidates[sure[0]])
@@ -157,19 +167,21 @@ class SafeExploration:
     @property
     def explore_threshold(self) -> float:
         """Measured latency / SLO below which the floor may step down."""
+        slack = loosened(self.explore_slack, self.looseness)
         if self.baseline is None:
-            return self.explore_slack
+            return min(slack, self.backoff_threshold - 0.05)
         return min(
             self.backoff_threshold - 0.05,
-            max(self.explore_slack, self.baseline + self.baseline_headroom),
+            max(slack, self.baseline + self.baseline_headroom),
         )
 
     @property
     def backoff_threshold(self) -> float:
         """Measured latency / SLO above which the clock goes to the maximum."""
         if self.baseline is None:
-            return self.backoff
-        return min(0.95, max(self.backoff, self.baseline + self.baseline_headroom))
+            return loosened(self.backoff, self.looseness)
+        raised = min(0.95, max(self.backoff, self.baseline + self.baseline_headroom))
+        return loosened(raised, self.looseness)
 
     def observe_top(self, observation: ServingObservation, maximum_mhz: float) -> None:
         """Track the latency pressure measured while the top clock was requested."""
@@ -258,6 +270,101 @@ class ArrivalClumping:
         the warm-up holds the maximum clock meanwhile)."""
         share = self.share
         return share is not None and share >= self.threshold
+
+
+@dataclass
+class LatencyWindow:
+    """The engine's windowed TTFT and TPOT over at least ``span_s``, whatever the period.
+
+    Every latency-driven rule (the back-off, the exploration slack, the decode descent's
+    bound, the MPC's SLO feedback) compares one window's mean latency with a threshold.
+    A shorter control period makes each window's mean rest on fewer requests, so its
+    noise alone crosses the thresholds more often: at 0.25 s, one slow first token
+    decides a window. :meth:`view` gives those rules the mean latency-to-SLO ratio over
+    the windows of the last ``span_s`` (each window equally weighted; a window without a
+    measurement is left out), scaled back on the current window's SLO. At a period of
+    ``span_s`` or longer it is the observation itself. The queue and backlog signals
+    stay per tick: the burst guard still reacts at the next decision.
+    """
+
+    span_s: float = 0.5
+    _history: deque[tuple[float, float | None, float | None]] = field(
+        default_factory=deque, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.span_s) or self.span_s < 0.0:
+            raise ValueError(f"LatencyWindow.span_s must be >= 0, got {self.span_s!r}")
+
+    def view(self, observation: ServingObservation) -> ServingObservation:
+        """``observation`` with its windowed latencies averaged over ``span_s``."""
+        history = self._history
+        now = observation.time_s
+        if history and now < history[-1][0]:
+            history.clear()  # time went backwards: another run
+        ttft, tpot = SLOFeedback.latency_ratios(observation)
+        history.append((now, ttft, tpot))
+        while history and history[0][0] <= now - self.span_s + 1e-9:
+            history.popleft()
+        if len(history) <= 1:
+            return observation
+        ttfts = [entry[1] for entry in history if entry[1] is not None]
+        tpots = [entry[2] for entry in history if entry[2] is not None]
+        ttft_slo, tpot_slo = observation.ttft_slo_s, observation.tpot_slo_s
+        changes: dict[str, Any] = {}
+        if ttfts and ttft_slo is not None and ttft_slo > 0.0:
+            changes["ttft_recent_s"] = math.fsum(ttfts) / len(ttfts) * ttft_slo
+        if tpots and tpot_slo is not None and tpot_slo > 0.0:
+            changes["tpot_recent_s"] = math.fsum(tpots) / len(tpots) * tpot_slo
+        return replace(observation, **changes) if changes else observation
+
+
+@dataclass
+class BacklogAge:
+    """How long the oldest prompt token still waiting to be prefilled has waited, from the
+    engine's counters: the prompt tokens that arrived by each tick (prefilled so far,
+    ``prompt_tokens_total``, plus the backlog, ``prefill_remaining_tokens``) and, first
+    in first out, the tick by which the oldest token not yet prefilled had arrived.
+
+    The burst guard drains a backlog within the TTFT target *less* this age: a prompt
+    that arrived in a window at a lowered clock has already waited part of its SLO, and
+    at every later tick the deadline stays where it was instead of sliding by a period.
+    The token arrived between that tick and the one before it: the age counts from the
+    middle (half a period for a backlog the tick sees for the first time).
+    """
+
+    maximum_ticks: int = 4096
+    age_s: float = 0.0
+    _ticks: deque[tuple[float, float]] = field(default_factory=deque, repr=False)
+    _earlier_s: float | None = None
+
+    def update(self, observation: ServingObservation) -> float:
+        """Fold one tick in; return the age of the oldest waiting prompt token (0 when
+        nothing waits, or when a counter is not finite)."""
+        done = observation.prompt_tokens_total
+        waiting = observation.prefill_remaining_tokens
+        now = observation.time_s
+        ticks = self._ticks
+        if not (math.isfinite(done) and math.isfinite(waiting)):
+            ticks.clear()
+            self._earlier_s = None
+            self.age_s = 0.0
+            return self.age_s
+        arrived = done + waiting
+        if ticks and (now < ticks[-1][0] or arrived < ticks[-1][1] - 1e-6):
+            ticks.clear()  # a counter went backwards (an engine restart) or another run
+            self._earlier_s = None
+        ticks.append((now, arrived))
+        # Every token that had arrived by the first kept tick is prefilled: drop it.
+        while len(ticks) > 1 and (ticks[0][1] <= done + 1e-6 or len(ticks) > self.maximum_ticks):
+            self._earlier_s = ticks.popleft()[0]
+        if waiting <= 0.0:
+            self.age_s = 0.0
+            return self.age_s
+        head_s = ticks[0][0]
+        since_s = head_s if self._earlier_s is None else 0.5 * (self._earlier_s + head_s)
+        self.age_s = max(0.0, now - since_s)
+        return self.age_s
 
 
 def _relative(mean: FloatArray, std: FloatArray) -> FloatArray:

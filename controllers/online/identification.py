@@ -50,8 +50,6 @@ TIME_BLOCKS = ("prefill", "weights", "batch", "context")
 POWER_BLOCKS = ("idle", "prefill", "decode")
 NOISE_FLOOR = 1e-8
 """Least measurement-noise variance a regression assumes (keeps the gain finite)."""
-CLOCK_EVENT_HOLDS = 0x4 | 0x20 | 0x40 | 0x80
-"""NVML clock-event bits for software power cap, SW/HW thermal slowdown and HW slowdown."""
 NONFINITE_PARTS = ("window", "clock_ratio", "time", "power", "thermal")
 """Parts of :class:`OnlineModel` that skip a window holding a NaN or infinite field."""
 
@@ -190,13 +188,8 @@ def hat_weights(clock_mhz: float, knots_mhz: FloatArray) -> FloatArray:
     return weights
 
 
-def hat_matrix(clocks_mhz: FloatArray, knots_mhz: FloatArray) -> FloatArray:
-    """:func:`hat_weights` for every clock, one row each."""
-    return np.vstack([hat_weights(float(c), knots_mhz) for c in clocks_mhz])
-
-
 def hat_rows(clocks_mhz: FloatArray, knots_mhz: FloatArray) -> FloatArray:
-    """:func:`hat_matrix` vectorised (one ``np.interp`` per knot)."""
+    """:func:`hat_weights` for every clock, one row each (one ``np.interp`` per knot)."""
     eye = np.eye(knots_mhz.size)
     return np.column_stack([np.interp(clocks_mhz, knots_mhz, eye[j]) for j in range(eye.shape[0])])
 
@@ -224,7 +217,6 @@ class Window:
     energy_j: float | None
     realized_mhz: float
     requested_mhz: float | None
-    held: bool
     temperature_start_c: float
     temperature_end_c: float
 
@@ -272,10 +264,6 @@ def window_between(
     if current.energy_j is not None and previous.energy_j is not None:
         delta = current.energy_j - previous.energy_j
         energy = delta if delta >= 0.0 else None
-    held = False
-    reasons = getattr(current, "clock_event_reasons", None)
-    if reasons is not None:
-        held = bool(int(reasons) & CLOCK_EVENT_HOLDS)
     return Window(
         duration_s=duration,
         busy_s=busy,
@@ -288,7 +276,6 @@ def window_between(
         requested_mhz=previous.requested_clock_mhz
         if current.requested_clock_mhz is None
         else current.requested_clock_mhz,
-        held=held,
         temperature_start_c=previous.temperature_c,
         temperature_end_c=current.temperature_c,
     )
@@ -325,6 +312,19 @@ class PromptEstimate:
     def value(self) -> float | None:
         """The estimate, or None before a few requests were seen."""
         return self._tokens / self._requests if self._requests >= 3.0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class _TimeMoments:
+    """The time model's predictions at a set of clocks, per block: ``per_block[n, j]``
+    is block ``j``'s mean at clock ``n`` (unweighted by the work), ``cross[j, l, n]``
+    the covariance of blocks ``j`` and ``l`` there; valid for the estimate ``mean`` and
+    ``covariance`` (the arrays themselves, compared by identity)."""
+
+    mean: FloatArray
+    covariance: FloatArray
+    per_block: FloatArray
+    cross: FloatArray
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,6 +421,10 @@ class OnlineModel:
         self.skipped_nonfinite: dict[str, int] = dict.fromkeys(NONFINITE_PARTS, 0)
         """The same, per part of the model (``window``: the whole window was skipped)."""
         self.time_shape = np.ones((len(TIME_BLOCKS), k))
+        self._bases: dict[bytes, tuple[FloatArray, FloatArray, _TimeMoments | None]] = {}
+        """Per clock set :meth:`table` was asked about: the hat rows, the scaled hat rows
+        and the time model's per-block moments there (recomputed when the time model's
+        estimate changes: its arrays are replaced on every update)."""
         """Per-knot coefficient relative to the top knot's, per block: ones (the
         compute-bound extrapolation) unless a prior's ``time_table`` gives the physics."""
         self.prior = prior
@@ -482,6 +486,17 @@ class OnlineModel:
             mean, covariance = self._time_prior(coefficients[:, -1])
             self.time.reset_prior(mean, covariance * 4.0)
             self.warmed_up = True
+
+    def adopt_hint(self, prior: ModelPrior) -> bool:
+        """Take a rough hint's clock shape (``time_table``) that arrived after the model
+        was made (the engine's first ``model_name``): only while the warm-up still runs,
+        as the warm-up's end is where the shape is used; a prior that replaces the
+        warm-up, or a model already warmed up, is left as it is. True when taken."""
+        if self.warmed_up or prior.replaces_warmup or not prior.time_table:
+            return False
+        self.prior = prior
+        self._apply_hint(prior)
+        return True
 
     def _apply_prior(self, prior: ModelPrior) -> None:
         if prior.time_table:
@@ -666,38 +681,83 @@ class OnlineModel:
         )
         return self.time.predict(self._time_vector(clock_mhz, work))
 
+    def _basis(self, clocks: FloatArray) -> tuple[FloatArray, FloatArray, _TimeMoments]:
+        """The hat rows of ``clocks``, scaled by ``f_max / f``, and the time model's
+        per-block prediction moments there, cached per clock set and model estimate."""
+        key = clocks.tobytes()
+        cached = self._bases.get(key)
+        if cached is None:
+            if len(self._bases) >= 8:
+                self._bases.pop(next(iter(self._bases)))
+            hat = hat_rows(clocks, self.knots_mhz)
+            scaled = hat * (self.maximum_mhz / np.maximum(clocks, 1.0))[:, None]
+            cached = (hat, scaled, None)
+        hat, scaled, moments = cached
+        mean, covariance = self.time.mean, self.time.covariance
+        if moments is None or moments.mean is not mean or moments.covariance is not covariance:
+            k = self.knots_mhz.size
+            blocks = len(TIME_BLOCKS)
+            # Per clock: each block's mean, and the covariance of every pair of blocks'
+            # predictions (the scaled hat row through that pair's covariance block).
+            per_block = scaled @ mean.reshape(blocks, k).T
+            # (n, k) @ (k, blocks * blocks * k): one matrix product for every pair.
+            pairs = covariance.reshape(blocks, k, blocks, k).transpose(1, 0, 2, 3)
+            through = (scaled @ pairs.reshape(k, -1)).reshape(-1, blocks, blocks, k)
+            cross = np.einsum("njlb,nb->jln", through, scaled)
+            moments = _TimeMoments(mean, covariance, per_block, cross)
+            cached = (hat, scaled, moments)
+        self._bases[key] = cached
+        return hat, scaled, moments
+
+    @staticmethod
+    def _decode_weights(batch: float, context_tokens: float) -> FloatArray:
+        """The time blocks' work in one decode iteration of ``batch`` requests of
+        ``context_tokens`` context (the prefill block does none)."""
+        return np.array(
+            [
+                0.0,
+                1.0 / ITERATION_UNIT,
+                batch / DECODE_UNIT,
+                batch / DECODE_UNIT * context_tokens / CONTEXT_UNIT,
+            ]
+        )
+
+    def decode_iteration_mean(
+        self, clocks_mhz: FloatArray, batch: float, context_tokens: float
+    ) -> FloatArray:
+        """Mean seconds of one decode iteration at each of ``clocks_mhz`` (realised): the
+        ``decode_iteration_s`` mean of :meth:`table`, without the rest."""
+        _, _, moments = self._basis(np.ascontiguousarray(clocks_mhz, dtype=float))
+        return moments.per_block @ self._decode_weights(batch, context_tokens)
+
     def table(
         self, clocks_mhz: FloatArray, batch: float, context_tokens: float
     ) -> dict[str, tuple[FloatArray, FloatArray]]:
         """Vectorised predictions at many (realised) clocks: ``{name: (mean, std)}`` for
         ``prefill_s_per_token``, ``decode_iteration_s`` (at ``batch`` and
         ``context_tokens``) and the ``idle``/``prefill``/``decode`` powers (std omitted:
-        zeros)."""
-        clocks = np.asarray(clocks_mhz, dtype=float)
-        hat = hat_rows(clocks, self.knots_mhz)
-        scaled = hat * (self.maximum_mhz / np.maximum(clocks, 1.0))[:, None]
+        zeros). The clock-dependent part is cached per clock set and model estimate, so
+        asking again between two updates (other batches, other contexts) costs only the
+        weighting of four blocks."""
+        clocks = np.ascontiguousarray(clocks_mhz, dtype=float)
+        hat, _, moments = self._basis(clocks)
         k = self.knots_mhz.size
         out: dict[str, tuple[FloatArray, FloatArray]] = {}
-        zero = np.zeros((clocks.size, k))
-        prefill_x = np.hstack([scaled, zero, zero, zero])
-        decode_x = np.hstack(
-            [
-                zero,
-                scaled / ITERATION_UNIT,
-                scaled * batch / DECODE_UNIT,
-                scaled * batch / DECODE_UNIT * context_tokens / CONTEXT_UNIT,
-            ]
+        prefill_variance = moments.cross[0, 0]
+        out["prefill_s_per_token"] = (
+            moments.per_block[:, 0] / PROMPT_UNIT,
+            np.sqrt(np.maximum(prefill_variance, 0.0)) / PROMPT_UNIT,
         )
-        for name, x, unit in (
-            ("prefill_s_per_token", prefill_x, PROMPT_UNIT),
-            ("decode_iteration_s", decode_x, 1.0),
-        ):
-            mean = x @ self.time.mean
-            variance = ((x @ self.time.covariance) * x).sum(axis=1)
-            out[name] = (mean / unit, np.sqrt(np.maximum(variance, 0.0)) / unit)
+        weights = self._decode_weights(batch, context_tokens)
+        decode_variance = np.einsum("j,jln,l->n", weights, moments.cross, weights)
+        out["decode_iteration_s"] = (
+            moments.per_block @ weights,
+            np.sqrt(np.maximum(decode_variance, 0.0)),
+        )
         blocks = self.power.mean.reshape(len(POWER_BLOCKS), k)
+        powers = hat @ blocks.T
         for index, phase in enumerate(POWER_BLOCKS):
-            out[phase] = (hat @ blocks[index], np.zeros(clocks.size))
+            out[phase] = (powers[:, index], np.zeros(clocks.size))
         return out
 
     def phase_power_w(self, clock_mhz: float, phase: str) -> tuple[float, float]:

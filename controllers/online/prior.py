@@ -26,9 +26,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from gpugov.controllers.online.identification import ModelPrior
+from gpugov.controllers.online.model_names import hints_from_model_name
 from gpugov.plant import calibration
 from gpugov.plant.roofline import Domain, RooflineParameters
 from gpugov.plant.zoo import GPUS, GpuSpec, ModelSpec, ProfileSpec
@@ -225,9 +226,71 @@ def prior_from_hints(
     )
 
 
+@dataclass
+class AutoHints:
+    """Hints a node derives itself, for ``mpc-online`` with no ``prior`` configured: the
+    GPU family from NVML's device name and the model size from the engine's
+    ``model_name`` (:func:`controllers.online.model_names.hints_from_model_name`).
+
+    :meth:`prior_for` is asked once per served model name (the controller asks when the
+    first name arrives and when it changes); a name that states no size, or a GPU that is
+    not a known family, gives no prior and one warning line, never one per tick.
+
+    Args:
+        gpu: NVML name of the domain's first GPU (None: not reported).
+        tensor_parallel: the GPUs the model is split over (the domain's GPU count).
+        warn: where the warning lines go (the daemon's log); None drops them.
+    """
+
+    gpu: str | None = None
+    tensor_parallel: int = 1
+    warn: Callable[[str], None] | None = None
+    _priors: dict[str, ModelPrior | None] = field(default_factory=dict, repr=False)
+    _said: set[str] = field(default_factory=set, repr=False)
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._said and self.warn is not None:
+            self.warn(message)
+        self._said.add(message)
+
+    def prior_for(self, model_name: str) -> ModelPrior | None:
+        """The prior for ``model_name`` served on this domain's GPUs (None when the name
+        or the GPU gives none); computed once per name."""
+        if model_name in self._priors:
+            return self._priors[model_name]
+        params_b: float | None = None
+        active_params_b: float | None = None
+        size = hints_from_model_name(model_name)
+        if size is None:
+            self._warn_once(
+                f"mpc-online: the served model's name {model_name!r} states no size "
+                "(such as 70B, 8x7B or 30B-A3B); no prior from it"
+            )
+        else:
+            params_b, active_params_b = size
+        prior = None
+        if not self.gpu:
+            self._warn_once("mpc-online: the GPU reports no name; no prior from the GPU name")
+        else:
+            hints = PriorHints(
+                gpu=self.gpu,
+                params_b=params_b,
+                active_params_b=active_params_b,
+                tensor_parallel=self.tensor_parallel,
+            )
+            prior = prior_from_hints(hints, warn=self._warn_once)
+        if prior is not None:
+            prior = replace(prior, source=f"{prior.source} (served model {model_name!r})")
+        if len(self._priors) >= 16:
+            self._priors.pop(next(iter(self._priors)))
+        self._priors[model_name] = prior
+        return prior
+
+
 __all__ = [
     "AUTO",
     "GPU_FAMILIES",
+    "AutoHints",
     "HintError",
     "PriorHints",
     "gpu_family",

@@ -11,28 +11,24 @@ import threading
 from pathlib import Path
 from typing import Any
 
-EXIT_RUNTIME, EXIT_PERMISSION, EXIT_NO_GPU, EXIT_GPU_LOST, EXIT_INTERRUPTED = 1, 3, 4, 5, 130
+from gpugov.daemon.cli_support import UsageError, fail, parse_gpu_list
+from gpugov.daemon.errors import ExitCode
 
-
-def _error(message: str, code: int) -> int:
-    print(f"gpugov: error: {message}", file=sys.stderr)
-    return code
+EXIT_RUNTIME, EXIT_PERMISSION, EXIT_NO_GPU, EXIT_GPU_LOST, EXIT_INTERRUPTED = (
+    ExitCode.FAILURE,
+    ExitCode.PERMISSION,
+    ExitCode.NO_GPU,
+    ExitCode.GPU_LOST,
+    ExitCode.INTERRUPTED,
+)
 
 
 def _gpus(text: str) -> list[int | str]:
-    from gpugov.daemon.cli_support import UsageError
-
-    out: list[int | str] = []
-    for part in (p.strip() for p in text.split(",")):
-        if part.isdigit():
-            out.append(int(part))
-        elif part.startswith(("GPU-", "MIG-")):
-            out.append(part)
-        else:
-            raise UsageError(f"--gpus {text}: expected indices or GPU- UUIDs, comma separated")
-    if not out:
+    """``--gpus``: at least one index or UUID."""
+    gpus = parse_gpu_list(text) or []
+    if not gpus:
         raise UsageError("--gpus needs at least one GPU")
-    return out
+    return gpus
 
 
 def _max_model_len(url: str) -> int | None:
@@ -136,7 +132,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             open_backend(gpu, args.backend, dry_run=args.dry_run, emulator=emulator) for gpu in gpus
         ]
     except GpuUnavailable as error:
-        return _error(f"{error}", EXIT_NO_GPU)
+        return fail(f"{error}", EXIT_NO_GPU)
     try:
         supported = backends[0].supported_clocks_mhz()
         if args.clock_list:
@@ -203,18 +199,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
             backend=args.backend,
         )
     except Interrupted:
-        return _error(
+        return fail(
             f"interrupted; clocks reset; rerun with --resume to continue ({out_dir})",
             EXIT_INTERRUPTED,
         )
     except ProfileRunError as error:
-        return _error(f"{error}; clocks reset", EXIT_RUNTIME)
+        return fail(f"{error}; clocks reset", EXIT_RUNTIME)
     except PermissionDenied as error:
-        return _error(f"{error}", EXIT_PERMISSION)
+        return fail(f"{error}", EXIT_PERMISSION)
     except GpuLost as error:
-        return _error(f"{error}; clocks reset where possible", EXIT_GPU_LOST)
+        return fail(f"{error}; clocks reset where possible", EXIT_GPU_LOST)
     except GpugovError as error:
-        return _error(f"{error}; clocks reset", EXIT_RUNTIME)
+        return fail(f"{error}; clocks reset", EXIT_RUNTIME)
     finally:
         for backend in backends:
             backend.close()

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.controllers.mpc.controller import expected_output_tokens_forecast
 from gpugov.controllers.open_loop import optimize_open_loop
@@ -46,12 +47,14 @@ def study_controller(
     control_period_s: float,
     safety: SafetySettings | None = None,
     plan: object = None,
+    slo_target: SLOTarget | None = None,
 ) -> ControllerWrapper:
     """``spec``'s controller on a simulated domain of ``plant``, as ``gpugov run --simulate
     --virtual`` builds it: the node's factory and safety chain, forecasts declared from the
-    workload before the run, the plant itself for an ``mpc``, virtual time."""
+    workload before the run, the plant itself for an ``mpc``, virtual time; ``slo_target``
+    as a domain's ``[domains.slo_target]``."""
     context = ControllerContext.for_plant(
-        plant, workload, period_s=control_period_s, safety=safety, plan=plan
+        plant, workload, period_s=control_period_s, safety=safety, plan=plan, slo_target=slo_target
     )
     return build_controller(spec, context)
 
@@ -81,13 +84,14 @@ def scoreboard_online(
     workload: Sequence[Request],
     *,
     control_period_s: float,
-    horizon_s: float = 10.0,
+    horizon_s: float | None = None,
     solve_time_limit_s: float = 0.8,
     safety: SafetySettings | None = None,
 ) -> ControllerWrapper:
     """``mpc-online`` in its safety chain, as ``gpugov run --simulate`` builds it: declared
     forecasts from the workload; SLOs from the observations only. It never reads the
-    plant's profile (the plant gives only the clocks a node would list)."""
+    plant's profile (the plant gives only the clocks a node would list). ``horizon_s``
+    None: its default, ten control periods."""
     spec = OnlineMPCControllerConfig(
         kind="mpc-online", horizon_s=horizon_s, solve_time_limit_s=solve_time_limit_s
     )
@@ -103,6 +107,7 @@ def build_scoreboard_controllers(
     mpc_solve_time_limit_s: float = 0.8,
     fast_mpc_period_s: float | None = None,
     safety: SafetySettings | None = None,
+    slo_target: SLOTarget | None = None,
 ) -> list[ControllerEntry]:
     """The online controllers of the scoreboard, in table order (the one place to swap
     one in: keys ``max``, ``reactive``, ``open-loop``, ``mpc-slsqp``, ``mpc``,
@@ -111,8 +116,11 @@ def build_scoreboard_controllers(
     The MPCs are the daemon's config kinds ``mpc-slsqp`` (the seed's SLSQP solver and
     fluid model, the reference) and ``mpc`` (the fast discrete-search solver with its
     latency model, SLO margin, burst hedge and SLO feedback). The fast MPC and
-    ``mpc-online`` run every ``fast_mpc_period_s`` (default: the scenario's period) over
-    the same horizon in seconds, since their solve time allows it.
+    ``mpc-online`` run every ``fast_mpc_period_s`` (default: the scenario's period), since
+    their solve time allows it: the MPCs over ``mpc_horizon_s``, ``mpc-online`` over its
+    default horizon of ten control periods (as a node runs it). Every controller is given
+    ``slo_target`` (the scoreboard's :attr:`BenchConfig.slo_target`); ``mpc`` and
+    ``mpc-online`` spend the misses it allows.
 
     The open-loop plan (:func:`optimize_open_loop`) covers the scenario to 60 s past the
     last arrival with the MPC's output forecast; its factory solves the LP, so building it
@@ -125,7 +133,7 @@ def build_scoreboard_controllers(
 
     def make(spec: ControllerConfig, period: float) -> Callable[[], ControllerWrapper]:
         return lambda: study_controller(
-            spec, plant, requests, control_period_s=period, safety=safety
+            spec, plant, requests, control_period_s=period, safety=safety, slo_target=slo_target
         )
 
     def open_loop() -> ControllerWrapper:
@@ -152,9 +160,7 @@ def build_scoreboard_controllers(
             solve_time_limit_s=mpc_solve_time_limit_s,
         )
 
-    online = OnlineMPCControllerConfig(
-        kind="mpc-online", horizon_s=mpc_horizon_s, solve_time_limit_s=mpc_solve_time_limit_s
-    )
+    online = OnlineMPCControllerConfig(kind="mpc-online", solve_time_limit_s=mpc_solve_time_limit_s)
     return [
         ControllerEntry(
             "max", LABELS["max"], make(MaxControllerConfig(kind="max"), control_period_s)

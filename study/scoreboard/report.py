@@ -4,7 +4,6 @@ the strict JSON and the short table on stdout."""
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import numpy as np
 from gpugov.controllers.oracles import (
     SLO_TOLERANCE,
 )
+from gpugov.daemon.files import json_safe
 from gpugov.study.online_eval import (
     online_model_lines,
 )
@@ -110,6 +110,18 @@ def _trace(info: dict[str, Any]) -> str:
     return info["trace"] if start is None else f"{info['trace']} @{start:g} s"
 
 
+def _chain_line(config: dict[str, Any]) -> str:
+    """The safety chain every controller ran in (older results have none recorded)."""
+    if "dwell_s" not in config:
+        return "Controllers ran without the node's safety chain (recorded before it applied)."
+    floor = config.get("floor_mhz")
+    return (
+        "Every controller ran in the node's safety chain: clamp to the supported clocks, "
+        + (f"floor {floor:g} MHz, " if floor else "no floor, ")
+        + f"{config['dwell_s']:g} s dwell before a lower clock (a raise passes at once)."
+    )
+
+
 def markdown(payload: dict[str, Any]) -> str:
     """The scoreboard as markdown: settings, per-scenario tables, summary, comparison."""
     lines = [
@@ -122,6 +134,7 @@ def markdown(payload: dict[str, Any]) -> str:
         f"Control period {payload['config']['control_period_s']:g} s (the fast MPC "
         f"{payload['config'].get('fast_mpc_period_s', payload['config']['control_period_s']):g}"
         f" s); MPC horizon {payload['config']['mpc_horizon_s']:g} s.",
+        _chain_line(payload["config"]),
         "",
     ]
     if payload["skipped"]:
@@ -301,19 +314,6 @@ def write_plot(payload: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _strict(value: Any) -> Any:
-    """Replace non-finite floats by None so the JSON is strict."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_strict(v) for v in value]
-    if isinstance(value, np.generic):
-        return _strict(value.item())
-    return value
-
-
 def write_outputs(payload: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     """Write ``scoreboard.json``, ``scoreboard.md`` and ``scoreboard.png`` to ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -322,7 +322,7 @@ def write_outputs(payload: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         "md": out_dir / "scoreboard.md",
         "png": out_dir / "scoreboard.png",
     }
-    paths["json"].write_text(json.dumps(_strict(payload), indent=1, allow_nan=False) + "\n")
+    paths["json"].write_text(json.dumps(json_safe(payload), indent=1, allow_nan=False) + "\n")
     paths["md"].write_text(markdown(payload))
     write_plot(payload, paths["png"])
     return paths

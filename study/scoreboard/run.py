@@ -245,6 +245,7 @@ def run_scenario(
         mpc_solve_time_limit_s=config.mpc_solve_time_limit_s,
         fast_mpc_period_s=config.fast_mpc_period_s,
         safety=config.safety,
+        slo_target=config.slo_target,
     ):
         start = time.perf_counter()
         chain = entry.build()
@@ -537,7 +538,8 @@ def run_scoreboard(
         "config": {
             key: list(value) if isinstance(value, tuple) else value
             for key, value in asdict(replace(config, jobs=jobs)).items()
-        },
+        }
+        | {"slo_target": None if config.slo_target is None else config.slo_target.as_dict()},
         "definitions": DEFINITIONS,
         "machine": {
             "python": platform.python_version(),

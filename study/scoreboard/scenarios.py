@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.controllers.baseline import maximum_clock_controller
+from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.oracles import (
     SLO_TOLERANCE,
 )
@@ -65,7 +66,6 @@ CONTROLLER_ORDER = (
     "mpc-online",
     "window-oracle",
 )
-ORACLE_KEYS = frozenset({"best-fixed", "window-oracle"})
 
 
 # --------------------------------------------------------------------- configuration
@@ -99,6 +99,17 @@ class BenchConfig:
     windows: int = 1
     """Windows per trace (``--windows``): 1 runs the trace's one scoreboard window; more
     add held-out windows at other starts (``study/scoreboard/windows.py``)."""
+
+    @property
+    def slo_target(self) -> SLOTarget | None:
+        """The SLO target every scored controller is given, from the SLO condition's own
+        ``tolerance`` (one number for both): ``1 - tolerance`` of the requests over the
+        scenario's ``duration_s``, the whole window the condition judges. Where the
+        maximum clock attains 100 % this is the condition itself; where it attains less
+        the target is stricter than the condition. None with no tolerance."""
+        if not self.tolerance > 0.0:
+            return None
+        return SLOTarget(attainment=1.0 - self.tolerance, window_s=self.duration_s)
 
     @property
     def safety(self) -> SafetySettings:

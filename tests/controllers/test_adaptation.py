@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
+from gpugov.controllers.adaptation import BurstHedge, SLOFeedback, _linear_quantile
 from gpugov.controllers.mpc.controller import MPCController
 from gpugov.controllers.mpc.fast import DiscreteSearchSolver
 from gpugov.plant import ServingObservation
@@ -50,6 +50,15 @@ def test_burst_hedge_sums_an_slo_long_run_of_short_periods() -> None:
         hedge.update(_seen(cumulative), period_s=0.5)
     # Two half-second periods per one-second SLO: the largest pair is 3 + 2.
     assert hedge.burst_requests(period_s=0.5, ttft_slo_s=1.0) == 5.0
+
+
+@pytest.mark.parametrize("quantile", [0.0, 0.1, 0.5, 0.9, 0.95, 1.0])
+def test_the_hedge_quantile_is_numpys_to_the_last_bit(quantile: float) -> None:
+    rng = np.random.default_rng(5)
+    for size in (1, 2, 3, 7, 237, 240):
+        for _ in range(20):
+            values = rng.integers(0, 12, size=size).astype(float)
+            assert _linear_quantile(values, quantile) == float(np.quantile(values, quantile))
 
 
 def test_burst_hedge_forgets_old_periods_and_survives_a_counter_reset() -> None:

@@ -198,3 +198,103 @@ def test_on_a_plant_whose_mixed_iteration_nears_the_slo_at_the_top_clock_it_hold
     assert result.metrics.slo_attainment >= reference.metrics.slo_attainment - 0.01
     assert result.metrics.energy_j < reference.metrics.energy_j
     assert guarded > 0 and controller.clumping.clumped
+
+
+def _steady_with(long_prompt_at: float | None) -> list[Request]:
+    """Steady decoding (a request every 0.5 s, 400 tokens each), and optionally one
+    16k-token prompt arriving at ``long_prompt_at``."""
+    rng = np.random.default_rng(3)
+    steady = [Request(0, 0.5 * i, int(rng.integers(200, 800)), 400) for i in range(160)]
+    if long_prompt_at is not None:
+        steady.append(Request(0, long_prompt_at, 16_000, 50))
+    merged = sorted(steady, key=lambda r: r.arrival_time_s)
+    return [
+        Request(i, r.arrival_time_s, r.prompt_tokens, r.output_tokens) for i, r in enumerate(merged)
+    ]
+
+
+def _decisions(
+    workload: list[Request], period: float
+) -> tuple[list[tuple[float, float, float, str]], object]:
+    controller = OnlineMPCController(
+        control_period_s=period, mean_prompt_tokens=500.0, mean_output_tokens=400.0, warmup_s=10.0
+    )
+    seen: list[tuple[float, float, float, str]] = []
+
+    def recording(observation: ServingObservation) -> float:
+        decision = float(controller(observation))
+        seen.append(
+            (
+                observation.time_s,
+                observation.prefill_remaining_tokens,
+                decision,
+                controller.last_reason,
+            )
+        )
+        return decision
+
+    result = simulate(
+        workload, make_plant(), chunked_prefill_scheduler, recording, 0, control_period_s=period
+    )
+    return seen, result
+
+
+def test_a_long_prompt_arriving_in_a_lowered_window_raises_the_clock_at_the_next_tick() -> None:
+    """Steady decoding; a 16k-token prompt arrives just after a decision that lowered the
+    clock (0.25 s period). The next decision sees its backlog and raises the clock to
+    drain it (the burst guard), one period later at most."""
+    period = 0.25
+    top = float(make_plant().profile.clock_mhz[-1])
+    quiet, _ = _decisions(_steady_with(None), period)
+    lowered = next(t for t, _, d, _ in quiet if t >= 55.0 and d < top)
+    arrival = lowered + 0.3 * period
+    seen, result = _decisions(_steady_with(arrival), period)
+    decided = {t: d for t, _, d, _ in seen}
+    assert decided[lowered] < top  # the same decisions up to the arrival
+    t, backlog, decision, why = next(row for row in seen if row[0] > arrival)
+    assert t - arrival <= period and backlog > CHUNK_TOKENS
+    assert decision == top and why == "burst-guard"
+    # Its TTFT is within a tenth of what the maximum clock all along gives it.
+    at_top = simulate(
+        _steady_with(arrival), make_plant(), chunked_prefill_scheduler, maximum_clock_controller, 0
+    )
+
+    def long_ttft(records: object) -> float:
+        return next(r.ttft_s for r in records if r.prompt_tokens == 16_000)  # type: ignore[attr-defined]
+
+    assert long_ttft(result.request_records) <= 1.1 * long_ttft(at_top.request_records)  # type: ignore[attr-defined]
+
+
+def test_the_backlog_age_follows_the_oldest_waiting_prompt_token() -> None:
+    from dataclasses import replace
+
+    from gpugov.controllers.online.exploration import BacklogAge
+
+    def tick(time_s: float, done: float, waiting: float) -> ServingObservation:
+        seen = _seen(backlog=waiting, running=0, waiting=int(waiting > 0))
+        return replace(seen, time_s=time_s, prompt_tokens_total=done)
+
+    age = BacklogAge()
+    assert age.update(tick(0.0, 0.0, 0.0)) == 0.0
+    # 4,000 tokens arrive between 0.0 and 0.25 s: half a period old when first seen.
+    assert age.update(tick(0.25, 0.0, 4_000.0)) == pytest.approx(0.125)
+    # 1,000 prefilled, 600 more arrive: the oldest waiting token is still the first lot's.
+    assert age.update(tick(0.5, 1_000.0, 3_600.0)) == pytest.approx(0.375)
+    # The first lot is prefilled: the oldest waiting token came with the second lot.
+    assert age.update(tick(0.75, 4_100.0, 500.0)) == pytest.approx(0.375)
+    # All drained: no age.
+    assert age.update(tick(1.0, 4_600.0, 0.0)) == 0.0
+    # An engine restart (the counter went backwards) starts afresh; so does a NaN.
+    assert age.update(tick(1.25, 0.0, 1_000.0)) == pytest.approx(0.0)
+    assert age.update(tick(1.5, float("nan"), 1_000.0)) == 0.0
+
+
+def test_a_backlog_that_already_waited_gets_a_faster_clock() -> None:
+    controller = _controller()
+    observation = _seen(backlog=6 * CHUNK_TOKENS, running=8, waiting=3)
+    fresh = controller.burst_floor(observation, (1.0, 0.1))
+    controller.backlog_age.age_s = 0.4  # the oldest prompt waited 0.4 s of its 1 s SLO
+    waited = controller.burst_floor(observation, (1.0, 0.1))
+    assert fresh is not None and waited is not None and waited > fresh
+    controller.backlog_age.age_s = 0.8  # past the 0.7 s target: only the top clock
+    assert controller.burst_floor(observation, (1.0, 0.1)) == float(CLOCKS[-1])

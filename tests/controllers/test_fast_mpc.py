@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from test_mpc import _observation, _random_states
 
-from gpugov.controllers.mpc.controller import MPCController, MPCProblem, search_kernel
+from gpugov.controllers.mpc import search_kernel
+from gpugov.controllers.mpc.controller import MPCController, MPCProblem
 from gpugov.controllers.mpc.fast import DiscreteSearchSolver, plan_costs
 from gpugov.controllers.mpc.search_kernel import local_search, price_plans, problem_arrays
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, load_trace, simulate
@@ -228,6 +229,7 @@ def test_every_search_is_bounded_by_its_trial_cap(synthetic_plant) -> None:  # t
         ("free_periods", 0),
         ("late_step_levels", -1),
         ("start_spread", -1),
+        ("constant_stride", 0),
     ],
 )
 def test_solver_settings_validated(name: str, value: int) -> None:
@@ -244,6 +246,16 @@ def test_candidate_pool_holds_every_family() -> None:
     assert (0, 0, 0, 8, 8) in pool and (2, 2, 12, 12, 12) in pool  # late steps
     warm = np.array([1, 2, 3, 4, 5])
     assert tuple(solver.candidates(5, 13, warm)[-1]) == (1, 2, 3, 4, 5)
+
+
+def test_a_constant_stride_keeps_every_nth_constant_plan_and_the_top() -> None:
+    solver = DiscreteSearchSolver(coarse_levels=4, late_step_levels=0, constant_stride=4)
+    pool = {tuple(row) for row in solver.candidates(5, 14, None)}
+    constants = sorted(row[0] for row in pool if len(set(row)) == 1)
+    # Every 4th level and the top one; the coarse grid's levels are constants too
+    # (two-block plans whose blocks agree).
+    assert {0, 4, 8, 12, 13} <= set(constants)
+    assert 7 not in constants and 2 not in constants
 
 
 def test_kernels_compile_in_memory_where_no_cache_is_writable(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -108,7 +108,6 @@ def test_online_model_recovers_known_latency_and_power_curves() -> None:
                 energy,
                 clock,
                 clock,
-                False,
                 60.0,
                 60.0,
             )
@@ -132,9 +131,7 @@ def test_unexplored_clocks_are_predicted_pessimistically_with_wide_uncertainty()
     clocks = np.arange(600.0, 1801.0, 50.0)
     model = OnlineModel(clocks, 600.0, warmup_windows=20)
     for _ in range(60):  # only the top clock, as in the warm-up
-        model.update(
-            Window(1.0, 0.5, 5000.0, 0.0, 0.0, 0.0, None, 1800.0, 1800.0, False, 60.0, 60.0)
-        )
+        model.update(Window(1.0, 0.5, 5000.0, 0.0, 0.0, 0.0, None, 1800.0, 1800.0, 60.0, 60.0))
     top_mean, top_std = model.prefill_s_per_token(1800.0)
     low_mean, low_std = model.prefill_s_per_token(600.0)
     # Compute-bound extrapolation (time ~ 1/f): the slowest the physics allows.
@@ -166,7 +163,6 @@ def test_memory_is_bounded_over_100k_updates() -> None:
             300.0,
             float(rng.choice(clocks)),
             None,
-            False,
             60.0,
             60.1,
         )
@@ -382,3 +378,136 @@ def test_a_profile_prior_skips_the_warm_up(profile) -> None:  # type: ignore[no-
     # Without a hint the model starts unwarmed and the controller holds the top clock.
     bare = OnlineModel(profile.clock_mhz, 700.0)
     assert not bare.warmed_up and bare.confidence() == 0.0
+
+
+# ------------------------------------------------------------ the fast decision's parts
+def _table_by_features(model: OnlineModel, clocks: np.ndarray, batch: float, context: float):  # type: ignore[no-untyped-def]
+    """The predictions as the regression states them: one feature row per clock."""
+    prefill, decode = [], []
+    for clock in clocks:
+        prefill.append(model.prefill_s_per_token(float(clock)))
+        decode.append(model.decode_iteration_s(float(clock), batch, context))
+    return np.array(prefill), np.array(decode)
+
+
+def test_the_cached_table_equals_the_regressions_predictions_after_every_update() -> None:
+    clocks = np.arange(345.0, 1981.0, 15.0)
+    model = OnlineModel(clocks, 700.0, warmup_windows=5)
+    rng = np.random.default_rng(2)
+    asked = clocks[::7] * 0.98
+    for _ in range(12):
+        clock = float(rng.choice(clocks[60:]))
+        model.update(
+            Window(
+                1.0,
+                0.6,
+                2000.0 * rng.random(),
+                600.0,
+                12.0,
+                1000.0,
+                400.0,
+                clock,
+                clock,
+                False,
+                60.0,
+                61.0,
+            )
+        )
+        for batch, context in ((64.0, 1000.0), (2.0, 6000.0)):
+            table = model.table(asked, batch, context)  # the second ask is served cached
+            again = model.table(asked, batch, context)
+            prefill, decode = _table_by_features(model, asked, batch, context)
+            for got in (table, again):
+                np.testing.assert_allclose(got["prefill_s_per_token"][0], prefill[:, 0], rtol=1e-9)
+                np.testing.assert_allclose(
+                    got["prefill_s_per_token"][1], prefill[:, 1], rtol=1e-9, atol=1e-15
+                )
+                np.testing.assert_allclose(got["decode_iteration_s"][0], decode[:, 0], rtol=1e-9)
+                np.testing.assert_allclose(
+                    got["decode_iteration_s"][1], decode[:, 1], rtol=1e-9, atol=1e-15
+                )
+            np.testing.assert_allclose(
+                model.decode_iteration_mean(asked, batch, context), decode[:, 0], rtol=1e-9
+            )
+
+
+def test_a_copied_learned_profile_equals_a_validated_one() -> None:
+    """After the first, learned profiles are copies with new values (not revalidated):
+    every field is what a validated construction gives."""
+    plant = make_plant()
+    workload = [Request(i, 0.3 * i, 800, 60) for i in range(200)]
+    controller = OnlineMPCController(
+        warmup_s=5.0, mean_prompt_tokens=800.0, mean_output_tokens=60.0
+    )
+    simulate(workload, plant, chunked_prefill_scheduler, controller, 0)
+    slos = (1.0, 0.05)
+    first = controller.learned_profile(slos)
+    second = controller.learned_profile((1.2, 0.06))
+    assert second is not first and controller._profile_template is not None
+    rebuilt = PerformanceProfile(
+        clock_mhz=second.clock_mhz,
+        prefill_tokens_per_s=second.prefill_tokens_per_s,
+        decode_tokens_per_s=second.decode_tokens_per_s,
+        prefill_power_w=second.prefill_power_w,
+        decode_power_w=second.decode_power_w,
+        idle_power_w=second.idle_power_w,
+        ttft_slo_s=1.2,
+        tpot_slo_s=0.06,
+        manifest=second.manifest,
+        name="online",
+    )
+    assert (second.ttft_slo_s, second.tpot_slo_s) == (1.2, 0.06)
+    assert second.manifest == first.manifest
+    for clock in (345.0, 1000.0, 1980.0):
+        for phase in ("prefill", "decode"):
+            assert second.rate(phase, clock) == rebuilt.rate(phase, clock)
+        for phase in ("prefill", "decode", "idle"):
+            assert second.power(phase, clock) == rebuilt.power(phase, clock)
+
+
+def test_the_latency_window_averages_over_its_span_whatever_the_period() -> None:
+    from dataclasses import replace
+
+    from gpugov.controllers.online.exploration import LatencyWindow
+
+    def seen(time_s: float, ttft: float | None, tpot: float | None, slo: float = 1.0):  # type: ignore[no-untyped-def]
+        return replace(
+            _observation_at(time_s), ttft_recent_s=ttft, tpot_recent_s=tpot, ttft_slo_s=slo
+        )
+
+    window = LatencyWindow(0.5)
+    # 0.25 s periods: each view averages the ratios of the last two windows.
+    assert window.view(seen(0.25, 0.9, 0.04)).ttft_recent_s == pytest.approx(0.9)
+    second = window.view(seen(0.5, 0.1, None))
+    assert second.ttft_recent_s == pytest.approx(0.5)  # (0.9 + 0.1) / 2
+    assert second.tpot_recent_s == pytest.approx(0.04)  # the window with a TPOT
+    # The ratio is kept when the SLO changes: 0.1/1.0 and 1.0/2.0 -> 0.3 of 2.0.
+    assert window.view(seen(0.75, 1.0, None, slo=2.0)).ttft_recent_s == pytest.approx(0.6)
+    # At a period of the span or longer: the observation itself.
+    slow = LatencyWindow(0.5)
+    first = seen(1.0, 0.9, 0.04)
+    assert slow.view(first) is first
+    later = seen(1.5, 0.2, 0.01)
+    assert slow.view(later) is later
+    with pytest.raises(ValueError, match="span_s"):
+        LatencyWindow(-1.0)
+
+
+def _observation_at(time_s: float):  # type: ignore[no-untyped-def]
+    from gpugov.plant.types import ServingObservation
+
+    return ServingObservation(
+        time_s=time_s,
+        step_index=int(time_s * 4),
+        arrived_requests=0,
+        prefill_remaining_tokens=0.0,
+        decode_active=0,
+        generated_decode_tokens=0.0,
+        temperature_c=40.0,
+        tpot_slo_s=0.05,
+    )
+
+
+def test_the_default_horizon_is_ten_control_periods() -> None:
+    assert OnlineMPCController(control_period_s=0.25).horizon_s == pytest.approx(2.5)
+    assert OnlineMPCController(control_period_s=1.0, horizon_s=20.0).horizon_s == 20.0

@@ -36,7 +36,6 @@ def _window(**fields: float) -> Window:
         "energy_j": 500.0,
         "realized_mhz": 1980.0,
         "requested_mhz": 1980.0,
-        "held": False,
         "temperature_start_c": 60.0,
         "temperature_end_c": 60.5,
     }

@@ -204,7 +204,6 @@ def _windows_to_tolerance(prior: Any, seed: int = 0) -> tuple[int | None, float]
                 None,
                 clock,
                 clock,
-                False,
                 60.0,
                 60.0,
             )
@@ -256,14 +255,12 @@ def test_a_restored_model_keeps_its_level_under_a_hint() -> None:
     learned = OnlineModel(clocks, 1600.0, warmup_windows=5)
     for _ in range(10):
         learned.update(
-            Window(1.0, 0.5, 2000.0, 640.0, 10.0, 1000.0, None, 1410.0, 1410.0, False, 60.0, 60.0)
+            Window(1.0, 0.5, 2000.0, 640.0, 10.0, 1000.0, None, 1410.0, 1410.0, 60.0, 60.0)
         )
     restored = OnlineModel(clocks, 1600.0, warmup_windows=5, prior=prior)
     restored.load_state(learned.state_dict())
     before = restored.prefill_s_per_token(1410.0)[0]
-    restored.update(
-        Window(1.0, 0.5, 2000.0, 640.0, 10.0, 1000.0, None, 1410.0, 1410.0, False, 60.0, 60.0)
-    )
+    restored.update(Window(1.0, 0.5, 2000.0, 640.0, 10.0, 1000.0, None, 1410.0, 1410.0, 60.0, 60.0))
     assert restored.prefill_s_per_token(1410.0)[0] == pytest.approx(before, rel=0.05)
 
 

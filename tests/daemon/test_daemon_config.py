@@ -76,6 +76,11 @@ def test_defaults() -> None:
         ),
         (_domain(safety={"dwell_s": -1}), "domains[0].safety.dwell_s", "greater than or equal"),
         (_domain(safety={"floor_mhz": 0}), "domains[0].safety.floor_mhz", "greater than 0"),
+        (
+            _domain(safety={"min_relock_interval_s": -0.1}),
+            "domains[0].safety.min_relock_interval_s",
+            "greater than or equal",
+        ),
         (_domain(failsafe="min"), "domains[0].failsafe", "'max' or 'unlock'"),
         (_domain(stale_after_s=float("inf")), "domains[0].stale_after_s", "finite"),
         (

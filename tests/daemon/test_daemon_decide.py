@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -258,6 +259,39 @@ def test_dwell_holds_a_lower_clock_and_lets_a_raise_through_at_once() -> None:
     # waits 2 s from the last change (t=3.5).
     assert out == [1500.0, 1500.0, 900.0, 1200.0, 1980.0, 1980.0, 900.0]
     assert dwell.suppressed == 2
+
+
+def test_no_relock_sooner_than_the_minimum_interval_raises_included() -> None:
+    """Decisions every 50 ms (a fake clock: the observations' times): no two changes of
+    the applied clock less than 100 ms apart, and a raise is late by at most 100 ms."""
+    script = [1500.0, 1980.0, 1980.0, 1200.0, 1980.0, 1980.0, 900.0, 1980.0, 1980.0]
+    chain = MinimumDwell(Scripted(script), dwell_s=0.0, min_relock_interval_s=0.1)
+    times = [0.05 * k for k in range(len(script))]
+    out = [chain(_obs(t)) for t in times]
+    # The raise asked at 0.05 s passes at 0.10 s; 1200 (0.15 s) is deferred and no longer
+    # asked by 0.20 s; 900 passes at 0.30 s; the raise asked at 0.35 s passes at 0.40 s.
+    assert out == [1500.0, 1500.0, 1980.0, 1980.0, 1980.0, 1980.0, 900.0, 900.0, 1980.0]
+    changes = [t for t, a, b in zip(times[1:], out[:-1], out[1:], strict=True) if a != b]
+    assert changes == pytest.approx([0.10, 0.30, 0.40])
+    assert all(b - a >= 0.1 - 1e-9 for a, b in itertools.pairwise(changes))
+    assert chain.deferred == 3 and chain.suppressed == 0
+    # At a period of the interval or longer it never binds.
+    slow = MinimumDwell(Scripted([1500.0, 1980.0, 900.0, 1980.0]), 0.0, 0.1)
+    assert [slow(_obs(0.1 * k)) for k in range(4)] == [1500.0, 1980.0, 900.0, 1980.0]
+    assert slow.deferred == 0
+    # The dwell still holds a lower clock longer than the interval.
+    dwell = MinimumDwell(Scripted([1980.0, 900.0, 900.0]), 1.0, 0.1)
+    assert [dwell(_obs(t)) for t in (0.0, 0.5, 1.0)] == [1980.0, 1980.0, 900.0]
+    assert dwell.suppressed == 1 and dwell.deferred == 0
+
+
+def test_the_chain_takes_the_relock_interval_from_the_settings() -> None:
+    chain = with_safety(Scripted([900.0, 1980.0]), CLOCKS, SafetySettings(dwell_s=0.0))
+    assert chain.min_relock_interval_s == pytest.approx(0.1)
+    assert chain(_obs(0.0)) == 900.0 and chain(_obs(0.05)) == 900.0  # deferred
+    with pytest.raises(ValueError, match="min_relock_interval_s"):
+        SafetySettings(min_relock_interval_s=-1.0)
+    assert SafetySettings().as_dict()["min_relock_interval_s"] == pytest.approx(0.1)
 
 
 def test_controller_exceptions_propagate_through_wrappers() -> None:

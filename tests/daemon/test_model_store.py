@@ -15,11 +15,11 @@ from synthetic import make_plant
 
 from gpugov.cli import main
 from gpugov.controllers.online.controller import OnlineMPCController
+from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.model_store import (
     PersistentOnlineModel,
     model_path,
     read_stored,
-    state_directory,
 )
 from gpugov.plant import chunked_prefill_scheduler, load_profile, simulate
 from gpugov.plant.types import Request, ServingObservation
@@ -118,10 +118,10 @@ def test_corrupt_state_is_set_aside_and_learning_starts_fresh(tmp_path: Path, co
 
 def test_state_directory_defaults_to_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/gpugov:/other")
-    assert state_directory(None) == Path("/var/lib/gpugov")
-    assert state_directory("/x") == Path("/x")
+    assert resolve_state_dir(None) == Path("/var/lib/gpugov")
+    assert resolve_state_dir("/x") == Path("/x")
     monkeypatch.delenv("STATE_DIRECTORY")
-    assert state_directory(None) is None
+    assert resolve_state_dir(None) is None
 
 
 def test_model_show_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -378,3 +378,28 @@ def test_a_dry_run_keys_the_model_by_the_gpu_uuids(
     assert keys == [uuids, uuids]
     dry = DryRunBackend(backends[0].inner)  # type: ignore[attr-defined]
     assert dry.uuid == fake.gpus[0].uuid and dry.name == fake.gpus[0].name
+
+
+def test_a_restored_warmed_up_model_skips_the_warm_up(tmp_path: Path) -> None:
+    """A restarted node saves from its first decision: the restored model is warmed up,
+    so no decision is spent at the top clock for a warm-up."""
+    _learn(tmp_path)
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    top = float(make_plant().profile.clock_mhz[-1])
+    reasons: list[str] = []
+    decisions: list[float] = []
+
+    def recording(observation: ServingObservation) -> float:
+        decision = Named(wrapper, "llama")(observation)
+        reasons.append(wrapper.inner.last_reason)
+        decisions.append(float(decision))
+        return decision
+
+    simulate(_workload(10.0, seed=5), make_plant(), chunked_prefill_scheduler, recording, 0)
+    assert wrapper.restored
+    assert "warm-up" not in reasons
+    assert decisions[0] < top
+    # A fresh node (nothing stored) spends its first decisions on the warm-up.
+    fresh = PersistentOnlineModel(_controller(), tmp_path / "other", "llm", GPUS)
+    simulate(_workload(3.0, seed=5), make_plant(), chunked_prefill_scheduler, fresh, 0)
+    assert fresh.inner.last_reason == "warm-up"

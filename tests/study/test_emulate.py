@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 from synthetic import make_plant
 
+from gpugov.daemon.attainment import bucket_delta, count_within, total
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.daemon.engines import ScrapedSource
@@ -135,6 +136,12 @@ def test_metrics_page_moves_and_parses_with_vllm_source(emulator: EmulatorServer
     assert after.ttft is not None and after.ttft.count == 1
     assert after.tpot is not None and after.tpot.count == 4
     assert after.kv_capacity_tokens == pytest.approx(400_000, rel=1e-3)
+    # The buckets give the SLO attainment (daemon.attainment): the one first token and
+    # its four inter-token intervals, all within a 10 s SLO.
+    ttft = bucket_delta(after.ttft_buckets, before.ttft_buckets)
+    itl = bucket_delta(after.tpot_buckets, before.tpot_buckets)
+    assert ttft is not None and total(ttft) == 1 and count_within(ttft, 10.0) == 1
+    assert itl is not None and total(itl) == 4 and not after.tpot_buckets_per_request
     _, page = _get(emulator.url, "/metrics")
     text = page.decode()
     labels = 'engine="0",model_name="gpugov-emulated",le="2560.0"'

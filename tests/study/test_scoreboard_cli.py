@@ -147,9 +147,8 @@ def test_bench_requires_a_benchmark_name() -> None:
 def test_scoreboard_is_the_study_package_module() -> None:
     module = bench_cli.scoreboard_module()
     assert module.__name__ == "gpugov.study.scoreboard.run"
-    assert (
-        Path(module.__file__).resolve()
-        == Path(__file__).resolve().parents[2] / "study" / "scoreboard" / "run.py"
+    assert Path(module.__file__).resolve() == (
+        Path(__file__).resolve().parents[2] / "study" / "scoreboard" / "run.py"
     )
 
 

@@ -1,0 +1,297 @@
+"""Spend the SLO-attainment budget: a loop that loosens a controller's safety margins while
+the measured attainment is ahead of its target and tightens them when it falls behind.
+
+An SRE states an SLO target as "``attainment`` of the requests meet their latency SLOs over
+a rolling ``window_s``" (:class:`SLOTarget`). A request meets them when its TTFT is within
+its TTFT SLO (the flat SLO plus any per-prompt allowance) and its TPOT within the TPOT SLO:
+the plant's ``slo_attainment`` (``plant/result.py``). The fraction ``1 - attainment`` is the
+*budget* of misses the target allows. The controllers' margins (the MPC's SLO margin, the
+SLO feedback's pressure, ``mpc-online``'s exploration thresholds and uncertainty) were set to
+hold the SLO with no misses at all; :class:`AttainmentBudget` measures the attainment the
+node actually achieves and moves one factor, the *looseness*, that scales those margins.
+
+The measurement is the observation's cumulative counters (``ttft_within_slo_total`` /
+``ttft_count_total``, ``tpot_within_slo_total`` / ``tpot_count_total``: exact in the plant,
+estimated from the engine's histograms on a node). TTFT and TPOT are counted apart (an
+engine's histograms do not pair them per request), so the window's miss fraction is the
+union bound ``TTFT misses / first tokens + TPOT misses / TPOT counts``: at least the true
+share of requests missing either, so the estimate never overstates the attainment.
+
+The rule (``docs/online.md``, "Spending the SLO budget"), with ``e = 1 - attainment`` the
+budget, ``N`` the requests in the window, ``A = e N`` the misses the target allows there,
+``S`` the misses counted in the window and ``m_s`` the miss fraction of its last twelfth
+(the short window of an SRE's multi-window burn-rate alert):
+
+* **behind** when ``S > 3A/4`` (a quarter of the budget is kept in reserve for the misses
+  still under way) or ``m_s > 3e`` (the short window burns the budget three times faster
+  than the target sustains: at that rate a twelfth of the window spends a quarter of the
+  window's budget): the looseness falls, fast: across its whole range in one short window
+  (``window_s / 12``);
+* **ahead** when ``S < A/2``, ``m_s <= e`` (the short window burns no faster than the
+  target sustains) and ``A >= 2`` (one more miss would cost at most half the budget, so
+  the window holds enough requests to tell): the looseness rises, slowly: across its
+  whole range in half a window, so that half the window's requests were served at the
+  older, tighter setting when it gets there and a loosening that costs misses shows in the
+  window before it has gone far;
+* otherwise it holds. It moves in log space and stays within ``[tightest, loosest]``.
+
+No constant here is tuned to a profile: the fractions are shares of the budget and the
+rates are in units of the window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from gpugov.plant.types import ServingObservation
+
+SHORT_WINDOW_SHARE = 1.0 / 12.0
+"""The short window's share of the long one (an SRE's 5 minutes against an hour)."""
+BEHIND_SHARE = 0.75
+"""Budget share spent in the window above which the loop tightens."""
+AHEAD_SHARE = 0.5
+"""Budget share spent in the window below which the loop may loosen."""
+FAST_BURN_RATE = 3.0
+"""Burn rate (the short window's miss fraction over the budget) above which the loop
+tightens."""
+MINIMUM_ALLOWED_MISSES = 2.0
+"""Misses the target must allow in the window before the loop loosens."""
+LOOSEN_WINDOWS = 0.5
+"""Windows the looseness takes to cross its range upwards."""
+SNAPSHOTS_PER_WINDOW = 120
+"""Counter snapshots kept per window (the window's resolution)."""
+
+
+@dataclass(frozen=True)
+class SLOTarget:
+    """An SLO target as an SRE writes one: ``attainment`` of the requests meet both latency
+    SLOs over a rolling ``window_s`` (``0.99`` over ``600`` s is a p99 target).
+
+    Raises:
+        ValueError: ``attainment`` outside (0, 1) or ``window_s`` not positive.
+    """
+
+    attainment: float
+    window_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.attainment) and 0.0 < self.attainment < 1.0):
+            raise ValueError(f"attainment must lie in (0, 1), got {self.attainment!r}")
+        if not (math.isfinite(self.window_s) and self.window_s > 0.0):
+            raise ValueError(f"window_s must be positive, got {self.window_s!r}")
+
+    @property
+    def budget(self) -> float:
+        """The share of requests the target allows to miss."""
+        return 1.0 - self.attainment
+
+    def as_dict(self) -> dict[str, float]:
+        """JSON-able form (``attainment``, ``window_s``)."""
+        return {"attainment": self.attainment, "window_s": self.window_s}
+
+
+@dataclass(frozen=True, slots=True)
+class AttainmentCounters:
+    """One observation's cumulative SLO counters (a pair is None when unmeasured)."""
+
+    time_s: float
+    ttft: tuple[float, float] | None
+    """(within SLO, count) of first tokens."""
+    tpot: tuple[float, float] | None
+    """(within SLO, count) of TPOT judgements."""
+
+    @classmethod
+    def of(cls, observation: ServingObservation) -> AttainmentCounters | None:
+        """The observation's counters, or None when it carries neither pair."""
+        ttft = _pair(observation.ttft_within_slo_total, observation.ttft_count_total)
+        tpot = _pair(observation.tpot_within_slo_total, observation.tpot_count_total)
+        if ttft is None and tpot is None:
+            return None
+        return cls(float(observation.time_s), ttft, tpot)
+
+    def went_back(self, before: AttainmentCounters) -> bool:
+        """Whether a counter decreased since ``before`` (a source restarted) or a pair
+        appeared or vanished (the deltas would mix different sources)."""
+        for now, then in ((self.ttft, before.ttft), (self.tpot, before.tpot)):
+            if (now is None) != (then is None):
+                return True
+            if now is not None and then is not None and (now[0] < then[0] or now[1] < then[1]):
+                return True
+        return False
+
+
+def _pair(within: float | None, count: float | None) -> tuple[float, float] | None:
+    if within is None or count is None or not (math.isfinite(within) and math.isfinite(count)):
+        return None
+    return float(within), float(count)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowAttainment:
+    """What the counters say about one window."""
+
+    requests: float
+    """Requests judged in the window (first tokens; TPOT counts where TTFT is unmeasured)."""
+    miss_fraction: float
+    """Union bound on the share of requests that missed either SLO."""
+
+    @property
+    def misses(self) -> float:
+        """Misses in the window, in requests."""
+        return self.requests * self.miss_fraction
+
+    @property
+    def attainment(self) -> float | None:
+        """``1 - miss_fraction``, None for an empty window."""
+        return None if self.requests <= 0.0 else 1.0 - self.miss_fraction
+
+
+def window_attainment(now: AttainmentCounters, before: AttainmentCounters) -> WindowAttainment:
+    """The attainment between two snapshots of the same source (union bound: module
+    notes)."""
+    miss = 0.0
+    requests = 0.0
+    for pair, base, primary in ((now.ttft, before.ttft, True), (now.tpot, before.tpot, False)):
+        if pair is None or base is None:
+            continue
+        count = pair[1] - base[1]
+        if count <= 0.0:
+            continue
+        within = min(max(pair[0] - base[0], 0.0), count)
+        miss += (count - within) / count
+        if primary or requests == 0.0:
+            requests = count
+    return WindowAttainment(requests=requests, miss_fraction=min(1.0, miss))
+
+
+@dataclass
+class AttainmentBudget:
+    """The attainment-tracking loop (module notes): :meth:`update` once per decision
+    returns the looseness the controller scales its margins by.
+
+    Args:
+        target: the SLO target.
+        tightest: the lowest looseness (below 1: tighter than the controller's defaults).
+        loosest: the highest looseness.
+    """
+
+    target: SLOTarget
+    tightest: float = 0.7
+    loosest: float = 1.0 / 0.7
+    looseness: float = 1.0
+    last: WindowAttainment | None = None
+    """The long window's attainment at the last update (None before any counters)."""
+    _history: deque[AttainmentCounters] = field(default_factory=deque, repr=False)
+    _last_time_s: float | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.tightest <= 1.0 <= self.loosest < math.inf):
+            raise ValueError(
+                "AttainmentBudget needs 0 < tightest <= 1 <= loosest, got "
+                f"{self.tightest!r} and {self.loosest!r}"
+            )
+        self.looseness = min(self.loosest, max(self.tightest, self.looseness))
+
+    @property
+    def window_s(self) -> float:
+        """The long window."""
+        return self.target.window_s
+
+    def update(self, observation: ServingObservation) -> float:
+        """Fold one observation in (idempotent per ``time_s``: the MPC inside a controller
+        may call it again on the same observation) and return the looseness."""
+        now = AttainmentCounters.of(observation)
+        time_s = float(observation.time_s)
+        previous_time = self._last_time_s
+        if previous_time is not None and time_s <= previous_time:
+            return self.looseness
+        self._last_time_s = time_s
+        if now is None:
+            return self.looseness  # nothing measured: hold
+        history = self._history
+        if history and now.went_back(history[-1]):
+            history.clear()  # a restarted source: its counters start again
+        window = self.window_s
+        if not history or time_s - history[-1].time_s >= window / SNAPSHOTS_PER_WINDOW:
+            history.append(now)
+        while len(history) >= 2 and history[1].time_s <= time_s - window:
+            history.popleft()
+        if len(history) < 2 and history[0] is now:
+            self.last = None
+            return self.looseness
+        self.last = long = window_attainment(now, history[0])
+        short = window_attainment(now, self._base(time_s - SHORT_WINDOW_SHARE * window))
+        period = 0.0 if previous_time is None else time_s - previous_time
+        self.looseness = self.next_looseness(long, short, period)
+        return self.looseness
+
+    def _base(self, since_s: float) -> AttainmentCounters:
+        """The latest snapshot at or before ``since_s`` (else the oldest kept)."""
+        base = self._history[0]
+        for snapshot in self._history:
+            if snapshot.time_s > since_s:
+                break
+            base = snapshot
+        return base
+
+    def next_looseness(
+        self, long: WindowAttainment, short: WindowAttainment, period_s: float
+    ) -> float:
+        """One step of the rule (module notes) over ``period_s`` seconds."""
+        allowed = self.target.budget * long.requests
+        span = math.log(self.loosest / self.tightest)
+        budget = self.target.budget
+        behind = (
+            long.misses > BEHIND_SHARE * allowed or short.miss_fraction > FAST_BURN_RATE * budget
+        )
+        ahead = (
+            long.misses < AHEAD_SHARE * allowed
+            and short.miss_fraction <= budget
+            and allowed >= MINIMUM_ALLOWED_MISSES
+        )
+        log_looseness = math.log(self.looseness)
+        if behind:
+            log_looseness -= span * period_s / (SHORT_WINDOW_SHARE * self.window_s)
+        elif ahead:
+            log_looseness += span * period_s / (LOOSEN_WINDOWS * self.window_s)
+        return min(self.loosest, max(self.tightest, math.exp(log_looseness)))
+
+    @property
+    def allowance_credit(self) -> float:
+        """The share of a per-prompt TTFT allowance the controller may plan with: all of
+        it from a looseness of 1 up, none at the tightest. Judging a long prompt against
+        its own, longer SLO lets the clock down, but a short prompt that lands behind it
+        at that clock may miss: a spend the loop gives back when behind."""
+        if self.tightest >= 1.0:
+            return 1.0
+        return min(1.0, max(0.0, (self.looseness - self.tightest) / (1.0 - self.tightest)))
+
+    def status(self) -> dict[str, float | None]:
+        """What the exporter and the scoreboard report: target, window, measured
+        attainment and looseness."""
+        last = self.last
+        return {
+            "target": self.target.attainment,
+            "window_s": self.window_s,
+            "attainment": None if last is None else last.attainment,
+            "requests": None if last is None else last.requests,
+            "looseness": self.looseness,
+        }
+
+
+def loosened(threshold: float, looseness: float) -> float:
+    """``threshold`` (a latency over its SLO) scaled by ``looseness``, never loosened past
+    the SLO itself (1) unless it already was."""
+    return min(threshold * looseness, max(threshold, 1.0))
+
+
+__all__ = [
+    "AttainmentBudget",
+    "AttainmentCounters",
+    "SLOTarget",
+    "WindowAttainment",
+    "loosened",
+    "window_attainment",
+]

@@ -1,0 +1,96 @@
+"""The served model's size from its name: ``Llama-3.1-70B-Instruct`` is 70 billion
+parameters, ``Mixtral-8x7B`` about 45 billion of which about 12 are active per token,
+``Qwen3-30B-A3B`` 30 billion with 3 active.
+
+An engine labels its metrics with the served model's name (vLLM's and SGLang's
+``model_name``), and most public checkpoints carry their parameter count in it. That
+is enough for a rough prior (:mod:`controllers.online.prior`) on a node nobody
+described: :func:`hints_from_model_name` reads it, and returns None when the name
+states no size (``deepseek-ai/DeepSeek-V3``, ``microsoft/phi-4``) rather than guess.
+
+What counts as a size: a number directly followed by ``B`` (billions) or ``M``
+(millions, 50M or more: ``1M`` is a context length), standing alone between separators
+(``-``, ``_``, ``/``, ``.``, space, brackets): ``70B``, ``7b``, ``1.5B``, ``0.5B``,
+``405B``, ``135M``. ``NxMB`` is a mixture of ``N`` experts of an ``M``-billion model
+(``8x7B``, ``8x22B``); ``A3B``/``A22B`` gives the parameters active per token. A
+version (``v0.1``, ``3.1``), a date (``2407``), a context length (``128k``, ``1M``), a
+quantisation (``4bit``, ``bf16``) or a GPU (``A100``) is not a size.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+_EDGE_BEFORE = r"(?<![A-Za-z0-9.])"
+_EDGE_AFTER = r"(?![A-Za-z0-9])"
+_NUMBER = r"(\d{1,5}(?:\.\d{1,3})?)"
+MIXTURE = re.compile(rf"{_EDGE_BEFORE}(\d{{1,3}})[xX]{_NUMBER}([bB]){_EDGE_AFTER}")
+ACTIVE = re.compile(rf"{_EDGE_BEFORE}[aA]{_NUMBER}([bB]){_EDGE_AFTER}")
+PLAIN = re.compile(rf"{_EDGE_BEFORE}{_NUMBER}([bBmM]){_EDGE_AFTER}")
+
+SHARED_FRACTION = 0.22
+"""Of an ``NxMB`` mixture's ``M``-billion base model, the share every token uses
+(attention, embeddings, norms); the rest is the feed-forward network each expert
+replaces. Mixtral-8x7B (46.7B total, 12.9B active of a 7.2B base) and Mixtral-8x22B
+(141B, 39B of 22B) both give 0.22-0.23."""
+EXPERTS_PER_TOKEN = 2
+"""Experts an ``NxMB`` mixture routes each token to (Mixtral's top-2)."""
+SMALLEST_MILLIONS = 50.0
+"""``M`` sizes below this are context lengths (``1M``), not models."""
+LARGEST_BILLIONS = 10_000.0
+
+
+class ModelSize(NamedTuple):
+    """Parameters of a served model, billions: in all, and active per token (an MoE's
+    are fewer; a dense model's are the same)."""
+
+    params_b: float
+    active_params_b: float
+
+
+def hints_from_model_name(name: str | None) -> ModelSize | None:
+    """The model size a served model's name states, or None when it states none.
+
+    ``8x7B`` counts as a mixture (:data:`SHARED_FRACTION`, :data:`EXPERTS_PER_TOKEN`);
+    ``A3B`` sets the active parameters of the total a plain size gives (an ``A`` size
+    with no total is ambiguous: None). Several plain sizes: the largest (a distilled
+    ``...-Llama-70B`` names its own size last, but a name never lists a smaller model
+    than the one served).
+    """
+    if not name:
+        return None
+    mixture = MIXTURE.search(name)
+    if mixture is not None:
+        experts = int(mixture.group(1))
+        base = float(mixture.group(2))
+        if experts < 1 or not 0.0 < base <= LARGEST_BILLIONS:
+            return None
+        shared = SHARED_FRACTION * base
+        total = shared + experts * (base - shared)
+        active = shared + min(experts, EXPERTS_PER_TOKEN) * (base - shared)
+        return ModelSize(round(total, 3), round(min(active, total), 3))
+    # Sizes outside a mixture or an active-parameter token.
+    masked = ACTIVE.sub(" ", name)
+    sizes = []
+    for match in PLAIN.finditer(masked):
+        value = float(match.group(1))
+        if match.group(2) in "mM":
+            if value < SMALLEST_MILLIONS:
+                continue
+            value /= 1000.0
+        if 0.0 < value <= LARGEST_BILLIONS:
+            sizes.append(value)
+    if not sizes:
+        return None
+    total = max(sizes)
+    active_match = ACTIVE.search(name)
+    active = total
+    if active_match is not None:
+        stated = float(active_match.group(1))
+        if 0.0 < stated <= total:
+            active = stated
+    return ModelSize(total, active)
+
+
+__all__ = ["ModelSize", "hints_from_model_name"]

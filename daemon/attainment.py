@@ -1,0 +1,143 @@
+"""SLO attainment from an engine's latency histograms: how many requests met their SLO.
+
+The engines publish Prometheus histograms: cumulative counts of observations at or below
+each bucket's upper bound ``le`` (``vllm:time_to_first_token_seconds_bucket`` and so on).
+Between two scrapes the difference of each bucket is the histogram of the requests that
+completed the event in that window. :func:`count_within` estimates how many of them lay at
+or below an SLO: exactly the count at a bucket bound when the SLO is one, else linear
+interpolation within the bucket that holds the SLO (observations assumed spread evenly
+across it). The estimate lies between the counts at that bucket's two bounds, so its error
+is at most that bucket's count in the window, and none where the SLO sits on a bound. An
+SLO beyond the last finite bound counts every observation above that bound as a miss.
+
+:class:`AttainmentEstimator` adds each window's estimate to cumulative totals (the
+observation's ``ttft_within_slo_total`` / ``ttft_count_total`` and the TPOT pair): a
+missed scrape costs nothing (the next window covers the gap) and an engine restart (a
+counter going backwards) skips that one window. With a per-prompt TTFT allowance a
+window's first tokens are judged at the SLO of the window's mean prompt
+(:class:`PromptPerFirstToken`), since the TTFT histogram does not pair a TTFT with its
+prompt: a prompt longer than that mean is judged against a tighter SLO than its own, a
+shorter one against a looser SLO; where a window holds one first token the SLO is its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Buckets = tuple[tuple[float, float], ...]
+"""``(le, cumulative count)`` ascending by ``le``, the last ``+Inf`` (the total)."""
+
+
+def bucket_delta(now: Buckets | None, before: Buckets | None) -> Buckets | None:
+    """The histogram of the window between two scrapes, or None when it cannot be had:
+    either side missing, different bucket bounds, or a count that went backwards (an
+    engine restart)."""
+    if now is None or before is None or len(now) != len(before):
+        return None
+    delta = []
+    for (le, count), (le_before, count_before) in zip(now, before, strict=True):
+        if le != le_before or count < count_before:
+            return None
+        delta.append((le, count - count_before))
+    return tuple(delta)
+
+
+def count_within(buckets: Sequence[tuple[float, float]], threshold_s: float) -> float:
+    """Observations at or below ``threshold_s`` in a cumulative histogram (module notes:
+    linear interpolation within the bucket that holds it; the lower bound of the first
+    bucket is 0)."""
+    lower, below = 0.0, 0.0
+    for le, count in buckets:
+        if threshold_s <= le:
+            if math.isinf(le):
+                return below  # above the last finite bound: counted as misses
+            if le <= lower:
+                return count
+            share = (threshold_s - lower) / (le - lower)
+            return below + max(0.0, share) * (count - below)
+        lower, below = le, count
+    return below
+
+
+def total(buckets: Sequence[tuple[float, float]]) -> float:
+    """Observations in a cumulative histogram (its ``+Inf`` bucket)."""
+    return buckets[-1][1] if buckets else 0.0
+
+
+@dataclass
+class PromptPerFirstToken:
+    """The mean prompt of the requests whose first token came in a window, from the
+    engine's counters: the prompt tokens prefilled since the last window that saw a first
+    token, per first token in this one. A long prompt is prefilled in chunks over several
+    windows before its first token; the tokens of windows without one are carried to the
+    window where it lands."""
+
+    carried_tokens: float = 0.0
+
+    def update(self, prompt_tokens: float | None, first_tokens: float) -> float | None:
+        """Fold one window in (its prompt tokens and first tokens); the window's mean
+        prompt, None without a first token or a prompt counter."""
+        if prompt_tokens is None or not math.isfinite(prompt_tokens) or prompt_tokens < 0.0:
+            self.carried_tokens = 0.0
+            return None
+        if first_tokens <= 0.0:
+            self.carried_tokens += prompt_tokens
+            return None
+        mean = (self.carried_tokens + prompt_tokens) / first_tokens
+        self.carried_tokens = 0.0
+        return mean
+
+
+@dataclass
+class AttainmentEstimator:
+    """Cumulative SLO counters of one engine, from its histograms (module notes).
+
+    Args:
+        ttft_slo_s, tpot_slo_s: the SLOs (None: that pair is not counted).
+        ttft_slo_per_prompt_token_s: the per-prompt TTFT allowance (None or 0: flat).
+    """
+
+    ttft_slo_s: float | None
+    tpot_slo_s: float | None
+    ttft_slo_per_prompt_token_s: float | None = None
+    ttft_within: float | None = None
+    ttft_count: float | None = None
+    tpot_within: float | None = None
+    tpot_count: float | None = None
+    recent_prompt_tokens: float | None = None
+    """The last window's mean prompt per first token (None when unknown)."""
+
+    def __post_init__(self) -> None:
+        self._prompts = PromptPerFirstToken()
+
+    def add_window(
+        self,
+        ttft: Buckets | None,
+        tpot: Buckets | None,
+        prompt_tokens: float | None,
+    ) -> None:
+        """Fold one window's histograms (:func:`bucket_delta`) and prompt tokens in."""
+        first_tokens = total(ttft) if ttft is not None else 0.0
+        self.recent_prompt_tokens = self._prompts.update(prompt_tokens, first_tokens)
+        if ttft is not None and self.ttft_slo_s is not None:
+            slo = self.ttft_slo_s
+            allowance = self.ttft_slo_per_prompt_token_s
+            if allowance and self.recent_prompt_tokens is not None:
+                slo += allowance * self.recent_prompt_tokens
+            self.ttft_within = (self.ttft_within or 0.0) + count_within(ttft, slo)
+            self.ttft_count = (self.ttft_count or 0.0) + first_tokens
+        if tpot is not None and self.tpot_slo_s is not None:
+            self.tpot_within = (self.tpot_within or 0.0) + count_within(tpot, self.tpot_slo_s)
+            self.tpot_count = (self.tpot_count or 0.0) + total(tpot)
+
+
+__all__ = [
+    "AttainmentEstimator",
+    "Buckets",
+    "PromptPerFirstToken",
+    "bucket_delta",
+    "count_within",
+    "total",
+]

@@ -1,0 +1,107 @@
+"""The served model's size from its name (``controllers.online.model_names``): the sizes
+real checkpoints state, mixtures and active-parameter suffixes, and the look-alikes that
+are not sizes (versions, dates, context lengths, quantisations, GPUs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpugov.controllers.online.model_names import (
+    EXPERTS_PER_TOKEN,
+    SHARED_FRACTION,
+    ModelSize,
+    hints_from_model_name,
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "params_b"),
+    [
+        ("meta-llama/Llama-3.1-70B-Instruct", 70.0),
+        ("meta-llama/Llama-3.1-405B-Instruct-FP8", 405.0),
+        ("Qwen/Qwen2.5-14B-Instruct", 14.0),  # "2.5" is a version
+        ("Qwen/Qwen2.5-0.5B-Instruct", 0.5),
+        ("Qwen/Qwen2.5-1.5B", 1.5),
+        ("mistralai/Mistral-7B-Instruct-v0.3", 7.0),  # "v0.3" is a version
+        ("TheBloke/Llama-2-13B-chat-GPTQ-4bit", 13.0),  # "4bit" is a quantisation
+        ("EleutherAI/gpt-j-6b", 6.0),  # lower case
+        ("open_llama_3b_v2", 3.0),  # underscores
+        ("openai/gpt-oss-120b", 120.0),
+        ("mistralai/Mistral-Small-24B-Instruct-2501", 24.0),  # "2501" is a date
+        ("Qwen/Qwen2.5-7B-Instruct-1M", 7.0),  # "1M" is a context length
+        ("HuggingFaceTB/SmolLM2-135M", 0.135),  # millions
+        ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", 70.0),
+        ("Llama-3.2-3B-Instruct (BF16, TP=1)", 3.0),  # a bundled profile's model
+        ("llama-7b-A100-tuned", 7.0),  # "A100" is a GPU, not an active size
+    ],
+)
+def test_a_dense_size(name: str, params_b: float) -> None:
+    assert hints_from_model_name(name) == ModelSize(params_b, params_b)
+
+
+@pytest.mark.parametrize(
+    ("name", "experts", "base"),
+    [
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", 8, 7.0),
+        ("mistralai/Mixtral-8x22B-Instruct-v0.1", 8, 22.0),
+        ("Mixtral-8x7B-Instruct-v0.1 (BF16, MoE 8 experts top-2)", 8, 7.0),
+    ],
+)
+def test_a_mixture_of_experts(name: str, experts: int, base: float) -> None:
+    size = hints_from_model_name(name)
+    assert size is not None
+    shared = SHARED_FRACTION * base
+    assert size.params_b == pytest.approx(shared + experts * (base - shared), abs=1e-3)
+    assert size.active_params_b == pytest.approx(
+        shared + EXPERTS_PER_TOKEN * (base - shared), abs=1e-3
+    )
+
+
+def test_the_mixtral_sizes_are_close_to_the_published_ones() -> None:
+    # Mixtral-8x7B: 46.7B in all, 12.9B active; 8x22B: 141B, 39B.
+    small = hints_from_model_name("mistralai/Mixtral-8x7B-v0.1")
+    large = hints_from_model_name("mistralai/Mixtral-8x22B-v0.1")
+    assert small is not None and large is not None
+    assert small.params_b == pytest.approx(46.7, rel=0.05)
+    assert small.active_params_b == pytest.approx(12.9, rel=0.05)
+    assert large.params_b == pytest.approx(141.0, rel=0.05)
+    assert large.active_params_b == pytest.approx(39.0, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    ("name", "params_b", "active_params_b"),
+    [
+        ("Qwen/Qwen3-30B-A3B", 30.0, 3.0),
+        ("Qwen/Qwen3-235B-A22B-Instruct-2507", 235.0, 22.0),
+        ("qwen3-30b-a3b", 30.0, 3.0),
+    ],
+)
+def test_an_active_parameter_suffix(name: str, params_b: float, active_params_b: float) -> None:
+    assert hints_from_model_name(name) == ModelSize(params_b, active_params_b)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "deepseek-ai/DeepSeek-V3",  # no size in the name
+        "microsoft/phi-4",
+        "microsoft/Phi-3-mini-128k-instruct",  # a context length only
+        "Qwen/Qwen1.5-MoE-A2.7B",  # active parameters with no total: ambiguous
+        "my-model-2024-05-13",  # a date
+        "mistral-v0.1",  # a version
+        "model-bf16-int4",
+        "Qwen/Qwen2.5-Turbo-1M",  # 1M: a context length, not a model of a million
+        "gpt-4o",
+        "",
+        None,
+    ],
+)
+def test_no_size_stated(name: str | None) -> None:
+    assert hints_from_model_name(name) is None
+
+
+def test_several_sizes_give_the_largest_and_a_nonsense_size_none() -> None:
+    assert hints_from_model_name("teacher-70B-student-8B") == ModelSize(70.0, 70.0)
+    assert hints_from_model_name("model-99999B") is None  # beyond any real model
+    # An active size above the total is not taken.
+    assert hints_from_model_name("model-7B-A13B") == ModelSize(7.0, 7.0)

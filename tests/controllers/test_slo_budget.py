@@ -1,0 +1,226 @@
+"""The attainment budget: it loosens when ahead of the target, tightens (faster) when
+behind, holds between, stays within its bounds and reads only cumulative counters."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from synthetic import make_plant, make_profile
+from test_online_mpc import _poisson_workload
+
+from gpugov.controllers.adaptation import SLOFeedback
+from gpugov.controllers.budget import (
+    AttainmentBudget,
+    AttainmentCounters,
+    SLOTarget,
+    loosened,
+    window_attainment,
+)
+from gpugov.controllers.online.exploration import SafeExploration
+from gpugov.daemon.config import OnlineMPCControllerConfig
+from gpugov.plant import chunked_prefill_scheduler, simulate
+from gpugov.plant.types import ServingObservation
+from gpugov.study.scoreboard.controllers import study_controller
+
+TARGET = SLOTarget(attainment=0.99, window_s=600.0)
+
+
+def _observation(
+    time_s: float,
+    ttft: tuple[float, float] | None,
+    tpot: tuple[float, float] | None = None,
+    **more: object,
+) -> ServingObservation:
+    return ServingObservation(
+        time_s=time_s,
+        step_index=0,
+        arrived_requests=0,
+        prefill_remaining_tokens=0.0,
+        decode_active=0,
+        generated_decode_tokens=0.0,
+        temperature_c=50.0,
+        ttft_within_slo_total=None if ttft is None else ttft[0],
+        ttft_count_total=None if ttft is None else ttft[1],
+        tpot_within_slo_total=None if tpot is None else tpot[0],
+        tpot_count_total=None if tpot is None else tpot[1],
+        **more,  # type: ignore[arg-type]
+    )
+
+
+def _run(
+    budget: AttainmentBudget,
+    seconds: float,
+    rate: float,
+    miss: float,
+    *,
+    start: tuple[float, float, float] = (0.0, 0.0, 0.0),
+    period: float = 1.0,
+) -> tuple[list[float], tuple[float, float, float]]:
+    """Feed ``seconds`` of traffic at ``rate`` requests/s, a share ``miss`` of them
+    missing their TTFT; returns the looseness per period and the end state."""
+    time_s, within, count = start
+    trace = []
+    for _ in range(int(seconds / period)):
+        time_s += period
+        count += rate * period
+        within += rate * period * (1.0 - miss)
+        trace.append(budget.update(_observation(time_s, (within, count), (count, count))))
+    return trace, (time_s, within, count)
+
+
+def test_loosens_when_ahead_and_stops_at_its_bound() -> None:
+    budget = AttainmentBudget(TARGET, tightest=0.7, loosest=1 / 0.7)
+    trace, _ = _run(budget, 600.0, rate=5.0, miss=0.0)
+    assert trace[-1] == pytest.approx(1 / 0.7)
+    assert all(b >= a - 1e-12 for a, b in itertools.pairwise(trace))
+    # Slowly: across the range [0.7, 1/0.7] in half a window, so 1 -> 1/0.7 takes a
+    # quarter of it (150 s) once two misses are allowed (200 requests: 40 s at 5/s).
+    reached = next(i for i, b in enumerate(trace) if b >= 1 / 0.7 - 1e-9)
+    assert 150 <= reached <= 200
+
+
+def test_needs_enough_requests_to_tell_before_loosening() -> None:
+    budget = AttainmentBudget(TARGET)
+    trace, _ = _run(budget, 600.0, rate=0.2, miss=0.0)  # 120 requests: 1.2 misses allowed
+    assert trace[-1] == 1.0
+
+
+def test_tightens_fast_when_behind_and_stops_at_its_bound() -> None:
+    budget = AttainmentBudget(TARGET, tightest=0.7, loosest=1 / 0.7)
+    _, state = _run(budget, 300.0, rate=5.0, miss=0.0)
+    assert budget.looseness == pytest.approx(1 / 0.7)
+    trace, _ = _run(budget, 120.0, rate=5.0, miss=0.05, start=state)
+    assert trace[-1] == pytest.approx(0.7)
+    # Fast: the whole range in a short window (50 s), once the short window burns three
+    # times the budget (30 s into 5 % misses here): far faster than it loosened.
+    down = next(i for i, b in enumerate(trace) if b <= 0.7 + 1e-9)
+    assert down <= 85
+    assert budget.last is not None and budget.last.attainment < TARGET.attainment + 0.0075
+
+
+def test_holds_between_half_and_three_quarters_of_the_budget_spent() -> None:
+    budget = AttainmentBudget(TARGET)
+    trace, _ = _run(budget, 900.0, rate=5.0, miss=0.006)  # 60% of the budget spent
+    assert trace[-1] == 1.0
+
+
+def test_a_fast_burn_tightens_before_the_long_window_shows_it() -> None:
+    budget = AttainmentBudget(TARGET, tightest=0.7, loosest=1 / 0.7)
+    _, state = _run(budget, 600.0, rate=5.0, miss=0.0)
+    loose = budget.looseness
+    # 20 s at 10 % misses: 10 misses, a third of the 30 the window allows, burnt at
+    # over three times the sustainable rate across the 50 s short window.
+    trace, _ = _run(budget, 20.0, rate=5.0, miss=0.10, start=state)
+    assert budget.last is not None and budget.last.misses < 0.75 * 0.01 * budget.last.requests
+    assert trace[-1] < loose
+
+
+def test_union_bound_counts_ttft_and_tpot_misses_apart() -> None:
+    before = AttainmentCounters(0.0, (0.0, 0.0), (0.0, 0.0))
+    now = AttainmentCounters(10.0, (99.0, 100.0), (97.0, 100.0))
+    window = window_attainment(now, before)
+    assert window.requests == 100.0
+    assert window.miss_fraction == pytest.approx(0.04)
+    tpot_only = window_attainment(
+        AttainmentCounters(10.0, None, (90.0, 100.0)), AttainmentCounters(0.0, None, (0.0, 0.0))
+    )
+    assert tpot_only.requests == 100.0 and tpot_only.attainment == pytest.approx(0.9)
+
+
+def test_update_is_idempotent_per_time_and_survives_restarts_and_gaps() -> None:
+    budget = AttainmentBudget(TARGET)
+    _run(budget, 300.0, rate=5.0, miss=0.0)
+    loose = budget.looseness
+    again = budget.update(_observation(300.0, (0.0, 0.0)))  # the same time: ignored
+    assert again == loose
+    # The engine restarted: its counters start again; the loop holds until it can tell.
+    assert budget.update(_observation(301.0, (1.0, 1.0), (1.0, 1.0))) == loose
+    assert budget.last is None
+    # An observation without counters (no histogram buckets) holds too.
+    assert budget.update(_observation(302.0, None)) == loose
+
+
+def test_bounds_are_checked() -> None:
+    with pytest.raises(ValueError, match="tightest"):
+        AttainmentBudget(TARGET, tightest=1.2, loosest=2.0)
+    with pytest.raises(ValueError, match="attainment"):
+        SLOTarget(attainment=1.0)
+    with pytest.raises(ValueError, match="window_s"):
+        SLOTarget(attainment=0.9, window_s=0.0)
+
+
+def test_loosened_thresholds_never_pass_the_slo() -> None:
+    assert loosened(0.8, 1 / 0.7) == 1.0
+    assert loosened(0.6, 1 / 0.7) == pytest.approx(0.6 / 0.7)
+    assert loosened(0.9, 0.7) == pytest.approx(0.63)
+    assert loosened(1.2, 2.0) == 1.2  # already past the SLO: kept, never loosened further
+    feedback = SLOFeedback()
+    pressing = _observation(0.0, None, ttft_recent_s=0.9, ttft_slo_s=1.0)
+    assert feedback.under_pressure(pressing)
+    assert not feedback.under_pressure(pressing, looseness=1 / 0.7)
+    exploration = SafeExploration()
+    assert (exploration.explore_threshold, exploration.backoff_threshold) == (0.6, 0.9)
+    exploration.looseness = 1 / 0.7
+    assert exploration.backoff_threshold == 1.0
+    assert exploration.explore_threshold == pytest.approx(0.6 / 0.7)
+    exploration.looseness = 0.7
+    assert exploration.backoff_threshold == pytest.approx(0.63)
+    assert math.isclose(exploration.explore_threshold, 0.42)
+
+
+def test_feedback_judges_ttft_at_the_window_prompts_slo() -> None:
+    observation = _observation(
+        0.0,
+        None,
+        ttft_recent_s=1.8,
+        ttft_slo_s=1.0,
+        ttft_slo_per_prompt_token_s=5e-5,
+        ttft_recent_prompt_tokens=20_000.0,
+    )
+    ttft, _ = SLOFeedback.latency_ratios(observation)
+    assert ttft == pytest.approx(0.9)  # 1.8 s against 1 s + 1 s of allowance
+
+
+# ------------------------------------------------------------------ closed loop
+def _loop(rate: float, target: SLOTarget | None):  # type: ignore[no-untyped-def]
+    plant = make_plant(make_profile())
+    workload = _poisson_workload(rate, 120.0, (200, 2500), (20, 300), seed=5)
+    spec = OnlineMPCControllerConfig(kind="mpc-online")
+    chain = study_controller(spec, plant, workload, control_period_s=0.5, slo_target=target)
+    result = simulate(workload, plant, chunked_prefill_scheduler, chain, 0, control_period_s=0.5)
+    return result, chain.unwrapped
+
+
+def test_mpc_online_spends_the_budget_where_it_is_ahead() -> None:
+    held, _ = _loop(4.0, None)  # no target: the fixed margins (100 % attainment here)
+    target = SLOTarget(attainment=0.99, window_s=120.0)
+    result, controller = _loop(4.0, target)
+    assert result.metrics.energy_j < held.metrics.energy_j
+    assert controller.budget is not None
+    assert controller.budget.looseness == pytest.approx(controller.budget.loosest)
+    assert controller.status()["slo_budget"]["attainment"] >= target.attainment
+    assert result.metrics.slo_attainment >= target.attainment
+
+
+def test_mpc_online_gives_the_budget_back_where_it_is_behind() -> None:
+    # At 7 requests/s the learned controller without a target loses 0.7 points of
+    # attainment on this plant: more than three quarters of a 1 % budget.
+    target = SLOTarget(attainment=0.99, window_s=120.0)
+    result, controller = _loop(7.0, target)
+    assert controller.budget is not None
+    assert controller.budget.looseness == pytest.approx(controller.budget.tightest)
+    assert controller.effective_z == pytest.approx(controller.uncertainty_z / 0.7)
+    assert result.metrics.slo_attainment >= target.attainment
+
+
+def test_the_per_prompt_allowance_is_given_back_when_behind() -> None:
+    budget = AttainmentBudget(TARGET, tightest=0.7, loosest=1 / 0.7)
+    assert budget.allowance_credit == 1.0
+    budget.looseness = 0.85
+    assert budget.allowance_credit == pytest.approx(0.5)
+    budget.looseness = 0.7
+    assert budget.allowance_credit == 0.0
+    budget.looseness = 1 / 0.7
+    assert budget.allowance_credit == 1.0

@@ -1,0 +1,197 @@
+"""SLO attainment from engine histograms: bucket parsing on real pages, the interpolated
+estimate and its bounds, window deltas, and the observer's cumulative counters."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from daemon_support import fixture_text
+
+from gpugov.daemon.attainment import (
+    AttainmentEstimator,
+    PromptPerFirstToken,
+    bucket_delta,
+    count_within,
+    total,
+)
+from gpugov.daemon.backend import GpuSample
+from gpugov.daemon.engines import EngineSample, SglangSource, TgiSource, VllmSource
+from gpugov.daemon.observer import DomainObserver
+
+# The real SGLang page (its docs): TTFT and per-interval TPOT buckets.
+SGLANG_TPOT_005 = 11685.0  # observations <= 0.05 s
+SGLANG_TPOT_0075 = 433413.0  # observations <= 0.075 s
+
+
+def _sglang() -> EngineSample:
+    return SglangSource("x", fetch=lambda url, t: fixture_text("sglang_real.txt")).scrape()
+
+
+def test_real_sglang_page_gives_both_histograms_buckets() -> None:
+    sample = _sglang()
+    assert sample.ttft_buckets is not None and sample.tpot_buckets is not None
+    assert total(sample.ttft_buckets) == 11008.0  # its +Inf bucket, equal to _count
+    assert total(sample.tpot_buckets) == 7.400757e06
+    assert dict(sample.tpot_buckets)[0.05] == SGLANG_TPOT_005
+    # The older SGLang TPOT histogram observes every interval, not once per request.
+    assert sample.tpot_buckets_per_request is False
+    les = [le for le, _ in sample.ttft_buckets]
+    assert les == sorted(les) and math.isinf(les[-1])
+
+
+def test_an_slo_on_a_bucket_bound_is_counted_exactly() -> None:
+    sample = _sglang()
+    assert sample.tpot_buckets is not None and sample.ttft_buckets is not None
+    assert count_within(sample.tpot_buckets, 0.05) == SGLANG_TPOT_005
+    assert count_within(sample.ttft_buckets, 1.0) == 27.0
+
+
+def test_an_slo_inside_a_bucket_is_interpolated_within_its_bounds() -> None:
+    sample = _sglang()
+    assert sample.tpot_buckets is not None
+    estimate = count_within(sample.tpot_buckets, 0.0625)  # halfway through (0.05, 0.075]
+    assert estimate == pytest.approx(SGLANG_TPOT_005 + 0.5 * (SGLANG_TPOT_0075 - SGLANG_TPOT_005))
+    # The error bound: between the counts at the bucket's two bounds.
+    assert SGLANG_TPOT_005 <= estimate <= SGLANG_TPOT_0075
+    # Below the first bound, the first bucket is interpolated from zero.
+    assert count_within(((0.1, 10.0), (math.inf, 20.0)), 0.025) == pytest.approx(2.5)
+
+
+def test_an_slo_past_the_last_bound_counts_the_overflow_as_misses() -> None:
+    sample = _sglang()
+    assert sample.ttft_buckets is not None
+    assert count_within(sample.ttft_buckets, 100.0) == 2513.0  # the 30 s bucket
+
+
+def test_vllm_prefers_the_per_request_tpot_histogram() -> None:
+    page = fixture_text("vllm_request_tpot_synthetic.txt")
+    sample = VllmSource("x", fetch=lambda url, t: page).scrape()
+    assert sample.tpot_buckets_per_request is True
+    assert sample.tpot_buckets == ((0.025, 50.0), (0.05, 98.0), (math.inf, 100.0))
+    # The windowed mean still comes from the inter-token histogram.
+    assert sample.tpot is not None and sample.tpot.count == 9900.0
+
+
+def test_data_parallel_buckets_are_summed_and_ranks_counted_once() -> None:
+    page = fixture_text("vllm_dp2_synthetic.txt")
+    sample = VllmSource("x", fetch=lambda url, t: page).scrape()
+    assert sample.ttft_buckets == ((0.1, 90.0), (math.inf, 200.0))
+    ranks = "\n".join(
+        f'sglang:time_to_first_token_seconds_bucket{{le="{le}",model_name="m",tp_rank="{r}"}} {n}'
+        for r in (0, 1)
+        for le, n in (("1.0", 7), ("+Inf", 10))
+    )
+    page = fixture_text("sglang_ranks_synthetic.txt") + ranks + "\n"
+    sample = SglangSource("x", fetch=lambda url, t: page).scrape()
+    assert sample.ttft_buckets == ((1.0, 7.0), (math.inf, 10.0))
+
+
+def test_tgi_without_buckets_has_no_attainment() -> None:
+    sample = TgiSource("x", fetch=lambda url, t: fixture_text("tgi_synthetic.txt")).scrape()
+    assert sample.ttft_buckets is None and sample.tpot_buckets is None
+
+
+def test_window_delta_and_restarts() -> None:
+    before = ((0.5, 10.0), (1.0, 15.0), (math.inf, 20.0))
+    now = ((0.5, 14.0), (1.0, 22.0), (math.inf, 30.0))
+    assert bucket_delta(now, before) == ((0.5, 4.0), (1.0, 7.0), (math.inf, 10.0))
+    assert bucket_delta(before, now) is None  # counts went back: an engine restart
+    assert bucket_delta(now, ((0.5, 1.0), (math.inf, 2.0))) is None  # other bounds
+    assert bucket_delta(now, None) is None
+
+
+def test_prompt_per_first_token_carries_long_prefills() -> None:
+    prompts = PromptPerFirstToken()
+    # A 30k-token prompt prefilled over three windows; its first token in the third.
+    assert prompts.update(10_000.0, 0.0) is None
+    assert prompts.update(10_000.0, 0.0) is None
+    assert prompts.update(10_000.0, 1.0) == 30_000.0
+    assert prompts.update(3_000.0, 3.0) == 1_000.0
+
+
+def test_estimator_accumulates_windows_at_the_per_prompt_slo() -> None:
+    estimator = AttainmentEstimator(1.0, 0.05, ttft_slo_per_prompt_token_s=1e-4)
+    ttft = ((0.5, 2.0), (1.0, 4.0), (2.0, 8.0), (math.inf, 10.0))
+    tpot = ((0.05, 9.0), (math.inf, 10.0))
+    estimator.add_window(ttft, tpot, prompt_tokens=50_000.0)  # 5k per first token: SLO 1.5 s
+    assert estimator.recent_prompt_tokens == 5_000.0
+    assert estimator.ttft_within == pytest.approx(6.0)  # halfway through (1.0, 2.0]
+    assert estimator.ttft_count == 10.0
+    assert (estimator.tpot_within, estimator.tpot_count) == (9.0, 10.0)
+    estimator.add_window(None, tpot, prompt_tokens=None)  # a restart's window: TTFT skipped
+    assert estimator.ttft_count == 10.0 and estimator.tpot_count == 20.0
+
+
+def test_no_slo_no_counts() -> None:
+    estimator = AttainmentEstimator(None, None)
+    estimator.add_window(((1.0, 3.0), (math.inf, 4.0)), None, 100.0)
+    assert estimator.ttft_count is None and estimator.ttft_within is None
+
+
+class _Gpu:
+    label = "0"
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        return (900, 1980)
+
+    def sample(self) -> GpuSample:
+        return GpuSample(gpu="0")
+
+    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None: ...
+
+    def reset_clocks(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _Pages:
+    """An engine source serving the real SGLang page with its counters grown by a scripted
+    amount each scrape (every bucket grows by the same histogram of new requests)."""
+
+    def __init__(self) -> None:
+        self.base = _sglang()
+        self.grow: list[tuple[tuple[float, float], ...]] = []
+        self.scrapes = 0
+
+    def scrape(self, timeout_s: float | None = None) -> EngineSample:
+        sample = self.base
+        for step in self.grow[: self.scrapes]:
+            assert sample.ttft_buckets is not None and sample.prompt_tokens_total is not None
+            sample = replace(
+                sample,
+                ttft_buckets=tuple((le, n + dict(step)[le]) for le, n in sample.ttft_buckets),
+                prompt_tokens_total=sample.prompt_tokens_total + 4000.0,
+            )
+        self.scrapes += 1
+        return sample
+
+
+def test_observer_turns_histograms_into_cumulative_counters() -> None:
+    pages = _Pages()
+    assert pages.base.ttft_buckets is not None
+    bounds = [le for le, _ in pages.base.ttft_buckets]
+    # Each window: 4 first tokens, 2 at or under 1.0 s, 3 under 2.5 s, 4 in all.
+    window = tuple(
+        (le, 0.0 if le < 1.0 else 2.0 if le < 2.5 else 3.0 if le < 5 else 4.0) for le in bounds
+    )
+    pages.grow = [window, window]
+    observer = DomainObserver(
+        [_Gpu()],
+        pages,
+        stale_after_s=3.0,
+        ttft_slo_s=1.0,
+        tpot_slo_s=0.05,
+        ttft_slo_per_prompt_token_s=0.0,
+    )
+    first = observer.observe(0.0, 0, None).observation
+    assert first.ttft_count_total is None  # no window yet
+    second = observer.observe(1.0, 1, None).observation
+    third = observer.observe(2.0, 2, None).observation
+    assert second.ttft_count_total == 4.0 and second.ttft_within_slo_total == 2.0
+    assert third.ttft_count_total == 8.0 and third.ttft_within_slo_total == 4.0
+    assert third.ttft_recent_prompt_tokens == 1000.0
+    assert third.ttft_slo_per_prompt_token_s == 0.0
+    # The real page's TPOT histogram did not move: nothing counted, but it is measured.
+    assert third.tpot_count_total == 0.0
