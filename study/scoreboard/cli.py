@@ -35,6 +35,7 @@ def run_controllers(args: argparse.Namespace) -> int:
             loads=args.loads,
             duration_s=args.duration,
             jobs=args.jobs,
+            windows=args.windows,
         )
     except ValueError as error:
         raise UsageError(str(error)) from error

@@ -24,6 +24,7 @@ from gpugov.study.scoreboard.scenarios import (
 from gpugov.study.scoreboard.solvers import (
     LONG_HORIZON_SPLIT,
 )
+from gpugov.study.scoreboard.windows import window_markdown
 
 DEFINITIONS = {
     "holds_slo": (
@@ -103,6 +104,12 @@ def _fmt(value: Any, scale: float = 1.0, digits: int = 2, suffix: str = "") -> s
     return str(value)
 
 
+def _trace(info: dict[str, Any]) -> str:
+    """A scenario's trace, with its window's start for a held-out window (``--windows``)."""
+    start = info.get("window_start_s")
+    return info["trace"] if start is None else f"{info['trace']} @{start:g} s"
+
+
 def _chain_line(config: dict[str, Any]) -> str:
     """The safety chain every controller ran in (older results have none recorded)."""
     if "dwell_s" not in config:
@@ -150,6 +157,7 @@ def markdown(payload: dict[str, Any]) -> str:
             f"{_fmt(s.get('median_oracle_capture_after_warmup'), 1, 2)} | "
             f"{_fmt(s['max_decision_time_p99_s'], 1000, 2, ' ms')} |"
         )
+    lines += window_markdown(payload)
     lines += online_model_lines(payload["rows"])
     comparison = payload.get("mpc_solver_comparison")
     if comparison:
@@ -207,7 +215,7 @@ def markdown(payload: dict[str, Any]) -> str:
             else "-"
         )
         lines.append(
-            f"| {info['trace']} | {info['profile']} | {info['load_label']} | "
+            f"| {_trace(info)} | {info['profile']} | {info['load_label']} | "
             f"{_fmt(info['utilization'], 100, 0, '%')} | "
             f"{_fmt(info['max_clock_slo_attainment'], 100, 1, '%')} | "
             + " | ".join(cells)
@@ -217,7 +225,7 @@ def markdown(payload: dict[str, Any]) -> str:
     for info in payload["scenarios"]:
         bound = info["lp_bound"]
         lines += [
-            f"### {info['trace']} / {info['profile']} / {info['load_label']}",
+            f"### {_trace(info)} / {info['profile']} / {info['load_label']}",
             "",
             f"{info['requests']} requests over {info['scenario_duration_s']:.0f} s "
             f"(source {info['source_start_s']:.0f} s + {info['source_duration_s']:.0f} s, "

@@ -77,9 +77,10 @@ from gpugov.controllers.oracles import (
 )
 from gpugov.daemon.cli_support import add_safety_arguments
 from gpugov.daemon.progress import format_duration
-from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, load_profile, simulate
+from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, simulate
 from gpugov.plant.profile import list_bundled_profiles
 from gpugov.plant.scheduler import chunked_prefill_scheduler
+from gpugov.plant.synthetic_profiles import expand_synthetic, resolve_profile
 from gpugov.plant.types import ClockController, Request
 from gpugov.plant.workload import (
     BUNDLED_TRACES,
@@ -129,6 +130,12 @@ from gpugov.study.scoreboard.solvers import (
     _percentile,
     compare_mpc_solvers,
     compare_recorded,
+)
+from gpugov.study.scoreboard.windows import (
+    summarize_windows,
+    window_fields,
+    window_lines,
+    window_starts,
 )
 
 
@@ -190,11 +197,14 @@ def run_scenario(
     *,
     profile: PerformanceProfile | None = None,
     full_trace: tuple[tuple[Request, ...], str] | None = None,
+    start_s: float | None = None,
 ) -> dict[str, Any]:
     """Every controller, both oracles and the LP bound on one scenario.
 
     ``profile`` and ``full_trace`` pass the loaded inputs by value (a worker on another
-    machine has no path to them); without them they are loaded by name here.
+    machine has no path to them); without them they are loaded by name here. ``start_s``
+    runs a held-out window starting there (``--windows``; its rows then carry the
+    window fields of :func:`window_fields`).
 
     Returns:
         ``{"scenario": ..., "rows": [...], "comparison": ... or None}``; with
@@ -202,9 +212,9 @@ def run_scenario(
         :func:`compare_recorded` needs to solve them again.
     """
     started = time.perf_counter()
-    profile = load_profile(profile_name) if profile is None else profile
+    profile = resolve_profile(profile_name) if profile is None else profile
     plant = ServingPlant.from_profile(profile)
-    scenario = build_scenario(trace, plant, load, config.duration_s, full_trace)
+    scenario = build_scenario(trace, plant, load, config.duration_s, full_trace, start_s=start_s)
     requests = scenario.requests
     period = config.control_period_s
 
@@ -366,6 +376,9 @@ def run_scenario(
         row["oracle_capture_after_warmup"] = capture_after(
             results[key], reference, oracle_result, warmup, holds=bool(row["holds_slo"])
         )
+    if start_s is not None:
+        for key, fields in window_fields(results, reference, warmup).items():
+            rows[key].update({"window_start_s": start_s, **fields})
     for row in rows.values():
         if oracle_energy is not None:
             row["oracle_capture"] = oracle_capture(
@@ -384,6 +397,8 @@ def run_scenario(
         "window_oracle": oracle.as_dict(),
         "wall_s": time.perf_counter() - started,
     }
+    if start_s is not None:
+        info["window_start_s"] = start_s
     return {
         "scenario": info,
         "rows": [rows[key] for key in CONTROLLER_ORDER],
@@ -391,11 +406,19 @@ def run_scenario(
     }
 
 
-def _run_task(
-    args: tuple[str, str, str, BenchConfig, bool], shared: Mapping[str, Any]
-) -> dict[str, Any]:
+Task = tuple[str, str, str, BenchConfig, bool, float | None]
+"""(trace, profile, load, config, compare, window start or None)."""
+
+
+def _task_label(task: Task) -> str:
+    """A task's scenario name: ``trace|profile|load``, ``@START`` for a held-out window."""
+    label = "|".join(task[:3])
+    return label if task[5] is None else f"{label}@{task[5]:g}"
+
+
+def _run_task(args: Task, shared: Mapping[str, Any]) -> dict[str, Any]:
     """One scenario as a runner task; the profile and the trace come in ``shared``."""
-    trace, profile, load, config, compare = args
+    trace, profile, load, config, compare, start = args
     try:
         return run_scenario(
             trace,
@@ -405,15 +428,16 @@ def _run_task(
             compare,
             profile=shared[f"profile:{profile}"],
             full_trace=shared[f"trace:{trace}"],
+            start_s=start,
         )
     except (TraceError, EmptyWindowError) as error:
-        return {"skipped": {"scenario": f"{trace}|{profile}|{load}", "reason": str(error)}}
+        return {"skipped": {"scenario": _task_label(args), "reason": str(error)}}
 
 
 def _shared_inputs(config: BenchConfig) -> tuple[dict[str, Any], dict[str, str]]:
     """The profiles and full traces every scenario reads, loaded here (the driver) and
     handed to the workers by value; traces that fail to load map to their error."""
-    shared: dict[str, Any] = {f"profile:{name}": load_profile(name) for name in config.profiles}
+    shared: dict[str, Any] = {f"profile:{name}": resolve_profile(name) for name in config.profiles}
     failed: dict[str, str] = {}
     for name in config.traces:
         try:
@@ -421,6 +445,22 @@ def _shared_inputs(config: BenchConfig) -> tuple[dict[str, Any], dict[str, str]]
         except TraceError as error:
             failed[name] = str(error)
     return shared, failed
+
+
+def _window_starts(
+    config: BenchConfig, shared: Mapping[str, Any], failed: Mapping[str, str]
+) -> dict[str, tuple[float | None, ...]]:
+    """Per trace, the starts of its windows: None (the trace's own scoreboard window)
+    without ``--windows``; a trace that did not load gets one None per window, each
+    skipped with the reason."""
+    out: dict[str, tuple[float | None, ...]] = {}
+    for trace in config.traces:
+        if config.windows == 1 or trace in failed:
+            out[trace] = (None,) * config.windows
+        else:
+            requests = shared[f"trace:{trace}"][0]
+            out[trace] = window_starts(trace, requests, config.duration_s, config.windows)
+    return out
 
 
 def run_scoreboard(
@@ -433,18 +473,21 @@ def run_scoreboard(
     say = progress or (lambda line: None)
     started = time.perf_counter()
     specs = config.scenario_specs()
-    tasks = [
-        (t, p, ld, config, f"{t}|{p}|{ld}" == config.comparison_scenario) for t, p, ld in specs
+    shared, failed = _shared_inputs(config)
+    starts = _window_starts(config, shared, failed)
+    tasks: list[Task] = [
+        (t, p, ld, config, k == 0 and f"{t}|{p}|{ld}" == config.comparison_scenario, start)
+        for t, p, ld in specs
+        for k, start in enumerate(starts[t])
     ]
     if config.comparison_scenario and not any(task[4] for task in tasks) and tasks:
-        tasks[0] = (*tasks[0][:4], True)
+        tasks[0] = (*tasks[0][:4], True, tasks[0][5])
     # Longest first: the comparison scenario, then whole windows, the short traces last.
     order = sorted(
         range(len(tasks)), key=lambda i: (not tasks[i][4], tasks[i][0] in WHOLE_TRACE, i)
     )
     jobs = config.jobs or min(len(tasks), os.cpu_count() or 1)
     runner = runner or RunnerSpec(jobs=jobs)
-    shared, failed = _shared_inputs(config)
     outcomes: dict[int, dict[str, Any]] = {}
     say(
         f"bench controllers: {len(tasks)} scenario(s), {runner.kind} runner; "
@@ -453,7 +496,7 @@ def run_scoreboard(
     )
     for i, task in enumerate(tasks):
         if task[0] in failed:
-            outcomes[i] = {"skipped": {"scenario": "|".join(task[:3]), "reason": failed[task[0]]}}
+            outcomes[i] = {"skipped": {"scenario": _task_label(task), "reason": failed[task[0]]}}
             say(_progress_line(outcomes[i], len(outcomes), len(tasks), started))
     runnable = [i for i in order if i not in outcomes]
     for done in map_cells(
@@ -462,7 +505,7 @@ def run_scoreboard(
         spec=runner,
         shared=shared,
         on_event=say,
-        label=lambda task: "|".join(task[:3]),
+        label=_task_label,
     ):
         index = runnable[done.index]
         outcomes[index] = done.value
@@ -481,6 +524,14 @@ def run_scoreboard(
         if outcome["comparison"] is not None:
             comparison = compare_recorded(outcome["comparison"], say)
     elapsed = time.perf_counter() - started
+    windows: dict[str, Any] = {}
+    if config.windows > 1:
+        windows = {
+            "window_starts_s": {
+                trace: list(values) for trace, values in starts.items() if trace not in failed
+            },
+            "window_summary": summarize_windows(rows),
+        }
     return {
         "benchmark": "controllers",
         "mode": config.mode,
@@ -502,6 +553,7 @@ def run_scoreboard(
         "rows": rows,
         "summary": summarize(rows),
         "mpc_solver_comparison": comparison,
+        **windows,
     }
 
 
@@ -515,10 +567,15 @@ def _progress_line(outcome: dict[str, Any], done: int, total: int, started: floa
 
 
 def expand_profiles(names: Sequence[str]) -> list[str]:
-    """``--profiles`` values with ``all`` replaced by every bundled profile (the zoo)."""
+    """``--profiles`` values with ``all`` replaced by every bundled profile (the zoo) and
+    ``synthetic`` by every generated shape (``synthetic:SHAPE``)."""
     out: list[str] = []
     for name in names:
-        expanded = [row["name"] for row in list_bundled_profiles()] if name == "all" else [name]
+        expanded = (
+            [row["name"] for row in list_bundled_profiles()]
+            if name == "all"
+            else expand_synthetic(name)
+        )
         out += [n for n in expanded if n not in out]
     return out
 
@@ -534,8 +591,13 @@ def config_for(
     jobs: int | None = None,
     dwell_s: float | None = None,
     floor_mhz: float | None = None,
+    windows: int | None = None,
 ) -> BenchConfig:
-    """The full, ``--quick`` or hidden ``--tiny`` configuration with overrides."""
+    """The full, ``--quick`` or hidden ``--tiny`` configuration with overrides.
+
+    With ``windows`` above 1 the default traces leave out those used whole; a trace named
+    in ``traces`` that is used whole, or too short for the windows, is refused.
+    """
     config = TINY if tiny else QUICK if quick else FULL
     changes: dict[str, Any] = {}
     if traces:
@@ -554,7 +616,7 @@ def config_for(
     if profiles:
         profiles = expand_profiles(profiles)
         for name in profiles:
-            load_profile(name)  # ProfileError (a ValueError) names a bad profile now
+            resolve_profile(name)  # ProfileError (a ValueError) names a bad profile now
         changes["profiles"] = tuple(profiles)
     if loads:
         unknown = sorted(set(loads) - set(LOADS))
@@ -577,6 +639,20 @@ def config_for(
         if not math.isfinite(floor_mhz) or floor_mhz <= 0.0:
             raise ValueError(f"--floor must be a positive clock, got {floor_mhz!r}")
         changes["floor_mhz"] = float(floor_mhz)
+    if windows is not None and windows != 1:
+        if windows < 1:
+            raise ValueError(f"--windows must be >= 1, got {windows}")
+        changes["windows"] = windows
+        if not traces:
+            changes["traces"] = tuple(t for t in config.traces if t not in WHOLE_TRACE)
+        config = replace(config, **changes)
+        for trace in config.traces:
+            try:
+                requests, _ = _full_trace(trace) if trace not in WHOLE_TRACE else ((), "")
+            except TraceError:
+                continue  # skipped at run time, with its reason
+            window_starts(trace, requests, config.duration_s, windows)
+        return config
     return replace(config, **changes)
 
 
@@ -611,7 +687,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="NAME",
         default=None,
-        help="bundled profile names or manifest paths, or 'all' for the whole zoo "
+        help="bundled profile names or manifest paths, 'all' for the whole zoo, "
+        "'synthetic:SHAPE' for a generated profile or 'synthetic' for every shape "
         f"(default: {' '.join(PROFILES)})",
     )
     parser.add_argument(
@@ -635,6 +712,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="worker processes (default: one per CPU)",
     )
+    parser.add_argument(
+        "--windows",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N windows per trace: the scoreboard's and N-1 held-out starts, with a "
+        "summary over the windows (traces used whole are left out)",
+    )
     add_safety_arguments(parser, prefix="every controller runs in the node's safety chain: ")
     add_runner_arguments(parser, jobs=False)
 
@@ -651,6 +736,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         dwell_s=args.dwell,
         floor_mhz=args.floor,
+        windows=args.windows,
     )
     from gpugov.daemon.cli_support import UsageError, prepare_output_dir
     from gpugov.daemon.progress import Progress
@@ -663,7 +749,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
         import_ray()  # --ray without Ray installed: the install hint, before any work
     prepare_output_dir("--out", args.out)
-    bar = Progress(len(config.scenario_specs()), "bench controllers", unit="scenarios")
+    bar = Progress(config.scenario_count(), "bench controllers", unit="scenarios")
     done, last = 0, ""
 
     def progress(line: str) -> None:
@@ -680,6 +766,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         raise UsageError(f"no scenario could run: {reasons}")
     paths = write_outputs(payload, Path(args.out))
     print(short_table(payload))
+    if payload.get("window_summary"):
+        print("\n".join(window_lines(payload["window_summary"])))
     for path in paths.values():
         print(f"wrote {path}")
     return 0

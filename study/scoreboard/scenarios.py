@@ -28,7 +28,7 @@ from gpugov.plant.workload import (
     workload_checksum,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # In a source checkout the results live beside the benchmark; installed from a wheel,
 # there is no checkout, and they go to a folder under the working directory.
 DEFAULT_OUT = (
@@ -96,6 +96,9 @@ class BenchConfig:
     jobs: int = 0
     seed: int = 0
     mode: str = "full"
+    windows: int = 1
+    """Windows per trace (``--windows``): 1 runs the trace's one scoreboard window; more
+    add held-out windows at other starts (``study/scoreboard/windows.py``)."""
 
     @property
     def slo_target(self) -> SLOTarget | None:
@@ -116,6 +119,10 @@ class BenchConfig:
     def scenario_specs(self) -> list[tuple[str, str, str]]:
         """(trace, profile, load) for every scenario, in table order."""
         return [(t, p, ld) for t in self.traces for p in self.profiles for ld in self.loads]
+
+    def scenario_count(self) -> int:
+        """Scenarios the run covers: every (trace, profile, load) in each of its windows."""
+        return len(self.scenario_specs()) * self.windows
 
 
 FULL = BenchConfig()
@@ -311,7 +318,8 @@ def build_scenario(
     ``full_trace`` (requests, sha256) is the loaded trace when the caller has it (a Ray
     worker gets it by value); without it the trace is loaded by name here. ``start_s``
     moves the source window's start (default: the trace's ``TRACE_STARTS_S`` entry), so
-    held-out windows of a trace can be run (``bench/online_windows.py``).
+    held-out windows of a trace can be run (``--windows``, ``bench/online_windows.py``);
+    the scenario's key then ends in ``@START`` (seconds).
 
     Raises:
         TraceError: the trace cannot be loaded.
@@ -351,7 +359,7 @@ def build_scenario(
             scale = TARGET_UTILIZATION * capacity
             label = "cap70"
     return Scenario(
-        key=f"{trace}|{profile.name}|{load}",
+        key=f"{trace}|{profile.name}|{load}" + ("" if start_s is None else f"@{start_s:g}"),
         trace=trace,
         profile=profile.name,
         load=load,

@@ -78,6 +78,7 @@ def test_tiny_scoreboard_writes_json_markdown_and_png(
     assert code == 0, stderr
     payload = _strict_load((out / "scoreboard.json").read_text())
     assert payload["mode"] == "tiny"
+    assert "window_summary" not in payload  # only with --windows
     rows = payload["rows"]
     assert [row["controller"] for row in rows] == CONTROLLERS
     for row in rows:
@@ -194,7 +195,7 @@ def test_a_window_emptied_by_a_small_profile_is_skipped_not_fatal(
 
     monkeypatch.setattr(scoreboard, "run_scenario", empty)
     out = scoreboard._run_task(
-        ("azure-code", "l4-llama3.2-3b", "cap70", scoreboard.TINY, False),
+        ("azure-code", "l4-llama3.2-3b", "cap70", scoreboard.TINY, False, None),
         {"profile:l4-llama3.2-3b": None, "trace:azure-code": None},
     )
     assert out["skipped"]["scenario"] == "azure-code|l4-llama3.2-3b|cap70"

@@ -1,0 +1,62 @@
+"""``mpc-online`` on profiles of shapes it was never developed on (the generated ones of
+``plant/synthetic_profiles.py``: compute-bound, memory-bound, low and high idle power,
+narrow and wide clock ranges, TP groups of 2, 4 and 8), closed loop, built by the node's
+factory in its safety chain as the scoreboard builds it.
+
+Each run is 120 s of the bundled Azure conversation slice at 70% of the maximum clock's
+SLO capacity on that profile (the scoreboard's ``cap70``, its capacity search included).
+The controller must hold the SLO (attainment within the scoreboard's 1 point of the
+maximum clock's) and use less energy than the maximum clock.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo
+from gpugov.daemon.config import ControllerConfig, MaxControllerConfig, OnlineMPCControllerConfig
+from gpugov.plant import ServingPlant, ServingResult, chunked_prefill_scheduler, simulate
+from gpugov.plant.synthetic_profiles import SHAPES, synthetic_profile
+from gpugov.plant.types import Request
+from gpugov.study.scoreboard.controllers import study_controller
+from gpugov.study.scoreboard.scenarios import build_scenario
+
+DURATION_S = 120.0
+ONLINE_PERIOD_S = 0.5
+"""The scoreboard's period for ``mpc-online`` (``BenchConfig.fast_mpc_period_s``)."""
+
+
+def _run(
+    plant: ServingPlant, requests: tuple[Request, ...], spec: ControllerConfig, period_s: float
+) -> ServingResult:
+    """One closed-loop run of ``spec`` built as the scoreboard builds it."""
+    controller = study_controller(spec, plant, requests, control_period_s=period_s)
+    return simulate(
+        requests,
+        plant,
+        chunked_prefill_scheduler,
+        controller,
+        0,
+        controller_name=spec.kind,
+        control_period_s=period_s,
+    )
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_mpc_online_holds_the_slo_on_an_unseen_shape(shape: str) -> None:
+    profile = synthetic_profile(shape)
+    plant = ServingPlant.from_profile(profile)
+    scenario = build_scenario("azure-conv-10min", plant, "cap70", DURATION_S)
+    requests = scenario.requests
+    assert len(requests) > 100
+    top = _run(plant, requests, MaxControllerConfig(kind="max"), 1.0)
+    online = _run(plant, requests, OnlineMPCControllerConfig(kind="mpc-online"), ONLINE_PERIOD_S)
+    a_top, a_online = top.metrics.slo_attainment, online.metrics.slo_attainment
+    assert a_top is not None and a_online is not None
+    assert holds_slo(a_online, a_top), (
+        f"{profile.name}: mpc-online attains {100 * a_online:.2f}% against the maximum "
+        f"clock's {100 * a_top:.2f}% (tolerance {100 * SLO_TOLERANCE:g} point)"
+    )
+    assert online.metrics.energy_j < top.metrics.energy_j
+    # Every clock it ran at is one the profile supports (the safety chain's clamp).
+    assert set(online.realized_clock_mhz.tolist()) <= set(profile.clock_mhz.tolist())

@@ -1,0 +1,184 @@
+"""``gpugov bench controllers --windows N`` (held-out windows) and ``--profiles synthetic``:
+the tiny run through the real entry point, the refusals, the window starts and the
+summary's arithmetic on hand-made rows."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpugov.cli import main
+from gpugov.plant.types import Request
+from gpugov.plant.workload import TraceError
+from gpugov.study.scoreboard import run as scoreboard
+from gpugov.study.scoreboard.scenarios import CONTROLLER_ORDER, TRACE_STARTS_S, WHOLE_TRACE
+from gpugov.study.scoreboard.windows import summarize_windows, window_starts
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(argv)
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+@pytest.fixture(scope="module")
+def windows_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str, str]:
+    out = tmp_path_factory.mktemp("windows")
+    code, stdout, stderr = _run(
+        ["bench", "controllers", "--tiny", "--windows", "3", "--out", str(out)]
+    )
+    return out, code, stdout, stderr
+
+
+def test_tiny_windows_run_scores_every_window(windows_run: tuple[Path, int, str, str]) -> None:
+    out, code, stdout, stderr = windows_run
+    assert code == 0, stderr
+    payload = json.loads((out / "scoreboard.json").read_text())
+    assert payload["config"]["windows"] == 3
+    starts = payload["window_starts_s"]["azure-conv-10min"]
+    assert len(starts) == len(set(starts)) == 3
+    assert starts[0] == TRACE_STARTS_S["azure-conv-10min"]
+    keys = [info["key"] for info in payload["scenarios"]]
+    assert keys == [f"azure-conv-10min|h100-sxm-llama3-8b|recorded@{s:g}" for s in starts]
+    # Each window is a different stretch of the trace.
+    assert len({info["source_start_s"] for info in payload["scenarios"]}) == 3
+    rows = payload["rows"]
+    assert len(rows) == 3 * len(CONTROLLER_ORDER)
+    for row in rows:
+        assert row["window_start_s"] in starts
+        assert row["missed_requests"] >= 0
+        if row["controller"] == "max":
+            assert row["extra_missed_requests"] == 0
+            assert row["energy_saved_after_warmup_fraction"] == pytest.approx(0.0)
+    # The window summary agrees with the rows it summarises.
+    summary = {entry["controller"]: entry for entry in payload["window_summary"]}
+    assert list(summary) == list(CONTROLLER_ORDER)
+    for key, entry in summary.items():
+        mine = [row for row in rows if row["controller"] == key]
+        assert entry["windows"] == 3
+        assert entry["holds_slo"] == sum(row["holds_slo"] for row in mine)
+        assert entry["extra_missed_requests"] == sum(row["extra_missed_requests"] for row in mine)
+    assert summary["window-oracle"]["median_oracle_capture"] == pytest.approx(1.0)
+    # The usual outputs, the window table on stdout and in the markdown, progress with ETA.
+    assert "controller (windows)" in stdout
+    markdown = (out / "scoreboard.md").read_text()
+    assert "## Held-out windows" in markdown
+    assert f"azure-conv-10min @{starts[1]:g} s" in markdown
+    assert f"recorded@{starts[2]:g}" in stderr
+    assert "ETA" in stderr
+
+
+def test_default_config_runs_one_window_per_trace() -> None:
+    """Without ``--windows`` each trace runs its one scoreboard window (start None: the
+    scenario keys and rows stay the scoreboard's own)."""
+    config = scoreboard.config_for(tiny=True)
+    assert config.windows == 1 and config.scenario_count() == 1
+    assert scoreboard._window_starts(config, {}, {}) == {"azure-conv-10min": (None,)}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--windows", "0"], "--windows must be >= 1"),
+        (["--windows", "50"], "too short for 50 windows of 15 s"),
+        (["--windows", "2", "--traces", "burstgpt1"], "burstgpt1 is used whole"),
+        (["--profiles", "synthetic:nope"], "unknown synthetic profile shape 'synthetic:nope'"),
+    ],
+)
+def test_bad_windows_and_profiles_are_refused_before_any_work(
+    tmp_path: Path, argv: list[str], message: str
+) -> None:
+    out = tmp_path / "board"
+    code, _, stderr = _run(["bench", "controllers", "--tiny", *argv, "--out", str(out)])
+    assert code == 2
+    assert message in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert not out.exists()
+
+
+def test_windows_leave_out_default_traces_used_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    def absent(name: str) -> Any:
+        raise TraceError(f"{name}: not here")
+
+    monkeypatch.setattr(scoreboard, "_full_trace", absent)
+    config = scoreboard.config_for(windows=2)
+    assert config.traces == tuple(t for t in scoreboard.TRACES if t not in WHOLE_TRACE)
+    assert config.scenario_count() == 2 * len(config.scenario_specs())
+
+
+def _trace(span_s: float) -> tuple[Request, ...]:
+    return tuple(Request(i, span_s * i / 100, 100, 10) for i in range(101))
+
+
+def test_window_starts_spread_over_the_trace_and_wrap() -> None:
+    # The trace's own start first, then every span / N, wrapped around the span.
+    assert window_starts("azure-conv", _trace(3600.0), 600.0, 3) == (1800.0, 3000.0, 600.0)
+    assert window_starts("made-up", _trace(1000.0), 100.0, 4) == (0.0, 250.0, 500.0, 750.0)
+    with pytest.raises(ValueError, match="too short for 4 windows of 300 s"):
+        window_starts("made-up", _trace(1000.0), 300.0, 4)
+    with pytest.raises(ValueError, match="used whole"):
+        window_starts(next(iter(WHOLE_TRACE)), _trace(1000.0), 10.0, 2)
+
+
+def _row(
+    key: str, holds: bool, extra: int, saved: float, after: float | None, capture: float | None
+) -> dict[str, Any]:
+    return {
+        "controller": key,
+        "holds_slo": holds,
+        "extra_missed_requests": extra,
+        "energy_saved_fraction": saved,
+        "energy_saved_after_warmup_fraction": after,
+        "oracle_capture": capture,
+        "oracle_capture_after_warmup": None if capture is None else capture + 0.1,
+    }
+
+
+def test_window_summary_arithmetic_on_hand_made_rows() -> None:
+    rows = [
+        _row("max", True, 0, 0.0, 0.0, 0.0),
+        _row("max", True, 0, 0.0, 0.0, 0.0),
+        _row("max", True, 0, 0.0, 0.0, 0.0),
+        _row("mpc-online", True, 1, 0.10, 0.20, 0.5),
+        _row("mpc-online", False, 4, 0.30, None, None),
+        _row("mpc-online", True, -1, 0.20, 0.30, 0.7),
+    ]
+    summary = {entry["controller"]: entry for entry in summarize_windows(rows)}
+    assert list(summary) == ["max", "mpc-online"]  # controllers without rows are left out
+    online = summary["mpc-online"]
+    assert (online["windows"], online["holds_slo"]) == (3, 2)
+    assert online["extra_missed_requests"] == 4
+    assert online["mean_energy_saved_fraction"] == pytest.approx(0.20)
+    assert online["mean_energy_saved_after_warmup_fraction"] == pytest.approx(0.25)
+    assert online["median_oracle_capture"] == pytest.approx(0.6)
+    assert online["median_oracle_capture_after_warmup"] == pytest.approx(0.7)
+    assert summary["max"]["holds_slo"] == 3 and summary["max"]["extra_missed_requests"] == 0
+
+
+def test_synthetic_profiles_run_on_the_scoreboard(tmp_path: Path) -> None:
+    config = scoreboard.config_for(tiny=True, profiles=["synthetic", "h100-sxm-llama3-8b"])
+    assert config.profiles[0] == "synthetic:compute-bound"
+    assert len(config.profiles) == 10
+    code, _, stderr = _run(
+        [
+            "bench",
+            "controllers",
+            "--tiny",
+            "--profiles",
+            "synthetic:memory-bound",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0, stderr
+    payload = json.loads((tmp_path / "scoreboard.json").read_text())
+    (scenario,) = payload["scenarios"]
+    assert scenario["profile"] == "synthetic-memory-bound"
+    assert {row["controller"] for row in payload["rows"]} == set(CONTROLLER_ORDER)
+    assert next(r for r in payload["rows"] if r["controller"] == "max")["holds_slo"]

@@ -1,0 +1,117 @@
+"""``bench/unseen_node.py`` (a node it never saw): its refusals, and a short run on a
+generated profile whose JSON holds the runs and ratios it reports."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "unseen_node.py"
+
+
+def _module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpugov_unseen_node", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _main(argv: list[str]) -> tuple[int, str, str]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = _module().main(argv)
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--load", "1.5"], "--load must lie in (0, 1)"),
+        (["--duration", "200"], "--duration must exceed 300 s"),
+        (["--profiles", "synthetic:nope"], "unknown synthetic profile shape"),
+        (["--trace", "no-such-trace.csv"], "no-such-trace.csv"),
+    ],
+)
+def test_bad_arguments_are_refused_in_one_line(
+    tmp_path: Path, argv: list[str], message: str
+) -> None:
+    out = tmp_path / "unseen.json"
+    code, _, stderr = _main([*argv, "--out", str(out)])
+    assert code == 2
+    assert message in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert not out.exists()
+
+
+def test_short_run_reports_savings_and_ratios(tmp_path: Path) -> None:
+    out = tmp_path / "unseen.json"
+    code, stdout, stderr = _main(
+        [
+            "--trace",
+            "azure-conv-10min",
+            "--duration",
+            "320",
+            "--profiles",
+            "narrow-clocks",
+            "--jobs",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0, stderr
+    assert "ETA" in stderr
+    payload = json.loads(out.read_text())
+    (row,) = payload["rows"]
+    assert row["profile"] == "synthetic-narrow-clocks" and row["status"] == "synthetic"
+    scenario = row["scenario"]
+    assert scenario["scenario_duration_s"] == 320.0
+    assert scenario["load_scale"] == pytest.approx(scenario["source_duration_s"] / 320.0)
+    assert scenario["utilization"] == pytest.approx(
+        scenario["load_scale"] / scenario["capacity_load_scale"]
+    )
+    runs = row["controllers"]
+    assert set(runs) == {"max", "mpc-online", "mpc", "best-fixed"}
+    assert runs["max"]["saved_first_fraction"] == pytest.approx(0.0)
+    assert runs["max"]["saved_whole_fraction"] == pytest.approx(0.0)
+    assert runs["best-fixed"]["holds_slo"]
+    assert runs["best-fixed"]["saved_whole_fraction"] > 0.0
+    online, fixed = runs["mpc-online"], runs["best-fixed"]
+    assert online["ratio_first_vs_best_fixed"] == pytest.approx(
+        online["saved_first_fraction"] / fixed["saved_first_fraction"]
+    )
+    assert online["ratio_whole_vs_best_fixed"] == pytest.approx(
+        online["saved_whole_fraction"] / fixed["saved_whole_fraction"]
+    )
+    assert row["targets"]["whole_run"] == (
+        online["holds_slo"] and online["ratio_whole_vs_best_fixed"] >= 0.85
+    )
+    assert payload["summary"]["profiles"] == 1
+    assert "synthetic-narrow-clocks" in stdout and "wrote" in stdout
+
+
+def test_a_trace_too_short_for_the_run_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    out = tmp_path / "unseen.json"
+    code, stdout, _ = _main(
+        [
+            "--trace",
+            "azure-conv-10min",
+            "--profiles",
+            "narrow-clocks",
+            "--jobs",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert "the trace spans 599 s" in row["error"] and "shorten --duration" in row["error"]
+    assert "skipped" in stdout
