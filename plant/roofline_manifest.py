@@ -431,8 +431,8 @@ def _sources(d: Domain) -> list[dict[str, str]]:
         {
             "quantity": "reference prompt / output length",
             "value": "mean prompt ~1155 tokens, mean output ~211 tokens (conversation)",
-            "source": "Azure LLM inference trace 2023, conversation split (its published "
-            "means; not re-verified here)",
+            "source": "Azure LLM inference trace 2023, conversation split: its published "
+            "means (not from PROFILE_FACTS; not re-verified here)",
         },
     ]
     return GPU_SOURCES[d.gpu.key] + common

@@ -408,7 +408,6 @@ def test_the_cached_table_equals_the_regressions_predictions_after_every_update(
                 400.0,
                 clock,
                 clock,
-                False,
                 60.0,
                 61.0,
             )
