@@ -33,7 +33,7 @@ from gpugov.daemon.decide import (
 )
 from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.daemon.engines import ScrapedSource
-from gpugov.daemon.errors import ConfigError, GpugovError, TransientGpuError
+from gpugov.daemon.errors import ConfigError, GpugovError, NotSupported, TransientGpuError
 from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.loop import Domain, FailsafeMode
@@ -115,7 +115,7 @@ def open_backend(
         retry_transient(
             backend.supported_clocks_mhz, f"GPU {gpu}: list supported clocks", sleep=sleep
         )
-    except TransientGpuError:
+    except GpugovError:  # transient after the retries, or no clocks at all
         backend.close()
         raise
     return DryRunBackend(backend) if dry_run else backend
@@ -190,6 +190,11 @@ def build_domain(
         scrape_timeout_s=getattr(source, "timeout_s", None),
     )
     clocks = observer.supported_clocks_mhz()
+    if not clocks:
+        raise NotSupported(
+            f"domain {name!r}: its GPUs ({', '.join(b.label for b in backends)}) have no "
+            "supported SM clock in common; clock locking is not possible"
+        )
     floor_mhz = safety.floor_mhz
     if floor_mhz is not None and clocks and floor_mhz > clocks[-1]:
         raise ConfigError(
@@ -349,17 +354,17 @@ def domains_from_config(
     state = None if dry_run or state_dir is None else LockState(state_dir)
     try:
         for spec in config.domains:
-            backends = [
-                open_backend(
+            backends: list[GpuBackend] = []
+            for gpu in spec.gpus:
+                backend = open_backend(
                     gpu,
                     config.daemon.backend,
                     dry_run=dry_run,
                     nvml=nvml,
                     emulator=config.daemon.emulator,
                 )
-                for gpu in spec.gpus
-            ]
-            assembled.backends.extend(backends)
+                backends.append(backend)
+                assembled.backends.append(backend)  # closed with the rest if a later one fails
             source = ScrapedSource(
                 spec.engine.url,
                 spec.engine.kind,

@@ -382,3 +382,35 @@ def test_two_domains(metrics_server: MetricsServer) -> None:
     assembled.close()
     assert {(r.domain, r.requested_mhz) for r in records} == {("a", 1200.0), ("b", 1980.0)}
     assert sorted(w for w in fake.writes if w[0] == RESET) == [(RESET, 0), (RESET, 1), (RESET, 2)]
+
+
+def test_gpus_with_no_clock_in_common_are_refused_in_one_line_with_nothing_left_open() -> None:
+    from fake_pynvml import FakeGpu
+
+    from gpugov.daemon.errors import NotSupported
+
+    fake = FakeNvml(
+        [
+            FakeGpu(index=0, graphics_clocks_mhz=(1980, 1500, 900)),
+            FakeGpu(index=1, graphics_clocks_mhz=(1410, 1005, 210)),
+        ]
+    )
+    config = parse_config(
+        {"domains": [{"name": "tp", "gpus": [0, 1], "engine": {"url": "http://127.0.0.1:9/m"}}]}
+    )
+    with pytest.raises(NotSupported, match="no supported SM clock in common"):
+        domains_from_config(config, nvml=fake)
+    assert fake.initialized == 0  # every GPU opened was closed again
+    assert fake.writes == []
+
+
+def test_a_gpu_failing_to_open_closes_the_ones_opened_before_it() -> None:
+    from gpugov.daemon.errors import GpuUnavailable
+
+    fake = FakeNvml(1)  # GPU 1 does not exist
+    config = parse_config(
+        {"domains": [{"name": "tp", "gpus": [0, 1], "engine": {"url": "http://127.0.0.1:9/m"}}]}
+    )
+    with pytest.raises(GpuUnavailable):
+        domains_from_config(config, nvml=fake)
+    assert fake.initialized == 0
