@@ -41,7 +41,7 @@ from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, 
 from gpugov.plant.result import ServingResult
 from gpugov.study.online_eval import WARMUP_S, energy_after
 from gpugov.study.scoreboard.controllers import build_scoreboard_controllers
-from gpugov.study.scoreboard.scenarios import WHOLE_TRACE, build_scenario
+from gpugov.study.scoreboard.scenarios import FULL, WHOLE_TRACE, build_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "online_windows.json"
@@ -85,7 +85,13 @@ def run_cell(cell: tuple[str, float, str, str, float, tuple[str, ...]]) -> dict[
     warmup = min(WARMUP_S, duration / 2.0)
     runs: dict[str, dict[str, Any]] = {}
     for entry in build_scoreboard_controllers(
-        plant, scenario.requests, control_period_s=1.0, fast_mpc_period_s=0.5
+        plant,
+        scenario.requests,
+        control_period_s=FULL.control_period_s,
+        fast_mpc_period_s=FULL.fast_mpc_period_s,
+        online_period_s=FULL.online_period_s,
+        safety=FULL.safety,
+        slo_target=FULL.slo_target,
     ):
         if entry.key != "max" and entry.key not in keys:
             continue

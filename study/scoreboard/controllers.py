@@ -106,6 +106,7 @@ def build_scoreboard_controllers(
     mpc_horizon_s: float = 10.0,
     mpc_solve_time_limit_s: float = 0.8,
     fast_mpc_period_s: float | None = None,
+    online_period_s: float | None = None,
     safety: SafetySettings | None = None,
     slo_target: SLOTarget | None = None,
 ) -> list[ControllerEntry]:
@@ -115,8 +116,9 @@ def build_scoreboard_controllers(
 
     The MPCs are the daemon's config kinds ``mpc-slsqp`` (the seed's SLSQP solver and
     fluid model, the reference) and ``mpc`` (the fast discrete-search solver with its
-    latency model, SLO margin, burst hedge and SLO feedback). The fast MPC and
-    ``mpc-online`` run every ``fast_mpc_period_s`` (default: the scenario's period), since
+    latency model, SLO margin, burst hedge and SLO feedback). The fast MPC runs every
+    ``fast_mpc_period_s`` and ``mpc-online`` every ``online_period_s`` (its recommended
+    node period; each default: ``fast_mpc_period_s``, else the scenario's period), since
     their solve time allows it: the MPCs over ``mpc_horizon_s``, ``mpc-online`` over its
     default horizon of ten control periods (as a node runs it). Every controller is given
     ``slo_target`` (the scoreboard's :attr:`BenchConfig.slo_target`); ``mpc`` and
@@ -130,6 +132,7 @@ def build_scoreboard_controllers(
     forecast = expected_output_tokens_forecast(requests)
     plan_horizon = math.ceil(requests[-1].arrival_time_s) + 60.0
     fast_period = control_period_s if fast_mpc_period_s is None else fast_mpc_period_s
+    online_period = fast_period if online_period_s is None else online_period_s
 
     def make(spec: ControllerConfig, period: float) -> Callable[[], ControllerWrapper]:
         return lambda: study_controller(
@@ -173,5 +176,7 @@ def build_scoreboard_controllers(
         ControllerEntry("open-loop", LABELS["open-loop"], open_loop),
         ControllerEntry("mpc-slsqp", LABELS["mpc-slsqp"], make(mpc("mpc-slsqp"), control_period_s)),
         ControllerEntry("mpc", LABELS["mpc"], make(mpc("mpc"), fast_period), fast_period),
-        ControllerEntry("mpc-online", LABELS["mpc-online"], make(online, fast_period), fast_period),
+        ControllerEntry(
+            "mpc-online", LABELS["mpc-online"], make(online, online_period), online_period
+        ),
     ]

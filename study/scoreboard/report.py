@@ -133,7 +133,13 @@ def markdown(payload: dict[str, Any]) -> str:
         "1 point of the maximum clock's; capture = (E_max - E) / (E_max - E_oracle).",
         f"Control period {payload['config']['control_period_s']:g} s (the fast MPC "
         f"{payload['config'].get('fast_mpc_period_s', payload['config']['control_period_s']):g}"
-        f" s); MPC horizon {payload['config']['mpc_horizon_s']:g} s.",
+        " s"
+        + (
+            f", mpc-online {payload['config']['online_period_s']:g} s"
+            if "online_period_s" in payload["config"]
+            else ""
+        )
+        + f"); MPC horizon {payload['config']['mpc_horizon_s']:g} s.",
         _chain_line(payload["config"]),
         "",
     ]

@@ -244,6 +244,7 @@ def run_scenario(
         mpc_horizon_s=config.mpc_horizon_s,
         mpc_solve_time_limit_s=config.mpc_solve_time_limit_s,
         fast_mpc_period_s=config.fast_mpc_period_s,
+        online_period_s=config.online_period_s,
         safety=config.safety,
         slo_target=config.slo_target,
     ):

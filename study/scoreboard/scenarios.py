@@ -81,6 +81,9 @@ class BenchConfig:
     mpc_horizon_s: float = 10.0
     mpc_solve_time_limit_s: float = 0.8
     fast_mpc_period_s: float = 0.5
+    online_period_s: float = 0.25
+    """``mpc-online``'s period: the node setting ``docs/online.md`` recommends (its whole
+    decision takes about a millisecond)."""
     dwell_s: float = DEFAULT_DWELL_S
     """The safety chain's dwell every controller runs in (a node's ``safety.dwell_s``)."""
     floor_mhz: float | None = None
