@@ -1,6 +1,7 @@
 """The simulated serving plant: profiles, power/thermal model, workloads, schedulers,
 and the iteration-level simulator (names follow the seed's ``inference_serving``)."""
 
+from gpugov.plant.closed_loop import ControllerError, simulate
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import (
     PerformanceProfile,
@@ -18,7 +19,7 @@ from gpugov.plant.scheduler import (
     decode_priority_scheduler,
     prefill_priority_scheduler,
 )
-from gpugov.plant.simulator import ControllerError, PlantSimulation, simulate
+from gpugov.plant.simulator import PlantSimulation
 from gpugov.plant.types import (
     ClockController,
     IterationPlan,

@@ -60,10 +60,10 @@ from gpugov.daemon.config import (
 )
 from gpugov.daemon.decide import ControllerContext, Forecasts, build_controller
 from gpugov.daemon.safety import SafetySettings
+from gpugov.plant.closed_loop import simulate
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.result import ServingResult
 from gpugov.plant.scheduler import CHUNKED_PREFILL_LABEL, chunked_prefill_scheduler
-from gpugov.plant.simulator import simulate
 from gpugov.plant.types import Request
 from gpugov.plant.workload import workload_checksum
 

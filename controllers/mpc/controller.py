@@ -80,11 +80,11 @@ from gpugov.controllers.mpc.solvers import (
     SolveOutcome,
     refine_discrete_plan,
 )
+from gpugov.plant.closed_loop import simulate
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import PerformanceProfile
 from gpugov.plant.result import ServingResult
 from gpugov.plant.scheduler import chunked_prefill_scheduler, scheduler_label
-from gpugov.plant.simulator import simulate
 from gpugov.plant.types import (
     ClockController,
     MPCDiagnostics,

@@ -10,10 +10,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gpugov.controllers.baseline import FixedClockController
+from gpugov.plant.closed_loop import simulate
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.result import ServingResult
 from gpugov.plant.scheduler import chunked_prefill_scheduler
-from gpugov.plant.simulator import PlantSimulation, simulate
+from gpugov.plant.simulator import PlantSimulation
 from gpugov.plant.types import Request, Scheduler
 
 FloatArray = NDArray[np.float64]

@@ -19,10 +19,11 @@ from gpugov.controllers.oracles.common import (
     holds_slo,
     maximum_clock_reference,
 )
+from gpugov.plant.closed_loop import simulate
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.result import ServingResult
 from gpugov.plant.scheduler import chunked_prefill_scheduler
-from gpugov.plant.simulator import PlantSimulation, simulate
+from gpugov.plant.simulator import PlantSimulation
 from gpugov.plant.types import Request, RequestRecord, Scheduler, ServingObservation
 
 

@@ -122,7 +122,7 @@ def test_rejects_bad_policies_and_parameters(mdp):
 
 def test_runs_on_the_plant(mdp, synthetic_plant, workload_factory):
     from gpugov.controllers.baseline import maximum_clock_controller
-    from gpugov.plant.simulator import simulate
+    from gpugov.plant.closed_loop import simulate
 
     scheduler = MDPPolicyScheduler(decode_priority_policy(mdp), label="Decode priority (MDP)")
     workload = workload_factory(30, spacing_s=0.4, prompt=600, output=40)

@@ -1,0 +1,102 @@
+"""The closed loop on the plant: a clock controller called every control period on a
+:class:`PlantSimulation` until every request finished or the horizon passed."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gpugov.plant.gpu_physics import _EPS
+from gpugov.plant.plant import ServingPlant
+from gpugov.plant.result import ServingResult
+from gpugov.plant.scheduler import chunked_prefill_scheduler
+from gpugov.plant.simulator import PlantSimulation
+from gpugov.plant.types import ClockController, Request, Scheduler
+
+
+class ControllerError(RuntimeError):
+    """A clock controller raised or returned an invalid clock; the message says when."""
+
+
+def _controller_name(controller: Callable[..., Any]) -> str:
+    return str(getattr(controller, "__name__", type(controller).__name__))
+
+
+def simulate(
+    workload: Sequence[Request],
+    plant: ServingPlant,
+    scheduler: Scheduler = chunked_prefill_scheduler,
+    controller: ClockController | None = None,
+    seed: int = 0,
+    *,
+    controller_name: str | None = None,
+    scheduler_name: str | None = None,
+    control_period_s: float = 1.0,
+    horizon_s: float | None = None,
+    on_progress: Callable[[float, PlantSimulation], None] | None = None,
+    progress_every_s: float = 10.0,
+) -> ServingResult:
+    """Run ``workload`` on ``plant`` with ``controller`` called every ``control_period_s``.
+
+    The run ends when every request has finished, or at ``horizon_s`` (default: last
+    arrival plus ``plant.drain_timeout_s``); requests unfinished then are censored.
+    ``on_progress(time_s, simulation)``, when given, is called at the first control tick
+    at or after every ``progress_every_s`` simulated seconds (the plant itself never
+    prints; a CLI turns the call into a progress line).
+
+    Raises:
+        ControllerError: the controller raised (chained) or returned a non-finite clock.
+    """
+    if controller is None:
+        raise ValueError("simulate needs a clock controller")
+    if not math.isfinite(control_period_s) or control_period_s <= 0.0:
+        raise ValueError(f"control_period_s must be positive, got {control_period_s!r}")
+    simulation = PlantSimulation(workload, plant, scheduler, seed=seed)
+    requests = simulation.requests
+    last_arrival = requests[-1].arrival_time_s if requests else 0.0
+    horizon = last_arrival + plant.drain_timeout_s if horizon_s is None else float(horizon_s)
+    if horizon <= 0.0:
+        raise ValueError(f"horizon_s must be positive, got {horizon!r}")
+    name = controller_name or _controller_name(controller)
+    step = 0
+    next_progress_s = 0.0
+    while True:
+        tick = step * control_period_s
+        if tick > horizon + _EPS:
+            simulation.advance_to(horizon, stop_when_done=True)
+            break
+        simulation.advance_to(tick, stop_when_done=True)
+        if on_progress is not None and tick >= next_progress_s:
+            on_progress(simulation.time_s, simulation)
+            next_progress_s = tick + progress_every_s
+        if simulation.done and step > 0:
+            break
+        observation = simulation.observe()
+        try:
+            requested = controller(observation)
+        except Exception as error:
+            raise ControllerError(
+                f"controller {name!r} raised at t={observation.time_s:.3f}s "
+                f"(step {observation.step_index}): {error}"
+            ) from error
+        try:
+            value = float(requested)
+        except (TypeError, ValueError) as error:
+            raise ControllerError(
+                f"controller {name!r} returned {requested!r} at t={observation.time_s:.3f}s; "
+                "expected a clock in MHz"
+            ) from error
+        if not math.isfinite(value):
+            raise ControllerError(
+                f"controller {name!r} returned a non-finite clock {value!r} "
+                f"at t={observation.time_s:.3f}s"
+            )
+        simulation.request_clock(value)
+        step += 1
+    return simulation.result(
+        controller_name=name,
+        scheduler_name=scheduler_name or "",
+        control_period_s=control_period_s,
+        horizon_s=horizon,
+    )
