@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import math
 import os
 import sys
@@ -12,11 +13,11 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.daemon import decide
-from gpugov.daemon.config import FixedControllerConfig
+from gpugov.daemon.config import FixedControllerConfig, parse_address
 from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, ControllerContext, parse_controller_spec
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.errors import ExitCode
@@ -33,6 +34,10 @@ from gpugov.plant.workload import (
 )
 
 CONTROLLER_HELP = CONTROLLER_SPEC_HELP
+
+
+if TYPE_CHECKING:
+    from gpugov.daemon.exporter import Exporter
 
 
 class UsageError(ValueError):
@@ -398,3 +403,40 @@ def safety_from_args(args: argparse.Namespace, clocks_mhz: Iterable[float]) -> S
         floor_mhz=args.floor,
         dwell_s=DEFAULT_DWELL_S if args.dwell is None else float(args.dwell),
     )
+
+
+def setup_logging(level: str) -> None:
+    """Log lines to stderr at ``level`` (a node command's ``--log-level``)."""
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def metrics_exporter(address: str | None) -> Exporter | None:
+    """The Prometheus exporter on ``address`` (None for ``none`` or no address).
+
+    Raises:
+        UsageError: the address is malformed or cannot be bound.
+    """
+    from gpugov.daemon.exporter import Exporter
+
+    if not address or address.lower() == "none":
+        return None
+    try:
+        host, port = parse_address(address)
+    except ValueError as error:
+        raise UsageError(f"--metrics-address {error}") from error
+    if host in ("0.0.0.0", "::", "*"):
+        warn(
+            f"metrics address {address} exposes /metrics on every network interface; "
+            "use 127.0.0.1 or one interface's address unless that is intended"
+        )
+    try:
+        return Exporter(host, port)
+    except OSError as error:
+        raise UsageError(
+            f"cannot serve metrics on {address}: {error.strerror or error}; "
+            "pick another --metrics-address (or 'none')"
+        ) from error

@@ -33,19 +33,15 @@ from gpugov.daemon.cli_support import (
     check_engine_url,
     check_fixed_clock,
     check_output_file,
-    check_workload_fits,
     fail,
-    format_summary,
     hidden_alias,
-    light_load_note,
-    load_trace_for_cli,
+    metrics_exporter,
     parse_gpu_list,
-    require_nonnegative,
     require_positive,
-    safety_from_args,
+    setup_logging,
     warn,
 )
-from gpugov.daemon.config import GpugovConfig, load_config, parse_address
+from gpugov.daemon.config import GpugovConfig, load_config
 from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.errors import (
@@ -63,13 +59,9 @@ from gpugov.daemon.errors import (
     PermissionDenied,
     TransientGpuError,
 )
-from gpugov.daemon.exporter import Exporter
 from gpugov.daemon.loop import (
-    RunStats,
-    ScaledClock,
     SystemdNotify,
     TimedLoop,
-    VirtualClock,
     restore_all,
     run,
 )
@@ -78,7 +70,8 @@ from gpugov.daemon.nvidia_smi import run_command
 from gpugov.daemon.nvml import NvmlBackend, load_pynvml, nvml_device_count
 from gpugov.daemon.record import Recorder, RecordingError, read_recording
 from gpugov.daemon.replay import replay
-from gpugov.daemon.service import domains_from_config, open_backend, simulated_run
+from gpugov.daemon.run_simulated import DEFAULT_SPEED, run_simulated
+from gpugov.daemon.service import domains_from_config, open_backend
 from gpugov.plant.profile import DEFAULT_PROFILE
 
 log = logging.getLogger("gpugov")
@@ -91,7 +84,6 @@ EXIT_NO_GPU = ExitCode.NO_GPU
 EXIT_GPU_LOST = ExitCode.GPU_LOST
 EXIT_NOT_RESET = ExitCode.NOT_RESET
 
-DEFAULT_SPEED = 10.0
 CAP_SYS_ADMIN = 21
 
 
@@ -140,42 +132,13 @@ def exit_code(error: BaseException) -> int | None:
     return None
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
-def _exporter(address: str | None) -> Exporter | None:
-    if not address or address.lower() == "none":
-        return None
-    try:
-        host, port = parse_address(address)
-    except ValueError as error:
-        raise UsageError(f"--metrics-address {error}") from error
-    if host in ("0.0.0.0", "::", "*"):
-        warn(
-            f"metrics address {address} exposes /metrics on every network interface; "
-            "use 127.0.0.1 or one interface's address unless that is intended"
-        )
-    try:
-        return Exporter(host, port)
-    except OSError as error:
-        raise UsageError(
-            f"cannot serve metrics on {address}: {error.strerror or error}; "
-            "pick another --metrics-address (or 'none')"
-        ) from error
-
-
 # --------------------------------------------------------------------------- run
 def _run_node(args: argparse.Namespace) -> int:
     if not args.config:
         raise UsageError("gpugov run needs --config FILE (or --simulate)")
     config = load_config(args.config)
     check_output_file("--record", args.record or config.daemon.record)
-    _setup_logging(args.log_level or config.daemon.log_level)
+    setup_logging(args.log_level or config.daemon.log_level)
     notify = SystemdNotify()
     try:
         notify.check_period(config.daemon.period_s)
@@ -193,7 +156,7 @@ def _run_node(args: argparse.Namespace) -> int:
         try:
             for domain in assembled.domains:
                 domain.actuator.reconcile(config.daemon.reconcile, dry_run=dry_run)
-            exporter = _exporter(args.metrics_address or config.daemon.metrics_address)
+            exporter = metrics_exporter(args.metrics_address or config.daemon.metrics_address)
             record = args.record or config.daemon.record
             recorder = Recorder(record, assembled.header) if record else None
             mode = "dry run" if dry_run else "locking clocks"
@@ -225,147 +188,6 @@ def _run_node(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _run_simulated(args: argparse.Namespace) -> int:
-    from gpugov.daemon.sim_progress import SimulationProgress
-    from gpugov.plant import ServingPlant, load_profile
-    from gpugov.plant.workload import DEFAULT_TRACE
-
-    _setup_logging(args.log_level or "warning")
-    for flag in ("speed", "duration", "control_period", "load_scale"):
-        require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
-    require_nonnegative("--dwell", args.dwell)
-    require_positive("--floor", args.floor)
-    check_output_file("--record", args.record)
-    trace = args.trace or DEFAULT_TRACE
-    workload, report = load_trace_for_cli(
-        trace,
-        duration_s=args.duration,
-        load_scale=args.load_scale,
-        spread_batches=not args.keep_batched_stamps,
-    )
-    if not workload:
-        raise UsageError(f"--trace {trace}: the selected window holds no requests")
-    profile = load_profile(args.profile)
-    plant = ServingPlant.from_profile(profile)
-    check_workload_fits(workload, plant, trace)
-    try:
-        spec = parse_controller_spec(args.controller, default_profile=args.profile)
-    except ValueError as error:
-        raise UsageError(str(error)) from error
-    check_fixed_clock(spec, profile.minimum_clock_mhz, profile.maximum_clock_mhz, args.controller)
-    stop = threading.Event()
-    if args.virtual:
-        virtual = VirtualClock()
-        clock: Callable[[], float] = virtual
-        sleep: Callable[[float], Any] = virtual.sleep
-    else:
-        scaled = ScaledClock(args.speed or DEFAULT_SPEED, stop=stop)
-        clock, sleep = scaled, scaled.sleep
-    simulation = simulated_run(
-        workload,
-        plant,
-        spec,
-        clock,
-        period_s=args.control_period,
-        safety=safety_from_args(args, profile.clock_mhz),
-        seed=args.seed,
-        virtual_time=args.virtual,
-        header={
-            "trace": str(report.path),
-            "profile": profile.name,
-            "requests": len(workload),
-            "speed": "virtual" if args.virtual else args.speed or DEFAULT_SPEED,
-        },
-    )
-    exporter = _exporter(args.metrics_address)
-    recorder = Recorder(args.record, simulation.header) if args.record else None
-    pace = "virtual time" if args.virtual else f"{args.speed or DEFAULT_SPEED:g}x real time"
-    print(
-        f"gpugov run --simulate: {len(workload)} requests from {Path(report.path).name}, "
-        f"profile {profile.name}, controller {simulation.domain.label}, {pace}"
-        + (f"; metrics on {exporter.url}" if exporter else ""),
-        flush=True,
-    )
-    progress = SimulationProgress(
-        workload[-1].arrival_time_s, "run --simulate", enabled=not args.quiet
-    )
-
-    def before_tick(now_s: float, step: int) -> bool:
-        over = simulation.before_tick(now_s, step)
-        progress(now_s, simulation.node.simulation)
-        return over
-
-    if isinstance(clock, ScaledClock):
-        clock.start()  # the paced plant starts now: its controller is built and warmed
-    try:
-        with _stop_on_signals(stop):
-            stats = run(
-                [simulation.domain],
-                TimedLoop(args.control_period, clock=clock, sleep=sleep, stop=stop),
-                exporter=exporter,
-                on_tick=recorder,
-                before_tick=before_tick,
-            )
-    finally:
-        simulation.finish()
-        progress.close(simulation.node.simulation)
-        if recorder is not None:
-            recorder.close()
-        if exporter is not None:
-            exporter.close()
-    _print_summary(simulation, stats, args, profile, report, len(workload))
-    if not stop.is_set() and simulation.domain.label != "max":
-        print(_against_maximum(simulation.result, workload, plant, args.seed))
-    return EXIT_OK
-
-
-def _against_maximum(result: Any, workload: Any, plant: Any, seed: int) -> str:
-    """One line: the run's energy and SLO attainment against the maximum clock on the same
-    trace and plant (a virtual-time plant run of a second or so)."""
-    from gpugov.daemon.config import MaxControllerConfig
-    from gpugov.daemon.decide import ControllerContext, build_controller
-    from gpugov.plant import simulate
-
-    maximum = build_controller(
-        MaxControllerConfig(kind="max"), ControllerContext.for_plant(plant, workload, period_s=1.0)
-    )
-    reference = simulate(workload, plant, controller=maximum, seed=seed).metrics
-    mine = result.metrics
-    saved = 1.0 - mine.energy_j / reference.energy_j if reference.energy_j > 0 else 0.0
-
-    def share(value: float | None) -> str:
-        return "n/a" if value is None else f"{100.0 * value:.1f}%"
-
-    return (
-        f"  against the maximum clock on the same trace: {100.0 * saved:.1f}% less energy "
-        f"({mine.energy_j / 1e3:.1f} kJ vs {reference.energy_j / 1e3:.1f} kJ), SLO attainment "
-        f"{share(mine.slo_attainment)} vs {share(reference.slo_attainment)}"
-    )
-
-
-def _print_summary(
-    simulation: Any, stats: RunStats, args: argparse.Namespace, profile: Any, report: Any, n: int
-) -> None:
-    metrics = simulation.result.metrics.as_dict()
-    domain = simulation.domain
-    title = (
-        f"gpugov run --simulate: {domain.label} on {profile.name} ({profile.profile_status}), "
-        f"trace {Path(report.path).name} [{n} requests]"
-    )
-    print(format_summary(metrics, title))
-    fallbacks = ", ".join(f"{k} {v}" for k, v in sorted(domain.fallback_counts().items()))
-    print(
-        f"  daemon: {stats.ticks} ticks, {stats.overruns} overruns, "
-        f"{domain.decisions} decisions, {domain.actuator.writes} clock writes"
-        + (f", fallbacks: {fallbacks}" if fallbacks else "")
-    )
-    note = light_load_note(simulation.result.request_records)
-    if note:
-        print(note)
-    if args.record:
-        print(f"wrote {args.record}")
-
-
 @_guarded
 def cmd_run(args: argparse.Namespace) -> int:
     """``gpugov run``."""
@@ -376,7 +198,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(
                 "--dry-run applies to a node run (--config); --simulate never touches a GPU"
             )
-        return _run_simulated(args)
+        return run_simulated(args)
     if args.virtual or args.speed is not None:
         raise UsageError("--speed and --virtual only apply to --simulate")
     try:

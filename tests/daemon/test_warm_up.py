@@ -15,6 +15,7 @@ import pytest
 
 import gpugov.controllers.mpc.fast as fast_mpc
 import gpugov.daemon.node_cli as node_cli
+import gpugov.daemon.run_simulated as run_simulated
 from gpugov.daemon.decide import warm_up
 from gpugov.daemon.loop import ScaledClock
 from gpugov.daemon.record import read_recording
@@ -51,7 +52,7 @@ def test_first_decision_at_plant_time_zero_despite_a_slow_build(
             super().__init__(speed, wall=wall, stop=stop)
 
     monkeypatch.setattr(fast_mpc, "compile_kernels", slow_compile)
-    monkeypatch.setattr(node_cli, "ScaledClock", FakeWallClock)
+    monkeypatch.setattr(run_simulated, "ScaledClock", FakeWallClock)
     record = tmp_path / "run.jsonl"
     argv = [
         "run",

@@ -185,7 +185,7 @@ def test_crash_cut_recording_replays_up_to_the_last_complete_line(
 def test_all_interfaces_metrics_address_warns(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import gpugov.daemon.node_cli as node_cli
+    import gpugov.daemon.exporter as exporter
 
     bound: list[tuple[str, int]] = []
 
@@ -203,7 +203,7 @@ def test_all_interfaces_metrics_address_warns(
         def __getattr__(self, name: str) -> object:
             return lambda *args, **kwargs: None
 
-    monkeypatch.setattr(node_cli, "Exporter", NoServer)
+    monkeypatch.setattr(exporter, "Exporter", NoServer)
     argv = [
         "run",
         "--simulate",

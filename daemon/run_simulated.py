@@ -1,0 +1,177 @@
+"""``gpugov run --simulate``: the daemon's real loop, exporter and recorder on the simulated
+plant (a simulated node), then its summary and its saving against the maximum clock."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpugov.daemon.cli_support import (
+    UsageError,
+    check_fixed_clock,
+    check_output_file,
+    check_workload_fits,
+    format_summary,
+    light_load_note,
+    load_trace_for_cli,
+    metrics_exporter,
+    require_nonnegative,
+    require_positive,
+    safety_from_args,
+    setup_logging,
+)
+from gpugov.daemon.decide import parse_controller_spec
+from gpugov.daemon.errors import ExitCode
+from gpugov.daemon.loop import RunStats, ScaledClock, TimedLoop, VirtualClock, run
+from gpugov.daemon.loop import stop_on_signals as _stop_on_signals
+from gpugov.daemon.record import Recorder
+from gpugov.daemon.service import simulated_run
+
+DEFAULT_SPEED = 10.0
+"""Simulated seconds per wall second of a paced ``run --simulate``."""
+
+
+def run_simulated(args: argparse.Namespace) -> int:
+    """``gpugov run --simulate``: the real loop on the simulated plant, then its summary
+    and its saving against the maximum clock on the same trace."""
+    from gpugov.daemon.sim_progress import SimulationProgress
+    from gpugov.plant import ServingPlant, load_profile
+    from gpugov.plant.workload import DEFAULT_TRACE
+
+    setup_logging(args.log_level or "warning")
+    for flag in ("speed", "duration", "control_period", "load_scale"):
+        require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
+    require_nonnegative("--dwell", args.dwell)
+    require_positive("--floor", args.floor)
+    check_output_file("--record", args.record)
+    trace = args.trace or DEFAULT_TRACE
+    workload, report = load_trace_for_cli(
+        trace,
+        duration_s=args.duration,
+        load_scale=args.load_scale,
+        spread_batches=not args.keep_batched_stamps,
+    )
+    if not workload:
+        raise UsageError(f"--trace {trace}: the selected window holds no requests")
+    profile = load_profile(args.profile)
+    plant = ServingPlant.from_profile(profile)
+    check_workload_fits(workload, plant, trace)
+    try:
+        spec = parse_controller_spec(args.controller, default_profile=args.profile)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    check_fixed_clock(spec, profile.minimum_clock_mhz, profile.maximum_clock_mhz, args.controller)
+    stop = threading.Event()
+    if args.virtual:
+        virtual = VirtualClock()
+        clock: Callable[[], float] = virtual
+        sleep: Callable[[float], Any] = virtual.sleep
+    else:
+        scaled = ScaledClock(args.speed or DEFAULT_SPEED, stop=stop)
+        clock, sleep = scaled, scaled.sleep
+    simulation = simulated_run(
+        workload,
+        plant,
+        spec,
+        clock,
+        period_s=args.control_period,
+        safety=safety_from_args(args, profile.clock_mhz),
+        seed=args.seed,
+        virtual_time=args.virtual,
+        header={
+            "trace": str(report.path),
+            "profile": profile.name,
+            "requests": len(workload),
+            "speed": "virtual" if args.virtual else args.speed or DEFAULT_SPEED,
+        },
+    )
+    exporter = metrics_exporter(args.metrics_address)
+    recorder = Recorder(args.record, simulation.header) if args.record else None
+    pace = "virtual time" if args.virtual else f"{args.speed or DEFAULT_SPEED:g}x real time"
+    print(
+        f"gpugov run --simulate: {len(workload)} requests from {Path(report.path).name}, "
+        f"profile {profile.name}, controller {simulation.domain.label}, {pace}"
+        + (f"; metrics on {exporter.url}" if exporter else ""),
+        flush=True,
+    )
+    progress = SimulationProgress(
+        workload[-1].arrival_time_s, "run --simulate", enabled=not args.quiet
+    )
+
+    def before_tick(now_s: float, step: int) -> bool:
+        over = simulation.before_tick(now_s, step)
+        progress(now_s, simulation.node.simulation)
+        return over
+
+    if isinstance(clock, ScaledClock):
+        clock.start()  # the paced plant starts now: its controller is built and warmed
+    try:
+        with _stop_on_signals(stop):
+            stats = run(
+                [simulation.domain],
+                TimedLoop(args.control_period, clock=clock, sleep=sleep, stop=stop),
+                exporter=exporter,
+                on_tick=recorder,
+                before_tick=before_tick,
+            )
+    finally:
+        simulation.finish()
+        progress.close(simulation.node.simulation)
+        if recorder is not None:
+            recorder.close()
+        if exporter is not None:
+            exporter.close()
+    _print_summary(simulation, stats, args, profile, report, len(workload))
+    if not stop.is_set() and simulation.domain.label != "max":
+        print(_against_maximum(simulation.result, workload, plant, args.seed))
+    return ExitCode.OK
+
+
+def _against_maximum(result: Any, workload: Any, plant: Any, seed: int) -> str:
+    """One line: the run's energy and SLO attainment against the maximum clock on the same
+    trace and plant (a virtual-time plant run of a second or so)."""
+    from gpugov.daemon.config import MaxControllerConfig
+    from gpugov.daemon.decide import ControllerContext, build_controller
+    from gpugov.plant import simulate
+
+    maximum = build_controller(
+        MaxControllerConfig(kind="max"), ControllerContext.for_plant(plant, workload, period_s=1.0)
+    )
+    reference = simulate(workload, plant, controller=maximum, seed=seed).metrics
+    mine = result.metrics
+    saved = 1.0 - mine.energy_j / reference.energy_j if reference.energy_j > 0 else 0.0
+
+    def share(value: float | None) -> str:
+        return "n/a" if value is None else f"{100.0 * value:.1f}%"
+
+    return (
+        f"  against the maximum clock on the same trace: {100.0 * saved:.1f}% less energy "
+        f"({mine.energy_j / 1e3:.1f} kJ vs {reference.energy_j / 1e3:.1f} kJ), SLO attainment "
+        f"{share(mine.slo_attainment)} vs {share(reference.slo_attainment)}"
+    )
+
+
+def _print_summary(
+    simulation: Any, stats: RunStats, args: argparse.Namespace, profile: Any, report: Any, n: int
+) -> None:
+    metrics = simulation.result.metrics.as_dict()
+    domain = simulation.domain
+    title = (
+        f"gpugov run --simulate: {domain.label} on {profile.name} ({profile.profile_status}), "
+        f"trace {Path(report.path).name} [{n} requests]"
+    )
+    print(format_summary(metrics, title))
+    fallbacks = ", ".join(f"{k} {v}" for k, v in sorted(domain.fallback_counts().items()))
+    print(
+        f"  daemon: {stats.ticks} ticks, {stats.overruns} overruns, "
+        f"{domain.decisions} decisions, {domain.actuator.writes} clock writes"
+        + (f", fallbacks: {fallbacks}" if fallbacks else "")
+    )
+    note = light_load_note(simulation.result.request_records)
+    if note:
+        print(note)
+    if args.record:
+        print(f"wrote {args.record}")
