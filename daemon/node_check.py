@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from gpugov.daemon.backend import DryRunBackend, GpuBackend
+from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.cli_support import UsageError, check_output_file
 from gpugov.daemon.config import (
     DomainConfig,
@@ -266,7 +266,9 @@ def _check_domain(
             report.problems.append(error)
             clocks = ()
         labels = ", ".join(b.label for b in backends)
-        names = [_gpu_name(b) for b in backends]
+        from gpugov.daemon.service import gpu_names
+
+        names = gpu_names(backends)
         if not clocks:
             report.problems.append(
                 NotSupported(
@@ -300,11 +302,6 @@ def _common_clocks(backends: Sequence[GpuBackend]) -> tuple[float, ...]:
     for backend in backends[1:]:
         common &= set(backend.supported_clocks_mhz())
     return tuple(float(c) for c in sorted(common))
-
-
-def _gpu_name(backend: GpuBackend) -> str:
-    inner = backend.inner if isinstance(backend, DryRunBackend) else backend
-    return str(getattr(inner, "name", "") or "")
 
 
 def _build_controller(

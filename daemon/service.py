@@ -204,7 +204,7 @@ def build_domain(
     context = ControllerContext(
         period_s=period_s,
         supported_clocks_mhz=tuple(clocks),
-        gpu_names=tuple(_gpu_names(backends)),
+        gpu_names=tuple(gpu_names(backends)),
         gpu_uuids=tuple(gpu_uuid(backend) for backend in backends),
         gpu_count=len(backends),
         power_limit_w=(
@@ -244,9 +244,9 @@ def gpu_uuid(backend: GpuBackend) -> str:
     return str(getattr(backend, "uuid", None) or backend.label)
 
 
-def _gpu_names(backends: Sequence[GpuBackend]) -> list[str]:
-    """The GPUs' NVML names ("" for one that reports none)."""
-    return [str(getattr(_unwrapped(b), "name", "") or "") for b in backends]
+def gpu_names(backends: Sequence[GpuBackend]) -> list[str]:
+    """The GPUs' NVML names ("" for one that reports none; a dry run shows its GPU's)."""
+    return [str(getattr(b, "name", "") or "") for b in backends]
 
 
 def _unwrapped(backend: GpuBackend) -> GpuBackend:
@@ -279,7 +279,7 @@ def _domain_header(domain: Domain, config_fields: dict[str, Any]) -> dict[str, A
         "controller": domain.label,
         "gpus": [b.label for b in domain.observer.backends],
         # NVML names, so that `gpugov replay` can fill an mpc-online `gpu = "auto"` hint.
-        "gpu_names": _gpu_names(domain.observer.backends),
+        "gpu_names": gpu_names(domain.observer.backends),
         "supported_clocks_mhz": list(domain.observer.supported_clocks_mhz()),
         **config_fields,
     }
