@@ -181,6 +181,10 @@ class AttainmentBudget:
     tightest: float = 0.7
     loosest: float = 1.0 / 0.7
     looseness: float = 1.0
+    ahead: bool = False
+    """Whether the last update found the window ahead of its target (the rule's *ahead*:
+    under half the budget spent, the short window burning no faster than the target
+    sustains, enough requests to tell): the hedges against model error may stand down."""
     last: WindowAttainment | None = None
     """The long window's attainment at the last update (None before any counters)."""
     _history: deque[AttainmentCounters] = field(default_factory=deque, repr=False)
@@ -209,7 +213,8 @@ class AttainmentBudget:
             return self.looseness
         self._last_time_s = time_s
         if now is None:
-            return self.looseness  # nothing measured: hold
+            self.ahead = False  # nothing measured: no evidence of slack
+            return self.looseness
         history = self._history
         if history and now.went_back(history[-1]):
             history.clear()  # a restarted source: its counters start again
@@ -220,6 +225,7 @@ class AttainmentBudget:
             history.popleft()
         if len(history) < 2 and history[0] is now:
             self.last = None
+            self.ahead = False
             return self.looseness
         self.last = long = window_attainment(now, history[0])
         short = window_attainment(now, self._base(time_s - SHORT_WINDOW_SHARE * window))
@@ -251,6 +257,7 @@ class AttainmentBudget:
             and short.miss_fraction <= budget
             and allowed >= MINIMUM_ALLOWED_MISSES
         )
+        self.ahead = bool(ahead and not behind)
         log_looseness = math.log(self.looseness)
         if behind:
             log_looseness -= span * period_s / (SHORT_WINDOW_SHARE * self.window_s)
@@ -278,6 +285,7 @@ class AttainmentBudget:
             "attainment": None if last is None else last.attainment,
             "requests": None if last is None else last.requests,
             "looseness": self.looseness,
+            "ahead": self.ahead,
         }
 
 

@@ -356,6 +356,12 @@ class SnapshotCollector(Collector):
                 "Attainment budget's looseness: above 1 spends the budget, below 1 gives it back",
                 d,
             ),
+            "ahead": _gauge(
+                "gpugov_model_slo_spending_active",
+                "1 while the measured attainment is ahead of its target (the back-off and the "
+                "burst guard's short-answer rule stand down), else 0",
+                d,
+            ),
         }
         for s in domains:
             model = s.model

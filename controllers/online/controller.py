@@ -22,7 +22,8 @@ observation, from NVML), the SLOs and declared forecasts (config), and the
 Before the warm-up windows are in, the clock stays at the maximum (``docs/online.md``).
 With an SLO target, an :class:`~controllers.budget.AttainmentBudget` measures the
 attainment from the observation's counters and scales the MPC's margin, the SLO
-feedback's and the exploration's thresholds and ``uncertainty_z`` by its looseness.
+feedback's and the exploration's thresholds and ``uncertainty_z`` by its looseness; while
+it is ahead of its target, the back-off and the burst guard's short-answer rule stand down.
 """
 
 from __future__ import annotations
@@ -495,6 +496,14 @@ class OnlineMPCController:
         return 1.0 if self.budget is None else self.budget.looseness
 
     @property
+    def spending(self) -> bool:
+        """Whether the attainment budget is ahead of its target (:attr:`AttainmentBudget.ahead`):
+        the back-off and the burst guard's short-answer rule, hedges against model error
+        and unseen mixes, stand down while the measured misses leave the budget unspent
+        (``docs/online.md``, "Spending the SLO budget"). False without an SLO target."""
+        return self.budget is not None and self.budget.ahead
+
+    @property
     def effective_z(self) -> float:
         """``uncertainty_z`` over the looseness: the model is trusted more while the
         measured attainment is ahead of its target."""
@@ -512,7 +521,7 @@ class OnlineMPCController:
         maximum = float(model.clocks_mhz[-1])
         slos = self.slos(observation)
         self.exploration.observe_top(observation, maximum)
-        if self.exploration.backing_off(observation, maximum):
+        if not self.spending and self.exploration.backing_off(observation, maximum):
             self.last_reason = "backoff"
         elif not model.warmed_up:
             self.last_reason = "warm-up"
@@ -656,7 +665,8 @@ class OnlineMPCController:
         * **short answers**: beside decoding requests (or other waiting prompts, which
           decode beside the rest), a short answer gets all its tokens from mixed
           iterations, so its TPOT is the mixed iteration's time: that must fit the
-          TPOT SLO.
+          TPOT SLO. This one is a hedge for the few short answers that land in a burst:
+          it stands down while the attainment budget is ahead (:attr:`spending`).
 
         The result is the lowest supported clock meeting both, the maximum when none
         does. An idle GPU parks at the short-answer clock too where arrivals often come
@@ -679,7 +689,7 @@ class OnlineMPCController:
         table = model.table(clocks * model.realized_ratio, batch, self.context_tokens)
         mixed = self._mixed_iteration_s(observation, table)
         fits = np.ones(clocks.size, dtype=bool)
-        if idle or others:
+        if (idle or others) and not self.spending:
             fits &= mixed <= tpot_slo_s
         if draining:
             # The oldest waiting prompt has waited ``backlog_age.age_s`` already.

@@ -298,3 +298,21 @@ def test_a_backlog_that_already_waited_gets_a_faster_clock() -> None:
     assert fresh is not None and waited is not None and waited > fresh
     controller.backlog_age.age_s = 0.8  # past the 0.7 s target: only the top clock
     assert controller.burst_floor(observation, (1.0, 0.1)) == float(CLOCKS[-1])
+
+
+def test_the_short_answer_rule_stands_down_while_the_budget_is_ahead() -> None:
+    from gpugov.controllers.budget import SLOTarget
+
+    controller = OnlineMPCController(slo_target=SLOTarget(0.99))
+    controller.model = _Model()  # type: ignore[assignment]
+    slo = 0.07
+    burst = _seen(backlog=4000.0, running=8, waiting=3)
+    assert controller.budget is not None
+    guarded = controller.burst_floor(burst, (100.0, slo))
+    assert guarded is not None and guarded > CLOCKS[0]
+    controller.budget.ahead = True
+    assert controller.spending
+    # The loose TTFT target drains the backlog at the lowest clock: only the drain binds.
+    assert controller.burst_floor(burst, (100.0, slo)) == CLOCKS[0]
+    # The drain limit still binds while the budget is ahead.
+    assert controller.burst_floor(burst, (0.05, slo)) == CLOCKS[-1]

@@ -224,3 +224,48 @@ def test_the_per_prompt_allowance_is_given_back_when_behind() -> None:
     assert budget.allowance_credit == 0.0
     budget.looseness = 1 / 0.7
     assert budget.allowance_credit == 1.0
+
+
+def test_ahead_is_reported_only_with_evidence_of_slack() -> None:
+    budget = AttainmentBudget(TARGET)
+    assert not budget.ahead
+    _run(budget, 20.0, rate=5.0, miss=0.0)  # 100 requests: one miss allowed, too few
+    assert not budget.ahead
+    _, state = _run(budget, 100.0, rate=5.0, miss=0.0, start=(20.0, 100.0, 100.0))
+    assert budget.ahead and budget.status()["ahead"]
+    _run(budget, 40.0, rate=5.0, miss=0.05, start=state)  # burning: no longer ahead
+    assert not budget.ahead
+    budget.update(_observation(10_000.0, None))  # nothing measured: no evidence
+    assert not budget.ahead
+
+
+class _AheadBudget(AttainmentBudget):
+    """A budget that is always ahead of its target (what the controller reads)."""
+
+    def update(self, observation: ServingObservation) -> float:
+        self.ahead = True
+        return self.looseness
+
+
+def test_the_back_off_stands_down_while_the_budget_is_ahead() -> None:
+    from gpugov.controllers.online.controller import OnlineMPCController
+
+    clocks = tuple(float(c) for c in range(500, 1501, 100))
+    # Measured TTFT at twice its SLO at a lowered clock: a back-off without a budget.
+    seen = _observation(
+        1.0,
+        (10.0, 10.0),
+        (10.0, 10.0),
+        supported_clocks_mhz=clocks,
+        requested_clock_mhz=800.0,
+        ttft_recent_s=2.0,
+        ttft_slo_s=1.0,
+        tpot_slo_s=0.05,
+    )
+    plain = OnlineMPCController(slo_target=TARGET)
+    assert plain(seen) == clocks[-1] and plain.last_reason == "backoff"
+    spending = OnlineMPCController(slo_target=TARGET)
+    spending.budget = _AheadBudget(TARGET)
+    spending(seen)
+    assert spending.spending and spending.last_reason == "warm-up"
+    assert spending.exploration.backoffs == 0 and plain.exploration.backoffs == 1
