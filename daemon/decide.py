@@ -26,14 +26,21 @@ from gpugov.controllers.baseline import (
 )
 from gpugov.controllers.contract import ControllerWrapper, HistoryBounded, layers, unwrap
 from gpugov.daemon.config import (
+    AGFTControllerConfig,
     ControllerConfig,
+    DPSControllerConfig,
     FixedControllerConfig,
+    GreenLLMControllerConfig,
     MaxControllerConfig,
     MPCControllerConfig,
     OnlineMPCControllerConfig,
     OpenLoopControllerConfig,
+    PIDControllerConfig,
+    PowerCapControllerConfig,
+    PowerProfileControllerConfig,
     PriorHintsConfig,
     ReactiveControllerConfig,
+    ThrottLLeMControllerConfig,
 )
 from gpugov.daemon.errors import ControllerError
 from gpugov.daemon.safety import SafetySettings, with_safety
@@ -47,7 +54,10 @@ log = logging.getLogger(__name__)
 CONTROLLER_SPEC_HELP = (
     "max | fixed:MHZ | reactive | open-loop:PLAN.json | mpc[:PROFILE] | mpc-slsqp[:PROFILE]"
     " | mpc-online[:PRIOR_PROFILE | :gpu=NAME,params_b=B,active_params_b=B,tp=N | :auto=off]"
+    " | power-cap[:W] | dps | power-profile[:PROFILE] | agft | pid | throttllem | greenllm"
 )
+PEER_KINDS_WITHOUT_ARGUMENT = ("dps", "agft", "pid", "throttllem", "greenllm")
+"""Peer governors (``controllers/peers``) whose ``--controller`` spec takes no argument."""
 ONLINE_HINT_KEYS = {
     "gpu": "gpu",
     "params_b": "params_b",
@@ -294,7 +304,89 @@ def _algorithm(spec: ControllerConfig, context: ControllerContext) -> ClockContr
             return _mpc(spec, context)
         case OnlineMPCControllerConfig():
             return _online(spec, context)
+        case (
+            PowerCapControllerConfig()
+            | DPSControllerConfig()
+            | PowerProfileControllerConfig()
+            | AGFTControllerConfig()
+            | PIDControllerConfig()
+            | ThrottLLeMControllerConfig()
+            | GreenLLMControllerConfig()
+        ):
+            return _peer(spec, context)
     raise ControllerError(f"unknown controller kind {getattr(spec, 'kind', spec)!r}")
+
+
+def _peer(spec: ControllerConfig, context: ControllerContext) -> ClockController:
+    """A peer governor (``controllers/peers``, ``docs/benchmark.md``) with the spec's set
+    fields; the rest keep the controller's defaults.
+
+    Raises:
+        ControllerError: a ``power-profile`` with neither a ceiling nor a profile to
+            calibrate on, or a profile that cannot be loaded.
+    """
+    match spec:
+        case PowerCapControllerConfig():
+            from gpugov.controllers.peers.power_cap import StaticPowerCap
+
+            return StaticPowerCap(**_set_fields(spec))
+        case DPSControllerConfig():
+            from gpugov.controllers.peers.dps import DPSPowerSteering
+
+            return DPSPowerSteering(**_set_fields(spec))
+        case PowerProfileControllerConfig():
+            return _power_profile(spec, context)
+        case AGFTControllerConfig():
+            from gpugov.controllers.peers.agft import AGFTController
+
+            return AGFTController(**_set_fields(spec))
+        case PIDControllerConfig():
+            from gpugov.controllers.peers.pid import SLAPIDController
+
+            return SLAPIDController(**_set_fields(spec))
+        case ThrottLLeMControllerConfig():
+            from gpugov.controllers.peers.throttllem import ThrottLLeMController
+
+            return ThrottLLeMController(**_set_fields(spec))
+        case GreenLLMControllerConfig():
+            from gpugov.controllers.peers.greenllm import GreenLLMController
+
+            return GreenLLMController(**_set_fields(spec))
+    raise ControllerError(f"unknown peer controller kind {getattr(spec, 'kind', spec)!r}")
+
+
+def _power_profile(
+    spec: PowerProfileControllerConfig, context: ControllerContext
+) -> ClockController:
+    """The preset of ``spec``: its own ceiling and cap, else calibrated on its profile (in a
+    simulation, default the simulated profile, as a vendor calibrates per GPU and model)."""
+    from gpugov.controllers.peers.power_profile import (
+        PowerProfileController,
+        calibrate_power_profile,
+    )
+
+    if spec.ceiling_mhz is not None:
+        return PowerProfileController(spec.ceiling_mhz, spec.cap_w)
+    fraction = (
+        {}
+        if spec.throughput_fraction is None
+        else {"throughput_fraction": spec.throughput_fraction}
+    )
+    if spec.profile is None:
+        if context.plant is None:
+            raise ControllerError(
+                "power-profile needs ceiling_mhz (and cap_w) or a profile to calibrate on"
+            )
+        profile = context.plant.profile
+    else:
+        from gpugov.plant import load_profile
+        from gpugov.plant.profile import ProfileError
+
+        try:
+            profile = load_profile(spec.profile)
+        except ProfileError as error:
+            raise ControllerError(f"power-profile: {error}") from error
+    return PowerProfileController.from_preset(calibrate_power_profile(profile, **fraction))
 
 
 def _set_fields(spec: Any, *, skip: Sequence[str] = ()) -> dict[str, Any]:
@@ -538,6 +630,34 @@ def parse_controller_spec(text: str, *, default_profile: str | None = None) -> C
             if argument:
                 return _online_spec(text, argument)
             return OnlineMPCControllerConfig(kind="mpc-online")
+        case "power-cap":
+            if not colon:
+                return PowerCapControllerConfig(kind="power-cap")
+            try:
+                watts = float(argument)
+            except ValueError:
+                watts = math.nan
+            if not math.isfinite(watts) or watts <= 0:
+                raise ValueError(
+                    f"--controller {text!r}: power-cap:W needs a positive number of watts"
+                )
+            return PowerCapControllerConfig(kind="power-cap", cap_w=watts)
+        case "power-profile":
+            if colon and not argument:
+                raise ValueError(f"--controller {text!r}: name a profile after the colon")
+            if argument:
+                _check_profile(argument, text)
+                return PowerProfileControllerConfig(kind="power-profile", profile=argument)
+            return PowerProfileControllerConfig(kind="power-profile")
+        case kind if kind in PEER_KINDS_WITHOUT_ARGUMENT:
+            if colon:
+                raise ValueError(
+                    f"--controller {text!r}: {kind} takes no argument; "
+                    f"expected {CONTROLLER_SPEC_HELP}"
+                )
+            from pydantic import TypeAdapter
+
+            return TypeAdapter(ControllerConfig).validate_python({"kind": kind})
         case "mpc" | "mpc-slsqp":
             if colon and not argument:
                 raise ValueError(f"--controller {text!r}: name a profile after the colon")
