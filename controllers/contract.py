@@ -99,11 +99,11 @@ class ControllerWrapper:
         return self.inner(observation)
 
     @property
-    def power_cap_w(self) -> float | None:
+    def requested_power_cap_w(self) -> float | None:
         """The power cap the inner controller sets (:class:`PowerCapping`), else None
         (the board limit): a wrapper passes a cap through unchanged."""
         inner = self.inner
-        return inner.power_cap_w if isinstance(inner, PowerCapping) else None
+        return inner.requested_power_cap_w if isinstance(inner, PowerCapping) else None
 
     def close(self) -> None:
         """Close the inner controller, if it holds anything."""

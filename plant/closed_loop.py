@@ -40,7 +40,7 @@ def simulate(
     """Run ``workload`` on ``plant`` with ``controller`` called every ``control_period_s``.
 
     A controller that sets a power cap (:class:`~gpugov.plant.types.PowerCapping`) has its
-    ``power_cap_w`` applied after each decision.
+    ``requested_power_cap_w`` applied after each decision.
 
     The run ends when every request has finished, or at ``horizon_s`` (default: last
     arrival plus ``plant.drain_timeout_s``); requests unfinished then are censored.
@@ -97,7 +97,7 @@ def simulate(
             )
         simulation.request_clock(value)
         if isinstance(controller, PowerCapping):
-            cap = controller.power_cap_w
+            cap = controller.requested_power_cap_w
             try:
                 simulation.set_power_cap(cap)
             except (TypeError, ValueError) as error:

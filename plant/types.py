@@ -223,10 +223,10 @@ class ClockController(Protocol):
 @runtime_checkable
 class PowerCapping(Protocol):
     """A controller that also sets the GPU's power cap: after each decision the loop
-    applies ``power_cap_w`` (watts for the whole domain; None: the board limit)."""
+    applies ``requested_power_cap_w`` (watts for the whole domain; None: the board limit)."""
 
     @property
-    def power_cap_w(self) -> float | None: ...
+    def requested_power_cap_w(self) -> float | None: ...
 
 
 @dataclass(frozen=True, slots=True)

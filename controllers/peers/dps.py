@@ -65,7 +65,7 @@ class DPSPowerSteering:
         self.name = "dps"
 
     @property
-    def power_cap_w(self) -> float | None:
+    def requested_power_cap_w(self) -> float | None:
         """The cap in force (None until the board limit is known: the board's own)."""
         return self.cap
 

@@ -38,7 +38,7 @@ class StaticPowerCap:
         self.name = "power-cap"
 
     @property
-    def power_cap_w(self) -> float | None:
+    def requested_power_cap_w(self) -> float | None:
         """The cap in force: ``cap_w``, else ``fraction`` of the board limit once known."""
         if self.cap_w is not None:
             return self.cap_w

@@ -107,7 +107,7 @@ class PowerProfileController:
         return cls(preset.ceiling_mhz, preset.cap_w)
 
     @property
-    def power_cap_w(self) -> float | None:
+    def requested_power_cap_w(self) -> float | None:
         """The preset's cap."""
         return self._cap_w
 

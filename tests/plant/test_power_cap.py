@@ -114,7 +114,7 @@ class CapAt:
     """Top clock, and a power cap (a :class:`~gpugov.plant.types.PowerCapping`)."""
 
     def __init__(self, cap_w: float | None) -> None:
-        self.power_cap_w = cap_w
+        self.requested_power_cap_w = cap_w
         self.limits: list[float | None] = []
 
     def __call__(self, observation: ServingObservation) -> float:
