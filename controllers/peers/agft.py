@@ -186,7 +186,8 @@ class AGFTController:
                 continue
             a_inv = np.linalg.inv(self._a[arm])
             theta = a_inv @ self._b[arm]
-            score = float(theta @ context + alpha * math.sqrt(max(0.0, context @ a_inv @ context)))
+            spread = max(0.0, float(context @ a_inv @ context))
+            score = float(theta @ context) + alpha * math.sqrt(spread)
             if score > best_score:
                 best, best_score = arm, score
         return best

@@ -101,7 +101,9 @@ class ThrottLLeMController:
             or self._last_features is None
         ):
             return
-        batch, kv = self._last_features
+        # The window ran from the previous state to this one: its mean batch and KV.
+        batch = 0.5 * (self._last_features[0] + max(0, observation.decode_active))
+        kv = 0.5 * (self._last_features[1] + (finite(observation.kv_tokens) or 0.0))
         x = self.features(batch, kv, clock)
         px = self._p @ x
         gain = px / (self.forgetting + x @ px)
