@@ -310,6 +310,18 @@ class GreenLLMControllerConfig(_Frozen):
     target: Fraction | None = None
 
 
+class ExternalControllerConfig(_Frozen):
+    """A controller from another package: ``factory`` is ``"module:callable"``, called
+    once with the domain's :class:`~gpugov.daemon.decide.ControllerContext` (without the
+    simulated plant: a node's view) and returning the controller
+    (``docs/benchmark.md``). ``name`` is its one name in metrics and results (default the
+    entry point's name, else ``factory``)."""
+
+    kind: Literal["external"]
+    factory: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")]
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]+$", max_length=64)] | None = None
+
+
 PEER_CONTROLLER_CONFIGS = (
     PowerCapControllerConfig,
     DPSControllerConfig,
@@ -335,7 +347,8 @@ ControllerConfig = Annotated[
     | AGFTControllerConfig
     | PIDControllerConfig
     | ThrottLLeMControllerConfig
-    | GreenLLMControllerConfig,
+    | GreenLLMControllerConfig
+    | ExternalControllerConfig,
     Field(discriminator="kind"),
 ]
 
@@ -597,6 +610,7 @@ def format_validation_error(error: ValidationError, source: str) -> str:
 _CONTROLLER_TAGS = frozenset(
     {"max", "fixed", "reactive", "open-loop", "mpc", "mpc-online"}
     | {"power-cap", "dps", "power-profile", "agft", "pid", "throttllem", "greenllm"}
+    | {"external"}
 )
 
 

@@ -29,6 +29,7 @@ from gpugov.daemon.config import (
     AGFTControllerConfig,
     ControllerConfig,
     DPSControllerConfig,
+    ExternalControllerConfig,
     FixedControllerConfig,
     GreenLLMControllerConfig,
     MaxControllerConfig,
@@ -55,7 +56,10 @@ CONTROLLER_SPEC_HELP = (
     "max | fixed:MHZ | reactive | open-loop:PLAN.json | mpc[:PROFILE] | mpc-slsqp[:PROFILE]"
     " | mpc-online[:PRIOR_PROFILE | :gpu=NAME,params_b=B,active_params_b=B,tp=N | :auto=off]"
     " | power-cap[:W] | dps | power-profile[:PROFILE] | agft | pid | throttllem | greenllm"
+    " | MODULE:FACTORY | an installed gpugov.controllers entry point's name"
 )
+ENTRY_POINT_GROUP = "gpugov.controllers"
+"""The entry-point group an outside package registers its controller factories in."""
 PEER_KINDS_WITHOUT_ARGUMENT = ("dps", "agft", "pid", "throttllem", "greenllm")
 """Peer governors (``controllers/peers``) whose ``--controller`` spec takes no argument."""
 ONLINE_HINT_KEYS = {
@@ -105,6 +109,8 @@ def spec_name(spec: ControllerConfig) -> str:
     JSON and figures all use it."""
     if isinstance(spec, FixedControllerConfig):
         return f"fixed:{spec.clock_mhz:g}"
+    if isinstance(spec, ExternalControllerConfig):
+        return spec.name or spec.factory
     return str(spec.kind)
 
 
@@ -314,6 +320,8 @@ def _algorithm(spec: ControllerConfig, context: ControllerContext) -> ClockContr
             | GreenLLMControllerConfig()
         ):
             return _peer(spec, context)
+        case ExternalControllerConfig():
+            return _external(spec, context)
     raise ControllerError(f"unknown controller kind {getattr(spec, 'kind', spec)!r}")
 
 
@@ -353,6 +361,69 @@ def _peer(spec: ControllerConfig, context: ControllerContext) -> ClockController
 
             return GreenLLMController(**_set_fields(spec))
     raise ControllerError(f"unknown peer controller kind {getattr(spec, 'kind', spec)!r}")
+
+
+def load_factory(reference: str) -> Any:
+    """The callable ``"module:attribute"`` names (the attribute may be dotted).
+
+    Raises:
+        ValueError: one line naming the reference, when the module cannot be imported or
+            has no such callable.
+    """
+    import importlib
+
+    module_name, colon, attribute = reference.partition(":")
+    if not colon or not module_name or not attribute:
+        raise ValueError(f"controller factory {reference!r}: expected MODULE:FACTORY")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as error:  # an outside module: any import error is its own
+        raise ValueError(
+            f"controller factory {reference!r}: cannot import {module_name!r}: {error}"
+        ) from None
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"controller factory {reference!r}: {module_name} has no {attribute}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(f"controller factory {reference!r}: {attribute} is not callable")
+    return target
+
+
+def entry_point_factory(name: str) -> str | None:
+    """The ``module:factory`` an installed package registers as ``name`` in the
+    :data:`ENTRY_POINT_GROUP` entry-point group, or None."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name == name:
+            return str(entry.value)
+    return None
+
+
+def _external(spec: ExternalControllerConfig, context: ControllerContext) -> ClockController:
+    """An outside package's controller: its factory called with what a node knows (the
+    context without the simulated plant or an offline plan).
+
+    Raises:
+        ControllerError: the factory cannot be loaded, raises, or returns no callable.
+    """
+    import dataclasses
+
+    try:
+        factory = load_factory(spec.factory)
+    except ValueError as error:
+        raise ControllerError(str(error)) from None
+    try:
+        controller = factory(dataclasses.replace(context, plant=None, plan=None))
+    except Exception as error:  # an outside factory: report any failure in one line
+        raise ControllerError(f"controller factory {spec.factory!r} raised: {error}") from error
+    if not callable(controller):
+        raise ControllerError(
+            f"controller factory {spec.factory!r} returned {type(controller).__name__}, "
+            "not a callable observation -> MHz"
+        )
+    return controller  # type: ignore[no-any-return]
 
 
 def _power_profile(
@@ -667,6 +738,17 @@ def parse_controller_spec(text: str, *, default_profile: str | None = None) -> C
             if profile:
                 return MPCControllerConfig(kind=kind, profile=profile)
             return MPCControllerConfig(kind=kind)
+    if colon and argument:
+        try:
+            load_factory(text)
+        except ValueError as error:
+            raise ValueError(
+                f"unknown controller {text!r} ({error}); expected {CONTROLLER_SPEC_HELP}"
+            ) from None
+        return ExternalControllerConfig(kind="external", factory=text)
+    registered = None if colon else entry_point_factory(kind)
+    if registered is not None:
+        return ExternalControllerConfig(kind="external", factory=registered, name=kind)
     raise ValueError(f"unknown controller {text!r}; expected {CONTROLLER_SPEC_HELP}")
 
 

@@ -3,7 +3,7 @@
 Every kind the config accepts (``max``, ``fixed``, ``reactive``, ``open-loop``, ``mpc``,
 ``mpc-slsqp``, ``mpc-online``, and ``mpc-online`` keeping its model in a state directory,
 and the peer governors ``power-cap``, ``dps``, ``power-profile``, ``agft``, ``pid``,
-``throttllem`` and ``greenllm``),
+``throttllem`` and ``greenllm``, and an outside package's factory, ``external``),
 raw (the algorithm, :func:`unwrap`) and inside the safety chain the factory
 (:func:`gpugov.daemon.decide.build_controller`) returns, on idle, burst and NaN-field
 observations:
@@ -38,6 +38,7 @@ from gpugov.daemon.config import (
     AGFTControllerConfig,
     ControllerConfig,
     DPSControllerConfig,
+    ExternalControllerConfig,
     FixedControllerConfig,
     GreenLLMControllerConfig,
     MaxControllerConfig,
@@ -101,6 +102,7 @@ KINDS = (
     "pid",
     "throttllem",
     "greenllm",
+    "external",
 )
 
 
@@ -138,6 +140,10 @@ def spec_for(kind: str, plan: Path, state_dir: Path) -> ControllerConfig:
             return ThrottLLeMControllerConfig(kind="throttllem")
         case "greenllm":
             return GreenLLMControllerConfig(kind="greenllm")
+        case "external":
+            return ExternalControllerConfig(
+                kind="external", factory="example_outside_governor:make"
+            )
     raise ValueError(f"unknown kind {kind!r}")
 
 
@@ -340,6 +346,7 @@ def test_every_kind_the_config_accepts_is_covered(plan: Path) -> None:
         MPCControllerConfig,
         OnlineMPCControllerConfig,
         *PEER_CONTROLLER_CONFIGS,
+        ExternalControllerConfig,
     ):
         annotation = model.model_fields["kind"].annotation
         accepted.update(getattr(annotation, "__args__", ()))
