@@ -272,6 +272,15 @@ class PowerProfileControllerConfig(_Frozen):
         return self
 
 
+class DefaultDVFSControllerConfig(_Frozen):
+    """The unlocked GPU's default DVFS (``controllers.peers.default_dvfs``): the top clock
+    while busy, the lowest after ``idle_hold_s`` of idle time, the board power limit as the
+    firmware enforces it."""
+
+    kind: Literal["default-dvfs"]
+    idle_hold_s: NonNegativeFloat | None = None
+
+
 class AGFTControllerConfig(_Frozen):
     """AGFT's contextual LinUCB bandit over SM clocks (``controllers.peers.agft``); run it
     with ``daemon.period_s = 0.3``, its decision cycle."""
@@ -326,6 +335,7 @@ PEER_CONTROLLER_CONFIGS = (
     PowerCapControllerConfig,
     DPSControllerConfig,
     PowerProfileControllerConfig,
+    DefaultDVFSControllerConfig,
     AGFTControllerConfig,
     PIDControllerConfig,
     ThrottLLeMControllerConfig,
@@ -344,6 +354,7 @@ ControllerConfig = Annotated[
     | PowerCapControllerConfig
     | DPSControllerConfig
     | PowerProfileControllerConfig
+    | DefaultDVFSControllerConfig
     | AGFTControllerConfig
     | PIDControllerConfig
     | ThrottLLeMControllerConfig
@@ -610,6 +621,7 @@ def format_validation_error(error: ValidationError, source: str) -> str:
 _CONTROLLER_TAGS = frozenset(
     {"max", "fixed", "reactive", "open-loop", "mpc", "mpc-online"}
     | {"power-cap", "dps", "power-profile", "agft", "pid", "throttllem", "greenllm"}
+    | {"default-dvfs"}
     | {"external"}
 )
 

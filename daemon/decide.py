@@ -28,6 +28,7 @@ from gpugov.controllers.contract import ControllerWrapper, HistoryBounded, layer
 from gpugov.daemon.config import (
     AGFTControllerConfig,
     ControllerConfig,
+    DefaultDVFSControllerConfig,
     DPSControllerConfig,
     ExternalControllerConfig,
     FixedControllerConfig,
@@ -55,12 +56,13 @@ log = logging.getLogger(__name__)
 CONTROLLER_SPEC_HELP = (
     "max | fixed:MHZ | reactive | open-loop:PLAN.json | mpc[:PROFILE] | mpc-slsqp[:PROFILE]"
     " | mpc-online[:PRIOR_PROFILE | :gpu=NAME,params_b=B,active_params_b=B,tp=N | :auto=off]"
-    " | power-cap[:W] | dps | power-profile[:PROFILE] | agft | pid | throttllem | greenllm"
+    " | power-cap[:W] | dps | power-profile[:PROFILE] | default-dvfs | agft | pid"
+    " | throttllem | greenllm"
     " | MODULE:FACTORY | an installed gpugov.controllers entry point's name"
 )
 ENTRY_POINT_GROUP = "gpugov.controllers"
 """The entry-point group an outside package registers its controller factories in."""
-PEER_KINDS_WITHOUT_ARGUMENT = ("dps", "agft", "pid", "throttllem", "greenllm")
+PEER_KINDS_WITHOUT_ARGUMENT = ("dps", "default-dvfs", "agft", "pid", "throttllem", "greenllm")
 """Peer governors (``controllers/peers``) whose ``--controller`` spec takes no argument."""
 ONLINE_HINT_KEYS = {
     "gpu": "gpu",
@@ -314,6 +316,7 @@ def _algorithm(spec: ControllerConfig, context: ControllerContext) -> ClockContr
             PowerCapControllerConfig()
             | DPSControllerConfig()
             | PowerProfileControllerConfig()
+            | DefaultDVFSControllerConfig()
             | AGFTControllerConfig()
             | PIDControllerConfig()
             | ThrottLLeMControllerConfig()
@@ -344,6 +347,10 @@ def _peer(spec: ControllerConfig, context: ControllerContext) -> ClockController
             return DPSPowerSteering(**_set_fields(spec))
         case PowerProfileControllerConfig():
             return _power_profile(spec, context)
+        case DefaultDVFSControllerConfig():
+            from gpugov.controllers.peers.default_dvfs import DefaultDVFS
+
+            return DefaultDVFS(**_set_fields(spec))
         case AGFTControllerConfig():
             from gpugov.controllers.peers.agft import AGFTController
 

@@ -15,6 +15,7 @@ module             controller
 ``best_cap``       ``best-cap``: the best static cap in hindsight (an oracle)
 ``dps``            ``dps``: a DPS-style cap steered from power telemetry
 ``power_profile``  ``power-profile``: a static clock ceiling plus cap (a vendor preset)
+``default_dvfs``   ``default-dvfs``: the unlocked GPU (boost, idle drop, firmware TDP)
 ``agft``           ``agft``: AGFT's contextual LinUCB bandit over SM clocks
 ``pid``            ``pid``: PID on TTFT and TPOT (vllm-ascend's SLA DVFS proposal)
 ``throttllem``     ``throttllem``: throughput prediction, then the lowest meeting clock

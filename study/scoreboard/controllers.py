@@ -15,6 +15,7 @@ from gpugov.controllers.open_loop import optimize_open_loop
 from gpugov.daemon.config import (
     AGFTControllerConfig,
     ControllerConfig,
+    DefaultDVFSControllerConfig,
     DPSControllerConfig,
     GreenLLMControllerConfig,
     MaxControllerConfig,
@@ -210,11 +211,11 @@ def peer_entries(
     """The peer governors' rows (``controllers/peers``, ``docs/benchmark.md``), each the
     daemon's config kind in the node's safety chain: the caps (``power-cap``, ``dps``,
     ``power-profile``) every ``control_period_s``; ``agft`` every 0.3 s, its own cycle;
-    ``pid``, ``throttllem`` and ``greenllm`` every ``peer_period_s`` (``mpc-online``'s
-    period, so that no clock governor decides more often than ours). ``best-cap`` is the
-    best static cap in hindsight: its factory simulates the scenario under each candidate
-    cap (:func:`~gpugov.controllers.peers.best_cap.best_static_cap`, its offline cost) and
-    returns ``power-cap`` at the best one."""
+    ``default-dvfs``, ``pid``, ``throttllem`` and ``greenllm`` every ``peer_period_s``
+    (``mpc-online``'s period, so that no clock governor decides more often than ours).
+    ``best-cap`` is the best static cap in hindsight: its factory simulates the scenario
+    under each candidate cap (:func:`~gpugov.controllers.peers.best_cap.best_static_cap`,
+    its offline cost) and returns ``power-cap`` at the best one."""
     from gpugov.controllers.oracles import SLO_TOLERANCE
     from gpugov.controllers.peers.agft import AGFT_PERIOD_S
     from gpugov.controllers.peers.best_cap import best_static_cap
@@ -249,6 +250,12 @@ def peer_entries(
             "power-profile",
             LABELS["power-profile"],
             make(PowerProfileControllerConfig(kind="power-profile"), control_period_s),
+        ),
+        ControllerEntry(
+            "default-dvfs",
+            LABELS["default-dvfs"],
+            make(DefaultDVFSControllerConfig(kind="default-dvfs"), peer_period_s),
+            peer_period_s,
         ),
         ControllerEntry(
             "agft",

@@ -2,7 +2,8 @@
 
 Every kind the config accepts (``max``, ``fixed``, ``reactive``, ``open-loop``, ``mpc``,
 ``mpc-slsqp``, ``mpc-online``, and ``mpc-online`` keeping its model in a state directory,
-and the peer governors ``power-cap``, ``dps``, ``power-profile``, ``agft``, ``pid``,
+and the peer governors ``power-cap``, ``dps``, ``power-profile``, ``default-dvfs``,
+``agft``, ``pid``,
 ``throttllem`` and ``greenllm``, and an outside package's factory, ``external``),
 raw (the algorithm, :func:`unwrap`) and inside the safety chain the factory
 (:func:`gpugov.daemon.decide.build_controller`) returns, on idle, burst and NaN-field
@@ -37,6 +38,7 @@ from gpugov.daemon.config import (
     PEER_CONTROLLER_CONFIGS,
     AGFTControllerConfig,
     ControllerConfig,
+    DefaultDVFSControllerConfig,
     DPSControllerConfig,
     ExternalControllerConfig,
     FixedControllerConfig,
@@ -98,6 +100,7 @@ KINDS = (
     "power-cap",
     "dps",
     "power-profile",
+    "default-dvfs",
     "agft",
     "pid",
     "throttllem",
@@ -132,6 +135,8 @@ def spec_for(kind: str, plan: Path, state_dir: Path) -> ControllerConfig:
             return DPSControllerConfig(kind="dps", loop_s=1.0)
         case "power-profile":
             return PowerProfileControllerConfig(kind="power-profile", profile=PROFILE.name)
+        case "default-dvfs":
+            return DefaultDVFSControllerConfig(kind="default-dvfs")
         case "agft":
             return AGFTControllerConfig(kind="agft")
         case "pid":

@@ -14,6 +14,7 @@ from synthetic import make_plant, make_profile
 
 from gpugov.controllers.peers.agft import AGFTController, spread_arms
 from gpugov.controllers.peers.best_cap import best_static_cap
+from gpugov.controllers.peers.default_dvfs import DefaultDVFS
 from gpugov.controllers.peers.dps import DPSPowerSteering
 from gpugov.controllers.peers.greenllm import GreenLLMController
 from gpugov.controllers.peers.pid import SLAPIDController
@@ -129,6 +130,19 @@ def test_best_cap_holds_the_slo_and_spends_no_more_than_the_top_clock() -> None:
     assert best.result.metrics.energy_j <= top.metrics.energy_j + 1e-6
     assert any(holds for *_, holds in best.evaluations)
     assert best.as_dict()["simulations"] == len(best.evaluations)
+
+
+def test_default_dvfs_boosts_while_busy_and_drops_after_the_idle_hold() -> None:
+    dvfs = DefaultDVFS(idle_hold_s=0.5)
+    assert dvfs(obs(0.0)) == CLOCKS[-1]
+    assert dvfs.requested_power_cap_w == 700.0  # the board limit, through the firmware
+    idle = {"decode_active": 0, "waiting_requests": 0, "prefill_remaining_tokens": 0.0}
+    assert dvfs(obs(0.25, **idle)) == CLOCKS[-1]  # idle for 0.25 s: still boosted
+    assert dvfs(obs(0.5, **idle)) == CLOCKS[0]  # idle for 0.5 s: down
+    assert dvfs(obs(0.75, power_limit_w=math.nan)) == CLOCKS[-1]  # work again: boost
+    assert dvfs.requested_power_cap_w == 700.0
+    fresh = DefaultDVFS()
+    assert fresh(obs(0.0, **idle)) == CLOCKS[0]  # never busy: idle from the start
 
 
 # ------------------------------------------------------------------------ PID
@@ -296,7 +310,7 @@ def test_greenllm_prefill_clock_from_its_fitted_models() -> None:
 
 
 # ------------------------------------------------------- every peer, every signal
-PEERS = ("power-cap", "dps", "agft", "pid", "throttllem", "greenllm")
+PEERS = ("power-cap", "dps", "default-dvfs", "agft", "pid", "throttllem", "greenllm")
 
 
 @pytest.mark.parametrize("spec", PEERS)
@@ -331,7 +345,7 @@ def test_peer_specs_parse_and_refuse_bad_arguments() -> None:
     assert parse_controller_spec("power-profile:h100-sxm-llama3-8b") == (
         PowerProfileControllerConfig(kind="power-profile", profile="h100-sxm-llama3-8b")
     )
-    for kind in ("dps", "agft", "pid", "throttllem", "greenllm"):
+    for kind in ("dps", "default-dvfs", "agft", "pid", "throttllem", "greenllm"):
         assert parse_controller_spec(kind).kind == kind
     for bad in ("power-cap:-3", "power-cap:lots", "agft:1", "pid:x", "power-profile:"):
         with pytest.raises(ValueError, match="--controller"):

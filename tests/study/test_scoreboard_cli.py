@@ -51,6 +51,7 @@ CONTROLLERS = [
     "best-cap",
     "dps",
     "power-profile",
+    "default-dvfs",
     "agft",
     "pid",
     "throttllem",
