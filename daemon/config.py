@@ -229,7 +229,7 @@ class OnlineMPCControllerConfig(_Frozen):
 
 
 # ------------------------------------------------------- peer governors (controllers/peers)
-Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+UnitFraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 
 
 class PowerCapControllerConfig(_Frozen):
@@ -239,7 +239,7 @@ class PowerCapControllerConfig(_Frozen):
 
     kind: Literal["power-cap"]
     cap_w: PositiveFloat | None = None
-    fraction: Fraction | None = None
+    fraction: UnitFraction | None = None
 
 
 class DPSControllerConfig(_Frozen):
@@ -261,7 +261,7 @@ class PowerProfileControllerConfig(_Frozen):
     ceiling_mhz: PositiveFloat | None = None
     cap_w: PositiveFloat | None = None
     profile: str | None = None
-    throughput_fraction: Fraction | None = None
+    throughput_fraction: UnitFraction | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> PowerProfileControllerConfig:
@@ -307,7 +307,7 @@ class ThrottLLeMControllerConfig(_Frozen):
     predicted iteration time must stay within."""
 
     kind: Literal["throttllem"]
-    margin: Fraction | None = None
+    margin: UnitFraction | None = None
 
 
 class GreenLLMControllerConfig(_Frozen):
@@ -316,7 +316,7 @@ class GreenLLMControllerConfig(_Frozen):
     of the TPOT SLO."""
 
     kind: Literal["greenllm"]
-    target: Fraction | None = None
+    target: UnitFraction | None = None
 
 
 class ExternalControllerConfig(_Frozen):
