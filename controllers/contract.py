@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from gpugov.plant.types import ClockController, MPCDiagnostics, ServingObservation
+from gpugov.plant.types import ClockController, MPCDiagnostics, PowerCapping, ServingObservation
 
 __all__ = [
     "ClockController",
@@ -21,6 +21,7 @@ __all__ = [
     "HistoryBounded",
     "Learner",
     "Named",
+    "PowerCapping",
     "ReportsFallbacks",
     "controller_label",
     "layers",
@@ -96,6 +97,13 @@ class ControllerWrapper:
 
     def __call__(self, observation: ServingObservation) -> float:
         return self.inner(observation)
+
+    @property
+    def requested_power_cap_w(self) -> float | None:
+        """The power cap the inner controller sets (:class:`PowerCapping`), else None
+        (the board limit): a wrapper passes a cap through unchanged."""
+        inner = self.inner
+        return inner.requested_power_cap_w if isinstance(inner, PowerCapping) else None
 
     def close(self) -> None:
         """Close the inner controller, if it holds anything."""

@@ -228,13 +228,138 @@ class OnlineMPCControllerConfig(_Frozen):
         return self
 
 
+# ------------------------------------------------------- peer governors (controllers/peers)
+UnitFraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+
+
+class PowerCapControllerConfig(_Frozen):
+    """A static power cap with the clock left to the GPU (``controllers.peers.power_cap``):
+    ``cap_w`` watts for the domain, else ``fraction`` (default 0.7) of the board limit the
+    node first reports."""
+
+    kind: Literal["power-cap"]
+    cap_w: PositiveFloat | None = None
+    fraction: UnitFraction | None = None
+
+
+class DPSControllerConfig(_Frozen):
+    """A DPS-style cap steered from power telemetry every ``loop_s`` over the last
+    ``window`` readings (``controllers.peers.dps``)."""
+
+    kind: Literal["dps"]
+    loop_s: PositiveFloat | None = None
+    window: Annotated[int, Field(ge=1, le=1000)] | None = None
+
+
+class PowerProfileControllerConfig(_Frozen):
+    """A static clock ceiling plus cap (``controllers.peers.power_profile``): the given
+    ``ceiling_mhz`` (and ``cap_w``), else the preset calibrated on ``profile`` (a bundled
+    profile or a manifest path; in a simulation, default the simulated profile) keeping
+    ``throughput_fraction`` (default 0.97) of the top clock's reference throughput."""
+
+    kind: Literal["power-profile"]
+    ceiling_mhz: PositiveFloat | None = None
+    cap_w: PositiveFloat | None = None
+    profile: str | None = None
+    throughput_fraction: UnitFraction | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PowerProfileControllerConfig:
+        if self.ceiling_mhz is not None and self.profile is not None:
+            raise ValueError("set ceiling_mhz (a preset) or profile (calibrate one), not both")
+        if self.cap_w is not None and self.ceiling_mhz is None:
+            raise ValueError("cap_w needs ceiling_mhz (the preset's clock ceiling)")
+        return self
+
+
+class DefaultDVFSControllerConfig(_Frozen):
+    """The unlocked GPU's default DVFS (``controllers.peers.default_dvfs``): the top clock
+    while busy, the lowest after ``idle_hold_s`` of idle time, the board power limit as the
+    firmware enforces it."""
+
+    kind: Literal["default-dvfs"]
+    idle_hold_s: NonNegativeFloat | None = None
+
+
+class AGFTControllerConfig(_Frozen):
+    """AGFT's contextual LinUCB bandit over SM clocks (``controllers.peers.agft``); run it
+    with ``daemon.period_s = 0.3``, its decision cycle."""
+
+    kind: Literal["agft"]
+    max_arms: Annotated[int, Field(ge=2, le=512)] | None = None
+    initial_alpha: NonNegativeFloat | None = None
+
+
+class PIDControllerConfig(_Frozen):
+    """PID on TTFT and TPOT (``controllers.peers.pid``): ``setpoint`` is the latency's
+    target share of its SLO."""
+
+    kind: Literal["pid"]
+    setpoint: Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)] | None = None
+    kp: NonNegativeFloat | None = None
+    ki: NonNegativeFloat | None = None
+    kd: NonNegativeFloat | None = None
+
+
+class ThrottLLeMControllerConfig(_Frozen):
+    """throttLL'eM-style projection and lowest meeting clock
+    (``controllers.peers.throttllem``): ``margin`` is the share of the TPOT SLO the
+    predicted iteration time must stay within."""
+
+    kind: Literal["throttllem"]
+    margin: UnitFraction | None = None
+
+
+class GreenLLMControllerConfig(_Frozen):
+    """GreenLLM's dual-loop decode controller and fitted prefill clock
+    (``controllers.peers.greenllm``): ``target`` is the decode band's centre as a share
+    of the TPOT SLO."""
+
+    kind: Literal["greenllm"]
+    target: UnitFraction | None = None
+
+
+class ExternalControllerConfig(_Frozen):
+    """A controller from another package: ``factory`` is ``"module:callable"``, called
+    once with the domain's :class:`~gpugov.daemon.decide.ControllerContext` (without the
+    simulated plant: a node's view) and returning the controller
+    (``docs/benchmark.md``). ``name`` is its one name in metrics and results (default the
+    entry point's name, else ``factory``)."""
+
+    kind: Literal["external"]
+    factory: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")]
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]+$", max_length=64)] | None = None
+
+
+PEER_CONTROLLER_CONFIGS = (
+    PowerCapControllerConfig,
+    DPSControllerConfig,
+    PowerProfileControllerConfig,
+    DefaultDVFSControllerConfig,
+    AGFTControllerConfig,
+    PIDControllerConfig,
+    ThrottLLeMControllerConfig,
+    GreenLLMControllerConfig,
+)
+"""The peer governors' config kinds (``docs/benchmark.md``)."""
+
+
 ControllerConfig = Annotated[
     MaxControllerConfig
     | FixedControllerConfig
     | ReactiveControllerConfig
     | OpenLoopControllerConfig
     | MPCControllerConfig
-    | OnlineMPCControllerConfig,
+    | OnlineMPCControllerConfig
+    | PowerCapControllerConfig
+    | DPSControllerConfig
+    | PowerProfileControllerConfig
+    | DefaultDVFSControllerConfig
+    | AGFTControllerConfig
+    | PIDControllerConfig
+    | ThrottLLeMControllerConfig
+    | GreenLLMControllerConfig
+    | ExternalControllerConfig,
     Field(discriminator="kind"),
 ]
 
@@ -493,7 +618,12 @@ def format_validation_error(error: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-_CONTROLLER_TAGS = frozenset({"max", "fixed", "reactive", "open-loop", "mpc", "mpc-online"})
+_CONTROLLER_TAGS = frozenset(
+    {"max", "fixed", "reactive", "open-loop", "mpc", "mpc-online"}
+    | {"power-cap", "dps", "power-profile", "agft", "pid", "throttllem", "greenllm"}
+    | {"default-dvfs"}
+    | {"external"}
+)
 
 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> GpugovConfig:

@@ -26,14 +26,23 @@ from gpugov.controllers.baseline import (
 )
 from gpugov.controllers.contract import ControllerWrapper, HistoryBounded, layers, unwrap
 from gpugov.daemon.config import (
+    AGFTControllerConfig,
     ControllerConfig,
+    DefaultDVFSControllerConfig,
+    DPSControllerConfig,
+    ExternalControllerConfig,
     FixedControllerConfig,
+    GreenLLMControllerConfig,
     MaxControllerConfig,
     MPCControllerConfig,
     OnlineMPCControllerConfig,
     OpenLoopControllerConfig,
+    PIDControllerConfig,
+    PowerCapControllerConfig,
+    PowerProfileControllerConfig,
     PriorHintsConfig,
     ReactiveControllerConfig,
+    ThrottLLeMControllerConfig,
 )
 from gpugov.daemon.errors import ControllerError
 from gpugov.daemon.safety import SafetySettings, with_safety
@@ -47,7 +56,14 @@ log = logging.getLogger(__name__)
 CONTROLLER_SPEC_HELP = (
     "max | fixed:MHZ | reactive | open-loop:PLAN.json | mpc[:PROFILE] | mpc-slsqp[:PROFILE]"
     " | mpc-online[:PRIOR_PROFILE | :gpu=NAME,params_b=B,active_params_b=B,tp=N | :auto=off]"
+    " | power-cap[:W] | dps | power-profile[:PROFILE] | default-dvfs | agft | pid"
+    " | throttllem | greenllm"
+    " | MODULE:FACTORY | an installed gpugov.controllers entry point's name"
 )
+ENTRY_POINT_GROUP = "gpugov.controllers"
+"""The entry-point group an outside package registers its controller factories in."""
+PEER_KINDS_WITHOUT_ARGUMENT = ("dps", "default-dvfs", "agft", "pid", "throttllem", "greenllm")
+"""Peer governors (``controllers/peers``) whose ``--controller`` spec takes no argument."""
 ONLINE_HINT_KEYS = {
     "gpu": "gpu",
     "params_b": "params_b",
@@ -95,6 +111,8 @@ def spec_name(spec: ControllerConfig) -> str:
     JSON and figures all use it."""
     if isinstance(spec, FixedControllerConfig):
         return f"fixed:{spec.clock_mhz:g}"
+    if isinstance(spec, ExternalControllerConfig):
+        return spec.name or spec.factory
     return str(spec.kind)
 
 
@@ -294,7 +312,159 @@ def _algorithm(spec: ControllerConfig, context: ControllerContext) -> ClockContr
             return _mpc(spec, context)
         case OnlineMPCControllerConfig():
             return _online(spec, context)
+        case (
+            PowerCapControllerConfig()
+            | DPSControllerConfig()
+            | PowerProfileControllerConfig()
+            | DefaultDVFSControllerConfig()
+            | AGFTControllerConfig()
+            | PIDControllerConfig()
+            | ThrottLLeMControllerConfig()
+            | GreenLLMControllerConfig()
+        ):
+            return _peer(spec, context)
+        case ExternalControllerConfig():
+            return _external(spec, context)
     raise ControllerError(f"unknown controller kind {getattr(spec, 'kind', spec)!r}")
+
+
+def _peer(spec: ControllerConfig, context: ControllerContext) -> ClockController:
+    """A peer governor (``controllers/peers``, ``docs/benchmark.md``) with the spec's set
+    fields; the rest keep the controller's defaults.
+
+    Raises:
+        ControllerError: a ``power-profile`` with neither a ceiling nor a profile to
+            calibrate on, or a profile that cannot be loaded.
+    """
+    match spec:
+        case PowerCapControllerConfig():
+            from gpugov.controllers.peers.power_cap import StaticPowerCap
+
+            return StaticPowerCap(**_set_fields(spec))
+        case DPSControllerConfig():
+            from gpugov.controllers.peers.dps import DPSPowerSteering
+
+            return DPSPowerSteering(**_set_fields(spec))
+        case PowerProfileControllerConfig():
+            return _power_profile(spec, context)
+        case DefaultDVFSControllerConfig():
+            from gpugov.controllers.peers.default_dvfs import DefaultDVFS
+
+            return DefaultDVFS(**_set_fields(spec))
+        case AGFTControllerConfig():
+            from gpugov.controllers.peers.agft import AGFTController
+
+            return AGFTController(**_set_fields(spec))
+        case PIDControllerConfig():
+            from gpugov.controllers.peers.pid import SLAPIDController
+
+            return SLAPIDController(**_set_fields(spec))
+        case ThrottLLeMControllerConfig():
+            from gpugov.controllers.peers.throttllem import ThrottLLeMController
+
+            return ThrottLLeMController(**_set_fields(spec))
+        case GreenLLMControllerConfig():
+            from gpugov.controllers.peers.greenllm import GreenLLMController
+
+            return GreenLLMController(**_set_fields(spec))
+    raise ControllerError(f"unknown peer controller kind {getattr(spec, 'kind', spec)!r}")
+
+
+def load_factory(reference: str) -> Any:
+    """The callable ``"module:attribute"`` names (the attribute may be dotted).
+
+    Raises:
+        ValueError: one line naming the reference, when the module cannot be imported or
+            has no such callable.
+    """
+    import importlib
+
+    module_name, colon, attribute = reference.partition(":")
+    if not colon or not module_name or not attribute:
+        raise ValueError(f"controller factory {reference!r}: expected MODULE:FACTORY")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as error:  # an outside module: any import error is its own
+        raise ValueError(
+            f"controller factory {reference!r}: cannot import {module_name!r}: {error}"
+        ) from None
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"controller factory {reference!r}: {module_name} has no {attribute}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(f"controller factory {reference!r}: {attribute} is not callable")
+    return target
+
+
+def entry_point_factory(name: str) -> str | None:
+    """The ``module:factory`` an installed package registers as ``name`` in the
+    :data:`ENTRY_POINT_GROUP` entry-point group, or None."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name == name:
+            return str(entry.value)
+    return None
+
+
+def _external(spec: ExternalControllerConfig, context: ControllerContext) -> ClockController:
+    """An outside package's controller: its factory called with what a node knows (the
+    context without the simulated plant or an offline plan).
+
+    Raises:
+        ControllerError: the factory cannot be loaded, raises, or returns no callable.
+    """
+    import dataclasses
+
+    try:
+        factory = load_factory(spec.factory)
+    except ValueError as error:
+        raise ControllerError(str(error)) from None
+    try:
+        controller = factory(dataclasses.replace(context, plant=None, plan=None))
+    except Exception as error:  # an outside factory: report any failure in one line
+        raise ControllerError(f"controller factory {spec.factory!r} raised: {error}") from error
+    if not callable(controller):
+        raise ControllerError(
+            f"controller factory {spec.factory!r} returned {type(controller).__name__}, "
+            "not a callable observation -> MHz"
+        )
+    return controller  # type: ignore[no-any-return]
+
+
+def _power_profile(
+    spec: PowerProfileControllerConfig, context: ControllerContext
+) -> ClockController:
+    """The preset of ``spec``: its own ceiling and cap, else calibrated on its profile (in a
+    simulation, default the simulated profile, as a vendor calibrates per GPU and model)."""
+    from gpugov.controllers.peers.power_profile import (
+        PowerProfileController,
+        calibrate_power_profile,
+    )
+
+    if spec.ceiling_mhz is not None:
+        return PowerProfileController(spec.ceiling_mhz, spec.cap_w)
+    fraction = (
+        {}
+        if spec.throughput_fraction is None
+        else {"throughput_fraction": spec.throughput_fraction}
+    )
+    if spec.profile is None:
+        if context.plant is None:
+            raise ControllerError(
+                "power-profile needs ceiling_mhz (and cap_w) or a profile to calibrate on"
+            )
+        profile = context.plant.profile
+    else:
+        from gpugov.plant import load_profile
+        from gpugov.plant.profile import ProfileError
+
+        try:
+            profile = load_profile(spec.profile)
+        except ProfileError as error:
+            raise ControllerError(f"power-profile: {error}") from error
+    return PowerProfileController.from_preset(calibrate_power_profile(profile, **fraction))
 
 
 def _set_fields(spec: Any, *, skip: Sequence[str] = ()) -> dict[str, Any]:
@@ -538,6 +708,34 @@ def parse_controller_spec(text: str, *, default_profile: str | None = None) -> C
             if argument:
                 return _online_spec(text, argument)
             return OnlineMPCControllerConfig(kind="mpc-online")
+        case "power-cap":
+            if not colon:
+                return PowerCapControllerConfig(kind="power-cap")
+            try:
+                watts = float(argument)
+            except ValueError:
+                watts = math.nan
+            if not math.isfinite(watts) or watts <= 0:
+                raise ValueError(
+                    f"--controller {text!r}: power-cap:W needs a positive number of watts"
+                )
+            return PowerCapControllerConfig(kind="power-cap", cap_w=watts)
+        case "power-profile":
+            if colon and not argument:
+                raise ValueError(f"--controller {text!r}: name a profile after the colon")
+            if argument:
+                _check_profile(argument, text)
+                return PowerProfileControllerConfig(kind="power-profile", profile=argument)
+            return PowerProfileControllerConfig(kind="power-profile")
+        case kind if kind in PEER_KINDS_WITHOUT_ARGUMENT:
+            if colon:
+                raise ValueError(
+                    f"--controller {text!r}: {kind} takes no argument; "
+                    f"expected {CONTROLLER_SPEC_HELP}"
+                )
+            from pydantic import TypeAdapter
+
+            return TypeAdapter(ControllerConfig).validate_python({"kind": kind})
         case "mpc" | "mpc-slsqp":
             if colon and not argument:
                 raise ValueError(f"--controller {text!r}: name a profile after the colon")
@@ -547,6 +745,17 @@ def parse_controller_spec(text: str, *, default_profile: str | None = None) -> C
             if profile:
                 return MPCControllerConfig(kind=kind, profile=profile)
             return MPCControllerConfig(kind=kind)
+    if colon and argument:
+        try:
+            load_factory(text)
+        except ValueError as error:
+            raise ValueError(
+                f"unknown controller {text!r} ({error}); expected {CONTROLLER_SPEC_HELP}"
+            ) from None
+        return ExternalControllerConfig(kind="external", factory=text)
+    registered = None if colon else entry_point_factory(kind)
+    if registered is not None:
+        return ExternalControllerConfig(kind="external", factory=registered, name=kind)
     raise ValueError(f"unknown controller {text!r}; expected {CONTROLLER_SPEC_HELP}")
 
 

@@ -12,7 +12,7 @@ from gpugov.plant.plant import ServingPlant
 from gpugov.plant.result import ServingResult
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.plant.simulator import PlantSimulation
-from gpugov.plant.types import ClockController, Request, Scheduler
+from gpugov.plant.types import ClockController, PowerCapping, Request, Scheduler
 
 
 class ControllerError(RuntimeError):
@@ -38,6 +38,9 @@ def simulate(
     progress_every_s: float = 10.0,
 ) -> ServingResult:
     """Run ``workload`` on ``plant`` with ``controller`` called every ``control_period_s``.
+
+    A controller that sets a power cap (:class:`~gpugov.plant.types.PowerCapping`) has its
+    ``requested_power_cap_w`` applied after each decision.
 
     The run ends when every request has finished, or at ``horizon_s`` (default: last
     arrival plus ``plant.drain_timeout_s``); requests unfinished then are censored.
@@ -93,6 +96,15 @@ def simulate(
                 f"at t={observation.time_s:.3f}s"
             )
         simulation.request_clock(value)
+        if isinstance(controller, PowerCapping):
+            cap = controller.requested_power_cap_w
+            try:
+                simulation.set_power_cap(cap)
+            except (TypeError, ValueError) as error:
+                raise ControllerError(
+                    f"controller {name!r} asked for power cap {cap!r} at "
+                    f"t={observation.time_s:.3f}s: {error}"
+                ) from error
         step += 1
     return simulation.result(
         controller_name=name,

@@ -4,10 +4,20 @@
 supported clock: realised clock, prefill rate, reference decode time and phase powers; the
 decode latency split, the batch-power model, the power cap and the thermal RC).
 :class:`GpuPhysics` is the GPU's state on top of them: the realised clock under the power
-cap and the thermal limit, the iteration's phase power at that clock, and the exact
+limits and the thermal limit, the iteration's phase power at that clock, and the exact
 integration of energy and the one-state thermal RC over constant-power segments. The
 engine (scheduling, KV cache, requests, grid series) stays in ``simulator.py`` and asks
 this object for clocks, durations and powers.
+
+Two power limits act on the clock. The board limit (``ServingPlant.power_limit_w``, the
+TDP) is an instant clamp: an iteration never runs at a clock whose power exceeds it. A
+power cap set at run time (:meth:`GpuPhysics.set_power_cap`, what ``nvidia-smi -pl`` or
+NVML's ``nvmlDeviceSetPowerManagementLimit`` set) acts as the firmware's power controller
+does: it settles at the highest clock whose power fits the cap, but it acts on the power
+averaged over ``power_cap_window_s`` (an exponential average), so after the cap drops or
+the load grows the GPU keeps its clock, and overshoots the cap, until the average crosses
+it; with headroom the ceiling rises at once (boost). The seconds spent above the cap are
+:attr:`GpuPhysics.cap_overshoot_s`.
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ class GpuParameters:
     ambient_temperature_c: float
     thermal_resistance_c_per_w: float
     thermal_time_constant_s: float
+    power_cap_window_s: float = 1.0
 
     @classmethod
     def from_plant(cls, plant: ServingPlant) -> GpuParameters:
@@ -84,6 +95,7 @@ class GpuParameters:
             ambient_temperature_c=plant.ambient_temperature_c,
             thermal_resistance_c_per_w=plant.thermal_resistance_c_per_w,
             thermal_time_constant_s=plant.thermal_time_constant_s,
+            power_cap_window_s=plant.power_cap_window_s,
         )
 
     def steady_temperature_c(self, power_w: float) -> float:
@@ -136,6 +148,45 @@ class GpuPhysics:
         self.power_violation_s = 0.0
         self.thermal_violation_s = 0.0
         self._batch_factor_cache: dict[int, float] = {}
+        # The run-time power cap (None: only the board limit) and its power controller.
+        self.cap_w: float | None = None
+        self.average_power_w = idle
+        self.cap_ceiling_index = len(params.clock_mhz) - 1
+        self.cap_overshoot_s = 0.0
+
+    @property
+    def enforced_power_limit_w(self) -> float:
+        """The power limit in force: the run-time cap when set, else the board limit."""
+        return self.params.power_limit_w if self.cap_w is None else self.cap_w
+
+    def set_power_cap(self, cap_w: float | None) -> float:
+        """Set the run-time power cap (None: remove it); returns the limit in force.
+
+        A cap above the board limit is the board limit. The power controller's ceiling
+        moves at the next segment (:meth:`busy_clock`), on the averaged power.
+
+        Raises:
+            ValueError: ``cap_w`` is not a finite positive number of watts.
+        """
+        if cap_w is None:
+            self.cap_w = None
+            return self.params.power_limit_w
+        value = float(cap_w)
+        if not math.isfinite(value) or value <= 0.0:
+            raise ValueError(f"power cap must be finite and positive watts, got {cap_w!r}")
+        self.cap_w = min(value, self.params.power_limit_w)
+        return self.cap_w
+
+    def _cap_ceiling(self, fit: int) -> int:
+        """Move the cap's ceiling for a segment whose highest fitting clock is ``fit``:
+        down to it once the averaged power exceeds the cap, up to it while within."""
+        cap = self.cap_w
+        assert cap is not None
+        if self.average_power_w > cap + 1e-9:
+            self.cap_ceiling_index = min(self.cap_ceiling_index, fit)
+        else:
+            self.cap_ceiling_index = max(self.cap_ceiling_index, fit)
+        return self.cap_ceiling_index
 
     @property
     def realized_clock_mhz(self) -> float:
@@ -183,8 +234,9 @@ class GpuPhysics:
         """Realised clock index for an iteration requested at ``index``, and its
         :meth:`iteration_parts`; sets :attr:`realized_index` and :attr:`clock_event_reasons`.
 
-        The requested clock is held lower while the iteration's power exceeds the power
-        limit (SW power cap), and while the die is at or above the thermal limit.
+        The requested clock is held lower while the iteration's power exceeds the board
+        limit (SW power cap), below a run-time cap's ceiling (the module notes), and while
+        the die is at or above the thermal limit.
         """
         requested = index
         parts = self.iteration_parts(index, prefill_tokens, decode_batch, context, noise)
@@ -192,6 +244,20 @@ class GpuPhysics:
         while index > 0 and parts[2] > limit:
             index -= 1
             parts = self.iteration_parts(index, prefill_tokens, decode_batch, context, noise)
+        cap = self.cap_w
+        if cap is not None:
+            fit, fit_parts = index, parts
+            while fit > 0 and fit_parts[2] > cap + 1e-9:
+                fit -= 1
+                fit_parts = self.iteration_parts(fit, prefill_tokens, decode_batch, context, noise)
+            ceiling = self._cap_ceiling(fit)
+            if ceiling < index:
+                index = ceiling
+                parts = (
+                    fit_parts
+                    if ceiling == fit
+                    else self.iteration_parts(index, prefill_tokens, decode_batch, context, noise)
+                )
         reasons = CLOCK_EVENT_SW_POWER_CAP if index < requested else 0
         if self.temperature_c >= self.params.thermal_limit_c:
             capped = index
@@ -206,16 +272,26 @@ class GpuPhysics:
         return index, parts
 
     def idle_clock(self, index: int) -> int:
-        """Realised clock index while idle at requested ``index`` (held lower only by the
-        thermal limit); sets :attr:`realized_index` and :attr:`clock_event_reasons`."""
-        requested = index
+        """Realised clock index while idle at requested ``index`` (held lower only by a
+        run-time power cap's ceiling and the thermal limit); sets :attr:`realized_index`
+        and :attr:`clock_event_reasons`."""
         reasons = CLOCK_EVENT_GPU_IDLE
+        cap = self.cap_w
+        if cap is not None:
+            fit = index
+            while fit > 0 and self.params.idle_power_w[fit] > cap + 1e-9:
+                fit -= 1
+            ceiling = self._cap_ceiling(fit)
+            if ceiling < index:
+                index = ceiling
+                reasons |= CLOCK_EVENT_SW_POWER_CAP
         if self.temperature_c >= self.params.thermal_limit_c:
+            capped = index
             safe = self.params.thermal_safe_power_w()
             idle_power = self.params.idle_power_w
             while index > 0 and idle_power[index] > safe:
                 index -= 1
-            if index < requested:
+            if index < capped:
                 reasons |= CLOCK_EVENT_SW_THERMAL_SLOWDOWN
         self.clock_event_reasons = reasons
         self.realized_index = index
@@ -246,6 +322,14 @@ class GpuPhysics:
             self.peak_temperature_c = self.temperature_c
         if busy:
             self.busy_s += dt
+        window = p.power_cap_window_s
+        self.average_power_w = (
+            power
+            if window <= 0.0
+            else power + (self.average_power_w - power) * math.exp(-dt / window)
+        )
+        if self.cap_w is not None and power > self.cap_w + 1e-9:
+            self.cap_overshoot_s += dt
         if power > p.power_limit_w + 1e-9:
             self.power_violation_s += dt
         limit = p.thermal_limit_c

@@ -18,6 +18,8 @@ class ServingPlant:
     for piecewise-constant power. ``actuation_delay_s`` is the time from a clock request
     to the new clock taking effect. ``kv_capacity_tokens`` and ``max_batch_size`` bound
     the running batch as vLLM's KV block pool and ``max_num_seqs`` do.
+    ``power_cap_window_s`` is the averaging window of the firmware's power controller
+    under a run-time power cap (``gpu_physics.py``; 0: it acts on instant power).
     ``tensor_parallel`` is the number of GPUs in the domain (one clock for all of them, as
     the daemon's multi-GPU domains lock it): the profile's rates are the domain's, its powers
     and ``power_limit_w`` the sum over the GPUs, its thermal state each GPU's.
@@ -36,6 +38,7 @@ class ServingPlant:
     drain_timeout_s: float = 600.0
     latency_noise_cv: float = 0.0
     tensor_parallel: int = 1
+    power_cap_window_s: float = 1.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -66,6 +69,9 @@ class ServingPlant:
             raise ValueError(
                 f"ServingPlant.actuation_delay_s must be >= 0, got {self.actuation_delay_s!r}"
             )
+        window = self.power_cap_window_s
+        if not np.isfinite(window) or window < 0.0:
+            raise ValueError(f"ServingPlant.power_cap_window_s must be >= 0, got {window!r}")
         if self.max_batch_size < 1:
             raise ValueError(f"ServingPlant.max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.kv_capacity_tokens < 1:

@@ -18,8 +18,11 @@ Clocks: a requested clock is quantised to the supported set and takes effect aft
 ``actuation_delay_s``; the realised clock follows a measured manifest's medians, and is
 held lower while the iteration's power would exceed the power limit (SW power cap) or
 while the die is above the thermal limit (to the highest clock whose steady-state
-temperature is within the limit). Power is the time-weighted phase mix of the
-iteration at the realised clock; the one-state thermal RC is integrated exactly.
+temperature is within the limit). A power cap set at run time
+(:meth:`PlantSimulation.set_power_cap`) holds it at the highest clock whose power fits
+the cap, acting on power averaged over ``power_cap_window_s``, as the firmware's power
+controller does. Power is the time-weighted phase mix of the iteration at the realised
+clock; the one-state thermal RC is integrated exactly.
 
 The GPU side (realised clock, power, thermal RC integration) is a composed
 :class:`~gpugov.plant.gpu_physics.GpuPhysics` over frozen
@@ -277,6 +280,16 @@ class PlantSimulation:
                 self._pending.append((effective, index))
         return self._clocks[index]
 
+    def set_power_cap(self, cap_w: float | None) -> float:
+        """Set the GPU's run-time power cap (None: only the board limit); returns the
+        limit in force. The firmware's power controller moves the clock to it over its
+        averaging window (``gpu_physics.py``).
+
+        Raises:
+            ValueError: ``cap_w`` is not a finite positive number of watts.
+        """
+        return self.gpu.set_power_cap(cap_w)
+
     def observe(self, step_index: int | None = None) -> ServingObservation:
         """What a real node could know now; windowed latencies since the previous call."""
         now = self.time_s
@@ -307,7 +320,7 @@ class PlantSimulation:
             requested_clock_mhz=self._clocks[self._requested_index],
             realized_clock_mhz=gpu.realized_clock_mhz,
             gpu_utilization=None if utilization is None else min(1.0, max(0.0, utilization)),
-            power_limit_w=self.plant.power_limit_w,
+            power_limit_w=gpu.enforced_power_limit_w,
             thermal_limit_c=self.plant.thermal_limit_c,
             supported_clocks_mhz=tuple(self._clocks),
             clock_event_reasons=gpu.clock_event_reasons,
@@ -592,6 +605,10 @@ class PlantSimulation:
             self._iter_noise,
         )
         if self.gpu.may_reach_thermal_limit(power):
+            return False
+        cap = self.gpu.cap_w
+        if cap is not None and (power > cap or self.gpu.average_power_w > cap):
+            # The cap's power controller would move the clock within the stretch.
             return False
         counter = self._decode_counter
         k_completion = self._heap[0][0] - counter - 1

@@ -220,6 +220,15 @@ class ClockController(Protocol):
     def __call__(self, observation: ServingObservation) -> float: ...
 
 
+@runtime_checkable
+class PowerCapping(Protocol):
+    """A controller that also sets the GPU's power cap: after each decision the loop
+    applies ``requested_power_cap_w`` (watts for the whole domain; None: the board limit)."""
+
+    @property
+    def requested_power_cap_w(self) -> float | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerView:
     """The engine state a scheduler sees at the start of an iteration."""

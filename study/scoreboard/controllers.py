@@ -13,12 +13,20 @@ from gpugov.controllers.contract import ControllerWrapper
 from gpugov.controllers.mpc.controller import expected_output_tokens_forecast
 from gpugov.controllers.open_loop import optimize_open_loop
 from gpugov.daemon.config import (
+    AGFTControllerConfig,
     ControllerConfig,
+    DefaultDVFSControllerConfig,
+    DPSControllerConfig,
+    GreenLLMControllerConfig,
     MaxControllerConfig,
     MPCControllerConfig,
     OnlineMPCControllerConfig,
     OpenLoopControllerConfig,
+    PIDControllerConfig,
+    PowerCapControllerConfig,
+    PowerProfileControllerConfig,
     ReactiveControllerConfig,
+    ThrottLLeMControllerConfig,
 )
 from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.daemon.safety import SafetySettings
@@ -112,7 +120,8 @@ def build_scoreboard_controllers(
 ) -> list[ControllerEntry]:
     """The online controllers of the scoreboard, in table order (the one place to swap
     one in: keys ``max``, ``reactive``, ``open-loop``, ``mpc-slsqp``, ``mpc``,
-    ``mpc-online``), each in the node's safety chain with ``safety``'s floor and dwell.
+    ``mpc-online``, then the peer governors of :func:`peer_entries`), each in the node's
+    safety chain with ``safety``'s floor and dwell.
 
     The MPCs are the daemon's config kinds ``mpc-slsqp`` (the seed's SLSQP solver and
     fluid model, the reference) and ``mpc`` (the fast discrete-search solver with its
@@ -178,5 +187,98 @@ def build_scoreboard_controllers(
         ControllerEntry("mpc", LABELS["mpc"], make(mpc("mpc"), fast_period), fast_period),
         ControllerEntry(
             "mpc-online", LABELS["mpc-online"], make(online, online_period), online_period
+        ),
+        *peer_entries(
+            plant,
+            requests,
+            control_period_s=control_period_s,
+            peer_period_s=online_period,
+            safety=safety,
+            slo_target=slo_target,
+        ),
+    ]
+
+
+def peer_entries(
+    plant: ServingPlant,
+    workload: Sequence[Request],
+    *,
+    control_period_s: float,
+    peer_period_s: float,
+    safety: SafetySettings | None = None,
+    slo_target: SLOTarget | None = None,
+) -> list[ControllerEntry]:
+    """The peer governors' rows (``controllers/peers``, ``docs/benchmark.md``), each the
+    daemon's config kind in the node's safety chain: the caps (``power-cap``, ``dps``,
+    ``power-profile``) every ``control_period_s``; ``agft`` every 0.3 s, its own cycle;
+    ``default-dvfs``, ``pid``, ``throttllem`` and ``greenllm`` every ``peer_period_s``
+    (``mpc-online``'s period, so that no clock governor decides more often than ours).
+    ``best-cap`` is the best static cap in hindsight: its factory simulates the scenario
+    under each candidate cap (:func:`~gpugov.controllers.peers.best_cap.best_static_cap`,
+    its offline cost) and returns ``power-cap`` at the best one."""
+    from gpugov.controllers.oracles import SLO_TOLERANCE
+    from gpugov.controllers.peers.agft import AGFT_PERIOD_S
+    from gpugov.controllers.peers.best_cap import best_static_cap
+
+    requests = tuple(workload)
+
+    def make(spec: ControllerConfig, period: float) -> Callable[[], ControllerWrapper]:
+        return lambda: study_controller(
+            spec, plant, requests, control_period_s=period, safety=safety, slo_target=slo_target
+        )
+
+    def best_cap() -> ControllerWrapper:
+        tolerance = SLO_TOLERANCE if slo_target is None else 1.0 - slo_target.attainment
+        best = best_static_cap(
+            requests, plant, tolerance=tolerance, control_period_s=control_period_s
+        )
+        return make(
+            PowerCapControllerConfig(kind="power-cap", cap_w=best.cap_w), control_period_s
+        )()
+
+    return [
+        ControllerEntry(
+            "power-cap",
+            LABELS["power-cap"],
+            make(PowerCapControllerConfig(kind="power-cap"), control_period_s),
+        ),
+        ControllerEntry("best-cap", LABELS["best-cap"], best_cap),
+        ControllerEntry(
+            "dps", LABELS["dps"], make(DPSControllerConfig(kind="dps"), control_period_s)
+        ),
+        ControllerEntry(
+            "power-profile",
+            LABELS["power-profile"],
+            make(PowerProfileControllerConfig(kind="power-profile"), control_period_s),
+        ),
+        ControllerEntry(
+            "default-dvfs",
+            LABELS["default-dvfs"],
+            make(DefaultDVFSControllerConfig(kind="default-dvfs"), peer_period_s),
+            peer_period_s,
+        ),
+        ControllerEntry(
+            "agft",
+            LABELS["agft"],
+            make(AGFTControllerConfig(kind="agft"), AGFT_PERIOD_S),
+            AGFT_PERIOD_S,
+        ),
+        ControllerEntry(
+            "pid",
+            LABELS["pid"],
+            make(PIDControllerConfig(kind="pid"), peer_period_s),
+            peer_period_s,
+        ),
+        ControllerEntry(
+            "throttllem",
+            LABELS["throttllem"],
+            make(ThrottLLeMControllerConfig(kind="throttllem"), peer_period_s),
+            peer_period_s,
+        ),
+        ControllerEntry(
+            "greenllm",
+            LABELS["greenllm"],
+            make(GreenLLMControllerConfig(kind="greenllm"), peer_period_s),
+            peer_period_s,
         ),
     ]

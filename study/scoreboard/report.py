@@ -277,7 +277,7 @@ def write_plot(payload: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    markers = dict(zip(CONTROLLER_ORDER, "os^vDP*X", strict=True))
+    markers = dict(zip(CONTROLLER_ORDER, "os^vDP*X<>hpdH8+x", strict=True))
     fig, ax = plt.subplots(figsize=(9, 6))
     for index, key in enumerate(CONTROLLER_ORDER):
         mine = [

@@ -65,6 +65,16 @@ CONTROLLER_ORDER = (
     "mpc",
     "mpc-online",
     "window-oracle",
+    # Peer governors (controllers/peers, docs/benchmark.md).
+    "power-cap",
+    "best-cap",
+    "dps",
+    "power-profile",
+    "default-dvfs",
+    "agft",
+    "pid",
+    "throttllem",
+    "greenllm",
 )
 
 
@@ -390,6 +400,15 @@ LABELS = {
     "mpc": "mpc",
     "mpc-online": "mpc-online",
     "window-oracle": "window-oracle (hindsight)",
+    "power-cap": "power-cap (70% TDP)",
+    "best-cap": "best-cap (hindsight)",
+    "dps": "dps",
+    "power-profile": "power-profile",
+    "default-dvfs": "default-dvfs",
+    "agft": "agft",
+    "pid": "pid",
+    "throttllem": "throttllem",
+    "greenllm": "greenllm",
 }
 """Row labels: a controller's one name (its ``--controller`` spec, metrics label and JSON
 key); the hindsight oracles, which are not controllers, say so."""

@@ -1,7 +1,10 @@
 """One contract, every controller kind.
 
 Every kind the config accepts (``max``, ``fixed``, ``reactive``, ``open-loop``, ``mpc``,
-``mpc-slsqp``, ``mpc-online``, and ``mpc-online`` keeping its model in a state directory),
+``mpc-slsqp``, ``mpc-online``, and ``mpc-online`` keeping its model in a state directory,
+and the peer governors ``power-cap``, ``dps``, ``power-profile``, ``default-dvfs``,
+``agft``, ``pid``,
+``throttllem`` and ``greenllm``, and an outside package's factory, ``external``),
 raw (the algorithm, :func:`unwrap`) and inside the safety chain the factory
 (:func:`gpugov.daemon.decide.build_controller`) returns, on idle, burst and NaN-field
 observations:
@@ -32,13 +35,23 @@ import pytest
 from gpugov.controllers.contract import unwrap
 from gpugov.controllers.open_loop import PLAN_FORMAT, OpenLoopPlan, save_plan
 from gpugov.daemon.config import (
+    PEER_CONTROLLER_CONFIGS,
+    AGFTControllerConfig,
     ControllerConfig,
+    DefaultDVFSControllerConfig,
+    DPSControllerConfig,
+    ExternalControllerConfig,
     FixedControllerConfig,
+    GreenLLMControllerConfig,
     MaxControllerConfig,
     MPCControllerConfig,
     OnlineMPCControllerConfig,
     OpenLoopControllerConfig,
+    PIDControllerConfig,
+    PowerCapControllerConfig,
+    PowerProfileControllerConfig,
     ReactiveControllerConfig,
+    ThrottLLeMControllerConfig,
 )
 from gpugov.daemon.decide import ControllerContext, build_controller, warm_up
 from gpugov.plant import load_profile
@@ -84,6 +97,15 @@ KINDS = (
     "mpc-slsqp",
     "mpc-online",
     "mpc-online-persistent",
+    "power-cap",
+    "dps",
+    "power-profile",
+    "default-dvfs",
+    "agft",
+    "pid",
+    "throttllem",
+    "greenllm",
+    "external",
 )
 
 
@@ -106,6 +128,26 @@ def spec_for(kind: str, plan: Path, state_dir: Path) -> ControllerConfig:
                 solve_time_limit_s=SOLVE_TIME_LIMIT_S,
                 warmup_s=ONLINE_WARMUP_S,
                 state_dir=state_dir if kind == "mpc-online-persistent" else None,
+            )
+        case "power-cap":
+            return PowerCapControllerConfig(kind="power-cap")
+        case "dps":
+            return DPSControllerConfig(kind="dps", loop_s=1.0)
+        case "power-profile":
+            return PowerProfileControllerConfig(kind="power-profile", profile=PROFILE.name)
+        case "default-dvfs":
+            return DefaultDVFSControllerConfig(kind="default-dvfs")
+        case "agft":
+            return AGFTControllerConfig(kind="agft")
+        case "pid":
+            return PIDControllerConfig(kind="pid")
+        case "throttllem":
+            return ThrottLLeMControllerConfig(kind="throttllem")
+        case "greenllm":
+            return GreenLLMControllerConfig(kind="greenllm")
+        case "external":
+            return ExternalControllerConfig(
+                kind="external", factory="example_outside_governor:make"
             )
     raise ValueError(f"unknown kind {kind!r}")
 
@@ -308,6 +350,8 @@ def test_every_kind_the_config_accepts_is_covered(plan: Path) -> None:
         OpenLoopControllerConfig,
         MPCControllerConfig,
         OnlineMPCControllerConfig,
+        *PEER_CONTROLLER_CONFIGS,
+        ExternalControllerConfig,
     ):
         annotation = model.model_fields["kind"].annotation
         accepted.update(getattr(annotation, "__args__", ()))

@@ -57,7 +57,7 @@ def test_defaults() -> None:
         (_domain(engine={"url": "ftp://x"}), "domains[0].engine.url", "http://"),
         (_domain(engine={"timeout_s": -1}), "domains[0].engine.timeout_s", "greater than 0"),
         (_domain(engine={"kind": "trtllm"}), "domains[0].engine.kind", "'auto'"),
-        (_domain(controller={"kind": "pid"}), "domains[0].controller", "does not match"),
+        (_domain(controller={"kind": "warp-drive"}), "domains[0].controller", "does not match"),
         (_domain(controller={"kind": "fixed"}), "domains[0].controller.clock_mhz", "required"),
         (
             _domain(controller={"kind": "fixed", "clock_mhz": "1410"}),

@@ -47,6 +47,15 @@ CONTROLLERS = [
     "mpc",
     "mpc-online",
     "window-oracle",
+    "power-cap",
+    "best-cap",
+    "dps",
+    "power-profile",
+    "default-dvfs",
+    "agft",
+    "pid",
+    "throttllem",
+    "greenllm",
 ]
 
 
@@ -102,6 +111,9 @@ def test_tiny_scoreboard_writes_json_markdown_and_png(
     markdown = (out / "scoreboard.md").read_text()
     assert "| controller | energy | saved |" in markdown
     assert "window-oracle (hindsight)" in markdown
+    for label in ("power-cap (70% TDP)", "best-cap (hindsight)", "agft", "throttllem", "greenllm"):
+        assert label in markdown
+    assert by_key["best-cap"]["holds_slo"] is True  # the hindsight search keeps a holding cap
     assert (out / "scoreboard.png").read_bytes().startswith(PNG_MAGIC)
     assert "\nmpc " in stdout and "mpc-slsqp" in stdout
     assert "wrote" in stdout

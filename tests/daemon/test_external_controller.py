@@ -1,0 +1,159 @@
+"""An outside package's controller: ``--controller MODULE:FACTORY``, a
+``gpugov.controllers`` entry point, or ``kind = "external"`` in the config, built by the
+node's factory in the safety chain and scored on the plant like any kind."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+
+from gpugov.daemon.config import ExternalControllerConfig, parse_config
+from gpugov.daemon.decide import (
+    ENTRY_POINT_GROUP,
+    ControllerContext,
+    build_controller,
+    parse_controller_spec,
+    spec_name,
+)
+from gpugov.daemon.errors import ControllerError
+from gpugov.plant import Request, simulate
+from gpugov.plant.types import ServingObservation
+from gpugov.study.scoreboard.controllers import study_controller
+
+CLOCKS = (900.0, 1200.0, 1500.0, 1800.0)
+
+PACKAGE = '''
+"""A minimal outside governor (the example in docs/benchmark.md)."""
+
+from gpugov.daemon.decide import ControllerContext
+from gpugov.plant.types import ServingObservation
+
+seen = []
+
+
+def make(context: ControllerContext):
+    seen.append(context)
+    clocks = context.supported_clocks_mhz
+
+    def decide(observation: ServingObservation) -> float:
+        busy = observation.decode_active > 0 or observation.waiting_requests > 0
+        return clocks[-1] if busy else clocks[0]
+
+    return decide
+
+
+def broken(context):
+    raise RuntimeError("no GPU model for this node")
+
+
+def not_a_controller(context):
+    return 42
+'''
+
+
+@pytest.fixture
+def outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An importable module ``outside_governor`` in a temporary directory."""
+    (tmp_path / "outside_governor.py").write_text(textwrap.dedent(PACKAGE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "outside_governor"
+    sys.modules.pop("outside_governor", None)
+
+
+def observation(busy: bool) -> ServingObservation:
+    return ServingObservation(
+        time_s=0.0,
+        step_index=0,
+        arrived_requests=1,
+        prefill_remaining_tokens=0.0,
+        decode_active=4 if busy else 0,
+        generated_decode_tokens=0.0,
+        temperature_c=40.0,
+        supported_clocks_mhz=CLOCKS,
+    )
+
+
+def test_module_factory_spec_builds_the_outside_controller(outside: str) -> None:
+    spec = parse_controller_spec(f"{outside}:make")
+    assert spec == ExternalControllerConfig(kind="external", factory=f"{outside}:make")
+    assert spec_name(spec) == f"{outside}:make"
+    chain = build_controller(spec, ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS))
+    assert chain(observation(busy=True)) == 1800.0
+    assert chain(observation(busy=False)) in CLOCKS  # the dwell may hold it a while
+    assert chain.name == f"{outside}:make"
+
+
+def test_outside_controller_is_scored_on_the_plant_without_the_profile(outside: str) -> None:
+    from synthetic import make_plant
+
+    plant = make_plant()
+    workload = tuple(Request(i, 0.5 * i, 400, 30) for i in range(10))
+    chain = study_controller(
+        parse_controller_spec(f"{outside}:make"), plant, workload, control_period_s=1.0
+    )
+    result = simulate(workload, plant, controller=chain)
+    assert result.metrics.completed_requests == len(workload)
+    context = sys.modules[outside].seen[-1]
+    assert context.plant is None  # a node's view: no simulated profile to peek at
+    assert context.supported_clocks_mhz == tuple(float(c) for c in plant.profile.clock_mhz)
+
+
+def test_entry_point_name_resolves_to_its_factory(
+    outside: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entry = EntryPoint(name="outside", value=f"{outside}:make", group=ENTRY_POINT_GROUP)
+
+    def entry_points(*, group: str) -> list[EntryPoint]:
+        return [entry] if group == ENTRY_POINT_GROUP else []
+
+    monkeypatch.setattr("importlib.metadata.entry_points", entry_points)
+    spec = parse_controller_spec("outside")
+    assert spec == ExternalControllerConfig(
+        kind="external", factory=f"{outside}:make", name="outside"
+    )
+    assert spec_name(spec) == "outside"
+    with pytest.raises(ValueError, match="unknown controller 'elsewhere'"):
+        parse_controller_spec("elsewhere")
+
+
+def test_config_file_takes_an_external_kind(outside: str) -> None:
+    config = parse_config(
+        {
+            "domains": [
+                {
+                    "name": "d0",
+                    "gpus": [0],
+                    "controller": {"kind": "external", "factory": f"{outside}:make"},
+                }
+            ]
+        }
+    )
+    assert config.domains[0].controller.kind == "external"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("no_such_module_here:make", "cannot import 'no_such_module_here'"),
+        ("outside_governor:missing", "has no missing"),
+    ],
+)
+def test_a_bad_factory_is_one_line(outside: str, spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as error:
+        parse_controller_spec(spec)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"), [("broken", "raised: no GPU model"), ("not_a_controller", "int")]
+)
+def test_a_failing_factory_is_a_controller_error(outside: str, factory: str, message: str) -> None:
+    spec = ExternalControllerConfig(kind="external", factory=f"{outside}:{factory}")
+    context = ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS)
+    with pytest.raises(ControllerError, match=message):
+        build_controller(spec, context)

@@ -1,0 +1,20 @@
+"""A minimal outside governor, as another package would ship it (the example in
+docs/benchmark.md): the conformance suite builds it as the ``external`` kind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpugov.daemon.decide import ControllerContext
+from gpugov.plant.types import ServingObservation
+
+
+def make(context: ControllerContext) -> Callable[[ServingObservation], float]:
+    """Top clock while anything runs or waits, the lowest clock when idle."""
+    clocks = context.supported_clocks_mhz
+
+    def decide(observation: ServingObservation) -> float:
+        busy = observation.decode_active > 0 or observation.waiting_requests > 0
+        return clocks[-1] if busy else clocks[0]
+
+    return decide

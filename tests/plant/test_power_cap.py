@@ -1,0 +1,157 @@
+"""The plant's run-time power cap: the firmware's power controller, its averaging window
+and overshoot, and the closed loop applying a controller's cap."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from synthetic import make_plant
+
+from gpugov.plant import ControllerError, PlantSimulation, Request, simulate
+from gpugov.plant.gpu_physics import CLOCK_EVENT_SW_POWER_CAP, GpuParameters, GpuPhysics
+from gpugov.plant.types import ServingObservation
+
+PREFILL_TOKENS = 512
+
+
+def run_prefill(gpu: GpuPhysics, seconds: float, step_s: float = 0.02) -> list[int]:
+    """Run back-to-back prefill-only segments of ``step_s`` requested at the top clock;
+    the realised clock index of each."""
+    top = len(gpu.params.clock_mhz) - 1
+    realised = []
+    for _ in range(int(round(seconds / step_s))):
+        index, (_, _, power) = gpu.busy_clock(top, PREFILL_TOKENS, 0, 0, 1.0)
+        gpu.integrate(step_s, power, busy=True)
+        realised.append(index)
+    return realised
+
+
+def highest_fitting(params: GpuParameters, cap_w: float) -> int:
+    """The highest clock index whose prefill power fits ``cap_w``."""
+    fitting = [i for i, p in enumerate(params.prefill_power_w) if p <= cap_w]
+    return fitting[-1]
+
+
+def test_cap_above_the_top_power_changes_nothing() -> None:
+    plant = make_plant()
+    params = GpuParameters.from_plant(plant)
+    top_power = max(params.prefill_power_w)
+    uncapped, capped = GpuPhysics(params, 0), GpuPhysics(params, 0)
+    capped.set_power_cap(top_power + 10.0)
+    assert run_prefill(uncapped, 5.0) == run_prefill(capped, 5.0)
+    assert capped.energy_j == pytest.approx(uncapped.energy_j)
+    assert capped.cap_overshoot_s == 0.0
+
+
+def test_lower_cap_settles_at_the_highest_fitting_clock() -> None:
+    plant = make_plant()
+    params = GpuParameters.from_plant(plant)
+    top = len(params.clock_mhz) - 1
+    cap = 0.5 * (min(params.prefill_power_w) + max(params.prefill_power_w))
+    gpu = GpuPhysics(params, top)
+    gpu.set_power_cap(cap)
+    realised = run_prefill(gpu, 10.0)
+    settled = highest_fitting(params, cap)
+    assert settled < top
+    assert realised[-1] == settled
+    assert gpu.clock_event_reasons & CLOCK_EVENT_SW_POWER_CAP
+    assert gpu.average_power_w <= cap + 1e-6
+    # A lower cap settles lower still.
+    lower = GpuPhysics(params, top)
+    lower.set_power_cap(cap - 100.0)
+    assert run_prefill(lower, 10.0)[-1] < settled
+
+
+def test_averaging_window_delays_the_response_and_overshoots() -> None:
+    params = GpuParameters.from_plant(make_plant(power_cap_window_s=1.0))
+    top = len(params.clock_mhz) - 1
+    cap = 0.5 * (min(params.prefill_power_w) + max(params.prefill_power_w))
+    gpu = GpuPhysics(params, top)  # idle: the averaged power is the idle power
+    gpu.set_power_cap(cap)
+    realised = run_prefill(gpu, 5.0)  # a burst starts
+    first_drop = next(i for i, index in enumerate(realised) if index < top)
+    assert first_drop > 0  # the clock holds until the averaged power crosses the cap
+    assert realised[-1] == highest_fitting(params, cap)
+    assert gpu.cap_overshoot_s == pytest.approx(first_drop * 0.02)
+    # Without a window the same cap acts at once.
+    instant = GpuPhysics(GpuParameters.from_plant(make_plant(power_cap_window_s=0.0)), top)
+    instant.set_power_cap(cap)
+    assert run_prefill(instant, 0.1)[1] == highest_fitting(params, cap)
+    # A longer window delays it longer.
+    slow = GpuPhysics(GpuParameters.from_plant(make_plant(power_cap_window_s=3.0)), top)
+    slow.set_power_cap(cap)
+    slow_realised = run_prefill(slow, 10.0)
+    assert next(i for i, index in enumerate(slow_realised) if index < top) > first_drop
+
+
+def test_raised_cap_lifts_the_ceiling_at_once() -> None:
+    params = GpuParameters.from_plant(make_plant())
+    top = len(params.clock_mhz) - 1
+    gpu = GpuPhysics(params, top)
+    gpu.set_power_cap(0.5 * (min(params.prefill_power_w) + max(params.prefill_power_w)))
+    assert run_prefill(gpu, 10.0)[-1] < top
+    gpu.set_power_cap(None)
+    assert run_prefill(gpu, 0.04)[0] == top
+    assert gpu.enforced_power_limit_w == params.power_limit_w
+
+
+def test_cap_is_clamped_to_the_board_limit_and_checked() -> None:
+    params = GpuParameters.from_plant(make_plant(power_limit_w=500.0))
+    gpu = GpuPhysics(params, 0)
+    assert gpu.set_power_cap(900.0) == 500.0
+    for bad in (math.nan, math.inf, 0.0, -5.0):
+        with pytest.raises(ValueError, match="power cap"):
+            gpu.set_power_cap(bad)
+
+
+def test_plant_rejects_a_negative_window() -> None:
+    with pytest.raises(ValueError, match="power_cap_window_s"):
+        make_plant(power_cap_window_s=-1.0)
+
+
+class CapAt:
+    """Top clock, and a power cap (a :class:`~gpugov.plant.types.PowerCapping`)."""
+
+    def __init__(self, cap_w: float | None) -> None:
+        self.requested_power_cap_w = cap_w
+        self.limits: list[float | None] = []
+
+    def __call__(self, observation: ServingObservation) -> float:
+        self.limits.append(observation.power_limit_w)
+        return observation.supported_clocks_mhz[-1]
+
+
+def busy_workload() -> tuple[Request, ...]:
+    return tuple(Request(i, 0.2 * i, 2000, 50) for i in range(60))
+
+
+def test_closed_loop_applies_a_controllers_cap() -> None:
+    plant = make_plant()
+    free = simulate(busy_workload(), plant, controller=CapAt(None), control_period_s=0.5)
+    capper = CapAt(350.0)
+    capped = simulate(busy_workload(), plant, controller=capper, control_period_s=0.5)
+    assert capped.metrics.energy_j < free.metrics.energy_j
+    assert min(capped.realized_clock_mhz) < max(capped.realized_clock_mhz)
+    assert capper.limits[0] == plant.power_limit_w  # before the first decision
+    assert capper.limits[-1] == 350.0  # the observation reports the cap in force
+    high = simulate(busy_workload(), plant, controller=CapAt(5000.0), control_period_s=0.5)
+    assert high.metrics.energy_j == pytest.approx(free.metrics.energy_j)
+
+
+def test_closed_loop_names_a_bad_cap() -> None:
+    with pytest.raises(ControllerError, match="power cap"):
+        simulate(busy_workload(), make_plant(), controller=CapAt(math.nan))
+
+
+def test_fast_forward_matches_iteration_by_iteration_under_a_cap() -> None:
+    plant = make_plant(actuation_delay_s=0.0)
+    workload = tuple(Request(i, 0.0, 300, 400) for i in range(32))
+    outcomes = []
+    for fast in (True, False):
+        simulation = PlantSimulation(workload, plant, fast_forward=fast)
+        simulation.set_power_cap(260.0)
+        simulation.advance_to(30.0)
+        outcomes.append((simulation.energy_j, simulation.records()))
+    assert outcomes[0][0] == pytest.approx(outcomes[1][0], rel=1e-9)
+    assert outcomes[0][1] == outcomes[1][1]
