@@ -243,7 +243,9 @@ class ActuatorServer:
         for key, events in self._selector.select(wait):
             sock = key.fileobj
             if sock is self._listener:
-                self._accept()
+                for _ in range(2 * MAX_CLIENTS):  # drain the backlog, boundedly
+                    if not self._accept():
+                        break
                 continue
             conn = self._connections.get(sock)  # type: ignore[call-overload]
             if conn is None:
@@ -258,17 +260,21 @@ class ActuatorServer:
                 self._expire(conn)
 
     # ---------------------------------------------------------------- connections
-    def _accept(self) -> None:
+    def _accept(self) -> bool:
+        """Accept one waiting peer and serve it or turn it away; False when none waits."""
         assert self._listener is not None
         try:
             sock, _ = self._listener.accept()
         except (BlockingIOError, InterruptedError):
-            return
+            return False
+        except OSError as error:  # out of descriptors: drop nothing, try again later
+            log.warning("accept failed: %s", error)
+            return False
         try:
             pid, uid, _gid = peer_credentials(sock)
         except OSError:
             sock.close()
-            return
+            return True
         allowed = resolve_uid(self.allow)
         if uid != allowed:
             self.refused_peers += 1
@@ -282,16 +288,17 @@ class ActuatorServer:
                     self.allow,
                 )
             self._answer_and_close(sock, "forbidden", f"uid {uid} is not allowed")
-            return
+            return True
         if len(self._connections) >= MAX_CLIENTS:
             self._answer_and_close(sock, "busy", f"at most {MAX_CLIENTS} connections")
-            return
+            return True
         sock.setblocking(False)
         lease = min(DEFAULT_LEASE_S, self.max_lease_s)
         conn = Connection(sock, pid, uid, lease, self._clock() + lease)
         self._connections[sock] = conn
         self._selector.register(sock, selectors.EVENT_READ)
         log.info("connection from pid %d (uid %d)", pid, uid)
+        return True
 
     @staticmethod
     def _answer_and_close(sock: socket.socket, code: str, message: str) -> None:
