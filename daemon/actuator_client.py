@@ -17,8 +17,10 @@ lease).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import select
 import socket
 import threading
 import time
@@ -131,7 +133,9 @@ class ActuatorClient:
         assert self._sock is not None
         deadline = self._clock() + self.timeout_s
         try:
-            self._sock.sendall(json.dumps(message).encode() + b"\n")
+            # Refused at once (a stranger): the send fails, its one answer line waits.
+            with contextlib.suppress(OSError):
+                self._sock.sendall(json.dumps(message).encode() + b"\n")
             while b"\n" not in self._buffer:
                 left = deadline - self._clock()
                 if left <= 0:
@@ -192,6 +196,9 @@ class ActuatorClient:
     def check(self) -> str | None:
         """Once per tick: connect if needed, renew the lease when due; the reason the
         actuator cannot take writes now, or None."""
+        with self._lock:
+            if self._sock is not None and self._peer_closed():
+                self._disconnect()  # the actuator went away: its locks went with it
         due = self._clock() - self._last_ok_s >= RENEW_SHARE * self.granted_lease_s
         if self._sock is None or due:
             try:
@@ -201,6 +208,15 @@ class ActuatorClient:
             except PermissionDenied as error:
                 return str(error)
         return None
+
+    def _peer_closed(self) -> bool:
+        """True when the actuator's end is closed (seen without blocking)."""
+        assert self._sock is not None
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+            return bool(readable) and self._sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def close(self) -> None:
         """Close the connection: the actuator resets whatever this lease held."""
