@@ -154,6 +154,8 @@ class ActuatorServer:
         min_relock_s: float = DEFAULT_MIN_RELOCK_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if not gpus:
+            raise GpugovError("no GPU to serve")
         self.gpus: dict[str, Gpu] = {}
         self._by_name: dict[str, Gpu] = {}
         for backend in gpus:
@@ -496,6 +498,8 @@ def notify_systemd(state: str) -> None:
 
 # ------------------------------------------------------------------------ command
 def _gpu_list(value: str) -> list[int | str]:
+    if value.strip() == "all":
+        return ["all"]
     items: list[int | str] = []
     for part in value.split(","):
         part = part.strip()
@@ -543,7 +547,7 @@ def register(subparsers: Any) -> None:
         type=_gpu_list,
         required=True,
         metavar="LIST",
-        help="the GPUs it may lock: NVML indices or UUIDs, e.g. 0,1",
+        help="the GPUs it may lock: NVML indices or UUIDs, e.g. 0,1, or all (NVML's count)",
     )
     parser.add_argument(
         "--allow",
@@ -577,7 +581,7 @@ def register(subparsers: Any) -> None:
 def run_actuator(args: argparse.Namespace) -> int:
     """``gpugov actuator``: open the GPUs, reset them, serve until a terminating signal,
     reset every lock on the way out."""
-    from gpugov.daemon.nvml import NvmlBackend
+    from gpugov.daemon.nvml import NvmlBackend, nvml_device_count
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -594,7 +598,8 @@ def run_actuator(args: argparse.Namespace) -> int:
     backends: list[GpuBackend] = []
     server: ActuatorServer | None = None
     try:
-        for gpu in args.gpus:
+        gpus = list(range(nvml_device_count())) if args.gpus == ["all"] else args.gpus
+        for gpu in gpus:
             backends.append(NvmlBackend(gpu))
         server = ActuatorServer(
             backends,
@@ -610,8 +615,8 @@ def run_actuator(args: argparse.Namespace) -> int:
         return _close(backends, server, ExitCode.PERMISSION)
     except (GpugovError, OSError) as error:
         print(f"gpugov: error: {error}", file=sys.stderr)
-        code = ExitCode.USAGE if isinstance(error, OSError) else ExitCode.NO_GPU
-        return _close(backends, server, code)
+        failure = ExitCode.USAGE if isinstance(error, OSError) else ExitCode.NO_GPU
+        return _close(backends, server, failure)
     log.info(
         "serving GPUs %s on %s for %s",
         ", ".join(f"{label} ({g.min_mhz}-{g.max_mhz} MHz)" for label, g in server.gpus.items()),
