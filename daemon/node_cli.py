@@ -257,7 +257,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(describe_config(config))
     for line in report.lines:
         print(f"  {line}")
-    locks = not args.offline and config.daemon.backend != "emulated" and not config.daemon.dry_run
+    # The emulated GPUs need no privilege; the actuator and zeusd hold it for the governor.
+    writes_itself = config.daemon.backend in ("nvml", "nvidia-smi")
+    locks = not args.offline and writes_itself and not config.daemon.dry_run
     if locks and not may_lock_clocks():
         print("  this process may not lock clocks; run needs root or CAP_SYS_ADMIN")
     return EXIT_OK
