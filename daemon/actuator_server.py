@@ -40,7 +40,6 @@ from typing import Any
 
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.errors import (
-    PERMISSION_DENIED_MESSAGE,
     ExitCode,
     GpuError,
     GpugovError,
@@ -611,12 +610,20 @@ def run_actuator(args: argparse.Namespace) -> int:
         server.reset_all("actuator start: no lease holds it")
         server.listen()
     except PermissionDenied:
-        print(f"gpugov: {PERMISSION_DENIED_MESSAGE}", file=sys.stderr)
+        print(
+            "gpugov: error: the actuator needs root or CAP_SYS_ADMIN to lock clocks",
+            file=sys.stderr,
+        )
         return _close(backends, server, ExitCode.PERMISSION)
-    except (GpugovError, OSError) as error:
+    except OSError as error:
+        print(
+            f"gpugov: error: {args.socket}: cannot serve: {error.strerror or error}",
+            file=sys.stderr,
+        )
+        return _close(backends, server, ExitCode.USAGE)
+    except GpugovError as error:
         print(f"gpugov: error: {error}", file=sys.stderr)
-        failure = ExitCode.USAGE if isinstance(error, OSError) else ExitCode.NO_GPU
-        return _close(backends, server, failure)
+        return _close(backends, server, ExitCode.NO_GPU)
     log.info(
         "serving GPUs %s on %s for %s",
         ", ".join(f"{label} ({g.min_mhz}-{g.max_mhz} MHz)" for label, g in server.gpus.items()),

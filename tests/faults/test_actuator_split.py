@@ -343,3 +343,32 @@ def test_governor_stopped_cleanly_resets_through_the_actuator(split: Any) -> Non
     time.sleep(0.1)
     assert actuator.stop() == 0
     assert_clean(gov)
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "needle"),
+    [
+        (
+            ["--gpus", "0", "--socket", "/nonexistent/a.sock"],
+            2,
+            "/nonexistent/a.sock: cannot serve",
+        ),
+        (["--gpus", "7"], 4, "GPU 7"),
+        (["--gpus", "zz"], 2, "argument --gpus"),
+        (["--gpus", "0", "--max-lease-s", "nan"], 2, "argument --max-lease-s"),
+        (["--gpus", "all", "permission"], 3, "needs root or CAP_SYS_ADMIN"),
+    ],
+)
+def test_a_bad_start_is_one_line(split: Any, args: list[str], code: int, needle: str) -> None:
+    _root, node, _engine, path, _started = split
+    if args[-1] == "permission":
+        args = args[:-1]
+        node.edit(permission=False)
+    if "--socket" not in args:
+        args = [*args, "--socket", str(path)]
+    actuator = Daemon(node, ["actuator", "--allow", str(os.getuid()), *args]).start()
+    assert actuator.wait(60) == code
+    lines = actuator.stderr.strip().splitlines()
+    assert needle in lines[-1] and lines[-1].startswith("gpugov"), lines
+    assert_clean(actuator)
+    assert not path.exists()
