@@ -32,6 +32,7 @@ from gpugov.daemon.errors import (
     GpuError,
     GpuLost,
     NotSupported,
+    PeerRefused,
     PermissionDenied,
     TransientGpuError,
 )
@@ -42,7 +43,7 @@ MAX_ANSWER_BYTES = 64 * 1024
 RENEW_SHARE = 0.25
 """A tick renews the lease when this share of it has passed since the last request."""
 _ERRORS: dict[str, type[GpuError]] = {
-    "permission": PermissionDenied,
+    "permission": PeerRefused,
     "not_supported": NotSupported,
     "lost": GpuLost,
     "transient": TransientGpuError,
@@ -108,7 +109,7 @@ class ActuatorClient:
             self._disconnect()
             message = answer.get("message", "refused")
             if answer.get("error") == "forbidden":
-                raise PermissionDenied(f"actuator at {self.path} refused this user: {message}")
+                raise PeerRefused(f"actuator at {self.path} refused this user: {message}")
             raise ActuatorUnavailable(f"actuator at {self.path} refused hello: {message}")
         self.granted_lease_s = float(answer.get("lease_s", self.lease_s))
         self.gpus = list(answer.get("gpus", []))
@@ -173,7 +174,7 @@ class ActuatorClient:
 
         Raises:
             ActuatorUnavailable: unreachable, too slow, or closed (a TransientGpuError).
-            PermissionDenied, NotSupported, GpuLost, GpuError: what the actuator refused,
+            PeerRefused, NotSupported, GpuLost, GpuError: what the actuator refused,
                 translated back into the daemon's own errors.
         """
         with self._lock:

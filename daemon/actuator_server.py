@@ -406,12 +406,15 @@ class ActuatorServer:
             if op == "reset":
                 return self._reset_request(conn, request)
             raise Refused("bad_request", f"unknown op {op!r}")
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # RecursionError: nesting too deep
             return {"ok": False, "error": "bad_request", "message": "not a JSON line"}
         except Refused as refused:
             return {"ok": False, "error": refused.code, "message": str(refused)}
         except GpuError as error:
             return {"ok": False, "error": error_code(error), "message": str(error)}
+        except Exception as error:  # never let one request end the process that holds leases
+            log.exception("request from pid %d failed", conn.pid)
+            return {"ok": False, "error": "gpu_error", "message": f"internal error: {error!r}"}
 
     def _hello(self, conn: Connection, request: dict[str, Any]) -> dict[str, Any]:
         asked = request.get("lease_s", DEFAULT_LEASE_S)

@@ -56,6 +56,7 @@ from gpugov.daemon.errors import (
     GpuLost,
     GpuUnavailable,
     NotSupported,
+    PeerRefused,
     PermissionDenied,
     TransientGpuError,
 )
@@ -94,6 +95,8 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     def wrapped(args: argparse.Namespace) -> int:
         try:
             return handler(args)
+        except PeerRefused as error:  # the actuator's or zeusd's own words
+            return fail(str(error), EXIT_PERMISSION)
         except PermissionDenied:
             print(f"gpugov: {PERMISSION_DENIED_MESSAGE}", file=sys.stderr)
             return EXIT_PERMISSION

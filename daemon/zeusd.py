@@ -9,7 +9,7 @@ reads its GPUs through NVML itself and asks zeusd, over its HTTP API on a Unix s
 * ``GET /discover`` (whether zeusd answers; its GPU ids)
 
 with ``Authorization: Bearer TOKEN`` when zeusd requires a token. A 200 is success; a
-401 or 403 is :class:`~daemon.errors.PermissionDenied`; a 400 is a refused request
+401 or 403 is :class:`~daemon.errors.PeerRefused`; a 400 is a refused request
 (:class:`~daemon.errors.GpuError`, or ``NotSupported`` when zeusd says so); a 5xx, a
 timeout or no answer is transient: counted, retried next tick, and the domain holds its
 fail-safe until zeusd answers again. zeusd has no lease: a lock a SIGKILLed governor
@@ -33,7 +33,7 @@ from gpugov.daemon.errors import (
     GpuError,
     GpuUnavailable,
     NotSupported,
-    PermissionDenied,
+    PeerRefused,
     TransientGpuError,
 )
 
@@ -133,7 +133,7 @@ class ZeusdClient:
 
         Raises:
             ZeusdUnavailable: no answer, too slow, or a 5xx.
-            PermissionDenied: 401 or 403.
+            PeerRefused: 401 or 403.
             NotSupported, GpuError: another refusal (a 4xx).
         """
         target = path + ("?" + urllib.parse.urlencode(params) if params else "")
@@ -155,7 +155,7 @@ class ZeusdClient:
             raise ZeusdUnavailable(str(self.problem))
         self.problem = None
         if status in (401, 403):
-            raise PermissionDenied(f"zeusd at {self.where} refused: HTTP {status}: {message}")
+            raise PeerRefused(f"zeusd at {self.where} refused: HTTP {status}: {message}")
         if status != 200:
             kind = NotSupported if "not supported" in message.lower() else GpuError
             raise kind(f"zeusd at {self.where}: HTTP {status}: {message}")

@@ -199,6 +199,14 @@ def test_a_stranger_is_refused(split: Any) -> None:
         peer.close()
     assert not [w for w in node.writes() if w[0] == "lock"]
     assert actuator.stderr.count("refused a connection") == 1  # one line per stranger uid
+    # A governor of that uid stops with one line naming the actuator's refusal.
+    gov = governor(_root, node, _engine, path).start()
+    started.append(gov)
+    assert gov.wait(60) == 3
+    lines = gov.stderr.strip().splitlines()
+    assert "refused this user" in lines[-1] and lines[-1].startswith("gpugov: error:"), lines
+    assert_clean(gov)
+    assert not [w for w in node.writes() if w[0] == "lock"]
     assert actuator.stop() == 0
 
 
@@ -242,6 +250,10 @@ def test_a_flood_is_rate_limited_and_survived(split: Any) -> None:
     assert peer.ask({"op": "launch"})["error"] == "bad_request"
     peer.send(b"\xff\xfe not json\n")
     assert peer.answer()["error"] == "bad_request"
+    peer.send(b"[" * 4000 + b"\n")  # nested deeper than the JSON parser recurses
+    assert peer.answer()["error"] == "bad_request"
+    for odd in ([1, 2], {"op": "lock", "gpu": ["0"]}, {"op": "hello", "lease_s": "nan"}):
+        assert peer.ask(odd)["ok"] is False  # type: ignore[arg-type]
     peer.send(b"x" * 10_000)
     assert peer.answer()["error"] == "bad_request"
     assert peer.closed()
