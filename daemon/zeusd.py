@@ -155,7 +155,11 @@ class ZeusdClient:
             raise ZeusdUnavailable(str(self.problem))
         self.problem = None
         if status in (401, 403):
-            raise PeerRefused(f"zeusd at {self.where} refused: HTTP {status}: {message}")
+            raise PeerRefused(
+                f"zeusd at {self.where} refused: HTTP {status}: {message} (zeusd needs root "
+                "or CAP_SYS_ADMIN to lock clocks, and this governor a token for GPU control "
+                "where zeusd requires one)"
+            )
         if status != 200:
             kind = NotSupported if "not supported" in message.lower() else GpuError
             raise kind(f"zeusd at {self.where}: HTTP {status}: {message}")

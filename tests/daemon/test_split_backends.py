@@ -4,19 +4,17 @@ fake zeusd on loopback, and the config keys of both backends."""
 
 from __future__ import annotations
 
-import http.server
-import json
 import subprocess
 import sys
 import tempfile
 import threading
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fake_pynvml import FakeNvml
+from fake_zeusd import FakeZeusd
 
 import gpugov.daemon.actuator_server as actuator_server
 from gpugov.daemon.actuator import ClockActuator
@@ -179,64 +177,6 @@ def test_a_client_timing_out_drops_its_connection(socket_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------ zeusd
-class FakeZeusd:
-    """zeusd's GPU endpoints on loopback TCP: discover, lock, reset; a bearer token."""
-
-    def __init__(self, token: str | None = None) -> None:
-        self.token = token
-        self.calls: list[tuple[str, str, dict[str, str]]] = []
-        self.status: int | None = None  # force an answer (500, 400 ...)
-        fake = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _answer(self, status: int, body: Any = None) -> None:
-                data = b"" if body is None else json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _route(self) -> None:
-                url = urllib.parse.urlsplit(self.path)
-                params = dict(urllib.parse.parse_qsl(url.query))
-                fake.calls.append((self.command, url.path, params))
-                if fake.token and self.headers.get("Authorization") != f"Bearer {fake.token}":
-                    self._answer(401, {"error": "Authentication required."})
-                elif fake.status is not None:
-                    self._answer(fake.status, {"errors": {"0": "NVML error: Not supported"}})
-                elif (self.command, url.path) == ("GET", "/discover"):
-                    self._answer(
-                        200,
-                        {
-                            "gpus": [{"id": 0}],
-                            "cpus": [],
-                            "auth_required": False,
-                            "enabled_api_groups": ["gpu-control"],
-                        },
-                    )
-                elif self.command == "POST" and url.path in (
-                    "/gpu/set_gpu_locked_clocks",
-                    "/gpu/reset_gpu_locked_clocks",
-                ):
-                    self._answer(200)
-                else:
-                    self._answer(404, {"error": "not found"})
-
-            do_GET = do_POST = _route
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_zeusd_backend_speaks_zeusds_api() -> None:
     zeusd = FakeZeusd(token="s3cret")
     now = [0.0]
