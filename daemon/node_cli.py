@@ -312,12 +312,14 @@ def _reset_one(
     backend_kind: str,
     sleep: Callable[[float], Any],
     emulator: str | None = None,
+    daemon: Any = None,
 ) -> str | None:
-    """Reset one GPU's SM clock lock, retrying transient errors; None or the error text."""
+    """Reset one GPU's SM clock lock, retrying transient errors; None or the error text.
+    ``daemon`` is the config's ``[daemon]`` (the actuator's socket, zeusd's address)."""
     error: Exception | None = None
     for attempt in range(RESET_ATTEMPTS):
         try:
-            backend = open_backend(gpu, backend_kind, sleep=sleep, emulator=emulator)
+            backend = open_backend(gpu, backend_kind, sleep=sleep, emulator=emulator, daemon=daemon)
         except (GpuError, UsageError) as failure:
             error = failure
         else:
@@ -406,7 +408,9 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
     gpus: list[int | str] = list(_gpu_indices(kind, emulator)) if chosen is None else chosen
     failed: dict[str, str] = {}
     for gpu in gpus:
-        error = _reset_one(gpu, kind, time.sleep, emulator)
+        error = _reset_one(
+            gpu, kind, time.sleep, emulator, config.daemon if config is not None else None
+        )
         if error is None:
             print(f"GPU {gpu}: SM clock lock reset")
         else:

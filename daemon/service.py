@@ -142,7 +142,8 @@ def open_split_backend(
             return ActuatorBackend(reader, client)
         from gpugov.daemon.zeusd import ZeusdBackend, ZeusdClient
 
-        assert daemon.zeusd is not None  # the config requires the table
+        if daemon.zeusd is None:
+            raise ConfigError('backend = "zeusd" needs a [daemon.zeusd] table with socket or url')
         return ZeusdBackend(reader, ZeusdClient.from_config(daemon.zeusd))
     except BaseException:
         reader.close()

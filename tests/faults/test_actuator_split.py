@@ -352,9 +352,15 @@ def test_governor_stopped_cleanly_resets_through_the_actuator(split: Any) -> Non
     assert unlocked(node)
     resets = [w for w in node.writes() if w[0] == "reset"]
     assert len(resets) >= 4  # two at the actuator's start, two at the governor's stop
-    time.sleep(0.1)
+    # reset-clocks with the governor's config goes through the actuator too.
+    config = str(root / "governor.toml")
+    reset = Daemon(node, ["reset-clocks", "--config", config, "--gpus", "all"], name="reset")
+    assert reset.start().wait(60) == 0
+    assert "GPU 1: SM clock lock reset" in reset.stdout
+    assert len([w for w in node.writes() if w[0] == "reset"]) == len(resets) + 2
     assert actuator.stop() == 0
     assert_clean(gov)
+    assert_clean(reset)
 
 
 @pytest.mark.parametrize(
