@@ -633,6 +633,12 @@ def run_actuator(args: argparse.Namespace) -> int:
         args.socket,
         args.allow,
     )
+    if resolve_uid(args.allow) is None:
+        log.warning(
+            "user %r does not exist yet; connections are refused until it does (a systemd "
+            "DynamicUser exists only while its unit runs)",
+            args.allow,
+        )
     notify_systemd("READY=1")
     try:
         server.serve(lambda: bool(stop))
