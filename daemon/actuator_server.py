@@ -65,6 +65,8 @@ MAX_CLIENTS = 16
 SOCKET_MODE = 0o666
 """Anyone may connect; SO_PEERCRED decides who is served."""
 _TICK_S = 0.1
+RESET_RETRY_S = 1.0
+"""A reset that failed (a lease's end, the start) is tried again this often."""
 _ERRORS: tuple[tuple[type[GpuError], str], ...] = (
     (PermissionDenied, "permission"),
     (NotSupported, "not_supported"),
@@ -97,6 +99,8 @@ class Gpu:
     holder: Connection | None = None
     held: tuple[int, int] | None = None
     last_lock_s: float = -1e9
+    retry_reset_s: float | None = None
+    """When a reset failed: when to try it again (a lost lease's lock is never kept)."""
 
 
 @dataclass(eq=False)
@@ -186,7 +190,8 @@ class ActuatorServer:
                 if isinstance(error, PermissionDenied):
                     raise
                 failed.append(label)
-                log.error("GPU %s: reset (%s) failed: %s", label, why, error)
+                gpu.retry_reset_s = self._clock() + RESET_RETRY_S
+                log.error("GPU %s: reset (%s) failed, retrying: %s", label, why, error)
                 continue
             gpu.holder, gpu.held = None, None
             log.info("GPU %s: SM clock lock reset (%s)", label, why)
@@ -214,7 +219,7 @@ class ActuatorServer:
         """Reset every GPU, close every connection and the socket; the GPUs not reset."""
         failed = []
         for _label, gpu in self.gpus.items():
-            if gpu.held is not None or gpu.holder is not None:
+            if gpu.held is not None or gpu.holder is not None or gpu.retry_reset_s is not None:
                 failed += self._reset(gpu, f"actuator stopping; held by pid {self._pid(gpu)}")
         for conn in list(self._connections.values()):
             self._drop(conn, reset=False)
@@ -259,6 +264,9 @@ class ActuatorServer:
         for conn in list(self._connections.values()):
             if now > conn.deadline_s:
                 self._expire(conn)
+        for gpu in self.gpus.values():
+            if gpu.retry_reset_s is not None and now >= gpu.retry_reset_s:
+                self._reset(gpu, "retrying a reset that failed")
 
     # ---------------------------------------------------------------- connections
     def _accept(self) -> bool:
@@ -376,13 +384,20 @@ class ActuatorServer:
             log.info("connection closed: %s", why)
 
     def _reset(self, gpu: Gpu, why: str) -> list[str]:
+        """Reset ``gpu`` as its lease ended; a failure frees the GPU (no lease holds it)
+        and is retried every :data:`RESET_RETRY_S` until it succeeds or a lock replaces it."""
         label = gpu.backend.label
+        gpu.holder = None
         try:
             gpu.backend.reset_clocks()
         except GpuError as error:
-            log.error("GPU %s: reset (%s) failed: %s", label, why, error)
+            if gpu.retry_reset_s is None:
+                log.error("GPU %s: reset (%s) failed, retrying: %s", label, why, error)
+            gpu.retry_reset_s = self._clock() + RESET_RETRY_S
             return [label]
-        gpu.holder, gpu.held = None, None
+        if gpu.retry_reset_s is not None:
+            log.warning("GPU %s: SM clock lock reset on a retry", label)
+        gpu.held, gpu.retry_reset_s = None, None
         log.warning("GPU %s: SM clock lock reset: %s", label, why)
         return []
 
@@ -469,14 +484,14 @@ class ActuatorServer:
         gpu.last_lock_s = now
         gpu.holder = conn  # from here on a failure half way is reset with the lease
         gpu.backend.lock_clocks(low, high)
-        gpu.held = (low, high)
+        gpu.held, gpu.retry_reset_s = (low, high), None
         return {"ok": True, "written": True}
 
     def _reset_request(self, conn: Connection, request: dict[str, Any]) -> dict[str, Any]:
         gpu = self._gpu(request)
         self._owned_elsewhere(gpu, conn)
         gpu.backend.reset_clocks()
-        gpu.holder, gpu.held = None, None
+        gpu.holder, gpu.held, gpu.retry_reset_s = None, None, None
         return {"ok": True}
 
 

@@ -141,6 +141,33 @@ def test_the_clock_actuator_locks_through_the_actuator_and_again_after_a_new_lea
         served.stop()
 
 
+def test_a_reset_that_fails_at_a_leases_end_is_retried_and_frees_the_gpu(
+    socket_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import time
+
+    monkeypatch.setattr(actuator_server, "RESET_RETRY_S", 0.05)
+    nvml = FakeNvml(1)
+    served = Served(nvml, socket_path, str(os.getuid()))
+    first, (gpu,) = _governor(nvml, socket_path)
+    try:
+        gpu.lock_clocks(1410, 1410)
+        nvml.fail("nvmlDeviceResetGpuLockedClocks", 10, times=2)  # NVML_ERROR_TIMEOUT
+        first.close()  # the lease ends; its reset fails twice, then succeeds
+        deadline = time.monotonic() + 10
+        while nvml.locked(0) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert nvml.locked(0) is None
+        _second, (again,) = _governor(nvml, socket_path)
+        again.lock_clocks(1395, 1395)  # not "busy": the dead lease holds nothing
+        assert nvml.locked(0) == (1395, 1395)
+        again.close()
+    finally:
+        gpu.close()
+        served.stop()
+
+
 def test_a_governor_of_another_uid_is_refused(socket_path: Path) -> None:
     import os
 
