@@ -1,6 +1,7 @@
 """``backend = "zeusd"``: clock writes through zeusd, the Zeus project's privileged daemon.
 
-For sites that already run zeusd (github.com/ml-energy/zeus, ``zeusd/``). The governor
+For sites that already run zeusd (github.com/ml-energy/zeus, ``zeusd/``, version 0.3 or
+newer, whose GPU routes take ``gpu_ids`` as a query parameter). The governor
 reads its GPUs through NVML itself and asks zeusd, over its HTTP API on a Unix socket
 (zeusd's default) or TCP, to lock and reset the SM clock:
 
