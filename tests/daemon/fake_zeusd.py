@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import socketserver
 import threading
 import urllib.parse
 from typing import Any
@@ -15,11 +16,17 @@ from typing import Any
 NVML_STATUS = {2: 400, 3: 400, 4: 403}
 
 
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
 class FakeZeusd:
     """``GET /discover``, ``POST /gpu/set_gpu_locked_clocks`` and
     ``POST /gpu/reset_gpu_locked_clocks``; every call is recorded in ``calls``."""
 
-    def __init__(self, nvml: Any = None, token: str | None = None) -> None:
+    def __init__(
+        self, nvml: Any = None, token: str | None = None, socket_path: str | None = None
+    ) -> None:
         self.nvml = nvml
         self.token = token
         self.calls: list[tuple[str, str, dict[str, str]]] = []
@@ -86,12 +93,17 @@ class FakeZeusd:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server: socketserver.BaseServer
+        if socket_path is not None:  # zeusd's default transport
+            self.server = _UnixHTTPServer(socket_path, Handler)
+            self.url = ""
+        else:
+            self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+            self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
 
     def close(self) -> None:
         """Stop serving."""
         self.server.shutdown()
-        self.server.server_close()
+        self.server.server_close()  # type: ignore[attr-defined]

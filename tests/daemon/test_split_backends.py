@@ -241,6 +241,25 @@ def test_zeusd_backend_speaks_zeusds_api() -> None:
         zeusd.close()
 
 
+def test_zeusd_over_its_unix_socket(socket_path: Path) -> None:
+    nvml = FakeNvml(1)
+    zeusd = FakeZeusd(nvml, socket_path=str(socket_path))
+    client = ZeusdClient(socket_path=str(socket_path), timeout_s=2)
+    backend = ZeusdBackend(NvmlBackend(0, nvml=nvml), client)
+    try:
+        backend.lock_clocks(1410, 1410)
+        assert nvml.locked(0) == (1410, 1410)
+        backend.reset_clocks()
+        assert nvml.locked(0) is None
+        assert [c[1] for c in zeusd.calls] == [
+            "/gpu/set_gpu_locked_clocks",
+            "/gpu/reset_gpu_locked_clocks",
+        ]
+    finally:
+        backend.close()
+        zeusd.close()
+
+
 def test_zeusd_gone_is_transient_and_a_write_path_problem() -> None:
     zeusd = FakeZeusd()
     url = zeusd.url
