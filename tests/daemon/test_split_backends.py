@@ -303,3 +303,34 @@ def test_split_backend_configs_parse() -> None:
     assert config.daemon.actuator.lease_s == 3.0
     zeusd = parse_config(_config('backend = "zeusd"\nzeusd = { socket = "/var/run/zeusd.sock" }'))
     assert zeusd.daemon.zeusd is not None and zeusd.daemon.zeusd.url is None
+
+
+def test_check_config_says_whether_the_actuator_or_zeusd_answers(socket_path: Path) -> None:
+    import os
+
+    from gpugov.daemon.node_check import check_node
+
+    def config(daemon: str) -> Any:
+        return parse_config(_config(f"period_s = 0.5\n{daemon}"))
+
+    actuator = config(f'backend = "actuator"\nactuator = {{ socket = "{socket_path}" }}')
+    report = check_node(actuator, nvml=FakeNvml(1))
+    assert not report.problems
+    assert any("does not answer" in w or "unreachable" in w for w in report.warnings)
+    nvml = FakeNvml(1)
+    served = Served(nvml, socket_path, str(os.getuid()))
+    try:
+        report = check_node(actuator, nvml=nvml)
+        assert not report.problems and not report.warnings, report.warnings
+        assert any("answers; serves GPUs 0" in line for line in report.lines)
+    finally:
+        served.stop()
+    assert nvml.writes == []  # read-only: nothing locked or reset
+    zeusd = FakeZeusd()
+    try:
+        report = check_node(
+            config(f'backend = "zeusd"\nzeusd = {{ url = "{zeusd.url}" }}'), nvml=FakeNvml(1)
+        )
+        assert not report.problems and any("answers" in line for line in report.lines)
+    finally:
+        zeusd.close()
