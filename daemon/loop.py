@@ -418,7 +418,9 @@ class Domain:
         """Observe, decide (or fall back), actuate.
 
         A controller exception is survived: the fail-safe holds for that tick and it is
-        counted (fallback ``controller_error``).
+        counted (fallback ``controller_error``). So is a tick whose clock writes cannot go
+        through (split mode: the actuator or zeusd is gone; fallback
+        ``actuator_unavailable``), until they can again.
 
         Raises:
             GpuLost, PermissionDenied, NotSupported: not survivable.
