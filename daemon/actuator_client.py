@@ -94,6 +94,7 @@ class ActuatorClient:
 
     # ---------------------------------------------------------------- transport
     def _connect(self) -> None:
+        """Connect and say hello: a new lease (``epoch`` + 1)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout_s)
         try:
@@ -123,6 +124,7 @@ class ActuatorClient:
         log.info("connected to the actuator at %s (lease %.3g s)", self.path, self.granted_lease_s)
 
     def _disconnect(self) -> None:
+        """Close the socket (the actuator ends the lease)."""
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -329,6 +331,7 @@ class ActuatorBackend:
         self._client.request({"op": "reset", "gpu": self._name_on_wire}, gpu=self.label)
 
     def _check_open(self) -> None:
+        """Refuse a write on a closed backend, as every backend does."""
         if self._closed:
             from gpugov.daemon.errors import GpuUnavailable
 

@@ -233,6 +233,7 @@ class ActuatorServer:
 
     @staticmethod
     def _pid(gpu: Gpu) -> str:
+        """The holder's pid for a log line."""
         return str(gpu.holder.pid) if gpu.holder is not None else "none"
 
     def serve(self, should_stop: Callable[[], bool] = lambda: False) -> None:
@@ -311,6 +312,7 @@ class ActuatorServer:
 
     @staticmethod
     def _answer_and_close(sock: socket.socket, code: str, message: str) -> None:
+        """Turn a peer away with one refusal line."""
         try:
             sock.setblocking(False)
             sock.send(_line({"ok": False, "error": code, "message": message}))
@@ -319,6 +321,7 @@ class ActuatorServer:
         sock.close()
 
     def _read(self, conn: Connection) -> None:
+        """Read what the peer sent and answer every complete line; EOF ends its lease."""
         try:
             data = conn.sock.recv(65536)
         except (BlockingIOError, InterruptedError):
@@ -343,6 +346,7 @@ class ActuatorServer:
             self._send(conn, self.handle(conn, line))
 
     def _send(self, conn: Connection, message: dict[str, Any]) -> None:
+        """Queue an answer and send what the socket takes now."""
         conn.outbox += _line(message)
         if len(conn.outbox) > MAX_PENDING_OUT_BYTES:
             self._drop(conn, reset=True, why=f"pid {conn.pid} does not read its answers")
@@ -350,6 +354,7 @@ class ActuatorServer:
         self._flush(conn)
 
     def _flush(self, conn: Connection) -> None:
+        """Send queued answers; wait for writability while some remain."""
         if conn.closing:
             return
         try:
@@ -364,6 +369,7 @@ class ActuatorServer:
         self._selector.modify(conn.sock, events)
 
     def _expire(self, conn: Connection) -> None:
+        """End a lease whose deadline passed: reset its GPUs, close it."""
         why = f"lease of pid {conn.pid} expired ({conn.lease_s:g} s without a request)"
         self._drop(conn, reset=True, why=why)
 
@@ -432,6 +438,7 @@ class ActuatorServer:
             return {"ok": False, "error": "gpu_error", "message": f"internal error: {error!r}"}
 
     def _hello(self, conn: Connection, request: dict[str, Any]) -> dict[str, Any]:
+        """Grant the lease asked for, within bounds; list the GPUs served."""
         asked = request.get("lease_s", DEFAULT_LEASE_S)
         if isinstance(asked, bool) or not isinstance(asked, int | float) or not asked > 0:
             raise Refused("bad_request", "lease_s must be a positive number of seconds")
@@ -444,6 +451,7 @@ class ActuatorServer:
         return {"ok": True, "protocol": PROTOCOL, "lease_s": conn.lease_s, "gpus": gpus}
 
     def _held(self, conn: Connection) -> dict[str, Any]:
+        """Every lock held now, and whether this connection holds it."""
         held = {
             label: {"min_mhz": g.held[0], "max_mhz": g.held[1], "mine": g.holder is conn}
             for label, g in self.gpus.items()
@@ -452,6 +460,7 @@ class ActuatorServer:
         return {"ok": True, "held": held, "lease_s": conn.lease_s}
 
     def _gpu(self, request: dict[str, Any]) -> Gpu:
+        """The configured GPU a request names (label or UUID), else ``unknown_gpu``."""
         name = request.get("gpu")
         gpu = self._by_name.get(name) if isinstance(name, str) else None
         if gpu is None:
@@ -459,10 +468,12 @@ class ActuatorServer:
         return gpu
 
     def _owned_elsewhere(self, gpu: Gpu, conn: Connection) -> None:
+        """Refuse (``busy``) a GPU that another live lease holds."""
         if gpu.holder is not None and gpu.holder is not conn:
             raise Refused("busy", f"GPU {gpu.backend.label} is held by pid {gpu.holder.pid}")
 
     def _lock(self, conn: Connection, request: dict[str, Any]) -> dict[str, Any]:
+        """Lock within the supported range, at most once per ``min_relock_s`` per GPU."""
         gpu = self._gpu(request)
         low, high = request.get("min_mhz"), request.get("max_mhz")
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
@@ -488,6 +499,7 @@ class ActuatorServer:
         return {"ok": True, "written": True}
 
     def _reset_request(self, conn: Connection, request: dict[str, Any]) -> dict[str, Any]:
+        """Reset a GPU this connection holds, or one no lease holds."""
         gpu = self._gpu(request)
         self._owned_elsewhere(gpu, conn)
         gpu.backend.reset_clocks()
@@ -496,6 +508,7 @@ class ActuatorServer:
 
 
 def _line(message: dict[str, Any]) -> bytes:
+    """One answer as a JSON line."""
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
@@ -515,6 +528,7 @@ def notify_systemd(state: str) -> None:
 
 # ------------------------------------------------------------------------ command
 def _gpu_list(value: str) -> list[int | str]:
+    """``--gpus``: ``all``, or NVML indices and GPU-/MIG- UUIDs separated by commas."""
     if value.strip() == "all":
         return ["all"]
     items: list[int | str] = []
@@ -534,6 +548,8 @@ def _gpu_list(value: str) -> list[int | str]:
 
 
 def _seconds(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type for a number of seconds within ``[low, high]`` (NaN refused)."""
+
     def parse(value: str) -> float:
         try:
             number = float(value)
@@ -666,6 +682,7 @@ def run_actuator(args: argparse.Namespace) -> int:
 
 
 def _close(backends: list[GpuBackend], server: ActuatorServer | None, code: int) -> int:
+    """Reset and close everything; ``code``, or 6 when a GPU could not be reset."""
     failed = server.close() if server is not None else []
     for backend in backends:
         backend.close()

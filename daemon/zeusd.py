@@ -122,6 +122,7 @@ class ZeusdClient:
         return self.socket_path or str(self.url)
 
     def _connection(self) -> http.client.HTTPConnection:
+        """A fresh connection to zeusd (Unix socket or TCP)."""
         if self.socket_path is not None:
             return _UnixConnection(self.socket_path, self.timeout_s)
         parts = urllib.parse.urlsplit(str(self.url))
@@ -172,6 +173,7 @@ class ZeusdClient:
             return None
 
     def _failed(self, problem: str) -> None:
+        """Count a failed request and keep its reason for ``check``."""
         self.failures += 1
         self.problem = problem
 
@@ -232,6 +234,7 @@ class ZeusdBackend:
         return self._client.check()
 
     def _write(self, path: str, params: dict[str, str], what: str) -> None:
+        """One POST for this GPU; errors name the GPU and the write."""
         if self._closed:
             raise GpuUnavailable(f"GPU {self.label}: backend is closed", gpu=self.label)
         try:
