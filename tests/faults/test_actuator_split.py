@@ -321,7 +321,7 @@ def test_a_slow_actuator_never_stalls_the_governor(split: Any) -> None:
     root, node, engine, path, started = split
     actuator = start_actuator(node, path)
     started.append(actuator)
-    node.delay("nvmlDeviceSetGpuLockedClocks", 1.0)  # each lock takes 1 s; timeout 0.15 s
+    node.delay("nvmlDeviceSetGpuLockedClocks", 0.5)  # each lock 0.5 s; the timeout 0.15 s
     gov = governor(root, node, engine, path).start()
     started.append(gov)
     failures = 'gpugov_clock_write_failures_total{domain="llm",gpu="0"}'
