@@ -184,6 +184,7 @@ class ClockActuator:
         self.yielded: set[str] = set()
         self._disagreements: dict[str, int] = {b.label: 0 for b in self._backends}
         self._tolerance_mhz: dict[str, float] = {}
+        self._epochs: dict[str, object] = {}
 
     def __enter__(self) -> ClockActuator:
         return self
@@ -251,6 +252,28 @@ class ClockActuator:
             self.writes += written
             log.debug("domain %s: locked SM clock at %d MHz", self.domain, clock_mhz)
         return written
+
+    def write_path_problem(self) -> str | None:
+        """Once per tick, for backends that write through another process (the actuator,
+        zeusd): renew their lease and say why writes cannot go through now (None: they
+        can). A backend whose session is new (``write_epoch`` changed: the old lease
+        ended and its locks were reset) has its locks marked unknown, so the next
+        :meth:`apply` or :meth:`unlock` writes them again."""
+        problem: str | None = None
+        for backend in self._backends:
+            check = getattr(backend, "write_path_problem", None)
+            if check is None:
+                continue
+            found = check()
+            if found is not None and problem is None:
+                problem = found
+            label = backend.label
+            epoch = getattr(backend, "write_epoch", None)
+            renewed = label in self._epochs and self._epochs[label] != epoch
+            if renewed and self.locked_mhz[label] is not None:
+                self.locked_mhz[label] = _UNKNOWN
+            self._epochs[label] = epoch
+        return problem
 
     def _count_failure(self, label: str) -> None:
         self.write_errors += 1

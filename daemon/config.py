@@ -454,13 +454,59 @@ class DomainConfig(_Frozen):
         return self
 
 
+class ActuatorBackendConfig(_Frozen):
+    """``backend = "actuator"``: where ``gpugov actuator`` listens and the lease asked of
+    it (``docs/actuator.md``). The lease is renewed every tick, so it must span at least
+    three control periods; ``timeout_s`` bounds one request and must be shorter than
+    the period."""
+
+    socket: LoosePath = Path("/run/gpugov-actuator/actuator.sock")
+    lease_s: Annotated[float, Field(ge=0.2, le=600.0, allow_inf_nan=False)] = 3.0
+    timeout_s: Annotated[float, Field(gt=0, le=10.0, allow_inf_nan=False)] = 0.25
+
+
+class ZeusdBackendConfig(_Frozen):
+    """``backend = "zeusd"``: zeusd's Unix socket (``socket``) or TCP address (``url``,
+    ``http://HOST:PORT``), and a file holding its bearer token when zeusd requires one."""
+
+    socket: LoosePath | None = None
+    url: str | None = None
+    token_file: LoosePath | None = None
+    timeout_s: Annotated[float, Field(gt=0, le=10.0, allow_inf_nan=False)] = 0.25
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urllib.parse.urlsplit(value)
+            try:
+                port = parts.port
+            except ValueError:
+                port = None
+            if parts.scheme != "http" or not parts.hostname or port is None:
+                raise ValueError(
+                    f"must be http://HOST:PORT, such as http://127.0.0.1:4938, got {value!r}"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _one_address(self) -> ZeusdBackendConfig:
+        if (self.socket is None) == (self.url is None):
+            raise ValueError(
+                "set socket (zeusd's Unix socket) or url (http://HOST:PORT), one of them"
+            )
+        return self
+
+
 class DaemonSection(_Frozen):
     """Process-wide settings."""
 
     period_s: Annotated[float, Field(ge=0.05, le=60.0)] = 1.0
     metrics_address: str = "127.0.0.1:9400"
-    backend: Literal["nvml", "nvidia-smi", "emulated"] = "nvml"
+    backend: Literal["nvml", "nvidia-smi", "emulated", "actuator", "zeusd"] = "nvml"
     emulator: str | None = None
+    actuator: ActuatorBackendConfig = ActuatorBackendConfig()
+    zeusd: ZeusdBackendConfig | None = None
     dry_run: bool = False
     record: LoosePath | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -483,6 +529,24 @@ class DaemonSection(_Frozen):
         if value is not None and not value.startswith("http://"):
             raise ValueError(f"must be an http:// URL such as http://127.0.0.1:8000, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _write_path_fits_the_period(self) -> DaemonSection:
+        if self.backend == "zeusd" and self.zeusd is None:
+            raise ValueError('backend = "zeusd" needs a [daemon.zeusd] table with socket or url')
+        if self.backend == "actuator" and self.actuator.lease_s < 3 * self.period_s:
+            raise ValueError(
+                f"actuator.lease_s ({self.actuator.lease_s:g} s) must be at least 3 x "
+                f"period_s ({3 * self.period_s:g} s): the lease is renewed once a tick"
+            )
+        for name in ("actuator", "zeusd"):
+            section = getattr(self, name)
+            if self.backend == name and section.timeout_s >= self.period_s:
+                raise ValueError(
+                    f"{name}.timeout_s ({section.timeout_s:g} s) must be shorter than "
+                    f"period_s ({self.period_s:g} s), or a slow {name} stalls the loop"
+                )
+        return self
 
     @model_validator(mode="after")
     def _emulator_for_emulated(self) -> DaemonSection:

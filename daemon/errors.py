@@ -6,6 +6,7 @@ original), so nothing above ``daemon/nvml.py`` ever catches ``pynvml.NVMLError``
 * GpugovError -- base of everything the daemon raises on purpose.
     * GpuError -- a GPU call failed.
         * PermissionDenied -- locking clocks needs root or CAP_SYS_ADMIN.
+            * PeerRefused -- the actuator or zeusd refused this governor.
         * NotSupported -- the GPU or driver lacks the feature.
         * GpuLost -- the GPU fell off the bus or needs a reset; not survivable.
         * GpuUnavailable -- no driver, no library, no such GPU: the daemon cannot start.
@@ -64,6 +65,11 @@ class GpuError(GpugovError):
 
 class PermissionDenied(GpuError):
     """Locking or resetting clocks was refused: the process lacks root/CAP_SYS_ADMIN."""
+
+
+class PeerRefused(PermissionDenied):
+    """The process that writes clocks for this one (``gpugov actuator``, zeusd) refused
+    it: another user, a bad token, or that process lacks the privilege itself."""
 
 
 class NotSupported(GpuError):

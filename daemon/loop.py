@@ -334,6 +334,8 @@ class Domain:
         self.max_controller_failures = int(max_controller_failures)
         self.controller_failures = 0
         """Controller exceptions in a row (0 after a decision)."""
+        self.write_path_down: str | None = None
+        """Why the clock writes cannot go through (the actuator or zeusd is gone), or None."""
         self._failure_logged_s = -math.inf
 
     def _failsafe_clock(self) -> tuple[float | None, int]:
@@ -398,11 +400,27 @@ class Domain:
             )
             self._failure_logged_s = now_s
 
+    def _write_path(self, problem: str | None) -> None:
+        """Log the clock writes' path (the actuator) going away and coming back, once each."""
+        if problem is not None and self.write_path_down is None:
+            mode = "maximum clock" if self.failsafe_mode == "max" else "unlocked"
+            log.warning(
+                "domain %s: clock writes cannot go through (%s); fail-safe: %s, retried every tick",
+                self.name,
+                problem,
+                mode,
+            )
+        elif problem is None and self.write_path_down is not None:
+            log.warning("domain %s: clock writes go through again; fail-safe ended", self.name)
+        self.write_path_down = problem
+
     def tick(self, now_s: float, step: int) -> TickRecord:
         """Observe, decide (or fall back), actuate.
 
         A controller exception is survived: the fail-safe holds for that tick and it is
-        counted (fallback ``controller_error``).
+        counted (fallback ``controller_error``). So is a tick whose clock writes cannot go
+        through (split mode: the actuator or zeusd is gone; fallback
+        ``actuator_unavailable``), until they can again.
 
         Raises:
             GpuLost, PermissionDenied, NotSupported: not survivable.
@@ -416,7 +434,15 @@ class Domain:
         solve_s: float | None = None
         failed = False
         requested: float | None
-        if observed.engine_fresh:
+        problem = self.actuator.write_path_problem()
+        if problem is not None or self.write_path_down is not None:
+            self._write_path(problem)
+        if problem is not None:
+            self.fallbacks["actuator_unavailable"] = (
+                self.fallbacks.get("actuator_unavailable", 0) + 1
+            )
+            requested, writes = self._failsafe_clock()
+        elif observed.engine_fresh:
             if self.failsafe_active:
                 self.failsafe_active = False
                 log.warning("domain %s: engine data back; fail-safe ended", self.name)
@@ -461,7 +487,7 @@ class Domain:
             requested_mhz=requested,
             applied_mhz=self.actuator.applied_mhz,
             solve_s=solve_s,
-            failsafe=self.failsafe_active or failed,
+            failsafe=self.failsafe_active or failed or problem is not None,
             writes=writes,
             engine_error=observed.engine_error,
             gpu_read_errors=errors,
@@ -488,7 +514,11 @@ class Domain:
             observation=observed.observation if observed else None,
             requested_mhz=self.last_requested_mhz,
             applied_mhz=self.actuator.applied_mhz,
-            failsafe=self.failsafe_active or self.controller_failures > 0,
+            failsafe=(
+                self.failsafe_active
+                or self.controller_failures > 0
+                or self.write_path_down is not None
+            ),
             engine_age_s=observed.engine_age_s if observed else None,
             engine_scrape_s=observed.scrape_s if observed else 0.0,
             decisions_total=self.decisions,

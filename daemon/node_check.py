@@ -178,10 +178,12 @@ def _open_gpus(
     from gpugov.daemon.service import open_backend
 
     kind = config.daemon.backend
-    if kind == "nvml":
+    if kind in ("nvml", "actuator", "zeusd"):  # the split backends read through NVML
         nvml = _nvml_or_none(nvml, load_nvml, report)
         if nvml is None:
             return None
+        if kind != "nvml":
+            _check_write_path(config, report)
     elif kind == "nvidia-smi" and shutil.which("nvidia-smi") is None:
         report.lines.append("GPU checks skipped: nvidia-smi is not installed here")
         return None
@@ -212,6 +214,7 @@ def _open_gpus(
                         nvml=nvml,
                         sleep=sleep,
                         emulator=config.daemon.emulator,
+                        daemon=config.daemon,
                     )
                 )
         except GpugovError as error:
@@ -221,6 +224,39 @@ def _open_gpus(
             continue
         opened[domain.name] = backends
     return opened
+
+
+def _check_write_path(config: GpugovConfig, report: NodeReport) -> None:
+    """Whether the actuator (or zeusd) answers: a line when it does, a warning when not.
+    Not a problem: ``run`` starts without it and holds the fail-safe until it answers."""
+    daemon = config.daemon
+    try:
+        if daemon.backend == "actuator":
+            from gpugov.daemon.actuator_client import ActuatorClient
+
+            client = ActuatorClient(str(daemon.actuator.socket), timeout_s=1.0)
+            try:
+                served = client.request({"op": "held"})  # connects with hello first
+            finally:
+                client.close()
+            gpus = ", ".join(g.get("gpu", "?") for g in client.gpus) or "none"
+            lease = served.get("lease_s")
+            report.lines.append(
+                f"actuator {daemon.actuator.socket}: answers; serves GPUs {gpus}; lease {lease} s"
+            )
+        elif daemon.zeusd is not None:
+            from gpugov.daemon.zeusd import ZeusdClient
+
+            zeusd = ZeusdClient.from_config(daemon.zeusd)
+            zeusd.timeout_s = 1.0
+            zeusd.call("GET", "/discover")
+            report.lines.append(f"zeusd {zeusd.where}: answers")
+    except GpugovError as error:
+        report.warnings.append(
+            f"{error}; run would start and hold each domain's fail-safe until it answers "
+            "(a refusal of this user is expected when check-config runs as another user "
+            "than the governor)"
+        )
 
 
 def _nvml_or_none(

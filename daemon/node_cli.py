@@ -56,6 +56,7 @@ from gpugov.daemon.errors import (
     GpuLost,
     GpuUnavailable,
     NotSupported,
+    PeerRefused,
     PermissionDenied,
     TransientGpuError,
 )
@@ -94,6 +95,8 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     def wrapped(args: argparse.Namespace) -> int:
         try:
             return handler(args)
+        except PeerRefused as error:  # the actuator's or zeusd's own words
+            return fail(str(error), EXIT_PERMISSION)
         except PermissionDenied:
             print(f"gpugov: {PERMISSION_DENIED_MESSAGE}", file=sys.stderr)
             return EXIT_PERMISSION
@@ -257,7 +260,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(describe_config(config))
     for line in report.lines:
         print(f"  {line}")
-    locks = not args.offline and config.daemon.backend != "emulated" and not config.daemon.dry_run
+    # The emulated GPUs need no privilege; the actuator and zeusd hold it for the governor.
+    writes_itself = config.daemon.backend in ("nvml", "nvidia-smi")
+    locks = not args.offline and writes_itself and not config.daemon.dry_run
     if locks and not may_lock_clocks():
         print("  this process may not lock clocks; run needs root or CAP_SYS_ADMIN")
     return EXIT_OK
@@ -307,12 +312,14 @@ def _reset_one(
     backend_kind: str,
     sleep: Callable[[float], Any],
     emulator: str | None = None,
+    daemon: Any = None,
 ) -> str | None:
-    """Reset one GPU's SM clock lock, retrying transient errors; None or the error text."""
+    """Reset one GPU's SM clock lock, retrying transient errors; None or the error text.
+    ``daemon`` is the config's ``[daemon]`` (the actuator's socket, zeusd's address)."""
     error: Exception | None = None
     for attempt in range(RESET_ATTEMPTS):
         try:
-            backend = open_backend(gpu, backend_kind, sleep=sleep, emulator=emulator)
+            backend = open_backend(gpu, backend_kind, sleep=sleep, emulator=emulator, daemon=daemon)
         except (GpuError, UsageError) as failure:
             error = failure
         else:
@@ -401,7 +408,9 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
     gpus: list[int | str] = list(_gpu_indices(kind, emulator)) if chosen is None else chosen
     failed: dict[str, str] = {}
     for gpu in gpus:
-        error = _reset_one(gpu, kind, time.sleep, emulator)
+        error = _reset_one(
+            gpu, kind, time.sleep, emulator, config.daemon if config is not None else None
+        )
         if error is None:
             print(f"GPU {gpu}: SM clock lock reset")
         else:

@@ -18,6 +18,7 @@ from gpugov.daemon.actuator import ClockActuator, ExternalPolicy, LockMode
 from gpugov.daemon.backend import DryRunBackend, GpuBackend
 from gpugov.daemon.config import (
     ControllerConfig,
+    DaemonSection,
     DomainConfig,
     GpugovConfig,
     OnlineMPCControllerConfig,
@@ -91,6 +92,7 @@ def open_backend(
     nvml: ModuleType | None = None,
     sleep: Callable[[float], Any] = time.sleep,
     emulator: str | None = None,
+    daemon: DaemonSection | None = None,
 ) -> GpuBackend:
     """One GPU's backend (``nvml``, ``nvidia-smi`` or ``emulated`` at ``emulator``),
     wrapped for a dry run if asked.
@@ -104,6 +106,8 @@ def open_backend(
     """
 
     def open_one() -> GpuBackend:
+        if kind in ("actuator", "zeusd"):
+            return open_split_backend(gpu, kind, daemon or DaemonSection(), nvml=nvml)
         if kind == "emulated":
             return EmulatedBackend(gpu, emulator=emulator or "http://127.0.0.1:8000")
         if kind == "nvidia-smi":
@@ -119,6 +123,31 @@ def open_backend(
         backend.close()
         raise
     return DryRunBackend(backend) if dry_run else backend
+
+
+def open_split_backend(
+    gpu: int | str, kind: str, daemon: DaemonSection, *, nvml: ModuleType | None = None
+) -> GpuBackend:
+    """One GPU read through NVML (unprivileged) and written through ``gpugov actuator``
+    (``kind = "actuator"``) or zeusd (``"zeusd"``), as ``daemon`` configures them."""
+    reader = NvmlBackend(gpu, nvml=nvml)
+    try:
+        if kind == "actuator":
+            from gpugov.daemon.actuator_client import ActuatorBackend, shared_client
+
+            section = daemon.actuator
+            client = shared_client(
+                str(section.socket), lease_s=section.lease_s, timeout_s=section.timeout_s
+            )
+            return ActuatorBackend(reader, client)
+        from gpugov.daemon.zeusd import ZeusdBackend, ZeusdClient
+
+        if daemon.zeusd is None:
+            raise ConfigError('backend = "zeusd" needs a [daemon.zeusd] table with socket or url')
+        return ZeusdBackend(reader, ZeusdClient.from_config(daemon.zeusd))
+    except BaseException:
+        reader.close()
+        raise
 
 
 @dataclass
@@ -362,6 +391,7 @@ def domains_from_config(
                     dry_run=dry_run,
                     nvml=nvml,
                     emulator=config.daemon.emulator,
+                    daemon=config.daemon,
                 )
                 backends.append(backend)
                 assembled.backends.append(backend)  # closed with the rest if a later one fails

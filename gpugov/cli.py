@@ -25,6 +25,7 @@ LOAD = "gpugov.study.load_cli"
 PROFILE = "gpugov.study.profiler.cli"
 SWEEP = "gpugov.study.sweep_cli"
 MODEL = "gpugov.daemon.model_cli"
+ACTUATOR = "gpugov.daemon.actuator_server"
 
 #: Subcommand -> (module that registers it, one-line help for ``gpugov --help``).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -32,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check-config": (NODE, "validate a config file; apply nothing"),
     "status": (NODE, "show GPUs, clocks, power, permissions and engine reachability"),
     "reset-clocks": (NODE, "unlock the GPUs' SM clocks (the unit's ExecStopPost=)"),
+    "actuator": (ACTUATOR, "serve clock locks to an unprivileged governor (split mode)"),
     "replay": (NODE, "run a recording through another controller and compare decisions"),
     "model": (MODEL, "show or export the model the mpc-online controller learned"),
     "simulate": (SIMULATE, "run a controller on the simulated plant and print its metrics"),

@@ -1,7 +1,8 @@
 """One contract, every GPU backend: the :class:`~gpugov.daemon.backend.GpuBackend` protocol's
 docstring, checked against NVML (fake ``pynvml``), nvidia-smi (fake runner), the emulated
-GPU (a real ``gpugov emulate`` server on loopback), the simulated plant, and the dry run
-around NVML and around the emulated GPU.
+GPU (a real ``gpugov emulate`` server on loopback), the simulated plant, the split mode's
+backends (writes through an in-process ``gpugov actuator`` on a Unix socket, and through a
+fake zeusd on loopback), and the dry run around NVML and around the emulated GPU.
 
 Each backend comes as a :class:`BackendCase`: the backend plus the few hooks a contract
 test needs (let GPU time pass, count the writes the hardware received, inject a fault).
@@ -12,15 +13,23 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import shutil
+import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import fake_pynvml as fp
 import pytest
 from fake_nvidia_smi import FakeNvidiaSmi
 from fake_pynvml import FakeNvml
+from fake_zeusd import FakeZeusd
 from synthetic import make_plant
 
+from gpugov.daemon.actuator_client import ActuatorBackend, ActuatorClient
+from gpugov.daemon.actuator_server import ActuatorServer
 from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
 from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.daemon.errors import (
@@ -34,6 +43,7 @@ from gpugov.daemon.errors import (
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.simulated import SimulatedBackend, SimulatedNode
+from gpugov.daemon.zeusd import ZeusdBackend, ZeusdClient
 from gpugov.plant import PlantSimulation
 from gpugov.plant.types import Request
 from gpugov.study.emulate.node import EmulatedNode
@@ -43,7 +53,16 @@ APPLICATIONS_CLOCKS_SETTING = 0x2
 SETTLE_S = 0.1
 """GPU time for a lock to take effect (the plants' actuation delay is 20 ms)."""
 
-CASES = ("nvml", "nvidia-smi", "emulated", "simulated", "dry-run-nvml", "dry-run-emulated")
+CASES = (
+    "nvml",
+    "nvidia-smi",
+    "emulated",
+    "simulated",
+    "actuator",
+    "zeusd",
+    "dry-run-nvml",
+    "dry-run-emulated",
+)
 FAULTS = ("no-permission", "not-supported", "lost", "timeout")
 """Faults on a lock (and, lost, on every call); ``read-timeout`` is one failed read."""
 
@@ -173,6 +192,80 @@ def _emulated_case(server: EmulatorServer, clock: ManualClock) -> BackendCase:
     )
 
 
+def _nvml_faults(nvml: FakeNvml, *, lost: bool = True) -> dict[str, Callable[[], None]]:
+    """The NVML faults, injected behind a backend that writes through another process."""
+    faults: dict[str, Callable[[], None]] = {
+        "no-permission": lambda: setattr(nvml, "permission", False),
+        "not-supported": lambda: nvml.fail(
+            "nvmlDeviceSetGpuLockedClocks", fp.NVML_ERROR_NOT_SUPPORTED, times=None
+        ),
+        "timeout": lambda: nvml.fail(
+            "nvmlDeviceSetGpuLockedClocks", fp.NVML_ERROR_TIMEOUT, times=None
+        ),
+        "read-timeout": lambda: nvml.fail(
+            "nvmlDeviceGetTemperatureV", fp.NVML_ERROR_TIMEOUT, times=1
+        ),
+    }
+    if lost:
+        faults["lost"] = lambda: nvml.lose(0)
+    return faults
+
+
+def _actuator_case(folder: Path) -> BackendCase:
+    """ActuatorBackend: NVML reads, writes through an in-process ``gpugov actuator`` on
+    a real Unix socket (its NVML the same fake); closing the backend stops the server."""
+    nvml = FakeNvml(1)
+    path = folder / "a.sock"
+    server_gpu = NvmlBackend(0, nvml=nvml)
+    server = ActuatorServer([server_gpu], str(path), str(os.getuid()), min_relock_s=0.0)
+    server.listen()
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve, args=(stop.is_set,))
+    thread.start()
+
+    def release(client: ActuatorClient) -> None:
+        client.close()
+        stop.set()
+        thread.join(10)
+        server.close()
+        server_gpu.close()
+
+    client = ActuatorClient(str(path), timeout_s=5.0)
+    gpu = nvml.gpus[0]
+    return BackendCase(
+        backend=ActuatorBackend(NvmlBackend(0, nvml=nvml), client, release=release),
+        advance=lambda seconds: None,  # the fake applies a lock at once
+        hardware_writes=lambda: len(nvml.writes),
+        faults=_nvml_faults(nvml),
+        identity=(gpu.uuid, gpu.name),
+        open_missing=lambda: ActuatorBackend(NvmlBackend(5, nvml=nvml), client),
+    )
+
+
+def _zeusd_case() -> BackendCase:
+    """ZeusdBackend: NVML reads, writes through a fake zeusd on loopback driving the
+    same fake NVML. zeusd reports a lost GPU as a server error, so "lost" is the
+    reader's alone and not injected here."""
+    nvml = FakeNvml(1)
+    zeusd = FakeZeusd(nvml)
+
+    class Closing(ZeusdBackend):
+        def close(self) -> None:
+            super().close()
+            zeusd.close()
+
+    gpu = nvml.gpus[0]
+    client = ZeusdClient(url=zeusd.url, timeout_s=5.0)
+    return BackendCase(
+        backend=Closing(NvmlBackend(0, nvml=nvml), client),
+        advance=lambda seconds: None,
+        hardware_writes=lambda: len(nvml.writes),
+        faults=_nvml_faults(nvml, lost=False),
+        identity=(gpu.uuid, gpu.name),
+        open_missing=lambda: ZeusdBackend(NvmlBackend(5, nvml=nvml), client),
+    )
+
+
 def _simulated_case() -> BackendCase:
     """SimulatedBackend on a plant under steady load, driven by a manual clock."""
     clock = ManualClock(1.0)
@@ -229,6 +322,12 @@ def case(request: pytest.FixtureRequest) -> Iterator[BackendCase]:
         built = _nvidia_smi_case()
     elif name == "simulated":
         built = _simulated_case()
+    elif name == "actuator":
+        folder = Path(tempfile.mkdtemp(prefix="gpugov-", dir="/tmp"))  # a short socket path
+        request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
+        built = _actuator_case(folder)
+    elif name == "zeusd":
+        built = _zeusd_case()
     else:
         server, clock = request.getfixturevalue("emulator")
         built = _emulated_case(server, clock)

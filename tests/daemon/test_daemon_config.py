@@ -40,7 +40,7 @@ def test_defaults() -> None:
         ({"daemon": {"period_s": "fast"}, **MINIMAL}, "daemon.period_s", "valid number"),
         ({"daemon": {"period_s": 0.0}, **MINIMAL}, "daemon.period_s", "greater than or equal"),
         ({"daemon": {"dry_run": "yes"}, **MINIMAL}, "daemon.dry_run", "valid boolean"),
-        ({"daemon": {"backend": "dcgm"}, **MINIMAL}, "daemon.backend", "or 'emulated'"),
+        ({"daemon": {"backend": "dcgm"}, **MINIMAL}, "daemon.backend", "or 'zeusd'"),
         ({"daemon": {"metrics_address": "9400"}, **MINIMAL}, "daemon.metrics_address", "HOST:PORT"),
         ({"daemon": {"bogus": 1}, **MINIMAL}, "daemon.bogus", "unknown key"),
         (

@@ -26,7 +26,11 @@ from gpugov.daemon.config import parse_address, parse_config
 
 yaml = require_module("yaml")
 
-MANIFESTS = sorted(KUBERNETES.glob("*.yaml")) + sorted(KUBERNETES.glob("examples/*.yaml"))
+MANIFESTS = (
+    sorted(KUBERNETES.glob("*.yaml"))
+    + sorted(KUBERNETES.glob("examples/*.yaml"))
+    + sorted(KUBERNETES.glob("split/*.yaml"))
+)
 SERVICEMONITOR_SCHEMA = (
     Path(__file__).parent / "schemas" / "servicemonitor-monitoring.coreos.com-v1.json"
 )
@@ -51,7 +55,7 @@ def find(kind: str, name: str | None = None) -> dict[str, Any]:
         d
         for f, d in documents()
         if d["kind"] == kind
-        and not f.startswith("examples/")
+        and not f.startswith(("examples/", "split/"))
         and (name is None or d["metadata"]["name"] == name)
     ]
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"
@@ -197,3 +201,65 @@ def test_dockerfile_copies_what_exists_and_runs_the_real_cli() -> None:
     assert entrypoint == ["/opt/gpugov/venv/bin/gpugov"]
     assert command == container()["args"]
     build_parser().parse_args(command)
+
+
+# ------------------------------------------------------------------ split mode
+def split_pod() -> dict[str, Any]:
+    """The pod template of split/daemonset.yaml."""
+    found = [d for f, d in documents() if f == "split/daemonset.yaml"]
+    assert len(found) == 1 and found[0]["kind"] == "DaemonSet"
+    pod: dict[str, Any] = found[0]["spec"]["template"]["spec"]
+    return pod
+
+
+def test_split_daemonset_privileges_only_the_actuator() -> None:
+    containers = {c["name"]: c for c in split_pod()["containers"]}
+    assert set(containers) == {"actuator", "governor"}
+    actuator, governor = containers["actuator"], containers["governor"]
+    assert actuator["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert governor["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert governor["securityContext"]["runAsNonRoot"] is True
+    assert governor["securityContext"]["runAsUser"] != 0
+    for container in (actuator, governor):
+        security = container["securityContext"]
+        assert security["privileged"] is False
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["readOnlyRootFilesystem"] is True
+    # The actuator serves exactly the governor's uid, on the socket the governor's
+    # config names, in a volume the two containers (and only they) share.
+    args = build_parser().parse_args(actuator["args"])
+    assert args.command == "actuator"
+    assert args.allow == str(governor["securityContext"]["runAsUser"])
+    mounts = {
+        c: {m["name"]: m["mountPath"] for m in containers[c]["volumeMounts"]} for c in containers
+    }
+    assert mounts["actuator"]["actuator-socket"] == mounts["governor"]["actuator-socket"]
+    assert args.socket.rsplit("/", 1)[0] == mounts["actuator"]["actuator-socket"]
+    assert list(mounts["actuator"]) == ["actuator-socket"]
+    pod = split_pod()
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    configmap = find_split_configmap(
+        volumes[next(name for name, path in mounts["governor"].items() if path == "/etc/gpugov")][
+            "configMap"
+        ]["name"]
+    )
+    config = parse_config(tomllib.loads(configmap), "split/configmap.yaml:config.toml")
+    assert config.daemon.backend == "actuator"
+    assert str(config.daemon.actuator.socket) == args.socket
+    governor_args = build_parser().parse_args(governor["args"])
+    assert governor_args.command == "run" and not governor_args.dry_run
+    command = actuator["lifecycle"]["preStop"]["exec"]["command"]
+    assert build_parser().parse_args(command[1:]).command == "reset-clocks"
+    assert "lifecycle" not in governor  # it could not reset; the lease does
+
+
+def find_split_configmap(name: str) -> str:
+    """config.toml of the split ConfigMap ``name``."""
+    found = [
+        d
+        for f, d in documents()
+        if f.startswith("split/") and d["kind"] == "ConfigMap" and d["metadata"]["name"] == name
+    ]
+    assert len(found) == 1, name
+    text: str = found[0]["data"]["config.toml"]
+    return text

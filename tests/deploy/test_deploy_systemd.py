@@ -4,11 +4,13 @@
 of each unit whose ``/opt/gpugov/venv/bin/gpugov`` is rewritten to this environment's
 ``gpugov`` (the only difference; the test checks the copy differs in nothing else).
 ``systemd-analyze security --offline=true`` reads the unit file alone; the main unit must
-score at most 3.0 and the observe-only one lower still.
+score at most 3.0 and the observe-only one lower still; in the split mode the privileged
+actuator at most 2.5 and the unprivileged governor at most 1.5.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -18,13 +20,17 @@ import pytest
 from deploytools import SYSTEMD, gpugov_executable, require_tool
 
 from gpugov.cli import build_parser
-from gpugov.daemon.config import load_config, parse_address
+from gpugov.daemon.config import ActuatorBackendConfig, load_config, parse_address
 
 INSTALLED_GPUGOV = "/opt/gpugov/venv/bin/gpugov"
 MAIN = SYSTEMD / "gpugov.service"
 OBSERVE = SYSTEMD / "gpugov-observe.service"
+ACTUATOR = SYSTEMD / "gpugov-actuator.service"
+GOVERNOR = SYSTEMD / "gpugov-governor.service"
 MAX_EXPOSURE_MAIN = 3.0
-UNITS = [MAIN, OBSERVE]
+MAX_EXPOSURE_ACTUATOR = 2.5
+MAX_EXPOSURE_GOVERNOR = 1.5
+UNITS = [MAIN, OBSERVE, ACTUATOR, GOVERNOR]
 EXPOSURE = re.compile(r"Overall exposure level for (\S+): (\d+(?:\.\d+)?) ")
 
 
@@ -177,3 +183,47 @@ def test_the_example_config_the_readme_installs_is_valid() -> None:
     config = load_config(example)
     host, _ = parse_address(config.daemon.metrics_address)
     assert host in {"127.0.0.1", "::1", "localhost"}, "the units allow loopback only"
+
+
+@pytest.mark.parametrize(
+    ("unit", "limit"),
+    [(ACTUATOR, MAX_EXPOSURE_ACTUATOR), (GOVERNOR, MAX_EXPOSURE_GOVERNOR)],
+    ids=lambda p: getattr(p, "name", str(p)),
+)
+def test_split_units_exposure(unit: Path, limit: float) -> None:
+    score, table = exposure(unit)
+    assert score <= limit, f"{unit.name}: overall exposure {score} > {limit}\n{table}"
+
+
+def test_actuator_unit_contract() -> None:
+    """Privileged, CAP_SYS_ADMIN only, no network; serves the governor's user."""
+    argv = shlex.split(one(ACTUATOR, "ExecStart"))
+    args = build_parser().parse_args(argv[1:])
+    assert args.command == "actuator"
+    assert args.allow == one(GOVERNOR, "User")
+    assert os.path.dirname(args.socket) == "/run/" + one(ACTUATOR, "RuntimeDirectory")
+    assert one(ACTUATOR, "ExecStopPost") == f"{INSTALLED_GPUGOV} reset-clocks --gpus all"
+    assert one(ACTUATOR, "CapabilityBoundingSet") == "CAP_SYS_ADMIN"
+    assert one(ACTUATOR, "AmbientCapabilities") == ""
+    assert one(ACTUATOR, "RestrictAddressFamilies") == "AF_UNIX"
+    assert one(ACTUATOR, "PrivateNetwork") == "yes"
+    assert one(ACTUATOR, "Conflicts") == "gpugov.service"
+    assert values(ACTUATOR, "DeviceAllow") == values(MAIN, "DeviceAllow")
+    assert not values(ACTUATOR, "PrivateUsers")  # it would void CAP_SYS_ADMIN
+
+
+def test_governor_unit_contract() -> None:
+    """Unprivileged, no capabilities, writes only through the actuator's socket."""
+    assert one(GOVERNOR, "DynamicUser") == "yes"
+    assert one(GOVERNOR, "CapabilityBoundingSet") == ""
+    assert one(GOVERNOR, "AmbientCapabilities") == ""
+    assert not values(GOVERNOR, "ExecStopPost")  # the lease resets; it could not
+    assert one(GOVERNOR, "ExecStart").endswith("--config /etc/gpugov/config.toml")
+    assert "gpugov-actuator.service" in one(GOVERNOR, "Wants").split()
+    assert "gpugov-actuator.service" in one(GOVERNOR, "After").split()
+    assert set(one(GOVERNOR, "Conflicts").split()) == {"gpugov.service", "gpugov-observe.service"}
+    assert "AF_UNIX" in one(GOVERNOR, "RestrictAddressFamilies").split()
+    # The socket the actuator serves is the governor's default for backend = "actuator".
+    socket = shlex.split(one(ACTUATOR, "ExecStart"))
+    path = socket[socket.index("--socket") + 1]
+    assert path == str(ActuatorBackendConfig().socket)

@@ -1,0 +1,346 @@
+"""The governor's side of the split mode: ``backend = "actuator"``.
+
+The governor runs unprivileged. It reads its GPUs through NVML itself (reads need no
+privilege) and asks ``gpugov actuator`` (:mod:`daemon.actuator_server`) over its Unix
+socket to lock and reset them. One :class:`ActuatorClient` per process holds one
+connection, and so one lease, for all its GPUs; each GPU is an :class:`ActuatorBackend`.
+
+The lease is renewed once per control tick (:meth:`ActuatorBackend.write_path_problem`,
+called by the clock actuator), so a governor that stops ticking loses its locks within
+the lease. When the actuator cannot be reached, every write raises
+:class:`~daemon.errors.TransientGpuError` (counted as a failed clock write) and
+``write_path_problem`` names the reason, which holds the domain in its fail-safe until
+the actuator answers again. A new connection is a new lease: ``write_epoch`` changes,
+and the clock actuator writes its locks again (the actuator reset them with the old
+lease).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpugov.daemon.backend import GpuBackend, GpuSample
+from gpugov.daemon.errors import (
+    GpuError,
+    GpuLost,
+    NotSupported,
+    PeerRefused,
+    PermissionDenied,
+    TransientGpuError,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_ANSWER_BYTES = 64 * 1024
+RENEW_SHARE = 0.25
+"""A tick renews the lease when this share of it has passed since the last request."""
+_ERRORS: dict[str, type[GpuError]] = {
+    "permission": PeerRefused,
+    "not_supported": NotSupported,
+    "lost": GpuLost,
+    "transient": TransientGpuError,
+    "rate_limited": TransientGpuError,
+    "busy": TransientGpuError,
+}
+
+
+class ActuatorUnavailable(TransientGpuError):
+    """The actuator did not answer (no socket, refused, timed out, closed)."""
+
+
+class ActuatorClient:
+    """One connection to ``gpugov actuator``: requests, lease renewal, reconnection.
+
+    Args:
+        path: the actuator's socket.
+        lease_s: the lease asked for in ``hello`` (the actuator may grant less).
+        timeout_s: the most one request (connect, send, answer) may take; past it the
+            connection is dropped (its lease ends, so the actuator resets its locks).
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        lease_s: float = 3.0,
+        timeout_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = path
+        self.lease_s = lease_s
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._sock: socket.socket | None = None
+        self._buffer = b""
+        self._lock = threading.Lock()
+        self._last_ok_s = -1e9
+        self.granted_lease_s = lease_s
+        self.epoch = 0
+        """Increments with every new connection (a new lease)."""
+        self.failures = 0
+        """Requests that failed because the actuator was unreachable or too slow."""
+        self.problem: str | None = None
+        self.gpus: list[dict[str, Any]] = []
+        self.users = 0
+
+    # ---------------------------------------------------------------- transport
+    def _connect(self) -> None:
+        """Connect and say hello: a new lease (``epoch`` + 1)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout_s)
+        try:
+            sock.connect(self.path)
+        except OSError as error:
+            sock.close()
+            raise ActuatorUnavailable(
+                f"actuator at {self.path} unreachable: {error.strerror or error}"
+            ) from error
+        self._sock, self._buffer = sock, b""
+        answer = self._exchange({"op": "hello", "lease_s": self.lease_s})
+        if not answer.get("ok"):
+            self._disconnect()
+            message = answer.get("message", "refused")
+            if answer.get("error") == "forbidden":
+                raise PeerRefused(f"actuator at {self.path} refused this user: {message}")
+            raise ActuatorUnavailable(f"actuator at {self.path} refused hello: {message}")
+        self.granted_lease_s = float(answer.get("lease_s", self.lease_s))
+        self.gpus = list(answer.get("gpus", []))
+        self.epoch += 1
+        if self.granted_lease_s < self.lease_s:
+            log.warning(
+                "actuator grants a %.3g s lease, not the %.3g s asked for",
+                self.granted_lease_s,
+                self.lease_s,
+            )
+        log.info("connected to the actuator at %s (lease %.3g s)", self.path, self.granted_lease_s)
+
+    def _disconnect(self) -> None:
+        """Close the socket (the actuator ends the lease)."""
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+
+    def _exchange(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Send one request and read its one answer line within ``timeout_s``."""
+        assert self._sock is not None
+        deadline = self._clock() + self.timeout_s
+        try:
+            # Refused at once (a stranger): the send fails, its one answer line waits.
+            with contextlib.suppress(OSError):
+                self._sock.sendall(json.dumps(message).encode() + b"\n")
+            while b"\n" not in self._buffer:
+                left = deadline - self._clock()
+                if left <= 0:
+                    raise TimeoutError
+                self._sock.settimeout(left)
+                chunk = self._sock.recv(65536)
+                if not chunk:
+                    raise ConnectionResetError("the actuator closed the connection")
+                self._buffer += chunk
+                if len(self._buffer) > MAX_ANSWER_BYTES:
+                    raise ConnectionResetError("the actuator's answer is too long")
+        except (OSError, TimeoutError) as error:
+            self._disconnect()
+            what = (
+                f"no answer within {self.timeout_s:g} s"
+                if isinstance(error, TimeoutError)
+                else str(error) or type(error).__name__
+            )
+            raise ActuatorUnavailable(f"actuator at {self.path}: {what}") from error
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            answer = json.loads(line)
+        except ValueError as error:
+            self._disconnect()
+            raise ActuatorUnavailable(f"actuator at {self.path}: answer is not JSON") from error
+        if not isinstance(answer, dict):
+            self._disconnect()
+            raise ActuatorUnavailable(f"actuator at {self.path}: answer is not a JSON object")
+        self._last_ok_s = self._clock()
+        return answer
+
+    # ----------------------------------------------------------------- requests
+    def request(self, message: dict[str, Any], *, gpu: str | None = None) -> dict[str, Any]:
+        """Send ``message`` (connecting first when needed) and return a successful answer.
+
+        Raises:
+            ActuatorUnavailable: unreachable, too slow, or closed (a TransientGpuError).
+            PeerRefused, NotSupported, GpuLost, GpuError: what the actuator refused,
+                translated back into the daemon's own errors.
+        """
+        with self._lock:
+            try:
+                if self._sock is None:
+                    self._connect()
+                answer = self._exchange(message)
+            except ActuatorUnavailable as error:
+                self.failures += 1
+                self.problem = str(error)
+                raise
+            self.problem = None
+        if answer.get("ok"):
+            return answer
+        code = str(answer.get("error", "gpu_error"))
+        kind = _ERRORS.get(code, GpuError)
+        where = f"GPU {gpu}: " if gpu is not None else ""
+        raise kind(f"{where}actuator refused ({code}): {answer.get('message', '')}", gpu=gpu)
+
+    def check(self) -> str | None:
+        """Once per tick: connect if needed, renew the lease when due; the reason the
+        actuator cannot take writes now, or None."""
+        with self._lock:
+            if self._sock is not None and self._peer_closed():
+                self._disconnect()  # the actuator went away: its locks went with it
+        due = self._clock() - self._last_ok_s >= RENEW_SHARE * self.granted_lease_s
+        if self._sock is None or due:
+            try:
+                self.request({"op": "renew"})
+            except ActuatorUnavailable as error:
+                return str(error)
+            except PermissionDenied as error:
+                return str(error)
+        return None
+
+    def _peer_closed(self) -> bool:
+        """True when the actuator's end is closed (seen without blocking)."""
+        assert self._sock is not None
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+            return bool(readable) and self._sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def close(self) -> None:
+        """Close the connection: the actuator resets whatever this lease held."""
+        with self._lock:
+            self._disconnect()
+
+
+_CLIENTS: dict[str, ActuatorClient] = {}
+
+
+def shared_client(path: str, *, lease_s: float, timeout_s: float) -> ActuatorClient:
+    """The process's one client for ``path`` (one connection, one lease), counted per
+    user; :meth:`ActuatorBackend.close` releases it."""
+    client = _CLIENTS.get(path)
+    if client is None:
+        client = _CLIENTS[path] = ActuatorClient(path, lease_s=lease_s, timeout_s=timeout_s)
+    client.users += 1
+    return client
+
+
+def release_client(client: ActuatorClient) -> None:
+    """One user fewer; the last one closes the connection."""
+    client.users -= 1
+    if client.users <= 0:
+        client.close()
+        if _CLIENTS.get(client.path) is client:
+            del _CLIENTS[client.path]
+
+
+class ActuatorBackend:
+    """One GPU: read through ``reader`` (NVML, unprivileged), written through the actuator.
+
+    The GPU is named to the actuator by its UUID when the reader knows it, else by its
+    label, so both sides agree whatever index order each process sees.
+    """
+
+    def __init__(
+        self,
+        reader: GpuBackend,
+        client: ActuatorClient,
+        *,
+        release: Callable[[ActuatorClient], None] = release_client,
+    ) -> None:
+        self._reader = reader
+        self._client = client
+        self._release = release
+        self._closed = False
+        self._name_on_wire = str(getattr(reader, "uuid", "") or reader.label)
+
+    @property
+    def label(self) -> str:
+        """The reader's label (the NVML index as text)."""
+        return self._reader.label
+
+    @property
+    def uuid(self) -> str | None:
+        """The GPU's UUID, from its reader."""
+        value = getattr(self._reader, "uuid", None)
+        return str(value) if value else None
+
+    @property
+    def name(self) -> str | None:
+        """The GPU's name, from its reader."""
+        value = getattr(self._reader, "name", None)
+        return str(value) if value else None
+
+    @property
+    def write_epoch(self) -> int:
+        """Changes when the actuator connection (and so the lease) is new."""
+        return self._client.epoch
+
+    @property
+    def client(self) -> ActuatorClient:
+        """The shared connection."""
+        return self._client
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        """The reader's supported clocks."""
+        return self._reader.supported_clocks_mhz()
+
+    def sample(self) -> GpuSample:
+        """A reading through the reader (no actuator involved)."""
+        return self._reader.sample()
+
+    def write_path_problem(self) -> str | None:
+        """Renew the lease when due; why writes cannot go through now, or None."""
+        return self._client.check()
+
+    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None:
+        """Ask the actuator to lock this GPU's SM clock into ``[min_mhz, max_mhz]``."""
+        self._check_open()
+        if min_mhz > max_mhz:
+            raise GpuError(
+                f"GPU {self.label}: lock {min_mhz}-{max_mhz} MHz: min above max", gpu=self.label
+            )
+        self._client.request(
+            {
+                "op": "lock",
+                "gpu": self._name_on_wire,
+                "min_mhz": int(min_mhz),
+                "max_mhz": int(max_mhz),
+            },
+            gpu=self.label,
+        )
+
+    def reset_clocks(self) -> None:
+        """Ask the actuator to reset this GPU's lock."""
+        self._check_open()
+        self._client.request({"op": "reset", "gpu": self._name_on_wire}, gpu=self.label)
+
+    def _check_open(self) -> None:
+        """Refuse a write on a closed backend, as every backend does."""
+        if self._closed:
+            from gpugov.daemon.errors import GpuUnavailable
+
+            raise GpuUnavailable(f"GPU {self.label}: backend is closed", gpu=self.label)
+
+    def close(self) -> None:
+        """Close the reader and release the shared connection (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._reader.close()
+        self._release(self._client)

@@ -1,0 +1,689 @@
+"""``gpugov actuator``: the privileged half of the split mode, small enough to read at once.
+
+It holds the one privilege the governor needs (locking SM clocks: root or CAP_SYS_ADMIN)
+and nothing else: no HTTP, no engine parsing, no controller, no numba, no pydantic. It
+serves a Unix socket, one JSON object per line each way (``docs/actuator.md``):
+
+* ``{"op": "hello", "lease_s": 3}``: the lease this connection wants; answers the GPUs
+  and their lockable ranges.
+* ``{"op": "lock", "gpu": "0", "min_mhz": 1410, "max_mhz": 1410}``: lock one configured
+  GPU within its supported range; at most one lock per GPU per ``min_relock_s``.
+* ``{"op": "reset", "gpu": "0"}``: reset one configured GPU's lock.
+* ``{"op": "renew"}`` and ``{"op": "held"}``: keep the lease; report what is held.
+
+Every answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": CODE, "message": ...}``.
+A peer is accepted only when ``SO_PEERCRED`` shows the allowed uid. A lock is a lease:
+it is held while its connection is open and sends a request at least every ``lease_s``;
+when the connection closes (the governor exited or was killed, even by SIGKILL) or goes
+quiet past its deadline, every GPU it locked is reset at once. At start every configured
+GPU is reset (no lease holds it yet), and on SIGTERM every lock is reset before exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import pwd
+import selectors
+import signal
+import socket
+import stat
+import struct
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpugov.daemon.backend import GpuBackend
+from gpugov.daemon.errors import (
+    ExitCode,
+    GpuError,
+    GpugovError,
+    GpuLost,
+    NotSupported,
+    PermissionDenied,
+    TransientGpuError,
+)
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = 1
+DEFAULT_SOCKET = "/run/gpugov-actuator/actuator.sock"
+DEFAULT_LEASE_S = 3.0
+MIN_LEASE_S = 0.2
+DEFAULT_MAX_LEASE_S = 30.0
+DEFAULT_MIN_RELOCK_S = 0.1
+MAX_LINE_BYTES = 4096
+"""A request line longer than this closes the connection (no request is that long)."""
+MAX_PENDING_OUT_BYTES = 64 * 1024
+"""A peer that does not read its answers is dropped once this many bytes wait."""
+MAX_CLIENTS = 16
+SOCKET_MODE = 0o666
+"""Anyone may connect; SO_PEERCRED decides who is served."""
+_TICK_S = 0.1
+RESET_RETRY_S = 1.0
+"""A reset that failed (a lease's end, the start) is tried again this often."""
+_ERRORS: tuple[tuple[type[GpuError], str], ...] = (
+    (PermissionDenied, "permission"),
+    (NotSupported, "not_supported"),
+    (GpuLost, "lost"),
+    (TransientGpuError, "transient"),
+)
+
+
+def error_code(error: GpuError) -> str:
+    """The protocol's name for a GPU error (the governor maps it back)."""
+    return next((code for kind, code in _ERRORS if isinstance(error, kind)), "gpu_error")
+
+
+class Refused(Exception):
+    """A request the actuator will not carry out; ``code`` goes on the wire."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Gpu:
+    """One configured GPU: its backend, lockable range and who holds its lock."""
+
+    backend: GpuBackend
+    uuid: str
+    min_mhz: int
+    max_mhz: int
+    holder: Connection | None = None
+    held: tuple[int, int] | None = None
+    last_lock_s: float = -1e9
+    retry_reset_s: float | None = None
+    """When a reset failed: when to try it again (a lost lease's lock is never kept)."""
+
+
+@dataclass(eq=False)
+class Connection:
+    """One accepted, authenticated peer and its lease."""
+
+    sock: socket.socket
+    pid: int
+    uid: int
+    lease_s: float
+    deadline_s: float
+    inbox: bytearray = field(default_factory=bytearray)
+    outbox: bytearray = field(default_factory=bytearray)
+    closing: bool = False
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """``(pid, uid, gid)`` of the process at the other end of a Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+def resolve_uid(allowed: str) -> int | None:
+    """The uid ``allowed`` names now: a number, or a user name (a systemd DynamicUser
+    resolves only while its unit runs, so it is looked up at each connection)."""
+    if allowed.isdigit():
+        return int(allowed)
+    try:
+        return pwd.getpwnam(allowed).pw_uid
+    except KeyError:
+        return None
+
+
+class ActuatorServer:
+    """The socket server: accepts, authenticates, serves requests, expires leases.
+
+    Args:
+        gpus: the configured GPUs' backends (NVML), opened and listed by the caller.
+        socket_path: where to listen.
+        allow: the governor's uid or user name.
+        max_lease_s: the longest lease a peer may ask for.
+        min_relock_s: least seconds between two lock writes to one GPU.
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        gpus: Sequence[GpuBackend],
+        socket_path: str,
+        allow: str,
+        *,
+        max_lease_s: float = DEFAULT_MAX_LEASE_S,
+        min_relock_s: float = DEFAULT_MIN_RELOCK_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not gpus:
+            raise GpugovError("no GPU to serve")
+        self.gpus: dict[str, Gpu] = {}
+        self._by_name: dict[str, Gpu] = {}
+        for backend in gpus:
+            clocks = backend.supported_clocks_mhz()
+            uuid = str(getattr(backend, "uuid", "") or backend.label)
+            gpu = Gpu(backend, uuid, min(clocks), max(clocks))
+            self.gpus[backend.label] = gpu
+            self._by_name[backend.label] = self._by_name[uuid] = gpu
+        self.socket_path = socket_path
+        self.allow = allow
+        self.max_lease_s = max(MIN_LEASE_S, max_lease_s)
+        self.min_relock_s = min_relock_s
+        self._clock = clock
+        self._selector = selectors.DefaultSelector()
+        self._listener: socket.socket | None = None
+        self._connections: dict[socket.socket, Connection] = {}
+        self.refused_peers = 0
+        self._refusals_logged: set[int] = set()
+        self.stopping = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def reset_all(self, why: str) -> list[str]:
+        """Reset every configured GPU; the labels that failed (logged)."""
+        failed = []
+        for label, gpu in self.gpus.items():
+            try:
+                gpu.backend.reset_clocks()
+            except GpuError as error:
+                if isinstance(error, PermissionDenied):
+                    raise
+                failed.append(label)
+                gpu.retry_reset_s = self._clock() + RESET_RETRY_S
+                log.error("GPU %s: reset (%s) failed, retrying: %s", label, why, error)
+                continue
+            gpu.holder, gpu.held = None, None
+            log.info("GPU %s: SM clock lock reset (%s)", label, why)
+        return failed
+
+    def listen(self) -> None:
+        """Bind the socket (replacing a stale one, never another kind of file)."""
+        path = self.socket_path
+        try:
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+            else:
+                raise GpugovError(f"{path}: exists and is not a socket; not replacing it")
+        except FileNotFoundError:
+            pass
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        os.chmod(path, SOCKET_MODE)
+        listener.listen(MAX_CLIENTS)
+        listener.setblocking(False)
+        self._listener = listener
+        self._selector.register(listener, selectors.EVENT_READ)
+
+    def close(self) -> list[str]:
+        """Reset every GPU, close every connection and the socket; the GPUs not reset."""
+        failed = []
+        for _label, gpu in self.gpus.items():
+            if gpu.held is not None or gpu.holder is not None or gpu.retry_reset_s is not None:
+                failed += self._reset(gpu, f"actuator stopping; held by pid {self._pid(gpu)}")
+        for conn in list(self._connections.values()):
+            self._drop(conn, reset=False)
+        if self._listener is not None:
+            self._selector.unregister(self._listener)
+            self._listener.close()
+            self._listener = None
+            with contextlib.suppress(OSError):
+                os.unlink(self.socket_path)
+        return failed
+
+    @staticmethod
+    def _pid(gpu: Gpu) -> str:
+        """The holder's pid for a log line."""
+        return str(gpu.holder.pid) if gpu.holder is not None else "none"
+
+    def serve(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Serve until ``should_stop()`` (checked at least every 0.1 s)."""
+        while not should_stop() and not self.stopping:
+            self.step(_TICK_S)
+
+    def step(self, timeout_s: float) -> None:
+        """One round: wait for events (at most ``timeout_s`` or the next deadline),
+        handle them, then expire leases whose deadline passed."""
+        now = self._clock()
+        deadlines = [c.deadline_s for c in self._connections.values()]
+        wait = min([timeout_s, *[max(0.0, d - now) for d in deadlines]])
+        for key, events in self._selector.select(wait):
+            sock = key.fileobj
+            if sock is self._listener:
+                for _ in range(2 * MAX_CLIENTS):  # drain the backlog, boundedly
+                    if not self._accept():
+                        break
+                continue
+            conn = self._connections.get(sock)  # type: ignore[call-overload]
+            if conn is None:
+                continue
+            if events & selectors.EVENT_READ:
+                self._read(conn)
+            if events & selectors.EVENT_WRITE and not conn.closing:
+                self._flush(conn)
+        now = self._clock()
+        for conn in list(self._connections.values()):
+            if now > conn.deadline_s:
+                self._expire(conn)
+        for gpu in self.gpus.values():
+            if gpu.retry_reset_s is not None and now >= gpu.retry_reset_s:
+                self._reset(gpu, "retrying a reset that failed")
+
+    # ---------------------------------------------------------------- connections
+    def _accept(self) -> bool:
+        """Accept one waiting peer and serve it or turn it away; False when none waits."""
+        assert self._listener is not None
+        try:
+            sock, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as error:  # out of descriptors: drop nothing, try again later
+            log.warning("accept failed: %s", error)
+            return False
+        try:
+            pid, uid, _gid = peer_credentials(sock)
+        except OSError:
+            sock.close()
+            return True
+        allowed = resolve_uid(self.allow)
+        if uid != allowed:
+            self.refused_peers += 1
+            if uid not in self._refusals_logged and len(self._refusals_logged) < 64:
+                self._refusals_logged.add(uid)
+                log.warning(
+                    "refused a connection from pid %d uid %d: only uid %s (%s) is served",
+                    pid,
+                    uid,
+                    allowed,
+                    self.allow,
+                )
+            self._answer_and_close(sock, "forbidden", f"uid {uid} is not allowed")
+            return True
+        if len(self._connections) >= MAX_CLIENTS:
+            self._answer_and_close(sock, "busy", f"at most {MAX_CLIENTS} connections")
+            return True
+        sock.setblocking(False)
+        lease = min(DEFAULT_LEASE_S, self.max_lease_s)
+        conn = Connection(sock, pid, uid, lease, self._clock() + lease)
+        self._connections[sock] = conn
+        self._selector.register(sock, selectors.EVENT_READ)
+        log.info("connection from pid %d (uid %d)", pid, uid)
+        return True
+
+    @staticmethod
+    def _answer_and_close(sock: socket.socket, code: str, message: str) -> None:
+        """Turn a peer away with one refusal line."""
+        try:
+            sock.setblocking(False)
+            sock.send(_line({"ok": False, "error": code, "message": message}))
+        except OSError:
+            pass
+        sock.close()
+
+    def _read(self, conn: Connection) -> None:
+        """Read what the peer sent and answer every complete line; EOF ends its lease."""
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn, reset=True, why=f"pid {conn.pid} disconnected")
+            return
+        conn.inbox += data
+        while not conn.closing:
+            end = conn.inbox.find(b"\n")
+            if end < 0:
+                if len(conn.inbox) > MAX_LINE_BYTES:
+                    self._send(
+                        conn, {"ok": False, "error": "bad_request", "message": "line too long"}
+                    )
+                    self._drop(conn, reset=True, why=f"pid {conn.pid} sent an over-long line")
+                return
+            line = bytes(conn.inbox[:end])
+            del conn.inbox[: end + 1]
+            self._send(conn, self.handle(conn, line))
+
+    def _send(self, conn: Connection, message: dict[str, Any]) -> None:
+        """Queue an answer and send what the socket takes now."""
+        conn.outbox += _line(message)
+        if len(conn.outbox) > MAX_PENDING_OUT_BYTES:
+            self._drop(conn, reset=True, why=f"pid {conn.pid} does not read its answers")
+            return
+        self._flush(conn)
+
+    def _flush(self, conn: Connection) -> None:
+        """Send queued answers; wait for writability while some remain."""
+        if conn.closing:
+            return
+        try:
+            sent = conn.sock.send(conn.outbox)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._drop(conn, reset=True, why=f"pid {conn.pid} went away")
+            return
+        del conn.outbox[:sent]
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbox else 0)
+        self._selector.modify(conn.sock, events)
+
+    def _expire(self, conn: Connection) -> None:
+        """End a lease whose deadline passed: reset its GPUs, close it."""
+        why = f"lease of pid {conn.pid} expired ({conn.lease_s:g} s without a request)"
+        self._drop(conn, reset=True, why=why)
+
+    def _drop(self, conn: Connection, *, reset: bool, why: str = "") -> None:
+        """Close ``conn``; with ``reset``, reset every GPU its lease held."""
+        if conn.closing:
+            return
+        conn.closing = True
+        self._connections.pop(conn.sock, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(conn.sock)
+        conn.sock.close()
+        held = [gpu for gpu in self.gpus.values() if gpu.holder is conn]
+        if reset:
+            for gpu in held:
+                self._reset(gpu, why)
+        if why:
+            log.info("connection closed: %s", why)
+
+    def _reset(self, gpu: Gpu, why: str) -> list[str]:
+        """Reset ``gpu`` as its lease ended; a failure frees the GPU (no lease holds it)
+        and is retried every :data:`RESET_RETRY_S` until it succeeds or a lock replaces it."""
+        label = gpu.backend.label
+        gpu.holder = None
+        try:
+            gpu.backend.reset_clocks()
+        except GpuError as error:
+            if gpu.retry_reset_s is None:
+                log.error("GPU %s: reset (%s) failed, retrying: %s", label, why, error)
+            gpu.retry_reset_s = self._clock() + RESET_RETRY_S
+            return [label]
+        if gpu.retry_reset_s is not None:
+            log.warning("GPU %s: SM clock lock reset on a retry", label)
+        gpu.held, gpu.retry_reset_s = None, None
+        log.warning("GPU %s: SM clock lock reset: %s", label, why)
+        return []
+
+    # -------------------------------------------------------------------- requests
+    def handle(self, conn: Connection, line: bytes) -> dict[str, Any]:
+        """One request line to its answer; a valid request renews the lease."""
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise Refused("bad_request", "a request is a JSON object")
+            op = request.get("op")
+            conn.deadline_s = self._clock() + conn.lease_s
+            if op == "hello":
+                return self._hello(conn, request)
+            if op == "renew":
+                return {"ok": True, "lease_s": conn.lease_s}
+            if op == "held":
+                return self._held(conn)
+            if op == "lock":
+                return self._lock(conn, request)
+            if op == "reset":
+                return self._reset_request(conn, request)
+            raise Refused("bad_request", f"unknown op {op!r}")
+        except (ValueError, RecursionError):  # RecursionError: nesting too deep
+            return {"ok": False, "error": "bad_request", "message": "not a JSON line"}
+        except Refused as refused:
+            return {"ok": False, "error": refused.code, "message": str(refused)}
+        except GpuError as error:
+            return {"ok": False, "error": error_code(error), "message": str(error)}
+        except Exception as error:  # never let one request end the process that holds leases
+            log.exception("request from pid %d failed", conn.pid)
+            return {"ok": False, "error": "gpu_error", "message": f"internal error: {error!r}"}
+
+    def _hello(self, conn: Connection, request: dict[str, Any]) -> dict[str, Any]:
+        """Grant the lease asked for, within bounds; list the GPUs served."""
+        asked = request.get("lease_s", DEFAULT_LEASE_S)
+        if isinstance(asked, bool) or not isinstance(asked, int | float) or not asked > 0:
+            raise Refused("bad_request", "lease_s must be a positive number of seconds")
+        conn.lease_s = min(max(float(asked), MIN_LEASE_S), self.max_lease_s)
+        conn.deadline_s = self._clock() + conn.lease_s
+        gpus = [
+            {"gpu": label, "uuid": g.uuid, "min_mhz": g.min_mhz, "max_mhz": g.max_mhz}
+            for label, g in self.gpus.items()
+        ]
+        return {"ok": True, "protocol": PROTOCOL, "lease_s": conn.lease_s, "gpus": gpus}
+
+    def _held(self, conn: Connection) -> dict[str, Any]:
+        """Every lock held now, and whether this connection holds it."""
+        held = {
+            label: {"min_mhz": g.held[0], "max_mhz": g.held[1], "mine": g.holder is conn}
+            for label, g in self.gpus.items()
+            if g.held is not None
+        }
+        return {"ok": True, "held": held, "lease_s": conn.lease_s}
+
+    def _gpu(self, request: dict[str, Any]) -> Gpu:
+        """The configured GPU a request names (label or UUID), else ``unknown_gpu``."""
+        name = request.get("gpu")
+        gpu = self._by_name.get(name) if isinstance(name, str) else None
+        if gpu is None:
+            raise Refused("unknown_gpu", f"GPU {name!r} is not one this actuator governs")
+        return gpu
+
+    def _owned_elsewhere(self, gpu: Gpu, conn: Connection) -> None:
+        """Refuse (``busy``) a GPU that another live lease holds."""
+        if gpu.holder is not None and gpu.holder is not conn:
+            raise Refused("busy", f"GPU {gpu.backend.label} is held by pid {gpu.holder.pid}")
+
+    def _lock(self, conn: Connection, request: dict[str, Any]) -> dict[str, Any]:
+        """Lock within the supported range, at most once per ``min_relock_s`` per GPU."""
+        gpu = self._gpu(request)
+        low, high = request.get("min_mhz"), request.get("max_mhz")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
+            raise Refused("bad_request", "min_mhz and max_mhz must be integers (MHz)")
+        assert isinstance(low, int) and isinstance(high, int)
+        if not gpu.min_mhz <= low <= high <= gpu.max_mhz:
+            raise Refused(
+                "out_of_range",
+                f"GPU {gpu.backend.label}: {low}-{high} MHz is outside its supported range "
+                f"{gpu.min_mhz}-{gpu.max_mhz} MHz (or min above max)",
+            )
+        self._owned_elsewhere(gpu, conn)
+        if gpu.holder is conn and gpu.held == (low, high):
+            return {"ok": True, "written": False}
+        now = self._clock()
+        wait = gpu.last_lock_s + self.min_relock_s - now
+        if wait > 0:
+            raise Refused("rate_limited", f"GPU {gpu.backend.label}: relocked too soon")
+        gpu.last_lock_s = now
+        gpu.holder = conn  # from here on a failure half way is reset with the lease
+        gpu.backend.lock_clocks(low, high)
+        gpu.held, gpu.retry_reset_s = (low, high), None
+        return {"ok": True, "written": True}
+
+    def _reset_request(self, conn: Connection, request: dict[str, Any]) -> dict[str, Any]:
+        """Reset a GPU this connection holds, or one no lease holds."""
+        gpu = self._gpu(request)
+        self._owned_elsewhere(gpu, conn)
+        gpu.backend.reset_clocks()
+        gpu.holder, gpu.held, gpu.retry_reset_s = None, None, None
+        return {"ok": True}
+
+
+def _line(message: dict[str, Any]) -> bytes:
+    """One answer as a JSON line."""
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def notify_systemd(state: str) -> None:
+    """``sd_notify(state)`` when systemd asked for it (``$NOTIFY_SOCKET``); else nothing."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.sendto(state.encode(), address)
+        except OSError as error:
+            log.debug("sd_notify failed: %s", error)
+
+
+# ------------------------------------------------------------------------ command
+def _gpu_list(value: str) -> list[int | str]:
+    """``--gpus``: ``all``, or NVML indices and GPU-/MIG- UUIDs separated by commas."""
+    if value.strip() == "all":
+        return ["all"]
+    items: list[int | str] = []
+    for part in value.split(","):
+        part = part.strip()
+        if part.isdigit():
+            items.append(int(part))
+        elif part.startswith(("GPU-", "MIG-")):
+            items.append(part)
+        else:
+            raise argparse.ArgumentTypeError(
+                f"GPUs are NVML indices or GPU-/MIG- UUIDs separated by commas, got {part!r}"
+            )
+    if not items:
+        raise argparse.ArgumentTypeError("name at least one GPU")
+    return items
+
+
+def _seconds(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type for a number of seconds within ``[low, high]`` (NaN refused)."""
+
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be a number of seconds, got {value!r}"
+            ) from None
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"must be within {low:g}-{high:g} s, got {value!r}")
+        return number
+
+    return parse
+
+
+def register(subparsers: Any) -> None:
+    """Add ``gpugov actuator`` to the CLI."""
+    parser = subparsers.add_parser(
+        "actuator",
+        help="serve clock locks to an unprivileged governor over a Unix socket (split mode)",
+        description=(
+            "The privileged half of the split mode: locks and resets SM clocks on the "
+            "GPUs named by --gpus for the one user --allow names, as leases that end "
+            "with the governor's connection (docs/actuator.md)."
+        ),
+    )
+    parser.add_argument(
+        "--gpus",
+        type=_gpu_list,
+        required=True,
+        metavar="LIST",
+        help="the GPUs it may lock: NVML indices or UUIDs, e.g. 0,1, or all (NVML's count)",
+    )
+    parser.add_argument(
+        "--allow",
+        required=True,
+        metavar="USER|UID",
+        help="the governor's user name or uid (checked with SO_PEERCRED)",
+    )
+    parser.add_argument(
+        "--socket",
+        default=DEFAULT_SOCKET,
+        metavar="PATH",
+        help=f"the Unix socket to serve (default {DEFAULT_SOCKET})",
+    )
+    parser.add_argument(
+        "--max-lease-s",
+        type=_seconds(MIN_LEASE_S, 600.0),
+        default=DEFAULT_MAX_LEASE_S,
+        metavar="S",
+        help=f"the longest lease a governor may ask for (default {DEFAULT_MAX_LEASE_S:g})",
+    )
+    parser.add_argument(
+        "--min-relock-s",
+        type=_seconds(0.0, 10.0),
+        default=DEFAULT_MIN_RELOCK_S,
+        metavar="S",
+        help=f"least time between two locks of one GPU (default {DEFAULT_MIN_RELOCK_S:g})",
+    )
+    parser.set_defaults(handler=run_actuator)
+
+
+def run_actuator(args: argparse.Namespace) -> int:
+    """``gpugov actuator``: open the GPUs, reset them, serve until a terminating signal,
+    reset every lock on the way out."""
+    from gpugov.daemon.nvml import NvmlBackend, nvml_device_count
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    stop: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if stop:
+            log.warning("received %s again; still stopping", signal.Signals(signum).name)
+        stop.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, on_signal)
+    backends: list[GpuBackend] = []
+    server: ActuatorServer | None = None
+    try:
+        gpus = list(range(nvml_device_count())) if args.gpus == ["all"] else args.gpus
+        for gpu in gpus:
+            backends.append(NvmlBackend(gpu))
+        server = ActuatorServer(
+            backends,
+            args.socket,
+            args.allow,
+            max_lease_s=args.max_lease_s,
+            min_relock_s=args.min_relock_s,
+        )
+        server.reset_all("actuator start: no lease holds it")
+        server.listen()
+    except PermissionDenied:
+        print(
+            "gpugov: error: the actuator needs root or CAP_SYS_ADMIN to lock clocks",
+            file=sys.stderr,
+        )
+        return _close(backends, server, ExitCode.PERMISSION)
+    except OSError as error:
+        print(
+            f"gpugov: error: {args.socket}: cannot serve: {error.strerror or error}",
+            file=sys.stderr,
+        )
+        return _close(backends, server, ExitCode.USAGE)
+    except GpugovError as error:
+        print(f"gpugov: error: {error}", file=sys.stderr)
+        return _close(backends, server, ExitCode.NO_GPU)
+    log.info(
+        "serving GPUs %s on %s for %s",
+        ", ".join(f"{label} ({g.min_mhz}-{g.max_mhz} MHz)" for label, g in server.gpus.items()),
+        args.socket,
+        args.allow,
+    )
+    if resolve_uid(args.allow) is None:
+        log.warning(
+            "user %r does not exist yet; connections are refused until it does (a systemd "
+            "DynamicUser exists only while its unit runs)",
+            args.allow,
+        )
+    notify_systemd("READY=1")
+    try:
+        server.serve(lambda: bool(stop))
+    finally:
+        notify_systemd("STOPPING=1")
+    code = _close(backends, server, ExitCode.OK)
+    if code:
+        print("gpugov: error: some GPUs could not be reset; see the log", file=sys.stderr)
+    return code
+
+
+def _close(backends: list[GpuBackend], server: ActuatorServer | None, code: int) -> int:
+    """Reset and close everything; ``code``, or 6 when a GPU could not be reset."""
+    failed = server.close() if server is not None else []
+    for backend in backends:
+        backend.close()
+    return int(ExitCode.NOT_RESET) if failed else int(code)

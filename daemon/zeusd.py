@@ -1,0 +1,262 @@
+"""``backend = "zeusd"``: clock writes through zeusd, the Zeus project's privileged daemon.
+
+For sites that already run zeusd (github.com/ml-energy/zeus, ``zeusd/``, version 0.3 or
+newer, whose GPU routes take ``gpu_ids`` as a query parameter). The governor
+reads its GPUs through NVML itself and asks zeusd, over its HTTP API on a Unix socket
+(zeusd's default) or TCP, to lock and reset the SM clock:
+
+* ``POST /gpu/set_gpu_locked_clocks?gpu_ids=I&min_clock_mhz=L&max_clock_mhz=H&block=true``
+* ``POST /gpu/reset_gpu_locked_clocks?gpu_ids=I&block=true``
+* ``GET /discover`` (whether zeusd answers; its GPU ids)
+
+with ``Authorization: Bearer TOKEN`` when zeusd requires a token. A 200 is success; a
+401 or 403 is :class:`~daemon.errors.PeerRefused`; a 400 is a refused request
+(:class:`~daemon.errors.GpuError`, or ``NotSupported`` when zeusd says so); a 5xx, a
+timeout or no answer is transient: counted, retried next tick, and the domain holds its
+fail-safe until zeusd answers again. zeusd has no lease: a lock a SIGKILLed governor
+left stays until the next start reconciles it (``docs/actuator.md``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import time
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpugov.daemon.backend import GpuBackend, GpuSample
+from gpugov.daemon.errors import (
+    GpuError,
+    GpuUnavailable,
+    NotSupported,
+    PeerRefused,
+    TransientGpuError,
+)
+
+MAX_BODY_BYTES = 64 * 1024
+PROBE_EVERY_S = 1.0
+"""While zeusd is unreachable, ``GET /discover`` at most this often to see it back."""
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP/1.1 over a Unix socket (zeusd's default transport)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class ZeusdUnavailable(TransientGpuError):
+    """zeusd did not answer (no socket, refused, timed out, a 5xx)."""
+
+
+class ZeusdClient:
+    """Requests to one zeusd, each on a fresh connection bounded by ``timeout_s``.
+
+    Args:
+        socket_path: zeusd's Unix socket, or None for TCP.
+        url: ``http://HOST:PORT`` for TCP.
+        token: the bearer token, when zeusd requires one.
+    """
+
+    def __init__(
+        self,
+        *,
+        socket_path: str | None = None,
+        url: str | None = None,
+        token: str | None = None,
+        timeout_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if (socket_path is None) == (url is None):
+            raise ValueError("give socket_path or url, one of them")
+        self.socket_path = socket_path
+        self.url = url
+        self.token = token
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self.problem: str | None = None
+        self.failures = 0
+        self._probed_s = -1e9
+
+    @classmethod
+    def from_config(cls, section: Any) -> ZeusdClient:
+        """From a :class:`~daemon.config.ZeusdBackendConfig`; reads the token file.
+
+        Raises:
+            GpuUnavailable: the token file cannot be read.
+        """
+        token = None
+        if section.token_file is not None:
+            try:
+                token = Path(section.token_file).read_text().strip()
+            except OSError as error:
+                raise GpuUnavailable(
+                    f"zeusd token file {section.token_file}: cannot read: {error.strerror or error}"
+                ) from error
+        return cls(
+            socket_path=str(section.socket) if section.socket is not None else None,
+            url=section.url,
+            token=token,
+            timeout_s=section.timeout_s,
+        )
+
+    @property
+    def where(self) -> str:
+        """zeusd's address, for messages."""
+        return self.socket_path or str(self.url)
+
+    def _connection(self) -> http.client.HTTPConnection:
+        """A fresh connection to zeusd (Unix socket or TCP)."""
+        if self.socket_path is not None:
+            return _UnixConnection(self.socket_path, self.timeout_s)
+        parts = urllib.parse.urlsplit(str(self.url))
+        return http.client.HTTPConnection(
+            parts.hostname or "127.0.0.1", parts.port, timeout=self.timeout_s
+        )
+
+    def call(self, method: str, path: str, params: dict[str, str] | None = None) -> Any:
+        """One request; the decoded JSON body (None when empty).
+
+        Raises:
+            ZeusdUnavailable: no answer, too slow, or a 5xx.
+            PeerRefused: 401 or 403.
+            NotSupported, GpuError: another refusal (a 4xx).
+        """
+        target = path + ("?" + urllib.parse.urlencode(params) if params else "")
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        connection = self._connection()
+        try:
+            connection.request(method, target, headers=headers)
+            response = connection.getresponse()
+            body = response.read(MAX_BODY_BYTES + 1)
+        except (OSError, http.client.HTTPException) as error:
+            self._failed(f"zeusd at {self.where} unreachable: {error}")
+            raise ZeusdUnavailable(str(self.problem)) from error
+        finally:
+            connection.close()
+        status = response.status
+        message = body[:MAX_BODY_BYTES].decode("utf-8", "replace").strip()
+        if status >= 500:
+            self._failed(f"zeusd at {self.where}: HTTP {status}: {message}")
+            raise ZeusdUnavailable(str(self.problem))
+        self.problem = None
+        if status in (401, 403):
+            raise PeerRefused(
+                f"zeusd at {self.where} refused: HTTP {status}: {message} (zeusd needs root "
+                "or CAP_SYS_ADMIN to lock clocks, and this governor a token for GPU control "
+                "where zeusd requires one)"
+            )
+        if status != 200:
+            kind = NotSupported if "not supported" in message.lower() else GpuError
+            raise kind(f"zeusd at {self.where}: HTTP {status}: {message}")
+        if not body:
+            return None
+        try:
+            return json.loads(body)
+        except ValueError:
+            return None
+
+    def _failed(self, problem: str) -> None:
+        """Count a failed request and keep its reason for ``check``."""
+        self.failures += 1
+        self.problem = problem
+
+    def check(self) -> str | None:
+        """Once per tick: None when zeusd took the last request; else probe
+        ``GET /discover`` at most once a second and say why writes cannot go through."""
+        if self.problem is None:
+            return None
+        now = self._clock()
+        if now - self._probed_s >= PROBE_EVERY_S:
+            self._probed_s = now
+            with contextlib.suppress(GpuError):
+                self.call("GET", "/discover")
+        return self.problem
+
+
+class ZeusdBackend:
+    """One GPU: read through ``reader`` (NVML), written through zeusd by its NVML index."""
+
+    def __init__(self, reader: GpuBackend, client: ZeusdClient) -> None:
+        self._reader = reader
+        self._client = client
+        self._closed = False
+        self._index = str(getattr(reader, "index", reader.label))
+
+    @property
+    def label(self) -> str:
+        """The reader's label."""
+        return self._reader.label
+
+    @property
+    def uuid(self) -> str | None:
+        """The GPU's UUID, from its reader."""
+        value = getattr(self._reader, "uuid", None)
+        return str(value) if value else None
+
+    @property
+    def name(self) -> str | None:
+        """The GPU's name, from its reader."""
+        value = getattr(self._reader, "name", None)
+        return str(value) if value else None
+
+    @property
+    def client(self) -> ZeusdClient:
+        """The zeusd client."""
+        return self._client
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        """The reader's supported clocks."""
+        return self._reader.supported_clocks_mhz()
+
+    def sample(self) -> GpuSample:
+        """A reading through the reader."""
+        return self._reader.sample()
+
+    def write_path_problem(self) -> str | None:
+        """Why writes cannot go through zeusd now, or None."""
+        return self._client.check()
+
+    def _write(self, path: str, params: dict[str, str], what: str) -> None:
+        """One POST for this GPU; errors name the GPU and the write."""
+        if self._closed:
+            raise GpuUnavailable(f"GPU {self.label}: backend is closed", gpu=self.label)
+        try:
+            self._client.call("POST", path, {"gpu_ids": self._index, **params, "block": "true"})
+        except GpuError as error:
+            raise type(error)(f"GPU {self.label}: {what}: {error}", gpu=self.label) from error
+
+    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None:
+        """``POST /gpu/set_gpu_locked_clocks`` for this GPU."""
+        if min_mhz > max_mhz:
+            raise GpuError(
+                f"GPU {self.label}: lock {min_mhz}-{max_mhz} MHz: min above max", gpu=self.label
+            )
+        params = {"min_clock_mhz": str(int(min_mhz)), "max_clock_mhz": str(int(max_mhz))}
+        self._write("/gpu/set_gpu_locked_clocks", params, f"lock {min_mhz}-{max_mhz} MHz")
+
+    def reset_clocks(self) -> None:
+        """``POST /gpu/reset_gpu_locked_clocks`` for this GPU."""
+        self._write("/gpu/reset_gpu_locked_clocks", {}, "reset clocks")
+
+    def close(self) -> None:
+        """Close the reader (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._reader.close()

@@ -1,0 +1,336 @@
+"""The split mode's pieces in process: the actuator server's imports, its protocol under
+the governor's client (a real Unix socket, the fake NVML), the zeusd backend against a
+fake zeusd on loopback, and the config keys of both backends."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_pynvml import FakeNvml
+from fake_zeusd import FakeZeusd
+
+import gpugov.daemon.actuator_server as actuator_server
+from gpugov.daemon.actuator import ClockActuator
+from gpugov.daemon.actuator_client import ActuatorBackend, ActuatorClient, ActuatorUnavailable
+from gpugov.daemon.actuator_server import ActuatorServer
+from gpugov.daemon.config import parse_config
+from gpugov.daemon.errors import (
+    ConfigError,
+    GpuError,
+    NotSupported,
+    PermissionDenied,
+    TransientGpuError,
+)
+from gpugov.daemon.nvml import NvmlBackend
+from gpugov.daemon.zeusd import ZeusdBackend, ZeusdClient
+
+FORBIDDEN_IMPORTS = (
+    "http",
+    "urllib.request",
+    "ssl",
+    "numba",
+    "numpy",
+    "scipy",
+    "pydantic",
+    "prometheus_client",
+    "sdnotify",
+    "gpugov.daemon.engines",
+    "gpugov.daemon.config",
+    "gpugov.controllers",
+    "gpugov.plant",
+    "gpugov.study",
+)
+
+
+def test_the_actuator_imports_nothing_it_does_not_need() -> None:
+    """``gpugov actuator`` loads no HTTP client, no numba, no engine parsing, no pydantic."""
+    code = (
+        "import sys\n"
+        "from gpugov.cli import build_parser\n"
+        "build_parser('actuator').parse_args(['actuator', '--gpus', '0', '--allow', '0'])\n"
+        "import gpugov.daemon.actuator_server, gpugov.daemon.nvml\n"
+        "print('\\n'.join(sorted(sys.modules)))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    bad = [m for m in loaded if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IMPORTS)]
+    assert not bad, bad
+    lines = Path(actuator_server.__file__).read_text().count("\n")
+    assert lines < 750, f"the actuator grew to {lines} lines; keep it readable in one sitting"
+
+
+# ---------------------------------------------------------------- the actuator
+class Served:
+    """An :class:`ActuatorServer` on a real socket, stepped by a thread."""
+
+    def __init__(self, nvml: FakeNvml, path: Path, allow: str) -> None:
+        self.backends = [NvmlBackend(i, nvml=nvml) for i in range(len(nvml.gpus))]
+        self.server = ActuatorServer(self.backends, str(path), allow, min_relock_s=0.0)
+        self.server.listen()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self.server.serve, args=(self._stop.is_set,))
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.server.close()
+        for backend in self.backends:
+            backend.close()
+
+
+@pytest.fixture
+def socket_path() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="gpugov-", dir="/tmp") as folder:
+        yield Path(folder) / "a.sock"
+
+
+def _governor(nvml: FakeNvml, path: Path) -> tuple[ActuatorClient, list[ActuatorBackend]]:
+    client = ActuatorClient(str(path), lease_s=5.0, timeout_s=2.0)
+    backends = [
+        ActuatorBackend(NvmlBackend(i, nvml=nvml), client, release=lambda c: c.close())
+        for i in range(len(nvml.gpus))
+    ]
+    return client, backends
+
+
+def test_the_clock_actuator_locks_through_the_actuator_and_again_after_a_new_lease(
+    socket_path: Path,
+) -> None:
+    import os
+
+    nvml = FakeNvml(2)
+    served = Served(nvml, socket_path, str(os.getuid()))
+    client, backends = _governor(nvml, socket_path)
+    actuator = ClockActuator(backends, domain="llm")
+    try:
+        assert actuator.write_path_problem() is None
+        assert actuator.apply(1410) == 2
+        assert [nvml.locked(i) for i in (0, 1)] == [(1410, 1410)] * 2
+        served.stop()  # the actuator goes: it resets what the lease held
+        assert [nvml.locked(i) for i in (0, 1)] == [None, None]
+        problem = actuator.write_path_problem()
+        assert problem is not None and "unreachable" in problem
+        with pytest.raises(TransientGpuError):
+            backends[0].lock_clocks(1410, 1410)
+        assert client.failures >= 2
+        served = Served(nvml, socket_path, str(os.getuid()))
+        assert actuator.write_path_problem() is None  # reconnected: a new lease
+        assert actuator.apply(1410) == 2  # written again, though the decision is unchanged
+        assert [nvml.locked(i) for i in (0, 1)] == [(1410, 1410)] * 2
+        # Refusals come back as the daemon's own errors.
+        with pytest.raises(GpuError, match="out_of_range"):
+            backends[0].lock_clocks(100, 100)
+        nvml.permission = False
+        with pytest.raises(PermissionDenied):
+            backends[1].lock_clocks(1395, 1395)
+        nvml.permission = True
+        assert actuator.restore() == []
+        assert [nvml.locked(i) for i in (0, 1)] == [None, None]
+    finally:
+        for backend in backends:
+            backend.close()
+        served.stop()
+
+
+def test_a_reset_that_fails_at_a_leases_end_is_retried_and_frees_the_gpu(
+    socket_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import time
+
+    monkeypatch.setattr(actuator_server, "RESET_RETRY_S", 0.05)
+    nvml = FakeNvml(1)
+    served = Served(nvml, socket_path, str(os.getuid()))
+    first, (gpu,) = _governor(nvml, socket_path)
+    try:
+        gpu.lock_clocks(1410, 1410)
+        nvml.fail("nvmlDeviceResetGpuLockedClocks", 10, times=2)  # NVML_ERROR_TIMEOUT
+        first.close()  # the lease ends; its reset fails twice, then succeeds
+        deadline = time.monotonic() + 10
+        while nvml.locked(0) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert nvml.locked(0) is None
+        _second, (again,) = _governor(nvml, socket_path)
+        again.lock_clocks(1395, 1395)  # not "busy": the dead lease holds nothing
+        assert nvml.locked(0) == (1395, 1395)
+        again.close()
+    finally:
+        gpu.close()
+        served.stop()
+
+
+def test_a_governor_of_another_uid_is_refused(socket_path: Path) -> None:
+    import os
+
+    nvml = FakeNvml(1)
+    served = Served(nvml, socket_path, str(os.getuid() + 1))
+    client, backends = _governor(nvml, socket_path)
+    try:
+        assert "refused" in str(client.check())
+        with pytest.raises(PermissionDenied):
+            backends[0].lock_clocks(1410, 1410)
+        assert nvml.locked(0) is None
+        assert served.server.refused_peers >= 2
+    finally:
+        backends[0].close()
+        served.stop()
+
+
+def test_a_client_timing_out_drops_its_connection(socket_path: Path) -> None:
+    """Nothing listens behind a bound socket: the request times out, the client
+    reconnects on the next call instead of reading a stale answer."""
+    import socket
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(socket_path))
+    listener.listen(4)
+    client = ActuatorClient(str(socket_path), timeout_s=0.05)
+    try:
+        with pytest.raises(ActuatorUnavailable, match="no answer within"):
+            client.request({"op": "held"})
+        assert client.problem is not None and client.failures == 1
+    finally:
+        client.close()
+        listener.close()
+
+
+# ------------------------------------------------------------------------ zeusd
+def test_zeusd_backend_speaks_zeusds_api() -> None:
+    zeusd = FakeZeusd(token="s3cret")
+    now = [0.0]
+    client = ZeusdClient(url=zeusd.url, token="s3cret", timeout_s=2, clock=lambda: now[0])
+    backend = ZeusdBackend(NvmlBackend(0, nvml=FakeNvml(1)), client)
+    try:
+        backend.lock_clocks(1410, 1410)
+        backend.reset_clocks()
+        assert zeusd.calls == [
+            (
+                "POST",
+                "/gpu/set_gpu_locked_clocks",
+                {"gpu_ids": "0", "min_clock_mhz": "1410", "max_clock_mhz": "1410", "block": "true"},
+            ),
+            ("POST", "/gpu/reset_gpu_locked_clocks", {"gpu_ids": "0", "block": "true"}),
+        ]
+        assert backend.write_path_problem() is None
+        zeusd.status = 400
+        with pytest.raises(NotSupported):
+            backend.lock_clocks(1410, 1410)
+        zeusd.status = 500
+        with pytest.raises(TransientGpuError):
+            backend.lock_clocks(1410, 1410)
+        assert backend.write_path_problem() is not None
+        zeusd.status = None
+        assert backend.write_path_problem() is not None  # probed at most once a second
+        now[0] += 1.0
+        assert backend.write_path_problem() is None  # the probe found it back
+        assert zeusd.calls[-1][:2] == ("GET", "/discover")
+        zeusd.token = "other"
+        with pytest.raises(PermissionDenied):
+            backend.reset_clocks()
+    finally:
+        backend.close()
+        zeusd.close()
+
+
+def test_zeusd_over_its_unix_socket(socket_path: Path) -> None:
+    nvml = FakeNvml(1)
+    zeusd = FakeZeusd(nvml, socket_path=str(socket_path))
+    client = ZeusdClient(socket_path=str(socket_path), timeout_s=2)
+    backend = ZeusdBackend(NvmlBackend(0, nvml=nvml), client)
+    try:
+        backend.lock_clocks(1410, 1410)
+        assert nvml.locked(0) == (1410, 1410)
+        backend.reset_clocks()
+        assert nvml.locked(0) is None
+        assert [c[1] for c in zeusd.calls] == [
+            "/gpu/set_gpu_locked_clocks",
+            "/gpu/reset_gpu_locked_clocks",
+        ]
+    finally:
+        backend.close()
+        zeusd.close()
+
+
+def test_zeusd_gone_is_transient_and_a_write_path_problem() -> None:
+    zeusd = FakeZeusd()
+    url = zeusd.url
+    zeusd.close()
+    backend = ZeusdBackend(NvmlBackend(0, nvml=FakeNvml(1)), ZeusdClient(url=url, timeout_s=0.5))
+    actuator = ClockActuator([backend], domain="llm")
+    try:
+        assert actuator.apply(1410) == 0  # transient: counted, retried next tick
+        assert actuator.write_failures["0"] == 1
+        assert "unreachable" in str(actuator.write_path_problem())
+    finally:
+        backend.close()
+
+
+# ----------------------------------------------------------------------- config
+def _config(daemon: str) -> dict[str, Any]:
+    import tomllib
+
+    return tomllib.loads(f'[daemon]\n{daemon}\n[[domains]]\nname = "a"\ngpus = [0]\n')
+
+
+@pytest.mark.parametrize(
+    ("daemon", "needle"),
+    [
+        ('backend = "actuator"\nactuator = { lease_s = 1.0 }', "at least 3 x period_s"),
+        ('backend = "actuator"\nactuator = { timeout_s = 1.0 }', "shorter than period_s"),
+        ('backend = "actuator"\nactuator = { lease = 3 }', "daemon.actuator.lease: unknown key"),
+        ('backend = "zeusd"', "needs a [daemon.zeusd] table"),
+        ('backend = "zeusd"\nzeusd = { socket = "/s", url = "http://h:1" }', "one of them"),
+        ('backend = "zeusd"\nzeusd = { url = "https://h" }', "must be http://HOST:PORT"),
+    ],
+)
+def test_bad_split_backend_configs_name_the_field(daemon: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=__import__("re").escape(needle)):
+        parse_config(_config(daemon), "g.toml")
+
+
+def test_split_backend_configs_parse() -> None:
+    config = parse_config(_config('backend = "actuator"\nperiod_s = 0.5'))
+    assert str(config.daemon.actuator.socket) == "/run/gpugov-actuator/actuator.sock"
+    assert config.daemon.actuator.lease_s == 3.0
+    zeusd = parse_config(_config('backend = "zeusd"\nzeusd = { socket = "/var/run/zeusd.sock" }'))
+    assert zeusd.daemon.zeusd is not None and zeusd.daemon.zeusd.url is None
+
+
+def test_check_config_says_whether_the_actuator_or_zeusd_answers(socket_path: Path) -> None:
+    import os
+
+    from gpugov.daemon.node_check import check_node
+
+    def config(daemon: str) -> Any:
+        return parse_config(_config(f"period_s = 0.5\n{daemon}"))
+
+    actuator = config(f'backend = "actuator"\nactuator = {{ socket = "{socket_path}" }}')
+    report = check_node(actuator, nvml=FakeNvml(1))
+    assert not report.problems
+    assert any("does not answer" in w or "unreachable" in w for w in report.warnings)
+    nvml = FakeNvml(1)
+    served = Served(nvml, socket_path, str(os.getuid()))
+    try:
+        report = check_node(actuator, nvml=nvml)
+        assert not report.problems and not report.warnings, report.warnings
+        assert any("answers; serves GPUs 0" in line for line in report.lines)
+    finally:
+        served.stop()
+    assert nvml.writes == []  # read-only: nothing locked or reset
+    zeusd = FakeZeusd()
+    try:
+        report = check_node(
+            config(f'backend = "zeusd"\nzeusd = {{ url = "{zeusd.url}" }}'), nvml=FakeNvml(1)
+        )
+        assert not report.problems and any("answers" in line for line in report.lines)
+    finally:
+        zeusd.close()
