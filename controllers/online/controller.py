@@ -139,7 +139,7 @@ class OnlineMPCController:
         tpot_slo_s: float | None = None,
         thermal_limit_c: float | None = None,
         memory_s: float = 900.0,
-        warmup_s: float = 5.0,
+        warmup_s: float = 20.0,
         uncertainty_z: float = 1.5,
         knots: int = 8,
         prior: ModelPrior | None = None,
