@@ -514,11 +514,13 @@ def load_config(path: str | Path) -> GpugovConfig:
     Raises:
         ConfigError: unreadable file, TOML syntax error, or invalid values.
     """
+    from gpugov.plant.input_files import InputFileError, read_input_text
+
     source = Path(path)
     try:
-        text = source.read_text()
-    except OSError as error:
-        raise ConfigError(f"{source}: cannot read config: {error.strerror or error}") from error
+        text = read_input_text(source, "config")
+    except InputFileError as error:
+        raise ConfigError(str(error)) from error
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:

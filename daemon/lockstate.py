@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpugov.daemon.files import write_json_atomic
+from gpugov.daemon.files import read_input_text, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,9 @@ class LockState:
     def read(self) -> dict[str, dict[str, Any]]:
         """The entries on disk (empty when the file is missing or unreadable)."""
         try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {}
+            if not self.path.exists():
+                return {}
+            data = json.loads(read_input_text(self.path, "state"))
         except (OSError, ValueError) as error:
             self._warn("read it", error)
             return {}

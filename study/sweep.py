@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gpugov import __version__
 from gpugov.daemon.cli_support import UsageError, load_trace_for_cli, simulated_controller
-from gpugov.daemon.files import json_safe
+from gpugov.daemon.files import InputFileError, json_safe, read_input_bytes, read_input_text
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile, simulate
@@ -155,9 +155,9 @@ def read_grid(path: Path) -> SweepGrid:
         UsageError: unreadable file, bad TOML, unknown key or bad value (one line).
     """
     try:
-        raw = tomllib.loads(path.read_text())
-    except OSError as error:
-        raise UsageError(f"--grid {path}: cannot read: {error.strerror or error}") from error
+        raw = tomllib.loads(read_input_text(path, "grid"))
+    except InputFileError as error:
+        raise UsageError(f"--grid {error}") from error
     except tomllib.TOMLDecodeError as error:
         raise UsageError(f"{path}: not valid TOML: {error}") from error
     try:
@@ -358,7 +358,10 @@ def read_results(path: Path, *, repair: bool = False) -> tuple[list[dict[str, An
     """
     if not path.exists():
         return [], 0
-    data = path.read_bytes()
+    try:
+        data = read_input_bytes(path, "results")
+    except InputFileError as error:
+        raise UsageError(str(error)) from error
     lines = data.split(b"\n")
     rows: list[dict[str, Any]] = []
     good_bytes = 0
@@ -582,7 +585,7 @@ def run_sweep(
     skipped = len(plan.cells) - len(todo)
     if resume:
         say(f"resuming: {skipped} of {len(plan.cells)} cells already done, {len(todo)} to run")
-    (out / GRID_COPY).write_text(grid_path.read_text())
+    (out / GRID_COPY).write_text(read_input_text(grid_path, "grid"))
     failed = 0
     with (
         results_path.open("a") as handle,
