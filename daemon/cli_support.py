@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpugov.controllers.contract import ControllerWrapper
-from gpugov.daemon import decide
+from gpugov.daemon import cli_types, decide
 from gpugov.daemon.config import FixedControllerConfig, parse_address
 from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, ControllerContext, parse_controller_spec
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
@@ -371,7 +371,7 @@ def add_safety_arguments(parser: argparse.ArgumentParser, *, prefix: str = "") -
     with a node's defaults (``safety.dwell_s`` and ``safety.floor_mhz``)."""
     parser.add_argument(
         "--dwell",
-        type=float,
+        type=cli_types.dwell,
         default=None,
         metavar="S",
         help=f"{prefix}hold a clock at least S seconds before lowering it "
@@ -379,7 +379,7 @@ def add_safety_arguments(parser: argparse.ArgumentParser, *, prefix: str = "") -
     )
     parser.add_argument(
         "--floor",
-        type=float,
+        type=cli_types.clock_mhz,
         default=None,
         metavar="MHZ",
         help=f"{prefix}never lock below MHZ (the node's safety.floor_mhz; default none)",

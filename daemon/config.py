@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from gpugov.daemon.errors import ConfigError
+from gpugov.daemon.limits import MAX_PERIOD_S, MIN_PERIOD_S
 from gpugov.plant.profile import DEFAULT_PROFILE
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -332,7 +333,7 @@ class DomainConfig(_Frozen):
 class DaemonSection(_Frozen):
     """Process-wide settings."""
 
-    period_s: Annotated[float, Field(ge=0.05, le=60.0)] = 1.0
+    period_s: Annotated[float, Field(ge=MIN_PERIOD_S, le=MAX_PERIOD_S)] = 1.0
     metrics_address: str = "127.0.0.1:9400"
     backend: Literal["nvml", "nvidia-smi", "emulated"] = "nvml"
     emulator: str | None = None

@@ -18,6 +18,7 @@ import numpy as np
 
 from gpugov.controllers.online.controller import REFERENCE_BATCH, OnlineMPCController
 from gpugov.controllers.online.identification import OnlineModel
+from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import fail
 from gpugov.daemon.config import OnlineMPCControllerConfig, load_config
 from gpugov.daemon.errors import ConfigError
@@ -267,14 +268,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             sub.add_argument("--out", required=True, metavar="DIR", help="output directory")
             sub.add_argument(
                 "--ttft-slo",
-                type=float,
+                type=cli_types.duration,
                 default=None,
                 metavar="S",
                 help="TTFT SLO for the manifest (default: the stored one)",
             )
             sub.add_argument(
                 "--tpot-slo",
-                type=float,
+                type=cli_types.duration,
                 default=None,
                 metavar="S",
                 help="TPOT SLO for the manifest (default: the stored one)",

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpugov.daemon import cli_types
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.cli_support import (
     UsageError,
@@ -622,7 +623,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     pace = run_parser.add_mutually_exclusive_group()
     pace.add_argument(
         "--speed",
-        type=float,
+        type=cli_types.speed,
         default=None,
         metavar="X",
         help=f"--simulate: simulated seconds per wall second (default {DEFAULT_SPEED:g})",
@@ -630,14 +631,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     pace.add_argument("--virtual", action="store_true", help="--simulate: run as fast as possible")
     run_parser.add_argument(
         "--duration",
-        type=float,
+        type=cli_types.duration,
         default=None,
         metavar="S",
         help="--simulate: the trace window's length in seconds (default: the whole trace)",
     )
     run_parser.add_argument(
         "--load-scale",
-        type=float,
+        type=cli_types.load_scale,
         default=1.0,
         metavar="X",
         help="--simulate: X>1 compresses inter-arrival times (more load), X<1 dilates "
@@ -651,15 +652,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     run_parser.add_argument(
         "--control-period",
-        type=float,
+        type=cli_types.period,
         default=1.0,
         metavar="S",
         help="--simulate: seconds between decisions (a node run takes daemon.period_s)",
     )
-    hidden_alias(run_parser, "--period", "control_period", float)
+    hidden_alias(run_parser, "--period", "control_period", cli_types.period)
     add_safety_arguments(run_parser, prefix="--simulate: ")
     run_parser.add_argument(
-        "--seed", type=int, default=0, help="--simulate: seed of the plant's noise (default 0)"
+        "--seed",
+        type=cli_types.seed,
+        default=0,
+        help="--simulate: seed of the plant's noise (default 0)",
     )
     run_parser.add_argument(
         "--metrics-address",
@@ -702,7 +706,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     check.add_argument(
         "--watchdog-sec",
-        type=float,
+        type=cli_types.duration,
         default=None,
         metavar="S",
         help="check daemon.period_s against a unit's WatchdogSec= of S seconds (default: "
@@ -739,7 +743,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     rep.add_argument("file", metavar="FILE.jsonl", help="a recording from run --record")
     rep.add_argument("--controller", required=True, help=CONTROLLER_SPEC_HELP)
     rep.add_argument("--profile", default=None, help="profile for mpc (default: the recording's)")
-    rep.add_argument("--show", type=int, default=10, help="differences to list")
+    rep.add_argument(
+        "--show", type=cli_types.nonnegative_int, default=10, help="differences to list"
+    )
     rep.set_defaults(handler=cmd_replay)
 
 

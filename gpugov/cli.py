@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from gpugov import __version__
 
@@ -49,6 +50,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
 EXIT_INTERRUPTED = 130
 """Exit code after Ctrl-C (128 + SIGINT), as shells report it."""
 
+EXIT_USAGE = 2
+"""Exit code of a usage error (argparse's, and every command's)."""
+
+
+class GpugovArgumentParser(argparse.ArgumentParser):
+    """argparse with gpugov's one error line: ``gpugov: error: COMMAND: MESSAGE`` and exit
+    2, the same shape as every other refusal (argparse's own prints the usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print one error line naming the command and where its help is; exit 2."""
+        command = self.prog.removeprefix("gpugov").strip()
+        where = f"{command}: " if command else ""
+        hint = f"gpugov {command} --help" if command else "gpugov --help"
+        self.exit(EXIT_USAGE, f"gpugov: error: {where}{message} (see {hint})\n")
+
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``gpugov`` parser; with ``command``, only that command's module is imported.
@@ -56,7 +72,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     Without ``command`` every command module registers itself (the full parser, for tests
     and documentation); the commands not loaded appear in ``--help`` from ``COMMANDS``.
     """
-    parser = argparse.ArgumentParser(
+    parser = GpugovArgumentParser(
         prog="gpugov",
         description="Serving-aware GPU clock governor and its simulated serving plant.",
     )
@@ -100,7 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _command_in(argv)
     parser = build_parser(None if command == "?" else command)
     try:
-        args = parser.parse_args(argv)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as done:  # --help, --version, or the one usage-error line
+            return done.code if isinstance(done.code, int) else EXIT_USAGE
         code = int(args.handler(args))
         sys.stdout.flush()  # a closed pipe raises here, inside the handler below
         return code

@@ -170,7 +170,9 @@ def decode_input_text(source: str | os.PathLike[str], data: bytes, kind: str) ->
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
         raise InputFileError(
-            source, line, f"not UTF-8 text ({error.reason} at byte {error.start}); not a {kind} file"
+            source,
+            line,
+            f"not UTF-8 text ({error.reason} at byte {error.start}); not a {kind} file",
         ) from error
 
 

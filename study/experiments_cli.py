@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from gpugov import __version__
+from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import (
     UsageError,
     check_workload_fits,
@@ -725,22 +726,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--start",
-        type=float,
+        type=cli_types.offset,
         default=0.0,
         metavar="S",
         help="evaluation window start, seconds after the trace's first arrival",
     )
     parser.add_argument(
         "--duration",
-        type=float,
+        type=cli_types.duration,
         default=DEFAULT_WINDOW_S,
         metavar="S",
         help=f"evaluation window length in seconds (default {DEFAULT_WINDOW_S:g})",
     )
-    hidden_alias(parser, "--window", "duration", float)
+    hidden_alias(parser, "--window", "duration", cli_types.duration)
     parser.add_argument(
         "--animation",
-        type=float,
+        type=cli_types.duration,
         default=DEFAULT_ANIMATION_S,
         metavar="S",
         help="modelling-run length, the evaluation window's first S seconds "

@@ -11,6 +11,9 @@ from collections import Counter
 from pathlib import Path
 from types import FrameType
 
+from gpugov.daemon import cli_types
+from gpugov.daemon.limits import MAX_CONCURRENCY
+
 
 def cmd_load(args: argparse.Namespace) -> int:
     """Replay the trace window, print the summary, optionally write JSON."""
@@ -113,14 +116,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--load-scale",
-        type=float,
+        type=cli_types.load_scale,
         default=1.0,
         metavar="X",
         help="arrival-rate multiplier (2 halves every gap; default 1)",
     )
     parser.add_argument(
         "--duration",
-        type=float,
+        type=cli_types.duration,
         default=None,
         metavar="S",
         help="trace window length in trace seconds (default: the whole trace)",
@@ -133,7 +136,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--start",
-        type=float,
+        type=cli_types.offset,
         default=0.0,
         metavar="S",
         help="trace window start in trace seconds (default 0)",
@@ -149,28 +152,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--max-model-len",
-        type=int,
+        type=cli_types.positive_int,
         default=None,
         metavar="N",
         help="clip prompt + output to N tokens (for models shorter than the trace's requests)",
     )
     parser.add_argument(
         "--max-concurrency",
-        type=int,
+        type=cli_types.count(1, MAX_CONCURRENCY),
         default=256,
         metavar="N",
         help="requests in flight at most (default 256)",
     )
     parser.add_argument(
         "--request-timeout",
-        type=float,
+        type=cli_types.duration,
         default=600.0,
         metavar="S",
         help="one request's timeout (default 600)",
     )
     parser.add_argument(
         "--drain",
-        type=float,
+        type=cli_types.duration,
         default=120.0,
         metavar="S",
         help="wait at most this long after the last arrival (default 120)",

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import (
     CONTROLLER_HELP,
     UsageError,
@@ -237,7 +238,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     sim.add_argument(
         "--control-period",
-        type=float,
+        type=cli_types.period,
         default=1.0,
         metavar="S",
         help="seconds between controller decisions (default 1)",
@@ -245,21 +246,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_safety_arguments(sim)
     sim.add_argument(
         "--start",
-        type=float,
+        type=cli_types.offset,
         default=0.0,
         metavar="S",
         help="window start, seconds after the trace's first arrival",
     )
     sim.add_argument(
         "--duration",
-        type=float,
+        type=cli_types.duration,
         default=None,
         metavar="S",
         help="window length in seconds (default: the whole trace)",
     )
     sim.add_argument(
         "--load-scale",
-        type=float,
+        type=cli_types.load_scale,
         default=1.0,
         metavar="X",
         help="X>1 compresses inter-arrival times (more load), X<1 dilates; "
@@ -272,10 +273,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="replay a grid-quantised trace's timestamps as written (default: "
         "spread each batch over its grid step, e.g. Mooncake's 3 s)",
     )
-    sim.add_argument("--seed", type=int, default=0, help="seed of the latency noise (default 0)")
+    sim.add_argument(
+        "--seed", type=cli_types.seed, default=0, help="seed of the latency noise (default 0)"
+    )
     sim.add_argument(
         "--latency-noise",
-        type=float,
+        type=cli_types.latency_noise,
         default=0.0,
         metavar="CV",
         help="coefficient of variation of iteration-time jitter (seeded)",
@@ -288,7 +291,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     sim.add_argument(
         "--stride",
-        type=int,
+        type=cli_types.positive_int,
         default=10,
         help="keep every N-th series sample in the JSON (default 10)",
     )

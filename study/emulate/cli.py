@@ -8,6 +8,9 @@ import sys
 import threading
 from types import FrameType
 
+from gpugov.daemon import cli_types
+from gpugov.daemon.limits import MAX_EMULATED_GPUS
+
 
 def cmd_emulate(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; print the URL once listening."""
@@ -100,14 +103,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--gpus",
-        type=int,
+        type=cli_types.count(1, MAX_EMULATED_GPUS),
         default=1,
         metavar="N",
         help="emulated GPUs, one data-parallel engine replica each (default 1)",
     )
     parser.add_argument(
         "--seed",
-        type=int,
+        type=cli_types.seed,
         default=0,
         help="seeds the plants and the end-of-sequence draws (default 0)",
     )
@@ -119,7 +122,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--speed",
-        type=float,
+        type=cli_types.speed,
         default=1.0,
         metavar="X",
         help="plant seconds per wall second (default 1, real time; >1 is a test mode: "

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import UsageError, fail, parse_gpu_list
 from gpugov.daemon.errors import ExitCode
 
@@ -288,7 +289,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     which = parser.add_mutually_exclusive_group()
     which.add_argument(
         "--clocks",
-        type=int,
+        type=cli_types.count(2, 1000),
         default=None,
         metavar="N",
         help="measure N supported clocks spread from max to min (default 8)",
@@ -301,7 +302,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--dwell",
-        type=float,
+        type=cli_types.duration,
         default=2.0,
         metavar="S",
         help="idle power window per clock in seconds (default 2)",
@@ -319,28 +320,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--reference-batch",
-        type=int,
+        type=cli_types.count(1, 1_000_000),
         default=64,
         metavar="B",
         help="decode reference batch of the profile's decode columns (default 64)",
     )
     parser.add_argument(
         "--reference-context",
-        type=int,
+        type=cli_types.count(1, 100_000_000),
         default=1024,
         metavar="TOKENS",
         help="decode reference context per sequence (default 1024)",
     )
     parser.add_argument(
         "--ttft-slo",
-        type=float,
+        type=cli_types.duration,
         default=1.0,
         metavar="S",
         help="TTFT SLO written into the manifest (default 1.0)",
     )
     parser.add_argument(
         "--tpot-slo",
-        type=float,
+        type=cli_types.duration,
         default=0.05,
         metavar="S",
         help="TPOT SLO written into the manifest (default 0.05)",
