@@ -779,11 +779,11 @@ def _run_entry(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one of this module's commands (for tests and ``python -m daemon.node_cli``)."""
-    parser = argparse.ArgumentParser(prog="gpugov")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.handler(args))
+    """Run one of this module's commands (for tests and ``python -m daemon.node_cli``),
+    through the ``gpugov`` entry point (its one error line and exit codes)."""
+    from gpugov.cli import main as gpugov_main
+
+    return gpugov_main(argv)
 
 
 if __name__ == "__main__":

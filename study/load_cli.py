@@ -17,7 +17,13 @@ from gpugov.daemon.limits import MAX_CONCURRENCY
 
 def cmd_load(args: argparse.Namespace) -> int:
     """Replay the trace window, print the summary, optionally write JSON."""
-    from gpugov.daemon.cli_support import UsageError, fail, load_trace_for_cli, require_positive
+    from gpugov.daemon.cli_support import (
+        UsageError,
+        check_output_file,
+        fail,
+        load_trace_for_cli,
+        require_positive,
+    )
     from gpugov.daemon.errors import ExitCode
     from gpugov.daemon.progress import Progress
     from gpugov.study.load import format_report, run_load, summarize
@@ -27,6 +33,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     if args.max_concurrency < 1:
         raise UsageError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
+    check_output_file("--json", args.json)
     try:
         base_url(args.url)
         model = args.model or served_model(args.url)
@@ -56,8 +63,11 @@ def cmd_load(args: argparse.Namespace) -> int:
         flush=True,
     )
     stop = threading.Event()
+    interrupted = threading.Event()
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            interrupted.set()
         stop.set()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -87,11 +97,19 @@ def cmd_load(args: argparse.Namespace) -> int:
     print(format_report(summary))
     if args.json:
         path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(summary, indent=2) + "\n")
+        try:
+            path.write_text(json.dumps(summary, indent=2) + "\n")
+        except OSError as error:
+            return fail(f"--json {path}: cannot write: {error.strerror or error}", ExitCode.FAILURE)
     if summary["requests_sent"] and not summary["requests_completed"]:
         first = next(iter(summary["errors"]), "no request finished")
         return fail(f"no request completed against {args.url}: {first}", ExitCode.FAILURE)
+    if interrupted.is_set():
+        print(
+            f"gpugov: interrupted after {summary['requests_sent']} of {len(workload)} requests",
+            file=sys.stderr,
+        )
+        return ExitCode.INTERRUPTED
     return ExitCode.INTERRUPTED if stop.is_set() else ExitCode.OK
 
 

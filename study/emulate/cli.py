@@ -58,8 +58,11 @@ def cmd_emulate(args: argparse.Namespace) -> int:
             f"--address {args.address}: cannot listen: {error.strerror or error}"
         ) from error
     stop = threading.Event()
+    interrupted = threading.Event()
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            interrupted.set()
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -75,6 +78,9 @@ def cmd_emulate(args: argparse.Namespace) -> int:
             pass
     finally:
         server.close()
+    if interrupted.is_set():  # Ctrl-C: the one exit code and line of every command
+        print("gpugov: interrupted", file=sys.stderr, flush=True)
+        return 130
     print("gpugov emulate: stopped", file=sys.stderr, flush=True)
     return 0
 

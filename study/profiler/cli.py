@@ -89,7 +89,7 @@ def _check_load(record: dict[str, Any]) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """Run the sweep (or the dry run) and write the profile; one line per failure."""
-    from gpugov.daemon.cli_support import UsageError, require_positive
+    from gpugov.daemon.cli_support import UsageError, prepare_output_dir, require_positive
     from gpugov.daemon.errors import (
         GpugovError,
         GpuLost,
@@ -121,6 +121,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     gpus = _gpus(args.gpus)
+    prepare_output_dir("--out", args.out)
     try:
         model = served_model(args.engine_url)
     except EngineUnreachable as error:
@@ -200,10 +201,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
             backend=args.backend,
         )
     except Interrupted:
-        return fail(
-            f"interrupted; clocks reset; rerun with --resume to continue ({out_dir})",
-            EXIT_INTERRUPTED,
+        print(
+            f"gpugov: interrupted; clocks reset; rerun with --resume to continue ({out_dir})",
+            file=sys.stderr,
         )
+        return EXIT_INTERRUPTED
     except ProfileRunError as error:
         return fail(f"{error}; clocks reset", EXIT_RUNTIME)
     except PermissionDenied as error:

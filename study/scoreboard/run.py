@@ -751,7 +751,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         from gpugov.study.runners import import_ray
 
         import_ray()  # --ray without Ray installed: the install hint, before any work
-    prepare_output_dir("--out", args.out)
+    prepare_output_dir("--out", args.out, parents=args.out == str(DEFAULT_OUT))
     bar = Progress(config.scenario_count(), "bench controllers", unit="scenarios")
     done, last = 0, ""
 
