@@ -70,7 +70,7 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["status", "--engine-url", "http://127.0.0.1:99999/metrics"], "valid port"),
         (["bench", "controllers", "--traces", "nosuch"], "unknown trace 'nosuch'"),
         (["bench", "controllers", "--jobs", "0"], "argument --jobs: must be an integer in [1, "),
-        (["experiments", "--out", "/dev/null/x"], "--out /dev/null/x: /dev/null is not a directory"),
+        (["experiments", "--out", "/dev/null/x"], "/dev/null is not a directory"),
     ],
 )
 def test_bad_input_is_one_line(
