@@ -91,8 +91,14 @@ def check_fixed_clock(config: object, low_mhz: float, high_mhz: float, spec: str
         )
 
 
-def check_engine_url(url: str) -> None:
-    """Refuse an engine URL that is not ``http(s)://HOST[:PORT]/...`` (one line)."""
+def check_engine_url(
+    url: str,
+    *,
+    flag: str = "--engine-url",
+    example: str = "http://127.0.0.1:8000/metrics",
+) -> None:
+    """Refuse an engine URL that is not ``http(s)://HOST[:PORT]/...`` (one line naming
+    ``flag``)."""
     from urllib.parse import urlsplit
 
     try:
@@ -102,9 +108,9 @@ def check_engine_url(url: str) -> None:
         port_ok = False
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        shown = url if len(url) <= 200 else f"{url[:200]}..."
         raise UsageError(
-            f"--engine-url {url}: not an http(s) URL with a host and a valid port, such as "
-            "http://127.0.0.1:8000/metrics"
+            f"{flag} {shown}: not an http(s) URL with a host and a valid port, such as {example}"
         )
 
 

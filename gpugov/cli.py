@@ -8,6 +8,7 @@ and a one-line help. ``gpugov --help`` lists the table without importing any com
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -52,6 +53,20 @@ EXIT_INTERRUPTED = 130
 
 EXIT_USAGE = 2
 """Exit code of a usage error (argparse's, and every command's)."""
+
+PATH_ERRNOS = frozenset(
+    {
+        errno.ENAMETOOLONG,
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.EACCES,
+        errno.EPERM,
+        errno.ELOOP,
+        errno.EROFS,
+    }
+)
+"""OSError numbers that mean a path the user gave cannot be used (a usage error)."""
 
 
 class GpugovArgumentParser(argparse.ArgumentParser):
@@ -106,6 +121,19 @@ def _command_in(argv: Sequence[str]) -> str:
     return ""
 
 
+def _empty_value(argv: Sequence[str]) -> str | None:
+    """The flag (or ``argument N``) given an empty or blank value, if any: no gpugov
+    flag takes one, and each would otherwise mean something else (the default, the
+    current directory)."""
+    for index, word in enumerate(argv):
+        if word.startswith("--") and "=" in word and not word.split("=", 1)[1].strip():
+            return f"argument {word.split('=', 1)[0]}"
+        if not word.strip():
+            before = argv[index - 1] if index else ""
+            return f"argument {before}" if before.startswith("-") else f"argument {index + 1}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; return the exit code.
 
@@ -113,6 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     profiles --json | head``) ends it quietly (the Python docs' SIGPIPE recipe).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    empty = _empty_value(argv)
+    if empty is not None:
+        print(f"gpugov: error: {empty}: empty value", file=sys.stderr)
+        return EXIT_USAGE
     command = _command_in(argv)
     parser = build_parser(None if command == "?" else command)
     try:
@@ -138,6 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if isinstance(error, cli_support.INPUT_ERRORS):
             return cli_support.fail(str(error))
+        if isinstance(error, OSError) and error.filename is not None:
+            # A path the command could not use (too long, not a directory, ...): one
+            # line naming it; exit 2 when the path was the user's to fix.
+            name = str(error.filename)
+            shown = name if len(name) <= 200 else f"{name[:200]}..."
+            code = EXIT_USAGE if error.errno in PATH_ERRNOS else 1
+            return cli_support.fail(f"{shown}: {error.strerror or error}", code)
         raise
 
 

@@ -32,6 +32,17 @@ def _gpus(text: str) -> list[int | str]:
     return gpus
 
 
+def _clock_list(text: str) -> tuple[int, ...]:
+    """``--clock-list``: clocks in MHz, positive integers separated by commas."""
+    try:
+        clocks = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        clocks = ()
+    if not clocks or any(clock <= 0 for clock in clocks):
+        raise UsageError(f"--clock-list {text[:80]!r}: expected MHz,MHz,... (positive integers)")
+    return clocks
+
+
 def _max_model_len(url: str) -> int | None:
     """``max_model_len`` from ``GET /v1/models`` when the server says it (vLLM does)."""
     import http.client
@@ -89,7 +100,12 @@ def _check_load(record: dict[str, Any]) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """Run the sweep (or the dry run) and write the profile; one line per failure."""
-    from gpugov.daemon.cli_support import UsageError, prepare_output_dir, require_positive
+    from gpugov.daemon.cli_support import (
+        UsageError,
+        check_engine_url,
+        prepare_output_dir,
+        require_positive,
+    )
     from gpugov.daemon.errors import (
         GpugovError,
         GpuLost,
@@ -121,6 +137,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     gpus = _gpus(args.gpus)
+    wanted_clocks = _clock_list(args.clock_list) if args.clock_list else None
+    for flag, url in (("--engine-url", args.engine_url), ("--emulator", args.emulator)):
+        if url is not None:
+            check_engine_url(url, flag=flag, example="http://127.0.0.1:8000")
     prepare_output_dir("--out", args.out)
     try:
         model = served_model(args.engine_url)
@@ -137,11 +157,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return fail(f"{error}", EXIT_NO_GPU)
     try:
         supported = backends[0].supported_clocks_mhz()
-        if args.clock_list:
-            try:
-                clocks = tuple(int(c) for c in args.clock_list.split(","))
-            except ValueError as error:
-                raise UsageError(f"--clock-list {args.clock_list}: expected MHz,MHz,...") from error
+        if wanted_clocks is not None:
+            clocks = wanted_clocks
             bad = [c for c in clocks if c not in supported]
             if bad:
                 raise UsageError(
