@@ -570,6 +570,10 @@ def _num(value: float | None, unit: str) -> str:
 def cmd_replay(args: argparse.Namespace) -> int:
     """``gpugov replay FILE.jsonl --controller X``."""
     header, _ = read_recording(args.file, warn=lambda message: None)
+    if args.profile is not None:
+        from gpugov.plant import load_profile
+
+        load_profile(args.profile)  # a bad --profile is refused even when unused
     try:
         spec = parse_controller_spec(
             args.controller, default_profile=args.profile or header.get("profile")

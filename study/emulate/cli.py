@@ -29,6 +29,12 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     if args.gpus < 1:
         raise UsageError(f"--gpus must be >= 1, got {args.gpus}")
     require_positive("--speed", args.speed)
+    name = args.served_model_name
+    if not name.isprintable() or len(name) > 256:
+        raise UsageError(
+            f"--served-model-name {name[:80]!r}: a model id is printable text of at most "
+            "256 characters"
+        )
     fault, lost_after = "none", None
     if args.fault.startswith("lost-after:"):
         try:

@@ -138,6 +138,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     gpus = _gpus(args.gpus)
     wanted_clocks = _clock_list(args.clock_list) if args.clock_list else None
+    if args.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.name):
+        raise UsageError(
+            f"--name {args.name[:80]!r}: a profile name is a file stem: letters, digits, "
+            "'.', '_' and '-', at most 100 characters"
+        )
     for flag, url in (("--engine-url", args.engine_url), ("--emulator", args.emulator)):
         if url is not None:
             check_engine_url(url, flag=flag, example="http://127.0.0.1:8000")
