@@ -221,3 +221,47 @@ def test_all_interfaces_metrics_address_warns(
         "gpugov: warning: metrics address 0.0.0.0:0 exposes /metrics on every network "
         "interface; use 127.0.0.1 or one interface's address unless that is intended"
     ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["simulate", "--out", "/proc/version"], "--out /proc/version: cannot write in /proc"),
+        (["simulate", "--out", "/dev/zero"], "--out /dev/zero: not a regular file"),
+        (["simulate", "--plot", "{tmp}"], "is a directory; give a file name"),
+        (["simulate", "--out", "{tmp}/missing/x.json"], "does not exist (create it first)"),
+        (
+            ["load", "--trace", "{trace}", "--url", "http://127.0.0.1:9", "--model", "m",
+             "--json", "{tmp}/missing/x.json"],
+            "--json {tmp}/missing/x.json: directory {tmp}/missing does not exist",
+        ),
+        (["experiments", "--out", "{tmp}/missing/out"], "does not exist (create it first)"),
+        (["experiments", "--out", "/dev/zero"], "exists and is not a directory"),
+    ],
+)  # fmt: skip
+def test_outputs_are_checked_before_the_work_and_no_parent_is_created(
+    argv: list[str], expected: str, tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    filled = [a.format(tmp=tmp_path, trace=trace) for a in argv]
+    assert main(filled) == 2
+    assert expected.format(tmp=tmp_path) in _one_error_line(capsys)
+    assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["simulate", "--seed", "-1"], "--seed"),
+        (["simulate", "--latency-noise", "1e6"], "--latency-noise"),
+        (["simulate", "--control-period", "1e-9"], "--control-period"),
+        (["run", "--simulate", "--control-period", "1e-9"], "--control-period"),
+        (["load", "--start", "-5", "--trace", "x", "--url", "http://127.0.0.1:9"], "--start"),
+        (["emulate", "--gpus", "100000", "--profile", "h100-sxm-llama3-8b"], "--gpus"),
+        (["simulate", "--trace", ""], "--trace"),
+    ],
+)
+def test_numbers_are_refused_by_the_parser(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert f"argument {flag}: " in _one_error_line(capsys)

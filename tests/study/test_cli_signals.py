@@ -74,3 +74,17 @@ def test_closed_stdout_exits_quietly() -> None:
     stderr = process.stderr.read()
     assert process.wait(timeout=60) == 1
     assert stderr == ""
+
+
+def test_sigint_on_a_simulated_run_says_where_it_stopped() -> None:
+    process = _start(["run", "--simulate", "--speed", "30", "--metrics-address", "none"])
+    code, stderr, seconds = _interrupt_after(process, "run --simulate:")
+    assert code == 130, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.rstrip().splitlines()
+    assert lines[-1].startswith("gpugov: interrupted at "), lines
+    stopped_at = float(lines[-1].split()[3].replace(",", ""))
+    total = float(lines[-1].split()[5].replace(",", ""))
+    assert stopped_at < total
+    assert "100.0%" not in lines[-2]  # the last progress line shows where it stopped
+    assert all(line.startswith("run --simulate:") for line in lines[:-1]), lines
