@@ -78,7 +78,7 @@ def test_closed_stdout_exits_quietly() -> None:
 
 def test_sigint_on_a_simulated_run_says_where_it_stopped() -> None:
     process = _start(["run", "--simulate", "--speed", "30", "--metrics-address", "none"])
-    code, stderr, seconds = _interrupt_after(process, "run --simulate:")
+    code, stderr, _ = _interrupt_after(process, "run --simulate:")
     assert code == 130, stderr
     assert "Traceback" not in stderr
     lines = stderr.rstrip().splitlines()
