@@ -356,7 +356,12 @@ def _names_the_input(line: str, case: Case) -> bool:
     return any(name in line for name in names) or (len(value) > 1 and value[:200] in line)
 
 
-def test_every_flag_refuses_the_catalogue(files: Files, tmp_path: Path) -> None:
+def test_every_flag_refuses_the_catalogue(
+    files: Files, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # a blank path must not mean "here": nothing may appear in it
     base = bases(files, tmp_path)
     failures: list[str] = []
     cases = all_cases(files)
@@ -387,6 +392,7 @@ def test_every_flag_refuses_the_catalogue(files: Files, tmp_path: Path) -> None:
         if problem:
             failures.append(f"{case.command} {case.flag} {case.value[:40]!r}: {problem}")
     assert not failures, "\n".join(failures)
+    assert list(cwd.iterdir()) == []
 
 
 def test_the_catalogue_covers_every_kind(files: Files) -> None:
