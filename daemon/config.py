@@ -515,7 +515,7 @@ def load_config(path: str | Path) -> GpugovConfig:
     Raises:
         ConfigError: unreadable file, TOML syntax error, or invalid values.
     """
-    from gpugov.plant.input_files import InputFileError, read_input_text
+    from gpugov.plant.input_files import InputFileError, loads_toml, read_input_text
 
     source = Path(path)
     try:
@@ -523,7 +523,7 @@ def load_config(path: str | Path) -> GpugovConfig:
     except InputFileError as error:
         raise ConfigError(str(error)) from error
     try:
-        data = tomllib.loads(text)
+        data = loads_toml(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{source}: not valid TOML: {error}") from error
     return parse_config(data, str(source))

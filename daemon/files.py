@@ -16,6 +16,8 @@ from typing import Any
 from gpugov.plant.input_files import (
     FILE_LIMITS,
     InputFileError,
+    loads_json,
+    loads_toml,
     read_input_bytes,
     read_input_text,
     read_input_text_and_digest,
@@ -81,6 +83,8 @@ __all__ = [
     "STATE_DIR_ENV",
     "InputFileError",
     "json_safe",
+    "loads_json",
+    "loads_toml",
     "read_input_bytes",
     "read_input_text",
     "read_input_text_and_digest",

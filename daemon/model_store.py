@@ -32,7 +32,13 @@ from typing import Any
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.online.identification import MODEL_VERSION
-from gpugov.daemon.files import InputFileError, json_safe, read_input_text, write_json_atomic
+from gpugov.daemon.files import (
+    InputFileError,
+    json_safe,
+    loads_json,
+    read_input_text,
+    write_json_atomic,
+)
 from gpugov.plant.types import MPCDiagnostics, ServingObservation
 
 log = logging.getLogger("gpugov.model")
@@ -83,7 +89,7 @@ def read_stored(path: Path) -> dict[str, Any]:
     except InputFileError as error:
         raise StoredModelError(str(error)) from error
     try:
-        payload = json.loads(text)
+        payload = loads_json(text)
     except json.JSONDecodeError as error:
         raise StoredModelError(
             f"{path}:{error.lineno}: not valid JSON ({error.msg}); partial write?"

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from gpugov import __version__
 from gpugov.daemon.errors import GpugovError
-from gpugov.daemon.files import InputFileError, json_safe, read_input_text
+from gpugov.daemon.files import InputFileError, json_safe, loads_json, read_input_text
 from gpugov.daemon.loop import TickRecord
 from gpugov.plant.types import ServingObservation
 
@@ -129,7 +129,7 @@ def read_recording(
     rows = []
     for number, line in enumerate(lines, start=1):
         try:
-            rows.append(json.loads(line))
+            rows.append(loads_json(line))
         except json.JSONDecodeError as error:
             if number == len(lines) and number > 1:
                 message = (

@@ -13,10 +13,13 @@ profiles) and the controllers' plan loader use it; ``gpugov.daemon.files`` re-ex
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -186,6 +189,25 @@ def read_input_text(path: str | os.PathLike[str], kind: str) -> str:
     return decode_input_text(path, read_input_bytes(path, kind), kind)
 
 
+def loads_json(text: str | bytes) -> Any:
+    """``json.loads``, with nesting too deep for the parser (``[[[[...`` thousands deep)
+    reported as the decode error every caller already handles, not a RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        shown = text if isinstance(text, str) else text.decode("utf-8", "replace")
+        raise json.JSONDecodeError("nested too deeply", shown, 0) from None
+
+
+def loads_toml(text: str) -> dict[str, Any]:
+    """``tomllib.loads``, with nesting too deep for the parser reported as a
+    ``TOMLDecodeError`` rather than a RecursionError."""
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise tomllib.TOMLDecodeError("nested too deeply") from None
+
+
 def read_input_text_and_digest(path: str | os.PathLike[str], kind: str) -> tuple[str, str]:
     """The text of the ``kind`` input file at ``path`` and the sha256 of its bytes."""
     data = read_input_bytes(path, kind)
@@ -197,6 +219,8 @@ __all__ = [
     "FileLimits",
     "InputFileError",
     "decode_input_text",
+    "loads_json",
+    "loads_toml",
     "read_input_bytes",
     "read_input_text",
     "read_input_text_and_digest",

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from gpugov.plant.input_files import InputFileError, read_input_text_and_digest
+from gpugov.plant.input_files import InputFileError, loads_json, read_input_text_and_digest
 
 Phase = Literal["prefill", "decode", "idle"]
 
@@ -457,7 +457,7 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
     manifest_path = resolve_profile_path(name_or_path)
     manifest_text, manifest_sha256 = _read_profile_file(manifest_path)
     try:
-        manifest = json.loads(manifest_text)
+        manifest = loads_json(manifest_text)
     except json.JSONDecodeError as error:
         raise ProfileError(
             f"{manifest_path}:{error.lineno}: manifest is not valid JSON: {error.msg}"

@@ -51,7 +51,14 @@ from gpugov.daemon.cli_support import (
     prepare_output_dir,
     simulated_controller,
 )
-from gpugov.daemon.files import InputFileError, json_safe, read_input_bytes, read_input_text
+from gpugov.daemon.files import (
+    InputFileError,
+    json_safe,
+    loads_json,
+    loads_toml,
+    read_input_bytes,
+    read_input_text,
+)
 from gpugov.daemon.limits import (
     MAX_CLOCK_MHZ,
     MAX_LATENCY_NOISE,
@@ -184,7 +191,7 @@ def read_grid(path: Path) -> SweepGrid:
         UsageError: unreadable file, bad TOML, unknown key or bad value (one line).
     """
     try:
-        raw = tomllib.loads(read_input_text(path, "grid"))
+        raw = loads_toml(read_input_text(path, "grid"))
     except InputFileError as error:
         raise UsageError(f"--grid {error}") from error
     except tomllib.TOMLDecodeError as error:
@@ -446,7 +453,7 @@ def read_results(path: Path, *, repair: bool = False) -> tuple[list[dict[str, An
             good_bytes += len(line) + 1
             continue
         try:
-            row = json.loads(line)
+            row = loads_json(line)
             if not isinstance(row, dict) or "key" not in row:
                 raise ValueError("not a sweep row")
         except ValueError as error:

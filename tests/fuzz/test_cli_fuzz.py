@@ -53,6 +53,8 @@ class Files:
     empty: Path
     binary: Path
     long_line: Path
+    deep_json: Path
+    deep_toml: Path
     fifo: Path
     directory: Path
     missing: Path
@@ -113,6 +115,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
     binary.write_bytes(bytes(range(256)) * 4)
     long_line = root / "long-line"
     long_line.write_text("x" * (17 << 20))
+    deep_json = root / "deep.json"
+    deep_json.write_text("[" * 30_000 + "]" * 30_000)
+    deep_toml = root / "deep.toml"
+    deep_toml.write_text("a = " + "[" * 30_000 + "]" * 30_000)
     fifo = root / "fifo"
     os.mkfifo(fifo)
     directory = root / "a-directory"
@@ -127,6 +133,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
         empty=empty,
         binary=binary,
         long_line=long_line,
+        deep_json=deep_json,
+        deep_toml=deep_toml,
         fifo=fifo,
         directory=directory,
         missing=root / "no-such-file",
@@ -146,6 +154,8 @@ def input_files(f: Files) -> list[str]:
         str(f.empty),
         str(f.binary),
         str(f.long_line),
+        str(f.deep_json),
+        str(f.deep_toml),
         "/dev/zero",
         str(f.fifo),
         str(f.directory),

@@ -109,3 +109,16 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_the_config_loader_uses_it() -> None:
     with pytest.raises(ConfigError, match=r"^/dev/zero: is a device, not a config file$"):
         load_config("/dev/zero")
+
+
+def test_nesting_too_deep_is_a_decode_error() -> None:
+    import json
+    import tomllib
+
+    from gpugov.plant.input_files import loads_json, loads_toml
+
+    with pytest.raises(json.JSONDecodeError, match="nested too deeply"):
+        loads_json("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(tomllib.TOMLDecodeError, match="nested too deeply"):
+        loads_toml("a = " + "[" * 100_000 + "]" * 100_000)
+    assert loads_json('{"a": [1]}') == {"a": [1]}
