@@ -624,7 +624,6 @@ def run_experiments(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     if spec.ray_address is not None:
         import_ray()  # the install hint before any work
-    prepare_output_dir("--out", args.out)
     sizes = QUICK_SIZES if args.quick else SEED_SIZES
 
     evaluation, report = load_trace_for_cli(
@@ -636,6 +635,7 @@ def run_experiments(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     plant = ServingPlant.from_profile(profile)
     check_workload_fits(evaluation, plant, args.trace)
+    prepare_output_dir("--out", args.out)  # the inputs are good: only now is DIR made
     extra = {
         "gpugov_version": __version__,
         "quick": bool(args.quick),
