@@ -21,6 +21,7 @@ from gpugov.daemon.config import FixedControllerConfig, parse_address
 from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, ControllerContext, parse_controller_spec
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.errors import ExitCode
+from gpugov.daemon.limits import MAX_GPU_INDEX
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import ServingPlant
 from gpugov.plant.profile import ProfileError
@@ -381,8 +382,10 @@ def parse_gpu_list(
     expected = "'all' or " if allow_all else ""
     out: list[int | str] = []
     for part in (p.strip() for p in text.split(",")):
-        if part.isdigit():
+        if part.isdigit() and len(part) <= 4 and int(part) <= MAX_GPU_INDEX:
             out.append(int(part))
+        elif part.isdigit():
+            raise UsageError(f"{flag}: GPU index {part[:20]} is over {MAX_GPU_INDEX}")
         elif part.startswith(("GPU-", "MIG-")):
             out.append(part)
         else:

@@ -19,6 +19,9 @@ MAX_LATENCY_NOISE = 1.0
 MAX_EMULATED_GPUS = 64
 """Most GPUs one ``gpugov emulate`` serves (a node has at most 8 or 16)."""
 
+MAX_GPU_INDEX = 1023
+"""Largest GPU index a ``--gpus`` list takes (NVML numbers a node's GPUs from 0)."""
+
 MAX_JOBS = 1024
 """Most local worker processes a study command starts."""
 
@@ -48,6 +51,7 @@ __all__ = [
     "MAX_CONCURRENCY",
     "MAX_COUNT",
     "MAX_EMULATED_GPUS",
+    "MAX_GPU_INDEX",
     "MAX_JOBS",
     "MAX_LATENCY_NOISE",
     "MAX_LOAD_SCALE",

@@ -363,6 +363,8 @@ def backend_choice(
         raise UsageError(
             f"--emulator must be an http:// URL such as http://127.0.0.1:8000, got {url!r}"
         )
+    if url is not None:
+        check_engine_url(url, flag="--emulator", example="http://127.0.0.1:8000")
     return kind, url if kind == "emulated" else None
 
 

@@ -70,12 +70,17 @@ def base_url(url: str) -> tuple[str, int, str]:
     Raises:
         EngineUnreachable: not an http:// URL.
     """
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise EngineUnreachable(f"--url {url}: expected http://HOST:PORT")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:  # a bad IPv6 literal, a port that is not a number or out of range
+        parts, port = None, None
+    if parts is None or parts.scheme != "http" or not parts.hostname or port == 0:
+        shown = url if len(url) <= 200 else f"{url[:200]}..."
+        raise EngineUnreachable(f"--url {shown}: expected http://HOST:PORT")
     prefix = parts.path.rstrip("/")
     prefix = prefix.removesuffix("/v1")
-    return parts.hostname, parts.port or 80, prefix
+    return parts.hostname, port or 80, prefix
 
 
 def served_model(url: str, timeout_s: float = 5.0) -> str:

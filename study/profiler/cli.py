@@ -14,6 +14,7 @@ from typing import Any
 from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import UsageError, fail, parse_gpu_list
 from gpugov.daemon.errors import ExitCode
+from gpugov.daemon.limits import MAX_CLOCK_MHZ
 
 EXIT_RUNTIME, EXIT_PERMISSION, EXIT_NO_GPU, EXIT_GPU_LOST, EXIT_INTERRUPTED = (
     ExitCode.FAILURE,
@@ -38,8 +39,11 @@ def _clock_list(text: str) -> tuple[int, ...]:
         clocks = tuple(int(part) for part in text.split(","))
     except ValueError:
         clocks = ()
-    if not clocks or any(clock <= 0 for clock in clocks):
-        raise UsageError(f"--clock-list {text[:80]!r}: expected MHz,MHz,... (positive integers)")
+    if not clocks or any(not 0 < clock <= MAX_CLOCK_MHZ for clock in clocks):
+        raise UsageError(
+            f"--clock-list {text[:80]!r}: expected MHz,MHz,... (integers from 1 to "
+            f"{MAX_CLOCK_MHZ:g})"
+        )
     return clocks
 
 

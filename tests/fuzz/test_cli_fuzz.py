@@ -194,7 +194,16 @@ def output_dirs(f: Files) -> list[str]:
     ]
 
 
-TEXT = ["", "\x01\x7f", "x" * 10_000, "-1", "nan"]
+TEXT = [
+    "",
+    "\x01\x7f",
+    "x" * 10_000,
+    "-1",
+    "nan",
+    "9" * 20,
+    "http://[::1",
+    "http://127.0.0.1:99999",
+]
 """Every free-text flag (a spec, a list, a URL, an address) gets these."""
 
 CHOICES = ["", "no-such-choice"]
@@ -242,10 +251,10 @@ NODE_RUN_FLAGS = {"--config", "--dry-run"}
 ACCEPTED: dict[tuple[str, str], tuple[frozenset[str] | None, str]] = {
     ("load", "--model"): (None, "the model id is the server's to refuse (one line, exit 1)"),
     ("emulate", "--served-model-name"): (
-        frozenset({"-1", "nan"}),
+        frozenset({"-1", "nan", "9" * 20, "http://[::1", "http://127.0.0.1:99999"}),
         "model ids like any other (printable text up to 256 characters is served)",
     ),
-    ("profile", "--name"): (frozenset({"nan"}), "a file stem like any other"),
+    ("profile", "--name"): (frozenset({"nan", "9" * 20}), "file stems like any other"),
 }
 """(command, flag) -> (the values accepted on purpose, None for every value; the reason it
 is not a usage error). Documented in docs/commands.md (Input rules)."""
