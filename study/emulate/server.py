@@ -189,6 +189,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_PATCH(self) -> None:
         self._other_method()
 
+    def do_OPTIONS(self) -> None:
+        self._other_method()
+
     def _other_method(self) -> None:
         """A method no route takes: 405 on a known path, 404 elsewhere."""
         path = self.path.split("?", 1)[0]

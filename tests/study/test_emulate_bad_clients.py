@@ -129,6 +129,7 @@ def test_a_wrong_content_type_is_a_400(emulator: EmulatorServer, content_type: s
         ("POST", "/v1/models", "GET"),
         ("PUT", "/metrics", "GET"),
         ("GET", "/gpu/0/lock", "POST"),
+        ("OPTIONS", "/v1/completions", "POST"),
     ],
 )
 def test_a_wrong_method_is_a_405(
