@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from gpugov.daemon.cli_support import (
     safety_from_args,
     simulated_controller,
 )
+from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.sim_progress import SimulationProgress
 from gpugov.plant import ServingPlant, ServingResult, load_profile, simulate
 from gpugov.plant.profile import DEFAULT_PROFILE, list_bundled_profiles
@@ -101,16 +103,25 @@ def run_simulate(args: argparse.Namespace) -> int:
     )
     scheduler = SCHEDULERS[args.scheduler]
     progress = SimulationProgress(workload[-1].arrival_time_s, "simulate", enabled=not args.quiet)
-    result = simulate(
-        workload,
-        plant,
-        scheduler,
-        controller,
-        seed=args.seed,
-        controller_name=controller_label(args.controller),
-        control_period_s=args.control_period,
-        on_progress=progress,
-    )
+    try:
+        result = simulate(
+            workload,
+            plant,
+            scheduler,
+            controller,
+            seed=args.seed,
+            controller_name=controller_label(args.controller),
+            control_period_s=args.control_period,
+            on_progress=progress,
+        )
+    except KeyboardInterrupt:  # Ctrl-C: one line saying where the run stopped
+        start = "\n" if sys.stderr.isatty() and not args.quiet else ""
+        print(
+            f"{start}gpugov: interrupted at {progress.reached_s:,.1f} of "
+            f"{workload[-1].arrival_time_s:,.1f} simulated s",
+            file=sys.stderr,
+        )
+        return ExitCode.INTERRUPTED
     progress.close(result=result)
     metrics = result.metrics.as_dict()
     title = (

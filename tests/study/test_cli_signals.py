@@ -61,7 +61,7 @@ def test_sigint_exits_130_with_one_line(argv: list[str], marker: str, tmp_path: 
     assert code == 130, stderr
     assert "Traceback" not in stderr
     lines = stderr.rstrip().splitlines()
-    assert lines[-1] == "gpugov: interrupted"
+    assert lines[-1].startswith("gpugov: interrupted"), lines  # simulate: "... at S of T"
     assert all(line.startswith(marker) for line in lines[:-1]), lines  # progress only
     assert seconds < 30.0  # bench's workers are ended, not waited for
 
