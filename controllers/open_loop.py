@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 from scipy.optimize import linprog
 
 from gpugov.controllers.mpc.model import DEFAULT_EXPECTED_OUTPUT_TOKENS
+from gpugov.plant.input_files import InputFileError, loads_json, read_input_text
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import PerformanceProfile
 from gpugov.plant.scheduler import chunked_prefill_scheduler
@@ -403,11 +404,11 @@ def load_plan(path: str | Path) -> OpenLoopPlan:
     """
     source = Path(path)
     try:
-        text = source.read_text()
-    except OSError as error:
-        raise PlanFormatError(f"{source}: cannot read plan: {error}") from error
+        text = read_input_text(source, "plan")
+    except InputFileError as error:
+        raise PlanFormatError(str(error)) from error
     try:
-        data = json.loads(text)
+        data = loads_json(text)
     except json.JSONDecodeError as error:
         raise PlanFormatError(f"{source}:{error.lineno}: not valid JSON: {error.msg}") from error
     return plan_from_dict(data, source=str(source))

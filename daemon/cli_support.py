@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpugov.controllers.contract import ControllerWrapper
-from gpugov.daemon import decide
+from gpugov.daemon import cli_types, decide
 from gpugov.daemon.config import FixedControllerConfig, parse_address
 from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, ControllerContext, parse_controller_spec
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.errors import ExitCode
+from gpugov.daemon.limits import MAX_GPU_INDEX
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import ServingPlant
 from gpugov.plant.profile import ProfileError
@@ -91,8 +92,14 @@ def check_fixed_clock(config: object, low_mhz: float, high_mhz: float, spec: str
         )
 
 
-def check_engine_url(url: str) -> None:
-    """Refuse an engine URL that is not ``http(s)://HOST[:PORT]/...`` (one line)."""
+def check_engine_url(
+    url: str,
+    *,
+    flag: str = "--engine-url",
+    example: str = "http://127.0.0.1:8000/metrics",
+) -> None:
+    """Refuse an engine URL that is not ``http(s)://HOST[:PORT]/...`` (one line naming
+    ``flag``)."""
     from urllib.parse import urlsplit
 
     try:
@@ -102,9 +109,9 @@ def check_engine_url(url: str) -> None:
         port_ok = False
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        shown = url if len(url) <= 200 else f"{url[:200]}..."
         raise UsageError(
-            f"--engine-url {url}: not an http(s) URL with a host and a valid port, such as "
-            "http://127.0.0.1:8000/metrics"
+            f"{flag} {shown}: not an http(s) URL with a host and a valid port, such as {example}"
         )
 
 
@@ -219,46 +226,67 @@ def require_nonnegative(flag: str, value: float | None) -> None:
         raise UsageError(f"{flag} must be finite and >= 0, got {value!r}")
 
 
+def _check_writable_dir(flag: str, target: str, directory: str) -> None:
+    """Refuse ``directory`` (where ``target`` goes) unless it exists, is a directory and
+    takes a new file (a probe file is created and removed)."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise UsageError(f"{flag} {target}: {directory} is not a directory")
+    if not os.path.isdir(directory):
+        raise UsageError(f"{flag} {target}: directory {directory} does not exist (create it first)")
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".gpugov-write-test-"):
+            pass
+    except OSError as error:
+        raise UsageError(
+            f"{flag} {target}: cannot write in {directory}: {error.strerror or error}"
+        ) from error
+
+
 def check_output_file(flag: str, path: str | os.PathLike[str] | None) -> None:
-    """Refuse an output file that cannot be written, before any work is done.
+    """Refuse an output file that cannot be written, before any work is done: the one
+    check of every ``--out FILE``, ``--json FILE``, ``--record`` and ``--plot``.
 
     The parent directory must already exist (nothing is created behind the user's back)
-    and accept a new file; an existing target must be a writable file. Nothing is
-    written to the target itself, so a refused or failed run loses no earlier output.
+    and accept a new file; an existing target must be a writable regular file (not a
+    directory, a device or a FIFO). Nothing is written to the target itself, so a
+    refused or failed run loses no earlier output.
     """
     if path is None:
         return
     target = os.fspath(path)
-    parent = os.path.dirname(os.path.abspath(target))
+    if not target.strip():
+        raise UsageError(f"{flag}: empty file name")
     if os.path.isdir(target):
         raise UsageError(f"{flag} {target}: is a directory; give a file name")
-    if os.path.exists(parent) and not os.path.isdir(parent):
-        raise UsageError(f"{flag} {target}: {parent} is not a directory")
-    if not os.path.isdir(parent):
-        raise UsageError(f"{flag} {target}: directory {parent} does not exist (create it first)")
-    try:
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".gpugov-write-test-"):
-            pass
-    except OSError as error:
-        raise UsageError(
-            f"{flag} {target}: cannot write in {parent}: {error.strerror or error}"
-        ) from error
+    if os.path.exists(target) and not os.path.isfile(target):
+        raise UsageError(f"{flag} {target}: not a regular file (a device or a FIFO?)")
+    _check_writable_dir(flag, target, os.path.dirname(os.path.abspath(target)))
     if os.path.exists(target) and not os.access(target, os.W_OK):
         raise UsageError(f"{flag} {target}: file is not writable")
 
 
-def prepare_output_dir(flag: str, path: str | os.PathLike[str]) -> None:
-    """Create the output directory ``path`` (and its parents) before the work, or refuse
-    it in one line (a file in the way, no permission, read-only file system)."""
+def prepare_output_dir(flag: str, path: str | os.PathLike[str], *, parents: bool = False) -> None:
+    """The one check of every ``--out DIR``, before the work: ``path`` is used when it is
+    a writable directory, or created when its parent directory exists and is writable;
+    anything else is refused in one line. The parents are created only with ``parents``
+    (a command's own default directory), never for a path the user gave.
+    """
     target = os.fspath(path)
-    try:
-        os.makedirs(target, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=target, prefix=".gpugov-write-test-"):
-            pass
-    except OSError as error:
-        raise UsageError(
-            f"{flag} {target}: cannot write there: {error.strerror or error}"
-        ) from error
+    if not target.strip():
+        raise UsageError(f"{flag}: empty directory name")
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise UsageError(f"{flag} {target}: exists and is not a directory")
+    if not os.path.isdir(target):
+        parent = os.path.dirname(os.path.abspath(target))
+        if not parents:
+            _check_writable_dir(flag, target, parent)
+        try:
+            os.makedirs(target, exist_ok=True)
+        except OSError as error:
+            raise UsageError(
+                f"{flag} {target}: cannot create it: {error.strerror or error}"
+            ) from error
+    _check_writable_dir(flag, target, target)
 
 
 def check_workload_fits(workload: Sequence[Request], plant: ServingPlant, trace: str) -> None:
@@ -354,8 +382,10 @@ def parse_gpu_list(
     expected = "'all' or " if allow_all else ""
     out: list[int | str] = []
     for part in (p.strip() for p in text.split(",")):
-        if part.isdigit():
+        if part.isdigit() and len(part) <= 4 and int(part) <= MAX_GPU_INDEX:
             out.append(int(part))
+        elif part.isdigit():
+            raise UsageError(f"{flag}: GPU index {part[:20]} is over {MAX_GPU_INDEX}")
         elif part.startswith(("GPU-", "MIG-")):
             out.append(part)
         else:
@@ -371,7 +401,7 @@ def add_safety_arguments(parser: argparse.ArgumentParser, *, prefix: str = "") -
     with a node's defaults (``safety.dwell_s`` and ``safety.floor_mhz``)."""
     parser.add_argument(
         "--dwell",
-        type=float,
+        type=cli_types.dwell,
         default=None,
         metavar="S",
         help=f"{prefix}hold a clock at least S seconds before lowering it "
@@ -379,7 +409,7 @@ def add_safety_arguments(parser: argparse.ArgumentParser, *, prefix: str = "") -
     )
     parser.add_argument(
         "--floor",
-        type=float,
+        type=cli_types.clock_mhz,
         default=None,
         metavar="MHZ",
         help=f"{prefix}never lock below MHZ (the node's safety.floor_mhz; default none)",

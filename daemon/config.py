@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from gpugov.daemon.errors import ConfigError
+from gpugov.daemon.limits import MAX_PERIOD_S, MIN_PERIOD_S
 from gpugov.plant.profile import DEFAULT_PROFILE
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -501,7 +502,7 @@ class ZeusdBackendConfig(_Frozen):
 class DaemonSection(_Frozen):
     """Process-wide settings."""
 
-    period_s: Annotated[float, Field(ge=0.05, le=60.0)] = 1.0
+    period_s: Annotated[float, Field(ge=MIN_PERIOD_S, le=MAX_PERIOD_S)] = 1.0
     metrics_address: str = "127.0.0.1:9400"
     backend: Literal["nvml", "nvidia-smi", "emulated", "actuator", "zeusd"] = "nvml"
     emulator: str | None = None
@@ -708,13 +709,15 @@ def load_config(path: str | Path) -> GpugovConfig:
     Raises:
         ConfigError: unreadable file, TOML syntax error, or invalid values.
     """
+    from gpugov.plant.input_files import InputFileError, loads_toml, read_input_text
+
     source = Path(path)
     try:
-        text = source.read_text()
-    except OSError as error:
-        raise ConfigError(f"{source}: cannot read config: {error.strerror or error}") from error
+        text = read_input_text(source, "config")
+    except InputFileError as error:
+        raise ConfigError(str(error)) from error
     try:
-        data = tomllib.loads(text)
+        data = loads_toml(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{source}: not valid TOML: {error}") from error
     return parse_config(data, str(source))

@@ -1,5 +1,7 @@
-"""The files gpugov writes: strict JSON (non-finite numbers become null), atomic writes
-(temporary file, fsync, rename) and the state directory every persisted file lives in."""
+"""The files gpugov reads and writes: the one bounded reader of every input file (from
+:mod:`gpugov.plant.input_files`, re-exported here), strict JSON (non-finite numbers become
+null), atomic writes (temporary file, fsync, rename) and the state directory every
+persisted file lives in."""
 
 from __future__ import annotations
 
@@ -10,6 +12,16 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from gpugov.plant.input_files import (
+    FILE_LIMITS,
+    InputFileError,
+    loads_json,
+    loads_toml,
+    read_input_bytes,
+    read_input_text,
+    read_input_text_and_digest,
+)
 
 STATE_DIR_ENV = "STATE_DIRECTORY"
 """systemd's ``StateDirectory=`` sets it (several directories joined with ``:``)."""
@@ -66,4 +78,16 @@ def resolve_state_dir(configured: str | Path | None) -> Path | None:
     return None
 
 
-__all__ = ["STATE_DIR_ENV", "json_safe", "resolve_state_dir", "write_json_atomic"]
+__all__ = [
+    "FILE_LIMITS",
+    "STATE_DIR_ENV",
+    "InputFileError",
+    "json_safe",
+    "loads_json",
+    "loads_toml",
+    "read_input_bytes",
+    "read_input_text",
+    "read_input_text_and_digest",
+    "resolve_state_dir",
+    "write_json_atomic",
+]

@@ -19,13 +19,12 @@ written is logged once and ignored: the daemon then reconciles from what NVML sh
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
-from gpugov.daemon.files import write_json_atomic
+from gpugov.daemon.files import loads_json, read_input_text, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +59,9 @@ class LockState:
     def read(self) -> dict[str, dict[str, Any]]:
         """The entries on disk (empty when the file is missing or unreadable)."""
         try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {}
+            if not self.path.exists():
+                return {}
+            data = loads_json(read_input_text(self.path, "state"))
         except (OSError, ValueError) as error:
             self._warn("read it", error)
             return {}

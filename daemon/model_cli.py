@@ -18,7 +18,8 @@ import numpy as np
 
 from gpugov.controllers.online.controller import REFERENCE_BATCH, OnlineMPCController
 from gpugov.controllers.online.identification import OnlineModel
-from gpugov.daemon.cli_support import fail
+from gpugov.daemon import cli_types
+from gpugov.daemon.cli_support import fail, prepare_output_dir
 from gpugov.daemon.config import OnlineMPCControllerConfig, load_config
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.files import resolve_state_dir
@@ -167,7 +168,7 @@ def export(
             "thermal_limit_c": limit,
             "source": "not learned yet: a neutral RC that stays under the limit",
         }
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(exist_ok=True)
     name = f"online-{domain}"
     csv_path, manifest_path = out / f"{name}.csv", out / f"{name}.json"
     context = controller.mean_prompt_tokens + 0.5 * controller.mean_output_tokens
@@ -218,6 +219,8 @@ def export(
 
 def run_model(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov model show|export``."""
+    if args.action == "export":
+        prepare_output_dir("--out", args.out)
     try:
         files = stored_files(args)
         if args.domain:
@@ -267,14 +270,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             sub.add_argument("--out", required=True, metavar="DIR", help="output directory")
             sub.add_argument(
                 "--ttft-slo",
-                type=float,
+                type=cli_types.duration,
                 default=None,
                 metavar="S",
                 help="TTFT SLO for the manifest (default: the stored one)",
             )
             sub.add_argument(
                 "--tpot-slo",
-                type=float,
+                type=cli_types.duration,
                 default=None,
                 metavar="S",
                 help="TPOT SLO for the manifest (default: the stored one)",

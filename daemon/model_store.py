@@ -32,7 +32,13 @@ from typing import Any
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.online.identification import MODEL_VERSION
-from gpugov.daemon.files import json_safe, write_json_atomic
+from gpugov.daemon.files import (
+    InputFileError,
+    json_safe,
+    loads_json,
+    read_input_text,
+    write_json_atomic,
+)
 from gpugov.plant.types import MPCDiagnostics, ServingObservation
 
 log = logging.getLogger("gpugov.model")
@@ -76,14 +82,14 @@ def read_stored(path: Path) -> dict[str, Any]:
         FileNotFoundError: no file.
         StoredModelError: unreadable, not JSON, wrong format or version, fields missing.
     """
+    if not path.exists():
+        raise FileNotFoundError(path)
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise
-    except (OSError, UnicodeDecodeError) as error:
-        raise StoredModelError(f"{path}: cannot read: {error}") from error
+        text = read_input_text(path, "state")
+    except InputFileError as error:
+        raise StoredModelError(str(error)) from error
     try:
-        payload = json.loads(text)
+        payload = loads_json(text)
     except json.JSONDecodeError as error:
         raise StoredModelError(
             f"{path}:{error.lineno}: not valid JSON ({error.msg}); partial write?"

@@ -18,6 +18,7 @@ way.
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 import socket
@@ -152,16 +153,36 @@ def _check_outputs(config: GpugovConfig, report: NodeReport) -> None:
 
 
 def _bind_error(address: str) -> str | None:
-    """Why ``run`` could not serve ``/metrics`` on ``address``'s host, or None. Binds port
-    0 (any free one), so a daemon already serving on the configured port is no problem."""
-    host, _ = parse_address(address)
+    """Why ``run`` could not serve ``/metrics`` on ``address``, or None. The port itself is
+    tried: one held by a running gpugov (its own exporter answers there, as when a config
+    is checked before a restart) is no problem; one held by anything else is, as ``run``
+    would find."""
+    host, port = parse_address(address)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.bind((host, 0))
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the exporter
+            probe.bind((host, port))
     except OSError as error:
+        if port and error.errno == errno.EADDRINUSE and _gpugov_serves(host, port):
+            return None
         return error.strerror or str(error)
     return None
+
+
+def _gpugov_serves(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    """Whether ``host:port`` answers ``/metrics`` with gpugov's own series."""
+    import http.client
+
+    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        connection.request("GET", "/metrics")
+        response = connection.getresponse()
+        return response.status == 200 and b"gpugov_" in response.read(1 << 20)
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
 
 
 # ------------------------------------------------------------------------------ GPUs

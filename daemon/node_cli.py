@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpugov.daemon import cli_types
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.cli_support import (
     UsageError,
@@ -369,6 +370,8 @@ def backend_choice(
         raise UsageError(
             f"--emulator must be an http:// URL such as http://127.0.0.1:8000, got {url!r}"
         )
+    if url is not None:
+        check_engine_url(url, flag="--emulator", example="http://127.0.0.1:8000")
     return kind, url if kind == "emulated" else None
 
 
@@ -578,6 +581,10 @@ def _num(value: float | None, unit: str) -> str:
 def cmd_replay(args: argparse.Namespace) -> int:
     """``gpugov replay FILE.jsonl --controller X``."""
     header, _ = read_recording(args.file, warn=lambda message: None)
+    if args.profile is not None:
+        from gpugov.plant import load_profile
+
+        load_profile(args.profile)  # a bad --profile is refused even when unused
     try:
         spec = parse_controller_spec(
             args.controller, default_profile=args.profile or header.get("profile")
@@ -631,7 +638,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     pace = run_parser.add_mutually_exclusive_group()
     pace.add_argument(
         "--speed",
-        type=float,
+        type=cli_types.speed,
         default=None,
         metavar="X",
         help=f"--simulate: simulated seconds per wall second (default {DEFAULT_SPEED:g})",
@@ -639,14 +646,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     pace.add_argument("--virtual", action="store_true", help="--simulate: run as fast as possible")
     run_parser.add_argument(
         "--duration",
-        type=float,
+        type=cli_types.duration,
         default=None,
         metavar="S",
         help="--simulate: the trace window's length in seconds (default: the whole trace)",
     )
     run_parser.add_argument(
         "--load-scale",
-        type=float,
+        type=cli_types.load_scale,
         default=1.0,
         metavar="X",
         help="--simulate: X>1 compresses inter-arrival times (more load), X<1 dilates "
@@ -660,15 +667,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     run_parser.add_argument(
         "--control-period",
-        type=float,
+        type=cli_types.period,
         default=1.0,
         metavar="S",
         help="--simulate: seconds between decisions (a node run takes daemon.period_s)",
     )
-    hidden_alias(run_parser, "--period", "control_period", float)
+    hidden_alias(run_parser, "--period", "control_period", cli_types.period)
     add_safety_arguments(run_parser, prefix="--simulate: ")
     run_parser.add_argument(
-        "--seed", type=int, default=0, help="--simulate: seed of the plant's noise (default 0)"
+        "--seed",
+        type=cli_types.seed,
+        default=0,
+        help="--simulate: seed of the plant's noise (default 0)",
     )
     run_parser.add_argument(
         "--metrics-address",
@@ -711,7 +721,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     check.add_argument(
         "--watchdog-sec",
-        type=float,
+        type=cli_types.duration,
         default=None,
         metavar="S",
         help="check daemon.period_s against a unit's WatchdogSec= of S seconds (default: "
@@ -748,7 +758,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     rep.add_argument("file", metavar="FILE.jsonl", help="a recording from run --record")
     rep.add_argument("--controller", required=True, help=CONTROLLER_SPEC_HELP)
     rep.add_argument("--profile", default=None, help="profile for mpc (default: the recording's)")
-    rep.add_argument("--show", type=int, default=10, help="differences to list")
+    rep.add_argument(
+        "--show", type=cli_types.nonnegative_int, default=10, help="differences to list"
+    )
     rep.set_defaults(handler=cmd_replay)
 
 
@@ -782,11 +794,11 @@ def _run_entry(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one of this module's commands (for tests and ``python -m daemon.node_cli``)."""
-    parser = argparse.ArgumentParser(prog="gpugov")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.handler(args))
+    """Run one of this module's commands (for tests and ``python -m daemon.node_cli``),
+    through the ``gpugov`` entry point (its one error line and exit codes)."""
+    from gpugov.cli import main as gpugov_main
+
+    return gpugov_main(argv)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from gpugov import __version__
 from gpugov.daemon.errors import GpugovError
-from gpugov.daemon.files import json_safe
+from gpugov.daemon.files import InputFileError, json_safe, loads_json, read_input_text
 from gpugov.daemon.loop import TickRecord
 from gpugov.plant.types import ServingObservation
 
@@ -120,18 +120,16 @@ def read_recording(
     """
     source = Path(path)
     try:
-        text = source.read_text()
-    except OSError as error:
-        raise RecordingError(
-            f"{source}: cannot read recording: {error.strerror or error}"
-        ) from error
+        text = read_input_text(source, "recording")
+    except InputFileError as error:
+        raise RecordingError(str(error)) from error
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise RecordingError(f"{source}: empty recording")
     rows = []
     for number, line in enumerate(lines, start=1):
         try:
-            rows.append(json.loads(line))
+            rows.append(loads_json(line))
         except json.JSONDecodeError as error:
             if number == len(lines) and number > 1:
                 message = (

@@ -4,9 +4,13 @@ plant (a simulated node), then its summary and its saving against the maximum cl
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from gpugov.daemon.cli_support import (
@@ -106,10 +110,16 @@ def run_simulated(args: argparse.Namespace) -> int:
         progress(now_s, simulation.node.simulation)
         return over
 
+    interrupted = threading.Event()
+
+    def on_ctrl_c(signum: int, frame: FrameType | None) -> None:
+        interrupted.set()
+        stop.set()
+
     if isinstance(clock, ScaledClock):
         clock.start()  # the paced plant starts now: its controller is built and warmed
     try:
-        with _stop_on_signals(stop):
+        with _stop_on_signals(stop), _on_sigint(on_ctrl_c):
             stats = run(
                 [simulation.domain],
                 TimedLoop(args.control_period, clock=clock, sleep=sleep, stop=stop),
@@ -119,15 +129,38 @@ def run_simulated(args: argparse.Namespace) -> int:
             )
     finally:
         simulation.finish()
-        progress.close(simulation.node.simulation)
+        progress.close(simulation.node.simulation, stopped=stop.is_set())
         if recorder is not None:
             recorder.close()
         if exporter is not None:
             exporter.close()
+    if interrupted.is_set():
+        total_s = workload[-1].arrival_time_s
+        print(
+            f"gpugov: interrupted at {progress.reached_s:,.1f} of {total_s:,.1f} simulated s"
+            + (f" (the recording {args.record} ends there)" if args.record else ""),
+            file=sys.stderr,
+            flush=True,
+        )
+        return ExitCode.INTERRUPTED
     _print_summary(simulation, stats, args, profile, report, len(workload))
     if not stop.is_set() and simulation.domain.label != "max":
         print(_against_maximum(simulation.result, workload, plant, args.seed))
     return ExitCode.OK
+
+
+@contextlib.contextmanager
+def _on_sigint(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """Ctrl-C calls ``handler`` (a simulated run ends at once, exit 130); the main thread
+    only, elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _against_maximum(result: Any, workload: Any, plant: Any, seed: int) -> str:

@@ -83,12 +83,21 @@ class SimulationProgress:
         slo = f"{100.0 * met / done:.1f} % of {done:,} finished" if done else "n/a"
         return f"energy {simulation.energy_j / 1000.0:,.1f} kJ, SLO so far {slo}"
 
-    def close(self, simulation: Any | None = None, *, result: Any | None = None) -> None:
+    @property
+    def reached_s(self) -> float:
+        """The simulated time of the last update (where an interrupted run stopped)."""
+        return self._last_s
+
+    def close(
+        self, simulation: Any | None = None, *, result: Any | None = None, stopped: bool = False
+    ) -> None:
         """The final line, with the final state of ``simulation`` or the final metrics of
-        ``result`` (a :class:`~gpugov.plant.ServingResult`) when given."""
+        ``result`` (a :class:`~gpugov.plant.ServingResult`) when given; ``stopped``: the
+        run was interrupted, and the line shows where (not 100 %)."""
         if simulation is not None:
             self._detail = self.detail(simulation)
-            self._last_s = self.progress.total
+            if not stopped:
+                self._last_s = self.progress.total
         elif result is not None:
             metrics = result.metrics
             slo = metrics.slo_attainment

@@ -8,10 +8,12 @@ and a one-line help. ``gpugov --help`` lists the table without importing any com
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from gpugov import __version__
 
@@ -51,6 +53,35 @@ COMMANDS: dict[str, tuple[str, str]] = {
 EXIT_INTERRUPTED = 130
 """Exit code after Ctrl-C (128 + SIGINT), as shells report it."""
 
+EXIT_USAGE = 2
+"""Exit code of a usage error (argparse's, and every command's)."""
+
+PATH_ERRNOS = frozenset(
+    {
+        errno.ENAMETOOLONG,
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.EACCES,
+        errno.EPERM,
+        errno.ELOOP,
+        errno.EROFS,
+    }
+)
+"""OSError numbers that mean a path the user gave cannot be used (a usage error)."""
+
+
+class GpugovArgumentParser(argparse.ArgumentParser):
+    """argparse with gpugov's one error line: ``gpugov: error: COMMAND: MESSAGE`` and exit
+    2, the same shape as every other refusal (argparse's own prints the usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print one error line naming the command and where its help is; exit 2."""
+        command = self.prog.removeprefix("gpugov").strip()
+        where = f"{command}: " if command else ""
+        hint = f"gpugov {command} --help" if command else "gpugov --help"
+        self.exit(EXIT_USAGE, f"gpugov: error: {where}{message} (see {hint})\n")
+
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``gpugov`` parser; with ``command``, only that command's module is imported.
@@ -58,7 +89,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     Without ``command`` every command module registers itself (the full parser, for tests
     and documentation); the commands not loaded appear in ``--help`` from ``COMMANDS``.
     """
-    parser = argparse.ArgumentParser(
+    parser = GpugovArgumentParser(
         prog="gpugov",
         description="Serving-aware GPU clock governor and its simulated serving plant.",
     )
@@ -92,6 +123,19 @@ def _command_in(argv: Sequence[str]) -> str:
     return ""
 
 
+def _empty_value(argv: Sequence[str]) -> str | None:
+    """The flag (or ``argument N``) given an empty or blank value, if any: no gpugov
+    flag takes one, and each would otherwise mean something else (the default, the
+    current directory)."""
+    for index, word in enumerate(argv):
+        if word.startswith("--") and "=" in word and not word.split("=", 1)[1].strip():
+            return f"argument {word.split('=', 1)[0]}"
+        if not word.strip():
+            before = argv[index - 1] if index else ""
+            return f"argument {before}" if before.startswith("-") else f"argument {index + 1}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; return the exit code.
 
@@ -99,10 +143,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     profiles --json | head``) ends it quietly (the Python docs' SIGPIPE recipe).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    empty = _empty_value(argv)
+    if empty is not None:
+        print(f"gpugov: error: {empty}: empty value", file=sys.stderr)
+        return EXIT_USAGE
     command = _command_in(argv)
     parser = build_parser(None if command == "?" else command)
     try:
-        args = parser.parse_args(argv)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as done:  # --help, --version, or the one usage-error line
+            return done.code if isinstance(done.code, int) else EXIT_USAGE
         code = int(args.handler(args))
         sys.stdout.flush()  # a closed pipe raises here, inside the handler below
         return code
@@ -121,6 +172,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if isinstance(error, cli_support.INPUT_ERRORS):
             return cli_support.fail(str(error))
+        if isinstance(error, OSError) and error.filename is not None:
+            # A path the command could not use (too long, not a directory, ...): one
+            # line naming it; exit 2 when the path was the user's to fix.
+            name = str(error.filename)
+            shown = name if len(name) <= 200 else f"{name[:200]}..."
+            code = EXIT_USAGE if error.errno in PATH_ERRNOS else 1
+            return cli_support.fail(f"{shown}: {error.strerror or error}", code)
         raise
 
 

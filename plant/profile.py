@@ -8,7 +8,7 @@ their sha256s so every result can say exactly which profile produced it.
 from __future__ import annotations
 
 import csv
-import hashlib
+import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
+
+from gpugov.plant.input_files import InputFileError, loads_json, read_input_text_and_digest
 
 Phase = Literal["prefill", "decode", "idle"]
 
@@ -315,8 +317,16 @@ class PerformanceProfile:
 
 
 # ----------------------------------------------------------------------- loading
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _read_profile_file(path: Path) -> tuple[str, str]:
+    """A profile file's text and sha256, through the bounded reader.
+
+    Raises:
+        ProfileError: the reader refuses the file (one line naming it).
+    """
+    try:
+        return read_input_text_and_digest(path, "profile")
+    except InputFileError as error:
+        raise ProfileError(str(error)) from error
 
 
 def bundled_profile_dir() -> Path:
@@ -382,6 +392,8 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
         if not manifest.exists():
             raise ProfileError(f"{candidate}: no manifest {manifest.name} beside the CSV")
         return manifest
+    if "/" in str(name_or_path) and candidate.exists():
+        return candidate  # a path named as one: read (and refused) as a manifest
     bundled = bundled_profile_dir() / f"{name_or_path}.json"
     if bundled.exists():
         return bundled
@@ -389,12 +401,8 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
     raise ProfileError(f"unknown profile {str(name_or_path)!r}; bundled profiles: {names}")
 
 
-def _read_csv(path: Path) -> dict[str, NDArray[np.float64]]:
-    try:
-        handle = path.open(newline="")
-    except OSError as error:
-        raise ProfileError(f"{path}: cannot read profile CSV: {error}") from error
-    with handle:
+def _read_csv(path: Path, text: str) -> dict[str, NDArray[np.float64]]:
+    with io.StringIO(text, newline="") as handle:
         reader = csv.DictReader(handle)
         header = reader.fieldnames or []
         missing = [column for column in CSV_COLUMNS if column not in header]
@@ -447,8 +455,9 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
         ProfileError: naming the file and the field or line that is wrong.
     """
     manifest_path = resolve_profile_path(name_or_path)
+    manifest_text, manifest_sha256 = _read_profile_file(manifest_path)
     try:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = loads_json(manifest_text)
     except json.JSONDecodeError as error:
         raise ProfileError(
             f"{manifest_path}:{error.lineno}: manifest is not valid JSON: {error.msg}"
@@ -502,7 +511,8 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
     csv_path = manifest_path.parent / str(manifest["csv"])
     if not csv_path.exists():
         raise ProfileError(f"{manifest_path}: csv {manifest['csv']!r} not found beside it")
-    columns = _read_csv(csv_path)
+    csv_text, csv_sha256 = _read_profile_file(csv_path)
+    columns = _read_csv(csv_path, csv_text)
     try:
         profile = PerformanceProfile(
             **columns,
@@ -510,8 +520,8 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
             tpot_slo_s=float(manifest["tpot_slo_s"]),
             manifest=manifest,
             name=manifest_path.stem,
-            profile_csv_sha256=_sha256(csv_path),
-            manifest_sha256=_sha256(manifest_path),
+            profile_csv_sha256=csv_sha256,
+            manifest_sha256=manifest_sha256,
         )
     except ValueError as error:
         raise ProfileError(f"{manifest_path}: {error}") from error

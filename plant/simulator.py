@@ -258,6 +258,22 @@ class PlantSimulation:
         self._epoch.append(0)
         return index
 
+    def cut_short(self, index: int) -> None:
+        """End request ``index`` early, as an engine aborts a request whose client left:
+        a running request finishes after the current decode iteration, one still waiting
+        or prefilling at the end of its prefill (with its first token). A finished one is
+        left alone. Online serving only (``gpugov emulate``)."""
+        if self._finish[index] is not None:
+            return
+        start = self._running.get(index)
+        if start is None:
+            self._output[index] = self._generated[index] + 1
+            return
+        produced = self._generated[index] + self._decode_counter - start
+        self._output[index] = produced + 1
+        self._epoch[index] += 1  # the request's old completion entry no longer counts
+        heapq.heappush(self._heap, (self._decode_counter + 1, index, self._epoch[index]))
+
     def generated_tokens(self, index: int) -> int:
         """Tokens request ``index`` has produced so far (the prefill's first one included)."""
         generated = self._generated[index]

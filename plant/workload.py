@@ -45,6 +45,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from gpugov.plant.input_files import loads_json
 from gpugov.plant.trace_batches import spread_batched_arrivals
 from gpugov.plant.trace_file import read_trace_text
 from gpugov.plant.types import Request
@@ -427,7 +428,7 @@ def _parse_mooncake(path: Path, text: str) -> _Parsed:
         if not content.strip():
             continue
         try:
-            item = json.loads(content)
+            item = loads_json(content)
         except json.JSONDecodeError as e:
             raise _fail(path, line, f"invalid JSON: {e.msg} (column {e.colno})") from None
         if not isinstance(item, dict):

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from gpugov import __version__
+from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import (
     UsageError,
     check_workload_fits,
@@ -623,7 +624,6 @@ def run_experiments(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     if spec.ray_address is not None:
         import_ray()  # the install hint before any work
-    prepare_output_dir("--out", args.out)
     sizes = QUICK_SIZES if args.quick else SEED_SIZES
 
     evaluation, report = load_trace_for_cli(
@@ -635,6 +635,7 @@ def run_experiments(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     plant = ServingPlant.from_profile(profile)
     check_workload_fits(evaluation, plant, args.trace)
+    prepare_output_dir("--out", args.out)  # the inputs are good: only now is DIR made
     extra = {
         "gpugov_version": __version__,
         "quick": bool(args.quick),
@@ -725,22 +726,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--start",
-        type=float,
+        type=cli_types.offset,
         default=0.0,
         metavar="S",
         help="evaluation window start, seconds after the trace's first arrival",
     )
     parser.add_argument(
         "--duration",
-        type=float,
+        type=cli_types.duration,
         default=DEFAULT_WINDOW_S,
         metavar="S",
         help=f"evaluation window length in seconds (default {DEFAULT_WINDOW_S:g})",
     )
-    hidden_alias(parser, "--window", "duration", float)
+    hidden_alias(parser, "--window", "duration", cli_types.duration)
     parser.add_argument(
         "--animation",
-        type=float,
+        type=cli_types.duration,
         default=DEFAULT_ANIMATION_S,
         metavar="S",
         help="modelling-run length, the evaluation window's first S seconds "

@@ -11,10 +11,19 @@ from collections import Counter
 from pathlib import Path
 from types import FrameType
 
+from gpugov.daemon import cli_types
+from gpugov.daemon.limits import MAX_CONCURRENCY
+
 
 def cmd_load(args: argparse.Namespace) -> int:
     """Replay the trace window, print the summary, optionally write JSON."""
-    from gpugov.daemon.cli_support import UsageError, fail, load_trace_for_cli, require_positive
+    from gpugov.daemon.cli_support import (
+        UsageError,
+        check_output_file,
+        fail,
+        load_trace_for_cli,
+        require_positive,
+    )
     from gpugov.daemon.errors import ExitCode
     from gpugov.daemon.progress import Progress
     from gpugov.study.load import format_report, run_load, summarize
@@ -24,6 +33,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     if args.max_concurrency < 1:
         raise UsageError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
+    check_output_file("--json", args.json)
     try:
         base_url(args.url)
         model = args.model or served_model(args.url)
@@ -53,8 +63,11 @@ def cmd_load(args: argparse.Namespace) -> int:
         flush=True,
     )
     stop = threading.Event()
+    interrupted = threading.Event()
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            interrupted.set()
         stop.set()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -84,11 +97,19 @@ def cmd_load(args: argparse.Namespace) -> int:
     print(format_report(summary))
     if args.json:
         path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(summary, indent=2) + "\n")
+        try:
+            path.write_text(json.dumps(summary, indent=2) + "\n")
+        except OSError as error:
+            return fail(f"--json {path}: cannot write: {error.strerror or error}", ExitCode.FAILURE)
     if summary["requests_sent"] and not summary["requests_completed"]:
         first = next(iter(summary["errors"]), "no request finished")
         return fail(f"no request completed against {args.url}: {first}", ExitCode.FAILURE)
+    if interrupted.is_set():
+        print(
+            f"gpugov: interrupted after {summary['requests_sent']} of {len(workload)} requests",
+            file=sys.stderr,
+        )
+        return ExitCode.INTERRUPTED
     return ExitCode.INTERRUPTED if stop.is_set() else ExitCode.OK
 
 
@@ -113,14 +134,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--load-scale",
-        type=float,
+        type=cli_types.load_scale,
         default=1.0,
         metavar="X",
         help="arrival-rate multiplier (2 halves every gap; default 1)",
     )
     parser.add_argument(
         "--duration",
-        type=float,
+        type=cli_types.duration,
         default=None,
         metavar="S",
         help="trace window length in trace seconds (default: the whole trace)",
@@ -133,7 +154,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--start",
-        type=float,
+        type=cli_types.offset,
         default=0.0,
         metavar="S",
         help="trace window start in trace seconds (default 0)",
@@ -149,28 +170,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--max-model-len",
-        type=int,
+        type=cli_types.positive_int,
         default=None,
         metavar="N",
         help="clip prompt + output to N tokens (for models shorter than the trace's requests)",
     )
     parser.add_argument(
         "--max-concurrency",
-        type=int,
+        type=cli_types.count(1, MAX_CONCURRENCY),
         default=256,
         metavar="N",
         help="requests in flight at most (default 256)",
     )
     parser.add_argument(
         "--request-timeout",
-        type=float,
+        type=cli_types.duration,
         default=600.0,
         metavar="S",
         help="one request's timeout (default 600)",
     )
     parser.add_argument(
         "--drain",
-        type=float,
+        type=cli_types.duration,
         default=120.0,
         metavar="S",
         help="wait at most this long after the last arrival (default 120)",

@@ -51,18 +51,36 @@ class StreamTiming:
         return (self.token_s[-1] - self.token_s[0]) / (len(self.token_s) - 1)
 
 
+MAX_EVENT_LINE_BYTES = 1 << 20
+"""Longest server-sent event line read (1 MiB; a token event is a few hundred bytes)."""
+
+
+def _error_message(event: dict[str, Any]) -> str:
+    """The message of an error body, in vLLM's current shape (``{"error": {...}}``) or
+    its older flat one (``{"object": "error", "message": ...}``)."""
+    inner = event.get("error")
+    if isinstance(inner, dict):
+        return str(inner.get("message", inner))[:200]
+    return str(event.get("message", inner))[:200]
+
+
 def base_url(url: str) -> tuple[str, int, str]:
     """``(host, port, path prefix)`` of an engine URL given with or without ``/v1``.
 
     Raises:
         EngineUnreachable: not an http:// URL.
     """
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise EngineUnreachable(f"--url {url}: expected http://HOST:PORT")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:  # a bad IPv6 literal, a port that is not a number or out of range
+        parts, port = None, None
+    if parts is None or parts.scheme != "http" or not parts.hostname or port == 0:
+        shown = url if len(url) <= 200 else f"{url[:200]}..."
+        raise EngineUnreachable(f"--url {shown}: expected http://HOST:PORT")
     prefix = parts.path.rstrip("/")
     prefix = prefix.removesuffix("/v1")
-    return parts.hostname, parts.port or 80, prefix
+    return parts.hostname, port or 80, prefix
 
 
 def served_model(url: str, timeout_s: float = 5.0) -> str:
@@ -148,23 +166,36 @@ def stream_completion(
             text = response.read()[:300].decode(errors="replace")
             timing.error = f"HTTP {response.status}: {text}"
             return timing
+        finished = False
         while True:
-            line = response.readline()
+            line = response.readline(MAX_EVENT_LINE_BYTES + 1)
             if not line:
                 break
+            if len(line) > MAX_EVENT_LINE_BYTES:
+                timing.error = f"stream event longer than {MAX_EVENT_LINE_BYTES} bytes"
+                return timing
             if not line.startswith(b"data:"):
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":
+                finished = True
                 break
             now = clock()
             try:
                 event = json.loads(payload)
             except ValueError:
                 continue
+            if not isinstance(event, dict):
+                continue
+            if "error" in event:  # vLLM reports a failure mid-stream as an error event
+                timing.error = f"error event in the stream: {_error_message(event)}"
+                return timing
             choices = event.get("choices") or []
-            if choices and choices[0].get("text"):
+            if choices and isinstance(choices[0], dict) and choices[0].get("text"):
                 timing.token_s.append(now)
+        if not finished:  # the server went away: the request did not complete
+            timing.error = "the stream ended without [DONE] (connection closed early)"
+            return timing
         timing.end_s = clock()
     except (OSError, http.client.HTTPException) as error:
         timing.error = f"{type(error).__name__}: {error}"

@@ -42,7 +42,9 @@ from types import ModuleType
 from typing import Any, Generic, TypeVar
 
 from gpugov import __version__
+from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import UsageError
+from gpugov.daemon.limits import MAX_JOBS, MAX_RETRIES
 
 C = TypeVar("C")
 R = TypeVar("R")
@@ -135,7 +137,13 @@ def add_runner_arguments(
 ) -> None:
     """``--ray ADDRESS`` and ``--retries N`` (and ``--jobs N`` unless the caller has it)."""
     if jobs:
-        parser.add_argument("--jobs", type=int, default=None, metavar="N", help=jobs_help)
+        parser.add_argument(
+            "--jobs",
+            type=cli_types.count(1, MAX_JOBS),
+            default=None,
+            metavar="N",
+            help=jobs_help,
+        )
     parser.add_argument(
         "--ray",
         default=None,
@@ -145,7 +153,7 @@ def add_runner_arguments(
     )
     parser.add_argument(
         "--retries",
-        type=int,
+        type=cli_types.count(0, MAX_RETRIES),
         default=DEFAULT_RETRIES,
         metavar="N",
         help=f"runs again a cell whose worker died, up to N times (default {DEFAULT_RETRIES})",

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
+from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import (
     CONTROLLER_HELP,
     UsageError,
@@ -25,6 +27,7 @@ from gpugov.daemon.cli_support import (
     safety_from_args,
     simulated_controller,
 )
+from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.sim_progress import SimulationProgress
 from gpugov.plant import ServingPlant, ServingResult, load_profile, simulate
 from gpugov.plant.profile import DEFAULT_PROFILE, list_bundled_profiles
@@ -100,16 +103,25 @@ def run_simulate(args: argparse.Namespace) -> int:
     )
     scheduler = SCHEDULERS[args.scheduler]
     progress = SimulationProgress(workload[-1].arrival_time_s, "simulate", enabled=not args.quiet)
-    result = simulate(
-        workload,
-        plant,
-        scheduler,
-        controller,
-        seed=args.seed,
-        controller_name=controller_label(args.controller),
-        control_period_s=args.control_period,
-        on_progress=progress,
-    )
+    try:
+        result = simulate(
+            workload,
+            plant,
+            scheduler,
+            controller,
+            seed=args.seed,
+            controller_name=controller_label(args.controller),
+            control_period_s=args.control_period,
+            on_progress=progress,
+        )
+    except KeyboardInterrupt:  # Ctrl-C: one line saying where the run stopped
+        start = "\n" if sys.stderr.isatty() and not args.quiet else ""
+        print(
+            f"{start}gpugov: interrupted at {progress.reached_s:,.1f} of "
+            f"{workload[-1].arrival_time_s:,.1f} simulated s",
+            file=sys.stderr,
+        )
+        return ExitCode.INTERRUPTED
     progress.close(result=result)
     metrics = result.metrics.as_dict()
     title = (
@@ -237,7 +249,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     sim.add_argument(
         "--control-period",
-        type=float,
+        type=cli_types.period,
         default=1.0,
         metavar="S",
         help="seconds between controller decisions (default 1)",
@@ -245,21 +257,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_safety_arguments(sim)
     sim.add_argument(
         "--start",
-        type=float,
+        type=cli_types.offset,
         default=0.0,
         metavar="S",
         help="window start, seconds after the trace's first arrival",
     )
     sim.add_argument(
         "--duration",
-        type=float,
+        type=cli_types.duration,
         default=None,
         metavar="S",
         help="window length in seconds (default: the whole trace)",
     )
     sim.add_argument(
         "--load-scale",
-        type=float,
+        type=cli_types.load_scale,
         default=1.0,
         metavar="X",
         help="X>1 compresses inter-arrival times (more load), X<1 dilates; "
@@ -272,10 +284,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="replay a grid-quantised trace's timestamps as written (default: "
         "spread each batch over its grid step, e.g. Mooncake's 3 s)",
     )
-    sim.add_argument("--seed", type=int, default=0, help="seed of the latency noise (default 0)")
+    sim.add_argument(
+        "--seed", type=cli_types.seed, default=0, help="seed of the latency noise (default 0)"
+    )
     sim.add_argument(
         "--latency-noise",
-        type=float,
+        type=cli_types.latency_noise,
         default=0.0,
         metavar="CV",
         help="coefficient of variation of iteration-time jitter (seeded)",
@@ -288,7 +302,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     sim.add_argument(
         "--stride",
-        type=int,
+        type=cli_types.positive_int,
         default=10,
         help="keep every N-th series sample in the JSON (default 10)",
     )

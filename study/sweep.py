@@ -39,13 +39,35 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpugov import __version__
-from gpugov.daemon.cli_support import UsageError, load_trace_for_cli, simulated_controller
-from gpugov.daemon.files import json_safe
+from gpugov.daemon.cli_support import (
+    UsageError,
+    check_workload_fits,
+    load_trace_for_cli,
+    prepare_output_dir,
+    simulated_controller,
+)
+from gpugov.daemon.files import (
+    InputFileError,
+    json_safe,
+    loads_json,
+    loads_toml,
+    read_input_bytes,
+    read_input_text,
+)
+from gpugov.daemon.limits import (
+    MAX_CLOCK_MHZ,
+    MAX_LATENCY_NOISE,
+    MAX_LOAD_SCALE,
+    MAX_PERIOD_S,
+    MAX_SECONDS,
+    MAX_SEED,
+    MIN_PERIOD_S,
+)
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile, simulate
@@ -69,6 +91,10 @@ PLOT = "sweep.png"
 GRID_COPY = "grid.toml"
 BASELINE = "max"
 """The controller energy savings are measured against, when the grid has it."""
+MAX_GRID_VALUES = 1000
+"""Most values one grid list holds (a grid is a product: its cells multiply quickly)."""
+MAX_GRID_CELLS = 100_000
+"""Most cells one grid expands to."""
 PLOTS_HINT = "matplotlib is not installed: no plot written (pip install 'gpugov[plots]')"
 
 
@@ -77,18 +103,22 @@ class SweepGrid(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    traces: list[str] = Field(min_length=1)
-    profiles: list[str] = Field(min_length=1)
-    loads: list[float] = Field(default=[1.0], min_length=1)
-    controllers: list[str] = Field(min_length=1)
-    seeds: list[int] = Field(default=[0], min_length=1)
-    start_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
-    duration_s: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
-    control_period_s: float = Field(default=1.0, gt=0.0, allow_inf_nan=False)
+    traces: list[str] = Field(min_length=1, max_length=MAX_GRID_VALUES)
+    profiles: list[str] = Field(min_length=1, max_length=MAX_GRID_VALUES)
+    loads: list[float] = Field(default=[1.0], min_length=1, max_length=MAX_GRID_VALUES)
+    controllers: list[str] = Field(min_length=1, max_length=MAX_GRID_VALUES)
+    seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field(
+        default=[0], min_length=1, max_length=MAX_GRID_VALUES
+    )
+    start_s: float = Field(default=0.0, ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)
+    duration_s: float | None = Field(default=None, gt=0.0, le=MAX_SECONDS, allow_inf_nan=False)
+    control_period_s: float = Field(
+        default=1.0, ge=MIN_PERIOD_S, le=MAX_PERIOD_S, allow_inf_nan=False
+    )
     scheduler: str = "chunked"
-    latency_noise: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
-    dwell_s: float = Field(default=DEFAULT_DWELL_S, ge=0.0, allow_inf_nan=False)
-    floor_mhz: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    latency_noise: float = Field(default=0.0, ge=0.0, le=MAX_LATENCY_NOISE, allow_inf_nan=False)
+    dwell_s: float = Field(default=DEFAULT_DWELL_S, ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)
+    floor_mhz: float | None = Field(default=None, gt=0.0, le=MAX_CLOCK_MHZ, allow_inf_nan=False)
 
     @field_validator("traces", "profiles", "controllers", "seeds", "loads")
     @classmethod
@@ -108,9 +138,15 @@ class SweepGrid(BaseModel):
     @field_validator("loads")
     @classmethod
     def _positive(cls, values: list[float]) -> list[float]:
-        bad = [value for value in values if not math.isfinite(value) or value <= 0.0]
+        bad = [
+            value
+            for value in values
+            if not math.isfinite(value) or value <= 0.0 or value > MAX_LOAD_SCALE
+        ]
         if bad:
-            raise ValueError(f"loads are arrival-rate multipliers > 0, got {bad[0]!r}")
+            raise ValueError(
+                f"loads are arrival-rate multipliers in (0, {MAX_LOAD_SCALE:g}], got {bad[0]!r}"
+            )
         return values
 
     @field_validator("scheduler")
@@ -155,9 +191,9 @@ def read_grid(path: Path) -> SweepGrid:
         UsageError: unreadable file, bad TOML, unknown key or bad value (one line).
     """
     try:
-        raw = tomllib.loads(path.read_text())
-    except OSError as error:
-        raise UsageError(f"--grid {path}: cannot read: {error.strerror or error}") from error
+        raw = loads_toml(read_input_text(path, "grid"))
+    except InputFileError as error:
+        raise UsageError(f"--grid {error}") from error
     except tomllib.TOMLDecodeError as error:
         raise UsageError(f"{path}: not valid TOML: {error}") from error
     try:
@@ -226,6 +262,18 @@ def plan_sweep(path: Path) -> SweepPlan:
             controller spec (one line naming the file and the key).
     """
     grid = read_grid(path)
+    total = (
+        len(grid.traces)
+        * len(grid.profiles)
+        * len(grid.loads)
+        * len(grid.controllers)
+        * len(grid.seeds)
+    )
+    if total > MAX_GRID_CELLS:
+        raise UsageError(
+            f"{path}: the grid expands to {total:,} cells, over the limit of "
+            f"{MAX_GRID_CELLS:,}; split it into several sweeps"
+        )
     base = path.resolve().parent
     shared: dict[str, Any] = {}
     checksums: dict[str, str] = {}
@@ -249,6 +297,7 @@ def plan_sweep(path: Path) -> SweepPlan:
             raise UsageError(f"{path}: key 'traces': {error}") from error
         shared[f"trace:{entry}"] = workload
         checksums[entry] = workload_checksum(workload)
+    _check_cells(path, grid, profiles, shared)
     first = shared[f"trace:{grid.traces[0]}"]
     for spec in grid.controllers:
         for entry, profile in profiles.items():
@@ -293,6 +342,39 @@ def plan_sweep(path: Path) -> SweepPlan:
                             )
                         )
     return SweepPlan(grid, tuple(cells), shared)
+
+
+def _check_cells(
+    path: Path,
+    grid: SweepGrid,
+    profiles: Mapping[str, PerformanceProfile],
+    shared: Mapping[str, Any],
+) -> None:
+    """Refuse, before the first cell runs, every cell the plant would refuse: a request
+    larger than a profile's KV cache, a scaled window longer than the simulated-days
+    limit, a floor above a profile's top clock (one line naming the file and the cell).
+
+    Raises:
+        UsageError: naming the grid file, the key and the values of the bad cell.
+    """
+    for entry, profile in profiles.items():
+        if grid.floor_mhz is not None and grid.floor_mhz > profile.maximum_clock_mhz:
+            raise UsageError(
+                f"{path}: key 'floor_mhz': {grid.floor_mhz:g} MHz is above the top clock of "
+                f"profile {entry} ({profile.maximum_clock_mhz:g} MHz)"
+            )
+        plant = ServingPlant.from_profile(profile)
+        for trace in grid.traces:
+            window: Sequence[Request] = shared[f"trace:{trace}"]
+            for load in grid.loads:
+                workload = scale_load(window, load) if load != 1.0 else window
+                try:
+                    check_workload_fits(workload, plant, trace)
+                except UsageError as error:
+                    message = str(error).removeprefix(f"--trace {trace}: ")
+                    raise UsageError(
+                        f"{path}: cell trace {trace}, profile {entry}, load {load:g}: {message}"
+                    ) from error
 
 
 def _safety(settings: Mapping[str, Any]) -> SafetySettings:
@@ -358,7 +440,10 @@ def read_results(path: Path, *, repair: bool = False) -> tuple[list[dict[str, An
     """
     if not path.exists():
         return [], 0
-    data = path.read_bytes()
+    try:
+        data = read_input_bytes(path, "results")
+    except InputFileError as error:
+        raise UsageError(str(error)) from error
     lines = data.split(b"\n")
     rows: list[dict[str, Any]] = []
     good_bytes = 0
@@ -368,7 +453,7 @@ def read_results(path: Path, *, repair: bool = False) -> tuple[list[dict[str, An
             good_bytes += len(line) + 1
             continue
         try:
-            row = json.loads(line)
+            row = loads_json(line)
             if not isinstance(row, dict) or "key" not in row:
                 raise ValueError("not a sweep row")
         except ValueError as error:
@@ -573,7 +658,7 @@ def run_sweep(
             f"--out {out}: {results_path.name} already holds results; add --resume to "
             "continue that sweep, or choose another --out"
         )
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_output_dir("--out", out)
     rows, dropped = read_results(results_path, repair=True)
     if dropped:
         say(f"{results_path}: dropped a last line cut short by an interrupted write")
@@ -582,7 +667,7 @@ def run_sweep(
     skipped = len(plan.cells) - len(todo)
     if resume:
         say(f"resuming: {skipped} of {len(plan.cells)} cells already done, {len(todo)} to run")
-    (out / GRID_COPY).write_text(grid_path.read_text())
+    (out / GRID_COPY).write_text(read_input_text(grid_path, "grid"))
     failed = 0
     with (
         results_path.open("a") as handle,

@@ -5,8 +5,8 @@ Prompt length: ``prompt_token_ids`` or a list of token ids counts exactly; text 
 at least one; a chat request adds 4 tokens per message for the chat template.
 Output length: ``max_tokens`` (``max_completion_tokens`` for chat) with
 ``ignore_eos: true``; otherwise an end-of-sequence token ends it earlier at random
-(:meth:`EmulatedNode.natural_output_tokens`). Errors are vLLM's ``ErrorResponse``:
-``{"object": "error", "message": ..., "type": "BadRequestError", "param": null, "code": 400}``.
+(:meth:`EmulatedNode.natural_output_tokens`). Errors are current vLLM's ``ErrorResponse``:
+``{"error": {"message": ..., "type": "BadRequestError", "param": null, "code": 400}}``.
 """
 
 from __future__ import annotations
@@ -33,13 +33,14 @@ class ApiError(Exception):
         self.kind = kind
 
     def body(self) -> dict[str, Any]:
-        """vLLM's ``ErrorResponse``."""
+        """Current vLLM's ``ErrorResponse``: one ``error`` object (``ErrorInfo``)."""
         return {
-            "object": "error",
-            "message": str(self),
-            "type": self.kind,
-            "param": None,
-            "code": self.status,
+            "error": {
+                "message": str(self),
+                "type": self.kind,
+                "param": None,
+                "code": self.status,
+            }
         }
 
 

@@ -8,6 +8,9 @@ import sys
 import threading
 from types import FrameType
 
+from gpugov.daemon import cli_types
+from gpugov.daemon.limits import MAX_EMULATED_GPUS
+
 
 def cmd_emulate(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; print the URL once listening."""
@@ -26,6 +29,12 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     if args.gpus < 1:
         raise UsageError(f"--gpus must be >= 1, got {args.gpus}")
     require_positive("--speed", args.speed)
+    name = args.served_model_name
+    if not name.isprintable() or len(name) > 256:
+        raise UsageError(
+            f"--served-model-name {name[:80]!r}: a model id is printable text of at most "
+            "256 characters"
+        )
     fault, lost_after = "none", None
     if args.fault.startswith("lost-after:"):
         try:
@@ -55,8 +64,11 @@ def cmd_emulate(args: argparse.Namespace) -> int:
             f"--address {args.address}: cannot listen: {error.strerror or error}"
         ) from error
     stop = threading.Event()
+    interrupted = threading.Event()
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            interrupted.set()
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -72,6 +84,9 @@ def cmd_emulate(args: argparse.Namespace) -> int:
             pass
     finally:
         server.close()
+    if interrupted.is_set():  # Ctrl-C: the one exit code and line of every command
+        print("gpugov: interrupted", file=sys.stderr, flush=True)
+        return 130
     print("gpugov emulate: stopped", file=sys.stderr, flush=True)
     return 0
 
@@ -100,14 +115,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--gpus",
-        type=int,
+        type=cli_types.count(1, MAX_EMULATED_GPUS),
         default=1,
         metavar="N",
         help="emulated GPUs, one data-parallel engine replica each (default 1)",
     )
     parser.add_argument(
         "--seed",
-        type=int,
+        type=cli_types.seed,
         default=0,
         help="seeds the plants and the end-of-sequence draws (default 0)",
     )
@@ -119,7 +134,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--speed",
-        type=float,
+        type=cli_types.speed,
         default=1.0,
         metavar="X",
         help="plant seconds per wall second (default 1, real time; >1 is a test mode: "

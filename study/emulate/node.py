@@ -331,6 +331,16 @@ class EmulatedNode:
             self.stats[replica].prompt_tokens += prompt_tokens
             return stream
 
+    def abort(self, stream: Stream) -> None:
+        """Abort a request whose client left (as vLLM aborts it): the plant stops
+        generating it after its current iteration, and its tokens and its end are counted
+        in no ``/metrics`` series from now on."""
+        with self.lock:
+            streams = self._streams[stream.replica]
+            if streams.pop(stream.index, None) is None:
+                return  # finished (or the node stopped) already
+            self.simulations[stream.replica].cut_short(stream.index)
+
     def engine_state(self, replica: int) -> dict[str, float]:
         """The gauges vLLM exports for one replica: running, waiting, KV usage."""
         with self.lock:

@@ -12,6 +12,14 @@ Routes:
   clock-event reasons, power limit), ``POST /gpu/<i>/lock`` (``{"min_mhz", "max_mhz"}``)
   and ``POST /gpu/<i>/reset``. A failing call answers HTTP 500 with
   ``{"nvmlReturn": code}``, NVML's own return code. Nothing reveals the profile.
+
+Bad clients are answered as vLLM's server answers them: an unknown path 404 and a known
+path with the wrong method 405 (with ``Allow``), both in vLLM's error shape
+(``{"error": {...}}``); an OpenAI POST whose content type is not ``application/json``, a
+malformed ``Content-Length`` or a body that is not JSON 400; a body larger than
+:data:`MAX_BODY_BYTES` 413. Chunked request bodies are read. A client that disconnects
+aborts its request: the plant stops generating it, and it is counted in no ``/metrics``
+series (``vllm:request_success_total`` counts finished requests only).
 """
 
 from __future__ import annotations
@@ -19,9 +27,12 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import queue
 import re
+import select
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -33,6 +44,28 @@ log = logging.getLogger(__name__)
 
 _GPU_PATH = re.compile(r"^/gpu/(\d+)(/sample|/lock|/reset)?$")
 STREAM_TIMEOUT_S = 3600.0
+MAX_BODY_BYTES = 32 << 20
+"""Largest request body read (32 MiB: a prompt of a few million token ids)."""
+POLL_S = 0.25
+"""How often a handler waiting for tokens checks that its client is still there."""
+OPENAI_POST = ("/v1/completions", "/v1/chat/completions")
+GET_ONLY = ("/metrics", "/v1/models", "/health", "/gpu")
+
+
+CLIENT_GONE = -1
+"""What :meth:`_Handler._wait` returns when the client left."""
+
+
+class ClientGone(Exception):
+    """The client closed its connection while its request was in flight."""
+
+
+class BadRequestBody(Exception):
+    """A request body that cannot be read: ``status`` and the message to answer with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def is_loopback(host: str) -> bool:
@@ -52,6 +85,13 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
+    def handle(self) -> None:
+        """Serve the connection; a client that left mid-answer ends it quietly."""
+        try:
+            super().handle()
+        except (BrokenPipeError, ConnectionResetError):
+            log.debug("%s left before its answer was written", self.address_string())
+
     # ----------------------------------------------------------------- helpers
     def _send_json(self, status: int, body: Any) -> None:
         data = json.dumps(body).encode()
@@ -70,11 +110,99 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _not_found(self) -> None:
-        self._send_json(404, {"detail": "Not Found"})
+        self._send_json(404, ApiError("Not Found", status=404, kind="NotFoundError").body())
+
+    def _not_allowed(self, allow: str) -> None:
+        """405, with ``Allow``, in vLLM's error shape (a known path, the wrong method)."""
+        body = ApiError("Method Not Allowed", status=405, kind="MethodNotAllowed").body()
+        data = json.dumps(body).encode()
+        self.send_response(405)
+        self.send_header("Allow", allow)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _body(self) -> bytes:
-        length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length > 0 else b""
+        """The request body: ``Content-Length`` bytes, or a chunked body.
+
+        Raises:
+            BadRequestBody: a malformed length or chunk, or a body over the cap.
+        """
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._chunked_body()
+        raw = self.headers.get("Content-Length")
+        if raw is None:
+            return b""
+        if not raw.strip().isdigit():
+            raise BadRequestBody(f"malformed Content-Length {raw[:40]!r}")
+        length = int(raw)
+        if length > MAX_BODY_BYTES:
+            raise BadRequestBody(f"request body of {length} bytes is too large", status=413)
+        data = self.rfile.read(length) if length > 0 else b""
+        if len(data) < length:
+            raise BadRequestBody("request body shorter than its Content-Length")
+        return data
+
+    def _chunked_body(self) -> bytes:
+        """A ``Transfer-Encoding: chunked`` body (RFC 9112, section 7.1), within the cap."""
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            line = self.rfile.readline(1024)
+            size_text = line.split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise BadRequestBody(f"malformed chunk size {size_text[:20]!r}") from None
+            if size < 0:
+                raise BadRequestBody("malformed chunk size")
+            if size == 0:
+                while self.rfile.readline(1024).strip():  # trailer fields, then the end
+                    pass
+                return b"".join(chunks)
+            total += size
+            if total > MAX_BODY_BYTES:
+                raise BadRequestBody(f"request body over {MAX_BODY_BYTES} bytes", status=413)
+            chunk = self.rfile.read(size)
+            if len(chunk) < size or self.rfile.read(2) != b"\r\n":
+                raise BadRequestBody("chunk shorter than its size")
+            chunks.append(chunk)
+
+    def _client_gone(self) -> bool:
+        """Whether the client closed its connection (a readable socket with no data)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            if not readable:
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+    # ------------------------------------------------------------ other methods
+    def do_PUT(self) -> None:
+        self._other_method()
+
+    def do_DELETE(self) -> None:
+        self._other_method()
+
+    def do_PATCH(self) -> None:
+        self._other_method()
+
+    def do_OPTIONS(self) -> None:
+        self._other_method()
+
+    def _other_method(self) -> None:
+        """A method no route takes: 405 on a known path, 404 elsewhere."""
+        path = self.path.split("?", 1)[0]
+        self.close_connection = True  # the body, if any, is not read
+        if path in OPENAI_POST:
+            self._not_allowed("POST")
+        elif path in GET_ONLY or _GPU_PATH.match(path):
+            match = _GPU_PATH.match(path)
+            self._not_allowed("POST" if match and match.group(2) in ("/lock", "/reset") else "GET")
+        else:
+            self._not_found()
 
     # -------------------------------------------------------------------- GET
     def do_GET(self) -> None:
@@ -92,9 +220,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_text(200, "", "text/plain")
         elif path == "/gpu":
             self._send_json(200, {"count": len(node.simulations)})
+        elif path in OPENAI_POST:
+            self._not_allowed("POST")
         else:
             match = _GPU_PATH.match(path)
-            if match is None or match.group(2) not in (None, "/sample"):
+            if match is not None and match.group(2) in ("/lock", "/reset"):
+                self._not_allowed("POST")
+                return
+            if match is None:
                 self._not_found()
                 return
             gpu = int(match.group(1))
@@ -107,12 +240,35 @@ class _Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------- POST
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
-        raw = self._body()
-        if path in ("/v1/completions", "/v1/chat/completions"):
+        match = _GPU_PATH.match(path)
+        known_post = path in OPENAI_POST or (match and match.group(2) in ("/lock", "/reset"))
+        if not known_post:
+            self.close_connection = True  # the body is not read
+            if path in GET_ONLY or match is not None:
+                self._not_allowed("GET")
+            else:
+                self._not_found()
+            return
+        try:
+            raw = self._body()
+        except BadRequestBody as error:
+            self.close_connection = True
+            kind = "BadRequestError" if error.status == 400 else "RequestEntityTooLarge"
+            self._send_json(
+                error.status, ApiError(str(error), status=error.status, kind=kind).body()
+            )
+            return
+        if path in OPENAI_POST:
+            media_type = self.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+            if media_type != "application/json":
+                self._send_json(
+                    400,
+                    ApiError("Unsupported Media Type: Only 'application/json' is allowed").body(),
+                )
+                return
             self._generate(raw, chat=path.endswith("chat/completions"))
             return
-        match = _GPU_PATH.match(path)
-        if match is None or match.group(2) not in ("/lock", "/reset"):
+        if match is None:  # not reached: known_post above
             self._not_found()
             return
         node = self.server.node
@@ -149,6 +305,10 @@ class _Handler(BaseHTTPRequestHandler):
         responder = Responder(generation)
         if not generation.stream:
             produced = self._wait(stream)
+            if produced == CLIENT_GONE:
+                node.abort(stream)
+                log.debug("client left before its completion; request aborted")
+                return
             if produced is None:
                 self._send_json(
                     500,
@@ -165,12 +325,42 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         try:
             self._stream(stream, responder)
-        except (BrokenPipeError, ConnectionResetError):
-            log.debug("client left before the end of its stream")
+        except (BrokenPipeError, ConnectionResetError, ClientGone):
+            node.abort(stream)
+            log.debug("client left before the end of its stream; request aborted")
+
+    def _next_event(self, stream: Any) -> tuple[str, int]:
+        """The stream's next event, checking every :data:`POLL_S` that the client is
+        still connected.
+
+        Raises:
+            ClientGone: the client closed its connection.
+        """
+        started = time.monotonic()
+        while True:
+            try:
+                event: tuple[str, int] = stream.events.get(timeout=POLL_S)
+            except queue.Empty:
+                event = ("", 0)
+            now = time.monotonic()
+            # Tokens may flow all along: check by the clock, across calls.
+            if now - getattr(self, "_checked_s", 0.0) >= POLL_S:
+                self._checked_s = now
+                if self._client_gone():
+                    raise ClientGone
+            if event[0]:
+                return event
+            if now - started >= STREAM_TIMEOUT_S:
+                return ("abort", 0)
 
     def _wait(self, stream: Any) -> int | None:
+        """The completion's token count; None when the server stopped it, or
+        :data:`CLIENT_GONE` when the client left."""
         while True:
-            kind, value = stream.events.get(timeout=STREAM_TIMEOUT_S)
+            try:
+                kind, value = self._next_event(stream)
+            except ClientGone:
+                return CLIENT_GONE
             if kind == "done":
                 return int(value)
             if kind == "abort":
@@ -187,7 +377,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._event(responder.chunk("", None, first=True))
         sent = 0
         while True:
-            kind, value = stream.events.get(timeout=STREAM_TIMEOUT_S)
+            kind, value = self._next_event(stream)
             if kind == "abort":
                 break
             if kind == "tokens":

@@ -11,8 +11,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import UsageError, fail, parse_gpu_list
 from gpugov.daemon.errors import ExitCode
+from gpugov.daemon.limits import MAX_CLOCK_MHZ
 
 EXIT_RUNTIME, EXIT_PERMISSION, EXIT_NO_GPU, EXIT_GPU_LOST, EXIT_INTERRUPTED = (
     ExitCode.FAILURE,
@@ -29,6 +31,20 @@ def _gpus(text: str) -> list[int | str]:
     if not gpus:
         raise UsageError("--gpus needs at least one GPU")
     return gpus
+
+
+def _clock_list(text: str) -> tuple[int, ...]:
+    """``--clock-list``: clocks in MHz, positive integers separated by commas."""
+    try:
+        clocks = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        clocks = ()
+    if not clocks or any(not 0 < clock <= MAX_CLOCK_MHZ for clock in clocks):
+        raise UsageError(
+            f"--clock-list {text[:80]!r}: expected MHz,MHz,... (integers from 1 to "
+            f"{MAX_CLOCK_MHZ:g})"
+        )
+    return clocks
 
 
 def _max_model_len(url: str) -> int | None:
@@ -88,7 +104,12 @@ def _check_load(record: dict[str, Any]) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """Run the sweep (or the dry run) and write the profile; one line per failure."""
-    from gpugov.daemon.cli_support import UsageError, require_positive
+    from gpugov.daemon.cli_support import (
+        UsageError,
+        check_engine_url,
+        prepare_output_dir,
+        require_positive,
+    )
     from gpugov.daemon.errors import (
         GpugovError,
         GpuLost,
@@ -120,6 +141,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     gpus = _gpus(args.gpus)
+    wanted_clocks = _clock_list(args.clock_list) if args.clock_list else None
+    if args.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.name):
+        raise UsageError(
+            f"--name {args.name[:80]!r}: a profile name is a file stem: letters, digits, "
+            "'.', '_' and '-', at most 100 characters"
+        )
+    for flag, url in (("--engine-url", args.engine_url), ("--emulator", args.emulator)):
+        if url is not None:
+            check_engine_url(url, flag=flag, example="http://127.0.0.1:8000")
+    prepare_output_dir("--out", args.out)
     try:
         model = served_model(args.engine_url)
     except EngineUnreachable as error:
@@ -135,11 +166,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return fail(f"{error}", EXIT_NO_GPU)
     try:
         supported = backends[0].supported_clocks_mhz()
-        if args.clock_list:
-            try:
-                clocks = tuple(int(c) for c in args.clock_list.split(","))
-            except ValueError as error:
-                raise UsageError(f"--clock-list {args.clock_list}: expected MHz,MHz,...") from error
+        if wanted_clocks is not None:
+            clocks = wanted_clocks
             bad = [c for c in clocks if c not in supported]
             if bad:
                 raise UsageError(
@@ -199,10 +227,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
             backend=args.backend,
         )
     except Interrupted:
-        return fail(
-            f"interrupted; clocks reset; rerun with --resume to continue ({out_dir})",
-            EXIT_INTERRUPTED,
+        print(
+            f"gpugov: interrupted; clocks reset; rerun with --resume to continue ({out_dir})",
+            file=sys.stderr,
         )
+        return EXIT_INTERRUPTED
     except ProfileRunError as error:
         return fail(f"{error}; clocks reset", EXIT_RUNTIME)
     except PermissionDenied as error:
@@ -288,7 +317,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     which = parser.add_mutually_exclusive_group()
     which.add_argument(
         "--clocks",
-        type=int,
+        type=cli_types.count(2, 1000),
         default=None,
         metavar="N",
         help="measure N supported clocks spread from max to min (default 8)",
@@ -301,7 +330,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--dwell",
-        type=float,
+        type=cli_types.duration,
         default=2.0,
         metavar="S",
         help="idle power window per clock in seconds (default 2)",
@@ -319,28 +348,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--reference-batch",
-        type=int,
+        type=cli_types.count(1, 1_000_000),
         default=64,
         metavar="B",
         help="decode reference batch of the profile's decode columns (default 64)",
     )
     parser.add_argument(
         "--reference-context",
-        type=int,
+        type=cli_types.count(1, 100_000_000),
         default=1024,
         metavar="TOKENS",
         help="decode reference context per sequence (default 1024)",
     )
     parser.add_argument(
         "--ttft-slo",
-        type=float,
+        type=cli_types.duration,
         default=1.0,
         metavar="S",
         help="TTFT SLO written into the manifest (default 1.0)",
     )
     parser.add_argument(
         "--tpot-slo",
-        type=float,
+        type=cli_types.duration,
         default=0.05,
         metavar="S",
         help="TPOT SLO written into the manifest (default 0.05)",

@@ -19,6 +19,8 @@ from typing import Any
 
 from gpugov.daemon.actuator import ClockActuator
 from gpugov.daemon.backend import GpuBackend
+from gpugov.daemon.cli_support import UsageError
+from gpugov.daemon.files import InputFileError, loads_json, read_input_text
 from gpugov.daemon.progress import Progress
 from gpugov.study.profiler.fit import fit_decode
 from gpugov.study.profiler.measure import GpuSampler, Measurer, ProfileRunError, point_dict
@@ -107,10 +109,16 @@ def read_state(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]
         return None, []
     header = None
     records = []
-    for line in path.read_text().splitlines():
+    try:
+        text = read_input_text(path, "state")
+    except InputFileError as error:
+        raise UsageError(str(error)) from error
+    for line in text.splitlines():
         try:
-            row = json.loads(line)
+            row = loads_json(line)
         except json.JSONDecodeError:
+            continue
+        if not isinstance(row, dict):
             continue
         if row.get("kind") == "header":
             header = row

@@ -75,7 +75,9 @@ from gpugov.controllers.oracles import (
     oracle_capture,
     window_oracle,
 )
+from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import add_safety_arguments
+from gpugov.daemon.limits import MAX_JOBS
 from gpugov.daemon.progress import format_duration
 from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, simulate
 from gpugov.plant.profile import list_bundled_profiles
@@ -701,21 +703,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--duration",
-        type=float,
+        type=cli_types.duration,
         default=None,
         metavar="S",
         help="seconds of arrivals per scenario (default 600, quick 120)",
     )
     parser.add_argument(
         "--jobs",
-        type=int,
+        type=cli_types.count(1, MAX_JOBS),
         default=None,
         metavar="N",
         help="worker processes (default: one per CPU)",
     )
     parser.add_argument(
         "--windows",
-        type=int,
+        type=cli_types.count(1, 1000),
         default=None,
         metavar="N",
         help="N windows per trace: the scoreboard's and N-1 held-out starts, with a "
@@ -749,7 +751,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         from gpugov.study.runners import import_ray
 
         import_ray()  # --ray without Ray installed: the install hint, before any work
-    prepare_output_dir("--out", args.out)
+    prepare_output_dir("--out", args.out, parents=args.out == str(DEFAULT_OUT))
     bar = Progress(config.scenario_count(), "bench controllers", unit="scenarios")
     done, last = 0, ""
 

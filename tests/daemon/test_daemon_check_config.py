@@ -4,6 +4,7 @@ driver or with ``--offline``, and warns about SLO rules that can never have data
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import fake_pynvml as fp
@@ -73,6 +74,14 @@ REFUSED = {
         2,
     ),
     "record directory missing": ('record = "/nonexistent/dir/run.jsonl"', "", "", 2),
+    "record on a device": ('record = "/dev/zero"', "", "", 2),
+    "plan from a device": (
+        "",
+        "",
+        '[domains.controller]\nkind = "open-loop"\nplan = "/dev/zero"\n',
+        2,
+    ),
+    "period under the floor": ("period_s = 1e-9", "", "", 2),
     "metrics address not on this host": ('metrics_address = "192.0.2.1:9400"', "", "", 2),
 }
 
@@ -221,3 +230,38 @@ def test_prior_hint_warnings_surface_as_warning_lines(
     )
     assert node_cli.main(["check-config", str(auto), "--offline"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_metrics_port_held_by_another_program_is_refused_by_both(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        path = _write(tmp_path).read_text().replace('metrics_address = ""', "")
+        config = tmp_path / "taken.toml"
+        config.write_text(
+            path.replace("[daemon]\n", f'[daemon]\nmetrics_address = "127.0.0.1:{port}"\n')
+        )
+        assert node_cli.main(["check-config", str(config)]) == 2
+        assert "Address already in use" in capsys.readouterr().err
+        assert _run_code(config) == 2
+
+
+def test_a_metrics_port_held_by_a_running_gpugov_passes(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpugov.daemon.exporter import Exporter
+
+    exporter = Exporter("127.0.0.1", 0)  # the daemon a restart would replace
+    try:
+        port = exporter.url.rsplit(":", 1)[1].split("/")[0]
+        text = _write(tmp_path).read_text()
+        config = tmp_path / "running.toml"
+        config.write_text(
+            text.replace('metrics_address = ""', f'metrics_address = "127.0.0.1:{port}"')
+        )
+        assert node_cli.main(["check-config", str(config)]) == 0, capsys.readouterr().err
+    finally:
+        exporter.close()

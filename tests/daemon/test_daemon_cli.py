@@ -93,7 +93,7 @@ def test_run_flag_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert node_cli.main(["run", "--simulate", "--speed", "-1"]) == 2
     err = capsys.readouterr().err
     assert "unknown controller 'warp'" in err
-    assert "--speed must be positive" in err
+    assert "argument --speed: must be a speed in (0, 1e+06], got '-1'" in err
 
 
 def test_reset_clocks(fake: FakeNvml, capsys: pytest.CaptureFixture[str]) -> None:

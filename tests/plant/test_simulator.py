@@ -482,3 +482,24 @@ def test_energy_known_answer_for_one_request_at_a_fixed_clock() -> None:
     record = simulation.records()[0]
     assert record.ttft_s == pytest.approx(prefill_time, rel=1e-12)
     assert record.tpot_s == pytest.approx(sum(decode_times) / (output - 1), rel=1e-12)
+
+
+def test_a_request_cut_short_stops_generating() -> None:
+    from gpugov.plant import PlantSimulation
+
+    simulation = PlantSimulation((), make_plant(), seed=0, fast_forward=True)
+    running = simulation.add_request(64, 5000)
+    simulation.advance_to(1.0)
+    produced = simulation.generated_tokens(running)
+    assert 1 < produced < 5000
+    waiting = simulation.add_request(64, 5000)  # arrives now, not yet prefilled
+    simulation.cut_short(running)
+    simulation.cut_short(waiting)
+    simulation.advance_to(2.0)
+    _, finish = simulation.request_times()
+    assert finish[running] is not None and finish[waiting] is not None
+    assert simulation.generated_tokens(running) <= produced + 2  # ended after an iteration
+    assert simulation.generated_tokens(waiting) == 1  # ended with its prefill's token
+    assert simulation.observe().decode_active == 0 and simulation.observe().kv_tokens == 0
+    simulation.cut_short(running)  # a finished request is left alone
+    assert simulation.generated_tokens(running) <= produced + 2

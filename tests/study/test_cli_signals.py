@@ -61,7 +61,7 @@ def test_sigint_exits_130_with_one_line(argv: list[str], marker: str, tmp_path: 
     assert code == 130, stderr
     assert "Traceback" not in stderr
     lines = stderr.rstrip().splitlines()
-    assert lines[-1] == "gpugov: interrupted"
+    assert lines[-1].startswith("gpugov: interrupted"), lines  # simulate: "... at S of T"
     assert all(line.startswith(marker) for line in lines[:-1]), lines  # progress only
     assert seconds < 30.0  # bench's workers are ended, not waited for
 
@@ -74,3 +74,17 @@ def test_closed_stdout_exits_quietly() -> None:
     stderr = process.stderr.read()
     assert process.wait(timeout=60) == 1
     assert stderr == ""
+
+
+def test_sigint_on_a_simulated_run_says_where_it_stopped() -> None:
+    process = _start(["run", "--simulate", "--speed", "30", "--metrics-address", "none"])
+    code, stderr, _ = _interrupt_after(process, "run --simulate:")
+    assert code == 130, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.rstrip().splitlines()
+    assert lines[-1].startswith("gpugov: interrupted at "), lines
+    stopped_at = float(lines[-1].split()[3].replace(",", ""))
+    total = float(lines[-1].split()[5].replace(",", ""))
+    assert stopped_at < total
+    assert "100.0%" not in lines[-2]  # the last progress line shows where it stopped
+    assert all(line.startswith("run --simulate:") for line in lines[:-1]), lines

@@ -148,10 +148,10 @@ def test_identical_runs_give_identical_json_except_solve_times(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--duration", "0"], "--duration must be positive"),
-        (["--window", "0"], "--duration must be positive"),
+        (["--duration", "0"], "argument --duration: must be a duration in seconds in (0, "),
+        (["--window", "0"], "argument --window: must be a duration in seconds in (0, "),
         (["--animation", "200", "--duration", "100"], "exceeds --duration"),
-        (["--start", "-1"], "--start must be >= 0"),
+        (["--start", "-1"], "argument --start: must be a time in seconds in [0, "),
         (["--trace", "no-such-trace.csv"], "no-such-trace.csv"),
         (["--profile", "no-such-profile"], "no-such-profile"),
     ],

@@ -95,8 +95,8 @@ def test_simulate_lower_clock_lower_energy_via_cli(tmp_path: Path) -> None:
         (["--controller", "fixed:abc"], "--controller fixed:MHZ needs a number"),
         (["--controller", "fixed:5000"], "outside the supported range"),
         (["--controller", "warp-drive"], "unknown controller 'warp-drive'"),
-        (["--load-scale", "-1"], "--load-scale must be positive"),
-        (["--duration", "0"], "--duration must be positive"),
+        (["--load-scale", "-1"], "argument --load-scale: must be a multiplier in (0, "),
+        (["--duration", "0"], "argument --duration: must be a duration in seconds in (0, "),
     ],
 )
 def test_simulate_bad_input_one_clear_line(

@@ -244,3 +244,35 @@ def test_a_worker_killed_mid_sweep_loses_nothing_and_counts_nothing_twice(
     assert {r["key"]: r["metrics"] for r in rows} == {
         r["key"]: r["metrics"] for r in _rows(reference)
     }
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ("control_period_s = 1e-9", "key 'control_period_s': Input should be greater than"),
+        ("seeds = [-1]", "key 'seeds[0]': Input should be greater than or equal to 0"),
+        ("latency_noise = 1e6", "key 'latency_noise': Input should be less than or equal to 1"),
+        ("floor_mhz = 5000.0", "key 'floor_mhz': 5000 MHz is above the top clock"),
+        ("loads = [1.0, 1e-7]", "cell trace bursty.csv, profile h100-sxm-llama3-8b, load 1e-07"),
+    ],
+)
+def test_every_cell_is_checked_before_the_first_runs(
+    extra: str, expected: str, tmp_path: Path
+) -> None:
+    text = 'traces = ["bursty.csv"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+    text += f'controllers = ["max"]\nduration_s = 30.0\n{extra}\n'
+    grid = _grid(tmp_path, text)
+    out = tmp_path / "out"
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    assert code == 2, stderr
+    assert stderr.count("\n") == 1 and expected in stderr, stderr
+    assert not out.exists()  # refused before the output directory was made
+
+
+def test_an_output_directory_under_a_missing_parent_is_refused(tmp_path: Path) -> None:
+    grid = _grid(tmp_path, 'traces = ["bursty.csv"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+                 'controllers = ["max"]\nduration_s = 5.0\n')  # fmt: skip
+    out = tmp_path / "missing" / "out"
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    assert code == 2 and "does not exist (create it first)" in stderr, stderr
+    assert not out.parent.exists()

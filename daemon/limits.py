@@ -1,0 +1,64 @@
+"""The numeric bounds every command, the config and the sweep grid share, so that one
+value is accepted or refused the same way wherever it is given."""
+
+from __future__ import annotations
+
+MIN_PERIOD_S = 0.05
+"""Shortest control period anywhere: ``daemon.period_s``, every ``--control-period`` and a
+sweep grid's ``control_period_s`` (a shorter one only spins the loop; 1e-9 never ends)."""
+
+MAX_PERIOD_S = 60.0
+"""Longest control period anywhere (a longer one leaves the clock unwatched too long)."""
+
+MAX_SEED = 2**32 - 1
+"""Largest seed (numpy's generators take seeds in ``[0, 2**32)``)."""
+
+MAX_LATENCY_NOISE = 1.0
+"""Largest coefficient of variation of the plant's iteration-time jitter."""
+
+MAX_EMULATED_GPUS = 64
+"""Most GPUs one ``gpugov emulate`` serves (a node has at most 8 or 16)."""
+
+MAX_GPU_INDEX = 1023
+"""Largest GPU index a ``--gpus`` list takes (NVML numbers a node's GPUs from 0)."""
+
+MAX_JOBS = 1024
+"""Most local worker processes a study command starts."""
+
+MAX_RETRIES = 100
+"""Most retries of a study cell whose worker died."""
+
+MAX_CONCURRENCY = 100_000
+"""Most requests ``gpugov load`` keeps in flight."""
+
+MAX_COUNT = 1_000_000_000
+"""Largest generic count (a list length, a stride, a token count)."""
+
+MAX_SECONDS = 10.0 * 365 * 86_400
+"""Largest duration in seconds a flag takes (ten years; larger is a typo)."""
+
+MAX_SPEED = 1e6
+"""Largest pace of a simulated or emulated run (plant seconds per wall second)."""
+
+MAX_LOAD_SCALE = 1e6
+"""Largest arrival-rate multiplier."""
+
+MAX_CLOCK_MHZ = 100_000.0
+"""Largest clock in MHz a flag takes (no GPU is within an order of magnitude of it)."""
+
+__all__ = [
+    "MAX_CLOCK_MHZ",
+    "MAX_CONCURRENCY",
+    "MAX_COUNT",
+    "MAX_EMULATED_GPUS",
+    "MAX_GPU_INDEX",
+    "MAX_JOBS",
+    "MAX_LATENCY_NOISE",
+    "MAX_LOAD_SCALE",
+    "MAX_PERIOD_S",
+    "MAX_RETRIES",
+    "MAX_SECONDS",
+    "MAX_SEED",
+    "MAX_SPEED",
+    "MIN_PERIOD_S",
+]

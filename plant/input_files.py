@@ -1,0 +1,227 @@
+"""The one bounded reader of every input file gpugov reads: configs, recordings, plans,
+profiles, grids, traces and state files.
+
+Each kind has a size cap and a line-length cap (:data:`FILE_LIMITS`). The reader refuses
+what is not a regular file (a device such as ``/dev/zero``, a FIFO, a socket, a directory)
+before it opens it, opens with ``O_NONBLOCK`` so a FIFO swapped in between cannot block,
+streams in chunks so memory stays within the cap, and requires UTF-8 text without NUL
+bytes. Every refusal is one :class:`InputFileError` whose message names the file (and the
+line, where there is one). It lives in ``plant/`` because the plant's own loaders (traces,
+profiles) and the controllers' plan loader use it; ``gpugov.daemon.files`` re-exports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+KIB = 1 << 10
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class FileLimits:
+    """The caps of one kind of input file: its size and its longest line, in bytes."""
+
+    max_bytes: int
+    max_line_bytes: int
+
+
+FILE_LIMITS: dict[str, FileLimits] = {
+    "config": FileLimits(1 * MIB, 64 * KIB),
+    "grid": FileLimits(1 * MIB, 64 * KIB),
+    "plan": FileLimits(64 * MIB, 64 * MIB),
+    "profile": FileLimits(16 * MIB, 16 * MIB),
+    "trace": FileLimits(1 * GIB, 64 * KIB),
+    "recording": FileLimits(1 * GIB, 16 * MIB),
+    "results": FileLimits(1 * GIB, 16 * MIB),
+    "state": FileLimits(16 * MIB, 16 * MIB),
+}
+"""Caps per kind. Configs and grids are hand-written TOML; plans, profile manifests and
+state files are JSON that may sit on one line; traces, recordings and sweep results are
+line-oriented and may be long, but no line of theirs is."""
+
+_CHUNK_BYTES = 1 * MIB
+
+
+class InputFileError(ValueError):
+    """An input file gpugov refuses to read; the message names the file (and the line)."""
+
+    def __init__(self, path: str | os.PathLike[str], line: int | None, reason: str) -> None:
+        self.path = Path(path)
+        self.line = line
+        self.reason = reason
+        where = f"{self.path}:{line}" if line is not None else str(self.path)
+        super().__init__(f"{where}: {reason}")
+
+
+def _size(count: int) -> str:
+    """``1 MiB``, ``64 KiB``, ``1 GiB`` or a byte count."""
+    for unit, name in ((GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")):
+        if count >= unit and count % unit == 0:
+            return f"{count // unit} {name}"
+    return f"{count:,} bytes"
+
+
+def _what(mode: int) -> str | None:
+    """What a non-regular file is, in words (None for a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def read_input_bytes(path: str | os.PathLike[str], kind: str) -> bytes:
+    """The bytes of the ``kind`` input file at ``path``, within its caps.
+
+    Raises:
+        InputFileError: missing or unreadable, not a regular file, larger than the size
+            cap, or a line longer than the line cap (naming the line).
+        KeyError: ``kind`` is not in :data:`FILE_LIMITS` (a programming error).
+    """
+    limits = FILE_LIMITS[kind]
+    source = Path(path)
+    try:
+        what = _what(os.stat(source).st_mode)
+    except OSError as error:
+        raise InputFileError(
+            source, None, f"cannot read {kind} file: {error.strerror or error}"
+        ) from error
+    if what is not None:
+        raise InputFileError(source, None, f"is {what}, not a {kind} file")
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as error:
+        raise InputFileError(
+            source, None, f"cannot read {kind} file: {error.strerror or error}"
+        ) from error
+    chunks: list[bytes] = []
+    total = 0
+    lines_before = 0  # complete lines in the chunks read so far
+    line_length = 0  # bytes since the last newline
+    try:
+        info = os.fstat(fd)
+        what = _what(info.st_mode)
+        if what is not None:  # swapped between the stat and the open
+            raise InputFileError(source, None, f"is {what}, not a {kind} file")
+        if info.st_size > limits.max_bytes:
+            raise InputFileError(
+                source,
+                None,
+                f"{info.st_size:,} bytes, over the {_size(limits.max_bytes)} limit of a "
+                f"{kind} file",
+            )
+        while True:
+            try:
+                chunk = os.read(fd, _CHUNK_BYTES)
+            except BlockingIOError:
+                chunk = b""
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > limits.max_bytes:
+                raise InputFileError(
+                    source, None, f"over the {_size(limits.max_bytes)} limit of a {kind} file"
+                )
+            parts = chunk.split(b"\n")  # parts[0] continues the current line
+            for index, part in enumerate(parts):
+                length = len(part) + (line_length if index == 0 else 0)
+                if length > limits.max_line_bytes:
+                    raise InputFileError(
+                        source,
+                        lines_before + index + 1,
+                        f"line longer than {_size(limits.max_line_bytes)}; not a {kind} file",
+                    )
+            line_length = len(parts[-1]) + (line_length if len(parts) == 1 else 0)
+            lines_before += len(parts) - 1
+            chunks.append(chunk)
+    except OSError as error:
+        raise InputFileError(
+            source, None, f"cannot read {kind} file: {error.strerror or error}"
+        ) from error
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def decode_input_text(source: str | os.PathLike[str], data: bytes, kind: str) -> str:
+    """``data`` (a ``kind`` file's bytes) as UTF-8 text (a BOM is dropped).
+
+    Raises:
+        InputFileError: not UTF-8, or holds a NUL byte (binary), naming the line.
+    """
+    nul = data.find(b"\0")
+    if nul >= 0:
+        line = data.count(b"\n", 0, nul) + 1
+        raise InputFileError(source, line, f"binary data (a NUL byte); not a {kind} file")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise InputFileError(
+            source,
+            line,
+            f"not UTF-8 text ({error.reason} at byte {error.start}); not a {kind} file",
+        ) from error
+
+
+def read_input_text(path: str | os.PathLike[str], kind: str) -> str:
+    """The ``kind`` input file at ``path`` as text, within its caps (see the module).
+
+    Raises:
+        InputFileError: one line naming the file (see :func:`read_input_bytes` and
+            :func:`decode_input_text`).
+    """
+    return decode_input_text(path, read_input_bytes(path, kind), kind)
+
+
+def loads_json(text: str | bytes) -> Any:
+    """``json.loads``, with nesting too deep for the parser (``[[[[...`` thousands deep)
+    reported as the decode error every caller already handles, not a RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        shown = text if isinstance(text, str) else text.decode("utf-8", "replace")
+        raise json.JSONDecodeError("nested too deeply", shown, 0) from None
+
+
+def loads_toml(text: str) -> dict[str, Any]:
+    """``tomllib.loads``, with nesting too deep for the parser reported as a
+    ``TOMLDecodeError`` rather than a RecursionError."""
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise tomllib.TOMLDecodeError("nested too deeply") from None
+
+
+def read_input_text_and_digest(path: str | os.PathLike[str], kind: str) -> tuple[str, str]:
+    """The text of the ``kind`` input file at ``path`` and the sha256 of its bytes."""
+    data = read_input_bytes(path, kind)
+    return decode_input_text(path, data, kind), hashlib.sha256(data).hexdigest()
+
+
+__all__ = [
+    "FILE_LIMITS",
+    "FileLimits",
+    "InputFileError",
+    "decode_input_text",
+    "loads_json",
+    "loads_toml",
+    "read_input_bytes",
+    "read_input_text",
+    "read_input_text_and_digest",
+]

@@ -1,0 +1,233 @@
+"""``gpugov emulate`` and ``gpugov load`` under bad clients and bad servers, over real
+loopback sockets: vLLM's error shape, malformed and chunked bodies, wrong content types
+and methods, a client that leaves mid-request, and a stream cut before ``[DONE]``."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from synthetic import make_plant
+
+from gpugov.study.emulate.node import EmulatedNode
+from gpugov.study.emulate.server import EmulatorServer
+from gpugov.study.load import LoadRun, summarize
+from gpugov.study.openai_client import stream_completion
+
+
+@pytest.fixture
+def emulator() -> Iterator[EmulatorServer]:
+    server = EmulatorServer(EmulatedNode(make_plant()), "127.0.0.1", 0)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _raw(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``request`` as written (plus ``Connection: close``) on a fresh connection;
+    (status, headers, body). The client keeps its side open: a half-closed connection
+    reads as a client that left."""
+    line, _, rest = request.partition(b"\r\n")
+    request = line + b"\r\nConnection: close\r\n" + rest
+    parts = urllib.parse.urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+def _post(path: str, body: bytes, *, headers: str = "Content-Type: application/json\r\n") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+COMPLETION = json.dumps({"prompt": "hello there", "max_tokens": 3, "ignore_eos": True}).encode()
+
+
+def test_errors_have_current_vllms_shape(emulator: EmulatorServer) -> None:
+    status, _, body = _raw(emulator.url, _post("/v1/completions", b"{not json"))
+    assert status == 400
+    assert set(json.loads(body)) == {"error"}
+    assert json.loads(body)["error"]["code"] == 400
+
+
+@pytest.mark.parametrize("length", ["abc", "-5", "1e3", ""])
+def test_a_malformed_content_length_is_a_400(emulator: EmulatorServer, length: str) -> None:
+    request = (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode() + COMPLETION
+    status, _, body = _raw(emulator.url, request)
+    assert status == 400
+    assert "Content-Length" in json.loads(body)["error"]["message"]
+
+
+def test_an_oversized_body_is_refused_unread(emulator: EmulatorServer) -> None:
+    request = (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {1 << 40}\r\n\r\n"
+    ).encode()
+    status, _, body = _raw(emulator.url, request)
+    assert status == 413 and json.loads(body)["error"]["code"] == 413
+
+
+def test_a_chunked_body_is_read(emulator: EmulatorServer) -> None:
+    half = len(COMPLETION) // 2
+    chunks = b"".join(
+        f"{len(part):x}\r\n".encode() + part + b"\r\n"
+        for part in (COMPLETION[:half], COMPLETION[half:])
+    )
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n"
+    )
+    status, _, body = _raw(emulator.url, request)
+    assert status == 200, body
+    assert json.loads(body)["usage"]["completion_tokens"] == 3
+
+
+def test_a_malformed_chunk_is_a_400(emulator: EmulatorServer) -> None:
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n"
+    )
+    status, _, body = _raw(emulator.url, request)
+    assert status == 400 and "chunk" in json.loads(body)["error"]["message"]
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_wrong_content_type_is_a_400(emulator: EmulatorServer, content_type: str | None) -> None:
+    header = f"Content-Type: {content_type}\r\n" if content_type else ""
+    status, _, body = _raw(emulator.url, _post("/v1/completions", COMPLETION, headers=header))
+    assert status == 400
+    assert "Only 'application/json' is allowed" in json.loads(body)["error"]["message"]
+    # With a parameter it is still JSON.
+    header = "Content-Type: application/json; charset=utf-8\r\n"
+    status, _, _ = _raw(emulator.url, _post("/v1/completions", COMPLETION, headers=header))
+    assert status == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("GET", "/v1/completions", "POST"),
+        ("DELETE", "/v1/chat/completions", "POST"),
+        ("POST", "/v1/models", "GET"),
+        ("PUT", "/metrics", "GET"),
+        ("GET", "/gpu/0/lock", "POST"),
+        ("OPTIONS", "/v1/completions", "POST"),
+    ],
+)
+def test_a_wrong_method_is_a_405(
+    emulator: EmulatorServer, method: str, path: str, allow: str
+) -> None:
+    request = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode()
+    status, headers, body = _raw(emulator.url, request)
+    assert status == 405 and headers["allow"] == allow
+    assert json.loads(body)["error"]["code"] == 405
+
+
+def test_an_unknown_path_is_a_404_in_the_same_shape(emulator: EmulatorServer) -> None:
+    status, _, body = _raw(emulator.url, _post("/v1/nothing", b"{}"))
+    assert status == 404 and json.loads(body)["error"]["code"] == 404
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_leaves_aborts_its_request(stream: bool) -> None:
+    node = EmulatedNode(make_plant())
+    server = EmulatorServer(node, "127.0.0.1", 0)
+    server.start()
+    try:
+        body = json.dumps(
+            {"prompt": "x" * 40, "max_tokens": 2000, "ignore_eos": True, "stream": stream}
+        ).encode()
+        parts = urllib.parse.urlsplit(server.url)
+        sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
+        sock.sendall(_post("/v1/completions", body))
+        if stream:
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # the stream has begun
+        deadline = time.monotonic() + 10.0
+        while not any(node._streams) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert any(node._streams)  # in flight
+        sock.close()
+        while any(node._streams) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(node._streams), "the request was not aborted"
+        time.sleep(0.2)  # the plant ends it after its current iteration
+        simulation = node.simulations[0]
+        assert simulation.observe().decode_active == 0
+        assert simulation.generated_tokens(0) < 2000  # it stopped generating
+        assert sum(node.stats[0].finished.values()) == 0  # not counted as finished
+    finally:
+        server.close()
+
+
+class _CutStream(BaseHTTPRequestHandler):
+    """A server that dies mid-stream: two token events, then the connection closes."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for _ in range(2):
+            event = {"choices": [{"index": 0, "text": " a", "finish_reason": None}]}
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+        self.wfile.flush()
+        self.close_connection = True
+
+
+class _ErrorEvent(_CutStream):
+    """A server that reports an error mid-stream, as vLLM does, then ends the stream."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        error = {"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}
+        self.wfile.write(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode())
+        self.close_connection = True
+
+
+@pytest.mark.parametrize(("handler", "expected"), [(_CutStream, "without [DONE]"),
+                                                    (_ErrorEvent, "engine died")])  # fmt: skip
+def test_load_counts_a_stream_cut_short_as_failed(
+    handler: type[BaseHTTPRequestHandler], expected: str
+) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        timing = stream_completion(url, {"prompt": [1, 2, 3], "max_tokens": 5}, timeout_s=10)
+        assert timing.error is not None and expected in timing.error
+        assert timing.end_s is None
+        run = LoadRun([timing], scheduled=1, not_sent=0, clipped_prompts=0, wall_s=1.0,
+                      late_starts=0)  # fmt: skip
+        summary = summarize(run)
+        assert summary["requests_completed"] == 0 and summary["requests_failed"] == 1
+    finally:
+        server.shutdown()
+        server.server_close()
