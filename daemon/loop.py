@@ -235,13 +235,14 @@ as Python leaves it): each one stops the loop and the clocks are reset."""
 
 
 @contextlib.contextmanager
-def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+def stop_on_signals(stop: threading.Event, received: list[str] | None = None) -> Iterator[None]:
     """Every terminating signal (:data:`STOP_SIGNALS`) sets ``stop``.
 
     A repeated signal is logged and changes nothing: the reset that follows the stop is
     never interrupted, so every GPU gets its reset. SIGKILL cannot be caught; the next
     start reconciles (see :meth:`daemon.actuator.ClockActuator.reconcile`). Only in the
-    main thread; elsewhere this does nothing.
+    main thread; elsewhere this does nothing. ``received`` collects the name of the signal
+    that stopped the loop (the node exits 130 after its reset when it was SIGINT).
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -253,6 +254,8 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
             log.warning("received %s again; still stopping (resetting clocks first)", name)
             return
         log.info("received %s; stopping", name)
+        if received is not None:
+            received.append(name)
         stop.set()
 
     previous = {}

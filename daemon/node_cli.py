@@ -2,7 +2,8 @@
 
 Exit codes (also in ``docs/daemon.md``):
 
-* 0 -- success, or a clean stop (SIGTERM/SIGINT) with every clock reset;
+* 0 -- success, or a clean stop (SIGTERM and the other stop signals) with every clock
+  reset;
 * 1 -- the daemon failed at run time (a controller raised ``daemon.max_controller_failures``
   times in a row, an unexpected GPU error);
 * 2 -- usage or configuration error (nothing was applied);
@@ -10,7 +11,8 @@ Exit codes (also in ``docs/daemon.md``):
 * 4 -- no usable GPU: no driver/NVML, no such GPU, or clock locking not supported;
 * 5 -- a GPU was lost mid-run (the others were reset);
 * 6 -- at exit (or in ``reset-clocks``) some GPUs' locks could not be reset: the message
-  names them.
+  names them;
+* 130 -- stopped by Ctrl-C (SIGINT), every clock reset.
 """
 
 from __future__ import annotations
@@ -150,9 +152,10 @@ def _run_node(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.config}: {error}") from error
     dry_run = args.dry_run or config.daemon.dry_run
     stop = threading.Event()
+    received: list[str] = []
     # Signals are caught from here on: one during the start (opening the GPUs,
     # reconciling, building the MPC) ends the run cleanly before the first tick.
-    with _stop_on_signals(stop):
+    with _stop_on_signals(stop, received):
         assembled = domains_from_config(config, dry_run=dry_run)
         exporter = None
         recorder = None
@@ -189,6 +192,10 @@ def _run_node(args: argparse.Namespace) -> int:
                 exporter.close()
             assembled.close()
     log.info("stopped; every clock gpugov locked was reset")
+    if received[:1] == ["SIGINT"]:
+        # Ctrl-C, as every command answers it: one line and 130, after the reset.
+        print("gpugov: interrupted; every clock gpugov locked was reset", file=sys.stderr)
+        return ExitCode.INTERRUPTED
     return EXIT_OK
 
 
