@@ -5,7 +5,9 @@ Runs :mod:`gpugov.study.scoreboard.run` (also ``python -m gpugov.study.scoreboar
 profiles x loads, written to ``DIR/scoreboard.json``, ``DIR/scoreboard.md`` and
 ``DIR/scoreboard.png`` (default ``bench/results/controllers/`` in a source checkout,
 ``gpugov-scoreboard/`` otherwise), with a short summary on stdout and progress lines on
-stderr. ``bench`` installs with the package, so this works from a wheel as well.
+stderr; ``--report DIR`` adds the citable benchmark report
+(:mod:`gpugov.study.scoreboard.publish`). ``bench`` installs with the package, so this
+works from a wheel as well.
 """
 
 from __future__ import annotations
@@ -58,7 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             "Run the maximum clock, best fixed clock in hindsight, reactive governor, "
             "open-loop plan, MPC (SLSQP), MPC (fast) and the window oracle on every "
             "scenario, with the fluid LP bound, and write DIR/scoreboard.json, "
-            "DIR/scoreboard.md and DIR/scoreboard.png."
+            "DIR/scoreboard.md and DIR/scoreboard.png; with --report DIR2, also a "
+            "self-contained benchmark report (README.md, report.md, report.json, "
+            "pareto.csv, pareto.png) in DIR2."
         ),
     )
     scoreboard_module().add_arguments(parser)

@@ -14,7 +14,8 @@ the MPC solver comparison in ``solvers`` and the outputs in ``report``.
     .venv/bin/python -m gpugov.study.scoreboard.run [--quick] [--out DIR] [--jobs N]
 
 Writes ``DIR/scoreboard.json``, ``DIR/scoreboard.md`` and ``DIR/scoreboard.png``
-(default ``bench/results/controllers/``) and prints a short summary.
+(default ``bench/results/controllers/``) and prints a short summary; ``--report DIR2``
+also writes the citable benchmark report (``publish``).
 
 Scenarios
     Traces: the bundled Azure conversation slice (``azure-conv-10min``, from 0 s), the
@@ -66,6 +67,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from gpugov import __version__
 from gpugov.controllers.contract import Diagnosable
 from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.oracles import (
@@ -101,6 +103,7 @@ from gpugov.study.scoreboard.controllers import (
     build_scoreboard_controllers,
     scoreboard_mpc,
 )
+from gpugov.study.scoreboard.publish import request_stats, write_report
 from gpugov.study.scoreboard.report import (
     DEFINITIONS,
     short_table,
@@ -186,6 +189,9 @@ def _row(
         "oracle_capture": None,
         "offline_compute_s": offline_s,
         "wall_s": wall_s,
+        # Energy per request and TPOT deadlines for --report (publish.py): the request
+        # records stay in the worker, so the figures are taken here.
+        "request_stats": request_stats(result),
         **(extra or {}),
     }
 
@@ -550,6 +556,8 @@ def run_scoreboard(
             "cpus": os.cpu_count(),
         },
         "runner": runner.describe(),
+        "gpugov_version": __version__,
+        "profiles": {name: shared[f"profile:{name}"].describe() for name in config.profiles},
         "wall_s": elapsed,
         "scenarios": scenarios,
         "skipped": skipped,
@@ -679,6 +687,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"output directory (default {_shown(DEFAULT_OUT)})",
     )
     parser.add_argument(
+        "--report",
+        default=None,
+        metavar="DIR",
+        help="also write a citable benchmark report to DIR: README.md, report.md, "
+        "report.json, pareto.csv and pareto.png (docs/benchmark.md)",
+    )
+    parser.add_argument(
         "--traces",
         nargs="+",
         metavar="NAME",
@@ -752,6 +767,9 @@ def run_from_args(args: argparse.Namespace) -> int:
 
         import_ray()  # --ray without Ray installed: the install hint, before any work
     prepare_output_dir("--out", args.out, parents=args.out == str(DEFAULT_OUT))
+    report_dir = getattr(args, "report", None)
+    if report_dir is not None:
+        prepare_output_dir("--report", report_dir)
     bar = Progress(config.scenario_count(), "bench controllers", unit="scenarios")
     done, last = 0, ""
 
@@ -773,6 +791,11 @@ def run_from_args(args: argparse.Namespace) -> int:
         print("\n".join(window_lines(payload["window_summary"])))
     for path in paths.values():
         print(f"wrote {path}")
+    if report_dir is not None:
+        written, note = write_report(payload, Path(report_dir))
+        if note is not None:
+            print(note)
+        print(f"wrote the benchmark report to {report_dir} ({', '.join(written)})")
     return 0
 
 

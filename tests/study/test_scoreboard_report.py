@@ -1,0 +1,255 @@
+"""``gpugov bench controllers --report DIR`` through the real entry point, on the hidden
+tiny setup (one 15 s scenario), and the report's rules on hand-made request records."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import hashlib
+import io
+import json
+import shlex
+import statistics
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gpugov.cli import main
+from gpugov.plant.profile import bundled_profile_dir
+from gpugov.plant.types import RequestRecord
+from gpugov.plant.workload import resolve_trace
+from gpugov.study.scoreboard import publish
+from gpugov.study.scoreboard import run as scoreboard
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PROFILE = "h100-sxm-llama3-8b"
+
+
+def _strict_load(text: str) -> Any:
+    def reject(constant: str) -> None:
+        raise ValueError(f"non-strict JSON constant {constant}")
+
+    return json.loads(text, parse_constant=reject)
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(argv)
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str, str]:
+    out = tmp_path_factory.mktemp("scoreboard")
+    report = tmp_path_factory.mktemp("base") / "report"  # created: its parent exists
+    code, stdout, stderr = _run(
+        ["bench", "controllers", "--tiny", "--out", str(out), "--report", str(report)]
+    )
+    return report, code, stdout, stderr
+
+
+def test_report_folder_holds_every_file_its_readme_names(
+    tiny_report: tuple[Path, int, str, str],
+) -> None:
+    report, code, stdout, stderr = tiny_report
+    assert code == 0, stderr
+    names = sorted(p.name for p in report.iterdir())
+    assert names == sorted(
+        ["README.md", "report.md", "report.json", "pareto.csv", "pareto.png", "scoreboard.json"]
+    )
+    readme = (report / "README.md").read_text()
+    for name in names:
+        assert f"`{name}`" in readme
+    data = _strict_load((report / "report.json").read_text())
+    assert data["command"] in readme
+    assert f"wrote the benchmark report to {report}" in stdout
+    assert (report / "pareto.png").read_bytes().startswith(PNG_MAGIC)
+    assert data["command"] in (report / "report.md").read_text()
+
+
+def test_report_json_carries_versions_checksums_and_ml_energy_units(
+    tiny_report: tuple[Path, int, str, str],
+) -> None:
+    report, _, _, _ = tiny_report
+    data = _strict_load((report / "report.json").read_text())
+    from gpugov import __version__
+
+    assert data["schema"] == publish.REPORT_SCHEMA
+    assert data["versions"]["gpugov"] == __version__
+    assert data["plant"]["version"] == __version__
+    # The profile's checksums are those of the bundled files it was read from.
+    profile = data["profiles"][PROFILE]
+    assert profile["status"] == "literature-derived"
+    assert profile["profile_csv_sha256"] == _sha256(bundled_profile_dir() / f"{PROFILE}.csv")
+    assert profile["manifest_sha256"] == _sha256(bundled_profile_dir() / f"{PROFILE}.json")
+    [scenario] = data["scenarios"]
+    assert scenario["trace_sha256"] == _sha256(resolve_trace("azure-conv-10min"))
+    assert len(scenario["workload_checksum"]) == 64
+    assert "energy_per_request_j" in data["definitions"]
+    assert "proportion to the output tokens" in data["definitions"]["energy_per_request_j"]
+    rows = data["rows"]
+    assert [r["controller"] for r in rows] == list(scoreboard.CONTROLLER_ORDER)
+    for row in rows:
+        tokens, requests = row["output_tokens"], row["requests"]
+        assert tokens > 0 and requests == scenario["requests"]
+        # The attribution rule: J/token = E / tokens; mean per request = E / requests.
+        assert row["energy_per_output_token_j"] == pytest.approx(row["energy_j"] / tokens)
+        assert row["energy_per_request_mean_j"] == pytest.approx(row["energy_j"] / requests)
+        assert row["energy_per_request_median_j"] > 0.0
+        within = row["tpot_within_deadline"]
+        assert list(within) == ["50ms", "100ms", "250ms"]
+        assert 0.0 <= within["50ms"] <= within["100ms"] <= within["250ms"] <= 1.0
+        assert row["tpot_median_s"] <= row["tpot_p95_s"]
+    by_key = {r["controller"]: r for r in rows}
+    assert by_key["max"]["energy_saved_fraction"] == 0.0
+    assert by_key["window-oracle"]["oracle_capture"] == pytest.approx(1.0)
+    # The Pareto front is non-empty and every row on it is flagged.
+    front = data["pareto_front"][scenario["key"]]
+    assert front and all(by_key[key]["pareto_optimal"] for key in front)
+    assert {s["controller"] for s in data["summary"]} == set(by_key)
+
+
+def test_pareto_csv_has_one_line_per_row_and_scenario(
+    tiny_report: tuple[Path, int, str, str],
+) -> None:
+    report, _, _, _ = tiny_report
+    data = _strict_load((report / "report.json").read_text())
+    with (report / "pareto.csv").open() as handle:
+        lines = list(csv.DictReader(handle))
+    assert [(r["scenario"], r["controller"]) for r in lines] == [
+        (r["scenario"], r["controller"]) for r in data["rows"]
+    ]
+    for line, row in zip(lines, data["rows"], strict=True):
+        assert float(line["energy_saved_fraction"]) == pytest.approx(
+            row["energy_saved_fraction"], abs=1e-6
+        )
+        assert line["holds_slo"] == str(int(row["holds_slo"]))
+
+
+def test_the_recorded_command_reproduces_the_report(
+    tiny_report: tuple[Path, int, str, str], tmp_path: Path
+) -> None:
+    report, _, _, _ = tiny_report
+    first = _strict_load((report / "report.json").read_text())
+    argv = shlex.split(first["command"])
+    assert argv[:3] == ["gpugov", "bench", "controllers"]
+    again = tmp_path / "again"
+    argv[argv.index("--report") + 1] = str(again)
+    code, _, stderr = _run([*argv[1:], "--out", str(tmp_path / "out")])
+    assert code == 0, stderr
+    second = _strict_load((again / "report.json").read_text())
+    assert second["config"] == first["config"]
+    assert second["scenarios"] == first["scenarios"]
+    assert [(r["controller"], r["energy_j"], r["slo_attainment"]) for r in second["rows"]] == [
+        (r["controller"], r["energy_j"], r["slo_attainment"]) for r in first["rows"]
+    ]
+
+
+def test_reproduce_command_spells_out_every_choice() -> None:
+    config = scoreboard.config_for(quick=True, dwell_s=2.0, floor_mhz=900.0)
+    payload_config = {
+        key: list(value) if isinstance(value, tuple) else value
+        for key, value in vars(config).items()
+    }
+    command = publish.reproduce_command(payload_config, "out dir")
+    parser = argparse.ArgumentParser()
+    scoreboard.add_arguments(parser)
+    args = parser.parse_args(shlex.split(command)[3:])
+    assert args.report == "out dir"
+    again = scoreboard.config_for(
+        quick=args.quick,
+        traces=args.traces,
+        profiles=args.profiles,
+        loads=args.loads,
+        duration_s=args.duration,
+        dwell_s=args.dwell,
+        floor_mhz=args.floor,
+        windows=args.windows,
+    )
+    assert again == config
+
+
+def test_report_under_a_missing_directory_is_refused_before_the_run(tmp_path: Path) -> None:
+    target = tmp_path / "missing" / "report"
+    out = tmp_path / "out"
+    code, _, stderr = _run(
+        ["bench", "controllers", "--tiny", "--out", str(out), "--report", str(target)]
+    )
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith(f"gpugov: error: --report {target}:")
+    assert "does not exist" in lines[0]
+    assert not (tmp_path / "missing").exists()
+    assert not (out / "scoreboard.json").exists()  # refused before any work
+
+
+def test_report_onto_a_file_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "a-file"
+    target.write_text("keep me\n")
+    code, _, stderr = _run(
+        ["bench", "controllers", "--tiny", "--out", str(tmp_path / "o"), "--report", str(target)]
+    )
+    assert code == 2
+    assert f"--report {target}: exists and is not a directory" in stderr
+    assert target.read_text() == "keep me\n"
+
+
+def _record(
+    request_id: int, output: int, generated: int, first: float | None, finish: float | None
+) -> RequestRecord:
+    return RequestRecord(
+        request_id=request_id,
+        arrival_time_s=0.0,
+        prompt_tokens=100,
+        output_tokens=output,
+        first_token_time_s=first,
+        finish_time_s=finish,
+        generated_tokens=generated,
+    )
+
+
+def test_request_stats_follow_the_documented_rules() -> None:
+    records = (
+        _record(0, 11, 11, 0.1, 0.1 + 10 * 0.04),  # TPOT 40 ms
+        _record(1, 11, 11, 0.1, 0.1 + 10 * 0.2),  # TPOT 200 ms
+        _record(2, 1, 1, 0.1, 0.1),  # one token: no interval, counts as within
+        _record(3, 50, 7, 0.2, None),  # unfinished: a miss at every deadline
+    )
+    result = SimpleNamespace(request_records=records, metrics=SimpleNamespace(energy_j=300.0))
+    stats = publish.request_stats(result)  # type: ignore[arg-type]
+    assert stats["requests"] == 4 and stats["completed_requests"] == 3
+    assert stats["output_tokens"] == 30
+    assert stats["energy_per_output_token_j"] == pytest.approx(10.0)
+    assert stats["energy_per_request_mean_j"] == pytest.approx(75.0)
+    # E_i = E * g_i / sum(g): 110, 110, 10, 70 J; median 90 J.
+    assert stats["energy_per_request_median_j"] == pytest.approx(
+        statistics.median([110.0, 110.0, 10.0, 70.0])
+    )
+    assert stats["tpot_median_s"] == pytest.approx(0.12)
+    assert stats["tpot_within_deadline"] == {"50ms": 0.5, "100ms": 0.5, "250ms": 0.75}
+
+
+def test_without_matplotlib_the_plot_data_is_written_and_said(
+    tiny_report: tuple[Path, int, str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report, _, _, _ = tiny_report
+    payload = _strict_load((report / "scoreboard.json").read_text())
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    paths, note = publish.write_report(payload, tmp_path)
+    assert note is not None and "matplotlib" in note and "pareto.csv" in note
+    assert "\n" not in note
+    assert not (tmp_path / "pareto.png").exists()
+    assert "pareto.png" not in paths
+    readme = (tmp_path / "README.md").read_text()
+    assert note in readme and "`pareto.png`" not in readme
+    assert (tmp_path / "pareto.csv").is_file()
