@@ -81,6 +81,12 @@ def is_loopback(host: str) -> bool:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: EmulatorServer
+    head_only = False
+    """Answering HEAD: the headers GET would send, no body (as Starlette serves vLLM)."""
+
+    def _write(self, data: bytes) -> None:
+        if not self.head_only:
+            self.wfile.write(data)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
@@ -99,7 +105,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        self._write(data)
 
     def _send_text(self, status: int, text: str, content_type: str) -> None:
         data = text.encode()
@@ -107,7 +113,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        self._write(data)
 
     def _not_found(self) -> None:
         self._send_json(404, ApiError("Not Found", status=404, kind="NotFoundError").body())
@@ -121,7 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        self._write(data)
 
     def _body(self) -> bytes:
         """The request body: ``Content-Length`` bytes, or a chunked body.
@@ -205,6 +211,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._not_found()
 
     # -------------------------------------------------------------------- GET
+    def do_HEAD(self) -> None:
+        """GET's status and headers without the body on a GET path, 405 on a POST path
+        (Starlette adds HEAD to every GET route)."""
+        self.head_only = True
+        try:
+            self.do_GET()
+        finally:
+            self.head_only = False
+
     def do_GET(self) -> None:
         node = self.server.node
         path = self.path.split("?", 1)[0]

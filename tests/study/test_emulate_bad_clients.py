@@ -141,6 +141,16 @@ def test_a_wrong_method_is_a_405(
     assert json.loads(body)["error"]["code"] == 405
 
 
+def test_head_answers_a_get_path_without_a_body_and_a_post_path_with_a_405(
+    emulator: EmulatorServer,
+) -> None:
+    # Starlette, which serves vLLM, adds HEAD to every GET route.
+    status, headers, body = _raw(emulator.url, b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 200 and int(headers["content-length"]) > 0 and body == b""
+    status, headers, body = _raw(emulator.url, b"HEAD /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 405 and headers["allow"] == "POST" and body == b""
+
+
 def test_an_unknown_path_is_a_404_in_the_same_shape(emulator: EmulatorServer) -> None:
     status, _, body = _raw(emulator.url, _post("/v1/nothing", b"{}"))
     assert status == 404 and json.loads(body)["error"]["code"] == 404
