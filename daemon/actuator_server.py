@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import pwd
+import re
 import selectors
 import signal
 import socket
@@ -48,6 +49,7 @@ from gpugov.daemon.errors import (
     PermissionDenied,
     TransientGpuError,
 )
+from gpugov.daemon.limits import MAX_GPU_INDEX
 
 log = logging.getLogger(__name__)
 
@@ -535,8 +537,12 @@ def _gpu_list(value: str) -> list[int | str]:
     for part in value.split(","):
         part = part.strip()
         if part.isdigit():
+            if int(part) > MAX_GPU_INDEX:
+                raise argparse.ArgumentTypeError(
+                    f"GPU indices lie in [0, {MAX_GPU_INDEX}], got {part[:40]!r}"
+                )
             items.append(int(part))
-        elif part.startswith(("GPU-", "MIG-")):
+        elif part.startswith(("GPU-", "MIG-")) and _UUID.fullmatch(part):
             items.append(part)
         else:
             raise argparse.ArgumentTypeError(
@@ -545,6 +551,42 @@ def _gpu_list(value: str) -> list[int | str]:
     if not items:
         raise argparse.ArgumentTypeError("name at least one GPU")
     return items
+
+
+_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z/-]{1,120}")
+"""A GPU or MIG UUID as NVML prints it."""
+_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+"""A user name systemd accepts (a DynamicUser's included)."""
+MAX_UID = 2**32 - 2
+"""The highest uid (2**32 - 1 is the invalid uid)."""
+SOCKET_PATH_BYTES = 107
+"""The longest path a Unix socket's address holds (``sun_path`` less its NUL)."""
+
+
+def _allowed_user(value: str) -> str:
+    """``--allow``: a uid in [0, 2**32 - 2] or a user name (looked up at each connection:
+    a systemd DynamicUser exists only while its unit runs)."""
+    if value.isdigit():
+        if int(value) > MAX_UID:
+            raise argparse.ArgumentTypeError(f"a uid lies in [0, {MAX_UID}], got {value[:40]!r}")
+        return value
+    if not _USER.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"a user name or a uid, got {value[:40]!r} (letters, digits, _ . -, at most 32)"
+        )
+    return value
+
+
+def _socket_path(value: str) -> str:
+    """``--socket``: an absolute path short enough for a Unix socket's address (its
+    directory is checked before any GPU is opened, in :func:`run_actuator`)."""
+    if not value.startswith("/") or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise argparse.ArgumentTypeError(f"an absolute path, got {value[:60]!r}")
+    if len(os.fsencode(value)) > SOCKET_PATH_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"a Unix socket path holds at most {SOCKET_PATH_BYTES} bytes, got {value[:60]!r}..."
+        )
+    return value
 
 
 def _seconds(low: float, high: float) -> Callable[[str], float]:
@@ -584,12 +626,14 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--allow",
+        type=_allowed_user,
         required=True,
         metavar="USER|UID",
         help="the governor's user name or uid (checked with SO_PEERCRED)",
     )
     parser.add_argument(
         "--socket",
+        type=_socket_path,
         default=DEFAULT_SOCKET,
         metavar="PATH",
         help=f"the Unix socket to serve (default {DEFAULT_SOCKET})",
@@ -628,6 +672,13 @@ def run_actuator(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, on_signal)
+    directory = os.path.dirname(args.socket) or "/"
+    if not os.path.isdir(directory):
+        print(
+            f"gpugov: error: actuator: --socket {args.socket}: no such directory {directory}",
+            file=sys.stderr,
+        )
+        return int(ExitCode.USAGE)
     backends: list[GpuBackend] = []
     server: ActuatorServer | None = None
     try:

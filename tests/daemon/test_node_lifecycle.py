@@ -265,7 +265,10 @@ def test_a_stop_signal_leaves_no_lock(node: Node, second: int | None) -> None:
     daemon.send_signal(signal.SIGTERM)
     if second is not None:
         daemon.send_signal(second)
-    assert daemon.wait(timeout=30) == 0, log.read_text()
+    # 0 for SIGTERM; sent together, pending signals may be delivered lowest number first
+    # (SIGINT before SIGTERM), and a stop Ctrl-C started exits 130.
+    codes = {0} if second is None else {0, 130}
+    assert daemon.wait(timeout=30) in codes, log.read_text()
     text = log.read_text()
     assert "clocks reset" in text or "was reset" in text
     if second is not None:

@@ -211,7 +211,7 @@ CHOICES = ["", "no-such-choice"]
 INPUT_FILE_FLAGS = {"--config", "--grid", "--trace", "--profile", "file"}
 INPUT_DIR_FLAGS = {"--state-dir"}
 OUTPUT_FILE_FLAGS = {"--record", "--plot", "--json"}
-OUTPUT_DIR_FLAGS = {"--out"}
+OUTPUT_DIR_FLAGS = {"--out", "--report"}
 FILE_OUTPUT_COMMANDS = {"simulate", "plot"}
 """Commands whose ``--out`` is a file (elsewhere ``--out`` is a directory)."""
 
@@ -242,6 +242,8 @@ def bases(f: Files, out: Path) -> dict[str, list[str]]:
         "profile": ["profile", "--engine-url", DEAD_URL, "--gpus", "0", "--backend",
                     "emulated", "--out", str(out / "profile")],
         "sweep": ["sweep", "--grid", str(f.grid), "--out", str(out / "sweep")],
+        "actuator": ["actuator", "--gpus", "0", "--allow", "0", "--socket",
+                     str(out / "actuator.sock")],
     }  # fmt: skip
 
 
@@ -255,6 +257,10 @@ ACCEPTED: dict[tuple[str, str], tuple[frozenset[str] | None, str]] = {
         "model ids like any other (printable text up to 256 characters is served)",
     ),
     ("profile", "--name"): (frozenset({"nan", "9" * 20}), "file stems like any other"),
+    ("actuator", "--allow"): (
+        frozenset({"nan", "inf", "x"}),
+        "user names like any other (looked up at each connection)",
+    ),
 }
 """(command, flag) -> (the values accepted on purpose, None for every value; the reason it
 is not a usage error). Documented in docs/commands.md (Input rules)."""

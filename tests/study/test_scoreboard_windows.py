@@ -85,7 +85,7 @@ def test_default_config_runs_one_window_per_trace() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--windows", "0"], "--windows must be >= 1"),
+        (["--windows", "0"], "argument --windows: must be an integer in [1, 1000]"),
         (["--windows", "50"], "too short for 50 windows of 15 s"),
         (["--windows", "2", "--traces", "burstgpt1"], "burstgpt1 is used whole"),
         (["--profiles", "synthetic:nope"], "unknown synthetic profile shape 'synthetic:nope'"),
