@@ -369,7 +369,7 @@ def test_governor_stopped_cleanly_resets_through_the_actuator(split: Any) -> Non
         (
             ["--gpus", "0", "--socket", "/nonexistent/a.sock"],
             2,
-            "/nonexistent/a.sock: cannot serve",
+            "--socket /nonexistent/a.sock: no such directory /nonexistent",
         ),
         (["--gpus", "7"], 4, "GPU 7"),
         (["--gpus", "zz"], 2, "argument --gpus"),
