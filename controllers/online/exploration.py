@@ -127,6 +127,16 @@ class SafeExploration:
             sure = np.flatnonzero(zscore * relative <= self.maximum_relative_std * max(zscore, 1.0))
             if sure.size:
                 allowed = float(candidates[sure[0]])
+            below = candidates[candidates < frontier - 1e-9]
+            if slack and below.size:
+                # One bounded step below the frontier needs no model certainty: the
+                # measured latency has slack, the step is bounded, and a clock never
+                # visited never gets surer (a model unsure below the frontier would
+                # otherwise hold the floor there for ever). The step reaches at least
+                # the next supported clock (a narrow range's step can be finer than
+                # the clock grid).
+                within_step = below[below >= frontier - step - 1e-9]
+                allowed = min(allowed, float(within_step[0] if within_step.size else below[-1]))
         self.exploring = allowed < frontier - 1e-9
         # Only a measured calm window (latency nearer the exploration threshold than the
         # back-off one) is evidence that the raised floor may come down.

