@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpugov.daemon.backend import GpuBackend, GpuSample
+from gpugov.daemon.backend import GpuBackend, ReadThroughBackend
 from gpugov.daemon.errors import (
     GpuError,
     GpuLost,
@@ -249,7 +249,7 @@ def release_client(client: ActuatorClient) -> None:
             del _CLIENTS[client.path]
 
 
-class ActuatorBackend:
+class ActuatorBackend(ReadThroughBackend):
     """One GPU: read through ``reader`` (NVML, unprivileged), written through the actuator.
 
     The GPU is named to the actuator by its UUID when the reader knows it, else by its
@@ -263,28 +263,10 @@ class ActuatorBackend:
         *,
         release: Callable[[ActuatorClient], None] = release_client,
     ) -> None:
-        self._reader = reader
+        super().__init__(reader)
         self._client = client
         self._release = release
-        self._closed = False
         self._name_on_wire = str(getattr(reader, "uuid", "") or reader.label)
-
-    @property
-    def label(self) -> str:
-        """The reader's label (the NVML index as text)."""
-        return self._reader.label
-
-    @property
-    def uuid(self) -> str | None:
-        """The GPU's UUID, from its reader."""
-        value = getattr(self._reader, "uuid", None)
-        return str(value) if value else None
-
-    @property
-    def name(self) -> str | None:
-        """The GPU's name, from its reader."""
-        value = getattr(self._reader, "name", None)
-        return str(value) if value else None
 
     @property
     def write_epoch(self) -> int:
@@ -296,25 +278,13 @@ class ActuatorBackend:
         """The shared connection."""
         return self._client
 
-    def supported_clocks_mhz(self) -> tuple[int, ...]:
-        """The reader's supported clocks."""
-        return self._reader.supported_clocks_mhz()
-
-    def sample(self) -> GpuSample:
-        """A reading through the reader (no actuator involved)."""
-        return self._reader.sample()
-
     def write_path_problem(self) -> str | None:
         """Renew the lease when due; why writes cannot go through now, or None."""
         return self._client.check()
 
     def lock_clocks(self, min_mhz: int, max_mhz: int) -> None:
         """Ask the actuator to lock this GPU's SM clock into ``[min_mhz, max_mhz]``."""
-        self._check_open()
-        if min_mhz > max_mhz:
-            raise GpuError(
-                f"GPU {self.label}: lock {min_mhz}-{max_mhz} MHz: min above max", gpu=self.label
-            )
+        self._check_write(min_mhz, max_mhz)
         self._client.request(
             {
                 "op": "lock",
@@ -327,15 +297,8 @@ class ActuatorBackend:
 
     def reset_clocks(self) -> None:
         """Ask the actuator to reset this GPU's lock."""
-        self._check_open()
+        self._check_write()
         self._client.request({"op": "reset", "gpu": self._name_on_wire}, gpu=self.label)
-
-    def _check_open(self) -> None:
-        """Refuse a write on a closed backend, as every backend does."""
-        if self._closed:
-            from gpugov.daemon.errors import GpuUnavailable
-
-            raise GpuUnavailable(f"GPU {self.label}: backend is closed", gpu=self.label)
 
     def close(self) -> None:
         """Close the reader and release the shared connection (idempotent)."""

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from gpugov.daemon.errors import GpuUnavailable
+from gpugov.daemon.errors import GpuError, GpuUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,51 @@ class GpuBackend(Protocol):
     def reset_clocks(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class ReadThroughBackend:
+    """One GPU whose reads go through ``reader`` (NVML) and whose writes a subclass sends
+    elsewhere (the actuator, zeusd): the reader's label, UUID, name, clocks and samples,
+    and the checks every write makes."""
+
+    def __init__(self, reader: GpuBackend) -> None:
+        self._reader = reader
+        self._closed = False
+
+    @property
+    def label(self) -> str:
+        """The reader's label (the NVML index as text)."""
+        return self._reader.label
+
+    @property
+    def uuid(self) -> str | None:
+        """The GPU's UUID, from its reader."""
+        value = getattr(self._reader, "uuid", None)
+        return str(value) if value else None
+
+    @property
+    def name(self) -> str | None:
+        """The GPU's name, from its reader."""
+        value = getattr(self._reader, "name", None)
+        return str(value) if value else None
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        """The reader's supported clocks."""
+        return self._reader.supported_clocks_mhz()
+
+    def sample(self) -> GpuSample:
+        """A reading through the reader."""
+        return self._reader.sample()
+
+    def _check_write(self, min_mhz: int | None = None, max_mhz: int | None = None) -> None:
+        """Refuse a write on a closed backend, and a lock whose minimum is above its
+        maximum, as every backend does."""
+        if self._closed:
+            raise GpuUnavailable(f"GPU {self.label}: backend is closed", gpu=self.label)
+        if min_mhz is not None and max_mhz is not None and min_mhz > max_mhz:
+            raise GpuError(
+                f"GPU {self.label}: lock {min_mhz}-{max_mhz} MHz: min above max", gpu=self.label
+            )
 
 
 class DryRunBackend:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpugov.daemon.backend import GpuBackend, GpuSample
+from gpugov.daemon.backend import GpuBackend, ReadThroughBackend
 from gpugov.daemon.errors import (
     GpuError,
     GpuUnavailable,
@@ -190,44 +190,18 @@ class ZeusdClient:
         return self.problem
 
 
-class ZeusdBackend:
+class ZeusdBackend(ReadThroughBackend):
     """One GPU: read through ``reader`` (NVML), written through zeusd by its NVML index."""
 
     def __init__(self, reader: GpuBackend, client: ZeusdClient) -> None:
-        self._reader = reader
+        super().__init__(reader)
         self._client = client
-        self._closed = False
         self._index = str(getattr(reader, "index", reader.label))
-
-    @property
-    def label(self) -> str:
-        """The reader's label."""
-        return self._reader.label
-
-    @property
-    def uuid(self) -> str | None:
-        """The GPU's UUID, from its reader."""
-        value = getattr(self._reader, "uuid", None)
-        return str(value) if value else None
-
-    @property
-    def name(self) -> str | None:
-        """The GPU's name, from its reader."""
-        value = getattr(self._reader, "name", None)
-        return str(value) if value else None
 
     @property
     def client(self) -> ZeusdClient:
         """The zeusd client."""
         return self._client
-
-    def supported_clocks_mhz(self) -> tuple[int, ...]:
-        """The reader's supported clocks."""
-        return self._reader.supported_clocks_mhz()
-
-    def sample(self) -> GpuSample:
-        """A reading through the reader."""
-        return self._reader.sample()
 
     def write_path_problem(self) -> str | None:
         """Why writes cannot go through zeusd now, or None."""
@@ -235,8 +209,7 @@ class ZeusdBackend:
 
     def _write(self, path: str, params: dict[str, str], what: str) -> None:
         """One POST for this GPU; errors name the GPU and the write."""
-        if self._closed:
-            raise GpuUnavailable(f"GPU {self.label}: backend is closed", gpu=self.label)
+        self._check_write()
         try:
             self._client.call("POST", path, {"gpu_ids": self._index, **params, "block": "true"})
         except GpuError as error:
@@ -244,10 +217,7 @@ class ZeusdBackend:
 
     def lock_clocks(self, min_mhz: int, max_mhz: int) -> None:
         """``POST /gpu/set_gpu_locked_clocks`` for this GPU."""
-        if min_mhz > max_mhz:
-            raise GpuError(
-                f"GPU {self.label}: lock {min_mhz}-{max_mhz} MHz: min above max", gpu=self.label
-            )
+        self._check_write(min_mhz, max_mhz)
         params = {"min_clock_mhz": str(int(min_mhz)), "max_clock_mhz": str(int(max_mhz))}
         self._write("/gpu/set_gpu_locked_clocks", params, f"lock {min_mhz}-{max_mhz} MHz")
 
