@@ -26,6 +26,7 @@ from typing import Any
 from gpugov import __version__
 from gpugov.daemon.files import json_safe
 from gpugov.plant import ServingResult
+from gpugov.study.scoreboard.report import cell
 
 REPORT_SCHEMA = 1
 """Version of ``report.json``'s layout; raised when a field changes meaning."""
@@ -300,16 +301,6 @@ def build_report(
     }
 
 
-def _fmt(value: Any, scale: float = 1.0, digits: int = 2, suffix: str = "") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float | int):
-        return f"{value * scale:.{digits}f}{suffix}"
-    return str(value)
-
-
 def report_markdown(report: Mapping[str, Any]) -> str:
     """``report.md``: the report for reading."""
     deadlines = [f"{round(d * 1000)}ms" for d in report["tpot_deadlines_s"]]
@@ -325,7 +316,7 @@ def report_markdown(report: Mapping[str, Any]) -> str:
         "",
         f"Plant: {report['plant']['model']}, {report['plant']['scheduler']} scheduler, "
         f"seed {report['plant']['seed']}, no latency noise, control period "
-        f"{_fmt(report['plant']['control_period_s'], 1, 2, ' s')}. Definitions are in "
+        f"{cell(report['plant']['control_period_s'], 1, 2, ' s')}. Definitions are in "
         "`report.json` (`definitions`); energy per request follows the attribution rule "
         "there (energy split in proportion to output tokens served).",
         "",
@@ -349,8 +340,8 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     ]
     for s in report["scenarios"]:
         lines.append(
-            f"| {s['key']} | {s['requests']} | {_fmt(s.get('scenario_duration_s'), 1, 0, ' s')} "
-            f"| {_fmt(s.get('load_scale'), 1, 3)} | {_fmt(s.get('utilization'), 100, 0, '%')} | "
+            f"| {s['key']} | {s['requests']} | {cell(s.get('scenario_duration_s'), 1, 0, ' s')} "
+            f"| {cell(s.get('load_scale'), 1, 3)} | {cell(s.get('utilization'), 100, 0, '%')} | "
             f"`{s.get('trace_sha256') or '-'}` | `{s.get('workload_checksum') or '-'}` |"
         )
     if report["skipped"]:
@@ -372,10 +363,10 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     for s in report["summary"]:
         lines.append(
             f"| {s['label']} | {s['scenarios']} | {s['holds_slo']} | "
-            f"{_fmt(s['median_energy_saved_fraction'], 100, 1, '%')} | "
-            f"{_fmt(s['median_energy_per_output_token_j'], 1, 3)} | "
-            f"{_fmt(s['median_slo_attainment'], 100, 2, '%')} | "
-            f"{_fmt(s['median_oracle_capture'], 1, 2)} |"
+            f"{cell(s['median_energy_saved_fraction'], 100, 1, '%')} | "
+            f"{cell(s['median_energy_per_output_token_j'], 1, 3)} | "
+            f"{cell(s['median_slo_attainment'], 100, 2, '%')} | "
+            f"{cell(s['median_oracle_capture'], 1, 2)} |"
         )
     for s in report["scenarios"]:
         lines += [
@@ -383,8 +374,8 @@ def report_markdown(report: Mapping[str, Any]) -> str:
             f"## {s['key']}",
             "",
             f"Oracle: {s.get('oracle') or 'none holds'}; best fixed clock "
-            f"{_fmt(s.get('best_fixed_clock_mhz'), 1, 0, ' MHz')}; maximum clock's SLO "
-            f"attainment {_fmt(s.get('max_clock_slo_attainment'), 100, 2, '%')}. "
+            f"{cell(s.get('best_fixed_clock_mhz'), 1, 0, ' MHz')}; maximum clock's SLO "
+            f"attainment {cell(s.get('max_clock_slo_attainment'), 100, 2, '%')}. "
             "A `*` marks the scenario's Pareto front (energy saved against SLO attainment).",
             "",
             "| row | saved | J/token | J/request median / mean | SLO | holds | median TPOT | "
@@ -400,14 +391,14 @@ def report_markdown(report: Mapping[str, Any]) -> str:
             within = r.get("tpot_within_deadline") or {}
             lines.append(
                 f"| {r['label']}{' *' if r['pareto_optimal'] else ''} | "
-                f"{_fmt(r['energy_saved_fraction'], 100, 1, '%')} | "
-                f"{_fmt(r['energy_per_output_token_j'], 1, 3)} | "
-                f"{_fmt(r['energy_per_request_median_j'], 1, 1)} / "
-                f"{_fmt(r['energy_per_request_mean_j'], 1, 1)} J | "
-                f"{_fmt(r['slo_attainment'], 100, 2, '%')} | {_fmt(r['holds_slo'])} | "
-                f"{_fmt(r['tpot_median_s'], 1000, 1, ' ms')} | "
-                + " | ".join(_fmt(within.get(d), 100, 1, "%") for d in deadlines)
-                + f" | {_fmt(r['oracle_capture'], 1, 2)} |"
+                f"{cell(r['energy_saved_fraction'], 100, 1, '%')} | "
+                f"{cell(r['energy_per_output_token_j'], 1, 3)} | "
+                f"{cell(r['energy_per_request_median_j'], 1, 1)} / "
+                f"{cell(r['energy_per_request_mean_j'], 1, 1)} J | "
+                f"{cell(r['slo_attainment'], 100, 2, '%')} | {cell(r['holds_slo'])} | "
+                f"{cell(r['tpot_median_s'], 1000, 1, ' ms')} | "
+                + " | ".join(cell(within.get(d), 100, 1, "%") for d in deadlines)
+                + f" | {cell(r['oracle_capture'], 1, 2)} |"
             )
     return "\n".join(lines) + "\n"
 

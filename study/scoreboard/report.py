@@ -94,7 +94,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- output
-def _fmt(value: Any, scale: float = 1.0, digits: int = 2, suffix: str = "") -> str:
+def cell(value: Any, scale: float = 1.0, digits: int = 2, suffix: str = "") -> str:
+    """A table cell: "-" for None, yes/no for a bool, a number scaled and rounded."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -158,10 +159,10 @@ def markdown(payload: dict[str, Any]) -> str:
     for s in payload["summary"]:
         lines.append(
             f"| {s['label']} | {s['scenarios']} | {s['holds_slo']} | "
-            f"{_fmt(s['median_energy_saved_fraction'], 100, 1, '%')} | "
-            f"{_fmt(s['median_oracle_capture'], 1, 2)} | {_fmt(s['min_oracle_capture'], 1, 2)} | "
-            f"{_fmt(s.get('median_oracle_capture_after_warmup'), 1, 2)} | "
-            f"{_fmt(s['max_decision_time_p99_s'], 1000, 2, ' ms')} |"
+            f"{cell(s['median_energy_saved_fraction'], 100, 1, '%')} | "
+            f"{cell(s['median_oracle_capture'], 1, 2)} | {cell(s['min_oracle_capture'], 1, 2)} | "
+            f"{cell(s.get('median_oracle_capture_after_warmup'), 1, 2)} | "
+            f"{cell(s['max_decision_time_p99_s'], 1000, 2, ' ms')} |"
         )
     lines += window_markdown(payload)
     lines += online_model_lines(payload["rows"])
@@ -173,12 +174,12 @@ def markdown(payload: dict[str, Any]) -> str:
             "",
             f"Scenario `{comparison['scenario']}`, {comparison['points']} decision points, "
             f"{comparison['horizon_steps']}-step horizon: the fast solver is no worse on "
-            f"{_fmt(comparison['fraction_no_worse'], 100, 1, '%')} of points, worst relative "
-            f"excess {_fmt(comparison['worst_relative_excess'], 100, 3, '%')}; p99 solve "
-            f"{_fmt(comparison['fast_p99_s'], 1000, 2, ' ms')} (fast) vs "
-            f"{_fmt(comparison['slsqp_p99_s'], 1000, 2, ' ms')} (SLSQP); with each period "
+            f"{cell(comparison['fraction_no_worse'], 100, 1, '%')} of points, worst relative "
+            f"excess {cell(comparison['worst_relative_excess'], 100, 3, '%')}; p99 solve "
+            f"{cell(comparison['fast_p99_s'], 1000, 2, ' ms')} (fast) vs "
+            f"{cell(comparison['slsqp_p99_s'], 1000, 2, ' ms')} (SLSQP); with each period "
             f"split in {LONG_HORIZON_SPLIT} ({comparison.get('long_horizon_steps')} steps), "
-            f"fast p99 {_fmt(comparison.get('fast_long_p99_s'), 1000, 2, ' ms')}.",
+            f"fast p99 {cell(comparison.get('fast_long_p99_s'), 1000, 2, ' ms')}.",
         ]
     by_scenario: dict[str, list[dict[str, Any]]] = {}
     for row in payload["rows"]:
@@ -207,7 +208,7 @@ def markdown(payload: dict[str, Any]) -> str:
             if row is None:
                 cells.append("")
                 continue
-            saved = _fmt(row["energy_saved_fraction"], 100, 1, "%")
+            saved = cell(row["energy_saved_fraction"], 100, 1, "%")
             if not row["holds_slo"]:
                 cells.append(f"{saved} -")
             elif row["oracle_capture"] is None:
@@ -216,14 +217,14 @@ def markdown(payload: dict[str, Any]) -> str:
                 cells.append(f"{saved} ({row['oracle_capture']:.2f})")
         bound = info["lp_bound"]["energy_j"]
         ratio = (
-            _fmt(bound / info["oracle_energy_j"], 1, 2)
+            cell(bound / info["oracle_energy_j"], 1, 2)
             if bound is not None and info["oracle_energy_j"]
             else "-"
         )
         lines.append(
             f"| {_trace(info)} | {info['profile']} | {info['load_label']} | "
-            f"{_fmt(info['utilization'], 100, 0, '%')} | "
-            f"{_fmt(info['max_clock_slo_attainment'], 100, 1, '%')} | "
+            f"{cell(info['utilization'], 100, 0, '%')} | "
+            f"{cell(info['max_clock_slo_attainment'], 100, 1, '%')} | "
             + " | ".join(cells)
             + f" | {ratio} |"
         )
@@ -238,10 +239,10 @@ def markdown(payload: dict[str, Any]) -> str:
             f"load scale {info['load_scale']:.3g}); utilisation "
             f"{100 * info['utilization']:.0f}% of maximum-clock SLO capacity (fluid estimate "
             f"{100 * info['fluid_utilization_estimate']:.0f}%), maximum clock's SLO attainment "
-            f"{_fmt(info['max_clock_slo_attainment'], 100, 2, '%')}. Best fixed clock "
+            f"{cell(info['max_clock_slo_attainment'], 100, 2, '%')}. Best fixed clock "
             f"{info['best_fixed']['clock_mhz']:g} MHz ({info['best_fixed']['simulations']} "
             f"runs); window oracle {info['window_oracle']['source']}; fluid LP bound "
-            f"{_fmt(bound['energy_j'], 1e-3, 1, ' kJ')}.",
+            f"{cell(bound['energy_j'], 1e-3, 1, ' kJ')}.",
             "",
             "| controller | energy | saved | J/token | SLO | holds | TTFT p95 | TPOT p95 | "
             "cap / thermal | decision p50 / p99 | capture |",
@@ -251,19 +252,19 @@ def markdown(payload: dict[str, Any]) -> str:
             decision = (
                 "offline"
                 if row["decision_time_p50_s"] is None
-                else f"{_fmt(row['decision_time_p50_s'], 1000, 2)} / "
-                f"{_fmt(row['decision_time_p99_s'], 1000, 2)} ms"
+                else f"{cell(row['decision_time_p50_s'], 1000, 2)} / "
+                f"{cell(row['decision_time_p99_s'], 1000, 2)} ms"
             )
             lines.append(
-                f"| {row['label']} | {_fmt(row['energy_j'], 1e-3, 1, ' kJ')} | "
-                f"{_fmt(row['energy_saved_fraction'], 100, 1, '%')} | "
-                f"{_fmt(row['energy_per_output_token_j'], 1, 3)} | "
-                f"{_fmt(row['slo_attainment'], 100, 2, '%')} | {_fmt(row['holds_slo'])} | "
-                f"{_fmt(row['ttft_p95_s'], 1, 3, ' s')} | "
-                f"{_fmt(row['tpot_p95_s'], 1000, 1, ' ms')} | "
-                f"{_fmt(row['power_cap_violation_s'], 1, 1)} / "
-                f"{_fmt(row['thermal_violation_s'], 1, 1)} s | {decision} | "
-                f"{_fmt(row['oracle_capture'], 1, 2)} |"
+                f"| {row['label']} | {cell(row['energy_j'], 1e-3, 1, ' kJ')} | "
+                f"{cell(row['energy_saved_fraction'], 100, 1, '%')} | "
+                f"{cell(row['energy_per_output_token_j'], 1, 3)} | "
+                f"{cell(row['slo_attainment'], 100, 2, '%')} | {cell(row['holds_slo'])} | "
+                f"{cell(row['ttft_p95_s'], 1, 3, ' s')} | "
+                f"{cell(row['tpot_p95_s'], 1000, 1, ' ms')} | "
+                f"{cell(row['power_cap_violation_s'], 1, 1)} / "
+                f"{cell(row['thermal_violation_s'], 1, 1)} s | {decision} | "
+                f"{cell(row['oracle_capture'], 1, 2)} |"
             )
         lines.append("")
     return "\n".join(lines) + "\n"
@@ -343,21 +344,21 @@ def short_table(payload: dict[str, Any]) -> str:
     for s in payload["summary"]:
         lines.append(
             f"{s['label']:<26} {s['holds_slo']:>3}/{s['scenarios']:<3} "
-            f"{_fmt(s['median_energy_saved_fraction'], 100, 1, '%'):>7} "
-            f"{_fmt(s['median_oracle_capture'], 1, 2):>8} {_fmt(s['min_oracle_capture'], 1, 2):>8} "
-            f"{_fmt(s.get('median_oracle_capture_after_warmup'), 1, 2):>8} "
-            f"{_fmt(s['max_decision_time_p99_s'], 1000, 2, ' ms'):>10}"
+            f"{cell(s['median_energy_saved_fraction'], 100, 1, '%'):>7} "
+            f"{cell(s['median_oracle_capture'], 1, 2):>8} {cell(s['min_oracle_capture'], 1, 2):>8} "
+            f"{cell(s.get('median_oracle_capture_after_warmup'), 1, 2):>8} "
+            f"{cell(s['max_decision_time_p99_s'], 1000, 2, ' ms'):>10}"
         )
     comparison = payload.get("mpc_solver_comparison")
     if comparison:
         lines.append(
             f"MPC solvers on {comparison['points']} points: fast no worse on "
-            f"{_fmt(comparison['fraction_no_worse'], 100, 1, '%')}, worst excess "
-            f"{_fmt(comparison['worst_relative_excess'], 100, 3, '%')}, p99 "
-            f"{_fmt(comparison['fast_p99_s'], 1000, 2, ' ms')} fast vs "
-            f"{_fmt(comparison['slsqp_p99_s'], 1000, 2, ' ms')} SLSQP; "
+            f"{cell(comparison['fraction_no_worse'], 100, 1, '%')}, worst excess "
+            f"{cell(comparison['worst_relative_excess'], 100, 3, '%')}, p99 "
+            f"{cell(comparison['fast_p99_s'], 1000, 2, ' ms')} fast vs "
+            f"{cell(comparison['slsqp_p99_s'], 1000, 2, ' ms')} SLSQP; "
             f"{comparison.get('long_horizon_steps')}-step fast p99 "
-            f"{_fmt(comparison.get('fast_long_p99_s'), 1000, 2, ' ms')}"
+            f"{cell(comparison.get('fast_long_p99_s'), 1000, 2, ' ms')}"
         )
     lines.append(
         f"{len(payload['scenarios'])} scenarios, {len(payload['skipped'])} skipped, "
