@@ -4,7 +4,7 @@ the detailed plant under a fixed clock or a schedule (see ``controllers/oracles/
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -46,6 +46,22 @@ def holds_slo(
     if attainment is None:
         return False
     return attainment >= reference_attainment - tolerance - 1e-12
+
+
+def lowest_holding(holds: Callable[[int], bool], top: int) -> int:
+    """The lowest index in ``[0, top]`` where ``holds`` is true, by bisection: ``holds``
+    is taken to be monotone (a higher clock or cap holds where a lower one does) and true
+    at ``top``, which is returned when nothing lower holds."""
+    if holds(0):
+        return 0
+    failing, lowest = 0, top
+    while lowest - failing > 1:
+        middle = (failing + lowest) // 2
+        if holds(middle):
+            lowest = middle
+        else:
+            failing = middle
+    return lowest
 
 
 def oracle_capture(

@@ -15,6 +15,7 @@ from gpugov.controllers.oracles.common import (
     SLO_TOLERANCE,
     _run_fixed,
     holds_slo,
+    lowest_holding,
     maximum_clock_reference,
 )
 from gpugov.plant.plant import ServingPlant
@@ -131,16 +132,7 @@ def best_fixed_clock(
         return evaluate(index).metrics.energy_j
 
     # 1. Bisection for the lowest holding index (the top one holds by definition).
-    if holds(0):
-        lowest = 0
-    else:
-        failing, lowest = 0, top
-        while lowest - failing > 1:
-            middle = (failing + lowest) // 2
-            if holds(middle):
-                lowest = middle
-            else:
-                failing = middle
+    lowest = lowest_holding(holds, top)
     # 2. Coarse grid over [lowest, top].
     grid = np.unique(np.linspace(lowest, top, coarse_points).round().astype(int))
     for index in grid:

@@ -23,6 +23,7 @@ import numpy as np
 from gpugov.controllers.oracles.common import (
     SLO_TOLERANCE,
     holds_slo,
+    lowest_holding,
     maximum_clock_reference,
 )
 from gpugov.controllers.peers.power_cap import StaticPowerCap
@@ -111,16 +112,10 @@ def best_static_cap(
     top = len(caps) - 1
     if holds(0):
         lowest = 0
-    elif not holds(top):
+    elif not holds(top):  # not even the highest cap holds: it is the choice
         lowest = top
     else:
-        failing, lowest = 0, top
-        while lowest - failing > 1:
-            middle = (failing + lowest) // 2
-            if holds(middle):
-                lowest = middle
-            else:
-                failing = middle
+        lowest = lowest_holding(holds, top)
     for index in range(lowest + 1, min(top, lowest + neighbours) + 1):
         run(index)
     holding = [i for i in runs if holds(i)] or [top]
