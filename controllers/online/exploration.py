@@ -112,6 +112,12 @@ class SafeExploration:
             longest = self.largest_step_fraction * (clocks[-1] - clocks[0])
             physics = frontier * pressure / self.explore_threshold
             target = min(target, max(physics, frontier - longest))
+        if slack:
+            # One step reaches at least the next supported clock (a narrow range's step
+            # can be finer than the clock grid).
+            lower = clocks[clocks < frontier - 1e-9]
+            if lower.size:
+                target = min(target, float(lower[-1]))
         # Never where the model is too unsure (relative std of the latency predictions):
         # the lowest candidate that is sure enough, all predicted in one vectorised pass.
         within = (clocks >= target - 1e-9) & (clocks <= frontier + 1e-9)
@@ -132,9 +138,7 @@ class SafeExploration:
                 # One bounded step below the frontier needs no model certainty: the
                 # measured latency has slack, the step is bounded, and a clock never
                 # visited never gets surer (a model unsure below the frontier would
-                # otherwise hold the floor there for ever). The step reaches at least
-                # the next supported clock (a narrow range's step can be finer than
-                # the clock grid).
+                # otherwise hold the floor there for ever).
                 within_step = below[below >= frontier - step - 1e-9]
                 allowed = min(allowed, float(within_step[0] if within_step.size else below[-1]))
         self.exploring = allowed < frontier - 1e-9
