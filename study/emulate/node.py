@@ -5,7 +5,10 @@ wall clock every ``tick_s``; requests are injected as they arrive and their toke
 handed to the HTTP handlers as the plant's iterations produce them. With ``--gpus N``
 the node is data parallel: N replicas of the engine, one per GPU, each request sent to
 the replica with the fewest unfinished requests, ties in turn (vLLM's ``engine`` label
-tells them apart on ``/metrics``). Everything here is guarded by one lock.
+tells them apart on ``/metrics``). Each plant attributes its energy to the requests it
+served (``plant/attribution.py``); a finished request's is kept for
+``GET /gpugov/energy`` (:meth:`EmulatedNode.energy_report`, the latest
+:data:`MAX_ENERGY_RECORDS`). Everything here is guarded by one lock.
 """
 
 from __future__ import annotations

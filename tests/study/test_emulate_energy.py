@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from synthetic import make_plant
 
-from gpugov.study.emulate.node import EmulatedNode
+from gpugov.study.emulate.node import MAX_ENERGY_RECORDS, EmulatedNode
 from gpugov.study.emulate.server import EmulatorServer
 
 
@@ -123,3 +123,10 @@ def test_bad_since_gets_a_vllm_400(emulator: EmulatorServer, query: str) -> None
 def test_energy_path_takes_get_only(emulator: EmulatorServer) -> None:
     status, payload = _request(emulator.url, "POST", "/gpugov/energy", {})
     assert status == 405 and json.loads(payload)["error"]["code"] == 405
+
+
+def test_truth_keeps_a_bounded_number_of_requests() -> None:
+    node = EmulatedNode(make_plant())
+    assert node._energy_records.maxlen == MAX_ENERGY_RECORDS == 100_000
+    report = node.energy_report()
+    assert report["requests"] == [] and report["totals"]["total_j"] >= 0.0
