@@ -112,10 +112,17 @@ class BudgetGuard(ControllerWrapper):
         """Decisions the budget lowered."""
         self.over_budget_decisions = 0
         """Decisions made over budget (the need above the budget)."""
+        self.need_errors = 0
+        """Decisions whose need the inner controller could not give (it raised): they
+        pass unchanged, as with no need."""
 
     def __call__(self, observation: ServingObservation) -> float:
         decision = float(self.inner(observation))
-        need = self.power_needed()
+        try:
+            need = self.power_needed()
+        except Exception:  # the controller's own estimate never costs the decision
+            self.need_errors += 1
+            need = None
         budget = observation.power_limit_w
         self.last_need = need
         self.over_budget = False

@@ -250,7 +250,14 @@ class PowerBudget:
         guard = next(
             (layer for layer in layers(controller) if isinstance(layer, BudgetGuard)), None
         )
-        need = guard.last_need if guard is not None else power_needed(controller)
+        if guard is not None:
+            need = guard.last_need
+        else:
+            try:
+                need = power_needed(controller)
+            except Exception as error:  # a controller's own estimate: never stops the loop
+                log.debug("domain %s: power_needed raised %r", self.domain, error)
+                need = None
         self.need_w = None if need is None else need.watts
         self.need_uncertainty_w = None if need is None else need.uncertainty_w
         self.need_clock_mhz = None if need is None else need.clock_mhz
@@ -259,6 +266,7 @@ class PowerBudget:
         budget = self.budget_w
         if guard is not None:
             over, self.slipping = guard.over_budget, guard.slipping
+            budget = guard.last_budget_w
         else:
             over = need is not None and budget is not None and need.watts > budget
             self.slipping = "ttft" if over else "none"
@@ -268,9 +276,12 @@ class PowerBudget:
         if over and not self.over_budget:
             self.over_budget_events += 1
             self._over_since_s = now_s
-            if now_s - self._event_logged_s >= EVENT_LOG_EVERY_S:
+            if (
+                need is not None
+                and budget is not None
+                and (now_s - self._event_logged_s >= EVENT_LOG_EVERY_S)
+            ):
                 self._event_logged_s = now_s
-                assert need is not None and budget is not None
                 log.warning(
                     "domain %s: over budget: the power budget %.0f W (from %s) is below the "
                     "%.0f W (+/- %.0f W) the SLO needs at this load (%.0f MHz); %s",

@@ -227,3 +227,13 @@ def test_budget_guard_holds_a_budget_on_the_plant_and_protects_tpot_first() -> N
     assert after_step_w[True] <= budget_w
     assert held.tpot_slo_attainment == pytest.approx(1.0)  # TPOT of running requests held
     assert held.ttft_p50_s > free.ttft_p50_s  # TTFT of queued requests slips first
+
+
+def test_budget_guard_survives_a_need_that_raises() -> None:
+    class Broken(_Planned):
+        def power_needed(self) -> PowerNeed | None:
+            raise ValueError("watts must be finite and >= 0, got nan")
+
+    guard = BudgetGuard(Broken(1800.0, None))
+    assert guard(_observation(100.0)) == 1800.0
+    assert guard.need_errors == 1 and guard.last_need is None
