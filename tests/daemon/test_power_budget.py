@@ -224,6 +224,7 @@ def test_budgets_reach_the_controller_every_tick_and_are_published(
     # the budget: 800 W and 600 W fit 1980 and 1665 MHz; over budget (500 W) 1320 MHz,
     # above the TPOT clock (1200 MHz) the running requests need.
     assert requested == [1980.0, 1980.0, 1665.0, 1665.0, 1665.0, 1320.0, 1320.0]
+    assert fake.locked(0) is None and fake.locked(1) is None  # no lock left behind
     first, last = _samples(pages[1]), _samples(pages[6])
     assert first[("gpugov_power_needed_watts", (("domain", "llm"),))] == 550.0
     assert first[("gpugov_power_needed_uncertainty_watts", (("domain", "llm"),))] == 12.0
