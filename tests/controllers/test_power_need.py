@@ -237,3 +237,22 @@ def test_budget_guard_survives_a_need_that_raises() -> None:
     guard = BudgetGuard(Broken(1800.0, None))
     assert guard(_observation(100.0)) == 1800.0
     assert guard.need_errors == 1 and guard.last_need is None
+
+
+def test_budget_guard_prices_the_need_every_decision_only_while_the_budget_can_bind() -> None:
+    class Counting(_Planned):
+        calls = 0
+
+        def power_needed(self) -> PowerNeed | None:
+            self.calls += 1
+            return self.need
+
+    need = replace(_need(CLOCKS, CURVE, watts_index=2, tpot_index=1), peak_w=650.0)
+    inner = Counting(1500.0, need)
+    guard = BudgetGuard(inner)
+    for tick in range(8):  # 0.25 s periods, a budget above the peak: once a second
+        guard(replace(_observation(700.0), time_s=0.25 * tick))
+    assert inner.calls == 2 and guard.last_need is need
+    for tick in range(8, 12):  # a budget that can bind: at every decision
+        guard(replace(_observation(400.0), time_s=0.25 * tick))
+    assert inner.calls == 6
