@@ -175,6 +175,10 @@ class ControllerContext:
             budget rule when the budget is below the need
             (:class:`controllers.power_need.BudgetGuard`, ``docs/power-budget.md``); a
             node always does, a study when it asks.
+        budget_enforced: with ``budget_guard``, whether the guard holds the budget by the
+            clock (a budget configured in the node: ``power_budget_w`` or
+            ``power_budget_file``) or only reports the need against it (the GPUs' own
+            power limit alone, which their firmware enforces).
     """
 
     period_s: float
@@ -196,6 +200,7 @@ class ControllerContext:
     history_limit: int | None = None
     slo_target: Any = None
     budget_guard: bool = False
+    budget_enforced: bool = True
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.period_s) or self.period_s <= 0:
@@ -288,7 +293,7 @@ def build_controller(spec: ControllerConfig, context: ControllerContext) -> Cont
     if context.budget_guard:
         from gpugov.controllers.power_need import BudgetGuard
 
-        inner = BudgetGuard(inner)
+        inner = BudgetGuard(inner, enforce=context.budget_enforced)
     chain = with_safety(inner, context.supported_clocks_mhz, context.safety)
     name = spec_name(spec)
     for layer in layers(chain):

@@ -120,7 +120,9 @@ def _replayed_controller(
     recorded domain's controller knew: its GPU names and count (``gpu_names``, ``gpus``,
     for an ``mpc-online`` hint ``gpu = "auto"``; a recording without names: one warning,
     no prior from the name) and the recorded forecasts. Like a node's, the chain holds
-    the power budget each recorded observation carries (its ``power_limit_w``)."""
+    the power budget each recorded observation carries (its ``power_limit_w``) by the
+    clock where the recorded domain had a budget configured (``power_budget_held``), and
+    otherwise only reports it."""
     safety = info.get("safety") or {}
     names = tuple(str(n or "") for n in info.get("gpu_names") or [])
     context = ControllerContext(
@@ -137,6 +139,7 @@ def _replayed_controller(
             ),
         ),
         budget_guard=True,
+        budget_enforced=bool(info.get("power_budget_held", False)),
     )
     return build_controller(spec, context)
 

@@ -199,7 +199,9 @@ def build_domain(
 
     The controller holds the domain's power budget (:class:`daemon.power_budget.PowerBudget`:
     ``budget``, else the GPUs' enforced NVML limits alone) through the chain's
-    :class:`~gpugov.controllers.power_need.BudgetGuard` (``docs/power-budget.md``).
+    :class:`~gpugov.controllers.power_need.BudgetGuard` (``docs/power-budget.md``): by the
+    clock when a budget is configured (``power_budget_w`` or ``power_budget_file``); with
+    the NVML limits alone, which the GPUs' firmware enforces, the guard only reports.
 
     The controller is built and warmed (:func:`daemon.decide.warm_up`: one dummy
     decision on a copy of the algorithm) here, before any loop or paced plant clock
@@ -259,6 +261,7 @@ def build_domain(
         history_limit=CONTROLLER_HISTORY_STEPS if time_mode == "wall" else None,
         slo_target=slo_target,
         budget_guard=True,
+        budget_enforced=budget is not None and budget.configured,
     )
     controller = build_controller(controller_spec, context)
     try:
@@ -437,6 +440,8 @@ def domains_from_config(
                 {
                     "engine_url": spec.engine.url,
                     "safety": spec.safety.model_dump(),
+                    "power_budget_held": spec.power_budget_w is not None
+                    or spec.power_budget_file is not None,
                     "controller_config": declared_spec(
                         spec.controller, _declared_forecasts(spec)
                     ).model_dump(mode="json"),
