@@ -51,6 +51,7 @@ import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -727,39 +728,146 @@ def simulate_disaggregated(
         if simulation.done and step > 0:
             break
         for role in ROLES:
-            controller = controllers[role]
-            name = names[role]
-            observation = simulation.observe(role)
-            try:
-                requested = controller(observation)
-            except Exception as error:
-                raise ControllerError(
-                    f"{role} controller {name!r} raised at t={observation.time_s:.3f}s "
-                    f"(step {observation.step_index}): {error}"
-                ) from error
-            try:
-                value = float(requested)
-            except (TypeError, ValueError) as error:
-                raise ControllerError(
-                    f"{role} controller {name!r} returned {requested!r} at "
-                    f"t={observation.time_s:.3f}s; expected a clock in MHz"
-                ) from error
-            if not math.isfinite(value):
-                raise ControllerError(
-                    f"{role} controller {name!r} returned a non-finite clock {value!r} "
-                    f"at t={observation.time_s:.3f}s"
-                )
-            simulation.request_clock(role, value)
-            if isinstance(controller, PowerCapping):
-                cap = controller.requested_power_cap_w
-                try:
-                    simulation.set_power_cap(role, cap)
-                except (TypeError, ValueError) as error:
-                    raise ControllerError(
-                        f"{role} controller {name!r} asked for power cap {cap!r} at "
-                        f"t={observation.time_s:.3f}s: {error}"
-                    ) from error
+            _decide(
+                controllers[role],
+                f"{role} controller {names[role]!r}",
+                simulation.observe(role),
+                partial(simulation.request_clock, role),
+                partial(simulation.set_power_cap, role),
+            )
         step += 1
     return simulation.result(
         controller_names=names, control_period_s=control_period_s, horizon_s=horizon
     )
+
+
+def _decide(
+    controller: ClockController,
+    who: str,
+    observation: ServingObservation,
+    set_clock: Callable[[float], object],
+    set_cap: Callable[[float | None], object],
+) -> None:
+    """Call ``controller`` on ``observation`` and apply its clock (and power cap), with
+    :func:`~gpugov.plant.closed_loop.simulate`'s checks and messages."""
+    try:
+        requested = controller(observation)
+    except Exception as error:
+        raise ControllerError(
+            f"{who} raised at t={observation.time_s:.3f}s (step {observation.step_index}): {error}"
+        ) from error
+    try:
+        value = float(requested)
+    except (TypeError, ValueError) as error:
+        raise ControllerError(
+            f"{who} returned {requested!r} at t={observation.time_s:.3f}s; expected a clock in MHz"
+        ) from error
+    if not math.isfinite(value):
+        raise ControllerError(
+            f"{who} returned a non-finite clock {value!r} at t={observation.time_s:.3f}s"
+        )
+    set_clock(value)
+    if isinstance(controller, PowerCapping):
+        cap = controller.requested_power_cap_w
+        try:
+            set_cap(cap)
+        except (TypeError, ValueError) as error:
+            raise ControllerError(
+                f"{who} asked for power cap {cap!r} at t={observation.time_s:.3f}s: {error}"
+            ) from error
+
+
+@dataclass(frozen=True)
+class ReplicatedResult:
+    """Output of :func:`simulate_colocated_replicas`: each GPU's result, the request-level
+    records (in workload order) and the metrics over every GPU."""
+
+    engines: tuple[ServingResult, ...]
+    request_records: tuple[RequestRecord, ...]
+    metrics: ServingMetrics
+
+
+def simulate_colocated_replicas(
+    workload: Sequence[Request],
+    plant: ServingPlant,
+    controllers: Sequence[ClockController],
+    seed: int = 0,
+    *,
+    scheduler: Scheduler = chunked_prefill_scheduler,
+    control_period_s: float = 1.0,
+    horizon_s: float | None = None,
+) -> ReplicatedResult:
+    """``len(controllers)`` colocated engines of ``plant`` (data parallel, arrivals round
+    robin), each governed by its own controller: the colocated layout of the same GPUs
+    as a disaggregated one, for comparison. Like :class:`DisaggregatedSimulation`, the
+    run ends at the last completion with every GPU brought to that time.
+
+    Raises:
+        ValueError: no controller, or a bad period or horizon.
+        ControllerError: a controller raised or returned a non-finite clock.
+    """
+    if not controllers:
+        raise ValueError("simulate_colocated_replicas needs one controller per engine")
+    if not math.isfinite(control_period_s) or control_period_s <= 0.0:
+        raise ValueError(f"control_period_s must be positive, got {control_period_s!r}")
+    requests = tuple(workload)
+    count = len(controllers)
+    members = [list(range(k, len(requests), count)) for k in range(count)]
+    engines = [
+        PlantSimulation([requests[g] for g in group], plant, scheduler, seed=seed + k)
+        for k, group in enumerate(members)
+    ]
+    last_arrival = requests[-1].arrival_time_s if requests else 0.0
+    horizon = last_arrival + plant.drain_timeout_s if horizon_s is None else float(horizon_s)
+    if horizon <= 0.0:
+        raise ValueError(f"horizon_s must be positive, got {horizon!r}")
+    names = [_controller_name(c) for c in controllers]
+    step = 0
+    while True:
+        tick = min(step * control_period_s, horizon)
+        for engine in engines:
+            engine.advance_to(tick, stop_when_done=True)
+        done = all(engine.done for engine in engines)
+        target = max(engine.time_s for engine in engines) if done else tick
+        for engine in engines:
+            engine.advance_to(target)
+        if (done and step > 0) or tick >= horizon:
+            break
+        for k, (engine, controller) in enumerate(zip(engines, controllers, strict=True)):
+            _decide(
+                controller,
+                f"engine {k} controller {names[k]!r}",
+                engine.observe(),
+                engine.request_clock,
+                engine.set_power_cap,
+            )
+        step += 1
+    results = tuple(
+        engine.result(controller_name=names[k], control_period_s=control_period_s)
+        for k, engine in enumerate(engines)
+    )
+    by_index: dict[int, RequestRecord] = {}
+    for group, result in zip(members, results, strict=True):
+        for g, record in zip(group, result.request_records, strict=False):
+            by_index[g] = record
+    records = tuple(by_index[g] for g in sorted(by_index))
+    profile = plant.profile
+    metrics = compute_metrics(
+        records,
+        energy_j=sum(r.metrics.energy_j for r in results),
+        duration_s=max(engine.time_s for engine in engines),
+        output_tokens=sum(r.metrics.output_tokens for r in results),
+        ttft_slo_s=profile.ttft_slo_s,
+        tpot_slo_s=profile.tpot_slo_s,
+        ttft_slo_per_prompt_token_s=profile.ttft_slo_per_prompt_token_s,
+        power_cap_violation_s=sum(r.metrics.power_cap_violation_s for r in results),
+        thermal_violation_s=sum(r.metrics.thermal_violation_s for r in results),
+        peak_temperature_c=max(r.metrics.peak_temperature_c for r in results),
+        peak_queued_requests_at_minimum_clock=max(
+            r.metrics.peak_queued_requests_at_minimum_clock for r in results
+        ),
+        preemptions=sum(r.metrics.preemptions for r in results),
+        clock_changes=sum(r.metrics.clock_changes for r in results),
+        idle_energy_j=sum(r.metrics.idle_energy_j for r in results),
+    )
+    return ReplicatedResult(results, records, metrics)

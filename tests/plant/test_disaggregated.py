@@ -14,6 +14,7 @@ from gpugov.plant.disaggregated import (
     DisaggregatedPlant,
     PoolSpec,
     kv_bytes_per_token,
+    simulate_colocated_replicas,
     simulate_disaggregated,
 )
 from gpugov.plant.synthetic_profiles import synthetic_profile
@@ -172,3 +173,20 @@ def test_bad_layouts_and_controllers_are_named(plant: ServingPlant) -> None:
     layout = DisaggregatedPlant(PoolSpec(plant), PoolSpec(plant))
     with pytest.raises(ValueError, match="missing \\['decode'\\]"):
         simulate_disaggregated([Request(0, 0.0, 10, 5)], layout, {"prefill": _fixed(1000.0)})  # type: ignore[dict-item]
+
+
+def test_colocated_replicas_reference(plant: ServingPlant) -> None:
+    """The colocated layout of the same GPUs: one engine is :func:`simulate` exactly;
+    two split the arrivals round robin and end together."""
+    requests = poisson_workload(5.0, 6.0, seed=7)
+    top = _fixed(plant.profile.maximum_clock_mhz)
+    alone = simulate(requests, plant, controller=top)
+    one = simulate_colocated_replicas(requests, plant, [top])
+    assert one.metrics == alone.metrics
+    assert one.request_records == alone.request_records
+    two = simulate_colocated_replicas(requests, plant, [top, top])
+    assert [r.request_id for r in two.request_records] == [r.request_id for r in requests]
+    assert two.metrics.completed_requests == len(requests)
+    assert two.metrics.energy_j == pytest.approx(sum(e.metrics.energy_j for e in two.engines))
+    ends = {round(e.metrics.simulated_duration_s, 9) for e in two.engines}
+    assert ends == {round(two.metrics.simulated_duration_s, 9)}

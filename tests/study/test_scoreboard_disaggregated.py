@@ -52,6 +52,14 @@ def test_layout_load_and_rows(plant: ServingPlant) -> None:
         < (reference["pools"]["decode"]["mean_realized_clock_mhz"])
     )
     assert reactive["oracle_capture"] is None
+    # The same controllers on the colocated layout of the same four GPUs and load.
+    assert reference["colocated"]["gpus"] == 4
+    assert reference["colocated"]["energy_saved_fraction"] == 0.0
+    e_colocated = reference["colocated"]["energy_j"]
+    assert reference["energy_vs_colocated_fraction"] == pytest.approx(
+        (e_colocated - e_max) / e_colocated
+    )
+    assert reactive["colocated"]["energy_j"] < e_colocated
     assert reactive["transfer_p50_s"] > 0.0
     with pytest.raises(ValueError, match="start with 'max'"):
         run_disaggregated_scenario(two, plant, config, ("reactive",))
