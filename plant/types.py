@@ -166,6 +166,9 @@ class ServingObservation:
     the engine has only an inter-token-latency histogram)."""
     tpot_within_slo_total: float | None = None
     """Those of ``tpot_count_total`` whose TPOT met the TPOT SLO."""
+    role: str = "colocated"
+    """The pool role in disaggregated serving: ``"prefill"`` (judged on TTFT),
+    ``"decode"`` (judged on TPOT) or ``"colocated"`` (both phases, both SLOs)."""
 
     def __post_init__(self) -> None:
         if not np.isfinite(self.time_s):
