@@ -41,6 +41,7 @@ from gpugov.daemon.loop import Domain, FailsafeMode
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DomainObserver
+from gpugov.daemon.roles import COLOCATED, resolve_role
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import SimulatedBackend, SimulatedNode, SimulatedSource
 from gpugov.plant import PlantSimulation, ServingPlant, ServingResult
@@ -191,9 +192,14 @@ def build_domain(
     time_mode: TimeMode = "wall",
     state_dir: Path | None = None,
     plant: ServingPlant | None = None,
+    role: str | None = None,
 ) -> Domain:
     """Observer + controller (in its safety chain, :func:`daemon.decide.build_controller`)
     + actuator for one domain.
+
+    ``role`` is the configured pool role (``docs/disaggregated.md``); when it is None
+    the engine's page is read once here for the role its labels state
+    (:func:`probe_role`), else the domain is colocated.
 
     The controller is built and warmed (:func:`daemon.decide.warm_up`: one dummy
     decision on a copy of the algorithm) here, before any loop or paced plant clock
@@ -206,6 +212,10 @@ def build_domain(
         ConfigError: the safety floor is above the GPUs' top clock.
     """
     safety = safety or SafetySettings()
+    labelled = probe_role(source, name) if role is None else None
+    resolved = resolve_role(role, labelled, name)
+    if resolved != COLOCATED:
+        log.info("domain %s: role %s (%s)", name, resolved, "config" if role else "engine labels")
     observer = DomainObserver(
         backends,
         source,
@@ -217,6 +227,9 @@ def build_domain(
         mean_prompt_tokens=mean_prompt_tokens,
         mean_output_tokens=mean_output_tokens,
         scrape_timeout_s=getattr(source, "timeout_s", None),
+        role=resolved,
+        role_from_config=role is not None,
+        domain=name,
     )
     clocks = observer.supported_clocks_mhz()
     if not clocks:
@@ -252,6 +265,7 @@ def build_domain(
         plant=plant,
         history_limit=CONTROLLER_HISTORY_STEPS if time_mode == "wall" else None,
         slo_target=slo_target,
+        role=resolved,
     )
     controller = build_controller(controller_spec, context)
     try:
@@ -265,6 +279,19 @@ def build_domain(
     return Domain(
         name, observer, controller, actuator, failsafe=failsafe, label=spec_name(controller_spec)
     )
+
+
+def probe_role(source: Any, domain: str) -> str | None:
+    """The pool role the engine's page states now (one scrape of a real engine's page),
+    or None: no role label, a simulated source, or an engine not reachable yet (logged;
+    the observer reports a role its labels state later)."""
+    if not isinstance(source, ScrapedSource):
+        return None
+    try:
+        return source.scrape().role
+    except Exception as error:  # never fatal: the loop reports a failing engine itself
+        log.info("domain %s: no role read from the engine at start (%s)", domain, error)
+        return None
 
 
 def gpu_uuid(backend: GpuBackend) -> str:
@@ -346,6 +373,7 @@ def _build_configured(
         mean_output_tokens=spec.mean_output_tokens,
         forecasts=_declared_forecasts(spec),
         state_dir=controller_state_dir(spec.controller, config.daemon.state_dir),
+        role=spec.role,
     )
 
 
