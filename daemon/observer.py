@@ -257,6 +257,16 @@ class DomainObserver:
         self._check_role(getattr(sample, "role", None))
         return None, elapsed
 
+    def _local_prompt_tokens(self, engine: EngineSample) -> float:
+        """Prompt tokens prefilled on the domain's GPUs: the engine's counter, less, in a
+        disaggregated domain, the tokens whose KV cache came from another instance
+        (vLLM's ``external_kv_transfer`` prompt source)."""
+        total = float(engine.prompt_tokens_total or 0.0)
+        external = engine.prompt_tokens_external_total
+        if self.role != "colocated" and external is not None:
+            return max(0.0, total - external)
+        return total
+
     def _check_role(self, labelled: str | None) -> None:
         """One log line per role the engine's labels state that differs from the
         domain's (the config's wins; a role read at start stays until a restart)."""
@@ -389,7 +399,7 @@ class DomainObserver:
             waiting_requests=max(0, engine.waiting_requests),
             completed_requests=round(finished or 0.0),
             output_tokens_total=float(engine.generation_tokens_total or 0.0),
-            prompt_tokens_total=float(engine.prompt_tokens_total or 0.0),
+            prompt_tokens_total=self._local_prompt_tokens(engine),
             kv_tokens=float(engine.kv_tokens or 0.0),
             kv_capacity_tokens=engine.kv_capacity_tokens,
             power_w=_sum([g.power_w for g in gpus]),

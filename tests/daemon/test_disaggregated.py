@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 from daemon_support import MetricsServer, fixture_text
 from fake_pynvml import FakeNvml
+from prometheus_client import generate_latest
 
 from gpugov.controllers.contract import layers
 from gpugov.daemon.config import parse_config
 from gpugov.daemon.decide import ControllerContext, build_controller, parse_controller_spec
 from gpugov.daemon.engines import ScrapedSource, SglangSource, VllmSource
 from gpugov.daemon.errors import ConfigError
+from gpugov.daemon.exporter import Exporter
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run
 from gpugov.daemon.roles import RoleView, resolve_role, role_view
 from gpugov.daemon.service import domains_from_config
@@ -198,13 +200,16 @@ def test_prefill_and_decode_domains_side_by_side() -> None:
         assembled = domains_from_config(config, nvml=fake)
         clock = VirtualClock()
         records: list[Any] = []
+        exporter = Exporter(serve=False)
         run(
             assembled.domains,
             TimedLoop(1.0, clock=clock, sleep=clock.sleep),
+            exporter=exporter,
             on_tick=records.extend,
             before_tick=lambda now, step: step >= 3,
         )
         assembled.close()
+        page = generate_latest(exporter.registry).decode()
     finally:
         prefill_engine.close()
         decode_engine.close()
@@ -220,6 +225,10 @@ def test_prefill_and_decode_domains_side_by_side() -> None:
     # The node's own record keeps the full observation (both latencies, for the exporter).
     decode_records = [r for r in records if r.domain == "decode"]
     assert decode_records[-1].observation.prefill_remaining_tokens > 0.0
+    # Its prompt tokens are those prefilled here, not those whose KV cache was transferred.
+    assert decode_records[-1].observation.prompt_tokens_total == 300.0
     # Each domain's clock follows its own controller: GPU 0 at the top, GPU 1 at the floor.
     locks = {w[1]: (w[2], w[3]) for w in fake.writes if w[0] == LOCK}
     assert locks[0] == (1980, 1980) and locks[1] == (345, 345)
+    assert 'gpugov_domain_role_info{domain="prefill",role="prefill"} 1.0' in page
+    assert 'gpugov_domain_role_info{domain="decode",role="decode"} 1.0' in page
