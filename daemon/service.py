@@ -337,6 +337,7 @@ def _domain_header(domain: Domain, config_fields: dict[str, Any]) -> dict[str, A
         # NVML names, so that `gpugov replay` can fill an mpc-online `gpu = "auto"` hint.
         "gpu_names": gpu_names(domain.observer.backends),
         "supported_clocks_mhz": list(domain.observer.supported_clocks_mhz()),
+        "role": domain.observer.role,
         **config_fields,
     }
 

@@ -210,10 +210,12 @@ def test_prefill_and_decode_domains_side_by_side() -> None:
         )
         assembled.close()
         page = generate_latest(exporter.registry).decode()
+        header_roles = [d["role"] for d in assembled.header["domains"]]
     finally:
         prefill_engine.close()
         decode_engine.close()
     assert SEEN["prefill"][0] == ("ttft",) and SEEN["decode"][0] == ("tpot",)
+    assert header_roles == ["prefill", "decode"]  # a recording's header keeps them for replay
     # After the objectives: the warm-up's dummy decision (a copy of the bare algorithm),
     # then the three ticks.
     prefill_seen, decode_seen = SEEN["prefill"][2:], SEEN["decode"][2:]
@@ -232,3 +234,10 @@ def test_prefill_and_decode_domains_side_by_side() -> None:
     assert locks[0] == (1980, 1980) and locks[1] == (345, 345)
     assert 'gpugov_domain_role_info{domain="prefill",role="prefill"} 1.0' in page
     assert 'gpugov_domain_role_info{domain="decode",role="decode"} 1.0' in page
+
+
+def test_replay_rebuilds_the_recorded_role() -> None:
+    from gpugov.daemon.replay import _recorded_role
+
+    assert _recorded_role({"role": "decode"}) == "decode"
+    assert _recorded_role({}) == _recorded_role({"role": "both"}) == "colocated"
