@@ -167,8 +167,8 @@ class ServingObservation:
     tpot_within_slo_total: float | None = None
     """Those of ``tpot_count_total`` whose TPOT met the TPOT SLO."""
     role: str = "colocated"
-    """The pool role in disaggregated serving: ``"prefill"`` (judged on TTFT),
-    ``"decode"`` (judged on TPOT) or ``"colocated"`` (both phases, both SLOs)."""
+    """The serving role of the domain: "colocated" (both phases), or "prefill" / "decode"
+    for a pool of disaggregated serving (``plant/disaggregated.py``)."""
 
     def __post_init__(self) -> None:
         if not np.isfinite(self.time_s):
