@@ -241,3 +241,33 @@ def test_replay_rebuilds_the_recorded_role() -> None:
 
     assert _recorded_role({"role": "decode"}) == "decode"
     assert _recorded_role({}) == _recorded_role({"role": "both"}) == "colocated"
+
+
+def test_a_label_that_contradicts_the_config_is_logged_once(
+    metrics_server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    metrics_server.page = fixture_text("sglang_pd_prefill_synthetic.txt")
+    domain = {
+        "name": "pool",
+        "gpus": [0],
+        "role": "decode",
+        "engine": {"url": metrics_server.url, "timeout_s": 0.5},
+    }
+    config = parse_config({"daemon": {"period_s": 1.0}, "domains": [domain]})
+    assembled = domains_from_config(config, nvml=FakeNvml(1))
+    clock = VirtualClock()
+    records: list[Any] = []
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.observer"):
+        run(
+            assembled.domains,
+            TimedLoop(1.0, clock=clock, sleep=clock.sleep),
+            on_tick=records.extend,
+            before_tick=lambda now, step: step >= 3,
+        )
+    assembled.close()
+    lines = [r.getMessage() for r in caplog.records if "labels say" in r.getMessage()]
+    assert lines == [
+        "domain pool: role = 'decode' in the config, but the engine's labels say 'prefill'; "
+        "the config wins"
+    ]
+    assert {r.observation.role for r in records} == {"decode"}
