@@ -257,6 +257,14 @@ class DomainObserver:
         self._check_role(getattr(sample, "role", None))
         return None, elapsed
 
+    def _waiting(self, engine: EngineSample) -> int:
+        """Waiting requests; a decode domain leaves out those vLLM defers (waiting for
+        their KV cache to arrive: no clock serves them sooner)."""
+        deferred = engine.waiting_deferred_requests
+        if self.role == "decode" and deferred is not None:
+            return max(0, engine.waiting_requests - deferred)
+        return max(0, engine.waiting_requests)
+
     def _local_prompt_tokens(self, engine: EngineSample) -> float:
         """Prompt tokens prefilled on the domain's GPUs: the engine's counter, less, in a
         disaggregated domain, the tokens whose KV cache came from another instance
@@ -396,7 +404,7 @@ class DomainObserver:
             decode_active=max(0, engine.running_requests),
             generated_decode_tokens=max(0.0, float(generated)),
             temperature_c=self._temperature_c,
-            waiting_requests=max(0, engine.waiting_requests),
+            waiting_requests=self._waiting(engine),
             completed_requests=round(finished or 0.0),
             output_tokens_total=float(engine.generation_tokens_total or 0.0),
             prompt_tokens_total=self._local_prompt_tokens(engine),

@@ -227,8 +227,10 @@ def test_prefill_and_decode_domains_side_by_side() -> None:
     # The node's own record keeps the full observation (both latencies, for the exporter).
     decode_records = [r for r in records if r.domain == "decode"]
     assert decode_records[-1].observation.prefill_remaining_tokens > 0.0
-    # Its prompt tokens are those prefilled here, not those whose KV cache was transferred.
+    # Its prompt tokens are those prefilled here, not those whose KV cache was transferred;
+    # its waiting requests leave out the two vLLM defers (their KV cache still on the way).
     assert decode_records[-1].observation.prompt_tokens_total == 300.0
+    assert decode_records[-1].observation.waiting_requests == 1
     # Each domain's clock follows its own controller: GPU 0 at the top, GPU 1 at the floor.
     locks = {w[1]: (w[2], w[3]) for w in fake.writes if w[0] == LOCK}
     assert locks[0] == (1980, 1980) and locks[1] == (345, 345)
