@@ -273,3 +273,18 @@ def test_a_label_that_contradicts_the_config_is_logged_once(
         "the config wins"
     ]
     assert {r.observation.role for r in records} == {"decode"}
+
+
+def test_status_shows_the_role_the_labels_state(
+    metrics_server: MetricsServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gpugov.daemon import node_cli
+
+    monkeypatch.setattr(node_cli, "load_pynvml", lambda: FakeNvml(1))
+    metrics_server.page = fixture_text("sglang_pd_decode_synthetic.txt")
+    assert node_cli.main(["status", "--engine-url", metrics_server.url]) == 0
+    assert "reachable (sglang, 2 waiting, 32 running, labels say role decode)" in (
+        capsys.readouterr().out
+    )
