@@ -208,6 +208,7 @@ def run_disaggregated_scenario(
                 control_period_s=period,
                 safety=config.safety,
                 slo_target=config.slo_target,
+                role=role,
             )
             for role in ROLES
         }

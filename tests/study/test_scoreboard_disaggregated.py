@@ -97,3 +97,24 @@ def test_bench_controllers_layout_disaggregated(tmp_path: Path) -> None:
     assert all(row["profile"] == "h200-sxm-llama3-8b" for row in payload["rows"])
     assert "| mpc-online |" in (out / "disaggregated.md").read_text()
     assert "wrote" in stdout.getvalue()
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_each_pool_is_judged_on_its_phase_as_a_node_with_that_role(
+    plant: ServingPlant, role: str
+) -> None:
+    from gpugov.controllers.contract import layers
+    from gpugov.daemon.config import ReactiveControllerConfig
+    from gpugov.daemon.roles import RoleView
+    from gpugov.study.scoreboard.controllers import study_controller
+
+    scenario = build_disaggregated_scenario("azure-conv-10min", plant, "1P1D", "recorded", 10.0)
+    chain = study_controller(
+        ReactiveControllerConfig(kind="reactive"),
+        plant,
+        scenario.requests,
+        control_period_s=1.0,
+        role=role,
+    )
+    views = [layer for layer in layers(chain) if isinstance(layer, RoleView)]
+    assert [view.role for view in views] == [role]
