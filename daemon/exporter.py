@@ -388,7 +388,10 @@ class SnapshotCollector(Collector):
             if model.get("floor_mhz") is not None:
                 floor.add_metric(key, float(model["floor_mhz"]) * MHZ)
             guard.add_metric(key, 1.0 if model.get("reason") == "burst-guard" else 0.0)
-            descent.add_metric(key, 1.0 if model.get("reason") == "decode-descent" else 0.0)
+            descent.add_metric(
+                key,
+                1.0 if model.get("reason") in ("decode-descent", "warm-up-descent") else 0.0,
+            )
             backoffs.add_metric(key, float(model.get("backoffs", 0)))
             resets.add_metric(key, float(model.get("resets", 0)))
             for name, value in (model.get("slo_budget") or {}).items():
