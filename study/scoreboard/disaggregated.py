@@ -25,6 +25,7 @@ from gpugov.daemon.config import (
     MaxControllerConfig,
     OnlineMPCControllerConfig,
     ReactiveControllerConfig,
+    VoltanaControllerConfig,
 )
 from gpugov.plant import ServingPlant
 from gpugov.plant.disaggregated import (
@@ -51,7 +52,7 @@ from gpugov.study.scoreboard.scenarios import (
     build_disaggregated_scenario,
 )
 
-DISAGGREGATED_CONTROLLERS = ("max", "reactive", "default-dvfs", "mpc-online")
+DISAGGREGATED_CONTROLLERS = ("max", "reactive", "default-dvfs", "voltana", "mpc-online")
 """Rows of the disaggregated scoreboard, in table order (``max`` first: the reference)."""
 
 
@@ -63,6 +64,8 @@ def _spec(key: str, config: BenchConfig) -> tuple[ControllerConfig, float]:
         return ReactiveControllerConfig(kind="reactive"), config.control_period_s
     if key == "default-dvfs":
         return DefaultDVFSControllerConfig(kind="default-dvfs"), config.online_period_s
+    if key == "voltana":
+        return VoltanaControllerConfig(kind="voltana"), config.online_period_s
     if key == "mpc-online":
         spec = OnlineMPCControllerConfig(
             kind="mpc-online", solve_time_limit_s=config.mpc_solve_time_limit_s
