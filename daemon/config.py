@@ -320,6 +320,16 @@ class GreenLLMControllerConfig(_Frozen):
     target: UnitFraction | None = None
 
 
+class VoltanaControllerConfig(_Frozen):
+    """VoltanaLLM's per-phase rule (``controllers.peers.voltana``): the lowest clock of a
+    short list whose latency, learned from the node's windows, meets ``(1 + margin)`` x
+    the role's SLO (TTFT on a prefill pool, TPOT on a decode pool)."""
+
+    kind: Literal["voltana"]
+    margin: Annotated[float, Field(gt=-1, le=1, allow_inf_nan=False)] | None = None
+    levels: Annotated[int, Field(ge=2, le=512)] | None = None
+
+
 class ExternalControllerConfig(_Frozen):
     """A controller from another package: ``factory`` is ``"module:callable"``, called
     once with the domain's :class:`~gpugov.daemon.decide.ControllerContext` (without the
@@ -341,6 +351,7 @@ PEER_CONTROLLER_CONFIGS = (
     PIDControllerConfig,
     ThrottLLeMControllerConfig,
     GreenLLMControllerConfig,
+    VoltanaControllerConfig,
 )
 """The peer governors' config kinds (``docs/benchmark.md``)."""
 
@@ -360,6 +371,7 @@ ControllerConfig = Annotated[
     | PIDControllerConfig
     | ThrottLLeMControllerConfig
     | GreenLLMControllerConfig
+    | VoltanaControllerConfig
     | ExternalControllerConfig,
     Field(discriminator="kind"),
 ]
@@ -722,6 +734,7 @@ def format_validation_error(error: ValidationError, source: str) -> str:
 _CONTROLLER_TAGS = frozenset(
     {"max", "fixed", "reactive", "open-loop", "mpc", "mpc-online"}
     | {"power-cap", "dps", "power-profile", "agft", "pid", "throttllem", "greenllm"}
+    | {"voltana"}
     | {"default-dvfs"}
     | {"external"}
 )

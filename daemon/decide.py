@@ -43,6 +43,7 @@ from gpugov.daemon.config import (
     PriorHintsConfig,
     ReactiveControllerConfig,
     ThrottLLeMControllerConfig,
+    VoltanaControllerConfig,
 )
 from gpugov.daemon.errors import ControllerError
 from gpugov.daemon.roles import COLOCATED, OBJECTIVES, RoleView, check_role, role_weights
@@ -58,12 +59,20 @@ CONTROLLER_SPEC_HELP = (
     "max | fixed:MHZ | reactive | open-loop:PLAN.json | mpc[:PROFILE] | mpc-slsqp[:PROFILE]"
     " | mpc-online[:PRIOR_PROFILE | :gpu=NAME,params_b=B,active_params_b=B,tp=N | :auto=off]"
     " | power-cap[:W] | dps | power-profile[:PROFILE] | default-dvfs | agft | pid"
-    " | throttllem | greenllm"
+    " | throttllem | greenllm | voltana"
     " | MODULE:FACTORY | an installed gpugov.controllers entry point's name"
 )
 ENTRY_POINT_GROUP = "gpugov.controllers"
 """The entry-point group an outside package registers its controller factories in."""
-PEER_KINDS_WITHOUT_ARGUMENT = ("dps", "default-dvfs", "agft", "pid", "throttllem", "greenllm")
+PEER_KINDS_WITHOUT_ARGUMENT = (
+    "dps",
+    "default-dvfs",
+    "agft",
+    "pid",
+    "throttllem",
+    "greenllm",
+    "voltana",
+)
 """Peer governors (``controllers/peers``) whose ``--controller`` spec takes no argument."""
 ONLINE_HINT_KEYS = {
     "gpu": "gpu",
@@ -353,6 +362,7 @@ def _algorithm(spec: ControllerConfig, context: ControllerContext) -> ClockContr
             | PIDControllerConfig()
             | ThrottLLeMControllerConfig()
             | GreenLLMControllerConfig()
+            | VoltanaControllerConfig()
         ):
             return _peer(spec, context)
         case ExternalControllerConfig():
@@ -399,6 +409,10 @@ def _peer(spec: ControllerConfig, context: ControllerContext) -> ClockController
             from gpugov.controllers.peers.greenllm import GreenLLMController
 
             return GreenLLMController(**_set_fields(spec))
+        case VoltanaControllerConfig():
+            from gpugov.controllers.peers.voltana import VoltanaController
+
+            return VoltanaController(**_set_fields(spec))
     raise ControllerError(f"unknown peer controller kind {getattr(spec, 'kind', spec)!r}")
 
 

@@ -20,5 +20,7 @@ module             controller
 ``pid``            ``pid``: PID on TTFT and TPOT (vllm-ascend's SLA DVFS proposal)
 ``throttllem``     ``throttllem``: throughput prediction, then the lowest meeting clock
 ``greenllm``       ``greenllm``: a dual-loop decode controller and a fitted prefill clock
+``voltana``        ``voltana``: VoltanaLLM's per-phase rule, the lowest clock meeting the
+                   role's SLO on a learned latency table (disaggregated pools)
 =================  ================================================================
 """

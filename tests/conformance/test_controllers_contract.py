@@ -4,7 +4,7 @@ Every kind the config accepts (``max``, ``fixed``, ``reactive``, ``open-loop``, 
 ``mpc-slsqp``, ``mpc-online``, and ``mpc-online`` keeping its model in a state directory,
 and the peer governors ``power-cap``, ``dps``, ``power-profile``, ``default-dvfs``,
 ``agft``, ``pid``,
-``throttllem`` and ``greenllm``, and an outside package's factory, ``external``),
+``throttllem``, ``greenllm`` and ``voltana``, and an outside package's factory, ``external``),
 raw (the algorithm, :func:`unwrap`) and inside the safety chain the factory
 (:func:`gpugov.daemon.decide.build_controller`) returns, on idle, burst and NaN-field
 observations:
@@ -52,6 +52,7 @@ from gpugov.daemon.config import (
     PowerProfileControllerConfig,
     ReactiveControllerConfig,
     ThrottLLeMControllerConfig,
+    VoltanaControllerConfig,
 )
 from gpugov.daemon.decide import ControllerContext, build_controller, warm_up
 from gpugov.plant import load_profile
@@ -105,6 +106,7 @@ KINDS = (
     "pid",
     "throttllem",
     "greenllm",
+    "voltana",
     "external",
 )
 
@@ -145,6 +147,8 @@ def spec_for(kind: str, plan: Path, state_dir: Path) -> ControllerConfig:
             return ThrottLLeMControllerConfig(kind="throttllem")
         case "greenllm":
             return GreenLLMControllerConfig(kind="greenllm")
+        case "voltana":
+            return VoltanaControllerConfig(kind="voltana")
         case "external":
             return ExternalControllerConfig(
                 kind="external", factory="example_outside_governor:make"

@@ -36,7 +36,7 @@ def test_layout_load_and_rows(plant: ServingPlant) -> None:
         build_disaggregated_scenario("azure-conv-10min", plant, "3P1D", "recorded", 10.0)
 
     config = replace(TINY, duration_s=10.0)
-    rows = run_disaggregated_scenario(two, plant, config, ("max", "reactive"))
+    rows = run_disaggregated_scenario(two, plant, config, ("max", "reactive"), best_fixed=False)
     reference, reactive = rows
     assert reference["controller"] == "max" and reference["energy_saved_fraction"] == 0.0
     assert reference["holds_slo"] is True
@@ -92,10 +92,12 @@ def test_bench_controllers_layout_disaggregated(tmp_path: Path) -> None:
     assert layouts == {
         (layout, key)
         for layout in ("1P1D", "2P2D")
-        for key in ("max", "reactive", "default-dvfs", "mpc-online")
+        for key in ("max", "best-fixed", "reactive", "default-dvfs", "voltana", "mpc-online")
     }
     assert all(row["profile"] == "h200-sxm-llama3-8b" for row in payload["rows"])
-    assert "| mpc-online |" in (out / "disaggregated.md").read_text()
+    table = (out / "disaggregated.md").read_text()
+    assert "| mpc-online |" in table and "| voltana |" in table
+    assert "| best-fixed (hindsight) |" in table and "prefill alone" in table
     assert "wrote" in stdout.getvalue()
 
 
@@ -118,3 +120,46 @@ def test_each_pool_is_judged_on_its_phase_as_a_node_with_that_role(
     )
     views = [layer for layer in layers(chain) if isinstance(layer, RoleView)]
     assert [view.role for view in views] == [role]
+
+
+def test_best_fixed_pair_and_captures(plant: ServingPlant) -> None:
+    """The per-pool hindsight reference: the lowest holding clock per pool (the other at
+    its maximum), checked jointly; every row's capture, and each pool's, is measured
+    against it, and the VoltanaLLM-style row is present."""
+    scenario = build_disaggregated_scenario("azure-conv-10min", plant, "1P1D", "recorded", 8.0)
+    config = replace(TINY, duration_s=8.0)
+    rows = run_disaggregated_scenario(scenario, plant, config, ("max", "voltana"))
+    assert [row["controller"] for row in rows] == ["max", "best-fixed", "voltana"]
+    reference, oracle, voltana = rows
+    pair = oracle["best_fixed_pair"]
+    clocks = plant.profile.clock_mhz
+    # Each pool's own search ends at a supported clock, below the top one here (light
+    # load), and the joint pair is at or above each pool's own answer.
+    for role in ("prefill", "decode"):
+        assert pair["single_pool_mhz"][role] in clocks
+        assert pair["clocks_mhz"][role] >= pair["single_pool_mhz"][role]
+    assert pair["single_pool_mhz"]["decode"] < clocks[-1]
+    assert oracle["holds_slo"] is True and oracle["energy_j"] < reference["energy_j"]
+    # The evaluations start at the maximum pair (the reference) and the chosen pair holds.
+    first = pair["evaluations"][0]
+    assert (first["prefill_mhz"], first["decode_mhz"]) == (clocks[-1], clocks[-1])
+    chosen = [
+        e
+        for e in pair["evaluations"]
+        if (e["prefill_mhz"], e["decode_mhz"])
+        == (pair["clocks_mhz"]["prefill"], pair["clocks_mhz"]["decode"])
+    ]
+    assert chosen and chosen[0]["holds_slo"] is True
+    assert oracle["oracle_capture"] == pytest.approx(1.0)
+    assert reference["oracle_capture"] == pytest.approx(0.0)
+    assert oracle["colocated"] is None
+    # The per-pool capture is the pool's saving over the pair's saving in that pool.
+    decode = voltana["pools"]["decode"]
+    e_max = reference["pools"]["decode"]["energy_j"]
+    e_pair = oracle["pools"]["decode"]["energy_j"]
+    if voltana["holds_slo"]:
+        assert decode["oracle_capture"] == pytest.approx(
+            (e_max - decode["energy_j"]) / (e_max - e_pair)
+        )
+    else:
+        assert voltana["oracle_capture"] is None and decode["oracle_capture"] is None
