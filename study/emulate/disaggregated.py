@@ -387,13 +387,13 @@ def render_pool_metrics(node: DisaggregatedNode, model: str, role: str) -> str:
             )
             for engine, gpu in enumerate(gpus):
                 waiting = node.engine_state(gpu)["waiting"]
-                for reason, value in (
+                for reason, count in (
                     ("capacity", waiting),
                     ("deferred", float(node.transfers[gpu].in_flight)),
                 ):
                     labels = _labels(model, engine, reason=reason)
                     lines.append(
-                        f"vllm:num_requests_waiting_by_reason{{{labels}}} {_number(value)}"
+                        f"vllm:num_requests_waiting_by_reason{{{labels}}} {_number(count)}"
                     )
             for name, attribute, help_text in (
                 (
