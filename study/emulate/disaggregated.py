@@ -328,6 +328,17 @@ class DisaggregatedNode(EmulatedNode):
             for transfer in self.transfers.values():
                 transfer.in_flight = 0
 
+    def engine_state(self, replica: int) -> dict[str, float]:
+        """vLLM's gauges for GPU ``replica``'s engine; a decode engine's waiting requests
+        include those whose KV cache is on the link (vLLM's decode instance holds them
+        waiting for their remote KV cache)."""
+        state = super().engine_state(replica)
+        transfer = self.transfers.get(replica)
+        if transfer is not None:
+            with self.lock:
+                state["waiting"] += float(transfer.in_flight)
+        return state
+
     def energy_report(self, since_s: float | None = None) -> dict[str, Any]:
         """The colocated report (totals over both pools; each prompt counted once, on its
         prefill engine), with the layout and each pool's totals (``pools``: prefill,
@@ -386,11 +397,9 @@ def render_pool_metrics(node: DisaggregatedNode, model: str, role: str) -> str:
                 "Number of waiting requests by reason.",
             )
             for engine, gpu in enumerate(gpus):
+                deferred = float(node.transfers[gpu].in_flight)
                 waiting = node.engine_state(gpu)["waiting"]
-                for reason, count in (
-                    ("capacity", waiting),
-                    ("deferred", float(node.transfers[gpu].in_flight)),
-                ):
+                for reason, count in (("capacity", waiting - deferred), ("deferred", deferred)):
                     labels = _labels(model, engine, reason=reason)
                     lines.append(
                         f"vllm:num_requests_waiting_by_reason{{{labels}}} {_number(count)}"

@@ -23,7 +23,11 @@ from gpugov.daemon.loop import TickRecord, TimedLoop, VirtualClock, run
 from gpugov.daemon.service import domains_from_config
 from gpugov.plant import ServingPlant, load_profile
 from gpugov.study.emulate import cli as emulate_cli
-from gpugov.study.emulate.disaggregated import DisaggregatedNode, parse_layout
+from gpugov.study.emulate.disaggregated import (
+    DisaggregatedNode,
+    parse_layout,
+    render_pool_metrics,
+)
 from gpugov.study.emulate.server import EmulatorServer
 
 PROFILE = "h100-sxm-llama3-8b"
@@ -121,6 +125,34 @@ def test_completion_goes_through_both_pools(emulator: EmulatorServer) -> None:
     assert caught.value.code == 404
     assert "/prefill/metrics and /decode/metrics" in caught.value.read().decode()
     assert json.loads(_get(f"{url}/gpu"))["count"] == 2
+
+
+def test_a_transfer_in_flight_is_deferred_on_the_decode_page_and_can_be_aborted(
+    plant: ServingPlant,
+) -> None:
+    from gpugov.plant.disaggregated import DisaggregatedPlant
+
+    clock = VirtualClock()
+    node = DisaggregatedNode(plant, prefill_gpus=1, decode_gpus=1, clock=clock)
+    # A slow link (5 s a transfer) keeps the KV caches on the way long enough to look.
+    node.layout = DisaggregatedPlant(node.layout.prefill, node.layout.decode, transfer_fixed_s=5.0)
+    kept = node.submit(500, 20, "length", "kept")
+    dropped = node.submit(500, 20, "length", "dropped")
+    gone_early = node.submit(500, 20, "length", "gone-early")
+    node.abort(gone_early)  # its client left during its prefill: it never moves
+    clock.sleep(1.0)
+    node.advance()
+    assert (kept.sent, dropped.sent) == (1, 1)  # first tokens, from the prefill GPU
+    page = render_pool_metrics(node, "m", "decode")
+    deferred = VllmSource("x", fetch=lambda url, timeout_s: page).scrape()
+    assert deferred.waiting_deferred_requests == 2 and deferred.waiting_requests == 2
+    node.abort(dropped)  # its client left while its KV cache was on the link
+    clock.sleep(10.0)
+    node.advance()
+    assert kept.sent == 20 and dropped.sent == 1
+    assert node.transfers[1].in_flight == 0 and node.transfers[1].seconds.count == 1
+    assert [r["id"] for r in node.energy_report()["requests"]] == ["kept"]
+    node.stop()
 
 
 # ------------------------------------------------------------------ end to end
