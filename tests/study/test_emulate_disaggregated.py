@@ -10,9 +10,11 @@ HTTP, as ``gpugov run`` with ``backend = "emulated"`` does.
 from __future__ import annotations
 
 import json
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -156,29 +158,17 @@ def test_a_transfer_in_flight_is_deferred_on_the_decode_page_and_can_be_aborted(
 
 
 # ------------------------------------------------------------------ end to end
-def _config(url: str, controller: str) -> Any:
-    def domain(role: str, gpu: int) -> dict[str, Any]:
-        return {
-            "name": role,
-            "gpus": [gpu],
-            "role": role,
-            "ttft_slo_s": 1.0,
-            "tpot_slo_s": 0.05,
-            "controller": {"kind": controller},
-            "engine": {"kind": "vllm", "url": f"{url}/{role}/metrics", "timeout_s": 0.5},
-        }
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "emulated-1p1d.toml"
 
-    return parse_config(
-        {
-            "daemon": {
-                "period_s": 1.0,
-                "metrics_address": "",
-                "backend": "emulated",
-                "emulator": url,
-            },
-            "domains": [domain("prefill", 0), domain("decode", 1)],
-        }
-    )
+
+def _config(url: str) -> Any:
+    """The shipped example (two ``reactive`` domains, roles and pool pages), pointed at
+    ``url`` and without an exporter."""
+    text = EXAMPLE.read_text().replace("http://127.0.0.1:8000", url)
+    data = tomllib.loads(text)
+    data["daemon"]["metrics_address"] = ""
+    data["daemon"]["log_level"] = "warning"
+    return parse_config(data, str(EXAMPLE))
 
 
 def test_daemon_governs_each_pool_to_its_own_objective(
@@ -200,7 +190,7 @@ def test_daemon_governs_each_pool_to_its_own_objective(
         return step >= 24
 
     try:
-        assembled = domains_from_config(_config(server.url, "reactive"))
+        assembled = domains_from_config(_config(server.url))
         try:
             run(
                 assembled.domains,
@@ -226,6 +216,7 @@ def test_daemon_governs_each_pool_to_its_own_objective(
         by_domain[record.domain].append(record)
     prefill, decode = by_domain["prefill"], by_domain["decode"]
     assert len(prefill) == len(decode) == 24
+    assert {r.controller for r in records} == {"reactive"}
     assert {r.observation.role for r in records} <= {"prefill", "decode", None}
     # The prefill pool is judged on TTFT: each prompt burst takes it to the top clock.
     for step in bursts:
