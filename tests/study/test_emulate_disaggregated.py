@@ -157,6 +157,26 @@ def test_a_transfer_in_flight_is_deferred_on_the_decode_page_and_can_be_aborted(
     node.stop()
 
 
+def test_2p2d_spreads_requests_over_each_pool(plant: ServingPlant) -> None:
+    clock = VirtualClock()
+    node = DisaggregatedNode(plant, prefill_gpus=2, decode_gpus=2, clock=clock)
+    assert (node.prefill_gpus, node.decode_gpus, node.layout_name) == ((0, 1), (2, 3), "2P2D")
+    streams = [node.submit(800, 30, "length", f"r{k}") for k in range(4)]
+    clock.sleep(5.0)
+    node.advance()
+    assert all(stream.sent == 30 for stream in streams)
+    assert [node.stats[gpu].prompt_tokens for gpu in (0, 1)] == [1600, 1600]
+    assert [node.transfers[gpu].seconds.count for gpu in (2, 3)] == [2, 2]
+    page = render_pool_metrics(node, "m", "decode")
+    assert 'vllm:generation_tokens_total{engine="1",model_name="m"} 58.0' in page
+    decode = VllmSource("x", fetch=lambda url, timeout_s: page).scrape()
+    assert decode.generation_tokens_total == 4 * 29 and decode.kv_transfers_total == 4
+    report = node.energy_report()
+    assert report["pools"]["decode"]["gpus"] == [2, 3]
+    assert sum(r["total_j"] for r in report["requests"]) < report["totals"]["total_j"]
+    node.stop()
+
+
 # ------------------------------------------------------------------ end to end
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "emulated-1p1d.toml"
 
