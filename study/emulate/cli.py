@@ -17,6 +17,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     from gpugov.daemon.cli_support import UsageError, require_positive
     from gpugov.daemon.config import parse_address
     from gpugov.plant import ServingPlant, load_profile
+    from gpugov.study.emulate.disaggregated import DisaggregatedNode
     from gpugov.study.emulate.node import EmulatedNode
     from gpugov.study.emulate.server import EmulatorServer, is_loopback
 
@@ -26,8 +27,25 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--address {error}") from error
     if not is_loopback(host):
         raise UsageError(f"--address {args.address}: the emulator serves on loopback only")
-    if args.gpus < 1:
-        raise UsageError(f"--gpus must be >= 1, got {args.gpus}")
+    layout = args.layout
+    if layout is None:
+        gpus = 1 if args.gpus is None else args.gpus
+        if args.interconnect is not None:
+            raise UsageError("--interconnect needs a disaggregated --layout (such as 1P1D)")
+    else:
+        gpus = layout[0] + layout[1]
+        if gpus > MAX_EMULATED_GPUS:
+            raise UsageError(
+                f"--layout {layout[0]}P{layout[1]}D: {gpus} GPUs, more than the "
+                f"{MAX_EMULATED_GPUS} an emulated node has at most"
+            )
+        if args.gpus is not None and args.gpus != gpus:
+            raise UsageError(
+                f"--gpus {args.gpus} disagrees with --layout {layout[0]}P{layout[1]}D "
+                f"({gpus} GPUs); leave --gpus out"
+            )
+    if gpus < 1:
+        raise UsageError(f"--gpus must be >= 1, got {gpus}")
     require_positive("--speed", args.speed)
     name = args.served_model_name
     if not name.isprintable() or len(name) > 256:
@@ -49,14 +67,27 @@ def cmd_emulate(args: argparse.Namespace) -> int:
             "or lost-after:SECONDS"
         )
     plant = ServingPlant.from_profile(load_profile(args.profile))
-    node = EmulatedNode(
-        plant,
-        gpus=args.gpus,
-        seed=args.seed,
-        speed=args.speed,
-        fault=fault,
-        lost_after_s=lost_after,
-    )
+    node: EmulatedNode
+    if layout is None:
+        node = EmulatedNode(
+            plant,
+            gpus=gpus,
+            seed=args.seed,
+            speed=args.speed,
+            fault=fault,
+            lost_after_s=lost_after,
+        )
+    else:
+        node = DisaggregatedNode(
+            plant,
+            prefill_gpus=layout[0],
+            decode_gpus=layout[1],
+            interconnect=args.interconnect or "nvlink",
+            seed=args.seed,
+            speed=args.speed,
+            fault=fault,
+            lost_after_s=lost_after,
+        )
     try:
         server = EmulatorServer(node, host, port, model=args.served_model_name)
     except OSError as error:
@@ -74,11 +105,21 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)
     server.start()
-    print(
-        f"gpugov emulate: {args.gpus} emulated GPU(s), model {args.served_model_name!r}, "
-        f"serving on {server.url} (OpenAI API under /v1, /metrics, GPUs under /gpu)",
-        flush=True,
-    )
+    if isinstance(node, DisaggregatedNode):
+        print(
+            f"gpugov emulate: layout {node.layout_name}, {gpus} emulated GPU(s) (prefill "
+            f"{_span(node.prefill_gpus)}, decode {_span(node.decode_gpus)}, "
+            f"{node.layout.interconnect}), model {args.served_model_name!r}, serving on "
+            f"{server.url} (OpenAI API under /v1, /prefill/metrics, /decode/metrics, "
+            "GPUs under /gpu)",
+            flush=True,
+        )
+    else:
+        print(
+            f"gpugov emulate: {gpus} emulated GPU(s), model {args.served_model_name!r}, "
+            f"serving on {server.url} (OpenAI API under /v1, /metrics, GPUs under /gpu)",
+            flush=True,
+        )
     try:
         while not stop.wait(0.5):
             pass
@@ -89,6 +130,32 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         return 130
     print("gpugov emulate: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _span(gpus: tuple[int, ...]) -> str:
+    """``GPU 0`` or ``GPUs 0-1``."""
+    return f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {gpus[0]}-{gpus[-1]}"
+
+
+def _layout(text: str) -> tuple[int, int] | None:
+    """``--layout``'s converter: None (colocated) or (prefill GPUs, decode GPUs)."""
+    from gpugov.study.emulate.disaggregated import parse_layout
+
+    try:
+        return parse_layout(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _interconnect(text: str) -> str:
+    """``--interconnect``'s converter: one of the plant's interconnects."""
+    from gpugov.plant.disaggregated import INTERCONNECTS
+
+    if text not in INTERCONNECTS:
+        raise argparse.ArgumentTypeError(
+            f"expected one of {', '.join(sorted(INTERCONNECTS))}, got {text[:40]!r}"
+        )
+    return text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -118,9 +185,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--gpus",
         type=cli_types.count(1, MAX_EMULATED_GPUS),
-        default=1,
+        default=None,
         metavar="N",
-        help="emulated GPUs, one data-parallel engine replica each (default 1)",
+        help="emulated GPUs, one data-parallel engine replica each (default 1; with "
+        "--layout, the layout's count)",
+    )
+    parser.add_argument(
+        "--layout",
+        type=_layout,
+        default=None,
+        metavar="colocated|MPND",
+        help="colocated (default: every GPU serves both phases) or disaggregated, M "
+        "prefill and N decode GPUs (1P1D, 2P2D): GPUs 0..M-1 prefill, the next N decode, "
+        "each pool's vLLM page at /prefill/metrics and /decode/metrics",
+    )
+    parser.add_argument(
+        "--interconnect",
+        type=_interconnect,
+        default=None,
+        metavar="LINK",
+        help="the KV transfer's link in a disaggregated layout: nvlink (default), "
+        "infiniband or roce, at the plant's stated bandwidths",
     )
     parser.add_argument(
         "--seed",

@@ -32,10 +32,12 @@ def _histogram(lines: list[str], name: str, labels: str, histogram: Histogram) -
     lines.append(f"{name}_sum{{{labels}}} {_number(histogram.sum)}")
 
 
-def render_metrics(node: EmulatedNode, model: str) -> str:
-    """The whole page for every replica of ``node``."""
-    replicas = range(len(node.simulations))
-    states = [node.engine_state(r) for r in replicas]
+def render_metrics(node: EmulatedNode, model: str, gpus: Sequence[int] | None = None) -> str:
+    """The whole page for every replica of ``node``, or for the engines of ``gpus`` only
+    (one pool of a disaggregated layout), labelled ``engine="0"``, ``"1"``, ... in order."""
+    gpu_of = list(range(len(node.simulations))) if gpus is None else list(gpus)
+    replicas = range(len(gpu_of))
+    states = [node.engine_state(gpu) for gpu in gpu_of]
     kv_capacity = node.plant.kv_capacity_tokens
     lines: list[str] = []
 
@@ -82,9 +84,9 @@ def render_metrics(node: EmulatedNode, model: str) -> str:
         )
         lines.append(f"vllm:cache_config_info{{{info}}} 1.0")
     with node.lock:
-        stats = [node.stats[r] for r in replicas]
+        stats = [node.stats[gpu] for gpu in gpu_of]
         # Running counts only: a scrape's work must not grow with the requests served.
-        preemptions = [node.simulations[r].preemptions for r in replicas]
+        preemptions = [node.simulations[gpu].preemptions for gpu in gpu_of]
         per_replica(
             "vllm:num_preemptions",
             "counter",

@@ -5,7 +5,10 @@ Routes:
 * ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE with ``stream: true``, one
   event per token as the plant's iterations produce them, ending with ``data: [DONE]``);
   ``GET /v1/models``; ``GET /health``;
-* ``GET /metrics``: vLLM V1's page (:mod:`gpugov.study.emulate.metrics`);
+* ``GET /metrics``: vLLM V1's page (:mod:`gpugov.study.emulate.metrics`); in a
+  disaggregated layout (``--layout MPND``) each pool's instead, ``GET /prefill/metrics`` and
+  ``GET /decode/metrics`` (:mod:`gpugov.study.emulate.disaggregated`), and ``/metrics``
+  answers 404 naming them;
 * the emulated GPUs, NVML's calls over HTTP (``daemon/emulated.py`` is the client):
   ``GET /gpu`` (count), ``GET /gpu/<i>`` (identity, supported and max clocks),
   ``GET /gpu/<i>/sample`` (power, energy counter, temperature, SM clock, utilisation,
@@ -43,6 +46,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from gpugov.study.emulate.api import ApiError, Responder, models_body, parse_request, token_text
+from gpugov.study.emulate.disaggregated import POOL_PATHS, DisaggregatedNode, render_pool_metrics
 from gpugov.study.emulate.metrics import render_metrics
 from gpugov.study.emulate.node import EmulatedNode
 
@@ -56,7 +60,7 @@ POLL_S = 0.25
 """How often a handler waiting for tokens checks that its client is still there."""
 OPENAI_POST = ("/v1/completions", "/v1/chat/completions")
 ENERGY_PATH = "/gpugov/energy"
-GET_ONLY = ("/metrics", "/v1/models", "/health", "/gpu", ENERGY_PATH)
+GET_ONLY = ("/metrics", "/v1/models", "/health", "/gpu", ENERGY_PATH, *POOL_PATHS)
 
 
 CLIENT_GONE = -1
@@ -251,7 +255,19 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         node = self.server.node
         path = self.path.split("?", 1)[0]
-        if path == "/metrics":
+        if path == "/metrics" and isinstance(node, DisaggregatedNode):
+            message = (
+                f"Not Found: this emulated node is disaggregated ({node.layout_name}); "
+                f"its pools' pages are {' and '.join(POOL_PATHS)}"
+            )
+            self._send_json(404, ApiError(message, status=404, kind="NotFoundError").body())
+        elif path in POOL_PATHS and isinstance(node, DisaggregatedNode):
+            self._send_text(
+                200,
+                render_pool_metrics(node, self.server.model, POOL_PATHS[path]),
+                "text/plain; version=0.0.4; charset=utf-8",
+            )
+        elif path == "/metrics":
             self._send_text(
                 200,
                 render_metrics(node, self.server.model),

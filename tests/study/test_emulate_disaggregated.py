@@ -1,0 +1,257 @@
+"""``gpugov emulate --layout MPND``: the emulated node in a disaggregated layout, and the
+daemon governing its prefill and decode pools side by side over real loopback HTTP.
+
+The end-to-end test shares one virtual clock between the emulator's plants and the
+daemon's loop, so forty seconds of serving take a fraction of a second and every run is
+the same; the daemon still reaches the emulated GPUs and both pools' metrics pages over
+HTTP, as ``gpugov run`` with ``backend = "emulated"`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpugov.daemon.config import parse_config
+from gpugov.daemon.engines import VllmSource
+from gpugov.daemon.loop import TickRecord, TimedLoop, VirtualClock, run
+from gpugov.daemon.service import domains_from_config
+from gpugov.plant import ServingPlant, load_profile
+from gpugov.study.emulate import cli as emulate_cli
+from gpugov.study.emulate.disaggregated import (
+    DisaggregatedNode,
+    parse_layout,
+    render_pool_metrics,
+)
+from gpugov.study.emulate.server import EmulatorServer
+
+PROFILE = "h100-sxm-llama3-8b"
+TOP_MHZ = 1980
+APPLICATIONS_CLOCKS_SETTING = 0x2
+
+
+@pytest.fixture(scope="module")
+def plant() -> ServingPlant:
+    return ServingPlant.from_profile(load_profile(PROFILE))
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return str(response.read().decode())
+
+
+def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
+
+
+@pytest.fixture
+def emulator(plant: ServingPlant) -> Iterator[EmulatorServer]:
+    """A 1P1D node in fast real time (speed 50) on a free loopback port."""
+    node = DisaggregatedNode(plant, prefill_gpus=1, decode_gpus=1, speed=50.0)
+    server = EmulatorServer(node, "127.0.0.1", 0)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+# ------------------------------------------------------------------- the layout
+def test_layout_flag_values() -> None:
+    assert parse_layout("colocated") is None
+    assert parse_layout("1P1D") == (1, 1) and parse_layout("2p3d") == (2, 3)
+    for bad in ("1P", "0P1D", "P1D", "1D1P", "two"):
+        with pytest.raises(ValueError, match="expected colocated or MPND"):
+            parse_layout(bad)
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--layout", "1P0D"], "argument --layout: expected colocated or MPND"),
+        (["--layout", "1P1D", "--gpus", "3"], "--gpus 3 disagrees with --layout 1P1D (2 GPUs)"),
+        (["--interconnect", "roce"], "--interconnect needs a disaggregated --layout"),
+        (["--layout", "1P1D", "--interconnect", "pcie"], "argument --interconnect: expected"),
+    ],
+)
+def test_bad_layout_flags_are_one_line(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpugov.cli import main
+
+    code = main(["emulate", "--profile", PROFILE, "--address", "127.0.0.1:0", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and line in err and "Traceback" not in err
+    assert emulate_cli  # the command module is the one registered
+
+
+def test_completion_goes_through_both_pools(emulator: EmulatorServer) -> None:
+    url = emulator.url
+    answer = _post(
+        f"{url}/v1/completions",
+        {"model": "gpugov-emulated", "prompt": "hi " * 500, "max_tokens": 40, "ignore_eos": True},
+    )
+    usage = answer["usage"]
+    assert usage["completion_tokens"] == 40
+    assert usage["prefill_energy_j"] > 0.0 and usage["decode_energy_j"] > 0.0
+    prefill = VllmSource(f"{url}/prefill/metrics").scrape()
+    decode = VllmSource(f"{url}/decode/metrics").scrape()
+    # The prefill instance produced the first token, the decode instance the other 39.
+    assert prefill.generation_tokens_total == 1 and decode.generation_tokens_total == 39
+    assert prefill.ttft is not None and prefill.ttft.count == 1
+    assert decode.kv_transfers_total == 1 and decode.kv_transfer_bytes_total > 0
+    assert decode.prompt_tokens_external_total == decode.prompt_tokens_total > 0
+    truth = json.loads(_get(f"{url}/gpugov/energy"))
+    assert truth["layout"] == "1P1D" and truth["totals"]["output_tokens"] == 40
+    assert truth["totals"]["prompt_tokens"] == usage["prompt_tokens"]
+    (record,) = truth["requests"]
+    assert record["total_j"] == pytest.approx(usage["energy_j"])
+    pools = truth["pools"]
+    assert pools["prefill"]["total_j"] + pools["decode"]["total_j"] == pytest.approx(
+        truth["totals"]["total_j"]
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        _get(f"{url}/metrics")
+    assert caught.value.code == 404
+    assert "/prefill/metrics and /decode/metrics" in caught.value.read().decode()
+    assert json.loads(_get(f"{url}/gpu"))["count"] == 2
+
+
+def test_a_transfer_in_flight_is_deferred_on_the_decode_page_and_can_be_aborted(
+    plant: ServingPlant,
+) -> None:
+    from gpugov.plant.disaggregated import DisaggregatedPlant
+
+    clock = VirtualClock()
+    node = DisaggregatedNode(plant, prefill_gpus=1, decode_gpus=1, clock=clock)
+    # A slow link (5 s a transfer) keeps the KV caches on the way long enough to look.
+    node.layout = DisaggregatedPlant(node.layout.prefill, node.layout.decode, transfer_fixed_s=5.0)
+    kept = node.submit(500, 20, "length", "kept")
+    dropped = node.submit(500, 20, "length", "dropped")
+    gone_early = node.submit(500, 20, "length", "gone-early")
+    node.abort(gone_early)  # its client left during its prefill: it never moves
+    clock.sleep(1.0)
+    node.advance()
+    assert (kept.sent, dropped.sent) == (1, 1)  # first tokens, from the prefill GPU
+    page = render_pool_metrics(node, "m", "decode")
+    deferred = VllmSource("x", fetch=lambda url, timeout_s: page).scrape()
+    assert deferred.waiting_deferred_requests == 2 and deferred.waiting_requests == 2
+    node.abort(dropped)  # its client left while its KV cache was on the link
+    clock.sleep(10.0)
+    node.advance()
+    assert kept.sent == 20 and dropped.sent == 1
+    assert node.transfers[1].in_flight == 0 and node.transfers[1].seconds.count == 1
+    assert [r["id"] for r in node.energy_report()["requests"]] == ["kept"]
+    node.stop()
+
+
+def test_2p2d_spreads_requests_over_each_pool(plant: ServingPlant) -> None:
+    clock = VirtualClock()
+    node = DisaggregatedNode(plant, prefill_gpus=2, decode_gpus=2, clock=clock)
+    assert (node.prefill_gpus, node.decode_gpus, node.layout_name) == ((0, 1), (2, 3), "2P2D")
+    streams = [node.submit(800, 30, "length", f"r{k}") for k in range(4)]
+    clock.sleep(5.0)
+    node.advance()
+    assert all(stream.sent == 30 for stream in streams)
+    assert [node.stats[gpu].prompt_tokens for gpu in (0, 1)] == [1600, 1600]
+    assert [node.transfers[gpu].seconds.count for gpu in (2, 3)] == [2, 2]
+    page = render_pool_metrics(node, "m", "decode")
+    assert 'vllm:generation_tokens_total{engine="1",model_name="m"} 58.0' in page
+    decode = VllmSource("x", fetch=lambda url, timeout_s: page).scrape()
+    assert decode.generation_tokens_total == 4 * 29 and decode.kv_transfers_total == 4
+    report = node.energy_report()
+    assert report["pools"]["decode"]["gpus"] == [2, 3]
+    assert sum(r["total_j"] for r in report["requests"]) < report["totals"]["total_j"]
+    node.stop()
+
+
+# ------------------------------------------------------------------ end to end
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "emulated-1p1d.toml"
+
+
+def _config(url: str) -> Any:
+    """The shipped example (two ``reactive`` domains, roles and pool pages), pointed at
+    ``url`` and without an exporter."""
+    text = EXAMPLE.read_text().replace("http://127.0.0.1:8000", url)
+    data = tomllib.loads(text)
+    data["daemon"]["metrics_address"] = ""
+    data["daemon"]["log_level"] = "warning"
+    return parse_config(data, str(EXAMPLE))
+
+
+def test_daemon_governs_each_pool_to_its_own_objective(
+    plant: ServingPlant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    clock = VirtualClock()
+    node = DisaggregatedNode(plant, prefill_gpus=1, decode_gpus=1, clock=clock, tick_s=0.5)
+    server = EmulatorServer(node, "127.0.0.1", 0)
+    server.start()
+    records: list[TickRecord] = []
+    bursts = (2, 14)
+
+    def load(now_s: float, step: int) -> bool:
+        """A burst of long prompts every 12 s; long answers keep the decode pool busy."""
+        if step in bursts:
+            for k in range(8):
+                node.submit(3000, 600, "length", f"req-{step}-{k}")
+        return step >= 24
+
+    try:
+        assembled = domains_from_config(_config(server.url))
+        try:
+            run(
+                assembled.domains,
+                TimedLoop(1.0, clock=clock, sleep=clock.sleep),
+                on_tick=records.extend,
+                before_tick=load,
+            )
+        finally:
+            assembled.close()
+        # No lock is left behind: both emulated GPUs are unlocked and, once the reset has
+        # taken effect, back at the top clock.
+        clock.sleep(1.0)
+        for gpu in (0, 1):
+            assert node.gpu_state[gpu].locked is None
+            sample = json.loads(_get(f"{server.url}/gpu/{gpu}/sample"))
+            assert sample["sm_clock_mhz"] == TOP_MHZ
+            assert not sample["clock_event_reasons"] & APPLICATIONS_CLOCKS_SETTING
+        truth = node.energy_report()
+    finally:
+        server.close()
+    by_domain: dict[str, list[TickRecord]] = {"prefill": [], "decode": []}
+    for record in records:
+        by_domain[record.domain].append(record)
+    prefill, decode = by_domain["prefill"], by_domain["decode"]
+    assert len(prefill) == len(decode) == 24
+    assert {r.controller for r in records} == {"reactive"}
+    assert {r.observation.role for r in records} <= {"prefill", "decode", None}
+    # The prefill pool is judged on TTFT: each prompt burst takes it to the top clock.
+    for step in bursts:
+        assert prefill[step].applied_mhz == TOP_MHZ, [r.applied_mhz for r in prefill]
+    # The decode pool is judged on TPOT: with a batch decoding at low TPOT pressure it
+    # walks well below the top, and stays there through the prompt bursts.
+    # walks well below the top and holds its TPOT there, through the prompt bursts too.
+    decoding = [r for r in decode if r.observation.decode_active > 0]
+    assert len(decoding) >= 10
+    assert all((r.applied_mhz or TOP_MHZ) <= 0.75 * TOP_MHZ for r in decoding[2:]), [
+        r.applied_mhz for r in decode
+    ]
+    assert all((r.observation.tpot_recent_s or 0.0) < 0.05 for r in decoding)
+    for step in bursts:
+        assert (decode[step + 1].applied_mhz or TOP_MHZ) < prefill[step].applied_mhz
+    # The requests were served through both pools, and the truth covers both.
+    assert len(truth["requests"]) == len(bursts) * 8
+    assert truth["totals"]["output_tokens"] == len(bursts) * 8 * 600
