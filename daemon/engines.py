@@ -93,6 +93,12 @@ class EngineSample:
     ttft_within_slo_total: float | None = None
     tpot_count_total: float | None = None
     tpot_within_slo_total: float | None = None
+    request_prompt_tokens_buckets: Buckets | None = None
+    """Per finished request: the prompt-length histogram's cumulative buckets (vLLM
+    ``vllm:request_prompt_tokens``, SGLang ``sglang:prompt_tokens_histogram``), for the
+    per-request energy histogram (:mod:`daemon.energy`); None when not published."""
+    request_generation_tokens_buckets: Buckets | None = None
+    """Per finished request: the output-length histogram's cumulative buckets."""
 
 
 @runtime_checkable
@@ -452,6 +458,9 @@ class EngineSpec:
     kv_usage: tuple[str, ...] = ()
     kv_tokens: tuple[str, ...] = ()
     info: tuple[str, ...] = ()
+    request_prompt_tokens: tuple[str, ...] = ()
+    """Per-request prompt-length histograms (their buckets feed the energy histogram)."""
+    request_generation_tokens: tuple[str, ...] = ()
 
     def wanted(self) -> frozenset[str]:
         """Every sample name this engine's extraction reads."""
@@ -471,7 +480,12 @@ class EngineSpec:
             names.update(group)
         for base in (*self.ttft, *self.tpot):
             names.update((f"{base}_sum", f"{base}_count"))
-        for base in (*self.ttft_buckets, *self.tpot_buckets):
+        for base in (
+            *self.ttft_buckets,
+            *self.tpot_buckets,
+            *self.request_prompt_tokens,
+            *self.request_generation_tokens,
+        ):
             names.add(f"{base}_bucket")
         return frozenset(names)
 
@@ -505,6 +519,8 @@ VLLM = EngineSpec(
     ),
     kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     info=("vllm:cache_config_info",),
+    request_prompt_tokens=("vllm:request_prompt_tokens",),
+    request_generation_tokens=("vllm:request_generation_tokens",),
 )
 SGLANG = EngineSpec(
     kind="sglang",
@@ -523,6 +539,8 @@ SGLANG = EngineSpec(
     ),
     kv_usage=("sglang:token_usage",),
     kv_tokens=("sglang:num_used_tokens",),
+    request_prompt_tokens=("sglang:prompt_tokens_histogram",),
+    request_generation_tokens=("sglang:generation_tokens_histogram",),
 )
 TGI = EngineSpec(
     kind="tgi",
@@ -655,6 +673,8 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
             usage = weighted / capacity
     tpot_buckets = _buckets(series, spec.tpot_buckets)
     ttft_buckets = _buckets(series, spec.ttft_buckets)
+    prompt_lengths = _buckets(series, spec.request_prompt_tokens)
+    output_lengths = _buckets(series, spec.request_generation_tokens)
     return EngineSample(
         engine=spec.kind,
         running_requests=round(running or 0.0),
@@ -673,6 +693,8 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         kv_capacity_tokens=capacity,
         kv_tokens=kv_tokens,
         model_name=model_name(series, (*spec.running, *spec.waiting)),
+        request_prompt_tokens_buckets=None if prompt_lengths is None else prompt_lengths[1],
+        request_generation_tokens_buckets=None if output_lengths is None else output_lengths[1],
     )
 
 
