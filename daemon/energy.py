@@ -50,7 +50,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -218,6 +218,16 @@ def batch_term(batch: float) -> float:
     return batch / (batch + BATCH_HALF) if batch > 0 else 0.0
 
 
+CLOCK_POWER_EXPONENT = 2.5
+"""Dynamic power grows about as ``f V^2``, with the voltage rising with the clock: the
+fit's clock term of every phase power is ``(f / f_top) ** CLOCK_POWER_EXPONENT``."""
+
+
+def clock_term(slowdown: float | np.ndarray) -> Any:
+    """The clock term of the fit's powers for a window of slow-down ``f_top / f``."""
+    return np.power(1.0 / np.maximum(slowdown, 1.0), CLOCK_POWER_EXPONENT)
+
+
 @dataclass
 class PhaseFit:
     """Windowed non-negative least squares of the phase model (the estimator's own fit).
@@ -226,19 +236,26 @@ class PhaseFit:
     (``g = f_top / f``, the clock's slow-down of compute-bound work; ``kv`` the KV
     tokens in use, what a decode iteration reads), so ``a g`` is the prefill seconds per
     prompt token at the window's clock. Energy, with ``prefill_s = min(busy_s, a g
-    prompt)`` and ``decode_s = busy_s - prefill_s``: ``E = P_idle idle_s + P_prefill
-    prefill_s + (P_decode + P_batch batch_term(batch)) decode_s``. Older windows weigh
-    less (half weight after ``half_life_windows``); at most ``memory_windows`` are kept;
-    refitted every ``refit_every`` windows.
+    prompt)`` and ``decode_s = busy_s - prefill_s``: ``E = P_idle(f) idle_s + P_busy(f)
+    busy_s + P_batch (prefill_s + batch_term(batch) decode_s)``, each ``P(f) = p0 + p1
+    clock_term(g)``: a prefill runs the GPU as hard as a decode of a saturating batch
+    (both compute-bound), so the prefill power is ``P_busy(f) + P_batch`` and the decode
+    power ``P_busy(f) + P_batch batch_term(batch)``; fewer free powers, better
+    identified. The time fit runs on sums over ``time_block_windows`` consecutive
+    windows (a window's batch, hence its iteration count, is known only at its ends),
+    each block weighted down when its batch moved. Older windows weigh less (half weight
+    after ``half_life_windows``); at most ``memory_windows`` are kept; refitted every
+    ``refit_every`` windows.
     """
 
     memory_windows: int = 600
     half_life_windows: float = 300.0
     min_windows: int = 20
     refit_every: int = 5
+    time_block_windows: int = 10
     _rows: deque[tuple[float, ...]] = field(default_factory=deque)
     _since_fit: int = 0
-    _fitted: tuple[float, float, float, float, float] | None = None
+    _fitted: tuple[float, ...] | None = None
     working_windows: int = 0
     top_clock_mhz: float = 0.0
 
@@ -259,9 +276,21 @@ class PhaseFit:
         batch: float,
         slowdown: float,
         energy_j: float,
+        batch_change: float = 0.0,
     ) -> None:
-        """Fold in one window (a row with a negative or non-finite value is ignored)."""
-        row = (idle_s, busy_s, prompt, iterations, kv_tokens, batch, slowdown, energy_j)
+        """Fold in one window (a row with a negative or non-finite value is ignored);
+        ``batch_change`` is how much the batch moved between the window's ends."""
+        row = (
+            idle_s,
+            busy_s,
+            prompt,
+            iterations,
+            kv_tokens,
+            batch,
+            slowdown,
+            energy_j,
+            batch_change,
+        )
         if not all(math.isfinite(v) and v >= 0 for v in row):
             return
         self._rows.append(row)
@@ -281,43 +310,62 @@ class PhaseFit:
             self._since_fit = 0
         if self._fitted is None:
             return None
-        idle_w, prefill_w, decode_w, batch_w, seconds = self._fitted
+        idle_w, idle_h, busy_w, busy_h, batch_w, seconds = self._fitted
+        h = clock_term(slowdown)
         return PhaseCoefficients(
-            idle_w=idle_w,
-            prefill_w=prefill_w,
-            decode_w=decode_w + batch_w * batch_term(batch),
+            idle_w=idle_w + idle_h * h,
+            prefill_w=busy_w + busy_h * h + batch_w,
+            decode_w=busy_w + busy_h * h + batch_w * batch_term(batch),
             prefill_s_per_token=seconds * slowdown,
         )
 
-    def _fit(self) -> tuple[float, float, float, float, float] | None:
+    def _fit(self) -> tuple[float, ...] | None:
         from scipy.optimize import nnls  # only once a fit is due (commands stay lean)
 
         rows = np.asarray(self._rows, dtype=float)
         n = rows.shape[0]
         weights = np.sqrt(0.5 ** (np.arange(n)[::-1] / self.half_life_windows))
-        idle, busy, prompt, iterations, kv, batch, g, energy = rows.T
-        working = (busy > 0) & ((prompt > 0) | (iterations > 0))
-        if working.sum() < 5:
-            return None
-        w = weights[working]
-        # Features scaled near 1: seconds, kilo-tokens, hundreds of iterations.
+        idle, busy, prompt, iterations, kv, batch, g, energy, change = rows.T
+        # Time features scaled near 1 (kilo-tokens, hundreds of iterations), summed over
+        # blocks of consecutive windows: a window's batch (hence its iteration count) is
+        # known only at its ends, and the sums average that error out.
         x_time = np.column_stack(
             [
                 g * prompt / 1000.0,
                 iterations / 100.0,
                 g * iterations / 100.0,
                 iterations * kv / 1e7,
+                busy,
             ]
-        )[working]
-        seconds, _ = nnls(x_time * w[:, None], busy[working] * w)
+        )
+        blocks = _block_sums(x_time, self.time_block_windows)
+        working = blocks[:, -1] > 0
+        if working.sum() < 5:
+            return None
+        # A block weighs by its windows' age and by how steady their batch was (a window
+        # whose batch moved has a poor iteration count).
+        trust = weights**2 / (1.0 + change) ** 2
+        w = _block_sums(trust[:, None], self.time_block_windows)[working, 0] ** 0.5
+        seconds, _ = nnls(blocks[working, :-1] * w[:, None], blocks[working, -1] * w)
         alpha = float(seconds[0]) / 1000.0
         prefill_s = np.minimum(busy, alpha * g * prompt)
         decode_s = busy - prefill_s
         factor = batch / (batch + BATCH_HALF)
-        x_energy = np.column_stack([idle, prefill_s, decode_s, decode_s * factor])
+        h = clock_term(g)
+        x_energy = np.column_stack([idle, idle * h, busy, busy * h, prefill_s + decode_s * factor])
         power, _ = nnls(x_energy * weights[:, None], energy * weights)
-        values = (float(power[0]), float(power[1]), float(power[2]), float(power[3]), alpha)
+        values = (*(float(p) for p in power), alpha)
         return values if all(math.isfinite(v) for v in values) else None
+
+
+def _block_sums(rows: np.ndarray, size: int) -> np.ndarray:
+    """Sums of ``rows`` over consecutive blocks of ``size`` (the newest block may be
+    shorter)."""
+    n = rows.shape[0]
+    starts = np.arange(n % size if n % size else 0, n, size)
+    if n % size:
+        starts = np.concatenate([[0], starts])
+    return np.add.reduceat(rows, starts, axis=0)
 
 
 def split_components(
@@ -627,7 +675,8 @@ class EnergyEstimator:
             coefficients = self.fit.coefficients(slowdown, running)
             source = "fit" if coefficients is not None else "prior"
         kv = reading.kv_tokens if reading.kv_tokens is not None else 0.0
-        self.fit.add(idle_s, busy, prompt, iterations, kv, running, slowdown, energy)
+        change = abs(reading.running - anchor.running)
+        self.fit.add(idle_s, busy, prompt, iterations, kv, running, slowdown, energy, change)
         parts = split_components(idle_s, busy, prompt, output, coefficients)
         total = sum(parts)
         if total > 0 and math.isfinite(total):
