@@ -109,6 +109,7 @@ def compare(
     start_s: float | None = None,
     end_s: float | None = None,
     min_span_s: float = 10.0,
+    lag_s: float = 0.0,
 ) -> dict[str, Any]:
     """The comparison the module notes describe, as a JSON-able dict.
 
@@ -118,12 +119,14 @@ def compare(
             ``decode_j``, ``idle_j``, ``output_tokens`` and ``requests``.
         requests: finished requests with their true energy.
         start_s, end_s: the span compared (default: the series' first and last times).
+        lag_s: how far the daemon's attribution trails the truth (its window and
+            scrape): the estimate is read over ``[start_s + lag_s, end_s + lag_s]``.
     """
     if series.times_s.size < 2:
         raise ValueError("the daemon's series needs at least two readings")
     start = float(series.times_s[0]) if start_s is None else float(start_s)
     end = float(series.times_s[-1]) if end_s is None else float(end_s)
-    estimate = {name: series.delta(name, start, end) for name in SERIES_FIELDS}
+    estimate = {name: series.delta(name, start + lag_s, end + lag_s) for name in SERIES_FIELDS}
     phases: dict[str, dict[str, float | None]] = {}
     for phase in ("prefill", "decode", "idle"):
         mine, real = estimate[f"{phase}_j"], truth.get(f"{phase}_j")
@@ -207,3 +210,155 @@ def format_comparison(result: dict[str, Any]) -> str:
         f"{'n/a' if p90 is None else f'{100 * p90:.1f}%'} over {per['compared']} requests"
     )
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------- live sources
+class EnergySourceError(ValueError):
+    """The governor's metrics or the emulator's truth cannot be read; the message says
+    which URL and why."""
+
+
+def _get(url: str, timeout_s: float) -> bytes:
+    import http.client
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise EnergySourceError(f"{url}: expected http://HOST:PORT/PATH")
+    try:
+        port = parts.port or 80
+    except ValueError as error:
+        raise EnergySourceError(f"{url}: {error}") from error
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    connection = http.client.HTTPConnection(parts.hostname, port, timeout=timeout_s)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        body = response.read(64 << 20)
+        if response.status != 200:
+            raise EnergySourceError(f"{url}: HTTP {response.status} {response.reason}")
+        return body
+    except (OSError, http.client.HTTPException) as error:
+        raise EnergySourceError(f"{url}: does not answer: {error}") from error
+    finally:
+        connection.close()
+
+
+GOVERNOR_SERIES = {
+    "gpugov_energy_joules_total": (
+        "phase",
+        {"prefill": "prefill_j", "decode": "decode_j", "idle": "idle_j"},
+    ),
+    "gpugov_energy_tokens_total": ("kind", {"prompt": "prompt_tokens", "output": "output_tokens"}),
+}
+
+
+def read_governor(url: str, timeout_s: float = 5.0) -> dict[str, float]:
+    """The daemon's cumulative attribution, summed over domains and models, from its
+    ``/metrics`` page at ``url``.
+
+    Raises:
+        EnergySourceError: no answer, not Prometheus text, or no ``gpugov_energy_*``
+            series on the page (not a gpugov daemon, or one without energy attribution).
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = _get(url, timeout_s).decode("utf-8", errors="replace")
+    totals = dict.fromkeys(SERIES_FIELDS, 0.0)
+    found = False
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "gpugov_energy_skipped_windows_total":
+                    found = True  # a daemon with attribution, maybe no window yet
+                    continue
+                if sample.name == "gpugov_energy_requests_total":
+                    totals["requests"] += float(sample.value)
+                    found = True
+                    continue
+                spec = GOVERNOR_SERIES.get(sample.name)
+                if spec is None:
+                    continue
+                field = spec[1].get(sample.labels.get(spec[0], ""))
+                if field is not None:
+                    totals[field] += float(sample.value)
+                    found = True
+    except ValueError as error:
+        raise EnergySourceError(f"{url}: not Prometheus text: {error}") from error
+    if not found:
+        raise EnergySourceError(
+            f"{url}: no gpugov_energy_* series (not a gpugov daemon's /metrics, or it has "
+            "not attributed a window yet)"
+        )
+    return totals
+
+
+def read_truth(base: str, timeout_s: float = 5.0) -> dict[str, float]:
+    """The emulator's exact totals (``GET /gpugov/energy``) under the fields of
+    :data:`SERIES_FIELDS` (``requests``: the requests it lists as finished).
+
+    Raises:
+        EnergySourceError: no answer, or not the truth endpoint's JSON.
+    """
+    import json
+
+    url = base.rstrip("/") + "/gpugov/energy"
+    try:
+        body = json.loads(_get(url, timeout_s))
+        totals = body["totals"]
+        out = {
+            "prefill_j": float(totals["prefill_j"]),
+            "decode_j": float(totals["decode_j"]),
+            "idle_j": float(totals["idle_j"]),
+            "prompt_tokens": float(totals["prompt_tokens"]),
+            "output_tokens": float(totals["output_tokens"]),
+            "requests": float(len(body.get("requests") or ())),
+        }
+    except (ValueError, KeyError, TypeError) as error:
+        raise EnergySourceError(f"{url}: not the emulator's energy truth: {error!r}") from error
+    return out
+
+
+class GovernorSampler:
+    """Reads the daemon's attribution every ``interval_s`` in a daemon thread, stamped
+    with ``clock`` (the load's own clock); a failed read is counted and skipped."""
+
+    def __init__(self, url: str, *, interval_s: float = 1.0, clock: Any = None) -> None:
+        import threading
+        import time
+
+        self.url = url
+        self.interval_s = interval_s
+        self._clock = clock or time.monotonic
+        self.rows: list[tuple[float, dict[str, float]]] = []
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpugov-energy", daemon=True)
+
+    def sample(self) -> None:
+        """One read now."""
+        try:
+            values = read_governor(self.url, timeout_s=max(0.5, self.interval_s))
+        except EnergySourceError:
+            self.failures += 1
+            return
+        self.rows.append((self._clock(), values))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def start(self) -> None:
+        """Read once now, then every interval."""
+        self.sample()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and read a last time."""
+        self._stop.set()
+        self._thread.join(timeout=10.0)
+        self.sample()
+
+    def series(self) -> EstimateSeries:
+        """What was read."""
+        return EstimateSeries.from_rows(self.rows)
