@@ -20,6 +20,7 @@ from gpugov.daemon.energy import (
     split_components,
 )
 from gpugov.daemon.engines import SPECS, extract, parse_page
+from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot
 
 # A synthetic GPU: idle 100 W, busy power 300 W + 200 W x batch_term (prefill at the
 # saturated 500 W), prefill 20 us per prompt token, a decode iteration 8 ms + 0.1 ms per
@@ -290,15 +291,9 @@ def test_engine_token_histograms_are_read_from_vllm_and_sglang_pages() -> None:
         assert sample.request_generation_tokens_buckets == ((100.0, 1.0), (math.inf, 4.0))
 
 
-def test_exporter_shows_the_energy_series() -> None:
-    from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot
-
-    rng = np.random.default_rng(3)
-    node, estimator = Node(), EnergyEstimator()
-    for _ in range(5):
-        estimator.update(replace(node.window(rng), prompt_buckets=None))
-    estimator.update(_reading(100.0, None, 0.0))  # one skipped window
-    snapshot = DomainSnapshot(
+def _domain_snapshot(estimator: EnergyEstimator) -> DomainSnapshot:
+    """A domain snapshot carrying only ``estimator``'s energy view."""
+    return DomainSnapshot(
         domain="d",
         controller="mpc",
         gpus=(),
@@ -317,6 +312,16 @@ def test_exporter_shows_the_energy_series() -> None:
         solve_sum_s=0.0,
         energy=estimator.snapshot(),
     )
+
+
+def test_exporter_shows_the_energy_series() -> None:
+
+    rng = np.random.default_rng(3)
+    node, estimator = Node(), EnergyEstimator()
+    for _ in range(5):
+        estimator.update(replace(node.window(rng), prompt_buckets=None))
+    estimator.update(_reading(100.0, None, 0.0))  # one skipped window
+    snapshot = _domain_snapshot(estimator)
     exporter = Exporter(serve=False)
     exporter.publish([snapshot], LoopSnapshot())
     from prometheus_client import generate_latest
@@ -338,3 +343,37 @@ def test_exporter_shows_the_energy_series() -> None:
         (("domain", "d"), ("reason", "energy_unavailable")),
     )
     assert samples[skipped] == 1.0
+
+
+def test_status_shows_the_daemons_last_minute(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpugov.daemon import node_cli
+
+    rng = np.random.default_rng(4)
+    node, estimator = Node(), EnergyEstimator()
+    for _ in range(5):
+        estimator.update(node.window(rng))
+    rates = estimator.rates("m")
+    assert rates.joules_per_output_token is not None and rates.joules_per_request is not None
+    with Exporter("127.0.0.1", 0) as exporter:
+        exporter.publish([_domain_snapshot(estimator)], LoopSnapshot())
+        dead = "http://127.0.0.1:9"
+        code = node_cli.main(
+            [
+                "status",
+                "--backend",
+                "emulated",
+                "--emulator",
+                dead,
+                "--governor-metrics",
+                exporter.url,
+            ]
+        )
+    assert code == 4  # no GPU answers at the dead emulator; the energy line still shows
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line == (
+        f"energy d/m, last minute: {rates.joules_per_output_token:.3g} J per output token "
+        f"(ML.ENERGY's unit), {rates.joules_per_request:.3g} kJ "
+        f"({rates.joules_per_request / 3.6:.3g} Wh) per 1,000 requests"
+    )
+    assert node_cli.main(["status", "--governor-metrics", "ftp://x"]) == 2
+    assert "--governor-metrics 'ftp://x': expected http" in capsys.readouterr().err
