@@ -93,6 +93,7 @@ def test_rows_per_domain_and_per_gpu_with_the_promised_panels() -> None:
         "GPUs",
         "Daemon",
         "Learned model (mpc-online)",
+        "Energy attribution",
     ]
     assert rows[1]["repeat"] == "domain"
     titles = " | ".join(p["title"] for p in panels(board))
@@ -111,6 +112,9 @@ def test_rows_per_domain_and_per_gpu_with_the_promised_panels() -> None:
         r"Learned model: samples and confidence",
         r"Learned model: fit residuals",
         r"Learned model: exploration",
+        r"Energy per output token by model",
+        r"Energy split: prefill, decode, idle",
+        r"Estimated energy per request",
     ):
         assert re.search(topic, titles), f"no panel for {topic!r}"
     per_gpu = [p for p in panels(board) if p["title"].endswith("per GPU")]

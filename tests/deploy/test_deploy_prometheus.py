@@ -1,7 +1,7 @@
 """Prometheus assets: `promtool check config`, `check rules`, `test rules`, and their coverage.
 
-Every alert must appear in ``deploy/prometheus/tests/gpugov.test.yml`` at least once
-firing and at least once with no alert expected after it fired (cleared), and every
+Every alert must appear in a unit test file under ``deploy/prometheus/tests/`` at least
+once firing and at least once with no alert expected after it fired (cleared), and every
 alert's runbook anchor must exist in the operator guide. The live checks against a real
 server are in ``test_deploy_live.py``.
 """
@@ -20,7 +20,7 @@ yaml = require_module("yaml")
 RULE_FILES = sorted((PROMETHEUS / "rules").glob("*.rules.yml"))
 ALERT_RULES = PROMETHEUS / "rules" / "gpugov-alerts.rules.yml"
 RECORDING_RULES = PROMETHEUS / "rules" / "gpugov-recording.rules.yml"
-UNIT_TESTS = PROMETHEUS / "tests" / "gpugov.test.yml"
+UNIT_TEST_FILES = sorted((PROMETHEUS / "tests").glob("*.test.yml"))
 
 
 def promtool(*args: str, cwd: Path = PROMETHEUS) -> str:
@@ -38,13 +38,26 @@ def rules(path: Path) -> list[dict[str, Any]]:
     return [rule for group in document["groups"] for rule in group["rules"]]
 
 
+def alert_rules() -> list[dict[str, Any]]:
+    """The alerting rules of every rule file."""
+    return [rule for path in RULE_FILES for rule in rules(path) if "alert" in rule]
+
+
 def alert_names() -> list[str]:
-    """The alerts defined in the alert rule file."""
-    return [rule["alert"] for rule in rules(ALERT_RULES)]
+    """The alerts defined in the rule files."""
+    return [rule["alert"] for rule in alert_rules()]
 
 
-def test_rule_files_are_the_expected_two() -> None:
-    assert sorted([ALERT_RULES, RECORDING_RULES]) == RULE_FILES
+def test_every_rule_file_is_loaded_by_the_config_and_a_unit_test() -> None:
+    assert {ALERT_RULES, RECORDING_RULES} <= set(RULE_FILES)
+    config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
+    assert sorted(PROMETHEUS / name for name in config["rule_files"]) == RULE_FILES
+    tested = {
+        (path.parent / name).resolve()
+        for path in UNIT_TEST_FILES
+        for name in yaml.safe_load(path.read_text())["rule_files"]
+    }
+    assert {path.resolve() for path in RULE_FILES} <= tested
 
 
 def test_promtool_check_config() -> None:
@@ -58,16 +71,16 @@ def test_promtool_check_rules() -> None:
 
 
 def test_promtool_test_rules() -> None:
-    output = promtool("test", "rules", str(UNIT_TESTS))
-    assert "SUCCESS" in output
+    output = promtool("test", "rules", *(str(p) for p in UNIT_TEST_FILES))
+    assert output.count("SUCCESS") == len(UNIT_TEST_FILES)
 
 
 def test_every_alert_fires_and_clears_in_the_unit_tests() -> None:
-    document = yaml.safe_load(UNIT_TESTS.read_text())
+    cases = [case for path in UNIT_TEST_FILES for case in yaml.safe_load(path.read_text())["tests"]]
     fired: set[str] = set()
     cleared_after_firing: set[str] = set()
     seconds = {"s": 1, "m": 60, "h": 3600}
-    for case in document["tests"]:
+    for case in cases:
         checks = sorted(
             case.get("alert_rule_test", []),
             key=lambda c: int(c["eval_time"][:-1]) * seconds[c["eval_time"][-1]],
@@ -81,8 +94,8 @@ def test_every_alert_fires_and_clears_in_the_unit_tests() -> None:
             elif name in firing_in_case:
                 cleared_after_firing.add(name)
     for name in alert_names():
-        assert name in fired, f"{name} never fires in {UNIT_TESTS.name}"
-        assert name in cleared_after_firing, f"{name} never clears in {UNIT_TESTS.name}"
+        assert name in fired, f"{name} never fires in the unit tests"
+        assert name in cleared_after_firing, f"{name} never clears in the unit tests"
 
 
 def test_alerts_are_documented() -> None:
@@ -91,7 +104,7 @@ def test_alerts_are_documented() -> None:
         re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-")
         for heading in re.findall(r"^#+ (.+)$", guide, flags=re.M)
     }
-    for rule in rules(ALERT_RULES):
+    for rule in alert_rules():
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}
         for key in ("summary", "description", "runbook_url"):
             assert rule["annotations"].get(key), f"{rule['alert']}: no {key}"
@@ -103,7 +116,7 @@ def test_alerts_are_documented() -> None:
 
 
 def test_recording_rule_names_follow_the_convention() -> None:
-    for rule in rules(RECORDING_RULES):
+    for rule in (r for path in RULE_FILES for r in rules(path) if "record" in r):
         level, metric, operations = rule["record"].split(":")
         assert level in {"domain", "gpu"}, rule["record"]
         assert metric.startswith("gpugov_"), rule["record"]
