@@ -303,8 +303,9 @@ def read_truth(base: str, timeout_s: float = 5.0) -> dict[str, float]:
     import json
 
     url = base.rstrip("/") + "/gpugov/energy"
+    raw = _get(url, timeout_s)
     try:
-        body = json.loads(_get(url, timeout_s))
+        body = json.loads(raw)
         totals = body["totals"]
         out = {
             "prefill_j": float(totals["prefill_j"]),
@@ -315,7 +316,7 @@ def read_truth(base: str, timeout_s: float = 5.0) -> dict[str, float]:
             "requests": float(len(body.get("requests") or ())),
         }
     except (ValueError, KeyError, TypeError) as error:
-        raise EnergySourceError(f"{url}: not the emulator's energy truth: {error!r}") from error
+        raise EnergySourceError(f"{url}: not the emulator's energy truth ({error!r})") from error
     return out
 
 

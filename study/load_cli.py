@@ -42,7 +42,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from error
     truth_base = f"http://{host}:{port}{prefix}"
     if args.governor_metrics is not None:
-        _check_energy_sources(args.governor_metrics, truth_base, args.url)
+        _check_energy_sources(args.governor_metrics, truth_base)
     workload, report = load_trace_for_cli(
         args.trace,
         duration_s=args.duration,
@@ -127,7 +127,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     return ExitCode.INTERRUPTED if stop.is_set() else ExitCode.OK
 
 
-def _check_energy_sources(governor: str, truth_base: str, url: str) -> None:
+def _check_energy_sources(governor: str, truth_base: str) -> None:
     """Refuse ``--governor-metrics`` before any work unless the daemon's metrics and the
     emulator's truth both answer.
 
@@ -146,7 +146,7 @@ def _check_energy_sources(governor: str, truth_base: str, url: str) -> None:
     except EnergySourceError as error:
         raise UsageError(
             f"--governor-metrics needs a gpugov emulator as --url (its /gpugov/energy truth): "
-            f"{url}: {error}"
+            f"{error}"
         ) from error
 
 
