@@ -13,7 +13,8 @@ median per-request error within 15%.
 
     nice -n 15 .venv/bin/python bench/energy_attribution.py [--duration 600]
         [--profiles h100-sxm-llama3-8b,a100-sxm-80gb-llama3-8b,l40s-llama3-8b]
-        [--traces azure-conv,azure-code] [--controller mpc-online]
+        [--traces azure-conv,azure-code] [--controller mpc-online] [--learned]
+        [--utilization window|instant]
 
 Writes ``bench/results/energy_attribution.json`` and prints one line per run.
 """
@@ -26,6 +27,7 @@ import math
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +115,21 @@ class PlantTruth:
         }
 
 
+def _instant_utilization(domain: Any, sim: Any) -> None:
+    """Make the GPUs report utilisation as ``gpugov emulate`` does and as NVML's sampled
+    counter does at worst: 1 when an iteration runs at the read, else 0 (instead of the
+    plant's exact busy share of the window)."""
+    for backend in domain.observer.backends:
+        read = backend.sample
+
+        def sample(read: Any = read) -> Any:
+            value = read()
+            busy = 1.0 if sim._in_iteration else 0.0
+            return replace(value, utilization=busy)
+
+        backend.sample = sample
+
+
 def one_run(
     trace: str,
     profile_name: str,
@@ -120,6 +137,7 @@ def one_run(
     duration_s: float,
     seed: int,
     learned: bool = False,
+    utilization: str = "window",
 ) -> dict[str, Any]:
     """One simulated daemon run with the truth alongside; the comparison."""
     workload, _ = load_trace_for_cli(trace, duration_s=duration_s)
@@ -133,6 +151,8 @@ def one_run(
     truth = PlantTruth(simulation.node.simulation)
     domain = simulation.domain
     domain.energy.use_learned = learned
+    if utilization == "instant":
+        _instant_utilization(domain, simulation.node.simulation)
     rows: list[tuple[float, dict[str, float]]] = []
     truth_rows: list[tuple[float, dict[str, float]]] = []
 
@@ -227,13 +247,26 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="split with mpc-online's learned model where it has warmed up (default: own fit)",
     )
+    parser.add_argument(
+        "--utilization",
+        choices=["window", "instant"],
+        default="window",
+        help="GPU utilisation the daemon reads: the plant's exact busy share of the window "
+        "(default), or 0/1 at the read, as gpugov emulate reports it",
+    )
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args(argv)
     results = []
     for trace in args.traces.split(","):
         for profile in args.profiles.split(","):
             result = one_run(
-                trace, profile, args.controller, args.duration, args.seed, args.learned
+                trace,
+                profile,
+                args.controller,
+                args.duration,
+                args.seed,
+                args.learned,
+                args.utilization,
             )
             results.append(result)
             token = result["joules_per_output_token"]
@@ -261,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                 "argv": sys.argv[1:],
                 "duration_s": args.duration,
                 "learned": args.learned,
+                "utilization": args.utilization,
                 "controller": args.controller,
                 "runs": results,
             },

@@ -649,12 +649,6 @@ class EnergyEstimator:
         finished: float,
         learned: PhaseModel | None,
     ) -> WindowEnergy:
-        utilization = reading.utilization
-        if utilization is not None and math.isfinite(utilization):
-            busy = min(1.0, max(0.0, utilization)) * duration
-        else:
-            busy = duration if (prompt > 0 or output > 0 or reading.running > 0) else 0.0
-        idle_s = duration - busy
         # Decode iterations: output tokens less the first tokens (from prefills) over
         # the mean batch.
         decode_tokens = output
@@ -664,17 +658,23 @@ class EnergyEstimator:
             )
         running = max(0.5 * (reading.running + anchor.running), 1.0)
         iterations = decode_tokens / running
+        kv = reading.kv_tokens if reading.kv_tokens is not None else 0.0
+        clock = reading.clock_mhz
+        slowdown = self.fit.slowdown(clock)
+        utilization = reading.utilization
+        if utilization is not None and math.isfinite(utilization):
+            busy = min(1.0, max(0.0, utilization)) * duration
+        else:
+            busy = duration if (prompt > 0 or output > 0 or reading.running > 0) else 0.0
+        idle_s = duration - busy
         coefficients: PhaseCoefficients | None = None
         source: Source = "prior"
-        clock = reading.clock_mhz
         if self.use_learned and learned is not None and clock is not None and math.isfinite(clock):
             coefficients = learned_coefficients(learned, clock)
             source = "learned" if coefficients is not None else "prior"
-        slowdown = self.fit.slowdown(clock)
         if coefficients is None:
             coefficients = self.fit.coefficients(slowdown, running)
             source = "fit" if coefficients is not None else "prior"
-        kv = reading.kv_tokens if reading.kv_tokens is not None else 0.0
         change = abs(reading.running - anchor.running)
         self.fit.add(idle_s, busy, prompt, iterations, kv, running, slowdown, energy, change)
         parts = split_components(idle_s, busy, prompt, output, coefficients)
