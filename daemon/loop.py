@@ -41,6 +41,7 @@ from gpugov.daemon.energy import EnergyEstimator, learned_phase_model, reading_f
 from gpugov.daemon.errors import ClocksNotReset, ControllerFailure
 from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
 from gpugov.daemon.observer import DomainObserver, Observed
+from gpugov.daemon.power_budget import PowerBudget
 from gpugov.daemon.safety import invalid_decisions, raw_decision
 from gpugov.plant.types import ClockController, ServingObservation
 
@@ -306,6 +307,9 @@ class Domain:
         solve_clock: wall clock for timing the controller.
         max_controller_failures: controller exceptions in a row survived before
             :meth:`tick` raises :class:`ControllerFailure`.
+        budget: the domain's power budget sources (:class:`daemon.power_budget.PowerBudget`):
+            each tick the budget in force replaces the observation's ``power_limit_w``
+            and the controller's need is followed after each decision; None: neither.
     """
 
     def __init__(
@@ -319,6 +323,7 @@ class Domain:
         label: str | None = None,
         solve_clock: Callable[[], float] = time.perf_counter,
         max_controller_failures: int = MAX_CONTROLLER_FAILURES,
+        budget: PowerBudget | None = None,
     ) -> None:
         if max_controller_failures < 1:
             raise ValueError(f"max_controller_failures must be >= 1, got {max_controller_failures}")
@@ -341,6 +346,7 @@ class Domain:
         self.write_path_down: str | None = None
         """Why the clock writes cannot go through (the actuator or zeusd is gone), or None."""
         self._failure_logged_s = -math.inf
+        self.budget = budget
         self.energy = EnergyEstimator()
         """Energy attribution per window and model (:mod:`daemon.energy`)."""
         self._energy_failed = False
@@ -445,6 +451,8 @@ class Domain:
                 in a row (the caller resets the clocks).
         """
         observed = self.observer.observe(now_s, step, self.actuator.applied_mhz)
+        if self.budget is not None:
+            observed = self.budget.apply(observed)
         self.last = observed
         self._estimate_energy(observed)
         self.actuator.check_readback(observed.gpu_samples)
@@ -485,6 +493,8 @@ class Domain:
                 self.decisions += 1
                 requested = answer
                 decision = raw_decision(self.controller, answer)
+                if self.budget is not None:
+                    self.budget.after_decision(self.controller, now_s)
                 invalid = invalid_decisions(self.controller)
                 if invalid:
                     self.fallbacks["invalid_decision"] = invalid
@@ -551,6 +561,7 @@ class Domain:
             yielded_gpus=tuple(sorted(self.actuator.yielded)),
             model=self.model_status(),
             energy=self.energy.snapshot(),
+            power_budget=None if self.budget is None else self.budget.status(),
         )
 
     def model_status(self) -> dict[str, Any] | None:

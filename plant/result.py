@@ -58,6 +58,12 @@ class ServingMetrics:
     ttft_slo_s: float
     tpot_slo_s: float
     ttft_slo_per_prompt_token_s: float = 0.0
+    prefill_energy_j: float = 0.0
+    """Energy attributed to the requests' prefill chunks (``plant/attribution.py``)."""
+    decode_energy_j: float = 0.0
+    """Energy attributed to the requests' decode tokens."""
+    idle_energy_j: float = 0.0
+    """Energy while no iteration ran (a node cost; the three sum to ``energy_j``)."""
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict of every metric."""
@@ -83,10 +89,12 @@ def compute_metrics(
     preemptions: int,
     clock_changes: int,
     ttft_slo_per_prompt_token_s: float = 0.0,
+    idle_energy_j: float = 0.0,
 ) -> ServingMetrics:
     """Summarise records into :class:`ServingMetrics` (censoring kept visible).
 
     A request's TTFT SLO is ``ttft_slo_s + ttft_slo_per_prompt_token_s * prompt_tokens``.
+    The phase energies sum the records' attributed energy; ``idle_energy_j`` is the rest.
     """
     ttft = np.array([r.ttft_s for r in records if r.ttft_s is not None], dtype=float)
     tpot = np.array([r.tpot_s for r in records if r.tpot_s is not None], dtype=float)
@@ -137,6 +145,9 @@ def compute_metrics(
         ttft_slo_s=float(ttft_slo_s),
         tpot_slo_s=float(tpot_slo_s),
         ttft_slo_per_prompt_token_s=float(ttft_slo_per_prompt_token_s),
+        prefill_energy_j=float(sum(r.prefill_energy_j for r in records)),
+        decode_energy_j=float(sum(r.decode_energy_j for r in records)),
+        idle_energy_j=float(idle_energy_j),
     )
 
 

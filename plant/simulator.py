@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from gpugov.plant.attribution import EnergyLedger, prefill_fraction
 from gpugov.plant.gpu_physics import _EPS, GpuParameters, GpuPhysics
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.result import SERIES_NAMES, ServingResult, compute_metrics
@@ -112,6 +113,8 @@ class PlantSimulation:
         self._prefill_len = list(self._prompt)
         self._preemptions = [0] * n
         self._epoch = [0] * n
+        # Each segment's energy, split among the requests it served (attribution.py).
+        self.energy_ledger = EnergyLedger(n)
 
         params = GpuParameters.from_plant(plant)
         self._clocks = params.clock_mhz
@@ -256,6 +259,7 @@ class PlantSimulation:
         self._prefill_len.append(int(prompt_tokens))
         self._preemptions.append(0)
         self._epoch.append(0)
+        self.energy_ledger.add_request()
         return index
 
     def cut_short(self, index: int) -> None:
@@ -279,6 +283,16 @@ class PlantSimulation:
         generated = self._generated[index]
         start = self._running.get(index)
         return generated if start is None else generated + self._decode_counter - start
+
+    def request_energy(self, index: int) -> tuple[float, float]:
+        """(prefill J, decode J) attributed to request ``index`` so far
+        (``plant/attribution.py``)."""
+        return self.energy_ledger.request_energy(index, index in self._running)
+
+    @property
+    def idle_energy_j(self) -> float:
+        """Energy drawn while no iteration ran (charged to no request)."""
+        return self.energy_ledger.idle_j
 
     def request_clock(self, clock_mhz: float) -> float:
         """Request a clock (quantised downward); it takes effect after the actuation delay."""
@@ -421,7 +435,7 @@ class PlantSimulation:
 
     def _segment_busy(self, end_s: float) -> None:
         self._apply_pending()
-        _, (t_pf, t_dec, power) = self.gpu.busy_clock(
+        index, (t_pf, t_dec, power) = self.gpu.busy_clock(
             self._effective_index,
             self._iter_prefill_tokens,
             self._iter_decode_batch,
@@ -438,6 +452,16 @@ class PlantSimulation:
         else:
             completes = False
         dt = target - self.time_s
+        prefill = self._iter_prefill_tokens
+        self.energy_ledger.charge_busy(
+            power * dt,
+            prefill_fraction(t_pf, t_dec, power, self.gpu.params.prefill_power_w[index])
+            if prefill
+            else 0.0,
+            self._iter_chunks,
+            prefill,
+            self._iter_decode_batch,
+        )
         self._integrate(dt, power, busy=True)
         if completes:
             self._finish_iteration(duration)
@@ -451,7 +475,9 @@ class PlantSimulation:
             raise RuntimeError("idle segment without an end")
         self._phase = "idle"
         power = self.gpu.params.idle_power_w[index]
-        self._integrate(max(0.0, target - self.time_s), power, busy=False)
+        dt = max(0.0, target - self.time_s)
+        self.energy_ledger.charge_idle(power * dt)
+        self._integrate(dt, power, busy=False)
 
     def _integrate(self, dt: float, power: float, *, busy: bool) -> None:
         """Advance time by ``dt`` at constant ``power``: the GPU, then the grid samples."""
@@ -652,6 +678,7 @@ class PlantSimulation:
         total = count * base + slope * count * (count - 1) / 2.0
         self._phase = "decode"
         self._ff_tick = (self.time_s, base, slope, batch, count)
+        self.energy_ledger.charge_busy(power * total, 0.0, (), 0, batch)
         self._integrate(total, power, busy=True)
         self._ff_tick = None
         self._decode_counter = counter + count
@@ -679,6 +706,7 @@ class PlantSimulation:
 
     def _preempt_latest(self) -> None:
         victim, start = self._running.popitem()
+        self.energy_ledger.stop_decode(victim)
         produced = self._decode_counter - start
         plen = self._prefill_len[victim]
         self._sum_start -= start
@@ -713,6 +741,7 @@ class PlantSimulation:
                 if request_epoch != epoch[request] or request not in running:
                     continue
                 start = running.pop(request)
+                self.energy_ledger.stop_decode(request)
                 self._sum_start -= start
                 self._sum_gen0 -= self._generated[request]
                 self._sum_plen_running -= self._prefill_len[request]
@@ -755,6 +784,7 @@ class PlantSimulation:
             return
         counter = self._decode_counter
         self._running[request] = counter
+        self.energy_ledger.start_decode(request)
         self._sum_start += counter
         self._sum_gen0 += self._generated[request]
         self._sum_plen_running += plen
@@ -790,7 +820,7 @@ class PlantSimulation:
         for values in self._series.values():
             memo[id(values)] = []
         memo[id(self._phase_series)] = []
-        for value in vars(self).values():
+        for value in [*vars(self).values(), *vars(self.energy_ledger).values()]:
             # Lists of plain numbers: a shallow copy is a deep copy, and far faster.
             if (
                 type(value) is list
@@ -816,6 +846,7 @@ class PlantSimulation:
             generated = self._generated[index]
             if index in self._running:
                 generated += self._decode_counter - self._running[index]
+            prefill_j, decode_j = self.request_energy(index)
             out.append(
                 RequestRecord(
                     request_id=request.request_id,
@@ -826,6 +857,8 @@ class PlantSimulation:
                     finish_time_s=self._finish[index],
                     generated_tokens=generated,
                     preemptions=self._preemptions[index],
+                    prefill_energy_j=prefill_j,
+                    decode_energy_j=decode_j,
                 )
             )
         return tuple(out)
@@ -857,6 +890,7 @@ class PlantSimulation:
             peak_queued_requests_at_minimum_clock=peak_at_minimum,
             preemptions=self._preemption_total,
             clock_changes=self._clock_changes,
+            idle_energy_j=self.energy_ledger.idle_j,
         )
         meta = {
             "seed": self.seed,

@@ -63,6 +63,16 @@ class RequestRecord:
     finish_time_s: float | None
     generated_tokens: int
     preemptions: int = 0
+    prefill_energy_j: float = 0.0
+    """Energy of this request's prefill chunks (recomputes included), by the plant's
+    attribution rule (``plant/attribution.py``)."""
+    decode_energy_j: float = 0.0
+    """Energy of this request's decode tokens, by the same rule."""
+
+    @property
+    def energy_j(self) -> float:
+        """This request's attributed energy: prefill plus decode (idle excluded)."""
+        return self.prefill_energy_j + self.decode_energy_j
 
     @property
     def ttft_s(self) -> float | None:

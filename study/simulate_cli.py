@@ -30,6 +30,7 @@ from gpugov.daemon.cli_support import (
 from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.sim_progress import SimulationProgress
 from gpugov.plant import ServingPlant, ServingResult, load_profile, simulate
+from gpugov.plant.attribution import ENERGY_DEFINITIONS, energy_summary, request_rows
 from gpugov.plant.profile import DEFAULT_PROFILE, list_bundled_profiles
 from gpugov.plant.result import arrival_separation
 from gpugov.plant.scheduler import SCHEDULERS
@@ -66,6 +67,40 @@ def controller_diagnostics(controller: object) -> dict[str, Any] | None:
         "solve_budget_evaluations": budget,
         "solve_time_limit_s": float(report.solve_time_limit_s),
     }
+
+
+def result_energy(result: ServingResult) -> dict[str, Any]:
+    """The run's energy figures (``plant/attribution.py``) with their definitions."""
+    metrics = result.metrics
+    summary = energy_summary(
+        result.request_records,
+        energy_j=metrics.energy_j,
+        idle_energy_j=metrics.idle_energy_j,
+        output_tokens=metrics.output_tokens,
+    )
+    return {**summary, "definitions": dict(ENERGY_DEFINITIONS)}
+
+
+def energy_lines(energy: dict[str, Any]) -> str:
+    """Two lines for stdout: the phase split and the per-request distribution."""
+
+    def kj(value: float) -> str:
+        return f"{value / 1000.0:.2f} kJ"
+
+    def joules(value: float | None, digits: int) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    per_request = energy["per_request_j"]
+    per_token = energy["per_output_token_j"]
+    return (
+        f"  {'energy prefill/decode/idle':<29}  {kj(energy['prefill_energy_j'])} / "
+        f"{kj(energy['decode_energy_j'])} / {kj(energy['idle_energy_j'])}\n"
+        f"  {'J/request p50 / p90 / p99':<29}  "
+        + " / ".join(joules(per_request[k], 1) for k in ("p50", "p90", "p99"))
+        + " J ("
+        + " / ".join(joules(per_token[k], 3) for k in ("p50", "p90", "p99"))
+        + " J per output token)"
+    )
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -130,6 +165,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         f"trace {Path(report.path).name} [{len(workload)} requests]"
     )
     print(format_summary(metrics, title))
+    energy = result_energy(result)
+    print(energy_lines(energy))
     separation = arrival_separation(result.request_records)
     note = light_load_note(result.request_records, separation)
     if note:
@@ -165,6 +202,8 @@ def run_simulate(args: argparse.Namespace) -> int:
                 "controller_diagnostics": controller_diagnostics(controller),
             },
             "series": series,
+            "energy": energy,
+            "requests": request_rows(result.request_records),
         }
         out.write_text(json.dumps(payload, indent=1, allow_nan=False))
         print(f"wrote {out}")

@@ -183,17 +183,26 @@ class Responder:
         self.generation = generation
         prefix = "chatcmpl" if generation.chat else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.energy_j: tuple[float, float] | None = None
+        """(prefill J, decode J) for ``usage`` (the plant's truth), once known."""
         self.created = int(time.time())
         self.object = "chat.completion.chunk" if generation.chat else "text_completion"
 
-    def usage(self, completion_tokens: int) -> dict[str, int]:
-        """The ``usage`` object."""
+    def usage(self, completion_tokens: int) -> dict[str, Any]:
+        """The ``usage`` object, with the request's true energy when known (``energy_j``,
+        ``prefill_energy_j``, ``decode_energy_j``: the plant's attribution, in joules)."""
         prompt = self.generation.prompt_tokens
-        return {
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt,
             "total_tokens": prompt + completion_tokens,
             "completion_tokens": completion_tokens,
         }
+        if self.energy_j is not None:
+            prefill, decode = self.energy_j
+            usage["energy_j"] = prefill + decode
+            usage["prefill_energy_j"] = prefill
+            usage["decode_energy_j"] = decode
+        return usage
 
     def chunk(self, text: str | None, finish_reason: str | None, *, first: bool = False) -> dict:
         """One streamed event."""

@@ -99,7 +99,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Serve, in real time on loopback, a node backed by the simulated plant: "
         "the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models), "
         "vLLM V1's /metrics, and emulated GPUs (under /gpu) that `gpugov run` drives with "
-        'backend = "emulated" and `gpugov profile --backend emulated` measures.',
+        'backend = "emulated" and `gpugov profile --backend emulated` measures. Each '
+        "completion's usage carries its true energy (energy_j, prefill_energy_j, "
+        "decode_energy_j) and GET /gpugov/energy serves every finished request's.",
     )
     parser.add_argument(
         "--profile",

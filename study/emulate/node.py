@@ -5,7 +5,10 @@ wall clock every ``tick_s``; requests are injected as they arrive and their toke
 handed to the HTTP handlers as the plant's iterations produce them. With ``--gpus N``
 the node is data parallel: N replicas of the engine, one per GPU, each request sent to
 the replica with the fewest unfinished requests, ties in turn (vLLM's ``engine`` label
-tells them apart on ``/metrics``). Everything here is guarded by one lock.
+tells them apart on ``/metrics``). Each plant attributes its energy to the requests it
+served (``plant/attribution.py``); a finished request's is kept for
+``GET /gpugov/energy`` (:meth:`EmulatedNode.energy_report`, the latest
+:data:`MAX_ENERGY_RECORDS`). Everything here is guarded by one lock.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ import math
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -105,6 +110,9 @@ CLOCK_EVENT_APPLICATIONS_CLOCKS_SETTING = 0x2
 
 FAULTS = ("none", "no-permission", "not-supported", "lost")
 
+MAX_ENERGY_RECORDS = 100_000
+"""Finished requests ``GET /gpugov/energy`` keeps (the latest; bounded memory)."""
+
 
 class Histogram:
     """A cumulative Prometheus histogram: bucket counts, sum and count."""
@@ -151,6 +159,34 @@ class Stream:
     events: queue.SimpleQueue[tuple[str, int]] = field(default_factory=queue.SimpleQueue)
     sent: int = 0
     last_token_s: float | None = None
+    request_id: str = ""
+    """The completion's OpenAI ``id`` (the key of ``GET /gpugov/energy``)."""
+    energy_j: tuple[float, float] | None = None
+    """(prefill J, decode J) the plant attributed to it, set when it finished."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnergyRecord:
+    """One finished request's true energy, as ``GET /gpugov/energy`` lists it."""
+
+    request_id: str
+    prompt_tokens: int
+    output_tokens: int
+    prefill_j: float
+    decode_j: float
+    finished_at_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """The contract's JSON object."""
+        return {
+            "id": self.request_id,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "prefill_j": self.prefill_j,
+            "decode_j": self.decode_j,
+            "total_j": self.prefill_j + self.decode_j,
+            "finished_at_s": self.finished_at_s,
+        }
 
 
 @dataclass
@@ -207,6 +243,7 @@ class EmulatedNode:
             for state in self.gpu_state:
                 state.lost_at_s = float(lost_after_s)
         self._streams: list[dict[int, Stream]] = [{} for _ in range(gpus)]
+        self._energy_records: deque[EnergyRecord] = deque(maxlen=MAX_ENERGY_RECORDS)
         self._next_replica = 0
         self._rng = np.random.default_rng(seed)
         self._stop = threading.Event()
@@ -285,6 +322,18 @@ class EmulatedNode:
                 stream.events.put(("tokens", new))
             end = finish[index]
             if end is not None and stream.sent >= stream.output_tokens:
+                prefill_j, decode_j = simulation.request_energy(index)
+                stream.energy_j = (prefill_j, decode_j)
+                self._energy_records.append(
+                    EnergyRecord(
+                        stream.request_id,
+                        stream.prompt_tokens,
+                        stream.sent,
+                        prefill_j,
+                        decode_j,
+                        end,
+                    )
+                )
                 stats.e2e.observe(end - arrival)
                 stats.finished[stream.finish_reason] += 1
                 stream.events.put(("done", stream.sent))
@@ -312,9 +361,11 @@ class EmulatedNode:
             return natural, "stop"
         return max_tokens, "length"
 
-    def submit(self, prompt_tokens: int, output_tokens: int, finish_reason: str) -> Stream:
+    def submit(
+        self, prompt_tokens: int, output_tokens: int, finish_reason: str, request_id: str = ""
+    ) -> Stream:
         """Inject a request now on the least-loaded replica; its tokens arrive on the
-        returned stream's ``events``."""
+        returned stream's ``events``. ``request_id`` names it in :meth:`energy_report`."""
         with self.lock:
             self.advance()
             count = len(self.simulations)
@@ -326,7 +377,9 @@ class EmulatedNode:
             self._next_replica = (replica + 1) % count
             simulation = self.simulations[replica]
             index = simulation.add_request(prompt_tokens, output_tokens)
-            stream = Stream(replica, index, prompt_tokens, output_tokens, finish_reason)
+            stream = Stream(
+                replica, index, prompt_tokens, output_tokens, finish_reason, request_id=request_id
+            )
             self._streams[replica][index] = stream
             self.stats[replica].prompt_tokens += prompt_tokens
             return stream
@@ -340,6 +393,44 @@ class EmulatedNode:
             if streams.pop(stream.index, None) is None:
                 return  # finished (or the node stopped) already
             self.simulations[stream.replica].cut_short(stream.index)
+
+    def stream_energy(self, stream: Stream) -> tuple[float, float]:
+        """(prefill J, decode J) of a request: final once it finished, so far before."""
+        if stream.energy_j is not None:
+            return stream.energy_j
+        with self.lock:
+            return self.simulations[stream.replica].request_energy(stream.index)
+
+    def energy_report(self, since_s: float | None = None) -> dict[str, Any]:
+        """``GET /gpugov/energy``: the finished requests' true energy (those finished at
+        or after ``since_s`` plant seconds, when given; the latest
+        :data:`MAX_ENERGY_RECORDS`) and the whole run's totals over every GPU."""
+        with self.lock:
+            self.advance()
+            now = self.plant_time_s()
+            records = [
+                record.as_dict()
+                for record in self._energy_records
+                if since_s is None or record.finished_at_s >= since_s
+            ]
+            prefill = sum(s.energy_ledger.prefill_total_j for s in self.simulations)
+            decode = sum(s.energy_ledger.decode_total_j for s in self.simulations)
+            idle = sum(s.energy_ledger.idle_j for s in self.simulations)
+            total = sum(s.energy_j for s in self.simulations)
+            prompt = sum(stats.prompt_tokens for stats in self.stats)
+            output = sum(stats.generation_tokens for stats in self.stats)
+        return {
+            "plant_time_s": now,
+            "requests": records,
+            "totals": {
+                "prefill_j": prefill,
+                "decode_j": decode,
+                "idle_j": idle,
+                "total_j": total,
+                "prompt_tokens": prompt,
+                "output_tokens": output,
+            },
+        }
 
     def engine_state(self, replica: int) -> dict[str, float]:
         """The gauges vLLM exports for one replica: running, waiting, KV usage."""

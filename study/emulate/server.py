@@ -12,6 +12,10 @@ Routes:
   clock-event reasons, power limit), ``POST /gpu/<i>/lock`` (``{"min_mhz", "max_mhz"}``)
   and ``POST /gpu/<i>/reset``. A failing call answers HTTP 500 with
   ``{"nvmlReturn": code}``, NVML's own return code. Nothing reveals the profile.
+* ``GET /gpugov/energy[?since=T]``: the true energy of the finished requests (by the
+  completion's ``id``) and the run's totals (:meth:`EmulatedNode.energy_report`); every
+  completion's ``usage`` carries its own (``energy_j``, ``prefill_energy_j``,
+  ``decode_energy_j``). The contract is in ``docs/commands.md``.
 
 Bad clients are answered as vLLM's server answers them: an unknown path 404 and a known
 path with the wrong method 405 (with ``Allow``), both in vLLM's error shape
@@ -27,6 +31,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import math
 import queue
 import re
 import select
@@ -35,6 +40,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 from gpugov.study.emulate.api import ApiError, Responder, models_body, parse_request, token_text
 from gpugov.study.emulate.metrics import render_metrics
@@ -49,7 +55,8 @@ MAX_BODY_BYTES = 32 << 20
 POLL_S = 0.25
 """How often a handler waiting for tokens checks that its client is still there."""
 OPENAI_POST = ("/v1/completions", "/v1/chat/completions")
-GET_ONLY = ("/metrics", "/v1/models", "/health", "/gpu")
+ENERGY_PATH = "/gpugov/energy"
+GET_ONLY = ("/metrics", "/v1/models", "/health", "/gpu", ENERGY_PATH)
 
 
 CLIENT_GONE = -1
@@ -66,6 +73,27 @@ class BadRequestBody(Exception):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+
+
+def energy_since(path: str) -> float | None:
+    """The ``since`` query of ``GET /gpugov/energy`` (plant seconds), None without one.
+
+    Raises:
+        ApiError: ``since`` given twice, or not a finite number >= 0.
+    """
+    query = path.split("?", 1)[1] if "?" in path else ""
+    values = parse_qs(query, keep_blank_values=True).get("since")
+    if values is None:
+        return None
+    if len(values) != 1:
+        raise ApiError("since must be given once")
+    try:
+        since = float(values[0])
+    except ValueError:
+        raise ApiError(f"since must be a number of plant seconds, got {values[0][:40]!r}") from None
+    if not math.isfinite(since) or since < 0.0:
+        raise ApiError(f"since must be a finite number >= 0, got {values[0][:40]!r}")
+    return since
 
 
 def is_loopback(host: str) -> bool:
@@ -235,6 +263,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_text(200, "", "text/plain")
         elif path == "/gpu":
             self._send_json(200, {"count": len(node.simulations)})
+        elif path == ENERGY_PATH:
+            try:
+                since = energy_since(self.path)
+            except ApiError as error:
+                self._send_json(error.status, error.body())
+                return
+            self._send_json(200, node.energy_report(since))
         elif path in OPENAI_POST:
             self._not_allowed("POST")
         else:
@@ -310,14 +345,16 @@ class _Handler(BaseHTTPRequestHandler):
             output_tokens, reason = node.natural_output_tokens(
                 generation.max_tokens, generation.ignore_eos
             )
-            stream = node.submit(generation.prompt_tokens, output_tokens, reason)
+            responder = Responder(generation)
+            stream = node.submit(
+                generation.prompt_tokens, output_tokens, reason, request_id=responder.id
+            )
         except ApiError as error:
             self._send_json(error.status, error.body())
             return
         except ValueError as error:
             self._send_json(400, ApiError(str(error)).body())
             return
-        responder = Responder(generation)
         if not generation.stream:
             produced = self._wait(stream)
             if produced == CLIENT_GONE:
@@ -330,6 +367,7 @@ class _Handler(BaseHTTPRequestHandler):
                     ApiError("the server stopped", status=500, kind="InternalServerError").body(),
                 )
                 return
+            responder.energy_j = node.stream_energy(stream)
             self._send_json(200, responder.complete(produced, stream.finish_reason))
             return
         self.close_connection = True
@@ -404,6 +442,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif kind == "done":
                 break
         if generation.include_usage:
+            responder.energy_j = self.server.node.stream_energy(stream)
             self._event(responder.usage_chunk(sent))
         self._event("[DONE]")
 

@@ -26,6 +26,7 @@ from typing import Any
 from gpugov import __version__
 from gpugov.daemon.files import json_safe
 from gpugov.plant import ServingResult
+from gpugov.plant.attribution import ENERGY_DEFINITIONS, energy_summary
 from gpugov.study.scoreboard.report import cell
 
 REPORT_SCHEMA = 1
@@ -40,12 +41,17 @@ REPORT_DEFINITIONS = {
         "in it, as ML.ENERGY's leaderboard reports J per output token"
     ),
     "energy_per_request_j": (
-        "attribution rule: the run's energy is split over its arrived requests in "
+        "by output tokens: the run's energy is split over its arrived requests in "
         "proportion to the output tokens each was served, E_i = E * g_i / sum(g); prefill "
         "and idle energy are charged to output tokens. The mean over requests is E / "
-        "requests; the median is J per output token times the median tokens served. "
-        "No other per-request split is made: the plant measures energy per GPU, not per "
-        "request"
+        "requests; the median is J per output token times the median tokens served. The "
+        "plant's exact attribution by phase is in attributed_energy"
+    ),
+    "attributed_energy": (
+        "the plant's exact per-request attribution (docs/plant.md, energy per request): "
+        "each iteration's energy split between prefill and decode by modelled phase power "
+        "x time, then by token share; idle energy charged to no request. "
+        + "; ".join(f"{key}: {text}" for key, text in ENERGY_DEFINITIONS.items())
     ),
     "tpot_median_s": (
         "median over the requests with an inter-token interval of their TPOT, (last "
@@ -125,6 +131,12 @@ def request_stats(result: ServingResult) -> dict[str, Any]:
         ),
         "tpot_median_s": float(statistics.median(tpots)) if tpots else None,
         "tpot_within_deadline": within,
+        "attributed_energy": energy_summary(
+            records,
+            energy_j=energy,
+            idle_energy_j=float(getattr(result.metrics, "idle_energy_j", 0.0)),
+            output_tokens=tokens,
+        ),
     }
 
 
@@ -198,6 +210,7 @@ def _row_entry(row: Mapping[str, Any]) -> dict[str, Any]:
         "tpot_median_s": stats.get("tpot_median_s"),
         "tpot_p95_s": row["tpot_p95_s"],
         "tpot_within_deadline": stats.get("tpot_within_deadline"),
+        "attributed_energy": stats.get("attributed_energy"),
         "oracle_capture": row["oracle_capture"],
         "oracle_capture_after_warmup": row.get("oracle_capture_after_warmup"),
     }

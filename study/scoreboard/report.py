@@ -58,7 +58,22 @@ DEFINITIONS = {
         "scenario duration"
     ),
     "lp_bound": "fluid LP lower bound on the energy of any run serving all the work",
+    "attributed_energy": (
+        "request_stats.attributed_energy: the plant's exact per-request energy (prefill and "
+        "decode, idle kept apart; docs/plant.md), mean/p50/p90/p99 per request and per "
+        "output token, idle J, J per 1,000 requests and J per output token as ML.ENERGY "
+        "reports it (whole energy over output tokens)"
+    ),
 }
+
+
+def _request_energy(row: dict[str, Any]) -> str:
+    """The table cell of a row's attributed energy per request: p50 / p99 in J."""
+    energy = (row.get("request_stats") or {}).get("attributed_energy") or {}
+    spread = energy.get("per_request_j") or {}
+    if spread.get("p50") is None:
+        return "-"
+    return f"{cell(spread['p50'], 1, 1)} / {cell(spread.get('p99'), 1, 1)}"
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -244,9 +259,9 @@ def markdown(payload: dict[str, Any]) -> str:
             f"runs); window oracle {info['window_oracle']['source']}; fluid LP bound "
             f"{cell(bound['energy_j'], 1e-3, 1, ' kJ')}.",
             "",
-            "| controller | energy | saved | J/token | SLO | holds | TTFT p95 | TPOT p95 | "
-            "cap / thermal | decision p50 / p99 | capture |",
-            "| --- | ---: | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: |",
+            "| controller | energy | saved | J/token | J/request p50 / p99 | SLO | holds | "
+            "TTFT p95 | TPOT p95 | cap / thermal | decision p50 / p99 | capture |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for row in by_scenario.get(info["key"], []):
             decision = (
@@ -259,6 +274,7 @@ def markdown(payload: dict[str, Any]) -> str:
                 f"| {row['label']} | {cell(row['energy_j'], 1e-3, 1, ' kJ')} | "
                 f"{cell(row['energy_saved_fraction'], 100, 1, '%')} | "
                 f"{cell(row['energy_per_output_token_j'], 1, 3)} | "
+                f"{_request_energy(row)} | "
                 f"{cell(row['slo_attainment'], 100, 2, '%')} | {cell(row['holds_slo'])} | "
                 f"{cell(row['ttft_p95_s'], 1, 3, ' s')} | "
                 f"{cell(row['tpot_p95_s'], 1000, 1, ' ms')} | "

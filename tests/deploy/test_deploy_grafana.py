@@ -93,6 +93,7 @@ def test_rows_per_domain_and_per_gpu_with_the_promised_panels() -> None:
         "GPUs",
         "Daemon",
         "Learned model (mpc-online)",
+        "Power budget",
         "Energy attribution",
     ]
     assert rows[1]["repeat"] == "domain"
@@ -112,6 +113,9 @@ def test_rows_per_domain_and_per_gpu_with_the_promised_panels() -> None:
         r"Learned model: samples and confidence",
         r"Learned model: fit residuals",
         r"Learned model: exploration",
+        r"Power: need, budget and draw",
+        r"Power headroom and over-budget time",
+        r"Fleet: need, budget and headroom",
         r"Energy per output token by model",
         r"Energy split: prefill, decode, idle",
         r"Estimated energy per request",

@@ -1,7 +1,7 @@
 """Prometheus assets: `promtool check config`, `check rules`, `test rules`, and their coverage.
 
-Every alert must appear in a unit test file under ``deploy/prometheus/tests/`` at least
-once firing and at least once with no alert expected after it fired (cleared), and every
+Every alert must appear in ``deploy/prometheus/tests/gpugov.test.yml`` at least once
+firing and at least once with no alert expected after it fired (cleared), and every
 alert's runbook anchor must exist in the operator guide. The live checks against a real
 server are in ``test_deploy_live.py``.
 """
@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from deploytools import OPERATOR_GUIDE, PROMETHEUS, require_module, require_tool
 
 yaml = require_module("yaml")
@@ -20,7 +21,11 @@ yaml = require_module("yaml")
 RULE_FILES = sorted((PROMETHEUS / "rules").glob("*.rules.yml"))
 ALERT_RULES = PROMETHEUS / "rules" / "gpugov-alerts.rules.yml"
 RECORDING_RULES = PROMETHEUS / "rules" / "gpugov-recording.rules.yml"
-UNIT_TEST_FILES = sorted((PROMETHEUS / "tests").glob("*.test.yml"))
+UNIT_TESTS = PROMETHEUS / "tests" / "gpugov.test.yml"
+POWER_BUDGET_RULES = PROMETHEUS / "rules" / "gpugov-power-budget.rules.yml"
+POWER_BUDGET_TESTS = PROMETHEUS / "tests" / "gpugov-power-budget.test.yml"
+ENERGY_RULES = PROMETHEUS / "rules" / "gpugov-energy.rules.yml"
+ENERGY_TESTS = PROMETHEUS / "tests" / "gpugov-energy.test.yml"
 
 
 def promtool(*args: str, cwd: Path = PROMETHEUS) -> str:
@@ -38,26 +43,13 @@ def rules(path: Path) -> list[dict[str, Any]]:
     return [rule for group in document["groups"] for rule in group["rules"]]
 
 
-def alert_rules() -> list[dict[str, Any]]:
-    """The alerting rules of every rule file."""
-    return [rule for path in RULE_FILES for rule in rules(path) if "alert" in rule]
-
-
 def alert_names() -> list[str]:
-    """The alerts defined in the rule files."""
-    return [rule["alert"] for rule in alert_rules()]
+    """The alerts defined in the alert rule file."""
+    return [rule["alert"] for rule in rules(ALERT_RULES)]
 
 
-def test_every_rule_file_is_loaded_by_the_config_and_a_unit_test() -> None:
-    assert {ALERT_RULES, RECORDING_RULES} <= set(RULE_FILES)
-    config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
-    assert sorted(PROMETHEUS / name for name in config["rule_files"]) == RULE_FILES
-    tested = {
-        (path.parent / name).resolve()
-        for path in UNIT_TEST_FILES
-        for name in yaml.safe_load(path.read_text())["rule_files"]
-    }
-    assert {path.resolve() for path in RULE_FILES} <= tested
+def test_rule_files_are_the_expected_ones() -> None:
+    assert sorted([ALERT_RULES, RECORDING_RULES, POWER_BUDGET_RULES, ENERGY_RULES]) == RULE_FILES
 
 
 def test_promtool_check_config() -> None:
@@ -71,16 +63,40 @@ def test_promtool_check_rules() -> None:
 
 
 def test_promtool_test_rules() -> None:
-    output = promtool("test", "rules", *(str(p) for p in UNIT_TEST_FILES))
-    assert output.count("SUCCESS") == len(UNIT_TEST_FILES)
+    output = promtool("test", "rules", str(UNIT_TESTS))
+    assert "SUCCESS" in output
 
 
-def test_every_alert_fires_and_clears_in_the_unit_tests() -> None:
-    cases = [case for path in UNIT_TEST_FILES for case in yaml.safe_load(path.read_text())["tests"]]
+def test_promtool_test_power_budget_rules() -> None:
+    output = promtool("test", "rules", str(POWER_BUDGET_TESTS))
+    assert "SUCCESS" in output
+
+
+def test_promtool_test_energy_rules() -> None:
+    output = promtool("test", "rules", str(ENERGY_TESTS))
+    assert "SUCCESS" in output
+
+
+def test_prometheus_config_loads_every_rule_file() -> None:
+    config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
+    assert sorted(PROMETHEUS / path for path in config["rule_files"]) == RULE_FILES
+
+
+@pytest.mark.parametrize(
+    ("rule_file", "unit_tests"),
+    [
+        (ALERT_RULES, UNIT_TESTS),
+        (POWER_BUDGET_RULES, POWER_BUDGET_TESTS),
+        (ENERGY_RULES, ENERGY_TESTS),
+    ],
+    ids=["alerts", "power-budget", "energy"],
+)
+def test_every_alert_fires_and_clears_in_the_unit_tests(rule_file: Path, unit_tests: Path) -> None:
+    document = yaml.safe_load(unit_tests.read_text())
     fired: set[str] = set()
     cleared_after_firing: set[str] = set()
     seconds = {"s": 1, "m": 60, "h": 3600}
-    for case in cases:
+    for case in document["tests"]:
         checks = sorted(
             case.get("alert_rule_test", []),
             key=lambda c: int(c["eval_time"][:-1]) * seconds[c["eval_time"][-1]],
@@ -93,18 +109,23 @@ def test_every_alert_fires_and_clears_in_the_unit_tests() -> None:
                 fired.add(name)
             elif name in firing_in_case:
                 cleared_after_firing.add(name)
-    for name in alert_names():
-        assert name in fired, f"{name} never fires in the unit tests"
-        assert name in cleared_after_firing, f"{name} never clears in the unit tests"
+    names = [rule["alert"] for rule in rules(rule_file) if "alert" in rule]
+    assert names, f"{rule_file.name} defines no alert"
+    for name in names:
+        assert name in fired, f"{name} never fires in {unit_tests.name}"
+        assert name in cleared_after_firing, f"{name} never clears in {unit_tests.name}"
 
 
-def test_alerts_are_documented() -> None:
+@pytest.mark.parametrize(
+    "rule_file", [ALERT_RULES, POWER_BUDGET_RULES, ENERGY_RULES], ids=lambda p: p.stem
+)
+def test_alerts_are_documented(rule_file: Path) -> None:
     guide = OPERATOR_GUIDE.read_text()
     anchors = {
         re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-")
         for heading in re.findall(r"^#+ (.+)$", guide, flags=re.M)
     }
-    for rule in alert_rules():
+    for rule in (rule for rule in rules(rule_file) if "alert" in rule):
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}
         for key in ("summary", "description", "runbook_url"):
             assert rule["annotations"].get(key), f"{rule['alert']}: no {key}"
@@ -115,10 +136,19 @@ def test_alerts_are_documented() -> None:
         )
 
 
-def test_recording_rule_names_follow_the_convention() -> None:
-    for rule in (r for path in RULE_FILES for r in rules(path) if "record" in r):
+@pytest.mark.parametrize(
+    ("rule_file", "levels"),
+    [
+        (RECORDING_RULES, {"domain", "gpu"}),
+        (POWER_BUDGET_RULES, {"domain", "node", "cluster"}),
+        (ENERGY_RULES, {"domain"}),
+    ],
+    ids=["recording", "power-budget", "energy"],
+)
+def test_recording_rule_names_follow_the_convention(rule_file: Path, levels: set[str]) -> None:
+    for rule in (rule for rule in rules(rule_file) if "record" in rule):
         level, metric, operations = rule["record"].split(":")
-        assert level in {"domain", "gpu"}, rule["record"]
+        assert level in levels, rule["record"]
         assert metric.startswith("gpugov_"), rule["record"]
         assert operations, rule["record"]
 

@@ -23,6 +23,7 @@ from gpugov.plant.profile import bundled_profile_dir
 from gpugov.plant.types import RequestRecord
 from gpugov.plant.workload import resolve_trace
 from gpugov.study.scoreboard import publish
+from gpugov.study.scoreboard import report as scoreboard_report
 from gpugov.study.scoreboard import run as scoreboard
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -109,6 +110,18 @@ def test_report_json_carries_versions_checksums_and_ml_energy_units(
         assert list(within) == ["50ms", "100ms", "250ms"]
         assert 0.0 <= within["50ms"] <= within["100ms"] <= within["250ms"] <= 1.0
         assert row["tpot_median_s"] <= row["tpot_p95_s"]
+        # The plant's exact attribution: requests' phases plus idle make up the energy.
+        attributed = row["attributed_energy"]
+        phases = attributed["prefill_energy_j"] + attributed["decode_energy_j"]
+        assert phases + attributed["idle_energy_j"] == pytest.approx(row["energy_j"], rel=1e-9)
+        spread = attributed["per_request_j"]
+        assert 0.0 < spread["p50"] <= spread["p90"] <= spread["p99"]
+        assert attributed["ml_energy_j_per_output_token"] == pytest.approx(
+            row["energy_per_output_token_j"]
+        )
+    assert "attributed_energy" in data["definitions"]
+    table = scoreboard_report.markdown(_strict_load((report / "scoreboard.json").read_text()))
+    assert "J/request p50 / p99" in table
     by_key = {r["controller"]: r for r in rows}
     assert by_key["max"]["energy_saved_fraction"] == 0.0
     assert by_key["window-oracle"]["oracle_capture"] == pytest.approx(1.0)

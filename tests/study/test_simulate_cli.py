@@ -63,6 +63,17 @@ def test_simulate_writes_metrics_json_and_plot(
     # The t = 0 sample is the GPU's default state before the first decision.
     assert set(payload["series"]["requested_clock_mhz"][1:]) == {1410.0}
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Per-request energy: one row per arrived request, adding up with idle to the run's.
+    assert "J/request p50 / p90 / p99" in printed
+    rows, energy = payload["requests"], payload["energy"]
+    assert len(rows) == payload["metrics"]["arrived_requests"]
+    assert {"prefill_energy_j", "decode_energy_j", "energy_j"} <= set(rows[0])
+    attributed = sum(row["energy_j"] for row in rows) + energy["idle_energy_j"]
+    assert attributed == pytest.approx(payload["metrics"]["energy_j"], rel=1e-9)
+    assert energy["ml_energy_j_per_output_token"] == pytest.approx(
+        payload["metrics"]["energy_per_output_token_j"]
+    )
+    assert set(energy["per_request_j"]) == {"mean", "p50", "p90", "p99"}
 
 
 def test_simulate_lower_clock_lower_energy_via_cli(tmp_path: Path) -> None:
