@@ -14,7 +14,7 @@ median per-request error within 15%.
     nice -n 15 .venv/bin/python bench/energy_attribution.py [--duration 600]
         [--profiles h100-sxm-llama3-8b,a100-sxm-80gb-llama3-8b,l40s-llama3-8b]
         [--traces azure-conv,azure-code] [--controller mpc-online] [--learned]
-        [--utilization window|instant]
+        [--utilization window|instant] [--start S] [--seed N]
 
 Writes ``bench/results/energy_attribution.json`` and prints one line per run.
 """
@@ -138,9 +138,10 @@ def one_run(
     seed: int,
     learned: bool = False,
     utilization: str = "window",
+    start_s: float = 0.0,
 ) -> dict[str, Any]:
     """One simulated daemon run with the truth alongside; the comparison."""
-    workload, _ = load_trace_for_cli(trace, duration_s=duration_s)
+    workload, _ = load_trace_for_cli(trace, duration_s=duration_s, start_s=start_s)
     profile = load_profile(profile_name)
     plant = ServingPlant.from_profile(profile)
     spec = parse_controller_spec(controller, default_profile=profile_name)
@@ -242,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", default=DEFAULT_TRACES)
     parser.add_argument("--controller", default="mpc-online")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--start", type=float, default=0.0, help="trace window start (s)")
     parser.add_argument(
         "--learned",
         action="store_true",
@@ -267,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.seed,
                 args.learned,
                 args.utilization,
+                args.start,
             )
             results.append(result)
             token = result["joules_per_output_token"]
@@ -295,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                 "duration_s": args.duration,
                 "learned": args.learned,
                 "utilization": args.utilization,
+                "start_s": args.start,
                 "controller": args.controller,
                 "runs": results,
             },
