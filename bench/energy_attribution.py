@@ -2,14 +2,11 @@
 
 Runs the daemon's real loop (``gpugov run --simulate``'s :func:`simulated_run`, virtual
 time) on the Azure conversation and code traces on several profiles, with the node's
-energy estimator (:mod:`gpugov.daemon.energy`) as it runs on a node, and measures the
-plant's truth alongside: every stretch the plant integrates is split by phase exactly as
-the plant computes its power (prefill seconds at the prefill power, decode seconds at
-the batch's decode power, idle segments apart), the prefill part shared among the
-iteration's prompt chunks by tokens and the decode part equally among the running
-requests (one token each). Then :func:`gpugov.study.energy_check.compare` reports the
-targets: J per output token over the run within 5%, per-phase totals within 10%,
-median per-request error within 15%.
+energy estimator (:mod:`gpugov.daemon.energy`) as it runs on a node, and reads the
+plant's exact energy alongside (its energy ledger, :mod:`gpugov.plant.attribution`: per
+phase, and per request by token share within each phase). Then
+:func:`gpugov.study.energy_check.compare` reports the targets: J per output token over
+the run within 5%, per-phase totals within 10%, median per-request error within 15%.
 
     nice -n 15 .venv/bin/python bench/energy_attribution.py [--duration 600]
         [--profiles h100-sxm-llama3-8b,a100-sxm-80gb-llama3-8b,l40s-llama3-8b]
@@ -45,74 +42,29 @@ DEFAULT_TRACES = "azure-conv,azure-code"
 
 
 class PlantTruth:
-    """Wraps one plant simulation's integration to keep its exact energy per phase and
-    per request (the module notes give the rule)."""
+    """The plant's exact energy (its :class:`gpugov.plant.attribution.EnergyLedger`):
+    per phase and per request."""
 
     def __init__(self, simulation: Any) -> None:
         self.sim = simulation
-        self.prefill_j = 0.0
-        self.decode_j = 0.0
-        self.idle_j = 0.0
-        self.request_j: dict[int, float] = {}
-        self._last: tuple[int, tuple[float, float, float]] | None = None
-        gpu = simulation.gpu
-        busy_clock = gpu.busy_clock
-        integrate = simulation._integrate
-
-        def recorded_busy_clock(*args: Any) -> Any:
-            result = busy_clock(*args)
-            self._last = result
-            return result
-
-        def recorded_integrate(dt: float, power: float, *, busy: bool) -> None:
-            self._account(dt, power, busy)
-            integrate(dt, power, busy=busy)
-
-        gpu.busy_clock = recorded_busy_clock
-        simulation._integrate = recorded_integrate
-
-    def _account(self, dt: float, power: float, busy: bool) -> None:
-        energy = dt * power
-        if energy <= 0:
-            return
-        if not busy or self._last is None:
-            self.idle_j += energy
-            return
-        index, (t_pf, t_dec, _) = self._last
-        p_pf = float(self.sim.gpu.params.prefill_power_w[index])
-        weight_pf = t_pf * p_pf
-        total_weight = t_pf + t_dec
-        prefill = 0.0
-        if total_weight > 0 and power > 0:
-            prefill = min(energy, energy * weight_pf / (total_weight * power))
-        decode = energy - prefill
-        self.prefill_j += prefill
-        self.decode_j += decode
-        chunks = self.sim._iter_chunks
-        tokens = sum(take for _, take in chunks)
-        if prefill > 0 and tokens > 0:
-            for entry, take in chunks:
-                request = entry[0]
-                self.request_j[request] = self.request_j.get(request, 0.0) + prefill * take / tokens
-        elif prefill > 0:
-            self.decode_j += prefill
-            self.prefill_j -= prefill
-            decode += prefill
-        running = list(self.sim._running)
-        if decode > 0 and running:
-            share = decode / len(running)
-            for request in running:
-                self.request_j[request] = self.request_j.get(request, 0.0) + share
+        self.ledger = simulation.energy_ledger
 
     def totals(self) -> dict[str, float]:
         """Cumulative truth now."""
         return {
-            "prefill_j": self.prefill_j,
-            "decode_j": self.decode_j,
-            "idle_j": self.idle_j,
+            "prefill_j": self.ledger.prefill_total_j,
+            "decode_j": self.ledger.decode_total_j,
+            "idle_j": self.ledger.idle_j,
+            # The counters observe() reports, read without observing (that would close
+            # the engine's latency window the daemon reads).
             "output_tokens": float(self.sim._output_total),
             "requests": float(self.sim._completed),
         }
+
+    def request_j(self, index: int) -> float:
+        """A finished request's prefill plus decode energy."""
+        prefill, decode = self.ledger.request_energy(index, decoding=False)
+        return prefill + decode
 
 
 def _instant_utilization(domain: Any, sim: Any) -> None:
@@ -202,7 +154,7 @@ def one_run(
             continue
         if not (start_s <= first_token and finish <= end_s):
             continue
-        true_j = truth.request_j.get(index, 0.0)
+        true_j = truth.request_j(index)
         if true_j <= 0:
             continue
         requests.append(
