@@ -39,7 +39,7 @@ histogram of that estimate (:class:`RequestEnergyHistogram`).
 
 Bad input never yields a negative or infinite energy: a window whose energy is missing
 (NVML ``NotSupported``, a failed read), not finite, went backwards (a counter reset or
-wrap) or is above twice the power limit, or whose token or request counters went
+wrap) or is above 20 times the power limit, or whose token or request counters went
 backwards or changed model (an engine restart), is skipped and counted by reason; the
 next window starts from the reading that ended it. Pure computation: no I/O, no clocks.
 """
@@ -89,8 +89,10 @@ SKIP_REASONS = (
     "engine_restart",
 )
 """Why a window was skipped (the ``reason`` label of the skipped-windows counter)."""
-IMPLAUSIBLE_POWER_FACTOR = 2.0
-"""A window whose mean power exceeds this many times the power limit is a counter jump."""
+IMPLAUSIBLE_POWER_FACTOR = 20.0
+"""A window whose mean power exceeds this many times the power limit is a counter jump (a
+real GPU stays under its limit; ``gpugov emulate --speed X`` runs its energy counter X
+times faster than the wall clock the daemon's windows are measured in)."""
 PRIOR_DECODE_TOKEN_WEIGHT = 30.0
 """Before the fit is ready: busy seconds of one output token relative to one prompt token."""
 PRIOR_IDLE_POWER_RATIO = 0.25
