@@ -35,6 +35,13 @@ def cmd_load(args: argparse.Namespace) -> int:
     if args.max_concurrency < 1:
         raise UsageError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     check_output_file("--json", args.json)
+    if args.governor_metrics is not None:
+        from gpugov.daemon.energy_report import check_metrics_url
+
+        try:
+            check_metrics_url(args.governor_metrics)
+        except ValueError as error:
+            raise UsageError(f"--governor-metrics {error}") from error
     try:
         host, port, prefix = base_url(args.url)
         model = args.model or served_model(args.url)
