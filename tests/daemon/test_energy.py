@@ -377,3 +377,27 @@ def test_status_shows_the_daemons_last_minute(capsys: pytest.CaptureFixture[str]
     )
     assert node_cli.main(["status", "--governor-metrics", "ftp://x"]) == 2
     assert "--governor-metrics 'ftp://x': expected http" in capsys.readouterr().err
+
+
+def test_the_simulated_engine_publishes_per_request_token_histograms() -> None:
+    from synthetic import make_plant
+
+    from gpugov.daemon.simulated import SimulatedNode, SimulatedSource
+    from gpugov.plant import PlantSimulation
+    from gpugov.plant.types import Request
+
+    requests = [Request(i, 0.1 * i, 100 + 300 * i, 3 + 40 * i) for i in range(4)]
+    clock = [0.0]
+    node = SimulatedNode(PlantSimulation(requests, make_plant()), lambda: clock[0])
+    source = SimulatedSource(node)
+    clock[0] = 60.0
+    node.refresh()
+    sample = source.scrape()
+    assert sample.request_prompt_tokens_buckets is not None
+    assert sample.request_generation_tokens_buckets is not None
+    prompt = dict(sample.request_prompt_tokens_buckets)
+    output = dict(sample.request_generation_tokens_buckets)
+    assert prompt[math.inf] == output[math.inf] == 4.0  # every request finished
+    # Prompts 100, 400, 700, 1000 against vLLM's 1-2-5 bounds; outputs 3, 43, 83, 123.
+    assert prompt[100.0] == 1.0 and prompt[500.0] == 2.0 and prompt[1000.0] == 4.0
+    assert output[5.0] == 1.0 and output[50.0] == 2.0 and output[100.0] == 3.0
