@@ -14,13 +14,14 @@ energy exactly (the split is estimated, the total never is):
   prompt tokens)``;
 * ``decode = P_decode x (busy - prefill_s)``.
 
-The powers and the seconds per prompt token come from ``mpc-online``'s learned model
-when the domain runs it and it has warmed up (:func:`learned_phase_model`; source
-``learned``), else from this module's own fit (:class:`PhaseFit`, source ``fit``): a
-windowed non-negative least squares of window energy on idle seconds, busy seconds and
-prompt tokens, and of busy seconds on prompt tokens, output tokens and decode iterations
-(``scipy.optimize.nnls``). Until the fit has seen :attr:`PhaseFit.min_windows` working
-windows a prior splits busy time by token counts (source ``prior``).
+The powers and the seconds per prompt token come from this module's own fit
+(:class:`PhaseFit`, source ``fit``): windowed non-negative least squares
+(``scipy.optimize.nnls``) of busy seconds on prompt tokens, decode iterations and the KV
+they read, and of window energy on idle, prefill and decode seconds with clock- and
+batch-dependent powers. Until the fit has data a prior splits busy time by token counts
+(source ``prior``). ``mpc-online``'s learned model can split instead
+(:func:`learned_phase_model`, ``use_learned=True``, source ``learned``); it is off by
+default, having measured worse (``docs/energy.md``).
 
 Rates over the trailing :data:`TRAILING_S` seconds:
 
@@ -206,8 +207,6 @@ class PhaseCoefficients:
     prefill_w: float
     decode_w: float
     prefill_s_per_token: float
-    prefill_extra_j_per_token: float = 0.0
-    """Energy per prompt token on top of ``prefill_w x seconds`` (the own fit's term)."""
 
 
 BATCH_HALF = 16.0
@@ -384,7 +383,7 @@ def split_components(
         return prefill_s, busy_s - prefill_s, PRIOR_IDLE_POWER_RATIO * idle_s
     c = coefficients
     prefill_s = min(busy_s, max(0.0, c.prefill_s_per_token) * prompt)
-    prefill = max(0.0, c.prefill_w) * prefill_s + max(0.0, c.prefill_extra_j_per_token) * prompt
+    prefill = max(0.0, c.prefill_w) * prefill_s
     decode = max(0.0, c.decode_w) * (busy_s - prefill_s)
     idle = max(0.0, c.idle_w) * idle_s
     return prefill, decode, idle
