@@ -101,10 +101,16 @@ class BudgetGuard(ControllerWrapper):
     A controller that reports no need (no model, or none yet) and a tick without a budget
     pass through unchanged. The guard never raises a clock above the inner decision
     except to the TPOT clock over budget.
+
+    With ``enforce=False`` (the budget is only the GPUs' own power limit, which their
+    firmware enforces) the guard prices the need and follows the over-budget state for
+    the node's reports, and returns the inner decision unchanged.
     """
 
-    def __init__(self, inner: ClockController) -> None:
+    def __init__(self, inner: ClockController, *, enforce: bool = True) -> None:
         super().__init__(inner)
+        self.enforce = enforce
+        """Whether the budget is held by the clock (False: only reported)."""
         self.last_need: PowerNeed | None = None
         """The inner controller's need at the last decision (None: unknown)."""
         self.last_budget_w: float | None = None
@@ -144,6 +150,8 @@ class BudgetGuard(ControllerWrapper):
             floor = min(need.tpot_clock_mhz, ceiling)
             guarded = max(guarded, floor)
             self.slipping = "ttft" if need.tpot_clock_mhz <= ceiling else "ttft+tpot"
+        if not self.enforce:
+            return decision
         if guarded < decision - 1e-9:
             self.capped_decisions += 1
         return guarded

@@ -419,6 +419,12 @@ class SafetyConfig(_Frozen):
     TP group stall when its clocks change every ~50 ms); a raise waits at most this."""
 
 
+Role = Literal["prefill", "decode", "colocated"]
+"""A domain's pool role in disaggregated serving (``docs/disaggregated.md``): a prefill
+pool is judged on TTFT, a decode pool on TPOT, a colocated engine on both."""
+ROLES: tuple[str, ...] = ("prefill", "decode", "colocated")
+
+
 class DomainConfig(_Frozen):
     """GPUs serving one engine: one source, one controller, one clock for all."""
 
@@ -465,6 +471,11 @@ class DomainConfig(_Frozen):
                 "power_budget_file_scope needs power_budget_file (the file whose number it scales)"
             )
         return self
+
+    role: Role | None = None
+    """The pool role (``prefill``, ``decode`` or ``colocated``); unset: what the engine's
+    labels say (SGLang's ``engine_type``, Dynamo's ``dynamo_component``), else
+    ``colocated``. A role set here wins over the labels (``docs/disaggregated.md``)."""
 
     @model_validator(mode="after")
     def _slos_for_the_target(self) -> DomainConfig:

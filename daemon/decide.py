@@ -45,6 +45,7 @@ from gpugov.daemon.config import (
     ThrottLLeMControllerConfig,
 )
 from gpugov.daemon.errors import ControllerError
+from gpugov.daemon.roles import COLOCATED, OBJECTIVES, RoleView, check_role, role_weights
 from gpugov.daemon.safety import SafetySettings, with_safety
 from gpugov.plant.types import ClockController, Request, ServingObservation
 
@@ -175,6 +176,15 @@ class ControllerContext:
             budget rule when the budget is below the need
             (:class:`controllers.power_need.BudgetGuard`, ``docs/power-budget.md``); a
             node always does, a study when it asks.
+        budget_enforced: with ``budget_guard``, whether the guard holds the budget by the
+            clock (a budget configured in the node: ``power_budget_w`` or
+            ``power_budget_file``) or only reports the need against it (the GPUs' own
+            power limit alone, which their firmware enforces).
+        role: the domain's pool role in disaggregated serving (``"prefill"``,
+            ``"decode"`` or ``"colocated"``, :mod:`daemon.roles`): a prefill domain is
+            judged on TTFT only, a decode domain on TPOT only (:attr:`objectives`);
+            the other objective is inactive: the controller sees no measurement of it
+            (:class:`daemon.roles.RoleView`) and ``mpc`` / ``mpc-online`` weigh it zero.
     """
 
     period_s: float
@@ -196,6 +206,8 @@ class ControllerContext:
     history_limit: int | None = None
     slo_target: Any = None
     budget_guard: bool = False
+    budget_enforced: bool = True
+    role: str = "colocated"
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.period_s) or self.period_s <= 0:
@@ -206,6 +218,13 @@ class ControllerContext:
         object.__setattr__(self, "supported_clocks_mhz", clocks)
         if self.gpu_count < 1:
             raise ValueError(f"gpu_count must be >= 1, got {self.gpu_count!r}")
+        check_role(self.role)
+
+    @property
+    def objectives(self) -> tuple[str, ...]:
+        """The latency objectives the domain is judged on: ``("ttft",)`` for a prefill
+        domain, ``("tpot",)`` for a decode one, both for a colocated one."""
+        return OBJECTIVES[self.role]
 
     @property
     def gpu_name(self) -> str | None:
@@ -288,7 +307,9 @@ def build_controller(spec: ControllerConfig, context: ControllerContext) -> Cont
     if context.budget_guard:
         from gpugov.controllers.power_need import BudgetGuard
 
-        inner = BudgetGuard(inner)
+        inner = BudgetGuard(inner, enforce=context.budget_enforced)
+    if context.role != COLOCATED:
+        inner = RoleView(inner, context.role)
     chain = with_safety(inner, context.supported_clocks_mhz, context.safety)
     name = spec_name(spec)
     for layer in layers(chain):
@@ -534,6 +555,9 @@ def _mpc(spec: MPCControllerConfig, context: ControllerContext) -> ClockControll
         options["slo_feedback"] = SLOFeedback()
     if context.time_mode == "virtual":
         options["solve_budget_evaluations"] = DEFAULT_SOLVE_BUDGET_EVALUATIONS
+    weights = role_weights(context.role)
+    if weights is not None:
+        options["weights"] = weights
     if fast and context.slo_target is not None:
         from gpugov.controllers.budget import AttainmentBudget
 
@@ -582,6 +606,9 @@ def _online(spec: OnlineMPCControllerConfig, context: ControllerContext) -> Cloc
         if context.time_mode == "virtual"
         else {}
     )
+    weights = role_weights(context.role)
+    if weights is not None:
+        budget["weights"] = weights  # passed on to its MPC: the inactive objective weighs 0
     return OnlineMPCController(
         **_set_fields(spec, skip=("prior", "prior_profile", "state_dir", "auto_hints")),
         **budget,

@@ -19,6 +19,7 @@ The derivations from these cumulative values to a ``ServingObservation`` live in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import http.client
 import math
@@ -99,6 +100,32 @@ class EngineSample:
     per-request energy histogram (:mod:`daemon.energy`); None when not published."""
     request_generation_tokens_buckets: Buckets | None = None
     """Per finished request: the output-length histogram's cumulative buckets."""
+    # Disaggregated serving (docs/disaggregated.md); None where the page has no such series.
+    role: str | None = None
+    """The pool role the page's labels state (``prefill``, ``decode``, ``colocated``):
+    SGLang's ``engine_type``, Dynamo's ``dynamo_component``; None where they say none."""
+    kv_transfers_total: float | None = None
+    """KV cache transfers completed (vLLM NIXL: ``vllm:nixl_xfer_time_seconds_count``)."""
+    kv_transfer_seconds_total: float | None = None
+    """Their summed duration in seconds (``vllm:nixl_xfer_time_seconds_sum``)."""
+    kv_transfer_bytes_total: float | None = None
+    """Bytes they moved (``vllm:nixl_bytes_transferred_sum``)."""
+    kv_transfer_failures_total: float | None = None
+    """Failed KV transfers (vLLM NIXL), or requests whose transfer failed (SGLang)."""
+    kv_transfer_latency_s: float | None = None
+    """SGLang's gauge of the latest KV transfer's latency (``sglang:kv_transfer_latency_ms``)."""
+    kv_transfer_queue_requests: int | None = None
+    """Requests whose KV cache is on the move (SGLang: the prefill inflight queue and the
+    decode transfer queue)."""
+    kv_bootstrap_queue_requests: int | None = None
+    """Requests waiting to be paired with the other pool (SGLang: the prefill bootstrap
+    and decode prealloc queues)."""
+    waiting_deferred_requests: int | None = None
+    """vLLM's waiting requests deferred by a transient constraint, KV transfers included
+    (``vllm:num_requests_waiting_by_reason{reason="deferred"}``)."""
+    prompt_tokens_external_total: float | None = None
+    """Prompt tokens whose KV cache came from another instance instead of being computed
+    here (``vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}``)."""
 
 
 @runtime_checkable
@@ -487,6 +514,7 @@ class EngineSpec:
             *self.request_generation_tokens,
         ):
             names.add(f"{base}_bucket")
+        names.update(DISAGGREGATION_SERIES.get(self.kind, ()))
         return frozenset(names)
 
 
@@ -675,7 +703,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
     ttft_buckets = _buckets(series, spec.ttft_buckets)
     prompt_lengths = _buckets(series, spec.request_prompt_tokens)
     output_lengths = _buckets(series, spec.request_generation_tokens)
-    return EngineSample(
+    sample = EngineSample(
         engine=spec.kind,
         running_requests=round(running or 0.0),
         waiting_requests=round(waiting or 0.0),
@@ -696,6 +724,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         request_prompt_tokens_buckets=None if prompt_lengths is None else prompt_lengths[1],
         request_generation_tokens_buckets=None if output_lengths is None else output_lengths[1],
     )
+    return with_disaggregation(spec, series, sample)
 
 
 def detect_engine(series_names: Iterable[str]) -> EngineKind | None:
@@ -705,6 +734,121 @@ def detect_engine(series_names: Iterable[str]) -> EngineKind | None:
         if any(name.startswith(prefix) for name in names):
             return kind  # type: ignore[return-value]
     return None
+
+
+# ---------------------------------------------------------- disaggregated serving
+VLLM_NIXL_TRANSFER = "vllm:nixl_xfer_time_seconds"
+VLLM_NIXL_BYTES = "vllm:nixl_bytes_transferred"
+VLLM_NIXL_FAILED = "vllm:nixl_num_failed_transfers_total"
+VLLM_PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+VLLM_WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+SGLANG_TRANSFER_QUEUES = (
+    "sglang:num_prefill_inflight_queue_reqs",
+    "sglang:num_decode_transfer_queue_reqs",
+)
+SGLANG_BOOTSTRAP_QUEUES = (
+    "sglang:num_prefill_prealloc_queue_reqs",
+    "sglang:num_prefill_bootstrap_queue_reqs",
+    "sglang:num_decode_prealloc_queue_reqs",
+)
+SGLANG_TRANSFER_FAILED = "sglang:num_transfer_failed_reqs_total"
+SGLANG_TRANSFER_LATENCY_MS = "sglang:kv_transfer_latency_ms"
+
+DISAGGREGATION_SERIES: dict[str, tuple[str, ...]] = {
+    "vllm": (
+        f"{VLLM_NIXL_TRANSFER}_count",
+        f"{VLLM_NIXL_TRANSFER}_sum",
+        f"{VLLM_NIXL_BYTES}_sum",
+        VLLM_NIXL_FAILED,
+        VLLM_PROMPT_BY_SOURCE,
+        VLLM_WAITING_BY_REASON,
+    ),
+    "sglang": (
+        *SGLANG_TRANSFER_QUEUES,
+        *SGLANG_BOOTSTRAP_QUEUES,
+        SGLANG_TRANSFER_FAILED,
+        SGLANG_TRANSFER_LATENCY_MS,
+        f"{SGLANG_TRANSFER_LATENCY_MS}_count",
+        f"{SGLANG_TRANSFER_LATENCY_MS}_sum",
+    ),
+}
+"""The disaggregated-serving sample names each engine's extraction also reads (vLLM's
+NIXL connector metrics and prompt sources, SGLang's PD queues and transfer series);
+a page without them parses as before."""
+
+DYNAMO_MARK = "dynamo_component"
+DYNAMO_SERIES = frozenset({"dynamo_component_requests_total", "dynamo_component_inflight_requests"})
+"""A Dynamo worker's own series: its ``dynamo_component`` label names the worker's role."""
+
+ROLE_LABELS: dict[str, dict[str, str]] = {
+    "engine_type": {"prefill": "prefill", "decode": "decode", "unified": "colocated"},
+    "dynamo_component": {"prefill": "prefill", "decode": "decode", "decoder": "decode"},
+}
+"""Labels whose value states the pool role, and the role each value means: SGLang's
+``engine_type`` (``unified`` is a colocated engine), Dynamo's worker component. Dynamo
+names both an aggregated worker and a disaggregated decode worker ``backend``, so that
+value (and any other) says nothing."""
+
+
+def page_role(series: Series) -> str | None:
+    """The pool role the page's labels state (:data:`ROLE_LABELS`), or None when they
+    state none or disagree with each other (a page that mixes roles)."""
+    roles: set[str] = set()
+    for rows in series.values():
+        for labels, _ in rows:
+            for label, meaning in ROLE_LABELS.items():
+                value = labels.get(label)
+                if value is not None and value in meaning:
+                    roles.add(meaning[value])
+    return roles.pop() if len(roles) == 1 else None
+
+
+def _labelled(series: Series, name: str, label: str, value: str) -> float | None:
+    """:func:`aggregate` over the rows of ``name`` whose ``label`` is ``value``."""
+    rows = [(labels, v) for labels, v in series.get(name) or () if labels.get(label) == value]
+    return aggregate({name: rows}, name) if rows else None
+
+
+def _count(value: float | None) -> int | None:
+    return None if value is None else round(value)
+
+
+def _summed(series: Series, names: Iterable[str]) -> float | None:
+    """The sum of every present name's aggregate, or None when none is present."""
+    values = [aggregate(series, name) for name in names]
+    present = [value for value in values if value is not None]
+    return sum(present) if present else None
+
+
+def with_disaggregation(spec: EngineSpec, series: Series, sample: EngineSample) -> EngineSample:
+    """``sample`` with the role its labels state and its engine's KV transfer series
+    (``docs/disaggregated.md``); series a page lacks stay None, unknown ones are ignored."""
+    update: dict[str, object] = {"role": page_role(series)}
+    if spec.kind == "vllm":
+        update.update(
+            kv_transfers_total=aggregate(series, f"{VLLM_NIXL_TRANSFER}_count"),
+            kv_transfer_seconds_total=aggregate(series, f"{VLLM_NIXL_TRANSFER}_sum"),
+            kv_transfer_bytes_total=aggregate(series, f"{VLLM_NIXL_BYTES}_sum"),
+            kv_transfer_failures_total=aggregate(series, VLLM_NIXL_FAILED),
+            waiting_deferred_requests=_count(
+                _labelled(series, VLLM_WAITING_BY_REASON, "reason", "deferred")
+            ),
+            prompt_tokens_external_total=_labelled(
+                series, VLLM_PROMPT_BY_SOURCE, "source", "external_kv_transfer"
+            ),
+        )
+    elif spec.kind == "sglang":
+        latency_ms = aggregate(series, f"{SGLANG_TRANSFER_LATENCY_MS}_sum")
+        gauge_ms = aggregate(series, SGLANG_TRANSFER_LATENCY_MS, "mean")
+        update.update(
+            kv_transfers_total=aggregate(series, f"{SGLANG_TRANSFER_LATENCY_MS}_count"),
+            kv_transfer_seconds_total=None if latency_ms is None else latency_ms / 1000.0,
+            kv_transfer_latency_s=None if gauge_ms is None else gauge_ms / 1000.0,
+            kv_transfer_failures_total=aggregate(series, SGLANG_TRANSFER_FAILED),
+            kv_transfer_queue_requests=_count(_summed(series, SGLANG_TRANSFER_QUEUES)),
+            kv_bootstrap_queue_requests=_count(_summed(series, SGLANG_BOOTSTRAP_QUEUES)),
+        )
+    return dataclasses.replace(sample, **update)  # type: ignore[arg-type]
 
 
 class ScrapedSource:
@@ -763,6 +907,8 @@ class ScrapedSource:
             self.spec = SPECS[kind]
             self._wanted = self.spec.wanted()
         series = parse_page(text, self._wanted, self.url, self._cache)
+        if DYNAMO_MARK in text:  # a Dynamo worker: its component series name the role
+            series.update(parse_page(text, DYNAMO_SERIES, self.url, self._cache))
         return extract(self.spec, series, self.url)
 
     def close(self) -> None:

@@ -242,6 +242,11 @@ class SnapshotCollector(Collector):
         ttft_slo = _gauge("gpugov_ttft_slo_seconds", "TTFT service-level objective", d)
         tpot_slo = _gauge("gpugov_tpot_slo_seconds", "TPOT service-level objective", d)
         domain_power = _gauge("gpugov_domain_power_watts", "Summed power of the domain's GPUs", d)
+        role = _gauge(
+            "gpugov_domain_role_info",
+            "1 for the domain's pool role: prefill, decode or colocated (docs/disaggregated.md)",
+            ("domain", "role"),
+        )
         output_tokens = CounterMetricFamily(
             "gpugov_output_tokens", "Tokens the engine generated (its own counter)", labels=list(d)
         )
@@ -279,6 +284,7 @@ class SnapshotCollector(Collector):
                 output_tokens.add_metric(key, float(o.output_tokens_total))
                 prompt_tokens.add_metric(key, float(o.prompt_tokens_total))
                 completed.add_metric(key, float(o.completed_requests))
+                role.add_metric([s.domain, o.role], 1.0)
                 for family, value in (
                     (ttft, o.ttft_recent_s),
                     (tpot, o.tpot_recent_s),
@@ -291,7 +297,7 @@ class SnapshotCollector(Collector):
         yield from (requested, applied, locked, writes, decisions, solve, fallbacks)
         yield from (scrape_errors, scrape_time, age, failsafe, waiting, running)
         yield from (ttft, tpot, ttft_slo, tpot_slo, domain_power)
-        yield from (output_tokens, prompt_tokens, completed)
+        yield from (output_tokens, prompt_tokens, completed, role)
 
     def _model_metrics(self, domains: Sequence[DomainSnapshot]) -> Iterator[Metric]:
         """``gpugov_model_*``: the online MPC's learned model (domains running one)."""
@@ -386,7 +392,10 @@ class SnapshotCollector(Collector):
             if model.get("floor_mhz") is not None:
                 floor.add_metric(key, float(model["floor_mhz"]) * MHZ)
             guard.add_metric(key, 1.0 if model.get("reason") == "burst-guard" else 0.0)
-            descent.add_metric(key, 1.0 if model.get("reason") == "decode-descent" else 0.0)
+            descent.add_metric(
+                key,
+                1.0 if model.get("reason") in ("decode-descent", "warm-up-descent") else 0.0,
+            )
             backoffs.add_metric(key, float(model.get("backoffs", 0)))
             resets.add_metric(key, float(model.get("resets", 0)))
             for name, value in (model.get("slo_budget") or {}).items():

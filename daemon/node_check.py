@@ -419,5 +419,6 @@ def _build_controller(
         thermal_limit_c=domain.thermal_limit_c,
         state_dir=None,
         domain=domain.name,
+        role=domain.role or "colocated",
     )
     return build_controller(spec, context)

@@ -517,6 +517,7 @@ def engine_status(url: str, kind: str = "auto", timeout_s: float = 1.0) -> dict[
         "engine": sample.engine,
         "waiting": sample.waiting_requests,
         "running": sample.running_requests,
+        "role": sample.role,  # the pool role its labels state (docs/disaggregated.md)
     }
 
 
@@ -581,9 +582,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     for engine in report["engines"]:
         if engine["reachable"]:
+            role = f", labels say role {engine['role']}" if engine.get("role") else ""
             print(
                 f"engine {engine['url']}: reachable ({engine['engine']}, "
-                f"{engine['waiting']} waiting, {engine['running']} running)"
+                f"{engine['waiting']} waiting, {engine['running']} running{role})"
             )
         else:
             print(f"engine {engine['url']}: unreachable: {engine['error']}")

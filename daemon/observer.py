@@ -109,6 +109,11 @@ class DomainObserver:
             longer, and gives it less when the data would go stale first).
         log_every_s: while the engine stays down, one reminder per this many seconds
             (the first failure and the recovery are always logged).
+        role: the domain's pool role (``docs/disaggregated.md``), stamped on every
+            observation; ``role_from_config`` says whether the config set it (else the
+            engine's labels did at start, or nobody). When the engine's labels later
+            state another role, one log line says so (per role they state).
+        domain: the domain's name, for those log lines.
 
     Staleness is measured when the scrape returns: the data's age is the time from the
     end of the last successful scrape to the end of this one, so a slow or trickling
@@ -130,6 +135,9 @@ class DomainObserver:
         clock: Callable[[], float] = time.perf_counter,
         scrape_timeout_s: float | None = None,
         log_every_s: float = 60.0,
+        role: str = "colocated",
+        role_from_config: bool = False,
+        domain: str = "default",
     ) -> None:
         if stale_after_s <= 0:
             raise ValueError(f"stale_after_s must be positive, got {stale_after_s!r}")
@@ -160,6 +168,10 @@ class DomainObserver:
         self._down_since_s: float | None = None
         self._last_reminder_s = -math.inf
         self.gpu_read_errors: dict[str, int] = {b.label: 0 for b in self.backends}
+        self.role = role
+        self.role_from_config = role_from_config
+        self.domain = domain
+        self._roles_reported: set[str] = {role}
 
     def supported_clocks_mhz(self) -> tuple[float, ...]:
         """Clocks every GPU of the domain supports, ascending (cached)."""
@@ -242,7 +254,49 @@ class DomainObserver:
         self.last_error = None
         self._window_base, self._last = self._last, sample
         self._last_time_s = now_s + elapsed
+        self._check_role(getattr(sample, "role", None))
         return None, elapsed
+
+    def _waiting(self, engine: EngineSample) -> int:
+        """Waiting requests; a decode domain leaves out those vLLM defers (waiting for
+        their KV cache to arrive: no clock serves them sooner)."""
+        deferred = engine.waiting_deferred_requests
+        if self.role == "decode" and deferred is not None:
+            return max(0, engine.waiting_requests - deferred)
+        return max(0, engine.waiting_requests)
+
+    def _local_prompt_tokens(self, engine: EngineSample) -> float:
+        """Prompt tokens prefilled on the domain's GPUs: the engine's counter, less, in a
+        disaggregated domain, the tokens whose KV cache came from another instance
+        (vLLM's ``external_kv_transfer`` prompt source)."""
+        total = float(engine.prompt_tokens_total or 0.0)
+        external = engine.prompt_tokens_external_total
+        if self.role != "colocated" and external is not None:
+            return max(0.0, total - external)
+        return total
+
+    def _check_role(self, labelled: str | None) -> None:
+        """One log line per role the engine's labels state that differs from the
+        domain's (the config's wins; a role read at start stays until a restart)."""
+        if labelled is None or labelled in self._roles_reported:
+            return
+        self._roles_reported.add(labelled)
+        if self.role_from_config:
+            log.warning(
+                "domain %s: role = %r in the config, but the engine's labels say %r; "
+                "the config wins",
+                self.domain,
+                self.role,
+                labelled,
+            )
+        else:
+            log.warning(
+                "domain %s: the engine's labels now say role %r, but the domain is governed "
+                "as %r (read at start); set role in the config or restart the daemon",
+                self.domain,
+                labelled,
+                self.role,
+            )
 
     def _report_failure(self, now_s: float, error: str) -> None:
         """One WARNING when the engine goes down, then one reminder per ``log_every_s``."""
@@ -350,10 +404,10 @@ class DomainObserver:
             decode_active=max(0, engine.running_requests),
             generated_decode_tokens=max(0.0, float(generated)),
             temperature_c=self._temperature_c,
-            waiting_requests=max(0, engine.waiting_requests),
+            waiting_requests=self._waiting(engine),
             completed_requests=round(finished or 0.0),
             output_tokens_total=float(engine.generation_tokens_total or 0.0),
-            prompt_tokens_total=float(engine.prompt_tokens_total or 0.0),
+            prompt_tokens_total=self._local_prompt_tokens(engine),
             kv_tokens=float(engine.kv_tokens or 0.0),
             kv_capacity_tokens=engine.kv_capacity_tokens,
             power_w=_sum([g.power_w for g in gpus]),
@@ -384,4 +438,5 @@ class DomainObserver:
             ttft_within_slo_total=engine.ttft_within_slo_total if exact else counts.ttft_within,
             tpot_count_total=engine.tpot_count_total if exact else counts.tpot_count,
             tpot_within_slo_total=engine.tpot_within_slo_total if exact else counts.tpot_within,
+            role=self.role,
         )

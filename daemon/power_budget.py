@@ -235,6 +235,12 @@ class PowerBudget:
         self.budget_w, self.source = watts, source
         return watts
 
+    @property
+    def configured(self) -> bool:
+        """Whether a budget is configured beyond the GPUs' own limits (``config`` or
+        ``file``): only then does the guard hold it by the clock."""
+        return self.config_w is not None or self.file is not None
+
     def apply(self, observed: Observed) -> Observed:
         """``observed`` with the budget in force as the observation's ``power_limit_w``
         (the NVML limits it carried are one of the sources)."""

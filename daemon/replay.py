@@ -23,6 +23,7 @@ from gpugov.daemon.decide import (
     spec_name,
 )
 from gpugov.daemon.record import RecordingError, observation_from_dict, read_recording
+from gpugov.daemon.roles import ROLES
 from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S, SafetySettings
 from gpugov.plant.types import ClockController
 
@@ -113,6 +114,13 @@ def _recorded_forecasts(info: dict[str, Any]) -> Forecasts:
     )
 
 
+def _recorded_role(info: dict[str, Any]) -> str:
+    """The recorded domain's pool role (``docs/disaggregated.md``); a recording from
+    before roles, or with an unknown one, replays as colocated."""
+    role = info.get("role")
+    return role if isinstance(role, str) and role in ROLES else "colocated"
+
+
 def _replayed_controller(
     spec: ControllerConfig, info: dict[str, Any], period_s: float, clocks: list[float]
 ) -> ClockController:
@@ -120,7 +128,9 @@ def _replayed_controller(
     recorded domain's controller knew: its GPU names and count (``gpu_names``, ``gpus``,
     for an ``mpc-online`` hint ``gpu = "auto"``; a recording without names: one warning,
     no prior from the name) and the recorded forecasts. Like a node's, the chain holds
-    the power budget each recorded observation carries (its ``power_limit_w``)."""
+    the power budget each recorded observation carries (its ``power_limit_w``) by the
+    clock where the recorded domain had a budget configured (``power_budget_held``), and
+    otherwise only reports it."""
     safety = info.get("safety") or {}
     names = tuple(str(n or "") for n in info.get("gpu_names") or [])
     context = ControllerContext(
@@ -129,6 +139,7 @@ def _replayed_controller(
         gpu_names=names,
         gpu_count=len(info.get("gpus") or []) or 1,
         forecasts=_recorded_forecasts(info),
+        role=_recorded_role(info),
         safety=SafetySettings(
             floor_mhz=safety.get("floor_mhz"),
             dwell_s=float(safety.get("dwell_s", DEFAULT_DWELL_S)),
@@ -137,6 +148,7 @@ def _replayed_controller(
             ),
         ),
         budget_guard=True,
+        budget_enforced=bool(info.get("power_budget_held", False)),
     )
     return build_controller(spec, context)
 

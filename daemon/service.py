@@ -42,6 +42,7 @@ from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DomainObserver
 from gpugov.daemon.power_budget import PowerBudget, domain_budget
+from gpugov.daemon.roles import COLOCATED, resolve_role
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import SimulatedBackend, SimulatedNode, SimulatedSource
 from gpugov.plant import PlantSimulation, ServingPlant, ServingResult
@@ -193,13 +194,19 @@ def build_domain(
     state_dir: Path | None = None,
     plant: ServingPlant | None = None,
     budget: PowerBudget | None = None,
+    role: str | None = None,
 ) -> Domain:
     """Observer + controller (in its safety chain, :func:`daemon.decide.build_controller`)
     + actuator for one domain.
 
     The controller holds the domain's power budget (:class:`daemon.power_budget.PowerBudget`:
     ``budget``, else the GPUs' enforced NVML limits alone) through the chain's
-    :class:`~gpugov.controllers.power_need.BudgetGuard` (``docs/power-budget.md``).
+    :class:`~gpugov.controllers.power_need.BudgetGuard` (``docs/power-budget.md``): by the
+    clock when a budget is configured (``power_budget_w`` or ``power_budget_file``); with
+    the NVML limits alone, which the GPUs' firmware enforces, the guard only reports.
+    ``role`` is the configured pool role (``docs/disaggregated.md``); when it is None
+    the engine's page is read once here for the role its labels state
+    (:func:`probe_role`), else the domain is colocated.
 
     The controller is built and warmed (:func:`daemon.decide.warm_up`: one dummy
     decision on a copy of the algorithm) here, before any loop or paced plant clock
@@ -212,6 +219,10 @@ def build_domain(
         ConfigError: the safety floor is above the GPUs' top clock.
     """
     safety = safety or SafetySettings()
+    labelled = probe_role(source, name) if role is None else None
+    resolved = resolve_role(role, labelled, name)
+    if resolved != COLOCATED:
+        log.info("domain %s: role %s (%s)", name, resolved, "config" if role else "engine labels")
     observer = DomainObserver(
         backends,
         source,
@@ -223,6 +234,9 @@ def build_domain(
         mean_prompt_tokens=mean_prompt_tokens,
         mean_output_tokens=mean_output_tokens,
         scrape_timeout_s=getattr(source, "timeout_s", None),
+        role=resolved,
+        role_from_config=role is not None,
+        domain=name,
     )
     clocks = observer.supported_clocks_mhz()
     if not clocks:
@@ -259,6 +273,8 @@ def build_domain(
         history_limit=CONTROLLER_HISTORY_STEPS if time_mode == "wall" else None,
         slo_target=slo_target,
         budget_guard=True,
+        budget_enforced=budget is not None and budget.configured,
+        role=resolved,
     )
     controller = build_controller(controller_spec, context)
     try:
@@ -278,6 +294,19 @@ def build_domain(
         label=spec_name(controller_spec),
         budget=budget or PowerBudget(name),
     )
+
+
+def probe_role(source: Any, domain: str) -> str | None:
+    """The pool role the engine's page states now (one scrape of a real engine's page),
+    or None: no role label, a simulated source, or an engine not reachable yet (logged;
+    the observer reports a role its labels state later)."""
+    if not isinstance(source, ScrapedSource):
+        return None
+    try:
+        return source.scrape().role
+    except Exception as error:  # never fatal: the loop reports a failing engine itself
+        log.info("domain %s: no role read from the engine at start (%s)", domain, error)
+        return None
 
 
 def gpu_uuid(backend: GpuBackend) -> str:
@@ -323,6 +352,7 @@ def _domain_header(domain: Domain, config_fields: dict[str, Any]) -> dict[str, A
         # NVML names, so that `gpugov replay` can fill an mpc-online `gpu = "auto"` hint.
         "gpu_names": gpu_names(domain.observer.backends),
         "supported_clocks_mhz": list(domain.observer.supported_clocks_mhz()),
+        "role": domain.observer.role,
         **config_fields,
     }
 
@@ -366,6 +396,7 @@ def _build_configured(
             file=spec.power_budget_file,
             file_scope=spec.power_budget_file_scope,
         ),
+        role=spec.role,
     )
 
 
@@ -437,6 +468,8 @@ def domains_from_config(
                 {
                     "engine_url": spec.engine.url,
                     "safety": spec.safety.model_dump(),
+                    "power_budget_held": spec.power_budget_w is not None
+                    or spec.power_budget_file is not None,
                     "controller_config": declared_spec(
                         spec.controller, _declared_forecasts(spec)
                     ).model_dump(mode="json"),

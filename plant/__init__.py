@@ -2,6 +2,12 @@
 and the iteration-level simulator (names follow the seed's ``inference_serving``)."""
 
 from gpugov.plant.closed_loop import ControllerError, simulate
+from gpugov.plant.disaggregated import (
+    DisaggregatedPlant,
+    DisaggregatedResult,
+    PoolSpec,
+    simulate_disaggregated,
+)
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import (
     PerformanceProfile,
@@ -47,10 +53,13 @@ __all__ = [
     "ClockController",
     "ControllerError",
     "DecodePriorityScheduler",
+    "DisaggregatedPlant",
+    "DisaggregatedResult",
     "IterationPlan",
     "MPCDiagnostics",
     "PerformanceProfile",
     "PlantSimulation",
+    "PoolSpec",
     "PowerCapping",
     "PrefillPriorityScheduler",
     "ProfileError",
@@ -72,5 +81,6 @@ __all__ = [
     "poisson_workload",
     "prefill_priority_scheduler",
     "simulate",
+    "simulate_disaggregated",
     "workload_checksum",
 ]

@@ -132,6 +132,8 @@ class PlantSimulation:
         self._prefilling_tokens = 0
         self._running: dict[int, int] = {}  # request index -> decode start counter
         self._heap: list[tuple[int, int, int]] = []  # (finish counter, request, epoch)
+        # Requests that arrived with their prompt's KV cache (disaggregated decode pool).
+        self._kv_arrivals: deque[int] = deque()
         self._decode_counter = 0
         self._sum_start = 0
         self._sum_gen0 = 0
@@ -262,6 +264,57 @@ class PlantSimulation:
         self.energy_ledger.add_request()
         return index
 
+    def add_prefilled_request(
+        self, prompt_tokens: int, output_tokens: int, first_token_time_s: float
+    ) -> int:
+        """Append a request arriving now with its prompt's KV cache already computed
+        elsewhere and its first token produced at ``first_token_time_s`` (the decode pool of
+        disaggregated serving, ``plant/disaggregated.py``); its index. It joins the decode
+        batch at the next iteration start where the batch and the KV cache have room (first
+        come, first served), without prefill compute.
+
+        Raises:
+            ValueError: as :meth:`add_request`, or a request of the workload has not arrived
+                yet (prefilled requests are for a pool fed only this way).
+        """
+        self._move_arrivals(self.time_s)
+        if self._next_arrival != len(self._arrival):
+            raise ValueError("add_prefilled_request: workload requests are still to arrive")
+        if output_tokens < 2:
+            raise ValueError(f"a prefilled request needs output_tokens >= 2, got {output_tokens}")
+        index = self.add_request(prompt_tokens, output_tokens)
+        self._next_arrival = index + 1
+        self._first_token[index] = float(first_token_time_s)
+        self._generated[index] = 1
+        self._kv_arrivals.append(index)
+        if not self._in_iteration:
+            self._idle_until = None
+        return index
+
+    def _admit_prefilled(self) -> None:
+        """Move prefilled arrivals into the decode batch while it has room (the admission
+        rule of :meth:`_start_iteration`: batch size, then KV tokens with one slot of decode
+        growth per running request)."""
+        plant = self.plant
+        queue = self._kv_arrivals
+        while queue:
+            request = queue[0]
+            plen = self._prefill_len[request]
+            if len(self._running) + len(self._prefilling) >= plant.max_batch_size:
+                return
+            growth = len(self._running) + 1
+            if self._kv_prefill + self._kv_running() + plen + growth > plant.kv_capacity_tokens:
+                return
+            queue.popleft()
+            counter = self._decode_counter
+            self._running[request] = counter
+            self.energy_ledger.start_decode(request)
+            self._sum_start += counter
+            self._sum_gen0 += self._generated[request]
+            self._sum_plen_running += plen
+            remaining = self._output[request] - self._generated[request]
+            heapq.heappush(self._heap, (counter + remaining, request, self._epoch[request]))
+
     def cut_short(self, index: int) -> None:
         """End request ``index`` early, as an engine aborts a request whose client left:
         a running request finishes after the current decode iteration, one still waiting
@@ -339,7 +392,7 @@ class PlantSimulation:
             decode_active=decode_active,
             generated_decode_tokens=float(generated),
             temperature_c=gpu.temperature_c,
-            waiting_requests=len(self._waiting) + len(self._prefilling),
+            waiting_requests=len(self._waiting) + len(self._prefilling) + len(self._kv_arrivals),
             completed_requests=self._completed,
             output_tokens_total=float(self._output_total),
             prompt_tokens_total=float(self._prompt_total),
@@ -536,6 +589,8 @@ class PlantSimulation:
 
     def _start_iteration(self) -> bool:
         """Ask the scheduler for the next iteration; return False when nothing runs."""
+        if self._kv_arrivals:
+            self._admit_prefilled()
         has_work = bool(self._waiting or self._prefilling or self._running)
         if not has_work:
             return False

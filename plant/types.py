@@ -166,6 +166,9 @@ class ServingObservation:
     the engine has only an inter-token-latency histogram)."""
     tpot_within_slo_total: float | None = None
     """Those of ``tpot_count_total`` whose TPOT met the TPOT SLO."""
+    role: str = "colocated"
+    """The serving role of the domain: "colocated" (both phases), or "prefill" / "decode"
+    for a pool of disaggregated serving (``plant/disaggregated.py``)."""
 
     def __post_init__(self) -> None:
         if not np.isfinite(self.time_s):

@@ -557,11 +557,21 @@ class OnlineMPCController:
                 self.last_reason = "mpc"
             return self.current_clock
         self.exploration.exploring = False
-        self.current_clock = maximum
+        clock = maximum
+        if self.last_reason == "warm-up" and slos is not None and self.decode_descent:
+            # The decode descent's bound needs no model (the measured latency and the 1/f
+            # law), so a decode-only window need not wait for the warm-up at the top. The
+            # bound itself, not the model's pick among the clocks above it: the model has
+            # no evidence yet to price them.
+            window = self.descent_window(observation, slos)
+            if window is not None:
+                clock = window[0]
+                self.last_reason = "warm-up-descent"
+        self.current_clock = clock
         if self.mpc is not None:
             # Keep the MPC's notion of the applied clock (its clock-change penalty).
-            self.mpc.current_clock = maximum
-        return maximum
+            self.mpc.current_clock = clock
+        return clock
 
     def _with_finite_temperature(
         self, observation: ServingObservation, plant: ServingPlant
@@ -598,7 +608,8 @@ class OnlineMPCController:
         iteration time at mean - ``uncertainty_z`` std, at the running batch): clocks
         never visited look cheap and get tried, visited ones are priced by evidence.
         Where arrivals come together (:class:`ArrivalClumping`) it stays at or above the
-        clock whose mixed iteration fits the TPOT SLO, as an idle GPU parks there."""
+        clock whose mixed iteration fits the TPOT SLO, as an idle GPU parks there (not in
+        a decode pool of disaggregated serving, where no prompt is prefilled)."""
         if (
             observation.prefill_remaining_tokens > 0.0
             or observation.waiting_requests > 0
@@ -620,7 +631,8 @@ class OnlineMPCController:
         optimistic = np.maximum(mean - self.uncertainty_z * std, 1e-9)
         energy = table["decode"][0] * optimistic
         allowed = clocks >= bound - 1e-9
-        if self.clumping.clumped:
+        if self.clumping.clumped and observation.role != "decode":
+            # A decode pool prefills nothing: arrivals join its batch without a chunk.
             mixed = self._mixed_iteration_s(observation, table)
             allowed &= clocks >= float(_first_fit(clocks, mixed <= slos[1]))
         candidates = np.flatnonzero(allowed)
@@ -778,7 +790,7 @@ class OnlineMPCController:
         }
 
 
-_NO_NEED_REASONS = frozenset({"start", "warm-up", "no SLO known"})
+_NO_NEED_REASONS = frozenset({"start", "warm-up", "warm-up-descent", "no SLO known"})
 """The ``last_reason`` values of a decision with no model need to report."""
 
 

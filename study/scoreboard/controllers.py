@@ -56,13 +56,21 @@ def study_controller(
     safety: SafetySettings | None = None,
     plan: object = None,
     slo_target: SLOTarget | None = None,
+    role: str = "colocated",
 ) -> ControllerWrapper:
     """``spec``'s controller on a simulated domain of ``plant``, as ``gpugov run --simulate
     --virtual`` builds it: the node's factory and safety chain, forecasts declared from the
     workload before the run, the plant itself for an ``mpc``, virtual time; ``slo_target``
-    as a domain's ``[domains.slo_target]``."""
+    as a domain's ``[domains.slo_target]``; ``role`` as a domain's pool ``role`` (a
+    disaggregated pool is judged on its phase's objective, ``docs/disaggregated.md``)."""
     context = ControllerContext.for_plant(
-        plant, workload, period_s=control_period_s, safety=safety, plan=plan, slo_target=slo_target
+        plant,
+        workload,
+        period_s=control_period_s,
+        safety=safety,
+        plan=plan,
+        slo_target=slo_target,
+        role=role,
     )
     return build_controller(spec, context)
 

@@ -738,6 +738,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="N windows per trace: the scoreboard's and N-1 held-out starts, with a "
         "summary over the windows (traces used whole are left out)",
     )
+    parser.add_argument(
+        "--layout",
+        choices=("colocated", "disaggregated", "both"),
+        default="colocated",
+        help="colocated scenarios (default), disaggregated prefill/decode scenarios "
+        "(1P1D and 2P2D; default traces azure-conv and mooncake, profiles H100 and H200 8B; "
+        "DIR/disaggregated.json and .md), or both",
+    )
     add_safety_arguments(parser, prefix="every controller runs in the node's safety chain: ")
     add_runner_arguments(parser, jobs=False)
 
@@ -760,6 +768,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     from gpugov.daemon.progress import Progress
     from gpugov.study.plots import pyplot
 
+    layout = getattr(args, "layout", "colocated")
+    if layout == "disaggregated":
+        from gpugov.study.scoreboard.disaggregated import run_disaggregated_from_args
+
+        return run_disaggregated_from_args(args, config)
     pyplot()  # scoreboard.png needs the gpugov[plots] extra: say so before the run
     runner = replace(spec_from_args(args), jobs=config.jobs)
     if runner.ray_address is not None:
@@ -796,6 +809,10 @@ def run_from_args(args: argparse.Namespace) -> int:
         if note is not None:
             print(note)
         print(f"wrote the benchmark report to {report_dir} ({', '.join(written)})")
+    if layout == "both":
+        from gpugov.study.scoreboard.disaggregated import run_disaggregated_from_args
+
+        return run_disaggregated_from_args(args, config)
     return 0
 
 

@@ -412,3 +412,74 @@ LABELS = {
 }
 """Row labels: a controller's one name (its ``--controller`` spec, metrics label and JSON
 key); the hindsight oracles, which are not controllers, say so."""
+
+
+# --------------------------------------------------------- disaggregated scenarios
+DISAGGREGATED_TRACES = ("azure-conv", "mooncake")
+"""Traces of the disaggregated scenarios (``--layout disaggregated``)."""
+DISAGGREGATED_PROFILES = ("h100-sxm-llama3-8b", "h200-sxm-llama3-8b")
+"""Profiles of the disaggregated scenarios: each pool's engines run this profile."""
+DISAGGREGATED_LAYOUTS = {"1P1D": (1, 1), "2P2D": (2, 2)}
+"""Layouts: (prefill engines, decode engines) of the profile's plant."""
+DISAGGREGATED_INTERCONNECT = "nvlink"
+"""The link of every disaggregated scenario: P and D in one node."""
+
+
+@dataclass(frozen=True)
+class DisaggregatedScenario:
+    """A colocated scenario's requests on a prefill/decode layout of the same profile.
+
+    The load is the colocated scenario's (one GPU, :func:`build_scenario`) times the
+    layout's prefill/decode pairs: each P/D pair of GPUs gets the request stream one
+    colocated GPU gets in the colocated scoreboard."""
+
+    key: str
+    layout: str
+    prefill_engines: int
+    decode_engines: int
+    interconnect: str
+    base: Scenario
+    requests: tuple[Request, ...]
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able description (without the requests)."""
+        return {
+            **self.base.describe(),
+            "key": self.key,
+            "layout": self.layout,
+            "prefill_engines": self.prefill_engines,
+            "decode_engines": self.decode_engines,
+            "interconnect": self.interconnect,
+            "requests": len(self.requests),
+            "workload_checksum": workload_checksum(self.requests),
+        }
+
+
+def build_disaggregated_scenario(
+    trace: str,
+    plant: ServingPlant,
+    layout: str,
+    load: str,
+    duration_s: float,
+    full_trace: tuple[tuple[Request, ...], str] | None = None,
+) -> DisaggregatedScenario:
+    """The disaggregated scenario of ``layout`` (a key of :data:`DISAGGREGATED_LAYOUTS`)
+    on ``trace`` at ``load`` (:class:`DisaggregatedScenario`).
+
+    Raises:
+        ValueError: an unknown layout or load; as :func:`build_scenario`.
+    """
+    if layout not in DISAGGREGATED_LAYOUTS:
+        raise ValueError(f"layout must be one of {sorted(DISAGGREGATED_LAYOUTS)}, got {layout!r}")
+    prefill, decode = DISAGGREGATED_LAYOUTS[layout]
+    base = build_scenario(trace, plant, load, duration_s, full_trace)
+    pairs = min(prefill, decode)
+    return DisaggregatedScenario(
+        key=f"{base.key}|{layout}",
+        layout=layout,
+        prefill_engines=prefill,
+        decode_engines=decode,
+        interconnect=DISAGGREGATED_INTERCONNECT,
+        base=base,
+        requests=scale_load(base.requests, float(pairs)),
+    )

@@ -5,6 +5,7 @@ clock of least decode energy by the model's optimistic prediction."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -136,6 +137,38 @@ def test_where_arrivals_come_together_it_keeps_the_short_answer_clock() -> None:
     # Mixed iteration: 15 ms decode plus a 510-token chunk at 5e-5 s/token * TOP / f.
     fits = [c for c in CLOCKS if 0.015 + 510 * 5e-5 * TOP / c <= tpot_slo]
     assert clock == pytest.approx(min(fits)) and clock > CLOCKS[0]
+
+
+def test_in_a_decode_pool_arrivals_together_do_not_hold_the_short_answer_clock() -> None:
+    # The same clumped arrivals, but the domain prefills nothing (disaggregated decode):
+    # the descent goes to the measured latency's bound.
+    controller = _controller(_Model(np.full(CLOCKS.size, 0.015)))
+    arrived = 0
+    for _ in range(20):
+        arrived += 3
+        controller.clumping.update(_seen(applied=1500.0, tpot_ratio=0.1, arrived=arrived))
+    assert controller.clumping.clumped
+    seen = replace(_seen(applied=1500.0, tpot_ratio=0.1), role="decode")
+    clock = controller.descent_clock(seen, (2.0, 0.05))
+    bound = 1500.0 * 0.1 / controller.exploration.explore_threshold
+    assert clock == pytest.approx(min(c for c in CLOCKS if c >= bound))
+
+
+def test_during_the_warm_up_a_decode_only_window_goes_to_the_measured_bound() -> None:
+    """The bound needs no model, so the warm-up does not hold the top clock where only
+    decode runs; a prompt backlog still gets the top clock."""
+    controller = OnlineMPCController(control_period_s=0.5)
+    slos = {"ttft_slo_s": 2.0, "tpot_slo_s": 0.05}
+    first = controller(replace(_seen(applied=TOP, tpot_ratio=None), **slos))
+    assert first == TOP and controller.last_reason == "warm-up"
+    seen = replace(_seen(applied=TOP, tpot_ratio=0.3), time_s=1.5, step_index=3, **slos)
+    clock = controller(seen)
+    assert controller.model is not None and not controller.model.warmed_up
+    bound = TOP * 0.3 / controller.exploration.explore_threshold
+    assert controller.last_reason == "warm-up-descent"
+    assert clock == pytest.approx(min(c for c in CLOCKS if c >= bound))
+    backlog = replace(seen, time_s=2.0, step_index=4, prefill_remaining_tokens=800.0)
+    assert controller(backlog) == TOP and controller.last_reason == "warm-up"
 
 
 def _lone_long_prompts(seed: int, duration_s: float) -> list[Request]:

@@ -171,6 +171,15 @@ def test_budget_guard_rule(
     assert guard.power_needed() is need
 
 
+def test_a_reporting_guard_follows_the_budget_but_never_changes_the_decision() -> None:
+    # The GPUs' own limit alone: their firmware holds it, the guard only reports.
+    need = _need(CLOCKS, CURVE, watts_index=2, tpot_index=1)
+    guard = BudgetGuard(_Planned(1800.0, need), enforce=False)
+    assert guard(_observation(350.0)) == 1800.0
+    assert guard.over_budget is True and guard.slipping == "ttft"
+    assert guard.capped_decisions == 0 and guard.last_budget_w == 350.0
+
+
 def test_budget_guard_passes_a_controller_without_a_need() -> None:
     guard = BudgetGuard(_Planned(1800.0, None))
     assert guard(_observation(100.0)) == 1800.0

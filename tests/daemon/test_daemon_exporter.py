@@ -183,7 +183,7 @@ def test_exposition_is_clean(page: str) -> None:
         assert re.fullmatch(r"[a-z_]+", name), name
         if kind == "counter":
             assert name.endswith("_total"), name
-        elif kind == "gauge" and name != "gpugov_build_info" and not name.endswith("_active"):
+        elif kind == "gauge" and not name.endswith(("_info", "_active")):
             assert name.endswith(UNIT_SUFFIXES) or name.endswith(("_locked", "_reasons")), name
     for line in page.splitlines():
         if line and not line.startswith("#"):

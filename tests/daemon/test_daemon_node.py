@@ -86,7 +86,7 @@ def test_locks_once_and_resets_on_stop(vllm_server: MetricsServer) -> None:
     assert records[-1].observation.waiting_requests == 4  # two DP engines summed
     assert records[-1].observation.power_w == pytest.approx(700.0)  # two GPUs summed
     assert fake.initialized == 0
-    assert vllm_server.requests == 5
+    assert vllm_server.requests == 6  # one read at start for the role labels, one a tick
 
 
 def test_engine_down_then_back(vllm_server: MetricsServer) -> None:

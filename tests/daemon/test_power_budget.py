@@ -247,6 +247,30 @@ def test_budgets_reach_the_controller_every_tick_and_are_published(
     assert len(over) == 1 and "TTFT of queued requests slips" in over[0]
 
 
+def test_with_the_gpus_own_limit_alone_the_guard_reports_and_the_firmware_holds(
+    vllm_server: MetricsServer,
+) -> None:
+    fake = FakeNvml(2)
+    for gpu in fake.gpus:
+        gpu.power_limit_mw = 250_000  # 500 W for the domain: below the 550 W need
+    assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
+    clock = VirtualClock()
+    requested: list[float | None] = []
+    try:
+        run(
+            assembled.domains,
+            TimedLoop(1.0, clock=clock, sleep=clock.sleep),
+            on_tick=lambda records: requested.append(records[0].requested_mhz),
+            before_tick=lambda now_s, step: step >= 3,
+        )
+    finally:
+        assembled.close()
+    domain = assembled.domains[0]
+    assert domain.controller.unwrapped.limits == [500.0, 500.0, 500.0]
+    assert requested == [1980.0, 1980.0, 1980.0]  # the decision passes unchanged
+    assert domain.budget.over_budget and domain.budget.capped_decisions == 0
+
+
 def test_a_config_budget_below_the_gpus_lowest_limit_is_refused_before_any_work(
     vllm_server: MetricsServer,
 ) -> None:

@@ -1,0 +1,873 @@
+"""Disaggregated serving: a prefill pool and a decode pool joined by a KV-cache transfer.
+
+Model (also in ``docs/plant.md``, section "Disaggregated serving"):
+
+* **Pools.** A layout has a prefill pool and a decode pool. Each pool is ``replicas``
+  engines of one :class:`~gpugov.plant.plant.ServingPlant` (data parallel; each engine may
+  be a tensor-parallel group as the plant models ``tensor_parallel``), under one clock set
+  by the pool's controller. Each engine is a full
+  :class:`~gpugov.plant.simulator.PlantSimulation`: its own realised clock, power, energy,
+  thermal state, queue and KV cache.
+* **Routing.** Arrivals go to the prefill engines in turn, and prefilled requests to the
+  decode engines in turn (round robin, as vLLM's disaggregated-serving proxy
+  ``toy_proxy_server.py`` cycles over its prefill and decode instances).
+* **Prefill.** A prefill engine runs the request's prompt (chunked prefill, its
+  scheduler) and produces the **first token** at the end of the prefill, as in vLLM's
+  disaggregated prefill (the prefill instance runs the request with ``max_tokens=1``) and
+  DistServe; so TTFT ends at prefill end, and the transfer delays the second token
+  (it is inside the request's TPOT). A request of one output token ends there.
+* **Transfer.** The prompt's KV cache then moves to a decode engine in
+  ``fixed_s + prompt_tokens * kv_bytes_per_token / (bandwidth * links)`` seconds, where
+  ``links = min(prefill TP, decode TP)`` (each GPU of a TP group sends its own shard of
+  the KV heads in parallel). The prefill engine frees the blocks at prefill end (the
+  transfer is milliseconds; its hold on the prefill KV cache is not modelled).
+* **Decode.** The decode engine admits the request into its running batch at an
+  iteration start, first come first served, when the batch size and KV cache allow
+  (:meth:`PlantSimulation.add_prefilled_request`), and decodes the remaining tokens; a
+  preempted request is recomputed there.
+
+``kv_bytes_per_token`` comes from the profile's model shape where the manifest records it
+(``2 * n_layers * n_kv_heads * head_dim * bytes_per_value``: 131,072 B for Llama-3.1-8B,
+327,680 B for Llama-3.1-70B, BF16), otherwise :data:`DEFAULT_KV_BYTES_PER_TOKEN`.
+
+Interconnect defaults (:data:`INTERCONNECTS`), per GPU and per direction:
+
+* ``nvlink`` (P and D in one node): 450 GB/s, half of the 900 GB/s total bidirectional
+  NVLink 4 bandwidth of an H100/H200 SXM (NVIDIA H100 and H200 datasheets);
+* ``infiniband`` (between nodes): 50 GB/s, one 400 Gb/s NDR ConnectX-7 NIC per GPU as in
+  a DGX H100 (NVIDIA DGX H100 user guide, network ports);
+* ``roce`` (between nodes, Ethernet): 25 GB/s, one 200 Gb/s RoCE NIC per GPU (the
+  200 Gb/s class of NIC the Mooncake transfer engine is benchmarked on; an assumption).
+
+Line rates, not measured transfer throughputs: a real connector reaches a fraction of
+them. The fixed costs (0.1 ms on NVLink, 1 ms over RDMA: the connector's control
+round trip and completion notification) are assumptions, not measurements; every value
+can be overridden.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from gpugov.plant.closed_loop import ControllerError, _controller_name
+from gpugov.plant.gpu_physics import _EPS
+from gpugov.plant.plant import ServingPlant
+from gpugov.plant.profile import PerformanceProfile
+from gpugov.plant.result import ServingMetrics, ServingResult, compute_metrics
+from gpugov.plant.scheduler import chunked_prefill_scheduler
+from gpugov.plant.simulator import PlantSimulation
+from gpugov.plant.types import (
+    ClockController,
+    PowerCapping,
+    Request,
+    RequestRecord,
+    Scheduler,
+    ServingObservation,
+)
+
+ROLES = ("prefill", "decode")
+"""The pools of a disaggregated layout, in the order the loop serves them."""
+
+DEFAULT_KV_BYTES_PER_TOKEN = 131_072.0
+"""KV bytes per token when a profile records no model shape: Llama-3.1-8B's (32 layers,
+8 KV heads of 128, BF16, K and V), the size class of the bundled small profiles."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interconnect:
+    """A link between the pools: per-GPU bandwidth one way, and a fixed cost per transfer."""
+
+    name: str
+    bandwidth_bytes_per_s: float
+    fixed_s: float
+    source: str
+
+
+INTERCONNECTS: dict[str, Interconnect] = {
+    "nvlink": Interconnect(
+        "nvlink",
+        450e9,
+        1e-4,
+        "NVLink 4, 900 GB/s total bidirectional per H100/H200 SXM GPU (NVIDIA datasheets)",
+    ),
+    "infiniband": Interconnect(
+        "infiniband",
+        50e9,
+        1e-3,
+        "NDR InfiniBand, one 400 Gb/s ConnectX-7 per GPU (NVIDIA DGX H100 user guide)",
+    ),
+    "roce": Interconnect("roce", 25e9, 1e-3, "RoCE, one 200 Gb/s NIC per GPU (assumed NIC class)"),
+}
+"""Stated defaults per interconnect (module docstring)."""
+
+
+def kv_bytes_per_token(profile: PerformanceProfile) -> float | None:
+    """KV-cache bytes per token of the profile's model (whole model, K and V), from the
+    model shape its manifest records; None when it records none."""
+    derivation = profile.manifest.get("derivation")
+    parameters = derivation.get("parameters") if isinstance(derivation, Mapping) else None
+    model = parameters.get("model") if isinstance(parameters, Mapping) else None
+    if not isinstance(model, Mapping):
+        return None
+    try:
+        value = (
+            2.0
+            * float(model["n_layers"])
+            * float(model["n_kv_heads"])
+            * float(model["head_dim"])
+            * float(model.get("bytes_per_value", 2))
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) and value > 0.0 else None
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One pool: ``replicas`` engines of ``plant`` under one clock, with ``scheduler``."""
+
+    plant: ServingPlant
+    replicas: int = 1
+    scheduler: Scheduler = chunked_prefill_scheduler
+
+    def __post_init__(self) -> None:
+        if int(self.replicas) != self.replicas or self.replicas < 1:
+            raise ValueError(f"PoolSpec.replicas must be an integer >= 1, got {self.replicas!r}")
+
+    @property
+    def gpus(self) -> int:
+        """GPUs in the pool: replicas times the plant's tensor-parallel size."""
+        return self.replicas * self.plant.tensor_parallel
+
+
+@dataclass(frozen=True)
+class DisaggregatedPlant:
+    """A prefill pool, a decode pool and the link between them.
+
+    ``link_bandwidth_bytes_per_s``, ``transfer_fixed_s`` and ``kv_bytes_per_token`` default
+    to the interconnect's values and the profile's model shape (module docstring); an
+    infinite bandwidth and a zero fixed cost make the transfer free. The request-level
+    SLO is the prefill profile's TTFT SLO and the decode profile's TPOT SLO.
+    """
+
+    prefill: PoolSpec
+    decode: PoolSpec
+    interconnect: str = "nvlink"
+    link_bandwidth_bytes_per_s: float | None = None
+    transfer_fixed_s: float | None = None
+    kv_bytes_per_token: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.interconnect not in INTERCONNECTS:
+            raise ValueError(
+                f"DisaggregatedPlant.interconnect must be one of {sorted(INTERCONNECTS)}, "
+                f"got {self.interconnect!r}"
+            )
+        bandwidth = self.bandwidth_bytes_per_s
+        if math.isnan(bandwidth) or bandwidth <= 0.0:
+            raise ValueError(
+                f"DisaggregatedPlant.link_bandwidth_bytes_per_s must be positive, got {bandwidth!r}"
+            )
+        if not math.isfinite(self.fixed_s) or self.fixed_s < 0.0:
+            raise ValueError(
+                f"DisaggregatedPlant.transfer_fixed_s must be >= 0, got {self.fixed_s!r}"
+            )
+        size = self.bytes_per_token
+        if not math.isfinite(size) or size < 0.0:
+            raise ValueError(f"DisaggregatedPlant.kv_bytes_per_token must be >= 0, got {size!r}")
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        """Per-GPU link bandwidth in force."""
+        if self.link_bandwidth_bytes_per_s is not None:
+            return float(self.link_bandwidth_bytes_per_s)
+        return INTERCONNECTS[self.interconnect].bandwidth_bytes_per_s
+
+    @property
+    def fixed_s(self) -> float:
+        """Fixed cost per transfer in force."""
+        if self.transfer_fixed_s is not None:
+            return float(self.transfer_fixed_s)
+        return INTERCONNECTS[self.interconnect].fixed_s
+
+    @property
+    def bytes_per_token(self) -> float:
+        """KV bytes per prompt token in force (override, profile's shape, or default)."""
+        if self.kv_bytes_per_token is not None:
+            return float(self.kv_bytes_per_token)
+        shaped = kv_bytes_per_token(self.prefill.plant.profile)
+        return DEFAULT_KV_BYTES_PER_TOKEN if shaped is None else shaped
+
+    @property
+    def links(self) -> int:
+        """Parallel links per transfer: ``min(prefill TP, decode TP)``."""
+        return min(self.prefill.plant.tensor_parallel, self.decode.plant.tensor_parallel)
+
+    def transfer_bytes(self, prompt_tokens: int) -> float:
+        """Bytes of a prompt's KV cache."""
+        return float(prompt_tokens) * self.bytes_per_token
+
+    def transfer_s(self, prompt_tokens: int) -> float:
+        """Seconds to move a prompt's KV cache from the prefill pool to the decode pool."""
+        bandwidth = self.bandwidth_bytes_per_s * self.links
+        return self.fixed_s + self.transfer_bytes(prompt_tokens) / bandwidth
+
+    def pool(self, role: str) -> PoolSpec:
+        """The pool of ``role`` ("prefill" or "decode")."""
+        if role == "prefill":
+            return self.prefill
+        if role == "decode":
+            return self.decode
+        raise ValueError(f"unknown pool role {role!r}; expected one of {ROLES}")
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able parameters for result metadata."""
+        return {
+            "layout": f"{self.prefill.gpus}P{self.decode.gpus}D",
+            "interconnect": self.interconnect,
+            "link_bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+            "transfer_fixed_s": self.fixed_s,
+            "kv_bytes_per_token": self.bytes_per_token,
+            "links": self.links,
+            **{
+                role: {
+                    "replicas": self.pool(role).replicas,
+                    "gpus": self.pool(role).gpus,
+                    "plant": self.pool(role).plant.describe(),
+                }
+                for role in ROLES
+            },
+        }
+
+
+class _Pool:
+    """A pool's engines under one clock: requests clocks, caps, and a pooled observation."""
+
+    def __init__(self, role: str, engines: list[PlantSimulation]) -> None:
+        self.role = role
+        self.engines = engines
+        self._ttft_seen = [0.0] * len(engines)
+        self._tokens_seen = [0.0] * len(engines)
+
+    def request_clock(self, clock_mhz: float) -> None:
+        for engine in self.engines:
+            engine.request_clock(clock_mhz)
+
+    def set_power_cap(self, cap_w: float | None) -> None:
+        """A pool-wide cap, shared equally by the engines."""
+        share = None if cap_w is None else float(cap_w) / len(self.engines)
+        for engine in self.engines:
+            engine.set_power_cap(share)
+
+    def observe(self, step_index: int | None = None) -> ServingObservation:
+        """The pool's observation: one engine's as is; several engines' pooled (counts,
+        tokens, power and energy summed, the hottest temperature, the slowest realised
+        clock, the mean utilisation, window latencies weighted by each engine's first
+        tokens and output tokens in the window)."""
+        observations = [engine.observe(step_index) for engine in self.engines]
+        if len(observations) == 1:
+            return replace(observations[0], role=self.role)
+        ttft_weights = []
+        token_weights = []
+        for k, obs in enumerate(observations):
+            ttft_total = obs.ttft_count_total or 0.0
+            ttft_weights.append(ttft_total - self._ttft_seen[k])
+            self._ttft_seen[k] = ttft_total
+            token_weights.append(obs.output_tokens_total - self._tokens_seen[k])
+            self._tokens_seen[k] = obs.output_tokens_total
+        first = observations[0]
+        summed: dict[str, Any] = {}
+        for name in (
+            "arrived_requests",
+            "prefill_remaining_tokens",
+            "decode_active",
+            "generated_decode_tokens",
+            "waiting_requests",
+            "completed_requests",
+            "output_tokens_total",
+            "prompt_tokens_total",
+            "kv_tokens",
+            "kv_capacity_tokens",
+            "power_w",
+            "energy_j",
+            "power_limit_w",
+            "ttft_count_total",
+            "ttft_within_slo_total",
+            "tpot_count_total",
+            "tpot_within_slo_total",
+        ):
+            values = [getattr(obs, name) for obs in observations]
+            summed[name] = None if any(v is None for v in values) else sum(values)
+        utilizations = [o.gpu_utilization for o in observations if o.gpu_utilization is not None]
+        reasons = [o.clock_event_reasons for o in observations if o.clock_event_reasons is not None]
+        realized = [o.realized_clock_mhz for o in observations if o.realized_clock_mhz is not None]
+        return replace(
+            first,
+            **summed,
+            temperature_c=max(o.temperature_c for o in observations),
+            realized_clock_mhz=min(realized) if realized else None,
+            gpu_utilization=float(np.mean(utilizations)) if utilizations else None,
+            clock_event_reasons=int(np.bitwise_or.reduce(reasons)) if reasons else None,
+            ttft_recent_s=_weighted([o.ttft_recent_s for o in observations], ttft_weights),
+            ttft_recent_prompt_tokens=_weighted(
+                [o.ttft_recent_prompt_tokens for o in observations], ttft_weights
+            ),
+            tpot_recent_s=_weighted([o.tpot_recent_s for o in observations], token_weights),
+            role=self.role,
+        )
+
+
+def _weighted(values: Sequence[float | None], weights: Sequence[float]) -> float | None:
+    """Mean of the known ``values`` weighted by ``weights`` (None when none is known)."""
+    pairs = [(v, max(w, 0.0)) for v, w in zip(values, weights, strict=True) if v is not None]
+    if not pairs:
+        return None
+    total = sum(w for _, w in pairs)
+    if total <= 0.0:
+        return float(np.mean([v for v, _ in pairs]))
+    return sum(v * w for v, w in pairs) / total
+
+
+class DisaggregatedSimulation:
+    """Stateful disaggregated plant: advance time, observe a pool, request a pool's clock.
+
+    :func:`simulate_disaggregated` drives it; :attr:`pools` holds each role's engines.
+    """
+
+    def __init__(
+        self, workload: Sequence[Request], plant: DisaggregatedPlant, *, seed: int = 0
+    ) -> None:
+        requests = tuple(workload)
+        prefill_spec, decode_spec = plant.prefill, plant.decode
+        for request in requests:
+            if request.prompt_tokens + 1 > prefill_spec.plant.kv_capacity_tokens:
+                raise ValueError(
+                    f"request {request.request_id} needs {request.prompt_tokens} + 1 KV "
+                    "tokens, more than the prefill plant's kv_capacity_tokens="
+                    f"{prefill_spec.plant.kv_capacity_tokens}"
+                )
+            if request.prompt_tokens + request.output_tokens > decode_spec.plant.kv_capacity_tokens:
+                raise ValueError(
+                    f"request {request.request_id} needs {request.prompt_tokens} + "
+                    f"{request.output_tokens} KV tokens, more than the decode plant's "
+                    f"kv_capacity_tokens={decode_spec.plant.kv_capacity_tokens}"
+                )
+        self.plant = plant
+        self.requests = requests
+        self.seed = seed
+        self.time_s = 0.0
+        count = prefill_spec.replicas
+        self._prefill_global: list[list[int]] = [[] for _ in range(count)]
+        for index in range(len(requests)):
+            self._prefill_global[index % count].append(index)
+        prefill_engines = [
+            PlantSimulation(
+                [
+                    Request(
+                        requests[g].request_id,
+                        requests[g].arrival_time_s,
+                        requests[g].prompt_tokens,
+                        1,
+                    )
+                    for g in members
+                ],
+                prefill_spec.plant,
+                prefill_spec.scheduler,
+                seed=seed + k,
+            )
+            for k, members in enumerate(self._prefill_global)
+        ]
+        decode_engines = [
+            PlantSimulation((), decode_spec.plant, decode_spec.scheduler, seed=seed + 1000 + k)
+            for k in range(decode_spec.replicas)
+        ]
+        self.pools: dict[str, _Pool] = {
+            "prefill": _Pool("prefill", prefill_engines),
+            "decode": _Pool("decode", decode_engines),
+        }
+        self._scan_from = [0] * count
+        self._handed: list[list[bool]] = [[False] * len(m) for m in self._prefill_global]
+        self._deliveries: list[tuple[float, int, float]] = []  # (time, request, first token)
+        self._next_decode = 0
+        self._decode_of: dict[int, tuple[int, int]] = {}  # request -> (engine, local index)
+        self._transfer_s: dict[int, float] = {}
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def done(self) -> bool:
+        """Every request has arrived and finished (and no transfer is in flight)."""
+        return (
+            not self._deliveries
+            and all(engine.done for engine in self.pools["prefill"].engines)
+            and all(engine.done for engine in self.pools["decode"].engines)
+        )
+
+    @property
+    def energy_j(self) -> float:
+        """Energy drawn by every GPU of both pools since the start."""
+        return sum(e.energy_j for pool in self.pools.values() for e in pool.engines)
+
+    def observe(self, role: str, step_index: int | None = None) -> ServingObservation:
+        """What the node of pool ``role`` could know now (its ``role`` field set)."""
+        self.plant.pool(role)
+        return self.pools[role].observe(step_index)
+
+    def request_clock(self, role: str, clock_mhz: float) -> None:
+        """Request a clock for every engine of pool ``role``."""
+        if not math.isfinite(clock_mhz):
+            raise ValueError(f"requested clock must be finite, got {clock_mhz!r}")
+        self.pools[role].request_clock(clock_mhz)
+
+    def set_power_cap(self, role: str, cap_w: float | None) -> None:
+        """Set pool ``role``'s power cap (watts for the pool, shared by its engines)."""
+        self.pools[role].set_power_cap(cap_w)
+
+    def advance_to(self, end_s: float, *, stop_when_done: bool = False) -> None:
+        """Run both pools until ``end_s``: the prefill engines, the transfers that land by
+        then (each delivered to its decode engine at its exact time), then the decode
+        engines. With ``stop_when_done`` the run ends at the last completion, every GPU
+        brought to that time."""
+        if end_s <= self.time_s + _EPS:
+            return
+        prefill = self.pools["prefill"].engines
+        decode = self.pools["decode"].engines
+        for engine in prefill:
+            engine.advance_to(end_s, stop_when_done=stop_when_done)
+        self._collect_prefilled()
+        deliveries = self._deliveries
+        while deliveries and deliveries[0][0] <= end_s + _EPS:
+            time_s, request, first_token_s = heapq.heappop(deliveries)
+            slot = self._next_decode
+            self._next_decode = (slot + 1) % len(decode)
+            engine = decode[slot]
+            engine.advance_to(time_s)
+            original = self.requests[request]
+            local = engine.add_prefilled_request(
+                original.prompt_tokens, original.output_tokens, first_token_s
+            )
+            self._decode_of[request] = (slot, local)
+        final = stop_when_done and not deliveries and all(e.done for e in prefill)
+        for engine in decode:
+            engine.advance_to(end_s, stop_when_done=final)
+        engines = [*prefill, *decode]
+        done = stop_when_done and self.done
+        target = max(engine.time_s for engine in engines) if done else end_s
+        for engine in engines:
+            engine.advance_to(target)
+        self.time_s = max(self.time_s, target)
+
+    def _collect_prefilled(self) -> None:
+        """Queue the transfers of the requests whose prefill ended since the last call."""
+        found: list[tuple[float, int]] = []
+        for k, engine in enumerate(self.pools["prefill"].engines):
+            first_token, _ = engine.request_times()
+            members = self._prefill_global[k]
+            handed = self._handed[k]
+            arrivals = engine.requests
+            j = self._scan_from[k]
+            while j < len(members) and arrivals[j].arrival_time_s <= engine.time_s + _EPS:
+                if not handed[j] and first_token[j] is not None:
+                    handed[j] = True
+                    found.append((float(first_token[j]), members[j]))  # type: ignore[arg-type]
+                j += 1
+            start = self._scan_from[k]
+            while start < len(members) and handed[start]:
+                start += 1
+            self._scan_from[k] = start
+        for first_token_s, request in sorted(found):
+            original = self.requests[request]
+            if original.output_tokens <= 1:
+                continue
+            transfer = self.plant.transfer_s(original.prompt_tokens)
+            self._transfer_s[request] = transfer
+            heapq.heappush(self._deliveries, (first_token_s + transfer, request, first_token_s))
+
+    # ----------------------------------------------------------------- results
+    def records(self) -> tuple[RequestRecord, ...]:
+        """Request-level records: arrival and first token in the prefill pool, finish in
+        the decode pool; energies summed over the pools."""
+        prefill_records = [engine.records() for engine in self.pools["prefill"].engines]
+        decode_records = [engine.records() for engine in self.pools["decode"].engines]
+        out: list[RequestRecord] = []
+        count = len(self._prefill_global)
+        position = [0] * count
+        for index, request in enumerate(self.requests):
+            k = index % count
+            local = position[k]
+            position[k] += 1
+            if local >= len(prefill_records[k]):
+                continue  # not arrived yet
+            p = prefill_records[k][local]
+            record = RequestRecord(
+                request_id=request.request_id,
+                arrival_time_s=request.arrival_time_s,
+                prompt_tokens=request.prompt_tokens,
+                output_tokens=request.output_tokens,
+                first_token_time_s=p.first_token_time_s,
+                finish_time_s=p.finish_time_s if request.output_tokens <= 1 else None,
+                generated_tokens=p.generated_tokens,
+                preemptions=p.preemptions,
+                prefill_energy_j=p.prefill_energy_j,
+                decode_energy_j=p.decode_energy_j,
+            )
+            where = self._decode_of.get(index)
+            if where is not None:
+                d = decode_records[where[0]][where[1]]
+                record = replace(
+                    record,
+                    finish_time_s=d.finish_time_s,
+                    generated_tokens=d.generated_tokens,
+                    preemptions=p.preemptions + d.preemptions,
+                    prefill_energy_j=p.prefill_energy_j + d.prefill_energy_j,
+                    decode_energy_j=p.decode_energy_j + d.decode_energy_j,
+                )
+            out.append(record)
+        return tuple(out)
+
+    def result(
+        self, controller_names: Mapping[str, str] | None = None, **metadata: Any
+    ) -> DisaggregatedResult:
+        """Freeze the run into a :class:`DisaggregatedResult`."""
+        names = dict(controller_names or {})
+        records = self.records()
+        pools = {
+            role: _pool_result(role, pool, names.get(role, ""), self.plant, records)
+            for role, pool in self.pools.items()
+        }
+        results = [r for pool in pools.values() for r in pool.engines]
+        prefill_profile = self.plant.prefill.plant.profile
+        decode_profile = self.plant.decode.plant.profile
+        minimum_peaks = [r.metrics.peak_queued_requests_at_minimum_clock for r in results]
+        metrics = compute_metrics(
+            records,
+            energy_j=sum(p.energy_j for p in pools.values()),
+            duration_s=self.time_s,
+            output_tokens=sum(r.generated_tokens for r in records),
+            ttft_slo_s=prefill_profile.ttft_slo_s,
+            tpot_slo_s=decode_profile.tpot_slo_s,
+            ttft_slo_per_prompt_token_s=prefill_profile.ttft_slo_per_prompt_token_s,
+            power_cap_violation_s=sum(r.metrics.power_cap_violation_s for r in results),
+            thermal_violation_s=sum(r.metrics.thermal_violation_s for r in results),
+            peak_temperature_c=max(r.metrics.peak_temperature_c for r in results),
+            peak_queued_requests_at_minimum_clock=max(minimum_peaks),
+            preemptions=sum(r.metrics.preemptions for r in results),
+            clock_changes=sum(r.metrics.clock_changes for r in results),
+            idle_energy_j=sum(p.idle_energy_j for p in pools.values()),
+        )
+        transfers = tuple(self._transfer_s[i] for i in sorted(self._transfer_s))
+        return DisaggregatedResult(
+            pools=pools,
+            request_records=records,
+            metrics=metrics,
+            transfer_s=transfers,
+            transfer_bytes=sum(
+                self.plant.transfer_bytes(self.requests[i].prompt_tokens) for i in self._transfer_s
+            ),
+            metadata={"seed": self.seed, "plant": self.plant.describe(), **metadata},
+        )
+
+
+@dataclass(frozen=True)
+class PoolResult:
+    """One pool's outcome: its engines' results and its totals.
+
+    ``energy_j`` is every GPU of the pool over the whole run (``prefill_energy_j +
+    decode_energy_j + idle_energy_j``); ``mean_realized_clock_mhz`` is the time average over
+    the grid, across engines; ``phase_latency_s`` gives the pool's own phase: the
+    prefill pool's time to first token (queue and prefill), the decode pool's TPOT
+    (transfer, admission wait and decode: the request-level TPOT).
+    """
+
+    role: str
+    controller_name: str
+    engines: tuple[ServingResult, ...]
+    energy_j: float
+    prefill_energy_j: float
+    decode_energy_j: float
+    idle_energy_j: float
+    mean_power_w: float
+    mean_realized_clock_mhz: float
+    phase_latency_s: dict[str, float | None]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able totals (the engines' series left out)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "engines"}
+        out["engines"] = len(self.engines)
+        return out
+
+
+@dataclass(frozen=True)
+class DisaggregatedResult:
+    """Output of :func:`simulate_disaggregated`: per-pool results, request-level records
+    and metrics (the scoreboard's SLO condition applies to :attr:`metrics` unchanged)."""
+
+    pools: dict[str, PoolResult]
+    request_records: tuple[RequestRecord, ...]
+    metrics: ServingMetrics
+    transfer_s: tuple[float, ...]
+    """Transfer time of each transferred request, by request index."""
+    transfer_bytes: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able summary: metrics, pools and transfer statistics."""
+        transfers = np.asarray(self.transfer_s, dtype=float)
+        return {
+            "metrics": self.metrics.as_dict(),
+            "pools": {role: pool.as_dict() for role, pool in self.pools.items()},
+            "transfer": {
+                "requests": int(transfers.size),
+                "bytes": float(self.transfer_bytes),
+                "p50_s": float(np.percentile(transfers, 50)) if transfers.size else None,
+                "p99_s": float(np.percentile(transfers, 99)) if transfers.size else None,
+            },
+            "metadata": dict(self.metadata),
+        }
+
+
+def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    array = np.asarray(values, dtype=float)
+    return {
+        "p50": float(np.percentile(array, 50)) if array.size else None,
+        "p99": float(np.percentile(array, 99)) if array.size else None,
+    }
+
+
+def _pool_result(
+    role: str,
+    pool: _Pool,
+    controller_name: str,
+    plant: DisaggregatedPlant,
+    records: Sequence[RequestRecord],
+) -> PoolResult:
+    engines = tuple(
+        engine.result(controller_name=controller_name, role=role) for engine in pool.engines
+    )
+    energy = sum(r.metrics.energy_j for r in engines)
+    duration = max((r.metrics.simulated_duration_s for r in engines), default=0.0)
+    clocks = [float(np.mean(r.realized_clock_mhz)) for r in engines if r.realized_clock_mhz.size]
+    if role == "prefill":
+        latency = _percentiles([r.ttft_s for r in records if r.ttft_s is not None])
+    else:
+        latency = _percentiles([r.tpot_s for r in records if r.tpot_s is not None])
+    return PoolResult(
+        role=role,
+        controller_name=controller_name,
+        engines=engines,
+        energy_j=energy,
+        prefill_energy_j=sum(r.metrics.prefill_energy_j for r in engines),
+        decode_energy_j=sum(r.metrics.decode_energy_j for r in engines),
+        idle_energy_j=sum(r.metrics.idle_energy_j for r in engines),
+        mean_power_w=energy / duration if duration > 0.0 else 0.0,
+        mean_realized_clock_mhz=float(np.mean(clocks)) if clocks else 0.0,
+        phase_latency_s={
+            ("ttft" if role == "prefill" else "tpot") + "_" + k: v for k, v in latency.items()
+        },
+    )
+
+
+def simulate_disaggregated(
+    workload: Sequence[Request],
+    plant: DisaggregatedPlant,
+    controllers: Mapping[str, ClockController],
+    seed: int = 0,
+    *,
+    controller_names: Mapping[str, str] | None = None,
+    control_period_s: float = 1.0,
+    horizon_s: float | None = None,
+    on_progress: Callable[[float, DisaggregatedSimulation], None] | None = None,
+    progress_every_s: float = 10.0,
+) -> DisaggregatedResult:
+    """Run ``workload`` on ``plant`` with one controller per pool (``controllers`` maps
+    "prefill" and "decode" to a clock controller), each called every
+    ``control_period_s`` with its pool's observation; the loop of
+    :func:`~gpugov.plant.closed_loop.simulate`, per pool (power caps included).
+
+    Raises:
+        ValueError: a role is missing or unknown, or a bad period or horizon.
+        ControllerError: a controller raised (chained) or returned a non-finite clock.
+    """
+    unknown = sorted(set(controllers) - set(ROLES))
+    missing = [role for role in ROLES if role not in controllers]
+    if unknown or missing:
+        raise ValueError(
+            f"controllers must map exactly {list(ROLES)} to a controller; "
+            f"missing {missing}, unknown {unknown}"
+        )
+    if not math.isfinite(control_period_s) or control_period_s <= 0.0:
+        raise ValueError(f"control_period_s must be positive, got {control_period_s!r}")
+    simulation = DisaggregatedSimulation(workload, plant, seed=seed)
+    requests = simulation.requests
+    last_arrival = requests[-1].arrival_time_s if requests else 0.0
+    drain = max(plant.prefill.plant.drain_timeout_s, plant.decode.plant.drain_timeout_s)
+    horizon = last_arrival + drain if horizon_s is None else float(horizon_s)
+    if horizon <= 0.0:
+        raise ValueError(f"horizon_s must be positive, got {horizon!r}")
+    names = {
+        role: (controller_names or {}).get(role) or _controller_name(controllers[role])
+        for role in ROLES
+    }
+    step = 0
+    next_progress_s = 0.0
+    while True:
+        tick = step * control_period_s
+        if tick > horizon + _EPS:
+            simulation.advance_to(horizon, stop_when_done=True)
+            break
+        simulation.advance_to(tick, stop_when_done=True)
+        if on_progress is not None and tick >= next_progress_s:
+            on_progress(simulation.time_s, simulation)
+            next_progress_s = tick + progress_every_s
+        if simulation.done and step > 0:
+            break
+        for role in ROLES:
+            _decide(
+                controllers[role],
+                f"{role} controller {names[role]!r}",
+                simulation.observe(role),
+                partial(simulation.request_clock, role),
+                partial(simulation.set_power_cap, role),
+            )
+        step += 1
+    return simulation.result(
+        controller_names=names, control_period_s=control_period_s, horizon_s=horizon
+    )
+
+
+def _decide(
+    controller: ClockController,
+    who: str,
+    observation: ServingObservation,
+    set_clock: Callable[[float], object],
+    set_cap: Callable[[float | None], object],
+) -> None:
+    """Call ``controller`` on ``observation`` and apply its clock (and power cap), with
+    :func:`~gpugov.plant.closed_loop.simulate`'s checks and messages."""
+    try:
+        requested = controller(observation)
+    except Exception as error:
+        raise ControllerError(
+            f"{who} raised at t={observation.time_s:.3f}s (step {observation.step_index}): {error}"
+        ) from error
+    try:
+        value = float(requested)
+    except (TypeError, ValueError) as error:
+        raise ControllerError(
+            f"{who} returned {requested!r} at t={observation.time_s:.3f}s; expected a clock in MHz"
+        ) from error
+    if not math.isfinite(value):
+        raise ControllerError(
+            f"{who} returned a non-finite clock {value!r} at t={observation.time_s:.3f}s"
+        )
+    set_clock(value)
+    if isinstance(controller, PowerCapping):
+        cap = controller.requested_power_cap_w
+        try:
+            set_cap(cap)
+        except (TypeError, ValueError) as error:
+            raise ControllerError(
+                f"{who} asked for power cap {cap!r} at t={observation.time_s:.3f}s: {error}"
+            ) from error
+
+
+@dataclass(frozen=True)
+class ReplicatedResult:
+    """Output of :func:`simulate_colocated_replicas`: each GPU's result, the request-level
+    records (in workload order) and the metrics over every GPU."""
+
+    engines: tuple[ServingResult, ...]
+    request_records: tuple[RequestRecord, ...]
+    metrics: ServingMetrics
+
+
+def simulate_colocated_replicas(
+    workload: Sequence[Request],
+    plant: ServingPlant,
+    controllers: Sequence[ClockController],
+    seed: int = 0,
+    *,
+    scheduler: Scheduler = chunked_prefill_scheduler,
+    control_period_s: float = 1.0,
+    horizon_s: float | None = None,
+) -> ReplicatedResult:
+    """``len(controllers)`` colocated engines of ``plant`` (data parallel, arrivals round
+    robin), each governed by its own controller: the colocated layout of the same GPUs
+    as a disaggregated one, for comparison. Like :class:`DisaggregatedSimulation`, the
+    run ends at the last completion with every GPU brought to that time.
+
+    Raises:
+        ValueError: no controller, or a bad period or horizon.
+        ControllerError: a controller raised or returned a non-finite clock.
+    """
+    if not controllers:
+        raise ValueError("simulate_colocated_replicas needs one controller per engine")
+    if not math.isfinite(control_period_s) or control_period_s <= 0.0:
+        raise ValueError(f"control_period_s must be positive, got {control_period_s!r}")
+    requests = tuple(workload)
+    count = len(controllers)
+    members = [list(range(k, len(requests), count)) for k in range(count)]
+    engines = [
+        PlantSimulation([requests[g] for g in group], plant, scheduler, seed=seed + k)
+        for k, group in enumerate(members)
+    ]
+    last_arrival = requests[-1].arrival_time_s if requests else 0.0
+    horizon = last_arrival + plant.drain_timeout_s if horizon_s is None else float(horizon_s)
+    if horizon <= 0.0:
+        raise ValueError(f"horizon_s must be positive, got {horizon!r}")
+    names = [_controller_name(c) for c in controllers]
+    step = 0
+    while True:
+        tick = min(step * control_period_s, horizon)
+        for engine in engines:
+            engine.advance_to(tick, stop_when_done=True)
+        done = all(engine.done for engine in engines)
+        target = max(engine.time_s for engine in engines) if done else tick
+        for engine in engines:
+            engine.advance_to(target)
+        if (done and step > 0) or tick >= horizon:
+            break
+        for k, (engine, controller) in enumerate(zip(engines, controllers, strict=True)):
+            _decide(
+                controller,
+                f"engine {k} controller {names[k]!r}",
+                engine.observe(),
+                engine.request_clock,
+                engine.set_power_cap,
+            )
+        step += 1
+    results = tuple(
+        engine.result(controller_name=names[k], control_period_s=control_period_s)
+        for k, engine in enumerate(engines)
+    )
+    by_index: dict[int, RequestRecord] = {}
+    for group, result in zip(members, results, strict=True):
+        for g, record in zip(group, result.request_records, strict=False):
+            by_index[g] = record
+    records = tuple(by_index[g] for g in sorted(by_index))
+    profile = plant.profile
+    metrics = compute_metrics(
+        records,
+        energy_j=sum(r.metrics.energy_j for r in results),
+        duration_s=max(engine.time_s for engine in engines),
+        output_tokens=sum(r.metrics.output_tokens for r in results),
+        ttft_slo_s=profile.ttft_slo_s,
+        tpot_slo_s=profile.tpot_slo_s,
+        ttft_slo_per_prompt_token_s=profile.ttft_slo_per_prompt_token_s,
+        power_cap_violation_s=sum(r.metrics.power_cap_violation_s for r in results),
+        thermal_violation_s=sum(r.metrics.thermal_violation_s for r in results),
+        peak_temperature_c=max(r.metrics.peak_temperature_c for r in results),
+        peak_queued_requests_at_minimum_clock=max(
+            r.metrics.peak_queued_requests_at_minimum_clock for r in results
+        ),
+        preemptions=sum(r.metrics.preemptions for r in results),
+        clock_changes=sum(r.metrics.clock_changes for r in results),
+        idle_energy_j=sum(r.metrics.idle_energy_j for r in results),
+    )
+    return ReplicatedResult(results, records, metrics)

@@ -1,0 +1,354 @@
+"""The scoreboard's disaggregated scenarios (``gpugov bench controllers --layout
+disaggregated``): each controller governs the prefill pool and the decode pool of a
+:class:`~gpugov.plant.disaggregated.DisaggregatedPlant`, one instance per pool, each
+built by the node's factory inside its safety chain (:func:`study_controller`).
+
+Rows carry the run's energy and its saving against the maximum clock on both pools, the
+same saving per pool, and the scoreboard's SLO condition (attainment at least the
+maximum clock's minus the tolerance) on the request-level records. The hindsight oracles
+and the LP bound are not run per pool yet, so ``oracle_capture`` is None.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpugov.controllers.oracles import holds_slo
+from gpugov.daemon.config import (
+    ControllerConfig,
+    DefaultDVFSControllerConfig,
+    MaxControllerConfig,
+    OnlineMPCControllerConfig,
+    ReactiveControllerConfig,
+)
+from gpugov.plant import ServingPlant
+from gpugov.plant.disaggregated import (
+    ROLES,
+    DisaggregatedPlant,
+    DisaggregatedResult,
+    PoolSpec,
+    ReplicatedResult,
+    simulate_colocated_replicas,
+    simulate_disaggregated,
+)
+from gpugov.plant.profile import load_profile
+from gpugov.plant.types import Request
+from gpugov.plant.workload import TraceError
+from gpugov.study.scoreboard.controllers import study_controller
+from gpugov.study.scoreboard.scenarios import (
+    DEFAULT_OUT,
+    DISAGGREGATED_LAYOUTS,
+    DISAGGREGATED_PROFILES,
+    DISAGGREGATED_TRACES,
+    BenchConfig,
+    DisaggregatedScenario,
+    EmptyWindowError,
+    build_disaggregated_scenario,
+)
+
+DISAGGREGATED_CONTROLLERS = ("max", "reactive", "default-dvfs", "mpc-online")
+"""Rows of the disaggregated scoreboard, in table order (``max`` first: the reference)."""
+
+
+def _spec(key: str, config: BenchConfig) -> tuple[ControllerConfig, float]:
+    """The config kind of row ``key`` and the period it runs at."""
+    if key == "max":
+        return MaxControllerConfig(kind="max"), config.control_period_s
+    if key == "reactive":
+        return ReactiveControllerConfig(kind="reactive"), config.control_period_s
+    if key == "default-dvfs":
+        return DefaultDVFSControllerConfig(kind="default-dvfs"), config.online_period_s
+    if key == "mpc-online":
+        spec = OnlineMPCControllerConfig(
+            kind="mpc-online", solve_time_limit_s=config.mpc_solve_time_limit_s
+        )
+        return spec, config.online_period_s
+    raise ValueError(f"unknown disaggregated scoreboard row {key!r}")
+
+
+def pool_workloads(requests: Sequence[Request]) -> dict[str, tuple[Request, ...]]:
+    """What each pool serves, for its controller's declared forecasts: the prefill pool
+    runs every request to its first token; the decode pool the requests' full lengths."""
+    prefill = tuple(Request(r.request_id, r.arrival_time_s, r.prompt_tokens, 1) for r in requests)
+    return {"prefill": prefill, "decode": tuple(requests)}
+
+
+def layout_plant(scenario: DisaggregatedScenario, plant: ServingPlant) -> DisaggregatedPlant:
+    """The scenario's two pools of ``plant``, joined by its interconnect."""
+    return DisaggregatedPlant(
+        PoolSpec(plant, scenario.prefill_engines),
+        PoolSpec(plant, scenario.decode_engines),
+        interconnect=scenario.interconnect,
+    )
+
+
+def _pool_fields(
+    result: DisaggregatedResult, reference: DisaggregatedResult
+) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for role in ROLES:
+        pool = result.pools[role]
+        e_max = reference.pools[role].energy_j
+        out[role] = {
+            "energy_j": pool.energy_j,
+            "energy_saved_fraction": (e_max - pool.energy_j) / e_max if e_max > 0 else None,
+            "prefill_energy_j": pool.prefill_energy_j,
+            "decode_energy_j": pool.decode_energy_j,
+            "idle_energy_j": pool.idle_energy_j,
+            "mean_realized_clock_mhz": pool.mean_realized_clock_mhz,
+            **pool.phase_latency_s,
+        }
+    return out
+
+
+def _colocated_fields(
+    result: ReplicatedResult, reference: ReplicatedResult, tolerance: float
+) -> dict[str, Any]:
+    """The same controller on the colocated layout of the same GPUs and load."""
+    metrics = result.metrics
+    e_max = reference.metrics.energy_j
+    return {
+        "gpus": len(result.engines),
+        "energy_j": metrics.energy_j,
+        "energy_saved_fraction": (e_max - metrics.energy_j) / e_max if e_max > 0 else None,
+        "slo_attainment": metrics.slo_attainment,
+        "holds_slo": holds_slo(metrics.slo_attainment, reference.metrics.slo_attainment, tolerance),
+        "ttft_p95_s": metrics.ttft_p95_s,
+        "tpot_p95_s": metrics.tpot_p95_s,
+    }
+
+
+def _row(
+    scenario: DisaggregatedScenario,
+    key: str,
+    result: DisaggregatedResult,
+    reference: DisaggregatedResult,
+    *,
+    tolerance: float,
+    wall_s: float,
+) -> dict[str, Any]:
+    metrics = result.metrics
+    reference_attainment = reference.metrics.slo_attainment
+    e_max = reference.metrics.energy_j
+    transfer = result.as_dict()["transfer"]
+    return {
+        "scenario": scenario.key,
+        "trace": scenario.base.trace,
+        "profile": scenario.base.profile,
+        "load": scenario.base.load_label,
+        "layout": scenario.layout,
+        "controller": key,
+        "energy_j": metrics.energy_j,
+        "energy_saved_fraction": (e_max - metrics.energy_j) / e_max if e_max > 0 else None,
+        "energy_per_output_token_j": metrics.energy_per_output_token_j,
+        "slo_attainment": metrics.slo_attainment,
+        "slo_attainment_vs_max_pp": (
+            None
+            if metrics.slo_attainment is None or reference_attainment is None
+            else 100.0 * (metrics.slo_attainment - reference_attainment)
+        ),
+        "holds_slo": holds_slo(metrics.slo_attainment, reference_attainment, tolerance),
+        "ttft_p95_s": metrics.ttft_p95_s,
+        "tpot_p95_s": metrics.tpot_p95_s,
+        "censored_requests": metrics.censored_requests,
+        "pools": _pool_fields(result, reference),
+        "transfer_p50_s": transfer["p50_s"],
+        "transfer_p99_s": transfer["p99_s"],
+        "oracle_capture": None,
+        "wall_s": wall_s,
+    }
+
+
+def run_disaggregated_scenario(
+    scenario: DisaggregatedScenario,
+    plant: ServingPlant,
+    config: BenchConfig,
+    controllers: Sequence[str] = DISAGGREGATED_CONTROLLERS,
+) -> list[dict[str, Any]]:
+    """One row per controller on ``scenario`` (the maximum clock first, the reference)."""
+    if not controllers or controllers[0] != "max":
+        raise ValueError("the disaggregated rows must start with 'max' (the reference)")
+    layout = layout_plant(scenario, plant)
+    workloads = pool_workloads(scenario.requests)
+    rows: list[dict[str, Any]] = []
+    reference: DisaggregatedResult | None = None
+    colocated_reference: ReplicatedResult | None = None
+    gpus = scenario.prefill_engines + scenario.decode_engines
+    for key in controllers:
+        spec, period = _spec(key, config)
+        colocated = simulate_colocated_replicas(
+            scenario.requests,
+            plant,
+            [
+                study_controller(
+                    spec,
+                    plant,
+                    scenario.requests,
+                    control_period_s=period,
+                    safety=config.safety,
+                    slo_target=config.slo_target,
+                )
+                for _ in range(gpus)
+            ],
+            config.seed,
+            control_period_s=period,
+        )
+        if colocated_reference is None:
+            colocated_reference = colocated
+        chains = {
+            role: study_controller(
+                spec,
+                layout.pool(role).plant,
+                workloads[role],
+                control_period_s=period,
+                safety=config.safety,
+                slo_target=config.slo_target,
+                role=role,
+            )
+            for role in ROLES
+        }
+        started = time.perf_counter()
+        result = simulate_disaggregated(
+            scenario.requests,
+            layout,
+            chains,  # type: ignore[arg-type]
+            config.seed,
+            controller_names={role: key for role in ROLES},
+            control_period_s=period,
+        )
+        wall = time.perf_counter() - started
+        if reference is None:
+            reference = result
+        row = _row(scenario, key, result, reference, tolerance=config.tolerance, wall_s=wall)
+        row["colocated"] = _colocated_fields(colocated, colocated_reference, config.tolerance)
+        e_colocated = colocated.metrics.energy_j
+        row["energy_vs_colocated_fraction"] = (
+            (e_colocated - result.metrics.energy_j) / e_colocated if e_colocated > 0 else None
+        )
+        rows.append(row)
+    return rows
+
+
+def run_disaggregated(
+    config: BenchConfig,
+    *,
+    traces: Sequence[str] | None = None,
+    profiles: Sequence[str] | None = None,
+    layouts: Sequence[str] | None = None,
+    controllers: Sequence[str] = DISAGGREGATED_CONTROLLERS,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every disaggregated scenario: ``traces`` x ``profiles`` x ``config.loads`` x
+    ``layouts`` (defaults :data:`DISAGGREGATED_TRACES`, :data:`DISAGGREGATED_PROFILES`,
+    every layout), one after the other. A scenario whose window holds no requests is
+    skipped with its reason."""
+    scenarios: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []
+    rows: list[dict[str, Any]] = []
+    for trace in traces or DISAGGREGATED_TRACES:
+        for profile_name in profiles or DISAGGREGATED_PROFILES:
+            plant = ServingPlant.from_profile(load_profile(profile_name))
+            for load in config.loads:
+                for layout in layouts or tuple(DISAGGREGATED_LAYOUTS):
+                    key = f"{trace}|{profile_name}|{load}|{layout}"
+                    try:
+                        scenario = build_disaggregated_scenario(
+                            trace, plant, layout, load, config.duration_s
+                        )
+                    except (EmptyWindowError, TraceError) as error:
+                        skipped.append({"scenario": key, "reason": str(error)})
+                        continue
+                    scenarios.append(scenario.describe())
+                    rows.extend(run_disaggregated_scenario(scenario, plant, config, controllers))
+                    if progress is not None:
+                        progress(f"[{len(scenarios)}] {scenario.key}")
+    return {
+        "layout": "disaggregated",
+        "scenarios": scenarios,
+        "skipped": skipped,
+        "rows": rows,
+        "notes": (
+            "Each pool runs its own instance of the row's controller (the node's factory "
+            "and safety chain). Savings are against the maximum clock on both pools; per "
+            "pool against the maximum clock's same pool. The oracles and the LP bound are "
+            "not run per pool (oracle_capture is None). 'colocated saved' is the same "
+            "controller on the colocated layout of the same GPUs and load (one engine per "
+            "GPU, arrivals round robin) against its maximum clock; 'vs colocated' is how "
+            "far the disaggregated run's energy lies below that colocated run's."
+        ),
+    }
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100.0 * value:.1f}%"
+
+
+def markdown(payload: dict[str, Any]) -> str:
+    """The disaggregated table: one line per scenario and controller."""
+    lines = [
+        "# Disaggregated scenarios",
+        "",
+        payload["notes"],
+        "",
+        "| scenario | controller | saved | prefill pool saved | decode pool saved "
+        "| SLO attainment | holds SLO | TTFT p95 (s) | TPOT p95 (ms) "
+        "| colocated saved | vs colocated |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in payload["rows"]:
+        pools = row["pools"]
+        attainment = row["slo_attainment"]
+        tpot = row["tpot_p95_s"]
+        ttft = row["ttft_p95_s"]
+        lines.append(
+            f"| {row['scenario'].replace('|', ' / ')} | {row['controller']} "
+            f"| {_percent(row['energy_saved_fraction'])} "
+            f"| {_percent(pools['prefill']['energy_saved_fraction'])} "
+            f"| {_percent(pools['decode']['energy_saved_fraction'])} "
+            f"| {'-' if attainment is None else f'{100.0 * attainment:.2f}%'} "
+            f"| {'yes' if row['holds_slo'] else 'no'} "
+            f"| {'-' if ttft is None else f'{ttft:.3f}'} "
+            f"| {'-' if tpot is None else f'{1000.0 * tpot:.1f}'} "
+            f"| {_percent(row['colocated']['energy_saved_fraction'])} "
+            f"| {_percent(row['energy_vs_colocated_fraction'])} |"
+        )
+    for item in payload["skipped"]:
+        lines.append(f"\nSkipped {item['scenario']}: {item['reason']}")
+    return "\n".join(lines) + "\n"
+
+
+def write_disaggregated(payload: dict[str, Any], out: Path) -> dict[str, Path]:
+    """Write ``disaggregated.json`` and ``disaggregated.md`` into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "disaggregated.json", "md": out / "disaggregated.md"}
+    paths["json"].write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    paths["md"].write_text(markdown(payload))
+    return paths
+
+
+def run_disaggregated_from_args(args: Any, config: BenchConfig) -> int:
+    """``--layout disaggregated`` (or the second half of ``both``): run, write
+    ``DIR/disaggregated.json`` and ``.md``, print the table. ``--traces`` and
+    ``--profiles`` choose the scenarios when given; otherwise the disaggregated defaults."""
+    from gpugov.daemon.cli_support import UsageError, prepare_output_dir
+
+    prepare_output_dir("--out", args.out, parents=args.out == str(DEFAULT_OUT))
+    payload = run_disaggregated(
+        config,
+        traces=getattr(args, "traces", None),
+        profiles=config.profiles if getattr(args, "profiles", None) else None,
+        progress=lambda line: print(line, file=sys.stderr),
+    )
+    if not payload["rows"]:
+        reasons = "; ".join(sorted({s["reason"] for s in payload["skipped"]}))
+        raise UsageError(f"no disaggregated scenario could run: {reasons}")
+    paths = write_disaggregated(payload, Path(args.out))
+    print(markdown(payload))
+    for path in paths.values():
+        print(f"wrote {path}")
+    return 0

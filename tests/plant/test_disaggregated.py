@@ -1,0 +1,192 @@
+"""The plant's disaggregated mode: the colocated limit, transfer times, conservation of
+requests and energy, and per-pool control."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from gpugov.plant import Request, ServingObservation, ServingPlant, load_profile, simulate
+from gpugov.plant.disaggregated import (
+    DEFAULT_KV_BYTES_PER_TOKEN,
+    DisaggregatedPlant,
+    PoolSpec,
+    kv_bytes_per_token,
+    simulate_colocated_replicas,
+    simulate_disaggregated,
+)
+from gpugov.plant.synthetic_profiles import synthetic_profile
+from gpugov.plant.workload import poisson_workload
+
+FREE = {"link_bandwidth_bytes_per_s": math.inf, "transfer_fixed_s": 0.0}
+
+
+@pytest.fixture(scope="module")
+def plant() -> ServingPlant:
+    return ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+
+
+def _fixed(clock_mhz: float):  # type: ignore[no-untyped-def]
+    def controller(observation: ServingObservation) -> float:
+        return clock_mhz
+
+    return controller
+
+
+def _both(plant: ServingPlant, clock_mhz: float | None = None) -> dict[str, object]:
+    clock = plant.profile.maximum_clock_mhz if clock_mhz is None else clock_mhz
+    return {"prefill": _fixed(clock), "decode": _fixed(clock)}
+
+
+def test_colocated_limit_is_exact(plant: ServingPlant) -> None:
+    """One request at a time and a free transfer: the prefill and decode pools run the
+    same iterations as the colocated plant, so every request's times and phase energies
+    agree to float rounding; only the second GPU's idle energy differs."""
+    requests = [Request(i, 4.0 * i, 300 + 211 * i, 2 + 7 * i) for i in range(5)]
+    colocated = simulate(requests, plant, controller=_fixed(plant.profile.maximum_clock_mhz))
+    layout = DisaggregatedPlant(PoolSpec(plant), PoolSpec(plant), **FREE)
+    split = simulate_disaggregated(requests, layout, _both(plant))  # type: ignore[arg-type]
+    assert len(split.request_records) == len(colocated.request_records) == 5
+    for one, two in zip(colocated.request_records, split.request_records, strict=True):
+        assert two.first_token_time_s == pytest.approx(one.first_token_time_s, abs=1e-9)
+        assert two.finish_time_s == pytest.approx(one.finish_time_s, abs=1e-9)
+        assert two.generated_tokens == one.generated_tokens == one.output_tokens
+        assert two.prefill_energy_j == pytest.approx(one.prefill_energy_j, rel=1e-9)
+        assert two.decode_energy_j == pytest.approx(one.decode_energy_j, rel=1e-9)
+    assert split.metrics.simulated_duration_s == pytest.approx(
+        colocated.metrics.simulated_duration_s, abs=1e-9
+    )
+    assert split.metrics.slo_attainment == colocated.metrics.slo_attainment
+    # The busy energy is the same; each pool idles while the other works.
+    busy = split.metrics.prefill_energy_j + split.metrics.decode_energy_j
+    assert busy == pytest.approx(
+        colocated.metrics.prefill_energy_j + colocated.metrics.decode_energy_j, rel=1e-9
+    )
+    assert split.metrics.energy_j > colocated.metrics.energy_j
+
+
+def test_transfer_time_at_known_sizes(plant: ServingPlant) -> None:
+    """Bytes / (link bandwidth x parallel links) + the fixed cost, with the profile's KV
+    size; the transfer delays the second token, not the first."""
+    assert kv_bytes_per_token(plant.profile) == 2 * 32 * 8 * 128 * 2  # Llama-3.1-8B, BF16
+    layout = DisaggregatedPlant(PoolSpec(plant), PoolSpec(plant), interconnect="infiniband")
+    assert layout.transfer_s(1000) == pytest.approx(1e-3 + 1000 * 131_072 / 50e9, rel=1e-12)
+    nvlink = replace(layout, interconnect="nvlink")
+    assert nvlink.transfer_s(4096) == pytest.approx(1e-4 + 4096 * 131_072 / 450e9, rel=1e-12)
+    big = ServingPlant.from_profile(load_profile("h200-sxm-llama3-70b-tp4"))
+    tp4 = DisaggregatedPlant(PoolSpec(big), PoolSpec(big), interconnect="roce")
+    assert tp4.links == 4
+    assert tp4.bytes_per_token == 2 * 80 * 8 * 128 * 2
+    assert tp4.transfer_s(2000) == pytest.approx(1e-3 + 2000 * 327_680 / (4 * 25e9), rel=1e-12)
+    # No model shape in the profile: the stated default.
+    synthetic = ServingPlant.from_profile(synthetic_profile("compute-bound"))
+    assert kv_bytes_per_token(synthetic.profile) is None
+    bare = DisaggregatedPlant(PoolSpec(synthetic), PoolSpec(synthetic))
+    assert bare.bytes_per_token == DEFAULT_KV_BYTES_PER_TOKEN
+
+    # In a run: a slow link moves the finish by exactly the transfer time.
+    request = [Request(0, 0.0, 3000, 40)]
+    slow = replace(layout, link_bandwidth_bytes_per_s=1e9, transfer_fixed_s=0.05)
+    free = simulate_disaggregated(request, replace(layout, **FREE), _both(plant))  # type: ignore[arg-type]
+    late = simulate_disaggregated(request, slow, _both(plant))  # type: ignore[arg-type]
+    delay = 0.05 + 3000 * 131_072 / 1e9
+    assert late.transfer_s == pytest.approx((delay,))
+    assert late.transfer_bytes == 3000 * 131_072
+    one, two = free.request_records[0], late.request_records[0]
+    assert two.first_token_time_s == pytest.approx(one.first_token_time_s, abs=1e-12)
+    assert two.finish_time_s - one.finish_time_s == pytest.approx(delay, abs=1e-9)
+
+
+def test_requests_and_energy_are_conserved(plant: ServingPlant) -> None:
+    """2P2D under Poisson load: every request arrives, is prefilled once and decoded to
+    its length; the pools' energies sum to the run's, each pool's phases and idle to the
+    pool's, and the attributed energy plus idle to the whole."""
+    requests = poisson_workload(6.0, 12.0, seed=3)
+    requests = (*requests, Request(len(requests), requests[-1].arrival_time_s, 500, 1))
+    layout = DisaggregatedPlant(PoolSpec(plant, 2), PoolSpec(plant, 2), interconnect="roce")
+    result = simulate_disaggregated(requests, layout, _both(plant))  # type: ignore[arg-type]
+    records = result.request_records
+    assert [r.request_id for r in records] == [r.request_id for r in requests]
+    assert all(r.finish_time_s is not None for r in records)
+    assert all(r.generated_tokens == r.output_tokens for r in records)
+    assert sum(r.generated_tokens for r in records) == result.metrics.output_tokens
+    assert len(result.transfer_s) == sum(1 for r in requests if r.output_tokens > 1)
+    prefill, decode = result.pools["prefill"], result.pools["decode"]
+    assert len(prefill.engines) == len(decode.engines) == 2
+    assert sum(len(e.request_records) for e in prefill.engines) == len(requests)
+    assert sum(len(e.request_records) for e in decode.engines) == len(result.transfer_s)
+    assert prefill.decode_energy_j == 0.0 and decode.prefill_energy_j == 0.0
+    for pool in (prefill, decode):
+        assert pool.energy_j == pytest.approx(sum(e.metrics.energy_j for e in pool.engines))
+        parts = pool.prefill_energy_j + pool.decode_energy_j + pool.idle_energy_j
+        assert parts == pytest.approx(pool.energy_j, rel=1e-9)
+        # Every GPU is counted over the whole run.
+        for engine in pool.engines:
+            assert engine.metrics.simulated_duration_s == pytest.approx(
+                result.metrics.simulated_duration_s, abs=1e-9
+            )
+    metrics = result.metrics
+    assert metrics.energy_j == pytest.approx(prefill.energy_j + decode.energy_j, rel=1e-12)
+    attributed = sum(r.energy_j for r in records)
+    assert attributed + metrics.idle_energy_j == pytest.approx(metrics.energy_j, rel=1e-9)
+    assert metrics.completed_requests == metrics.arrived_requests == len(requests)
+    assert metrics.ttft_slo_attainment is not None and metrics.tpot_p50_s is not None
+
+
+def test_controller_per_pool_sees_its_role(plant: ServingPlant) -> None:
+    """Each pool's controller sees its pool (role, queue) and sets only its clock."""
+    seen: dict[str, list[ServingObservation]] = {"prefill": [], "decode": []}
+    low, high = plant.profile.minimum_clock_mhz, plant.profile.maximum_clock_mhz
+
+    def recorder(role: str, clock: float):  # type: ignore[no-untyped-def]
+        def controller(observation: ServingObservation) -> float:
+            seen[role].append(observation)
+            return clock
+
+        return controller
+
+    requests = poisson_workload(4.0, 6.0, seed=5)
+    layout = DisaggregatedPlant(PoolSpec(plant, 2), PoolSpec(plant))
+    controllers = {"prefill": recorder("prefill", high), "decode": recorder("decode", low)}
+    result = simulate_disaggregated(requests, layout, controllers, control_period_s=0.5)  # type: ignore[arg-type]
+    assert {o.role for o in seen["prefill"]} == {"prefill"}
+    assert {o.role for o in seen["decode"]} == {"decode"}
+    assert all(o.decode_active == 0 for o in seen["prefill"])
+    assert any(o.decode_active > 0 for o in seen["decode"])
+    assert seen["prefill"][-1].arrived_requests == len(requests)
+    pooled = seen["prefill"][3]
+    assert pooled.power_limit_w == pytest.approx(2 * plant.power_limit_w)
+    assert result.pools["decode"].engines[0].requested_clock_mhz[-1] == low
+    assert result.pools["prefill"].engines[1].requested_clock_mhz[-1] == high
+    assert ServingObservation(0.0, 0, 0, 0.0, 0, 0.0, 30.0).role == "colocated"
+
+
+def test_bad_layouts_and_controllers_are_named(plant: ServingPlant) -> None:
+    with pytest.raises(ValueError, match="interconnect"):
+        DisaggregatedPlant(PoolSpec(plant), PoolSpec(plant), interconnect="carrier-pigeon")
+    with pytest.raises(ValueError, match="link_bandwidth_bytes_per_s"):
+        DisaggregatedPlant(PoolSpec(plant), PoolSpec(plant), link_bandwidth_bytes_per_s=0.0)
+    with pytest.raises(ValueError, match="replicas"):
+        PoolSpec(plant, 0)
+    layout = DisaggregatedPlant(PoolSpec(plant), PoolSpec(plant))
+    with pytest.raises(ValueError, match="missing \\['decode'\\]"):
+        simulate_disaggregated([Request(0, 0.0, 10, 5)], layout, {"prefill": _fixed(1000.0)})  # type: ignore[dict-item]
+
+
+def test_colocated_replicas_reference(plant: ServingPlant) -> None:
+    """The colocated layout of the same GPUs: one engine is :func:`simulate` exactly;
+    two split the arrivals round robin and end together."""
+    requests = poisson_workload(5.0, 6.0, seed=7)
+    top = _fixed(plant.profile.maximum_clock_mhz)
+    alone = simulate(requests, plant, controller=top)
+    one = simulate_colocated_replicas(requests, plant, [top])
+    assert one.metrics == alone.metrics
+    assert one.request_records == alone.request_records
+    two = simulate_colocated_replicas(requests, plant, [top, top])
+    assert [r.request_id for r in two.request_records] == [r.request_id for r in requests]
+    assert two.metrics.completed_requests == len(requests)
+    assert two.metrics.energy_j == pytest.approx(sum(e.metrics.energy_j for e in two.engines))
+    ends = {round(e.metrics.simulated_duration_s, 9) for e in two.engines}
+    assert ends == {round(two.metrics.simulated_duration_s, 9)}
