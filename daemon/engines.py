@@ -94,6 +94,12 @@ class EngineSample:
     ttft_within_slo_total: float | None = None
     tpot_count_total: float | None = None
     tpot_within_slo_total: float | None = None
+    request_prompt_tokens_buckets: Buckets | None = None
+    """Per finished request: the prompt-length histogram's cumulative buckets (vLLM
+    ``vllm:request_prompt_tokens``, SGLang ``sglang:prompt_tokens_histogram``), for the
+    per-request energy histogram (:mod:`daemon.energy`); None when not published."""
+    request_generation_tokens_buckets: Buckets | None = None
+    """Per finished request: the output-length histogram's cumulative buckets."""
     # Disaggregated serving (docs/disaggregated.md); None where the page has no such series.
     role: str | None = None
     """The pool role the page's labels state (``prefill``, ``decode``, ``colocated``):
@@ -479,6 +485,9 @@ class EngineSpec:
     kv_usage: tuple[str, ...] = ()
     kv_tokens: tuple[str, ...] = ()
     info: tuple[str, ...] = ()
+    request_prompt_tokens: tuple[str, ...] = ()
+    """Per-request prompt-length histograms (their buckets feed the energy histogram)."""
+    request_generation_tokens: tuple[str, ...] = ()
 
     def wanted(self) -> frozenset[str]:
         """Every sample name this engine's extraction reads."""
@@ -498,7 +507,12 @@ class EngineSpec:
             names.update(group)
         for base in (*self.ttft, *self.tpot):
             names.update((f"{base}_sum", f"{base}_count"))
-        for base in (*self.ttft_buckets, *self.tpot_buckets):
+        for base in (
+            *self.ttft_buckets,
+            *self.tpot_buckets,
+            *self.request_prompt_tokens,
+            *self.request_generation_tokens,
+        ):
             names.add(f"{base}_bucket")
         names.update(DISAGGREGATION_SERIES.get(self.kind, ()))
         return frozenset(names)
@@ -533,6 +547,8 @@ VLLM = EngineSpec(
     ),
     kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     info=("vllm:cache_config_info",),
+    request_prompt_tokens=("vllm:request_prompt_tokens",),
+    request_generation_tokens=("vllm:request_generation_tokens",),
 )
 SGLANG = EngineSpec(
     kind="sglang",
@@ -551,6 +567,8 @@ SGLANG = EngineSpec(
     ),
     kv_usage=("sglang:token_usage",),
     kv_tokens=("sglang:num_used_tokens",),
+    request_prompt_tokens=("sglang:prompt_tokens_histogram",),
+    request_generation_tokens=("sglang:generation_tokens_histogram",),
 )
 TGI = EngineSpec(
     kind="tgi",
@@ -683,6 +701,8 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
             usage = weighted / capacity
     tpot_buckets = _buckets(series, spec.tpot_buckets)
     ttft_buckets = _buckets(series, spec.ttft_buckets)
+    prompt_lengths = _buckets(series, spec.request_prompt_tokens)
+    output_lengths = _buckets(series, spec.request_generation_tokens)
     sample = EngineSample(
         engine=spec.kind,
         running_requests=round(running or 0.0),
@@ -701,6 +721,8 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         kv_capacity_tokens=capacity,
         kv_tokens=kv_tokens,
         model_name=model_name(series, (*spec.running, *spec.waiting)),
+        request_prompt_tokens_buckets=None if prompt_lengths is None else prompt_lengths[1],
+        request_generation_tokens_buckets=None if output_lengths is None else output_lengths[1],
     )
     return with_disaggregation(spec, series, sample)
 

@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 
 from gpugov import __version__
 from gpugov.daemon.backend import GpuSample
+from gpugov.daemon.energy import EnergySnapshot
 from gpugov.daemon.power_budget import BudgetStatus
 from gpugov.plant.types import ServingObservation
 
@@ -96,6 +97,8 @@ class DomainSnapshot:
     """The online MPC's learning status (``OnlineMPCController.status()``), else None."""
     power_budget: BudgetStatus | None = None
     """The domain's power budget and need (:class:`daemon.power_budget.BudgetStatus`)."""
+    energy: EnergySnapshot | None = None
+    """The energy attribution (:class:`daemon.energy.EnergyEstimator`), else None."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,7 @@ class SnapshotCollector(Collector):
         yield from self._domain_metrics(domains)
         yield from self._model_metrics(domains)
         yield from self._budget_metrics(domains)
+        yield from self._energy_metrics(domains)
         yield from self._loop_metrics(loop)
 
     def _gpu_metrics(self, domains: Sequence[DomainSnapshot]) -> Iterator[Metric]:
@@ -486,6 +490,94 @@ class SnapshotCollector(Collector):
             file_errors.add_metric(key, float(status.file_errors_total))
         yield from (need, uncertainty, budget, sources, headroom, over, tpot)
         yield from (events, seconds, capped, file_errors)
+
+    def _energy_metrics(self, domains: Sequence[DomainSnapshot]) -> Iterator[Metric]:
+        """``gpugov_energy_*``: measured energy split into phases per model (docs/energy.md)."""
+        dm = ("domain", "model")
+        phases = CounterMetricFamily(
+            "gpugov_energy_joules",
+            "Measured GPU energy of attributed windows, split by phase (prefill, decode, idle; "
+            "the split is estimated, the sum is the NVML energy counter's)",
+            labels=[*dm, "phase"],
+        )
+        tokens = CounterMetricFamily(
+            "gpugov_energy_tokens",
+            "Engine tokens of the attributed windows (kind prompt or output)",
+            labels=[*dm, "kind"],
+        )
+        requests = CounterMetricFamily(
+            "gpugov_energy_requests",
+            "Requests the engine finished in the attributed windows",
+            labels=list(dm),
+        )
+        windows = CounterMetricFamily(
+            "gpugov_energy_windows",
+            "Windows attributed, by source of the phase split (learned, fit, prior)",
+            labels=[*dm, "source"],
+        )
+        skipped = CounterMetricFamily(
+            "gpugov_energy_skipped_windows",
+            "Windows left out of the attribution for bad input, by reason",
+            labels=["domain", "reason"],
+        )
+        rates = {
+            "joules_per_output_token": _gauge(
+                "gpugov_energy_per_output_token_joules",
+                "(prefill + decode) J per output token over the last minute (ML.ENERGY's unit)",
+                dm,
+            ),
+            "joules_per_prompt_token": _gauge(
+                "gpugov_energy_per_prompt_token_joules",
+                "Prefill J per prompt token over the last minute",
+                dm,
+            ),
+            "decode_joules_per_output_token": _gauge(
+                "gpugov_energy_decode_per_output_token_joules",
+                "Decode J per output token over the last minute",
+                dm,
+            ),
+            "joules_per_request": _gauge(
+                "gpugov_energy_per_request_joules",
+                "(prefill + decode) J per finished request over the last minute",
+                dm,
+            ),
+        }
+        histogram = HistogramMetricFamily(
+            "gpugov_energy_request_joules",
+            "Estimated energy per finished request (engines publishing per-request token "
+            "histograms)",
+            labels=list(dm),
+        )
+        for s in domains:
+            energy = s.energy
+            if energy is None:
+                continue
+            for reason, count in energy.skipped:
+                skipped.add_metric([s.domain, reason], float(count))
+            for view in energy.models:
+                key = [s.domain, view.model]
+                for phase, value in (
+                    ("prefill", view.prefill_j),
+                    ("decode", view.decode_j),
+                    ("idle", view.idle_j),
+                ):
+                    phases.add_metric([*key, phase], value)
+                tokens.add_metric([*key, "prompt"], view.prompt_tokens)
+                tokens.add_metric([*key, "output"], view.output_tokens)
+                requests.add_metric(key, view.finished_requests)
+                for source, count in view.windows:
+                    windows.add_metric([*key, source], float(count))
+                for name, family in rates.items():
+                    value = getattr(view.rates, name)
+                    if value is not None:
+                        family.add_metric(key, float(value))
+                if view.histogram_buckets is not None:
+                    histogram.add_metric(
+                        key, buckets=list(view.histogram_buckets), sum_value=view.histogram_sum_j
+                    )
+        yield from (phases, tokens, requests, windows, skipped)
+        yield from rates.values()
+        yield histogram
 
     def _loop_metrics(self, loop: LoopSnapshot) -> Iterator[Metric]:
         ticks = CounterMetricFamily("gpugov_loop_ticks", "Control-loop iterations run")

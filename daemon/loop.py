@@ -37,6 +37,7 @@ from gpugov.controllers.contract import (
     layers,
 )
 from gpugov.daemon.actuator import ClockActuator
+from gpugov.daemon.energy import EnergyEstimator, learned_phase_model, reading_from
 from gpugov.daemon.errors import ClocksNotReset, ControllerFailure
 from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
 from gpugov.daemon.observer import DomainObserver, Observed
@@ -346,6 +347,19 @@ class Domain:
         """Why the clock writes cannot go through (the actuator or zeusd is gone), or None."""
         self._failure_logged_s = -math.inf
         self.budget = budget
+        self.energy = EnergyEstimator()
+        """Energy attribution per window and model (:mod:`daemon.energy`)."""
+        self._energy_failed = False
+
+    def _estimate_energy(self, observed: Observed) -> None:
+        """Fold this tick into the energy estimate; a failure is logged once and never
+        stops the loop (the estimate only reports)."""
+        try:
+            self.energy.update(reading_from(observed), learned_phase_model(self.controller))
+        except Exception as error:  # the estimate must never cost a decision
+            if not self._energy_failed:
+                self._energy_failed = True
+                log.warning("domain %s: energy estimate failed: %r", self.name, error)
 
     def _failsafe_clock(self) -> tuple[float | None, int]:
         """Apply the fail-safe: lock the top clock (``"max"``) or unlock."""
@@ -440,6 +454,7 @@ class Domain:
         if self.budget is not None:
             observed = self.budget.apply(observed)
         self.last = observed
+        self._estimate_energy(observed)
         self.actuator.check_readback(observed.gpu_samples)
         decision: float | None = None
         solve_s: float | None = None
@@ -545,6 +560,7 @@ class Domain:
             clock_write_failures_total=dict(self.actuator.write_failures),
             yielded_gpus=tuple(sorted(self.actuator.yielded)),
             model=self.model_status(),
+            energy=self.energy.snapshot(),
             power_budget=None if self.budget is None else self.budget.status(),
         )
 

@@ -527,6 +527,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     default), lock permission, and the engines' reachability."""
     for url in args.engine_url or []:
         check_engine_url(url)
+    if args.governor_metrics is not None:
+        from gpugov.daemon.energy_report import check_metrics_url
+
+        try:
+            check_metrics_url(args.governor_metrics)
+        except ValueError as error:
+            raise UsageError(f"--governor-metrics {error}") from error
     config = load_config(args.config) if args.config else None
     kind, emulator = backend_choice(args.backend, args.emulator, config)
     emulated = kind == "emulated"
@@ -550,6 +557,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if config is not None:
         engines += [(d.engine.url, d.engine.kind) for d in config.domains]
     report["engines"] = [engine_status(url, engine) for url, engine in engines]
+    if args.governor_metrics is not None:
+        from gpugov.daemon.energy_report import governor_energy
+
+        report["energy"] = governor_energy(args.governor_metrics)
     if args.json:
         print(json.dumps(report, indent=1))
         return code
@@ -578,6 +589,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
         else:
             print(f"engine {engine['url']}: unreachable: {engine['error']}")
+    if "energy" in report:
+        from gpugov.daemon.energy_report import energy_lines
+
+        print("\n".join(energy_lines(report["energy"])))
     return code
 
 
@@ -757,6 +772,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         action="append",
         metavar="URL",
         help="also check this engine's metrics page (repeatable)",
+    )
+    status.add_argument(
+        "--governor-metrics",
+        default=None,
+        metavar="URL",
+        help="the running daemon's /metrics (e.g. http://127.0.0.1:9400/metrics): also show "
+        "its last minute's J per output token and energy per 1,000 requests",
     )
     status.add_argument("--json", action="store_true", help="print the report as JSON")
     status.set_defaults(handler=cmd_status)

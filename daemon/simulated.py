@@ -9,6 +9,8 @@ safety wrappers, actuator and exporter run unchanged on top.
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import deque
 from collections.abc import Callable
 
@@ -165,15 +167,58 @@ class SimulatedBackend:
         self._closed = True
 
 
+TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(6) for m in (1, 2, 5))
+"""vLLM's 1-2-5 bounds of its per-request token histograms (up to 500,000 tokens)."""
+
+
+class _LengthHistograms:
+    """Cumulative prompt- and output-length histograms of the plant's finished requests,
+    as vLLM publishes them (``vllm:request_prompt_tokens``, ``..._generation_tokens``)."""
+
+    def __init__(self) -> None:
+        self.prompt = [0] * (len(TOKEN_BUCKETS) + 1)
+        self.output = [0] * (len(TOKEN_BUCKETS) + 1)
+        self._pending: list[int] = []
+        self._arrived = 0
+
+    def update(self, simulation: PlantSimulation, arrived: int) -> None:
+        """Count the requests that finished since the last call."""
+        if arrived > self._arrived:
+            self._pending.extend(range(self._arrived, arrived))
+            self._arrived = arrived
+        _, finish = simulation.request_times()
+        still = []
+        for index in self._pending:
+            if index < len(finish) and finish[index] is not None:
+                request = simulation.requests[index]
+                self.prompt[bisect.bisect_left(TOKEN_BUCKETS, request.prompt_tokens)] += 1
+                self.output[bisect.bisect_left(TOKEN_BUCKETS, request.output_tokens)] += 1
+            else:
+                still.append(index)
+        self._pending = still
+
+    @staticmethod
+    def cumulative(counts: list[int]) -> tuple[tuple[float, float], ...]:
+        """``(le, cumulative count)`` pairs ending with ``+Inf``."""
+        total, rows = 0, []
+        for bound, count in zip((*TOKEN_BUCKETS, math.inf), counts, strict=True):
+            total += count
+            rows.append((bound, float(total)))
+        return tuple(rows)
+
+
 class SimulatedSource:
-    """The plant's engine as an :class:`~daemon.engines.EngineSource` with exact values."""
+    """The plant's engine as an :class:`~daemon.engines.EngineSource` with exact values,
+    and the per-request token histograms vLLM publishes."""
 
     def __init__(self, node: SimulatedNode) -> None:
         self._node = node
+        self._lengths = _LengthHistograms()
 
     def scrape(self, timeout_s: float | None = None) -> EngineSample:
         """This tick's engine state."""
         o = self._node.current()
+        self._lengths.update(self._node.simulation, o.arrived_requests)
         return EngineSample(
             engine="simulated",
             running_requests=o.decode_active,
@@ -197,4 +242,6 @@ class SimulatedSource:
             ttft_within_slo_total=o.ttft_within_slo_total,
             tpot_count_total=o.tpot_count_total,
             tpot_within_slo_total=o.tpot_within_slo_total,
+            request_prompt_tokens_buckets=self._lengths.cumulative(self._lengths.prompt),
+            request_generation_tokens_buckets=self._lengths.cumulative(self._lengths.output),
         )

@@ -87,6 +87,7 @@ def run_load(
     drain_s: float = 120.0,
     max_model_len: int | None = None,
     prompt_mode: PromptMode = "ids",
+    include_usage: bool = False,
     progress: Progress | None = None,
     stop: threading.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -94,7 +95,8 @@ def run_load(
     """Send ``workload`` to ``url`` in real time; return every request's client timings.
 
     Late start: a request sent more than 100 ms after its arrival (the concurrency bound
-    was reached, or the machine could not keep up).
+    was reached, or the machine could not keep up). ``include_usage`` asks each stream
+    for its final ``usage`` event (kept in :attr:`StreamTiming.usage`).
     """
     if max_concurrency < 1:
         raise ValueError(f"max concurrency must be >= 1, got {max_concurrency}")
@@ -137,7 +139,9 @@ def run_load(
                 clipped += 1
             if clock() - due > 0.1:
                 late += 1
-            body = request_body(model, prompt, output, prompt_mode, salt=sent)
+            body = request_body(
+                model, prompt, output, prompt_mode, salt=sent, include_usage=include_usage
+            )
             thread = threading.Thread(target=worker, args=(body,), daemon=True)
             thread.start()
             threads.append(thread)

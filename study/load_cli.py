@@ -10,6 +10,7 @@ import threading
 from collections import Counter
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from gpugov.daemon import cli_types
 from gpugov.daemon.limits import MAX_CONCURRENCY
@@ -34,11 +35,21 @@ def cmd_load(args: argparse.Namespace) -> int:
     if args.max_concurrency < 1:
         raise UsageError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     check_output_file("--json", args.json)
+    if args.governor_metrics is not None:
+        from gpugov.daemon.energy_report import check_metrics_url
+
+        try:
+            check_metrics_url(args.governor_metrics)
+        except ValueError as error:
+            raise UsageError(f"--governor-metrics {error}") from error
     try:
-        base_url(args.url)
+        host, port, prefix = base_url(args.url)
         model = args.model or served_model(args.url)
     except EngineUnreachable as error:
         raise UsageError(str(error)) from error
+    truth_base = f"http://{host}:{port}{prefix}"
+    if args.governor_metrics is not None:
+        _check_energy_sources(args.governor_metrics, truth_base)
     workload, report = load_trace_for_cli(
         args.trace,
         duration_s=args.duration,
@@ -72,7 +83,10 @@ def cmd_load(args: argparse.Namespace) -> int:
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     progress = Progress(max(window, 1e-9), "load", unit="s", enabled=not args.quiet)
+    energy = _EnergyRun(args.governor_metrics, truth_base) if args.governor_metrics else None
     try:
+        if energy is not None:
+            energy.start()
         run = run_load(
             workload,
             args.url,
@@ -82,11 +96,14 @@ def cmd_load(args: argparse.Namespace) -> int:
             drain_s=args.drain,
             max_model_len=args.max_model_len,
             prompt_mode=args.prompt,
+            include_usage=energy is not None,
             progress=progress,
             stop=stop,
         )
     finally:
         progress.close()
+        if energy is not None:
+            energy.finish()
         for sig, old in previous.items():
             signal.signal(sig, old)
     summary = summarize(run)
@@ -94,7 +111,11 @@ def cmd_load(args: argparse.Namespace) -> int:
     summary["url"] = args.url
     summary["model"] = model
     summary["load_scale"] = args.load_scale
+    if energy is not None:
+        summary["energy"] = energy.compare(run)
     print(format_report(summary))
+    if energy is not None:
+        print(energy.report(summary["energy"]))
     if args.json:
         path = Path(args.json)
         try:
@@ -111,6 +132,124 @@ def cmd_load(args: argparse.Namespace) -> int:
         )
         return ExitCode.INTERRUPTED
     return ExitCode.INTERRUPTED if stop.is_set() else ExitCode.OK
+
+
+def _check_energy_sources(governor: str, truth_base: str) -> None:
+    """Refuse ``--governor-metrics`` before any work unless the daemon's metrics and the
+    emulator's truth both answer.
+
+    Raises:
+        UsageError: naming the flag and what did not answer.
+    """
+    from gpugov.daemon.cli_support import UsageError
+    from gpugov.study.energy_check import EnergySourceError, read_governor, read_truth
+
+    try:
+        read_governor(governor)
+    except EnergySourceError as error:
+        raise UsageError(f"--governor-metrics {error}") from error
+    try:
+        read_truth(truth_base)
+    except EnergySourceError as error:
+        raise UsageError(
+            f"--governor-metrics needs a gpugov emulator as --url (its /gpugov/energy truth): "
+            f"{error}"
+        ) from error
+
+
+class _EnergyRun:
+    """The daemon's estimate read through the run and the emulator's truth at both ends."""
+
+    LAG_S = 2.0
+    """How far the daemon's attribution trails the truth (a control window and a scrape):
+    its estimate is read that much after each truth reading."""
+
+    def __init__(self, governor: str, truth_base: str) -> None:
+        import time
+
+        from gpugov.study.energy_check import GovernorSampler
+
+        self.truth_base = truth_base
+        self.sampler = GovernorSampler(governor)
+        self._clock = time.monotonic
+        self.start_s = self.end_s = 0.0
+        self.truth_start: dict[str, float] = {}
+        self.truth_end: dict[str, float] = {}
+        self.error: str | None = None
+
+    def start(self) -> None:
+        """Read the truth and the daemon once, then the daemon every second."""
+        import time
+
+        from gpugov.study.energy_check import EnergySourceError, read_truth
+
+        try:
+            self.truth_start = read_truth(self.truth_base)
+        except EnergySourceError as error:
+            self.error = str(error)
+        self.start_s = self._clock()
+        self.sampler.start()
+        time.sleep(self.LAG_S)  # the daemon's reading at start_s + lag
+        self.sampler.sample()
+
+    def finish(self) -> None:
+        """Read the truth at the end, and the daemon a few seconds more."""
+        import time
+
+        from gpugov.study.energy_check import EnergySourceError, read_truth
+
+        try:
+            self.truth_end = read_truth(self.truth_base)
+        except EnergySourceError as error:
+            self.error = self.error or str(error)
+        self.end_s = self._clock()
+        self.sampler.sample()
+        time.sleep(self.LAG_S)  # then the daemon's reading at end_s + lag
+        self.sampler.stop()
+
+    def compare(self, run: Any) -> dict[str, Any]:
+        """The comparison (:func:`gpugov.study.energy_check.compare`) as JSON."""
+        from gpugov.study.energy_check import RequestTruth, compare
+
+        if self.error is not None:
+            return {"error": self.error}
+        if len(self.sampler.rows) < 2:
+            return {"error": f"the daemon's metrics answered {len(self.sampler.rows)} time(s)"}
+        truth = {k: self.truth_end[k] - self.truth_start[k] for k in self.truth_end}
+        requests = []
+        for timing in run.timings:
+            usage = timing.usage or {}
+            energy = usage.get("energy_j")
+            if timing.end_s is None or not timing.token_s or not isinstance(energy, int | float):
+                continue
+            requests.append(
+                RequestTruth(
+                    prompt_tokens=float(usage.get("prompt_tokens", timing.prompt_tokens)),
+                    output_tokens=float(usage.get("completion_tokens", len(timing.token_s))),
+                    first_token_s=timing.token_s[0],
+                    end_s=timing.end_s,
+                    true_j=float(energy),
+                )
+            )
+        result = compare(
+            self.sampler.series(),
+            truth,
+            requests,
+            start_s=self.start_s,
+            end_s=self.end_s,
+            lag_s=self.LAG_S,
+        )
+        result["governor_reads"] = len(self.sampler.rows)
+        result["governor_read_failures"] = self.sampler.failures
+        return result
+
+    def report(self, result: dict[str, Any]) -> str:
+        """The summary lines."""
+        from gpugov.study.energy_check import format_comparison
+
+        if "error" in result:
+            return f"  energy: no comparison: {result['error']}"
+        return format_comparison(result)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -201,6 +340,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=None,
         metavar="FILE",
         help="also write the summary (counts, percentiles in seconds) as JSON",
+    )
+    parser.add_argument(
+        "--governor-metrics",
+        default=None,
+        metavar="URL",
+        help="the gpugov daemon's /metrics URL: against a gpugov emulator, compare the "
+        "daemon's energy estimate with the emulator's truth (J per output token, per-phase "
+        "totals, per-request energy; in the summary and the JSON)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     parser.set_defaults(handler=cmd_load)

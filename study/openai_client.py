@@ -37,6 +37,9 @@ class StreamTiming:
     token_s: list[float] = field(default_factory=list)
     end_s: float | None = None
     error: str | None = None
+    usage: dict[str, Any] | None = None
+    """The stream's ``usage`` object when the server sent one (``stream_options``
+    ``include_usage``; ``gpugov emulate`` adds the request's true energy to it)."""
 
     @property
     def ttft_s(self) -> float | None:
@@ -107,14 +110,20 @@ def served_model(url: str, timeout_s: float = 5.0) -> str:
 
 
 def request_body(
-    model: str, prompt_tokens: int, max_tokens: int, mode: PromptMode = "ids", salt: int = 0
+    model: str,
+    prompt_tokens: int,
+    max_tokens: int,
+    mode: PromptMode = "ids",
+    salt: int = 0,
+    include_usage: bool = False,
 ) -> dict[str, Any]:
-    """A streamed ``/v1/completions`` body of exactly ``prompt_tokens`` and ``max_tokens``."""
+    """A streamed ``/v1/completions`` body of exactly ``prompt_tokens`` and ``max_tokens``
+    (with ``include_usage``, asking for the final ``usage`` event)."""
     if mode == "ids":
         prompt: Any = [TOKEN_ID_BASE + (salt + i) % 1000 for i in range(prompt_tokens)]
     else:
         prompt = " the" * prompt_tokens
-    return {
+    body = {
         "model": model,
         "prompt": prompt,
         "max_tokens": int(max_tokens),
@@ -122,6 +131,9 @@ def request_body(
         "stream": True,
         "temperature": 0.0,
     }
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    return body
 
 
 def stream_completion(
@@ -190,6 +202,9 @@ def stream_completion(
             if "error" in event:  # vLLM reports a failure mid-stream as an error event
                 timing.error = f"error event in the stream: {_error_message(event)}"
                 return timing
+            usage = event.get("usage")
+            if isinstance(usage, dict):
+                timing.usage = usage
             choices = event.get("choices") or []
             if choices and isinstance(choices[0], dict) and choices[0].get("text"):
                 timing.token_s.append(now)

@@ -12,9 +12,9 @@ Layout: an overview row for the selected nodes; one row per control domain (repe
 over ``$domain``) with requested vs realised clock, power, J/token, queue, TTFT/TPOT
 against their SLOs, SLO attainment, controller solve time, fallbacks and engine scrape
 health; a per-GPU row; a daemon row; the learned model; the power budget (need, budget,
-headroom, the selected nodes summed). Heavier expressions come from the recording rules in
-``deploy/prometheus/rules/gpugov-recording.rules.yml`` and
-``deploy/prometheus/rules/gpugov-power-budget.rules.yml``.
+headroom, the selected nodes summed); the energy attribution (J per output token per
+model, the prefill/decode/idle split, J per request). Heavier expressions come from the
+recording rules in ``deploy/prometheus/rules/``.
 """
 
 from __future__ import annotations
@@ -651,6 +651,76 @@ def power_budget_panels(ids: _Ids) -> list[Timeseries]:
     ]
 
 
+def energy_panels(ids: _Ids) -> list[Timeseries]:
+    """The energy attribution per engine model (``gpugov_energy_*``, docs/energy.md)."""
+    return [
+        timeseries(
+            ids,
+            "Energy per output token by model",
+            "J per output token as ML.ENERGY reports it: the prefill and decode energy "
+            "(idle excluded) over the output tokens, 5-minute rate, per engine model; the "
+            "daemon's own last-minute gauge dashed.",
+            "joule",
+            [
+                (
+                    "domain:gpugov_energy_attributed_per_output_token_joules:ratio_rate5m"
+                    f"{{{DOMAIN}}}",
+                    "{{model}} {{instance}} {{domain}}",
+                ),
+                (
+                    f"gpugov_energy_per_output_token_joules{{{DOMAIN}}}",
+                    "{{model}} last minute {{instance}} {{domain}}",
+                ),
+            ],
+            width=8,
+            dashed=("B",),
+            min_value=0,
+        ),
+        timeseries(
+            ids,
+            "Energy split: prefill, decode, idle",
+            "Power per phase (W): the measured GPU energy split by the daemon's estimate "
+            "(the sum is the energy counter's; the split is estimated).",
+            "watt",
+            [
+                (
+                    f"domain:gpugov_energy_joules:rate5m{{{DOMAIN}}}",
+                    "{{phase}} {{model}} {{instance}} {{domain}}",
+                )
+            ],
+            width=8,
+            min_value=0,
+        ),
+        timeseries(
+            ids,
+            "Estimated energy per request",
+            "(prefill + decode) J per finished request over 5 minutes (J per request reads "
+            "as kJ per 1,000 requests), and the median and p90 of the estimated per-request "
+            "energy (engines that publish per-request token histograms).",
+            "joule",
+            [
+                (
+                    f"domain:gpugov_energy_per_request_joules:ratio_rate5m{{{DOMAIN}}}",
+                    "mean {{model}} {{instance}} {{domain}}",
+                ),
+                (
+                    "domain:gpugov_energy_request_joules:histogram_quantile_rate5m"
+                    f'{{{DOMAIN}, quantile="0.5"}}',
+                    "p50 {{model}} {{instance}} {{domain}}",
+                ),
+                (
+                    "domain:gpugov_energy_request_joules:histogram_quantile_rate5m"
+                    f'{{{DOMAIN}, quantile="0.9"}}',
+                    "p90 {{model}} {{instance}} {{domain}}",
+                ),
+            ],
+            width=8,
+            dashed=("C",),
+            min_value=0,
+        ),
+    ]
+
+
 def build_dashboard() -> Dashboard:
     """The whole dashboard."""
     ids = _Ids()
@@ -674,6 +744,7 @@ def build_dashboard() -> Dashboard:
         (Row("Daemon").id(ids()), daemon_panels(ids)),
         (Row("Learned model (mpc-online)").id(ids()), model_panels(ids)),
         (Row("Power budget").id(ids()), power_budget_panels(ids)),
+        (Row("Energy attribution").id(ids()), energy_panels(ids)),
     ]
     for row, panels in sections:
         board = board.with_row(row)

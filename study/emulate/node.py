@@ -307,6 +307,8 @@ class EmulatedNode:
                     ttft = (first_s if first_s is not None else now_s) - arrival
                     stats.ttft.observe(ttft)
                     stream.last_token_s = first_s if first_s is not None else now_s
+                    # As vLLM V1: a prompt's tokens count once its prefill is done.
+                    stats.prompt_tokens += stream.prompt_tokens
                     stats.generation_tokens += 1
                     new_after_first = new - 1
                 else:
@@ -381,7 +383,6 @@ class EmulatedNode:
                 replica, index, prompt_tokens, output_tokens, finish_reason, request_id=request_id
             )
             self._streams[replica][index] = stream
-            self.stats[replica].prompt_tokens += prompt_tokens
             return stream
 
     def abort(self, stream: Stream) -> None:

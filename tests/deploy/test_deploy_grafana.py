@@ -94,6 +94,7 @@ def test_rows_per_domain_and_per_gpu_with_the_promised_panels() -> None:
         "Daemon",
         "Learned model (mpc-online)",
         "Power budget",
+        "Energy attribution",
     ]
     assert rows[1]["repeat"] == "domain"
     titles = " | ".join(p["title"] for p in panels(board))
@@ -115,6 +116,9 @@ def test_rows_per_domain_and_per_gpu_with_the_promised_panels() -> None:
         r"Power: need, budget and draw",
         r"Power headroom and over-budget time",
         r"Fleet: need, budget and headroom",
+        r"Energy per output token by model",
+        r"Energy split: prefill, decode, idle",
+        r"Estimated energy per request",
     ):
         assert re.search(topic, titles), f"no panel for {topic!r}"
     per_gpu = [p for p in panels(board) if p["title"].endswith("per GPU")]

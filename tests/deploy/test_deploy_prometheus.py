@@ -24,6 +24,8 @@ RECORDING_RULES = PROMETHEUS / "rules" / "gpugov-recording.rules.yml"
 UNIT_TESTS = PROMETHEUS / "tests" / "gpugov.test.yml"
 POWER_BUDGET_RULES = PROMETHEUS / "rules" / "gpugov-power-budget.rules.yml"
 POWER_BUDGET_TESTS = PROMETHEUS / "tests" / "gpugov-power-budget.test.yml"
+ENERGY_RULES = PROMETHEUS / "rules" / "gpugov-energy.rules.yml"
+ENERGY_TESTS = PROMETHEUS / "tests" / "gpugov-energy.test.yml"
 
 
 def promtool(*args: str, cwd: Path = PROMETHEUS) -> str:
@@ -47,7 +49,7 @@ def alert_names() -> list[str]:
 
 
 def test_rule_files_are_the_expected_ones() -> None:
-    assert sorted([ALERT_RULES, RECORDING_RULES, POWER_BUDGET_RULES]) == RULE_FILES
+    assert sorted([ALERT_RULES, RECORDING_RULES, POWER_BUDGET_RULES, ENERGY_RULES]) == RULE_FILES
 
 
 def test_promtool_check_config() -> None:
@@ -70,6 +72,11 @@ def test_promtool_test_power_budget_rules() -> None:
     assert "SUCCESS" in output
 
 
+def test_promtool_test_energy_rules() -> None:
+    output = promtool("test", "rules", str(ENERGY_TESTS))
+    assert "SUCCESS" in output
+
+
 def test_prometheus_config_loads_every_rule_file() -> None:
     config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
     assert sorted(PROMETHEUS / path for path in config["rule_files"]) == RULE_FILES
@@ -77,8 +84,12 @@ def test_prometheus_config_loads_every_rule_file() -> None:
 
 @pytest.mark.parametrize(
     ("rule_file", "unit_tests"),
-    [(ALERT_RULES, UNIT_TESTS), (POWER_BUDGET_RULES, POWER_BUDGET_TESTS)],
-    ids=["alerts", "power-budget"],
+    [
+        (ALERT_RULES, UNIT_TESTS),
+        (POWER_BUDGET_RULES, POWER_BUDGET_TESTS),
+        (ENERGY_RULES, ENERGY_TESTS),
+    ],
+    ids=["alerts", "power-budget", "energy"],
 )
 def test_every_alert_fires_and_clears_in_the_unit_tests(rule_file: Path, unit_tests: Path) -> None:
     document = yaml.safe_load(unit_tests.read_text())
@@ -105,7 +116,9 @@ def test_every_alert_fires_and_clears_in_the_unit_tests(rule_file: Path, unit_te
         assert name in cleared_after_firing, f"{name} never clears in {unit_tests.name}"
 
 
-@pytest.mark.parametrize("rule_file", [ALERT_RULES, POWER_BUDGET_RULES], ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "rule_file", [ALERT_RULES, POWER_BUDGET_RULES, ENERGY_RULES], ids=lambda p: p.stem
+)
 def test_alerts_are_documented(rule_file: Path) -> None:
     guide = OPERATOR_GUIDE.read_text()
     anchors = {
@@ -125,8 +138,12 @@ def test_alerts_are_documented(rule_file: Path) -> None:
 
 @pytest.mark.parametrize(
     ("rule_file", "levels"),
-    [(RECORDING_RULES, {"domain", "gpu"}), (POWER_BUDGET_RULES, {"domain", "node", "cluster"})],
-    ids=["recording", "power-budget"],
+    [
+        (RECORDING_RULES, {"domain", "gpu"}),
+        (POWER_BUDGET_RULES, {"domain", "node", "cluster"}),
+        (ENERGY_RULES, {"domain"}),
+    ],
+    ids=["recording", "power-budget", "energy"],
 )
 def test_recording_rule_names_follow_the_convention(rule_file: Path, levels: set[str]) -> None:
     for rule in (rule for rule in rules(rule_file) if "record" in rule):

@@ -1,0 +1,775 @@
+"""Energy attribution on a node: the measured GPU energy of each window split into
+prefill, decode and idle, per engine model, and the rates people compare.
+
+Measured (never estimated): each window's GPU energy (the NVML energy counter's delta,
+summed over the domain's GPUs), its prompt and output tokens and finished requests
+(the engine's own counters), its length.
+
+Estimated: how that energy divides between the phases. Each window gets three
+non-negative components, then all three are scaled so that they add up to the measured
+energy exactly (the split is estimated, the total never is):
+
+* ``idle = P_idle x (window - busy)``, where busy = GPU utilisation x window;
+* ``prefill = P_prefill x prefill_s`` with ``prefill_s = min(busy, s_per_prompt_token x
+  prompt tokens)``;
+* ``decode = P_decode x (busy - prefill_s)``.
+
+The powers and the seconds per prompt token come from this module's own fit
+(:class:`PhaseFit`, source ``fit``): windowed non-negative least squares
+(``scipy.optimize.nnls``) of busy seconds on prompt tokens, decode iterations and the KV
+they read, and of window energy on idle, prefill and decode seconds with clock- and
+batch-dependent powers. Until the fit has data a prior splits busy time by token counts
+(source ``prior``). ``mpc-online``'s learned model can split instead
+(:func:`learned_phase_model`, ``use_learned=True``, source ``learned``); it is off by
+default, having measured worse (``docs/energy.md``).
+
+Rates over the trailing :data:`TRAILING_S` seconds:
+
+* J per output token, as ML.ENERGY reports it: (prefill + decode) / output tokens
+  (idle, a node cost, excluded);
+* J per prompt token: prefill / prompt tokens; decode J per output token: decode /
+  output tokens;
+* J per request: (prefill + decode) / finished requests.
+
+Per-request rule: a request of ``p`` prompt and ``o`` output tokens is estimated at
+``p x (J per prompt token) + o x (decode J per output token)``, the rates of its window.
+With the engine's per-request token histograms (vLLM ``vllm:request_prompt_tokens`` /
+``vllm:request_generation_tokens``, SGLang ``sglang:prompt_tokens_histogram`` /
+``sglang:generation_tokens_histogram``) the finished requests of each window go into a
+histogram of that estimate (:class:`RequestEnergyHistogram`).
+
+Bad input never yields a negative or infinite energy: a window whose energy is missing
+(NVML ``NotSupported``, a failed read), not finite, went backwards (a counter reset or
+wrap) or is above 20 times the power limit, or whose token or request counters went
+backwards or changed model (an engine restart), is skipped and counted by reason; the
+next window starts from the reading that ended it. Pure computation: no I/O, no clocks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+from gpugov.controllers.contract import layers
+from gpugov.daemon.attainment import Buckets, bucket_delta
+
+if TYPE_CHECKING:
+    from gpugov.daemon.observer import Observed
+
+PHASES = ("prefill", "decode", "idle")
+TRAILING_S = 60.0
+"""Seconds of windows behind the rate gauges (``gpugov status`` shows the last minute)."""
+ENERGY_BUCKETS_J = (
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    20.0,
+    50.0,
+    100.0,
+    200.0,
+    500.0,
+    1000.0,
+    2000.0,
+    5000.0,
+    10000.0,
+    20000.0,
+    50000.0,
+)
+"""Upper bounds of the per-request energy histogram, joules."""
+SKIP_REASONS = (
+    "energy_unavailable",
+    "energy_not_finite",
+    "energy_counter_reset",
+    "energy_implausible",
+    "engine_restart",
+)
+"""Why a window was skipped (the ``reason`` label of the skipped-windows counter)."""
+IMPLAUSIBLE_POWER_FACTOR = 20.0
+"""A window whose mean power exceeds this many times the power limit is a counter jump (a
+real GPU stays under its limit; ``gpugov emulate --speed X`` runs its energy counter X
+times faster than the wall clock the daemon's windows are measured in)."""
+PRIOR_DECODE_TOKEN_WEIGHT = 30.0
+"""Before the fit is ready: busy seconds of one output token relative to one prompt token."""
+PRIOR_IDLE_POWER_RATIO = 0.25
+"""Before the fit is ready: idle power relative to busy power (a data-centre GPU idles at
+a fifth to a third of its serving power)."""
+UNKNOWN_MODEL = "unknown"
+"""The ``model`` label when the engine does not name its model."""
+Source = Literal["learned", "fit", "prior"]
+
+
+@dataclass(frozen=True, slots=True)
+class EnergyReading:
+    """What one tick offers the estimator: cumulative counters at ``time_s``.
+
+    ``energy_j`` is the domain's NVML energy counter (None: not readable); the token and
+    request counters are the engine's (None: it does not publish them);
+    ``engine_fresh`` is False when the engine was not scraped successfully this tick
+    (the window then waits for the next scrape, so energy and tokens stay aligned).
+    """
+
+    time_s: float
+    energy_j: float | None
+    prompt_tokens: float | None
+    output_tokens: float | None
+    finished_requests: float | None = None
+    utilization: float | None = None
+    clock_mhz: float | None = None
+    running: float = 0.0
+    kv_tokens: float | None = None
+    admitted_requests: float | None = None
+    """Requests that left the queue so far (arrived - waiting): each one's first token
+    comes from its prefill, not from a decode iteration."""
+    model: str = UNKNOWN_MODEL
+    engine_fresh: bool = True
+    power_limit_w: float | None = None
+    prompt_buckets: Buckets | None = None
+    output_buckets: Buckets | None = None
+
+
+def reading_from(observed: Observed) -> EnergyReading:
+    """The estimator's reading of one tick of :class:`daemon.observer.DomainObserver`."""
+    o = observed.observation
+    engine = observed.engine_sample
+    return EnergyReading(
+        time_s=o.time_s,
+        energy_j=o.energy_j,
+        prompt_tokens=None if engine is None else engine.prompt_tokens_total,
+        output_tokens=None if engine is None else engine.generation_tokens_total,
+        finished_requests=None if engine is None else engine.finished_requests_total,
+        utilization=o.gpu_utilization,
+        clock_mhz=o.realized_clock_mhz,
+        running=float(o.decode_active),
+        kv_tokens=o.kv_tokens,
+        admitted_requests=float(o.arrived_requests - o.waiting_requests),
+        model=(engine.model_name if engine is not None else None) or UNKNOWN_MODEL,
+        engine_fresh=engine is not None and observed.engine_error is None,
+        power_limit_w=o.power_limit_w,
+        prompt_buckets=None if engine is None else engine.request_prompt_tokens_buckets,
+        output_buckets=None if engine is None else engine.request_generation_tokens_buckets,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WindowEnergy:
+    """One window's measured energy split into phases (joules), with its work."""
+
+    end_s: float
+    duration_s: float
+    prefill_j: float
+    decode_j: float
+    idle_j: float
+    prompt_tokens: float
+    output_tokens: float
+    finished_requests: float
+    source: Source
+
+    @property
+    def total_j(self) -> float:
+        """The measured energy of the window."""
+        return self.prefill_j + self.decode_j + self.idle_j
+
+
+# ----------------------------------------------------------------- the phase model
+@runtime_checkable
+class PhaseModel(Protocol):
+    """What the estimator reads of a learned model (``mpc-online``'s ``OnlineModel``)."""
+
+    warmed_up: bool
+
+    def phase_power_w(self, clock_mhz: float, phase: str) -> tuple[float, float]: ...
+
+    def prefill_s_per_token(self, clock_mhz: float) -> tuple[float, float]: ...
+
+
+def learned_phase_model(controller: object) -> PhaseModel | None:
+    """The warmed-up learned model of a controller chain (``mpc-online``), else None.
+
+    Reads only: the controller's behaviour is untouched."""
+    for layer in layers(controller):  # type: ignore[arg-type]
+        model = getattr(layer, "model", None)
+        if isinstance(model, PhaseModel) and bool(getattr(model, "warmed_up", False)):
+            return model
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseCoefficients:
+    """Powers (W) per phase and prefill seconds per prompt token, for one split."""
+
+    idle_w: float
+    prefill_w: float
+    decode_w: float
+    prefill_s_per_token: float
+
+
+BATCH_HALF = 16.0
+"""Decode power rises with the batch and saturates: the fit's batch term is
+``batch / (batch + BATCH_HALF)``."""
+
+
+def batch_term(batch: float) -> float:
+    """The saturating batch factor of the fit's decode power."""
+    return batch / (batch + BATCH_HALF) if batch > 0 else 0.0
+
+
+CLOCK_POWER_EXPONENT = 2.5
+"""Dynamic power grows about as ``f V^2``, with the voltage rising with the clock: the
+fit's clock term of every phase power is ``(f / f_top) ** CLOCK_POWER_EXPONENT``."""
+
+
+def clock_term(slowdown: float | np.ndarray) -> Any:
+    """The clock term of the fit's powers for a window of slow-down ``f_top / f``."""
+    return np.power(1.0 / np.maximum(slowdown, 1.0), CLOCK_POWER_EXPONENT)
+
+
+@dataclass
+class PhaseFit:
+    """Windowed non-negative least squares of the phase model (the estimator's own fit).
+
+    Time: ``busy_s = a g prompt + b iterations + c g iterations + d iterations x kv``
+    (``g = f_top / f``, the clock's slow-down of compute-bound work; ``kv`` the KV
+    tokens in use, what a decode iteration reads), so ``a g`` is the prefill seconds per
+    prompt token at the window's clock. Energy, with ``prefill_s = min(busy_s, a g
+    prompt)`` and ``decode_s = busy_s - prefill_s``: ``E = P_idle(f) idle_s + P_busy(f)
+    busy_s + P_batch (prefill_s + batch_term(batch) decode_s)``, each ``P(f) = p0 + p1
+    clock_term(g)``: a prefill runs the GPU as hard as a decode of a saturating batch
+    (both compute-bound), so the prefill power is ``P_busy(f) + P_batch`` and the decode
+    power ``P_busy(f) + P_batch batch_term(batch)``; fewer free powers, better
+    identified. The time fit runs on sums over ``time_block_windows`` consecutive
+    windows (a window's batch, hence its iteration count, is known only at its ends),
+    each block weighted down when its batch moved. Older windows weigh less (half weight
+    after ``half_life_windows``); at most ``memory_windows`` are kept; refitted every
+    ``refit_every`` windows.
+    """
+
+    memory_windows: int = 600
+    half_life_windows: float = 300.0
+    min_windows: int = 20
+    refit_every: int = 5
+    time_block_windows: int = 10
+    _rows: deque[tuple[float, ...]] = field(default_factory=deque)
+    _since_fit: int = 0
+    _fitted: tuple[float, ...] | None = None
+    working_windows: int = 0
+    top_clock_mhz: float = 0.0
+
+    def slowdown(self, clock_mhz: float | None) -> float:
+        """``f_top / f`` for a window at ``clock_mhz`` (1 when unknown)."""
+        if clock_mhz is None or not math.isfinite(clock_mhz) or clock_mhz <= 0:
+            return 1.0
+        self.top_clock_mhz = max(self.top_clock_mhz, clock_mhz)
+        return self.top_clock_mhz / clock_mhz
+
+    def add(
+        self,
+        idle_s: float,
+        busy_s: float,
+        prompt: float,
+        iterations: float,
+        kv_tokens: float,
+        batch: float,
+        slowdown: float,
+        energy_j: float,
+        batch_change: float = 0.0,
+    ) -> None:
+        """Fold in one window (a row with a negative or non-finite value is ignored);
+        ``batch_change`` is how much the batch moved between the window's ends."""
+        row = (
+            idle_s,
+            busy_s,
+            prompt,
+            iterations,
+            kv_tokens,
+            batch,
+            slowdown,
+            energy_j,
+            batch_change,
+        )
+        if not all(math.isfinite(v) and v >= 0 for v in row):
+            return
+        self._rows.append(row)
+        while len(self._rows) > self.memory_windows:
+            self._rows.popleft()
+        if prompt > 0 or iterations > 0:
+            self.working_windows += 1
+        self._since_fit += 1
+
+    def coefficients(self, slowdown: float = 1.0, batch: float = 0.0) -> PhaseCoefficients | None:
+        """The current fit for a window of clock slow-down ``slowdown`` and mean decode
+        ``batch``, or None before ``min_windows`` working windows."""
+        if self.working_windows < self.min_windows:
+            return None
+        if self._fitted is None or self._since_fit >= self.refit_every:
+            self._fitted = self._fit() or self._fitted
+            self._since_fit = 0
+        if self._fitted is None:
+            return None
+        idle_w, idle_h, busy_w, busy_h, batch_w, seconds = self._fitted
+        h = clock_term(slowdown)
+        return PhaseCoefficients(
+            idle_w=idle_w + idle_h * h,
+            prefill_w=busy_w + busy_h * h + batch_w,
+            decode_w=busy_w + busy_h * h + batch_w * batch_term(batch),
+            prefill_s_per_token=seconds * slowdown,
+        )
+
+    def _fit(self) -> tuple[float, ...] | None:
+        from scipy.optimize import nnls  # only once a fit is due (commands stay lean)
+
+        rows = np.asarray(self._rows, dtype=float)
+        n = rows.shape[0]
+        weights = np.sqrt(0.5 ** (np.arange(n)[::-1] / self.half_life_windows))
+        idle, busy, prompt, iterations, kv, batch, g, energy, change = rows.T
+        # Time features scaled near 1 (kilo-tokens, hundreds of iterations), summed over
+        # blocks of consecutive windows: a window's batch (hence its iteration count) is
+        # known only at its ends, and the sums average that error out.
+        x_time = np.column_stack(
+            [
+                g * prompt / 1000.0,
+                iterations / 100.0,
+                g * iterations / 100.0,
+                iterations * kv / 1e7,
+                busy,
+            ]
+        )
+        blocks = _block_sums(x_time, self.time_block_windows)
+        working = blocks[:, -1] > 0
+        if working.sum() < 5:
+            return None
+        # A block weighs by its windows' age and by how steady their batch was (a window
+        # whose batch moved has a poor iteration count).
+        trust = weights**2 / (1.0 + change) ** 2
+        w = _block_sums(trust[:, None], self.time_block_windows)[working, 0] ** 0.5
+        seconds, _ = nnls(blocks[working, :-1] * w[:, None], blocks[working, -1] * w)
+        alpha = float(seconds[0]) / 1000.0
+        prefill_s = np.minimum(busy, alpha * g * prompt)
+        decode_s = busy - prefill_s
+        factor = batch / (batch + BATCH_HALF)
+        h = clock_term(g)
+        x_energy = np.column_stack([idle, idle * h, busy, busy * h, prefill_s + decode_s * factor])
+        power, _ = nnls(x_energy * weights[:, None], energy * weights)
+        values = (*(float(p) for p in power), alpha)
+        return values if all(math.isfinite(v) for v in values) else None
+
+
+def _block_sums(rows: np.ndarray, size: int) -> np.ndarray:
+    """Sums of ``rows`` over consecutive blocks of ``size`` (the newest block may be
+    shorter)."""
+    n = rows.shape[0]
+    starts = np.arange(n % size if n % size else 0, n, size)
+    if n % size:
+        starts = np.concatenate([[0], starts])
+    return np.add.reduceat(rows, starts, axis=0)
+
+
+def split_components(
+    idle_s: float,
+    busy_s: float,
+    prompt: float,
+    output: float,
+    coefficients: PhaseCoefficients | None,
+) -> tuple[float, float, float]:
+    """Unscaled ``(prefill, decode, idle)`` components of one window (non-negative)."""
+    if coefficients is None:  # the prior: busy time split by tokens, idle power lower
+        weight = prompt + PRIOR_DECODE_TOKEN_WEIGHT * output
+        prefill_s = busy_s * prompt / weight if weight > 0 else 0.0
+        return prefill_s, busy_s - prefill_s, PRIOR_IDLE_POWER_RATIO * idle_s
+    c = coefficients
+    prefill_s = min(busy_s, max(0.0, c.prefill_s_per_token) * prompt)
+    prefill = max(0.0, c.prefill_w) * prefill_s
+    decode = max(0.0, c.decode_w) * (busy_s - prefill_s)
+    idle = max(0.0, c.idle_w) * idle_s
+    return prefill, decode, idle
+
+
+def learned_coefficients(model: PhaseModel, clock_mhz: float) -> PhaseCoefficients | None:
+    """The learned model's powers and prefill time at ``clock_mhz`` (None: not finite)."""
+    try:
+        values = [model.phase_power_w(clock_mhz, phase)[0] for phase in ("idle", "prefill")]
+        values.append(model.phase_power_w(clock_mhz, "decode")[0])
+        seconds = model.prefill_s_per_token(clock_mhz)[0]
+    except (ValueError, ArithmeticError):
+        return None
+    if not all(math.isfinite(v) for v in (*values, seconds)):
+        return None
+    return PhaseCoefficients(
+        idle_w=values[0], prefill_w=values[1], decode_w=values[2], prefill_s_per_token=seconds
+    )
+
+
+# -------------------------------------------------------------- request histogram
+@dataclass
+class RequestEnergyHistogram:
+    """Cumulative histogram of the estimated energy of finished requests (joules).
+
+    The engine publishes the distributions of prompt and output lengths of the requests
+    that finished, not their pairing: each window's requests are placed as if the two
+    were independent (every prompt bucket paired with every output bucket, each bucket
+    at its midpoint, the open last bucket at its lower bound), priced by the window's
+    rates. The sum is that of the placed values."""
+
+    bounds_j: tuple[float, ...] = ENERGY_BUCKETS_J
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per bucket (not cumulative), the last one above every bound."""
+    sum_j: float = 0.0
+    count: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.counts.size != len(self.bounds_j) + 1:
+            self.counts = np.zeros(len(self.bounds_j) + 1)
+
+    def add(self, prompt: Buckets, output: Buckets, j_prompt: float, j_output: float) -> None:
+        """Add one window's finished requests (bucket deltas, cumulative per ``le``)."""
+        xs, ms = _masses(prompt)
+        ys, ns = _masses(output)
+        total = min(ms.sum(), ns.sum())
+        if not total > 0:
+            return
+        pair = np.outer(ms / ms.sum(), ns / ns.sum()) * total
+        energy = j_prompt * xs[:, None] + j_output * ys[None, :]
+        if not np.all(np.isfinite(energy)):
+            return
+        index = np.searchsorted(np.asarray(self.bounds_j), energy.ravel(), side="left")
+        np.add.at(self.counts, index, pair.ravel())
+        self.sum_j += float((pair * energy).sum())
+        self.count += float(total)
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """``(le, cumulative count)`` pairs ending with ``+Inf``."""
+        cumulative = np.cumsum(self.counts)
+        rows = [(repr(float(b)), float(c)) for b, c in zip(self.bounds_j, cumulative, strict=False)]
+        return [*rows, ("+Inf", float(cumulative[-1]))]
+
+
+def _masses(buckets: Buckets) -> tuple[np.ndarray, np.ndarray]:
+    """Representative values and counts of a cumulative histogram's buckets."""
+    values, counts = [], []
+    lower, below = 0.0, 0.0
+    for le, cumulative in buckets:
+        count = max(0.0, cumulative - below)
+        values.append(lower if math.isinf(le) else 0.5 * (lower + le))
+        counts.append(count)
+        below = max(below, cumulative)
+        if not math.isinf(le):
+            lower = le
+    return np.asarray(values, dtype=float), np.asarray(counts, dtype=float)
+
+
+# ----------------------------------------------------------------- the estimator
+@dataclass
+class ModelEnergy:
+    """Cumulative attribution of one engine model, plus its trailing windows."""
+
+    prefill_j: float = 0.0
+    decode_j: float = 0.0
+    idle_j: float = 0.0
+    prompt_tokens: float = 0.0
+    output_tokens: float = 0.0
+    finished_requests: float = 0.0
+    windows: dict[str, int] = field(default_factory=dict)
+    """Windows attributed, by source (learned, fit, prior)."""
+    trailing: deque[WindowEnergy] = field(default_factory=deque)
+    histogram: RequestEnergyHistogram | None = None
+
+    def add(self, window: WindowEnergy, trailing_s: float) -> None:
+        """Count one window in the totals and the trailing set."""
+        self.prefill_j += window.prefill_j
+        self.decode_j += window.decode_j
+        self.idle_j += window.idle_j
+        self.prompt_tokens += window.prompt_tokens
+        self.output_tokens += window.output_tokens
+        self.finished_requests += window.finished_requests
+        self.windows[window.source] = self.windows.get(window.source, 0) + 1
+        self.trailing.append(window)
+        while self.trailing and self.trailing[0].end_s <= window.end_s - trailing_s:
+            self.trailing.popleft()
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """Trailing-window rates (None where the denominator is zero)."""
+
+    joules_per_output_token: float | None
+    joules_per_prompt_token: float | None
+    decode_joules_per_output_token: float | None
+    joules_per_request: float | None
+    seconds: float
+
+
+def trailing_rates(windows: Sequence[WindowEnergy]) -> Rates:
+    """Rates over ``windows`` (the module notes say which)."""
+    prefill = sum(w.prefill_j for w in windows)
+    decode = sum(w.decode_j for w in windows)
+    prompt = sum(w.prompt_tokens for w in windows)
+    output = sum(w.output_tokens for w in windows)
+    finished = sum(w.finished_requests for w in windows)
+
+    def ratio(a: float, b: float) -> float | None:
+        return a / b if b > 0 else None
+
+    return Rates(
+        joules_per_output_token=ratio(prefill + decode, output),
+        joules_per_prompt_token=ratio(prefill, prompt),
+        decode_joules_per_output_token=ratio(decode, output),
+        joules_per_request=ratio(prefill + decode, finished),
+        seconds=sum(w.duration_s for w in windows),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEnergyView:
+    """What the exporter shows of one model (immutable)."""
+
+    model: str
+    prefill_j: float
+    decode_j: float
+    idle_j: float
+    prompt_tokens: float
+    output_tokens: float
+    finished_requests: float
+    windows: tuple[tuple[str, int], ...]
+    rates: Rates
+    histogram_buckets: tuple[tuple[str, float], ...] | None
+    histogram_sum_j: float
+
+
+@dataclass(frozen=True, slots=True)
+class EnergySnapshot:
+    """The estimator's state after a tick: one view per model and the skipped windows."""
+
+    models: tuple[ModelEnergyView, ...]
+    skipped: tuple[tuple[str, int], ...]
+
+
+class EnergyEstimator:
+    """Per control window and per engine model: measured energy split into phases.
+
+    Args:
+        trailing_s: seconds behind the rate gauges.
+        min_window_s: shorter windows are merged into the next one (the NVML energy
+            counter is read at most once a second).
+        fit: the own phase fit (a fresh :class:`PhaseFit` by default).
+        use_learned: split with the controller's learned model when one is given (off
+            by default: measured worse than the own fit, see ``docs/energy.md``).
+    """
+
+    def __init__(
+        self,
+        *,
+        trailing_s: float = TRAILING_S,
+        min_window_s: float = 1.0,
+        fit: PhaseFit | None = None,
+        use_learned: bool = False,
+    ) -> None:
+        if not trailing_s > 0 or not min_window_s >= 0:
+            raise ValueError("trailing_s must be positive and min_window_s non-negative")
+        self.trailing_s = float(trailing_s)
+        self.min_window_s = float(min_window_s)
+        self.fit = fit or PhaseFit()
+        self.use_learned = use_learned
+        self.models: dict[str, ModelEnergy] = {}
+        self.skipped: dict[str, int] = dict.fromkeys(SKIP_REASONS, 0)
+        self._anchor: EnergyReading | None = None
+        self._last_skip_s = -math.inf
+        self.last_window: WindowEnergy | None = None
+
+    def _skip(self, reason: str, reading: EnergyReading) -> None:
+        self.skipped[reason] += 1
+        self._last_skip_s = reading.time_s
+        usable = reading.energy_j is not None and math.isfinite(reading.energy_j)
+        self._anchor = reading if usable and reading.engine_fresh else None
+
+    def update(
+        self, reading: EnergyReading, learned: PhaseModel | None = None
+    ) -> WindowEnergy | None:
+        """Close a window at ``reading`` when one is due; return it (None: none closed,
+        or it was skipped and counted in :attr:`skipped`)."""
+        anchor = self._anchor
+        energy = reading.energy_j
+        if anchor is None:
+            if energy is None or not math.isfinite(energy):
+                if reading.time_s - self._last_skip_s >= max(self.min_window_s, 1e-9):
+                    reason = "energy_unavailable" if energy is None else "energy_not_finite"
+                    self._skip(reason, reading)
+                return None
+            if reading.engine_fresh:
+                self._anchor = reading
+            return None
+        if not reading.engine_fresh:
+            return None  # the window waits for the engine's next scrape
+        duration = reading.time_s - anchor.time_s
+        if not duration >= max(self.min_window_s, 1e-9):
+            return None
+        if energy is None:
+            self._skip("energy_unavailable", reading)
+            return None
+        if anchor.energy_j is None or not (math.isfinite(energy) and math.isfinite(duration)):
+            self._skip("energy_not_finite", reading)
+            return None
+        delta = energy - anchor.energy_j
+        if delta < 0:
+            self._skip("energy_counter_reset", reading)
+            return None
+        limit = reading.power_limit_w
+        if (
+            limit is not None
+            and math.isfinite(limit)
+            and limit > 0
+            and delta > IMPLAUSIBLE_POWER_FACTOR * limit * duration
+        ):
+            self._skip("energy_implausible", reading)
+            return None
+        work = _deltas(anchor, reading)
+        if work is None or reading.model != anchor.model:
+            self._skip("engine_restart", reading)
+            return None
+        prompt, output, finished = work
+        window = self._split(anchor, reading, duration, delta, prompt, output, finished, learned)
+        self._anchor = reading
+        state = self.models.setdefault(reading.model, ModelEnergy())
+        state.add(window, self.trailing_s)
+        self._histogram(state, anchor, reading, window)
+        self.last_window = window
+        return window
+
+    def _split(
+        self,
+        anchor: EnergyReading,
+        reading: EnergyReading,
+        duration: float,
+        energy: float,
+        prompt: float,
+        output: float,
+        finished: float,
+        learned: PhaseModel | None,
+    ) -> WindowEnergy:
+        # Decode iterations: output tokens less the first tokens (from prefills) over
+        # the mean batch.
+        decode_tokens = output
+        if reading.admitted_requests is not None and anchor.admitted_requests is not None:
+            decode_tokens = max(
+                0.0, output - max(0.0, reading.admitted_requests - anchor.admitted_requests)
+            )
+        running = max(0.5 * (reading.running + anchor.running), 1.0)
+        iterations = decode_tokens / running
+        kv = reading.kv_tokens if reading.kv_tokens is not None else 0.0
+        clock = reading.clock_mhz
+        slowdown = self.fit.slowdown(clock)
+        utilization = reading.utilization
+        if utilization is not None and math.isfinite(utilization):
+            busy = min(1.0, max(0.0, utilization)) * duration
+        else:
+            busy = duration if (prompt > 0 or output > 0 or reading.running > 0) else 0.0
+        idle_s = duration - busy
+        coefficients: PhaseCoefficients | None = None
+        source: Source = "prior"
+        if self.use_learned and learned is not None and clock is not None and math.isfinite(clock):
+            coefficients = learned_coefficients(learned, clock)
+            source = "learned" if coefficients is not None else "prior"
+        if coefficients is None:
+            coefficients = self.fit.coefficients(slowdown, running)
+            source = "fit" if coefficients is not None else "prior"
+        change = abs(reading.running - anchor.running)
+        self.fit.add(idle_s, busy, prompt, iterations, kv, running, slowdown, energy, change)
+        parts = split_components(idle_s, busy, prompt, output, coefficients)
+        total = sum(parts)
+        if total > 0 and math.isfinite(total):
+            scale = energy / total
+            prefill, decode, idle = (part * scale for part in parts)
+        else:
+            prefill, decode, idle = 0.0, 0.0, energy
+        return WindowEnergy(
+            end_s=reading.time_s,
+            duration_s=duration,
+            prefill_j=prefill,
+            decode_j=decode,
+            idle_j=idle,
+            prompt_tokens=prompt,
+            output_tokens=output,
+            finished_requests=finished,
+            source=source,
+        )
+
+    def _histogram(
+        self,
+        state: ModelEnergy,
+        before: EnergyReading,
+        now: EnergyReading,
+        window: WindowEnergy,
+    ) -> None:
+        prompt = bucket_delta(now.prompt_buckets, before.prompt_buckets)
+        output = bucket_delta(now.output_buckets, before.output_buckets)
+        if prompt is None or output is None:
+            return
+        rates = trailing_rates(state.trailing)
+        j_prompt = (
+            window.prefill_j / window.prompt_tokens
+            if window.prompt_tokens > 0
+            else rates.joules_per_prompt_token
+        )
+        j_output = (
+            window.decode_j / window.output_tokens
+            if window.output_tokens > 0
+            else rates.decode_joules_per_output_token
+        )
+        if j_prompt is None or j_output is None:
+            return
+        if state.histogram is None:
+            state.histogram = RequestEnergyHistogram()
+        state.histogram.add(prompt, output, j_prompt, j_output)
+
+    def rates(self, model: str) -> Rates:
+        """The trailing rates of ``model`` (all None before any window)."""
+        state = self.models.get(model)
+        return trailing_rates(state.trailing if state is not None else ())
+
+    def snapshot(self) -> EnergySnapshot:
+        """An immutable view for the exporter."""
+        views = []
+        for model, state in sorted(self.models.items()):
+            histogram = state.histogram
+            views.append(
+                ModelEnergyView(
+                    model=model,
+                    prefill_j=state.prefill_j,
+                    decode_j=state.decode_j,
+                    idle_j=state.idle_j,
+                    prompt_tokens=state.prompt_tokens,
+                    output_tokens=state.output_tokens,
+                    finished_requests=state.finished_requests,
+                    windows=tuple(sorted(state.windows.items())),
+                    rates=trailing_rates(state.trailing),
+                    histogram_buckets=None if histogram is None else tuple(histogram.buckets()),
+                    histogram_sum_j=0.0 if histogram is None else histogram.sum_j,
+                )
+            )
+        return EnergySnapshot(models=tuple(views), skipped=tuple(self.skipped.items()))
+
+
+def _deltas(before: EnergyReading, now: EnergyReading) -> tuple[float, float, float] | None:
+    """Prompt tokens, output tokens and finished requests of the window; None when a
+    counter went backwards or is not finite (an engine restart). A counter the engine
+    does not publish counts 0."""
+    out = []
+    for a, b in (
+        (before.prompt_tokens, now.prompt_tokens),
+        (before.output_tokens, now.output_tokens),
+        (before.finished_requests, now.finished_requests),
+    ):
+        if a is None or b is None:
+            if (a is None) != (b is None):
+                return None
+            out.append(0.0)
+            continue
+        delta = b - a
+        if not math.isfinite(delta) or delta < 0:
+            return None
+        out.append(delta)
+    return out[0], out[1], out[2]
