@@ -8,7 +8,9 @@ optional capabilities are small ``runtime_checkable`` protocols, tested with ``i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from gpugov.plant.types import ClockController, MPCDiagnostics, PowerCapping, ServingObservation
@@ -22,9 +24,12 @@ __all__ = [
     "Learner",
     "Named",
     "PowerCapping",
+    "PowerNeed",
+    "PowerNeeding",
     "ReportsFallbacks",
     "controller_label",
     "layers",
+    "power_needed",
     "unwrap",
 ]
 
@@ -72,6 +77,76 @@ class HistoryBounded(Protocol):
     history_limit: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class PowerNeed:
+    """The power a domain needs to hold its SLO at the current load, by its controller's
+    model (``docs/power-budget.md``).
+
+    Powers are watts for the whole domain, the mean the model predicts over the
+    controller's horizon with the clock held constant; no power cap or budget is applied.
+    """
+
+    watts: float
+    """Predicted power at :attr:`clock_mhz`, the lowest clock whose predicted TTFT and
+    TPOT stay within the controller's targets over its horizon."""
+    uncertainty_w: float
+    """One standard deviation of :attr:`watts` from the model's own uncertainty (0 when
+    the controller takes its model as exact, as ``mpc`` takes its profile)."""
+    clock_mhz: float
+    """The lowest clock that holds the SLO (the top clock when none does)."""
+    holds: bool
+    """Whether any clock holds the SLO by the model (False: a backlog no clock clears in
+    time; :attr:`watts` is then the top clock's power)."""
+    tpot_clock_mhz: float
+    """The lowest clock that holds the TPOT SLO alone: what the running requests need."""
+    clocks_mhz: tuple[float, ...]
+    """The clocks the model predicts at, ascending."""
+    curve_w: tuple[float, ...]
+    """Predicted power at each of :attr:`clocks_mhz` at the current load."""
+
+    def __post_init__(self) -> None:
+        if len(self.clocks_mhz) != len(self.curve_w) or not self.clocks_mhz:
+            raise ValueError("a power need needs one predicted power per clock")
+        for name in ("watts", "uncertainty_w"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+
+    @property
+    def upper_w(self) -> float:
+        """An upper estimate of the need: :attr:`watts` plus two standard deviations."""
+        return self.watts + 2.0 * self.uncertainty_w
+
+    def watts_at(self, clock_mhz: float) -> float:
+        """Predicted power at ``clock_mhz`` (the highest model clock at or below it)."""
+        index = _index_at_or_below(self.clocks_mhz, clock_mhz)
+        return self.curve_w[index]
+
+    def ceiling_mhz(self, budget_w: float) -> float:
+        """The highest clock whose predicted power fits ``budget_w`` (the lowest clock
+        when none does)."""
+        fitting = [c for c, w in zip(self.clocks_mhz, self.curve_w, strict=True) if w <= budget_w]
+        return fitting[-1] if fitting else self.clocks_mhz[0]
+
+
+def _index_at_or_below(clocks: Sequence[float], clock_mhz: float) -> int:
+    """Index of the highest of ``clocks`` (ascending) at or below ``clock_mhz`` (0 below
+    them all)."""
+    index = 0
+    for position, clock in enumerate(clocks):
+        if clock <= clock_mhz + 1e-9:
+            index = position
+    return index
+
+
+@runtime_checkable
+class PowerNeeding(Protocol):
+    """Reports the power its domain needs to hold the SLO at the current load
+    (``mpc``, ``mpc-online``; every wrapper passes it through)."""
+
+    def power_needed(self) -> PowerNeed | None: ...
+
+
 class ControllerWrapper:
     """A controller around another one: the safety limits, persistence, instruments.
 
@@ -105,6 +180,12 @@ class ControllerWrapper:
         inner = self.inner
         return inner.requested_power_cap_w if isinstance(inner, PowerCapping) else None
 
+    def power_needed(self) -> PowerNeed | None:
+        """The inner controller's :class:`PowerNeed` after its last decision; None when
+        it reports none (a controller without a model, or before its first decision)."""
+        inner = self.inner
+        return inner.power_needed() if isinstance(inner, PowerNeeding) else None
+
     def close(self) -> None:
         """Close the inner controller, if it holds anything."""
         if isinstance(self.inner, Closable):
@@ -123,6 +204,12 @@ def layers(controller: ClockController) -> list[ClockController]:
 def unwrap(controller: ClockController) -> ClockController:
     """The algorithm inside every wrapper (``controller`` itself when it is none)."""
     return controller.unwrapped if isinstance(controller, ControllerWrapper) else controller
+
+
+def power_needed(controller: ClockController) -> PowerNeed | None:
+    """What ``controller`` (a chain or a bare algorithm) says its domain needs to hold
+    the SLO after its last decision; None when it cannot say (no model, no decision yet)."""
+    return controller.power_needed() if isinstance(controller, PowerNeeding) else None
 
 
 def controller_label(controller: object) -> str:

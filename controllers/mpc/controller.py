@@ -57,6 +57,7 @@ import numpy as np
 
 from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
 from gpugov.controllers.budget import AttainmentBudget
+from gpugov.controllers.contract import PowerNeed
 from gpugov.controllers.mpc.model import (
     CHUNK_TOKENS,
     DEFAULT_ARRIVAL_WINDOW_S,
@@ -244,6 +245,9 @@ class MPCController:
         self.__name__ = "mpc-slsqp" if isinstance(self.solver, SLSQPSolver) else "mpc"
         # None keeps every plan and solve time (studies read them); the daemon bounds it.
         self.history_limit: int | None = None
+        self.last_problem: MPCProblem | None = None
+        """The horizon problem of the last decision (:meth:`power_needed` prices it)."""
+        self._power_need: PowerNeed | None = None
 
     @classmethod
     def from_profile(
@@ -422,7 +426,9 @@ class MPCController:
             self.current_clock = float(node_clock)
         arrival_rate = self._arrival_rate(observation)
         self.adapt(observation)
-        candidate, reason, elapsed = self.solve(self.problem(observation, arrival_rate))
+        self.last_problem = self.problem(observation, arrival_rate)
+        self._power_need = None
+        candidate, reason, elapsed = self.solve(self.last_problem)
         self.solve_times.append(elapsed)
         if candidate is not None:
             applied = tuple(float(value) for value in candidate)
@@ -449,6 +455,21 @@ class MPCController:
                 del history[next(iter(history))]
         if len(self.solve_times) > 2 * limit:
             del self.solve_times[:-limit]
+
+    def power_needed(self) -> PowerNeed | None:
+        """The power the domain needs to hold its SLO at the current load: the lowest
+        clock of the plant's profile that keeps the TTFT and TPOT proxies within this
+        controller's targets over the horizon, from the last decision's state and load
+        forecast, and its predicted mean power, with no power cap applied
+        (:func:`controllers.power_need.need_from_problem`). The profile is taken as exact
+        (uncertainty 0). None before the first decision."""
+        if self.last_problem is None:
+            return None
+        if self._power_need is None:
+            from gpugov.controllers.power_need import need_from_problem
+
+            self._power_need = need_from_problem(self.last_problem)
+        return self._power_need
 
     def diagnostics(self) -> MPCDiagnostics:
         """Solve times, success and fallback counts (by reason) so far."""

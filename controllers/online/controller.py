@@ -40,6 +40,7 @@ from numpy.typing import NDArray
 
 from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
 from gpugov.controllers.budget import AttainmentBudget, SLOTarget
+from gpugov.controllers.contract import PowerNeed
 from gpugov.controllers.mpc.controller import (
     DEFAULT_EXPECTED_OUTPUT_TOKENS,
     DEFAULT_EXPECTED_PROMPT_TOKENS,
@@ -703,6 +704,25 @@ class OnlineMPCController:
             fits &= math.ceil(backlog / chunk) * mixed <= target
         return _first_fit(clocks, fits)
 
+    def power_needed(self) -> PowerNeed | None:
+        """The power the domain needs to hold its SLO at the current load, by the learned
+        model: the inner MPC's need (:meth:`MPCController.power_needed`) on the learned
+        profile, whose latencies are pessimistic (mean + ``uncertainty_z`` standard
+        deviations, so the clock is one the model is sure holds the SLO), with the
+        power model's standard deviation at that clock as its uncertainty (the larger
+        of the prefill and decode powers': a period's power mixes the two, so its
+        deviation is no larger). None while the MPC did not decide (warm-up, back-off,
+        no SLO known)."""
+        model = self.model
+        if self.mpc is None or model is None or self.last_reason not in _MPC_REASONS:
+            return None
+        need = self.mpc.power_needed()
+        if need is None:
+            return None
+        realized = model.realized_mhz(need.clock_mhz)
+        deviation = max(model.phase_power_w(realized, phase)[1] for phase in ("prefill", "decode"))
+        return replace(need, uncertainty_w=float(deviation))
+
     def diagnostics(self) -> MPCDiagnostics:
         """The inner MPC's solve statistics (empty before the MPC first ran)."""
         if self.mpc is not None:
@@ -755,6 +775,10 @@ class OnlineMPCController:
             "reason": self.last_reason,
             "model_name": self.model_name,
         }
+
+
+_MPC_REASONS = frozenset({"mpc", "burst-guard", "decode-descent", "explore-floor"})
+"""The ``last_reason`` values of a decision the MPC took part in."""
 
 
 def _idle(observation: ServingObservation) -> bool:

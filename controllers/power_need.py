@@ -1,0 +1,140 @@
+"""The power a domain needs to hold its SLO, from an MPC's horizon problem, and the rule
+that keeps a controller within a power budget (``docs/power-budget.md``).
+
+:func:`need_from_problem` prices every clock of the controller's model held constant over
+the horizon, from the state and load forecast of its last decision, with the MPC's own
+prediction (:meth:`MPCProblem.costs` with one weight at a time): the TTFT and TPOT
+penalties against the controller's targets, and the mean power. The lowest clock with no
+penalty holds the SLO; its power is the need. The power limit in the problem plays no
+part (its weight is zero), so the need ignores any cap.
+
+:class:`BudgetGuard` applies a budget, the observation's ``power_limit_w`` (the node puts
+the effective budget there), to the clock of the controller inside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from gpugov.controllers.contract import ControllerWrapper, PowerNeed
+from gpugov.plant.types import ClockController, ServingObservation
+
+if TYPE_CHECKING:
+    from gpugov.controllers.mpc.model import MPCProblem
+
+HOLDS_TOLERANCE = 1e-12
+"""A summed squared penalty at or below this counts as none (the SLO holds)."""
+
+Slipping = Literal["none", "ttft", "ttft+tpot"]
+
+
+def need_from_problem(problem: MPCProblem, *, uncertainty_w: float = 0.0) -> PowerNeed:
+    """The :class:`PowerNeed` of ``problem``: the lowest clock of the problem's profile
+    whose constant plan has no TTFT and no TPOT penalty over the horizon, and its mean
+    predicted power (domain watts). ``uncertainty_w``: one standard deviation to report
+    with it (the model's, where it has one)."""
+    from gpugov.controllers.mpc.model import MPCWeights
+
+    profile = problem.plant.profile
+    clocks = np.asarray(profile.clock_mhz, dtype=float)
+    steps = problem.horizon_steps
+    plans = np.repeat(clocks[:, None], steps, axis=1)
+    zero = {
+        "power": 0.0,
+        "ttft": 0.0,
+        "tpot": 0.0,
+        "clock_change": 0.0,
+        "constraint": 0.0,
+        "terminal_backlog": 0.0,
+    }
+
+    def priced(term: str) -> np.ndarray:
+        return np.asarray(
+            replace(problem, weights=MPCWeights(**{**zero, term: 1.0})).costs(plans), dtype=float
+        )
+
+    ttft = priced("ttft")
+    tpot = priced("tpot")
+    maximum_power = float(max(profile.prefill_power_w[-1], profile.decode_power_w[-1]))
+    watts = priced("power") * maximum_power / max(steps, 1)
+    holding = np.flatnonzero((ttft <= HOLDS_TOLERANCE) & (tpot <= HOLDS_TOLERANCE))
+    tpot_holding = np.flatnonzero(tpot <= HOLDS_TOLERANCE)
+    index = int(holding[0]) if holding.size else clocks.size - 1
+    tpot_index = int(tpot_holding[0]) if tpot_holding.size else clocks.size - 1
+    return PowerNeed(
+        watts=float(watts[index]),
+        uncertainty_w=float(uncertainty_w),
+        clock_mhz=float(clocks[index]),
+        holds=bool(holding.size),
+        tpot_clock_mhz=float(clocks[tpot_index]),
+        clocks_mhz=tuple(float(c) for c in clocks),
+        curve_w=tuple(float(w) for w in watts),
+    )
+
+
+class BudgetGuard(ControllerWrapper):
+    """Keep the inner controller's clock within the domain's power budget, by the inner
+    controller's own model (:meth:`power_needed`); degrade by a fixed rule when the
+    budget is below the need.
+
+    The budget is ``observation.power_limit_w`` (domain watts; the node puts the lowest
+    of its budget sources there every tick). With the need ``N`` at the current load and
+    the budget ``B``:
+
+    * ``N <= B``: the inner decision, at most the *ceiling* (the highest clock whose
+      predicted power fits ``B``);
+    * ``N > B`` (over budget: the SLO cannot be held): the inner decision within
+      ``[min(tpot_clock, ceiling), ceiling]``. The running requests keep the clock their
+      TPOT needs while its power fits the budget, and the queued requests' TTFT slips;
+      only a budget below that clock's power lets TPOT slip too (the clock is then the
+      ceiling).
+
+    A controller that reports no need (no model, or none yet) and a tick without a budget
+    pass through unchanged. The guard never raises a clock above the inner decision
+    except to the TPOT clock over budget.
+    """
+
+    def __init__(self, inner: ClockController) -> None:
+        super().__init__(inner)
+        self.last_need: PowerNeed | None = None
+        """The inner controller's need at the last decision (None: unknown)."""
+        self.last_budget_w: float | None = None
+        """The budget the last decision was held to (None: none)."""
+        self.over_budget = False
+        """Whether the budget was below the need at the last decision."""
+        self.slipping: Slipping = "none"
+        """What the last decision lets slip: ``ttft`` (queued requests' first tokens) or
+        ``ttft+tpot`` (the budget is below the running requests' clock too)."""
+        self.capped_decisions = 0
+        """Decisions the budget lowered."""
+        self.over_budget_decisions = 0
+        """Decisions made over budget (the need above the budget)."""
+
+    def __call__(self, observation: ServingObservation) -> float:
+        decision = float(self.inner(observation))
+        need = self.power_needed()
+        budget = observation.power_limit_w
+        self.last_need = need
+        self.over_budget = False
+        self.slipping = "none"
+        if need is None or budget is None or not np.isfinite(budget) or budget <= 0.0:
+            self.last_budget_w = None
+            return decision
+        self.last_budget_w = float(budget)
+        ceiling = need.ceiling_mhz(budget)
+        guarded = min(decision, ceiling)
+        if need.watts > budget:
+            self.over_budget = True
+            self.over_budget_decisions += 1
+            floor = min(need.tpot_clock_mhz, ceiling)
+            guarded = max(guarded, floor)
+            self.slipping = "ttft" if need.tpot_clock_mhz <= ceiling else "ttft+tpot"
+        if guarded < decision - 1e-9:
+            self.capped_decisions += 1
+        return guarded
+
+
+__all__ = ["HOLDS_TOLERANCE", "BudgetGuard", "need_from_problem"]

@@ -1,0 +1,176 @@
+"""The ``power_needed`` hook: what a domain needs to hold its SLO at the current load, by
+the controller's model, reachable through the safety chain; and the budget rule."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from synthetic import make_plant
+
+from gpugov.controllers.contract import PowerNeed, power_needed
+from gpugov.controllers.mpc.model import MPCWeights
+from gpugov.controllers.power_need import BudgetGuard, need_from_problem
+from gpugov.daemon.config import OnlineMPCControllerConfig
+from gpugov.daemon.decide import ControllerContext, build_controller, parse_controller_spec
+from gpugov.plant import PlantSimulation, ServingPlant, chunked_prefill_scheduler
+from gpugov.plant.types import Request, ServingObservation
+
+
+def _workload(count: int = 60, spacing_s: float = 0.25) -> tuple[Request, ...]:
+    return tuple(
+        Request(
+            request_id=i,
+            arrival_time_s=i * spacing_s,
+            prompt_tokens=900 + 31 * (i % 5),
+            output_tokens=100 + 7 * (i % 3),
+        )
+        for i in range(count)
+    )
+
+
+def _drive(chain, plant: ServingPlant, workload, seconds: int) -> list[PowerNeed | None]:
+    """Run ``chain`` on the plant for ``seconds`` control periods of 1 s; the chain's
+    need after each decision."""
+    simulation = PlantSimulation(workload, plant, chunked_prefill_scheduler, seed=0)
+    needs = []
+    for step in range(seconds):
+        simulation.advance_to(float(step))
+        simulation.request_clock(chain(simulation.observe()))
+        needs.append(chain.power_needed())
+    return needs
+
+
+def test_mpc_need_is_the_lowest_clock_its_model_says_holds_the_slo() -> None:
+    plant = make_plant()
+    workload = _workload()
+    chain = build_controller(
+        parse_controller_spec("mpc"), ControllerContext.for_plant(plant, workload, period_s=1.0)
+    )
+    assert chain.power_needed() is None  # no decision yet
+    _drive(chain, plant, workload, 6)
+    need = chain.power_needed()
+    assert isinstance(need, PowerNeed)
+    assert power_needed(chain) == need  # the helper and the chain agree
+    assert need == chain.unwrapped.power_needed()  # the chain passes the algorithm's through
+    assert need.holds and need.uncertainty_w == 0.0
+    # The need is the curve at its clock, within the profile's power range.
+    assert need.watts == pytest.approx(need.watts_at(need.clock_mhz))
+    profile = plant.profile
+    assert profile.idle_power_w.min() <= need.watts <= profile.prefill_power_w.max()
+    assert need.tpot_clock_mhz <= need.clock_mhz
+    # Known answer from the model itself: the need's clock has no penalty over the
+    # horizon and the next clock down has one.
+    problem = chain.unwrapped.last_problem
+    latency_only = replace(
+        problem,
+        weights=MPCWeights(
+            power=0.0, ttft=1.0, tpot=1.0, clock_change=0.0, constraint=0.0, terminal_backlog=0.0
+        ),
+    )
+    steps = problem.horizon_steps
+    index = need.clocks_mhz.index(need.clock_mhz)
+    assert latency_only.costs(np.full((1, steps), need.clock_mhz))[0] == 0.0
+    assert index > 0
+    assert latency_only.costs(np.full((1, steps), need.clocks_mhz[index - 1]))[0] > 0.0
+
+
+def test_need_grows_with_the_backlog_and_ignores_the_power_cap() -> None:
+    plant = make_plant()
+    workload = _workload()
+    chain = build_controller(
+        parse_controller_spec("mpc"), ControllerContext.for_plant(plant, workload, period_s=1.0)
+    )
+    _drive(chain, plant, workload, 4)
+    problem = chain.unwrapped.last_problem
+    light = need_from_problem(problem)
+    heavy = need_from_problem(replace(problem, initial_prefill_tokens=8_000.0))
+    assert heavy.clock_mhz > light.clock_mhz and heavy.watts > light.watts
+    # A plant capped far below the need: the need is the same (no cap applied).
+    capped = replace(problem, plant=replace(problem.plant, power_limit_w=150.0))
+    assert need_from_problem(capped) == light
+
+
+def test_online_mpc_reports_a_need_with_model_uncertainty_after_warm_up() -> None:
+    plant = make_plant()
+    workload = _workload(count=80, spacing_s=0.2)
+    spec = OnlineMPCControllerConfig(kind="mpc-online", warmup_s=4.0, auto_hints=False)
+    chain = build_controller(spec, ControllerContext.for_plant(plant, workload, period_s=1.0))
+    needs = _drive(chain, plant, workload, 14)
+    assert needs[0] is None  # warming up at the top clock
+    need = chain.power_needed()
+    assert need is not None
+    assert need.uncertainty_w > 0.0 and need.upper_w > need.watts
+    assert need.clock_mhz in need.clocks_mhz
+
+
+def _need(clocks, curve, *, watts_index: int, tpot_index: int) -> PowerNeed:
+    return PowerNeed(
+        watts=curve[watts_index],
+        uncertainty_w=0.0,
+        clock_mhz=clocks[watts_index],
+        holds=True,
+        tpot_clock_mhz=clocks[tpot_index],
+        clocks_mhz=tuple(clocks),
+        curve_w=tuple(curve),
+    )
+
+
+class _Planned:
+    """A controller with a fixed decision and need (a fake of the hook)."""
+
+    def __init__(self, decision: float, need: PowerNeed | None) -> None:
+        self.decision = decision
+        self.need = need
+
+    def __call__(self, observation: ServingObservation) -> float:
+        return self.decision
+
+    def power_needed(self) -> PowerNeed | None:
+        return self.need
+
+
+def _observation(budget_w: float | None) -> ServingObservation:
+    return ServingObservation(
+        time_s=0.0,
+        step_index=0,
+        arrived_requests=0,
+        prefill_remaining_tokens=0.0,
+        decode_active=0,
+        generated_decode_tokens=0.0,
+        temperature_c=40.0,
+        power_limit_w=budget_w,
+    )
+
+
+CLOCKS = (900.0, 1200.0, 1500.0, 1800.0)
+CURVE = (200.0, 300.0, 420.0, 600.0)
+
+
+@pytest.mark.parametrize(
+    ("decision", "budget", "expected", "over", "slipping"),
+    [
+        (1500.0, None, 1500.0, False, "none"),  # no budget: unchanged
+        (1500.0, 700.0, 1500.0, False, "none"),  # within budget, fits
+        (1800.0, 450.0, 1500.0, False, "none"),  # within budget: capped at the ceiling
+        (1800.0, 350.0, 1200.0, True, "ttft"),  # over: the ceiling, above the TPOT clock
+        (900.0, 350.0, 1200.0, True, "ttft"),  # over: never below the TPOT clock that fits
+        (1800.0, 250.0, 900.0, True, "ttft+tpot"),  # below the TPOT clock's power
+    ],
+)
+def test_budget_guard_rule(
+    decision: float, budget: float | None, expected: float, over: bool, slipping: str
+) -> None:
+    # Need: 1500 MHz (420 W); the running requests' TPOT needs 1200 MHz (300 W).
+    need = _need(CLOCKS, CURVE, watts_index=2, tpot_index=1)
+    guard = BudgetGuard(_Planned(decision, need))
+    assert guard(_observation(budget)) == expected
+    assert guard.over_budget is over and guard.slipping == slipping
+    assert guard.power_needed() is need
+
+
+def test_budget_guard_passes_a_controller_without_a_need() -> None:
+    guard = BudgetGuard(_Planned(1800.0, None))
+    assert guard(_observation(100.0)) == 1800.0
+    assert not guard.over_budget and guard.last_need is None
