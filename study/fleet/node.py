@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpugov.controllers.contract import layers
-from gpugov.daemon.cli_support import simulated_controller
+from gpugov.controllers.contract import ControllerWrapper, power_needed
+from gpugov.daemon.cli_support import UsageError
+from gpugov.daemon.decide import ControllerContext, build_controller, parse_controller_spec
+from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.safety import SafetySettings
 from gpugov.plant import ServingPlant
 from gpugov.plant.scheduler import chunked_prefill_scheduler
@@ -34,53 +36,37 @@ class Need:
     sigma_w: float = 0.0
 
 
-def read_need(value: Any) -> Need | None:
-    """A ``power_needed`` hook's answer as a :class:`Need` (None when it gave none or a
-    non-finite one): a number, a ``(watts, sigma)`` pair, or an object with ``watts`` /
-    ``need_w`` / ``power_w`` and ``sigma_w`` / ``uncertainty_w`` attributes."""
-    if value is None:
-        return None
-    watts: Any
-    sigma: Any = 0.0
-    if isinstance(value, int | float):
-        watts = value
-    elif isinstance(value, tuple | list) and len(value) == 2:
-        watts, sigma = value
-    else:
-        watts = next(
-            (
-                getattr(value, name)
-                for name in ("watts", "need_w", "power_w", "power_needed_w")
-                if hasattr(value, name)
-            ),
-            None,
-        )
-        sigma = next(
-            (
-                getattr(value, name)
-                for name in ("sigma_w", "uncertainty_w", "std_w", "power_needed_sigma_w")
-                if hasattr(value, name)
-            ),
-            0.0,
-        )
+def node_controller(
+    spec: str,
+    plant: ServingPlant,
+    workload: Sequence[Request],
+    period_s: float,
+    safety: SafetySettings | None,
+) -> ControllerWrapper:
+    """``spec``'s controller as a node with a power budget runs it: the node's factory and
+    safety chain, with the budget guard (the observation's power limit holds the clock by
+    the controller's own model, ``controllers/power_need.py``) where the build has it."""
     try:
-        watts_f = float(watts)
-        sigma_f = float(sigma or 0.0)
-    except (TypeError, ValueError):
-        return None
-    if not math.isfinite(watts_f) or watts_f <= 0.0:
-        return None
-    return Need(watts_f, sigma_f if math.isfinite(sigma_f) and sigma_f > 0.0 else 0.0)
+        config = parse_controller_spec(spec, default_profile=plant.profile.name)
+    except ValueError as error:
+        message = str(error)
+        raise UsageError(
+            message if message.startswith("--controller") else f"--controller: {message}"
+        ) from error
+    more: dict[str, Any] = {}
+    guard_in_context = "budget_guard" in getattr(ControllerContext, "__dataclass_fields__", {})
+    if guard_in_context:
+        more["budget_guard"] = True
+    context = ControllerContext.for_plant(plant, workload, period_s=period_s, safety=safety, **more)
+    try:
+        chain = build_controller(config, context)
+    except GpugovControllerError as error:
+        raise UsageError(f"--controller {spec}: {error}") from error
+    if not guard_in_context:
+        from gpugov.controllers.power_need import BudgetGuard
 
-
-def need_hook(chain: Any) -> Any:
-    """The first ``power_needed`` callable on the controller chain's layers (outermost
-    first), or None when the controller publishes no need."""
-    for layer in layers(chain):
-        hook = getattr(layer, "power_needed", None)
-        if callable(hook):
-            return hook
-    return None
+        chain = BudgetGuard(chain)
+    return chain
 
 
 class FleetNode:
@@ -106,21 +92,20 @@ class FleetNode:
         self.tdp_w = float(plant.power_limit_w)
         self.floor_w = float(min(floor_w, self.tdp_w))
         self.simulation = PlantSimulation((), plant, chunked_prefill_scheduler, seed=seed)
-        self.controller = simulated_controller(
-            controller_spec, plant, forecast_workload, period_s, safety=safety
+        self.controller = node_controller(
+            controller_spec, plant, forecast_workload, period_s, safety
         )
-        self._hook = need_hook(self.controller)
         self.cap_w = self.tdp_w
         self._pending: deque[Request] = deque()
         self.dispatched_prompt_tokens = 0
         self.observation: ServingObservation | None = None
         self.need: Need | None = None
-        self.need_errors = 0
+        self.need_seen = False
 
     @property
     def publishes_need(self) -> bool:
-        """Whether the node's controller has a ``power_needed`` hook."""
-        return self._hook is not None
+        """Whether the node's controller has published a need (``power_needed``) so far."""
+        return self.need is not None or self.need_seen
 
     @property
     def energy_j(self) -> float:
@@ -170,8 +155,6 @@ class FleetNode:
         clock = float(self.controller(observation))
         simulation.request_clock(clock)
         self._apply_cap()
-        if self._hook is not None:
-            try:
-                self.need = read_need(self._hook(observation))
-            except (ArithmeticError, ValueError, TypeError):
-                self.need, self.need_errors = None, self.need_errors + 1
+        need = power_needed(self.controller)
+        self.need = None if need is None else Need(need.watts, need.uncertainty_w)
+        self.need_seen = self.need_seen or need is not None

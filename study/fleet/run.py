@@ -24,6 +24,7 @@ from typing import Any
 
 from gpugov import __version__
 from gpugov.controllers.oracles import SLO_TOLERANCE
+from gpugov.daemon.cli_support import UsageError
 from gpugov.daemon.safety import SafetySettings
 from gpugov.plant import ServingPlant
 from gpugov.plant.profile import load_profile
@@ -67,6 +68,7 @@ class FleetConfig:
     control_period_s: float = 1.0
     dwell_s: float = 0.5
     floor_fraction: float = 0.3
+    guard_fraction: float = 0.02
     step: bool = True
     step_budget: float = 0.8
     step_at_s: float = 60.0
@@ -170,12 +172,15 @@ def fleet_workload(
     smallest = min(plant.kv_capacity_tokens for plant in plants.values())
     full = tuple(r for r in everything if r.prompt_tokens + r.output_tokens <= smallest)
     if not full:
-        raise ValueError(f"--trace {config.trace}: no request fits every node's KV cache")
+        raise UsageError(f"--trace {config.trace}: no request fits every node's KV cache")
     span = full[-1].arrival_time_s
     length = min(config.duration_s, span)
     window = _piece(full, config.trace_start_s, length, span)
     if not window:
-        raise ValueError(f"--trace {config.trace}: no arrivals in the window")
+        raise UsageError(
+            f"--trace {config.trace}: no arrivals in the window from --trace-start "
+            f"{config.trace_start_s:g} s"
+        )
     capacity = sum(
         length / max(work_seconds_at_maximum(window, plants[name].profile), 1e-9)
         for name in config.node_profiles()
@@ -310,9 +315,12 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
         ]
 
     def target(time_s: float) -> float:
-        """The lowest budget until the next allocator tick (a grid signal is announced)."""
+        """What the allocator splits: the lowest budget until its next tick (a grid signal
+        announces its target), less the guard band for the firmware's dither above a
+        cap."""
         points = [time_s + k * period for k in range(every + 1)]
-        return min(budget_at(config, cell, tdp, t) for t in points)
+        lowest = min(budget_at(config, cell, tdp, t) for t in points)
+        return (1.0 - config.guard_fraction) * lowest
 
     if allocate is not None:
         first = target(0.0)
@@ -401,7 +409,6 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
                 "tdp_w": node.tdp_w,
                 "floor_w": node.floor_w,
                 "publishes_need": node.publishes_need,
-                "need_errors": node.need_errors,
                 "slo_attainment": result.metrics.slo_attainment,
                 "requests": result.metrics.arrived_requests,
                 "energy_j": result.metrics.energy_j,
@@ -476,6 +483,30 @@ def summarize(config: FleetConfig, rows: Sequence[dict[str, Any]]) -> list[dict[
             )
         out.append(row)
     return out
+
+
+def check_inputs(config: FleetConfig) -> None:
+    """Everything a run reads, checked before any work: the settings, every profile, the
+    trace and its window, and the controller spec (built once on the first profile).
+
+    Raises:
+        UsageError, ProfileError, TraceError: one line naming the flag or file.
+    """
+    try:
+        config.validate()
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    plants = _plants(config.profiles)
+    workload, _ = fleet_workload(config, plants)
+    first = plants[config.profiles[0]]
+    FleetNode(
+        "check",
+        first,
+        config.controller,
+        workload,
+        period_s=config.control_period_s,
+        floor_w=config.floor_fraction * first.power_limit_w,
+    )
 
 
 def run_fleet(
