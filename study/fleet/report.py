@@ -133,7 +133,7 @@ def short_table(payload: dict[str, Any]) -> str:
         lines.append(
             f"{row['key']:<22} {_pct(row['slo_attainment'], 2):>8} "
             f"{cell(row['slo_vs_uncapped_pp'], 1.0, 2, ' pp'):>9} "
-            f"{cell(row["energy_j"], 1e-6, 3, " MJ"):>9} "
+            f"{cell(row['energy_j'], 1e-6, 3, ' MJ'):>9} "
             f"{cell(row['time_over_budget_s'], 1.0, 0, ' s'):>6} "
             f"{cell(row.get('step_time_to_under_s'), 1.0, 0, ' s') if row['step'] else '':>9}"
         )
