@@ -101,6 +101,9 @@ class FleetNode:
         self.observation: ServingObservation | None = None
         self.need: Need | None = None
         self.need_seen = False
+        self._need_sum = 0.0
+        self._sigma_sum = 0.0
+        self._need_count = 0
 
     @property
     def publishes_need(self) -> bool:
@@ -157,4 +160,18 @@ class FleetNode:
         self._apply_cap()
         need = power_needed(self.controller)
         self.need = None if need is None else Need(need.watts, need.uncertainty_w)
-        self.need_seen = self.need_seen or need is not None
+        if need is not None:
+            self.need_seen = True
+            self._need_sum += need.watts
+            self._sigma_sum += need.uncertainty_w
+            self._need_count += 1
+
+    def take_mean_need(self) -> Need | None:
+        """The mean published need since the previous call (what a fleet owner reads as
+        ``avg_over_time`` of the node's need over its period), then start again; None
+        when none was published."""
+        count = self._need_count
+        mean = None if count == 0 else Need(self._need_sum / count, self._sigma_sum / count)
+        self._need_sum = self._sigma_sum = 0.0
+        self._need_count = 0
+        return mean

@@ -302,23 +302,28 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
     signal_tick = int(round(config.step_at_s / period)) if cell.step else -1
 
     def reports(powers: Sequence[float]) -> list[NodeReport]:
-        return [
-            NodeReport(
-                floor_w=node.floor_w,
-                tdp_w=node.tdp_w,
-                cap_w=node.cap_w,
-                power_w=power,
-                need_w=None if node.need is None else node.need.watts,
-                need_sigma_w=None if node.need is None else node.need.sigma_w,
+        out = []
+        for node, power in zip(nodes, powers, strict=True):
+            need = node.take_mean_need()
+            out.append(
+                NodeReport(
+                    floor_w=node.floor_w,
+                    tdp_w=node.tdp_w,
+                    cap_w=node.cap_w,
+                    power_w=power,
+                    need_w=None if need is None else need.watts,
+                    need_sigma_w=None if need is None else need.sigma_w,
+                )
             )
-            for node, power in zip(nodes, powers, strict=True)
-        ]
+        return out
 
     def target(time_s: float) -> float:
-        """What the allocator splits: the lowest budget until its next tick (a grid signal
-        announces its target), less the guard band for the firmware's dither above a
-        cap."""
+        """What the allocator splits: the lowest budget until its next tick (once a grid
+        signal is out, it announces its ramp), less the guard band for the firmware's
+        dither above a cap."""
         points = [time_s + k * period for k in range(every + 1)]
+        if cell.step and time_s < config.step_at_s:
+            points = [t for t in points if t < config.step_at_s]  # the signal is not yet out
         lowest = min(budget_at(config, cell, tdp, t) for t in points)
         return (1.0 - config.guard_fraction) * lowest
 
@@ -333,6 +338,7 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
     cap_series: list[list[float]] = []
     need_series: list[list[float | None]] = []
     energy_mark = [0.0] * len(nodes)
+    last_needs: list[float | None] = [None] * len(nodes)
     allocation_mark = [0.0] * len(nodes)
     allocation_time = 0.0
     arrivals = iter(workload)
@@ -345,7 +351,9 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
                 (node.energy_j - mark) / elapsed
                 for node, mark in zip(nodes, allocation_mark, strict=True)
             ]
-            caps = allocate(reports(powers), target(now))
+            status = reports(powers)
+            last_needs = [report.need_w for report in status]
+            caps = allocate(status, target(now))
             for node, cap in zip(nodes, caps, strict=True):
                 node.set_cap(cap)
             allocation_mark = [node.energy_j for node in nodes]
@@ -353,7 +361,7 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
         if tick % every == 0:
             cap_ticks.append(now)
             cap_series.append([node.cap_w for node in nodes])
-            need_series.append([None if node.need is None else node.need.watts for node in nodes])
+            need_series.append(last_needs)
         end = now + period
         while upcoming is not None and upcoming.arrival_time_s < end:
             nodes[router.choose(upcoming, nodes)].dispatch(upcoming)
@@ -435,21 +443,25 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
 def step_metrics(
     config: FleetConfig, fleet_power: Sequence[float], budgets: Sequence[float], period: float
 ) -> dict[str, Any]:
-    """How fast the fleet got under the cut budget: seconds from the signal until the
-    fleet's power stays at or under the held (lowest) budget until the hold ends, and the
-    seconds over the (ramping) budget inside the step window."""
+    """How fast the fleet got under the cut budget (the held, lowest one): seconds from the
+    signal to the end of the first period at or under it, and to the end of the period from
+    which it stays under until the hold ends; and the seconds over the (ramping) budget
+    inside the step window."""
     start, end = config.step_window
     first, last = int(round(start / period)), int(round(end / period))
     held = min(budgets[first:last], default=math.inf)
-    under_from: int | None = None
-    for index in range(last - 1, first - 1, -1):
-        if fleet_power[index] > held + 1e-6:
+    under = [fleet_power[i] <= held + 1e-6 for i in range(first, last)]
+    first_under = next((i for i, ok in enumerate(under) if ok), None)
+    stays: int | None = None
+    for index in range(len(under) - 1, -1, -1):
+        if not under[index]:
             break
-        under_from = index
+        stays = index
     over = sum(1 for i in range(first, last) if fleet_power[i] > budgets[i] + 1e-6)
     return {
         "step_held_budget_w": held,
-        "step_time_to_under_s": None if under_from is None else (under_from - first + 1) * period,
+        "step_time_to_under_s": None if first_under is None else (first_under + 1) * period,
+        "step_time_to_stay_under_s": None if stays is None else (stays + 1) * period,
         "step_time_over_budget_s": over * period,
     }
 
