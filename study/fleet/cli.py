@@ -82,7 +82,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
         budgets=args.budgets,
         allocators=args.allocators,
         allocator_period_s=args.allocator_period,
-        control_period_s=args.period,
+        control_period_s=args.control_period,
         dwell_s=args.dwell,
         floor_fraction=args.floor,
         guard_fraction=args.guard,
@@ -170,7 +170,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="A1,A2,...", help="allocators to compare (default uniform,dps,slo)")  # fmt: skip
     add("--allocator-period", type=cli_types.period, default=15.0, metavar="S",
         help="seconds between allocations (default 15)")  # fmt: skip
-    add("--period", type=cli_types.period, default=1.0, metavar="S",
+    add("--control-period", type=cli_types.period, default=1.0, metavar="S",
         help="every node's control period (default 1)")  # fmt: skip
     add("--dwell", type=cli_types.dwell, default=0.5, metavar="S",
         help="every node's safety-chain dwell (default 0.5)")  # fmt: skip

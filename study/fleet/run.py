@@ -27,7 +27,7 @@ from gpugov.controllers.oracles import SLO_TOLERANCE
 from gpugov.daemon.cli_support import UsageError
 from gpugov.daemon.safety import SafetySettings
 from gpugov.plant import ServingPlant
-from gpugov.plant.profile import load_profile
+from gpugov.plant.profile import ProfileError, load_profile
 from gpugov.plant.result import compute_metrics
 from gpugov.plant.types import Request, RequestRecord
 from gpugov.plant.workload import scale_load, select_window, workload_checksum
@@ -93,7 +93,7 @@ class FleetConfig:
         if abs(ratio - round(ratio)) > 1e-9 or ratio < 1:
             raise ValueError(
                 f"--allocator-period {self.allocator_period_s:g} s must be a whole number of "
-                f"control periods ({self.control_period_s:g} s)"
+                f"control periods (--control-period {self.control_period_s:g} s)"
             )
         if self.step:
             end = self.step_at_s + self.step_ramp_s + self.step_hold_s
@@ -508,7 +508,10 @@ def check_inputs(config: FleetConfig) -> None:
         config.validate()
     except ValueError as error:
         raise UsageError(str(error)) from error
-    plants = _plants(config.profiles)
+    try:
+        plants = _plants(config.profiles)
+    except ProfileError as error:
+        raise UsageError(f"--profiles: {error}") from error
     workload, _ = fleet_workload(config, plants)
     first = plants[config.profiles[0]]
     FleetNode(
