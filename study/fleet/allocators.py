@@ -13,9 +13,11 @@ floors every node sits at its floor; above the TDPs every node at its TDP).
   cap gives half its slack back; the freed watts, and any change of the budget, go first to
   the nodes pressing their caps (a cut comes first from the nodes with slack).
 * ``slo`` (gpugov's, from each node's published need): every node gets the power its
-  controller says holding its SLO needs now (the estimate plus one standard deviation of
-  its uncertainty), and the rest of the budget in proportion to each node's headroom to its
-  TDP. When the needs sum to more than the budget, every node gets its floor plus the same
+  controller says holding its SLO needs (its mean over the allocator period plus one
+  standard deviation of its uncertainty); the rest of the budget is evened out as uniform
+  caps would be, at one level that no node's need undercuts (the need is a floor on the
+  even share, not a ceiling: it is a mean, and bursts need more). When the needs sum to
+  more than the budget, every node gets its floor plus the same
   fraction of its need above the floor (the shortfall shared in proportion to need), so no
   node is starved first and the rule is predictable. A node that publishes no need is
   counted at its measured power plus the DPS margin.
@@ -145,14 +147,14 @@ def need_of(node: NodeReport) -> float:
 
 
 def slo_aware(nodes: Sequence[NodeReport], budget_w: float) -> list[float]:
-    """Each node's need plus a share of the rest by headroom; under a budget below the
-    summed needs, the floor plus the same fraction of every node's need above it."""
+    """Each node's need, then the rest evened out (one level, as uniform caps, that no
+    node's need undercuts); under a budget below the summed needs, the floor plus the same
+    fraction of every node's need above it."""
     low, high = _ranges(nodes)
     needs = [need_of(node) for node in nodes]
     if budget_w >= sum(needs):
-        headroom = [high[i] - needs[i] for i in range(len(nodes))]
-        level = level_fill(budget_w, needs, lambda i, lv: headroom[i] / max(high), needs, high)
-        return level
+        # Needs first; the rest raises the lowest caps first, as uniform caps would.
+        return level_fill(budget_w, [0.0] * len(nodes), lambda i, level: 1.0, needs, high)
     span = [needs[i] - low[i] for i in range(len(nodes))]
     return level_fill(budget_w, low, lambda i, lv: span[i] / max(high), low, needs)
 

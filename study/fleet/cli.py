@@ -147,7 +147,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add("--nodes", type=cli_types.count(1, MAX_NODES), default=4, metavar="N",
         help="nodes in the fleet (default 4)")  # fmt: skip
     add("--profiles", type=_profiles, default=None, metavar="P1,P2,...",
-        help="profiles of the nodes, in turn (default: h100-sxm, a100-sxm-80gb and l40s "
+        help="profiles of the nodes, in turn (default: h100-sxm, h200-sxm and a100-sxm-80gb "
         "serving llama3-8b)")  # fmt: skip
     add("--controller", default="mpc", metavar="SPEC",
         help="every node's controller, a 'gpugov simulate' --controller (default mpc)")  # fmt: skip

@@ -42,7 +42,7 @@ from gpugov.study.fleet.router import make_router
 from gpugov.study.runners import CellDone, RunnerSpec, map_cells
 from gpugov.study.scoreboard.scenarios import _full_trace, work_seconds_at_maximum
 
-DEFAULT_PROFILES = ("h100-sxm-llama3-8b", "a100-sxm-80gb-llama3-8b", "l40s-llama3-8b")
+DEFAULT_PROFILES = ("h100-sxm-llama3-8b", "h200-sxm-llama3-8b", "a100-sxm-80gb-llama3-8b")
 """A mixed fleet serving one model: three GPU kinds, each node the next in turn."""
 DEFAULT_BUDGETS = (0.6, 0.7, 0.8)
 UNCAPPED = "uncapped"

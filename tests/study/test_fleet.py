@@ -83,17 +83,18 @@ def test_uniform_gives_one_cap_to_every_node_its_range_allows() -> None:
     assert caps == pytest.approx([350.0, 550.0, 550.0])
 
 
-def test_slo_aware_gives_each_node_its_need_then_shares_the_rest_by_headroom() -> None:
+def test_slo_aware_gives_each_node_its_need_then_evens_out_the_rest() -> None:
     nodes = [
         NodeReport(210.0, 700.0, 400.0, 300.0, need_w=500.0, need_sigma_w=20.0),
         NodeReport(120.0, 400.0, 400.0, 300.0, need_w=150.0, need_sigma_w=0.0),
+        NodeReport(210.0, 700.0, 400.0, 300.0, need_w=200.0, need_sigma_w=0.0),
     ]
-    needs = [500.0 + NEED_SIGMAS * 20.0, 150.0]
-    caps = slo_aware(nodes, 800.0)
-    assert all(c >= n - 1e-6 for c, n in zip(caps, needs, strict=True))
-    extra = [c - n for c, n in zip(caps, needs, strict=True)]
-    headroom = [700.0 - needs[0], 400.0 - needs[1]]
-    assert extra[0] / extra[1] == pytest.approx(headroom[0] / headroom[1], rel=1e-6)
+    first = 500.0 + NEED_SIGMAS * 20.0
+    caps = slo_aware(nodes, 1000.0)
+    # The needy node keeps its need; the others share the rest at one level.
+    assert caps == pytest.approx([first, 240.0, 240.0])
+    caps = slo_aware(nodes, 1600.0)
+    assert caps == pytest.approx([600.0, 400.0, 600.0])  # the 400 W board at its TDP
 
 
 def test_slo_aware_under_a_budget_below_the_needs_shares_the_shortfall_by_need() -> None:
