@@ -103,6 +103,9 @@ class PowerNeed:
     """The clocks the model predicts at, ascending."""
     curve_w: tuple[float, ...]
     """Predicted power at each of :attr:`clocks_mhz` at the current load."""
+    peak_w: float | None = None
+    """The most the model lets the domain draw at any load (its highest phase power at
+    the top clock), when known: a budget at least this never binds."""
 
     def __post_init__(self) -> None:
         if len(self.clocks_mhz) != len(self.curve_w) or not self.clocks_mhz:

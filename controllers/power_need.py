@@ -14,6 +14,7 @@ the effective budget there), to the clock of the controller inside it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Literal
 
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
 
 HOLDS_TOLERANCE = 1e-12
 """A summed squared penalty at or below this counts as none (the SLO holds)."""
+NEED_EVERY_S = 1.0
+"""While the budget cannot bind (at least the model's peak power), :class:`BudgetGuard`
+asks for the need at most once per this many seconds of observation time (for
+publishing); a budget that can bind asks at every decision."""
 
 Slipping = Literal["none", "ttft", "ttft+tpot"]
 
@@ -72,6 +77,7 @@ def need_from_problem(problem: MPCProblem, *, uncertainty_w: float = 0.0) -> Pow
         tpot_clock_mhz=float(clocks[tpot_index]),
         clocks_mhz=tuple(float(c) for c in clocks),
         curve_w=tuple(float(w) for w in watts),
+        peak_w=maximum_power,
     )
 
 
@@ -112,15 +118,21 @@ class BudgetGuard(ControllerWrapper):
         """Decisions the budget lowered."""
         self.over_budget_decisions = 0
         """Decisions made over budget (the need above the budget)."""
+        self.need_errors = 0
+        """Decisions whose need the inner controller could not give (it raised): they
+        pass unchanged, as with no need."""
+        self._need_time_s = -math.inf
 
     def __call__(self, observation: ServingObservation) -> float:
         decision = float(self.inner(observation))
-        need = self.power_needed()
         budget = observation.power_limit_w
+        if budget is not None and not (np.isfinite(budget) and budget > 0.0):
+            budget = None
+        need = self._need(observation.time_s, budget)
         self.last_need = need
         self.over_budget = False
         self.slipping = "none"
-        if need is None or budget is None or not np.isfinite(budget) or budget <= 0.0:
+        if need is None or budget is None:
             self.last_budget_w = None
             return decision
         self.last_budget_w = float(budget)
@@ -136,5 +148,25 @@ class BudgetGuard(ControllerWrapper):
             self.capped_decisions += 1
         return guarded
 
+    def _need(self, time_s: float, budget: float | None) -> PowerNeed | None:
+        """The inner controller's need now, or the last one while it is younger than
+        :data:`NEED_EVERY_S` and ``budget`` cannot bind (at least its peak power): pricing
+        every clock costs a few milliseconds, the decision often less."""
+        last = self.last_need
+        if (
+            last is not None
+            and last.peak_w is not None
+            and (budget is None or budget >= last.peak_w)
+            and 0.0 <= time_s - self._need_time_s < NEED_EVERY_S
+        ):
+            return last
+        try:
+            need = self.power_needed()
+        except Exception:  # the controller's own estimate never costs the decision
+            self.need_errors += 1
+            need = None
+        self._need_time_s = time_s
+        return need
 
-__all__ = ["HOLDS_TOLERANCE", "BudgetGuard", "need_from_problem"]
+
+__all__ = ["HOLDS_TOLERANCE", "NEED_EVERY_S", "BudgetGuard", "need_from_problem"]

@@ -440,6 +440,31 @@ class DomainConfig(_Frozen):
     thermal_limit_c: PositiveFloat | None = None
     mean_prompt_tokens: PositiveFloat = 512.0
     mean_output_tokens: PositiveFloat = 256.0
+    power_budget_w: PositiveFloat | None = None
+    """The domain's power budget, watts for all its GPUs together; the lowest of this,
+    ``power_budget_file`` and the GPUs' enforced NVML limits is in force
+    (``docs/power-budget.md``)."""
+    power_budget_file: LoosePath | None = None
+    """A file holding one number of watts (such as a Kubernetes Downward API projection
+    of the pod annotation ``dynamo.nvidia.com/gpu-power-limit``), re-read when it changes."""
+    power_budget_file_scope: Literal["gpu", "domain"] = "gpu"
+    """What the file's number covers: one GPU (the domain's budget is that times its GPU
+    count, as Dynamo's annotation is a per-GPU cap) or the whole domain."""
+
+    @field_validator("power_budget_file", mode="before")
+    @classmethod
+    def _budget_file_named(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("must name a file, such as /etc/gpugov/budget/gpu-power-limit")
+        return value
+
+    @model_validator(mode="after")
+    def _budget_scope_needs_a_file(self) -> DomainConfig:
+        if "power_budget_file_scope" in self.model_fields_set and self.power_budget_file is None:
+            raise ValueError(
+                "power_budget_file_scope needs power_budget_file (the file whose number it scales)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _slos_for_the_target(self) -> DomainConfig:

@@ -170,6 +170,11 @@ class ControllerContext:
         slo_target: the domain's SLO target (``controllers.budget.SLOTarget``): ``mpc``
             and ``mpc-online`` spend the misses it allows; None: they hold the SLO with
             their fixed margins.
+        budget_guard: hold the clock within the power budget each observation carries
+            (its ``power_limit_w``) by the controller's own model, and degrade by the
+            budget rule when the budget is below the need
+            (:class:`controllers.power_need.BudgetGuard`, ``docs/power-budget.md``); a
+            node always does, a study when it asks.
     """
 
     period_s: float
@@ -190,6 +195,7 @@ class ControllerContext:
     plan: Any = None
     history_limit: int | None = None
     slo_target: Any = None
+    budget_guard: bool = False
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.period_s) or self.period_s <= 0:
@@ -257,8 +263,9 @@ def build_controller(spec: ControllerConfig, context: ControllerContext) -> Cont
 
     The result is ``MinimumDwell(FloorClock(ClampToSupported(algorithm)))`` (the floor
     only when set); for ``mpc-online`` with a state directory the algorithm is wrapped in
-    :class:`daemon.model_store.PersistentOnlineModel` first. Every layer is named after
-    the spec (:func:`spec_name`).
+    :class:`daemon.model_store.PersistentOnlineModel` first, and with
+    ``context.budget_guard`` in :class:`controllers.power_need.BudgetGuard` inside the
+    chain. Every layer is named after the spec (:func:`spec_name`).
 
     Raises:
         ControllerError: a plan file or profile cannot be loaded, or the kind's module is
@@ -278,6 +285,10 @@ def build_controller(spec: ControllerConfig, context: ControllerContext) -> Cont
             context.domain,
             context.gpu_uuids or tuple(str(i) for i in range(context.gpu_count)),
         )
+    if context.budget_guard:
+        from gpugov.controllers.power_need import BudgetGuard
+
+        inner = BudgetGuard(inner)
     chain = with_safety(inner, context.supported_clocks_mhz, context.safety)
     name = spec_name(spec)
     for layer in layers(chain):

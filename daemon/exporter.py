@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 
 from gpugov import __version__
 from gpugov.daemon.backend import GpuSample
+from gpugov.daemon.power_budget import BudgetStatus
 from gpugov.plant.types import ServingObservation
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,8 @@ class DomainSnapshot:
     yielded_gpus: tuple[str, ...] = ()
     model: Mapping[str, Any] | None = None
     """The online MPC's learning status (``OnlineMPCController.status()``), else None."""
+    power_budget: BudgetStatus | None = None
+    """The domain's power budget and need (:class:`daemon.power_budget.BudgetStatus`)."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,7 @@ class SnapshotCollector(Collector):
         yield from self._gpu_metrics(domains)
         yield from self._domain_metrics(domains)
         yield from self._model_metrics(domains)
+        yield from self._budget_metrics(domains)
         yield from self._loop_metrics(loop)
 
     def _gpu_metrics(self, domains: Sequence[DomainSnapshot]) -> Iterator[Metric]:
@@ -388,6 +392,91 @@ class SnapshotCollector(Collector):
         yield from residuals.values()
         yield from (confidence, exploring, warmup, floor, guard, descent, backoffs, resets)
         yield from budget.values()
+
+    def _budget_metrics(self, domains: Sequence[DomainSnapshot]) -> Iterator[Metric]:
+        """``gpugov_power_*``: the domain's power budget, its need and the headroom
+        (``docs/power-budget.md``)."""
+        d = ("domain",)
+        need = _gauge(
+            "gpugov_power_needed_watts",
+            "Power the domain needs to hold its SLO at the current load, by its controller's "
+            "model (no cap applied)",
+            d,
+        )
+        uncertainty = _gauge(
+            "gpugov_power_needed_uncertainty_watts",
+            "One standard deviation of gpugov_power_needed_watts (the model's uncertainty)",
+            d,
+        )
+        budget = _gauge(
+            "gpugov_power_budget_watts",
+            "Power budget in force (the lowest of its sources); source: the one that won",
+            ("domain", "source"),
+        )
+        sources = _gauge(
+            "gpugov_power_budget_source_watts",
+            "Each power budget source's current value (config, file, nvml)",
+            ("domain", "source"),
+        )
+        headroom = _gauge(
+            "gpugov_power_headroom_watts",
+            "Power budget less the power needed (negative: over budget)",
+            d,
+        )
+        over = _gauge(
+            "gpugov_power_over_budget_active",
+            "1 while the budget is below the power the SLO needs (the budget rule degrades: "
+            "TTFT of queued requests slips first)",
+            d,
+        )
+        tpot = _gauge(
+            "gpugov_power_over_budget_tpot_active",
+            "1 while the budget is below even the power the running requests' TPOT needs "
+            "(TPOT slips too)",
+            d,
+        )
+        events = CounterMetricFamily(
+            "gpugov_power_over_budget_events",
+            "Times the budget fell below the power the SLO needs",
+            labels=list(d),
+        )
+        seconds = CounterMetricFamily(
+            "gpugov_power_over_budget_seconds",
+            "Seconds spent with the budget below the power the SLO needs",
+            labels=list(d),
+        )
+        capped = CounterMetricFamily(
+            "gpugov_power_budget_capped_decisions",
+            "Decisions the power budget lowered",
+            labels=list(d),
+        )
+        file_errors = CounterMetricFamily(
+            "gpugov_power_budget_file_errors",
+            "Problems met reading power_budget_file (the last good budget was kept)",
+            labels=list(d),
+        )
+        for s in domains:
+            status = s.power_budget
+            if status is None:
+                continue
+            key = [s.domain]
+            if status.need_w is not None:
+                need.add_metric(key, status.need_w)
+                uncertainty.add_metric(key, status.need_uncertainty_w or 0.0)
+            if status.budget_w is not None:
+                budget.add_metric([s.domain, status.source or ""], status.budget_w)
+            for name, value in sorted(status.sources_w.items()):
+                sources.add_metric([s.domain, name], value)
+            if status.headroom_w is not None:
+                headroom.add_metric(key, status.headroom_w)
+            over.add_metric(key, 1.0 if status.over_budget else 0.0)
+            tpot.add_metric(key, 1.0 if status.slipping == "ttft+tpot" else 0.0)
+            events.add_metric(key, float(status.over_budget_events_total))
+            seconds.add_metric(key, status.over_budget_seconds_total)
+            capped.add_metric(key, float(status.capped_decisions_total))
+            file_errors.add_metric(key, float(status.file_errors_total))
+        yield from (need, uncertainty, budget, sources, headroom, over, tpot)
+        yield from (events, seconds, capped, file_errors)
 
     def _loop_metrics(self, loop: LoopSnapshot) -> Iterator[Metric]:
         ticks = CounterMetricFamily("gpugov_loop_ticks", "Control-loop iterations run")

@@ -40,6 +40,7 @@ from gpugov.daemon.actuator import ClockActuator
 from gpugov.daemon.errors import ClocksNotReset, ControllerFailure
 from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
 from gpugov.daemon.observer import DomainObserver, Observed
+from gpugov.daemon.power_budget import PowerBudget
 from gpugov.daemon.safety import invalid_decisions, raw_decision
 from gpugov.plant.types import ClockController, ServingObservation
 
@@ -305,6 +306,9 @@ class Domain:
         solve_clock: wall clock for timing the controller.
         max_controller_failures: controller exceptions in a row survived before
             :meth:`tick` raises :class:`ControllerFailure`.
+        budget: the domain's power budget sources (:class:`daemon.power_budget.PowerBudget`):
+            each tick the budget in force replaces the observation's ``power_limit_w``
+            and the controller's need is followed after each decision; None: neither.
     """
 
     def __init__(
@@ -318,6 +322,7 @@ class Domain:
         label: str | None = None,
         solve_clock: Callable[[], float] = time.perf_counter,
         max_controller_failures: int = MAX_CONTROLLER_FAILURES,
+        budget: PowerBudget | None = None,
     ) -> None:
         if max_controller_failures < 1:
             raise ValueError(f"max_controller_failures must be >= 1, got {max_controller_failures}")
@@ -340,6 +345,7 @@ class Domain:
         self.write_path_down: str | None = None
         """Why the clock writes cannot go through (the actuator or zeusd is gone), or None."""
         self._failure_logged_s = -math.inf
+        self.budget = budget
 
     def _failsafe_clock(self) -> tuple[float | None, int]:
         """Apply the fail-safe: lock the top clock (``"max"``) or unlock."""
@@ -431,6 +437,8 @@ class Domain:
                 in a row (the caller resets the clocks).
         """
         observed = self.observer.observe(now_s, step, self.actuator.applied_mhz)
+        if self.budget is not None:
+            observed = self.budget.apply(observed)
         self.last = observed
         self.actuator.check_readback(observed.gpu_samples)
         decision: float | None = None
@@ -470,6 +478,8 @@ class Domain:
                 self.decisions += 1
                 requested = answer
                 decision = raw_decision(self.controller, answer)
+                if self.budget is not None:
+                    self.budget.after_decision(self.controller, now_s)
                 invalid = invalid_decisions(self.controller)
                 if invalid:
                     self.fallbacks["invalid_decision"] = invalid
@@ -535,6 +545,7 @@ class Domain:
             clock_write_failures_total=dict(self.actuator.write_failures),
             yielded_gpus=tuple(sorted(self.actuator.yielded)),
             model=self.model_status(),
+            power_budget=None if self.budget is None else self.budget.status(),
         )
 
     def model_status(self) -> dict[str, Any] | None:

@@ -347,10 +347,35 @@ def _check_domain(
                     f"top supported clock of its GPUs ({clocks[-1]:g} MHz)"
                 )
             )
+        _check_budget(domain, backends, report)
     try:
         _build_controller(config, domain, names, clocks, gpus_seen=backends is not None)
     except (GpugovError, ProfileError) as error:
         report.problems.append(error)
+
+
+def _check_budget(domain: DomainConfig, backends: Sequence[GpuBackend], report: NodeReport) -> None:
+    """The domain's power budget as ``run`` takes it: ``power_budget_w`` against the
+    GPUs' lowest power limit (a problem), and one read of ``power_budget_file`` (its
+    trouble is a warning: ``run`` starts and keeps the last good value)."""
+    from gpugov.daemon.power_budget import domain_budget
+
+    try:
+        budget = domain_budget(
+            domain.name,
+            backends,
+            config_w=domain.power_budget_w,
+            file=domain.power_budget_file,
+            file_scope=domain.power_budget_file_scope,
+        )
+    except ConfigError as error:
+        report.problems.append(error)
+        return
+    if budget.file is not None and budget.file.read() is not None:
+        report.lines.append(
+            f"domain {domain.name}: power budget file {budget.file.path}: "
+            f"{budget.file.value_w:g} W for the domain"
+        )
 
 
 def _common_clocks(backends: Sequence[GpuBackend]) -> tuple[float, ...]:

@@ -401,6 +401,20 @@ class NvmlBackend:
         except GpuError:
             return None
 
+    def power_limit_constraints_w(self) -> tuple[float, float] | None:
+        """The (lowest, highest) power limit the GPU accepts, in watts
+        (``nvmlDeviceGetPowerManagementLimitConstraints``), or None when it cannot be read:
+        a power budget below the lowest cannot be enforced."""
+        try:
+            low_mw, high_mw = self._call(
+                "read power limit constraints",
+                self._nvml.nvmlDeviceGetPowerManagementLimitConstraints,
+                self._handle,
+            )
+        except GpuError:
+            return None
+        return float(low_mw) / 1000.0, float(high_mw) / 1000.0
+
     def close(self) -> None:
         """Release this backend's NVML reference (idempotent); later calls raise
         :class:`~daemon.errors.GpuUnavailable`."""

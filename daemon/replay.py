@@ -119,7 +119,8 @@ def _replayed_controller(
     """The controller ``spec`` asks for, in the recording's safety chain, knowing what the
     recorded domain's controller knew: its GPU names and count (``gpu_names``, ``gpus``,
     for an ``mpc-online`` hint ``gpu = "auto"``; a recording without names: one warning,
-    no prior from the name) and the recorded forecasts."""
+    no prior from the name) and the recorded forecasts. Like a node's, the chain holds
+    the power budget each recorded observation carries (its ``power_limit_w``)."""
     safety = info.get("safety") or {}
     names = tuple(str(n or "") for n in info.get("gpu_names") or [])
     context = ControllerContext(
@@ -135,6 +136,7 @@ def _replayed_controller(
                 safety.get("min_relock_interval_s", DEFAULT_MIN_RELOCK_INTERVAL_S)
             ),
         ),
+        budget_guard=True,
     )
     return build_controller(spec, context)
 

@@ -41,6 +41,7 @@ from gpugov.daemon.loop import Domain, FailsafeMode
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DomainObserver
+from gpugov.daemon.power_budget import PowerBudget, domain_budget
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import SimulatedBackend, SimulatedNode, SimulatedSource
 from gpugov.plant import PlantSimulation, ServingPlant, ServingResult
@@ -191,9 +192,14 @@ def build_domain(
     time_mode: TimeMode = "wall",
     state_dir: Path | None = None,
     plant: ServingPlant | None = None,
+    budget: PowerBudget | None = None,
 ) -> Domain:
     """Observer + controller (in its safety chain, :func:`daemon.decide.build_controller`)
     + actuator for one domain.
+
+    The controller holds the domain's power budget (:class:`daemon.power_budget.PowerBudget`:
+    ``budget``, else the GPUs' enforced NVML limits alone) through the chain's
+    :class:`~gpugov.controllers.power_need.BudgetGuard` (``docs/power-budget.md``).
 
     The controller is built and warmed (:func:`daemon.decide.warm_up`: one dummy
     decision on a copy of the algorithm) here, before any loop or paced plant clock
@@ -252,6 +258,7 @@ def build_domain(
         plant=plant,
         history_limit=CONTROLLER_HISTORY_STEPS if time_mode == "wall" else None,
         slo_target=slo_target,
+        budget_guard=True,
     )
     controller = build_controller(controller_spec, context)
     try:
@@ -263,7 +270,13 @@ def build_domain(
         backends, domain=name, lock_mode=lock_mode, external_policy=external_policy, state=state
     )
     return Domain(
-        name, observer, controller, actuator, failsafe=failsafe, label=spec_name(controller_spec)
+        name,
+        observer,
+        controller,
+        actuator,
+        failsafe=failsafe,
+        label=spec_name(controller_spec),
+        budget=budget or PowerBudget(name),
     )
 
 
@@ -346,6 +359,13 @@ def _build_configured(
         mean_output_tokens=spec.mean_output_tokens,
         forecasts=_declared_forecasts(spec),
         state_dir=controller_state_dir(spec.controller, config.daemon.state_dir),
+        budget=domain_budget(
+            spec.name,
+            backends,
+            config_w=spec.power_budget_w,
+            file=spec.power_budget_file,
+            file_scope=spec.power_budget_file_scope,
+        ),
     )
 
 

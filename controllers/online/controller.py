@@ -711,10 +711,11 @@ class OnlineMPCController:
         deviations, so the clock is one the model is sure holds the SLO), with the
         power model's standard deviation at that clock as its uncertainty (the larger
         of the prefill and decode powers': a period's power mixes the two, so its
-        deviation is no larger). None while the MPC did not decide (warm-up, back-off,
-        no SLO known)."""
+        deviation is no larger). In a back-off (the top clock held on measured latency)
+        it is the need of the last MPC decision; None while there is none to trust
+        (before the MPC first decided, in the warm-up, with no SLO known)."""
         model = self.model
-        if self.mpc is None or model is None or self.last_reason not in _MPC_REASONS:
+        if self.mpc is None or model is None or self.last_reason in _NO_NEED_REASONS:
             return None
         need = self.mpc.power_needed()
         if need is None:
@@ -777,8 +778,8 @@ class OnlineMPCController:
         }
 
 
-_MPC_REASONS = frozenset({"mpc", "burst-guard", "decode-descent", "explore-floor"})
-"""The ``last_reason`` values of a decision the MPC took part in."""
+_NO_NEED_REASONS = frozenset({"start", "warm-up", "no SLO known"})
+"""The ``last_reason`` values of a decision with no model need to report."""
 
 
 def _idle(observation: ServingObservation) -> bool:

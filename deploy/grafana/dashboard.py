@@ -11,8 +11,10 @@ scraped the simulated daemon: a query that returns nothing fails the build.
 Layout: an overview row for the selected nodes; one row per control domain (repeated
 over ``$domain``) with requested vs realised clock, power, J/token, queue, TTFT/TPOT
 against their SLOs, SLO attainment, controller solve time, fallbacks and engine scrape
-health; a per-GPU row; a daemon row. Heavier expressions come from the recording rules in
-``deploy/prometheus/rules/gpugov-recording.rules.yml``.
+health; a per-GPU row; a daemon row; the learned model; the power budget (need, budget,
+headroom, the selected nodes summed). Heavier expressions come from the recording rules in
+``deploy/prometheus/rules/gpugov-recording.rules.yml`` and
+``deploy/prometheus/rules/gpugov-power-budget.rules.yml``.
 """
 
 from __future__ import annotations
@@ -580,6 +582,75 @@ def model_panels(ids: _Ids) -> list[Timeseries]:
     ]
 
 
+def power_budget_panels(ids: _Ids) -> list[Timeseries]:
+    """Power budgets (``docs/power-budget.md``): what the domains need to hold their SLOs,
+    the budgets they were given, the headroom, and the selected nodes summed."""
+    return [
+        timeseries(
+            ids,
+            "Power: need, budget and draw",
+            "The power each domain needs to hold its SLO at the current load (its controller's "
+            "model, no cap applied), that need plus two standard deviations (dashed), the "
+            "budget in force with the source that set it (config, file or nvml), and the "
+            "power drawn.",
+            "watt",
+            [
+                (f"gpugov_power_needed_watts{{{DOMAIN}}}", "need {{instance}} {{domain}}"),
+                (
+                    f"gpugov_power_needed_watts{{{DOMAIN}}}"
+                    f" + 2 * gpugov_power_needed_uncertainty_watts{{{DOMAIN}}}",
+                    "need + 2 sd {{instance}} {{domain}}",
+                ),
+                (
+                    f"gpugov_power_budget_watts{{{DOMAIN}}}",
+                    "budget ({{source}}) {{instance}} {{domain}}",
+                ),
+                (f"gpugov_domain_power_watts{{{DOMAIN}}}", "drawn {{instance}} {{domain}}"),
+            ],
+            width=8,
+            dashed=("B",),
+            min_value=0,
+        ),
+        timeseries(
+            ids,
+            "Power headroom and over-budget time",
+            "Budget less need (negative: the SLO cannot be held within the budget), and the "
+            "share of time over budget (1: over budget all the time; the budget rule lets "
+            "TTFT of queued requests slip first).",
+            "watt",
+            [
+                (f"gpugov_power_headroom_watts{{{DOMAIN}}}", "headroom {{instance}} {{domain}}"),
+                (
+                    f"rate(gpugov_power_over_budget_seconds_total{{{DOMAIN}}}[{RATE}])",
+                    "over budget (share) {{instance}} {{domain}}",
+                ),
+            ],
+            width=8,
+            dashed=("B",),
+        ),
+        timeseries(
+            ids,
+            "Fleet: need, budget and headroom of the selected nodes",
+            "The selected nodes summed (recording rules in "
+            "gpugov-power-budget.rules.yml): the need, the need plus two standard "
+            "deviations of the sum (dashed), the budgets and the headroom.",
+            "watt",
+            [
+                (f"sum(node:gpugov_power_needed_watts:sum{{{NODE}}})", "need"),
+                (
+                    f"sum(node:gpugov_power_needed_watts:sum{{{NODE}}}) + 2 * sqrt("
+                    f"sum(node:gpugov_power_needed_uncertainty_watts:rss{{{NODE}}} ^ 2))",
+                    "need + 2 sd",
+                ),
+                (f"sum(node:gpugov_power_budget_watts:sum{{{NODE}}})", "budget"),
+                (f"sum(node:gpugov_power_headroom_watts:sum{{{NODE}}})", "headroom"),
+            ],
+            width=8,
+            dashed=("B",),
+        ),
+    ]
+
+
 def build_dashboard() -> Dashboard:
     """The whole dashboard."""
     ids = _Ids()
@@ -602,6 +673,7 @@ def build_dashboard() -> Dashboard:
         (Row("GPUs").id(ids()), gpu_panels(ids)),
         (Row("Daemon").id(ids()), daemon_panels(ids)),
         (Row("Learned model (mpc-online)").id(ids()), model_panels(ids)),
+        (Row("Power budget").id(ids()), power_budget_panels(ids)),
     ]
     for row, panels in sections:
         board = board.with_row(row)

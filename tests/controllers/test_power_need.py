@@ -3,18 +3,19 @@ the controller's model, reachable through the safety chain; and the budget rule.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
 import pytest
 from synthetic import make_plant
 
-from gpugov.controllers.contract import PowerNeed, power_needed
+from gpugov.controllers.contract import PowerNeed, layers, power_needed
 from gpugov.controllers.mpc.model import MPCWeights
 from gpugov.controllers.power_need import BudgetGuard, need_from_problem
 from gpugov.daemon.config import OnlineMPCControllerConfig
 from gpugov.daemon.decide import ControllerContext, build_controller, parse_controller_spec
-from gpugov.plant import PlantSimulation, ServingPlant, chunked_prefill_scheduler
+from gpugov.plant import PlantSimulation, ServingPlant, chunked_prefill_scheduler, simulate
 from gpugov.plant.types import Request, ServingObservation
 
 
@@ -174,3 +175,84 @@ def test_budget_guard_passes_a_controller_without_a_need() -> None:
     guard = BudgetGuard(_Planned(1800.0, None))
     assert guard(_observation(100.0)) == 1800.0
     assert not guard.over_budget and guard.last_need is None
+
+
+def test_budget_guard_holds_a_budget_on_the_plant_and_protects_tpot_first() -> None:
+    """A budget below the need, delivered in the observation (as a node delivers it;
+    the plant's own firmware cap is not set): the MPC alone plans on its profile's board
+    limit and overspends; in the guard the plant's mean power stays within the budget,
+    TPOT holds and TTFT slips. A budget step takes effect at the next decision."""
+    plant = make_plant()
+    workload = tuple(
+        Request(
+            request_id=i,
+            arrival_time_s=i * 0.07,
+            prompt_tokens=1000 + 37 * (i % 7),
+            output_tokens=150 + 11 * (i % 5),
+        )
+        for i in range(120)
+    )
+    step_s, budget_w = 5.0, 300.0
+    results = {}
+    after_step_w: dict[bool, float] = {}
+    for guarded in (False, True):
+        context = ControllerContext.for_plant(plant, workload, period_s=1.0, budget_guard=guarded)
+        chain = build_controller(parse_controller_spec("mpc"), context)
+        steps: list[tuple[float, float, float]] = []
+
+        def budgeted(observation: ServingObservation, chain=chain, steps=steps) -> float:
+            budget = 700.0 if observation.time_s < step_s else budget_w
+            clock = float(chain(replace(observation, power_limit_w=budget)))
+            need = chain.power_needed()
+            ceiling = need.ceiling_mhz(budget) if need is not None else math.inf
+            steps.append((observation.time_s, clock, ceiling))
+            return clock
+
+        result = simulate(
+            workload, plant, chunked_prefill_scheduler, budgeted, 0, control_period_s=1.0
+        )
+        results[guarded] = result.metrics
+        # Mean power from one period after the step (the plant's actuation) to the end.
+        start_s, end_s = step_s + 1.0, float(result.time_s[-1])
+        energy = np.interp([start_s, end_s], result.time_s, result.energy_j)
+        after_step_w[guarded] = float(energy[1] - energy[0]) / (end_s - start_s)
+        if guarded:
+            # From the step on, every decision is within the budget's ceiling.
+            after = [(clock, ceiling) for time_s, clock, ceiling in steps if time_s >= step_s]
+            assert after and all(clock <= ceiling for clock, ceiling in after)
+            guard = next(layer for layer in layers(chain) if isinstance(layer, BudgetGuard))
+            assert guard.over_budget_decisions > 0
+    free, held = results[False], results[True]
+    assert after_step_w[False] > budget_w  # the MPC alone plans on its board limit
+    assert after_step_w[True] <= budget_w
+    assert held.tpot_slo_attainment == pytest.approx(1.0)  # TPOT of running requests held
+    assert held.ttft_p50_s > free.ttft_p50_s  # TTFT of queued requests slips first
+
+
+def test_budget_guard_survives_a_need_that_raises() -> None:
+    class Broken(_Planned):
+        def power_needed(self) -> PowerNeed | None:
+            raise ValueError("watts must be finite and >= 0, got nan")
+
+    guard = BudgetGuard(Broken(1800.0, None))
+    assert guard(_observation(100.0)) == 1800.0
+    assert guard.need_errors == 1 and guard.last_need is None
+
+
+def test_budget_guard_prices_the_need_every_decision_only_while_the_budget_can_bind() -> None:
+    class Counting(_Planned):
+        calls = 0
+
+        def power_needed(self) -> PowerNeed | None:
+            self.calls += 1
+            return self.need
+
+    need = replace(_need(CLOCKS, CURVE, watts_index=2, tpot_index=1), peak_w=650.0)
+    inner = Counting(1500.0, need)
+    guard = BudgetGuard(inner)
+    for tick in range(8):  # 0.25 s periods, a budget above the peak: once a second
+        guard(replace(_observation(700.0), time_s=0.25 * tick))
+    assert inner.calls == 2 and guard.last_need is need
+    for tick in range(8, 12):  # a budget that can bind: at every decision
+        guard(replace(_observation(400.0), time_s=0.25 * tick))
+    assert inner.calls == 6

@@ -164,6 +164,8 @@ class FakeGpu:
     utilization_pct: int = 80
     event_reasons: int = 0
     power_limit_mw: int = 700_000
+    power_limit_min_mw: int = 200_000
+    power_limit_max_mw: int = 700_000
     memory_clocks_mhz: tuple[int, ...] = (2619,)
     graphics_clocks_mhz: tuple[int, ...] = tuple(range(1980, 344, -15))  # descending, as NVML
     field_power_supported: bool = True
@@ -329,6 +331,10 @@ class FakeNvml:
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeGpu) -> int:
         self._enter("nvmlDeviceGetEnforcedPowerLimit", handle)
         return handle.power_limit_mw
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: FakeGpu) -> list[int]:
+        self._enter("nvmlDeviceGetPowerManagementLimitConstraints", handle)
+        return [handle.power_limit_min_mw, handle.power_limit_max_mw]
 
     def nvmlDeviceGetSupportedMemoryClocks(self, handle: FakeGpu) -> list[int]:
         self._enter("nvmlDeviceGetSupportedMemoryClocks", handle)

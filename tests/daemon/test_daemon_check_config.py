@@ -265,3 +265,23 @@ def test_a_metrics_port_held_by_a_running_gpugov_passes(
         assert node_cli.main(["check-config", str(config)]) == 0, capsys.readouterr().err
     finally:
         exporter.close()
+
+
+def test_a_budget_below_the_gpus_lowest_limit_is_runs_own_refusal_and_a_bad_file_warns(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write(tmp_path, domain="power_budget_w = 300.0\n")  # 2 GPUs accept >= 400 W
+    assert _run_code(path) == 2
+    run_line = capsys.readouterr().err.strip()
+    assert "power_budget_w (300 W) is below the lowest power limit" in run_line
+    assert node_cli.main(["check-config", str(path)]) == 2
+    assert run_line in capsys.readouterr().err.splitlines()
+    budget = tmp_path / "gpu-power-limit"
+    budget.write_text("abc")
+    path = _write(tmp_path, domain=f'power_budget_file = "{budget}"\n')
+    assert node_cli.main(["check-config", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "not a number of watts" in captured.out + captured.err
+    budget.write_text("450")
+    assert node_cli.main(["check-config", str(path)]) == 0
+    assert f"power budget file {budget}: 900 W for the domain" in capsys.readouterr().out

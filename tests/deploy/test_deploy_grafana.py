@@ -93,6 +93,7 @@ def test_rows_per_domain_and_per_gpu_with_the_promised_panels() -> None:
         "GPUs",
         "Daemon",
         "Learned model (mpc-online)",
+        "Power budget",
     ]
     assert rows[1]["repeat"] == "domain"
     titles = " | ".join(p["title"] for p in panels(board))
@@ -111,6 +112,9 @@ def test_rows_per_domain_and_per_gpu_with_the_promised_panels() -> None:
         r"Learned model: samples and confidence",
         r"Learned model: fit residuals",
         r"Learned model: exploration",
+        r"Power: need, budget and draw",
+        r"Power headroom and over-budget time",
+        r"Fleet: need, budget and headroom",
     ):
         assert re.search(topic, titles), f"no panel for {topic!r}"
     per_gpu = [p for p in panels(board) if p["title"].endswith("per GPU")]

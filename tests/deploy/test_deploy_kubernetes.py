@@ -263,3 +263,38 @@ def find_split_configmap(name: str) -> str:
     assert len(found) == 1, name
     text: str = found[0]["data"]["config.toml"]
     return text
+
+
+# ------------------------------------------------------------ power budget example
+POWER_BUDGET_EXAMPLE = "examples/power-budget-daemonset.yaml"
+DYNAMO_ANNOTATION = "dynamo.nvidia.com/gpu-power-limit"
+
+
+def test_power_budget_example_projects_the_annotation_the_config_reads() -> None:
+    """The Downward API volume puts the pod's Dynamo annotation at the file the domain's
+    ``power_budget_file`` names; the config passes gpugov's validation; the starting
+    annotation is a budget gpugov accepts; the rest is the main DaemonSet's pod."""
+    from gpugov.daemon.power_budget import parse_budget_watts
+
+    found = {d["kind"]: d for f, d in documents() if f == POWER_BUDGET_EXAMPLE}
+    assert set(found) == {"ConfigMap", "DaemonSet"}
+    text = found["ConfigMap"]["data"]["config.toml"]
+    config = parse_config(tomllib.loads(text), f"{POWER_BUDGET_EXAMPLE}:config.toml")
+    domain = config.domains[0]
+    assert domain.power_budget_file is not None and domain.power_budget_file_scope == "gpu"
+    template = found["DaemonSet"]["spec"]["template"]
+    pod = template["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (item,) = volumes["budget"]["downwardAPI"]["items"]
+    assert item["fieldRef"]["fieldPath"] == f"metadata.annotations['{DYNAMO_ANNOTATION}']"
+    (gpugov,) = pod["containers"]
+    mounts = {m["name"]: m for m in gpugov["volumeMounts"]}
+    assert mounts["budget"]["readOnly"] is True
+    assert Path(mounts["budget"]["mountPath"]) / item["path"] == domain.power_budget_file
+    # Not below the config volume (a read-only ConfigMap mount).
+    assert not str(domain.power_budget_file).startswith(mounts["config"]["mountPath"] + "/")
+    assert parse_budget_watts(template["metadata"]["annotations"][DYNAMO_ANNOTATION]) > 0
+    main = find("DaemonSet")["spec"]["template"]["spec"]
+    assert gpugov["securityContext"] == main["containers"][0]["securityContext"]
+    assert gpugov["args"] == main["containers"][0]["args"]
+    assert {v["name"] for v in main["volumes"]} | {"budget"} == set(volumes)

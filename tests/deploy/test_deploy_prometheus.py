@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from deploytools import OPERATOR_GUIDE, PROMETHEUS, require_module, require_tool
 
 yaml = require_module("yaml")
@@ -21,6 +22,8 @@ RULE_FILES = sorted((PROMETHEUS / "rules").glob("*.rules.yml"))
 ALERT_RULES = PROMETHEUS / "rules" / "gpugov-alerts.rules.yml"
 RECORDING_RULES = PROMETHEUS / "rules" / "gpugov-recording.rules.yml"
 UNIT_TESTS = PROMETHEUS / "tests" / "gpugov.test.yml"
+POWER_BUDGET_RULES = PROMETHEUS / "rules" / "gpugov-power-budget.rules.yml"
+POWER_BUDGET_TESTS = PROMETHEUS / "tests" / "gpugov-power-budget.test.yml"
 
 
 def promtool(*args: str, cwd: Path = PROMETHEUS) -> str:
@@ -43,8 +46,8 @@ def alert_names() -> list[str]:
     return [rule["alert"] for rule in rules(ALERT_RULES)]
 
 
-def test_rule_files_are_the_expected_two() -> None:
-    assert sorted([ALERT_RULES, RECORDING_RULES]) == RULE_FILES
+def test_rule_files_are_the_expected_ones() -> None:
+    assert sorted([ALERT_RULES, RECORDING_RULES, POWER_BUDGET_RULES]) == RULE_FILES
 
 
 def test_promtool_check_config() -> None:
@@ -62,8 +65,23 @@ def test_promtool_test_rules() -> None:
     assert "SUCCESS" in output
 
 
-def test_every_alert_fires_and_clears_in_the_unit_tests() -> None:
-    document = yaml.safe_load(UNIT_TESTS.read_text())
+def test_promtool_test_power_budget_rules() -> None:
+    output = promtool("test", "rules", str(POWER_BUDGET_TESTS))
+    assert "SUCCESS" in output
+
+
+def test_prometheus_config_loads_every_rule_file() -> None:
+    config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
+    assert sorted(PROMETHEUS / path for path in config["rule_files"]) == RULE_FILES
+
+
+@pytest.mark.parametrize(
+    ("rule_file", "unit_tests"),
+    [(ALERT_RULES, UNIT_TESTS), (POWER_BUDGET_RULES, POWER_BUDGET_TESTS)],
+    ids=["alerts", "power-budget"],
+)
+def test_every_alert_fires_and_clears_in_the_unit_tests(rule_file: Path, unit_tests: Path) -> None:
+    document = yaml.safe_load(unit_tests.read_text())
     fired: set[str] = set()
     cleared_after_firing: set[str] = set()
     seconds = {"s": 1, "m": 60, "h": 3600}
@@ -80,18 +98,21 @@ def test_every_alert_fires_and_clears_in_the_unit_tests() -> None:
                 fired.add(name)
             elif name in firing_in_case:
                 cleared_after_firing.add(name)
-    for name in alert_names():
-        assert name in fired, f"{name} never fires in {UNIT_TESTS.name}"
-        assert name in cleared_after_firing, f"{name} never clears in {UNIT_TESTS.name}"
+    names = [rule["alert"] for rule in rules(rule_file) if "alert" in rule]
+    assert names, f"{rule_file.name} defines no alert"
+    for name in names:
+        assert name in fired, f"{name} never fires in {unit_tests.name}"
+        assert name in cleared_after_firing, f"{name} never clears in {unit_tests.name}"
 
 
-def test_alerts_are_documented() -> None:
+@pytest.mark.parametrize("rule_file", [ALERT_RULES, POWER_BUDGET_RULES], ids=lambda p: p.stem)
+def test_alerts_are_documented(rule_file: Path) -> None:
     guide = OPERATOR_GUIDE.read_text()
     anchors = {
         re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-")
         for heading in re.findall(r"^#+ (.+)$", guide, flags=re.M)
     }
-    for rule in rules(ALERT_RULES):
+    for rule in (rule for rule in rules(rule_file) if "alert" in rule):
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}
         for key in ("summary", "description", "runbook_url"):
             assert rule["annotations"].get(key), f"{rule['alert']}: no {key}"
@@ -102,10 +123,15 @@ def test_alerts_are_documented() -> None:
         )
 
 
-def test_recording_rule_names_follow_the_convention() -> None:
-    for rule in rules(RECORDING_RULES):
+@pytest.mark.parametrize(
+    ("rule_file", "levels"),
+    [(RECORDING_RULES, {"domain", "gpu"}), (POWER_BUDGET_RULES, {"domain", "node", "cluster"})],
+    ids=["recording", "power-budget"],
+)
+def test_recording_rule_names_follow_the_convention(rule_file: Path, levels: set[str]) -> None:
+    for rule in (rule for rule in rules(rule_file) if "record" in rule):
         level, metric, operations = rule["record"].split(":")
-        assert level in {"domain", "gpu"}, rule["record"]
+        assert level in levels, rule["record"]
         assert metric.startswith("gpugov_"), rule["record"]
         assert operations, rule["record"]
 

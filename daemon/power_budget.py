@@ -1,0 +1,382 @@
+"""A domain's power budget: its sources, the lowest of which wins, and what the node
+reports about it (``docs/power-budget.md``).
+
+Sources, each in watts for the whole domain:
+
+* ``config``: the domain's ``power_budget_w``;
+* ``file``: the number in ``power_budget_file`` (such as a Kubernetes Downward API
+  projection of the pod annotation ``dynamo.nvidia.com/gpu-power-limit``), times the
+  domain's GPU count when ``power_budget_file_scope = "gpu"`` (the default: the
+  annotation is a per-GPU cap); read every tick through the bounded reader and taken
+  again when its contents change;
+* ``nvml``: the GPUs' enforced power limits (``nvmlDeviceGetEnforcedPowerLimit``), summed,
+  as the observation carries them every tick.
+
+Bad file contents (not one number of watts, zero, negative, not finite, or below the
+domain's lowest settable power limit), a file that cannot be read or disappears: one log
+line per new problem, counted, and the last good value is kept. A failed NVML read keeps
+the last NVML value. Every tick the lowest known value is the budget; the node puts it
+in the observation's ``power_limit_w``, where the controller and its
+:class:`~gpugov.controllers.power_need.BudgetGuard` read it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
+
+from gpugov.controllers.contract import ClockController, layers, power_needed
+from gpugov.controllers.power_need import BudgetGuard
+from gpugov.daemon.backend import DryRunBackend, GpuBackend
+from gpugov.daemon.errors import ConfigError
+from gpugov.daemon.observer import Observed
+from gpugov.plant.input_files import InputFileError, read_input_text
+
+log = logging.getLogger(__name__)
+
+BudgetSource = Literal["config", "file", "nvml"]
+SOURCES: tuple[BudgetSource, ...] = ("config", "file", "nvml")
+"""Every budget source, in the order a tie is won."""
+FileScope = Literal["gpu", "domain"]
+BUDGET_CHANGE_LOG_W = 1.0
+"""A budget change smaller than this (watts) with the same source is not logged."""
+EVENT_LOG_EVERY_S = 60.0
+"""At most one over-budget log line per this many seconds (every event is counted)."""
+
+
+def parse_budget_watts(text: str) -> float:
+    """One number of watts, as a budget file holds it (``350``, ``350.5``, ``350W``;
+    surrounding whitespace and quotes allowed).
+
+    Raises:
+        ValueError: the reason, in words (empty, not a number, not finite, not positive).
+    """
+    value = text.strip().strip("\"'").strip()
+    if not value:
+        raise ValueError("is empty (no budget set)")
+    number = value[:-1].rstrip() if value[-1] in "wW" else value
+    try:
+        watts = float(number)
+    except ValueError:
+        raise ValueError(f"holds {value[:40]!r}, not a number of watts") from None
+    if not math.isfinite(watts):
+        raise ValueError(f"holds {value[:40]!r}, not a finite number of watts")
+    if watts <= 0.0:
+        raise ValueError(f"holds {watts:g} W; a budget must be positive")
+    return watts
+
+
+@runtime_checkable
+class PowerLimitRange(Protocol):
+    """A GPU backend that reports the power limits it accepts (NVML's constraints)."""
+
+    def power_limit_constraints_w(self) -> tuple[float, float] | None: ...
+
+
+class BudgetFile:
+    """A budget read from a file, re-read when the file changes.
+
+    Args:
+        path: the file (one number of watts).
+        scale: what the number is multiplied by for the domain (its GPU count for a
+            per-GPU value, 1 for a domain value).
+        minimum_w: the domain's lowest settable power limit, when known: a smaller
+            value is refused.
+        domain: the domain's name, for log lines.
+    """
+
+    def __init__(
+        self, path: Path, *, scale: float = 1.0, minimum_w: float | None = None, domain: str = ""
+    ) -> None:
+        self.path = Path(path)
+        self.scale = float(scale)
+        self.minimum_w = minimum_w
+        self.domain = domain
+        self.value_w: float | None = None
+        """The last good budget (domain watts), None until the file gave one."""
+        self.errors = 0
+        """Problems met (each new bad content, each time the file became unreadable)."""
+        self.problem: str | None = None
+        """What is wrong with the file now, None when its value is in use."""
+        self._text: str | None = None
+
+    def read(self) -> float | None:
+        """The budget the file gives now: its value when its contents changed and are
+        good, else the last good one (None before any). Never raises.
+
+        The file is read every call (one bounded read of a few bytes): a Downward API
+        volume swaps in a new file, an editor may rewrite it in place within one
+        timestamp tick, and only the contents tell for sure."""
+        try:
+            text = read_input_text(self.path, "budget")
+        except InputFileError as error:
+            self._text = None
+            self._fail(error.reason)
+            return self.value_w
+        if text == self._text:
+            return self.value_w
+        self._text = text
+        try:
+            watts = parse_budget_watts(text) * self.scale
+        except ValueError as error:
+            self._fail(str(error))
+            return self.value_w
+        if self.minimum_w is not None and watts < self.minimum_w - 1e-9:
+            self._fail(
+                f"gives {watts:g} W for the domain, below the lowest power limit its GPUs "
+                f"accept ({self.minimum_w:g} W)"
+            )
+            return self.value_w
+        if self.problem is not None:
+            log.warning("domain %s: power budget file %s is good again", self.domain, self.path)
+        self.problem = None
+        self.value_w = watts
+        return watts
+
+    def _fail(self, reason: str) -> None:
+        """Count and log a new problem once (the same problem again is neither)."""
+        if reason == self.problem:
+            return
+        self.problem = reason
+        self.errors += 1
+        kept = "no budget from it" if self.value_w is None else f"keeping {self.value_w:g} W"
+        log.warning("domain %s: power budget file %s %s; %s", self.domain, self.path, reason, kept)
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    """What the exporter shows about a domain's budget and need after a tick."""
+
+    budget_w: float | None = None
+    source: BudgetSource | None = None
+    sources_w: Mapping[str, float] = field(default_factory=dict)
+    """Every source's current value (domain watts)."""
+    need_w: float | None = None
+    need_uncertainty_w: float | None = None
+    need_clock_mhz: float | None = None
+    over_budget: bool = False
+    slipping: str = "none"
+    over_budget_events_total: int = 0
+    over_budget_seconds_total: float = 0.0
+    file_errors_total: int = 0
+    capped_decisions_total: int = 0
+
+    @property
+    def headroom_w(self) -> float | None:
+        """Budget less need (negative over budget); None when either is unknown."""
+        if self.budget_w is None or self.need_w is None:
+            return None
+        return self.budget_w - self.need_w
+
+
+class PowerBudget:
+    """One domain's budget sources, the budget in force and its over-budget events.
+
+    Args:
+        domain: the domain's name.
+        config_w: ``power_budget_w`` (domain watts), or None.
+        file: the ``power_budget_file`` reader, or None.
+    """
+
+    def __init__(
+        self, domain: str, *, config_w: float | None = None, file: BudgetFile | None = None
+    ) -> None:
+        self.domain = domain
+        self.config_w = config_w
+        self.file = file
+        self.nvml_w: float | None = None
+        self.budget_w: float | None = None
+        self.source: BudgetSource | None = None
+        self.sources_w: dict[str, float] = {}
+        self.over_budget = False
+        self.slipping = "none"
+        self.need_w: float | None = None
+        self.need_uncertainty_w: float | None = None
+        self.need_clock_mhz: float | None = None
+        self.over_budget_events = 0
+        self.over_budget_s = 0.0
+        self.capped_decisions = 0
+        self._last_decision_s: float | None = None
+        self._over_since_s: float | None = None
+        self._event_logged_s = -math.inf
+
+    def resolve(self, nvml_w: float | None) -> float | None:
+        """Read the sources and set the budget in force (the lowest); log a change."""
+        if nvml_w is not None and math.isfinite(nvml_w) and nvml_w > 0.0:
+            self.nvml_w = float(nvml_w)
+        values: dict[str, float] = {}
+        if self.config_w is not None:
+            values["config"] = float(self.config_w)
+        if self.file is not None:
+            from_file = self.file.read()
+            if from_file is not None:
+                values["file"] = from_file
+        if self.nvml_w is not None:
+            values["nvml"] = self.nvml_w
+        self.sources_w = values
+        if not values:
+            self.budget_w, self.source = None, None
+            return None
+        source = min(SOURCES, key=lambda name: values.get(name, math.inf))
+        watts = values[source]
+        before, before_source = self.budget_w, self.source
+        if before is None or source != before_source or abs(watts - before) >= BUDGET_CHANGE_LOG_W:
+            log.info(
+                "domain %s: power budget %.0f W (from %s)%s",
+                self.domain,
+                watts,
+                source,
+                "" if before is None else f", was {before:.0f} W (from {before_source})",
+            )
+        self.budget_w, self.source = watts, source
+        return watts
+
+    def apply(self, observed: Observed) -> Observed:
+        """``observed`` with the budget in force as the observation's ``power_limit_w``
+        (the NVML limits it carried are one of the sources)."""
+        budget = self.resolve(observed.observation.power_limit_w)
+        if budget is None:
+            return observed
+        return replace(observed, observation=replace(observed.observation, power_limit_w=budget))
+
+    def after_decision(self, controller: ClockController, now_s: float) -> None:
+        """Take the controller's need after a decision and follow the over-budget state:
+        an event (counted, and one log line at most every :data:`EVENT_LOG_EVERY_S`) when
+        the budget falls below the need, a line when it no longer is."""
+        guard = next(
+            (layer for layer in layers(controller) if isinstance(layer, BudgetGuard)), None
+        )
+        if guard is not None:
+            need = guard.last_need
+        else:
+            try:
+                need = power_needed(controller)
+            except Exception as error:  # a controller's own estimate: never stops the loop
+                log.debug("domain %s: power_needed raised %r", self.domain, error)
+                need = None
+        self.need_w = None if need is None else need.watts
+        self.need_uncertainty_w = None if need is None else need.uncertainty_w
+        self.need_clock_mhz = None if need is None else need.clock_mhz
+        if guard is not None:
+            self.capped_decisions = guard.capped_decisions
+        budget = self.budget_w
+        if guard is not None:
+            over, self.slipping = guard.over_budget, guard.slipping
+            budget = guard.last_budget_w
+        else:
+            over = need is not None and budget is not None and need.watts > budget
+            self.slipping = "ttft" if over else "none"
+        if self.over_budget and self._last_decision_s is not None:
+            self.over_budget_s += max(0.0, now_s - self._last_decision_s)
+        self._last_decision_s = now_s
+        if over and not self.over_budget:
+            self.over_budget_events += 1
+            self._over_since_s = now_s
+            if (
+                need is not None
+                and budget is not None
+                and (now_s - self._event_logged_s >= EVENT_LOG_EVERY_S)
+            ):
+                self._event_logged_s = now_s
+                log.warning(
+                    "domain %s: over budget: the power budget %.0f W (from %s) is below the "
+                    "%.0f W (+/- %.0f W) the SLO needs at this load (%.0f MHz); %s",
+                    self.domain,
+                    budget,
+                    self.source,
+                    need.watts,
+                    need.uncertainty_w,
+                    need.clock_mhz,
+                    "TTFT of queued requests slips, TPOT of running requests is held"
+                    if self.slipping == "ttft"
+                    else "TTFT and TPOT slip (the budget is below what decoding needs)",
+                )
+        elif not over and self.over_budget and self._over_since_s is not None:
+            log.info(
+                "domain %s: within the power budget again after %.0f s over it",
+                self.domain,
+                now_s - self._over_since_s,
+            )
+        self.over_budget = over
+
+    def status(self) -> BudgetStatus:
+        """The exporter's view."""
+        return BudgetStatus(
+            budget_w=self.budget_w,
+            source=self.source,
+            sources_w=dict(self.sources_w),
+            need_w=self.need_w,
+            need_uncertainty_w=self.need_uncertainty_w,
+            need_clock_mhz=self.need_clock_mhz,
+            over_budget=self.over_budget,
+            slipping=self.slipping,
+            over_budget_events_total=self.over_budget_events,
+            over_budget_seconds_total=self.over_budget_s,
+            file_errors_total=0 if self.file is None else self.file.errors,
+            capped_decisions_total=self.capped_decisions,
+        )
+
+
+def domain_power_limit_range(backends: Sequence[GpuBackend]) -> tuple[float, float] | None:
+    """The domain's summed (lowest, highest) settable power limits, when every GPU
+    reports them (:class:`PowerLimitRange`: NVML); else None."""
+    low = high = 0.0
+    for backend in backends:
+        inner = backend.inner if isinstance(backend, DryRunBackend) else backend
+        if not isinstance(inner, PowerLimitRange):
+            return None
+        limits = inner.power_limit_constraints_w()
+        if limits is None:
+            return None
+        low += limits[0]
+        high += limits[1]
+    return low, high
+
+
+def domain_budget(
+    name: str,
+    backends: Sequence[GpuBackend],
+    *,
+    config_w: float | None = None,
+    file: Path | None = None,
+    file_scope: FileScope = "gpu",
+) -> PowerBudget:
+    """A domain's :class:`PowerBudget` from its config: ``power_budget_w``,
+    ``power_budget_file`` (a per-GPU number times the GPU count, or the domain's) and the
+    NVML limits the observations carry.
+
+    Raises:
+        ConfigError: ``power_budget_w`` is below the lowest power limit the domain's GPUs
+            accept (NVML's constraints, where the backend reports them).
+    """
+    limits = domain_power_limit_range(backends)
+    minimum = None if limits is None else limits[0]
+    if config_w is not None and minimum is not None and config_w < minimum - 1e-9:
+        raise ConfigError(
+            f"domain {name!r}: power_budget_w ({config_w:g} W) is below the lowest power "
+            f"limit its {len(backends)} GPU(s) accept ({minimum:g} W together)"
+        )
+    reader = None
+    if file is not None:
+        scale = float(len(backends)) if file_scope == "gpu" else 1.0
+        reader = BudgetFile(file, scale=scale, minimum_w=minimum, domain=name)
+    return PowerBudget(name, config_w=config_w, file=reader)
+
+
+__all__ = [
+    "EVENT_LOG_EVERY_S",
+    "SOURCES",
+    "BudgetFile",
+    "BudgetSource",
+    "BudgetStatus",
+    "FileScope",
+    "PowerBudget",
+    "PowerLimitRange",
+    "domain_budget",
+    "domain_power_limit_range",
+    "parse_budget_watts",
+]
