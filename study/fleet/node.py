@@ -14,7 +14,6 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gpugov.controllers.contract import ControllerWrapper, power_needed
 from gpugov.daemon.cli_support import UsageError
@@ -43,9 +42,9 @@ def node_controller(
     period_s: float,
     safety: SafetySettings | None,
 ) -> ControllerWrapper:
-    """``spec``'s controller as a node with a power budget runs it: the node's factory and
-    safety chain, with the budget guard (the observation's power limit holds the clock by
-    the controller's own model, ``controllers/power_need.py``) where the build has it."""
+    """``spec``'s controller as a node runs it: the node's factory and safety chain with
+    the budget guard (the observation's power limit holds the clock by the controller's
+    own model, ``controllers/power_need.py``)."""
     try:
         config = parse_controller_spec(spec, default_profile=plant.profile.name)
     except ValueError as error:
@@ -53,20 +52,13 @@ def node_controller(
         raise UsageError(
             message if message.startswith("--controller") else f"--controller: {message}"
         ) from error
-    more: dict[str, Any] = {}
-    guard_in_context = "budget_guard" in getattr(ControllerContext, "__dataclass_fields__", {})
-    if guard_in_context:
-        more["budget_guard"] = True
-    context = ControllerContext.for_plant(plant, workload, period_s=period_s, safety=safety, **more)
+    context = ControllerContext.for_plant(
+        plant, workload, period_s=period_s, safety=safety, budget_guard=True
+    )
     try:
-        chain = build_controller(config, context)
+        return build_controller(config, context)
     except GpugovControllerError as error:
         raise UsageError(f"--controller {spec}: {error}") from error
-    if not guard_in_context:
-        from gpugov.controllers.power_need import BudgetGuard
-
-        chain = BudgetGuard(chain)
-    return chain
 
 
 class FleetNode:
