@@ -109,6 +109,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     total = len(cells) * config.nodes * config.ticks * config.control_period_s
     bar = Progress(total, "fleet", unit="node-s", enabled=not args.quiet)
     done = 0.0
+    bar.update(0.0, f"{len(cells)} cells of {config.nodes} nodes", force=True)
 
     def on_cell(row: dict[str, object], finished: int, count: int) -> None:
         nonlocal done
