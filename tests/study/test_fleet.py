@@ -202,17 +202,17 @@ def test_the_run_writes_its_report_and_degrades_without_matplotlib(
 ) -> None:
     base = tiny["config"]
     assert isinstance(base, FleetConfig)
-    config = replace(base, allocators=("uniform", "slo"), budgets=(0.7,))
+    config = replace(base, allocators=("slo",), budgets=(0.7,))
     payload = run_fleet(config, spec=RunnerSpec(jobs=1))
     keys = [row["key"] for row in payload["rows"]]
-    assert keys == ["uncapped", "uniform@0.70", "slo@0.70", "uniform@0.80+step", "slo@0.80+step"]
+    assert keys == ["uncapped", "slo@0.70", "slo@0.80+step"]
     assert payload["rows"][0]["slo_vs_uncapped_pp"] == 0.0
     step = payload["rows"][-1]
     assert step["step_slo_loss_pp"] is None  # no slo@0.80 cell to compare with
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     paths, note = fleet_report.write_outputs(payload, tmp_path)
     assert note == fleet_report.PLOTS_HINT and "png" not in paths
-    assert json.loads(paths["json"].read_text())["rows"][1]["key"] == "uniform@0.70"
+    assert json.loads(paths["json"].read_text())["rows"][1]["key"] == "slo@0.70"
     text = paths["md"].read_text()
     assert "| SLO-aware (published need) | 70 % TDP |" in text
     assert "## Budget step" in text
