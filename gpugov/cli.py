@@ -26,6 +26,7 @@ EMULATE = "gpugov.study.emulate.cli"
 LOAD = "gpugov.study.load_cli"
 PROFILE = "gpugov.study.profiler.cli"
 SWEEP = "gpugov.study.sweep_cli"
+FLEET = "gpugov.study.fleet.cli"
 MODEL = "gpugov.daemon.model_cli"
 ACTUATOR = "gpugov.daemon.actuator_server"
 
@@ -48,6 +49,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "load": (LOAD, "replay a trace against an OpenAI-compatible endpoint; client TTFT/TPOT"),
     "profile": (PROFILE, "measure a GPU profile by sweeping locked clocks under controlled load"),
     "sweep": (SWEEP, "run a grid of traces x profiles x loads x controllers x seeds"),
+    "fleet": (FLEET, "simulate a fleet of nodes under a power budget (allocators, a grid step)"),
 }
 
 EXIT_INTERRUPTED = 130

@@ -242,6 +242,10 @@ def bases(f: Files, out: Path) -> dict[str, list[str]]:
         "profile": ["profile", "--engine-url", DEAD_URL, "--gpus", "0", "--backend",
                     "emulated", "--out", str(out / "profile")],
         "sweep": ["sweep", "--grid", str(f.grid), "--out", str(out / "sweep")],
+        "fleet": ["fleet", "--nodes", "1", "--duration", "2", "--drain", "1", "--no-step",
+                  "--allocators", "uniform", "--budgets", "0.7", "--trace", str(f.trace),
+                  "--trace-start", "0", "--controller", "max", "--jobs", "1", "--quiet",
+                  "--out", str(out / "fleet")],
         "actuator": ["actuator", "--gpus", "0", "--allow", "0", "--socket",
                      str(out / "actuator.sock")],
     }  # fmt: skip

@@ -1,0 +1,203 @@
+"""``gpugov fleet``: a simulated fleet of gpugov nodes under a power budget (light to
+import: the fleet itself loads only when the command runs)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gpugov.daemon import cli_types
+from gpugov.daemon.limits import MAX_SEED
+from gpugov.study.runners import add_runner_arguments, spec_from_args
+
+MAX_NODES = 10_000
+"""The most nodes one run simulates (``--nodes``)."""
+DEFAULT_OUT = "gpugov-fleet"
+ALLOCATOR_NAMES = ("uniform", "dps", "slo")
+ROUTER_NAMES = ("round-robin", "least-tokens")
+
+
+def _names(choices: tuple[str, ...], what: str) -> object:
+    """A converter for a comma-separated list of ``choices``."""
+
+    def convert(text: str) -> tuple[str, ...]:
+        names = tuple(part.strip() for part in text.split(",") if part.strip())
+        if not names:
+            raise argparse.ArgumentTypeError(f"needs at least one {what}")
+        for name in names:
+            if name not in choices:
+                raise argparse.ArgumentTypeError(
+                    f"unknown {what} {name!r} (one of {', '.join(choices)})"
+                )
+        return tuple(dict.fromkeys(names))
+
+    return convert
+
+
+def _profiles(text: str) -> tuple[str, ...]:
+    """A comma-separated list of profile names or paths (each checked when the run starts)."""
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("needs at least one profile")
+    return names
+
+
+_fraction_of_tdp = cli_types.float_in(0.0, 1.0, low_open=True, name="fraction of TDP")
+
+
+def _budgets(text: str) -> tuple[float, ...]:
+    """A comma-separated list of budgets, each a fraction of the summed TDP in (0, 1]."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("needs at least one budget")
+    return tuple(dict.fromkeys(_fraction_of_tdp(part) for part in parts))
+
+
+def run_fleet_command(args: argparse.Namespace) -> int:
+    """Entry point of ``gpugov fleet``: validate everything, run the cells, write the
+    report; 0 on success."""
+    import sys
+
+    from gpugov.daemon.cli_support import UsageError, prepare_output_dir
+    from gpugov.daemon.progress import Progress
+    from gpugov.study.fleet.report import short_table, write_outputs
+    from gpugov.study.fleet.run import (
+        DEFAULT_PROFILES,
+        FleetConfig,
+        cells_for,
+        check_inputs,
+        run_fleet,
+    )
+
+    config = FleetConfig(
+        nodes=args.nodes,
+        profiles=args.profiles or DEFAULT_PROFILES,
+        controller=args.controller,
+        router=args.router,
+        trace=args.trace,
+        trace_start_s=args.trace_start,
+        duration_s=args.duration,
+        drain_s=args.drain,
+        utilization=args.utilization,
+        budgets=args.budgets,
+        allocators=args.allocators,
+        allocator_period_s=args.allocator_period,
+        control_period_s=args.control_period,
+        dwell_s=args.dwell,
+        floor_fraction=args.floor,
+        guard_fraction=args.guard,
+        step=not args.no_step,
+        step_budget=args.step_budget,
+        step_at_s=args.step_at,
+        step_depth=args.step_depth,
+        step_ramp_s=args.step_ramp,
+        step_hold_s=args.step_hold,
+        seed=args.seed,
+    )
+    try:
+        config.validate()
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    runner = spec_from_args(args)
+    if runner.ray_address is not None:
+        from gpugov.study.runners import import_ray
+
+        import_ray()  # --ray without Ray installed: the install hint, before any work
+    check_inputs(config)
+    prepare_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)
+    cells = cells_for(config)
+    total = len(cells) * config.nodes * config.ticks * config.control_period_s
+    bar = Progress(total, "fleet", unit="node-s", enabled=not args.quiet)
+    done = 0.0
+    bar.update(0.0, f"{len(cells)} cells of {config.nodes} nodes", force=True)
+
+    def on_cell(row: dict[str, object], finished: int, count: int) -> None:
+        nonlocal done
+        done += config.nodes * config.ticks * config.control_period_s
+        bar.update(done, f"{finished}/{count} cells, last {row['key']}", force=True)
+
+    def on_event(line: str) -> None:
+        print(f"gpugov: {line}", file=sys.stderr)
+
+    payload = run_fleet(config, spec=runner, on_cell=on_cell, on_event=on_event)
+    bar.close()
+    paths, note = write_outputs(payload, Path(args.out))
+    print(short_table(payload))
+    if note is not None:
+        print(f"gpugov: note: {note}", file=sys.stderr)
+    for path in paths.values():
+        print(f"wrote {path}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``fleet`` to the ``gpugov`` parser."""
+    parser = subparsers.add_parser(
+        "fleet",
+        help="simulate a fleet of nodes under a power budget: allocators, budgets, a grid step",
+        description=(
+            "Simulate N nodes (each a plant with its own profile and controller, built as a "
+            "node builds it) behind a router, fed by a trace scaled to the fleet, while a "
+            "budget allocator splits a watt budget into per-node caps every 15 s. Compares "
+            "uniform caps, DPS-style steering and SLO-aware allocation at 60/70/80%% of the "
+            "summed TDP, and a -30%% budget step; writes DIR/fleet.json, DIR/fleet.md and "
+            "DIR/fleet.png. See docs/fleet.md."
+        ),
+    )
+    add = parser.add_argument
+    add("--nodes", type=cli_types.count(1, MAX_NODES), default=4, metavar="N",
+        help="nodes in the fleet (default 4)")  # fmt: skip
+    add("--profiles", type=_profiles, default=None, metavar="P1,P2,...",
+        help="profiles of the nodes, in turn (default: h100-sxm, h200-sxm and a100-sxm-80gb "
+        "serving llama3-8b)")  # fmt: skip
+    add("--controller", default="mpc", metavar="SPEC",
+        help="every node's controller, a 'gpugov simulate' --controller (default mpc)")  # fmt: skip
+    add("--router", choices=ROUTER_NAMES, default="least-tokens",
+        help="round-robin, or least outstanding tokens (default)")  # fmt: skip
+    add("--trace", default="azure-conv", metavar="NAME|FILE",
+        help="the trace (default azure-conv: the Azure conversation trace)")  # fmt: skip
+    add("--trace-start", type=cli_types.offset, default=1800.0, metavar="S",
+        help="where in the trace the window starts (default 1800 s)")  # fmt: skip
+    add("--duration", type=cli_types.duration, default=720.0, metavar="S",
+        help="plant seconds of arrivals (default 720)")  # fmt: skip
+    add("--drain", type=cli_types.offset, default=60.0, metavar="S",
+        help="plant seconds after the last arrival window (default 60)")  # fmt: skip
+    add("--utilization", type=cli_types.float_in(0.0, 2.0, low_open=True, name="fraction"),
+        default=0.6, metavar="F",
+        help="load, a fraction of the fleet capacity at the top clock (default 0.6)")  # fmt: skip
+    add("--budgets", type=_budgets, default=(0.6, 0.7, 0.8), metavar="F1,F2,...",
+        help="budgets as fractions of the summed TDP (default 0.6,0.7,0.8)")  # fmt: skip
+    add("--allocators", type=_names(ALLOCATOR_NAMES, "allocator"), default=ALLOCATOR_NAMES,
+        metavar="A1,A2,...", help="allocators to compare (default uniform,dps,slo)")  # fmt: skip
+    add("--allocator-period", type=cli_types.period, default=15.0, metavar="S",
+        help="seconds between allocations (default 15)")  # fmt: skip
+    add("--control-period", type=cli_types.period, default=1.0, metavar="S",
+        help="every node's control period (default 1)")  # fmt: skip
+    add("--dwell", type=cli_types.dwell, default=0.5, metavar="S",
+        help="every node's safety-chain dwell (default 0.5)")  # fmt: skip
+    add("--floor", type=cli_types.float_in(0.0, 1.0, low_open=True, name="fraction of TDP"),
+        default=0.3, metavar="F",
+        help="the lowest cap a node takes, as a fraction of its TDP (default 0.3)")  # fmt: skip
+    add("--guard", type=cli_types.fraction, default=0.02, metavar="F",
+        help="budget fraction kept back for the firmware's dither (default 0.02)")  # fmt: skip
+    add("--no-step", action="store_true", help="skip the budget-step cells")
+    add("--step-budget", type=_fraction_of_tdp, default=0.8, metavar="F",
+        help="the budget the step starts from (default 0.8 of the summed TDP)")  # fmt: skip
+    add("--step-at", type=cli_types.offset, default=60.0, metavar="S",
+        help="plant time of the grid signal (default 60)")  # fmt: skip
+    add("--step-depth", type=cli_types.fraction, default=0.3, metavar="F",
+        help="the cut, as a fraction of the budget (default 0.3)")  # fmt: skip
+    add("--step-ramp", type=cli_types.offset, default=30.0, metavar="S",
+        help="seconds over which the budget falls (default 30)")  # fmt: skip
+    add("--step-hold", type=cli_types.duration, default=600.0, metavar="S",
+        help="seconds the cut holds (default 600)")  # fmt: skip
+    add("--seed", type=cli_types.int_in(0, MAX_SEED), default=0, metavar="N",
+        help="seed of the nodes' jitter (node i gets N + i)")  # fmt: skip
+    add("--out", default=DEFAULT_OUT, metavar="DIR",
+        help=f"output directory (default ./{DEFAULT_OUT})")  # fmt: skip
+    add("--quiet", action="store_true", help="no progress line")
+    add_runner_arguments(parser, jobs_help="local worker processes (default: one per CPU)")
+    parser.set_defaults(handler=run_fleet_command)
+
+
+__all__ = ["register", "run_fleet_command"]

@@ -1,0 +1,169 @@
+"""One simulated fleet node: a plant with its own profile, its controller built by the
+node's factory inside the node's safety chain, and the power cap the fleet hands it.
+
+The cap reaches the node as a run-time power cap on its GPU (the plant's firmware power
+controller, ``PlantSimulation.set_power_cap``: what ``nvidia-smi -pl`` sets, acting on
+power averaged over ``power_cap_window_s``), so the controller sees it as the power limit
+in its next observation, as a node sees NVML's enforced limit. A controller that sets a
+cap of its own (``PowerCapping``) gets the lower of the two.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpugov.controllers.contract import ControllerWrapper, power_needed
+from gpugov.daemon.cli_support import UsageError
+from gpugov.daemon.decide import ControllerContext, build_controller, parse_controller_spec
+from gpugov.daemon.errors import ControllerError as GpugovControllerError
+from gpugov.daemon.safety import SafetySettings
+from gpugov.plant import ServingPlant
+from gpugov.plant.scheduler import chunked_prefill_scheduler
+from gpugov.plant.simulator import PlantSimulation
+from gpugov.plant.types import PowerCapping, Request, ServingObservation
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """A node's published need: the watts holding its SLO needs now, and the standard
+    deviation of that estimate."""
+
+    watts: float
+    sigma_w: float = 0.0
+
+
+def node_controller(
+    spec: str,
+    plant: ServingPlant,
+    workload: Sequence[Request],
+    period_s: float,
+    safety: SafetySettings | None,
+) -> ControllerWrapper:
+    """``spec``'s controller as a node runs it: the node's factory and safety chain with
+    the budget guard (the observation's power limit holds the clock by the controller's
+    own model, ``controllers/power_need.py``)."""
+    try:
+        config = parse_controller_spec(spec, default_profile=plant.profile.name)
+    except ValueError as error:
+        message = str(error)
+        raise UsageError(
+            message if message.startswith("--controller") else f"--controller: {message}"
+        ) from error
+    context = ControllerContext.for_plant(
+        plant, workload, period_s=period_s, safety=safety, budget_guard=True
+    )
+    try:
+        return build_controller(config, context)
+    except GpugovControllerError as error:
+        raise UsageError(f"--controller {spec}: {error}") from error
+
+
+class FleetNode:
+    """A plant, its controller in the safety chain, its cap; stepped one control period at
+    a time by the fleet, with requests dispatched to it by the router."""
+
+    def __init__(
+        self,
+        name: str,
+        plant: ServingPlant,
+        controller_spec: str,
+        forecast_workload: Sequence[Request],
+        *,
+        period_s: float,
+        floor_w: float,
+        safety: SafetySettings | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.name = name
+        self.plant = plant
+        self.profile_name = plant.profile.name
+        self.period_s = period_s
+        self.tdp_w = float(plant.power_limit_w)
+        self.floor_w = float(min(floor_w, self.tdp_w))
+        self.simulation = PlantSimulation((), plant, chunked_prefill_scheduler, seed=seed)
+        self.controller = node_controller(
+            controller_spec, plant, forecast_workload, period_s, safety
+        )
+        self.cap_w = self.tdp_w
+        self._pending: deque[Request] = deque()
+        self.dispatched_prompt_tokens = 0
+        self.observation: ServingObservation | None = None
+        self.need: Need | None = None
+        self.need_seen = False
+        self._need_sum = 0.0
+        self._sigma_sum = 0.0
+        self._need_count = 0
+
+    @property
+    def publishes_need(self) -> bool:
+        """Whether the node's controller has published a need (``power_needed``) so far."""
+        return self.need is not None or self.need_seen
+
+    @property
+    def energy_j(self) -> float:
+        """Energy the node's GPU drew since the start."""
+        return self.simulation.energy_j
+
+    def dispatch(self, request: Request) -> None:
+        """Queue a routed request; it reaches the engine at its arrival time."""
+        self._pending.append(request)
+        self.dispatched_prompt_tokens += request.prompt_tokens
+
+    def outstanding_tokens(self) -> float:
+        """Tokens a router counts against this node: prompt tokens queued for prefill,
+        dispatched but not yet arrived, and the KV tokens of running requests (what the
+        engine's gauges and the router's own dispatch log tell it)."""
+        pending = sum(r.prompt_tokens for r in self._pending)
+        observation = self.observation
+        if observation is None:
+            return float(pending)
+        return float(pending) + observation.prefill_remaining_tokens + observation.kv_tokens
+
+    def set_cap(self, cap_w: float) -> None:
+        """Hand the node a new power cap (watts), effective at once on its GPU."""
+        self.cap_w = float(min(self.tdp_w, max(self.floor_w, cap_w)))
+        self._apply_cap()
+
+    def _apply_cap(self) -> None:
+        cap = self.cap_w
+        if isinstance(self.controller, PowerCapping):
+            own = self.controller.requested_power_cap_w
+            if own is not None and math.isfinite(own) and own > 0.0:
+                cap = min(cap, float(own))
+        self.simulation.set_power_cap(None if cap >= self.tdp_w else cap)
+
+    def step(self, end_s: float) -> None:
+        """Run the engine to ``end_s`` (requests arriving at their times), then one control
+        decision: observe, decide, apply the clock and the cap, read the need."""
+        simulation = self.simulation
+        pending = self._pending
+        while pending and pending[0].arrival_time_s <= end_s:
+            request = pending.popleft()
+            simulation.advance_to(request.arrival_time_s)
+            simulation.add_request(request.prompt_tokens, request.output_tokens)
+        simulation.advance_to(end_s)
+        observation = simulation.observe()
+        self.observation = observation
+        clock = float(self.controller(observation))
+        simulation.request_clock(clock)
+        self._apply_cap()
+        need = power_needed(self.controller)
+        self.need = None if need is None else Need(need.watts, need.uncertainty_w)
+        if need is not None:
+            self.need_seen = True
+            self._need_sum += need.watts
+            self._sigma_sum += need.uncertainty_w
+            self._need_count += 1
+
+    def take_mean_need(self) -> Need | None:
+        """The mean published need since the previous call (what a fleet owner reads as
+        ``avg_over_time`` of the node's need over its period), then start again; None
+        when none was published."""
+        count = self._need_count
+        mean = None if count == 0 else Need(self._need_sum / count, self._sigma_sum / count)
+        self._need_sum = self._sigma_sum = 0.0
+        self._need_count = 0
+        return mean

@@ -1,0 +1,230 @@
+"""``gpugov fleet``'s outputs: ``fleet.json`` (every cell, with its series), ``fleet.md``
+(the tables) and ``fleet.png`` (attainment and energy per budget, the budget step's power
+against the budget). The plot needs matplotlib (the ``gpugov[plots]`` extra); without it
+the JSON and the tables are written and one line says the plot was not."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpugov.study.fleet.run import UNCAPPED
+from gpugov.study.scoreboard.report import cell
+
+PLOTS_HINT = "matplotlib is not installed: no plot written (pip install 'gpugov[plots]')"
+LABELS = {
+    "uniform": "uniform caps (Dynamo phase 1)",
+    "dps": "DPS-style steering",
+    "slo": "SLO-aware (published need)",
+    UNCAPPED: "uncapped (every node at TDP)",
+}
+
+
+def _pct(value: float | None, digits: int = 1) -> str:
+    return cell(value, 100.0, digits, " %")
+
+
+def _budget_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in payload["rows"] if not r["step"]]
+
+
+def _step_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in payload["rows"] if r["step"]]
+
+
+def markdown(payload: dict[str, Any]) -> str:
+    """The report: the run's settings, the budget table and the budget-step table."""
+    config = payload["config"]
+    workload = payload["workload"]
+    kinds = sorted(set(config["profiles"][: config["nodes"]]))
+    lines = [
+        "# gpugov fleet",
+        "",
+        f"{config['nodes']} nodes ({', '.join(kinds)}) running `{config['controller']}`, "
+        f"router `{config['router']}`, trace `{workload['trace']}` from "
+        f"{workload['source_start_s']:g} s scaled {workload['load_scale']:.3g}x "
+        f"({config['utilization']:g} of the fleet's fluid capacity, "
+        f"{workload['requests']} requests over {config['duration_s']:g} s, "
+        f"then {config['drain_s']:g} s to drain). Summed TDP {payload['tdp_w']:.0f} W; the "
+        f"allocator runs every {config['allocator_period_s']:g} s and splits the budget less "
+        f"a {100 * config['guard_fraction']:g} % guard band; caps within "
+        f"[{100 * config['floor_fraction']:g} % of TDP, TDP].",
+        "",
+        "SLO attainment: requests meeting both their TTFT and TPOT SLO, over all nodes. "
+        f"It holds when within {100 * payload['slo_tolerance']:g} point(s) of the uncapped "
+        "fleet's (the scoreboard's condition). Time over budget: seconds whose mean fleet "
+        "power exceeded the budget.",
+        "",
+        "| allocator | budget | SLO attainment | vs uncapped | holds | energy | vs uncapped "
+        "| J/token | mean power | time over budget |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in _budget_rows(payload):
+        budget = row["budget_fraction"]
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    LABELS.get(row["allocator"], row["allocator"]),
+                    "-" if budget is None else f"{100 * budget:.0f} % TDP",
+                    _pct(row["slo_attainment"], 2),
+                    cell(row["slo_vs_uncapped_pp"], 1.0, 2, " pp"),
+                    "-" if row["slo_holds"] is None else ("yes" if row["slo_holds"] else "no"),
+                    cell(row["energy_j"], 1e-6, 3, " MJ"),
+                    _pct(row["energy_vs_uncapped"]),
+                    cell(row["energy_per_output_token_j"], 1.0, 3, " J"),
+                    cell(row["mean_power_w"], 1.0, 0, " W"),
+                    cell(row["time_over_budget_s"], 1.0, 0, " s"),
+                ]
+            )
+            + " |"
+        )
+    steps = _step_rows(payload)
+    if steps:
+        start, hold = config["step_at_s"], config["step_hold_s"]
+        lines += [
+            "",
+            f"## Budget step ({100 * config['step_budget']:g} % TDP, cut by "
+            f"{100 * config['step_depth']:g} % over {config['step_ramp_s']:g} s at "
+            f"{start:g} s, held {hold:g} s)",
+            "",
+            "Time to under: seconds from the signal to the end of the first second whose mean "
+            "fleet power is at or under the cut budget; to stay under: from which it stays "
+            "there to the end of the hold. SLO in the window: requests arriving from "
+            "the signal to the end of the hold; the loss is against the same allocator "
+            "without the step.",
+            "",
+            "| allocator | time to under | to stay under | time over budget (window) "
+            "| SLO in the window | SLO loss | energy |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in steps:
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        LABELS.get(row["allocator"], row["allocator"]),
+                        cell(row["step_time_to_under_s"], 1.0, 0, " s"),
+                        cell(row["step_time_to_stay_under_s"], 1.0, 0, " s"),
+                        cell(row["step_time_over_budget_s"], 1.0, 0, " s"),
+                        _pct(row["step_window_slo_attainment"], 2),
+                        cell(row["step_slo_loss_pp"], 1.0, 2, " pp"),
+                        cell(row["energy_j"], 1e-6, 3, " MJ"),
+                    ]
+                )
+                + " |"
+            )
+    runner = payload["runner"]
+    lines += [
+        "",
+        f"Ran {len(payload['rows'])} cells on {runner['kind']}"
+        + (f" ({runner['ray_address']})" if runner["ray_address"] else "")
+        + f" in {payload['wall_s']:.0f} s; workload checksum "
+        f"`{workload['workload_checksum'][:16]}`; gpugov {payload['gpugov_version']}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def short_table(payload: dict[str, Any]) -> str:
+    """The summary printed on stdout: one line per cell."""
+    lines = [f"{'cell':<22} {'SLO':>8} {'vs unc.':>9} {'energy':>9} {'over':>6} {'to under':>9}"]
+    for row in payload["rows"]:
+        lines.append(
+            f"{row['key']:<22} {_pct(row['slo_attainment'], 2):>8} "
+            f"{cell(row['slo_vs_uncapped_pp'], 1.0, 2, ' pp'):>9} "
+            f"{cell(row['energy_j'], 1e-6, 3, ' MJ'):>9} "
+            f"{cell(row['time_over_budget_s'], 1.0, 0, ' s'):>6} "
+            f"{cell(row.get('step_time_to_under_s'), 1.0, 0, ' s') if row['step'] else '':>9}"
+        )
+    return "\n".join(lines)
+
+
+def write_plot(payload: dict[str, Any], path: Path) -> bool:
+    """``fleet.png``: SLO attainment and energy against the budget per allocator, and each
+    allocator's fleet power against the budget through the step. False (nothing written)
+    without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = _budget_rows(payload)
+    steps = _step_rows(payload)
+    allocators = list(dict.fromkeys(r["allocator"] for r in rows if r["budget_fraction"]))
+    reference = next((r for r in rows if r["allocator"] == UNCAPPED), None)
+    panels = 3 if steps else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.4))
+    for index, name in enumerate(allocators):
+        mine = sorted(
+            (r for r in rows if r["allocator"] == name), key=lambda r: r["budget_fraction"]
+        )
+        x = [100 * r["budget_fraction"] for r in mine]
+        style = {"marker": "os^"[index % 3], "color": f"C{index}", "label": LABELS.get(name, name)}
+        axes[0].plot(x, [100 * (r["slo_attainment"] or 0.0) for r in mine], **style)
+        axes[1].plot(x, [r["energy_j"] / 1e6 for r in mine], **style)
+    if reference is not None:
+        axes[0].axhline(100 * (reference["slo_attainment"] or 0.0), color="k", ls="--", lw=0.8)
+        axes[1].axhline(reference["energy_j"] / 1e6, color="k", ls="--", lw=0.8)
+    axes[0].set_ylabel("SLO attainment (%), dashed: uncapped")
+    axes[1].set_ylabel("fleet energy (MJ), dashed: uncapped")
+    for axis in axes[:2]:
+        axis.set_xlabel("budget (% of summed TDP)")
+        axis.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=8)
+    if steps:
+        _plot_step(axes[2], steps, allocators)
+    fig.suptitle(f"gpugov fleet: {payload['config']['nodes']} nodes", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _plot_step(axis: Any, steps: Sequence[dict[str, Any]], allocators: Sequence[str]) -> None:
+    """Fleet power through the budget step, one line per allocator, and the budget."""
+    for row in steps:
+        series = row["series"]
+        period = series["period_s"]
+        times = [i * period for i in range(len(series["fleet_power_w"]))]
+        index = allocators.index(row["allocator"]) if row["allocator"] in allocators else 0
+        axis.plot(
+            times,
+            [p / 1e3 for p in series["fleet_power_w"]],
+            color=f"C{index}",
+            lw=0.8,
+            label=LABELS.get(row["allocator"], row["allocator"]),
+        )
+    budget = steps[0]["series"]["budget_w"]
+    period = steps[0]["series"]["period_s"]
+    axis.plot(
+        [i * period for i in range(len(budget))],
+        [b / 1e3 if b is not None else None for b in budget],
+        color="k",
+        ls="--",
+        lw=1.0,
+        label="budget",
+    )
+    axis.set_xlabel("plant time (s)")
+    axis.set_ylabel("fleet power (kW)")
+    axis.set_title("budget step", fontsize=9)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=7)
+
+
+def write_outputs(payload: dict[str, Any], out_dir: Path) -> tuple[dict[str, Path], str | None]:
+    """Write ``fleet.json``, ``fleet.md`` and (with matplotlib) ``fleet.png``; the paths
+    written and a note when the plot was not."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "fleet.json", "md": out_dir / "fleet.md"}
+    paths["json"].write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n")
+    paths["md"].write_text(markdown(payload))
+    plot = out_dir / "fleet.png"
+    if write_plot(payload, plot):
+        paths["png"] = plot
+        return paths, None
+    return paths, PLOTS_HINT

@@ -1,0 +1,68 @@
+"""The fleet's request routers: round-robin, or least outstanding tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from gpugov.plant.types import Request
+
+ROUTERS = ("round-robin", "least-tokens")
+
+
+class RoutedNode(Protocol):
+    """What a router reads of a node."""
+
+    def outstanding_tokens(self) -> float: ...
+
+
+class Router:
+    """Picks the node for each arriving request, in arrival order."""
+
+    name = "router"
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def choose(self, request: Request, nodes: Sequence[RoutedNode]) -> int:
+        """The index of the node ``request`` goes to."""
+        raise NotImplementedError
+
+
+class RoundRobin(Router):
+    """Each request to the next node in turn, whatever the nodes' load."""
+
+    name = "round-robin"
+
+    def choose(self, request: Request, nodes: Sequence[RoutedNode]) -> int:
+        """The next node in turn."""
+        index = self._next % len(nodes)
+        self._next = index + 1
+        return index
+
+
+class LeastOutstandingTokens(Router):
+    """Each request to the node with the fewest outstanding tokens (queued prompt tokens
+    and running requests' KV tokens, plus what it was sent since it last reported); ties
+    go round robin."""
+
+    name = "least-tokens"
+
+    def choose(self, request: Request, nodes: Sequence[RoutedNode]) -> int:
+        """The least-loaded node, ties broken in turn."""
+        count = len(nodes)
+        start = self._next % count
+        index = min(
+            range(count), key=lambda i: (nodes[i].outstanding_tokens(), (i - start) % count)
+        )
+        self._next = index + 1
+        return index
+
+
+def make_router(name: str) -> Router:
+    """The router called ``name`` (one of :data:`ROUTERS`)."""
+    if name == "round-robin":
+        return RoundRobin()
+    if name == "least-tokens":
+        return LeastOutstandingTokens()
+    raise ValueError(f"router must be one of {ROUTERS}, got {name!r}")

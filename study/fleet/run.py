@@ -1,0 +1,579 @@
+"""The fleet run: the trace scaled to the fleet, one cell per (allocator, budget) and one
+budget step per allocator, each cell a whole fleet simulation in lockstep.
+
+A cell advances every node one control period at a time: the router sends the period's
+arrivals (in arrival order, each to the node it picks at that moment), every node runs its
+engine to the period's end and makes one control decision, and every allocator period
+(and at a grid signal) the allocator turns the nodes' reports into new caps. The fleet's
+power is each period's energy over its length, summed over the nodes.
+
+Cells are independent and deterministic (seeded), so they run in this process, on a local
+process pool or as Ray tasks with the same results (``study/runners.py``). The nodes of one
+cell are not stepped in parallel: the router couples them at every arrival, so a parallel
+step would need a synchronisation per control period, whose cost (a round trip per node
+per second of plant time) exceeds the node's own work (a few milliseconds).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from gpugov import __version__
+from gpugov.controllers.oracles import SLO_TOLERANCE
+from gpugov.daemon.cli_support import UsageError
+from gpugov.daemon.safety import SafetySettings
+from gpugov.plant import ServingPlant
+from gpugov.plant.profile import ProfileError, load_profile
+from gpugov.plant.result import compute_metrics
+from gpugov.plant.types import Request, RequestRecord
+from gpugov.plant.workload import scale_load, select_window, workload_checksum
+from gpugov.study.fleet.allocators import (
+    ALLOCATOR_FUNCTIONS,
+    ALLOCATORS,
+    NodeReport,
+    uniform,
+)
+from gpugov.study.fleet.node import FleetNode
+from gpugov.study.fleet.router import make_router
+from gpugov.study.runners import CellDone, RunnerSpec, map_cells
+from gpugov.study.scoreboard.scenarios import _full_trace, work_seconds_at_maximum
+
+DEFAULT_PROFILES = ("h100-sxm-llama3-8b", "h200-sxm-llama3-8b", "a100-sxm-80gb-llama3-8b")
+"""A mixed fleet serving one model: three GPU kinds, each node the next in turn."""
+DEFAULT_BUDGETS = (0.6, 0.7, 0.8)
+UNCAPPED = "uncapped"
+"""The reference cell: every node at its TDP, no budget."""
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """What one ``gpugov fleet`` run covers (every flag; units in names)."""
+
+    nodes: int = 4
+    profiles: tuple[str, ...] = DEFAULT_PROFILES
+    controller: str = "mpc"
+    router: str = "least-tokens"
+    trace: str = "azure-conv"
+    trace_start_s: float = 1800.0
+    duration_s: float = 720.0
+    drain_s: float = 60.0
+    utilization: float = 0.6
+    budgets: tuple[float, ...] = DEFAULT_BUDGETS
+    allocators: tuple[str, ...] = ALLOCATORS
+    allocator_period_s: float = 15.0
+    control_period_s: float = 1.0
+    dwell_s: float = 0.5
+    floor_fraction: float = 0.3
+    guard_fraction: float = 0.02
+    step: bool = True
+    step_budget: float = 0.8
+    step_at_s: float = 60.0
+    step_depth: float = 0.3
+    step_ramp_s: float = 30.0
+    step_hold_s: float = 600.0
+    seed: int = 0
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first setting that does not fit (before work)."""
+        if self.nodes < 1:
+            raise ValueError(f"--nodes must be >= 1, got {self.nodes}")
+        for name in self.allocators:
+            if name not in ALLOCATORS:
+                raise ValueError(f"--allocators: unknown allocator {name!r} (one of {ALLOCATORS})")
+        for budget in (*self.budgets, self.step_budget):
+            if not 0.0 < budget <= 1.0:
+                raise ValueError(
+                    f"--budgets: a budget is a fraction of TDP in (0, 1], got {budget}"
+                )
+        ratio = self.allocator_period_s / self.control_period_s
+        if abs(ratio - round(ratio)) > 1e-9 or ratio < 1:
+            raise ValueError(
+                f"--allocator-period {self.allocator_period_s:g} s must be a whole number of "
+                f"control periods (--control-period {self.control_period_s:g} s)"
+            )
+        if self.step:
+            end = self.step_at_s + self.step_ramp_s + self.step_hold_s
+            if end > self.duration_s:
+                raise ValueError(
+                    f"--duration {self.duration_s:g} s is shorter than the budget step "
+                    f"(at {self.step_at_s:g} s, {self.step_ramp_s:g} s ramp, held "
+                    f"{self.step_hold_s:g} s: ends at {end:g} s); lengthen --duration, "
+                    "shorten --step-hold or pass --no-step"
+                )
+
+    @property
+    def ticks(self) -> int:
+        """Control periods in one cell (arrivals plus the drain)."""
+        return int(math.ceil((self.duration_s + self.drain_s) / self.control_period_s - 1e-9))
+
+    @property
+    def step_window(self) -> tuple[float, float]:
+        """The budget step's window: from the signal to the end of the hold."""
+        return self.step_at_s, self.step_at_s + self.step_ramp_s + self.step_hold_s
+
+    def node_profiles(self) -> list[str]:
+        """Each node's profile, the listed profiles in turn."""
+        return [self.profiles[i % len(self.profiles)] for i in range(self.nodes)]
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able settings."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One fleet simulation: an allocator at a budget (a fraction of the summed TDP), with
+    the budget step or without."""
+
+    allocator: str
+    budget: float | None
+    step: bool = False
+
+    @property
+    def key(self) -> str:
+        """``slo@0.70``, ``dps@0.80+step``, ``uncapped``."""
+        if self.budget is None:
+            return UNCAPPED
+        return f"{self.allocator}@{self.budget:.2f}" + ("+step" if self.step else "")
+
+
+def cells_for(config: FleetConfig) -> list[Cell]:
+    """The uncapped reference, every (allocator, budget), and each allocator's step."""
+    cells = [Cell(UNCAPPED, None)]
+    cells += [Cell(a, b) for b in config.budgets for a in config.allocators]
+    if config.step:
+        cells += [Cell(a, config.step_budget, step=True) for a in config.allocators]
+    return cells
+
+
+# ------------------------------------------------------------------------- workload
+def _piece(
+    full: Sequence[Request], start_s: float, length_s: float, span_s: float
+) -> tuple[Request, ...]:
+    """Arrivals of ``[start, start + length)`` rebased to 0, the start wrapped to fit."""
+    room = max(span_s - length_s, 1e-6)
+    start = start_s if start_s + length_s <= span_s else start_s % room
+    return select_window(full, start, length_s)
+
+
+def fleet_workload(
+    config: FleetConfig, plants: Mapping[str, ServingPlant]
+) -> tuple[tuple[Request, ...], dict[str, Any]]:
+    """The trace scaled to the fleet: ``--utilization`` of the fleet's fluid capacity at
+    the maximum clock (the sum over nodes of the window's length over its work at the
+    node's top rates). Above one trace's rate, ``m = ceil(scale)`` consecutive windows are
+    laid over each other, each compressed by ``scale / m`` (wrapping round the trace's
+    end), so each arrival is a recorded request and the length mix is the trace's."""
+    everything, digest = _full_trace(config.trace)
+    smallest = min(plant.kv_capacity_tokens for plant in plants.values())
+    full = tuple(r for r in everything if r.prompt_tokens + r.output_tokens <= smallest)
+    if not full:
+        raise UsageError(f"--trace {config.trace}: no request fits every node's KV cache")
+    span = full[-1].arrival_time_s
+    length = min(config.duration_s, span)
+    window = _piece(full, config.trace_start_s, length, span)
+    if not window:
+        raise UsageError(
+            f"--trace {config.trace}: no arrivals in the window from --trace-start "
+            f"{config.trace_start_s:g} s"
+        )
+    capacity = sum(
+        length / max(work_seconds_at_maximum(window, plants[name].profile), 1e-9)
+        for name in config.node_profiles()
+    )
+    scale = config.utilization * capacity
+    pieces = max(1, math.ceil(scale))
+    each = scale / pieces
+    source = config.duration_s * each
+    merged: list[Request] = []
+    for j in range(pieces):
+        part = _piece(full, config.trace_start_s + j * source, min(source, span), span)
+        merged.extend(scale_load(part, each))
+    merged.sort(key=lambda r: (r.arrival_time_s, r.request_id))
+    requests = tuple(
+        Request(i, r.arrival_time_s, r.prompt_tokens, r.output_tokens)
+        for i, r in enumerate(merged)
+        if r.arrival_time_s < config.duration_s
+    )
+    info = {
+        "trace": config.trace,
+        "trace_sha256": digest,
+        "source_start_s": config.trace_start_s,
+        "load_scale": scale,
+        "overlaid_windows": pieces,
+        "fluid_capacity_scale": capacity,
+        "requests": len(requests),
+        "rejected_requests": len(everything) - len(full),
+        "workload_checksum": workload_checksum(requests),
+    }
+    return requests, info
+
+
+# ------------------------------------------------------------------------ one cell
+def budget_at(config: FleetConfig, cell: Cell, tdp_w: float, time_s: float) -> float:
+    """The fleet's budget (watts) at ``time_s``: ``budget x TDP``; in a step cell the grid
+    signal cuts it by ``step_depth`` linearly over ``step_ramp_s``, holds it for
+    ``step_hold_s``, then restores it over the same ramp."""
+    if cell.budget is None:
+        return math.inf
+    base = cell.budget * tdp_w
+    if not cell.step:
+        return base
+    low = base * (1.0 - config.step_depth)
+    start, ramp = config.step_at_s, max(config.step_ramp_s, 1e-9)
+    hold_end = start + config.step_ramp_s + config.step_hold_s
+    if time_s < start:
+        return base
+    if time_s < start + config.step_ramp_s:
+        return base + (low - base) * (time_s - start) / ramp
+    if time_s < hold_end:
+        return low
+    if time_s < hold_end + config.step_ramp_s:
+        return low + (base - low) * (time_s - hold_end) / ramp
+    return base
+
+
+def _plants(names: Sequence[str]) -> dict[str, ServingPlant]:
+    return {name: ServingPlant.from_profile(load_profile(name)) for name in dict.fromkeys(names)}
+
+
+def _attained(
+    records: Sequence[Sequence[RequestRecord]],
+    plants: Sequence[ServingPlant],
+    keep: Callable[[RequestRecord], bool],
+) -> tuple[int, int]:
+    """(requests meeting both SLOs, requests) among those ``keep`` picks, every node's
+    requests judged against its own profile's SLO as ``compute_metrics`` judges them."""
+    met = total = 0
+    for node_records, plant in zip(records, plants, strict=True):
+        chosen = [r for r in node_records if keep(r)]
+        if not chosen:
+            continue
+        profile = plant.profile
+        metrics = compute_metrics(
+            chosen,
+            energy_j=0.0,
+            duration_s=1.0,
+            output_tokens=0,
+            ttft_slo_s=profile.ttft_slo_s,
+            tpot_slo_s=profile.tpot_slo_s,
+            ttft_slo_per_prompt_token_s=profile.ttft_slo_per_prompt_token_s,
+            power_cap_violation_s=0.0,
+            thermal_violation_s=0.0,
+            peak_temperature_c=0.0,
+            peak_queued_requests_at_minimum_clock=0.0,
+            preemptions=0,
+            clock_changes=0,
+        )
+        met += round((metrics.slo_attainment or 0.0) * len(chosen))
+        total += len(chosen)
+    return met, total
+
+
+def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
+    """Simulate the fleet for one cell; its metrics and series (JSON-able)."""
+    started = time.process_time()
+    config: FleetConfig = shared["config"]
+    workload: Sequence[Request] = shared["workload"]
+    plants: Mapping[str, ServingPlant] = shared["plants"]
+    safety = SafetySettings(dwell_s=config.dwell_s)
+    nodes = [
+        FleetNode(
+            f"node{i}",
+            plants[name],
+            config.controller,
+            workload,
+            period_s=config.control_period_s,
+            floor_w=config.floor_fraction * plants[name].power_limit_w,
+            safety=safety,
+            seed=config.seed + i,
+        )
+        for i, name in enumerate(config.node_profiles())
+    ]
+    tdp = sum(node.tdp_w for node in nodes)
+    allocate = ALLOCATOR_FUNCTIONS.get(cell.allocator)
+    router = make_router(config.router)
+    period = config.control_period_s
+    every = int(round(config.allocator_period_s / period))
+    signal_tick = int(round(config.step_at_s / period)) if cell.step else -1
+
+    def reports(powers: Sequence[float]) -> list[NodeReport]:
+        out = []
+        for node, power in zip(nodes, powers, strict=True):
+            need = node.take_mean_need()
+            out.append(
+                NodeReport(
+                    floor_w=node.floor_w,
+                    tdp_w=node.tdp_w,
+                    cap_w=node.cap_w,
+                    power_w=power,
+                    need_w=None if need is None else need.watts,
+                    need_sigma_w=None if need is None else need.sigma_w,
+                )
+            )
+        return out
+
+    def target(time_s: float) -> float:
+        """What the allocator splits: the lowest budget until its next tick (once a grid
+        signal is out, it announces its ramp), less the guard band for the firmware's
+        dither above a cap."""
+        points = [time_s + k * period for k in range(every + 1)]
+        if cell.step and time_s < config.step_at_s:
+            points = [t for t in points if t < config.step_at_s]  # the signal is not yet out
+        lowest = min(budget_at(config, cell, tdp, t) for t in points)
+        return (1.0 - config.guard_fraction) * lowest
+
+    if allocate is not None:
+        first = target(0.0)
+        for node, cap in zip(nodes, uniform(reports([0.0] * len(nodes)), first), strict=True):
+            node.set_cap(cap)
+    fleet_power: list[float] = []
+    budgets: list[float] = []
+    caps_sum: list[float] = []
+    cap_ticks: list[float] = []
+    cap_series: list[list[float]] = []
+    need_series: list[list[float | None]] = []
+    energy_mark = [0.0] * len(nodes)
+    last_needs: list[float | None] = [None] * len(nodes)
+    allocation_mark = [0.0] * len(nodes)
+    allocation_time = 0.0
+    arrivals = iter(workload)
+    upcoming = next(arrivals, None)
+    for tick in range(config.ticks):
+        now = tick * period
+        if allocate is not None and tick > 0 and (tick % every == 0 or tick == signal_tick):
+            elapsed = max(now - allocation_time, 1e-9)
+            powers = [
+                (node.energy_j - mark) / elapsed
+                for node, mark in zip(nodes, allocation_mark, strict=True)
+            ]
+            status = reports(powers)
+            last_needs = [report.need_w for report in status]
+            caps = allocate(status, target(now))
+            for node, cap in zip(nodes, caps, strict=True):
+                node.set_cap(cap)
+            allocation_mark = [node.energy_j for node in nodes]
+            allocation_time = now
+        if tick % every == 0:
+            cap_ticks.append(now)
+            cap_series.append([node.cap_w for node in nodes])
+            need_series.append(last_needs)
+        end = now + period
+        while upcoming is not None and upcoming.arrival_time_s < end:
+            nodes[router.choose(upcoming, nodes)].dispatch(upcoming)
+            upcoming = next(arrivals, None)
+        for node in nodes:
+            node.step(end)
+        energies = [node.energy_j for node in nodes]
+        fleet_power.append(sum(e - m for e, m in zip(energies, energy_mark, strict=True)) / period)
+        energy_mark = energies
+        budgets.append(budget_at(config, cell, tdp, now + 0.5 * period))
+        caps_sum.append(sum(node.cap_w for node in nodes))
+
+    results = [
+        node.simulation.result(controller_name=config.controller, control_period_s=period)
+        for node in nodes
+    ]
+    records = [result.request_records for result in results]
+    node_plants = [node.plant for node in nodes]
+    met, total = _attained(records, node_plants, lambda r: True)
+    window = config.step_window
+    window_met, window_total = _attained(
+        records, node_plants, lambda r: window[0] <= r.arrival_time_s < window[1]
+    )
+    energy = sum(node.energy_j for node in nodes)
+    tokens = sum(
+        node.observation.output_tokens_total for node in nodes if node.observation is not None
+    )
+    over = [p > b + 1e-6 for p, b in zip(fleet_power, budgets, strict=True)]
+    out: dict[str, Any] = {
+        "key": cell.key,
+        "allocator": cell.allocator,
+        "budget_fraction": cell.budget,
+        "step": cell.step,
+        "tdp_w": tdp,
+        "slo_attainment": met / total if total else None,
+        "requests": total,
+        "step_window_slo_attainment": window_met / window_total if window_total else None,
+        "step_window_requests": window_total,
+        "energy_j": energy,
+        "output_tokens": tokens,
+        "energy_per_output_token_j": energy / tokens if tokens else None,
+        "mean_power_w": sum(fleet_power) / len(fleet_power) if fleet_power else None,
+        "peak_power_w": max(fleet_power, default=None),
+        "time_over_budget_s": sum(over) * period,
+        "peak_over_budget_w": max(
+            (p - b for p, b in zip(fleet_power, budgets, strict=True) if math.isfinite(b)),
+            default=None,
+        ),
+        "nodes": [
+            {
+                "name": node.name,
+                "profile": node.profile_name,
+                "tdp_w": node.tdp_w,
+                "floor_w": node.floor_w,
+                "publishes_need": node.publishes_need,
+                "slo_attainment": result.metrics.slo_attainment,
+                "requests": result.metrics.arrived_requests,
+                "energy_j": result.metrics.energy_j,
+                "power_cap_violation_s": result.metrics.power_cap_violation_s,
+            }
+            for node, result in zip(nodes, results, strict=True)
+        ],
+        "series": {
+            "period_s": period,
+            "fleet_power_w": fleet_power,
+            "budget_w": [b if math.isfinite(b) else None for b in budgets],
+            "caps_sum_w": caps_sum,
+            "cap_times_s": cap_ticks,
+            "caps_w": cap_series,
+            "needs_w": need_series,
+        },
+        "cpu_s": time.process_time() - started,
+    }
+    if cell.step:
+        out.update(step_metrics(config, fleet_power, budgets, period))
+    return out
+
+
+def step_metrics(
+    config: FleetConfig, fleet_power: Sequence[float], budgets: Sequence[float], period: float
+) -> dict[str, Any]:
+    """How fast the fleet got under the cut budget (the held, lowest one): seconds from the
+    signal to the end of the first period at or under it, and to the end of the period from
+    which it stays under until the hold ends; and the seconds over the (ramping) budget
+    inside the step window."""
+    start, end = config.step_window
+    first, last = int(round(start / period)), int(round(end / period))
+    held = min(budgets[first:last], default=math.inf)
+    under = [fleet_power[i] <= held + 1e-6 for i in range(first, last)]
+    first_under = next((i for i, ok in enumerate(under) if ok), None)
+    stays: int | None = None
+    for index in range(len(under) - 1, -1, -1):
+        if not under[index]:
+            break
+        stays = index
+    over = sum(1 for i in range(first, last) if fleet_power[i] > budgets[i] + 1e-6)
+    return {
+        "step_held_budget_w": held,
+        "step_time_to_under_s": None if first_under is None else (first_under + 1) * period,
+        "step_time_to_stay_under_s": None if stays is None else (stays + 1) * period,
+        "step_time_over_budget_s": over * period,
+    }
+
+
+# ------------------------------------------------------------------------ the run
+def summarize(config: FleetConfig, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows in table order with the comparisons: attainment against the uncapped fleet
+    (the scoreboard's SLO condition: within ``SLO_TOLERANCE``), energy against it, and a
+    step's SLO loss inside its window against the same allocator without the step."""
+    by_key = {row["key"]: row for row in rows}
+    reference = by_key.get(UNCAPPED)
+    ref_att = reference["slo_attainment"] if reference else None
+    ref_energy = reference["energy_j"] if reference else None
+    out = []
+    for cell in cells_for(config):
+        row = dict(by_key[cell.key])
+        att = row["slo_attainment"]
+        row["slo_vs_uncapped_pp"] = (
+            None if att is None or ref_att is None else 100.0 * (att - ref_att)
+        )
+        row["slo_holds"] = (
+            None if att is None or ref_att is None else att >= ref_att - SLO_TOLERANCE - 1e-12
+        )
+        row["energy_vs_uncapped"] = None if not ref_energy else row["energy_j"] / ref_energy - 1.0
+        if cell.step:
+            base = by_key.get(Cell(cell.allocator, cell.budget).key)
+            before = None if base is None else base["step_window_slo_attainment"]
+            now = row["step_window_slo_attainment"]
+            row["step_slo_loss_pp"] = (
+                None if before is None or now is None else 100.0 * (before - now)
+            )
+        out.append(row)
+    return out
+
+
+def check_inputs(config: FleetConfig) -> None:
+    """Everything a run reads, checked before any work: the settings, every profile, the
+    trace and its window, and the controller spec (built once on the first profile).
+
+    Raises:
+        UsageError, ProfileError, TraceError: one line naming the flag or file.
+    """
+    try:
+        config.validate()
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    try:
+        plants = _plants(config.profiles)
+    except ProfileError as error:
+        raise UsageError(f"--profiles: {error}") from error
+    workload, _ = fleet_workload(config, plants)
+    first = plants[config.profiles[0]]
+    FleetNode(
+        "check",
+        first,
+        config.controller,
+        workload,
+        period_s=config.control_period_s,
+        floor_w=config.floor_fraction * first.power_limit_w,
+    )
+
+
+def run_fleet(
+    config: FleetConfig,
+    *,
+    spec: RunnerSpec | None = None,
+    on_cell: Callable[[dict[str, Any], int, int], None] | None = None,
+    on_event: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run every cell of ``config`` (``spec``: where); the JSON payload."""
+    config.validate()
+    plants = _plants(config.profiles)
+    workload, info = fleet_workload(config, plants)
+    cells = cells_for(config)
+    shared = {"config": config, "workload": workload, "plants": plants}
+    rows: list[dict[str, Any]] = []
+    started = time.monotonic()
+    done: CellDone[Any]
+    for done in map_cells(
+        run_cell, cells, spec=spec, shared=shared, on_event=on_event, label=lambda c: c.key
+    ):
+        rows.append(done.value)
+        if on_cell is not None:
+            on_cell(done.value, len(rows), len(cells))
+    return {
+        "schema": "gpugov-fleet-v1",
+        "gpugov_version": __version__,
+        "config": config.describe(),
+        "runner": (spec or RunnerSpec()).describe(),
+        "workload": info,
+        "tdp_w": sum(plants[name].power_limit_w for name in config.node_profiles()),
+        "slo_tolerance": SLO_TOLERANCE,
+        "wall_s": time.monotonic() - started,
+        "rows": summarize(config, rows),
+    }
+
+
+def with_overrides(config: FleetConfig, **changes: Any) -> FleetConfig:
+    """``config`` with some settings changed (validated)."""
+    out = replace(config, **changes)
+    out.validate()
+    return out
+
+
+__all__ = [
+    "Cell",
+    "FleetConfig",
+    "budget_at",
+    "cells_for",
+    "fleet_workload",
+    "run_cell",
+    "run_fleet",
+    "step_metrics",
+    "summarize",
+]

@@ -1,0 +1,269 @@
+"""``gpugov fleet``: the allocators' rules, a tiny fleet in lockstep, and the CLI's lines."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gpugov.cli import main
+from gpugov.study.fleet import report as fleet_report
+from gpugov.study.fleet.allocators import (
+    ALLOCATOR_FUNCTIONS,
+    NEED_SIGMAS,
+    NodeReport,
+    dps,
+    slo_aware,
+    uniform,
+)
+from gpugov.study.fleet.run import (
+    Cell,
+    FleetConfig,
+    _plants,
+    budget_at,
+    fleet_workload,
+    run_cell,
+    run_fleet,
+)
+from gpugov.study.runners import RunnerSpec
+
+TRACE = "arrival_time_s,prompt_tokens,output_tokens\n" + "".join(
+    f"{0.25 * i:.2f},{200 + 37 * (i % 7)},{20 + 5 * (i % 5)}\n" for i in range(160)
+)
+
+
+def _reports(seed: int, count: int = 5, needs: bool = True) -> list[NodeReport]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        tdp = rng.choice([350.0, 400.0, 700.0, 1000.0])
+        floor = 0.3 * tdp
+        cap = rng.uniform(floor, tdp)
+        out.append(
+            NodeReport(
+                floor_w=floor,
+                tdp_w=tdp,
+                cap_w=cap,
+                power_w=rng.uniform(0.2 * tdp, cap),
+                need_w=rng.uniform(0.25 * tdp, 1.1 * tdp) if needs else None,
+                need_sigma_w=rng.uniform(0.0, 30.0) if needs else None,
+            )
+        )
+    return out
+
+
+# ------------------------------------------------------------------ allocator rules
+@pytest.mark.parametrize("name", sorted(ALLOCATOR_FUNCTIONS))
+def test_every_allocator_conserves_the_budget_within_each_range(name: str) -> None:
+    allocate = ALLOCATOR_FUNCTIONS[name]
+    for seed in range(30):
+        nodes = _reports(seed, needs=seed % 3 != 0)
+        low = sum(n.floor_w for n in nodes)
+        high = sum(n.tdp_w for n in nodes)
+        budget = low + (high - low) * random.Random(seed).uniform(0.05, 0.95)
+        caps = allocate(nodes, budget)
+        assert sum(caps) == pytest.approx(budget, abs=1e-3), (seed, caps)
+        for node, cap in zip(nodes, caps, strict=True):
+            assert node.floor_w - 1e-9 <= cap <= node.tdp_w + 1e-9
+    nodes = _reports(1)
+    assert allocate(nodes, 1.0) == [n.floor_w for n in nodes]  # below every floor
+    assert allocate(nodes, 1e9) == [n.tdp_w for n in nodes]  # above every TDP
+
+
+def test_uniform_gives_one_cap_to_every_node_its_range_allows() -> None:
+    nodes = [NodeReport(105.0, 350.0, 350.0, 100.0), *[NodeReport(210.0, 700.0, 700.0, 1.0)] * 2]
+    caps = uniform(nodes, 1050.0)
+    assert caps == pytest.approx([350.0, 350.0, 350.0])
+    caps = uniform(nodes, 1450.0)  # the small board's TDP clips it; the others share the rest
+    assert caps == pytest.approx([350.0, 550.0, 550.0])
+
+
+def test_slo_aware_gives_each_node_its_need_then_evens_out_the_rest() -> None:
+    nodes = [
+        NodeReport(210.0, 700.0, 400.0, 300.0, need_w=500.0, need_sigma_w=20.0),
+        NodeReport(120.0, 400.0, 400.0, 300.0, need_w=150.0, need_sigma_w=0.0),
+        NodeReport(210.0, 700.0, 400.0, 300.0, need_w=200.0, need_sigma_w=0.0),
+    ]
+    first = 500.0 + NEED_SIGMAS * 20.0
+    caps = slo_aware(nodes, 1000.0)
+    # The needy node keeps its need; the others share the rest at one level.
+    assert caps == pytest.approx([first, 240.0, 240.0])
+    caps = slo_aware(nodes, 1600.0)
+    assert caps == pytest.approx([600.0, 400.0, 600.0])  # the 400 W board at its TDP
+
+
+def test_slo_aware_under_a_budget_below_the_needs_shares_the_shortfall_by_need() -> None:
+    nodes = [
+        NodeReport(210.0, 700.0, 400.0, 300.0, need_w=610.0),
+        NodeReport(120.0, 400.0, 400.0, 300.0, need_w=320.0),
+    ]
+    caps = slo_aware(nodes, 630.0)
+    assert sum(caps) == pytest.approx(630.0, abs=1e-3)
+    # The same fraction of each node's need above its floor.
+    fractions = [(caps[0] - 210.0) / 400.0, (caps[1] - 120.0) / 200.0]
+    assert fractions[0] == pytest.approx(fractions[1], rel=1e-6)
+    assert 0.0 < fractions[0] < 1.0
+
+
+def test_slo_aware_counts_a_node_without_a_need_at_its_measured_power() -> None:
+    nodes = [NodeReport(210.0, 700.0, 400.0, 300.0), NodeReport(210.0, 700.0, 400.0, 300.0)]
+    assert slo_aware(nodes, 700.0) == pytest.approx([350.0, 350.0])
+
+
+def test_dps_moves_watts_from_a_node_under_its_cap_to_one_pressing_its_cap() -> None:
+    nodes = [NodeReport(210.0, 700.0, 450.0, 440.0), NodeReport(210.0, 700.0, 450.0, 250.0)]
+    caps = dps(nodes, 900.0)
+    assert caps[0] > 450.0 > caps[1]
+    assert sum(caps) == pytest.approx(900.0, abs=1e-3)
+    cut = dps(nodes, 700.0)  # a cut comes first from the node with slack
+    assert 450.0 - cut[1] > 450.0 - cut[0]
+
+
+def test_node_report_refuses_an_empty_range() -> None:
+    with pytest.raises(ValueError, match="cap range"):
+        NodeReport(500.0, 400.0, 400.0, 100.0)
+
+
+# ------------------------------------------------------------------------ the fleet
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    trace = tmp_path_factory.mktemp("fleet") / "trace.csv"
+    trace.write_text(TRACE)
+    config = FleetConfig(
+        nodes=2,
+        profiles=("h100-sxm-llama3-8b", "a100-sxm-80gb-llama3-8b"),
+        trace=str(trace),
+        trace_start_s=0.0,
+        duration_s=30.0,
+        drain_s=5.0,
+        utilization=0.8,
+        allocator_period_s=5.0,
+        step_at_s=10.0,
+        step_ramp_s=5.0,
+        step_hold_s=15.0,
+    )
+    plants = _plants(config.profiles)
+    workload, info = fleet_workload(config, plants)
+    return {"config": config, "workload": workload, "plants": plants, "info": info}
+
+
+def test_the_trace_is_scaled_to_the_fleet(tiny: dict[str, object]) -> None:
+    info = tiny["info"]
+    workload = tiny["workload"]
+    assert isinstance(info, dict) and isinstance(workload, tuple)
+    assert info["load_scale"] == pytest.approx(0.8 * info["fluid_capacity_scale"])
+    assert info["requests"] == len(workload) > 0
+    assert all(0.0 <= r.arrival_time_s < 30.0 for r in workload)
+    assert [r.request_id for r in workload] == list(range(len(workload)))
+
+
+def test_a_two_node_fleet_holds_its_caps_and_publishes_needs(tiny: dict[str, object]) -> None:
+    config = tiny["config"]
+    assert isinstance(config, FleetConfig)
+    row = run_cell(Cell("slo", 0.7, step=True), tiny)
+    series = row["series"]
+    tdp = row["tdp_w"]
+    assert tdp == 700.0 + 400.0
+    assert 0.0 <= row["slo_attainment"] <= 1.0
+    assert row["requests"] == len(tiny["workload"])  # type: ignore[arg-type]
+    assert row["energy_j"] > 0.0
+    # Caps stay in each range, and their sum within the guarded budget at every tick.
+    for time_s, caps in zip(series["cap_times_s"], series["caps_w"], strict=True):
+        for node, cap in zip(row["nodes"], caps, strict=True):
+            assert node["floor_w"] - 1e-9 <= cap <= node["tdp_w"] + 1e-9
+        assert sum(caps) <= budget_at(config, Cell("slo", 0.7, True), tdp, time_s) + 1e-6
+    # mpc publishes its need; the allocator saw it after the first period.
+    assert all(node["publishes_need"] for node in row["nodes"])
+    assert all(need is not None for need in series["needs_w"][1])
+    # The step cut the budget by 30 % and the fleet got under it.
+    assert row["step_held_budget_w"] == pytest.approx(0.7 * 0.7 * tdp)
+    assert row["step_time_to_under_s"] is not None
+
+
+def test_the_budget_step_schedule() -> None:
+    config = FleetConfig(step_at_s=100.0, step_ramp_s=30.0, step_hold_s=600.0)
+    cell = Cell("uniform", 0.8, step=True)
+    assert budget_at(config, cell, 1000.0, 99.0) == pytest.approx(800.0)
+    assert budget_at(config, cell, 1000.0, 115.0) == pytest.approx(680.0)
+    assert budget_at(config, cell, 1000.0, 400.0) == pytest.approx(560.0)
+    assert budget_at(config, cell, 1000.0, 745.0) == pytest.approx(680.0)
+    assert budget_at(config, cell, 1000.0, 800.0) == pytest.approx(800.0)
+    assert budget_at(config, Cell("uniform", 0.8), 1000.0, 400.0) == pytest.approx(800.0)
+    assert math.isinf(budget_at(config, Cell("uncapped", None), 1000.0, 400.0))
+
+
+def test_the_run_writes_its_report_and_degrades_without_matplotlib(
+    tiny: dict[str, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = tiny["config"]
+    assert isinstance(base, FleetConfig)
+    config = replace(base, allocators=("slo",), budgets=(0.7,))
+    payload = run_fleet(config, spec=RunnerSpec(jobs=1))
+    keys = [row["key"] for row in payload["rows"]]
+    assert keys == ["uncapped", "slo@0.70", "slo@0.80+step"]
+    assert payload["rows"][0]["slo_vs_uncapped_pp"] == 0.0
+    step = payload["rows"][-1]
+    assert step["step_slo_loss_pp"] is None  # no slo@0.80 cell to compare with
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    paths, note = fleet_report.write_outputs(payload, tmp_path)
+    assert note == fleet_report.PLOTS_HINT and "png" not in paths
+    assert json.loads(paths["json"].read_text())["rows"][1]["key"] == "slo@0.70"
+    text = paths["md"].read_text()
+    assert "| SLO-aware (published need) | 70 % TDP |" in text
+    assert "## Budget step" in text
+
+
+# ---------------------------------------------------------------------------- CLI
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1, err
+    assert err[0].startswith("gpugov: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--nodes", "0"], "--nodes"),
+        (["--budgets", "0.6,1.5"], "--budgets"),
+        (["--allocators", "uniform,fair"], "'fair'"),
+        (["--router", "random"], "--router"),
+        (["--duration", "100"], "--duration"),
+        (["--allocator-period", "2.5"], "--allocator-period"),
+        (["--profiles", "no-such-gpu"], "--profiles"),
+        (["--controller", "no-such-controller"], "--controller"),
+        (["--out", "/proc/gpugov-fleet"], "--out"),
+    ],
+)
+def test_bad_flags_are_one_line_before_any_work(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = ["--out", str(tmp_path / "out")] if "--out" not in argv else []
+    assert main(["fleet", *argv, *out, "--quiet"]) == 2
+    assert named in _one_error_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_ray_missing_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)
+    assert main(["fleet", "--ray", "local", "--out", str(tmp_path / "out")]) == 2
+    assert "pip install 'gpugov[ray]'" in _one_error_line(capsys)
+
+
+def test_ctrl_c_exits_130_with_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("gpugov.study.fleet.run.run_fleet", interrupted)
+    monkeypatch.setattr("gpugov.study.fleet.run.check_inputs", lambda config: None)
+    assert main(["fleet", "--quiet", "--out", str(tmp_path / "out")]) == 130
+    assert capsys.readouterr().err.strip() == "gpugov: interrupted"
