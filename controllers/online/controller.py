@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from time import perf_counter
@@ -39,7 +40,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
-from gpugov.controllers.budget import AttainmentBudget, SLOTarget
+from gpugov.controllers.budget import AttainmentBudget, SLOTarget, loosened
 from gpugov.controllers.contract import PowerNeed
 from gpugov.controllers.mpc.controller import (
     DEFAULT_EXPECTED_OUTPUT_TOKENS,
@@ -92,6 +93,8 @@ the decode descent (``bench/decision_time.py``, ``docs/online.md``)."""
 UNCAPPED_FACTOR = 10.0
 """With no cap known, the MPC plans on a 'cap' this many times the learned top power, so
 the cap never binds (``ServingPlant`` needs a finite one)."""
+PARK_MEMORY_S = 60.0
+"""How long a measured TTFT pressure counts for a prefill pool's idle parking."""
 
 
 class OnlineMPCController:
@@ -192,6 +195,9 @@ class OnlineMPCController:
         self.burst_guard = bool(burst_guard)
         self.decode_descent = bool(decode_descent)
         self.clumping = ArrivalClumping()
+        self._prefill_pressures: deque[tuple[float, float]] = deque()
+        """(time, TTFT pressure) measured over the last :data:`PARK_MEMORY_S` (a prefill
+        pool's idle parking)."""
         self.backlog_age = BacklogAge()
         self.budget = (
             None
@@ -522,8 +528,15 @@ class OnlineMPCController:
         maximum = float(model.clocks_mhz[-1])
         slos = self.slos(observation)
         self.exploration.observe_top(observation, maximum)
+        parked = self.idle_prefill_clock(observation, slos)
         if not self.spending and self.exploration.backing_off(observation, maximum):
             self.last_reason = "backoff"
+        elif parked is not None:
+            self.last_reason = "idle-park"
+            self.current_clock = parked
+            if self.mpc is not None:
+                self.mpc.current_clock = parked
+            return parked
         elif not model.warmed_up:
             self.last_reason = "warm-up"
         elif slos is None:
@@ -584,6 +597,40 @@ class OnlineMPCController:
         if fallback is None:
             fallback = float(plant.ambient_temperature_c)
         return replace(observation, temperature_c=fallback)
+
+    def idle_prefill_clock(
+        self, observation: ServingObservation, slos: tuple[float, float] | None
+    ) -> float | None:
+        """The lowest clock for an idle prefill pool (role ``prefill``), or None where it
+        does not apply. A prompt that arrives meanwhile runs at most one control period
+        at it before the next decision raises the clock, so it costs that prompt at most
+        one period of TTFT, whatever the clock: it applies while the worst TTFT measured
+        over the last :data:`PARK_MEMORY_S` plus one period stays under the exploration
+        threshold (loosened while the attainment budget is ahead). It needs no model, so
+        it applies during the warm-up too."""
+        if observation.role != "prefill":
+            return None
+        ratio, _ = SLOFeedback.latency_ratios(observation)
+        slo_s = observation.ttft_recent_slo_s
+        if ratio is not None and slo_s is not None and slo_s > 0.0:
+            # The measured TTFT pressure with one period more, at the SLO it was measured
+            # at (with its per-prompt allowance).
+            self._prefill_pressures.append(
+                (observation.time_s, ratio + self.control_period_s / slo_s)
+            )
+        while self._prefill_pressures and (
+            self._prefill_pressures[0][0] < observation.time_s - PARK_MEMORY_S
+        ):
+            self._prefill_pressures.popleft()
+        if slos is None or not _idle(observation) or not self._prefill_pressures:
+            return None
+        # An idle window measures nothing: the worst of the last minute.
+        pressure = max(value for _, value in self._prefill_pressures)
+        if pressure > loosened(self.exploration.explore_threshold, self.looseness):
+            return None
+        model = self.model
+        assert model is not None
+        return float(model.clocks_mhz[0])
 
     def descent_clock(
         self, observation: ServingObservation, slos: tuple[float, float]
@@ -689,9 +736,12 @@ class OnlineMPCController:
         """
         ttft_slo_s, tpot_slo_s = slos
         backlog = observation.prefill_remaining_tokens
-        idle = _idle(observation) and self.clumping.clumped
+        # A pool of disaggregated serving is judged on one phase: no short answers decode
+        # beside a prefill chunk there.
+        colocated = observation.role not in ("prefill", "decode")
+        idle = colocated and _idle(observation) and self.clumping.clumped
         draining = backlog > CHUNK_TOKENS
-        others = observation.decode_active > 0 or observation.waiting_requests > 1
+        others = colocated and (observation.decode_active > 0 or observation.waiting_requests > 1)
         if not (idle or draining):
             return None
         model = self.model
@@ -790,7 +840,7 @@ class OnlineMPCController:
         }
 
 
-_NO_NEED_REASONS = frozenset({"start", "warm-up", "warm-up-descent", "no SLO known"})
+_NO_NEED_REASONS = frozenset({"start", "warm-up", "warm-up-descent", "idle-park", "no SLO known"})
 """The ``last_reason`` values of a decision with no model need to report."""
 
 

@@ -171,6 +171,73 @@ def test_during_the_warm_up_a_decode_only_window_goes_to_the_measured_bound() ->
     assert controller(backlog) == TOP and controller.last_reason == "warm-up"
 
 
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_pool_of_one_phase_does_not_park_at_the_short_answer_clock(role: str) -> None:
+    # Arrivals come together and the GPU is idle: a colocated domain parks where a mixed
+    # iteration fits the TPOT SLO; a prefill or decode pool has no mixed iterations.
+    controller = _controller(_Model(np.full(CLOCKS.size, 0.015)))
+    arrived = 0
+    for _ in range(20):
+        arrived += 3
+        controller.clumping.update(_seen(applied=1500.0, tpot_ratio=0.1, arrived=arrived))
+    idle = _seen(applied=1500.0, tpot_ratio=0.1, running=0)
+    slos = (2.0, 0.05)
+    assert controller.burst_floor(idle, slos) is not None
+    assert controller.burst_floor(replace(idle, role=role), slos) is None
+
+
+def _prefill_pool(time_s: float, *, ttft_ratio: float | None, busy: bool) -> ServingObservation:
+    """A prefill pool's observation: a TTFT measured at ``ttft_ratio`` of its 2 s SLO (or
+    nothing measured), a prompt being prefilled or an idle GPU."""
+    return replace(
+        _seen(applied=TOP, tpot_ratio=None, running=0, backlog=800.0 if busy else 0.0),
+        time_s=time_s,
+        step_index=int(time_s * 4),
+        role="prefill",
+        ttft_recent_s=None if ttft_ratio is None else 2.0 * ttft_ratio,
+    )
+
+
+def test_an_idle_prefill_pool_parks_at_the_lowest_clock_where_a_period_fits() -> None:
+    """A prompt arriving at the parked clock runs at most one period there: the pool
+    parks while the TTFT measured over the last minute plus one period fits under the
+    exploration threshold, in the warm-up too, and never in a colocated domain."""
+    controller = OnlineMPCController(control_period_s=0.25)
+    threshold = controller.exploration.explore_threshold
+    slos = (2.0, 0.05)
+    controller(_prefill_pool(0.0, ttft_ratio=None, busy=True))  # builds the model
+    assert (
+        controller.idle_prefill_clock(_prefill_pool(0.25, ttft_ratio=None, busy=False), slos)
+        is None
+    )
+    slack = threshold - 0.25 / 2.0 - 0.05  # measured TTFT with room for one period
+    assert (
+        controller.idle_prefill_clock(_prefill_pool(0.5, ttft_ratio=slack, busy=True), slos) is None
+    )
+    parked = controller(replace(_prefill_pool(0.75, ttft_ratio=None, busy=False), ttft_slo_s=2.0))
+    assert parked == CLOCKS[0] and controller.last_reason == "idle-park"
+    assert controller.model is not None and not controller.model.warmed_up
+    # A colocated domain with the same history does not park.
+    colocated = replace(_prefill_pool(1.0, ttft_ratio=None, busy=False), role="colocated")
+    assert controller.idle_prefill_clock(colocated, slos) is None
+    # A TTFT too close to the threshold for one more period: no parking for a minute.
+    tight = threshold - 0.25 / 2.0 + 0.05
+    controller.idle_prefill_clock(_prefill_pool(1.25, ttft_ratio=tight, busy=True), slos)
+    assert (
+        controller.idle_prefill_clock(_prefill_pool(30.0, ttft_ratio=None, busy=False), slos)
+        is None
+    )
+    assert (
+        controller.idle_prefill_clock(_prefill_pool(62.0, ttft_ratio=None, busy=False), slos)
+        is None
+    )
+    controller.idle_prefill_clock(_prefill_pool(62.25, ttft_ratio=slack, busy=True), slos)
+    assert (
+        controller.idle_prefill_clock(_prefill_pool(62.5, ttft_ratio=None, busy=False), slos)
+        == CLOCKS[0]
+    )
+
+
 def _lone_long_prompts(seed: int, duration_s: float) -> list[Request]:
     """Long prompts arriving one at a time, a few hundred tokens out: small batches."""
     rng = np.random.default_rng(seed)
