@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from gpugov.plant.gpu_physics import _EPS
@@ -12,7 +12,13 @@ from gpugov.plant.plant import ServingPlant
 from gpugov.plant.result import ServingResult
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.plant.simulator import PlantSimulation
-from gpugov.plant.types import ClockController, PowerCapping, Request, Scheduler
+from gpugov.plant.types import (
+    ClockController,
+    PowerCapping,
+    Request,
+    Scheduler,
+    ServingObservation,
+)
 
 
 class ControllerError(RuntimeError):
@@ -62,53 +68,87 @@ def simulate(
     if horizon <= 0.0:
         raise ValueError(f"horizon_s must be positive, got {horizon!r}")
     name = controller_name or _controller_name(controller)
-    step = 0
-    next_progress_s = 0.0
-    while True:
-        tick = step * control_period_s
-        if tick > horizon + _EPS:
-            simulation.advance_to(horizon, stop_when_done=True)
-            break
-        simulation.advance_to(tick, stop_when_done=True)
-        if on_progress is not None and tick >= next_progress_s:
-            on_progress(simulation.time_s, simulation)
-            next_progress_s = tick + progress_every_s
-        if simulation.done and step > 0:
-            break
-        observation = simulation.observe()
-        try:
-            requested = controller(observation)
-        except Exception as error:
-            raise ControllerError(
-                f"controller {name!r} raised at t={observation.time_s:.3f}s "
-                f"(step {observation.step_index}): {error}"
-            ) from error
-        try:
-            value = float(requested)
-        except (TypeError, ValueError) as error:
-            raise ControllerError(
-                f"controller {name!r} returned {requested!r} at t={observation.time_s:.3f}s; "
-                "expected a clock in MHz"
-            ) from error
-        if not math.isfinite(value):
-            raise ControllerError(
-                f"controller {name!r} returned a non-finite clock {value!r} "
-                f"at t={observation.time_s:.3f}s"
-            )
-        simulation.request_clock(value)
-        if isinstance(controller, PowerCapping):
-            cap = controller.requested_power_cap_w
-            try:
-                simulation.set_power_cap(cap)
-            except (TypeError, ValueError) as error:
-                raise ControllerError(
-                    f"controller {name!r} asked for power cap {cap!r} at "
-                    f"t={observation.time_s:.3f}s: {error}"
-                ) from error
-        step += 1
+    for _ in control_ticks(simulation, horizon, control_period_s, on_progress, progress_every_s):
+        apply_decision(
+            controller,
+            f"controller {name!r}",
+            simulation.observe(),
+            simulation.request_clock,
+            simulation.set_power_cap,
+        )
     return simulation.result(
         controller_name=name,
         scheduler_name=scheduler_name or "",
         control_period_s=control_period_s,
         horizon_s=horizon,
     )
+
+
+def control_ticks(
+    simulation: Any,
+    horizon_s: float,
+    control_period_s: float,
+    on_progress: Callable[[float, Any], None] | None = None,
+    progress_every_s: float = 10.0,
+) -> Iterator[float]:
+    """The control instants of a closed-loop run: advance ``simulation`` to each tick and
+    yield it, until every request has finished (after the first tick) or ``horizon_s``
+    (where the simulation is advanced to and the ticks stop); ``on_progress`` is called at
+    the first tick at or after every ``progress_every_s`` simulated seconds."""
+    step = 0
+    next_progress_s = 0.0
+    while True:
+        tick = step * control_period_s
+        if tick > horizon_s + _EPS:
+            simulation.advance_to(horizon_s, stop_when_done=True)
+            return
+        simulation.advance_to(tick, stop_when_done=True)
+        if on_progress is not None and tick >= next_progress_s:
+            on_progress(simulation.time_s, simulation)
+            next_progress_s = tick + progress_every_s
+        if simulation.done and step > 0:
+            return
+        yield tick
+        step += 1
+
+
+def apply_decision(
+    controller: ClockController,
+    who: str,
+    observation: ServingObservation,
+    set_clock: Callable[[float], object],
+    set_cap: Callable[[float | None], object],
+) -> None:
+    """Call ``controller`` (named ``who`` in errors) on ``observation`` and apply its clock
+    with ``set_clock``, and its power cap with ``set_cap`` when it sets one
+    (:class:`~gpugov.plant.types.PowerCapping`).
+
+    Raises:
+        ControllerError: the controller raised (chained), returned something that is not
+            a finite clock, or asked for a bad power cap.
+    """
+    try:
+        requested = controller(observation)
+    except Exception as error:
+        raise ControllerError(
+            f"{who} raised at t={observation.time_s:.3f}s (step {observation.step_index}): {error}"
+        ) from error
+    try:
+        value = float(requested)
+    except (TypeError, ValueError) as error:
+        raise ControllerError(
+            f"{who} returned {requested!r} at t={observation.time_s:.3f}s; expected a clock in MHz"
+        ) from error
+    if not math.isfinite(value):
+        raise ControllerError(
+            f"{who} returned a non-finite clock {value!r} at t={observation.time_s:.3f}s"
+        )
+    set_clock(value)
+    if isinstance(controller, PowerCapping):
+        cap = controller.requested_power_cap_w
+        try:
+            set_cap(cap)
+        except (TypeError, ValueError) as error:
+            raise ControllerError(
+                f"{who} asked for power cap {cap!r} at t={observation.time_s:.3f}s: {error}"
+            ) from error

@@ -56,7 +56,11 @@ from typing import Any
 
 import numpy as np
 
-from gpugov.plant.closed_loop import ControllerError, _controller_name
+from gpugov.plant.closed_loop import (
+    _controller_name,
+    apply_decision,
+    control_ticks,
+)
 from gpugov.plant.gpu_physics import _EPS
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import PerformanceProfile
@@ -65,7 +69,6 @@ from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.plant.simulator import PlantSimulation
 from gpugov.plant.types import (
     ClockController,
-    PowerCapping,
     Request,
     RequestRecord,
     Scheduler,
@@ -714,67 +717,18 @@ def simulate_disaggregated(
         role: (controller_names or {}).get(role) or _controller_name(controllers[role])
         for role in ROLES
     }
-    step = 0
-    next_progress_s = 0.0
-    while True:
-        tick = step * control_period_s
-        if tick > horizon + _EPS:
-            simulation.advance_to(horizon, stop_when_done=True)
-            break
-        simulation.advance_to(tick, stop_when_done=True)
-        if on_progress is not None and tick >= next_progress_s:
-            on_progress(simulation.time_s, simulation)
-            next_progress_s = tick + progress_every_s
-        if simulation.done and step > 0:
-            break
+    for _ in control_ticks(simulation, horizon, control_period_s, on_progress, progress_every_s):
         for role in ROLES:
-            _decide(
+            apply_decision(
                 controllers[role],
                 f"{role} controller {names[role]!r}",
                 simulation.observe(role),
                 partial(simulation.request_clock, role),
                 partial(simulation.set_power_cap, role),
             )
-        step += 1
     return simulation.result(
         controller_names=names, control_period_s=control_period_s, horizon_s=horizon
     )
-
-
-def _decide(
-    controller: ClockController,
-    who: str,
-    observation: ServingObservation,
-    set_clock: Callable[[float], object],
-    set_cap: Callable[[float | None], object],
-) -> None:
-    """Call ``controller`` on ``observation`` and apply its clock (and power cap), with
-    :func:`~gpugov.plant.closed_loop.simulate`'s checks and messages."""
-    try:
-        requested = controller(observation)
-    except Exception as error:
-        raise ControllerError(
-            f"{who} raised at t={observation.time_s:.3f}s (step {observation.step_index}): {error}"
-        ) from error
-    try:
-        value = float(requested)
-    except (TypeError, ValueError) as error:
-        raise ControllerError(
-            f"{who} returned {requested!r} at t={observation.time_s:.3f}s; expected a clock in MHz"
-        ) from error
-    if not math.isfinite(value):
-        raise ControllerError(
-            f"{who} returned a non-finite clock {value!r} at t={observation.time_s:.3f}s"
-        )
-    set_clock(value)
-    if isinstance(controller, PowerCapping):
-        cap = controller.requested_power_cap_w
-        try:
-            set_cap(cap)
-        except (TypeError, ValueError) as error:
-            raise ControllerError(
-                f"{who} asked for power cap {cap!r} at t={observation.time_s:.3f}s: {error}"
-            ) from error
 
 
 @dataclass(frozen=True)
@@ -834,7 +788,7 @@ def simulate_colocated_replicas(
         if (done and step > 0) or tick >= horizon:
             break
         for k, (engine, controller) in enumerate(zip(engines, controllers, strict=True)):
-            _decide(
+            apply_decision(
                 controller,
                 f"engine {k} controller {names[k]!r}",
                 engine.observe(),

@@ -46,6 +46,7 @@ from gpugov.plant.profile import load_profile
 from gpugov.plant.types import Request
 from gpugov.plant.workload import TraceError
 from gpugov.study.scoreboard.controllers import study_controller
+from gpugov.study.scoreboard.run import slo_energy_fields
 from gpugov.study.scoreboard.scenarios import (
     DEFAULT_OUT,
     DISAGGREGATED_LAYOUTS,
@@ -142,9 +143,6 @@ def _row(
     tolerance: float,
     wall_s: float,
 ) -> dict[str, Any]:
-    metrics = result.metrics
-    reference_attainment = reference.metrics.slo_attainment
-    e_max = reference.metrics.energy_j
     transfer = result.as_dict()["transfer"]
     return {
         "scenario": scenario.key,
@@ -153,19 +151,7 @@ def _row(
         "load": scenario.base.load_label,
         "layout": scenario.layout,
         "controller": key,
-        "energy_j": metrics.energy_j,
-        "energy_saved_fraction": (e_max - metrics.energy_j) / e_max if e_max > 0 else None,
-        "energy_per_output_token_j": metrics.energy_per_output_token_j,
-        "slo_attainment": metrics.slo_attainment,
-        "slo_attainment_vs_max_pp": (
-            None
-            if metrics.slo_attainment is None or reference_attainment is None
-            else 100.0 * (metrics.slo_attainment - reference_attainment)
-        ),
-        "holds_slo": holds_slo(metrics.slo_attainment, reference_attainment, tolerance),
-        "ttft_p95_s": metrics.ttft_p95_s,
-        "tpot_p95_s": metrics.tpot_p95_s,
-        "censored_requests": metrics.censored_requests,
+        **slo_energy_fields(result.metrics, reference.metrics, tolerance),
         "pools": _pool_fields(result, reference),
         "transfer_p50_s": transfer["p50_s"],
         "transfer_p99_s": transfer["p99_s"],

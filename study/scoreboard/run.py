@@ -83,6 +83,7 @@ from gpugov.daemon.limits import MAX_JOBS
 from gpugov.daemon.progress import format_duration
 from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, simulate
 from gpugov.plant.profile import list_bundled_profiles
+from gpugov.plant.result import ServingMetrics
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.plant.synthetic_profiles import expand_synthetic, resolve_profile
 from gpugov.plant.types import ClockController, Request
@@ -145,6 +146,31 @@ from gpugov.study.scoreboard.windows import (
 
 
 # -------------------------------------------------------------------------- scoring
+def slo_energy_fields(
+    metrics: ServingMetrics, reference: ServingMetrics, tolerance: float
+) -> dict[str, Any]:
+    """A row's energy and SLO fields against the maximum clock's ``reference`` metrics:
+    the saving, J per output token, attainment and its change, the SLO condition, the
+    latency percentiles and the censored requests (shared by every scoreboard table)."""
+    reference_attainment = reference.slo_attainment
+    e_max = reference.energy_j
+    return {
+        "energy_j": metrics.energy_j,
+        "energy_saved_fraction": (e_max - metrics.energy_j) / e_max if e_max > 0 else None,
+        "energy_per_output_token_j": metrics.energy_per_output_token_j,
+        "slo_attainment": metrics.slo_attainment,
+        "slo_attainment_vs_max_pp": (
+            None
+            if metrics.slo_attainment is None or reference_attainment is None
+            else 100.0 * (metrics.slo_attainment - reference_attainment)
+        ),
+        "holds_slo": holds_slo(metrics.slo_attainment, reference_attainment, tolerance),
+        "ttft_p95_s": metrics.ttft_p95_s,
+        "tpot_p95_s": metrics.tpot_p95_s,
+        "censored_requests": metrics.censored_requests,
+    }
+
+
 def _row(
     scenario: Scenario,
     key: str,
@@ -158,9 +184,9 @@ def _row(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     metrics = result.metrics
-    reference_attainment = reference.metrics.slo_attainment
     times = list(decision_times_s) if decision_times_s is not None else []
-    e_max = reference.metrics.energy_j
+    fields = slo_energy_fields(metrics, reference.metrics, tolerance)
+    censored = fields.pop("censored_requests")
     return {
         "scenario": scenario.key,
         "trace": scenario.trace,
@@ -168,21 +194,10 @@ def _row(
         "load": scenario.load_label,
         "controller": key,
         "label": LABELS[key],
-        "energy_j": metrics.energy_j,
-        "energy_saved_fraction": (e_max - metrics.energy_j) / e_max if e_max > 0 else None,
-        "energy_per_output_token_j": metrics.energy_per_output_token_j,
-        "slo_attainment": metrics.slo_attainment,
-        "slo_attainment_vs_max_pp": (
-            None
-            if metrics.slo_attainment is None or reference_attainment is None
-            else 100.0 * (metrics.slo_attainment - reference_attainment)
-        ),
-        "holds_slo": holds_slo(metrics.slo_attainment, reference_attainment, tolerance),
-        "ttft_p95_s": metrics.ttft_p95_s,
-        "tpot_p95_s": metrics.tpot_p95_s,
+        **fields,
         "power_cap_violation_s": metrics.power_cap_violation_s,
         "thermal_violation_s": metrics.thermal_violation_s,
-        "censored_requests": metrics.censored_requests,
+        "censored_requests": censored,
         "decisions": len(times) if decision_times_s is not None else None,
         "decision_time_p50_s": _percentile(times, 50) if decision_times_s is not None else None,
         "decision_time_p99_s": _percentile(times, 99) if decision_times_s is not None else None,
