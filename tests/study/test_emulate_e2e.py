@@ -102,7 +102,7 @@ def test_daemon_governs_the_emulated_node(tmp_path: Path) -> None:
                 "--url",
                 emulator_url,
                 "--duration",
-                "35",
+                "25",
                 "--quiet",
                 "--json",
                 str(tmp_path / "load.json"),
@@ -114,7 +114,7 @@ def test_daemon_governs_the_emulated_node(tmp_path: Path) -> None:
         )
         clocks: set[float] = set()
         locked_seen = False
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             sample = json.loads(_get(f"{emulator_url}/gpu/0/sample"))
             clocks.add(sample["sm_clock_mhz"])
