@@ -265,6 +265,20 @@ def check_output_file(flag: str, path: str | os.PathLike[str] | None) -> None:
         raise UsageError(f"{flag} {target}: file is not writable")
 
 
+def check_output_dir(flag: str, path: str | os.PathLike[str], *, parents: bool = False) -> None:
+    """What :func:`prepare_output_dir` refuses, checked without creating anything: for a
+    command that reads its inputs before it makes its output directory."""
+    target = os.fspath(path)
+    if not target.strip():
+        raise UsageError(f"{flag}: empty directory name")
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise UsageError(f"{flag} {target}: exists and is not a directory")
+    if os.path.isdir(target):
+        _check_writable_dir(flag, target, target)
+    elif not parents:
+        _check_writable_dir(flag, target, os.path.dirname(os.path.abspath(target)))
+
+
 def prepare_output_dir(flag: str, path: str | os.PathLike[str], *, parents: bool = False) -> None:
     """The one check of every ``--out DIR``, before the work: ``path`` is used when it is
     a writable directory, or created when its parent directory exists and is writable;

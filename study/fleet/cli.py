@@ -58,7 +58,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     report; 0 on success."""
     import sys
 
-    from gpugov.daemon.cli_support import UsageError, prepare_output_dir
+    from gpugov.daemon.cli_support import UsageError, check_output_dir, prepare_output_dir
     from gpugov.daemon.progress import Progress
     from gpugov.study.fleet.report import short_table, write_outputs
     from gpugov.study.fleet.run import (
@@ -103,6 +103,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
         from gpugov.study.runners import import_ray
 
         import_ray()  # --ray without Ray installed: the install hint, before any work
+    check_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)
     check_inputs(config)
     prepare_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)
     cells = cells_for(config)

@@ -25,6 +25,7 @@ from typing import Any
 from gpugov import __version__
 from gpugov.controllers.oracles import SLO_TOLERANCE
 from gpugov.daemon.cli_support import UsageError
+from gpugov.daemon.decide import parse_controller_spec
 from gpugov.daemon.safety import SafetySettings
 from gpugov.plant import ServingPlant
 from gpugov.plant.profile import ProfileError, load_profile
@@ -512,8 +513,15 @@ def check_inputs(config: FleetConfig) -> None:
         plants = _plants(config.profiles)
     except ProfileError as error:
         raise UsageError(f"--profiles: {error}") from error
-    workload, _ = fleet_workload(config, plants)
     first = plants[config.profiles[0]]
+    try:  # the spec itself, before the trace is read
+        parse_controller_spec(config.controller, default_profile=first.profile.name)
+    except ValueError as error:
+        message = str(error)
+        raise UsageError(
+            message if message.startswith("--controller") else f"--controller: {message}"
+        ) from error
+    workload, _ = fleet_workload(config, plants)
     FleetNode(
         "check",
         first,
