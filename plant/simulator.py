@@ -306,14 +306,7 @@ class PlantSimulation:
             if self._kv_prefill + self._kv_running() + plen + growth > plant.kv_capacity_tokens:
                 return
             queue.popleft()
-            counter = self._decode_counter
-            self._running[request] = counter
-            self.energy_ledger.start_decode(request)
-            self._sum_start += counter
-            self._sum_gen0 += self._generated[request]
-            self._sum_plen_running += plen
-            remaining = self._output[request] - self._generated[request]
-            heapq.heappush(self._heap, (counter + remaining, request, self._epoch[request]))
+            self._start_running(request, plen)
 
     def cut_short(self, index: int) -> None:
         """End request ``index`` early, as an engine aborts a request whose client left:
@@ -837,6 +830,11 @@ class PlantSimulation:
             self._completed += 1
             self._count_tpot(request, now)
             return
+        self._start_running(request, plen)
+
+    def _start_running(self, request: int, plen: int) -> None:
+        """Put ``request`` (prompt ``plen`` tokens, its KV cache in place) in the decode
+        batch: its decode energy, the batch sums and its finish in the heap."""
         counter = self._decode_counter
         self._running[request] = counter
         self.energy_ledger.start_decode(request)

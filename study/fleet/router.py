@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -16,7 +17,7 @@ class RoutedNode(Protocol):
     def outstanding_tokens(self) -> float: ...
 
 
-class Router:
+class Router(ABC):
     """Picks the node for each arriving request, in arrival order."""
 
     name = "router"
@@ -24,9 +25,9 @@ class Router:
     def __init__(self) -> None:
         self._next = 0
 
+    @abstractmethod
     def choose(self, request: Request, nodes: Sequence[RoutedNode]) -> int:
         """The index of the node ``request`` goes to."""
-        raise NotImplementedError
 
 
 class RoundRobin(Router):
