@@ -9,6 +9,9 @@ TEST_STAMP := $(VENV)/.installed-test
 # mypy reads the installed layout (folder daemon/ is module gpugov.daemon) from a link tree.
 MYPY_TREE := build/mypy/gpugov
 LAYERS := plant controllers daemon profiles study
+# pytest-xdist: one worker per core (at most 4), each test file on one worker so module
+# fixtures are built once; `make test PYTEST_PARALLEL=` runs the suite in one process.
+PYTEST_PARALLEL ?= -n auto --maxprocesses 4 --dist loadfile
 
 .PHONY: demo test lint typecheck bench experiments dashboard deploy-check venv clean
 
@@ -32,7 +35,7 @@ test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MAKE) --no-print-directory typecheck
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(PYTEST_PARALLEL)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
