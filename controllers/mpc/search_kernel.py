@@ -5,7 +5,8 @@ these kernels compute exactly that cost one plan at a time, in compiled code, so
 can do what vectorised numpy cannot cheaply do:
 
 - **incremental pricing**: a move that changes a plan from period ``p`` on only re-rolls
-  the fluid model from the incumbent's stored state at ``p``;
+  the fluid model from the incumbent's stored state at ``p``, and a candidate pool (sorted,
+  so neighbours share prefixes) is rolled from where each plan leaves the one before it;
 - **pruning**: every term of the cost is non-negative and accumulates period by period,
   so a trial is abandoned as soon as its partial cost reaches the incumbent's;
 - **first-improvement local search**: moves are tried in a fixed cyclic order and the
@@ -34,15 +35,22 @@ IntArray = NDArray[np.int64]
 _Function = TypeVar("_Function", bound=Callable[..., Any])
 
 
-def _jit(function: _Function) -> _Function:
+def _jit(function: _Function, *, inline: str = "never") -> _Function:
     """Compile ``function`` with numba, caching the machine code on disk where numba
     finds a writable cache directory (``NUMBA_CACHE_DIR``, the package's ``__pycache__``
     or the user's cache); where none is writable (a read-only install under a hardened
-    unit with no ``NUMBA_CACHE_DIR``), compile in memory on every start instead."""
+    unit with no ``NUMBA_CACHE_DIR``), compile in memory on every start instead.
+    ``inline="always"`` inlines it into its callers at numba's level."""
     try:
-        return cast(_Function, njit(cache=True, nogil=True)(function))
+        return cast(_Function, njit(cache=True, nogil=True, inline=inline)(function))
     except RuntimeError:
-        return cast(_Function, njit(cache=False, nogil=True)(function))
+        return cast(_Function, njit(cache=False, nogil=True, inline=inline)(function))
+
+
+def _inlined(function: _Function) -> _Function:
+    """:func:`_jit` inlined into its callers: the per-period step, whose state then stays
+    in registers instead of a call's arguments and returned tuple."""
+    return _jit(function, inline="always")
 
 
 # Rows of the per-level table (one column per supported clock).
@@ -175,20 +183,22 @@ def problem_arrays(
     return table, parameters, np.asarray(problem.prompt_arrivals, dtype=float)
 
 
-@_jit
+@_inlined
 def _advance(
     level: int,
     previous_level: int,
     step: int,
-    state: FloatArray,
+    prefill: float,
+    decode: float,
+    active: float,
+    temperature: float,
     table: FloatArray,
     parameters: FloatArray,
     arrivals: FloatArray,
-) -> float:
-    """Advance ``state`` (prefill, decode, active, temperature) one period at ``level``,
-    in place, and return that period's cost (the clock change from ``previous_level``,
-    or from the problem's previous clock when it is negative, included)."""
-    prefill, decode, active, temperature = state[0], state[1], state[2], state[3]
+) -> tuple[float, float, float, float, float]:
+    """Advance the state (prefill, decode, active, temperature) one period at ``level``:
+    that period's cost (the clock change from ``previous_level``, or from the problem's
+    previous clock when it is negative, included) and the new state."""
     available_prefill = prefill + arrivals[step]
     has_prefill = available_prefill > 1e-12
     has_decode = decode > 1e-12
@@ -256,20 +266,20 @@ def _advance(
         change = table[_NORMALIZED_CLOCK, level] - parameters[_P_PREVIOUS]
     else:
         change = table[_NORMALIZED_CLOCK, level] - table[_NORMALIZED_CLOCK, previous_level]
-    state[0], state[1], state[2], state[3] = prefill, decode, active, temperature
-    return (
+    cost = (
         parameters[_P_W_POWER] * power
         + parameters[_P_W_TTFT] * ttft * ttft
         + parameters[_P_W_TPOT] * tpot * tpot
         + parameters[_P_W_CHANGE] * change * change
         + parameters[_P_W_LIMIT] * limit
     )
+    return cost, prefill, decode, active, temperature
 
 
 @_jit
-def _terminal(state: FloatArray, parameters: FloatArray) -> float:
+def _terminal(prefill: float, decode: float, parameters: FloatArray) -> float:
     """The terminal backlog term of the state after the last period."""
-    backlog = state[0] * parameters[_P_INV_PREFILL_MAX] + state[1] * parameters[_P_INV_DECODE_MAX]
+    backlog = prefill * parameters[_P_INV_PREFILL_MAX] + decode * parameters[_P_INV_DECODE_MAX]
     return parameters[_P_W_TERMINAL] * backlog * backlog
 
 
@@ -292,20 +302,58 @@ def price_plans(
     arrivals: FloatArray,
 ) -> FloatArray:
     """Cost of every row of ``plans`` (levels per block; ``block_of_step`` maps each
-    period to its block), with no pruning."""
+    period to its block), with no pruning; each row is rolled from the first period it
+    differs from the row before it (bit for bit the cost of a roll from period 0)."""
     count = plans.shape[0]
     steps = block_of_step.size
     costs = np.empty(count)
-    state = np.empty(4)
+    # Each period's state and cost so far along the previous row: a row that agrees with
+    # it up to period k starts from there (the pool is sorted, so neighbours share
+    # prefixes), with the same arithmetic in the same order as a roll from period 0.
+    states = np.empty((steps + 1, 5))
+    states[0, 0] = parameters[_P_PREFILL]
+    states[0, 1] = parameters[_P_DECODE]
+    states[0, 2] = parameters[_P_ACTIVE]
+    states[0, 3] = parameters[_P_TEMPERATURE]
+    states[0, 4] = 0.0
     for row in range(count):
-        state[:] = _initial_state(parameters)
-        total = 0.0
-        previous = -1
-        for step in range(steps):
+        start = 0
+        if row > 0:
+            while start < steps and (
+                plans[row, block_of_step[start]] == plans[row - 1, block_of_step[start]]
+            ):
+                start += 1
+            if start == steps:
+                costs[row] = costs[row - 1]
+                continue
+        prefill = states[start, 0]
+        decode = states[start, 1]
+        active = states[start, 2]
+        temperature = states[start, 3]
+        total = states[start, 4]
+        previous = plans[row, block_of_step[start - 1]] if start > 0 else -1
+        for step in range(start, steps):
             level = plans[row, block_of_step[step]]
-            total += _advance(level, previous, step, state, table, parameters, arrivals)
+            cost, prefill, decode, active, temperature = _advance(
+                level,
+                previous,
+                step,
+                prefill,
+                decode,
+                active,
+                temperature,
+                table,
+                parameters,
+                arrivals,
+            )
+            total += cost
             previous = level
-        costs[row] = total + _terminal(state, parameters)
+            states[step + 1, 0] = prefill
+            states[step + 1, 1] = decode
+            states[step + 1, 2] = active
+            states[step + 1, 3] = temperature
+            states[step + 1, 4] = total
+        costs[row] = total + _terminal(prefill, decode, parameters)
     return costs
 
 
@@ -326,19 +374,28 @@ def _roll(
     ``inf`` as soon as the partial cost reaches ``bound``. With ``keep``, the new
     trajectory is written into ``states`` (the plan becomes the incumbent)."""
     steps = block_of_step.size
-    state = states[start, :4].copy()
+    prefill = states[start, 0]
+    decode = states[start, 1]
+    active = states[start, 2]
+    temperature = states[start, 3]
     total = states[start, 4]
     previous = plan[block_of_step[start - 1]] if start > 0 else -1
     for step in range(start, steps):
         level = plan[block_of_step[step]]
-        total += _advance(level, previous, step, state, table, parameters, arrivals)
+        cost, prefill, decode, active, temperature = _advance(
+            level, previous, step, prefill, decode, active, temperature, table, parameters, arrivals
+        )
+        total += cost
         if total >= bound:
             return np.inf
         previous = level
         if keep:
-            states[step + 1, :4] = state
+            states[step + 1, 0] = prefill
+            states[step + 1, 1] = decode
+            states[step + 1, 2] = active
+            states[step + 1, 3] = temperature
             states[step + 1, 4] = total
-    return total + _terminal(state, parameters)
+    return total + _terminal(prefill, decode, parameters)
 
 
 @_jit

@@ -58,6 +58,30 @@ def test_kernel_costs_equal_problem_costs(synthetic_plant, options) -> None:  # 
         assert problem.cost(clocks[levels[0]]) == pytest.approx(expected[0], rel=1e-12)
 
 
+def test_a_pool_priced_from_shared_prefixes_costs_each_plan_as_priced_alone(  # type: ignore[no-untyped-def]
+    synthetic_plant,
+) -> None:
+    """Rows of a sorted pool are rolled from where they leave the row before them: the
+    costs are bit for bit those of each plan rolled from period 0 (a pool of one)."""
+    clocks = synthetic_plant.profile.clock_mhz
+    rng = np.random.default_rng(11)
+    for observation, rate, clock_index in _random_states(10, seed=7):
+        problem = _problem(
+            synthetic_plant, observation, rate, clock_index, 6.0, latency_model="iteration"
+        )
+        table, parameters, arrivals = problem_arrays(problem)
+        steps = problem.horizon_steps
+        # Few levels per period, so neighbours share long prefixes; a duplicate row too.
+        levels = rng.integers(0, 3, size=(60, steps)) * (clocks.size // 3)
+        pool = np.unique(np.concatenate([levels, levels[:1]]), axis=0).astype(np.int64)
+        pool = np.concatenate([pool, pool[-1:]])
+        blocks = np.arange(steps, dtype=np.int64)
+        together = price_plans(pool, blocks, table, parameters, arrivals)
+        alone = [price_plans(row[None, :], blocks, table, parameters, arrivals)[0] for row in pool]
+        assert together.tolist() == alone
+        np.testing.assert_allclose(together, problem.costs(clocks[pool]), rtol=1e-12)
+
+
 def test_power_and_thermal_terms_counted_when_reachable(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
     hot = synthetic_plant.with_overrides(power_limit_w=300.0, thermal_limit_c=40.0)
     observation = _observation(prefill_tokens=3_000.0, decode_active=8, temperature_c=39.0)
@@ -263,7 +287,7 @@ def test_kernels_compile_in_memory_where_no_cache_is_writable(monkeypatch) -> No
     directory; the kernels then compile without a disk cache instead of failing import."""
     calls = []
 
-    def fake_njit(*, cache: bool, nogil: bool):  # type: ignore[no-untyped-def]
+    def fake_njit(*, cache: bool, nogil: bool, inline: str):  # type: ignore[no-untyped-def]
         calls.append(cache)
         if cache:
             raise RuntimeError("cannot cache function: no locator available")
