@@ -20,19 +20,23 @@ share of requests missing either, so the estimate never overstates the attainmen
 The rule (``docs/online.md``, "Spending the SLO budget"), with ``e = 1 - attainment`` the
 budget, ``N`` the requests in the window, ``A = e N`` the misses the target allows there,
 ``S`` the misses counted in the window and ``m_s`` the miss fraction of its last twelfth
-(the short window of an SRE's multi-window burn-rate alert):
+(the short window of an SRE's multi-window burn-rate alert); until the counters cover a
+whole window, its requests ``N'`` are projected from their rate so far (over at least a
+short window) and ``A' = e N'``, else ``A' = A``:
 
-* **behind** when ``S > 3A/4`` (a quarter of the budget is kept in reserve for the misses
-  still under way) or ``m_s > 3e`` (the short window burns the budget three times faster
-  than the target sustains: at that rate a twelfth of the window spends a quarter of the
-  window's budget): the looseness falls, fast: across its whole range in one short window
+* **behind** when ``S > 3A'/4`` (a quarter of the window's budget is kept in reserve for
+  the misses still under way; misses spent are spent, so one early miss among few requests
+  is weighed against the whole window's budget) or ``m_s > 3e`` with at least two misses in
+  the short window (it burns the budget three times faster than the target sustains: at
+  that rate a twelfth of the window spends a quarter of the window's budget; one miss is
+  no rate): the looseness falls, fast: across its whole range in one short window
   (``window_s / 12``);
-* **ahead** when ``S < A/2``, ``m_s <= e`` (the short window burns no faster than the
-  target sustains) and ``A >= 2`` (one more miss would cost at most half the budget, so
-  the window holds enough requests to tell): the looseness rises, slowly: across its
-  whole range in half a window, so that half the window's requests were served at the
-  older, tighter setting when it gets there and a loosening that costs misses shows in the
-  window before it has gone far;
+* **ahead** when ``S < A/2`` (the miss rate seen is under half the budget), ``m_s <= e``
+  (the short window burns no faster than the target sustains) and ``A' >= 2`` (one more
+  miss would cost at most half the budget, so the window holds enough requests to tell):
+  the looseness rises, slowly: across its whole range in half a window, so that half the
+  window's requests were served at the older, tighter setting when it gets there and a
+  loosening that costs misses shows in the window before it has gone far;
 * otherwise it holds. It moves in log space and stays within ``[tightest, loosest]``.
 
 No constant here is tuned to a profile: the fractions are shares of the budget and the
@@ -56,6 +60,8 @@ AHEAD_SHARE = 0.5
 FAST_BURN_RATE = 3.0
 """Burn rate (the short window's miss fraction over the budget) above which the loop
 tightens."""
+FAST_BURN_MISSES = 2.0
+"""Misses the short window must hold before its burn rate counts (one miss is no rate)."""
 MINIMUM_ALLOWED_MISSES = 2.0
 """Misses the target must allow in the window before the loop loosens."""
 LOOSEN_WINDOWS = 0.5
@@ -230,7 +236,8 @@ class AttainmentBudget:
         self.last = long = window_attainment(now, history[0])
         short = window_attainment(now, self._base(time_s - SHORT_WINDOW_SHARE * window))
         period = 0.0 if previous_time is None else time_s - previous_time
-        self.looseness = self.next_looseness(long, short, period)
+        covered = time_s - history[0].time_s
+        self.looseness = self.next_looseness(long, short, period, covered_s=covered)
         return self.looseness
 
     def _base(self, since_s: float) -> AttainmentCounters:
@@ -243,19 +250,33 @@ class AttainmentBudget:
         return base
 
     def next_looseness(
-        self, long: WindowAttainment, short: WindowAttainment, period_s: float
+        self,
+        long: WindowAttainment,
+        short: WindowAttainment,
+        period_s: float,
+        *,
+        covered_s: float | None = None,
     ) -> float:
-        """One step of the rule (module notes) over ``period_s`` seconds."""
-        allowed = self.target.budget * long.requests
-        span = math.log(self.loosest / self.tightest)
+        """One step of the rule (module notes) over ``period_s`` seconds; ``covered_s``:
+        how much of the long window the counters cover yet (a full window when None)."""
+        window = self.window_s
+        covered = window if covered_s is None else min(window, max(covered_s, 0.0))
         budget = self.target.budget
-        behind = (
-            long.misses > BEHIND_SHARE * allowed or short.miss_fraction > FAST_BURN_RATE * budget
+        allowed = budget * long.requests
+        # Until the counters cover a whole window, its requests are projected from their
+        # rate so far (over at least a short window): misses spent are weighed against
+        # that window's budget, so one early miss among few requests is not "behind"
+        # where the window will allow more, and the window holds enough requests to
+        # tell from its projected size. Slack itself is the miss rate seen.
+        projected = long.requests * window / max(covered, SHORT_WINDOW_SHARE * window)
+        span = math.log(self.loosest / self.tightest)
+        behind = long.misses > BEHIND_SHARE * budget * projected or (
+            short.miss_fraction > FAST_BURN_RATE * budget and short.misses >= FAST_BURN_MISSES
         )
         ahead = (
             long.misses < AHEAD_SHARE * allowed
             and short.miss_fraction <= budget
-            and allowed >= MINIMUM_ALLOWED_MISSES
+            and budget * projected >= MINIMUM_ALLOWED_MISSES
         )
         self.ahead = bool(ahead and not behind)
         log_looseness = math.log(self.looseness)

@@ -336,8 +336,8 @@ class OnlineMPCController:
         powers = np.maximum.accumulate(np.maximum(powers, 1.0), axis=1)
         # Physics: no part of an iteration gets faster at a lower clock, so the times
         # are made non-increasing in the clock (running maximum from the top).
-        prefill_s = _non_increasing(np.maximum(prefill_s, 1e-7))
-        iteration_s = _non_increasing(np.maximum(iteration_s, 1e-5))
+        prefill_s = _physical(np.maximum(prefill_s, 1e-7), realized)
+        iteration_s = _physical(np.maximum(iteration_s, 1e-5), realized)
         # The parts of the top clock's decode iteration (read on every supported clock:
         # the model caches that basis for the exploration floor's table too).
         weights = max(float(model.decode_iteration_mean(clocks, 0.0, 0.0)[-1]), 0.0)
@@ -680,7 +680,7 @@ class OnlineMPCController:
         allowed = clocks >= bound - 1e-9
         if self.clumping.clumped and observation.role != "decode":
             # A decode pool prefills nothing: arrivals join its batch without a chunk.
-            mixed = self._mixed_iteration_s(observation, table)
+            mixed = self._mixed_iteration_s(observation, table, clocks * model.realized_ratio)
             allowed &= clocks >= float(_first_fit(clocks, mixed <= slos[1]))
         candidates = np.flatnonzero(allowed)
         if not candidates.size:
@@ -689,7 +689,10 @@ class OnlineMPCController:
         return float(clocks[candidates[0]]), float(clocks[chosen])
 
     def _mixed_iteration_s(
-        self, observation: ServingObservation, table: dict[str, tuple[FloatArray, FloatArray]]
+        self,
+        observation: ServingObservation,
+        table: dict[str, tuple[FloatArray, FloatArray]],
+        realized_mhz: FloatArray,
     ) -> FloatArray:
         """Pessimistic seconds of one mixed iteration (the running batch's decode plus a
         prefill chunk, each at mean + ``uncertainty_z`` std) per clock of ``table``
@@ -700,8 +703,8 @@ class OnlineMPCController:
         prefill_mean, prefill_std = table["prefill_s_per_token"]
         decode_mean, decode_std = table["decode_iteration_s"]
         mixed = decode_mean + z * decode_std + chunk * (prefill_mean + z * prefill_std)
-        # Physics: no iteration gets faster at a lower clock.
-        return _non_increasing(mixed)
+        # Physics: no iteration gets faster at a lower clock, nor slower than 1/f.
+        return _physical(mixed, realized_mhz)
 
     def burst_floor(
         self, observation: ServingObservation, slos: tuple[float, float]
@@ -749,8 +752,9 @@ class OnlineMPCController:
         batch = max(1.0, float(observation.decode_active))
         chunk = max(CHUNK_TOKENS - batch, 32.0)
         clocks = model.clocks_mhz
-        table = model.table(clocks * model.realized_ratio, batch, self.context_tokens)
-        mixed = self._mixed_iteration_s(observation, table)
+        realized = clocks * model.realized_ratio
+        table = model.table(realized, batch, self.context_tokens)
+        mixed = self._mixed_iteration_s(observation, table, realized)
         fits = np.ones(clocks.size, dtype=bool)
         if (idle or others) and not self.spending:
             fits &= mixed <= tpot_slo_s
@@ -869,6 +873,21 @@ def _finite_positive(values: dict[str, Any]) -> bool:
         elif isinstance(value, float) and not (math.isfinite(value) and value > 0.0):
             return False
     return True
+
+
+def _physical(times: FloatArray, realized_mhz: FloatArray) -> FloatArray:
+    """Pessimistic seconds per clock (ascending ``realized_mhz``) held to the physics:
+    non-increasing in the clock (:func:`_non_increasing`), and growing no faster than
+    1/f below any clock (a compute-bound part's time scales as 1/f, a memory-bound
+    part's less): ``t(f) <= t(f') f' / f`` for every ``f' > f``. Where the model is
+    unsure at a clock it has not visited, that bound from a well-known higher clock
+    caps its mean plus ``uncertainty_z`` standard deviations."""
+    times = _non_increasing(times)
+    # A held top clock can realise less than the one below it: the running maximum
+    # keeps the bound's clocks ascending, and only loosens it.
+    clocks = np.maximum.accumulate(np.maximum(realized_mhz, 1.0))
+    cycles = times * clocks
+    return np.minimum.accumulate(cycles[::-1])[::-1] / clocks
 
 
 def _non_increasing(values: FloatArray) -> FloatArray:

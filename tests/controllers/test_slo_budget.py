@@ -100,6 +100,22 @@ def test_tightens_fast_when_behind_and_stops_at_its_bound() -> None:
     assert budget.last is not None and budget.last.attainment < TARGET.attainment + 0.0075
 
 
+def test_one_early_miss_is_weighed_against_the_whole_windows_budget() -> None:
+    """Until the counters cover a window, its requests are projected from their rate: at
+    0.5 requests/s the window allows 3 misses, so one miss among the first 40 requests
+    spends a third of it (not "behind"), while three misses there are (3/4 spent)."""
+    one = AttainmentBudget(TARGET)
+    _, state = _run(one, 79.0, rate=0.5, miss=0.0)
+    before = one.looseness
+    trace, _ = _run(one, 1.0, rate=0.5, miss=2.0, start=state)  # one miss at 80 s
+    assert one.last is not None and one.last.misses == pytest.approx(1.0)
+    trace += _run(one, 100.0, rate=0.5, miss=0.0, start=(80.0, 39.0, 40.0))[0]
+    assert min(trace) >= before
+    three = AttainmentBudget(TARGET)
+    _run(three, 80.0, rate=0.5, miss=0.075)  # three misses in 40 requests
+    assert three.looseness < 1.0
+
+
 def test_holds_between_half_and_three_quarters_of_the_budget_spent() -> None:
     budget = AttainmentBudget(TARGET)
     trace, _ = _run(budget, 900.0, rate=5.0, miss=0.006)  # 60% of the budget spent
@@ -245,11 +261,12 @@ def test_the_per_prompt_allowance_is_given_back_when_behind() -> None:
 
 
 def test_ahead_is_reported_only_with_evidence_of_slack() -> None:
+    light = AttainmentBudget(TARGET)
+    _run(light, 600.0, rate=0.3, miss=0.0)  # 180 requests a window: 1.8 misses allowed
+    assert not light.ahead and light.looseness == 1.0
     budget = AttainmentBudget(TARGET)
     assert not budget.ahead
-    _run(budget, 20.0, rate=5.0, miss=0.0)  # 100 requests: one miss allowed, too few
-    assert not budget.ahead
-    _, state = _run(budget, 100.0, rate=5.0, miss=0.0, start=(20.0, 100.0, 100.0))
+    _, state = _run(budget, 100.0, rate=5.0, miss=0.0)
     assert budget.ahead and budget.status()["ahead"]
     _run(budget, 40.0, rate=5.0, miss=0.05, start=state)  # burning: no longer ahead
     assert not budget.ahead
