@@ -104,6 +104,8 @@ def problem_arrays(
     clocks = grid if clock_mhz is None else np.asarray(clock_mhz, dtype=float)
 
     def at(values: FloatArray) -> FloatArray:
+        if clock_mhz is None:  # the profile's own clocks: nothing to interpolate
+            return np.asarray(values, dtype=float)
         return np.interp(clocks, grid, np.asarray(values, dtype=float))
 
     h = problem.control_period_s
