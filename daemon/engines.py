@@ -1,7 +1,8 @@
 """Engine sources: scrape a serving engine's Prometheus ``/metrics`` into an EngineSample.
 
-``VllmSource``, ``SglangSource`` and ``TgiSource`` fetch the page over HTTP (one kept-
-alive connection, one overall deadline per scrape, a size cap), keep only the lines of
+``VllmSource``, ``SglangSource`` and ``TgiSource`` fetch the page over HTTP
+(:mod:`daemon.scrape`: one kept-alive connection, one overall deadline per scrape, a size
+cap), keep only the lines of
 the series they use (a vLLM page is thousands of lines of histogram buckets; parsing it
 whole costs milliseconds) and parse those with
 ``prometheus_client.parser.text_string_to_metric_families``, matching on sample names
@@ -18,25 +19,20 @@ The derivations from these cumulative values to a ``ServingObservation`` live in
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import http.client
 import math
 import os
 import re
-import socket
-import threading
-import time
-import urllib.parse
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpugov.daemon.attainment import Buckets
-from gpugov.daemon.errors import EngineParseError, EngineUnavailable
+from gpugov.daemon.errors import EngineParseError
+from gpugov.daemon.scrape import MAX_PAGE_BYTES, Fetcher, KeepAliveFetcher
 
 EngineKind = Literal["vllm", "sglang", "tgi"]
 RANK_LABELS = frozenset({"tp_rank", "pp_rank", "rank", "attn_tp_rank", "moe_ep_rank"})
@@ -139,165 +135,6 @@ class EngineSource(Protocol):
     """
 
     def scrape(self, timeout_s: float | None = None) -> EngineSample: ...
-
-
-# ----------------------------------------------------------------------- fetching
-Fetcher = Callable[[str, float], str]
-
-MAX_PAGE_BYTES = 16 * 1024 * 1024
-"""The largest metrics page read (a vLLM page is ~100 KB); a larger one is a bad scrape."""
-
-
-def _decode(body: bytes, url: str) -> str:
-    try:
-        return body.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise EngineParseError(f"{url}: the metrics page is not UTF-8: {error}") from error
-
-
-def describe_failure(error: BaseException, host: str, port: int) -> str:
-    """What a failed fetch met, in words: a refused connection, a dropped one, a name
-    that does not resolve, an answer that is not HTTP (a timeout is said by the caller,
-    which knows the deadline)."""
-    if isinstance(error, ConnectionRefusedError):
-        return f"connection refused (nothing listens on {host}:{port})"
-    if isinstance(error, http.client.RemoteDisconnected):
-        return "the engine closed the connection without answering"
-    if isinstance(error, ConnectionResetError):
-        return "the engine reset the connection"
-    if isinstance(error, BrokenPipeError):
-        return "the connection broke while sending the request"
-    if isinstance(error, socket.gaierror):
-        return f"cannot resolve {host}: {error.strerror or error}"
-    if isinstance(error, http.client.HTTPException):
-        return f"not an HTTP answer ({type(error).__name__}: {error})"
-    if isinstance(error, OSError) and error.strerror:
-        return f"cannot reach {host}:{port}: {error.strerror}"
-    return f"{type(error).__name__}: {error}"
-
-
-class _Deadline:
-    """Shuts a connection's socket down when the whole exchange passes its deadline.
-
-    A socket timeout bounds one read; a server that trickles a byte at a time resets it
-    on every read. The timer bounds the whole request, headers and body together.
-    """
-
-    def __init__(self, connection: http.client.HTTPConnection, timeout_s: float) -> None:
-        self.expired = False
-        self._connection = connection
-        self._timer = threading.Timer(timeout_s, self._expire)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _expire(self) -> None:
-        self.expired = True
-        sock = self._connection.sock
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def cancel(self) -> None:
-        """Disarm (the exchange finished in time)."""
-        self._timer.cancel()
-
-
-class KeepAliveFetcher:
-    """GET over one persistent HTTP/1.1 connection per host, reopened when it fails.
-
-    A fresh connection per scrape (urllib) costs a TCP handshake and urllib's machinery,
-    milliseconds on a small VM; the engines' servers (uvicorn, axum) keep connections
-    alive. ``timeout_s`` is one deadline for the whole exchange (connect, headers, body),
-    not per socket read, so a trickling or hung engine costs at most ``timeout_s``. A
-    page over ``max_bytes`` is refused. A reused connection the server closed while idle
-    is retried once on a new one (within the same deadline); a timeout is not retried.
-    """
-
-    def __init__(self, max_bytes: int = MAX_PAGE_BYTES) -> None:
-        self.max_bytes = int(max_bytes)
-        self._connections: dict[tuple[str, str, int], http.client.HTTPConnection] = {}
-
-    def _open(self, key: tuple[str, str, int], timeout_s: float) -> http.client.HTTPConnection:
-        scheme, host, port = key
-        if scheme == "https":
-            return http.client.HTTPSConnection(host, port, timeout=timeout_s)
-        return http.client.HTTPConnection(host, port, timeout=timeout_s)
-
-    def __call__(self, url: str, timeout_s: float) -> str:
-        parts = urllib.parse.urlsplit(url)
-        try:
-            port = parts.port
-        except ValueError as error:
-            raise EngineUnavailable(f"{url}: {error}") from error
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise EngineUnavailable(f"{url}: not an http:// or https:// URL with a host")
-        key = (parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80))
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        if timeout_s <= 0:
-            raise EngineUnavailable(f"{url}: not fetched: a deadline of {timeout_s:g} s")
-        end = time.monotonic() + timeout_s
-        for _ in range(2):
-            remaining = end - time.monotonic()
-            if remaining <= 0:
-                break
-            connection = self._connections.pop(key, None)
-            reused = connection is not None
-            if connection is None:
-                connection = self._open(key, remaining)
-            elif connection.sock is not None:
-                connection.sock.settimeout(remaining)
-            deadline = _Deadline(connection, remaining)
-            try:
-                connection.request("GET", path, headers={"Accept": "text/plain"})
-                response = connection.getresponse()
-                length = response.getheader("Content-Length")
-                if length is not None and length.isdigit() and int(length) > self.max_bytes:
-                    connection.close()
-                    raise EngineParseError(
-                        f"{url}: the metrics page is {int(length)} bytes, over the "
-                        f"{self.max_bytes}-byte limit"
-                    )
-                body = response.read(self.max_bytes + 1)
-            except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected) as error:
-                connection.close()
-                if deadline.expired:
-                    raise self._late(url, timeout_s) from error
-                if reused:
-                    continue  # the server dropped an idle keep-alive connection
-                raise EngineUnavailable(f"{url}: {describe_failure(error, *key[1:])}") from error
-            except (http.client.HTTPException, OSError) as error:
-                connection.close()
-                if deadline.expired or isinstance(error, TimeoutError):
-                    raise self._late(url, timeout_s) from error
-                raise EngineUnavailable(f"{url}: {describe_failure(error, *key[1:])}") from error
-            finally:
-                deadline.cancel()
-            if deadline.expired:
-                connection.close()
-                raise self._late(url, timeout_s)
-            if len(body) > self.max_bytes:
-                connection.close()
-                raise EngineParseError(
-                    f"{url}: the metrics page is over the {self.max_bytes}-byte limit"
-                )
-            if response.will_close:
-                connection.close()
-            else:
-                self._connections[key] = connection
-            if response.status != 200:
-                raise EngineUnavailable(f"{url}: HTTP {response.status} {response.reason}")
-            return _decode(body, url)
-        raise self._late(url, timeout_s)
-
-    @staticmethod
-    def _late(url: str, timeout_s: float) -> EngineUnavailable:
-        return EngineUnavailable(f"{url}: timed out: no complete answer within {timeout_s:.3g} s")
-
-    def close(self) -> None:
-        """Close every kept connection."""
-        for connection in self._connections.values():
-            connection.close()
-        self._connections.clear()
 
 
 # ------------------------------------------------------------------------ parsing

@@ -211,7 +211,7 @@ def test_keep_alive_connection_is_reused() -> None:
 def test_https_uses_a_tls_connection(monkeypatch: pytest.MonkeyPatch) -> None:
     import http.client
 
-    import gpugov.daemon.engines as engines
+    import gpugov.daemon.scrape as scrape
 
     seen: list[tuple[str, int]] = []
 
@@ -228,10 +228,10 @@ def test_https_uses_a_tls_connection(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(http.client, "HTTPSConnection", Refused)
     with pytest.raises(EngineUnavailable, match="refused"):
-        engines.KeepAliveFetcher()("https://engine.example:8443/metrics", 1.0)
+        scrape.KeepAliveFetcher()("https://engine.example:8443/metrics", 1.0)
     assert seen == [("engine.example", 8443)]
     with pytest.raises(EngineUnavailable, match="not an http"):
-        engines.KeepAliveFetcher()("ftp://127.0.0.1/metrics", 1.0)
+        scrape.KeepAliveFetcher()("ftp://127.0.0.1/metrics", 1.0)
 
 
 def test_series_cache_gives_same_answer_without_reparsing(monkeypatch: pytest.MonkeyPatch) -> None:
