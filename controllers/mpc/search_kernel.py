@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 from numba import njit
@@ -35,7 +35,7 @@ IntArray = NDArray[np.int64]
 _Function = TypeVar("_Function", bound=Callable[..., Any])
 
 
-def _jit(function: _Function, *, inline: str = "never") -> _Function:
+def _jit(function: _Function, *, inline: Literal["never", "always"] = "never") -> _Function:
     """Compile ``function`` with numba, caching the machine code on disk where numba
     finds a writable cache directory (``NUMBA_CACHE_DIR``, the package's ``__pycache__``
     or the user's cache); where none is writable (a read-only install under a hardened
