@@ -464,6 +464,54 @@ def test_a_copied_learned_profile_equals_a_validated_one() -> None:
             assert second.power(phase, clock) == rebuilt.power(phase, clock)
 
 
+def test_pessimistic_times_grow_no_faster_than_one_over_f() -> None:
+    """The learned profile's pessimistic times (mean + z std) obey the physics at clocks
+    the model has not visited: no faster than 1/f below any clock, and no faster at a
+    lower clock; the unvisited low clocks are then priced from the visited top."""
+    from gpugov.controllers.online.controller import _physical
+
+    plant = make_plant()
+    workload = [Request(i, 0.3 * i, 800, 60) for i in range(120)]
+    controller = OnlineMPCController(
+        warmup_s=5.0, mean_prompt_tokens=800.0, mean_output_tokens=60.0
+    )
+    # The controller sees every window, but the top clock is applied throughout: every
+    # lower clock is unvisited, its std large.
+    simulate(
+        workload,
+        plant,
+        chunked_prefill_scheduler,
+        lambda observation: (controller(observation), plant.profile.maximum_clock_mhz)[1],
+        0,
+    )
+    model = controller.model
+    assert model is not None
+    learned = controller.learned_profile((1.0, 0.05))
+    realized = model.clocks_mhz * model.realized_ratio
+    for rate in (learned.prefill_tokens_per_s, learned.decode_tokens_per_s):
+        seconds = 1.0 / rate
+        cycles = seconds * realized
+        assert bool(np.all(np.diff(seconds) <= 1e-15 * seconds[1:]))
+        assert bool(np.all(np.diff(cycles) >= -1e-9 * cycles[1:]))
+    # Without the cap the lowest clock's pessimistic prefill time is above the 1/f bound.
+    z = controller.effective_z
+    table = model.table(realized, 8.0, controller.context_tokens)
+    mean, std = table["prefill_s_per_token"]
+    raw = mean + z * std
+    assert raw[0] > raw[-1] * realized[-1] / realized[0]
+    assert 1.0 / learned.prefill_tokens_per_s[0] <= raw[-1] * realized[-1] / realized[0] * (
+        1 + 1e-9
+    )
+    # A held top clock that realises less than the one below it only loosens the bound.
+    times = np.array([6.0, 2.0, 1.5, 1.4])
+    clocks = np.array([500.0, 1000.0, 1500.0, 1400.0])
+    capped = _physical(times, clocks)
+    assert bool(np.all(capped <= times)) and bool(np.all(np.diff(capped) <= 0.0))
+    assert capped[0] == pytest.approx(2.0 * 1000.0 / 500.0)
+    # The top's bound on the clock below is taken at 1500 MHz, not its realised 1400.
+    assert capped[2] == pytest.approx(1.4) and capped[2] > 1.4 * 1400.0 / 1500.0
+
+
 def test_the_latency_window_averages_over_its_span_whatever_the_period() -> None:
     from dataclasses import replace
 
