@@ -716,8 +716,7 @@ class OnlineMPCController:
         With more than one chunk of prompt tokens waiting, every iteration carries a
         prefill chunk until the backlog is drained. Two limits follow, each at the
         pessimistic mixed iteration (decode iteration at the running batch plus the
-        chunk's prefill: the sum's mean + ``uncertainty_z`` times the sum's std,
-        :meth:`_mixed_iteration_s`):
+        chunk's prefill, each at mean + ``uncertainty_z`` std):
 
         * **drain**: the backlog, chunk by chunk, must be prefilled within the MPC's TTFT
           target (``slo_margin`` times the TTFT SLO, the margin scaled by the attainment
