@@ -680,9 +680,7 @@ class OnlineMPCController:
         allowed = clocks >= bound - 1e-9
         if self.clumping.clumped and observation.role != "decode":
             # A decode pool prefills nothing: arrivals join its batch without a chunk.
-            mixed = self._mixed_iteration_s(
-                observation, clocks * model.realized_ratio, float(observation.decode_active)
-            )
+            mixed = self._mixed_iteration_s(observation, table, clocks * model.realized_ratio)
             allowed &= clocks >= float(_first_fit(clocks, mixed <= slos[1]))
         candidates = np.flatnonzero(allowed)
         if not candidates.size:
@@ -691,21 +689,22 @@ class OnlineMPCController:
         return float(clocks[candidates[0]]), float(clocks[chosen])
 
     def _mixed_iteration_s(
-        self, observation: ServingObservation, realized_mhz: FloatArray, decode_batch: float
+        self,
+        observation: ServingObservation,
+        table: dict[str, tuple[FloatArray, FloatArray]],
+        realized_mhz: FloatArray,
     ) -> FloatArray:
-        """Pessimistic seconds of one mixed iteration (a decode iteration of
-        ``decode_batch`` running requests plus a prefill chunk beside the running batch)
-        per realised clock: the sum's mean + ``uncertainty_z`` of the sum's std (the parts'
-        errors are correlated, :meth:`OnlineModel.mixed_iteration`), made non-increasing
-        in the clock and no slower than 1/f."""
+        """Pessimistic seconds of one mixed iteration (the running batch's decode plus a
+        prefill chunk, each at mean + ``uncertainty_z`` std) per clock of ``table``
+        (read at the running batch), made non-increasing in the clock."""
         batch = max(1.0, float(observation.decode_active))
         chunk = max(CHUNK_TOKENS - batch, 32.0)
         z = self.effective_z
-        model = self.model
-        assert model is not None
-        mean, std = model.mixed_iteration(realized_mhz, decode_batch, self.context_tokens, chunk)
+        prefill_mean, prefill_std = table["prefill_s_per_token"]
+        decode_mean, decode_std = table["decode_iteration_s"]
+        mixed = decode_mean + z * decode_std + chunk * (prefill_mean + z * prefill_std)
         # Physics: no iteration gets faster at a lower clock, nor slower than 1/f.
-        return _physical(mean + z * std, realized_mhz)
+        return _physical(mixed, realized_mhz)
 
     def burst_floor(
         self, observation: ServingObservation, slos: tuple[float, float]
@@ -754,7 +753,8 @@ class OnlineMPCController:
         chunk = max(CHUNK_TOKENS - batch, 32.0)
         clocks = model.clocks_mhz
         realized = clocks * model.realized_ratio
-        mixed = self._mixed_iteration_s(observation, realized, batch)
+        table = model.table(realized, batch, self.context_tokens)
+        mixed = self._mixed_iteration_s(observation, table, realized)
         fits = np.ones(clocks.size, dtype=bool)
         if (idle or others) and not self.spending:
             fits &= mixed <= tpot_slo_s

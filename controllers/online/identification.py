@@ -730,20 +730,6 @@ class OnlineModel:
         _, _, moments = self._basis(np.ascontiguousarray(clocks_mhz, dtype=float))
         return moments.per_block @ self._decode_weights(batch, context_tokens)
 
-    def mixed_iteration(
-        self, clocks_mhz: FloatArray, batch: float, context_tokens: float, chunk_tokens: float
-    ) -> tuple[FloatArray, FloatArray]:
-        """``(mean, std)`` seconds of one mixed iteration (a decode iteration of ``batch``
-        requests of ``context_tokens`` context plus a prefill chunk of ``chunk_tokens``)
-        at each of ``clocks_mhz`` (realised). The std is that of the sum, from the parts'
-        joint covariance: where the prefill and decode parts are estimated from the same
-        windows their errors are correlated, and the sum is surer than either part."""
-        _, _, moments = self._basis(np.ascontiguousarray(clocks_mhz, dtype=float))
-        weights = self._decode_weights(batch, context_tokens)
-        weights[0] = chunk_tokens / PROMPT_UNIT
-        variance = np.einsum("j,jln,l->n", weights, moments.cross, weights)
-        return moments.per_block @ weights, np.sqrt(np.maximum(variance, 0.0))
-
     def table(
         self, clocks_mhz: FloatArray, batch: float, context_tokens: float
     ) -> dict[str, tuple[FloatArray, FloatArray]]:

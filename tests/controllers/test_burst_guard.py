@@ -38,14 +38,6 @@ class _Model:
             "decode_iteration_s": (decode, 0.1 * decode),
         }
 
-    def mixed_iteration(
-        self, clocks: np.ndarray, batch: float, context: float, chunk: float
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The parts' errors fully correlated: the sum's std is the sum of theirs."""
-        table = self.table(clocks, batch, context)
-        mean = table["decode_iteration_s"][0] + chunk * table["prefill_s_per_token"][0]
-        return mean, 0.1 * mean
-
 
 def _mixed(clock: float, batch: float, z: float) -> float:
     scale = CLOCKS[-1] / clock

@@ -47,15 +47,6 @@ class _Model:
             "decode": (self.power_w, np.zeros(CLOCKS.size)),
         }
 
-    def mixed_iteration(
-        self, clocks: np.ndarray, batch: float, context: float, chunk: float
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The decode iteration plus the chunk's prefill, the std the decode part's."""
-        table = self.table(clocks, batch, context)
-        prefill = table["prefill_s_per_token"][0]
-        mean, std = table["decode_iteration_s"]
-        return mean + chunk * prefill, std
-
 
 def _seen(
     *,

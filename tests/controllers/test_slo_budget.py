@@ -233,9 +233,9 @@ def test_mpc_online_spends_the_budget_where_it_is_ahead() -> None:
 
 
 def test_mpc_online_gives_the_budget_back_where_it_is_behind() -> None:
-    # At 7 requests/s the learned controller without a target attains 99.09 % on this
-    # plant (the maximum clock 100 %): under a 99.2 % target, a budget it overspends.
-    target = SLOTarget(attainment=0.992, window_s=120.0)
+    # At 7 requests/s the learned controller without a target loses about a point of
+    # attainment on this plant: more than the whole 1 % budget.
+    target = SLOTarget(attainment=0.99, window_s=120.0)
     unheld, _ = _loop(7.0, None)
     assert unheld.metrics.slo_attainment < target.attainment
     looseness: list[float] = []
