@@ -24,19 +24,18 @@ budget, ``N`` the requests in the window, ``A = e N`` the misses the target allo
 whole window, its requests ``N'`` are projected from their rate so far (over at least a
 short window) and ``A' = e N'``, else ``A' = A``:
 
-* **behind** when ``S > 3A'/4`` (a quarter of the window's budget is kept in reserve for
-  the misses still under way; misses spent are spent, so one early miss among few requests
-  is weighed against the whole window's budget) or ``m_s > 3e`` with at least two misses in
-  the short window (it burns the budget three times faster than the target sustains: at
-  that rate a twelfth of the window spends a quarter of the window's budget; one miss is
-  no rate): the looseness falls, fast: across its whole range in one short window
-  (``window_s / 12``);
-* **ahead** when ``S < A/2`` (the miss rate seen is under half the budget), ``m_s <= e``
-  (the short window burns no faster than the target sustains) and ``A' >= 2`` (one more
-  miss would cost at most half the budget, so the window holds enough requests to tell):
-  the looseness rises, slowly: across its whole range in half a window, so that half the
-  window's requests were served at the older, tighter setting when it gets there and a
-  loosening that costs misses shows in the window before it has gone far;
+* **behind** when ``S > 3A/4`` (a quarter of the budget is kept in reserve for the misses
+  still under way) or ``m_s > 3e`` (the short window burns the budget three times faster
+  than the target sustains: at that rate a twelfth of the window spends a quarter of the
+  window's budget), each with at least two misses (one miss is no rate: on a light node,
+  one early miss among 40 requests is not "behind"): the looseness falls, fast: across its
+  whole range in one short window (``window_s / 12``);
+* **ahead** when ``S < A/2``, ``m_s <= e`` (the short window burns no faster than the
+  target sustains) and ``A' >= 2`` (one more miss would cost at most half the budget, so
+  the window holds enough requests to tell): the looseness rises, slowly: across its
+  whole range in half a window, so that half the window's requests were served at the
+  older, tighter setting when it gets there and a loosening that costs misses shows in the
+  window before it has gone far;
 * otherwise it holds. It moves in log space and stays within ``[tightest, loosest]``.
 
 No constant here is tuned to a profile: the fractions are shares of the budget and the
@@ -61,7 +60,7 @@ FAST_BURN_RATE = 3.0
 """Burn rate (the short window's miss fraction over the budget) above which the loop
 tightens."""
 FAST_BURN_MISSES = 2.0
-"""Misses the short window must hold before its burn rate counts (one miss is no rate)."""
+"""Misses a window must hold before it counts as behind (one miss is no rate)."""
 MINIMUM_ALLOWED_MISSES = 2.0
 """Misses the target must allow in the window before the loop loosens."""
 LOOSEN_WINDOWS = 0.5
@@ -264,13 +263,12 @@ class AttainmentBudget:
         budget = self.target.budget
         allowed = budget * long.requests
         # Until the counters cover a whole window, its requests are projected from their
-        # rate so far (over at least a short window): misses spent are weighed against
-        # that window's budget, so one early miss among few requests is not "behind"
-        # where the window will allow more, and the window holds enough requests to
-        # tell from its projected size. Slack itself is the miss rate seen.
+        # rate so far (over at least a short window): the window holds enough requests to
+        # tell from its projected size. The misses themselves are judged against those
+        # seen, and one miss is no rate: "behind" needs two.
         projected = long.requests * window / max(covered, SHORT_WINDOW_SHARE * window)
         span = math.log(self.loosest / self.tightest)
-        behind = long.misses > BEHIND_SHARE * budget * projected or (
+        behind = (long.misses > BEHIND_SHARE * allowed and long.misses >= FAST_BURN_MISSES) or (
             short.miss_fraction > FAST_BURN_RATE * budget and short.misses >= FAST_BURN_MISSES
         )
         ahead = (

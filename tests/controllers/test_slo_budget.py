@@ -100,10 +100,10 @@ def test_tightens_fast_when_behind_and_stops_at_its_bound() -> None:
     assert budget.last is not None and budget.last.attainment < TARGET.attainment + 0.0075
 
 
-def test_one_early_miss_is_weighed_against_the_whole_windows_budget() -> None:
-    """Until the counters cover a window, its requests are projected from their rate: at
-    0.5 requests/s the window allows 3 misses, so one miss among the first 40 requests
-    spends a third of it (not "behind"), while three misses there are (3/4 spent)."""
+def test_one_early_miss_is_no_rate() -> None:
+    """On a light node (0.5 requests/s: 3 misses a window) one miss among the first 40
+    requests is not "behind" (one miss is no rate), and the window, projected from the
+    rate, holds enough requests to loosen; three misses there are behind."""
     one = AttainmentBudget(TARGET)
     _, state = _run(one, 79.0, rate=0.5, miss=0.0)
     before = one.looseness
