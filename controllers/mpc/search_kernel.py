@@ -295,6 +295,30 @@ def _initial_state(parameters: FloatArray) -> FloatArray:
     return state
 
 
+@_inlined
+def _load(states: FloatArray, k: int) -> tuple[float, float, float, float, float]:
+    """Row ``k`` of a trajectory: the state before period ``k`` and the cost so far."""
+    return states[k, 0], states[k, 1], states[k, 2], states[k, 3], states[k, 4]
+
+
+@_inlined
+def _store(
+    states: FloatArray,
+    k: int,
+    prefill: float,
+    decode: float,
+    active: float,
+    temperature: float,
+    total: float,
+) -> None:
+    """Write row ``k`` of a trajectory (:func:`_load`'s inverse)."""
+    states[k, 0] = prefill
+    states[k, 1] = decode
+    states[k, 2] = active
+    states[k, 3] = temperature
+    states[k, 4] = total
+
+
 @_jit
 def price_plans(
     plans: IntArray,
@@ -312,12 +336,8 @@ def price_plans(
     # Each period's state and cost so far along the previous row: a row that agrees with
     # it up to period k starts from there (the pool is sorted, so neighbours share
     # prefixes), with the same arithmetic in the same order as a roll from period 0.
-    states = np.empty((steps + 1, 5))
-    states[0, 0] = parameters[_P_PREFILL]
-    states[0, 1] = parameters[_P_DECODE]
-    states[0, 2] = parameters[_P_ACTIVE]
-    states[0, 3] = parameters[_P_TEMPERATURE]
-    states[0, 4] = 0.0
+    states = np.zeros((steps + 1, 5))
+    states[0, :4] = _initial_state(parameters)
     for row in range(count):
         start = 0
         if row > 0:
@@ -328,11 +348,7 @@ def price_plans(
             if start == steps:
                 costs[row] = costs[row - 1]
                 continue
-        prefill = states[start, 0]
-        decode = states[start, 1]
-        active = states[start, 2]
-        temperature = states[start, 3]
-        total = states[start, 4]
+        prefill, decode, active, temperature, total = _load(states, start)
         previous = plans[row, block_of_step[start - 1]] if start > 0 else -1
         for step in range(start, steps):
             level = plans[row, block_of_step[step]]
@@ -350,11 +366,7 @@ def price_plans(
             )
             total += cost
             previous = level
-            states[step + 1, 0] = prefill
-            states[step + 1, 1] = decode
-            states[step + 1, 2] = active
-            states[step + 1, 3] = temperature
-            states[step + 1, 4] = total
+            _store(states, step + 1, prefill, decode, active, temperature, total)
         costs[row] = total + _terminal(prefill, decode, parameters)
     return costs
 
@@ -376,11 +388,7 @@ def _roll(
     ``inf`` as soon as the partial cost reaches ``bound``. With ``keep``, the new
     trajectory is written into ``states`` (the plan becomes the incumbent)."""
     steps = block_of_step.size
-    prefill = states[start, 0]
-    decode = states[start, 1]
-    active = states[start, 2]
-    temperature = states[start, 3]
-    total = states[start, 4]
+    prefill, decode, active, temperature, total = _load(states, start)
     previous = plan[block_of_step[start - 1]] if start > 0 else -1
     for step in range(start, steps):
         level = plan[block_of_step[step]]
@@ -392,11 +400,7 @@ def _roll(
             return np.inf
         previous = level
         if keep:
-            states[step + 1, 0] = prefill
-            states[step + 1, 1] = decode
-            states[step + 1, 2] = active
-            states[step + 1, 3] = temperature
-            states[step + 1, 4] = total
+            _store(states, step + 1, prefill, decode, active, temperature, total)
     return total + _terminal(prefill, decode, parameters)
 
 
