@@ -59,7 +59,7 @@ AHEAD_SHARE = 0.5
 FAST_BURN_RATE = 3.0
 """Burn rate (the short window's miss fraction over the budget) above which the loop
 tightens."""
-FAST_BURN_MISSES = 2.0
+BEHIND_MISSES = 2.0
 """Misses a window must hold before it counts as behind (one miss is no rate)."""
 MINIMUM_ALLOWED_MISSES = 2.0
 """Misses the target must allow in the window before the loop loosens."""
@@ -268,8 +268,8 @@ class AttainmentBudget:
         # seen, and one miss is no rate: "behind" needs two.
         projected = long.requests * window / max(covered, SHORT_WINDOW_SHARE * window)
         span = math.log(self.loosest / self.tightest)
-        behind = (long.misses > BEHIND_SHARE * allowed and long.misses >= FAST_BURN_MISSES) or (
-            short.miss_fraction > FAST_BURN_RATE * budget and short.misses >= FAST_BURN_MISSES
+        behind = (long.misses > BEHIND_SHARE * allowed and long.misses >= BEHIND_MISSES) or (
+            short.miss_fraction > FAST_BURN_RATE * budget and short.misses >= BEHIND_MISSES
         )
         ahead = (
             long.misses < AHEAD_SHARE * allowed

@@ -285,21 +285,14 @@ def prepare_output_dir(flag: str, path: str | os.PathLike[str], *, parents: bool
     anything else is refused in one line. The parents are created only with ``parents``
     (a command's own default directory), never for a path the user gave.
     """
+    check_output_dir(flag, path, parents=parents)
     target = os.fspath(path)
-    if not target.strip():
-        raise UsageError(f"{flag}: empty directory name")
-    if os.path.exists(target) and not os.path.isdir(target):
-        raise UsageError(f"{flag} {target}: exists and is not a directory")
-    if not os.path.isdir(target):
-        parent = os.path.dirname(os.path.abspath(target))
-        if not parents:
-            _check_writable_dir(flag, target, parent)
-        try:
-            os.makedirs(target, exist_ok=True)
-        except OSError as error:
-            raise UsageError(
-                f"{flag} {target}: cannot create it: {error.strerror or error}"
-            ) from error
+    if os.path.isdir(target):
+        return
+    try:
+        os.makedirs(target, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"{flag} {target}: cannot create it: {error.strerror or error}") from error
     _check_writable_dir(flag, target, target)
 
 

@@ -10,12 +10,13 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpugov.daemon.scrape import MAX_PAGE_BYTES
+
 RATE_SERIES = {
     "gpugov_energy_per_output_token_joules": "joules_per_output_token",
     "gpugov_energy_per_prompt_token_joules": "joules_per_prompt_token",
     "gpugov_energy_per_request_joules": "joules_per_request",
 }
-MAX_PAGE_BYTES = 16 << 20
 
 
 def check_metrics_url(url: str) -> None:

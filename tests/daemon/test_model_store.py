@@ -214,7 +214,17 @@ def test_simulated_daemon_saves_the_model_in_the_state_directory(
 ) -> None:
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
     code = main(
-        ["run", "--simulate", "--virtual", "--controller", "mpc-online", "--duration", "40"]
+        [
+            "run",
+            "--simulate",
+            "--virtual",
+            "--controller",
+            "mpc-online",
+            "--duration",
+            "40",
+            "--metrics-address",  # the default port is one other tests (in parallel) use
+            "none",
+        ]
     )
     assert code == 0, capsys.readouterr().err
     payload = read_stored(model_path(tmp_path, "sim"))

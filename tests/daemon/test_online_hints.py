@@ -213,6 +213,9 @@ def test_the_simulated_daemon_runs_with_hints(
             "30",
             "--controller",
             "mpc-online:gpu=NVIDIA H100 80GB HBM3,params_b=8,tp=1",
+            # No metrics server: the default port is one other tests (in parallel) use.
+            "--metrics-address",
+            "none",
         ]
     )
     assert code == 0, capsys.readouterr().err

@@ -142,6 +142,8 @@ def test_run_simulate_prints_the_same_note(
             str(trace),
             "--load-scale",
             "0.5",
+            "--metrics-address",  # the default port is one other tests (in parallel) use
+            "none",
             "--quiet",
         ]
     )
