@@ -109,8 +109,11 @@ def _engine_fault(mode: str) -> Scenario:
             daemon.wait_locked(LOCKED_MHZ)
             _stop_clean(node, daemon)
             log = daemon.stderr
-            assert log.count("engine scrape failed") == 1, log  # one line, not one per tick
-            assert "engine scrape back after" in log
+            # One line per failure episode and one when it ends, not one per tick. (On a
+            # loaded machine a healthy scrape can also time out once: its own episode.)
+            failed = log.count("engine scrape failed")
+            assert 1 <= failed == log.count("engine scrape back after"), log
+            assert failed <= 3, log  # the fault itself lasts 8 or more ticks
             return {"failsafe_s": round(failsafe_s, 3)}
         finally:
             daemon.kill()
