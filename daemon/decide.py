@@ -562,6 +562,8 @@ def _mpc(spec: MPCControllerConfig, context: ControllerContext) -> ClockControll
     options["latency_model"] = spec.latency_model or ("iteration" if fast else "seed")
     if fast:
         options["solver"] = DiscreteSearchSolver()
+        # The fast MPC prices its plans as the safety chain will apply them.
+        options["dwell_s"] = context.safety.dwell_s
     # The online corrections default to on for the fast MPC, off for the seed's.
     if spec.burst_hedge if spec.burst_hedge is not None else fast:
         options["burst_hedge"] = BurstHedge()
@@ -623,6 +625,7 @@ def _online(spec: OnlineMPCControllerConfig, context: ControllerContext) -> Cloc
     weights = role_weights(context.role)
     if weights is not None:
         budget["weights"] = weights  # passed on to its MPC: the inactive objective weighs 0
+    budget["dwell_s"] = context.safety.dwell_s  # its MPC prices plans as the chain applies them
     return OnlineMPCController(
         **_set_fields(spec, skip=("prior", "prior_profile", "state_dir", "auto_hints")),
         **budget,

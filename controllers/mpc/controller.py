@@ -140,6 +140,10 @@ class MPCController:
             (:class:`controllers.budget.AttainmentBudget`): its looseness scales
             ``slo_margin`` (never past 1) and the SLO feedback's thresholds, and below 1
             withdraws the per-prompt TTFT allowance (its ``allowance_credit``).
+        dwell_s: the safety chain's dwell (``safety.dwell_s``): plans are priced as the
+            chain applies them, a lower clock only after the locked one (the
+            observation's ``requested_clock_mhz``) has been held this long, so a raise
+            is charged for its whole hold (:meth:`MPCProblem.applied`). 0: as asked.
 
     With the ``iteration`` latency model, where an observation carries a per-prompt TTFT
     allowance (``ttft_slo_per_prompt_token_s``), the TTFT proxy is judged per prompt
@@ -173,6 +177,7 @@ class MPCController:
         ttft_excess_cap: float | None = None,
         solve_budget_evaluations: int | None = None,
         slo_budget: AttainmentBudget | None = None,
+        dwell_s: float = 0.0,
     ) -> None:
         for name, value in (
             ("mean_prompt_tokens", mean_prompt_tokens),
@@ -183,6 +188,8 @@ class MPCController:
         ):
             if not math.isfinite(value) or value <= 0.0:
                 raise ValueError(f"{name} must be finite and positive, got {value!r}")
+        if not math.isfinite(dwell_s) or dwell_s < 0.0:
+            raise ValueError(f"dwell_s must be finite and >= 0, got {dwell_s!r}")
         if not math.isfinite(solve_time_limit_s) or solve_time_limit_s < 0.0:
             raise ValueError(
                 f"solve_time_limit_s must be finite and >= 0, got {solve_time_limit_s!r}"
@@ -223,6 +230,14 @@ class MPCController:
         self.ttft_excess_cap = ttft_excess_cap
         self.slo_feedback = slo_feedback
         self.slo_budget = slo_budget
+        self.dwell_s = float(dwell_s)
+        self.held_clock_mhz: float | None = None
+        """The clock the node has locked (the observation's), whose hold plans are priced
+        against (:attr:`dwell_s`)."""
+        self.held_since_s = -math.inf
+        """When the held clock was applied: the decision before the first observation
+        that reported it."""
+        self._last_decision_s: float | None = None
         self.charged_prompt_tokens = ttft_prompt_tokens
         self.effective_slo_margin = self.slo_margin
         self.ttft_allowance = 0.0
@@ -302,6 +317,9 @@ class MPCController:
             ttft_excess_cap=self.ttft_excess_cap,
             ttft_slo_per_prompt_token_s=self.ttft_allowance,
             ttft_own_prompt_tokens=self.ttft_prompt_tokens or self.mean_prompt_tokens,
+            dwell_periods=self.dwell_s / self.control_period_s,
+            held_clock_mhz=self.held_clock_mhz,
+            held_periods=(observation.time_s - self.held_since_s) / self.control_period_s,
         )
 
     def adapt(self, observation: ServingObservation) -> None:
@@ -424,6 +442,14 @@ class MPCController:
             # The clock-change penalty counts from the clock the node applied (a safety
             # layer may have held another), not from this controller's last wish.
             self.current_clock = float(node_clock)
+            if node_clock != self.held_clock_mhz:
+                # Applied at the decision before this observation.
+                previous = self._last_decision_s
+                self.held_since_s = -math.inf if previous is None else previous
+                self.held_clock_mhz = float(node_clock)
+        else:
+            self.held_clock_mhz = None
+        self._last_decision_s = observation.time_s
         arrival_rate = self._arrival_rate(observation)
         self.adapt(observation)
         self.last_problem = self.problem(observation, arrival_rate)

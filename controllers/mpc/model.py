@@ -222,6 +222,14 @@ class MPCProblem:
     ttft_own_prompt_tokens: float | None = None
     """The new request's own prompt within ``ttft_prompt`` (the rest is a burst ahead of
     it, :class:`controllers.adaptation.BurstHedge`); default all of it."""
+    dwell_periods: float = 0.0
+    """Periods the safety chain holds a clock before a lower one applies (its dwell over
+    the control period, ``daemon.safety.MinimumDwell``): a plan is priced as the chain
+    applies it (:meth:`applied`). 0: as asked."""
+    held_clock_mhz: float | None = None
+    """The clock locked at the first decision (None: unknown, nothing held)."""
+    held_periods: float = math.inf
+    """Periods the held clock has been locked by the first decision."""
 
     @property
     def ttft_own_prompt(self) -> float:
@@ -276,6 +284,26 @@ class MPCProblem:
             raise ValueError(
                 f"latency_model must be one of {LATENCY_MODELS}, got {self.latency_model!r}"
             )
+        if not (math.isfinite(self.dwell_periods) and self.dwell_periods >= 0.0):
+            raise ValueError(f"dwell_periods must be finite and >= 0, got {self.dwell_periods!r}")
+
+    def applied(self, clock_mhz: FloatArray) -> FloatArray:
+        """The clocks the safety chain applies for each row of ``(M, horizon_steps)``
+        asked clocks: a lower clock waits until the one before it has been held
+        :attr:`dwell_periods` periods (a raise applies at once and starts a new hold)."""
+        sequences = np.atleast_2d(np.asarray(clock_mhz, dtype=float))
+        if self.dwell_periods <= 0.0 or self.held_clock_mhz is None:
+            return sequences
+        out = np.empty_like(sequences)
+        held = np.full(sequences.shape[0], float(self.held_clock_mhz))
+        since = np.full(sequences.shape[0], float(self.held_periods))
+        for index in range(sequences.shape[1]):
+            asked = sequences[:, index]
+            level = np.where((asked < held) & (since < self.dwell_periods - 1e-9), held, asked)
+            since = np.where(level == held, since + 1.0, 1.0)
+            held = level
+            out[:, index] = level
+        return out
 
     def decode_iteration_s(self, active: FloatArray, decode_rate: FloatArray) -> FloatArray:
         """Decode iteration time (s) for ``active`` requests at each decode rate, by the
@@ -307,9 +335,11 @@ class MPCProblem:
         1."""
         busy = served_prefill / np.maximum(prefill_rate * self.control_period_s, 1e-12)
         t_dec = self.decode_iteration_s(active, decode_rate)
-        stretched = t_dec / np.maximum(1.0 - busy, 0.05)
         chunk = np.maximum(CHUNK_TOKENS - active, 32.0)
         inverse_rate = 1.0 / np.maximum(prefill_rate, 1e-12)
+        # Chunked prefill never stalls the decode batch: an iteration carries at most one
+        # chunk, so the stretch is bounded by the mixed iteration's time.
+        stretched = np.minimum(t_dec / np.maximum(1.0 - busy, 0.05), t_dec + chunk * inverse_rate)
         prefilling = served_prefill * (t_dec / chunk + inverse_rate)
         life = np.maximum(np.minimum(self.mean_output_tokens * t_dec, self.control_period_s), 1e-9)
         share = np.minimum(1.0, prefilling / life)
@@ -383,6 +413,7 @@ class MPCProblem:
             )
         if self.latency_model != "seed":
             return float(self.costs(sequence[None, :])[0])
+        sequence = self.applied(sequence)[0]
         profile = self.plant.profile
         weights = self.weights
         predicted = self.rollout(sequence)
@@ -422,8 +453,9 @@ class MPCProblem:
         The same model and cost as :meth:`cost`, vectorised over the rows so a discrete
         search can price many candidate plans in one pass (the tests check the two
         agree); :meth:`cost` stays a scalar loop because it is faster for one sequence.
+        Each row is priced as the safety chain applies it (:meth:`applied`).
         """
-        sequences = np.atleast_2d(np.asarray(clock_mhz, dtype=float))
+        sequences = self.applied(clock_mhz)
         profile = self.plant.profile
         weights = self.weights
         grid = profile.clock_mhz

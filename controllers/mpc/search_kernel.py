@@ -87,7 +87,14 @@ _P_TTFT_CAP = 29  # most TTFT excess penalised (s)
 _P_PERIOD = 30  # control period (s)
 _P_TTFT_ALLOWANCE = 31  # per-prompt TTFT allowance (s per prompt token)
 _P_TTFT_OWN_PROMPT = 32  # the new request's own prompt within _P_TTFT_PROMPT
-_PARAMETERS = 33
+_P_DWELL = 33  # periods a clock is held before a lower one applies (0: none)
+_P_HELD_LEVEL = 34  # level held at the first decision (-1: unknown, nothing held)
+_P_HELD_PERIODS = 35  # periods it has been held by then
+_PARAMETERS = 36
+
+# Columns of a trajectory row (``_load`` / ``_store``): the state before a period, the
+# cost so far, and the safety chain's dwell state (the level applied, periods held).
+_STATE_COLUMNS = 7
 
 
 def problem_arrays(
@@ -182,6 +189,13 @@ def problem_arrays(
     parameters[_P_PERIOD] = h
     parameters[_P_TTFT_ALLOWANCE] = problem.ttft_slo_per_prompt_token_s
     parameters[_P_TTFT_OWN_PROMPT] = problem.ttft_own_prompt
+    held = problem.held_clock_mhz
+    if problem.dwell_periods > 0.0 and held is not None:
+        parameters[_P_DWELL] = problem.dwell_periods
+        parameters[_P_HELD_LEVEL] = float(np.argmin(np.abs(clocks - held)))
+        parameters[_P_HELD_PERIODS] = min(problem.held_periods, 1e9)
+    else:
+        parameters[_P_HELD_LEVEL] = -1.0
     return table, parameters, np.asarray(problem.prompt_arrivals, dtype=float)
 
 
@@ -249,7 +263,10 @@ def _advance(
         share = min(1.0, prefilling_s / life_s)
         # Tokens come one per iteration: a time share ``share`` of mixed iterations.
         mixed = 1.0 / (share / (t_dec + slice_s) + (1.0 - share) / max(t_dec, 1e-12))
-        tpot = (max(t_dec / stretch, mixed) if busy else 0.0) - parameters[_P_TPOT_TARGET]
+        # Chunked prefill never stalls the decode batch: an iteration carries at most one
+        # chunk, so the stretch is bounded by the mixed iteration's time.
+        stretched = min(t_dec / stretch, t_dec + slice_s)
+        tpot = (max(stretched, mixed) if busy else 0.0) - parameters[_P_TPOT_TARGET]
     else:
         ttft = prefill * table[_INVERSE_PREFILL, level] - parameters[_P_TTFT_TARGET]
         tpot = active * table[_INVERSE_DECODE, level] - parameters[_P_TPOT_TARGET]
@@ -286,19 +303,31 @@ def _terminal(prefill: float, decode: float, parameters: FloatArray) -> float:
 
 
 @_jit
-def _initial_state(parameters: FloatArray) -> FloatArray:
-    state = np.empty(4)
-    state[0] = parameters[_P_PREFILL]
-    state[1] = parameters[_P_DECODE]
-    state[2] = parameters[_P_ACTIVE]
-    state[3] = parameters[_P_TEMPERATURE]
-    return state
+def _trajectory(steps: int, parameters: FloatArray) -> FloatArray:
+    """A trajectory of ``steps`` periods whose row 0 is the problem's initial state."""
+    states = np.zeros((steps + 1, _STATE_COLUMNS))
+    states[0, 0] = parameters[_P_PREFILL]
+    states[0, 1] = parameters[_P_DECODE]
+    states[0, 2] = parameters[_P_ACTIVE]
+    states[0, 3] = parameters[_P_TEMPERATURE]
+    states[0, 5] = parameters[_P_HELD_LEVEL]
+    states[0, 6] = parameters[_P_HELD_PERIODS]
+    return states
 
 
 @_inlined
-def _load(states: FloatArray, k: int) -> tuple[float, float, float, float, float]:
-    """Row ``k`` of a trajectory: the state before period ``k`` and the cost so far."""
-    return states[k, 0], states[k, 1], states[k, 2], states[k, 3], states[k, 4]
+def _load(states: FloatArray, k: int) -> tuple[float, float, float, float, float, int, float]:
+    """Row ``k`` of a trajectory: the state before period ``k``, the cost so far, the
+    level applied in period ``k - 1`` and the periods it has been held."""
+    return (
+        states[k, 0],
+        states[k, 1],
+        states[k, 2],
+        states[k, 3],
+        states[k, 4],
+        int(states[k, 5]),
+        states[k, 6],
+    )
 
 
 @_inlined
@@ -310,6 +339,8 @@ def _store(
     active: float,
     temperature: float,
     total: float,
+    held: int,
+    since: float,
 ) -> None:
     """Write row ``k`` of a trajectory (:func:`_load`'s inverse)."""
     states[k, 0] = prefill
@@ -317,6 +348,20 @@ def _store(
     states[k, 2] = active
     states[k, 3] = temperature
     states[k, 4] = total
+    states[k, 5] = held
+    states[k, 6] = since
+
+
+@_inlined
+def _applied(level: int, held: int, since: float, dwell: float) -> tuple[int, int, float]:
+    """The level the safety chain applies when ``level`` is asked, ``held`` has been
+    applied for ``since`` periods and a lower clock waits ``dwell`` periods
+    (``daemon.safety.MinimumDwell``): ``(applied, held, since)`` for the next period."""
+    if level < held and since < dwell - 1e-9:
+        level = held
+    if level == held:
+        return level, held, since + 1.0
+    return level, level, 1.0
 
 
 @_jit
@@ -336,8 +381,8 @@ def price_plans(
     # Each period's state and cost so far along the previous row: a row that agrees with
     # it up to period k starts from there (the pool is sorted, so neighbours share
     # prefixes), with the same arithmetic in the same order as a roll from period 0.
-    states = np.zeros((steps + 1, 5))
-    states[0, :4] = _initial_state(parameters)
+    states = _trajectory(steps, parameters)
+    dwell = parameters[_P_DWELL]
     for row in range(count):
         start = 0
         if row > 0:
@@ -348,10 +393,10 @@ def price_plans(
             if start == steps:
                 costs[row] = costs[row - 1]
                 continue
-        prefill, decode, active, temperature, total = _load(states, start)
-        previous = plans[row, block_of_step[start - 1]] if start > 0 else -1
+        prefill, decode, active, temperature, total, held, since = _load(states, start)
+        previous = held if start > 0 else -1
         for step in range(start, steps):
-            level = plans[row, block_of_step[step]]
+            level, held, since = _applied(plans[row, block_of_step[step]], held, since, dwell)
             cost, prefill, decode, active, temperature = _advance(
                 level,
                 previous,
@@ -366,7 +411,7 @@ def price_plans(
             )
             total += cost
             previous = level
-            _store(states, step + 1, prefill, decode, active, temperature, total)
+            _store(states, step + 1, prefill, decode, active, temperature, total, held, since)
         costs[row] = total + _terminal(prefill, decode, parameters)
     return costs
 
@@ -388,10 +433,11 @@ def _roll(
     ``inf`` as soon as the partial cost reaches ``bound``. With ``keep``, the new
     trajectory is written into ``states`` (the plan becomes the incumbent)."""
     steps = block_of_step.size
-    prefill, decode, active, temperature, total = _load(states, start)
-    previous = plan[block_of_step[start - 1]] if start > 0 else -1
+    dwell = parameters[_P_DWELL]
+    prefill, decode, active, temperature, total, held, since = _load(states, start)
+    previous = held if start > 0 else -1
     for step in range(start, steps):
-        level = plan[block_of_step[step]]
+        level, held, since = _applied(plan[block_of_step[step]], held, since, dwell)
         cost, prefill, decode, active, temperature = _advance(
             level, previous, step, prefill, decode, active, temperature, table, parameters, arrivals
         )
@@ -400,7 +446,7 @@ def _roll(
             return np.inf
         previous = level
         if keep:
-            _store(states, step + 1, prefill, decode, active, temperature, total)
+            _store(states, step + 1, prefill, decode, active, temperature, total, held, since)
     return total + _terminal(prefill, decode, parameters)
 
 
@@ -442,8 +488,7 @@ def local_search(
     total_moves = additive + blocks - 1
     current = plan.copy()
     trial = plan.copy()
-    states = np.zeros((steps + 1, 5))
-    states[0, :4] = _initial_state(parameters)
+    states = _trajectory(steps, parameters)
     cost = _roll(current, block_of_step, 0, states, np.inf, True, table, parameters, arrivals)
     trials = 0
     since_improvement = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from test_mpc import _observation, _random_states
 from gpugov.controllers.mpc import search_kernel
 from gpugov.controllers.mpc.controller import MPCController, MPCProblem
 from gpugov.controllers.mpc.fast import DiscreteSearchSolver, plan_costs
+from gpugov.controllers.mpc.model import MPCWeights
 from gpugov.controllers.mpc.search_kernel import local_search, price_plans, problem_arrays
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, load_trace, simulate
 
@@ -307,10 +309,22 @@ def test_capped_ttft_penalty_stops_growing_past_the_cap(synthetic_plant) -> None
     """Past ``ttft_excess_cap`` SLOs of excess, a later first token costs nothing more:
     the cost then differs between two hopeless backlogs only by their other terms."""
     observation = _observation(prefill_tokens=200_000.0, decode_active=4)
+    # The TTFT term alone beside power (the TPOT and backlog terms prefer a fast clock
+    # whatever the TTFT cap).
+    weights = MPCWeights(tpot=0.0, terminal_backlog=0.0)
     capped = _problem(
-        synthetic_plant, observation, 2.0, 0, 3.0, latency_model="iteration", ttft_excess_cap=1.0
+        synthetic_plant,
+        observation,
+        2.0,
+        0,
+        3.0,
+        latency_model="iteration",
+        ttft_excess_cap=1.0,
+        weights=weights,
     )
-    uncapped = _problem(synthetic_plant, observation, 2.0, 0, 3.0, latency_model="iteration")
+    uncapped = _problem(
+        synthetic_plant, observation, 2.0, 0, 3.0, latency_model="iteration", weights=weights
+    )
     assert capped.ttft_excess_cap_s == synthetic_plant.profile.ttft_slo_s
     assert uncapped.ttft_excess_cap_s == float("inf")
     clocks = synthetic_plant.profile.clock_mhz
@@ -375,3 +389,118 @@ def test_short_answers_see_the_mixed_iteration_while_prompts_are_prefilled(
     # A long answer sees the period's average: about the stretched iteration.
     assert long_answer < short
     assert long_answer == pytest.approx(stretched, rel=0.05)
+
+
+def test_a_prefill_filling_the_period_stretches_decode_at_most_to_one_chunk(
+    synthetic_plant,  # type: ignore[no-untyped-def]
+) -> None:
+    """Chunked prefill never stalls the decode batch: however much of the period the
+    prefill takes, the TPOT proxy is at most an iteration that carries one chunk."""
+    observation = _observation(prefill_tokens=30_000.0, decode_active=8)
+    controller = MPCController(
+        synthetic_plant,
+        horizon_s=2.0,
+        mean_prompt_tokens=2_000.0,
+        mean_output_tokens=150.0,
+        latency_model="iteration",
+    )
+    problem = controller.problem(observation, 1.0)
+    active, decode_rate, prefill_rate = np.array([8.0]), np.array([2_000.0]), np.array([20_000.0])
+    t_dec = float(problem.decode_iteration_s(active, decode_rate)[0])
+    mixed = t_dec + (512.0 - 8.0) / 20_000.0
+    for share in (0.9, 0.99, 1.0):
+        served = np.array([share * 20_000.0 * problem.control_period_s])
+        value = float(problem.tpot_proxy(active, decode_rate, served, prefill_rate)[0])
+        assert value <= mixed * (1.0 + 1e-12)
+    assert value == pytest.approx(mixed, rel=1e-12)
+    assert value < t_dec / 0.05  # the time-shared stretch of a stalled batch
+
+
+@pytest.mark.parametrize("held_periods", [0.0, 1.0, 2.5, 4.0, float("inf")])
+def test_plans_are_priced_as_the_dwell_applies_them(  # type: ignore[no-untyped-def]
+    synthetic_plant, held_periods: float
+) -> None:
+    """With a dwell, a plan costs what the clocks the chain applies cost (a lower clock
+    waits until the one before it has been held the dwell), in the Python model, the
+    kernel, a pool priced from shared prefixes and the local search alike."""
+    clocks = synthetic_plant.profile.clock_mhz
+    rng = np.random.default_rng(17)
+    blocks = np.arange(6, dtype=np.int64)
+    moves = DiscreteSearchSolver().move_matrix(6)
+    for observation, rate, clock_index in _random_states(8, seed=19):
+        free = _problem(
+            synthetic_plant, observation, rate, clock_index, 6.0, latency_model="iteration"
+        )
+        problem = replace(
+            free, dwell_periods=4.0, held_clock_mhz=float(clocks[-2]), held_periods=held_periods
+        )
+        levels = rng.integers(0, clocks.size, size=(40, problem.horizon_steps))
+        applied = problem.applied(clocks[levels])
+        if held_periods < 4.0:
+            assert np.all(applied[:, 0] >= clocks[-2])  # nothing falls before the dwell
+        np.testing.assert_allclose(problem.costs(clocks[levels]), free.costs(applied), rtol=1e-12)
+        np.testing.assert_allclose(
+            plan_costs(problem, levels), problem.costs(clocks[levels]), rtol=1e-12
+        )
+        table, parameters, arrivals = problem_arrays(problem)
+        pool = np.unique(levels // 3 * 3, axis=0).astype(np.int64)
+        together = price_plans(pool, blocks, table, parameters, arrivals)
+        alone = [price_plans(row[None, :], blocks, table, parameters, arrivals)[0] for row in pool]
+        assert together.tolist() == alone
+        plan, cost, _ = local_search(
+            levels[0].astype(np.int64), blocks, moves, clocks.size, 300, table, parameters, arrivals
+        )
+        assert cost == pytest.approx(problem.cost(clocks[plan]), rel=1e-12)
+
+
+def test_plans_are_applied_as_the_safety_chain_applies_them(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
+    """:meth:`MPCProblem.applied` is ``MinimumDwell`` run over the plan's periods."""
+    from gpugov.daemon.safety import MinimumDwell
+
+    clocks = synthetic_plant.profile.clock_mhz
+    period, dwell_s = 0.25, 1.0
+    problem = _problem(synthetic_plant, _observation(), 1.0, 0, 12 * period)
+    problem = replace(problem, control_period_s=period, prompt_arrivals=np.zeros(12))
+    rng = np.random.default_rng(23)
+    for _ in range(30):
+        held = float(clocks[rng.integers(0, clocks.size)])
+        held_periods = int(rng.integers(0, 6))
+        asked = clocks[rng.integers(0, clocks.size, size=12)]
+        wishes = iter([held, *asked])
+        chain = MinimumDwell(lambda observation, wishes=wishes: next(wishes), dwell_s)
+        chain(_observation(time_s=-held_periods * period))
+        expected = [chain(_observation(time_s=k * period)) for k in range(12)]
+        case = replace(
+            problem,
+            dwell_periods=dwell_s / period,
+            held_clock_mhz=held,
+            held_periods=float(held_periods),
+        )
+        assert case.applied(asked)[0].tolist() == expected
+
+
+def test_the_fast_mpc_tracks_the_clock_the_node_holds(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
+    """The held clock and how long it has been held come from the observations'
+    locked clock: a change seen now was applied at the decision before."""
+    clocks = synthetic_plant.profile.clock_mhz
+    controller = MPCController(
+        synthetic_plant,
+        horizon_s=2.5,
+        control_period_s=0.25,
+        latency_model="iteration",
+        solver=DiscreteSearchSolver(),
+        dwell_s=1.0,
+    )
+    seen = []
+    for time_s, locked in ((0.0, clocks[-1]), (0.25, clocks[3]), (0.5, clocks[3]), (0.75, None)):
+        observation = replace(_observation(time_s=time_s), requested_clock_mhz=locked)
+        controller(observation)
+        problem = controller.last_problem
+        assert problem is not None and problem.dwell_periods == pytest.approx(4.0)
+        seen.append((problem.held_clock_mhz, problem.held_periods))
+    assert seen[0] == (clocks[-1], float("inf"))
+    assert seen[1] == (clocks[3], pytest.approx(1.0))
+    assert seen[2] == (clocks[3], pytest.approx(2.0))
+    assert seen[3][0] is None  # nothing locked: nothing held
+    with pytest.raises(ValueError, match="dwell_s"):
+        MPCController(synthetic_plant, dwell_s=-1.0)

@@ -143,7 +143,10 @@ def test_long_prompts_leave_the_top_clock_and_hold_the_slo(
     assert np.mean(judged.realized_clock_mhz) < 0.9 * top
     if gap is not None:
         assert np.mean(judged.realized_clock_mhz) < np.mean(flat.realized_clock_mhz) - gap * top
-    assert judged.metrics.energy_j < flat.metrics.energy_j
+    # Against the top clock, not the flat run: judged flat, the long prompts' TTFT is
+    # hopeless, its capped penalty stops pulling the clock up, and the flat run may spend
+    # as little while it misses them.
+    assert judged.metrics.energy_j < reference.metrics.energy_j
     assert reference.metrics.slo_attainment == 1.0
     assert holds_slo(judged.metrics.slo_attainment, reference.metrics.slo_attainment)
 
