@@ -31,8 +31,11 @@ short window) and ``A' = e N'``, else ``A' = A``:
   one early miss among 40 requests is not "behind"): the looseness falls, fast: across its
   whole range in one short window (``window_s / 12``);
 * **ahead** when ``S < A/2``, ``m_s <= e`` (the short window burns no faster than the
-  target sustains) and ``A' >= 2`` (one more miss would cost at most half the budget, so
-  the window holds enough requests to tell): the looseness rises, slowly: across its
+  target sustains), ``A' >= 2`` (one more miss would cost at most half the budget, so
+  the window holds enough requests to tell) and ``A - S >= 1`` (the requests seen so far
+  can afford one more miss: early in a window, before 100 requests at 99 %, one miss would
+  already spend the budget of what has been served, however many the window will hold):
+  the looseness rises, slowly: across its
   whole range in half a window, so that half the window's requests were served at the
   older, tighter setting when it gets there and a loosening that costs misses shows in the
   window before it has gone far;
@@ -275,6 +278,7 @@ class AttainmentBudget:
             long.misses < AHEAD_SHARE * allowed
             and short.miss_fraction <= budget
             and budget * projected >= MINIMUM_ALLOWED_MISSES
+            and allowed - long.misses >= 1.0
         )
         self.ahead = bool(ahead and not behind)
         log_looseness = math.log(self.looseness)

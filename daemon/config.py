@@ -192,7 +192,8 @@ class OnlineMPCControllerConfig(_Frozen):
     derives the hints on the node: the GPU family from NVML's name and the model size from
     the engine's ``model_name`` (``controllers.online.prior.AutoHints``). ``state_dir``
     keeps the learned model across restarts (default: systemd's ``$STATE_DIRECTORY``,
-    else none). ``warmup_s``: seconds at the maximum clock before the MPC takes over;
+    else none). ``warmup_s``: seconds at the maximum clock before the MPC takes over
+    (``hinted_warmup_s`` once a hint has given the clock shape);
     ``memory_s``: how long evidence lasts; ``uncertainty_z``: standard deviations added
     to predicted latencies; ``burst_guard``: hold a clock that drains a prompt backlog in
     time and keeps short answers' mixed iterations within the TPOT SLO
@@ -212,6 +213,7 @@ class OnlineMPCControllerConfig(_Frozen):
     ttft_prompt_tokens: PositiveFloat | None = None
     slo_margin: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     warmup_s: PositiveFloat | None = None
+    hinted_warmup_s: PositiveFloat | None = None
     memory_s: PositiveFloat | None = None
     uncertainty_z: NonNegativeFloat | None = None
     burst_guard: bool | None = None

@@ -109,6 +109,8 @@ class OnlineMPCController:
         thermal_limit_c: used when the observation carries none.
         memory_s: forgetting horizon of the identification.
         warmup_s: seconds of busy windows at the maximum clock before the MPC takes over.
+        hinted_warmup_s: the same once a hint (``prior`` or :attr:`auto_hints`) has given
+            the clock shape: the warm-up then only centres it on the top clock.
         uncertainty_z: standard deviations added to predicted latencies.
         prior: optional rough prior (:class:`ModelPrior`).
         auto_hints: where no ``prior`` is given, the hints the node derives itself
@@ -144,6 +146,7 @@ class OnlineMPCController:
         thermal_limit_c: float | None = None,
         memory_s: float = 900.0,
         warmup_s: float = 20.0,
+        hinted_warmup_s: float = 5.0,
         uncertainty_z: float = 1.5,
         knots: int = 8,
         prior: ModelPrior | None = None,
@@ -181,6 +184,11 @@ class OnlineMPCController:
         self.thermal_limit_c = thermal_limit_c
         self.memory_s = float(memory_s)
         self.warmup_windows = max(1, int(math.ceil(warmup_s / control_period_s)))
+        if not math.isfinite(hinted_warmup_s) or hinted_warmup_s <= 0.0:
+            raise ValueError(
+                f"hinted_warmup_s must be finite and positive, got {hinted_warmup_s!r}"
+            )
+        self.hinted_warmup_windows = max(1, int(math.ceil(hinted_warmup_s / control_period_s)))
         self.uncertainty_z = float(uncertainty_z)
         self.knots = int(knots)
         self.prior = prior
@@ -244,6 +252,7 @@ class OnlineMPCController:
             memory_s=self.memory_s,
             period_s=self.control_period_s,
             warmup_windows=self.warmup_windows,
+            hinted_warmup_windows=self.hinted_warmup_windows,
             prior=self.active_prior,
         )
 

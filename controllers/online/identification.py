@@ -361,6 +361,9 @@ class OnlineModel:
         memory_s: the forgetting horizon: evidence older than this fades.
         period_s: the expected window length (sets the forgetting per update).
         warmup_windows: busy windows at one clock before the prior is re-centred on them.
+        hinted_warmup_windows: the warm-up once a hint has given the clock shape
+            (:meth:`adopt_hint`, or a ``prior`` with a ``time_table``): only the level at
+            the top clock is left to learn then (None: ``warmup_windows`` either way).
         prior: optional :class:`ModelPrior`.
     """
 
@@ -373,6 +376,7 @@ class OnlineModel:
         memory_s: float = 900.0,
         period_s: float = 1.0,
         warmup_windows: int = 20,
+        hinted_warmup_windows: int | None = None,
         relative_spread: float = 0.3,
         prior: ModelPrior | None = None,
     ) -> None:
@@ -391,6 +395,7 @@ class OnlineModel:
         self.maximum_mhz = float(clocks[-1])
         self.relative_spread = float(relative_spread)
         self.warmup_windows = int(warmup_windows)
+        self.hinted_warmup_windows = hinted_warmup_windows
         forgetting = math.exp(-max(period_s, 1e-3) / max(memory_s, period_s))
         self.memory_s = float(memory_s)
         # Before warm-up: a broad prior with all knots of a block moving together.
@@ -482,6 +487,9 @@ class OnlineModel:
         coefficients = self._hinted_coefficients(prior)
         top = np.maximum(coefficients[:, -1:], 1e-12)
         self.time_shape = np.clip(coefficients / top, 0.05, 1.0)
+        if self.hinted_warmup_windows is not None:
+            # The shape is given: the warm-up only centres it on the top clock.
+            self.warmup_windows = min(self.warmup_windows, int(self.hinted_warmup_windows))
         if prior.replaces_warmup:
             mean, covariance = self._time_prior(coefficients[:, -1])
             self.time.reset_prior(mean, covariance * 4.0)

@@ -413,3 +413,23 @@ def test_no_cap_is_assumed_when_nothing_is_known() -> None:
     # ...and the MPC plans with a cap far above any power the model predicts.
     profile = controller.learned_profile((1.0, 0.05))
     assert cap >= 5.0 * max(profile.prefill_power_w.max(), profile.decode_power_w.max())
+
+
+def test_a_hint_shortens_the_warm_up_to_its_hinted_length() -> None:
+    """A hint gives the clock shape, so the warm-up only centres it on the top clock:
+    ``hinted_warmup_windows``, whether the hint came with the model or arrived later (the
+    engine's first ``model_name``); without one the full warm-up runs."""
+    clocks = np.linspace(210.0, 1980.0, 60)
+    prior = prior_from_hints(RIGHT)
+    assert prior is not None and prior.time_table
+    unhinted = OnlineModel(clocks, 1600.0, warmup_windows=20, hinted_warmup_windows=5)
+    assert unhinted.warmup_windows == 20
+    hinted = OnlineModel(clocks, 1600.0, warmup_windows=20, hinted_warmup_windows=5, prior=prior)
+    assert hinted.warmup_windows == 5
+    late = OnlineModel(clocks, 1600.0, warmup_windows=20, hinted_warmup_windows=5)
+    assert late.adopt_hint(prior) and late.warmup_windows == 5
+    # The controller sizes both from seconds at its period (20 s and 5 s by default).
+    controller = OnlineMPCController(control_period_s=0.25)
+    assert (controller.warmup_windows, controller.hinted_warmup_windows) == (80, 20)
+    with pytest.raises(ValueError, match="hinted_warmup_s"):
+        OnlineMPCController(hinted_warmup_s=0.0)

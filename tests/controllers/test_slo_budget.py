@@ -306,3 +306,18 @@ def test_the_back_off_stands_down_while_the_budget_is_ahead() -> None:
     spending(seen)
     assert spending.spending and spending.last_reason == "warm-up"
     assert spending.exploration.backoffs == 0 and plain.exploration.backoffs == 1
+
+
+def test_loosens_only_once_the_requests_seen_can_afford_one_more_miss() -> None:
+    """Early in a window its projected size may hold enough requests to tell, while the
+    requests seen so far allow less than one miss: one miss then would already spend
+    the budget of what has been served, so the loop waits (at 1 %, for 100 requests)."""
+    budget = AttainmentBudget(TARGET)
+    # 0.35 requests/s with a burst first: 30 requests in 20 s project 300 in the window.
+    trace, state = _run(budget, 20.0, rate=1.5, miss=0.0)
+    assert budget.last is not None and 25.0 <= budget.last.requests < 30.0
+    assert trace[-1] == 1.0 and not budget.ahead
+    trace, _ = _run(budget, 60.0, rate=1.5, miss=0.0, start=state)  # 120 requests seen
+    assert budget.ahead and trace[-1] > 1.0
+    first = next(i for i, b in enumerate(trace) if b > 1.0)
+    assert 20.0 + first + 1 >= 100 / 1.5 - 1.0  # not before 100 requests
