@@ -43,6 +43,9 @@ def need_from_problem(problem: MPCProblem, *, uncertainty_w: float = 0.0) -> Pow
     with it (the model's, where it has one)."""
     from gpugov.controllers.mpc.model import MPCWeights
 
+    # What the load needs at each clock held throughout, not what the safety chain's
+    # dwell would keep applied for the first periods.
+    problem = replace(problem, dwell_periods=0.0)
     profile = problem.plant.profile
     clocks = np.asarray(profile.clock_mhz, dtype=float)
     steps = problem.horizon_steps

@@ -504,3 +504,15 @@ def test_the_fast_mpc_tracks_the_clock_the_node_holds(synthetic_plant) -> None: 
     assert seen[3][0] is None  # nothing locked: nothing held
     with pytest.raises(ValueError, match="dwell_s"):
         MPCController(synthetic_plant, dwell_s=-1.0)
+
+
+def test_the_power_need_ignores_the_dwell(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
+    """The need is what the load asks for at each clock held throughout: a hold the
+    chain keeps at the top clock for the next periods does not change it."""
+    from gpugov.controllers.power_need import need_from_problem
+
+    clocks = synthetic_plant.profile.clock_mhz
+    observation = _observation(prefill_tokens=500.0, decode_active=4)
+    free = _problem(synthetic_plant, observation, 0.5, 0, 4.0, latency_model="iteration")
+    held = replace(free, dwell_periods=4.0, held_clock_mhz=float(clocks[-1]), held_periods=0.0)
+    assert need_from_problem(held) == need_from_problem(free)
