@@ -617,18 +617,17 @@ def _online(spec: OnlineMPCControllerConfig, context: ControllerContext) -> Cloc
             raise ControllerError(f"mpc-online prior_profile: {error}") from error
     from gpugov.controllers.mpc.controller import DEFAULT_SOLVE_BUDGET_EVALUATIONS
 
-    budget: dict[str, Any] = (
-        {"solve_budget_evaluations": DEFAULT_SOLVE_BUDGET_EVALUATIONS}
-        if context.time_mode == "virtual"
-        else {}
-    )
+    # Passed on to its MPC: the solve budget in virtual time, the role's weights (the
+    # inactive objective weighs 0) and the chain's dwell (plans priced as it applies them).
+    mpc_options: dict[str, Any] = {"dwell_s": context.safety.dwell_s}
+    if context.time_mode == "virtual":
+        mpc_options["solve_budget_evaluations"] = DEFAULT_SOLVE_BUDGET_EVALUATIONS
     weights = role_weights(context.role)
     if weights is not None:
-        budget["weights"] = weights  # passed on to its MPC: the inactive objective weighs 0
-    budget["dwell_s"] = context.safety.dwell_s  # its MPC prices plans as the chain applies them
+        mpc_options["weights"] = weights
     return OnlineMPCController(
         **_set_fields(spec, skip=("prior", "prior_profile", "state_dir", "auto_hints")),
-        **budget,
+        **mpc_options,
         control_period_s=context.period_s,
         ttft_slo_s=context.ttft_slo_s,
         tpot_slo_s=context.tpot_slo_s,

@@ -165,6 +165,7 @@ class OnlineMPCController:
             ("mean_output_tokens", mean_output_tokens),
             ("control_period_s", control_period_s),
             ("memory_s", memory_s),
+            ("hinted_warmup_s", hinted_warmup_s),
         ):
             if not math.isfinite(value) or value <= 0.0:
                 raise ValueError(f"{name} must be finite and positive, got {value!r}")
@@ -184,10 +185,6 @@ class OnlineMPCController:
         self.thermal_limit_c = thermal_limit_c
         self.memory_s = float(memory_s)
         self.warmup_windows = max(1, int(math.ceil(warmup_s / control_period_s)))
-        if not math.isfinite(hinted_warmup_s) or hinted_warmup_s <= 0.0:
-            raise ValueError(
-                f"hinted_warmup_s must be finite and positive, got {hinted_warmup_s!r}"
-            )
         self.hinted_warmup_windows = max(1, int(math.ceil(hinted_warmup_s / control_period_s)))
         self.uncertainty_z = float(uncertainty_z)
         self.knots = int(knots)
