@@ -231,10 +231,19 @@ def window_between(
     utilisation or clock). A NaN or infinite reading is carried into the window as it is;
     :meth:`OnlineModel.update` skips what it would spoil and counts it.
 
-    The mean context of a running request is ``prompt_per_request`` (an estimate from
-    the engine's counters, :class:`PromptEstimate`) plus the tokens it generated so far;
-    without the estimate, the KV tokens per running request (which also counts the KV of
-    prompts still being prefilled, so it overstates the context under long prompts)."""
+    The decode iterations are the decode tokens over the mean running batch of the two
+    ends; where one end ran nothing and the other ``b``, over ``(b + 1) / 2`` (the mean
+    batch of ``b`` requests joining or leaving at times spread over the window).
+
+    The mean context of a running request is the KV tokens per running request, averaged
+    over the two ends, in a decode-only window (no prompt tokens prefilled) whose ends
+    both show a running batch, a known KV and no prompt backlog: the KV then holds only
+    the running requests'. Elsewhere it is ``prompt_per_request`` (an estimate from the
+    engine's counters, :class:`PromptEstimate`) plus the tokens generated so far; without
+    the estimate, the KV tokens per running request (which also counts the KV of prompts
+    still being prefilled, so it overstates the context under long prompts). The
+    counter-based mean is far off where prompt lengths vary by orders of magnitude
+    (Mooncake), and the time fit's decode part with it."""
     duration = current.time_s - previous.time_s
     if not duration > 1e-6:
         return None
@@ -254,9 +263,25 @@ def window_between(
     )
     generated = max(0.0, generated - max(0, started))
     batch = 0.5 * (previous.decode_active + current.decode_active)
+    if min(previous.decode_active, current.decode_active) <= 0 < batch:
+        # The batch started (or drained) in the window: its ``b`` requests joined (or
+        # left) at times spread over it, so the iterations ran at a mean batch of
+        # ``(b + 1) / 2``, not ``b / 2`` (which would count twice as many iterations as
+        # tokens where the batch went from 0 to 1).
+        batch = 0.5 * (max(previous.decode_active, current.decode_active) + 1.0)
     iterations = generated / batch if batch >= 0.5 else (1.0 if generated > 0 else 0.0)
     running = max(current.decode_active, 1)
-    if prompt_per_request is not None:
+    if prompt <= 0.0 and all(
+        end.decode_active > 0
+        and math.isfinite(end.kv_tokens)
+        and end.kv_tokens > 0.0
+        and end.prefill_remaining_tokens <= 0.0
+        for end in (previous, current)
+    ):
+        context = 0.5 * (
+            previous.kv_tokens / previous.decode_active + current.kv_tokens / current.decode_active
+        )
+    elif prompt_per_request is not None:
         context = prompt_per_request + max(0.0, current.generated_decode_tokens) / running
     else:
         context = max(0.0, current.kv_tokens) / running
