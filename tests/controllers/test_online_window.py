@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from gpugov.controllers.online.identification import OnlineModel, PromptEstimate, window_between
-from gpugov.plant import ServingPlant, chunked_prefill_scheduler, simulate
+from gpugov.plant import ServingPlant, chunked_prefill_scheduler, poisson_workload, simulate
 from gpugov.plant.gpu_physics import GpuParameters, GpuPhysics
 from gpugov.plant.synthetic_profiles import synthetic_profile
-from gpugov.plant.types import Request, ServingObservation
+from gpugov.plant.types import ServingObservation
+from gpugov.plant.workload import LognormalLengths
 
 
 def _observation(time_s: float, **fields: object) -> ServingObservation:
@@ -87,15 +88,11 @@ def test_a_batch_that_starts_or_drains_in_the_window_runs_at_half_its_size_plus_
     assert window.iterations == pytest.approx(60.0 / mean_batch)
 
 
-def _heavy_tailed(requests: int, mean_gap_s: float, seed: int) -> list[Request]:
-    """Prompts log-normal over 64 to 60k tokens (median 1.5k), as Mooncake's span."""
-    rng = np.random.default_rng(seed)
-    out, time_s = [], 0.0
-    for index in range(requests):
-        time_s += float(rng.exponential(mean_gap_s))
-        prompt = int(min(60_000, max(64, rng.lognormal(math.log(1500), 1.6))))
-        out.append(Request(index, time_s, prompt, int(rng.integers(100, 600))))
-    return out
+# Prompts log-normal over 64 to 60k tokens (median 1.5k, sigma 1.6), as Mooncake's span.
+HEAVY_TAILED_PROMPTS = LognormalLengths(
+    median=1500.0, mean=1500.0 * math.exp(1.6**2 / 2), minimum=64, maximum=60_000
+)
+OUTPUTS = LognormalLengths(median=250.0, mean=300.0, minimum=20, maximum=1000)
 
 
 @pytest.mark.parametrize("shape", ["memory-bound", "compute-bound", "tp2", "narrow-clocks"])
@@ -110,7 +107,9 @@ def test_the_decode_time_is_learned_under_prompts_of_every_length(shape: str) ->
         observations.append(observation)
         return float(cycle[int(observation.time_s // 5.0) % 3])
 
-    workload = _heavy_tailed(600, 1.0, seed=7)
+    workload = poisson_workload(
+        1.0, 600.0, seed=7, prompt_tokens=HEAVY_TAILED_PROMPTS, output_tokens=OUTPUTS
+    )
     simulate(workload, plant, chunked_prefill_scheduler, cycling, 0, control_period_s=0.25)
     model = OnlineModel(clocks, plant.power_limit_w)
     estimate = PromptEstimate()
