@@ -15,9 +15,10 @@ not use (the start of the hour). Per profile:
   JSON and the table give the utilisation reached);
 * the runs: the maximum clock, ``mpc-online`` and ``mpc`` (fed the true profile), each
   built by the node's factory in its safety chain
-  (``gpugov.study.scoreboard.controllers.study_controller``), ``mpc-online`` and ``mpc``
-  every 0.5 s as on the scoreboard; and the best fixed clock in hindsight over the whole
-  run (``controllers/oracles``);
+  (``gpugov.study.scoreboard.controllers.study_controller``), ``mpc-online`` every
+  0.25 s and ``mpc`` every 0.5 s as on the scoreboard, both told the SLO target the
+  condition judges as the scoreboard tells it (99 % of the requests over the whole run);
+  and the best fixed clock in hindsight over the whole run (``controllers/oracles``);
 * the energy saved against the maximum clock over the first 5 minutes (energy up to 300 s
   of each run) and over the whole run, and whether each holds the SLO (attainment within
   1 point of the maximum clock's over the whole run);
@@ -50,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.oracles import SLO_TOLERANCE, best_fixed_clock, holds_slo
 from gpugov.daemon.config import (
     ControllerConfig,
@@ -63,7 +65,7 @@ from gpugov.plant.synthetic_profiles import SHAPES, SYNTHETIC_PREFIX, resolve_pr
 from gpugov.plant.types import Request
 from gpugov.plant.workload import TraceError, TraceWarning, load_trace, scale_load, select_window
 from gpugov.study.scoreboard.controllers import study_controller
-from gpugov.study.scoreboard.scenarios import slo_capacity
+from gpugov.study.scoreboard.scenarios import FULL, slo_capacity
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "unseen_node.json"
@@ -72,8 +74,10 @@ FIRST_S = 300.0
 """The early stretch the first ratio is measured on (the first 5 minutes)."""
 TARGET_FIRST = 0.5
 TARGET_WHOLE = 0.85
-ONLINE_PERIOD_S = 0.5
-"""``mpc-online`` and ``mpc`` decide every 0.5 s, as on the scoreboard."""
+ONLINE_PERIOD_S = FULL.online_period_s
+"""``mpc-online`` decides every 0.25 s, as on the scoreboard."""
+MPC_PERIOD_S = FULL.fast_mpc_period_s
+"""``mpc`` decides every 0.5 s, as on the scoreboard."""
 CAPACITY_ROUNDS = 5
 """Resizings of the source window to the measured capacity, at most (``light_scenario``)."""
 LOAD_BAND = 0.05
@@ -159,9 +163,15 @@ def light_scenario(
 
 
 def _run(
-    plant: ServingPlant, requests: Sequence[Request], spec: ControllerConfig, period_s: float
+    plant: ServingPlant,
+    requests: Sequence[Request],
+    spec: ControllerConfig,
+    period_s: float,
+    slo_target: SLOTarget | None = None,
 ) -> ServingResult:
-    controller = study_controller(spec, plant, requests, control_period_s=period_s)
+    controller = study_controller(
+        spec, plant, requests, control_period_s=period_s, slo_target=slo_target
+    )
     return simulate(
         requests,
         plant,
@@ -197,12 +207,14 @@ def run_profile(cell: tuple[str, str, float, float, float]) -> dict[str, Any]:
     requests = scenario.pop("requests")
     row["scenario"] = {**scenario, "requests": len(requests), "load": load}
     top = _run(plant, requests, MaxControllerConfig(kind="max"), 1.0)
+    # The target the SLO condition judges, stated to the controllers as the scoreboard
+    # states it (``BenchConfig.slo_target``): 1 - tolerance over the whole run.
+    target = SLOTarget(attainment=1.0 - SLO_TOLERANCE, window_s=duration_s)
+    online_spec = OnlineMPCControllerConfig(kind="mpc-online")
     runs: dict[str, ServingResult] = {
         "max": top,
-        "mpc-online": _run(
-            plant, requests, OnlineMPCControllerConfig(kind="mpc-online"), ONLINE_PERIOD_S
-        ),
-        "mpc": _run(plant, requests, MPCControllerConfig(kind="mpc"), ONLINE_PERIOD_S),
+        "mpc-online": _run(plant, requests, online_spec, ONLINE_PERIOD_S, target),
+        "mpc": _run(plant, requests, MPCControllerConfig(kind="mpc"), MPC_PERIOD_S, target),
     }
     best = best_fixed_clock(requests, plant, reference=top, seed=0, control_period_s=1.0)
     runs["best-fixed"] = best.result
