@@ -216,13 +216,14 @@ class DiscreteSearchSolver:
         # ``start_spread`` levels in total, so the searches explore different basins.
         ranked = pool[order]
         eligible = np.ones(len(ranked), dtype=bool)
-        for _ in range(self.starts):
+        for start in range(self.starts):
             remaining = np.flatnonzero(eligible)
             if remaining.size == 0:
                 break
             candidate = ranked[remaining[0]]
             eligible[remaining[0]] = False
-            eligible &= np.abs(ranked - candidate).sum(axis=1) >= self.start_spread
+            if start + 1 < self.starts:  # the last start needs no distance to the next
+                eligible &= np.abs(ranked - candidate).sum(axis=1) >= self.start_spread
             plan, cost, trials = local_search(
                 candidate.copy(),
                 block_of_step,

@@ -20,38 +20,15 @@ against ``MPCProblem.costs`` for both latency models.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
-from numba import njit
 from numpy.typing import NDArray
 
+from gpugov.controllers.compiled import inlined, jit
 from gpugov.controllers.mpc.controller import CHUNK_TOKENS, MPCProblem
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
-
-_Function = TypeVar("_Function", bound=Callable[..., Any])
-
-
-def _jit(function: _Function, *, inline: Literal["never", "always"] = "never") -> _Function:
-    """Compile ``function`` with numba, caching the machine code on disk where numba
-    finds a writable cache directory (``NUMBA_CACHE_DIR``, the package's ``__pycache__``
-    or the user's cache); where none is writable (a read-only install under a hardened
-    unit with no ``NUMBA_CACHE_DIR``), compile in memory on every start instead.
-    ``inline="always"`` inlines it into its callers at numba's level."""
-    try:
-        return cast(_Function, njit(cache=True, nogil=True, inline=inline)(function))
-    except RuntimeError:
-        return cast(_Function, njit(cache=False, nogil=True, inline=inline)(function))
-
-
-def _inlined(function: _Function) -> _Function:
-    """:func:`_jit` inlined into its callers: the per-period step, whose state then stays
-    in registers instead of a call's arguments and returned tuple."""
-    return _jit(function, inline="always")
-
 
 # Rows of the per-level table (one column per supported clock).
 _PREFILL_CAPACITY = 0  # prefill tokens one period serves, at full share
@@ -199,7 +176,7 @@ def problem_arrays(
     return table, parameters, np.asarray(problem.prompt_arrivals, dtype=float)
 
 
-@_inlined
+@inlined
 def _advance(
     level: int,
     previous_level: int,
@@ -295,14 +272,14 @@ def _advance(
     return cost, prefill, decode, active, temperature
 
 
-@_jit
+@jit
 def _terminal(prefill: float, decode: float, parameters: FloatArray) -> float:
     """The terminal backlog term of the state after the last period."""
     backlog = prefill * parameters[_P_INV_PREFILL_MAX] + decode * parameters[_P_INV_DECODE_MAX]
     return parameters[_P_W_TERMINAL] * backlog * backlog
 
 
-@_jit
+@jit
 def _trajectory(steps: int, parameters: FloatArray) -> FloatArray:
     """A trajectory of ``steps`` periods whose row 0 is the problem's initial state."""
     states = np.zeros((steps + 1, _STATE_COLUMNS))
@@ -315,7 +292,7 @@ def _trajectory(steps: int, parameters: FloatArray) -> FloatArray:
     return states
 
 
-@_inlined
+@inlined
 def _load(states: FloatArray, k: int) -> tuple[float, float, float, float, float, int, float]:
     """Row ``k`` of a trajectory: the state before period ``k``, the cost so far, the
     level applied in period ``k - 1`` and the periods it has been held."""
@@ -330,7 +307,7 @@ def _load(states: FloatArray, k: int) -> tuple[float, float, float, float, float
     )
 
 
-@_inlined
+@inlined
 def _store(
     states: FloatArray,
     k: int,
@@ -352,7 +329,7 @@ def _store(
     states[k, 6] = since
 
 
-@_inlined
+@inlined
 def _applied(level: int, held: int, since: float, dwell: float) -> tuple[int, int, float]:
     """The level the safety chain applies when ``level`` is asked, ``held`` has been
     applied for ``since`` periods and a lower clock waits ``dwell`` periods
@@ -364,7 +341,7 @@ def _applied(level: int, held: int, since: float, dwell: float) -> tuple[int, in
     return level, level, 1.0
 
 
-@_jit
+@jit
 def price_plans(
     plans: IntArray,
     block_of_step: IntArray,
@@ -416,7 +393,7 @@ def price_plans(
     return costs
 
 
-@_jit
+@jit
 def _roll(
     plan: IntArray,
     block_of_step: IntArray,
@@ -450,7 +427,7 @@ def _roll(
     return total + _terminal(prefill, decode, parameters)
 
 
-@_jit
+@jit
 def local_search(
     plan: IntArray,
     block_of_step: IntArray,

@@ -49,6 +49,7 @@ from gpugov.controllers.mpc.controller import (
 )
 from gpugov.controllers.mpc.fast import DiscreteSearchSolver
 from gpugov.controllers.mpc.model import CHUNK_TOKENS
+from gpugov.controllers.mpc.search_kernel import compile_kernels
 from gpugov.controllers.online.exploration import (
     REFERENCE_BATCH,
     ArrivalClumping,
@@ -60,6 +61,7 @@ from gpugov.controllers.online.identification import (
     ModelPrior,
     OnlineModel,
     PromptEstimate,
+    compile_identification,
     window_between,
 )
 from gpugov.controllers.online.prior import AutoHints
@@ -228,6 +230,11 @@ class OnlineMPCController:
         """The last finite temperature observed (the MPC plans from it while a reading
         is NaN, as before the GPU's first temperature read)."""
         self.__name__ = "mpc_online_clock"
+        # Compile (or load from numba's cache) the kernels now, when the node builds the
+        # controller: the model's first update and the MPC's first solve come later,
+        # inside a control period, where a cold compile would stall the loop for seconds.
+        compile_identification()
+        compile_kernels()
 
     # ----------------------------------------------------------------- model
     def _new_model(self, observation: ServingObservation) -> OnlineModel:
@@ -346,11 +353,12 @@ class OnlineMPCController:
         iteration_s = _physical(np.maximum(iteration_s, 1e-5), realized)
         # The parts of the top clock's decode iteration (read on every supported clock:
         # the model caches that basis for the exploration floor's table too).
-        weights = max(float(model.decode_iteration_mean(clocks, 0.0, 0.0)[-1]), 0.0)
-        batch_only = max(
-            float(model.decode_iteration_mean(clocks, REFERENCE_BATCH, 0.0)[-1]) - weights, 0.0
-        )
-        full = max(float(model.decode_iteration_mean(clocks, REFERENCE_BATCH, context)[-1]), 1e-9)
+        top = model.decode_iteration_means(
+            clocks, ((0.0, 0.0), (REFERENCE_BATCH, 0.0), (REFERENCE_BATCH, context))
+        )[-1]
+        weights = max(float(top[0]), 0.0)
+        batch_only = max(float(top[1]) - weights, 0.0)
+        full = max(float(top[2]), 1e-9)
         kv = max(full - weights - batch_only, 0.0)
         total = weights + batch_only + kv
         fractions = (
@@ -871,14 +879,18 @@ def _first_fit(clocks: FloatArray, fits: NDArray[np.bool_]) -> float:
 
 def _finite_positive(values: dict[str, Any]) -> bool:
     """Whether every number and array among ``values`` is finite and positive (what
-    :class:`PerformanceProfile` validates)."""
-    for value in values.values():
-        if isinstance(value, np.ndarray):
-            if not bool(np.all(np.isfinite(value) & (value > 0.0))):
-                return False
-        elif isinstance(value, float) and not (math.isfinite(value) and value > 0.0):
+    :class:`PerformanceProfile` validates): all arrays in one pass (a NaN fails both
+    comparisons, an infinity the second)."""
+    arrays = [value for value in values.values() if isinstance(value, np.ndarray)]
+    if arrays:
+        stacked = np.concatenate(arrays)
+        if not bool(np.all((stacked > 0.0) & (stacked < math.inf))):
             return False
-    return True
+    return all(
+        math.isfinite(value) and value > 0.0
+        for value in values.values()
+        if isinstance(value, float)
+    )
 
 
 def _physical(times: FloatArray, realized_mhz: FloatArray) -> FloatArray:

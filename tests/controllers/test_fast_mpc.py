@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from test_mpc import _observation, _random_states
 
+from gpugov.controllers import compiled as compiled_module
 from gpugov.controllers.mpc import search_kernel
 from gpugov.controllers.mpc.controller import MPCController, MPCProblem
 from gpugov.controllers.mpc.fast import DiscreteSearchSolver, plan_costs
@@ -295,12 +296,12 @@ def test_kernels_compile_in_memory_where_no_cache_is_writable(monkeypatch) -> No
             raise RuntimeError("cannot cache function: no locator available")
         return lambda function: function
 
-    monkeypatch.setattr(search_kernel, "njit", fake_njit)
+    monkeypatch.setattr(compiled_module, "njit", fake_njit)
 
     def kernel(x: float) -> float:
         return x + 1.0
 
-    compiled = search_kernel._jit(kernel)
+    compiled = compiled_module.jit(kernel)
     assert calls == [True, False]
     assert compiled(1.0) == 2.0
 

@@ -52,6 +52,42 @@ def test_rls_forgetting_tracks_a_changed_plant_and_stays_bounded() -> None:
     assert np.all(np.linalg.eigvalsh(rls.prior_covariance - rls.covariance) >= -1e-9)
 
 
+def test_the_compiled_step_is_the_kalman_update_and_gives_new_arrays() -> None:
+    # The textbook form, in numpy, beside the compiled step the regression runs.
+    rng = np.random.default_rng(7)
+    n = 9
+    root = rng.normal(size=(n, n))
+    prior = root @ root.T + np.eye(n)
+    rls = RecursiveLeastSquares(rng.normal(size=n), prior, 0.3, forgetting=0.97)
+    for _ in range(25):
+        x, y, weight = rng.normal(size=n), float(rng.normal()), float(rng.uniform(0.5, 2.0))
+        mean, covariance = rls.mean, rls.covariance
+        relaxed = 0.97 * covariance + 0.03 * prior
+        px = relaxed @ x
+        expected_innovation = y - x @ mean
+        gain = px / (x @ px + rls.noise_variance / weight)
+        expected = relaxed - np.outer(gain, px)
+        innovation = rls.update(x, y, weight)
+        assert innovation == pytest.approx(expected_innovation, rel=1e-12, abs=1e-12)
+        np.testing.assert_allclose(rls.mean, mean + gain * expected_innovation, rtol=1e-10)
+        np.testing.assert_allclose(rls.covariance, 0.5 * (expected + expected.T), atol=1e-10)
+        np.testing.assert_array_equal(rls.covariance, rls.covariance.T)
+        # New arrays each update: what caches a prediction on the estimate relies on.
+        assert rls.mean is not mean and rls.covariance is not covariance
+
+
+def test_building_the_controller_compiles_its_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    # At build time, before the node's loop starts: the first model update and the first
+    # MPC solve come inside a control period, where a cold compile takes seconds.
+    import gpugov.controllers.online.controller as online
+
+    calls: list[str] = []
+    monkeypatch.setattr(online, "compile_identification", lambda: calls.append("update"))
+    monkeypatch.setattr(online, "compile_kernels", lambda: calls.append("search"))
+    OnlineMPCController()
+    assert sorted(calls) == ["search", "update"]
+
+
 # ------------------------------------------------------ known-answer identification
 TRUE_PREFILL_S = 4e-5  # s per prompt token at the top clock, compute-bound
 TRUE_WEIGHTS_S = 0.008  # s per decode iteration, memory-bound (flat in clock)
