@@ -162,10 +162,20 @@ class SLOFeedback:
         )
 
     def update(
-        self, observation: ServingObservation, period_s: float, looseness: float = 1.0
+        self,
+        observation: ServingObservation,
+        period_s: float,
+        looseness: float = 1.0,
+        *,
+        ahead: bool = False,
     ) -> float:
-        """Fold one period's measured latencies in; return the new scale."""
-        if self.under_pressure(observation, looseness):
+        """Fold one period's measured latencies in; return the new scale.
+
+        ``ahead``: the attainment budget is ahead of its target
+        (:attr:`controllers.budget.AttainmentBudget.ahead`). The windowed mean latency is
+        a proxy for the requests' attainment, which is then measured to have slack: it
+        does not tighten the margin, which keeps relaxing."""
+        if not ahead and self.under_pressure(observation, looseness):
             self.scale = min(self.maximum_scale, self.scale * self.grow_per_s**period_s)
         else:
             self.scale = max(1.0, self.scale / self.relax_per_s**period_s)

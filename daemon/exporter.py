@@ -373,7 +373,8 @@ class SnapshotCollector(Collector):
             "ahead": _gauge(
                 "gpugov_model_slo_spending_active",
                 "1 while the measured attainment is ahead of its target (the back-off and the "
-                "burst guard's short-answer rule stand down), else 0",
+                "burst guard's short-answer rule stand down, mpc-online's SLO feedback stops "
+                "tightening), else 0",
                 d,
             ),
         }

@@ -140,6 +140,9 @@ class MPCController:
             (:class:`controllers.budget.AttainmentBudget`): its looseness scales
             ``slo_margin`` (never past 1) and the SLO feedback's thresholds, and below 1
             withdraws the per-prompt TTFT allowance (its ``allowance_credit``).
+        feedback_yields_when_ahead: the SLO feedback does not tighten while the
+            ``slo_budget`` is ahead of its target (``mpc-online``, whose measured-latency
+            guards stay on; ``mpc``'s feedback is its only one, so it keeps it).
         dwell_s: the safety chain's dwell (``safety.dwell_s``): plans are priced as the
             chain applies them, a lower clock only after the locked one (the
             observation's ``requested_clock_mhz``) has been held this long, so a raise
@@ -178,6 +181,7 @@ class MPCController:
         solve_budget_evaluations: int | None = None,
         slo_budget: AttainmentBudget | None = None,
         dwell_s: float = 0.0,
+        feedback_yields_when_ahead: bool = False,
     ) -> None:
         for name, value in (
             ("mean_prompt_tokens", mean_prompt_tokens),
@@ -230,6 +234,7 @@ class MPCController:
         self.ttft_excess_cap = ttft_excess_cap
         self.slo_feedback = slo_feedback
         self.slo_budget = slo_budget
+        self.feedback_yields_when_ahead = bool(feedback_yields_when_ahead)
         self.dwell_s = float(dwell_s)
         self.held_clock_mhz: float | None = None
         """The clock the node has locked (the observation's), whose hold plans are priced
@@ -343,7 +348,16 @@ class MPCController:
         )
         margin = min(1.0, self.slo_margin * looseness)
         if self.slo_feedback is not None:
-            margin /= self.slo_feedback.update(observation, period, looseness)
+            # A hedge on the windowed mean latency: where asked, it stands down while the
+            # measured attainment leaves the budget unspent (a GPU whose windowed TPOT is
+            # noisy near its SLO would otherwise hold the margin tight for misses that
+            # never come).
+            ahead = (
+                self.feedback_yields_when_ahead
+                and self.slo_budget is not None
+                and self.slo_budget.ahead
+            )
+            margin /= self.slo_feedback.update(observation, period, looseness, ahead=ahead)
         self.effective_slo_margin = margin
 
     def solve(self, problem: MPCProblem) -> tuple[FloatArray | None, str | None, float]:

@@ -449,6 +449,7 @@ class OnlineMPCController:
                 "burst_hedge": BurstHedge(),
                 "slo_feedback": SLOFeedback(),
                 "slo_budget": self.budget,
+                "feedback_yields_when_ahead": True,
                 "ttft_excess_cap": 1.0,
                 **self.mpc_options,
             }

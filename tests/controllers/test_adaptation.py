@@ -81,6 +81,17 @@ def test_burst_hedge_validates(kwargs, message) -> None:  # type: ignore[no-unty
         BurstHedge(**kwargs)
 
 
+def test_slo_feedback_stands_down_while_the_attainment_budget_is_ahead() -> None:
+    # The windowed mean latency is a proxy for the requests' attainment: where the
+    # measured attainment leaves the budget unspent, pressure on the proxy does not
+    # tighten the margin; the scale keeps relaxing, and tightens again once it is not.
+    feedback = SLOFeedback(pressure=0.8, grow_per_s=1.5, relax_per_s=1.02)
+    pressing = _seen(0, tpot=0.045)
+    assert feedback.update(pressing, period_s=1.0) == pytest.approx(1.5)
+    assert feedback.update(pressing, period_s=1.0, ahead=True) == pytest.approx(1.5 / 1.02)
+    assert feedback.update(pressing, period_s=1.0) == pytest.approx(1.5 / 1.02 * 1.5)
+
+
 def test_slo_feedback_grows_under_pressure_and_relaxes_per_second() -> None:
     feedback = SLOFeedback(pressure=0.8, grow_per_s=1.5, relax_per_s=1.02, maximum_scale=4.0)
     # TPOT at 90% of its SLO is pressure: one second of it grows the scale by 1.5.

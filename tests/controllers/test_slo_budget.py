@@ -321,3 +321,32 @@ def test_loosens_only_once_the_requests_seen_can_afford_one_more_miss() -> None:
     assert budget.ahead and trace[-1] > 1.0
     first = next(i for i, b in enumerate(trace) if b > 1.0)
     assert 20.0 + first + 1 >= 100 / 1.5 - 1.0  # not before 100 requests
+
+
+def test_mpc_online_s_slo_feedback_stops_tightening_while_ahead_and_mpc_s_does_not() -> None:
+    from gpugov.controllers.mpc.controller import MPCController
+    from gpugov.controllers.online.controller import OnlineMPCController
+    from gpugov.plant import ServingPlant
+    from gpugov.plant.synthetic_profiles import synthetic_profile
+
+    # The windowed TPOT above the feedback's pressure, every decision: a GPU whose
+    # windowed TPOT is noisy near its SLO while its requests meet it.
+    pressing = _observation(1.0, None, tpot_recent_s=0.049, tpot_slo_s=0.05, ttft_slo_s=1.0)
+    plant = ServingPlant.from_profile(synthetic_profile("compute-bound"))
+    scales = {}
+    for yields in (True, False):
+        mpc = MPCController(
+            plant,
+            control_period_s=0.5,
+            slo_feedback=SLOFeedback(),
+            slo_budget=_AheadBudget(TARGET),
+            feedback_yields_when_ahead=yields,
+        )
+        for _ in range(4):
+            mpc.adapt(pressing)
+        assert mpc.slo_feedback is not None
+        scales[yields] = mpc.slo_feedback.scale
+    assert scales[True] == 1.0 and scales[False] > 2.0
+    # mpc-online asks for it; the profile-fed mpc keeps its only measured-latency hedge.
+    assert OnlineMPCController()._mpc(plant).feedback_yields_when_ahead
+    assert not MPCController(plant).feedback_yields_when_ahead
