@@ -61,10 +61,10 @@ from gpugov.controllers.online.identification import (
     ModelPrior,
     OnlineModel,
     PromptEstimate,
-    compile_identification,
     window_between,
 )
 from gpugov.controllers.online.prior import AutoHints
+from gpugov.controllers.online.regression import compile_regression
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import PerformanceProfile
 from gpugov.plant.types import MPCDiagnostics, ServingObservation
@@ -233,7 +233,7 @@ class OnlineMPCController:
         # Compile (or load from numba's cache) the kernels now, when the node builds the
         # controller: the model's first update and the MPC's first solve come later,
         # inside a control period, where a cold compile would stall the loop for seconds.
-        compile_identification()
+        compile_regression()
         compile_kernels()
 
     # ----------------------------------------------------------------- model

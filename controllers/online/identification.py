@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from gpugov.controllers.compiled import jit
+from gpugov.controllers.online.regression import RecursiveLeastSquares
 from gpugov.plant.types import ServingObservation
 
 FloatArray = NDArray[np.float64]
@@ -50,176 +50,8 @@ DECODE_UNIT = 1000.0  # generated tokens per unit
 CONTEXT_UNIT = 1000.0  # context tokens per unit
 TIME_BLOCKS = ("prefill", "weights", "batch", "context")
 POWER_BLOCKS = ("idle", "prefill", "decode")
-NOISE_FLOOR = 1e-8
-"""Least measurement-noise variance a regression assumes (keeps the gain finite)."""
 NONFINITE_PARTS = ("window", "clock_ratio", "time", "power", "thermal")
 """Parts of :class:`OnlineModel` that skip a window holding a NaN or infinite field."""
-
-
-@dataclass
-class RecursiveLeastSquares:
-    """Bayesian linear regression updated one sample at a time, with forgetting.
-
-    ``y = x . theta + e``, Gaussian prior ``theta ~ N(mean, covariance)``. Each update is
-    the Kalman/RLS step; forgetting relaxes the covariance towards the prior
-    (``P <- lam P + (1 - lam) P0``), so old evidence fades, the estimate tracks a drifting
-    plant, and the covariance never winds up beyond the prior (bounded memory and
-    numerics). The noise variance is tracked as an exponentially weighted mean of the
-    squared innovations.
-
-    Args:
-        mean: prior mean (n,).
-        covariance: prior covariance (n, n), symmetric positive definite.
-        noise_variance: initial measurement-noise variance.
-        forgetting: ``lam`` per update, in (0, 1].
-    """
-
-    mean: FloatArray
-    covariance: FloatArray
-    noise_variance: float
-    forgetting: float = 0.995
-    prior_covariance: FloatArray = field(init=False)
-    samples: int = 0
-    residual_ms: float = 0.0
-    """Exponentially weighted mean squared innovation (same units as ``y`` squared)."""
-    rejected_nonfinite: int = 0
-    """Samples refused because ``x``, ``y`` or the weight held a NaN or an infinity."""
-
-    def __post_init__(self) -> None:
-        self.mean = np.array(self.mean, dtype=float)
-        self.covariance = np.array(self.covariance, dtype=float)
-        n = self.mean.size
-        if self.covariance.shape != (n, n):
-            raise ValueError(f"covariance must be ({n}, {n}), got {self.covariance.shape}")
-        if not 0.0 < self.forgetting <= 1.0:
-            raise ValueError(f"forgetting must lie in (0, 1], got {self.forgetting!r}")
-        if not self.noise_variance > 0.0:
-            raise ValueError(f"noise_variance must be positive, got {self.noise_variance!r}")
-        self.prior_covariance = self.covariance.copy()
-
-    def reset_prior(self, mean: FloatArray, covariance: FloatArray) -> None:
-        """Replace the prior (and the current estimate) by ``mean`` and ``covariance``."""
-        self.mean = np.array(mean, dtype=float)
-        self.covariance = np.array(covariance, dtype=float)
-        self.prior_covariance = self.covariance.copy()
-
-    def predict(self, x: FloatArray) -> tuple[float, float]:
-        """``(mean, standard deviation)`` of ``x . theta`` (parameter uncertainty only)."""
-        px = self.covariance @ x
-        return float(x @ self.mean), math.sqrt(max(0.0, float(x @ px)))
-
-    def update(self, x: FloatArray, y: float, weight: float = 1.0) -> float:
-        """Fold in one sample ``y ~ x . theta`` (``weight`` scales its precision); return
-        the innovation (``y`` minus the prediction before the update).
-
-        A sample holding a NaN or an infinity is refused (counted in
-        ``rejected_nonfinite``, NaN returned) and changes nothing: one such sample would
-        make the estimate NaN for good."""
-        if not (math.isfinite(y) and math.isfinite(weight) and bool(np.all(np.isfinite(x)))):
-            self.rejected_nonfinite += 1
-            return math.nan
-        # New arrays, not updated in place: predictions cached on the estimate
-        # (OnlineModel's table) know it changed by its identity.
-        self.mean, self.covariance, innovation = _rls_step(
-            self.mean,
-            self.covariance,
-            self.prior_covariance,
-            np.ascontiguousarray(x, dtype=np.float64),
-            float(y),
-            self.forgetting,
-            self.noise_variance / max(weight, 1e-9),
-        )
-        self.samples += 1
-        beta = 0.05 if self.samples > 20 else 1.0 / self.samples
-        self.residual_ms = (1.0 - beta) * self.residual_ms + beta * innovation * innovation
-        self.noise_variance = max(
-            (1.0 - beta) * self.noise_variance + beta * innovation * innovation,
-            NOISE_FLOOR,
-        )
-        return innovation
-
-    def state_dict(self) -> dict[str, Any]:
-        """JSON-able state."""
-        return {
-            "mean": self.mean.tolist(),
-            "covariance": self.covariance.tolist(),
-            "prior_covariance": self.prior_covariance.tolist(),
-            "noise_variance": self.noise_variance,
-            "forgetting": self.forgetting,
-            "samples": self.samples,
-            "residual_ms": self.residual_ms,
-        }
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output (shapes checked).
-
-        Raises:
-            ValueError: a shape or value does not fit this regression.
-        """
-        mean = np.asarray(state["mean"], dtype=float)
-        covariance = np.asarray(state["covariance"], dtype=float)
-        prior = np.asarray(state["prior_covariance"], dtype=float)
-        n = self.mean.size
-        if mean.shape != (n,) or covariance.shape != (n, n) or prior.shape != (n, n):
-            raise ValueError(f"stored regression has the wrong shape (expected {n} parameters)")
-        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(covariance))):
-            raise ValueError("stored regression holds non-finite numbers")
-        noise = float(state["noise_variance"])
-        if not noise > 0.0 or not math.isfinite(noise):
-            raise ValueError(f"stored noise_variance must be positive, got {noise!r}")
-        self.mean, self.covariance, self.prior_covariance = mean, covariance, prior
-        self.noise_variance = noise
-        self.samples = int(state["samples"])
-        self.residual_ms = float(state["residual_ms"])
-
-
-@jit
-def _rls_step(
-    mean: FloatArray,
-    covariance: FloatArray,
-    prior_covariance: FloatArray,
-    x: FloatArray,
-    y: float,
-    forgetting: float,
-    noise: float,
-) -> tuple[FloatArray, FloatArray, float]:
-    """One Kalman/RLS step of :meth:`RecursiveLeastSquares.update` (compiled: a few
-    microseconds against tens for the numpy operations one by one): the covariance
-    relaxed towards the prior by the forgetting, the gain, the new mean and the new
-    covariance (symmetrised against rounding), and the innovation."""
-    n = mean.size
-    relaxed = forgetting * covariance + (1.0 - forgetting) * prior_covariance
-    px = np.zeros(n)
-    for i in range(n):
-        total = 0.0
-        for j in range(n):
-            total += relaxed[i, j] * x[j]
-        px[i] = total
-    predicted = 0.0
-    variance = noise
-    for i in range(n):
-        predicted += x[i] * mean[i]
-        variance += x[i] * px[i]
-    innovation = y - predicted
-    gain = px / variance
-    new_mean = mean + gain * innovation
-    new_covariance = np.empty((n, n))
-    for i in range(n):
-        new_covariance[i, i] = relaxed[i, i] - gain[i] * px[i]
-        for j in range(i + 1, n):
-            upper = relaxed[i, j] - gain[i] * px[j]
-            lower = relaxed[j, i] - gain[j] * px[i]
-            value = 0.5 * (upper + lower)
-            new_covariance[i, j] = value
-            new_covariance[j, i] = value
-    return new_mean, new_covariance, innovation
-
-
-def compile_identification() -> None:
-    """Compile (or load from numba's cache) the identification's kernel once per process,
-    on a tiny input, so no control period pays the compile time."""
-    one = np.ones(1)
-    _rls_step(one, np.ones((1, 1)), np.ones((1, 1)), one, 1.0, 0.5, 1.0)
 
 
 def hat_weights(clock_mhz: float, knots_mhz: FloatArray) -> FloatArray:

@@ -14,11 +14,8 @@ from synthetic import make_plant, make_profile
 
 from gpugov.controllers.baseline import maximum_clock_controller
 from gpugov.controllers.online.controller import OnlineMPCController
-from gpugov.controllers.online.identification import (
-    OnlineModel,
-    RecursiveLeastSquares,
-    Window,
-)
+from gpugov.controllers.online.identification import OnlineModel, Window
+from gpugov.controllers.online.regression import RecursiveLeastSquares
 from gpugov.plant import PerformanceProfile, ServingPlant, chunked_prefill_scheduler, simulate
 from gpugov.plant.types import Request
 
@@ -82,7 +79,7 @@ def test_building_the_controller_compiles_its_kernels(monkeypatch: pytest.Monkey
     import gpugov.controllers.online.controller as online
 
     calls: list[str] = []
-    monkeypatch.setattr(online, "compile_identification", lambda: calls.append("update"))
+    monkeypatch.setattr(online, "compile_regression", lambda: calls.append("update"))
     monkeypatch.setattr(online, "compile_kernels", lambda: calls.append("search"))
     OnlineMPCController()
     assert sorted(calls) == ["search", "update"]

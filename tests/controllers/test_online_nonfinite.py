@@ -15,10 +15,10 @@ from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.online.identification import (
     OnlineModel,
     PromptEstimate,
-    RecursiveLeastSquares,
     Window,
     window_between,
 )
+from gpugov.controllers.online.regression import RecursiveLeastSquares
 from gpugov.plant import chunked_prefill_scheduler, simulate
 from gpugov.plant.types import Request, ServingObservation
 
