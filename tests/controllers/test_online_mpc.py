@@ -501,7 +501,7 @@ def test_pessimistic_times_grow_no_faster_than_one_over_f() -> None:
     """The learned profile's pessimistic times (mean + z std) obey the physics at clocks
     the model has not visited: no faster than 1/f below any clock, and no faster at a
     lower clock; the unvisited low clocks are then priced from the visited top."""
-    from gpugov.controllers.online.controller import _physical
+    from gpugov.controllers.online.rules import _physical
 
     plant = make_plant()
     workload = [Request(i, 0.3 * i, 800, 60) for i in range(120)]

@@ -1,0 +1,288 @@
+"""The measured-latency rules of ``mpc-online``: what it lays over the MPC's decision from
+the engine's own latencies and queue, where the learned model alone would be too slow or
+too unsure (``docs/online.md``).
+
+* the **burst guard** (:meth:`MeasuredLatencyRules.burst_floor`): while a prompt backlog
+  is prefilled, the lowest clock that drains it within the TTFT target and, beside
+  decoding requests, whose mixed iteration fits the TPOT SLO;
+* the **decode descent** (:meth:`MeasuredLatencyRules.descent_window`): in a decode-only
+  window, the lower clocks the measured latency and the 1/f law allow;
+* the **idle parking** of a prefill pool (:meth:`MeasuredLatencyRules.idle_prefill_clock`);
+* the attainment budget's view the rules read (looseness, spending, the trusted ``z``).
+
+:class:`MeasuredLatencyRules` is a mixin of
+:class:`~controllers.online.controller.OnlineMPCController`, which owns the state it
+declares; the rules are kept apart from the model, the MPC and the control flow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+from numpy.typing import NDArray
+
+from gpugov.controllers.adaptation import SLOFeedback
+from gpugov.controllers.budget import AttainmentBudget, loosened
+from gpugov.controllers.mpc.model import CHUNK_TOKENS
+from gpugov.controllers.online.exploration import ArrivalClumping, BacklogAge, SafeExploration
+from gpugov.controllers.online.identification import OnlineModel
+from gpugov.plant.types import ServingObservation
+
+FloatArray = NDArray[np.float64]
+
+PARK_MEMORY_S = 60.0
+"""How long a measured TTFT pressure counts for a prefill pool's idle parking."""
+
+
+class MeasuredLatencyRules:
+    """The burst guard, the decode descent and a prefill pool's idle parking (module
+    notes), over the state :class:`~controllers.online.controller.OnlineMPCController`
+    keeps: the learned model, the exploration policy, the arrival and backlog trackers
+    and the attainment budget."""
+
+    model: OnlineModel | None
+    exploration: SafeExploration
+    clumping: ArrivalClumping
+    backlog_age: BacklogAge
+    budget: AttainmentBudget | None
+    slo_margin: float
+    uncertainty_z: float
+    control_period_s: float
+    mean_prompt_tokens: float
+    mean_output_tokens: float
+    _prefill_pressures: deque[tuple[float, float]]
+
+    @property
+    def looseness(self) -> float:
+        """The attainment budget's looseness (1 without an SLO target)."""
+        return 1.0 if self.budget is None else self.budget.looseness
+
+    @property
+    def spending(self) -> bool:
+        """Whether the attainment budget is ahead of its target (:attr:`AttainmentBudget.ahead`):
+        the back-off and the burst guard's short-answer rule, hedges against model error
+        and unseen mixes, stand down while the measured misses leave the budget unspent
+        (``docs/online.md``, "Spending the SLO budget"). False without an SLO target."""
+        return self.budget is not None and self.budget.ahead
+
+    @property
+    def effective_z(self) -> float:
+        """``uncertainty_z`` over the looseness: the model is trusted more while the
+        measured attainment is ahead of its target."""
+        return self.uncertainty_z / self.looseness
+
+    @property
+    def context_tokens(self) -> float:
+        """Mean context of a running request the learned profile is read at: the declared
+        prompt plus half the declared output."""
+        return self.mean_prompt_tokens + 0.5 * self.mean_output_tokens
+
+    def idle_prefill_clock(
+        self, observation: ServingObservation, slos: tuple[float, float] | None
+    ) -> float | None:
+        """The lowest clock for an idle prefill pool (role ``prefill``), or None where it
+        does not apply. A prompt that arrives meanwhile runs at most one control period
+        at it before the next decision raises the clock, so it costs that prompt at most
+        one period of TTFT, whatever the clock: it applies while the worst TTFT measured
+        over the last :data:`PARK_MEMORY_S` plus one period stays under the exploration
+        threshold (loosened while the attainment budget is ahead). It needs no model, so
+        it applies during the warm-up too."""
+        if observation.role != "prefill":
+            return None
+        ratio, _ = SLOFeedback.latency_ratios(observation)
+        slo_s = observation.ttft_recent_slo_s
+        if ratio is not None and slo_s is not None and slo_s > 0.0:
+            # The measured TTFT pressure with one period more, at the SLO it was measured
+            # at (with its per-prompt allowance).
+            self._prefill_pressures.append(
+                (observation.time_s, ratio + self.control_period_s / slo_s)
+            )
+        while self._prefill_pressures and (
+            self._prefill_pressures[0][0] < observation.time_s - PARK_MEMORY_S
+        ):
+            self._prefill_pressures.popleft()
+        if slos is None or not _idle(observation) or not self._prefill_pressures:
+            return None
+        # An idle window measures nothing: the worst of the last minute.
+        pressure = max(value for _, value in self._prefill_pressures)
+        if pressure > loosened(self.exploration.explore_threshold, self.looseness):
+            return None
+        model = self.model
+        assert model is not None
+        return float(model.clocks_mhz[0])
+
+    def descent_clock(
+        self, observation: ServingObservation, slos: tuple[float, float]
+    ) -> float | None:
+        """The decode descent's clock (:meth:`descent_window`), or None where it does
+        not apply."""
+        window = self.descent_window(observation, slos)
+        return None if window is None else window[1]
+
+    def descent_window(
+        self, observation: ServingObservation, slos: tuple[float, float]
+    ) -> tuple[float, float] | None:
+        """``(bound, clock)`` for a decode-only window, or None where it does not apply:
+        the lowest clock the measured latency allows, and the descent's clock.
+
+        While the GPU only decodes (no prompt tokens waiting or being prefilled) and the
+        window measured its latencies at pressure ``p`` (max of TTFT/SLO and TPOT/SLO) at
+        the applied clock ``f``, every clock from ``f * p / threshold`` up keeps them
+        under the exploration threshold (latency grows at most like 1/f): a bound that
+        needs no model. Among those clocks it picks the one with the least decode energy
+        per iteration by the model's optimistic prediction (mean power times the
+        iteration time at mean - ``uncertainty_z`` std, at the running batch): clocks
+        never visited look cheap and get tried, visited ones are priced by evidence.
+        Where arrivals come together (:class:`ArrivalClumping`) it stays at or above the
+        clock whose mixed iteration fits the TPOT SLO, as an idle GPU parks there (not in
+        a decode pool of disaggregated serving, where no prompt is prefilled)."""
+        if (
+            observation.prefill_remaining_tokens > 0.0
+            or observation.waiting_requests > 0
+            or observation.decode_active <= 0
+        ):
+            return None
+        pressure = self.exploration.pressure(observation)
+        applied = observation.requested_clock_mhz
+        if pressure is None or applied is None or not pressure > 0.0:
+            return None
+        model = self.model
+        assert model is not None
+        bound = applied * pressure / self.exploration.explore_threshold
+        clocks = model.clocks_mhz
+        table = model.table(
+            clocks * model.realized_ratio, float(observation.decode_active), self.context_tokens
+        )
+        mean, std = table["decode_iteration_s"]
+        optimistic = np.maximum(mean - self.uncertainty_z * std, 1e-9)
+        energy = table["decode"][0] * optimistic
+        allowed = clocks >= bound - 1e-9
+        if self.clumping.clumped and observation.role != "decode":
+            # A decode pool prefills nothing: arrivals join its batch without a chunk.
+            mixed = self._mixed_iteration_s(observation, table, clocks * model.realized_ratio)
+            allowed &= clocks >= float(_first_fit(clocks, mixed <= slos[1]))
+        candidates = np.flatnonzero(allowed)
+        if not candidates.size:
+            return None
+        chosen = candidates[int(np.argmin(energy[candidates]))]
+        return float(clocks[candidates[0]]), float(clocks[chosen])
+
+    def _mixed_iteration_s(
+        self,
+        observation: ServingObservation,
+        table: dict[str, tuple[FloatArray, FloatArray]],
+        realized_mhz: FloatArray,
+    ) -> FloatArray:
+        """Pessimistic seconds of one mixed iteration (the running batch's decode plus a
+        prefill chunk, each at mean + ``uncertainty_z`` std) per clock of ``table``
+        (read at the running batch), made non-increasing in the clock."""
+        batch = max(1.0, float(observation.decode_active))
+        chunk = max(CHUNK_TOKENS - batch, 32.0)
+        z = self.effective_z
+        prefill_mean, prefill_std = table["prefill_s_per_token"]
+        decode_mean, decode_std = table["decode_iteration_s"]
+        mixed = decode_mean + z * decode_std + chunk * (prefill_mean + z * prefill_std)
+        # Physics: no iteration gets faster at a lower clock, nor slower than 1/f.
+        return _physical(mixed, realized_mhz)
+
+    def burst_floor(
+        self, observation: ServingObservation, slos: tuple[float, float]
+    ) -> float | None:
+        """The lowest clock for a prompt backlog, or None when none waits and none is
+        expected sooner than the next decision. ``slos``: (TTFT SLO, TPOT SLO), seconds.
+
+        With more than one chunk of prompt tokens waiting, every iteration carries a
+        prefill chunk until the backlog is drained. Two limits follow, each at the
+        pessimistic mixed iteration (decode iteration at the running batch plus the
+        chunk's prefill, each at mean + ``uncertainty_z`` std):
+
+        * **drain**: the backlog, chunk by chunk, must be prefilled within the MPC's TTFT
+          target (``slo_margin`` times the TTFT SLO, the margin scaled by the attainment
+          budget's looseness) less the time its oldest prompt has already waited
+          (:class:`BacklogAge`, from the prompt counter and the backlog: the deadline does
+          not slide by a period at every tick); where one prompt waits, plus its per-prompt
+          allowance, behind several the flat SLO, as the last may be short; a backlog only
+          the top clock drains in time needs the top clock, where the MPC's capped TTFT
+          penalty would give it up;
+        * **short answers**: beside decoding requests (or other waiting prompts, which
+          decode beside the rest), a short answer gets all its tokens from mixed
+          iterations, so its TPOT is the mixed iteration's time: that must fit the
+          TPOT SLO. This one is a hedge for the few short answers that land in a burst:
+          it stands down while the attainment budget is ahead (:attr:`spending`).
+
+        The result is the lowest supported clock meeting both, the maximum when none
+        does. An idle GPU parks at the short-answer clock too where arrivals often come
+        together (:class:`ArrivalClumping`): a clump arriving unannounced is served at
+        the parked clock until the next decision, and a locked clock costs an idle GPU
+        little.
+        """
+        ttft_slo_s, tpot_slo_s = slos
+        backlog = observation.prefill_remaining_tokens
+        # A pool of disaggregated serving is judged on one phase: no short answers decode
+        # beside a prefill chunk there.
+        colocated = observation.role not in ("prefill", "decode")
+        idle = colocated and _idle(observation) and self.clumping.clumped
+        draining = backlog > CHUNK_TOKENS
+        others = colocated and (observation.decode_active > 0 or observation.waiting_requests > 1)
+        if not (idle or draining):
+            return None
+        model = self.model
+        assert model is not None
+        batch = max(1.0, float(observation.decode_active))
+        chunk = max(CHUNK_TOKENS - batch, 32.0)
+        clocks = model.clocks_mhz
+        realized = clocks * model.realized_ratio
+        table = model.table(realized, batch, self.context_tokens)
+        mixed = self._mixed_iteration_s(observation, table, realized)
+        fits = np.ones(clocks.size, dtype=bool)
+        if (idle or others) and not self.spending:
+            fits &= mixed <= tpot_slo_s
+        if draining:
+            # The oldest waiting prompt has waited ``backlog_age.age_s`` already.
+            target = min(1.0, self.slo_margin * self.looseness) * ttft_slo_s
+            target -= self.backlog_age.age_s
+            if observation.waiting_requests <= 1:
+                # One prompt waits: its own per-prompt allowance is known (the whole
+                # backlog). Behind several, the last may be short: the flat SLO.
+                credit = 1.0 if self.budget is None else self.budget.allowance_credit
+                target += credit * (observation.ttft_slo_per_prompt_token_s or 0.0) * backlog
+            fits &= math.ceil(backlog / chunk) * mixed <= target
+        return _first_fit(clocks, fits)
+
+
+def _idle(observation: ServingObservation) -> bool:
+    """No prompt waiting or being prefilled, nobody decoding."""
+    return (
+        observation.prefill_remaining_tokens <= 0.0
+        and observation.decode_active == 0
+        and observation.waiting_requests == 0
+    )
+
+
+def _first_fit(clocks: FloatArray, fits: NDArray[np.bool_]) -> float:
+    """The lowest clock where ``fits`` holds, the top clock when it holds nowhere."""
+    within = np.flatnonzero(fits)
+    return float(clocks[within[0]]) if within.size else float(clocks[-1])
+
+
+def _physical(times: FloatArray, realized_mhz: FloatArray) -> FloatArray:
+    """Pessimistic seconds per clock (ascending ``realized_mhz``) held to the physics:
+    non-increasing in the clock (:func:`_non_increasing`), and growing no faster than
+    1/f below any clock (a compute-bound part's time scales as 1/f, a memory-bound
+    part's less): ``t(f) <= t(f') f' / f`` for every ``f' > f``. Where the model is
+    unsure at a clock it has not visited, that bound from a well-known higher clock
+    caps its mean plus ``uncertainty_z`` standard deviations."""
+    times = _non_increasing(times)
+    # A held top clock can realise less than the one below it: the running maximum
+    # keeps the bound's clocks ascending, and only loosens it.
+    clocks = np.maximum.accumulate(np.maximum(realized_mhz, 1.0))
+    cycles = times * clocks
+    return np.minimum.accumulate(cycles[::-1])[::-1] / clocks
+
+
+def _non_increasing(values: FloatArray) -> FloatArray:
+    """``values`` (per clock, ascending) raised to their running maximum from the top
+    clock down: no part of an iteration gets faster at a lower clock."""
+    return np.maximum.accumulate(values[::-1])[::-1]
