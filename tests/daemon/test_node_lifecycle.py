@@ -262,9 +262,16 @@ def test_a_stop_signal_leaves_no_lock(node: Node, second: int | None) -> None:
     node.start_emulator("model-a")
     daemon, log = node.start_daemon(node.config("fixed"))
     _until("the lock", node.locked_low, STARTUP_S)
-    daemon.send_signal(signal.SIGTERM)
-    if second is not None:
+    if second is None:
+        daemon.send_signal(signal.SIGTERM)
+    else:
+        # Frozen while both are sent, so the second cannot come after the whole stop
+        # (handlers restored, the process exiting) when this process is descheduled
+        # between the two sends on a loaded machine: both are pending when it resumes.
+        daemon.send_signal(signal.SIGSTOP)
+        daemon.send_signal(signal.SIGTERM)
         daemon.send_signal(second)
+        daemon.send_signal(signal.SIGCONT)
     # 0 for SIGTERM; sent together, pending signals may be delivered lowest number first
     # (SIGINT before SIGTERM), and a stop Ctrl-C started exits 130.
     codes = {0} if second is None else {0, 130}
