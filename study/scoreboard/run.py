@@ -71,6 +71,8 @@ from gpugov import __version__
 from gpugov.controllers.contract import Diagnosable
 from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.oracles import (
+    BestFixedClock,
+    WindowOracle,
     best_fixed_clock,
     fluid_energy_lower_bound,
     holds_slo,
@@ -211,6 +213,47 @@ def _row(
     }
 
 
+def scoreboard_best_fixed(
+    requests: Sequence[Request], plant: ServingPlant, reference: ServingResult, config: BenchConfig
+) -> BestFixedClock:
+    """The best fixed clock in hindsight as the scoreboard searches it (``config``'s
+    tolerance, grid, seed and period) against the maximum clock's ``reference`` run."""
+    return best_fixed_clock(
+        requests,
+        plant,
+        reference=reference,
+        tolerance=config.tolerance,
+        coarse_points=config.best_fixed_coarse_points,
+        seed=config.seed,
+        control_period_s=config.control_period_s,
+    )
+
+
+def scoreboard_window_oracle(
+    requests: Sequence[Request],
+    plant: ServingPlant,
+    reference: ServingResult,
+    best: BestFixedClock,
+    config: BenchConfig,
+) -> WindowOracle:
+    """The window schedule in hindsight as the scoreboard searches it, continuing at the
+    best fixed clock ``best`` (``config``'s window, lookahead, grid, tolerance and seed)."""
+    return window_oracle(
+        requests,
+        plant,
+        reference=reference,
+        continuation_clock_mhz=best.clock_mhz,
+        continuation_result=best.result,
+        window_s=config.oracle_window_s,
+        lookahead_s=config.oracle_lookahead_s,
+        coarse_levels=config.oracle_coarse_levels,
+        neighbour_steps=config.oracle_neighbour_steps,
+        tolerance=config.tolerance,
+        seed=config.seed,
+        control_period_s=config.control_period_s,
+    )
+
+
 def run_scenario(
     trace: str,
     profile_name: str,
@@ -329,15 +372,7 @@ def run_scenario(
     assert reference is not None
 
     start = time.perf_counter()
-    best = best_fixed_clock(
-        requests,
-        plant,
-        reference=reference,
-        tolerance=config.tolerance,
-        coarse_points=config.best_fixed_coarse_points,
-        seed=config.seed,
-        control_period_s=period,
-    )
+    best = scoreboard_best_fixed(requests, plant, reference, config)
     best_s = time.perf_counter() - start
     rows["best-fixed"] = _row(
         scenario,
@@ -351,20 +386,7 @@ def run_scenario(
         extra={"clock_mhz": best.clock_mhz},
     )
     start = time.perf_counter()
-    oracle = window_oracle(
-        requests,
-        plant,
-        reference=reference,
-        continuation_clock_mhz=best.clock_mhz,
-        continuation_result=best.result,
-        window_s=config.oracle_window_s,
-        lookahead_s=config.oracle_lookahead_s,
-        coarse_levels=config.oracle_coarse_levels,
-        neighbour_steps=config.oracle_neighbour_steps,
-        tolerance=config.tolerance,
-        seed=config.seed,
-        control_period_s=period,
-    )
+    oracle = scoreboard_window_oracle(requests, plant, reference, best, config)
     oracle_s = time.perf_counter() - start
     rows["window-oracle"] = _row(
         scenario,
