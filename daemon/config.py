@@ -202,7 +202,10 @@ class OnlineMPCControllerConfig(_Frozen):
     latency (grown like 1/f) allows, to the least optimistic decode energy
     (``OnlineMPCController.descent_clock``); ``latency_window_s``: the latency-driven
     rules read the engine's windowed latencies averaged over at least this long
-    (``controllers.online.exploration.LatencyWindow``).
+    (``controllers.online.exploration.LatencyWindow``). ``ttft_prompt_tokens``: the tail
+    prompt its MPC charges a new request: with a ``slo_target`` and the burst guard on,
+    only in the share the attainment budget withholds below its default looseness (the
+    guard drains a long prompt that does arrive); else always (default: the mean prompt).
     """
 
     kind: Literal["mpc-online"]

@@ -143,6 +143,13 @@ class MPCController:
         feedback_yields_when_ahead: the SLO feedback does not tighten while the
             ``slo_budget`` is ahead of its target (``mpc-online``, whose measured-latency
             guards stay on; ``mpc``'s feedback is its only one, so it keeps it).
+        tail_yields_to_budget: with a ``slo_budget``, the TTFT proxy charges a new request
+            the part of ``ttft_prompt_tokens`` beyond the mean prompt only in the share
+            the budget withholds (``1 - allowance_credit``: all of it at the tightest
+            looseness, none from a looseness of 1 up; the burst hedge is charged in
+            full): for a caller whose own measured-latency guard drains a long prompt from
+            the decision after it arrives (``mpc-online``'s burst guard). ``mpc`` has no
+            such guard and keeps charging the tail.
         dwell_s: the safety chain's dwell (``safety.dwell_s``): plans are priced as the
             chain applies them, a lower clock only after the locked one (the
             observation's ``requested_clock_mhz``) has been held this long, so a raise
@@ -182,6 +189,7 @@ class MPCController:
         slo_budget: AttainmentBudget | None = None,
         dwell_s: float = 0.0,
         feedback_yields_when_ahead: bool = False,
+        tail_yields_to_budget: bool = False,
     ) -> None:
         for name, value in (
             ("mean_prompt_tokens", mean_prompt_tokens),
@@ -244,6 +252,10 @@ class MPCController:
         that reported it."""
         self._last_decision_s: float | None = None
         self.charged_prompt_tokens = ttft_prompt_tokens
+        self.charged_own_prompt_tokens = ttft_prompt_tokens or self.mean_prompt_tokens
+        """The new request's own prompt within the charged one (the TTFT proxy's
+        per-prompt allowance is judged on it)."""
+        self.tail_yields_to_budget = bool(tail_yields_to_budget)
         self.effective_slo_margin = self.slo_margin
         self.ttft_allowance = 0.0
         """The per-prompt TTFT allowance the next problem judges with (0: flat)."""
@@ -321,7 +333,7 @@ class MPCController:
             ttft_prompt_tokens=self.charged_prompt_tokens,
             ttft_excess_cap=self.ttft_excess_cap,
             ttft_slo_per_prompt_token_s=self.ttft_allowance,
-            ttft_own_prompt_tokens=self.ttft_prompt_tokens or self.mean_prompt_tokens,
+            ttft_own_prompt_tokens=self.charged_own_prompt_tokens,
             dwell_periods=self.dwell_s / self.control_period_s,
             held_clock_mhz=self.held_clock_mhz,
             held_periods=(observation.time_s - self.held_since_s) / self.control_period_s,
@@ -333,14 +345,25 @@ class MPCController:
         judged against and the margin the next problem uses."""
         period = self.control_period_s
         ttft_slo = observation.ttft_slo_s or self.plant.profile.ttft_slo_s
-        declared = self.ttft_prompt_tokens or self.mean_prompt_tokens
-        if self.burst_hedge is not None:
-            self.burst_hedge.update(observation, period)
-            hedge = self.burst_hedge.prompt_tokens(self.mean_prompt_tokens, period, ttft_slo)
-            self.charged_prompt_tokens = max(declared, hedge)
         looseness = 1.0 if self.slo_budget is None else self.slo_budget.update(observation)
         allowance = observation.ttft_slo_per_prompt_token_s
         credit = 1.0 if self.slo_budget is None else self.slo_budget.allowance_credit
+        declared = self.ttft_prompt_tokens or self.mean_prompt_tokens
+        if self.tail_yields_to_budget and self.slo_budget is not None:
+            # The declared tail beyond the mean prompt is charged in the share the budget
+            # withholds (none from a looseness of 1 up): a long prompt that does arrive
+            # is drained from the next decision on by the caller's measured-latency guard,
+            # so the plan need not hold the clock for it ahead. A burst is not a prompt the
+            # guard sees coming: its hedge stays.
+            declared -= credit * max(declared - self.mean_prompt_tokens, 0.0)
+        charged = declared
+        if self.burst_hedge is not None:
+            self.burst_hedge.update(observation, period)
+            hedge = self.burst_hedge.prompt_tokens(self.mean_prompt_tokens, period, ttft_slo)
+            charged = max(declared, hedge)
+        if self.burst_hedge is not None or self.tail_yields_to_budget:
+            self.charged_prompt_tokens = charged
+        self.charged_own_prompt_tokens = declared
         self.ttft_allowance = (
             float(allowance) * credit
             if self.latency_model == "iteration" and allowance is not None and allowance > 0.0

@@ -175,3 +175,70 @@ def test_mpc_plans_against_the_adapted_prompt_and_margin(synthetic_plant) -> Non
     assert problem.slo_margin == adapted.effective_slo_margin
     assert plain.problem(observation, 1.0).slo_margin == 0.7
     assert adapted.current_clock >= plain.current_clock
+
+
+@pytest.mark.parametrize("yields", [False, True])
+def test_the_tail_prompt_yields_to_the_budget_where_asked(synthetic_plant, yields: bool) -> None:  # type: ignore[no-untyped-def]
+    """``mpc-online``'s MPC charges a new request the mean prompt, not the declared tail,
+    while the attainment budget is at or above its default looseness, and the tail beyond
+    the mean in the share the budget withholds below it; a burst is still charged in full.
+    ``mpc`` keeps charging the tail whatever the budget says."""
+    from gpugov.controllers.budget import AttainmentBudget, SLOTarget
+
+    budget = AttainmentBudget(SLOTarget(attainment=0.99), tightest=0.7, loosest=1 / 0.7)
+    mpc = MPCController(
+        synthetic_plant,
+        mean_prompt_tokens=500.0,
+        mean_output_tokens=100.0,
+        latency_model="iteration",
+        slo_margin=0.7,
+        solver=DiscreteSearchSolver(),
+        ttft_prompt_tokens=2_000.0,
+        burst_hedge=BurstHedge(quantile=1.0),
+        slo_budget=budget,
+        tail_yields_to_budget=yields,
+    )
+    clocks = tuple(float(c) for c in synthetic_plant.profile.clock_mhz)
+    charged: list[tuple[float, float]] = []
+    arrived = 0
+    # Two arrivals a period (a hedge of 500 tokens, the mean), then a burst of 12 (3,000).
+    steps = ((1.0, 2), (1.0, 2), (0.85, 2), (0.7, 2), (1 / 0.7, 2), (1.0, 12))
+    for index, (looseness, arrivals) in enumerate(steps):
+        budget.looseness = looseness
+        arrived += arrivals
+        observation = ServingObservation(
+            time_s=float(index),
+            step_index=index,
+            arrived_requests=arrived,
+            prefill_remaining_tokens=0.0,
+            decode_active=0,
+            generated_decode_tokens=0.0,
+            temperature_c=40.0,
+            ttft_slo_s=1.0,
+            tpot_slo_s=0.05,
+            supported_clocks_mhz=clocks,
+        )
+        mpc.adapt(observation)  # no counters: the budget keeps the looseness set here
+        problem = mpc.problem(observation, 1.0)
+        assert problem.ttft_prompt == mpc.charged_prompt_tokens
+        charged.append((problem.ttft_prompt, problem.ttft_own_prompt))
+    burst = (3_000.0, 2_000.0)
+    if not yields:
+        assert charged[1:5] == [pytest.approx((2_000.0, 2_000.0))] * 4
+        assert charged[5] == pytest.approx(burst)
+        return
+    assert charged[1] == pytest.approx((500.0, 500.0))
+    assert charged[2] == pytest.approx((1_250.0, 1_250.0))  # half the way to the tightest
+    assert charged[3] == pytest.approx((2_000.0, 2_000.0))
+    assert charged[4] == pytest.approx((500.0, 500.0))
+    assert charged[5] == pytest.approx((3_000.0, 500.0))  # the burst, the mean's own prompt
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_mpc_online_yields_the_tail_only_with_its_burst_guard(synthetic_plant, guard: bool) -> None:  # type: ignore[no-untyped-def]
+    """The tail is left to the burst guard: with the guard off, the MPC keeps charging it."""
+    from gpugov.controllers.budget import SLOTarget
+    from gpugov.controllers.online.controller import OnlineMPCController
+
+    online = OnlineMPCController(burst_guard=guard, slo_target=SLOTarget(attainment=0.99))
+    assert online._mpc(synthetic_plant).tail_yields_to_budget is guard
