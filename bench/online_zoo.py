@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpugov.controllers.oracles import holds_slo
+from gpugov.controllers.oracles import holds_slo, oracle_capture
 from gpugov.daemon.progress import Progress
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, simulate
 from gpugov.plant.synthetic_profiles import resolve_profile
@@ -42,6 +42,7 @@ from gpugov.study.scoreboard.run import (
     expand_profiles,
     scoreboard_best_fixed,
     scoreboard_window_oracle,
+    slo_energy_fields,
 )
 from gpugov.study.scoreboard.scenarios import FULL, BenchConfig, build_scenario
 
@@ -90,9 +91,8 @@ def _oracle_energies(
 
 
 def _capture(e_max: float, energy: float, oracle: float, holds: bool) -> float | None:
-    if not holds or e_max - oracle <= 1e-9:
-        return None
-    return (e_max - energy) / (e_max - oracle)
+    """The scoreboard's oracle capture (:func:`controllers.oracles.oracle_capture`)."""
+    return oracle_capture(e_max, energy, oracle, holds=holds)
 
 
 def run_cell(cell: Cell) -> dict[str, Any]:
@@ -141,15 +141,12 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     e_max, e_max_after = reference.metrics.energy_j, energy_after(reference, warmup)
     row["controllers"] = {}
     for key, result in runs.items():
-        holds = holds_slo(
-            result.metrics.slo_attainment, reference.metrics.slo_attainment, config.tolerance
-        )
+        # The scoreboard's own fields: saving, attainment and its change, the SLO condition.
+        fields = slo_energy_fields(result.metrics, reference.metrics, config.tolerance)
+        holds = bool(fields["holds_slo"])
         energy, after = result.metrics.energy_j, energy_after(result, warmup)
         row["controllers"][key] = {
-            "holds_slo": bool(holds),
-            "slo_attainment_vs_max_pp": 100.0
-            * ((result.metrics.slo_attainment or 0.0) - (reference.metrics.slo_attainment or 0.0)),
-            "energy_saved_fraction": (e_max - energy) / e_max,
+            **fields,
             "oracle_capture": None if oracle is None else _capture(e_max, energy, oracle[0], holds),
             "oracle_capture_after_warmup": (
                 None if oracle is None else _capture(e_max_after, after, oracle[1], holds)
@@ -261,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             run = row["controllers"][key]
             print(
                 f"{row['scenario']:<56} {key} {'holds' if run['holds_slo'] else 'MISS '} "
-                f"{run['slo_attainment_vs_max_pp']:+.2f} pt, saved "
+                f"{run['slo_attainment_vs_max_pp'] or 0.0:+.2f} pt, saved "
                 f"{100 * run['energy_saved_fraction']:5.1f}%, capture "
                 f"{_number(run['oracle_capture'])} ({_number(run['oracle_capture_after_warmup'])} "
                 "after warm-up)"

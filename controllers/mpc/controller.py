@@ -361,8 +361,7 @@ class MPCController:
             self.burst_hedge.update(observation, period)
             hedge = self.burst_hedge.prompt_tokens(self.mean_prompt_tokens, period, ttft_slo)
             charged = max(declared, hedge)
-        if self.burst_hedge is not None or self.tail_yields_to_budget:
-            self.charged_prompt_tokens = charged
+        self.charged_prompt_tokens = charged
         self.charged_own_prompt_tokens = declared
         self.ttft_allowance = (
             float(allowance) * credit
