@@ -11,7 +11,7 @@ the run within 5%, per-phase totals within 10%, median per-request error within 
     nice -n 15 .venv/bin/python bench/energy_attribution.py [--duration 600]
         [--profiles h100-sxm-llama3-8b,a100-sxm-80gb-llama3-8b,l40s-llama3-8b]
         [--traces azure-conv,azure-code] [--controller mpc-online] [--learned]
-        [--utilization window|instant] [--start S] [--seed N]
+        [--utilization window|instant] [--steps counted|estimated] [--start S] [--seed N]
 
 Writes ``bench/results/energy_attribution.json`` and prints one line per run.
 """
@@ -82,6 +82,18 @@ def _instant_utilization(domain: Any, sim: Any) -> None:
         backend.sample = sample
 
 
+def _uncounted_steps(domain: Any) -> None:
+    """Make the engine publish no step count (as SGLang): the estimator then estimates
+    each window's iterations from its tokens and the batch at its ends."""
+    source = domain.observer.source
+    scrape = source.scrape
+
+    def uncounted(timeout_s: float | None = None) -> Any:
+        return replace(scrape(timeout_s), iterations_total=None)
+
+    source.scrape = uncounted
+
+
 def one_run(
     trace: str,
     profile_name: str,
@@ -91,6 +103,7 @@ def one_run(
     learned: bool = False,
     utilization: str = "window",
     start_s: float = 0.0,
+    steps: str = "counted",
 ) -> dict[str, Any]:
     """One simulated daemon run with the truth alongside; the comparison."""
     workload, _ = load_trace_for_cli(trace, duration_s=duration_s, start_s=start_s)
@@ -106,6 +119,8 @@ def one_run(
     domain.energy.use_learned = learned
     if utilization == "instant":
         _instant_utilization(domain, simulation.node.simulation)
+    if steps == "estimated":
+        _uncounted_steps(domain)
     rows: list[tuple[float, dict[str, float]]] = []
     truth_rows: list[tuple[float, dict[str, float]]] = []
 
@@ -208,6 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         help="GPU utilisation the daemon reads: the plant's exact busy share of the window "
         "(default), or 0/1 at the read, as gpugov emulate reports it",
     )
+    parser.add_argument(
+        "--steps",
+        choices=["counted", "estimated"],
+        default="counted",
+        help="engine steps: counted by the engine (vLLM's tokens-per-step histogram, the "
+        "default) or not published, so estimated from tokens and batch (as for SGLang)",
+    )
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args(argv)
     results = []
@@ -222,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.learned,
                 args.utilization,
                 args.start,
+                args.steps,
             )
             results.append(result)
             token = result["joules_per_output_token"]
@@ -250,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                 "duration_s": args.duration,
                 "learned": args.learned,
                 "utilization": args.utilization,
+                "steps": args.steps,
                 "start_s": args.start,
                 "controller": args.controller,
                 "runs": results,

@@ -3,7 +3,8 @@ prefill, decode and idle, per engine model, and the rates people compare.
 
 Measured (never estimated): each window's GPU energy (the NVML energy counter's delta,
 summed over the domain's GPUs), its prompt and output tokens and finished requests
-(the engine's own counters), its length.
+(the engine's own counters), its engine steps where the engine counts them (vLLM's
+tokens-per-step histogram, TGI's forward passes), its length.
 
 Estimated: how that energy divides between the phases. Each window gets three
 non-negative components, then all three are scaled so that they add up to the measured
@@ -16,12 +17,12 @@ energy exactly (the split is estimated, the total never is):
 
 The powers and the seconds per prompt token come from this module's own fit
 (:class:`PhaseFit`, source ``fit``): windowed non-negative least squares
-(``scipy.optimize.nnls``) of busy seconds on prompt tokens, decode iterations and the KV
-they read, and of window energy on idle, prefill and decode seconds with clock- and
-batch-dependent powers. Until the fit has data a prior splits busy time by token counts
-(source ``prior``). ``mpc-online``'s learned model can split instead
-(:func:`learned_phase_model`, ``use_learned=True``, source ``learned``); it is off by
-default, having measured worse (``docs/energy.md``).
+(``scipy.optimize.nnls``) of busy seconds on prompt tokens, iterations (the engine's step
+count, else estimated from tokens and batch) and the KV they read, and of window energy on
+idle, prefill and decode seconds with clock- and batch-dependent powers. Until the fit
+has data a prior splits busy time by token counts (source ``prior``). ``mpc-online``'s
+learned model can split instead (:func:`learned_phase_model`, ``use_learned=True``,
+source ``learned``); it is off by default, having measured worse (``docs/energy.md``).
 
 Rates over the trailing :data:`TRAILING_S` seconds:
 
@@ -131,6 +132,9 @@ class EnergyReading:
     power_limit_w: float | None = None
     prompt_buckets: Buckets | None = None
     output_buckets: Buckets | None = None
+    iterations: float | None = None
+    """Engine steps so far (:attr:`EngineSample.iterations_total`; None: not published,
+    then a window's decode iterations are estimated from its tokens and batch)."""
 
 
 def reading_from(observed: Observed) -> EnergyReading:
@@ -153,6 +157,7 @@ def reading_from(observed: Observed) -> EnergyReading:
         power_limit_w=o.power_limit_w,
         prompt_buckets=None if engine is None else engine.request_prompt_tokens_buckets,
         output_buckets=None if engine is None else engine.request_generation_tokens_buckets,
+        iterations=None if engine is None else engine.iterations_total,
     )
 
 
@@ -211,12 +216,15 @@ class PhaseCoefficients:
 
 BATCH_HALF = 16.0
 """Decode power rises with the batch and saturates: the fit's batch term is
-``batch / (batch + BATCH_HALF)``."""
+``batch / (batch + half)``, ``half`` this by default."""
+BATCH_HALF_CHOICES = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+"""The half-saturation batches the energy fit chooses among (by its residual): GPUs
+differ in how fast decode power saturates with the batch."""
 
 
-def batch_term(batch: float) -> float:
+def batch_term(batch: float, half: float = BATCH_HALF) -> float:
     """The saturating batch factor of the fit's decode power."""
-    return batch / (batch + BATCH_HALF) if batch > 0 else 0.0
+    return batch / (batch + half) if batch > 0 else 0.0
 
 
 CLOCK_POWER_EXPONENT = 2.5
@@ -238,13 +246,16 @@ class PhaseFit:
     tokens in use, what a decode iteration reads), so ``a g`` is the prefill seconds per
     prompt token at the window's clock. Energy, with ``prefill_s = min(busy_s, a g
     prompt)`` and ``decode_s = busy_s - prefill_s``: ``E = P_idle(f) idle_s + P_busy(f)
-    busy_s + P_batch (prefill_s + batch_term(batch) decode_s)``, each ``P(f) = p0 + p1
-    clock_term(g)``: a prefill runs the GPU as hard as a decode of a saturating batch
-    (both compute-bound), so the prefill power is ``P_busy(f) + P_batch`` and the decode
-    power ``P_busy(f) + P_batch batch_term(batch)``; fewer free powers, better
-    identified. The time fit runs on sums over ``time_block_windows`` consecutive
-    windows (a window's batch, hence its iteration count, is known only at its ends),
-    each block weighted down when its batch moved. Older windows weigh less (half weight
+    busy_s + P_batch(f) (prefill_s + batch_term(batch, K) decode_s)``, each ``P(f) = p0 +
+    p1 clock_term(g)``: a prefill runs the GPU as hard as a decode of a saturating batch
+    (both compute-bound), so the prefill power is ``P_busy(f) + P_batch(f)`` and the
+    decode power ``P_busy(f) + P_batch(f) batch_term(batch, K)``; fewer free powers,
+    better identified. ``K`` (how soon decode power saturates) is the one of
+    :data:`BATCH_HALF_CHOICES` with the least residual when every window's steps were
+    counted by the engine, else :data:`BATCH_HALF`. The time fit runs on sums over
+    ``time_block_windows`` consecutive windows (without a step count a window's batch,
+    hence its iteration count, is known only at its ends), each block weighted down when
+    its batch moved. Older windows weigh less (half weight
     after ``half_life_windows``); at most ``memory_windows`` are kept; refitted every
     ``refit_every`` windows.
     """
@@ -278,9 +289,12 @@ class PhaseFit:
         slowdown: float,
         energy_j: float,
         batch_change: float = 0.0,
+        steps_counted: bool = False,
     ) -> None:
         """Fold in one window (a row with a negative or non-finite value is ignored);
-        ``batch_change`` is how much the batch moved between the window's ends."""
+        ``batch_change`` is how much the batch moved between the window's ends;
+        ``steps_counted``: the iterations are the engine's own count, and ``batch`` the
+        mean batch over them (not the batch at the window's ends)."""
         row = (
             idle_s,
             busy_s,
@@ -291,6 +305,7 @@ class PhaseFit:
             slowdown,
             energy_j,
             batch_change,
+            float(steps_counted),
         )
         if not all(math.isfinite(v) and v >= 0 for v in row):
             return
@@ -311,12 +326,12 @@ class PhaseFit:
             self._since_fit = 0
         if self._fitted is None:
             return None
-        idle_w, idle_h, busy_w, busy_h, batch_w, seconds = self._fitted
+        idle_w, idle_h, busy_w, busy_h, batch_w, batch_h, seconds, half = self._fitted
         h = clock_term(slowdown)
         return PhaseCoefficients(
             idle_w=idle_w + idle_h * h,
-            prefill_w=busy_w + busy_h * h + batch_w,
-            decode_w=busy_w + busy_h * h + batch_w * batch_term(batch),
+            prefill_w=busy_w + busy_h * h + batch_w + batch_h * h,
+            decode_w=busy_w + busy_h * h + (batch_w + batch_h * h) * batch_term(batch, half),
             prefill_s_per_token=seconds * slowdown,
         )
 
@@ -326,7 +341,7 @@ class PhaseFit:
         rows = np.asarray(self._rows, dtype=float)
         n = rows.shape[0]
         weights = np.sqrt(0.5 ** (np.arange(n)[::-1] / self.half_life_windows))
-        idle, busy, prompt, iterations, kv, batch, g, energy, change = rows.T
+        idle, busy, prompt, iterations, kv, batch, g, energy, change, counted = rows.T
         # Time features scaled near 1 (kilo-tokens, hundreds of iterations), summed over
         # blocks of consecutive windows: a window's batch (hence its iteration count) is
         # known only at its ends, and the sums average that error out.
@@ -351,11 +366,21 @@ class PhaseFit:
         alpha = float(seconds[0]) / 1000.0
         prefill_s = np.minimum(busy, alpha * g * prompt)
         decode_s = busy - prefill_s
-        factor = batch / (batch + BATCH_HALF)
         h = clock_term(g)
-        x_energy = np.column_stack([idle, idle * h, busy, busy * h, prefill_s + decode_s * factor])
-        power, _ = nnls(x_energy * weights[:, None], energy * weights)
-        values = (*(float(p) for p in power), alpha)
+        # How fast decode power saturates with the batch is chosen by the residual only
+        # where every window's mean batch is known (the engine counts its steps): a
+        # batch guessed from the window's ends would pick a shape from its noise.
+        choices = BATCH_HALF_CHOICES if bool(counted.all()) else (BATCH_HALF,)
+        best: tuple[float, np.ndarray, float] | None = None
+        for half in choices:
+            loaded = prefill_s + decode_s * batch / (batch + half)
+            x_energy = np.column_stack([idle, idle * h, busy, busy * h, loaded, loaded * h])
+            power, residual = nnls(x_energy * weights[:, None], energy * weights)
+            if best is None or residual < best[0]:
+                best = (float(residual), power, half)
+        assert best is not None
+        _, power, half = best
+        values = (*(float(p) for p in power), alpha, half)
         return values if all(math.isfinite(v) for v in values) else None
 
 
@@ -650,15 +675,25 @@ class EnergyEstimator:
         finished: float,
         learned: PhaseModel | None,
     ) -> WindowEnergy:
-        # Decode iterations: output tokens less the first tokens (from prefills) over
-        # the mean batch.
+        running = max(0.5 * (reading.running + anchor.running), 1.0)
+        # Decode tokens: output tokens less the first tokens (from prefills).
         decode_tokens = output
         if reading.admitted_requests is not None and anchor.admitted_requests is not None:
             decode_tokens = max(
                 0.0, output - max(0.0, reading.admitted_requests - anchor.admitted_requests)
             )
-        running = max(0.5 * (reading.running + anchor.running), 1.0)
-        iterations = decode_tokens / running
+        iterations = _measured_steps(anchor, reading)
+        counted = iterations is not None
+        if iterations is None:
+            # Estimated: the decode tokens over the mean batch.
+            iterations = decode_tokens / running
+            # A window whose batch moved has a poor estimate (the fit trusts it less).
+            change = abs(reading.running - anchor.running)
+        else:
+            change = 0.0
+            if iterations > 0 and decode_tokens > 0:
+                # The mean batch over the window's steps, not the batch at its ends.
+                running = max(decode_tokens / iterations, 1.0)
         kv = reading.kv_tokens if reading.kv_tokens is not None else 0.0
         clock = reading.clock_mhz
         slowdown = self.fit.slowdown(clock)
@@ -676,8 +711,18 @@ class EnergyEstimator:
         if coefficients is None:
             coefficients = self.fit.coefficients(slowdown, running)
             source = "fit" if coefficients is not None else "prior"
-        change = abs(reading.running - anchor.running)
-        self.fit.add(idle_s, busy, prompt, iterations, kv, running, slowdown, energy, change)
+        self.fit.add(
+            idle_s,
+            busy,
+            prompt,
+            iterations,
+            kv,
+            running,
+            slowdown,
+            energy,
+            change,
+            steps_counted=counted,
+        )
         parts = split_components(idle_s, busy, prompt, output, coefficients)
         total = sum(parts)
         if total > 0 and math.isfinite(total):
@@ -751,6 +796,15 @@ class EnergyEstimator:
                 )
             )
         return EnergySnapshot(models=tuple(views), skipped=tuple(self.skipped.items()))
+
+
+def _measured_steps(before: EnergyReading, now: EnergyReading) -> float | None:
+    """The engine steps of the window, from the engine's own count; None when either
+    end lacks it or it went backwards (then the caller estimates them)."""
+    if before.iterations is None or now.iterations is None:
+        return None
+    delta = now.iterations - before.iterations
+    return delta if math.isfinite(delta) and delta >= 0 else None
 
 
 def _deltas(before: EnergyReading, now: EnergyReading) -> tuple[float, float, float] | None:

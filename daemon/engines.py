@@ -96,6 +96,10 @@ class EngineSample:
     per-request energy histogram (:mod:`daemon.energy`); None when not published."""
     request_generation_tokens_buckets: Buckets | None = None
     """Per finished request: the output-length histogram's cumulative buckets."""
+    iterations_total: float | None = None
+    """Engine steps (forward passes) so far: the count of vLLM's tokens-per-step
+    histogram ``vllm:iteration_tokens_total``, or of TGI's ``tgi_batch_forward_duration``
+    (both methods); None where the engine publishes neither (SGLang)."""
     # Disaggregated serving (docs/disaggregated.md); None where the page has no such series.
     role: str | None = None
     """The pool role the page's labels state (``prefill``, ``decode``, ``colocated``):
@@ -325,6 +329,8 @@ class EngineSpec:
     request_prompt_tokens: tuple[str, ...] = ()
     """Per-request prompt-length histograms (their buckets feed the energy histogram)."""
     request_generation_tokens: tuple[str, ...] = ()
+    iterations: tuple[str, ...] = ()
+    """Histograms observed once per engine step (their ``_count`` counts the steps)."""
 
     def wanted(self) -> frozenset[str]:
         """Every sample name this engine's extraction reads."""
@@ -342,7 +348,7 @@ class EngineSpec:
             self.info,
         ):
             names.update(group)
-        for base in (*self.ttft, *self.tpot):
+        for base in (*self.ttft, *self.tpot, *self.iterations):
             names.update((f"{base}_sum", f"{base}_count"))
         for base in (
             *self.ttft_buckets,
@@ -386,6 +392,7 @@ VLLM = EngineSpec(
     info=("vllm:cache_config_info",),
     request_prompt_tokens=("vllm:request_prompt_tokens",),
     request_generation_tokens=("vllm:request_generation_tokens",),
+    iterations=("vllm:iteration_tokens_total",),
 )
 SGLANG = EngineSpec(
     kind="sglang",
@@ -417,6 +424,7 @@ TGI = EngineSpec(
     arrived=("tgi_request_count", "tgi_request_count_total"),
     tpot=("tgi_request_mean_time_per_token_duration",),
     tpot_buckets=("tgi_request_mean_time_per_token_duration",),
+    iterations=("tgi_batch_forward_duration",),
 )
 SPECS: dict[str, EngineSpec] = {"vllm": VLLM, "sglang": SGLANG, "tgi": TGI}
 
@@ -540,6 +548,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
     ttft_buckets = _buckets(series, spec.ttft_buckets)
     prompt_lengths = _buckets(series, spec.request_prompt_tokens)
     output_lengths = _buckets(series, spec.request_generation_tokens)
+    steps = _histogram(series, spec.iterations)
     sample = EngineSample(
         engine=spec.kind,
         running_requests=round(running or 0.0),
@@ -560,6 +569,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         model_name=model_name(series, (*spec.running, *spec.waiting)),
         request_prompt_tokens_buckets=None if prompt_lengths is None else prompt_lengths[1],
         request_generation_tokens_buckets=None if output_lengths is None else output_lengths[1],
+        iterations_total=None if steps is None else steps.count,
     )
     return with_disaggregation(spec, series, sample)
 

@@ -244,4 +244,5 @@ class SimulatedSource:
             tpot_within_slo_total=o.tpot_within_slo_total,
             request_prompt_tokens_buckets=self._lengths.cumulative(self._lengths.prompt),
             request_generation_tokens_buckets=self._lengths.cumulative(self._lengths.output),
+            iterations_total=float(self._node.simulation.iterations),
         )

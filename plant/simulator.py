@@ -59,6 +59,9 @@ from gpugov.plant.types import (
     ServingObservation,
 )
 
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+"""Upper bounds of the tokens-per-step histogram, vLLM V1's layout (1, 8, then its
+default CUDA-graph capture sizes; ``vllm:iteration_tokens_total``)."""
 _ATOMIC_TYPES = frozenset({int, float, bool, type(None)})
 """Element types whose lists :meth:`PlantSimulation.fork` copies shallowly."""
 
@@ -143,6 +146,9 @@ class PlantSimulation:
         self._output_total = 0
         self._prompt_total = 0
         self._preemption_total = 0
+        # Engine steps and the tokens each ran (vLLM's ``vllm:iteration_tokens_total``).
+        self._iteration_counts = [0] * (len(ITERATION_TOKEN_BUCKETS) + 1)
+        self._iteration_tokens = 0
 
         # Iteration in progress.
         self._in_iteration = False
@@ -234,6 +240,26 @@ class PlantSimulation:
         costs the same however many requests have finished (``gpugov emulate``'s
         ``vllm:num_preemptions_total``)."""
         return self._preemption_total
+
+    @property
+    def iterations(self) -> int:
+        """Engine steps (iterations) finished so far: prefill, decode and mixed alike
+        (the count of vLLM's ``vllm:iteration_tokens_total`` histogram)."""
+        return sum(self._iteration_counts)
+
+    @property
+    def iteration_tokens(self) -> int:
+        """Tokens those steps ran: prefill chunk tokens plus one per decoding request."""
+        return self._iteration_tokens
+
+    def iteration_token_counts(self) -> tuple[int, ...]:
+        """Steps per bucket of :data:`ITERATION_TOKEN_BUCKETS` (not cumulative), the last
+        entry above every bound."""
+        return tuple(self._iteration_counts)
+
+    def _count_iterations(self, tokens: int, count: int = 1) -> None:
+        self._iteration_counts[bisect.bisect_left(ITERATION_TOKEN_BUCKETS, tokens)] += count
+        self._iteration_tokens += tokens * count
 
     def add_request(self, prompt_tokens: int, output_tokens: int) -> int:
         """Append a request arriving now (online serving: ``gpugov emulate``); its index.
@@ -730,6 +756,7 @@ class PlantSimulation:
         self._integrate(total, power, busy=True)
         self._ff_tick = None
         self._decode_counter = counter + count
+        self._count_iterations(batch, count)
         self._output_total += count * batch
         self._itl_sum += total * batch
         self._itl_count += count * batch
@@ -775,6 +802,7 @@ class PlantSimulation:
         now = self.time_s
         batch = self._iter_decode_batch
         self._in_iteration = False
+        self._count_iterations(batch + self._iter_prefill_tokens)
         if batch:
             self._decode_counter += 1
             counter = self._decode_counter

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpugov.plant.simulator import ITERATION_TOKEN_BUCKETS
 from gpugov.study.emulate.node import EmulatedNode, Histogram
 
 BLOCK_SIZE = 16
@@ -113,6 +114,31 @@ def render_metrics(node: EmulatedNode, model: str, gpus: Sequence[int] | None = 
             for reason, count in sorted(stats[r].finished.items()):
                 labels = _labels(model, r, finished_reason=reason)
                 lines.append(f"vllm:request_success_total{{{labels}}} {_number(count)}")
+        # Engine steps by tokens run (running counts kept by the simulation).
+        family(
+            "vllm:iteration_tokens_total",
+            "histogram",
+            "Histogram of number of tokens per engine_step.",
+        )
+        for r, gpu in enumerate(gpu_of):
+            simulation = node.simulations[gpu]
+            counts = simulation.iteration_token_counts()
+            labels = _labels(model, r)
+            cumulative = 0
+            for bound, count in zip(ITERATION_TOKEN_BUCKETS, counts, strict=False):
+                cumulative += count
+                lines.append(
+                    f'vllm:iteration_tokens_total_bucket{{{labels},le="{float(bound)}"}} '
+                    f"{_number(cumulative)}"
+                )
+            lines.append(
+                f'vllm:iteration_tokens_total_bucket{{{labels},le="+Inf"}} {_number(sum(counts))}'
+            )
+            lines.append(f"vllm:iteration_tokens_total_count{{{labels}}} {_number(sum(counts))}")
+            lines.append(
+                f"vllm:iteration_tokens_total_sum{{{labels}}} "
+                f"{_number(simulation.iteration_tokens)}"
+            )
         for name, attribute, help_text in (
             (
                 "vllm:time_to_first_token_seconds",

@@ -36,6 +36,7 @@ def test_vllm_real_page_over_http(metrics_server: MetricsServer) -> None:
     assert sample.kv_capacity_tokens == 551520.0  # kv_cache_size_tokens = 34470 * 16
     assert sample.kv_usage_ratio == 0.0 and sample.kv_tokens == 0.0
     assert sample.model_name == "Qwen/Qwen3-0.6B"  # keys the online MPC's learned model
+    assert sample.iterations_total is None  # the page has no tokens-per-step histogram
     assert metrics_server.requests == 1
 
 
@@ -79,6 +80,8 @@ def test_vllm_data_parallel_engines_are_summed() -> None:
     assert sample.kv_usage_ratio == pytest.approx(0.375)  # a ratio: averaged
     assert sample.kv_capacity_tokens == 320000.0
     assert sample.kv_tokens == pytest.approx(120000.0)
+    # Engine steps: the tokens-per-step histogram's count, over both engines.
+    assert sample.iterations_total == 5000.0
 
 
 def test_vllm_deprecated_aliases() -> None:
@@ -111,6 +114,8 @@ def test_tgi_page() -> None:
     assert sample.prompt_tokens_total == 61440.0
     assert sample.tpot == HistogramTotals(3.6, 120.0)
     assert sample.ttft is None
+    # Forward passes of both methods (prefill and decode).
+    assert sample.iterations_total == 2530.0
 
 
 @pytest.mark.parametrize(

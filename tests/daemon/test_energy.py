@@ -106,6 +106,74 @@ def test_the_split_adds_up_to_the_measured_energy_and_learns_the_phases() -> Non
         assert mine == pytest.approx(real, rel=0.05), name
 
 
+@dataclass
+class MovingBatchNode(Node):
+    """The synthetic node, but each window's batch moves (two halves at unrelated
+    batches, only the last one visible at the read), its decode power saturates sooner
+    (half at a batch of 2), and the engine counts its steps."""
+
+    steps: float = 0.0
+
+    def window(self, rng: np.random.Generator) -> EnergyReading:
+        busy = float(rng.uniform(0.3, 1.0))
+        prompt = float(rng.integers(0, int(0.4 * busy / ALPHA)))
+        prefill_s = ALPHA * prompt
+        decode_s = busy - prefill_s
+        decode = 0.0
+        last = 1
+        for share in (0.5, 0.5):
+            last = int(rng.integers(1, 48))
+            iterations = share * decode_s / (0.008 + 0.0001 * last)
+            decode += share * decode_s * (BUSY_W + BATCH_W * batch_term(last, 2.0))
+            self.steps += iterations
+            self.output += iterations * last
+        prefill = prefill_s * (BUSY_W + BATCH_W)
+        idle = (1.0 - busy) * IDLE_W
+        self.time_s += 1.0
+        self.energy_j += prefill + decode + idle
+        self.prefill_j += prefill
+        self.decode_j += decode
+        self.idle_j += idle
+        self.prompt += prompt
+        return EnergyReading(
+            time_s=self.time_s,
+            energy_j=self.energy_j,
+            prompt_tokens=self.prompt,
+            output_tokens=self.output,
+            finished_requests=self.finished,
+            utilization=busy,
+            clock_mhz=1980.0,
+            running=float(last),
+            kv_tokens=0.0,
+            admitted_requests=self.admitted,
+            model="m",
+            power_limit_w=700.0,
+            iterations=self.steps,
+        )
+
+
+def test_engine_step_counts_recover_a_split_the_batch_at_the_ends_cannot() -> None:
+    # With the engine's step count (vLLM's tokens-per-step histogram) the fit knows each
+    # window's steps and mean batch; without it, the batch at the window's ends guesses.
+    errors = {}
+    for counted in (True, False):
+        rng = np.random.default_rng(4)
+        node, estimator = MovingBatchNode(), EnergyEstimator()
+        late: list[tuple[float, float]] = []
+        for index in range(300):
+            before = node.decode_j
+            reading = node.window(rng)
+            if not counted:
+                reading = replace(reading, iterations=None)
+            window = estimator.update(reading)
+            if window is not None and index >= 200:
+                late.append((window.decode_j, node.decode_j - before))
+        mine, real = (sum(part) for part in zip(*late, strict=True))
+        errors[counted] = abs(mine / real - 1.0)
+    assert errors[True] < 0.05
+    assert errors[True] < 0.5 * errors[False]
+
+
 def test_rates_are_ml_energy_units_over_the_trailing_minute() -> None:
     rng = np.random.default_rng(2)
     node, estimator = Node(), EnergyEstimator(trailing_s=10.0)

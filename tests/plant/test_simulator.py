@@ -503,3 +503,29 @@ def test_a_request_cut_short_stops_generating() -> None:
     assert simulation.observe().decode_active == 0 and simulation.observe().kv_tokens == 0
     simulation.cut_short(running)  # a finished request is left alone
     assert simulation.generated_tokens(running) <= produced + 2
+
+
+def test_engine_step_counters_count_every_step_and_its_tokens() -> None:
+    # Every step runs its prefill chunk tokens plus one token per decoding request: over
+    # a drained run without preemptions that is every prompt token and every output
+    # token but the first (a prefill's). Fast-forwarded stretches count step by step.
+    from gpugov.plant.simulator import ITERATION_TOKEN_BUCKETS
+
+    plant = make_plant()
+    workload = poisson_workload(3.0, 40.0, seed=5)
+    counts = []
+    for fast in (True, False):
+        simulation = PlantSimulation(workload, plant, fast_forward=fast)
+        simulation.advance_to(workload[-1].arrival_time_s + 600.0)
+        records = simulation.result().request_records
+        assert all(r.finish_time_s is not None and r.preemptions == 0 for r in records)
+        expected = sum(r.prompt_tokens + r.output_tokens - 1 for r in records)
+        assert simulation.iteration_tokens == expected
+        per_bucket = simulation.iteration_token_counts()
+        assert len(per_bucket) == len(ITERATION_TOKEN_BUCKETS) + 1
+        assert simulation.iterations == sum(per_bucket)
+        # At least as many steps as the longest request's decode tokens, at most one
+        # per token.
+        assert max(r.output_tokens for r in records) <= simulation.iterations <= expected
+        counts.append(per_bucket)
+    assert counts[0] == counts[1]

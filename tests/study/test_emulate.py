@@ -150,6 +150,12 @@ def test_metrics_page_moves_and_parses_with_vllm_source(emulator: EmulatorServer
     labels = 'engine="0",model_name="gpugov-emulated",le="2560.0"'
     assert f"vllm:time_to_first_token_seconds_bucket{{{labels}}}" in text
     assert "h100" not in text.lower() and "synthetic" not in text.lower()
+    # Engine steps: the 20-token prefill, then four one-token decode steps.
+    assert (after.iterations_total or 0) - (before.iterations_total or 0) == 5
+    steps = 'engine="0",model_name="gpugov-emulated"'
+    assert f"vllm:iteration_tokens_total_sum{{{steps}}} 24.0" in text
+    assert f'vllm:iteration_tokens_total_bucket{{{steps},le="1.0"}} 4.0' in text
+    assert f'vllm:iteration_tokens_total_bucket{{{steps},le="32.0"}} 5.0' in text
 
 
 def test_emulated_backend_reads_locks_and_resets(emulator: EmulatorServer) -> None:
