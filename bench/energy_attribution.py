@@ -68,9 +68,9 @@ class PlantTruth:
 
 
 def _instant_utilization(domain: Any, sim: Any) -> None:
-    """Make the GPUs report utilisation as ``gpugov emulate`` does and as NVML's sampled
-    counter does at worst: 1 when an iteration runs at the read, else 0 (instead of the
-    plant's exact busy share of the window)."""
+    """Make the GPUs report utilisation as a sampled counter does at worst: 1 when an
+    iteration runs at the read, else 0 (instead of the plant's exact busy share of the
+    window)."""
     for backend in domain.observer.backends:
         read = backend.sample
 
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=["window", "instant"],
         default="window",
         help="GPU utilisation the daemon reads: the plant's exact busy share of the window "
-        "(default), or 0/1 at the read, as gpugov emulate reports it",
+        "(default), or 0/1 at the read (the worst case of a sampled reading)",
     )
     parser.add_argument(
         "--steps",

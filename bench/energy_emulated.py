@@ -5,8 +5,8 @@ For each profile x trace: start the emulator at ``--speed X`` on free loopback p
 daemon on it (``deploy/emulated.toml``'s settings, the ``max`` controller unless told
 otherwise), and replay the trace window with ``--load-scale X`` (the trace's arrival rate
 in plant time), then read the comparison ``load`` wrote under ``energy`` in its JSON. The
-daemon's windows are one wall second, X plant seconds; the emulator reports utilisation 0
-or 1 at the read.
+daemon's windows are one wall second, X plant seconds; the emulator reports utilisation as
+NVML does, the busy share of its last plant second.
 
     nice -n 15 .venv/bin/python bench/energy_emulated.py [--speed 10] [--duration 600]
         [--profiles h100-sxm-llama3-8b,...] [--traces azure-conv,azure-code]

@@ -257,6 +257,21 @@ class PlantSimulation:
         entry above every bound."""
         return tuple(self._iteration_counts)
 
+    def recent_utilization(self, span_s: float) -> float:
+        """Share of the grid samples of the last ``span_s`` seconds (up to now) at which an
+        iteration ran: a sampled busy fraction, as NVML's GPU utilisation is (the share of
+        its last sample period during which a kernel ran); 0.0 before any sample."""
+        times = self._series["time_s"]
+        phases = self._phase_series
+        start = self.time_s - span_s
+        busy = total = 0
+        for index in range(len(times) - 1, -1, -1):
+            if times[index] <= start + _EPS:
+                break
+            total += 1
+            busy += phases[index] != "idle"
+        return busy / total if total else 0.0
+
     def _count_iterations(self, tokens: int, count: int = 1) -> None:
         self._iteration_counts[bisect.bisect_left(ITERATION_TOKEN_BUCKETS, tokens)] += count
         self._iteration_tokens += tokens * count

@@ -107,6 +107,9 @@ NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_GPU_IS_LOST = 15
 # nvmlClocksEventReasonApplicationsClocksSetting: a clock lock holds the clock down.
 CLOCK_EVENT_APPLICATIONS_CLOCKS_SETTING = 0x2
+NVML_UTILIZATION_SAMPLE_S = 1.0
+"""The period NVML's GPU utilisation covers (between 1/6 s and 1 s by product, per its
+docs): the emulated GPU reports the share of that much plant time an iteration ran."""
 
 FAULTS = ("none", "no-permission", "not-supported", "lost")
 
@@ -471,13 +474,13 @@ class EmulatedNode:
                 self.max_clock_mhz
             ):
                 reasons |= CLOCK_EVENT_APPLICATIONS_CLOCKS_SETTING
-            busy = not (reasons & 0x1)
+            utilization = simulation.recent_utilization(NVML_UTILIZATION_SAMPLE_S)
             return {
                 "power_mw": int(round((observation.power_w or 0.0) * 1000.0)),
                 "energy_mj": int((observation.energy_j or 0.0) * 1000.0),
                 "temperature_c": int(round(observation.temperature_c)),
                 "sm_clock_mhz": int(round(realized)),
-                "utilization_gpu": 100 if busy else 0,
+                "utilization_gpu": int(round(100.0 * utilization)),
                 "clock_event_reasons": reasons,
                 "enforced_power_limit_mw": int(round(self.plant.power_limit_w * 1000.0)),
             }

@@ -529,3 +529,18 @@ def test_engine_step_counters_count_every_step_and_its_tokens() -> None:
         assert max(r.output_tokens for r in records) <= simulation.iterations <= expected
         counts.append(per_bucket)
     assert counts[0] == counts[1]
+
+
+def test_recent_utilization_is_the_busy_share_of_the_last_samples() -> None:
+    # NVML-like: the share of the last span's grid samples at which an iteration ran.
+    simulation = PlantSimulation((Request(0, 0.0, 2000, 300),), make_plant())
+    assert simulation.recent_utilization(1.0) == 0.0
+    simulation.advance_to(1.0)
+    assert simulation.recent_utilization(1.0) == pytest.approx(1.0)
+    simulation.advance_to(60.0)
+    finish = simulation.result().request_records[0].finish_time_s
+    assert finish is not None and finish > 1.5
+    assert simulation.recent_utilization(1.0) == 0.0
+    again = PlantSimulation((Request(0, 0.0, 2000, 300),), make_plant())
+    again.advance_to(finish + 0.5)
+    assert again.recent_utilization(1.0) == pytest.approx(0.5, abs=0.15)

@@ -251,3 +251,23 @@ def test_two_gpus_are_two_data_parallel_replicas() -> None:
         second.close()
     finally:
         server.close()
+
+
+def test_gpu_utilization_is_the_busy_share_of_the_last_second() -> None:
+    # As NVML's: the share of its last sample period (1 s) in which a kernel ran, not a
+    # 0-or-1 reading of the instant.
+    now = [0.0]
+    node = EmulatedNode(make_plant(), clock=lambda: now[0])
+    assert node.gpu_sample(0)["utilization_gpu"] == 0
+    node.submit(2000, 300, "length")
+    now[0] = 1.0
+    assert node.gpu_sample(0)["utilization_gpu"] == 100
+    now[0] = 120.0
+    assert node.gpu_sample(0)["utilization_gpu"] == 0
+    finish = node.simulations[0].result().request_records[0].finish_time_s
+    assert finish is not None and finish > 1.5
+    now[0] = 0.0
+    again = EmulatedNode(make_plant(), clock=lambda: now[0])
+    again.submit(2000, 300, "length")
+    now[0] = finish + 0.5
+    assert 35 <= int(again.gpu_sample(0)["utilization_gpu"]) <= 65  # type: ignore[call-overload]
