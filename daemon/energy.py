@@ -10,9 +10,10 @@ Estimated: how that energy divides between the phases. Each window gets three
 non-negative components, then all three are scaled so that they add up to the measured
 energy exactly (the split is estimated, the total never is):
 
-* ``idle = P_idle x (window - busy)``, where busy = GPU utilisation x window;
+* ``idle = P_idle x (window - busy)``, where busy = GPU utilisation x window, or the
+  engine's timed prefill and decode forward seconds where it times them (TGI);
 * ``prefill = P_prefill x prefill_s`` with ``prefill_s = min(busy, s_per_prompt_token x
-  prompt tokens)``;
+  prompt tokens)``, or the timed prefill seconds;
 * ``decode = P_decode x (busy - prefill_s)``.
 
 The powers and the seconds per prompt token come from this module's own fit
@@ -135,6 +136,11 @@ class EnergyReading:
     iterations: float | None = None
     """Engine steps so far (:attr:`EngineSample.iterations_total`; None: not published,
     then a window's decode iterations are estimated from its tokens and batch)."""
+    prefill_forward_s: float | None = None
+    """Seconds of prefill forward passes so far, where the engine times its phases (TGI);
+    with :attr:`decode_forward_s` they give a window's busy time and its prefill share."""
+    decode_forward_s: float | None = None
+    """Seconds of decode forward passes so far (TGI)."""
 
 
 def reading_from(observed: Observed) -> EnergyReading:
@@ -158,6 +164,8 @@ def reading_from(observed: Observed) -> EnergyReading:
         prompt_buckets=None if engine is None else engine.request_prompt_tokens_buckets,
         output_buckets=None if engine is None else engine.request_generation_tokens_buckets,
         iterations=None if engine is None else engine.iterations_total,
+        prefill_forward_s=None if engine is None else engine.prefill_forward_s_total,
+        decode_forward_s=None if engine is None else engine.decode_forward_s_total,
     )
 
 
@@ -290,11 +298,14 @@ class PhaseFit:
         energy_j: float,
         batch_change: float = 0.0,
         steps_counted: bool = False,
+        prefill_s: float | None = None,
     ) -> None:
         """Fold in one window (a row with a negative or non-finite value is ignored);
         ``batch_change`` is how much the batch moved between the window's ends;
         ``steps_counted``: the iterations are the engine's own count, and ``batch`` the
-        mean batch over them (not the batch at the window's ends)."""
+        mean batch over them (not the batch at the window's ends); ``prefill_s``: the
+        window's prefill seconds where the engine timed them (the energy fit then uses
+        them instead of the time fit's)."""
         row = (
             idle_s,
             busy_s,
@@ -306,6 +317,8 @@ class PhaseFit:
             energy_j,
             batch_change,
             float(steps_counted),
+            float(prefill_s is not None),
+            0.0 if prefill_s is None else prefill_s,
         )
         if not all(math.isfinite(v) and v >= 0 for v in row):
             return
@@ -341,7 +354,8 @@ class PhaseFit:
         rows = np.asarray(self._rows, dtype=float)
         n = rows.shape[0]
         weights = np.sqrt(0.5 ** (np.arange(n)[::-1] / self.half_life_windows))
-        idle, busy, prompt, iterations, kv, batch, g, energy, change, counted = rows.T
+        idle, busy, prompt, iterations, kv, batch, g, energy, change, counted = rows.T[:10]
+        timed, timed_prefill = rows.T[10:12]
         # Time features scaled near 1 (kilo-tokens, hundreds of iterations), summed over
         # blocks of consecutive windows: a window's batch (hence its iteration count) is
         # known only at its ends, and the sums average that error out.
@@ -364,7 +378,8 @@ class PhaseFit:
         w = _block_sums(trust[:, None], self.time_block_windows)[working, 0] ** 0.5
         seconds, _ = nnls(blocks[working, :-1] * w[:, None], blocks[working, -1] * w)
         alpha = float(seconds[0]) / 1000.0
-        prefill_s = np.minimum(busy, alpha * g * prompt)
+        prefill_s = np.where(timed > 0, timed_prefill, np.minimum(busy, alpha * g * prompt))
+        prefill_s = np.minimum(busy, prefill_s)
         decode_s = busy - prefill_s
         h = clock_term(g)
         # How fast decode power saturates with the batch is chosen by the residual only
@@ -400,14 +415,22 @@ def split_components(
     prompt: float,
     output: float,
     coefficients: PhaseCoefficients | None,
+    prefill_s: float | None = None,
 ) -> tuple[float, float, float]:
-    """Unscaled ``(prefill, decode, idle)`` components of one window (non-negative)."""
+    """Unscaled ``(prefill, decode, idle)`` components of one window (non-negative);
+    ``prefill_s``: the prefill seconds where the engine timed them (else estimated)."""
+    timed = prefill_s is not None and math.isfinite(prefill_s)
     if coefficients is None:  # the prior: busy time split by tokens, idle power lower
-        weight = prompt + PRIOR_DECODE_TOKEN_WEIGHT * output
-        prefill_s = busy_s * prompt / weight if weight > 0 else 0.0
-        return prefill_s, busy_s - prefill_s, PRIOR_IDLE_POWER_RATIO * idle_s
+        if not timed:
+            weight = prompt + PRIOR_DECODE_TOKEN_WEIGHT * output
+            prefill_s = busy_s * prompt / weight if weight > 0 else 0.0
+        seconds = min(busy_s, max(0.0, float(prefill_s or 0.0)))
+        return seconds, busy_s - seconds, PRIOR_IDLE_POWER_RATIO * idle_s
     c = coefficients
-    prefill_s = min(busy_s, max(0.0, c.prefill_s_per_token) * prompt)
+    if timed:
+        prefill_s = min(busy_s, max(0.0, float(prefill_s or 0.0)))
+    else:
+        prefill_s = min(busy_s, max(0.0, c.prefill_s_per_token) * prompt)
     prefill = max(0.0, c.prefill_w) * prefill_s
     decode = max(0.0, c.decode_w) * (busy_s - prefill_s)
     idle = max(0.0, c.idle_w) * idle_s
@@ -698,10 +721,18 @@ class EnergyEstimator:
         clock = reading.clock_mhz
         slowdown = self.fit.slowdown(clock)
         utilization = reading.utilization
-        if utilization is not None and math.isfinite(utilization):
+        timed = _timed_phases(anchor, reading)
+        if timed is not None:
+            # The engine timed its forward passes: busy time and its prefill share are
+            # measured (a forward pass keeps the GPU busy), not read off the utilisation.
+            busy = min(duration, timed[0] + timed[1])
+            timed_prefill: float | None = min(busy, timed[0])
+        elif utilization is not None and math.isfinite(utilization):
             busy = min(1.0, max(0.0, utilization)) * duration
+            timed_prefill = None
         else:
             busy = duration if (prompt > 0 or output > 0 or reading.running > 0) else 0.0
+            timed_prefill = None
         idle_s = duration - busy
         coefficients: PhaseCoefficients | None = None
         source: Source = "prior"
@@ -722,8 +753,9 @@ class EnergyEstimator:
             energy,
             change,
             steps_counted=counted,
+            prefill_s=timed_prefill,
         )
-        parts = split_components(idle_s, busy, prompt, output, coefficients)
+        parts = split_components(idle_s, busy, prompt, output, coefficients, timed_prefill)
         total = sum(parts)
         if total > 0 and math.isfinite(total):
             scale = energy / total
@@ -796,6 +828,20 @@ class EnergyEstimator:
                 )
             )
         return EnergySnapshot(models=tuple(views), skipped=tuple(self.skipped.items()))
+
+
+def _timed_phases(before: EnergyReading, now: EnergyReading) -> tuple[float, float] | None:
+    """``(prefill, decode)`` forward seconds of the window, where the engine times its
+    phases at both ends; None otherwise or when a total went backwards."""
+    ends = (before.prefill_forward_s, before.decode_forward_s)
+    now_ends = (now.prefill_forward_s, now.decode_forward_s)
+    if any(value is None for value in (*ends, *now_ends)):
+        return None
+    prefill = float(now_ends[0] or 0.0) - float(ends[0] or 0.0)
+    decode = float(now_ends[1] or 0.0) - float(ends[1] or 0.0)
+    if not (math.isfinite(prefill) and math.isfinite(decode)) or min(prefill, decode) < 0:
+        return None
+    return prefill, decode
 
 
 def _measured_steps(before: EnergyReading, now: EnergyReading) -> float | None:

@@ -100,6 +100,11 @@ class EngineSample:
     """Engine steps (forward passes) so far: the count of vLLM's tokens-per-step
     histogram ``vllm:iteration_tokens_total``, or of TGI's ``tgi_batch_forward_duration``
     (both methods); None where the engine publishes neither (SGLang)."""
+    prefill_forward_s_total: float | None = None
+    """Seconds of prefill forward passes so far (TGI's ``tgi_batch_forward_duration_sum``,
+    ``method="prefill"``); None where the engine does not time its phases."""
+    decode_forward_s_total: float | None = None
+    """Seconds of decode forward passes so far (the same, ``method="decode"``)."""
     # Disaggregated serving (docs/disaggregated.md); None where the page has no such series.
     role: str | None = None
     """The pool role the page's labels state (``prefill``, ``decode``, ``colocated``):
@@ -304,6 +309,20 @@ def _histogram(series: Series, bases: Iterable[str]) -> HistogramTotals | None:
     return None
 
 
+def _method_seconds(series: Series, bases: Iterable[str], method: str) -> float | None:
+    """The summed ``_sum`` of the first of ``bases`` over the series labelled
+    ``method`` (None when the page has no such series)."""
+    for base in bases:
+        rows = [
+            value
+            for labels, value in series.get(f"{base}_sum", ())
+            if labels.get("method") == method
+        ]
+        if rows:
+            return float(sum(rows))
+    return None
+
+
 # -------------------------------------------------------------------- the engines
 @dataclass(frozen=True)
 class EngineSpec:
@@ -331,6 +350,8 @@ class EngineSpec:
     request_generation_tokens: tuple[str, ...] = ()
     iterations: tuple[str, ...] = ()
     """Histograms observed once per engine step (their ``_count`` counts the steps)."""
+    forward_seconds: tuple[str, ...] = ()
+    """Histograms of forward-pass seconds labelled by ``method`` (prefill, decode)."""
 
     def wanted(self) -> frozenset[str]:
         """Every sample name this engine's extraction reads."""
@@ -348,7 +369,7 @@ class EngineSpec:
             self.info,
         ):
             names.update(group)
-        for base in (*self.ttft, *self.tpot, *self.iterations):
+        for base in (*self.ttft, *self.tpot, *self.iterations, *self.forward_seconds):
             names.update((f"{base}_sum", f"{base}_count"))
         for base in (
             *self.ttft_buckets,
@@ -425,6 +446,7 @@ TGI = EngineSpec(
     tpot=("tgi_request_mean_time_per_token_duration",),
     tpot_buckets=("tgi_request_mean_time_per_token_duration",),
     iterations=("tgi_batch_forward_duration",),
+    forward_seconds=("tgi_batch_forward_duration",),
 )
 SPECS: dict[str, EngineSpec] = {"vllm": VLLM, "sglang": SGLANG, "tgi": TGI}
 
@@ -570,6 +592,8 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         request_prompt_tokens_buckets=None if prompt_lengths is None else prompt_lengths[1],
         request_generation_tokens_buckets=None if output_lengths is None else output_lengths[1],
         iterations_total=None if steps is None else steps.count,
+        prefill_forward_s_total=_method_seconds(series, spec.forward_seconds, "prefill"),
+        decode_forward_s_total=_method_seconds(series, spec.forward_seconds, "decode"),
     )
     return with_disaggregation(spec, series, sample)
 

@@ -114,8 +114,10 @@ def test_tgi_page() -> None:
     assert sample.prompt_tokens_total == 61440.0
     assert sample.tpot == HistogramTotals(3.6, 120.0)
     assert sample.ttft is None
-    # Forward passes of both methods (prefill and decode).
+    # Forward passes of both methods (prefill and decode), and their seconds.
     assert sample.iterations_total == 2530.0
+    assert sample.prefill_forward_s_total == pytest.approx(9.1)
+    assert sample.decode_forward_s_total == pytest.approx(48.0)
 
 
 @pytest.mark.parametrize(

@@ -174,6 +174,46 @@ def test_engine_step_counts_recover_a_split_the_batch_at_the_ends_cannot() -> No
     assert errors[True] < 0.5 * errors[False]
 
 
+@dataclass
+class TimedPhasesNode(MovingBatchNode):
+    """The moving-batch node as TGI reports it: no step count and no utilisation, but the
+    seconds of its prefill and decode forward passes."""
+
+    prefill_forward_s: float = 0.0
+    decode_forward_s: float = 0.0
+
+    def window(self, rng: np.random.Generator) -> EnergyReading:
+        prompt, idle_j = self.prompt, self.idle_j
+        reading = super().window(rng)
+        prefill_s = ALPHA * (self.prompt - prompt)
+        busy_s = 1.0 - (self.idle_j - idle_j) / IDLE_W
+        self.prefill_forward_s += prefill_s
+        self.decode_forward_s += busy_s - prefill_s
+        return replace(
+            reading,
+            utilization=None,
+            iterations=None,
+            prefill_forward_s=self.prefill_forward_s,
+            decode_forward_s=self.decode_forward_s,
+        )
+
+
+def test_timed_forward_passes_give_the_split_without_utilisation() -> None:
+    # TGI times its prefill and decode forward passes: the busy time and its prefill
+    # share are then measured, not read off the GPU's utilisation.
+    rng = np.random.default_rng(6)
+    node, estimator = TimedPhasesNode(), EnergyEstimator()
+    mine = np.zeros(3)
+    real = np.zeros(3)
+    for index in range(200):
+        before = np.array([node.prefill_j, node.decode_j, node.idle_j])
+        window = estimator.update(node.window(rng))
+        if window is not None and index >= 100:
+            mine += [window.prefill_j, window.decode_j, window.idle_j]
+            real += np.array([node.prefill_j, node.decode_j, node.idle_j]) - before
+    np.testing.assert_allclose(mine, real, rtol=0.03)
+
+
 def test_rates_are_ml_energy_units_over_the_trailing_minute() -> None:
     rng = np.random.default_rng(2)
     node, estimator = Node(), EnergyEstimator(trailing_s=10.0)
