@@ -53,18 +53,26 @@ class Node:
         iteration_s = 0.008 + 0.0001 * batch
         iterations = decode_s / iteration_s
         started = float(rng.integers(0, 4))
-        prefill = prefill_s * (BUSY_W + BATCH_W)
         decode = decode_s * (BUSY_W + BATCH_W * batch_term(batch))
-        idle = (1.0 - busy) * IDLE_W
-        self.time_s += 1.0
-        self.energy_j += prefill + decode + idle
-        self.prefill_j += prefill
-        self.decode_j += decode
-        self.idle_j += idle
-        self.prompt += prompt
         self.output += iterations * batch + started
         self.admitted += started
         self.finished += started
+        self.record(prefill_s, decode, busy, prompt)
+        return self.read(busy, batch)
+
+    def record(self, prefill_s: float, decode_j: float, busy: float, prompt: float) -> None:
+        """Book one second: its prefill (at the saturated power), decode and idle energy."""
+        prefill = prefill_s * (BUSY_W + BATCH_W)
+        idle = (1.0 - busy) * IDLE_W
+        self.time_s += 1.0
+        self.energy_j += prefill + decode_j + idle
+        self.prefill_j += prefill
+        self.decode_j += decode_j
+        self.idle_j += idle
+        self.prompt += prompt
+
+    def read(self, busy: float, running: int, **extra: object) -> EnergyReading:
+        """The node's counters now, as the daemon reads them."""
         return EnergyReading(
             time_s=self.time_s,
             energy_j=self.energy_j,
@@ -73,11 +81,12 @@ class Node:
             finished_requests=self.finished,
             utilization=busy,
             clock_mhz=1980.0,
-            running=float(batch),
+            running=float(running),
             kv_tokens=0.0,
             admitted_requests=self.admitted,
             model="m",
             power_limit_w=700.0,
+            **extra,  # type: ignore[arg-type]
         )
 
 
@@ -127,29 +136,8 @@ class MovingBatchNode(Node):
             decode += share * decode_s * (BUSY_W + BATCH_W * batch_term(last, 2.0))
             self.steps += iterations
             self.output += iterations * last
-        prefill = prefill_s * (BUSY_W + BATCH_W)
-        idle = (1.0 - busy) * IDLE_W
-        self.time_s += 1.0
-        self.energy_j += prefill + decode + idle
-        self.prefill_j += prefill
-        self.decode_j += decode
-        self.idle_j += idle
-        self.prompt += prompt
-        return EnergyReading(
-            time_s=self.time_s,
-            energy_j=self.energy_j,
-            prompt_tokens=self.prompt,
-            output_tokens=self.output,
-            finished_requests=self.finished,
-            utilization=busy,
-            clock_mhz=1980.0,
-            running=float(last),
-            kv_tokens=0.0,
-            admitted_requests=self.admitted,
-            model="m",
-            power_limit_w=700.0,
-            iterations=self.steps,
-        )
+        self.record(prefill_s, decode, busy, prompt)
+        return self.read(busy, last, iterations=self.steps)
 
 
 def test_engine_step_counts_recover_a_split_the_batch_at_the_ends_cannot() -> None:
