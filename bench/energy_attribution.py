@@ -11,7 +11,8 @@ the run within 5%, per-phase totals within 10%, median per-request error within 
     nice -n 15 .venv/bin/python bench/energy_attribution.py [--duration 600]
         [--profiles h100-sxm-llama3-8b,a100-sxm-80gb-llama3-8b,l40s-llama3-8b]
         [--traces azure-conv,azure-code] [--controller mpc-online] [--learned]
-        [--utilization window|instant] [--steps counted|estimated] [--start S] [--seed N]
+        [--utilization window|sampled|instant] [--steps counted|estimated] [--start S]
+        [--seed N]
 
 Writes ``bench/results/energy_attribution.json`` and prints one line per run.
 """
@@ -67,6 +68,18 @@ class PlantTruth:
         return prefill + decode
 
 
+def _sampled_utilization(domain: Any, sim: Any) -> None:
+    """Make the GPUs report utilisation as NVML does (and ``gpugov emulate``): the busy
+    share of the last second's grid samples, instead of the exact share of the window."""
+    for backend in domain.observer.backends:
+        read = backend.sample
+
+        def sample(read: Any = read) -> Any:
+            return replace(read(), utilization=sim.recent_utilization(1.0))
+
+        backend.sample = sample
+
+
 def _instant_utilization(domain: Any, sim: Any) -> None:
     """Make the GPUs report utilisation as a sampled counter does at worst: 1 when an
     iteration runs at the read, else 0 (instead of the plant's exact busy share of the
@@ -119,6 +132,8 @@ def one_run(
     domain.energy.use_learned = learned
     if utilization == "instant":
         _instant_utilization(domain, simulation.node.simulation)
+    elif utilization == "sampled":
+        _sampled_utilization(domain, simulation.node.simulation)
     if steps == "estimated":
         _uncounted_steps(domain)
     rows: list[tuple[float, dict[str, float]]] = []
@@ -218,10 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--utilization",
-        choices=["window", "instant"],
+        choices=["window", "sampled", "instant"],
         default="window",
         help="GPU utilisation the daemon reads: the plant's exact busy share of the window "
-        "(default), or 0/1 at the read (the worst case of a sampled reading)",
+        "(default), the busy share of the last second's samples as NVML reports it "
+        "(sampled), or 0/1 at the read (instant, the worst case)",
     )
     parser.add_argument(
         "--steps",
