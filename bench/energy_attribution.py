@@ -11,8 +11,8 @@ the run within 5%, per-phase totals within 10%, median per-request error within 
     nice -n 15 .venv/bin/python bench/energy_attribution.py [--duration 600]
         [--profiles h100-sxm-llama3-8b,a100-sxm-80gb-llama3-8b,l40s-llama3-8b]
         [--traces azure-conv,azure-code] [--controller mpc-online] [--learned]
-        [--utilization window|sampled|instant] [--steps counted|estimated] [--start S]
-        [--seed N]
+        [--utilization window|sampled|instant] [--steps counted|estimated]
+        [--prompt-counter chunks|done] [--start S] [--seed N]
 
 Writes ``bench/results/energy_attribution.json`` and prints one line per run.
 """
@@ -107,6 +107,21 @@ def _uncounted_steps(domain: Any) -> None:
     source.scrape = uncounted
 
 
+def _prompts_counted_when_done(domain: Any, sim: Any) -> None:
+    """Make the engine count a prompt's tokens once its prefill is done, as vLLM (and
+    ``gpugov emulate``'s page) does, instead of chunk by chunk as they run."""
+    source = domain.observer.source
+    scrape = source.scrape
+    prompts = [request.prompt_tokens for request in sim.requests]
+
+    def when_done(timeout_s: float | None = None) -> Any:
+        first, _ = sim.request_times()
+        done = sum(tokens for tokens, t in zip(prompts, first, strict=False) if t is not None)
+        return replace(scrape(timeout_s), prompt_tokens_total=float(done))
+
+    source.scrape = when_done
+
+
 def one_run(
     trace: str,
     profile_name: str,
@@ -117,6 +132,7 @@ def one_run(
     utilization: str = "window",
     start_s: float = 0.0,
     steps: str = "counted",
+    prompt_counter: str = "chunks",
 ) -> dict[str, Any]:
     """One simulated daemon run with the truth alongside; the comparison."""
     workload, _ = load_trace_for_cli(trace, duration_s=duration_s, start_s=start_s)
@@ -136,6 +152,8 @@ def one_run(
         _sampled_utilization(domain, simulation.node.simulation)
     if steps == "estimated":
         _uncounted_steps(domain)
+    if prompt_counter == "done":
+        _prompts_counted_when_done(domain, simulation.node.simulation)
     rows: list[tuple[float, dict[str, float]]] = []
     truth_rows: list[tuple[float, dict[str, float]]] = []
 
@@ -246,6 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         help="engine steps: counted by the engine (vLLM's tokens-per-step histogram, the "
         "default) or not published, so estimated from tokens and batch (as for SGLang)",
     )
+    parser.add_argument(
+        "--prompt-counter",
+        choices=["chunks", "done"],
+        default="chunks",
+        help="the engine's prompt-token counter: chunk by chunk as prefill runs (default), "
+        "or each prompt once its prefill is done, as vLLM counts it",
+    )
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args(argv)
     results = []
@@ -261,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.utilization,
                 args.start,
                 args.steps,
+                args.prompt_counter,
             )
             results.append(result)
             token = result["joules_per_output_token"]
@@ -290,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                 "learned": args.learned,
                 "utilization": args.utilization,
                 "steps": args.steps,
+                "prompt_counter": args.prompt_counter,
                 "start_s": args.start,
                 "controller": args.controller,
                 "runs": results,

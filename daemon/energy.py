@@ -136,6 +136,9 @@ class EnergyReading:
     iterations: float | None = None
     """Engine steps so far (:attr:`EngineSample.iterations_total`; None: not published,
     then a window's decode iterations are estimated from its tokens and batch)."""
+    iteration_tokens: float | None = None
+    """Tokens those steps ran (:attr:`EngineSample.iteration_tokens_total`): with the
+    decode tokens, the prompt tokens prefilled in a window, as they were computed."""
     prefill_forward_s: float | None = None
     """Seconds of prefill forward passes so far, where the engine times its phases (TGI);
     with :attr:`decode_forward_s` they give a window's busy time and its prefill share."""
@@ -164,6 +167,7 @@ def reading_from(observed: Observed) -> EnergyReading:
         prompt_buckets=None if engine is None else engine.request_prompt_tokens_buckets,
         output_buckets=None if engine is None else engine.request_generation_tokens_buckets,
         iterations=None if engine is None else engine.iterations_total,
+        iteration_tokens=None if engine is None else engine.iteration_tokens_total,
         prefill_forward_s=None if engine is None else engine.prefill_forward_s_total,
         decode_forward_s=None if engine is None else engine.decode_forward_s_total,
     )
@@ -707,6 +711,11 @@ class EnergyEstimator:
             )
         iterations = _measured_steps(anchor, reading)
         counted = iterations is not None
+        # The prompt tokens prefilled in the window: the engine's prompt counter counts a
+        # prompt once its prefill is done (vLLM), which can be windows after its chunks
+        # ran; the tokens its steps ran, less the decode tokens, count them as they ran.
+        computed = _delta(anchor.iteration_tokens, reading.iteration_tokens)
+        prefilled = prompt if computed is None else max(0.0, computed - decode_tokens)
         if iterations is None:
             # Estimated: the decode tokens over the mean batch.
             iterations = decode_tokens / running
@@ -745,7 +754,7 @@ class EnergyEstimator:
         self.fit.add(
             idle_s,
             busy,
-            prompt,
+            prefilled,
             iterations,
             kv,
             running,
@@ -755,7 +764,7 @@ class EnergyEstimator:
             steps_counted=counted,
             prefill_s=timed_prefill,
         )
-        parts = split_components(idle_s, busy, prompt, output, coefficients, timed_prefill)
+        parts = split_components(idle_s, busy, prefilled, output, coefficients, timed_prefill)
         total = sum(parts)
         if total > 0 and math.isfinite(total):
             scale = energy / total
@@ -842,6 +851,15 @@ def _timed_phases(before: EnergyReading, now: EnergyReading) -> tuple[float, flo
     if not (math.isfinite(prefill) and math.isfinite(decode)) or min(prefill, decode) < 0:
         return None
     return prefill, decode
+
+
+def _delta(before: float | None, now: float | None) -> float | None:
+    """``now - before`` of a cumulative counter; None when either is missing or it went
+    backwards (a restart) or is not finite."""
+    if before is None or now is None:
+        return None
+    delta = now - before
+    return delta if math.isfinite(delta) and delta >= 0 else None
 
 
 def _measured_steps(before: EnergyReading, now: EnergyReading) -> float | None:

@@ -100,6 +100,10 @@ class EngineSample:
     """Engine steps (forward passes) so far: the count of vLLM's tokens-per-step
     histogram ``vllm:iteration_tokens_total``, or of TGI's ``tgi_batch_forward_duration``
     (both methods); None where the engine publishes neither (SGLang)."""
+    iteration_tokens_total: float | None = None
+    """Tokens those steps ran (the tokens-per-step histogram's ``_sum``): prefill chunk
+    tokens as they are computed plus one per decoding request, where the prompt counter
+    counts a prompt only once its prefill is done."""
     prefill_forward_s_total: float | None = None
     """Seconds of prefill forward passes so far (TGI's ``tgi_batch_forward_duration_sum``,
     ``method="prefill"``); None where the engine does not time its phases."""
@@ -592,6 +596,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         request_prompt_tokens_buckets=None if prompt_lengths is None else prompt_lengths[1],
         request_generation_tokens_buckets=None if output_lengths is None else output_lengths[1],
         iterations_total=None if steps is None else steps.count,
+        iteration_tokens_total=(steps.sum_s if steps is not None and spec.kind == "vllm" else None),
         prefill_forward_s_total=_method_seconds(series, spec.forward_seconds, "prefill"),
         decode_forward_s_total=_method_seconds(series, spec.forward_seconds, "decode"),
     )

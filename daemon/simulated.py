@@ -245,4 +245,5 @@ class SimulatedSource:
             request_prompt_tokens_buckets=self._lengths.cumulative(self._lengths.prompt),
             request_generation_tokens_buckets=self._lengths.cumulative(self._lengths.output),
             iterations_total=float(self._node.simulation.iterations),
+            iteration_tokens_total=float(self._node.simulation.iteration_tokens),
         )

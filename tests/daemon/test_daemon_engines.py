@@ -80,8 +80,9 @@ def test_vllm_data_parallel_engines_are_summed() -> None:
     assert sample.kv_usage_ratio == pytest.approx(0.375)  # a ratio: averaged
     assert sample.kv_capacity_tokens == 320000.0
     assert sample.kv_tokens == pytest.approx(120000.0)
-    # Engine steps: the tokens-per-step histogram's count, over both engines.
+    # Engine steps: the tokens-per-step histogram's count and sum, over both engines.
     assert sample.iterations_total == 5000.0
+    assert sample.iteration_tokens_total == 150000.0
 
 
 def test_vllm_deprecated_aliases() -> None:

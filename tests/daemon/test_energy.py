@@ -163,6 +163,47 @@ def test_engine_step_counts_recover_a_split_the_batch_at_the_ends_cannot() -> No
 
 
 @dataclass
+class LatePromptNode(MovingBatchNode):
+    """The moving-batch node with vLLM's prompt counter: a window's prompt tokens count
+    only in the next window (when the prefill they belong to is done), while the
+    tokens-per-step histogram counts them as its steps run them."""
+
+    pending_prompt: float = 0.0
+    step_tokens: float = 0.0
+
+    def window(self, rng: np.random.Generator) -> EnergyReading:
+        prompt, output, admitted = self.prompt, self.output, self.admitted
+        reading = super().window(rng)
+        ran = self.prompt - prompt
+        self.step_tokens += ran + (self.output - output) - (self.admitted - admitted)
+        counted = self.prompt - ran + self.pending_prompt
+        self.pending_prompt = ran
+        return replace(reading, prompt_tokens=counted, iteration_tokens=self.step_tokens)
+
+
+def test_step_tokens_place_prompt_tokens_where_their_prefill_ran() -> None:
+    # vLLM counts a prompt's tokens once its prefill is done; the tokens its steps ran,
+    # less the decode tokens, say which window ran them.
+    errors = {}
+    for with_tokens in (True, False):
+        rng = np.random.default_rng(8)
+        node, estimator = LatePromptNode(), EnergyEstimator()
+        mine = real = 0.0
+        for index in range(300):
+            before = node.prefill_j
+            reading = node.window(rng)
+            if not with_tokens:
+                reading = replace(reading, iteration_tokens=None)
+            window = estimator.update(reading)
+            if window is not None and index >= 200:
+                mine += window.prefill_j
+                real += node.prefill_j - before
+        errors[with_tokens] = abs(mine / real - 1.0)
+    assert errors[True] < 0.05
+    assert errors[True] < 0.5 * errors[False]
+
+
+@dataclass
 class TimedPhasesNode(MovingBatchNode):
     """The moving-batch node as TGI reports it: no step count and no utilisation, but the
     seconds of its prefill and decode forward passes."""
