@@ -25,6 +25,7 @@ import math
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -68,58 +69,41 @@ class PlantTruth:
         return prefill + decode
 
 
-def _sampled_utilization(domain: Any, sim: Any) -> None:
-    """Make the GPUs report utilisation as NVML does (and ``gpugov emulate``): the busy
-    share of the last second's grid samples, instead of the exact share of the window."""
+def _read_utilization(domain: Any, utilization: Callable[[], float]) -> None:
+    """Make the GPUs report ``utilization()`` instead of the plant's exact busy share of
+    the window."""
     for backend in domain.observer.backends:
         read = backend.sample
 
         def sample(read: Any = read) -> Any:
-            return replace(read(), utilization=sim.recent_utilization(1.0))
+            return replace(read(), utilization=utilization())
 
         backend.sample = sample
 
 
-def _instant_utilization(domain: Any, sim: Any) -> None:
-    """Make the GPUs report utilisation as a sampled counter does at worst: 1 when an
-    iteration runs at the read, else 0 (instead of the plant's exact busy share of the
-    window)."""
-    for backend in domain.observer.backends:
-        read = backend.sample
-
-        def sample(read: Any = read) -> Any:
-            value = read()
-            busy = 1.0 if sim._in_iteration else 0.0
-            return replace(value, utilization=busy)
-
-        backend.sample = sample
-
-
-def _uncounted_steps(domain: Any) -> None:
-    """Make the engine publish no step count (as SGLang): the estimator then estimates
-    each window's iterations from its tokens and the batch at its ends."""
+def _edit_scrapes(domain: Any, edit: Callable[[Any], Any]) -> None:
+    """Make the engine's every scrape pass through ``edit`` (an ``EngineSample`` to
+    another), as an engine that publishes its counters otherwise would."""
     source = domain.observer.source
     scrape = source.scrape
 
-    def uncounted(timeout_s: float | None = None) -> Any:
-        return replace(scrape(timeout_s), iterations_total=None)
+    def edited(timeout_s: float | None = None) -> Any:
+        return edit(scrape(timeout_s))
 
-    source.scrape = uncounted
+    source.scrape = edited
 
 
-def _prompts_counted_when_done(domain: Any, sim: Any) -> None:
-    """Make the engine count a prompt's tokens once its prefill is done, as vLLM (and
-    ``gpugov emulate``'s page) does, instead of chunk by chunk as they run."""
-    source = domain.observer.source
-    scrape = source.scrape
+def _prompt_tokens_when_done(sim: Any) -> Callable[[Any], Any]:
+    """The engine's prompt counter as vLLM (and ``gpugov emulate``'s page) keeps it: a
+    prompt's tokens count once its prefill is done, not chunk by chunk as they run."""
     prompts = [request.prompt_tokens for request in sim.requests]
 
-    def when_done(timeout_s: float | None = None) -> Any:
+    def when_done(sample: Any) -> Any:
         first, _ = sim.request_times()
         done = sum(tokens for tokens, t in zip(prompts, first, strict=False) if t is not None)
-        return replace(scrape(timeout_s), prompt_tokens_total=float(done))
+        return replace(sample, prompt_tokens_total=float(done))
 
-    source.scrape = when_done
+    return when_done
 
 
 def one_run(
@@ -146,14 +130,18 @@ def one_run(
     truth = PlantTruth(simulation.node.simulation)
     domain = simulation.domain
     domain.energy.use_learned = learned
+    sim = simulation.node.simulation
     if utilization == "instant":
-        _instant_utilization(domain, simulation.node.simulation)
+        # As a sampled counter reads at worst: 1 when an iteration runs at the read, else 0.
+        _read_utilization(domain, lambda: 1.0 if sim._in_iteration else 0.0)
     elif utilization == "sampled":
-        _sampled_utilization(domain, simulation.node.simulation)
+        # As NVML (and gpugov emulate) report it: the busy share of the last second.
+        _read_utilization(domain, lambda: sim.recent_utilization(1.0))
     if steps == "estimated":
-        _uncounted_steps(domain)
+        # No step count published (as SGLang): the estimator estimates the iterations.
+        _edit_scrapes(domain, lambda sample: replace(sample, iterations_total=None))
     if prompt_counter == "done":
-        _prompts_counted_when_done(domain, simulation.node.simulation)
+        _edit_scrapes(domain, _prompt_tokens_when_done(sim))
     rows: list[tuple[float, dict[str, float]]] = []
     truth_rows: list[tuple[float, dict[str, float]]] = []
 

@@ -358,8 +358,20 @@ class PhaseFit:
         rows = np.asarray(self._rows, dtype=float)
         n = rows.shape[0]
         weights = np.sqrt(0.5 ** (np.arange(n)[::-1] / self.half_life_windows))
-        idle, busy, prompt, iterations, kv, batch, g, energy, change, counted = rows.T[:10]
-        timed, timed_prefill = rows.T[10:12]
+        (
+            idle,
+            busy,
+            prompt,
+            iterations,
+            kv,
+            batch,
+            g,
+            energy,
+            change,
+            counted,
+            timed,
+            timed_prefill,
+        ) = rows.T
         # Time features scaled near 1 (kilo-tokens, hundreds of iterations), summed over
         # blocks of consecutive windows: a window's batch (hence its iteration count) is
         # known only at its ends, and the sums average that error out.
@@ -423,18 +435,16 @@ def split_components(
 ) -> tuple[float, float, float]:
     """Unscaled ``(prefill, decode, idle)`` components of one window (non-negative);
     ``prefill_s``: the prefill seconds where the engine timed them (else estimated)."""
-    timed = prefill_s is not None and math.isfinite(prefill_s)
-    if coefficients is None:  # the prior: busy time split by tokens, idle power lower
-        if not timed:
+    c = coefficients
+    if prefill_s is None or not math.isfinite(prefill_s):
+        if c is None:  # the prior: busy time split by tokens
             weight = prompt + PRIOR_DECODE_TOKEN_WEIGHT * output
             prefill_s = busy_s * prompt / weight if weight > 0 else 0.0
-        seconds = min(busy_s, max(0.0, float(prefill_s or 0.0)))
-        return seconds, busy_s - seconds, PRIOR_IDLE_POWER_RATIO * idle_s
-    c = coefficients
-    if timed:
-        prefill_s = min(busy_s, max(0.0, float(prefill_s or 0.0)))
-    else:
-        prefill_s = min(busy_s, max(0.0, c.prefill_s_per_token) * prompt)
+        else:
+            prefill_s = max(0.0, c.prefill_s_per_token) * prompt
+    prefill_s = min(busy_s, max(0.0, prefill_s))
+    if c is None:  # the prior prices busy time alike and idle lower
+        return prefill_s, busy_s - prefill_s, PRIOR_IDLE_POWER_RATIO * idle_s
     prefill = max(0.0, c.prefill_w) * prefill_s
     decode = max(0.0, c.decode_w) * (busy_s - prefill_s)
     idle = max(0.0, c.idle_w) * idle_s
@@ -709,7 +719,8 @@ class EnergyEstimator:
             decode_tokens = max(
                 0.0, output - max(0.0, reading.admitted_requests - anchor.admitted_requests)
             )
-        iterations = _measured_steps(anchor, reading)
+        # The engine's own step count (None: not published, or it went backwards).
+        iterations = _delta(anchor.iterations, reading.iterations)
         counted = iterations is not None
         # The prompt tokens prefilled in the window: the engine's prompt counter counts a
         # prompt once its prefill is done (vLLM), which can be windows after its chunks
@@ -842,15 +853,9 @@ class EnergyEstimator:
 def _timed_phases(before: EnergyReading, now: EnergyReading) -> tuple[float, float] | None:
     """``(prefill, decode)`` forward seconds of the window, where the engine times its
     phases at both ends; None otherwise or when a total went backwards."""
-    ends = (before.prefill_forward_s, before.decode_forward_s)
-    now_ends = (now.prefill_forward_s, now.decode_forward_s)
-    if any(value is None for value in (*ends, *now_ends)):
-        return None
-    prefill = float(now_ends[0] or 0.0) - float(ends[0] or 0.0)
-    decode = float(now_ends[1] or 0.0) - float(ends[1] or 0.0)
-    if not (math.isfinite(prefill) and math.isfinite(decode)) or min(prefill, decode) < 0:
-        return None
-    return prefill, decode
+    prefill = _delta(before.prefill_forward_s, now.prefill_forward_s)
+    decode = _delta(before.decode_forward_s, now.decode_forward_s)
+    return None if prefill is None or decode is None else (prefill, decode)
 
 
 def _delta(before: float | None, now: float | None) -> float | None:
@@ -859,15 +864,6 @@ def _delta(before: float | None, now: float | None) -> float | None:
     if before is None or now is None:
         return None
     delta = now - before
-    return delta if math.isfinite(delta) and delta >= 0 else None
-
-
-def _measured_steps(before: EnergyReading, now: EnergyReading) -> float | None:
-    """The engine steps of the window, from the engine's own count; None when either
-    end lacks it or it went backwards (then the caller estimates them)."""
-    if before.iterations is None or now.iterations is None:
-        return None
-    delta = now.iterations - before.iterations
     return delta if math.isfinite(delta) and delta >= 0 else None
 
 

@@ -354,6 +354,8 @@ class EngineSpec:
     request_generation_tokens: tuple[str, ...] = ()
     iterations: tuple[str, ...] = ()
     """Histograms observed once per engine step (their ``_count`` counts the steps)."""
+    step_tokens: tuple[str, ...] = ()
+    """Histograms of the tokens each engine step ran (their ``_sum`` is the tokens)."""
     forward_seconds: tuple[str, ...] = ()
     """Histograms of forward-pass seconds labelled by ``method`` (prefill, decode)."""
 
@@ -373,7 +375,13 @@ class EngineSpec:
             self.info,
         ):
             names.update(group)
-        for base in (*self.ttft, *self.tpot, *self.iterations, *self.forward_seconds):
+        for base in (
+            *self.ttft,
+            *self.tpot,
+            *self.iterations,
+            *self.step_tokens,
+            *self.forward_seconds,
+        ):
             names.update((f"{base}_sum", f"{base}_count"))
         for base in (
             *self.ttft_buckets,
@@ -418,6 +426,7 @@ VLLM = EngineSpec(
     request_prompt_tokens=("vllm:request_prompt_tokens",),
     request_generation_tokens=("vllm:request_generation_tokens",),
     iterations=("vllm:iteration_tokens_total",),
+    step_tokens=("vllm:iteration_tokens_total",),
 )
 SGLANG = EngineSpec(
     kind="sglang",
@@ -596,7 +605,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         request_prompt_tokens_buckets=None if prompt_lengths is None else prompt_lengths[1],
         request_generation_tokens_buckets=None if output_lengths is None else output_lengths[1],
         iterations_total=None if steps is None else steps.count,
-        iteration_tokens_total=(steps.sum_s if steps is not None and spec.kind == "vllm" else None),
+        iteration_tokens_total=_first(series, [f"{base}_sum" for base in spec.step_tokens]),
         prefill_forward_s_total=_method_seconds(series, spec.forward_seconds, "prefill"),
         decode_forward_s_total=_method_seconds(series, spec.forward_seconds, "decode"),
     )

@@ -122,23 +122,12 @@ def render_metrics(node: EmulatedNode, model: str, gpus: Sequence[int] | None = 
         )
         for r, gpu in enumerate(gpu_of):
             simulation = node.simulations[gpu]
-            counts = simulation.iteration_token_counts()
-            labels = _labels(model, r)
-            cumulative = 0
-            for bound, count in zip(ITERATION_TOKEN_BUCKETS, counts, strict=False):
-                cumulative += count
-                lines.append(
-                    f'vllm:iteration_tokens_total_bucket{{{labels},le="{float(bound)}"}} '
-                    f"{_number(cumulative)}"
-                )
-            lines.append(
-                f'vllm:iteration_tokens_total_bucket{{{labels},le="+Inf"}} {_number(sum(counts))}'
+            steps = Histogram.of(
+                ITERATION_TOKEN_BUCKETS,
+                simulation.iteration_token_counts(),
+                simulation.iteration_tokens,
             )
-            lines.append(f"vllm:iteration_tokens_total_count{{{labels}}} {_number(sum(counts))}")
-            lines.append(
-                f"vllm:iteration_tokens_total_sum{{{labels}}} "
-                f"{_number(simulation.iteration_tokens)}"
-            )
+            _histogram(lines, "vllm:iteration_tokens_total", _labels(model, r), steps)
         for name, attribute, help_text in (
             (
                 "vllm:time_to_first_token_seconds",

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,6 +132,16 @@ class Histogram:
         self.counts[index] += times
         self.sum += value * times
         self.count += times
+
+    @classmethod
+    def of(cls, buckets: tuple[float, ...], counts: Sequence[int], total: float) -> Histogram:
+        """A histogram of per-bucket ``counts`` (the last above every bound) summing to
+        ``total``, kept elsewhere (the plant's engine-step counts)."""
+        histogram = cls(buckets)
+        histogram.counts = list(counts)
+        histogram.count = sum(histogram.counts)
+        histogram.sum = float(total)
+        return histogram
 
     def cumulative(self) -> list[int]:
         """Counts per ``le`` bound, cumulative, the last one for ``+Inf``."""
