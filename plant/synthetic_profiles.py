@@ -27,6 +27,7 @@ numbers are round and made up; none is fitted to a bundled profile.
 ``python -m gpugov.plant.synthetic_profiles --out DIR`` writes every shape as a CSV and
 manifest (``DIR/synthetic-SHAPE.json``) that ``load_profile`` and every ``--profile``
 option read. The scoreboard takes them as ``--profiles synthetic:SHAPE`` or ``synthetic``.
+:func:`random_shape` draws every trait at once (seeded) for ``bench/random_shapes.py``.
 """
 
 from __future__ import annotations
@@ -299,9 +300,62 @@ def _shape(name: str) -> SyntheticShape:
     return SHAPES[bare]
 
 
-def synthetic_profile(name: str) -> PerformanceProfile:
-    """The generated profile of shape ``name`` (``compute-bound``, ``synthetic:tp4``, ...)."""
-    shape = _shape(name)
+def random_shape(seed: int) -> SyntheticShape:
+    """A shape with every trait drawn at random from wide ranges (seeded): clock range and
+    step, TP degree, rates and their clock exponents, idle, static and dynamic powers,
+    the limit, KV capacity and SLOs (the TPOT SLO 1.3-4x the top clock's iteration at
+    the reference batch, so some are tight). Ranges span far beyond the bundled boards, to
+    find where a controller does not generalise; none is fitted to a board."""
+    rng = np.random.default_rng(seed)
+    low = float(rng.choice([210.0, 300.0, 500.0, 800.0, 1000.0]))
+    step = float(rng.choice([5.0, 15.0, 30.0, 50.0]))
+    high = low + step * round(
+        (float(rng.choice([1400.0, 1600.0, 1800.0, 2000.0, 2200.0])) - low) / step
+    )
+    size = int(rng.choice([1, 1, 1, 2, 4, 8]))
+    prefill = float(rng.uniform(4_000.0, 60_000.0)) * size**0.8
+    decode = float(rng.uniform(800.0, 9_000.0)) * size**0.8
+    flat = float(rng.uniform(0.0, 0.95))
+    idle_min = float(rng.uniform(10.0, 250.0))
+    idle_max = idle_min * float(rng.uniform(1.0, 1.6))
+    prefill_static, prefill_dynamic = (
+        float(rng.uniform(20.0, 150.0)),
+        float(rng.uniform(150.0, 600.0)),
+    )
+    decode_static, decode_dynamic = float(rng.uniform(20.0, 250.0)), float(rng.uniform(60.0, 450.0))
+    limit = idle_max + max(
+        prefill_static + prefill_dynamic, decode_static + decode_dynamic
+    ) * float(rng.uniform(0.8, 1.3))
+    top_iteration_s = 64.0 / decode
+    return replace(
+        BASE,
+        name=f"random-{seed}",
+        description=f"random shape, seed {seed}",
+        clock_min_mhz=low,
+        clock_max_mhz=high,
+        clock_step_mhz=step,
+        prefill_tokens_per_s=prefill,
+        prefill_exponent=float(rng.uniform(0.6, 1.1)),
+        decode_tokens_per_s=decode,
+        decode_flat_fraction=flat,
+        idle_min_w=idle_min,
+        idle_max_w=idle_max,
+        prefill_static_w=prefill_static,
+        prefill_dynamic_w=prefill_dynamic,
+        prefill_power_exponent=float(rng.uniform(1.5, 3.5)),
+        decode_static_w=decode_static,
+        decode_dynamic_w=decode_dynamic,
+        decode_power_exponent=float(rng.uniform(1.2, 3.5)),
+        power_limit_w=limit,
+        tensor_parallel=size,
+        ttft_slo_s=float(rng.uniform(0.3, 3.0)),
+        tpot_slo_s=max(top_iteration_s * float(rng.uniform(1.3, 4.0)), 0.01),
+        kv_capacity_tokens=int(rng.choice([60_000, 200_000, 600_000])) * size,
+    )
+
+
+def shape_profile(shape: SyntheticShape) -> PerformanceProfile:
+    """The profile generated from ``shape`` (``status: synthetic``)."""
     data = manifest(shape)
     table = columns(shape)
     return PerformanceProfile(
@@ -316,6 +370,11 @@ def synthetic_profile(name: str) -> PerformanceProfile:
         manifest=data,
         name=str(data["name"]),
     )
+
+
+def synthetic_profile(name: str) -> PerformanceProfile:
+    """The generated profile of shape ``name`` (``compute-bound``, ``synthetic:tp4``, ...)."""
+    return shape_profile(_shape(name))
 
 
 def write_synthetic_profile(name: str, directory: Path) -> Path:

@@ -16,7 +16,9 @@ from gpugov.plant.synthetic_profiles import (
     expand_synthetic,
     is_synthetic_spec,
     main,
+    random_shape,
     resolve_profile,
+    shape_profile,
     synthetic_profile,
     write_synthetic_profile,
 )
@@ -179,3 +181,30 @@ def test_module_writes_the_named_shapes(tmp_path: Path, capsys: pytest.CaptureFi
     assert json.loads((tmp_path / "synthetic-tp2.json").read_text())["status"] == "synthetic"
     assert main(["--out", str(tmp_path), "bogus"]) == 2
     assert "unknown synthetic profile shape 'bogus'" in capsys.readouterr().err
+
+
+def test_random_shapes_are_seeded_and_differ() -> None:
+    assert random_shape(3) == random_shape(3)
+    assert random_shape(3) != random_shape(4)
+    assert random_shape(3).name == "random-3"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_shapes_make_valid_synthetic_boards(seed: int) -> None:
+    shape = random_shape(seed)
+    profile = shape_profile(shape)
+    assert profile.profile_status == "synthetic"
+    assert profile.clock_mhz[0] == shape.clock_min_mhz
+    assert profile.clock_mhz[-1] == shape.clock_max_mhz
+    assert np.all(np.diff(profile.clock_mhz) > 0.0)
+    assert np.all(np.diff(profile.prefill_tokens_per_s) > 0.0)
+    assert np.all(np.diff(profile.decode_tokens_per_s) >= 0.0)
+    for table in (profile.prefill_power_w, profile.decode_power_w):
+        assert np.all(profile.idle_power_w < table)
+    # The TPOT SLO leaves the reference batch at the top clock between 1.3x and 4x of room
+    # (or the 10 ms floor), and the plant builds.
+    reference = profile.decode_latency_model.reference_batch_size
+    top_iteration_s = reference / profile.decode_tokens_per_s[-1]
+    assert top_iteration_s * 1.29 <= profile.tpot_slo_s <= max(top_iteration_s * 4.01, 0.01)
+    plant = ServingPlant.from_profile(profile)
+    assert plant.tensor_parallel == shape.tensor_parallel
