@@ -217,6 +217,8 @@ class MeasuredLatencyRules:
         together (:class:`ArrivalClumping`): a clump arriving unannounced is served at
         the parked clock until the next decision, and a locked clock costs an idle GPU
         little.
+        (Not where no clock meets the short-answer limit, a board whose prefill chunk alone
+        outlasts the TPOT SLO: the top clock would not save them.)
         """
         ttft_slo_s, tpot_slo_s = slos
         backlog = observation.prefill_remaining_tokens
@@ -238,7 +240,12 @@ class MeasuredLatencyRules:
         mixed = self._mixed_iteration_s(observation, table, realized)
         fits = np.ones(clocks.size, dtype=bool)
         if (idle or others) and not self.spending:
-            fits &= mixed <= tpot_slo_s
+            short = mixed <= tpot_slo_s
+            if idle and not draining and not short.any():
+                # No clock would give a clump's short answers their TPOT: parking an idle
+                # GPU at the top clock for them would only cost power.
+                return None
+            fits &= short
         if draining:
             # The oldest waiting prompt has waited ``backlog_age.age_s`` already.
             target = min(1.0, self.slo_margin * self.looseness) * ttft_slo_s

@@ -125,6 +125,24 @@ def test_an_idle_gpu_parks_at_the_burst_clock_where_arrivals_come_together() -> 
     assert floor == pytest.approx(min(fitting))
 
 
+def test_an_idle_gpu_does_not_park_for_short_answers_no_clock_would_save() -> None:
+    controller = _controller()
+    arrived = 0
+    for _ in range(20):
+        arrived += 3
+        controller.clumping.update(_seen(backlog=0.0, running=0, waiting=0, arrived=arrived))
+    assert controller.clumping.clumped
+    # The mixed iteration outlasts this TPOT SLO even at the top clock: parking the idle
+    # GPU there would cost power and save no short answer.
+    slo = 0.03
+    assert _mixed(CLOCKS[-1], 1, controller.uncertainty_z) > slo
+    assert controller.burst_floor(_seen(backlog=0.0, running=0, waiting=0), (1.0, slo)) is None
+    # A burst beside decodes under the same SLO still gets the top clock (it drains the
+    # backlog soonest), as before.
+    burst = _seen(backlog=4000.0, running=2, waiting=2)
+    assert controller.burst_floor(burst, (100.0, slo)) == CLOCKS[-1]
+
+
 def test_arrival_clumping_counts_periods_with_company() -> None:
     clumping = ArrivalClumping()
     assert clumping.share is None and not clumping.clumped  # no evidence yet
