@@ -65,6 +65,17 @@ def _controller() -> OnlineMPCController:
     return controller
 
 
+def _clumped_controller() -> OnlineMPCController:
+    """A controller that has seen arrivals come three at a time for 20 periods."""
+    controller = _controller()
+    arrived = 0
+    for _ in range(20):
+        arrived += 3
+        controller.clumping.update(_seen(backlog=0.0, running=0, waiting=0, arrived=arrived))
+    assert controller.clumping.clumped
+    return controller
+
+
 def test_a_burst_beside_decodes_gets_the_lowest_clock_whose_mixed_iteration_fits() -> None:
     controller = _controller()
     z = controller.uncertainty_z
@@ -113,12 +124,7 @@ def test_a_backlog_is_drained_within_the_ttft_target() -> None:
 
 
 def test_an_idle_gpu_parks_at_the_burst_clock_where_arrivals_come_together() -> None:
-    controller = _controller()
-    arrived = 0
-    for _ in range(20):
-        arrived += 3
-        controller.clumping.update(_seen(backlog=0.0, running=0, waiting=0, arrived=arrived))
-    assert controller.clumping.clumped
+    controller = _clumped_controller()
     slo = 0.07
     floor = controller.burst_floor(_seen(backlog=0.0, running=0, waiting=0), (1.0, slo))
     fitting = [c for c in CLOCKS if _mixed(c, 1, controller.uncertainty_z) <= slo]
@@ -126,12 +132,7 @@ def test_an_idle_gpu_parks_at_the_burst_clock_where_arrivals_come_together() -> 
 
 
 def test_an_idle_gpu_does_not_park_for_short_answers_no_clock_would_save() -> None:
-    controller = _controller()
-    arrived = 0
-    for _ in range(20):
-        arrived += 3
-        controller.clumping.update(_seen(backlog=0.0, running=0, waiting=0, arrived=arrived))
-    assert controller.clumping.clumped
+    controller = _clumped_controller()
     # The mixed iteration outlasts this TPOT SLO even at the top clock: parking the idle
     # GPU there would cost power and save no short answer.
     slo = 0.03

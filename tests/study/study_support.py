@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
+import sys
 from pathlib import Path
+from types import ModuleType
 
 from gpugov.cli import main
 
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 QUICK_EXPERIMENTS_ARGS = ["experiments", "--quick", "--duration", "120", "--animation", "30"]
 
 
@@ -16,4 +20,24 @@ def run_quick_experiments(out: Path, *extra: str) -> tuple[int, str, str]:
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = main([*QUICK_EXPERIMENTS_ARGS, *extra, "--out", str(out)])
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def bench_script(name: str) -> ModuleType:
+    """``bench/NAME.py`` loaded as a module, with bench/ on the import path as it is when
+    the script runs (a script may import a sibling's helpers)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"gpugov_bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_bench_main(name: str, argv: list[str]) -> tuple[int, str, str]:
+    """``bench/NAME.py``'s ``main(argv)``: (exit code, stdout, stderr)."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = bench_script(name).main(argv)
     return code, stdout.getvalue(), stderr.getvalue()

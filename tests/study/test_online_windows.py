@@ -3,22 +3,10 @@ its refusal of a trace the scoreboard uses whole."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "online_windows.py"
-
-
-def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpugov_online_windows", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from study_support import bench_script
 
 
 def _run(holds: bool, missed: int, near: int, saved: float, after: float | None) -> dict[str, Any]:
@@ -32,7 +20,7 @@ def _run(holds: bool, missed: int, near: int, saved: float, after: float | None)
 
 
 def test_summary_counts_holds_misses_and_mean_savings() -> None:
-    module = _module()
+    module = bench_script("online_windows")
     top = _run(True, 0, 0, 0.0, 0.0)
     rows = [
         {"controllers": {"max": top, "mpc-online": _run(True, 0, 2, 0.10, 0.20)}},
@@ -51,7 +39,7 @@ def test_summary_counts_holds_misses_and_mean_savings() -> None:
 
 
 def test_a_trace_used_whole_is_refused_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    module = _module()
+    module = bench_script("online_windows")
     assert module.main(["--trace", "burstgpt1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "burstgpt1" in err[0]

@@ -4,23 +4,11 @@ an unknown profile."""
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "online_zoo.py"
-
-
-def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpugov_online_zoo", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from study_support import bench_script
 
 
 def _run(holds: bool, saved: float, capture: float | None, after: float | None) -> dict[str, Any]:
@@ -34,14 +22,14 @@ def _run(holds: bool, saved: float, capture: float | None, after: float | None) 
 
 
 def test_capture_is_the_scoreboards_and_none_where_it_does_not_hold() -> None:
-    module = _module()
+    module = bench_script("online_zoo")
     assert module._capture(100.0, 70.0, 40.0, True) == pytest.approx(0.5)
     assert module._capture(100.0, 70.0, 40.0, False) is None
     assert module._capture(100.0, 70.0, 100.0, True) is None  # the oracle saves nothing
 
 
 def test_summary_counts_holds_and_takes_medians_over_what_is_defined() -> None:
-    module = _module()
+    module = bench_script("online_zoo")
     rows = [
         {"controllers": {"mpc-online": _run(True, 0.30, 0.9, 0.95)}},
         {"controllers": {"mpc-online": _run(True, 0.20, 0.7, None)}},
@@ -59,7 +47,7 @@ def test_summary_counts_holds_and_takes_medians_over_what_is_defined() -> None:
 
 
 def test_the_cache_key_follows_the_settings_the_oracles_depend_on() -> None:
-    module = _module()
+    module = bench_script("online_zoo")
     from gpugov.study.scoreboard.scenarios import FULL
 
     key = module.settings_key(FULL)
@@ -71,7 +59,7 @@ def test_the_cache_key_follows_the_settings_the_oracles_depend_on() -> None:
 def test_one_scenario_priced_against_cached_oracle_energies() -> None:
     """With a cached oracle of zero joules the capture is the saving itself: the energies
     are the scenario's own and no oracle is run."""
-    module = _module()
+    module = bench_script("online_zoo")
     from gpugov.study.scoreboard.scenarios import FULL
 
     config = replace(FULL, duration_s=120.0)
@@ -93,7 +81,7 @@ def test_one_scenario_priced_against_cached_oracle_energies() -> None:
 
 
 def test_an_unknown_profile_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    module = _module()
+    module = bench_script("online_zoo")
     assert module.main(["--profiles", "no-such-gpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --profiles:")

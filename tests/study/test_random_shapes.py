@@ -3,37 +3,11 @@ trace slice whose JSON holds the runs, flags and summary it reports."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import io
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _module() -> ModuleType:
-    # The script imports its sibling bench/unseen_node.py, as it does when run.
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(
-        "gpugov_random_shapes", BENCH / "random_shapes.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _main(argv: list[str]) -> tuple[int, str, str]:
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = _module().main(argv)
-    return code, stdout.getvalue(), stderr.getvalue()
+from study_support import run_bench_main
 
 
 @pytest.mark.parametrize(
@@ -50,7 +24,7 @@ def test_bad_arguments_are_refused_in_one_line(
     tmp_path: Path, argv: list[str], message: str
 ) -> None:
     out = tmp_path / "random.json"
-    code, _, stderr = _main([*argv, "--out", str(out)])
+    code, _, stderr = run_bench_main("random_shapes", [*argv, "--out", str(out)])
     assert code == 2
     assert message in stderr
     assert len(stderr.strip().splitlines()) == 1, stderr
@@ -60,7 +34,9 @@ def test_bad_arguments_are_refused_in_one_line(
 def test_a_short_run_writes_every_board_and_the_summary(tmp_path: Path) -> None:
     out = tmp_path / "random.json"
     argv = ["--seeds", "0:2", "--traces", "azure-conv-10min", "--duration", "60"]
-    code, stdout, _ = _main([*argv, "--mpc", "--jobs", "1", "--out", str(out)])
+    code, stdout, _ = run_bench_main(
+        "random_shapes", [*argv, "--mpc", "--jobs", "1", "--out", str(out)]
+    )
     assert code == 0
     result = json.loads(out.read_text())
     assert [row["seed"] for row in result["rows"]] == [0, 1]

@@ -3,31 +3,11 @@ generated profile whose JSON holds the runs and ratios it reports."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import io
 import json
 from pathlib import Path
-from types import ModuleType
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "unseen_node.py"
-
-
-def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpugov_unseen_node", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _main(argv: list[str]) -> tuple[int, str, str]:
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = _module().main(argv)
-    return code, stdout.getvalue(), stderr.getvalue()
+from study_support import run_bench_main
 
 
 @pytest.mark.parametrize(
@@ -43,7 +23,7 @@ def test_bad_arguments_are_refused_in_one_line(
     tmp_path: Path, argv: list[str], message: str
 ) -> None:
     out = tmp_path / "unseen.json"
-    code, _, stderr = _main([*argv, "--out", str(out)])
+    code, _, stderr = run_bench_main("unseen_node", [*argv, "--out", str(out)])
     assert code == 2
     assert message in stderr
     assert len(stderr.strip().splitlines()) == 1, stderr
@@ -52,7 +32,8 @@ def test_bad_arguments_are_refused_in_one_line(
 
 def test_short_run_reports_savings_and_ratios(tmp_path: Path) -> None:
     out = tmp_path / "unseen.json"
-    code, stdout, stderr = _main(
+    code, stdout, stderr = run_bench_main(
+        "unseen_node",
         [
             "--trace",
             "azure-conv-10min",
@@ -64,7 +45,7 @@ def test_short_run_reports_savings_and_ratios(tmp_path: Path) -> None:
             "1",
             "--out",
             str(out),
-        ]
+        ],
     )
     assert code == 0, stderr
     assert "ETA" in stderr
@@ -99,7 +80,8 @@ def test_short_run_reports_savings_and_ratios(tmp_path: Path) -> None:
 
 def test_a_trace_too_short_for_the_run_is_skipped_with_the_reason(tmp_path: Path) -> None:
     out = tmp_path / "unseen.json"
-    code, stdout, _ = _main(
+    code, stdout, _ = run_bench_main(
+        "unseen_node",
         [
             "--trace",
             "azure-conv-10min",
@@ -109,7 +91,7 @@ def test_a_trace_too_short_for_the_run_is_skipped_with_the_reason(tmp_path: Path
             "1",
             "--out",
             str(out),
-        ]
+        ],
     )
     assert code == 0
     (row,) = json.loads(out.read_text())["rows"]
