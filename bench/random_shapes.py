@@ -162,10 +162,16 @@ def table(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[str]:
 
 
 def _seeds(text: str) -> range:
+    """``FIRST:LAST`` (LAST excluded) or one seed, as a range."""
+    message = f"--seeds must be FIRST:LAST with 0 <= FIRST < LAST, got {text!r}"
     first, _, last = text.partition(":")
-    start, stop = int(first), int(last) if last else int(first) + 1
+    try:
+        start = int(first)
+        stop = int(last) if last else start + 1
+    except ValueError:
+        raise ValueError(message) from None
     if stop <= start or start < 0:
-        raise ValueError(f"--seeds must be FIRST:LAST with 0 <= FIRST < LAST, got {text!r}")
+        raise ValueError(message)
     return range(start, stop)
 
 

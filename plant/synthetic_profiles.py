@@ -46,6 +46,8 @@ import numpy as np
 
 from gpugov.plant.profile import CSV_COLUMNS, PerformanceProfile, load_profile
 
+REFERENCE_BATCH = 64
+"""The batch every generated profile's decode rate is stated at."""
 SYNTHETIC_PREFIX = "synthetic:"
 """A profile spec ``synthetic:SHAPE`` names a generated profile (``resolve_profile``)."""
 NAME_PREFIX = "synthetic-"
@@ -267,7 +269,7 @@ def manifest(shape: SyntheticShape) -> dict[str, Any]:
         "engine": {
             "max_batch_size": 256,
             "kv_capacity_tokens": shape.kv_capacity_tokens,
-            "reference_batch_size": 64,
+            "reference_batch_size": REFERENCE_BATCH,
             "reference_context_tokens": 1260,
         },
         "decode_latency_model": {
@@ -326,7 +328,7 @@ def random_shape(seed: int) -> SyntheticShape:
     limit = idle_max + max(
         prefill_static + prefill_dynamic, decode_static + decode_dynamic
     ) * float(rng.uniform(0.8, 1.3))
-    top_iteration_s = 64.0 / decode
+    top_iteration_s = REFERENCE_BATCH / decode
     return replace(
         BASE,
         name=f"random-{seed}",

@@ -14,7 +14,8 @@ from study_support import run_bench_main
     ("argv", "message"),
     [
         (["--seeds", "5:2"], "--seeds must be FIRST:LAST"),
-        (["--seeds", "x"], "invalid literal"),
+        (["--seeds", "x"], "--seeds must be FIRST:LAST"),
+        (["--seeds=-3:2"], "--seeds must be FIRST:LAST"),
         (["--duration", "0"], "--duration must be positive"),
         (["--jobs", "0"], "--jobs must be >= 1"),
         (["--traces", "no-such-trace.csv"], "no-such-trace.csv"),
