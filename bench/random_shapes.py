@@ -32,7 +32,6 @@ covers ``--traces azure-conv-10min``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -40,7 +39,6 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -60,6 +58,7 @@ from gpugov.daemon.progress import Progress
 from gpugov.plant import ServingPlant
 from gpugov.plant.synthetic_profiles import random_shape, shape_profile
 from gpugov.plant.workload import TraceError, TraceWarning, load_trace
+from gpugov.study.runners import RunnerSpec, map_cells
 
 OUT = Path(__file__).resolve().parent / "results" / "random_shapes.json"
 TRACES = ("azure-conv", "azure-code", "mooncake")
@@ -75,9 +74,9 @@ def _start(trace: str) -> float:
     return 1800.0 if trace.startswith("azure") and trace != "azure-conv-10min" else 0.0
 
 
-def run_seed(cell: tuple[int, str, float, bool]) -> dict[str, Any]:
+def run_seed(cell: tuple[int, str, float, bool], shared: Any = None) -> dict[str, Any]:
     """Every run on one random board; a row (``error`` or ``skipped`` set when the
-    scenario cannot be built or is too small to judge)."""
+    scenario cannot be built or is too small to judge). ``shared``: the runner's, unused."""
     seed, trace, duration_s, with_mpc = cell
     started = time.perf_counter()
     shape = random_shape(seed)
@@ -202,14 +201,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells = [(seed, traces[seed % len(traces)], args.duration, args.mpc) for seed in seeds]
     started = time.time()
     bar = Progress(len(cells), "random shapes", unit="boards")
-    rows: list[dict[str, Any]] = []
-    jobs = min(args.jobs, len(cells))
-    with contextlib.ExitStack() as stack:
-        pool = stack.enter_context(ProcessPoolExecutor(jobs)) if jobs > 1 else None
-        for row in map(run_seed, cells) if pool is None else pool.map(run_seed, cells):
-            rows.append(row)
-            bar.update(len(rows), f"last seed {row['seed']}", force=True)
+    finished: dict[int, dict[str, Any]] = {}
+    # The project's runner (the scoreboard's): boards in completion order, so the
+    # progress never waits on a slow one; one job runs them here, in this process.
+    for done in map_cells(run_seed, cells, spec=RunnerSpec(jobs=min(args.jobs, len(cells)))):
+        finished[done.index] = done.value
+        bar.update(len(finished), f"last seed {done.value['seed']}", force=True)
     bar.close()
+    rows = [finished[index] for index in range(len(cells))]
     keys = ["mpc-online", "mpc"] if args.mpc else ["mpc-online"]
     result = {
         "benchmark": "random-shapes",

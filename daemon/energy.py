@@ -394,8 +394,7 @@ class PhaseFit:
         w = _block_sums(trust[:, None], self.time_block_windows)[working, 0] ** 0.5
         seconds, _ = nnls(blocks[working, :-1] * w[:, None], blocks[working, -1] * w)
         alpha = float(seconds[0]) / 1000.0
-        prefill_s = np.where(timed > 0, timed_prefill, np.minimum(busy, alpha * g * prompt))
-        prefill_s = np.minimum(busy, prefill_s)
+        prefill_s = np.minimum(busy, np.where(timed > 0, timed_prefill, alpha * g * prompt))
         decode_s = busy - prefill_s
         h = clock_term(g)
         # How fast decode power saturates with the batch is chosen by the residual only
