@@ -35,9 +35,9 @@ from numpy.typing import NDArray
 from gpugov.controllers.mpc.controller import MPCProblem, SolveOutcome
 from gpugov.controllers.mpc.search_kernel import (
     compile_kernels,
-    local_search,
     price_plans,
     problem_arrays,
+    search_plans,
 )
 
 FAST_MPC_PRESET: dict[str, float] = {
@@ -207,37 +207,20 @@ class DiscreteSearchSolver:
             shifted = np.concatenate([warm_start[1:], warm_start[-1:]])
             warm = shifted[np.searchsorted(block_of_step, np.arange(free))]
         pool = self.candidates(free, levels, warm)
-        costs = price_plans(pool, block_of_step, table, parameters, arrivals)
-        order = np.argsort(costs, kind="stable")
-        moves = self.move_matrix(free)
-        best_plan, best_cost = pool[order[0]], float(costs[order[0]])
-        self.last_trials = 0
-        # Distinct starts: each differs from every earlier one by at least
-        # ``start_spread`` levels in total, so the searches explore different basins.
-        ranked = pool[order]
-        eligible = np.ones(len(ranked), dtype=bool)
-        for start in range(self.starts):
-            remaining = np.flatnonzero(eligible)
-            if remaining.size == 0:
-                break
-            candidate = ranked[remaining[0]]
-            eligible[remaining[0]] = False
-            if start + 1 < self.starts:  # the last start needs no distance to the next
-                eligible &= np.abs(ranked - candidate).sum(axis=1) >= self.start_spread
-            plan, cost, trials = local_search(
-                candidate.copy(),
-                block_of_step,
-                moves,
-                levels,
-                self.maximum_trials,
-                table,
-                parameters,
-                arrivals,
-            )
-            self.last_trials += int(trials)
-            if cost < best_cost:
-                best_plan, best_cost = plan, float(cost)
-        return best_plan[block_of_step], best_cost
+        best_plan, best_cost, trials = search_plans(
+            pool,
+            block_of_step,
+            self.move_matrix(free),
+            levels,
+            self.starts,
+            self.start_spread,
+            self.maximum_trials,
+            table,
+            parameters,
+            arrivals,
+        )
+        self.last_trials = int(trials)
+        return best_plan[block_of_step], float(best_cost)
 
     def solve_problem(self, problem: MPCProblem, warm_start_mhz: FloatArray | None) -> SolveOutcome:
         """Solve ``problem`` and return the supported-clock plan in MHz."""

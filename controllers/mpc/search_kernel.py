@@ -528,6 +528,61 @@ def local_search(
     return current, cost, trials
 
 
+@jit
+def search_plans(
+    pool: IntArray,
+    block_of_step: IntArray,
+    moves: IntArray,
+    levels: int,
+    starts: int,
+    start_spread: int,
+    maximum_trials: int,
+    table: FloatArray,
+    parameters: FloatArray,
+    arrivals: FloatArray,
+) -> tuple[IntArray, float, int]:
+    """The fast solver's whole search (``DiscreteSearchSolver.search``): price every plan
+    of ``pool``, then run :func:`local_search` from each of the ``starts`` best plans
+    that differ from every earlier start by at least ``start_spread`` levels in total.
+    Returns ``(best plan in levels per block, its cost, trials priced)``."""
+    costs = price_plans(pool, block_of_step, table, parameters, arrivals)
+    order = np.argsort(costs, kind="mergesort")  # stable: ties keep the pool's order
+    best_plan = pool[order[0]].copy()
+    best_cost = costs[order[0]]
+    eligible = np.ones(order.size, dtype=np.bool_)
+    trials = 0
+    rank = 0
+    for start in range(starts):
+        while rank < order.size and not eligible[rank]:
+            rank += 1
+        if rank == order.size:
+            break
+        candidate = pool[order[rank]]
+        eligible[rank] = False
+        if start + 1 < starts:  # the last start needs no distance to the next
+            for other in range(rank + 1, order.size):
+                if eligible[other]:
+                    distance = 0
+                    for block in range(candidate.size):
+                        distance += abs(pool[order[other], block] - candidate[block])
+                    if distance < start_spread:
+                        eligible[other] = False
+        plan, cost, used = local_search(
+            candidate.copy(),
+            block_of_step,
+            moves,
+            levels,
+            maximum_trials,
+            table,
+            parameters,
+            arrivals,
+        )
+        trials += used
+        if cost < best_cost:
+            best_plan, best_cost = plan, cost
+    return best_plan, best_cost, trials
+
+
 _COMPILED = False
 
 
@@ -543,14 +598,7 @@ def compile_kernels() -> None:
     blocks = np.zeros(1, dtype=np.int64)
     plans = np.zeros((1, 1), dtype=np.int64)
     price_plans(plans, blocks, table, parameters, arrivals)
-    local_search(
-        plans[0].copy(),
-        blocks,
-        np.ones((1, 1), dtype=np.int64),
-        2,
-        4,
-        table,
-        parameters,
-        arrivals,
-    )
+    moves = np.ones((1, 1), dtype=np.int64)
+    local_search(plans[0].copy(), blocks, moves, 2, 4, table, parameters, arrivals)
+    search_plans(plans, blocks, moves, 2, 1, 0, 4, table, parameters, arrivals)
     _COMPILED = True

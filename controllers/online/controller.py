@@ -63,9 +63,10 @@ from gpugov.controllers.online.identification import (
     PromptEstimate,
     window_between,
 )
+from gpugov.controllers.online.prediction import compile_prediction
 from gpugov.controllers.online.prior import AutoHints
 from gpugov.controllers.online.regression import compile_regression
-from gpugov.controllers.online.rules import MeasuredLatencyRules, _physical
+from gpugov.controllers.online.rules import MeasuredLatencyRules
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import PerformanceProfile
 from gpugov.plant.types import MPCDiagnostics, ServingObservation
@@ -233,6 +234,7 @@ class OnlineMPCController(MeasuredLatencyRules):
         # controller: the model's first update and the MPC's first solve come later,
         # inside a control period, where a cold compile would stall the loop for seconds.
         compile_regression()
+        compile_prediction()
         compile_kernels()
 
     # ----------------------------------------------------------------- model
@@ -332,23 +334,10 @@ class OnlineMPCController(MeasuredLatencyRules):
         clocks = model.clocks_mhz
         context = self.context_tokens
         realized = clocks * model.realized_ratio
-        table = model.table(realized, REFERENCE_BATCH, context)
-        mean, std = table["prefill_s_per_token"]
-        prefill_s = mean + z * std
-        mean, std = table["decode_iteration_s"]
-        iteration_s = mean + z * std
-        powers = np.vstack([table[phase][0] for phase in ("prefill", "decode", "idle")])
-        # Physics: board power does not fall as the clock rises.
-        powers = np.maximum.accumulate(np.maximum(powers, 1.0), axis=1)
-        # Physics: no part of an iteration gets faster at a lower clock, so the times
-        # are made non-increasing in the clock (running maximum from the top).
-        prefill_s = _physical(np.maximum(prefill_s, 1e-7), realized)
-        iteration_s = _physical(np.maximum(iteration_s, 1e-5), realized)
-        # The parts of the top clock's decode iteration (read on every supported clock:
-        # the model caches that basis for the exploration floor's table too).
-        top = model.decode_iteration_means(
-            clocks, ((0.0, 0.0), (REFERENCE_BATCH, 0.0), (REFERENCE_BATCH, context))
-        )[-1]
+        # Latencies at the mean plus z standard deviations, held to the physics: no part
+        # of an iteration gets faster at a lower clock, nor slower than 1/f; board power
+        # does not fall as the clock rises (prediction.learned_tables).
+        arrays, top, valid = model.learned_tables(realized, z, REFERENCE_BATCH, context)
         weights = max(float(top[0]), 0.0)
         batch_only = max(float(top[1]) - weights, 0.0)
         full = max(float(top[2]), 1e-9)
@@ -375,11 +364,11 @@ class OnlineMPCController(MeasuredLatencyRules):
             "power_limit_w": model.power_limit_w,
         }
         values: dict[str, Any] = {
-            "prefill_tokens_per_s": 1.0 / prefill_s,
-            "decode_tokens_per_s": REFERENCE_BATCH / iteration_s,
-            "prefill_power_w": np.maximum(powers[0], 1.0),
-            "decode_power_w": np.maximum(powers[1], 1.0),
-            "idle_power_w": np.maximum(powers[2], 1.0),
+            "prefill_tokens_per_s": arrays[0],
+            "decode_tokens_per_s": arrays[1],
+            "prefill_power_w": arrays[2],
+            "decode_power_w": arrays[3],
+            "idle_power_w": arrays[4],
             "ttft_slo_s": float(slos[0]),
             "tpot_slo_s": float(slos[1]),
             "manifest": manifest,
@@ -389,11 +378,12 @@ class OnlineMPCController(MeasuredLatencyRules):
             template is not None
             and template.clock_mhz.shape == clocks.shape
             and bool(np.array_equal(template.clock_mhz, clocks))
-            and _finite_positive(values)
+            and valid
+            and all(math.isfinite(slo) and slo > 0.0 for slo in slos)
         ):
-            # The same clocks, and values that are finite and positive by construction:
-            # the previous profile with the new values, without validating them again
-            # (a fifth of the decision's time otherwise).
+            # The same clocks, and values that are finite and positive (checked in the
+            # kernel): the previous profile with the new values, without validating
+            # them again (a fifth of the decision's time otherwise).
             profile = copy.copy(template)
             for name, value in values.items():
                 object.__setattr__(profile, name, value)
@@ -666,22 +656,6 @@ class OnlineMPCController(MeasuredLatencyRules):
 
 _NO_NEED_REASONS = frozenset({"start", "warm-up", "warm-up-descent", "idle-park", "no SLO known"})
 """The ``last_reason`` values of a decision with no model need to report."""
-
-
-def _finite_positive(values: dict[str, Any]) -> bool:
-    """Whether every number and array among ``values`` is finite and positive (what
-    :class:`PerformanceProfile` validates): all arrays in one pass (a NaN fails both
-    comparisons, an infinity the second)."""
-    arrays = [value for value in values.values() if isinstance(value, np.ndarray)]
-    if arrays:
-        stacked = np.concatenate(arrays)
-        if not bool(np.all((stacked > 0.0) & (stacked < math.inf))):
-            return False
-    return all(
-        math.isfinite(value) and value > 0.0
-        for value in values.values()
-        if isinstance(value, float)
-    )
 
 
 def prior_from_profile(profile: PerformanceProfile) -> ModelPrior:

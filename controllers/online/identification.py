@@ -35,6 +35,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from gpugov.controllers.online.prediction import (
+    DECODE_MEAN,
+    DECODE_STD,
+    POWER_ROWS,
+    PREFILL_MEAN,
+    PREFILL_STD,
+    learned_tables,
+    predict_table,
+)
 from gpugov.controllers.online.regression import RecursiveLeastSquares
 from gpugov.plant.types import ServingObservation
 
@@ -70,12 +79,6 @@ def hat_weights(clock_mhz: float, knots_mhz: FloatArray) -> FloatArray:
     weights[lower] = 1.0 - share
     weights[upper] = share
     return weights
-
-
-def hat_rows(clocks_mhz: FloatArray, knots_mhz: FloatArray) -> FloatArray:
-    """:func:`hat_weights` for every clock, one row each (one ``np.interp`` per knot)."""
-    eye = np.eye(knots_mhz.size)
-    return np.column_stack([np.interp(clocks_mhz, knots_mhz, eye[j]) for j in range(eye.shape[0])])
 
 
 def smooth_covariance(knots_mhz: FloatArray, scale: float, length_fraction: float) -> FloatArray:
@@ -224,19 +227,6 @@ class PromptEstimate:
 
 
 @dataclass(frozen=True, slots=True)
-class _TimeMoments:
-    """The time model's predictions at a set of clocks, per block: ``per_block[n, j]``
-    is block ``j``'s mean at clock ``n`` (unweighted by the work), ``cross[j, l, n]``
-    the covariance of blocks ``j`` and ``l`` there; valid for the estimate ``mean`` and
-    ``covariance`` (the arrays themselves, compared by identity)."""
-
-    mean: FloatArray
-    covariance: FloatArray
-    per_block: FloatArray
-    cross: FloatArray
-
-
-@dataclass(frozen=True, slots=True)
 class ModelPrior:
     """A rough starting point (from a bundled profile or a hint): per-clock values at the
     top clock, used instead of the warm-up estimate. All optional."""
@@ -335,10 +325,6 @@ class OnlineModel:
         self.skipped_nonfinite: dict[str, int] = dict.fromkeys(NONFINITE_PARTS, 0)
         """The same, per part of the model (``window``: the whole window was skipped)."""
         self.time_shape = np.ones((len(TIME_BLOCKS), k))
-        self._bases: dict[bytes, tuple[FloatArray, FloatArray, _TimeMoments | None]] = {}
-        """Per clock set :meth:`table` was asked about: the hat rows, the scaled hat rows
-        and the time model's per-block moments there (recomputed when the time model's
-        estimate changes: its arrays are replaced on every update)."""
         """Per-knot coefficient relative to the top knot's, per block: ones (the
         compute-bound extrapolation) unless a prior's ``time_table`` gives the physics."""
         self.prior = prior
@@ -598,34 +584,6 @@ class OnlineModel:
         )
         return self.time.predict(self._time_vector(clock_mhz, work))
 
-    def _basis(self, clocks: FloatArray) -> tuple[FloatArray, FloatArray, _TimeMoments]:
-        """The hat rows of ``clocks``, scaled by ``f_max / f``, and the time model's
-        per-block prediction moments there, cached per clock set and model estimate."""
-        key = clocks.tobytes()
-        cached = self._bases.get(key)
-        if cached is None:
-            if len(self._bases) >= 8:
-                self._bases.pop(next(iter(self._bases)))
-            hat = hat_rows(clocks, self.knots_mhz)
-            scaled = hat * (self.maximum_mhz / np.maximum(clocks, 1.0))[:, None]
-            cached = (hat, scaled, None)
-        hat, scaled, moments = cached
-        mean, covariance = self.time.mean, self.time.covariance
-        if moments is None or moments.mean is not mean or moments.covariance is not covariance:
-            k = self.knots_mhz.size
-            blocks = len(TIME_BLOCKS)
-            # Per clock: each block's mean, and the covariance of every pair of blocks'
-            # predictions (the scaled hat row through that pair's covariance block).
-            per_block = scaled @ mean.reshape(blocks, k).T
-            # (n, k) @ (k, blocks * blocks * k): one matrix product for every pair.
-            pairs = covariance.reshape(blocks, k, blocks, k).transpose(1, 0, 2, 3)
-            through = (scaled @ pairs.reshape(k, -1)).reshape(-1, blocks, blocks, k)
-            cross = np.einsum("njlb,nb->jln", through, scaled)
-            moments = _TimeMoments(mean, covariance, per_block, cross)
-            cached = (hat, scaled, moments)
-        self._bases[key] = cached
-        return hat, scaled, moments
-
     @staticmethod
     def _decode_weights(batch: float, context_tokens: float) -> FloatArray:
         """The time blocks' work in one decode iteration of ``batch`` requests of
@@ -649,11 +607,49 @@ class OnlineModel:
     def decode_iteration_means(
         self, clocks_mhz: FloatArray, points: Sequence[tuple[float, float]]
     ) -> FloatArray:
-        """:meth:`decode_iteration_mean` at several ``(batch, context_tokens)`` points in
-        one product: one column per point, one row per clock."""
-        _, _, moments = self._basis(np.ascontiguousarray(clocks_mhz, dtype=float))
-        weights = np.column_stack([self._decode_weights(b, c) for b, c in points])
-        return np.asarray(moments.per_block @ weights, dtype=np.float64)
+        """:meth:`decode_iteration_mean` at several ``(batch, context_tokens)`` points:
+        one column per point, one row per clock."""
+        clocks = np.ascontiguousarray(clocks_mhz, dtype=float)
+        return np.column_stack(
+            [self._predict(clocks, batch, context)[DECODE_MEAN] for batch, context in points]
+        )
+
+    def _predict(self, clocks: FloatArray, batch: float, context_tokens: float) -> FloatArray:
+        """:func:`predict_table` of the current estimate at ``clocks``."""
+        return predict_table(
+            clocks,
+            self.knots_mhz,
+            self.maximum_mhz,
+            self.time.mean,
+            self.time.covariance,
+            self.power.mean,
+            PROMPT_UNIT,
+            self._decode_weights(batch, context_tokens),
+        )
+
+    def learned_tables(
+        self, realized_mhz: FloatArray, z: float, batch: float, context_tokens: float
+    ) -> tuple[FloatArray, FloatArray, bool]:
+        """The learned profile's arrays over the supported clocks, read at their
+        ``realized_mhz``, latencies at the mean plus ``z`` standard deviations, decode at
+        ``batch`` requests of ``context_tokens``; the top clock's decode iteration parts
+        (weights; with the batch; with the context); and whether the arrays are finite
+        and positive (:func:`prediction.learned_tables`)."""
+        points = ((0.0, 0.0), (batch, 0.0), (batch, context_tokens))
+        return learned_tables(
+            self.clocks_mhz,
+            np.ascontiguousarray(realized_mhz, dtype=float),
+            self.knots_mhz,
+            self.maximum_mhz,
+            self.time.mean,
+            self.time.covariance,
+            self.power.mean,
+            PROMPT_UNIT,
+            z,
+            batch,
+            self._decode_weights(batch, context_tokens),
+            np.vstack([self._decode_weights(b, c) for b, c in points]),
+        )
 
     def table(
         self, clocks_mhz: FloatArray, batch: float, context_tokens: float
@@ -661,28 +657,16 @@ class OnlineModel:
         """Vectorised predictions at many (realised) clocks: ``{name: (mean, std)}`` for
         ``prefill_s_per_token``, ``decode_iteration_s`` (at ``batch`` and
         ``context_tokens``) and the ``idle``/``prefill``/``decode`` powers (std omitted:
-        zeros). The clock-dependent part is cached per clock set and model estimate, so
-        asking again between two updates (other batches, other contexts) costs only the
-        weighting of four blocks."""
+        zeros), computed in one compiled pass (:mod:`controllers.online.prediction`)."""
         clocks = np.ascontiguousarray(clocks_mhz, dtype=float)
-        hat, _, moments = self._basis(clocks)
-        k = self.knots_mhz.size
-        out: dict[str, tuple[FloatArray, FloatArray]] = {}
-        prefill_variance = moments.cross[0, 0]
-        out["prefill_s_per_token"] = (
-            moments.per_block[:, 0] / PROMPT_UNIT,
-            np.sqrt(np.maximum(prefill_variance, 0.0)) / PROMPT_UNIT,
-        )
-        weights = self._decode_weights(batch, context_tokens)
-        decode_variance = np.einsum("j,jln,l->n", weights, moments.cross, weights)
-        out["decode_iteration_s"] = (
-            moments.per_block @ weights,
-            np.sqrt(np.maximum(decode_variance, 0.0)),
-        )
-        blocks = self.power.mean.reshape(len(POWER_BLOCKS), k)
-        powers = hat @ blocks.T
+        rows = self._predict(clocks, batch, context_tokens)
+        zeros = np.zeros(clocks.size)
+        out: dict[str, tuple[FloatArray, FloatArray]] = {
+            "prefill_s_per_token": (rows[PREFILL_MEAN], rows[PREFILL_STD]),
+            "decode_iteration_s": (rows[DECODE_MEAN], rows[DECODE_STD]),
+        }
         for index, phase in enumerate(POWER_BLOCKS):
-            out[phase] = (powers[:, index], np.zeros(clocks.size))
+            out[phase] = (rows[POWER_ROWS + index], zeros)
         return out
 
     def phase_power_w(self, clock_mhz: float, phase: str) -> tuple[float, float]:

@@ -82,8 +82,8 @@ class RecursiveLeastSquares:
         if not (math.isfinite(y) and math.isfinite(weight) and bool(np.all(np.isfinite(x)))):
             self.rejected_nonfinite += 1
             return math.nan
-        # New arrays, not updated in place: predictions cached on the estimate
-        # (OnlineModel's table) know it changed by its identity.
+        # New arrays, not updated in place: a caller holding the previous estimate
+        # keeps it unchanged.
         self.mean, self.covariance, innovation = _rls_step(
             self.mean,
             self.covariance,

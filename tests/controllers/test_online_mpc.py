@@ -14,6 +14,7 @@ from synthetic import make_plant, make_profile
 
 from gpugov.controllers.baseline import maximum_clock_controller
 from gpugov.controllers.online.controller import OnlineMPCController
+from gpugov.controllers.online.exploration import REFERENCE_BATCH
 from gpugov.controllers.online.identification import OnlineModel, Window
 from gpugov.controllers.online.regression import RecursiveLeastSquares
 from gpugov.plant import PerformanceProfile, ServingPlant, chunked_prefill_scheduler, simulate
@@ -80,9 +81,10 @@ def test_building_the_controller_compiles_its_kernels(monkeypatch: pytest.Monkey
 
     calls: list[str] = []
     monkeypatch.setattr(online, "compile_regression", lambda: calls.append("update"))
+    monkeypatch.setattr(online, "compile_prediction", lambda: calls.append("predict"))
     monkeypatch.setattr(online, "compile_kernels", lambda: calls.append("search"))
     OnlineMPCController()
-    assert sorted(calls) == ["search", "update"]
+    assert sorted(calls) == ["predict", "search", "update"]
 
 
 # ------------------------------------------------------ known-answer identification
@@ -423,11 +425,12 @@ def _table_by_features(model: OnlineModel, clocks: np.ndarray, batch: float, con
     return np.array(prefill), np.array(decode)
 
 
-def test_the_cached_table_equals_the_regressions_predictions_after_every_update() -> None:
+def test_the_compiled_table_equals_the_regressions_predictions_after_every_update() -> None:
     clocks = np.arange(345.0, 1981.0, 15.0)
     model = OnlineModel(clocks, 700.0, warmup_windows=5)
     rng = np.random.default_rng(2)
-    asked = clocks[::7] * 0.98
+    # Between knots, on them, and beyond both ends (clamped to the end knots).
+    asked = np.concatenate([[300.0], clocks[::7] * 0.98, [1980.0, 2100.0]])
     for _ in range(12):
         clock = float(rng.choice(clocks[60:]))
         model.update(
@@ -446,8 +449,8 @@ def test_the_cached_table_equals_the_regressions_predictions_after_every_update(
             )
         )
         for batch, context in ((64.0, 1000.0), (2.0, 6000.0)):
-            table = model.table(asked, batch, context)  # the second ask is served cached
-            again = model.table(asked, batch, context)
+            table = model.table(asked, batch, context)
+            again = model.table(asked, batch, context)  # asking again changes nothing
             prefill, decode = _table_by_features(model, asked, batch, context)
             for got in (table, again):
                 np.testing.assert_allclose(got["prefill_s_per_token"][0], prefill[:, 0], rtol=1e-9)
@@ -461,6 +464,9 @@ def test_the_cached_table_equals_the_regressions_predictions_after_every_update(
             np.testing.assert_allclose(
                 model.decode_iteration_mean(asked, batch, context), decode[:, 0], rtol=1e-9
             )
+            for phase in ("idle", "prefill", "decode"):
+                powers = [model.phase_power_w(float(clock), phase)[0] for clock in asked]
+                np.testing.assert_allclose(table[phase][0], powers, rtol=1e-9)
 
 
 def test_a_copied_learned_profile_equals_a_validated_one() -> None:
@@ -495,6 +501,45 @@ def test_a_copied_learned_profile_equals_a_validated_one() -> None:
             assert second.rate(phase, clock) == rebuilt.rate(phase, clock)
         for phase in ("prefill", "decode", "idle"):
             assert second.power(phase, clock) == rebuilt.power(phase, clock)
+
+
+def test_the_compiled_learned_profile_equals_its_numpy_statement() -> None:
+    """The learned profile's arrays (one compiled pass) are the model's table at the
+    realised clocks, mean plus z std, held to the physics, powers made non-decreasing:
+    stated here with numpy, at a held clock whose ratio makes the realised clocks
+    non-monotone."""
+    from gpugov.controllers.online.rules import _physical
+
+    plant = make_plant()
+    workload = [Request(i, 0.3 * i, 800, 60) for i in range(200)]
+    controller = OnlineMPCController(
+        warmup_s=5.0, mean_prompt_tokens=800.0, mean_output_tokens=60.0
+    )
+    simulate(workload, plant, chunked_prefill_scheduler, controller, 0)
+    model = controller.model
+    assert model is not None
+    model.realized_ratio[-1] = 0.9  # the top clock held below the one under it
+    profile = controller.learned_profile((1.0, 0.05))
+    realized = model.clocks_mhz * model.realized_ratio
+    table = model.table(realized, REFERENCE_BATCH, controller.context_tokens)
+    z = controller.effective_z
+    mean, std = table["prefill_s_per_token"]
+    prefill = _physical(np.maximum(mean + z * std, 1e-7), realized)
+    mean, std = table["decode_iteration_s"]
+    decode = _physical(np.maximum(mean + z * std, 1e-5), realized)
+    np.testing.assert_allclose(profile.prefill_tokens_per_s, 1.0 / prefill, rtol=1e-12)
+    np.testing.assert_allclose(profile.decode_tokens_per_s, REFERENCE_BATCH / decode, rtol=1e-12)
+    for name, phase in (("prefill_power_w", "prefill"), ("decode_power_w", "decode")):
+        expected = np.maximum.accumulate(np.maximum(table[phase][0], 1.0))
+        np.testing.assert_allclose(getattr(profile, name), expected, rtol=1e-12)
+    expected = np.maximum.accumulate(np.maximum(table["idle"][0], 1.0))
+    np.testing.assert_allclose(profile.idle_power_w, expected, rtol=1e-12)
+    fractions = profile.decode_latency_model
+    top = model.decode_iteration_means(
+        model.clocks_mhz,
+        ((0.0, 0.0), (REFERENCE_BATCH, 0.0), (REFERENCE_BATCH, controller.context_tokens)),
+    )[-1]
+    assert fractions.weight_fraction == pytest.approx(top[0] / top[2], rel=1e-9)
 
 
 def test_pessimistic_times_grow_no_faster_than_one_over_f() -> None:
