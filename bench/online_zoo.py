@@ -44,7 +44,7 @@ from gpugov.study.scoreboard.run import (
     scoreboard_window_oracle,
     slo_energy_fields,
 )
-from gpugov.study.scoreboard.scenarios import FULL, BenchConfig, build_scenario
+from gpugov.study.scoreboard.scenarios import FULL, LABELS, BenchConfig, build_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "online_zoo.json"
@@ -212,6 +212,15 @@ def main(argv: list[str] | None = None) -> int:
             resolve_profile(name)
     except ValueError as error:
         print(f"error: --profiles: {error}", file=sys.stderr)
+        return 2
+    runnable = sorted(set(LABELS) - {"best-fixed", "window-oracle"})
+    unknown = [key for key in args.controllers if key not in runnable]
+    if unknown:
+        print(
+            f"error: --controllers: unknown {', '.join(map(repr, unknown))} (keys, space "
+            f"separated: {', '.join(runnable)})",
+            file=sys.stderr,
+        )
         return 2
     keys = tuple(key for key in args.controllers if key != "max")
     cache_path = Path(args.cache)

@@ -85,3 +85,12 @@ def test_an_unknown_profile_is_one_line_and_exit_2(capsys: pytest.CaptureFixture
     assert module.main(["--profiles", "no-such-gpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --profiles:")
+
+
+def test_an_unknown_controller_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """A comma-joined list is one unknown key, named before any scenario runs."""
+    module = bench_script("online_zoo")
+    assert module.main(["--controllers", "mpc-online,throttllem"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --controllers:")
+    assert "'mpc-online,throttllem'" in err[0]
