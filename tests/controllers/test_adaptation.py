@@ -10,6 +10,7 @@ import pytest
 from gpugov.controllers.adaptation import BurstHedge, SLOFeedback, _linear_quantile
 from gpugov.controllers.mpc.controller import MPCController
 from gpugov.controllers.mpc.fast import DiscreteSearchSolver
+from gpugov.controllers.mpc.model import MPCWeights
 from gpugov.plant import ServingObservation
 
 
@@ -182,7 +183,8 @@ def test_the_tail_prompt_yields_to_the_budget_where_asked(synthetic_plant, yield
     """``mpc-online``'s MPC charges a new request the mean prompt, not the declared tail,
     while the attainment budget is at or above its default looseness, and the tail beyond
     the mean in the share the budget withholds below it; a burst is still charged in full.
-    ``mpc`` keeps charging the tail whatever the budget says."""
+    The backlog left at the horizon's end is charged in that same share. ``mpc`` keeps
+    charging the tail and the backlog whatever the budget says."""
     from gpugov.controllers.budget import AttainmentBudget, SLOTarget
 
     budget = AttainmentBudget(SLOTarget(attainment=0.99), tightest=0.7, loosest=1 / 0.7)
@@ -200,6 +202,7 @@ def test_the_tail_prompt_yields_to_the_budget_where_asked(synthetic_plant, yield
     )
     clocks = tuple(float(c) for c in synthetic_plant.profile.clock_mhz)
     charged: list[tuple[float, float]] = []
+    terminal: list[float] = []
     arrived = 0
     # Two arrivals a period (a hedge of 500 tokens, the mean), then a burst of 12 (3,000).
     steps = ((1.0, 2), (1.0, 2), (0.85, 2), (0.7, 2), (1 / 0.7, 2), (1.0, 12))
@@ -222,11 +225,15 @@ def test_the_tail_prompt_yields_to_the_budget_where_asked(synthetic_plant, yield
         problem = mpc.problem(observation, 1.0)
         assert problem.ttft_prompt == mpc.charged_prompt_tokens
         charged.append((problem.ttft_prompt, problem.ttft_own_prompt))
+        terminal.append(problem.weights.terminal_backlog)
     burst = (3_000.0, 2_000.0)
+    full = MPCWeights().terminal_backlog
     if not yields:
         assert charged[1:5] == [pytest.approx((2_000.0, 2_000.0))] * 4
         assert charged[5] == pytest.approx(burst)
+        assert terminal == [full] * len(steps)
         return
+    assert terminal == pytest.approx([0.0, 0.0, 0.5 * full, full, 0.0, 0.0])
     assert charged[1] == pytest.approx((500.0, 500.0))
     assert charged[2] == pytest.approx((1_250.0, 1_250.0))  # half the way to the tightest
     assert charged[3] == pytest.approx((2_000.0, 2_000.0))
