@@ -222,6 +222,10 @@ class MPCProblem:
     ttft_own_prompt_tokens: float | None = None
     """The new request's own prompt within ``ttft_prompt`` (the rest is a burst ahead of
     it, :class:`controllers.adaptation.BurstHedge`); default all of it."""
+    terminal_prefill_share: float = 1.0
+    """The share of the prompt backlog left at the horizon's end that the terminal penalty
+    charges (a caller whose guard drains any prompt backlog charges less); the decode
+    backlog is charged in full."""
     dwell_periods: float = 0.0
     """Periods the safety chain holds a clock before a lower one applies (its dwell over
     the control period, ``daemon.safety.MinimumDwell``): a plan is priced as the chain
@@ -279,6 +283,10 @@ class MPCProblem:
             raise ValueError(
                 "ttft_slo_per_prompt_token_s must be finite and >= 0, got "
                 f"{self.ttft_slo_per_prompt_token_s!r}"
+            )
+        if not 0.0 <= self.terminal_prefill_share <= 1.0:
+            raise ValueError(
+                f"terminal_prefill_share must lie in [0, 1], got {self.terminal_prefill_share!r}"
             )
         if self.latency_model not in LATENCY_MODELS:
             raise ValueError(
@@ -435,7 +443,9 @@ class MPCProblem:
         )
         thermal_slack = np.maximum(0.0, predicted.temperature_c[1:] - self.plant.thermal_limit_c)
         terminal_backlog = (
-            predicted.prefill_tokens[-1] / profile.prefill_tokens_per_s[-1]
+            self.terminal_prefill_share
+            * predicted.prefill_tokens[-1]
+            / profile.prefill_tokens_per_s[-1]
             + predicted.decode_tokens[-1] / profile.decode_tokens_per_s[-1]
         )
         return float(
@@ -541,7 +551,8 @@ class MPCProblem:
         previous_normalized = np.full((count, 1), (self.previous_clock_mhz - minimum) / span)
         changes = np.diff(np.concatenate([previous_normalized, normalized_frequency], axis=1))
         terminal_backlog = (
-            prefill / profile.prefill_tokens_per_s[-1] + decode / profile.decode_tokens_per_s[-1]
+            self.terminal_prefill_share * prefill / profile.prefill_tokens_per_s[-1]
+            + decode / profile.decode_tokens_per_s[-1]
         )
         return (
             weights.power * power_sum

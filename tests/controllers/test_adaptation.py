@@ -183,8 +183,9 @@ def test_the_tail_prompt_yields_to_the_budget_where_asked(synthetic_plant, yield
     """``mpc-online``'s MPC charges a new request the mean prompt, not the declared tail,
     while the attainment budget is at or above its default looseness, and the tail beyond
     the mean in the share the budget withholds below it; a burst is still charged in full.
-    The backlog left at the horizon's end is charged in that same share. ``mpc`` keeps
-    charging the tail and the backlog whatever the budget says."""
+    The prompt backlog left at the horizon's end is charged in that same share (the
+    decode backlog, which the guard does not drain, in full). ``mpc`` keeps charging the
+    tail and the backlog whatever the budget says."""
     from gpugov.controllers.budget import AttainmentBudget, SLOTarget
 
     budget = AttainmentBudget(SLOTarget(attainment=0.99), tightest=0.7, loosest=1 / 0.7)
@@ -225,15 +226,15 @@ def test_the_tail_prompt_yields_to_the_budget_where_asked(synthetic_plant, yield
         problem = mpc.problem(observation, 1.0)
         assert problem.ttft_prompt == mpc.charged_prompt_tokens
         charged.append((problem.ttft_prompt, problem.ttft_own_prompt))
-        terminal.append(problem.weights.terminal_backlog)
+        assert problem.weights.terminal_backlog == MPCWeights().terminal_backlog
+        terminal.append(problem.terminal_prefill_share)
     burst = (3_000.0, 2_000.0)
-    full = MPCWeights().terminal_backlog
     if not yields:
         assert charged[1:5] == [pytest.approx((2_000.0, 2_000.0))] * 4
         assert charged[5] == pytest.approx(burst)
-        assert terminal == [full] * len(steps)
+        assert terminal == [1.0] * len(steps)
         return
-    assert terminal == pytest.approx([0.0, 0.0, 0.5 * full, full, 0.0, 0.0])
+    assert terminal == pytest.approx([0.0, 0.0, 0.5, 1.0, 0.0, 0.0])
     assert charged[1] == pytest.approx((500.0, 500.0))
     assert charged[2] == pytest.approx((1_250.0, 1_250.0))  # half the way to the tightest
     assert charged[3] == pytest.approx((2_000.0, 2_000.0))

@@ -42,8 +42,15 @@ def _problem(plant, observation, **options):  # type: ignore[no-untyped-def]
     return controller.problem(observation, 1.0)
 
 
+@pytest.mark.parametrize("terminal_prefill_share", [1.0, 0.3, 0.0])
 @pytest.mark.parametrize("own", [None, 1_500.0])
-def test_kernel_costs_equal_problem_costs_with_an_allowance(synthetic_plant, own) -> None:  # type: ignore[no-untyped-def]
+def test_kernel_costs_equal_problem_costs_with_an_allowance(
+    synthetic_plant,  # type: ignore[no-untyped-def]
+    own: float | None,
+    terminal_prefill_share: float,
+) -> None:
+    """The compiled search prices every plan as the problem does, whatever share of the
+    prompt backlog the terminal penalty charges."""
     clocks = synthetic_plant.profile.clock_mhz
     rng = np.random.default_rng(8)
     for observation, rate, _ in _random_states(15, seed=12):
@@ -51,6 +58,7 @@ def test_kernel_costs_equal_problem_costs_with_an_allowance(synthetic_plant, own
             _problem(synthetic_plant, observation, ttft_prompt_tokens=6_000.0),
             ttft_slo_per_prompt_token_s=ALLOWANCE,
             ttft_own_prompt_tokens=own,
+            terminal_prefill_share=terminal_prefill_share,
             prompt_arrivals=np.full(4, rate * 1_000.0),
         )
         levels = rng.integers(0, clocks.size, size=(30, problem.horizon_steps))
@@ -165,3 +173,23 @@ def test_a_budget_behind_its_target_withdraws_the_allowance(synthetic_plant) -> 
     budget.looseness = 1.0
     controller.adapt(replace(observation, time_s=1.0))
     assert controller.ttft_allowance == ALLOWANCE
+
+
+def test_the_terminal_penalty_yields_only_the_prompt_backlog() -> None:
+    """With no share of the prompt backlog charged, a plan that leaves decode work at the
+    horizon's end still pays for it (the burst guard drains prompts, not decode work),
+    and a share outside [0, 1] is refused."""
+    plant = make_plant(make_profile())
+    observation = _observation(prefill_tokens=0.0, decode_active=40)
+    base = replace(
+        _problem(plant, observation), initial_decode_tokens=200_000.0, terminal_prefill_share=0.0
+    )
+    unweighted = replace(base, weights=replace(base.weights, terminal_backlog=0.0))
+    low = np.zeros((1, base.horizon_steps), dtype=np.int64)
+    plan = plant.profile.clock_mhz[low]
+    assert base.costs(plan)[0] > unweighted.costs(plan)[0]
+    queued = replace(base, initial_decode_tokens=0.0, initial_prefill_tokens=200_000.0)
+    queued_unweighted = replace(queued, weights=replace(queued.weights, terminal_backlog=0.0))
+    assert queued.costs(plan)[0] == pytest.approx(queued_unweighted.costs(plan)[0])
+    with pytest.raises(ValueError, match="terminal_prefill_share"):
+        replace(base, terminal_prefill_share=-0.1)
