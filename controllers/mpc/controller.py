@@ -147,11 +147,12 @@ class MPCController:
             the part of ``ttft_prompt_tokens`` beyond the mean prompt only in the share
             the budget withholds (``1 - allowance_credit``: all of it at the tightest
             looseness, none from a looseness of 1 up; the burst hedge is charged in
-            full), and the prompt backlog a plan leaves at the horizon's end in the same
-            share (:attr:`MPCProblem.terminal_prefill_share`; the decode backlog in full):
-            for a caller whose own measured-latency guard drains a long prompt, and any
-            prompt backlog, from the decision after it arrives (``mpc-online``'s burst
-            guard). ``mpc`` has no such guard and keeps charging both.
+            full), and the seed's terminal penalty in the same share
+            (:attr:`MPCProblem.terminal_share`; the rest of the decode backlog is priced
+            at its least energy): for a caller whose own measured-latency guard drains a
+            long prompt, and any prompt backlog, from the decision after it arrives
+            (``mpc-online``'s burst guard). ``mpc`` has no such guard and keeps charging
+            both in full.
         dwell_s: the safety chain's dwell (``safety.dwell_s``): plans are priced as the
             chain applies them, a lower clock only after the locked one (the
             observation's ``requested_clock_mhz``) has been held this long, so a raise
@@ -258,9 +259,9 @@ class MPCController:
         """The new request's own prompt within the charged one (the TTFT proxy's
         per-prompt allowance is judged on it)."""
         self.tail_yields_to_budget = bool(tail_yields_to_budget)
-        self.terminal_prefill_share = 1.0
-        """The share of the prompt backlog at the horizon's end the next problem's terminal
-        penalty charges (``tail_yields_to_budget``)."""
+        self.terminal_share = 1.0
+        """The share of the seed's terminal penalty the next problem charges
+        (``tail_yields_to_budget``; :attr:`MPCProblem.terminal_share`)."""
         self.effective_slo_margin = self.slo_margin
         self.ttft_allowance = 0.0
         """The per-prompt TTFT allowance the next problem judges with (0: flat)."""
@@ -339,7 +340,7 @@ class MPCController:
             ttft_excess_cap=self.ttft_excess_cap,
             ttft_slo_per_prompt_token_s=self.ttft_allowance,
             ttft_own_prompt_tokens=self.charged_own_prompt_tokens,
-            terminal_prefill_share=self.terminal_prefill_share,
+            terminal_share=self.terminal_share,
             dwell_periods=self.dwell_s / self.control_period_s,
             held_clock_mhz=self.held_clock_mhz,
             held_periods=(observation.time_s - self.held_since_s) / self.control_period_s,
@@ -362,10 +363,11 @@ class MPCController:
             # so the plan need not hold the clock for it ahead. A burst is not a prompt the
             # guard sees coming: its hedge stays.
             declared -= credit * max(declared - self.mean_prompt_tokens, 0.0)
-            # Likewise the prompt backlog a plan leaves at the horizon's end: the guard
-            # drains it within its deadline, so it is charged in the share the budget
-            # withholds. The guard drains no decode backlog: that stays charged in full.
-            self.terminal_prefill_share = 1.0 - credit
+            # Likewise the backlog a plan leaves at the horizon's end: the guard drains
+            # any prompt within its deadline, so the seed's penalty is charged in the
+            # share the budget withholds. The guard drains no decode work: the rest of it
+            # is priced at the least energy it can cost later.
+            self.terminal_share = 1.0 - credit
         charged = declared
         if self.burst_hedge is not None:
             self.burst_hedge.update(observation, period)

@@ -222,10 +222,10 @@ class MPCProblem:
     ttft_own_prompt_tokens: float | None = None
     """The new request's own prompt within ``ttft_prompt`` (the rest is a burst ahead of
     it, :class:`controllers.adaptation.BurstHedge`); default all of it."""
-    terminal_prefill_share: float = 1.0
-    """The share of the prompt backlog left at the horizon's end that the terminal penalty
-    charges (a caller whose guard drains any prompt backlog charges less); the decode
-    backlog is charged in full."""
+    terminal_share: float = 1.0
+    """The share of the seed's terminal penalty charged (:meth:`terminal_cost`); the rest
+    of the decode backlog left at the horizon's end is priced at its least energy. A
+    caller whose guard drains any prompt backlog charges less than all of it."""
     dwell_periods: float = 0.0
     """Periods the safety chain holds a clock before a lower one applies (its dwell over
     the control period, ``daemon.safety.MinimumDwell``): a plan is priced as the chain
@@ -284,10 +284,8 @@ class MPCProblem:
                 "ttft_slo_per_prompt_token_s must be finite and >= 0, got "
                 f"{self.ttft_slo_per_prompt_token_s!r}"
             )
-        if not 0.0 <= self.terminal_prefill_share <= 1.0:
-            raise ValueError(
-                f"terminal_prefill_share must lie in [0, 1], got {self.terminal_prefill_share!r}"
-            )
+        if not 0.0 <= self.terminal_share <= 1.0:
+            raise ValueError(f"terminal_share must lie in [0, 1], got {self.terminal_share!r}")
         if self.latency_model not in LATENCY_MODELS:
             raise ValueError(
                 f"latency_model must be one of {LATENCY_MODELS}, got {self.latency_model!r}"
@@ -442,11 +440,8 @@ class MPCProblem:
             0.0, predicted.normalized_power - self.plant.power_limit_w / maximum_power
         )
         thermal_slack = np.maximum(0.0, predicted.temperature_c[1:] - self.plant.thermal_limit_c)
-        terminal_backlog = (
-            self.terminal_prefill_share
-            * predicted.prefill_tokens[-1]
-            / profile.prefill_tokens_per_s[-1]
-            + predicted.decode_tokens[-1] / profile.decode_tokens_per_s[-1]
+        terminal = self.terminal_cost(
+            np.asarray(predicted.prefill_tokens[-1]), np.asarray(predicted.decode_tokens[-1])
         )
         return float(
             weights.power * np.sum(predicted.normalized_power)
@@ -454,7 +449,7 @@ class MPCProblem:
             + weights.tpot * np.sum(tpot_slack**2)
             + weights.clock_change * np.sum(changes**2)
             + weights.constraint * np.sum(power_slack**2 + thermal_slack**2)
-            + weights.terminal_backlog * terminal_backlog**2
+            + terminal
         )
 
     def costs(self, clock_mhz: FloatArray) -> FloatArray:
@@ -550,15 +545,37 @@ class MPCProblem:
         normalized_frequency = (sequences - minimum) / span
         previous_normalized = np.full((count, 1), (self.previous_clock_mhz - minimum) / span)
         changes = np.diff(np.concatenate([previous_normalized, normalized_frequency], axis=1))
-        terminal_backlog = (
-            self.terminal_prefill_share * prefill / profile.prefill_tokens_per_s[-1]
-            + decode / profile.decode_tokens_per_s[-1]
-        )
         return (
             weights.power * power_sum
             + weights.ttft * ttft_penalty
             + weights.tpot * tpot_penalty
             + weights.clock_change * np.sum(changes**2, axis=1)
             + weights.constraint * limit_penalty
-            + weights.terminal_backlog * terminal_backlog**2
+            + self.terminal_cost(prefill, decode)
+        )
+
+    @property
+    def decode_energy_per_token_j(self) -> float:
+        """The least energy above idle one decode token costs on the profile (J): the
+        least a plan can spend later on the decode work it defers past the horizon."""
+        profile = self.plant.profile
+        marginal = (profile.decode_power_w - profile.idle_power_w) / np.maximum(
+            profile.decode_tokens_per_s, 1e-12
+        )
+        return max(0.0, float(np.min(marginal)))
+
+    def terminal_cost(self, prefill: FloatArray, decode: FloatArray) -> FloatArray:
+        """The cost of the backlog a plan leaves at the horizon's end: :attr:`terminal_share`
+        of the seed's quadratic penalty on its seconds of work at the top clock, and the
+        rest of the decode backlog at :attr:`decode_energy_per_token_j`, in the power
+        term's units (periods at the maximum power)."""
+        profile = self.plant.profile
+        share = self.terminal_share
+        backlog = share * (
+            prefill / profile.prefill_tokens_per_s[-1] + decode / profile.decode_tokens_per_s[-1]
+        )
+        maximum_power = max(profile.prefill_power_w[-1], profile.decode_power_w[-1])
+        energy = self.weights.power * self.decode_energy_per_token_j / maximum_power
+        return self.weights.terminal_backlog * backlog**2 + (1.0 - share) * energy * decode / (
+            self.control_period_s
         )

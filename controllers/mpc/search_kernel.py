@@ -67,8 +67,9 @@ _P_TTFT_OWN_PROMPT = 32  # the new request's own prompt within _P_TTFT_PROMPT
 _P_DWELL = 33  # periods a clock is held before a lower one applies (0: none)
 _P_HELD_LEVEL = 34  # level held at the first decision (-1: unknown, nothing held)
 _P_HELD_PERIODS = 35  # periods it has been held by then
-_P_TERMINAL_PREFILL = 36  # share of the prompt backlog the terminal penalty charges
-_PARAMETERS = 37
+_P_TERMINAL_SHARE = 36  # share of the seed's terminal penalty charged
+_P_DECODE_ENERGY = 37  # cost of a decode token deferred past the horizon, at its least energy
+_PARAMETERS = 38
 
 # Columns of a trajectory row (``_load`` / ``_store``): the state before a period, the
 # cost so far, and the safety chain's dwell state (the level applied, periods held).
@@ -167,7 +168,10 @@ def problem_arrays(
     parameters[_P_PERIOD] = h
     parameters[_P_TTFT_ALLOWANCE] = problem.ttft_slo_per_prompt_token_s
     parameters[_P_TTFT_OWN_PROMPT] = problem.ttft_own_prompt
-    parameters[_P_TERMINAL_PREFILL] = problem.terminal_prefill_share
+    parameters[_P_TERMINAL_SHARE] = problem.terminal_share
+    parameters[_P_DECODE_ENERGY] = (
+        weights.power * problem.decode_energy_per_token_j / (maximum_power * h)
+    )
     held = problem.held_clock_mhz
     if problem.dwell_periods > 0.0 and held is not None:
         parameters[_P_DWELL] = problem.dwell_periods
@@ -276,12 +280,13 @@ def _advance(
 
 @jit
 def _terminal(prefill: float, decode: float, parameters: FloatArray) -> float:
-    """The terminal backlog term of the state after the last period."""
-    backlog = (
-        prefill * parameters[_P_TERMINAL_PREFILL] * parameters[_P_INV_PREFILL_MAX]
-        + decode * parameters[_P_INV_DECODE_MAX]
+    """The terminal term of the state after the last period (MPCProblem.terminal_cost)."""
+    share = parameters[_P_TERMINAL_SHARE]
+    backlog = share * (
+        prefill * parameters[_P_INV_PREFILL_MAX] + decode * parameters[_P_INV_DECODE_MAX]
     )
-    return parameters[_P_W_TERMINAL] * backlog * backlog
+    deferred = (1.0 - share) * parameters[_P_DECODE_ENERGY] * decode
+    return parameters[_P_W_TERMINAL] * backlog * backlog + deferred
 
 
 @jit

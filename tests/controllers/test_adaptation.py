@@ -227,7 +227,7 @@ def test_the_tail_prompt_yields_to_the_budget_where_asked(synthetic_plant, yield
         assert problem.ttft_prompt == mpc.charged_prompt_tokens
         charged.append((problem.ttft_prompt, problem.ttft_own_prompt))
         assert problem.weights.terminal_backlog == MPCWeights().terminal_backlog
-        terminal.append(problem.terminal_prefill_share)
+        terminal.append(problem.terminal_share)
     burst = (3_000.0, 2_000.0)
     if not yields:
         assert charged[1:5] == [pytest.approx((2_000.0, 2_000.0))] * 4

@@ -42,12 +42,12 @@ def _problem(plant, observation, **options):  # type: ignore[no-untyped-def]
     return controller.problem(observation, 1.0)
 
 
-@pytest.mark.parametrize("terminal_prefill_share", [1.0, 0.3, 0.0])
+@pytest.mark.parametrize("terminal_share", [1.0, 0.3, 0.0])
 @pytest.mark.parametrize("own", [None, 1_500.0])
 def test_kernel_costs_equal_problem_costs_with_an_allowance(
     synthetic_plant,  # type: ignore[no-untyped-def]
     own: float | None,
-    terminal_prefill_share: float,
+    terminal_share: float,
 ) -> None:
     """The compiled search prices every plan as the problem does, whatever share of the
     prompt backlog the terminal penalty charges."""
@@ -58,7 +58,7 @@ def test_kernel_costs_equal_problem_costs_with_an_allowance(
             _problem(synthetic_plant, observation, ttft_prompt_tokens=6_000.0),
             ttft_slo_per_prompt_token_s=ALLOWANCE,
             ttft_own_prompt_tokens=own,
-            terminal_prefill_share=terminal_prefill_share,
+            terminal_share=terminal_share,
             prompt_arrivals=np.full(4, rate * 1_000.0),
         )
         levels = rng.integers(0, clocks.size, size=(30, problem.horizon_steps))
@@ -175,21 +175,28 @@ def test_a_budget_behind_its_target_withdraws_the_allowance(synthetic_plant) -> 
     assert controller.ttft_allowance == ALLOWANCE
 
 
-def test_the_terminal_penalty_yields_only_the_prompt_backlog() -> None:
-    """With no share of the prompt backlog charged, a plan that leaves decode work at the
-    horizon's end still pays for it (the burst guard drains prompts, not decode work),
-    and a share outside [0, 1] is refused."""
+def test_the_terminal_cost_prices_deferred_decode_work_at_its_least_energy() -> None:
+    """All of the seed's quadratic terminal penalty at a share of 1; at 0, no cost for a
+    prompt backlog (the burst guard drains it) but the decode backlog, which the guard
+    does not drain, at the least energy a decode token costs above idle; a share outside
+    [0, 1] is refused."""
     plant = make_plant(make_profile())
-    observation = _observation(prefill_tokens=0.0, decode_active=40)
-    base = replace(
-        _problem(plant, observation), initial_decode_tokens=200_000.0, terminal_prefill_share=0.0
+    profile = plant.profile
+    full = _problem(plant, _observation(prefill_tokens=0.0, decode_active=0))
+    none = replace(full, terminal_share=0.0)
+    prompts, tokens, nothing = np.array([50_000.0]), np.array([20_000.0]), np.zeros(1)
+    seconds = (
+        50_000.0 / profile.prefill_tokens_per_s[-1] + 20_000.0 / profile.decode_tokens_per_s[-1]
     )
-    unweighted = replace(base, weights=replace(base.weights, terminal_backlog=0.0))
-    low = np.zeros((1, base.horizon_steps), dtype=np.int64)
-    plan = plant.profile.clock_mhz[low]
-    assert base.costs(plan)[0] > unweighted.costs(plan)[0]
-    queued = replace(base, initial_decode_tokens=0.0, initial_prefill_tokens=200_000.0)
-    queued_unweighted = replace(queued, weights=replace(queued.weights, terminal_backlog=0.0))
-    assert queued.costs(plan)[0] == pytest.approx(queued_unweighted.costs(plan)[0])
-    with pytest.raises(ValueError, match="terminal_prefill_share"):
-        replace(base, terminal_prefill_share=-0.1)
+    assert full.terminal_cost(prompts, tokens)[0] == pytest.approx(
+        full.weights.terminal_backlog * seconds**2
+    )
+    assert none.terminal_cost(prompts, nothing)[0] == 0.0
+    marginal = (profile.decode_power_w - profile.idle_power_w) / profile.decode_tokens_per_s
+    assert none.decode_energy_per_token_j == pytest.approx(float(np.min(marginal)))
+    maximum = max(profile.prefill_power_w[-1], profile.decode_power_w[-1])
+    periods = 20_000.0 * float(np.min(marginal)) / maximum / full.control_period_s
+    assert none.terminal_cost(prompts, tokens)[0] == pytest.approx(full.weights.power * periods)
+    assert 0.0 < none.terminal_cost(nothing, tokens)[0] < full.terminal_cost(nothing, tokens)[0]
+    with pytest.raises(ValueError, match="terminal_share"):
+        replace(full, terminal_share=-0.1)
