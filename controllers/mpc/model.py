@@ -223,9 +223,10 @@ class MPCProblem:
     """The new request's own prompt within ``ttft_prompt`` (the rest is a burst ahead of
     it, :class:`controllers.adaptation.BurstHedge`); default all of it."""
     terminal_share: float = 1.0
-    """The share of the seed's terminal penalty charged (:meth:`terminal_cost`); the rest
-    of the decode backlog left at the horizon's end is priced at its least energy. A
-    caller whose guard drains any prompt backlog charges less than all of it."""
+    """The share of the backlog left at the horizon's end that the seed's quadratic
+    terminal penalty charges (:meth:`terminal_cost`); the rest of the decode backlog is
+    priced at its least energy. A caller whose guard drains any prompt backlog charges
+    less than all of it."""
     dwell_periods: float = 0.0
     """Periods the safety chain holds a clock before a lower one applies (its dwell over
     the control period, ``daemon.safety.MinimumDwell``): a plan is priced as the chain
@@ -565,8 +566,8 @@ class MPCProblem:
         return max(0.0, float(np.min(marginal)))
 
     def terminal_cost(self, prefill: FloatArray, decode: FloatArray) -> FloatArray:
-        """The cost of the backlog a plan leaves at the horizon's end: :attr:`terminal_share`
-        of the seed's quadratic penalty on its seconds of work at the top clock, and the
+        """The cost of the backlog a plan leaves at the horizon's end: the seed's quadratic
+        penalty on :attr:`terminal_share` of its seconds of work at the top clock, and the
         rest of the decode backlog at :attr:`decode_energy_per_token_j`, in the power
         term's units (periods at the maximum power)."""
         profile = self.plant.profile
