@@ -436,7 +436,7 @@ class MPCProblem:
         tpot_slack = np.maximum(0.0, predicted.tpot_proxy_s - self.tpot_target_s) / max(
             profile.tpot_slo_s, 1e-12
         )
-        maximum_power = max(profile.prefill_power_w[-1], profile.decode_power_w[-1])
+        maximum_power = self.maximum_power_w
         power_slack = np.maximum(
             0.0, predicted.normalized_power - self.plant.power_limit_w / maximum_power
         )
@@ -472,7 +472,7 @@ class MPCProblem:
         prefill_power = np.interp(sequences, grid, profile.prefill_power_w)
         decode_power = np.interp(sequences, grid, profile.decode_power_w)
         idle_power = np.interp(sequences, grid, profile.idle_power_w)
-        maximum_power = max(profile.prefill_power_w[-1], profile.decode_power_w[-1])
+        maximum_power = self.maximum_power_w
         decay = math.exp(-h / self.plant.thermal_time_constant_s)
         prompt_divisor = max(self.mean_prompt_tokens, 1.0)
         output_divisor = max(self.mean_output_tokens, 1.0)
@@ -556,6 +556,12 @@ class MPCProblem:
         )
 
     @property
+    def maximum_power_w(self) -> float:
+        """The profile's highest phase power: the power term's unit."""
+        profile = self.plant.profile
+        return float(max(profile.prefill_power_w[-1], profile.decode_power_w[-1]))
+
+    @property
     def decode_energy_per_token_j(self) -> float:
         """The least energy above idle one decode token costs on the profile (J): the
         least a plan can spend later on the decode work it defers past the horizon."""
@@ -575,8 +581,7 @@ class MPCProblem:
         backlog = share * (
             prefill / profile.prefill_tokens_per_s[-1] + decode / profile.decode_tokens_per_s[-1]
         )
-        maximum_power = max(profile.prefill_power_w[-1], profile.decode_power_w[-1])
-        energy = self.weights.power * self.decode_energy_per_token_j / maximum_power
+        energy = self.weights.power * self.decode_energy_per_token_j / self.maximum_power_w
         return self.weights.terminal_backlog * backlog**2 + (1.0 - share) * energy * decode / (
             self.control_period_s
         )

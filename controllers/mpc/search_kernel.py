@@ -68,7 +68,7 @@ _P_DWELL = 33  # periods a clock is held before a lower one applies (0: none)
 _P_HELD_LEVEL = 34  # level held at the first decision (-1: unknown, nothing held)
 _P_HELD_PERIODS = 35  # periods it has been held by then
 _P_TERMINAL_SHARE = 36  # share of the seed's terminal penalty charged
-_P_DECODE_ENERGY = 37  # cost of a decode token deferred past the horizon, at its least energy
+_P_DEFERRED_DECODE = 37  # cost of a decode token the rest of the share defers, at its least energy
 _PARAMETERS = 38
 
 # Columns of a trajectory row (``_load`` / ``_store``): the state before a period, the
@@ -121,7 +121,7 @@ def problem_arrays(
     table[_NORMALIZED_CLOCK] = (clocks - minimum) / span
 
     weights = problem.weights
-    maximum_power = max(profile.prefill_power_w[-1], profile.decode_power_w[-1])
+    maximum_power = problem.maximum_power_w
     ttft_scale = max(profile.ttft_slo_s, 1e-12)
     tpot_scale = max(profile.tpot_slo_s, 1e-12)
     power_limit = plant.power_limit_w / maximum_power
@@ -169,8 +169,11 @@ def problem_arrays(
     parameters[_P_TTFT_ALLOWANCE] = problem.ttft_slo_per_prompt_token_s
     parameters[_P_TTFT_OWN_PROMPT] = problem.ttft_own_prompt
     parameters[_P_TERMINAL_SHARE] = problem.terminal_share
-    parameters[_P_DECODE_ENERGY] = (
-        weights.power * problem.decode_energy_per_token_j / (maximum_power * h)
+    parameters[_P_DEFERRED_DECODE] = (
+        (1.0 - problem.terminal_share)
+        * weights.power
+        * problem.decode_energy_per_token_j
+        / (maximum_power * h)
     )
     held = problem.held_clock_mhz
     if problem.dwell_periods > 0.0 and held is not None:
@@ -281,12 +284,10 @@ def _advance(
 @jit
 def _terminal(prefill: float, decode: float, parameters: FloatArray) -> float:
     """The terminal term of the state after the last period (MPCProblem.terminal_cost)."""
-    share = parameters[_P_TERMINAL_SHARE]
-    backlog = share * (
+    backlog = parameters[_P_TERMINAL_SHARE] * (
         prefill * parameters[_P_INV_PREFILL_MAX] + decode * parameters[_P_INV_DECODE_MAX]
     )
-    deferred = (1.0 - share) * parameters[_P_DECODE_ENERGY] * decode
-    return parameters[_P_W_TERMINAL] * backlog * backlog + deferred
+    return parameters[_P_W_TERMINAL] * backlog * backlog + parameters[_P_DEFERRED_DECODE] * decode
 
 
 @jit

@@ -183,9 +183,10 @@ def test_the_tail_prompt_yields_to_the_budget_where_asked(synthetic_plant, yield
     """``mpc-online``'s MPC charges a new request the mean prompt, not the declared tail,
     while the attainment budget is at or above its default looseness, and the tail beyond
     the mean in the share the budget withholds below it; a burst is still charged in full.
-    The prompt backlog left at the horizon's end is charged in that same share (the
-    decode backlog, which the guard does not drain, in full). ``mpc`` keeps charging the
-    tail and the backlog whatever the budget says."""
+    The seed's terminal penalty charges that same share of the backlog left at the
+    horizon's end (the rest of the decode backlog, which the guard does not drain, is
+    priced at its least energy). ``mpc`` keeps charging the tail and the backlog whatever
+    the budget says."""
     from gpugov.controllers.budget import AttainmentBudget, SLOTarget
 
     budget = AttainmentBudget(SLOTarget(attainment=0.99), tightest=0.7, loosest=1 / 0.7)

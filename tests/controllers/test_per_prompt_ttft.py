@@ -50,7 +50,8 @@ def test_kernel_costs_equal_problem_costs_with_an_allowance(
     terminal_share: float,
 ) -> None:
     """The compiled search prices every plan as the problem does, whatever share of the
-    prompt backlog the terminal penalty charges."""
+    backlog the seed's terminal penalty charges (the rest of the decode backlog at its
+    least energy)."""
     clocks = synthetic_plant.profile.clock_mhz
     rng = np.random.default_rng(8)
     for observation, rate, _ in _random_states(15, seed=12):
