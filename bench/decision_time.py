@@ -11,7 +11,11 @@ whole call (in the node's safety chain, wall-clock solve limits as on a node):
    decides exactly as in step 1) and to ``mpc-slsqp`` (the seed's SLSQP MPC, same period
    and horizon), each call timed with ``perf_counter`` and the thread's CPU time; then,
    back to back, to a third ``mpc-online`` alone (``mpc-online-alone``: its caches warm,
-   where each interleaved call finds them evicted by an SLSQP solve);
+   where each interleaved call finds them evicted by an SLSQP solve); then, with
+   ``--sleep-ms`` (default 20), interleaved again with the thread asleep that long before
+   every call (``mpc-online-after-sleep``, ``mpc-slsqp-after-sleep``): a node's loop
+   sleeps between its decisions, and a call after a sleep finds the core and its caches
+   cold;
 3. with ``--outcomes``, ``mpc-online`` with its lean search and with ``mpc``'s full
    search run closed loop on each ``--outcome-profiles`` profile (the energy saved
    against the maximum clock and the SLO attainment of both: the lean search must not
@@ -71,9 +75,14 @@ def _percentiles(values: list[float]) -> dict[str, float]:
 
 
 def time_decisions(
-    plant: ServingPlant, workload: list[Request], period_s: float, steps: int
+    plant: ServingPlant,
+    workload: list[Request],
+    period_s: float,
+    steps: int,
+    sleep_s: float = 0.0,
 ) -> dict[str, Any]:
-    """Steps 1 and 2: the closed-loop observations, then both controllers timed on them."""
+    """Steps 1 and 2: the closed-loop observations, then both controllers timed on them
+    (and after a sleep of ``sleep_s`` before each call, where it is positive)."""
     horizon = steps * period_s
     online_spec = OnlineMPCControllerConfig(kind="mpc-online", horizon_s=horizon)
     slsqp_spec = MPCControllerConfig(kind="mpc-slsqp", horizon_s=horizon)
@@ -129,6 +138,59 @@ def time_decisions(
         "wall": _percentiles(series["wall"]),
         "cpu": _percentiles(series["cpu"]),
     }
+    if sleep_s > 0.0:
+        result.update(time_after_sleep(plant, workload, observations, period_s, steps, sleep_s))
+    return result
+
+
+def time_after_sleep(
+    plant: ServingPlant,
+    workload: list[Request],
+    observations: list[ServingObservation],
+    period_s: float,
+    steps: int,
+    sleep_s: float,
+) -> dict[str, Any]:
+    """Both controllers fed ``observations`` interleaved, the thread asleep ``sleep_s``
+    before every call, as a node's loop sleeps between decisions."""
+    horizon = steps * period_s
+    online = _controller(
+        OnlineMPCControllerConfig(kind="mpc-online", horizon_s=horizon), plant, workload, period_s
+    )
+    slsqp = _controller(
+        MPCControllerConfig(kind="mpc-slsqp", horizon_s=horizon), plant, workload, period_s
+    )
+    timed: dict[str, dict[str, list[float]]] = {
+        name: {"wall": [], "cpu": []} for name in ("mpc-online", "mpc-slsqp")
+    }
+    total = len(observations)
+    started = time.perf_counter()
+    for index, observation in enumerate(observations):
+        for controller, name in ((online, "mpc-online"), (slsqp, "mpc-slsqp")):
+            time.sleep(sleep_s)
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            controller(observation)
+            timed[name]["cpu"].append(time.thread_time() - start_cpu)
+            timed[name]["wall"].append(time.perf_counter() - start)
+        if (index + 1) % 250 == 0 or index + 1 == total:
+            elapsed = time.perf_counter() - started
+            left = elapsed / (index + 1) * (total - index - 1)
+            print(
+                f"after a {sleep_s * 1e3:g} ms sleep: {index + 1}/{total} decisions, "
+                f"elapsed {elapsed:.0f} s, ETA {left:.0f} s",
+                file=sys.stderr,
+            )
+    result: dict[str, Any] = {"sleep_ms": sleep_s * 1e3}
+    for name, series in timed.items():
+        result[f"{name}-after-sleep"] = {
+            "wall": _percentiles(series["wall"]),
+            "cpu": _percentiles(series["cpu"]),
+        }
+    online_wall = result["mpc-online-after-sleep"]["wall"]
+    seed_wall = result["mpc-slsqp-after-sleep"]["wall"]
+    result["ratio_after_sleep_wall"] = {
+        f"{q}_ms": online_wall[f"{q}_ms"] / seed_wall[f"{q}_ms"] for q in ("p50", "p99")
+    }
     return result
 
 
@@ -178,6 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=300.0, help="seconds of arrivals")
     parser.add_argument("--period", type=float, default=0.25, help="control period, seconds")
     parser.add_argument("--steps", type=int, default=10, help="horizon, control periods")
+    parser.add_argument(
+        "--sleep-ms",
+        type=float,
+        default=20.0,
+        help="also time both after a sleep this long before each call (0: not)",
+    )
     parser.add_argument("--outcomes", action="store_true", help="also compare the searches")
     parser.add_argument(
         "--outcome-profiles",
@@ -187,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.period <= 0 or args.steps < 1 or args.duration <= 0:
         parser.error("--period and --duration must be positive, --steps at least 1")
+    if not 0.0 <= args.sleep_ms <= 1000.0:
+        parser.error("--sleep-ms must lie in [0, 1000]")
 
     plant = ServingPlant.from_profile(load_profile(args.profile))
     workload = list(build_scenario(args.trace, plant, "recorded", args.duration).requests)
@@ -203,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         "period_s": args.period,
         "horizon_steps": args.steps,
         "target_p99_ms": TARGET_P99_MS,
-        **time_decisions(plant, workload, args.period, args.steps),
+        **time_decisions(plant, workload, args.period, args.steps, args.sleep_ms / 1e3),
         "load_average_1min": float(os.getloadavg()[0]),
         "machine": {
             "python": platform.python_version(),
@@ -219,10 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    for name in ("mpc-online", "mpc-slsqp", "mpc-online-alone"):
+    names = ["mpc-online", "mpc-slsqp", "mpc-online-alone"]
+    if args.sleep_ms > 0:
+        names += ["mpc-online-after-sleep", "mpc-slsqp-after-sleep"]
+    for name in names:
         wall, cpu = result[name]["wall"], result[name]["cpu"]
         print(
-            f"{name:<16} whole decision: wall p50 {wall['p50_ms']:.3f} ms, p99 "
+            f"{name:<22} whole decision: wall p50 {wall['p50_ms']:.3f} ms, p99 "
             f"{wall['p99_ms']:.3f} ms; thread CPU p50 {cpu['p50_ms']:.3f} ms, p99 "
             f"{cpu['p99_ms']:.3f} ms"
         )
@@ -231,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"ratio mpc-online / mpc-slsqp ({clock}): p50 {ratio['p50_ms']:.4f}, "
             f"p99 {ratio['p99_ms']:.4f}"
+        )
+    if args.sleep_ms > 0:
+        ratio = result["ratio_after_sleep_wall"]
+        print(
+            f"ratio mpc-online / mpc-slsqp after a {args.sleep_ms:g} ms sleep (wall): "
+            f"p50 {ratio['p50_ms']:.4f}, p99 {ratio['p99_ms']:.4f}"
         )
     print(
         f"{result['decisions']} decisions (load average {result['load_average_1min']:.1f}); "
