@@ -8,7 +8,11 @@ Derivations from the engine's cumulative counters (documented in ``docs/daemon.m
 * ``prefill_remaining_tokens``: waiting requests x the running mean prompt length, the
   mean being prompt tokens / first tokens (TTFT histogram count) since the engine started,
   else prompt tokens / finished requests, else the configured default.
-* ``generated_decode_tokens``: running x mean output length / 2 (a running request is on
+* ``generated_decode_tokens``: the tokens the requests in flight have generated, the
+  engine's generation counter less its output-length histogram's sum (the finished
+  requests' tokens; vLLM, SGLang), less what that difference held the last time nothing
+  was in flight (tokens of requests the histogram never counted); where the engine has
+  no such histogram (TGI), running x mean output length / 2 (a running request is on
   average half done; mean output = generation tokens / finished requests, else default).
 * ``ttft_recent_s`` / ``tpot_recent_s``: (sum now - sum before) / (count now - count
   before) of the histograms between two successful scrapes; None when no request
@@ -172,6 +176,10 @@ class DomainObserver:
         self.role_from_config = role_from_config
         self.domain = domain
         self._roles_reported: set[str] = {role}
+        self._generation_total: float | None = None
+        self._generation_offset = 0.0
+        """Generated tokens the output-length histogram never counted (requests that
+        ended without it), as of the last scrape with nothing in flight."""
 
     def supported_clocks_mhz(self) -> tuple[float, ...]:
         """Clocks every GPU of the domain supports, ascending (cached)."""
@@ -275,6 +283,30 @@ class DomainObserver:
             return max(0.0, total - external)
         return total
 
+    def _generated_in_flight(self, engine: EngineSample) -> float | None:
+        """Tokens generated so far by the requests in flight: the generation counter less
+        the finished requests' (the output-length histogram's sum) less the offset of
+        requests the histogram never counted; None where the engine gives no such pair,
+        or the pair is inconsistent (the histogram ahead of the counter)."""
+        total = engine.generation_tokens_total
+        finished = engine.finished_generation_tokens_total
+        if total is None or finished is None:
+            return None
+        previous, self._generation_total = self._generation_total, total
+        if previous is not None and total < previous:
+            # The engine restarted: its counters start again from zero.
+            self._generation_offset = 0.0
+        in_flight = total - finished
+        if not math.isfinite(in_flight) or in_flight < 0.0:
+            return None
+        if engine.running_requests <= 0 and engine.waiting_requests <= 0:
+            # Nothing in flight: whatever the difference holds, no running request made.
+            self._generation_offset = in_flight
+            return 0.0
+        if in_flight < self._generation_offset:
+            self._generation_offset = in_flight
+        return in_flight - self._generation_offset
+
     def _check_role(self, labelled: str | None) -> None:
         """One log line per role the engine's labels state that differs from the
         domain's (the config's wins; a role read at start stays until a restart)."""
@@ -375,6 +407,8 @@ class DomainObserver:
         if prefill is None:
             prefill = engine.waiting_requests * mean_prompt
         generated = engine.generated_decode_tokens
+        if generated is None:
+            generated = self._generated_in_flight(engine)
         if generated is None:
             generated = engine.running_requests * mean_output / 2.0
         ttft = tpot = None  # nothing measured in a window without a new scrape

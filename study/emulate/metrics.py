@@ -144,6 +144,11 @@ def render_metrics(node: EmulatedNode, model: str, gpus: Sequence[int] | None = 
                 "e2e",
                 "Histogram of e2e request latency in seconds.",
             ),
+            (
+                "vllm:request_generation_tokens",
+                "output_lengths",
+                "Number of generation tokens processed.",
+            ),
         ):
             family(name, "histogram", help_text)
             for r in replicas:

@@ -98,6 +98,14 @@ E2E_BUCKETS_S = (
     1920.0,
     7680.0,
 )
+LENGTH_BUCKETS = tuple(
+    float(base * 10**power)
+    for power in range(6)
+    for base in (1, 2, 5)
+    if base * 10**power <= 131_072
+)
+"""vLLM's 1-2-5 bounds for its request-length histograms
+(``vllm:request_generation_tokens``), up to the longest model length it serves."""
 
 # NVML return codes the emulated GPU answers with (nvml.h NVML_ERROR_*).
 NVML_SUCCESS = 0
@@ -158,6 +166,8 @@ class EngineStats:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS_S))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS_S))
+    output_lengths: Histogram = field(default_factory=lambda: Histogram(LENGTH_BUCKETS))
+    """Tokens generated per finished request (``vllm:request_generation_tokens``)."""
 
 
 @dataclass
@@ -350,6 +360,7 @@ class EmulatedNode:
                     )
                 )
                 stats.e2e.observe(end - arrival)
+                stats.output_lengths.observe(stream.sent)
                 stats.finished[stream.finish_reason] += 1
                 stream.events.put(("done", stream.sent))
                 done.append(index)

@@ -107,6 +107,38 @@ def test_sglang_ranks_counted_once() -> None:
     assert sample.tpot == HistogramTotals(2.0, 100.0)
 
 
+VLLM_LENGTHS_PAGE = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 0.0
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 1250.0
+# HELP vllm:request_generation_tokens Number of generation tokens processed.
+# TYPE vllm:request_generation_tokens histogram
+vllm:request_generation_tokens_bucket{engine="0",le="1.0",model_name="m"} 0.0
+vllm:request_generation_tokens_bucket{engine="0",le="500.0",model_name="m"} 3.0
+vllm:request_generation_tokens_bucket{engine="0",le="+Inf",model_name="m"} 4.0
+vllm:request_generation_tokens_count{engine="0",model_name="m"} 4.0
+vllm:request_generation_tokens_sum{engine="0",model_name="m"} 1100.0
+"""
+
+
+def test_the_finished_requests_tokens_come_from_the_output_length_histogram() -> None:
+    """vLLM counts every generated token as it is made and each finished request's tokens
+    in its output-length histogram: the histogram's sum is the finished requests'."""
+    sample = VllmSource("x", fetch=lambda url, t: VLLM_LENGTHS_PAGE).scrape()
+    assert sample.generation_tokens_total == 1250.0
+    assert sample.finished_generation_tokens_total == 1100.0
+    assert sample.request_generation_tokens_buckets is not None
+    # TGI's generation counter is its output-length histogram's sum: no such pair.
+    tgi = TgiSource("x", fetch=lambda url, t: fixture_text("tgi_synthetic.txt")).scrape()
+    assert tgi.finished_generation_tokens_total is None
+
+
 def test_tgi_page() -> None:
     sample = TgiSource("x", fetch=lambda url, t: fixture_text("tgi_synthetic.txt")).scrape()
     assert (sample.running_requests, sample.waiting_requests) == (24, 6)

@@ -88,6 +88,37 @@ def test_derivations_from_counters() -> None:
     assert second.requested_clock_mhz == 1200.0
 
 
+def test_generated_tokens_in_flight_from_the_counter_and_the_output_histogram() -> None:
+    """The tokens the requests in flight have generated: the generation counter less the
+    finished requests' (the output-length histogram's sum), less what the difference held
+    the last time nothing was in flight; half a mean output per running request where an
+    engine gives no such pair, or an inconsistent one."""
+    gpu, source = StubGpu("0"), StubSource()
+    observer = DomainObserver([gpu], source, stale_after_s=3.0, mean_output_tokens=200.0)
+
+    def generated(running: int, waiting: int, total: float, finished: float | None) -> float:
+        source.next = _engine(
+            running_requests=running,
+            waiting_requests=waiting,
+            generation_tokens_total=total,
+            finished_generation_tokens_total=finished,
+            finished_requests_total=10.0,
+        )
+        return observer.observe(0.0, 0, None).observation.generated_decode_tokens
+
+    assert generated(4, 0, 1000.0, 600.0) == 400.0
+    # Nothing in flight, yet 100 tokens the histogram never counted (an aborted request):
+    # they are no running request's.
+    assert generated(0, 0, 1200.0, 1100.0) == 0.0
+    assert generated(2, 1, 1500.0, 1100.0) == 300.0
+    # The engine restarted: its counters start from zero, and so does the offset.
+    assert generated(1, 0, 50.0, 0.0) == 50.0
+    # No output-length histogram (TGI), or one ahead of the counter: half done.
+    mean_output = 50.0 / 10.0
+    assert generated(4, 0, 50.0, None) == pytest.approx(4 * mean_output / 2)
+    assert generated(4, 0, 50.0, 80.0) == pytest.approx(4 * mean_output / 2)
+
+
 def test_defaults_without_counters_and_counter_reset() -> None:
     source = StubSource()
     observer = DomainObserver(

@@ -156,6 +156,13 @@ def test_metrics_page_moves_and_parses_with_vllm_source(emulator: EmulatorServer
     assert f"vllm:iteration_tokens_total_sum{{{steps}}} 24.0" in text
     assert f'vllm:iteration_tokens_total_bucket{{{steps},le="1.0"}} 4.0' in text
     assert f'vllm:iteration_tokens_total_bucket{{{steps},le="32.0"}} 5.0' in text
+    # The finished request's five tokens in the output-length histogram: with the
+    # generation counter, nothing is left in flight.
+    assert after.finished_generation_tokens_total == (
+        (before.finished_generation_tokens_total or 0) + 5
+    )
+    assert f'vllm:request_generation_tokens_bucket{{{steps},le="5.0"}} 1.0' in text
+    assert after.generation_tokens_total == after.finished_generation_tokens_total
 
 
 def test_emulated_backend_reads_locks_and_resets(emulator: EmulatorServer) -> None:
