@@ -4,8 +4,12 @@ Derivations from the engine's cumulative counters (documented in ``docs/daemon.m
 
 * ``arrived_requests``: the engine's arrival counter when it has one (TGI), else
   finished + waiting + running (every request that arrived is in one of the three).
-* ``waiting_requests`` / ``decode_active``: the waiting and running gauges.
-* ``prefill_remaining_tokens``: waiting requests x the running mean prompt length, the
+* ``waiting_requests`` / ``decode_active``: the waiting and running gauges, with the
+  running requests still in their prefill moved from one to the other (vLLM and SGLang
+  run a prompt's chunks as a running request): the running gauge less the requests that
+  have their first token and have not finished (TTFT count less finished, less what that
+  difference held the last time nothing was in flight).
+* ``prefill_remaining_tokens``: those waiting requests x the running mean prompt length, the
   mean being prompt tokens / first tokens (TTFT histogram count) since the engine started,
   else prompt tokens / finished requests, else the configured default.
 * ``generated_decode_tokens``: the tokens the requests in flight have generated, the
@@ -176,6 +180,10 @@ class DomainObserver:
         self.role_from_config = role_from_config
         self.domain = domain
         self._roles_reported: set[str] = {role}
+        self._first_tokens_total: float | None = None
+        self._decoding_offset = 0.0
+        """First tokens less finished requests that no running request accounts for
+        (requests that ended uncounted), as of the last scrape with nothing in flight."""
         self._generation_total: float | None = None
         self._generation_offset = 0.0
         """Generated tokens the output-length histogram never counted (requests that
@@ -282,6 +290,38 @@ class DomainObserver:
         if self.role != "colocated" and external is not None:
             return max(0.0, total - external)
         return total
+
+    def _prefilling(self, engine: EngineSample) -> int:
+        """Running requests still in their prefill: vLLM and SGLang schedule a prompt's
+        chunks as a running request, so their waiting gauge leaves it out. The running
+        gauge less the requests that have their first token and have not finished (the
+        TTFT histogram's count less the finished counter), less what that difference held
+        the last time nothing was in flight. 0 where the engine gives the backlog itself
+        (the simulated engine), lacks either counter, or serves a decode pool (its
+        prompts were prefilled elsewhere)."""
+        if (
+            engine.prefill_remaining_tokens is not None
+            or engine.ttft is None
+            or engine.finished_requests_total is None
+            or self.role == "decode"
+        ):
+            return 0
+        first_tokens = engine.ttft.count
+        previous, self._first_tokens_total = self._first_tokens_total, first_tokens
+        if previous is not None and first_tokens < previous:
+            # The engine restarted: its counters start again from zero.
+            self._decoding_offset = 0.0
+        decoding = first_tokens - engine.finished_requests_total
+        if not math.isfinite(decoding):
+            return 0
+        running = max(0, engine.running_requests)
+        if running == 0 and engine.waiting_requests <= 0:
+            self._decoding_offset = decoding
+            return 0
+        if decoding < self._decoding_offset:
+            self._decoding_offset = decoding
+        decoding -= self._decoding_offset
+        return int(min(running, max(0, running - round(decoding))))
 
     def _generated_in_flight(self, engine: EngineSample) -> float | None:
         """Tokens generated so far by the requests in flight: the generation counter less
@@ -403,14 +443,16 @@ class DomainObserver:
             or self.mean_prompt_tokens
         )
         mean_output = _ratio(engine.generation_tokens_total, finished) or self.mean_output_tokens
+        prefilling = self._prefilling(engine)
+        decoding = max(0, engine.running_requests - prefilling)
         prefill = engine.prefill_remaining_tokens
         if prefill is None:
-            prefill = engine.waiting_requests * mean_prompt
+            prefill = (engine.waiting_requests + prefilling) * mean_prompt
         generated = engine.generated_decode_tokens
         if generated is None:
             generated = self._generated_in_flight(engine)
         if generated is None:
-            generated = engine.running_requests * mean_output / 2.0
+            generated = decoding * mean_output / 2.0
         ttft = tpot = None  # nothing measured in a window without a new scrape
         if new_scrape:
             ttft = engine.ttft_recent_s
@@ -435,10 +477,10 @@ class DomainObserver:
             step_index=step_index,
             arrived_requests=max(0, round(arrived)),
             prefill_remaining_tokens=max(0.0, float(prefill)),
-            decode_active=max(0, engine.running_requests),
+            decode_active=decoding,
             generated_decode_tokens=max(0.0, float(generated)),
             temperature_c=self._temperature_c,
-            waiting_requests=self._waiting(engine),
+            waiting_requests=self._waiting(engine) + prefilling,
             completed_requests=round(finished or 0.0),
             output_tokens_total=float(engine.generation_tokens_total or 0.0),
             prompt_tokens_total=self._local_prompt_tokens(engine),

@@ -235,6 +235,13 @@ class PlantSimulation:
         return self.gpu.clock_event_reasons
 
     @property
+    def prefilling_requests(self) -> int:
+        """Admitted requests whose prompt is still being prefilled (chunk by chunk): an
+        engine such as vLLM counts them running, where :meth:`observe` counts them
+        waiting."""
+        return len(self._prefilling)
+
+    @property
     def preemptions(self) -> int:
         """Preemptions so far, every request together: a running count, so reading it
         costs the same however many requests have finished (``gpugov emulate``'s

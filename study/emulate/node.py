@@ -460,9 +460,12 @@ class EmulatedNode:
     def engine_state(self, replica: int) -> dict[str, float]:
         """The gauges vLLM exports for one replica: running, waiting, KV usage."""
         with self.lock:
-            observation = self.simulations[replica].observe()
-        running = observation.decode_active
-        waiting = observation.waiting_requests
+            simulation = self.simulations[replica]
+            observation = simulation.observe()
+            prefilling = simulation.prefilling_requests
+        # As vLLM V1: a prompt whose chunks are being prefilled is a running request.
+        running = observation.decode_active + prefilling
+        waiting = max(0, observation.waiting_requests - prefilling)
         capacity = observation.kv_capacity_tokens
         return {
             "running": float(running),

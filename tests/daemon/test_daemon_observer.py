@@ -10,6 +10,7 @@ from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.engines import EngineSample, HistogramTotals
 from gpugov.daemon.errors import EngineUnavailable, GpuLost, TransientGpuError
 from gpugov.daemon.observer import DomainObserver
+from gpugov.plant.types import ServingObservation
 
 
 class StubGpu:
@@ -117,6 +118,55 @@ def test_generated_tokens_in_flight_from_the_counter_and_the_output_histogram() 
     mean_output = 50.0 / 10.0
     assert generated(4, 0, 50.0, None) == pytest.approx(4 * mean_output / 2)
     assert generated(4, 0, 50.0, 80.0) == pytest.approx(4 * mean_output / 2)
+
+
+def test_running_requests_still_in_their_prefill_count_as_waiting() -> None:
+    """vLLM and SGLang run a prompt's chunks as a running request: the running gauge less
+    the requests with a first token and unfinished (TTFT count less finished) are still
+    prefilling, and their prompts are backlog, not decode batch."""
+    gpu, source = StubGpu("0"), StubSource()
+    observer = DomainObserver([gpu], source, stale_after_s=3.0)
+
+    def observe(
+        running: int, waiting: int, first: float, finished: float, **kw: object
+    ) -> ServingObservation:
+        source.next = _engine(
+            running_requests=running,
+            waiting_requests=waiting,
+            ttft=HistogramTotals(1.0, first),
+            finished_requests_total=finished,
+            prompt_tokens_total=first * 1000.0,
+            **kw,
+        )
+        return observer.observe(0.0, 0, None).observation
+
+    # Three running, two of them decoding (ten first tokens, eight finished): one long
+    # prompt is being prefilled beside one waiting.
+    seen = observe(3, 1, 10.0, 8.0)
+    assert (seen.decode_active, seen.waiting_requests) == (2, 2)
+    assert seen.prefill_remaining_tokens == pytest.approx(2 * 1000.0)
+    # Nothing in flight, yet one first token no finished request accounts for (a request
+    # that ended uncounted): it is no running request's.
+    seen = observe(0, 0, 12.0, 11.0)
+    assert (seen.decode_active, seen.waiting_requests) == (0, 0)
+    seen = observe(2, 0, 14.0, 11.0)
+    assert (seen.decode_active, seen.waiting_requests) == (2, 0)
+    # The engine restarted: counters from zero, the offset too.
+    seen = observe(2, 0, 1.0, 0.0)
+    assert (seen.decode_active, seen.waiting_requests) == (1, 1)
+    # A simulated engine states the backlog itself: its gauges are taken as they are.
+    seen = observe(2, 0, 1.0, 0.0, prefill_remaining_tokens=0.0)
+    assert (seen.decode_active, seen.waiting_requests) == (2, 0)
+    # A decode pool prefills nothing: every running request decodes.
+    decode_pool = DomainObserver([gpu], source, stale_after_s=3.0, role="decode")
+    source.next = _engine(
+        running_requests=3,
+        waiting_requests=0,
+        ttft=HistogramTotals(1.0, 10.0),
+        finished_requests_total=8.0,
+    )
+    seen = decode_pool.observe(0.0, 0, None).observation
+    assert (seen.decode_active, seen.waiting_requests) == (3, 0)
 
 
 def test_defaults_without_counters_and_counter_reset() -> None:
