@@ -9,7 +9,8 @@ Derivations from the engine's cumulative counters (documented in ``docs/daemon.m
   run a prompt's chunks as a running request): the running gauge less the requests that
   have their first token and have not finished (TTFT count less finished, less what that
   difference held the last time nothing was in flight).
-* ``prefill_remaining_tokens``: those waiting requests x the running mean prompt length, the
+* ``prefill_remaining_tokens``: the queued requests x the running mean prompt length, plus
+  each prompt in prefill at :func:`residual_prompt_tokens` (at least the mean), the
   mean being prompt tokens / first tokens (TTFT histogram count) since the engine started,
   else prompt tokens / finished requests, else the configured default.
 * ``generated_decode_tokens``: the tokens the requests in flight have generated, the
@@ -41,7 +42,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpugov.daemon.attainment import AttainmentEstimator, bucket_delta
+from gpugov.daemon.attainment import AttainmentEstimator, Buckets, bucket_delta
 from gpugov.daemon.backend import GpuBackend, GpuSample
 from gpugov.daemon.engines import EngineSample, EngineSource, HistogramTotals
 from gpugov.daemon.errors import EngineUnavailable, TransientGpuError
@@ -99,6 +100,31 @@ def _reasons(values: Sequence[int | None]) -> int | None:
     for value in known:
         combined |= value
     return combined
+
+
+def residual_prompt_tokens(buckets: Buckets | None) -> float | None:
+    """The expected rest of a prompt seen in its prefill, ``E[L^2] / (2 E[L])`` over the
+    engine's prompt-length histogram (each bucket at its midpoint, the open one at twice
+    its lower bound): a prompt is in prefill for a time in proportion to its length, so
+    the one seen there is a long one more often than the mean says, and half done on
+    average. None without a histogram or any request in it."""
+    if not buckets:
+        return None
+    first = second = count = 0.0
+    lower, below = 0.0, 0.0
+    for bound, cumulative in buckets:
+        n = cumulative - below
+        if n > 0.0:
+            value = 2.0 * lower if math.isinf(bound) else 0.5 * (lower + bound)
+            first += n * value
+            second += n * value * value
+            count += n
+        if not math.isinf(bound):
+            lower = bound
+        below = cumulative
+    if count <= 0.0 or first <= 0.0:
+        return None
+    return second / (2.0 * first)
 
 
 class DomainObserver:
@@ -447,7 +473,10 @@ class DomainObserver:
         decoding = max(0, engine.running_requests - prefilling)
         prefill = engine.prefill_remaining_tokens
         if prefill is None:
-            prefill = (engine.waiting_requests + prefilling) * mean_prompt
+            in_prefill = residual_prompt_tokens(engine.request_prompt_tokens_buckets)
+            prefill = engine.waiting_requests * mean_prompt + prefilling * (
+                mean_prompt if in_prefill is None else max(mean_prompt, in_prefill)
+            )
         generated = engine.generated_decode_tokens
         if generated is None:
             generated = self._generated_in_flight(engine)

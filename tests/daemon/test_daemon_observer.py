@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.engines import EngineSample, HistogramTotals
 from gpugov.daemon.errors import EngineUnavailable, GpuLost, TransientGpuError
-from gpugov.daemon.observer import DomainObserver
+from gpugov.daemon.observer import DomainObserver, residual_prompt_tokens
 from gpugov.plant.types import ServingObservation
 
 
@@ -167,6 +168,39 @@ def test_running_requests_still_in_their_prefill_count_as_waiting() -> None:
     )
     seen = decode_pool.observe(0.0, 0, None).observation
     assert (seen.decode_active, seen.waiting_requests) == (3, 0)
+
+
+def test_a_prompt_in_prefill_is_priced_at_the_length_biased_rest() -> None:
+    """A prompt seen in its prefill is a long one more often than the mean prompt says
+    (its prefill lasts in proportion to its length) and half done on average: its rest is
+    ``E[L^2] / (2 E[L])`` over the prompt-length histogram, at least the mean prompt."""
+    # Nine prompts of about 750 tokens, one of about 15,000 (bucket midpoints).
+    heavy = ((500.0, 0.0), (1000.0, 9.0), (10000.0, 9.0), (20000.0, 10.0), (math.inf, 10.0))
+    expected = (9 * 750.0**2 + 15000.0**2) / (2 * (9 * 750.0 + 15000.0))
+    assert residual_prompt_tokens(heavy) == pytest.approx(expected)
+    # Equal prompts: half of one is left on average; an open top bucket at twice its bound.
+    assert residual_prompt_tokens(((100.0, 0.0), (200.0, 10.0), (math.inf, 10.0))) == 75.0
+    assert residual_prompt_tokens(((100.0, 0.0), (math.inf, 4.0))) == pytest.approx(100.0)
+    assert residual_prompt_tokens(None) is None
+    assert residual_prompt_tokens(((100.0, 0.0), (math.inf, 0.0))) is None
+
+    gpu, source = StubGpu("0"), StubSource()
+    observer = DomainObserver([gpu], source, stale_after_s=3.0)
+    source.next = _engine(
+        running_requests=3,
+        waiting_requests=1,
+        ttft=HistogramTotals(1.0, 10.0),
+        finished_requests_total=8.0,
+        prompt_tokens_total=10_000.0,  # a mean prompt of 1,000 tokens
+        request_prompt_tokens_buckets=heavy,
+    )
+    seen = observer.observe(0.0, 0, None).observation
+    # One waiting prompt at the mean, one in prefill at the length-biased rest.
+    assert seen.prefill_remaining_tokens == pytest.approx(1000.0 + expected)
+    # Equal prompts: the one in prefill at no less than the mean.
+    source.next = replace(source.next, request_prompt_tokens_buckets=((2000.0, 10.0),))
+    seen = observer.observe(1.0, 1, None).observation
+    assert seen.prefill_remaining_tokens == pytest.approx(2 * 1000.0)
 
 
 def test_defaults_without_counters_and_counter_reset() -> None:
