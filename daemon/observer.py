@@ -122,7 +122,7 @@ def residual_prompt_tokens(buckets: Buckets | None) -> float | None:
         if not math.isinf(bound):
             lower = bound
         below = cumulative
-    if count <= 0.0 or first <= 0.0:
+    if not (count > 0.0 and first > 0.0 and math.isfinite(second)):
         return None
     return second / (2.0 * first)
 

@@ -183,6 +183,8 @@ def test_a_prompt_in_prefill_is_priced_at_the_length_biased_rest() -> None:
     assert residual_prompt_tokens(((100.0, 0.0), (math.inf, 4.0))) == pytest.approx(100.0)
     assert residual_prompt_tokens(None) is None
     assert residual_prompt_tokens(((100.0, 0.0), (math.inf, 0.0))) is None
+    # A page with a bad bound prices nothing rather than a NaN.
+    assert residual_prompt_tokens(((math.nan, 3.0), (math.inf, 3.0))) is None
 
     gpu, source = StubGpu("0"), StubSource()
     observer = DomainObserver([gpu], source, stale_after_s=3.0)
