@@ -13,7 +13,7 @@ import pytest
 from synthetic import make_plant
 
 from gpugov.daemon.attainment import bucket_delta, count_within, total
-from gpugov.daemon.backend import GpuBackend
+from gpugov.daemon.backend import GpuBackend, GpuSample
 from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.errors import GpuLost, GpuUnavailable, NotSupported, PermissionDenied
@@ -278,3 +278,61 @@ def test_gpu_utilization_is_the_busy_share_of_the_last_second() -> None:
     again.submit(2000, 300, "length")
     now[0] = finish + 0.5
     assert 35 <= int(again.gpu_sample(0)["utilization_gpu"]) <= 65  # type: ignore[call-overload]
+
+
+class _IdleGpu:
+    """A GpuBackend that reads an empty sample: the test is about the engine's page."""
+
+    label = "0"
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        return (900, 1980)
+
+    def sample(self) -> GpuSample:
+        return GpuSample(gpu="0")
+
+    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None: ...
+
+    def reset_clocks(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def test_a_node_sees_a_long_prompt_being_prefilled_through_the_page() -> None:
+    """The emulator's page reports a prompt in prefill as vLLM V1 does (a running request,
+    not a waiting one); the daemon's observer, reading that page, counts it as backlog and
+    not as decode batch."""
+    from gpugov.daemon.observer import DomainObserver
+    from gpugov.study.emulate.metrics import render_metrics
+
+    now = [0.0]
+    node = EmulatedNode(make_plant(), clock=lambda: now[0])
+    page = [""]
+    source = ScrapedSource("emulated", "vllm", fetch=lambda url, timeout: page[0])
+    observer = DomainObserver([_IdleGpu()], source, stale_after_s=10.0)
+
+    def observe() -> tuple[int, int, float]:
+        with node.lock:
+            node.advance()
+        page[0] = render_metrics(node, "m")
+        seen = observer.observe(now[0], 0, None).observation
+        return seen.waiting_requests, seen.decode_active, seen.prefill_remaining_tokens
+
+    # One short request decoding, then a long prompt whose chunks take many steps.
+    node.submit(64, 4000, "length")
+    now[0] = 0.2
+    assert observe()[:2] == (0, 1)
+    node.submit(30_000, 10, "length")
+    simulation = node.simulations[0]
+    for _ in range(200):
+        now[0] += 0.005
+        with node.lock:
+            node.advance()
+        if simulation.prefilling_requests:
+            break
+    assert simulation.prefilling_requests == 1
+    state = node.engine_state(0)
+    assert (state["running"], state["waiting"]) == (2.0, 0.0)  # as vLLM V1 reports it
+    waiting, decoding, backlog = observe()
+    assert (waiting, decoding) == (1, 1)
+    assert backlog > 0.0
