@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from gpugov.daemon.backend import GpuSample
 from gpugov.plant import PerformanceProfile, ServingPlant
 
 
@@ -52,3 +53,21 @@ def make_plant(profile: PerformanceProfile | None = None, **overrides: Any) -> S
     }
     values.update(overrides)
     return ServingPlant.from_profile(profile or make_profile(), **values)
+
+
+class IdleGpu:
+    """A GpuBackend that reads an empty sample, for tests about the engine's side."""
+
+    label = "0"
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        return (900, 1980)
+
+    def sample(self) -> GpuSample:
+        return GpuSample(gpu="0")
+
+    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None: ...
+
+    def reset_clocks(self) -> None: ...
+
+    def close(self) -> None: ...

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 from daemon_support import fixture_text
+from synthetic import IdleGpu
 
 from gpugov.daemon.attainment import (
     AttainmentEstimator,
@@ -16,7 +17,6 @@ from gpugov.daemon.attainment import (
     count_within,
     total,
 )
-from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.engines import EngineSample, SglangSource, TgiSource, VllmSource
 from gpugov.daemon.observer import DomainObserver
 
@@ -130,22 +130,6 @@ def test_no_slo_no_counts() -> None:
     assert estimator.ttft_count is None and estimator.ttft_within is None
 
 
-class _Gpu:
-    label = "0"
-
-    def supported_clocks_mhz(self) -> tuple[int, ...]:
-        return (900, 1980)
-
-    def sample(self) -> GpuSample:
-        return GpuSample(gpu="0")
-
-    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None: ...
-
-    def reset_clocks(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
 class _Pages:
     """An engine source serving the real SGLang page with its counters grown by a scripted
     amount each scrape (every bucket grows by the same histogram of new requests)."""
@@ -178,7 +162,7 @@ def test_observer_turns_histograms_into_cumulative_counters() -> None:
     )
     pages.grow = [window, window]
     observer = DomainObserver(
-        [_Gpu()],
+        [IdleGpu()],
         pages,
         stale_after_s=3.0,
         ttft_slo_s=1.0,

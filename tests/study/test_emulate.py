@@ -10,10 +10,10 @@ import urllib.parse
 from collections.abc import Iterator
 
 import pytest
-from synthetic import make_plant
+from synthetic import IdleGpu, make_plant
 
 from gpugov.daemon.attainment import bucket_delta, count_within, total
-from gpugov.daemon.backend import GpuBackend, GpuSample
+from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.errors import GpuLost, GpuUnavailable, NotSupported, PermissionDenied
@@ -280,24 +280,6 @@ def test_gpu_utilization_is_the_busy_share_of_the_last_second() -> None:
     assert 35 <= int(again.gpu_sample(0)["utilization_gpu"]) <= 65  # type: ignore[call-overload]
 
 
-class _IdleGpu:
-    """A GpuBackend that reads an empty sample: the test is about the engine's page."""
-
-    label = "0"
-
-    def supported_clocks_mhz(self) -> tuple[int, ...]:
-        return (900, 1980)
-
-    def sample(self) -> GpuSample:
-        return GpuSample(gpu="0")
-
-    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None: ...
-
-    def reset_clocks(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
 def test_a_node_sees_a_long_prompt_being_prefilled_through_the_page() -> None:
     """The emulator's page reports a prompt in prefill as vLLM V1 does (a running request,
     not a waiting one); the daemon's observer, reading that page, counts it as backlog and
@@ -309,7 +291,7 @@ def test_a_node_sees_a_long_prompt_being_prefilled_through_the_page() -> None:
     node = EmulatedNode(make_plant(), clock=lambda: now[0])
     page = [""]
     source = ScrapedSource("emulated", "vllm", fetch=lambda url, timeout: page[0])
-    observer = DomainObserver([_IdleGpu()], source, stale_after_s=10.0)
+    observer = DomainObserver([IdleGpu()], source, stale_after_s=10.0)
 
     def observe() -> tuple[int, int, float]:
         with node.lock:
