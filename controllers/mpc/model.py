@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from numpy.typing import NDArray
@@ -555,13 +556,14 @@ class MPCProblem:
             + self.terminal_cost(prefill, decode)
         )
 
-    @property
+    @cached_property
     def maximum_power_w(self) -> float:
-        """The profile's highest phase power: the power term's unit."""
+        """The profile's highest phase power: the power term's unit (computed once per
+        problem: the scalar cost runs it at every SLSQP evaluation)."""
         profile = self.plant.profile
         return float(max(profile.prefill_power_w[-1], profile.decode_power_w[-1]))
 
-    @property
+    @cached_property
     def decode_energy_per_token_j(self) -> float:
         """The least energy above idle one decode token costs on the profile (J): the
         least a plan can spend later on the decode work it defers past the horizon."""
