@@ -127,6 +127,38 @@ def residual_prompt_tokens(buckets: Buckets | None) -> float | None:
     return second / (2.0 * first)
 
 
+def _nothing_in_flight(engine: EngineSample) -> bool:
+    """No request running or waiting."""
+    return engine.running_requests <= 0 and engine.waiting_requests <= 0
+
+
+class _InFlight:
+    """What the requests in flight hold, as the difference of two cumulative engine
+    counters (first tokens less finished requests; generated tokens less the finished
+    requests'): less what the difference held the last time nothing was in flight (what
+    requests that ended uncounted left in it), forgotten when the engine restarts."""
+
+    def __init__(self) -> None:
+        self._counter: float | None = None
+        self._offset = 0.0
+
+    def follow(self, counter: float) -> None:
+        """Note the leading counter; one that went backwards is an engine restart, whose
+        counters start again from zero."""
+        previous, self._counter = self._counter, counter
+        if previous is not None and counter < previous:
+            self._offset = 0.0
+
+    def in_flight(self, difference: float, idle: bool) -> float:
+        """The in-flight part of ``difference``; with nothing in flight (``idle``) it is 0
+        and the whole difference becomes the offset."""
+        if idle:
+            self._offset = difference
+            return 0.0
+        self._offset = min(self._offset, difference)
+        return difference - self._offset
+
+
 class DomainObserver:
     """Builds a domain's :class:`ServingObservation` each tick.
 
@@ -206,14 +238,10 @@ class DomainObserver:
         self.role_from_config = role_from_config
         self.domain = domain
         self._roles_reported: set[str] = {role}
-        self._first_tokens_total: float | None = None
-        self._decoding_offset = 0.0
-        """First tokens less finished requests that no running request accounts for
-        (requests that ended uncounted), as of the last scrape with nothing in flight."""
-        self._generation_total: float | None = None
-        self._generation_offset = 0.0
-        """Generated tokens the output-length histogram never counted (requests that
-        ended without it), as of the last scrape with nothing in flight."""
+        self._decoding = _InFlight()
+        """First tokens less finished requests: the requests decoding."""
+        self._generated = _InFlight()
+        """Generated tokens less the finished requests': the in-flight requests' tokens."""
 
     def supported_clocks_mhz(self) -> tuple[float, ...]:
         """Clocks every GPU of the domain supports, ascending (cached)."""
@@ -333,20 +361,12 @@ class DomainObserver:
         ):
             return 0
         first_tokens = engine.ttft.count
-        previous, self._first_tokens_total = self._first_tokens_total, first_tokens
-        if previous is not None and first_tokens < previous:
-            # The engine restarted: its counters start again from zero.
-            self._decoding_offset = 0.0
+        self._decoding.follow(first_tokens)
         decoding = first_tokens - engine.finished_requests_total
         if not math.isfinite(decoding):
             return 0
         running = max(0, engine.running_requests)
-        if running == 0 and engine.waiting_requests <= 0:
-            self._decoding_offset = decoding
-            return 0
-        if decoding < self._decoding_offset:
-            self._decoding_offset = decoding
-        decoding -= self._decoding_offset
+        decoding = self._decoding.in_flight(decoding, _nothing_in_flight(engine))
         return int(min(running, max(0, running - round(decoding))))
 
     def _generated_in_flight(self, engine: EngineSample) -> float | None:
@@ -358,20 +378,11 @@ class DomainObserver:
         finished = engine.finished_generation_tokens_total
         if total is None or finished is None:
             return None
-        previous, self._generation_total = self._generation_total, total
-        if previous is not None and total < previous:
-            # The engine restarted: its counters start again from zero.
-            self._generation_offset = 0.0
+        self._generated.follow(total)
         in_flight = total - finished
         if not math.isfinite(in_flight) or in_flight < 0.0:
             return None
-        if engine.running_requests <= 0 and engine.waiting_requests <= 0:
-            # Nothing in flight: whatever the difference holds, no running request made.
-            self._generation_offset = in_flight
-            return 0.0
-        if in_flight < self._generation_offset:
-            self._generation_offset = in_flight
-        return in_flight - self._generation_offset
+        return self._generated.in_flight(in_flight, _nothing_in_flight(engine))
 
     def _check_role(self, labelled: str | None) -> None:
         """One log line per role the engine's labels state that differs from the
