@@ -74,6 +74,21 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
+def _timed(controller: ControllerWrapper, observation: ServingObservation, series: Any) -> float:
+    """Call ``controller`` on ``observation``, appending its wall and thread CPU seconds to
+    ``series`` (``{"wall": [...], "cpu": [...]}``); the decision."""
+    start, start_cpu = time.perf_counter(), time.thread_time()
+    decision = float(controller(observation))
+    series["cpu"].append(time.thread_time() - start_cpu)
+    series["wall"].append(time.perf_counter() - start)
+    return decision
+
+
+def _summary(series: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """The wall and CPU percentiles of one timed series."""
+    return {"wall": _percentiles(series["wall"]), "cpu": _percentiles(series["cpu"])}
+
+
 def time_decisions(
     plant: ServingPlant,
     workload: list[Request],
@@ -105,18 +120,12 @@ def time_decisions(
     for index, observation in enumerate(observations):
         pair = ((online, "mpc-online"), (slsqp, "mpc-slsqp"))
         for controller, name in pair if index % 2 == 0 else pair[::-1]:
-            start, start_cpu = time.perf_counter(), time.thread_time()
-            decision = controller(observation)
-            timed[name]["cpu"].append(time.thread_time() - start_cpu)
-            timed[name]["wall"].append(time.perf_counter() - start)
+            decision = _timed(controller, observation, timed[name])
             if name == "mpc-online":
-                same += int(float(decision) == decided[index])
+                same += int(decision == decided[index])
     result: dict[str, Any] = {"decisions": len(observations)}
     for name, series in timed.items():
-        result[name] = {
-            "wall": _percentiles(series["wall"]),
-            "cpu": _percentiles(series["cpu"]),
-        }
+        result[name] = _summary(series)
     for clock in ("wall", "cpu"):
         online, seed = result["mpc-online"][clock], result["mpc-slsqp"][clock]
         result[f"ratio_{clock}"] = {
@@ -130,36 +139,26 @@ def time_decisions(
     alone = _controller(online_spec, plant, workload, period_s)
     series: dict[str, list[float]] = {"wall": [], "cpu": []}
     for observation in observations:
-        start, start_cpu = time.perf_counter(), time.thread_time()
-        alone(observation)
-        series["cpu"].append(time.thread_time() - start_cpu)
-        series["wall"].append(time.perf_counter() - start)
-    result["mpc-online-alone"] = {
-        "wall": _percentiles(series["wall"]),
-        "cpu": _percentiles(series["cpu"]),
-    }
+        _timed(alone, observation, series)
+    result["mpc-online-alone"] = _summary(series)
     if sleep_s > 0.0:
-        result.update(time_after_sleep(plant, workload, observations, period_s, steps, sleep_s))
+        sleepers = (
+            _controller(online_spec, plant, workload, period_s),
+            _controller(slsqp_spec, plant, workload, period_s),
+        )
+        result.update(time_after_sleep(sleepers, observations, sleep_s))
     return result
 
 
 def time_after_sleep(
-    plant: ServingPlant,
-    workload: list[Request],
+    controllers: tuple[ControllerWrapper, ControllerWrapper],
     observations: list[ServingObservation],
-    period_s: float,
-    steps: int,
     sleep_s: float,
 ) -> dict[str, Any]:
-    """Both controllers fed ``observations`` interleaved, the thread asleep ``sleep_s``
-    before every call, as a node's loop sleeps between decisions."""
-    horizon = steps * period_s
-    online = _controller(
-        OnlineMPCControllerConfig(kind="mpc-online", horizon_s=horizon), plant, workload, period_s
-    )
-    slsqp = _controller(
-        MPCControllerConfig(kind="mpc-slsqp", horizon_s=horizon), plant, workload, period_s
-    )
+    """Fresh ``mpc-online`` and ``mpc-slsqp`` (``controllers``) fed ``observations``
+    interleaved, the thread asleep ``sleep_s`` before every call, as a node's loop sleeps
+    between decisions."""
+    online, slsqp = controllers
     timed: dict[str, dict[str, list[float]]] = {
         name: {"wall": [], "cpu": []} for name in ("mpc-online", "mpc-slsqp")
     }
@@ -168,10 +167,7 @@ def time_after_sleep(
     for index, observation in enumerate(observations):
         for controller, name in ((online, "mpc-online"), (slsqp, "mpc-slsqp")):
             time.sleep(sleep_s)
-            start, start_cpu = time.perf_counter(), time.thread_time()
-            controller(observation)
-            timed[name]["cpu"].append(time.thread_time() - start_cpu)
-            timed[name]["wall"].append(time.perf_counter() - start)
+            _timed(controller, observation, timed[name])
         if (index + 1) % 250 == 0 or index + 1 == total:
             elapsed = time.perf_counter() - started
             left = elapsed / (index + 1) * (total - index - 1)
@@ -182,10 +178,7 @@ def time_after_sleep(
             )
     result: dict[str, Any] = {"sleep_ms": sleep_s * 1e3}
     for name, series in timed.items():
-        result[f"{name}-after-sleep"] = {
-            "wall": _percentiles(series["wall"]),
-            "cpu": _percentiles(series["cpu"]),
-        }
+        result[f"{name}-after-sleep"] = _summary(series)
     online_wall = result["mpc-online-after-sleep"]["wall"]
     seed_wall = result["mpc-slsqp-after-sleep"]["wall"]
     result["ratio_after_sleep_wall"] = {
