@@ -6,9 +6,14 @@ Between two scrapes the difference of each bucket is the histogram of the reques
 completed the event in that window. :func:`count_within` estimates how many of them lay at
 or below an SLO: exactly the count at a bucket bound when the SLO is one, else linear
 interpolation within the bucket that holds the SLO (observations assumed spread evenly
-across it). The estimate lies between the counts at that bucket's two bounds, so its error
-is at most that bucket's count in the window, and none where the SLO sits on a bound. An
-SLO beyond the last finite bound counts every observation above that bound as a miss.
+across it). :func:`within_window` places that bucket's observations with the window's
+``_sum`` instead: one alone is judged at its own value, which makes the estimate exact in
+the short windows a node scrapes (a fraction of a second holds few first tokens), where
+vLLM's coarse TTFT buckets (1.0 s, then 2.5 s) would count a 1.1 s first token against a
+1.2 s SLO as 87 % missed. Either estimate lies between the counts at that bucket's two
+bounds, so its error is at most that bucket's count in the window, and none where the SLO
+sits on a bound. An SLO beyond the last finite bound counts every observation above that
+bound as a miss.
 
 :class:`AttainmentEstimator` adds each window's estimate to cumulative totals (the
 observation's ``ttft_within_slo_total`` / ``ttft_count_total`` and the TPOT pair): a
@@ -59,6 +64,39 @@ def count_within(buckets: Sequence[tuple[float, float]], threshold_s: float) -> 
             return below + max(0.0, share) * (count - below)
         lower, below = le, count
     return below
+
+
+def within_window(
+    buckets: Sequence[tuple[float, float]], threshold_s: float, sum_s: float | None
+) -> float:
+    """Observations of one window at or below ``threshold_s``, placed within the bucket
+    that holds it by the window's ``_sum`` (module notes): the other buckets' observations
+    taken at their buckets' middles, the rest of the sum is that bucket's; one observation
+    there is judged at that value, several as spread evenly around their mean (as far as
+    the bucket allows). Scraped every fraction of a second, a window holds few first
+    tokens, so this is mostly exact where the coarse buckets are not. Without a usable
+    sum (none, an observation above the last finite bound): :func:`count_within`."""
+    if sum_s is None or not math.isfinite(sum_s) or not buckets:
+        return count_within(buckets, threshold_s)
+    lower, below = 0.0, 0.0
+    bounds: list[tuple[float, float, float]] = []  # (lower, upper, count) per bucket
+    for le, cumulative in buckets:
+        bounds.append((lower, le, cumulative - below))
+        lower, below = le, cumulative
+    held = next((i for i, (_, upper, _) in enumerate(bounds) if threshold_s <= upper), None)
+    if held is None or math.isinf(bounds[held][1]) or bounds[-1][2] > 0.0:
+        return count_within(buckets, threshold_s)
+    low, high, count = bounds[held]
+    within_below = sum(c for _, _, c in bounds[:held])
+    if count <= 0.0:
+        return within_below
+    others = sum(0.5 * (lo + up) * c for i, (lo, up, c) in enumerate(bounds) if i != held and c)
+    mean = min(high, max(low, (sum_s - others) / count))
+    half = min(mean - low, high - mean)
+    if count == 1.0 or half <= 0.0:
+        return within_below + (count if mean <= threshold_s + 1e-12 else 0.0)
+    share = (threshold_s - (mean - half)) / (2.0 * half)
+    return within_below + count * min(1.0, max(0.0, share))
 
 
 def total(buckets: Sequence[tuple[float, float]]) -> float:
@@ -117,8 +155,12 @@ class AttainmentEstimator:
         ttft: Buckets | None,
         tpot: Buckets | None,
         prompt_tokens: float | None,
+        ttft_sum_s: float | None = None,
+        tpot_sum_s: float | None = None,
     ) -> None:
-        """Fold one window's histograms (:func:`bucket_delta`) and prompt tokens in."""
+        """Fold one window's histograms (:func:`bucket_delta`) and prompt tokens in;
+        their window ``_sum`` s, where known, place the observations of the bucket that
+        holds the SLO (:func:`within_window`)."""
         first_tokens = total(ttft) if ttft is not None else 0.0
         self.recent_prompt_tokens = self._prompts.update(prompt_tokens, first_tokens)
         if ttft is not None and self.ttft_slo_s is not None:
@@ -126,10 +168,12 @@ class AttainmentEstimator:
             allowance = self.ttft_slo_per_prompt_token_s
             if allowance and self.recent_prompt_tokens is not None:
                 slo += allowance * self.recent_prompt_tokens
-            self.ttft_within = (self.ttft_within or 0.0) + count_within(ttft, slo)
+            self.ttft_within = (self.ttft_within or 0.0) + within_window(ttft, slo, ttft_sum_s)
             self.ttft_count = (self.ttft_count or 0.0) + first_tokens
         if tpot is not None and self.tpot_slo_s is not None:
-            self.tpot_within = (self.tpot_within or 0.0) + count_within(tpot, self.tpot_slo_s)
+            self.tpot_within = (self.tpot_within or 0.0) + within_window(
+                tpot, self.tpot_slo_s, tpot_sum_s
+            )
             self.tpot_count = (self.tpot_count or 0.0) + total(tpot)
 
 
@@ -140,4 +184,5 @@ __all__ = [
     "bucket_delta",
     "count_within",
     "total",
+    "within_window",
 ]

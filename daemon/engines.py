@@ -71,6 +71,9 @@ class EngineSample:
     """The TPOT histogram's buckets: per request where the engine has one, else per
     inter-token interval (``tpot_buckets_per_request`` says which)."""
     tpot_buckets_per_request: bool = False
+    tpot_buckets_sum_s: float | None = None
+    """The ``_sum`` of the histogram the TPOT buckets come from (it places a window's
+    observations within the bucket that holds the SLO, :mod:`daemon.attainment`)."""
     kv_usage_ratio: float | None = None
     kv_capacity_tokens: float | None = None
     kv_tokens: float | None = None
@@ -391,6 +394,7 @@ class EngineSpec:
             *self.request_generation_tokens,
         ):
             names.update((f"{base}_sum", f"{base}_count"))
+        names.update(f"{base}_sum" for base in self.tpot_buckets)
         for base in (
             *self.ttft_buckets,
             *self.tpot_buckets,
@@ -614,6 +618,9 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         ttft_buckets=None if ttft_buckets is None else ttft_buckets[1],
         tpot_buckets=None if tpot_buckets is None else tpot_buckets[1],
         tpot_buckets_per_request=tpot_buckets is not None and tpot_buckets[0] in PER_REQUEST_TPOT,
+        tpot_buckets_sum_s=(
+            None if tpot_buckets is None else aggregate(series, f"{tpot_buckets[0]}_sum")
+        ),
         kv_usage_ratio=usage,
         kv_capacity_tokens=capacity,
         kv_tokens=kv_tokens,

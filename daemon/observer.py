@@ -336,9 +336,27 @@ class DomainObserver:
         return max(0, engine.waiting_requests)
 
     def _local_prompt_tokens(self, engine: EngineSample) -> float:
-        """Prompt tokens prefilled on the domain's GPUs: the engine's counter, less, in a
-        disaggregated domain, the tokens whose KV cache came from another instance
-        (vLLM's ``external_kv_transfer`` prompt source)."""
+        """Prompt tokens prefilled on the domain's GPUs so far, as their chunks ran.
+
+        vLLM V1 and SGLang advance their prompt counter only once a prompt's prefill is
+        done, which can be windows after its chunks ran (a window's work would lag it).
+        Where the engine publishes the tokens its steps ran (vLLM's tokens-per-step
+        histogram), those less the decode tokens (the generated tokens less the first
+        tokens, which prefills make) are the prompt tokens as they ran; tokens whose KV
+        cache came from another instance never ran here. A decode domain, and an engine
+        without that histogram, keep the prompt counter, less (in a disaggregated
+        domain) vLLM's ``external_kv_transfer`` prompt tokens."""
+        steps = engine.iteration_tokens_total
+        generated = engine.generation_tokens_total
+        if (
+            self.role != "decode"
+            and steps is not None
+            and generated is not None
+            and engine.ttft is not None
+        ):
+            ran = steps - (generated - engine.ttft.count)
+            if math.isfinite(ran):
+                return max(0.0, ran)
         total = float(engine.prompt_tokens_total or 0.0)
         external = engine.prompt_tokens_external_total
         if self.role != "colocated" and external is not None:
@@ -508,6 +526,12 @@ class DomainObserver:
                     bucket_delta(engine.ttft_buckets, base.ttft_buckets),
                     bucket_delta(engine.tpot_buckets, base.tpot_buckets),
                     None if prompts is None or before is None else prompts - before,
+                    None
+                    if engine.ttft is None or base.ttft is None
+                    else engine.ttft.sum_s - base.ttft.sum_s,
+                    None
+                    if engine.tpot_buckets_sum_s is None or base.tpot_buckets_sum_s is None
+                    else engine.tpot_buckets_sum_s - base.tpot_buckets_sum_s,
                 )
         counts = self.attainment
         exact = engine.ttft_count_total is not None or engine.tpot_count_total is not None

@@ -16,6 +16,7 @@ from gpugov.daemon.attainment import (
     bucket_delta,
     count_within,
     total,
+    within_window,
 )
 from gpugov.daemon.engines import EngineSample, SglangSource, TgiSource, VllmSource
 from gpugov.daemon.observer import DomainObserver
@@ -122,6 +123,42 @@ def test_estimator_accumulates_windows_at_the_per_prompt_slo() -> None:
     assert (estimator.tpot_within, estimator.tpot_count) == (9.0, 10.0)
     estimator.add_window(None, tpot, prompt_tokens=None)  # a restart's window: TTFT skipped
     assert estimator.ttft_count == 10.0 and estimator.tpot_count == 20.0
+
+
+def test_a_lone_first_token_is_judged_at_its_own_value() -> None:
+    """vLLM's TTFT buckets jump from 1.0 to 2.5 s: one 1.1 s first token in a window
+    would count as 87 % missed against a 1.2 s SLO; its window sum says it met it."""
+    window = ((1.0, 0.0), (2.5, 1.0), (math.inf, 1.0))
+    assert count_within(window, 1.2) == pytest.approx(0.2 / 1.5)
+    assert within_window(window, 1.2, 1.1) == 1.0
+    assert within_window(window, 1.05, 1.1) == 0.0
+    assert within_window(window, 1.2, None) == pytest.approx(0.2 / 1.5)
+
+
+def test_the_window_sum_places_the_observations_of_the_slos_bucket() -> None:
+    # One at about 0.05 s (the first bucket's middle), one at 1.3 s: SLO 1.2 s.
+    window = ((0.1, 1.0), (1.0, 1.0), (2.5, 2.0), (math.inf, 2.0))
+    assert within_window(window, 1.2, 0.05 + 1.3) == pytest.approx(1.0)
+    assert within_window(window, 1.4, 0.05 + 1.3) == pytest.approx(2.0)
+    # Two around a 1.5 s mean: spread over (1.0, 2.0], half below 1.5 s.
+    pair = ((1.0, 0.0), (2.5, 2.0), (math.inf, 2.0))
+    assert within_window(pair, 1.5, 3.0) == pytest.approx(1.0)
+    assert within_window(pair, 1.25, 3.0) == pytest.approx(0.5)
+    # A sum outside what the buckets allow is clamped into the SLO's bucket.
+    assert within_window(window, 1.2, 100.0) == pytest.approx(1.0)
+    # An observation above the last finite bound: no place for it, interpolated.
+    beyond = ((1.0, 0.0), (2.5, 1.0), (math.inf, 2.0))
+    assert within_window(beyond, 1.2, 6.0) == count_within(beyond, 1.2)
+    assert within_window(((1.0, 0.0), (math.inf, 0.0)), 1.2, 0.0) == 0.0
+
+
+def test_the_estimator_uses_the_window_sum() -> None:
+    estimator = AttainmentEstimator(1.0, None, ttft_slo_per_prompt_token_s=1e-4)
+    window = ((1.0, 0.0), (2.5, 1.0), (math.inf, 1.0))
+    estimator.add_window(window, None, prompt_tokens=3_000.0, ttft_sum_s=1.25)  # SLO 1.3 s
+    assert (estimator.ttft_within, estimator.ttft_count) == (1.0, 1.0)
+    estimator.add_window(window, None, prompt_tokens=1_000.0, ttft_sum_s=1.25)  # SLO 1.1 s
+    assert (estimator.ttft_within, estimator.ttft_count) == (1.0, 2.0)
 
 
 def test_no_slo_no_counts() -> None:

@@ -121,6 +121,27 @@ def test_generated_tokens_in_flight_from_the_counter_and_the_output_histogram() 
     assert generated(4, 0, 50.0, 80.0) == pytest.approx(4 * mean_output / 2)
 
 
+def test_prompt_tokens_count_as_their_chunks_ran() -> None:
+    """vLLM counts a prompt once its prefill is done; the tokens its steps ran, less the
+    decode tokens (generated less first tokens), count the chunks as they ran. A decode
+    pool, or an engine without the tokens-per-step histogram, keeps the prompt counter."""
+    gpu, source = StubGpu("0"), StubSource()
+    observer = DomainObserver([gpu], source, stale_after_s=3.0)
+    sample = _engine(
+        prompt_tokens_total=10_000.0,
+        generation_tokens_total=4_000.0,
+        ttft=HistogramTotals(4.0, 20.0),
+        iteration_tokens_total=26_000.0,  # 22,020 prompt tokens ran + 3,980 decode tokens
+    )
+    source.next = sample
+    assert observer.observe(0.0, 0, None).observation.prompt_tokens_total == 22_020.0
+    source.next = replace(sample, iteration_tokens_total=None)
+    assert observer.observe(1.0, 1, None).observation.prompt_tokens_total == 10_000.0
+    decode = DomainObserver([gpu], source, stale_after_s=3.0, role="decode")
+    source.next = replace(sample, prompt_tokens_external_total=9_000.0)
+    assert decode.observe(2.0, 2, None).observation.prompt_tokens_total == 1_000.0
+
+
 def test_running_requests_still_in_their_prefill_count_as_waiting() -> None:
     """vLLM and SGLang run a prompt's chunks as a running request: the running gauge less
     the requests with a first token and unfinished (TTFT count less finished) are still
