@@ -27,6 +27,7 @@ from typing import Any
 from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo, oracle_capture
 from gpugov.daemon.config import MPCControllerConfig
 from gpugov.daemon.decide import canonical_controller_name
+from gpugov.daemon.simulated import node_view
 from gpugov.plant import ServingPlant, load_profile, simulate
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.study.scoreboard.controllers import study_controller
@@ -64,8 +65,16 @@ def run_variant(
     )
     controller = study_controller(spec, plant, requests, control_period_s=period)
     started = time.perf_counter()
+    # The scoreboard's view (boards written before it had one observed the exact state).
+    view = node_view if settings.get("engine_view", "exact") == "vllm" else None
     result = simulate(
-        requests, plant, chunked_prefill_scheduler, controller, 0, control_period_s=period
+        requests,
+        plant,
+        chunked_prefill_scheduler,
+        controller,
+        0,
+        control_period_s=period,
+        view=view,
     )
     return {
         "scenario": scenario,

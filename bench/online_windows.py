@@ -37,6 +37,7 @@ from typing import Any
 
 from gpugov.controllers.oracles.common import SLO_TOLERANCE, holds_slo
 from gpugov.daemon.progress import Progress
+from gpugov.daemon.simulated import ENGINE_VIEWS, node_view
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
 from gpugov.plant.result import ServingResult
 from gpugov.study.online_eval import WARMUP_S, energy_after
@@ -72,7 +73,7 @@ def _tail(result: ServingResult, plant: ServingPlant) -> tuple[int, int]:
 def run_cell(cell: tuple[str, float, str, str, float, tuple[str, ...]]) -> dict[str, Any]:
     """Run the maximum clock and ``keys`` on one window; a dict row (``error`` set when
     the window cannot be built)."""
-    trace, start, profile_name, load, duration, keys = cell
+    trace, start, profile_name, load, duration, keys, engine_view = cell
     row: dict[str, Any] = {"trace": trace, "start_s": start, "profile": profile_name, "load": load}
     plant = ServingPlant.from_profile(load_profile(profile_name))
     try:
@@ -103,6 +104,7 @@ def run_cell(cell: tuple[str, float, str, str, float, tuple[str, ...]]) -> dict[
             0,
             controller_name=entry.key,
             control_period_s=entry.control_period_s or 1.0,
+            view=node_view if engine_view == "vllm" else None,
         )
         near, missed = _tail(result, plant)
         runs[entry.key] = {
@@ -179,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--duration", type=float, default=600.0, help="seconds of arrivals per window"
     )
+    parser.add_argument(
+        "--engine-view",
+        choices=ENGINE_VIEWS,
+        default=FULL.engine_view,
+        help="what the controllers observe: a vLLM node's view (default) or the exact state",
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=str(OUT), help="output JSON")
     args = parser.parse_args(argv)
@@ -191,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     keys = tuple(key for key in args.controllers if key != "max")
     cells = [
-        (args.trace, start, profile, load, args.duration, keys)
+        (args.trace, start, profile, load, args.duration, keys, args.engine_view)
         for start, profile, load in itertools.product(args.starts, args.profiles, args.loads)
     ]
     started = time.time()
@@ -208,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         "trace": args.trace,
         "starts_s": args.starts,
         "duration_s": args.duration,
+        "engine_view": args.engine_view,
         "slo_tolerance": SLO_TOLERANCE,
         "near_fraction": NEAR_FRACTION,
         "wall_s": time.time() - started,

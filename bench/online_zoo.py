@@ -34,6 +34,7 @@ from typing import Any
 
 from gpugov.controllers.oracles import holds_slo, oracle_capture
 from gpugov.daemon.progress import Progress
+from gpugov.daemon.simulated import ENGINE_VIEWS, node_view
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, simulate
 from gpugov.plant.synthetic_profiles import resolve_profile
 from gpugov.study.online_eval import WARMUP_S, energy_after
@@ -129,6 +130,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
             config.seed,
             controller_name=entry.key,
             control_period_s=entry.control_period_s or config.control_period_s,
+            view=node_view if config.engine_view == "vllm" else None,
         )
         runs[entry.key] = result
     reference = runs.pop("max")
@@ -202,12 +204,20 @@ def main(argv: list[str] | None = None) -> int:
         default=["mpc-online"],
         help="scoreboard controller keys priced against the oracles",
     )
+    parser.add_argument(
+        "--engine-view",
+        choices=ENGINE_VIEWS,
+        default=FULL.engine_view,
+        help="what the controllers observe: a vLLM node's view (default) or the exact state",
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--cache", default=str(CACHE), help="oracle energies, kept between runs")
     parser.add_argument("--out", default=str(OUT), help="output JSON")
     args = parser.parse_args(argv)
     try:
-        config = replace(FULL, profiles=tuple(expand_profiles(args.profiles)))
+        config = replace(
+            FULL, profiles=tuple(expand_profiles(args.profiles)), engine_view=args.engine_view
+        )
         for name in config.profiles:
             resolve_profile(name)
     except ValueError as error:
@@ -247,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "online-zoo",
         "profiles": list(config.profiles),
         "controllers": list(keys),
+        "engine_view": config.engine_view,
         "wall_s": time.time() - started,
         "rows": rows,
         "summary": summary,

@@ -403,6 +403,19 @@ def parse_gpu_list(
     return out
 
 
+def add_engine_view_argument(parser: argparse.ArgumentParser, *, prefix: str = "") -> None:
+    """``--engine-view``: what the simulated engine publishes to the controller."""
+    from gpugov.daemon.simulated import ENGINE_VIEWS
+
+    parser.add_argument(
+        "--engine-view",
+        choices=ENGINE_VIEWS,
+        default="vllm",
+        help=f"{prefix}what the controller observes: vllm, what a vLLM node's daemon derives "
+        "from the engine's metrics page (default), or exact, the simulator's exact state",
+    )
+
+
 def add_safety_arguments(parser: argparse.ArgumentParser, *, prefix: str = "") -> None:
     """``--dwell`` and ``--floor``: the safety chain a simulated run's controller runs in,
     with a node's defaults (``safety.dwell_s`` and ``safety.floor_mhz``)."""

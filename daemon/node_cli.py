@@ -32,6 +32,7 @@ from gpugov.daemon import cli_types
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.cli_support import (
     UsageError,
+    add_engine_view_argument,
     add_safety_arguments,
     check_engine_url,
     check_fixed_clock,
@@ -698,6 +699,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     hidden_alias(run_parser, "--period", "control_period", cli_types.period)
     add_safety_arguments(run_parser, prefix="--simulate: ")
+    add_engine_view_argument(run_parser, prefix="--simulate: ")
     run_parser.add_argument(
         "--seed",
         type=cli_types.seed,

@@ -85,6 +85,7 @@ def run_simulated(args: argparse.Namespace) -> int:
         safety=safety_from_args(args, profile.clock_mhz),
         seed=args.seed,
         virtual_time=args.virtual,
+        engine_view=args.engine_view,
         header={
             "trace": str(report.path),
             "profile": profile.name,

@@ -526,6 +526,7 @@ def simulated_run(
     horizon_s: float | None = None,
     header: dict[str, Any] | None = None,
     virtual_time: bool = False,
+    engine_view: str = "vllm",
 ) -> SimulatedRun:
     """A simulated node with one domain on the plant's ``tensor_parallel`` simulated GPUs.
 
@@ -533,7 +534,10 @@ def simulated_run(
     forecasts the config gives or, by default, the workload's (fixed before the run, as
     ``gpugov simulate`` does); an ``mpc`` plans on the run's own plant. ``virtual_time``
     (the clock is virtual, not paced) bounds solves by a deterministic budget, not the
-    wall clock.
+    wall clock. ``engine_view`` is what the simulated engine publishes
+    (:class:`~daemon.simulated.SimulatedSource`): ``vllm``, a vLLM page, from which the
+    observer derives what a node's does, under the SLOs the plant's profile states (as a
+    node's config states them); ``exact``, the plant's exact state.
     """
     if not workload:
         raise ValueError("the simulated workload has no requests")
@@ -544,14 +548,18 @@ def simulated_run(
     node = SimulatedNode(simulation, clock, horizon_s=horizon)
     gpus = plant.tensor_parallel
     backends = [SimulatedBackend(node, label=str(i), share=1.0 / gpus) for i in range(gpus)]
+    profile = plant.profile
     domain = build_domain(
         "sim",
         backends,
-        SimulatedSource(node),
+        SimulatedSource(node, view=engine_view),
         controller_spec,
         period_s=period_s,
         stale_after_s=3.0 * period_s,
         safety=safety,
+        ttft_slo_s=profile.ttft_slo_s,
+        tpot_slo_s=profile.tpot_slo_s,
+        ttft_slo_per_prompt_token_s=profile.ttft_slo_per_prompt_token_s,
         thermal_limit_c=plant.thermal_limit_c,
         forecasts=Forecasts.from_workload(workload),
         time_mode="virtual" if virtual_time else "wall",
@@ -560,6 +568,7 @@ def simulated_run(
     )
     full_header = {
         "mode": "simulated",
+        "engine_view": engine_view,
         "period_s": period_s,
         "domains": [
             _domain_header(

@@ -9,7 +9,6 @@ safety wrappers, actuator and exporter run unchanged on top.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import deque
 from collections.abc import Callable
@@ -17,6 +16,8 @@ from collections.abc import Callable
 from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.engines import EngineSample
 from gpugov.daemon.errors import GpuError, GpuUnavailable
+from gpugov.daemon.observer import DomainObserver
+from gpugov.daemon.vllm_view import VllmCounters
 from gpugov.plant import PlantSimulation
 from gpugov.plant.types import ServingObservation
 
@@ -167,58 +168,37 @@ class SimulatedBackend:
         self._closed = True
 
 
-TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(6) for m in (1, 2, 5))
-"""vLLM's 1-2-5 bounds of its per-request token histograms (up to 500,000 tokens)."""
-
-
-class _LengthHistograms:
-    """Cumulative prompt- and output-length histograms of the plant's finished requests,
-    as vLLM publishes them (``vllm:request_prompt_tokens``, ``..._generation_tokens``)."""
-
-    def __init__(self) -> None:
-        self.prompt = [0] * (len(TOKEN_BUCKETS) + 1)
-        self.output = [0] * (len(TOKEN_BUCKETS) + 1)
-        self._pending: list[int] = []
-        self._arrived = 0
-
-    def update(self, simulation: PlantSimulation, arrived: int) -> None:
-        """Count the requests that finished since the last call."""
-        if arrived > self._arrived:
-            self._pending.extend(range(self._arrived, arrived))
-            self._arrived = arrived
-        _, finish = simulation.request_times()
-        still = []
-        for index in self._pending:
-            if index < len(finish) and finish[index] is not None:
-                request = simulation.requests[index]
-                self.prompt[bisect.bisect_left(TOKEN_BUCKETS, request.prompt_tokens)] += 1
-                self.output[bisect.bisect_left(TOKEN_BUCKETS, request.output_tokens)] += 1
-            else:
-                still.append(index)
-        self._pending = still
-
-    @staticmethod
-    def cumulative(counts: list[int]) -> tuple[tuple[float, float], ...]:
-        """``(le, cumulative count)`` pairs ending with ``+Inf``."""
-        total, rows = 0, []
-        for bound, count in zip((*TOKEN_BUCKETS, math.inf), counts, strict=True):
-            total += count
-            rows.append((bound, float(total)))
-        return tuple(rows)
+ENGINE_VIEWS = ("vllm", "exact")
+"""What the simulated engine publishes: what a vLLM V1 engine's page gives (what a node
+sees), or the plant's exact state (its prompt backlog and SLO counts)."""
 
 
 class SimulatedSource:
-    """The plant's engine as an :class:`~daemon.engines.EngineSource` with exact values,
-    and the per-request token histograms vLLM publishes."""
+    """The plant's engine as an :class:`~daemon.engines.EngineSource`.
 
-    def __init__(self, node: SimulatedNode) -> None:
+    Args:
+        node: the simulated node.
+        view: ``"vllm"``, what a vLLM V1 engine publishes (:mod:`daemon.vllm_view`): the
+            daemon's observer derives the prompt backlog, the requests in their prefill
+            and the SLO attainment from it, as on a node; ``"exact"``, the plant's exact
+            state besides (the prompt backlog to the token, exact SLO counts).
+    """
+
+    def __init__(self, node: SimulatedNode, view: str = "exact") -> None:
+        if view not in ENGINE_VIEWS:
+            raise ValueError(f"view must be one of {', '.join(ENGINE_VIEWS)}, got {view!r}")
         self._node = node
-        self._lengths = _LengthHistograms()
+        self.view = view
+        self._counters = VllmCounters()
 
     def scrape(self, timeout_s: float | None = None) -> EngineSample:
         """This tick's engine state."""
         o = self._node.current()
-        self._lengths.update(self._node.simulation, o.arrived_requests)
+        simulation = self._node.simulation
+        counters = self._counters
+        counters.update(simulation, o)
+        if self.view == "vllm":
+            return counters.sample(simulation, o)
         return EngineSample(
             engine="simulated",
             running_requests=o.decode_active,
@@ -242,8 +222,35 @@ class SimulatedSource:
             ttft_within_slo_total=o.ttft_within_slo_total,
             tpot_count_total=o.tpot_count_total,
             tpot_within_slo_total=o.tpot_within_slo_total,
-            request_prompt_tokens_buckets=self._lengths.cumulative(self._lengths.prompt),
-            request_generation_tokens_buckets=self._lengths.cumulative(self._lengths.output),
-            iterations_total=float(self._node.simulation.iterations),
-            iteration_tokens_total=float(self._node.simulation.iteration_tokens),
+            request_prompt_tokens_buckets=counters.prompt_lengths.buckets_le(),
+            request_generation_tokens_buckets=counters.output_lengths.buckets_le(),
+            iterations_total=float(simulation.iterations),
+            iteration_tokens_total=float(simulation.iteration_tokens),
         )
+
+
+def node_view(simulation: PlantSimulation) -> Callable[[], ServingObservation]:
+    """What a vLLM node's daemon observes of ``simulation`` each tick: its observer over
+    the plant's GPU and a ``vllm`` view of its engine, under the SLOs the plant's profile
+    states (what a node's config would). For closed-loop runs
+    (:func:`plant.simulate`'s ``view``): the simulation is advanced elsewhere."""
+    profile = simulation.plant.profile
+    node = SimulatedNode(simulation, lambda: simulation.time_s)
+    observer = DomainObserver(
+        [SimulatedBackend(node)],
+        SimulatedSource(node, view="vllm"),
+        stale_after_s=math.inf,
+        ttft_slo_s=profile.ttft_slo_s,
+        tpot_slo_s=profile.tpot_slo_s,
+        thermal_limit_c=simulation.plant.thermal_limit_c,
+        ttft_slo_per_prompt_token_s=profile.ttft_slo_per_prompt_token_s,
+        clock=lambda: simulation.time_s,
+    )
+    step_s = simulation.plant.time_step_s
+
+    def observe() -> ServingObservation:
+        now = simulation.time_s
+        step = int(round(now / step_s))
+        return observer.observe(now, step, simulation.requested_clock_mhz).observation
+
+    return observe

@@ -20,6 +20,9 @@ from gpugov.plant.types import (
     ServingObservation,
 )
 
+ObservationView = Callable[[PlantSimulation], Callable[[], ServingObservation]]
+"""Given a simulation, the function that makes each tick's observation of it."""
+
 
 class ControllerError(RuntimeError):
     """A clock controller raised or returned an invalid clock; the message says when."""
@@ -42,6 +45,7 @@ def simulate(
     horizon_s: float | None = None,
     on_progress: Callable[[float, PlantSimulation], None] | None = None,
     progress_every_s: float = 10.0,
+    view: ObservationView | None = None,
 ) -> ServingResult:
     """Run ``workload`` on ``plant`` with ``controller`` called every ``control_period_s``.
 
@@ -53,6 +57,11 @@ def simulate(
     ``on_progress(time_s, simulation)``, when given, is called at the first control tick
     at or after every ``progress_every_s`` simulated seconds (the plant itself never
     prints; a CLI turns the call into a progress line).
+
+    ``view``, when given, makes the controller's observation: called once with the
+    simulation, it returns the function each tick calls (a node's view:
+    ``daemon.simulated.node_view``). Without it the controller sees
+    :meth:`PlantSimulation.observe`, the plant's exact state.
 
     Raises:
         ControllerError: the controller raised (chained) or returned a non-finite clock.
@@ -68,11 +77,12 @@ def simulate(
     if horizon <= 0.0:
         raise ValueError(f"horizon_s must be positive, got {horizon!r}")
     name = controller_name or _controller_name(controller)
+    observe = simulation.observe if view is None else view(simulation)
     for _ in control_ticks(simulation, horizon, control_period_s, on_progress, progress_every_s):
         apply_decision(
             controller,
             f"controller {name!r}",
-            simulation.observe(),
+            observe(),
             simulation.request_clock,
             simulation.set_power_cap,
         )

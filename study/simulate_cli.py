@@ -14,6 +14,7 @@ from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import (
     CONTROLLER_HELP,
     UsageError,
+    add_engine_view_argument,
     add_safety_arguments,
     check_output_file,
     check_workload_fits,
@@ -29,6 +30,7 @@ from gpugov.daemon.cli_support import (
 )
 from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.sim_progress import SimulationProgress
+from gpugov.daemon.simulated import node_view
 from gpugov.plant import ServingPlant, ServingResult, load_profile, simulate
 from gpugov.plant.attribution import ENERGY_DEFINITIONS, energy_summary, request_rows
 from gpugov.plant.profile import DEFAULT_PROFILE, list_bundled_profiles
@@ -148,6 +150,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             controller_name=controller_label(args.controller),
             control_period_s=args.control_period,
             on_progress=progress,
+            view=node_view if args.engine_view == "vllm" else None,
         )
     except KeyboardInterrupt:  # Ctrl-C: one line saying where the run stopped
         start = "\n" if sys.stderr.isatty() and not args.quiet else ""
@@ -294,6 +297,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="seconds between controller decisions (default 1)",
     )
     add_safety_arguments(sim)
+    add_engine_view_argument(sim)
     sim.add_argument(
         "--start",
         type=cli_types.offset,

@@ -19,91 +19,24 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from gpugov.daemon.vllm_view import (
+    E2E_BUCKETS_S,
+    ITL_BUCKETS_S,
+    TTFT_BUCKETS_S,
+    Histogram,
+)
+from gpugov.daemon.vllm_view import LENGTH_BUCKETS as ALL_LENGTH_BUCKETS
 from gpugov.plant import PlantSimulation, ServingPlant
 
 log = logging.getLogger(__name__)
 
-# vLLM V1's histogram buckets (vllm/v1/metrics/loggers.py), seconds.
-TTFT_BUCKETS_S = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-ITL_BUCKETS_S = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-E2E_BUCKETS_S = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
-LENGTH_BUCKETS = tuple(
-    float(base * 10**power)
-    for power in range(6)
-    for base in (1, 2, 5)
-    if base * 10**power <= 131_072
-)
+LENGTH_BUCKETS = tuple(b for b in ALL_LENGTH_BUCKETS if b <= 131_072)
 """vLLM's 1-2-5 bounds for its request-length histograms
 (``vllm:request_generation_tokens``), up to the longest model length it serves."""
 
@@ -123,37 +56,6 @@ FAULTS = ("none", "no-permission", "not-supported", "lost")
 
 MAX_ENERGY_RECORDS = 100_000
 """Finished requests ``GET /gpugov/energy`` keeps (the latest; bounded memory)."""
-
-
-class Histogram:
-    """A cumulative Prometheus histogram: bucket counts, sum and count."""
-
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float, times: int = 1) -> None:
-        """Record ``value`` ``times`` times."""
-        index = int(np.searchsorted(self.buckets, value, side="left"))
-        self.counts[index] += times
-        self.sum += value * times
-        self.count += times
-
-    @classmethod
-    def of(cls, buckets: tuple[float, ...], counts: Sequence[int], total: float) -> Histogram:
-        """A histogram of per-bucket ``counts`` (the last above every bound) summing to
-        ``total``, kept elsewhere (the plant's engine-step counts)."""
-        histogram = cls(buckets)
-        histogram.counts = list(counts)
-        histogram.count = sum(histogram.counts)
-        histogram.sum = float(total)
-        return histogram
-
-    def cumulative(self) -> list[int]:
-        """Counts per ``le`` bound, cumulative, the last one for ``+Inf``."""
-        return [int(c) for c in np.cumsum(self.counts)]
 
 
 @dataclass

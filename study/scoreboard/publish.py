@@ -155,6 +155,8 @@ def reproduce_command(config: Mapping[str, Any], report_dir: str) -> str:
         parts += ["--dwell", f"{config['dwell_s']:g}"]
     if config.get("floor_mhz") is not None:
         parts += ["--floor", f"{config['floor_mhz']:g}"]
+    if config.get("engine_view") is not None:
+        parts += ["--engine-view", str(config["engine_view"])]
     parts += ["--report", report_dir]
     return shlex.join(parts)
 

@@ -83,6 +83,7 @@ from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import add_safety_arguments
 from gpugov.daemon.limits import MAX_JOBS
 from gpugov.daemon.progress import format_duration
+from gpugov.daemon.simulated import ENGINE_VIEWS, node_view
 from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, simulate
 from gpugov.plant.profile import list_bundled_profiles
 from gpugov.plant.result import ServingMetrics
@@ -296,6 +297,7 @@ def run_scenario(
             config.seed,
             controller_name=name,
             control_period_s=period if every_s is None else every_s,
+            view=node_view if config.engine_view == "vllm" else None,
         )
         return result, time.perf_counter() - start
 
@@ -640,6 +642,7 @@ def config_for(
     dwell_s: float | None = None,
     floor_mhz: float | None = None,
     windows: int | None = None,
+    engine_view: str | None = None,
 ) -> BenchConfig:
     """The full, ``--quick`` or hidden ``--tiny`` configuration with overrides.
 
@@ -687,6 +690,12 @@ def config_for(
         if not math.isfinite(floor_mhz) or floor_mhz <= 0.0:
             raise ValueError(f"--floor must be a positive clock, got {floor_mhz!r}")
         changes["floor_mhz"] = float(floor_mhz)
+    if engine_view is not None:
+        if engine_view not in ENGINE_VIEWS:
+            raise ValueError(
+                f"--engine-view must be one of {', '.join(ENGINE_VIEWS)}, got {engine_view!r}"
+            )
+        changes["engine_view"] = engine_view
     if windows is not None and windows != 1:
         if windows < 1:
             raise ValueError(f"--windows must be >= 1, got {windows}")
@@ -783,6 +792,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(1P1D and 2P2D; default traces azure-conv and mooncake, profiles H100 and H200 8B; "
         "DIR/disaggregated.json and .md), or both",
     )
+    parser.add_argument(
+        "--engine-view",
+        choices=ENGINE_VIEWS,
+        default=None,
+        help="what every controller observes: vllm, what a vLLM node's daemon derives "
+        "from the engine's metrics page (default), or exact, the simulator's exact state",
+    )
     add_safety_arguments(parser, prefix="every controller runs in the node's safety chain: ")
     add_runner_arguments(parser, jobs=False)
 
@@ -800,6 +816,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         dwell_s=args.dwell,
         floor_mhz=args.floor,
         windows=args.windows,
+        engine_view=getattr(args, "engine_view", None),
     )
     from gpugov.daemon.cli_support import UsageError, prepare_output_dir
     from gpugov.daemon.progress import Progress

@@ -112,6 +112,10 @@ class BenchConfig:
     windows: int = 1
     """Windows per trace (``--windows``): 1 runs the trace's one scoreboard window; more
     add held-out windows at other starts (``study/scoreboard/windows.py``)."""
+    engine_view: str = "vllm"
+    """What each controller observes (``--engine-view``): ``vllm``, what a vLLM node's
+    daemon derives from the engine's page (``daemon.simulated.node_view``), so the board
+    scores what a node runs; ``exact``, the plant's exact state."""
 
     @property
     def slo_target(self) -> SLOTarget | None:

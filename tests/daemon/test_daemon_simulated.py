@@ -17,6 +17,7 @@ from gpugov.daemon.loop import TickRecord, TimedLoop, VirtualClock, run
 from gpugov.daemon.record import Recorder, read_recording
 from gpugov.daemon.replay import replay
 from gpugov.daemon.service import simulated_run
+from gpugov.daemon.simulated import node_view
 from gpugov.plant import ServingPlant, load_profile, simulate
 from gpugov.plant.workload import load_trace
 
@@ -66,7 +67,10 @@ def test_virtual_minutes_match_plant_simulate_and_metrics_are_live(
         recorder.close()
     assert sim.result is not None
     daemon_metrics = sim.result.metrics.as_dict()
-    reference = simulate(workload, plant, controller=reactive_clock_controller).metrics.as_dict()
+    # The daemon's loop sees a vLLM page through its observer; so does node_view.
+    reference = simulate(
+        workload, plant, controller=reactive_clock_controller, view=node_view
+    ).metrics.as_dict()
     for key in (
         "energy_j",
         "output_tokens",
@@ -112,6 +116,23 @@ def test_virtual_minutes_match_plant_simulate_and_metrics_are_live(
     fixed = replay(tmp_path / "run.jsonl", FixedControllerConfig(kind="fixed", clock_mhz=1980))
     assert fixed.differing > 0
     assert "differing ticks" in fixed.format()
+
+
+def test_the_exact_view_matches_plant_simulate_without_a_view(
+    workload_and_plant: tuple,  # type: ignore[type-arg]
+) -> None:
+    """``engine_view="exact"`` hands the plant's exact state through the observer
+    unchanged: the daemon's loop runs what ``plant.simulate`` does without a view."""
+    workload, plant = workload_and_plant
+    clock = VirtualClock()
+    spec = ReactiveControllerConfig(kind="reactive")
+    sim = simulated_run(workload, plant, spec, clock, engine_view="exact")
+    assert sim.header["engine_view"] == "exact"
+    run([sim.domain], TimedLoop(1.0, clock=clock, sleep=clock.sleep), before_tick=sim.before_tick)
+    assert sim.result is not None
+    reference = simulate(workload, plant, controller=reactive_clock_controller)
+    assert sim.result.metrics.energy_j == pytest.approx(reference.metrics.energy_j, rel=1e-9)
+    assert sim.result.metrics.slo_attainment == reference.metrics.slo_attainment
 
 
 def test_speed_mode_uses_scaled_wall_clock(workload_and_plant: tuple) -> None:  # type: ignore[type-arg]

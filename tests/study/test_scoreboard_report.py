@@ -168,7 +168,7 @@ def test_the_recorded_command_reproduces_the_report(
 
 
 def test_reproduce_command_spells_out_every_choice() -> None:
-    config = scoreboard.config_for(quick=True, dwell_s=2.0, floor_mhz=900.0)
+    config = scoreboard.config_for(quick=True, dwell_s=2.0, floor_mhz=900.0, engine_view="exact")
     payload_config = {
         key: list(value) if isinstance(value, tuple) else value
         for key, value in vars(config).items()
@@ -187,8 +187,10 @@ def test_reproduce_command_spells_out_every_choice() -> None:
         dwell_s=args.dwell,
         floor_mhz=args.floor,
         windows=args.windows,
+        engine_view=args.engine_view,
     )
     assert again == config
+    assert config.engine_view == "exact"
 
 
 def test_report_under_a_missing_directory_is_refused_before_the_run(tmp_path: Path) -> None:
