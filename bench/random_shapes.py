@@ -55,6 +55,7 @@ from gpugov.daemon.config import (
     OnlineMPCControllerConfig,
 )
 from gpugov.daemon.progress import Progress
+from gpugov.daemon.simulated import ENGINE_VIEWS
 from gpugov.plant import ServingPlant
 from gpugov.plant.synthetic_profiles import random_shape, shape_profile
 from gpugov.plant.workload import TraceError, TraceWarning, load_trace
@@ -74,10 +75,10 @@ def _start(trace: str) -> float:
     return 1800.0 if trace.startswith("azure") and trace != "azure-conv-10min" else 0.0
 
 
-def run_seed(cell: tuple[int, str, float, bool], shared: Any = None) -> dict[str, Any]:
+def run_seed(cell: tuple[int, str, float, bool, str], shared: Any = None) -> dict[str, Any]:
     """Every run on one random board; a row (``error`` or ``skipped`` set when the
     scenario cannot be built or is too small to judge). ``shared``: the runner's, unused."""
-    seed, trace, duration_s, with_mpc = cell
+    seed, trace, duration_s, with_mpc, view = cell
     started = time.perf_counter()
     shape = random_shape(seed)
     profile = shape_profile(shape)
@@ -104,7 +105,9 @@ def run_seed(cell: tuple[int, str, float, bool], shared: Any = None) -> dict[str
     ]
     if with_mpc:
         specs.append((MPCControllerConfig(kind="mpc"), MPC_PERIOD_S, target))
-    results = {spec.kind: _run(plant, requests, spec, period, goal) for spec, period, goal in specs}
+    results = {
+        spec.kind: _run(plant, requests, spec, period, goal, view) for spec, period, goal in specs
+    }
     top = results["max"].metrics
     controllers: dict[str, dict[str, Any]] = {}
     for key, result in results.items():
@@ -181,6 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--traces", nargs="+", default=list(TRACES), metavar="TRACE")
     parser.add_argument("--duration", type=float, default=300.0, help="scenario seconds")
     parser.add_argument("--mpc", action="store_true", help="also run mpc fed the true profile")
+    parser.add_argument(
+        "--engine-view",
+        choices=ENGINE_VIEWS,
+        default="vllm",
+        help="what the controllers observe: a vLLM node's view (default) or the exact state",
+    )
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--out", default=str(OUT), help="output JSON")
     args = parser.parse_args(argv)
@@ -198,7 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     traces = list(args.traces)
-    cells = [(seed, traces[seed % len(traces)], args.duration, args.mpc) for seed in seeds]
+    cells = [
+        (seed, traces[seed % len(traces)], args.duration, args.mpc, args.engine_view)
+        for seed in seeds
+    ]
     started = time.time()
     bar = Progress(len(cells), "random shapes", unit="boards")
     finished: dict[int, dict[str, Any]] = {}
@@ -212,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     keys = ["mpc-online", "mpc"] if args.mpc else ["mpc-online"]
     result = {
         "benchmark": "random-shapes",
+        "engine_view": args.engine_view,
         "seeds": [seeds.start, seeds.stop],
         "traces": traces,
         "duration_s": args.duration,

@@ -60,6 +60,7 @@ from gpugov.daemon.config import (
     OnlineMPCControllerConfig,
 )
 from gpugov.daemon.progress import Progress
+from gpugov.daemon.simulated import ENGINE_VIEWS, node_view
 from gpugov.plant import ServingPlant, ServingResult, chunked_prefill_scheduler, simulate
 from gpugov.plant.synthetic_profiles import SHAPES, SYNTHETIC_PREFIX, resolve_profile
 from gpugov.plant.types import Request
@@ -168,7 +169,10 @@ def _run(
     spec: ControllerConfig,
     period_s: float,
     slo_target: SLOTarget | None = None,
+    engine_view: str = "vllm",
 ) -> ServingResult:
+    """``spec`` on ``requests``, observing what ``engine_view`` gives (a vLLM node's view
+    by default, ``daemon.simulated.node_view``)."""
     controller = study_controller(
         spec, plant, requests, control_period_s=period_s, slo_target=slo_target
     )
@@ -180,6 +184,7 @@ def _run(
         0,
         controller_name=spec.kind,
         control_period_s=period_s,
+        view=node_view if engine_view == "vllm" else None,
     )
 
 
@@ -189,9 +194,9 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
-def run_profile(cell: tuple[str, str, float, float, float]) -> dict[str, Any]:
+def run_profile(cell: tuple[str, str, float, float, float, str]) -> dict[str, Any]:
     """Every run on one profile; a row (``error`` set when the scenario cannot be built)."""
-    spec, trace, start_s, duration_s, load = cell
+    spec, trace, start_s, duration_s, load, view = cell
     started = time.perf_counter()
     profile = resolve_profile(spec)
     plant = ServingPlant.from_profile(profile)
@@ -206,15 +211,15 @@ def run_profile(cell: tuple[str, str, float, float, float]) -> dict[str, Any]:
         return row
     requests = scenario.pop("requests")
     row["scenario"] = {**scenario, "requests": len(requests), "load": load}
-    top = _run(plant, requests, MaxControllerConfig(kind="max"), 1.0)
+    top = _run(plant, requests, MaxControllerConfig(kind="max"), 1.0, engine_view=view)
     # The target the SLO condition judges, stated to the controllers as the scoreboard
     # states it (``BenchConfig.slo_target``): 1 - tolerance over the whole run.
     target = SLOTarget(attainment=1.0 - SLO_TOLERANCE, window_s=duration_s)
     online_spec = OnlineMPCControllerConfig(kind="mpc-online")
     runs: dict[str, ServingResult] = {
         "max": top,
-        "mpc-online": _run(plant, requests, online_spec, ONLINE_PERIOD_S, target),
-        "mpc": _run(plant, requests, MPCControllerConfig(kind="mpc"), MPC_PERIOD_S, target),
+        "mpc-online": _run(plant, requests, online_spec, ONLINE_PERIOD_S, target, view),
+        "mpc": _run(plant, requests, MPCControllerConfig(kind="mpc"), MPC_PERIOD_S, target, view),
     }
     best = best_fixed_clock(requests, plant, reference=top, seed=0, control_period_s=1.0)
     runs["best-fixed"] = best.result
@@ -343,6 +348,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--load", type=float, default=0.45, help="fraction of the SLO capacity (default 0.45)"
     )
+    parser.add_argument(
+        "--engine-view",
+        choices=ENGINE_VIEWS,
+        default="vllm",
+        help="what the controllers observe: a vLLM node's view (default) or the exact state",
+    )
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--out", default=str(OUT), help="output JSON")
     args = parser.parse_args(argv)
@@ -363,7 +374,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TraceError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    cells = [(spec, args.trace, args.start, args.duration, args.load) for spec in specs]
+    cells = [
+        (spec, args.trace, args.start, args.duration, args.load, args.engine_view) for spec in specs
+    ]
     started = time.time()
     print(
         f"unseen node: {len(cells)} profile(s); each: SLO capacity search, then max, "
@@ -387,6 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "start_s": args.start,
         "duration_s": args.duration,
         "load": args.load,
+        "engine_view": args.engine_view,
         "first_s": FIRST_S,
         "targets": {"first_5_min": TARGET_FIRST, "whole_run": TARGET_WHOLE},
         "slo_tolerance": SLO_TOLERANCE,
