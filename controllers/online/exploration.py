@@ -335,16 +335,20 @@ class LatencyWindow:
 
 @dataclass
 class BacklogAge:
-    """How long the oldest prompt token still waiting to be prefilled has waited, from the
-    engine's counters: the prompt tokens that arrived by each tick (prefilled so far,
-    ``prompt_tokens_total``, plus the backlog, ``prefill_remaining_tokens``) and, first
-    in first out, the tick by which the oldest token not yet prefilled had arrived.
+    """How long the oldest request still waiting for its first token has waited, from
+    the observation's request counts: the requests that had arrived by each tick and,
+    first in first out (prompts are prefilled in arrival order), the tick by which the
+    oldest one still waiting (``arrived_requests - waiting_requests`` have left the
+    queue, a prompt in its prefill counted as waiting) had arrived.
 
     The burst guard drains a backlog within the TTFT target *less* this age: a prompt
     that arrived in a window at a lowered clock has already waited part of its SLO, and
     at every later tick the deadline stays where it was instead of sliding by a period.
-    The token arrived between that tick and the one before it: the age counts from the
-    middle (half a period for a backlog the tick sees for the first time).
+    The request arrived between that tick and the one before it: the age counts from the
+    middle (half a period for a backlog the tick sees for the first time). Counted in
+    requests, not prompt tokens: a node's token backlog is an estimate (no engine
+    publishes a prompt's length before its first token), so tokens would misplace the
+    oldest one; its request counts are exact.
     """
 
     maximum_ticks: int = 4096
@@ -353,26 +357,21 @@ class BacklogAge:
     _earlier_s: float | None = None
 
     def update(self, observation: ServingObservation) -> float:
-        """Fold one tick in; return the age of the oldest waiting prompt token (0 when
-        nothing waits, or when a counter is not finite)."""
-        done = observation.prompt_tokens_total
-        waiting = observation.prefill_remaining_tokens
+        """Fold one tick in; return the age of the oldest waiting request (0 when
+        nothing waits)."""
+        arrived = float(observation.arrived_requests)
+        waiting = max(0, observation.waiting_requests)
+        left = arrived - waiting
         now = observation.time_s
         ticks = self._ticks
-        if not (math.isfinite(done) and math.isfinite(waiting)):
-            ticks.clear()
-            self._earlier_s = None
-            self.age_s = 0.0
-            return self.age_s
-        arrived = done + waiting
-        if ticks and (now < ticks[-1][0] or arrived < ticks[-1][1] - 1e-6):
-            ticks.clear()  # a counter went backwards (an engine restart) or another run
+        if ticks and (now < ticks[-1][0] or arrived < ticks[-1][1]):
+            ticks.clear()  # the arrivals went backwards (an engine restart) or another run
             self._earlier_s = None
         ticks.append((now, arrived))
-        # Every token that had arrived by the first kept tick is prefilled: drop it.
-        while len(ticks) > 1 and (ticks[0][1] <= done + 1e-6 or len(ticks) > self.maximum_ticks):
+        # Every request that had arrived by the first kept tick has left the queue: drop it.
+        while len(ticks) > 1 and (ticks[0][1] <= left or len(ticks) > self.maximum_ticks):
             self._earlier_s = ticks.popleft()[0]
-        if waiting <= 0.0:
+        if waiting <= 0 and observation.prefill_remaining_tokens <= 0.0:
             self.age_s = 0.0
             return self.age_s
         head_s = ticks[0][0]

@@ -285,28 +285,29 @@ def test_a_long_prompt_arriving_in_a_lowered_window_raises_the_clock_at_the_next
     assert long_ttft(result.request_records) <= long_ttft(at_top.request_records) + period  # type: ignore[attr-defined]
 
 
-def test_the_backlog_age_follows_the_oldest_waiting_prompt_token() -> None:
+def test_the_backlog_age_follows_the_oldest_waiting_request() -> None:
     from dataclasses import replace
 
     from gpugov.controllers.online.exploration import BacklogAge
 
-    def tick(time_s: float, done: float, waiting: float) -> ServingObservation:
-        seen = _seen(backlog=waiting, running=0, waiting=int(waiting > 0))
-        return replace(seen, time_s=time_s, prompt_tokens_total=done)
+    def tick(time_s: float, arrived: int, waiting: int, backlog: float) -> ServingObservation:
+        seen = _seen(backlog=backlog, running=0, waiting=waiting)
+        return replace(seen, time_s=time_s, arrived_requests=arrived)
 
     age = BacklogAge()
-    assert age.update(tick(0.0, 0.0, 0.0)) == 0.0
-    # 4,000 tokens arrive between 0.0 and 0.25 s: half a period old when first seen.
-    assert age.update(tick(0.25, 0.0, 4_000.0)) == pytest.approx(0.125)
-    # 1,000 prefilled, 600 more arrive: the oldest waiting token is still the first lot's.
-    assert age.update(tick(0.5, 1_000.0, 3_600.0)) == pytest.approx(0.375)
-    # The first lot is prefilled: the oldest waiting token came with the second lot.
-    assert age.update(tick(0.75, 4_100.0, 500.0)) == pytest.approx(0.375)
+    assert age.update(tick(0.0, 0, 0, 0.0)) == 0.0
+    # Two requests arrive between 0.0 and 0.25 s: half a period old when first seen.
+    assert age.update(tick(0.25, 2, 2, 4_000.0)) == pytest.approx(0.125)
+    # A third arrives; the first two still wait: the oldest is still the first lot's.
+    assert age.update(tick(0.5, 3, 3, 3_600.0)) == pytest.approx(0.375)
+    # The first lot has its first tokens: the oldest waiting request came with the third.
+    assert age.update(tick(0.75, 3, 1, 500.0)) == pytest.approx(0.375)
+    # A backlog estimate that jumps (a node's view) moves nothing: the requests decide.
+    assert age.update(tick(1.0, 3, 1, 20_000.0)) == pytest.approx(0.625)
     # All drained: no age.
-    assert age.update(tick(1.0, 4_600.0, 0.0)) == 0.0
-    # An engine restart (the counter went backwards) starts afresh; so does a NaN.
-    assert age.update(tick(1.25, 0.0, 1_000.0)) == pytest.approx(0.0)
-    assert age.update(tick(1.5, float("nan"), 1_000.0)) == 0.0
+    assert age.update(tick(1.25, 3, 0, 0.0)) == 0.0
+    # An engine restart (the arrivals went backwards) starts afresh.
+    assert age.update(tick(1.5, 1, 1, 1_000.0)) == pytest.approx(0.0)
 
 
 def test_a_backlog_that_already_waited_gets_a_faster_clock() -> None:
