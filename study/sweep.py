@@ -24,6 +24,7 @@ The grid file (TOML; every key but the four lists is optional)::
     latency_noise = 0.0                           # --latency-noise (iteration jitter CV)
     dwell_s = 1.0                                 # --dwell: the node's safety.dwell_s
     # floor_mhz = 900.0                           # --floor: the node's safety.floor_mhz
+    engine_view = "vllm"                          # --engine-view: vllm (a node's) or exact
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -70,6 +71,7 @@ from gpugov.daemon.limits import (
 )
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
+from gpugov.daemon.simulated import node_view
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile, simulate
 from gpugov.plant.profile import ProfileError
 from gpugov.plant.result import arrival_separation
@@ -119,6 +121,7 @@ class SweepGrid(BaseModel):
     latency_noise: float = Field(default=0.0, ge=0.0, le=MAX_LATENCY_NOISE, allow_inf_nan=False)
     dwell_s: float = Field(default=DEFAULT_DWELL_S, ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)
     floor_mhz: float | None = Field(default=None, gt=0.0, le=MAX_CLOCK_MHZ, allow_inf_nan=False)
+    engine_view: Literal["vllm", "exact"] = "vllm"
 
     @field_validator("traces", "profiles", "controllers", "seeds", "loads")
     @classmethod
@@ -166,6 +169,7 @@ class SweepGrid(BaseModel):
             "latency_noise": self.latency_noise,
             "dwell_s": self.dwell_s,
             "floor_mhz": self.floor_mhz,
+            "engine_view": self.engine_view,
         }
 
 
@@ -409,6 +413,8 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
             seed=cell.seed,
             controller_name=cell.controller,
             control_period_s=period,
+            # Results written before the view existed observed the exact state.
+            view=node_view if settings.get("engine_view", "exact") == "vllm" else None,
         )
     except Exception as error:  # the cell's outermost edge: recorded, the sweep goes on
         return {

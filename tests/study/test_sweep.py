@@ -155,6 +155,10 @@ def test_keys_are_stable_and_follow_the_settings(tmp_path: Path) -> None:
     assert len(set(first)) == CELLS
     grid.write_text(GRID.replace("latency_noise = 0.05", "latency_noise = 0.1"))
     assert not set(first) & {cell.key for cell in plan_sweep(grid).cells}
+    grid.write_text(GRID + 'engine_view = "exact"\n')
+    exact = plan_sweep(grid).cells
+    assert not set(first) & {cell.key for cell in exact}
+    assert {dict(cell.settings)["engine_view"] for cell in exact} == {"exact"}
     assert cell_key({"a": 1, "b": 2}) == cell_key({"b": 2, "a": 1})
 
 
@@ -168,6 +172,7 @@ def test_keys_are_stable_and_follow_the_settings(tmp_path: Path) -> None:
         ('profiles = ["h100-sxm-llama3-8b"]', "key 'profiles': "),
         ('controllers = ["max", "reactive", "fixed:1200"]', "key 'controllers'"),
         ("duration_s = 30.0", "not valid TOML"),
+        ("duration_s = 30.0", "key 'engine_view'"),
         ('traces = ["azure-conv-10min", "bursty.csv"]', "missing key 'traces'"),
     ],
     ids=[
@@ -178,6 +183,7 @@ def test_keys_are_stable_and_follow_the_settings(tmp_path: Path) -> None:
         "unknown-profile",
         "bad-controller",
         "bad-toml",
+        "bad-view",
         "missing",
     ],
 )
@@ -192,6 +198,7 @@ def test_bad_grid_files_get_one_line(
         "unknown-profile": 'profiles = ["b300-nope"]',
         "bad-controller": 'controllers = ["max", "warp-drive"]',
         "bad-toml": "duration_s = = 30",
+        "bad-view": 'duration_s = 30.0\nengine_view = "sglang"',
         "missing": "",
     }[request.node.callspec.id]
     grid = _grid(tmp_path, GRID.replace(change, replacement))
