@@ -31,7 +31,9 @@ Derivations from the engine's cumulative counters (documented in ``docs/daemon.m
 * GPU fields over the domain: power, energy and power limit summed; temperature the
   hottest GPU; realised clock the slowest; utilisation the mean.
 
-A simulated engine fills the exact values itself and they are used as they are.
+A simulated engine in its ``exact`` view fills the exact values itself and they are used as
+they are; in its ``vllm`` view it publishes only what a vLLM page has
+(:mod:`daemon.vllm_view`), and everything above is derived as on a node.
 """
 
 from __future__ import annotations
