@@ -28,6 +28,7 @@ shorter one against a looser SLO; where a window holds one first token the SLO i
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -66,16 +67,33 @@ def count_within(buckets: Sequence[tuple[float, float]], threshold_s: float) -> 
     return below
 
 
+MIN_KNOWN_VALUES = 8
+"""Values seen alone in the SLO's bucket that :func:`within_window` needs before it
+judges several observations there by their spread instead of an even one."""
+
+
+KNOWN_VALUES_KEPT = 256
+"""Lone observations :class:`AttainmentEstimator` keeps per histogram (the latest)."""
+
+
 def within_window(
-    buckets: Sequence[tuple[float, float]], threshold_s: float, sum_s: float | None
+    buckets: Sequence[tuple[float, float]],
+    threshold_s: float,
+    sum_s: float | None,
+    known: Sequence[float] = (),
 ) -> float:
     """Observations of one window at or below ``threshold_s``, placed within the bucket
     that holds it by the window's ``_sum`` (module notes): the other buckets' observations
-    taken at their buckets' middles, the rest of the sum is that bucket's; one observation
-    there is judged at that value, several as spread evenly around their mean (as far as
-    the bucket allows). Scraped every fraction of a second, a window holds few first
-    tokens, so this is mostly exact where the coarse buckets are not. Without a usable
-    sum (none, an observation above the last finite bound): :func:`count_within`."""
+    taken at the mean of the ``known`` values in their bucket (else at its middle), the
+    rest of the sum is that bucket's. One observation there is judged at that value.
+    Several are judged as the ``known`` values in that bucket (earlier windows' lone
+    observations, each exact) spread around the window's mean (narrowed as the spread of
+    draws with that mean is), once at least :data:`MIN_KNOWN_VALUES` are known; before
+    that, as spread evenly around their mean as far as the bucket allows (a tight spread,
+    a board's steady TPOT, then counts as partly missed: the safe side). Scraped every
+    fraction of a second, a window holds few observations, so this is mostly exact where
+    the coarse buckets are not. Without a usable sum (none, an observation above the last
+    finite bound): :func:`count_within`."""
     if sum_s is None or not math.isfinite(sum_s) or not buckets:
         return count_within(buckets, threshold_s)
     lower, below = 0.0, 0.0
@@ -90,13 +108,33 @@ def within_window(
     within_below = sum(c for _, _, c in bounds[:held])
     if count <= 0.0:
         return within_below
-    others = sum(0.5 * (lo + up) * c for i, (lo, up, c) in enumerate(bounds) if i != held and c)
+    others = sum(
+        _typical(lo, up, known) * c for i, (lo, up, c) in enumerate(bounds) if i != held and c
+    )
     mean = min(high, max(low, (sum_s - others) / count))
     half = min(mean - low, high - mean)
     if count == 1.0 or half <= 0.0:
         return within_below + (count if mean <= threshold_s + 1e-12 else 0.0)
+    inside = [value for value in known if low < value <= high]
+    if len(inside) >= MIN_KNOWN_VALUES:
+        # Given their mean, ``count`` draws of a spread each lie around it with the
+        # spread narrowed by sqrt((count - 1) / count) (exact for a normal spread).
+        centre = sum(inside) / len(inside)
+        narrow = math.sqrt((count - 1.0) / count)
+        met = sum(mean + (value - centre) * narrow <= threshold_s + 1e-12 for value in inside)
+        return within_below + count * met / len(inside)
     share = (threshold_s - (mean - half)) / (2.0 * half)
     return within_below + count * min(1.0, max(0.0, share))
+
+
+def _typical(low: float, high: float, known: Sequence[float]) -> float:
+    """An observation in the bucket ``(low, high]``: the mean of the ``known`` values in
+    it where there are enough (a bucket from 0 holds a board's steady values near its
+    top, not at its middle), else its middle."""
+    inside = [value for value in known if low < value <= high]
+    if len(inside) >= MIN_KNOWN_VALUES:
+        return sum(inside) / len(inside)
+    return 0.5 * (low + high)
 
 
 def total(buckets: Sequence[tuple[float, float]]) -> float:
@@ -149,6 +187,8 @@ class AttainmentEstimator:
 
     def __post_init__(self) -> None:
         self._prompts = PromptPerFirstToken()
+        self._ttft_alone: deque[float] = deque(maxlen=KNOWN_VALUES_KEPT)
+        self._tpot_alone: deque[float] = deque(maxlen=KNOWN_VALUES_KEPT)
 
     def add_window(
         self,
@@ -168,13 +208,23 @@ class AttainmentEstimator:
             allowance = self.ttft_slo_per_prompt_token_s
             if allowance and self.recent_prompt_tokens is not None:
                 slo += allowance * self.recent_prompt_tokens
-            self.ttft_within = (self.ttft_within or 0.0) + within_window(ttft, slo, ttft_sum_s)
+            self.ttft_within = (self.ttft_within or 0.0) + within_window(
+                ttft, slo, ttft_sum_s, self._ttft_alone
+            )
             self.ttft_count = (self.ttft_count or 0.0) + first_tokens
+            _keep_alone(self._ttft_alone, ttft, ttft_sum_s)
         if tpot is not None and self.tpot_slo_s is not None:
             self.tpot_within = (self.tpot_within or 0.0) + within_window(
-                tpot, self.tpot_slo_s, tpot_sum_s
+                tpot, self.tpot_slo_s, tpot_sum_s, self._tpot_alone
             )
             self.tpot_count = (self.tpot_count or 0.0) + total(tpot)
+            _keep_alone(self._tpot_alone, tpot, tpot_sum_s)
+
+
+def _keep_alone(kept: deque[float], buckets: Buckets, sum_s: float | None) -> None:
+    """Keep a window's observation where it was alone: its ``_sum`` is its exact value."""
+    if total(buckets) == 1.0 and sum_s is not None and math.isfinite(sum_s) and sum_s >= 0.0:
+        kept.append(sum_s)
 
 
 __all__ = [

@@ -152,6 +152,33 @@ def test_the_window_sum_places_the_observations_of_the_slos_bucket() -> None:
     assert within_window(((1.0, 0.0), (math.inf, 0.0)), 1.2, 0.0) == 0.0
 
 
+def test_known_lone_values_place_the_other_buckets_and_the_spread() -> None:
+    """A board's steady TPOT sits near the top of vLLM's first bucket (0, 10 ms], not at
+    its middle, and several observations in the SLO's bucket spread as the lone ones did."""
+    window = ((0.01, 3.0), (0.025, 4.0), (math.inf, 4.0))  # three fast, one near a 16 ms SLO
+    total_s = 3 * 0.009 + 0.015
+    assert within_window(window, 0.016, total_s) == 3.0  # at the middle: 0.027 s left over
+    known = [0.009] * 8
+    assert within_window(window, 0.016, total_s, known) == 4.0
+    # Four in the SLO's bucket around 15 ms: lone ones seen from 14 to 16 ms all meet it.
+    pair = ((0.01, 0.0), (0.025, 4.0), (math.inf, 4.0))
+    steady = [0.014, 0.0145, 0.015, 0.0155, 0.016, 0.015, 0.0148, 0.0152]
+    assert within_window(pair, 0.0163, 4 * 0.015) == pytest.approx(4 * (0.0063 / 0.01))
+    assert within_window(pair, 0.0163, 4 * 0.015, steady) == 4.0
+    # Fewer than MIN_KNOWN_VALUES known: the even spread.
+    assert within_window(pair, 0.0163, 4 * 0.015, steady[:3]) == pytest.approx(2.52)
+
+
+def test_the_estimator_keeps_lone_observations() -> None:
+    estimator = AttainmentEstimator(None, 0.0163)
+    alone = ((0.01, 0.0), (0.025, 1.0), (math.inf, 1.0))
+    for value in (0.014, 0.0145, 0.015, 0.0155, 0.016, 0.015, 0.0148, 0.0152):
+        estimator.add_window(None, alone, None, tpot_sum_s=value)
+    assert estimator.tpot_within == 8.0
+    estimator.add_window(None, ((0.01, 0.0), (0.025, 4.0), (math.inf, 4.0)), None, None, 0.06)
+    assert (estimator.tpot_within, estimator.tpot_count) == (12.0, 12.0)
+
+
 def test_the_estimator_uses_the_window_sum() -> None:
     estimator = AttainmentEstimator(1.0, None, ttft_slo_per_prompt_token_s=1e-4)
     window = ((1.0, 0.0), (2.5, 1.0), (math.inf, 1.0))
