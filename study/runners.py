@@ -34,6 +34,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -197,7 +198,29 @@ def _set_worker_shared(shared: Mapping[str, Any]) -> None:
     global _WORKER_SHARED
     _WORKER_SHARED = shared
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        # Forked with SIGINT blocked (:func:`_submit_all`); ignored now, so unblock it.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     single_threaded()  # stays in force for the worker's life
+
+
+def _submit_all(
+    pool: ProcessPoolExecutor, fn: TaskFunction, cells: Sequence[Any], pending: Sequence[int]
+) -> dict[Any, int]:
+    """Submit every pending cell with SIGINT blocked. The executor forks its workers on
+    the first submit: a Ctrl-C in the middle would interrupt a child in its at-fork
+    handlers (before its initialiser ignores SIGINT) or leave a worker the executor does
+    not list yet, which nothing ends, and the command would hang instead of exiting. A
+    Ctrl-C that came meanwhile is delivered once the mask is restored."""
+    masked = hasattr(signal, "pthread_sigmask") and (
+        threading.current_thread() is threading.main_thread()
+    )
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
+    try:
+        return {pool.submit(_pool_task, fn, cells[i]): i for i in pending}
+    finally:
+        if previous is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _pool_task(fn: TaskFunction, cell: Any) -> tuple[Any, str]:
@@ -228,7 +251,7 @@ def _pool(
         )
         finished = False
         try:
-            futures = {pool.submit(_pool_task, fn, cells[i]): i for i in pending}
+            futures = _submit_all(pool, fn, cells, pending)
             for future in as_completed(futures):
                 index = futures[future]
                 try:

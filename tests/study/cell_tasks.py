@@ -46,3 +46,11 @@ def sweep_cell_dying_once(cell: Any, shared: Mapping[str, Any]) -> dict[str, Any
         marker.write_text(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGKILL)
     return sweep_run_cell(cell, shared)
+
+
+def sigint_state(cell: int, shared: Mapping[str, Any]) -> tuple[bool, bool]:
+    """In a pool worker: (SIGINT ignored, SIGINT blocked)."""
+    import signal
+
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    return signal.getsignal(signal.SIGINT) == signal.SIG_IGN, blocked

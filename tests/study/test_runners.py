@@ -114,3 +114,27 @@ def test_ray_missing_says_how_to_install_it_in_one_line(
     assert stderr.getvalue() == f"gpugov: error: {RAY_INSTALL_HINT}\n"
     assert "pip install 'gpugov[ray]'" in RAY_INSTALL_HINT
     assert not out.exists()
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "pthread_sigmask"), reason="POSIX only")
+def test_pool_workers_are_forked_with_sigint_blocked_then_ignore_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The workers fork (on submit) with SIGINT blocked: a Ctrl-C mid-fork hung the
+    command. They then ignore and unblock it; the parent's mask is as it was."""
+    import signal
+    from concurrent.futures import ProcessPoolExecutor
+
+    blocked_at_submit: list[bool] = []
+    submit = ProcessPoolExecutor.submit
+
+    def watched(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        blocked_at_submit.append(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", watched)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    done = list(map_cells(cell_tasks.sigint_state, [0, 1], spec=RunnerSpec(jobs=2)))
+    assert blocked_at_submit == [True, True]
+    assert {item.value for item in done} == {(True, False)}
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
