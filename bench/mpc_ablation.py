@@ -27,7 +27,7 @@ from typing import Any
 from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo, oracle_capture
 from gpugov.daemon.config import MPCControllerConfig
 from gpugov.daemon.decide import canonical_controller_name
-from gpugov.daemon.simulated import node_view
+from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, load_profile, simulate
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.study.scoreboard.controllers import study_controller
@@ -66,7 +66,7 @@ def run_variant(
     controller = study_controller(spec, plant, requests, control_period_s=period)
     started = time.perf_counter()
     # The scoreboard's view (boards written before it had one observed the exact state).
-    view = node_view if settings.get("engine_view", "exact") == "vllm" else None
+    view = observation_view(settings.get("engine_view", "exact"))
     result = simulate(
         requests,
         plant,

@@ -37,7 +37,7 @@ from typing import Any
 
 from gpugov.controllers.oracles.common import SLO_TOLERANCE, holds_slo
 from gpugov.daemon.progress import Progress
-from gpugov.daemon.simulated import ENGINE_VIEWS, node_view
+from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
 from gpugov.plant.result import ServingResult
 from gpugov.study.online_eval import WARMUP_S, energy_after
@@ -104,7 +104,7 @@ def run_cell(cell: tuple[str, float, str, str, float, tuple[str, ...]]) -> dict[
             0,
             controller_name=entry.key,
             control_period_s=entry.control_period_s or 1.0,
-            view=node_view if engine_view == "vllm" else None,
+            view=observation_view(engine_view),
         )
         near, missed = _tail(result, plant)
         runs[entry.key] = {

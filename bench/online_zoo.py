@@ -34,7 +34,7 @@ from typing import Any
 
 from gpugov.controllers.oracles import holds_slo, oracle_capture
 from gpugov.daemon.progress import Progress
-from gpugov.daemon.simulated import ENGINE_VIEWS, node_view
+from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, simulate
 from gpugov.plant.synthetic_profiles import resolve_profile
 from gpugov.study.online_eval import WARMUP_S, energy_after
@@ -130,7 +130,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
             config.seed,
             controller_name=entry.key,
             control_period_s=entry.control_period_s or config.control_period_s,
-            view=node_view if config.engine_view == "vllm" else None,
+            view=observation_view(config.engine_view),
         )
         runs[entry.key] = result
     reference = runs.pop("max")

@@ -60,7 +60,7 @@ from gpugov.daemon.config import (
     OnlineMPCControllerConfig,
 )
 from gpugov.daemon.progress import Progress
-from gpugov.daemon.simulated import ENGINE_VIEWS, node_view
+from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
 from gpugov.plant import ServingPlant, ServingResult, chunked_prefill_scheduler, simulate
 from gpugov.plant.synthetic_profiles import SHAPES, SYNTHETIC_PREFIX, resolve_profile
 from gpugov.plant.types import Request
@@ -184,7 +184,7 @@ def _run(
         0,
         controller_name=spec.kind,
         control_period_s=period_s,
-        view=node_view if engine_view == "vllm" else None,
+        view=observation_view(engine_view),
     )
 
 

@@ -50,6 +50,17 @@ def bucket_delta(now: Buckets | None, before: Buckets | None) -> Buckets | None:
     return tuple(delta)
 
 
+def bucket_counts(buckets: Sequence[tuple[float, float]]) -> list[tuple[float, float, float]]:
+    """``(lower, upper, count)`` per bucket of a cumulative histogram, the first bucket's
+    lower bound 0 and the ``+Inf`` bucket's its last finite bound."""
+    rows = []
+    lower, below = 0.0, 0.0
+    for le, cumulative in buckets:
+        rows.append((lower, le, cumulative - below))
+        lower, below = le, cumulative
+    return rows
+
+
 def count_within(buckets: Sequence[tuple[float, float]], threshold_s: float) -> float:
     """Observations at or below ``threshold_s`` in a cumulative histogram (module notes:
     linear interpolation within the bucket that holds it; the lower bound of the first
@@ -96,11 +107,7 @@ def within_window(
     finite bound): :func:`count_within`."""
     if sum_s is None or not math.isfinite(sum_s) or not buckets:
         return count_within(buckets, threshold_s)
-    lower, below = 0.0, 0.0
-    bounds: list[tuple[float, float, float]] = []  # (lower, upper, count) per bucket
-    for le, cumulative in buckets:
-        bounds.append((lower, le, cumulative - below))
-        lower, below = le, cumulative
+    bounds = bucket_counts(buckets)
     held = next((i for i, (_, upper, _) in enumerate(bounds) if threshold_s <= upper), None)
     if held is None or math.isinf(bounds[held][1]) or bounds[-1][2] > 0.0:
         return count_within(buckets, threshold_s)
@@ -231,6 +238,7 @@ __all__ = [
     "AttainmentEstimator",
     "Buckets",
     "PromptPerFirstToken",
+    "bucket_counts",
     "bucket_delta",
     "count_within",
     "total",

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpugov.daemon.attainment import AttainmentEstimator, Buckets, bucket_delta
+from gpugov.daemon.attainment import AttainmentEstimator, Buckets, bucket_counts, bucket_delta
 from gpugov.daemon.backend import GpuBackend, GpuSample
 from gpugov.daemon.engines import EngineSample, EngineSource, HistogramTotals
 from gpugov.daemon.errors import EngineUnavailable, TransientGpuError
@@ -113,17 +113,12 @@ def residual_prompt_tokens(buckets: Buckets | None) -> float | None:
     if not buckets:
         return None
     first = second = count = 0.0
-    lower, below = 0.0, 0.0
-    for bound, cumulative in buckets:
-        n = cumulative - below
+    for lower, bound, n in bucket_counts(buckets):
         if n > 0.0:
             value = 2.0 * lower if math.isinf(bound) else 0.5 * (lower + bound)
             first += n * value
             second += n * value * value
             count += n
-        if not math.isinf(bound):
-            lower = bound
-        below = cumulative
     if not (count > 0.0 and first > 0.0 and math.isfinite(second)):
         return None
     return second / (2.0 * first)

@@ -19,6 +19,7 @@ from gpugov.daemon.errors import GpuError, GpuUnavailable
 from gpugov.daemon.observer import DomainObserver
 from gpugov.daemon.vllm_view import VllmCounters
 from gpugov.plant import PlantSimulation
+from gpugov.plant.closed_loop import ObservationView
 from gpugov.plant.types import ServingObservation
 
 APPLICATIONS_CLOCKS_SETTING = 0x2
@@ -254,3 +255,15 @@ def node_view(simulation: PlantSimulation) -> Callable[[], ServingObservation]:
         return observer.observe(now, step, simulation.requested_clock_mhz).observation
 
     return observe
+
+
+def observation_view(engine_view: str) -> ObservationView | None:
+    """The :func:`plant.simulate` ``view`` an ``engine_view`` name stands for:
+    :func:`node_view` for ``vllm``, None (the plant's exact state) for ``exact``.
+
+    Raises:
+        ValueError: not one of :data:`ENGINE_VIEWS`.
+    """
+    if engine_view not in ENGINE_VIEWS:
+        raise ValueError(f"view must be one of {', '.join(ENGINE_VIEWS)}, got {engine_view!r}")
+    return node_view if engine_view == "vllm" else None

@@ -30,7 +30,7 @@ from gpugov.daemon.cli_support import (
 )
 from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.sim_progress import SimulationProgress
-from gpugov.daemon.simulated import node_view
+from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, ServingResult, load_profile, simulate
 from gpugov.plant.attribution import ENERGY_DEFINITIONS, energy_summary, request_rows
 from gpugov.plant.profile import DEFAULT_PROFILE, list_bundled_profiles
@@ -150,7 +150,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             controller_name=controller_label(args.controller),
             control_period_s=args.control_period,
             on_progress=progress,
-            view=node_view if args.engine_view == "vllm" else None,
+            view=observation_view(args.engine_view),
         )
     except KeyboardInterrupt:  # Ctrl-C: one line saying where the run stopped
         start = "\n" if sys.stderr.isatty() and not args.quiet else ""

@@ -71,7 +71,7 @@ from gpugov.daemon.limits import (
 )
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
-from gpugov.daemon.simulated import node_view
+from gpugov.daemon.simulated import observation_view
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile, simulate
 from gpugov.plant.profile import ProfileError
 from gpugov.plant.result import arrival_separation
@@ -414,7 +414,7 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
             controller_name=cell.controller,
             control_period_s=period,
             # Results written before the view existed observed the exact state.
-            view=node_view if settings.get("engine_view", "exact") == "vllm" else None,
+            view=observation_view(settings.get("engine_view", "exact")),
         )
     except Exception as error:  # the cell's outermost edge: recorded, the sweep goes on
         return {

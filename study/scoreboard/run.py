@@ -83,7 +83,7 @@ from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import add_safety_arguments
 from gpugov.daemon.limits import MAX_JOBS
 from gpugov.daemon.progress import format_duration
-from gpugov.daemon.simulated import ENGINE_VIEWS, node_view
+from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
 from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, simulate
 from gpugov.plant.profile import list_bundled_profiles
 from gpugov.plant.result import ServingMetrics
@@ -297,7 +297,7 @@ def run_scenario(
             config.seed,
             controller_name=name,
             control_period_s=period if every_s is None else every_s,
-            view=node_view if config.engine_view == "vllm" else None,
+            view=observation_view(config.engine_view),
         )
         return result, time.perf_counter() - start
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from gpugov.controllers.baseline import maximum_clock_controller
-from gpugov.daemon.simulated import SimulatedNode, SimulatedSource, node_view
+from gpugov.daemon.simulated import SimulatedNode, SimulatedSource, node_view, observation_view
 from gpugov.daemon.vllm_view import Histogram
 from gpugov.plant import PlantSimulation, ServingPlant, load_profile, simulate
 from gpugov.plant.types import Request
@@ -135,3 +135,6 @@ def test_an_unknown_view_is_refused(plant: ServingPlant) -> None:
     node = SimulatedNode(simulation, lambda: simulation.time_s)
     with pytest.raises(ValueError, match="view must be one of vllm, exact"):
         SimulatedSource(node, view="sglang")
+    with pytest.raises(ValueError, match="view must be one of vllm, exact"):
+        observation_view("sglang")
+    assert observation_view("vllm") is node_view and observation_view("exact") is None
