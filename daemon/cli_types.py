@@ -121,6 +121,13 @@ dwell = float_in(0.0, MAX_SECONDS, name="time in seconds")
 """A hold time in seconds (the safety chain's dwell; 0 allowed)."""
 clock_mhz = float_in(0.0, MAX_CLOCK_MHZ, low_open=True, name="clock in MHz")
 """A clock in MHz (a floor)."""
+attainment = float_in(0.0, 1.0, low_open=True, high_open=True, name="share")
+"""An SLO attainment target in ``(0, 1)`` (``0.99``: 99 % of the requests meet both SLOs)."""
+
+
+def slo_target(text: str) -> float | None:
+    """``--slo-target``: an attainment in ``(0, 1)``, or ``none`` (no target)."""
+    return None if text.strip().lower() == "none" else attainment(text)
 
 
 def count(low: int, high: int) -> Callable[[str], int]:
@@ -129,6 +136,7 @@ def count(low: int, high: int) -> Callable[[str], int]:
 
 
 __all__ = [
+    "attainment",
     "clock_mhz",
     "count",
     "duration",
@@ -145,5 +153,6 @@ __all__ = [
     "positive_float",
     "positive_int",
     "seed",
+    "slo_target",
     "speed",
 ]

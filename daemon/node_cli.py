@@ -75,7 +75,14 @@ from gpugov.daemon.nvidia_smi import run_command
 from gpugov.daemon.nvml import NvmlBackend, load_pynvml, nvml_device_count
 from gpugov.daemon.record import Recorder, RecordingError, read_recording
 from gpugov.daemon.replay import replay
-from gpugov.daemon.run_simulated import DEFAULT_SPEED, run_simulated
+from gpugov.daemon.run_simulated import (
+    DEFAULT_CONTROLLER,
+    DEFAULT_SLO_TARGET,
+    DEFAULT_SPEED,
+    ONLINE_PERIOD_S,
+    SLO_TARGET_WINDOW_S,
+    run_simulated,
+)
 from gpugov.daemon.service import domains_from_config, open_backend
 from gpugov.plant.profile import DEFAULT_PROFILE
 
@@ -658,7 +665,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help=f"--simulate: the plant's profile, name or manifest (default {DEFAULT_PROFILE})",
     )
     run_parser.add_argument(
-        "--controller", default="mpc", help=f"{CONTROLLER_SPEC_HELP} (--simulate; default mpc)"
+        "--controller",
+        default=DEFAULT_CONTROLLER,
+        help=f"{CONTROLLER_SPEC_HELP} (--simulate; default {DEFAULT_CONTROLLER}, which reads "
+        "no profile)",
     )
     pace = run_parser.add_mutually_exclusive_group()
     pace.add_argument(
@@ -693,9 +703,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     run_parser.add_argument(
         "--control-period",
         type=cli_types.period,
-        default=1.0,
+        default=None,
         metavar="S",
-        help="--simulate: seconds between decisions (a node run takes daemon.period_s)",
+        help=f"--simulate: seconds between decisions (a node run takes daemon.period_s; "
+        f"default {ONLINE_PERIOD_S:g} for mpc-online, 1 for the others)",
+    )
+    run_parser.add_argument(
+        "--slo-target",
+        type=cli_types.slo_target,
+        default=DEFAULT_SLO_TARGET,
+        metavar="SHARE|none",
+        help=f"--simulate: the share of requests meeting both SLOs over "
+        f"{SLO_TARGET_WINDOW_S:g} s (a domain's [domains.slo_target]); mpc and mpc-online "
+        f"spend the misses it allows, 'none' holds fixed margins (default "
+        f"{DEFAULT_SLO_TARGET:g})",
     )
     hidden_alias(run_parser, "--period", "control_period", cli_types.period)
     add_safety_arguments(run_parser, prefix="--simulate: ")

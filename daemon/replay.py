@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpugov.controllers.budget import SLOTarget
 from gpugov.daemon.config import ControllerConfig
 from gpugov.daemon.decide import (
     ControllerContext,
@@ -130,7 +131,12 @@ def _replayed_controller(
     no prior from the name) and the recorded forecasts. Like a node's, the chain holds
     the power budget each recorded observation carries (its ``power_limit_w``) by the
     clock where the recorded domain had a budget configured (``power_budget_held``), and
-    otherwise only reports it."""
+    otherwise only reports it; it spends the recorded domain's ``slo_target`` as the
+    node did.
+
+    Raises:
+        RecordingError: the header's ``slo_target`` is not a valid target.
+    """
     safety = info.get("safety") or {}
     names = tuple(str(n or "") for n in info.get("gpu_names") or [])
     context = ControllerContext(
@@ -149,8 +155,23 @@ def _replayed_controller(
         ),
         budget_guard=True,
         budget_enforced=bool(info.get("power_budget_held", False)),
+        slo_target=_recorded_slo_target(info),
     )
     return build_controller(spec, context)
+
+
+def _recorded_slo_target(info: dict[str, Any]) -> SLOTarget | None:
+    """The recorded domain's SLO target (None: none, or a recording from before the
+    header carried it)."""
+    value = info.get("slo_target")
+    if value is None:
+        return None
+    try:
+        return SLOTarget(attainment=float(value["attainment"]), window_s=float(value["window_s"]))
+    except (TypeError, KeyError, ValueError) as error:
+        raise RecordingError(
+            f"domain {info.get('name')!r}: header slo_target {value!r} is not a target ({error})"
+        ) from error
 
 
 def replay(

@@ -36,6 +36,15 @@ from gpugov.daemon.service import simulated_run
 
 DEFAULT_SPEED = 10.0
 """Simulated seconds per wall second of a paced ``run --simulate``."""
+DEFAULT_CONTROLLER = "mpc-online"
+"""``run --simulate``'s controller: the one a node with no profile runs."""
+ONLINE_PERIOD_S = 0.25
+"""``mpc-online``'s default period here, the node setting ``docs/online.md`` recommends
+(every other controller's is 1 s)."""
+DEFAULT_SLO_TARGET = 0.99
+"""``run --simulate``'s SLO target, as the example config states it: 99 % of the requests
+meet both SLOs over :data:`SLO_TARGET_WINDOW_S`."""
+SLO_TARGET_WINDOW_S = 600.0
 
 
 def run_simulated(args: argparse.Namespace) -> int:
@@ -46,6 +55,9 @@ def run_simulated(args: argparse.Namespace) -> int:
     from gpugov.plant.workload import DEFAULT_TRACE
 
     setup_logging(args.log_level or "warning")
+    if args.control_period is None:
+        online = args.controller.split(":", 1)[0].strip() == "mpc-online"
+        args.control_period = ONLINE_PERIOD_S if online else 1.0
     for flag in ("speed", "duration", "control_period", "load_scale"):
         require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     require_nonnegative("--dwell", args.dwell)
@@ -86,6 +98,7 @@ def run_simulated(args: argparse.Namespace) -> int:
         seed=args.seed,
         virtual_time=args.virtual,
         engine_view=args.engine_view,
+        slo_target=_slo_target(args.slo_target),
         header={
             "trace": str(report.path),
             "profile": profile.name,
@@ -96,9 +109,11 @@ def run_simulated(args: argparse.Namespace) -> int:
     exporter = metrics_exporter(args.metrics_address)
     recorder = Recorder(args.record, simulation.header) if args.record else None
     pace = "virtual time" if args.virtual else f"{args.speed or DEFAULT_SPEED:g}x real time"
+    target = "none" if args.slo_target is None else f"{100.0 * args.slo_target:g}%"
     print(
         f"gpugov run --simulate: {len(workload)} requests from {Path(report.path).name}, "
-        f"profile {profile.name}, controller {simulation.domain.label}, {pace}"
+        f"profile {profile.name}, controller {simulation.domain.label} every "
+        f"{args.control_period:g} s, SLO target {target}, {pace}"
         + (f"; metrics on {exporter.url}" if exporter else ""),
         flush=True,
     )
@@ -148,6 +163,15 @@ def run_simulated(args: argparse.Namespace) -> int:
     if not stop.is_set() and simulation.domain.label != "max":
         print(_against_maximum(simulation.result, workload, plant, args.seed))
     return ExitCode.OK
+
+
+def _slo_target(attainment: float | None) -> Any:
+    """``--slo-target``'s :class:`~gpugov.controllers.budget.SLOTarget` (None: none)."""
+    from gpugov.controllers.budget import SLOTarget
+
+    if attainment is None:
+        return None
+    return SLOTarget(attainment=attainment, window_s=SLO_TARGET_WINDOW_S)
 
 
 @contextlib.contextmanager

@@ -470,6 +470,9 @@ def domains_from_config(
                     "safety": spec.safety.model_dump(),
                     "power_budget_held": spec.power_budget_w is not None
                     or spec.power_budget_file is not None,
+                    "slo_target": (
+                        None if spec.slo_target is None else spec.slo_target.target().as_dict()
+                    ),
                     "controller_config": declared_spec(
                         spec.controller, _declared_forecasts(spec)
                     ).model_dump(mode="json"),
@@ -527,6 +530,7 @@ def simulated_run(
     header: dict[str, Any] | None = None,
     virtual_time: bool = False,
     engine_view: str = "vllm",
+    slo_target: Any = None,
 ) -> SimulatedRun:
     """A simulated node with one domain on the plant's ``tensor_parallel`` simulated GPUs.
 
@@ -537,7 +541,8 @@ def simulated_run(
     wall clock. ``engine_view`` is what the simulated engine publishes
     (:class:`~daemon.simulated.SimulatedSource`): ``vllm``, a vLLM page, from which the
     observer derives what a node's does, under the SLOs the plant's profile states (as a
-    node's config states them); ``exact``, the plant's exact state.
+    node's config states them); ``exact``, the plant's exact state. ``slo_target`` is the
+    domain's ``[domains.slo_target]`` (:class:`~gpugov.controllers.budget.SLOTarget`).
     """
     if not workload:
         raise ValueError("the simulated workload has no requests")
@@ -561,6 +566,7 @@ def simulated_run(
         tpot_slo_s=profile.tpot_slo_s,
         ttft_slo_per_prompt_token_s=profile.ttft_slo_per_prompt_token_s,
         thermal_limit_c=plant.thermal_limit_c,
+        slo_target=slo_target,
         forecasts=Forecasts.from_workload(workload),
         time_mode="virtual" if virtual_time else "wall",
         state_dir=controller_state_dir(controller_spec, None),
@@ -575,6 +581,7 @@ def simulated_run(
                 domain,
                 {
                     "safety": safety.as_dict(),
+                    "slo_target": None if slo_target is None else slo_target.as_dict(),
                     "controller_config": declared_spec(
                         controller_spec, Forecasts.from_workload(workload)
                     ).model_dump(mode="json"),

@@ -107,6 +107,13 @@ class SimulatedBackend:
         """The GPU label."""
         return self._label
 
+    @property
+    def name(self) -> str | None:
+        """The GPU's name as NVML would give it: the plant's profile's ``gpu`` (None when
+        the profile states none), so ``mpc-online`` hints from it as on a node."""
+        value = self._node.simulation.plant.profile.manifest.get("gpu")
+        return str(value) if value else None
+
     def _check_open(self) -> None:
         """Refuse any call on a closed backend."""
         if self._closed:

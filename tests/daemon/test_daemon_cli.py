@@ -37,7 +37,7 @@ def _config(tmp_path: Path, url: str, extra: str = "") -> Path:
 def test_check_config_ok(capsys: pytest.CaptureFixture[str]) -> None:
     assert node_cli.main(["check-config", str(EXAMPLE), "--offline"]) == 0
     out = capsys.readouterr().out
-    assert "OK" in out and "domain llama-8b" in out and "controller reactive" in out
+    assert "OK" in out and "domain llama-8b" in out and "controller mpc-online" in out
 
 
 def test_check_config_bad(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -173,6 +173,58 @@ def test_run_simulate_virtual_record_and_replay(
     assert node_cli.main(["replay", str(tmp_path / "nope.jsonl"), "--controller", "max"]) == 2
 
 
+def test_run_simulate_defaults_to_mpc_online_with_the_slo_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo's command: ``mpc-online`` (no profile) every 0.25 s under a 99 % target,
+    its saving against the maximum clock printed; its recording replays exactly, the
+    target included (a replay without it would decide otherwise)."""
+    record = tmp_path / "online.jsonl"
+    argv = ["run", "--simulate", "--virtual", "--duration", "40", "--quiet"]
+    argv += ["--metrics-address", "none", "--record", str(record)]
+    assert node_cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "controller mpc-online every 0.25 s, SLO target 99%" in out
+    line = next(x for x in out.splitlines() if "against the maximum clock" in x)
+    saved = float(line.split(":", 1)[1].split("%", 1)[0])
+    assert 0.0 < saved < 100.0
+    header = json.loads(record.read_text().splitlines()[0])
+    domain = header["domains"][0]
+    assert domain["slo_target"] == {"attainment": 0.99, "window_s": 600.0}
+    assert domain["gpu_names"] == ["NVIDIA H100 SXM5 80GB HBM3"]  # the profile's GPU
+    assert node_cli.main(["replay", str(record), "--controller", "mpc-online"]) == 0
+    assert "differing ticks     0 (0.0 %)" in capsys.readouterr().out
+    domain["slo_target"] = {"attainment": 2.0, "window_s": 600.0}
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join([json.dumps(header), *record.read_text().splitlines()[1:]]) + "\n")
+    assert node_cli.main(["replay", str(broken), "--controller", "mpc-online"]) == 2
+    assert "slo_target" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--slo-target", "none"], "controller mpc-online every 0.25 s, SLO target none"),
+        (["--controller", "reactive"], "controller reactive every 1 s, SLO target 99%"),
+    ],
+)
+def test_run_simulate_period_and_target_follow_the_flags(
+    flags: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run", "--simulate", "--virtual", "--duration", "10", "--quiet"]
+    assert node_cli.main([*argv, "--metrics-address", "none", *flags]) == 0
+    assert expected in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", ["1.5", "0", "1", "nan", "x"])
+def test_run_simulate_refuses_a_bad_slo_target(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert node_cli.main(["run", "--simulate", "--slo-target", value]) == 2
+    err = capsys.readouterr().err
+    assert "--slo-target" in err and len(err.strip().splitlines()) == 1
+
+
 def test_nvidia_smi_reset_all_uses_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[str]] = []
     monkeypatch.setattr(
@@ -189,6 +241,8 @@ def test_mpc_recording_replays_through_the_same_mpc_exactly(
     argv = [
         "run",
         "--simulate",
+        "--controller",
+        "mpc",
         "--virtual",
         "--duration",
         "40",
