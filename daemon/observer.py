@@ -10,7 +10,9 @@ Derivations from the engine's cumulative counters (documented in ``docs/daemon.m
   have their first token and have not finished (TTFT count less finished, less what that
   difference held the last time nothing was in flight).
 * ``prefill_remaining_tokens``: the queued requests x the running mean prompt length, plus
-  each prompt in prefill at :func:`residual_prompt_tokens` (at least the mean), the
+  each prompt in prefill at :func:`~daemon.prompt_lengths.residual_prompt_tokens` (given
+  the tokens of it that have run where the engine publishes per-step tokens, else at
+  least the mean), the
   mean being prompt tokens / first tokens (TTFT histogram count) since the engine started,
   else prompt tokens / finished requests, else the configured default.
 * ``generated_decode_tokens``: the tokens the requests in flight have generated, the
@@ -44,10 +46,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpugov.daemon.attainment import AttainmentEstimator, Buckets, bucket_counts, bucket_delta
+from gpugov.daemon.attainment import AttainmentEstimator, bucket_delta
 from gpugov.daemon.backend import GpuBackend, GpuSample
 from gpugov.daemon.engines import EngineSample, EngineSource, HistogramTotals
 from gpugov.daemon.errors import EngineUnavailable, TransientGpuError
+from gpugov.daemon.prompt_lengths import residual_prompt_tokens
 from gpugov.plant.types import ServingObservation
 
 log = logging.getLogger(__name__)
@@ -102,26 +105,6 @@ def _reasons(values: Sequence[int | None]) -> int | None:
     for value in known:
         combined |= value
     return combined
-
-
-def residual_prompt_tokens(buckets: Buckets | None) -> float | None:
-    """The expected rest of a prompt seen in its prefill, ``E[L^2] / (2 E[L])`` over the
-    engine's prompt-length histogram (each bucket at its midpoint, the open one at twice
-    its lower bound): a prompt is in prefill for a time in proportion to its length, so
-    the one seen there is a long one more often than the mean says, and half done on
-    average. None without a histogram or any request in it."""
-    if not buckets:
-        return None
-    first = second = count = 0.0
-    for lower, bound, n in bucket_counts(buckets):
-        if n > 0.0:
-            value = 2.0 * lower if math.isinf(bound) else 0.5 * (lower + bound)
-            first += n * value
-            second += n * value * value
-            count += n
-    if not (count > 0.0 and first > 0.0 and math.isfinite(second)):
-        return None
-    return second / (2.0 * first)
 
 
 def _nothing_in_flight(engine: EngineSample) -> bool:
@@ -239,6 +222,8 @@ class DomainObserver:
         """First tokens less finished requests: the requests decoding."""
         self._generated = _InFlight()
         """Generated tokens less the finished requests': the in-flight requests' tokens."""
+        self._prefilled = _InFlight()
+        """Prompt tokens as they ran less the prompt counter: the prompts in prefill's."""
 
     def supported_clocks_mhz(self) -> tuple[float, ...]:
         """Clocks every GPU of the domain supports, ascending (cached)."""
@@ -359,6 +344,44 @@ class DomainObserver:
         if self.role != "colocated" and external is not None:
             return max(0.0, total - external)
         return total
+
+    def _prefill_rest(
+        self, engine: EngineSample, prefilling: int, done: float | None, mean_prompt: float
+    ) -> float:
+        """The prompt tokens left of the ``prefilling`` prompts in their prefill.
+
+        Where the engine says how many of their tokens have run (``done``,
+        :meth:`_prefilled_in_flight`), each is at the rest of a prompt that has run its
+        share of them (:func:`residual_prompt_tokens`); elsewhere each is at the
+        length-biased rest, at least the mean."""
+        if prefilling <= 0:
+            return 0.0
+        buckets = engine.request_prompt_tokens_buckets
+        if done is None:
+            biased = residual_prompt_tokens(buckets)
+            return prefilling * (mean_prompt if biased is None else max(mean_prompt, biased))
+        rest = residual_prompt_tokens(buckets, done / prefilling)
+        return prefilling * (mean_prompt if rest is None else rest)
+
+    def _prefilled_in_flight(self, engine: EngineSample) -> float | None:
+        """Prompt tokens that have run of the prompts now in their prefill: the prompt
+        tokens as they ran (:meth:`_local_prompt_tokens`) less the engine's prompt
+        counter (prompts whose prefill is done), less what that difference held the last
+        time nothing was in flight (prefix-cached tokens the counter has and no step ran).
+        None where the engine publishes no per-step tokens (SGLang, TGI) or serves a
+        decode pool."""
+        if (
+            self.role == "decode"
+            or engine.iteration_tokens_total is None
+            or engine.prompt_tokens_total is None
+        ):
+            return None
+        ran = self._local_prompt_tokens(engine)
+        self._prefilled.follow(ran)
+        difference = ran - float(engine.prompt_tokens_total)
+        if not math.isfinite(difference):
+            return None
+        return max(0.0, self._prefilled.in_flight(difference, _nothing_in_flight(engine)))
 
     def _prefilling(self, engine: EngineSample) -> int:
         """Running requests still in their prefill: vLLM and SGLang schedule a prompt's
@@ -499,9 +522,9 @@ class DomainObserver:
         decoding = max(0, engine.running_requests - prefilling)
         prefill = engine.prefill_remaining_tokens
         if prefill is None:
-            in_prefill = residual_prompt_tokens(engine.request_prompt_tokens_buckets)
-            prefill = engine.waiting_requests * mean_prompt + prefilling * (
-                mean_prompt if in_prefill is None else max(mean_prompt, in_prefill)
+            done = self._prefilled_in_flight(engine)  # every tick: it learns its offset idle
+            prefill = engine.waiting_requests * mean_prompt + self._prefill_rest(
+                engine, prefilling, done, mean_prompt
             )
         generated = engine.generated_decode_tokens
         if generated is None:

@@ -10,7 +10,8 @@ import pytest
 from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.engines import EngineSample, HistogramTotals
 from gpugov.daemon.errors import EngineUnavailable, GpuLost, TransientGpuError
-from gpugov.daemon.observer import DomainObserver, residual_prompt_tokens
+from gpugov.daemon.observer import DomainObserver
+from gpugov.daemon.prompt_lengths import residual_prompt_tokens
 from gpugov.plant.types import ServingObservation
 
 
@@ -194,14 +195,22 @@ def test_running_requests_still_in_their_prefill_count_as_waiting() -> None:
 def test_a_prompt_in_prefill_is_priced_at_the_length_biased_rest() -> None:
     """A prompt seen in its prefill is a long one more often than the mean prompt says
     (its prefill lasts in proportion to its length) and half done on average: its rest is
-    ``E[L^2] / (2 E[L])`` over the prompt-length histogram, at least the mean prompt."""
-    # Nine prompts of about 750 tokens, one of about 15,000 (bucket midpoints).
+    ``E[L^2] / (2 E[L])`` over the prompt-length histogram, at least the mean prompt, where
+    the engine does not say how much of it has run."""
+
+    def square(low: float, high: float) -> float:  # E[L^2] of a uniform bucket
+        return (low * low + low * high + high * high) / 3.0
+
+    # Nine prompts of 500-1,000 tokens, one of 10,000-20,000 (uniform in their buckets).
     heavy = ((500.0, 0.0), (1000.0, 9.0), (10000.0, 9.0), (20000.0, 10.0), (math.inf, 10.0))
-    expected = (9 * 750.0**2 + 15000.0**2) / (2 * (9 * 750.0 + 15000.0))
+    expected = (9 * square(500, 1000) + square(10000, 20000)) / (2 * (9 * 750.0 + 15000.0))
     assert residual_prompt_tokens(heavy) == pytest.approx(expected)
-    # Equal prompts: half of one is left on average; an open top bucket at twice its bound.
-    assert residual_prompt_tokens(((100.0, 0.0), (200.0, 10.0), (math.inf, 10.0))) == 75.0
-    assert residual_prompt_tokens(((100.0, 0.0), (math.inf, 4.0))) == pytest.approx(100.0)
+    # Equal prompts: about half of one is left on average; an open top bucket runs up to
+    # twice its bound.
+    equal = square(100, 200) / 300.0
+    equal_prompts = ((100.0, 0.0), (200.0, 10.0), (math.inf, 10.0))
+    assert residual_prompt_tokens(equal_prompts) == pytest.approx(equal)
+    assert residual_prompt_tokens(((100.0, 0.0), (math.inf, 4.0))) == pytest.approx(equal)
     assert residual_prompt_tokens(None) is None
     assert residual_prompt_tokens(((100.0, 0.0), (math.inf, 0.0))) is None
     # A page with a bad bound prices nothing rather than a NaN.
@@ -214,16 +223,76 @@ def test_a_prompt_in_prefill_is_priced_at_the_length_biased_rest() -> None:
         waiting_requests=1,
         ttft=HistogramTotals(1.0, 10.0),
         finished_requests_total=8.0,
-        prompt_tokens_total=10_000.0,  # a mean prompt of 1,000 tokens
+        prompt_tokens_total=21_000.0,  # a mean prompt of 2,100 tokens
         request_prompt_tokens_buckets=heavy,
     )
     seen = observer.observe(0.0, 0, None).observation
     # One waiting prompt at the mean, one in prefill at the length-biased rest.
-    assert seen.prefill_remaining_tokens == pytest.approx(1000.0 + expected)
+    assert seen.prefill_remaining_tokens == pytest.approx(2100.0 + expected)
     # Equal prompts: the one in prefill at no less than the mean.
     source.next = replace(source.next, request_prompt_tokens_buckets=((2000.0, 10.0),))
     seen = observer.observe(1.0, 1, None).observation
-    assert seen.prefill_remaining_tokens == pytest.approx(2 * 1000.0)
+    assert seen.prefill_remaining_tokens == pytest.approx(2 * 2100.0)
+
+
+def test_the_rest_of_a_prompt_given_what_of_it_has_run() -> None:
+    """``E[L - k | L > k]`` over the histogram (uniform buckets): a prompt that has run
+    past the short ones is one of the long ones; one past every recorded length is taken
+    to be as long again."""
+    heavy = ((500.0, 0.0), (1000.0, 9.0), (10000.0, 9.0), (20000.0, 10.0), (math.inf, 10.0))
+    assert residual_prompt_tokens(heavy, 0.0) == pytest.approx((9 * 750.0 + 15000.0) / 10)
+    # Past the short ones: only the long one is left, 15,000 - 2,000 on average.
+    assert residual_prompt_tokens(heavy, 2000.0) == pytest.approx(13000.0)
+    # Inside the long one's bucket: uniform on (12,000, 20,000], 4,000 left on average.
+    assert residual_prompt_tokens(heavy, 12000.0) == pytest.approx(4000.0)
+    # Part-way into the short ones' bucket: the short ones above 800 and the long one.
+    short_mass, short_rest = 9 * 0.4, 9 * 0.4 * 100.0
+    assert residual_prompt_tokens(heavy, 800.0) == pytest.approx(
+        (short_rest + 14200.0) / (short_mass + 1.0)
+    )
+    assert residual_prompt_tokens(heavy, 50_000.0) == 50_000.0
+    assert residual_prompt_tokens(None, 100.0) is None
+
+
+def test_a_prompt_in_prefill_is_priced_from_its_tokens_that_ran() -> None:
+    """Where the engine publishes its per-step tokens (vLLM), the tokens of a prompt in
+    prefill that have run are those less the decode tokens less the prompt counter, and
+    its rest follows from them; prefix-cached tokens (counted, never run) drop out at the
+    next idle moment."""
+    heavy = ((500.0, 0.0), (1000.0, 9.0), (10000.0, 9.0), (20000.0, 10.0), (math.inf, 10.0))
+    source = StubSource()
+    observer = DomainObserver([StubGpu("0")], source, stale_after_s=3.0)
+    idle = _engine(
+        running_requests=0,
+        waiting_requests=0,
+        ttft=HistogramTotals(1.0, 10.0),
+        finished_requests_total=10.0,
+        generation_tokens_total=1010.0,
+        prompt_tokens_total=21_000.0,  # 500 of them prefix-cached: never ran
+        iteration_tokens_total=21_500.0,  # 20,500 prompt + 1,000 decode tokens ran
+        request_prompt_tokens_buckets=heavy,
+    )
+    source.next = idle
+    assert observer.observe(0.0, 0, None).observation.prefill_remaining_tokens == 0.0
+    # A prompt has run 2,000 tokens in its prefill: only the long one is that long.
+    source.next = replace(idle, running_requests=1, iteration_tokens_total=23_500.0)
+    seen = observer.observe(1.0, 1, None).observation
+    assert seen.waiting_requests == 1 and seen.decode_active == 0
+    assert seen.prefill_remaining_tokens == pytest.approx(13000.0)
+    # Two prompts in prefill: each has run its share, 1,000 tokens, which no short prompt
+    # outlasts: each is priced as the long one, 14,000 tokens left.
+    source.next = replace(idle, running_requests=2, iteration_tokens_total=23_500.0)
+    two = residual_prompt_tokens(heavy, 1000.0)
+    assert two == pytest.approx(14000.0)
+    assert observer.observe(2.0, 2, None).observation.prefill_remaining_tokens == (
+        pytest.approx(2 * two)
+    )
+    # One waiting beside the first: at the engine's mean prompt, 21,000 / 10 tokens.
+    source.next = replace(
+        idle, running_requests=1, waiting_requests=1, iteration_tokens_total=23_500.0
+    )
+    seen = observer.observe(3.0, 3, None).observation
+    assert seen.prefill_remaining_tokens == pytest.approx(13000.0 + 2100.0)
 
 
 def test_defaults_without_counters_and_counter_reset() -> None:

@@ -1,0 +1,52 @@
+"""The rest of a prompt seen in its prefill, from the engine's prompt-length histogram.
+
+A node never sees a prompt's length before its first token: vLLM and SGLang publish the
+finished requests' prompt lengths as a histogram in coarse 1-2-5 buckets and, vLLM, the
+tokens each engine step ran. Each bucket's lengths are taken as spread evenly between its
+bounds (the open bucket up to twice its lower bound).
+"""
+
+from __future__ import annotations
+
+import math
+
+from gpugov.daemon.attainment import Buckets, bucket_counts
+
+
+def residual_prompt_tokens(
+    buckets: Buckets | None, done_tokens: float | None = None
+) -> float | None:
+    """The expected rest of a prompt seen in its prefill, over the prompt-length
+    histogram ``buckets``.
+
+    With ``done_tokens``, the tokens of it that have already run, it is
+    ``E[L - k | L > k]``: a prompt that has run past most recorded lengths is a long one
+    (and one past every recorded length is taken to be as long again). Without it (an
+    engine that publishes no per-step tokens) it is ``E[L^2] / (2 E[L])``: a prompt is in
+    prefill for a time in proportion to its length, so the one seen there is a long one
+    more often than the mean says, and half done on average. None without a histogram or
+    any request in it."""
+    if not buckets:
+        return None
+    rows = []
+    for lower, bound, count in bucket_counts(buckets):
+        upper = 2.0 * lower if math.isinf(bound) else bound
+        if count > 0.0 and math.isfinite(lower) and math.isfinite(upper) and upper >= lower:
+            rows.append((lower, upper, count))
+    if not rows:
+        return None
+    if done_tokens is None:
+        first = sum(n * 0.5 * (lo + hi) for lo, hi, n in rows)
+        second = sum(n * (lo * lo + lo * hi + hi * hi) / 3.0 for lo, hi, n in rows)
+        return second / (2.0 * first) if first > 0.0 else None
+    k = max(0.0, float(done_tokens))
+    mass = rest = 0.0
+    for lo, hi, n in rows:
+        if k <= lo:
+            mass += n
+            rest += n * (0.5 * (lo + hi) - k)
+        elif k < hi:
+            share = (hi - k) / (hi - lo)
+            mass += n * share
+            rest += n * share * 0.5 * (hi - k)
+    return rest / mass if mass > 0.0 else max(k, 1.0)
