@@ -825,7 +825,10 @@ def warm_up(
     a warm-up never does I/O). It sees an idle node at time 0, so whatever a controller
     pays on its first call (the fast MPC's kernel compile or cache load, lazy imports,
     cached candidate pools) is paid before the loop's clock starts, and the controller
-    itself keeps no trace of it: its first real decision is the run's first decision.
+    itself keeps no trace of it: its first real decision is the run's first decision. A
+    controller whose first decision does not run all its compiled code (``mpc-online``
+    stays at the top clock through its warm-up) runs the rest on the copy too
+    (``warm_kernels``).
     """
     probe = copy.deepcopy(unwrap(controller))
     observation = ServingObservation(
@@ -841,6 +844,10 @@ def warm_up(
     )
     started = time.perf_counter()
     probe(observation)
+    warm_kernels = getattr(probe, "warm_kernels", None)
+    if callable(warm_kernels):
+        # Compiled code past the first decision (``mpc-online``'s, after its warm-up).
+        warm_kernels(observation)
     return time.perf_counter() - started
 
 

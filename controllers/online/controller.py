@@ -568,6 +568,22 @@ class OnlineMPCController(MeasuredLatencyRules):
             self.mpc.current_clock = clock
         return clock
 
+    def warm_kernels(self, observation: ServingObservation) -> None:
+        """Run once, on this object, the compiled code a decision past the warm-up runs:
+        the regression step, the model's tables and the MPC's search. The daemon calls it
+        on a copy before its loop starts (:func:`daemon.decide.warm_up`), so the kernels
+        are compiled or loaded from numba's cache there, not at the first busy window or
+        the first decision after the warm-up, seconds into a run."""
+        self.observe(observation)
+        model = self.model
+        assert model is not None
+        model.time.update(np.zeros_like(model.time.mean), 0.0)
+        slos = self.slos(observation) or (1.0, 0.05)
+        realized = model.clocks_mhz * model.realized_ratio
+        model.table(realized, 1.0, self.context_tokens)
+        plant = self.learned_plant(observation, slos)
+        self._mpc(plant)(self._with_finite_temperature(observation, plant))
+
     def _with_finite_temperature(
         self, observation: ServingObservation, plant: ServingPlant
     ) -> ServingObservation:

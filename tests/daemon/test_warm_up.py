@@ -119,3 +119,39 @@ def test_warm_up_compiles_the_fast_mpc_and_keeps_its_state(
     warm_up(chain, clocks)
     assert controller.solve_times == [] and controller.last_control_index is None
     assert controller.fallback_count == 0
+
+
+def test_warm_up_runs_mpc_online_past_its_warm_up_on_a_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``mpc-online`` stays at the top clock through its warm-up, so its first decision
+    runs none of its compiled code: the warm-up also runs the regression step, the
+    model's tables and the MPC's search on the copy (``warm_kernels``), and the node's
+    controller keeps no trace of them."""
+    from gpugov.controllers.online.controller import OnlineMPCController
+    from gpugov.daemon.config import OnlineMPCControllerConfig
+    from gpugov.daemon.decide import ControllerContext, build_controller
+    from gpugov.plant import ServingPlant, load_profile
+
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    clocks = tuple(float(c) for c in plant.profile.clock_mhz)
+    chain = build_controller(
+        OnlineMPCControllerConfig(kind="mpc-online"),
+        ControllerContext(period_s=0.25, supported_clocks_mhz=clocks),
+    )
+    controller = chain.unwrapped
+    assert isinstance(controller, OnlineMPCController)
+    probes: list[OnlineMPCController] = []
+    real = OnlineMPCController.warm_kernels
+
+    def spy(self: OnlineMPCController, observation: ServingObservation) -> None:
+        real(self, observation)
+        probes.append(self)
+
+    monkeypatch.setattr(OnlineMPCController, "warm_kernels", spy)
+    warm_up(chain, clocks, thermal_limit_c=85.0)
+    (probe,) = probes
+    assert probe is not controller
+    assert probe.model is not None and probe.model.time.samples == 1
+    assert probe.mpc is not None and len(probe.mpc.solve_times) == 1
+    assert controller.model is None and controller.mpc is None
