@@ -100,20 +100,23 @@ def test_warm_up_decides_on_a_copy_and_leaves_the_controller_untouched() -> None
     assert controller.calls == 0 and controller.last_time_s is None
 
 
+def _h100_chain(spec: Any, *, period_s: float) -> tuple[Any, tuple[float, ...]]:
+    """``spec``'s controller in its chain on the H100 profile's clocks, and the clocks."""
+    from gpugov.daemon.decide import ControllerContext, build_controller
+    from gpugov.plant import load_profile
+
+    clocks = tuple(float(c) for c in load_profile("h100-sxm-llama3-8b").clock_mhz)
+    context = ControllerContext(period_s=period_s, supported_clocks_mhz=clocks)
+    return build_controller(spec, context), clocks
+
+
 def test_warm_up_compiles_the_fast_mpc_and_keeps_its_state(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from gpugov.controllers.mpc.controller import MPCController
     from gpugov.daemon.config import MPCControllerConfig
-    from gpugov.daemon.decide import ControllerContext, build_controller
-    from gpugov.plant import ServingPlant, load_profile
 
-    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
-    clocks = tuple(float(c) for c in plant.profile.clock_mhz)
-    chain = build_controller(
-        MPCControllerConfig(kind="mpc"),
-        ControllerContext(period_s=1.0, supported_clocks_mhz=clocks),
-    )
+    chain, clocks = _h100_chain(MPCControllerConfig(kind="mpc"), period_s=1.0)
     controller = chain.unwrapped
     assert isinstance(controller, MPCController)
     warm_up(chain, clocks)
@@ -130,15 +133,8 @@ def test_warm_up_runs_mpc_online_past_its_warm_up_on_a_copy(
     controller keeps no trace of them."""
     from gpugov.controllers.online.controller import OnlineMPCController
     from gpugov.daemon.config import OnlineMPCControllerConfig
-    from gpugov.daemon.decide import ControllerContext, build_controller
-    from gpugov.plant import ServingPlant, load_profile
 
-    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
-    clocks = tuple(float(c) for c in plant.profile.clock_mhz)
-    chain = build_controller(
-        OnlineMPCControllerConfig(kind="mpc-online"),
-        ControllerContext(period_s=0.25, supported_clocks_mhz=clocks),
-    )
+    chain, clocks = _h100_chain(OnlineMPCControllerConfig(kind="mpc-online"), period_s=0.25)
     controller = chain.unwrapped
     assert isinstance(controller, OnlineMPCController)
     probes: list[OnlineMPCController] = []
