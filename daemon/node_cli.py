@@ -308,11 +308,17 @@ def describe_config(config: GpugovConfig) -> str:
         controller = domain.controller.model_dump(exclude={"kind"}, mode="json")
         options = ", ".join(f"{k}={v}" for k, v in controller.items() if v is not None)
         floor = domain.safety.floor_mhz
+        target = domain.slo_target
         lines.append(
             f"  domain {domain.name}: GPUs {', '.join(map(str, domain.gpus))}; "
             f"engine {domain.engine.kind} at {domain.engine.url}; "
-            f"controller {domain.controller.kind}{f' ({options})' if options else ''}; "
-            f"fail-safe {domain.failsafe} after {config.stale_after_s(domain):g} s; "
+            f"controller {domain.controller.kind}{f' ({options})' if options else ''}"
+            + (
+                f", SLO target {100.0 * target.attainment:g}% over {target.window_s:g} s"
+                if target is not None
+                else ""
+            )
+            + f"; fail-safe {domain.failsafe} after {config.stale_after_s(domain):g} s; "
             f"dwell {domain.safety.dwell_s:g} s" + (f"; floor {floor:g} MHz" if floor else "")
         )
     return "\n".join(lines)

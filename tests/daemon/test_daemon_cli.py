@@ -37,7 +37,8 @@ def _config(tmp_path: Path, url: str, extra: str = "") -> Path:
 def test_check_config_ok(capsys: pytest.CaptureFixture[str]) -> None:
     assert node_cli.main(["check-config", str(EXAMPLE), "--offline"]) == 0
     out = capsys.readouterr().out
-    assert "OK" in out and "domain llama-8b" in out and "controller mpc-online" in out
+    assert "OK" in out and "domain llama-8b" in out
+    assert "controller mpc-online, SLO target 99% over 600 s;" in out
 
 
 def test_check_config_bad(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
