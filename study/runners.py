@@ -268,6 +268,11 @@ def _pool(
                 # Ctrl-C or an error here: the executor's shutdown would wait for the
                 # running cells, so end the workers now and exit at once.
                 processes = list(getattr(pool, "_processes", {}).values())
+                call_queue = getattr(pool, "_call_queue", None)
+                if call_queue is not None:
+                    # Its feeder thread may be blocked writing a cell to a pipe that no
+                    # worker will read again; the interpreter's exit would wait for it.
+                    call_queue.cancel_join_thread()
                 pool.shutdown(wait=False, cancel_futures=True)
                 for process in processes:
                     process.terminate()
