@@ -45,6 +45,7 @@ DEFAULT_SLO_TARGET = 0.99
 """``run --simulate``'s SLO target, as the example config states it: 99 % of the requests
 meet both SLOs over :data:`SLO_TARGET_WINDOW_S`."""
 SLO_TARGET_WINDOW_S = 600.0
+"""The rolling window ``--slo-target`` counts requests over (the config's default)."""
 
 
 def run_simulated(args: argparse.Namespace) -> int:
