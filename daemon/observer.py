@@ -363,9 +363,9 @@ class DomainObserver:
         rest = residual_prompt_tokens(buckets, done / prefilling)
         return prefilling * (mean_prompt if rest is None else rest)
 
-    def _prefilled_in_flight(self, engine: EngineSample) -> float | None:
+    def _prefilled_in_flight(self, engine: EngineSample, ran: float) -> float | None:
         """Prompt tokens that have run of the prompts now in their prefill: the prompt
-        tokens as they ran (:meth:`_local_prompt_tokens`) less the engine's prompt
+        tokens as they ran (``ran``, :meth:`_local_prompt_tokens`) less the engine's prompt
         counter (prompts whose prefill is done), less what that difference held the last
         time nothing was in flight (prefix-cached tokens the counter has and no step ran).
         None where the engine publishes no per-step tokens (SGLang, TGI) or serves a
@@ -376,7 +376,6 @@ class DomainObserver:
             or engine.prompt_tokens_total is None
         ):
             return None
-        ran = self._local_prompt_tokens(engine)
         self._prefilled.follow(ran)
         difference = ran - float(engine.prompt_tokens_total)
         if not math.isfinite(difference):
@@ -520,9 +519,11 @@ class DomainObserver:
         mean_output = _ratio(engine.generation_tokens_total, finished) or self.mean_output_tokens
         prefilling = self._prefilling(engine)
         decoding = max(0, engine.running_requests - prefilling)
+        local_prompt_tokens = self._local_prompt_tokens(engine)
         prefill = engine.prefill_remaining_tokens
         if prefill is None:
-            done = self._prefilled_in_flight(engine)  # every tick: it learns its offset idle
+            # Every tick, so that it learns its offset while idle.
+            done = self._prefilled_in_flight(engine, local_prompt_tokens)
             prefill = engine.waiting_requests * mean_prompt + self._prefill_rest(
                 engine, prefilling, done, mean_prompt
             )
@@ -567,7 +568,7 @@ class DomainObserver:
             waiting_requests=self._waiting(engine) + prefilling,
             completed_requests=round(finished or 0.0),
             output_tokens_total=float(engine.generation_tokens_total or 0.0),
-            prompt_tokens_total=self._local_prompt_tokens(engine),
+            prompt_tokens_total=local_prompt_tokens,
             kv_tokens=float(engine.kv_tokens or 0.0),
             kv_capacity_tokens=engine.kv_capacity_tokens,
             power_w=_sum([g.power_w for g in gpus]),

@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+from pydantic import ValidationError
 
 from gpugov.controllers.budget import SLOTarget
-from gpugov.daemon.config import ControllerConfig
+from gpugov.daemon.config import ControllerConfig, SLOTargetConfig
 from gpugov.daemon.decide import (
     ControllerContext,
     Forecasts,
@@ -167,10 +169,13 @@ def _recorded_slo_target(info: dict[str, Any]) -> SLOTarget | None:
     if value is None:
         return None
     try:
-        return SLOTarget(attainment=float(value["attainment"]), window_s=float(value["window_s"]))
-    except (TypeError, KeyError, ValueError) as error:
+        return cast(SLOTarget, SLOTargetConfig.model_validate(value).target())
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "slo_target"
         raise RecordingError(
-            f"domain {info.get('name')!r}: header slo_target {value!r} is not a target ({error})"
+            f"domain {info.get('name')!r}: header slo_target {value!r} is not a target "
+            f"({where}: {first['msg']})"
         ) from error
 
 

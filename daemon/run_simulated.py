@@ -27,6 +27,7 @@ from gpugov.daemon.cli_support import (
     safety_from_args,
     setup_logging,
 )
+from gpugov.daemon.config import SLOTargetConfig
 from gpugov.daemon.decide import parse_controller_spec
 from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.loop import RunStats, ScaledClock, TimedLoop, VirtualClock, run
@@ -56,9 +57,6 @@ def run_simulated(args: argparse.Namespace) -> int:
     from gpugov.plant.workload import DEFAULT_TRACE
 
     setup_logging(args.log_level or "warning")
-    if args.control_period is None:
-        online = args.controller.split(":", 1)[0].strip() == "mpc-online"
-        args.control_period = ONLINE_PERIOD_S if online else 1.0
     for flag in ("speed", "duration", "control_period", "load_scale"):
         require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     require_nonnegative("--dwell", args.dwell)
@@ -80,6 +78,8 @@ def run_simulated(args: argparse.Namespace) -> int:
         spec = parse_controller_spec(args.controller, default_profile=args.profile)
     except ValueError as error:
         raise UsageError(str(error)) from error
+    if args.control_period is None:
+        args.control_period = ONLINE_PERIOD_S if spec.kind == "mpc-online" else 1.0
     check_fixed_clock(spec, profile.minimum_clock_mhz, profile.maximum_clock_mhz, args.controller)
     stop = threading.Event()
     if args.virtual:
@@ -167,12 +167,11 @@ def run_simulated(args: argparse.Namespace) -> int:
 
 
 def _slo_target(attainment: float | None) -> Any:
-    """``--slo-target``'s :class:`~gpugov.controllers.budget.SLOTarget` (None: none)."""
-    from gpugov.controllers.budget import SLOTarget
-
+    """``--slo-target``'s :class:`~gpugov.controllers.budget.SLOTarget` (None: none),
+    as a domain's ``[domains.slo_target]`` gives it."""
     if attainment is None:
         return None
-    return SLOTarget(attainment=attainment, window_s=SLO_TARGET_WINDOW_S)
+    return SLOTargetConfig(attainment=attainment, window_s=SLO_TARGET_WINDOW_S).target()
 
 
 @contextlib.contextmanager
