@@ -10,6 +10,7 @@ the run within 5%, per-phase totals within 10%, median per-request error within 
 
     nice -n 15 .venv/bin/python bench/energy_attribution.py [--duration 600]
         [--profiles h100-sxm-llama3-8b,a100-sxm-80gb-llama3-8b,l40s-llama3-8b]
+        (bundled names, synthetic:SHAPE or random:SEED)
         [--traces azure-conv,azure-code] [--controller mpc-online] [--learned]
         [--utilization window|sampled|instant] [--steps counted|estimated]
         [--prompt-counter chunks|done] [--start S] [--seed N]
@@ -34,7 +35,8 @@ from gpugov.daemon.cli_support import load_trace_for_cli
 from gpugov.daemon.decide import parse_controller_spec
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run
 from gpugov.daemon.service import simulated_run
-from gpugov.plant import ServingPlant, load_profile
+from gpugov.plant import ServingPlant
+from gpugov.plant.synthetic_profiles import random_shape, resolve_profile, shape_profile
 from gpugov.study.energy_check import EstimateSeries, RequestTruth, compare
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,6 +108,14 @@ def _prompt_tokens_when_done(sim: Any) -> Callable[[Any], Any]:
     return when_done
 
 
+def _profile(spec: str) -> Any:
+    """A bundled profile, ``synthetic:SHAPE`` or ``random:SEED`` (a board drawn at random,
+    as ``bench/random_shapes.py`` draws them)."""
+    if spec.startswith("random:"):
+        return shape_profile(random_shape(int(spec.removeprefix("random:"))))
+    return resolve_profile(spec)
+
+
 def one_run(
     trace: str,
     profile_name: str,
@@ -120,7 +130,7 @@ def one_run(
 ) -> dict[str, Any]:
     """One simulated daemon run with the truth alongside; the comparison."""
     workload, _ = load_trace_for_cli(trace, duration_s=duration_s, start_s=start_s)
-    profile = load_profile(profile_name)
+    profile = _profile(profile_name)
     plant = ServingPlant.from_profile(profile)
     spec = parse_controller_spec(controller, default_profile=profile_name)
     clock = VirtualClock()

@@ -37,10 +37,11 @@ from gpugov.controllers.contract import (
     layers,
 )
 from gpugov.daemon.actuator import ClockActuator
-from gpugov.daemon.energy import EnergyEstimator, learned_phase_model, reading_from
+from gpugov.daemon.energy import EnergyEstimator, reading_from
 from gpugov.daemon.errors import ClocksNotReset, ControllerFailure
 from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
 from gpugov.daemon.observer import DomainObserver, Observed
+from gpugov.daemon.phase_fit import learned_phase_model
 from gpugov.daemon.power_budget import PowerBudget
 from gpugov.daemon.safety import invalid_decisions, raw_decision
 from gpugov.plant.types import ClockController, ServingObservation

@@ -10,21 +10,19 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpugov.daemon.energy import (
-    EnergyEstimator,
-    EnergyReading,
+from gpugov.daemon.energy import EnergyEstimator, EnergyReading, RequestEnergyHistogram
+from gpugov.daemon.engines import SPECS, extract, parse_page
+from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot
+from gpugov.daemon.phase_fit import (
     PhaseCoefficients,
-    RequestEnergyHistogram,
     batch_term,
     learned_phase_model,
     split_components,
 )
-from gpugov.daemon.engines import SPECS, extract, parse_page
-from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot
 
 # A synthetic GPU: idle 100 W, busy power 300 W + 200 W x batch_term (prefill at the
 # saturated 500 W), prefill 20 us per prompt token, a decode iteration 8 ms + 0.1 ms per
-# running request.
+# running request; the batch moves by up to 2 a second, as a serving batch does.
 IDLE_W, BUSY_W, BATCH_W = 100.0, 300.0, 200.0
 ALPHA = 2e-5
 
@@ -42,11 +40,12 @@ class Node:
     prefill_j: float = 0.0
     decode_j: float = 0.0
     idle_j: float = 0.0
+    batch: int = 20
 
     def window(self, rng: np.random.Generator) -> EnergyReading:
         """Advance one second of random work and read it."""
         busy = float(rng.uniform(0.3, 1.0))
-        batch = int(rng.integers(2, 40))
+        self.batch = batch = int(np.clip(self.batch + rng.integers(-2, 3), 2, 40))
         prompt = float(rng.integers(0, int(0.4 * busy / ALPHA)))
         prefill_s = ALPHA * prompt
         decode_s = busy - prefill_s
@@ -91,28 +90,39 @@ class Node:
 
 
 def test_the_split_adds_up_to_the_measured_energy_and_learns_the_phases() -> None:
-    rng = np.random.default_rng(1)
-    node, estimator = Node(), EnergyEstimator()
-    estimator.update(node.window(rng))
-    rows = []
-    for _ in range(240):
-        before = (node.prefill_j, node.decode_j, node.idle_j)
-        window = estimator.update(node.window(rng))
-        assert window is not None
-        truth = (node.prefill_j - before[0], node.decode_j - before[1], node.idle_j - before[2])
-        rows.append((window, truth))
-    # Every window's parts add up to its measured energy: the total is never estimated.
-    for window, truth in rows:
-        assert window.total_j == pytest.approx(sum(truth), rel=1e-9)
-        assert min(window.prefill_j, window.decode_j, window.idle_j) >= 0.0
-    state = estimator.models["m"]
-    assert state.windows.get("prior", 0) > 0 and state.windows.get("fit", 0) > 150
-    # After the prior windows the fit recovers the synthetic node's split.
-    late = rows[-100:]
-    for index, name in enumerate(("prefill_j", "decode_j", "idle_j")):
-        mine = sum(getattr(window, name) for window, _ in late)
-        real = sum(truth[index] for _, truth in late)
-        assert mine == pytest.approx(real, rel=0.05), name
+    prefill_errors = []
+    for seed in range(1, 7):
+        rng = np.random.default_rng(seed)
+        node, estimator = Node(), EnergyEstimator()
+        estimator.update(node.window(rng))
+        rows = []
+        for _ in range(240):
+            before = (node.prefill_j, node.decode_j, node.idle_j)
+            window = estimator.update(node.window(rng))
+            assert window is not None
+            truth = (
+                node.prefill_j - before[0],
+                node.decode_j - before[1],
+                node.idle_j - before[2],
+            )
+            rows.append((window, truth))
+        # Every window's parts add up to its measured energy: the total is never estimated.
+        for window, truth in rows:
+            assert window.total_j == pytest.approx(sum(truth), rel=1e-9)
+            assert min(window.prefill_j, window.decode_j, window.idle_j) >= 0.0
+        state = estimator.models["m"]
+        assert state.windows.get("prior", 0) > 0 and state.windows.get("fit", 0) > 150
+        # After the prior windows the fit recovers the synthetic node's split (its steps
+        # estimated from the batch at the windows' ends, as for SGLang).
+        late = rows[-100:]
+        errors = []
+        for index, name in enumerate(("prefill_j", "decode_j", "idle_j")):
+            mine = sum(getattr(window, name) for window, _ in late)
+            real = sum(truth[index] for _, truth in late)
+            errors.append(abs(mine / real - 1.0))
+        assert errors[0] < 0.15 and errors[1] < 0.06 and errors[2] < 0.02, (seed, errors)
+        prefill_errors.append(errors[0])
+    assert float(np.median(prefill_errors)) < 0.05
 
 
 @dataclass
@@ -164,6 +174,43 @@ def test_engine_step_counts_recover_a_split_the_batch_at_the_ends_cannot() -> No
     counted = _late_error(MovingBatchNode(), 4, None, "decode_j")
     assert counted < 0.05
     assert counted < 0.5 * _late_error(MovingBatchNode(), 4, "iterations", "decode_j")
+
+
+@dataclass
+class ClockedNode(MovingBatchNode):
+    """The moving-batch node with its clock moved every window (as a governor moves it):
+    compute-bound prefill slows as 1/f and its power falls steeply with the clock, below
+    the memory-bound decode's at low clocks and above it at the top one, as measured
+    GPUs do; the decode's power falls gently."""
+
+    top_mhz: float = 1980.0
+
+    def window(self, rng: np.random.Generator) -> EnergyReading:
+        share = float(rng.uniform(0.25, 1.0))  # f / f_top
+        busy = float(rng.uniform(0.3, 1.0))
+        prompt = float(rng.integers(0, int(0.4 * busy * share / ALPHA)))
+        prefill_s = ALPHA * prompt / share
+        decode_s = busy - prefill_s
+        batch = int(rng.integers(1, 48))
+        iteration_s = (0.008 + 0.0001 * batch) * (0.8 + 0.2 / share)
+        iterations = decode_s / iteration_s
+        self.steps += iterations
+        self.output += iterations * batch
+        prefill_w = 80.0 + 520.0 * share**2
+        decode_w = 230.0 + 60.0 * share + 180.0 * batch_term(batch, 4.0)
+        self.record(0.0, decode_s * decode_w, busy, prompt)
+        self.energy_j += prefill_s * prefill_w
+        self.prefill_j += prefill_s * prefill_w
+        reading = self.read(busy, batch, iterations=self.steps)
+        return replace(reading, clock_mhz=self.top_mhz * share)
+
+
+def test_prefill_power_is_fitted_apart_from_decode_power_across_clocks() -> None:
+    # A compute-bound prefill draws less than a memory-bound decode at a low clock and more
+    # at the top one: priced as a saturated decode, its energy would be off by tens of
+    # percent wherever the governor moves the clock.
+    for part in ("prefill_j", "decode_j"):
+        assert _late_error(ClockedNode(), 12, None, part) < 0.05
 
 
 @dataclass
