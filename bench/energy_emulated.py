@@ -11,6 +11,11 @@ NVML does, the busy share of its last plant second.
     nice -n 15 .venv/bin/python bench/energy_emulated.py [--speed 10] [--duration 600]
         [--profiles h100-sxm-llama3-8b,...] [--traces azure-conv,azure-code]
 
+At ``--speed 1`` each daemon window is one plant second, as on a node; run one such
+bench at a time (on two cores, two side by side moved one run's phase split by 15-20
+points). Faster speeds are quick, but each window's utilisation reading covers only its
+last plant second, and the phase split is then far coarser than a node's.
+
 Writes ``bench/results/energy_emulated.json``.
 """
 
