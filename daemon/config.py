@@ -10,7 +10,7 @@ from __future__ import annotations
 import tomllib
 import urllib.parse
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -26,6 +26,9 @@ from pydantic import (
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.limits import MAX_PERIOD_S, MIN_PERIOD_S
 from gpugov.plant.profile import DEFAULT_PROFILE
+
+if TYPE_CHECKING:
+    from gpugov.controllers.budget import SLOTarget
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -419,7 +422,7 @@ class SLOTargetConfig(_Frozen):
     attainment: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
     window_s: PositiveFloat = 600.0
 
-    def target(self) -> Any:
+    def target(self) -> SLOTarget:
         """The controllers' :class:`~gpugov.controllers.budget.SLOTarget`."""
         from gpugov.controllers.budget import SLOTarget
 

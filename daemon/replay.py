@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -169,7 +169,7 @@ def _recorded_slo_target(info: dict[str, Any]) -> SLOTarget | None:
     if value is None:
         return None
     try:
-        return cast(SLOTarget, SLOTargetConfig.model_validate(value).target())
+        return SLOTargetConfig.model_validate(value).target()
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "slo_target"

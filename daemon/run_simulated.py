@@ -13,6 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from gpugov.controllers.budget import SLOTarget
 from gpugov.daemon.cli_support import (
     UsageError,
     check_fixed_clock,
@@ -166,7 +167,7 @@ def run_simulated(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _slo_target(attainment: float | None) -> Any:
+def _slo_target(attainment: float | None) -> SLOTarget | None:
     """``--slo-target``'s :class:`~gpugov.controllers.budget.SLOTarget` (None: none),
     as a domain's ``[domains.slo_target]`` gives it."""
     if attainment is None:

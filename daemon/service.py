@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from gpugov.controllers.budget import SLOTarget
 from gpugov.daemon.actuator import ClockActuator, ExternalPolicy, LockMode
 from gpugov.daemon.backend import DryRunBackend, GpuBackend
 from gpugov.daemon.config import (
@@ -186,7 +187,7 @@ def build_domain(
     tpot_slo_s: float | None = None,
     thermal_limit_c: float | None = None,
     ttft_slo_per_prompt_token_s: float | None = None,
-    slo_target: Any = None,
+    slo_target: SLOTarget | None = None,
     mean_prompt_tokens: float = 512.0,
     mean_output_tokens: float = 256.0,
     forecasts: Forecasts | None = None,
