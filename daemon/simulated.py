@@ -20,6 +20,7 @@ from gpugov.daemon.observer import DomainObserver
 from gpugov.daemon.vllm_view import VllmCounters
 from gpugov.plant import PlantSimulation
 from gpugov.plant.closed_loop import ObservationView
+from gpugov.plant.disaggregated import PoolView
 from gpugov.plant.types import ServingObservation
 
 APPLICATIONS_CLOCKS_SETTING = 0x2
@@ -237,11 +238,15 @@ class SimulatedSource:
         )
 
 
-def node_view(simulation: PlantSimulation) -> Callable[[], ServingObservation]:
+def node_view(
+    simulation: PlantSimulation, role: str = "colocated"
+) -> Callable[[], ServingObservation]:
     """What a vLLM node's daemon observes of ``simulation`` each tick: its observer over
     the plant's GPU and a ``vllm`` view of its engine, under the SLOs the plant's profile
-    states (what a node's config would). For closed-loop runs
-    (:func:`plant.simulate`'s ``view``): the simulation is advanced elsewhere."""
+    states (what a node's config would), for a domain of ``role`` (a pool of
+    disaggregated serving: ``prefill`` or ``decode``). For closed-loop runs
+    (:func:`plant.simulate`'s ``view``, :func:`plant.simulate_disaggregated`'s): the
+    simulation is advanced elsewhere."""
     profile = simulation.plant.profile
     node = SimulatedNode(simulation, lambda: simulation.time_s)
     observer = DomainObserver(
@@ -253,6 +258,8 @@ def node_view(simulation: PlantSimulation) -> Callable[[], ServingObservation]:
         thermal_limit_c=simulation.plant.thermal_limit_c,
         ttft_slo_per_prompt_token_s=profile.ttft_slo_per_prompt_token_s,
         clock=lambda: simulation.time_s,
+        role=role,
+        role_from_config=role != "colocated",
     )
     step_s = simulation.plant.time_step_s
 
@@ -274,3 +281,14 @@ def observation_view(engine_view: str) -> ObservationView | None:
     if engine_view not in ENGINE_VIEWS:
         raise ValueError(f"view must be one of {', '.join(ENGINE_VIEWS)}, got {engine_view!r}")
     return node_view if engine_view == "vllm" else None
+
+
+def pool_view(engine_view: str) -> PoolView | None:
+    """:func:`observation_view` for the pools of a disaggregated run
+    (:func:`plant.simulate_disaggregated`'s ``view``): :func:`node_view` of each engine,
+    as a domain of the pool's role, for ``vllm``; None for ``exact``.
+
+    Raises:
+        ValueError: not one of :data:`ENGINE_VIEWS`.
+    """
+    return node_view if observation_view(engine_view) is not None else None

@@ -141,6 +141,10 @@ class VllmCounters:
     As vLLM V1 counts them: a request's TTFT and its prompt tokens when its first token
     is made; its time per output token, and its prompt and output lengths, when it
     finishes; inter-token latencies as the tokens are made (here at the window's mean).
+    A request prefilled on another engine (a disaggregated decode pool) counts its
+    prompt tokens as ``external_kv_transfer`` too, and its TTFT at zero: the decode
+    instance's own first-token latency is not modelled, and a decode domain is not
+    judged on TTFT.
     """
 
     def __init__(self) -> None:
@@ -152,6 +156,8 @@ class VllmCounters:
         self.output_lengths = Histogram(LENGTH_BUCKETS)
         self.prompt_tokens = 0.0
         """Prompt tokens of the requests that have their first token."""
+        self.external_prompt_tokens = 0.0
+        """Those of them whose KV cache another engine computed."""
         self._arrived = 0
         self._before_first: list[int] = []
         self._before_finish: list[int] = []
@@ -175,8 +181,10 @@ class VllmCounters:
                 waiting.append(index)
                 continue
             request = requests[index]
-            self.ttft.observe(made - request.arrival_time_s)
+            self.ttft.observe(max(0.0, made - request.arrival_time_s))
             self.prompt_tokens += request.prompt_tokens
+            if simulation.prefilled_elsewhere(index):
+                self.external_prompt_tokens += request.prompt_tokens
             new_first += 1
         self._before_first = waiting
         running = []
@@ -208,6 +216,7 @@ class VllmCounters:
             running_requests=observation.decode_active + prefilling,
             waiting_requests=max(0, observation.waiting_requests - prefilling),
             prompt_tokens_total=self.prompt_tokens,
+            prompt_tokens_external_total=self.external_prompt_tokens or None,
             generation_tokens_total=observation.output_tokens_total,
             finished_requests_total=float(self.output_lengths.count),
             preemptions_total=float(simulation.preemptions),

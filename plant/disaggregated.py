@@ -78,6 +78,11 @@ from gpugov.plant.types import (
 ROLES = ("prefill", "decode")
 """The pools of a disaggregated layout, in the order the loop serves them."""
 
+PoolView = Callable[[PlantSimulation, str], Callable[[], ServingObservation]]
+"""What a pool's node observes of one of its engines: called once per engine with the
+engine and the pool's role, it returns the function each tick calls (a node's view:
+``daemon.simulated.node_view``). Without one a pool observes its engines' exact state."""
+
 DEFAULT_KV_BYTES_PER_TOKEN = 131_072.0
 """KV bytes per token when a profile records no model shape: Llama-3.1-8B's (32 layers,
 8 KV heads of 128, BF16, K and V), the size class of the bundled small profiles."""
@@ -253,9 +258,12 @@ class DisaggregatedPlant:
 class _Pool:
     """A pool's engines under one clock: requests clocks, caps, and a pooled observation."""
 
-    def __init__(self, role: str, engines: list[PlantSimulation]) -> None:
+    def __init__(
+        self, role: str, engines: list[PlantSimulation], view: PoolView | None = None
+    ) -> None:
         self.role = role
         self.engines = engines
+        self._observers = None if view is None else [view(engine, role) for engine in engines]
         self._ttft_seen = [0.0] * len(engines)
         self._tokens_seen = [0.0] * len(engines)
 
@@ -274,7 +282,10 @@ class _Pool:
         tokens, power and energy summed, the hottest temperature, the slowest realised
         clock, the mean utilisation, window latencies weighted by each engine's first
         tokens and output tokens in the window)."""
-        observations = [engine.observe(step_index) for engine in self.engines]
+        if self._observers is None:
+            observations = [engine.observe(step_index) for engine in self.engines]
+        else:
+            observations = [observe() for observe in self._observers]
         if len(observations) == 1:
             return replace(observations[0], role=self.role)
         ttft_weights = []
@@ -345,7 +356,12 @@ class DisaggregatedSimulation:
     """
 
     def __init__(
-        self, workload: Sequence[Request], plant: DisaggregatedPlant, *, seed: int = 0
+        self,
+        workload: Sequence[Request],
+        plant: DisaggregatedPlant,
+        *,
+        seed: int = 0,
+        view: PoolView | None = None,
     ) -> None:
         requests = tuple(workload)
         prefill_spec, decode_spec = plant.prefill, plant.decode
@@ -392,8 +408,8 @@ class DisaggregatedSimulation:
             for k in range(decode_spec.replicas)
         ]
         self.pools: dict[str, _Pool] = {
-            "prefill": _Pool("prefill", prefill_engines),
-            "decode": _Pool("decode", decode_engines),
+            "prefill": _Pool("prefill", prefill_engines, view),
+            "decode": _Pool("decode", decode_engines, view),
         }
         self._scan_from = [0] * count
         self._handed: list[list[bool]] = [[False] * len(m) for m in self._prefill_global]
@@ -687,11 +703,13 @@ def simulate_disaggregated(
     horizon_s: float | None = None,
     on_progress: Callable[[float, DisaggregatedSimulation], None] | None = None,
     progress_every_s: float = 10.0,
+    view: PoolView | None = None,
 ) -> DisaggregatedResult:
     """Run ``workload`` on ``plant`` with one controller per pool (``controllers`` maps
     "prefill" and "decode" to a clock controller), each called every
     ``control_period_s`` with its pool's observation; the loop of
-    :func:`~gpugov.plant.closed_loop.simulate`, per pool (power caps included).
+    :func:`~gpugov.plant.closed_loop.simulate`, per pool (power caps included). With
+    ``view`` (:data:`PoolView`) each pool observes what its node would.
 
     Raises:
         ValueError: a role is missing or unknown, or a bad period or horizon.
@@ -706,7 +724,7 @@ def simulate_disaggregated(
         )
     if not math.isfinite(control_period_s) or control_period_s <= 0.0:
         raise ValueError(f"control_period_s must be positive, got {control_period_s!r}")
-    simulation = DisaggregatedSimulation(workload, plant, seed=seed)
+    simulation = DisaggregatedSimulation(workload, plant, seed=seed, view=view)
     requests = simulation.requests
     last_arrival = requests[-1].arrival_time_s if requests else 0.0
     drain = max(plant.prefill.plant.drain_timeout_s, plant.decode.plant.drain_timeout_s)
@@ -750,11 +768,13 @@ def simulate_colocated_replicas(
     scheduler: Scheduler = chunked_prefill_scheduler,
     control_period_s: float = 1.0,
     horizon_s: float | None = None,
+    view: PoolView | None = None,
 ) -> ReplicatedResult:
     """``len(controllers)`` colocated engines of ``plant`` (data parallel, arrivals round
     robin), each governed by its own controller: the colocated layout of the same GPUs
     as a disaggregated one, for comparison. Like :class:`DisaggregatedSimulation`, the
-    run ends at the last completion with every GPU brought to that time.
+    run ends at the last completion with every GPU brought to that time. With ``view``
+    each engine's controller observes what its node would (role ``colocated``).
 
     Raises:
         ValueError: no controller, or a bad period or horizon.
@@ -770,6 +790,9 @@ def simulate_colocated_replicas(
     engines = [
         PlantSimulation([requests[g] for g in group], plant, scheduler, seed=seed + k)
         for k, group in enumerate(members)
+    ]
+    observers = [
+        engine.observe if view is None else view(engine, "colocated") for engine in engines
     ]
     last_arrival = requests[-1].arrival_time_s if requests else 0.0
     horizon = last_arrival + plant.drain_timeout_s if horizon_s is None else float(horizon_s)
@@ -791,7 +814,7 @@ def simulate_colocated_replicas(
             apply_decision(
                 controller,
                 f"engine {k} controller {names[k]!r}",
-                engine.observe(),
+                observers[k](),
                 engine.request_clock,
                 engine.set_power_cap,
             )

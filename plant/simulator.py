@@ -137,6 +137,7 @@ class PlantSimulation:
         self._heap: list[tuple[int, int, int]] = []  # (finish counter, request, epoch)
         # Requests that arrived with their prompt's KV cache (disaggregated decode pool).
         self._kv_arrivals: deque[int] = deque()
+        self._prefilled_elsewhere: set[int] = set()
         self._decode_counter = 0
         self._sum_start = 0
         self._sum_gen0 = 0
@@ -335,6 +336,7 @@ class PlantSimulation:
         self._first_token[index] = float(first_token_time_s)
         self._generated[index] = 1
         self._kv_arrivals.append(index)
+        self._prefilled_elsewhere.add(index)
         if not self._in_iteration:
             self._idle_until = None
         return index
@@ -371,6 +373,11 @@ class PlantSimulation:
         self._output[index] = produced + 1
         self._epoch[index] += 1  # the request's old completion entry no longer counts
         heapq.heappush(self._heap, (self._decode_counter + 1, index, self._epoch[index]))
+
+    def prefilled_elsewhere(self, index: int) -> bool:
+        """Whether request ``index`` came with its prompt's KV cache computed by another
+        engine (:meth:`add_prefilled_request`)."""
+        return index in self._prefilled_elsewhere
 
     def generated_tokens(self, index: int) -> int:
         """Tokens request ``index`` has produced so far (the prefill's first one included)."""

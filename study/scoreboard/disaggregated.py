@@ -1,7 +1,9 @@
 """The scoreboard's disaggregated scenarios (``gpugov bench controllers --layout
 disaggregated``): each controller governs the prefill pool and the decode pool of a
 :class:`~gpugov.plant.disaggregated.DisaggregatedPlant`, one instance per pool, each
-built by the node's factory inside its safety chain (:func:`study_controller`).
+built by the node's factory inside its safety chain (:func:`study_controller`), and each
+observing what its node's daemon derives from its engines' pages (``config.engine_view``,
+as the colocated scenarios; ``exact`` for the plant's state).
 
 Rows carry the run's energy and its saving against the maximum clock on both pools, the
 same saving per pool, and the scoreboard's SLO condition (attainment at least the
@@ -32,6 +34,7 @@ from gpugov.daemon.config import (
     ReactiveControllerConfig,
     VoltanaControllerConfig,
 )
+from gpugov.daemon.simulated import pool_view
 from gpugov.plant import ServingPlant
 from gpugov.plant.disaggregated import (
     ROLES,
@@ -314,6 +317,7 @@ def run_disaggregated_scenario(
         raise ValueError("the disaggregated rows must start with 'max' (the reference)")
     layout = layout_plant(scenario, plant)
     workloads = pool_workloads(scenario.requests)
+    view = pool_view(config.engine_view)
     rows: list[dict[str, Any]] = []
     reference: DisaggregatedResult | None = None
     colocated_reference: ReplicatedResult | None = None
@@ -336,6 +340,7 @@ def run_disaggregated_scenario(
             ],
             config.seed,
             control_period_s=period,
+            view=view,
         )
         if colocated_reference is None:
             colocated_reference = colocated
@@ -359,6 +364,7 @@ def run_disaggregated_scenario(
             config.seed,
             controller_names={role: key for role in ROLES},
             control_period_s=period,
+            view=view,
         )
         wall = time.perf_counter() - started
         if reference is None:
@@ -432,7 +438,8 @@ def run_disaggregated(
         "rows": rows,
         "notes": (
             "Each pool runs its own instance of the row's controller (the node's factory "
-            "and safety chain). Savings are against the maximum clock on both pools; per "
+            f"and safety chain) and observes the {config.engine_view!r} engine view, as "
+            "does the colocated twin. Savings are against the maximum clock on both pools; per "
             "pool against the maximum clock's same pool. 'best-fixed (hindsight)' is the "
             "best fixed clock pair: the lowest fixed clock per pool that holds the SLO "
             "condition (searched per pool with the other at its maximum clock, then "

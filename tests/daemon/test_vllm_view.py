@@ -8,10 +8,16 @@ import math
 import pytest
 
 from gpugov.controllers.baseline import maximum_clock_controller
-from gpugov.daemon.simulated import SimulatedNode, SimulatedSource, node_view, observation_view
+from gpugov.daemon.simulated import (
+    SimulatedNode,
+    SimulatedSource,
+    node_view,
+    observation_view,
+    pool_view,
+)
 from gpugov.daemon.vllm_view import Histogram
 from gpugov.plant import PlantSimulation, ServingPlant, load_profile, simulate
-from gpugov.plant.types import Request
+from gpugov.plant.types import Request, ServingObservation
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +144,61 @@ def test_an_unknown_view_is_refused(plant: ServingPlant) -> None:
     with pytest.raises(ValueError, match="view must be one of vllm, exact"):
         observation_view("sglang")
     assert observation_view("vllm") is node_view and observation_view("exact") is None
+    assert pool_view("vllm") is node_view and pool_view("exact") is None
+    with pytest.raises(ValueError, match="view must be one of"):
+        pool_view("sglang")
+
+
+def test_each_pool_of_a_disaggregated_run_sees_its_node_view(plant: ServingPlant) -> None:
+    """``simulate_disaggregated`` with ``node_view``: every engine of a pool is observed
+    through its own vLLM page by a daemon observer of the pool's role; the decode pool's
+    prompt tokens came from the other pool (``external_kv_transfer``), so it counts none
+    as its own work, and its observation matches the plant's where vLLM publishes it."""
+    from gpugov.plant.disaggregated import DisaggregatedPlant, PoolSpec, simulate_disaggregated
+
+    seen: dict[str, list[ServingObservation]] = {"prefill": [], "decode": []}
+    made: list[tuple[PlantSimulation, str]] = []
+
+    def recording_view(simulation: PlantSimulation, role: str):  # type: ignore[no-untyped-def]
+        made.append((simulation, role))
+        return node_view(simulation, role)
+
+    def recorder(role: str):  # type: ignore[no-untyped-def]
+        def controller(observation: ServingObservation) -> float:
+            seen[role].append(observation)
+            return plant.profile.maximum_clock_mhz
+
+        return controller
+
+    requests = [Request(i, 0.3 * i, 400 + 50 * (i % 5), 60) for i in range(30)]
+    layout = DisaggregatedPlant(PoolSpec(plant, 2), PoolSpec(plant))
+    exact = simulate_disaggregated(
+        requests, layout, {"prefill": recorder("prefill"), "decode": recorder("decode")}
+    )
+    exact_seen = {role: list(observations) for role, observations in seen.items()}
+    seen = {"prefill": [], "decode": []}
+    viewed = simulate_disaggregated(
+        requests,
+        layout,
+        {"prefill": recorder("prefill"), "decode": recorder("decode")},
+        view=recording_view,
+    )
+    assert [role for _, role in made] == ["prefill", "prefill", "decode"]
+    # The view observes; it does not change the run.
+    assert viewed.metrics == exact.metrics
+    assert {o.role for o in seen["prefill"]} == {"prefill"}
+    assert {o.role for o in seen["decode"]} == {"decode"}
+    # The decode pool computed none of its prompts: every prompt token is external.
+    decode_engine = made[2][0]
+    counters = SimulatedSource(SimulatedNode(decode_engine, lambda: decode_engine.time_s), "vllm")
+    sample = counters.scrape()
+    assert sample.prompt_tokens_total == sum(r.prompt_tokens for r in requests)
+    assert sample.prompt_tokens_external_total == sample.prompt_tokens_total
+    assert all(o.prompt_tokens_total == 0.0 for o in seen["decode"])
+    assert max(o.prompt_tokens_total for o in seen["prefill"]) > 0.0
+    # Where a vLLM page states them, the decode pool's counts are the plant's.
+    for mine, truth in zip(seen["decode"], exact_seen["decode"], strict=True):
+        assert mine.decode_active + mine.waiting_requests == (
+            truth.decode_active + truth.waiting_requests
+        )
+        assert mine.output_tokens_total == truth.output_tokens_total

@@ -163,3 +163,38 @@ def test_best_fixed_pair_and_captures(plant: ServingPlant) -> None:
         )
     else:
         assert voltana["oracle_capture"] is None and decode["oracle_capture"] is None
+
+
+def test_every_pool_and_the_colocated_twin_observe_the_configured_engine_view(
+    plant: ServingPlant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the colocated scenarios, a disaggregated row's controllers observe what the
+    node's daemon derives from each engine's vLLM page (``engine_view``), per pool role;
+    ``exact`` gives them the plant's state."""
+    import gpugov.study.scoreboard.disaggregated as board
+    from gpugov.daemon.simulated import node_view
+
+    roles: list[str] = []
+
+    def recording(engine_view: str):  # type: ignore[no-untyped-def]
+        if engine_view == "exact":
+            return None
+
+        def view(simulation, role="colocated"):  # type: ignore[no-untyped-def]
+            roles.append(role)
+            return node_view(simulation, role)
+
+        return view
+
+    monkeypatch.setattr(board, "pool_view", recording)
+    scenario = build_disaggregated_scenario("azure-conv-10min", plant, "1P1D", "recorded", 6.0)
+    config = replace(TINY, duration_s=6.0)
+    rows = run_disaggregated_scenario(scenario, plant, config, ("max",), best_fixed=False)
+    assert sorted(roles) == ["colocated", "colocated", "decode", "prefill"]
+    roles.clear()
+    exact = run_disaggregated_scenario(
+        scenario, plant, replace(config, engine_view="exact"), ("max",), best_fixed=False
+    )
+    assert roles == []
+    # The maximum clock decides nothing from what it sees.
+    assert exact[0]["energy_j"] == pytest.approx(rows[0]["energy_j"])
