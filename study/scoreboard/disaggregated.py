@@ -16,7 +16,6 @@ against it. The window oracle and the LP bound are not run per pool.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -530,14 +529,22 @@ def run_disaggregated_from_args(args: Any, config: BenchConfig) -> int:
     ``DIR/disaggregated.json`` and ``.md``, print the table. ``--traces`` and
     ``--profiles`` choose the scenarios when given; otherwise the disaggregated defaults."""
     from gpugov.daemon.cli_support import UsageError, prepare_output_dir
+    from gpugov.daemon.progress import Progress
 
     prepare_output_dir("--out", args.out, parents=args.out == str(DEFAULT_OUT))
-    payload = run_disaggregated(
-        config,
-        traces=getattr(args, "traces", None),
-        profiles=config.profiles if getattr(args, "profiles", None) else None,
-        progress=lambda line: print(line, file=sys.stderr),
-    )
+    traces = getattr(args, "traces", None) or DISAGGREGATED_TRACES
+    profiles = config.profiles if getattr(args, "profiles", None) else DISAGGREGATED_PROFILES
+    total = len(traces) * len(profiles) * len(config.loads) * len(DISAGGREGATED_LAYOUTS)
+    bar = Progress(total, "bench controllers --layout disaggregated", unit="scenarios")
+    done = 0
+
+    def progress(line: str) -> None:
+        nonlocal done
+        done += 1
+        bar.update(done, line, force=True)
+
+    payload = run_disaggregated(config, traces=traces, profiles=profiles, progress=progress)
+    bar.close()
     if not payload["rows"]:
         reasons = "; ".join(sorted({s["reason"] for s in payload["skipped"]}))
         raise UsageError(f"no disaggregated scenario could run: {reasons}")

@@ -67,8 +67,8 @@ def test_layout_load_and_rows(plant: ServingPlant) -> None:
 
 def test_bench_controllers_layout_disaggregated(tmp_path: Path) -> None:
     out = tmp_path / "board"
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = main(
             [
                 "bench",
@@ -99,6 +99,9 @@ def test_bench_controllers_layout_disaggregated(tmp_path: Path) -> None:
     assert "| mpc-online |" in table and "| voltana |" in table
     assert "| best-fixed (hindsight) |" in table and "prefill alone" in table
     assert "wrote" in stdout.getvalue()
+    # Progress with an ETA, one line per scenario (two layouts x the tiny board's loads).
+    lines = [line for line in stderr.getvalue().splitlines() if "disaggregated:" in line]
+    assert lines and "ETA" in lines[0] and "100.0%" in lines[-1]
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])
