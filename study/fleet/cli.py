@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from gpugov.daemon import cli_types
+from gpugov.daemon.cli_support import add_engine_view_argument
 from gpugov.daemon.limits import MAX_SEED
 from gpugov.study.runners import add_runner_arguments, spec_from_args
 
@@ -93,6 +94,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
         step_ramp_s=args.step_ramp,
         step_hold_s=args.step_hold,
         seed=args.seed,
+        engine_view=args.engine_view,
     )
     try:
         config.validate()
@@ -194,6 +196,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="seconds the cut holds (default 600)")  # fmt: skip
     add("--seed", type=cli_types.int_in(0, MAX_SEED), default=0, metavar="N",
         help="seed of the nodes' jitter (node i gets N + i)")  # fmt: skip
+    add_engine_view_argument(parser, prefix="every node's controller: ")
     add("--out", default=DEFAULT_OUT, metavar="DIR",
         help=f"output directory (default ./{DEFAULT_OUT})")  # fmt: skip
     add("--quiet", action="store_true", help="no progress line")

@@ -21,6 +21,7 @@ from gpugov.daemon.decide import ControllerContext, build_controller, parse_cont
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.safety import SafetySettings
 from gpugov.plant import ServingPlant
+from gpugov.plant.closed_loop import ObservationView
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.plant.simulator import PlantSimulation
 from gpugov.plant.types import PowerCapping, Request, ServingObservation
@@ -63,7 +64,9 @@ def node_controller(
 
 class FleetNode:
     """A plant, its controller in the safety chain, its cap; stepped one control period at
-    a time by the fleet, with requests dispatched to it by the router."""
+    a time by the fleet, with requests dispatched to it by the router. The controller
+    observes through ``view`` (``daemon.simulated.node_view``: what the node's daemon
+    derives from its engine's page), the router the plant's own state."""
 
     def __init__(
         self,
@@ -76,6 +79,7 @@ class FleetNode:
         floor_w: float,
         safety: SafetySettings | None = None,
         seed: int = 0,
+        view: ObservationView | None = None,
     ) -> None:
         self.name = name
         self.plant = plant
@@ -84,6 +88,9 @@ class FleetNode:
         self.tdp_w = float(plant.power_limit_w)
         self.floor_w = float(min(floor_w, self.tdp_w))
         self.simulation = PlantSimulation((), plant, chunked_prefill_scheduler, seed=seed)
+        self._observe = self.simulation.observe if view is None else view(self.simulation)
+        """What the node's controller observes (``view``: a node's, from its engine's
+        page; without one, the plant's exact state)."""
         self.controller = node_controller(
             controller_spec, plant, forecast_workload, period_s, safety
         )
@@ -145,9 +152,9 @@ class FleetNode:
             simulation.advance_to(request.arrival_time_s)
             simulation.add_request(request.prompt_tokens, request.output_tokens)
         simulation.advance_to(end_s)
-        observation = simulation.observe()
-        self.observation = observation
-        clock = float(self.controller(observation))
+        # The router and the fleet's accounting read the plant; the controller its view.
+        self.observation = simulation.observe()
+        clock = float(self.controller(self._observe()))
         simulation.request_clock(clock)
         self._apply_cap()
         need = power_needed(self.controller)

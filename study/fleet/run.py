@@ -27,6 +27,7 @@ from gpugov.controllers.oracles import SLO_TOLERANCE
 from gpugov.daemon.cli_support import UsageError
 from gpugov.daemon.decide import parse_controller_spec
 from gpugov.daemon.safety import SafetySettings
+from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
 from gpugov.plant import ServingPlant
 from gpugov.plant.profile import ProfileError, load_profile
 from gpugov.plant.result import compute_metrics
@@ -77,11 +78,16 @@ class FleetConfig:
     step_ramp_s: float = 30.0
     step_hold_s: float = 600.0
     seed: int = 0
+    engine_view: str = "vllm"
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that does not fit (before work)."""
         if self.nodes < 1:
             raise ValueError(f"--nodes must be >= 1, got {self.nodes}")
+        if self.engine_view not in ENGINE_VIEWS:
+            raise ValueError(
+                f"--engine-view must be one of {', '.join(ENGINE_VIEWS)}, got {self.engine_view!r}"
+            )
         for name in self.allocators:
             if name not in ALLOCATORS:
                 raise ValueError(f"--allocators: unknown allocator {name!r} (one of {ALLOCATORS})")
@@ -292,6 +298,7 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
             floor_w=config.floor_fraction * plants[name].power_limit_w,
             safety=safety,
             seed=config.seed + i,
+            view=observation_view(config.engine_view),
         )
         for i, name in enumerate(config.node_profiles())
     ]

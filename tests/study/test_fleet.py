@@ -185,6 +185,52 @@ def test_a_two_node_fleet_holds_its_caps_and_publishes_needs(tiny: dict[str, obj
     assert row["step_time_to_under_s"] is not None
 
 
+def test_each_node_controller_observes_its_engine_page_and_the_router_the_plant(
+    tiny: dict[str, object],
+) -> None:
+    """As every study command, a fleet node's controller observes what its daemon derives
+    from its engine's vLLM page (``engine_view``, default ``vllm``); the router and the
+    fleet's accounting keep the plant's state. ``exact`` gives the controller that too."""
+    from gpugov.daemon.simulated import node_view
+    from gpugov.plant.types import ServingObservation
+    from gpugov.study.fleet.node import FleetNode
+
+    plants = tiny["plants"]
+    workload = tiny["workload"]
+    assert isinstance(plants, dict) and isinstance(workload, tuple)
+    plant = plants["h100-sxm-llama3-8b"]
+    made = []
+    produced: list[ServingObservation] = []
+
+    def view(simulation):  # type: ignore[no-untyped-def]
+        made.append(simulation)
+        observe = node_view(simulation)
+
+        def recorded() -> ServingObservation:
+            produced.append(observe())
+            return produced[-1]
+
+        return recorded
+
+    node = FleetNode("n0", plant, "max", workload, period_s=1.0, floor_w=200.0, view=view)
+    seen: list[ServingObservation] = []
+    decide = node.controller
+    node.controller = lambda o: seen.append(o) or decide(o)  # type: ignore[assignment,func-returns-value]
+    for request in workload[:40]:
+        node.dispatch(request)
+    for tick in range(1, 12):
+        node.step(float(tick))
+    assert made == [node.simulation]
+    assert len(seen) == 11 and all(a is b for a, b in zip(seen, produced, strict=True))
+    # The router's own reading is the plant's; where the page states it, they agree.
+    exact = node.observation
+    assert exact is not None and exact is not seen[-1] and exact.arrived_requests > 0
+    assert seen[-1].output_tokens_total == exact.output_tokens_total
+    assert FleetConfig().engine_view == "vllm"
+    with pytest.raises(ValueError, match="--engine-view"):
+        FleetConfig(engine_view="sglang").validate()
+
+
 def test_the_budget_step_schedule() -> None:
     config = FleetConfig(step_at_s=100.0, step_ramp_s=30.0, step_hold_s=600.0)
     cell = Cell("uniform", 0.8, step=True)
@@ -238,6 +284,7 @@ def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         (["--profiles", "no-such-gpu"], "--profiles"),
         (["--controller", "no-such-controller"], "--controller"),
         (["--out", "/proc/gpugov-fleet"], "--out"),
+        (["--engine-view", "sglang"], "--engine-view"),
     ],
 )
 def test_bad_flags_are_one_line_before_any_work(
