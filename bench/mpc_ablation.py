@@ -31,7 +31,7 @@ from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, load_profile, simulate
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.study.scoreboard.controllers import study_controller
-from gpugov.study.scoreboard.run import DEFAULT_OUT, build_scenario
+from gpugov.study.scoreboard.scenarios import DEFAULT_OUT, build_scenario
 
 NO_CAP = 1e9
 """A TTFT excess cap no prediction reaches: the uncapped (seed's) penalty."""

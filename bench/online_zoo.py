@@ -38,9 +38,9 @@ from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, simulate
 from gpugov.plant.synthetic_profiles import resolve_profile
 from gpugov.study.online_eval import WARMUP_S, energy_after
+from gpugov.study.scoreboard.command import expand_profiles
 from gpugov.study.scoreboard.controllers import build_scoreboard_controllers
 from gpugov.study.scoreboard.run import (
-    expand_profiles,
     scoreboard_best_fixed,
     scoreboard_window_oracle,
     slo_energy_fields,

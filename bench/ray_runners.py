@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.study.runners import RayRuntime, RunnerSpec, map_cells
+from gpugov.study.scoreboard import command
 from gpugov.study.scoreboard import run as scoreboard
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=300, help="no-op tasks for the overhead")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "ray_runners.json"))
     args = parser.parse_args(argv)
-    config = scoreboard.config_for(
+    config = command.config_for(
         quick=args.mode == "quick",
         tiny=args.mode == "tiny",
         loads=["recorded", "cap70"] if args.mode == "tiny" else None,

@@ -1,5 +1,5 @@
-"""``python -m gpugov.study.scoreboard.run``: the scoreboard as a script."""
+"""``python -m gpugov.study.scoreboard``: the scoreboard as a script."""
 
-from gpugov.study.scoreboard.run import main
+from gpugov.study.scoreboard.command import main
 
 raise SystemExit(main())

@@ -1,6 +1,6 @@
 """``gpugov bench controllers``: the controller scoreboard from the command line.
 
-Runs :mod:`gpugov.study.scoreboard.run` (also ``python -m gpugov.study.scoreboard.run``; see
+Runs :mod:`gpugov.study.scoreboard.command` (also ``python -m gpugov.study.scoreboard``; see
 ``docs/scoreboard.md``): every controller and hindsight oracle on trace windows x bundled
 profiles x loads, written to ``DIR/scoreboard.json``, ``DIR/scoreboard.md`` and
 ``DIR/scoreboard.png`` (default ``bench/results/controllers/`` in a source checkout,
@@ -20,8 +20,8 @@ from gpugov.daemon.cli_support import UsageError, require_extra
 
 
 def scoreboard_module() -> ModuleType:
-    """``gpugov.study.scoreboard.run`` (imported on first use: it is heavy)."""
-    return importlib.import_module("gpugov.study.scoreboard.run")
+    """``gpugov.study.scoreboard.command`` (imported on first use: it is heavy)."""
+    return importlib.import_module("gpugov.study.scoreboard.command")
 
 
 def run_controllers(args: argparse.Namespace) -> int:

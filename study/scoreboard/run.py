@@ -7,11 +7,11 @@ fluid LP lower bound on energy, and reports energy, J/token, SLO attainment, p95
 TPOT, power-cap and thermal violation seconds, decision times and oracle capture. It
 also compares the two MPC solvers on every decision point of one recorded closed-loop
 run. See ``docs/scoreboard.md`` for every definition; ``gpugov bench controllers`` runs
-the same code. This module runs the scenarios and holds the CLI; the configuration and
-scenarios are in ``scenarios``, the controllers in ``controllers``,
-the MPC solver comparison in ``solvers`` and the outputs in ``report``.
+the same code. This module runs the scenarios; the command line is in ``command``, the
+configuration and scenarios in ``scenarios``, the controllers in ``controllers``, the MPC
+solver comparison in ``solvers`` and the outputs in ``report``.
 
-    .venv/bin/python -m gpugov.study.scoreboard.run [--quick] [--out DIR] [--jobs N]
+    .venv/bin/python -m gpugov.study.scoreboard [--quick] [--out DIR] [--jobs N]
 
 Writes ``DIR/scoreboard.json``, ``DIR/scoreboard.md`` and ``DIR/scoreboard.png``
 (default ``bench/results/controllers/``) and prints a short summary; ``--report DIR2``
@@ -56,15 +56,11 @@ oracles and the bound come from :mod:`controllers.oracles`.
 
 from __future__ import annotations
 
-import argparse
-import math
 import os
 import platform
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Any
 
 from gpugov import __version__
@@ -79,20 +75,14 @@ from gpugov.controllers.oracles import (
     oracle_capture,
     window_oracle,
 )
-from gpugov.daemon import cli_types
-from gpugov.daemon.cli_support import add_safety_arguments
-from gpugov.daemon.limits import MAX_JOBS
 from gpugov.daemon.progress import format_duration
-from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
+from gpugov.daemon.simulated import observation_view
 from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, simulate
-from gpugov.plant.profile import list_bundled_profiles
 from gpugov.plant.result import ServingMetrics
 from gpugov.plant.scheduler import chunked_prefill_scheduler
-from gpugov.plant.synthetic_profiles import expand_synthetic, resolve_profile
+from gpugov.plant.synthetic_profiles import resolve_profile
 from gpugov.plant.types import ClockController, Request
 from gpugov.plant.workload import (
-    BUNDLED_TRACES,
-    SHARED_TRACES,
     TraceError,
 )
 from gpugov.study.online_eval import (
@@ -101,30 +91,24 @@ from gpugov.study.online_eval import (
     model_error_by_clock,
     summarize_model_error,
 )
-from gpugov.study.runners import RunnerSpec, add_runner_arguments, map_cells, spec_from_args
+from gpugov.study.runners import RunnerSpec, map_cells
 from gpugov.study.scoreboard.controllers import (
     ControllerEntry,
     build_scoreboard_controllers,
     scoreboard_mpc,
 )
-from gpugov.study.scoreboard.publish import request_stats, write_report
+from gpugov.study.scoreboard.publish import request_stats
 from gpugov.study.scoreboard.report import (
     DEFINITIONS,
-    short_table,
     summarize,
     write_outputs,
 )
 from gpugov.study.scoreboard.scenarios import (
     CONTROLLER_ORDER,
-    DEFAULT_OUT,
     FULL,
     LABELS,
-    LOADS,
-    PROFILES,
     QUICK,
-    ROOT,
     TINY,
-    TRACES,
     WHOLE_TRACE,
     BenchConfig,
     EmptyWindowError,
@@ -143,7 +127,6 @@ from gpugov.study.scoreboard.solvers import (
 from gpugov.study.scoreboard.windows import (
     summarize_windows,
     window_fields,
-    window_lines,
     window_starts,
 )
 
@@ -616,275 +599,6 @@ def _progress_line(outcome: dict[str, Any], done: int, total: int, started: floa
     return f"[{done}/{total} {elapsed:6.1f}s ETA {eta}] {info['key']} ({info['wall_s']:.1f}s)"
 
 
-def expand_profiles(names: Sequence[str]) -> list[str]:
-    """``--profiles`` values with ``all`` replaced by every bundled profile (the zoo) and
-    ``synthetic`` by every generated shape (``synthetic:SHAPE``)."""
-    out: list[str] = []
-    for name in names:
-        expanded = (
-            [row["name"] for row in list_bundled_profiles()]
-            if name == "all"
-            else expand_synthetic(name)
-        )
-        out += [n for n in expanded if n not in out]
-    return out
-
-
-def config_for(
-    *,
-    quick: bool = False,
-    tiny: bool = False,
-    traces: Sequence[str] | None = None,
-    profiles: Sequence[str] | None = None,
-    loads: Sequence[str] | None = None,
-    duration_s: float | None = None,
-    jobs: int | None = None,
-    dwell_s: float | None = None,
-    floor_mhz: float | None = None,
-    windows: int | None = None,
-    engine_view: str | None = None,
-) -> BenchConfig:
-    """The full, ``--quick`` or hidden ``--tiny`` configuration with overrides.
-
-    With ``windows`` above 1 the default traces leave out those used whole; a trace named
-    in ``traces`` that is used whole, or too short for the windows, is refused.
-    """
-    config = TINY if tiny else QUICK if quick else FULL
-    changes: dict[str, Any] = {}
-    if traces:
-        for name in traces:
-            if (
-                name not in BUNDLED_TRACES
-                and name not in SHARED_TRACES
-                and not (Path(name).is_file())
-            ):
-                known = " ".join([*BUNDLED_TRACES, *SHARED_TRACES])
-                raise ValueError(
-                    f"--traces: unknown trace {name!r}, not a trace name ({known}; see "
-                    "gpugov traces) nor a file"
-                )
-        changes["traces"] = tuple(traces)
-    if profiles:
-        profiles = expand_profiles(profiles)
-        for name in profiles:
-            resolve_profile(name)  # ProfileError (a ValueError) names a bad profile now
-        changes["profiles"] = tuple(profiles)
-    if loads:
-        unknown = sorted(set(loads) - set(LOADS))
-        if unknown:
-            raise ValueError(f"--loads: unknown load(s) {unknown}; choose from {list(LOADS)}")
-        changes["loads"] = tuple(loads)
-    if duration_s is not None:
-        if not math.isfinite(duration_s) or duration_s <= 0.0:
-            raise ValueError(f"--duration must be positive, got {duration_s!r}")
-        changes["duration_s"] = float(duration_s)
-    if jobs is not None:
-        if jobs < 1:
-            raise ValueError(f"--jobs must be >= 1, got {jobs}")
-        changes["jobs"] = jobs
-    if dwell_s is not None:
-        if not math.isfinite(dwell_s) or dwell_s < 0.0:
-            raise ValueError(f"--dwell must be finite and >= 0, got {dwell_s!r}")
-        changes["dwell_s"] = float(dwell_s)
-    if floor_mhz is not None:
-        if not math.isfinite(floor_mhz) or floor_mhz <= 0.0:
-            raise ValueError(f"--floor must be a positive clock, got {floor_mhz!r}")
-        changes["floor_mhz"] = float(floor_mhz)
-    if engine_view is not None:
-        if engine_view not in ENGINE_VIEWS:
-            raise ValueError(
-                f"--engine-view must be one of {', '.join(ENGINE_VIEWS)}, got {engine_view!r}"
-            )
-        changes["engine_view"] = engine_view
-    if windows is not None and windows != 1:
-        if windows < 1:
-            raise ValueError(f"--windows must be >= 1, got {windows}")
-        changes["windows"] = windows
-        if not traces:
-            changes["traces"] = tuple(t for t in config.traces if t not in WHOLE_TRACE)
-        config = replace(config, **changes)
-        for trace in config.traces:
-            try:
-                requests, _ = _full_trace(trace) if trace not in WHOLE_TRACE else ((), "")
-            except TraceError:
-                continue  # skipped at run time, with its reason
-            window_starts(trace, requests, config.duration_s, windows)
-        return config
-    return replace(config, **changes)
-
-
-def _shown(path: Path) -> str:
-    """``path`` relative to the checkout when it lies inside it."""
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The scoreboard's command-line options (shared by this script and the CLI)."""
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="bundled slice + Azure code, one profile, 120 s windows",
-    )
-    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--out",
-        default=str(DEFAULT_OUT),
-        metavar="DIR",
-        help=f"output directory (default {_shown(DEFAULT_OUT)})",
-    )
-    parser.add_argument(
-        "--report",
-        default=None,
-        metavar="DIR",
-        help="also write a citable benchmark report to DIR: README.md, report.md, "
-        "report.json, pareto.csv and pareto.png (docs/benchmark.md)",
-    )
-    parser.add_argument(
-        "--traces",
-        nargs="+",
-        metavar="NAME",
-        default=None,
-        help=f"trace names (default: {' '.join(TRACES)})",
-    )
-    parser.add_argument(
-        "--profiles",
-        nargs="+",
-        metavar="NAME",
-        default=None,
-        help="bundled profile names or manifest paths, 'all' for the whole zoo, "
-        "'synthetic:SHAPE' for a generated profile or 'synthetic' for every shape "
-        f"(default: {' '.join(PROFILES)})",
-    )
-    parser.add_argument(
-        "--loads",
-        nargs="+",
-        metavar="LOAD",
-        default=None,
-        help=f"loads among {' '.join(LOADS)} (default: both)",
-    )
-    parser.add_argument(
-        "--duration",
-        type=cli_types.duration,
-        default=None,
-        metavar="S",
-        help="seconds of arrivals per scenario (default 600, quick 120)",
-    )
-    parser.add_argument(
-        "--jobs",
-        type=cli_types.count(1, MAX_JOBS),
-        default=None,
-        metavar="N",
-        help="worker processes (default: one per CPU)",
-    )
-    parser.add_argument(
-        "--windows",
-        type=cli_types.count(1, 1000),
-        default=None,
-        metavar="N",
-        help="N windows per trace: the scoreboard's and N-1 held-out starts, with a "
-        "summary over the windows (traces used whole are left out)",
-    )
-    parser.add_argument(
-        "--layout",
-        choices=("colocated", "disaggregated", "both"),
-        default="colocated",
-        help="colocated scenarios (default), disaggregated prefill/decode scenarios "
-        "(1P1D and 2P2D; default traces azure-conv and mooncake, profiles H100 and H200 8B; "
-        "DIR/disaggregated.json and .md), or both",
-    )
-    parser.add_argument(
-        "--engine-view",
-        choices=ENGINE_VIEWS,
-        default=None,
-        help="what every controller observes: vllm, what a vLLM node's daemon derives "
-        "from the engine's metrics page (default), or exact, the simulator's exact state",
-    )
-    add_safety_arguments(parser, prefix="every controller runs in the node's safety chain: ")
-    add_runner_arguments(parser, jobs=False)
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    """Run the scoreboard from parsed arguments; print the summary and the paths."""
-    config = config_for(
-        quick=args.quick,
-        tiny=args.tiny,
-        traces=args.traces,
-        profiles=args.profiles,
-        loads=args.loads,
-        duration_s=args.duration,
-        jobs=args.jobs,
-        dwell_s=args.dwell,
-        floor_mhz=args.floor,
-        windows=args.windows,
-        engine_view=getattr(args, "engine_view", None),
-    )
-    from gpugov.daemon.cli_support import UsageError, prepare_output_dir
-    from gpugov.daemon.progress import Progress
-    from gpugov.study.plots import pyplot
-
-    layout = getattr(args, "layout", "colocated")
-    if layout == "disaggregated":
-        from gpugov.study.scoreboard.disaggregated import run_disaggregated_from_args
-
-        return run_disaggregated_from_args(args, config)
-    pyplot()  # scoreboard.png needs the gpugov[plots] extra: say so before the run
-    runner = replace(spec_from_args(args), jobs=config.jobs)
-    if runner.ray_address is not None:
-        from gpugov.study.runners import import_ray
-
-        import_ray()  # --ray without Ray installed: the install hint, before any work
-    prepare_output_dir("--out", args.out, parents=args.out == str(DEFAULT_OUT))
-    report_dir = getattr(args, "report", None)
-    if report_dir is not None:
-        prepare_output_dir("--report", report_dir)
-    bar = Progress(config.scenario_count(), "bench controllers", unit="scenarios")
-    done, last = 0, ""
-
-    def progress(line: str) -> None:
-        nonlocal done, last
-        if line.startswith("["):
-            done += 1
-        last = line
-        bar.update(done, line, force=True)
-
-    payload = run_scoreboard(config, progress=progress, runner=runner)
-    bar.close()
-    if not payload["scenarios"]:
-        reasons = "; ".join(sorted({s["reason"] for s in payload["skipped"]}))
-        raise UsageError(f"no scenario could run: {reasons}")
-    paths = write_outputs(payload, Path(args.out))
-    print(short_table(payload))
-    if payload.get("window_summary"):
-        print("\n".join(window_lines(payload["window_summary"])))
-    for path in paths.values():
-        print(f"wrote {path}")
-    if report_dir is not None:
-        written, note = write_report(payload, Path(report_dir))
-        if note is not None:
-            print(note)
-        print(f"wrote the benchmark report to {report_dir} ({', '.join(written)})")
-    if layout == "both":
-        from gpugov.study.scoreboard.disaggregated import run_disaggregated_from_args
-
-        return run_disaggregated_from_args(args, config)
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m gpugov.study.scoreboard.run``."""
-    from gpugov.daemon.cli_support import UsageError, fail
-
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    add_arguments(parser)
-    try:
-        return run_from_args(parser.parse_args(argv))
-    except (UsageError, ValueError) as error:
-        return fail(str(error))
-    except KeyboardInterrupt:
-        print("gpugov: interrupted", file=sys.stderr)
-        return 130
-
-
 __all__ = [
     "FULL",
     "QUICK",
@@ -895,7 +609,6 @@ __all__ = [
     "build_scenario",
     "build_scoreboard_controllers",
     "compare_mpc_solvers",
-    "config_for",
     "run_scenario",
     "run_scoreboard",
     "scoreboard_mpc",
@@ -904,4 +617,6 @@ __all__ = [
 ]
 
 if __name__ == "__main__":
+    from gpugov.study.scoreboard.command import main
+
     raise SystemExit(main())

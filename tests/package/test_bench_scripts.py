@@ -29,6 +29,6 @@ def test_bench_script_starts_as_a_script(script: str) -> None:
 def test_benchmark_outputs_are_ignored_by_git() -> None:
     ignore = (ROOT / ".gitignore").read_text().split()
     assert "/bench/results/" in ignore
-    from gpugov.study.scoreboard.run import DEFAULT_OUT
+    from gpugov.study.scoreboard.scenarios import DEFAULT_OUT
 
     assert DEFAULT_OUT.resolve().is_relative_to(ROOT / "bench" / "results")

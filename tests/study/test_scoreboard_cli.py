@@ -139,13 +139,14 @@ def test_bench_controllers_rejects_an_unknown_profile(tmp_path: Path) -> None:
 
 def test_profiles_all_expands_to_the_zoo() -> None:
     from gpugov.plant.profile import list_bundled_profiles
-    from gpugov.study.scoreboard import run as scoreboard
+    from gpugov.study.scoreboard import command
+    from gpugov.study.scoreboard import scenarios as scoreboard
 
     names = [row["name"] for row in list_bundled_profiles()]
-    config = scoreboard.config_for(tiny=True, profiles=["all"])
+    config = command.config_for(tiny=True, profiles=["all"])
     assert list(config.profiles) == names
     # "all" plus a name already in it: no duplicate scenarios.
-    config = scoreboard.config_for(tiny=True, profiles=["h100-sxm-llama3-8b", "all"])
+    config = command.config_for(tiny=True, profiles=["h100-sxm-llama3-8b", "all"])
     assert len(config.profiles) == len(names)
     assert config.profiles[0] == "h100-sxm-llama3-8b"
     assert scoreboard.FULL.profiles == scoreboard.PROFILES
@@ -159,9 +160,9 @@ def test_bench_requires_a_benchmark_name() -> None:
 
 def test_scoreboard_is_the_study_package_module() -> None:
     module = bench_cli.scoreboard_module()
-    assert module.__name__ == "gpugov.study.scoreboard.run"
+    assert module.__name__ == "gpugov.study.scoreboard.command"
     assert Path(module.__file__).resolve() == (
-        Path(__file__).resolve().parents[2] / "study" / "scoreboard" / "run.py"
+        Path(__file__).resolve().parents[2] / "study" / "scoreboard" / "command.py"
     )
 
 

@@ -22,7 +22,7 @@ from gpugov.cli import main
 from gpugov.plant.profile import bundled_profile_dir
 from gpugov.plant.types import RequestRecord
 from gpugov.plant.workload import resolve_trace
-from gpugov.study.scoreboard import publish
+from gpugov.study.scoreboard import command, publish
 from gpugov.study.scoreboard import report as scoreboard_report
 from gpugov.study.scoreboard import run as scoreboard
 
@@ -168,17 +168,17 @@ def test_the_recorded_command_reproduces_the_report(
 
 
 def test_reproduce_command_spells_out_every_choice() -> None:
-    config = scoreboard.config_for(quick=True, dwell_s=2.0, floor_mhz=900.0, engine_view="exact")
+    config = command.config_for(quick=True, dwell_s=2.0, floor_mhz=900.0, engine_view="exact")
     payload_config = {
         key: list(value) if isinstance(value, tuple) else value
         for key, value in vars(config).items()
     }
-    command = publish.reproduce_command(payload_config, "out dir")
+    line = publish.reproduce_command(payload_config, "out dir")
     parser = argparse.ArgumentParser()
-    scoreboard.add_arguments(parser)
-    args = parser.parse_args(shlex.split(command)[3:])
+    command.add_arguments(parser)
+    args = parser.parse_args(shlex.split(line)[3:])
     assert args.report == "out dir"
-    again = scoreboard.config_for(
+    again = command.config_for(
         quick=args.quick,
         traces=args.traces,
         profiles=args.profiles,

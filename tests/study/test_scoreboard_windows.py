@@ -15,8 +15,9 @@ import pytest
 from gpugov.cli import main
 from gpugov.plant.types import Request
 from gpugov.plant.workload import TraceError
+from gpugov.study.scoreboard import command
 from gpugov.study.scoreboard import run as scoreboard
-from gpugov.study.scoreboard.scenarios import CONTROLLER_ORDER, TRACE_STARTS_S, WHOLE_TRACE
+from gpugov.study.scoreboard.scenarios import CONTROLLER_ORDER, TRACE_STARTS_S, TRACES, WHOLE_TRACE
 from gpugov.study.scoreboard.windows import summarize_windows, window_starts
 
 
@@ -77,7 +78,7 @@ def test_tiny_windows_run_scores_every_window(windows_run: tuple[Path, int, str,
 def test_default_config_runs_one_window_per_trace() -> None:
     """Without ``--windows`` each trace runs its one scoreboard window (start None: the
     scenario keys and rows stay the scoreboard's own)."""
-    config = scoreboard.config_for(tiny=True)
+    config = command.config_for(tiny=True)
     assert config.windows == 1 and config.scenario_count() == 1
     assert scoreboard._window_starts(config, {}, {}) == {"azure-conv-10min": (None,)}
 
@@ -106,9 +107,9 @@ def test_windows_leave_out_default_traces_used_whole(monkeypatch: pytest.MonkeyP
     def absent(name: str) -> Any:
         raise TraceError(f"{name}: not here")
 
-    monkeypatch.setattr(scoreboard, "_full_trace", absent)
-    config = scoreboard.config_for(windows=2)
-    assert config.traces == tuple(t for t in scoreboard.TRACES if t not in WHOLE_TRACE)
+    monkeypatch.setattr(command, "_full_trace", absent)
+    config = command.config_for(windows=2)
+    assert config.traces == tuple(t for t in TRACES if t not in WHOLE_TRACE)
     assert config.scenario_count() == 2 * len(config.scenario_specs())
 
 
@@ -162,7 +163,7 @@ def test_window_summary_arithmetic_on_hand_made_rows() -> None:
 
 
 def test_synthetic_profiles_run_on_the_scoreboard(tmp_path: Path) -> None:
-    config = scoreboard.config_for(tiny=True, profiles=["synthetic", "h100-sxm-llama3-8b"])
+    config = command.config_for(tiny=True, profiles=["synthetic", "h100-sxm-llama3-8b"])
     assert config.profiles[0] == "synthetic:compute-bound"
     assert len(config.profiles) == 10
     code, _, stderr = _run(
