@@ -262,11 +262,12 @@ class PhaseFit:
 
 
 def _block_sums(rows: np.ndarray, size: int) -> np.ndarray:
-    """Sums of ``rows`` over consecutive blocks of ``size`` (the newest block may be
-    shorter)."""
+    """Sums of ``rows`` over consecutive blocks of ``size``, aligned on the newest row
+    (the oldest block may be shorter)."""
     n = rows.shape[0]
-    starts = np.arange(n % size if n % size else 0, n, size)
-    if n % size:
+    rest = n % size
+    starts = np.arange(rest, n, size)
+    if rest:
         starts = np.concatenate([[0], starts])
     return np.add.reduceat(rows, starts, axis=0)
 

@@ -29,19 +29,10 @@ def run_controllers(args: argparse.Namespace) -> int:
     require_extra("matplotlib", "gpugov bench controllers (scoreboard.png)")
     module = scoreboard_module()
     try:
-        module.config_for(
-            quick=args.quick,
-            tiny=args.tiny,
-            traces=args.traces,
-            profiles=args.profiles,
-            loads=args.loads,
-            duration_s=args.duration,
-            jobs=args.jobs,
-            windows=args.windows,
-        )
+        config = module.config_from_args(args)  # every flag checked before any work
     except ValueError as error:
         raise UsageError(str(error)) from error
-    return int(module.run_from_args(args))
+    return int(module.run_from_args(args, config))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -231,9 +231,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_runner_arguments(parser, jobs=False)
 
 
-def run_from_args(args: argparse.Namespace) -> int:
-    """Run the scoreboard from parsed arguments; print the summary and the paths."""
-    config = config_for(
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """The configuration parsed arguments ask for (:func:`config_for`).
+
+    Raises:
+        ValueError: one line naming the flag that does not fit.
+    """
+    return config_for(
         quick=args.quick,
         tiny=args.tiny,
         traces=args.traces,
@@ -246,6 +250,13 @@ def run_from_args(args: argparse.Namespace) -> int:
         windows=args.windows,
         engine_view=getattr(args, "engine_view", None),
     )
+
+
+def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -> int:
+    """Run the scoreboard from parsed arguments (``config``: their configuration, already
+    checked; else made here); print the summary and the paths."""
+    if config is None:
+        config = config_from_args(args)
     from gpugov.daemon.cli_support import UsageError, prepare_output_dir
     from gpugov.daemon.progress import Progress
     from gpugov.study.plots import pyplot
@@ -316,4 +327,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-__all__ = ["add_arguments", "config_for", "expand_profiles", "main", "run_from_args"]
+__all__ = [
+    "add_arguments",
+    "config_for",
+    "config_from_args",
+    "expand_profiles",
+    "main",
+    "run_from_args",
+]
