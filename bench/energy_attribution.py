@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.daemon.cli_support import load_trace_for_cli
-from gpugov.daemon.decide import parse_controller_spec
+from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run
 from gpugov.daemon.service import simulated_run
 from gpugov.plant import ServingPlant

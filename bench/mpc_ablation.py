@@ -26,7 +26,7 @@ from typing import Any
 
 from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo, oracle_capture
 from gpugov.daemon.config import MPCControllerConfig
-from gpugov.daemon.decide import canonical_controller_name
+from gpugov.daemon.controller_spec import canonical_controller_name
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, load_profile, simulate
 from gpugov.plant.scheduler import chunked_prefill_scheduler

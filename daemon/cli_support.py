@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.daemon import cli_types, decide
 from gpugov.daemon.config import FixedControllerConfig, parse_address
-from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, ControllerContext, parse_controller_spec
+from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller_spec, spec_name
+from gpugov.daemon.decide import ControllerContext
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.limits import MAX_GPU_INDEX
@@ -78,7 +79,7 @@ def controller_label(spec: str) -> str:
     """The one name of a ``--controller`` spec for titles and JSON (``mpc:h200-...`` ->
     ``mpc``; ``fixed:1410.0`` -> ``fixed:1410``); the spec itself when it does not parse."""
     try:
-        return decide.spec_name(parse_controller_spec(spec))
+        return spec_name(parse_controller_spec(spec))
     except ValueError:
         return spec
 

@@ -46,7 +46,7 @@ from gpugov.daemon.cli_support import (
     warn,
 )
 from gpugov.daemon.config import GpugovConfig, load_config
-from gpugov.daemon.decide import CONTROLLER_SPEC_HELP, parse_controller_spec
+from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller_spec
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,

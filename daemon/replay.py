@@ -18,13 +18,8 @@ from pydantic import ValidationError
 
 from gpugov.controllers.budget import SLOTarget
 from gpugov.daemon.config import ControllerConfig, SLOTargetConfig
-from gpugov.daemon.decide import (
-    ControllerContext,
-    Forecasts,
-    build_controller,
-    canonical_controller_name,
-    spec_name,
-)
+from gpugov.daemon.controller_spec import canonical_controller_name, spec_name
+from gpugov.daemon.decide import ControllerContext, Forecasts, build_controller
 from gpugov.daemon.record import RecordingError, observation_from_dict, read_recording
 from gpugov.daemon.roles import ROLES
 from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S, SafetySettings

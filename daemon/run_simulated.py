@@ -29,7 +29,7 @@ from gpugov.daemon.cli_support import (
     setup_logging,
 )
 from gpugov.daemon.config import SLOTargetConfig
-from gpugov.daemon.decide import parse_controller_spec
+from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.loop import RunStats, ScaledClock, TimedLoop, VirtualClock, run
 from gpugov.daemon.loop import stop_on_signals as _stop_on_signals

@@ -24,13 +24,13 @@ from gpugov.daemon.config import (
     GpugovConfig,
     OnlineMPCControllerConfig,
 )
+from gpugov.daemon.controller_spec import spec_name
 from gpugov.daemon.decide import (
     ControllerContext,
     Forecasts,
     TimeMode,
     build_controller,
     declared_spec,
-    spec_name,
     warm_up,
 )
 from gpugov.daemon.emulated import EmulatedBackend

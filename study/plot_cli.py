@@ -42,7 +42,7 @@ def run_plot(args: argparse.Namespace) -> int:
         series = series_from_recording(rows, domain)
         if not series.time_s:
             raise UsageError(f"{source}: domain {domain!r} has no tick lines to plot")
-        from gpugov.daemon.decide import canonical_controller_name
+        from gpugov.daemon.controller_spec import canonical_controller_name
 
         name = canonical_controller_name(str(controllers.get(domain, "?")))
         title = (

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from gpugov.controllers.contract import ControllerWrapper, power_needed
 from gpugov.daemon.cli_support import UsageError
-from gpugov.daemon.decide import ControllerContext, build_controller, parse_controller_spec
+from gpugov.daemon.controller_spec import parse_controller_spec
+from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.safety import SafetySettings
 from gpugov.plant import ServingPlant

@@ -25,7 +25,7 @@ from typing import Any
 from gpugov import __version__
 from gpugov.controllers.oracles import SLO_TOLERANCE
 from gpugov.daemon.cli_support import UsageError
-from gpugov.daemon.decide import parse_controller_spec
+from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
 from gpugov.plant import ServingPlant

@@ -17,11 +17,8 @@ from gpugov.controllers.contract import unwrap
 from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.online.prior import AutoHints, PriorHints, prior_from_hints
 from gpugov.daemon.config import OnlineMPCControllerConfig, PriorHintsConfig
-from gpugov.daemon.decide import (
-    ControllerContext,
-    build_controller,
-    parse_controller_spec,
-)
+from gpugov.daemon.controller_spec import parse_controller_spec
+from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, simulate
 from gpugov.plant.types import Request, ServingObservation
 from gpugov.plant.zoo import GPUS

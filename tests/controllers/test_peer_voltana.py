@@ -11,7 +11,8 @@ import pytest
 
 from gpugov.controllers.peers.voltana import LatencyTable, VoltanaController, batch_bucket
 from gpugov.daemon.config import VoltanaControllerConfig, parse_config
-from gpugov.daemon.decide import ControllerContext, build_controller, parse_controller_spec
+from gpugov.daemon.controller_spec import parse_controller_spec
+from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.plant.types import ServingObservation
 
 CLOCKS = tuple(float(c) for c in range(500, 2001, 100))  # 16 clocks

@@ -28,7 +28,8 @@ from gpugov.daemon.config import (
     PowerCapControllerConfig,
     PowerProfileControllerConfig,
 )
-from gpugov.daemon.decide import ControllerContext, build_controller, parse_controller_spec
+from gpugov.daemon.controller_spec import parse_controller_spec
+from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.plant import Request, simulate
 from gpugov.plant.types import PowerCapping, ServingObservation
 

@@ -19,12 +19,8 @@ from gpugov.daemon.config import (
     OpenLoopControllerConfig,
     ReactiveControllerConfig,
 )
-from gpugov.daemon.decide import (
-    ControllerContext,
-    Forecasts,
-    build_controller,
-    parse_controller_spec,
-)
+from gpugov.daemon.controller_spec import parse_controller_spec
+from gpugov.daemon.decide import ControllerContext, Forecasts, build_controller
 from gpugov.daemon.errors import ControllerError
 from gpugov.daemon.safety import (
     ClampToSupported,
@@ -311,7 +307,7 @@ def test_with_safety_chain() -> None:
 
 
 def test_one_name_per_controller_and_old_names_map_to_it() -> None:
-    from gpugov.daemon.decide import canonical_controller_name, spec_name
+    from gpugov.daemon.controller_spec import canonical_controller_name, spec_name
 
     for text, name in [
         ("max", "max"),

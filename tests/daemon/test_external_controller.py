@@ -13,13 +13,8 @@ from pathlib import Path
 import pytest
 
 from gpugov.daemon.config import ExternalControllerConfig, parse_config
-from gpugov.daemon.decide import (
-    ENTRY_POINT_GROUP,
-    ControllerContext,
-    build_controller,
-    parse_controller_spec,
-    spec_name,
-)
+from gpugov.daemon.controller_spec import ENTRY_POINT_GROUP, parse_controller_spec, spec_name
+from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.daemon.errors import ControllerError
 from gpugov.plant import Request, simulate
 from gpugov.plant.types import ServingObservation

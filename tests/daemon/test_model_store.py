@@ -174,7 +174,7 @@ def test_model_command_imports_no_study_code() -> None:
 
 def test_controller_spec_and_config_kind() -> None:
     from gpugov.daemon.config import OnlineMPCControllerConfig, parse_config
-    from gpugov.daemon.decide import parse_controller_spec
+    from gpugov.daemon.controller_spec import parse_controller_spec
     from gpugov.daemon.errors import ConfigError
 
     assert parse_controller_spec("mpc-online") == OnlineMPCControllerConfig(kind="mpc-online")

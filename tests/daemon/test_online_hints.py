@@ -15,7 +15,8 @@ from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.cli_support import UsageError, simulated_controller
 from gpugov.daemon.config import OnlineMPCControllerConfig, PriorHintsConfig, parse_config
-from gpugov.daemon.decide import ControllerContext, build_controller, parse_controller_spec
+from gpugov.daemon.controller_spec import parse_controller_spec
+from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.daemon.errors import ConfigError, TransientGpuError
 from gpugov.daemon.service import _start_power_limit_w
 from gpugov.plant import load_profile

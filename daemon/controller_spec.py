@@ -1,0 +1,302 @@
+"""The controller spec's text and names: a ``--controller`` value parsed into its config,
+the one name of a configured controller (and the names older versions wrote), and the
+outside factories a spec may name (``MODULE:FACTORY``, an installed entry point).
+
+:mod:`daemon.decide` builds the controller a spec describes; this module only reads and
+names specs, so a command can check a ``--controller`` value before any work.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from gpugov.daemon.config import (
+    ControllerConfig,
+    ExternalControllerConfig,
+    FixedControllerConfig,
+    MaxControllerConfig,
+    MPCControllerConfig,
+    OnlineMPCControllerConfig,
+    OpenLoopControllerConfig,
+    PowerCapControllerConfig,
+    PowerProfileControllerConfig,
+    PriorHintsConfig,
+    ReactiveControllerConfig,
+)
+
+CONTROLLER_SPEC_HELP = (
+    "max | fixed:MHZ | reactive | open-loop:PLAN.json | mpc[:PROFILE] | mpc-slsqp[:PROFILE]"
+    " | mpc-online[:PRIOR_PROFILE | :gpu=NAME,params_b=B,active_params_b=B,tp=N | :auto=off]"
+    " | power-cap[:W] | dps | power-profile[:PROFILE] | default-dvfs | agft | pid"
+    " | throttllem | greenllm | voltana"
+    " | MODULE:FACTORY | an installed gpugov.controllers entry point's name"
+)
+ENTRY_POINT_GROUP = "gpugov.controllers"
+"""The entry-point group an outside package registers its controller factories in."""
+PEER_KINDS_WITHOUT_ARGUMENT = (
+    "dps",
+    "default-dvfs",
+    "agft",
+    "pid",
+    "throttllem",
+    "greenllm",
+    "voltana",
+)
+"""Peer governors (``controllers/peers``) whose ``--controller`` spec takes no argument."""
+ONLINE_HINT_KEYS = {
+    "gpu": "gpu",
+    "params_b": "params_b",
+    "active_params_b": "active_params_b",
+    "tp": "tensor_parallel",
+    "tensor_parallel": "tensor_parallel",
+    "profile": "prior_profile",
+    "auto": "auto_hints",
+}
+"""``--controller mpc-online:KEY=VALUE,...`` keys -> config fields."""
+
+OLD_CONTROLLER_NAMES = {
+    "maximum": "max",
+    "maximum_clock": "max",
+    "maximum_clock_controller": "max",
+    "max_clock": "max",
+    "reactive_governor": "reactive",
+    "open_loop_clock": "open-loop",
+    "open_loop": "open-loop",
+    "offline": "open-loop",
+    "Offline plan": "open-loop",
+    "mpc_clock": "mpc",
+    "mpc_fast": "mpc",
+    "mpc_slsqp_clock": "mpc-slsqp",
+    "mpc_slsqp": "mpc-slsqp",
+    "best_fixed": "best-fixed",
+    "window_oracle": "window-oracle",
+}
+"""Names older versions wrote (metrics labels, recordings, JSON) -> the one name now."""
+
+
+def canonical_controller_name(name: str) -> str:
+    """The one name of a controller (``max``, ``fixed:MHZ``, ``reactive``, ``open-loop``,
+    ``mpc``, ``mpc-slsqp``), also for a name an older recording or result carries."""
+    if name.startswith("fixed_") and name.endswith("_mhz"):
+        return f"fixed:{name[len('fixed_') : -len('_mhz')]}"
+    return OLD_CONTROLLER_NAMES.get(name, name)
+
+
+def spec_name(spec: ControllerConfig) -> str:
+    """The one name of a configured controller: its ``--controller`` spec without the
+    argument (``fixed`` keeps its clock: ``fixed:1410``). Metrics labels, recordings,
+    JSON and figures all use it."""
+    if isinstance(spec, FixedControllerConfig):
+        return f"fixed:{spec.clock_mhz:g}"
+    if isinstance(spec, ExternalControllerConfig):
+        return spec.name or spec.factory
+    return str(spec.kind)
+
+
+def load_factory(reference: str) -> Any:
+    """The callable ``"module:attribute"`` names (the attribute may be dotted).
+
+    Raises:
+        ValueError: one line naming the reference, when the module cannot be imported or
+            has no such callable.
+    """
+    import importlib
+
+    module_name, colon, attribute = reference.partition(":")
+    if not colon or not module_name or not attribute:
+        raise ValueError(f"controller factory {reference!r}: expected MODULE:FACTORY")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as error:  # an outside module: any import error is its own
+        raise ValueError(
+            f"controller factory {reference!r}: cannot import {module_name!r}: {error}"
+        ) from None
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"controller factory {reference!r}: {module_name} has no {attribute}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(f"controller factory {reference!r}: {attribute} is not callable")
+    return target
+
+
+def entry_point_factory(name: str) -> str | None:
+    """The ``module:factory`` an installed package registers as ``name`` in the
+    :data:`ENTRY_POINT_GROUP` entry-point group, or None."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name == name:
+            return str(entry.value)
+    return None
+
+
+def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
+    """``mpc-online:ARGUMENT``: a prior profile, or ``KEY=VALUE`` hints separated by
+    commas (:data:`ONLINE_HINT_KEYS`).
+
+    Raises:
+        ValueError: one line naming the spec and the key.
+    """
+    if "=" not in argument:
+        return OnlineMPCControllerConfig(kind="mpc-online", prior_profile=argument)
+    fields: dict[str, Any] = {}
+    hints: dict[str, Any] = {}
+    for item in argument.split(","):
+        key, equals, value = (part.strip() for part in item.partition("="))
+        if key not in ONLINE_HINT_KEYS or not equals or not value:
+            raise ValueError(
+                f"--controller {text!r}: expected KEY=VALUE with KEY one of "
+                f"{', '.join(sorted(ONLINE_HINT_KEYS))}, got {item!r}"
+            )
+        name = ONLINE_HINT_KEYS[key]
+        if name == "prior_profile":
+            fields[name] = value
+            continue
+        if name == "auto_hints":
+            if value.lower() not in ("on", "off"):
+                raise ValueError(f"--controller {text!r}: auto must be on or off, got {value!r}")
+            fields[name] = value.lower() == "on"
+            continue
+        if name in ("params_b", "active_params_b"):
+            try:
+                number = float(value)
+            except ValueError:
+                raise ValueError(
+                    f"--controller {text!r}: {key} must be a number of billions, got {value!r}"
+                ) from None
+            hints[name] = number
+        elif name == "tensor_parallel":
+            if not value.isdigit():
+                raise ValueError(
+                    f"--controller {text!r}: {key} must be a whole number of GPUs, got {value!r}"
+                )
+            hints[name] = int(value)
+        else:
+            hints[name] = value
+    from pydantic import ValidationError
+
+    try:
+        if hints:
+            fields["prior"] = PriorHintsConfig(**hints)
+        return OnlineMPCControllerConfig(kind="mpc-online", **fields)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "prior"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if not message.startswith(where):
+            message = f"{where}: {message}"
+        raise ValueError(f"--controller {text!r}: {message}") from None
+
+
+def parse_controller_spec(text: str, *, default_profile: str | None = None) -> ControllerConfig:
+    """A command-line ``--controller`` value as a controller config.
+
+    ``max``, ``fixed:1410``, ``reactive``, ``open-loop:plan.json``, ``mpc`` or
+    ``mpc:PROFILE`` (default: ``default_profile``); ``mpc-slsqp`` likewise. An argument
+    where none is taken (``reactive:foo``), or an MPC profile that is neither a bundled
+    profile nor a profile file, is refused.
+
+    Raises:
+        ValueError: naming the spec and what was expected.
+    """
+    kind, colon, argument = text.partition(":")
+    match kind:
+        case "max" | "maximum" | "reactive":
+            if colon:
+                raise ValueError(
+                    f"--controller {text!r}: {kind} takes no argument; "
+                    f"expected {CONTROLLER_SPEC_HELP}"
+                )
+            if kind == "reactive":
+                return ReactiveControllerConfig(kind="reactive")
+            return MaxControllerConfig(kind="max")
+        case "fixed":
+            try:
+                clock = float(argument)
+            except ValueError as error:
+                raise ValueError(f"--controller fixed:MHZ needs a number, got {text!r}") from error
+            if not math.isfinite(clock) or clock <= 0:
+                raise ValueError(f"--controller fixed:MHZ needs a positive clock, got {text!r}")
+            return FixedControllerConfig(kind="fixed", clock_mhz=clock)
+        case "open-loop":
+            if not argument:
+                raise ValueError("--controller open-loop:PLAN.json needs the plan file")
+            return OpenLoopControllerConfig.model_validate({"kind": "open-loop", "plan": argument})
+        case "mpc-online":
+            if argument:
+                return _online_spec(text, argument)
+            return OnlineMPCControllerConfig(kind="mpc-online")
+        case "power-cap":
+            if not colon:
+                return PowerCapControllerConfig(kind="power-cap")
+            try:
+                watts = float(argument)
+            except ValueError:
+                watts = math.nan
+            if not math.isfinite(watts) or watts <= 0:
+                raise ValueError(
+                    f"--controller {text!r}: power-cap:W needs a positive number of watts"
+                )
+            return PowerCapControllerConfig(kind="power-cap", cap_w=watts)
+        case "power-profile":
+            if colon and not argument:
+                raise ValueError(f"--controller {text!r}: name a profile after the colon")
+            if argument:
+                _check_profile(argument, text)
+                return PowerProfileControllerConfig(kind="power-profile", profile=argument)
+            return PowerProfileControllerConfig(kind="power-profile")
+        case kind if kind in PEER_KINDS_WITHOUT_ARGUMENT:
+            if colon:
+                raise ValueError(
+                    f"--controller {text!r}: {kind} takes no argument; "
+                    f"expected {CONTROLLER_SPEC_HELP}"
+                )
+            from pydantic import TypeAdapter
+
+            return TypeAdapter(ControllerConfig).validate_python({"kind": kind})
+        case "mpc" | "mpc-slsqp":
+            if colon and not argument:
+                raise ValueError(f"--controller {text!r}: name a profile after the colon")
+            profile = argument or default_profile
+            if argument:
+                _check_profile(argument, text)
+            if profile:
+                return MPCControllerConfig(kind=kind, profile=profile)
+            return MPCControllerConfig(kind=kind)
+    if colon and argument:
+        try:
+            load_factory(text)
+        except ValueError as error:
+            raise ValueError(
+                f"unknown controller {text!r} ({error}); expected {CONTROLLER_SPEC_HELP}"
+            ) from None
+        return ExternalControllerConfig(kind="external", factory=text)
+    registered = None if colon else entry_point_factory(kind)
+    if registered is not None:
+        return ExternalControllerConfig(kind="external", factory=registered, name=kind)
+    raise ValueError(f"unknown controller {text!r}; expected {CONTROLLER_SPEC_HELP}")
+
+
+def _check_profile(name: str, text: str) -> None:
+    """Refuse an MPC profile that is neither bundled nor a profile file (one line)."""
+    from gpugov.plant.profile import ProfileError, resolve_profile_path
+
+    try:
+        resolve_profile_path(name)
+    except ProfileError as error:
+        raise ValueError(f"--controller {text!r}: {error}") from error
+
+
+__all__ = [
+    "CONTROLLER_SPEC_HELP",
+    "ENTRY_POINT_GROUP",
+    "ONLINE_HINT_KEYS",
+    "PEER_KINDS_WITHOUT_ARGUMENT",
+    "canonical_controller_name",
+    "entry_point_factory",
+    "load_factory",
+    "parse_controller_spec",
+    "spec_name",
+]
