@@ -30,8 +30,8 @@ sys.path[:0] = [str(ROOT / "tests" / "daemon")]
 from fake_pynvml import FakeNvml  # noqa: E402
 
 from gpugov.daemon.config import parse_config  # noqa: E402
-from gpugov.daemon.engines import parse_page  # noqa: E402
 from gpugov.daemon.exporter import Exporter  # noqa: E402
+from gpugov.daemon.exposition import parse_page  # noqa: E402
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run  # noqa: E402
 from gpugov.daemon.service import domains_from_config  # noqa: E402
 

@@ -2,41 +2,34 @@
 
 ``VllmSource``, ``SglangSource`` and ``TgiSource`` fetch the page over HTTP
 (:mod:`daemon.scrape`: one kept-alive connection, one overall deadline per scrape, a size
-cap), keep only the lines of
-the series they use (a vLLM page is thousands of lines of histogram buckets; parsing it
-whole costs milliseconds) and parse those with
-``prometheus_client.parser.text_string_to_metric_families``, matching on sample names
-(the parser drops ``_total`` from a counter's family name but not from its samples).
-:func:`detect_engine` picks the engine from the metric names.
-
-Aggregation over series of one sample name: series that differ only in a rank label
-(``tp_rank``, ``pp_rank``, ...) are one engine reporting the same state several times,
-so the largest is taken; everything else (data-parallel ``engine``/``dp_rank`` labels,
-``finished_reason``, several models) is summed, except ratios, which are averaged.
-The derivations from these cumulative values to a ``ServingObservation`` live in
+cap) and parse only the lines of the series they use (:mod:`daemon.exposition`, which
+also says how one name's series combine). :func:`detect_engine` picks the engine from the
+metric names. The derivations from these cumulative values to a ``ServingObservation`` live in
 :mod:`daemon.observer` and ``docs/daemon.md``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import os
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from gpugov.daemon.attainment import Buckets
 from gpugov.daemon.errors import EngineParseError
+from gpugov.daemon.exposition import (
+    RANK_LABELS,
+    Aggregate,
+    Series,
+    SeriesCache,
+    aggregate,
+    parse_page,
+    sample_name,
+)
 from gpugov.daemon.scrape import MAX_PAGE_BYTES, Fetcher, KeepAliveFetcher
 
 EngineKind = Literal["vllm", "sglang", "tgi"]
-RANK_LABELS = frozenset({"tp_rank", "pp_rank", "rank", "attn_tp_rank", "moe_ep_rank"})
-Aggregate = Literal["sum", "mean"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,122 +151,6 @@ class EngineSource(Protocol):
     """
 
     def scrape(self, timeout_s: float | None = None) -> EngineSample: ...
-
-
-# ------------------------------------------------------------------------ parsing
-Series = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def _sample_name(line: str) -> str:
-    end = len(line)
-    for stop in ("{", " ", "\t"):
-        position = line.find(stop)
-        if position != -1 and position < end:
-            end = position
-    return line[:end]
-
-
-@functools.lru_cache(maxsize=16)
-def _line_selector(wanted: frozenset[str] | None) -> re.Pattern[str]:
-    """A regex matching ``"\\n" + line`` for lines that start with a wanted sample name.
-
-    The names' common prefix (``vllm:``, ``sglang:``) is a literal the regex engine can
-    search for, which makes the scan several times faster than a per-line Python loop.
-    """
-    if wanted is None:
-        return re.compile(r"\n[ \t]*(?!#)[^\s][^\n]*")
-    ordered = sorted(wanted, key=len, reverse=True)
-    prefix = os.path.commonprefix(ordered)  # noqa: RUF071 - a string prefix is meant
-    names = "|".join(re.escape(name[len(prefix) :]) for name in ordered)
-    return re.compile(rf"\n{re.escape(prefix)}(?:{names})(?=[{{ \t])[^\n]*")
-
-
-SeriesCache = dict[str, tuple[str, dict[str, str]]]
-
-
-def _split_value(line: str) -> tuple[str, str]:
-    """``name{labels}`` and the rest (value, optional timestamp) of a sample line."""
-    close = line.rfind("}")  # values and timestamps are numbers: the last brace ends labels
-    if close != -1:
-        return line[: close + 1], line[close + 1 :]
-    head, _, rest = line.partition(" ")
-    return head, rest
-
-
-def parse_page(
-    text: str, wanted: Iterable[str] | None, source: str, cache: SeriesCache | None = None
-) -> Series:
-    """Parse exposition text into ``{sample name: [(labels, value), ...]}``.
-
-    Only lines whose sample name is in ``wanted`` are parsed (all when None); they are
-    picked with one regex scan, so a page of thousands of bucket lines costs little.
-    With ``cache`` (one per source), a series seen before reuses its parsed name and
-    labels and only its value is read; new series go through prometheus_client's parser.
-
-    Raises:
-        EngineParseError: naming ``source`` and the 1-based line that does not parse.
-    """
-    selector = _line_selector(None if wanted is None else frozenset(wanted))
-    padded = "\n" + text
-    series: Series = {}
-    fresh: list[re.Match[str]] = []
-    for match in selector.finditer(padded):
-        line = match.group(0).strip()
-        key, rest = _split_value(line)
-        known = cache.get(key) if cache is not None else None
-        if known is not None:
-            fields = rest.split()
-            try:
-                value = float(fields[0])
-            except (IndexError, ValueError):
-                fresh.append(match)  # let the real parser name the problem
-                continue
-            series.setdefault(known[0], []).append((known[1], value))
-        else:
-            fresh.append(match)
-    if not fresh:
-        return series
-    block = "\n".join(match.group(0).strip() for match in fresh) + "\n"
-    try:
-        families = list(text_string_to_metric_families(block))
-    except ValueError:
-        for match in fresh:  # find the culprit to name it
-            line = match.group(0).strip()
-            try:
-                list(text_string_to_metric_families(line + "\n"))
-            except ValueError as error:
-                number = padded.count("\n", 0, match.start() + 1)
-                raise EngineParseError(
-                    f"{source}: line {number} is not Prometheus text ({error}): {line[:200]!r}"
-                ) from error
-        raise  # pragma: no cover - the block failed but no single line did
-    samples = [sample for family in families for sample in family.samples]
-    if cache is not None and len(samples) == len(fresh):
-        if len(cache) > 20_000:  # label churn (e.g. per-request labels): start over
-            cache.clear()
-        for match, sample in zip(fresh, samples, strict=True):
-            cache[_split_value(match.group(0).strip())[0]] = (sample.name, sample.labels)
-    for sample in samples:
-        series.setdefault(sample.name, []).append((sample.labels, float(sample.value)))
-    return series
-
-
-def aggregate(series: Series, name: str, how: Aggregate = "sum") -> float | None:
-    """Combine every series of sample ``name``; None when the page lacks it.
-
-    Series that differ only in rank labels count once (their maximum); the rest are
-    summed (``how="sum"``) or averaged (``how="mean"``, for ratios).
-    """
-    rows = series.get(name)
-    if not rows:
-        return None
-    groups: dict[tuple[tuple[str, str], ...], float] = {}
-    for labels, value in rows:
-        key = tuple(sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS))
-        previous = groups.get(key)
-        groups[key] = value if previous is None else max(previous, value)
-    total = sum(groups.values())
-    return total / len(groups) if how == "mean" else total
 
 
 def _first(series: Series, names: Iterable[str], how: Aggregate = "sum") -> float | None:
@@ -807,9 +684,7 @@ class ScrapedSource:
         budget = self.timeout_s if timeout_s is None else max(0.0, min(timeout_s, self.timeout_s))
         text = self._fetch(self.url, budget)
         if self.spec is None:
-            kind = detect_engine(
-                _sample_name(line) for line in text.splitlines() if line[:1] != "#"
-            )
+            kind = detect_engine(sample_name(line) for line in text.splitlines() if line[:1] != "#")
             if kind is None:
                 raise EngineParseError(
                     f"{self.url}: no vllm:, sglang: or tgi_ metrics on the page; "

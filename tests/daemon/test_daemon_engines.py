@@ -14,11 +14,10 @@ from gpugov.daemon.engines import (
     SglangSource,
     TgiSource,
     VllmSource,
-    aggregate,
     detect_engine,
-    parse_page,
 )
 from gpugov.daemon.errors import EngineParseError, EngineUnavailable
+from gpugov.daemon.exposition import aggregate, parse_page
 
 
 def test_vllm_real_page_over_http(metrics_server: MetricsServer) -> None:
@@ -276,20 +275,21 @@ def test_https_uses_a_tls_connection(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_series_cache_gives_same_answer_without_reparsing(monkeypatch: pytest.MonkeyPatch) -> None:
     import gpugov.daemon.engines as engines
+    import gpugov.daemon.exposition as exposition
 
     page = fixture_text("vllm_dp2_synthetic.txt")
     wanted = engines.VLLM.wanted()
-    cache: engines.SeriesCache = {}
+    cache: exposition.SeriesCache = {}
     first = parse_page(page, wanted, "u", cache)
     assert first == parse_page(page, wanted, "u")
     calls = {"n": 0}
-    real = engines.text_string_to_metric_families
+    real = exposition.text_string_to_metric_families
 
     def counting(text: str):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         return real(text)
 
-    monkeypatch.setattr(engines, "text_string_to_metric_families", counting)
+    monkeypatch.setattr(exposition, "text_string_to_metric_families", counting)
     changed = page.replace(
         'vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3.0',
         'vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 9.0',

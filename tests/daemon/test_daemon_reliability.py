@@ -18,7 +18,7 @@ from fake_pynvml import FakeNvml
 
 from gpugov.daemon.actuator import ClockActuator
 from gpugov.daemon.config import parse_config
-from gpugov.daemon.engines import ScrapedSource, VllmSource, extract, parse_page
+from gpugov.daemon.engines import ScrapedSource, VllmSource, extract
 from gpugov.daemon.errors import (
     ClocksNotReset,
     ConfigError,
@@ -27,6 +27,7 @@ from gpugov.daemon.errors import (
     TransientGpuError,
 )
 from gpugov.daemon.exporter import Exporter
+from gpugov.daemon.exposition import parse_page
 from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run
 from gpugov.daemon.nvml import NvmlBackend

@@ -11,8 +11,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpugov.daemon.energy import EnergyEstimator, EnergyReading, RequestEnergyHistogram
-from gpugov.daemon.engines import SPECS, extract, parse_page
+from gpugov.daemon.engines import SPECS, extract
 from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot
+from gpugov.daemon.exposition import parse_page
 from gpugov.daemon.phase_fit import (
     PhaseCoefficients,
     batch_term,
