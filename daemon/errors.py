@@ -43,11 +43,20 @@ class ExitCode(IntEnum):
     """Some GPUs' locks could not be reset at exit (named in the error line)."""
     INTERRUPTED = 130
     """Stopped by a signal (as a shell reports SIGINT)."""
+    TERMINATED = 143
+    """A study command stopped by SIGTERM while its worker processes ran (as a shell
+    reports SIGTERM), after ending them."""
 
 
 PERMISSION_DENIED_MESSAGE = (
     "needs root or CAP_SYS_ADMIN to lock clocks; run with --dry-run to observe only"
 )
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived while a command's worker processes ran (``study/runners.py``): the
+    command ends them as Ctrl-C does (every ``KeyboardInterrupt`` cleanup runs), then exits
+    :attr:`ExitCode.TERMINATED`."""
 
 
 class GpugovError(Exception):

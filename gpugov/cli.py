@@ -141,7 +141,8 @@ def _empty_value(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; return the exit code.
 
-    Ctrl-C ends any command with one line and exit code 130; a closed stdout (``gpugov
+    Ctrl-C ends any command with one line and exit code 130 (SIGTERM while a study
+    command's worker processes run: 143, once they are ended); a closed stdout (``gpugov
     profiles --json | head``) ends it quietly (the Python docs' SIGPIPE recipe).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -159,9 +160,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = int(args.handler(args))
         sys.stdout.flush()  # a closed pipe raises here, inside the handler below
         return code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         # On a terminal, end a progress bar's line first; elsewhere the line stands alone.
         start = "\n" if sys.stderr.isatty() else ""
+        from gpugov.daemon.errors import ExitCode, Terminated
+
+        if isinstance(stop, Terminated):
+            print(f"{start}gpugov: terminated; its worker processes were ended", file=sys.stderr)
+            return ExitCode.TERMINATED
         print(f"{start}gpugov: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:

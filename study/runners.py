@@ -27,24 +27,28 @@ Ray is an optional extra (``pip install 'gpugov[ray]'``), imported only when ask
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any, Generic, TypeVar
 
 from gpugov import __version__
 from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import UsageError
+from gpugov.daemon.errors import Terminated
 from gpugov.daemon.limits import MAX_JOBS, MAX_RETRIES
 
 C = TypeVar("C")
@@ -192,30 +196,77 @@ def _serial(
 _WORKER_SHARED: Mapping[str, Any] = {}
 
 
-def _set_worker_shared(shared: Mapping[str, Any]) -> None:
-    """Worker initialiser: the shared inputs, one BLAS thread, and SIGINT ignored (the
-    parent alone handles Ctrl-C and ends the workers, so none prints a traceback)."""
+_POOL_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+"""Blocked while the pool forks its workers (:func:`_submit_all`)."""
+PR_SET_PDEATHSIG = 1
+"""Linux ``prctl`` option: the signal a process gets when the thread that forked it dies."""
+
+
+def _set_worker_shared(shared: Mapping[str, Any], parent_pid: int) -> None:
+    """Worker initialiser: the shared inputs, one BLAS thread, SIGINT ignored (the parent
+    alone handles Ctrl-C and ends the workers, so none prints a traceback), SIGTERM back
+    to its default (the parent's raises, :func:`_terminate_raises`), and the worker ends
+    with its parent however the parent ends (:func:`_die_with_parent`)."""
     global _WORKER_SHARED
     _WORKER_SHARED = shared
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if hasattr(signal, "pthread_sigmask"):
-        # Forked with SIGINT blocked (:func:`_submit_all`); ignored now, so unblock it.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        # Forked with both blocked (:func:`_submit_all`); handled now, so unblock them.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _POOL_SIGNALS)
+    _die_with_parent(parent_pid)
     single_threaded()  # stays in force for the worker's life
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """On Linux, have the kernel send this worker SIGTERM when its parent dies, even of
+    SIGKILL or the OOM killer, whose death runs no cleanup of ours: a worker left behind
+    would run its cell to the end on a machine the user thinks is free. Elsewhere nothing
+    (the parent's cleanup still ends the workers on Ctrl-C and SIGTERM)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl: the parent's cleanup only
+        return
+    if os.getppid() != parent_pid:
+        os._exit(1)  # the parent died before the request took effect
+
+
+@contextlib.contextmanager
+def _terminate_raises() -> Iterator[None]:
+    """While a pool runs, SIGTERM raises :class:`~daemon.errors.Terminated` in this
+    (main) thread, so that the pool's cleanup ends its workers before the command exits;
+    SIGTERM's default action would kill this process alone and leave them running.
+    Elsewhere than the main thread this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _submit_all(
     pool: ProcessPoolExecutor, fn: TaskFunction, cells: Sequence[Any], pending: Sequence[int]
 ) -> dict[Any, int]:
-    """Submit every pending cell with SIGINT blocked. The executor forks its workers on
-    the first submit: a Ctrl-C in the middle would interrupt a child in its at-fork
-    handlers (before its initialiser ignores SIGINT) or leave a worker the executor does
-    not list yet, which nothing ends, and the command would hang instead of exiting. A
-    Ctrl-C that came meanwhile is delivered once the mask is restored."""
+    """Submit every pending cell with SIGINT and SIGTERM blocked. The executor forks its
+    workers on the first submit: a Ctrl-C or SIGTERM in the middle would interrupt a child
+    in its at-fork handlers (before its initialiser sets its own handling) or leave a
+    worker the executor does not list yet, which nothing ends, and the command would hang
+    instead of exiting. A signal that came meanwhile is delivered once the mask is
+    restored."""
     masked = hasattr(signal, "pthread_sigmask") and (
         threading.current_thread() is threading.main_thread()
     )
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _POOL_SIGNALS) if masked else None
     try:
         return {pool.submit(_pool_task, fn, cells[i]): i for i in pending}
     finally:
@@ -238,6 +289,20 @@ def _pool(
 ) -> Iterator[CellDone[Any]]:
     """Cells over a fork pool; a broken pool (a worker died) is replaced, its unfinished
     cells resubmitted, at most ``retries`` times."""
+    with _terminate_raises():
+        yield from _pools(fn, cells, order, shared, jobs, retries, say)
+
+
+def _pools(
+    fn: TaskFunction,
+    cells: Sequence[Any],
+    order: Sequence[int],
+    shared: Mapping[str, Any],
+    jobs: int,
+    retries: int,
+    say: Callable[[str], None],
+) -> Iterator[CellDone[Any]]:
+    """:func:`_pool`'s work: one pool, then a fresh one for the cells a lost worker left."""
     context = multiprocessing.get_context("fork")
     pending = list(order)
     restarts = 0
@@ -247,7 +312,7 @@ def _pool(
             max_workers=min(jobs, len(pending)),
             mp_context=context,
             initializer=_set_worker_shared,
-            initargs=(shared,),
+            initargs=(shared, os.getpid()),
         )
         finished = False
         try:
@@ -265,8 +330,8 @@ def _pool(
             if finished:
                 pool.shutdown(wait=True, cancel_futures=True)
             else:
-                # Ctrl-C or an error here: the executor's shutdown would wait for the
-                # running cells, so end the workers now and exit at once.
+                # Ctrl-C, SIGTERM or an error here: the executor's shutdown would wait
+                # for the running cells, so end the workers now and exit at once.
                 processes = list(getattr(pool, "_processes", {}).values())
                 call_queue = getattr(pool, "_call_queue", None)
                 if call_queue is not None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import add_safety_arguments
+from gpugov.daemon.errors import ExitCode, Terminated
 from gpugov.daemon.limits import MAX_JOBS
 from gpugov.daemon.simulated import ENGINE_VIEWS
 from gpugov.plant.profile import list_bundled_profiles
@@ -322,9 +323,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_from_args(parser.parse_args(argv))
     except (UsageError, ValueError) as error:
         return fail(str(error))
+    except Terminated:
+        print("gpugov: terminated; its worker processes were ended", file=sys.stderr)
+        return ExitCode.TERMINATED
     except KeyboardInterrupt:
         print("gpugov: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 __all__ = [

@@ -54,3 +54,11 @@ def sigint_state(cell: int, shared: Mapping[str, Any]) -> tuple[bool, bool]:
 
     blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
     return signal.getsignal(signal.SIGINT) == signal.SIG_IGN, blocked
+
+
+def sigterm_state(cell: int, shared: Mapping[str, Any]) -> tuple[bool, bool]:
+    """In a pool worker: (SIGTERM at its default action, SIGTERM blocked)."""
+    import signal
+
+    blocked = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    return signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, blocked

@@ -27,8 +27,8 @@ def _start(argv: list[str]) -> subprocess.Popen[str]:
     )
 
 
-def _interrupt_after(process: subprocess.Popen[str], marker: str) -> tuple[int, str, float]:
-    """Wait for ``marker`` on stderr, send SIGINT, return (exit code, stderr, seconds)."""
+def _wait_for(process: subprocess.Popen[str], marker: str) -> list[str]:
+    """The stderr lines up to the first that starts with ``marker``."""
     assert process.stderr is not None
     seen = []
     deadline = time.monotonic() + 120.0
@@ -40,8 +40,16 @@ def _interrupt_after(process: subprocess.Popen[str], marker: str) -> tuple[int, 
         if line.startswith(marker):
             break
     assert seen and seen[-1].startswith(marker), seen
+    return seen
+
+
+def _interrupt_after(
+    process: subprocess.Popen[str], marker: str, sig: signal.Signals = signal.SIGINT
+) -> tuple[int, str, float]:
+    """Wait for ``marker`` on stderr, send ``sig``, return (exit code, stderr, seconds)."""
+    seen = _wait_for(process, marker)
     sent = time.monotonic()
-    process.send_signal(signal.SIGINT)
+    process.send_signal(sig)
     _, rest = process.communicate(timeout=60)
     return process.returncode, "".join(seen) + rest, time.monotonic() - sent
 
@@ -88,3 +96,73 @@ def test_sigint_on_a_simulated_run_says_where_it_stopped() -> None:
     assert stopped_at < total
     assert "100.0%" not in lines[-2]  # the last progress line shows where it stopped
     assert all(line.startswith("run --simulate:") for line in lines[:-1]), lines
+
+
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` forked (Linux's ``/proc/PID/task/*/children``)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has ended (reaped, or a zombie waiting for whoever adopted it)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return True
+    return fields[0] in ("Z", "X")
+
+
+def _workers_of(process: subprocess.Popen[str], count: int) -> list[int]:
+    """The pool's worker processes once ``count`` of them run (within 60 s)."""
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline:
+        workers = _children(process.pid)
+        if len(workers) >= count:
+            return workers
+        time.sleep(0.05)
+    raise AssertionError(f"the pool did not start {count} workers: {_children(process.pid)}")
+
+
+def _all_gone(pids: list[int], within_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if all(_gone(pid) for pid in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+BENCH = ["bench", "controllers", "--quick", "--jobs", "2"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_sigterm_ends_the_pool_workers_then_the_command(tmp_path: Path) -> None:
+    """SIGTERM (a job scheduler's, ``timeout``'s, a pod's stop) ends a study command with
+    one line and 143, after its worker processes: none is left running its cell."""
+    process = _start([*BENCH, "--out", str(tmp_path / "out")])
+    _wait_for(process, "bench controllers:")
+    workers = _workers_of(process, 2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr
+    assert "Traceback" not in stderr
+    assert stderr.rstrip().splitlines()[-1].startswith("gpugov: terminated"), stderr
+    assert _all_gone(workers), [pid for pid in workers if not _gone(pid)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_pool_workers_end_when_the_command_is_killed(tmp_path: Path) -> None:
+    """A command killed outright (SIGKILL, the OOM killer) runs no cleanup; its workers
+    still end, by the kernel's parent-death signal."""
+    process = _start([*BENCH, "--out", str(tmp_path / "out")])
+    _wait_for(process, "bench controllers:")
+    workers = _workers_of(process, 2)
+    process.kill()
+    process.communicate(timeout=60)
+    assert _all_gone(workers), [pid for pid in workers if not _gone(pid)]

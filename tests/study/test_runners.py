@@ -138,3 +138,35 @@ def test_pool_workers_are_forked_with_sigint_blocked_then_ignore_it(
     assert blocked_at_submit == [True, True]
     assert {item.value for item in done} == {(True, False)}
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
+
+
+def test_sigterm_raises_in_the_parent_while_a_pool_runs_and_workers_keep_its_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the pool runs, the parent's SIGTERM raises ``Terminated`` (so its cleanup
+    ends the workers) and is restored after; the workers fork with it blocked and run it
+    at its default action, unblocked."""
+    import signal
+    from concurrent.futures import ProcessPoolExecutor
+
+    from gpugov.daemon.errors import Terminated
+
+    blocked_at_submit: list[bool] = []
+    submit = ProcessPoolExecutor.submit
+
+    def watched(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        blocked_at_submit.append(signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", watched)
+    before = signal.getsignal(signal.SIGTERM)
+    cells = map_cells(cell_tasks.sigterm_state, [0, 1], spec=RunnerSpec(jobs=2))
+    first = next(cells)
+    handler = signal.getsignal(signal.SIGTERM)
+    assert callable(handler) and handler is not before
+    with pytest.raises(Terminated):
+        handler(signal.SIGTERM, None)
+    done = [first, *cells]
+    assert blocked_at_submit == [True, True]
+    assert {item.value for item in done} == {(True, False)}
+    assert signal.getsignal(signal.SIGTERM) is before
