@@ -58,6 +58,10 @@ class Terminated(KeyboardInterrupt):
     command ends them as Ctrl-C does (every ``KeyboardInterrupt`` cleanup runs), then exits
     :attr:`ExitCode.TERMINATED`."""
 
+    received = False
+    """Set when one was raised in this process: a library that turns the exception into a
+    plain ``KeyboardInterrupt`` on its way up (Ray's ``ray.get``) still ends as SIGTERM."""
+
 
 class GpugovError(Exception):
     """Base of every error the daemon raises on purpose."""

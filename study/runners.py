@@ -245,6 +245,7 @@ def _terminate_raises() -> Iterator[None]:
         return
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        Terminated.received = True
         raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, handler)
@@ -485,7 +486,9 @@ def _ray(
     say: Callable[[str], None],
     label: Callable[[Any], str],
 ) -> Iterator[CellDone[Any]]:
-    with RayRuntime(spec) as runtime:
+    # SIGTERM as on the local pool (after ray.init, whose own handler dumps a stack and
+    # dies): ``Terminated`` unwinds through the runtime's shutdown.
+    with RayRuntime(spec) as runtime, _terminate_raises():
         ray = runtime.ray
         lost_errors = _lost_worker_errors(ray)
         handle = RayShared({key: ray.put(value) for key, value in shared.items()})

@@ -153,7 +153,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             view=observation_view(args.engine_view),
         )
     except KeyboardInterrupt as stop:  # Ctrl-C: one line saying where the run stopped
-        if isinstance(stop, Terminated):
+        if isinstance(stop, Terminated) or Terminated.received:
             raise
         start = "\n" if sys.stderr.isatty() and not args.quiet else ""
         print(

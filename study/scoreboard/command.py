@@ -323,10 +323,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_from_args(parser.parse_args(argv))
     except (UsageError, ValueError) as error:
         return fail(str(error))
-    except Terminated:
-        print("gpugov: terminated; its worker processes were ended", file=sys.stderr)
-        return ExitCode.TERMINATED
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        if isinstance(stop, Terminated) or Terminated.received:
+            print("gpugov: terminated; its worker processes were ended", file=sys.stderr)
+            return ExitCode.TERMINATED
         print("gpugov: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
 

@@ -166,3 +166,45 @@ def test_pool_workers_end_when_the_command_is_killed(tmp_path: Path) -> None:
     process.kill()
     process.communicate(timeout=60)
     assert _all_gone(workers), [pid for pid in workers if not _gone(pid)]
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``."""
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        children = _children(stack.pop())
+        found += children
+        stack += children
+    return found
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_sigterm_on_a_local_ray_runtime_shuts_it_down(tmp_path: Path) -> None:
+    """``--ray local``: SIGTERM once cells run on the runtime ends the command with the
+    same line and 143, after shutting the runtime down (Ray's own handler would dump a
+    stack trace); none of its processes is left."""
+    pytest.importorskip("ray")
+    process = _start([*BENCH, "--ray", "local", "--out", str(tmp_path / "out")])
+    _wait_for(process, "bench controllers:")
+    deadline = time.monotonic() + 120.0
+    while time.monotonic() < deadline:
+        below = _descendants(process.pid)
+        if any("_ray_task" in _command_line(pid) for pid in below):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("no cell started on the Ray runtime")
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=90)
+    assert process.returncode == 143, stderr
+    assert "Traceback" not in stderr and "SIGTERM received" not in stderr, stderr
+    assert stderr.rstrip().splitlines()[-1].startswith("gpugov: terminated"), stderr
+    assert _all_gone(below, within_s=60.0), [_command_line(pid) for pid in below if not _gone(pid)]
