@@ -289,74 +289,62 @@ def _pool(
     say: Callable[[str], None],
 ) -> Iterator[CellDone[Any]]:
     """Cells over a fork pool; a broken pool (a worker died) is replaced, its unfinished
-    cells resubmitted, at most ``retries`` times."""
+    cells resubmitted, at most ``retries`` times. SIGTERM raises meanwhile
+    (:func:`_terminate_raises`), so the workers are ended before the command exits."""
     with _terminate_raises():
-        yield from _pools(fn, cells, order, shared, jobs, retries, say)
-
-
-def _pools(
-    fn: TaskFunction,
-    cells: Sequence[Any],
-    order: Sequence[int],
-    shared: Mapping[str, Any],
-    jobs: int,
-    retries: int,
-    say: Callable[[str], None],
-) -> Iterator[CellDone[Any]]:
-    """:func:`_pool`'s work: one pool, then a fresh one for the cells a lost worker left."""
-    context = multiprocessing.get_context("fork")
-    pending = list(order)
-    restarts = 0
-    while pending:
-        lost: list[int] = []
-        pool = ProcessPoolExecutor(
-            max_workers=min(jobs, len(pending)),
-            mp_context=context,
-            initializer=_set_worker_shared,
-            initargs=(shared, os.getpid()),
-        )
-        finished = False
-        try:
-            futures = _submit_all(pool, fn, cells, pending)
-            for future in as_completed(futures):
-                index = futures[future]
-                try:
-                    value, worker = future.result()
-                except BrokenProcessPool:
-                    lost.append(index)
-                    continue
-                yield CellDone(index, value, restarts + 1, worker)
-            finished = True
-        finally:
-            if finished:
-                pool.shutdown(wait=True, cancel_futures=True)
-            else:
-                # Ctrl-C, SIGTERM or an error here: the executor's shutdown would wait
-                # for the running cells, so end the workers now and exit at once.
-                processes = list(getattr(pool, "_processes", {}).values())
-                call_queue = getattr(pool, "_call_queue", None)
-                if call_queue is not None:
-                    # Its feeder thread may be blocked writing a cell to a pipe that no
-                    # worker will read again; the interpreter's exit would wait for it.
-                    call_queue.cancel_join_thread()
-                pool.shutdown(wait=False, cancel_futures=True)
-                for process in processes:
-                    process.terminate()
-                for process in processes:
-                    process.join(timeout=5.0)
-        if not lost:
-            return
-        restarts += 1
-        if restarts > retries:
-            raise RunnerError(
-                f"a worker process died {restarts} times; {len(lost)} cell(s) unfinished "
-                f"(raise --retries, or look for memory exhaustion)"
+        context = multiprocessing.get_context("fork")
+        pending = list(order)
+        restarts = 0
+        while pending:
+            lost: list[int] = []
+            pool = ProcessPoolExecutor(
+                max_workers=min(jobs, len(pending)),
+                mp_context=context,
+                initializer=_set_worker_shared,
+                initargs=(shared, os.getpid()),
             )
-        say(
-            f"a worker process died; running its pool's {len(lost)} unfinished cell(s) "
-            f"again in a new pool (retry {restarts}/{retries})"
-        )
-        pending = [i for i in order if i in set(lost)]
+            finished = False
+            try:
+                futures = _submit_all(pool, fn, cells, pending)
+                for future in as_completed(futures):
+                    index = futures[future]
+                    try:
+                        value, worker = future.result()
+                    except BrokenProcessPool:
+                        lost.append(index)
+                        continue
+                    yield CellDone(index, value, restarts + 1, worker)
+                finished = True
+            finally:
+                if finished:
+                    pool.shutdown(wait=True, cancel_futures=True)
+                else:
+                    # Ctrl-C, SIGTERM or an error here: the executor's shutdown would wait
+                    # for the running cells, so end the workers now and exit at once.
+                    processes = list(getattr(pool, "_processes", {}).values())
+                    call_queue = getattr(pool, "_call_queue", None)
+                    if call_queue is not None:
+                        # Its feeder thread may be blocked writing a cell to a pipe that no
+                        # worker will read again; the interpreter's exit would wait for it.
+                        call_queue.cancel_join_thread()
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    for process in processes:
+                        process.terminate()
+                    for process in processes:
+                        process.join(timeout=5.0)
+            if not lost:
+                return
+            restarts += 1
+            if restarts > retries:
+                raise RunnerError(
+                    f"a worker process died {restarts} times; {len(lost)} cell(s) unfinished "
+                    f"(raise --retries, or look for memory exhaustion)"
+                )
+            say(
+                f"a worker process died; running its pool's {len(lost)} unfinished cell(s) "
+                f"again in a new pool (retry {restarts}/{retries})"
+            )
+            pending = [i for i in order if i in set(lost)]
 
 
 # ------------------------------------------------------------------------------ Ray
