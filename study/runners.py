@@ -53,6 +53,7 @@ from gpugov.daemon.limits import MAX_JOBS, MAX_RETRIES
 
 C = TypeVar("C")
 R = TypeVar("R")
+T = TypeVar("T")
 
 TaskFunction = Callable[[Any, Mapping[str, Any]], Any]
 """``fn(cell, shared) -> result``; module-level (picklable by reference)."""
@@ -235,24 +236,37 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 @contextlib.contextmanager
-def _terminate_raises() -> Iterator[None]:
+def _terminate_raises(
+    first: contextlib.AbstractContextManager[T] | None = None,
+) -> Iterator[T | None]:
     """While a pool runs, SIGTERM raises :class:`~daemon.errors.Terminated` in this
     (main) thread, so that the pool's cleanup ends its workers before the command exits;
     SIGTERM's default action would kill this process alone and leave them running.
-    Elsewhere than the main thread this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
-    def handler(signum: int, frame: FrameType | None) -> None:
-        Terminated.received = True
-        raise Terminated()
+    ``first`` (a runtime to start, :class:`RayRuntime`) is entered with SIGTERM blocked
+    and left after the handler is restored: a SIGTERM during its start (Ray installs a
+    handler of its own there, which exits without shutting the runtime down) waits until
+    this handler is in place, then unwinds through its exit. Yields what ``first``
+    yields. Elsewhere than the main thread SIGTERM is left as it is."""
+    with contextlib.ExitStack() as stack:
+        if threading.current_thread() is not threading.main_thread():
+            yield None if first is None else stack.enter_context(first)
+            return
 
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        def handler(signum: int, frame: FrameType | None) -> None:
+            Terminated.received = True
+            raise Terminated()
+
+        masked = hasattr(signal, "pthread_sigmask")
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}) if masked else None
+        try:
+            value = None if first is None else stack.enter_context(first)
+            previous = signal.signal(signal.SIGTERM, handler)
+            stack.callback(signal.signal, signal.SIGTERM, previous)
+        finally:
+            if blocked is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a pending one raises
+        yield value
 
 
 def _submit_all(
@@ -474,9 +488,10 @@ def _ray(
     say: Callable[[str], None],
     label: Callable[[Any], str],
 ) -> Iterator[CellDone[Any]]:
-    # SIGTERM as on the local pool (after ray.init, whose own handler dumps a stack and
-    # dies): ``Terminated`` unwinds through the runtime's shutdown.
-    with RayRuntime(spec) as runtime, _terminate_raises():
+    # SIGTERM as on the local pool (ray.init's own handler dumps a stack and exits
+    # without a shutdown): ``Terminated`` unwinds through the runtime's shutdown.
+    with _terminate_raises(RayRuntime(spec)) as runtime:
+        assert runtime is not None
         ray = runtime.ray
         lost_errors = _lost_worker_errors(ray)
         handle = RayShared({key: ray.put(value) for key, value in shared.items()})

@@ -164,9 +164,51 @@ def test_sigterm_raises_in_the_parent_while_a_pool_runs_and_workers_keep_its_def
     first = next(cells)
     handler = signal.getsignal(signal.SIGTERM)
     assert callable(handler) and handler is not before
-    with pytest.raises(Terminated):
-        handler(signal.SIGTERM, None)
+    try:
+        with pytest.raises(Terminated):
+            handler(signal.SIGTERM, None)
+    finally:
+        Terminated.received = False
     done = [first, *cells]
     assert blocked_at_submit == [True, True]
     assert {item.value for item in done} == {(True, False)}
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_sigterm_while_a_runtime_starts_waits_for_the_handler_then_unwinds_it() -> None:
+    """A SIGTERM that arrives while a runtime starts (Ray's ``ray.init`` installs a
+    handler of its own there) is held until gpugov's handler is in place; it then raises
+    ``Terminated`` before any cell runs, the runtime's exit runs, and the handler and the
+    signal mask are restored."""
+    import os
+    import signal
+
+    from gpugov.daemon.errors import Terminated
+    from gpugov.study.runners import _terminate_raises
+
+    events: list[str] = []
+
+    class Runtime:
+        def __enter__(self) -> str:
+            # The runtime installs its own handler, then the signal comes mid-start.
+            signal.signal(signal.SIGTERM, lambda signum, frame: events.append("runtime's"))
+            os.kill(os.getpid(), signal.SIGTERM)
+            events.append("started")
+            return "runtime"
+
+        def __exit__(self, *exc: object) -> None:
+            events.append("shut down")
+
+    before = signal.getsignal(signal.SIGTERM)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    try:
+        with pytest.raises(Terminated), _terminate_raises(Runtime()) as value:
+            events.append(f"body with {value}")
+        assert events == ["started", "shut down"]
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+    finally:
+        after = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, before)
+        Terminated.received = False
+    # The handler in force before the block is back (the runtime's own, here).
+    assert callable(after) and after is not before
