@@ -6,6 +6,7 @@ it is working (its first progress line), and it must exit 130 promptly.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -139,9 +140,13 @@ def _all_gone(pids: list[int], within_s: float = 20.0) -> bool:
 
 
 BENCH = ["bench", "controllers", "--quick", "--jobs", "2"]
+CHILDREN = pytest.mark.skipif(
+    not Path(f"/proc/self/task/{os.getpid()}/children").exists(),
+    reason="needs Linux's /proc/PID/task/TID/children (and PR_SET_PDEATHSIG)",
+)
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+@CHILDREN
 def test_sigterm_ends_the_pool_workers_then_the_command(tmp_path: Path) -> None:
     """SIGTERM (a job scheduler's, ``timeout``'s, a pod's stop) ends a study command with
     one line and 143, after its worker processes: none is left running its cell."""
@@ -156,7 +161,7 @@ def test_sigterm_ends_the_pool_workers_then_the_command(tmp_path: Path) -> None:
     assert _all_gone(workers), [pid for pid in workers if not _gone(pid)]
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@CHILDREN
 def test_pool_workers_end_when_the_command_is_killed(tmp_path: Path) -> None:
     """A command killed outright (SIGKILL, the OOM killer) runs no cleanup; its workers
     still end, by the kernel's parent-death signal."""
@@ -186,7 +191,7 @@ def _command_line(pid: int) -> str:
         return ""
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+@CHILDREN
 def test_sigterm_on_a_local_ray_runtime_shuts_it_down(tmp_path: Path) -> None:
     """``--ray local``: SIGTERM once cells run on the runtime ends the command with the
     same line and 143, after shutting the runtime down (Ray's own handler would dump a
