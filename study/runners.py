@@ -246,8 +246,10 @@ def _terminate_raises(
     ``first`` (a runtime to start, :class:`RayRuntime`) is entered with SIGTERM blocked
     and left after the handler is restored: a SIGTERM during its start (Ray installs a
     handler of its own there, which exits without shutting the runtime down) waits until
-    this handler is in place, then unwinds through its exit. Yields what ``first``
-    yields. Elsewhere than the main thread SIGTERM is left as it is."""
+    this handler is in place, then unwinds through its exit. The mask is per thread: it
+    holds the signal for this thread and the threads the runtime starts meanwhile (a
+    gpugov command has no other thread before it). Yields what ``first`` yields. Elsewhere
+    than the main thread SIGTERM is left as it is."""
     with contextlib.ExitStack() as stack:
         if threading.current_thread() is not threading.main_thread():
             yield None if first is None else stack.enter_context(first)

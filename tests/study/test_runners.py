@@ -180,8 +180,8 @@ def test_sigterm_while_a_runtime_starts_waits_for_the_handler_then_unwinds_it() 
     handler of its own there) is held until gpugov's handler is in place; it then raises
     ``Terminated`` before any cell runs, the runtime's exit runs, and the handler and the
     signal mask are restored."""
-    import os
     import signal
+    import threading
 
     from gpugov.daemon.errors import Terminated
     from gpugov.study.runners import _terminate_raises
@@ -190,9 +190,11 @@ def test_sigterm_while_a_runtime_starts_waits_for_the_handler_then_unwinds_it() 
 
     class Runtime:
         def __enter__(self) -> str:
-            # The runtime installs its own handler, then the signal comes mid-start.
+            # The runtime installs its own handler, then the signal comes mid-start, to the
+            # thread starting it (a pytest-xdist worker has threads of its own that would
+            # take a process-wide one; a gpugov command has none before its runtime).
             signal.signal(signal.SIGTERM, lambda signum, frame: events.append("runtime's"))
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
             events.append("started")
             return "runtime"
 
