@@ -89,6 +89,7 @@ class FleetNode:
         self.tdp_w = float(plant.power_limit_w)
         self.floor_w = float(min(floor_w, self.tdp_w))
         self.simulation = PlantSimulation((), plant, chunked_prefill_scheduler, seed=seed)
+        self._exact = view is None
         self._observe = self.simulation.observe if view is None else view(self.simulation)
         """What the node's controller observes (``view``: a node's, from its engine's
         page; without one, the plant's exact state)."""
@@ -153,9 +154,12 @@ class FleetNode:
             simulation.advance_to(request.arrival_time_s)
             simulation.add_request(request.prompt_tokens, request.output_tokens)
         simulation.advance_to(end_s)
-        # The router and the fleet's accounting read the plant; the controller its view.
-        self.observation = simulation.observe()
-        clock = float(self.controller(self._observe()))
+        # The controller reads its view, the router and the fleet's accounting the plant.
+        # The view first: each PlantSimulation.observe() starts a new latency window, and
+        # a node's page takes its inter-token latencies from the window it observes.
+        observed = self._observe()
+        self.observation = observed if self._exact else simulation.observe()
+        clock = float(self.controller(observed))
         simulation.request_clock(clock)
         self._apply_cap()
         need = power_needed(self.controller)

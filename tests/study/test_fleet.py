@@ -231,6 +231,39 @@ def test_each_node_controller_observes_its_engine_page_and_the_router_the_plant(
         FleetConfig(engine_view="sglang").validate()
 
 
+def test_a_fleet_node_controller_sees_the_measured_tpot_through_its_page(
+    tiny: dict[str, object],
+) -> None:
+    """The page's inter-token latencies come from the plant's latency window, which each
+    ``observe()`` starts anew: the router's own reading must not empty it before the
+    controller's view reads it (the controller then saw no measured TPOT at all)."""
+    from gpugov.daemon.simulated import node_view
+    from gpugov.study.fleet.node import FleetNode
+
+    plants = tiny["plants"]
+    workload = tiny["workload"]
+    assert isinstance(plants, dict) and isinstance(workload, tuple)
+    node = FleetNode(
+        "n0",
+        plants["h100-sxm-llama3-8b"],
+        "max",
+        workload,
+        period_s=1.0,
+        floor_w=200.0,
+        view=node_view,
+    )
+    measured: list[float | None] = []
+    decide = node.controller
+    node.controller = lambda o: measured.append(o.tpot_recent_s) or decide(o)  # type: ignore[assignment,func-returns-value]
+    for index, request in enumerate(workload[:40]):  # spread over the ticks: decode in each
+        node.dispatch(replace(request, arrival_time_s=0.25 * index))
+    for tick in range(1, 12):
+        node.step(float(tick))
+    decoding = [value for value in measured if value is not None]
+    assert len(decoding) >= 5, measured
+    assert all(value > 0.0 for value in decoding)
+
+
 def test_the_budget_step_schedule() -> None:
     config = FleetConfig(step_at_s=100.0, step_ramp_s=30.0, step_hold_s=600.0)
     cell = Cell("uniform", 0.8, step=True)
