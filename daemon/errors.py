@@ -62,6 +62,17 @@ class Terminated(KeyboardInterrupt):
     """Set when one was raised in this process: a library that turns the exception into a
     plain ``KeyboardInterrupt`` on its way up (Ray's ``ray.get``) still ends as SIGTERM."""
 
+    @classmethod
+    def now(cls) -> Terminated:
+        """The exception a SIGTERM handler raises, recorded in :attr:`received`."""
+        cls.received = True
+        return cls()
+
+    @classmethod
+    def caused(cls, stop: BaseException) -> bool:
+        """Whether ``stop`` (a ``KeyboardInterrupt`` caught) came of a SIGTERM."""
+        return isinstance(stop, cls) or cls.received
+
 
 class GpugovError(Exception):
     """Base of every error the daemon raises on purpose."""

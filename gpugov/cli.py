@@ -165,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         start = "\n" if sys.stderr.isatty() else ""
         from gpugov.daemon.errors import ExitCode, Terminated
 
-        if isinstance(stop, Terminated) or Terminated.received:
+        if Terminated.caused(stop):
             print(f"{start}gpugov: terminated; its worker processes were ended", file=sys.stderr)
             return ExitCode.TERMINATED
         print(f"{start}gpugov: interrupted", file=sys.stderr)

@@ -256,19 +256,29 @@ def _terminate_raises(
             return
 
         def handler(signum: int, frame: FrameType | None) -> None:
-            Terminated.received = True
-            raise Terminated()
+            raise Terminated.now()
 
-        masked = hasattr(signal, "pthread_sigmask")
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}) if masked else None
-        try:
+        with _blocked({signal.SIGTERM}):  # a pending one raises once unblocked
             value = None if first is None else stack.enter_context(first)
             previous = signal.signal(signal.SIGTERM, handler)
             stack.callback(signal.signal, signal.SIGTERM, previous)
-        finally:
-            if blocked is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a pending one raises
         yield value
+
+
+@contextlib.contextmanager
+def _blocked(signals: set[signal.Signals]) -> Iterator[None]:
+    """``signals`` blocked in this thread, if it is the main one (where Python runs its
+    handlers), the previous mask restored after: one that came meanwhile is delivered
+    then."""
+    masked = hasattr(signal, "pthread_sigmask") and (
+        threading.current_thread() is threading.main_thread()
+    )
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals) if masked else None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _submit_all(
@@ -280,15 +290,8 @@ def _submit_all(
     worker the executor does not list yet, which nothing ends, and the command would hang
     instead of exiting. A signal that came meanwhile is delivered once the mask is
     restored."""
-    masked = hasattr(signal, "pthread_sigmask") and (
-        threading.current_thread() is threading.main_thread()
-    )
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _POOL_SIGNALS) if masked else None
-    try:
+    with _blocked(_POOL_SIGNALS):
         return {pool.submit(_pool_task, fn, cells[i]): i for i in pending}
-    finally:
-        if previous is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _pool_task(fn: TaskFunction, cell: Any) -> tuple[Any, str]:

@@ -28,7 +28,7 @@ from gpugov.daemon.cli_support import (
     safety_from_args,
     simulated_controller,
 )
-from gpugov.daemon.errors import ExitCode, Terminated
+from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.sim_progress import SimulationProgress
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, ServingResult, load_profile, simulate
@@ -152,9 +152,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             on_progress=progress,
             view=observation_view(args.engine_view),
         )
-    except KeyboardInterrupt as stop:  # Ctrl-C: one line saying where the run stopped
-        if isinstance(stop, Terminated) or Terminated.received:
-            raise
+    except KeyboardInterrupt:  # Ctrl-C: one line saying where the run stopped
         start = "\n" if sys.stderr.isatty() and not args.quiet else ""
         print(
             f"{start}gpugov: interrupted at {progress.reached_s:,.1f} of "

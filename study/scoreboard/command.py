@@ -324,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ValueError) as error:
         return fail(str(error))
     except KeyboardInterrupt as stop:
-        if isinstance(stop, Terminated) or Terminated.received:
+        if Terminated.caused(stop):
             print("gpugov: terminated; its worker processes were ended", file=sys.stderr)
             return ExitCode.TERMINATED
         print("gpugov: interrupted", file=sys.stderr)
