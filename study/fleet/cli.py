@@ -15,7 +15,7 @@ MAX_NODES = 10_000
 """The most nodes one run simulates (``--nodes``)."""
 DEFAULT_OUT = "gpugov-fleet"
 ALLOCATOR_NAMES = ("uniform", "dps", "slo")
-ROUTER_NAMES = ("round-robin", "least-tokens")
+ROUTER_NAMES = ("round-robin", "least-tokens", "least-work")
 
 
 def _names(choices: tuple[str, ...], what: str) -> object:
@@ -156,7 +156,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add("--controller", default="mpc", metavar="SPEC",
         help="every node's controller, a 'gpugov simulate' --controller (default mpc)")  # fmt: skip
     add("--router", choices=ROUTER_NAMES, default="least-tokens",
-        help="round-robin, or least outstanding tokens (default)")  # fmt: skip
+        help="round-robin, least outstanding tokens (default), or least outstanding "
+             "work (tokens over each node's speed)")  # fmt: skip
     add("--trace", default="azure-conv", metavar="NAME|FILE",
         help="the trace (default azure-conv: the Azure conversation trace)")  # fmt: skip
     add("--trace-start", type=cli_types.offset, default=1800.0, metavar="S",

@@ -97,6 +97,9 @@ class FleetNode:
             controller_spec, plant, forecast_workload, period_s, safety
         )
         self.cap_w = self.tdp_w
+        self.tokens_per_s = 1.0
+        """The node's serving rate at its top clock on the fleet's mix (tokens per second;
+        what ``least-work`` weighs its outstanding tokens by; the fleet sets it)."""
         self._pending: deque[Request] = deque()
         self.dispatched_prompt_tokens = 0
         self.observation: ServingObservation | None = None

@@ -302,6 +302,13 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
         )
         for i, name in enumerate(config.node_profiles())
     ]
+    rates = {
+        name: sum(r.prompt_tokens + r.output_tokens for r in workload)
+        / max(work_seconds_at_maximum(workload, plant.profile), 1e-9)
+        for name, plant in plants.items()
+    }
+    for node, name in zip(nodes, config.node_profiles(), strict=True):
+        node.tokens_per_s = rates[name]
     tdp = sum(node.tdp_w for node in nodes)
     allocate = ALLOCATOR_FUNCTIONS.get(cell.allocator)
     router = make_router(config.router)

@@ -21,6 +21,7 @@ from gpugov.study.fleet.allocators import (
     slo_aware,
     uniform,
 )
+from gpugov.study.fleet.router import make_router
 from gpugov.study.fleet.run import (
     Cell,
     FleetConfig,
@@ -129,6 +130,32 @@ def test_node_report_refuses_an_empty_range() -> None:
         NodeReport(500.0, 400.0, 400.0, 100.0)
 
 
+# ------------------------------------------------------------------------ routers
+class _Routed:
+    def __init__(self, tokens: float, rate: float) -> None:
+        self.tokens = tokens
+        self.tokens_per_s = rate
+
+    def outstanding_tokens(self) -> float:
+        return self.tokens
+
+
+def test_least_work_weighs_outstanding_tokens_by_each_node_speed() -> None:
+    from gpugov.plant.types import Request
+
+    request = Request(0, 0.0, 100, 10)
+    # 150 tokens on a node twice as fast is less work than 100 on the slow one.
+    nodes = [_Routed(150.0, 2000.0), _Routed(100.0, 1000.0)]
+    assert make_router("least-tokens").choose(request, nodes) == 1
+    assert make_router("least-work").choose(request, nodes) == 0
+    # Ties go round robin, as with least-tokens.
+    even = [_Routed(0.0, 1000.0), _Routed(0.0, 1000.0)]
+    router = make_router("least-work")
+    assert [router.choose(request, even) for _ in range(4)] == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match="least-work"):
+        make_router("fastest")
+
+
 # ------------------------------------------------------------------------ the fleet
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
@@ -183,6 +210,21 @@ def test_a_two_node_fleet_holds_its_caps_and_publishes_needs(tiny: dict[str, obj
     # The step cut the budget by 30 % and the fleet got under it.
     assert row["step_held_budget_w"] == pytest.approx(0.7 * 0.7 * tdp)
     assert row["step_time_to_under_s"] is not None
+
+
+def test_least_work_sends_the_faster_board_a_larger_share_than_least_tokens(
+    tiny: dict[str, object],
+) -> None:
+    config = tiny["config"]
+    assert isinstance(config, FleetConfig)
+    shares = {}
+    for router in ("least-tokens", "least-work"):
+        shared = {**tiny, "config": replace(config, router=router)}
+        row = run_cell(Cell("uncapped", None), shared)
+        h100, a100 = (node["requests"] for node in row["nodes"])
+        assert h100 + a100 == len(tiny["workload"])  # type: ignore[arg-type]
+        shares[router] = h100 / (h100 + a100)
+    assert shares["least-work"] > shares["least-tokens"]
 
 
 def test_each_node_controller_observes_its_engine_page_and_the_router_the_plant(
