@@ -141,14 +141,17 @@ class SLOFeedback:
         window saw no such latency or the source reports no SLO. The TTFT SLO is the one
         at the window's mean prompt where the observation carries a per-prompt allowance
         (:attr:`ServingObservation.ttft_recent_slo_s`)."""
-        ratios: list[float | None] = []
-        for value, slo in (
-            (observation.ttft_recent_s, observation.ttft_recent_slo_s),
-            (observation.tpot_recent_s, observation.tpot_slo_s),
-        ):
-            usable = value is not None and slo is not None and slo > 0 and math.isfinite(value)
-            ratios.append(value / slo if usable else None)  # type: ignore[operator]
-        return ratios[0], ratios[1]
+        ttft, tpot = observation.ttft_recent_s, observation.tpot_recent_s
+        ttft_ratio = tpot_ratio = None
+        if ttft is not None:
+            slo = observation.ttft_recent_slo_s
+            if slo is not None and slo > 0 and math.isfinite(ttft):
+                ttft_ratio = ttft / slo
+        if tpot is not None:
+            slo = observation.tpot_slo_s
+            if slo is not None and slo > 0 and math.isfinite(tpot):
+                tpot_ratio = tpot / slo
+        return ttft_ratio, tpot_ratio
 
     def under_pressure(self, observation: ServingObservation, looseness: float = 1.0) -> bool:
         """Whether the windowed TTFT is above ``pressure`` of its SLO, or the windowed

@@ -9,6 +9,7 @@ interval after the last change. Each layer is a :class:`ControllerWrapper`.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -77,8 +78,9 @@ class ClampToSupported(ControllerWrapper):
         if not math.isfinite(requested):
             self.invalid_decisions += 1
             return self.clocks_mhz[-1]
-        eligible = [c for c in self.clocks_mhz if c <= requested + 1e-9]
-        return eligible[-1] if eligible else self.clocks_mhz[0]
+        # The highest supported clock <= requested + 1e-9 (the clocks are sorted).
+        index = bisect_right(self.clocks_mhz, requested + 1e-9)
+        return self.clocks_mhz[index - 1] if index else self.clocks_mhz[0]
 
 
 class FloorClock(ControllerWrapper):

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
-
-import numpy as np
 
 from gpugov.plant.profile import PerformanceProfile
 
@@ -54,23 +53,23 @@ class ServingPlant:
         )
         for name in positive:
             value = getattr(self, name)
-            if not np.isfinite(value) or value <= 0.0:
+            if not math.isfinite(value) or value <= 0.0:
                 raise ValueError(f"ServingPlant.{name} must be finite and positive, got {value!r}")
         for name in ("thermal_limit_c", "ambient_temperature_c"):
             value = getattr(self, name)
-            if not np.isfinite(value):
+            if not math.isfinite(value):
                 raise ValueError(f"ServingPlant.{name} must be finite, got {value!r}")
         if self.thermal_limit_c <= self.ambient_temperature_c:
             raise ValueError(
                 f"ServingPlant.thermal_limit_c ({self.thermal_limit_c}) must exceed "
                 f"ambient_temperature_c ({self.ambient_temperature_c})"
             )
-        if not np.isfinite(self.actuation_delay_s) or self.actuation_delay_s < 0.0:
+        if not math.isfinite(self.actuation_delay_s) or self.actuation_delay_s < 0.0:
             raise ValueError(
                 f"ServingPlant.actuation_delay_s must be >= 0, got {self.actuation_delay_s!r}"
             )
         window = self.power_cap_window_s
-        if not np.isfinite(window) or window < 0.0:
+        if not math.isfinite(window) or window < 0.0:
             raise ValueError(f"ServingPlant.power_cap_window_s must be >= 0, got {window!r}")
         if self.max_batch_size < 1:
             raise ValueError(f"ServingPlant.max_batch_size must be >= 1, got {self.max_batch_size}")
@@ -82,7 +81,7 @@ class ServingPlant:
             raise ValueError(
                 f"ServingPlant.tensor_parallel must be >= 1, got {self.tensor_parallel}"
             )
-        if not np.isfinite(self.latency_noise_cv) or not 0.0 <= self.latency_noise_cv < 1.0:
+        if not math.isfinite(self.latency_noise_cv) or not 0.0 <= self.latency_noise_cv < 1.0:
             raise ValueError(
                 f"ServingPlant.latency_noise_cv must lie in [0, 1), got {self.latency_noise_cv!r}"
             )

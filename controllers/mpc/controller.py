@@ -481,7 +481,7 @@ class MPCController:
 
     # --------------------------------------------------------------- public
     def __call__(self, observation: ServingObservation) -> float:
-        control_index = int(np.floor((observation.time_s + 1e-12) / self.control_period_s))
+        control_index = math.floor((observation.time_s + 1e-12) / self.control_period_s)
         if control_index == self.last_control_index:
             return self.current_clock
         self.last_control_index = control_index

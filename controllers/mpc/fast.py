@@ -97,6 +97,9 @@ class DiscreteSearchSolver:
     constant_stride: int = 1
     _pools: dict[tuple[int, int], IntArray] = field(default_factory=dict, repr=False)
     _moves: dict[int, IntArray] = field(default_factory=dict, repr=False)
+    _blocks: dict[tuple[int, int], tuple[IntArray, IntArray]] = field(
+        default_factory=dict, repr=False
+    )
     last_trials: int = 0
 
     def __post_init__(self) -> None:
@@ -188,6 +191,17 @@ class DiscreteSearchSolver:
             return np.concatenate([pool, warm_start[None, :].astype(np.int64)], axis=0)
         return pool
 
+    def _blocking(self, steps: int) -> tuple[IntArray, IntArray]:
+        """The block of each of ``steps`` periods under move blocking, and each block's
+        first period (cached per horizon: the arrays are never written)."""
+        free = min(steps, self.free_periods)
+        cached = self._blocks.get((steps, free))
+        if cached is None:
+            block_of_step = ((np.arange(steps) * free) // steps).astype(np.int64)
+            cached = (block_of_step, np.searchsorted(block_of_step, np.arange(free)))
+            self._blocks[steps, free] = cached
+        return cached
+
     def search(
         self, problem: MPCProblem, warm_start: IntArray | None = None
     ) -> tuple[IntArray, float]:
@@ -201,11 +215,11 @@ class DiscreteSearchSolver:
         levels = table.shape[1]
         steps = problem.horizon_steps
         free = min(steps, self.free_periods)
-        block_of_step = ((np.arange(steps) * free) // steps).astype(np.int64)
+        block_of_step, block_starts = self._blocking(steps)
         warm = None
         if warm_start is not None and warm_start.size == steps:
             shifted = np.concatenate([warm_start[1:], warm_start[-1:]])
-            warm = shifted[np.searchsorted(block_of_step, np.arange(free))]
+            warm = shifted[block_starts]
         pool = self.candidates(free, levels, warm)
         best_plan, best_cost, trials = search_plans(
             pool,
@@ -228,7 +242,8 @@ class DiscreteSearchSolver:
         warm = None
         if warm_start_mhz is not None and len(warm_start_mhz) == problem.horizon_steps:
             warm = np.searchsorted(profile.clock_mhz, np.asarray(warm_start_mhz) - 1e-9)
-            warm = np.clip(warm, 0, profile.clock_mhz.size - 1).astype(np.int64)
+            # searchsorted gives indices in [0, size]: only the top needs clipping.
+            warm = np.minimum(warm, profile.clock_mhz.size - 1).astype(np.int64)
         plan, cost = self.search(problem, warm)
         return SolveOutcome(
             x=profile.clock_mhz[plan].astype(float),

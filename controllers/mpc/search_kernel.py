@@ -86,7 +86,7 @@ def problem_arrays(
     """
     plant = problem.plant
     profile = plant.profile
-    grid = profile.clock_mhz.astype(float)
+    grid = np.asarray(profile.clock_mhz, dtype=float)  # only read
     clocks = grid if clock_mhz is None else np.asarray(clock_mhz, dtype=float)
 
     def at(values: FloatArray) -> FloatArray:
@@ -100,19 +100,20 @@ def problem_arrays(
     table = np.empty((_TABLE_ROWS, clocks.size))
     table[_PREFILL_CAPACITY] = prefill_rate * h
     table[_DECODE_CAPACITY] = decode_rate * h
+    safe_decode_rate = np.maximum(decode_rate, 1e-12)
     table[_INVERSE_PREFILL] = 1.0 / np.maximum(prefill_rate, 1e-12)
-    table[_INVERSE_DECODE] = 1.0 / np.maximum(decode_rate, 1e-12)
+    table[_INVERSE_DECODE] = 1.0 / safe_decode_rate
     model = profile.decode_latency_model
     reference = float(model.reference_batch_size)
     context = problem.mean_prompt_tokens + 0.5 * problem.mean_output_tokens
-    t_ref = reference / np.maximum(decode_rate, 1e-12)
+    t_ref = reference / safe_decode_rate
     table[_T0] = t_ref * model.weight_fraction
     table[_T1] = t_ref * (
         model.batch_fraction / reference
         + model.kv_fraction * context / (reference * model.reference_context_tokens)
     )
-    table[_INVERSE_CAPACITY] = 1.0 / np.maximum(prefill_rate * h, 1e-12)
-    table[_INVERSE_RATE] = 1.0 / np.maximum(prefill_rate, 1e-12)
+    table[_INVERSE_CAPACITY] = 1.0 / np.maximum(table[_PREFILL_CAPACITY], 1e-12)
+    table[_INVERSE_RATE] = table[_INVERSE_PREFILL]  # the same quotient
     table[_PREFILL_POWER] = at(profile.prefill_power_w)
     table[_DECODE_POWER] = at(profile.decode_power_w)
     table[_IDLE_POWER] = at(profile.idle_power_w)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from gpugov.controllers.adaptation import SLOFeedback
 from gpugov.controllers.budget import loosened
 from gpugov.controllers.online.identification import OnlineModel
-from gpugov.plant.types import ServingObservation
+from gpugov.plant.types import ServingObservation, replace_observation
 
 FloatArray = NDArray[np.float64]
 
@@ -94,8 +94,9 @@ class SafeExploration:
     def pressure(observation: ServingObservation) -> float | None:
         """The larger of measured TTFT / SLO and TPOT / SLO, or None when unmeasured."""
         ttft, tpot = SLOFeedback.latency_ratios(observation)
-        known = [value for value in (ttft, tpot) if value is not None]
-        return max(known) if known else None
+        if ttft is None:
+            return tpot
+        return ttft if tpot is None else max(ttft, tpot)
 
     def floor(self, model: OnlineModel, observation: ServingObservation, zscore: float) -> float:
         """The lowest clock allowed now (MHz, supported)."""
@@ -330,7 +331,7 @@ class LatencyWindow:
             changes["ttft_recent_s"] = math.fsum(ttfts) / len(ttfts) * ttft_slo
         if tpots and tpot_slo is not None and tpot_slo > 0.0:
             changes["tpot_recent_s"] = math.fsum(tpots) / len(tpots) * tpot_slo
-        return replace(observation, **changes) if changes else observation
+        return replace_observation(observation, changes) if changes else observation
 
 
 @dataclass
