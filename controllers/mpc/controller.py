@@ -505,7 +505,7 @@ class MPCController:
         candidate, reason, elapsed = self.solve(self.last_problem)
         self.solve_times.append(elapsed)
         if candidate is not None:
-            applied = tuple(float(value) for value in candidate)
+            applied = tuple(candidate.tolist())  # Python floats, as float(value) gives
             self.last_plan = np.asarray(applied, dtype=float)
             self.current_clock = applied[0]
             self.successful_solves += 1

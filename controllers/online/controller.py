@@ -29,7 +29,6 @@ it is ahead of its target, the back-off and the burst guard's short-answer rule 
 
 from __future__ import annotations
 
-import copy
 import math
 from collections import deque
 from collections.abc import Callable
@@ -377,16 +376,17 @@ class OnlineMPCController(MeasuredLatencyRules):
         if (
             template is not None
             and template.clock_mhz.shape == clocks.shape
-            and bool(np.array_equal(template.clock_mhz, clocks))
+            and bool((template.clock_mhz == clocks).all())
             and valid
             and all(math.isfinite(slo) and slo > 0.0 for slo in slos)
         ):
             # The same clocks, and values that are finite and positive (checked in the
             # kernel): the previous profile with the new values, without validating
             # them again (a fifth of the decision's time otherwise).
-            profile = copy.copy(template)
-            for name, value in values.items():
-                object.__setattr__(profile, name, value)
+            # (``copy.copy`` of a frozen dataclass, by hand: its instance dict copied.)
+            profile = object.__new__(type(template))
+            profile.__dict__.update(template.__dict__)
+            profile.__dict__.update(values)
             return profile
         profile = PerformanceProfile(clock_mhz=clocks.copy(), name="online", **values)
         self._profile_template = profile

@@ -104,14 +104,15 @@ class SafeExploration:
         frontier = model.lowest_explored_mhz(self.minimum_visits)
         step = self.step_fraction * (clocks[-1] - clocks[0])
         pressure = self.pressure(observation)
-        slack = pressure is None or pressure < self.explore_threshold
+        threshold = self.explore_threshold  # (nothing below changes it before the end)
+        slack = pressure is None or pressure < threshold
         target = frontier - step if slack else frontier
         if slack and pressure is not None and pressure > 0.0:
             # Latency grows at most like 1/f: at f' = frontier * pressure / threshold the
             # measured pressure would just reach the exploration threshold. Far from it,
             # the floor may take a longer step (at most ``largest_step_fraction``).
             longest = self.largest_step_fraction * (clocks[-1] - clocks[0])
-            physics = frontier * pressure / self.explore_threshold
+            physics = frontier * pressure / threshold
             target = min(target, max(physics, frontier - longest))
         if slack:
             # One step reaches at least the next supported clock (a narrow range's step
@@ -145,9 +146,7 @@ class SafeExploration:
         self.exploring = allowed < frontier - 1e-9
         # Only a measured calm window (latency nearer the exploration threshold than the
         # back-off one) is evidence that the raised floor may come down.
-        calm = pressure is not None and pressure < 0.5 * (
-            self.explore_threshold + self.backoff_threshold
-        )
+        calm = pressure is not None and pressure < 0.5 * (threshold + self.backoff_threshold)
         allowed = self._after_backoffs(allowed, clocks, step, calm=calm)
         self.floor_mhz = allowed
         return allowed

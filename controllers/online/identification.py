@@ -513,7 +513,7 @@ class OnlineModel:
                 skipped.append("power")
             mean_power = window.energy_j / window.duration_s
             thermal_x = np.array([window.temperature_start_c, 1.0, mean_power])
-            if math.isfinite(window.temperature_end_c) and bool(np.all(np.isfinite(thermal_x))):
+            if math.isfinite(window.temperature_end_c) and bool(np.isfinite(thermal_x).all()):
                 self.thermal.update(thermal_x, window.temperature_end_c)
             else:
                 skipped.append("thermal")
@@ -718,8 +718,9 @@ class OnlineModel:
     def lowest_explored_mhz(self, minimum_visits: int = 5) -> float:
         """The lowest clock with at least ``minimum_visits`` busy windows (the top clock
         when none)."""
-        explored = np.flatnonzero(self.visits >= minimum_visits)
-        return float(self.clocks_mhz[explored[0]]) if explored.size else self.maximum_mhz
+        explored = self.visits >= minimum_visits
+        first = int(explored.argmax())  # the first True, or 0 where none is
+        return float(self.clocks_mhz[first]) if explored[first] else self.maximum_mhz
 
     # ------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:

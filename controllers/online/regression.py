@@ -79,7 +79,7 @@ class RecursiveLeastSquares:
         A sample holding a NaN or an infinity is refused (counted in
         ``rejected_nonfinite``, NaN returned) and changes nothing: one such sample would
         make the estimate NaN for good."""
-        if not (math.isfinite(y) and math.isfinite(weight) and bool(np.all(np.isfinite(x)))):
+        if not (math.isfinite(y) and math.isfinite(weight) and bool(np.isfinite(x).all())):
             self.rejected_nonfinite += 1
             return math.nan
         # New arrays, not updated in place: a caller holding the previous estimate
