@@ -422,9 +422,10 @@ class MPCController:
         # Virtual time: the evaluation budget bounds the solve, never the wall clock.
         limit_s = math.inf if budget is not None else self.solve_time_limit_s
 
-        initial = np.full(problem.horizon_steps, (self.current_clock - minimum) / span)
-        bounds = [(0.0, 1.0)] * problem.horizon_steps
         direct = getattr(self.solver, "solve_problem", None)
+        if direct is None:  # a continuous solver's start and bounds
+            initial = np.full(problem.horizon_steps, (self.current_clock - minimum) / span)
+            bounds = [(0.0, 1.0)] * problem.horizon_steps
         start = self.timer()
         try:
             if direct is not None:

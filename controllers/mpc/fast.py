@@ -241,7 +241,7 @@ class DiscreteSearchSolver:
         profile = problem.plant.profile
         warm = None
         if warm_start_mhz is not None and len(warm_start_mhz) == problem.horizon_steps:
-            warm = np.searchsorted(profile.clock_mhz, np.asarray(warm_start_mhz) - 1e-9)
+            warm = profile.clock_mhz.searchsorted(np.asarray(warm_start_mhz) - 1e-9)
             # searchsorted gives indices in [0, size]: only the top needs clipping.
             warm = np.minimum(warm, profile.clock_mhz.size - 1).astype(np.int64)
         plan, cost = self.search(problem, warm)

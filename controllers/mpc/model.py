@@ -571,7 +571,7 @@ class MPCProblem:
         marginal = (profile.decode_power_w - profile.idle_power_w) / np.maximum(
             profile.decode_tokens_per_s, 1e-12
         )
-        return max(0.0, float(np.min(marginal)))
+        return max(0.0, float(marginal.min()))
 
     def terminal_cost(self, prefill: FloatArray, decode: FloatArray) -> FloatArray:
         """The cost of the backlog a plan leaves at the horizon's end: the seed's quadratic

@@ -126,7 +126,7 @@ def problem_arrays(
     ttft_scale = max(profile.ttft_slo_s, 1e-12)
     tpot_scale = max(profile.tpot_slo_s, 1e-12)
     power_limit = plant.power_limit_w / maximum_power
-    highest_power = float(np.max(table[_PREFILL_POWER : _IDLE_POWER + 1]))
+    highest_power = float(table[_PREFILL_POWER : _IDLE_POWER + 1].max())
     ambient = plant.ambient_temperature_c
     resistance = plant.thermal_resistance_c_per_w
     parameters = np.zeros(_PARAMETERS)

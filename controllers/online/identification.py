@@ -433,7 +433,7 @@ class OnlineModel:
         return self.maximum_mhz / max(clock_mhz, 1.0)
 
     def _clock_index(self, clock_mhz: float) -> int:
-        index = int(np.searchsorted(self.clocks_mhz, clock_mhz - 1e-6))
+        index = int(self.clocks_mhz.searchsorted(clock_mhz - 1e-6))
         return min(max(index, 0), self.clocks_mhz.size - 1)
 
     def time_features(self, window: Window, hat: FloatArray | None = None) -> FloatArray:
@@ -448,7 +448,7 @@ class OnlineModel:
                 window.generated_tokens / DECODE_UNIT * window.context_tokens / CONTEXT_UNIT,
             ]
         )
-        return np.outer(work, h).ravel()
+        return np.multiply(work[:, None], h[None, :]).ravel()  # np.outer's own arithmetic
 
     # --------------------------------------------------------------- update
     def update(self, window: Window) -> None:
@@ -506,7 +506,7 @@ class OnlineModel:
             prefill = min(max(0.0, estimated), window.busy_s)
             decode = max(0.0, window.busy_s - prefill)
             idle = max(0.0, window.duration_s - window.busy_s)
-            power_x = np.outer(np.array([idle, prefill, decode]), hat).ravel()
+            power_x = np.multiply(np.array([idle, prefill, decode])[:, None], hat[None, :]).ravel()
             if math.isfinite(window.energy_j) and math.isfinite(estimated):
                 self.power.update(power_x, window.energy_j)
             else:
@@ -648,7 +648,7 @@ class OnlineModel:
             z,
             batch,
             self._decode_weights(batch, context_tokens),
-            np.vstack([self._decode_weights(b, c) for b, c in points]),
+            np.array([self._decode_weights(b, c) for b, c in points]),
         )
 
     def table(
