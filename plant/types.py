@@ -219,8 +219,9 @@ _set = object.__setattr__
 def replace_observation(
     observation: ServingObservation, changes: dict[str, Any]
 ) -> ServingObservation:
-    """``dataclasses.replace(observation, **changes)`` without re-running the validation of
-    the fields it copies unchanged (half the cost; for a controller's per-call views)."""
+    """``dataclasses.replace(observation, **changes)`` without running the validation again
+    (half the cost; for a controller's per-call views): only for ``changes`` the caller
+    knows valid, since none of them is checked."""
     new = object.__new__(ServingObservation)
     for name, value in zip(_OBSERVATION_FIELDS, _observation_values(observation), strict=True):
         _set(new, name, value)

@@ -109,3 +109,17 @@ def test_a_manifest_without_the_new_fields_keeps_the_old_meaning(tmp_path: Path)
     assert profile.ttft_slo_per_prompt_token_s == 0.0
     assert profile.ttft_slo_for(50_000) == profile.ttft_slo_s
     assert profile.tensor_parallel == 1
+
+
+def test_replace_observation_gives_what_dataclasses_replace_gives() -> None:
+    from dataclasses import replace
+
+    from gpugov.plant.types import ServingObservation, replace_observation
+
+    observation = ServingObservation(
+        12.5, 3, 40, 900.0, 2, 1410.0, 61.0, ttft_slo_s=0.5, tpot_slo_s=0.05
+    )
+    changes = {"ttft_recent_s": 0.42, "tpot_recent_s": 0.031}
+    copied = replace_observation(observation, changes)
+    assert copied == replace(observation, **changes)
+    assert copied is not observation and observation.ttft_recent_s is None
