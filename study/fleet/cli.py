@@ -94,6 +94,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
         step_ramp_s=args.step_ramp,
         step_hold_s=args.step_hold,
         seed=args.seed,
+        latency_noise=args.latency_noise,
         engine_view=args.engine_view,
     )
     try:
@@ -196,7 +197,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add("--step-hold", type=cli_types.duration, default=600.0, metavar="S",
         help="seconds the cut holds (default 600)")  # fmt: skip
     add("--seed", type=cli_types.int_in(0, MAX_SEED), default=0, metavar="N",
-        help="seed of the nodes' jitter (node i gets N + i)")  # fmt: skip
+        help="seed of the nodes' jitter (node i gets N + i; with --latency-noise)")  # fmt: skip
+    add("--latency-noise", type=cli_types.latency_noise, default=0.0, metavar="CV",
+        help="coefficient of variation of every node's iteration-time jitter (default 0: "
+             "none, and the run is the same for every --seed)")  # fmt: skip
     add_engine_view_argument(parser, prefix="every node's controller: ")
     add("--out", default=DEFAULT_OUT, metavar="DIR",
         help=f"output directory (default ./{DEFAULT_OUT})")  # fmt: skip

@@ -78,6 +78,9 @@ class FleetConfig:
     step_ramp_s: float = 30.0
     step_hold_s: float = 600.0
     seed: int = 0
+    latency_noise: float = 0.0
+    """Coefficient of variation of every node's iteration-time jitter (0: none; each node's
+    jitter seeded ``seed + i``)."""
     engine_view: str = "vllm"
 
     def validate(self) -> None:
@@ -88,6 +91,8 @@ class FleetConfig:
             raise ValueError(
                 f"--engine-view must be one of {', '.join(ENGINE_VIEWS)}, got {self.engine_view!r}"
             )
+        if not (math.isfinite(self.latency_noise) and 0.0 <= self.latency_noise < 1.0):
+            raise ValueError(f"--latency-noise must lie in [0, 1), got {self.latency_noise!r}")
         for name in self.allocators:
             if name not in ALLOCATORS:
                 raise ValueError(f"--allocators: unknown allocator {name!r} (one of {ALLOCATORS})")
@@ -244,8 +249,12 @@ def budget_at(config: FleetConfig, cell: Cell, tdp_w: float, time_s: float) -> f
     return base
 
 
-def _plants(names: Sequence[str]) -> dict[str, ServingPlant]:
-    return {name: ServingPlant.from_profile(load_profile(name)) for name in dict.fromkeys(names)}
+def _plants(names: Sequence[str], latency_noise: float = 0.0) -> dict[str, ServingPlant]:
+    """One plant per distinct profile, with iteration-time jitter of CV ``latency_noise``."""
+    return {
+        name: ServingPlant.from_profile(load_profile(name), latency_noise_cv=latency_noise)
+        for name in dict.fromkeys(names)
+    }
 
 
 def _attained(
@@ -524,7 +533,7 @@ def check_inputs(config: FleetConfig) -> None:
     except ValueError as error:
         raise UsageError(str(error)) from error
     try:
-        plants = _plants(config.profiles)
+        plants = _plants(config.profiles, config.latency_noise)
     except ProfileError as error:
         raise UsageError(f"--profiles: {error}") from error
     first = plants[config.profiles[0]]
@@ -555,7 +564,7 @@ def run_fleet(
 ) -> dict[str, Any]:
     """Run every cell of ``config`` (``spec``: where); the JSON payload."""
     config.validate()
-    plants = _plants(config.profiles)
+    plants = _plants(config.profiles, config.latency_noise)
     workload, info = fleet_workload(config, plants)
     cells = cells_for(config)
     shared = {"config": config, "workload": workload, "plants": plants}

@@ -227,6 +227,20 @@ def test_least_work_sends_the_faster_board_a_larger_share_than_least_tokens(
     assert shares["least-work"] > shares["least-tokens"]
 
 
+def test_the_seed_moves_a_fleet_only_with_latency_noise(tiny: dict[str, object]) -> None:
+    config = tiny["config"]
+    assert isinstance(config, FleetConfig)
+
+    def energy(seed: int, noise: float) -> float:
+        changed = replace(config, seed=seed, latency_noise=noise)
+        plants = _plants(changed.profiles, noise)
+        row = run_cell(Cell("uncapped", None), {**tiny, "config": changed, "plants": plants})
+        return float(row["energy_j"])
+
+    assert energy(0, 0.0) == energy(1, 0.0)
+    assert energy(0, 0.2) != energy(1, 0.2)
+
+
 def test_each_node_controller_observes_its_engine_page_and_the_router_the_plant(
     tiny: dict[str, object],
 ) -> None:
@@ -360,6 +374,8 @@ def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         (["--controller", "no-such-controller"], "--controller"),
         (["--out", "/proc/gpugov-fleet"], "--out"),
         (["--engine-view", "sglang"], "--engine-view"),
+        (["--latency-noise", "1.0"], "--latency-noise"),
+        (["--latency-noise", "-0.1"], "--latency-noise"),
     ],
 )
 def test_bad_flags_are_one_line_before_any_work(
