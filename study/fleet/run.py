@@ -311,9 +311,9 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
         )
         for i, name in enumerate(config.node_profiles())
     ]
+    mix_tokens = sum(r.prompt_tokens + r.output_tokens for r in workload)
     rates = {
-        name: sum(r.prompt_tokens + r.output_tokens for r in workload)
-        / max(work_seconds_at_maximum(workload, plant.profile), 1e-9)
+        name: mix_tokens / max(work_seconds_at_maximum(workload, plant.profile), 1e-9)
         for name, plant in plants.items()
     }
     for node, name in zip(nodes, config.node_profiles(), strict=True):

@@ -116,6 +116,23 @@ def test_ray_missing_says_how_to_install_it_in_one_line(
     assert not out.exists()
 
 
+def _blocked_at_submit(monkeypatch: pytest.MonkeyPatch, signum: int) -> list[bool]:
+    """Record, at every pool submit (where the workers fork), whether ``signum`` is
+    blocked in the submitting thread."""
+    import signal
+    from concurrent.futures import ProcessPoolExecutor
+
+    blocked: list[bool] = []
+    submit = ProcessPoolExecutor.submit
+
+    def watched(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        blocked.append(signum in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", watched)
+    return blocked
+
+
 @pytest.mark.skipif(not hasattr(__import__("signal"), "pthread_sigmask"), reason="POSIX only")
 def test_pool_workers_are_forked_with_sigint_blocked_then_ignore_it(
     monkeypatch: pytest.MonkeyPatch,
@@ -123,16 +140,8 @@ def test_pool_workers_are_forked_with_sigint_blocked_then_ignore_it(
     """The workers fork (on submit) with SIGINT blocked: a Ctrl-C mid-fork hung the
     command. They then ignore and unblock it; the parent's mask is as it was."""
     import signal
-    from concurrent.futures import ProcessPoolExecutor
 
-    blocked_at_submit: list[bool] = []
-    submit = ProcessPoolExecutor.submit
-
-    def watched(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        blocked_at_submit.append(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
-        return submit(self, *args, **kwargs)
-
-    monkeypatch.setattr(ProcessPoolExecutor, "submit", watched)
+    blocked_at_submit = _blocked_at_submit(monkeypatch, signal.SIGINT)
     before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     done = list(map_cells(cell_tasks.sigint_state, [0, 1], spec=RunnerSpec(jobs=2)))
     assert blocked_at_submit == [True, True]
@@ -147,18 +156,10 @@ def test_sigterm_raises_in_the_parent_while_a_pool_runs_and_workers_keep_its_def
     ends the workers) and is restored after; the workers fork with it blocked and run it
     at its default action, unblocked."""
     import signal
-    from concurrent.futures import ProcessPoolExecutor
 
     from gpugov.daemon.errors import Terminated
 
-    blocked_at_submit: list[bool] = []
-    submit = ProcessPoolExecutor.submit
-
-    def watched(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        blocked_at_submit.append(signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []))
-        return submit(self, *args, **kwargs)
-
-    monkeypatch.setattr(ProcessPoolExecutor, "submit", watched)
+    blocked_at_submit = _blocked_at_submit(monkeypatch, signal.SIGTERM)
     before = signal.getsignal(signal.SIGTERM)
     cells = map_cells(cell_tasks.sigterm_state, [0, 1], spec=RunnerSpec(jobs=2))
     first = next(cells)
