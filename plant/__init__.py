@@ -2,12 +2,8 @@
 and the iteration-level simulator (names follow the seed's ``inference_serving``)."""
 
 from gpugov.plant.closed_loop import ControllerError, simulate
-from gpugov.plant.disaggregated import (
-    DisaggregatedPlant,
-    DisaggregatedResult,
-    PoolSpec,
-    simulate_disaggregated,
-)
+from gpugov.plant.disaggregated import DisaggregatedResult, simulate_disaggregated
+from gpugov.plant.disaggregated_layout import DisaggregatedPlant, PoolSpec
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import (
     PerformanceProfile,

@@ -149,7 +149,7 @@ def _layout(text: str) -> tuple[int, int] | None:
 
 def _interconnect(text: str) -> str:
     """``--interconnect``'s converter: one of the plant's interconnects."""
-    from gpugov.plant.disaggregated import INTERCONNECTS
+    from gpugov.plant.disaggregated_layout import INTERCONNECTS
 
     if text not in INTERCONNECTS:
         raise argparse.ArgumentTypeError(

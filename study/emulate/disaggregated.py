@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpugov.plant import ServingPlant
-from gpugov.plant.disaggregated import INTERCONNECTS, DisaggregatedPlant, PoolSpec
+from gpugov.plant.disaggregated_layout import INTERCONNECTS, DisaggregatedPlant, PoolSpec
 from gpugov.study.emulate.metrics import _histogram, _labels, _number, render_metrics
 from gpugov.study.emulate.node import EmulatedNode, EnergyRecord, Histogram, Stream
 

@@ -1,6 +1,6 @@
 """The scoreboard's disaggregated scenarios (``gpugov bench controllers --layout
 disaggregated``): each controller governs the prefill pool and the decode pool of a
-:class:`~gpugov.plant.disaggregated.DisaggregatedPlant`, one instance per pool, each
+:class:`~gpugov.plant.disaggregated_layout.DisaggregatedPlant`, one instance per pool, each
 built by the node's factory inside its safety chain (:func:`study_controller`), and each
 observing what its node's daemon derives from its engines' pages (``config.engine_view``,
 as the colocated scenarios; ``exact`` for the plant's state).
@@ -36,14 +36,12 @@ from gpugov.daemon.config import (
 from gpugov.daemon.simulated import pool_view
 from gpugov.plant import ServingPlant
 from gpugov.plant.disaggregated import (
-    ROLES,
-    DisaggregatedPlant,
     DisaggregatedResult,
-    PoolSpec,
     ReplicatedResult,
     simulate_colocated_replicas,
     simulate_disaggregated,
 )
+from gpugov.plant.disaggregated_layout import ROLES, DisaggregatedPlant, PoolSpec
 from gpugov.plant.profile import load_profile
 from gpugov.plant.types import Request
 from gpugov.plant.workload import TraceError

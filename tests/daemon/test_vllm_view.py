@@ -154,7 +154,8 @@ def test_each_pool_of_a_disaggregated_run_sees_its_node_view(plant: ServingPlant
     through its own vLLM page by a daemon observer of the pool's role; the decode pool's
     prompt tokens came from the other pool (``external_kv_transfer``), so it counts none
     as its own work, and its observation matches the plant's where vLLM publishes it."""
-    from gpugov.plant.disaggregated import DisaggregatedPlant, PoolSpec, simulate_disaggregated
+    from gpugov.plant.disaggregated import simulate_disaggregated
+    from gpugov.plant.disaggregated_layout import DisaggregatedPlant, PoolSpec
 
     seen: dict[str, list[ServingObservation]] = {"prefill": [], "decode": []}
     made: list[tuple[PlantSimulation, str]] = []

@@ -9,13 +9,12 @@ from dataclasses import replace
 import pytest
 
 from gpugov.plant import Request, ServingObservation, ServingPlant, load_profile, simulate
-from gpugov.plant.disaggregated import (
+from gpugov.plant.disaggregated import simulate_colocated_replicas, simulate_disaggregated
+from gpugov.plant.disaggregated_layout import (
     DEFAULT_KV_BYTES_PER_TOKEN,
     DisaggregatedPlant,
     PoolSpec,
     kv_bytes_per_token,
-    simulate_colocated_replicas,
-    simulate_disaggregated,
 )
 from gpugov.plant.synthetic_profiles import synthetic_profile
 from gpugov.plant.workload import poisson_workload

@@ -132,7 +132,7 @@ def test_completion_goes_through_both_pools(emulator: EmulatorServer) -> None:
 def test_a_transfer_in_flight_is_deferred_on_the_decode_page_and_can_be_aborted(
     plant: ServingPlant,
 ) -> None:
-    from gpugov.plant.disaggregated import DisaggregatedPlant
+    from gpugov.plant.disaggregated_layout import DisaggregatedPlant
 
     clock = VirtualClock()
     node = DisaggregatedNode(plant, prefill_gpus=1, decode_gpus=1, clock=clock)
