@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,24 @@ from study_support import run_quick_experiments
 def experiments_quick_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[Path, int, str, str]:
-    """The sequential quick run (figures included): ``(out, code, stdout, stderr)``."""
-    out = tmp_path_factory.mktemp("experiments") / "quick"
-    code, stdout, stderr = run_quick_experiments(out)
-    return out, code, stdout, stderr
+    """The sequential quick run (figures included): ``(out, code, stdout, stderr)``.
+
+    Under pytest-xdist the files that read it may run on different workers; the first
+    to need it runs it into the session's shared temporary folder (under a file lock)
+    and the others read that run (its folder and what it printed) instead of running
+    the same ~20 s again. The tests only read the folder."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        out = tmp_path_factory.mktemp("experiments") / "quick"
+        code, stdout, stderr = run_quick_experiments(out)
+        return out, code, stdout, stderr
+    shared = tmp_path_factory.getbasetemp().parent  # the same folder for every worker
+    out = shared / "experiments-shared" / "quick"
+    record = shared / "experiments-shared.json"
+    with open(shared / "experiments-shared.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not record.exists():
+            out.parent.mkdir(exist_ok=True)
+            code, stdout, stderr = run_quick_experiments(out)
+            record.write_text(json.dumps({"code": code, "stdout": stdout, "stderr": stderr}))
+        run = json.loads(record.read_text())
+    return out, run["code"], run["stdout"], run["stderr"]

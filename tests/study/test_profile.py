@@ -168,14 +168,23 @@ def test_profile_matches_the_emulated_truth(
         assert realized[clock] == pytest.approx(truth.realized_clock(float(clock)), abs=1.0)
 
 
+# The tests below check the sweep's bookkeeping (reset, resume, dry run, refusal), not its
+# accuracy: they measure around a smaller decode reference than the default 64 x 1024,
+# whose design points need about ten times the prompt tokens prefilled at every clock.
+SMALL_BATCH, SMALL_CONTEXT = 16, 256
+SMALL_REFERENCE = ("--reference-batch", str(SMALL_BATCH), "--reference-context", str(SMALL_CONTEXT))
+
+
 def _settings(dwell: float) -> SweepSettings:
+    """What ``_profile(..., "--clock-list", "1980,600", "--dwell", DWELL, *SMALL_REFERENCE)``
+    sweeps (``--resume`` compares them)."""
     return SweepSettings(
         clocks_mhz=(1980, 600),
         dwell_s=dwell,
         prefill_prompt_tokens=4096,
-        decode_points=default_decode_points(64, 1024, 131_072),
-        reference_batch=64,
-        reference_context_tokens=1024,
+        decode_points=default_decode_points(SMALL_BATCH, SMALL_CONTEXT, 131_072),
+        reference_batch=SMALL_BATCH,
+        reference_context_tokens=SMALL_CONTEXT,
     )
 
 
@@ -202,14 +211,23 @@ def test_interrupted_sweep_resets_and_resumes(
     assert [row["clock_mhz"] for row in lines if row["kind"] == "clock"] == [1980]
     first = lines[1]
     code = _profile(
-        url, tmp_path, "--clock-list", "1980,600", "--dwell", "0.5", "--resume", "--name", "resumed"
+        url,
+        tmp_path,
+        "--clock-list",
+        "1980,600",
+        "--dwell",
+        "0.5",
+        *SMALL_REFERENCE,
+        "--resume",
+        "--name",
+        "resumed",
     )
     assert code == 0
     rows = [json.loads(line) for line in (tmp_path / "sweep-state.jsonl").read_text().splitlines()]
     assert [row["clock_mhz"] for row in rows if row["kind"] == "clock"] == [1980, 600]
     assert rows[1] == first  # the measured clock was kept, not measured again
     assert load_profile(tmp_path / "resumed.json").clock_mhz[-1] == 1980
-    code = _profile(url, tmp_path, "--clock-list", "1980,1290", "--resume")
+    code = _profile(url, tmp_path, "--clock-list", "1980,1290", *SMALL_REFERENCE, "--resume")
     assert code == 1  # different settings: refused, nothing overwritten
 
 
@@ -217,7 +235,9 @@ def test_dry_run_changes_nothing(
     synthetic_emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     node = synthetic_emulator.node
-    code = _profile(synthetic_emulator.url, tmp_path, "--dry-run", "--dwell", "0.3")
+    code = _profile(
+        synthetic_emulator.url, tmp_path, "--dry-run", "--dwell", "0.3", *SMALL_REFERENCE
+    )
     assert code == 0
     assert node.gpu_state[0].locked is None and node.simulations[0].requested_clock_mhz == 1980
     record = json.loads((tmp_path / "dry-run.json").read_text())
@@ -252,7 +272,9 @@ def test_model_too_small_to_load_the_gpu(
     )
     server = _server(tiny)
     try:
-        code = _profile(server.url, tmp_path, "--clock-list", "1980,600", "--dwell", "0.3")
+        code = _profile(
+            server.url, tmp_path, "--clock-list", "1980,600", "--dwell", "0.3", *SMALL_REFERENCE
+        )
         assert code == 1
         assert server.node.gpu_state[0].locked is None
         assert server.node.simulations[0].requested_clock_mhz == 1980
