@@ -1,4 +1,6 @@
-"""The node commands of ``gpugov``: run, check-config, reset-clocks, status, replay.
+"""The node commands of ``gpugov``: run, check-config, reset-clocks, status, replay. This
+module registers them all; ``status`` runs in :mod:`daemon.status_cli`, and what the commands
+share (exit codes of errors, the GPU backend a command reads) is :mod:`daemon.node_support`.
 
 Exit codes (also in ``docs/daemon.md``):
 
@@ -18,23 +20,18 @@ Exit codes (also in ``docs/daemon.md``):
 from __future__ import annotations
 
 import argparse
-import functools
-import json
 import logging
 import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from gpugov.daemon import cli_types
-from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.cli_support import (
     UsageError,
     add_engine_view_argument,
     add_safety_arguments,
-    check_engine_url,
     check_fixed_clock,
     check_output_file,
     fail,
@@ -47,21 +44,12 @@ from gpugov.daemon.cli_support import (
 )
 from gpugov.daemon.config import GpugovConfig, load_config
 from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller_spec
-from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,
     ClocksNotReset,
     ConfigError,
-    ControllerError,
-    EngineUnavailable,
     ExitCode,
     GpuError,
-    GpugovError,
-    GpuLost,
-    GpuUnavailable,
-    NotSupported,
-    PeerRefused,
-    PermissionDenied,
     TransientGpuError,
 )
 from gpugov.daemon.loop import (
@@ -71,9 +59,10 @@ from gpugov.daemon.loop import (
     run,
 )
 from gpugov.daemon.loop import stop_on_signals as _stop_on_signals
+from gpugov.daemon.node_support import backend_choice, exit_code, gpu_indices, guarded
 from gpugov.daemon.nvidia_smi import run_command
-from gpugov.daemon.nvml import NvmlBackend, load_pynvml, nvml_device_count
-from gpugov.daemon.record import Recorder, RecordingError, read_recording
+from gpugov.daemon.nvml import load_pynvml
+from gpugov.daemon.record import Recorder, read_recording
 from gpugov.daemon.replay import replay
 from gpugov.daemon.run_simulated import (
     DEFAULT_CONTROLLER,
@@ -84,66 +73,15 @@ from gpugov.daemon.run_simulated import (
     run_simulated,
 )
 from gpugov.daemon.service import domains_from_config, open_backend
+from gpugov.daemon.status_cli import cmd_status, may_lock_clocks
 from gpugov.plant.profile import DEFAULT_PROFILE
 
 log = logging.getLogger("gpugov")
 
 EXIT_OK = ExitCode.OK
 EXIT_FAILURE = ExitCode.FAILURE
-EXIT_USAGE = ExitCode.USAGE
 EXIT_PERMISSION = ExitCode.PERMISSION
-EXIT_NO_GPU = ExitCode.NO_GPU
-EXIT_GPU_LOST = ExitCode.GPU_LOST
 EXIT_NOT_RESET = ExitCode.NOT_RESET
-
-CAP_SYS_ADMIN = 21
-
-
-def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Turn the daemon's errors into one clear line and the documented exit code."""
-
-    @functools.wraps(handler)
-    def wrapped(args: argparse.Namespace) -> int:
-        try:
-            return handler(args)
-        except PeerRefused as error:  # the actuator's or zeusd's own words
-            return fail(str(error), EXIT_PERMISSION)
-        except PermissionDenied:
-            print(f"gpugov: {PERMISSION_DENIED_MESSAGE}", file=sys.stderr)
-            return EXIT_PERMISSION
-        except GpuLost as error:
-            return fail(f"{error}; the other GPUs' clocks were reset", EXIT_GPU_LOST)
-        except Exception as error:
-            code = exit_code(error)
-            if code is None:
-                raise
-            return fail(str(error), code)
-
-    return wrapped
-
-
-def exit_code(error: BaseException) -> int | None:
-    """The documented exit code of an error a node command reports in one line (None: an
-    error that is not one of the daemon's)."""
-    from gpugov.plant.profile import ProfileError
-    from gpugov.plant.workload import TraceError
-
-    if isinstance(error, ClocksNotReset):
-        return EXIT_NOT_RESET
-    if isinstance(error, PermissionDenied):
-        return EXIT_PERMISSION
-    if isinstance(error, GpuLost):
-        return EXIT_GPU_LOST
-    if isinstance(error, GpuUnavailable | NotSupported):
-        return EXIT_NO_GPU
-    if isinstance(
-        error,
-        ConfigError | ControllerError | RecordingError | UsageError | TraceError | ProfileError,
-    ):
-        return EXIT_USAGE
-    if isinstance(error, GpugovError):
-        return EXIT_FAILURE
-    return None
 
 
 # --------------------------------------------------------------------------- run
@@ -207,7 +145,7 @@ def _run_node(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_guarded
+@guarded
 def cmd_run(args: argparse.Namespace) -> int:
     """``gpugov run``."""
     if args.simulate:
@@ -246,7 +184,7 @@ def _with_config_hint(error: ClocksNotReset, config_path: str) -> ClocksNotReset
 
 
 # ------------------------------------------------------------------ check-config
-@_guarded
+@guarded
 def cmd_check_config(args: argparse.Namespace) -> int:
     """``gpugov check-config FILE``: validate the file and check it against this node as
     ``run`` would at start (read-only; :mod:`daemon.node_check`), print what would run,
@@ -369,50 +307,7 @@ def _forget_lock(backend: Any) -> None:
         LockState(directory).clear(gpu_key(backend))
 
 
-def backend_choice(
-    backend: str | None, emulator: str | None, config: GpugovConfig | None
-) -> tuple[str, str | None]:
-    """The GPU backend (and emulator URL) a command uses: the flags', else the config's
-    (``daemon.backend``, ``daemon.emulator``), else NVML.
-
-    Raises:
-        UsageError: ``emulated`` without an emulator URL, or an URL that is not http://.
-    """
-    kind = backend or (config.daemon.backend if config is not None else "nvml")
-    url = emulator or (config.daemon.emulator if config is not None else None)
-    if emulator is not None and kind != "emulated":
-        raise UsageError(f"--emulator applies to the emulated backend, not {kind}")
-    if kind == "emulated" and not url:
-        raise UsageError(
-            "--backend emulated needs --emulator URL (or --config FILE with "
-            'backend = "emulated" and emulator = ...)'
-        )
-    if url is not None and not url.startswith("http://"):
-        raise UsageError(
-            f"--emulator must be an http:// URL such as http://127.0.0.1:8000, got {url!r}"
-        )
-    if url is not None:
-        check_engine_url(url, flag="--emulator", example="http://127.0.0.1:8000")
-    return kind, url if kind == "emulated" else None
-
-
-def _gpu_indices(kind: str, emulator: str | None, nvml: Any = None) -> list[int]:
-    """Every GPU the backend sees: NVML's count, the emulator's, or nvidia-smi's list.
-
-    Raises:
-        GpuUnavailable: no driver, no nvidia-smi, or no emulator answering.
-    """
-    if kind == "emulated":
-        from gpugov.daemon.emulated import emulated_device_count
-
-        return list(range(emulated_device_count(str(emulator))))
-    if kind == "nvidia-smi":
-        out = run_command(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], 30.0)
-        return [int(line) for line in out.split() if line.strip().isdigit()]
-    return list(range(nvml_device_count(nvml if nvml is not None else load_pynvml())))
-
-
-@_guarded
+@guarded
 def cmd_reset_clocks(args: argparse.Namespace) -> int:
     """``gpugov reset-clocks``: remove SM clock locks, trying every GPU and reporting each,
     through the backend the flags or the config name (NVML by default).
@@ -429,7 +324,7 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
         run_command(["nvidia-smi", "--reset-gpu-clocks"], 30.0)
         print("all GPUs: SM clock locks reset (nvidia-smi)")
         return EXIT_OK
-    gpus: list[int | str] = list(_gpu_indices(kind, emulator)) if chosen is None else chosen
+    gpus: list[int | str] = list(gpu_indices(kind, emulator)) if chosen is None else chosen
     failed: dict[str, str] = {}
     for gpu in gpus:
         error = _reset_one(
@@ -452,170 +347,8 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
     return EXIT_PERMISSION if denied else EXIT_NOT_RESET
 
 
-# ------------------------------------------------------------------------ status
-def may_lock_clocks(status_path: str | Path = "/proc/self/status") -> bool:
-    """Whether this process holds CAP_SYS_ADMIN (what NVML checks), else whether it is root."""
-    try:
-        for line in Path(status_path).read_text().splitlines():
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return hasattr(os, "geteuid") and os.geteuid() == 0
-
-
-def gpu_status(
-    nvml: Any = None, *, backend_kind: str = "nvml", emulator: str | None = None
-) -> list[dict[str, Any]]:
-    """Per GPU of the backend (``nvml``, ``nvidia-smi`` or ``emulated`` at ``emulator``):
-    name, UUID, supported clock range, current clock, power, temperature.
-
-    Raises:
-        GpuUnavailable: no driver or library, no nvidia-smi, or no emulator answering.
-    """
-    rows = []
-    for index in _gpu_indices(backend_kind, emulator, nvml):
-        backend = _open_for_status(index, backend_kind, nvml, emulator)
-        try:
-            try:
-                clocks = backend.supported_clocks_mhz()
-                clock_range: list[int] | None = [clocks[0], clocks[-1]]
-                count: int | None = len(clocks)
-            except (NotSupported, GpuUnavailable):
-                clock_range, count = None, None
-            sample = backend.sample()
-            rows.append(
-                {
-                    "index": index,
-                    "name": getattr(backend, "name", None),
-                    "uuid": getattr(backend, "uuid", None),
-                    "supported_clock_range_mhz": clock_range,
-                    "supported_clock_count": count,
-                    "sm_clock_mhz": sample.sm_clock_mhz,
-                    "power_w": sample.power_w,
-                    "temperature_c": sample.temperature_c,
-                    "utilization": sample.utilization,
-                    "power_limit_w": sample.power_limit_w,
-                    "clock_event_reasons": sample.clock_event_reasons,
-                }
-            )
-        finally:
-            backend.close()
-    return rows
-
-
-def _open_for_status(index: int, kind: str, nvml: Any, emulator: str | None) -> GpuBackend:
-    """One GPU of the backend, opened as ``run`` opens it (its clocks are listed later,
-    so a GPU that lists none is still shown)."""
-    if kind == "emulated":
-        from gpugov.daemon.emulated import EmulatedBackend
-
-        return EmulatedBackend(index, emulator=str(emulator))
-    if kind == "nvidia-smi":
-        from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
-
-        return NvidiaSmiBackend(index)
-    return NvmlBackend(index, nvml=nvml)
-
-
-def engine_status(url: str, kind: str = "auto", timeout_s: float = 1.0) -> dict[str, Any]:
-    """Whether the engine's metrics page answers, and its queue if it does."""
-    source = ScrapedSource(url, kind, timeout_s=timeout_s)  # type: ignore[arg-type]
-    try:
-        sample = source.scrape()
-    except EngineUnavailable as error:
-        return {"url": url, "reachable": False, "error": str(error)}
-    return {
-        "url": url,
-        "reachable": True,
-        "engine": sample.engine,
-        "waiting": sample.waiting_requests,
-        "running": sample.running_requests,
-        "role": sample.role,  # the pool role its labels state (docs/disaggregated.md)
-    }
-
-
-@_guarded
-def cmd_status(args: argparse.Namespace) -> int:
-    """``gpugov status``: the GPUs of the backend the flags or the config name (NVML by
-    default), lock permission, and the engines' reachability."""
-    for url in args.engine_url or []:
-        check_engine_url(url)
-    if args.governor_metrics is not None:
-        from gpugov.daemon.energy_report import check_metrics_url
-
-        try:
-            check_metrics_url(args.governor_metrics)
-        except ValueError as error:
-            raise UsageError(f"--governor-metrics {error}") from error
-    config = load_config(args.config) if args.config else None
-    kind, emulator = backend_choice(args.backend, args.emulator, config)
-    emulated = kind == "emulated"
-    report: dict[str, Any] = {
-        "backend": kind,
-        **({"emulator": emulator} if emulated else {}),
-        # Emulated GPUs take locks from anyone (NVML's permission check is not emulated).
-        "may_lock_clocks": True if emulated else may_lock_clocks(),
-        "gpus": [],
-        "engines": [],
-    }
-    code = EXIT_OK
-    try:
-        report["gpus"] = gpu_status(
-            None if kind != "nvml" else load_pynvml(), backend_kind=kind, emulator=emulator
-        )
-    except GpuUnavailable as error:
-        report["gpu_error"] = str(error)
-        code = EXIT_NO_GPU
-    engines: list[tuple[str, str]] = [(url, "auto") for url in args.engine_url or []]
-    if config is not None:
-        engines += [(d.engine.url, d.engine.kind) for d in config.domains]
-    report["engines"] = [engine_status(url, engine) for url, engine in engines]
-    if args.governor_metrics is not None:
-        from gpugov.daemon.energy_report import governor_energy
-
-        report["energy"] = governor_energy(args.governor_metrics)
-    if args.json:
-        print(json.dumps(report, indent=1))
-        return code
-    if emulated:
-        allowed = f"yes (emulated GPUs at {emulator})"
-    else:
-        allowed = "yes" if report["may_lock_clocks"] else "no (needs root or CAP_SYS_ADMIN)"
-    print(f"may lock clocks: {allowed}")
-    if "gpu_error" in report:
-        print(f"GPUs: unavailable: {report['gpu_error']}")
-    for gpu in report["gpus"]:
-        clock_range = gpu["supported_clock_range_mhz"]
-        span = f"{clock_range[0]}-{clock_range[1]} MHz" if clock_range else "not reported"
-        who = " ".join(str(part) for part in (gpu["name"], gpu["uuid"]) if part) or "?"
-        print(
-            f"GPU {gpu['index']}: {who}; supported {span}; "
-            f"now {_num(gpu['sm_clock_mhz'], 'MHz')}, {_num(gpu['power_w'], 'W')}, "
-            f"{_num(gpu['temperature_c'], 'C')}"
-        )
-    for engine in report["engines"]:
-        if engine["reachable"]:
-            role = f", labels say role {engine['role']}" if engine.get("role") else ""
-            print(
-                f"engine {engine['url']}: reachable ({engine['engine']}, "
-                f"{engine['waiting']} waiting, {engine['running']} running{role})"
-            )
-        else:
-            print(f"engine {engine['url']}: unreachable: {engine['error']}")
-    if "energy" in report:
-        from gpugov.daemon.energy_report import energy_lines
-
-        print("\n".join(energy_lines(report["energy"])))
-    return code
-
-
-def _num(value: float | None, unit: str) -> str:
-    return "n/a" if value is None else f"{value:.0f} {unit}"
-
-
 # ------------------------------------------------------------------------ replay
-@_guarded
+@guarded
 def cmd_replay(args: argparse.Namespace) -> int:
     """``gpugov replay FILE.jsonl --controller X``."""
     header, _ = read_recording(args.file, warn=lambda message: None)

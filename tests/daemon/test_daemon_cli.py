@@ -10,7 +10,9 @@ from daemon_support import MetricsServer, fixture_text
 from fake_pynvml import FakeNvml
 
 import gpugov.daemon.node_cli as node_cli
+import gpugov.daemon.node_support as node_support
 import gpugov.daemon.nvml as nvml_module
+import gpugov.daemon.status_cli as status_cli
 from gpugov.daemon.errors import PERMISSION_DENIED_MESSAGE
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "gpugov.example.toml"
@@ -19,8 +21,9 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "gpugov.example.toml"
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
     fake = FakeNvml(2)
-    monkeypatch.setattr(nvml_module, "load_pynvml", lambda: fake)
-    monkeypatch.setattr(node_cli, "load_pynvml", lambda: fake)
+    # Every place a node command loads NVML: the backends, check-config, status, GPU listing.
+    for module in (nvml_module, node_cli, status_cli, node_support):
+        monkeypatch.setattr(module, "load_pynvml", lambda: fake)
     return fake
 
 
@@ -134,9 +137,9 @@ def test_status(
 def test_may_lock_clocks_reads_capabilities(tmp_path: Path) -> None:
     status = tmp_path / "status"
     status.write_text("Name:\tx\nCapEff:\t0000000000200000\n")
-    assert node_cli.may_lock_clocks(status)
+    assert status_cli.may_lock_clocks(status)
     status.write_text("Name:\tx\nCapEff:\t0000000000000000\n")
-    assert not node_cli.may_lock_clocks(status)
+    assert not status_cli.may_lock_clocks(status)
 
 
 def test_run_simulate_virtual_record_and_replay(

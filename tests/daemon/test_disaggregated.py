@@ -281,9 +281,9 @@ def test_status_shows_the_role_the_labels_state(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from gpugov.daemon import node_cli
+    from gpugov.daemon import node_cli, status_cli
 
-    monkeypatch.setattr(node_cli, "load_pynvml", lambda: FakeNvml(1))
+    monkeypatch.setattr(status_cli, "load_pynvml", lambda: FakeNvml(1))
     metrics_server.page = fixture_text("sglang_pd_decode_synthetic.txt")
     assert node_cli.main(["status", "--engine-url", metrics_server.url]) == 0
     assert "reachable (sglang, 2 waiting, 32 running, labels say role decode)" in (

@@ -11,6 +11,8 @@ import pytest
 from synthetic import make_plant
 
 import gpugov.daemon.node_cli as node_cli
+import gpugov.daemon.node_support as node_support
+import gpugov.daemon.status_cli as status_cli
 from gpugov.daemon.emulated import EmulatedBackend, emulated_device_count
 from gpugov.daemon.errors import ClocksNotReset, GpuUnavailable
 from gpugov.study.emulate.node import EmulatedNode
@@ -25,7 +27,9 @@ def emulator(monkeypatch: pytest.MonkeyPatch) -> Iterator[EmulatorServer]:
     def no_nvml() -> None:
         raise AssertionError("NVML used although the backend is emulated")
 
-    monkeypatch.setattr(node_cli, "load_pynvml", no_nvml)
+    # check-config, status and the GPU listing of reset-clocks each look NVML up by name.
+    for module in (node_cli, status_cli, node_support):
+        monkeypatch.setattr(module, "load_pynvml", no_nvml)
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     server = EmulatorServer(EmulatedNode(make_plant(), gpus=2), "127.0.0.1", 0)
     server.start()

@@ -1,0 +1,119 @@
+"""What the node commands (:mod:`daemon.node_cli`, :mod:`daemon.status_cli`) share: their
+errors as one line and the documented exit code, and the GPU backend a command reads."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from gpugov.daemon.cli_support import UsageError, check_engine_url, fail
+from gpugov.daemon.config import GpugovConfig
+from gpugov.daemon.errors import (
+    PERMISSION_DENIED_MESSAGE,
+    ClocksNotReset,
+    ConfigError,
+    ControllerError,
+    ExitCode,
+    GpugovError,
+    GpuLost,
+    GpuUnavailable,
+    NotSupported,
+    PeerRefused,
+    PermissionDenied,
+)
+from gpugov.daemon.nvidia_smi import run_command
+from gpugov.daemon.nvml import load_pynvml, nvml_device_count
+from gpugov.daemon.record import RecordingError
+
+
+def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Turn the daemon's errors into one clear line and the documented exit code."""
+
+    @functools.wraps(handler)
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except PeerRefused as error:  # the actuator's or zeusd's own words
+            return fail(str(error), ExitCode.PERMISSION)
+        except PermissionDenied:
+            print(f"gpugov: {PERMISSION_DENIED_MESSAGE}", file=sys.stderr)
+            return ExitCode.PERMISSION
+        except GpuLost as error:
+            return fail(f"{error}; the other GPUs' clocks were reset", ExitCode.GPU_LOST)
+        except Exception as error:
+            code = exit_code(error)
+            if code is None:
+                raise
+            return fail(str(error), code)
+
+    return wrapped
+
+
+def exit_code(error: BaseException) -> int | None:
+    """The documented exit code of an error a node command reports in one line (None: an
+    error that is not one of the daemon's)."""
+    from gpugov.plant.profile import ProfileError
+    from gpugov.plant.workload import TraceError
+
+    if isinstance(error, ClocksNotReset):
+        return ExitCode.NOT_RESET
+    if isinstance(error, PermissionDenied):
+        return ExitCode.PERMISSION
+    if isinstance(error, GpuLost):
+        return ExitCode.GPU_LOST
+    if isinstance(error, GpuUnavailable | NotSupported):
+        return ExitCode.NO_GPU
+    if isinstance(
+        error,
+        ConfigError | ControllerError | RecordingError | UsageError | TraceError | ProfileError,
+    ):
+        return ExitCode.USAGE
+    if isinstance(error, GpugovError):
+        return ExitCode.FAILURE
+    return None
+
+
+def backend_choice(
+    backend: str | None, emulator: str | None, config: GpugovConfig | None
+) -> tuple[str, str | None]:
+    """The GPU backend (and emulator URL) a command uses: the flags', else the config's
+    (``daemon.backend``, ``daemon.emulator``), else NVML.
+
+    Raises:
+        UsageError: ``emulated`` without an emulator URL, or an URL that is not http://.
+    """
+    kind = backend or (config.daemon.backend if config is not None else "nvml")
+    url = emulator or (config.daemon.emulator if config is not None else None)
+    if emulator is not None and kind != "emulated":
+        raise UsageError(f"--emulator applies to the emulated backend, not {kind}")
+    if kind == "emulated" and not url:
+        raise UsageError(
+            "--backend emulated needs --emulator URL (or --config FILE with "
+            'backend = "emulated" and emulator = ...)'
+        )
+    if url is not None and not url.startswith("http://"):
+        raise UsageError(
+            f"--emulator must be an http:// URL such as http://127.0.0.1:8000, got {url!r}"
+        )
+    if url is not None:
+        check_engine_url(url, flag="--emulator", example="http://127.0.0.1:8000")
+    return kind, url if kind == "emulated" else None
+
+
+def gpu_indices(kind: str, emulator: str | None, nvml: Any = None) -> list[int]:
+    """Every GPU the backend sees: NVML's count, the emulator's, or nvidia-smi's list.
+
+    Raises:
+        GpuUnavailable: no driver, no nvidia-smi, or no emulator answering.
+    """
+    if kind == "emulated":
+        from gpugov.daemon.emulated import emulated_device_count
+
+        return list(range(emulated_device_count(str(emulator))))
+    if kind == "nvidia-smi":
+        out = run_command(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], 30.0)
+        return [int(line) for line in out.split() if line.strip().isdigit()]
+    return list(range(nvml_device_count(nvml if nvml is not None else load_pynvml())))

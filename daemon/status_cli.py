@@ -1,0 +1,181 @@
+"""``gpugov status``: the backend's GPUs, lock permission and the engines' reachability, read
+only. One command's own responsibility, so its own module; :mod:`daemon.node_cli` registers it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from gpugov.daemon.backend import GpuBackend
+from gpugov.daemon.cli_support import UsageError, check_engine_url
+from gpugov.daemon.config import load_config
+from gpugov.daemon.engines import ScrapedSource
+from gpugov.daemon.errors import EngineUnavailable, ExitCode, GpuUnavailable, NotSupported
+from gpugov.daemon.node_support import backend_choice, gpu_indices, guarded
+from gpugov.daemon.nvml import NvmlBackend, load_pynvml
+
+CAP_SYS_ADMIN = 21
+
+
+def may_lock_clocks(status_path: str | Path = "/proc/self/status") -> bool:
+    """Whether this process holds CAP_SYS_ADMIN (what NVML checks), else whether it is root."""
+    try:
+        for line in Path(status_path).read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def gpu_status(
+    nvml: Any = None, *, backend_kind: str = "nvml", emulator: str | None = None
+) -> list[dict[str, Any]]:
+    """Per GPU of the backend (``nvml``, ``nvidia-smi`` or ``emulated`` at ``emulator``):
+    name, UUID, supported clock range, current clock, power, temperature.
+
+    Raises:
+        GpuUnavailable: no driver or library, no nvidia-smi, or no emulator answering.
+    """
+    rows = []
+    for index in gpu_indices(backend_kind, emulator, nvml):
+        backend = _open_for_status(index, backend_kind, nvml, emulator)
+        try:
+            try:
+                clocks = backend.supported_clocks_mhz()
+                clock_range: list[int] | None = [clocks[0], clocks[-1]]
+                count: int | None = len(clocks)
+            except (NotSupported, GpuUnavailable):
+                clock_range, count = None, None
+            sample = backend.sample()
+            rows.append(
+                {
+                    "index": index,
+                    "name": getattr(backend, "name", None),
+                    "uuid": getattr(backend, "uuid", None),
+                    "supported_clock_range_mhz": clock_range,
+                    "supported_clock_count": count,
+                    "sm_clock_mhz": sample.sm_clock_mhz,
+                    "power_w": sample.power_w,
+                    "temperature_c": sample.temperature_c,
+                    "utilization": sample.utilization,
+                    "power_limit_w": sample.power_limit_w,
+                    "clock_event_reasons": sample.clock_event_reasons,
+                }
+            )
+        finally:
+            backend.close()
+    return rows
+
+
+def _open_for_status(index: int, kind: str, nvml: Any, emulator: str | None) -> GpuBackend:
+    """One GPU of the backend, opened as ``run`` opens it (its clocks are listed later,
+    so a GPU that lists none is still shown)."""
+    if kind == "emulated":
+        from gpugov.daemon.emulated import EmulatedBackend
+
+        return EmulatedBackend(index, emulator=str(emulator))
+    if kind == "nvidia-smi":
+        from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
+
+        return NvidiaSmiBackend(index)
+    return NvmlBackend(index, nvml=nvml)
+
+
+def engine_status(url: str, kind: str = "auto", timeout_s: float = 1.0) -> dict[str, Any]:
+    """Whether the engine's metrics page answers, and its queue if it does."""
+    source = ScrapedSource(url, kind, timeout_s=timeout_s)  # type: ignore[arg-type]
+    try:
+        sample = source.scrape()
+    except EngineUnavailable as error:
+        return {"url": url, "reachable": False, "error": str(error)}
+    return {
+        "url": url,
+        "reachable": True,
+        "engine": sample.engine,
+        "waiting": sample.waiting_requests,
+        "running": sample.running_requests,
+        "role": sample.role,  # the pool role its labels state (docs/disaggregated.md)
+    }
+
+
+@guarded
+def cmd_status(args: argparse.Namespace) -> int:
+    """``gpugov status``: the GPUs of the backend the flags or the config name (NVML by
+    default), lock permission, and the engines' reachability."""
+    for url in args.engine_url or []:
+        check_engine_url(url)
+    if args.governor_metrics is not None:
+        from gpugov.daemon.energy_report import check_metrics_url
+
+        try:
+            check_metrics_url(args.governor_metrics)
+        except ValueError as error:
+            raise UsageError(f"--governor-metrics {error}") from error
+    config = load_config(args.config) if args.config else None
+    kind, emulator = backend_choice(args.backend, args.emulator, config)
+    emulated = kind == "emulated"
+    report: dict[str, Any] = {
+        "backend": kind,
+        **({"emulator": emulator} if emulated else {}),
+        # Emulated GPUs take locks from anyone (NVML's permission check is not emulated).
+        "may_lock_clocks": True if emulated else may_lock_clocks(),
+        "gpus": [],
+        "engines": [],
+    }
+    code = ExitCode.OK
+    try:
+        report["gpus"] = gpu_status(
+            None if kind != "nvml" else load_pynvml(), backend_kind=kind, emulator=emulator
+        )
+    except GpuUnavailable as error:
+        report["gpu_error"] = str(error)
+        code = ExitCode.NO_GPU
+    engines: list[tuple[str, str]] = [(url, "auto") for url in args.engine_url or []]
+    if config is not None:
+        engines += [(d.engine.url, d.engine.kind) for d in config.domains]
+    report["engines"] = [engine_status(url, engine) for url, engine in engines]
+    if args.governor_metrics is not None:
+        from gpugov.daemon.energy_report import governor_energy
+
+        report["energy"] = governor_energy(args.governor_metrics)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return code
+    if emulated:
+        allowed = f"yes (emulated GPUs at {emulator})"
+    else:
+        allowed = "yes" if report["may_lock_clocks"] else "no (needs root or CAP_SYS_ADMIN)"
+    print(f"may lock clocks: {allowed}")
+    if "gpu_error" in report:
+        print(f"GPUs: unavailable: {report['gpu_error']}")
+    for gpu in report["gpus"]:
+        clock_range = gpu["supported_clock_range_mhz"]
+        span = f"{clock_range[0]}-{clock_range[1]} MHz" if clock_range else "not reported"
+        who = " ".join(str(part) for part in (gpu["name"], gpu["uuid"]) if part) or "?"
+        print(
+            f"GPU {gpu['index']}: {who}; supported {span}; "
+            f"now {_num(gpu['sm_clock_mhz'], 'MHz')}, {_num(gpu['power_w'], 'W')}, "
+            f"{_num(gpu['temperature_c'], 'C')}"
+        )
+    for engine in report["engines"]:
+        if engine["reachable"]:
+            role = f", labels say role {engine['role']}" if engine.get("role") else ""
+            print(
+                f"engine {engine['url']}: reachable ({engine['engine']}, "
+                f"{engine['waiting']} waiting, {engine['running']} running{role})"
+            )
+        else:
+            print(f"engine {engine['url']}: unreachable: {engine['error']}")
+    if "energy" in report:
+        from gpugov.daemon.energy_report import energy_lines
+
+        print("\n".join(energy_lines(report["energy"])))
+    return code
+
+
+def _num(value: float | None, unit: str) -> str:
+    return "n/a" if value is None else f"{value:.0f} {unit}"
