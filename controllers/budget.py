@@ -24,8 +24,10 @@ budget, ``N`` the requests in the window, ``A = e N`` the misses the target allo
 whole window, its requests ``N'`` are projected from their rate so far (over at least a
 short window) and ``A' = e N'``, else ``A' = A``:
 
-* **behind** when ``S > 3A/4`` (a quarter of the budget is kept in reserve for the misses
-  still under way) or ``m_s > 3e`` (the short window burns the budget three times faster
+* **behind** when ``S > 3A'/4`` (a quarter of the window's budget is kept in reserve for
+  the misses still under way; judged against the window's projected budget, so that a few
+  misses in a window's first minutes, before most of its requests have been served, are
+  not read as a budget spent) or ``m_s > 3e`` (the short window burns the budget three times faster
   than the target sustains: at that rate a twelfth of the window spends a quarter of the
   window's budget), each with at least two misses (one miss is no rate: on a light node,
   one early miss among 40 requests is not "behind"): the looseness falls, fast: across its
@@ -271,9 +273,9 @@ class AttainmentBudget:
         # seen, and one miss is no rate: "behind" needs two.
         projected = long.requests * window / max(covered, SHORT_WINDOW_SHARE * window)
         span = math.log(self.loosest / self.tightest)
-        behind = (long.misses > BEHIND_SHARE * allowed and long.misses >= BEHIND_MISSES) or (
-            short.miss_fraction > FAST_BURN_RATE * budget and short.misses >= BEHIND_MISSES
-        )
+        behind = (
+            long.misses > BEHIND_SHARE * budget * projected and long.misses >= BEHIND_MISSES
+        ) or (short.miss_fraction > FAST_BURN_RATE * budget and short.misses >= BEHIND_MISSES)
         ahead = (
             long.misses < AHEAD_SHARE * allowed
             and short.miss_fraction <= budget

@@ -116,6 +116,18 @@ def test_one_early_miss_is_no_rate() -> None:
     assert three.looseness < 1.0
 
 
+def test_early_misses_are_judged_against_the_window_s_projected_budget() -> None:
+    """Four misses in a busy window's first minute (300 requests seen, 3,000 projected:
+    30 misses allowed) are not "behind", though they pass three quarters of what the
+    requests seen so far allow; the same share kept up is (the short window burns)."""
+    budget = AttainmentBudget(TARGET)
+    trace, state = _run(budget, 60.0, rate=5.0, miss=4.0 / 300.0)
+    assert budget.last is not None and budget.last.misses > 0.75 * 0.01 * budget.last.requests
+    assert min(trace) == 1.0
+    trace, _ = _run(budget, 60.0, rate=5.0, miss=0.04, start=state)
+    assert trace[-1] < 1.0
+
+
 def test_holds_between_half_and_three_quarters_of_the_budget_spent() -> None:
     budget = AttainmentBudget(TARGET)
     trace, _ = _run(budget, 900.0, rate=5.0, miss=0.006)  # 60% of the budget spent
