@@ -26,12 +26,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import platform
 import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +72,12 @@ def _tail(result: ServingResult, plant: ServingPlant) -> tuple[int, int]:
     return near, missed
 
 
-def run_cell(cell: tuple[str, float, str, str, float, tuple[str, ...]]) -> dict[str, Any]:
+def run_cell(
+    cell: tuple[str, float, str, str, float, tuple[str, ...], str, float],
+) -> dict[str, Any]:
     """Run the maximum clock and ``keys`` on one window; a dict row (``error`` set when
     the window cannot be built)."""
-    trace, start, profile_name, load, duration, keys, engine_view = cell
+    trace, start, profile_name, load, duration, keys, engine_view, dwell_s = cell
     row: dict[str, Any] = {"trace": trace, "start_s": start, "profile": profile_name, "load": load}
     plant = ServingPlant.from_profile(load_profile(profile_name))
     try:
@@ -91,7 +95,7 @@ def run_cell(cell: tuple[str, float, str, str, float, tuple[str, ...]]) -> dict[
         control_period_s=FULL.control_period_s,
         fast_mpc_period_s=FULL.fast_mpc_period_s,
         online_period_s=FULL.online_period_s,
-        safety=FULL.safety,
+        safety=replace(FULL, dwell_s=dwell_s).safety,
         slo_target=FULL.slo_target,
     ):
         if entry.key != "max" and entry.key not in keys:
@@ -187,9 +191,20 @@ def main(argv: list[str] | None = None) -> int:
         default=FULL.engine_view,
         help="what the controllers observe: a vLLM node's view (default) or the exact state",
     )
+    parser.add_argument(
+        "--dwell",
+        type=float,
+        default=FULL.dwell_s,
+        metavar="S",
+        help="the safety chain's dwell every controller runs in (the node's safety.dwell_s; "
+        f"default {FULL.dwell_s:g})",
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=str(OUT), help="output JSON")
     args = parser.parse_args(argv)
+    if not (math.isfinite(args.dwell) and args.dwell >= 0.0):
+        print(f"error: --dwell must be >= 0, got {args.dwell!r}", file=sys.stderr)
+        return 2
     if args.trace in WHOLE_TRACE:
         print(
             f"error: --trace {args.trace} is used whole by the scoreboard; it has no "
@@ -199,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     keys = tuple(key for key in args.controllers if key != "max")
     cells = [
-        (args.trace, start, profile, load, args.duration, keys, args.engine_view)
+        (args.trace, start, profile, load, args.duration, keys, args.engine_view, args.dwell)
         for start, profile, load in itertools.product(args.starts, args.profiles, args.loads)
     ]
     started = time.time()
@@ -217,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         "starts_s": args.starts,
         "duration_s": args.duration,
         "engine_view": args.engine_view,
+        "dwell_s": args.dwell,
         "slo_tolerance": SLO_TOLERANCE,
         "near_fraction": NEAR_FRACTION,
         "wall_s": time.time() - started,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -210,13 +211,27 @@ def main(argv: list[str] | None = None) -> int:
         default=FULL.engine_view,
         help="what the controllers observe: a vLLM node's view (default) or the exact state",
     )
+    parser.add_argument(
+        "--dwell",
+        type=float,
+        default=FULL.dwell_s,
+        metavar="S",
+        help="the safety chain's dwell every controller runs in (the node's safety.dwell_s; "
+        f"default {FULL.dwell_s:g})",
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--cache", default=str(CACHE), help="oracle energies, kept between runs")
     parser.add_argument("--out", default=str(OUT), help="output JSON")
     args = parser.parse_args(argv)
+    if not (math.isfinite(args.dwell) and args.dwell >= 0.0):
+        print(f"error: --dwell must be >= 0, got {args.dwell!r}", file=sys.stderr)
+        return 2
     try:
         config = replace(
-            FULL, profiles=tuple(expand_profiles(args.profiles)), engine_view=args.engine_view
+            FULL,
+            profiles=tuple(expand_profiles(args.profiles)),
+            engine_view=args.engine_view,
+            dwell_s=args.dwell,
         )
         for name in config.profiles:
             resolve_profile(name)
@@ -258,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         "profiles": list(config.profiles),
         "controllers": list(keys),
         "engine_view": config.engine_view,
+        "dwell_s": config.dwell_s,
         "wall_s": time.time() - started,
         "rows": rows,
         "summary": summary,
