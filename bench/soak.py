@@ -4,18 +4,22 @@ What runs is the daemon's own loop (``daemon.loop.run``) over a domain built fro
 config by ``daemon.service.domains_from_config``: the fake NVML
 (``tests/daemon/fake_pynvml.py``, one H100), the vLLM scrape path (``ScrapedSource`` with
 its parser, series cache and value checks; the page text is generated in process, so no
-socket is needed), the fast MPC (``kind = "mpc"``), the safety wrappers, the actuator
-with its readback, and the exporter's collector (published every tick, collected every
-simulated minute). The clock is virtual: ticks run back to back.
+socket is needed), the controller (``--controller``: ``mpc-online``, the node's default
+governor, with its learned model saved to a state directory as a node's is, or the
+profile-fed fast MPC ``mpc``), the safety wrappers, the actuator with its readback, and
+the exporter's collector (published every tick, collected every simulated minute). The
+clock is virtual: ticks run back to back.
 
 The engine's load follows a day-long cycle with bursts and two engine restarts (the
 counters fall back to zero), so the MPC sees the whole range of queues.
 
 Reported: RSS over simulated time, its least-squares slope after the warm-up (target
 < 1 MB per simulated day), open file descriptors and threads at the start and the end,
-ticks and wall time. Writes ``bench/results/soak.json``.
+ticks and wall time; for ``mpc-online``, the saved model's size and the windows it
+learned. Writes ``bench/results/soak.json``.
 
-    .venv/bin/python bench/soak.py [--hours 24] [--period 1.0] [--warmup-hours 2]
+    .venv/bin/python bench/soak.py [--controller mpc-online|mpc] [--hours 24] [--period 1.0]
+                                   [--warmup-hours 2]
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import os
 import platform
 import random
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -41,7 +46,9 @@ from fake_pynvml import FakeNvml  # noqa: E402
 
 from gpugov.daemon.config import parse_config  # noqa: E402
 from gpugov.daemon.exporter import Exporter  # noqa: E402
+from gpugov.daemon.files import json_safe  # noqa: E402
 from gpugov.daemon.loop import LoopSnapshot, TimedLoop, VirtualClock, run  # noqa: E402
+from gpugov.daemon.model_store import learned_windows  # noqa: E402
 from gpugov.daemon.progress import Progress  # noqa: E402
 from gpugov.daemon.service import domains_from_config  # noqa: E402
 
@@ -73,11 +80,14 @@ class SyntheticVllm:
     """A vLLM ``/metrics`` page whose load follows a daily cycle with bursts.
 
     Counters grow with the served load and restart from zero twice a day (an engine
-    restart), as a real engine's do.
+    restart), as a real engine's do. With ``gpu`` (the fake's GPU), the latencies follow
+    its SM clock (:func:`follow_clock`): prefill as ``1/f``, an inter-token interval as
+    ``f^-0.3`` (memory-bound), so a controller's clock has consequences.
     """
 
-    def __init__(self, clock: VirtualClock, seed: int = 0) -> None:
+    def __init__(self, clock: VirtualClock, seed: int = 0, gpu: Any = None) -> None:
         self.clock = clock
+        self.gpu = gpu
         self.rng = random.Random(seed)
         self.prompt = self.generation = self.finished = 0.0
         self.ttft_sum = self.ttft_count = self.itl_sum = self.itl_count = 0.0
@@ -98,15 +108,17 @@ class SyntheticVllm:
         self.last_s = now
         arrived = self.rng.gauss(rate * dt, math.sqrt(max(rate * dt, 1e-9)))
         arrived = max(0.0, arrived)
-        self.finished += arrived
+        running = max(0, round(rate * 6.0))
+        # A request's first token leads its finish: the running ones have theirs.
+        self.finished = max(self.finished, self.ttft_count + arrived - running)
         self.prompt += arrived * 600.0
         self.generation += arrived * 220.0
+        slower = 1.0 if self.gpu is None else TOP_CLOCK_MHZ / max(self.gpu.sm_clock_mhz, 1)
         self.ttft_count += arrived
-        self.ttft_sum += arrived * (0.15 + 0.05 * rate / 8.0)
+        self.ttft_sum += arrived * (0.15 + 0.05 * rate / 8.0) * slower
         self.itl_count += arrived * 220.0
-        self.itl_sum += arrived * 220.0 * 0.02
-        waiting = max(0, round(self.rng.gauss(rate * 0.5, 1.0)))
-        running = max(0, round(rate * 6.0))
+        self.itl_sum += arrived * 220.0 * 0.02 * slower**0.3
+        waiting = max(0, round(self.rng.gauss(rate * 0.05, 0.5)))
         usage = min(1.0, running / 120.0)
         labels = 'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"'
         return (
@@ -122,6 +134,19 @@ class SyntheticVllm:
             f"vllm:inter_token_latency_seconds_count{{{labels}}} {self.itl_count}\n"
             'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="34470"} 1.0\n'
         )
+
+
+TOP_CLOCK_MHZ = 1980
+
+
+def follow_clock(gpu: Any, dt_s: float) -> None:
+    """Move the fake GPU as a board would under its lock: the SM clock to the lock's top,
+    power ``100 + 500 (f / f_max)^2.5`` W, and the energy counter by that power over
+    ``dt_s`` (the fake NVML's own values never move)."""
+    gpu.sm_clock_mhz = TOP_CLOCK_MHZ if gpu.locked is None else int(gpu.locked[1])
+    watts = 100.0 + 500.0 * (gpu.sm_clock_mhz / TOP_CLOCK_MHZ) ** 2.5
+    gpu.power_mw = gpu.average_power_mw = int(watts * 1000)
+    gpu.energy_mj += int(watts * dt_s * 1000)
 
 
 def slope_mb_per_day(points: list[tuple[float, float]]) -> float | None:
@@ -143,14 +168,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--period", type=float, default=1.0, help="control period, s (1.0)")
     parser.add_argument("--warmup-hours", type=float, default=2.0, help="left out of the slope")
     parser.add_argument("--sample-minutes", type=float, default=15.0, help="RSS sample interval")
+    parser.add_argument(
+        "--controller",
+        choices=("mpc-online", "mpc"),
+        default="mpc-online",
+        help="the domain's controller (mpc-online, the node's default, with its model saved)",
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     if not (args.hours > args.warmup_hours >= 0 and args.period > 0 and args.sample_minutes > 0):
         parser.error("need --hours > --warmup-hours >= 0, a positive --period and interval")
 
+    state_dir = tempfile.TemporaryDirectory(prefix="gpugov-soak-")
+    controller: dict[str, Any] = (
+        {"kind": "mpc", "profile": "h100-sxm-llama3-8b"}
+        if args.controller == "mpc"
+        else {"kind": "mpc-online"}
+    )
     config = parse_config(
         {
-            "daemon": {"period_s": args.period},
+            "daemon": {"period_s": args.period, "state_dir": state_dir.name},
             "domains": [
                 {
                     "name": "soak",
@@ -160,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                         "url": "http://127.0.0.1:1/metrics",
                         "timeout_s": min(0.5, args.period / 2),
                     },
-                    "controller": {"kind": "mpc", "profile": "h100-sxm-llama3-8b"},
+                    "controller": controller,
                     "ttft_slo_s": 0.5,
                     "tpot_slo_s": 0.05,
                 }
@@ -173,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     # the slope measures the daemon (unbounded, it grows ~100 B per clock change).
     fake.writes = deque(maxlen=1000)  # type: ignore[assignment]
     assembled = domains_from_config(config, nvml=fake)
-    page = SyntheticVllm(clock)
+    gpu = fake.gpus[0]
+    page = SyntheticVllm(clock, gpu=gpu)
     for source in assembled.sources:
         source._fetch = page  # the generated page instead of a socket
     domain = assembled.domains[0]
@@ -189,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     wall_started = time.perf_counter()
 
     def before_tick(now_s: float, step: int) -> bool:
+        follow_clock(gpu, args.period)
         if step % collect_every == 0 and step:
             exporter.publish([domain.snapshot()], LoopSnapshot(ticks_total=step))
             list(exporter.collector.collect())
@@ -216,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         assembled.close()
         exporter.close()
     wall_s = time.perf_counter() - wall_started
+    saved = sorted(Path(state_dir.name).glob("*.json"))
+    saved_bytes = sum(path.stat().st_size for path in saved)
+    state_dir.cleanup()
     after = [(s["hours"], s["rss_mb"]) for s in samples if s["hours"] >= args.warmup_hours]
     slope = slope_mb_per_day(after)
     inner = domain.controller
@@ -243,6 +285,12 @@ def main(argv: list[str] | None = None) -> int:
         "fds_end": samples[-1]["fds"],
         "threads_start": start["threads"],
         "threads_end": samples[-1]["threads"],
+        "controller": args.controller,
+        "saved_models": [path.name for path in saved],
+        "saved_model_bytes": saved_bytes,
+        "learned_windows": learned_windows(inner) if args.controller == "mpc-online" else None,
+        "controller_status": json_safe(inner.status()) if hasattr(inner, "status") else None,
+        "last_reason": getattr(inner, "last_reason", None),
         "mpc_plans_kept": len(getattr(inner, "plans_by_step", {})),
         "mpc_solve_times_kept": len(getattr(inner, "solve_times", [])),
         "samples": samples,

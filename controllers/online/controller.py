@@ -221,6 +221,8 @@ class OnlineMPCController(MeasuredLatencyRules):
         self.current_clock: float | None = None
         self.prompt_estimate = PromptEstimate()
         self.update_times_s: list[float] = []
+        self.history_limit: int | None = None
+        """Plans and solve times its MPC keeps (``HistoryBounded``; a node bounds it)."""
         self.resets = 0
         self.last_reason = "start"
         self._profile_template: PerformanceProfile | None = None
@@ -453,6 +455,7 @@ class OnlineMPCController(MeasuredLatencyRules):
             )
         else:
             self.mpc.plant = plant
+        self.mpc.history_limit = self.history_limit
         return self.mpc
 
     # ---------------------------------------------------------------- control

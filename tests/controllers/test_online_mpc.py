@@ -654,3 +654,19 @@ def test_the_learned_profile_never_makes_the_mpc_fall_back() -> None:
     assert algorithm.mpc is not None and algorithm.mpc.successful_solves > 0
     assert algorithm.fallback_reasons["exception"] == 0
     assert result.metrics.slo_attainment == 1.0
+
+
+def test_a_node_bounds_the_history_of_mpc_online_s_mpc() -> None:
+    """``mpc-online`` is history-bounded as ``mpc`` is: the limit a node sets reaches the
+    MPC it plans with (unbounded, its plans grew ~2 MB an hour on a day's soak)."""
+    from gpugov.controllers.contract import HistoryBounded
+
+    workload = _poisson_workload(4.0, 150.0, (200, 2000), (20, 300), seed=7)
+    controller = _online(workload)
+    assert isinstance(controller, HistoryBounded)
+    controller.history_limit = 5
+    simulate(workload, make_plant(make_profile()), chunked_prefill_scheduler, controller, 0)
+    assert controller.mpc is not None and controller.mpc.successful_solves > 5
+    assert len(controller.mpc.plans_by_step) == 5
+    assert len(controller.mpc.plan_start_times_by_step) == 5
+    assert len(controller.mpc.solve_times) <= 10
