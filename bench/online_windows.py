@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import os
 import platform
 import statistics
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.controllers.oracles.common import SLO_TOLERANCE, holds_slo
+from gpugov.daemon import cli_types
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--dwell",
-        type=float,
+        type=cli_types.dwell,
         default=FULL.dwell_s,
         metavar="S",
         help="the safety chain's dwell every controller runs in (the node's safety.dwell_s; "
@@ -202,9 +202,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=str(OUT), help="output JSON")
     args = parser.parse_args(argv)
-    if not (math.isfinite(args.dwell) and args.dwell >= 0.0):
-        print(f"error: --dwell must be >= 0, got {args.dwell!r}", file=sys.stderr)
-        return 2
     if args.trace in WHOLE_TRACE:
         print(
             f"error: --trace {args.trace} is used whole by the scoreboard; it has no "

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import platform
 import statistics
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.controllers.oracles import holds_slo, oracle_capture
+from gpugov.daemon import cli_types
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, simulate
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--dwell",
-        type=float,
+        type=cli_types.dwell,
         default=FULL.dwell_s,
         metavar="S",
         help="the safety chain's dwell every controller runs in (the node's safety.dwell_s; "
@@ -223,9 +223,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", default=str(CACHE), help="oracle energies, kept between runs")
     parser.add_argument("--out", default=str(OUT), help="output JSON")
     args = parser.parse_args(argv)
-    if not (math.isfinite(args.dwell) and args.dwell >= 0.0):
-        print(f"error: --dwell must be >= 0, got {args.dwell!r}", file=sys.stderr)
-        return 2
     try:
         config = replace(
             FULL,

@@ -263,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     inner = domain.controller
     while getattr(inner, "inner", None) is not None:
         inner = inner.inner
+    planner = getattr(inner, "mpc", None) or inner  # mpc-online plans with an MPC of its own
     result: dict[str, Any] = {
         "benchmark": "soak",
         "command": "python bench/soak.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -291,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         "learned_windows": learned_windows(inner) if args.controller == "mpc-online" else None,
         "controller_status": json_safe(inner.status()) if hasattr(inner, "status") else None,
         "last_reason": getattr(inner, "last_reason", None),
-        "mpc_plans_kept": len(getattr(inner, "plans_by_step", {})),
-        "mpc_solve_times_kept": len(getattr(inner, "solve_times", [])),
+        "mpc_plans_kept": len(getattr(planner, "plans_by_step", {})),
+        "mpc_solve_times_kept": len(getattr(planner, "solve_times", [])),
         "samples": samples,
         "python": platform.python_version(),
         "machine": platform.machine(),

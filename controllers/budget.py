@@ -27,11 +27,11 @@ short window) and ``A' = e N'``, else ``A' = A``:
 * **behind** when ``S > 3A'/4`` (a quarter of the window's budget is kept in reserve for
   the misses still under way; judged against the window's projected budget, so that a few
   misses in a window's first minutes, before most of its requests have been served, are
-  not read as a budget spent) or ``m_s > 3e`` (the short window burns the budget three times faster
-  than the target sustains: at that rate a twelfth of the window spends a quarter of the
-  window's budget), each with at least two misses (one miss is no rate: on a light node,
-  one early miss among 40 requests is not "behind"): the looseness falls, fast: across its
-  whole range in one short window (``window_s / 12``);
+  not read as a budget spent) or ``m_s > 3e`` (the short window burns the budget three
+  times faster than the target sustains: at that rate a twelfth of the window spends a
+  quarter of the window's budget), each with at least two misses (one miss is no rate:
+  on a light node, one early miss among 40 requests is not "behind"): the looseness
+  falls, fast: across its whole range in one short window (``window_s / 12``);
 * **ahead** when ``S < A/2``, ``m_s <= e`` (the short window burns no faster than the
   target sustains), ``A' >= 2`` (one more miss would cost at most half the budget, so
   the window holds enough requests to tell) and ``A - S >= 1`` (the requests seen so far
@@ -268,18 +268,20 @@ class AttainmentBudget:
         budget = self.target.budget
         allowed = budget * long.requests
         # Until the counters cover a whole window, its requests are projected from their
-        # rate so far (over at least a short window): the window holds enough requests to
-        # tell from its projected size. The misses themselves are judged against those
-        # seen, and one miss is no rate: "behind" needs two.
+        # rate so far (over at least a short window): "behind" is judged against the
+        # window's projected budget, and the window holds enough requests to tell from
+        # its projected size. "Ahead" judges the misses against those seen, and one miss
+        # is no rate: "behind" needs two.
         projected = long.requests * window / max(covered, SHORT_WINDOW_SHARE * window)
+        allowed_in_window = budget * projected
         span = math.log(self.loosest / self.tightest)
         behind = (
-            long.misses > BEHIND_SHARE * budget * projected and long.misses >= BEHIND_MISSES
+            long.misses > BEHIND_SHARE * allowed_in_window and long.misses >= BEHIND_MISSES
         ) or (short.miss_fraction > FAST_BURN_RATE * budget and short.misses >= BEHIND_MISSES)
         ahead = (
             long.misses < AHEAD_SHARE * allowed
             and short.miss_fraction <= budget
-            and budget * projected >= MINIMUM_ALLOWED_MISSES
+            and allowed_in_window >= MINIMUM_ALLOWED_MISSES
             and allowed - long.misses >= 1.0
         )
         self.ahead = bool(ahead and not behind)
