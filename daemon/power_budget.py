@@ -288,13 +288,14 @@ class PowerBudget:
                 and (now_s - self._event_logged_s >= EVENT_LOG_EVERY_S)
             ):
                 self._event_logged_s = now_s
+                shown_budget, shown_need = distinct_watts(budget, need.watts)
                 log.warning(
-                    "domain %s: over budget: the power budget %.0f W (from %s) is below the "
-                    "%.0f W (+/- %.0f W) the SLO needs at this load (%.0f MHz); %s",
+                    "domain %s: over budget: the power budget %s W (from %s) is below the "
+                    "%s W (+/- %.0f W) the SLO needs at this load (%.0f MHz); %s",
                     self.domain,
-                    budget,
+                    shown_budget,
                     self.source,
-                    need.watts,
+                    shown_need,
                     need.uncertainty_w,
                     need.clock_mhz,
                     "TTFT of queued requests slips, TPOT of running requests is held"
@@ -325,6 +326,16 @@ class PowerBudget:
             file_errors_total=0 if self.file is None else self.file.errors,
             capped_decisions_total=self.capped_decisions,
         )
+
+
+def distinct_watts(lower: float, higher: float) -> tuple[str, str]:
+    """Two wattages printed with the fewest decimals (none to two) that tell them apart,
+    so a need just over the budget never reads "700 W is below the 700 W"."""
+    for decimals in (0, 1):
+        shown = (f"{lower:.{decimals}f}", f"{higher:.{decimals}f}")
+        if shown[0] != shown[1]:
+            return shown
+    return f"{lower:.2f}", f"{higher:.2f}"
 
 
 def domain_power_limit_range(backends: Sequence[GpuBackend]) -> tuple[float, float] | None:
@@ -382,6 +393,7 @@ __all__ = [
     "FileScope",
     "PowerBudget",
     "PowerLimitRange",
+    "distinct_watts",
     "domain_budget",
     "domain_power_limit_range",
     "parse_budget_watts",

@@ -21,12 +21,31 @@ from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.exporter import Exporter
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run
 from gpugov.daemon.nvml import NvmlBackend
-from gpugov.daemon.power_budget import BudgetFile, PowerBudget, parse_budget_watts
+from gpugov.daemon.power_budget import (
+    BudgetFile,
+    PowerBudget,
+    distinct_watts,
+    parse_budget_watts,
+)
 from gpugov.daemon.service import domains_from_config
 from gpugov.plant.types import ServingObservation
 
 
 # ------------------------------------------------------------------------ parsing
+@pytest.mark.parametrize(
+    ("budget", "need", "shown"),
+    [
+        (600.0, 700.0, ("600", "700")),
+        (700.0, 700.4, ("700.0", "700.4")),
+        (700.0, 700.04, ("700.00", "700.04")),
+    ],
+)
+def test_the_over_budget_line_never_prints_the_budget_and_the_need_alike(
+    budget: float, need: float, shown: tuple[str, str]
+) -> None:
+    assert distinct_watts(budget, need) == shown
+
+
 @pytest.mark.parametrize(
     ("text", "watts"), [("350", 350.0), (" 350.5\n", 350.5), ('"420W"', 420.0)]
 )
