@@ -42,14 +42,7 @@ def cmd_load(args: argparse.Namespace) -> int:
             check_metrics_url(args.governor_metrics)
         except ValueError as error:
             raise UsageError(f"--governor-metrics {error}") from error
-    try:
-        host, port, prefix = base_url(args.url)
-        model = args.model or served_model(args.url)
-    except EngineUnreachable as error:
-        raise UsageError(str(error)) from error
-    truth_base = f"http://{host}:{port}{prefix}"
-    if args.governor_metrics is not None:
-        _check_energy_sources(args.governor_metrics, truth_base)
+    # The local trace first: a bad one is named before the engine is contacted.
     workload, report = load_trace_for_cli(
         args.trace,
         duration_s=args.duration,
@@ -59,6 +52,14 @@ def cmd_load(args: argparse.Namespace) -> int:
     )
     if not workload:
         raise UsageError(f"--trace {args.trace}: the selected window holds no requests")
+    try:
+        host, port, prefix = base_url(args.url)
+        model = args.model or served_model(args.url)
+    except EngineUnreachable as error:
+        raise UsageError(str(error)) from error
+    truth_base = f"http://{host}:{port}{prefix}"
+    if args.governor_metrics is not None:
+        _check_energy_sources(args.governor_metrics, truth_base)
     window = workload[-1].arrival_time_s
     groups = Counter(r.arrival_time_s for r in workload)
     together = (

@@ -61,3 +61,8 @@ def test_cli_writes_json_and_fails_cleanly_when_unreachable(
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("gpugov: error: engine at http://127.0.0.1:9 does not answer")
+    # A bad trace is named before the engine is contacted (here unreachable too).
+    code = main(["load", "--trace", str(tmp_path / "none.csv"), "--url", "http://127.0.0.1:9"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("gpugov: error:") and "none.csv" in err[-1]
