@@ -35,6 +35,15 @@ NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 LoosePath = Annotated[Path, Field(strict=False)]
 
 
+def _named_directory(value: Any) -> Any:
+    # An empty state_dir would read as the working directory ("").
+    if isinstance(value, str) and not value.strip():
+        raise ValueError(
+            "must name a directory, such as /var/lib/gpugov (omit it for $STATE_DIRECTORY)"
+        )
+    return value
+
+
 def _as_tuple(value: Any) -> Any:
     # TOML arrays arrive as lists; the frozen models hold tuples.
     if isinstance(value, dict):
@@ -229,6 +238,8 @@ class OnlineMPCControllerConfig(_Frozen):
     prior_profile: str | None = None
     prior: PriorHintsConfig | None = None
     state_dir: LoosePath | None = None
+
+    _state_dir_named = field_validator("state_dir", mode="before")(_named_directory)
 
     @model_validator(mode="after")
     def _one_prior(self) -> OnlineMPCControllerConfig:
@@ -572,6 +583,8 @@ class DaemonSection(_Frozen):
     max_controller_failures: Annotated[int, Field(ge=1, le=1_000_000)] = 10
     """Controller exceptions in a row a domain survives (fail-safe for each tick) before
     the daemon resets the clocks and exits 1."""
+
+    _state_dir_named = field_validator("state_dir", mode="before")(_named_directory)
 
     @field_validator("metrics_address")
     @classmethod

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import shutil
 import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -38,6 +40,7 @@ from gpugov.daemon.config import (
     parse_address,
 )
 from gpugov.daemon.errors import ConfigError, GpugovError, GpuUnavailable, NotSupported
+from gpugov.daemon.files import STATE_DIR_ENV, resolve_state_dir
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +141,13 @@ def _warnings_into(lines: list[str]) -> Iterator[None]:
 
 # ---------------------------------------------------------------------- files, socket
 def _check_outputs(config: GpugovConfig, report: NodeReport) -> None:
-    """The record file ``run`` would write and the address its exporter would bind."""
+    """The record file ``run`` would write, the state directories it would keep its files
+    in and the address its exporter would bind."""
     try:
         check_output_file("daemon.record", config.daemon.record)
     except UsageError as error:
         report.problems.append(error)
+    _check_state_dirs(config, report)
     address = config.daemon.metrics_address
     if address and address.lower() != "none":
         reason = _bind_error(address)
@@ -150,6 +155,47 @@ def _check_outputs(config: GpugovConfig, report: NodeReport) -> None:
             report.problems.append(
                 UsageError(f"daemon.metrics_address {address}: cannot serve metrics: {reason}")
             )
+
+
+def _check_state_dirs(config: GpugovConfig, report: NodeReport) -> None:
+    """A warning per state directory ``run`` could not keep its files in (the lock record,
+    a learner's model): it runs without them, and a restart then learns anew."""
+    wanted: dict[Path, tuple[str, str]] = {}
+    daemon_dir = resolve_state_dir(config.daemon.state_dir)
+    if daemon_dir is not None:
+        source = "daemon.state_dir" if config.daemon.state_dir is not None else STATE_DIR_ENV
+        wanted[daemon_dir] = (source, "no lock record and no learned model")
+    for domain in config.domains:
+        spec = domain.controller
+        if isinstance(spec, OnlineMPCControllerConfig) and spec.state_dir is not None:
+            wanted.setdefault(
+                Path(spec.state_dir),
+                (f"domain {domain.name!r} controller.state_dir", "no learned model"),
+            )
+    for directory, (source, kept) in wanted.items():
+        reason = _state_dir_problem(directory)
+        if reason is not None:
+            report.warnings.append(
+                f"{source} {directory}: {reason}; run keeps {kept} there, so a restart learns anew"
+            )
+
+
+def _state_dir_problem(directory: Path) -> str | None:
+    """Why no file could be kept in ``directory`` (created with its parents on the first
+    write), or None."""
+    if directory.exists():
+        if not directory.is_dir():
+            return "exists and is not a directory"
+        probe = directory
+    else:
+        probe = directory.parent
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if not probe.is_dir():
+            return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable by this user"
+    return None
 
 
 def _bind_error(address: str) -> str | None:

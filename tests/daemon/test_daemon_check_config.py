@@ -82,6 +82,13 @@ REFUSED = {
         2,
     ),
     "period under the floor": ("period_s = 1e-9", "", "", 2),
+    "empty state directory": ('state_dir = ""', "", "", 2),
+    "empty controller state directory": (
+        "",
+        "",
+        '[domains.controller]\nkind = "mpc-online"\nstate_dir = " "\n',
+        2,
+    ),
     "metrics address not on this host": ('metrics_address = "192.0.2.1:9400"', "", "", 2),
 }
 
@@ -209,6 +216,31 @@ def test_a_domain_without_slos_gets_one_warning_line_and_exit_0(
     assert len(warnings) == 1 and warnings[0].startswith("gpugov: warning: domain 'llm' sets no")
     assert "tpot_slo_s" in warnings[0] and "gpugov_tpot_slo_seconds is not exported" in warnings[0]
     assert all(name in warnings[0] for name in (*SLO_RECORDING_RULES, *SLO_ALERTS))
+
+
+def test_a_state_directory_run_cannot_keep_files_in_gets_a_warning_line_and_run_starts(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    occupied = tmp_path / "a-file"
+    occupied.write_text("")
+    path = _write(
+        tmp_path,
+        daemon=f'state_dir = "{occupied}"',
+        tables=f'[domains.controller]\nkind = "mpc-online"\nstate_dir = "{occupied}/models"\n',
+    )
+    assert node_cli.main(["check-config", str(path)]) == 0
+    warnings = capsys.readouterr().err.splitlines()
+    assert warnings == [
+        f"gpugov: warning: daemon.state_dir {occupied}: exists and is not a directory; run "
+        "keeps no lock record and no learned model there, so a restart learns anew",
+        f"gpugov: warning: domain 'llm' controller.state_dir {occupied}/models: {occupied} is "
+        "not a directory; run keeps no learned model there, so a restart learns anew",
+    ]
+    assert _run_code(path) == -1  # run starts: it keeps its files nowhere, and says so
+    # A directory that does not exist yet is created on the first write: no warning.
+    fresh = _write(tmp_path, daemon=f'state_dir = "{tmp_path}/state/gpugov"')
+    assert node_cli.main(["check-config", str(fresh)]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_the_emulated_example_sets_its_slos(capsys: pytest.CaptureFixture[str]) -> None:
