@@ -447,6 +447,14 @@ REQUIRED_THERMAL_KEYS = (
     "thermal_limit_c",
 )
 
+ENGINE_COUNT_KEYS = (
+    "max_batch_size",
+    "kv_capacity_tokens",
+    "reference_batch_size",
+    "reference_context_tokens",
+)
+"""The engine section's counts: each, where given, an integer of at least 1."""
+
 
 def load_profile(name_or_path: str | Path) -> PerformanceProfile:
     """Load and validate a profile by bundled name or by manifest/CSV path.
@@ -483,6 +491,22 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
             raise ProfileError(
                 f"{manifest_path}: thermal.{key} must be positive, got {thermal[key]!r}"
             )
+    if not thermal["thermal_limit_c"] > thermal["ambient_temperature_c"]:
+        raise ProfileError(
+            f"{manifest_path}: thermal.thermal_limit_c ({thermal['thermal_limit_c']!r}) must "
+            f"exceed thermal.ambient_temperature_c ({thermal['ambient_temperature_c']!r})"
+        )
+    engine = manifest.get("engine", {})
+    if not isinstance(engine, dict):
+        raise ProfileError(f"{manifest_path}: 'engine' must be an object")
+    for key in ENGINE_COUNT_KEYS:
+        value = engine.get(key)
+        if value is not None and not (
+            _is_number(value) and float(value).is_integer() and value >= 1
+        ):
+            raise ProfileError(
+                f"{manifest_path}: engine.{key} must be an integer >= 1, got {value!r}"
+            )
     for key in ("ttft_slo_s", "tpot_slo_s", "power_limit_w"):
         value = manifest[key]
         if not _is_number(value) or not value > 0:
@@ -513,6 +537,14 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
         raise ProfileError(f"{manifest_path}: csv {manifest['csv']!r} not found beside it")
     csv_text, csv_sha256 = _read_profile_file(csv_path)
     columns = _read_csv(csv_path, csv_text)
+    if clock_range is not None:
+        clocks = columns["clock_mhz"]
+        lowest, highest = float(clocks[0]), float(clocks[-1])
+        if (float(clock_range[0]), float(clock_range[1])) != (lowest, highest):
+            raise ProfileError(
+                f"{manifest_path}: clock_range_mhz {clock_range!r} disagrees with the clocks "
+                f"of {csv_path.name} ({lowest:g}-{highest:g} MHz)"
+            )
     try:
         profile = PerformanceProfile(
             **columns,

@@ -55,6 +55,18 @@ def test_csv_error_reports_real_line_after_blank_line(tmp_path: Path) -> None:
         ),
         ({"decode_latency_model": {"weight_fraction": 1.0}}, "decode_latency_model is invalid"),
         ({"decode_power_batch_model": {"k": "x", "x0": 1}}, "decode_power_batch_model is invalid"),
+        (
+            {"thermal__thermal_limit_c": 20.0},
+            r"thermal_limit_c \(20.0\) must exceed thermal.ambient_temperature_c",
+        ),
+        ({"engine": [1]}, "'engine' must be an object"),
+        ({"engine__max_batch_size": 0}, "engine.max_batch_size must be an integer >= 1, got 0"),
+        ({"engine__kv_capacity_tokens": 1.5}, "engine.kv_capacity_tokens must be an integer"),
+        ({"engine__reference_batch_size": "64"}, "engine.reference_batch_size must be"),
+        (
+            {"clock_range_mhz": [1000, 1200]},
+            r"clock_range_mhz \[1000, 1200\] disagrees with the clocks of .*\(345-1980 MHz\)",
+        ),
     ],
 )
 def test_manifest_values_checked_at_load(tmp_path: Path, change: dict, message: str) -> None:
@@ -63,6 +75,12 @@ def test_manifest_values_checked_at_load(tmp_path: Path, change: dict, message: 
     with pytest.raises(ProfileError, match=message) as info:
         load_profile(manifest)
     assert manifest.name in str(info.value)
+
+
+def test_an_integral_float_count_is_a_count(tmp_path: Path) -> None:
+    manifest, _ = copy_profile(tmp_path)
+    edit_manifest(manifest, engine__kv_capacity_tokens=411525.0)
+    assert load_profile(manifest).manifest["engine"]["kv_capacity_tokens"] == 411525
 
 
 def test_missing_profile_file_is_named(tmp_path: Path) -> None:
