@@ -37,9 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.controllers.oracles.common import SLO_TOLERANCE, holds_slo
-from gpugov.daemon import cli_types
+from gpugov.daemon.cli_support import add_engine_view_argument, add_safety_arguments
 from gpugov.daemon.progress import Progress
-from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
+from gpugov.daemon.safety import SafetySettings
+from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
 from gpugov.plant.result import ServingResult
 from gpugov.study.online_eval import WARMUP_S, energy_after
@@ -73,11 +74,11 @@ def _tail(result: ServingResult, plant: ServingPlant) -> tuple[int, int]:
 
 
 def run_cell(
-    cell: tuple[str, float, str, str, float, tuple[str, ...], str, float],
+    cell: tuple[str, float, str, str, float, tuple[str, ...], str, SafetySettings],
 ) -> dict[str, Any]:
     """Run the maximum clock and ``keys`` on one window; a dict row (``error`` set when
     the window cannot be built)."""
-    trace, start, profile_name, load, duration, keys, engine_view, dwell_s = cell
+    trace, start, profile_name, load, duration, keys, engine_view, safety = cell
     row: dict[str, Any] = {"trace": trace, "start_s": start, "profile": profile_name, "load": load}
     plant = ServingPlant.from_profile(load_profile(profile_name))
     try:
@@ -95,7 +96,7 @@ def run_cell(
         control_period_s=FULL.control_period_s,
         fast_mpc_period_s=FULL.fast_mpc_period_s,
         online_period_s=FULL.online_period_s,
-        safety=replace(FULL, dwell_s=dwell_s).safety,
+        safety=safety,
         slo_target=FULL.slo_target,
     ):
         if entry.key != "max" and entry.key not in keys:
@@ -185,20 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--duration", type=float, default=600.0, help="seconds of arrivals per window"
     )
-    parser.add_argument(
-        "--engine-view",
-        choices=ENGINE_VIEWS,
-        default=FULL.engine_view,
-        help="what the controllers observe: a vLLM node's view (default) or the exact state",
-    )
-    parser.add_argument(
-        "--dwell",
-        type=cli_types.dwell,
-        default=FULL.dwell_s,
-        metavar="S",
-        help="the safety chain's dwell every controller runs in (the node's safety.dwell_s; "
-        f"default {FULL.dwell_s:g})",
-    )
+    add_engine_view_argument(parser)
+    add_safety_arguments(parser, prefix="every controller runs in the node's safety chain: ")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=str(OUT), help="output JSON")
     args = parser.parse_args(argv)
@@ -210,8 +199,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     keys = tuple(key for key in args.controllers if key != "max")
+    safety = replace(
+        FULL,
+        dwell_s=FULL.dwell_s if args.dwell is None else args.dwell,
+        floor_mhz=args.floor,
+    ).safety
     cells = [
-        (args.trace, start, profile, load, args.duration, keys, args.engine_view, args.dwell)
+        (args.trace, start, profile, load, args.duration, keys, args.engine_view, safety)
         for start, profile, load in itertools.product(args.starts, args.profiles, args.loads)
     ]
     started = time.time()
@@ -229,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         "starts_s": args.starts,
         "duration_s": args.duration,
         "engine_view": args.engine_view,
-        "dwell_s": args.dwell,
+        "dwell_s": safety.dwell_s,
+        "floor_mhz": safety.floor_mhz,
         "slo_tolerance": SLO_TOLERANCE,
         "near_fraction": NEAR_FRACTION,
         "wall_s": time.time() - started,

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.controllers.oracles import holds_slo, oracle_capture
-from gpugov.daemon import cli_types
+from gpugov.daemon.cli_support import add_engine_view_argument, add_safety_arguments
 from gpugov.daemon.progress import Progress
-from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
+from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, simulate
 from gpugov.plant.synthetic_profiles import resolve_profile
 from gpugov.study.online_eval import WARMUP_S, energy_after
@@ -205,20 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         default=["mpc-online"],
         help="scoreboard controller keys priced against the oracles",
     )
-    parser.add_argument(
-        "--engine-view",
-        choices=ENGINE_VIEWS,
-        default=FULL.engine_view,
-        help="what the controllers observe: a vLLM node's view (default) or the exact state",
-    )
-    parser.add_argument(
-        "--dwell",
-        type=cli_types.dwell,
-        default=FULL.dwell_s,
-        metavar="S",
-        help="the safety chain's dwell every controller runs in (the node's safety.dwell_s; "
-        f"default {FULL.dwell_s:g})",
-    )
+    add_engine_view_argument(parser)
+    add_safety_arguments(parser, prefix="every controller runs in the node's safety chain: ")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--cache", default=str(CACHE), help="oracle energies, kept between runs")
     parser.add_argument("--out", default=str(OUT), help="output JSON")
@@ -228,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             FULL,
             profiles=tuple(expand_profiles(args.profiles)),
             engine_view=args.engine_view,
-            dwell_s=args.dwell,
+            dwell_s=FULL.dwell_s if args.dwell is None else args.dwell,
+            floor_mhz=args.floor,
         )
         for name in config.profiles:
             resolve_profile(name)
@@ -271,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         "controllers": list(keys),
         "engine_view": config.engine_view,
         "dwell_s": config.dwell_s,
+        "floor_mhz": config.floor_mhz,
         "wall_s": time.time() - started,
         "rows": rows,
         "summary": summary,

@@ -48,6 +48,7 @@ from unseen_node import _run, light_scenario
 
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo
+from gpugov.daemon.cli_support import add_engine_view_argument
 from gpugov.daemon.config import (
     ControllerConfig,
     MaxControllerConfig,
@@ -55,7 +56,6 @@ from gpugov.daemon.config import (
     OnlineMPCControllerConfig,
 )
 from gpugov.daemon.progress import Progress
-from gpugov.daemon.simulated import ENGINE_VIEWS
 from gpugov.plant import ServingPlant
 from gpugov.plant.synthetic_profiles import random_shape, shape_profile
 from gpugov.plant.workload import TraceError, TraceWarning, load_trace
@@ -184,12 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--traces", nargs="+", default=list(TRACES), metavar="TRACE")
     parser.add_argument("--duration", type=float, default=300.0, help="scenario seconds")
     parser.add_argument("--mpc", action="store_true", help="also run mpc fed the true profile")
-    parser.add_argument(
-        "--engine-view",
-        choices=ENGINE_VIEWS,
-        default="vllm",
-        help="what the controllers observe: a vLLM node's view (default) or the exact state",
-    )
+    add_engine_view_argument(parser)
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--out", default=str(OUT), help="output JSON")
     args = parser.parse_args(argv)

@@ -53,6 +53,7 @@ import numpy as np
 
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.oracles import SLO_TOLERANCE, best_fixed_clock, holds_slo
+from gpugov.daemon.cli_support import add_engine_view_argument
 from gpugov.daemon.config import (
     ControllerConfig,
     MaxControllerConfig,
@@ -60,7 +61,7 @@ from gpugov.daemon.config import (
     OnlineMPCControllerConfig,
 )
 from gpugov.daemon.progress import Progress
-from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
+from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, ServingResult, chunked_prefill_scheduler, simulate
 from gpugov.plant.synthetic_profiles import SHAPES, SYNTHETIC_PREFIX, resolve_profile
 from gpugov.plant.types import Request
@@ -348,12 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--load", type=float, default=0.45, help="fraction of the SLO capacity (default 0.45)"
     )
-    parser.add_argument(
-        "--engine-view",
-        choices=ENGINE_VIEWS,
-        default="vllm",
-        help="what the controllers observe: a vLLM node's view (default) or the exact state",
-    )
+    add_engine_view_argument(parser)
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--out", default=str(OUT), help="output JSON")
     args = parser.parse_args(argv)

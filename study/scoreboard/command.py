@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.daemon import cli_types
-from gpugov.daemon.cli_support import add_safety_arguments
+from gpugov.daemon.cli_support import add_engine_view_argument, add_safety_arguments
 from gpugov.daemon.errors import ExitCode, Terminated
 from gpugov.daemon.limits import MAX_JOBS
 from gpugov.daemon.simulated import ENGINE_VIEWS
@@ -221,13 +221,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(1P1D and 2P2D; default traces azure-conv and mooncake, profiles H100 and H200 8B; "
         "DIR/disaggregated.json and .md), or both",
     )
-    parser.add_argument(
-        "--engine-view",
-        choices=ENGINE_VIEWS,
-        default=None,
-        help="what every controller observes: vllm, what a vLLM node's daemon derives "
-        "from the engine's metrics page (default), or exact, the simulator's exact state",
-    )
+    add_engine_view_argument(parser)
     add_safety_arguments(parser, prefix="every controller runs in the node's safety chain: ")
     add_runner_arguments(parser, jobs=False)
 
