@@ -218,7 +218,8 @@ def export(
 
 
 def run_model(args: argparse.Namespace) -> int:
-    """Entry point of ``gpugov model show|export``."""
+    """Entry point of ``gpugov model show|export``: every model it can read is shown or
+    exported; each one it cannot is one error line, and the exit code is then 2."""
     if args.action == "export":
         prepare_output_dir("--out", args.out)
     try:
@@ -227,7 +228,11 @@ def run_model(args: argparse.Namespace) -> int:
             files = [item for item in files if item[0] == args.domain]
             if not files:
                 raise ModelCliError(f"--domain {args.domain}: no such domain with a model")
-        for domain, path in files:
+    except (ModelCliError, ConfigError) as error:
+        return fail(str(error))
+    code = 0
+    for domain, path in files:
+        try:
             payload, model = load_model(path)
             if args.action == "show":
                 print(describe(domain, path, payload, model))
@@ -237,9 +242,9 @@ def run_model(args: argparse.Namespace) -> int:
                 )
                 for item in written:
                     print(f"wrote {item}")
-    except (ModelCliError, ConfigError) as error:
-        return fail(str(error))
-    return 0
+        except ModelCliError as error:
+            code = fail(str(error))
+    return code
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

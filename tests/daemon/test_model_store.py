@@ -155,6 +155,14 @@ def test_model_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["model", "show", "--state-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "not valid JSON" in err
+    # One bad file among good ones: the good ones are shown, the bad one is one line.
+    _learn(tmp_path / "two")
+    (tmp_path / "two" / "online-model-aaa.json").write_text("{")
+    assert main(["model", "show", "--state-dir", str(tmp_path / "two")]) == 2
+    captured = capsys.readouterr()
+    assert "domain llm" in captured.out
+    err = captured.err.strip()
+    assert err.count("\n") == 0 and "online-model-aaa.json" in err and "not valid JSON" in err
     config = tmp_path / "gpugov.toml"
     config.write_text('[[domains]]\nname = "llm"\ngpus = [0]\n[domains.controller]\nkind = "max"\n')
     assert main(["model", "show", "--config", str(config)]) == 2
