@@ -527,6 +527,13 @@ def load_trace(
     text, digest = _read_text(path)
     fmt = _detect_format(path, text) if format == "auto" else format
     parsed = _parse_mooncake(path, text) if fmt == "mooncake" else _parse_csv(path, text, fmt)
+    if parsed.rows and parsed.skipped == parsed.rows:
+        raise _fail(
+            path,
+            None,
+            f"all {parsed.rows} row(s) have zero prompt or output tokens (failed requests, "
+            "skipped): no requests to replay",
+        )
     if parsed.skipped:
         warnings.warn(
             f"{path}: skipped {parsed.skipped} zero-token row(s) of {parsed.rows} "

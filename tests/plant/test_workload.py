@@ -500,6 +500,16 @@ def test_load_trace_window_then_scale_then_rebase() -> None:
     assert report.rows == 3335
 
 
+def test_a_trace_of_only_failed_requests_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "failed.csv"
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,0,3\n2023-11-16 18:15:47.0805900,40,0\n"
+    )
+    with pytest.raises(TraceError, match=r"failed\.csv: all 2 row\(s\) have zero prompt or output"):
+        load_trace(path)
+
+
 def test_load_trace_empty_window_and_bad_arguments() -> None:
     with pytest.raises(TraceError, match="holds no requests"):
         load_trace("azure-conv-10min", start_s=10_000.0)
