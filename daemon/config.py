@@ -424,6 +424,10 @@ class EngineConfig(_Frozen):
         return value
 
 
+SLO_WINDOW_LIMIT_S = 31 * 86_400.0
+"""The longest ``slo_target.window_s`` accepted (a month's SLO window)."""
+
+
 class SLOTargetConfig(_Frozen):
     """The domain's SLO target (``controllers.budget.SLOTarget``): ``attainment`` of the
     requests meet both latency SLOs (TTFT within ``ttft_slo_s`` plus the per-prompt
@@ -431,7 +435,8 @@ class SLOTargetConfig(_Frozen):
     ``mpc-online`` then spend the misses the target allows (``docs/online.md``)."""
 
     attainment: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
-    window_s: PositiveFloat = 600.0
+    window_s: Annotated[float, Field(gt=0, le=SLO_WINDOW_LIMIT_S, allow_inf_nan=False)] = 600.0
+    """At most 31 days: an SRE's longest SLO window is a month."""
 
     def target(self) -> SLOTarget:
         """The controllers' :class:`~gpugov.controllers.budget.SLOTarget`."""

@@ -60,6 +60,11 @@ def test_a_target_and_an_allowance_parse() -> None:
             "greater than 0",
         ),
         (
+            {"ttft_slo_s": 1.0, "slo_target": {"attainment": 0.99, "window_s": 1e9}},
+            "domains[0].slo_target.window_s",
+            "less than or equal to 2678400",
+        ),
+        (
             {"ttft_slo_s": 1.0, "slo_target": {"attainment": 0.99, "p99": 1}},
             "domains[0].slo_target.p99",
             "unknown key",
