@@ -43,6 +43,11 @@ short window) and ``A' = e N'``, else ``A' = A``:
   window before it has gone far;
 * otherwise it holds. It moves in log space and stays within ``[tightest, loosest]``.
 
+The per-prompt TTFT allowance (a long prompt judged against its own, longer SLO) is a
+spend of its own: a short prompt that lands behind a long one prefilled at a lower clock
+may miss. It is planned with only while the window can afford one more miss (``A' - S >=
+1``; :attr:`AttainmentBudget.allowance_credit`), in the share the looseness gives.
+
 No constant here is tuned to a profile: the fractions are shares of the budget and the
 rates are in units of the window.
 """
@@ -195,6 +200,10 @@ class AttainmentBudget:
     """Whether the last update found the window ahead of its target (the rule's *ahead*:
     under half the budget spent, the short window burning no faster than the target
     sustains, enough requests to tell): the hedges against model error may stand down."""
+    affordable: bool = True
+    """Whether the last update found the window able to afford one more miss (its
+    projected budget less its misses, ``A' - S``, at least one; True before any counters):
+    the per-prompt TTFT allowance is planned with only then (:attr:`allowance_credit`)."""
     last: WindowAttainment | None = None
     """The long window's attainment at the last update (None before any counters)."""
     _history: deque[AttainmentCounters] = field(default_factory=deque, repr=False)
@@ -285,6 +294,7 @@ class AttainmentBudget:
             and allowed - long.misses >= 1.0
         )
         self.ahead = bool(ahead and not behind)
+        self.affordable = allowed_in_window - long.misses >= 1.0
         log_looseness = math.log(self.looseness)
         if behind:
             log_looseness -= span * period_s / (SHORT_WINDOW_SHARE * self.window_s)
@@ -295,9 +305,13 @@ class AttainmentBudget:
     @property
     def allowance_credit(self) -> float:
         """The share of a per-prompt TTFT allowance the controller may plan with: all of
-        it from a looseness of 1 up, none at the tightest. Judging a long prompt against
-        its own, longer SLO lets the clock down, but a short prompt that lands behind it
-        at that clock may miss: a spend the loop gives back when behind."""
+        it from a looseness of 1 up, none at the tightest, and none while the window cannot
+        afford one more miss (:attr:`affordable`). Judging a long prompt against its own,
+        longer SLO lets the clock down, but a short prompt that lands behind it at that
+        clock may miss: a spend made only where the window has a miss to spare, and
+        given back when behind."""
+        if not self.affordable:
+            return 0.0
         if self.tightest >= 1.0:
             return 1.0
         return min(1.0, max(0.0, (self.looseness - self.tightest) / (1.0 - self.tightest)))

@@ -362,3 +362,28 @@ def test_mpc_online_s_slo_feedback_stops_tightening_while_ahead_and_mpc_s_does_n
     # mpc-online asks for it; the profile-fed mpc keeps its only measured-latency hedge.
     assert OnlineMPCController()._mpc(plant).feedback_yields_when_ahead
     assert not MPCController(plant).feedback_yields_when_ahead
+
+
+def test_the_per_prompt_allowance_waits_for_a_miss_to_spare() -> None:
+    # 3 requests/s over a 600 s window: 1,800 requests, 18 misses allowed at 99 %.
+    budget = AttainmentBudget(TARGET, tightest=0.7, loosest=1 / 0.7)
+    _, state = _run(budget, 120.0, rate=3.0, miss=0.0)
+    assert budget.affordable and budget.allowance_credit == 1.0
+    # A burst of misses leaves the window less than one to spare: no allowance, whatever
+    # the looseness, until the window's misses age out or its requests grow.
+    time_s, within, count = state
+    budget.update(_observation(time_s + 1.0, (within, count + 20.0), (count + 20.0,) * 2))
+    assert not budget.affordable
+    budget.looseness = 1 / 0.7
+    assert budget.allowance_credit == 0.0
+    _run(budget, 700.0, rate=3.0, miss=0.0, start=(time_s + 1.0, within, count + 20.0))
+    # The misses aged out: the allowance again, in the share the looseness (which fell
+    # while behind and is rising again) gives.
+    assert budget.affordable and budget.allowance_credit > 0.0
+
+
+def test_a_window_too_small_for_one_miss_never_plans_with_the_allowance() -> None:
+    # 0.1 requests/s: 60 requests a window, 0.6 misses allowed at 99 %.
+    budget = AttainmentBudget(TARGET)
+    _run(budget, 900.0, rate=0.1, miss=0.0)
+    assert not budget.affordable and budget.allowance_credit == 0.0
