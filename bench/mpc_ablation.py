@@ -24,9 +24,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo, oracle_capture
 from gpugov.daemon.config import MPCControllerConfig
 from gpugov.daemon.controller_spec import canonical_controller_name
+from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, load_profile, simulate
 from gpugov.plant.scheduler import chunked_prefill_scheduler
@@ -63,7 +65,20 @@ def run_variant(
         solve_time_limit_s=settings["mpc_solve_time_limit_s"],
         **overrides,
     )
-    controller = study_controller(spec, plant, requests, control_period_s=period)
+    # In the board's safety chain, told its SLO target, as the scoreboard builds ``mpc``
+    # (a board that records neither: the node's defaults and no target).
+    target = settings.get("slo_target")
+    controller = study_controller(
+        spec,
+        plant,
+        requests,
+        control_period_s=period,
+        safety=SafetySettings(
+            floor_mhz=settings.get("floor_mhz"),
+            dwell_s=float(settings.get("dwell_s", DEFAULT_DWELL_S)),
+        ),
+        slo_target=None if target is None else SLOTarget(**target),
+    )
     started = time.perf_counter()
     # The scoreboard's view (boards written before it had one observed the exact state).
     view = observation_view(settings.get("engine_view", "exact"))

@@ -25,6 +25,7 @@ from pydantic import (
 
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.limits import MAX_PERIOD_S, MIN_PERIOD_S
+from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S
 from gpugov.plant.profile import DEFAULT_PROFILE
 
 if TYPE_CHECKING:
@@ -449,8 +450,10 @@ class SafetyConfig(_Frozen):
     """Limits applied to every decision, whatever the controller."""
 
     floor_mhz: PositiveFloat | None = None
-    dwell_s: NonNegativeFloat = 1.0
-    min_relock_interval_s: Annotated[float, Field(ge=0.0, le=10.0, allow_inf_nan=False)] = 0.1
+    dwell_s: NonNegativeFloat = DEFAULT_DWELL_S
+    min_relock_interval_s: Annotated[float, Field(ge=0.0, le=10.0, allow_inf_nan=False)] = (
+        DEFAULT_MIN_RELOCK_INTERVAL_S
+    )
     """Least seconds between two clock changes, raises included (NCCL collectives of a
     TP group stall when its clocks change every ~50 ms); a raise waits at most this."""
 

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from gpugov.controllers.contract import ClockController, ControllerWrapper
 from gpugov.plant.types import ServingObservation
 
-DEFAULT_DWELL_S = 1.0
-"""Seconds a clock is held before a lower one is applied (``safety.dwell_s``)."""
+DEFAULT_DWELL_S = 0.5
+"""Seconds a clock is held before a lower one is applied (``safety.dwell_s``): two
+decisions at the 0.25 s period ``mpc-online`` is run at, one at 0.5 s; at a 1 s period it
+never binds."""
 DEFAULT_MIN_RELOCK_INTERVAL_S = 0.1
 """Least seconds between two clock changes of a domain, raises included
 (``safety.min_relock_interval_s``): NCCL collectives of a TP group stall when its

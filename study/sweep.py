@@ -22,7 +22,7 @@ The grid file (TOML; every key but the four lists is optional)::
     control_period_s = 1.0                        # --control-period
     scheduler = "chunked"                         # --scheduler
     latency_noise = 0.0                           # --latency-noise (iteration jitter CV)
-    dwell_s = 1.0                                 # --dwell: the node's safety.dwell_s
+    dwell_s = 0.5                                 # --dwell: the node's safety.dwell_s
     # floor_mhz = 900.0                           # --floor: the node's safety.floor_mhz
     engine_view = "vllm"                          # --engine-view: vllm (a node's) or exact
 """

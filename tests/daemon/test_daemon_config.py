@@ -29,7 +29,7 @@ def test_defaults() -> None:
     domain = config.domains[0]
     assert config.daemon.period_s == 1.0 and config.daemon.backend == "nvml"
     assert domain.controller.kind == "max" and domain.failsafe == "max"
-    assert domain.safety.dwell_s == 1.0 and config.stale_after_s(domain) == 3.0
+    assert domain.safety.dwell_s == 0.5 and config.stale_after_s(domain) == 3.0
     with pytest.raises(Exception, match="frozen"):
         config.daemon.period_s = 2.0  # type: ignore[misc]
 
