@@ -9,9 +9,10 @@ any of them: reads for real, only logs writes).
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from gpugov.daemon.errors import GpuError, GpuUnavailable
 
@@ -42,6 +43,49 @@ class GpuSample:
             raise ValueError(f"utilization must be a ratio in [0, 1], got {self.utilization!r}")
         if self.power_w is not None and self.power_w < 0.0:
             raise ValueError(f"power_w must be >= 0, got {self.power_w!r}")
+
+    @classmethod
+    def read(
+        cls,
+        gpu: str,
+        *,
+        read_errors: tuple[str, ...] = (),
+        **readings: float | None,
+    ) -> GpuSample:
+        """A sample from a backend's raw readings (the fields above, in base units): a
+        reading no GPU can give (NaN, infinite, a negative power, energy or clock, a
+        utilisation outside [0, 1], event reasons that are no 64-bit mask) is None and
+        named in ``read_errors``, as a failed read is, so one bad value from a driver or
+        an emulator costs that reading, never the sample."""
+        errors = list(read_errors)
+        kept: dict[str, Any] = {}
+        for name, value in readings.items():
+            if value is None:
+                kept[name] = None
+                continue
+            number = float(value)
+            read, lowest, highest = _READINGS[name]
+            if not (math.isfinite(number) and lowest <= number <= highest) or (
+                name == "clock_event_reasons" and number != int(number)
+            ):
+                kept[name] = None
+                errors.append(read)
+            else:
+                kept[name] = int(number) if name == "clock_event_reasons" else number
+        return cls(gpu=gpu, read_errors=tuple(errors), **kept)
+
+
+_READINGS: dict[str, tuple[str, float, float]] = {
+    "power_w": ("power", 0.0, math.inf),
+    "energy_j": ("energy", 0.0, math.inf),
+    "temperature_c": ("temperature", -math.inf, math.inf),
+    "sm_clock_mhz": ("sm_clock", 0.0, math.inf),
+    "utilization": ("utilization", 0.0, 1.0),
+    "clock_event_reasons": ("clock_event_reasons", 0.0, 2.0**64 - 1.0),
+    "power_limit_w": ("power_limit", 0.0, math.inf),
+}
+"""Per sample field: the read it comes from (its name in ``read_errors``) and the values
+it can take (:meth:`GpuSample.read`; finite in every case)."""
 
 
 @runtime_checkable

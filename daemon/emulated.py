@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import math
 import threading
 import urllib.parse
 from typing import Any
@@ -108,12 +109,25 @@ class EmulatedBackend:
             raise GpuUnavailable(
                 f"GPU {gpu}: no such emulated GPU at {emulator} ({error})", gpu=self._label
             ) from error
+        if not isinstance(info, dict):
+            raise GpuUnavailable(
+                f"GPU {gpu}: the emulator at {emulator} answered no GPU description",
+                gpu=self._label,
+            )
         self.uuid = str(info.get("uuid", ""))
         self.name = str(info.get("name", ""))
         self._max_clock_mhz = info.get("max_sm_clock_mhz")
         memory = info.get("supported_memory_clocks_mhz") or []
         graphics = info.get("supported_graphics_clocks_mhz") or []
-        self._supported = tuple(sorted({int(c) for c in graphics})) if memory else ()
+        try:
+            clocks = {int(c) for c in graphics} if memory else set()
+        except (TypeError, ValueError, OverflowError) as error:
+            raise GpuUnavailable(
+                f"GPU {gpu}: the emulator at {emulator} lists supported clocks that are not "
+                f"integers ({error})",
+                gpu=self._label,
+            ) from error
+        self._supported = tuple(sorted(clocks))
 
     @property
     def label(self) -> str:
@@ -215,6 +229,9 @@ class EmulatedBackend:
         except GpuError as error:
             log.debug("GPU %s: read failed: %s", self._label, error)
             return GpuSample(gpu=self._label, read_errors=tuple(_READS))
+        if not isinstance(payload, dict):  # not a reading at all: the whole read failed
+            log.debug("GPU %s: read answered %r", self._label, type(payload).__name__)
+            return GpuSample(gpu=self._label, read_errors=tuple(_READS))
         errors: list[str] = []
         values: dict[str, float | None] = {}
         for name, key in _READS.items():
@@ -238,15 +255,16 @@ class EmulatedBackend:
                 values[name] = None
                 errors.append(name)
         utilization = values["utilization"]
-        reasons = values["clock_event_reasons"]
-        return GpuSample(
-            gpu=self._label,
+        if utilization is not None and math.isfinite(utilization):
+            utilization = min(max(utilization / 100.0, 0.0), 1.0)
+        return GpuSample.read(
+            self._label,
             power_w=None if values["power"] is None else values["power"] / 1000.0,
             energy_j=None if values["energy"] is None else values["energy"] / 1000.0,
             temperature_c=values["temperature"],
             sm_clock_mhz=values["sm_clock"],
-            utilization=None if utilization is None else min(max(utilization / 100.0, 0.0), 1.0),
-            clock_event_reasons=None if reasons is None else int(reasons),
+            utilization=utilization,
+            clock_event_reasons=values["clock_event_reasons"],
             power_limit_w=None if values["power_limit"] is None else values["power_limit"] / 1000.0,
             read_errors=tuple(errors),
         )

@@ -350,8 +350,8 @@ class NvmlBackend:
         utilization = None
         if rates is not None:
             utilization = min(max(float(rates.gpu) / 100.0, 0.0), 1.0)
-        return GpuSample(
-            gpu=self._label,
+        return GpuSample.read(
+            self._label,
             power_w=power_w,
             energy_j=energy_j,
             temperature_c=temperature,

@@ -265,7 +265,10 @@ class MPCController:
         self.effective_slo_margin = self.slo_margin
         self.ttft_allowance = 0.0
         """The per-prompt TTFT allowance the next problem judges with (0: flat)."""
-        self.arrival_times_seen: deque[float] = deque()
+        self.arrivals_seen: deque[tuple[float, int]] = deque()
+        """(observation time, requests that arrived since the one before), within the
+        arrival window: one entry per observation, whatever the counts."""
+        self.arrivals_in_window = 0
         self.previous_arrived_count = 0
         self.current_clock = plant.profile.minimum_clock_mhz
         self.last_control_index: int | None = None
@@ -302,16 +305,21 @@ class MPCController:
     # ------------------------------------------------------------ internals
     def _arrival_rate(self, observation: ServingObservation) -> float:
         """Requests per second over the last ``arrival_window_s`` (the seed's estimate:
-        new arrivals are stamped with the observation time)."""
-        new_arrivals = observation.arrived_requests - self.previous_arrived_count
+        new arrivals are stamped with the observation time). Counted, not listed, so a
+        tick costs the same whatever the counter reads (a node's counter can jump by a
+        lifetime of requests); a counter that went back (an engine restart) starts again
+        from its new value."""
+        arrived = observation.arrived_requests
+        new_arrivals = arrived - self.previous_arrived_count
         if new_arrivals > 0:
-            self.arrival_times_seen.extend([observation.time_s] * new_arrivals)
-        self.previous_arrived_count = observation.arrived_requests
+            self.arrivals_seen.append((observation.time_s, new_arrivals))
+            self.arrivals_in_window += new_arrivals
+        self.previous_arrived_count = arrived
         lower = observation.time_s - self.arrival_window_s
-        while self.arrival_times_seen and self.arrival_times_seen[0] < lower:
-            self.arrival_times_seen.popleft()
+        while self.arrivals_seen and self.arrivals_seen[0][0] < lower:
+            self.arrivals_in_window -= self.arrivals_seen.popleft()[1]
         observed_window = min(self.arrival_window_s, max(observation.time_s, self.control_period_s))
-        return len(self.arrival_times_seen) / observed_window
+        return float(self.arrivals_in_window) / observed_window
 
     def problem(self, observation: ServingObservation, arrival_rate: float) -> MPCProblem:
         """The horizon problem for ``observation`` and an arrival-rate estimate (req/s)."""

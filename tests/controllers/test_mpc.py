@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from synthetic import make_plant
 
 from gpugov.controllers.mpc.controller import (
     FALLBACK_REASONS,
@@ -502,3 +503,25 @@ def test_controller_is_deterministic(synthetic_plant):
     first = MPCController(synthetic_plant, mean_output_tokens=150.0)
     second = MPCController(synthetic_plant, mean_output_tokens=150.0)
     assert [first(o) for o in observations] == [second(o) for o in observations]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the seed solver on absurd forecasts
+@pytest.mark.parametrize("jump", [10**8, 10**300], ids=["1e8", "1e300"])
+def test_a_counter_jump_costs_a_tick_no_more_and_decides(jump: int) -> None:
+    # A daemon started beside a long-running engine, or a counter gone wild: the arrival
+    # estimate counts requests, it does not list them (a list took gigabytes and seconds).
+    controller = MPCController(make_plant(), control_period_s=0.5, horizon_s=2.0)
+    controller._arrival_rate(_observation(0.5, arrived=jump))
+    assert len(controller.arrivals_seen) == 1
+    assert controller.arrivals_in_window == jump
+    # A counter that went back (an engine restart) starts again from its new value.
+    controller._arrival_rate(_observation(1.0, arrived=3))
+    controller._arrival_rate(_observation(1.5, arrived=5))
+    assert controller.arrivals_in_window == jump + 2
+    # Past the window only the new arrivals count; the decision is a supported clock.
+    late = controller.arrival_window_s + 10.0
+    assert controller._arrival_rate(_observation(late, arrived=9)) == pytest.approx(
+        4 / controller.arrival_window_s
+    )
+    clock = controller(_observation(late + 0.5, arrived=10**300))
+    assert clock in set(controller.plant.profile.clock_mhz.tolist())

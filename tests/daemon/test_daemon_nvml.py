@@ -6,7 +6,7 @@ import fake_pynvml as fp
 import pytest
 from fake_pynvml import FakeNvml
 
-from gpugov.daemon.backend import DryRunBackend, GpuBackend
+from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
 from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,
     GpuError,
@@ -206,3 +206,40 @@ def test_energy_counter_read_at_most_once_per_interval() -> None:
     assert backend.sample().energy_j == pytest.approx(1500.0)
     assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] == 2
     assert fake.calls["nvmlDeviceGetFieldValues"] == 3  # power every sample
+
+
+def test_a_reading_no_gpu_gives_costs_that_reading_not_the_sample() -> None:
+    sample = GpuSample.read(
+        "0",
+        power_w=-5.0,
+        energy_j=float("nan"),
+        temperature_c=float("inf"),
+        sm_clock_mhz=1410.0,
+        utilization=float("nan"),
+        clock_event_reasons=2.0**70,
+        power_limit_w=700.0,
+        read_errors=("energy",),
+    )
+    assert (sample.power_w, sample.energy_j, sample.temperature_c) == (None, None, None)
+    assert (sample.utilization, sample.clock_event_reasons) == (None, None)
+    assert sample.sm_clock_mhz == 1410.0 and sample.power_limit_w == 700.0
+    assert sample.read_errors == (
+        "energy",
+        "power",
+        "energy",
+        "temperature",
+        "utilization",
+        "clock_event_reasons",
+    )
+
+
+def test_a_negative_power_from_nvml_is_a_failed_read(fake_nvml: FakeNvml) -> None:
+    # NVML's field values come signed or as doubles; the 1 s average is the fallback.
+    gpu = fake_nvml.gpus[1]
+    gpu.field_power_supported = False
+    gpu.average_power_mw = -5_000
+    backend = NvmlBackend(1, nvml=fake_nvml)
+    sample = backend.sample()
+    assert sample.power_w is None and "power" in sample.read_errors
+    assert sample.energy_j == pytest.approx(1000.0)
+    backend.close()
