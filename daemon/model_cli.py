@@ -77,7 +77,7 @@ def load_model(path: Path) -> tuple[dict[str, Any], OnlineModel]:
     try:
         model = OnlineModel(state["clocks_mhz"], float(state["power_limit_w"]))
         model.load_state(state)
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise ModelCliError(f"{path}: stored model is invalid: {error}") from error
     return payload, model
 

@@ -152,6 +152,9 @@ class PersistentOnlineModel(ControllerWrapper):
         self.key: ModelKey | None = None
         self.persist = True
         self._last_save_s = -math.inf
+        self.save_failed = False
+        """Whether the last write failed (logged): it is tried again a save period later,
+        not at every tick."""
         self._last_observation: ServingObservation | None = None
         self.restored = False
         self.messages: list[str] = []
@@ -205,7 +208,7 @@ class PersistentOnlineModel(ControllerWrapper):
             return
         try:
             self.inner.restore(payload["model"], observation)
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, OverflowError) as error:
             self._set_aside(f"{self.path}: {error}")
             return
         if key.model_name is None and stored.model_name is not None:
@@ -242,8 +245,14 @@ class PersistentOnlineModel(ControllerWrapper):
         try:
             write_json_atomic(self.path, payload)
         except (OSError, ValueError) as error:
-            self._say(logging.WARNING, f"{self.path}: cannot save the learned model: {error}")
+            self.save_failed = True
+            self._say(
+                logging.WARNING,
+                f"{self.path}: cannot save the learned model: {error} "
+                f"(tried again in {self.save_every_s:g} s)",
+            )
             return False
+        self.save_failed = False
         return True
 
     def _follow_key(self, observation: ServingObservation) -> None:
@@ -277,7 +286,9 @@ class PersistentOnlineModel(ControllerWrapper):
         self._last_observation = observation
         decision = self.inner(observation)
         due = observation.time_s - self._last_save_s >= self.save_every_s
-        if due and self.save():
+        # A write that failed waits a save period as one that worked does (a read-only or
+        # full disk logged one line a tick).
+        if due and (self.save() or self.save_failed):
             self._last_save_s = observation.time_s
         return decision
 

@@ -44,7 +44,7 @@ from gpugov.controllers.online.prediction import (
     learned_tables,
     predict_table,
 )
-from gpugov.controllers.online.regression import RecursiveLeastSquares
+from gpugov.controllers.online.regression import MAX_STORED_COUNT, RecursiveLeastSquares
 from gpugov.plant.types import ServingObservation
 
 FloatArray = NDArray[np.float64]
@@ -753,9 +753,15 @@ class OnlineModel:
         if clocks.shape != self.clocks_mhz.shape or not np.allclose(clocks, self.clocks_mhz):
             raise ValueError("stored model was learned on other supported clocks")
         ratio = np.asarray(state["realized_ratio"], dtype=float)
-        visits = np.asarray(state["visits"], dtype=np.int64)
-        if ratio.shape != clocks.shape or visits.shape != clocks.shape:
+        counts = np.asarray(state["visits"], dtype=float)
+        if ratio.shape != clocks.shape or counts.shape != clocks.shape:
             raise ValueError("stored per-clock arrays have the wrong length")
+        if not bool(np.all((counts >= 0.0) & (counts <= MAX_STORED_COUNT))):
+            raise ValueError("stored visits must be counts")
+        visits = counts.astype(np.int64)
+        warmup_count = float(state["warmup_count"])
+        if not (math.isfinite(warmup_count) and 0.0 <= warmup_count <= MAX_STORED_COUNT):
+            raise ValueError(f"stored warmup_count must be a count, got {warmup_count!r}")
         if not np.all((ratio > 0.0) & (ratio <= 1.0)):
             raise ValueError("stored realised-clock ratios must lie in (0, 1]")
         self.time.load_state(state["time"])
@@ -764,7 +770,7 @@ class OnlineModel:
         self.realized_ratio = ratio
         self.visits = visits
         self.warmed_up = bool(state["warmed_up"])
-        self._warmup_count = int(state["warmup_count"])
+        self._warmup_count = int(warmup_count)
 
     def nbytes(self) -> int:
         """Bytes held by the model's arrays (constant over the run)."""

@@ -76,23 +76,34 @@ class RecursiveLeastSquares:
         """Fold in one sample ``y ~ x . theta`` (``weight`` scales its precision); return
         the innovation (``y`` minus the prediction before the update).
 
-        A sample holding a NaN or an infinity is refused (counted in
-        ``rejected_nonfinite``, NaN returned) and changes nothing: one such sample would
-        make the estimate NaN for good."""
+        A sample holding a NaN or an infinity, or one so large that the step overflows
+        (a counter gone wild: 1e300 tokens), is refused (counted in ``rejected_nonfinite``,
+        NaN returned) and changes nothing: one such sample would make the estimate NaN
+        for good, and the model could no longer be saved."""
         if not (math.isfinite(y) and math.isfinite(weight) and bool(np.isfinite(x).all())):
             self.rejected_nonfinite += 1
             return math.nan
         # New arrays, not updated in place: a caller holding the previous estimate
         # keeps it unchanged.
-        self.mean, self.covariance, innovation = _rls_step(
-            self.mean,
-            self.covariance,
-            self.prior_covariance,
-            np.ascontiguousarray(x, dtype=np.float64),
-            float(y),
-            self.forgetting,
-            self.noise_variance / max(weight, 1e-9),
-        )
+        with np.errstate(over="ignore", invalid="ignore"):
+            stepped = _rls_step(
+                self.mean,
+                self.covariance,
+                self.prior_covariance,
+                np.ascontiguousarray(x, dtype=np.float64),
+                float(y),
+                self.forgetting,
+                self.noise_variance / max(weight, 1e-9),
+            )
+        mean, covariance, innovation = stepped
+        if not (
+            math.isfinite(innovation * innovation)
+            and bool(np.isfinite(mean).all())
+            and bool(np.isfinite(covariance).all())
+        ):
+            self.rejected_nonfinite += 1
+            return math.nan
+        self.mean, self.covariance = mean, covariance
         self.samples += 1
         beta = 0.05 if self.samples > 20 else 1.0 / self.samples
         self.residual_ms = (1.0 - beta) * self.residual_ms + beta * innovation * innovation
@@ -126,15 +137,26 @@ class RecursiveLeastSquares:
         n = self.mean.size
         if mean.shape != (n,) or covariance.shape != (n, n) or prior.shape != (n, n):
             raise ValueError(f"stored regression has the wrong shape (expected {n} parameters)")
-        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(covariance))):
+        if not all(bool(np.isfinite(array).all()) for array in (mean, covariance, prior)):
             raise ValueError("stored regression holds non-finite numbers")
         noise = float(state["noise_variance"])
         if not noise > 0.0 or not math.isfinite(noise):
             raise ValueError(f"stored noise_variance must be positive, got {noise!r}")
+        samples = float(state["samples"])
+        if not (math.isfinite(samples) and 0.0 <= samples <= MAX_STORED_COUNT):
+            raise ValueError(f"stored samples must be a count, got {state['samples']!r}")
+        residual = float(state["residual_ms"])
+        if not (math.isfinite(residual) and residual >= 0.0):
+            raise ValueError(f"stored residual_ms must be finite and >= 0, got {residual!r}")
         self.mean, self.covariance, self.prior_covariance = mean, covariance, prior
         self.noise_variance = noise
-        self.samples = int(state["samples"])
-        self.residual_ms = float(state["residual_ms"])
+        self.samples = int(samples)
+        self.residual_ms = residual
+
+
+MAX_STORED_COUNT = 2.0**53
+"""The largest count a stored model may hold (a float's exact integers; a year of windows
+every 0.25 s is about 1.3e8)."""
 
 
 @jit

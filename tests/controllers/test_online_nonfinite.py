@@ -173,3 +173,16 @@ def test_the_controller_survives_nan_readings_and_reports_them() -> None:
     assert model is not None and _finite(model)
     assert all(math.isfinite(d) for d in decisions)
     json.dumps(model.state_dict(), allow_nan=False)
+
+
+def test_a_finite_sample_that_overflows_the_step_is_refused() -> None:
+    # A counter gone wild (1e300 tokens in half a second) is finite, but its step is not:
+    # refused, the estimate unchanged and still saveable.
+    regression = RecursiveLeastSquares(np.zeros(2), np.eye(2), noise_variance=1.0)
+    regression.update(np.array([1.0, 2.0]), 3.0)
+    before = (regression.mean.copy(), regression.covariance.copy(), regression.samples)
+    assert math.isnan(regression.update(np.array([1e300, 1e300]), 1e300))
+    assert regression.rejected_nonfinite == 1
+    assert np.array_equal(regression.mean, before[0])
+    assert np.array_equal(regression.covariance, before[1]) and regression.samples == before[2]
+    json.dumps(regression.state_dict(), allow_nan=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
 import subprocess
 import sys
@@ -422,3 +423,46 @@ def test_a_restored_warmed_up_model_skips_the_warm_up(tmp_path: Path) -> None:
     simulate(_workload(3.0, seed=5), make_plant(), chunked_prefill_scheduler, fresh, 0)
     assert fresh.inner.last_reason in ("warm-up", "warm-up-descent")
     assert fresh.inner.model is not None and not fresh.inner.model.warmed_up
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["prior-nan", "samples-inf", "visits-huge", "warmup-inf"],
+)
+def test_a_stored_model_with_impossible_numbers_is_set_aside(tmp_path: Path, damage: str) -> None:
+    _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    payload = json.loads(path.read_text())
+    model = payload["model"]
+    if damage == "prior-nan":
+        model["time"]["prior_covariance"][0][0] = float("nan")
+    elif damage == "samples-inf":
+        model["time"]["samples"] = float("inf")
+    elif damage == "visits-huge":
+        model["visits"] = [1e300] * len(model["visits"])
+    else:
+        model["warmup_count"] = float("inf")
+    path.write_text(json.dumps(payload))
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    simulate(_workload(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
+    assert not wrapper.restored
+    assert any("refused" in message for message in wrapper.messages)
+    assert len(list(tmp_path.glob("online-model-llm.json.corrupt-*"))) == 1
+    wrapper.close()
+
+
+def test_a_failing_save_is_tried_once_a_save_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A read-only or full disk: one warning a save period, not one a tick.
+    import gpugov.daemon.model_store as store
+
+    def refuse(path: Path, payload: object) -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(store, "write_json_atomic", refuse)
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS, save_every_s=10.0)
+    simulate(_workload(60.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
+    failures = [m for m in wrapper.messages if "cannot save" in m]
+    assert 1 <= len(failures) <= 7 and wrapper.save_failed
+    assert "tried again in 10 s" in failures[0]
