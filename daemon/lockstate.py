@@ -24,11 +24,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.files import loads_json, read_input_text, write_json_atomic
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "locks.json"
+HOLD_FILE = "gpugov.lock"
+"""The file a running daemon holds an exclusive ``flock`` on (:meth:`LockState.hold`)."""
 
 
 class LockState:
@@ -44,6 +47,48 @@ class LockState:
         self.pid = os.getpid() if pid is None else pid
         self._warned = False
         self._entries: dict[str, dict[str, Any]] = self.read()
+        self._held: Any = None
+
+    def hold(self) -> None:
+        """Hold the state directory for this process: an exclusive ``flock`` on
+        ``DIR/gpugov.lock``, which the kernel releases when the process ends, however it
+        ends. A second daemon on the same state directory would reset the first one's live
+        locks as a crash's leftovers and then fight it for the clocks. A directory where
+        the file cannot be made is warned about (as the lock record is) and not held.
+
+        Raises:
+            ConfigError: another process holds it (named, with its pid).
+        """
+        import fcntl
+
+        path = self.path.parent / HOLD_FILE
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held for the run)
+        except OSError as error:
+            self._warn("hold it", error)
+            return
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read(32).strip() or "?"
+            handle.close()
+            raise ConfigError(
+                f"{path.parent}: another gpugov run (pid {holder}) holds this state "
+                "directory; run one daemon per node (or give each its own state_dir and GPUs)"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self._held = handle
+
+    def release(self) -> None:
+        """Let the state directory go (:meth:`hold`; the process's end does it too)."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
 
     def _warn(self, action: str, error: Exception) -> None:
         if not self._warned:

@@ -161,13 +161,18 @@ class Assembled:
     backends: list[GpuBackend] = field(default_factory=list)
     sources: list[ScrapedSource] = field(default_factory=list)
     header: dict[str, Any] = field(default_factory=dict)
+    state: LockState | None = None
+    """The lock record, holding the state directory for this run."""
 
     def close(self) -> None:
-        """Close every backend (NVML references) and engine connection."""
+        """Close every backend (NVML references) and engine connection, then let the
+        state directory go."""
         for backend in self.backends:
             backend.close()
         for source in self.sources:
             source.close()
+        if self.state is not None:
+            self.state.release()
 
 
 def build_domain(
@@ -433,6 +438,9 @@ def domains_from_config(
     assembled = Assembled(domains=[])
     state_dir = resolve_state_dir(config.daemon.state_dir)
     state = None if dry_run or state_dir is None else LockState(state_dir)
+    if state is not None:
+        state.hold()  # one daemon per state directory: before any GPU is opened
+    assembled.state = state
     try:
         for spec in config.domains:
             backends: list[GpuBackend] = []

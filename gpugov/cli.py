@@ -151,8 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpugov: error: {empty}: empty value", file=sys.stderr)
         return EXIT_USAGE
     command = _command_in(argv)
-    parser = build_parser(None if command == "?" else command)
     try:
+        # Inside: a command's module can take a second to import (numpy, numba), and a
+        # Ctrl-C then is the same one line.
+        parser = build_parser(None if command == "?" else command)
         try:
             args = parser.parse_args(argv)
         except SystemExit as done:  # --help, --version, or the one usage-error line

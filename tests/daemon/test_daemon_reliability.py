@@ -4,6 +4,7 @@ external clock changes, start retries, config gaps, exporter connections, bounde
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -446,3 +447,22 @@ def test_mpc_history_is_bounded_in_the_daemon() -> None:
     assert len(controller.plans_by_step) == 5 and min(controller.plans_by_step) == 25
     assert len(controller.plan_start_times_by_step) == 5
     assert len(controller.solve_times) <= 10
+
+
+def test_a_second_daemon_on_the_same_state_directory_is_refused(tmp_path: Path) -> None:
+    # Two daemons on one state directory: the second read the first one's live lock as a
+    # crash's leftover, reset it, and the two fought for the clock every tick.
+    domain = {"name": "llm", "gpus": [0], "engine": {"url": "http://127.0.0.1:9/metrics"}}
+    config = parse_config(
+        {"daemon": {"period_s": 1.0, "state_dir": str(tmp_path)}, "domains": [domain]}
+    )
+    fake = FakeNvml(1)
+    first = domains_from_config(config, nvml=fake)
+    with pytest.raises(ConfigError, match=rf"another gpugov run \(pid {os.getpid()}\)"):
+        domains_from_config(config, nvml=fake)
+    assert fake.calls.get("nvmlDeviceSetGpuLockedClocks", 0) == 0  # nothing was touched
+    # A dry run writes no locks and holds nothing: it may watch beside a running daemon.
+    domains_from_config(config, nvml=fake, dry_run=True).close()
+    first.close()
+    second = LockState(tmp_path)
+    second.hold()  # the holder's handle is gone with its LockState: free again

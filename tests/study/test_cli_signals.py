@@ -213,3 +213,19 @@ def test_sigterm_on_a_local_ray_runtime_shuts_it_down(tmp_path: Path) -> None:
     assert "Traceback" not in stderr and "SIGTERM received" not in stderr, stderr
     assert stderr.rstrip().splitlines()[-1].startswith("gpugov: terminated"), stderr
     assert _all_gone(below, within_s=60.0), [_command_line(pid) for pid in below if not _gone(pid)]
+
+
+def test_ctrl_c_while_a_command_module_imports_is_the_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The first second of `gpugov run` imports numpy and numba: Ctrl-C there printed a
+    # KeyboardInterrupt traceback.
+    from gpugov import cli
+
+    def interrupted(command: str | None) -> object:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["run", "--simulate"]) == cli.EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert err.strip() == "gpugov: interrupted" and "Traceback" not in err
