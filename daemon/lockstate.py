@@ -112,6 +112,7 @@ class LockState:
             return {}
         gpus = data.get("gpus") if isinstance(data, dict) else None
         if not isinstance(gpus, dict):
+            self._warn("read it", ValueError("not a lock record: no 'gpus' object"))
             return {}
         return {str(k): v for k, v in gpus.items() if isinstance(v, dict)}
 

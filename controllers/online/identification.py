@@ -448,7 +448,10 @@ class OnlineModel:
                 window.generated_tokens / DECODE_UNIT * window.context_tokens / CONTEXT_UNIT,
             ]
         )
-        return np.multiply(work[:, None], h[None, :]).ravel()  # np.outer's own arithmetic
+        # np.outer's own arithmetic; a product that overflows (absurd counters) is refused
+        # by the regression as non-finite, so numpy need not warn on a node's stderr.
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.multiply(work[:, None], h[None, :]).ravel()
 
     # --------------------------------------------------------------- update
     def update(self, window: Window) -> None:

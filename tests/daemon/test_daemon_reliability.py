@@ -466,3 +466,12 @@ def test_a_second_daemon_on_the_same_state_directory_is_refused(tmp_path: Path) 
     first.close()
     second = LockState(tmp_path)
     second.hold()  # the holder's handle is gone with its LockState: free again
+
+
+def test_a_lock_record_that_is_no_record_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "locks.json").write_text('["garbage"]')
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.lockstate"):
+        assert LockState(tmp_path).read() == {}
+    assert any("not a lock record" in record.getMessage() for record in caplog.records)
