@@ -132,7 +132,10 @@ def _run(spec: ControllerConfig, *, flat: bool = False) -> ServingResult:
 @pytest.mark.parametrize(
     ("spec", "gap"),
     [
-        (MPCControllerConfig(kind="mpc"), 0.05),
+        # At the 0.5 s default dwell (one decision at this 0.5 s period) the flat run also
+        # drops between prompts sooner than at 1 s: the gap is 4 % of the top clock there
+        # (1,057 against 1,136 MHz), above 5 % at 1 s.
+        (MPCControllerConfig(kind="mpc"), 0.03),
         # mpc-online's decode descent lowers the clock between prompts whichever SLO it
         # judges (decode-only windows measure no TTFT), from its warm-up on: judged per
         # prompt it still leaves the top clock and spends less energy, but its mean clock
@@ -152,6 +155,7 @@ def test_long_prompts_leave_the_top_clock_and_hold_the_slo(
     assert np.mean(judged.realized_clock_mhz) < 0.9 * top
     if gap is not None:
         assert np.mean(judged.realized_clock_mhz) < np.mean(flat.realized_clock_mhz) - gap * top
+        assert judged.metrics.energy_j < flat.metrics.energy_j
     # Against the top clock, not the flat run: judged flat, the long prompts' TTFT is
     # hopeless, its capped penalty stops pulling the clock up, and the flat run may spend
     # as little while it misses them.
