@@ -3,7 +3,9 @@
 Derivations from the engine's cumulative counters (documented in ``docs/daemon.md``):
 
 * ``arrived_requests``: the engine's arrival counter when it has one (TGI), else
-  finished + waiting + running (every request that arrived is in one of the three).
+  finished + waiting + running (every request that arrived is in one of the three),
+  counted from the first scrape (the requests then in flight included) and from zero
+  again after an engine restart.
 * ``waiting_requests`` / ``decode_active``: the waiting and running gauges, with the
   running requests still in their prefill moved from one to the other (vLLM and SGLang
   run a prompt's chunks as a running request): the running gauge less the requests that
@@ -224,6 +226,30 @@ class DomainObserver:
         """Generated tokens less the finished requests': the in-flight requests' tokens."""
         self._prefilled = _InFlight()
         """Prompt tokens as they ran less the prompt counter: the prompts in prefill's."""
+        self._arrived_before: float | None = None
+        """The requests the engine had seen through before the first scrape (its counter
+        then, less the ones in flight): not arrivals this daemon saw."""
+        self._last_counter: float | None = None
+        """The engine's monotonic request counter at the last scrape (arrivals, else
+        finished): one that went back is an engine restart."""
+
+    def _arrived_since_start(self, arrived: float, engine: EngineSample) -> float:
+        """The engine's arrivals since this daemon's first scrape, the requests then in
+        flight included: a daemon started beside an engine that has served for days does
+        not read its lifetime as one period's arrivals (the MPC's arrival-rate forecast
+        did, and held high clocks for its window). A counter that went back (an engine
+        restart) counts from zero again; a simulated run's engine starts at zero, so its
+        counts are unchanged."""
+        counter = engine.arrived_requests_total
+        if counter is None:
+            counter = engine.finished_requests_total or 0.0
+        previous, self._last_counter = self._last_counter, counter
+        if self._arrived_before is None:
+            in_flight = engine.waiting_requests + engine.running_requests
+            self._arrived_before = max(0.0, arrived - in_flight)
+        elif previous is not None and counter < previous:
+            self._arrived_before = 0.0
+        return max(0.0, arrived - self._arrived_before)
 
     def supported_clocks_mhz(self) -> tuple[float, ...]:
         """Clocks every GPU of the domain supports, ascending (cached)."""
@@ -511,6 +537,7 @@ class DomainObserver:
         arrived = engine.arrived_requests_total
         if arrived is None:
             arrived = (finished or 0.0) + engine.waiting_requests + engine.running_requests
+        arrived = self._arrived_since_start(arrived, engine)
         mean_prompt = (
             _ratio(engine.prompt_tokens_total, engine.ttft.count if engine.ttft else None)
             or _ratio(engine.prompt_tokens_total, finished)

@@ -69,7 +69,9 @@ def test_derivations_from_counters() -> None:
         kv_capacity_tokens=10000.0,
     )
     first = observer.observe(0.0, 0, None).observation
-    assert first.arrived_requests == 16 + 2 + 4
+    # Arrivals since the first scrape, the requests then in flight included: the 16 the
+    # engine finished before it are not arrivals this daemon saw.
+    assert first.arrived_requests == 2 + 4
     assert first.waiting_requests == 2 and first.decode_active == 4
     assert first.prefill_remaining_tokens == pytest.approx(2 * 10_000 / 20)  # mean prompt 500
     assert first.generated_decode_tokens == pytest.approx(4 * (4000 / 16) / 2)
@@ -86,6 +88,7 @@ def test_derivations_from_counters() -> None:
         tpot=HistogramTotals(52.0, 4600.0),
     )
     second = observer.observe(1.0, 1, 1200.0).observation
+    assert second.arrived_requests == 20 + 2 + 4 - 16  # finished + in flight, less before
     assert second.ttft_recent_s == pytest.approx(3.0 / 5)
     assert second.tpot_recent_s == pytest.approx(12.0 / 600)
     assert second.requested_clock_mhz == 1200.0
@@ -425,3 +428,21 @@ def test_a_scrape_cut_short_by_the_stale_age_says_so() -> None:
         "http://e/metrics: timed out: no complete answer within 0.2 s "
         "(given only the 0.2 s left before the data went stale)"
     )
+
+
+def test_arrivals_count_from_the_first_scrape_and_again_after_an_engine_restart() -> None:
+    # A daemon started beside an engine that has served 50,000 requests: its MPC read
+    # them as one period's arrivals and forecast a flood for its 30 s window.
+    gpu, source = StubGpu("0"), StubSource()
+    observer = DomainObserver([gpu], source, stale_after_s=3.0)
+
+    def arrived(finished: float, running: int, waiting: int, time_s: float) -> int:
+        source.next = _engine(
+            finished_requests_total=finished, running_requests=running, waiting_requests=waiting
+        )
+        return observer.observe(time_s, int(time_s), None).observation.arrived_requests
+
+    assert arrived(50_000.0, 3, 1, 0.0) == 4  # the ones in flight
+    assert arrived(50_002.0, 3, 2, 1.0) == 7  # two finished, one more waiting: +3
+    assert arrived(50_002.0, 2, 2, 2.0) == 6  # one aborted: not a restart
+    assert arrived(1.0, 1, 0, 3.0) == 2  # the counter went back: counted from zero
