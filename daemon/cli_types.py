@@ -115,7 +115,7 @@ speed = float_in(0.0, MAX_SPEED, low_open=True, name="speed")
 """A pace in plant seconds per wall second."""
 load_scale = float_in(0.0, MAX_LOAD_SCALE, low_open=True, name="multiplier")
 """An arrival-rate multiplier."""
-latency_noise = float_in(0.0, MAX_LATENCY_NOISE, name="coefficient of variation")
+latency_noise = float_in(0.0, MAX_LATENCY_NOISE, high_open=True, name="coefficient of variation")
 """The plant's iteration-time jitter (a coefficient of variation)."""
 dwell = float_in(0.0, MAX_SECONDS, name="time in seconds")
 """A hold time in seconds (the safety chain's dwell; 0 allowed)."""

@@ -669,6 +669,7 @@ class GpugovConfig(_Frozen):
             isinstance(period, bool)
             or not isinstance(period, int | float)
             or not isinstance(domains, list | tuple)
+            or not _fits_a_float(period)
         ):
             return data  # the field validators report what is wrong
         timeout = default_engine_timeout_s(float(period))
@@ -799,3 +800,12 @@ def load_config(path: str | Path) -> GpugovConfig:
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{source}: not valid TOML: {error}") from error
     return parse_config(data, str(source))
+
+
+def _fits_a_float(value: int | float) -> bool:
+    """Whether ``value`` converts to a float (an integer of 400 digits does not)."""
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True

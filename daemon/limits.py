@@ -14,7 +14,8 @@ MAX_SEED = 2**32 - 1
 """Largest seed (numpy's generators take seeds in ``[0, 2**32)``)."""
 
 MAX_LATENCY_NOISE = 1.0
-"""Largest coefficient of variation of the plant's iteration-time jitter."""
+"""The coefficient of variation of the plant's iteration-time jitter lies below this (the
+plant's range is ``[0, 1)``)."""
 
 MAX_EMULATED_GPUS = 64
 """Most GPUs one ``gpugov emulate`` serves (a node has at most 8 or 16)."""

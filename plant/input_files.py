@@ -199,6 +199,11 @@ def loads_json(text: str | bytes) -> Any:
     except RecursionError:
         shown = text if isinstance(text, str) else text.decode("utf-8", "replace")
         raise json.JSONDecodeError("nested too deeply", shown, 0) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # an integer past Python's 4,300-digit conversion limit
+        shown = text if isinstance(text, str) else text.decode("utf-8", "replace")
+        raise json.JSONDecodeError("a number with more digits than can be read", shown, 0) from None
 
 
 def loads_toml(text: str) -> dict[str, Any]:
@@ -208,6 +213,10 @@ def loads_toml(text: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except RecursionError:
         raise tomllib.TOMLDecodeError("nested too deeply") from None
+    except tomllib.TOMLDecodeError:
+        raise
+    except ValueError:  # an integer past Python's 4,300-digit conversion limit
+        raise tomllib.TOMLDecodeError("a number with more digits than can be read") from None
 
 
 def read_input_text_and_digest(path: str | os.PathLike[str], kind: str) -> tuple[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -60,10 +61,13 @@ class DecodeLatencyModel:
 
     def __post_init__(self) -> None:
         parts = (self.weight_fraction, self.batch_fraction, self.kv_fraction)
-        if any(p < 0.0 for p in parts) or abs(sum(parts) - 1.0) > 1e-6:
+        if not all(0.0 <= p <= 1.0 for p in parts) or not abs(sum(parts) - 1.0) <= 1e-6:
             raise ValueError(f"decode latency fractions must be >= 0 and sum to 1, got {parts}")
-        if self.reference_batch_size < 1 or self.reference_context_tokens < 1:
-            raise ValueError("reference batch size and context tokens must be >= 1")
+        references = (self.reference_batch_size, self.reference_context_tokens)
+        if not all(1 <= value <= MAX_ENGINE_COUNT for value in references):
+            raise ValueError(
+                f"reference batch size and context tokens must lie in [1, {MAX_ENGINE_COUNT:g}]"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,10 @@ class DecodePowerBatchModel:
 
     k: float
     x0: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.k) and math.isfinite(self.x0) and abs(self.k) <= 100.0):
+            raise ValueError(f"k and x0 must be finite (|k| <= 100), got {self.k!r}, {self.x0!r}")
 
     def factor(self, batch: float, reference_batch: float) -> float:
         """Decode dynamic-power multiplier for ``batch`` relative to the reference batch."""
@@ -207,7 +215,7 @@ class PerformanceProfile:
         for requested, realized in raw.items():
             try:
                 req, rea = float(requested), float(realized)
-            except (TypeError, ValueError) as error:
+            except (TypeError, ValueError, OverflowError) as error:
                 raise ValueError(
                     f"profile {self.name}: clock_profile_selection."
                     f"realized_clock_median_mhz_by_requested[{requested!r}] is not numeric"
@@ -528,9 +536,10 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
             f"{manifest_path}: ttft_slo_per_prompt_token_s must be a number >= 0, got {allowance!r}"
         )
     tp = _tp_size(manifest.get("tensor_parallel", 1))
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+    if not isinstance(tp, int) or isinstance(tp, bool) or not 1 <= tp <= MAX_TENSOR_PARALLEL:
         raise ProfileError(
-            f"{manifest_path}: tensor_parallel size must be an integer >= 1, got {tp!r}"
+            f"{manifest_path}: tensor_parallel size must be an integer in "
+            f"[1, {MAX_TENSOR_PARALLEL}], got {tp!r}"
         )
     csv_path = manifest_path.parent / str(manifest["csv"])
     if not csv_path.exists():
@@ -560,13 +569,23 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
     for section in ("decode_latency_model", "decode_power_batch_model"):
         try:
             getattr(profile, section)
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise ProfileError(f"{manifest_path}: {section} is invalid: {error!r}") from error
     return profile
 
 
+MAX_ENGINE_COUNT = 1e12
+"""The largest engine count (a batch, a context, KV tokens) a profile may state."""
+MAX_TENSOR_PARALLEL = 1024
+"""The largest TP degree a profile may state (a rack-scale NVLink domain holds 576 GPUs)."""
+
+
 def _is_number(value: object) -> bool:
-    """A finite int or float that is not a bool (JSON ``true`` is not a number here)."""
-    return (
-        isinstance(value, int | float) and not isinstance(value, bool) and bool(np.isfinite(value))
-    )
+    """A finite int or float that is not a bool (JSON ``true`` is not a number here); an
+    integer too large for a float (``10**400`` in a manifest) is none either."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False

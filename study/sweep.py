@@ -118,7 +118,7 @@ class SweepGrid(BaseModel):
         default=1.0, ge=MIN_PERIOD_S, le=MAX_PERIOD_S, allow_inf_nan=False
     )
     scheduler: str = "chunked"
-    latency_noise: float = Field(default=0.0, ge=0.0, le=MAX_LATENCY_NOISE, allow_inf_nan=False)
+    latency_noise: float = Field(default=0.0, ge=0.0, lt=MAX_LATENCY_NOISE, allow_inf_nan=False)
     dwell_s: float = Field(default=DEFAULT_DWELL_S, ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)
     floor_mhz: float | None = Field(default=None, gt=0.0, le=MAX_CLOCK_MHZ, allow_inf_nan=False)
     engine_view: Literal["vllm", "exact"] = "vllm"

@@ -188,3 +188,18 @@ def test_the_example_config_at_another_period_is_valid(tmp_path: Path, period: s
     config = load_config(path)
     assert config.daemon.period_s == float(period)
     assert config.domains[0].engine.timeout_s == min(0.5, float(period) / 2)
+
+
+def test_a_period_too_long_for_a_float_is_the_field_error(tmp_path: Path) -> None:
+    # A 401-digit period_s raised OverflowError while the engine timeouts were filled in.
+    path = tmp_path / "gpugov.toml"
+    path.write_text(f"[daemon]\nperiod_s = 1{'0' * 400}\n\n[[domains]]\nname = 'llm'\ngpus = [0]\n")
+    with pytest.raises(ConfigError, match="period_s"):
+        load_config(path)
+
+
+def test_a_number_past_the_digit_limit_is_a_toml_error(tmp_path: Path) -> None:
+    path = tmp_path / "gpugov.toml"
+    path.write_text(f"[daemon]\nperiod_s = 1{'0' * 5000}\n")
+    with pytest.raises(ConfigError, match="more digits than can be read"):
+        load_config(path)

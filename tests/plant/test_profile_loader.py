@@ -97,3 +97,51 @@ def test_profiles_compare_by_identity() -> None:
     assert first == first
     assert first != second  # no elementwise array comparison, no exception
     assert len({first, second}) == 2  # hashable, so usable as a cache key
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"ttft_slo_s": 10**400}, "ttft_slo_s"),
+        ({"thermal__thermal_limit_c": 10**400}, "thermal"),
+        ({"tensor_parallel": 10**30}, "tensor_parallel size must be an integer in"),
+        ({"decode_latency_model__weight_fraction": float("nan")}, "decode_latency_model"),
+        ({"engine__reference_batch_size": 1e300}, "decode_latency_model"),
+        ({"decode_power_batch_model": {"k": float("nan"), "x0": 1.0}}, "decode_power_batch"),
+        (
+            {
+                "clock_profile_selection": {
+                    "realized_clock_median_mhz_by_requested": {"345": 10**400}
+                }
+            },
+            "realized_clock_median_mhz_by_requested",
+        ),
+    ],
+    ids=[
+        "huge-slo",
+        "huge-thermal",
+        "huge-tp",
+        "nan-fraction",
+        "huge-batch",
+        "nan-k",
+        "huge-clock",
+    ],
+)
+def test_numbers_no_board_has_are_refused_in_one_line(
+    tmp_path: Path, changes: dict[str, object], named: str
+) -> None:
+    # Each passed the loader (or raised a TypeError or OverflowError from it) and
+    # crashed a command later, mid-run.
+    manifest, _ = copy_profile(tmp_path)
+    edit_manifest(manifest, **changes)
+    with pytest.raises(ProfileError, match=named) as caught:
+        load_profile(manifest)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_number_past_the_digit_limit_is_a_decode_error(tmp_path: Path) -> None:
+    manifest, _ = copy_profile(tmp_path)
+    text = manifest.read_text().replace('"ttft_slo_s": 1.0', '"ttft_slo_s": 1' + "0" * 5000, 1)
+    manifest.write_text(text)
+    with pytest.raises(ProfileError, match="more digits than can be read"):
+        load_profile(manifest)
