@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -33,7 +34,16 @@ if TYPE_CHECKING:
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-LoosePath = Annotated[Path, Field(strict=False)]
+
+
+def _no_nul(value: Path) -> Path:
+    # A NUL byte passes Path() but no system call: check-config said OK and run crashed.
+    if "\x00" in str(value):
+        raise ValueError("a path cannot hold a NUL byte")
+    return value
+
+
+LoosePath = Annotated[Path, Field(strict=False), AfterValidator(_no_nul)]
 
 
 def _named_directory(value: Any) -> Any:
@@ -604,8 +614,18 @@ class DaemonSection(_Frozen):
     @field_validator("emulator")
     @classmethod
     def _emulator_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("http://"):
-            raise ValueError(f"must be an http:// URL such as http://127.0.0.1:8000, got {value!r}")
+        if value is None:
+            return value
+        example = "http://127.0.0.1:8000"
+        if not value.startswith("http://"):
+            raise ValueError(f"must be an http:// URL such as {example}, got {value!r}")
+        try:
+            parts = urllib.parse.urlsplit(value)
+            parts.port  # noqa: B018 (raises on a port out of range)
+        except ValueError as error:
+            raise ValueError(f"must be an http:// URL such as {example}: {error}") from None
+        if not parts.hostname:
+            raise ValueError(f"must name a host, such as {example}, got {value!r}")
         return value
 
     @model_validator(mode="after")

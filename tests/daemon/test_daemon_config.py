@@ -203,3 +203,22 @@ def test_a_number_past_the_digit_limit_is_a_toml_error(tmp_path: Path) -> None:
     path.write_text(f"[daemon]\nperiod_s = 1{'0' * 5000}\n")
     with pytest.raises(ConfigError, match="more digits than can be read"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("daemon", "message"),
+    [
+        ({"emulator": "http://127.0.0.1:70000"}, "daemon.emulator: .*Port out of range"),
+        ({"emulator": "http://[::1"}, "daemon.emulator: .*Invalid IPv6 URL"),
+        ({"emulator": "http://"}, "daemon.emulator: must name a host"),
+        ({"record": "a\x00b"}, "daemon.record: a path cannot hold a NUL byte"),
+        ({"state_dir": "a\x00b"}, "daemon.state_dir: a path cannot hold a NUL byte"),
+    ],
+    ids=["port", "ipv6", "no-host", "nul-record", "nul-state"],
+)
+def test_addresses_and_paths_no_system_call_takes_are_config_errors(
+    daemon: dict[str, str], message: str
+) -> None:
+    # check-config said OK (or raised), and run crashed on them.
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"daemon": daemon, "domains": [{"name": "llm", "gpus": [0]}]})
