@@ -156,8 +156,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "--dry-run applies to a node run (--config); --simulate never touches a GPU"
             )
         return run_simulated(args)
-    if args.virtual or args.speed is not None:
-        raise UsageError("--speed and --virtual only apply to --simulate")
+    given = [
+        flag
+        for dest, (flag, default) in getattr(args, "simulate_only", {}).items()
+        if getattr(args, dest, default) != default
+    ]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)}: only with --simulate (a node run takes its config's settings)"
+        )
     try:
         return _run_node(args)
     except ClocksNotReset as error:
@@ -488,7 +495,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     run_parser.add_argument(
         "--quiet", action="store_true", help="--simulate: no progress lines on stderr"
     )
-    run_parser.set_defaults(handler=_run_entry)
+    # Every flag whose help says "--simulate:" (or that only a simulated run reads), with
+    # its default: a node run refuses one given another value (it ignored them).
+    simulate_only = {
+        action.dest: (action.option_strings[0], action.default)
+        for action in run_parser._actions
+        if action.option_strings
+        and (
+            (action.help or "").startswith("--simulate")
+            or action.dest in ("trace", "profile", "controller", "speed", "virtual")
+        )
+    }
+    run_parser.set_defaults(handler=_run_entry, simulate_only=simulate_only)
 
     check = subparsers.add_parser(
         "check-config",

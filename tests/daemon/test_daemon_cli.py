@@ -271,3 +271,20 @@ def test_watchdog_rejects_a_period_it_would_kill() -> None:
     with pytest.raises(ValueError, match="WatchdogSec=30s"):
         notify.check_period(20.0)
     SystemdNotify(notifier=None, environ={}).check_period(59.0)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--duration", "3"], ["--floor", "1900"], ["--controller", "max"], ["--speed", "2"]],
+    ids=["duration", "floor", "controller", "speed"],
+)
+def test_a_node_run_refuses_the_simulated_runs_flags(
+    tmp_path: Path, flags: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --duration, --floor and --controller were ignored: the node ran on, unfloored, with
+    # its config's controller.
+    path = tmp_path / "gpugov.toml"
+    path.write_text("[[domains]]\nname = 'llm'\ngpus = [0]\n")
+    assert node_cli.main(["run", "--config", str(path), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and flags[0] in err[0] and "only with --simulate" in err[0]
