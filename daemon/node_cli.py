@@ -50,6 +50,8 @@ from gpugov.daemon.errors import (
     ConfigError,
     ExitCode,
     GpuError,
+    GpugovError,
+    GpuUnavailable,
     TransientGpuError,
 )
 from gpugov.daemon.loop import (
@@ -304,6 +306,20 @@ def _reset_one(
     return str(error)
 
 
+def _require_present(chosen: list[int | str], kind: str, emulator: str | None) -> None:
+    """Refuse GPU indices the node does not have (exit 4, as for no GPU at all), where
+    they read as GPUs that 'may still be locked' (exit 6). A node whose GPUs cannot be
+    listed is left to the resets to report."""
+    try:
+        present = gpu_indices(kind, emulator)
+    except GpugovError:
+        return
+    missing = [str(gpu) for gpu in chosen if isinstance(gpu, int) and gpu not in present]
+    if missing:
+        have = f"0-{len(present) - 1}" if present else "none"
+        raise GpuUnavailable(f"--gpus: no GPU {', '.join(missing)} on this node (it has {have})")
+
+
 def _forget_lock(backend: Any) -> None:
     """Remove the GPU from the daemon's lock state file, if there is one."""
     from gpugov.daemon.files import resolve_state_dir
@@ -332,6 +348,8 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
         print("all GPUs: SM clock locks reset (nvidia-smi)")
         return EXIT_OK
     gpus: list[int | str] = list(gpu_indices(kind, emulator)) if chosen is None else chosen
+    if chosen is not None and kind in ("nvml", "emulated"):
+        _require_present(chosen, kind, emulator)
     failed: dict[str, str] = {}
     for gpu in gpus:
         error = _reset_one(

@@ -111,6 +111,10 @@ def test_reset_clocks(fake: FakeNvml, capsys: pytest.CaptureFixture[str]) -> Non
     assert fake.writes[-1] == ("nvmlDeviceResetGpuLockedClocks", 1)
     assert "GPU 1: SM clock lock reset" in capsys.readouterr().out
     assert node_cli.main(["reset-clocks", "--gpus", "x"]) == 2
+    # A GPU the node does not have: no such GPU (4), not one that may still be locked (6).
+    capsys.readouterr()
+    assert node_cli.main(["reset-clocks", "--gpus", "5"]) == 4
+    assert "--gpus: no GPU 5 on this node (it has 0-1)" in capsys.readouterr().err
     fake.permission = False
     assert node_cli.main(["reset-clocks"]) == 3
 
