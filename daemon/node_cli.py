@@ -336,7 +336,8 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
     through the backend the flags or the config name (NVML by default).
 
     Exit 0 when every GPU was reset, 3 when permission was denied, 6 when any GPU could
-    not be reset (each is named with its error), 4 when no GPU could be listed at all.
+    not be reset (each is named with its error), 4 when no GPU could be listed at all or
+    a --gpus index names one the node does not have.
     """
     import time
 

@@ -35,6 +35,9 @@ def run_plot(args: argparse.Namespace) -> int:
     }
     for target in targets.values():
         check_output_file("--out", target)
+    from gpugov.study.plots import check_image_format
+
+    check_image_format("--out", out, "gpugov plot")
     controllers: dict[str | None, Any] = {
         str(d.get("name")): d.get("controller") for d in header.get("domains", [])
     }

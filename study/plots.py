@@ -29,6 +29,22 @@ def pyplot(needed_for: str = "plotting") -> Any:
     return plt
 
 
+def check_image_format(flag: str, path: str | Path, needed_for: str = "plotting") -> None:
+    """Refuse, before any work, a plot file whose extension matplotlib cannot write
+    (``--plot run.txt`` failed after the whole run)."""
+    plt = pyplot(needed_for)
+    suffix = Path(path).suffix.lower().lstrip(".")
+    supported = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    if suffix not in supported:
+        from gpugov.daemon.cli_support import UsageError
+
+        raise UsageError(
+            f"{flag} {path}: not an image format matplotlib writes "
+            f"({', '.join('.' + name for name in sorted(supported))})"
+        )
+
+
 @dataclass
 class RunSeries:
     """What the run plot shows, from a simulation result or a recording (units in names)."""

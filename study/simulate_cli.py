@@ -121,6 +121,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     check_output_file("--plot", args.plot)
     if args.plot:
         require_extra("matplotlib", "simulate --plot")  # one line now, not after the run
+        from gpugov.study.plots import check_image_format
+
+        check_image_format("--plot", args.plot, "simulate --plot")
     workload, report = load_trace_for_cli(
         args.trace,
         format=args.trace_format,

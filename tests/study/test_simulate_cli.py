@@ -203,3 +203,15 @@ def test_mpc_profile_part_names_the_model_it_plans_on(tmp_path: Path) -> None:
         energies[spec] = payload["metrics"]["energy_j"]
     assert energies["mpc"] == energies["mpc:h100-sxm-llama3-8b"]
     assert energies["mpc:a100-sxm-80gb-llama3-8b"] != energies["mpc"]
+
+
+def test_a_plot_file_matplotlib_cannot_write_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `--plot run.txt` raised matplotlib's ValueError after the whole run.
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "run.txt"
+    assert main(["simulate", "--duration", "5", "--plot", str(target), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"gpugov: error: --plot {target}: not an image format")
+    assert ".png" in err and not target.exists()
