@@ -423,7 +423,13 @@ class EngineConfig(_Frozen):
     def _http_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
-        parts = urllib.parse.urlsplit(value)
+        if any(character.isspace() or ord(character) < 32 for character in value):
+            # http.client refuses it at every scrape: the node sat at the fail-safe.
+            raise ValueError(f"cannot hold spaces or control characters, got {value!r}")
+        try:
+            parts = urllib.parse.urlsplit(value)
+        except ValueError as error:  # a malformed IPv6 host
+            raise ValueError(f"is not a URL ({error}): {value!r}") from None
         if not parts.hostname:
             raise ValueError(
                 f"must name a host, such as http://127.0.0.1:8000/metrics, got {value!r}"

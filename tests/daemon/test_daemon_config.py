@@ -222,3 +222,20 @@ def test_addresses_and_paths_no_system_call_takes_are_config_errors(
     # check-config said OK (or raised), and run crashed on them.
     with pytest.raises(ConfigError, match=message):
         parse_config({"daemon": daemon, "domains": [{"name": "llm", "gpus": [0]}]})
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://127.0.0.1:8000/me trics", "cannot hold spaces or control characters"),
+        ("http://127.0.0.1:8000/metrics\r\nX: y", "cannot hold spaces or control characters"),
+        ("http://[::1:8000/metrics", "is not a URL"),
+    ],
+    ids=["space", "crlf", "ipv6"],
+)
+def test_an_engine_url_http_client_refuses_is_a_config_error(url: str, message: str) -> None:
+    # check-config said OK and the daemon sat at the fail-safe, an InvalidURL every tick.
+    domain = {"name": "llm", "gpus": [0], "engine": {"url": url}}
+    with pytest.raises(ConfigError, match=message) as caught:
+        parse_config({"domains": [domain]})
+    assert "\r" not in str(caught.value).replace("\\r", "")
