@@ -75,6 +75,17 @@ def load_model(path: Path) -> tuple[dict[str, Any], OnlineModel]:
         raise ModelCliError(str(error)) from error
     state = payload["model"]
     try:
+        clocks = np.asarray(state["clocks_mhz"], dtype=float)
+        if (
+            clocks.ndim != 1
+            or clocks.size < 2
+            or not bool(
+                np.all(np.isfinite(clocks))
+                and np.all(clocks > 0.0)
+                and np.all(np.diff(clocks) > 0.0)
+            )
+        ):
+            raise ValueError("clocks_mhz must be two or more positive clocks, ascending")
         model = OnlineModel(state["clocks_mhz"], float(state["power_limit_w"]))
         model.load_state(state)
     except (KeyError, TypeError, ValueError, OverflowError) as error:

@@ -104,9 +104,30 @@ def read_stored(path: Path) -> dict[str, Any]:
         if not isinstance(payload.get(key), dict):
             raise StoredModelError(f"{path}: field {key!r} is missing or not an object")
     key = payload["key"]
-    if not isinstance(key.get("gpu_uuids"), list):
-        raise StoredModelError(f"{path}: key.gpu_uuids is missing")
+    uuids = key.get("gpu_uuids")
+    if not isinstance(uuids, list) or not all(isinstance(uuid, str) for uuid in uuids):
+        raise StoredModelError(f"{path}: key.gpu_uuids is missing or not a list of names")
+    name = key.get("model_name")
+    if name is not None and not isinstance(name, str):
+        raise StoredModelError(f"{path}: key.model_name must be a name, got {name!r}")
+    for field_name in ("mean_prompt_tokens", "mean_output_tokens"):
+        value = payload.get(field_name)
+        if value is not None and not _positive_number(value):
+            raise StoredModelError(f"{path}: {field_name} must be a positive number, got {value!r}")
+    slos = payload.get("slos")
+    if slos is not None and not isinstance(slos, dict):
+        raise StoredModelError(f"{path}: field 'slos' is not an object")
     return payload
+
+
+def _positive_number(value: object) -> bool:
+    """A finite positive int or float (not a bool; an integer too big for a float is not)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value)) and float(value) > 0.0
+    except OverflowError:
+        return False
 
 
 def set_aside(path: Path, now: Callable[[], float] = time.time) -> Path:

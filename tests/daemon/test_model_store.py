@@ -19,6 +19,7 @@ from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.model_store import (
     PersistentOnlineModel,
+    StoredModelError,
     model_path,
     read_stored,
 )
@@ -466,3 +467,43 @@ def test_a_failing_save_is_tried_once_a_save_period(
     failures = [m for m in wrapper.messages if "cannot save" in m]
     assert 1 <= len(failures) <= 7 and wrapper.save_failed
     assert "tried again in 10 s" in failures[0]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("mean_prompt_tokens", "1024", "mean_prompt_tokens must be a positive number"),
+        ("mean_output_tokens", 10**400, "mean_output_tokens must be a positive number"),
+        ("mean_prompt_tokens", -5.0, "mean_prompt_tokens must be a positive number"),
+        ("slos", "x", "'slos' is not an object"),
+        ("key", {"gpu_uuids": [1, 2]}, "key.gpu_uuids"),
+    ],
+    ids=["string", "huge", "negative", "slos", "uuids"],
+)
+def test_stored_fields_of_the_wrong_kind_are_one_error(
+    tmp_path: Path, field: str, value: object, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # model show and export raised TypeError, OverflowError or AttributeError on them.
+    _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    payload = json.loads(path.read_text())
+    payload[field] = value
+    path.write_text(json.dumps(payload))
+    with pytest.raises(StoredModelError, match=named):
+        read_stored(path)
+    assert main(["model", "show", "--state-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named.split()[0] in err[0]
+
+
+def test_export_refuses_stored_clocks_no_gpu_has(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    payload = json.loads(path.read_text())
+    payload["model"]["clocks_mhz"][0] = -5.0
+    path.write_text(json.dumps(payload))
+    out = tmp_path / "export"
+    assert main(["model", "export", "--state-dir", str(tmp_path), "--out", str(out)]) == 2
+    assert "clocks_mhz must be two or more positive clocks" in capsys.readouterr().err
