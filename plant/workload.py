@@ -387,6 +387,12 @@ def _parse_csv(path: Path, text: str, fmt: str) -> _Parsed:
                 f"field {ts_col!r}: timestamp {raw_ts.strip()!r} goes backwards "
                 f"(line {previous_line} is later)",
             )
+        if not math.isfinite(float(stamp) - float(origin)):
+            raise _fail(
+                path,
+                line,
+                f"field {ts_col!r}: timestamp {raw_ts.strip()!r} is too far from the first",
+            )
         previous, previous_line = stamp, line
         if prompt == 0 or output == 0:
             skipped += 1
@@ -448,6 +454,10 @@ def _parse_mooncake(path: Path, text: str) -> _Parsed:
                 line,
                 f"field 'timestamp': timestamp {raw_ts!r} goes backwards "
                 f"(line {previous_line} is later)",
+            )
+        if not math.isfinite(float(stamp) - float(origin)):
+            raise _fail(
+                path, line, f"field 'timestamp': timestamp {raw_ts!r} is too far from the first"
             )
         previous, previous_line = stamp, line
         if prompt == 0 or output == 0:

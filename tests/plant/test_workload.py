@@ -665,3 +665,25 @@ def test_default_traces_dir_is_next_to_checkout(monkeypatch: pytest.MonkeyPatch)
     repo_root = module_file.parents[1]
     assert repo_root.parent / "shared" / "traces" == DEFAULT_TRACES_DIR
     assert shared_traces_dir() == DEFAULT_TRACES_DIR
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("span.csv", "arrival_time_s,prompt_tokens,output_tokens\n-1e308,10,10\n1e308,10,10\n"),
+        (
+            "span.jsonl",
+            '{"timestamp": -1e308, "input_length": 10, "output_length": 10}\n'
+            '{"timestamp": 1e308, "input_length": 10, "output_length": 10}\n',
+        ),
+    ],
+    ids=["csv", "mooncake"],
+)
+def test_a_span_too_long_for_a_float_is_refused_naming_the_line(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    # simulate dropped the second request silently; fleet raised.
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(TraceError, match=rf"{name}:(2|3): .*too far from the first"):
+        load_trace(path)
