@@ -378,6 +378,9 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     """``gpugov replay FILE.jsonl --controller X``."""
     header, _ = read_recording(args.file, warn=lambda message: None)
+    from gpugov.daemon.replay import checked_header
+
+    _, domains = checked_header(args.file, header)
     if args.profile is not None:
         from gpugov.plant import load_profile
 
@@ -388,11 +391,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         raise UsageError(str(error)) from error
-    clocks = [
-        float(clock)
-        for domain in header.get("domains", [])
-        for clock in domain.get("supported_clocks_mhz") or []
-    ]
+    clocks = [float(clock) for info in domains.values() for clock in info["supported_clocks_mhz"]]
     if clocks:
         check_fixed_clock(spec, min(clocks), max(clocks), args.controller)
     report = replay(args.file, spec, warn=warn)

@@ -9,6 +9,7 @@ recording's safety settings (clamp, floor, dwell); fail-safe ticks are skipped.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +175,63 @@ def _recorded_slo_target(info: dict[str, Any]) -> SLOTarget | None:
         ) from error
 
 
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float, or None (a string, a list, NaN, 10**400)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def checked_header(
+    path: str | Path, header: dict[str, Any]
+) -> tuple[float, dict[str, dict[str, Any]]]:
+    """The header's period and its domains by name, each checked for what replay reads.
+
+    Raises:
+        RecordingError: a field of the wrong kind, named.
+    """
+    period = _finite(header.get("period_s", 1.0))
+    if period is None or period <= 0.0:
+        raise RecordingError(
+            f"{path}: header period_s must be a positive number, got {header.get('period_s')!r}"
+        )
+    listed = header.get("domains", [])
+    if not isinstance(listed, list):
+        raise RecordingError(f"{path}: header domains must be a list, got {listed!r:.40}")
+    domains: dict[str, dict[str, Any]] = {}
+    for index, info in enumerate(listed):
+        if not isinstance(info, dict) or not isinstance(info.get("name"), str):
+            raise RecordingError(f"{path}: header domains[{index}] is no object with a name")
+        name = info["name"]
+        clocks = info.get("supported_clocks_mhz") or []
+        values = [_finite(clock) for clock in clocks] if isinstance(clocks, list) else [None]
+        if not clocks:
+            raise RecordingError(f"{path}: domain {name!r} has no supported clocks in the header")
+        if any(value is None or value <= 0.0 for value in values):
+            raise RecordingError(
+                f"{path}: domain {name!r}: supported_clocks_mhz must be positive numbers"
+            )
+        safety = info.get("safety") or {}
+        if not isinstance(safety, dict) or any(
+            safety.get(key) is not None
+            and (_finite(safety.get(key)) is None or _finite(safety.get(key)) < 0.0)  # type: ignore[operator]
+            for key in ("dwell_s", "floor_mhz", "min_relock_interval_s")
+        ):
+            raise RecordingError(
+                f"{path}: domain {name!r}: safety must hold non-negative numbers, "
+                f"got {safety!r:.60}"
+            )
+        names = info.get("gpu_names")
+        if names is not None and not isinstance(names, list):
+            raise RecordingError(f"{path}: domain {name!r}: gpu_names must be a list")
+        domains[name] = info
+    return period, domains
+
+
 def replay(
     path: str | Path, spec: ControllerConfig, *, warn: Callable[[str], None] | None = None
 ) -> ReplayReport:
@@ -184,14 +242,16 @@ def replay(
         ControllerError: the controller cannot be built.
     """
     header, rows = read_recording(path, warn=warn)
-    period_s = float(header.get("period_s", 1.0))
-    domains: dict[str, dict[str, Any]] = {d["name"]: d for d in header.get("domains", [])}
+    period_s, domains = checked_header(path, header)
     controllers = {}
     for name, info in domains.items():
-        clocks = info.get("supported_clocks_mhz") or []
-        if not clocks:
-            raise RecordingError(f"{path}: domain {name!r} has no supported clocks in the header")
-        controllers[name] = _replayed_controller(spec, info, period_s, clocks)
+        clocks = info["supported_clocks_mhz"]
+        try:
+            controllers[name] = _replayed_controller(spec, info, period_s, clocks)
+        except (TypeError, ValueError, OverflowError, AttributeError) as error:
+            if isinstance(error, RecordingError):
+                raise
+            raise RecordingError(f"{path}: header, domain {name!r}: {error}") from error
     # Older recordings carry older names (mpc_clock, reactive_governor...): show today's.
     recorded_names = sorted(
         {canonical_controller_name(str(info.get("controller", "?"))) for info in domains.values()}
@@ -201,6 +261,8 @@ def replay(
         replayed_controller=spec_name(spec),
     )
     for number, row in enumerate(rows, start=2):
+        if not isinstance(row, dict):
+            raise RecordingError(f"{path}:{number}: a tick is a JSON object, got {row!r:.40}")
         domain = row.get("domain")
         if not isinstance(domain, str) or domain not in controllers:
             raise RecordingError(f"{path}:{number}: domain {domain!r} is not in the header")
@@ -214,7 +276,13 @@ def replay(
         except (KeyError, TypeError, ValueError) as error:
             raise RecordingError(f"{path}:{number}: bad observation: {error}") from error
         replayed = float(controllers[domain](observation))
-        recorded = float(row["requested_mhz"])
+        recorded = _finite(row["requested_mhz"])
+        step = row.get("step", 0)
+        if recorded is None or not (isinstance(step, int) and not isinstance(step, bool)):
+            raise RecordingError(
+                f"{path}:{number}: requested_mhz must be a number and step an integer, got "
+                f"{row['requested_mhz']!r:.40} and {step!r:.40}"
+            )
         report.compared += 1
         report.recorded_sum_mhz += recorded
         report.replayed_sum_mhz += replayed

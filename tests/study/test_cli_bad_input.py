@@ -265,3 +265,42 @@ def test_numbers_are_refused_by_the_parser(
 ) -> None:
     assert main(argv) == 2
     assert f"argument {flag}: " in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("period", "header period_s must be a positive number"),
+        ("domains", "header domains must be a list"),
+        ("clocks", "supported_clocks_mhz must be positive numbers"),
+        ("safety", "safety must hold non-negative numbers"),
+        ("row", ":3: a tick is a JSON object"),
+        ("requested", "requested_mhz must be a number"),
+    ],
+)
+def test_replay_names_a_malformed_recording_field(
+    recording: Path, tmp_path: Path, damage: str, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each raised a KeyError, TypeError, ValueError or AttributeError traceback.
+    lines = recording.read_text().splitlines()
+    header = json.loads(lines[0])
+    if damage == "period":
+        header["period_s"] = "abc"
+    elif damage == "domains":
+        header["domains"] = "abc"
+    elif damage == "clocks":
+        header["domains"][0]["supported_clocks_mhz"] = ["a"]
+    elif damage == "safety":
+        header["domains"][0]["safety"] = {"dwell_s": -5}
+    elif damage == "row":
+        lines[2] = "[1, 2]"
+    else:
+        row = json.loads(lines[2])
+        row["requested_mhz"] = "abc"
+        row["failsafe"] = False
+        lines[2] = json.dumps(row)
+    lines[0] = json.dumps(header)
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text("\n".join(lines) + "\n")
+    assert main(["replay", str(damaged), "--controller", "max"]) == 2
+    assert named in _one_error_line(capsys)
