@@ -24,7 +24,10 @@ def run_plot(args: argparse.Namespace) -> int:
         header, rows = read_recording(source, warn=warn)
     except RecordingError as error:
         raise UsageError(str(error)) from error
-    domains: list[str | None] = [str(d.get("name")) for d in header.get("domains", [])] or [None]
+    listed = header.get("domains", [])
+    if not isinstance(listed, list) or not all(isinstance(d, dict) for d in listed):
+        raise UsageError(f"{source}: header domains must be a list of objects")
+    domains: list[str | None] = [str(d.get("name")) for d in listed] or [None]
     if args.domain is not None:
         if args.domain not in domains:
             raise UsageError(f"--domain {args.domain}: not in {source} (domains: {domains})")
@@ -38,11 +41,15 @@ def run_plot(args: argparse.Namespace) -> int:
     from gpugov.study.plots import check_image_format
 
     check_image_format("--out", out, "gpugov plot")
-    controllers: dict[str | None, Any] = {
-        str(d.get("name")): d.get("controller") for d in header.get("domains", [])
-    }
+    controllers: dict[str | None, Any] = {str(d.get("name")): d.get("controller") for d in listed}
     for domain, target in targets.items():
-        series = series_from_recording(rows, domain)
+        try:
+            series = series_from_recording(rows, domain)
+        except (TypeError, ValueError, AttributeError, OverflowError, KeyError) as error:
+            # A tick of the wrong shape (null, a string observation, "hot" degrees).
+            raise UsageError(
+                f"{source}: domain {domain!r}: a tick line is not a recording's ({error})"
+            ) from error
         if not series.time_s:
             raise UsageError(f"{source}: domain {domain!r} has no tick lines to plot")
         from gpugov.daemon.controller_spec import canonical_controller_name
@@ -54,7 +61,12 @@ def run_plot(args: argparse.Namespace) -> int:
             + (", dry run: no clock was set" if header.get("dry_run") else "")
             + f", {len(series.time_s)} ticks)"
         )
-        write_run_plot(series, target, title)
+        try:
+            write_run_plot(series, target, title)
+        except (TypeError, ValueError, AttributeError, OverflowError, KeyError) as error:
+            raise UsageError(
+                f"{source}: domain {domain!r}: a tick line is not a recording's ({error})"
+            ) from error
         print(f"wrote {target}")
     return 0
 

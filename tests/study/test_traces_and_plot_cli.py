@@ -92,6 +92,30 @@ def test_plot_bad_input_is_one_line(
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("damage", ["null-tick", "string-observation", "hot", "huge-power"])
+def test_plot_names_a_tick_of_the_wrong_shape(
+    recording: Path, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each raised a TypeError, ValueError, AttributeError or OverflowError traceback.
+    lines = recording.read_text().splitlines()
+    row = json.loads(lines[2])
+    if damage == "null-tick":
+        lines[2] = "null"
+    else:
+        if damage == "string-observation":
+            row["observation"] = "x"
+        elif damage == "hot":
+            row["observation"]["temperature_c"] = "hot"
+        else:
+            row["observation"]["power_w"] = 10**400
+        lines[2] = json.dumps(row)
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text("\n".join(lines) + "\n")
+    assert main(["plot", str(damaged), "--out", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a tick line is not a recording's" in err[0]
+
+
 @pytest.mark.parametrize(
     "argv",
     [["plot", "RECORDING"], ["simulate", "--duration", "5", "--plot", "OUT/x.png"]],
