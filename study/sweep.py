@@ -435,6 +435,29 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- the results
+def _row_problem(row: Any) -> str | None:
+    """What makes ``row`` no sweep result line (None: it is one): a string key, and for a
+    finished cell a metrics object of numbers (None where a metric is undefined)."""
+    if not isinstance(row, dict) or not isinstance(row.get("key"), str):
+        return "no string key"
+    if row.get("status") == "failed":
+        return None
+    metrics = row.get("metrics")
+    if not isinstance(metrics, dict):
+        return "a finished cell without its metrics object"
+    for name, value in metrics.items():
+        if value is None:
+            continue
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return f"metric {name!r} is not a number"
+        try:
+            if not math.isfinite(float(value)):
+                return f"metric {name!r} is not finite"
+        except OverflowError:
+            return f"metric {name!r} is too large"
+    return None
+
+
 def read_results(path: Path, *, repair: bool = False) -> tuple[list[dict[str, Any]], int]:
     """The rows of a results file and the number of unreadable lines dropped.
 
@@ -460,8 +483,9 @@ def read_results(path: Path, *, repair: bool = False) -> tuple[list[dict[str, An
             continue
         try:
             row = loads_json(line)
-            if not isinstance(row, dict) or "key" not in row:
-                raise ValueError("not a sweep row")
+            problem = _row_problem(row)
+            if problem is not None:
+                raise ValueError(problem)
         except ValueError as error:
             if number == len(lines) or (number == len(lines) - 1 and not lines[-1]):
                 dropped += 1

@@ -283,3 +283,27 @@ def test_an_output_directory_under_a_missing_parent_is_refused(tmp_path: Path) -
     code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
     assert code == 2 and "does not exist (create it first)" in stderr, stderr
     assert not out.parent.exists()
+
+
+@pytest.mark.parametrize(
+    ("row", "problem"),
+    [
+        ({"key": ["a"], "status": "ok", "metrics": {}}, "no string key"),
+        ({"key": "a", "status": "ok"}, "without its metrics object"),
+        ({"key": "a", "status": "ok", "metrics": {"energy_j": "1"}}, "'energy_j' is not a number"),
+        ({"key": "a", "status": "ok", "metrics": {"energy_j": 10**400}}, "'energy_j' is too large"),
+    ],
+    ids=["list-key", "no-metrics", "string-metric", "huge-metric"],
+)
+def test_a_results_line_of_the_wrong_shape_is_named_on_resume(
+    tmp_path: Path, row: dict[str, Any], problem: str
+) -> None:
+    # --resume raised TypeError, KeyError or OverflowError on each.
+    from gpugov.daemon.cli_support import UsageError
+    from gpugov.study.sweep import read_results
+
+    path = tmp_path / RESULTS
+    good = {"key": "b", "status": "failed", "error": "x"}
+    path.write_text(json.dumps(row) + "\n" + json.dumps(good) + "\n")
+    with pytest.raises(UsageError, match=rf"{RESULTS}:1: not a sweep result line \(.*{problem}"):
+        read_results(path)
