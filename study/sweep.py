@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 
 from gpugov import __version__
 from gpugov.daemon.cli_support import (
@@ -107,9 +107,12 @@ class SweepGrid(BaseModel):
 
     traces: list[str] = Field(min_length=1, max_length=MAX_GRID_VALUES)
     profiles: list[str] = Field(min_length=1, max_length=MAX_GRID_VALUES)
-    loads: list[float] = Field(default=[1.0], min_length=1, max_length=MAX_GRID_VALUES)
+    # Strict: a TOML true or "1" is a wrong type, not 1.0 (lax mode ran them).
+    loads: list[Annotated[float, Strict()]] = Field(
+        default=[1.0], min_length=1, max_length=MAX_GRID_VALUES
+    )
     controllers: list[str] = Field(min_length=1, max_length=MAX_GRID_VALUES)
-    seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field(
+    seeds: list[Annotated[int, Strict(), Field(ge=0, le=MAX_SEED)]] = Field(
         default=[0], min_length=1, max_length=MAX_GRID_VALUES
     )
     start_s: float = Field(default=0.0, ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)

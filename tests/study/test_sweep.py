@@ -258,6 +258,9 @@ def test_a_worker_killed_mid_sweep_loses_nothing_and_counts_nothing_twice(
     [
         ("control_period_s = 1e-9", "key 'control_period_s': Input should be greater than"),
         ("seeds = [-1]", "key 'seeds[0]': Input should be greater than or equal to 0"),
+        ("seeds = [true]", "key 'seeds[0]': Input should be a valid integer"),
+        ('loads = ["1"]', "key 'loads[0]': Input should be a valid number"),
+        ("loads = [true]", "key 'loads[0]': Input should be a valid number"),
         ("latency_noise = 1.0", "key 'latency_noise': Input should be less than 1"),
         ("floor_mhz = 5000.0", "key 'floor_mhz': 5000 MHz is above the top clock"),
         ("loads = [1.0, 1e-7]", "cell trace bursty.csv, profile h100-sxm-llama3-8b, load 1e-07"),
