@@ -82,7 +82,14 @@ def parse_address(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"must be HOST:PORT such as 127.0.0.1:9400, got {value!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if (
+        host.startswith("[") != host.endswith("]")
+        or (":" in bare and bare == host)  # an IPv6 host needs its brackets
+        or any(character.isspace() or character in "[]" for character in bare)
+    ):
+        raise ValueError(f"must be HOST:PORT such as 127.0.0.1:9400 or [::1]:9400, got {value!r}")
+    return bare or "127.0.0.1", int(port)
 
 
 MIN_STALE_PERIODS = 1.5

@@ -127,6 +127,11 @@ def test_parse_address() -> None:
     assert parse_address(":9400") == ("127.0.0.1", 9400)
     with pytest.raises(ValueError):
         parse_address("host:99999")
+    # An IPv6 host without its brackets, a bracket left open, a space: served on a host
+    # the operator did not write, or refused only when the socket was bound.
+    for bad in ("[::1:9400", "::1:9400", "a b:9400", "[::1]]:9400"):
+        with pytest.raises(ValueError, match=r"or \[::1\]:9400"):
+            parse_address(bad)
 
 
 def test_emulated_backend_needs_an_emulator_url() -> None:
