@@ -27,6 +27,7 @@ from pydantic import (
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.limits import MAX_PERIOD_S, MIN_PERIOD_S
 from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S
+from gpugov.plant.input_files import finite_number
 from gpugov.plant.profile import DEFAULT_PROFILE
 
 if TYPE_CHECKING:
@@ -702,7 +703,7 @@ class GpugovConfig(_Frozen):
             isinstance(period, bool)
             or not isinstance(period, int | float)
             or not isinstance(domains, list | tuple)
-            or not _fits_a_float(period)
+            or finite_number(period) is None
         ):
             return data  # the field validators report what is wrong
         timeout = default_engine_timeout_s(float(period))
@@ -833,12 +834,3 @@ def load_config(path: str | Path) -> GpugovConfig:
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{source}: not valid TOML: {error}") from error
     return parse_config(data, str(source))
-
-
-def _fits_a_float(value: int | float) -> bool:
-    """Whether ``value`` converts to a float (an integer of 400 digits does not)."""
-    try:
-        float(value)
-    except OverflowError:
-        return False
-    return True

@@ -39,6 +39,7 @@ from gpugov.daemon.files import (
     read_input_text,
     write_json_atomic,
 )
+from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import MPCDiagnostics, ServingObservation
 
 log = logging.getLogger("gpugov.model")
@@ -112,18 +113,12 @@ def read_stored(path: Path) -> dict[str, Any]:
         raise StoredModelError(f"{path}: key.model_name must be a name, got {name!r}")
     for field_name in ("mean_prompt_tokens", "mean_output_tokens"):
         value = payload.get(field_name)
-        if value is not None and not _positive_number(value):
+        if value is not None and not (finite_number(value) or 0.0) > 0.0:
             raise StoredModelError(f"{path}: {field_name} must be a positive number, got {value!r}")
     slos = payload.get("slos")
     if slos is not None and not isinstance(slos, dict):
         raise StoredModelError(f"{path}: field 'slos' is not an object")
     return payload
-
-
-def _positive_number(value: object) -> bool:
-    """A finite positive int or float (not a bool; an integer too big for a float is not)."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
     try:
         return math.isfinite(float(value)) and float(value) > 0.0
     except OverflowError:

@@ -9,7 +9,6 @@ recording's safety settings (clamp, floor, dwell); fail-safe ticks are skipped.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from gpugov.daemon.decide import ControllerContext, Forecasts, build_controller
 from gpugov.daemon.record import RecordingError, observation_from_dict, read_recording
 from gpugov.daemon.roles import ROLES
 from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S, SafetySettings
+from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import ClockController
 
 
@@ -175,15 +175,10 @@ def _recorded_slo_target(info: dict[str, Any]) -> SLOTarget | None:
         ) from error
 
 
-def _finite(value: Any) -> float | None:
-    """``value`` as a finite float, or None (a string, a list, NaN, 10**400)."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
+def _non_negative(value: object) -> bool:
+    """A finite number of at least zero (:func:`finite_number`)."""
+    number = finite_number(value)
+    return number is not None and number >= 0.0
 
 
 def checked_header(
@@ -194,7 +189,7 @@ def checked_header(
     Raises:
         RecordingError: a field of the wrong kind, named.
     """
-    period = _finite(header.get("period_s", 1.0))
+    period = finite_number(header.get("period_s", 1.0))
     if period is None or period <= 0.0:
         raise RecordingError(
             f"{path}: header period_s must be a positive number, got {header.get('period_s')!r}"
@@ -208,7 +203,7 @@ def checked_header(
             raise RecordingError(f"{path}: header domains[{index}] is no object with a name")
         name = info["name"]
         clocks = info.get("supported_clocks_mhz") or []
-        values = [_finite(clock) for clock in clocks] if isinstance(clocks, list) else [None]
+        values = [finite_number(clock) for clock in clocks] if isinstance(clocks, list) else [None]
         if not clocks:
             raise RecordingError(f"{path}: domain {name!r} has no supported clocks in the header")
         if any(value is None or value <= 0.0 for value in values):
@@ -216,10 +211,9 @@ def checked_header(
                 f"{path}: domain {name!r}: supported_clocks_mhz must be positive numbers"
             )
         safety = info.get("safety") or {}
+        limits = ("dwell_s", "floor_mhz", "min_relock_interval_s")
         if not isinstance(safety, dict) or any(
-            safety.get(key) is not None
-            and (_finite(safety.get(key)) is None or _finite(safety.get(key)) < 0.0)  # type: ignore[operator]
-            for key in ("dwell_s", "floor_mhz", "min_relock_interval_s")
+            safety.get(key) is not None and not _non_negative(safety[key]) for key in limits
         ):
             raise RecordingError(
                 f"{path}: domain {name!r}: safety must hold non-negative numbers, "
@@ -249,8 +243,6 @@ def replay(
         try:
             controllers[name] = _replayed_controller(spec, info, period_s, clocks)
         except (TypeError, ValueError, OverflowError, AttributeError) as error:
-            if isinstance(error, RecordingError):
-                raise
             raise RecordingError(f"{path}: header, domain {name!r}: {error}") from error
     # Older recordings carry older names (mpc_clock, reactive_governor...): show today's.
     recorded_names = sorted(
@@ -276,7 +268,7 @@ def replay(
         except (KeyError, TypeError, ValueError) as error:
             raise RecordingError(f"{path}:{number}: bad observation: {error}") from error
         replayed = float(controllers[domain](observation))
-        recorded = _finite(row["requested_mhz"])
+        recorded = finite_number(row["requested_mhz"])
         step = row.get("step", 0)
         if recorded is None or not (isinstance(step, int) and not isinstance(step, bool)):
             raise RecordingError(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import stat
 import tomllib
@@ -189,6 +190,19 @@ def read_input_text(path: str | os.PathLike[str], kind: str) -> str:
             :func:`decode_input_text`).
     """
     return decode_input_text(path, read_input_bytes(path, kind), kind)
+
+
+def finite_number(value: object) -> float | None:
+    """``value`` as a finite float when it is a JSON/TOML number (an int or a float, not a
+    bool), else None: a string, a list, NaN, an infinity, or an integer too large for a
+    float (``10**400``)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def loads_json(text: str | bytes) -> Any:

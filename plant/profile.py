@@ -20,7 +20,12 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from gpugov.plant.input_files import InputFileError, loads_json, read_input_text_and_digest
+from gpugov.plant.input_files import (
+    InputFileError,
+    finite_number,
+    loads_json,
+    read_input_text_and_digest,
+)
 
 Phase = Literal["prefill", "decode", "idle"]
 
@@ -583,9 +588,4 @@ MAX_TENSOR_PARALLEL = 1024
 def _is_number(value: object) -> bool:
     """A finite int or float that is not a bool (JSON ``true`` is not a number here); an
     integer too large for a float (``10**400`` in a manifest) is none either."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
+    return finite_number(value) is not None

@@ -42,31 +42,29 @@ def run_plot(args: argparse.Namespace) -> int:
 
     check_image_format("--out", out, "gpugov plot")
     controllers: dict[str | None, Any] = {str(d.get("name")): d.get("controller") for d in listed}
+    from gpugov.daemon.controller_spec import canonical_controller_name
+
     for domain, target in targets.items():
+        name = canonical_controller_name(str(controllers.get(domain, "?")))
+        # A tick of the wrong shape (null, a string observation, "hot" degrees) fails the
+        # series or, where its values are read lazily, the plot: one line either way.
         try:
             series = series_from_recording(rows, domain)
+            ticks = len(series.time_s)
+            if ticks:
+                title = (
+                    f"gpugov plot: {source.name}, domain {domain}, controller {name} "
+                    f"({header.get('mode', 'node')}"
+                    + (", dry run: no clock was set" if header.get("dry_run") else "")
+                    + f", {ticks} ticks)"
+                )
+                write_run_plot(series, target, title)
         except (TypeError, ValueError, AttributeError, OverflowError, KeyError) as error:
-            # A tick of the wrong shape (null, a string observation, "hot" degrees).
             raise UsageError(
                 f"{source}: domain {domain!r}: a tick line is not a recording's ({error})"
             ) from error
-        if not series.time_s:
+        if not ticks:
             raise UsageError(f"{source}: domain {domain!r} has no tick lines to plot")
-        from gpugov.daemon.controller_spec import canonical_controller_name
-
-        name = canonical_controller_name(str(controllers.get(domain, "?")))
-        title = (
-            f"gpugov plot: {source.name}, domain {domain}, controller {name} "
-            f"({header.get('mode', 'node')}"
-            + (", dry run: no clock was set" if header.get("dry_run") else "")
-            + f", {len(series.time_s)} ticks)"
-        )
-        try:
-            write_run_plot(series, target, title)
-        except (TypeError, ValueError, AttributeError, OverflowError, KeyError) as error:
-            raise UsageError(
-                f"{source}: domain {domain!r}: a tick line is not a recording's ({error})"
-            ) from error
         print(f"wrote {target}")
     return 0
 

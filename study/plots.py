@@ -32,10 +32,11 @@ def pyplot(needed_for: str = "plotting") -> Any:
 def check_image_format(flag: str, path: str | Path, needed_for: str = "plotting") -> None:
     """Refuse, before any work, a plot file whose extension matplotlib cannot write
     (``--plot run.txt`` failed after the whole run)."""
-    plt = pyplot(needed_for)
+    pyplot(needed_for)  # the missing extra is one line
+    from matplotlib.backend_bases import FigureCanvasBase
+
     suffix = Path(path).suffix.lower().lstrip(".")
-    supported = plt.figure().canvas.get_supported_filetypes()
-    plt.close("all")
+    supported = FigureCanvasBase.get_supported_filetypes()
     if suffix not in supported:
         from gpugov.daemon.cli_support import UsageError
 

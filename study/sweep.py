@@ -73,6 +73,7 @@ from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile, simulate
+from gpugov.plant.input_files import finite_number
 from gpugov.plant.profile import ProfileError
 from gpugov.plant.result import arrival_separation
 from gpugov.plant.scheduler import SCHEDULERS
@@ -453,11 +454,8 @@ def _row_problem(row: Any) -> str | None:
             continue
         if not isinstance(value, int | float) or isinstance(value, bool):
             return f"metric {name!r} is not a number"
-        try:
-            if not math.isfinite(float(value)):
-                return f"metric {name!r} is not finite"
-        except OverflowError:
-            return f"metric {name!r} is too large"
+        if finite_number(value) is None:
+            return f"metric {name!r} is too large or not finite"
     return None
 
 

@@ -86,7 +86,7 @@ class RecursiveLeastSquares:
         # New arrays, not updated in place: a caller holding the previous estimate
         # keeps it unchanged.
         with np.errstate(over="ignore", invalid="ignore"):
-            stepped = _rls_step(
+            mean, covariance, innovation = _rls_step(
                 self.mean,
                 self.covariance,
                 self.prior_covariance,
@@ -95,7 +95,6 @@ class RecursiveLeastSquares:
                 self.forgetting,
                 self.noise_variance / max(weight, 1e-9),
             )
-        mean, covariance, innovation = stepped
         if not (
             math.isfinite(innovation * innovation)
             and bool(np.isfinite(mean).all())
