@@ -513,16 +513,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     run_parser.add_argument(
         "--quiet", action="store_true", help="--simulate: no progress lines on stderr"
     )
-    # Every flag whose help says "--simulate:" (or that only a simulated run reads), with
-    # its default: a node run refuses one given another value (it ignored them).
+    # Every flag whose help says "--simulate:" (and --controller, whose help is the spec's),
+    # with its default: a node run refuses one given another value (it ignored them).
     simulate_only = {
         action.dest: (action.option_strings[0], action.default)
         for action in run_parser._actions
         if action.option_strings
-        and (
-            (action.help or "").startswith("--simulate")
-            or action.dest in ("trace", "profile", "controller", "speed", "virtual")
-        )
+        and ((action.help or "").startswith("--simulate") or action.dest == "controller")
     }
     run_parser.set_defaults(handler=_run_entry, simulate_only=simulate_only)
 
