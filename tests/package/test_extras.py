@@ -3,8 +3,10 @@ needs one says in one line how to install it (the import failure is simulated he
 
 from __future__ import annotations
 
+import ast
 import sys
 import tomllib
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,35 @@ def test_node_install_has_no_plotting_or_sklearn() -> None:
     assert _names(extras["study"]) == {"scikit-learn"}
     # `make test` and `pip install -e '.[test]'` get everything the tests use.
     assert "gpugov[plots,study]" in extras["test"]
+
+
+def test_every_third_party_import_is_a_declared_dependency() -> None:
+    """A module imported by the source must come from a dependency of the node's install or
+    of an extra, not only through another package's requirements: threadpoolctl came with
+    scikit-learn, and every study command's worker pool failed on the node's install."""
+    project = _project()
+    declared = _names(project["dependencies"]).union(
+        *(_names(group) for group in project["optional-dependencies"].values())
+    )
+    distributions = packages_distributions()
+    undeclared: dict[str, str] = {}
+    for layer in ("gpugov", "plant", "controllers", "daemon", "profiles", "study"):
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    modules = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    modules = [node.module]
+                else:
+                    continue
+                for module in modules:
+                    top = module.split(".")[0]
+                    if top in sys.stdlib_module_names or top == "gpugov":
+                        continue
+                    names = {d.lower().replace("_", "-") for d in distributions.get(top, [top])}
+                    if not names & declared:
+                        undeclared.setdefault(top, str(path.relative_to(ROOT)))
+    assert undeclared == {}
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str], extra: str) -> str:
