@@ -216,7 +216,12 @@ def _set_worker_shared(shared: Mapping[str, Any], parent_pid: int) -> None:
         # Forked with both blocked (:func:`_submit_all`); handled now, so unblock them.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _POOL_SIGNALS)
     _die_with_parent(parent_pid)
-    single_threaded()  # stays in force for the worker's life
+    try:
+        single_threaded()  # stays in force for the worker's life
+    except Exception as error:  # the pool would log a traceback per worker
+        print(f"gpugov: a worker process could not start: {error!r}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)  # the pool breaks: its cells are retried, then RunnerError
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -283,15 +288,22 @@ def _blocked(signals: set[signal.Signals]) -> Iterator[None]:
 
 def _submit_all(
     pool: ProcessPoolExecutor, fn: TaskFunction, cells: Sequence[Any], pending: Sequence[int]
-) -> dict[Any, int]:
-    """Submit every pending cell with SIGINT and SIGTERM blocked. The executor forks its
-    workers on the first submit: a Ctrl-C or SIGTERM in the middle would interrupt a child
-    in its at-fork handlers (before its initialiser sets its own handling) or leave a
-    worker the executor does not list yet, which nothing ends, and the command would hang
-    instead of exiting. A signal that came meanwhile is delivered once the mask is
-    restored."""
+) -> tuple[dict[Any, int], list[int]]:
+    """Submit every pending cell with SIGINT and SIGTERM blocked; the futures by cell, and
+    the cells left unsubmitted because the pool broke meanwhile (a worker died already).
+    The executor forks its workers on the first submit: a Ctrl-C or SIGTERM in the middle
+    would interrupt a child in its at-fork handlers (before its initialiser sets its own
+    handling) or leave a worker the executor does not list yet, which nothing ends, and
+    the command would hang instead of exiting. A signal that came meanwhile is delivered
+    once the mask is restored."""
+    futures: dict[Any, int] = {}
     with _blocked(_POOL_SIGNALS):
-        return {pool.submit(_pool_task, fn, cells[i]): i for i in pending}
+        for position, index in enumerate(pending):
+            try:
+                futures[pool.submit(_pool_task, fn, cells[index])] = index
+            except BrokenProcessPool:
+                return futures, list(pending[position:])
+    return futures, []
 
 
 def _pool_task(fn: TaskFunction, cell: Any) -> tuple[Any, str]:
@@ -315,7 +327,6 @@ def _pool(
         pending = list(order)
         restarts = 0
         while pending:
-            lost: list[int] = []
             pool = ProcessPoolExecutor(
                 max_workers=min(jobs, len(pending)),
                 mp_context=context,
@@ -324,7 +335,7 @@ def _pool(
             )
             finished = False
             try:
-                futures = _submit_all(pool, fn, cells, pending)
+                futures, lost = _submit_all(pool, fn, cells, pending)
                 for future in as_completed(futures):
                     index = futures[future]
                     try:

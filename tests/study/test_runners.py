@@ -74,6 +74,35 @@ def test_a_cell_that_always_kills_its_worker_gives_up_after_the_retries() -> Non
     assert len(events) == 1
 
 
+def test_workers_that_cannot_start_give_one_line_each_and_a_runner_error(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A worker whose initialiser fails (a module missing from the install) exits with
+    one line; the pool, broken before or while its cells are submitted, is retried, then
+    gives up with :class:`RunnerError`: no traceback from the pool or its workers."""
+    from gpugov.study import runners
+
+    def missing() -> None:
+        raise ModuleNotFoundError("No module named 'threadpoolctl'")
+
+    monkeypatch.setattr(runners, "single_threaded", missing)  # the forked workers see it
+    events: list[str] = []
+    with pytest.raises(RunnerError, match="died 2 times"):
+        list(
+            map_cells(
+                cell_tasks.double,
+                list(range(6)),
+                spec=RunnerSpec(jobs=2, retries=1),
+                shared={"offset": 0},
+                on_event=events.append,
+            )
+        )
+    assert len(events) == 1
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    assert "a worker process could not start" in err and "threadpoolctl" in err
+
+
 def test_a_task_error_propagates_unchanged() -> None:
     with pytest.raises(ValueError, match="cell 7: bad input"):
         list(map_cells(cell_tasks.reject, [7], spec=RunnerSpec(jobs=1)))
