@@ -152,13 +152,15 @@ class NvidiaSmiBackend:
         if len(row) < 6:
             raise TransientGpuError(f"nvidia-smi -i {self._gpu}: expected 6 fields, got {row}")
         clock, power, temperature, utilization, limit, reasons = (_number(c) for c in row[:6])
-        return GpuSample(
-            gpu=self._gpu,
+        # Through GpuSample.read, as the NVML backend: a value no GPU gives (a negative
+        # power, NaN, a utilisation past 100 %) costs that reading, not the sample.
+        return GpuSample.read(
+            self._gpu,
             power_w=power,
             temperature_c=temperature,
             sm_clock_mhz=clock,
-            utilization=None if utilization is None else min(max(utilization / 100.0, 0.0), 1.0),
-            clock_event_reasons=None if reasons is None else int(reasons),
+            utilization=None if utilization is None else utilization / 100.0,
+            clock_event_reasons=reasons,
             power_limit_w=limit,
         )
 

@@ -52,6 +52,18 @@ def test_na_fields_are_none() -> None:
     assert sample.power_w is None and sample.sm_clock_mhz is None and sample.utilization is None
 
 
+def test_values_no_gpu_gives_cost_their_reading_not_the_sample() -> None:
+    """nvidia-smi prints what the driver returns; a negative power, NaN, infinity, a
+    utilisation past 100 % or event reasons that are no mask are failed reads (they
+    raised ValueError from the sample, or reached the controller as NaN)."""
+    backend = NvidiaSmiBackend(0, runner=lambda argv, t: "nan, -5.0, inf, 250, 700.00, 0xZZ\n")
+    sample = backend.sample()
+    assert sample.sm_clock_mhz is None and sample.power_w is None
+    assert sample.temperature_c is None and sample.utilization is None
+    assert sample.power_limit_w == 700.0 and sample.clock_event_reasons is None
+    assert set(sample.read_errors) == {"sm_clock", "power", "temperature", "utilization"}
+
+
 @pytest.mark.parametrize(
     ("text", "kind"),
     [
