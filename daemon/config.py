@@ -312,9 +312,10 @@ class PowerProfileControllerConfig(_Frozen):
 
 
 class DefaultDVFSControllerConfig(_Frozen):
-    """The unlocked GPU's default DVFS (``controllers.peers.default_dvfs``): the top clock
-    while busy, the lowest after ``idle_hold_s`` of idle time, the board power limit as the
-    firmware enforces it."""
+    """The unlocked GPU's default DVFS (``controllers.peers.default_dvfs``): the top clock,
+    busy or idle, as a GPU holds it with the engine's CUDA context open (set
+    ``idle_hold_s`` for one that drops to its lowest clock after that much idle time); the
+    board power limit as the firmware enforces it."""
 
     kind: Literal["default-dvfs"]
     idle_hold_s: NonNegativeFloat | None = None

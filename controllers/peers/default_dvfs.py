@@ -1,19 +1,24 @@
-"""The GPU's default DVFS: unlocked, boosting under load, idling low, under its board power
-limit as the firmware enforces it.
+"""The GPU's default DVFS: unlocked, boosting under load, under its board power limit as the
+firmware enforces it, and at its top clock while idle as long as a CUDA context is open.
 
 Source: NVIDIA's default behaviour without application clocks or locks: the GPU boosts to
-its highest clock while work runs, drops to a low clock when idle, and its power
-controller holds the board power limit (TDP) on averaged power (``nvidia-smi -q -d
-PERFORMANCE``: idle, SW power cap and thermal reasons). It is the baseline most governors
-quote their savings against.
+its highest clock while work runs, and its power controller holds the board power limit
+(TDP) on averaged power (``nvidia-smi -q -d PERFORMANCE``: idle, SW power cap and thermal
+reasons). It is the baseline most governors quote their savings against. A GPU with no
+process on it rests at a low clock, but a serving engine keeps a CUDA context open, and
+with one open the GPU holds its top clock while idle: measured on an H200 (driver
+580.159.04) by gpugov's dry-run device check, 1,980 MHz and 121 W through each 28 s idle
+phase with a context open, 345 MHz and 79 W with none
+(``docs/measurements/device-h200-2026-12-04.md``).
 
-What this keeps: the top clock while the engine has work (or had some within
-``idle_hold_s``), the lowest clock after that much idle time; the board limit applied
-through the plant's firmware power controller (a cap at the board limit itself, so that
-it acts on power averaged over ``power_cap_window_s`` and may overshoot briefly, as boost
-does), where ``max`` meets it as an instant clamp.
+What this keeps: the top clock while the engine runs (busy or idle); with a finite
+``idle_hold_s`` (a GPU that does drop with a context open), the lowest clock after that
+much idle time instead; the board limit applied through the plant's firmware power
+controller (a cap at the board limit itself, so that it acts on power averaged over
+``power_cap_window_s`` and may overshoot briefly, as boost does), where ``max`` meets it
+as an instant clamp.
 
-Simplified: a node's governor cannot switch clocks within an iteration, so the idle drop
+Simplified: a node's governor cannot switch clocks within an iteration, so an idle drop
 and the boost happen at decision times (every 0.25 s on the scoreboard, plus the safety
 chain's dwell before the drop); the real firmware reacts within milliseconds. Boost
 clocks above the top supported clock and memory-clock changes are not modelled.
@@ -28,11 +33,11 @@ from gpugov.plant.types import ServingObservation
 
 
 class DefaultDVFS:
-    """Top clock while busy, lowest clock once idle for ``idle_hold_s``; the board limit as
-    a firmware cap (a :class:`~gpugov.plant.types.PowerCapping`)."""
+    """The top clock (with a finite ``idle_hold_s``, the lowest once idle that long); the
+    board limit as a firmware cap (a :class:`~gpugov.plant.types.PowerCapping`)."""
 
-    def __init__(self, idle_hold_s: float = 0.5) -> None:
-        if not (math.isfinite(idle_hold_s) and idle_hold_s >= 0.0):
+    def __init__(self, idle_hold_s: float = math.inf) -> None:
+        if math.isnan(idle_hold_s) or idle_hold_s < 0.0:
             raise ValueError(f"default-dvfs: idle_hold_s must be >= 0, got {idle_hold_s!r}")
         self.idle_hold_s = float(idle_hold_s)
         self.board_limit_w: float | None = None
@@ -50,5 +55,7 @@ class DefaultDVFS:
         now = float(observation.time_s)
         if has_work(observation):
             self._last_busy_s = now
+        if math.isinf(self.idle_hold_s):
+            return clocks[-1]  # a context is open: the GPU does not drop while idle
         idle_for = math.inf if self._last_busy_s is None else now - self._last_busy_s
         return clocks[0] if idle_for >= self.idle_hold_s else clocks[-1]

@@ -133,6 +133,19 @@ def test_best_cap_holds_the_slo_and_spends_no_more_than_the_top_clock() -> None:
     assert best.as_dict()["simulations"] == len(best.evaluations)
 
 
+def test_default_dvfs_holds_the_top_clock_idle_as_with_a_context_open() -> None:
+    """Measured on an H200: with a CUDA context open (a serving engine's) the unlocked
+    GPU stays at its top clock while idle."""
+    dvfs = DefaultDVFS()
+    idle = {"decode_active": 0, "waiting_requests": 0, "prefill_remaining_tokens": 0.0}
+    assert dvfs(obs(0.0, **idle)) == CLOCKS[-1]
+    assert dvfs(obs(0.25)) == CLOCKS[-1]
+    assert dvfs(obs(60.0, **idle)) == CLOCKS[-1]
+    assert dvfs.requested_power_cap_w == 700.0
+    with pytest.raises(ValueError, match="idle_hold_s"):
+        DefaultDVFS(idle_hold_s=math.nan)
+
+
 def test_default_dvfs_boosts_while_busy_and_drops_after_the_idle_hold() -> None:
     dvfs = DefaultDVFS(idle_hold_s=0.5)
     assert dvfs(obs(0.0)) == CLOCKS[-1]
@@ -142,7 +155,7 @@ def test_default_dvfs_boosts_while_busy_and_drops_after_the_idle_hold() -> None:
     assert dvfs(obs(0.5, **idle)) == CLOCKS[0]  # idle for 0.5 s: down
     assert dvfs(obs(0.75, power_limit_w=math.nan)) == CLOCKS[-1]  # work again: boost
     assert dvfs.requested_power_cap_w == 700.0
-    fresh = DefaultDVFS()
+    fresh = DefaultDVFS(idle_hold_s=0.5)
     assert fresh(obs(0.0, **idle)) == CLOCKS[0]  # never busy: idle from the start
 
 
