@@ -1,12 +1,14 @@
 """Phases of GPU load through PyTorch, for checks that watch a real GPU at its own clocks.
 
-Each phase runs for ``--seconds``: ``idle`` sleeps; ``matmul`` multiplies bf16 matrices
+Each phase runs for ``--seconds`` (or its own, written ``phase:seconds``): ``idle`` sleeps
+with the process's CUDA context open; ``matmul`` multiplies bf16 matrices
 (compute-bound, like a prefill); ``copy`` copies a large buffer on the device
 (memory-bound, like a decode step). Each prints one JSON line when it ends: its wall
 span and its achieved TFLOP/s or GB/s (bytes read and written). No clock or power limit
 is touched. PyTorch is not a gpugov dependency: this runs where it is installed.
 
     python bench/gpu_load.py --phases idle,matmul,idle,copy,idle --seconds 20
+    python bench/gpu_load.py --phases idle:150,matmul:5,idle:60 --size 1024 --copy-gib 0.01
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     source = torch.empty(count, device=device, dtype=torch.float32)
     target = torch.empty_like(source)
     torch.cuda.synchronize()
-    for phase in args.phases.split(","):
+    for item in args.phases.split(","):
+        phase, _, length = item.partition(":")
+        seconds = float(length) if length else args.seconds
         start = time.time()
-        end = start + args.seconds
+        end = start + seconds
         work = 0
         if phase == "idle":
-            time.sleep(args.seconds)
+            time.sleep(seconds)
         elif phase == "matmul":
             while time.time() < end:
                 for _ in range(20):

@@ -7,8 +7,8 @@ its highest clock while work runs, and its power controller holds the board powe
 reasons). It is the baseline most governors quote their savings against. A GPU with no
 process on it rests at a low clock, but a serving engine keeps a CUDA context open, and
 with one open the GPU holds its top clock while idle: measured on an H200 (driver
-580.159.04) by gpugov's dry-run device check, 1,980 MHz and 121 W through each 28 s idle
-phase with a context open, 345 MHz and 79 W with none
+580.159.04) by gpugov's device checks, 1,980 MHz and 121-127 W through idle spans of up
+to 150 s with a context open (P0, no event reason), 345 MHz and 79-81 W with none
 (``docs/measurements/device-h200-2026-12-04.md``).
 
 What this keeps: the top clock while the engine runs (busy or idle); with a finite
