@@ -55,8 +55,21 @@ TraceFormat = Literal["auto", "azure", "burstgpt", "mooncake", "csv"]
 #: Environment variable naming the directory that holds the shared real traces.
 TRACES_DIR_ENV = "GPUGOV_TRACES_DIR"
 
-#: Default traces directory: a ``shared/traces`` folder beside the repository checkout.
-DEFAULT_TRACES_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
+
+def default_traces_dir(source_root: Path) -> Path:
+    """The shared traces' default directory for a package whose top folder's parent is
+    ``source_root``: in a source checkout (``source_root`` holds ``pyproject.toml``), a
+    ``shared/traces`` folder beside it; installed from a wheel, ``$XDG_DATA_HOME/gpugov/
+    traces`` (by default ``~/.local/share/gpugov/traces``), never a folder inside the
+    install."""
+    if (source_root / "pyproject.toml").is_file():
+        return source_root.parent / "shared" / "traces"
+    data = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+    return Path(data) / "gpugov" / "traces"
+
+
+#: Default traces directory (:func:`default_traces_dir` of this install).
+DEFAULT_TRACES_DIR = default_traces_dir(Path(__file__).resolve().parents[1])
 
 #: Trace bundled with the package (``plant/data``), loadable without the shared directory.
 DEFAULT_TRACE = "azure-conv-10min"
@@ -149,11 +162,8 @@ class _Parsed:
 
 
 def traces_dir() -> Path:
-    """Directory of the shared real traces: ``$GPUGOV_TRACES_DIR``, else the default.
-
-    The default is a ``shared/traces`` folder beside the repository checkout, computed
-    from this file's location so it does not depend on the working directory.
-    """
+    """Directory of the shared real traces: ``$GPUGOV_TRACES_DIR``, else the default
+    (:data:`DEFAULT_TRACES_DIR`, which does not depend on the working directory)."""
     configured = os.environ.get(TRACES_DIR_ENV)
     if configured:
         return Path(configured).expanduser()
@@ -186,11 +196,16 @@ def resolve_trace(name_or_path: str | Path) -> Path:
         path = directory / file_name
         if not path.is_file():
             configured = os.environ.get(TRACES_DIR_ENV)
-            where = f"${TRACES_DIR_ENV}={configured}" if configured else f"{directory} (default)"
+            if configured:
+                raise TraceError(
+                    f"trace {name_or_path!r}: {file_name} not found in "
+                    f"${TRACES_DIR_ENV}={configured}; point ${TRACES_DIR_ENV} at the "
+                    "directory holding the shared traces"
+                )
             raise TraceError(
-                f"trace {name_or_path!r}: {file_name} not found in {where}; set "
-                f"${TRACES_DIR_ENV} to the directory holding the shared traces, or place "
-                f"them at the default {DEFAULT_TRACES_DIR}"
+                f"trace {name_or_path!r}: {file_name} not found in {directory} (the "
+                f"default); place the shared traces there, or set ${TRACES_DIR_ENV} to the "
+                "directory holding them"
             )
         return path
     return Path(name_or_path)

@@ -197,7 +197,39 @@ def test_bundled_slice_loads_without_shared_dir(
     message = str(excinfo.value)
     assert TRACES_DIR_ENV in message
     assert str(tmp_path / "no-such-dir") in message
-    assert str(DEFAULT_TRACES_DIR) in message
+    # The default is not searched while the variable is set, so it is not offered.
+    assert str(DEFAULT_TRACES_DIR) not in message
+
+
+def test_without_the_variable_the_error_names_the_default_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpugov.plant import workload
+
+    monkeypatch.delenv(TRACES_DIR_ENV, raising=False)
+    monkeypatch.setattr(workload, "DEFAULT_TRACES_DIR", tmp_path / "absent")
+    with pytest.raises(TraceError) as excinfo:
+        resolve_trace("mooncake")
+    message = str(excinfo.value)
+    assert f"{tmp_path / 'absent'} (the default)" in message and TRACES_DIR_ENV in message
+
+
+def test_default_traces_dir_is_beside_a_checkout_or_the_user_data_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpugov.plant.workload import default_traces_dir
+
+    checkout = tmp_path / "repo"
+    checkout.mkdir()
+    (checkout / "pyproject.toml").write_text("")
+    assert default_traces_dir(checkout) == tmp_path / "shared" / "traces"
+    site = tmp_path / "site-packages"  # a wheel's install: no pyproject.toml
+    site.mkdir()
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert default_traces_dir(site) == tmp_path / "data" / "gpugov" / "traces"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_traces_dir(site) == tmp_path / "home" / ".local/share/gpugov/traces"
 
 
 def test_bundled_slice_is_unmodified_source_rows() -> None:
