@@ -357,13 +357,30 @@ def require_extra(module: str, needed_for: str) -> None:
     Raises:
         UsageError: the module (an optional dependency in :data:`EXTRAS`) is missing.
     """
-    try:
-        importlib.import_module(module)
-    except ImportError as error:
-        extra = EXTRAS.get(module, module)
+    require_extras(needed_for, module)
+
+
+def require_extras(needed_for: str, *modules: str) -> None:
+    """:func:`require_extra` for several modules at once: one line names every missing
+    one and the extras that bring them (``pip install 'gpugov[study,plots]'``), so a user
+    is not sent back once per extra.
+
+    Raises:
+        UsageError: one or more of the modules are missing.
+    """
+    missing = []
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        extras = ",".join(dict.fromkeys(EXTRAS.get(module, module) for module in missing))
+        verb = "is" if len(missing) == 1 else "are"
         raise UsageError(
-            f"{needed_for} needs {module}, which is not installed: pip install 'gpugov[{extra}]'"
-        ) from error
+            f"{needed_for} needs {' and '.join(missing)}, which {verb} not installed: "
+            f"pip install 'gpugov[{extras}]'"
+        )
 
 
 INPUT_ERRORS = (UsageError, TraceError, ProfileError)

@@ -40,7 +40,7 @@ from gpugov.daemon.cli_support import (
     hidden_alias,
     load_trace_for_cli,
     prepare_output_dir,
-    require_extra,
+    require_extras,
     require_positive,
 )
 from gpugov.daemon.progress import Progress
@@ -610,8 +610,7 @@ def run_experiments(args: argparse.Namespace) -> int:
         bar.update(steps, message, force=True)
         steps += 1
 
-    require_extra("sklearn", "gpugov experiments (fitted Q iteration)")
-    require_extra("matplotlib", "gpugov experiments (its figures)")
+    require_extras("gpugov experiments (fitted Q iteration, figures)", "sklearn", "matplotlib")
     require_positive("--duration", args.duration)
     require_positive("--animation", args.animation)
     if not math.isfinite(args.start) or args.start < 0.0:

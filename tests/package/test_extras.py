@@ -111,6 +111,16 @@ def test_experiments_without_matplotlib(
     _one_line_error(capsys, "plots")
 
 
+def test_experiments_without_either_names_both_extras_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "sklearn", None)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["experiments", "--quick", "--out", str(tmp_path / "x")]) == 2
+    line = _one_line_error(capsys, "study,plots")
+    assert "sklearn and matplotlib, which are not installed" in line
+
+
 def test_scoreboard_without_matplotlib(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
