@@ -143,8 +143,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             "Simulate N nodes (each a plant with its own profile and controller, built as a "
             "node builds it) behind a router, fed by a trace scaled to the fleet, while a "
             "budget allocator splits a watt budget into per-node caps every 15 s. Compares "
-            "uniform caps, DPS-style steering and SLO-aware allocation at 60/70/80%% of the "
-            "summed TDP, and a -30%% budget step; writes DIR/fleet.json, DIR/fleet.md and "
+            "uniform caps, DPS-style steering and SLO-aware allocation at 60/70/80% of the "
+            "summed TDP, and a -30% budget step; writes DIR/fleet.json, DIR/fleet.md and "
             "DIR/fleet.png. See docs/fleet.md."
         ),
     )

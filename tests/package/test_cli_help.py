@@ -54,3 +54,12 @@ def test_old_flag_names_still_parse_as_hidden_aliases() -> None:
     args = parser.parse_args(["experiments", "--out", "x", "--window", "120"])
     assert args.duration == 120.0
     assert parser.parse_args(["experiments", "--out", "x"]).duration == 300.0
+
+
+def test_help_pages_print_no_format_escapes() -> None:
+    """argparse %-formats help strings but not descriptions or epilogs: a ``%%`` written
+    there prints as is (``60/70/80%%`` in ``gpugov fleet --help``)."""
+    for path, parser in _parsers(build_parser()):
+        text = parser.format_help()
+        assert "%%" not in text, f"{path} --help prints '%%'"
+        assert "%(" not in text, f"{path} --help prints an unexpanded %(...)s"
