@@ -170,13 +170,12 @@ def run_simulate(args: argparse.Namespace) -> int:
         f"({profile.profile_status}), "
         f"trace {Path(report.path).name} [{len(workload)} requests]"
     )
-    print(format_summary(metrics, title))
     energy = result_energy(result)
-    print(energy_lines(energy))
     separation = arrival_separation(result.request_records)
     note = light_load_note(result.request_records, separation)
-    if note:
-        print(note)
+    # The files first: a closed stdout (`gpugov simulate --out F | head -1`) ends the
+    # command at the first print, and must not cost the run's outputs.
+    written: list[str] = []
     if args.out:
         out = Path(args.out)
         series = result.as_dict(stride=args.stride)
@@ -212,10 +211,16 @@ def run_simulate(args: argparse.Namespace) -> int:
             "requests": request_rows(result.request_records),
         }
         out.write_text(json.dumps(payload, indent=1, allow_nan=False))
-        print(f"wrote {out}")
+        written.append(str(out))
     if args.plot:
         write_plot(result, Path(args.plot), title)
-        print(f"wrote {args.plot}")
+        written.append(str(args.plot))
+    print(format_summary(metrics, title))
+    print(energy_lines(energy))
+    if note:
+        print(note)
+    for path in written:
+        print(f"wrote {path}")
     return 0
 
 

@@ -215,3 +215,29 @@ def test_a_plot_file_matplotlib_cannot_write_is_refused_before_the_run(
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"gpugov: error: --plot {target}: not an image format")
     assert ".png" in err and not target.exists()
+
+
+def test_simulate_writes_its_files_before_a_closed_stdout_ends_it(tmp_path: Path) -> None:
+    """`gpugov simulate --out F | head -1`: the reader is gone before the summary is
+    printed; the command ends quietly, and the run's JSON is written all the same."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to stdout fails with EPIPE
+    out = tmp_path / "run.json"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "gpugov", "simulate", "--duration", "30", "--out", str(out)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in done.stderr
+    assert json.loads(out.read_text())["metrics"]["energy_j"] > 0
