@@ -107,6 +107,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from gpugov.daemon.cli_support import (
         UsageError,
         check_engine_url,
+        check_output_dir,
         prepare_output_dir,
         require_positive,
     )
@@ -150,7 +151,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     for flag, url in (("--engine-url", args.engine_url), ("--emulator", args.emulator)):
         if url is not None:
             check_engine_url(url, flag=flag, example="http://127.0.0.1:8000")
-    prepare_output_dir("--out", args.out)
+    # Checked now, made once the engine and the GPUs have answered: a run refused for
+    # either leaves no empty directory behind.
+    check_output_dir("--out", args.out)
     try:
         model = served_model(args.engine_url)
     except EngineUnreachable as error:
@@ -178,6 +181,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 raise UsageError("--clock-list needs at least two clocks")
         else:
             clocks = pick_clocks(supported, args.clocks or 8)
+        prepare_output_dir("--out", args.out)
         prompt_tokens = max(16, min(4096, max_len - 2))
         settings = SweepSettings(
             clocks_mhz=tuple(dict.fromkeys(clocks)),

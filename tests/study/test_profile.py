@@ -247,10 +247,25 @@ def test_dry_run_changes_nothing(
 
 
 def test_unreachable_engine_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = _profile("http://127.0.0.1:9", tmp_path, "--clocks", "3")
+    out = tmp_path / "new"
+    code = _profile("http://127.0.0.1:9", out, "--clocks", "3")
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gpugov: error: --engine-url: engine at")
+    assert not out.exists()  # a refused run leaves no empty --out directory
+
+
+def test_no_gpu_leaves_no_out_directory(
+    synthetic_emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "new"
+    code = main(
+        ["profile", "--engine-url", synthetic_emulator.url, "--gpus", "7", "--backend",
+         "emulated", "--out", str(out), "--quiet"]
+    )  # fmt: skip
+    assert code == 4
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not out.exists()
 
 
 def test_model_too_small_to_load_the_gpu(
