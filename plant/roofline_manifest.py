@@ -370,10 +370,10 @@ def _energy_rows(d: Domain, mu: float, sigma: float) -> list[dict[str, Any]]:
             )
         )
         # Read off a real H200 by gpugov's dry-run device check (nothing locked).
-        measured = "gpugov device check, one H200 (docs/measurements/device-h200-2026-12-04.md)"
+        device_check = "gpugov device check, one H200 (docs/measurements/device-h200-2026-12-04.md)"
         rows.append(
             _row(
-                measured,
+                device_check,
                 "idle board power, no process on the GPU (W)",
                 "H200, driver 580.159.04, unlocked: the GPU rests at the lowest clock; the "
                 "model's bare idle is the H100's",
@@ -384,7 +384,7 @@ def _energy_rows(d: Domain, mu: float, sigma: float) -> list[dict[str, Any]]:
         )
         rows.append(
             _row(
-                measured,
+                device_check,
                 "idle board power with a CUDA context (W)",
                 "H200, unlocked: with a context open the GPU holds the max clock; 8.5 GB "
                 "allocated where the model counts a vLLM engine's filled memory (about 1 W "
