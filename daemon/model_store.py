@@ -7,7 +7,8 @@ engine's ``model_name`` label), the SLOs last seen and the model
 (:meth:`controllers.online.identification.OnlineModel.state_dict`).
 
 - A stored model whose key differs from the node's (another model served, a GPU swapped)
-  is discarded and the model is learned again. A ``model_name`` not known yet (None: no
+  is not applied: it is kept aside (``.other-<UTC time>``, never overwritten) and the
+  model is learned again. A ``model_name`` not known yet (None: no
   engine scrape so far) is no other model: it matches the stored one.
 - Only a model that learned at least one window is written, so an empty model never
   replaces a stored one, and a deep copy of the wrapper never reads or writes the file.
@@ -125,10 +126,11 @@ def read_stored(path: Path) -> dict[str, Any]:
         return False
 
 
-def set_aside(path: Path, now: Callable[[], float] = time.time) -> Path:
-    """Rename a refused file out of the way (kept for inspection); return the new path."""
+def set_aside(path: Path, now: Callable[[], float] = time.time, tag: str = "corrupt") -> Path:
+    """Rename a file out of the way, kept (``<name>.<tag>-<UTC time>``: a refused file for
+    inspection, ``other`` a model for another GPU or served model); return the new path."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now()))
-    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    target = path.with_name(f"{path.name}.{tag}-{stamp}")
     os.replace(path, target)
     return target
 
@@ -216,10 +218,17 @@ class PersistentOnlineModel(ControllerWrapper):
             tuple(str(u) for u in payload["key"]["gpu_uuids"]), payload["key"].get("model_name")
         )
         if not stored.fits(key):
+            # Kept aside, not left to be overwritten by the first save of the model
+            # learned anew: a node moved back (another GPU, the old model served again)
+            # can have it back by renaming it.
+            try:
+                kept = f"; kept as {set_aside(self.path, tag='other').name}"
+            except OSError as error:
+                kept = f"; could not keep it aside ({error}): the next save replaces it"
             self._say(
                 logging.INFO,
                 f"{self.path}: stored model is for {stored.as_dict()}, this node is "
-                f"{key.as_dict()}; discarded, learning anew",
+                f"{key.as_dict()}; not applied{kept}; learning anew",
             )
             return
         try:

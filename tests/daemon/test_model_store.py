@@ -84,15 +84,19 @@ def test_model_survives_a_restart(tmp_path: Path) -> None:
     [(("GPU-aaaa", "GPU-cccc"), "llama"), (GPUS, "mistral")],
     ids=["gpu-swapped", "other-model"],
 )
-def test_model_is_discarded_when_the_key_changes(tmp_path: Path, gpus, name) -> None:  # type: ignore[no-untyped-def]
+def test_model_is_not_applied_but_kept_when_the_key_changes(tmp_path: Path, gpus, name) -> None:  # type: ignore[no-untyped-def]
     _learn(tmp_path)
+    stored = model_path(tmp_path, "llm").read_bytes()
     wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", gpus)
     simulate(_workload(5.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, name), 0)
     assert not wrapper.restored
-    assert any("discarded" in message for message in wrapper.messages)
+    assert any("not applied; kept as online-model-llm.json.other-" in m for m in wrapper.messages)
     assert wrapper.inner.model is not None and not wrapper.inner.model.warmed_up
     wrapper.close()
     assert read_stored(model_path(tmp_path, "llm"))["key"]["model_name"] == name
+    # The other node's model is kept whole, not overwritten by the new one's saves.
+    (kept,) = tmp_path.glob("online-model-llm.json.other-*")
+    assert kept.read_bytes() == stored
 
 
 @pytest.mark.parametrize(
@@ -291,7 +295,7 @@ def test_warm_up_keeps_the_stored_model(tmp_path: Path) -> None:
     wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
     warm_up(wrapper, tuple(float(c) for c in make_plant().profile.clock_mhz))
     assert _stored_windows(tmp_path) == windows
-    assert not any("discarded" in m for m in wrapper.messages)
+    assert not any("not applied" in m for m in wrapper.messages)
 
 
 def test_an_unknown_model_name_matches_the_stored_model(tmp_path: Path) -> None:
@@ -307,7 +311,7 @@ def test_an_unknown_model_name_matches_the_stored_model(tmp_path: Path) -> None:
     assert model is not None and model.warmed_up
     wrapper(_idle(1.0, name="llama"))
     assert wrapper.inner.model is model and wrapper.inner.resets == 0
-    assert not any("discarded" in m or "anew" in m for m in wrapper.messages)
+    assert not any("not applied" in m or "anew" in m for m in wrapper.messages)
     wrapper.close()
     assert _stored_windows(tmp_path) >= windows
 
@@ -332,10 +336,12 @@ def test_an_empty_model_never_replaces_a_stored_one(tmp_path: Path) -> None:
     # Another GPU: the stored model does not fit, but nothing was learned yet either.
     wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
     wrapper(_idle(0.0, name="llama"))
-    assert any("discarded" in m for m in wrapper.messages)
+    assert any("not applied" in m for m in wrapper.messages)
     assert not wrapper.save()
     wrapper.close()
-    assert path.read_bytes() == before
+    assert not path.exists()  # nothing learned, nothing written
+    (kept,) = tmp_path.glob("online-model-llm.json.other-*")
+    assert kept.read_bytes() == before
     # Once it has learned a window, the new model is saved under the new key.
     simulate(_workload(5.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
     wrapper.close()

@@ -2,7 +2,7 @@
 served model name), ``gpugov run`` (backend ``emulated``) and ``gpugov load``.
 
 - ``mpc-online`` learns under load; SIGTERM saves the model; a restart restores it (still
-  warmed up, nothing discarded); an engine serving another model makes it learn anew.
+  warmed up, nothing set aside); an engine serving another model makes it learn anew.
 - SIGTERM, a second signal during the stop, and SIGKILL followed by the next start's
   reconcile each leave the emulated GPU unlocked (read back from the emulator, as NVML
   would show it).
@@ -236,13 +236,13 @@ def test_the_learned_model_survives_a_restart_and_a_new_model_relearns(node: Nod
     assert stop(daemon) == 0, log.read_text()
     text = log.read_text()
     assert "learned model restored" in text
-    assert "discarded" not in text and "learning anew" not in text
+    assert "not applied" not in text and "learning anew" not in text
     second = _stored(node)
     assert second["key"]["model_name"] == "model-a"
     assert _windows(second) >= learned
     stop(load)  # it only drove the engine
 
-    # The engine now serves another model: the stored one is discarded, learned anew.
+    # The engine now serves another model: the stored one is kept aside, learned anew.
     node.start_emulator("model-b")
     load = node.start_load()
     daemon, log = node.start_daemon(config)
@@ -250,7 +250,8 @@ def test_the_learned_model_survives_a_restart_and_a_new_model_relearns(node: Nod
     _until("a new window learned", lambda: node.metric("gpugov_model_samples") >= 2, STARTUP_S)
     assert stop(daemon) == 0, log.read_text()
     text = log.read_text()
-    assert "discarded, learning anew" in text and "'model-a'" in text
+    assert "not applied; kept as" in text and "'model-a'" in text
+    assert len(list(node.state_dir.glob("online-model-*.json.other-*"))) == 1
     third = _stored(node)
     assert third["key"]["model_name"] == "model-b"
     assert 0 < _windows(third) < _windows(second)
