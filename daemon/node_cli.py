@@ -284,7 +284,8 @@ def _reset_one(
     daemon: Any = None,
 ) -> str | None:
     """Reset one GPU's SM clock lock, retrying transient errors; None or the error text.
-    ``daemon`` is the config's ``[daemon]`` (the actuator's socket, zeusd's address)."""
+    ``daemon`` is the config's ``[daemon]`` (the actuator's socket, zeusd's address, the
+    state directory whose lock record is cleared)."""
     error: Exception | None = None
     for attempt in range(RESET_ATTEMPTS):
         try:
@@ -294,7 +295,7 @@ def _reset_one(
         else:
             try:
                 backend.reset_clocks()
-                _forget_lock(backend)
+                _forget_lock(backend, getattr(daemon, "state_dir", None))
                 return None
             except GpuError as failure:
                 error = failure
@@ -320,12 +321,13 @@ def _require_present(chosen: list[int | str], kind: str, emulator: str | None) -
         raise GpuUnavailable(f"--gpus: no GPU {', '.join(missing)} on this node (it has {have})")
 
 
-def _forget_lock(backend: Any) -> None:
-    """Remove the GPU from the daemon's lock state file, if there is one."""
+def _forget_lock(backend: Any, configured: Any = None) -> None:
+    """Remove the GPU from the daemon's lock state file, if there is one: in the config's
+    ``state_dir`` (``configured``), else systemd's ``$STATE_DIRECTORY``."""
     from gpugov.daemon.files import resolve_state_dir
     from gpugov.daemon.lockstate import LockState, gpu_key
 
-    directory = resolve_state_dir(None)
+    directory = resolve_state_dir(configured)
     if directory is not None and (directory / "locks.json").exists():
         LockState(directory).clear(gpu_key(backend))
 

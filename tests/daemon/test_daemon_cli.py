@@ -119,6 +119,25 @@ def test_reset_clocks(fake: FakeNvml, capsys: pytest.CaptureFixture[str]) -> Non
     assert node_cli.main(["reset-clocks"]) == 3
 
 
+def test_reset_clocks_with_a_config_clears_its_state_dirs_lock_record(
+    tmp_path: Path, fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``reset-clocks --config FILE`` clears the GPU's record in the config's
+    ``state_dir`` (it looked only at ``$STATE_DIRECTORY``, and the next start reported a
+    lock left behind)."""
+    from gpugov.daemon.lockstate import LockState
+
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    state = tmp_path / "state"
+    state.mkdir()
+    LockState(state).record(fake.gpus[0].uuid, "0", 900, 900)
+    fake.gpus[0].locked = (900, 900)
+    config = tmp_path / "node.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{state}"\n\n[[domains]]\nname = "x"\ngpus = [0]\n')
+    assert node_cli.main(["reset-clocks", "--config", str(config), "--gpus", "0"]) == 0
+    assert LockState(state).get(fake.gpus[0].uuid) is None
+
+
 def test_status(
     fake: FakeNvml, metrics_server: MetricsServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
