@@ -34,13 +34,14 @@ from typing import Any, Literal
 
 from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
 from gpugov.daemon.errors import (
+    ConfigError,
     GpuError,
     GpuLost,
     NotSupported,
     PermissionDenied,
     TransientGpuError,
 )
-from gpugov.daemon.lockstate import LockState, gpu_key
+from gpugov.daemon.lockstate import LockState, gpu_key, live_gpugov_pid
 
 log = logging.getLogger(__name__)
 
@@ -380,6 +381,15 @@ class ClockActuator:
         entry = self.state.get(key) if self.state is not None else None
         if entry is not None and entry.get("pid") == getattr(self.state, "pid", None):
             entry = None  # our own (cannot happen at start; be safe)
+        if entry is not None and live_gpugov_pid(entry.get("pid")):
+            # Its writer still runs: another daemon governs this GPU (its state directory's
+            # hold was lost, say, the directory deleted under it). Resetting its live lock
+            # would start a fight for the clock.
+            state_file = getattr(self.state, "path", "locks.json")
+            raise ConfigError(
+                f"GPU {label}: gpugov pid {entry.get('pid')} holds its clock lock "
+                f"({state_file}) and is still running; stop it first"
+            )
         try:
             sample: GpuSample | None = backend.sample()
         except GpuError as error:

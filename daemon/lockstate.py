@@ -150,6 +150,27 @@ class LockState:
             self._warn("write it", error)
 
 
+def live_gpugov_pid(pid: object) -> bool:
+    """Whether ``pid`` names a running process other than this one that is a gpugov (its
+    command line names gpugov, where ``/proc`` tells). A lock record's writer still
+    running is another daemon on the same GPUs, not a crash's leftover."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    except OSError:
+        return False
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # alive, and no /proc to tell what it is: take it as the writer
+    return b"gpugov" in command
+
+
 def gpu_key(backend: object) -> str:
     """The key a GPU is stored under: its UUID when the backend knows it, else its label."""
     uuid = getattr(backend, "uuid", None)

@@ -278,6 +278,36 @@ def test_reconcile_resets_what_a_killed_run_left(tmp_path: Path) -> None:
     assert fake.locked(0) is None and LockState(tmp_path).read() == {}
 
 
+def test_reconcile_refuses_a_lock_whose_gpugov_still_runs(tmp_path: Path) -> None:
+    """A record written by a gpugov that still runs is another daemon's live lock (its
+    state directory's hold lost: the directory deleted under it), not a crash's
+    leftover: the start refuses in one line and leaves the lock alone."""
+    import subprocess
+    import sys
+
+    from gpugov.daemon.errors import ConfigError
+
+    fake = FakeNvml(1)
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "gpugov-run-stand-in"]
+    )
+    try:
+        first = ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path, pid=other.pid))
+        first.apply(900)
+        second = ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path))
+        with pytest.raises(ConfigError, match=rf"gpugov pid {other.pid} holds its clock lock"):
+            second.reconcile("reset")
+        assert fake.locked(0) == (900, 900)
+    finally:
+        other.kill()
+        other.wait()
+    # Once it has ended, its record is a leftover again: reset.
+    (line,) = ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path)).reconcile(
+        "reset"
+    )
+    assert line.endswith("; reset") and fake.locked(0) is None
+
+
 def test_reconcile_sees_a_lock_nobody_recorded_and_can_adopt(tmp_path: Path) -> None:
     fake = FakeNvml(1)
     fake.nvmlInit()
