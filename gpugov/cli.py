@@ -138,6 +138,14 @@ def _empty_value(argv: Sequence[str]) -> str | None:
     return None
 
 
+class _StoppedBeforeTheStart(KeyboardInterrupt):
+    """SIGTERM reached ``gpugov run`` before its daemon handled signals itself."""
+
+
+def _stop_before_the_start(signum: int, frame: object) -> NoReturn:
+    raise _StoppedBeforeTheStart
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; return the exit code.
 
@@ -151,6 +159,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpugov: error: {empty}: empty value", file=sys.stderr)
         return EXIT_USAGE
     command = _command_in(argv)
+    if command != "run":
+        return _main(argv, command)
+    # Until the daemon installs its own handling (before it opens a GPU), a SIGTERM ends
+    # the start at once, as the stop it asks for, not as a kill (exit 143 and no line).
+    import signal
+
+    try:
+        previous = signal.signal(signal.SIGTERM, _stop_before_the_start)
+    except ValueError:  # not the main thread: signals are not ours to handle
+        return _main(argv, command)
+    try:
+        return _main(argv, command)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str], command: str) -> int:
+    """:func:`main` past its signal set-up."""
     try:
         # Inside: a command's module can take a second to import (numpy, numba), and a
         # Ctrl-C then is the same one line.
@@ -163,6 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe raises here, inside the handler below
         return code
     except KeyboardInterrupt as stop:
+        if isinstance(stop, _StoppedBeforeTheStart):
+            print("gpugov: stopped (SIGTERM) before the start; no GPU was touched", file=sys.stderr)
+            return 0
         # On a terminal, end a progress bar's line first; elsewhere the line stands alone.
         start = "\n" if sys.stderr.isatty() else ""
         from gpugov.daemon.errors import ExitCode, Terminated

@@ -311,3 +311,27 @@ def test_a_node_run_refuses_the_simulated_runs_flags(
     assert node_cli.main(["run", "--config", str(path), *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and flags[0] in err[0] and "only with --simulate" in err[0]
+
+
+def test_sigterm_before_the_daemon_handles_signals_ends_the_start_cleanly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A SIGTERM while `gpugov run` still imports and reads its config (before the daemon
+    installs its own handling and opens a GPU) is the stop it asks for: one line, exit 0
+    (it was a kill: exit 143 and no line). The process's own handling is put back after."""
+    import os
+    import signal
+
+    from gpugov import cli
+
+    def terminated_while_importing(command: str | None = None) -> object:
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("the SIGTERM handler should have ended the start")
+
+    monkeypatch.setattr(cli, "build_parser", terminated_while_importing)
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["run", "--config", "node.toml"]) == 0
+    assert capsys.readouterr().err.strip() == (
+        "gpugov: stopped (SIGTERM) before the start; no GPU was touched"
+    )
+    assert signal.getsignal(signal.SIGTERM) is before
