@@ -103,6 +103,10 @@ class NotSupported(GpuError):
 class GpuLost(GpuError):
     """The GPU fell off the bus or needs a reset; the daemon resets what it can and exits."""
 
+    mid_run = False
+    """Set when it was lost while the daemon governed (exit 5, the other GPUs reset);
+    a GPU lost before, at the start or for a read-only command, is no usable GPU (4)."""
+
 
 class GpuUnavailable(GpuError):
     """NVML cannot be used at all: no library, no driver, no such GPU."""

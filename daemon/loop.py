@@ -38,7 +38,7 @@ from gpugov.controllers.contract import (
 )
 from gpugov.daemon.actuator import ClockActuator
 from gpugov.daemon.energy import EnergyEstimator, reading_from
-from gpugov.daemon.errors import ClocksNotReset, ControllerFailure
+from gpugov.daemon.errors import ClocksNotReset, ControllerFailure, GpuLost
 from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
 from gpugov.daemon.observer import DomainObserver, Observed
 from gpugov.daemon.phase_fit import learned_phase_model
@@ -656,7 +656,11 @@ def run(
             if before_tick is not None and before_tick(now_s, step):
                 break
             started = wall()
-            records = [domain.tick(now_s, step) for domain in domains]
+            try:
+                records = [domain.tick(now_s, step) for domain in domains]
+            except GpuLost as lost:
+                lost.mid_run = True  # the command's line: the others are being reset
+                raise
             elapsed = wall() - started
             stats.ticks += 1
             if keep_tick_times:

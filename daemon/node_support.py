@@ -42,7 +42,11 @@ def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
             print(f"gpugov: {PERMISSION_DENIED_MESSAGE}", file=sys.stderr)
             return ExitCode.PERMISSION
         except GpuLost as error:
-            return fail(f"{error}; the other GPUs' clocks were reset", ExitCode.GPU_LOST)
+            if error.mid_run:
+                return fail(f"{error}; the other GPUs' clocks were reset", ExitCode.GPU_LOST)
+            # Lost before the daemon governed it (or for a read-only command): nothing of
+            # ours was locked; it is no usable GPU.
+            return fail(f"{error}; no usable GPU", ExitCode.NO_GPU)
         except Exception as error:
             code = exit_code(error)
             if code is None:
@@ -63,7 +67,7 @@ def exit_code(error: BaseException) -> int | None:
     if isinstance(error, PermissionDenied):
         return ExitCode.PERMISSION
     if isinstance(error, GpuLost):
-        return ExitCode.GPU_LOST
+        return ExitCode.GPU_LOST if error.mid_run else ExitCode.NO_GPU
     if isinstance(error, GpuUnavailable | NotSupported):
         return ExitCode.NO_GPU
     if isinstance(

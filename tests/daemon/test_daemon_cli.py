@@ -90,6 +90,27 @@ def test_run_with_gpu_lost_exits_5(
     assert "GPU is lost" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["run", "check-config"])
+def test_a_gpu_lost_before_the_start_is_no_usable_gpu(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    """Lost before the daemon governed it, a GPU is no usable GPU (exit 4), and no line
+    claims other GPUs were reset (exit 5 and that line are for one lost mid-run)."""
+    import fake_pynvml as fp
+
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    fake.fail("nvmlDeviceGetHandleByIndex", fp.NVML_ERROR_GPU_IS_LOST, times=None)
+    config = str(_config(tmp_path, metrics_server.url))
+    argv = ["run", "--config", config] if command == "run" else ["check-config", config]
+    assert node_cli.main(argv) == 4
+    err = capsys.readouterr().err
+    assert "GPU is lost" in err and "were reset" not in err
+
+
 def test_run_flag_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert node_cli.main(["run"]) == 2
     assert node_cli.main(["run", "--speed", "5", "--config", "x.toml"]) == 2
