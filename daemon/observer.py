@@ -52,10 +52,17 @@ from gpugov.daemon.attainment import AttainmentEstimator, bucket_delta
 from gpugov.daemon.backend import GpuBackend, GpuSample
 from gpugov.daemon.engines import EngineSample, EngineSource, HistogramTotals
 from gpugov.daemon.errors import EngineUnavailable, TransientGpuError
-from gpugov.daemon.prompt_lengths import residual_prompt_tokens
+from gpugov.daemon.prompt_lengths import (
+    residual_prompt_tokens,
+    residual_prompt_tokens_quantile,
+)
 from gpugov.plant.types import ServingObservation
 
 log = logging.getLogger(__name__)
+
+DEFAULT_TAIL_QUANTILE = 0.99
+"""The quantile of a prompt's rest behind ``prefill_tail_tokens``: the default SLO
+target's attainment (a domain with a target uses its own)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +193,7 @@ class DomainObserver:
         role: str = "colocated",
         role_from_config: bool = False,
         domain: str = "default",
+        tail_quantile: float = DEFAULT_TAIL_QUANTILE,
     ) -> None:
         if stale_after_s <= 0:
             raise ValueError(f"stale_after_s must be positive, got {stale_after_s!r}")
@@ -199,6 +207,9 @@ class DomainObserver:
         self.attainment = AttainmentEstimator(ttft_slo_s, tpot_slo_s, ttft_slo_per_prompt_token_s)
         self.mean_prompt_tokens = mean_prompt_tokens
         self.mean_output_tokens = mean_output_tokens
+        if not 0.0 < tail_quantile < 1.0:
+            raise ValueError(f"tail_quantile must lie in (0, 1), got {tail_quantile!r}")
+        self.tail_quantile = tail_quantile
         self._clock = clock
         self._supported: tuple[float, ...] | None = None
         self._last: EngineSample | None = None
@@ -389,6 +400,22 @@ class DomainObserver:
         rest = residual_prompt_tokens(buckets, done / prefilling)
         return prefilling * (mean_prompt if rest is None else rest)
 
+    def _prefill_tail(
+        self, engine: EngineSample, prefilling: int, done: float | None, expected: float
+    ) -> float:
+        """The prompt tokens left of the ``prefilling`` prompts at the upper quantile of
+        the rest (:attr:`tail_quantile`, :func:`residual_prompt_tokens_quantile`), at
+        least ``expected`` (their mean rest): a long prompt's tail, which a prompt queued
+        behind it waits for."""
+        if prefilling <= 0:
+            return 0.0
+        rest = residual_prompt_tokens_quantile(
+            engine.request_prompt_tokens_buckets,
+            self.tail_quantile,
+            None if done is None else done / prefilling,
+        )
+        return expected if rest is None else max(expected, prefilling * rest)
+
     def _prefilled_in_flight(self, engine: EngineSample, ran: float) -> float | None:
         """Prompt tokens that have run of the prompts now in their prefill: the prompt
         tokens as they ran (``ran``, :meth:`_local_prompt_tokens`) less the engine's prompt
@@ -548,12 +575,13 @@ class DomainObserver:
         decoding = max(0, engine.running_requests - prefilling)
         local_prompt_tokens = self._local_prompt_tokens(engine)
         prefill = engine.prefill_remaining_tokens
+        tail = None
         if prefill is None:
             # Every tick, so that it learns its offset while idle.
             done = self._prefilled_in_flight(engine, local_prompt_tokens)
-            prefill = engine.waiting_requests * mean_prompt + self._prefill_rest(
-                engine, prefilling, done, mean_prompt
-            )
+            queued = engine.waiting_requests * mean_prompt
+            prefill = queued + self._prefill_rest(engine, prefilling, done, mean_prompt)
+            tail = queued + self._prefill_tail(engine, prefilling, done, prefill - queued)
         generated = engine.generated_decode_tokens
         if generated is None:
             generated = self._generated_in_flight(engine)
@@ -589,6 +617,7 @@ class DomainObserver:
             step_index=step_index,
             arrived_requests=max(0, round(arrived)),
             prefill_remaining_tokens=max(0.0, float(prefill)),
+            prefill_tail_tokens=None if tail is None else max(0.0, float(tail), float(prefill)),
             decode_active=decoding,
             generated_decode_tokens=max(0.0, float(generated)),
             temperature_c=self._temperature_c,

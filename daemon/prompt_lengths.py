@@ -13,6 +13,54 @@ import math
 from gpugov.daemon.attainment import Buckets, bucket_counts
 
 
+def residual_prompt_tokens_quantile(
+    buckets: Buckets | None, quantile: float, done_tokens: float | None = None
+) -> float | None:
+    """The ``quantile`` of the rest of a prompt seen in its prefill, ``L - k | L > k``
+    over the prompt-length histogram ``buckets`` (``k``: ``done_tokens``, 0 when unknown),
+    each bucket's lengths spread evenly as in :func:`residual_prompt_tokens`: the rest
+    that only a share ``1 - quantile`` of such prompts exceed. None without a histogram
+    or any request in it; a prompt past every recorded length is taken to be as long
+    again.
+
+    Raises:
+        ValueError: ``quantile`` outside (0, 1).
+    """
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"quantile must lie in (0, 1), got {quantile!r}")
+    rows = _rows(buckets)
+    if not rows:
+        return None
+    k = max(0.0, float(done_tokens or 0.0))
+    above = [
+        (max(lo, k), hi, n * (hi - max(lo, k)) / (hi - lo) if hi > lo else (n if k <= lo else 0.0))
+        for lo, hi, n in rows
+        if hi > k or (hi == lo and lo >= k)
+    ]
+    mass = sum(n for _, _, n in above)
+    if mass <= 0.0:
+        return max(k, 1.0)
+    wanted = quantile * mass
+    for lo, hi, n in above:
+        if n >= wanted:
+            return lo + (hi - lo) * (wanted / n) - k if n > 0.0 else lo - k
+        wanted -= n
+    return above[-1][1] - k
+
+
+def _rows(buckets: Buckets | None) -> list[tuple[float, float, float]]:
+    """The histogram's buckets with requests in them, as ``(lower, upper, count)`` (the
+    open bucket up to twice its lower bound)."""
+    if not buckets:
+        return []
+    rows = []
+    for lower, bound, count in bucket_counts(buckets):
+        upper = 2.0 * lower if math.isinf(bound) else bound
+        if count > 0.0 and math.isfinite(lower) and math.isfinite(upper) and upper >= lower:
+            rows.append((lower, upper, count))
+    return rows
+
+
 def residual_prompt_tokens(
     buckets: Buckets | None, done_tokens: float | None = None
 ) -> float | None:
@@ -26,13 +74,7 @@ def residual_prompt_tokens(
     prefill for a time in proportion to its length, so the one seen there is a long one
     more often than the mean says, and half done on average. None without a histogram or
     any request in it."""
-    if not buckets:
-        return None
-    rows = []
-    for lower, bound, count in bucket_counts(buckets):
-        upper = 2.0 * lower if math.isinf(bound) else bound
-        if count > 0.0 and math.isfinite(lower) and math.isfinite(upper) and upper >= lower:
-            rows.append((lower, upper, count))
+    rows = _rows(buckets)
     if not rows:
         return None
     if done_tokens is None:

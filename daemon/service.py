@@ -41,7 +41,7 @@ from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.loop import Domain, FailsafeMode
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
-from gpugov.daemon.observer import DomainObserver
+from gpugov.daemon.observer import DEFAULT_TAIL_QUANTILE, DomainObserver
 from gpugov.daemon.power_budget import PowerBudget, domain_budget
 from gpugov.daemon.roles import COLOCATED, resolve_role
 from gpugov.daemon.safety import SafetySettings
@@ -243,6 +243,7 @@ def build_domain(
         role=resolved,
         role_from_config=role is not None,
         domain=name,
+        tail_quantile=DEFAULT_TAIL_QUANTILE if slo_target is None else slo_target.attainment,
     )
     clocks = observer.supported_clocks_mhz()
     if not clocks:

@@ -112,6 +112,7 @@ class _Pool:
         for name in (
             "arrived_requests",
             "prefill_remaining_tokens",
+            "prefill_tail_tokens",
             "decode_active",
             "generated_decode_tokens",
             "waiting_requests",

@@ -171,6 +171,11 @@ class ServingObservation:
     role: str = "colocated"
     """The serving role of the domain: "colocated" (both phases), or "prefill" / "decode"
     for a pool of disaggregated serving (``plant/disaggregated.py``)."""
+    prefill_tail_tokens: float | None = None
+    """Where ``prefill_remaining_tokens`` is an estimate (a node sees no prompt's length
+    before its first token), the backlog with each prompt in its prefill at the upper
+    quantile of its rest (the one only the SLO target's share of misses exceeds) rather
+    than its mean; None where the backlog is exact."""
 
     def __post_init__(self) -> None:
         if not np.isfinite(self.time_s):
@@ -179,6 +184,8 @@ class ServingObservation:
             value = getattr(self, name)
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value!r}")
+        if self.prefill_tail_tokens is not None and not self.prefill_tail_tokens >= 0:
+            raise ValueError(f"prefill_tail_tokens must be >= 0, got {self.prefill_tail_tokens!r}")
         if self.prefill_remaining_tokens < 0:
             raise ValueError(
                 f"prefill_remaining_tokens must be >= 0, got {self.prefill_remaining_tokens!r}"

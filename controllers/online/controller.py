@@ -68,7 +68,7 @@ from gpugov.controllers.online.regression import compile_regression
 from gpugov.controllers.online.rules import MeasuredLatencyRules
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import PerformanceProfile
-from gpugov.plant.types import MPCDiagnostics, ServingObservation
+from gpugov.plant.types import MPCDiagnostics, ServingObservation, replace_observation
 
 FloatArray = NDArray[np.float64]
 
@@ -508,6 +508,7 @@ class OnlineMPCController(MeasuredLatencyRules):
         self.clumping.update(observation)
         if self.budget is not None:
             self.exploration.looseness = self.budget.update(observation)
+            observation = self._tail_backlog(observation)
         model = self.model
         assert model is not None
         maximum = float(model.clocks_mhz[-1])
@@ -570,6 +571,27 @@ class OnlineMPCController(MeasuredLatencyRules):
             # Keep the MPC's notion of the applied clock (its clock-change penalty).
             self.mpc.current_clock = clock
         return clock
+
+    def _tail_backlog(self, observation: ServingObservation) -> ServingObservation:
+        """``observation`` with its prompt backlog at the tail estimate while the SLO
+        window cannot afford one more miss (:attr:`AttainmentBudget.affordable`).
+
+        A node sees no prompt's length before its first token: the backlog prices a
+        prompt in its prefill at its expected rest, and one far longer (Mooncake's 100k-token
+        prompts) holds every prompt queued behind it on its engine for its whole rest.
+        Where a miss is still affordable that risk is the budget's to spend; where none is,
+        the prompt is planned at the rest only the target's share of prompts exceed
+        (``prefill_tail_tokens``), so that a short prompt behind it does not miss."""
+        budget = self.budget
+        tail = observation.prefill_tail_tokens
+        if (
+            budget is None
+            or budget.affordable
+            or tail is None
+            or not tail > observation.prefill_remaining_tokens
+        ):
+            return observation
+        return replace_observation(observation, {"prefill_remaining_tokens": tail})
 
     def warm_kernels(self, observation: ServingObservation) -> None:
         """Run once, on this object, the compiled code a decision past the warm-up runs:

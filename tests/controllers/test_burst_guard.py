@@ -337,3 +337,28 @@ def test_the_short_answer_rule_stands_down_while_the_budget_is_ahead() -> None:
     assert controller.burst_floor(burst, (100.0, slo)) == CLOCKS[0]
     # The drain limit still binds while the budget is ahead.
     assert controller.burst_floor(burst, (0.05, slo)) == CLOCKS[-1]
+
+
+def test_the_backlog_tail_is_planned_with_only_while_no_miss_is_affordable() -> None:
+    """A node prices a prompt in its prefill at its expected rest; while the SLO window can
+    afford one more miss that risk is the budget's, and once it cannot, the controller
+    plans with the tail estimate (a far longer prompt holds a short one queued behind it)."""
+    from dataclasses import replace
+
+    from gpugov.controllers.budget import SLOTarget
+
+    controller = OnlineMPCController(slo_target=SLOTarget(0.99))
+    assert controller.budget is not None
+    seen = replace(_seen(backlog=12_000.0, running=1, waiting=1), prefill_tail_tokens=80_000.0)
+    controller.budget.affordable = True
+    assert controller._tail_backlog(seen) is seen
+    controller.budget.affordable = False
+    planned = controller._tail_backlog(seen)
+    assert planned.prefill_remaining_tokens == 80_000.0
+    # An exact backlog (no tail) or a tail below it changes nothing.
+    exact = _seen(backlog=12_000.0, running=1, waiting=1)
+    assert controller._tail_backlog(exact) is exact
+    low = replace(exact, prefill_tail_tokens=5_000.0)
+    assert controller._tail_backlog(low) is low
+    # Without a target there is no budget to judge by: the expected backlog stands.
+    assert OnlineMPCController()._tail_backlog(seen) is seen

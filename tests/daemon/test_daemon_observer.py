@@ -11,7 +11,10 @@ from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.engines import EngineSample, HistogramTotals
 from gpugov.daemon.errors import EngineUnavailable, GpuLost, TransientGpuError
 from gpugov.daemon.observer import DomainObserver
-from gpugov.daemon.prompt_lengths import residual_prompt_tokens
+from gpugov.daemon.prompt_lengths import (
+    residual_prompt_tokens,
+    residual_prompt_tokens_quantile,
+)
 from gpugov.plant.types import ServingObservation
 
 
@@ -255,6 +258,51 @@ def test_the_rest_of_a_prompt_given_what_of_it_has_run() -> None:
     )
     assert residual_prompt_tokens(heavy, 50_000.0) == 50_000.0
     assert residual_prompt_tokens(None, 100.0) is None
+
+
+def test_the_tail_of_the_rest_of_a_prompt() -> None:
+    """The ``q`` quantile of ``L - k | L > k`` over the histogram (uniform buckets): the
+    rest only a share ``1 - q`` of such prompts exceed."""
+    heavy = ((500.0, 0.0), (1000.0, 9.0), (10000.0, 9.0), (20000.0, 10.0), (math.inf, 10.0))
+    # Nine short prompts and one long: the median is short, the 95th percentile long.
+    assert residual_prompt_tokens_quantile(heavy, 0.5) == pytest.approx(500.0 + 500.0 * 5 / 9)
+    assert residual_prompt_tokens_quantile(heavy, 0.95) == pytest.approx(15000.0)
+    # Past the short ones only the long one is left: uniform on (10,000, 20,000] less k.
+    assert residual_prompt_tokens_quantile(heavy, 0.99, 2000.0) == pytest.approx(17900.0)
+    assert residual_prompt_tokens_quantile(heavy, 0.5, 12000.0) == pytest.approx(4000.0)
+    # Past every recorded length: as long again, as the mean rest takes it.
+    assert residual_prompt_tokens_quantile(heavy, 0.99, 50_000.0) == 50_000.0
+    assert residual_prompt_tokens_quantile(None, 0.99) is None
+    # The tail is never below the mean rest where the long prompts are rare.
+    assert residual_prompt_tokens_quantile(heavy, 0.99, 800.0) > residual_prompt_tokens(
+        heavy, 800.0
+    )
+    with pytest.raises(ValueError, match="quantile"):
+        residual_prompt_tokens_quantile(heavy, 1.0)
+
+
+def test_the_backlog_tail_prices_a_prompt_in_prefill_at_its_rest_quantile() -> None:
+    """Beside the expected backlog the observer publishes its tail: the queued prompts at
+    the mean, each prompt in prefill at the ``tail_quantile`` of its rest; the engine's
+    own backlog (exact) has none."""
+    heavy = ((500.0, 0.0), (1000.0, 9.0), (10000.0, 9.0), (20000.0, 10.0), (math.inf, 10.0))
+    source = StubSource()
+    observer = DomainObserver([StubGpu("0")], source, stale_after_s=3.0, tail_quantile=0.95)
+    source.next = _engine(
+        running_requests=1,
+        waiting_requests=1,
+        ttft=HistogramTotals(1.0, 10.0),
+        finished_requests_total=10.0,
+        prompt_tokens_total=21_000.0,
+        request_prompt_tokens_buckets=heavy,
+    )
+    seen = observer.observe(0.0, 0, None).observation
+    assert seen.prefill_tail_tokens == pytest.approx(2100.0 + 15000.0)
+    assert seen.prefill_tail_tokens > seen.prefill_remaining_tokens
+    source.next = replace(source.next, prefill_remaining_tokens=4000.0)
+    assert observer.observe(1.0, 1, None).observation.prefill_tail_tokens is None
+    with pytest.raises(ValueError, match="tail_quantile"):
+        DomainObserver([StubGpu("0")], source, stale_after_s=3.0, tail_quantile=1.0)
 
 
 def test_a_prompt_in_prefill_is_priced_from_its_tokens_that_ran() -> None:
