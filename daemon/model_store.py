@@ -243,9 +243,10 @@ class PersistentOnlineModel(ControllerWrapper):
         windows = learned_windows(self.inner)
         self._say(logging.INFO, f"{self.path}: learned model restored ({windows} windows)")
 
-    def save(self) -> bool:
+    def save(self, *, final: bool = False) -> bool:
         """Write the model now; False when there is nothing learned to write (or this is
-        a non-persisting copy), or when the write failed (logged)."""
+        a non-persisting copy), or when the write failed (logged; ``final``: the last
+        try, at shutdown, said as such)."""
         model = self.inner.model
         if not self.persist or model is None or self.key is None:
             return False
@@ -271,10 +272,14 @@ class PersistentOnlineModel(ControllerWrapper):
             write_json_atomic(self.path, payload)
         except (OSError, ValueError) as error:
             self.save_failed = True
+            again = (
+                "not saved: the model learned since the last save is lost"
+                if final
+                else f"tried again in {self.save_every_s:g} s"
+            )
             self._say(
                 logging.WARNING,
-                f"{self.path}: cannot save the learned model: {error} "
-                f"(tried again in {self.save_every_s:g} s)",
+                f"{self.path}: cannot save the learned model: {error} ({again})",
             )
             return False
         self.save_failed = False
@@ -319,7 +324,7 @@ class PersistentOnlineModel(ControllerWrapper):
 
     def close(self) -> None:
         """Save on shutdown (when there is anything learned), then close the inner one."""
-        self.save()
+        self.save(final=True)
         super().close()
 
     def diagnostics(self) -> MPCDiagnostics:

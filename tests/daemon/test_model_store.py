@@ -473,6 +473,9 @@ def test_a_failing_save_is_tried_once_a_save_period(
     failures = [m for m in wrapper.messages if "cannot save" in m]
     assert 1 <= len(failures) <= 7 and wrapper.save_failed
     assert "tried again in 10 s" in failures[0]
+    # The save at shutdown is the last try: it says so, and promises no retry.
+    wrapper.close()
+    assert "not saved: the model learned since the last save is lost" in wrapper.messages[-1]
 
 
 @pytest.mark.parametrize(
