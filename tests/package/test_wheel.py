@@ -109,16 +109,23 @@ def test_wheel_holds_every_package_of_the_source(installed: tuple[Path, Path]) -
     assert sorted(source - names) == []
 
 
-def test_installed_subpackages_import(installed: tuple[Path, Path], tmp_path: Path) -> None:
+def test_every_installed_package_imports_from_the_install(
+    installed: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Each package of the source, imported from the installed wheel alone."""
     _, target = installed
-    out = _python(
-        target,
-        "-c",
-        "import gpugov.controllers.peers, gpugov.study.fleet;"
-        "print(gpugov.controllers.peers.__file__); print(gpugov.study.fleet.__file__)",
-        cwd=tmp_path,
+    packages = sorted(
+        "gpugov." + ".".join(init.parent.relative_to(ROOT).parts)
+        for layer in ("plant", "controllers", "daemon", "profiles", "study")
+        for init in (ROOT / layer).rglob("__init__.py")
+        if "__pycache__" not in init.parts
     )
-    assert all(Path(line).is_relative_to(target) for line in out.splitlines())
+    script = (
+        "import importlib\nfor name in {!r}:\n    print(importlib.import_module(name).__file__)"
+    )
+    files = _python(target, "-c", script.format(packages), cwd=tmp_path).splitlines()
+    assert len(files) == len(packages)
+    assert all(Path(file).is_relative_to(target) for file in files)
 
 
 def test_python_daemon_and_gpugov_coexist(installed: tuple[Path, Path], tmp_path: Path) -> None:
