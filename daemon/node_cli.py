@@ -111,6 +111,11 @@ def _run_node(args: argparse.Namespace) -> int:
         try:
             for domain in assembled.domains:
                 domain.actuator.reconcile(config.daemon.reconcile, dry_run=dry_run)
+            if stop.is_set():
+                # Stopped while the start ran (opening the GPUs, reconciling, building
+                # the controllers): no loop, so no "locking clocks" line before the stop.
+                log.info("stopped during the start, before the first tick")
+                return _stopped(received)
             exporter = metrics_exporter(args.metrics_address or config.daemon.metrics_address)
             record = args.record or config.daemon.record
             recorder = Recorder(record, assembled.header) if record else None
@@ -140,6 +145,11 @@ def _run_node(args: argparse.Namespace) -> int:
                 exporter.close()
             assembled.close()
     log.info("stopped; every clock gpugov locked was reset")
+    return _stopped(received)
+
+
+def _stopped(received: list[str]) -> int:
+    """The exit code of a run stopped by a signal (``received``: its name, if any)."""
     if received[:1] == ["SIGINT"]:
         # Ctrl-C, as every command answers it: one line and 130, after the reset.
         print("gpugov: interrupted; every clock gpugov locked was reset", file=sys.stderr)

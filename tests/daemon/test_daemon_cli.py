@@ -356,3 +356,33 @@ def test_sigterm_before_the_daemon_handles_signals_ends_the_start_cleanly(
         "gpugov: stopped (SIGTERM) before the start; no GPU was touched"
     )
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_stop_during_the_start_ends_it_before_the_loop(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A SIGTERM while the daemon opens its GPUs (its handling installed) ends the start:
+    no "locking clocks" line, no tick, exit 0."""
+    import logging
+    import os
+    import signal
+
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    real = node_cli.domains_from_config
+
+    def terminated_while_opening(*args: object, **kwargs: object) -> object:
+        assembled = real(*args, **kwargs)  # type: ignore[arg-type]
+        os.kill(os.getpid(), signal.SIGTERM)
+        return assembled
+
+    monkeypatch.setattr(node_cli, "domains_from_config", terminated_while_opening)
+    with caplog.at_level(logging.INFO):
+        assert node_cli.main(["run", "--config", str(_config(tmp_path, metrics_server.url))]) == 0
+    text = caplog.text
+    assert "stopped during the start, before the first tick" in text
+    assert "locking clocks" not in text
+    assert fake.writes == []
