@@ -240,8 +240,15 @@ class PersistentOnlineModel(ControllerWrapper):
             key = self.key = stored
         self.inner.model_name = key.model_name
         self.restored = True
-        windows = learned_windows(self.inner)
-        self._say(logging.INFO, f"{self.path}: learned model restored ({windows} windows)")
+        model = self.inner.model
+        counts = (
+            "no samples"
+            if model is None
+            else f"{model.time.samples} latency, {model.power.samples} power and "
+            f"{model.thermal.samples} thermal samples"
+        )
+        # The latency count is the one `gpugov model show` calls samples.
+        self._say(logging.INFO, f"{self.path}: learned model restored ({counts})")
 
     def save(self, *, final: bool = False) -> bool:
         """Write the model now; False when there is nothing learned to write (or this is
