@@ -52,9 +52,10 @@ def read_record(directory: Path) -> dict[str, np.ndarray]:
         raise SystemExit(f"{directory / 'logs.txt'}: no 'gpugov dry run' start line")
     start = _utc(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
     ticks = [json.loads(line) for line in (directory / "record.jsonl").open()][1:]
-    field = lambda name: np.asarray(  # noqa: E731
-        [tick["observation"][name] for tick in ticks], dtype=float
-    )
+
+    def field(name: str) -> np.ndarray:
+        return np.asarray([tick["observation"][name] for tick in ticks], dtype=float)
+
     return {
         "time": start + field("time_s"),
         "power_w": field("power_w"),

@@ -120,10 +120,6 @@ def read_stored(path: Path) -> dict[str, Any]:
     if slos is not None and not isinstance(slos, dict):
         raise StoredModelError(f"{path}: field 'slos' is not an object")
     return payload
-    try:
-        return math.isfinite(float(value)) and float(value) > 0.0
-    except OverflowError:
-        return False
 
 
 def set_aside(path: Path, now: Callable[[], float] = time.time, tag: str = "corrupt") -> Path:

@@ -335,10 +335,10 @@ def _forget_lock(backend: Any, configured: Any = None) -> None:
     """Remove the GPU from the daemon's lock state file, if there is one: in the config's
     ``state_dir`` (``configured``), else systemd's ``$STATE_DIRECTORY``."""
     from gpugov.daemon.files import resolve_state_dir
-    from gpugov.daemon.lockstate import LockState, gpu_key
+    from gpugov.daemon.lockstate import STATE_FILE, LockState, gpu_key
 
     directory = resolve_state_dir(configured)
-    if directory is not None and (directory / "locks.json").exists():
+    if directory is not None and (directory / STATE_FILE).exists():
         LockState(directory).clear(gpu_key(backend))
 
 

@@ -42,11 +42,10 @@ def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
             print(f"gpugov: {PERMISSION_DENIED_MESSAGE}", file=sys.stderr)
             return ExitCode.PERMISSION
         except GpuLost as error:
-            if error.mid_run:
-                return fail(f"{error}; the other GPUs' clocks were reset", ExitCode.GPU_LOST)
-            # Lost before the daemon governed it (or for a read-only command): nothing of
-            # ours was locked; it is no usable GPU.
-            return fail(f"{error}; no usable GPU", ExitCode.NO_GPU)
+            # Lost while governed, the others were reset (exit 5); lost before (or for a
+            # read-only command), nothing of ours was locked: no usable GPU (exit 4).
+            after = "the other GPUs' clocks were reset" if error.mid_run else "no usable GPU"
+            return fail(f"{error}; {after}", exit_code(error) or ExitCode.GPU_LOST)
         except Exception as error:
             code = exit_code(error)
             if code is None:

@@ -617,7 +617,7 @@ class DomainObserver:
             step_index=step_index,
             arrived_requests=max(0, round(arrived)),
             prefill_remaining_tokens=max(0.0, float(prefill)),
-            prefill_tail_tokens=None if tail is None else max(0.0, float(tail), float(prefill)),
+            prefill_tail_tokens=None if tail is None else max(0.0, float(tail)),
             decode_active=decoding,
             generated_decode_tokens=max(0.0, float(generated)),
             temperature_c=self._temperature_c,

@@ -32,20 +32,28 @@ def residual_prompt_tokens_quantile(
     if not rows:
         return None
     k = max(0.0, float(done_tokens or 0.0))
-    above = [
-        (max(lo, k), hi, n * (hi - max(lo, k)) / (hi - lo) if hi > lo else (n if k <= lo else 0.0))
-        for lo, hi, n in rows
-        if hi > k or (hi == lo and lo >= k)
-    ]
+    above = _above(rows, k)
     mass = sum(n for _, _, n in above)
     if mass <= 0.0:
         return max(k, 1.0)
     wanted = quantile * mass
     for lo, hi, n in above:
         if n >= wanted:
-            return lo + (hi - lo) * (wanted / n) - k if n > 0.0 else lo - k
+            return lo + (hi - lo) * (wanted / n) - k
         wanted -= n
     return above[-1][1] - k
+
+
+def _above(rows: list[tuple[float, float, float]], k: float) -> list[tuple[float, float, float]]:
+    """The histogram's lengths above ``k`` (``L | L > k``), each bucket cut at ``k`` and
+    its count scaled to the share of it left (lengths spread evenly in a bucket)."""
+    kept = []
+    for lo, hi, n in rows:
+        if k <= lo:
+            kept.append((lo, hi, n))
+        elif k < hi:
+            kept.append((k, hi, n * (hi - k) / (hi - lo)))
+    return kept
 
 
 def _rows(buckets: Buckets | None) -> list[tuple[float, float, float]]:
@@ -82,13 +90,7 @@ def residual_prompt_tokens(
         second = sum(n * (lo * lo + lo * hi + hi * hi) / 3.0 for lo, hi, n in rows)
         return second / (2.0 * first) if first > 0.0 else None
     k = max(0.0, float(done_tokens))
-    mass = rest = 0.0
-    for lo, hi, n in rows:
-        if k <= lo:
-            mass += n
-            rest += n * (0.5 * (lo + hi) - k)
-        elif k < hi:
-            share = (hi - k) / (hi - lo)
-            mass += n * share
-            rest += n * share * 0.5 * (hi - k)
+    above = _above(rows, k)
+    mass = sum(n for _, _, n in above)
+    rest = sum(n * (0.5 * (lo + hi) - k) for lo, hi, n in above)
     return rest / mass if mass > 0.0 else max(k, 1.0)

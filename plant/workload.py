@@ -343,6 +343,24 @@ def _detect_format(path: Path, text: str) -> str:
     raise _fail(path, 1, f"unknown header {first!r}{hint}; known formats: {_KNOWN_FORMATS}")
 
 
+def _check_stamp(
+    path: Path,
+    line: int,
+    named: str,
+    stamp: Any,
+    origin: Any,
+    previous: Any,
+    previous_line: int | None,
+) -> None:
+    """Refuse a timestamp (``named``: its field and text) earlier than the one before it
+    (at ``previous_line``), or so far from the first (``origin``) that their span is no
+    finite number of seconds."""
+    if previous is not None and stamp < previous:
+        raise _fail(path, line, f"{named} goes backwards (line {previous_line} is later)")
+    if not math.isfinite(float(stamp) - float(origin)):
+        raise _fail(path, line, f"{named} is too far from the first")
+
+
 def _parse_csv(path: Path, text: str, fmt: str) -> _Parsed:
     """Parse one of the CSV formats; arrivals relative to the first data row."""
     if not text:
@@ -395,19 +413,15 @@ def _parse_csv(path: Path, text: str, fmt: str) -> _Parsed:
         output = _token_count(row[i_output], output_col, path, line)
         if previous is None:
             first_raw, origin = raw_ts.strip(), stamp
-        elif stamp < previous:
-            raise _fail(
-                path,
-                line,
-                f"field {ts_col!r}: timestamp {raw_ts.strip()!r} goes backwards "
-                f"(line {previous_line} is later)",
-            )
-        if not math.isfinite(float(stamp) - float(origin)):
-            raise _fail(
-                path,
-                line,
-                f"field {ts_col!r}: timestamp {raw_ts.strip()!r} is too far from the first",
-            )
+        _check_stamp(
+            path,
+            line,
+            f"field {ts_col!r}: timestamp {raw_ts.strip()!r}",
+            stamp,
+            origin,
+            previous,
+            previous_line,
+        )
         previous, previous_line = stamp, line
         if prompt == 0 or output == 0:
             skipped += 1
@@ -463,17 +477,15 @@ def _parse_mooncake(path: Path, text: str) -> _Parsed:
         output = _token_count(item["output_length"], "output_length", path, line)
         if previous is None:
             first_raw, origin = json.dumps(raw_ts), stamp
-        elif stamp < previous:
-            raise _fail(
-                path,
-                line,
-                f"field 'timestamp': timestamp {raw_ts!r} goes backwards "
-                f"(line {previous_line} is later)",
-            )
-        if not math.isfinite(float(stamp) - float(origin)):
-            raise _fail(
-                path, line, f"field 'timestamp': timestamp {raw_ts!r} is too far from the first"
-            )
+        _check_stamp(
+            path,
+            line,
+            f"field 'timestamp': timestamp {raw_ts!r}",
+            stamp,
+            origin,
+            previous,
+            previous_line,
+        )
         previous, previous_line = stamp, line
         if prompt == 0 or output == 0:
             skipped += 1
