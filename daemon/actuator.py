@@ -405,11 +405,17 @@ class ClockActuator:
             and clock < top - self._tolerance(backend)
         )
         now = f"{clock:.0f} MHz" if clock is not None else "unknown"
+        low = entry.get("min_mhz") if entry is not None else None
+        held = entry.get("max_mhz") if entry is not None else None
         if entry is not None:
+            at = (
+                f"at {low}-{held} MHz"
+                if low is not None and held is not None
+                else "(clocks unknown)"
+            )
             found = (
                 f"a previous gpugov run (pid {entry.get('pid')}, {entry.get('time')}) left it "
-                f"locked at {entry.get('min_mhz')}-{entry.get('max_mhz')} MHz (now {now} of "
-                f"{top} MHz)"
+                f"locked {at} (now {now} of {top} MHz)"
             )
         elif seems_locked:
             found = (
@@ -424,12 +430,10 @@ class ClockActuator:
             line = f"GPU {label}: {found}; dry run: left as it is"
         elif policy == "adopt":
             self._touched.add(label)
-            held = entry.get("max_mhz") if entry is not None else None
-            pinned = entry is not None and entry.get("min_mhz") == held
-            pin = pinned and self.lock_mode == "pin"
+            pin = held is not None and low == held and self.lock_mode == "pin"
             self.locked_mhz[label] = int(held) if held is not None and pin else _UNKNOWN
-            if self.state is not None and entry is not None:
-                self.state.record(key, label, int(entry["min_mhz"]), int(entry["max_mhz"]))
+            if self.state is not None and low is not None and held is not None:
+                self.state.record(key, label, int(low), int(held))
             line = f"GPU {label}: {found}; adopted: governed from here, reset on exit"
         else:
             try:

@@ -7,6 +7,7 @@ reason, and nothing is applied. ``deploy/gpugov.example.toml`` shows every key.
 
 from __future__ import annotations
 
+import math
 import tomllib
 import urllib.parse
 from pathlib import Path
@@ -97,6 +98,9 @@ MIN_STALE_PERIODS = 1.5
 """``stale_after_s`` must be at least this many control periods."""
 SLO_WINDOW_PERIODS = 12.0
 """``slo_target.window_s`` must be at least this many control periods."""
+MAX_HORIZON_STEPS = 120
+"""An MPC's ``horizon_s`` spans at most this many control periods: its plan is built and
+searched every period, and must fit in it (10-20 is the useful range)."""
 DEFAULT_ENGINE_TIMEOUT_S = 0.5
 ENGINE_TIMEOUT_PERIOD_SHARE = 0.5
 """An unset ``engine.timeout_s`` is ``min(0.5 s, 0.5 x daemon.period_s)``."""
@@ -754,6 +758,13 @@ class GpugovConfig(_Frozen):
                     f"least {SLO_WINDOW_PERIODS:g} x daemon.period_s "
                     f"({SLO_WINDOW_PERIODS * period:g} s): the attainment loop's short window "
                     "is a twelfth of it and must hold a control period"
+                )
+            horizon = getattr(domain.controller, "horizon_s", None)
+            if horizon is not None and math.ceil(horizon / period) > MAX_HORIZON_STEPS:
+                raise ValueError(
+                    f"domains[{index}].controller.horizon_s ({horizon:g} s) must span at most "
+                    f"{MAX_HORIZON_STEPS} control periods ({MAX_HORIZON_STEPS * period:g} s at "
+                    f"daemon.period_s = {period:g} s): the plan is searched every period"
                 )
             stale = domain.stale_after_s
             if stale is not None and stale < MIN_STALE_PERIODS * period:

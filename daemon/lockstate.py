@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,22 @@ class LockState:
         if not isinstance(gpus, dict):
             self._warn("read it", ValueError("not a lock record: no 'gpus' object"))
             return {}
-        return {str(k): v for k, v in gpus.items() if isinstance(v, dict)}
+        entries = {}
+        for key, entry in gpus.items():
+            if not isinstance(entry, dict):
+                continue
+            bad = _bad_field(entry)
+            if bad is not None:
+                # The GPU was locked by a run; only its clocks are unknown.
+                log.warning(
+                    "lock state %s: GPU %s: %s; its locked clocks are taken as unknown",
+                    self.path,
+                    key,
+                    bad,
+                )
+                entry = {k: v for k, v in entry.items() if k not in ("min_mhz", "max_mhz")}
+            entries[str(key)] = entry
+        return entries
 
     def get(self, key: str) -> dict[str, Any] | None:
         """The entry for GPU ``key`` (its UUID), if any."""
@@ -175,3 +191,19 @@ def gpu_key(backend: object) -> str:
     """The key a GPU is stored under: its UUID when the backend knows it, else its label."""
     uuid = getattr(backend, "uuid", None)
     return str(uuid) if uuid else str(getattr(backend, "label", "?"))
+
+
+def _bad_field(entry: dict[str, Any]) -> str | None:
+    """What makes a lock record's clocks unusable (None when they are usable): its
+    ``min_mhz`` and ``max_mhz`` must be positive whole clocks."""
+    for name in ("min_mhz", "max_mhz"):
+        value = entry.get(name)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
+            or value != int(value)
+        ):
+            return f"{name} is {value!r}, not a clock in MHz"
+    return None

@@ -323,6 +323,40 @@ def test_reconcile_sees_a_lock_nobody_recorded_and_can_adopt(tmp_path: Path) -> 
     assert line.startswith("GPU 0: no lock found (SM clock 1980 MHz of 1980 MHz)")
 
 
+@pytest.mark.parametrize(
+    "clocks",
+    [{"min_mhz": "abc", "max_mhz": "abc"}, {"max_mhz": 900}, {"min_mhz": float("nan")}],
+    ids=["text", "missing", "nan"],
+)
+@pytest.mark.parametrize("policy", ["adopt", "reset"])
+def test_a_damaged_lock_record_is_a_lock_of_unknown_clocks(
+    tmp_path: Path, clocks: dict[str, object], policy: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record whose clocks are not clocks (hand-edited, a bad disk) still says a run left
+    the GPU locked: the start adopts or resets it, with one warning, and never raises."""
+    import json
+
+    fake = FakeNvml(1)
+    ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path, pid=1)).apply(900)
+    path = tmp_path / "locks.json"
+    record = json.loads(path.read_text())
+    entry = record["gpus"]["GPU-fake-0000"]
+    del entry["min_mhz"], entry["max_mhz"]
+    entry.update(clocks)
+    entry["pid"] = 999_999_999  # no such process
+    path.write_text(json.dumps(record))  # NaN is written as JSON's NaN, which json reads
+    actuator = ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path, pid=2))
+    with caplog.at_level("WARNING"):
+        (line,) = actuator.reconcile(policy)
+    assert "locked (clocks unknown)" in line
+    assert "its locked clocks are taken as unknown" in caplog.text
+    if policy == "adopt":
+        assert line.endswith("adopted: governed from here, reset on exit")
+        assert actuator.restore() == [] and fake.locked(0) is None
+    else:
+        assert line.endswith("; reset") and fake.locked(0) is None
+
+
 # ------------------------------------------------- item 7: external clock changes
 @pytest.mark.parametrize("policy", ["reassert", "yield"])
 def test_external_clock_change_is_seen_counted_and_handled(policy: str) -> None:
@@ -400,6 +434,17 @@ def _domain(**kw: Any) -> dict[str, Any]:
             "down_fraction (0.6) must not exceed up_fraction (0.4)",
         ),
         (_domain(stale_after_s=0.5), {"period_s": 1.0}, "stale_after_s (0.5 s) must be at least"),
+        # A horizon of a billion periods allocated its plan until the node ran out of memory.
+        (
+            _domain(controller={"kind": "mpc-online", "horizon_s": 1e9}),
+            {"period_s": 1.0},
+            "controller.horizon_s (1e+09 s) must span at most 120 control periods",
+        ),
+        (
+            _domain(controller={"kind": "mpc", "horizon_s": 31.0}),
+            {"period_s": 0.25},
+            "controller.horizon_s (31 s) must span at most 120 control periods (30 s",
+        ),
     ],
 )
 def test_config_gaps_are_refused(
