@@ -314,7 +314,15 @@ class OnlineMPCController(MeasuredLatencyRules):
         self._follow_name(observation.model_name)
         model = self._new_model(observation)
         model.load_state(state)
-        self.model = model
+        previous, self.model = self.model, model
+        try:
+            # A state that passes its own checks can still describe no GPU (a latency of
+            # 1e308 s): the profile the MPC plans on must come out of it.
+            with np.errstate(all="ignore"):
+                self.learned_profile(self.slos(observation) or (1.0, 0.1))
+        except (ValueError, OverflowError, FloatingPointError) as error:
+            self.model = previous
+            raise ValueError(f"stored model gives no usable profile: {error}") from None
 
     def slos(self, observation: ServingObservation) -> tuple[float, float] | None:
         """(TTFT SLO, TPOT SLO): the observation's, else the configured ones."""

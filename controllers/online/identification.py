@@ -759,8 +759,12 @@ class OnlineModel:
         counts = np.asarray(state["visits"], dtype=float)
         if ratio.shape != clocks.shape or counts.shape != clocks.shape:
             raise ValueError("stored per-clock arrays have the wrong length")
-        if not bool(np.all((counts >= 0.0) & (counts <= MAX_STORED_COUNT))):
+        if not bool(np.all((counts >= 0.0) & (counts <= MAX_STORED_COUNT))) or bool(
+            np.any(counts != np.floor(counts))
+        ):
             raise ValueError("stored visits must be counts")
+        if not isinstance(state["warmed_up"], bool):
+            raise ValueError(f"stored warmed_up must be true or false, got {state['warmed_up']!r}")
         visits = counts.astype(np.int64)
         warmup_count = float(state["warmup_count"])
         if not (math.isfinite(warmup_count) and 0.0 <= warmup_count <= MAX_STORED_COUNT):

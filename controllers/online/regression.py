@@ -138,6 +138,12 @@ class RecursiveLeastSquares:
             raise ValueError(f"stored regression has the wrong shape (expected {n} parameters)")
         if not all(bool(np.isfinite(array).all()) for array in (mean, covariance, prior)):
             raise ValueError("stored regression holds non-finite numbers")
+        for name, matrix in (("covariance", covariance), ("prior_covariance", prior)):
+            scale = float(np.abs(matrix).max(initial=0.0))
+            if not np.allclose(matrix, matrix.T, rtol=0.0, atol=1e-9 * max(scale, 1.0)):
+                raise ValueError(f"stored {name} is not symmetric")
+            if bool((np.diag(matrix) < 0.0).any()):
+                raise ValueError(f"stored {name} has a negative variance")
         noise = float(state["noise_variance"])
         if not noise > 0.0 or not math.isfinite(noise):
             raise ValueError(f"stored noise_variance must be positive, got {noise!r}")

@@ -434,7 +434,19 @@ def test_a_restored_warmed_up_model_skips_the_warm_up(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "damage",
-    ["prior-nan", "samples-inf", "visits-huge", "warmup-inf"],
+    [
+        "prior-nan",
+        "samples-inf",
+        "visits-huge",
+        "warmup-inf",
+        # Finite, but no GPU: a latency of 1e308 s gave a profile of 0 tokens/s, and the
+        # restored model stopped the daemon at every start.
+        "time-huge",
+        "covariance-negative",
+        "covariance-asymmetric",
+        "visits-half",
+        "warmed-up-text",
+    ],
 )
 def test_a_stored_model_with_impossible_numbers_is_set_aside(tmp_path: Path, damage: str) -> None:
     _learn(tmp_path)
@@ -447,6 +459,17 @@ def test_a_stored_model_with_impossible_numbers_is_set_aside(tmp_path: Path, dam
         model["time"]["samples"] = float("inf")
     elif damage == "visits-huge":
         model["visits"] = [1e300] * len(model["visits"])
+    elif damage == "time-huge":
+        model["time"]["mean"] = [1e308] * len(model["time"]["mean"])
+    elif damage == "covariance-negative":
+        size = len(model["time"]["covariance"])
+        model["time"]["covariance"] = [[-1.0] * size for _ in range(size)]
+    elif damage == "covariance-asymmetric":
+        model["time"]["covariance"][0][1] += 1.0
+    elif damage == "visits-half":
+        model["visits"] = [0.5] * len(model["visits"])
+    elif damage == "warmed-up-text":
+        model["warmed_up"] = "yes"
     else:
         model["warmup_count"] = float("inf")
     path.write_text(json.dumps(payload))
