@@ -272,12 +272,21 @@ class AutoHints:
         if not self.gpu:
             self._warn_once("mpc-online: the GPU reports no name; no prior from the GPU name")
         else:
-            hints = PriorHints(
-                gpu=self.gpu,
-                params_b=params_b,
-                active_params_b=active_params_b,
-                tensor_parallel=self.tensor_parallel,
-            )
+            try:
+                hints = PriorHints(
+                    gpu=self.gpu,
+                    params_b=params_b,
+                    active_params_b=active_params_b,
+                    tensor_parallel=self.tensor_parallel,
+                )
+            except HintError as error:
+                # A name is the engine's label, not the operator's config: a size no
+                # model has (Mix-999x9999B) is no hint, never a controller error.
+                self._warn_once(
+                    f"mpc-online: the served model's name {model_name!r} gives no usable "
+                    f"size ({error}); no prior from it"
+                )
+                hints = PriorHints(gpu=self.gpu, tensor_parallel=self.tensor_parallel)
             prior = prior_from_hints(hints, warn=self._warn_once)
         if prior is not None:
             prior = replace(prior, source=f"{prior.source} (served model {model_name!r})")

@@ -87,6 +87,21 @@ def test_an_unknown_name_or_gpu_is_one_line_each_and_no_shape() -> None:
     assert len(lines) == 3 and "no name" in lines[2]
 
 
+def test_a_size_no_model_has_is_no_hint_and_one_line() -> None:
+    """An engine label is not the operator's config: ``Mix-999x9999B`` reads as a mixture
+    of 7.8 million billion parameters, past any hint; it gave a controller error at every
+    tick."""
+    lines: list[str] = []
+    hints = AutoHints(gpu=H100, warn=lines.append)
+    for _ in range(3):
+        prior = hints.prior_for("Mix-999x9999B")
+        assert prior is not None and not prior.time_table and prior.board_power_w
+    assert len(lines) == 1 and "no usable size" in lines[0] and "Mix-999x9999B" in lines[0]
+    controller = OnlineMPCController(auto_hints=AutoHints(gpu=H100), warmup_s=5.0)
+    for step in range(4):
+        controller(replace(_observation(0.25 * step, None), model_name="Mix-999x9999B"))
+
+
 def test_the_controller_takes_the_hint_when_the_first_name_arrives() -> None:
     controller = OnlineMPCController(
         auto_hints=AutoHints(gpu=H100, tensor_parallel=1), warmup_s=5.0
