@@ -33,6 +33,7 @@ from typing import Any
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.online.identification import MODEL_VERSION
+from gpugov.controllers.online.model_names import SettledName
 from gpugov.daemon.files import (
     InputFileError,
     json_safe,
@@ -172,6 +173,7 @@ class PersistentOnlineModel(ControllerWrapper):
         self._last_observation: ServingObservation | None = None
         self.restored = False
         self.messages: list[str] = []
+        self._settled_name = SettledName()
         self.__name__ = inner.__name__
 
     def __deepcopy__(self, memo: dict[int, Any]) -> PersistentOnlineModel:
@@ -289,12 +291,14 @@ class PersistentOnlineModel(ControllerWrapper):
         return True
 
     def _follow_key(self, observation: ServingObservation) -> None:
-        """Restore on the first observation; re-learn when the served model changes."""
-        name = observation.model_name
+        """Restore on the first observation; re-learn when the served model changes (a
+        new name that has held a few observations: :class:`SettledName`)."""
         if self.key is None:
+            name = observation.model_name
             self.key = ModelKey(self.gpu_uuids, name)
             self._restore(observation)
             return
+        name = self._settled_name.update(observation.model_name, self.key.model_name)
         if name is None or name == self.key.model_name:
             return
         if self.key.model_name is None:

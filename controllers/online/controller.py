@@ -62,6 +62,7 @@ from gpugov.controllers.online.identification import (
     PromptEstimate,
     window_between,
 )
+from gpugov.controllers.online.model_names import SettledName
 from gpugov.controllers.online.prediction import compile_prediction
 from gpugov.controllers.online.prior import AutoHints
 from gpugov.controllers.online.regression import compile_regression
@@ -217,6 +218,7 @@ class OnlineMPCController(MeasuredLatencyRules):
         self.model: OnlineModel | None = None
         self.mpc: MPCController | None = None
         self.model_name: str | None = None
+        self.settled_name = SettledName()
         self.previous: ServingObservation | None = None
         self.current_clock: float | None = None
         self.prompt_estimate = PromptEstimate()
@@ -471,7 +473,7 @@ class OnlineMPCController(MeasuredLatencyRules):
         """Fold ``observation`` into the model (resets on a model-name change)."""
         if math.isfinite(observation.temperature_c):
             self.last_temperature_c = float(observation.temperature_c)
-        name = observation.model_name
+        name = self.settled_name.update(observation.model_name, self.model_name)
         self._follow_name(name)
         if name is not None and self.model_name is not None and name != self.model_name:
             self.reset(observation)

@@ -93,4 +93,36 @@ def hints_from_model_name(name: str | None) -> ModelSize | None:
     return ModelSize(total, active)
 
 
-__all__ = ["ModelSize", "hints_from_model_name"]
+NAME_SETTLE_OBSERVATIONS = 3
+"""Observations in a row a new served-model name must hold before it counts as a new model."""
+
+
+class SettledName:
+    """The served model's name as a controller acts on it: the first name at once, a new
+    one only once it has held :data:`NAME_SETTLE_OBSERVATIONS` observations in a row. A
+    model is swapped by restarting the engine, which a few ticks' wait costs nothing; a
+    label that flaps (a misconfigured engine, two answering in turn) is not a new model
+    at every tick, which would throw the learned model away each time."""
+
+    def __init__(self) -> None:
+        self._pending: str | None = None
+        self._seen = 0
+
+    def update(self, name: str | None, current: str | None) -> str | None:
+        """Fold one observation's ``name`` in, ``current`` being the name the caller holds
+        (None: none yet); return the name to hold now."""
+        if name is None or name == current:
+            self._pending, self._seen = None, 0
+            return current
+        if current is None:
+            return name
+        if name != self._pending:
+            self._pending, self._seen = name, 0
+        self._seen += 1
+        if self._seen < NAME_SETTLE_OBSERVATIONS:
+            return current
+        self._pending, self._seen = None, 0
+        return name
+
+
+__all__ = ["NAME_SETTLE_OBSERVATIONS", "ModelSize", "SettledName", "hints_from_model_name"]

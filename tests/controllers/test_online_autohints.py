@@ -116,7 +116,10 @@ def test_the_controller_takes_the_hint_when_the_first_name_arrives() -> None:
     assert np.any(model.time_shape < 0.99)  # ... now with the physics' clock shape
     assert "Llama-3.1-8B" in controller.status()["prior"]
     # Another served model: the model is learned anew, from that model's prior.
-    controller(_observation(2.0, "meta-llama/Llama-3.1-70B-Instruct"))
+    for time_s in (2.0, 2.25):
+        controller(_observation(time_s, "meta-llama/Llama-3.1-70B-Instruct"))
+    assert controller.resets == 0  # a new name holds three observations before it counts
+    controller(_observation(2.5, "meta-llama/Llama-3.1-70B-Instruct"))
     assert controller.resets == 1 and controller.model is not model
     assert controller.model is not None and controller.model.prior is controller.auto_prior
     assert "70B" in controller.auto_prior.source

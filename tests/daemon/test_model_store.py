@@ -322,11 +322,28 @@ def test_a_real_model_name_change_relearns(tmp_path: Path) -> None:
     wrapper(_idle(0.0))  # name unknown: the stored llama model
     assert wrapper.restored
     wrapper(_idle(1.0, name="mistral"))
+    wrapper(_idle(1.25, name="mistral"))
+    assert wrapper.restored and wrapper.inner.resets == 0  # not settled yet
+    wrapper(_idle(1.5, name="mistral"))  # the third in a row: a new model
     assert not wrapper.restored and wrapper.inner.resets == 1
     assert wrapper.key is not None and wrapper.key.model_name == "mistral"
     model = wrapper.inner.model
     assert model is not None and not model.warmed_up
     assert any("now serves 'mistral'" in m for m in wrapper.messages)
+
+
+def test_a_flapping_model_name_keeps_the_model(tmp_path: Path) -> None:
+    """A label that changes at every scrape (two engines answering in turn) relearned and
+    logged "learning anew" at every tick: the model never learned."""
+    _learn(tmp_path)
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    wrapper(_idle(0.0, name="llama"))
+    assert wrapper.restored
+    for tick in range(1, 21):
+        wrapper(_idle(0.25 * tick, name="mistral" if tick % 2 else "llama"))
+    assert wrapper.restored and wrapper.inner.resets == 0
+    assert not any("now serves" in m for m in wrapper.messages)
+    wrapper.close()
 
 
 def test_an_empty_model_never_replaces_a_stored_one(tmp_path: Path) -> None:
