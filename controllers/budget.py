@@ -46,7 +46,9 @@ short window) and ``A' = e N'``, else ``A' = A``:
 The per-prompt TTFT allowance (a long prompt judged against its own, longer SLO) is a
 spend of its own: a short prompt that lands behind a long one prefilled at a lower clock
 may miss. It is planned with only while the window can afford one more miss (``A' - S >=
-1``; :attr:`AttainmentBudget.allowance_credit`), in the share the looseness gives.
+1``, and once a miss is counted, ``S >= 1/2``, also ``A - S >= 1``: the projection pays for
+the first miss, the requests served for the next, since traffic can stop;
+:attr:`AttainmentBudget.allowance_credit`), in the share the looseness gives.
 
 No constant here is tuned to a profile: the fractions are shares of the budget and the
 rates are in units of the window.
@@ -202,7 +204,9 @@ class AttainmentBudget:
     sustains, enough requests to tell): the hedges against model error may stand down."""
     affordable: bool = True
     """Whether the last update found the window able to afford one more miss (its
-    projected budget less its misses, ``A' - S``, at least one; True before any counters):
+    projected budget less its misses, ``A' - S``, at least one, and once a miss is counted
+    the budget of the requests served so far less its misses, ``A - S``, too; True before
+    any counters):
     the per-prompt TTFT allowance is planned with only then (:attr:`allowance_credit`)."""
     last: WindowAttainment | None = None
     """The long window's attainment at the last update (None before any counters)."""
@@ -294,7 +298,12 @@ class AttainmentBudget:
             and allowed - long.misses >= 1.0
         )
         self.ahead = bool(ahead and not behind)
-        self.affordable = allowed_in_window - long.misses >= 1.0
+        # The window's projected size pays for its first miss; traffic can stop (a trace's
+        # arrivals ending, a router draining the node), so past it the requests served so
+        # far must afford the next one too (a miss counted: at least half of one).
+        self.affordable = allowed_in_window - long.misses >= 1.0 and (
+            long.misses < 0.5 or allowed - long.misses >= 1.0
+        )
         log_looseness = math.log(self.looseness)
         if behind:
             log_looseness -= span * period_s / (SHORT_WINDOW_SHARE * self.window_s)

@@ -18,16 +18,20 @@ bound as a miss.
 :class:`AttainmentEstimator` adds each window's estimate to cumulative totals (the
 observation's ``ttft_within_slo_total`` / ``ttft_count_total`` and the TPOT pair): a
 missed scrape costs nothing (the next window covers the gap) and an engine restart (a
-counter going backwards) skips that one window. With a per-prompt TTFT allowance a
-window's first tokens are judged at the SLO of the window's mean prompt
-(:class:`PromptPerFirstToken`), since the TTFT histogram does not pair a TTFT with its
-prompt: a prompt longer than that mean is judged against a tighter SLO than its own, a
-shorter one against a looser SLO; where a window holds one first token the SLO is its own.
+counter going backwards) skips that one window. With a per-prompt TTFT allowance, where a
+window holds one first token its SLO is its own (the window's prompt tokens,
+:class:`PromptPerFirstToken`). The TTFT histogram does not pair a TTFT with its prompt, so
+of a window holding several, all but the slowest are judged at a typical prompt's SLO (the
+median prompt of the windows that held one, at most the window's mean) and the slowest at
+the SLO of the rest of the window's prompt tokens: a short prompt that waited behind a long
+one gets its first token in the long one's window, and judged at their mean prompt's SLO
+its miss would count as met.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -115,10 +119,18 @@ def within_window(
     within_below = sum(c for _, _, c in bounds[:held])
     if count <= 0.0:
         return within_below
-    others = sum(
-        _typical(lo, up, known) * c for i, (lo, up, c) in enumerate(bounds) if i != held and c
-    )
-    mean = min(high, max(low, (sum_s - others) / count))
+    rest = [(lo, up, c) for i, (lo, up, c) in enumerate(bounds) if i != held and c]
+    others = sum(_typical(lo, up, known) * c for lo, up, c in rest)
+    mean = (sum_s - others) / count
+    # What the sum allows, the other observations anywhere in their buckets: where the
+    # typical places put it outside, the middle of what is allowed (a short prompt's
+    # first token in (1, 2.5] s beside a long one's in (2.5, 5] s, summing 4.6 s, lies
+    # in (1, 2.1] s: 1.55 s, not the 1 s the long one at 3.75 s would leave it).
+    lowest = max(low, (sum_s - sum(up * c for _, up, c in rest)) / count)
+    highest = min(high, (sum_s - sum(lo * c for lo, _, c in rest)) / count)
+    if lowest <= highest and not lowest <= mean <= highest:
+        mean = 0.5 * (lowest + highest)
+    mean = min(high, max(low, mean))
     half = min(mean - low, high - mean)
     if count == 1.0 or half <= 0.0:
         return within_below + (count if mean <= threshold_s + 1e-12 else 0.0)
@@ -196,6 +208,7 @@ class AttainmentEstimator:
         self._prompts = PromptPerFirstToken()
         self._ttft_alone: deque[float] = deque(maxlen=KNOWN_VALUES_KEPT)
         self._tpot_alone: deque[float] = deque(maxlen=KNOWN_VALUES_KEPT)
+        self._lone_prompts: deque[float] = deque(maxlen=KNOWN_VALUES_KEPT)
 
     def add_window(
         self,
@@ -209,15 +222,16 @@ class AttainmentEstimator:
         their window ``_sum`` s, where known, place the observations of the bucket that
         holds the SLO (:func:`within_window`)."""
         first_tokens = total(ttft) if ttft is not None else 0.0
-        self.recent_prompt_tokens = self._prompts.update(prompt_tokens, first_tokens)
+        mean = self.recent_prompt_tokens = self._prompts.update(prompt_tokens, first_tokens)
         if ttft is not None and self.ttft_slo_s is not None:
-            slo = self.ttft_slo_s
-            allowance = self.ttft_slo_per_prompt_token_s
-            if allowance and self.recent_prompt_tokens is not None:
-                slo += allowance * self.recent_prompt_tokens
-            self.ttft_within = (self.ttft_within or 0.0) + within_window(
-                ttft, slo, ttft_sum_s, self._ttft_alone
-            )
+            allowance = self.ttft_slo_per_prompt_token_s or 0.0
+            if mean is None or not allowance:
+                within = within_window(ttft, self.ttft_slo_s, ttft_sum_s, self._ttft_alone)
+            else:
+                within = self._within_split(ttft, ttft_sum_s, mean, first_tokens, allowance)
+                if first_tokens == 1.0:
+                    self._lone_prompts.append(mean)
+            self.ttft_within = (self.ttft_within or 0.0) + within
             self.ttft_count = (self.ttft_count or 0.0) + first_tokens
             _keep_alone(self._ttft_alone, ttft, ttft_sum_s)
         if tpot is not None and self.tpot_slo_s is not None:
@@ -226,6 +240,27 @@ class AttainmentEstimator:
             )
             self.tpot_count = (self.tpot_count or 0.0) + total(tpot)
             _keep_alone(self._tpot_alone, tpot, tpot_sum_s)
+
+    def _within_split(
+        self, ttft: Buckets, sum_s: float | None, mean: float, count: float, allowance: float
+    ) -> float:
+        """A window's first tokens within their per-prompt SLOs when the histogram does not
+        pair a TTFT with its prompt (module notes): all but the slowest judged at a typical
+        prompt's SLO (the median prompt of the windows that held one first token, where
+        enough are known, at most the window's mean), the slowest at the SLO of the rest
+        of the window's tokens. A short prompt that waited behind a long one counts as the
+        miss it is; with one first token, or few known, the mean prompt's SLO."""
+        base = float(self.ttft_slo_s or 0.0)
+        known = self._lone_prompts
+        if count <= 1.0 or len(known) < MIN_KNOWN_VALUES:
+            return within_window(ttft, base + allowance * mean, sum_s, self._ttft_alone)
+        typical = min(mean, statistics.median(known))
+        rest = mean * count - typical * (count - 1.0)
+        others = within_window(ttft, base + allowance * typical, sum_s, self._ttft_alone)
+        if others >= count:
+            return count
+        slowest = within_window(ttft, base + allowance * rest, sum_s, self._ttft_alone)
+        return others + min(1.0, max(0.0, slowest - (count - 1.0)))
 
 
 def _keep_alone(kept: deque[float], buckets: Buckets, sum_s: float | None) -> None:

@@ -382,6 +382,18 @@ def test_the_per_prompt_allowance_waits_for_a_miss_to_spare() -> None:
     assert budget.affordable and budget.allowance_credit > 0.0
 
 
+def test_past_the_first_miss_the_requests_served_must_afford_the_next() -> None:
+    """The projected window pays for the first miss; traffic can stop (a trace's arrivals
+    ending, a router draining the node), so the next is spent only on requests served."""
+    budget = AttainmentBudget(TARGET)
+    _, (time_s, within, count) = _run(budget, 60.0, rate=1.0, miss=0.0)
+    assert budget.affordable  # 60 served, 600 projected: 6 misses allowed
+    budget.update(_observation(time_s + 1.0, (within, count + 1.0), (count + 1.0,) * 2))
+    assert not budget.affordable  # one counted: 0.61 allowed by the 61 served
+    _run(budget, 200.0, rate=1.0, miss=0.0, start=(time_s + 1.0, within, count + 1.0))
+    assert budget.affordable  # 261 served: 2.6 allowed, one spent
+
+
 def test_a_window_too_small_for_one_miss_never_plans_with_the_allowance() -> None:
     # 0.1 requests/s: 60 requests a window, 0.6 misses allowed at 99 %.
     budget = AttainmentBudget(TARGET)

@@ -188,6 +188,49 @@ def test_the_estimator_uses_the_window_sum() -> None:
     assert (estimator.ttft_within, estimator.ttft_count) == (1.0, 2.0)
 
 
+def test_the_sum_places_an_observation_where_the_other_buckets_allow() -> None:
+    """A short prompt's first token at 1.55 s (bucket (1, 2.5]) beside a long one's at
+    3.05 s (bucket (2.5, 5]): with the long one at its bucket's middle, 3.75 s, the
+    short one would sit at 1.0 s; the sum allows it only (1.0, 2.1]."""
+    pair = ((1.0, 0.0), (2.5, 1.0), (5.0, 2.0), (math.inf, 2.0))
+    assert within_window(pair, 1.5, 4.6) == 0.0  # placed at 1.55 s: a miss at 1.5 s
+    assert within_window(pair, 1.6, 4.6) == 1.0
+    # Where the middle of the other bucket fits the sum, it is kept.
+    assert within_window(pair, 1.4, 5.1) == 1.0  # 5.1 - 3.75: 1.35 s
+    assert within_window(pair, 1.3, 5.1) == 0.0
+
+
+def test_a_short_prompt_behind_a_long_one_counts_as_the_miss_it_is() -> None:
+    """A 1k-token prompt that waited behind a 99k-token one gets its first token in the
+    same window: judged at their mean prompt's SLO (5 s here) it would count as met;
+    judged at a typical prompt's (the windows with one first token) it misses, and the
+    long one is judged at the rest of the window's tokens."""
+    estimator = AttainmentEstimator(1.0, None, ttft_slo_per_prompt_token_s=5e-5)
+    alone = ((0.5, 1.0), (1.0, 1.0), (2.5, 1.0), (5.0, 1.0), (math.inf, 1.0))
+    for prompt in (800.0, 1_000.0, 2_000.0, 3_000.0, 5_000.0, 1_500.0, 2_500.0, 4_000.0):
+        estimator.add_window(alone, None, prompt_tokens=prompt, ttft_sum_s=0.3)
+    assert (estimator.ttft_within, estimator.ttft_count) == (8.0, 8.0)
+    pair = ((0.5, 0.0), (1.0, 0.0), (2.5, 1.0), (5.0, 2.0), (math.inf, 2.0))
+    estimator.add_window(pair, None, prompt_tokens=100_000.0, ttft_sum_s=1.6 + 3.0)
+    # The short one (about 1.55 s) against 1 + 5e-5 * 2.25k = 1.11 s: missed; the long one
+    # (about 3.05 s) against 1 + 5e-5 * 97.75k = 5.9 s: met.
+    assert (estimator.ttft_within, estimator.ttft_count) == (9.0, 10.0)
+    # Two prompts of the same length in one window: judged as before.
+    same = AttainmentEstimator(1.0, None, ttft_slo_per_prompt_token_s=5e-5)
+    for _ in range(8):
+        same.add_window(alone, None, prompt_tokens=20_000.0, ttft_sum_s=0.3)
+    both = ((0.5, 0.0), (1.0, 0.0), (2.5, 2.0), (math.inf, 2.0))
+    same.add_window(both, None, prompt_tokens=40_000.0, ttft_sum_s=2 * 1.2)  # SLO 2.0 s
+    assert (same.ttft_within, same.ttft_count) == (10.0, 10.0)
+
+
+def test_few_windows_with_one_first_token_judge_at_the_mean_prompt() -> None:
+    estimator = AttainmentEstimator(1.0, None, ttft_slo_per_prompt_token_s=5e-5)
+    pair = ((0.5, 0.0), (1.0, 0.0), (2.5, 1.0), (5.0, 2.0), (math.inf, 2.0))
+    estimator.add_window(pair, None, prompt_tokens=100_000.0, ttft_sum_s=1.6 + 3.0)
+    assert estimator.ttft_within == 2.0  # the mean prompt's SLO, 3.5 s: both met
+
+
 def test_no_slo_no_counts() -> None:
     estimator = AttainmentEstimator(None, None)
     estimator.add_window(((1.0, 3.0), (math.inf, 4.0)), None, 100.0)
