@@ -10,6 +10,7 @@ written from the state file at the end: :mod:`gpugov.study.profiler.write`.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -104,7 +105,14 @@ def pick_clocks(supported: Sequence[int], count: int) -> tuple[int, ...]:
 
 
 def read_state(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """The header and the clock records of a state file (a torn last line is ignored)."""
+    """The header and the clock records of a state file (a last line cut short by an
+    interrupted write is ignored).
+
+    Raises:
+        UsageError: unreadable, or a line that is not a header or a clock record as the
+            sweep writes them (named by line and field): a damaged file is refused, not
+            fitted into a profile.
+    """
     if not path.exists():
         return None, []
     header = None
@@ -113,18 +121,60 @@ def read_state(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]
         text = read_input_text(path, "state")
     except InputFileError as error:
         raise UsageError(str(error)) from error
-    for line in text.splitlines():
+    lines = text.split("\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
         try:
             row = loads_json(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(row, dict):
-            continue
-        if row.get("kind") == "header":
+        except (json.JSONDecodeError, ValueError) as error:
+            if number == len(lines):  # no newline after it: a torn last write
+                continue
+            raise UsageError(f"{path}:{number}: not a JSON line ({error})") from None
+        kind = row.get("kind") if isinstance(row, dict) else None
+        if kind == "header":
             header = row
-        elif row.get("kind") == "clock":
-            records.append(row)
+            continue
+        problem = "not a header or clock record" if kind != "clock" else _record_problem(row)
+        if problem is not None:
+            raise UsageError(
+                f"{path}:{number}: {problem}; remove the line (that clock is measured "
+                "again) or the file (--resume then starts over)"
+            )
+        records.append(row)
     return header, records
+
+
+def _positive(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def _record_problem(row: dict[str, Any]) -> str | None:
+    """What makes a clock record unusable (None when it is usable)."""
+    clock = row.get("clock_mhz")
+    if clock is not None and not (_positive(clock) and isinstance(clock, int)):
+        return f"clock_mhz is {clock!r}, not a clock in MHz"
+    for name in ("realized_clock_mhz", "idle_power_w"):
+        if not _positive(row.get(name)):
+            return f"{name} is {row.get(name)!r}, not a positive number"
+    prefill = row.get("prefill")
+    if not isinstance(prefill, dict) or not _positive(prefill.get("tokens_per_s")):
+        return "prefill.tokens_per_s is missing or not a positive number"
+    decode = row.get("decode")
+    if not isinstance(decode, list) or not decode:
+        return "decode is missing or not a list of design points"
+    for index, point in enumerate(decode):
+        if not isinstance(point, dict):
+            return f"decode[{index}] is not a design point"
+        for name in ("batch", "iteration_s", "context_tokens"):
+            if not _positive(point.get(name)):
+                return f"decode[{index}].{name} is {point.get(name)!r}, not a positive number"
+    return None
 
 
 def _append(path: Path, row: dict[str, Any]) -> None:
@@ -228,12 +278,36 @@ class Sweep:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         header, records = read_state(self.state_path)
         wanted = self.settings.header()
+        if records and not resume:
+            raise UsageError(
+                f"{self.state_path}: holds {len(records)} measured clock(s) of an earlier "
+                "sweep; pass --resume to continue it, or give another --out (nothing was "
+                "changed)"
+            )
+        if records and header is None:
+            raise UsageError(
+                f"{self.state_path}: clock records without the sweep's header line; "
+                "--resume cannot tell their settings (nothing was changed)"
+            )
         if resume and header is not None:
             if header.get("settings") != wanted or header.get("url") != self.url:
                 raise ProfileRunError(
                     f"{self.state_path}: --resume with different settings or engine than the "
                     "interrupted sweep; rerun with the same flags or without --resume"
                 )
+            # A last line cut short by an interrupted write goes, or the next record
+            # would be appended to it.
+            raw = self.state_path.read_bytes()
+            if raw and not raw.endswith(b"\n"):
+                self.state_path.write_bytes(raw[: raw.rfind(b"\n") + 1])
+            points = len(self.settings.decode_points)
+            for record in records:
+                if len(record["decode"]) != points:
+                    raise UsageError(
+                        f"{self.state_path}: the record of {record.get('clock_mhz')} MHz "
+                        f"holds {len(record['decode'])} decode points, the sweep's "
+                        f"settings {points}"
+                    )
         else:
             records = []
             self.state_path.write_text("")

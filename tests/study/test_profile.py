@@ -210,18 +210,19 @@ def test_interrupted_sweep_resets_and_resumes(
     lines = [json.loads(line) for line in (tmp_path / "sweep-state.jsonl").read_text().splitlines()]
     assert [row["clock_mhz"] for row in lines if row["kind"] == "clock"] == [1980]
     first = lines[1]
-    code = _profile(
-        url,
-        tmp_path,
-        "--clock-list",
-        "1980,600",
-        "--dwell",
-        "0.5",
-        *SMALL_REFERENCE,
-        "--resume",
-        "--name",
-        "resumed",
-    )
+    state = tmp_path / "sweep-state.jsonl"
+    kept = state.read_text()
+    flags = ("--clock-list", "1980,600", "--dwell", "0.5", *SMALL_REFERENCE)
+    # Without --resume a sweep that measured clocks is refused, not wiped.
+    assert _profile(url, tmp_path, *flags, "--name", "fresh") == 2
+    assert state.read_text() == kept
+    # A damaged record is refused by line and field, before any clock is set.
+    damaged = dict(first, prefill={**first["prefill"], "tokens_per_s": "x"})
+    state.write_text(json.dumps(lines[0]) + "\n" + json.dumps(damaged) + "\n")
+    assert _profile(url, tmp_path, *flags, "--resume") == 2
+    assert synthetic_emulator.node.gpu_state[0].locked is None
+    state.write_text(kept + '{"kind": "clock", "clock_mhz": 6')  # a torn last write: ignored
+    code = _profile(url, tmp_path, *flags, "--resume", "--name", "resumed")
     assert code == 0
     rows = [json.loads(line) for line in (tmp_path / "sweep-state.jsonl").read_text().splitlines()]
     assert [row["clock_mhz"] for row in rows if row["kind"] == "clock"] == [1980, 600]
