@@ -7,6 +7,7 @@ latencies are the windowed TTFT and TPOT the daemon observed each tick.
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,23 @@ def run_plot(args: argparse.Namespace) -> int:
         if args.domain not in domains:
             raise UsageError(f"--domain {args.domain}: not in {source} (domains: {domains})")
         domains = [args.domain]
-    targets = {
-        domain: out if len(domains) == 1 else out.with_name(f"{out.stem}-{domain}{out.suffix}")
-        for domain in domains
-    }
+    targets: dict[str | None, Path] = {}
+    for domain in domains:
+        if len(domains) == 1:
+            targets[domain] = out
+            continue
+        # A domain's name is the recording's text, not a path: only its safe characters
+        # go into the file name (a name like "a/b" or "../x" stays beside --out).
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", str(domain))[:64].strip(".") or "domain"
+        target = out.with_name(f"{out.stem}-{safe}{out.suffix}")
+        if target in targets.values():
+            target = out.with_name(f"{out.stem}-{safe}-{len(targets)}{out.suffix}")
+        targets[domain] = target
     for target in targets.values():
+        if target.resolve() == source.resolve():
+            raise UsageError(
+                f"--out {target}: is the recording {source}; name another file to write"
+            )
         check_output_file("--out", target)
     from gpugov.study.plots import check_image_format
 
@@ -53,7 +66,8 @@ def run_plot(args: argparse.Namespace) -> int:
             ticks = len(series.time_s)
             if ticks:
                 title = (
-                    f"gpugov plot: {source.name}, domain {domain}, controller {name} "
+                    f"gpugov plot: {source.name}, domain {_printable(domain)}, "
+                    f"controller {name} "
                     f"({header.get('mode', 'node')}"
                     + (", dry run: no clock was set" if header.get("dry_run") else "")
                     + f", {ticks} ticks)"
@@ -67,6 +81,11 @@ def run_plot(args: argparse.Namespace) -> int:
             raise UsageError(f"{source}: domain {domain!r} has no tick lines to plot")
         print(f"wrote {target}")
     return 0
+
+
+def _printable(text: str | None) -> str:
+    """``text`` with what a font cannot draw (a NUL, a control character) as ``?``."""
+    return "".join(c if c.isprintable() else "?" for c in str(text))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -84,7 +103,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=None,
         metavar="FILE.png",
         help="the PNG to write (default: FILE.png beside the recording; with several "
-        "domains, one FILE-DOMAIN.png each)",
+        "domains, one FILE-DOMAIN.png each, the domain's name with any character but "
+        "letters, digits, '.', '_' and '-' as '_')",
     )
     parser.add_argument(
         "--domain", default=None, metavar="NAME", help="plot only this domain (default: all)"

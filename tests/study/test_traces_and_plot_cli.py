@@ -92,6 +92,32 @@ def test_plot_bad_input_is_one_line(
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_plot_keeps_every_domain_beside_out_and_never_overwrites_the_recording(
+    recording: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A domain's name is the recording's text: "a/b" raised a traceback (no such folder)
+    and "../x" would have written above --out; a recording named rec.png was replaced."""
+    lines = recording.read_text().splitlines()
+    header = json.loads(lines[0])
+    (domain,) = header["domains"]
+    names = ["a/b", "../x"]
+    header["domains"] = [{**domain, "name": name} for name in names]
+    ticks = [json.loads(line) for line in lines[1:]]
+    body = [json.dumps({**tick, "domain": name}) for tick in ticks for name in names]
+    two = tmp_path / "two.jsonl"
+    two.write_text("\n".join([json.dumps(header), *body]) + "\n")
+    out = tmp_path / "out" / "two.png"
+    out.parent.mkdir()
+    assert main(["plot", str(two), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.parent.iterdir()) == ["two-_x.png", "two-a_b.png"]
+    capsys.readouterr()
+    named_png = tmp_path / "rec.png"
+    named_png.write_bytes(recording.read_bytes())
+    assert main(["plot", str(named_png)]) == 2
+    assert "is the recording" in capsys.readouterr().err
+    assert named_png.read_bytes() == recording.read_bytes()
+
+
 @pytest.mark.parametrize("damage", ["null-tick", "string-observation", "hot", "huge-power"])
 def test_plot_names_a_tick_of_the_wrong_shape(
     recording: Path, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
