@@ -243,20 +243,28 @@ def _check_writable_dir(flag: str, target: str, directory: str) -> None:
         ) from error
 
 
-def check_output_file(flag: str, path: str | os.PathLike[str] | None) -> None:
+def check_output_file(
+    flag: str,
+    path: str | os.PathLike[str] | None,
+    inputs: Iterable[tuple[str, str | os.PathLike[str] | None]] = (),
+) -> None:
     """Refuse an output file that cannot be written, before any work is done: the one
     check of every ``--out FILE``, ``--json FILE``, ``--record`` and ``--plot``.
 
     The parent directory must already exist (nothing is created behind the user's back)
     and accept a new file; an existing target must be a writable regular file (not a
-    directory, a device or a FIFO). Nothing is written to the target itself, so a
-    refused or failed run loses no earlier output.
+    directory, a device or a FIFO), and none of the command's ``inputs`` (``(what,
+    path)``: the config, the trace, the profile it reads). Nothing is written to the
+    target itself, so a refused or failed run loses no earlier output.
     """
     if path is None:
         return
     target = os.fspath(path)
     if not target.strip():
         raise UsageError(f"{flag}: empty file name")
+    for what, source in inputs:
+        if source is not None and _same_file(target, os.fspath(source)):
+            raise UsageError(f"{flag} {target}: is {what}, which it would overwrite")
     if os.path.isdir(target):
         raise UsageError(f"{flag} {target}: is a directory; give a file name")
     if os.path.exists(target) and not os.path.isfile(target):
@@ -264,6 +272,15 @@ def check_output_file(flag: str, path: str | os.PathLike[str] | None) -> None:
     _check_writable_dir(flag, target, os.path.dirname(os.path.abspath(target)))
     if os.path.exists(target) and not os.access(target, os.W_OK):
         raise UsageError(f"{flag} {target}: file is not writable")
+
+
+def _same_file(first: str, second: str) -> bool:
+    """Whether two existing paths name one file (the same path, a link to it, or a hard
+    link); a path that does not exist names no file to overwrite."""
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return False
 
 
 def check_output_dir(flag: str, path: str | os.PathLike[str], *, parents: bool = False) -> None:

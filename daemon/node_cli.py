@@ -91,7 +91,9 @@ def _run_node(args: argparse.Namespace) -> int:
     if not args.config:
         raise UsageError("gpugov run needs --config FILE (or --simulate)")
     config = load_config(args.config)
-    check_output_file("--record", args.record or config.daemon.record)
+    check_output_file(
+        "--record", args.record or config.daemon.record, [("the config file", args.config)]
+    )
     setup_logging(args.log_level or config.daemon.log_level)
     notify = SystemdNotify()
     try:

@@ -62,7 +62,15 @@ def run_simulated(args: argparse.Namespace) -> int:
         require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     require_nonnegative("--dwell", args.dwell)
     require_positive("--floor", args.floor)
-    check_output_file("--record", args.record)
+    check_output_file(
+        "--record",
+        args.record,
+        [
+            ("the trace", args.trace),
+            ("the profile", args.profile),
+            ("the config file", args.config),
+        ],
+    )
     trace = args.trace or DEFAULT_TRACE
     workload, report = load_trace_for_cli(
         trace,

@@ -117,8 +117,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--stride must be >= 1, got {args.stride!r}")
     if not math.isfinite(args.start) or args.start < 0:
         raise UsageError(f"--start must be >= 0, got {args.start!r}")
-    check_output_file("--out", args.out)
-    check_output_file("--plot", args.plot)
+    inputs = [("the trace", args.trace), ("the profile", args.profile)]
+    check_output_file("--out", args.out, inputs)
+    check_output_file("--plot", args.plot, inputs)
     if args.plot:
         require_extra("matplotlib", "simulate --plot")  # one line now, not after the run
         from gpugov.study.plots import check_image_format

@@ -117,6 +117,29 @@ def test_record_under_a_missing_directory_is_refused_not_created(
     assert not target.parent.exists()
 
 
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(
+    trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--record`` on the trace, ``--out`` on the profile, a config recording into itself:
+    each replaced the input it named."""
+    kept = trace.read_text()
+    run = ["run", "--simulate", "--virtual", "--controller", "max", "--metrics-address", "none"]
+    assert main([*run, "--trace", str(trace), "--record", str(trace)]) == 2
+    assert "is the trace, which it would overwrite" in _one_error_line(capsys)
+    assert main(["simulate", "--trace", str(trace), "--out", str(trace)]) == 2
+    assert "--out" in _one_error_line(capsys)
+    assert trace.read_text() == kept
+    config = tmp_path / "gpugov.toml"
+    config.write_text(
+        f'[daemon]\nrecord = "{config}"\nmetrics_address = ""\n'
+        '[[domains]]\nname = "d"\ngpus = [0]\n'
+    )
+    text = config.read_text()
+    assert main(["run", "--config", str(config)]) == 2
+    assert "is the config file, which it would overwrite" in _one_error_line(capsys)
+    assert config.read_text() == text
+
+
 def test_prompt_above_the_kv_capacity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     big = tmp_path / "big.csv"
     big.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,10\n1,900000,10\n")
