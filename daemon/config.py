@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from gpugov.daemon.errors import ConfigError
-from gpugov.daemon.limits import MAX_PERIOD_S, MIN_PERIOD_S
+from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_PERIOD_S, MAX_SECONDS, MIN_PERIOD_S
 from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.profile import DEFAULT_PROFILE
@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+ClockMHz = Annotated[float, Field(gt=0, le=MAX_CLOCK_MHZ, allow_inf_nan=False)]
+"""A clock, at most :data:`~gpugov.daemon.limits.MAX_CLOCK_MHZ` (as the flags take)."""
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+"""A duration, at most :data:`~gpugov.daemon.limits.MAX_SECONDS` (as the flags take)."""
 
 
 def _no_nul(value: Path) -> Path:
@@ -128,7 +132,7 @@ class FixedControllerConfig(_Frozen):
     """One fixed clock, quantised down onto the supported set."""
 
     kind: Literal["fixed"]
-    clock_mhz: PositiveFloat
+    clock_mhz: ClockMHz
 
 
 class ReactiveControllerConfig(_Frozen):
@@ -478,8 +482,8 @@ class SLOTargetConfig(_Frozen):
 class SafetyConfig(_Frozen):
     """Limits applied to every decision, whatever the controller."""
 
-    floor_mhz: PositiveFloat | None = None
-    dwell_s: NonNegativeFloat = DEFAULT_DWELL_S
+    floor_mhz: ClockMHz | None = None
+    dwell_s: Seconds = DEFAULT_DWELL_S
     min_relock_interval_s: Annotated[float, Field(ge=0.0, le=10.0, allow_inf_nan=False)] = (
         DEFAULT_MIN_RELOCK_INTERVAL_S
     )
@@ -507,7 +511,7 @@ class DomainConfig(_Frozen):
     lock_mode: Literal["pin", "cap"] = "pin"
     ttft_slo_s: PositiveFloat | None = None
     tpot_slo_s: PositiveFloat | None = None
-    ttft_slo_per_prompt_token_s: NonNegativeFloat | None = None
+    ttft_slo_per_prompt_token_s: Seconds | None = None
     """TTFT SLO allowance per prompt token: a request of ``p`` prompt tokens meets its
     TTFT SLO when ``TTFT <= ttft_slo_s + ttft_slo_per_prompt_token_s * p``."""
     slo_target: SLOTargetConfig | None = None

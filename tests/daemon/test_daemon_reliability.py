@@ -440,6 +440,9 @@ def _domain(**kw: Any) -> dict[str, Any]:
             {"period_s": 1.0},
             "controller.horizon_s (1e+09 s) must span at most 120 control periods",
         ),
+        # The config takes what the flags take: ten years, 100,000 MHz.
+        (_domain(safety={"dwell_s": 1e300}), {}, "less than or equal to 315360000"),
+        (_domain(controller={"kind": "fixed", "clock_mhz": 1e12}), {}, "less than or equal"),
         (
             _domain(controller={"kind": "mpc", "horizon_s": 31.0}),
             {"period_s": 0.25},
