@@ -39,7 +39,13 @@ from gpugov.daemon.config import (
     OnlineMPCControllerConfig,
     parse_address,
 )
-from gpugov.daemon.errors import ConfigError, GpugovError, GpuUnavailable, NotSupported
+from gpugov.daemon.errors import (
+    ConfigError,
+    ControllerError,
+    GpugovError,
+    GpuUnavailable,
+    NotSupported,
+)
 from gpugov.daemon.files import STATE_DIR_ENV, resolve_state_dir
 
 log = logging.getLogger(__name__)
@@ -397,7 +403,8 @@ def _check_domain(
     try:
         _build_controller(config, domain, names, clocks, gpus_seen=backends is not None)
     except (GpugovError, ProfileError) as error:
-        report.problems.append(error)
+        # Named as run names it (daemon.service.build_domain): the domain and its field.
+        report.problems.append(ControllerError(f"domain {domain.name!r}: controller: {error}"))
 
 
 def _check_budget(domain: DomainConfig, backends: Sequence[GpuBackend], report: NodeReport) -> None:

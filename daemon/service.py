@@ -35,7 +35,13 @@ from gpugov.daemon.decide import (
 )
 from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.daemon.engines import ScrapedSource
-from gpugov.daemon.errors import ConfigError, GpugovError, NotSupported, TransientGpuError
+from gpugov.daemon.errors import (
+    ConfigError,
+    ControllerError,
+    GpugovError,
+    NotSupported,
+    TransientGpuError,
+)
 from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.loop import Domain, FailsafeMode
@@ -283,7 +289,10 @@ def build_domain(
         budget_enforced=budget is not None and budget.configured,
         role=resolved,
     )
-    controller = build_controller(controller_spec, context)
+    try:
+        controller = build_controller(controller_spec, context)
+    except ControllerError as error:
+        raise ControllerError(f"domain {name!r}: controller: {error}") from error
     try:
         warm_s = warm_up(controller, clocks, thermal_limit_c=thermal_limit_c)
         log.debug("domain %s: controller warmed up in %.3f s", name, warm_s)

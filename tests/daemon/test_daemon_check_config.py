@@ -204,6 +204,10 @@ def test_offline_checks_the_file_and_the_controllers_only(
     assert fake.calls.get("nvmlInit", 0) == 0
     path.write_text(path.read_text() + '[domains.controller]\nkind = "mpc"\nprofile = "nope"\n')
     assert node_cli.main(["check-config", str(path), "--offline"]) == 2
+    # The domain and its field are named, as run names them.
+    assert "domain 'llm': controller: mpc controller: unknown profile 'nope'" in (
+        capsys.readouterr().err
+    )
 
 
 def test_a_domain_without_slos_gets_one_warning_line_and_exit_0(
