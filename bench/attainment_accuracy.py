@@ -31,13 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.daemon.progress import Progress
-from gpugov.daemon.simulated import observation_view, pool_view
+from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
-from gpugov.plant.disaggregated import simulate_disaggregated
 from gpugov.plant.profile import PerformanceProfile
 from gpugov.plant.types import ClockController, RequestRecord, ServingObservation
 from gpugov.study.scoreboard.controllers import study_controller
-from gpugov.study.scoreboard.disaggregated import _spec, layout_plant, pool_workloads
+from gpugov.study.scoreboard.disaggregated import (
+    layout_plant,
+    pool_workloads,
+    row_spec,
+    simulate_pools,
+)
 from gpugov.study.scoreboard.scenarios import (
     BenchConfig,
     build_disaggregated_scenario,
@@ -86,7 +90,7 @@ def run_cell(trace: str, profile_name: str, load: str, layout: str, key: str) ->
     config = BenchConfig(loads=(load,))
     profile = load_profile(profile_name)
     plant = ServingPlant.from_profile(profile)
-    spec, period = _spec(key, config)
+    spec, period = row_spec(key, config)
     row: dict[str, Any] = {
         "trace": trace,
         "profile": profile_name,
@@ -120,32 +124,17 @@ def run_cell(trace: str, profile_name: str, load: str, layout: str, key: str) ->
         records = result.request_records
     else:
         disaggregated = build_disaggregated_scenario(trace, plant, layout, load, config.duration_s)
-        pools = layout_plant(disaggregated, plant)
-        workloads = pool_workloads(disaggregated.requests)
-        chains = {
-            role: LastObservation(
-                study_controller(
-                    spec,
-                    pools.pool(role).plant,
-                    workloads[role],
-                    control_period_s=period,
-                    safety=config.safety,
-                    slo_target=config.slo_target,
-                    role=role,
-                )
-            )
-            for role in ("prefill", "decode")
-        }
-        outcome = simulate_disaggregated(
-            disaggregated.requests,
-            pools,
-            chains,  # type: ignore[arg-type]
-            config.seed,
-            controller_names={role: key for role in chains},
-            control_period_s=period,
-            view=pool_view(config.engine_view),
+        outcome, chains = simulate_pools(
+            disaggregated,
+            layout_plant(disaggregated, plant),
+            pool_workloads(disaggregated.requests),
+            key,
+            config,
+            wrap=LastObservation,
         )
-        counted = chains["prefill"].counted_misses()  # TTFT is the prefill pool's
+        prefill = chains["prefill"]  # TTFT is the prefill pool's
+        assert isinstance(prefill, LastObservation)
+        counted = prefill.counted_misses()
         records = outcome.request_records
     row["requests"] = len(records)
     row["true_misses"] = true_misses(records, profile)

@@ -43,7 +43,7 @@ from gpugov.plant.disaggregated import (
 )
 from gpugov.plant.disaggregated_layout import ROLES, DisaggregatedPlant, PoolSpec
 from gpugov.plant.profile import load_profile
-from gpugov.plant.types import Request
+from gpugov.plant.types import ClockController, Request
 from gpugov.plant.workload import TraceError
 from gpugov.study.scoreboard.controllers import study_controller
 from gpugov.study.scoreboard.run import slo_energy_fields
@@ -64,7 +64,7 @@ BEST_FIXED = "best-fixed"
 """The hindsight row: the best fixed clock pair (:func:`best_fixed_pair`), after ``max``."""
 
 
-def _spec(key: str, config: BenchConfig) -> tuple[ControllerConfig, float]:
+def row_spec(key: str, config: BenchConfig) -> tuple[ControllerConfig, float]:
     """The config kind of row ``key`` and the period it runs at."""
     if key == "max":
         return MaxControllerConfig(kind="max"), config.control_period_s
@@ -299,6 +299,43 @@ def add_captures(rows: Sequence[dict[str, Any]], oracle: dict[str, Any]) -> None
             )
 
 
+def simulate_pools(
+    scenario: DisaggregatedScenario,
+    layout: DisaggregatedPlant,
+    workloads: dict[str, tuple[Request, ...]],
+    key: str,
+    config: BenchConfig,
+    *,
+    wrap: Callable[[ClockController], ClockController] | None = None,
+) -> tuple[DisaggregatedResult, dict[str, ClockController]]:
+    """One row's run on the layout: each pool its own instance of ``key``'s controller
+    (the node's factory and safety chain, the pool's role), ``wrap`` around each where
+    given (a probe of what it observes); the result and the pools' controllers."""
+    spec, period = row_spec(key, config)
+    chains: dict[str, ClockController] = {}
+    for role in ROLES:
+        chain = study_controller(
+            spec,
+            layout.pool(role).plant,
+            workloads[role],
+            control_period_s=period,
+            safety=config.safety,
+            slo_target=config.slo_target,
+            role=role,
+        )
+        chains[role] = chain if wrap is None else wrap(chain)
+    result = simulate_disaggregated(
+        scenario.requests,
+        layout,
+        chains,  # type: ignore[arg-type]
+        config.seed,
+        controller_names={role: key for role in ROLES},
+        control_period_s=period,
+        view=pool_view(config.engine_view),
+    )
+    return result, chains
+
+
 def run_disaggregated_scenario(
     scenario: DisaggregatedScenario,
     plant: ServingPlant,
@@ -320,7 +357,7 @@ def run_disaggregated_scenario(
     colocated_reference: ReplicatedResult | None = None
     gpus = scenario.prefill_engines + scenario.decode_engines
     for key in controllers:
-        spec, period = _spec(key, config)
+        spec, period = row_spec(key, config)
         colocated = simulate_colocated_replicas(
             scenario.requests,
             plant,
@@ -341,28 +378,8 @@ def run_disaggregated_scenario(
         )
         if colocated_reference is None:
             colocated_reference = colocated
-        chains = {
-            role: study_controller(
-                spec,
-                layout.pool(role).plant,
-                workloads[role],
-                control_period_s=period,
-                safety=config.safety,
-                slo_target=config.slo_target,
-                role=role,
-            )
-            for role in ROLES
-        }
         started = time.perf_counter()
-        result = simulate_disaggregated(
-            scenario.requests,
-            layout,
-            chains,  # type: ignore[arg-type]
-            config.seed,
-            controller_names={role: key for role in ROLES},
-            control_period_s=period,
-            view=view,
-        )
+        result, _ = simulate_pools(scenario, layout, workloads, key, config)
         wall = time.perf_counter() - started
         if reference is None:
             reference = result
