@@ -610,7 +610,7 @@ class ZeusdBackendConfig(_Frozen):
 class DaemonSection(_Frozen):
     """Process-wide settings."""
 
-    period_s: Annotated[float, Field(ge=MIN_PERIOD_S, le=MAX_PERIOD_S)] = 1.0
+    period_s: Annotated[float, Field(ge=MIN_PERIOD_S, le=MAX_PERIOD_S, allow_inf_nan=False)] = 1.0
     metrics_address: str = "127.0.0.1:9400"
     backend: Literal["nvml", "nvidia-smi", "emulated", "actuator", "zeusd"] = "nvml"
     emulator: str | None = None
@@ -713,6 +713,7 @@ class GpugovConfig(_Frozen):
             or not isinstance(period, int | float)
             or not isinstance(domains, list | tuple)
             or finite_number(period) is None
+            or not MIN_PERIOD_S <= period <= MAX_PERIOD_S
         ):
             return data  # the field validators report what is wrong
         timeout = default_engine_timeout_s(float(period))

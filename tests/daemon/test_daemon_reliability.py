@@ -440,6 +440,10 @@ def _domain(**kw: Any) -> dict[str, Any]:
             {"period_s": 1.0},
             "controller.horizon_s (1e+09 s) must span at most 120 control periods",
         ),
+        # One line each: NaN read as "should be <= 60", and a negative period added an
+        # error about the engine timeout the file never set.
+        (_domain(), {"period_s": float("nan")}, "daemon.period_s: Input should be a finite"),
+        (_domain(), {"period_s": -1.0}, "daemon.period_s: Input should be greater than"),
         # The config takes what the flags take: ten years, 100,000 MHz.
         (_domain(safety={"dwell_s": 1e300}), {}, "less than or equal to 315360000"),
         (_domain(controller={"kind": "fixed", "clock_mhz": 1e12}), {}, "less than or equal"),
