@@ -52,6 +52,13 @@ def _no_nul(value: Path) -> Path:
 LoosePath = Annotated[Path, Field(strict=False), AfterValidator(_no_nul)]
 
 
+def _named_file(value: Any) -> Any:
+    # An empty record would read as the working directory ("."), reported as --record .
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("must name a file, such as /var/log/gpugov/run.jsonl (omit it for none)")
+    return value
+
+
 def _named_directory(value: Any) -> Any:
     # An empty state_dir would read as the working directory ("").
     if isinstance(value, str) and not value.strip():
@@ -626,6 +633,7 @@ class DaemonSection(_Frozen):
     the daemon resets the clocks and exits 1."""
 
     _state_dir_named = field_validator("state_dir", mode="before")(_named_directory)
+    _record_named = field_validator("record", mode="before")(_named_file)
 
     @field_validator("metrics_address")
     @classmethod

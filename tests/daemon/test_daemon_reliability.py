@@ -444,6 +444,8 @@ def _domain(**kw: Any) -> dict[str, Any]:
         # error about the engine timeout the file never set.
         (_domain(), {"period_s": float("nan")}, "daemon.period_s: Input should be a finite"),
         (_domain(), {"period_s": -1.0}, "daemon.period_s: Input should be greater than"),
+        # An empty record read as the working directory: "--record .".
+        (_domain(), {"record": ""}, "daemon.record: must name a file"),
         # The config takes what the flags take: ten years, 100,000 MHz.
         (_domain(safety={"dwell_s": 1e300}), {}, "less than or equal to 315360000"),
         (_domain(controller={"kind": "fixed", "clock_mhz": 1e12}), {}, "less than or equal"),
