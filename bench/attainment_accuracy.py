@@ -35,10 +35,10 @@ from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
 from gpugov.plant.profile import PerformanceProfile
 from gpugov.plant.types import ClockController, RequestRecord, ServingObservation
-from gpugov.study.scoreboard.controllers import study_controller
 from gpugov.study.scoreboard.disaggregated import (
     layout_plant,
     pool_workloads,
+    row_controller,
     row_spec,
     simulate_pools,
 )
@@ -90,7 +90,7 @@ def run_cell(trace: str, profile_name: str, load: str, layout: str, key: str) ->
     config = BenchConfig(loads=(load,))
     profile = load_profile(profile_name)
     plant = ServingPlant.from_profile(profile)
-    spec, period = row_spec(key, config)
+    _, period = row_spec(key, config)
     row: dict[str, Any] = {
         "trace": trace,
         "profile": profile_name,
@@ -100,16 +100,7 @@ def run_cell(trace: str, profile_name: str, load: str, layout: str, key: str) ->
     }
     if layout == "colocated":
         scenario = build_scenario(trace, plant, load, config.duration_s)
-        chain = LastObservation(
-            study_controller(
-                spec,
-                plant,
-                scenario.requests,
-                control_period_s=period,
-                safety=config.safety,
-                slo_target=config.slo_target,
-            )
-        )
+        chain = LastObservation(row_controller(key, plant, scenario.requests, config))
         result = simulate(
             scenario.requests,
             plant,

@@ -299,6 +299,27 @@ def add_captures(rows: Sequence[dict[str, Any]], oracle: dict[str, Any]) -> None
             )
 
 
+def row_controller(
+    key: str,
+    plant: ServingPlant,
+    workload: Sequence[Request],
+    config: BenchConfig,
+    role: str = "colocated",
+) -> ClockController:
+    """Row ``key``'s controller on one domain of ``plant`` in ``role`` (the node's factory
+    and safety chain, the row's period and the board's SLO target)."""
+    spec, period = row_spec(key, config)
+    return study_controller(
+        spec,
+        plant,
+        workload,
+        control_period_s=period,
+        safety=config.safety,
+        slo_target=config.slo_target,
+        role=role,
+    )
+
+
 def simulate_pools(
     scenario: DisaggregatedScenario,
     layout: DisaggregatedPlant,
@@ -311,18 +332,10 @@ def simulate_pools(
     """One row's run on the layout: each pool its own instance of ``key``'s controller
     (the node's factory and safety chain, the pool's role), ``wrap`` around each where
     given (a probe of what it observes); the result and the pools' controllers."""
-    spec, period = row_spec(key, config)
+    _, period = row_spec(key, config)
     chains: dict[str, ClockController] = {}
     for role in ROLES:
-        chain = study_controller(
-            spec,
-            layout.pool(role).plant,
-            workloads[role],
-            control_period_s=period,
-            safety=config.safety,
-            slo_target=config.slo_target,
-            role=role,
-        )
+        chain = row_controller(key, layout.pool(role).plant, workloads[role], config, role)
         chains[role] = chain if wrap is None else wrap(chain)
     result = simulate_disaggregated(
         scenario.requests,
@@ -357,21 +370,11 @@ def run_disaggregated_scenario(
     colocated_reference: ReplicatedResult | None = None
     gpus = scenario.prefill_engines + scenario.decode_engines
     for key in controllers:
-        spec, period = row_spec(key, config)
+        _, period = row_spec(key, config)
         colocated = simulate_colocated_replicas(
             scenario.requests,
             plant,
-            [
-                study_controller(
-                    spec,
-                    plant,
-                    scenario.requests,
-                    control_period_s=period,
-                    safety=config.safety,
-                    slo_target=config.slo_target,
-                )
-                for _ in range(gpus)
-            ],
+            [row_controller(key, plant, scenario.requests, config) for _ in range(gpus)],
             config.seed,
             control_period_s=period,
             view=view,
