@@ -462,8 +462,10 @@ def _row_problem(row: Any) -> str | None:
 def read_results(path: Path, *, repair: bool = False) -> tuple[list[dict[str, Any]], int]:
     """The rows of a results file and the number of unreadable lines dropped.
 
-    Only a last line cut short by an interrupted write is expected; with ``repair`` the
-    file is truncated to its last complete line, so appending continues cleanly.
+    Only a last line cut short by an interrupted write is expected (one without its
+    newline: the writer appends a line and its newline at once); with ``repair`` the file
+    is truncated to its last complete line, so appending continues cleanly. A complete
+    line that is not a result is refused wherever it stands.
 
     Raises:
         UsageError: an unreadable line other than the last (the file is not ours).
@@ -488,7 +490,7 @@ def read_results(path: Path, *, repair: bool = False) -> tuple[list[dict[str, An
             if problem is not None:
                 raise ValueError(problem)
         except ValueError as error:
-            if number == len(lines) or (number == len(lines) - 1 and not lines[-1]):
+            if number == len(lines):  # no newline after it: a write cut short
                 dropped += 1
                 break
             raise UsageError(f"{path}:{number}: not a sweep result line ({error})") from error

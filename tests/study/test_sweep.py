@@ -310,3 +310,20 @@ def test_a_results_line_of_the_wrong_shape_is_named_on_resume(
     path.write_text(json.dumps(row) + "\n" + json.dumps(good) + "\n")
     with pytest.raises(UsageError, match=rf"{RESULTS}:1: not a sweep result line \(.*{problem}"):
         read_results(path)
+
+
+def test_a_complete_last_line_that_is_not_a_result_is_refused(tmp_path: Path) -> None:
+    """Only a line without its newline is a write cut short: a complete garbage last line
+    (binary junk, another program's output) was dropped and the file rewritten."""
+    from gpugov.daemon.cli_support import UsageError
+    from gpugov.study.sweep import read_results
+
+    path = tmp_path / RESULTS
+    good = json.dumps({"key": "b", "status": "failed", "error": "x"}) + "\n"
+    path.write_text(good + "not json\n")
+    with pytest.raises(UsageError, match=rf"{RESULTS}:2: not a sweep result line"):
+        read_results(path, repair=True)
+    assert path.read_text() == good + "not json\n"
+    path.write_text(good + '{"key": "c", "sta')  # cut short: dropped, the file repaired
+    assert read_results(path, repair=True) == ([json.loads(good)], 1)
+    assert path.read_text() == good
