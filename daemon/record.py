@@ -112,8 +112,9 @@ def read_recording(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The header and the tick lines of a recording.
 
-    A last line that is not complete JSON (a run killed mid-write) is dropped, and
-    ``warn`` (default: :func:`warnings.warn`) gets one line saying so.
+    A last line that is not complete JSON and has no newline (a run killed mid-write) is
+    dropped, and ``warn`` (default: :func:`warnings.warn`) gets one line saying so; a
+    complete line that is not JSON is refused wherever it stands.
 
     Raises:
         RecordingError: unreadable, not JSON lines, or not a gpugov recording.
@@ -131,7 +132,9 @@ def read_recording(
         try:
             rows.append(loads_json(line))
         except json.JSONDecodeError as error:
-            if number == len(lines) and number > 1:
+            # The writer appends a line and its newline at once: only a last line
+            # without its newline is a run killed mid-write.
+            if number == len(lines) and number > 1 and not text.endswith("\n"):
                 message = (
                     f"{source}:{number}: last line is incomplete (the run was cut short?); "
                     f"using the {number - 1} complete line(s) before it"

@@ -203,6 +203,11 @@ def test_crash_cut_recording_replays_up_to_the_last_complete_line(
     assert "last line is incomplete" in warnings[0]
     assert f"using the {complete + 1} complete line(s)" in warnings[0]
     assert f"replayed {complete} decisions" in captured.out
+    # A complete last line that is not JSON is no cut-short write: refused by its line.
+    junk = tmp_path / "junk.jsonl"
+    junk.write_text(text + "[[[[not json\n")
+    assert main(["replay", str(junk), "--controller", "max"]) == 2
+    assert f"{junk}:{complete + 3}: not JSON" in _one_error_line(capsys)
 
 
 def test_all_interfaces_metrics_address_warns(
