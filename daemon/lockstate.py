@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import datetime
 import logging
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.files import loads_json, read_input_text, write_json_atomic
+from gpugov.plant.input_files import finite_number
 
 log = logging.getLogger(__name__)
 
@@ -198,12 +198,7 @@ def _bad_field(entry: dict[str, Any]) -> str | None:
     ``min_mhz`` and ``max_mhz`` must be positive whole clocks."""
     for name in ("min_mhz", "max_mhz"):
         value = entry.get(name)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value <= 0
-            or value != int(value)
-        ):
+        number = finite_number(value)
+        if number is None or number <= 0 or number != int(number):
             return f"{name} is {value!r}, not a clock in MHz"
     return None

@@ -10,7 +10,6 @@ written from the state file at the end: :mod:`gpugov.study.profiler.write`.
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +22,7 @@ from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.cli_support import UsageError
 from gpugov.daemon.files import InputFileError, loads_json, read_input_text
 from gpugov.daemon.progress import Progress
+from gpugov.plant.input_files import finite_number
 from gpugov.study.profiler.fit import fit_decode
 from gpugov.study.profiler.measure import GpuSampler, Measurer, ProfileRunError, point_dict
 
@@ -146,12 +146,8 @@ def read_state(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]
 
 
 def _positive(value: object) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
+    number = finite_number(value)
+    return number is not None and number > 0
 
 
 def _record_problem(row: dict[str, Any]) -> str | None:
