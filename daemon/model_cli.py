@@ -88,9 +88,7 @@ def load_model(path: Path) -> tuple[dict[str, Any], OnlineModel]:
             raise ValueError("clocks_mhz must be two or more positive clocks, ascending")
         model = OnlineModel(state["clocks_mhz"], float(state["power_limit_w"]))
         model.load_state(state)
-        with np.errstate(all="ignore"):
-            # As the daemon's restore: the profile the MPC would plan on must come out.
-            _controller(payload, model).learned_profile((1.0, 0.1))
+        _controller(payload, model).check_learned()  # as the daemon's restore checks it
     except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise ModelCliError(f"{path}: stored model is invalid: {error}") from error
     return payload, model

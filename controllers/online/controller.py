@@ -318,12 +318,23 @@ class OnlineMPCController(MeasuredLatencyRules):
         model.load_state(state)
         previous, self.model = self.model, model
         try:
-            # A state that passes its own checks can still describe no GPU (a latency of
-            # 1e308 s): the profile the MPC plans on must come out of it.
-            with np.errstate(all="ignore"):
-                self.learned_profile(self.slos(observation) or (1.0, 0.1))
-        except (ValueError, OverflowError, FloatingPointError) as error:
+            self.check_learned(self.slos(observation))
+        except ValueError:
             self.model = previous
+            raise
+
+    def check_learned(self, slos: tuple[float, float] | None = None) -> None:
+        """Build the profile the MPC plans on from the model (``slos`` or placeholder
+        ones: they do not enter its latencies): a stored state that passes its own checks
+        can still describe no GPU (a latency of 1e308 s).
+
+        Raises:
+            ValueError: no usable profile comes out of it.
+        """
+        try:
+            with np.errstate(all="ignore"):
+                self.learned_profile(slos or (1.0, 0.1))
+        except (ValueError, OverflowError, FloatingPointError) as error:
             raise ValueError(f"stored model gives no usable profile: {error}") from None
 
     def slos(self, observation: ServingObservation) -> tuple[float, float] | None:

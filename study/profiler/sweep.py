@@ -291,11 +291,6 @@ class Sweep:
                     f"{self.state_path}: --resume with different settings or engine than the "
                     "interrupted sweep; rerun with the same flags or without --resume"
                 )
-            # A last line cut short by an interrupted write goes, or the next record
-            # would be appended to it.
-            raw = self.state_path.read_bytes()
-            if raw and not raw.endswith(b"\n"):
-                self.state_path.write_bytes(raw[: raw.rfind(b"\n") + 1])
             points = len(self.settings.decode_points)
             for record in records:
                 if len(record["decode"]) != points:
@@ -304,6 +299,11 @@ class Sweep:
                         f"holds {len(record['decode'])} decode points, the sweep's "
                         f"settings {points}"
                     )
+            # Only now that it is accepted: a last line cut short by an interrupted write
+            # goes, or the next record would be appended to it.
+            raw = self.state_path.read_bytes()
+            if not raw.endswith(b"\n"):
+                self.state_path.write_bytes(raw[: raw.rfind(b"\n") + 1])
         else:
             records = []
             self.state_path.write_text("")
