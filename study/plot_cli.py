@@ -46,11 +46,7 @@ def run_plot(args: argparse.Namespace) -> int:
             target = out.with_name(f"{out.stem}-{safe}-{len(targets)}{out.suffix}")
         targets[domain] = target
     for target in targets.values():
-        if target.resolve() == source.resolve():
-            raise UsageError(
-                f"--out {target}: is the recording {source}; name another file to write"
-            )
-        check_output_file("--out", target)
+        check_output_file("--out", target, [("the recording", source)])
     from gpugov.study.plots import check_image_format
 
     check_image_format("--out", out, "gpugov plot")
