@@ -19,7 +19,7 @@ import numpy as np
 from gpugov.controllers.online.controller import REFERENCE_BATCH, OnlineMPCController
 from gpugov.controllers.online.identification import OnlineModel
 from gpugov.daemon import cli_types
-from gpugov.daemon.cli_support import fail, prepare_output_dir
+from gpugov.daemon.cli_support import check_output_dir, fail, prepare_output_dir
 from gpugov.daemon.config import OnlineMPCControllerConfig, load_config
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.files import resolve_state_dir
@@ -180,7 +180,6 @@ def export(
             "thermal_limit_c": limit,
             "source": "not learned yet: a neutral RC that stays under the limit",
         }
-    out.mkdir(exist_ok=True)
     name = f"online-{domain}"
     csv_path, manifest_path = out / f"{name}.csv", out / f"{name}.json"
     context = controller.mean_prompt_tokens + 0.5 * controller.mean_output_tokens
@@ -233,7 +232,8 @@ def run_model(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov model show|export``: every model it can read is shown or
     exported; each one it cannot is one error line, and the exit code is then 2."""
     if args.action == "export":
-        prepare_output_dir("--out", args.out)
+        # Checked now, made only once a model is read: a refusal leaves nothing behind.
+        check_output_dir("--out", args.out)
     try:
         files = stored_files(args)
         if args.domain:
@@ -249,6 +249,7 @@ def run_model(args: argparse.Namespace) -> int:
             if args.action == "show":
                 print(describe(domain, path, payload, model))
             else:
+                prepare_output_dir("--out", args.out)
                 written = export(
                     domain, payload, model, Path(args.out), args.ttft_slo, args.tpot_slo
                 )

@@ -46,13 +46,61 @@ def observation_to_dict(observation: ServingObservation) -> dict[str, Any]:
     return cleaned
 
 
+OBSERVATION_ROLES = ("colocated", "prefill", "decode")
+"""The roles a recorded observation may carry (a domain's ``role``)."""
+
+_OBSERVATION_TYPES = {f.name: str(f.type) for f in dataclasses.fields(ServingObservation)}
+"""Each observation field's annotation (``"float | None"``, ``"int"``, ``"str"``...)."""
+
+
+def _field_value(name: str, value: Any) -> Any:
+    """``value`` as observation field ``name`` takes it, or ValueError naming the field:
+    numbers for numbers (integers for counts; no booleans), text for text, null only
+    where the field is optional."""
+    annotation = _OBSERVATION_TYPES[name]
+    kind = annotation.removesuffix(" | None")
+    wanted = {"float": "a number", "int": "an integer", "str": "text"}.get(kind)
+    if wanted is None:
+        return value
+    if value is None:
+        if annotation.endswith(" | None"):
+            return None
+        raise ValueError(f"field {name} must be {wanted}, got null")
+    if kind == "str":
+        if not isinstance(value, str):
+            raise ValueError(f"field {name} must be {wanted}, got {value!r:.40}")
+        if name == "role" and value not in OBSERVATION_ROLES:
+            raise ValueError(
+                f"field role must be one of {', '.join(OBSERVATION_ROLES)}, got {value!r:.40}"
+            )
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"field {name} must be {wanted}, got {value!r:.40}")
+    if kind == "int":
+        if not float(value).is_integer():
+            raise ValueError(f"field {name} must be {wanted}, got {value!r:.40}")
+        return int(value)
+    return float(value)
+
+
 def observation_from_dict(
     data: Mapping[str, Any], supported_clocks_mhz: Sequence[float] = ()
 ) -> ServingObservation:
-    """Rebuild an observation (a null temperature comes back as NaN)."""
+    """Rebuild an observation (a null temperature comes back as NaN).
+
+    Raises:
+        ValueError: a field unknown, missing or of the wrong kind (named), or a value the
+            observation refuses.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"an observation is a JSON object, got {data!r:.40}")
     values = dict(data)
     if values.get("temperature_c") is None:
         values["temperature_c"] = math.nan
+    unknown = sorted(set(values) - set(_OBSERVATION_TYPES) - {"supported_clocks_mhz"})
+    if unknown:
+        raise ValueError(f"unknown field {unknown[0]!r:.40}")
+    values = {name: _field_value(name, value) for name, value in values.items()}
     values["supported_clocks_mhz"] = tuple(float(c) for c in supported_clocks_mhz)
     return ServingObservation(**values)
 

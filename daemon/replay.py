@@ -265,9 +265,17 @@ def replay(
             observation = observation_from_dict(
                 row["observation"], domains[domain]["supported_clocks_mhz"]
             )
-        except (KeyError, TypeError, ValueError) as error:
+        except KeyError as error:
+            raise RecordingError(f"{path}:{number}: the tick has no {error}") from error
+        except (TypeError, ValueError) as error:
             raise RecordingError(f"{path}:{number}: bad observation: {error}") from error
-        replayed = float(controllers[domain](observation))
+        try:
+            replayed = float(controllers[domain](observation))
+        except Exception as error:  # a controller's failure on one tick: named, no traceback
+            raise RecordingError(
+                f"{path}:{number}: the controller failed on this tick: "
+                f"{type(error).__name__}: {error}"
+            ) from error
         recorded = finite_number(row["requested_mhz"])
         step = row.get("step", 0)
         if recorded is None or not (isinstance(step, int) and not isinstance(step, bool)):

@@ -206,17 +206,30 @@ def _modeling(inputs: SuiteInputs, report: ProgressCallback) -> dict[str, Any]:
     return {"modeling_result": result}
 
 
+def frequency_window(
+    inputs: SuiteInputs,
+) -> tuple[tuple[Request, ...], dict[str, float | int | str]]:
+    """The open-loop experiment's window of the evaluation workload (the largest
+    shiftable burst; :func:`select_frequency_experiment_window`). A command checks it
+    before any work: a trace without one is refused there, not minutes in.
+
+    Raises:
+        ValueError: no window of the workload holds a shiftable burst.
+    """
+    return select_frequency_experiment_window(
+        inputs.evaluation_workload,
+        inputs.plant.profile,
+        horizon_s=FREQUENCY_EXPERIMENT_WINDOW_S,
+        shift_s=ARRIVAL_SHIFT_S,
+        expected_output_tokens=inputs.expected_output_tokens,
+    )
+
+
 def _frequency(inputs: SuiteInputs, report: ProgressCallback) -> dict[str, Any]:
     plant = inputs.plant
     expected_output_tokens = inputs.expected_output_tokens
     report("open loop: selecting the 60 s window and solving the LP plan")
-    frequency_workload, frequency_window_metadata = select_frequency_experiment_window(
-        inputs.evaluation_workload,
-        plant.profile,
-        horizon_s=FREQUENCY_EXPERIMENT_WINDOW_S,
-        shift_s=ARRIVAL_SHIFT_S,
-        expected_output_tokens=expected_output_tokens,
-    )
+    frequency_workload, frequency_window_metadata = frequency_window(inputs)
     plan = optimize_open_loop(
         frequency_workload,
         plant,

@@ -50,6 +50,7 @@ from gpugov.plant.workload import DEFAULT_TRACE
 from gpugov.study.experiment_parts import (
     FIRST_STAGE,
     SuiteInputs,
+    frequency_window,
     run_part,
     run_scheduling_on_plant,
 )
@@ -634,6 +635,11 @@ def run_experiments(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     plant = ServingPlant.from_profile(profile)
     check_workload_fits(evaluation, plant, args.trace)
+    inputs = SuiteInputs(animation, evaluation, plant, **sizes)
+    try:
+        frequency_window(inputs)  # the open-loop part's window: refused now, not minutes in
+    except ValueError as error:
+        raise UsageError(f"--trace {args.trace}: {error}") from error
     prepare_output_dir("--out", args.out)  # the inputs are good: only now is DIR made
     extra = {
         "gpugov_version": __version__,
@@ -657,7 +663,7 @@ def run_experiments(args: argparse.Namespace) -> int:
     try:
         if spec.ray_address is not None or spec.jobs > 1:
             results = build_sharded_results(
-                SuiteInputs(animation, evaluation, plant, **sizes),
+                inputs,
                 spec,
                 progress,
                 load_dilation=1.0,

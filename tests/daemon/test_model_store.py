@@ -556,3 +556,24 @@ def test_export_refuses_stored_clocks_no_gpu_has(
     out = tmp_path / "export"
     assert main(["model", "export", "--state-dir", str(tmp_path), "--out", str(out)]) == 2
     assert "clocks_mhz must be two or more positive clocks" in capsys.readouterr().err
+
+
+def test_a_refused_export_leaves_no_output_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _learn(tmp_path)
+    out = tmp_path / "export"
+    # No such domain: refused in one line before anything is written.
+    code = main(
+        ["model", "export", "--state-dir", str(tmp_path), "--domain", "nope", "--out", str(out)]
+    )
+    assert code == 2
+    assert "--domain nope" in capsys.readouterr().err
+    assert not out.exists()
+    # A damaged model: refused, and the directory is not made for it either.
+    path = model_path(tmp_path, "llm")
+    payload = json.loads(path.read_text())
+    payload["model"]["clocks_mhz"][0] = -5.0
+    path.write_text(json.dumps(payload))
+    assert main(["model", "export", "--state-dir", str(tmp_path), "--out", str(out)]) == 2
+    assert not out.exists()

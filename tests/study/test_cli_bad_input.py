@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,22 @@ def test_arrival_far_in_the_future_is_refused(
     far.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,10,10\n1e308,10,10\n")
     assert main(["simulate", "--trace", str(far)]) == 2
     assert "7 simulated days" in _one_error_line(capsys)
+
+
+def test_experiments_refuse_a_trace_without_a_shiftable_burst_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("sklearn")
+    pytest.importorskip("matplotlib")
+    # Every arrival in the first two seconds: no window has work 20 s in to move earlier.
+    early = tmp_path / "early.csv"
+    early.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,10\n1,200,20\n")
+    out = tmp_path / "out"
+    argv = ["experiments", "--quick", "--trace", str(early), "--duration", "60"]
+    assert main([*argv, "--animation", "5", "--out", str(out)]) == 2
+    line = _one_error_line(capsys)  # no progress line before it
+    assert f"--trace {early}" in line and "shiftable" in line
+    assert not out.exists()
 
 
 def test_trace_from_dev_zero_is_refused_before_reading(
@@ -332,3 +349,60 @@ def test_replay_names_a_malformed_recording_field(
     damaged.write_text("\n".join(lines) + "\n")
     assert main(["replay", str(damaged), "--controller", "max"]) == 2
     assert named in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("requested_clock_mhz", "fast", "field requested_clock_mhz must be a number, got 'fast'"),
+        ("time_s", None, "field time_s must be a number, got null"),
+        ("prefill_remaining_tokens", "x", "field prefill_remaining_tokens must be a number"),
+        ("waiting_requests", 1.5, "field waiting_requests must be an integer, got 1.5"),
+        ("decode_active", True, "field decode_active must be an integer, got True"),
+        ("power_w", {"a": 1}, "field power_w must be a number"),
+        ("model_name", 5, "field model_name must be text, got 5"),
+        ("role", "banana", "field role must be one of colocated, prefill, decode"),
+        ("arrival_rate", 1.0, "unknown field 'arrival_rate'"),
+    ],
+)
+@pytest.mark.parametrize("controller", ["reactive", "mpc-online"])
+def test_replay_names_a_bad_observation_field(
+    recording: Path,
+    tmp_path: Path,
+    field: str,
+    value: object,
+    named: str,
+    controller: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A text clock raised a traceback; the others were refused without the field's name,
+    # or replayed as if they were good.
+    lines = recording.read_text().splitlines()
+    row = json.loads(lines[3])
+    row["observation"][field] = value
+    lines[3] = json.dumps(row)
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text("\n".join(lines) + "\n")
+    assert main(["replay", str(damaged), "--controller", controller]) == 2
+    line = _one_error_line(capsys)
+    assert f"{damaged}:4: bad observation: {named}" in line
+
+
+def test_replay_names_the_tick_an_outside_controller_fails_on(
+    recording: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "failing_governor.py").write_text(
+        "def make(context):\n"
+        "    def decide(observation):\n"
+        "        raise RuntimeError('no model for this tick')\n"
+        "    return decide\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "failing_governor", raising=False)
+    assert main(["replay", str(recording), "--controller", "failing_governor:make"]) == 2
+    line = _one_error_line(capsys)
+    assert f"{recording}:" in line and "the controller failed on this tick" in line
+    assert "no model for this tick" in line
