@@ -176,14 +176,16 @@ class MeasuredLatencyRules:
         realized_mhz: FloatArray,
     ) -> FloatArray:
         """Pessimistic seconds of one mixed iteration (the running batch's decode plus a
-        prefill chunk, each at mean + ``uncertainty_z`` std) per clock of ``table``
-        (read at the running batch), made non-increasing in the clock."""
-        batch = max(1.0, float(observation.decode_active))
-        chunk = max(CHUNK_TOKENS - batch, 32.0)
+        prefill chunk, each at mean + ``uncertainty_z`` std; a prefill pool's chunk alone)
+        per clock of ``table`` (read at the running batch), made non-increasing in the
+        clock."""
         z = self.effective_z
         prefill_mean, prefill_std = table["prefill_s_per_token"]
-        decode_mean, decode_std = table["decode_iteration_s"]
-        mixed = decode_mean + z * decode_std + chunk * (prefill_mean + z * prefill_std)
+        mixed = _chunk_tokens(observation) * (prefill_mean + z * prefill_std)
+        if observation.role != "prefill":
+            # A prefill pool decodes nothing: its iterations are prefill chunks alone.
+            decode_mean, decode_std = table["decode_iteration_s"]
+            mixed = mixed + decode_mean + z * decode_std
         # Physics: no iteration gets faster at a lower clock, nor slower than 1/f.
         return _physical(mixed, realized_mhz)
 
@@ -233,7 +235,7 @@ class MeasuredLatencyRules:
         model = self.model
         assert model is not None
         batch = max(1.0, float(observation.decode_active))
-        chunk = max(CHUNK_TOKENS - batch, 32.0)
+        chunk = _chunk_tokens(observation)
         clocks = model.clocks_mhz
         realized = clocks * model.realized_ratio
         table = model.table(realized, batch, self.context_tokens)
@@ -257,6 +259,14 @@ class MeasuredLatencyRules:
                 target += credit * (observation.ttft_slo_per_prompt_token_s or 0.0) * backlog
             fits &= math.ceil(backlog / chunk) * mixed <= target
         return _first_fit(clocks, fits)
+
+
+def _chunk_tokens(observation: ServingObservation) -> float:
+    """Prompt tokens one iteration prefills: the chunk budget less a token per running
+    request (at least one counted), the whole budget on a prefill pool (no decode)."""
+    if observation.role == "prefill":
+        return CHUNK_TOKENS
+    return max(CHUNK_TOKENS - max(1.0, float(observation.decode_active)), 32.0)
 
 
 def _idle(observation: ServingObservation) -> bool:

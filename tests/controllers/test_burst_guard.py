@@ -5,6 +5,7 @@ SLO; an idle GPU parks there when arrivals often come together (:class:`ArrivalC
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -362,3 +363,44 @@ def test_the_backlog_tail_is_planned_with_only_while_no_miss_is_affordable() -> 
     assert controller._tail_backlog(low) is low
     # Without a target there is no budget to judge by: the expected backlog stands.
     assert OnlineMPCController()._tail_backlog(seen) is seen
+
+
+def _lone_prompt(backlog: float, *, role: str = "colocated") -> ServingObservation:
+    return replace(_seen(backlog=backlog, running=0, waiting=1), role=role)
+
+
+def _drain_clock(backlog: float, target_s: float, *, prefill_pool: bool, z: float) -> float:
+    """The lowest clock that prefills ``backlog`` within ``target_s`` at the pessimistic
+    iteration: a prefill pool's chunk alone, else a chunk beside one decode."""
+    fitting = []
+    for clock in CLOCKS:
+        scale = CLOCKS[-1] / clock
+        if prefill_pool:
+            iteration = (1.0 + 0.1 * z) * scale * CHUNK_TOKENS * PREFILL_S_PER_TOKEN_TOP
+            chunks = math.ceil(backlog / CHUNK_TOKENS)
+        else:
+            iteration = _mixed(clock, 1, z)
+            chunks = math.ceil(backlog / (CHUNK_TOKENS - 1.0))
+        if chunks * iteration <= target_s:
+            fitting.append(clock)
+    return float(min(fitting)) if fitting else float(CLOCKS[-1])
+
+
+def test_a_prefill_pool_drains_in_chunks_without_a_decode_iteration() -> None:
+    # A prefill pool decodes nothing: each iteration is a whole chunk of prompt tokens
+    # alone, so the same backlog drains at a lower clock than beside a running decode.
+    controller = _controller()
+    z = controller.uncertainty_z
+    ttft, rest = 1.6, 9000.0
+    pool = _lone_prompt(rest, role="prefill")
+    colocated = _lone_prompt(rest)
+    target = controller.slo_margin * ttft
+    assert controller.burst_floor(pool, (ttft, 1.0)) == pytest.approx(
+        _drain_clock(rest, target, prefill_pool=True, z=z)
+    )
+    assert controller.burst_floor(colocated, (ttft, 1.0)) == pytest.approx(
+        _drain_clock(rest, target, prefill_pool=False, z=z)
+    )
+    assert controller.burst_floor(pool, (ttft, 1.0)) < controller.burst_floor(
+        colocated, (ttft, 1.0)
+    )
