@@ -46,6 +46,7 @@ class Files:
 
     root: Path
     trace: Path
+    burst_trace: Path
     config: Path
     grid: Path
     recording: Path
@@ -68,6 +69,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
     trace.write_text(
         "arrival_time_s,prompt_tokens,output_tokens\n"
         + "".join(f"{i * 0.5},{100 + i},{10 + i}\n" for i in range(10))
+    )
+    # A minute of arrivals: the open-loop experiment needs work 20 s in to move earlier.
+    burst_trace = root / "burst.csv"
+    burst_trace.write_text(
+        "arrival_time_s,prompt_tokens,output_tokens\n"
+        + "".join(f"{i},{100 + i},{10 + i % 7}\n" for i in range(60))
     )
     config = root / "node.toml"
     config.write_text(
@@ -126,6 +133,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
     return Files(
         root=root,
         trace=trace,
+        burst_trace=burst_trace,
         config=config,
         grid=grid,
         recording=recording,
@@ -232,8 +240,8 @@ def bases(f: Files, out: Path) -> dict[str, list[str]]:
         "model export": ["model", "export", "--state-dir", str(f.state_dir), "--out",
                          str(out / "model")],
         "simulate": ["simulate", "--controller", "max", *sim],
-        "experiments": ["experiments", "--quick", "--trace", str(f.trace), "--duration", "5",
-                        "--animation", "2", "--out", str(out / "experiments")],
+        "experiments": ["experiments", "--quick", "--trace", str(f.burst_trace), "--duration",
+                        "60", "--animation", "2", "--out", str(out / "experiments")],
         "bench controllers": ["bench", "controllers", "--tiny", "--out", str(out / "bench")],
         "plot": ["plot", str(f.recording), "--out", str(out / "plot.png")],
         "emulate": ["emulate", "--profile", PROFILE, "--address", "127.0.0.1:0"],
