@@ -23,6 +23,7 @@ from gpugov.daemon.cli_support import check_output_dir, fail, prepare_output_dir
 from gpugov.daemon.config import OnlineMPCControllerConfig, load_config
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.files import resolve_state_dir
+from gpugov.daemon.limits import MAX_CLOCK_MHZ
 from gpugov.daemon.model_store import StoredModelError, read_stored
 from gpugov.plant.profile import CSV_COLUMNS
 
@@ -82,10 +83,14 @@ def load_model(path: Path) -> tuple[dict[str, Any], OnlineModel]:
             or not bool(
                 np.all(np.isfinite(clocks))
                 and np.all(clocks > 0.0)
+                and np.all(clocks <= MAX_CLOCK_MHZ)
                 and np.all(np.diff(clocks) > 0.0)
             )
         ):
-            raise ValueError("clocks_mhz must be two or more positive clocks, ascending")
+            raise ValueError(
+                "clocks_mhz must be two or more positive clocks, ascending, "
+                f"at most {MAX_CLOCK_MHZ:g} MHz"
+            )
         model = OnlineModel(state["clocks_mhz"], float(state["power_limit_w"]))
         model.load_state(state)
         _controller(payload, model).check_learned()  # as the daemon's restore checks it

@@ -120,6 +120,12 @@ def read_stored(path: Path) -> dict[str, Any]:
     slos = payload.get("slos")
     if slos is not None and not isinstance(slos, dict):
         raise StoredModelError(f"{path}: field 'slos' is not an object")
+    for field_name in ("ttft_slo_s", "tpot_slo_s", "thermal_limit_c"):
+        value = (slos or {}).get(field_name)
+        if value is not None and not (finite_number(value) or 0.0) > 0.0:
+            raise StoredModelError(
+                f"{path}: slos.{field_name} must be a positive number, got {value!r:.40}"
+            )
     return payload
 
 

@@ -272,9 +272,11 @@ def _seconds(raw: Any, field: str, path: Path, line: int) -> float:
     try:
         value = float(raw)
     except (TypeError, ValueError):
-        raise _fail(path, line, f"field {field!r}: expected a number, got {raw!r}") from None
+        raise _fail(path, line, f"field {field!r}: expected a number, got {raw!r:.40}") from None
+    except OverflowError:  # a JSON integer too large for a float (10**400)
+        value = math.inf
     if not math.isfinite(value):
-        raise _fail(path, line, f"field {field!r}: timestamp must be finite, got {raw!r}")
+        raise _fail(path, line, f"field {field!r}: timestamp must be finite, got {raw!r:.40}")
     return value
 
 

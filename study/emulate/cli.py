@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 import threading
 from types import FrameType
 
 from gpugov.daemon import cli_types
-from gpugov.daemon.limits import MAX_EMULATED_GPUS
+from gpugov.daemon.limits import MAX_EMULATED_GPUS, MAX_SECONDS
 
 
 def cmd_emulate(args: argparse.Namespace) -> int:
@@ -59,6 +60,8 @@ def cmd_emulate(args: argparse.Namespace) -> int:
             lost_after = float(args.fault.split(":", 1)[1])
         except ValueError as error:
             raise UsageError(f"--fault {args.fault}: expected lost-after:SECONDS") from error
+        if not (math.isfinite(lost_after) and 0.0 <= lost_after <= MAX_SECONDS):
+            raise UsageError(f"--fault {args.fault}: SECONDS must lie in [0, {MAX_SECONDS:g}]")
     elif args.fault in ("none", "no-permission", "not-supported", "lost"):
         fault = args.fault
     else:

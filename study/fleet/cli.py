@@ -18,29 +18,40 @@ ALLOCATOR_NAMES = ("uniform", "dps", "slo")
 ROUTER_NAMES = ("round-robin", "least-tokens", "least-work")
 
 
+def _items(text: str, what: str, *, repeats: bool = False) -> tuple[str, ...]:
+    """The items of a comma-separated list: at least one, none empty (``a,,b`` and a
+    trailing comma are typing slips), none twice unless ``repeats``."""
+    items = tuple(part.strip() for part in text.split(","))
+    if not any(items):
+        raise argparse.ArgumentTypeError(f"needs at least one {what}")
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"an empty {what} in {text!r}")
+    if not repeats:
+        twice = sorted({item for item in items if items.count(item) > 1})
+        if twice:
+            raise argparse.ArgumentTypeError(f"{what} {twice[0]!r} given more than once")
+    return items
+
+
 def _names(choices: tuple[str, ...], what: str) -> object:
     """A converter for a comma-separated list of ``choices``."""
 
     def convert(text: str) -> tuple[str, ...]:
-        names = tuple(part.strip() for part in text.split(",") if part.strip())
-        if not names:
-            raise argparse.ArgumentTypeError(f"needs at least one {what}")
+        names = _items(text, what)
         for name in names:
             if name not in choices:
                 raise argparse.ArgumentTypeError(
                     f"unknown {what} {name!r} (one of {', '.join(choices)})"
                 )
-        return tuple(dict.fromkeys(names))
+        return names
 
     return convert
 
 
 def _profiles(text: str) -> tuple[str, ...]:
-    """A comma-separated list of profile names or paths (each checked when the run starts)."""
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not names:
-        raise argparse.ArgumentTypeError("needs at least one profile")
-    return names
+    """A comma-separated list of profile names or paths (each checked when the run starts);
+    one named twice gets twice the nodes."""
+    return _items(text, "profile", repeats=True)
 
 
 _fraction_of_tdp = cli_types.float_in(0.0, 1.0, low_open=True, name="fraction of TDP")
@@ -48,10 +59,10 @@ _fraction_of_tdp = cli_types.float_in(0.0, 1.0, low_open=True, name="fraction of
 
 def _budgets(text: str) -> tuple[float, ...]:
     """A comma-separated list of budgets, each a fraction of the summed TDP in (0, 1]."""
-    parts = [part.strip() for part in text.split(",") if part.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError("needs at least one budget")
-    return tuple(dict.fromkeys(_fraction_of_tdp(part) for part in parts))
+    budgets = tuple(_fraction_of_tdp(part) for part in _items(text, "budget"))
+    if len(set(budgets)) < len(budgets):
+        raise argparse.ArgumentTypeError(f"a budget given more than once in {text!r}")
+    return budgets
 
 
 def run_fleet_command(args: argparse.Namespace) -> int:

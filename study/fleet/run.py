@@ -24,7 +24,7 @@ from typing import Any
 
 from gpugov import __version__
 from gpugov.controllers.oracles import SLO_TOLERANCE
-from gpugov.daemon.cli_support import UsageError
+from gpugov.daemon.cli_support import UsageError, check_fixed_clock
 from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
@@ -538,12 +538,20 @@ def check_inputs(config: FleetConfig) -> None:
         raise UsageError(f"--profiles: {error}") from error
     first = plants[config.profiles[0]]
     try:  # the spec itself, before the trace is read
-        parse_controller_spec(config.controller, default_profile=first.profile.name)
+        spec = parse_controller_spec(config.controller, default_profile=first.profile.name)
     except ValueError as error:
         message = str(error)
         raise UsageError(
             message if message.startswith("--controller") else f"--controller: {message}"
         ) from error
+    for name, plant in plants.items():  # a fixed clock every node's GPU supports
+        profile = plant.profile
+        try:
+            check_fixed_clock(
+                spec, profile.minimum_clock_mhz, profile.maximum_clock_mhz, config.controller
+            )
+        except UsageError as error:
+            raise UsageError(f"{error} of {name}") from error
     workload, _ = fleet_workload(config, plants)
     FleetNode(
         "check",

@@ -23,7 +23,7 @@ from gpugov.daemon.limits import MAX_JOBS
 from gpugov.daemon.simulated import ENGINE_VIEWS
 from gpugov.plant.profile import list_bundled_profiles
 from gpugov.plant.synthetic_profiles import expand_synthetic, resolve_profile
-from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, TraceError
+from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, TraceError, load_trace
 from gpugov.study.runners import add_runner_arguments, spec_from_args
 from gpugov.study.scoreboard.publish import write_report
 from gpugov.study.scoreboard.report import short_table, write_outputs
@@ -79,6 +79,10 @@ def config_for(
     """
     config = TINY if tiny else QUICK if quick else FULL
     changes: dict[str, Any] = {}
+    for flag, values in (("--traces", traces), ("--profiles", profiles), ("--loads", loads)):
+        repeated = sorted({v for v in values or () if list(values or ()).count(v) > 1})
+        if repeated:
+            raise ValueError(f"{flag}: {', '.join(repeated)} given more than once")
     if traces:
         for name in traces:
             if (
@@ -91,6 +95,13 @@ def config_for(
                     f"--traces: unknown trace {name!r}, not a trace name ({known}; see "
                     "gpugov traces) nor a file"
                 )
+            if name not in BUNDLED_TRACES and name not in SHARED_TRACES:
+                # A file the user named: read now, so a bad one is refused before any work
+                # (a missing shared trace is skipped at its scenarios instead).
+                try:
+                    load_trace(Path(name))
+                except TraceError as error:
+                    raise ValueError(f"--traces: {error}") from error
         changes["traces"] = tuple(traces)
     if profiles:
         profiles = expand_profiles(profiles)
@@ -117,6 +128,12 @@ def config_for(
     if floor_mhz is not None:
         if not math.isfinite(floor_mhz) or floor_mhz <= 0.0:
             raise ValueError(f"--floor must be a positive clock, got {floor_mhz!r}")
+        for name in changes.get("profiles", config.profiles):
+            top = resolve_profile(name).maximum_clock_mhz
+            if floor_mhz > top:
+                raise ValueError(
+                    f"--floor {floor_mhz:g}: above the top supported clock of {name} ({top:g} MHz)"
+                )
         changes["floor_mhz"] = float(floor_mhz)
     if engine_view is not None:
         if engine_view not in ENGINE_VIEWS:
@@ -252,7 +269,7 @@ def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -
     checked; else made here); print the summary and the paths."""
     if config is None:
         config = config_from_args(args)
-    from gpugov.daemon.cli_support import UsageError, prepare_output_dir
+    from gpugov.daemon.cli_support import UsageError, check_output_dir, prepare_output_dir
     from gpugov.daemon.progress import Progress
     from gpugov.study.plots import pyplot
 
@@ -267,8 +284,10 @@ def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -
         from gpugov.study.runners import import_ray
 
         import_ray()  # --ray without Ray installed: the install hint, before any work
-    prepare_output_dir("--out", args.out, parents=args.out == str(DEFAULT_OUT))
     report_dir = getattr(args, "report", None)
+    if report_dir is not None:
+        check_output_dir("--report", report_dir)  # refused before --out is made
+    prepare_output_dir("--out", args.out, parents=args.out == str(DEFAULT_OUT))
     if report_dir is not None:
         prepare_output_dir("--report", report_dir)
     bar = Progress(config.scenario_count(), "bench controllers", unit="scenarios")

@@ -577,3 +577,47 @@ def test_a_refused_export_leaves_no_output_directory(
     path.write_text(json.dumps(payload))
     assert main(["model", "export", "--state-dir", str(tmp_path), "--out", str(out)]) == 2
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("ttft_slo_s", "x"),
+        ("tpot_slo_s", [1]),
+        ("ttft_slo_s", -1.0),
+        ("thermal_limit_c", 0),
+        ("tpot_slo_s", True),
+    ],
+)
+def test_a_damaged_slos_block_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, value: object
+) -> None:
+    # Each was a traceback from model export (float() of text, a list, a negative SLO).
+    _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    payload = json.loads(path.read_text())
+    payload["slos"][field] = value
+    path.write_text(json.dumps(payload))
+    out = tmp_path / "export"
+    for argv in (
+        ["model", "export", "--state-dir", str(tmp_path), "--out", str(out)],
+        ["model", "show", "--state-dir", str(tmp_path)],
+    ):
+        assert main(argv) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and f"slos.{field} must be a positive number" in err[0]
+    assert not out.exists()
+
+
+def test_stored_clocks_no_gpu_runs_at_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A clock of 1e308 MHz passed, with numpy overflow warnings and a table of infinities.
+    _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    payload = json.loads(path.read_text())
+    payload["model"]["clocks_mhz"][-1] = 1e308
+    path.write_text(json.dumps(payload))
+    assert main(["model", "show", "--state-dir", str(tmp_path)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "at most 100000 MHz" in err[0]

@@ -47,3 +47,17 @@ def test_total_size_is_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 def test_dev_zero_is_refused_before_reading() -> None:
     with pytest.raises(TraceError, match=r"^/dev/zero: is a device, not a trace file"):
         load_trace("/dev/zero")
+
+
+@pytest.mark.parametrize("timestamp", ["1" + "0" * 400, "-1" + "0" * 400])
+def test_a_timestamp_too_large_for_a_float_is_refused_with_its_line(
+    tmp_path: Path, timestamp: str
+) -> None:
+    # A JSON integer of 400 digits raised OverflowError (a traceback in every command).
+    path = tmp_path / "mooncake.jsonl"
+    path.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 5}\n'
+        f'{{"timestamp": {timestamp}, "input_length": 10, "output_length": 5}}\n'
+    )
+    with pytest.raises(TraceError, match=r"mooncake.jsonl:2: field 'timestamp': timestamp must"):
+        load_trace(path)

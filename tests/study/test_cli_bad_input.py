@@ -57,6 +57,14 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("argv", "expected"),
     [
         (["simulate", "--stride", "0"], "argument --stride: must be an integer in [1, "),
+        (
+            ["emulate", "--profile", "h100-sxm-llama3-8b", "--fault", "lost-after:-1"],
+            "--fault lost-after:-1: SECONDS must lie in",
+        ),
+        (
+            ["emulate", "--profile", "h100-sxm-llama3-8b", "--fault", "lost-after:nan"],
+            "--fault lost-after:nan: SECONDS must lie in",
+        ),
         (["simulate", "--latency-noise", "-1"], "argument --latency-noise: must be a coeff"),
         (["simulate", "--controller", "mpc:garbage"], "unknown profile 'garbage'"),
         (["simulate", "--controller", "mpc:"], "name a profile after the colon"),
@@ -406,3 +414,41 @@ def test_replay_names_the_tick_an_outside_controller_fails_on(
     line = _one_error_line(capsys)
     assert f"{recording}:" in line and "the controller failed on this tick" in line
     assert "no model for this tick" in line
+
+
+def test_bench_refuses_a_bad_trace_file_and_report_dir_before_making_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A malformed trace file was skipped scenario by scenario after --out was made and
+    # the progress printed; a --report that is a file was refused after --out was made.
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,x,1\n")
+    out = tmp_path / "out"
+    assert main(["bench", "controllers", "--quick", "--traces", str(bad), "--out", str(out)]) == 2
+    line = _one_error_line(capsys)
+    assert f"--traces: {bad}:2: field 'prompt_tokens'" in line
+    assert not out.exists()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    argv = ["bench", "controllers", "--quick", "--report", str(a_file), "--out", str(out)]
+    assert main(argv) == 2
+    assert f"--report {a_file}: exists and is not a directory" in _one_error_line(capsys)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--floor", "99999"], "--floor 99999: above the top supported clock of h100-sxm"),
+        (["--loads", "cap70", "cap70"], "--loads: cap70 given more than once"),
+        (["--traces", "azure-code", "azure-code"], "--traces: azure-code given more than once"),
+    ],
+)
+def test_bench_refuses_a_floor_no_gpu_reaches_and_repeated_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], named: str
+) -> None:
+    # Each ran: the whole board at a floor above every clock, a load or trace twice.
+    out = tmp_path / "out"
+    assert main(["bench", "controllers", "--quick", *flags, "--out", str(out)]) == 2
+    assert named in _one_error_line(capsys)
+    assert not out.exists()

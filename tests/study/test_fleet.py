@@ -376,6 +376,12 @@ def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         (["--engine-view", "sglang"], "--engine-view"),
         (["--latency-noise", "1.0"], "--latency-noise"),
         (["--latency-noise", "-0.1"], "--latency-noise"),
+        (["--budgets", "0.7,0.7"], "budget '0.7' given more than once"),
+        (["--budgets", "0.7,"], "an empty budget in '0.7,'"),
+        (["--allocators", "uniform,uniform"], "allocator 'uniform' given more than once"),
+        (["--profiles", "h100-sxm-llama3-8b,,"], "an empty profile"),
+        (["--controller", "fixed:99999"], "outside the supported range 345-1980 MHz of h100"),
+        (["--controller", "fixed:1500"], "outside the supported range 510-1410 MHz of a100"),
     ],
 )
 def test_bad_flags_are_one_line_before_any_work(
