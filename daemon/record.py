@@ -52,6 +52,13 @@ OBSERVATION_ROLES = ("colocated", "prefill", "decode")
 _OBSERVATION_TYPES = {f.name: str(f.type) for f in dataclasses.fields(ServingObservation)}
 """Each observation field's annotation (``"float | None"``, ``"int"``, ``"str"``...)."""
 
+_REQUIRED_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(ServingObservation)
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+)
+"""The observation fields a tick must carry (a null temperature is allowed: NaN)."""
+
 
 def _field_value(name: str, value: Any) -> Any:
     """``value`` as observation field ``name`` takes it, or ValueError naming the field:
@@ -76,11 +83,17 @@ def _field_value(name: str, value: Any) -> Any:
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"field {name} must be {wanted}, got {value!r:.40}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float (10**400)
+        raise ValueError(
+            f"field {name} must be {wanted} a float holds, got {value!r:.40}"
+        ) from None
     if kind == "int":
-        if not float(value).is_integer():
+        if not number.is_integer():
             raise ValueError(f"field {name} must be {wanted}, got {value!r:.40}")
         return int(value)
-    return float(value)
+    return number
 
 
 def observation_from_dict(
@@ -100,6 +113,9 @@ def observation_from_dict(
     unknown = sorted(set(values) - set(_OBSERVATION_TYPES) - {"supported_clocks_mhz"})
     if unknown:
         raise ValueError(f"unknown field {unknown[0]!r:.40}")
+    missing = [name for name in _REQUIRED_FIELDS if name not in values]
+    if missing:
+        raise ValueError(f"field {missing[0]} is missing")
     values = {name: _field_value(name, value) for name, value in values.items()}
     values["supported_clocks_mhz"] = tuple(float(c) for c in supported_clocks_mhz)
     return ServingObservation(**values)

@@ -1,7 +1,9 @@
 """``gpugov plot FILE.jsonl``: plot a ``replay``-able recording (``run --record``) to a PNG.
 
 One figure per domain, the same panels as ``simulate --plot`` (see :mod:`gpugov.study.plots`);
-latencies are the windowed TTFT and TPOT the daemon observed each tick.
+latencies are the windowed TTFT and TPOT the daemon observed each tick. The whole
+recording is checked before any PNG is written: a bad header field or tick is one line
+naming the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -10,6 +12,29 @@ import argparse
 import re
 from pathlib import Path
 from typing import Any
+
+PLOT_LIMIT = 1e12
+"""The largest magnitude plotted: beyond any real clock, power, queue or time, and far below
+where matplotlib's axis arithmetic overflows into RuntimeWarnings (1e308)."""
+
+MIN_SLO_S = 1e-6
+"""The smallest SLO plotted: latency / SLO stays finite on the log axis."""
+
+PLOTTED_FIELDS = (
+    "time_s",
+    "realized_clock_mhz",
+    "power_w",
+    "power_limit_w",
+    "waiting_requests",
+    "decode_active",
+    "temperature_c",
+    "thermal_limit_c",
+    "ttft_recent_s",
+    "tpot_recent_s",
+    "ttft_slo_s",
+    "tpot_slo_s",
+)
+"""The observation fields the panels draw (each null or a plottable number)."""
 
 
 def run_plot(args: argparse.Namespace) -> int:
@@ -25,22 +50,21 @@ def run_plot(args: argparse.Namespace) -> int:
         header, rows = read_recording(source, warn=warn)
     except RecordingError as error:
         raise UsageError(str(error)) from error
-    listed = header.get("domains", [])
-    if not isinstance(listed, list) or not all(isinstance(d, dict) for d in listed):
-        raise UsageError(f"{source}: header domains must be a list of objects")
-    domains: list[str | None] = [str(d.get("name")) for d in listed] or [None]
+    controllers = checked_header(source, header)
+    checked_ticks(source, rows, controllers)
+    domains = list(controllers)
     if args.domain is not None:
         if args.domain not in domains:
             raise UsageError(f"--domain {args.domain}: not in {source} (domains: {domains})")
         domains = [args.domain]
-    targets: dict[str | None, Path] = {}
+    targets: dict[str, Path] = {}
     for domain in domains:
         if len(domains) == 1:
             targets[domain] = out
             continue
         # A domain's name is the recording's text, not a path: only its safe characters
         # go into the file name (a name like "a/b" or "../x" stays beside --out).
-        safe = re.sub(r"[^A-Za-z0-9._-]", "_", str(domain))[:64].strip(".") or "domain"
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", domain)[:64].strip(".") or "domain"
         target = out.with_name(f"{out.stem}-{safe}{out.suffix}")
         if target in targets.values():
             target = out.with_name(f"{out.stem}-{safe}-{len(targets)}{out.suffix}")
@@ -50,33 +74,113 @@ def run_plot(args: argparse.Namespace) -> int:
     from gpugov.study.plots import check_image_format
 
     check_image_format("--out", out, "gpugov plot")
-    controllers: dict[str | None, Any] = {str(d.get("name")): d.get("controller") for d in listed}
     from gpugov.daemon.controller_spec import canonical_controller_name
 
-    for domain, target in targets.items():
-        name = canonical_controller_name(str(controllers.get(domain, "?")))
-        # A tick of the wrong shape (null, a string observation, "hot" degrees) fails the
-        # series or, where its values are read lazily, the plot: one line either way.
-        try:
-            series = series_from_recording(rows, domain)
-            ticks = len(series.time_s)
-            if ticks:
-                title = (
-                    f"gpugov plot: {source.name}, domain {_printable(domain)}, "
-                    f"controller {name} "
-                    f"({header.get('mode', 'node')}"
-                    + (", dry run: no clock was set" if header.get("dry_run") else "")
-                    + f", {ticks} ticks)"
-                )
-                write_run_plot(series, target, title)
-        except (TypeError, ValueError, AttributeError, OverflowError, KeyError) as error:
-            raise UsageError(
-                f"{source}: domain {domain!r}: a tick line is not a recording's ({error})"
-            ) from error
-        if not ticks:
+    # Every domain's series before any PNG: a domain without ticks writes none of them.
+    series = {domain: series_from_recording(rows, domain) for domain in targets}
+    for domain, drawn in series.items():
+        if not drawn.time_s:
             raise UsageError(f"{source}: domain {domain!r} has no tick lines to plot")
+    for domain, target in targets.items():
+        name = canonical_controller_name(controllers[domain] or "?")
+        title = (
+            f"gpugov plot: {source.name}, domain {_printable(domain)}, "
+            f"controller {name} "
+            f"({header.get('mode') or 'node'}"
+            + (", dry run: no clock was set" if header.get("dry_run") else "")
+            + f", {len(series[domain].time_s)} ticks)"
+        )
+        write_run_plot(series[domain], target, title)
         print(f"wrote {target}")
     return 0
+
+
+def checked_header(source: Path, header: dict[str, Any]) -> dict[str, str | None]:
+    """Each domain's recorded controller (None: not recorded) by name; a header field plot
+    reads of the wrong kind is a :class:`UsageError` naming it (replay's wording, line 1)."""
+    from gpugov.daemon.cli_support import UsageError
+    from gpugov.plant.input_files import finite_number
+
+    where = f"{source}:1: header"
+    period = finite_number(header.get("period_s", 1.0))
+    if period is None or period <= 0.0:
+        raise UsageError(
+            f"{where} period_s must be a positive number, got {header.get('period_s')!r:.40}"
+        )
+    if header.get("mode") is not None and not isinstance(header["mode"], str):
+        raise UsageError(f"{where} mode must be text, got {header['mode']!r:.40}")
+    if header.get("dry_run") is not None and not isinstance(header["dry_run"], bool):
+        raise UsageError(f"{where} dry_run must be true or false, got {header['dry_run']!r:.40}")
+    listed = header.get("domains", [])
+    if not isinstance(listed, list):
+        raise UsageError(f"{where} domains must be a list, got {listed!r:.40}")
+    if not listed:
+        raise UsageError(f"{where} domains must name at least one domain, got []")
+    controllers: dict[str, str | None] = {}
+    for index, info in enumerate(listed):
+        if not isinstance(info, dict) or not isinstance(info.get("name"), str):
+            raise UsageError(f"{where} domains[{index}] is no object with a name")
+        controller = info.get("controller")
+        if controller is not None and not isinstance(controller, str):
+            raise UsageError(
+                f"{where} domains[{index}].controller must be text, got {controller!r:.40}"
+            )
+        controllers[info["name"]] = controller
+    return controllers
+
+
+def checked_ticks(source: Path, rows: list[Any], domains: dict[str, Any]) -> None:
+    """Refuse (:class:`UsageError`, ``FILE:LINE:`` and the field) a tick replay would
+    refuse, a plotted number :func:`_check_plottable` refuses, or time going back."""
+    from gpugov.daemon.cli_support import UsageError
+    from gpugov.daemon.record import observation_from_dict
+
+    previous: dict[str, float] = {}
+    for number, row in enumerate(rows, start=2):
+        where = f"{source}:{number}:"
+        if not isinstance(row, dict):
+            raise UsageError(f"{where} a tick is a JSON object, got {row!r:.40}")
+        domain = row.get("domain")
+        if not isinstance(domain, str) or domain not in domains:
+            raise UsageError(f"{where} domain {domain!r:.40} is not in the header")
+        if "observation" not in row:
+            raise UsageError(f"{where} the tick has no 'observation'")
+        raw = row["observation"]
+        try:
+            observation_from_dict(raw)
+        except (TypeError, ValueError) as error:
+            raise UsageError(f"{where} bad observation: {error}") from error
+        for key in PLOTTED_FIELDS:
+            _check_plottable(where, f"observation.{key}", raw.get(key))
+        for key in ("time_s", "requested_mhz"):
+            _check_plottable(where, key, row.get(key))
+        if row.get("failsafe") is not None and not isinstance(row["failsafe"], bool):
+            raise UsageError(f"{where} failsafe must be true or false, got {row['failsafe']!r:.40}")
+        time_s = float(raw["time_s"])
+        if time_s < previous.get(domain, time_s):
+            raise UsageError(
+                f"{where} observation.time_s {time_s:g} is before the previous tick's "
+                f"{previous[domain]:g} in domain {domain!r:.40}"
+            )
+        previous[domain] = time_s
+
+
+def _check_plottable(where: str, name: str, value: object) -> None:
+    """Refuse a non-null ``value`` that is no finite number within :data:`PLOT_LIMIT`
+    (an SLO: at least :data:`MIN_SLO_S`)."""
+    from gpugov.daemon.cli_support import UsageError
+    from gpugov.plant.input_files import finite_number
+
+    if value is None:
+        return
+    number = finite_number(value)
+    if number is None or abs(number) > PLOT_LIMIT:
+        raise UsageError(
+            f"{where} {name} must be a finite number within ±{PLOT_LIMIT:g} to plot, "
+            f"got {value!r:.40}"
+        )
+    if name.endswith("_slo_s") and number < MIN_SLO_S:
+        raise UsageError(f"{where} {name} must be at least {MIN_SLO_S:g} s, got {value!r:.40}")
 
 
 def _printable(text: str | None) -> str:

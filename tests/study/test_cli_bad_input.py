@@ -371,6 +371,8 @@ def test_replay_names_a_malformed_recording_field(
         ("model_name", 5, "field model_name must be text, got 5"),
         ("role", "banana", "field role must be one of colocated, prefill, decode"),
         ("arrival_rate", 1.0, "unknown field 'arrival_rate'"),
+        ("power_w", 10**400, "field power_w must be a number a float holds"),
+        ("step_index", 10**400, "field step_index must be an integer a float holds"),
     ],
 )
 @pytest.mark.parametrize("controller", ["reactive", "mpc-online"])

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpugov.cli import main
 from gpugov.daemon.record import read_recording
+from gpugov.study.plot_cli import MIN_SLO_S, PLOT_LIMIT
 from gpugov.study.plots import series_from_recording
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -118,28 +121,185 @@ def test_plot_keeps_every_domain_beside_out_and_never_overwrites_the_recording(
     assert named_png.read_bytes() == recording.read_bytes()
 
 
-@pytest.mark.parametrize("damage", ["null-tick", "string-observation", "hot", "huge-power"])
-def test_plot_names_a_tick_of_the_wrong_shape(
-    recording: Path, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # Each raised a TypeError, ValueError, AttributeError or OverflowError traceback.
+def _plot_refuses(
+    path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], *named: str
+) -> str:
+    """Plot ``path``: exit 2, one ``gpugov: error:`` line naming each of ``named``, no PNG."""
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    assert main(["plot", str(path), "--out", str(out / "x.png")]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpugov: error: "), err
+    for text in named:
+        assert text in err[0], err
+    assert list(out.iterdir()) == [] and "wrote" not in captured.out
+    return err[0]
+
+
+def _damaged(recording: Path, tmp_path: Path, line: int, edit: Callable[[dict], None]) -> Path:
+    """A copy of ``recording`` with ``edit`` applied to line ``line`` (1: the header),
+    ``"@NaN"`` and the like in a string value written as the bare JSON token."""
     lines = recording.read_text().splitlines()
-    row = json.loads(lines[2])
-    if damage == "null-tick":
-        lines[2] = "null"
-    else:
-        if damage == "string-observation":
-            row["observation"] = "x"
-        elif damage == "hot":
-            row["observation"]["temperature_c"] = "hot"
-        else:
-            row["observation"]["power_w"] = 10**400
-        lines[2] = json.dumps(row)
+    data = json.loads(lines[line - 1])
+    edit(data)
+    text = json.dumps(data)
+    for token in ("NaN", "Infinity", "-Infinity", "true", "null", "1e308"):
+        text = text.replace(f'"@{token}"', token)
+    lines[line - 1] = text
     damaged = tmp_path / "damaged.jsonl"
     damaged.write_text("\n".join(lines) + "\n")
-    assert main(["plot", str(damaged), "--out", str(tmp_path / "x.png")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "a tick line is not a recording's" in err[0]
+    return damaged
+
+
+def _set(*keys: str, value: Any) -> Callable[[dict], None]:
+    """An edit setting the field at ``keys`` (nested) to ``value``."""
+
+    def edit(data: dict) -> None:
+        for key in keys[:-1]:
+            data = data[key]
+        data[keys[-1]] = value
+
+    return edit
+
+
+TICK_DAMAGE = {
+    # Each passed silently and wrote a PNG.
+    "time NaN": (_set("observation", "time_s", value="@NaN"), "time_s"),
+    "time Infinity": (_set("observation", "time_s", value="@Infinity"), "time_s"),
+    "time true": (_set("observation", "time_s", value="@true"), "field time_s"),
+    "time going back": (_set("observation", "time_s", value=-5.0), "observation.time_s"),
+    "power NaN": (_set("observation", "power_w", value="@NaN"), "observation.power_w"),
+    "power Infinity": (_set("observation", "power_w", value="@Infinity"), "observation.power_w"),
+    "temperature Infinity": (
+        _set("observation", "temperature_c", value="@Infinity"),
+        "observation.temperature_c",
+    ),
+    "observation null": (_set("observation", value="@null"), "an observation is"),
+    "observation empty": (_set("observation", value={}), "field time_s is missing"),
+    "unknown key": (_set("observation", "boost_mhz", value=1.0), "unknown field 'boost_mhz'"),
+    # Huge finite values printed matplotlib RuntimeWarnings (some then exit 2, some exit 0).
+    "requested 1e308": (_set("requested_mhz", value="@1e308"), "requested_mhz"),
+    "power 1e308": (_set("observation", "power_w", value="@1e308"), "observation.power_w"),
+    "power limit 1e308": (
+        _set("observation", "power_limit_w", value="@1e308"),
+        "observation.power_limit_w",
+    ),
+    "ttft 1e308": (
+        _set("observation", "ttft_recent_s", value="@1e308"),
+        "observation.ttft_recent_s",
+    ),
+    "time 1e308": (_set("observation", "time_s", value="@1e308"), "observation.time_s"),
+    "tiny SLO": (_set("observation", "ttft_slo_s", value=1e-300), "observation.ttft_slo_s"),
+    # Each raised a TypeError, ValueError, AttributeError or OverflowError traceback.
+    "string observation": (_set("observation", value="x"), "an observation is"),
+    "hot": (_set("observation", "temperature_c", value="hot"), "field temperature_c"),
+    "huge integer power": (_set("observation", "power_w", value=10**400), "field power_w"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(TICK_DAMAGE))
+def test_plot_names_the_field_of_a_bad_tick(
+    recording: Path, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad tick is one line naming its line and field, before any PNG."""
+    edit, field = TICK_DAMAGE[damage]
+    damaged = _damaged(recording, tmp_path, 3, edit)
+    _plot_refuses(damaged, tmp_path, capsys, f"{damaged}:3: ", field)
+
+
+def test_plot_names_a_tick_that_is_not_an_object(
+    recording: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tick line of JSON null raised a traceback."""
+    lines = recording.read_text().splitlines()
+    lines[2] = "null"
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text("\n".join(lines) + "\n")
+    _plot_refuses(damaged, tmp_path, capsys, f"{damaged}:3: a tick is a JSON object")
+
+
+HEADER_DAMAGE = {
+    "no domains": (_set("domains", value=[]), "header domains"),
+    "mode 5": (_set("mode", value=5), "header mode must be text"),
+    "controller [1]": (
+        lambda header: header["domains"][0].update(controller=[1]),
+        "header domains[0].controller must be text",
+    ),
+    "period x": (_set("period_s", value="x"), "header period_s must be a positive number"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(HEADER_DAMAGE))
+def test_plot_names_the_field_of_a_bad_header(
+    recording: Path, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A header field of the wrong kind (each plotted silently) is one line at line 1."""
+    edit, field = HEADER_DAMAGE[damage]
+    damaged = _damaged(recording, tmp_path, 1, edit)
+    _plot_refuses(damaged, tmp_path, capsys, f"{damaged}:1: ", field)
+
+
+def _two_domains(recording: Path, second_ticks: bool = True) -> list[str]:
+    """The recording's lines as domains "a" and "b" (b's ticks after a's at each step)."""
+    lines = recording.read_text().splitlines()
+    header = json.loads(lines[0])
+    (domain,) = header["domains"]
+    header["domains"] = [{**domain, "name": "a"}, {**domain, "name": "b"}]
+    body = []
+    for line in lines[1:]:
+        tick = json.loads(line)
+        body.append(json.dumps({**tick, "domain": "a"}))
+        if second_ticks:
+            body.append(json.dumps({**tick, "domain": "b"}))
+    return [json.dumps(header), *body]
+
+
+def test_plot_checks_every_domain_before_writing_any_png(
+    recording: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad tick of the second domain failed after the first domain's PNG was written."""
+    lines = _two_domains(recording)
+    bad = json.loads(lines[-1])
+    assert bad["domain"] == "b"
+    bad["observation"]["power_w"] = "hot"
+    lines[-1] = json.dumps(bad)
+    damaged = tmp_path / "two.jsonl"
+    damaged.write_text("\n".join(lines) + "\n")
+    _plot_refuses(damaged, tmp_path, capsys, f"{damaged}:{len(lines)}: ", "field power_w")
+    # So is a domain with no ticks at all: "a" is not drawn first.
+    empty = tmp_path / "empty-b.jsonl"
+    empty.write_text("\n".join(_two_domains(recording, second_ticks=False)) + "\n")
+    _plot_refuses(empty, tmp_path, capsys, "domain 'b' has no tick lines")
+
+
+def test_plot_draws_values_at_its_limit_without_a_warning(
+    recording: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    recwarn: pytest.WarningsRecorder,
+) -> None:
+    """Values at ``PLOT_LIMIT`` (and an SLO at ``MIN_SLO_S``) draw cleanly: the bound keeps
+    matplotlib's axis arithmetic from overflowing into RuntimeWarning lines."""
+    lines = recording.read_text().splitlines()
+    body = []
+    for index, line in enumerate(lines[1:]):
+        tick = json.loads(line)
+        big = -PLOT_LIMIT if index % 2 else PLOT_LIMIT
+        observation = tick["observation"]
+        for key in ("realized_clock_mhz", "power_w", "power_limit_w", "temperature_c"):
+            observation[key] = big
+        observation.update(ttft_recent_s=PLOT_LIMIT, ttft_slo_s=MIN_SLO_S)
+        observation.update(time_s=PLOT_LIMIT - 1000 + index, waiting_requests=int(PLOT_LIMIT))
+        tick["requested_mhz"] = big
+        body.append(json.dumps(tick))
+    extreme = tmp_path / "extreme.jsonl"
+    extreme.write_text("\n".join([lines[0], *body]) + "\n")
+    out = tmp_path / "extreme.png"
+    assert main(["plot", str(extreme), "--out", str(out)]) == 0
+    assert out.read_bytes().startswith(PNG_MAGIC)
+    assert capsys.readouterr().err == ""
+    assert [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)] == []
 
 
 @pytest.mark.parametrize(
