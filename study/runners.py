@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import ipaddress
 import logging
 import multiprocessing
 import os
@@ -133,6 +134,78 @@ def import_ray() -> ModuleType:
     except ImportError as error:
         raise RunnerError(RAY_INSTALL_HINT) from error
     return ray
+
+
+RAY_ADDRESS_FORMS = "'local', 'auto', HOST:PORT or ray://HOST:PORT"
+RAY_CONNECT_TIMEOUT_S = 5.0
+"""How long :func:`check_ray_reachable` waits for a cluster's port to answer."""
+
+
+def ray_endpoint(address: str) -> tuple[str, int] | None:
+    """The ``(host, port)`` that ``--ray ADDRESS`` names (None for ``local`` and ``auto``);
+    :class:`RunnerError` for any other form, found without importing Ray."""
+    if address in (LOCAL_RAY, "auto"):
+        return None
+    rest = address.removeprefix("ray://")
+    host, _, port = rest.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):  # [IPv6]:PORT
+        host = host[1:-1]
+    elif ":" in host:
+        host = ""
+    if (
+        "://" in rest
+        or not host
+        or any(char.isspace() or char in "/[]@" for char in host)
+        or not (port.isascii() and port.isdigit() and 0 < int(port) < 65536)
+    ):
+        raise RunnerError(f"--ray {address}: not a Ray address; use {RAY_ADDRESS_FORMS}")
+    return host, int(port)
+
+
+def check_ray_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """:class:`RunnerError` in seconds for a bad address or a port that does not answer,
+    which ``ray.init`` would retry for many minutes (``local`` and ``auto`` are Ray's)."""
+    endpoint = ray_endpoint(address)
+    if endpoint is None:
+        return
+    host, port = endpoint
+    hosts = [host]
+    if not address.startswith("ray://") and _is_loopback(host):
+        # ray.init joins a loopback address at this node's IP, where the head may listen.
+        with contextlib.suppress(Exception):
+            hosts.append(import_ray().util.get_node_ip_address())
+    problem = ""
+    for candidate in hosts:
+        try:
+            socket.create_connection((candidate, port), timeout=timeout_s).close()
+            return
+        except TimeoutError:
+            problem = problem or f"no answer from port {port} within {timeout_s:g} s"
+        except OSError as error:
+            problem = problem or (error.strerror or str(error))
+    raise RunnerError(f"--ray {address}: cannot join Ray: {problem}")
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine's loopback (Ray joins those at the node's IP)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@contextlib.contextmanager
+def runner_ready(spec: RunnerSpec) -> Iterator[None]:
+    """Ray joined (or started) until exit, SIGTERM handled as in :func:`map_cells`, which
+    reuses it: a command makes its output only once Ray is there (local pool: nothing)."""
+    if spec.ray_address is None:
+        yield
+        return
+    check_ray_reachable(spec.ray_address)
+    with _terminate_raises(RayRuntime(spec)):
+        yield
 
 
 def add_runner_arguments(
@@ -607,14 +680,18 @@ def map_cells(
 
 __all__ = [
     "LOCAL_RAY",
+    "RAY_ADDRESS_FORMS",
     "RAY_INSTALL_HINT",
     "CellDone",
     "RayRuntime",
     "RunnerError",
     "RunnerSpec",
     "add_runner_arguments",
+    "check_ray_reachable",
     "import_ray",
     "map_cells",
+    "ray_endpoint",
+    "runner_ready",
     "single_threaded",
     "spec_from_args",
     "worker_label",

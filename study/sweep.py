@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, fiel
 from gpugov import __version__
 from gpugov.daemon.cli_support import (
     UsageError,
+    check_output_dir,
     check_workload_fits,
     load_trace_for_cli,
     prepare_output_dir,
@@ -85,7 +86,7 @@ from gpugov.plant.workload import (
     scale_load,
     workload_checksum,
 )
-from gpugov.study.runners import RunnerSpec, import_ray, map_cells
+from gpugov.study.runners import RunnerSpec, import_ray, map_cells, ray_endpoint, runner_ready
 
 RESULTS = "results.jsonl"
 SUMMARY_MD = "summary.md"
@@ -99,6 +100,8 @@ MAX_GRID_VALUES = 1000
 MAX_GRID_CELLS = 100_000
 """Most cells one grid expands to."""
 PLOTS_HINT = "matplotlib is not installed: no plot written (pip install 'gpugov[plots]')"
+Number = Annotated[float, Strict()]
+"""A grid's number: a TOML integer or float (lax mode ran ``"5"`` and ``true``)."""
 
 
 class SweepGrid(BaseModel):
@@ -108,23 +111,20 @@ class SweepGrid(BaseModel):
 
     traces: list[str] = Field(min_length=1, max_length=MAX_GRID_VALUES)
     profiles: list[str] = Field(min_length=1, max_length=MAX_GRID_VALUES)
-    # Strict: a TOML true or "1" is a wrong type, not 1.0 (lax mode ran them).
-    loads: list[Annotated[float, Strict()]] = Field(
-        default=[1.0], min_length=1, max_length=MAX_GRID_VALUES
-    )
+    loads: list[Number] = Field(default=[1.0], min_length=1, max_length=MAX_GRID_VALUES)
     controllers: list[str] = Field(min_length=1, max_length=MAX_GRID_VALUES)
     seeds: list[Annotated[int, Strict(), Field(ge=0, le=MAX_SEED)]] = Field(
         default=[0], min_length=1, max_length=MAX_GRID_VALUES
     )
-    start_s: float = Field(default=0.0, ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)
-    duration_s: float | None = Field(default=None, gt=0.0, le=MAX_SECONDS, allow_inf_nan=False)
-    control_period_s: float = Field(
+    start_s: Number = Field(default=0.0, ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)
+    duration_s: Number | None = Field(default=None, gt=0.0, le=MAX_SECONDS, allow_inf_nan=False)
+    control_period_s: Number = Field(
         default=1.0, ge=MIN_PERIOD_S, le=MAX_PERIOD_S, allow_inf_nan=False
     )
     scheduler: str = "chunked"
-    latency_noise: float = Field(default=0.0, ge=0.0, lt=MAX_LATENCY_NOISE, allow_inf_nan=False)
-    dwell_s: float = Field(default=DEFAULT_DWELL_S, ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)
-    floor_mhz: float | None = Field(default=None, gt=0.0, le=MAX_CLOCK_MHZ, allow_inf_nan=False)
+    latency_noise: Number = Field(default=0.0, ge=0.0, lt=MAX_LATENCY_NOISE, allow_inf_nan=False)
+    dwell_s: Number = Field(default=DEFAULT_DWELL_S, ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)
+    floor_mhz: Number | None = Field(default=None, gt=0.0, le=MAX_CLOCK_MHZ, allow_inf_nan=False)
     engine_view: Literal["vllm", "exact"] = "vllm"
 
     @field_validator("traces", "profiles", "controllers", "seeds", "loads")
@@ -679,10 +679,13 @@ def run_sweep(
         ``{"cells", "ran", "skipped_done", "failed", "table", "paths"}``.
 
     Raises:
-        UsageError: a bad grid, or results already in ``out`` without ``resume``.
+        UsageError: a bad grid, results already in ``out`` without ``resume``, or a
+            ``--ray`` address that is malformed or does not answer.
     """
     say = say or (lambda line: print(line, file=sys.stderr))
-    if spec is not None and spec.ray_address is not None:
+    spec = spec or RunnerSpec()
+    if spec.ray_address is not None:
+        ray_endpoint(spec.ray_address)  # a malformed address, before Ray is imported
         import_ray()  # the install hint before any work or file
     plan = plan_sweep(grid_path)
     results_path = out / RESULTS
@@ -691,6 +694,22 @@ def run_sweep(
             f"--out {out}: {results_path.name} already holds results; add --resume to "
             "continue that sweep, or choose another --out"
         )
+    check_output_dir("--out", out)
+    with runner_ready(spec):  # Ray joined before DIR is made or progress printed
+        return _run_plan(plan, grid_path, out, spec, resume, say, progress_stream)
+
+
+def _run_plan(
+    plan: SweepPlan,
+    grid_path: Path,
+    out: Path,
+    spec: RunnerSpec,
+    resume: bool,
+    say: Callable[[str], None],
+    progress_stream: Any,
+) -> dict[str, Any]:
+    """:func:`run_sweep` once its inputs are checked and its runner is ready."""
+    results_path = out / RESULTS
     prepare_output_dir("--out", out)
     rows, dropped = read_results(results_path, repair=True)
     if dropped:
@@ -737,7 +756,7 @@ def run_sweep(
                 "grid": plan.grid.model_dump(),
                 "cells": len(plan.cells),
                 "failed": failed,
-                "runner": (spec or RunnerSpec()).describe(),
+                "runner": spec.describe(),
                 "table": json_safe(table),
             },
             indent=1,

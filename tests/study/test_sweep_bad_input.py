@@ -1,0 +1,134 @@
+"""``gpugov sweep`` refuses bad settings and ``--ray`` addresses in one line (exit 2) before
+any work: no progress line, no ``--out`` directory, and no Ray started for a malformed
+address."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpugov.cli import main
+from gpugov.study import sweep
+from gpugov.study.runners import RunnerError, RunnerSpec
+
+GRID = 'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\ncontrollers = ["max"]\n'
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(argv)
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def _refused(tmp_path: Path, settings: str, *flags: str) -> str:
+    """Run a one-cell sweep; assert exit 2, one ``gpugov: error:`` line and no ``--out``."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID + settings)
+    out = tmp_path / "out"
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), *flags])
+    assert code == 2, stderr
+    assert stderr.startswith("gpugov: error: ") and stderr.count("\n") == 1, stderr
+    assert not out.exists()
+    return stderr
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        'start_s = "0"',
+        'duration_s = "5"',
+        'floor_mhz = "1000"',
+        'control_period_s = "1"',
+        'latency_noise = "0.1"',
+        'dwell_s = "0.5"',
+        "start_s = true",
+        'loads = ["1"]',
+    ],
+)
+def test_a_setting_written_as_a_string_is_refused(tmp_path: Path, setting: str) -> None:
+    # Lax validation turned each string into a number and ran the sweep.
+    key = setting.split(" =")[0] + ("[0]" if setting.startswith("loads") else "")
+    window = "" if key == "duration_s" else "duration_s = 5\n"
+    stderr = _refused(tmp_path, f"{window}{setting}\n")
+    assert f"grid.toml: key '{key}': Input should be a valid number" in stderr
+
+
+def test_integers_are_numbers(tmp_path: Path) -> None:
+    grid = sweep.read_grid(_write(tmp_path, "duration_s = 5\nfloor_mhz = 1000\nloads = [1, 2]\n"))
+    assert grid.duration_s == 5.0 and isinstance(grid.duration_s, float)
+    assert grid.settings()["floor_mhz"] == 1000.0 and grid.loads == [1.0, 2.0]
+
+
+def _write(folder: Path, settings: str) -> Path:
+    path = folder / "grid.toml"
+    path.write_text(GRID + settings)
+    return path
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["nope", "head:port", "head:0", "head:70000", ":6379", "::1:6379", "http://head:1", "ray://"],
+)
+def test_a_malformed_ray_address_is_refused_without_ray(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, address: str
+) -> None:
+    # It printed a progress line, made --out with grid.toml and an empty results.jsonl,
+    # then said Ray's "Invalid address format".
+    monkeypatch.setitem(sys.modules, "ray", None)  # Ray is neither imported nor started
+    stderr = _refused(tmp_path, "duration_s = 5\n", "--ray", address)
+    assert stderr.startswith(f"gpugov: error: --ray {address}: not a Ray address; use "), stderr
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A loopback port bound but not listening: a connection to it is refused at once."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        yield holder.getsockname()[1]
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_a_ray_address_where_nothing_listens_is_refused_in_seconds(
+    tmp_path: Path, closed_port: int, scheme: str
+) -> None:
+    # ray.init retried it for many minutes, after --out was made.
+    pytest.importorskip("ray")
+    address = f"{scheme}127.0.0.1:{closed_port}"
+    stderr = _refused(tmp_path, "duration_s = 5\n", "--ray", address)
+    assert stderr.startswith(f"gpugov: error: --ray {address}: cannot join Ray: "), stderr
+
+
+def test_the_output_directory_is_made_only_once_ray_has_joined(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = []
+
+    @contextlib.contextmanager
+    def unreachable(spec: RunnerSpec) -> Iterator[None]:
+        seen.append((tmp_path / "out").exists())
+        raise RunnerError(f"--ray {spec.ray_address}: cannot start or join Ray: timed out")
+        yield
+
+    pytest.importorskip("ray")
+    monkeypatch.setattr(sweep, "runner_ready", unreachable)
+    stderr = _refused(tmp_path, "duration_s = 5\n", "--ray", "head.example:6379")
+    assert seen == [False] and "cannot start or join Ray: timed out" in stderr
+
+
+def test_a_bad_out_parent_is_refused_before_ray_joins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("ray")
+    monkeypatch.setattr(sweep, "runner_ready", None)  # reaching it would raise TypeError
+    grid = _write(tmp_path, "duration_s = 5\n")
+    out = tmp_path / "missing" / "out"
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--ray", "auto"])
+    assert code == 2 and stderr.count("\n") == 1 and "does not exist" in stderr, stderr
+    assert not out.parent.exists()
