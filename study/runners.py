@@ -240,10 +240,14 @@ def add_runner_arguments(
 
 
 def spec_from_args(args: Any) -> RunnerSpec:
-    """The :class:`RunnerSpec` of parsed ``--jobs``/``--ray``/``--retries`` arguments."""
+    """The :class:`RunnerSpec` of parsed ``--jobs``/``--ray``/``--retries`` arguments; a
+    malformed ``--ray`` address is a :class:`RunnerError` here, before any work."""
+    address = getattr(args, "ray", None)
+    if address is not None:
+        ray_endpoint(address)
     return RunnerSpec(
         jobs=getattr(args, "jobs", None) or 0,
-        ray_address=getattr(args, "ray", None),
+        ray_address=address,
         retries=getattr(args, "retries", DEFAULT_RETRIES),
     )
 

@@ -454,3 +454,21 @@ def test_bench_refuses_a_floor_no_gpu_reaches_and_repeated_names(
     assert main(["bench", "controllers", "--quick", *flags, "--out", str(out)]) == 2
     assert named in _one_error_line(capsys)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["bench", "controllers", "--quick"],
+        ["experiments", "--quick"],
+        ["fleet", "--nodes", "2", "--no-step"],
+    ],
+)
+def test_a_malformed_ray_address_is_refused_before_any_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    # It printed progress (and made --out, for experiments and fleet) before Ray refused it.
+    out = tmp_path / "out"
+    assert main([*command, "--ray", "nope", "--out", str(out)]) == 2
+    assert "--ray nope: not a Ray address" in _one_error_line(capsys)
+    assert not out.exists()
