@@ -143,6 +143,7 @@ def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
         return OnlineMPCControllerConfig(kind="mpc-online", prior_profile=argument)
     fields: dict[str, Any] = {}
     hints: dict[str, Any] = {}
+    seen: set[str] = set()
     for item in argument.split(","):
         key, equals, value = (part.strip() for part in item.partition("="))
         if key not in ONLINE_HINT_KEYS or not equals or not value:
@@ -150,6 +151,9 @@ def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
                 f"--controller {text!r}: expected KEY=VALUE with KEY one of "
                 f"{', '.join(sorted(ONLINE_HINT_KEYS))}, got {item!r}"
             )
+        if key in seen:
+            raise ValueError(f"--controller {text!r}: {key} given more than once")
+        seen.add(key)
         name = ONLINE_HINT_KEYS[key]
         if name == "prior_profile":
             fields[name] = value

@@ -378,6 +378,8 @@ def _parse_csv(path: Path, text: str, fmt: str) -> _Parsed:
                 f"missing column {col!r} required by format {fmt!r}; header has "
                 f"{', '.join(map(repr, header))}",
             )
+        if header.count(col) > 1:
+            raise _fail(path, 1, f"column {col!r} appears more than once in the header")
     i_ts, i_prompt, i_output = (header.index(c) for c in (ts_col, prompt_col, output_col))
     width = len(header)
     azure_clock = _AzureClock() if fmt == "azure" else None

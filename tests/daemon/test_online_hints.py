@@ -145,6 +145,7 @@ def test_the_spec_takes_hints(text: str, expected: PriorHintsConfig) -> None:
         ("mpc-online:tp=0", "tensor_parallel: Input should be greater than or equal to 1"),
         ("mpc-online:gpus=H100", "KEY one of"),
         ("mpc-online:params_b=8,active_params_b=13", "prior.active_params_b (13) exceeds"),
+        ("mpc-online:params_b=8,params_b=9", "params_b given more than once"),
     ],
 )
 def test_a_bad_spec_hint_is_one_line(text: str, named: str) -> None:

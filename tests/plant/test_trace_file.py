@@ -61,3 +61,11 @@ def test_a_timestamp_too_large_for_a_float_is_refused_with_its_line(
     )
     with pytest.raises(TraceError, match=r"mooncake.jsonl:2: field 'timestamp': timestamp must"):
         load_trace(path)
+
+
+def test_a_column_named_twice_is_refused(tmp_path: Path) -> None:
+    # Which of the two a row's prompt length came from was the reader's choice.
+    path = tmp_path / "dup.csv"
+    path.write_text("arrival_time_s,prompt_tokens,output_tokens,prompt_tokens\n0,10,5,20\n")
+    with pytest.raises(TraceError, match=r"dup.csv:1: column 'prompt_tokens' appears more than"):
+        load_trace(path)
