@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from gpugov.plant.disaggregated_layout import ROLES, DisaggregatedPlant, PoolSpe
 from gpugov.plant.profile import load_profile
 from gpugov.plant.types import ClockController, Request
 from gpugov.plant.workload import TraceError
+from gpugov.study.runners import RunnerSpec, import_ray, map_cells, spec_from_args
 from gpugov.study.scoreboard.controllers import study_controller
 from gpugov.study.scoreboard.run import slo_energy_fields
 from gpugov.study.scoreboard.scenarios import (
@@ -415,6 +416,22 @@ def run_disaggregated_scenario(
     return rows
 
 
+def disaggregated_cell(
+    cell: tuple[str, str, str, str], shared: Mapping[str, Any]
+) -> dict[str, Any]:
+    """One scenario ``(trace, profile, load, layout)`` as a runner task: its description and
+    rows, or the reason it was skipped (a window with no requests, a trace not present)."""
+    trace, profile_name, load, layout = cell
+    config: BenchConfig = shared["config"]
+    plant = ServingPlant.from_profile(load_profile(profile_name))
+    try:
+        scenario = build_disaggregated_scenario(trace, plant, layout, load, config.duration_s)
+    except (EmptyWindowError, TraceError) as error:
+        return {"skipped": {"scenario": "|".join(cell), "reason": str(error)}}
+    rows = run_disaggregated_scenario(scenario, plant, config, shared["controllers"])
+    return {"scenario": scenario.describe(), "key": scenario.key, "rows": rows}
+
+
 def run_disaggregated(
     config: BenchConfig,
     *,
@@ -423,31 +440,43 @@ def run_disaggregated(
     layouts: Sequence[str] | None = None,
     controllers: Sequence[str] = DISAGGREGATED_CONTROLLERS,
     progress: Callable[[str], None] | None = None,
+    runner: RunnerSpec | None = None,
 ) -> dict[str, Any]:
     """Every disaggregated scenario: ``traces`` x ``profiles`` x ``config.loads`` x
     ``layouts`` (defaults :data:`DISAGGREGATED_TRACES`, :data:`DISAGGREGATED_PROFILES`,
-    every layout), one after the other. A scenario whose window holds no requests is
-    skipped with its reason."""
+    every layout), each a task of ``runner`` (default: ``config.jobs`` local processes),
+    assembled in that order whatever order they finish in. A scenario whose window holds
+    no requests is skipped with its reason."""
+    cells = [
+        (trace, profile_name, load, layout)
+        for trace in traces or DISAGGREGATED_TRACES
+        for profile_name in profiles or DISAGGREGATED_PROFILES
+        for load in config.loads
+        for layout in layouts or tuple(DISAGGREGATED_LAYOUTS)
+    ]
+    outcomes: dict[int, dict[str, Any]] = {}
+    for done in map_cells(
+        disaggregated_cell,
+        cells,
+        spec=runner or RunnerSpec(jobs=config.jobs),
+        shared={"config": config, "controllers": tuple(controllers)},
+        on_event=progress,
+        label=lambda cell: "|".join(cell),
+    ):
+        outcomes[done.index] = done.value
+        if progress is not None:
+            finished = done.value.get("key") or done.value["skipped"]["scenario"]
+            progress(f"[{len(outcomes)}] {finished}")
     scenarios: list[dict[str, Any]] = []
     skipped: list[dict[str, str]] = []
     rows: list[dict[str, Any]] = []
-    for trace in traces or DISAGGREGATED_TRACES:
-        for profile_name in profiles or DISAGGREGATED_PROFILES:
-            plant = ServingPlant.from_profile(load_profile(profile_name))
-            for load in config.loads:
-                for layout in layouts or tuple(DISAGGREGATED_LAYOUTS):
-                    key = f"{trace}|{profile_name}|{load}|{layout}"
-                    try:
-                        scenario = build_disaggregated_scenario(
-                            trace, plant, layout, load, config.duration_s
-                        )
-                    except (EmptyWindowError, TraceError) as error:
-                        skipped.append({"scenario": key, "reason": str(error)})
-                        continue
-                    scenarios.append(scenario.describe())
-                    rows.extend(run_disaggregated_scenario(scenario, plant, config, controllers))
-                    if progress is not None:
-                        progress(f"[{len(scenarios)}] {scenario.key}")
+    for index in range(len(cells)):
+        outcome = outcomes[index]
+        if "skipped" in outcome:
+            skipped.append(outcome["skipped"])
+            continue
+        scenarios.append(outcome["scenario"])
+        rows.extend(outcome["rows"])
     return {
         "layout": "disaggregated",
         "scenarios": scenarios,
@@ -549,6 +578,9 @@ def run_disaggregated_from_args(args: Any, config: BenchConfig) -> int:
     from gpugov.daemon.cli_support import UsageError, prepare_output_dir
     from gpugov.daemon.progress import Progress
 
+    runner = replace(spec_from_args(args), jobs=config.jobs)
+    if runner.ray_address is not None:
+        import_ray()  # --ray without Ray installed: the install hint, before any work
     prepare_output_dir("--out", args.out, parents=args.out == str(DEFAULT_OUT))
     traces = getattr(args, "traces", None) or DISAGGREGATED_TRACES
     profiles = config.profiles if getattr(args, "profiles", None) else DISAGGREGATED_PROFILES
@@ -561,7 +593,13 @@ def run_disaggregated_from_args(args: Any, config: BenchConfig) -> int:
         done += 1
         bar.update(done, line, force=True)
 
-    payload = run_disaggregated(config, traces=traces, profiles=profiles, progress=progress)
+    payload = run_disaggregated(
+        config,
+        traces=traces,
+        profiles=profiles,
+        progress=progress,
+        runner=runner,
+    )
     bar.close()
     if not payload["rows"]:
         reasons = "; ".join(sorted({s["reason"] for s in payload["skipped"]}))

@@ -201,3 +201,28 @@ def test_every_pool_and_the_colocated_twin_observe_the_configured_engine_view(
     assert roles == []
     # The maximum clock decides nothing from what it sees.
     assert exact[0]["energy_j"] == pytest.approx(rows[0]["energy_j"])
+
+
+def test_the_board_is_the_same_in_parallel_as_in_one_process() -> None:
+    # Each scenario is a runner task (local pool or Ray); the rows come back in the
+    # scenarios' order, whatever order the tasks finish in, and with the same numbers.
+    from gpugov.study.runners import RunnerSpec
+    from gpugov.study.scoreboard.disaggregated import run_disaggregated
+
+    config = replace(TINY, duration_s=8.0, loads=("recorded",))
+    kwargs = {
+        "traces": ("azure-conv-10min",),
+        "profiles": ("h200-sxm-llama3-8b",),
+        "controllers": ("max", "reactive"),
+    }
+    lines: list[str] = []
+    serial = run_disaggregated(config, runner=RunnerSpec(jobs=1), **kwargs)  # type: ignore[arg-type]
+    pooled = run_disaggregated(config, runner=RunnerSpec(jobs=2), progress=lines.append, **kwargs)  # type: ignore[arg-type]
+
+    def numbers(payload: dict) -> list[dict]:  # type: ignore[type-arg]
+        return [{k: v for k, v in row.items() if k != "wall_s"} for row in payload["rows"]]
+
+    assert [row["layout"] for row in pooled["rows"]][:3] == ["1P1D"] * 3
+    assert numbers(pooled) == numbers(serial) and len(numbers(serial)) == 6
+    assert pooled["scenarios"] == serial["scenarios"]
+    assert [line.split()[0] for line in lines] == ["[1]", "[2]"]
