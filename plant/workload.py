@@ -243,6 +243,9 @@ def _token_count(raw: Any, field: str, path: Path, line: int) -> int:
     if isinstance(raw, bool) or not isinstance(raw, int | float | str):
         raise _fail(path, line, f"field {field!r}: expected a token count, got {raw!r}")
     if isinstance(raw, str):
+        if not raw.isascii() or "_" in raw:
+            # int() reads "1_000" and other scripts' digits: not a trace's numbers.
+            raise _fail(path, line, f"field {field!r}: expected a token count, got {raw!r:.40}")
         try:
             value = int(raw)
         except ValueError:
@@ -267,8 +270,8 @@ def _token_count(raw: Any, field: str, path: Path, line: int) -> int:
 
 def _seconds(raw: Any, field: str, path: Path, line: int) -> float:
     """Parse a finite numeric timestamp (seconds or milliseconds, as the format says)."""
-    if isinstance(raw, bool):
-        raise _fail(path, line, f"field {field!r}: expected a number, got {raw!r}")
+    if isinstance(raw, bool) or (isinstance(raw, str) and (not raw.isascii() or "_" in raw)):
+        raise _fail(path, line, f"field {field!r}: expected a number, got {raw!r:.40}")
     try:
         value = float(raw)
     except (TypeError, ValueError):

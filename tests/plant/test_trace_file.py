@@ -69,3 +69,21 @@ def test_a_column_named_twice_is_refused(tmp_path: Path) -> None:
     path.write_text("arrival_time_s,prompt_tokens,output_tokens,prompt_tokens\n0,10,5,20\n")
     with pytest.raises(TraceError, match=r"dup.csv:1: column 'prompt_tokens' appears more than"):
         load_trace(path)
+
+
+@pytest.mark.parametrize(
+    ("row", "named"),
+    [
+        ("0,1_000,5", "field 'prompt_tokens': expected a token count, got '1_000'"),
+        ("0,\u0663,5", "field 'prompt_tokens': expected a token count"),
+        ("1_0,10,5", "field 'arrival_time_s': expected a number, got '1_0'"),
+    ],
+)
+def test_numbers_python_reads_but_a_trace_does_not_hold_are_refused(
+    tmp_path: Path, row: str, named: str
+) -> None:
+    # int() and float() read digit separators and other scripts' digits.
+    path = tmp_path / "t.csv"
+    path.write_text(f"arrival_time_s,prompt_tokens,output_tokens\n{row}\n", encoding="utf-8")
+    with pytest.raises(TraceError, match=named):
+        load_trace(path)
