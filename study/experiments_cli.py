@@ -58,6 +58,7 @@ from gpugov.study.experiments import assemble_textbook_results, build_textbook_r
 from gpugov.study.runners import (
     RunnerSpec,
     add_runner_arguments,
+    check_ray_reachable,
     import_ray,
     map_cells,
     single_threaded,
@@ -624,6 +625,7 @@ def run_experiments(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     if spec.ray_address is not None:
         import_ray()  # the install hint before any work
+        check_ray_reachable(spec.ray_address)  # a cluster not there: refused in seconds
     sizes = QUICK_SIZES if args.quick else SEED_SIZES
 
     evaluation, report = load_trace_for_cli(

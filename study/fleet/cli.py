@@ -114,9 +114,10 @@ def run_fleet_command(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from error
     runner = spec_from_args(args)
     if runner.ray_address is not None:
-        from gpugov.study.runners import import_ray
+        from gpugov.study.runners import check_ray_reachable, import_ray
 
         import_ray()  # --ray without Ray installed: the install hint, before any work
+        check_ray_reachable(runner.ray_address)  # a cluster not there: refused in seconds
     check_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)
     check_inputs(config)
     prepare_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)

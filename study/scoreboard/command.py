@@ -281,9 +281,10 @@ def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -
     pyplot()  # scoreboard.png needs the gpugov[plots] extra: say so before the run
     runner = replace(spec_from_args(args), jobs=config.jobs)
     if runner.ray_address is not None:
-        from gpugov.study.runners import import_ray
+        from gpugov.study.runners import check_ray_reachable, import_ray
 
         import_ray()  # --ray without Ray installed: the install hint, before any work
+        check_ray_reachable(runner.ray_address)  # a cluster not there: refused in seconds
     report_dir = getattr(args, "report", None)
     if report_dir is not None:
         check_output_dir("--report", report_dir)  # refused before --out is made

@@ -45,7 +45,13 @@ from gpugov.plant.disaggregated_layout import ROLES, DisaggregatedPlant, PoolSpe
 from gpugov.plant.profile import load_profile
 from gpugov.plant.types import ClockController, Request
 from gpugov.plant.workload import TraceError
-from gpugov.study.runners import RunnerSpec, import_ray, map_cells, spec_from_args
+from gpugov.study.runners import (
+    RunnerSpec,
+    check_ray_reachable,
+    import_ray,
+    map_cells,
+    spec_from_args,
+)
 from gpugov.study.scoreboard.controllers import study_controller
 from gpugov.study.scoreboard.run import slo_energy_fields
 from gpugov.study.scoreboard.scenarios import (
@@ -581,6 +587,7 @@ def run_disaggregated_from_args(args: Any, config: BenchConfig) -> int:
     runner = replace(spec_from_args(args), jobs=config.jobs)
     if runner.ray_address is not None:
         import_ray()  # --ray without Ray installed: the install hint, before any work
+        check_ray_reachable(runner.ray_address)  # a cluster not there: refused in seconds
     prepare_output_dir("--out", args.out, parents=args.out == str(DEFAULT_OUT))
     traces = getattr(args, "traces", None) or DISAGGREGATED_TRACES
     profiles = config.profiles if getattr(args, "profiles", None) else DISAGGREGATED_PROFILES

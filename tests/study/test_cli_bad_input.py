@@ -472,3 +472,27 @@ def test_a_malformed_ray_address_is_refused_before_any_output(
     assert main([*command, "--ray", "nope", "--out", str(out)]) == 2
     assert "--ray nope: not a Ray address" in _one_error_line(capsys)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["bench", "controllers", "--quick"],
+        ["bench", "controllers", "--layout", "disaggregated"],
+        ["experiments", "--quick"],
+        ["fleet", "--nodes", "2", "--no-step"],
+    ],
+)
+def test_a_ray_address_where_nothing_listens_is_refused_before_any_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    # Ray retried such an address for about 14 minutes, after --out was made.
+    import socket
+
+    with socket.socket() as bound:  # a port of ours that does not listen
+        bound.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{bound.getsockname()[1]}"
+        out = tmp_path / "out"
+        assert main([*command, "--ray", address, "--out", str(out)]) == 2
+    assert f"--ray {address}: cannot join Ray" in _one_error_line(capsys)
+    assert not out.exists()
