@@ -11,6 +11,7 @@ when they register their flags.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 from collections.abc import Callable
 
@@ -156,3 +157,13 @@ __all__ = [
     "slo_target",
     "speed",
 ]
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost`` (an address only this machine reaches)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ipaddress
 import logging
 import multiprocessing
 import os
@@ -170,7 +169,7 @@ def check_ray_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) 
         return
     host, port = endpoint
     hosts = [host]
-    if not address.startswith("ray://") and _is_loopback(host):
+    if not address.startswith("ray://") and cli_types.is_loopback(host):
         # ray.init joins a loopback address at this node's IP, where the head may listen.
         with contextlib.suppress(Exception):
             hosts.append(import_ray().util.get_node_ip_address())
@@ -184,16 +183,6 @@ def check_ray_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) 
         except OSError as error:
             problem = problem or (error.strerror or str(error))
     raise RunnerError(f"--ray {address}: cannot join Ray: {problem}")
-
-
-def _is_loopback(host: str) -> bool:
-    """Whether ``host`` is this machine's loopback (Ray joins those at the node's IP)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @contextlib.contextmanager

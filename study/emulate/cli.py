@@ -20,13 +20,13 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     from gpugov.plant import ServingPlant, load_profile
     from gpugov.study.emulate.disaggregated import DisaggregatedNode
     from gpugov.study.emulate.node import EmulatedNode
-    from gpugov.study.emulate.server import EmulatorServer, is_loopback
+    from gpugov.study.emulate.server import EmulatorServer
 
     try:
         host, port = parse_address(args.address)
     except ValueError as error:
         raise UsageError(f"--address {error}") from error
-    if not is_loopback(host):
+    if not cli_types.is_loopback(host):
         raise UsageError(f"--address {args.address}: the emulator serves on loopback only")
     layout = args.layout
     if layout is None:

@@ -31,7 +31,6 @@ series (``vllm:request_success_total`` counts finished requests only).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import math
@@ -45,6 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
+from gpugov.daemon.cli_types import is_loopback
 from gpugov.study.emulate.api import ApiError, Responder, models_body, parse_request, token_text
 from gpugov.study.emulate.disaggregated import POOL_PATHS, DisaggregatedNode, render_pool_metrics
 from gpugov.study.emulate.metrics import render_metrics
@@ -98,16 +98,6 @@ def energy_since(path: str) -> float | None:
     if not math.isfinite(since) or since < 0.0:
         raise ApiError(f"since must be a finite number >= 0, got {values[0][:40]!r}")
     return since
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and ``localhost``."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class _Handler(BaseHTTPRequestHandler):
