@@ -22,6 +22,7 @@ from gpugov import __version__
 from gpugov.daemon.errors import GpugovError
 from gpugov.daemon.files import InputFileError, json_safe, loads_json, read_input_text
 from gpugov.daemon.loop import TickRecord
+from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import ServingObservation
 
 RECORD_FORMAT = "gpugov-record-v1"
@@ -94,6 +95,44 @@ def _field_value(name: str, value: Any) -> Any:
             raise ValueError(f"field {name} must be {wanted}, got {value!r:.40}")
         return int(value)
     return number
+
+
+def recorded_domains(where: str, header: Mapping[str, Any]) -> tuple[float, dict[str, Any]]:
+    """A recording header's period and its domains by name, each an object with a text
+    name: what every reader of a recording needs of it (replay and plot check the rest).
+
+    Raises:
+        RecordingError: a field of the wrong kind, named after ``where`` (the file and
+            "header").
+    """
+    period = finite_number(header.get("period_s", 1.0))
+    if period is None or period <= 0.0:
+        raise RecordingError(
+            f"{where} period_s must be a positive number, got {header.get('period_s')!r:.40}"
+        )
+    listed = header.get("domains", [])
+    if not isinstance(listed, list):
+        raise RecordingError(f"{where} domains must be a list, got {listed!r:.40}")
+    domains: dict[str, Any] = {}
+    for index, info in enumerate(listed):
+        if not isinstance(info, dict) or not isinstance(info.get("name"), str):
+            raise RecordingError(f"{where} domains[{index}] is no object with a name")
+        domains[info["name"]] = info
+    return period, domains
+
+
+def tick_domain(where: str, row: object, domains: Mapping[str, Any]) -> str:
+    """The domain a tick line names, which the header must list.
+
+    Raises:
+        RecordingError: the line is no JSON object, or names no listed domain.
+    """
+    if not isinstance(row, dict):
+        raise RecordingError(f"{where} a tick is a JSON object, got {row!r:.40}")
+    domain = row.get("domain")
+    if not isinstance(domain, str) or domain not in domains:
+        raise RecordingError(f"{where} domain {domain!r:.40} is not in the header")
+    return domain
 
 
 def observation_from_dict(

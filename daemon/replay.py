@@ -20,7 +20,13 @@ from gpugov.controllers.budget import SLOTarget
 from gpugov.daemon.config import ControllerConfig, SLOTargetConfig
 from gpugov.daemon.controller_spec import canonical_controller_name, spec_name
 from gpugov.daemon.decide import ControllerContext, Forecasts, build_controller
-from gpugov.daemon.record import RecordingError, observation_from_dict, read_recording
+from gpugov.daemon.record import (
+    RecordingError,
+    observation_from_dict,
+    read_recording,
+    recorded_domains,
+    tick_domain,
+)
 from gpugov.daemon.roles import ROLES
 from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S, SafetySettings
 from gpugov.plant.input_files import finite_number
@@ -189,19 +195,8 @@ def checked_header(
     Raises:
         RecordingError: a field of the wrong kind, named.
     """
-    period = finite_number(header.get("period_s", 1.0))
-    if period is None or period <= 0.0:
-        raise RecordingError(
-            f"{path}: header period_s must be a positive number, got {header.get('period_s')!r}"
-        )
-    listed = header.get("domains", [])
-    if not isinstance(listed, list):
-        raise RecordingError(f"{path}: header domains must be a list, got {listed!r:.40}")
-    domains: dict[str, dict[str, Any]] = {}
-    for index, info in enumerate(listed):
-        if not isinstance(info, dict) or not isinstance(info.get("name"), str):
-            raise RecordingError(f"{path}: header domains[{index}] is no object with a name")
-        name = info["name"]
+    period, domains = recorded_domains(f"{path}: header", header)
+    for name, info in domains.items():
         clocks = info.get("supported_clocks_mhz") or []
         values = [finite_number(clock) for clock in clocks] if isinstance(clocks, list) else [None]
         if not clocks:
@@ -222,7 +217,6 @@ def checked_header(
         names = info.get("gpu_names")
         if names is not None and not isinstance(names, list):
             raise RecordingError(f"{path}: domain {name!r}: gpu_names must be a list")
-        domains[name] = info
     return period, domains
 
 
@@ -253,11 +247,7 @@ def replay(
         replayed_controller=spec_name(spec),
     )
     for number, row in enumerate(rows, start=2):
-        if not isinstance(row, dict):
-            raise RecordingError(f"{path}:{number}: a tick is a JSON object, got {row!r:.40}")
-        domain = row.get("domain")
-        if not isinstance(domain, str) or domain not in controllers:
-            raise RecordingError(f"{path}:{number}: domain {domain!r} is not in the header")
+        domain = tick_domain(f"{path}:{number}:", row, controllers)
         if row.get("failsafe") or row.get("requested_mhz") is None:
             report.skipped_failsafe += 1
             continue

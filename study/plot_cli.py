@@ -97,35 +97,29 @@ def run_plot(args: argparse.Namespace) -> int:
 
 def checked_header(source: Path, header: dict[str, Any]) -> dict[str, str | None]:
     """Each domain's recorded controller (None: not recorded) by name; a header field plot
-    reads of the wrong kind is a :class:`UsageError` naming it (replay's wording, line 1)."""
+    reads of the wrong kind is a :class:`UsageError` naming it (at line 1, as replay)."""
     from gpugov.daemon.cli_support import UsageError
-    from gpugov.plant.input_files import finite_number
+    from gpugov.daemon.record import RecordingError, recorded_domains
 
     where = f"{source}:1: header"
-    period = finite_number(header.get("period_s", 1.0))
-    if period is None or period <= 0.0:
-        raise UsageError(
-            f"{where} period_s must be a positive number, got {header.get('period_s')!r:.40}"
-        )
+    try:
+        _, domains = recorded_domains(where, header)
+    except RecordingError as error:
+        raise UsageError(str(error)) from error
     if header.get("mode") is not None and not isinstance(header["mode"], str):
         raise UsageError(f"{where} mode must be text, got {header['mode']!r:.40}")
     if header.get("dry_run") is not None and not isinstance(header["dry_run"], bool):
         raise UsageError(f"{where} dry_run must be true or false, got {header['dry_run']!r:.40}")
-    listed = header.get("domains", [])
-    if not isinstance(listed, list):
-        raise UsageError(f"{where} domains must be a list, got {listed!r:.40}")
-    if not listed:
+    if not domains:
         raise UsageError(f"{where} domains must name at least one domain, got []")
     controllers: dict[str, str | None] = {}
-    for index, info in enumerate(listed):
-        if not isinstance(info, dict) or not isinstance(info.get("name"), str):
-            raise UsageError(f"{where} domains[{index}] is no object with a name")
+    for index, (name, info) in enumerate(domains.items()):
         controller = info.get("controller")
         if controller is not None and not isinstance(controller, str):
             raise UsageError(
                 f"{where} domains[{index}].controller must be text, got {controller!r:.40}"
             )
-        controllers[info["name"]] = controller
+        controllers[name] = controller
     return controllers
 
 
@@ -133,16 +127,15 @@ def checked_ticks(source: Path, rows: list[Any], domains: dict[str, Any]) -> Non
     """Refuse (:class:`UsageError`, ``FILE:LINE:`` and the field) a tick replay would
     refuse, a plotted number :func:`_check_plottable` refuses, or time going back."""
     from gpugov.daemon.cli_support import UsageError
-    from gpugov.daemon.record import observation_from_dict
+    from gpugov.daemon.record import RecordingError, observation_from_dict, tick_domain
 
     previous: dict[str, float] = {}
     for number, row in enumerate(rows, start=2):
         where = f"{source}:{number}:"
-        if not isinstance(row, dict):
-            raise UsageError(f"{where} a tick is a JSON object, got {row!r:.40}")
-        domain = row.get("domain")
-        if not isinstance(domain, str) or domain not in domains:
-            raise UsageError(f"{where} domain {domain!r:.40} is not in the header")
+        try:
+            domain = tick_domain(where, row, domains)
+        except RecordingError as error:
+            raise UsageError(str(error)) from error
         if "observation" not in row:
             raise UsageError(f"{where} the tick has no 'observation'")
         raw = row["observation"]
