@@ -58,8 +58,7 @@ from gpugov.study.experiments import assemble_textbook_results, build_textbook_r
 from gpugov.study.runners import (
     RunnerSpec,
     add_runner_arguments,
-    check_ray_reachable,
-    import_ray,
+    check_runner,
     map_cells,
     single_threaded,
     spec_from_args,
@@ -623,9 +622,7 @@ def run_experiments(args: argparse.Namespace) -> int:
         )
     _pyplot()  # the figures need the gpugov[plots] extra: say so now, not after the run
     spec = spec_from_args(args)
-    if spec.ray_address is not None:
-        import_ray()  # the install hint before any work
-        check_ray_reachable(spec.ray_address)  # a cluster not there: refused in seconds
+    check_runner(spec)  # --ray: Ray installed and the cluster there, before any work
     sizes = QUICK_SIZES if args.quick else SEED_SIZES
 
     evaluation, report = load_trace_for_cli(

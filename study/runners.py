@@ -185,6 +185,14 @@ def check_ray_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) 
     raise RunnerError(f"--ray {address}: cannot join Ray: {problem}")
 
 
+def check_runner(spec: RunnerSpec) -> None:
+    """What a command checks of its runner before any work: with ``--ray``, Ray installed
+    (the install hint) and the cluster's port answering (:func:`check_ray_reachable`)."""
+    if spec.ray_address is not None:
+        import_ray()
+        check_ray_reachable(spec.ray_address)
+
+
 @contextlib.contextmanager
 def runner_ready(spec: RunnerSpec) -> Iterator[None]:
     """Ray joined (or started) until exit, SIGTERM handled as in :func:`map_cells`, which
@@ -681,6 +689,7 @@ __all__ = [
     "RunnerSpec",
     "add_runner_arguments",
     "check_ray_reachable",
+    "check_runner",
     "import_ray",
     "map_cells",
     "ray_endpoint",

@@ -9,7 +9,7 @@ from pathlib import Path
 from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import add_engine_view_argument
 from gpugov.daemon.limits import MAX_SEED
-from gpugov.study.runners import add_runner_arguments, spec_from_args
+from gpugov.study.runners import add_runner_arguments, check_runner, spec_from_args
 
 MAX_NODES = 10_000
 """The most nodes one run simulates (``--nodes``)."""
@@ -113,11 +113,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(str(error)) from error
     runner = spec_from_args(args)
-    if runner.ray_address is not None:
-        from gpugov.study.runners import check_ray_reachable, import_ray
-
-        import_ray()  # --ray without Ray installed: the install hint, before any work
-        check_ray_reachable(runner.ray_address)  # a cluster not there: refused in seconds
+    check_runner(runner)  # --ray: Ray installed and the cluster there, before any work
     check_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)
     check_inputs(config)
     prepare_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)

@@ -24,7 +24,7 @@ from gpugov.daemon.simulated import ENGINE_VIEWS
 from gpugov.plant.profile import list_bundled_profiles
 from gpugov.plant.synthetic_profiles import expand_synthetic, resolve_profile
 from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, TraceError, load_trace
-from gpugov.study.runners import add_runner_arguments, spec_from_args
+from gpugov.study.runners import add_runner_arguments, check_runner, spec_from_args
 from gpugov.study.scoreboard.publish import write_report
 from gpugov.study.scoreboard.report import short_table, write_outputs
 from gpugov.study.scoreboard.run import run_scoreboard
@@ -280,11 +280,7 @@ def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -
         return run_disaggregated_from_args(args, config)
     pyplot()  # scoreboard.png needs the gpugov[plots] extra: say so before the run
     runner = replace(spec_from_args(args), jobs=config.jobs)
-    if runner.ray_address is not None:
-        from gpugov.study.runners import check_ray_reachable, import_ray
-
-        import_ray()  # --ray without Ray installed: the install hint, before any work
-        check_ray_reachable(runner.ray_address)  # a cluster not there: refused in seconds
+    check_runner(runner)  # --ray: Ray installed and the cluster there, before any work
     report_dir = getattr(args, "report", None)
     if report_dir is not None:
         check_output_dir("--report", report_dir)  # refused before --out is made

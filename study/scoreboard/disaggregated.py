@@ -47,8 +47,7 @@ from gpugov.plant.types import ClockController, Request
 from gpugov.plant.workload import TraceError
 from gpugov.study.runners import (
     RunnerSpec,
-    check_ray_reachable,
-    import_ray,
+    check_runner,
     map_cells,
     spec_from_args,
 )
@@ -585,9 +584,7 @@ def run_disaggregated_from_args(args: Any, config: BenchConfig) -> int:
     from gpugov.daemon.progress import Progress
 
     runner = replace(spec_from_args(args), jobs=config.jobs)
-    if runner.ray_address is not None:
-        import_ray()  # --ray without Ray installed: the install hint, before any work
-        check_ray_reachable(runner.ray_address)  # a cluster not there: refused in seconds
+    check_runner(runner)  # --ray: Ray installed and the cluster there, before any work
     prepare_output_dir("--out", args.out, parents=args.out == str(DEFAULT_OUT))
     traces = getattr(args, "traces", None) or DISAGGREGATED_TRACES
     profiles = config.profiles if getattr(args, "profiles", None) else DISAGGREGATED_PROFILES
