@@ -237,14 +237,19 @@ def _fail(path: Path, line: int | None, message: str) -> TraceError:
     return TraceError(f"{where}: {message}")
 
 
+def _plain_number_text(raw: str) -> bool:
+    """Whether ``raw`` can be a trace's number: ASCII without digit separators (``int()``
+    and ``float()`` also read ``1_000`` and other scripts' digits)."""
+    return raw.isascii() and "_" not in raw
+
+
 def _token_count(raw: Any, field: str, path: Path, line: int) -> int:
     """Parse a token count: a non-negative integer (``12`` or an integral ``12.0``)."""
     value: int | float
     if isinstance(raw, bool) or not isinstance(raw, int | float | str):
         raise _fail(path, line, f"field {field!r}: expected a token count, got {raw!r}")
     if isinstance(raw, str):
-        if not raw.isascii() or "_" in raw:
-            # int() reads "1_000" and other scripts' digits: not a trace's numbers.
+        if not _plain_number_text(raw):
             raise _fail(path, line, f"field {field!r}: expected a token count, got {raw!r:.40}")
         try:
             value = int(raw)
@@ -270,7 +275,7 @@ def _token_count(raw: Any, field: str, path: Path, line: int) -> int:
 
 def _seconds(raw: Any, field: str, path: Path, line: int) -> float:
     """Parse a finite numeric timestamp (seconds or milliseconds, as the format says)."""
-    if isinstance(raw, bool) or (isinstance(raw, str) and (not raw.isascii() or "_" in raw)):
+    if isinstance(raw, bool) or (isinstance(raw, str) and not _plain_number_text(raw)):
         raise _fail(path, line, f"field {field!r}: expected a number, got {raw!r:.40}")
     try:
         value = float(raw)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -80,7 +81,7 @@ def config_for(
     config = TINY if tiny else QUICK if quick else FULL
     changes: dict[str, Any] = {}
     for flag, values in (("--traces", traces), ("--profiles", profiles), ("--loads", loads)):
-        repeated = sorted({v for v in values or () if list(values or ()).count(v) > 1})
+        repeated = sorted(value for value, n in Counter(values or ()).items() if n > 1)
         if repeated:
             raise ValueError(f"{flag}: {', '.join(repeated)} given more than once")
     if traces:
