@@ -107,7 +107,9 @@ class LockState:
         try:
             if not self.path.exists():
                 return {}
-            data = loads_json(read_input_text(self.path, "state"))
+            # A safety record: whatever it names is read (a key twice: the last value), as
+            # a GPU it names as locked is restored even from a damaged record.
+            data = loads_json(read_input_text(self.path, "state"), unique_keys=False)
         except (OSError, ValueError) as error:
             self._warn("read it", error)
             return {}

@@ -205,16 +205,45 @@ def finite_number(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def loads_json(text: str | bytes) -> Any:
-    """``json.loads``, with nesting too deep for the parser (``[[[[...`` thousands deep)
-    reported as the decode error every caller already handles, not a RecursionError."""
+class _KeyTwice(ValueError):
+    """A JSON object that names one key twice (which value was meant is unknowable)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` of :func:`loads_json`: the object, or :class:`_KeyTwice`."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _KeyTwice(key)
+        out[key] = value
+    return out
+
+
+def loads_json(text: str | bytes, *, unique_keys: bool = True) -> Any:
+    """``json.loads``, with what it would accept or crash on reported as the decode error
+    every caller already handles: nesting too deep for the parser (``[[[[...`` thousands
+    deep, not a RecursionError), an integer past Python's digit limit, and, with
+    ``unique_keys``, an object that names a key twice (``json.loads`` keeps the last value
+    silently; the file's author meant one of them, and which is unknowable)."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys if unique_keys else None)
     except RecursionError:
         shown = text if isinstance(text, str) else text.decode("utf-8", "replace")
         raise json.JSONDecodeError("nested too deeply", shown, 0) from None
     except json.JSONDecodeError:
         raise
+    except _KeyTwice as twice:
+        shown = text if isinstance(text, str) else text.decode("utf-8", "replace")
+        quoted = json.dumps(twice.key)
+        first = shown.find(quoted)
+        second = shown.find(quoted, first + 1) if first >= 0 else -1
+        raise json.JSONDecodeError(
+            f"key {quoted} given twice in one object", shown, max(second, 0)
+        ) from None
     except ValueError:  # an integer past Python's 4,300-digit conversion limit
         shown = text if isinstance(text, str) else text.decode("utf-8", "replace")
         raise json.JSONDecodeError("a number with more digits than can be read", shown, 0) from None

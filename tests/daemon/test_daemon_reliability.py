@@ -559,3 +559,16 @@ def test_a_lock_record_that_is_no_record_is_warned_about(
     with caplog.at_level(logging.WARNING, logger="gpugov.daemon.lockstate"):
         assert LockState(tmp_path).read() == {}
     assert any("not a lock record" in record.getMessage() for record in caplog.records)
+
+
+def test_a_lock_record_naming_a_key_twice_is_still_read(tmp_path: Path) -> None:
+    """The lock record is a safety record: a GPU it names as locked is restored even
+    from a damaged one, so a key given twice is read (the last value), where every other
+    JSON input refuses it."""
+    first = ClockActuator([NvmlBackend(0, nvml=FakeNvml(1))], state=LockState(tmp_path, pid=1))
+    first.apply(1200)
+    path = tmp_path / "locks.json"
+    text = path.read_text()
+    assert text.startswith("{")
+    path.write_text('{"gpus": {},' + text[1:])  # "gpus" twice: the real entries last
+    assert set(LockState(tmp_path).read()) == {"GPU-fake-0000"}

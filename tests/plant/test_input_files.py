@@ -122,3 +122,20 @@ def test_nesting_too_deep_is_a_decode_error() -> None:
     with pytest.raises(tomllib.TOMLDecodeError, match="nested too deeply"):
         loads_toml("a = " + "[" * 100_000 + "]" * 100_000)
     assert loads_json('{"a": [1]}') == {"a": [1]}
+
+
+def test_a_key_given_twice_is_a_decode_error_unless_asked() -> None:
+    """``json.loads`` keeps the last of two values silently; the file's author meant one,
+    and which is unknowable: refused, naming the key and where its second copy starts,
+    at any depth. A reader that must take whatever a damaged record names (the lock
+    state) asks for the old rule."""
+    import json
+
+    from gpugov.plant.input_files import loads_json
+
+    text = '{"a": 1, "b": {"c": 2, "c": 3}}'
+    with pytest.raises(json.JSONDecodeError, match='key "c" given twice') as excinfo:
+        loads_json(text)
+    assert excinfo.value.pos == text.rindex('"c"')
+    assert loads_json(text, unique_keys=False) == {"a": 1, "b": {"c": 3}}
+    assert loads_json('[{"c": 1}, {"c": 2}]') == [{"c": 1}, {"c": 2}]  # apart: fine

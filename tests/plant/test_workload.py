@@ -392,6 +392,9 @@ BAD_FILES = [
      "negative token count"),
     ("json-backwards", '{"timestamp": 5, "input_length": 1, "output_length": 1}\n'
      '{"timestamp": 4, "input_length": 1, "output_length": 1}\n', 2, "goes backwards"),
+    ("json-key-twice", '{"timestamp": 0, "input_length": 1, "output_length": 1}\n'
+     '{"timestamp": 1, "input_length": 5, "input_length": 7, "output_length": 1}\n', 2,
+     'invalid JSON: key "input_length" given twice in one object (column 37)'),
 ]  # fmt: skip
 
 
