@@ -27,7 +27,7 @@ from gpugov import __version__
 from gpugov.daemon.files import json_safe
 from gpugov.plant import ServingResult
 from gpugov.plant.attribution import ENERGY_DEFINITIONS, energy_summary
-from gpugov.study.scoreboard.report import cell
+from gpugov.study.scoreboard.report import cell, head_to_head, head_to_head_markdown
 
 REPORT_SCHEMA = 1
 """Version of ``report.json``'s layout; raised when a field changes meaning."""
@@ -311,6 +311,7 @@ def build_report(
         "rows": rows,
         "pareto_front": pareto,
         "summary": _summary(rows),
+        "head_to_head": head_to_head(rows),
         "machine": payload.get("machine"),
         "wall_s": payload.get("wall_s"),
     }
@@ -383,6 +384,7 @@ def report_markdown(report: Mapping[str, Any]) -> str:
             f"{cell(s['median_slo_attainment'], 100, 2, '%')} | "
             f"{cell(s['median_oracle_capture'], 1, 2)} |"
         )
+    lines += head_to_head_markdown(report.get("head_to_head") or [])
     for s in report["scenarios"]:
         lines += [
             "",

@@ -58,6 +58,12 @@ DEFINITIONS = {
         "scenario duration"
     ),
     "lp_bound": "fluid LP lower bound on the energy of any run serving all the work",
+    "head_to_head": (
+        "each row against mpc-online on the scenarios where that row holds the SLO: how "
+        "many, on how many of them mpc-online holds, the row's median saving there, "
+        "mpc-online's on the same scenarios (none where it misses), and on how many the row "
+        "saves more"
+    ),
     "attributed_energy": (
         "request_stats.attributed_energy: the plant's exact per-request energy (prefill and "
         "decode, idle kept apart; docs/plant.md), mean/p50/p90/p99 per request and per "
@@ -108,6 +114,60 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+HEAD_TO_HEAD_REFERENCE = "mpc-online"
+"""The row every other is set against in :func:`head_to_head`: the default governor."""
+
+
+def head_to_head(
+    rows: Sequence[dict[str, Any]], reference: str = HEAD_TO_HEAD_REFERENCE
+) -> list[dict[str, Any]]:
+    """Each row against ``reference`` on the scenarios where that row holds the SLO.
+
+    A median over every scenario compares different sets (a row that misses a scenario
+    still counts its saving there). Here a row's median saving over the scenarios it
+    holds is set beside the reference's over the same scenarios, a reference that misses
+    one counting no saving there (savings at equal SLO), with how many of them the row
+    saves more on. Empty when the reference did not run."""
+    by_scenario: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        by_scenario.setdefault(row["scenario"], {})[row["controller"]] = row
+    if not any(reference in runs for runs in by_scenario.values()):
+        return []
+
+    def saved(row: dict[str, Any]) -> float:
+        value = row.get("energy_saved_fraction")
+        return float(value) if row["holds_slo"] and value is not None else 0.0
+
+    out = []
+    for key in CONTROLLER_ORDER:
+        if key in ("max", reference):
+            continue
+        pairs = [
+            (runs[key], runs[reference])
+            for runs in by_scenario.values()
+            if key in runs and reference in runs and runs[key]["holds_slo"]
+        ]
+        if not any(key in runs for runs in by_scenario.values()):
+            continue
+        theirs = [saved(row) for row, _ in pairs]
+        ours = [saved(other) for _, other in pairs]
+        out.append(
+            {
+                "controller": key,
+                "label": LABELS[key],
+                "reference": reference,
+                "holds_slo": len(pairs),
+                "reference_holds_slo": sum(bool(other["holds_slo"]) for _, other in pairs),
+                "median_energy_saved_fraction": float(np.median(theirs)) if pairs else None,
+                "reference_median_energy_saved_fraction": (
+                    float(np.median(ours)) if pairs else None
+                ),
+                "saves_more": sum(a > b + 1e-12 for a, b in zip(theirs, ours, strict=True)),
+            }
+        )
+    return out
+
+
 # ----------------------------------------------------------------------------- output
 def cell(value: Any, scale: float = 1.0, digits: int = 2, suffix: str = "") -> str:
     """A table cell: "-" for None, yes/no for a bool, a number scaled and rounded."""
@@ -136,6 +196,33 @@ def _chain_line(config: dict[str, Any]) -> str:
         + (f"floor {floor:g} MHz, " if floor else "no floor, ")
         + f"{config['dwell_s']:g} s dwell before a lower clock (a raise passes at once)."
     )
+
+
+def head_to_head_markdown(entries: Sequence[dict[str, Any]]) -> list[str]:
+    """The markdown section of :func:`head_to_head` (none when it is empty)."""
+    if not entries:
+        return []
+    reference = entries[0]["reference"]
+    lines = [
+        "",
+        f"## Head to head against {LABELS[reference]}",
+        "",
+        f"On the scenarios where each row holds the SLO: its median saving there, "
+        f"{LABELS[reference]}'s on the same scenarios (none where it misses), and on how "
+        "many the row saves more.",
+        "",
+        f"| controller | holds SLO | {LABELS[reference]} holds there | median saved there | "
+        f"{LABELS[reference]}'s there | saves more on |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for entry in entries:
+        lines.append(
+            f"| {entry['label']} | {entry['holds_slo']} | {entry['reference_holds_slo']} | "
+            f"{cell(entry['median_energy_saved_fraction'], 100, 1, '%')} | "
+            f"{cell(entry['reference_median_energy_saved_fraction'], 100, 1, '%')} | "
+            f"{entry['saves_more']} |"
+        )
+    return lines
 
 
 def markdown(payload: dict[str, Any]) -> str:
@@ -179,6 +266,7 @@ def markdown(payload: dict[str, Any]) -> str:
             f"{cell(s.get('median_oracle_capture_after_warmup'), 1, 2)} | "
             f"{cell(s['max_decision_time_p99_s'], 1000, 2, ' ms')} |"
         )
+    lines += head_to_head_markdown(payload.get("head_to_head") or [])
     lines += window_markdown(payload)
     lines += online_model_lines(payload["rows"])
     comparison = payload.get("mpc_solver_comparison")

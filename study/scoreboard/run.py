@@ -100,6 +100,7 @@ from gpugov.study.scoreboard.controllers import (
 from gpugov.study.scoreboard.publish import request_stats
 from gpugov.study.scoreboard.report import (
     DEFINITIONS,
+    head_to_head,
     summarize,
     write_outputs,
 )
@@ -585,6 +586,7 @@ def run_scoreboard(
         "skipped": skipped,
         "rows": rows,
         "summary": summarize(rows),
+        "head_to_head": head_to_head(rows),
         "mpc_solver_comparison": comparison,
         **windows,
     }

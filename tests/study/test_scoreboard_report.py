@@ -75,6 +75,11 @@ def test_report_folder_holds_every_file_its_readme_names(
     assert f"wrote the benchmark report to {report}" in stdout
     assert (report / "pareto.png").read_bytes().startswith(PNG_MAGIC)
     assert data["command"] in (report / "report.md").read_text()
+    # Every row set against mpc-online where it holds, in the JSON and the markdown.
+    entries = {entry["controller"]: entry for entry in data["head_to_head"]}
+    assert "mpc-online" not in entries and "max" not in entries
+    assert entries and all(entry["holds_slo"] <= 1 for entry in entries.values())
+    assert "## Head to head against" in (report / "report.md").read_text()
 
 
 def test_report_json_carries_versions_checksums_and_ml_energy_units(
@@ -268,3 +273,42 @@ def test_without_matplotlib_the_plot_data_is_written_and_said(
     readme = (tmp_path / "README.md").read_text()
     assert note in readme and "`pareto.png`" not in readme
     assert (tmp_path / "pareto.csv").is_file()
+
+
+def test_head_to_head_sets_each_row_against_mpc_online_where_the_row_holds() -> None:
+    """A median over every scenario compares different sets; the head-to-head keeps each
+    row's held scenarios and prices the default governor on the same ones, a miss of its
+    own counting no saving."""
+
+    def row(scenario: str, controller: str, saved: float, holds: bool) -> dict[str, Any]:
+        return {
+            "scenario": scenario,
+            "controller": controller,
+            "energy_saved_fraction": saved,
+            "holds_slo": holds,
+        }
+
+    rows = [
+        row("a", "mpc-online", 0.20, True),
+        row("a", "pid", 0.30, True),
+        row("a", "agft", 0.50, False),
+        row("b", "mpc-online", 0.25, False),  # its own miss: no saving there
+        row("b", "pid", 0.10, True),
+        row("b", "agft", 0.05, True),
+        row("c", "mpc-online", 0.40, True),
+        row("c", "pid", 0.35, False),
+        row("c", "agft", 0.10, True),
+    ]
+    entries = {e["controller"]: e for e in scoreboard_report.head_to_head(rows)}
+    assert set(entries) == {"agft", "pid"}
+    pid = entries["pid"]  # holds on a and b
+    assert (pid["holds_slo"], pid["reference_holds_slo"], pid["saves_more"]) == (2, 1, 2)
+    assert pid["median_energy_saved_fraction"] == pytest.approx(0.20)  # (0.30 + 0.10) / 2
+    assert pid["reference_median_energy_saved_fraction"] == pytest.approx(0.10)  # (0.2 + 0)/2
+    agft = entries["agft"]  # holds on b and c
+    assert (agft["holds_slo"], agft["reference_holds_slo"], agft["saves_more"]) == (2, 1, 1)
+    assert agft["reference_median_energy_saved_fraction"] == pytest.approx(0.20)  # (0 + 0.4)/2
+    without = [r for r in rows if r["controller"] != "mpc-online"]
+    assert scoreboard_report.head_to_head(without) == []  # no reference: no section
+    section = "\n".join(scoreboard_report.head_to_head_markdown(list(entries.values())))
+    assert "## Head to head against" in section and "| 2 | 1 | 20.0% | 10.0% | 2 |" in section
