@@ -32,6 +32,7 @@ from gpugov.study.scoreboard.run import run_scoreboard
 from gpugov.study.scoreboard.scenarios import (
     DEFAULT_OUT,
     FULL,
+    LABELS,
     LOADS,
     PROFILES,
     QUICK,
@@ -72,8 +73,13 @@ def config_for(
     floor_mhz: float | None = None,
     windows: int | None = None,
     engine_view: str | None = None,
+    outside_controllers: Sequence[str] | None = None,
 ) -> BenchConfig:
     """The full, ``--quick`` or hidden ``--tiny`` configuration with overrides.
+
+    ``outside_controllers``: ``--controller`` specs of other packages' controllers, each
+    scored as one more row; a built-in kind (already a row), a factory that does not load
+    and a name given twice or taken by a row are refused.
 
     With ``windows`` above 1 the default traces leave out those used whole; a trace named
     in ``traces`` that is used whole, or too short for the windows, is refused.
@@ -136,6 +142,8 @@ def config_for(
                     f"--floor {floor_mhz:g}: above the top supported clock of {name} ({top:g} MHz)"
                 )
         changes["floor_mhz"] = float(floor_mhz)
+    if outside_controllers:
+        changes["outside_controllers"] = _outside_rows(outside_controllers)
     if engine_view is not None:
         if engine_view not in ENGINE_VIEWS:
             raise ValueError(
@@ -157,6 +165,31 @@ def config_for(
             window_starts(trace, requests, config.duration_s, windows)
         return config
     return replace(config, **changes)
+
+
+def _outside_rows(specs: Sequence[str]) -> tuple[str, ...]:
+    """``--controller`` specs of outside controllers, each checked (its factory loaded)
+    before any work; one line naming the spec otherwise."""
+    from gpugov.daemon.config import ExternalControllerConfig
+    from gpugov.daemon.controller_spec import parse_controller_spec, spec_name
+
+    names: list[str] = []
+    for text in specs:
+        try:
+            config = parse_controller_spec(text)
+        except ValueError as error:
+            raise ValueError(f"--controller: {error}") from None
+        if not isinstance(config, ExternalControllerConfig):
+            raise ValueError(
+                f"--controller {text!r}: {spec_name(config)} is built in (the board's own "
+                "rows are fixed); name an outside controller (MODULE:FACTORY or an "
+                "installed gpugov.controllers entry point)"
+            )
+        name = spec_name(config)
+        if name in LABELS or name in names:
+            raise ValueError(f"--controller {text!r}: a row named {name!r} is there already")
+        names.append(name)
+    return tuple(specs)
 
 
 def _shown(path: Path) -> str:
@@ -239,6 +272,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(1P1D and 2P2D; default traces azure-conv and mooncake, profiles H100 and H200 8B; "
         "DIR/disaggregated.json and .md), or both",
     )
+    parser.add_argument(
+        "--controller",
+        action="append",
+        default=None,
+        metavar="SPEC",
+        help="also score another package's controller as a row (MODULE:FACTORY or an "
+        "installed gpugov.controllers entry point's name; repeat for more; "
+        "docs/benchmark.md)",
+    )
     add_engine_view_argument(parser)
     add_safety_arguments(parser, prefix="every controller runs in the node's safety chain: ")
     add_runner_arguments(parser, jobs=False)
@@ -262,7 +304,19 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         floor_mhz=args.floor,
         windows=args.windows,
         engine_view=getattr(args, "engine_view", None),
+        outside_controllers=_outside_for_layout(args),
     )
+
+
+def _outside_for_layout(args: argparse.Namespace) -> list[str] | None:
+    """``--controller`` specs, refused where the layout has no such rows."""
+    specs = getattr(args, "controller", None)
+    if specs and getattr(args, "layout", "colocated") != "colocated":
+        raise ValueError(
+            "--controller: outside controllers are scored on the colocated board only "
+            "(--layout colocated)"
+        )
+    return specs
 
 
 def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -> int:

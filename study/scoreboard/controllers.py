@@ -28,6 +28,7 @@ from gpugov.daemon.config import (
     ReactiveControllerConfig,
     ThrottLLeMControllerConfig,
 )
+from gpugov.daemon.controller_spec import parse_controller_spec, spec_name
 from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.daemon.safety import SafetySettings
 from gpugov.plant import ServingPlant
@@ -125,11 +126,14 @@ def build_scoreboard_controllers(
     online_period_s: float | None = None,
     safety: SafetySettings | None = None,
     slo_target: SLOTarget | None = None,
+    outside_controllers: Sequence[str] = (),
 ) -> list[ControllerEntry]:
     """The online controllers of the scoreboard, in table order (the one place to swap
     one in: keys ``max``, ``reactive``, ``open-loop``, ``mpc-slsqp``, ``mpc``,
-    ``mpc-online``, then the peer governors of :func:`peer_entries`), each in the node's
-    safety chain with ``safety``'s floor and dwell.
+    ``mpc-online``, then the peer governors of :func:`peer_entries`, then each of
+    ``outside_controllers``, a ``--controller`` spec of another package's controller,
+    keyed by its one name and decided every ``online_period_s`` as the peers are), each
+    in the node's safety chain with ``safety``'s floor and dwell.
 
     The MPCs are the daemon's config kinds ``mpc-slsqp`` (the seed's SLSQP solver and
     fluid model, the reference) and ``mpc`` (the fast discrete-search solver with its
@@ -203,6 +207,12 @@ def build_scoreboard_controllers(
             peer_period_s=online_period,
             safety=safety,
             slo_target=slo_target,
+        ),
+        *(
+            ControllerEntry(
+                spec_name(config), spec_name(config), make(config, online_period), online_period
+            )
+            for config in (parse_controller_spec(text) for text in outside_controllers)
         ),
     ]
 

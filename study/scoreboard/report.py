@@ -17,10 +17,7 @@ from gpugov.daemon.files import json_safe
 from gpugov.study.online_eval import (
     online_model_lines,
 )
-from gpugov.study.scoreboard.scenarios import (
-    CONTROLLER_ORDER,
-    LABELS,
-)
+from gpugov.study.scoreboard.scenarios import label_of, row_order
 from gpugov.study.scoreboard.solvers import (
     LONG_HORIZON_SPLIT,
 )
@@ -86,10 +83,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per controller across scenarios: how often it holds the SLO, its median energy
     saving and capture, and its worst p99 decision time."""
     out = []
-    for key in CONTROLLER_ORDER:
+    for key in row_order(r["controller"] for r in rows):
         mine = [r for r in rows if r["controller"] == key]
-        if not mine:
-            continue
         captures = [r["oracle_capture"] for r in mine if r["oracle_capture"] is not None]
         after = [
             r["oracle_capture_after_warmup"]
@@ -101,7 +96,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(
             {
                 "controller": key,
-                "label": LABELS[key],
+                "label": label_of(key),
                 "scenarios": len(mine),
                 "holds_slo": sum(bool(r["holds_slo"]) for r in mine),
                 "median_energy_saved_fraction": float(np.median(saved)) if saved else None,
@@ -139,7 +134,7 @@ def head_to_head(
         return float(value) if row["holds_slo"] and value is not None else 0.0
 
     out = []
-    for key in CONTROLLER_ORDER:
+    for key in row_order(row["controller"] for row in rows):
         if key in ("max", reference):
             continue
         pairs = [
@@ -147,14 +142,12 @@ def head_to_head(
             for runs in by_scenario.values()
             if key in runs and reference in runs and runs[key]["holds_slo"]
         ]
-        if not any(key in runs for runs in by_scenario.values()):
-            continue
         theirs = [saved(row) for row, _ in pairs]
         ours = [saved(other) for _, other in pairs]
         out.append(
             {
                 "controller": key,
-                "label": LABELS[key],
+                "label": label_of(key),
                 "reference": reference,
                 "holds_slo": len(pairs),
                 "reference_holds_slo": sum(bool(other["holds_slo"]) for _, other in pairs),
@@ -205,14 +198,14 @@ def head_to_head_markdown(entries: Sequence[dict[str, Any]]) -> list[str]:
     reference = entries[0]["reference"]
     lines = [
         "",
-        f"## Head to head against {LABELS[reference]}",
+        f"## Head to head against {label_of(reference)}",
         "",
         f"On the scenarios where each row holds the SLO: its median saving there, "
-        f"{LABELS[reference]}'s on the same scenarios (none where it misses), and on how "
+        f"{label_of(reference)}'s on the same scenarios (none where it misses), and on how "
         "many the row saves more.",
         "",
-        f"| controller | holds SLO | {LABELS[reference]} holds there | median saved there | "
-        f"{LABELS[reference]}'s there | saves more on |",
+        f"| controller | holds SLO | {label_of(reference)} holds there | median saved there | "
+        f"{label_of(reference)}'s there | saves more on |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for entry in entries:
@@ -287,6 +280,8 @@ def markdown(payload: dict[str, Any]) -> str:
     by_scenario: dict[str, list[dict[str, Any]]] = {}
     for row in payload["rows"]:
         by_scenario.setdefault(row["scenario"], []).append(row)
+    # Every row but the maximum clock, the board's own then outside ones.
+    columns = [key for key in row_order(r["controller"] for r in payload["rows"]) if key != "max"]
     lines += [
         "",
         "## Energy saved per scenario",
@@ -297,16 +292,14 @@ def markdown(payload: dict[str, Any]) -> str:
         "column the fluid LP bound over the oracle energy.",
         "",
         "| trace | profile | load | util | A_max | "
-        + " | ".join(LABELS[key] for key in CONTROLLER_ORDER[1:])
+        + " | ".join(label_of(key) for key in columns)
         + " | LP / oracle |",
-        "| --- | --- | --- | ---: | ---: | "
-        + " | ".join("---:" for _ in CONTROLLER_ORDER[1:])
-        + " | ---: |",
+        "| --- | --- | --- | ---: | ---: | " + " | ".join("---:" for _ in columns) + " | ---: |",
     ]
     for info in payload["scenarios"]:
         mine = {row["controller"]: row for row in by_scenario.get(info["key"], [])}
         cells = []
-        for key in CONTROLLER_ORDER[1:]:
+        for key in columns:
             row = mine.get(key)
             if row is None:
                 cells.append("")
@@ -374,6 +367,10 @@ def markdown(payload: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+MARKERS = "os^vDP*X<>hpdH8+x"
+"""One marker per row in table order (repeating past the last)."""
+
+
 def write_plot(payload: dict[str, Any], path: Path) -> None:
     """PNG: energy saved vs SLO attainment (relative to the maximum clock), one point per
     controller and scenario."""
@@ -382,9 +379,8 @@ def write_plot(payload: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    markers = dict(zip(CONTROLLER_ORDER, "os^vDP*X<>hpdH8+x", strict=True))
     fig, ax = plt.subplots(figsize=(9, 6))
-    for index, key in enumerate(CONTROLLER_ORDER):
+    for index, key in enumerate(row_order(r["controller"] for r in payload["rows"])):
         mine = [
             r
             for r in payload["rows"]
@@ -397,8 +393,8 @@ def write_plot(payload: dict[str, Any], path: Path) -> None:
         ax.scatter(
             [r["slo_attainment_vs_max_pp"] for r in mine],
             [100.0 * r["energy_saved_fraction"] for r in mine],
-            label=LABELS[key],
-            marker=markers[key],
+            label=label_of(key),
+            marker=MARKERS[index % len(MARKERS)],
             color=f"C{index}",
             alpha=0.8,
             s=36,

@@ -107,7 +107,6 @@ from gpugov.study.scoreboard.report import (
 from gpugov.study.scoreboard.scenarios import (
     CONTROLLER_ORDER,
     FULL,
-    LABELS,
     QUICK,
     TINY,
     WHOLE_TRACE,
@@ -116,6 +115,8 @@ from gpugov.study.scoreboard.scenarios import (
     Scenario,
     _full_trace,
     build_scenario,
+    label_of,
+    row_order,
     slo_capacity,
 )
 from gpugov.study.scoreboard.solvers import (
@@ -180,7 +181,7 @@ def _row(
         "profile": scenario.profile,
         "load": scenario.load_label,
         "controller": key,
-        "label": LABELS[key],
+        "label": label_of(key),
         **fields,
         "power_cap_violation_s": metrics.power_cap_violation_s,
         "thermal_violation_s": metrics.thermal_violation_s,
@@ -299,6 +300,7 @@ def run_scenario(
         online_period_s=config.online_period_s,
         safety=config.safety,
         slo_target=config.slo_target,
+        outside_controllers=config.outside_controllers,
     ):
         start = time.perf_counter()
         chain = entry.build()
@@ -433,7 +435,7 @@ def run_scenario(
         info["window_start_s"] = start_s
     return {
         "scenario": info,
-        "rows": [rows[key] for key in CONTROLLER_ORDER],
+        "rows": [rows[key] for key in row_order(rows)],
         "comparison": comparison,
     }
 
@@ -524,7 +526,8 @@ def run_scoreboard(
     say(
         f"bench controllers: {len(tasks)} scenario(s), {runner.kind} runner; "
         "each first calibrates its SLO capacity at the maximum clock, then runs "
-        f"{len(CONTROLLER_ORDER)} controllers and oracles and the LP bound"
+        f"{len(CONTROLLER_ORDER) + len(config.outside_controllers)} controllers and oracles "
+        "and the LP bound"
     )
     for i, task in enumerate(tasks):
         if task[0] in failed:

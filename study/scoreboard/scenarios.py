@@ -112,6 +112,10 @@ class BenchConfig:
     windows: int = 1
     """Windows per trace (``--windows``): 1 runs the trace's one scoreboard window; more
     add held-out windows at other starts (``study/scoreboard/windows.py``)."""
+    outside_controllers: tuple[str, ...] = ()
+    """Outside controllers scored beside the rows (``--controller``): their specs,
+    ``MODULE:FACTORY`` or an installed ``gpugov.controllers`` entry point's name; each
+    is a row named by :func:`daemon.controller_spec.spec_name`."""
     engine_view: str = "vllm"
     """What each controller observes (``--engine-view``): ``vllm``, what a vLLM node's
     daemon derives from the engine's page (``daemon.simulated.node_view``), so the board
@@ -416,6 +420,20 @@ LABELS = {
 }
 """Row labels: a controller's one name (its ``--controller`` spec, metrics label and JSON
 key); the hindsight oracles, which are not controllers, say so."""
+
+
+def label_of(key: str) -> str:
+    """A row's label: :data:`LABELS`'s, an outside controller's own name."""
+    return LABELS.get(key, key)
+
+
+def row_order(keys: Iterable[str]) -> list[str]:
+    """``keys`` in table order: the board's own rows (:data:`CONTROLLER_ORDER`), then
+    outside controllers in the order first seen."""
+    seen = list(dict.fromkeys(keys))
+    return [key for key in CONTROLLER_ORDER if key in seen] + [
+        key for key in seen if key not in CONTROLLER_ORDER
+    ]
 
 
 # --------------------------------------------------------- disaggregated scenarios

@@ -22,7 +22,7 @@ from typing import Any
 from gpugov.plant.result import ServingResult
 from gpugov.plant.types import Request
 from gpugov.study.online_eval import energy_after
-from gpugov.study.scoreboard.scenarios import CONTROLLER_ORDER, LABELS, TRACE_STARTS_S, WHOLE_TRACE
+from gpugov.study.scoreboard.scenarios import TRACE_STARTS_S, WHOLE_TRACE, label_of, row_order
 
 
 def window_starts(
@@ -81,10 +81,8 @@ def summarize_windows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     requests in total, the mean saving (whole run, after the warm-up) and the median
     capture (whole run, after the warm-up)."""
     out = []
-    for key in CONTROLLER_ORDER:
+    for key in row_order(r["controller"] for r in rows):
         mine = [r for r in rows if r["controller"] == key]
-        if not mine:
-            continue
 
         def present(field: str, rows: list[dict[str, Any]] = mine) -> list[float]:
             return [float(r[field]) for r in rows if r.get(field) is not None]
@@ -97,7 +95,7 @@ def summarize_windows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(
             {
                 "controller": key,
-                "label": LABELS[key],
+                "label": label_of(key),
                 "windows": len(mine),
                 "holds_slo": sum(bool(r["holds_slo"]) for r in mine),
                 "extra_missed_requests": sum(int(r["extra_missed_requests"]) for r in mine),

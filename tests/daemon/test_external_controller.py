@@ -152,3 +152,59 @@ def test_a_failing_factory_is_a_controller_error(outside: str, factory: str, mes
     context = ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS)
     with pytest.raises(ControllerError, match=message):
         build_controller(spec, context)
+
+
+def test_an_outside_controller_is_a_row_of_bench_controllers(
+    outside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gpugov bench controllers --controller MODULE:FACTORY`` scores it beside the
+    board's rows, in the same safety chain and scenarios: in the summary, the
+    head-to-head and the per-scenario table."""
+    import json
+
+    from gpugov.cli import main
+
+    out = tmp_path / "board"
+    spec = f"{outside}:make"
+    code = main(
+        ["bench", "controllers", "--tiny", "--jobs", "1", "--out", str(out), "--controller", spec]
+    )
+    assert code == 0, capsys.readouterr().err
+    payload = json.loads((out / "scoreboard.json").read_text())
+    (row,) = [r for r in payload["rows"] if r["controller"] == spec]
+    assert row["label"] == spec and row["decisions"] > 0
+    assert row["energy_saved_fraction"] is not None and row["oracle_capture"] is not None
+    assert payload["summary"][-1]["controller"] == spec  # after the board's own rows
+    assert [e for e in payload["head_to_head"] if e["controller"] == spec]
+    markdown = (out / "scoreboard.md").read_text()
+    assert f"| {spec} |" in markdown and f" | {spec} | LP / oracle |" in markdown
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--controller", "pid"], "--controller 'pid': pid is built in"),
+        (["--controller", "voltana"], "--controller 'voltana': voltana is built in"),
+        (["--controller", "nowhere_module:make"], "--controller: unknown controller"),
+        (["--controller", "{m}:make", "--controller", "{m}:make"], "is there already"),
+        (
+            ["--controller", "{m}:make", "--layout", "disaggregated"],
+            "--controller: outside controllers are scored on the colocated board only",
+        ),
+    ],
+)
+def test_bench_controllers_refuses_a_bad_outside_row_before_any_work(
+    outside: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    message: str,
+) -> None:
+    from gpugov.cli import main
+
+    out = tmp_path / "board"
+    argv = ["bench", "controllers", "--tiny", "--out", str(out)]
+    code = main(argv + [part.format(m=outside) for part in extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
