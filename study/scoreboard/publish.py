@@ -157,6 +157,8 @@ def reproduce_command(config: Mapping[str, Any], report_dir: str) -> str:
         parts += ["--floor", f"{config['floor_mhz']:g}"]
     if config.get("engine_view") is not None:
         parts += ["--engine-view", str(config["engine_view"])]
+    for spec in config.get("outside_controllers") or ():
+        parts += ["--controller", str(spec)]
     parts += ["--report", report_dir]
     return shlex.join(parts)
 

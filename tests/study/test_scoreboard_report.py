@@ -173,7 +173,14 @@ def test_the_recorded_command_reproduces_the_report(
 
 
 def test_reproduce_command_spells_out_every_choice() -> None:
-    config = command.config_for(quick=True, dwell_s=2.0, floor_mhz=900.0, engine_view="exact")
+    # An outside row too (any loadable MODULE:FACTORY parses; it is called only at run time).
+    config = command.config_for(
+        quick=True,
+        dwell_s=2.0,
+        floor_mhz=900.0,
+        engine_view="exact",
+        outside_controllers=["json:loads"],
+    )
     payload_config = {
         key: list(value) if isinstance(value, tuple) else value
         for key, value in vars(config).items()
@@ -193,9 +200,10 @@ def test_reproduce_command_spells_out_every_choice() -> None:
         floor_mhz=args.floor,
         windows=args.windows,
         engine_view=args.engine_view,
+        outside_controllers=args.controller,
     )
     assert again == config
-    assert config.engine_view == "exact"
+    assert config.engine_view == "exact" and config.outside_controllers == ("json:loads",)
 
 
 def test_report_under_a_missing_directory_is_refused_before_the_run(tmp_path: Path) -> None:
