@@ -25,6 +25,7 @@ from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.limits import MAX_GPU_INDEX
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import ServingPlant
+from gpugov.plant.closed_loop import ControllerError as PlantControllerError
 from gpugov.plant.profile import ProfileError
 from gpugov.plant.result import ArrivalSeparation, arrival_separation
 from gpugov.plant.types import Request, RequestRecord
@@ -401,6 +402,10 @@ def require_extras(needed_for: str, *modules: str) -> None:
 
 
 INPUT_ERRORS = (UsageError, TraceError, ProfileError)
+
+CONTROLLER_ERRORS = (PlantControllerError, GpugovControllerError)
+"""A controller that raised while a run decided (the plant's error names it and the
+simulated time) or could not be built: one line and exit 1 at the command line."""
 
 
 def fail(message: str, code: int = ExitCode.USAGE) -> int:

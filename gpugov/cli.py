@@ -58,6 +58,9 @@ EXIT_INTERRUPTED = 130
 EXIT_USAGE = 2
 """Exit code of a usage error (argparse's, and every command's)."""
 
+EXIT_FAILURE = 1
+"""Exit code of a runtime failure (``daemon.errors.ExitCode.FAILURE``)."""
+
 PATH_ERRNOS = frozenset(
     {
         errno.ENAMETOOLONG,
@@ -211,6 +214,10 @@ def _main(argv: list[str], command: str) -> int:
 
         if isinstance(error, cli_support.INPUT_ERRORS):
             return cli_support.fail(str(error))
+        if isinstance(error, cli_support.CONTROLLER_ERRORS):
+            # A controller (another package's, most often) raised while a run decided:
+            # its message names it and the simulated time; a runtime failure, not input.
+            return cli_support.fail(str(error), EXIT_FAILURE)
         if isinstance(error, OSError) and error.filename is not None:
             # A path the command could not use (too long, not a directory, ...): one
             # line naming it; exit 2 when the path was the user's to fix.

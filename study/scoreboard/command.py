@@ -308,6 +308,26 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     )
 
 
+def check_outside_rows(config: BenchConfig) -> None:
+    """Build each outside controller once, for the first profile's clocks, as a scenario
+    will: a factory that raises or returns no callable is refused in one line before any
+    work, not minutes into the run."""
+    from gpugov.daemon.cli_support import UsageError
+    from gpugov.daemon.controller_spec import parse_controller_spec
+    from gpugov.daemon.decide import ControllerContext, build_controller
+    from gpugov.daemon.errors import ControllerError
+
+    if not config.outside_controllers:
+        return
+    clocks = tuple(float(c) for c in resolve_profile(config.profiles[0]).clock_mhz)
+    context = ControllerContext(period_s=config.online_period_s, supported_clocks_mhz=clocks)
+    for text in config.outside_controllers:
+        try:
+            build_controller(parse_controller_spec(text), context)
+        except ControllerError as error:
+            raise UsageError(f"--controller {text}: {error}") from None
+
+
 def _outside_for_layout(args: argparse.Namespace) -> list[str] | None:
     """``--controller`` specs, refused where the layout has no such rows."""
     specs = getattr(args, "controller", None)
@@ -336,6 +356,7 @@ def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -
     pyplot()  # scoreboard.png needs the gpugov[plots] extra: say so before the run
     runner = replace(spec_from_args(args), jobs=config.jobs)
     check_runner(runner)  # --ray: Ray installed and the cluster there, before any work
+    check_outside_rows(config)
     report_dir = getattr(args, "report", None)
     if report_dir is not None:
         check_output_dir("--report", report_dir)  # refused before --out is made

@@ -48,6 +48,17 @@ def broken(context):
 
 def not_a_controller(context):
     return 42
+
+
+def fails_later(context):
+    clocks = context.supported_clocks_mhz
+
+    def decide(observation: ServingObservation) -> float:
+        if observation.time_s > 5.0:
+            raise ValueError("no model for this load")
+        return clocks[-1]
+
+    return decide
 '''
 
 
@@ -187,6 +198,8 @@ def test_an_outside_controller_is_a_row_of_bench_controllers(
         (["--controller", "voltana"], "--controller 'voltana': voltana is built in"),
         (["--controller", "nowhere_module:make"], "--controller: unknown controller"),
         (["--controller", "{m}:make", "--controller", "{m}:make"], "is there already"),
+        (["--controller", "{m}:broken"], "raised: no GPU model for this node"),
+        (["--controller", "{m}:not_a_controller"], "returned int, not a callable"),
         (
             ["--controller", "{m}:make", "--layout", "disaggregated"],
             "--controller: outside controllers are scored on the colocated board only",
@@ -208,3 +221,29 @@ def test_bench_controllers_refuses_a_bad_outside_row_before_any_work(
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["simulate", "bench"])
+def test_a_controller_raising_mid_run_is_one_line_and_exit_1(
+    outside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """A controller that raises while a run decides (an outside one, most often) ends the
+    command with one line naming it and the simulated time, exit 1 (a runtime failure),
+    not a traceback."""
+    from gpugov.cli import main
+
+    spec = f"{outside}:fails_later"
+    argv = (
+        ["simulate", "--controller", spec, "--duration", "20", "--quiet"]
+        if command == "simulate"
+        else [
+            *("bench", "controllers", "--tiny", "--jobs", "1"),
+            *("--out", str(tmp_path / "b"), "--controller", spec),
+        ]
+    )
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 1, err
+    (line,) = err.strip().splitlines()[-1:]
+    assert line.startswith(f"gpugov: error: controller '{spec}' raised at t=")
+    assert "no model for this load" in line and "Traceback" not in err
