@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.daemon import cli_types, decide
-from gpugov.daemon.config import FixedControllerConfig, parse_address
+from gpugov.daemon.config import ControllerConfig, FixedControllerConfig, parse_address
 from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller_spec, spec_name
 from gpugov.daemon.decide import ControllerContext
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
@@ -60,13 +60,7 @@ def simulated_controller(
     in the node's safety chain, with the run's plant, the workload's forecasts declared
     before the run, and virtual time, exactly as ``gpugov run --simulate --virtual``.
     """
-    try:
-        config = parse_controller_spec(spec, default_profile=plant.profile.name)
-    except ValueError as error:
-        message = str(error)
-        raise UsageError(
-            message if message.startswith("--controller") else f"--controller: {message}"
-        ) from error
+    config = parse_controller_flag(spec, default_profile=plant.profile.name)
     profile = plant.profile
     check_fixed_clock(config, profile.minimum_clock_mhz, profile.maximum_clock_mhz, spec)
     context = ControllerContext.for_plant(plant, workload, period_s=control_period_s, safety=safety)
@@ -74,6 +68,18 @@ def simulated_controller(
         return decide.build_controller(config, context)
     except GpugovControllerError as error:
         raise UsageError(f"--controller {spec}: {error}") from error
+
+
+def parse_controller_flag(text: str, *, default_profile: str | None = None) -> ControllerConfig:
+    """A ``--controller`` value parsed (:func:`parse_controller_spec`), or a
+    :class:`UsageError` in one line that names the flag."""
+    try:
+        return parse_controller_spec(text, default_profile=default_profile)
+    except ValueError as error:
+        message = str(error)
+        raise UsageError(
+            message if message.startswith("--controller") else f"--controller: {message}"
+        ) from error
 
 
 def controller_label(spec: str) -> str:

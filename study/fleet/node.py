@@ -16,8 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpugov.controllers.contract import ControllerWrapper, power_needed
-from gpugov.daemon.cli_support import UsageError
-from gpugov.daemon.controller_spec import parse_controller_spec
+from gpugov.daemon.cli_support import UsageError, parse_controller_flag
 from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.safety import SafetySettings
@@ -47,13 +46,7 @@ def node_controller(
     """``spec``'s controller as a node runs it: the node's factory and safety chain with
     the budget guard (the observation's power limit holds the clock by the controller's
     own model, ``controllers/power_need.py``)."""
-    try:
-        config = parse_controller_spec(spec, default_profile=plant.profile.name)
-    except ValueError as error:
-        message = str(error)
-        raise UsageError(
-            message if message.startswith("--controller") else f"--controller: {message}"
-        ) from error
+    config = parse_controller_flag(spec, default_profile=plant.profile.name)
     context = ControllerContext.for_plant(
         plant, workload, period_s=period_s, safety=safety, budget_guard=True
     )

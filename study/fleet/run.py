@@ -24,8 +24,7 @@ from typing import Any
 
 from gpugov import __version__
 from gpugov.controllers.oracles import SLO_TOLERANCE
-from gpugov.daemon.cli_support import UsageError, check_fixed_clock
-from gpugov.daemon.controller_spec import parse_controller_spec
+from gpugov.daemon.cli_support import UsageError, check_fixed_clock, parse_controller_flag
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
 from gpugov.plant import ServingPlant
@@ -537,13 +536,8 @@ def check_inputs(config: FleetConfig) -> None:
     except ProfileError as error:
         raise UsageError(f"--profiles: {error}") from error
     first = plants[config.profiles[0]]
-    try:  # the spec itself, before the trace is read
-        spec = parse_controller_spec(config.controller, default_profile=first.profile.name)
-    except ValueError as error:
-        message = str(error)
-        raise UsageError(
-            message if message.startswith("--controller") else f"--controller: {message}"
-        ) from error
+    # The spec itself, before the trace is read.
+    spec = parse_controller_flag(config.controller, default_profile=first.profile.name)
     for name, plant in plants.items():  # a fixed clock every node's GPU supports
         profile = plant.profile
         try:

@@ -170,15 +170,13 @@ def config_for(
 def _outside_rows(specs: Sequence[str]) -> tuple[str, ...]:
     """``--controller`` specs of outside controllers, each checked (its factory loaded)
     before any work; one line naming the spec otherwise."""
+    from gpugov.daemon.cli_support import parse_controller_flag
     from gpugov.daemon.config import ExternalControllerConfig
-    from gpugov.daemon.controller_spec import parse_controller_spec, spec_name
+    from gpugov.daemon.controller_spec import spec_name
 
     names: list[str] = []
     for text in specs:
-        try:
-            config = parse_controller_spec(text)
-        except ValueError as error:
-            raise ValueError(f"--controller: {error}") from None
+        config = parse_controller_flag(text)
         if not isinstance(config, ExternalControllerConfig):
             raise ValueError(
                 f"--controller {text!r}: {spec_name(config)} is built in (the board's own "

@@ -52,7 +52,7 @@ from gpugov.study.runners import (
     spec_from_args,
 )
 from gpugov.study.scoreboard.controllers import study_controller
-from gpugov.study.scoreboard.run import slo_energy_fields
+from gpugov.study.scoreboard.run import gather_outcomes, slo_energy_fields
 from gpugov.study.scoreboard.scenarios import (
     DEFAULT_OUT,
     DISAGGREGATED_LAYOUTS,
@@ -472,16 +472,7 @@ def run_disaggregated(
         if progress is not None:
             finished = done.value.get("key") or done.value["skipped"]["scenario"]
             progress(f"[{len(outcomes)}] {finished}")
-    scenarios: list[dict[str, Any]] = []
-    skipped: list[dict[str, str]] = []
-    rows: list[dict[str, Any]] = []
-    for index in range(len(cells)):
-        outcome = outcomes[index]
-        if "skipped" in outcome:
-            skipped.append(outcome["skipped"])
-            continue
-        scenarios.append(outcome["scenario"])
-        rows.extend(outcome["rows"])
+    scenarios, skipped, rows = gather_outcomes([outcomes[i] for i in range(len(cells))])
     return {
         "layout": "disaggregated",
         "scenarios": scenarios,

@@ -545,18 +545,11 @@ def run_scoreboard(
         index = runnable[done.index]
         outcomes[index] = done.value
         say(_progress_line(outcomes[index], len(outcomes), len(tasks), started))
-    rows: list[dict[str, Any]] = []
-    scenarios: list[dict[str, Any]] = []
-    skipped: list[dict[str, Any]] = []
+    ordered = [outcomes[i] for i in range(len(tasks))]
+    scenarios, skipped, rows = gather_outcomes(ordered)
     comparison: dict[str, Any] | None = None
-    for i in range(len(tasks)):
-        outcome = outcomes[i]
-        if "skipped" in outcome:
-            skipped.append(outcome["skipped"])
-            continue
-        scenarios.append(outcome["scenario"])
-        rows.extend(outcome["rows"])
-        if outcome["comparison"] is not None:
+    for outcome in ordered:
+        if outcome.get("comparison") is not None:
             comparison = compare_recorded(outcome["comparison"], say)
     elapsed = time.perf_counter() - started
     windows: dict[str, Any] = {}
@@ -595,6 +588,23 @@ def run_scoreboard(
     }
 
 
+def gather_outcomes(
+    outcomes: Sequence[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """A board's scenario outcomes, in task order, as ``(scenarios, skipped, rows)``: an
+    outcome is ``{"skipped": ...}`` or has its ``scenario`` and its ``rows``."""
+    scenarios: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    for outcome in outcomes:
+        if "skipped" in outcome:
+            skipped.append(outcome["skipped"])
+            continue
+        scenarios.append(outcome["scenario"])
+        rows.extend(outcome["rows"])
+    return scenarios, skipped, rows
+
+
 def _progress_line(outcome: dict[str, Any], done: int, total: int, started: float) -> str:
     elapsed = time.perf_counter() - started
     if "skipped" in outcome:
@@ -614,6 +624,7 @@ __all__ = [
     "build_scenario",
     "build_scoreboard_controllers",
     "compare_mpc_solvers",
+    "gather_outcomes",
     "run_scenario",
     "run_scoreboard",
     "scoreboard_mpc",
