@@ -76,6 +76,48 @@ _PARAMETERS = 38
 _STATE_COLUMNS = 7
 
 
+@jit
+def _level_table(
+    prefill_rate: FloatArray,
+    decode_rate: FloatArray,
+    prefill_power: FloatArray,
+    decode_power: FloatArray,
+    idle_power: FloatArray,
+    clocks: FloatArray,
+    period_s: float,
+    reference_batch: float,
+    weight_fraction: float,
+    per_active: float,
+    minimum_mhz: float,
+    span_mhz: float,
+) -> FloatArray:
+    """The per-level table of :func:`problem_arrays` (compiled: one pass over the levels
+    in place of some twenty numpy operations, each with its own call and array; the
+    same operations in the same order, so the same numbers). ``per_active`` is the
+    iteration model's slope per active request over the reference batch's time."""
+    table = np.empty((_TABLE_ROWS, clocks.size))
+    for level in range(clocks.size):
+        prefill = prefill_rate[level]
+        decode = decode_rate[level]
+        safe_decode = max(decode, 1e-12)
+        inverse_prefill = 1.0 / max(prefill, 1e-12)
+        prefill_capacity = prefill * period_s
+        t_ref = reference_batch / safe_decode
+        table[_PREFILL_CAPACITY, level] = prefill_capacity
+        table[_DECODE_CAPACITY, level] = decode * period_s
+        table[_INVERSE_PREFILL, level] = inverse_prefill
+        table[_INVERSE_DECODE, level] = 1.0 / safe_decode
+        table[_T0, level] = t_ref * weight_fraction
+        table[_T1, level] = t_ref * per_active
+        table[_INVERSE_CAPACITY, level] = 1.0 / max(prefill_capacity, 1e-12)
+        table[_INVERSE_RATE, level] = inverse_prefill
+        table[_PREFILL_POWER, level] = prefill_power[level]
+        table[_DECODE_POWER, level] = decode_power[level]
+        table[_IDLE_POWER, level] = idle_power[level]
+        table[_NORMALIZED_CLOCK, level] = (clocks[level] - minimum_mhz) / span_mhz
+    return table
+
+
 def problem_arrays(
     problem: MPCProblem, clock_mhz: FloatArray | None = None
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
@@ -95,31 +137,28 @@ def problem_arrays(
         return np.interp(clocks, grid, np.asarray(values, dtype=float))
 
     h = problem.control_period_s
-    prefill_rate = at(profile.prefill_tokens_per_s)
-    decode_rate = at(profile.decode_tokens_per_s)
-    table = np.empty((_TABLE_ROWS, clocks.size))
-    table[_PREFILL_CAPACITY] = prefill_rate * h
-    table[_DECODE_CAPACITY] = decode_rate * h
-    safe_decode_rate = np.maximum(decode_rate, 1e-12)
-    table[_INVERSE_PREFILL] = 1.0 / np.maximum(prefill_rate, 1e-12)
-    table[_INVERSE_DECODE] = 1.0 / safe_decode_rate
     model = profile.decode_latency_model
     reference = float(model.reference_batch_size)
     context = problem.mean_prompt_tokens + 0.5 * problem.mean_output_tokens
-    t_ref = reference / safe_decode_rate
-    table[_T0] = t_ref * model.weight_fraction
-    table[_T1] = t_ref * (
-        model.batch_fraction / reference
-        + model.kv_fraction * context / (reference * model.reference_context_tokens)
-    )
-    table[_INVERSE_CAPACITY] = 1.0 / np.maximum(table[_PREFILL_CAPACITY], 1e-12)
-    table[_INVERSE_RATE] = table[_INVERSE_PREFILL]  # the same quotient
-    table[_PREFILL_POWER] = at(profile.prefill_power_w)
-    table[_DECODE_POWER] = at(profile.decode_power_w)
-    table[_IDLE_POWER] = at(profile.idle_power_w)
     minimum = profile.minimum_clock_mhz
     span = profile.maximum_clock_mhz - minimum
-    table[_NORMALIZED_CLOCK] = (clocks - minimum) / span
+    table = _level_table(
+        at(profile.prefill_tokens_per_s),
+        at(profile.decode_tokens_per_s),
+        at(profile.prefill_power_w),
+        at(profile.decode_power_w),
+        at(profile.idle_power_w),
+        clocks,
+        float(h),
+        reference,
+        float(model.weight_fraction),
+        float(
+            model.batch_fraction / reference
+            + model.kv_fraction * context / (reference * model.reference_context_tokens)
+        ),
+        float(minimum),
+        float(span),
+    )
 
     weights = problem.weights
     maximum_power = problem.maximum_power_w
@@ -609,6 +648,8 @@ def compile_kernels() -> None:
     arrivals = np.ones(1)
     blocks = np.zeros(1, dtype=np.int64)
     plans = np.zeros((1, 1), dtype=np.int64)
+    level = np.ones(2)
+    _level_table(level, level, level, level, level, level, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0)
     price_plans(plans, blocks, table, parameters, arrivals)
     moves = np.ones((1, 1), dtype=np.int64)
     local_search(plans[0].copy(), blocks, moves, 2, 4, table, parameters, arrivals)
