@@ -80,26 +80,21 @@ class RecursiveLeastSquares:
         (a counter gone wild: 1e300 tokens), is refused (counted in ``rejected_nonfinite``,
         NaN returned) and changes nothing: one such sample would make the estimate NaN
         for good, and the model could no longer be saved."""
-        if not (math.isfinite(y) and math.isfinite(weight) and bool(np.isfinite(x).all())):
+        if not (math.isfinite(y) and math.isfinite(weight)):
             self.rejected_nonfinite += 1
             return math.nan
         # New arrays, not updated in place: a caller holding the previous estimate
-        # keeps it unchanged.
-        with np.errstate(over="ignore", invalid="ignore"):
-            mean, covariance, innovation = _rls_step(
-                self.mean,
-                self.covariance,
-                self.prior_covariance,
-                np.ascontiguousarray(x, dtype=np.float64),
-                float(y),
-                self.forgetting,
-                self.noise_variance / max(weight, 1e-9),
-            )
-        if not (
-            math.isfinite(innovation * innovation)
-            and bool(np.isfinite(mean).all())
-            and bool(np.isfinite(covariance).all())
-        ):
+        # keeps it unchanged. The kernel checks ``x`` and its own results for finiteness.
+        mean, covariance, innovation, finite = _rls_step(
+            self.mean,
+            self.covariance,
+            self.prior_covariance,
+            np.ascontiguousarray(x, dtype=np.float64),
+            float(y),
+            self.forgetting,
+            self.noise_variance / max(weight, 1e-9),
+        )
+        if not finite:
             self.rejected_nonfinite += 1
             return math.nan
         self.mean, self.covariance = mean, covariance
@@ -173,12 +168,17 @@ def _rls_step(
     y: float,
     forgetting: float,
     noise: float,
-) -> tuple[FloatArray, FloatArray, float]:
+) -> tuple[FloatArray, FloatArray, float, bool]:
     """One Kalman/RLS step of :meth:`RecursiveLeastSquares.update` (compiled: a few
     microseconds against tens for the numpy operations one by one): the covariance
     relaxed towards the prior by the forgetting, the gain, the new mean and the new
-    covariance (symmetrised against rounding), and the innovation."""
+    covariance (symmetrised against rounding), the innovation, and whether ``x``, the
+    squared innovation and the new estimate are all finite (where not, the step is
+    refused: an ``x`` that is not is not stepped at all)."""
     n = mean.size
+    for i in range(n):
+        if not math.isfinite(x[i]):
+            return mean, covariance, math.nan, False
     relaxed = forgetting * covariance + (1.0 - forgetting) * prior_covariance
     px = np.zeros(n)
     for i in range(n):
@@ -194,16 +194,20 @@ def _rls_step(
     innovation = y - predicted
     gain = px / variance
     new_mean = mean + gain * innovation
+    finite = math.isfinite(innovation * innovation)
     new_covariance = np.empty((n, n))
     for i in range(n):
+        finite = finite and math.isfinite(new_mean[i])
         new_covariance[i, i] = relaxed[i, i] - gain[i] * px[i]
+        finite = finite and math.isfinite(new_covariance[i, i])
         for j in range(i + 1, n):
             upper = relaxed[i, j] - gain[i] * px[j]
             lower = relaxed[j, i] - gain[j] * px[i]
             value = 0.5 * (upper + lower)
             new_covariance[i, j] = value
             new_covariance[j, i] = value
-    return new_mean, new_covariance, innovation
+            finite = finite and math.isfinite(value)
+    return new_mean, new_covariance, innovation, finite
 
 
 def compile_regression() -> None:
