@@ -162,6 +162,10 @@ def cells_for(config: FleetConfig) -> list[Cell]:
 
 
 # ------------------------------------------------------------------------- workload
+_INSTANT_SPAN_S = 1e-6
+"""The span given a trace whose arrivals all share one timestamp (it spans 0 s)."""
+
+
 def _piece(
     full: Sequence[Request], start_s: float, length_s: float, span_s: float
 ) -> tuple[Request, ...]:
@@ -184,7 +188,9 @@ def fleet_workload(
     full = tuple(r for r in everything if r.prompt_tokens + r.output_tokens <= smallest)
     if not full:
         raise UsageError(f"--trace {config.trace}: no request fits every node's KV cache")
-    span = full[-1].arrival_time_s
+    # A trace whose arrivals share one timestamp spans 0 s; simulate and sweep replay it as
+    # it is, so the fleet takes a window just wide enough to hold those arrivals.
+    span = max(full[-1].arrival_time_s, _INSTANT_SPAN_S)
     length = min(config.duration_s, span)
     window = _piece(full, config.trace_start_s, length, span)
     if not window:

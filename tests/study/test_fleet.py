@@ -393,6 +393,36 @@ def test_bad_flags_are_one_line_before_any_work(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_trace_at_one_instant_runs_as_simulate_runs_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Arrivals sharing one timestamp (a trace spanning 0 s) are the load, at time 0."""
+    trace = tmp_path / "instant.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:53:05.7324930,390,144\n"
+        "2023-11-16 18:53:05.7324930,200,40\n"
+    )
+    config = replace(
+        FleetConfig(nodes=2, profiles=("h100-sxm-llama3-8b",), trace=str(trace)),
+        trace_start_s=0.0,
+        duration_s=30.0,
+    )
+    workload, info = fleet_workload(config, _plants(config.profiles))
+    assert [(r.arrival_time_s, r.prompt_tokens) for r in workload] == [(0.0, 390), (0.0, 200)]
+    assert info["requests"] == 2
+    argv = ["fleet", "--trace", str(trace), "--duration", "30", "--drain", "10", "--nodes", "2"]
+    argv += ["--no-step", "--budgets", "0.7", "--allocators", "uniform", "--controller", "max"]
+    argv += ["--quiet", "--jobs", "1"]
+    assert main([*argv, "--trace-start", "0", "--out", str(tmp_path / "out")]) == 0
+    rows = json.loads((tmp_path / "out" / "fleet.json").read_text())["rows"]
+    assert [row["requests"] for row in rows] == [2, 2]
+    capsys.readouterr()
+    assert main([*argv, "--trace-start", "5", "--out", str(tmp_path / "later")]) == 2
+    assert "--trace-start 5 s" in _one_error_line(capsys)
+    assert not (tmp_path / "later").exists()
+
+
 def test_ray_missing_is_one_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
