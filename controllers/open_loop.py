@@ -326,8 +326,11 @@ def _number_array(data: dict[str, Any], key: str, where: str) -> FloatArray:
     return np.asarray(raw, dtype=float)
 
 
-def plan_from_dict(data: Any, *, source: str = "<plan>") -> OpenLoopPlan:
+def plan_from_dict(data: Any, *, source: str = "<plan>", min_period_s: float = 0.0) -> OpenLoopPlan:
     """Rebuild and validate a plan from :meth:`OpenLoopPlan.as_dict` output.
+
+    ``min_period_s`` is the shortest ``control_period_s`` taken (the commands pass the
+    daemon's ``MIN_PERIOD_S``, which this layer cannot import; 0 takes any positive one).
 
     Raises:
         PlanFormatError: naming ``source`` and the offending key.
@@ -362,6 +365,11 @@ def plan_from_dict(data: Any, *, source: str = "<plan>") -> OpenLoopPlan:
         raise PlanFormatError(f"{source}: key 'control_period_s' must be positive, got {period!r}")
     if not math.isfinite(period):
         raise PlanFormatError(f"{source}: key 'control_period_s' must be finite")
+    if period < min_period_s:
+        raise PlanFormatError(
+            f"{source}: key 'control_period_s' must be at least {min_period_s:g} s "
+            f"(the shortest control period), got {period!r}"
+        )
     if np.any(np.diff(time_s) <= 0.0):
         raise PlanFormatError(f"{source}: key 'time_s' must be strictly increasing")
     objective = data.get("objective")
@@ -395,8 +403,9 @@ def plan_from_dict(data: Any, *, source: str = "<plan>") -> OpenLoopPlan:
     )
 
 
-def load_plan(path: str | Path) -> OpenLoopPlan:
-    """Read a plan written by :func:`save_plan`.
+def load_plan(path: str | Path, *, min_period_s: float = 0.0) -> OpenLoopPlan:
+    """Read a plan written by :func:`save_plan` (``min_period_s`` as in
+    :func:`plan_from_dict`).
 
     Raises:
         PlanFormatError: unreadable file, invalid JSON or a bad key (the message names
@@ -411,7 +420,7 @@ def load_plan(path: str | Path) -> OpenLoopPlan:
         data = loads_json(text)
     except json.JSONDecodeError as error:
         raise PlanFormatError(f"{source}:{error.lineno}: not valid JSON: {error.msg}") from error
-    return plan_from_dict(data, source=str(source))
+    return plan_from_dict(data, source=str(source), min_period_s=min_period_s)
 
 
 # ------------------------------------------------------------- burst experiment

@@ -46,6 +46,7 @@ from gpugov.daemon.config import (
 )
 from gpugov.daemon.controller_spec import load_factory, spec_name
 from gpugov.daemon.errors import ControllerError
+from gpugov.daemon.limits import MIN_PERIOD_S
 from gpugov.daemon.roles import COLOCATED, OBJECTIVES, RoleView, check_role, role_weights
 from gpugov.daemon.safety import SafetySettings, with_safety
 from gpugov.plant.types import ClockController, Request, ServingObservation
@@ -278,7 +279,7 @@ def _algorithm(spec: ControllerConfig, context: ControllerContext) -> ClockContr
             if context.plan is not None:
                 return OpenLoopClockController(context.plan)
             try:
-                return OpenLoopClockController(load_plan(plan))
+                return OpenLoopClockController(load_plan(plan, min_period_s=MIN_PERIOD_S))
             except PlanFormatError as error:
                 raise ControllerError(str(error)) from error
         case MPCControllerConfig():

@@ -212,6 +212,18 @@ def test_load_rejects_bad_plans(tmp_path, synthetic_plant, mutate, message):
     assert str(path) in str(error.value)
 
 
+@pytest.mark.parametrize("period", [5e-324, 1e-9, 0.049])
+def test_load_refuses_a_period_below_the_callers_minimum(tmp_path, synthetic_plant, period):
+    """A denormal period passed the positivity check and overflowed the period index."""
+    data = optimize_open_loop(_bursty_workload(), synthetic_plant).as_dict()
+    data["control_period_s"] = period
+    path = tmp_path / "short.json"
+    path.write_text(json.dumps(data))
+    assert load_plan(path).control_period_s == period  # any positive one without a minimum
+    with pytest.raises(PlanFormatError, match=r"key 'control_period_s' must be at least 0\.05 s"):
+        load_plan(path, min_period_s=0.05)
+
+
 def test_load_reports_unreadable_files(tmp_path):
     path = tmp_path / "broken.json"
     path.write_text("{not json")

@@ -180,6 +180,35 @@ def test_simulate_mpc_and_open_loop_controllers(tmp_path: Path) -> None:
     assert set(series["requested_clock_mhz"][1:]) <= set(plan["applied_clock_mhz"])
 
 
+def test_an_open_loop_plan_period_below_the_minimum_is_one_line_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 5e-324 s plan period ran and failed at t=0 naming neither file nor key."""
+    plan = {
+        "format": "gpugov-open-loop-plan-v1",
+        "time_s": [0, 1],
+        "continuous_clock_mhz": [1000, 1000],
+        "applied_clock_mhz": [1000, 1000],
+        "predicted_backlog_s": [0, 0, 0],
+        "control_period_s": 5e-324,
+        "objective": None,
+        "optimization_method": "x",
+        "message": "x",
+        "workload_checksum": "x",
+        "profile_status": "x",
+        "success": True,
+    }
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    out = tmp_path / "run.json"
+    argv = ["simulate", "--duration", "20", "--controller", f"open-loop:{path}"]
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpugov: error: "), err
+    assert f"{path}: key 'control_period_s' must be at least 0.05 s" in err[0]
+    assert not out.exists()
+
+
 def test_skipped_zero_token_rows_reported_on_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

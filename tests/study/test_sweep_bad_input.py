@@ -60,6 +60,25 @@ def test_a_setting_written_as_a_string_is_refused(tmp_path: Path, setting: str) 
     assert f"grid.toml: key '{key}': Input should be a valid number" in stderr
 
 
+def test_an_open_loop_plan_period_below_the_minimum_is_refused_up_front(tmp_path: Path) -> None:
+    """The grid's check builds each controller once, so a plan's 5e-324 s period is refused."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        '{"format": "gpugov-open-loop-plan-v1", "time_s": [0, 1], '
+        '"continuous_clock_mhz": [1000, 1000], "applied_clock_mhz": [1000, 1000], '
+        '"predicted_backlog_s": [0, 0, 0], "control_period_s": 5e-324, "objective": null, '
+        '"optimization_method": "x", "message": "x", "workload_checksum": "x", '
+        '"profile_status": "x", "success": true}'
+    )
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.replace('"max"', f'"max", "open-loop:{plan}"') + "duration_s = 5\n")
+    out = tmp_path / "out"
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert f"{plan}: key 'control_period_s' must be at least 0.05 s" in stderr
+    assert not out.exists()
+
+
 def test_integers_are_numbers(tmp_path: Path) -> None:
     grid = sweep.read_grid(_write(tmp_path, "duration_s = 5\nfloor_mhz = 1000\nloads = [1, 2]\n"))
     assert grid.duration_s == 5.0 and isinstance(grid.duration_s, float)
