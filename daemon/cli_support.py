@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.daemon import cli_types, decide
-from gpugov.daemon.config import ControllerConfig, FixedControllerConfig, parse_address
+from gpugov.daemon.config import (
+    ControllerConfig,
+    FixedControllerConfig,
+    OpenLoopControllerConfig,
+    parse_address,
+)
 from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller_spec, spec_name
 from gpugov.daemon.decide import ControllerContext
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
@@ -26,7 +31,7 @@ from gpugov.daemon.limits import MAX_GPU_INDEX
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import ServingPlant
 from gpugov.plant.closed_loop import ControllerError as PlantControllerError
-from gpugov.plant.profile import ProfileError
+from gpugov.plant.profile import ProfileError, profile_files
 from gpugov.plant.result import ArrivalSeparation, arrival_separation
 from gpugov.plant.types import Request, RequestRecord
 from gpugov.plant.workload import (
@@ -279,6 +284,36 @@ def check_output_file(
     _check_writable_dir(flag, target, os.path.dirname(os.path.abspath(target)))
     if os.path.exists(target) and not os.access(target, os.W_OK):
         raise UsageError(f"{flag} {target}: file is not writable")
+
+
+def check_distinct_outputs(*outputs: tuple[str, str | os.PathLike[str] | None]) -> None:
+    """Refuse two output flags (``(flag, path)``) that name one file, where the later write
+    would replace the earlier; compared by resolved path, since neither need exist yet."""
+    given = [(flag, os.fspath(path)) for flag, path in outputs if path is not None]
+    for index, (flag, target) in enumerate(given):
+        for earlier, other in given[:index]:
+            if _same_file(target, other) or os.path.realpath(target) == os.path.realpath(other):
+                raise UsageError(
+                    f"{flag} {target}: is the {earlier} file, which it would overwrite"
+                )
+
+
+def simulated_run_inputs(
+    trace: str | None, profile: str, controller: str
+) -> list[tuple[str, str | os.PathLike[str] | None]]:
+    """The files a simulated run reads, as :func:`check_output_file`'s ``inputs``: the
+    trace, the profile's manifest and CSV, and an ``open-loop`` controller's plan."""
+    inputs: list[tuple[str, str | os.PathLike[str] | None]] = [("the trace", trace)]
+    files = profile_files(profile)
+    inputs.append(("the profile", files[0]))
+    inputs += [("the profile's CSV", path) for path in files[1:]]
+    try:
+        spec = parse_controller_spec(controller)
+    except ValueError:  # refused in its own line when the controller is built
+        return inputs
+    if isinstance(spec, OpenLoopControllerConfig):
+        inputs.append(("the open-loop plan", spec.plan))
+    return inputs
 
 
 def _same_file(first: str, second: str) -> bool:

@@ -27,6 +27,7 @@ from gpugov.daemon.cli_support import (
     require_positive,
     safety_from_args,
     setup_logging,
+    simulated_run_inputs,
 )
 from gpugov.daemon.config import SLOTargetConfig
 from gpugov.daemon.controller_spec import parse_controller_spec
@@ -62,15 +63,8 @@ def run_simulated(args: argparse.Namespace) -> int:
         require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     require_nonnegative("--dwell", args.dwell)
     require_positive("--floor", args.floor)
-    check_output_file(
-        "--record",
-        args.record,
-        [
-            ("the trace", args.trace),
-            ("the profile", args.profile),
-            ("the config file", args.config),
-        ],
-    )
+    inputs = simulated_run_inputs(args.trace, args.profile, args.controller)
+    check_output_file("--record", args.record, [*inputs, ("the config file", args.config)])
     trace = args.trace or DEFAULT_TRACE
     workload, report = load_trace_for_cli(
         trace,

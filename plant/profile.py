@@ -469,6 +469,21 @@ ENGINE_COUNT_KEYS = (
 """The engine section's counts: each, where given, an integer of at least 1."""
 
 
+def profile_files(name_or_path: str | Path) -> tuple[Path, ...]:
+    """The files a profile is read from: its manifest and, when the manifest names one, the
+    CSV beside it. Best effort, for refusing an output that would overwrite them: a profile
+    that does not resolve or read names what it can (:func:`load_profile` reports why)."""
+    try:
+        manifest_path = resolve_profile_path(name_or_path)
+        manifest = loads_json(_read_profile_file(manifest_path)[0])
+    except (ProfileError, ValueError):
+        return (Path(name_or_path),)
+    csv_name = manifest.get("csv") if isinstance(manifest, dict) else None
+    if not isinstance(csv_name, str):
+        return (manifest_path,)
+    return (manifest_path, manifest_path.parent / csv_name)
+
+
 def load_profile(name_or_path: str | Path) -> PerformanceProfile:
     """Load and validate a profile by bundled name or by manifest/CSV path.
 

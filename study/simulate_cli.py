@@ -16,6 +16,7 @@ from gpugov.daemon.cli_support import (
     UsageError,
     add_engine_view_argument,
     add_safety_arguments,
+    check_distinct_outputs,
     check_output_file,
     check_workload_fits,
     controller_label,
@@ -27,6 +28,7 @@ from gpugov.daemon.cli_support import (
     require_positive,
     safety_from_args,
     simulated_controller,
+    simulated_run_inputs,
 )
 from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.sim_progress import SimulationProgress
@@ -117,9 +119,10 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--stride must be >= 1, got {args.stride!r}")
     if not math.isfinite(args.start) or args.start < 0:
         raise UsageError(f"--start must be >= 0, got {args.start!r}")
-    inputs = [("the trace", args.trace), ("the profile", args.profile)]
+    inputs = simulated_run_inputs(args.trace, args.profile, args.controller)
     check_output_file("--out", args.out, inputs)
     check_output_file("--plot", args.plot, inputs)
+    check_distinct_outputs(("--out", args.out), ("--plot", args.plot))
     if args.plot:
         require_extra("matplotlib", "simulate --plot")  # one line now, not after the run
         from gpugov.study.plots import check_image_format

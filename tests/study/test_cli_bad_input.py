@@ -149,6 +149,34 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(
     assert config.read_text() == text
 
 
+def test_an_output_on_the_profile_csv_the_plan_or_the_other_output_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out`` on the profile's CSV or on an open-loop plan replaced that input, and
+    ``--plot`` on the ``--out`` file replaced the JSON results with the PNG."""
+    for name in ("h100-sxm-llama3-8b.json", "h100-sxm-llama3-8b.csv"):
+        shutil.copy(PROFILES / name, tmp_path / name)
+    manifest, table = tmp_path / "h100-sxm-llama3-8b.json", tmp_path / "h100-sxm-llama3-8b.csv"
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    kept = {path: path.read_bytes() for path in (manifest, table, plan)}
+    simulate = ["simulate", "--duration", "5", "--quiet"]
+    assert main([*simulate, "--profile", str(manifest), "--out", str(table)]) == 2
+    assert f"--out {table}: is the profile's CSV, which it would overwrite" in (
+        _one_error_line(capsys)
+    )
+    assert main([*simulate, "--controller", f"open-loop:{plan}", "--out", str(plan)]) == 2
+    assert "is the open-loop plan, which it would overwrite" in _one_error_line(capsys)
+    record = ["run", "--simulate", "--virtual", "--metrics-address", "none"]
+    assert main([*record, "--profile", str(manifest), "--record", str(table)]) == 2
+    assert "is the profile's CSV, which it would overwrite" in _one_error_line(capsys)
+    assert {path: path.read_bytes() for path in kept} == kept
+    out = tmp_path / "r.json"
+    assert main([*simulate, "--out", str(out), "--plot", str(tmp_path / "." / "r.json")]) == 2
+    assert "is the --out file, which it would overwrite" in _one_error_line(capsys)
+    assert not out.exists()
+
+
 def test_prompt_above_the_kv_capacity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     big = tmp_path / "big.csv"
     big.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,10\n1,900000,10\n")
