@@ -210,23 +210,45 @@ class PerformanceProfile:
         return int(np.searchsorted(self.clock_mhz, quantized - 1e-9))
 
     def _realized_map(self) -> dict[float, float]:
+        """The manifest's requested-to-realised clock medians, checked: a requested clock
+        within the profile's clocks, and a realised one positive and at most the top clock. A
+        locked GPU runs at or below its lock (power, heat), above it only within boost, which
+        the supported range bounds; below the lowest profiled clock is possible (the GPU's
+        range goes lower), and the plant reads rates and powers at the table's ends there.
+
+        Raises:
+            ValueError: naming the field and the requested key.
+        """
         selection = self.manifest.get("clock_profile_selection", {})
         if not isinstance(selection, Mapping):
             return {}
         raw = selection.get("realized_clock_median_mhz_by_requested", {})
         if not isinstance(raw, Mapping):
             return {}
+        lowest, highest = self.minimum_clock_mhz, self.maximum_clock_mhz
         result: dict[float, float] = {}
         for requested, realized in raw.items():
+            where = (
+                f"profile {self.name}: clock_profile_selection."
+                f"realized_clock_median_mhz_by_requested[{requested!r}]"
+            )
+            if isinstance(realized, bool) or not isinstance(realized, int | float):
+                raise ValueError(f"{where} is not numeric: {realized!r}")
             try:
                 req, rea = float(requested), float(realized)
             except (TypeError, ValueError, OverflowError) as error:
+                raise ValueError(f"{where} is not numeric") from error
+            if not (math.isfinite(req) and lowest <= req <= highest):
                 raise ValueError(
-                    f"profile {self.name}: clock_profile_selection."
-                    f"realized_clock_median_mhz_by_requested[{requested!r}] is not numeric"
-                ) from error
-            if np.isfinite(req) and np.isfinite(rea) and rea > 0.0:
-                result[req] = rea
+                    f"{where}: the requested clock must be within the profile's clocks "
+                    f"({lowest:g}-{highest:g} MHz), got {req!r}"
+                )
+            if not (math.isfinite(rea) and 0.0 < rea <= highest):
+                raise ValueError(
+                    f"{where}: its realised clock must be positive and at most the profile's "
+                    f"top clock ({highest:g} MHz), got {rea!r}"
+                )
+            result[req] = rea
         return result
 
     def realized_clock(self, requested_mhz: float) -> float:

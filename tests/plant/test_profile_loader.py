@@ -139,6 +139,43 @@ def test_numbers_no_board_has_are_refused_in_one_line(
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("medians", "named"),
+    [
+        ({"1980": 99999}, r"\['1980'\]: its realised clock must be positive and at most"),
+        ({"345": -1}, r"\['345'\]: its realised clock must be"),
+        ({"1980": 0}, r"top clock \(1980 MHz\), got 0.0"),
+        ({"1980": float("nan")}, r"its realised clock must be .* got nan"),
+        ({"5000": 1500}, r"\['5000'\]: the requested clock must be within .*\(345-1980 MHz\)"),
+        ({"nan": 1500}, "the requested clock must be"),
+        ({"1980": "1500"}, r"\['1980'\] is not numeric: '1500'"),
+        ({"1980": True}, "is not numeric: True"),
+    ],
+    ids=["huge", "negative", "zero", "nan", "key-outside", "key-nan", "text", "bool"],
+)
+def test_a_realised_clock_outside_the_profiles_clocks_is_refused(
+    tmp_path: Path, medians: dict[str, object], named: str
+) -> None:
+    """99999 ran and was reported as the realised clock; -1 and NaN were dropped silently."""
+    manifest, _ = copy_profile(tmp_path)
+    field = {"realized_clock_median_mhz_by_requested": medians}
+    edit_manifest(manifest, clock_profile_selection=field)
+    with pytest.raises(ProfileError, match=named) as caught:
+        load_profile(manifest)
+    message = str(caught.value)
+    assert message.startswith(f"{manifest}: ") and "\n" not in message
+    assert "clock_profile_selection.realized_clock_median_mhz_by_requested" in message
+
+
+def test_realised_clocks_up_to_the_top_and_below_the_lowest_are_kept(tmp_path: Path) -> None:
+    """A GPU locked at the lowest profiled clock may run below it (its range goes lower)."""
+    manifest, _ = copy_profile(tmp_path)
+    field = {"realized_clock_median_mhz_by_requested": {"1980": 1980, "345": 300.0}}
+    edit_manifest(manifest, clock_profile_selection=field)
+    profile = load_profile(manifest)
+    assert profile.realized_clock(1980.0) == 1980.0 and profile.realized_clock(345.0) == 300.0
+
+
 def test_a_number_past_the_digit_limit_is_a_decode_error(tmp_path: Path) -> None:
     manifest, _ = copy_profile(tmp_path)
     text = manifest.read_text().replace('"ttft_slo_s": 1.0', '"ttft_slo_s": 1' + "0" * 5000, 1)
