@@ -252,6 +252,73 @@ def _resolve(entry: str, known: Sequence[str], base: Path) -> str:
     return str(candidate) if candidate.exists() else entry
 
 
+PROFILE_SPEC_KINDS = ("mpc", "mpc-slsqp", "mpc-online", "power-profile")
+"""Controller kinds whose ``KIND:ARGUMENT`` may name a profile file."""
+
+
+def _absolute_if_file(read: str, entry: str) -> str:
+    """``read`` (the path the sweep read for ``entry``) made absolute when it is an existing
+    file, else ``entry`` as written (a name)."""
+    return os.path.abspath(read) if os.path.exists(read) else entry
+
+
+def _profile_path_like(text: str) -> bool:
+    """Whether the profile loader reads ``text`` as a file rather than a bundled name."""
+    return Path(text).suffix in (".json", ".csv") or "/" in text
+
+
+def _rebased_spec(spec: str) -> str:
+    """A controller spec whose file argument (an ``open-loop`` plan, an MPC profile), read
+    from the working directory, is made absolute."""
+    kind, colon, argument = spec.partition(":")
+    if not colon or not argument or not os.path.exists(argument):
+        return spec
+    if kind == "open-loop" or (
+        kind in PROFILE_SPEC_KINDS and "=" not in argument and _profile_path_like(argument)
+    ):
+        return f"{kind}:{os.path.abspath(argument)}"
+    return spec
+
+
+def rebased_grid(grid: SweepGrid, base: Path) -> SweepGrid:
+    """``grid`` with every path it names absolute: traces and profiles as read (relative to
+    ``base``, the grid file's folder, or else the working directory), and the files of its
+    controller specs; names are kept. A copy of it runs again from any folder."""
+    known_traces = tuple(BUNDLED_TRACES) + tuple(SHARED_TRACES)
+    traces = []
+    for entry in grid.traces:
+        read = _resolve(entry, known_traces, base)
+        traces.append(entry if read in known_traces else _absolute_if_file(read, entry))
+    profiles = []
+    for entry in grid.profiles:
+        read = _resolve(entry, (), base)
+        profiles.append(_absolute_if_file(read, entry) if _profile_path_like(read) else entry)
+    controllers = [_rebased_spec(spec) for spec in grid.controllers]
+    return grid.model_copy(
+        update={"traces": traces, "profiles": profiles, "controllers": controllers}
+    )
+
+
+def _toml_value(value: Any) -> str:
+    """One TOML value: a string, a finite number, a boolean or a list of them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):  # a JSON string is a TOML basic string, but for DEL
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(value, int | float):
+        return repr(value)
+    return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+
+
+def grid_toml(grid: SweepGrid) -> str:
+    """``grid`` as a grid file (every key it sets; an unset optional key left out)."""
+    lines = ["# The grid this sweep ran, every path absolute: it runs again from any folder."]
+    for key, value in grid.model_dump().items():
+        if value is not None:
+            lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
 @dataclass(frozen=True, slots=True)
 class SweepPlan:
     """A validated grid: its cells and the inputs they read (sent to workers by value)."""
@@ -719,7 +786,7 @@ def _run_plan(
     skipped = len(plan.cells) - len(todo)
     if resume:
         say(f"resuming: {skipped} of {len(plan.cells)} cells already done, {len(todo)} to run")
-    (out / GRID_COPY).write_text(read_input_text(grid_path, "grid"))
+    (out / GRID_COPY).write_text(grid_toml(rebased_grid(plan.grid, grid_path.resolve().parent)))
     failed = 0
     with (
         results_path.open("a") as handle,

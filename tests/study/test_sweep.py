@@ -210,6 +210,78 @@ def test_bad_grid_files_get_one_line(
     assert not (out / RESULTS).exists()
 
 
+def test_the_grid_copy_names_every_path_absolute_and_runs_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DIR/grid.toml kept relative paths verbatim, which then resolved against DIR."""
+    from gpugov.plant.profile import bundled_profile_dir
+    from gpugov.study.sweep import GRID_COPY, read_grid
+
+    data, grids, work = tmp_path / "data", tmp_path / "grids", tmp_path / "work"
+    for folder in (data, grids, work):
+        folder.mkdir()
+    _grid(data)  # data/bursty.csv
+    manifest = json.loads((bundled_profile_dir() / "h100-sxm-llama3-8b.json").read_text())
+    (data / "my h100.csv").write_bytes((bundled_profile_dir() / manifest["csv"]).read_bytes())
+    (data / "my h100.json").write_text(json.dumps({**manifest, "csv": "my h100.csv"}))
+    plan = {
+        "format": "gpugov-open-loop-plan-v1",
+        "time_s": [0, 1],
+        "continuous_clock_mhz": [1200, 1500],
+        "applied_clock_mhz": [1200, 1500],
+        "predicted_backlog_s": [0, 0, 0],
+        "control_period_s": 1.0,
+        "objective": None,
+        "optimization_method": "x",
+        "message": "x",
+        "workload_checksum": "x",
+        "profile_status": "x",
+        "success": True,
+    }
+    (work / "plan.json").write_text(json.dumps(plan))
+    grid = grids / "grid.toml"
+    grid.write_text(
+        'traces = ["../data/bursty.csv", "azure-conv-10min"]\n'
+        'profiles = ["../data/my h100.json", "h100-sxm-llama3-8b"]\n'
+        'controllers = ["max", "open-loop:plan.json"]\n'
+        "duration_s = 10.0\n"
+    )
+    monkeypatch.chdir(work)  # the plan is read from the working directory, as simulate's
+    first = tmp_path / "first"
+    code, _, stderr = _run(["sweep", "--grid", "../grids/grid.toml", "--out", str(first)])
+    assert code == 0, stderr
+    copy = read_grid(first / GRID_COPY)
+    assert copy.traces == [str(data / "bursty.csv"), "azure-conv-10min"]
+    assert copy.profiles == [str(data / "my h100.json"), "h100-sxm-llama3-8b"]
+    assert copy.controllers == ["max", f"open-loop:{work / 'plan.json'}"]
+    assert copy.duration_s == 10.0 and copy.seeds == [0] and copy.floor_mhz is None
+    monkeypatch.chdir(first)
+    again = tmp_path / "again"
+    code, _, stderr = _run(["sweep", "--grid", GRID_COPY, "--out", str(again)])
+    assert code == 0, stderr
+    before = sorted(json.dumps(row["metrics"], sort_keys=True) for row in _rows(first))
+    assert sorted(json.dumps(row["metrics"], sort_keys=True) for row in _rows(again)) == before
+    assert len(before) == 2 * 2 * 2
+
+
+def test_the_grid_copy_reads_back_as_the_grid(tmp_path: Path) -> None:
+    """Quotes, backslashes, other scripts and control characters survive the TOML copy."""
+    from gpugov.study.sweep import SweepGrid, grid_toml, read_grid
+
+    odd = 'a "b" \\ c \u00e9\u6f22 \U0001f600 \t\x7f\x01.csv'
+    grid = SweepGrid(
+        traces=[odd, "azure-code"],
+        profiles=["h100-sxm-llama3-8b"],
+        controllers=["max"],
+        loads=[0.5, 1e-05, 3.0],
+        duration_s=3e8,
+        floor_mhz=900.0,
+    )
+    path = tmp_path / "copy.toml"
+    path.write_text(grid_toml(grid))
+    assert read_grid(path) == grid
+
+
 def test_without_matplotlib_the_table_is_still_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
