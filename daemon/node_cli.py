@@ -42,7 +42,12 @@ from gpugov.daemon.cli_support import (
     setup_logging,
     warn,
 )
-from gpugov.daemon.config import GpugovConfig, load_config
+from gpugov.daemon.config import (
+    ControllerConfig,
+    GpugovConfig,
+    PowerProfileControllerConfig,
+    load_config,
+)
 from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller_spec
 from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,
@@ -388,6 +393,25 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------ replay
+def _calibrated_on(spec: ControllerConfig, profile: object, text: str) -> ControllerConfig:
+    """A ``power-profile`` with neither a preset nor a profile of its own calibrated on the
+    replay's profile (``--profile``, default the recording's), as ``mpc`` plans on it.
+
+    Raises:
+        UsageError: there is no profile to calibrate on (the line names ``--profile``).
+    """
+    if not isinstance(spec, PowerProfileControllerConfig) or spec.ceiling_mhz is not None:
+        return spec
+    if spec.profile is not None:
+        return spec
+    if not isinstance(profile, str) or not profile:
+        raise UsageError(
+            f"--controller {text}: the recording names no profile to calibrate the preset "
+            "on; give one with --profile NAME (or --controller power-profile:PROFILE)"
+        )
+    return spec.model_copy(update={"profile": profile})
+
+
 @guarded
 def cmd_replay(args: argparse.Namespace) -> int:
     """``gpugov replay FILE.jsonl --controller X``."""
@@ -399,12 +423,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from gpugov.plant import load_profile
 
         load_profile(args.profile)  # a bad --profile is refused even when unused
+    profile = args.profile or header.get("profile")
     try:
-        spec = parse_controller_spec(
-            args.controller, default_profile=args.profile or header.get("profile")
-        )
+        spec = parse_controller_spec(args.controller, default_profile=profile)
     except ValueError as error:
         raise UsageError(str(error)) from error
+    spec = _calibrated_on(spec, profile, args.controller)
     clocks = [float(clock) for info in domains.values() for clock in info["supported_clocks_mhz"]]
     if clocks:
         check_fixed_clock(spec, min(clocks), max(clocks), args.controller)
@@ -597,7 +621,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     rep.add_argument("file", metavar="FILE.jsonl", help="a recording from run --record")
     rep.add_argument("--controller", required=True, help=CONTROLLER_SPEC_HELP)
-    rep.add_argument("--profile", default=None, help="profile for mpc (default: the recording's)")
+    rep.add_argument(
+        "--profile",
+        default=None,
+        help="profile for mpc and power-profile to plan or calibrate on (default: the recording's)",
+    )
     rep.add_argument(
         "--show", type=cli_types.nonnegative_int, default=10, help="differences to list"
     )

@@ -242,6 +242,26 @@ def test_replay_refuses_a_fixed_clock_outside_the_recording(
     assert "outside the supported range" in _one_error_line(capsys)
 
 
+def test_replay_calibrates_power_profile_on_the_profile_or_names_the_flag(
+    recording: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``power-profile`` ignored ``--profile`` and the recording's profile, and its refusal
+    named neither the flag nor how to give one."""
+    assert main(["replay", str(recording), "--controller", "power-profile"]) == 0
+    assert "replayed" in capsys.readouterr().out
+    lines = recording.read_text().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    del header["profile"]  # a node's recording names no profile
+    bare = tmp_path / "node.jsonl"
+    bare.write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+    assert main(["replay", str(bare), "--controller", "power-profile"]) == 2
+    line = _one_error_line(capsys)
+    assert "--controller power-profile:" in line and "--profile NAME" in line
+    argv = ["replay", str(bare), "--controller", "power-profile", "--profile"]
+    assert main([*argv, "h100-sxm-llama3-8b"]) == 0
+    assert "replayed" in capsys.readouterr().out
+
+
 def test_crash_cut_recording_replays_up_to_the_last_complete_line(
     recording: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
