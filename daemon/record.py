@@ -117,6 +117,12 @@ def recorded_domains(where: str, header: Mapping[str, Any]) -> tuple[float, dict
     for index, info in enumerate(listed):
         if not isinstance(info, dict) or not isinstance(info.get("name"), str):
             raise RecordingError(f"{where} domains[{index}] is no object with a name")
+        if info["name"] in domains:  # its ticks would be read as one domain's
+            first = next(i for i, other in enumerate(listed) if other is domains[info["name"]])
+            raise RecordingError(
+                f"{where} domains[{index}] names domain {info['name']!r:.40} again "
+                f"(domains[{first}])"
+            )
         domains[info["name"]] = info
     return period, domains
 

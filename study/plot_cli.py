@@ -96,14 +96,17 @@ def run_plot(args: argparse.Namespace) -> int:
 
 
 def checked_header(source: Path, header: dict[str, Any]) -> dict[str, str | None]:
-    """Each domain's recorded controller (None: not recorded) by name; a header field plot
-    reads of the wrong kind is a :class:`UsageError` naming it (at line 1, as replay)."""
+    """Each domain's recorded controller (None: not recorded) by name; a header replay
+    refuses (:func:`gpugov.daemon.replay.checked_header`: a domain named twice, no supported
+    clocks) or a field plot reads of the wrong kind is a :class:`UsageError` naming it."""
     from gpugov.daemon.cli_support import UsageError
     from gpugov.daemon.record import RecordingError, recorded_domains
+    from gpugov.daemon.replay import checked_header as replay_checked_header
 
     where = f"{source}:1: header"
     try:
         _, domains = recorded_domains(where, header)
+        replay_checked_header(source, header)
     except RecordingError as error:
         raise UsageError(str(error)) from error
     if header.get("mode") is not None and not isinstance(header["mode"], str):

@@ -227,6 +227,15 @@ HEADER_DAMAGE = {
         "header domains[0].controller must be text",
     ),
     "period x": (_set("period_s", value="x"), "header period_s must be a positive number"),
+    # What replay refuses of a header, plot refuses too (each was plotted).
+    "name twice": (
+        lambda header: header["domains"].append(dict(header["domains"][0])),
+        "header domains[1] names domain 'sim' again (domains[0])",
+    ),
+    "no clocks": (
+        lambda header: header["domains"][0].update(supported_clocks_mhz=[]),
+        "domain 'sim' has no supported clocks in the header",
+    ),
 }
 
 
@@ -237,7 +246,11 @@ def test_plot_names_the_field_of_a_bad_header(
     """A header field of the wrong kind (each plotted silently) is one line at line 1."""
     edit, field = HEADER_DAMAGE[damage]
     damaged = _damaged(recording, tmp_path, 1, edit)
-    _plot_refuses(damaged, tmp_path, capsys, f"{damaged}:1: ", field)
+    where = f"{damaged}: " if damage == "no clocks" else f"{damaged}:1: "  # replay's words
+    _plot_refuses(damaged, tmp_path, capsys, where, field)
+    if damage in ("name twice", "no clocks", "period x"):  # the header replay refuses
+        assert main(["replay", str(damaged), "--controller", "max"]) == 2
+        assert field in capsys.readouterr().err
 
 
 def _two_domains(recording: Path, second_ticks: bool = True) -> list[str]:
