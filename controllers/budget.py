@@ -43,6 +43,14 @@ short window) and ``A' = e N'``, else ``A' = A``:
   window before it has gone far;
 * otherwise it holds. It moves in log space and stays within ``[tightest, loosest]``.
 
+A misjudgement is not always one miss: the prompts that wait together are prefilled
+together, and their replies decode together, so one clock too low for them can cost every
+one of them (a burst of four prompts on a tight TPOT SLO, four misses in one period). The
+looseness is therefore applied above 1 only while the window's projected budget less its
+misses (``A' - S``) covers the prompts waiting and the next one
+(:attr:`AttainmentBudget.exposed`); otherwise the margins are applied at 1, the rule's own
+level kept for when the queue has drained (:attr:`AttainmentBudget.applied_looseness`).
+
 The per-prompt TTFT allowance (a long prompt judged against its own, longer SLO) is a
 spend of its own: a short prompt that lands behind a long one prefilled at a lower clock
 may miss. It is planned with only while the window can afford one more miss (``A' - S >=
@@ -208,6 +216,12 @@ class AttainmentBudget:
     the budget of the requests served so far less its misses, ``A - S``, too; True before
     any counters):
     the per-prompt TTFT allowance is planned with only then (:attr:`allowance_credit`)."""
+    remaining: float = math.inf
+    """The window's projected budget less its misses at the last update (``A' - S``;
+    infinite before any counters)."""
+    exposed: float = 1.0
+    """The requests one misjudgement decides together at the last update: the prompts
+    waiting and the next one."""
     last: WindowAttainment | None = None
     """The long window's attainment at the last update (None before any counters)."""
     _history: deque[AttainmentCounters] = field(default_factory=deque, repr=False)
@@ -226,18 +240,28 @@ class AttainmentBudget:
         """The long window."""
         return self.target.window_s
 
+    @property
+    def applied_looseness(self) -> float:
+        """The looseness the margins are scaled by: the rule's, but at most 1 while the
+        window cannot afford every request now exposed missing at once (module notes)."""
+        if self.looseness > 1.0 and self.remaining < self.exposed:
+            return 1.0
+        return self.looseness
+
     def update(self, observation: ServingObservation) -> float:
         """Fold one observation in (idempotent per ``time_s``: the MPC inside a controller
-        may call it again on the same observation) and return the looseness."""
+        may call it again on the same observation) and return the applied looseness."""
         now = AttainmentCounters.of(observation)
         time_s = float(observation.time_s)
         previous_time = self._last_time_s
         if previous_time is not None and time_s <= previous_time:
-            return self.looseness
+            return self.applied_looseness
         self._last_time_s = time_s
+        waiting = float(observation.waiting_requests)
+        self.exposed = (waiting if math.isfinite(waiting) and waiting > 0.0 else 0.0) + 1.0
         if now is None:
             self.ahead = False  # nothing measured: no evidence of slack
-            return self.looseness
+            return self.applied_looseness
         history = self._history
         if history and now.went_back(history[-1]):
             history.clear()  # a restarted source: its counters start again
@@ -249,13 +273,13 @@ class AttainmentBudget:
         if len(history) < 2 and history[0] is now:
             self.last = None
             self.ahead = False
-            return self.looseness
+            return self.applied_looseness
         self.last = long = window_attainment(now, history[0])
         short = window_attainment(now, self._base(time_s - SHORT_WINDOW_SHARE * window))
         period = 0.0 if previous_time is None else time_s - previous_time
         covered = time_s - history[0].time_s
         self.looseness = self.next_looseness(long, short, period, covered_s=covered)
-        return self.looseness
+        return self.applied_looseness
 
     def _base(self, since_s: float) -> AttainmentCounters:
         """The latest snapshot at or before ``since_s`` (else the oldest kept)."""
@@ -301,6 +325,7 @@ class AttainmentBudget:
         # The window's projected size pays for its first miss; traffic can stop (a trace's
         # arrivals ending, a router draining the node), so past it the requests served so
         # far must afford the next one too (a miss counted: at least half of one).
+        self.remaining = allowed_in_window - long.misses
         self.affordable = allowed_in_window - long.misses >= 1.0 and (
             long.misses < 0.5 or allowed - long.misses >= 1.0
         )
@@ -335,6 +360,7 @@ class AttainmentBudget:
             "attainment": None if last is None else last.attainment,
             "requests": None if last is None else last.requests,
             "looseness": self.looseness,
+            "applied_looseness": self.applied_looseness,
             "ahead": self.ahead,
         }
 

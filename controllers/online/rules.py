@@ -56,8 +56,8 @@ class MeasuredLatencyRules:
 
     @property
     def looseness(self) -> float:
-        """The attainment budget's looseness (1 without an SLO target)."""
-        return 1.0 if self.budget is None else self.budget.looseness
+        """The attainment budget's applied looseness (1 without an SLO target)."""
+        return 1.0 if self.budget is None else self.budget.applied_looseness
 
     @property
     def spending(self) -> bool:

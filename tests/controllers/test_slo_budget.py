@@ -399,3 +399,40 @@ def test_a_window_too_small_for_one_miss_never_plans_with_the_allowance() -> Non
     budget = AttainmentBudget(TARGET)
     _run(budget, 900.0, rate=0.1, miss=0.0)
     assert not budget.affordable and budget.allowance_credit == 0.0
+
+
+def test_margins_spend_only_what_covers_the_prompts_waiting_together() -> None:
+    """Prompts that wait together are prefilled and decoded together: the looseness is
+    applied above 1 only while the window's budget left covers them all and the next."""
+    budget = AttainmentBudget(TARGET, tightest=0.7, loosest=1 / 0.7)
+    trace, (time_s, within, count) = _run(budget, 600.0, rate=1.0, miss=0.0)
+    assert trace[-1] == pytest.approx(1 / 0.7)
+    # 600 requests in the window at 99 %: six misses allowed, none spent.
+    assert budget.remaining == pytest.approx(6.0)
+    calm = budget.update(
+        _observation(
+            time_s + 1, (within + 1, count + 1), (count + 1, count + 1), waiting_requests=4
+        )
+    )
+    assert budget.exposed == 5.0 and calm == pytest.approx(1 / 0.7)
+    burst = budget.update(
+        _observation(
+            time_s + 2, (within + 2, count + 2), (count + 2, count + 2), waiting_requests=6
+        )
+    )
+    # Seven exposed against six to spare: the margins at 1, the rule's level kept.
+    assert burst == 1.0 and budget.applied_looseness == 1.0
+    assert budget.looseness == pytest.approx(1 / 0.7)
+    assert budget.status()["applied_looseness"] == 1.0
+    drained = budget.update(
+        _observation(time_s + 3, (within + 3, count + 3), (count + 3, count + 3))
+    )
+    assert drained == pytest.approx(1 / 0.7)
+
+
+def test_the_exposure_cap_never_tightens_below_the_rule() -> None:
+    """Behind its target the rule's own level (below 1) applies, whatever waits."""
+    budget = AttainmentBudget(TARGET, tightest=0.7, loosest=1 / 0.7)
+    trace, _ = _run(budget, 600.0, rate=5.0, miss=0.05)
+    assert trace[-1] == pytest.approx(0.7)
+    assert budget.applied_looseness == pytest.approx(0.7)
