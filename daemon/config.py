@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import tomllib
+import typing
 import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -26,7 +27,13 @@ from pydantic import (
 )
 
 from gpugov.daemon.errors import ConfigError
-from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_PERIOD_S, MAX_SECONDS, MIN_PERIOD_S
+from gpugov.daemon.limits import (
+    MAX_CLOCK_MHZ,
+    MAX_COUNT,
+    MAX_PERIOD_S,
+    MAX_SECONDS,
+    MIN_PERIOD_S,
+)
 from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.profile import DEFAULT_PROFILE
@@ -40,6 +47,22 @@ ClockMHz = Annotated[float, Field(gt=0, le=MAX_CLOCK_MHZ, allow_inf_nan=False)]
 """A clock, at most :data:`~gpugov.daemon.limits.MAX_CLOCK_MHZ` (as the flags take)."""
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
 """A duration, at most :data:`~gpugov.daemon.limits.MAX_SECONDS` (as the flags take)."""
+PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
+"""A duration above 0, at most :data:`~gpugov.daemon.limits.MAX_SECONDS`: a larger one is a
+typo, and divided by the period it overflows the controllers' counts of periods."""
+TokenCount = Annotated[float, Field(gt=0, le=MAX_COUNT, allow_inf_nan=False)]
+"""A mean or declared token count, at most :data:`~gpugov.daemon.limits.MAX_COUNT` (no
+prompt is within orders of magnitude of it; 1e308 overflows the controllers' sums)."""
+MAX_UNCERTAINTY_Z = 10.0
+"""Largest ``uncertainty_z``: ten standard deviations already price every clock at its
+worst case (the default is 1.5), and 1e308 overflows the predicted latencies."""
+MIN_REQUEST_TIMEOUT_S = 0.01
+"""Shortest ``engine.timeout_s``, ``actuator.timeout_s`` and ``zeusd.timeout_s``: a local
+scrape or request takes milliseconds, so a shorter deadline fails every one and holds the
+domain at its fail-safe."""
+MAX_STALE_AFTER_S = 600.0
+"""Longest ``stale_after_s``: engine data ten minutes old no longer describes the load,
+and a longer age keeps the fail-safe from ever engaging."""
 
 
 def _no_nul(value: Path) -> Path:
@@ -190,11 +213,11 @@ class MPCControllerConfig(_Frozen):
 
     kind: Literal["mpc", "mpc-slsqp"]
     profile: str = DEFAULT_PROFILE
-    horizon_s: PositiveFloat | None = None
-    solve_time_limit_s: PositiveFloat | None = None
-    mean_prompt_tokens: PositiveFloat | None = None
-    mean_output_tokens: PositiveFloat | None = None
-    ttft_prompt_tokens: PositiveFloat | None = None
+    horizon_s: PositiveSeconds | None = None
+    solve_time_limit_s: PositiveSeconds | None = None
+    mean_prompt_tokens: TokenCount | None = None
+    mean_output_tokens: TokenCount | None = None
+    ttft_prompt_tokens: TokenCount | None = None
     latency_model: Literal["iteration", "seed"] | None = None
     slo_margin: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     burst_hedge: bool | None = None
@@ -255,16 +278,19 @@ class OnlineMPCControllerConfig(_Frozen):
     """
 
     kind: Literal["mpc-online"]
-    horizon_s: PositiveFloat | None = None
-    solve_time_limit_s: PositiveFloat | None = None
-    mean_prompt_tokens: PositiveFloat | None = None
-    mean_output_tokens: PositiveFloat | None = None
-    ttft_prompt_tokens: PositiveFloat | None = None
+    horizon_s: PositiveSeconds | None = None
+    solve_time_limit_s: PositiveSeconds | None = None
+    mean_prompt_tokens: TokenCount | None = None
+    mean_output_tokens: TokenCount | None = None
+    ttft_prompt_tokens: TokenCount | None = None
     slo_margin: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
-    warmup_s: PositiveFloat | None = None
-    hinted_warmup_s: PositiveFloat | None = None
-    memory_s: PositiveFloat | None = None
-    uncertainty_z: NonNegativeFloat | None = None
+    warmup_s: PositiveSeconds | None = None
+    hinted_warmup_s: PositiveSeconds | None = None
+    memory_s: PositiveSeconds | None = None
+    uncertainty_z: (
+        Annotated[float, Field(ge=0, le=MAX_UNCERTAINTY_Z, allow_inf_nan=False)] | None
+    ) = None
+    """0 to 10 (:data:`MAX_UNCERTAINTY_Z`)."""
     burst_guard: bool | None = None
     decode_descent: bool | None = None
     latency_window_s: Annotated[float, Field(ge=0.0, le=60.0, allow_inf_nan=False)] | None = None
@@ -301,7 +327,7 @@ class DPSControllerConfig(_Frozen):
     ``window`` readings (``controllers.peers.dps``)."""
 
     kind: Literal["dps"]
-    loop_s: PositiveFloat | None = None
+    loop_s: PositiveSeconds | None = None
     window: Annotated[int, Field(ge=1, le=1000)] | None = None
 
 
@@ -312,7 +338,7 @@ class PowerProfileControllerConfig(_Frozen):
     ``throughput_fraction`` (default 0.97) of the top clock's reference throughput."""
 
     kind: Literal["power-profile"]
-    ceiling_mhz: PositiveFloat | None = None
+    ceiling_mhz: ClockMHz | None = None
     cap_w: PositiveFloat | None = None
     profile: str | None = None
     throughput_fraction: UnitFraction | None = None
@@ -333,7 +359,7 @@ class DefaultDVFSControllerConfig(_Frozen):
     board power limit as the firmware enforces it."""
 
     kind: Literal["default-dvfs"]
-    idle_hold_s: NonNegativeFloat | None = None
+    idle_hold_s: Seconds | None = None
 
 
 class AGFTControllerConfig(_Frozen):
@@ -437,8 +463,11 @@ class EngineConfig(_Frozen):
 
     kind: Literal["auto", "vllm", "sglang", "tgi"] = "auto"
     url: str = "http://127.0.0.1:8000/metrics"
-    timeout_s: PositiveFloat = DEFAULT_ENGINE_TIMEOUT_S
-    """Unset in the file: ``min(0.5, daemon.period_s / 2)`` (:func:`default_engine_timeout_s`)."""
+    timeout_s: Annotated[
+        float, Field(ge=MIN_REQUEST_TIMEOUT_S, le=MAX_PERIOD_S, allow_inf_nan=False)
+    ] = DEFAULT_ENGINE_TIMEOUT_S
+    """Unset in the file: ``min(0.5, daemon.period_s / 2)`` (:func:`default_engine_timeout_s`);
+    at least 10 ms (:data:`MIN_REQUEST_TIMEOUT_S`)."""
 
     max_page_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
 
@@ -514,17 +543,21 @@ class DomainConfig(_Frozen):
     safety: SafetyConfig = SafetyConfig()
     failsafe: Literal["max", "unlock"] = "max"
     external_clock_policy: Literal["reassert", "yield"] = "reassert"
-    stale_after_s: PositiveFloat | None = None
+    stale_after_s: (
+        Annotated[float, Field(gt=0, le=MAX_STALE_AFTER_S, allow_inf_nan=False)] | None
+    ) = None
+    """At least 1.5 control periods (:data:`MIN_STALE_PERIODS`) and at most 600 s
+    (:data:`MAX_STALE_AFTER_S`), so the fail-safe engages."""
     lock_mode: Literal["pin", "cap"] = "pin"
-    ttft_slo_s: PositiveFloat | None = None
-    tpot_slo_s: PositiveFloat | None = None
+    ttft_slo_s: PositiveSeconds | None = None
+    tpot_slo_s: PositiveSeconds | None = None
     ttft_slo_per_prompt_token_s: Seconds | None = None
     """TTFT SLO allowance per prompt token: a request of ``p`` prompt tokens meets its
     TTFT SLO when ``TTFT <= ttft_slo_s + ttft_slo_per_prompt_token_s * p``."""
     slo_target: SLOTargetConfig | None = None
     thermal_limit_c: PositiveFloat | None = None
-    mean_prompt_tokens: PositiveFloat = 512.0
-    mean_output_tokens: PositiveFloat = 256.0
+    mean_prompt_tokens: TokenCount = 512.0
+    mean_output_tokens: TokenCount = 256.0
     power_budget_w: PositiveFloat | None = None
     """The domain's power budget, watts for all its GPUs together; the lowest of this,
     ``power_budget_file`` and the GPUs' enforced NVML limits is in force
@@ -578,7 +611,9 @@ class ActuatorBackendConfig(_Frozen):
 
     socket: LoosePath = Path("/run/gpugov-actuator/actuator.sock")
     lease_s: Annotated[float, Field(ge=0.2, le=600.0, allow_inf_nan=False)] = 3.0
-    timeout_s: Annotated[float, Field(gt=0, le=10.0, allow_inf_nan=False)] = 0.25
+    timeout_s: Annotated[float, Field(ge=MIN_REQUEST_TIMEOUT_S, le=10.0, allow_inf_nan=False)] = (
+        0.25
+    )
 
 
 class ZeusdBackendConfig(_Frozen):
@@ -588,7 +623,9 @@ class ZeusdBackendConfig(_Frozen):
     socket: LoosePath | None = None
     url: str | None = None
     token_file: LoosePath | None = None
-    timeout_s: Annotated[float, Field(gt=0, le=10.0, allow_inf_nan=False)] = 0.25
+    timeout_s: Annotated[float, Field(ge=MIN_REQUEST_TIMEOUT_S, le=10.0, allow_inf_nan=False)] = (
+        0.25
+    )
 
     @field_validator("url")
     @classmethod
@@ -820,13 +857,19 @@ def format_validation_error(error: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-_CONTROLLER_TAGS = frozenset(
-    {"max", "fixed", "reactive", "open-loop", "mpc", "mpc-online"}
-    | {"power-cap", "dps", "power-profile", "agft", "pid", "throttllem", "greenllm"}
-    | {"voltana"}
-    | {"default-dvfs"}
-    | {"external"}
-)
+def controller_kinds() -> frozenset[str]:
+    """Every ``kind`` the ``ControllerConfig`` union accepts (read from the union, so a
+    new kind is never left out)."""
+    union = typing.get_args(ControllerConfig)[0]
+    return frozenset(
+        kind
+        for spec in typing.get_args(union)
+        for kind in typing.get_args(spec.model_fields["kind"].annotation)
+    )
+
+
+_CONTROLLER_TAGS = controller_kinds()
+"""The union tags pydantic puts in an error's path (``controller.mpc-slsqp.horizon_s``)."""
 
 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> GpugovConfig:

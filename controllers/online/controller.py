@@ -167,10 +167,14 @@ class OnlineMPCController(MeasuredLatencyRules):
             ("mean_output_tokens", mean_output_tokens),
             ("control_period_s", control_period_s),
             ("memory_s", memory_s),
+            ("warmup_s", warmup_s),
             ("hinted_warmup_s", hinted_warmup_s),
         ):
             if not math.isfinite(value) or value <= 0.0:
                 raise ValueError(f"{name} must be finite and positive, got {value!r}")
+        for name, value in (("warmup_s", warmup_s), ("hinted_warmup_s", hinted_warmup_s)):
+            if not math.isfinite(value / control_period_s):
+                raise ValueError(f"{name} spans too many control periods to count, got {value!r}")
         if not math.isfinite(uncertainty_z) or uncertainty_z < 0.0:
             raise ValueError(f"uncertainty_z must be >= 0, got {uncertainty_z!r}")
         self.mean_prompt_tokens = float(mean_prompt_tokens)

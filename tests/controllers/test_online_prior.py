@@ -433,3 +433,9 @@ def test_a_hint_shortens_the_warm_up_to_its_hinted_length() -> None:
     assert (controller.warmup_windows, controller.hinted_warmup_windows) == (80, 20)
     with pytest.raises(ValueError, match="hinted_warmup_s"):
         OnlineMPCController(hinted_warmup_s=0.0)
+    # 1e308 s was an OverflowError counting the periods, a traceback from check-config.
+    for name in ("warmup_s", "hinted_warmup_s"):
+        with pytest.raises(ValueError, match=f"{name} spans too many control periods"):
+            OnlineMPCController(control_period_s=0.05, **{name: 1e308})
+    with pytest.raises(ValueError, match="warmup_s must be finite and positive"):
+        OnlineMPCController(warmup_s=math.inf)

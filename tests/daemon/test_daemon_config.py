@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from gpugov.daemon.config import GpugovConfig, load_config, parse_address, parse_config
+from gpugov.daemon.config import (
+    GpugovConfig,
+    controller_kinds,
+    load_config,
+    parse_address,
+    parse_config,
+)
 from gpugov.daemon.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "gpugov.example.toml"
@@ -55,7 +61,11 @@ def test_defaults() -> None:
         (_domain(gpus=[-1]), "domains[0].gpus[0]", "NVML index"),
         (_domain(name="has space"), "domains[0].name", "pattern"),
         (_domain(engine={"url": "ftp://x"}), "domains[0].engine.url", "http://"),
-        (_domain(engine={"timeout_s": -1}), "domains[0].engine.timeout_s", "greater than 0"),
+        (
+            _domain(engine={"timeout_s": -1}),
+            "domains[0].engine.timeout_s",
+            "greater than or equal to 0.01",
+        ),
         (_domain(engine={"kind": "trtllm"}), "domains[0].engine.kind", "'auto'"),
         (_domain(controller={"kind": "warp-drive"}), "domains[0].controller", "does not match"),
         (_domain(controller={"kind": "fixed"}), "domains[0].controller.clock_mhz", "required"),
@@ -244,3 +254,86 @@ def test_an_engine_url_http_client_refuses_is_a_config_error(url: str, message: 
     with pytest.raises(ConfigError, match=message) as caught:
         parse_config({"domains": [domain]})
     assert "\r" not in str(caught.value).replace("\\r", "")
+
+
+@pytest.mark.parametrize(
+    ("data", "path", "reason"),
+    [
+        (_domain(controller={"kind": "mpc-online", "warmup_s": 1e308}), "warmup_s", "less than"),
+        (
+            _domain(controller={"kind": "mpc-online", "hinted_warmup_s": 1e308}),
+            "hinted_warmup_s",
+            "less than",
+        ),
+        (_domain(controller={"kind": "mpc-online", "memory_s": 1e308}), "memory_s", "less than"),
+        (
+            _domain(controller={"kind": "mpc-online", "uncertainty_z": 1e308}),
+            "uncertainty_z",
+            "less than or equal to 10",
+        ),
+        (
+            _domain(controller={"kind": "mpc-online", "mean_prompt_tokens": 1e308}),
+            "mean_prompt_tokens",
+            "less than or equal to 1000000000",
+        ),
+        (_domain(controller={"kind": "mpc", "horizon_s": 1e308}), "horizon_s", "less than"),
+        (
+            _domain(controller={"kind": "mpc-slsqp", "solve_time_limit_s": 1e308}),
+            "solve_time_limit_s",
+            "less than",
+        ),
+        (_domain(controller={"kind": "dps", "loop_s": 1e308}), "loop_s", "less than"),
+    ],
+    ids=["warmup", "hinted-warmup", "memory", "z", "mean-prompt", "horizon", "solve", "dps-loop"],
+)
+def test_a_controller_value_past_its_range_is_one_line(
+    data: dict[str, object], path: str, reason: str
+) -> None:
+    # warmup_s = 1e308 was a traceback (OverflowError counting periods); uncertainty_z or
+    # mean_prompt_tokens = 1e308 passed and the warm-up decision raised.
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "gpugov.toml")
+    lines = str(info.value).splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"gpugov.toml: domains[0].controller.{path}: ")
+    assert reason in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("data", "path", "reason"),
+    [
+        (_domain(stale_after_s=1e308), "domains[0].stale_after_s", "less than or equal to 600"),
+        (_domain(engine={"timeout_s": 1e-300}), "domains[0].engine.timeout_s", "0.01"),
+        (
+            {"daemon": {"actuator": {"timeout_s": 1e-300}}, **MINIMAL},
+            "daemon.actuator.timeout_s",
+            "0.01",
+        ),
+        (_domain(mean_output_tokens=1e308), "domains[0].mean_output_tokens", "less than"),
+        (_domain(ttft_slo_s=1e308), "domains[0].ttft_slo_s", "less than"),
+    ],
+    ids=["stale", "engine-timeout", "actuator-timeout", "mean-output", "ttft-slo"],
+)
+def test_a_daemon_value_past_its_range_is_one_line(
+    data: dict[str, object], path: str, reason: str
+) -> None:
+    # stale_after_s = 1e308 meant a fail-safe that never engages; timeout_s = 1e-300 a
+    # scrape that always times out.
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "gpugov.toml")
+    lines = str(info.value).splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"gpugov.toml: {path}: ")
+    assert reason in lines[0]
+
+
+@pytest.mark.parametrize("kind", sorted(controller_kinds()))
+def test_every_controller_kind_is_left_out_of_the_error_path(kind: str) -> None:
+    # "mpc-slsqp" was missing: its errors named controller.mpc-slsqp.horizon_s.
+    with pytest.raises(ConfigError) as info:
+        parse_config(_domain(controller={"kind": kind, "no_such_key": 1}), "gpugov.toml")
+    assert "gpugov.toml: domains[0].controller.no_such_key: unknown key" in str(info.value)
+    assert f".{kind}." not in str(info.value)
+
+
+def test_the_controller_kinds_are_the_documented_ones() -> None:
+    assert {"max", "fixed", "mpc", "mpc-slsqp", "mpc-online", "external"} <= controller_kinds()
