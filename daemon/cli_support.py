@@ -8,6 +8,7 @@ import importlib
 import logging
 import math
 import os
+import socket
 import sys
 import tempfile
 import warnings
@@ -543,6 +544,37 @@ def setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+def check_metrics_address(address: str | None, name: str = "--metrics-address") -> None:
+    """Refuse, before any GPU is opened, an address ``run`` could not serve ``/metrics``
+    on (malformed, a host that does not resolve, a port that cannot be bound); ``name``
+    is where it was given (the flag, or ``FILE: daemon.metrics_address``).
+
+    Raises:
+        UsageError: one line naming ``name`` and the address.
+    """
+    if not address or address.lower() == "none":
+        return
+    try:
+        host, port = parse_address(address)
+    except ValueError as error:
+        raise UsageError(f"{name} {error}") from error
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the exporter
+            probe.bind((host, port))
+    except (OSError, UnicodeError) as error:  # socket.gaierror is an OSError
+        reason = getattr(error, "strerror", None) or str(error)
+        if name == "--metrics-address":
+            raise UsageError(
+                f"cannot serve metrics on {address}: {reason}; "
+                "pick another --metrics-address (or 'none')"
+            ) from error
+        raise UsageError(
+            f'{name}: cannot serve metrics on {address}: {reason}; pick another (or "" for none)'
+        ) from error
 
 
 def metrics_exporter(address: str | None) -> Exporter | None:

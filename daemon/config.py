@@ -7,6 +7,7 @@ reason, and nothing is applied. ``deploy/gpugov.example.toml`` shows every key.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import tomllib
 import typing
@@ -113,7 +114,8 @@ def parse_address(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9400`` for IPv6) to ``(host, port)``.
 
     Raises:
-        ValueError: not HOST:PORT or the port is outside 0-65535.
+        ValueError: not HOST:PORT, the port is outside 0-65535, or the host is written as
+            an IP address that is none (``999.1.1.1``, ``[::g]``).
     """
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -125,6 +127,15 @@ def parse_address(value: str) -> tuple[str, int]:
         or any(character.isspace() or character in "[]" for character in bare)
     ):
         raise ValueError(f"must be HOST:PORT such as 127.0.0.1:9400 or [::1]:9400, got {value!r}")
+    # A host written as an address must be one (999.1.1.1 was refused only at the bind,
+    # after the GPUs were opened); a name is resolved when the socket is bound.
+    try:
+        if host.startswith("["):
+            ipaddress.IPv6Address(bare)
+        elif bare and all(part.isdigit() for part in bare.split(".")):
+            ipaddress.IPv4Address(bare)
+    except ValueError:
+        raise ValueError(f"names no IP address: {bare!r} in {value!r}") from None
     return bare or "127.0.0.1", int(port)
 
 

@@ -33,6 +33,7 @@ from gpugov.daemon.cli_support import (
     add_engine_view_argument,
     add_safety_arguments,
     check_fixed_clock,
+    check_metrics_address,
     check_output_file,
     fail,
     hidden_alias,
@@ -105,6 +106,13 @@ def _run_node(args: argparse.Namespace) -> int:
         notify.check_period(config.daemon.period_s)
     except ValueError as error:
         raise UsageError(f"{args.config}: {error}") from error
+    # Before any GPU is opened: a bad address used to be refused after reconcile.
+    if args.metrics_address:
+        check_metrics_address(args.metrics_address)
+    else:
+        check_metrics_address(
+            config.daemon.metrics_address, f"{args.config}: daemon.metrics_address"
+        )
     dry_run = args.dry_run or config.daemon.dry_run
     stop = threading.Event()
     received: list[str] = []

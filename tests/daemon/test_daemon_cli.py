@@ -386,3 +386,37 @@ def test_a_stop_during_the_start_ends_it_before_the_loop(
     assert "stopped during the start, before the first tick" in text
     assert "locking clocks" not in text
     assert fake.writes == []
+
+
+@pytest.mark.parametrize(
+    ("flag", "config_address", "message"),
+    [
+        (["--metrics-address", "127.0.0.1:99999"], "", "--metrics-address must be HOST:PORT"),
+        (["--metrics-address", "nothing"], "", "--metrics-address must be HOST:PORT"),
+        ([], "999.1.1.1:9400", "daemon.metrics_address: names no IP address"),
+        ([], "nosuchhost.invalid:9400", "daemon.metrics_address: cannot serve metrics on"),
+    ],
+    ids=["port", "no-port", "config-ip", "config-name"],
+)
+def test_run_refuses_a_bad_metrics_address_before_opening_a_gpu(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    flag: list[str],
+    config_address: str,
+    message: str,
+) -> None:
+    # It was refused only after reconcile had opened the GPUs and reset a leftover lock.
+    path = _config(tmp_path, "http://127.0.0.1:1/metrics")
+    path.write_text(
+        path.read_text().replace('metrics_address = ""', f'metrics_address = "{config_address}"')
+    )
+
+    def opened(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the GPUs were opened")
+
+    monkeypatch.setattr(node_cli, "domains_from_config", opened)
+    assert node_cli.main(["run", "--config", str(path), "--dry-run", *flag]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpugov: error: ") and message in err
+    assert len(err.strip().splitlines()) == 1

@@ -142,6 +142,12 @@ def test_parse_address() -> None:
     for bad in ("[::1:9400", "::1:9400", "a b:9400", "[::1]]:9400"):
         with pytest.raises(ValueError, match=r"or \[::1\]:9400"):
             parse_address(bad)
+    # Written as an IP address that is none: refused only at the bind, after the GPUs
+    # were opened.
+    for bad in ("999.1.1.1:9400", "1.2.3:9400", "[::g]:9400"):
+        with pytest.raises(ValueError, match="names no IP address"):
+            parse_address(bad)
+    assert parse_address("localhost:9400") == ("localhost", 9400)
 
 
 def test_emulated_backend_needs_an_emulator_url() -> None:
