@@ -13,7 +13,9 @@ engine's ``model_name`` label), the SLOs last seen and the model
 - Only a model that learned at least one window is written, so an empty model never
   replaces a stored one, and a deep copy of the wrapper never reads or writes the file.
 - A corrupt or partial file is refused with one clear log line, renamed aside
-  (``.corrupt-<UTC time>``) and learning starts fresh; it never stops the daemon.
+  (``.corrupt-<UTC time>``) and learning starts fresh; it never stops the daemon. Only
+  a file that fails the model's own checks is: one the controller's settings cannot use
+  (``SettingsRefuseModel``) is kept aside as ``.other-<UTC time>``, whole.
 - Writes are atomic: a temporary file in the same directory, fsynced, then renamed over.
 """
 
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.controllers.contract import ControllerWrapper
-from gpugov.controllers.online.controller import OnlineMPCController
+from gpugov.controllers.online.controller import OnlineMPCController, SettingsRefuseModel
 from gpugov.controllers.online.identification import MODEL_VERSION
 from gpugov.controllers.online.model_names import SettledName
 from gpugov.daemon.files import (
@@ -237,6 +239,19 @@ class PersistentOnlineModel(ControllerWrapper):
             return
         try:
             self.inner.restore(payload["model"], observation)
+        except SettingsRefuseModel as error:
+            # The controller's settings, not the file: kept whole (never named corrupt,
+            # never overwritten by the model learned anew).
+            try:
+                kept = f"kept as {set_aside(self.path, tag='other').name}"
+            except OSError as rename_error:
+                kept = f"could not keep it aside ({rename_error}): the next save replaces it"
+            self._say(
+                logging.WARNING,
+                f"{self.path}: learned model not applied: {error} (the controller's "
+                f"settings, not the file); {kept}; learning anew",
+            )
+            return
         except (KeyError, TypeError, ValueError, OverflowError) as error:
             self._set_aside(f"{self.path}: {error}")
             return

@@ -99,6 +99,11 @@ UNCAPPED_FACTOR = 10.0
 the cap never binds (``ServingPlant`` needs a finite one)."""
 
 
+class SettingsRefuseModel(ValueError):
+    """A stored model that passes its own checks but gives no usable profile with the
+    controller's settings: the settings' fault, so the stored file is not to blame."""
+
+
 class OnlineMPCController(MeasuredLatencyRules):
     """Fast MPC on a model identified online (module notes). A :class:`ClockController`.
 
@@ -333,13 +338,24 @@ class OnlineMPCController(MeasuredLatencyRules):
         can still describe no GPU (a latency of 1e308 s).
 
         Raises:
-            ValueError: no usable profile comes out of it.
+            ValueError: no usable profile comes out of the model at its mean.
+            SettingsRefuseModel: one does, but not with this controller's settings
+                (its ``uncertainty_z``): the settings' fault, not the stored model's.
         """
+        slos = slos or (1.0, 0.1)
         try:
             with np.errstate(all="ignore"):
-                self.learned_profile(slos or (1.0, 0.1))
+                self.learned_profile(slos, pessimistic=False)
         except (ValueError, OverflowError, FloatingPointError) as error:
             raise ValueError(f"stored model gives no usable profile: {error}") from None
+        try:
+            with np.errstate(all="ignore"):
+                self.learned_profile(slos)
+        except (ValueError, OverflowError, FloatingPointError) as error:
+            raise SettingsRefuseModel(
+                f"stored model gives no usable profile with uncertainty_z = "
+                f"{self.uncertainty_z:g}: {error}"
+            ) from None
 
     def slos(self, observation: ServingObservation) -> tuple[float, float] | None:
         """(TTFT SLO, TPOT SLO): the observation's, else the configured ones."""

@@ -778,6 +778,26 @@ class OnlineModel:
         self.visits = visits
         self.warmed_up = bool(state["warmed_up"])
         self._warmup_count = int(warmup_count)
+        self.check_latencies()
+
+    def check_latencies(self) -> None:
+        """Refuse a model whose mean prefill or decode latency is not positive at some
+        supported clock (a stored ``time.mean`` negated or zeroed drove the clock down).
+
+        Raises:
+            ValueError: naming the first such clock.
+        """
+        realized = np.ascontiguousarray(self.clocks_mhz * self.realized_ratio, dtype=float)
+        for batch, context in ((1.0, 0.0), (64.0, 1024.0)):
+            rows = self._predict(realized, batch, context)
+            for row, what in ((PREFILL_MEAN, "prefill"), (DECODE_MEAN, "decode iteration")):
+                bad = ~(rows[row] > 0.0)
+                if bool(bad.any()):
+                    clock = float(self.clocks_mhz[int(bad.argmax())])
+                    raise ValueError(
+                        f"stored model predicts a {what} latency that is not positive at "
+                        f"{clock:g} MHz ({float(rows[row][int(bad.argmax())]):.3g} s)"
+                    )
 
     def nbytes(self) -> int:
         """Bytes held by the model's arrays (constant over the run)."""

@@ -139,6 +139,18 @@ class RecursiveLeastSquares:
                 raise ValueError(f"stored {name} is not symmetric")
             if bool((np.diag(matrix) < 0.0).any()):
                 raise ValueError(f"stored {name} has a negative variance")
+            lowest = float(np.linalg.eigvalsh(matrix)[0])
+            if lowest < -PSD_TOLERANCE * max(scale, 1.0):
+                raise ValueError(
+                    f"stored {name} is not positive semi-definite (eigenvalue {lowest:.3g})"
+                )
+        largest = float(np.linalg.eigvalsh(covariance)[-1])
+        ceiling = MAX_COVARIANCE_GROWTH * max(float(np.linalg.eigvalsh(prior)[-1]), 0.0)
+        if largest > ceiling and largest > PSD_TOLERANCE:
+            raise ValueError(
+                f"stored covariance ({largest:.3g}) is over {MAX_COVARIANCE_GROWTH:g} times "
+                "its prior's: learning only shrinks it towards the prior"
+            )
         noise = float(state["noise_variance"])
         if not noise > 0.0 or not math.isfinite(noise):
             raise ValueError(f"stored noise_variance must be positive, got {noise!r}")
@@ -154,6 +166,13 @@ class RecursiveLeastSquares:
         self.residual_ms = residual
 
 
+PSD_TOLERANCE = 1e-9
+"""A stored covariance's most negative eigenvalue may be this much of its largest entry
+(rounding); below, the matrix is no covariance and the file is refused."""
+MAX_COVARIANCE_GROWTH = 1e6
+"""A stored covariance's largest eigenvalue may be at most this many times its prior's:
+each step relaxes it towards the prior and then shrinks it, so a learned one never grows
+past the prior's (the files written so far stay below 1x)."""
 MAX_STORED_COUNT = 2.0**53
 """The largest count a stored model may hold (a float's exact integers; a year of windows
 every 0.25 s is about 1.3e8)."""

@@ -463,6 +463,13 @@ def test_a_restored_warmed_up_model_skips_the_warm_up(tmp_path: Path) -> None:
         "covariance-asymmetric",
         "visits-half",
         "warmed-up-text",
+        # Finite and shaped right, but latencies of 0 or below s, or a covariance that is
+        # none: restored, they drove the clock to the floor.
+        "time-negated",
+        "time-zero",
+        "covariance-indefinite",
+        "covariance-indefinite-huge",
+        "covariance-huge",
     ],
 )
 def test_a_stored_model_with_impossible_numbers_is_set_aside(tmp_path: Path, damage: str) -> None:
@@ -487,15 +494,47 @@ def test_a_stored_model_with_impossible_numbers_is_set_aside(tmp_path: Path, dam
         model["visits"] = [0.5] * len(model["visits"])
     elif damage == "warmed-up-text":
         model["warmed_up"] = "yes"
+    elif damage == "time-negated":
+        model["time"]["mean"] = [-value for value in model["time"]["mean"]]
+    elif damage == "time-zero":
+        model["time"]["mean"] = [0.0] * len(model["time"]["mean"])
+    elif damage.startswith("covariance-indefinite"):
+        value = 1e200 if damage.endswith("huge") else 1e6
+        model["time"]["covariance"][0][1] = model["time"]["covariance"][1][0] = value
+    elif damage == "covariance-huge":
+        covariance = model["time"]["covariance"]
+        model["time"]["covariance"] = [[value * 1e300 for value in row] for row in covariance]
     else:
         model["warmup_count"] = float("inf")
     path.write_text(json.dumps(payload))
     wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
     simulate(_workload(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
     assert not wrapper.restored
-    assert any("refused" in message for message in wrapper.messages)
+    assert len([message for message in wrapper.messages if "refused" in message]) == 1
     assert len(list(tmp_path.glob("online-model-llm.json.corrupt-*"))) == 1
     wrapper.close()
+
+
+def test_settings_that_cannot_use_a_valid_stored_model_do_not_set_it_aside(
+    tmp_path: Path,
+) -> None:
+    # uncertainty_z = 1e308 (now refused by the config, still taken by the class) made a
+    # valid stored model give no profile, and the file was renamed .corrupt-: a setting
+    # destroyed the learned state.
+    _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    stored = path.read_bytes()
+    controller = OnlineMPCController(
+        mean_prompt_tokens=1100.0, mean_output_tokens=110.0, warmup_s=10.0, uncertainty_z=1e308
+    )
+    wrapper = PersistentOnlineModel(controller, tmp_path, "llm", GPUS)
+    wrapper(_idle(name="llama"))
+    assert not wrapper.restored
+    assert not list(tmp_path.glob("online-model-llm.json.corrupt-*"))
+    (kept,) = tmp_path.glob("online-model-llm.json.other-*")
+    assert kept.read_bytes() == stored
+    (said,) = [message for message in wrapper.messages if "not applied" in message]
+    assert "uncertainty_z = 1e+308" in said and "settings, not the file" in said
 
 
 def test_a_failing_save_is_tried_once_a_save_period(
