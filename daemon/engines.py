@@ -161,11 +161,17 @@ def _first(series: Series, names: Iterable[str], how: Aggregate = "sum") -> floa
     return None
 
 
-def _buckets(series: Series, bases: Iterable[str]) -> tuple[str, Buckets] | None:
+def _buckets(
+    series: Series, bases: Iterable[str], source: str = "engine"
+) -> tuple[str, Buckets] | None:
     """The first of ``bases`` whose ``_bucket`` series the page has, with its cumulative
     buckets: series that differ only in rank labels count once (their maximum), the rest
     (data-parallel engines) are summed bucket by bucket. None when none has a ``+Inf``
-    bucket."""
+    bucket.
+
+    Raises:
+        EngineParseError: a series' cumulative count falls as ``le`` rises.
+    """
     for base in bases:
         rows = series.get(f"{base}_bucket")
         if not rows:
@@ -183,12 +189,38 @@ def _buckets(series: Series, bases: Iterable[str]) -> tuple[str, Buckets] | None
             )
             previous = groups.get((key, le))
             groups[(key, le)] = value if previous is None else max(previous, value)
+        _check_cumulative(groups, f"{base}_bucket", source)
         per_le: dict[float, float] = {}
         for (_, le), value in groups.items():
             per_le[le] = per_le.get(le, 0.0) + value
         if math.inf in per_le:
             return base, tuple(sorted(per_le.items()))
     return None
+
+
+BUCKET_ROUNDING = 1e-9
+"""How far, relative to the larger count, a cumulative bucket may fall below the one
+before it (rounding in an engine's float counters) before the page is refused."""
+
+
+def _check_cumulative(
+    groups: dict[tuple[tuple[tuple[str, str], ...], float], float], name: str, source: str
+) -> None:
+    """Refuse buckets of one series that fall as ``le`` rises (a cumulative count never
+    does): trusted, they counted phantom requests as met.
+
+    Raises:
+        EngineParseError: naming ``source``, the series and the two buckets.
+    """
+    last: dict[tuple[tuple[str, str], ...], tuple[float, float]] = {}
+    for (key, le), value in sorted(groups.items(), key=lambda item: (item[0][0], item[0][1])):
+        before = last.get(key)
+        if before is not None and value < before[1] - BUCKET_ROUNDING * max(before[1], 1.0):
+            raise EngineParseError(
+                f"{source}: {name} falls as le rises (le={before[0]:g}: {before[1]:g}, "
+                f"le={le:g}: {value:g}; cumulative buckets never do); scrape discarded"
+            )
+        last[key] = (le, value)
 
 
 def _histogram(series: Series, bases: Iterable[str]) -> HistogramTotals | None:
@@ -468,10 +500,10 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         kv_tokens = usage * capacity if weighted is None else weighted
         if weighted is not None and capacity > 0:
             usage = weighted / capacity
-    tpot_buckets = _buckets(series, spec.tpot_buckets)
-    ttft_buckets = _buckets(series, spec.ttft_buckets)
-    prompt_lengths = _buckets(series, spec.request_prompt_tokens)
-    output_lengths = _buckets(series, spec.request_generation_tokens)
+    tpot_buckets = _buckets(series, spec.tpot_buckets, source)
+    ttft_buckets = _buckets(series, spec.ttft_buckets, source)
+    prompt_lengths = _buckets(series, spec.request_prompt_tokens, source)
+    output_lengths = _buckets(series, spec.request_generation_tokens, source)
     finished_generation = _histogram(
         series,
         [

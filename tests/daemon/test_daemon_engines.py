@@ -329,3 +329,46 @@ def test_each_failure_says_what_happened(metrics_server: MetricsServer) -> None:
     assert str(refused.value) == (
         f"{url}: connection refused (nothing listens on 127.0.0.1:{port})"
     )
+
+
+def _falling(page: str, name: str) -> str:
+    """``page`` with every ``name`` bucket rewritten as 1e6 minus its count (so the
+    cumulative counts fall as ``le`` rises), as the probe's proxy served it."""
+    lines = []
+    for line in page.splitlines():
+        if line.startswith(f"{name}{{"):
+            head, _, value = line.rpartition(" ")
+            line = f"{head} {1e6 - float(value)!r}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("source", "fixture", "name"),
+    [
+        (SglangSource, "sglang_real.txt", "sglang:time_to_first_token_seconds_bucket"),
+        (VllmSource, "vllm_dp2_synthetic.txt", "vllm:time_to_first_token_seconds_bucket"),
+    ],
+    ids=["sglang-real", "vllm"],
+)
+def test_buckets_that_fall_as_le_rises_are_a_bad_scrape(
+    source: type[SglangSource] | type[VllmSource], fixture: str, name: str
+) -> None:
+    # Trusted, 1e6 minus each count made ~1e6 phantom requests that met the TTFT SLO.
+    page = fixture_text(fixture)
+    assert source("x", fetch=lambda url, t: page).scrape().ttft_buckets is not None
+    falling = _falling(page, name)
+    with pytest.raises(EngineParseError, match=f"{name} falls as le rises.*scrape discarded"):
+        source("x", fetch=lambda url, t: falling).scrape()
+
+
+def test_buckets_equal_within_rounding_are_kept() -> None:
+    page = fixture_text("sglang_real.txt")
+    name = "sglang:time_to_first_token_seconds_bucket"
+    # The +Inf bucket a hair below the one before it (float rounding in a counter).
+    lines = page.splitlines()
+    inf = next(i for i, line in enumerate(lines) if line.startswith(name) and '"+Inf"' in line)
+    before = float(lines[inf - 1].rpartition(" ")[2])
+    lines[inf] = f"{lines[inf].rpartition(' ')[0]} {before * (1 - 1e-12)!r}"
+    sample = SglangSource("x", fetch=lambda url, t: "\n".join(lines) + "\n").scrape()
+    assert sample.ttft_buckets is not None
