@@ -548,6 +548,8 @@ def _gpu_list(value: str) -> list[int | str]:
             raise argparse.ArgumentTypeError(
                 f"GPUs are NVML indices or GPU-/MIG- UUIDs separated by commas, got {part!r}"
             )
+        if items[-1] in items[:-1]:
+            raise argparse.ArgumentTypeError(f"GPU {items[-1]} is named twice")
     if not items:
         raise argparse.ArgumentTypeError("name at least one GPU")
     return items

@@ -464,7 +464,7 @@ def parse_gpu_list(
     or ``all`` (None) where ``allow_all``.
 
     Raises:
-        UsageError: naming the flag and the bad entry.
+        UsageError: naming the flag and the bad entry, or a GPU named twice.
     """
     if allow_all and text.strip() == "all":
         return None
@@ -482,6 +482,8 @@ def parse_gpu_list(
                 f"{flag} takes {expected}indices or GPU-/MIG- UUIDs separated by commas, "
                 f"got {part!r}"
             )
+        if out[-1] in out[:-1]:  # reset-clocks --gpus 0,0 reset GPU 0 twice
+            raise UsageError(f"{flag}: GPU {out[-1]} is named twice")
     return out
 
 

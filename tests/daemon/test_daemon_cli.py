@@ -420,3 +420,13 @@ def test_run_refuses_a_bad_metrics_address_before_opening_a_gpu(
     err = capsys.readouterr().err
     assert err.startswith("gpugov: error: ") and message in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("gpus", ["0,0", "0,1,0", "GPU-aaaa,GPU-aaaa"])
+def test_reset_clocks_refuses_a_gpu_named_twice(
+    fake: FakeNvml, capsys: pytest.CaptureFixture[str], gpus: str
+) -> None:
+    # --gpus 0,0 reset GPU 0 twice.
+    assert node_cli.main(["reset-clocks", "--gpus", gpus]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpugov: error: --gpus: GPU ") and "named twice" in err
