@@ -370,6 +370,12 @@ class SnapshotCollector(Collector):
                 "Attainment budget's looseness: above 1 spends the budget, below 1 gives it back",
                 d,
             ),
+            "applied_looseness": _gauge(
+                "gpugov_model_slo_applied_looseness_ratio",
+                "Looseness the margins are scaled by: the budget's, at most 1 while the window "
+                "cannot afford every waiting prompt missing at once",
+                d,
+            ),
             "ahead": _gauge(
                 "gpugov_model_slo_spending_active",
                 "1 while the measured attainment is ahead of its target (the back-off and the "

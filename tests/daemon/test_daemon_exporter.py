@@ -81,7 +81,13 @@ def _snapshot() -> DomainSnapshot:
             "reason": "burst-guard",
             "backoffs": 2,
             "resets": 1,
-            "slo_budget": {"target": 0.99, "attainment": 0.995, "looseness": 1.2, "ahead": True},
+            "slo_budget": {
+                "target": 0.99,
+                "attainment": 0.995,
+                "looseness": 1.2,
+                "applied_looseness": 1.0,
+                "ahead": True,
+            },
         },
     )
 
@@ -141,6 +147,7 @@ def test_values_and_labels(page: str) -> None:
     assert value("gpugov_tpot_slo_seconds", domain="llm") == 0.05
     assert value("gpugov_model_slo_attainment_ratio", domain="llm") == 0.995
     assert value("gpugov_model_slo_looseness_ratio", domain="llm") == 1.2
+    assert value("gpugov_model_slo_applied_looseness_ratio", domain="llm") == 1.0
     assert value("gpugov_model_slo_spending_active", domain="llm") == 1.0
     assert value("gpugov_model_slo_target_ratio", domain="llm") == 0.99
     assert value("gpugov_failsafe_active", domain="llm") == 0.0
