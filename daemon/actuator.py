@@ -519,6 +519,9 @@ class ClockActuator:
                 log.warning("%s; yielding: gpugov leaves this GPU alone until restarted", what)
             else:
                 self.locked_mhz[label] = _UNKNOWN
+                if self.state is not None:
+                    # The lock written again is recorded again, whatever the file holds now.
+                    self.state.invalidate(gpu_key(backend))
                 log.warning("%s; locking it again", what)
         return changed
 

@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from gpugov.daemon.errors import ConfigError
+from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.limits import (
     MAX_CLOCK_MHZ,
     MAX_COUNT,
@@ -893,6 +894,20 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> GpugovConfig
         return GpugovConfig.model_validate(data)
     except ValidationError as error:
         raise ConfigError(format_validation_error(error, source)) from error
+
+
+def controller_state_dir(
+    spec: ControllerConfig, daemon_state_dir: Path | str | None
+) -> Path | None:
+    """Where a learner keeps its model: the spec's ``state_dir``, else the daemon's, else
+    systemd's ``$STATE_DIRECTORY``; None for a controller that learns nothing. (A
+    simulated run's domain is ``sim``, so its file never replaces a node domain's.) The
+    daemon and ``gpugov model`` read it here, so both find the same file."""
+    if not isinstance(spec, OnlineMPCControllerConfig):
+        return None
+    if spec.state_dir is not None:
+        return Path(spec.state_dir)
+    return resolve_state_dir(daemon_state_dir)
 
 
 def load_config(path: str | Path) -> GpugovConfig:

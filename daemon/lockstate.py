@@ -156,6 +156,12 @@ class LockState:
         self._entries[key] = entry
         self._write()
 
+    def invalidate(self, key: str) -> None:
+        """Drop this process's copy of GPU ``key``'s entry without writing: the next
+        :meth:`record` writes it whatever it holds. For a lock found changed by someone
+        else, whose tool (``gpugov reset-clocks``) may have cleared the file's entry too."""
+        self._entries.pop(key, None)
+
     def clear(self, key: str) -> None:
         """Forget GPU ``key`` (it was reset)."""
         if self._entries.pop(key, None) is not None:

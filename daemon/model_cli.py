@@ -20,7 +20,7 @@ from gpugov.controllers.online.controller import REFERENCE_BATCH, OnlineMPCContr
 from gpugov.controllers.online.identification import OnlineModel
 from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import check_output_dir, fail, prepare_output_dir
-from gpugov.daemon.config import OnlineMPCControllerConfig, load_config
+from gpugov.daemon.config import OnlineMPCControllerConfig, controller_state_dir, load_config
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.limits import MAX_CLOCK_MHZ
@@ -41,11 +41,17 @@ def stored_files(args: argparse.Namespace) -> list[tuple[str, Path]]:
             spec = domain.controller
             if not isinstance(spec, OnlineMPCControllerConfig):
                 continue
-            directory = resolve_state_dir(args.state_dir or spec.state_dir)
+            # Where the daemon keeps it: the controller's state_dir, else [daemon]'s, else
+            # $STATE_DIRECTORY (--state-dir overrides).
+            directory = (
+                resolve_state_dir(args.state_dir)
+                if args.state_dir
+                else controller_state_dir(spec, config.daemon.state_dir)
+            )
             if directory is None:
                 raise ModelCliError(
-                    f"{args.config}: domain {domain.name!r} has no state_dir and "
-                    "$STATE_DIRECTORY is unset; pass --state-dir"
+                    f"{args.config}: domain {domain.name!r} has no state_dir (the "
+                    "controller's or [daemon]'s) and $STATE_DIRECTORY is unset; pass --state-dir"
                 )
             found.append((domain.name, directory / f"online-model-{domain.name}.json"))
         if not found:

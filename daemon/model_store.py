@@ -133,9 +133,16 @@ def read_stored(path: Path) -> dict[str, Any]:
 
 def set_aside(path: Path, now: Callable[[], float] = time.time, tag: str = "corrupt") -> Path:
     """Rename a file out of the way, kept (``<name>.<tag>-<UTC time>``: a refused file for
-    inspection, ``other`` a model for another GPU or served model); return the new path."""
+    inspection, ``other`` a model for another GPU or served model); return the new path.
+    A name already taken (two set aside in one second: a served model going A, B, A) gets
+    a count (``-2``, ``-3``, ...), so no kept file is ever overwritten (one daemon holds a
+    state directory: its lock file)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now()))
     target = path.with_name(f"{path.name}.{tag}-{stamp}")
+    count = 1
+    while target.exists() or target.is_symlink():
+        count += 1
+        target = path.with_name(f"{path.name}.{tag}-{stamp}-{count}")
     os.replace(path, target)
     return target
 

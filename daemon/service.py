@@ -23,6 +23,7 @@ from gpugov.daemon.config import (
     DomainConfig,
     GpugovConfig,
     OnlineMPCControllerConfig,
+    controller_state_dir,
 )
 from gpugov.daemon.controller_spec import spec_name
 from gpugov.daemon.decide import (
@@ -610,19 +611,6 @@ def simulated_run(
         **(header or {}),
     }
     return SimulatedRun(node=node, domain=domain, horizon_s=horizon, header=full_header)
-
-
-def controller_state_dir(
-    spec: ControllerConfig, daemon_state_dir: Path | str | None
-) -> Path | None:
-    """Where a learner keeps its model: the spec's ``state_dir``, else the daemon's, else
-    systemd's ``$STATE_DIRECTORY``; None for a controller that learns nothing. (A
-    simulated run's domain is ``sim``, so its file never replaces a node domain's.)"""
-    if not isinstance(spec, OnlineMPCControllerConfig):
-        return None
-    if spec.state_dir is not None:
-        return Path(spec.state_dir)
-    return resolve_state_dir(daemon_state_dir)
 
 
 __all__ = [

@@ -269,7 +269,9 @@ class MPCController:
         """(observation time, requests that arrived since the one before), within the
         arrival window: one entry per observation, whatever the counts."""
         self.arrivals_in_window = 0
-        self.previous_arrived_count = 0
+        self.previous_arrived_count: int | None = None
+        """The arrival counter at the last observation (None before the first: a node's
+        counter then holds every request since its engine started, no arrivals of ours)."""
         self.current_clock = plant.profile.minimum_clock_mhz
         self.last_control_index: int | None = None
         self.solve_times: list[float] = []
@@ -308,8 +310,15 @@ class MPCController:
         new arrivals are stamped with the observation time). Counted, not listed, so a
         tick costs the same whatever the counter reads (a node's counter can jump by a
         lifetime of requests); a counter that went back (an engine restart) starts again
-        from its new value."""
+        from its new value. Where the first observation's engine has completed requests,
+        its count is the baseline, not arrivals: a node started under load reads every
+        request since its engine started there (a lifetime in one period held the top
+        clock at a restarted node's first decision). An engine with none completed yet
+        (a simulated run's first instant) counts its arrivals as new. A caller that saw
+        the observations before this controller's first sets the baseline itself."""
         arrived = observation.arrived_requests
+        if self.previous_arrived_count is None:
+            self.previous_arrived_count = arrived if observation.completed_requests > 0 else 0
         new_arrivals = arrived - self.previous_arrived_count
         if new_arrivals > 0:
             self.arrivals_seen.append((observation.time_s, new_arrivals))

@@ -226,6 +226,10 @@ class OnlineMPCController(MeasuredLatencyRules):
         self.mpc_options = mpc_options
         self.model: OnlineModel | None = None
         self.mpc: MPCController | None = None
+        self.arrivals_baseline: int | None = None
+        """The engine's arrival counter at the first observation where it had completed
+        requests (a node started under load: a lifetime, not arrivals), else 0; the MPC,
+        built later, counts arrivals from it."""
         self.model_name: str | None = None
         self.settled_name = SettledName()
         self.previous: ServingObservation | None = None
@@ -494,6 +498,7 @@ class OnlineMPCController(MeasuredLatencyRules):
                 timer=self.timer,
                 **options,
             )
+            self.mpc.previous_arrived_count = self.arrivals_baseline
         else:
             self.mpc.plant = plant
         self.mpc.history_limit = self.history_limit
@@ -502,6 +507,9 @@ class OnlineMPCController(MeasuredLatencyRules):
     # ---------------------------------------------------------------- control
     def observe(self, observation: ServingObservation) -> None:
         """Fold ``observation`` into the model (resets on a model-name change)."""
+        if self.arrivals_baseline is None:
+            completed = observation.completed_requests > 0
+            self.arrivals_baseline = observation.arrived_requests if completed else 0
         if math.isfinite(observation.temperature_c):
             self.last_temperature_c = float(observation.temperature_c)
         name = self.settled_name.update(observation.model_name, self.model_name)

@@ -427,6 +427,21 @@ def test_arrival_rate_uses_a_sliding_window(synthetic_plant):
     assert problem.horizon_steps == 10
 
 
+def test_a_started_engine_s_lifetime_count_is_no_arrivals(synthetic_plant):
+    """A node's first observation reads the engine's counter since it started: with
+    requests already completed, that count is the baseline, not a burst of arrivals."""
+    from dataclasses import replace
+
+    controller = MPCController(synthetic_plant)
+    first = replace(_observation(0.001, arrived=40_000), completed_requests=39_990)
+    assert controller._arrival_rate(first) == 0.0
+    later = replace(_observation(0.5, arrived=40_010), completed_requests=39_995)
+    assert controller._arrival_rate(later) == 10.0
+    # A fresh engine (nothing completed): its first arrivals are arrivals.
+    fresh = MPCController(synthetic_plant)
+    assert fresh._arrival_rate(_observation(0.5, arrived=10)) == 10.0
+
+
 def test_diagnostics_shape(synthetic_plant, workload_factory):
     controller = MPCController(synthetic_plant)
     for step in range(5):

@@ -378,6 +378,24 @@ def test_external_clock_change_is_seen_counted_and_handled(policy: str) -> None:
         assert actuator.restore() == [] and fake.writes[-1][0] == RESET  # not reset by us
 
 
+def test_a_lock_written_again_after_reset_clocks_is_recorded_again(tmp_path: Path) -> None:
+    """``gpugov reset-clocks`` resets the GPU and clears its record; the daemon, finding
+    its lock gone, locks again and records it again (the record is what a killed daemon
+    leaves for the next start)."""
+    fake = FakeNvml(1)
+    backend = NvmlBackend(0, nvml=fake)
+    actuator = ClockActuator([backend], state=LockState(tmp_path, pid=1))
+    actuator.apply(900)
+    assert LockState(tmp_path).read()["GPU-fake-0000"]["max_mhz"] == 900
+    fake.nvmlDeviceResetGpuLockedClocks(fake.gpus[0])  # gpugov reset-clocks, another process
+    LockState(tmp_path, pid=2).clear("GPU-fake-0000")
+    assert LockState(tmp_path).read() == {}
+    actuator.check_readback([backend.sample()])
+    assert actuator.check_readback([backend.sample()]) == ["0"]
+    assert actuator.apply(900) == 1 and fake.locked(0) == (900, 900)
+    assert LockState(tmp_path).read()["GPU-fake-0000"]["max_mhz"] == 900
+
+
 def test_a_dry_run_never_calls_the_real_clock_an_external_change() -> None:
     from gpugov.daemon.backend import DryRunBackend
 

@@ -22,6 +22,7 @@ from gpugov.daemon.model_store import (
     StoredModelError,
     model_path,
     read_stored,
+    set_aside,
 )
 from gpugov.plant import chunked_prefill_scheduler, load_profile, simulate
 from gpugov.plant.types import Request, ServingObservation
@@ -173,6 +174,27 @@ def test_model_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFix
     config.write_text('[[domains]]\nname = "llm"\ngpus = [0]\n[domains.controller]\nkind = "max"\n')
     assert main(["model", "show", "--config", str(config)]) == 2
     assert "no domain runs the mpc-online controller" in capsys.readouterr().err
+
+
+def test_model_show_finds_the_model_where_the_daemon_keeps_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With --config, the model is read from the controller's state_dir, else [daemon]'s
+    (where the daemon writes it), else $STATE_DIRECTORY."""
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    _learn(tmp_path / "daemon-state")
+    config = tmp_path / "gpugov.toml"
+    config.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "daemon-state"}"\n'
+        '[[domains]]\nname = "llm"\ngpus = [0]\n[domains.controller]\nkind = "mpc-online"\n'
+    )
+    assert main(["model", "show", "--config", str(config)]) == 0
+    assert "domain llm" in capsys.readouterr().out
+    config.write_text(
+        '[[domains]]\nname = "llm"\ngpus = [0]\n[domains.controller]\nkind = "mpc-online"\n'
+    )
+    assert main(["model", "show", "--config", str(config)]) == 2
+    assert "[daemon]" in capsys.readouterr().err
 
 
 def test_model_command_imports_no_study_code() -> None:
@@ -449,6 +471,30 @@ def test_a_restored_warmed_up_model_skips_the_warm_up(tmp_path: Path) -> None:
     assert fresh.inner.model is not None and not fresh.inner.model.warmed_up
 
 
+def test_a_node_restarted_under_load_saves_from_its_first_decision(tmp_path: Path) -> None:
+    """A daemon restarted under load reads the engine's counters since the engine started
+    (a lifetime of requests at its first observation): those are no arrivals of the
+    restarted controller's first period, which would have held the top clock."""
+    _learn(tmp_path)
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    top = float(make_plant().profile.clock_mhz[-1])
+    decisions: list[float] = []
+
+    def lifetime(observation: ServingObservation) -> float:
+        shifted = replace(
+            observation,
+            model_name="llama",
+            arrived_requests=observation.arrived_requests + 50_000,
+            completed_requests=observation.completed_requests + 50_000,
+        )
+        decisions.append(float(wrapper(shifted)))
+        return decisions[-1]
+
+    simulate(_workload(10.0, seed=5), make_plant(), chunked_prefill_scheduler, lifetime, 0)
+    assert wrapper.restored
+    assert decisions[0] < top
+
+
 @pytest.mark.parametrize(
     "damage",
     [
@@ -660,3 +706,16 @@ def test_stored_clocks_no_gpu_runs_at_are_refused(
     assert main(["model", "show", "--state-dir", str(tmp_path)]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "at most 100000 MHz" in err[0]
+
+
+def test_two_files_set_aside_in_one_second_are_both_kept(tmp_path: Path) -> None:
+    """A served model going A, B, A within a second sets two models aside with one stamp:
+    the second gets a count, and neither overwrites the other."""
+    kept = []
+    for content in ("model A", "model B", "model C"):
+        path = tmp_path / "online-model-llm.json"
+        path.write_text(content)
+        kept.append(set_aside(path, now=lambda: 1.8e9, tag="other"))
+    assert [p.read_text() for p in kept] == ["model A", "model B", "model C"]
+    assert kept[0].name == "online-model-llm.json.other-20270115T080000Z"
+    assert [p.name[-2:] for p in kept[1:]] == ["-2", "-3"]
