@@ -71,3 +71,25 @@ class IdleGpu:
     def reset_clocks(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+def plan_payload(
+    clock_mhz: tuple[float, float] = (1000.0, 1000.0), **changes: Any
+) -> dict[str, Any]:
+    """A minimal open-loop plan file's content (two steps at ``clock_mhz``), ``changes``
+    applied: for tests that write a plan and read it back through a command."""
+    plan: dict[str, Any] = {
+        "format": "gpugov-open-loop-plan-v1",
+        "time_s": [0, 1],
+        "continuous_clock_mhz": list(clock_mhz),
+        "applied_clock_mhz": list(clock_mhz),
+        "predicted_backlog_s": [0, 0, 0],
+        "control_period_s": 1.0,
+        "objective": None,
+        "optimization_method": "x",
+        "message": "x",
+        "workload_checksum": "x",
+        "profile_status": "x",
+        "success": True,
+    }
+    return {**plan, **changes}

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from synthetic import plan_payload
 
 from gpugov.cli import main
 
@@ -184,20 +185,7 @@ def test_an_open_loop_plan_period_below_the_minimum_is_one_line_before_the_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A 5e-324 s plan period ran and failed at t=0 naming neither file nor key."""
-    plan = {
-        "format": "gpugov-open-loop-plan-v1",
-        "time_s": [0, 1],
-        "continuous_clock_mhz": [1000, 1000],
-        "applied_clock_mhz": [1000, 1000],
-        "predicted_backlog_s": [0, 0, 0],
-        "control_period_s": 5e-324,
-        "objective": None,
-        "optimization_method": "x",
-        "message": "x",
-        "workload_checksum": "x",
-        "profile_status": "x",
-        "success": True,
-    }
+    plan = plan_payload(control_period_s=5e-324)
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
     out = tmp_path / "run.json"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from synthetic import plan_payload
 
 from gpugov.cli import main
 from gpugov.study.sweep import PLOTS_HINT, RESULTS, cell_key, plan_sweep
@@ -224,20 +225,7 @@ def test_the_grid_copy_names_every_path_absolute_and_runs_again(
     manifest = json.loads((bundled_profile_dir() / "h100-sxm-llama3-8b.json").read_text())
     (data / "my h100.csv").write_bytes((bundled_profile_dir() / manifest["csv"]).read_bytes())
     (data / "my h100.json").write_text(json.dumps({**manifest, "csv": "my h100.csv"}))
-    plan = {
-        "format": "gpugov-open-loop-plan-v1",
-        "time_s": [0, 1],
-        "continuous_clock_mhz": [1200, 1500],
-        "applied_clock_mhz": [1200, 1500],
-        "predicted_backlog_s": [0, 0, 0],
-        "control_period_s": 1.0,
-        "objective": None,
-        "optimization_method": "x",
-        "message": "x",
-        "workload_checksum": "x",
-        "profile_status": "x",
-        "success": True,
-    }
+    plan = plan_payload((1200.0, 1500.0))
     (work / "plan.json").write_text(json.dumps(plan))
     grid = grids / "grid.toml"
     grid.write_text(

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from synthetic import plan_payload
 
 from gpugov.cli import main
 from gpugov.study import sweep
@@ -63,13 +65,7 @@ def test_a_setting_written_as_a_string_is_refused(tmp_path: Path, setting: str) 
 def test_an_open_loop_plan_period_below_the_minimum_is_refused_up_front(tmp_path: Path) -> None:
     """The grid's check builds each controller once, so a plan's 5e-324 s period is refused."""
     plan = tmp_path / "plan.json"
-    plan.write_text(
-        '{"format": "gpugov-open-loop-plan-v1", "time_s": [0, 1], '
-        '"continuous_clock_mhz": [1000, 1000], "applied_clock_mhz": [1000, 1000], '
-        '"predicted_backlog_s": [0, 0, 0], "control_period_s": 5e-324, "objective": null, '
-        '"optimization_method": "x", "message": "x", "workload_checksum": "x", '
-        '"profile_status": "x", "success": true}'
-    )
+    plan.write_text(json.dumps(plan_payload(control_period_s=5e-324)))
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID.replace('"max"', f'"max", "open-loop:{plan}"') + "duration_s = 5\n")
     out = tmp_path / "out"
