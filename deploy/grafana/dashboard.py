@@ -87,10 +87,13 @@ def timeseries(
     width: int = 12,
     height: int = 8,
     dashed: Sequence[str] = (),
+    right_axis: dict[str, str] | None = None,
     min_value: float | None = None,
     max_value: float | None = None,
 ) -> Timeseries:
-    """A time-series panel; ``queries`` are ``(expr, legend)``; ``dashed`` names ref ids."""
+    """A time-series panel; ``queries`` are ``(expr, legend)``; ``dashed`` names ref ids;
+    ``right_axis`` maps a ref id to the unit of its own axis on the right (a 0-1 share
+    beside watts, say)."""
     panel = (
         Timeseries()
         .id(ids())
@@ -111,8 +114,22 @@ def timeseries(
     )
     for index, (expr, legend) in enumerate(queries):
         panel = panel.with_target(query(expr, legend, chr(ord("A") + index)))
-    for ref_id in dashed:
-        panel = panel.override_by_query(ref_id, [DASHED])
+    right_axis = right_axis or {}
+    for index in range(len(queries)):
+        ref_id = chr(ord("A") + index)
+        properties = [DASHED] if ref_id in dashed else []
+        if ref_id in right_axis:
+            properties += [
+                DynamicConfigValue(id_val="unit", value=right_axis[ref_id]),
+                DynamicConfigValue(id_val="custom.axisPlacement", value="right"),
+            ]
+            if right_axis[ref_id] == "percentunit":
+                properties += [
+                    DynamicConfigValue(id_val="min", value=0),
+                    DynamicConfigValue(id_val="max", value=1),
+                ]
+        if properties:
+            panel = panel.override_by_query(ref_id, properties)
     if min_value is not None:
         panel = panel.min(min_value)
     if max_value is not None:
@@ -615,8 +632,8 @@ def power_budget_panels(ids: _Ids) -> list[Timeseries]:
             ids,
             "Power headroom and over-budget time",
             "Budget less need (negative: the SLO cannot be held within the budget), and the "
-            "share of time over budget (1: over budget all the time; the budget rule lets "
-            "TTFT of queued requests slip first).",
+            "share of time over budget (dashed, right axis, 100 %: over budget all the time; "
+            "the budget rule lets TTFT of queued requests slip first).",
             "watt",
             [
                 (f"gpugov_power_headroom_watts{{{DOMAIN}}}", "headroom {{instance}} {{domain}}"),
@@ -627,6 +644,7 @@ def power_budget_panels(ids: _Ids) -> list[Timeseries]:
             ],
             width=8,
             dashed=("B",),
+            right_axis={"B": "percentunit"},
         ),
         timeseries(
             ids,

@@ -141,3 +141,31 @@ def test_the_panels_that_need_the_slos_are_the_four_slo_panels() -> None:
         )
     ]
     assert len(needing) == 4 and all("SLO" in title for title in needing), needing
+
+
+def test_series_on_a_watt_panel_that_are_not_watts_have_their_own_unit() -> None:
+    """A watt panel draws power; a series that is not a power (the share of time over
+    the budget, 0-1) gets its own unit on an axis of its own, not the watt axis."""
+    checked = 0
+    for panel in panels(dashboard()):
+        if panel.get("fieldConfig", {}).get("defaults", {}).get("unit") != "watt":
+            continue
+        overrides = {
+            o["matcher"]["options"]: {p["id"]: p["value"] for p in o["properties"]}
+            for o in panel["fieldConfig"].get("overrides", [])
+            if o["matcher"]["id"] == "byFrameRefID"
+        }
+        for target in panel["targets"]:
+            if re.search(r"_watts\b|_joules", target["expr"]):
+                continue
+            own = overrides.get(target["refId"], {})
+            assert own.get("unit") not in (None, "watt"), (panel["title"], target["expr"])
+            assert own.get("custom.axisPlacement") == "right", (panel["title"], target["expr"])
+            checked += 1
+    assert checked >= 1
+    headroom = next(p for p in panels(dashboard()) if p["title"].startswith("Power headroom"))
+    share = next(t for t in headroom["targets"] if "over_budget" in t["expr"])
+    (override,) = [
+        o for o in headroom["fieldConfig"]["overrides"] if o["matcher"]["options"] == share["refId"]
+    ]
+    assert {"id": "unit", "value": "percentunit"} in override["properties"]
