@@ -145,6 +145,11 @@ def render_metrics(node: EmulatedNode, model: str, gpus: Sequence[int] | None = 
                 "Histogram of e2e request latency in seconds.",
             ),
             (
+                "vllm:request_prompt_tokens",
+                "prompt_lengths",
+                "Number of prefill tokens processed.",
+            ),
+            (
                 "vllm:request_generation_tokens",
                 "output_lengths",
                 "Number of generation tokens processed.",

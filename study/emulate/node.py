@@ -37,8 +37,8 @@ from gpugov.plant import PlantSimulation, ServingPlant
 log = logging.getLogger(__name__)
 
 LENGTH_BUCKETS = tuple(b for b in ALL_LENGTH_BUCKETS if b <= 131_072)
-"""vLLM's 1-2-5 bounds for its request-length histograms
-(``vllm:request_generation_tokens``), up to the longest model length it serves."""
+"""vLLM's 1-2-5 bounds for its request-length histograms (``vllm:request_prompt_tokens``,
+``vllm:request_generation_tokens``), up to the longest model length it serves."""
 
 # NVML return codes the emulated GPU answers with (nvml.h NVML_ERROR_*).
 NVML_SUCCESS = 0
@@ -68,6 +68,8 @@ class EngineStats:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS_S))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS_S))
+    prompt_lengths: Histogram = field(default_factory=lambda: Histogram(LENGTH_BUCKETS))
+    """Prompt tokens per finished request (``vllm:request_prompt_tokens``)."""
     output_lengths: Histogram = field(default_factory=lambda: Histogram(LENGTH_BUCKETS))
     """Tokens generated per finished request (``vllm:request_generation_tokens``)."""
 
@@ -262,6 +264,7 @@ class EmulatedNode:
                     )
                 )
                 stats.e2e.observe(end - arrival)
+                stats.prompt_lengths.observe(stream.prompt_tokens)
                 stats.output_lengths.observe(stream.sent)
                 stats.finished[stream.finish_reason] += 1
                 stream.events.put(("done", stream.sent))

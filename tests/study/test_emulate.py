@@ -162,6 +162,20 @@ def test_metrics_page_moves_and_parses_with_vllm_source(emulator: EmulatorServer
         (before.finished_generation_tokens_total or 0) + 5
     )
     assert f'vllm:request_generation_tokens_bucket{{{steps},le="5.0"}} 1.0' in text
+    # Its 20 prompt tokens in the prompt-length histogram (vLLM's name and 1-2-5 bounds),
+    # which with the one above gives the daemon's per-request energy histogram.
+    assert "# TYPE vllm:request_prompt_tokens histogram" in text
+    assert f'vllm:request_prompt_tokens_bucket{{{steps},le="10.0"}} 0.0' in text
+    assert f'vllm:request_prompt_tokens_bucket{{{steps},le="20.0"}} 1.0' in text
+    assert f"vllm:request_prompt_tokens_sum{{{steps}}} 20.0" in text
+    prompts = bucket_delta(
+        after.request_prompt_tokens_buckets, before.request_prompt_tokens_buckets
+    )
+    outputs = bucket_delta(
+        after.request_generation_tokens_buckets, before.request_generation_tokens_buckets
+    )
+    assert prompts is not None and total(prompts) == 1
+    assert outputs is not None and total(outputs) == 1
     assert after.generation_tokens_total == after.finished_generation_tokens_total
 
 

@@ -1,8 +1,9 @@
 """End to end over real HTTP, in real time: ``gpugov emulate`` + ``gpugov run`` (backend
 ``emulated``) + ``gpugov load``, three processes on loopback for about 20 s.
 
-Checks that the daemon moves the emulated GPU's clock, serves its metrics, and resets the
-GPU on SIGTERM (read back from the emulator, as NVML would show it).
+Checks that the daemon moves the emulated GPU's clock, serves its metrics (the per-request
+energy histogram among them), and resets the GPU on SIGTERM (read back from the emulator,
+as NVML would show it).
 """
 
 from __future__ import annotations
@@ -132,6 +133,12 @@ def test_daemon_governs_the_emulated_node(tmp_path: Path) -> None:
         assert re.search(r'gpugov_gpu_power_watts\{[^}]*gpu="0"[^}]*\} [1-9]', page)
         assert re.search(r"gpugov_decisions_total\{[^}]*\} [1-9]", page)
         assert re.search(r"gpugov_gpu_sm_clock_hertz\{[^}]*\} [1-9]", page)
+        # With the emulator's per-request token histograms, the finished requests are in
+        # the per-request energy histogram (read after the load, a window or more later).
+        time.sleep(2.5)
+        after = _get(exporter_url)
+        count = re.search(r"gpugov_energy_request_joules_count\{[^}]*\} (\S+)", after)
+        assert count is not None and float(count.group(1)) > 0, after
         # SIGTERM resets the GPU: the lock is gone and the clock is back at its max.
         daemon.send_signal(signal.SIGTERM)
         daemon_out, _ = daemon.communicate(timeout=20)
