@@ -253,10 +253,10 @@ def _open_gpus(
     kind = config.daemon.backend
     if kind in ("nvml", "actuator", "zeusd"):  # the split backends read through NVML
         nvml = _nvml_or_none(nvml, load_nvml, report)
+        if kind != "nvml":  # the actuator (or zeusd) answers or not, driver or none here
+            _check_write_path(config, report)
         if nvml is None:
             return None
-        if kind != "nvml":
-            _check_write_path(config, report)
     elif kind == "nvidia-smi" and shutil.which("nvidia-smi") is None:
         report.lines.append("GPU checks skipped: nvidia-smi is not installed here")
         return None

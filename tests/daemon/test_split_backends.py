@@ -326,11 +326,31 @@ def test_check_config_says_whether_the_actuator_or_zeusd_answers(socket_path: Pa
     finally:
         served.stop()
     assert nvml.writes == []  # read-only: nothing locked or reset
+    # Without an NVIDIA driver where check-config runs, the GPU part is skipped, and the
+    # actuator's line still says whether it answers.
+    no_driver = FakeNvml(1)
+    no_driver.driver_loaded = False
+    report = check_node(actuator, nvml=no_driver)
+    assert not report.problems
+    assert any("no NVIDIA driver here" in line for line in report.lines), report.lines
+    assert any("does not answer" in w or "unreachable" in w for w in report.warnings)
+    served = Served(nvml, socket_path, str(os.getuid()))
+    try:
+        report = check_node(actuator, nvml=no_driver)
+        assert not report.problems and not report.warnings, report.warnings
+        assert any("answers; serves GPUs 0" in line for line in report.lines), report.lines
+    finally:
+        served.stop()
     zeusd = FakeZeusd()
     try:
         report = check_node(
             config(f'backend = "zeusd"\nzeusd = {{ url = "{zeusd.url}" }}'), nvml=FakeNvml(1)
         )
         assert not report.problems and any("answers" in line for line in report.lines)
+        report = check_node(
+            config(f'backend = "zeusd"\nzeusd = {{ url = "{zeusd.url}" }}'), nvml=no_driver
+        )
+        assert not report.problems
+        assert any(line.startswith("zeusd ") and "answers" in line for line in report.lines)
     finally:
         zeusd.close()
