@@ -47,6 +47,7 @@ from gpugov.daemon.errors import (
     NotSupported,
 )
 from gpugov.daemon.files import STATE_DIR_ENV, resolve_state_dir
+from gpugov.daemon.node_support import write_path_status
 
 log = logging.getLogger(__name__)
 
@@ -302,31 +303,12 @@ def _open_gpus(
 def _check_write_path(config: GpugovConfig, report: NodeReport) -> None:
     """Whether the actuator (or zeusd) answers: a line when it does, a warning when not.
     Not a problem: ``run`` starts without it and holds the fail-safe until it answers."""
-    daemon = config.daemon
-    try:
-        if daemon.backend == "actuator":
-            from gpugov.daemon.actuator_client import ActuatorClient
-
-            client = ActuatorClient(str(daemon.actuator.socket), timeout_s=1.0)
-            try:
-                served = client.request({"op": "held"})  # connects with hello first
-            finally:
-                client.close()
-            gpus = ", ".join(g.get("gpu", "?") for g in client.gpus) or "none"
-            lease = served.get("lease_s")
-            report.lines.append(
-                f"actuator {daemon.actuator.socket}: answers; serves GPUs {gpus}; lease {lease} s"
-            )
-        elif daemon.zeusd is not None:
-            from gpugov.daemon.zeusd import ZeusdClient
-
-            zeusd = ZeusdClient.from_config(daemon.zeusd)
-            zeusd.timeout_s = 1.0
-            zeusd.call("GET", "/discover")
-            report.lines.append(f"zeusd {zeusd.where}: answers")
-    except GpugovError as error:
+    answers, line = write_path_status(config.daemon)
+    if answers:
+        report.lines.append(line)
+    else:
         report.warnings.append(
-            f"{error}; run would start and hold each domain's fail-safe until it answers "
+            f"{line}; run would start and hold each domain's fail-safe until it answers "
             "(a refusal of this user is expected when check-config runs as another user "
             "than the governor)"
         )

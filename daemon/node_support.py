@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpugov.daemon.cli_support import UsageError, check_engine_url, fail
-from gpugov.daemon.config import GpugovConfig
+from gpugov.daemon.config import DaemonSection, GpugovConfig
 from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,
     ClocksNotReset,
@@ -120,3 +120,33 @@ def gpu_indices(kind: str, emulator: str | None, nvml: Any = None) -> list[int]:
         out = run_command(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], 30.0)
         return [int(line) for line in out.split() if line.strip().isdigit()]
     return list(range(nvml_device_count(nvml if nvml is not None else load_pynvml())))
+
+
+def write_path_status(daemon: DaemonSection) -> tuple[bool, str]:
+    """Whether the clock writes of a split backend (``actuator``, ``zeusd``) get through:
+    ``(True, "actuator SOCKET: answers; serves GPUs ...; lease ... s")`` (or ``"zeusd
+    WHERE: answers"``), else ``(False, why)`` (not answering, or refusing this user)."""
+    try:
+        if daemon.backend == "actuator":
+            from gpugov.daemon.actuator_client import ActuatorClient
+
+            client = ActuatorClient(str(daemon.actuator.socket), timeout_s=1.0)
+            try:
+                served = client.request({"op": "held"})  # connects with hello first
+            finally:
+                client.close()
+            gpus = ", ".join(g.get("gpu", "?") for g in client.gpus) or "none"
+            lease = served.get("lease_s")
+            return True, (
+                f"actuator {daemon.actuator.socket}: answers; serves GPUs {gpus}; lease {lease} s"
+            )
+        if daemon.zeusd is not None:
+            from gpugov.daemon.zeusd import ZeusdClient
+
+            zeusd = ZeusdClient.from_config(daemon.zeusd)
+            zeusd.timeout_s = 1.0
+            zeusd.call("GET", "/discover")
+            return True, f"zeusd {zeusd.where}: answers"
+        return False, f"backend {daemon.backend!r} has no write path to check"
+    except GpugovError as error:
+        return False, str(error)

@@ -14,10 +14,12 @@ from gpugov.daemon.cli_support import UsageError, check_engine_url
 from gpugov.daemon.config import load_config
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.errors import EngineUnavailable, ExitCode, GpuUnavailable, NotSupported
-from gpugov.daemon.node_support import backend_choice, gpu_indices, guarded
+from gpugov.daemon.node_support import backend_choice, gpu_indices, guarded, write_path_status
 from gpugov.daemon.nvml import NvmlBackend, load_pynvml
 
 CAP_SYS_ADMIN = 21
+SPLIT_BACKENDS = ("actuator", "zeusd")
+"""Backends whose clock writes go through another process (docs/actuator.md)."""
 
 
 def may_lock_clocks(status_path: str | Path = "/proc/self/status") -> bool:
@@ -118,11 +120,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     config = load_config(args.config) if args.config else None
     kind, emulator = backend_choice(args.backend, args.emulator, config)
     emulated = kind == "emulated"
+    split = kind in SPLIT_BACKENDS and config is not None
+    if split:
+        # The actuator (or zeusd) writes the clocks: whether it answers this user is the
+        # governor's permission, not this process's capabilities.
+        allowed, write_path = write_path_status(config.daemon)  # type: ignore[union-attr]
+    else:
+        # Emulated GPUs take locks from anyone (NVML's permission check is not emulated).
+        allowed, write_path = (True if emulated else may_lock_clocks()), None
     report: dict[str, Any] = {
         "backend": kind,
         **({"emulator": emulator} if emulated else {}),
-        # Emulated GPUs take locks from anyone (NVML's permission check is not emulated).
-        "may_lock_clocks": True if emulated else may_lock_clocks(),
+        "may_lock_clocks": allowed,
+        **({"write_path": write_path} if split else {}),
         "gpus": [],
         "engines": [],
     }
@@ -146,10 +156,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=1))
         return code
     if emulated:
-        allowed = f"yes (emulated GPUs at {emulator})"
+        line = f"yes (emulated GPUs at {emulator})"
+    elif split:
+        line = f"{'yes' if allowed else 'no'} (through the {kind}: {write_path})"
     else:
-        allowed = "yes" if report["may_lock_clocks"] else "no (needs root or CAP_SYS_ADMIN)"
-    print(f"may lock clocks: {allowed}")
+        line = "yes" if allowed else "no (needs root or CAP_SYS_ADMIN)"
+    print(f"may lock clocks: {line}")
     if "gpu_error" in report:
         print(f"GPUs: unavailable: {report['gpu_error']}")
     for gpu in report["gpus"]:

@@ -305,6 +305,48 @@ def test_split_backend_configs_parse() -> None:
     assert zeusd.daemon.zeusd is not None and zeusd.daemon.zeusd.url is None
 
 
+def test_status_says_whether_the_actuator_takes_this_users_locks(
+    socket_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An unprivileged governor with ``backend = "actuator"`` locks through the actuator:
+    ``status --config`` says whether it answers, not that root is needed."""
+    import json
+    import os
+
+    import gpugov.daemon.status_cli as status_cli
+    from gpugov.daemon import node_cli
+
+    monkeypatch.setattr(status_cli, "may_lock_clocks", lambda: False)
+    monkeypatch.setattr(status_cli, "gpu_status", lambda *args, **kwargs: [])
+    config = tmp_path / "g.toml"
+    config.write_text(
+        f'[daemon]\nperiod_s = 0.5\nbackend = "actuator"\n'
+        f'actuator = {{ socket = "{socket_path}" }}\n'
+        '[[domains]]\nname = "a"\ngpus = [0]\n'
+        '[domains.engine]\nurl = "http://127.0.0.1:9/metrics"\n'
+    )
+    assert node_cli.main(["status", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "may lock clocks: no (through the actuator: " in out, out
+    assert "CAP_SYS_ADMIN" not in out
+    nvml = FakeNvml(1)
+    served = Served(nvml, socket_path, str(os.getuid()))
+    try:
+        assert node_cli.main(["status", "--config", str(config)]) == 0
+        out = capsys.readouterr().out
+        assert f"may lock clocks: yes (through the actuator: actuator {socket_path}: answers" in out
+        assert node_cli.main(["status", "--json", "--config", str(config)]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["backend"] == "actuator" and report["may_lock_clocks"] is True
+        assert "serves GPUs 0" in report["write_path"]
+    finally:
+        served.stop()
+    assert nvml.writes == []  # read-only: nothing locked
+
+
 def test_check_config_says_whether_the_actuator_or_zeusd_answers(socket_path: Path) -> None:
     import os
 
