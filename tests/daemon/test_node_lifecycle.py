@@ -230,6 +230,13 @@ def test_the_learned_model_survives_a_restart_and_a_new_model_relearns(node: Nod
 
     # Restart against the same engine: the model is restored, still warmed up.
     daemon, log = node.start_daemon(config)
+    # The model is restored at the controller's first observation; a first decision can
+    # come before it (a fail-safe tick while the first scrape is still under way).
+    _until(
+        "the stored model restored",
+        lambda: node.metric("gpugov_model_samples") >= first["model"]["time"]["samples"],
+        STARTUP_S,
+    )
     metrics = node.metrics()
     assert metrics["gpugov_model_warmup_active"] == 0.0
     assert metrics["gpugov_model_samples_total"] >= first["model"]["time"]["samples"]
