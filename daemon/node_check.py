@@ -54,9 +54,12 @@ log = logging.getLogger(__name__)
 SLO_SERIES = {"ttft_slo_s": "gpugov_ttft_slo_seconds", "tpot_slo_s": "gpugov_tpot_slo_seconds"}
 """The domain's SLO keys and the exporter's series that carry them (absent when unset)."""
 SLO_RECORDING_RULES = ("domain:gpugov_slo_met:bool", "domain:gpugov_slo_attainment:ratio_avg10m")
-"""The recording rules in ``deploy/prometheus/rules`` that need both SLO series."""
+"""The recording rules in ``deploy/prometheus/rules`` that need the role's SLO series."""
 SLO_ALERTS = ("GpugovSLOAttainmentLow",)
-"""The alerts in ``deploy/prometheus/rules`` that need both SLO series."""
+"""The alerts in ``deploy/prometheus/rules`` that need the role's SLO series."""
+ROLE_SLOS = {"prefill": ("ttft_slo_s",), "decode": ("tpot_slo_s",)}
+"""The SLOs the rules judge a disaggregated pool on (its role's latency); a colocated
+domain, or one whose role the engine's labels decide, is judged on both."""
 NO_DRIVER_CODES = frozenset({9, 12})
 """NVML's DRIVER_NOT_LOADED and LIBRARY_NOT_FOUND: no NVIDIA driver on this machine."""
 
@@ -72,12 +75,14 @@ class NodeReport:
 
 
 def slo_warnings(config: GpugovConfig) -> list[str]:
-    """One line per domain that sets no TTFT or no TPOT SLO: the exporter then publishes
-    no SLO series for it, so the SLO rules, the SLO alert and the dashboard's SLO panels
-    never have data for that domain (the daemon itself runs fine)."""
+    """One line per domain that sets no SLO its role is judged on (TTFT and TPOT for a
+    colocated domain, TTFT for a prefill pool, TPOT for a decode pool): the exporter then
+    publishes no SLO series for it, so the SLO rules, the SLO alert and the dashboard's
+    SLO panels never have data for that domain (the daemon itself runs fine)."""
     lines = []
     for domain in config.domains:
-        missing = [key for key in SLO_SERIES if getattr(domain, key) is None]
+        needed = ROLE_SLOS.get(str(domain.role), tuple(SLO_SERIES))
+        missing = [key for key in needed if getattr(domain, key) is None]
         if not missing:
             continue
         series = " and ".join(SLO_SERIES[key] for key in missing)
@@ -85,7 +90,7 @@ def slo_warnings(config: GpugovConfig) -> list[str]:
             f"domain {domain.name!r} sets no {' or '.join(missing)}: {series} "
             f"{'is' if len(missing) == 1 else 'are'} not exported, so the recording rules "
             f"{' and '.join(SLO_RECORDING_RULES)}, the alert {', '.join(SLO_ALERTS)} and the "
-            "dashboard's SLO panels have no data for it; set ttft_slo_s and tpot_slo_s"
+            f"dashboard's SLO panels have no data for it; set {' and '.join(missing)}"
         )
     return lines
 

@@ -222,6 +222,22 @@ def test_a_domain_without_slos_gets_one_warning_line_and_exit_0(
     assert all(name in warnings[0] for name in (*SLO_RECORDING_RULES, *SLO_ALERTS))
 
 
+def test_a_pool_is_warned_only_for_the_slo_its_role_is_judged_on(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The SLO rules judge a prefill pool on TTFT and a decode pool on TPOT: a pool that
+    sets its role's SLO gets no warning; one that does not is told that one."""
+    path = _write(tmp_path)
+    prefill = path.read_text().replace(SLOS, 'role = "prefill"\nttft_slo_s = 1.0\n')
+    path.write_text(prefill)
+    assert node_cli.main(["check-config", str(path)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    path.write_text(path.read_text().replace('role = "prefill"', 'role = "decode"'))
+    assert node_cli.main(["check-config", str(path)]) == 0
+    (warning,) = capsys.readouterr().err.splitlines()
+    assert "sets no tpot_slo_s" in warning and "ttft" not in warning.split(":")[2]
+
+
 def test_a_state_directory_run_cannot_keep_files_in_gets_a_warning_line_and_run_starts(
     tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
 ) -> None:
