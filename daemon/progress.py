@@ -11,6 +11,32 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+_interrupt_requested = False
+"""Set by the command line's Ctrl-C handler (:func:`note_interrupt`); read at every
+progress update."""
+
+
+def note_interrupt() -> None:
+    """Remember a Ctrl-C. The handler also raises KeyboardInterrupt, but a compiled
+    kernel's call back into Python (numba boxing an array it returns) swallows an
+    exception raised there, and the command ran on to its end: the next progress update
+    raises it again (:func:`raise_if_interrupted`)."""
+    global _interrupt_requested
+    _interrupt_requested = True
+
+
+def clear_interrupt() -> None:
+    """Forget a Ctrl-C (a command's start, or once the interrupt was handled)."""
+    global _interrupt_requested
+    _interrupt_requested = False
+
+
+def raise_if_interrupted() -> None:
+    """Raise KeyboardInterrupt where a Ctrl-C was noted and not yet handled."""
+    if _interrupt_requested:
+        clear_interrupt()
+        raise KeyboardInterrupt
+
 
 def format_duration(seconds: float) -> str:
     """``73`` -> ``"1m13s"``; ``3700`` -> ``"1h01m"``; negative or non-finite -> ``"?"``."""
@@ -85,7 +111,9 @@ class Progress:
         return self.clock() - self._last_emit_s >= self.interval_s
 
     def update(self, done: float, detail: str = "", *, force: bool = False) -> None:
-        """Record progress; emit a line when the interval has passed (or ``force``)."""
+        """Record progress; emit a line when the interval has passed (or ``force``). A
+        Ctrl-C noted and not yet raised is raised here (:func:`note_interrupt`)."""
+        raise_if_interrupted()
         self._done = done
         if not self.enabled or self._closed:
             return

@@ -8,6 +8,7 @@ and a one-line help. ``gpugov --help`` lists the table without importing any com
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib
 import os
@@ -178,8 +179,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _on_ctrl_c(signum: int, frame: object) -> NoReturn:
+    """SIGINT: KeyboardInterrupt, as Python's own handler, and noted for the next
+    progress update, where a compiled kernel swallowed the first (``daemon.progress``)."""
+    from gpugov.daemon.progress import note_interrupt
+
+    note_interrupt()
+    raise KeyboardInterrupt
+
+
 def _main(argv: list[str], command: str) -> int:
     """:func:`main` past its signal set-up."""
+    import signal
+
+    from gpugov.daemon.progress import clear_interrupt
+
+    clear_interrupt()
+    with contextlib.suppress(ValueError):  # not the main thread: signals are not ours
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_ctrl_c)
     try:
         # Inside: a command's module can take a second to import (numpy, numba), and a
         # Ctrl-C then is the same one line.

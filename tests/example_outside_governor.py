@@ -18,3 +18,20 @@ def make(context: ControllerContext) -> Callable[[ServingObservation], float]:
         return clocks[-1] if busy else clocks[0]
 
     return decide
+
+
+def make_swallowing(context: ControllerContext) -> Callable[[ServingObservation], float]:
+    """:func:`make`, whose fifth decision notes a Ctrl-C without raising it, as a Ctrl-C
+    swallowed inside a compiled kernel leaves it (tests of the interrupt path)."""
+    from gpugov.daemon.progress import note_interrupt
+
+    inner = make(context)
+    calls = [0]
+
+    def decide(observation: ServingObservation) -> float:
+        calls[0] += 1
+        if calls[0] == 5:
+            note_interrupt()
+        return inner(observation)
+
+    return decide

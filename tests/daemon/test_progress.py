@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 
-from gpugov.daemon.progress import Progress, format_duration
+from gpugov.cli import main
+from gpugov.daemon.progress import Progress, clear_interrupt, format_duration, note_interrupt
 
 
 class FakeClock:
@@ -74,3 +76,40 @@ def test_disabled_progress_writes_nothing() -> None:
 def test_a_negative_total_is_refused() -> None:
     with pytest.raises(ValueError, match="-1"):
         Progress(-1, "job")
+
+
+def test_a_noted_ctrl_c_is_raised_at_the_next_update_once() -> None:
+    """A KeyboardInterrupt swallowed where it was raised (a compiled kernel's call back
+    into Python) is raised again at the next progress update, even a quiet one's."""
+    progress = Progress(10.0, "run", stream=io.StringIO(), clock=FakeClock(), enabled=False)
+    note_interrupt()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            progress.update(1.0)
+        progress.update(2.0)  # raised once: handled, not raised again
+    finally:
+        clear_interrupt()
+
+
+def test_simulate_ends_on_a_ctrl_c_the_run_swallowed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Ctrl-C lost inside the run (here noted by the controller, as the CLI's handler
+    notes it, with no exception reaching the loop) still ends ``simulate`` with its
+    interrupted line and exit 130, and no results file."""
+    out = tmp_path / "run.json"
+    code = main(
+        [
+            "simulate",
+            "--quiet",
+            "--duration",
+            "120",
+            "--controller",
+            "example_outside_governor:make_swallowing",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 130
+    assert "gpugov: interrupted at" in capsys.readouterr().err
+    assert not out.exists()
