@@ -76,10 +76,10 @@ def cmd_load(args: argparse.Namespace) -> int:
     )
     stop = threading.Event()
     interrupted = threading.Event()
+    terminated = threading.Event()
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT:
-            interrupted.set()
+        (interrupted if signum == signal.SIGINT else terminated).set()
         stop.set()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -112,6 +112,10 @@ def cmd_load(args: argparse.Namespace) -> int:
     summary["url"] = args.url
     summary["model"] = model
     summary["load_scale"] = args.load_scale
+    # A run cut short says so in its summary (the --json file replaces an earlier one).
+    summary["stopped"] = (
+        "interrupted" if interrupted.is_set() else "terminated" if terminated.is_set() else None
+    )
     if energy is not None:
         summary["energy"] = energy.compare(run)
     print(format_report(summary))
@@ -126,13 +130,14 @@ def cmd_load(args: argparse.Namespace) -> int:
     if summary["requests_sent"] and not summary["requests_completed"]:
         first = next(iter(summary["errors"]), "no request finished")
         return fail(f"no request completed against {args.url}: {first}", ExitCode.FAILURE)
-    if interrupted.is_set():
+    if summary["stopped"] is not None:
         print(
-            f"gpugov: interrupted after {summary['requests_sent']} of {len(workload)} requests",
+            f"gpugov: {summary['stopped']} after {summary['requests_sent']} of "
+            f"{len(workload)} requests",
             file=sys.stderr,
         )
-        return ExitCode.INTERRUPTED
-    return ExitCode.INTERRUPTED if stop.is_set() else ExitCode.OK
+        return ExitCode.INTERRUPTED if interrupted.is_set() else ExitCode.TERMINATED
+    return ExitCode.OK
 
 
 def _check_energy_sources(governor: str, truth_base: str) -> None:

@@ -66,3 +66,36 @@ def test_cli_writes_json_and_fails_cleanly_when_unreachable(
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("gpugov: error:") and "none.csv" in err[-1]
+
+
+@pytest.mark.parametrize(
+    ("signum", "code", "word"), [(2, 130, "interrupted"), (15, 143, "terminated")]
+)
+def test_a_stopped_load_says_how_in_its_exit_line_and_summary(
+    emulator: EmulatorServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    signum: int,
+    code: int,
+    word: str,
+) -> None:
+    """SIGINT ends ``load`` with 130, SIGTERM with 143 (it was 130 with no line), each
+    with one line; the --json summary says the run was stopped."""
+    import os
+    import threading
+
+    rows = "".join(f"2023-11-16 18:15:{10 + i:02d}.0000000,100,5\n" for i in range(40))
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    out = tmp_path / "load.json"
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signum))
+    timer.start()
+    try:
+        result = main(
+            ["load", "--trace", str(trace), "--url", emulator.url, "--json", str(out), "--quiet"]
+        )
+    finally:
+        timer.cancel()
+    assert result == code
+    assert f"gpugov: {word} after" in capsys.readouterr().err
+    assert json.loads(out.read_text())["stopped"] == word
