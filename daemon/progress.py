@@ -70,6 +70,7 @@ class Progress:
         tty_interval_s: float = 0.2,
         log_interval_s: float = 10.0,
         enabled: bool = True,
+        quiet_start: bool = False,
     ) -> None:
         if not total >= 0:
             raise ValueError(f"progress total must be >= 0, got {total!r}")
@@ -82,7 +83,11 @@ class Progress:
         self.interval_s = tty_interval_s if self.tty else log_interval_s
         self.enabled = enabled
         self.start_s = clock()
-        self._last_emit_s = -float("inf")
+        # ``quiet_start``: the first line only once an interval has passed, and no final
+        # line where none was shown (a command that is usually short: replay).
+        self._last_emit_s = self.start_s if quiet_start else -float("inf")
+        self._quiet_start = quiet_start
+        self._emitted = False
         self._done = 0.0
         self._closed = False
 
@@ -121,6 +126,7 @@ class Progress:
         if not force and now - self._last_emit_s < self.interval_s:
             return
         self._last_emit_s = now
+        self._emitted = True
         text = self.line(done, detail)
         if self.tty:
             self.stream.write("\r\x1b[2K" + text)
@@ -132,6 +138,10 @@ class Progress:
         """Emit the final line (and end the redrawn one on a terminal); ``done``, when
         given, is the final amount of work."""
         if self._closed:
+            return
+        if self._quiet_start and not self._emitted:
+            raise_if_interrupted()
+            self._closed = True
             return
         self.update(self._done if done is None else done, detail, force=True)
         self._closed = True

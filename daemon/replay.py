@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pydantic import ValidationError
 
@@ -20,6 +20,7 @@ from gpugov.controllers.budget import SLOTarget
 from gpugov.daemon.config import ControllerConfig, SLOTargetConfig
 from gpugov.daemon.controller_spec import canonical_controller_name, spec_name
 from gpugov.daemon.decide import ControllerContext, Forecasts, build_controller
+from gpugov.daemon.progress import Progress
 from gpugov.daemon.record import (
     RecordingError,
     observation_from_dict,
@@ -221,9 +222,14 @@ def checked_header(
 
 
 def replay(
-    path: str | Path, spec: ControllerConfig, *, warn: Callable[[str], None] | None = None
+    path: str | Path,
+    spec: ControllerConfig,
+    *,
+    warn: Callable[[str], None] | None = None,
+    progress_stream: TextIO | None = None,
 ) -> ReplayReport:
-    """Replay ``path`` through the controller ``spec`` describes.
+    """Replay ``path`` through the controller ``spec`` describes (progress lines with an
+    ETA on ``progress_stream``, default stderr).
 
     Raises:
         RecordingError: the file is not a usable recording.
@@ -246,7 +252,11 @@ def replay(
         recorded_controller=", ".join(recorded_names),
         replayed_controller=spec_name(spec),
     )
+    # A line with an ETA on a long replay (an MPC on a day's recording), and where a
+    # Ctrl-C was swallowed inside a compiled kernel, the point where it is raised again.
+    progress = Progress(len(rows), "replay", unit="ticks", stream=progress_stream, quiet_start=True)
     for number, row in enumerate(rows, start=2):
+        progress.update(number - 2)
         domain = tick_domain(f"{path}:{number}:", row, controllers)
         if row.get("failsafe") or row.get("requested_mhz") is None:
             report.skipped_failsafe += 1
@@ -281,4 +291,5 @@ def replay(
             report.differences.append(
                 Difference(domain, int(row.get("step", 0)), observation.time_s, recorded, replayed)
             )
+    progress.close()
     return report

@@ -113,3 +113,20 @@ def test_simulate_ends_on_a_ctrl_c_the_run_swallowed(
     assert code == 130
     assert "gpugov: interrupted at" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_quiet_start_shows_a_line_only_once_the_command_runs_long() -> None:
+    """``quiet_start`` (replay): nothing for a run shorter than the interval, not even a
+    final line; a line once an interval has passed, and the final one then."""
+    clock, stream = FakeClock(), io.StringIO()
+    short = Progress(4.0, "replay", stream=stream, clock=clock, tty=False, quiet_start=True)
+    short.update(1.0)
+    clock.now_s = 5.0
+    short.update(3.0)
+    short.close(done=4.0)
+    assert stream.getvalue() == ""
+    long = Progress(4.0, "replay", stream=stream, clock=clock, tty=False, quiet_start=True)
+    clock.now_s = 16.0
+    long.update(1.0)
+    long.close(done=4.0)
+    assert stream.getvalue().count("replay") == 2
