@@ -397,6 +397,9 @@ def _reassert(root: Path) -> dict[str, Any]:
             what="re-assert",
         )
         key = 'gpugov_gpu_external_clock_changes_total{domain="llm",gpu="0"}'
+        # The metrics page can trail the fake GPU's write log by a moment: the re-assert was
+        # seen there once before its count was on the page (the suite on a loaded machine).
+        daemon.wait_for(lambda: daemon.metrics().get(key) == 1.0, what="the change counted")
         assert daemon.metrics()[key] == 1.0
         assert "changed by someone else" in daemon.stderr
         _stop_clean(node, daemon)
