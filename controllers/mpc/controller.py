@@ -102,6 +102,14 @@ def _default_fallback() -> ClockController:
     return reactive_clock_controller
 
 
+def arrival_baseline(observation: ServingObservation) -> int:
+    """The arrival count a controller's first ``observation`` starts from: its engine's
+    counter where the engine has completed requests (a node started under load reads every
+    request since its engine started: a lifetime, no arrivals of its first period), else 0
+    (a fresh engine's first arrivals are arrivals)."""
+    return observation.arrived_requests if observation.completed_requests > 0 else 0
+
+
 class MPCController:
     """Receding-horizon clock controller (the seed's ``_MPCClockController``).
 
@@ -318,7 +326,7 @@ class MPCController:
         the observations before this controller's first sets the baseline itself."""
         arrived = observation.arrived_requests
         if self.previous_arrived_count is None:
-            self.previous_arrived_count = arrived if observation.completed_requests > 0 else 0
+            self.previous_arrived_count = arrival_baseline(observation)
         new_arrivals = arrived - self.previous_arrived_count
         if new_arrivals > 0:
             self.arrivals_seen.append((observation.time_s, new_arrivals))

@@ -46,6 +46,7 @@ from gpugov.controllers.mpc.controller import (
     DEFAULT_EXPECTED_OUTPUT_TOKENS,
     DEFAULT_EXPECTED_PROMPT_TOKENS,
     MPCController,
+    arrival_baseline,
 )
 from gpugov.controllers.mpc.fast import DiscreteSearchSolver
 from gpugov.controllers.mpc.search_kernel import compile_kernels
@@ -508,8 +509,7 @@ class OnlineMPCController(MeasuredLatencyRules):
     def observe(self, observation: ServingObservation) -> None:
         """Fold ``observation`` into the model (resets on a model-name change)."""
         if self.arrivals_baseline is None:
-            completed = observation.completed_requests > 0
-            self.arrivals_baseline = observation.arrived_requests if completed else 0
+            self.arrivals_baseline = arrival_baseline(observation)
         if math.isfinite(observation.temperature_c):
             self.last_temperature_c = float(observation.temperature_c)
         name = self.settled_name.update(observation.model_name, self.model_name)
