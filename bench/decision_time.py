@@ -45,7 +45,11 @@ import numpy as np
 from gpugov.controllers.baseline import maximum_clock_controller
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.controllers.mpc.fast import DiscreteSearchSolver
-from gpugov.daemon.config import ControllerConfig, MPCControllerConfig, OnlineMPCControllerConfig
+from gpugov.daemon.controller_config import (
+    ControllerConfig,
+    MPCControllerConfig,
+    OnlineMPCControllerConfig,
+)
 from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
 from gpugov.plant.types import Request, ServingObservation

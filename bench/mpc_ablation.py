@@ -26,7 +26,7 @@ from typing import Any
 
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo, oracle_capture
-from gpugov.daemon.config import MPCControllerConfig
+from gpugov.daemon.controller_config import MPCControllerConfig
 from gpugov.daemon.controller_spec import canonical_controller_name
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.daemon.simulated import observation_view

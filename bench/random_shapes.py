@@ -49,7 +49,7 @@ from unseen_node import _run, light_scenario
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo
 from gpugov.daemon.cli_support import add_engine_view_argument
-from gpugov.daemon.config import (
+from gpugov.daemon.controller_config import (
     ControllerConfig,
     MaxControllerConfig,
     MPCControllerConfig,

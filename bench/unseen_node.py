@@ -54,7 +54,7 @@ import numpy as np
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.oracles import SLO_TOLERANCE, best_fixed_clock, holds_slo
 from gpugov.daemon.cli_support import add_engine_view_argument
-from gpugov.daemon.config import (
+from gpugov.daemon.controller_config import (
     ControllerConfig,
     MaxControllerConfig,
     MPCControllerConfig,

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.daemon import cli_types, decide
-from gpugov.daemon.config import (
+from gpugov.daemon.config import parse_address
+from gpugov.daemon.controller_config import (
     ControllerConfig,
     FixedControllerConfig,
     OpenLoopControllerConfig,
-    parse_address,
 )
 from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller_spec, spec_name
 from gpugov.daemon.decide import ControllerContext

@@ -2,7 +2,8 @@
 
 Loaded only by the CLI (:func:`load_config`); everything else takes plain values. An
 error names the file, the field path (``domains[0].controller.clock_mhz``) and the
-reason, and nothing is applied. ``deploy/gpugov.example.toml`` shows every key.
+reason, and nothing is applied. ``deploy/gpugov.example.toml`` shows every key. The
+controller models (``[domains.controller]``) are in :mod:`daemon.controller_config`.
 """
 
 from __future__ import annotations
@@ -10,16 +11,12 @@ from __future__ import annotations
 import ipaddress
 import math
 import tomllib
-import typing
 import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     PlainValidator,
     ValidationError,
@@ -27,37 +24,31 @@ from pydantic import (
     model_validator,
 )
 
+from gpugov.daemon.config_types import (
+    ClockMHz,
+    FrozenModel,
+    LoosePath,
+    PositiveFloat,
+    PositiveSeconds,
+    Seconds,
+    TokenCount,
+    named_directory,
+)
+from gpugov.daemon.controller_config import (
+    ControllerConfig,
+    MaxControllerConfig,
+    OnlineMPCControllerConfig,
+    controller_kinds,
+)
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.files import resolve_state_dir
-from gpugov.daemon.limits import (
-    MAX_CLOCK_MHZ,
-    MAX_COUNT,
-    MAX_PERIOD_S,
-    MAX_SECONDS,
-    MIN_PERIOD_S,
-)
+from gpugov.daemon.limits import MAX_PERIOD_S, MIN_PERIOD_S
 from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S
 from gpugov.plant.input_files import finite_number
-from gpugov.plant.profile import DEFAULT_PROFILE
 
 if TYPE_CHECKING:
     from gpugov.controllers.budget import SLOTarget
 
-PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-ClockMHz = Annotated[float, Field(gt=0, le=MAX_CLOCK_MHZ, allow_inf_nan=False)]
-"""A clock, at most :data:`~gpugov.daemon.limits.MAX_CLOCK_MHZ` (as the flags take)."""
-Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
-"""A duration, at most :data:`~gpugov.daemon.limits.MAX_SECONDS` (as the flags take)."""
-PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
-"""A duration above 0, at most :data:`~gpugov.daemon.limits.MAX_SECONDS`: a larger one is a
-typo, and divided by the period it overflows the controllers' counts of periods."""
-TokenCount = Annotated[float, Field(gt=0, le=MAX_COUNT, allow_inf_nan=False)]
-"""A mean or declared token count, at most :data:`~gpugov.daemon.limits.MAX_COUNT` (no
-prompt is within orders of magnitude of it; 1e308 overflows the controllers' sums)."""
-MAX_UNCERTAINTY_Z = 10.0
-"""Largest ``uncertainty_z``: ten standard deviations already price every clock at its
-worst case (the default is 1.5), and 1e308 overflows the predicted latencies."""
 MIN_REQUEST_TIMEOUT_S = 0.01
 """Shortest ``engine.timeout_s``, ``actuator.timeout_s`` and ``zeusd.timeout_s``: a local
 scrape or request takes milliseconds, so a shorter deadline fails every one and holds the
@@ -67,29 +58,10 @@ MAX_STALE_AFTER_S = 600.0
 and a longer age keeps the fail-safe from ever engaging."""
 
 
-def _no_nul(value: Path) -> Path:
-    # A NUL byte passes Path() but no system call: check-config said OK and run crashed.
-    if "\x00" in str(value):
-        raise ValueError("a path cannot hold a NUL byte")
-    return value
-
-
-LoosePath = Annotated[Path, Field(strict=False), AfterValidator(_no_nul)]
-
-
 def _named_file(value: Any) -> Any:
     # An empty record would read as the working directory ("."), reported as --record .
     if isinstance(value, str) and not value.strip():
         raise ValueError("must name a file, such as /var/log/gpugov/run.jsonl (omit it for none)")
-    return value
-
-
-def _named_directory(value: Any) -> Any:
-    # An empty state_dir would read as the working directory ("").
-    if isinstance(value, str) and not value.strip():
-        raise ValueError(
-            "must name a directory, such as /var/lib/gpugov (omit it for $STATE_DIRECTORY)"
-        )
     return value
 
 
@@ -159,318 +131,8 @@ def default_engine_timeout_s(period_s: float) -> float:
     return min(DEFAULT_ENGINE_TIMEOUT_S, ENGINE_TIMEOUT_PERIOD_SHARE * period_s)
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-
-# ------------------------------------------------------------------ controllers
-class MaxControllerConfig(_Frozen):
-    """Always the highest supported clock (what the GPU does unlocked under load)."""
-
-    kind: Literal["max"]
-
-
-class FixedControllerConfig(_Frozen):
-    """One fixed clock, quantised down onto the supported set."""
-
-    kind: Literal["fixed"]
-    clock_mhz: ClockMHz
-
-
-class ReactiveControllerConfig(_Frozen):
-    """The queue/latency step governor (``controllers.baseline.ReactiveGovernor``)."""
-
-    kind: Literal["reactive"]
-    up_fraction: PositiveFloat | None = None
-    down_fraction: PositiveFloat | None = None
-    queue_high_tokens: PositiveFloat | None = None
-    idle_utilization: Annotated[float, Field(ge=0, le=1)] | None = None
-    step_mhz: PositiveFloat | None = None
-
-    @model_validator(mode="after")
-    def _fractions_ordered(self) -> ReactiveControllerConfig:
-        from gpugov.controllers.baseline import ReactiveGovernor
-
-        default = ReactiveGovernor()
-        up = self.up_fraction if self.up_fraction is not None else default.up_fraction
-        down = self.down_fraction if self.down_fraction is not None else default.down_fraction
-        if down > up:
-            raise ValueError(
-                f"down_fraction ({down:g}) must not exceed up_fraction "
-                f"({up:g}): the governor would step up and down at once"
-            )
-        return self
-
-
-class OpenLoopControllerConfig(_Frozen):
-    """Replays a saved open-loop plan (``controllers.open_loop.save_plan``)."""
-
-    kind: Literal["open-loop"]
-    plan: LoosePath
-
-
-class MPCControllerConfig(_Frozen):
-    """Model-predictive control on the plant model built from a profile.
-
-    ``mpc``: the fast discrete-search solver on the iteration-level latency model with a
-    0.7 SLO margin. ``mpc-slsqp``: the seed's SLSQP solver on the seed's fluid model and
-    SLOs (the reference). ``latency_model`` and ``slo_margin`` override either default;
-    ``ttft_prompt_tokens`` is the declared prompt length the iteration model's TTFT proxy
-    charges a new request (default: the mean prompt). ``burst_hedge`` (charge a new
-    request the recent burst size) and ``slo_feedback`` (tighten the margin while measured
-    latency nears the SLO) default to on for ``mpc`` and off for ``mpc-slsqp``; see
-    ``controllers/adaptation.py``. ``ttft_excess_cap`` (in TTFT SLOs) caps the penalised
-    TTFT excess: 1.0 for ``mpc``, no cap for ``mpc-slsqp``.
-    """
-
-    kind: Literal["mpc", "mpc-slsqp"]
-    profile: str = DEFAULT_PROFILE
-    horizon_s: PositiveSeconds | None = None
-    solve_time_limit_s: PositiveSeconds | None = None
-    mean_prompt_tokens: TokenCount | None = None
-    mean_output_tokens: TokenCount | None = None
-    ttft_prompt_tokens: TokenCount | None = None
-    latency_model: Literal["iteration", "seed"] | None = None
-    slo_margin: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
-    burst_hedge: bool | None = None
-    slo_feedback: bool | None = None
-    ttft_excess_cap: PositiveFloat | None = None
-
-
-class PriorHintsConfig(_Frozen):
-    """Rough hints for ``mpc-online``'s prior (``controllers.online.prior``): the GPU
-    (``"auto"``: the NVML name of the domain's first GPU; else a name such as
-    ``"NVIDIA H100 80GB HBM3"``, matched by family), the served model's parameters in
-    billions (total, and active per token for an MoE) and its tensor-parallel degree
-    (default: the domain's GPU count). A wrong hint costs little: the warm-up still runs
-    and the evidence overrules it."""
-
-    gpu: str | None = None
-    params_b: Annotated[float, Field(gt=0, le=1e5, allow_inf_nan=False)] | None = None
-    active_params_b: Annotated[float, Field(gt=0, le=1e5, allow_inf_nan=False)] | None = None
-    tensor_parallel: Annotated[int, Field(ge=1, le=64)] | None = None
-
-    @model_validator(mode="after")
-    def _consistent(self) -> PriorHintsConfig:
-        from gpugov.controllers.online.prior import PriorHints
-
-        PriorHints(
-            gpu=self.gpu,
-            params_b=self.params_b,
-            active_params_b=self.active_params_b,
-            tensor_parallel=self.tensor_parallel or 1,
-        )
-        return self
-
-
-class OnlineMPCControllerConfig(_Frozen):
-    """The self-calibrating MPC (``controllers.online.controller``): learns the node's clock ->
-    latency/power model online, so it needs no profile (``docs/online.md``).
-
-    ``prior_profile`` optionally names a bundled profile (or a manifest path) whose top
-    clock seeds the model instead of the warm-up; ``prior`` gives rough hints instead
-    (:class:`PriorHintsConfig`; not both). With neither, ``auto_hints`` (default on)
-    derives the hints on the node: the GPU family from NVML's name and the model size from
-    the engine's ``model_name`` (``controllers.online.prior.AutoHints``). ``state_dir``
-    keeps the learned model across restarts (default: systemd's ``$STATE_DIRECTORY``,
-    else none). ``warmup_s``: seconds at the maximum clock before the MPC takes over
-    (``hinted_warmup_s`` once a hint has given the clock shape);
-    ``memory_s``: how long evidence lasts; ``uncertainty_z``: standard deviations added
-    to predicted latencies; ``burst_guard``: hold a clock that drains a prompt backlog in
-    time and keeps short answers' mixed iterations within the TPOT SLO
-    (``OnlineMPCController.burst_floor``);
-    ``decode_descent``: in decode-only windows, lower the clock as far as the measured
-    latency (grown like 1/f) allows, to the least optimistic decode energy
-    (``OnlineMPCController.descent_clock``); ``latency_window_s``: the latency-driven
-    rules read the engine's windowed latencies averaged over at least this long
-    (``controllers.online.exploration.LatencyWindow``). ``ttft_prompt_tokens``: the tail
-    prompt its MPC charges a new request: with a ``slo_target`` and the burst guard on,
-    only in the share the attainment budget withholds below its default looseness (the
-    guard drains a long prompt that does arrive); else always (default: the mean prompt).
-    """
-
-    kind: Literal["mpc-online"]
-    horizon_s: PositiveSeconds | None = None
-    solve_time_limit_s: PositiveSeconds | None = None
-    mean_prompt_tokens: TokenCount | None = None
-    mean_output_tokens: TokenCount | None = None
-    ttft_prompt_tokens: TokenCount | None = None
-    slo_margin: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
-    warmup_s: PositiveSeconds | None = None
-    hinted_warmup_s: PositiveSeconds | None = None
-    memory_s: PositiveSeconds | None = None
-    uncertainty_z: (
-        Annotated[float, Field(ge=0, le=MAX_UNCERTAINTY_Z, allow_inf_nan=False)] | None
-    ) = None
-    """0 to 10 (:data:`MAX_UNCERTAINTY_Z`)."""
-    burst_guard: bool | None = None
-    decode_descent: bool | None = None
-    latency_window_s: Annotated[float, Field(ge=0.0, le=60.0, allow_inf_nan=False)] | None = None
-    auto_hints: bool | None = None
-    prior_profile: str | None = None
-    prior: PriorHintsConfig | None = None
-    state_dir: LoosePath | None = None
-
-    _state_dir_named = field_validator("state_dir", mode="before")(_named_directory)
-
-    @model_validator(mode="after")
-    def _one_prior(self) -> OnlineMPCControllerConfig:
-        if self.prior is not None and self.prior_profile is not None:
-            raise ValueError("set prior_profile or prior (hints), not both")
-        return self
-
-
-# ------------------------------------------------------- peer governors (controllers/peers)
-UnitFraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
-
-
-class PowerCapControllerConfig(_Frozen):
-    """A static power cap with the clock left to the GPU (``controllers.peers.power_cap``):
-    ``cap_w`` watts for the domain, else ``fraction`` (default 0.7) of the board limit the
-    node first reports."""
-
-    kind: Literal["power-cap"]
-    cap_w: PositiveFloat | None = None
-    fraction: UnitFraction | None = None
-
-
-class DPSControllerConfig(_Frozen):
-    """A DPS-style cap steered from power telemetry every ``loop_s`` over the last
-    ``window`` readings (``controllers.peers.dps``)."""
-
-    kind: Literal["dps"]
-    loop_s: PositiveSeconds | None = None
-    window: Annotated[int, Field(ge=1, le=1000)] | None = None
-
-
-class PowerProfileControllerConfig(_Frozen):
-    """A static clock ceiling plus cap (``controllers.peers.power_profile``): the given
-    ``ceiling_mhz`` (and ``cap_w``), else the preset calibrated on ``profile`` (a bundled
-    profile or a manifest path; in a simulation, default the simulated profile) keeping
-    ``throughput_fraction`` (default 0.97) of the top clock's reference throughput."""
-
-    kind: Literal["power-profile"]
-    ceiling_mhz: ClockMHz | None = None
-    cap_w: PositiveFloat | None = None
-    profile: str | None = None
-    throughput_fraction: UnitFraction | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> PowerProfileControllerConfig:
-        if self.ceiling_mhz is not None and self.profile is not None:
-            raise ValueError("set ceiling_mhz (a preset) or profile (calibrate one), not both")
-        if self.cap_w is not None and self.ceiling_mhz is None:
-            raise ValueError("cap_w needs ceiling_mhz (the preset's clock ceiling)")
-        return self
-
-
-class DefaultDVFSControllerConfig(_Frozen):
-    """The unlocked GPU's default DVFS (``controllers.peers.default_dvfs``): the top clock,
-    busy or idle, as a GPU holds it with the engine's CUDA context open (set
-    ``idle_hold_s`` for one that drops to its lowest clock after that much idle time); the
-    board power limit as the firmware enforces it."""
-
-    kind: Literal["default-dvfs"]
-    idle_hold_s: Seconds | None = None
-
-
-class AGFTControllerConfig(_Frozen):
-    """AGFT's contextual LinUCB bandit over SM clocks (``controllers.peers.agft``); run it
-    with ``daemon.period_s = 0.3``, its decision cycle."""
-
-    kind: Literal["agft"]
-    max_arms: Annotated[int, Field(ge=2, le=512)] | None = None
-    initial_alpha: NonNegativeFloat | None = None
-
-
-class PIDControllerConfig(_Frozen):
-    """PID on TTFT and TPOT (``controllers.peers.pid``): ``setpoint`` is the latency's
-    target share of its SLO."""
-
-    kind: Literal["pid"]
-    setpoint: Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)] | None = None
-    kp: NonNegativeFloat | None = None
-    ki: NonNegativeFloat | None = None
-    kd: NonNegativeFloat | None = None
-
-
-class ThrottLLeMControllerConfig(_Frozen):
-    """throttLL'eM-style projection and lowest meeting clock
-    (``controllers.peers.throttllem``): ``margin`` is the share of the TPOT SLO the
-    predicted iteration time must stay within."""
-
-    kind: Literal["throttllem"]
-    margin: UnitFraction | None = None
-
-
-class GreenLLMControllerConfig(_Frozen):
-    """GreenLLM's dual-loop decode controller and fitted prefill clock
-    (``controllers.peers.greenllm``): ``target`` is the decode band's centre as a share
-    of the TPOT SLO."""
-
-    kind: Literal["greenllm"]
-    target: UnitFraction | None = None
-
-
-class VoltanaControllerConfig(_Frozen):
-    """VoltanaLLM's per-phase rule (``controllers.peers.voltana``): the lowest clock of a
-    short list whose latency, learned from the node's windows, meets ``(1 + margin)`` x
-    the role's SLO (TTFT on a prefill pool, TPOT on a decode pool)."""
-
-    kind: Literal["voltana"]
-    margin: Annotated[float, Field(gt=-1, le=1, allow_inf_nan=False)] | None = None
-    levels: Annotated[int, Field(ge=2, le=512)] | None = None
-
-
-class ExternalControllerConfig(_Frozen):
-    """A controller from another package: ``factory`` is ``"module:callable"``, called
-    once with the domain's :class:`~gpugov.daemon.decide.ControllerContext` (without the
-    simulated plant: a node's view) and returning the controller
-    (``docs/benchmark.md``). ``name`` is its one name in metrics and results (default the
-    entry point's name, else ``factory``)."""
-
-    kind: Literal["external"]
-    factory: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")]
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]+$", max_length=64)] | None = None
-
-
-PEER_CONTROLLER_CONFIGS = (
-    PowerCapControllerConfig,
-    DPSControllerConfig,
-    PowerProfileControllerConfig,
-    DefaultDVFSControllerConfig,
-    AGFTControllerConfig,
-    PIDControllerConfig,
-    ThrottLLeMControllerConfig,
-    GreenLLMControllerConfig,
-    VoltanaControllerConfig,
-)
-"""The peer governors' config kinds (``docs/benchmark.md``)."""
-
-
-ControllerConfig = Annotated[
-    MaxControllerConfig
-    | FixedControllerConfig
-    | ReactiveControllerConfig
-    | OpenLoopControllerConfig
-    | MPCControllerConfig
-    | OnlineMPCControllerConfig
-    | PowerCapControllerConfig
-    | DPSControllerConfig
-    | PowerProfileControllerConfig
-    | DefaultDVFSControllerConfig
-    | AGFTControllerConfig
-    | PIDControllerConfig
-    | ThrottLLeMControllerConfig
-    | GreenLLMControllerConfig
-    | VoltanaControllerConfig
-    | ExternalControllerConfig,
-    Field(discriminator="kind"),
-]
-
-
 # ----------------------------------------------------------------------- domain
-class EngineConfig(_Frozen):
+class EngineConfig(FrozenModel):
     """Where the domain's serving engine publishes its Prometheus metrics."""
 
     kind: Literal["auto", "vllm", "sglang", "tgi"] = "auto"
@@ -510,7 +172,7 @@ SLO_WINDOW_LIMIT_S = 31 * 86_400.0
 """The longest ``slo_target.window_s`` accepted (a month's SLO window)."""
 
 
-class SLOTargetConfig(_Frozen):
+class SLOTargetConfig(FrozenModel):
     """The domain's SLO target (``controllers.budget.SLOTarget``): ``attainment`` of the
     requests meet both latency SLOs (TTFT within ``ttft_slo_s`` plus the per-prompt
     allowance, TPOT within ``tpot_slo_s``) over a rolling ``window_s``. ``mpc`` and
@@ -527,7 +189,7 @@ class SLOTargetConfig(_Frozen):
         return SLOTarget(attainment=self.attainment, window_s=self.window_s)
 
 
-class SafetyConfig(_Frozen):
+class SafetyConfig(FrozenModel):
     """Limits applied to every decision, whatever the controller."""
 
     floor_mhz: ClockMHz | None = None
@@ -545,7 +207,7 @@ pool is judged on TTFT, a decode pool on TPOT, a colocated engine on both."""
 ROLES: tuple[str, ...] = ("prefill", "decode", "colocated")
 
 
-class DomainConfig(_Frozen):
+class DomainConfig(FrozenModel):
     """GPUs serving one engine: one source, one controller, one clock for all."""
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]+$", max_length=64)]
@@ -615,7 +277,7 @@ class DomainConfig(_Frozen):
         return self
 
 
-class ActuatorBackendConfig(_Frozen):
+class ActuatorBackendConfig(FrozenModel):
     """``backend = "actuator"``: where ``gpugov actuator`` listens and the lease asked of
     it (``docs/actuator.md``). The lease is renewed every tick, so it must span at least
     three control periods; ``timeout_s`` bounds one request and must be shorter than
@@ -628,7 +290,7 @@ class ActuatorBackendConfig(_Frozen):
     )
 
 
-class ZeusdBackendConfig(_Frozen):
+class ZeusdBackendConfig(FrozenModel):
     """``backend = "zeusd"``: zeusd's Unix socket (``socket``) or TCP address (``url``,
     ``http://HOST:PORT``), and a file holding its bearer token when zeusd requires one."""
 
@@ -663,7 +325,7 @@ class ZeusdBackendConfig(_Frozen):
         return self
 
 
-class DaemonSection(_Frozen):
+class DaemonSection(FrozenModel):
     """Process-wide settings."""
 
     period_s: Annotated[float, Field(ge=MIN_PERIOD_S, le=MAX_PERIOD_S, allow_inf_nan=False)] = 1.0
@@ -681,7 +343,7 @@ class DaemonSection(_Frozen):
     """Controller exceptions in a row a domain survives (fail-safe for each tick) before
     the daemon resets the clocks and exits 1."""
 
-    _state_dir_named = field_validator("state_dir", mode="before")(_named_directory)
+    _state_dir_named = field_validator("state_dir", mode="before")(named_directory)
     _record_named = field_validator("record", mode="before")(_named_file)
 
     @field_validator("metrics_address")
@@ -746,7 +408,7 @@ def _engine_with_timeout(engine: Any, timeout_s: float) -> Any:
     return engine
 
 
-class GpugovConfig(_Frozen):
+class GpugovConfig(FrozenModel):
     """The whole file: ``[daemon]`` and one ``[[domains]]`` table per control domain."""
 
     daemon: DaemonSection = DaemonSection()
@@ -867,17 +529,6 @@ def format_validation_error(error: ValidationError, source: str) -> str:
         message = message.removeprefix("Value error, ")
         lines.append(f"{source}: {_path(tuple(loc))}: {message}")
     return "\n".join(lines)
-
-
-def controller_kinds() -> frozenset[str]:
-    """Every ``kind`` the ``ControllerConfig`` union accepts (read from the union, so a
-    new kind is never left out)."""
-    union = typing.get_args(ControllerConfig)[0]
-    return frozenset(
-        kind
-        for spec in typing.get_args(union)
-        for kind in typing.get_args(spec.model_fields["kind"].annotation)
-    )
 
 
 _CONTROLLER_TAGS = controller_kinds()

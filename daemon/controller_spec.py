@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpugov.daemon.config import (
+from gpugov.daemon.controller_config import (
     ControllerConfig,
     ExternalControllerConfig,
     FixedControllerConfig,

@@ -25,7 +25,7 @@ from gpugov.controllers.baseline import (
     maximum_clock_controller,
 )
 from gpugov.controllers.contract import ControllerWrapper, HistoryBounded, layers, unwrap
-from gpugov.daemon.config import (
+from gpugov.daemon.controller_config import (
     AGFTControllerConfig,
     ControllerConfig,
     DefaultDVFSControllerConfig,

@@ -20,7 +20,8 @@ from gpugov.controllers.online.controller import REFERENCE_BATCH, OnlineMPCContr
 from gpugov.controllers.online.identification import OnlineModel
 from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import check_output_dir, fail, prepare_output_dir
-from gpugov.daemon.config import OnlineMPCControllerConfig, controller_state_dir, load_config
+from gpugov.daemon.config import controller_state_dir, load_config
+from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.limits import MAX_CLOCK_MHZ

@@ -33,12 +33,8 @@ from typing import Any
 
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.cli_support import UsageError, check_output_file
-from gpugov.daemon.config import (
-    DomainConfig,
-    GpugovConfig,
-    OnlineMPCControllerConfig,
-    parse_address,
-)
+from gpugov.daemon.config import DomainConfig, GpugovConfig, parse_address
+from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.daemon.errors import (
     ConfigError,
     ControllerError,

@@ -43,12 +43,8 @@ from gpugov.daemon.cli_support import (
     setup_logging,
     warn,
 )
-from gpugov.daemon.config import (
-    ControllerConfig,
-    GpugovConfig,
-    PowerProfileControllerConfig,
-    load_config,
-)
+from gpugov.daemon.config import GpugovConfig, load_config
+from gpugov.daemon.controller_config import ControllerConfig, PowerProfileControllerConfig
 from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller_spec
 from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,

@@ -17,7 +17,8 @@ from typing import Any, TextIO
 from pydantic import ValidationError
 
 from gpugov.controllers.budget import SLOTarget
-from gpugov.daemon.config import ControllerConfig, SLOTargetConfig
+from gpugov.daemon.config import SLOTargetConfig
+from gpugov.daemon.controller_config import ControllerConfig
 from gpugov.daemon.controller_spec import canonical_controller_name, spec_name
 from gpugov.daemon.decide import ControllerContext, Forecasts, build_controller
 from gpugov.daemon.progress import Progress

@@ -194,7 +194,7 @@ def _on_sigint(handler: Callable[[int, FrameType | None], None]) -> Iterator[Non
 def _against_maximum(result: Any, workload: Any, plant: Any, seed: int) -> str:
     """One line: the run's energy and SLO attainment against the maximum clock on the same
     trace and plant (a virtual-time plant run of a second or so)."""
-    from gpugov.daemon.config import MaxControllerConfig
+    from gpugov.daemon.controller_config import MaxControllerConfig
     from gpugov.daemon.decide import ControllerContext, build_controller
     from gpugov.plant import simulate
 

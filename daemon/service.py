@@ -17,14 +17,8 @@ from typing import Any
 from gpugov.controllers.budget import SLOTarget
 from gpugov.daemon.actuator import ClockActuator, ExternalPolicy, LockMode
 from gpugov.daemon.backend import DryRunBackend, GpuBackend
-from gpugov.daemon.config import (
-    ControllerConfig,
-    DaemonSection,
-    DomainConfig,
-    GpugovConfig,
-    OnlineMPCControllerConfig,
-    controller_state_dir,
-)
+from gpugov.daemon.config import DaemonSection, DomainConfig, GpugovConfig, controller_state_dir
+from gpugov.daemon.controller_config import ControllerConfig, OnlineMPCControllerConfig
 from gpugov.daemon.controller_spec import spec_name
 from gpugov.daemon.decide import (
     ControllerContext,

@@ -50,7 +50,7 @@ from gpugov.controllers.scheduling import (
     solve_scheduling_mdp,
 )
 from gpugov.controllers.scheduling.policy import MDPPolicyScheduler
-from gpugov.daemon.config import (
+from gpugov.daemon.controller_config import (
     ControllerConfig,
     FixedControllerConfig,
     MaxControllerConfig,

@@ -191,7 +191,7 @@ def nonstationary_runs(
     profile-fed fast MPC (built on the first profile, as a node configured once would
     keep it) and ``mpc-online``; one row per controller and segment."""
     from gpugov.controllers.contract import unwrap
-    from gpugov.daemon.config import MaxControllerConfig, MPCControllerConfig
+    from gpugov.daemon.controller_config import MaxControllerConfig, MPCControllerConfig
     from gpugov.plant import load_profile
     from gpugov.study.scoreboard.controllers import scoreboard_online, study_controller
     from gpugov.study.scoreboard.run import build_scenario

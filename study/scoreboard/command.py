@@ -171,7 +171,7 @@ def _outside_rows(specs: Sequence[str]) -> tuple[str, ...]:
     """``--controller`` specs of outside controllers, each checked (its factory loaded)
     before any work; one line naming the spec otherwise."""
     from gpugov.daemon.cli_support import parse_controller_flag
-    from gpugov.daemon.config import ExternalControllerConfig
+    from gpugov.daemon.controller_config import ExternalControllerConfig
     from gpugov.daemon.controller_spec import spec_name
 
     names: list[str] = []

@@ -12,7 +12,7 @@ from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.controllers.mpc.controller import expected_output_tokens_forecast
 from gpugov.controllers.open_loop import optimize_open_loop
-from gpugov.daemon.config import (
+from gpugov.daemon.controller_config import (
     AGFTControllerConfig,
     ControllerConfig,
     DefaultDVFSControllerConfig,

@@ -25,7 +25,7 @@ from typing import Any
 from gpugov.controllers.baseline import FixedClockController
 from gpugov.controllers.oracles import holds_slo, oracle_capture
 from gpugov.controllers.oracles.common import lowest_holding
-from gpugov.daemon.config import (
+from gpugov.daemon.controller_config import (
     ControllerConfig,
     DefaultDVFSControllerConfig,
     MaxControllerConfig,

@@ -34,7 +34,7 @@ import pytest
 
 from gpugov.controllers.contract import unwrap
 from gpugov.controllers.open_loop import PLAN_FORMAT, OpenLoopPlan, save_plan
-from gpugov.daemon.config import (
+from gpugov.daemon.controller_config import (
     PEER_CONTROLLER_CONFIGS,
     AGFTControllerConfig,
     ControllerConfig,

@@ -16,7 +16,7 @@ from gpugov.controllers.baseline import maximum_clock_controller
 from gpugov.controllers.contract import unwrap
 from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.online.prior import AutoHints, PriorHints, prior_from_hints
-from gpugov.daemon.config import OnlineMPCControllerConfig, PriorHintsConfig
+from gpugov.daemon.controller_config import OnlineMPCControllerConfig, PriorHintsConfig
 from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, simulate

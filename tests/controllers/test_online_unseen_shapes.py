@@ -16,7 +16,11 @@ import pytest
 
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo
-from gpugov.daemon.config import ControllerConfig, MaxControllerConfig, OnlineMPCControllerConfig
+from gpugov.daemon.controller_config import (
+    ControllerConfig,
+    MaxControllerConfig,
+    OnlineMPCControllerConfig,
+)
 from gpugov.plant import ServingPlant, ServingResult, chunked_prefill_scheduler, simulate
 from gpugov.plant.synthetic_profiles import SHAPES, synthetic_profile
 from gpugov.plant.types import Request

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from gpugov.controllers.peers.voltana import LatencyTable, VoltanaController, batch_bucket
-from gpugov.daemon.config import VoltanaControllerConfig, parse_config
+from gpugov.daemon.config import parse_config
+from gpugov.daemon.controller_config import VoltanaControllerConfig
 from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.plant.types import ServingObservation

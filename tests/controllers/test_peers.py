@@ -24,10 +24,7 @@ from gpugov.controllers.peers.power_profile import (
     calibrate_power_profile,
 )
 from gpugov.controllers.peers.throttllem import ThrottLLeMController
-from gpugov.daemon.config import (
-    PowerCapControllerConfig,
-    PowerProfileControllerConfig,
-)
+from gpugov.daemon.controller_config import PowerCapControllerConfig, PowerProfileControllerConfig
 from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.plant import Request, simulate

@@ -15,7 +15,7 @@ from gpugov.controllers.budget import AttainmentBudget, SLOTarget
 from gpugov.controllers.mpc.controller import MPCController
 from gpugov.controllers.mpc.fast import plan_costs
 from gpugov.controllers.oracles import holds_slo
-from gpugov.daemon.config import (
+from gpugov.daemon.controller_config import (
     ControllerConfig,
     MaxControllerConfig,
     MPCControllerConfig,

@@ -13,7 +13,7 @@ from synthetic import make_plant
 from gpugov.controllers.contract import PowerNeed, layers, power_needed
 from gpugov.controllers.mpc.model import MPCWeights
 from gpugov.controllers.power_need import BudgetGuard, need_from_problem
-from gpugov.daemon.config import OnlineMPCControllerConfig
+from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.plant import PlantSimulation, ServingPlant, chunked_prefill_scheduler, simulate

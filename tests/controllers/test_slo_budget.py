@@ -19,7 +19,7 @@ from gpugov.controllers.budget import (
     window_attainment,
 )
 from gpugov.controllers.online.exploration import SafeExploration
-from gpugov.daemon.config import OnlineMPCControllerConfig
+from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.plant import chunked_prefill_scheduler, simulate
 from gpugov.plant.types import ServingObservation
 from gpugov.study.scoreboard.controllers import study_controller

@@ -6,13 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpugov.daemon.config import (
-    GpugovConfig,
-    controller_kinds,
-    load_config,
-    parse_address,
-    parse_config,
-)
+from gpugov.daemon.config import GpugovConfig, load_config, parse_address, parse_config
+from gpugov.daemon.controller_config import controller_kinds
 from gpugov.daemon.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "gpugov.example.toml"

@@ -12,7 +12,7 @@ import pytest
 
 from gpugov.controllers.baseline import ReactiveGovernor, maximum_clock_controller
 from gpugov.controllers.contract import ControllerWrapper, Named, layers, unwrap
-from gpugov.daemon.config import (
+from gpugov.daemon.controller_config import (
     FixedControllerConfig,
     MaxControllerConfig,
     MPCControllerConfig,

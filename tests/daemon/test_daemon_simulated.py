@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpugov.controllers.baseline import reactive_clock_controller
-from gpugov.daemon.config import FixedControllerConfig, ReactiveControllerConfig
+from gpugov.daemon.controller_config import FixedControllerConfig, ReactiveControllerConfig
 from gpugov.daemon.exporter import Exporter
 from gpugov.daemon.loop import TickRecord, TimedLoop, VirtualClock, run
 from gpugov.daemon.record import Recorder, read_recording
@@ -215,7 +215,7 @@ def test_replay_fills_an_online_gpu_auto_hint_from_the_recorded_gpu_names(
     an mpc-online `gpu = "auto"` hint as the daemon did; an older recording warns once."""
     from daemon_support import FIXTURES
 
-    from gpugov.daemon.config import OnlineMPCControllerConfig
+    from gpugov.daemon.controller_config import OnlineMPCControllerConfig
     from gpugov.daemon.replay import _replayed_controller
 
     spec = OnlineMPCControllerConfig.model_validate(

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpugov.daemon.config import ExternalControllerConfig, parse_config
+from gpugov.daemon.config import parse_config
+from gpugov.daemon.controller_config import ExternalControllerConfig
 from gpugov.daemon.controller_spec import ENTRY_POINT_GROUP, parse_controller_spec, spec_name
 from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.daemon.errors import ControllerError

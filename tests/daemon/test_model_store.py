@@ -209,7 +209,8 @@ def test_model_command_imports_no_study_code() -> None:
 
 
 def test_controller_spec_and_config_kind() -> None:
-    from gpugov.daemon.config import OnlineMPCControllerConfig, parse_config
+    from gpugov.daemon.config import parse_config
+    from gpugov.daemon.controller_config import OnlineMPCControllerConfig
     from gpugov.daemon.controller_spec import parse_controller_spec
     from gpugov.daemon.errors import ConfigError
 

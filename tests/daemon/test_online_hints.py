@@ -14,7 +14,8 @@ from gpugov.controllers.contract import unwrap
 from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.cli_support import UsageError, simulated_controller
-from gpugov.daemon.config import OnlineMPCControllerConfig, PriorHintsConfig, parse_config
+from gpugov.daemon.config import parse_config
+from gpugov.daemon.controller_config import OnlineMPCControllerConfig, PriorHintsConfig
 from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.daemon.errors import ConfigError, TransientGpuError

@@ -43,6 +43,8 @@ FORBIDDEN_IMPORTS = (
     "sdnotify",
     "gpugov.daemon.engines",
     "gpugov.daemon.config",
+    "gpugov.daemon.config_types",
+    "gpugov.daemon.controller_config",
     "gpugov.controllers",
     "gpugov.plant",
     "gpugov.study",

@@ -114,7 +114,7 @@ def test_warm_up_compiles_the_fast_mpc_and_keeps_its_state(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from gpugov.controllers.mpc.controller import MPCController
-    from gpugov.daemon.config import MPCControllerConfig
+    from gpugov.daemon.controller_config import MPCControllerConfig
 
     chain, clocks = _h100_chain(MPCControllerConfig(kind="mpc"), period_s=1.0)
     controller = chain.unwrapped
@@ -132,7 +132,7 @@ def test_warm_up_runs_mpc_online_past_its_warm_up_on_a_copy(
     model's tables and the MPC's search on the copy (``warm_kernels``), and the node's
     controller keeps no trace of them."""
     from gpugov.controllers.online.controller import OnlineMPCController
-    from gpugov.daemon.config import OnlineMPCControllerConfig
+    from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 
     chain, clocks = _h100_chain(OnlineMPCControllerConfig(kind="mpc-online"), period_s=0.25)
     controller = chain.unwrapped

@@ -109,7 +109,7 @@ def test_each_pool_is_judged_on_its_phase_as_a_node_with_that_role(
     plant: ServingPlant, role: str
 ) -> None:
     from gpugov.controllers.contract import layers
-    from gpugov.daemon.config import ReactiveControllerConfig
+    from gpugov.daemon.controller_config import ReactiveControllerConfig
     from gpugov.daemon.roles import RoleView
     from gpugov.study.scoreboard.controllers import study_controller
 

@@ -1,0 +1,50 @@
+"""The bounded value types and the frozen base model that every daemon config model shares
+(:mod:`daemon.config` and :mod:`daemon.controller_config`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_COUNT, MAX_SECONDS
+
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+ClockMHz = Annotated[float, Field(gt=0, le=MAX_CLOCK_MHZ, allow_inf_nan=False)]
+"""A clock, at most :data:`~gpugov.daemon.limits.MAX_CLOCK_MHZ` (as the flags take)."""
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+"""A duration, at most :data:`~gpugov.daemon.limits.MAX_SECONDS` (as the flags take)."""
+PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
+"""A duration above 0, at most :data:`~gpugov.daemon.limits.MAX_SECONDS`: a larger one is a
+typo, and divided by the period it overflows the controllers' counts of periods."""
+TokenCount = Annotated[float, Field(gt=0, le=MAX_COUNT, allow_inf_nan=False)]
+"""A mean or declared token count, at most :data:`~gpugov.daemon.limits.MAX_COUNT` (no
+prompt is within orders of magnitude of it; 1e308 overflows the controllers' sums)."""
+
+
+def _no_nul(value: Path) -> Path:
+    # A NUL byte passes Path() but no system call: check-config said OK and run crashed.
+    if "\x00" in str(value):
+        raise ValueError("a path cannot hold a NUL byte")
+    return value
+
+
+LoosePath = Annotated[Path, Field(strict=False), AfterValidator(_no_nul)]
+
+
+def named_directory(value: Any) -> Any:
+    """Refuse an empty directory name before validation (a ``mode="before"`` validator)."""
+    # An empty state_dir would read as the working directory ("").
+    if isinstance(value, str) and not value.strip():
+        raise ValueError(
+            "must name a directory, such as /var/lib/gpugov (omit it for $STATE_DIRECTORY)"
+        )
+    return value
+
+
+class FrozenModel(BaseModel):
+    """The base of every config model: frozen, no unknown keys, no type coercion."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
