@@ -28,10 +28,10 @@ from gpugov.daemon.config_types import (
     ClockMHz,
     FrozenModel,
     LoosePath,
-    PositiveFloat,
     PositiveSeconds,
     Seconds,
     TokenCount,
+    Watts,
     named_directory,
 )
 from gpugov.daemon.controller_config import (
@@ -42,7 +42,7 @@ from gpugov.daemon.controller_config import (
 )
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.files import resolve_state_dir
-from gpugov.daemon.limits import MAX_PERIOD_S, MIN_PERIOD_S
+from gpugov.daemon.limits import MAX_GPU_INDEX, MAX_PERIOD_S, MIN_PERIOD_S
 from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S
 from gpugov.plant.input_files import finite_number
 
@@ -56,6 +56,15 @@ domain at its fail-safe."""
 MAX_STALE_AFTER_S = 600.0
 """Longest ``stale_after_s``: engine data ten minutes old no longer describes the load,
 and a longer age keeps the fail-safe from ever engaging."""
+MIN_THERMAL_LIMIT_C = 30.0
+"""``thermal_limit_c`` lies above this: the inlet temperature the plant and ``mpc-online``'s
+model assume when they know none. An idle GPU is warmer, so a lower limit is exceeded at
+every clock."""
+MAX_THERMAL_LIMIT_C = 150.0
+"""Largest ``thermal_limit_c``: past every GPU's shutdown temperature (about 90-110 C)."""
+MAX_ENGINE_PAGE_BYTES = 1024**3
+"""Largest ``engine.max_page_bytes`` (1 GiB): the cap exists to refuse a runaway page, and a
+vLLM page is about 100 KB."""
 
 
 def _named_file(value: Any) -> Any:
@@ -73,11 +82,14 @@ def _as_tuple(value: Any) -> Any:
 
 
 def _gpu_id(value: Any) -> int | str:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    # pynvml passes the index as a C unsigned int: 4294967296 would be GPU 0 by another name.
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_GPU_INDEX:
         return value
     if isinstance(value, str) and value.startswith(("GPU-", "MIG-")):
         return value
-    raise ValueError(f"a GPU is an NVML index (0, 1, ...) or a GPU-/MIG- UUID, got {value!r}")
+    raise ValueError(
+        f"a GPU is an NVML index (0 to {MAX_GPU_INDEX}) or a GPU-/MIG- UUID, got {value!r}"
+    )
 
 
 GpuId = Annotated[int | str, PlainValidator(_gpu_id)]
@@ -143,7 +155,7 @@ class EngineConfig(FrozenModel):
     """Unset in the file: ``min(0.5, daemon.period_s / 2)`` (:func:`default_engine_timeout_s`);
     at least 10 ms (:data:`MIN_REQUEST_TIMEOUT_S`)."""
 
-    max_page_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
+    max_page_bytes: Annotated[int, Field(ge=1024, le=MAX_ENGINE_PAGE_BYTES)] = 16 * 1024 * 1024
 
     @field_validator("url")
     @classmethod
@@ -229,11 +241,16 @@ class DomainConfig(FrozenModel):
     """TTFT SLO allowance per prompt token: a request of ``p`` prompt tokens meets its
     TTFT SLO when ``TTFT <= ttft_slo_s + ttft_slo_per_prompt_token_s * p``."""
     slo_target: SLOTargetConfig | None = None
-    thermal_limit_c: PositiveFloat | None = None
+    thermal_limit_c: (
+        Annotated[float, Field(gt=MIN_THERMAL_LIMIT_C, le=MAX_THERMAL_LIMIT_C, allow_inf_nan=False)]
+        | None
+    ) = None
+    """Above 30 C (:data:`MIN_THERMAL_LIMIT_C`), at most 150 C (:data:`MAX_THERMAL_LIMIT_C`)."""
     mean_prompt_tokens: TokenCount = 512.0
     mean_output_tokens: TokenCount = 256.0
-    power_budget_w: PositiveFloat | None = None
-    """The domain's power budget, watts for all its GPUs together; the lowest of this,
+    power_budget_w: Watts | None = None
+    """The domain's power budget, watts for all its GPUs together (at most a megawatt,
+    :data:`~gpugov.daemon.limits.MAX_POWER_W`); the lowest of this,
     ``power_budget_file`` and the GPUs' enforced NVML limits is in force
     (``docs/power-budget.md``)."""
     power_budget_file: LoosePath | None = None

@@ -8,10 +8,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_COUNT, MAX_SECONDS
+from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_COUNT, MAX_POWER_W, MAX_SECONDS
 
-PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 ClockMHz = Annotated[float, Field(gt=0, le=MAX_CLOCK_MHZ, allow_inf_nan=False)]
 """A clock, at most :data:`~gpugov.daemon.limits.MAX_CLOCK_MHZ` (as the flags take)."""
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
@@ -22,6 +20,10 @@ typo, and divided by the period it overflows the controllers' counts of periods.
 TokenCount = Annotated[float, Field(gt=0, le=MAX_COUNT, allow_inf_nan=False)]
 """A mean or declared token count, at most :data:`~gpugov.daemon.limits.MAX_COUNT` (no
 prompt is within orders of magnitude of it; 1e308 overflows the controllers' sums)."""
+Watts = Annotated[float, Field(gt=0, le=MAX_POWER_W, allow_inf_nan=False)]
+"""A power above 0, at most :data:`~gpugov.daemon.limits.MAX_POWER_W` (a megawatt)."""
+UnitFraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+"""A share in (0, 1]."""
 
 
 def _no_nul(value: Path) -> Path:

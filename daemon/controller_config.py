@@ -12,11 +12,11 @@ from gpugov.daemon.config_types import (
     ClockMHz,
     FrozenModel,
     LoosePath,
-    NonNegativeFloat,
-    PositiveFloat,
     PositiveSeconds,
     Seconds,
     TokenCount,
+    UnitFraction,
+    Watts,
     named_directory,
 )
 from gpugov.plant.profile import DEFAULT_PROFILE
@@ -24,6 +24,15 @@ from gpugov.plant.profile import DEFAULT_PROFILE
 MAX_UNCERTAINTY_Z = 10.0
 """Largest ``uncertainty_z``: ten standard deviations already price every clock at its
 worst case (the default is 1.5), and 1e308 overflows the predicted latencies."""
+MAX_TTFT_EXCESS_CAP = 1000.0
+"""Largest ``ttft_excess_cap``, in TTFT SLOs: no first token waits a thousand SLOs, so a cap
+this high never binds (the way to ask ``mpc`` for no cap)."""
+MAX_PID_GAIN = 100.0
+"""Largest ``pid`` gain: the loop's output is the clock's share of its range (0 to 1) and
+its error a share of the SLO, so a gain of 100 already swings the whole range on 1 % of
+the SLO (the defaults are 0.3, 0.5 and 0.05)."""
+MAX_AGFT_ALPHA = 1000.0
+"""Largest ``agft`` ``initial_alpha`` (exploration weight): a hundred times the paper's 10."""
 
 
 class MaxControllerConfig(FrozenModel):
@@ -40,14 +49,15 @@ class FixedControllerConfig(FrozenModel):
 
 
 class ReactiveControllerConfig(FrozenModel):
-    """The queue/latency step governor (``controllers.baseline.ReactiveGovernor``)."""
+    """The queue/latency step governor (``controllers.baseline.ReactiveGovernor``):
+    ``up_fraction`` and ``down_fraction`` are shares of the SLO, in (0, 1]."""
 
     kind: Literal["reactive"]
-    up_fraction: PositiveFloat | None = None
-    down_fraction: PositiveFloat | None = None
-    queue_high_tokens: PositiveFloat | None = None
-    idle_utilization: Annotated[float, Field(ge=0, le=1)] | None = None
-    step_mhz: PositiveFloat | None = None
+    up_fraction: UnitFraction | None = None
+    down_fraction: UnitFraction | None = None
+    queue_high_tokens: TokenCount | None = None
+    idle_utilization: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    step_mhz: ClockMHz | None = None
 
     @model_validator(mode="after")
     def _fractions_ordered(self) -> ReactiveControllerConfig:
@@ -96,7 +106,9 @@ class MPCControllerConfig(FrozenModel):
     slo_margin: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     burst_hedge: bool | None = None
     slo_feedback: bool | None = None
-    ttft_excess_cap: PositiveFloat | None = None
+    ttft_excess_cap: (
+        Annotated[float, Field(gt=0, le=MAX_TTFT_EXCESS_CAP, allow_inf_nan=False)] | None
+    ) = None
 
 
 class PriorHintsConfig(FrozenModel):
@@ -183,16 +195,13 @@ class OnlineMPCControllerConfig(FrozenModel):
 
 
 # ------------------------------------------------------- peer governors (controllers/peers)
-UnitFraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
-
-
 class PowerCapControllerConfig(FrozenModel):
     """A static power cap with the clock left to the GPU (``controllers.peers.power_cap``):
     ``cap_w`` watts for the domain, else ``fraction`` (default 0.7) of the board limit the
     node first reports."""
 
     kind: Literal["power-cap"]
-    cap_w: PositiveFloat | None = None
+    cap_w: Watts | None = None
     fraction: UnitFraction | None = None
 
 
@@ -213,7 +222,7 @@ class PowerProfileControllerConfig(FrozenModel):
 
     kind: Literal["power-profile"]
     ceiling_mhz: ClockMHz | None = None
-    cap_w: PositiveFloat | None = None
+    cap_w: Watts | None = None
     profile: str | None = None
     throughput_fraction: UnitFraction | None = None
 
@@ -242,7 +251,13 @@ class AGFTControllerConfig(FrozenModel):
 
     kind: Literal["agft"]
     max_arms: Annotated[int, Field(ge=2, le=512)] | None = None
-    initial_alpha: NonNegativeFloat | None = None
+    initial_alpha: Annotated[float, Field(ge=0, le=MAX_AGFT_ALPHA, allow_inf_nan=False)] | None = (
+        None
+    )
+
+
+PIDGain = Annotated[float, Field(ge=0, le=MAX_PID_GAIN, allow_inf_nan=False)]
+"""A ``pid`` gain, 0 to :data:`MAX_PID_GAIN`."""
 
 
 class PIDControllerConfig(FrozenModel):
@@ -251,9 +266,9 @@ class PIDControllerConfig(FrozenModel):
 
     kind: Literal["pid"]
     setpoint: Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)] | None = None
-    kp: NonNegativeFloat | None = None
-    ki: NonNegativeFloat | None = None
-    kd: NonNegativeFloat | None = None
+    kp: PIDGain | None = None
+    ki: PIDGain | None = None
+    kd: PIDGain | None = None
 
 
 class ThrottLLeMControllerConfig(FrozenModel):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pydantic import ValidationError
+
 from gpugov.daemon.controller_config import (
     ControllerConfig,
     ExternalControllerConfig,
@@ -24,6 +26,7 @@ from gpugov.daemon.controller_config import (
     PriorHintsConfig,
     ReactiveControllerConfig,
 )
+from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_POWER_W
 
 CONTROLLER_SPEC_HELP = (
     "max | fixed:MHZ | reactive | open-loop:PLAN.json | mpc[:PROFILE] | mpc-slsqp[:PROFILE]"
@@ -179,19 +182,21 @@ def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
             hints[name] = int(value)
         else:
             hints[name] = value
-    from pydantic import ValidationError
-
     try:
         if hints:
             fields["prior"] = PriorHintsConfig(**hints)
         return OnlineMPCControllerConfig(kind="mpc-online", **fields)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "prior"
-        message = str(first["msg"]).removeprefix("Value error, ")
-        if not message.startswith(where):
-            message = f"{where}: {message}"
-        raise ValueError(f"--controller {text!r}: {message}") from None
+        raise ValueError(f"--controller {text!r}: {_first_problem(error, 'prior')}") from None
+
+
+def _first_problem(error: ValidationError, where: str = "") -> str:
+    """The first problem pydantic found, as ``field: reason`` (``where`` when the error
+    names no field)."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or where
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return message if not where or message.startswith(where) else f"{where}: {message}"
 
 
 def parse_controller_spec(text: str, *, default_profile: str | None = None) -> ControllerConfig:
@@ -203,8 +208,17 @@ def parse_controller_spec(text: str, *, default_profile: str | None = None) -> C
     profile nor a profile file, is refused.
 
     Raises:
-        ValueError: naming the spec and what was expected.
+        ValueError: one line naming the spec and what was expected (a value the config's
+            model refuses, such as ``fixed:1e9``, names its field and the bound).
     """
+    try:
+        return _parse_spec(text, default_profile)
+    except ValidationError as error:  # a ValueError too, but pydantic's is many lines
+        raise ValueError(f"--controller {text!r}: {_first_problem(error)}") from None
+
+
+def _parse_spec(text: str, default_profile: str | None) -> ControllerConfig:
+    """:func:`parse_controller_spec` before a model's refusal is made one line."""
     kind, colon, argument = text.partition(":")
     match kind:
         case "max" | "maximum" | "reactive":
@@ -221,8 +235,11 @@ def parse_controller_spec(text: str, *, default_profile: str | None = None) -> C
                 clock = float(argument)
             except ValueError as error:
                 raise ValueError(f"--controller fixed:MHZ needs a number, got {text!r}") from error
-            if not math.isfinite(clock) or clock <= 0:
-                raise ValueError(f"--controller fixed:MHZ needs a positive clock, got {text!r}")
+            if not math.isfinite(clock) or not 0 < clock <= MAX_CLOCK_MHZ:
+                raise ValueError(
+                    f"--controller fixed:MHZ needs a clock in (0, {MAX_CLOCK_MHZ:g}] MHz, "
+                    f"got {text!r}"
+                )
             return FixedControllerConfig(kind="fixed", clock_mhz=clock)
         case "open-loop":
             if not argument:
@@ -239,9 +256,10 @@ def parse_controller_spec(text: str, *, default_profile: str | None = None) -> C
                 watts = float(argument)
             except ValueError:
                 watts = math.nan
-            if not math.isfinite(watts) or watts <= 0:
+            if not math.isfinite(watts) or not 0 < watts <= MAX_POWER_W:
                 raise ValueError(
-                    f"--controller {text!r}: power-cap:W needs a positive number of watts"
+                    f"--controller {text!r}: power-cap:W needs a number of watts in "
+                    f"(0, {MAX_POWER_W:g}]"
                 )
             return PowerCapControllerConfig(kind="power-cap", cap_w=watts)
         case "power-profile":

@@ -47,6 +47,11 @@ MAX_LOAD_SCALE = 1e6
 MAX_CLOCK_MHZ = 100_000.0
 """Largest clock in MHz a flag takes (no GPU is within an order of magnitude of it)."""
 
+MAX_POWER_W = 1_000_000.0
+"""Largest power in watts the config and a ``--controller`` spec take (a domain's budget, a
+cap): the largest NVLink domain, 72 GPUs of 1.4 kW each, draws about 100 kW, so a larger
+number is a typo."""
+
 __all__ = [
     "MAX_CLOCK_MHZ",
     "MAX_CONCURRENCY",
@@ -57,6 +62,7 @@ __all__ = [
     "MAX_LATENCY_NOISE",
     "MAX_LOAD_SCALE",
     "MAX_PERIOD_S",
+    "MAX_POWER_W",
     "MAX_RETRIES",
     "MAX_SECONDS",
     "MAX_SEED",
