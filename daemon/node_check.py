@@ -250,7 +250,7 @@ def _open_gpus(
     """Open every domain's GPUs read-only as ``run`` opens them; None when this machine
     has no driver for the backend (the GPU part is skipped). A domain whose GPUs could
     not all be opened is left out (its problem is reported)."""
-    from gpugov.daemon.service import open_backend
+    from gpugov.daemon.service import check_opened_once, open_backend
 
     kind = config.daemon.backend
     if kind in ("nvml", "actuator", "zeusd"):  # the split backends read through NVML
@@ -277,6 +277,7 @@ def _open_gpus(
             return {}
         report.lines.append(f"emulator {emulator}: answers, {count} GPU(s)")
     opened: dict[str, list[GpuBackend]] = {}
+    uuids: dict[str, tuple[str, str]] = {}
     for domain in config.domains:
         backends: list[GpuBackend] = []
         try:
@@ -292,6 +293,7 @@ def _open_gpus(
                         daemon=config.daemon,
                     )
                 )
+                check_opened_once(uuids, backends[-1], domain.name, str(gpu))
         except GpugovError as error:
             report.problems.append(error)
             for backend in backends:

@@ -326,6 +326,28 @@ def gpu_uuid(backend: GpuBackend) -> str:
     return str(getattr(backend, "uuid", None) or backend.label)
 
 
+def check_opened_once(
+    opened: dict[str, tuple[str, str]], backend: GpuBackend, domain: str, named: str
+) -> None:
+    """Refuse a GPU the config names twice in two spellings (an index in one domain, its
+    UUID in another): the config's own check compares the spellings, this the UUIDs.
+
+    Raises:
+        ConfigError: naming both domains and both spellings.
+    """
+    uuid = getattr(backend, "uuid", None)
+    if not uuid:
+        return
+    uuid = str(uuid)
+    if uuid in opened:
+        first_domain, first_named = opened[uuid]
+        raise ConfigError(
+            f"domain {domain!r}: GPU {named} is {uuid}, which domain "
+            f"{first_domain!r} names as GPU {first_named}; a GPU belongs to one domain"
+        )
+    opened[uuid] = (domain, named)
+
+
 def gpu_names(backends: Sequence[GpuBackend]) -> list[str]:
     """The GPUs' NVML names ("" for one that reports none; a dry run shows its GPU's)."""
     return [str(getattr(b, "name", "") or "") for b in backends]
@@ -446,6 +468,7 @@ def domains_from_config(
     if state is not None:
         state.hold()  # one daemon per state directory: before any GPU is opened
     assembled.state = state
+    opened: dict[str, tuple[str, str]] = {}  # UUID -> (domain, the GPU as the config names it)
     try:
         for spec in config.domains:
             backends: list[GpuBackend] = []
@@ -460,6 +483,7 @@ def domains_from_config(
                 )
                 backends.append(backend)
                 assembled.backends.append(backend)  # closed with the rest if a later one fails
+                check_opened_once(opened, backend, spec.name, str(gpu))
             source = ScrapedSource(
                 spec.engine.url,
                 spec.engine.kind,

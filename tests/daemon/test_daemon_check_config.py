@@ -59,6 +59,7 @@ def _run_code(path: Path) -> int:
 REFUSED = {
     "missing GPU index": ("", "gpus = [0, 7]", "", 4),
     "missing GPU UUID": ("", 'gpus = ["GPU-nope"]', "", 4),
+    "one GPU by index and by UUID": ("", 'gpus = [0, "GPU-fake-0000"]', "", 2),
     "floor above the top clock": ("", "", "[domains.safety]\nfloor_mhz = 2500\n", 2),
     "missing plan file": (
         "",

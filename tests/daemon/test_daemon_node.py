@@ -14,7 +14,7 @@ from fake_pynvml import FakeNvml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpugov.daemon.config import parse_config
-from gpugov.daemon.errors import ControllerFailure, GpuLost, PermissionDenied
+from gpugov.daemon.errors import ConfigError, ControllerFailure, GpuLost, PermissionDenied
 from gpugov.daemon.exporter import Exporter
 from gpugov.daemon.loop import (
     Domain,
@@ -414,3 +414,25 @@ def test_a_gpu_failing_to_open_closes_the_ones_opened_before_it() -> None:
     with pytest.raises(GpuUnavailable):
         domains_from_config(config, nvml=fake)
     assert fake.initialized == 0
+
+
+def test_one_gpu_named_by_index_and_by_uuid_in_two_domains_is_refused(
+    vllm_server: MetricsServer,
+) -> None:
+    """The config compares spellings; the opened GPUs' UUIDs catch GPU 0 named as ``0``
+    in one domain and as its UUID in another, and every opened GPU is closed again."""
+    fake = FakeNvml(2)
+    domain = {"engine": {"kind": "vllm", "url": vllm_server.url}, "controller": {"kind": "max"}}
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0},
+            "domains": [
+                {"name": "a", "gpus": [0], **domain},
+                {"name": "b", "gpus": [1, "GPU-fake-0000"], **domain},
+            ],
+        }
+    )
+    with pytest.raises(ConfigError, match=r"domain 'b': GPU GPU-fake-0000 is .*'a'.* GPU 0"):
+        domains_from_config(config, nvml=fake)
+    assert fake.initialized == 0
+    assert [w for w in fake.writes if w[0] == LOCK] == []
