@@ -17,12 +17,17 @@ more energy than it saves. Per seed:
   both told the SLO target the condition judges (99 % over the run);
 * whether each holds the SLO (attainment within 1 point of the maximum clock's), its
   saving against the maximum clock, and a flag where it uses more energy than the
-  maximum clock (``costs_more``).
+  maximum clock (``costs_more``);
+* with ``--best-fixed``, the best fixed clock in hindsight (the scoreboard's search,
+  against the maximum clock's run) and each controller's ``capture``: its saving over the
+  best fixed clock's, where that clock saves at least ``MIN_REFERENCE_SAVING`` (the
+  unseen-node benchmark's whole-run measure, on every random board).
 
 A scenario with fewer than ``MIN_REQUESTS`` requests is reported and not judged (one miss
 there is several points).
 
-    .venv/bin/python bench/random_shapes.py [--seeds 0:36] [--duration 300] [--mpc] [--jobs N]
+    .venv/bin/python bench/random_shapes.py [--seeds 0:36] [--duration 300] [--mpc]
+        [--best-fixed] [--jobs N]
 
 Writes ``bench/results/random_shapes.json`` and prints a table; progress with an ETA on
 stderr. The Azure code and Mooncake traces come from the shared traces (the bundled slice
@@ -47,7 +52,7 @@ import numpy as np
 from unseen_node import _run, light_scenario
 
 from gpugov.controllers.budget import SLOTarget
-from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo
+from gpugov.controllers.oracles import SLO_TOLERANCE, best_fixed_clock, holds_slo
 from gpugov.daemon.cli_support import add_engine_view_argument
 from gpugov.daemon.controller_config import (
     ControllerConfig,
@@ -67,6 +72,8 @@ MIN_REQUESTS = 20
 LOAD_RANGE = (0.4, 0.85)
 ONLINE_PERIOD_S = 0.25
 MPC_PERIOD_S = 0.5
+MIN_REFERENCE_SAVING = 0.01
+"""A capture is reported only where the best fixed clock saves at least this share."""
 
 
 def _start(trace: str) -> float:
@@ -75,10 +82,13 @@ def _start(trace: str) -> float:
     return 1800.0 if trace.startswith("azure") and trace != "azure-conv-10min" else 0.0
 
 
-def run_seed(cell: tuple[int, str, float, bool, str], shared: Any = None) -> dict[str, Any]:
+Cell = tuple[int, str, float, bool, str, bool]
+
+
+def run_seed(cell: Cell, shared: Any = None) -> dict[str, Any]:
     """Every run on one random board; a row (``error`` or ``skipped`` set when the
     scenario cannot be built or is too small to judge). ``shared``: the runner's, unused."""
-    seed, trace, duration_s, with_mpc, view = cell
+    seed, trace, duration_s, with_mpc, view, with_best = cell
     started = time.perf_counter()
     shape = random_shape(seed)
     profile = shape_profile(shape)
@@ -108,6 +118,12 @@ def run_seed(cell: tuple[int, str, float, bool, str], shared: Any = None) -> dic
     results = {
         spec.kind: _run(plant, requests, spec, period, goal, view) for spec, period, goal in specs
     }
+    if with_best:
+        best = best_fixed_clock(
+            requests, plant, reference=results["max"], seed=0, control_period_s=1.0
+        )
+        results["best-fixed"] = best.result
+        row["best_fixed_clock_mhz"] = best.clock_mhz
     top = results["max"].metrics
     controllers: dict[str, dict[str, Any]] = {}
     for key, result in results.items():
@@ -120,6 +136,12 @@ def run_seed(cell: tuple[int, str, float, bool, str], shared: Any = None) -> dic
             "costs_more": bool(metrics.energy_j > top.energy_j),
             "mean_clock_mhz": float(np.mean(result.realized_clock_mhz)),
         }
+    if with_best:
+        reference = controllers["best-fixed"]["saved_fraction"]
+        for key, run in controllers.items():
+            if key not in ("max", "best-fixed"):
+                usable = run["holds_slo"] and reference >= MIN_REFERENCE_SAVING
+                run["capture"] = run["saved_fraction"] / reference if usable else None
     row["controllers"] = controllers
     row["wall_s"] = time.perf_counter() - started
     return row
@@ -134,11 +156,15 @@ def summary(rows: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
     judged = [row for row in _judged(rows) if key in row["controllers"]]
     runs = [row["controllers"][key] for row in judged]
     saved = [run["saved_fraction"] for run in runs]
+    captures = [run["capture"] for run in runs if run.get("capture") is not None]
     return {
         "boards": len(judged),
         "holds_slo": sum(run["holds_slo"] for run in runs),
         "median_saved_fraction": float(np.median(saved)) if saved else None,
         "min_saved_fraction": float(np.min(saved)) if saved else None,
+        "capture_boards": len(captures),
+        "median_capture": float(np.median(captures)) if captures else None,
+        "min_capture": float(np.min(captures)) if captures else None,
         "costs_more": [row["seed"] for row in judged if row["controllers"][key]["costs_more"]],
         "misses": [row["seed"] for row in judged if not row["controllers"][key]["holds_slo"]],
     }
@@ -158,6 +184,8 @@ def table(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[str]:
             run = row["controllers"].get(key)
             if run is not None:
                 mark = "" if run["holds_slo"] else " MISSES"
+                capture = run.get("capture")
+                mark += "" if capture is None else f" ({capture:.2f})"
                 parts.append(f"{key} {100 * run['saved_fraction']:6.1f}%{mark}")
         lines.append("  ".join(parts))
     return lines
@@ -184,6 +212,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--traces", nargs="+", default=list(TRACES), metavar="TRACE")
     parser.add_argument("--duration", type=float, default=300.0, help="scenario seconds")
     parser.add_argument("--mpc", action="store_true", help="also run mpc fed the true profile")
+    parser.add_argument(
+        "--best-fixed",
+        action="store_true",
+        help="also search the best fixed clock in hindsight and report each capture",
+    )
     add_engine_view_argument(parser)
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--out", default=str(OUT), help="output JSON")
@@ -202,8 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     traces = list(args.traces)
-    cells = [
-        (seed, traces[seed % len(traces)], args.duration, args.mpc, args.engine_view)
+    best = bool(args.best_fixed)
+    cells: list[Cell] = [
+        (seed, traces[seed % len(traces)], args.duration, args.mpc, args.engine_view, best)
         for seed in seeds
     ]
     started = time.time()
@@ -217,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     bar.close()
     rows = [finished[index] for index in range(len(cells))]
     keys = ["mpc-online", "mpc"] if args.mpc else ["mpc-online"]
+    if best:
+        keys.append("best-fixed")
     result = {
         "benchmark": "random-shapes",
         "engine_view": args.engine_view,
@@ -241,11 +277,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     for key in keys:
         s = result["summary"][key]
         median = s["median_saved_fraction"]
+        capture = s["median_capture"]
+        of_best = (
+            ""
+            if capture is None
+            else f"; median capture of the best fixed clock's saving {capture:.2f} "
+            f"(lowest {s['min_capture']:.2f}, {s['capture_boards']} boards)"
+        )
         print(
             f"{key}: holds the SLO on {s['holds_slo']}/{s['boards']} boards "
             f"(misses: seeds {s['misses'] or 'none'}); median saved "
             f"{'-' if median is None else f'{100 * median:.1f}%'}; costs more than the "
-            f"maximum clock on seeds {s['costs_more'] or 'none'}"
+            f"maximum clock on seeds {s['costs_more'] or 'none'}{of_best}"
         )
     print(f"wrote {out} in {result['wall_s']:.0f} s")
     return 0
