@@ -443,11 +443,22 @@ def _read_csv(path: Path, text: str) -> dict[str, NDArray[np.float64]]:
         missing = [column for column in CSV_COLUMNS if column not in header]
         if missing:
             raise ProfileError(f"{path}: missing column(s) {missing}; header is {header}")
+        repeated = [column for column in CSV_COLUMNS if header.count(column) > 1]
+        if repeated:
+            raise ProfileError(f"{path}: column(s) {repeated} appear more than once in the header")
         columns: dict[str, list[float]] = {column: [] for column in CSV_COLUMNS}
         line_numbers: list[int] = []
         for row in reader:
             line_number = reader.line_num
             line_numbers.append(line_number)
+            # DictReader puts a row's cells past the header under None and fills a short
+            # row with None: either shifts values between columns (a thousands separator,
+            # a stray comma) or loses one, so it is refused rather than read.
+            rest = row.get(None) or []
+            if any(cell.strip() for cell in rest) or None in row.values():
+                which = "more cells than the header's" if rest else "fewer cells than the header's"
+                hint = " (a stray comma or a thousands separator?)" if rest else ""
+                raise ProfileError(f"{path}:{line_number}: the row has {which} {len(header)}{hint}")
             for column in CSV_COLUMNS:
                 raw = row.get(column)
                 try:

@@ -182,3 +182,50 @@ def test_a_number_past_the_digit_limit_is_a_decode_error(tmp_path: Path) -> None
     manifest.write_text(text)
     with pytest.raises(ProfileError, match="more digits than can be read"):
         load_profile(manifest)
+
+
+def _edit_row(csv_path: Path, row: int, edit: object) -> None:
+    """Replace data row ``row`` (0 is the first after the header) by ``edit(cells)``."""
+    lines = csv_path.read_text().splitlines()
+    lines[row + 1] = ",".join(edit(lines[row + 1].split(",")))  # type: ignore[operator]
+    csv_path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        # "5,000" written with a thousands separator: every later value moved one column
+        # right, and the row loaded with the numbers in the wrong columns.
+        (lambda cells: [cells[0], "5", "000", *cells[2:]], r":3: the row has more cells .* 6"),
+        (lambda cells: [*cells, "1.0"], r":3: the row has more cells than the header's 6"),
+        (lambda cells: cells[:4], r":3: the row has fewer cells than the header's 6$"),
+    ],
+    ids=["thousands-separator", "extra-cell", "short-row"],
+)
+def test_a_row_whose_cells_do_not_match_the_header_is_refused(
+    tmp_path: Path, edit: object, named: str
+) -> None:
+    manifest, csv_path = copy_profile(tmp_path)
+    _edit_row(csv_path, 1, edit)
+    with pytest.raises(ProfileError, match=named) as caught:
+        load_profile(manifest)
+    assert str(caught.value).startswith(f"{csv_path}:3: ") and "\n" not in str(caught.value)
+
+
+def test_a_trailing_empty_cell_is_read(tmp_path: Path) -> None:
+    """A spreadsheet's trailing comma adds nothing to read: the row loads as it is."""
+    manifest, csv_path = copy_profile(tmp_path)
+    before = load_profile(manifest)
+    _edit_row(csv_path, 1, lambda cells: [*cells, ""])
+    assert load_profile(manifest).prefill_tokens_per_s[1] == before.prefill_tokens_per_s[1]
+
+
+def test_a_column_named_twice_in_the_header_is_refused(tmp_path: Path) -> None:
+    """The second clock column's values were read as the clocks, and the refusal blamed
+    their order ("1.0 after 1.0") rather than the header."""
+    manifest, csv_path = copy_profile(tmp_path)
+    lines = csv_path.read_text().splitlines()
+    lines = [lines[0] + ",clock_mhz", *(line + ",1.0" for line in lines[1:])]
+    csv_path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ProfileError, match=r"column\(s\) \['clock_mhz'\] appear more than once"):
+        load_profile(manifest)
