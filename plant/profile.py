@@ -471,6 +471,13 @@ def _read_csv(path: Path, text: str) -> dict[str, NDArray[np.float64]]:
                     raise ProfileError(
                         f"{path}:{line_number}: column {column!r} must be positive, got {raw!r}"
                     )
+                if column == "clock_mhz" and not value.is_integer():
+                    # NVML reports and locks whole MHz: a node (and the simulated and
+                    # emulated GPUs) would round it, and could never lock the top clock.
+                    raise ProfileError(
+                        f"{path}:{line_number}: column 'clock_mhz' must be a whole number of "
+                        f"MHz (GPUs lock whole MHz), got {raw!r}"
+                    )
                 columns[column].append(value)
     if len(columns["clock_mhz"]) < 2:
         raise ProfileError(f"{path}: needs at least two clock rows")

@@ -229,3 +229,15 @@ def test_a_column_named_twice_in_the_header_is_refused(tmp_path: Path) -> None:
     csv_path.write_text("\n".join(lines) + "\n")
     with pytest.raises(ProfileError, match=r"column\(s\) \['clock_mhz'\] appear more than once"):
         load_profile(manifest)
+
+
+@pytest.mark.parametrize("clock", ["345.5", "345.25", "1e-06"])
+def test_a_clock_that_is_not_whole_mhz_is_refused(tmp_path: Path, clock: str) -> None:
+    """GPUs lock whole MHz: the simulated and emulated GPUs rounded a fractional clock, so
+    a profile whose top clock was 1980.5 MHz was never locked at its top (the lock at
+    1980 realised the row below), and clocks 0.25 MHz apart became duplicates."""
+    manifest, csv_path = copy_profile(tmp_path)
+    _edit_row(csv_path, 0, lambda cells: [clock, *cells[1:]])
+    edit_manifest(manifest, clock_range_mhz=None)
+    with pytest.raises(ProfileError, match=r":2: column 'clock_mhz' must be a whole number"):
+        load_profile(manifest)
