@@ -88,8 +88,10 @@ class DecodePowerBatchModel:
     x0: float
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.k) and math.isfinite(self.x0) and abs(self.k) <= 100.0):
-            raise ValueError(f"k and x0 must be finite (|k| <= 100), got {self.k!r}, {self.x0!r}")
+        if not (math.isfinite(self.k) and math.isfinite(self.x0) and 0.0 <= self.k <= 100.0):
+            # A negative k makes decode power fall as the batch grows: at a batch of one it
+            # was thousands of times the reference power (a run's energy in the MJ).
+            raise ValueError(f"k must be in [0, 100] and x0 finite, got {self.k!r}, {self.x0!r}")
 
     def factor(self, batch: float, reference_batch: float) -> float:
         """Decode dynamic-power multiplier for ``batch`` relative to the reference batch."""
@@ -631,7 +633,32 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
             getattr(profile, section)
         except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise ProfileError(f"{manifest_path}: {section} is invalid: {error!r}") from error
+    _check_batch_power(profile, manifest_path)
     return profile
+
+
+def _check_batch_power(profile: PerformanceProfile, manifest_path: Path) -> None:
+    """Refuse a batch power model whose factor is not a finite number over the batches the
+    engine runs (1 to ``max_batch_size``): an ``x0`` so far above the reference batch that
+    its sigmoid underflows to zero made every decode power NaN, and a run crashed writing
+    its results.
+
+    Raises:
+        ProfileError: naming the manifest and the section.
+    """
+    model = profile.decode_power_batch_model
+    if model is None:
+        return
+    reference = profile.decode_latency_model.reference_batch_size
+    largest = int(profile.manifest.get("engine", {}).get("max_batch_size", 256))
+    with np.errstate(all="ignore"):
+        factors = [model.factor(batch, reference) for batch in (1, reference, largest)]
+    if not all(math.isfinite(factor) for factor in factors):
+        raise ProfileError(
+            f"{manifest_path}: decode_power_batch_model (k {model.k!r}, x0 {model.x0!r}) "
+            f"gives no finite power factor at batches 1-{largest} against the reference "
+            f"batch {reference}"
+        )
 
 
 MAX_ENGINE_COUNT = 1e12

@@ -241,3 +241,34 @@ def test_a_clock_that_is_not_whole_mhz_is_refused(tmp_path: Path, clock: str) ->
     edit_manifest(manifest, clock_range_mhz=None)
     with pytest.raises(ProfileError, match=r":2: column 'clock_mhz' must be a whole number"):
         load_profile(manifest)
+
+
+@pytest.mark.parametrize(
+    ("model", "named"),
+    [
+        # sigmoid(k (log2 B - x0)) underflows to 0 at every batch: 0/0 made each decode
+        # power NaN, and `gpugov simulate --out` crashed writing its JSON.
+        ({"k": 100.0, "x0": 1e300}, r"gives no finite power factor at batches 1-256"),
+        ({"k": 1.0, "x0": 2000.0}, r"gives no finite power factor"),
+        # Decode power falling with the batch: at batch 1 about 20,000x the reference
+        # power; a 30 s run of a generated 700 W board used 2.9 MJ.
+        ({"k": -2.0, "x0": 1.0}, r"k must be in \[0, 100\]"),
+    ],
+    ids=["x0-huge", "x0-large", "k-negative"],
+)
+def test_a_batch_power_model_without_a_finite_positive_factor_is_refused(
+    tmp_path: Path, model: dict[str, float], named: str
+) -> None:
+    manifest, _ = copy_profile(tmp_path)
+    edit_manifest(manifest, decode_power_batch_model=model)
+    with pytest.raises(ProfileError, match=named) as caught:
+        load_profile(manifest)
+    assert manifest.name in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_flat_batch_power_model_is_kept(tmp_path: Path) -> None:
+    """k = 0: decode power independent of the batch, a valid (if crude) model."""
+    manifest, _ = copy_profile(tmp_path)
+    edit_manifest(manifest, decode_power_batch_model={"k": 0.0, "x0": 1.0})
+    model = load_profile(manifest).decode_power_batch_model
+    assert model is not None and model.factor(1, 64) == 1.0
