@@ -634,6 +634,13 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
         except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise ProfileError(f"{manifest_path}: {section} is invalid: {error!r}") from error
     _check_batch_power(profile, manifest_path)
+    idle_floor = float(np.min(profile.idle_power_w))
+    if idle_floor >= float(manifest["power_limit_w"]):
+        raise ProfileError(
+            f"{manifest_path}: power_limit_w ({manifest['power_limit_w']!r} W) is not above "
+            f"the idle power of {csv_path.name} at any clock (at least {idle_floor:g} W): a "
+            "board cannot idle at its power limit (a TP domain's limit and powers are sums)"
+        )
     return profile
 
 

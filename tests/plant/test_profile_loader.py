@@ -272,3 +272,15 @@ def test_a_flat_batch_power_model_is_kept(tmp_path: Path) -> None:
     edit_manifest(manifest, decode_power_batch_model={"k": 0.0, "x0": 1.0})
     model = load_profile(manifest).decode_power_batch_model
     assert model is not None and model.factor(1, 64) == 1.0
+
+
+def test_a_power_limit_at_or_below_the_idle_power_is_refused(tmp_path: Path) -> None:
+    """A limit no clock's idle power is under ran: a generated board idling at 60 W under a
+    50 W limit was simulated over the cap for the whole run."""
+    manifest, _ = copy_profile(tmp_path)
+    idle = float(load_profile(manifest).idle_power_w.min())
+    edit_manifest(manifest, power_limit_w=idle)
+    with pytest.raises(ProfileError, match=r"power_limit_w \(.* W\) is not above the idle"):
+        load_profile(manifest)
+    edit_manifest(manifest, power_limit_w=idle + 1.0)
+    assert load_profile(manifest).idle_power_w.min() == idle
