@@ -440,6 +440,45 @@ def planning_plant(spec: MPCControllerConfig, context: ControllerContext) -> Ser
     return own if own is not None and other.profile.name == own.profile.name else other
 
 
+def profile_fit_warnings(
+    spec: ControllerConfig, clocks_mhz: Sequence[float], gpu_count: int
+) -> list[str]:
+    """Where an ``mpc``'s profile does not describe the domain's GPUs: one line for profile
+    clocks the GPUs do not support (the chain locks each such planned clock at the next
+    supported clock below it, so the MPC's model of that clock's latency is wrong and a
+    planned 1,700 MHz may run at 1,000), one for a TP degree other than the domain's GPU
+    count (the profile's rates and powers are another domain's). Empty for other kinds
+    and for a profile that does not load (the controller's build refuses it)."""
+    if not isinstance(spec, MPCControllerConfig) or not clocks_mhz:
+        return []
+    from gpugov.plant import load_profile
+    from gpugov.plant.profile import ProfileError
+
+    try:
+        profile = load_profile(spec.profile)
+    except ProfileError:
+        return []
+    lines = []
+    supported = {round(float(clock)) for clock in clocks_mhz}
+    missing = [float(c) for c in profile.clock_mhz if round(float(c)) not in supported]
+    if missing:
+        lines.append(
+            f"{spec.kind} profile {profile.name!r}: {len(missing)} of its "
+            f"{profile.clock_mhz.size} clocks ({profile.minimum_clock_mhz:g}-"
+            f"{profile.maximum_clock_mhz:g} MHz) are not supported by the domain's GPUs "
+            f"({len(supported)} clocks, {min(clocks_mhz):g}-{max(clocks_mhz):g} MHz), first "
+            f"{missing[0]:g} MHz; a planned clock they lack is locked at the supported clock "
+            "below it (or the lowest), which the plan did not price"
+        )
+    if profile.tensor_parallel != gpu_count:
+        lines.append(
+            f"{spec.kind} profile {profile.name!r} describes a domain of "
+            f"{profile.tensor_parallel} GPU(s) (tensor_parallel), this domain has {gpu_count}: "
+            "its rates and powers are another domain's"
+        )
+    return lines
+
+
 def _mpc(spec: MPCControllerConfig, context: ControllerContext) -> ClockController:
     """The MPC of ``spec`` planning on :func:`planning_plant`: ``mpc`` is the fast
     discrete search with its preset (``controllers.mpc.fast.FAST_MPC_PRESET``),

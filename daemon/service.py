@@ -26,6 +26,7 @@ from gpugov.daemon.decide import (
     TimeMode,
     build_controller,
     declared_spec,
+    profile_fit_warnings,
     warm_up,
 )
 from gpugov.daemon.emulated import EmulatedBackend
@@ -288,6 +289,9 @@ def build_domain(
         controller = build_controller(controller_spec, context)
     except ControllerError as error:
         raise ControllerError(f"domain {name!r}: controller: {error}") from error
+    if plant is None:  # a node's GPUs (a simulated domain's plant is the profile's own)
+        for line in profile_fit_warnings(controller_spec, clocks, len(backends)):
+            log.warning("domain %r: controller: %s", name, line)
     try:
         warm_s = warm_up(controller, clocks, thermal_limit_c=thermal_limit_c)
         log.debug("domain %s: controller warmed up in %.3f s", name, warm_s)

@@ -338,3 +338,51 @@ def test_a_budget_below_the_gpus_lowest_limit_is_runs_own_refusal_and_a_bad_file
     budget.write_text("450")
     assert node_cli.main(["check-config", str(path)]) == 0
     assert f"power budget file {budget}: 900 W for the domain" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("profile", "warned"),
+    [
+        ("h100-sxm-mixtral-8x7b-tp2", []),
+        (
+            "h100-sxm-llama3-8b",
+            ["describes a domain of 1 GPU(s) (tensor_parallel), this domain has 2"],
+        ),
+        (
+            "l40s-llama3-8b",
+            [
+                "clocks (210-2520 MHz) are not supported by the domain's GPUs (110 clocks, "
+                "345-1980 MHz), first 210 MHz",
+                "describes a domain of 1 GPU(s)",
+            ],
+        ),
+    ],
+)
+def test_an_mpc_profile_unlike_the_domains_gpus_is_warned_by_both(
+    tmp_path: Path,
+    fake: FakeNvml,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    profile: str,
+    warned: list[str],
+) -> None:
+    """An mpc planning on a profile of other clocks passed silently: its planned clocks
+    the GPUs lack are locked at a lower one (a 1500-1900 MHz profile on a 1000/1800 MHz
+    GPU ran at 1000 MHz in 500 of 501 samples of a simulated minute), and a TP-8
+    profile's rates and powers are an 8-GPU domain's."""
+    tables = f'[domains.controller]\nkind = "mpc"\nprofile = "{profile}"\n'
+    path = _write(tmp_path, tables=tables)  # two fake H100s: 345-1980 MHz in 15 MHz steps
+    assert node_cli.main(["check-config", str(path)]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(warnings) == len(warned)
+    for line, text in zip(warnings, warned, strict=True):
+        assert line.startswith(
+            f"gpugov: warning: domain 'llm': controller: mpc profile '{profile}'"
+        )
+        assert text in line
+    caplog.clear()
+    assert _run_code(path) == -1
+    logged = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert [m for m in logged if "mpc profile" in m] == [
+        line.removeprefix("gpugov: warning: ") for line in warnings
+    ]
