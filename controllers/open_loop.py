@@ -206,7 +206,7 @@ def optimize_open_loop(
 
     Raises:
         ValueError: non-positive horizon or period, a bad output forecast, or a profile
-            whose service level is not increasing in clock.
+            where no clock serves more than the lowest.
     """
     del scheduler  # The fluid plan assumes the fixed chunked scheduler named by the caller.
     plant.validate()
@@ -217,16 +217,19 @@ def optimize_open_loop(
     arrivals = arrival_work_grid(
         workload, profile, horizon_steps, control_period_s, expected_output_tokens
     )
-    levels = service_levels(profile)
+    all_levels = service_levels(profile)
     # Seed deviation (guard): the seed inverted the service curve with np.interp, which
     # silently returns nonsense for a non-increasing curve and divided by zero for a flat
-    # one; such a profile is rejected here instead.
-    if np.any(np.diff(levels) <= 0.0):
-        bad = int(np.flatnonzero(np.diff(levels) <= 0.0)[0]) + 1
+    # one. The plan inverts it over the clocks that serve more than every clock below
+    # them (a measured profile's noise, or a rate that peaks below the top clock, leaves
+    # others that no plan needs); a curve with fewer than two such clocks is rejected.
+    rising = all_levels > np.maximum.accumulate(np.concatenate(([-np.inf], all_levels[:-1])))
+    if np.count_nonzero(rising) < 2:
         raise ValueError(
-            f"profile {profile.name}: service level must increase with clock; "
-            f"clock {profile.clock_mhz[bad]:g} MHz does not serve more than the one below"
+            f"profile {profile.name}: service level must increase with clock; no clock "
+            f"serves more than {profile.clock_mhz[0]:g} MHz, the lowest"
         )
+    levels, planned_clocks = all_levels[rising], profile.clock_mhz[rising]
     minimum_service = float(levels[0])
     maximum_power = np.maximum(profile.prefill_power_w, profile.decode_power_w)
     normalized_power = maximum_power / maximum_power[-1]
@@ -257,8 +260,11 @@ def optimize_open_loop(
         optimized_service = np.asarray(solution.x[:horizon_steps], dtype=float)
     else:
         optimized_service = np.ones(horizon_steps, dtype=float)
-    continuous = np.interp(optimized_service, levels, profile.clock_mhz)
-    applied = np.array([profile.quantize_clock(value, downward=True) for value in continuous])
+    continuous = np.interp(optimized_service, levels, planned_clocks)
+    # Downward onto the planned clocks: a skipped clock serves no more than one below it.
+    applied = planned_clocks[
+        np.maximum(np.searchsorted(planned_clocks, continuous + 1e-9, side="right") - 1, 0)
+    ]
     predicted_backlog, _, _ = fluid_rollout(applied, arrivals, plant, control_period_s)
     objective_value = float(solution.fun) if solution.success else float("nan")
     return OpenLoopPlan(

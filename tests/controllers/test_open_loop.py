@@ -314,3 +314,23 @@ def test_window_selection_errors(synthetic_profile):
     overloaded = tuple(Request(i, 0.1 * i, 20_000, 50) for i in range(900))
     with pytest.raises(ValueError, match="no trace window contains a shiftable"):
         select_frequency_experiment_window(overloaded, synthetic_profile)
+
+
+def test_a_service_curve_that_dips_plans_on_the_clocks_that_serve_more(
+    plant_factory, profile_factory
+):
+    """A noisy (measured) profile whose rate dips at one clock, or peaks below the top:
+    the planner raised, and `gpugov bench controllers` ended in a traceback on it."""
+    profile = profile_factory()
+    dipped = profile.decode_tokens_per_s.copy()
+    dipped[3] = dipped[1]  # clock 3 serves less than clock 2
+    peaked = profile.decode_tokens_per_s.copy()
+    peaked[-2] = peaked[-1] * 1.2  # the clock below the top serves more than the top
+    for decode in (dipped, peaked):
+        plant = plant_factory(replace(profile, decode_tokens_per_s=decode))
+        plan = optimize_open_loop(_bursty_workload(), plant)
+        assert plan.success
+        levels = service_levels(plant.profile)
+        for clock in plan.applied_clock_mhz:
+            index = int(np.searchsorted(plant.profile.clock_mhz, clock))
+            assert np.all(levels[:index] < levels[index])  # serves more than every one below
