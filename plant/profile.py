@@ -413,8 +413,9 @@ def list_bundled_profiles() -> list[dict[str, Any]]:
 
 
 def _tp_size(raw: Any) -> Any:
-    """The TP degree of a manifest's ``tensor_parallel`` (an int or ``{"size": n}``)."""
-    return raw.get("size", 1) if isinstance(raw, Mapping) else raw
+    """The TP degree of a manifest's ``tensor_parallel`` (an int or ``{"size": n}``; an
+    object without ``size`` is returned whole, for the loader to refuse)."""
+    return raw.get("size", raw) if isinstance(raw, Mapping) else raw
 
 
 def resolve_profile_path(name_or_path: str | Path) -> Path:
@@ -472,6 +473,11 @@ def _read_csv(path: Path, text: str) -> dict[str, NDArray[np.float64]]:
                 if not np.isfinite(value) or value <= 0.0:
                     raise ProfileError(
                         f"{path}:{line_number}: column {column!r} must be positive, got {raw!r}"
+                    )
+                if column == "clock_mhz" and value > MAX_CLOCK_MHZ:
+                    raise ProfileError(
+                        f"{path}:{line_number}: column 'clock_mhz' must be at most "
+                        f"{MAX_CLOCK_MHZ:g} MHz, got {raw!r}"
                     )
                 if column == "clock_mhz" and not value.is_integer():
                     # NVML reports and locks whole MHz: a node (and the simulated and
@@ -671,6 +677,8 @@ def _check_batch_power(profile: PerformanceProfile, manifest_path: Path) -> None
 MAX_ENGINE_COUNT = 1e12
 """The largest engine count (a batch, a context, KV tokens) a profile may state."""
 MAX_TENSOR_PARALLEL = 1024
+MAX_CLOCK_MHZ = 100_000.0
+"""The highest clock a profile may list (the daemon's flags and config take no more)."""
 """The largest TP degree a profile may state (a rack-scale NVLink domain holds 576 GPUs)."""
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import gpugov.plant.profile as profile_module
+from gpugov.daemon import limits
 from gpugov.plant.profile import ProfileError, bundled_profile_dir, load_profile
 
 NAME = "h100-sxm-llama3-8b"
@@ -105,6 +107,8 @@ def test_profiles_compare_by_identity() -> None:
         ({"ttft_slo_s": 10**400}, "ttft_slo_s"),
         ({"thermal__thermal_limit_c": 10**400}, "thermal"),
         ({"tensor_parallel": 10**30}, "tensor_parallel size must be an integer in"),
+        # An object without "size" was read as TP 1.
+        ({"tensor_parallel": {"sizes": 4}}, r"tensor_parallel size .* got \{'sizes': 4\}"),
         ({"decode_latency_model__weight_fraction": float("nan")}, "decode_latency_model"),
         ({"engine__reference_batch_size": 1e300}, "decode_latency_model"),
         ({"decode_power_batch_model": {"k": float("nan"), "x0": 1.0}}, "decode_power_batch"),
@@ -121,6 +125,7 @@ def test_profiles_compare_by_identity() -> None:
         "huge-slo",
         "huge-thermal",
         "huge-tp",
+        "tp-without-size",
         "nan-fraction",
         "huge-batch",
         "nan-k",
@@ -284,3 +289,17 @@ def test_a_power_limit_at_or_below_the_idle_power_is_refused(tmp_path: Path) -> 
         load_profile(manifest)
     edit_manifest(manifest, power_limit_w=idle + 1.0)
     assert load_profile(manifest).idle_power_w.min() == idle
+
+
+def test_a_clock_above_what_a_node_can_lock_is_refused(tmp_path: Path) -> None:
+    """The daemon's flags and config take clocks up to ``MAX_CLOCK_MHZ``; a profile
+    listed 1e9 MHz and loaded."""
+    manifest, csv_path = copy_profile(tmp_path)
+    lines = csv_path.read_text().splitlines()
+    last = lines[-1].split(",")
+    lines.append(",".join(["1000000000", *last[1:]]))
+    csv_path.write_text("\n".join(lines) + "\n")
+    edit_manifest(manifest, clock_range_mhz=None)
+    with pytest.raises(ProfileError, match=r"'clock_mhz' must be at most 100000 MHz"):
+        load_profile(manifest)
+    assert profile_module.MAX_CLOCK_MHZ == limits.MAX_CLOCK_MHZ  # one limit everywhere
