@@ -10,8 +10,10 @@ Non-finite floats are written as ``null``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +26,8 @@ from gpugov.daemon.files import InputFileError, json_safe, loads_json, read_inpu
 from gpugov.daemon.loop import TickRecord
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import ServingObservation
+
+log = logging.getLogger(__name__)
 
 RECORD_FORMAT = "gpugov-record-v1"
 
@@ -178,6 +182,11 @@ def record_to_dict(record: TickRecord) -> dict[str, Any]:
 class Recorder:
     """Writes the header, then one line per tick record; use as ``on_tick``.
 
+    A write that fails once the run is under way (a full disk, a file-size limit, an I/O
+    error) ends the recording, not the run: one warning names the file and the error,
+    and the ticks after it are not recorded. The recording so far stays readable (a cut
+    last line is dropped by :func:`read_recording`).
+
     Args:
         path: the JSONL file (overwritten; its directory must exist: a mistyped path is
             refused, not created).
@@ -196,6 +205,8 @@ class Recorder:
                 f"{self.path}: cannot write the recording: {error.strerror or error}"
             ) from error
         self.lines = 0
+        self.failed: str | None = None
+        """Why the recording stopped early (None while it is written)."""
         self._write({"format": RECORD_FORMAT, "gpugov_version": __version__, **header})
 
     def _write(self, data: Mapping[str, Any]) -> None:
@@ -203,17 +214,47 @@ class Recorder:
         self._file.write(json.dumps(json_safe(dict(data)), allow_nan=False) + "\n")
 
     def __call__(self, records: Sequence[TickRecord]) -> None:
-        for record in records:
-            self._write(record_to_dict(record))
-            self.lines += 1
-        assert self._file is not None
-        self._file.flush()
+        if self._file is None:
+            return  # stopped after a failed write (or closed)
+        try:
+            for record in records:
+                self._write(record_to_dict(record))
+                self.lines += 1
+            self._file.flush()
+        except OSError as error:
+            self._stop(error)
+
+    def _stop(self, error: OSError) -> None:
+        """End the recording after a failed write: one warning; the run goes on."""
+        self.failed = error.strerror or str(error)
+        log.warning(
+            "recording %s: cannot write it (%s); recording stopped after %d tick line(s), "
+            "the run goes on",
+            self.path,
+            self.failed,
+            self.lines,
+        )
+        self._discard()
+
+    def _discard(self) -> None:
+        """Close the file, dropping what its buffer could not write."""
+        handle, self._file = self._file, None
+        if handle is None:
+            return
+        with contextlib.suppress(OSError):  # the buffer's rest is lost, as the warning says
+            handle.close()
 
     def close(self) -> None:
-        """Close the file (idempotent)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Close the file (idempotent); a failing final write is one warning, never an
+        error (the clocks are reset by then)."""
+        if self._file is None:
+            return
+        try:
+            self._file.flush()
+        except OSError as error:
+            self._stop(error)
+            return
+        self._discard()
 
 
 def read_recording(

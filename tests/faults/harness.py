@@ -298,6 +298,8 @@ class Daemon:
     process: subprocess.Popen[bytes] | None = None
     stderr_path: Path = field(default_factory=Path)
     metrics_url: str | None = None
+    preexec: Any = None
+    """Run in the child before ``exec`` (a resource limit, a blocked signal)."""
 
     def start(self) -> Daemon:
         """Start it (stderr to a file)."""
@@ -321,6 +323,7 @@ class Daemon:
                 stderr=err,
                 env=env,
                 cwd=self.node.root,
+                preexec_fn=self.preexec,
             )
         return self
 

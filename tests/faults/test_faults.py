@@ -213,6 +213,46 @@ def _repeated_signal(root: Path) -> dict[str, Any]:
         engine.close()
 
 
+# ------------------------------------------------------------------------ files
+def _limit_file_size(limit_bytes: int) -> Any:
+    """A child's ``preexec``: files it writes stop at ``limit_bytes`` (a full disk's EFBIG
+    for each write past it), with SIGXFSZ blocked so the limit is a failed write, not the
+    stop signal it would otherwise be."""
+
+    def preexec() -> None:
+        import resource
+
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGXFSZ})
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return preexec
+
+
+@scenario("record-disk-full")
+def _record_disk_full(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    record = root / "run.jsonl"
+    daemon.args += ["--record", str(record)]
+    daemon.preexec = _limit_file_size(24_000)  # a few ticks' lines, the fake GPUs' state
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        daemon.wait_for(lambda: "recording stopped" in daemon.stderr, what="the full disk")
+        ticks = daemon.metrics()["gpugov_loop_ticks_total"]
+        daemon.wait_for(
+            lambda: daemon.metrics()["gpugov_loop_ticks_total"] >= ticks + 3,
+            what="ticks after the recording stopped",
+        )
+        assert node.locked() == [[LOCKED_MHZ] * 2] * 2  # still governing
+        assert daemon.stderr.count("recording stopped") == 1, daemon.stderr
+        assert f"recording {record}: cannot write it (File too large)" in daemon.stderr
+        _stop_clean(node, daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
 # ---------------------------------------------------------------------- NVML faults
 @scenario("nvml-reset-transient-at-exit")
 def _reset_transient(root: Path) -> dict[str, Any]:
