@@ -231,6 +231,7 @@ class ClockActuator:
             if self.locked_mhz[backend.label] == clock_mhz or backend.label in self.yielded:
                 continue
             low, high = self._range(backend, clock_mhz)
+            unlocked = self.locked_mhz[backend.label] is None
             self._touched.add(backend.label)
             try:
                 backend.lock_clocks(low, high)
@@ -239,9 +240,14 @@ class ClockActuator:
                 self._count_failure(backend.label)
                 self.failure_log.failed(backend.label, "lock", error)
                 continue
-            except GpuError:
-                self.locked_mhz[backend.label] = _UNKNOWN
+            except GpuError as error:
                 self._count_failure(backend.label)
+                if unlocked and isinstance(error, PermissionDenied | NotSupported):
+                    # Refused, so nothing was written, on a GPU that held no lock of
+                    # ours: nothing for the exit to reset (nor to report as still locked).
+                    self._touched.discard(backend.label)
+                else:
+                    self.locked_mhz[backend.label] = _UNKNOWN
                 raise
             self.failure_log.succeeded(backend.label)
             self.locked_mhz[backend.label] = clock_mhz

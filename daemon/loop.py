@@ -686,11 +686,26 @@ def run(
         finally:  # the clocks first; each controller's close logs its own failure
             for domain in domains:
                 domain.close_controller()
-        if failed and sys.exc_info()[1] is None:
-            raise ClocksNotReset(not_reset_message(failed), gpus=tuple(failed))
         if failed:
-            log.error("%s", not_reset_message(failed))
+            _raise_not_reset(failed, sys.exc_info()[1])
     return stats
+
+
+def _raise_not_reset(failed: list[str], stopped_by: BaseException | None) -> None:
+    """After the exit reset left ``failed`` locked: raise :class:`ClocksNotReset` (exit
+    6, the line naming them) in place of the error that stopped the run, which is logged
+    first; GPUs still locked are what the operator must act on. Kept are an interrupt
+    (not an ``Exception``) and a lost GPU that is the only one left (a lost GPU cannot
+    be reset, and exit 5 names it)."""
+    message = not_reset_message(failed)
+    if stopped_by is None:
+        raise ClocksNotReset(message, gpus=tuple(failed))
+    lost_alone = isinstance(stopped_by, GpuLost) and failed == [stopped_by.gpu]
+    if not isinstance(stopped_by, Exception) or lost_alone:
+        log.error("%s", message)
+        return
+    log.error("the run stopped: %s", stopped_by)
+    raise ClocksNotReset(message, gpus=tuple(failed)) from stopped_by
 
 
 def restore_all(domains: Sequence[Domain]) -> list[str]:

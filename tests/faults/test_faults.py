@@ -385,6 +385,32 @@ def _lock_transient(root: Path) -> dict[str, Any]:
         engine.close()
 
 
+@scenario("nvml-permission-lost-mid-run")
+def _permission_lost(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        node.edit(permission=False)  # lock and reset both refused from now on
+        engine.set("down")
+        # The GPUs stay locked low: the exit says so (6) and names them, whatever stopped
+        # the run (here the refused fail-safe lock), not the start's permission line.
+        assert daemon.wait() == 6, daemon.stderr
+        assert node.locked() == [[LOCKED_MHZ] * 2] * 2  # truthfully still locked
+        line = last_line(daemon)
+        assert line.startswith("gpugov: error: could not reset the SM clock lock of GPU(s) 0,1")
+        assert "gpugov reset-clocks --gpus 0,1" in line
+        assert "the run stopped: GPU 0: lock clocks to 1980,1980 MHz" in daemon.stderr
+        assert_clean(daemon)
+        node.edit(permission=True)
+        reset = Daemon(node, ["reset-clocks", "--gpus", "0,1"], name="reset").start()
+        assert reset.wait() == 0 and node.locked() == [None, None]
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
 # -------------------------------------------------------- reconcile and outside changes
 @scenario("reconcile-after-sigkill")
 def _after_sigkill(root: Path) -> dict[str, Any]:
