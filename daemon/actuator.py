@@ -25,14 +25,19 @@ a reminder with the count of lines left out, and one line when writes succeed ag
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
-from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
+from gpugov.daemon.backend import (
+    EXPLAINS_LOWER_CLOCK,
+    DryRunBackend,
+    GpuBackend,
+    GpuSample,
+    clock_tolerance_mhz,
+)
 from gpugov.daemon.errors import (
     ConfigError,
     GpuError,
@@ -52,9 +57,6 @@ _UNKNOWN = -1  # a write failed half way: the GPU's lock state is unknown, write
 
 APPLICATIONS_CLOCKS_SETTING = 0x2
 """nvmlClocksEventReasonApplicationsClocksSetting: the clock is held by a setting (a lock)."""
-EXPLAINS_LOWER_CLOCK = 0x1 | 0x4 | 0x8 | 0x10 | 0x20 | 0x40 | 0x80 | 0x100
-"""Event reasons that explain a realised clock below the lock: idle, power cap, slowdowns
-(hardware, thermal, power brake), sync boost, display clock."""
 CONFIRM_READS = 2
 """Consecutive readbacks that must disagree with the lock before it counts as external."""
 PERMANENT_RESET_ERRORS = (GpuLost, PermissionDenied, NotSupported)
@@ -462,10 +464,7 @@ class ClockActuator:
         """Two supported-clock steps: what a lock's realised clock may differ by."""
         label = backend.label
         if label not in self._tolerance_mhz:
-            clocks = sorted(set(backend.supported_clocks_mhz()))
-            steps = sorted(b - a for a, b in itertools.pairwise(clocks))
-            step = steps[len(steps) // 2] if steps else 15
-            self._tolerance_mhz[label] = 2.0 * max(step, 1)
+            self._tolerance_mhz[label] = clock_tolerance_mhz(backend.supported_clocks_mhz())
         return self._tolerance_mhz[label]
 
     def check_readback(self, samples: Sequence[GpuSample]) -> list[str]:

@@ -8,9 +8,12 @@ any of them: reads for real, only logs writes).
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -53,8 +56,10 @@ class GpuSample:
         **readings: float | None,
     ) -> GpuSample:
         """A sample from a backend's raw readings (the fields above, in base units): a
-        reading no GPU can give (NaN, infinite, a negative power, energy or clock, a
-        utilisation outside [0, 1], event reasons that are no 64-bit mask) is None and
+        reading no GPU can give (NaN, infinite, a negative power, energy or clock, a power
+        above :data:`MAX_GPU_POWER_W`, a temperature outside
+        :data:`GPU_TEMPERATURE_RANGE_C`, a utilisation outside [0, 1], event reasons that
+        are no 64-bit mask) is None and
         named in ``read_errors``, as a failed read is, so one bad value from a driver or
         an emulator costs that reading, never the sample."""
         errors = list(read_errors)
@@ -75,10 +80,19 @@ class GpuSample:
         return cls(gpu=gpu, read_errors=tuple(errors), **kept)
 
 
+MAX_GPU_POWER_W = 50_000.0
+"""No GPU draws that much (the largest boards and modules draw under 3 kW, the TP group
+one ``gpugov emulate`` GPU stands for under 12 kW): a power reading above it is a
+sensor fault (0xFFFFFFFF mW, 1e9 mW), never a load to plan for."""
+GPU_TEMPERATURE_RANGE_C = (-50.0, 150.0)
+"""The die temperatures a GPU can report: every GPU shuts down far below 150 C, and a
+reading of 255 C (an 8-bit sensor's fault value) would have the MPC cool a healthy GPU
+by locking it low."""
+
 _READINGS: dict[str, tuple[str, float, float]] = {
-    "power_w": ("power", 0.0, math.inf),
+    "power_w": ("power", 0.0, MAX_GPU_POWER_W),
     "energy_j": ("energy", 0.0, math.inf),
-    "temperature_c": ("temperature", -math.inf, math.inf),
+    "temperature_c": ("temperature", *GPU_TEMPERATURE_RANGE_C),
     "sm_clock_mhz": ("sm_clock", 0.0, math.inf),
     "utilization": ("utilization", 0.0, 1.0),
     "clock_event_reasons": ("clock_event_reasons", 0.0, 2.0**64 - 1.0),
@@ -86,6 +100,46 @@ _READINGS: dict[str, tuple[str, float, float]] = {
 }
 """Per sample field: the read it comes from (its name in ``read_errors``) and the values
 it can take (:meth:`GpuSample.read`; finite in every case)."""
+
+
+EXPLAINS_LOWER_CLOCK = 0x1 | 0x4 | 0x8 | 0x10 | 0x20 | 0x40 | 0x80 | 0x100
+"""Clock event reasons that explain a realised clock below the lock: idle, power cap,
+slowdowns (hardware, thermal, power brake), sync boost, display clock."""
+
+
+def clock_tolerance_mhz(clocks: Sequence[float]) -> float:
+    """Two steps of the supported clocks (their median step; 15 MHz without one): what a
+    realised SM clock may differ from a lock, or from the supported range, by."""
+    ordered = sorted(set(clocks))
+    steps = sorted(b - a for a, b in itertools.pairwise(ordered))
+    step = steps[len(steps) // 2] if steps else 15
+    return 2.0 * max(step, 1)
+
+
+def plausible_clock(
+    sample: GpuSample, lowest_mhz: float, highest_mhz: float, tolerance_mhz: float
+) -> GpuSample:
+    """``sample`` with an SM clock its GPU cannot run at taken as a failed read: above its
+    top supported clock (``highest_mhz``), or below its lowest (``lowest_mhz``) with no
+    event reason that explains a lower clock, by more than ``tolerance_mhz``
+    (:func:`clock_tolerance_mhz`). Such a reading (a driver's garbage, 0 MHz) is no lock
+    anyone set, so the readback must not yield the GPU over it (gpugov's own lock would
+    stay at exit), and no controller should learn from it."""
+    clock = sample.sm_clock_mhz
+    if clock is None:
+        return sample
+    reasons = sample.clock_event_reasons
+    too_high = clock > highest_mhz + tolerance_mhz
+    too_low = (
+        clock < lowest_mhz - tolerance_mhz
+        and reasons is not None
+        and not reasons & EXPLAINS_LOWER_CLOCK
+    )
+    if not (too_high or too_low):
+        return sample
+    return dataclasses.replace(
+        sample, sm_clock_mhz=None, read_errors=(*sample.read_errors, "sm_clock")
+    )
 
 
 @runtime_checkable

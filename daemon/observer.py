@@ -49,7 +49,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpugov.daemon.attainment import AttainmentEstimator, bucket_delta
-from gpugov.daemon.backend import GpuBackend, GpuSample
+from gpugov.daemon.backend import (
+    GpuBackend,
+    GpuSample,
+    clock_tolerance_mhz,
+    plausible_clock,
+)
 from gpugov.daemon.engines import EngineSample, EngineSource, HistogramTotals
 from gpugov.daemon.errors import EngineUnavailable, TransientGpuError
 from gpugov.daemon.prompt_lengths import (
@@ -227,6 +232,8 @@ class DomainObserver:
         self._down_since_s: float | None = None
         self._last_reminder_s = -math.inf
         self.gpu_read_errors: dict[str, int] = {b.label: 0 for b in self.backends}
+        self._implausible_logged: set[str] = set()
+        self._clock_bounds: dict[str, tuple[float, float, float]] = {}
         self.role = role
         self.role_from_config = role_from_config
         self.domain = domain
@@ -279,10 +286,34 @@ class DomainObserver:
             except TransientGpuError as error:
                 log.warning("GPU %s: sample failed: %s", backend.label, error)
                 sample = GpuSample(gpu=backend.label, read_errors=("sample",))
+            sample = self._plausible(backend, sample)
             if sample.read_errors:
                 self.gpu_read_errors[backend.label] += len(sample.read_errors)
             samples.append(sample)
         return tuple(samples)
+
+    def _plausible(self, backend: GpuBackend, sample: GpuSample) -> GpuSample:
+        """The sample with an SM clock outside what its GPU can run at taken as a failed
+        read (:func:`~daemon.backend.plausible_clock`); the first one per GPU is logged."""
+        if sample.sm_clock_mhz is None:
+            return sample
+        bounds = self._clock_bounds.get(backend.label)
+        if bounds is None:
+            clocks = backend.supported_clocks_mhz()
+            bounds = (min(clocks), max(clocks), clock_tolerance_mhz(clocks))
+            self._clock_bounds[backend.label] = bounds
+        checked = plausible_clock(sample, *bounds)
+        if checked is not sample and backend.label not in self._implausible_logged:
+            self._implausible_logged.add(backend.label)
+            log.warning(
+                "GPU %s: SM clock read %.0f MHz, outside the %.0f-%.0f MHz it supports: "
+                "counted as a failed read (gpugov_gpu_read_errors_total; not logged again)",
+                backend.label,
+                sample.sm_clock_mhz,
+                bounds[0],
+                bounds[1],
+            )
+        return checked
 
     def _budget(self, now_s: float) -> float | None:
         """What is left of the scrape deadline before the last good data goes stale."""

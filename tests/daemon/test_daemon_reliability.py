@@ -18,6 +18,7 @@ from daemon_support import MetricsServer, fixture_text
 from fake_pynvml import FakeNvml
 
 from gpugov.daemon.actuator import ClockActuator
+from gpugov.daemon.backend import GpuSample, plausible_clock
 from gpugov.daemon.config import parse_config
 from gpugov.daemon.engines import ScrapedSource, VllmSource, extract
 from gpugov.daemon.errors import (
@@ -406,6 +407,45 @@ def test_a_dry_run_never_calls_the_real_clock_an_external_change() -> None:
     for _ in range(4):
         assert actuator.check_readback([backend.sample()]) == []
     assert actuator.external_changes == {"0": 0}
+
+
+@pytest.mark.parametrize(
+    ("clock_mhz", "reasons", "kept"),
+    [
+        (1410.0, 0x2, True),  # a lock's clock
+        (2000.0, 0x0, True),  # a boost step above the top: within two steps
+        (5000.0, 0x2, False),  # above the top supported clock: no GPU runs there
+        (0.0, 0x2, False),  # below the lowest, nothing explains it
+        (200.0, 0x20, True),  # below the lowest under a thermal slowdown: a real reading
+        (0.0, None, True),  # reasons unknown: cannot tell, kept
+    ],
+)
+def test_an_sm_clock_no_gpu_runs_at_is_a_failed_read(
+    clock_mhz: float, reasons: int | None, kept: bool
+) -> None:
+    sample = GpuSample("0", sm_clock_mhz=clock_mhz, clock_event_reasons=reasons)
+    checked = plausible_clock(sample, 345.0, 1980.0, 30.0)
+    assert (checked.sm_clock_mhz == clock_mhz) is kept
+    assert checked.read_errors == (() if kept else ("sm_clock",))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "kept"),
+    [
+        ("temperature_c", 255.0, False),  # an 8-bit sensor's fault value
+        ("temperature_c", 0.0, True),
+        ("temperature_c", 95.0, True),
+        ("power_w", 1e6, False),  # 1e9 mW
+        ("power_w", 0.0, True),
+        ("power_w", 5600.0, True),  # the TP-8 group one emulated GPU stands for
+    ],
+)
+def test_a_temperature_or_power_no_gpu_reads_is_a_failed_read(
+    field: str, value: float, kept: bool
+) -> None:
+    sample = GpuSample.read("0", **{field: value})
+    assert (getattr(sample, field) == value) is kept
+    assert bool(sample.read_errors) is not kept
 
 
 def test_throttling_below_the_lock_is_not_an_external_change() -> None:

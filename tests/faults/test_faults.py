@@ -411,6 +411,56 @@ def _permission_lost(root: Path) -> dict[str, Any]:
         engine.close()
 
 
+@scenario("sensor-absurd-values")
+def _absurd_sensors(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        node.set_gpu(0, power_mw=1_000_000_000, temperature_c=255)  # no GPU reads these
+        node.set_gpu(1, power_mw=0, temperature_c=0)  # odd, but a GPU can read them
+        errors = 'gpugov_gpu_read_errors_total{domain="llm",gpu="0"}'
+        daemon.wait_for(lambda: daemon.metrics()[errors] >= 4, what="absurd reads counted")
+        metrics = daemon.metrics()
+        # Counted as failed reads, never exported or planned with as values.
+        assert 'gpugov_gpu_temperature_celsius{domain="llm",gpu="0"}' not in metrics
+        assert 'gpugov_gpu_power_watts{domain="llm",gpu="0"}' not in metrics
+        assert metrics['gpugov_gpu_power_watts{domain="llm",gpu="1"}'] == 0.0
+        assert metrics['gpugov_gpu_temperature_celsius{domain="llm",gpu="1"}'] == 0.0
+        assert metrics['gpugov_gpu_read_errors_total{domain="llm",gpu="1"}'] == 0.0
+        assert node.locked() == [[LOCKED_MHZ] * 2] * 2
+        _stop_clean(node, daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("sensor-impossible-clock-not-yielded")
+def _impossible_clock(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine, external_clock_policy="yield")
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        # Readings no lock can give: above the top clock, and 0 MHz with no reason for it.
+        node.set_gpu(0, sm_clock_mhz=5000)
+        node.set_gpu(1, sm_clock_mhz=0)
+        errors = 'gpugov_gpu_read_errors_total{domain="llm",gpu="1"}'
+        daemon.wait_for(lambda: daemon.metrics()[errors] >= 3, what="bad clock reads counted")
+        metrics = daemon.metrics()
+        for gpu in ("0", "1"):
+            assert metrics[f'gpugov_gpu_clock_yield_active{{domain="llm",gpu="{gpu}"}}'] == 0
+            change = f'gpugov_gpu_external_clock_changes_total{{domain="llm",gpu="{gpu}"}}'
+            assert metrics[change] == 0
+        assert daemon.stderr.count("counted as a failed read") == 2, daemon.stderr
+        # Still gpugov's own locks, so the stop resets them (a yield would have left them).
+        _stop_clean(node, daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
 # -------------------------------------------------------- reconcile and outside changes
 @scenario("reconcile-after-sigkill")
 def _after_sigkill(root: Path) -> dict[str, Any]:
