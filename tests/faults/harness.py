@@ -87,6 +87,19 @@ def page_for(mode: str, tick: int = 0) -> str | bytes:
             return _replace_value(HEALTHY, "vllm:num_requests_waiting", "-3")
         case "kv-impossible":
             return _replace_value(HEALTHY, "vllm:kv_cache_usage_perc", "12.5")
+        case "restarted":
+            # An engine restart: every counter and histogram back near zero, once.
+            page = COUNTER.sub(lambda m: f"{m.group(1)} 1.0", HEALTHY)
+            return _replace_value(page, "vllm:time_to_first_token_seconds_count", "1.0")
+        case "model-changed":
+            # Another model served after a restart: the same series under a new label.
+            return HEALTHY.replace("Qwen/Qwen3-0.6B", "meta-llama/Llama-3.1-8B-Instruct")
+        case "ttft-count-down":
+            # One histogram's _count falls every scrape while the rest of the page holds.
+            count = max(0.0, 1e6 - 1000.0 * tick)
+            return _replace_value(HEALTHY, "vllm:time_to_first_token_seconds_count", str(count))
+        case "histogram-nan":
+            return _replace_value(HEALTHY, "vllm:time_to_first_token_seconds_sum", "NaN")
         case "backwards":
             # Counters that fall every scrape (an engine restarting over and over).
             return COUNTER.sub(lambda m: f"{m.group(1)} {max(0.0, 1e6 - 1000.0 * tick)}", HEALTHY)
@@ -99,7 +112,7 @@ class Engine:
     Modes: every page of :func:`page_for`, and ``down`` (refused: the port is closed),
     ``drop`` (accepts, closes without a word), ``hang`` (accepts, never answers),
     ``trickle`` (one byte per 20 ms), ``slow`` (the page after 3 engine timeouts),
-    ``500`` and ``huge`` (a 50 MB page).
+    ``500``, ``404`` and ``huge`` (a 50 MB page).
     """
 
     def __init__(self, mode: str = "ok") -> None:
@@ -189,6 +202,8 @@ class Engine:
                 self._send(handler, 200, HEALTHY.encode())
             elif mode == "500":
                 self._send(handler, 500, b"internal error\n")
+            elif mode == "404":
+                self._send(handler, 404, b"not found\n")
             elif mode == "huge":
                 chunk = b"# " + b"x" * (1 << 20) + b"\n"
                 total = 50 * len(chunk)

@@ -41,6 +41,7 @@ from harness import (
 SLACK_S = 0.3
 WORKERS = 4  # scenarios at once: mostly waiting, one interpreter start each
 NVML_TIMEOUT, NVML_UNKNOWN, NVML_DRIVER_NOT_LOADED = 10, 999, 9
+NVML_NOT_SUPPORTED, NVML_NO_PERMISSION, NVML_GPU_IS_LOST = 3, 4, 15
 RESET = "nvmlDeviceResetGpuLockedClocks"
 PAGE_COMPLAINTS = ("not Prometheus text", "impossible", "queue gauges", "not UTF-8", "no vllm:")
 PERMISSION_LINE = "gpugov: needs root or CAP_SYS_ADMIN to lock clocks"
@@ -123,8 +124,8 @@ def _engine_fault(mode: str) -> Scenario:
 
 
 for _mode in (
-    "down", "drop", "hang", "trickle", "slow", "500", "garbage", "binary", "huge",
-    "nan", "inf", "negative", "kv-impossible",
+    "down", "drop", "hang", "trickle", "slow", "500", "404", "garbage", "binary", "huge",
+    "nan", "inf", "negative", "kv-impossible", "histogram-nan",
 ):  # fmt: skip
     scenario(f"engine-{_mode}")(_engine_fault(_mode))
 
@@ -152,7 +153,9 @@ def _healthy(mode: str) -> Scenario:
     return run
 
 
-for _mode in ("vllm-v1", "vllm-legacy", "vllm-dp2", "sglang", "tgi", "backwards"):
+for _mode in (
+    "vllm-v1", "vllm-legacy", "vllm-dp2", "sglang", "tgi", "backwards", "ttft-count-down",
+):  # fmt: skip
     scenario(f"page-{_mode}")(_healthy(_mode))
 
 
@@ -164,6 +167,33 @@ def _down_at_start(root: Path) -> dict[str, Any]:
         daemon.start().wait_locked(TOP_MHZ)  # fail-safe from the first tick
         engine.set("ok")
         daemon.wait_locked(LOCKED_MHZ)
+        _stop_clean(node, daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("engine-restart-new-model")
+def _engine_restart(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        for mode in ("restarted", "model-changed", "ok"):
+            engine.set(mode)  # counters back near zero, then another model's series
+            ticks = daemon.metrics()["gpugov_loop_ticks_total"]
+            daemon.wait_for(
+                lambda t=ticks: daemon.metrics()["gpugov_loop_ticks_total"] >= t + 4,
+                what=f"ticks on the {mode} page",
+            )
+        metrics = daemon.metrics()
+        stale = 'gpugov_fallbacks_total{controller="fixed:1410",domain="llm",reason="engine_stale"}'
+        assert stale not in metrics, metrics  # a restarted engine is fresh data, no fail-safe
+        assert metrics['gpugov_failsafe_active{domain="llm"}'] == 0.0
+        assert node.locked() == [[LOCKED_MHZ] * 2] * 2
+        for complaint in PAGE_COMPLAINTS:
+            assert complaint not in daemon.stderr, daemon.stderr
         _stop_clean(node, daemon)
         return {}
     finally:
@@ -213,6 +243,50 @@ def _repeated_signal(root: Path) -> dict[str, Any]:
         engine.close()
 
 
+@scenario("signal-SIGHUP-config-now-invalid")
+def _sighup_invalid_config(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        (root / "gpugov.toml").write_text("[daemon]\nperiod_s = -1\nbroken = [\n")
+        # SIGHUP stops (no reload): the file is not read again, the clocks are reset.
+        _stop_clean(node, daemon, signal.SIGHUP)
+        assert "received SIGHUP; stopping" in daemon.stderr
+        assert "gpugov.toml" not in last_line(daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("signal-SIGTERM-twice-during-lock-write")
+def _sigterm_during_lock(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        node.delay("nvmlDeviceSetGpuLockedClocks", 0.5)
+        since = time.time()
+        engine.set("down")  # the fail-safe's lock: a slow write, then the signals land
+        daemon.wait_for(
+            lambda: any(w[0] == "lock" and w[-1] > since for w in node.writes()),
+            what="the slow lock write",
+        )
+        daemon.send(signal.SIGTERM)
+        daemon.wait_for(lambda: "received SIGTERM; stopping" in daemon.stderr, what="the stop")
+        daemon.send(signal.SIGTERM)  # while the write still runs (its second GPU)
+        assert daemon.wait() == 0, daemon.stderr
+        assert node.locked() == [None, None], node.writes()
+        assert node.writes()[-1][0] == "reset"  # nothing locked after the reset
+        assert "received SIGTERM again; still stopping" in daemon.stderr
+        assert_clean(daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
 # ------------------------------------------------------------------------ files
 def _limit_file_size(limit_bytes: int) -> Any:
     """A child's ``preexec``: files it writes stop at ``limit_bytes`` (a full disk's EFBIG
@@ -246,6 +320,40 @@ def _record_disk_full(root: Path) -> dict[str, Any]:
         assert node.locked() == [[LOCKED_MHZ] * 2] * 2  # still governing
         assert daemon.stderr.count("recording stopped") == 1, daemon.stderr
         assert f"recording {record}: cannot write it (File too large)" in daemon.stderr
+        _stop_clean(node, daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("state-dir-unwritable")
+def _state_dir_unwritable(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    (root / "a-file").write_text("not a directory\n")
+    state = root / "a-file" / "state"
+    node, daemon = _daemon(root, engine, daemon_extra=f'state_dir = "{state}"\n')
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        ticks = daemon.metrics()["gpugov_loop_ticks_total"]
+        daemon.wait_for(lambda: daemon.metrics()["gpugov_loop_ticks_total"] >= ticks + 3)
+        assert daemon.stderr.count("a crash would leave no record of the locks") == 1
+        _stop_clean(node, daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("state-lock-record-corrupt")
+def _lock_record_corrupt(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        node.state_dir.mkdir()
+        (node.state_dir / "locks.json").write_bytes(b"\x00\xff{not json")
+        daemon.start().wait_locked(LOCKED_MHZ)
+        assert "cannot read it" in daemon.stderr and "binary data" in daemon.stderr
         _stop_clean(node, daemon)
         return {}
     finally:
@@ -385,6 +493,12 @@ def _lock_transient(root: Path) -> dict[str, Any]:
         engine.close()
 
 
+def _force_write(engine: Engine, daemon: Daemon) -> None:
+    """Make the daemon write a new lock: the engine goes down, the fail-safe locks the top."""
+    engine.set("down")
+    daemon.wait_for(lambda: "fail-safe: maximum clock" in daemon.stderr, what="the fail-safe")
+
+
 @scenario("nvml-permission-lost-mid-run")
 def _permission_lost(root: Path) -> dict[str, Any]:
     engine = Engine("ok")
@@ -405,6 +519,128 @@ def _permission_lost(root: Path) -> dict[str, Any]:
         node.edit(permission=True)
         reset = Daemon(node, ["reset-clocks", "--gpus", "0,1"], name="reset").start()
         assert reset.wait() == 0 and node.locked() == [None, None]
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+def _lock_refused(code: int, exit_code: int, needle: str, gpu: int | None = None) -> Scenario:
+    def run(root: Path) -> dict[str, Any]:
+        engine = Engine("ok")
+        node, daemon = _daemon(root, engine)
+        try:
+            daemon.start().wait_locked(LOCKED_MHZ)
+            node.fail("nvmlDeviceSetGpuLockedClocks", code, times=None, gpu=gpu)
+            engine.set("down")  # the fail-safe's lock is the write that fails
+            assert daemon.wait() == exit_code, daemon.stderr
+            assert node.locked() == [None, None], node.writes()  # every GPU reset
+            assert needle in last_line(daemon), daemon.stderr
+            assert_clean(daemon)
+            return {}
+        finally:
+            daemon.kill()
+            engine.close()
+
+    return run
+
+
+scenario("nvml-lock-no-permission-mid-run")(
+    _lock_refused(NVML_NO_PERMISSION, 3, PERMISSION_LINE.removeprefix("gpugov: "))
+)
+scenario("nvml-lock-not-supported-mid-run")(_lock_refused(NVML_NOT_SUPPORTED, 4, "Not Supported"))
+scenario("nvml-lock-gpu-lost-mid-run")(
+    _lock_refused(NVML_GPU_IS_LOST, 5, "GPU 1: lock clocks to 1980,1980 MHz failed", gpu=1)
+)
+
+
+@scenario("nvml-lock-timeout-persistent")
+def _lock_timeout_persistent(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        node.fail("nvmlDeviceSetGpuLockedClocks", NVML_TIMEOUT, times=None)
+        _force_write(engine, daemon)
+        key = 'gpugov_clock_write_failures_total{domain="llm",gpu="0"}'
+        daemon.wait_for(lambda: daemon.metrics()[key] >= 5, what="failed writes retried")
+        # Retried every tick, logged once per GPU (one line a minute), the loop never stops.
+        assert daemon.stderr.count("retrying every tick") == 2, daemon.stderr
+        engine.set("ok")
+        node.clear_failures()
+        daemon.wait_locked(LOCKED_MHZ)
+        daemon.wait_for(lambda: "clock writes succeed again" in daemon.stderr, what="recovery")
+        _stop_clean(node, daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("nvml-read-errors-clock-power-temperature")
+def _read_errors_many(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        reads = {
+            "nvmlDeviceGetClockInfo": NVML_UNKNOWN,
+            "nvmlDeviceGetFieldValues": NVML_TIMEOUT,
+            "nvmlDeviceGetPowerUsage": NVML_TIMEOUT,
+            "nvmlDeviceGetTemperatureV": NVML_UNKNOWN,
+        }
+        for function, code in reads.items():
+            node.fail(function, code, times=None, gpu=0)  # GPU 0: every tick
+            node.fail(function, code, times=3, gpu=1)  # GPU 1: now and then
+        errors = 'gpugov_gpu_read_errors_total{domain="llm",gpu="0"}'
+        daemon.wait_for(lambda: daemon.metrics()[errors] >= 20, what="read errors counted")
+        metrics = daemon.metrics()
+        assert metrics['gpugov_failsafe_active{domain="llm"}'] == 0.0  # survived, governed
+        assert metrics['gpugov_gpu_read_errors_total{domain="llm",gpu="1"}'] >= 3
+        assert node.locked() == [[LOCKED_MHZ] * 2] * 2
+        _stop_clean(node, daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("nvml-read-gpu-lost")
+def _read_lost(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        node.fail("nvmlDeviceGetTemperatureV", NVML_GPU_IS_LOST, times=1, gpu=1)
+        assert daemon.wait() == 5, daemon.stderr
+        assert node.locked() == [None, None]  # both reset (GPU 1 still answers the reset)
+        line = last_line(daemon)
+        assert line.startswith("gpugov: error: GPU 1: read temperature failed"), line
+        assert_clean(daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("nvml-slow-reads")
+def _slow_reads(root: Path) -> dict[str, Any]:
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        node.delay("nvmlDeviceGetClockInfo", 2 * PERIOD_S)  # a tick of 2 GPUs: 2 periods
+        overruns = "gpugov_loop_overruns_total"
+        daemon.wait_for(lambda: daemon.metrics()[overruns] >= 3, what="overruns counted")
+        ticks = daemon.metrics()["gpugov_loop_ticks_total"]
+        daemon.wait_for(
+            lambda: daemon.metrics()["gpugov_loop_ticks_total"] >= ticks + 2, what="slow ticks"
+        )
+        # Late data is stale data: never a lock below the controller's clock.
+        assert all(w[0] != "lock" or w[3] >= LOCKED_MHZ for w in node.writes()), node.writes()
+        node.delay("nvmlDeviceGetClockInfo", 0.0)
+        daemon.wait_locked(LOCKED_MHZ)
+        _stop_clean(node, daemon)
         return {}
     finally:
         daemon.kill()
