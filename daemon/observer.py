@@ -233,6 +233,7 @@ class DomainObserver:
         self._last_reminder_s = -math.inf
         self.gpu_read_errors: dict[str, int] = {b.label: 0 for b in self.backends}
         self._implausible_logged: set[str] = set()
+        self._sample_failures: dict[str, tuple[int, float, float]] = {}
         self._clock_bounds: dict[str, tuple[float, float, float]] = {}
         self.role = role
         self.role_from_config = role_from_config
@@ -278,14 +279,16 @@ class DomainObserver:
             self._supported = tuple(float(c) for c in sorted(common))
         return self._supported
 
-    def _sample_gpus(self) -> tuple[GpuSample, ...]:
+    def _sample_gpus(self, now_s: float) -> tuple[GpuSample, ...]:
         samples = []
         for backend in self.backends:
             try:
                 sample = backend.sample()
             except TransientGpuError as error:
-                log.warning("GPU %s: sample failed: %s", backend.label, error)
+                self._report_sample_failure(backend.label, now_s, error)
                 sample = GpuSample(gpu=backend.label, read_errors=("sample",))
+            else:
+                self._report_sample_recovery(backend.label)
             sample = self._plausible(backend, sample)
             if sample.read_errors:
                 self.gpu_read_errors[backend.label] += len(sample.read_errors)
@@ -528,6 +531,33 @@ class DomainObserver:
                 self.role,
             )
 
+    def _report_sample_failure(self, gpu: str, now_s: float, error: Exception) -> None:
+        """One WARNING when a GPU's sample first fails, then one reminder per
+        ``log_every_s`` while it keeps failing (a backend that times out every tick, the
+        nvidia-smi one, logged every tick); each failure is counted in the metrics."""
+        count, since_s, reminded_s = self._sample_failures.get(gpu, (0, now_s, now_s))
+        count += 1
+        if count == 1:
+            log.warning("GPU %s: sample failed: %s", gpu, error)
+        elif now_s - reminded_s >= self.log_every_s:
+            reminded_s = now_s
+            log.warning(
+                "GPU %s: samples still failing: %d in a row over %.0f s: %s",
+                gpu,
+                count,
+                now_s - since_s,
+                error,
+            )
+        else:
+            log.debug("GPU %s: sample failed: %s", gpu, error)
+        self._sample_failures[gpu] = (count, since_s, reminded_s)
+
+    def _report_sample_recovery(self, gpu: str) -> None:
+        """One INFO line when a GPU whose samples failed is sampled again."""
+        failed = self._sample_failures.pop(gpu, None)
+        if failed is not None and failed[0] > 1:
+            log.info("GPU %s: sampled again after %d failed samples", gpu, failed[0])
+
     def _report_failure(self, now_s: float, error: str) -> None:
         """One WARNING when the engine goes down, then one reminder per ``log_every_s``."""
         self.failed_in_a_row += 1
@@ -553,7 +583,7 @@ class DomainObserver:
             GpuLost: a GPU fell off the bus.
         """
         tick_started = self._clock()
-        gpus = self._sample_gpus()
+        gpus = self._sample_gpus(now_s)
         reads_s = self._clock() - tick_started
         error, scrape_s = self._scrape(now_s + reads_s)
         decided_s = now_s + reads_s + scrape_s

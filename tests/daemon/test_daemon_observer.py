@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import replace
 
@@ -414,6 +415,33 @@ def test_gpu_read_errors_counted_lost_raises() -> None:
     gpu.next = GpuLost("gone")
     with pytest.raises(GpuLost):
         observer.observe(2.0, 2, None)
+
+
+def test_a_gpu_whose_samples_keep_failing_is_logged_once_a_minute_and_counted_each_tick(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A backend that times out every tick (nvidia-smi's) logged a warning every tick:
+    now the first failure, one reminder per ``log_every_s``, and one line on recovery;
+    the metric still counts every failed sample."""
+    gpu = StubGpu("0")
+    observer = DomainObserver([gpu], StubSource(), stale_after_s=3.0, log_every_s=60.0)
+    gpu.next = TransientGpuError("nvidia-smi timed out")
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon.observer"):
+        for tick in range(150):  # 150 s at 1 s: the first failure, reminders at 60 and 120 s
+            observer.observe(float(tick), tick, None)
+        gpu.next = GpuSample(gpu="0")
+        observer.observe(150.0, 150, None)
+        observer.observe(151.0, 151, None)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    failing = [m for m in warnings if m.startswith("GPU 0: sample")]
+    assert failing == [
+        "GPU 0: sample failed: nvidia-smi timed out",
+        "GPU 0: samples still failing: 61 in a row over 60 s: nvidia-smi timed out",
+        "GPU 0: samples still failing: 121 in a row over 120 s: nvidia-smi timed out",
+    ]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert "GPU 0: sampled again after 150 failed samples" in infos
+    assert observer.gpu_read_errors == {"0": 150}
 
 
 def test_a_late_tick_names_what_the_engine_last_did_not_a_zero_deadline() -> None:
