@@ -4,7 +4,10 @@ Real traces (see ``docs/traces.md`` for their origin and licences):
 
 * ``azure``: Azure LLM inference trace 2023 (Splitwise), ``TIMESTAMP,ContextTokens,
   GeneratedTokens`` with ``YYYY-MM-DD HH:MM:SS.fffffff`` timestamps (100 ns ticks, parsed
-  exactly as integers, not through ``strptime``'s six-digit ``%f``).
+  exactly as integers, not through ``strptime``'s six-digit ``%f``), and the 2024 release
+  (DynamoLLM), whose stamps carry a UTC offset (``2024-05-10 00:00:00.009930+00:00``):
+  offsets are read, so arrivals count in UTC; a file mixing stamps with and without one
+  is refused.
 * ``burstgpt``: BurstGPT CSV, both the ``_1`` layout (``Timestamp,Model,Request tokens,
   Response tokens,Total tokens,Log Type``) and the ``_3`` layout (adds ``Session ID`` and
   ``Elapsed time``); timestamps in seconds, integer or float.
@@ -99,7 +102,14 @@ _KNOWN_FORMATS = (
     "csv (CSV header arrival_time_s,prompt_tokens,output_tokens)"
 )
 
-_AZURE_TIMESTAMP = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?")
+_AZURE_TIMESTAMP = re.compile(
+    r"(\d{4}-\d{2}-\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
+    r"(Z|[+-]\d{2}(?::?\d{2})?)?",
+    re.ASCII,
+)
+"""An Azure stamp: the 2023 release's ``2023-11-16 18:17:03.9799600`` (no zone) or the 2024
+release's ``2024-05-10 00:00:00.009930+00:00`` (a UTC offset: ``Z``, ``+HH:MM``, ``+HHMM``
+or ``+HH``)."""
 
 
 class TraceError(ValueError):
@@ -289,10 +299,13 @@ def _seconds(raw: Any, field: str, path: Path, line: int) -> float:
 
 
 class _AzureClock:
-    """Parses Azure timestamps to integer nanoseconds, caching the per-date day number."""
+    """Parses Azure timestamps to integer nanoseconds (UTC where the stamp has an offset),
+    caching the per-date day number; a file mixing stamps with and without an offset is
+    refused, since the zone of the ones without is unknown."""
 
     def __init__(self) -> None:
         self._days: dict[str, int] = {}
+        self._zoned: tuple[bool, int] | None = None  # (has an offset, its first line)
 
     def __call__(self, raw: str, field: str, path: Path, line: int) -> int:
         match = _AZURE_TIMESTAMP.fullmatch(raw.strip())
@@ -300,9 +313,10 @@ class _AzureClock:
             raise _fail(
                 path,
                 line,
-                f"field {field!r}: expected a timestamp YYYY-MM-DD HH:MM:SS.fffffff, got {raw!r}",
+                f"field {field!r}: expected a timestamp YYYY-MM-DD HH:MM:SS[.fffffff] with an "
+                f"optional UTC offset (+00:00), got {raw!r:.60}",
             )
-        date, hours, minutes, seconds, fraction = match.groups()
+        date, hours, minutes, seconds, fraction, zone = match.groups()
         day = self._days.get(date)
         if day is None:
             try:
@@ -313,8 +327,33 @@ class _AzureClock:
         h, m, s = int(hours), int(minutes), int(seconds)
         if h > 23 or m > 59 or s > 59:
             raise _fail(path, line, f"field {field!r}: invalid time of day in {raw!r}")
+        offset_s = self._offset_s(zone, raw, field, path, line)
         nanoseconds = int(fraction.ljust(9, "0")) if fraction else 0
-        return ((day * 86_400 + h * 3_600 + m * 60 + s) * 1_000_000_000) + nanoseconds
+        return ((day * 86_400 + h * 3_600 + m * 60 + s - offset_s) * 1_000_000_000) + nanoseconds
+
+    def _offset_s(self, zone: str | None, raw: str, field: str, path: Path, line: int) -> int:
+        """The stamp's UTC offset in seconds (0 without one), refusing an offset of 24 h or
+        more and a file whose stamps do not all agree on having one."""
+        zoned = zone is not None
+        if self._zoned is None:
+            self._zoned = (zoned, line)
+        elif self._zoned[0] != zoned:
+            first = "has a UTC offset" if self._zoned[0] else "has none"
+            raise _fail(
+                path,
+                line,
+                f"field {field!r}: timestamp {raw.strip()!r} "
+                f"{'has a UTC offset' if zoned else 'has no UTC offset'}, but line "
+                f"{self._zoned[1]}'s {first}; a trace's stamps must all have one or all not",
+            )
+        if zone is None or zone == "Z":
+            return 0
+        digits = zone[1:].replace(":", "")
+        hours, minutes = int(digits[:2]), int(digits[2:] or 0)
+        if hours > 23 or minutes > 59:
+            raise _fail(path, line, f"field {field!r}: invalid UTC offset in {raw.strip()!r}")
+        sign = -1 if zone[0] == "-" else 1
+        return sign * (hours * 3_600 + minutes * 60)
 
 
 def _read_text(path: Path) -> tuple[str, str]:

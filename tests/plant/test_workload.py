@@ -474,6 +474,62 @@ def test_azure_timestamps_are_parsed_exactly(tmp_path: Path) -> None:
     assert [r.arrival_time_s for r in requests] == [0.0, 1e-7, 8e-7, 0.5000001, 1.0000001]
 
 
+def test_azure_2024_timestamps_with_a_utc_offset(tmp_path: Path) -> None:
+    # The 2024 release (AzureLLMInferenceTrace_code_1week.csv, DynamoLLM) writes
+    # 2024-05-10 00:00:00.009930+00:00: six digits, a UTC offset, whole seconds without a
+    # fraction. Offsets are read, so stamps in other zones count in UTC.
+    path = write(
+        tmp_path,
+        "a24.csv",
+        AZURE_HEADER + "2024-05-10 00:00:00.009930+00:00,100,10\n"
+        "2024-05-10 00:00:01+00:00,200,20\n2024-05-10T02:00:01.5+02:00,300,30\n"
+        "2024-05-10T00:00:02Z,400,40\n2024-05-09 19:00:02.25-0500,500,50\n",
+    )
+    requests, report = load_quiet(path)
+    assert report.format == "azure"
+    assert report.first_timestamp_raw == "2024-05-10 00:00:00.009930+00:00"
+    assert [r.arrival_time_s for r in requests] == [0.0, 0.99007, 1.49007, 1.99007, 2.24007]
+    assert [r.prompt_tokens for r in requests] == [100, 200, 300, 400, 500]
+
+
+@pytest.mark.parametrize(
+    ("rows", "line", "fragment"),
+    [
+        (
+            "2024-05-10 00:00:00.1+00:00,1,1\n2024-05-10 00:00:01.2,1,1\n",
+            3,
+            "has no UTC offset, but line 2's has a UTC offset",
+        ),
+        (
+            "2024-05-10 00:00:00.1,1,1\n2024-05-10 00:00:01.2+00:00,1,1\n",
+            3,
+            "has a UTC offset, but line 2's has none",
+        ),
+        ("2024-05-10 00:00:00+24:00,1,1\n", 2, "invalid UTC offset"),
+        ("2024-05-10 00:00:00+0060,1,1\n", 2, "invalid UTC offset"),
+        ("2024-05-10 00:00:00 UTC,1,1\n", 2, "expected a timestamp"),
+        # Other scripts' digits are no timestamp (a Unicode \d would match them).
+        ("2024-05-10 \u0661\u0668:00:00,1,1\n", 2, "expected a timestamp"),
+    ],
+    ids=[
+        "aware-then-naive",
+        "naive-then-aware",
+        "offset-24h",
+        "offset-60min",
+        "zone-name",
+        "arabic-digits",
+    ],
+)
+def test_azure_timestamp_zones_refused_naming_the_line(
+    tmp_path: Path, rows: str, line: int, fragment: str
+) -> None:
+    path = write(tmp_path, "z.csv", AZURE_HEADER + rows)
+    with pytest.raises(TraceError) as excinfo:
+        load_trace(path)
+    assert str(excinfo.value).startswith(f"{path}:{line}: field 'TIMESTAMP': ")
+    assert fragment in str(excinfo.value)
+
+
 def test_arrivals_are_relative_to_first_timestamp(tmp_path: Path) -> None:
     path = write(tmp_path, "c.csv", "arrival_time_s,prompt_tokens,output_tokens\n5,1,1\n7.5,1,1\n")
     requests, report = load_quiet(path)
