@@ -314,7 +314,8 @@ def _window(
 
 
 class EmptyWindowError(ValueError):
-    """A scenario's window, shrunk to a small profile's capacity, holds no requests."""
+    """A scenario holds no requests: none fits the profile's KV cache, or its window (as
+    given, or shrunk to a small profile's capacity) falls in an idle stretch."""
 
 
 def _require_requests(window: Sequence[Request], trace: str, length_s: float) -> None:
@@ -344,7 +345,8 @@ def build_scenario(
 
     Raises:
         TraceError: the trace cannot be loaded.
-        EmptyWindowError: the window shrunk to the profile's capacity holds no requests.
+        EmptyWindowError: no request fits the profile's KV cache, or the window (as
+            given, or shrunk to the profile's capacity) holds no requests.
         ValueError: an unknown load.
     """
     if load not in LOADS:
@@ -355,6 +357,11 @@ def build_scenario(
     # it is left out of the scenario and counted.
     capacity_tokens = plant.kv_capacity_tokens
     full = tuple(r for r in everything if r.prompt_tokens + r.output_tokens <= capacity_tokens)
+    if not full:
+        raise EmptyWindowError(
+            f"{trace}: no request fits {profile.name}'s KV cache of {capacity_tokens} tokens "
+            f"(all {len(everything)} left out)"
+        )
     if trace in WHOLE_TRACE:
         window, start, length = _window(full, 0.0, full[-1].arrival_time_s + 1e-6)
         capacity, light, probes = slo_capacity(window, plant, length)
@@ -364,6 +371,11 @@ def build_scenario(
     else:
         first = TRACE_STARTS_S.get(trace, 0.0) if start_s is None else start_s
         window, start, length = _window(full, first, duration_s)
+        if not window:  # an idle stretch of a bursty trace (azure-code's gaps reach 217 s)
+            raise EmptyWindowError(
+                f"{trace}: the {length:.3g} s window from {start:.6g} s holds no requests "
+                "(an idle stretch of the trace)"
+            )
         capacity, light, probes = slo_capacity(window, plant, length)
         if load == "recorded":
             pool = 1 if capacity >= 1.0 else math.ceil(1.0 / capacity)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
 from synthetic import make_plant
 
 from gpugov.plant.types import Request
-from gpugov.study.scoreboard.scenarios import build_scenario
+from gpugov.study.scoreboard.scenarios import EmptyWindowError, build_scenario
 
 
 def test_requests_larger_than_the_kv_cache_are_rejected_and_counted() -> None:
@@ -53,3 +54,24 @@ def test_start_s_moves_the_source_window() -> None:
         if 400.0 <= r.arrival_time_s < 400.0 + moved.source_duration_s
     }
     assert {r.request_id for r in moved.requests} <= window
+
+
+def test_a_trace_whose_every_request_is_too_large_is_an_empty_scenario() -> None:
+    """Every request over the KV cache leaves nothing to run: the scenario is skipped with
+    its reason (EmptyWindowError), not a ValueError traceback from the capacity search."""
+    plant = make_plant(kv_capacity_tokens=20_000)
+    requests = tuple(Request(i, float(i), 30_000, 100) for i in range(5))
+    trace = (requests, hashlib.sha256(b"z").hexdigest())
+    with pytest.raises(EmptyWindowError, match=r"no request fits .*KV cache of 20000 tokens"):
+        build_scenario("made-up", plant, "cap70", 100.0, trace)
+
+
+@pytest.mark.parametrize("load", ["recorded", "cap70"])
+def test_a_window_in_an_idle_stretch_is_an_empty_scenario(load: str) -> None:
+    """A held-out window of a bursty trace can fall in an idle gap (azure-code's reach
+    217 s): skipped with its reason, not a ValueError traceback."""
+    plant = make_plant(kv_capacity_tokens=200_000)
+    requests = (Request(0, 0.0, 800, 100), Request(1, 1.0, 800, 100), Request(2, 100.0, 800, 100))
+    trace = (requests, hashlib.sha256(b"w").hexdigest())
+    with pytest.raises(EmptyWindowError, match=r"window from 33 s holds no requests"):
+        build_scenario("made-up", plant, load, 10.0, trace, start_s=33.0)
