@@ -95,6 +95,12 @@ _CSV_COLUMNS: dict[str, tuple[str, str, str]] = {
 }
 _MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
 
+MAX_TOKEN_COUNT = 10_000_000
+"""Largest prompt or output length a trace row may give: ten million tokens, the longest
+context window any model offers (the real traces' longest prompt is Mooncake's 126,195).
+A longer one is a corrupt row; replayed, it would be a prompt no engine takes, and
+``gpugov load`` would build it token by token."""
+
 _KNOWN_FORMATS = (
     "azure (CSV header TIMESTAMP,ContextTokens,GeneratedTokens); "
     "burstgpt (CSV header with Timestamp,Request tokens,Response tokens); "
@@ -253,11 +259,19 @@ def _plain_number_text(raw: str) -> bool:
     return raw.isascii() and "_" not in raw
 
 
+def _clipped(raw: Any, width: int = 40) -> str:
+    """``repr(raw)`` cut to ``width`` characters, its end marked when cut (a 400-digit
+    count is shown as its first digits and ``...``)."""
+    text = repr(raw)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def _token_count(raw: Any, field: str, path: Path, line: int) -> int:
-    """Parse a token count: a non-negative integer (``12`` or an integral ``12.0``)."""
+    """Parse a token count: a non-negative integer (``12`` or an integral ``12.0``) of at
+    most :data:`MAX_TOKEN_COUNT`."""
     value: int | float
     if isinstance(raw, bool) or not isinstance(raw, int | float | str):
-        raise _fail(path, line, f"field {field!r}: expected a token count, got {raw!r}")
+        raise _fail(path, line, f"field {field!r}: expected a token count, got {raw!r:.40}")
     if isinstance(raw, str):
         if not _plain_number_text(raw):
             raise _fail(path, line, f"field {field!r}: expected a token count, got {raw!r:.40}")
@@ -268,18 +282,25 @@ def _token_count(raw: Any, field: str, path: Path, line: int) -> int:
                 value = float(raw)
             except ValueError:
                 raise _fail(
-                    path, line, f"field {field!r}: expected a token count, got {raw!r}"
+                    path, line, f"field {field!r}: expected a token count, got {raw!r:.40}"
                 ) from None
     else:
         value = raw
     if isinstance(value, float):
         if not value.is_integer():
             raise _fail(
-                path, line, f"field {field!r}: expected an integer token count, got {raw!r}"
+                path, line, f"field {field!r}: expected an integer token count, got {raw!r:.40}"
             )
         value = int(value)
     if value < 0:
-        raise _fail(path, line, f"field {field!r}: negative token count {raw!r}")
+        raise _fail(path, line, f"field {field!r}: negative token count {raw!r:.40}")
+    if value > MAX_TOKEN_COUNT:
+        raise _fail(
+            path,
+            line,
+            f"field {field!r}: token count {_clipped(raw)} is over the limit of "
+            f"{MAX_TOKEN_COUNT:,} (no model's context window is longer)",
+        )
     return value
 
 

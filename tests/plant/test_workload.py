@@ -388,6 +388,11 @@ BAD_FILES = [
      "expected a token count"),
     ("inf-tokens", "arrival_time_s,prompt_tokens,output_tokens\n0,inf,1\n", 2,
      "expected an integer token count"),
+    ("huge-tokens", AZURE_HEADER + "2023-11-16 18:00:00.0,10000001,5\n", 2,
+     "field 'ContextTokens': token count '10000001' is over the limit of 10,000,000"),
+    ("json-400-digit-tokens", '{"timestamp": 0, "input_length": 1' + "0" * 400
+     + ', "output_length": 1}\n', 1,
+     "field 'input_length': token count 1000000000000000000000000000000000000... is over"),
     ("json-negative", '{"timestamp": 0, "input_length": 1, "output_length": -1}\n', 1,
      "negative token count"),
     ("json-backwards", '{"timestamp": 5, "input_length": 1, "output_length": 1}\n'
@@ -412,6 +417,14 @@ def test_broken_files_name_file_and_line(
     message = str(excinfo.value)
     assert message.startswith(f"{path}:{line}: "), message
     assert fragment in message
+
+
+def test_token_counts_up_to_the_limit_load(tmp_path: Path) -> None:
+    # Ten million tokens is the limit (longer is no model's context, and `gpugov load`
+    # built such a prompt token by token: 1e23 never finished); the limit itself loads.
+    path = write(tmp_path, "big.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,10000000,1e7\n")
+    requests, _ = load_quiet(path)
+    assert requests == (Request(0, 0.0, workload_module.MAX_TOKEN_COUNT, 10_000_000),)
 
 
 def test_unknown_header_lists_known_formats(tmp_path: Path) -> None:
