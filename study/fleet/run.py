@@ -169,8 +169,14 @@ _INSTANT_SPAN_S = 1e-6
 def _piece(
     full: Sequence[Request], start_s: float, length_s: float, span_s: float
 ) -> tuple[Request, ...]:
-    """Arrivals of ``[start, start + length)`` rebased to 0, the start wrapped to fit."""
-    room = max(span_s - length_s, 1e-6)
+    """Arrivals of ``[start, start + length)`` rebased to 0, the start wrapped to fit; a
+    length that covers the trace's span takes the whole trace, its last arrival included,
+    whatever the start (a window of exactly the span would leave out the arrival at its
+    end, and a start wrapped into no room at all was rounding noise that could drop the
+    first)."""
+    if length_s >= span_s:
+        return select_window(full, 0.0, math.nextafter(span_s, math.inf))
+    room = span_s - length_s
     start = start_s if start_s + length_s <= span_s else start_s % room
     return select_window(full, start, length_s)
 
