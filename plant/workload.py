@@ -21,7 +21,9 @@ data record in the file. Skipped zero-token rows (failed requests in BurstGPT) s
 up their index, so ids always map back to file rows: for a file without blank lines the
 id is the line number minus 2 (CSV, one header line) or minus 1 (JSON lines).
 
-Every bad input raises :class:`TraceError` with a ``path:line: what is wrong`` message.
+CSV columns are found by name, whatever their order, case or surrounding spaces; other
+columns are ignored. Every bad input raises :class:`TraceError` with a ``path:line: what is
+wrong`` message.
 
 The synthetic generators (:func:`poisson_workload`, :func:`bursty_workload`) draw
 lognormal lengths fitted to the Azure conversation trace's medians and means. They are
@@ -387,6 +389,12 @@ def _first_line(text: str) -> str:
     return text.split("\n", 1)[0].rstrip("\r")
 
 
+def _column_key(name: str) -> str:
+    """A header name as columns are matched: stripped and case-folded (``timestamp``,
+    `` Timestamp `` and ``TIMESTAMP`` name one column)."""
+    return name.strip().casefold()
+
+
 def _detect_format(path: Path, text: str) -> str:
     """Pick the format from the first line; raise naming the known formats otherwise."""
     if not text:
@@ -394,23 +402,35 @@ def _detect_format(path: Path, text: str) -> str:
     first = _first_line(text)
     if first.lstrip().startswith("{"):
         return "mooncake"
-    header = {name.strip() for name in next(csv.reader([first]), [])}
-    matches = [fmt for fmt, cols in _CSV_COLUMNS.items() if set(cols) <= header]
+    if first.lstrip().startswith("["):
+        raise _fail(
+            path,
+            1,
+            "a JSON array, not JSON lines; a Mooncake trace has one JSON object per line",
+        )
+    header = {_column_key(name) for name in next(csv.reader([first]), [])}
+    columns = {fmt: {_column_key(col) for col in cols} for fmt, cols in _CSV_COLUMNS.items()}
+    matches = [fmt for fmt, cols in columns.items() if cols <= header]
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
         raise _fail(
             path,
             1,
-            f"header {first!r} matches several formats ({', '.join(matches)}); "
+            f"header {_clipped(first, 80)} matches several formats ({', '.join(matches)}); "
             "pass format= to choose one",
         )
     hint = ""
-    overlap = max(_CSV_COLUMNS.items(), key=lambda item: len(set(item[1]) & header))
-    missing = [col for col in overlap[1] if col not in header]
-    if len(missing) < len(overlap[1]):
-        hint = f" (closest: {overlap[0]}, missing column(s) {', '.join(map(repr, missing))})"
-    raise _fail(path, 1, f"unknown header {first!r}{hint}; known formats: {_KNOWN_FORMATS}")
+    closest = max(_CSV_COLUMNS, key=lambda fmt: len(columns[fmt] & header))
+    missing = [col for col in _CSV_COLUMNS[closest] if _column_key(col) not in header]
+    if len(missing) < len(_CSV_COLUMNS[closest]):
+        hint = f" (closest: {closest}, missing column(s) {', '.join(map(repr, missing))})"
+    elif "," not in first and ("\t" in first or ";" in first):
+        separator = "tabs" if "\t" in first else "semicolons"
+        hint = f" (columns separated by {separator}: a trace is comma-separated)"
+    raise _fail(
+        path, 1, f"unknown header {_clipped(first, 80)}{hint}; known formats: {_KNOWN_FORMATS}"
+    )
 
 
 def _check_stamp(
@@ -437,18 +457,22 @@ def _parse_csv(path: Path, text: str, fmt: str) -> _Parsed:
         raise _fail(path, 1, "empty file (no header and no data rows)")
     reader = csv.reader(io.StringIO(text, newline=""))
     header = [name.strip() for name in next(reader)]
+    keys = [_column_key(name) for name in header]
     ts_col, prompt_col, output_col = _CSV_COLUMNS[fmt]
     for col in (ts_col, prompt_col, output_col):
-        if col not in header:
+        if _column_key(col) not in keys:
+            listed = ", ".join(map(repr, header))
+            listed = listed if len(listed) <= 120 else listed[:117] + "..."
             raise _fail(
                 path,
                 1,
-                f"missing column {col!r} required by format {fmt!r}; header has "
-                f"{', '.join(map(repr, header))}",
+                f"missing column {col!r} required by format {fmt!r}; header has {listed}",
             )
-        if header.count(col) > 1:
+        if keys.count(_column_key(col)) > 1:
             raise _fail(path, 1, f"column {col!r} appears more than once in the header")
-    i_ts, i_prompt, i_output = (header.index(c) for c in (ts_col, prompt_col, output_col))
+    i_ts, i_prompt, i_output = (
+        keys.index(_column_key(c)) for c in (ts_col, prompt_col, output_col)
+    )
     width = len(header)
     azure_clock = _AzureClock() if fmt == "azure" else None
 

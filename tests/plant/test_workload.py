@@ -331,7 +331,8 @@ def test_format_override_resolves_ambiguous_header(tmp_path: Path) -> None:
 
 def test_format_override_that_does_not_fit_names_the_problem(tmp_path: Path) -> None:
     path = write(tmp_path, "az.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,10,5\n")
-    with pytest.raises(TraceError, match=r"az\.csv:1: missing column 'Timestamp'.*'burstgpt'"):
+    # Column names match whatever their case: TIMESTAMP is BurstGPT's Timestamp too.
+    with pytest.raises(TraceError, match=r"az\.csv:1: missing column 'Request tokens'.*'burstgpt'"):
         load_trace(path, format="burstgpt")
     with pytest.raises(TraceError, match=r"az\.csv:1: invalid JSON"):
         load_trace(path, format="mooncake")
@@ -425,6 +426,67 @@ def test_token_counts_up_to_the_limit_load(tmp_path: Path) -> None:
     path = write(tmp_path, "big.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,10000000,1e7\n")
     requests, _ = load_quiet(path)
     assert requests == (Request(0, 0.0, workload_module.MAX_TOKEN_COUNT, 10_000_000),)
+
+
+@pytest.mark.parametrize(
+    ("header", "fmt"),
+    [
+        ("timestamp,contexttokens,generatedtokens", "azure"),
+        ("Timestamp , CONTEXTTOKENS,GeneratedTokens", "azure"),
+        ("timestamp,model,request tokens,response tokens,total tokens,log type", "burstgpt"),
+        ("ARRIVAL_TIME_S,Prompt_Tokens,output_tokens", "csv"),
+    ],
+)
+def test_header_names_match_whatever_their_case(tmp_path: Path, header: str, fmt: str) -> None:
+    # A header re-written by a tool (lower-cased by pandas or a spreadsheet) names the same
+    # columns; formats differ in names, never only in case.
+    stamps = {"azure": ("2023-11-16 18:00:00.0", "2023-11-16 18:00:01.5")}.get(fmt, ("0", "1.5"))
+    if fmt == "burstgpt":
+        rows = f"{stamps[0]},ChatGPT,10,5,15,API log\n{stamps[1]},ChatGPT,20,6,26,API log\n"
+    else:
+        rows = f"{stamps[0]},10,5\n{stamps[1]},20,6\n"
+    path = write(tmp_path, "h.csv", header + "\n" + rows)
+    requests, report = load_quiet(path)
+    assert report.format == fmt
+    assert list(requests) == [Request(0, 0.0, 10, 5), Request(1, 1.5, 20, 6)]
+
+
+def test_a_header_named_twice_in_two_cases_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "d.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,timestamp\n")
+    with pytest.raises(TraceError, match=r"d\.csv:1: column 'TIMESTAMP' appears more than once"):
+        load_trace(path, format="azure")
+
+
+@pytest.mark.parametrize(
+    ("first_line", "fragment"),
+    [
+        ("x" * 60_000, "unknown header 'xxxxxxxx"),
+        (",".join(["col"] * 15_000), "unknown header 'col,col,"),
+        ('[{"timestamp": 0, "input_length": 1, "output_length": 1}]', "a JSON array, not JSON"),
+        ("Timestamp\tModel\tRequest tokens", "columns separated by tabs"),
+        ("Timestamp;Model;Request tokens", "columns separated by semicolons"),
+    ],
+    ids=["long-line", "many-columns", "json-array", "tabs", "semicolons"],
+)
+def test_a_header_that_is_no_trace_is_one_short_line(
+    tmp_path: Path, first_line: str, fragment: str
+) -> None:
+    # The header is quoted cut short: a 60 KB first line made a 60 KB error line.
+    path = write(tmp_path, "x.csv", first_line + "\n1,2,3\n")
+    with pytest.raises(TraceError) as excinfo:
+        load_trace(path)
+    message = str(excinfo.value)
+    assert message.startswith(f"{path}:1: ") and fragment in message
+    assert len(message) < len(str(path)) + 600 and "\n" not in message
+
+
+def test_a_missing_column_lists_the_header_cut_short(tmp_path: Path) -> None:
+    path = write(tmp_path, "m.csv", ",".join(f"c{i}" for i in range(10_000)) + "\n1\n")
+    with pytest.raises(TraceError) as excinfo:
+        load_trace(path, format="csv")
+    message = str(excinfo.value)
+    assert "missing column 'arrival_time_s' required by format 'csv'; header has 'c0'" in message
+    assert len(message) < len(str(path)) + 300
 
 
 def test_unknown_header_lists_known_formats(tmp_path: Path) -> None:
