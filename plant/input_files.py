@@ -165,8 +165,19 @@ def decode_input_text(source: str | os.PathLike[str], data: bytes, kind: str) ->
     """``data`` (a ``kind`` file's bytes) as UTF-8 text (a BOM is dropped).
 
     Raises:
-        InputFileError: not UTF-8, or holds a NUL byte (binary), naming the line.
+        InputFileError: gzip-compressed or UTF-16 (named as such), not UTF-8, or holds a
+            NUL byte (binary), naming the line.
     """
+    if data.startswith(b"\x1f\x8b"):  # the gzip magic (the Azure 2025 trace ships .csv.gz)
+        raise InputFileError(
+            source, None, f"gzip-compressed; not a {kind} file (decompress it: gunzip -k FILE)"
+        )
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):  # a UTF-16 BOM (a spreadsheet's export)
+        raise InputFileError(
+            source,
+            None,
+            f"UTF-16 text; a {kind} file is UTF-8 (convert it: iconv -f UTF-16 -t UTF-8)",
+        )
     nul = data.find(b"\0")
     if nul >= 0:
         line = data.count(b"\n", 0, nul) + 1

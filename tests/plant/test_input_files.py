@@ -3,6 +3,7 @@ always in one line naming the file (and the line)."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import threading
 from pathlib import Path
@@ -84,6 +85,27 @@ def test_binary_and_non_utf8_name_the_line(tmp_path: Path, data: bytes, expected
     path.write_bytes(data)
     with pytest.raises(InputFileError) as error:
         read_input_text(path, "config")
+    assert str(error.value).startswith(f"{path}{expected}")
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (gzip.compress(b"TIMESTAMP,ContextTokens,GeneratedTokens\n"), ": gzip-compressed; not a"),
+        ("TIMESTAMP\n".encode("utf-16"), ": UTF-16 text; a trace file is UTF-8"),
+        ("TIMESTAMP\n".encode("utf-16-be").join([b"\xfe\xff", b""]), ": UTF-16 text"),
+    ],
+    ids=["gzip", "utf-16-le", "utf-16-be"],
+)
+def test_compressed_and_utf16_files_are_named_as_such(
+    tmp_path: Path, data: bytes, expected: str
+) -> None:
+    # Both were "binary data (a NUL byte)": true, but no help with a .csv.gz or a
+    # spreadsheet's "Unicode text" export.
+    path = tmp_path / "t.csv"
+    path.write_bytes(data)
+    with pytest.raises(InputFileError) as error:
+        read_input_text(path, "trace")
     assert str(error.value).startswith(f"{path}{expected}")
 
 
