@@ -26,6 +26,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         require_positive,
     )
     from gpugov.daemon.errors import ExitCode
+    from gpugov.daemon.files import write_text_atomic
     from gpugov.daemon.progress import Progress
     from gpugov.study.load import format_report, run_load, summarize
     from gpugov.study.openai_client import EngineUnreachable, base_url, served_model
@@ -124,7 +125,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     if args.json:
         path = Path(args.json)
         try:
-            path.write_text(json.dumps(summary, indent=2) + "\n")
+            write_text_atomic(path, json.dumps(summary, indent=2) + "\n")
         except OSError as error:
             return fail(f"--json {path}: cannot write: {error.strerror or error}", ExitCode.FAILURE)
     if summary["requests_sent"] and not summary["requests_completed"]:

@@ -20,6 +20,7 @@ from gpugov.daemon.cli_support import (
     check_output_file,
     check_workload_fits,
     controller_label,
+    fail,
     format_summary,
     light_load_note,
     load_trace_for_cli,
@@ -31,6 +32,7 @@ from gpugov.daemon.cli_support import (
     simulated_run_inputs,
 )
 from gpugov.daemon.errors import ExitCode
+from gpugov.daemon.files import write_text_atomic
 from gpugov.daemon.sim_progress import SimulationProgress
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, ServingResult, load_profile, simulate
@@ -214,7 +216,10 @@ def run_simulate(args: argparse.Namespace) -> int:
             "energy": energy,
             "requests": request_rows(result.request_records),
         }
-        out.write_text(json.dumps(payload, indent=1, allow_nan=False))
+        try:  # a run stopped or killed mid-write leaves the old file whole, never a part
+            write_text_atomic(out, json.dumps(payload, indent=1, allow_nan=False))
+        except OSError as error:
+            return fail(f"--out {out}: cannot write: {error.strerror or error}", ExitCode.FAILURE)
         written.append(str(out))
     if args.plot:
         write_plot(result, Path(args.plot), title)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import os
+import resource
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -21,6 +24,25 @@ def run_quick_experiments(out: Path, *extra: str) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = main([*QUICK_EXPERIMENTS_ARGS, *extra, "--out", str(out)])
     return code, stdout.getvalue(), stderr.getvalue()
+
+
+def run_past_file_size(argv: list[str], limit_bytes: int) -> subprocess.CompletedProcess[str]:
+    """``python -m gpugov ARGV`` in its own process, where writing a file past
+    ``limit_bytes`` fails midway (``RLIMIT_FSIZE``: EFBIG, as a full disk fails a write;
+    Python ignores the SIGXFSZ that would kill it). Bytecode caching is off so that only
+    the command's own files count."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return subprocess.run(
+        [sys.executable, "-m", "gpugov", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        preexec_fn=limit,
+    )
 
 
 def bench_script(name: str) -> ModuleType:

@@ -99,3 +99,27 @@ def test_a_stopped_load_says_how_in_its_exit_line_and_summary(
     assert result == code
     assert f"gpugov: {word} after" in capsys.readouterr().err
     assert json.loads(out.read_text())["stopped"] == word
+
+
+def test_json_cut_short_mid_write_leaves_the_old_summary_whole(
+    emulator: EmulatorServer, tmp_path: Path
+) -> None:
+    """``--json`` was written in place: a write that failed midway (past a file-size limit
+    of 256 bytes) left a summary cut short, with a traceback; it is now replaced whole or
+    not at all, and the failure is one line."""
+    from study_support import run_past_file_size
+
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,100,5\n2023-11-16 18:15:47.0805900,50,4\n"
+    )
+    out = tmp_path / "load.json"
+    out.write_text('{"an": "earlier run"}\n')
+    argv = ["load", "--trace", str(trace), "--url", emulator.url, "--json", str(out), "--quiet"]
+    cut = run_past_file_size(argv, limit_bytes=256)
+    assert cut.returncode == 1, cut.stderr
+    line = f"gpugov: error: --json {out}: cannot write: File too large"
+    assert cut.stderr.splitlines()[-1] == line
+    assert out.read_text() == '{"an": "earlier run"}\n'
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["load.json", "t.csv"]

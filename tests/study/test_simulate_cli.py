@@ -258,3 +258,21 @@ def test_simulate_writes_its_files_before_a_closed_stdout_ends_it(tmp_path: Path
         os.close(write_end)
     assert "Traceback" not in done.stderr
     assert json.loads(out.read_text())["metrics"]["energy_j"] > 0
+
+
+def test_simulate_out_cut_short_mid_write_leaves_the_old_file_whole(tmp_path: Path) -> None:
+    """``--out`` was written in place: a write that failed midway (here past a file-size
+    limit of 16 KiB, of about 80) left it cut short, with a traceback; it is now replaced
+    whole or not at all, and the failure is one line."""
+    from study_support import run_past_file_size
+
+    out = tmp_path / "run.json"
+    out.write_text('{"an": "earlier run"}\n')
+    argv = ["simulate", "--controller", "max", "--duration", "30", "--quiet", "--out", str(out)]
+    cut = run_past_file_size(argv, limit_bytes=16 * 1024)
+    assert cut.returncode == 1, cut.stderr
+    assert cut.stderr.splitlines() == [f"gpugov: error: --out {out}: cannot write: File too large"]
+    assert out.read_text() == '{"an": "earlier run"}\n'
+    assert [path.name for path in tmp_path.iterdir()] == ["run.json"]  # no temporary left
+    assert main(argv) == 0
+    assert json.loads(out.read_text())["metrics"]["completed_requests"] > 0
