@@ -44,8 +44,8 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130
     """Stopped by a signal (as a shell reports SIGINT)."""
     TERMINATED = 143
-    """A study command stopped by SIGTERM while its worker processes ran (as a shell
-    reports SIGTERM), after ending them."""
+    """A study command stopped by SIGTERM (as a shell reports SIGTERM), after its cleanup
+    (its worker processes ended, a profile's clocks reset)."""
 
 
 PERMISSION_DENIED_MESSAGE = (
@@ -54,24 +54,44 @@ PERMISSION_DENIED_MESSAGE = (
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived while a command's worker processes ran (``study/runners.py``): the
-    command ends them as Ctrl-C does (every ``KeyboardInterrupt`` cleanup runs), then exits
-    :attr:`ExitCode.TERMINATED`."""
+    """SIGTERM arrived during a long study command (``gpugov.cli``'s handler, and
+    ``study/runners.py``'s while worker processes run): the command stops as Ctrl-C stops
+    it (every ``KeyboardInterrupt`` cleanup runs, its worker processes are ended), then
+    exits :attr:`ExitCode.TERMINATED` with one line (:meth:`line`)."""
 
     received = False
     """Set when one was raised in this process: a library that turns the exception into a
     plain ``KeyboardInterrupt`` on its way up (Ray's ``ray.get``) still ends as SIGTERM."""
 
+    workers_ended = False
+    """Set when it was raised while worker processes ran (their pool ends them)."""
+
     @classmethod
-    def now(cls) -> Terminated:
-        """The exception a SIGTERM handler raises, recorded in :attr:`received`."""
+    def now(cls, *, workers: bool = False) -> Terminated:
+        """The exception a SIGTERM handler raises, recorded in :attr:`received`
+        (``workers``: raised while a pool's worker processes ran)."""
         cls.received = True
+        cls.workers_ended = cls.workers_ended or workers
         return cls()
 
     @classmethod
     def caused(cls, stop: BaseException) -> bool:
         """Whether ``stop`` (a ``KeyboardInterrupt`` caught) came of a SIGTERM."""
         return isinstance(stop, cls) or cls.received
+
+    @classmethod
+    def forget(cls) -> None:
+        """A command's start: no SIGTERM yet (one process can run several commands, as a
+        test does)."""
+        cls.received = False
+        cls.workers_ended = False
+
+    @classmethod
+    def line(cls) -> str:
+        """The one line a command stopped by SIGTERM ends with."""
+        if cls.workers_ended:
+            return "gpugov: terminated; its worker processes were ended"
+        return "gpugov: terminated"
 
 
 class GpugovError(Exception):

@@ -11,31 +11,35 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-_interrupt_requested = False
-"""Set by the command line's Ctrl-C handler (:func:`note_interrupt`); read at every
-progress update."""
+from gpugov.daemon.errors import Terminated
+
+_interrupt_requested: type[KeyboardInterrupt] | None = None
+"""Set by the command line's Ctrl-C and SIGTERM handlers (:func:`note_interrupt`); read at
+every progress update."""
 
 
-def note_interrupt() -> None:
-    """Remember a Ctrl-C. The handler also raises KeyboardInterrupt, but a compiled
-    kernel's call back into Python (numba boxing an array it returns) swallows an
-    exception raised there, and the command ran on to its end: the next progress update
-    raises it again (:func:`raise_if_interrupted`)."""
+def note_interrupt(*, terminated: bool = False) -> None:
+    """Remember a Ctrl-C (``terminated``: a SIGTERM). The handler also raises the
+    exception, but a compiled kernel's call back into Python (numba boxing an array it
+    returns) swallows an exception raised there, and the command ran on to its end: the
+    next progress update raises it again (:func:`raise_if_interrupted`)."""
     global _interrupt_requested
-    _interrupt_requested = True
+    _interrupt_requested = Terminated if terminated else KeyboardInterrupt
 
 
 def clear_interrupt() -> None:
-    """Forget a Ctrl-C (a command's start, or once the interrupt was handled)."""
+    """Forget a Ctrl-C or SIGTERM (a command's start, or once the interrupt was handled)."""
     global _interrupt_requested
-    _interrupt_requested = False
+    _interrupt_requested = None
 
 
 def raise_if_interrupted() -> None:
-    """Raise KeyboardInterrupt where a Ctrl-C was noted and not yet handled."""
-    if _interrupt_requested:
+    """Raise KeyboardInterrupt (:class:`~gpugov.daemon.errors.Terminated` for a SIGTERM)
+    where one was noted and not yet handled."""
+    kind = _interrupt_requested
+    if kind is not None:
         clear_interrupt()
-        raise KeyboardInterrupt
+        raise Terminated.now() if kind is Terminated else KeyboardInterrupt
 
 
 def format_duration(seconds: float) -> str:

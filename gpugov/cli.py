@@ -56,6 +56,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
 EXIT_INTERRUPTED = 130
 """Exit code after Ctrl-C (128 + SIGINT), as shells report it."""
 
+STOPPED_BY_SIGTERM = frozenset(
+    {"simulate", "replay", "plot", "experiments", "bench", "sweep", "fleet", "load", "profile"}
+)
+"""The long offline commands, which SIGTERM (a batch scheduler's stop, ``timeout``, a
+pod's) ends as Ctrl-C does, with exit 143 and one line (``load`` and ``profile`` handle it
+themselves while they run). The node's own commands (``run``, ``actuator``, ``emulate``)
+take it as their normal stop."""
+
 EXIT_USAGE = 2
 """Exit code of a usage error (argparse's, and every command's)."""
 
@@ -153,9 +161,10 @@ def _stop_before_the_start(signum: int, frame: object) -> NoReturn:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; return the exit code.
 
-    Ctrl-C ends any command with one line and exit code 130 (SIGTERM while a study
-    command's worker processes run: 143, once they are ended); a closed stdout (``gpugov
-    profiles --json | head``) ends it quietly (the Python docs' SIGPIPE recipe).
+    Ctrl-C ends any command with one line and exit code 130, SIGTERM a long offline
+    command (:data:`STOPPED_BY_SIGTERM`) with one line and 143, after the same cleanup
+    (its worker processes ended); a closed stdout (``gpugov profiles --json | head``) ends
+    it quietly (the Python docs' SIGPIPE recipe).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     empty = _empty_value(argv)
@@ -188,16 +197,43 @@ def _on_ctrl_c(signum: int, frame: object) -> NoReturn:
     raise KeyboardInterrupt
 
 
+def _on_sigterm(signum: int, frame: object) -> NoReturn:
+    """SIGTERM during a long offline command: raised as Ctrl-C is (every cleanup runs),
+    as :class:`~gpugov.daemon.errors.Terminated` (exit 143), and noted likewise."""
+    from gpugov.daemon.errors import Terminated
+    from gpugov.daemon.progress import note_interrupt
+
+    note_interrupt(terminated=True)
+    raise Terminated.now()
+
+
 def _main(argv: list[str], command: str) -> int:
     """:func:`main` past its signal set-up."""
     import signal
 
+    from gpugov.daemon.errors import Terminated
     from gpugov.daemon.progress import clear_interrupt
 
     clear_interrupt()
+    Terminated.forget()
     with contextlib.suppress(ValueError):  # not the main thread: signals are not ours
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, _on_ctrl_c)
+    previous_sigterm = None
+    if command in STOPPED_BY_SIGTERM:
+        with contextlib.suppress(ValueError):
+            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _run_command(argv, command)
+    finally:
+        if previous_sigterm is not None:  # a test's process gets its own handling back
+            signal.signal(signal.SIGTERM, previous_sigterm)
+
+
+def _run_command(argv: list[str], command: str) -> int:
+    """:func:`_main` once its signals are set: parse, run, and turn an interrupt or an
+    input error into one line and its exit code."""
     try:
         # Inside: a command's module can take a second to import (numpy, numba), and a
         # Ctrl-C then is the same one line.
@@ -218,7 +254,7 @@ def _main(argv: list[str], command: str) -> int:
         from gpugov.daemon.errors import ExitCode, Terminated
 
         if Terminated.caused(stop):
-            print(f"{start}gpugov: terminated; its worker processes were ended", file=sys.stderr)
+            print(f"{start}{Terminated.line()}", file=sys.stderr)
             return ExitCode.TERMINATED
         print(f"{start}gpugov: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -335,7 +335,7 @@ def _terminate_raises(
             return
 
         def handler(signum: int, frame: FrameType | None) -> None:
-            raise Terminated.now()
+            raise Terminated.now(workers=True)
 
         with _blocked({signal.SIGTERM}):  # a pending one raises once unblocked
             value = None if first is None else stack.enter_context(first)

@@ -31,7 +31,7 @@ from gpugov.daemon.cli_support import (
     simulated_controller,
     simulated_run_inputs,
 )
-from gpugov.daemon.errors import ExitCode
+from gpugov.daemon.errors import ExitCode, Terminated
 from gpugov.daemon.files import write_text_atomic
 from gpugov.daemon.sim_progress import SimulationProgress
 from gpugov.daemon.simulated import observation_view
@@ -161,14 +161,15 @@ def run_simulate(args: argparse.Namespace) -> int:
             on_progress=progress,
             view=observation_view(args.engine_view),
         )
-    except KeyboardInterrupt:  # Ctrl-C: one line saying where the run stopped
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: one line saying where it stopped
         start = "\n" if sys.stderr.isatty() and not args.quiet else ""
+        terminated = Terminated.caused(stop)
         print(
-            f"{start}gpugov: interrupted at {progress.reached_s:,.1f} of "
-            f"{workload[-1].arrival_time_s:,.1f} simulated s",
+            f"{start}gpugov: {'terminated' if terminated else 'interrupted'} at "
+            f"{progress.reached_s:,.1f} of {workload[-1].arrival_time_s:,.1f} simulated s",
             file=sys.stderr,
         )
-        return ExitCode.INTERRUPTED
+        return ExitCode.TERMINATED if terminated else ExitCode.INTERRUPTED
     progress.close(result=result)
     metrics = result.metrics.as_dict()
     title = (

@@ -167,6 +167,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         ]
     except GpuUnavailable as error:
         return fail(f"{error}", EXIT_NO_GPU)
+    received: list[str] = []  # the signal that stopped the sweep, by name
     try:
         supported = backends[0].supported_clocks_mhz()
         if wanted_clocks is not None:
@@ -203,7 +204,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             stop=stop,
             progress_enabled=not args.quiet,
         )
-        with stop_on_signals(stop):
+        with stop_on_signals(stop, received):
             if args.dry_run:
                 record = sweep.dry_run()
                 out_dir.mkdir(parents=True, exist_ok=True)
@@ -231,11 +232,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
             backend=args.backend,
         )
     except Interrupted:
+        word, code = _stopped_by(received)
         print(
-            f"gpugov: interrupted; clocks reset; rerun with --resume to continue ({out_dir})",
+            f"gpugov: {word}; clocks reset; rerun with --resume to continue ({out_dir})",
             file=sys.stderr,
         )
-        return EXIT_INTERRUPTED
+        return code
     except ProfileRunError as error:
         return fail(f"{error}; clocks reset", EXIT_RUNTIME)
     except PermissionDenied as error:
@@ -251,6 +253,20 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(f"  use it: gpugov simulate --profile {manifest} --controller mpc:{manifest}")
     print(f'  or in a config: [domains.controller] kind = "mpc", profile = "{manifest}"')
     return 0
+
+
+def _stopped_by(received: list[str]) -> tuple[str, int]:
+    """The word and exit code of a sweep stopped by the signal named first in
+    ``received``: Ctrl-C 130, SIGTERM 143 (as ``load`` and the other study commands),
+    another 128 + its number, as a shell reports it."""
+    import signal
+
+    name = received[0] if received else "SIGINT"
+    if name == "SIGINT":
+        return "interrupted", EXIT_INTERRUPTED
+    if name == "SIGTERM":
+        return "terminated", ExitCode.TERMINATED
+    return f"stopped by {name}", 128 + int(signal.Signals[name])
 
 
 def _default_name(gpu: str, model: str) -> str:

@@ -409,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(error))
     except KeyboardInterrupt as stop:
         if Terminated.caused(stop):
-            print("gpugov: terminated; its worker processes were ended", file=sys.stderr)
+            print(Terminated.line(), file=sys.stderr)
             return ExitCode.TERMINATED
         print("gpugov: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED

@@ -91,6 +91,22 @@ def test_a_noted_ctrl_c_is_raised_at_the_next_update_once() -> None:
         clear_interrupt()
 
 
+def test_a_noted_sigterm_is_raised_as_terminated() -> None:
+    """A SIGTERM swallowed the same way is raised again as ``Terminated`` (exit 143)."""
+    from gpugov.daemon.errors import Terminated
+
+    progress = Progress(10.0, "run", stream=io.StringIO(), clock=FakeClock(), enabled=False)
+    note_interrupt(terminated=True)
+    try:
+        with pytest.raises(Terminated):
+            progress.update(1.0)
+        assert Terminated.caused(KeyboardInterrupt())
+        progress.update(2.0)
+    finally:
+        clear_interrupt()
+        Terminated.forget()
+
+
 def test_simulate_ends_on_a_ctrl_c_the_run_swallowed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

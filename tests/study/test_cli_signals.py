@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from study_support import QUICK_EXPERIMENTS_ARGS
 
 
 def _start(argv: list[str]) -> subprocess.Popen[str]:
@@ -73,6 +74,51 @@ def test_sigint_exits_130_with_one_line(argv: list[str], marker: str, tmp_path: 
     assert lines[-1].startswith("gpugov: interrupted"), lines  # simulate: "... at S of T"
     assert all(line.startswith(marker) for line in lines[:-1]), lines  # progress only
     assert seconds < 30.0  # bench's workers are ended, not waited for
+
+
+SLOW_GRID = """
+traces = ["azure-conv-10min"]
+profiles = ["h100-sxm-llama3-8b"]
+controllers = ["max", "mpc-slsqp"]
+"""
+FLEET = ["fleet", "--nodes", "2", "--trace", "azure-conv-10min", "--trace-start", "0"]
+FLEET += ["--duration", "300", "--no-step", "--jobs", "1"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "marker", "sig"),
+    [
+        (["simulate", "--controller", "mpc-slsqp"], "simulate:", signal.SIGTERM),
+        ([*QUICK_EXPERIMENTS_ARGS], "experiments:", signal.SIGTERM),
+        (["bench", "controllers", "--quick", "--jobs", "1"], "bench controllers:", signal.SIGTERM),
+        (["sweep", "--jobs", "1"], "sweep:", signal.SIGTERM),
+        (["sweep", "--jobs", "1"], "sweep:", signal.SIGINT),
+        (FLEET, "fleet:", signal.SIGTERM),
+        (FLEET, "fleet:", signal.SIGINT),
+    ],
+    ids=["simulate", "experiments", "bench", "sweep", "sweep-ctrl-c", "fleet", "fleet-ctrl-c"],
+)
+def test_a_study_command_in_one_process_ends_on_sigterm_with_143_and_one_line(
+    argv: list[str], marker: str, sig: signal.Signals, tmp_path: Path
+) -> None:
+    """SIGTERM kept its default action where no worker processes ran: the command died
+    with no line and none of its cleanup. It now ends as Ctrl-C does (130), with 143 and
+    ``gpugov: terminated``."""
+    if argv[0] == "sweep":
+        (tmp_path / "grid.toml").write_text(SLOW_GRID)
+        argv = [*argv, "--grid", str(tmp_path / "grid.toml")]
+    if argv[0] != "simulate":
+        argv = [*argv, "--out", str(tmp_path / "out")]
+    code, stderr, _ = _interrupt_after(_start(argv), marker, sig)
+    word = "terminated" if sig == signal.SIGTERM else "interrupted"
+    assert code == (143 if sig == signal.SIGTERM else 130), stderr
+    assert "Traceback" not in stderr
+    lines = stderr.rstrip().splitlines()
+    if argv[0] == "simulate":
+        assert lines[-1].startswith(f"gpugov: {word} at "), lines
+    else:
+        assert lines[-1] == f"gpugov: {word}", lines
+    assert all(line.startswith(marker) for line in lines[:-1]), lines
 
 
 def test_closed_stdout_exits_quietly() -> None:

@@ -232,6 +232,43 @@ def test_interrupted_sweep_resets_and_resumes(
     assert code == 1  # different settings: refused, nothing overwritten
 
 
+@pytest.mark.parametrize(
+    ("signum", "code", "word"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+)
+def test_a_stopped_sweep_says_how_in_its_exit_line(
+    synthetic_emulator: EmulatorServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    signum: signal.Signals,
+    code: int,
+    word: str,
+) -> None:
+    """Ctrl-C ends ``profile`` with 130, SIGTERM with 143 (it was 130, as ``load``'s
+    was), each with one line, after the clocks were reset."""
+    import os
+
+    state = tmp_path / "sweep-state.jsonl"
+
+    def stop_once_measuring() -> None:  # the sweep runs (its state file is there)
+        deadline = time.monotonic() + 60.0
+        while not state.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signum)
+
+    sender = threading.Thread(target=stop_once_measuring, daemon=True)
+    sender.start()
+    result = _profile(
+        synthetic_emulator.url, tmp_path, "--clock-list", "1980,600", "--dwell", "0.5",
+        *SMALL_REFERENCE,
+    )  # fmt: skip
+    sender.join()
+    assert result == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"gpugov: {word}; clocks reset; rerun with --resume to continue ({tmp_path})"
+    assert synthetic_emulator.node.gpu_state[0].locked is None
+
+
 def test_dry_run_changes_nothing(
     synthetic_emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -198,7 +198,7 @@ def test_sigterm_raises_in_the_parent_while_a_pool_runs_and_workers_keep_its_def
         with pytest.raises(Terminated):
             handler(signal.SIGTERM, None)
     finally:
-        Terminated.received = False
+        Terminated.forget()
     done = [first, *cells]
     assert blocked_at_submit == [True, True]
     assert {item.value for item in done} == {(True, False)}
@@ -241,6 +241,6 @@ def test_sigterm_while_a_runtime_starts_waits_for_the_handler_then_unwinds_it() 
     finally:
         after = signal.getsignal(signal.SIGTERM)
         signal.signal(signal.SIGTERM, before)
-        Terminated.received = False
+        Terminated.forget()
     # The handler in force before the block is back (the runtime's own, here).
     assert callable(after) and after is not before
