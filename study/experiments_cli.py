@@ -55,6 +55,7 @@ from gpugov.study.experiment_parts import (
     run_scheduling_on_plant,
 )
 from gpugov.study.experiments import assemble_textbook_results, build_textbook_results
+from gpugov.study.outputs import staged_outputs
 from gpugov.study.runners import (
     RunnerSpec,
     add_runner_arguments,
@@ -639,6 +640,8 @@ def run_experiments(args: argparse.Namespace) -> int:
         frequency_window(inputs)  # the open-loop part's window: refused now, not minutes in
     except ValueError as error:
         raise UsageError(f"--trace {args.trace}: {error}") from error
+    out = Path(args.out)
+    created = not out.exists()
     prepare_output_dir("--out", args.out)  # the inputs are good: only now is DIR made
     extra = {
         "gpugov_version": __version__,
@@ -659,47 +662,49 @@ def run_experiments(args: argparse.Namespace) -> int:
             "animation workload: its first `animation` seconds; arrivals not rescaled"
         ),
     }
-    try:
-        if spec.ray_address is not None or spec.jobs > 1:
-            results = build_sharded_results(
-                inputs,
-                spec,
-                progress,
-                load_dilation=1.0,
-                scheduling_trace_source_window_s=args.duration,
-                extra_metadata={**extra, "runner": spec.describe()},
-            )
-        else:
-            with single_threaded():  # as the runners' cells: results independent of cores
-                results = build_textbook_results(
-                    animation,
-                    evaluation,
-                    plant,
+    # Every file is written under DIR/.partial and moved into DIR once all are: a run
+    # stopped midway leaves DIR as it was, never a mix of its files and an earlier run's.
+    with staged_outputs(out, created=created) as staging:
+        try:
+            if spec.ray_address is not None or spec.jobs > 1:
+                results = build_sharded_results(
+                    inputs,
+                    spec,
+                    progress,
                     load_dilation=1.0,
-                    progress=progress,
                     scheduling_trace_source_window_s=args.duration,
-                    extra_metadata=extra,
-                    **sizes,
+                    extra_metadata={**extra, "runner": spec.describe()},
                 )
-    except UsageError:
-        raise
-    except ValueError as error:
-        raise UsageError(f"--trace {args.trace}: {error}") from error
+            else:
+                # As the runners' cells: results independent of cores.
+                with single_threaded():
+                    results = build_textbook_results(
+                        animation,
+                        evaluation,
+                        plant,
+                        load_dilation=1.0,
+                        progress=progress,
+                        scheduling_trace_source_window_s=args.duration,
+                        extra_metadata=extra,
+                        **sizes,
+                    )
+        except UsageError:
+            raise
+        except ValueError as error:
+            raise UsageError(f"--trace {args.trace}: {error}") from error
 
-    out = Path(args.out)
-    results_path = out / "results.json"
-    results_path.write_text(json.dumps(results, allow_nan=False) + "\n")
-    print(f"wrote {results_path}")
-    progress("writing figures")
-    written = write_figures(results, out / "figures")
-    summary_path = out / "summary.md"
-    summary_path.write_text(
-        format_summary_markdown(results, elapsed_s=time.perf_counter() - started)
-    )
+        results_path = staging / "results.json"
+        results_path.write_text(json.dumps(results, allow_nan=False) + "\n")
+        progress("writing figures")
+        figures = write_figures(results, staging / "figures")
+        summary_path = staging / "summary.md"
+        summary_path.write_text(
+            format_summary_markdown(results, elapsed_s=time.perf_counter() - started)
+        )
+        written = [results_path, *figures, summary_path]
     bar.close("done", done=EXPERIMENT_STEPS)
     for path in written:
-        print(f"wrote {path}")
-    print(f"wrote {summary_path}")
+        print(f"wrote {out / path.relative_to(staging)}")
     return 0
 
 

@@ -337,7 +337,7 @@ def _terminate_raises(
         def handler(signum: int, frame: FrameType | None) -> None:
             raise Terminated.now(workers=True)
 
-        with _blocked({signal.SIGTERM}):  # a pending one raises once unblocked
+        with signals_blocked({signal.SIGTERM}):  # a pending one raises once unblocked
             value = None if first is None else stack.enter_context(first)
             previous = signal.signal(signal.SIGTERM, handler)
             stack.callback(signal.signal, signal.SIGTERM, previous)
@@ -345,7 +345,7 @@ def _terminate_raises(
 
 
 @contextlib.contextmanager
-def _blocked(signals: set[signal.Signals]) -> Iterator[None]:
+def signals_blocked(signals: set[signal.Signals]) -> Iterator[None]:
     """``signals`` blocked in this thread, if it is the main one (where Python runs its
     handlers), the previous mask restored after: one that came meanwhile is delivered
     then."""
@@ -371,7 +371,7 @@ def _submit_all(
     the command would hang instead of exiting. A signal that came meanwhile is delivered
     once the mask is restored."""
     futures: dict[Any, int] = {}
-    with _blocked(_POOL_SIGNALS):
+    with signals_blocked(_POOL_SIGNALS):
         for position, index in enumerate(pending):
             try:
                 futures[pool.submit(_pool_task, fn, cells[index])] = index
@@ -694,6 +694,7 @@ __all__ = [
     "map_cells",
     "ray_endpoint",
     "runner_ready",
+    "signals_blocked",
     "single_threaded",
     "spec_from_args",
     "worker_label",

@@ -79,6 +79,42 @@ def test_quick_run_writes_results_summary_and_every_figure(quick_run) -> None:
         assert f"wrote {path}" in stdout
     assert f"wrote {out / 'results.json'}" in stdout
     assert f"wrote {out / 'summary.md'}" in stdout
+    assert not (out / ".partial").exists()  # every file moved into DIR
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {
+        str(path.relative_to(folder)): path.read_bytes()
+        for path in folder.rglob("*")
+        if path.is_file()
+    }
+
+
+def test_a_run_stopped_midway_leaves_the_earlier_outputs_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The results, the figures and the summary were written into DIR one after another:
+    Ctrl-C (or SIGTERM) while the figures were drawn left this run's results.json and
+    first figures beside the earlier run's summary and last figures. They now go into DIR
+    only once all are written: a stopped run leaves DIR as it was."""
+    out = tmp_path / "out"
+    (out / "figures").mkdir(parents=True)
+    earlier = {"results.json": b"earlier", "summary.md": b"earlier", "notes.txt": b"the user's"}
+    earlier |= {f"figures/{name}": b"earlier" for name in experiments_cli.FIGURES}
+    for name, data in earlier.items():
+        (out / name).write_bytes(data)
+
+    def stopped(*args: object, **kwargs: object) -> None:  # Ctrl-C at the fifth figure
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(experiments_cli, "plot_coverage", stopped)
+    code, _, stderr = _run_quick(out)
+    assert code == 130 and stderr.splitlines()[-1] == "gpugov: interrupted"
+    assert _files(out) == earlier and not (out / ".partial").exists()
+    # A DIR the stopped run created goes with it.
+    monkeypatch.setattr(experiments_cli, "build_textbook_results", stopped)
+    code, _, _ = _run_quick(tmp_path / "new")
+    assert code == 130 and not (tmp_path / "new").exists()
 
 
 def test_quick_results_record_sizes_trace_and_version(quick_run) -> None:

@@ -1,0 +1,59 @@
+"""An offline command's output directory, replaced as a whole: the files of a run are
+written under ``DIR/.partial/`` and moved into ``DIR`` only once every one is written.
+
+A run stopped midway (Ctrl-C, SIGTERM, an error) leaves ``DIR`` as it was: the earlier
+run's files, whole, and no ``.partial``. A run killed outright (SIGKILL, the OOM killer),
+which runs no cleanup, leaves them too, beside a ``DIR/.partial/`` that marks the
+unfinished run; the next run into ``DIR`` removes it. The move itself is a rename per
+file with Ctrl-C and SIGTERM held until it is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+from gpugov.study.runners import signals_blocked
+
+PARTIAL = ".partial"
+"""Where a run's files are written until the run is complete (under ``DIR``)."""
+
+
+@contextlib.contextmanager
+def staged_outputs(out: Path, *, created: bool = False) -> Iterator[Path]:
+    """Yield ``out/.partial`` to write a run's files in; when the block ends normally,
+    move each into ``out`` at the same relative path (replacing an earlier run's file of
+    that name; other files in ``out`` are left alone). When it raises, remove what was
+    written, and ``out`` itself where ``created`` (the command made it) and it is empty.
+    """
+    staging = out / PARTIAL
+    shutil.rmtree(staging, ignore_errors=True)  # a run killed outright left it
+    staging.mkdir()
+    try:
+        yield staging
+        with signals_blocked({signal.SIGINT, signal.SIGTERM}):
+            _move_into(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only when empty: nothing of the user's goes
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _move_into(staging: Path, out: Path) -> None:
+    """Rename every file under ``staging`` to the same place under ``out``."""
+    for path in sorted(staging.rglob("*")):
+        if path.is_dir():
+            continue
+        target = out / path.relative_to(staging)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+
+
+__all__ = ["PARTIAL", "staged_outputs"]
