@@ -17,6 +17,10 @@ result as it finishes, whichever runner runs it. The scoreboard, ``gpugov sweep`
   unfinished cell goes to a fresh pool, and the restarts are counted.
 * An exception raised by the task function itself is not a lost worker: it propagates
   (Ray's wrapper is removed), so input errors still reach the user as one line.
+* A cell may say how far it has got while it runs (:class:`CellProgress`: shared memory
+  the local pool's forked workers inherit, and ``map_cells``' ``on_wait`` for the driver
+  to look while it waits), so a long study shows a rate and an ETA before its first cell
+  finishes; a cell on Ray counts when it finishes.
 * Every cell runs with one BLAS/OpenMP thread, whatever the runner (Ray's workers do so
   by default): parallelism comes from the cells, and a cell's floating-point result (the
   SLSQP MPC's is sensitive to the summation order of multi-threaded BLAS) does not depend
@@ -39,7 +43,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from types import FrameType, ModuleType
@@ -257,6 +261,69 @@ def single_threaded() -> Any:
     return threadpool_limits(limits=1)
 
 
+WAIT_S = 1.0
+"""How often the driver calls ``map_cells``' ``on_wait`` while it waits for cells."""
+
+
+class CellProgress:
+    """How far each cell has got while it runs (in any unit, e.g. simulated seconds),
+    readable by the driver before the cell finishes: one slot per cell key, so that a cell
+    run again after a lost worker overwrites its own count instead of adding to it.
+
+    The slots are shared memory the local pool's forked workers inherit; a cell run in
+    this process reports to the driver at once (``on_report``, called in the driver's
+    process only). A copy sent to another process by value (a Ray worker) counts nothing:
+    its cells show no progress until they finish (the driver :meth:`report` s them then).
+    """
+
+    def __init__(self, keys: Sequence[str], on_report: Callable[[], None] | None = None) -> None:
+        self.slots = {key: index for index, key in enumerate(keys)}
+        if len(self.slots) != len(keys):
+            raise ValueError("cell keys must be distinct")
+        self.on_report = on_report
+        self._driver_pid = os.getpid()
+        self._done: Any = multiprocessing.get_context("fork").Array("d", max(len(keys), 1))
+
+    def report(self, key: str, done: float) -> None:
+        """Record that the cell ``key`` has done ``done`` (its total so far)."""
+        if self._done is None:  # a copy in another process (Ray): nothing to report to
+            return
+        self._done[self.slots[key]] = done
+        if self.on_report is not None and os.getpid() == self._driver_pid:
+            self.on_report()
+
+    def total(self) -> float:
+        """The sum over every cell of what it reported."""
+        return 0.0 if self._done is None else float(sum(self._done[:]))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Sent by value (a Ray worker's copy): detached, its reports go nowhere."""
+        return (_detached_progress, (list(self.slots),))
+
+
+def _detached_progress(keys: list[str]) -> CellProgress:
+    """A :class:`CellProgress` whose reports count nothing (a copy in another process)."""
+    progress = CellProgress.__new__(CellProgress)
+    progress.slots = {key: index for index, key in enumerate(keys)}
+    progress.on_report = None
+    progress._driver_pid = -1
+    progress._done = None
+    return progress
+
+
+def _finished_in_turn(
+    futures: Mapping[Future[Any], int], on_wait: Callable[[], None] | None
+) -> Iterator[Future[Any]]:
+    """The futures as they finish (``as_completed``), with ``on_wait`` called every
+    :data:`WAIT_S` while none does."""
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=WAIT_S, return_when=FIRST_COMPLETED)
+        if not done and on_wait is not None:
+            on_wait()
+        yield from done
+
+
 # ----------------------------------------------------------------------- in-process
 def _serial(
     fn: TaskFunction, cells: Sequence[Any], order: Sequence[int], shared: Mapping[str, Any]
@@ -392,6 +459,7 @@ def _pool(
     jobs: int,
     retries: int,
     say: Callable[[str], None],
+    on_wait: Callable[[], None] | None = None,
 ) -> Iterator[CellDone[Any]]:
     """Cells over a fork pool; a broken pool (a worker died) is replaced, its unfinished
     cells resubmitted, at most ``retries`` times. SIGTERM raises meanwhile
@@ -410,7 +478,7 @@ def _pool(
             finished = False
             try:
                 futures, lost = _submit_all(pool, fn, cells, pending)
-                for future in as_completed(futures):
+                for future in _finished_in_turn(futures, on_wait):
                     index = futures[future]
                     try:
                         value, worker = future.result()
@@ -577,6 +645,7 @@ def _ray(
     spec: RunnerSpec,
     say: Callable[[str], None],
     label: Callable[[Any], str],
+    on_wait: Callable[[], None] | None = None,
 ) -> Iterator[CellDone[Any]]:
     # SIGTERM as on the local pool (ray.init's own handler dumps a stack and exits
     # without a shutdown): ``Terminated`` unwinds through the runtime's shutdown.
@@ -597,7 +666,9 @@ def _ray(
             submit(index)
         try:
             while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1)
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_S)
+                if not ready and on_wait is not None:
+                    on_wait()
                 for ref in ready:
                     index = pending.pop(ref)
                     try:
@@ -641,6 +712,7 @@ def map_cells(
     order: Sequence[int] | None = None,
     on_event: Callable[[str], None] | None = None,
     label: Callable[[Any], str] = str,
+    on_wait: Callable[[], None] | None = None,
 ) -> Iterator[CellDone[Any]]:
     """Run ``fn(cell, shared)`` for every cell; yield each result as it finishes.
 
@@ -653,6 +725,8 @@ def map_cells(
             longest first.
         on_event: receives one line per lost worker and retry.
         label: names a cell in those lines.
+        on_wait: called every :data:`WAIT_S` while the driver waits for cells that run
+            in other processes (a progress line fed by a :class:`CellProgress`).
 
     Yields:
         :class:`CellDone` per cell, exactly once each, in completion order.
@@ -672,11 +746,11 @@ def map_cells(
         return iter(())
     if spec.ray_address is not None:
         import_ray()  # the install hint now, before any work
-        return _ray(fn, cells, order, shared, spec, say, label)
+        return _ray(fn, cells, order, shared, spec, say, label, on_wait)
     jobs = spec.jobs or min(len(cells), os.cpu_count() or 1)
     if jobs <= 1 or len(cells) <= 1:
         return _serial(fn, cells, order, shared)
-    return _pool(fn, cells, order, shared, jobs, spec.retries, say)
+    return _pool(fn, cells, order, shared, jobs, spec.retries, say, on_wait)
 
 
 __all__ = [
@@ -684,6 +758,7 @@ __all__ = [
     "RAY_ADDRESS_FORMS",
     "RAY_INSTALL_HINT",
     "CellDone",
+    "CellProgress",
     "RayRuntime",
     "RunnerError",
     "RunnerSpec",

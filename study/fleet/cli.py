@@ -120,18 +120,25 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     cells = cells_for(config)
     total = len(cells) * config.nodes * config.ticks * config.control_period_s
     bar = Progress(total, "fleet", unit="node-s", enabled=not args.quiet)
-    done = 0.0
+    done, finished = 0.0, 0
     bar.update(0.0, f"{len(cells)} cells of {config.nodes} nodes", force=True)
 
-    def on_cell(row: dict[str, object], finished: int, count: int) -> None:
+    def on_progress(node_s: float) -> None:  # every control period of the running cells
         nonlocal done
-        done += config.nodes * config.ticks * config.control_period_s
-        bar.update(done, f"{finished}/{count} cells, last {row['key']}", force=True)
+        done = node_s
+        bar.update(done, f"{finished}/{len(cells)} cells")
+
+    def on_cell(row: dict[str, object], count: int, cells_in_all: int) -> None:
+        nonlocal finished
+        finished = count
+        bar.update(done, f"{finished}/{cells_in_all} cells, last {row['key']}", force=True)
 
     def on_event(line: str) -> None:
         print(f"gpugov: {line}", file=sys.stderr)
 
-    payload = run_fleet(config, spec=runner, on_cell=on_cell, on_event=on_event)
+    payload = run_fleet(
+        config, spec=runner, on_cell=on_cell, on_event=on_event, on_progress=on_progress
+    )
     bar.close()
     paths, note = write_outputs(payload, Path(args.out))
     print(short_table(payload))

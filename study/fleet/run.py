@@ -40,7 +40,7 @@ from gpugov.study.fleet.allocators import (
 )
 from gpugov.study.fleet.node import FleetNode
 from gpugov.study.fleet.router import make_router
-from gpugov.study.runners import CellDone, RunnerSpec, map_cells
+from gpugov.study.runners import CellDone, CellProgress, RunnerSpec, map_cells
 from gpugov.study.scoreboard.scenarios import _full_trace, work_seconds_at_maximum
 
 DEFAULT_PROFILES = ("h100-sxm-llama3-8b", "h200-sxm-llama3-8b", "a100-sxm-80gb-llama3-8b")
@@ -378,6 +378,7 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
     allocation_time = 0.0
     arrivals = iter(workload)
     upcoming = next(arrivals, None)
+    progress: CellProgress | None = shared.get("progress")
     for tick in range(config.ticks):
         now = tick * period
         if allocate is not None and tick > 0 and (tick % every == 0 or tick == signal_tick):
@@ -408,6 +409,8 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
         energy_mark = energies
         budgets.append(budget_at(config, cell, tdp, now + 0.5 * period))
         caps_sum.append(sum(node.cap_w for node in nodes))
+        if progress is not None:
+            progress.report(cell.key, (tick + 1) * period * len(nodes))
 
     results = [
         node.simulation.result(controller_name=config.controller, control_period_s=period)
@@ -575,20 +578,39 @@ def run_fleet(
     spec: RunnerSpec | None = None,
     on_cell: Callable[[dict[str, Any], int, int], None] | None = None,
     on_event: Callable[[str], None] | None = None,
+    on_progress: Callable[[float], None] | None = None,
 ) -> dict[str, Any]:
-    """Run every cell of ``config`` (``spec``: where); the JSON payload."""
+    """Run every cell of ``config`` (``spec``: where); the JSON payload.
+
+    ``on_progress`` receives the node-seconds simulated so far over every cell while they
+    run (each control period in this process or a local pool's; a Ray cell's when it
+    ends), then ``on_cell`` each finished cell's row."""
     config.validate()
     plants = _plants(config.profiles, config.latency_noise)
     workload, info = fleet_workload(config, plants)
     cells = cells_for(config)
-    shared = {"config": config, "workload": workload, "plants": plants}
+
+    def report() -> None:
+        if on_progress is not None:
+            on_progress(progress.total())
+
+    progress = CellProgress([cell.key for cell in cells], on_report=report)
+    shared = {"config": config, "workload": workload, "plants": plants, "progress": progress}
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
     done: CellDone[Any]
     for done in map_cells(
-        run_cell, cells, spec=spec, shared=shared, on_event=on_event, label=lambda c: c.key
+        run_cell,
+        cells,
+        spec=spec,
+        shared=shared,
+        on_event=on_event,
+        label=lambda c: c.key,
+        on_wait=report,
     ):
         rows.append(done.value)
+        cell = cells[done.index]
+        progress.report(cell.key, config.ticks * config.control_period_s * config.nodes)
         if on_cell is not None:
             on_cell(done.value, len(rows), len(cells))
     return {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import random
@@ -351,6 +352,58 @@ def test_the_run_writes_its_report_and_degrades_without_matplotlib(
     text = paths["md"].read_text()
     assert "| SLO-aware (published need) | 70 % TDP |" in text
     assert "## Budget step" in text
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_progress_counts_node_seconds_while_the_cells_run(
+    tiny: dict[str, object], jobs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The progress line moved only when a whole cell finished, so its ETA read "?" until
+    the first one had (minutes into the default fleet, whose cells run side by side). The
+    cells now report their node-seconds every control period, in this process and from a
+    local pool's workers, and the line has a rate, hence an ETA, from the first update."""
+    from gpugov.daemon.progress import Progress
+    from gpugov.study import runners
+
+    monkeypatch.setattr(runners, "WAIT_S", 0.01)  # the pool's driver looks every 10 ms
+    base = tiny["config"]
+    assert isinstance(base, FleetConfig)
+    config = replace(base, allocators=("slo",), budgets=(0.7,))
+    events: list[tuple[str, float]] = []
+    run_fleet(
+        config,
+        spec=RunnerSpec(jobs=jobs),
+        on_progress=lambda node_s: events.append(("progress", node_s)),
+        on_cell=lambda row, finished, count: events.append(("cell", finished)),
+    )
+    total = 3 * config.nodes * config.ticks * config.control_period_s
+    first_cell = events.index(("cell", 1))
+    before = [value for kind, value in events[:first_cell] if kind == "progress"]
+    assert before and 0.0 < before[-1] < total  # counted before any cell finished
+    counted = [value for kind, value in events if kind == "progress"]
+    assert counted == sorted(counted) and counted[-1] == pytest.approx(total)
+    clock = [0.0]
+    bar = Progress(total, "fleet", unit="node-s", stream=io.StringIO(), clock=lambda: clock[0])
+    clock[0] = 10.0
+    assert "ETA ?" not in bar.line(before[-1])
+
+
+def test_cell_progress_keeps_one_count_per_cell() -> None:
+    """A cell run again (its worker lost) overwrites its count, never adds to it; a copy
+    sent by value to another process (a Ray worker) counts nothing here."""
+    import pickle
+
+    from gpugov.study.runners import CellProgress
+
+    reports: list[float] = []
+    progress = CellProgress(["a", "b"], on_report=lambda: reports.append(progress.total()))
+    progress.report("a", 5.0)
+    progress.report("b", 2.0)
+    progress.report("a", 3.0)  # the cell started again
+    assert progress.total() == 5.0 and reports == [5.0, 7.0, 5.0]
+    copy = pickle.loads(pickle.dumps(progress))
+    copy.report("b", 100.0)
+    assert copy.total() == 0.0 and progress.total() == 5.0
 
 
 # ---------------------------------------------------------------------------- CLI
