@@ -222,6 +222,13 @@ class SweepCell:
     controller: str
     seed: int
     settings: tuple[tuple[str, Any], ...]
+    former_key: str | None = None
+    """The key results written before keys resolved paths gave this cell (its paths as
+    the grid spelled them), where it differs: such a result still counts as done."""
+
+    def known_keys(self) -> tuple[str, ...]:
+        """Every key a result of this cell may carry: its key, then its former one."""
+        return (self.key,) if self.former_key is None else (self.key, self.former_key)
 
     def label(self) -> str:
         """``trace|profile|xload|controller|seed`` for progress lines."""
@@ -267,17 +274,32 @@ def _profile_path_like(text: str) -> bool:
     return Path(text).suffix in (".json", ".csv") or "/" in text
 
 
-def _rebased_spec(spec: str) -> str:
+def _rebased_spec(spec: str, absolute: Callable[[str], str] = os.path.abspath) -> str:
     """A controller spec whose file argument (an ``open-loop`` plan, an MPC profile), read
-    from the working directory, is made absolute."""
+    from the working directory, is made absolute (by ``absolute``)."""
     kind, colon, argument = spec.partition(":")
     if not colon or not argument or not os.path.exists(argument):
         return spec
     if kind == "open-loop" or (
         kind in PROFILE_SPEC_KINDS and "=" not in argument and _profile_path_like(argument)
     ):
-        return f"{kind}:{os.path.abspath(argument)}"
+        return f"{kind}:{absolute(argument)}"
     return spec
+
+
+def _profile_identity(entry: str, base: Path) -> str:
+    """What a cell's key holds for a profile: its manifest file resolved
+    (:func:`_file_identity`), or its bundled name."""
+    read = _resolve(entry, (), base)
+    return _file_identity(read, entry) if _profile_path_like(read) else entry
+
+
+def _file_identity(read: str, entry: str) -> str:
+    """What a cell's key holds for a trace or profile: the file read for ``entry``
+    (``read``) with every link and ``..`` resolved, however the grid spelled it (relative
+    to its folder, to the working directory, or absolute, as ``DIR/grid.toml`` has it);
+    ``entry`` for a name."""
+    return os.path.realpath(read) if os.path.exists(read) else entry
 
 
 def rebased_grid(grid: SweepGrid, base: Path) -> SweepGrid:
@@ -388,13 +410,20 @@ def plan_sweep(path: Path) -> SweepPlan:
                 message = str(error).removeprefix("--controller: ")
                 raise UsageError(f"{path}: key 'controllers' ({entry}): {message}") from error
     settings = grid.settings()
+    # A cell's key names its files as resolved, so that the same run keys alike however
+    # the grid spelled them (DIR/grid.toml names them absolute).
+    trace_ids = {
+        entry: entry if entry in known_traces else _file_identity(_resolve(entry, (), base), entry)
+        for entry in grid.traces
+    }
+    profile_ids = {entry: _profile_identity(entry, base) for entry in grid.profiles}
     cells = []
     for trace in grid.traces:
         for entry, profile in profiles.items():
             for load in grid.loads:
                 for controller in grid.controllers:
                     for seed in grid.seeds:
-                        identity = {
+                        written = {
                             "trace": trace,
                             "trace_window_checksum": checksums[trace],
                             "profile": entry,
@@ -405,15 +434,23 @@ def plan_sweep(path: Path) -> SweepPlan:
                             "seed": seed,
                             **settings,
                         }
+                        identity = {
+                            **written,
+                            "trace": trace_ids[trace],
+                            "profile": profile_ids[entry],
+                            "controller": _rebased_spec(controller, os.path.realpath),
+                        }
+                        key, former = cell_key(identity), cell_key(written)
                         cells.append(
                             SweepCell(
-                                cell_key(identity),
+                                key,
                                 trace,
                                 entry,
                                 load,
                                 controller,
                                 seed,
                                 tuple(settings.items()),
+                                former_key=None if former == key else former,
                             )
                         )
     return SweepPlan(grid, tuple(cells), shared)
@@ -594,16 +631,22 @@ def summarize(
     """Per (trace, profile, load, controller): means over seeds of energy, J/token, SLO
     attainment, TTFT/TPOT p95, violations, and energy saved against ``max`` on the same
     (trace, profile, load, seed) when the grid has it."""
-    wanted = {cell.key for cell in cells}
+    wanted = {key for cell in cells for key in cell.known_keys()}
     latest = {row["key"]: row for row in rows if row["key"] in wanted and row["status"] == "ok"}
-    baseline = {
-        (row["trace"], row["profile"], row["load"], row["seed"]): row["metrics"]["energy_j"]
-        for row in latest.values()
-        if row["controller"] == BASELINE
-    }
+
+    def result(cell: SweepCell) -> Mapping[str, Any] | None:
+        return next((latest[key] for key in cell.known_keys() if key in latest), None)
+
+    # By the cells' own fields: a row written from another spelling of the grid (an
+    # absolute path in DIR/grid.toml) names its trace and profile as that spelling did.
+    baseline = {}
+    for cell in cells:
+        row = result(cell)
+        if row is not None and cell.controller == BASELINE:
+            baseline[(cell.trace, cell.profile, cell.load, cell.seed)] = row["metrics"]["energy_j"]
     groups: dict[tuple[str, str, float, str], list[Mapping[str, Any]]] = {}
     for cell in cells:
-        row = latest.get(cell.key)
+        row = result(cell)
         if row is not None:
             groups.setdefault((cell.trace, cell.profile, cell.load, cell.controller), []).append(
                 row
@@ -782,7 +825,7 @@ def _run_plan(
     if dropped:
         say(f"{results_path}: dropped a last line cut short by an interrupted write")
     done = {row["key"] for row in rows if row.get("status") == "ok"}
-    todo = [cell for cell in plan.cells if cell.key not in done]
+    todo = [cell for cell in plan.cells if done.isdisjoint(cell.known_keys())]
     skipped = len(plan.cells) - len(todo)
     if resume:
         say(f"resuming: {skipped} of {len(plan.cells)} cells already done, {len(todo)} to run")

@@ -252,6 +252,81 @@ def test_the_grid_copy_names_every_path_absolute_and_runs_again(
     assert len(before) == 2 * 2 * 2
 
 
+def _grid_of_relative_paths(tmp_path: Path) -> Path:
+    """``grids/grid.toml`` naming a trace and a profile relative to its folder and an
+    open-loop plan relative to ``work/`` (the working directory it is run from)."""
+    from gpugov.plant.profile import bundled_profile_dir
+
+    data, grids, work = tmp_path / "data", tmp_path / "grids", tmp_path / "work"
+    for folder in (data, grids, work):
+        folder.mkdir()
+    _grid(data)  # data/bursty.csv
+    manifest = json.loads((bundled_profile_dir() / "h100-sxm-llama3-8b.json").read_text())
+    (data / "my h100.csv").write_bytes((bundled_profile_dir() / manifest["csv"]).read_bytes())
+    (data / "my h100.json").write_text(json.dumps({**manifest, "csv": "my h100.csv"}))
+    (work / "plan.json").write_text(json.dumps(plan_payload((1200.0, 1500.0))))
+    grid = grids / "grid.toml"
+    grid.write_text(
+        'traces = ["../data/bursty.csv", "azure-conv-10min"]\n'
+        'profiles = ["../data/my h100.json", "h100-sxm-llama3-8b"]\n'
+        'controllers = ["max", "open-loop:plan.json"]\n'
+        "duration_s = 10.0\n"
+    )
+    return grid
+
+
+def test_resume_from_the_grid_copy_in_another_folder_runs_nothing_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cell's key held its trace, profile and controller file as the grid spelled them,
+    so ``--resume`` with ``DIR/grid.toml`` (every path absolute), the copy made to run
+    again from any folder, ran again every cell that named a file relatively (7 of 8
+    here). Keys now name the files as resolved."""
+    from gpugov.study.sweep import GRID_COPY
+
+    grid = _grid_of_relative_paths(tmp_path)
+    monkeypatch.chdir(tmp_path / "work")
+    code, _, stderr = _run(["sweep", "--grid", "../grids/grid.toml", "--out", "../out"])
+    assert code == 0, stderr
+    out = tmp_path / "out"
+    before = (out / RESULTS).read_text()
+    keys = {cell.key for cell in plan_sweep(grid).cells}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert {cell.key for cell in plan_sweep(out / GRID_COPY).cells} == keys
+    code, stdout, stderr = _run(
+        ["sweep", "--grid", f"../out/{GRID_COPY}", "--out", "../out", "--resume"]
+    )
+    assert code == 0, stderr
+    assert "8 cells: 0 ran now, 8 done before" in stdout
+    assert (out / RESULTS).read_text() == before
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["table"]) == 8 and all(row["seeds"] == 1 for row in summary["table"])
+    saved = [row["energy_saved_vs_max"] for row in summary["table"]]
+    assert all(value is not None for value in saved)  # each row still set against max
+
+
+def test_results_keyed_as_the_grid_spelled_paths_still_count_on_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Results written before keys resolved paths (a relative path as written) are still
+    found: resuming them runs nothing again."""
+    grid = _grid_of_relative_paths(tmp_path)
+    monkeypatch.chdir(tmp_path / "work")
+    out = tmp_path / "out"
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    assert code == 0, stderr
+    cells = {cell.key: cell for cell in plan_sweep(grid).cells}
+    assert sum(cell.former_key is None for cell in cells.values()) == 1  # all names: unchanged
+    rows = _rows(out)
+    for row in rows:
+        row["key"] = cells[row["key"]].former_key or row["key"]
+    (out / RESULTS).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    code, stdout, _ = _run(["sweep", "--grid", str(grid), "--out", str(out), "--resume"])
+    assert code == 0 and "8 cells: 0 ran now, 8 done before" in stdout
+
+
 def test_the_grid_copy_reads_back_as_the_grid(tmp_path: Path) -> None:
     """Quotes, backslashes, other scripts and control characters survive the TOML copy."""
     from gpugov.study.sweep import SweepGrid, grid_toml, read_grid
