@@ -54,6 +54,11 @@ def format_duration(seconds: float) -> str:
     return f"{whole // 3600}h{(whole % 3600) // 60:02d}m"
 
 
+MIN_ETA_ELAPSED_S = 1.0
+MIN_ETA_FRACTION = 0.01
+"""An ETA is shown once a second has passed or a percent of the work is done."""
+
+
 class Progress:
     """Report ``done`` out of ``total`` units of work, with the rate so far and an ETA.
 
@@ -100,7 +105,10 @@ class Progress:
         elapsed = self.clock() - self.start_s
         fraction = min(1.0, done / self.total) if self.total > 0 else 1.0
         rate = done / elapsed if elapsed > 0 else 0.0
-        eta = (self.total - done) / rate if rate > 0 else float("inf")
+        # Below a second and a percent the rate is the start's noise (a run whose first
+        # tick reached 0.01 of 599 s showed an ETA of 3h10m): "?" until one of them.
+        settled = elapsed >= MIN_ETA_ELAPSED_S or fraction >= MIN_ETA_FRACTION
+        eta = (self.total - done) / rate if rate > 0 and settled else float("inf")
         unit = f" {self.unit}" if self.unit else ""
         text = (
             f"{self.label}: {fraction * 100:5.1f}% ({done:,.0f}/{self.total:,.0f}{unit}), "

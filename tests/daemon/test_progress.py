@@ -40,6 +40,18 @@ def test_eta_from_the_rate_so_far() -> None:
     assert line.endswith("energy 1.0 kJ")
 
 
+def test_no_eta_from_the_first_instant_of_a_run() -> None:
+    """A run whose first tick reached 0.01 of 599 simulated s in 2 ms showed an ETA of
+    3h10m; the ETA waits for a second or a percent of the work."""
+    clock = FakeClock()
+    progress = Progress(599, "run --simulate", stream=io.StringIO(), clock=clock, tty=False)
+    clock.now_s = 0.002
+    assert "ETA ?" in progress.line(0.01)
+    assert "ETA 0s" in progress.line(6.0)  # a percent done: 593 more at 3,000 a second
+    clock.now_s = 1.0
+    assert "ETA 59s" in progress.line(10.0)
+
+
 def test_log_mode_writes_one_line_per_interval_and_a_final_line() -> None:
     clock, stream = FakeClock(), io.StringIO()
     progress = Progress(10, "job", stream=stream, clock=clock, tty=False, log_interval_s=5.0)
