@@ -833,7 +833,11 @@ def _run_plan(
     failed = 0
     with (
         results_path.open("a") as handle,
-        Progress(len(todo), "sweep", unit="cells", stream=progress_stream) as progress,
+        # Nothing to run (a finished sweep resumed): no bar, whose only line was
+        # "100.0% (0/0 cells) ... ETA ?"; the resume line above says why.
+        Progress(
+            len(todo), "sweep", unit="cells", stream=progress_stream, enabled=bool(todo)
+        ) as progress,
     ):
         for count, finished in enumerate(
             map_cells(

@@ -300,6 +300,7 @@ def test_resume_from_the_grid_copy_in_another_folder_runs_nothing_again(
     )
     assert code == 0, stderr
     assert "8 cells: 0 ran now, 8 done before" in stdout
+    assert "0/0 cells" not in stderr  # no bar with nothing to run
     assert (out / RESULTS).read_text() == before
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["table"]) == 8 and all(row["seeds"] == 1 for row in summary["table"])
