@@ -728,9 +728,14 @@ def run_actuator(args: argparse.Namespace) -> int:
         server.serve(lambda: bool(stop))
     finally:
         notify_systemd("STOPPING=1")
-    code = _close(backends, server, ExitCode.OK)
-    if code:
+    # SIGTERM (systemd's stop) is the normal stop; Ctrl-C ends it as it ends every
+    # command, with 130 and one line, once every GPU is reset.
+    interrupted = stop[:1] == [signal.SIGINT]
+    code = _close(backends, server, ExitCode.INTERRUPTED if interrupted else ExitCode.OK)
+    if code == ExitCode.NOT_RESET:
         print("gpugov: error: some GPUs could not be reset; see the log", file=sys.stderr)
+    elif interrupted:
+        print("gpugov: interrupted; every GPU the actuator served was reset", file=sys.stderr)
     return code
 
 

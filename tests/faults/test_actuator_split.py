@@ -363,6 +363,27 @@ def test_governor_stopped_cleanly_resets_through_the_actuator(split: Any) -> Non
     assert_clean(reset)
 
 
+def test_the_actuator_on_ctrl_c_resets_and_exits_130_in_one_line(split: Any) -> None:
+    """SIGTERM is its normal stop (exit 0); Ctrl-C ends it as every command, 130."""
+    _root, node, _engine, path, started = split
+    actuator = start_actuator(node, path)
+    started.append(actuator)
+    peer = Peer(path)
+    try:
+        assert peer.ask({"op": "hello", "lease_s": 30})["ok"]
+        assert peer.ask({"op": "lock", "gpu": "0", "min_mhz": 1410, "max_mhz": 1410})["ok"]
+        assert node.locked()[0] == [1410, 1410]
+        actuator.send(signal.SIGINT)
+        assert actuator.wait(60) == 130
+    finally:
+        peer.close()
+    assert unlocked(node)
+    assert actuator.stderr.strip().splitlines()[-1] == (
+        "gpugov: interrupted; every GPU the actuator served was reset"
+    )
+    assert_clean(actuator)
+
+
 @pytest.mark.parametrize(
     ("args", "code", "needle"),
     [
