@@ -351,8 +351,8 @@ VLLM = EngineSpec(
 )
 SGLANG = EngineSpec(
     kind="sglang",
-    running=("sglang:num_running_reqs",),
-    waiting=("sglang:num_queue_reqs",),
+    running=("sglang:num_running_reqs", "sglang:num_requests_running"),
+    waiting=("sglang:num_queue_reqs", "sglang:num_requests_waiting"),
     prompt_tokens=("sglang:prompt_tokens_total",),
     generation_tokens=("sglang:generation_tokens_total",),
     finished=("sglang:num_requests_total", "sglang:e2e_request_latency_seconds_count"),
@@ -366,8 +366,11 @@ SGLANG = EngineSpec(
     ),
     kv_usage=("sglang:token_usage",),
     kv_tokens=("sglang:num_used_tokens",),
-    request_prompt_tokens=("sglang:prompt_tokens_histogram",),
-    request_generation_tokens=("sglang:generation_tokens_histogram",),
+    request_prompt_tokens=("sglang:prompt_tokens_histogram", "sglang:request_prompt_tokens"),
+    request_generation_tokens=(
+        "sglang:generation_tokens_histogram",
+        "sglang:request_generation_tokens",
+    ),
 )
 TGI = EngineSpec(
     kind="tgi",

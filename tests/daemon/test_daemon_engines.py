@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -372,3 +373,27 @@ def test_buckets_equal_within_rounding_are_kept() -> None:
     lines[inf] = f"{lines[inf].rpartition(' ')[0]} {before * (1 - 1e-12)!r}"
     sample = SglangSource("x", fetch=lambda url, t: "\n".join(lines) + "\n").scrape()
     assert sample.ttft_buckets is not None
+
+
+def test_sglang_v035_names() -> None:
+    """SGLang v0.3.5 named its queue gauges num_requests_running / num_requests_waiting
+    and its per-request length histograms request_prompt_tokens / request_generation_tokens
+    (renamed in the collector rewrite after it); its page was refused as "no sglang queue
+    gauges"."""
+    source = ScrapedSource("x", fetch=lambda url, t: fixture_text("sglang_v035_synthetic.txt"))
+    sample = source.scrape()
+    assert source.kind == "sglang"
+    assert (sample.running_requests, sample.waiting_requests) == (42, 7)
+    assert sample.prompt_tokens_total == 230794.0
+    assert sample.generation_tokens_total == 61200.0
+    assert sample.ttft == HistogramTotals(pytest.approx(171.3), 450.0)
+    assert sample.tpot == HistogramTotals(pytest.approx(1524.6), 60750.0)
+    assert sample.tpot_buckets is not None and not sample.tpot_buckets_per_request
+    # No success counter is incremented in this release: finished from the e2e count.
+    assert sample.finished_requests_total == 440.0
+    assert sample.request_prompt_tokens_buckets is not None
+    assert sample.request_prompt_tokens_buckets[-1] == (math.inf, 440.0)
+    # Its generation counter counts tokens as they are made: the output-length histogram's
+    # sum is the finished requests' share.
+    assert sample.finished_generation_tokens_total == 56700.0
+    assert sample.kv_usage_ratio == pytest.approx(0.31)
