@@ -254,6 +254,9 @@ class EngineSpec:
     kind: EngineKind
     running: tuple[str, ...]
     waiting: tuple[str, ...]
+    waiting_also: tuple[str, ...] = ()
+    """Gauges of requests in neither the running nor the waiting gauge that wait to run
+    again (vLLM V0's requests swapped to CPU memory): added to the waiting count."""
     prompt_tokens: tuple[str, ...] = ()
     generation_tokens: tuple[str, ...] = ()
     finished: tuple[str, ...] = ()
@@ -284,6 +287,7 @@ class EngineSpec:
         for group in (
             self.running,
             self.waiting,
+            self.waiting_also,
             self.prompt_tokens,
             self.generation_tokens,
             self.finished,
@@ -330,6 +334,7 @@ VLLM = EngineSpec(
     kind="vllm",
     running=("vllm:num_requests_running",),
     waiting=("vllm:num_requests_waiting",),
+    waiting_also=("vllm:num_requests_swapped",),
     prompt_tokens=("vllm:prompt_tokens_total",),
     generation_tokens=("vllm:generation_tokens_total",),
     finished=("vllm:request_success_total", "vllm:e2e_request_latency_seconds_count"),
@@ -486,6 +491,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
             "on the page; wrong engine kind, or metrics not enabled"
         )
     check_values(series, source)
+    waiting = (waiting or 0.0) + (_summed(series, spec.waiting_also) or 0.0)
     usage = _first(series, spec.kv_usage, how="mean")
     if usage is not None and usage > 1.0 + 1e-6:
         raise EngineParseError(
@@ -519,7 +525,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
     sample = EngineSample(
         engine=spec.kind,
         running_requests=round(running or 0.0),
-        waiting_requests=round(waiting or 0.0),
+        waiting_requests=round(waiting),
         prompt_tokens_total=_first(series, spec.prompt_tokens),
         generation_tokens_total=_first(series, spec.generation_tokens),
         finished_requests_total=_first(series, spec.finished),

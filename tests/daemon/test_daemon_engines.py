@@ -397,3 +397,20 @@ def test_sglang_v035_names() -> None:
     # sum is the finished requests' share.
     assert sample.finished_generation_tokens_total == 56700.0
     assert sample.kv_usage_ratio == pytest.approx(0.31)
+
+
+def test_vllm_v0_swapped_requests_are_waiting() -> None:
+    """A V0-engine vLLM moves preempted requests to CPU memory (swap preemption): they
+    are in vllm:num_requests_swapped, in neither the running nor the waiting gauge, and
+    wait to resume; left out, a full cache read as requests finishing, and a domain with
+    only swapped requests as idle."""
+    sample = VllmSource("x", fetch=lambda url, t: fixture_text("vllm_v0_synthetic.txt")).scrape()
+    assert (sample.running_requests, sample.waiting_requests) == (24, 5 + 3)
+    assert sample.kv_usage_ratio == pytest.approx(0.985)  # the deprecated alias
+    assert sample.kv_capacity_tokens == 27895.0 * 16  # num_gpu_blocks x block_size
+    assert sample.tpot == HistogramTotals(pytest.approx(4410.2), 157370.0)
+    assert not sample.tpot_buckets_per_request  # per inter-token interval
+    assert sample.ttft == HistogramTotals(pytest.approx(243.7), 630.0)
+    assert sample.finished_requests_total == 598.0
+    assert sample.preemptions_total == 17.0
+    assert sample.model_name == "meta-llama/Meta-Llama-3-8B-Instruct"
