@@ -19,9 +19,10 @@ Derivations from the engine's cumulative counters (documented in ``docs/daemon.m
   else prompt tokens / finished requests, else the configured default.
 * ``generated_decode_tokens``: the tokens the requests in flight have generated, the
   engine's generation counter less its output-length histogram's sum (the finished
-  requests' tokens; vLLM, SGLang), less what that difference held the last time nothing
-  was in flight (tokens of requests the histogram never counted); where the engine has
-  no such histogram (TGI), running x mean output length / 2 (a running request is on
+  requests' tokens; vLLM, SGLang v0.3.5), less what that difference held the last time
+  nothing was in flight (tokens of requests the histogram never counted); where the
+  engine has no such pair (TGI; later SGLang, which counts a request's generated tokens
+  when it finishes), running x mean output length / 2 (a running request is on
   average half done; mean output = generation tokens / finished requests, else default).
 * ``ttft_recent_s`` / ``tpot_recent_s``: (sum now - sum before) / (count now - count
   before) of the histograms between two successful scrapes; None when no request
@@ -391,8 +392,9 @@ class DomainObserver:
     def _local_prompt_tokens(self, engine: EngineSample) -> float:
         """Prompt tokens prefilled on the domain's GPUs so far, as their chunks ran.
 
-        vLLM V1 and SGLang advance their prompt counter only once a prompt's prefill is
-        done, which can be windows after its chunks ran (a window's work would lag it).
+        vLLM V1 advances its prompt counter only once a prompt's prefill is done, and
+        SGLang (since its collector rewrite) only once the request finishes, which can be
+        windows after its chunks ran (a window's work would lag it).
         Where the engine publishes the tokens its steps ran (vLLM's tokens-per-step
         histogram), those less the decode tokens (the generated tokens less the first
         tokens, which prefills make) are the prompt tokens as they ran; tokens whose KV

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from daemon_support import MetricsServer, fixture_text
 
+from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.engines import (
     EngineSource,
     HistogramTotals,
@@ -19,6 +20,7 @@ from gpugov.daemon.engines import (
 )
 from gpugov.daemon.errors import EngineParseError, EngineUnavailable
 from gpugov.daemon.exposition import aggregate, parse_page
+from gpugov.daemon.observer import DomainObserver
 
 
 def test_vllm_real_page_over_http(metrics_server: MetricsServer) -> None:
@@ -414,3 +416,49 @@ def test_vllm_v0_swapped_requests_are_waiting() -> None:
     assert sample.finished_requests_total == 598.0
     assert sample.preemptions_total == 17.0
     assert sample.model_name == "meta-llama/Meta-Llama-3-8B-Instruct"
+
+
+def test_sglang_generation_counter_counts_at_finish() -> None:
+    """Since its collector rewrite SGLang adds a request's generated tokens to
+    sglang:generation_tokens_total when the request finishes, the number its output-length
+    histogram observes: the two are equal, and their difference is not the tokens of the
+    requests in flight (it read 0 with 30 requests decoding)."""
+    sample = SglangSource(
+        "x", fetch=lambda url, t: fixture_text("sglang_v05_synthetic.txt")
+    ).scrape()
+    assert (sample.running_requests, sample.waiting_requests) == (30, 4)
+    assert sample.generation_tokens_total == 412000.0
+    assert sample.finished_generation_tokens_total is None
+    # The histograms are still read: the per-request energy split uses them.
+    assert sample.request_generation_tokens_buckets is not None
+    assert sample.request_prompt_tokens_buckets is not None
+    assert sample.ttft == HistogramTotals(pytest.approx(302.8), 1130.0)
+    assert sample.tpot == HistogramTotals(pytest.approx(11950.0), 412000.0)
+    assert sample.finished_requests_total == 1100.0
+    assert sample.model_name == "Qwen/Qwen3-32B" and sample.role == "colocated"
+    # The observer estimates the in-flight tokens instead: running x mean output / 2.
+    observer = DomainObserver(
+        [_IdleGpu()],
+        SglangSource("x", fetch=lambda url, t: fixture_text("sglang_v05_synthetic.txt")),
+        stale_after_s=3.0,
+    )
+    generated = observer.observe(0.0, 0, None).observation.generated_decode_tokens
+    assert generated == pytest.approx(30 * (412000.0 / 1100.0) / 2)
+
+
+class _IdleGpu:
+    """A GpuBackend whose samples say nothing (the engine side is under test)."""
+
+    label = "0"
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        return (900, 1980)
+
+    def sample(self) -> GpuSample:
+        return GpuSample(gpu=self.label)
+
+    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None: ...
+
+    def reset_clocks(self) -> None: ...
+
+    def close(self) -> None: ...
