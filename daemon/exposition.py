@@ -58,9 +58,25 @@ def _line_selector(wanted: frozenset[str] | None) -> re.Pattern[str]:
 SeriesCache = dict[str, tuple[str, dict[str, str]]]
 
 
+_NAME_AND_LABELS = re.compile(r'[^\s{]*\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\}')
+"""A sample line's name and label set, up to the brace that closes it outside quotes."""
+
+
 def _split_value(line: str) -> tuple[str, str]:
-    """``name{labels}`` and the rest (value, optional timestamp) of a sample line."""
-    close = line.rfind("}")  # values and timestamps are numbers: the last brace ends labels
+    """``name{labels}`` and the rest (value, optional timestamp and exemplar) of a line.
+
+    Values and timestamps are numbers, so without a ``#`` the last brace ends the labels.
+    An OpenMetrics exemplar (``value # {trace_id="..."} 0.3 ts``) has braces of its own,
+    and a label value may hold ``#`` or braces: those lines are split after the label set
+    proper, read with its quotes and escapes.
+    """
+    if "#" in line:
+        match = _NAME_AND_LABELS.match(line)
+        if match is not None:
+            return line[: match.end()], line[match.end() :]
+        head, _, rest = line.partition(" ")  # no label set: the name ends at the space
+        return head, rest
+    close = line.rfind("}")
     if close != -1:
         return line[: close + 1], line[close + 1 :]
     head, _, rest = line.partition(" ")

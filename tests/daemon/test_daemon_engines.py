@@ -462,3 +462,40 @@ class _IdleGpu:
     def reset_clocks(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+OPENMETRICS_PAGE = """\
+# TYPE vllm:num_requests_running gauge
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m \\\\ \\"quoted\\" {x} # y"} 1.0 1700000000.123
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 4000.0 # {trace_id="a1"} 12.0 1700000000.0
+vllm:prompt_tokens_created{engine="0",model_name="m"} 1.7e+09
+# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total 500.0 # {trace_id="d4"} 1.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.5",model_name="m"} 60.0 # {trace_id="b2"} 0.31
+vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 100.0 # {trace_id="c3"} 7.5
+vllm:time_to_first_token_seconds_count{model_name="m"} 100.0
+vllm:time_to_first_token_seconds_sum{model_name="m"} 60.0
+vllm:time_to_first_token_seconds_created{model_name="m"} 1.7e+09
+# EOF
+"""
+
+
+def test_openmetrics_page_reads_the_same_on_every_scrape() -> None:
+    """A page in OpenMetrics text (a server or proxy that ignores the Accept header):
+    exemplars after a value (`# {trace_id=...} value ts`), timestamps, `_created` series,
+    escaped label values and `# EOF`. A series seen before reuses its parsed labels and
+    reads only its value; with an exemplar it read the exemplar's value instead (the 0.5 s
+    bucket 0.31 of 60 requests, the prompt counter 12 of 4000)."""
+    source = VllmSource("x", fetch=lambda url, t: OPENMETRICS_PAGE)
+    first, second, third = source.scrape(), source.scrape(), source.scrape()
+    for sample in (first, second, third):
+        assert (sample.running_requests, sample.waiting_requests) == (3, 1)
+        assert sample.prompt_tokens_total == 4000.0
+        assert sample.generation_tokens_total == 500.0
+        assert sample.ttft == HistogramTotals(60.0, 100.0)
+        assert sample.ttft_buckets == ((0.5, 60.0), (math.inf, 100.0))
