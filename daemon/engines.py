@@ -11,6 +11,7 @@ metric names. The derivations from these cumulative values to a ``ServingObserva
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from gpugov.daemon.exposition import (
 from gpugov.daemon.scrape import MAX_PAGE_BYTES, Fetcher, KeepAliveFetcher
 
 EngineKind = Literal["vllm", "sglang", "tgi"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -560,6 +563,33 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
     return with_disaggregation(spec, series, sample)
 
 
+GOVERNED_SERIES: tuple[tuple[str, str, bool], ...] = (
+    ("running requests", "running", False),
+    ("waiting requests", "waiting", False),
+    ("prompt tokens", "prompt_tokens", False),
+    ("generated tokens", "generation_tokens", False),
+    ("finished requests", "finished", False),
+    ("TTFT histogram", "ttft", True),
+    ("TPOT histogram", "tpot", True),
+)
+"""What the governor reads from every engine page: a description, the spec field that
+names its series, and whether those are histograms (``_sum`` and ``_count``)."""
+
+
+def missing_series(spec: EngineSpec, series: Series) -> tuple[str, ...]:
+    """The values of :data:`GOVERNED_SERIES` the page lacks, each with the names looked for
+    (a value the engine publishes under no name, TGI's TTFT, is not listed)."""
+    missing: list[str] = []
+    for what, field, histogram in GOVERNED_SERIES:
+        names: tuple[str, ...] = getattr(spec, field)
+        if not names:
+            continue
+        found = _histogram(series, names) if histogram else _first(series, names)
+        if found is None:
+            missing.append(f"{what} ({' or '.join(names)})")
+    return tuple(missing)
+
+
 def detect_engine(series_names: Iterable[str]) -> EngineKind | None:
     """The engine whose metric prefix appears on the page (vLLM, SGLang, TGI), or None."""
     names = list(series_names)
@@ -713,6 +743,7 @@ class ScrapedSource:
         self.spec: EngineSpec | None = None if kind == "auto" else SPECS[kind]
         self._wanted = None if self.spec is None else self.spec.wanted()
         self._cache: SeriesCache = {}
+        self._missing: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -740,7 +771,28 @@ class ScrapedSource:
         series = parse_page(text, self._wanted, self.url, self._cache)
         if DYNAMO_MARK in text:  # a Dynamo worker: its component series name the role
             series.update(parse_page(text, DYNAMO_SERIES, self.url, self._cache))
-        return extract(self.spec, series, self.url)
+        sample = extract(self.spec, series, self.url)
+        self._report_missing(missing_series(self.spec, series))
+        return sample
+
+    def _report_missing(self, missing: tuple[str, ...]) -> None:
+        """One WARNING when the page lacks series the governor reads (an engine version
+        that names them otherwise, metrics it does not publish yet), naming them; one
+        INFO when it has them all again; nothing while the set is unchanged."""
+        if missing == self._missing:
+            return
+        kind = self.kind
+        if missing:
+            log.warning(
+                "%s: the %s page lacks %s (what derives from them stays unknown until "
+                "the page has them)",
+                self.url,
+                kind,
+                "; ".join(missing),
+            )
+        else:
+            log.info("%s: the %s page now has every series the governor reads", self.url, kind)
+        self._missing = missing
 
     def close(self) -> None:
         """Close kept-alive connections."""

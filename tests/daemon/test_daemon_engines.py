@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -499,3 +500,55 @@ def test_openmetrics_page_reads_the_same_on_every_scrape() -> None:
         assert sample.generation_tokens_total == 500.0
         assert sample.ttft == HistogramTotals(60.0, 100.0)
         assert sample.ttft_buckets == ((0.5, 60.0), (math.inf, 100.0))
+
+
+def test_a_page_without_what_the_governor_needs_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A page that parses but lacks series the governor reads (here an older vLLM's: no
+    TTFT histogram, no token counters) gives one WARNING naming them and the names looked
+    for, not one per scrape; a page that gains them says so once."""
+    pages = {"page": fixture_text("vllm_legacy_synthetic.txt")}
+    source = VllmSource("http://e/metrics", fetch=lambda url, t: pages["page"])
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon.engines"):
+        source.scrape()
+        source.scrape()
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert line.startswith("http://e/metrics: the vllm page lacks ")
+    for name in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+    ):
+        assert name in line
+    assert "vllm:num_requests_waiting" not in line  # present
+    caplog.clear()
+    pages["page"] = fixture_text("vllm_dp2_synthetic.txt")
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon.engines"):
+        source.scrape()
+        source.scrape()
+    assert [r.getMessage() for r in caplog.records] == [
+        "http://e/metrics: the vllm page now has every series the governor reads"
+    ]
+
+
+def test_a_complete_page_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="gpugov.daemon.engines"):
+        VllmSource("x", fetch=lambda url, t: fixture_text("vllm_dp2_synthetic.txt")).scrape()
+        SglangSource("x", fetch=lambda url, t: fixture_text("sglang_real.txt")).scrape()
+    assert caplog.records == []
+
+
+def test_a_page_with_one_queue_gauge_names_the_other(caplog: pytest.LogCaptureFixture) -> None:
+    """The waiting gauge alone missing read as an empty queue without a word."""
+    page = "\n".join(
+        line
+        for line in fixture_text("vllm_dp2_synthetic.txt").splitlines()
+        if not line.startswith("vllm:num_requests_waiting")
+    )
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.engines"):
+        sample = VllmSource("x", fetch=lambda url, t: page + "\n").scrape()
+    assert sample.waiting_requests == 0
+    assert "waiting requests (vllm:num_requests_waiting)" in caplog.records[0].getMessage()
