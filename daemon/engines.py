@@ -401,7 +401,7 @@ TGI = EngineSpec(
     arrived=("tgi_request_count", "tgi_request_count_total"),
     tpot=("tgi_request_mean_time_per_token_duration",),
     tpot_buckets=("tgi_request_mean_time_per_token_duration",),
-    iterations=("tgi_batch_forward_duration",),
+    iterations=("tgi_batch_forward_duration", "tgi_batch_inference_duration"),
     forward_seconds=("tgi_batch_forward_duration",),
 )
 SPECS: dict[str, EngineSpec] = {"vllm": VLLM, "sglang": SGLANG, "tgi": TGI}

@@ -552,3 +552,16 @@ def test_a_page_with_one_queue_gauge_names_the_other(caplog: pytest.LogCaptureFi
         sample = VllmSource("x", fetch=lambda url, t: page + "\n").scrape()
     assert sample.waiting_requests == 0
     assert "waiting requests (vllm:num_requests_waiting)" in caplog.records[0].getMessage()
+
+
+def test_tgi_before_v14_counts_forward_passes_by_inference_calls() -> None:
+    """TGI before v1.4 has no tgi_batch_forward_duration; each prefill and decode call is
+    one observation of tgi_batch_inference_duration{method}, so the engine steps are its
+    count (the seconds are not forward seconds: they include filtering and decoding)."""
+    sample = TgiSource("x", fetch=lambda url, t: fixture_text("tgi_v1_synthetic.txt")).scrape()
+    assert (sample.running_requests, sample.waiting_requests) == (9, 3)
+    assert (sample.arrived_requests_total, sample.finished_requests_total) == (310.0, 296.0)
+    assert sample.tpot == HistogramTotals(8.6, 296.0)
+    assert sample.tpot_buckets_per_request and sample.tpot_buckets is not None
+    assert sample.iterations_total == 250.0 + 61000.0
+    assert sample.prefill_forward_s_total is None and sample.decode_forward_s_total is None
