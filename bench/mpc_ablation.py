@@ -26,7 +26,7 @@ from typing import Any
 
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo, oracle_capture
-from gpugov.daemon.controller_config import MPCControllerConfig
+from gpugov.daemon.controller_config import MAX_TTFT_EXCESS_CAP, MPCControllerConfig
 from gpugov.daemon.controller_spec import canonical_controller_name
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.daemon.simulated import observation_view
@@ -35,8 +35,9 @@ from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.study.scoreboard.controllers import study_controller
 from gpugov.study.scoreboard.scenarios import DEFAULT_OUT, build_scenario
 
-NO_CAP = 1e9
-"""A TTFT excess cap no prediction reaches: the uncapped (seed's) penalty."""
+NO_CAP = MAX_TTFT_EXCESS_CAP
+"""The largest TTFT excess cap the config takes (a thousand SLOs), which no prediction
+reaches: the uncapped (seed's) penalty."""
 
 VARIANTS: dict[str, tuple[float, dict[str, Any]]] = {
     "latency model only, 1 s": (
