@@ -54,3 +54,36 @@ def test_a_missing_directory_is_an_error_not_created(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         write_text_atomic(tmp_path / "missing" / "out.json", "x")
     assert not (tmp_path / "missing").exists()
+
+
+def test_files_that_belong_together_are_replaced_all_or_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    csv, manifest = tmp_path / "p.csv", tmp_path / "p.json"
+    csv.write_text("old csv\n")
+    manifest.write_text("old manifest\n")
+    real_fsync = files.os.fsync
+    calls = []
+
+    def full_disk_on_the_second(descriptor: int) -> None:  # the manifest's write fails
+        calls.append(descriptor)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(files.os, "fsync", full_disk_on_the_second)
+    with pytest.raises(OSError, match="No space"):
+        files.write_files_atomic({csv: "new csv\n", manifest: b"new manifest\n"})
+    assert csv.read_text() == "old csv\n" and manifest.read_text() == "old manifest\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["p.csv", "p.json"]
+    monkeypatch.setattr(files.os, "fsync", real_fsync)
+    files.write_files_atomic({csv: "new csv\n", manifest: b"new manifest\n"})
+    assert csv.read_text() == "new csv\n" and manifest.read_text() == "new manifest\n"
+
+
+def test_bytes_are_written_as_given(tmp_path: Path) -> None:
+    target = tmp_path / "plot.png"
+    files.write_bytes_atomic(target, b"\x89PNG\r\n\x00")
+    files.write_text_atomic(tmp_path / "crlf.csv", "a,b\r\n")
+    assert target.read_bytes() == b"\x89PNG\r\n\x00"
+    assert (tmp_path / "crlf.csv").read_bytes() == b"a,b\r\n"

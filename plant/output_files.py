@@ -1,0 +1,93 @@
+"""The one atomic writer of every output file gpugov writes: a temporary file beside the
+target (``.NAME.XXXXXXXX``), flushed and fsynced, then renamed over it.
+
+A reader, or a run interrupted, killed or out of disk meanwhile, finds the old file whole
+or the new one, never a part. It lives in ``plant/`` because the plant's own writers
+(profiles) and the controllers' plan writer use it; ``gpugov.daemon.files`` re-exports
+it for everything above.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def write_bytes_atomic(path: Path, data: bytes, *, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` atomically: a temporary file in the same directory,
+    flushed and fsynced, then renamed over ``path``. A failure leaves no temporary file
+    behind (a kill can leave one, never ``path`` cut short). A link is followed: its
+    target is replaced. The parent directory must exist.
+
+    ``mode``: the new file's permissions; by default an existing file's, else what a
+    plain write creates (0o666 less the umask).
+
+    Raises:
+        OSError: the directory cannot be written (or is missing), or the disk is full.
+    """
+    write_files_atomic({path: data}, mode=mode)
+
+
+def write_text_atomic(path: Path, text: str, *, mode: int | None = None) -> None:
+    """Write ``text`` as UTF-8 to ``path`` atomically (:func:`write_bytes_atomic`; the
+    text is written as given, with no newline translation)."""
+    write_bytes_atomic(path, text.encode("utf-8"), mode=mode)
+
+
+def write_files_atomic(files: Mapping[Path, bytes | str], *, mode: int | None = None) -> None:
+    """Write several files that belong together (a profile's CSV and manifest) so that
+    none is replaced until every one is written: each goes to its temporary file first,
+    and only then are they renamed over their targets, in the mapping's order. A failure
+    while writing (a full disk, Ctrl-C) leaves every target as it was; ``str`` content is
+    written as UTF-8.
+
+    Raises:
+        OSError: a directory cannot be written (or is missing), or the disk is full.
+    """
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, content in files.items():
+            target = path.resolve() if path.is_symlink() else path
+            wanted = mode
+            if wanted is None and target.exists():
+                wanted = stat.S_IMODE(target.stat().st_mode)
+            handle, name = _create_beside(target, 0o666 if wanted is None else wanted)
+            staged.append((name, target))
+            data = content.encode("utf-8") if isinstance(content, str) else content
+            with os.fdopen(handle, "wb") as out:
+                if wanted is not None:
+                    os.fchmod(out.fileno(), wanted)  # exactly, whatever the umask
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+        while staged:
+            name, target = staged[0]
+            os.replace(name, target)
+            staged.pop(0)
+    except BaseException:
+        for name, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+        raise
+
+
+def _create_beside(path: Path, mode: int) -> tuple[int, str]:
+    """A new file ``.NAME.XXXXXXXX`` in ``path``'s directory, opened for writing with
+    ``mode`` less the umask (``tempfile.mkstemp`` would give 0o600); its descriptor and
+    name."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        name = os.path.join(path.parent, f".{path.name}.{secrets.token_hex(4)}")
+        try:
+            return os.open(name, flags, mode), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path.parent))
+
+
+__all__ = ["write_bytes_atomic", "write_files_atomic", "write_text_atomic"]
