@@ -47,9 +47,11 @@ def write_files_atomic(files: Mapping[Path, bytes | str], *, mode: int | None = 
     written as UTF-8.
 
     Raises:
-        OSError: a directory cannot be written (or is missing), or the disk is full.
+        OSError: a directory cannot be written (or is missing), or the disk is full;
+            its ``filename`` is the target's.
     """
     staged: list[tuple[str, Path]] = []
+    target: Path | None = None
     try:
         for path, content in files.items():
             target = path.resolve() if path.is_symlink() else path
@@ -69,10 +71,14 @@ def write_files_atomic(files: Mapping[Path, bytes | str], *, mode: int | None = 
             name, target = staged[0]
             os.replace(name, target)
             staged.pop(0)
-    except BaseException:
+    except BaseException as error:
         for name, _ in staged:
             with contextlib.suppress(OSError):
                 os.unlink(name)
+        if isinstance(error, OSError) and error.errno and target is not None:
+            # Named as the file being written (a failed write() names none, and the
+            # temporary's name means nothing to a user), as the same OSError subclass.
+            raise OSError(error.errno, error.strerror, str(target)) from error
         raise
 
 

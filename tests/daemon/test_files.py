@@ -87,3 +87,16 @@ def test_bytes_are_written_as_given(tmp_path: Path) -> None:
     files.write_text_atomic(tmp_path / "crlf.csv", "a,b\r\n")
     assert target.read_bytes() == b"\x89PNG\r\n\x00"
     assert (tmp_path / "crlf.csv").read_bytes() == b"a,b\r\n"
+
+
+def test_a_failed_write_names_the_file_it_was_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(descriptor: int) -> None:  # as a write past a full disk: no file name
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full)
+    with pytest.raises(OSError) as failed:
+        write_text_atomic(tmp_path / "summary.md", "x")
+    assert failed.value.filename == str(tmp_path / "summary.md")
+    assert failed.value.strerror == "No space left on device"
