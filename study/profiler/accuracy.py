@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from gpugov.daemon.files import write_files_atomic
 from gpugov.plant.profile import PerformanceProfile
 
 COLUMNS = (
@@ -141,7 +142,6 @@ def write_profile_files(profile: PerformanceProfile, directory: Path) -> Path:
         ",".join(f"{value:.8g}" for value in values)
         for values in zip(*(getattr(profile, c) for c in columns), strict=True)
     ]
-    csv.write_text("\n".join(rows) + "\n")
     manifest = dict(profile.manifest)
     manifest.update(
         {
@@ -158,5 +158,5 @@ def write_profile_files(profile: PerformanceProfile, directory: Path) -> Path:
         }
     )
     path = directory / f"{profile.name}.json"
-    path.write_text(json.dumps(manifest))
+    write_files_atomic({csv: "\n".join(rows) + "\n", path: json.dumps(manifest)})
     return path

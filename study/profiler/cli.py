@@ -14,6 +14,7 @@ from typing import Any
 from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import UsageError, fail, parse_gpu_list
 from gpugov.daemon.errors import ExitCode
+from gpugov.daemon.files import write_text_atomic
 from gpugov.daemon.limits import MAX_CLOCK_MHZ
 
 EXIT_RUNTIME, EXIT_PERMISSION, EXIT_NO_GPU, EXIT_GPU_LOST, EXIT_INTERRUPTED = (
@@ -209,7 +210,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 record = sweep.dry_run()
                 out_dir.mkdir(parents=True, exist_ok=True)
                 path = out_dir / "dry-run.json"
-                path.write_text(json.dumps(record, indent=2) + "\n")
+                write_text_atomic(path, json.dumps(record, indent=2) + "\n")
                 _print_dry_run(record, path)
                 return 0
             records = sweep.run(resume=args.resume, check_load=_check_load)

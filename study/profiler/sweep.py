@@ -20,7 +20,13 @@ from typing import Any
 from gpugov.daemon.actuator import ClockActuator
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.cli_support import UsageError
-from gpugov.daemon.files import InputFileError, loads_json, read_input_text
+from gpugov.daemon.files import (
+    InputFileError,
+    loads_json,
+    read_input_text,
+    write_bytes_atomic,
+    write_text_atomic,
+)
 from gpugov.daemon.progress import Progress
 from gpugov.plant.input_files import finite_number
 from gpugov.study.profiler.fit import fit_decode
@@ -302,22 +308,19 @@ class Sweep:
             # Only now that it is accepted: a last line cut short by an interrupted write
             # goes, or the next record would be appended to it.
             raw = self.state_path.read_bytes()
-            if not raw.endswith(b"\n"):
-                self.state_path.write_bytes(raw[: raw.rfind(b"\n") + 1])
+            if not raw.endswith(b"\n"):  # atomically: the measured clocks stay whole
+                write_bytes_atomic(self.state_path, raw[: raw.rfind(b"\n") + 1])
         else:
             records = []
-            self.state_path.write_text("")
-            _append(
-                self.state_path,
-                {
-                    "kind": "header",
-                    "settings": wanted,
-                    "url": self.url,
-                    "model": self.model,
-                    "gpus": [b.label for b in self.backends],
-                    "started_unix_s": time.time(),
-                },
-            )
+            started = {
+                "kind": "header",
+                "settings": wanted,
+                "url": self.url,
+                "model": self.model,
+                "gpus": [b.label for b in self.backends],
+                "started_unix_s": time.time(),
+            }
+            write_text_atomic(self.state_path, json.dumps(started) + "\n")
         done = {r["clock_mhz"] for r in records}
         todo = [c for c in self.settings.clocks_mhz if c not in done]
         sampler = GpuSampler(self.backends)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import io
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from gpugov import __version__
+from gpugov.daemon.files import write_files_atomic
 from gpugov.plant.profile import CSV_COLUMNS, load_profile
 from gpugov.study.profiler.fit import clock_fit, fit_decode, fit_thermal
 from gpugov.study.profiler.measure import ProfileRunError
@@ -121,11 +123,11 @@ def write_profile(
     rows, fits = clock_rows(records, reference_batch, reference_context)
     table = _interpolated(rows, supported_clocks)
     csv_path = out_dir / f"{name}.csv"
-    with csv_path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(CSV_COLUMNS)
-        for row in table:
-            writer.writerow([int(row["clock_mhz"])] + [f"{row[c]:.6g}" for c in CSV_COLUMNS[1:]])
+    csv_text = io.StringIO(newline="")
+    writer = csv.writer(csv_text)
+    writer.writerow(CSV_COLUMNS)
+    for row in table:
+        writer.writerow([int(row["clock_mhz"])] + [f"{row[c]:.6g}" for c in CSV_COLUMNS[1:]])
     top = max(fits, key=lambda f: f["clock_mhz"])
     weight, batch_share, kv_share = (max(0.0, v) for v in top["decode_fractions"])
     share_total = weight + batch_share + kv_share
@@ -227,6 +229,9 @@ def write_profile(
         ],
     }
     manifest_path = out_dir / f"{name}.json"
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    files = {csv_path: csv_text.getvalue(), manifest_path: json.dumps(manifest, indent=2) + "\n"}
+    # Both files at once: a failure midway (a full disk, Ctrl-C) leaves an earlier CSV
+    # and manifest of that name whole, never a corrupt profile.
+    write_files_atomic(files)
     load_profile(manifest_path)  # the written profile must load: fail here, not later
     return manifest_path

@@ -269,6 +269,38 @@ def test_a_stopped_sweep_says_how_in_its_exit_line(
     assert synthetic_emulator.node.gpu_state[0].locked is None
 
 
+def test_a_profile_cut_short_mid_write_leaves_the_earlier_one_whole(
+    synthetic_emulator: EmulatorServer, tmp_path: Path
+) -> None:
+    """The CSV and manifest were written in place, one after the other: a write that
+    failed midway (here past a file-size limit: the disk full) left a corrupt profile, or
+    a new CSV under the old manifest. Both are now replaced together or not at all."""
+    from study_support import run_past_file_size
+
+    flags = ("--clock-list", "1980,600", "--dwell", "0.3", *SMALL_REFERENCE, "--name", "p")
+    assert _profile(synthetic_emulator.url, tmp_path, *flags) == 0
+    csv, manifest = tmp_path / "p.csv", tmp_path / "p.json"
+    before = {path: (path.read_bytes(), path.stat().st_ino) for path in (csv, manifest)}
+    limit = len(before[manifest][0]) - 512  # the manifest (its measurements) is past it
+    assert len(before[csv][0]) < limit, "the CSV must fit: the manifest's write is cut"
+    argv = ["profile", "--engine-url", synthetic_emulator.url, "--gpus", "0", "--backend"]
+    argv += ["emulated", "--out", str(tmp_path), "--quiet", *flags, "--resume"]
+    # Every clock is in the state file: the resumed run only writes the profile again.
+    cut = run_past_file_size(argv, limit_bytes=limit)
+    assert cut.returncode == 1, cut.stderr
+    assert cut.stderr.splitlines() == [f"gpugov: error: {manifest}: File too large"]
+    assert {path: (path.read_bytes(), path.stat().st_ino) for path in before} == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "p.csv",
+        "p.json",
+        "sweep-state.jsonl",
+    ]  # no temporary left
+    assert load_profile(manifest).manifest["measured_clocks_mhz"] == [600, 1980]
+    assert _profile(synthetic_emulator.url, tmp_path, *flags, "--resume") == 0
+    assert manifest.stat().st_ino != before[manifest][1]  # written anew, in one piece
+    assert load_profile(manifest).manifest["measured_clocks_mhz"] == [600, 1980]
+
+
 def test_dry_run_changes_nothing(
     synthetic_emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
