@@ -27,6 +27,7 @@ from scipy.optimize import linprog
 
 from gpugov.controllers.mpc.model import DEFAULT_EXPECTED_OUTPUT_TOKENS
 from gpugov.plant.input_files import InputFileError, loads_json, read_input_text
+from gpugov.plant.output_files import write_text_atomic
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import PerformanceProfile
 from gpugov.plant.scheduler import chunked_prefill_scheduler
@@ -314,9 +315,10 @@ class PlanFormatError(ValueError):
 
 
 def save_plan(plan: OpenLoopPlan, path: str | Path) -> Path:
-    """Write ``plan`` as JSON to ``path`` and return the path."""
+    """Write ``plan`` as JSON to ``path`` atomically (an earlier plan there stays whole if
+    the write fails midway) and return the path."""
     target = Path(path)
-    target.write_text(json.dumps(plan.as_dict(), indent=2, allow_nan=False) + "\n")
+    write_text_atomic(target, json.dumps(plan.as_dict(), indent=2, allow_nan=False) + "\n")
     return target
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from gpugov.daemon.cli_support import check_output_dir, fail, prepare_output_dir
 from gpugov.daemon.config import controller_state_dir, load_config
 from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.daemon.errors import ConfigError
-from gpugov.daemon.files import resolve_state_dir
+from gpugov.daemon.files import resolve_state_dir, write_files_atomic
 from gpugov.daemon.limits import MAX_CLOCK_MHZ
 from gpugov.daemon.model_store import StoredModelError, read_stored
 from gpugov.plant.profile import CSV_COLUMNS
@@ -195,22 +196,22 @@ def export(
     name = f"online-{domain}"
     csv_path, manifest_path = out / f"{name}.csv", out / f"{name}.json"
     context = controller.mean_prompt_tokens + 0.5 * controller.mean_output_tokens
-    with csv_path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow([*CSV_COLUMNS, "prefill_s_per_token_std", "decode_iteration_s_std"])
-        for index, clock in enumerate(profile.clock_mhz):
-            writer.writerow(
-                [
-                    f"{clock:g}",
-                    f"{profile.prefill_tokens_per_s[index]:.6g}",
-                    f"{profile.decode_tokens_per_s[index]:.6g}",
-                    f"{profile.prefill_power_w[index]:.6g}",
-                    f"{profile.decode_power_w[index]:.6g}",
-                    f"{profile.idle_power_w[index]:.6g}",
-                    f"{model.prefill_s_per_token(float(clock))[1]:.6g}",
-                    f"{model.decode_iteration_s(float(clock), REFERENCE_BATCH, context)[1]:.6g}",
-                ]
-            )
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow([*CSV_COLUMNS, "prefill_s_per_token_std", "decode_iteration_s_std"])
+    for index, clock in enumerate(profile.clock_mhz):
+        writer.writerow(
+            [
+                f"{clock:g}",
+                f"{profile.prefill_tokens_per_s[index]:.6g}",
+                f"{profile.decode_tokens_per_s[index]:.6g}",
+                f"{profile.prefill_power_w[index]:.6g}",
+                f"{profile.decode_power_w[index]:.6g}",
+                f"{profile.idle_power_w[index]:.6g}",
+                f"{model.prefill_s_per_token(float(clock))[1]:.6g}",
+                f"{model.decode_iteration_s(float(clock), REFERENCE_BATCH, context)[1]:.6g}",
+            ]
+        )
     key = payload["key"]
     manifest = {
         **profile.manifest,
@@ -236,7 +237,10 @@ def export(
             },
         },
     }
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    # Together: a failure midway leaves an earlier export whole, never a corrupt profile.
+    write_files_atomic(
+        {csv_path: text.getvalue(), manifest_path: json.dumps(manifest, indent=2) + "\n"}
+    )
     return csv_path, manifest_path
 
 

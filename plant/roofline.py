@@ -70,6 +70,7 @@ from pathlib import Path
 
 from gpugov.plant import calibration
 from gpugov.plant.calibration import AttentionEfficiency, Efficiency, LayerShape
+from gpugov.plant.output_files import write_files_atomic
 from gpugov.plant.zoo import (
     CLOCK_STEP_MHZ,
     GPUS,
@@ -464,9 +465,9 @@ def write_profiles(out_dir: Path, keys: Sequence[str] | None = None) -> list[Pat
         csv_text, manifest = build_profile(key)
         csv_path = out_dir / f"{key}.csv"
         json_path = out_dir / f"{key}.json"
-        csv_path.write_text(csv_text, encoding="ascii", newline="\n")
-        json_path.write_text(
-            json.dumps(manifest, indent=2, ensure_ascii=True) + "\n", encoding="ascii", newline="\n"
+        manifest_text = json.dumps(manifest, indent=2, ensure_ascii=True) + "\n"
+        write_files_atomic(  # together: never a new CSV beside an old manifest
+            {csv_path: csv_text.encode("ascii"), json_path: manifest_text.encode("ascii")}
         )
         written += [csv_path, json_path]
     return written

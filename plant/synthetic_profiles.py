@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import sys
@@ -44,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from gpugov.plant.output_files import write_files_atomic
 from gpugov.plant.profile import CSV_COLUMNS, PerformanceProfile, load_profile
 
 REFERENCE_BATCH = 64
@@ -385,13 +387,15 @@ def write_synthetic_profile(name: str, directory: Path) -> Path:
     data = manifest(shape)
     directory.mkdir(parents=True, exist_ok=True)
     table = columns(shape)
-    with (directory / str(data["csv"])).open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(CSV_COLUMNS)
-        for row in zip(*(table[column] for column in CSV_COLUMNS), strict=True):
-            writer.writerow([repr(float(value)) for value in row])
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(CSV_COLUMNS)
+    for row in zip(*(table[column] for column in CSV_COLUMNS), strict=True):
+        writer.writerow([repr(float(value)) for value in row])
     path = directory / f"{data['name']}.json"
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    write_files_atomic(
+        {directory / str(data["csv"]): text.getvalue(), path: json.dumps(data, indent=2) + "\n"}
+    )
     return path
 
 
