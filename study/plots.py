@@ -29,6 +29,20 @@ def pyplot(needed_for: str = "plotting") -> Any:
     return plt
 
 
+def save_figure(fig: Any, path: str | Path, *, dpi: int = 110) -> None:
+    """Save ``fig`` to ``path`` atomically: drawn in memory (the format from the
+    extension), then written whole or not at all (a figure saved in place and cut short by
+    a full disk or Ctrl-C left a broken image where a good one was)."""
+    import io
+
+    from gpugov.daemon.files import write_bytes_atomic
+
+    target = Path(path)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=target.suffix.lstrip(".").lower() or None, dpi=dpi)
+    write_bytes_atomic(target, buffer.getvalue())
+
+
 def check_image_format(flag: str, path: str | Path, needed_for: str = "plotting") -> None:
     """Refuse, before any work, a plot file whose extension matplotlib cannot write
     (``--plot run.txt`` failed after the whole run)."""
@@ -212,7 +226,7 @@ def write_run_plot(series: RunSeries, path: str | Path, title: str) -> None:
     axes[5].set_xlabel("time (s)")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
 
 

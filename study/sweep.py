@@ -60,6 +60,7 @@ from gpugov.daemon.files import (
     loads_toml,
     read_input_bytes,
     read_input_text,
+    write_text_atomic,
 )
 from gpugov.daemon.limits import (
     MAX_CLOCK_MHZ,
@@ -743,6 +744,8 @@ def write_plot(table: Sequence[Mapping[str, Any]], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from gpugov.study.plots import save_figure
+
     fig, ax = plt.subplots(figsize=(9, 6))
     controllers = list(dict.fromkeys(row["controller"] for row in table))
     for index, controller in enumerate(controllers):
@@ -768,7 +771,7 @@ def write_plot(table: Sequence[Mapping[str, Any]], path: Path) -> bool:
     ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return True
 
@@ -829,7 +832,9 @@ def _run_plan(
     skipped = len(plan.cells) - len(todo)
     if resume:
         say(f"resuming: {skipped} of {len(plan.cells)} cells already done, {len(todo)} to run")
-    (out / GRID_COPY).write_text(grid_toml(rebased_grid(plan.grid, grid_path.resolve().parent)))
+    write_text_atomic(
+        out / GRID_COPY, grid_toml(rebased_grid(plan.grid, grid_path.resolve().parent))
+    )
     failed = 0
     with (
         results_path.open("a") as handle,
@@ -864,7 +869,8 @@ def _run_plan(
         "summary_md": out / SUMMARY_MD,
         "summary_json": out / SUMMARY_JSON,
     }
-    paths["summary_json"].write_text(
+    write_text_atomic(
+        paths["summary_json"],
         json.dumps(
             {
                 "grid": plan.grid.model_dump(),
@@ -876,12 +882,13 @@ def _run_plan(
             indent=1,
             allow_nan=False,
         )
-        + "\n"
+        + "\n",
     )
-    paths["summary_md"].write_text(
+    write_text_atomic(
+        paths["summary_md"],
         f"# gpugov sweep: {grid_path.name}\n\n{len(plan.cells)} cells; means over seeds; "
         f"saved is energy saved against `{BASELINE}` on the same trace, profile, load and "
-        f"seed.\n\n{format_table(table, markdown=True)}\n"
+        f"seed.\n\n{format_table(table, markdown=True)}\n",
     )
     if write_plot(table, out / PLOT):
         paths["plot"] = out / PLOT

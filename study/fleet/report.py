@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpugov.daemon.files import write_text_atomic
 from gpugov.study.fleet.run import UNCAPPED
 from gpugov.study.scoreboard.report import cell
 
@@ -153,6 +154,8 @@ def write_plot(payload: dict[str, Any], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from gpugov.study.plots import save_figure
+
     rows = _budget_rows(payload)
     steps = _step_rows(payload)
     allocators = list(dict.fromkeys(r["allocator"] for r in rows if r["budget_fraction"]))
@@ -180,7 +183,7 @@ def write_plot(payload: dict[str, Any], path: Path) -> bool:
         _plot_step(axes[2], steps, allocators)
     fig.suptitle(f"gpugov fleet: {payload['config']['nodes']} nodes", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return True
 
@@ -221,8 +224,8 @@ def write_outputs(payload: dict[str, Any], out_dir: Path) -> tuple[dict[str, Pat
     written and a note when the plot was not."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "fleet.json", "md": out_dir / "fleet.md"}
-    paths["json"].write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n")
-    paths["md"].write_text(markdown(payload))
+    write_text_atomic(paths["json"], json.dumps(payload, indent=1, allow_nan=False) + "\n")
+    write_text_atomic(paths["md"], markdown(payload))
     plot = out_dir / "fleet.png"
     if write_plot(payload, plot):
         paths["png"] = plot

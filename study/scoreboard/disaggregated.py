@@ -33,6 +33,7 @@ from gpugov.daemon.controller_config import (
     ReactiveControllerConfig,
     VoltanaControllerConfig,
 )
+from gpugov.daemon.files import write_text_atomic
 from gpugov.daemon.simulated import pool_view
 from gpugov.plant import ServingPlant
 from gpugov.plant.disaggregated import (
@@ -562,8 +563,8 @@ def write_disaggregated(payload: dict[str, Any], out: Path) -> dict[str, Path]:
     """Write ``disaggregated.json`` and ``disaggregated.md`` into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "disaggregated.json", "md": out / "disaggregated.md"}
-    paths["json"].write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    paths["md"].write_text(markdown(payload))
+    write_text_atomic(paths["json"], json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(paths["md"], markdown(payload))
     return paths
 
 

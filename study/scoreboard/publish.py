@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import io
 import json
 import platform
 import shlex
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpugov import __version__
-from gpugov.daemon.files import json_safe
+from gpugov.daemon.files import json_safe, write_text_atomic
 from gpugov.plant import ServingResult
 from gpugov.plant.attribution import ENERGY_DEFINITIONS, energy_summary
 from gpugov.study.scoreboard.report import cell, head_to_head, head_to_head_markdown
@@ -424,35 +425,34 @@ def report_markdown(report: Mapping[str, Any]) -> str:
 
 def write_pareto_csv(report: Mapping[str, Any], path: Path) -> None:
     """``pareto.csv``: the plot's points, one line per row and scenario."""
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(
+        [
+            "scenario",
+            "controller",
+            "slo_attainment",
+            "slo_attainment_vs_max_pp",
+            "energy_saved_fraction",
+            "holds_slo",
+            "pareto_optimal",
+        ]
+    )
+    for r in report["rows"]:
         writer.writerow(
             [
-                "scenario",
-                "controller",
-                "slo_attainment",
-                "slo_attainment_vs_max_pp",
-                "energy_saved_fraction",
-                "holds_slo",
-                "pareto_optimal",
+                r["scenario"],
+                r["controller"],
+                "" if r["slo_attainment"] is None else f"{r['slo_attainment']:.6f}",
+                ""
+                if r["slo_attainment_vs_max_pp"] is None
+                else f"{r['slo_attainment_vs_max_pp']:.4f}",
+                "" if r["energy_saved_fraction"] is None else f"{r['energy_saved_fraction']:.6f}",
+                int(bool(r["holds_slo"])),
+                int(bool(r["pareto_optimal"])),
             ]
         )
-        for r in report["rows"]:
-            writer.writerow(
-                [
-                    r["scenario"],
-                    r["controller"],
-                    "" if r["slo_attainment"] is None else f"{r['slo_attainment']:.6f}",
-                    ""
-                    if r["slo_attainment_vs_max_pp"] is None
-                    else f"{r['slo_attainment_vs_max_pp']:.4f}",
-                    ""
-                    if r["energy_saved_fraction"] is None
-                    else f"{r['energy_saved_fraction']:.6f}",
-                    int(bool(r["holds_slo"])),
-                    int(bool(r["pareto_optimal"])),
-                ]
-            )
+    write_text_atomic(path, text.getvalue())
 
 
 def write_pareto_plot(report: Mapping[str, Any], path: Path) -> bool:
@@ -465,6 +465,8 @@ def write_pareto_plot(report: Mapping[str, Any], path: Path) -> bool:
         return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from gpugov.study.plots import save_figure
 
     order = [s["controller"] for s in report["summary"]]
     labels = {s["controller"]: s["label"] for s in report["summary"]}
@@ -516,7 +518,7 @@ def write_pareto_plot(report: Mapping[str, Any], path: Path) -> bool:
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return True
 
@@ -576,11 +578,13 @@ def write_report(
         "pareto.csv": report_dir / "pareto.csv",
         "scoreboard.json": report_dir / "scoreboard.json",
     }
-    paths["report.json"].write_text(json.dumps(json_safe(report), indent=1, allow_nan=False) + "\n")
-    paths["report.md"].write_text(report_markdown(report))
+    write_text_atomic(
+        paths["report.json"], json.dumps(json_safe(report), indent=1, allow_nan=False) + "\n"
+    )
+    write_text_atomic(paths["report.md"], report_markdown(report))
     write_pareto_csv(report, paths["pareto.csv"])
-    paths["scoreboard.json"].write_text(
-        json.dumps(json_safe(payload), indent=1, allow_nan=False) + "\n"
+    write_text_atomic(
+        paths["scoreboard.json"], json.dumps(json_safe(payload), indent=1, allow_nan=False) + "\n"
     )
     note = None
     if write_pareto_plot(report, report_dir / "pareto.png"):
@@ -594,7 +598,7 @@ def write_report(
     files += ["pareto.png"] if "pareto.png" in paths else []
     files += ["scoreboard.json"]
     paths["README.md"] = report_dir / "README.md"
-    paths["README.md"].write_text(readme(report, files, note))
+    write_text_atomic(paths["README.md"], readme(report, files, note))
     return paths, note
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from gpugov.controllers.oracles import (
     SLO_TOLERANCE,
 )
-from gpugov.daemon.files import json_safe
+from gpugov.daemon.files import json_safe, write_text_atomic
 from gpugov.study.online_eval import (
     online_model_lines,
 )
@@ -379,6 +379,8 @@ def write_plot(payload: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from gpugov.study.plots import save_figure
+
     fig, ax = plt.subplots(figsize=(9, 6))
     for index, key in enumerate(row_order(r["controller"] for r in payload["rows"])):
         mine = [
@@ -417,7 +419,7 @@ def write_plot(payload: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -429,8 +431,10 @@ def write_outputs(payload: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         "md": out_dir / "scoreboard.md",
         "png": out_dir / "scoreboard.png",
     }
-    paths["json"].write_text(json.dumps(json_safe(payload), indent=1, allow_nan=False) + "\n")
-    paths["md"].write_text(markdown(payload))
+    write_text_atomic(
+        paths["json"], json.dumps(json_safe(payload), indent=1, allow_nan=False) + "\n"
+    )
+    write_text_atomic(paths["md"], markdown(payload))
     write_plot(payload, paths["png"])
     return paths
 

@@ -354,6 +354,32 @@ def test_the_run_writes_its_report_and_degrades_without_matplotlib(
     assert "## Budget step" in text
 
 
+def test_a_report_cut_short_mid_write_leaves_the_earlier_one_whole(tmp_path: Path) -> None:
+    """fleet.json, fleet.md and fleet.png were written in place: a write that failed
+    midway (here past a file-size limit: the disk full) left a truncated report and a
+    traceback. Each is now replaced whole or not at all, the failure one line."""
+    from study_support import run_past_file_size
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text(TRACE)
+    out = tmp_path / "out"
+    argv = ["fleet", "--trace", str(trace), "--duration", "30", "--drain", "5", "--nodes", "2"]
+    argv += ["--no-step", "--budgets", "0.7", "--allocators", "uniform", "--controller", "max"]
+    argv += ["--quiet", "--jobs", "1", "--trace-start", "0", "--out", str(out)]
+    assert main(argv) == 0
+    report = out / "fleet.json"
+    before = {path: (path.read_bytes(), path.stat().st_ino) for path in out.iterdir()}
+    assert sorted(path.name for path in before) == ["fleet.json", "fleet.md", "fleet.png"]
+    cut = run_past_file_size(argv, limit_bytes=len(before[report][0]) // 2)
+    assert cut.returncode == 1, cut.stderr
+    assert cut.stderr.splitlines() == [f"gpugov: error: {report}: File too large"]
+    assert {path: (path.read_bytes(), path.stat().st_ino) for path in out.iterdir()} == before
+    assert main(argv) == 0
+    assert report.stat().st_ino != before[report][1]
+    rows = json.loads(report.read_text())["rows"]
+    assert [row["key"] for row in rows] == ["uncapped", "uniform@0.70"]
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_progress_counts_node_seconds_while_the_cells_run(
     tiny: dict[str, object], jobs: int, monkeypatch: pytest.MonkeyPatch

@@ -69,6 +69,27 @@ def test_plot_writes_a_png_of_a_recording(
     assert capsys.readouterr().out.strip() == f"wrote {out}"
 
 
+def test_a_plot_is_written_whole_in_the_format_its_name_says(
+    recording: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plot was saved in place: a save stopped midway (a full disk, Ctrl-C) left a broken
+    image where the earlier one was. It is drawn in memory and renamed into place."""
+    from gpugov.daemon import files
+
+    out = tmp_path / "rec.svg"
+    assert main(["plot", str(recording), "--out", str(out)]) == 0
+    earlier = out.read_bytes()
+    assert b"<svg" in earlier[:1000]  # the format from the name, not the temporary's
+
+    def full(descriptor: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full)
+    assert main(["plot", str(recording), "--out", str(out)]) == 1
+    assert out.read_bytes() == earlier
+    assert [path.name for path in tmp_path.iterdir()] == ["rec.svg"]
+
+
 def test_recording_series_line_up_requested_and_realised(recording: Path) -> None:
     _, rows = read_recording(recording)
     series = series_from_recording(rows)
