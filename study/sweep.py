@@ -4,9 +4,11 @@ Every cell is one ``gpugov simulate`` run (the same trace window, load scaling, 
 controller factory and metrics), run by :func:`gpugov.study.runners.map_cells` on the local
 pool or on Ray. Each finished cell is appended to ``DIR/results.jsonl`` at once (one JSON
 line, flushed and synced), keyed by a stable hash of everything that determines its result
-(the cell's parameters, the grid's settings and the sha256 of its trace window and profile
-files), so ``--resume`` runs only the cells whose key is not already there: an interrupted
-sweep loses at most the cells that were running, and no cell is counted twice. At the end:
+(the cell's parameters, the grid's settings, the checksum of its trace window and the
+sha256 of its profile's files and of the files its controller spec reads), so ``--resume``
+runs only the cells whose key is not already there: an interrupted sweep loses at most the
+cells that were running, no cell is counted twice, and an edited input file runs again the
+cells that read it. At the end:
 ``DIR/summary.md`` and ``DIR/summary.json`` (the table, mean over seeds) and
 ``DIR/sweep.png`` (with matplotlib, the ``gpugov[plots]`` extra).
 
@@ -76,7 +78,7 @@ from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile, simulate
 from gpugov.plant.input_files import finite_number
-from gpugov.plant.profile import ProfileError
+from gpugov.plant.profile import ProfileError, profile_files
 from gpugov.plant.result import arrival_separation
 from gpugov.plant.scheduler import SCHEDULERS
 from gpugov.plant.types import Request
@@ -223,13 +225,35 @@ class SweepCell:
     controller: str
     seed: int
     settings: tuple[tuple[str, Any], ...]
-    former_key: str | None = None
-    """The key results written before keys resolved paths gave this cell (its paths as
-    the grid spelled them), where it differs: such a result still counts as done."""
+    former_keys: tuple[str, ...] = ()
+    """The keys earlier versions gave this cell, where they differ from ``key``: before
+    keys resolved paths (its paths as the grid spelled them), and before they held the
+    contents of its controller's files. A result under one still counts as done, unless
+    :attr:`files_changed_at_s` says otherwise."""
+    controller_file_sha256: tuple[str, ...] = ()
+    """The sha256 of each file its controller spec reads (an ``open-loop`` plan, an MPC
+    profile's manifest and CSV named by path), part of its key."""
+    files_changed_at_s: float | None = None
+    """When those files last changed (the latest status change, Unix seconds; a copy or
+    move sets it too). A result under a former key, which holds no contents, counts only
+    when it finished after this: it may have been computed from other contents."""
 
     def known_keys(self) -> tuple[str, ...]:
-        """Every key a result of this cell may carry: its key, then its former one."""
-        return (self.key,) if self.former_key is None else (self.key, self.former_key)
+        """Every key a result of this cell may carry: its key, then its former ones."""
+        return (self.key, *self.former_keys)
+
+    def counts(self, row: Mapping[str, Any]) -> bool:
+        """Whether ``row``, an ``ok`` result line, is this cell's result: one under its key,
+        or under a former key when the cell reads no controller file or the row finished
+        after the files last changed (a row without a readable finish time does not)."""
+        if row.get("key") == self.key:
+            return True
+        if row.get("key") not in self.former_keys:
+            return False
+        if self.files_changed_at_s is None:
+            return True
+        finished = _finished_at_s(row)
+        return finished is not None and finished > self.files_changed_at_s
 
     def label(self) -> str:
         """``trace|profile|xload|controller|seed`` for progress lines."""
@@ -244,6 +268,18 @@ class SweepCell:
             "controller": self.controller,
             "seed": self.seed,
         }
+
+
+def _finished_at_s(row: Mapping[str, Any]) -> float | None:
+    """A result line's ``finished_at`` (ISO 8601, whole seconds, UTC) in Unix seconds, or
+    None when it has none that reads as one."""
+    try:
+        finished = datetime.fromisoformat(row["finished_at"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if finished.tzinfo is None:
+        return None
+    return finished.timestamp()
 
 
 def cell_key(parameters: Mapping[str, Any]) -> str:
@@ -286,6 +322,47 @@ def _rebased_spec(spec: str, absolute: Callable[[str], str] = os.path.abspath) -
     ):
         return f"{kind}:{absolute(argument)}"
     return spec
+
+
+def _spec_files(spec: str) -> list[tuple[str, str]]:
+    """The files controller ``spec`` reads, each with its input-file kind, as
+    ``simulate`` reads them (from the working directory): an ``open-loop`` plan; a
+    profile named by path after an MPC, ``mpc-online`` or ``power-profile`` kind (or as
+    ``mpc-online``'s ``profile=PATH``), its manifest and CSV. A bundled name reads none of
+    the user's files; an outside factory's module is code, not an input file."""
+    kind, colon, argument = spec.partition(":")
+    if not colon or not argument:
+        return []
+    if kind == "open-loop":
+        return [(argument, "plan")] if os.path.exists(argument) else []
+    if kind not in PROFILE_SPEC_KINDS:
+        return []
+    if "=" in argument:
+        items = (item.partition("=") for item in argument.split(","))
+        argument = {key.strip(): value.strip() for key, _, value in items}.get("profile", "")
+    if not argument or not _profile_path_like(argument) or not os.path.exists(argument):
+        return []
+    return [(str(path), "profile") for path in profile_files(argument)]
+
+
+def _spec_contents(path: Path, spec: str) -> tuple[tuple[str, ...], float | None]:
+    """The sha256 of each file controller ``spec`` reads, and when the latest of them last
+    changed (its status-change or modification time, Unix seconds; None: it reads none).
+
+    Raises:
+        UsageError: a file it names cannot be read (one line naming the grid and the key).
+    """
+    digests = []
+    changed: float | None = None
+    for name, kind in _spec_files(spec):
+        try:
+            digests.append(hashlib.sha256(read_input_bytes(name, kind)).hexdigest())
+            status = os.stat(name)
+        except (InputFileError, OSError) as error:
+            raise UsageError(f"{path}: key 'controllers' ({spec}): {error}") from error
+        latest = max(status.st_ctime, status.st_mtime)
+        changed = latest if changed is None else max(changed, latest)
+    return tuple(digests), changed
 
 
 def _profile_identity(entry: str, base: Path) -> str:
@@ -411,8 +488,11 @@ def plan_sweep(path: Path) -> SweepPlan:
                 message = str(error).removeprefix("--controller: ")
                 raise UsageError(f"{path}: key 'controllers' ({entry}): {message}") from error
     settings = grid.settings()
+    contents = {spec: _spec_contents(path, spec) for spec in grid.controllers}
     # A cell's key names its files as resolved, so that the same run keys alike however
-    # the grid spelled them (DIR/grid.toml names them absolute).
+    # the grid spelled them (DIR/grid.toml names them absolute), and holds the contents
+    # of every file it reads: the trace window's checksum, the profile's sha256s and
+    # those of its controller's files (an edited plan runs its cells again).
     trace_ids = {
         entry: entry if entry in known_traces else _file_identity(_resolve(entry, (), base), entry)
         for entry in grid.traces
@@ -435,13 +515,18 @@ def plan_sweep(path: Path) -> SweepPlan:
                             "seed": seed,
                             **settings,
                         }
-                        identity = {
+                        resolved = {
                             **written,
                             "trace": trace_ids[trace],
                             "profile": profile_ids[entry],
                             "controller": _rebased_spec(controller, os.path.realpath),
                         }
-                        key, former = cell_key(identity), cell_key(written)
+                        digests, changed = contents[controller]
+                        identity = dict(resolved)
+                        if digests:
+                            identity["controller_file_sha256"] = list(digests)
+                        key = cell_key(identity)
+                        former = (cell_key(resolved), cell_key(written))
                         cells.append(
                             SweepCell(
                                 key,
@@ -451,7 +536,9 @@ def plan_sweep(path: Path) -> SweepPlan:
                                 controller,
                                 seed,
                                 tuple(settings.items()),
-                                former_key=None if former == key else former,
+                                former_keys=tuple(k for k in dict.fromkeys(former) if k != key),
+                                controller_file_sha256=digests,
+                                files_changed_at_s=changed,
                             )
                         )
     return SweepPlan(grid, tuple(cells), shared)
@@ -504,6 +591,8 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     settings = dict(cell.settings)
     base = {"key": cell.key, **cell.parameters(), "settings": settings}
+    if cell.controller_file_sha256:
+        base["controller_file_sha256"] = list(cell.controller_file_sha256)
     try:
         window: Sequence[Request] = shared[f"trace:{cell.trace}"]
         workload = scale_load(window, cell.load) if cell.load != 1.0 else tuple(window)
@@ -614,6 +703,16 @@ def read_results(path: Path, *, repair: bool = False) -> tuple[list[dict[str, An
     return rows, dropped
 
 
+def _row_cell(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A result line's trace, profile, load, controller and seed, as the grid spelled them."""
+    return tuple(row.get(name) for name in ("trace", "profile", "load", "controller", "seed"))
+
+
+def _cell_fields(cell: SweepCell) -> tuple[Any, ...]:
+    """``cell``'s trace, profile, load, controller and seed (:func:`_row_cell`'s order)."""
+    return (cell.trace, cell.profile, cell.load, cell.controller, cell.seed)
+
+
 def append_row(handle: Any, row: Mapping[str, Any]) -> None:
     """Append one row and make it durable before the next cell is counted."""
     handle.write(json.dumps(row, allow_nan=False) + "\n")
@@ -626,17 +725,37 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
+def ok_rows_by_key(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """The ``ok`` result lines by key, each key's in file order."""
+    by_key: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if row.get("status") == "ok":
+            by_key.setdefault(row["key"], []).append(row)
+    return by_key
+
+
+def cell_result(
+    cell: SweepCell, by_key: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> Mapping[str, Any] | None:
+    """``cell``'s result: the latest line that counts for it (:meth:`SweepCell.counts`)
+    under its key, else under a former key; None when it has none (it runs)."""
+    for key in cell.known_keys():
+        counted = [row for row in by_key.get(key, ()) if cell.counts(row)]
+        if counted:
+            return counted[-1]
+    return None
+
+
 def summarize(
     rows: Sequence[Mapping[str, Any]], cells: Sequence[SweepCell]
 ) -> list[dict[str, Any]]:
     """Per (trace, profile, load, controller): means over seeds of energy, J/token, SLO
     attainment, TTFT/TPOT p95, violations, and energy saved against ``max`` on the same
     (trace, profile, load, seed) when the grid has it."""
-    wanted = {key for cell in cells for key in cell.known_keys()}
-    latest = {row["key"]: row for row in rows if row["key"] in wanted and row["status"] == "ok"}
+    by_key = ok_rows_by_key(rows)
 
     def result(cell: SweepCell) -> Mapping[str, Any] | None:
-        return next((latest[key] for key in cell.known_keys() if key in latest), None)
+        return cell_result(cell, by_key)
 
     # By the cells' own fields: a row written from another spelling of the grid (an
     # absolute path in DIR/grid.toml) names its trace and profile as that spelling did.
@@ -827,11 +946,19 @@ def _run_plan(
     rows, dropped = read_results(results_path, repair=True)
     if dropped:
         say(f"{results_path}: dropped a last line cut short by an interrupted write")
-    done = {row["key"] for row in rows if row.get("status") == "ok"}
-    todo = [cell for cell in plan.cells if done.isdisjoint(cell.known_keys())]
+    by_key = ok_rows_by_key(rows)
+    todo = [cell for cell in plan.cells if cell_result(cell, by_key) is None]
     skipped = len(plan.cells) - len(todo)
     if resume:
-        say(f"resuming: {skipped} of {len(plan.cells)} cells already done, {len(todo)} to run")
+        line = f"resuming: {skipped} of {len(plan.cells)} cells already done, {len(todo)} to run"
+        ran = {_row_cell(row) for keyed in by_key.values() for row in keyed}
+        again = sum(_cell_fields(cell) in ran for cell in todo)
+        if again:
+            line += (
+                f" ({again} of them ran before on other inputs: a trace, profile or "
+                "controller file changed, or a setting)"
+            )
+        say(line)
     write_text_atomic(
         out / GRID_COPY, grid_toml(rebased_grid(plan.grid, grid_path.resolve().parent))
     )
@@ -908,7 +1035,9 @@ __all__ = [
     "SweepCell",
     "SweepGrid",
     "cell_key",
+    "cell_result",
     "format_table",
+    "ok_rows_by_key",
     "plan_sweep",
     "read_grid",
     "read_results",

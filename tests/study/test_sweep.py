@@ -319,13 +319,118 @@ def test_results_keyed_as_the_grid_spelled_paths_still_count_on_resume(
     code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
     assert code == 0, stderr
     cells = {cell.key: cell for cell in plan_sweep(grid).cells}
-    assert sum(cell.former_key is None for cell in cells.values()) == 1  # all names: unchanged
+    assert sum(not cell.former_keys for cell in cells.values()) == 1  # all names: unchanged
     rows = _rows(out)
     for row in rows:
-        row["key"] = cells[row["key"]].former_key or row["key"]
+        cell = cells[row["key"]]
+        row["key"] = cell.former_keys[-1] if cell.former_keys else row["key"]
+        if cell.files_changed_at_s is not None:  # the plan: written after it last changed
+            row["finished_at"] = _iso(cell.files_changed_at_s + 1)
     (out / RESULTS).write_text("".join(json.dumps(row) + "\n" for row in rows))
     code, stdout, _ = _run(["sweep", "--grid", str(grid), "--out", str(out), "--resume"])
     assert code == 0 and "8 cells: 0 ran now, 8 done before" in stdout
+
+
+def _iso(unix_s: float) -> str:
+    """A result line's ``finished_at`` for Unix time ``unix_s``."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(unix_s, UTC).isoformat(timespec="seconds")
+
+
+def test_resume_runs_again_the_cells_whose_input_files_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cell's key named its controller's files (an open-loop plan, an MPC profile) by
+    path only, so ``--resume`` after editing one reused results computed from the old
+    contents. The key now holds each file's sha256: an edited plan or profile runs its
+    cells again, and only those; an edited trace window runs its cells again, as before."""
+    from gpugov.plant.profile import bundled_profile_dir
+
+    monkeypatch.chdir(tmp_path)  # the controller files are read from here, as simulate's
+    _grid(tmp_path)  # bursty.csv
+    manifest = json.loads((bundled_profile_dir() / "h100-sxm-llama3-8b.json").read_text())
+    csv = tmp_path / "mine.csv"
+    csv.write_bytes((bundled_profile_dir() / manifest["csv"]).read_bytes())
+    (tmp_path / "mine.json").write_text(json.dumps({**manifest, "csv": "mine.csv"}))
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(plan_payload((1200.0, 1500.0))))
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'traces = ["bursty.csv"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+        'controllers = ["max", "open-loop:plan.json", "mpc:mine.json"]\nduration_s = 10.0\n'
+    )
+    out = tmp_path / "out"
+    argv = ["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"]
+    assert _run(argv)[0] == 0
+
+    def resume() -> tuple[list[str], str]:
+        """The controllers of the cells the resumed sweep ran, and its stderr."""
+        count = len(_rows(out))
+        code, _, stderr = _run([*argv, "--resume"])
+        assert code == 0, stderr
+        return [row["controller"] for row in _rows(out)[count:]], stderr
+
+    assert resume()[0] == []
+    first = {row["controller"]: row for row in _rows(out)}
+    plan.write_text(json.dumps(plan_payload((900.0, 900.0))))
+    ran, stderr = resume()
+    assert ran == ["open-loop:plan.json"]
+    assert "2 of 3 cells already done, 1 to run (1 of them ran before on other inputs" in stderr
+    again = _rows(out)[-1]
+    assert again["controller_file_sha256"] != first["open-loop:plan.json"]["controller_file_sha256"]
+    assert again["metrics"]["energy_j"] != first["open-loop:plan.json"]["metrics"]["energy_j"]
+    summary = {
+        row["controller"]: row for row in json.loads((out / "summary.json").read_text())["table"]
+    }
+    assert summary["open-loop:plan.json"]["energy_j"] == again["metrics"]["energy_j"]
+    csv.write_text(csv.read_text() + "\n")  # the profile's CSV, not its manifest
+    assert resume()[0] == ["mpc:mine.json"]
+    trace = tmp_path / "bursty.csv"
+    trace.write_text(trace.read_text().replace(",3000,", ",2900,"))
+    assert sorted(resume()[0]) == ["max", "mpc:mine.json", "open-loop:plan.json"]
+    assert resume()[0] == []
+
+
+def test_results_keyed_without_contents_count_while_their_files_are_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A result written before keys held the files' contents says nothing of them: it
+    counts while its controller's files have not changed since it finished (their status
+    change time, which a copy or a move sets too), else its cell runs again."""
+    monkeypatch.chdir(tmp_path)
+    _grid(tmp_path)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(plan_payload((1200.0, 1500.0))))
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'traces = ["bursty.csv"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+        'controllers = ["max", "open-loop:plan.json"]\nduration_s = 10.0\n'
+    )
+    out = tmp_path / "out"
+    argv = ["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"]
+    assert _run(argv)[0] == 0
+    cells = {cell.key: cell for cell in plan_sweep(grid).cells}
+    planned = next(cell for cell in cells.values() if cell.controller.startswith("open-loop"))
+    assert planned.former_keys and planned.files_changed_at_s is not None
+    maximum = next(cell for cell in cells.values() if cell.controller == "max")
+    assert maximum.files_changed_at_s is None  # reads no controller file: as before
+
+    def keyed_the_old_way(finished_at_s: float) -> None:
+        rows = _rows(out)
+        for row in rows:
+            if row["key"] in planned.known_keys():
+                row.pop("controller_file_sha256", None)
+                row["key"], row["finished_at"] = planned.former_keys[0], _iso(finished_at_s)
+        (out / RESULTS).write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    keyed_the_old_way(planned.files_changed_at_s + 1)  # finished after the plan was written
+    code, stdout, _ = _run([*argv, "--resume"])
+    assert code == 0 and "2 cells: 0 ran now, 2 done before" in stdout
+    keyed_the_old_way(planned.files_changed_at_s - 1)  # the plan changed after it finished
+    code, stdout, _ = _run([*argv, "--resume"])
+    assert code == 0 and "2 cells: 1 ran now, 1 done before" in stdout
+    assert _rows(out)[-1]["key"] == planned.key
 
 
 def test_the_grid_copy_reads_back_as_the_grid(tmp_path: Path) -> None:
