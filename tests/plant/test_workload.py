@@ -24,6 +24,7 @@ from gpugov.plant.workload import (
     TRACES_DIR_ENV,
     LognormalLengths,
     TraceError,
+    TraceLoadReport,
     TraceWarning,
     bursty_workload,
     list_traces,
@@ -618,6 +619,101 @@ def test_arrivals_are_relative_to_first_timestamp(tmp_path: Path) -> None:
 def ladder(n: int = 10, step_s: float = 1.0) -> tuple[Request, ...]:
     """Requests at 0, step, 2 step, ... with distinct lengths."""
     return tuple(Request(i, i * step_s, 100 + i, 10 + i) for i in range(n))
+
+
+def azure_2024_rows(count: int, line_end: str = "\n") -> tuple[str, list[Request]]:
+    """An Azure-2024-style trace of ``count`` rows (every 97th, the first included, has zero
+    output tokens) and the requests it holds, worked out independently of the loader:
+    whole microseconds from the first row's stamp, divided once."""
+    rows = [AZURE_HEADER.replace("\n", line_end)]
+    expected: list[Request] = []
+    micros = 0
+    for index in range(count):
+        micros += 1 + (index * 7919) % 40_000
+        seconds, fraction = divmod(micros, 1_000_000)
+        minutes, second = divmod(seconds, 60)
+        hour, minute = divmod(minutes, 60)
+        prompt, output = 1 + index % 5000, (index % 97 != 0) * (1 + index % 700)
+        rows.append(
+            f"2024-05-10 {hour:02d}:{minute:02d}:{second:02d}.{fraction:06d}+00:00,"
+            f"{prompt},{output}{line_end}"
+        )
+        if output:
+            expected.append(Request(index, (micros - 1) / 1e6, prompt, output))
+    return "".join(rows), expected
+
+
+def load_azure(path: Path, **kwargs: object) -> tuple[tuple[Request, ...], TraceLoadReport]:
+    """load_trace as an Azure trace, its zero-token warning ignored."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceWarning)
+        return load_trace(path, format="azure", **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_large_trace_reports_progress_and_loads_the_same(tmp_path: Path) -> None:
+    # 70,000 rows: about 3 MB, three blocks of text parsed and two batches of requests
+    # built, so the callback is called in both phases.
+    text, expected = azure_2024_rows(70_000)
+    path = write(tmp_path, "big.csv", text)
+    seen: list[float] = []
+    requests, report = load_azure(path, on_progress=seen.append)
+    silent, silent_report = load_azure(path)
+    assert len(seen) >= 4
+    assert all(0.0 < f <= 1.0 for f in seen)
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)  # strictly increasing
+    assert seen[-1] == 1.0
+    assert any(f < 0.7 for f in seen) and any(0.7 < f < 1.0 for f in seen)  # both phases
+    assert requests == silent and report == silent_report
+    assert report.rows == 70_000
+    assert report.skipped_zero_token_rows == len(range(0, 70_000, 97))
+    assert list(requests) == expected
+
+
+@pytest.mark.parametrize("line_end", ["\n", "\r\n", "\r"])
+def test_parsing_in_blocks_changes_no_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line_end: str
+) -> None:
+    # The text is parsed a block at a time; any block size (here down to one line a
+    # block) gives the requests, the line numbers and the errors of the whole text.
+    text, expected = azure_2024_rows(300, line_end)
+    good = write(tmp_path, "good.csv", text)
+    bad = write(tmp_path, "bad.csv", text + f"2024-05-11 00:00:00+00:00,1,x{line_end}")
+    moon = write(
+        tmp_path,
+        "m.jsonl",
+        "".join(
+            f'{{"timestamp": {t * 3000}, "input_length": {t + 1}, "output_length": 2}}\n'
+            + ("\n" if t % 7 == 0 else "")
+            for t in range(200)
+        ),
+    )
+    results = []
+    for block in (1, 5, 64, 1 << 20):
+        monkeypatch.setattr(workload_module, "_BLOCK_CHARS", block)
+        seen: list[float] = []
+        requests, report = load_azure(good, on_progress=seen.append)
+        assert list(requests) == expected
+        assert seen == sorted(seen) and seen[-1] == 1.0
+        with pytest.raises(TraceError) as error:
+            load_azure(bad)
+        moon_requests, _ = load_quiet(moon)
+        results.append((requests, report, str(error.value), moon_requests))
+    assert all(result == results[0] for result in results)
+    assert f"bad.csv:{302}: field 'GeneratedTokens'" in results[0][2]
+
+
+def test_an_interrupt_from_the_progress_callback_ends_the_load(tmp_path: Path) -> None:
+    text, _ = azure_2024_rows(70_000)
+    path = write(tmp_path, "big.csv", text)
+    calls: list[float] = []
+
+    def interrupt(fraction: float) -> None:
+        calls.append(fraction)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        load_azure(path, on_progress=interrupt)
+    assert len(calls) == 1 and calls[0] < 0.7  # raised at the first report, mid-parse
 
 
 def test_select_window_half_open_and_rebased_to_window_start() -> None:
