@@ -662,11 +662,17 @@ def test_a_large_trace_reports_progress_and_loads_the_same(tmp_path: Path) -> No
     assert all(0.0 < f <= 1.0 for f in seen)
     assert seen == sorted(seen) and len(set(seen)) == len(seen)  # strictly increasing
     assert seen[-1] == 1.0
-    assert any(f < 0.7 for f in seen) and any(0.7 < f < 1.0 for f in seen)  # both phases
+    assert 0.7 in seen and any(0.7 < f < 1.0 for f in seen)  # parsed at 70 %, then built
     assert requests == silent and report == silent_report
     assert report.rows == 70_000
     assert report.skipped_zero_token_rows == len(range(0, 70_000, 97))
     assert list(requests) == expected
+    # A window: parsing counts for more of the load, as only its requests are built.
+    in_window: list[float] = []
+    window, _ = load_azure(path, start_s=100.0, duration_s=60.0, on_progress=in_window.append)
+    assert window == select_window(requests, 100.0, 60.0)
+    assert in_window == sorted(in_window) and in_window[-1] == 1.0
+    assert 0.95 in in_window
 
 
 @pytest.mark.parametrize("line_end", ["\n", "\r\n", "\r"])
