@@ -6,6 +6,7 @@ sweeps, profile). The clock and the stream are arguments, so tests need no sleep
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -80,9 +81,12 @@ class Progress:
         log_interval_s: float = 10.0,
         enabled: bool = True,
         quiet_start: bool = False,
+        quiet_start_s: float | None = None,
     ) -> None:
         if not total >= 0:
             raise ValueError(f"progress total must be >= 0, got {total!r}")
+        if quiet_start_s is not None and not 0 <= quiet_start_s < math.inf:
+            raise ValueError(f"quiet_start_s must be finite and >= 0, got {quiet_start_s!r}")
         self.total = float(total)
         self.label = label
         self.unit = unit
@@ -92,9 +96,13 @@ class Progress:
         self.interval_s = tty_interval_s if self.tty else log_interval_s
         self.enabled = enabled
         self.start_s = clock()
-        # ``quiet_start``: the first line only once an interval has passed, and no final
-        # line where none was shown (a command that is usually short: replay).
-        self._last_emit_s = self.start_s if quiet_start else -float("inf")
+        # ``quiet_start``: the first line only once an interval has passed (or
+        # ``quiet_start_s``, which implies it), and no final line where none was shown (a
+        # command that is usually short: replay, a trace load).
+        quiet_start = quiet_start or quiet_start_s is not None
+        wait_s = self.interval_s if quiet_start_s is None else quiet_start_s
+        self._quiet_until_s = self.start_s + wait_s if quiet_start else -math.inf
+        self._last_emit_s = -math.inf
         self._quiet_start = quiet_start
         self._emitted = False
         self._done = 0.0
@@ -125,7 +133,8 @@ class Progress:
         computing an expensive ``detail`` when it would not be shown)."""
         if not self.enabled or self._closed:
             return False
-        return self.clock() - self._last_emit_s >= self.interval_s
+        now = self.clock()
+        return now >= self._quiet_until_s and now - self._last_emit_s >= self.interval_s
 
     def update(self, done: float, detail: str = "", *, force: bool = False) -> None:
         """Record progress; emit a line when the interval has passed (or ``force``). A
@@ -135,7 +144,7 @@ class Progress:
         if not self.enabled or self._closed:
             return
         now = self.clock()
-        if not force and now - self._last_emit_s < self.interval_s:
+        if not force and (now < self._quiet_until_s or now - self._last_emit_s < self.interval_s):
             return
         self._last_emit_s = now
         self._emitted = True
