@@ -4,6 +4,7 @@ runs, trace loading with one-line warnings, the metrics table, and one clear err
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import math
@@ -11,10 +12,11 @@ import os
 import socket
 import sys
 import tempfile
+import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.daemon import cli_types, decide
@@ -29,6 +31,7 @@ from gpugov.daemon.decide import ControllerContext
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.limits import MAX_GPU_INDEX
+from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import ServingPlant
 from gpugov.plant.closed_loop import ControllerError as PlantControllerError
@@ -38,8 +41,10 @@ from gpugov.plant.types import Request, RequestRecord
 from gpugov.plant.workload import (
     TraceError,
     TraceLoadReport,
+    TraceProgress,
     TraceWarning,
     load_trace,
+    resolve_trace,
 )
 
 CONTROLLER_HELP = CONTROLLER_SPEC_HELP
@@ -129,11 +134,60 @@ def check_engine_url(
         )
 
 
-def load_trace_for_cli(trace: str, **options: Any) -> tuple[tuple[Request, ...], TraceLoadReport]:
-    """``load_trace`` with its warnings (skipped zero-token rows) as one stderr line each."""
-    with warnings.catch_warnings(record=True) as caught:
+TRACE_PROGRESS_AFTER_S = 2.0
+"""A trace load shows its progress line once it has taken this long: a large file (the
+bundled and shared traces load in well under a second)."""
+
+
+@contextlib.contextmanager
+def trace_progress(
+    trace: str | Path,
+    *,
+    enabled: bool = True,
+    stream: TextIO | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[TraceProgress | None]:
+    """An ``on_progress`` callback for ``load_trace(trace)``: a :class:`Progress` line in MB
+    of the file, with an ETA, once the load has taken :data:`TRACE_PROGRESS_AFTER_S`
+    (nothing for a quick one); ``None`` when not ``enabled`` or the file cannot be sized
+    (the load then names the problem). A Ctrl-C noted during the load is raised at the
+    next report."""
+    if not enabled:
+        yield None
+        return
+    try:
+        path = resolve_trace(trace)
+        megabytes = os.stat(path).st_size / 1e6
+    except (TraceError, OSError, ValueError):
+        yield None
+        return
+    bar = Progress(
+        megabytes,
+        f"reading trace {path.name}",
+        unit="MB",
+        stream=stream,
+        clock=clock,
+        quiet_start_s=TRACE_PROGRESS_AFTER_S,
+    )
+    try:
+        yield lambda fraction: bar.update(fraction * megabytes)
+    except Exception:
+        bar.close()  # a shown line ends where the load stopped, before the error's line
+        raise
+    bar.close()
+
+
+def load_trace_for_cli(
+    trace: str, *, progress: bool = True, **options: Any
+) -> tuple[tuple[Request, ...], TraceLoadReport]:
+    """``load_trace`` with its warnings (skipped zero-token rows) as one stderr line each,
+    after a progress line on stderr while a large file loads (unless not ``progress``)."""
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        trace_progress(trace, enabled=progress) as on_progress,
+    ):
         warnings.simplefilter("always", TraceWarning)
-        result = load_trace(trace, **options)
+        result = load_trace(trace, on_progress=on_progress, **options)
     for warning in caught:
         if issubclass(warning.category, TraceWarning):
             print(f"gpugov: warning: {warning.message}", file=sys.stderr)

@@ -71,6 +71,7 @@ def run_simulated(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         load_scale=args.load_scale,
         spread_batches=not args.keep_batched_stamps,
+        progress=not args.quiet,
     )
     if not workload:
         raise UsageError(f"--trace {trace}: the selected window holds no requests")

@@ -50,6 +50,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         load_scale=args.load_scale,
         start_s=args.start,
         spread_batches=not args.keep_batched_stamps,
+        progress=not args.quiet,
     )
     if not workload:
         raise UsageError(f"--trace {args.trace}: the selected window holds no requests")

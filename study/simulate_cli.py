@@ -137,6 +137,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         spread_batches=not args.keep_batched_stamps,
         load_scale=args.load_scale,
+        progress=not args.quiet,
     )
     if not workload:
         raise UsageError(f"--trace {args.trace}: the selected window holds no requests")

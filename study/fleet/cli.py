@@ -115,7 +115,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     runner = spec_from_args(args)
     check_runner(runner)  # --ray: Ray installed and the cluster there, before any work
     check_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)
-    check_inputs(config)
+    check_inputs(config, quiet=args.quiet)
     prepare_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)
     cells = cells_for(config)
     total = len(cells) * config.nodes * config.ticks * config.control_period_s

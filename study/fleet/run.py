@@ -182,14 +182,16 @@ def _piece(
 
 
 def fleet_workload(
-    config: FleetConfig, plants: Mapping[str, ServingPlant]
+    config: FleetConfig, plants: Mapping[str, ServingPlant], *, quiet: bool = False
 ) -> tuple[tuple[Request, ...], dict[str, Any]]:
     """The trace scaled to the fleet: ``--utilization`` of the fleet's fluid capacity at
     the maximum clock (the sum over nodes of the window's length over its work at the
     node's top rates). Above one trace's rate, ``m = ceil(scale)`` consecutive windows are
     laid over each other, each compressed by ``scale / m`` (wrapping round the trace's
-    end), so each arrival is a recorded request and the length mix is the trace's."""
-    everything, digest = _full_trace(config.trace)
+    end), so each arrival is a recorded request and the length mix is the trace's. The
+    trace is read once per process, with a progress line for a large file unless
+    ``quiet``."""
+    everything, digest = _full_trace(config.trace, quiet=quiet)
     smallest = min(plant.kv_capacity_tokens for plant in plants.values())
     full = tuple(r for r in everything if r.prompt_tokens + r.output_tokens <= smallest)
     if not full:
@@ -535,9 +537,10 @@ def summarize(config: FleetConfig, rows: Sequence[dict[str, Any]]) -> list[dict[
     return out
 
 
-def check_inputs(config: FleetConfig) -> None:
+def check_inputs(config: FleetConfig, *, quiet: bool = False) -> None:
     """Everything a run reads, checked before any work: the settings, every profile, the
-    trace and its window, and the controller spec (built once on the first profile).
+    trace and its window, and the controller spec (built once on the first profile); a
+    progress line while a large trace loads, unless ``quiet``.
 
     Raises:
         UsageError, ProfileError, TraceError: one line naming the flag or file.
@@ -561,7 +564,7 @@ def check_inputs(config: FleetConfig) -> None:
             )
         except UsageError as error:
             raise UsageError(f"{error} of {name}") from error
-    workload, _ = fleet_workload(config, plants)
+    workload, _ = fleet_workload(config, plants, quiet=quiet)
     FleetNode(
         "check",
         first,

@@ -18,7 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.daemon import cli_types
-from gpugov.daemon.cli_support import add_engine_view_argument, add_safety_arguments
+from gpugov.daemon.cli_support import (
+    add_engine_view_argument,
+    add_safety_arguments,
+    trace_progress,
+)
 from gpugov.daemon.errors import ExitCode, Terminated
 from gpugov.daemon.limits import MAX_JOBS
 from gpugov.daemon.simulated import ENGINE_VIEWS
@@ -106,7 +110,8 @@ def config_for(
                 # A file the user named: read now, so a bad one is refused before any work
                 # (a missing shared trace is skipped at its scenarios instead).
                 try:
-                    load_trace(Path(name))
+                    with trace_progress(name) as on_progress:
+                        load_trace(Path(name), on_progress=on_progress)
                 except TraceError as error:
                     raise ValueError(f"--traces: {error}") from error
         changes["traces"] = tuple(traces)

@@ -7,7 +7,6 @@ import math
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.oracles import (
     SLO_TOLERANCE,
 )
+from gpugov.daemon.cli_support import trace_progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import PerformanceProfile, ServingPlant, simulate
 from gpugov.plant.scheduler import chunked_prefill_scheduler
@@ -295,12 +295,19 @@ def slo_capacity(
     return low, reference, runs
 
 
-@cache
-def _full_trace(name: str) -> tuple[tuple[Request, ...], str]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TraceWarning)
-        requests, report = load_trace(name)
-    return requests, report.sha256
+_FULL_TRACES: dict[str, tuple[tuple[Request, ...], str]] = {}
+
+
+def _full_trace(name: str, *, quiet: bool = False) -> tuple[tuple[Request, ...], str]:
+    """The whole trace ``name`` (zero-token rows skipped silently) and its file's sha256,
+    read once per process; a progress line on stderr while a large file loads, unless
+    ``quiet``."""
+    if name not in _FULL_TRACES:
+        with warnings.catch_warnings(), trace_progress(name, enabled=not quiet) as on_progress:
+            warnings.simplefilter("ignore", TraceWarning)
+            requests, report = load_trace(name, on_progress=on_progress)
+        _FULL_TRACES[name] = (requests, report.sha256)
+    return _FULL_TRACES[name]
 
 
 def _window(

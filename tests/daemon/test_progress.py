@@ -158,3 +158,97 @@ def test_a_quiet_start_shows_a_line_only_once_the_command_runs_long() -> None:
     long.update(1.0)
     long.close(done=4.0)
     assert stream.getvalue().count("replay") == 2
+
+
+def test_quiet_start_s_sets_when_the_first_line_comes() -> None:
+    """``quiet_start_s``: no line before that long (on a terminal, whose interval is
+    shorter), lines at the interval after it, and nothing at all for a shorter run."""
+    clock, stream = FakeClock(), io.StringIO()
+    bar = Progress(10.0, "job", stream=stream, clock=clock, tty=True, quiet_start_s=2.0)
+    for step in range(1, 5):  # 0.5 s apart: 0.5 to 2.0 s
+        clock.now_s = step * 0.5
+        bar.update(step)
+    assert stream.getvalue().count("\r") == 1  # at 2.0 s only
+    short = Progress(10.0, "job", stream=(quiet := io.StringIO()), clock=clock, tty=True,
+                     quiet_start_s=2.0)  # fmt: skip
+    clock.now_s += 1.9
+    short.update(10.0)
+    short.close()
+    assert quiet.getvalue() == ""
+    with pytest.raises(ValueError, match="quiet_start_s"):
+        Progress(1.0, "job", quiet_start_s=-1.0)
+
+
+def _azure_trace(path: Path, rows: int) -> Path:
+    """A generated Azure-2024-style trace of ``rows`` rows, 10 ms apart."""
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens\n"]
+    for index in range(rows):
+        seconds, centis = divmod(index, 100)
+        lines.append(
+            f"2024-05-10 {seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}."
+            f"{centis:02d}0000+00:00,{1 + index % 900},{1 + index % 90}\n"
+        )
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+def test_a_long_trace_load_shows_progress_in_mb_with_an_eta(tmp_path: Path) -> None:
+    """``trace_progress`` wired to ``load_trace``: a line once the load has taken two
+    seconds (a clock that moves a second a reading), in MB of the file, with an ETA, and a
+    final 100 % line; the same load on a clock that stands still shows nothing."""
+    from gpugov.daemon.cli_support import trace_progress
+    from gpugov.plant.workload import load_trace
+
+    path = _azure_trace(tmp_path / "big.csv", 70_000)  # about 3 MB: several reports
+    ticks = iter(range(1_000_000))
+    stream = io.StringIO()
+    with trace_progress(path, stream=stream, clock=lambda: float(next(ticks))) as on_progress:
+        loaded, _ = load_trace(path, on_progress=on_progress)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) >= 2
+    assert all(line.startswith("reading trace big.csv: ") for line in lines)
+    assert "ETA" in lines[0] and " MB)" in lines[0]
+    size_mb = path.stat().st_size / 1e6
+    assert f"100.0% ({size_mb:,.0f}/{size_mb:,.0f} MB)" in lines[-1]
+    still = io.StringIO()
+    with trace_progress(path, stream=still, clock=lambda: 0.0) as on_progress:
+        again, _ = load_trace(path, on_progress=on_progress)
+    assert still.getvalue() == ""
+    assert again == loaded
+    with trace_progress(path, enabled=False) as on_progress:
+        assert on_progress is None
+
+
+def test_ctrl_c_while_a_trace_loads_ends_with_one_line_and_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real SIGINT, delivered while ``simulate`` parses its trace (at its second
+    progress report), ends the command with ``gpugov: interrupted`` and exit 130."""
+    import os
+    import signal
+
+    import gpugov.plant.workload as workload_module
+
+    monkeypatch.setattr(workload_module, "_BLOCK_CHARS", 4096)  # many reports, small trace
+    reports: list[float] = []
+    update = Progress.update
+
+    def interrupting(self: Progress, done: float, detail: str = "", **kwargs: bool) -> None:
+        if self.label.startswith("reading trace"):
+            reports.append(done)
+            if len(reports) == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+        update(self, done, detail, **kwargs)
+
+    monkeypatch.setattr(Progress, "update", interrupting)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code = main(["simulate", "--trace", "azure-conv-10min", "--duration", "60"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        clear_interrupt()
+    err = capsys.readouterr().err
+    assert code == 130
+    assert len(reports) == 2  # the load stopped there
+    assert err.splitlines()[-1] == "gpugov: interrupted"
+    assert "Traceback" not in err and "simulate:" not in err

@@ -533,6 +533,6 @@ def test_ctrl_c_exits_130_with_one_line(
         raise KeyboardInterrupt
 
     monkeypatch.setattr("gpugov.study.fleet.run.run_fleet", interrupted)
-    monkeypatch.setattr("gpugov.study.fleet.run.check_inputs", lambda config: None)
+    monkeypatch.setattr("gpugov.study.fleet.run.check_inputs", lambda config, **options: None)
     assert main(["fleet", "--quiet", "--out", str(tmp_path / "out")]) == 130
     assert capsys.readouterr().err.strip() == "gpugov: interrupted"
