@@ -591,14 +591,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     check.set_defaults(handler=cmd_check_config)
 
     reset = subparsers.add_parser(
-        "reset-clocks", help="remove SM clock locks (for ExecStopPost= and people)"
+        "reset-clocks",
+        help="remove SM clock locks (for ExecStopPost= and people)",
+        description="Remove the SM clock locks on the GPUs (every one by default), through "
+        "the config's backend when --config is given; exit 6 when a GPU may stay locked (3 when "
+        "this user may not reset it).",
     )
     reset.add_argument("--gpus", default="all", help="'all' or indices/UUIDs, comma separated")
     _backend_arguments(reset, "reset through")
     reset.set_defaults(handler=cmd_reset_clocks)
 
     status = subparsers.add_parser(
-        "status", help="GPUs, clock ranges, clocks, power, lock permission, engine reachability"
+        "status",
+        help="GPUs, clock ranges, clocks, power, lock permission, engine reachability",
+        description="Show each GPU's clock range, clocks, power and whether this user may "
+        "lock its clocks, and whether the engines answer; changes nothing.",
     )
     status.add_argument(
         "--config", metavar="FILE", help="read the config's GPU backend and check its engines"
@@ -631,7 +638,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="profile for mpc and power-profile to plan or calibrate on (default: the recording's)",
     )
     rep.add_argument(
-        "--show", type=cli_types.nonnegative_int, default=10, help="differences to list"
+        "--show",
+        type=cli_types.nonnegative_int,
+        default=10,
+        help="differences to list (default 10)",
     )
     rep.set_defaults(handler=cmd_replay)
 

@@ -301,7 +301,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=DEFAULT_PROFILE,
         help=f"bundled profile name or manifest path (default {DEFAULT_PROFILE})",
     )
-    sim.add_argument("--controller", default="max", help=CONTROLLER_HELP)
+    sim.add_argument("--controller", default="max", help=f"{CONTROLLER_HELP} (default max)")
     sim.add_argument(
         "--scheduler",
         default="chunked",
