@@ -212,9 +212,12 @@ class OnlineMPCController(MeasuredLatencyRules):
         self.burst_guard = bool(burst_guard)
         self.decode_descent = bool(decode_descent)
         self.clumping = ArrivalClumping()
-        self._prefill_pressures: deque[tuple[float, float]] = deque()
-        """(time, TTFT pressure) measured over the last :data:`PARK_MEMORY_S` (a prefill
-        pool's idle parking)."""
+        self._prefill_pressures: deque[tuple[float, float, float]] = deque()
+        """(time, TTFT pressure, one period over that TTFT SLO) measured over the last
+        :data:`PARK_MEMORY_S` (idle parking)."""
+        self._decode_pressures: deque[tuple[float, float]] = deque()
+        """(time, TPOT pressure) measured over the last :data:`PARK_MEMORY_S` (a
+        colocated GPU's idle parking in the warm-up)."""
         self.backlog_age = BacklogAge()
         self.budget = (
             None

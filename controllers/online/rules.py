@@ -33,7 +33,7 @@ from gpugov.plant.types import ServingObservation
 FloatArray = NDArray[np.float64]
 
 PARK_MEMORY_S = 60.0
-"""How long a measured TTFT pressure counts for a prefill pool's idle parking."""
+"""How long a measured latency pressure counts for idle parking."""
 
 
 class MeasuredLatencyRules:
@@ -52,7 +52,8 @@ class MeasuredLatencyRules:
     control_period_s: float
     mean_prompt_tokens: float
     mean_output_tokens: float
-    _prefill_pressures: deque[tuple[float, float]]
+    _prefill_pressures: deque[tuple[float, float, float]]
+    _decode_pressures: deque[tuple[float, float]]
 
     @property
     def looseness(self) -> float:
@@ -82,36 +83,62 @@ class MeasuredLatencyRules:
     def idle_prefill_clock(
         self, observation: ServingObservation, slos: tuple[float, float] | None
     ) -> float | None:
-        """The lowest clock for an idle prefill pool (role ``prefill``), or None where it
-        does not apply. A prompt that arrives meanwhile runs at most one control period
-        at it before the next decision raises the clock, so it costs that prompt at most
-        one period of TTFT, whatever the clock: it applies while the worst TTFT measured
-        over the last :data:`PARK_MEMORY_S` plus one period stays under the exploration
-        threshold (loosened while the attainment budget is ahead). It needs no model, so
-        it applies during the warm-up too."""
-        if observation.role != "prefill":
-            return None
-        ratio, _ = SLOFeedback.latency_ratios(observation)
+        """The clock an idle GPU parks at, or None where parking does not apply: the
+        lowest clock for an idle prefill pool (role ``prefill``), and for a colocated GPU
+        in its warm-up (which otherwise holds the top clock, idle or not) the lowest clock
+        the measured TTFT and TPOT allow.
+
+        A prompt that arrives meanwhile runs at most one control period at the parked
+        clock before the next decision raises it. A prefill pool parks while the worst
+        TTFT measured over the last :data:`PARK_MEMORY_S`, plus a whole period, stays
+        under the exploration threshold (loosened while the attainment budget is ahead).
+        A colocated GPU is bounded by the 1/f law from the top clock (an upper bound on
+        the latency wherever a measurement was taken lower): the period at ``f`` delays
+        that prompt by at most the period times ``1 - f / f_top``, which must keep the
+        worst TTFT under the threshold, and the prompt's first tokens decode there, so
+        ``f`` is also no lower than where the worst TPOT of the last
+        :data:`PARK_MEMORY_S` would meet it (and it parks only once a TTFT and a TPOT
+        have been measured). It needs no model, so it applies in the warm-up; past it
+        the MPC prices an idle window itself."""
+        ttft_ratio, tpot_ratio = SLOFeedback.latency_ratios(observation)
         slo_s = observation.ttft_recent_slo_s
-        if ratio is not None and slo_s is not None and slo_s > 0.0:
-            # The measured TTFT pressure with one period more, at the SLO it was measured
-            # at (with its per-prompt allowance).
+        if ttft_ratio is not None and slo_s is not None and slo_s > 0.0:
+            # The measured TTFT pressure, and what one period adds to it, at the SLO it
+            # was measured at (with its per-prompt allowance).
             self._prefill_pressures.append(
-                (observation.time_s, ratio + self.control_period_s / slo_s)
+                (observation.time_s, ttft_ratio, self.control_period_s / slo_s)
             )
-        while self._prefill_pressures and (
-            self._prefill_pressures[0][0] < observation.time_s - PARK_MEMORY_S
-        ):
+        if tpot_ratio is not None:
+            self._decode_pressures.append((observation.time_s, tpot_ratio))
+        horizon = observation.time_s - PARK_MEMORY_S
+        while self._prefill_pressures and self._prefill_pressures[0][0] < horizon:
             self._prefill_pressures.popleft()
+        while self._decode_pressures and self._decode_pressures[0][0] < horizon:
+            self._decode_pressures.popleft()
+        model = self.model
+        assert model is not None
+        if observation.role == "decode" or (observation.role != "prefill" and model.warmed_up):
+            return None
         if slos is None or not _idle(observation) or not self._prefill_pressures:
             return None
         # An idle window measures nothing: the worst of the last minute.
-        pressure = max(value for _, value in self._prefill_pressures)
-        if pressure > loosened(self.exploration.explore_threshold, self.looseness):
+        threshold = loosened(self.exploration.explore_threshold, self.looseness)
+        clocks = model.clocks_mhz
+        if observation.role == "prefill":
+            worst = max(ratio + share for _, ratio, share in self._prefill_pressures)
+            return float(clocks[0]) if worst <= threshold else None
+        if not self._decode_pressures:
             return None
-        model = self.model
-        assert model is not None
-        return float(model.clocks_mhz[0])
+        # The share of the top clock each bound needs: TTFT's from ratio + share * (1 -
+        # x) <= threshold, TPOT's from ratio / x <= threshold.
+        needed = max(
+            max(1.0 - (threshold - ratio) / share for _, ratio, share in self._prefill_pressures),
+            max(ratio for _, ratio in self._decode_pressures) / threshold,
+        )
+        if needed >= 1.0:
+            return None
+        parked = _first_fit(clocks, clocks >= float(clocks[-1]) * needed - 1e-9)
+        return parked if parked < float(clocks[-1]) else None
 
     def descent_clock(
         self, observation: ServingObservation, slos: tuple[float, float]

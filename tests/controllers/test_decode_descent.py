@@ -238,6 +238,59 @@ def test_an_idle_prefill_pool_parks_at_the_lowest_clock_where_a_period_fits() ->
     )
 
 
+def _colocated(
+    time_s: float, *, ttft_ratio: float | None, tpot_ratio: float | None, busy: bool
+) -> ServingObservation:
+    """A colocated GPU's observation at the top clock: TTFT measured at ``ttft_ratio`` of
+    its 2 s SLO, TPOT at ``tpot_ratio`` of its 50 ms SLO (or nothing measured), a prompt
+    being prefilled beside decoding requests, or an idle GPU."""
+    return replace(
+        _seen(applied=TOP, tpot_ratio=tpot_ratio, running=2 if busy else 0, backlog=800.0 * busy),
+        time_s=time_s,
+        step_index=int(time_s * 4),
+        ttft_recent_s=None if ttft_ratio is None else 2.0 * ttft_ratio,
+    )
+
+
+def test_an_idle_colocated_gpu_parks_in_its_warm_up_where_the_measured_latency_allows() -> None:
+    """The warm-up holds the top clock on a busy GPU; an idle one parks at the lowest
+    clock where a prompt arriving meanwhile (one period there, the 1/f law from the top
+    clock) keeps the worst TTFT of the last minute under the exploration threshold, and
+    its first tokens the worst TPOT; never before a TPOT is measured, nor past the
+    warm-up, where the MPC prices an idle window itself."""
+    controller = OnlineMPCController(control_period_s=0.25)
+    threshold = controller.exploration.explore_threshold
+    share = 0.25 / 2.0  # one period over the TTFT SLO
+    busy = controller(_colocated(0.0, ttft_ratio=0.2, tpot_ratio=None, busy=True))
+    assert busy == TOP and controller.last_reason == "warm-up"
+    # A TTFT measured, no TPOT yet: the GPU idles at the top clock.
+    assert controller(_colocated(0.25, ttft_ratio=None, tpot_ratio=None, busy=False)) == TOP
+    controller(_colocated(0.5, ttft_ratio=None, tpot_ratio=0.3, busy=True))
+    parked = controller(_colocated(0.75, ttft_ratio=None, tpot_ratio=None, busy=False))
+    needed = max(1.0 - (threshold - 0.2) / share, 0.3 / threshold)
+    assert controller.last_reason == "idle-park"
+    assert parked == min(c for c in CLOCKS if c >= TOP * needed - 1e-9) < TOP
+    # A busy window raises it at once (the warm-up's top clock).
+    assert controller(_colocated(1.0, ttft_ratio=None, tpot_ratio=None, busy=True)) == TOP
+    # A TTFT with no room for a period at any lower clock: no parking.
+    controller(_colocated(1.25, ttft_ratio=threshold, tpot_ratio=None, busy=True))
+    assert (
+        controller.idle_prefill_clock(
+            _colocated(1.5, ttft_ratio=None, tpot_ratio=None, busy=False), (2.0, 0.05)
+        )
+        is None
+    )
+    # Past the warm-up the MPC decides an idle window.
+    assert controller.model is not None
+    controller.model.warmed_up = True
+    assert (
+        controller.idle_prefill_clock(
+            _colocated(70.0, ttft_ratio=0.2, tpot_ratio=0.3, busy=False), (2.0, 0.05)
+        )
+        is None
+    )
+
+
 def _lone_long_prompts(seed: int, duration_s: float) -> list[Request]:
     """Long prompts arriving one at a time, a few hundred tokens out: small batches."""
     rng = np.random.default_rng(seed)
