@@ -464,7 +464,10 @@ def _detect_format(path: Path, text: str) -> str:
             1,
             "a JSON array, not JSON lines; a Mooncake trace has one JSON object per line",
         )
-    header = {_column_key(name) for name in next(csv.reader([first]), [])}
+    try:
+        header = {_column_key(name) for name in next(csv.reader([first]), [])}
+    except csv.Error as error:
+        raise _fail(path, 1, f"the header is not a CSV row: {error}") from None
     columns = {fmt: {_column_key(col) for col in cols} for fmt, cols in _CSV_COLUMNS.items()}
     matches = [fmt for fmt, cols in columns.items() if cols <= header]
     if len(matches) == 1:
@@ -511,7 +514,19 @@ def _parse_csv(
     path: Path, text: str, fmt: str, report: Callable[[float], None] | None = None
 ) -> _Parsed:
     """Parse one of the CSV formats; arrivals relative to the first data row. ``report``
-    gets the fraction of the text parsed (see :func:`_blocks`)."""
+    gets the fraction of the text parsed (see :func:`_blocks`). A row the csv module
+    cannot read (a field past its size limit, a stray carriage return) is refused in
+    one line naming the file, not raised as the module's own error."""
+    try:
+        return _parse_csv_rows(path, text, fmt, report)
+    except csv.Error as error:
+        raise _fail(path, None, f"not a CSV file the reader can split into rows: {error}") from None
+
+
+def _parse_csv_rows(
+    path: Path, text: str, fmt: str, report: Callable[[float], None] | None
+) -> _Parsed:
+    """:func:`_parse_csv`'s work."""
     if not text:
         raise _fail(path, 1, "empty file (no header and no data rows)")
     reader = csv.reader(_csv_lines(text, report))
@@ -726,6 +741,8 @@ def load_trace(
     )
     path = resolve_trace(path_or_name)
     text, digest = _read_text(path)
+    if "\r" in text and "\n" not in text:
+        text = text.replace("\r", "\n")  # classic Mac line endings: one row per line
     fmt = _detect_format(path, text) if format == "auto" else format
     share = _PARSE_SHARE if duration_s is None else _PARSE_SHARE_OF_A_WINDOW
     parse_report = _scaled(on_progress, share)

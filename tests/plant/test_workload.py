@@ -402,6 +402,9 @@ BAD_FILES = [
     ("json-key-twice", '{"timestamp": 0, "input_length": 1, "output_length": 1}\n'
      '{"timestamp": 1, "input_length": 5, "input_length": 7, "output_length": 1}\n', 2,
      'invalid JSON: key "input_length" given twice in one object (column 37)'),
+    # A carriage return inside the header's field: the csv module raised its own error.
+    ("cr-in-header", "TIMESTAMP,Context\rTokens,GeneratedTokens\n1,2,3\n", 1,
+     "the header is not a CSV row"),
 ]  # fmt: skip
 
 
@@ -955,3 +958,15 @@ def test_a_span_too_long_for_a_float_is_refused_naming_the_line(
     path.write_text(text)
     with pytest.raises(TraceError, match=rf"{name}:(2|3): .*too far from the first"):
         load_trace(path)
+
+
+def test_classic_mac_line_endings_load_as_lines(tmp_path: Path) -> None:
+    """A file whose lines end in a lone carriage return crashed the format detection with
+    the csv module's error; it reads as the same file with newlines."""
+    rows = (
+        "TIMESTAMP,ContextTokens,GeneratedTokens|"
+        "2023-11-16 18:15:46.68,374,44|2023-11-16 18:15:50.99,396,109|"
+    )
+    mac = write(tmp_path, "mac.csv", rows.replace("|", "\r"))
+    unix = write(tmp_path, "unix.csv", rows.replace("|", "\n"))
+    assert load_trace(mac)[0] == load_trace(unix)[0]
