@@ -507,6 +507,13 @@ class GpugovConfig(FrozenModel):
                     f"{MAX_HORIZON_STEPS} control periods ({MAX_HORIZON_STEPS * period:g} s at "
                     f"daemon.period_s = {period:g} s): the plan is searched every period"
                 )
+            deadline = getattr(domain.controller, "decision_timeout_s", None)
+            if deadline is not None and deadline > period:
+                raise ValueError(
+                    f"domains[{index}].controller.decision_timeout_s ({deadline:g} s) must be at "
+                    f"most daemon.period_s ({period:g} s), or a hung controller stalls the loop "
+                    "past a tick; leave it unset for the period"
+                )
             stale = domain.stale_after_s
             if stale is not None and stale < MIN_STALE_PERIODS * period:
                 raise ValueError(

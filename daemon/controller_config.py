@@ -19,7 +19,11 @@ from gpugov.daemon.config_types import (
     Watts,
     named_directory,
 )
+from gpugov.daemon.limits import MAX_PERIOD_S
 from gpugov.plant.profile import DEFAULT_PROFILE
+
+MIN_DECISION_TIMEOUT_S = 0.01
+"""An outside controller's shortest decision deadline (``decision_timeout_s``)."""
 
 MAX_UNCERTAINTY_Z = 10.0
 """Largest ``uncertainty_z``: ten standard deviations already price every clock at its
@@ -304,11 +308,17 @@ class ExternalControllerConfig(FrozenModel):
     once with the domain's :class:`~gpugov.daemon.decide.ControllerContext` (without the
     simulated plant: a node's view) and returning the controller
     (``docs/benchmark.md``). ``name`` is its one name in metrics and results (default the
-    entry point's name, else ``factory``)."""
+    entry point's name, else ``factory``). ``decision_timeout_s`` is how long a node waits
+    for one decision before that tick takes the fail-safe (default the control period;
+    :mod:`daemon.deadline`)."""
 
     kind: Literal["external"]
     factory: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")]
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]+$", max_length=64)] | None = None
+    decision_timeout_s: (
+        Annotated[float, Field(ge=MIN_DECISION_TIMEOUT_S, le=MAX_PERIOD_S, allow_inf_nan=False)]
+        | None
+    ) = None
 
 
 PEER_CONTROLLER_CONFIGS = (

@@ -226,7 +226,10 @@ def build_controller(spec: ControllerConfig, context: ControllerContext) -> Cont
     only when set); for ``mpc-online`` with a state directory the algorithm is wrapped in
     :class:`daemon.model_store.PersistentOnlineModel` first, and with
     ``context.budget_guard`` in :class:`controllers.power_need.BudgetGuard` inside the
-    chain. Every layer is named after the spec (:func:`spec_name`).
+    chain. On a node (``context.time_mode == "wall"``) an outside controller (``external``)
+    runs inside :class:`daemon.deadline.DecisionDeadline`: its call has a deadline
+    (:func:`decision_deadline_s`) on a worker thread. Every layer is named after the spec
+    (:func:`spec_name`).
 
     Raises:
         ControllerError: a plan file or profile cannot be loaded, or the kind's module is
@@ -237,6 +240,11 @@ def build_controller(spec: ControllerConfig, context: ControllerContext) -> Cont
     if isinstance(algorithm, HistoryBounded) and context.history_limit is not None:
         algorithm.history_limit = context.history_limit
     inner: ClockController = algorithm
+    if isinstance(spec, ExternalControllerConfig) and context.time_mode == "wall":
+        # Outside code is unbounded: on a node its call gets a deadline (daemon.deadline).
+        from gpugov.daemon.deadline import DecisionDeadline
+
+        inner = DecisionDeadline(algorithm, decision_deadline_s(spec, context.period_s))
     if isinstance(spec, OnlineMPCControllerConfig) and context.state_dir is not None:
         from gpugov.daemon.model_store import PersistentOnlineModel
 
@@ -258,6 +266,12 @@ def build_controller(spec: ControllerConfig, context: ControllerContext) -> Cont
         if isinstance(layer, ControllerWrapper):
             layer.name = name
     return chain
+
+
+def decision_deadline_s(spec: ExternalControllerConfig, period_s: float) -> float:
+    """How long a node waits for an outside controller's decision: the spec's
+    ``decision_timeout_s``, else the control period."""
+    return spec.decision_timeout_s if spec.decision_timeout_s is not None else period_s
 
 
 def _algorithm(spec: ControllerConfig, context: ControllerContext) -> ClockController:
@@ -642,6 +656,7 @@ __all__ = [
     "ControllerContext",
     "Forecasts",
     "build_controller",
+    "decision_deadline_s",
     "declared_spec",
     "planning_plant",
     "warm_up",

@@ -37,6 +37,7 @@ from gpugov.controllers.contract import (
     layers,
 )
 from gpugov.daemon.actuator import ClockActuator
+from gpugov.daemon.deadline import DecisionTimeout
 from gpugov.daemon.energy import EnergyEstimator, reading_from
 from gpugov.daemon.errors import ClocksNotReset, ControllerFailure, GpuLost
 from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
@@ -385,42 +386,50 @@ class Domain:
         return self._failsafe_clock()
 
     def _controller_failed(self, error: Exception, now_s: float, step: int) -> None:
-        """Count a controller exception and log it (the first one, then at most one
-        reminder a minute).
+        """Count a controller exception, or an outside controller's missed deadline
+        (:class:`daemon.deadline.DecisionTimeout`), and log it (the first one, then at
+        most one reminder a minute).
 
         Raises:
-            ControllerFailure: ``max_controller_failures`` exceptions in a row.
+            ControllerFailure: ``max_controller_failures`` failures in a row.
         """
+        timeout = isinstance(error, DecisionTimeout)
+        reason = "controller_timeout" if timeout else "controller_error"
+        what = "did not decide in time" if timeout else "raised"
+        shown = str(error) if timeout else repr(error)
         self.controller_failures += 1
-        self.fallbacks["controller_error"] = self.fallbacks.get("controller_error", 0) + 1
+        self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
         if self.controller_failures >= self.max_controller_failures:
             raise ControllerFailure(
-                f"domain {self.name}: controller {self.label!r} raised "
+                f"domain {self.name}: controller {self.label!r} {what} "
                 f"{self.controller_failures} time(s) in a row, the last at t={now_s:.3f}s "
-                f"(step {step}): {error!r}"
+                f"(step {step}): {shown}"
             ) from error
         mode = "maximum clock" if self.failsafe_mode == "max" else "unlocked"
         if self.controller_failures == 1:
             log.warning(
-                "domain %s: controller %r raised %r at t=%.3fs (step %d); fail-safe for this "
+                "domain %s: controller %r %s %s at t=%.3fs (step %d); fail-safe for this "
                 "tick: %s (the daemon stops after %d in a row)",
                 self.name,
                 self.label,
-                error,
+                what,
+                f"({shown})" if timeout else shown,
                 now_s,
                 step,
                 mode,
                 self.max_controller_failures,
             )
-            log.debug("domain %s: controller exception", self.name, exc_info=error)
+            if not timeout:
+                log.debug("domain %s: controller exception", self.name, exc_info=error)
             self._failure_logged_s = now_s
         elif now_s - self._failure_logged_s >= CONTROLLER_ERROR_LOG_EVERY_S:
             log.warning(
-                "domain %s: controller %r still raising: %d in a row, the last %r",
+                "domain %s: controller %r still %s: %d in a row, the last %s",
                 self.name,
                 self.label,
+                "missing its deadline" if timeout else "raising",
                 self.controller_failures,
-                error,
+                f"({shown})" if timeout else shown,
             )
             self._failure_logged_s = now_s
 
@@ -442,9 +451,10 @@ class Domain:
         """Observe, decide (or fall back), actuate.
 
         A controller exception is survived: the fail-safe holds for that tick and it is
-        counted (fallback ``controller_error``). So is a tick whose clock writes cannot go
-        through (split mode: the actuator or zeusd is gone; fallback
-        ``actuator_unavailable``), until they can again.
+        counted (fallback ``controller_error``); so is an outside controller's missed
+        decision deadline (fallback ``controller_timeout``, :mod:`daemon.deadline`). So
+        is a tick whose clock writes cannot go through (split mode: the actuator or zeusd
+        is gone; fallback ``actuator_unavailable``), until they can again.
 
         Raises:
             GpuLost, PermissionDenied, NotSupported: not survivable.
@@ -483,7 +493,7 @@ class Domain:
             else:
                 if self.controller_failures:
                     log.warning(
-                        "domain %s: controller %r decides again after %d exception(s)",
+                        "domain %s: controller %r decides again after %d failure(s) in a row",
                         self.name,
                         self.label,
                         self.controller_failures,

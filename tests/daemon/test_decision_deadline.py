@@ -1,0 +1,351 @@
+"""An outside controller that hangs costs its domain ticks at the fail-safe, never the loop:
+on a node its call runs on a worker thread with a deadline (``daemon.deadline``). The
+end-to-end cases run the real loop on real time (short periods), since the deadline is a
+wall-clock one; they assert what happened tick by tick, not how long it took."""
+
+from __future__ import annotations
+
+import copy
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon_support import MetricsServer, fixture_text
+from fake_pynvml import FakeNvml
+
+from gpugov.controllers.contract import layers
+from gpugov.daemon.config import parse_config
+from gpugov.daemon.controller_config import ExternalControllerConfig
+from gpugov.daemon.controller_spec import parse_controller_spec
+from gpugov.daemon.deadline import DecisionDeadline, DecisionTimeout
+from gpugov.daemon.decide import ControllerContext, build_controller
+from gpugov.daemon.errors import ConfigError, ControllerFailure
+from gpugov.daemon.loop import TickRecord, TimedLoop, run
+from gpugov.daemon.service import domains_from_config
+from gpugov.plant.types import ServingObservation
+
+LOCK = "nvmlDeviceSetGpuLockedClocks"
+RESET = "nvmlDeviceResetGpuLockedClocks"
+CLOCKS = (900.0, 1200.0, 1500.0, 1800.0)
+PERIOD_S = 0.1
+
+PACKAGE = '''
+"""An outside governor that hangs (a blocking call that does not return) from a step on."""
+
+import threading
+
+release = threading.Event()
+calls = []
+threads = []
+hang_from = [2]
+
+
+def make(context):
+    low = context.supported_clocks_mhz[0]
+
+    def decide(observation):
+        calls.append(observation.step_index)
+        threads.append(threading.current_thread())
+        if observation.step_index >= hang_from[0]:
+            release.wait(60.0)  # "hung" until the test releases it
+        return low
+
+    return decide
+'''
+
+
+@pytest.fixture
+def hanging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The module ``hanging_governor``; whatever a test leaves hung is released after it."""
+    (tmp_path / "hanging_governor.py").write_text(textwrap.dedent(PACKAGE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import hanging_governor
+
+    yield hanging_governor
+    hanging_governor.release.set()
+    sys.modules.pop("hanging_governor", None)
+
+
+@pytest.fixture
+def engine(metrics_server: MetricsServer) -> MetricsServer:
+    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
+    return metrics_server
+
+
+def _config(url: str, *, failsafe: str = "max", **controller: Any) -> Any:
+    return parse_config(
+        {
+            "daemon": {"period_s": PERIOD_S},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "failsafe": failsafe,
+                    "engine": {"kind": "vllm", "url": url},
+                    "controller": {
+                        "kind": "external",
+                        "factory": "hanging_governor:make",
+                        **controller,
+                    },
+                }
+            ],
+        }
+    )
+
+
+def _observation(step: int = 0) -> ServingObservation:
+    return ServingObservation(
+        time_s=float(step),
+        step_index=step,
+        arrived_requests=0,
+        prefill_remaining_tokens=0.0,
+        decode_active=0,
+        generated_decode_tokens=0.0,
+        temperature_c=40.0,
+        supported_clocks_mhz=CLOCKS,
+    )
+
+
+# --------------------------------------------------------------- the wrapper alone
+def test_a_late_call_raises_and_no_new_call_starts_until_it_returns(hanging: Any) -> None:
+    inner = hanging.make(ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS))
+    deadline = DecisionDeadline(inner, 0.05)
+    assert deadline(_observation(0)) == 900.0
+    assert deadline(_observation(1)) == 900.0
+    with pytest.raises(DecisionTimeout, match=r"within its deadline of 0\.05 s"):
+        deadline(_observation(2))
+    for step in (3, 4):
+        with pytest.raises(DecisionTimeout, match="still running"):
+            deadline(_observation(step))
+    assert hanging.calls == [0, 1, 2]  # nothing new started behind the hung call
+    assert deadline.busy and deadline.timeouts == 3
+    hanging.hang_from[0] = 10**9
+    hanging.release.set()
+    assert len(set(hanging.threads)) == 1 and hanging.threads[0] is not threading.main_thread()
+    for _ in range(200):  # the late call returns on its own thread
+        if not deadline.busy:
+            break
+        threading.Event().wait(0.01)
+    assert deadline(_observation(5)) == 900.0  # its late answer was discarded, a new call
+    assert hanging.calls == [0, 1, 2, 5] and deadline.late_results_discarded == 1
+
+
+def test_an_exception_passes_through_unchanged() -> None:
+    def broken(observation: ServingObservation) -> float:
+        raise ZeroDivisionError("bug")
+
+    with pytest.raises(ZeroDivisionError, match="bug"):
+        DecisionDeadline(broken, 1.0)(_observation())
+
+
+def test_a_copy_has_its_own_worker_and_no_late_call(hanging: Any) -> None:
+    inner = hanging.make(ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS))
+    deadline = DecisionDeadline(inner, 0.05)
+    deadline.name = "outside"
+    with pytest.raises(DecisionTimeout):
+        deadline(_observation(2))
+    copied = copy.deepcopy(deadline)
+    assert not copied.busy and copied.name == "outside" and copied.deadline_s == 0.05
+
+
+def test_a_busy_controller_is_not_closed() -> None:
+    release = threading.Event()
+    closed: list[bool] = []
+
+    class Hung:
+        def __call__(self, observation: ServingObservation) -> float:
+            release.wait(60.0)
+            return 900.0
+
+        def close(self) -> None:
+            closed.append(True)
+
+    deadline = DecisionDeadline(Hung(), 0.02)
+    try:
+        with pytest.raises(DecisionTimeout):
+            deadline(_observation())
+        deadline.close()
+        assert closed == []
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_deadline_must_be_positive_and_finite(bad: float) -> None:
+    with pytest.raises(ValueError, match="deadline_s"):
+        DecisionDeadline(lambda observation: 900.0, bad)
+
+
+# --------------------------------------------------------------- who gets one
+def test_only_an_outside_controller_on_wall_time_gets_a_deadline(hanging: Any) -> None:
+    outside = parse_controller_spec("hanging_governor:make")
+    wall = ControllerContext(period_s=0.5, supported_clocks_mhz=CLOCKS)
+    virtual = ControllerContext(period_s=0.5, supported_clocks_mhz=CLOCKS, time_mode="virtual")
+    (deadline,) = [
+        x for x in layers(build_controller(outside, wall)) if isinstance(x, DecisionDeadline)
+    ]
+    assert deadline.deadline_s == 0.5  # the control period by default
+    assert deadline.name == "hanging_governor:make"
+    assert not any(
+        isinstance(x, DecisionDeadline) for x in layers(build_controller(outside, virtual))
+    )
+    for spec in ("max", "fixed:1200", "reactive"):
+        chain = build_controller(parse_controller_spec(spec), wall)
+        assert not any(isinstance(x, DecisionDeadline) for x in layers(chain)), spec
+    spec = ExternalControllerConfig(
+        kind="external", factory="hanging_governor:make", decision_timeout_s=0.2
+    )
+    (deadline,) = [
+        x for x in layers(build_controller(spec, wall)) if isinstance(x, DecisionDeadline)
+    ]
+    assert deadline.deadline_s == 0.2
+
+
+def test_the_config_bounds_the_deadline(hanging: Any) -> None:
+    config = _config("http://127.0.0.1:1/metrics", decision_timeout_s=0.05)
+    assert config.domains[0].controller.decision_timeout_s == 0.05
+    with pytest.raises(ConfigError, match=r"decision_timeout_s \(0.5 s\) must be at most"):
+        _config("http://127.0.0.1:1/metrics", decision_timeout_s=0.5)
+    for bad in (0.0, 0.001, float("nan"), float("inf"), -1.0):
+        with pytest.raises(ConfigError, match="decision_timeout_s"):
+            _config("http://127.0.0.1:1/metrics", decision_timeout_s=bad)
+
+
+# --------------------------------------------------------------- the real loop
+def _run_real(
+    domains: Any, ticks: int, on_step: Any = None, **options: Any
+) -> tuple[list[TickRecord], Any]:
+    """The real loop on real time until ``ticks`` ticks have run."""
+    records: list[TickRecord] = []
+
+    def sink(batch: Any) -> None:
+        records.extend(batch)
+        if on_step is not None:
+            on_step(batch[0].step)
+
+    stats = run(
+        domains,
+        TimedLoop(PERIOD_S),
+        on_tick=sink,
+        before_tick=lambda now, step: step >= ticks,
+        **options,
+    )
+    return records, stats
+
+
+@pytest.mark.parametrize("failsafe", ["max", "unlock"])
+def test_a_hung_outside_controller_costs_ticks_at_the_failsafe_not_the_loop(
+    engine: MetricsServer, hanging: Any, caplog: pytest.LogCaptureFixture, failsafe: str
+) -> None:
+    fake = FakeNvml(1)
+    assembled = domains_from_config(_config(engine.url, failsafe=failsafe), nvml=fake)
+    domain = assembled.domains[0]
+
+    def on_step(step: int) -> None:
+        if step == 6:
+            hanging.hang_from[0] = 10**9
+            hanging.release.set()
+
+    try:
+        with caplog.at_level("WARNING", logger="gpugov.daemon.loop"):
+            records, stats = _run_real(assembled.domains, 14, on_step)
+    finally:
+        assembled.close()
+    assert stats.ticks == 14  # the loop kept ticking through the hang
+    failsafe_ticks = [r.step for r in records if r.failsafe]
+    # The hung tick itself is the first fail-safe one (within its deadline, one period),
+    # and every tick while the call runs; after the release it decides again.
+    assert failsafe_ticks[0] == 2 and failsafe_ticks == list(range(2, failsafe_ticks[-1] + 1))
+    assert 6 <= failsafe_ticks[-1] <= 8
+    assert all(r.decision_mhz is None for r in records if r.failsafe)
+    assert records[-1].requested_mhz == 345.0 and not records[-1].failsafe
+    if failsafe == "max":
+        assert {r.requested_mhz for r in records if r.failsafe} == {1980.0}
+    else:
+        assert all(r.applied_mhz is None for r in records if r.failsafe)
+    # One call was hung; no other call started while it ran.
+    assert hanging.calls.count(2) == 1 and not {3, 4, 5, 6} & set(hanging.calls)
+    assert domain.fallback_counts()["controller_timeout"] == len(failsafe_ticks)
+    assert "controller_error" not in domain.fallback_counts()
+    lines = [r.getMessage() for r in caplog.records]
+    late = [line for line in lines if "did not decide in time" in line]
+    assert len(late) == 1 and "domain llm" in late[0] and "hanging_governor:make" in late[0]
+    assert len([line for line in lines if "decides again" in line]) == 1
+    assert domain.controller_failures == 0
+    assert fake.writes[-1] == (RESET, 0) and fake.locked(0) is None
+    # The warm-up ran on the loop's thread before the loop; every decision on the worker.
+    assert hanging.threads[0] is threading.main_thread()
+    assert all(thread is not threading.main_thread() for thread in hanging.threads[1:])
+    (worker,) = set(hanging.threads[1:])
+    worker.join(5.0)  # closing the controller at exit retired it
+    assert not worker.is_alive()
+
+
+def test_a_persistent_hang_stops_the_daemon_with_the_clocks_reset(
+    engine: MetricsServer, hanging: Any
+) -> None:
+    fake = FakeNvml(1)
+    assembled = domains_from_config(_config(engine.url), nvml=fake)
+    records: list[TickRecord] = []
+    try:
+        with pytest.raises(ControllerFailure) as info:
+            run(
+                assembled.domains,
+                TimedLoop(PERIOD_S),
+                on_tick=records.extend,
+                before_tick=lambda now, step: step >= 1000,
+                max_controller_failures=3,
+            )
+    finally:
+        assembled.close()
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "domain llm: controller 'hanging_governor:make' did not decide in time 3 time(s) in a row"
+    )
+    assert isinstance(info.value.__cause__, DecisionTimeout)
+    assert len(records) == 4  # two decisions, two survived timeouts, the third stops it
+    assert hanging.calls == [0, 0, 1, 2]  # the warm-up's, two decisions, the hung one
+    assert (LOCK, 0, 345, 345) in fake.writes
+    assert fake.writes[-1] == (RESET, 0) and fake.locked(0) is None
+
+
+def test_an_in_tree_controller_runs_on_the_loops_thread(engine: MetricsServer) -> None:
+    fake = FakeNvml(1)
+    config = parse_config(
+        {
+            "daemon": {"period_s": PERIOD_S},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "engine": {"kind": "vllm", "url": engine.url},
+                    "controller": {"kind": "reactive"},
+                }
+            ],
+        }
+    )
+    assembled = domains_from_config(config, nvml=fake)
+    domain = assembled.domains[0]
+    assert not any(isinstance(x, DecisionDeadline) for x in layers(domain.controller))
+    seen: list[threading.Thread] = []
+    innermost = layers(domain.controller)[-2]  # the wrapper around the algorithm
+    algorithm = innermost.inner  # type: ignore[attr-defined]
+
+    def spy(observation: ServingObservation) -> float:
+        seen.append(threading.current_thread())
+        return float(algorithm(observation))
+
+    innermost.inner = spy  # type: ignore[attr-defined]
+    before = {t.ident for t in threading.enumerate()}
+    try:
+        _run_real(assembled.domains, 3)
+    finally:
+        assembled.close()
+    assert seen == [threading.main_thread()] * 3
+    started = [t for t in threading.enumerate() if t.ident not in before]
+    assert not any(t.name.startswith("gpugov-controller") for t in started)  # no worker
