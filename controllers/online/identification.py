@@ -781,11 +781,16 @@ class OnlineModel:
         self.check_latencies()
 
     def check_latencies(self) -> None:
-        """Refuse a model whose mean prefill or decode latency is not positive at the top
-        clock (a stored ``time.mean`` negated or zeroed drove the clock down). Only there:
-        the warm-up's evidence is at the top clock, while a few windows elsewhere can
-        leave a mean below zero at a clock barely visited, which the learned profile
-        holds to the physics (``learned_tables``); a valid model must never be refused.
+        """Refuse a model whose mean decode latency is not positive at the top clock, or
+        whose mean prefill latency there is below zero by more than three of its own
+        standard deviations (a stored ``time.mean`` negated or zeroed drove the clock
+        down). Only at the top clock: the warm-up's evidence is there, while a few windows
+        elsewhere can leave a mean below zero at a clock barely visited, which the learned
+        profile holds to the physics (``learned_tables``). And the prefill mean within its
+        noise of zero: a run whose prompts were few, or prefilled beside decoding, can
+        learn a prefill part of -1e-7 s a token with a spread far wider, which the running
+        controller decides with, so its restart must too (a valid model must never be
+        refused).
 
         Raises:
             ValueError: naming the latency.
@@ -794,12 +799,16 @@ class OnlineModel:
         realized = np.ascontiguousarray(top, dtype=float)
         for batch, context in ((1.0, 0.0), (64.0, 1024.0)):
             rows = self._predict(realized, batch, context)
-            for row, what in ((PREFILL_MEAN, "prefill"), (DECODE_MEAN, "decode iteration")):
-                if not float(rows[row][0]) > 0.0:
+            checks = (
+                (PREFILL_MEAN, "prefill", -3.0 * float(rows[PREFILL_STD][0])),
+                (DECODE_MEAN, "decode iteration", 0.0),
+            )
+            for row, what, lowest in checks:
+                mean = float(rows[row][0])
+                if not (mean > lowest or (lowest < 0.0 and mean >= lowest)):
                     raise ValueError(
-                        f"stored model predicts a {what} latency that is not positive at "
-                        f"its top clock {float(self.clocks_mhz[-1]):g} MHz "
-                        f"({float(rows[row][0]):.3g} s)"
+                        f"stored model predicts a {what} latency of {mean:.3g} s at its top "
+                        f"clock {float(self.clocks_mhz[-1]):g} MHz, which no GPU gives"
                     )
 
     def nbytes(self) -> int:

@@ -720,3 +720,27 @@ def test_two_files_set_aside_in_one_second_are_both_kept(tmp_path: Path) -> None
     assert [p.read_text() for p in kept] == ["model A", "model B", "model C"]
     assert kept[0].name == "online-model-llm.json.other-20270115T080000Z"
     assert [p.name[-2:] for p in kept[1:]] == ["-2", "-3"]
+
+
+@pytest.mark.parametrize(("scale", "restored"), [(1e-6, True), (-1e-6, True), (-1e3, False)])
+def test_a_prefill_latency_within_its_noise_of_zero_is_restored(
+    tmp_path: Path, scale: float, restored: bool
+) -> None:
+    """A run whose prefill part is poorly identified can learn a prefill latency of -1e-7 s
+    a token at the top clock with a far wider spread; the running controller decides with
+    it, so a restart restores it (it was set aside as corrupt, and the node learned
+    anew). A prefill latency below zero by far more than its spread is still refused."""
+    _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    payload = json.loads(path.read_text())
+    mean = payload["model"]["time"]["mean"]
+    knots = len(mean) // 4  # the prefill block comes first
+    spread = math.sqrt(payload["model"]["time"]["covariance"][knots - 1][knots - 1])
+    mean[:knots] = [scale * spread] * knots
+    path.write_text(json.dumps(payload))
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    simulate(_workload(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
+    assert wrapper.restored is restored
+    refused = [message for message in wrapper.messages if "refused" in message]
+    assert len(refused) == (0 if restored else 1)
+    wrapper.close()
