@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -75,11 +76,8 @@ class DecisionDeadline(ControllerWrapper):
         """Late calls that returned (or raised) after their tick; their answers are unused."""
         self._clock = clock
         self._pending: _Call | None = None
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._queue: list[_Call] = []
-        self._worker: threading.Thread | None = None
-        self._generation = 0
+        self._calls: queue.SimpleQueue[_Call | None] | None = None
+        """The running worker's queue (None: no worker); ``None`` put in it retires it."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> DecisionDeadline:
         """A copy around a deep copy of the algorithm, with its own (not yet started)
@@ -96,28 +94,21 @@ class DecisionDeadline(ControllerWrapper):
         pending = self._pending
         return pending is not None and not pending.done.is_set()
 
-    def _start_worker(self) -> None:
-        """Start a worker thread (a daemon thread: the exit never waits for it)."""
-        with self._wake:
-            self._generation += 1
-        self._worker = threading.Thread(
-            target=self._work,
-            args=(self._generation,),
-            name=f"gpugov-controller-{self.name}",
-            daemon=True,
-        )
-        self._worker.start()
+    def _start_worker(self) -> queue.SimpleQueue[_Call | None]:
+        """Start a worker thread (a daemon thread: the exit never waits for it); its
+        queue. A plain ``ThreadPoolExecutor`` is no use here: the interpreter joins its
+        threads at exit, so a hung call would hang the exit."""
+        calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        threading.Thread(
+            target=self._work, args=(calls,), name=f"gpugov-controller-{self.name}", daemon=True
+        ).start()
+        self._calls = calls
+        return calls
 
-    def _work(self, generation: int) -> None:
+    def _work(self, calls: queue.SimpleQueue[_Call | None]) -> None:
         """Run the calls handed over, one at a time, until :meth:`close` retires this
         worker (a call it is running finishes first)."""
-        while True:
-            with self._wake:
-                while not self._queue and self._generation == generation:
-                    self._wake.wait()
-                if self._generation != generation:
-                    return
-                call = self._queue.pop(0)
+        while (call := calls.get()) is not None:
             try:
                 call.answer = self.inner(call.observation)
             except BaseException as error:  # handed back to the loop's thread as it is
@@ -136,12 +127,8 @@ class DecisionDeadline(ControllerWrapper):
                 )
             self._pending = None  # it came back late: its answer belongs to a past tick
             self.late_results_discarded += 1
-        if self._worker is None:
-            self._start_worker()
         call = _Call(observation, self._clock())
-        with self._wake:
-            self._queue.append(call)
-            self._wake.notify()
+        (self._calls or self._start_worker()).put(call)
         if not call.done.wait(self.deadline_s):
             self._pending = call
             self.timeouts += 1
@@ -154,10 +141,9 @@ class DecisionDeadline(ControllerWrapper):
         """Retire the worker thread and close the inner controller, unless a late call is
         still running in it (closing it under that call is not safe, and a hung close
         would stall the exit); that thread ends when the call returns."""
-        with self._wake:
-            self._generation += 1
-            self._worker = None
-            self._wake.notify_all()
+        if self._calls is not None:
+            self._calls.put(None)
+            self._calls = None
         if self.busy:
             log.warning(
                 "controller %r: a late call is still running; the controller is not closed",

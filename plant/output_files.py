@@ -1,5 +1,5 @@
 """The one atomic writer of every output file gpugov writes: a temporary file beside the
-target (``.NAME.XXXXXXXX``), flushed and fsynced, then renamed over it.
+target (``.NAME.`` and 8 random hex digits), flushed and fsynced, then renamed over it.
 
 A reader, or a run interrupted, killed or out of disk meanwhile, finds the old file whole
 or the new one, never a part. It lives in ``plant/`` because the plant's own writers
@@ -83,9 +83,9 @@ def write_files_atomic(files: Mapping[Path, bytes | str], *, mode: int | None = 
 
 
 def _create_beside(path: Path, mode: int) -> tuple[int, str]:
-    """A new file ``.NAME.XXXXXXXX`` in ``path``'s directory, opened for writing with
-    ``mode`` less the umask (``tempfile.mkstemp`` would give 0o600); its descriptor and
-    name."""
+    """A new file in ``path``'s directory, named ``.NAME.`` and 8 random hex digits, opened
+    for writing with ``mode`` less the umask (``tempfile.mkstemp`` would give 0o600); its
+    descriptor and name."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
         name = os.path.join(path.parent, f".{path.name}.{secrets.token_hex(4)}")
