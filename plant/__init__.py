@@ -22,6 +22,7 @@ from gpugov.plant.scheduler import (
     prefill_priority_scheduler,
 )
 from gpugov.plant.simulator import PlantSimulation
+from gpugov.plant.synthetic_workloads import bursty_workload, poisson_workload
 from gpugov.plant.types import (
     ClockController,
     IterationPlan,
@@ -36,9 +37,7 @@ from gpugov.plant.types import (
 from gpugov.plant.workload import (
     DEFAULT_TRACE,
     TraceError,
-    bursty_workload,
     load_trace,
-    poisson_workload,
     workload_checksum,
 )
 

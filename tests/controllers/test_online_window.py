@@ -14,8 +14,8 @@ from gpugov.controllers.online.identification import OnlineModel, PromptEstimate
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, poisson_workload, simulate
 from gpugov.plant.gpu_physics import GpuParameters, GpuPhysics
 from gpugov.plant.synthetic_profiles import synthetic_profile
+from gpugov.plant.synthetic_workloads import LognormalLengths
 from gpugov.plant.types import ServingObservation
-from gpugov.plant.workload import LognormalLengths
 
 
 def _observation(time_s: float, **fields: object) -> ServingObservation:

@@ -15,7 +15,7 @@ from gpugov.plant import (
 )
 from gpugov.plant.attribution import energy_summary, prefill_fraction, request_rows
 from gpugov.plant.result import ServingResult
-from gpugov.plant.workload import poisson_workload
+from gpugov.plant.synthetic_workloads import poisson_workload
 
 
 def _attributed(result: ServingResult) -> float:

@@ -17,7 +17,7 @@ from gpugov.plant.disaggregated_layout import (
     kv_bytes_per_token,
 )
 from gpugov.plant.synthetic_profiles import synthetic_profile
-from gpugov.plant.workload import poisson_workload
+from gpugov.plant.synthetic_workloads import poisson_workload
 
 FREE = {"link_bandwidth_bytes_per_s": math.inf, "transfer_fixed_s": 0.0}
 

@@ -28,7 +28,7 @@ from gpugov.plant import (
     simulate,
 )
 from gpugov.plant.gpu_physics import GpuParameters, GpuPhysics, _time_above
-from gpugov.plant.workload import poisson_workload
+from gpugov.plant.synthetic_workloads import poisson_workload
 
 
 def sparse_workload(count: int = 6, gap_s: float = 20.0) -> tuple[Request, ...]:

@@ -16,20 +16,22 @@ import numpy as np
 import pytest
 
 import gpugov.plant.workload as workload_module
-from gpugov.plant.types import Request
-from gpugov.plant.workload import (
+from gpugov.plant.synthetic_workloads import (
     AZURE_CONV_OUTPUT_TOKENS,
     AZURE_CONV_PROMPT_TOKENS,
+    LognormalLengths,
+    bursty_workload,
+    poisson_workload,
+)
+from gpugov.plant.types import Request
+from gpugov.plant.workload import (
     DEFAULT_TRACES_DIR,
     TRACES_DIR_ENV,
-    LognormalLengths,
     TraceError,
     TraceLoadReport,
     TraceWarning,
-    bursty_workload,
     list_traces,
     load_trace,
-    poisson_workload,
     resolve_trace,
     scale_load,
     select_window,
