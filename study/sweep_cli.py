@@ -12,7 +12,8 @@ from gpugov.study.runners import add_runner_arguments, spec_from_args
 
 def run_sweep_command(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov sweep``: 0 when every cell ran, 1 when some failed."""
-    from gpugov.study.sweep import format_table, run_sweep
+    from gpugov.study.sweep import run_sweep
+    from gpugov.study.sweep_results import format_table
 
     outcome = run_sweep(
         Path(args.grid), Path(args.out), spec=spec_from_args(args), resume=args.resume

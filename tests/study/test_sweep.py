@@ -544,7 +544,7 @@ def test_a_results_line_of_the_wrong_shape_is_named_on_resume(
 ) -> None:
     # --resume raised TypeError, KeyError or OverflowError on each.
     from gpugov.daemon.cli_support import UsageError
-    from gpugov.study.sweep import read_results
+    from gpugov.study.sweep_results import read_results
 
     path = tmp_path / RESULTS
     good = {"key": "b", "status": "failed", "error": "x"}
@@ -557,7 +557,7 @@ def test_a_complete_last_line_that_is_not_a_result_is_refused(tmp_path: Path) ->
     """Only a line without its newline is a write cut short: a complete garbage last line
     (binary junk, another program's output) was dropped and the file rewritten."""
     from gpugov.daemon.cli_support import UsageError
-    from gpugov.study.sweep import read_results
+    from gpugov.study.sweep_results import read_results
 
     path = tmp_path / RESULTS
     good = json.dumps({"key": "b", "status": "failed", "error": "x"}) + "\n"
