@@ -8,11 +8,14 @@ every tool these checks use.
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -63,3 +66,39 @@ def gpugov_executable() -> Path:
     if not path.exists():
         pytest.fail(f"{path} not found: install the project (pip install -e '.[test]')")
     return path
+
+
+RULE_FILES = sorted((PROMETHEUS / "rules").glob("*.rules.yml"))
+DASHBOARD = GRAFANA / "gpugov-dashboard.json"
+
+
+def rules_in(path: Path) -> list[dict[str, Any]]:
+    """Every rule (recording and alerting) of every group in one rule file."""
+    yaml = require_module("yaml")
+    document = yaml.safe_load(path.read_text())
+    return [rule for group in document["groups"] for rule in group["rules"]]
+
+
+def all_rules() -> list[tuple[Path, dict[str, Any]]]:
+    """``(rule file, rule)`` for every rule of every file in deploy/prometheus/rules/."""
+    return [(path, rule) for path in RULE_FILES for rule in rules_in(path)]
+
+
+def dashboard_panels() -> list[dict[str, Any]]:
+    """Every non-row panel of the committed dashboard, those in collapsed rows included."""
+    board = json.loads(DASHBOARD.read_text())
+    out: list[dict[str, Any]] = []
+    stack = list(board["panels"])
+    while stack:
+        panel = stack.pop(0)
+        if panel["type"] == "row":
+            stack[:0] = panel.get("panels", [])
+        else:
+            out.append(panel)
+    return out
+
+
+def mentions(text: str, name: str) -> bool:
+    """True when ``text`` names the metric or recorded series ``name`` (not as part of a
+    longer name)."""
+    return re.search(rf"(?<![\w:]){re.escape(name)}(?![\w:])", text) is not None

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploytools import OPERATOR_GUIDE, PROMETHEUS, require_module, require_tool
+from deploytools import (
+    OPERATOR_GUIDE,
+    PROMETHEUS,
+    all_rules,
+    dashboard_panels,
+    mentions,
+    require_module,
+    require_tool,
+)
 
 yaml = require_module("yaml")
 
@@ -174,3 +182,93 @@ def test_check_config_names_exactly_the_rules_that_need_the_slos() -> None:
     assert recorded == set(SLO_RECORDING_RULES)
     alerts = [r["alert"] for r in rules(ALERT_RULES) if reads(r["expr"], needs | recorded)]
     assert alerts == list(SLO_ALERTS)
+
+
+# ------------------------------------------------- the operator guide documents them
+FILE_COLUMN = {
+    RECORDING_RULES: "recording",
+    ENERGY_RULES: "energy",
+    POWER_BUDGET_RULES: "budget",
+}
+
+
+def guide_section(title: str) -> str:
+    """The text of the operator guide's ``## title`` section, up to the next ``## ``."""
+    guide = OPERATOR_GUIDE.read_text()
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", guide, flags=re.M | re.S)
+    assert match, f"docs/operator.md has no '## {title}' section"
+    return match.group(1)
+
+
+def documented_recording_rules() -> dict[str, list[str]]:
+    """The operator guide's recording-rule table: series name -> its row's cells."""
+    rows: dict[str, list[str]] = {}
+    for line in guide_section("Recording rules").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        match = re.fullmatch(r"`([a-z]+:gpugov_[a-z0-9_]+:[a-z0-9_]+)`", cells[0])
+        if line.startswith("|") and match:
+            assert match.group(1) not in rows, f"{match.group(1)} documented twice"
+            rows[match.group(1)] = cells
+    return rows
+
+
+def users(name: str) -> list[str]:
+    """What reads the recorded series ``name``: alerts, other recording rules, and
+    dashboard panels (by title)."""
+    found = []
+    for _, rule in all_rules():
+        if rule.get("record") != name and mentions(rule["expr"], name):
+            found.append(rule.get("alert") or rule["record"])
+    for panel in dashboard_panels():
+        if any(mentions(target["expr"], name) for target in panel["targets"]):
+            found.append(panel["title"])
+    return sorted(set(found))
+
+
+def test_every_recording_rule_is_documented_with_its_file_and_users() -> None:
+    """docs/operator.md's *Recording rules* table lists exactly the recorded series of
+    deploy/prometheus/rules/, each with the file it is in and, in its *used by* cell,
+    every alert, rule and dashboard panel that reads it."""
+    rows = documented_recording_rules()
+    recorded = {(path, rule["record"]) for path, rule in all_rules() if "record" in rule}
+    assert sorted(rows) == sorted({name for _, name in recorded}), (
+        "the table in docs/operator.md#recording-rules and the rule files disagree"
+    )
+    for path, name in recorded:
+        _, file, meaning, used_by = rows[name]
+        assert file == FILE_COLUMN[path], f"{name}: file column {file!r}, it is in {path.name}"
+        assert meaning, f"{name}: says nothing about what it computes"
+        for user in users(name):
+            assert user in used_by, f"{name}: its 'used by' cell does not name {user!r}"
+        if not users(name):
+            assert used_by.startswith("none"), f"{name}: nothing reads it, yet {used_by!r}"
+
+
+def test_every_documented_alert_exists() -> None:
+    """The *Alerts* section has one ``###`` runbook per alert, and no runbook for an alert
+    that no rule file defines."""
+    headings = re.findall(r"^### (\S+)$", guide_section("Alerts"), flags=re.M)
+    alerts = [rule["alert"] for _, rule in all_rules() if "alert" in rule]
+    assert sorted(headings) == sorted(alerts)
+
+
+def test_every_recorded_series_named_anywhere_is_recorded() -> None:
+    """A ``level:gpugov_...:op`` name in an alert, a rule, a panel or a document is one the
+    rule files record (a renamed rule leaves no dangling reference)."""
+    recorded = {rule["record"] for _, rule in all_rules() if "record" in rule}
+    pattern = re.compile(r"\b[a-z]+:gpugov_[a-z0-9_]+:[a-z0-9_]+\b")
+    texts = {
+        f"{path.name}: {rule.get('alert') or rule['record']}": rule["expr"]
+        for path, rule in all_rules()
+    }
+    texts |= {
+        f"panel {panel['title']!r}": target["expr"]
+        for panel in dashboard_panels()
+        for target in panel["targets"]
+    }
+    repo = OPERATOR_GUIDE.parents[1]
+    for path in [*sorted((repo / "docs").glob("*.md")), repo / "deploy" / "README.md"]:
+        texts[str(path.relative_to(repo))] = path.read_text()
+    for where, text in texts.items():
+        for name in pattern.findall(text):
+            assert name in recorded, f"{where} names {name}, which no rule records"
