@@ -298,3 +298,92 @@ def test_power_budget_example_projects_the_annotation_the_config_reads() -> None
     assert gpugov["securityContext"] == main["containers"][0]["securityContext"]
     assert gpugov["args"] == main["containers"][0]["args"]
     assert {v["name"] for v in main["volumes"]} | {"budget"} == set(volumes)
+
+
+# ------------------------------------------------- every DaemonSet, main, split, examples
+def daemonsets() -> list[tuple[str, dict[str, Any]]]:
+    """``(file, DaemonSet)`` for every DaemonSet under deploy/kubernetes/."""
+    return [(f, d) for f, d in documents() if d["kind"] == "DaemonSet"]
+
+
+def dockerfile_env() -> dict[str, str]:
+    """The image's ENV (the Dockerfile's ``KEY=VALUE`` pairs)."""
+    env: dict[str, str] = {}
+    for instruction, arguments in dockerfile_instructions():
+        if instruction == "ENV":
+            env.update(pair.split("=", 1) for pair in shlex.split(arguments))
+    return env
+
+
+def mount_holding(container: dict[str, Any], path: str) -> dict[str, Any] | None:
+    """The container's volume mount whose directory holds ``path`` (the deepest one)."""
+    holding = [
+        m
+        for m in container.get("volumeMounts", [])
+        if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")
+    ]
+    return max(holding, key=lambda m: len(m["mountPath"]), default=None)
+
+
+DAEMONSET_IDS = [f for f, _ in daemonsets()]
+
+
+@pytest.mark.parametrize(("source", "daemonset"), daemonsets(), ids=DAEMONSET_IDS)
+def test_every_container_requests_cpu_and_memory_and_caps_memory(
+    source: str, daemonset: dict[str, Any]
+) -> None:
+    for container in daemonset["spec"]["template"]["spec"]["containers"]:
+        resources = container.get("resources", {})
+        for key in ("cpu", "memory"):
+            assert resources.get("requests", {}).get(key), (
+                f"{source}: container {container['name']} requests no {key}"
+            )
+        assert resources.get("limits", {}).get("memory"), (
+            f"{source}: container {container['name']} has no memory limit"
+        )
+
+
+@pytest.mark.parametrize(("source", "daemonset"), daemonsets(), ids=DAEMONSET_IDS)
+def test_every_governor_reads_a_config_the_pod_mounts_and_writes_where_it_can(
+    source: str, daemonset: dict[str, Any]
+) -> None:
+    """``run --config FILE``: FILE is a key of the ConfigMap mounted at its directory; that
+    config passes gpugov's validation, serves /metrics on the container's metrics port, and
+    every path it or the environment writes (state directory, numba's cache, a record) is
+    on a writable volume, the root file system being read-only."""
+    pod = daemonset["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    directory = source.rsplit("/", 1)[0] + "/" if "/" in source else ""
+    governors = [
+        c for c in pod["containers"] if build_parser().parse_args(c["args"]).command == "run"
+    ]
+    assert len(governors) == 1, f"{source}: expected one `gpugov run` container"
+    (container,) = governors
+    args = build_parser().parse_args(container["args"])
+    mount = mount_holding(container, args.config)
+    assert mount is not None, f"{source}: --config {args.config} is on no volume"
+    configmap_name = volumes[mount["name"]]["configMap"]["name"]
+    found = [
+        d
+        for f, d in documents()
+        if d["kind"] == "ConfigMap"
+        and d["metadata"]["name"] == configmap_name
+        and f.startswith(directory)
+        and (directory or "/" not in f)
+    ]
+    assert len(found) == 1, f"{source}: ConfigMap {configmap_name} not found beside it"
+    key = args.config[len(mount["mountPath"]) :].lstrip("/")
+    assert key in found[0]["data"], f"{source}: ConfigMap {configmap_name} has no {key!r}"
+    config = parse_config(tomllib.loads(found[0]["data"][key]), f"{source}:{key}")
+    _, port = parse_address(config.daemon.metrics_address)
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == port
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    env = dockerfile_env() | {e["name"]: e["value"] for e in container.get("env", [])}
+    writes = {"NUMBA_CACHE_DIR": env["NUMBA_CACHE_DIR"], "STATE_DIRECTORY": env["STATE_DIRECTORY"]}
+    if config.daemon.record is not None:
+        writes["daemon.record"] = str(config.daemon.record)
+    for what, path in writes.items():
+        holder = mount_holding(container, path)
+        assert holder is not None and not holder.get("readOnly", False), (
+            f"{source}: {what} = {path} is on the read-only root file system"
+        )

@@ -78,11 +78,20 @@ def test_the_manifests_run_the_version_built_here() -> None:
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(REPO)))
 def test_dockerfile_copies_what_the_build_reads(dockerfile: Path) -> None:
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = pyproject["project"]
     needed = {project["readme"], *project["license-files"], "pyproject.toml"}
+    # Every folder the wheel maps into the gpugov namespace (package-dir).
+    needed |= set(pyproject["tool"]["setuptools"]["package-dir"].values())
     copied = set()
     for line in dockerfile.read_text().splitlines():
         if line.startswith("COPY ") and "--from" not in line:
             copied.update(w.rstrip("/") for w in shlex.split(line)[1:-1] if not w.startswith("--"))
     assert needed <= copied, f"{dockerfile.name} does not copy {sorted(needed - copied)}"
+    # The extras it installs (`pip install '.[ray]'`) are the project's.
+    for extras in re.findall(r"""pip install[^\n]*?['"]?\.\[([\w,-]+)\]""", dockerfile.read_text()):
+        for extra in extras.split(","):
+            assert extra in project["optional-dependencies"], (
+                f"{dockerfile.name}: no extra {extra!r}"
+            )
     assert IMAGE_LABEL.search(dockerfile.read_text()), "no org.opencontainers.image.version"
