@@ -1,0 +1,104 @@
+"""The example configs in deploy/ load with gpugov's own loader and mean what their comments
+say: ``gpugov.example.toml`` shows every key it sets with its default unless the key (or
+its table) is marked "example", the commands in the comments parse with gpugov's CLI, and
+the emulator examples set the SLOs of the profile they tell ``gpugov emulate`` to serve.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deploytools import DEPLOY
+
+from gpugov.cli import build_parser
+from gpugov.daemon.config import GpugovConfig, load_config, parse_config
+
+EXAMPLE = DEPLOY / "gpugov.example.toml"
+CONFIGS = sorted(DEPLOY.glob("*.toml"))
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+ASSIGNMENT = re.compile(r"^([A-Za-z_][\w-]*)\s*=\s*[^#]*?(?:#(.*))?$")
+TABLE = re.compile(r"^\[\[?([\w.]+)\]\]?\s*(?:#(.*))?$")
+
+
+def section(config: GpugovConfig, table: str) -> Any:
+    """The config object a TOML table fills (``domains`` is the first domain)."""
+    node: Any = config
+    for part in table.split("."):
+        node = getattr(node, part)
+        if isinstance(node, tuple):
+            node = node[0]
+    return node
+
+
+def shown_defaults() -> list[tuple[int, str, str]]:
+    """``(line number, table, key)`` of every uncommented key of the example that is not
+    marked "example" on its line or its table's line."""
+    out = []
+    table, table_is_example = "", False
+    for number, raw in enumerate(EXAMPLE.read_text().splitlines(), 1):
+        line = raw.strip()
+        if header := TABLE.match(line):
+            table, table_is_example = header.group(1), "example" in (header.group(2) or "")
+        elif (
+            (assignment := ASSIGNMENT.match(line))
+            and not table_is_example
+            and "example" not in (assignment.group(2) or "")
+        ):
+            out.append((number, table, assignment.group(1)))
+    return out
+
+
+def test_the_example_shows_defaults_unless_it_says_example() -> None:
+    example = load_config(EXAMPLE)
+    defaults = parse_config({"domains": [{"name": "llm", "gpus": [0]}]}, "<defaults>")
+    checked = shown_defaults()
+    assert len(checked) >= 15, "the parser of the example found too few keys"
+    for number, table, key in checked:
+        shown = getattr(section(example, table), key)
+        default = getattr(section(defaults, table), key)
+        assert shown == default, (
+            f"gpugov.example.toml:{number}: [{table}] {key} = {shown!r} is not marked "
+            f"'example', but the default is {default!r}"
+        )
+
+
+def commented_commands(path: Path) -> list[list[str]]:
+    """The ``gpugov ...`` command lines in a file's comments, as argv (without ``&``): the
+    comment lines indented like a shell session (``#   gpugov run ...``), not prose."""
+    out = []
+    for line in path.read_text().splitlines():
+        match = re.match(r"#\s{2,}gpugov\s+(.+?)\s*&?\s*$", line.strip())
+        if match:
+            out.append(shlex.split(match.group(1)))
+    return out
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_each_example_loads_and_the_commands_in_its_comments_parse(path: Path) -> None:
+    config = load_config(path)
+    assert config.domains
+    for argv in commented_commands(path):
+        build_parser().parse_args(argv)  # SystemExit on a flag gpugov does not have
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in CONFIGS if p.name.startswith("emulated")], ids=lambda p: p.name
+)
+def test_the_emulator_examples_set_the_slos_of_the_profile_they_emulate(path: Path) -> None:
+    """Their comments start ``gpugov emulate --profile NAME`` and say its SLOs are the
+    domains' (the SLO rules, the alert and the dashboard judge against them)."""
+    config = load_config(path)
+    assert config.daemon.backend == "emulated"
+    (emulate,) = [argv for argv in commented_commands(path) if argv[0] == "emulate"]
+    profile = build_parser().parse_args(emulate).profile
+    manifest = json.loads((PROFILES / f"{profile}.json").read_text())
+    for domain in config.domains:
+        assert (domain.ttft_slo_s, domain.tpot_slo_s) == (
+            manifest["ttft_slo_s"],
+            manifest["tpot_slo_s"],
+        ), f"{path.name}: domain {domain.name} does not set {profile}'s SLOs"
