@@ -229,8 +229,9 @@ def overview(ids: _Ids) -> list[Stat]:
             "Energy of the selected domains over 5 minutes divided by their generated "
             "tokens (lower is better).",
             "joule",
+            # No data, not infinity, while nothing is generated (an idle node).
             f"sum(domain:gpugov_gpu_energy_joules:rate5m{{{DOMAIN}}}) / "
-            f"sum(rate(gpugov_output_tokens_total{{{DOMAIN}}}[5m]))",
+            f"(sum(rate(gpugov_output_tokens_total{{{DOMAIN}}}[5m])) > 0)",
             [(None, "blue")],
         ),
         stat(

@@ -169,3 +169,16 @@ def test_series_on_a_watt_panel_that_are_not_watts_have_their_own_unit() -> None
         o for o in headroom["fieldConfig"]["overrides"] if o["matcher"]["options"] == share["refId"]
     ]
     assert {"id": "unit", "value": "percentunit"} in override["properties"]
+
+
+def test_a_ratio_panel_shows_no_data_rather_than_infinity_on_an_idle_node() -> None:
+    """A query that divides by a rate guards it with ``> 0``, as the recording rules do: an
+    idle node (no tokens generated) shows no data, not +Inf or NaN."""
+    for panel in panels(dashboard()):
+        for target in panel["targets"]:
+            expr = target["expr"]
+            if " / " in expr:
+                denominator = expr.rsplit(" / ", 1)[1]
+                assert re.fullmatch(r"\(.*\s>\s0\)", denominator), (
+                    f"{panel['title']}: {expr} divides by an unguarded {denominator}"
+                )
