@@ -272,3 +272,29 @@ def test_every_recorded_series_named_anywhere_is_recorded() -> None:
     for where, text in texts.items():
         for name in pattern.findall(text):
             assert name in recorded, f"{where} names {name}, which no rule records"
+
+
+def seconds(duration: str) -> int:
+    """A Prometheus duration such as ``90s``, ``10m`` or ``1h`` in seconds."""
+    match = re.fullmatch(r"(\d+)([smh])", duration)
+    assert match, f"unexpected duration {duration!r}"
+    return int(match.group(1)) * {"s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def test_alerts_wait_before_firing_and_page_only_on_what_lasts() -> None:
+    """An alert either holds its condition for a while (``for:`` from 1 minute to an hour)
+    or counts events over a window of at least 5 minutes (``increase``, ``resets``), so one
+    scrape never fires it; a ``critical`` alert (it pages) also waits at least 2 minutes."""
+    for path, rule in all_rules():
+        if "alert" not in rule:
+            continue
+        where = f"{path.name}: {rule['alert']}"
+        if "for" in rule:
+            assert 60 <= seconds(rule["for"]) <= 3600, f"{where}: for: {rule['for']}"
+        else:
+            windows = re.findall(r"\b(?:increase|resets|changes)\([^\[]*\[(\w+)\]\)", rule["expr"])
+            assert windows and all(seconds(w) >= 300 for w in windows), (
+                f"{where}: no for: and no event count over >= 5 minutes"
+            )
+        if rule["labels"]["severity"] == "critical":
+            assert seconds(rule.get("for", "0s")) >= 120, f"{where}: pages without waiting"
