@@ -227,3 +227,18 @@ def test_governor_unit_contract() -> None:
     socket = shlex.split(one(ACTUATOR, "ExecStart"))
     path = socket[socket.index("--socket") + 1]
     assert path == str(ActuatorBackendConfig().socket)
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
+def test_a_unit_that_may_lock_clocks_resets_them_after_every_stop(unit: Path) -> None:
+    """Whatever may lock a clock (CAP_SYS_ADMIN in its bounding set) runs the reset after
+    every stop, a crash or a kill included, so no GPU stays locked low; every unit restarts
+    after a failure, and `gpugov run` (which pings the watchdog every tick) has one."""
+    may_lock = "CAP_SYS_ADMIN" in one(unit, "CapabilityBoundingSet").split()
+    resets = [shlex.split(line)[1:] for line in values(unit, "ExecStopPost")]
+    if may_lock:
+        assert ["reset-clocks", "--gpus", "all"] in resets, f"{unit.name}: no reset after a stop"
+    assert one(unit, "Restart") in {"on-failure", "always"}
+    command = build_parser().parse_args(shlex.split(one(unit, "ExecStart"))[1:]).command
+    if command == "run":
+        assert re.fullmatch(r"\d+s", one(unit, "WatchdogSec")), f"{unit.name}: no watchdog"
