@@ -39,9 +39,12 @@ class DecisionTimeout(Exception):
 class _Call:
     """One call handed to the worker: the observation in, the answer or error out."""
 
-    __slots__ = ("answer", "done", "error", "observation", "started_s")
+    __slots__ = ("answer", "done", "error", "observation", "started_s", "target")
 
-    def __init__(self, observation: ServingObservation, started_s: float) -> None:
+    def __init__(
+        self, target: ClockController, observation: ServingObservation, started_s: float
+    ) -> None:
+        self.target = target
         self.observation = observation
         self.started_s = started_s
         self.done = threading.Event()
@@ -110,13 +113,28 @@ class DecisionDeadline(ControllerWrapper):
         worker (a call it is running finishes first)."""
         while (call := calls.get()) is not None:
             try:
-                call.answer = self.inner(call.observation)
+                call.answer = call.target(call.observation)
             except BaseException as error:  # handed back to the loop's thread as it is
                 call.error = error
             finally:
                 call.done.set()
 
     def __call__(self, observation: ServingObservation) -> float:
+        return cast(float, self._decide(self.inner, observation))
+
+    def warm(self, probe: ClockController, observation: ServingObservation) -> Any:
+        """Run the warm-up's decision ``probe`` (on a copy of the algorithm) on the worker
+        thread, with the same deadline as a decision: a node's start never waits longer
+        than that on outside code. A probe still running past it is this layer's late
+        call: the loop's first ticks hold the fail-safe until it returns.
+
+        Raises:
+            DecisionTimeout: no answer within the deadline.
+        """
+        return self._decide(probe, observation)
+
+    def _decide(self, target: ClockController, observation: ServingObservation) -> Any:
+        """``target(observation)`` on the worker thread, within the deadline."""
         pending = self._pending
         if pending is not None:
             if not pending.done.is_set():
@@ -127,7 +145,7 @@ class DecisionDeadline(ControllerWrapper):
                 )
             self._pending = None  # it came back late: its answer belongs to a past tick
             self.late_results_discarded += 1
-        call = _Call(observation, self._clock())
+        call = _Call(target, observation, self._clock())
         (self._calls or self._start_worker()).put(call)
         if not call.done.wait(self.deadline_s):
             self._pending = call
@@ -135,7 +153,7 @@ class DecisionDeadline(ControllerWrapper):
             raise DecisionTimeout(f"no decision within its deadline of {self.deadline_s:g} s")
         if call.error is not None:
             raise call.error
-        return cast(float, call.answer)  # the chain outside judges a non-numeric answer
+        return call.answer  # the chain outside judges a non-numeric answer
 
     def close(self) -> None:
         """Retire the worker thread and close the inner controller, unless a late call is

@@ -365,7 +365,9 @@ def _peer(spec: ControllerConfig, context: ControllerContext) -> ClockController
 
 def _external(spec: ExternalControllerConfig, context: ControllerContext) -> ClockController:
     """An outside package's controller: its factory called with what a node knows (the
-    context without the simulated plant or an offline plan).
+    context without the simulated plant or an offline plan), at gpugov's edge
+    (:class:`daemon.outside.OutsideController`: its own copy of each observation, an
+    answer that is not a clock counted and replaced by the top clock).
 
     Raises:
         ControllerError: the factory cannot be loaded, raises, or returns no callable.
@@ -385,7 +387,9 @@ def _external(spec: ExternalControllerConfig, context: ControllerContext) -> Clo
             f"controller factory {spec.factory!r} returned {type(controller).__name__}, "
             "not a callable observation -> MHz"
         )
-    return controller  # type: ignore[no-any-return]
+    from gpugov.daemon.outside import OutsideController
+
+    return OutsideController(controller)
 
 
 def _power_profile(
@@ -629,9 +633,18 @@ def warm_up(
     itself keeps no trace of it: its first real decision is the run's first decision. A
     controller whose first decision does not run all its compiled code (``mpc-online``
     stays at the top clock through its warm-up) runs the rest on the copy too
-    (``warm_kernels``).
+    (``warm_kernels``). An outside controller's copy decides inside its
+    :class:`daemon.outside.OutsideController` and, on a node, within its decision
+    deadline (:meth:`daemon.deadline.DecisionDeadline.warm`, which raises
+    :class:`daemon.deadline.DecisionTimeout` past it).
     """
-    probe = copy.deepcopy(unwrap(controller))
+    from gpugov.daemon.deadline import DecisionDeadline
+    from gpugov.daemon.outside import outside_layer
+
+    # An outside controller warms up at its edge (its sys.exit() is an error) and, on a
+    # node, within its decision deadline, on the deadline's worker thread.
+    probe = copy.deepcopy(outside_layer(controller) or unwrap(controller))
+    deadline = next((x for x in layers(controller) if isinstance(x, DecisionDeadline)), None)
     observation = ServingObservation(
         time_s=0.0,
         step_index=0,
@@ -643,12 +656,20 @@ def warm_up(
         thermal_limit_c=thermal_limit_c,
         supported_clocks_mhz=tuple(float(c) for c in clocks_mhz),
     )
+
+    def decide(observation: ServingObservation) -> Any:
+        answer = probe(observation)
+        warm_kernels = getattr(probe, "warm_kernels", None)
+        if callable(warm_kernels):
+            # Compiled code past the first decision (``mpc-online``'s, after its warm-up).
+            warm_kernels(observation)
+        return answer
+
     started = time.perf_counter()
-    probe(observation)
-    warm_kernels = getattr(probe, "warm_kernels", None)
-    if callable(warm_kernels):
-        # Compiled code past the first decision (``mpc-online``'s, after its warm-up).
-        warm_kernels(observation)
+    if deadline is None:
+        decide(observation)
+    else:
+        deadline.warm(decide, observation)
     return time.perf_counter() - started
 
 

@@ -42,6 +42,7 @@ from gpugov.daemon.energy import EnergyEstimator, reading_from
 from gpugov.daemon.errors import ClocksNotReset, ControllerFailure, GpuLost
 from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
 from gpugov.daemon.observer import DomainObserver, Observed
+from gpugov.daemon.outside import outside_layer
 from gpugov.daemon.phase_fit import learned_phase_model
 from gpugov.daemon.power_budget import PowerBudget
 from gpugov.daemon.safety import invalid_decisions, raw_decision
@@ -348,6 +349,9 @@ class Domain:
         self.write_path_down: str | None = None
         """Why the clock writes cannot go through (the actuator or zeusd is gone), or None."""
         self._failure_logged_s = -math.inf
+        self._invalid_logged = 0
+        """Invalid decisions counted when the last line about them was logged."""
+        self._invalid_logged_s = -math.inf
         self.budget = budget
         self.energy = EnergyEstimator()
         """Energy attribution per window and model (:mod:`daemon.energy`)."""
@@ -433,6 +437,41 @@ class Domain:
             )
             self._failure_logged_s = now_s
 
+    def _invalid_decision(self, invalid: int, now_s: float, step: int) -> None:
+        """Log a decision that was not a clock (the chain ran the top clock instead): the
+        first one, then at most one line a minute with the count."""
+        if invalid <= self._invalid_logged:
+            return
+        outside = outside_layer(self.controller)
+        what = (
+            outside.last_invalid
+            if outside is not None and outside.last_invalid is not None
+            else "a non-finite value"
+        )
+        if self._invalid_logged == 0:
+            log.warning(
+                "domain %s: controller %r returned %s at t=%.3fs (step %d), not a clock in "
+                "MHz; the top clock instead (counted as invalid_decision)",
+                self.name,
+                self.label,
+                what,
+                now_s,
+                step,
+            )
+        elif now_s - self._invalid_logged_s >= CONTROLLER_ERROR_LOG_EVERY_S:
+            log.warning(
+                "domain %s: controller %r still returns no clock: %d invalid decision(s) "
+                "so far, the last %s",
+                self.name,
+                self.label,
+                invalid,
+                what,
+            )
+        else:
+            return
+        self._invalid_logged = invalid
+        self._invalid_logged_s = now_s
+
     def _write_path(self, problem: str | None) -> None:
         """Log the clock writes' path (the actuator) going away and coming back, once each."""
         if problem is not None and self.write_path_down is None:
@@ -509,6 +548,7 @@ class Domain:
                 invalid = invalid_decisions(self.controller)
                 if invalid:
                     self.fallbacks["invalid_decision"] = invalid
+                    self._invalid_decision(invalid, now_s, step)
                 writes = self.actuator.apply(int(round(answer)))
         else:
             requested, writes = self._failsafe(observed)

@@ -20,6 +20,7 @@ from gpugov.daemon.backend import DryRunBackend, GpuBackend
 from gpugov.daemon.config import DaemonSection, DomainConfig, GpugovConfig, controller_state_dir
 from gpugov.daemon.controller_config import ControllerConfig, OnlineMPCControllerConfig
 from gpugov.daemon.controller_spec import spec_name
+from gpugov.daemon.deadline import DecisionTimeout
 from gpugov.daemon.decide import (
     ControllerContext,
     Forecasts,
@@ -295,6 +296,13 @@ def build_domain(
     try:
         warm_s = warm_up(controller, clocks, thermal_limit_c=thermal_limit_c)
         log.debug("domain %s: controller warmed up in %.3f s", name, warm_s)
+    except DecisionTimeout as error:  # an outside controller; the loop's ticks hold the fail-safe
+        log.warning(
+            "domain %s: the controller's warm-up decision did not return (%s); the first "
+            "ticks hold the fail-safe until it does",
+            name,
+            error,
+        )
     except Exception as error:  # the loop meets (and reports) a failing controller itself
         log.warning("domain %s: the controller's warm-up decision raised %r", name, error)
     actuator = ClockActuator(

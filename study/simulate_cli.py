@@ -30,9 +30,12 @@ from gpugov.daemon.cli_support import (
     safety_from_args,
     simulated_controller,
     simulated_run_inputs,
+    warn,
 )
 from gpugov.daemon.errors import ExitCode, Terminated
 from gpugov.daemon.files import write_text_atomic
+from gpugov.daemon.outside import invalid_decision_note
+from gpugov.daemon.safety import invalid_decisions
 from gpugov.daemon.sim_progress import SimulationProgress
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, ServingResult, load_profile, simulate
@@ -172,6 +175,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         )
         return ExitCode.TERMINATED if terminated else ExitCode.INTERRUPTED
     progress.close(result=result)
+    invalid = invalid_decision_note(controller, controller_label(args.controller))
+    if invalid is not None:
+        warn(invalid)
     metrics = result.metrics.as_dict()
     title = (
         f"gpugov simulate: {controller_label(args.controller)} on {profile.name} "
@@ -213,6 +219,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                 },
                 "series_stride": args.stride,
                 "controller_diagnostics": controller_diagnostics(controller),
+                "invalid_decisions": invalid_decisions(controller),
             },
             "series": series,
             "energy": energy,

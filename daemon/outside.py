@@ -1,0 +1,117 @@
+"""An outside package's controller at gpugov's edge (``kind = "external"``).
+
+Code from another package keeps the controller contract less reliably than the in-tree
+kinds, which the conformance suite checks. :class:`OutsideController` is the innermost
+layer around it, on a node and in every study: the controller decides on its own copy of
+the observation (a change it makes, even through ``object.__setattr__``, never reaches
+the safety chain, the recording or the exporter), its ``sys.exit()`` is an error like any
+other it raises (the loop survives it; a study reports it), and an answer that is not a
+clock in MHz becomes NaN, which :class:`daemon.safety.ClampToSupported` replaces by the
+top clock and counts (``invalid_decision``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+from gpugov.controllers.contract import ClockController, ControllerWrapper
+from gpugov.daemon.safety import invalid_decisions
+from gpugov.plant.types import ServingObservation
+
+
+class OutsideExit(RuntimeError):
+    """An outside controller called ``sys.exit()`` while deciding."""
+
+
+def not_a_clock(answer: Any) -> str | None:
+    """``answer``'s short ``repr`` when it is not a clock in MHz, else None. A clock is a
+    finite number above 0 (a NumPy or PyTorch scalar counts); a bool, a string, None,
+    NaN, an infinity, zero or a negative number is not."""
+    dtype = getattr(answer, "dtype", None)
+    if (
+        isinstance(answer, bool)
+        or getattr(dtype, "kind", None) == "b"
+        or str(dtype) == "torch.bool"
+    ):
+        return _short(answer)
+    if answer is None or isinstance(answer, str | bytes):
+        return _short(answer)
+    try:
+        value = float(answer)
+    except Exception:  # an outside object's __float__ may raise anything
+        return _short(answer)
+    if not math.isfinite(value) or value <= 0.0:
+        return _short(answer)
+    return None
+
+
+def _short(answer: Any) -> str:
+    """``repr(answer)``, cut to 60 characters (a log line stays one short line)."""
+    try:
+        text = repr(answer)
+    except Exception:  # an outside object's __repr__ may raise too
+        text = f"<{type(answer).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class OutsideController(ControllerWrapper):
+    """An outside controller's decision on its own copy of the observation, with its
+    ``sys.exit()`` raised as :class:`OutsideExit` and an answer that is not a clock
+    (:func:`not_a_clock`) returned as NaN for the chain to replace and count.
+
+    Attributes:
+        invalid_answers: answers that were not a clock.
+        last_invalid: the last such answer, as a short ``repr`` (None: none yet).
+    """
+
+    def __init__(self, inner: ClockController) -> None:
+        super().__init__(inner)
+        self.invalid_answers = 0
+        self.last_invalid: str | None = None
+
+    def __call__(self, observation: ServingObservation) -> float:
+        own = copy.copy(observation)  # frozen, but object.__setattr__ would still change it
+        try:
+            answer = self.inner(own)
+        except SystemExit as error:
+            raise OutsideExit(f"called sys.exit({error.code!r}) while deciding") from error
+        problem = not_a_clock(answer)
+        if problem is not None:
+            self.invalid_answers += 1
+            self.last_invalid = problem
+            return math.nan
+        return float(answer)
+
+
+def outside_layer(controller: ClockController) -> OutsideController | None:
+    """The chain's :class:`OutsideController` layer (None for an in-tree kind)."""
+    while isinstance(controller, ControllerWrapper):
+        if isinstance(controller, OutsideController):
+            return controller
+        controller = controller.inner
+    return None
+
+
+def invalid_decision_note(controller: ClockController, label: str) -> str | None:
+    """One line on a run's decisions that were not a clock (the chain ran the top clock
+    instead), for a study to report; None when every decision was a clock."""
+    count = invalid_decisions(controller)
+    if not count:
+        return None
+    outside = outside_layer(controller)
+    last = outside.last_invalid if outside is not None and outside.last_invalid else "nan"
+    return (
+        f"controller {label!r}: {count} decision(s) were not a clock in MHz (the last: "
+        f"{last}); the safety chain ran the top clock instead"
+    )
+
+
+__all__ = [
+    "OutsideController",
+    "OutsideExit",
+    "invalid_decision_note",
+    "not_a_clock",
+    "outside_layer",
+]

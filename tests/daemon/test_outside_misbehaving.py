@@ -1,0 +1,293 @@
+"""An outside controller that breaks the controller contract on a node: an answer that is
+not a clock, ``sys.exit()`` while deciding, a change to the observation, a warm-up that
+never returns. The node runs on (the chain's top clock or the fail-safe, one log line)
+and every lock is reset at exit."""
+
+from __future__ import annotations
+
+import math
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from daemon_support import MetricsServer, fixture_text
+from fake_pynvml import FakeNvml
+
+from gpugov.controllers.contract import layers
+from gpugov.daemon.config import parse_config
+from gpugov.daemon.controller_spec import parse_controller_spec
+from gpugov.daemon.deadline import DecisionDeadline
+from gpugov.daemon.decide import ControllerContext, build_controller, warm_up
+from gpugov.daemon.loop import TickRecord, TimedLoop, run
+from gpugov.daemon.outside import OutsideController, OutsideExit, not_a_clock
+from gpugov.daemon.safety import invalid_decisions
+from gpugov.daemon.service import domains_from_config
+from gpugov.plant.types import ServingObservation
+
+RESET = "nvmlDeviceResetGpuLockedClocks"
+CLOCKS = (900.0, 1200.0, 1500.0, 1800.0)
+PERIOD_S = 0.1
+
+PACKAGE = '''
+"""Outside governors that misbehave, steered by the test through module globals."""
+
+import threading
+
+answer = [1200.0]
+exit_at = [10**9]
+release = threading.Event()
+hang_first = [False]
+seen_time_s = []
+
+
+def scripted(context):
+    def decide(observation):
+        if hang_first[0]:
+            hang_first[0] = False
+            release.wait(60.0)
+        if observation.step_index >= exit_at[0]:
+            raise SystemExit(3)
+        return answer[0]
+
+    return decide
+
+
+def vandal(context):
+    def decide(observation):
+        seen_time_s.append(observation.time_s)
+        object.__setattr__(observation, "time_s", -1.0)
+        object.__setattr__(observation, "decode_active", 10**6)
+        return context.supported_clocks_mhz[0]
+
+    return decide
+'''
+
+
+@pytest.fixture
+def governor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The module ``misbehaving_governor``; anything left hung is released after a test."""
+    (tmp_path / "misbehaving_governor.py").write_text(textwrap.dedent(PACKAGE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import misbehaving_governor
+
+    yield misbehaving_governor
+    misbehaving_governor.release.set()
+    sys.modules.pop("misbehaving_governor", None)
+
+
+@pytest.fixture
+def engine(metrics_server: MetricsServer) -> MetricsServer:
+    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
+    return metrics_server
+
+
+def _observation(step: int = 0) -> ServingObservation:
+    return ServingObservation(
+        time_s=float(step),
+        step_index=step,
+        arrived_requests=0,
+        prefill_remaining_tokens=0.0,
+        decode_active=2,
+        generated_decode_tokens=0.0,
+        temperature_c=40.0,
+        supported_clocks_mhz=CLOCKS,
+    )
+
+
+def _node(url: str, factory: str) -> Any:
+    return parse_config(
+        {
+            "daemon": {"period_s": PERIOD_S},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "engine": {"kind": "vllm", "url": url},
+                    "controller": {"kind": "external", "factory": factory},
+                }
+            ],
+        }
+    )
+
+
+def _run(domains: Any, ticks: int) -> list[TickRecord]:
+    records: list[TickRecord] = []
+    run(
+        domains,
+        TimedLoop(PERIOD_S),
+        on_tick=records.extend,
+        before_tick=lambda now, step: step >= ticks,
+    )
+    return records
+
+
+# ------------------------------------------------------------------ the edge alone
+@pytest.mark.parametrize(
+    "answer",
+    [
+        math.nan,
+        math.inf,
+        -math.inf,
+        -100.0,
+        0.0,
+        "fast",
+        "1200",
+        None,
+        True,
+        np.bool_(False),
+        b"1200",
+        object(),
+    ],
+    ids=repr,
+)
+def test_an_answer_that_is_not_a_clock_runs_the_top_clock_and_is_counted(
+    governor: Any, answer: Any
+) -> None:
+    """A string (even a numeric one), None, a bool, NaN, an infinity, zero or a negative
+    clock is not a clock: the chain runs the top clock, counts it and keeps its repr."""
+    governor.answer[0] = answer
+    for mode in ("virtual", "wall"):
+        context = ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS, time_mode=mode)  # type: ignore[arg-type]
+        chain = build_controller(parse_controller_spec("misbehaving_governor:scripted"), context)
+        assert chain(_observation()) == CLOCKS[-1], mode
+        assert invalid_decisions(chain) == 1
+        (edge,) = [x for x in layers(chain) if isinstance(x, OutsideController)]
+        assert edge.invalid_answers == 1 and edge.last_invalid == not_a_clock(answer)
+        assert edge.last_invalid is not None and len(edge.last_invalid) <= 60
+        chain.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "clock"),
+    [(1234.5, 1200.0), (1.0, 900.0), (1e9, 1800.0), (np.float32(1500.0), 1500.0), (1500, 1500.0)],
+)
+def test_a_clock_off_the_list_or_out_of_range_is_quantised(
+    governor: Any, answer: Any, clock: float
+) -> None:
+    """A positive finite clock is the controller's to ask for: the chain quantises it onto
+    the supported clocks and counts nothing."""
+    governor.answer[0] = answer
+    context = ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS, time_mode="virtual")
+    chain = build_controller(parse_controller_spec("misbehaving_governor:scripted"), context)
+    assert chain(_observation()) == clock
+    assert invalid_decisions(chain) == 0
+
+
+def test_sys_exit_while_deciding_is_an_error_not_an_exit(governor: Any) -> None:
+    governor.exit_at[0] = 0
+    context = ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS, time_mode="virtual")
+    chain = build_controller(parse_controller_spec("misbehaving_governor:scripted"), context)
+    with pytest.raises(OutsideExit, match=r"called sys.exit\(3\) while deciding"):
+        chain(_observation())
+
+
+def test_the_controller_decides_on_its_own_copy_of_the_observation(governor: Any) -> None:
+    context = ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS, time_mode="virtual")
+    chain = build_controller(parse_controller_spec("misbehaving_governor:vandal"), context)
+    observation = _observation(7)
+    assert chain(observation) == CLOCKS[0]
+    assert observation.time_s == 7.0 and observation.decode_active == 2
+    assert governor.seen_time_s == [7.0]
+
+
+# ------------------------------------------------------------------ on a node
+def test_a_node_logs_one_line_and_runs_the_top_clock_for_an_answer_not_a_clock(
+    engine: MetricsServer, governor: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    governor.answer[0] = "fast"
+    fake = FakeNvml(1)
+    assembled = domains_from_config(_node(engine.url, "misbehaving_governor:scripted"), nvml=fake)
+    domain = assembled.domains[0]
+    try:
+        with caplog.at_level("WARNING", logger="gpugov.daemon.loop"):
+            records = _run(assembled.domains, 5)
+    finally:
+        assembled.close()
+    assert len(records) == 5 and not any(r.failsafe for r in records)
+    assert {r.requested_mhz for r in records} == {1980.0}  # FakeNvml's top clock
+    assert domain.fallback_counts()["invalid_decision"] == 5
+    assert domain.controller_failures == 0
+    (line,) = [r.getMessage() for r in caplog.records if "not a clock" in r.getMessage()]
+    assert line.startswith("domain llm: controller 'misbehaving_governor:scripted' returned 'fast'")
+    assert fake.writes[-1] == (RESET, 0) and fake.locked(0) is None
+
+
+def test_a_node_survives_sys_exit_in_a_decision_and_resets_the_clocks(
+    engine: MetricsServer, governor: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    governor.answer[0] = 900.0
+    governor.exit_at[0] = 2
+    fake = FakeNvml(1)
+    assembled = domains_from_config(_node(engine.url, "misbehaving_governor:scripted"), nvml=fake)
+    domain = assembled.domains[0]
+    try:
+        with caplog.at_level("WARNING", logger="gpugov.daemon.loop"):
+            records = _run(assembled.domains, 4)
+    finally:
+        assembled.close()
+    assert [r.failsafe for r in records] == [False, False, True, True]
+    assert {r.requested_mhz for r in records if r.failsafe} == {1980.0}
+    assert domain.fallback_counts()["controller_error"] == 2
+    assert any(
+        "OutsideExit" in r.getMessage() and "sys.exit(3)" in r.getMessage() for r in caplog.records
+    )
+    assert fake.writes[-1] == (RESET, 0) and fake.locked(0) is None
+
+
+def test_a_node_records_the_observation_the_controller_could_not_change(
+    engine: MetricsServer, governor: Any
+) -> None:
+    fake = FakeNvml(1)
+    assembled = domains_from_config(_node(engine.url, "misbehaving_governor:vandal"), nvml=fake)
+    try:
+        records = _run(assembled.domains, 3)
+    finally:
+        assembled.close()
+    assert [r.observation.time_s for r in records] == pytest.approx(
+        [r.time_s for r in records], abs=1e-6
+    )
+    assert all(r.observation.decode_active != 10**6 for r in records)
+
+
+def test_a_warm_up_that_never_returns_does_not_stall_the_node_start(
+    engine: MetricsServer, governor: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warm-up runs within the decision deadline on the worker thread: the start goes
+    on, and the loop's ticks hold the fail-safe until the hung call returns."""
+    governor.hang_first[0] = True
+    fake = FakeNvml(1)
+    with caplog.at_level("WARNING", logger="gpugov.daemon.service"):
+        assembled = domains_from_config(
+            _node(engine.url, "misbehaving_governor:scripted"), nvml=fake
+        )
+    domain = assembled.domains[0]
+    assert any("warm-up decision did not return" in r.getMessage() for r in caplog.records)
+    try:
+        records = _run(assembled.domains, 2)
+        assert all(r.failsafe and r.requested_mhz == 1980.0 for r in records)
+        assert domain.fallback_counts()["controller_timeout"] == 2
+        governor.release.set()
+        (deadline,) = [x for x in layers(domain.controller) if isinstance(x, DecisionDeadline)]
+        for _ in range(500):  # the released call returns on the worker thread
+            if not deadline.busy:
+                break
+            time.sleep(0.01)
+        assert not deadline.busy
+        records = _run(assembled.domains, 2)
+        assert not records[-1].failsafe and records[-1].requested_mhz == 1200.0
+    finally:
+        assembled.close()
+    assert fake.writes[-1] == (RESET, 0) and fake.locked(0) is None
+
+
+def test_warm_up_of_an_outside_controller_turns_sys_exit_into_an_error(governor: Any) -> None:
+    governor.exit_at[0] = 0
+    context = ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS, time_mode="virtual")
+    chain = build_controller(parse_controller_spec("misbehaving_governor:scripted"), context)
+    with pytest.raises(OutsideExit):
+        warm_up(chain, CLOCKS)
