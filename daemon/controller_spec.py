@@ -126,13 +126,28 @@ def load_factory(reference: str) -> Any:
 
 def entry_point_factory(name: str) -> str | None:
     """The ``module:factory`` an installed package registers as ``name`` in the
-    :data:`ENTRY_POINT_GROUP` entry-point group, or None."""
+    :data:`ENTRY_POINT_GROUP` entry-point group, or None. A built-in kind's name always
+    means the built-in controller (such an entry point is reached only as
+    ``MODULE:FACTORY``).
+
+    Raises:
+        ValueError: one line, when installed packages register ``name`` with different
+            factories (which one runs would depend on the install order).
+    """
     from importlib.metadata import entry_points
 
+    found: dict[str, str] = {}
     for entry in entry_points(group=ENTRY_POINT_GROUP):
         if entry.name == name:
-            return str(entry.value)
-    return None
+            dist = getattr(entry, "dist", None)
+            found.setdefault(str(entry.value), str(getattr(dist, "name", None) or "?"))
+    if len(found) > 1:
+        listed = ", ".join(f"{value!r} (package {dist})" for value, dist in found.items())
+        raise ValueError(
+            f"--controller {name!r}: {len(found)} installed packages register it in "
+            f"{ENTRY_POINT_GROUP}: {listed}; name one as MODULE:FACTORY"
+        )
+    return next(iter(found), None)
 
 
 def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
@@ -297,6 +312,12 @@ def _parse_spec(text: str, default_profile: str | None) -> ControllerConfig:
         return ExternalControllerConfig(kind="external", factory=text)
     registered = None if colon else entry_point_factory(kind)
     if registered is not None:
+        try:
+            load_factory(registered)
+        except ValueError as error:
+            raise ValueError(
+                f"--controller {kind!r}: its {ENTRY_POINT_GROUP} entry point: {error}"
+            ) from None
         return ExternalControllerConfig(kind="external", factory=registered, name=kind)
     raise ValueError(f"unknown controller {text!r}; expected {CONTROLLER_SPEC_HELP}")
 

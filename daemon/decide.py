@@ -389,7 +389,8 @@ def _external(spec: ExternalControllerConfig, context: ControllerContext) -> Clo
         )
     from gpugov.daemon.outside import OutsideController
 
-    return OutsideController(controller)
+    # In virtual time no deadline bounds a call: a long one is named instead.
+    return OutsideController(controller, watch=context.time_mode == "virtual")
 
 
 def _power_profile(

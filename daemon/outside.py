@@ -7,18 +7,53 @@ the observation (a change it makes, even through ``object.__setattr__``, never r
 the safety chain, the recording or the exporter), its ``sys.exit()`` is an error like any
 other it raises (the loop survives it; a study reports it), and an answer that is not a
 clock in MHz becomes NaN, which :class:`daemon.safety.ClampToSupported` replaces by the
-top clock and counts (``invalid_decision``).
+top clock and counts (``invalid_decision``). In virtual time (the studies), where no
+deadline bounds a call, a call still running after :data:`SLOW_DECISION_S` wall seconds
+is named in one warning line, so a hung controller is never a silent stall.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import math
+import threading
+import time
+import weakref
 from typing import Any
 
 from gpugov.controllers.contract import ClockController, ControllerWrapper
 from gpugov.daemon.safety import invalid_decisions
 from gpugov.plant.types import ServingObservation
+
+log = logging.getLogger(__name__)
+
+SLOW_DECISION_S = 30.0
+"""Wall seconds after which a call still running is named in a warning (virtual time)."""
+_WATCH_EVERY_S = 1.0
+_watched: weakref.WeakSet[OutsideController] = weakref.WeakSet()
+_watch_lock = threading.Lock()
+_watcher: list[threading.Thread] = []
+
+
+def _watch() -> None:
+    """The one watcher thread: every second, each watched controller checks its call."""
+    while True:
+        time.sleep(_WATCH_EVERY_S)
+        now_s = time.monotonic()
+        for controller in list(_watched):
+            controller.check_slow(now_s)
+
+
+def _start_watching(controller: OutsideController) -> None:
+    """Watch ``controller``'s calls (the watcher thread starts with the first one; a
+    daemon thread: the exit never waits for it)."""
+    with _watch_lock:
+        _watched.add(controller)
+        if not _watcher:
+            thread = threading.Thread(target=_watch, name="gpugov-outside-watch", daemon=True)
+            thread.start()
+            _watcher.append(thread)
 
 
 class OutsideExit(RuntimeError):
@@ -66,17 +101,49 @@ class OutsideController(ControllerWrapper):
         last_invalid: the last such answer, as a short ``repr`` (None: none yet).
     """
 
-    def __init__(self, inner: ClockController) -> None:
+    def __init__(self, inner: ClockController, *, watch: bool = False) -> None:
         super().__init__(inner)
         self.invalid_answers = 0
         self.last_invalid: str | None = None
+        self.watch = watch
+        """Name a call still running after :data:`SLOW_DECISION_S` (virtual time)."""
+        self._call: tuple[float, float, int] | None = None
+        """The running call: (its wall start, the observation's time_s and step)."""
+        self._warned: tuple[float, float, int] | None = None
+        if watch:
+            _start_watching(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> OutsideController:
+        """A copy around a deep copy of the algorithm, watched as this one is."""
+        copied = OutsideController(copy.deepcopy(self.inner, memo), watch=self.watch)
+        copied.name = self.name
+        return copied
+
+    def check_slow(self, now_s: float) -> None:
+        """Warn once about the running call when it has taken :data:`SLOW_DECISION_S`."""
+        call = self._call
+        if call is None or call is self._warned or now_s - call[0] < SLOW_DECISION_S:
+            return
+        self._warned = call
+        log.warning(
+            "controller %r has been deciding for %.0f s (at t=%.3fs, step %d); "
+            "Ctrl-C stops the run",
+            self.name,
+            now_s - call[0],
+            call[1],
+            call[2],
+        )
 
     def __call__(self, observation: ServingObservation) -> float:
         own = copy.copy(observation)  # frozen, but object.__setattr__ would still change it
+        if self.watch:
+            self._call = (time.monotonic(), observation.time_s, observation.step_index)
         try:
             answer = self.inner(own)
         except SystemExit as error:
             raise OutsideExit(f"called sys.exit({error.code!r}) while deciding") from error
+        finally:
+            self._call = None
         problem = not_a_clock(answer)
         if problem is not None:
             self.invalid_answers += 1

@@ -291,3 +291,77 @@ def test_warm_up_of_an_outside_controller_turns_sys_exit_into_an_error(governor:
     chain = build_controller(parse_controller_spec("misbehaving_governor:scripted"), context)
     with pytest.raises(OutsideExit):
         warm_up(chain, CLOCKS)
+
+
+# ------------------------------------------------------------------ entry points
+def _install(site: Path, package: str, entries: dict[str, str]) -> None:
+    """A distribution ``package`` on ``site`` registering ``entries`` in the group."""
+    info = site / f"{package.replace('-', '_')}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 1.0\n")
+    lines = "".join(f"{name} = {value}\n" for name, value in entries.items())
+    (info / "entry_points.txt").write_text(f"[gpugov.controllers]\n{lines}")
+
+
+def test_a_name_two_packages_register_differently_is_refused_in_one_line(
+    governor: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site"
+    _install(site, "gov-a", {"dup": "misbehaving_governor:scripted", "same": "m:f"})
+    _install(site, "gov-b", {"dup": "misbehaving_governor:vandal"})
+    monkeypatch.syspath_prepend(str(site))
+    with pytest.raises(ValueError) as error:
+        parse_controller_spec("dup")
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("--controller 'dup': 2 installed packages")
+    assert "(package gov-a)" in message and "(package gov-b)" in message
+    assert message.endswith("name one as MODULE:FACTORY")
+
+
+def test_the_same_factory_registered_twice_is_one_controller(
+    governor: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for site, package in ((tmp_path / "a", "gov-a"), (tmp_path / "b", "gov-a-copy")):
+        _install(site, package, {"twice": "misbehaving_governor:scripted"})
+        monkeypatch.syspath_prepend(str(site))
+    spec = parse_controller_spec("twice")
+    assert spec.kind == "external" and spec.factory == "misbehaving_governor:scripted"
+
+
+def test_a_built_in_name_means_the_built_in_and_a_broken_entry_is_one_line(
+    governor: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site"
+    _install(site, "gov-c", {"mpc": "misbehaving_governor:scripted", "broke": "nowhere_mod:make"})
+    monkeypatch.syspath_prepend(str(site))
+    assert parse_controller_spec("mpc").kind == "mpc"
+    with pytest.raises(ValueError) as error:
+        parse_controller_spec("broke")
+    assert str(error.value).startswith(
+        "--controller 'broke': its gpugov.controllers entry point: controller factory "
+        "'nowhere_mod:make': cannot import 'nowhere_mod'"
+    )
+
+
+# ------------------------------------------------------------------ a slow call in a study
+def test_a_call_running_past_the_slow_limit_is_named_once(
+    governor: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In virtual time no deadline bounds a call; the watcher names one that runs past
+    SLOW_DECISION_S (its clock injected here), once per call."""
+    from gpugov.daemon import outside
+
+    edge = OutsideController(lambda observation: 1200.0, watch=False)
+    edge.name = "slowpoke"
+    edge._call = (100.0, 5.0, 50)  # a call started at wall 100 s, observation t=5 s
+    with caplog.at_level("WARNING", logger="gpugov.daemon.outside"):
+        edge.check_slow(100.0 + outside.SLOW_DECISION_S - 1.0)
+        edge.check_slow(100.0 + outside.SLOW_DECISION_S + 1.0)
+        edge.check_slow(100.0 + outside.SLOW_DECISION_S + 30.0)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("controller 'slowpoke' has been deciding for 31 s (at t=5.000s")
+    assert edge(_observation()) == 1200.0 and edge._call is None
+    context = ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS, time_mode="virtual")
+    chain = build_controller(parse_controller_spec("misbehaving_governor:scripted"), context)
+    (watched,) = [x for x in layers(chain) if isinstance(x, OutsideController)]
+    assert watched.watch and watched in outside._watched

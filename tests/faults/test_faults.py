@@ -697,6 +697,53 @@ def _impossible_clock(root: Path) -> dict[str, Any]:
         engine.close()
 
 
+# ------------------------------------------------------------------ outside controllers
+@scenario("outside-controller-hangs-at-start")
+def _outside_hangs(root: Path) -> dict[str, Any]:
+    """An outside controller whose first decision (the warm-up's) never returns: the
+    node starts anyway, holds the fail-safe at the top clock while the call hangs, and a
+    stop resets the clocks."""
+    engine = Engine("ok")
+    controller = {"kind": "external", "factory": "hung_governor:make"}
+    node, daemon = _daemon(root, engine, controller=controller)
+    try:
+        daemon.start().wait_locked(TOP_MHZ, what="fail-safe while the warm-up hangs")
+        timeouts = (
+            'gpugov_fallbacks_total{controller="hung_governor:make",domain="llm",'
+            'reason="controller_timeout"}'
+        )
+        daemon.wait_for(lambda: daemon.metrics().get(timeouts, 0) >= 2, what="timeouts counted")
+        assert "warm-up decision did not return" in daemon.stderr, daemon.stderr
+        assert all(write[3] == TOP_MHZ for write in node.writes() if write[0] == "lock")
+        _stop_clean(node, daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
+@scenario("outside-controller-not-a-clock")
+def _outside_not_a_clock(root: Path) -> dict[str, Any]:
+    """An outside controller answering a string: the top clock, counted, one log line."""
+    engine = Engine("ok")
+    controller = {"kind": "external", "factory": "hung_governor:not_a_clock"}
+    node, daemon = _daemon(root, engine, controller=controller)
+    try:
+        daemon.start().wait_locked(TOP_MHZ, what="the top clock for an answer not a clock")
+        invalid = (
+            'gpugov_fallbacks_total{controller="hung_governor:not_a_clock",domain="llm",'
+            'reason="invalid_decision"}'
+        )
+        daemon.wait_for(lambda: daemon.metrics().get(invalid, 0) >= 5, what="invalid counted")
+        assert daemon.stderr.count("not a clock in MHz") == 1, daemon.stderr
+        assert "returned 'fast'" in daemon.stderr
+        _stop_clean(node, daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
 # -------------------------------------------------------- reconcile and outside changes
 @scenario("reconcile-after-sigkill")
 def _after_sigkill(root: Path) -> dict[str, Any]:
