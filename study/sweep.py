@@ -73,7 +73,7 @@ from gpugov.daemon.limits import (
     MIN_PERIOD_S,
 )
 from gpugov.daemon.progress import Progress
-from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
+from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings, invalid_decisions
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile, simulate
 from gpugov.plant.profile import ProfileError, profile_files
@@ -637,6 +637,8 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
         "workload_checksum": workload_checksum(workload),
         "light_load_floor": arrival_separation(result.request_records).separated,
         "metrics": json_safe(result.metrics.as_dict()),
+        # Decisions that were not a clock (the chain ran the top clock instead).
+        "invalid_decisions": invalid_decisions(controller),
         "wall_s": time.perf_counter() - started,
     }
 
@@ -735,6 +737,11 @@ def _run_plan(
             if row["status"] != "ok":
                 failed += 1
                 say(f"cell {todo[finished.index].label()} failed: {row['error']}")
+            elif row.get("invalid_decisions"):
+                say(
+                    f"cell {todo[finished.index].label()}: {row['invalid_decisions']} "
+                    "decision(s) were not a clock in MHz; the safety chain ran the top clock"
+                )
             progress.update(count, todo[finished.index].label())
     table = summarize(rows, plan.cells)
     paths = {

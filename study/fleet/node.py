@@ -15,12 +15,13 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpugov.controllers.contract import ControllerWrapper, power_needed
+from gpugov.controllers.contract import ControllerWrapper, controller_label, power_needed
 from gpugov.daemon.cli_support import UsageError, parse_controller_flag
 from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.safety import SafetySettings
 from gpugov.plant import ServingPlant
+from gpugov.plant.closed_loop import ControllerError as PlantControllerError
 from gpugov.plant.closed_loop import ObservationView
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.plant.simulator import PlantSimulation
@@ -155,7 +156,13 @@ class FleetNode:
         # a node's page takes its inter-token latencies from the window it observes.
         observed = self._observe()
         self.observation = observed if self._exact else simulation.observe()
-        clock = float(self.controller(observed))
+        try:
+            clock = float(self.controller(observed))
+        except Exception as error:  # one line naming the controller, node and time
+            raise PlantControllerError(
+                f"controller {controller_label(self.controller)!r} on node {self.name} raised "
+                f"at t={observed.time_s:.3f}s (step {observed.step_index}): {error}"
+            ) from None
         simulation.request_clock(clock)
         self._apply_cap()
         need = power_needed(self.controller)

@@ -31,7 +31,12 @@ from gpugov.plant.synthetic_profiles import expand_synthetic, resolve_profile
 from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, TraceError, load_trace
 from gpugov.study.runners import add_runner_arguments, check_runner, spec_from_args
 from gpugov.study.scoreboard.publish import write_report
-from gpugov.study.scoreboard.report import short_table, write_outputs
+from gpugov.study.scoreboard.report import (
+    failed_controller_lines,
+    invalid_decision_lines,
+    short_table,
+    write_outputs,
+)
 from gpugov.study.scoreboard.run import run_scoreboard
 from gpugov.study.scoreboard.scenarios import (
     DEFAULT_OUT,
@@ -396,7 +401,12 @@ def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -
         from gpugov.study.scoreboard.disaggregated import run_disaggregated_from_args
 
         return run_disaggregated_from_args(args, config)
-    return 0
+    for line in invalid_decision_lines(payload["rows"]):
+        print(f"gpugov: warning: {line}", file=sys.stderr)
+    failed = failed_controller_lines(payload.get("failed_rows", ()))
+    for line in failed:  # the other rows are on the board; the run still failed
+        print(f"gpugov: error: --controller {line}; left out of the board", file=sys.stderr)
+    return ExitCode.FAILURE if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -46,6 +46,8 @@ class ControllerEntry:
     build: Callable[[], ControllerWrapper]
     control_period_s: float | None = None
     """The controller's own control period; None runs it at the scenario's."""
+    outside: bool = False
+    """Another package's controller (``--controller``): a failure costs its own row only."""
 
 
 def study_controller(
@@ -210,7 +212,11 @@ def build_scoreboard_controllers(
         ),
         *(
             ControllerEntry(
-                spec_name(config), spec_name(config), make(config, online_period), online_period
+                spec_name(config),
+                spec_name(config),
+                make(config, online_period),
+                online_period,
+                outside=True,
             )
             for config in (parse_controller_spec(text) for text in outside_controllers)
         ),

@@ -28,7 +28,12 @@ from gpugov import __version__
 from gpugov.daemon.files import json_safe, write_text_atomic
 from gpugov.plant import ServingResult
 from gpugov.plant.attribution import ENERGY_DEFINITIONS, energy_summary
-from gpugov.study.scoreboard.report import cell, head_to_head, head_to_head_markdown
+from gpugov.study.scoreboard.report import (
+    cell,
+    failed_controller_lines,
+    head_to_head,
+    head_to_head_markdown,
+)
 
 REPORT_SCHEMA = 1
 """Version of ``report.json``'s layout; raised when a field changes meaning."""
@@ -311,6 +316,7 @@ def build_report(
         "profiles": payload.get("profiles", {}),
         "scenarios": [_scenario_entry(info) for info in payload["scenarios"]],
         "skipped": payload.get("skipped", []),
+        "failed_rows": payload.get("failed_rows", []),
         "rows": rows,
         "pareto_front": pareto,
         "summary": _summary(rows),
@@ -368,6 +374,9 @@ def report_markdown(report: Mapping[str, Any]) -> str:
             "",
             "Skipped: " + "; ".join(f"{s['scenario']} ({s['reason']})" for s in report["skipped"]),
         ]
+    failed = failed_controller_lines(report["failed_rows"])
+    if failed:
+        lines += ["", "Failed, so left out of every table: " + "; ".join(failed) + "."]
     lines += [
         "",
         "## Summary per row",

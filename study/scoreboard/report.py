@@ -244,6 +244,10 @@ def markdown(payload: dict[str, Any]) -> str:
             "Skipped: " + "; ".join(f"{s['scenario']} ({s['reason']})" for s in payload["skipped"])
         )
         lines.append("")
+    failed = failed_controller_lines(payload.get("failed_rows", ()))
+    if failed:
+        lines.append("Failed, so left out of every table: " + "; ".join(failed) + ".")
+        lines.append("")
     lines += [
         "## Summary per controller",
         "",
@@ -437,6 +441,33 @@ def write_outputs(payload: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     write_text_atomic(paths["md"], markdown(payload))
     write_plot(payload, paths["png"])
     return paths
+
+
+def failed_controller_lines(failed: Sequence[dict[str, Any]]) -> list[str]:
+    """One phrase per outside controller whose row failed: on how many scenarios, and the
+    first error (``failed_rows`` of a board)."""
+    by_controller: dict[str, list[dict[str, Any]]] = {}
+    for entry in failed:
+        by_controller.setdefault(entry["controller"], []).append(entry)
+    return [
+        f"{controller} failed on {len(entries)} scenario(s), first {entries[0]['scenario']}: "
+        f"{entries[0]['error']}"
+        for controller, entries in by_controller.items()
+    ]
+
+
+def invalid_decision_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per controller with decisions that were not a clock (the chain ran the
+    top clock instead): how many, over how many scenarios."""
+    counts: dict[str, list[int]] = {}
+    for row in rows:
+        if row.get("invalid_decisions"):
+            counts.setdefault(row["controller"], []).append(int(row["invalid_decisions"]))
+    return [
+        f"controller {controller!r}: {sum(found)} decision(s) on {len(found)} scenario(s) were "
+        "not a clock in MHz; the safety chain ran the top clock instead"
+        for controller, found in counts.items()
+    ]
 
 
 def short_table(payload: dict[str, Any]) -> str:

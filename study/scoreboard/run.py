@@ -76,6 +76,7 @@ from gpugov.controllers.oracles import (
     window_oracle,
 )
 from gpugov.daemon.progress import format_duration
+from gpugov.daemon.safety import invalid_decisions
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, simulate
 from gpugov.plant.result import ServingMetrics
@@ -288,6 +289,7 @@ def run_scenario(
 
     results: dict[str, ServingResult] = {}
     rows: dict[str, dict[str, Any]] = {}
+    failed: list[dict[str, Any]] = []
     comparison: dict[str, Any] | None = None
     reference: ServingResult | None = None
     for entry in build_scoreboard_controllers(
@@ -303,23 +305,30 @@ def run_scenario(
         outside_controllers=config.outside_controllers,
     ):
         start = time.perf_counter()
-        chain = entry.build()
-        offline = time.perf_counter() - start
-        inner = chain.unwrapped
-        recorder = (
-            ProblemRecorder(inner)  # type: ignore[arg-type]
-            if compare and entry.key == "mpc-slsqp"
-            else None
-        )
-        timed = TimedController(chain)
-        result, wall = run(timed, entry.key, entry.control_period_s)
-        extra: dict[str, Any] = {}
+        try:
+            chain = entry.build()
+            offline = time.perf_counter() - start
+            inner = chain.unwrapped
+            recorder = (
+                ProblemRecorder(inner)  # type: ignore[arg-type]
+                if compare and entry.key == "mpc-slsqp"
+                else None
+            )
+            timed = TimedController(chain)
+            result, wall = run(timed, entry.key, entry.control_period_s)
+        except Exception as error:  # another package's row: its failure costs it alone
+            if not entry.outside:
+                raise
+            failed.append(failed_row(scenario.key, entry.key, error))
+            continue
+        # Decisions that were not a clock (the chain ran the top clock instead).
+        extra: dict[str, Any] = {"invalid_decisions": invalid_decisions(chain)}
         times: Sequence[float] = timed.call_times_s
         report = inner.diagnostics() if isinstance(inner, Diagnosable) else None
         if report is not None:
             # An MPC: its own solve times are the decision times.
             times = [float(t) for t in report.solve_times_s]
-            extra = {
+            extra |= {
                 "mpc_solves": int(report.solve_times_s.size),
                 "mpc_fallbacks": report.fallback_count,
                 "mpc_fallback_reasons": dict(report.fallback_reasons),
@@ -436,8 +445,25 @@ def run_scenario(
     return {
         "scenario": info,
         "rows": [rows[key] for key in row_order(rows)],
+        "failed_rows": failed,
         "comparison": comparison,
     }
+
+
+def failed_row(scenario: str, controller: str, error: BaseException) -> dict[str, Any]:
+    """An outside controller's row that did not run on a scenario: where, and its error in
+    one line (a build error, or the run's ``controller ... raised at t=...``)."""
+    message = " ".join(str(error).split()) or type(error).__name__
+    return {"scenario": scenario, "controller": controller, "error": message}
+
+
+def drop_failed_controllers(
+    rows: Sequence[dict[str, Any]], failed: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``rows`` without those of a controller that failed on some scenario: a summary over
+    the scenarios it survived would compare it on another set than the other rows."""
+    gone = {entry["controller"] for entry in failed}
+    return [row for row in rows if row["controller"] not in gone]
 
 
 Task = tuple[str, str, str, BenchConfig, bool, float | None]
@@ -547,6 +573,8 @@ def run_scoreboard(
         say(_progress_line(outcomes[index], len(outcomes), len(tasks), started))
     ordered = [outcomes[i] for i in range(len(tasks))]
     scenarios, skipped, rows = gather_outcomes(ordered)
+    failed_rows = [entry for outcome in ordered for entry in outcome.get("failed_rows", ())]
+    rows = drop_failed_controllers(rows, failed_rows)
     comparison: dict[str, Any] | None = None
     for outcome in ordered:
         if outcome.get("comparison") is not None:
@@ -580,6 +608,7 @@ def run_scoreboard(
         "wall_s": elapsed,
         "scenarios": scenarios,
         "skipped": skipped,
+        "failed_rows": failed_rows,
         "rows": rows,
         "summary": summarize(rows),
         "head_to_head": head_to_head(rows),
@@ -624,6 +653,8 @@ __all__ = [
     "build_scenario",
     "build_scoreboard_controllers",
     "compare_mpc_solvers",
+    "drop_failed_controllers",
+    "failed_row",
     "gather_outcomes",
     "run_scenario",
     "run_scoreboard",

@@ -230,7 +230,7 @@ def test_a_controller_raising_mid_run_is_one_line_and_exit_1(
 ) -> None:
     """A controller that raises while a run decides (an outside one, most often) ends the
     command with one line naming it and the simulated time, exit 1 (a runtime failure),
-    not a traceback."""
+    not a traceback; the scoreboard writes the board of its other rows first."""
     from gpugov.cli import main
 
     spec = f"{outside}:fails_later"
@@ -246,5 +246,9 @@ def test_a_controller_raising_mid_run_is_one_line_and_exit_1(
     err = capsys.readouterr().err
     assert code == 1, err
     (line,) = err.strip().splitlines()[-1:]
-    assert line.startswith(f"gpugov: error: controller '{spec}' raised at t=")
+    prefix = "gpugov: error: " if command == "simulate" else f"gpugov: error: --controller {spec}"
+    assert line.startswith(prefix)
+    assert f"controller '{spec}' raised at t=" in line
     assert "no model for this load" in line and "Traceback" not in err
+    if command == "bench":
+        assert (tmp_path / "b" / "scoreboard.json").exists()

@@ -1,0 +1,181 @@
+"""An outside controller that misbehaves in a study: the command names it in one line, no
+traceback, and a failing row costs its own results only (the scoreboard's other rows,
+the sweep's other cells are kept)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpugov.cli import main
+
+PACKAGE = '''
+"""Outside governors that misbehave on the plant."""
+
+import math
+
+
+def make(context):
+    clocks = context.supported_clocks_mhz
+
+    def decide(observation):
+        busy = observation.decode_active > 0 or observation.waiting_requests > 0
+        return clocks[-1] if busy else clocks[0]
+
+    return decide
+
+
+def fails_later(context):
+    def decide(observation):
+        if observation.time_s >= 5.0:
+            raise ValueError("no model for this load")
+        return context.supported_clocks_mhz[0]
+
+    return decide
+
+
+def exits_later(context):
+    def decide(observation):
+        if observation.time_s >= 5.0:
+            raise SystemExit(3)
+        return context.supported_clocks_mhz[0]
+
+    return decide
+
+
+def not_a_number(context):
+    def decide(observation):
+        return "fast" if observation.step_index % 2 else math.nan
+
+    return decide
+'''
+
+
+@pytest.fixture
+def outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An importable module ``study_misbehaving`` in a temporary directory."""
+    (tmp_path / "study_misbehaving.py").write_text(textwrap.dedent(PACKAGE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "study_misbehaving"
+    sys.modules.pop("study_misbehaving", None)
+
+
+def test_a_failing_outside_row_leaves_the_board_of_the_other_rows(
+    outside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two failing outside rows (one raises, one calls sys.exit) and a working one: the
+    board is written with every other row, the failures are named in it and in one
+    stderr line each, exit 1."""
+    out, report = tmp_path / "board", tmp_path / "report"
+    good, bad, exits = (f"{outside}:{name}" for name in ("make", "fails_later", "exits_later"))
+    argv = ["bench", "controllers", "--tiny", "--jobs", "1", "--out", str(out)]
+    argv += ["--report", str(report)]
+    code = main([*argv, "--controller", bad, "--controller", good, "--controller", exits])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("gpugov: error:")]
+    assert len(errors) == 2
+    assert errors[0].startswith(f"gpugov: error: --controller {bad} failed on 1 scenario(s)")
+    assert f"controller '{bad}' raised at t=5.000s" in errors[0]
+    assert "no model for this load" in errors[0]
+    assert "called sys.exit(3) while deciding" in errors[1]
+    payload = json.loads((out / "scoreboard.json").read_text())
+    controllers = {row["controller"] for row in payload["rows"]}
+    assert good in controllers and {"max", "mpc-online", "pid"} <= controllers
+    assert not {bad, exits} & controllers
+    assert [s["controller"] for s in payload["summary"]][-1] == good
+    assert [(f["controller"], f["scenario"]) for f in payload["failed_rows"]] == [
+        (bad, payload["scenarios"][0]["key"]),
+        (exits, payload["scenarios"][0]["key"]),
+    ]
+    assert "Failed, so left out of every table:" in (out / "scoreboard.md").read_text()
+    published = json.loads((report / "report.json").read_text())
+    assert [f["controller"] for f in published["failed_rows"]] == [bad, exits]
+
+
+def test_the_board_counts_and_names_decisions_that_are_not_a_clock(
+    outside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "board"
+    spec = f"{outside}:not_a_number"
+    argv = ["bench", "controllers", "--tiny", "--jobs", "1", "--out", str(out)]
+    assert main([*argv, "--controller", spec]) == 0
+    err = capsys.readouterr().err
+    payload = json.loads((out / "scoreboard.json").read_text())
+    (row,) = [r for r in payload["rows"] if r["controller"] == spec]
+    assert row["invalid_decisions"] == row["decisions"] > 0
+    assert all(r["invalid_decisions"] == 0 for r in payload["rows"] if r["controller"] == "max")
+    (line,) = [line for line in err.splitlines() if "not a clock" in line]
+    assert line.startswith(f"gpugov: warning: controller '{spec}': {row['invalid_decisions']} ")
+
+
+def test_simulate_warns_about_decisions_that_are_not_a_clock(
+    outside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = tmp_path / "run.json"
+    argv = ["simulate", "--controller", f"{outside}:not_a_number", "--duration", "20"]
+    assert main([*argv, "--quiet", "--out", str(result)]) == 0
+    err = capsys.readouterr().err
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"gpugov: warning: controller '{outside}:not_a_number': ")
+    assert "(the last: " in line and "top clock" in line
+    invalid = json.loads(result.read_text())["metadata"]["invalid_decisions"]
+    assert invalid > 0 and f": {invalid} decision(s)" in line
+
+
+def test_simulate_names_a_sys_exit_in_a_decision(
+    outside: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["simulate", "--controller", f"{outside}:exits_later", "--duration", "20", "--quiet"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        f"gpugov: error: controller '{outside}:exits_later' raised at t=5.000s (step 50): "
+        "called sys.exit(3) while deciding"
+    )
+
+
+def test_a_sweep_records_a_sys_exit_cell_as_failed_and_keeps_the_others(
+    outside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    grid = tmp_path / "grid.toml"
+    controllers = [f"{outside}:exits_later", f"{outside}:not_a_number", "max"]
+    grid.write_text(
+        'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+        f"controllers = {json.dumps(controllers)}\nduration_s = 20.0\n"
+    )
+    out = tmp_path / "out"
+    assert main(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    rows = {
+        row["controller"]: row
+        for row in map(json.loads, (out / "results.jsonl").read_text().splitlines())
+    }
+    assert rows[controllers[0]]["status"] == "failed"
+    assert "called sys.exit(3) while deciding" in rows[controllers[0]]["error"]
+    assert rows["max"]["status"] == "ok" and rows["max"]["invalid_decisions"] == 0
+    assert rows[controllers[1]]["status"] == "ok" and rows[controllers[1]]["invalid_decisions"] > 0
+    assert f"|{controllers[1]}|seed 0: " in err and "not a clock" in err
+
+
+def test_fleet_names_a_controller_that_raises_in_one_line(
+    outside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["fleet", "--controller", f"{outside}:fails_later", "--duration", "30"]
+    argv += ["--nodes", "2", "--no-step", "--budgets", "0.8", "--allocators", "uniform"]
+    argv += ["--quiet", "--jobs", "1", "--out", str(tmp_path / "out")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(
+        f"gpugov: error: controller '{outside}:fails_later' on node node0 raised at t=5.000s"
+    )
+    assert line.endswith("): no model for this load")
