@@ -16,6 +16,7 @@ and the simulated mode run it on virtual time.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import math
@@ -486,8 +487,19 @@ class Domain:
             log.warning("domain %s: clock writes go through again; fail-safe ended", self.name)
         self.write_path_down = problem
 
-    def tick(self, now_s: float, step: int) -> TickRecord:
-        """Observe, decide (or fall back), actuate.
+    def observe(self, now_s: float, step: int) -> Observed:
+        """This tick's GPU reads and engine scrape (:meth:`DomainObserver.observe`), no
+        decision: :func:`run` calls it for every domain at once on a node, each on its
+        own thread, then :meth:`tick` with its result in the main thread.
+
+        Raises:
+            GpuLost: a GPU fell off the bus.
+        """
+        return self.observer.observe(now_s, step, self.actuator.applied_mhz)
+
+    def tick(self, now_s: float, step: int, observed: Observed | None = None) -> TickRecord:
+        """Observe (unless ``observed`` is this tick's :meth:`observe`), decide (or fall
+        back), actuate.
 
         A controller exception is survived: the fail-safe holds for that tick and it is
         counted (fallback ``controller_error``); so is an outside controller's missed
@@ -500,7 +512,8 @@ class Domain:
             ControllerFailure: the controller raised ``max_controller_failures`` times
                 in a row (the caller resets the clocks).
         """
-        observed = self.observer.observe(now_s, step, self.actuator.applied_mhz)
+        if observed is None:
+            observed = self.observe(now_s, step)
         if self.budget is not None:
             observed = self.budget.apply(observed)
         self.last = observed
@@ -652,6 +665,41 @@ class RunStats:
     tick_seconds: list[float] = field(default_factory=list)
 
 
+class ConcurrentObservation:
+    """Every domain's :meth:`Domain.observe` at once, one thread per domain.
+
+    Read one after another, one domain's trouble was every domain's: each hung engine
+    cost every tick its whole scrape deadline before the next domain was read (period
+    0.2 s, scrape timeout 0.15 s: with three hung engines of four the healthy domain
+    decided 3 times in 3 s, and its own data went stale between its ticks, so it fell to
+    its fail-safe too), and enough of them outlast a systemd ``WatchdogSec=``, which
+    kills the daemon with its GPUs locked. Now a tick lasts the slowest domain's
+    observation, not their sum. Decisions and clock writes stay in the calling thread,
+    in domain order.
+    """
+
+    def __init__(self, domains: Sequence[Domain]) -> None:
+        self._domains = list(domains)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(1, len(self._domains)), thread_name_prefix="gpugov-observe"
+        )
+
+    def observe(self, now_s: float, step: int) -> list[Observed]:
+        """Each domain's observation, in domain order, once every one has returned.
+
+        Raises:
+            GpuLost, ...: the first domain's (in domain order) error, after the others
+                finished theirs (no read runs on while the clocks are reset).
+        """
+        futures = [self._pool.submit(domain.observe, now_s, step) for domain in self._domains]
+        concurrent.futures.wait(futures)
+        return [future.result() for future in futures]
+
+    def close(self) -> None:
+        """Let the threads go (never waits: a stop must not wait on a read)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 def _status_line(records: Sequence[TickRecord]) -> str:
     parts = []
     for record in records:
@@ -674,6 +722,7 @@ def run(
     wall: Callable[[], float] = time.perf_counter,
     keep_tick_times: bool = False,
     max_controller_failures: int | None = None,
+    concurrent_observation: bool = False,
 ) -> RunStats:
     """Run the loop until ``loop.stop`` is set or ``before_tick`` returns True.
 
@@ -689,6 +738,9 @@ def run(
         keep_tick_times: keep every tick's wall duration in the stats (benchmarks).
         max_controller_failures: when given, each domain's limit of controller
             exceptions in a row (``daemon.max_controller_failures``).
+        concurrent_observation: observe several domains at once
+            (:class:`ConcurrentObservation`; a node's run); False reads them one after
+            another (a simulated run, whose domains may share one plant).
 
     Raises:
         ClocksNotReset: the loop ended normally but some GPUs could not be reset (when
@@ -701,13 +753,23 @@ def run(
             raise ValueError(f"max_controller_failures must be >= 1, got {max_controller_failures}")
         for domain in domains:
             domain.max_controller_failures = int(max_controller_failures)
+    observing = (
+        ConcurrentObservation(domains) if concurrent_observation and len(domains) > 1 else None
+    )
     try:
         for step, now_s in enumerate(loop):
             if before_tick is not None and before_tick(now_s, step):
                 break
             started = wall()
             try:
-                records = [domain.tick(now_s, step) for domain in domains]
+                if observing is None:
+                    records = [domain.tick(now_s, step) for domain in domains]
+                else:
+                    observed = observing.observe(now_s, step)
+                    records = [
+                        domain.tick(now_s, step, seen)
+                        for domain, seen in zip(domains, observed, strict=True)
+                    ]
             except GpuLost as lost:
                 lost.mid_run = True  # the command's line: the others are being reset
                 raise
@@ -729,6 +791,8 @@ def run(
                 on_tick(records)
             notify.tick(_status_line(records))
     finally:
+        if observing is not None:
+            observing.close()
         stats.overruns = loop.overruns
         notify.stopping()
         try:

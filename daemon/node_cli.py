@@ -146,6 +146,7 @@ def _run_node(args: argparse.Namespace) -> int:
                 notify=notify,
                 on_tick=recorder,
                 max_controller_failures=config.daemon.max_controller_failures,
+                concurrent_observation=True,
             )
         finally:
             if not entered:  # what reconcile could not reset is tried once more

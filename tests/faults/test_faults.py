@@ -201,6 +201,46 @@ def _engine_restart(root: Path) -> dict[str, Any]:
         engine.close()
 
 
+@scenario("engine-hang-in-other-domains")
+def _hang_in_other_domains(root: Path) -> dict[str, Any]:
+    """Three of four domains' engines hang: the fourth still decides every period, and
+    never falls to its fail-safe (the domains are observed at once; one after another,
+    each hung scrape cost every tick its whole timeout: 3 decisions in 3 s, and the
+    healthy domain's own data went stale between its ticks)."""
+    engines = [Engine("ok") for _ in range(4)]
+    node = Node(root, 4)
+    config = root / "gpugov.toml"
+    sections = [f'[daemon]\nperiod_s = {PERIOD_S}\nmetrics_address = "127.0.0.1:0"\n']
+    for index, engine in enumerate(engines):
+        one = config_text(engine.url, gpus=(index,))
+        sections.append(one[one.index("[[domains]]") :].replace('"llm"', f'"d{index}"'))
+    config.write_text("\n".join(sections))
+    daemon = Daemon(node, ["run", "--config", str(config)])
+    healthy = 'gpugov_decisions_total{controller="fixed:1410",domain="d3"}'
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        for engine in engines[:3]:
+            engine.set("hang")
+        daemon.wait_for(
+            lambda: node.locked()[:3] == [[TOP_MHZ] * 2] * 3, what="the hung domains' fail-safe"
+        )
+        before, started = daemon.metrics(), time.monotonic()
+        time.sleep(15 * PERIOD_S)
+        after, seconds = daemon.metrics(), time.monotonic() - started
+        decided = after[healthy] - before[healthy]
+        # 15 periods; one after another the domains made about 5.
+        assert decided >= 0.6 * seconds / PERIOD_S, (decided, seconds, daemon.stderr)
+        assert node.locked()[3] == [LOCKED_MHZ] * 2
+        assert after['gpugov_failsafe_active{domain="d3"}'] == 0.0
+        assert "domain d3: engine data" not in daemon.stderr, daemon.stderr
+        _stop_clean(node, daemon)
+        return {"healthy_decisions_per_period": round(decided * PERIOD_S / seconds, 2)}
+    finally:
+        daemon.kill()
+        for engine in engines:
+            engine.close()
+
+
 # ------------------------------------------------------------------------ signals
 def _signal(name: str) -> Scenario:
     def run(root: Path) -> dict[str, Any]:

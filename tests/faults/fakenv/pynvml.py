@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,6 +91,7 @@ class PersistentFakeNvml(_fp.FakeNvml):
         super().__init__(len(state["gpus"]))
         self._state: dict[str, Any] = state
         self._depth = 0
+        self._guard = threading.RLock()
         self._apply(state)
 
     def _apply(self, state: dict[str, Any]) -> None:
@@ -107,18 +109,22 @@ class PersistentFakeNvml(_fp.FakeNvml):
 
     @contextlib.contextmanager
     def _session(self) -> Iterator[dict[str, Any]]:
-        if self._depth:
-            yield self._state
-            return
-        with locked_state(self._path) as state:
-            self._depth += 1
-            try:
-                self._state = state
-                self._apply(state)
-                yield state
-            finally:
-                self._collect(state)
-                self._depth -= 1
+        # NVML is thread-safe, and the daemon reads its domains' GPUs from several
+        # threads: one thread's session at a time in this process (nested calls of that
+        # thread reuse it), the flock for the other processes.
+        with self._guard:
+            if self._depth:
+                yield self._state
+                return
+            with locked_state(self._path) as state:
+                self._depth += 1
+                try:
+                    self._state = state
+                    self._apply(state)
+                    yield state
+                finally:
+                    self._collect(state)
+                    self._depth -= 1
 
     def _enter(self, function: str, handle: Any = None) -> None:
         delay = 0.0
