@@ -203,12 +203,12 @@ def _engine_restart(root: Path) -> dict[str, Any]:
 
 @scenario("engine-hang-in-other-domains")
 def _hang_in_other_domains(root: Path) -> dict[str, Any]:
-    """Three of four domains' engines hang: the fourth still decides every period, and
-    never falls to its fail-safe (the domains are observed at once; one after another,
-    each hung scrape cost every tick its whole timeout: 3 decisions in 3 s, and the
-    healthy domain's own data went stale between its ticks)."""
-    engines = [Engine("ok") for _ in range(4)]
-    node = Node(root, 4)
+    """Four of five domains' engines hang: the fifth still decides about every period,
+    and never falls to its fail-safe (the domains are observed at once; one after
+    another, each hung scrape cost every tick its whole timeout, and the healthy domain's
+    own data went stale between its ticks)."""
+    engines = [Engine("ok") for _ in range(5)]
+    node = Node(root, 5)
     config = root / "gpugov.toml"
     sections = [f'[daemon]\nperiod_s = {PERIOD_S}\nmetrics_address = "127.0.0.1:0"\n']
     for index, engine in enumerate(engines):
@@ -216,23 +216,23 @@ def _hang_in_other_domains(root: Path) -> dict[str, Any]:
         sections.append(one[one.index("[[domains]]") :].replace('"llm"', f'"d{index}"'))
     config.write_text("\n".join(sections))
     daemon = Daemon(node, ["run", "--config", str(config)])
-    healthy = 'gpugov_decisions_total{controller="fixed:1410",domain="d3"}'
+    healthy = 'gpugov_decisions_total{controller="fixed:1410",domain="d4"}'
     try:
         daemon.start().wait_locked(LOCKED_MHZ)
-        for engine in engines[:3]:
+        for engine in engines[:4]:
             engine.set("hang")
         daemon.wait_for(
-            lambda: node.locked()[:3] == [[TOP_MHZ] * 2] * 3, what="the hung domains' fail-safe"
+            lambda: node.locked()[:4] == [[TOP_MHZ] * 2] * 4, what="the hung domains' fail-safe"
         )
         before, started = daemon.metrics(), time.monotonic()
-        time.sleep(15 * PERIOD_S)
+        time.sleep(25 * PERIOD_S)
         after, seconds = daemon.metrics(), time.monotonic() - started
         decided = after[healthy] - before[healthy]
-        # 15 periods; one after another the domains made about 5.
-        assert decided >= 0.6 * seconds / PERIOD_S, (decided, seconds, daemon.stderr)
-        assert node.locked()[3] == [LOCKED_MHZ] * 2
-        assert after['gpugov_failsafe_active{domain="d3"}'] == 0.0
-        assert "domain d3: engine data" not in daemon.stderr, daemon.stderr
+        # 25 periods; one after another each tick took 4 timeouts (0.6 s): at most 8.
+        assert decided >= 0.5 * seconds / PERIOD_S, (decided, seconds, daemon.stderr[-3000:])
+        assert node.locked()[4] == [LOCKED_MHZ] * 2
+        assert after['gpugov_failsafe_active{domain="d4"}'] == 0.0
+        assert "domain d4: engine data" not in daemon.stderr, daemon.stderr[-3000:]
         _stop_clean(node, daemon)
         return {"healthy_decisions_per_period": round(decided * PERIOD_S / seconds, 2)}
     finally:
