@@ -26,6 +26,7 @@ a reminder with the count of lines left out, and one line when writes succeed ag
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -38,6 +39,7 @@ from gpugov.daemon.backend import (
     GpuSample,
     clock_tolerance_mhz,
 )
+from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import (
     ConfigError,
     GpuError,
@@ -70,7 +72,9 @@ class WriteFailureLog:
     A write that fails every tick would otherwise log a line every period (3,600 an hour
     at 1 s). Logged: the first failure; then, while it goes on, one reminder per
     ``every_s`` with the failures in a row and the lines left out since the last one
-    (those go to DEBUG); and one line when a write to that GPU succeeds again.
+    (those go to DEBUG); and one line when a write to that GPU succeeds again. Writes that
+    fail now and then log at most one such run per ``every_s``
+    (:class:`~daemon.episode_log.EpisodeLog`).
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class WriteFailureLog:
         self._since_s: dict[str, float] = {}
         self._logged_s: dict[str, float] = {}
         self._left_out: dict[str, int] = {}
+        self._episodes: dict[str, EpisodeLog] = {}
 
     def failed(self, gpu: str, what: str, error: Exception) -> None:
         """One failed ``what`` ("lock", "reset") on ``gpu``; logs it or counts it."""
@@ -94,14 +99,22 @@ class WriteFailureLog:
         count = self._in_a_row.get(gpu, 0) + 1
         self._in_a_row[gpu] = count
         if count == 1:
-            self._since_s[gpu] = self._logged_s[gpu] = now
+            self._since_s[gpu] = now
+            note = self._episodes.setdefault(gpu, EpisodeLog(self.every_s)).start(now)
+            if note is None:  # writes that fail now and then: one run of them a minute
+                self._left_out[gpu] = 1
+                log.debug("domain %s: %s; retrying next tick", self.domain, error)
+                return
+            self._logged_s[gpu] = now
             self._left_out[gpu] = 0
             log.warning(
-                "domain %s: %s; retrying every tick (while it fails, one line a minute)",
+                "domain %s: %s; retrying every tick (while it fails, one line a minute)%s",
                 self.domain,
                 error,
+                note,
             )
-        elif now - self._logged_s[gpu] >= self.every_s:
+        elif now - self._logged_s.get(gpu, -math.inf) >= self.every_s:
+            self._episodes[gpu].reminded()
             log.warning(
                 "domain %s: GPU %s: clock %s still failing: %d failures in a row over %.0f s "
                 "(%d not logged): %s",
@@ -110,20 +123,21 @@ class WriteFailureLog:
                 what,
                 count,
                 now - self._since_s[gpu],
-                self._left_out[gpu],
+                self._left_out.get(gpu, 0),
                 error,
             )
             self._logged_s[gpu] = now
             self._left_out[gpu] = 0
         else:
-            self._left_out[gpu] += 1
+            self._left_out[gpu] = self._left_out.get(gpu, 0) + 1
             log.debug("domain %s: %s; retrying next tick", self.domain, error)
 
     def succeeded(self, gpu: str) -> None:
         """A write to ``gpu`` went through; one line if it had been failing."""
         count = self._in_a_row.pop(gpu, 0)
         if count:
-            log.warning(
+            log.log(
+                logging.WARNING if self._episodes[gpu].end() else logging.DEBUG,
                 "domain %s: GPU %s: clock writes succeed again after %d failure(s) (%.0f s)",
                 self.domain,
                 gpu,

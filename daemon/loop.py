@@ -40,6 +40,7 @@ from gpugov.controllers.contract import (
 from gpugov.daemon.actuator import ClockActuator
 from gpugov.daemon.deadline import DecisionTimeout
 from gpugov.daemon.energy import EnergyEstimator, reading_from
+from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import ClocksNotReset, ControllerFailure, GpuLost
 from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
 from gpugov.daemon.observer import DomainObserver, Observed
@@ -353,6 +354,10 @@ class Domain:
         self._invalid_logged = 0
         """Invalid decisions counted when the last line about them was logged."""
         self._invalid_logged_s = -math.inf
+        self._failsafe_episodes = EpisodeLog(CONTROLLER_ERROR_LOG_EVERY_S)
+        """The engine-stale fail-safe's lines: at most one start (and its end) a minute."""
+        self._controller_episodes = EpisodeLog(CONTROLLER_ERROR_LOG_EVERY_S)
+        """A controller that fails now and then: at most one run of failures a minute."""
         self.budget = budget
         self.energy = EnergyEstimator()
         """Energy attribution per window and model (:mod:`daemon.energy`)."""
@@ -380,12 +385,15 @@ class Domain:
         if not self.failsafe_active:
             self.failsafe_active = True
             age = observed.engine_age_s
-            log.warning(
-                "domain %s: engine data %s (%s); fail-safe: %s",
+            note = self._failsafe_episodes.start(observed.observation.time_s)
+            log.log(
+                logging.DEBUG if note is None else logging.WARNING,
+                "domain %s: engine data %s (%s); fail-safe: %s%s",
                 self.name,
                 "never received" if age is None else f"{age:.1f}s old",
                 observed.engine_error or "no new data",
                 "maximum clock" if self.failsafe_mode == "max" else "unlocked",
+                note or "",
             )
         self.fallbacks["engine_stale"] = self.fallbacks.get("engine_stale", 0) + 1
         return self._failsafe_clock()
@@ -412,9 +420,11 @@ class Domain:
             ) from error
         mode = "maximum clock" if self.failsafe_mode == "max" else "unlocked"
         if self.controller_failures == 1:
-            log.warning(
+            note = self._controller_episodes.start(now_s)
+            log.log(
+                logging.DEBUG if note is None else logging.WARNING,
                 "domain %s: controller %r %s %s at t=%.3fs (step %d); fail-safe for this "
-                "tick: %s (the daemon stops after %d in a row)",
+                "tick: %s (the daemon stops after %d in a row)%s",
                 self.name,
                 self.label,
                 what,
@@ -423,11 +433,14 @@ class Domain:
                 step,
                 mode,
                 self.max_controller_failures,
+                note or "",
             )
             if not timeout:
                 log.debug("domain %s: controller exception", self.name, exc_info=error)
-            self._failure_logged_s = now_s
+            if note is not None:
+                self._failure_logged_s = now_s
         elif now_s - self._failure_logged_s >= CONTROLLER_ERROR_LOG_EVERY_S:
+            self._controller_episodes.reminded()
             log.warning(
                 "domain %s: controller %r still %s: %d in a row, the last %s",
                 self.name,
@@ -534,7 +547,11 @@ class Domain:
         elif observed.engine_fresh:
             if self.failsafe_active:
                 self.failsafe_active = False
-                log.warning("domain %s: engine data back; fail-safe ended", self.name)
+                log.log(
+                    logging.WARNING if self._failsafe_episodes.end() else logging.DEBUG,
+                    "domain %s: engine data back; fail-safe ended",
+                    self.name,
+                )
             started = self._solve_clock()
             try:
                 answer = float(self.controller(observed.observation))
@@ -544,7 +561,8 @@ class Domain:
                 requested, writes = self._failsafe_clock()
             else:
                 if self.controller_failures:
-                    log.warning(
+                    log.log(
+                        logging.WARNING if self._controller_episodes.end() else logging.DEBUG,
                         "domain %s: controller %r decides again after %d failure(s) in a row",
                         self.name,
                         self.label,

@@ -57,6 +57,7 @@ from gpugov.daemon.backend import (
     plausible_clock,
 )
 from gpugov.daemon.engines import EngineSample, EngineSource, HistogramTotals
+from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import EngineUnavailable, TransientGpuError
 from gpugov.daemon.prompt_lengths import (
     residual_prompt_tokens,
@@ -232,6 +233,8 @@ class DomainObserver:
         self.failed_in_a_row = 0
         self._down_since_s: float | None = None
         self._last_reminder_s = -math.inf
+        self._engine_episodes = EpisodeLog(log_every_s)
+        self._sample_episodes: dict[str, EpisodeLog] = {}
         self.gpu_read_errors: dict[str, int] = {b.label: 0 for b in self.backends}
         self._implausible_logged: set[str] = set()
         self._sample_failures: dict[str, tuple[int, float, float]] = {}
@@ -368,7 +371,8 @@ class DomainObserver:
         elapsed = self._clock() - started
         if self.failed_in_a_row:
             down_s = now_s - (self._down_since_s if self._down_since_s is not None else now_s)
-            log.warning(
+            log.log(
+                logging.WARNING if self._engine_episodes.end() else logging.DEBUG,
                 "engine scrape back after %d failed scrape(s) (%.1f s)",
                 self.failed_in_a_row,
                 down_s,
@@ -536,13 +540,21 @@ class DomainObserver:
     def _report_sample_failure(self, gpu: str, now_s: float, error: Exception) -> None:
         """One WARNING when a GPU's sample first fails, then one reminder per
         ``log_every_s`` while it keeps failing (a backend that times out every tick, the
-        nvidia-smi one, logged every tick); each failure is counted in the metrics."""
+        nvidia-smi one, logged every tick); a GPU whose samples fail now and then logs at
+        most one such run per ``log_every_s`` (:class:`~daemon.episode_log.EpisodeLog`).
+        Each failure is counted in the metrics."""
         count, since_s, reminded_s = self._sample_failures.get(gpu, (0, now_s, now_s))
         count += 1
+        episodes = self._sample_episodes.setdefault(gpu, EpisodeLog(self.log_every_s))
         if count == 1:
-            log.warning("GPU %s: sample failed: %s", gpu, error)
+            note = episodes.start(now_s)
+            if note is None:
+                log.debug("GPU %s: sample failed: %s", gpu, error)
+            else:
+                log.warning("GPU %s: sample failed: %s%s", gpu, error, note)
         elif now_s - reminded_s >= self.log_every_s:
             reminded_s = now_s
+            episodes.reminded()
             log.warning(
                 "GPU %s: samples still failing: %d in a row over %.0f s: %s",
                 gpu,
@@ -557,18 +569,32 @@ class DomainObserver:
     def _report_sample_recovery(self, gpu: str) -> None:
         """One INFO line when a GPU whose samples failed is sampled again."""
         failed = self._sample_failures.pop(gpu, None)
+        logged = failed is not None and self._sample_episodes[gpu].end()
         if failed is not None and failed[0] > 1:
-            log.info("GPU %s: sampled again after %d failed samples", gpu, failed[0])
+            log.log(
+                logging.INFO if logged else logging.DEBUG,
+                "GPU %s: sampled again after %d failed samples",
+                gpu,
+                failed[0],
+            )
 
     def _report_failure(self, now_s: float, error: str) -> None:
-        """One WARNING when the engine goes down, then one reminder per ``log_every_s``."""
+        """One WARNING when the engine goes down, then one reminder per ``log_every_s``;
+        an engine that comes and goes logs at most one outage per ``log_every_s``
+        (:class:`~daemon.episode_log.EpisodeLog`), the next one saying how many it left
+        out."""
         self.failed_in_a_row += 1
         if self.failed_in_a_row == 1:
             self._down_since_s = now_s
             self._last_reminder_s = now_s
-            log.warning("engine scrape failed: %s", error)
+            note = self._engine_episodes.start(now_s)
+            if note is None:
+                log.debug("engine scrape failed: %s", error)
+            else:
+                log.warning("engine scrape failed: %s%s", error, note)
         elif now_s - self._last_reminder_s >= self.log_every_s:
             self._last_reminder_s = now_s
+            self._engine_episodes.reminded()
             log.warning(
                 "engine still failing: %d scrapes in a row: %s", self.failed_in_a_row, error
             )
