@@ -62,6 +62,12 @@ APPLICATIONS_CLOCKS_SETTING = 0x2
 CONFIRM_READS = 2
 """Consecutive readbacks that must disagree with the lock before it counts as external."""
 PERMANENT_RESET_ERRORS = (GpuLost, PermissionDenied, NotSupported)
+REASSERTED = (
+    "{count} more outside change(s) in the {seconds:.0f} s before, each locked again, were "
+    "not logged: another tool keeps setting this GPU's clock; external_clock_policy = "
+    '"yield" leaves the GPU to it'
+)
+"""What a logged outside change says about the ones left out before it."""
 WRITE_FAILURE_LOG_EVERY_S = 60.0
 """While a GPU's clock writes keep failing, one reminder line per this many seconds."""
 
@@ -197,7 +203,11 @@ class ClockActuator:
         self.write_failures: dict[str, int] = {b.label: 0 for b in self._backends}
         """Failed lock and reset writes per GPU (``gpugov_clock_write_failures_total``)."""
         self.failure_log = WriteFailureLog(domain, clock=clock)
+        self._clock = clock
         self.external_changes: dict[str, int] = {b.label: 0 for b in self._backends}
+        self._reasserted: dict[str, EpisodeLog] = {}
+        """Per GPU, which outside changes met by a new lock are logged: at most one a
+        minute (another tool that keeps setting the clock logged a line each time)."""
         self.yielded: set[str] = set()
         self._disagreements: dict[str, int] = {b.label: 0 for b in self._backends}
         self._tolerance_mhz: dict[str, float] = {}
@@ -541,7 +551,14 @@ class ClockActuator:
                 if self.state is not None:
                     # The lock written again is recorded again, whatever the file holds now.
                     self.state.invalidate(gpu_key(backend))
-                log.warning("%s; locking it again", what)
+                episodes = self._reasserted.setdefault(label, EpisodeLog(left_out=REASSERTED))
+                note = episodes.start(self._clock())
+                log.log(
+                    logging.DEBUG if note is None else logging.WARNING,
+                    "%s; locking it again%s",
+                    what,
+                    note or "",
+                )
         return changed
 
 

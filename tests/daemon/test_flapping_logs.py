@@ -245,3 +245,30 @@ def test_a_clock_write_failing_now_and_then_logs_one_run_a_minute(
     assert len(lines) == 4, lines  # the first run and its end, one more a minute later
     assert "one line a minute" in lines[0] and "succeed again" in lines[1]
     assert "29 more such episode(s) in the 58 s before were not logged" in lines[2]
+
+
+def test_another_tool_that_keeps_setting_the_clock_is_logged_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With ``external_clock_policy = "reassert"`` each outside change is met by a new
+    lock and counted; a tool that keeps setting the clock logged a line at each one."""
+    fake = FakeNvml(1)
+    fake.nvmlInit()
+    backend = NvmlBackend(0, nvml=fake)
+    now = [0.0]
+    actuator = ClockActuator([backend], domain="d", clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.actuator"):
+        for second in range(0, 130, 2):  # the other tool locks 900 MHz every 2 s
+            now[0] = float(second)
+            actuator.apply(1410)
+            fake.nvmlDeviceSetGpuLockedClocks(fake.gpus[0], 900, 900)
+            actuator.check_readback([backend.sample()])
+            actuator.check_readback([backend.sample()])  # the second read confirms it
+    assert actuator.external_changes == {"0": 65}
+    assert fake.locked(0) == (900, 900)  # the other tool's, after its last write
+    assert actuator.apply(1410) == 1 and fake.locked(0) == (1410, 1410)  # still reasserted
+    lines = _warnings(caplog, "changed by someone else")
+    assert len(lines) == 3  # at 0, 60 and 120 s
+    assert lines[0].endswith("; locking it again")
+    assert "29 more outside change(s) in the 58 s before, each locked again" in lines[1]
+    assert 'external_clock_policy = "yield" leaves the GPU to it' in lines[1]
