@@ -25,30 +25,30 @@ CSV columns are found by name, whatever their order, case or surrounding spaces;
 columns are ignored. Every bad input raises :class:`TraceError` with a ``path:line: what is
 wrong`` message.
 
-The synthetic generators live in :mod:`plant.synthetic_workloads`.
+The formats are parsed in :mod:`plant.trace_formats`; the synthetic generators live in
+:mod:`plant.synthetic_workloads`.
 """
 
 from __future__ import annotations
 
-import csv
-import datetime as dt
 import hashlib
-import io
-import json
 import math
 import os
-import re
 import warnings
-from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from gpugov.plant.input_files import loads_json
 from gpugov.plant.trace_batches import batch_grid_s, spread_batched_arrivals
-from gpugov.plant.trace_file import read_trace_text
+from gpugov.plant.trace_formats import (
+    TraceError,
+    detect_format,
+    parse_trace,
+    read_trace,
+    trace_error,
+)
 from gpugov.plant.types import Request
 
 TraceFormat = Literal["auto", "azure", "burstgpt", "mooncake", "csv"]
@@ -84,40 +84,6 @@ SHARED_TRACES: dict[str, str] = {
     "burstgpt1": "burstgpt1_first400rows.csv",
     "burstgpt3": "burstgpt3_first400rows.csv",
 }
-
-# Columns (timestamp, prompt tokens, output tokens) that identify each CSV format.
-_CSV_COLUMNS: dict[str, tuple[str, str, str]] = {
-    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
-    "burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
-    "csv": ("arrival_time_s", "prompt_tokens", "output_tokens"),
-}
-_MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
-
-MAX_TOKEN_COUNT = 10_000_000
-"""Largest prompt or output length a trace row may give: ten million tokens, the longest
-context window any model offers (the real traces' longest prompt is Mooncake's 126,195).
-A longer one is a corrupt row; replayed, it would be a prompt no engine takes, and
-``gpugov load`` would build it token by token."""
-
-_KNOWN_FORMATS = (
-    "azure (CSV header TIMESTAMP,ContextTokens,GeneratedTokens); "
-    "burstgpt (CSV header with Timestamp,Request tokens,Response tokens); "
-    "mooncake (JSON lines with timestamp,input_length,output_length); "
-    "csv (CSV header arrival_time_s,prompt_tokens,output_tokens)"
-)
-
-_AZURE_TIMESTAMP = re.compile(
-    r"(\d{4}-\d{2}-\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
-    r"(Z|[+-]\d{2}(?::?\d{2})?)?",
-    re.ASCII,
-)
-"""An Azure stamp: the 2023 release's ``2023-11-16 18:17:03.9799600`` (no zone) or the 2024
-release's ``2024-05-10 00:00:00.009930+00:00`` (a UTC offset: ``Z``, ``+HH:MM``, ``+HHMM``
-or ``+HH``)."""
-
-
-class TraceError(ValueError):
-    """A trace file is missing, unreadable or malformed; the message is ``path:line: what``."""
 
 
 class TraceWarning(UserWarning):
@@ -163,11 +129,6 @@ TraceProgress = Callable[[float], None]
 """``on_progress`` of :func:`load_trace`: called with the fraction of the load done so far
 (0 to 1, increasing, the last call 1.0)."""
 
-_BLOCK_CHARS = 1 << 20
-"""Characters of a trace's text parsed between two progress reports (about 1 MB of a
-trace's ASCII); lines are split in each block's own buffer, never in a copy of the whole
-text."""
-
 _PARSE_SHARE = 0.7
 """Share of a whole trace's load progress that parsing its text counts for; building the
 requests from the parsed columns takes the rest (as it takes about 30 % of the time on
@@ -179,20 +140,6 @@ part of the trace (only they are built; the other rows are only looked at)."""
 
 _BUILD_ROWS = 1 << 16
 """Requests built between two progress reports."""
-
-
-@dataclass(slots=True)
-class _Parsed:
-    """Columns parsed from a trace, arrivals already relative to the first timestamp
-    (packed arrays: 8 bytes a value, not a Python object each)."""
-
-    ids: array[int]
-    arrivals_s: array[float]
-    prompts: array[int]
-    outputs: array[int]
-    rows: int
-    skipped: int
-    first_timestamp_raw: str
 
 
 # --------------------------------------------------------------------------- resolving
@@ -263,403 +210,6 @@ def list_traces() -> list[dict[str, Any]]:
             {"name": name, "kind": "shared", "path": str(path), "present": path.is_file()}
         )
     return listing
-
-
-# --------------------------------------------------------------------------- parsing
-
-
-def _fail(path: Path, line: int | None, message: str) -> TraceError:
-    """Build a TraceError whose message is ``path:line: message``."""
-    where = f"{path}:{line}" if line is not None else f"{path}"
-    return TraceError(f"{where}: {message}")
-
-
-def _plain_number_text(raw: str) -> bool:
-    """Whether ``raw`` can be a trace's number: ASCII without digit separators (``int()``
-    and ``float()`` also read ``1_000`` and other scripts' digits)."""
-    return raw.isascii() and "_" not in raw
-
-
-def _clipped(raw: Any, width: int = 40) -> str:
-    """``repr(raw)`` cut to ``width`` characters, its end marked when cut (a 400-digit
-    count is shown as its first digits and ``...``)."""
-    text = repr(raw)
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def _token_count(raw: Any, field: str, path: Path, line: int) -> int:
-    """Parse a token count: a non-negative integer (``12`` or an integral ``12.0``) of at
-    most :data:`MAX_TOKEN_COUNT`."""
-    value: int | float
-    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
-        raise _fail(path, line, f"field {field!r}: expected a token count, got {raw!r:.40}")
-    if isinstance(raw, str):
-        if not _plain_number_text(raw):
-            raise _fail(path, line, f"field {field!r}: expected a token count, got {raw!r:.40}")
-        try:
-            value = int(raw)
-        except ValueError:
-            try:
-                value = float(raw)
-            except ValueError:
-                raise _fail(
-                    path, line, f"field {field!r}: expected a token count, got {raw!r:.40}"
-                ) from None
-    else:
-        value = raw
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise _fail(
-                path, line, f"field {field!r}: expected an integer token count, got {raw!r:.40}"
-            )
-        value = int(value)
-    if value < 0:
-        raise _fail(path, line, f"field {field!r}: negative token count {raw!r:.40}")
-    if value > MAX_TOKEN_COUNT:
-        raise _fail(
-            path,
-            line,
-            f"field {field!r}: token count {_clipped(raw)} is over the limit of "
-            f"{MAX_TOKEN_COUNT:,} (no model's context window is longer)",
-        )
-    return value
-
-
-def _seconds(raw: Any, field: str, path: Path, line: int) -> float:
-    """Parse a finite numeric timestamp (seconds or milliseconds, as the format says)."""
-    if isinstance(raw, bool) or (isinstance(raw, str) and not _plain_number_text(raw)):
-        raise _fail(path, line, f"field {field!r}: expected a number, got {raw!r:.40}")
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise _fail(path, line, f"field {field!r}: expected a number, got {raw!r:.40}") from None
-    except OverflowError:  # a JSON integer too large for a float (10**400)
-        value = math.inf
-    if not math.isfinite(value):
-        raise _fail(path, line, f"field {field!r}: timestamp must be finite, got {raw!r:.40}")
-    return value
-
-
-class _AzureClock:
-    """Parses Azure timestamps to integer nanoseconds (UTC where the stamp has an offset),
-    caching the per-date day number; a file mixing stamps with and without an offset is
-    refused, since the zone of the ones without is unknown."""
-
-    def __init__(self) -> None:
-        self._days: dict[str, int] = {}
-        self._zoned: tuple[bool, int] | None = None  # (has an offset, its first line)
-
-    def __call__(self, raw: str, field: str, path: Path, line: int) -> int:
-        match = _AZURE_TIMESTAMP.fullmatch(raw.strip())
-        if match is None:
-            raise _fail(
-                path,
-                line,
-                f"field {field!r}: expected a timestamp YYYY-MM-DD HH:MM:SS[.fffffff] with an "
-                f"optional UTC offset (+00:00), got {raw!r:.60}",
-            )
-        date, hours, minutes, seconds, fraction, zone = match.groups()
-        day = self._days.get(date)
-        if day is None:
-            try:
-                day = dt.date.fromisoformat(date).toordinal()
-            except ValueError:
-                raise _fail(path, line, f"field {field!r}: invalid date in {raw!r}") from None
-            self._days[date] = day
-        h, m, s = int(hours), int(minutes), int(seconds)
-        if h > 23 or m > 59 or s > 59:
-            raise _fail(path, line, f"field {field!r}: invalid time of day in {raw!r}")
-        offset_s = self._offset_s(zone, raw, field, path, line)
-        nanoseconds = int(fraction.ljust(9, "0")) if fraction else 0
-        return ((day * 86_400 + h * 3_600 + m * 60 + s - offset_s) * 1_000_000_000) + nanoseconds
-
-    def _offset_s(self, zone: str | None, raw: str, field: str, path: Path, line: int) -> int:
-        """The stamp's UTC offset in seconds (0 without one), refusing an offset of 24 h or
-        more and a file whose stamps do not all agree on having one."""
-        zoned = zone is not None
-        if self._zoned is None:
-            self._zoned = (zoned, line)
-        elif self._zoned[0] != zoned:
-            first = "has a UTC offset" if self._zoned[0] else "has none"
-            raise _fail(
-                path,
-                line,
-                f"field {field!r}: timestamp {raw.strip()!r} "
-                f"{'has a UTC offset' if zoned else 'has no UTC offset'}, but line "
-                f"{self._zoned[1]}'s {first}; a trace's stamps must all have one or all not",
-            )
-        if zone is None or zone == "Z":
-            return 0
-        digits = zone[1:].replace(":", "")
-        hours, minutes = int(digits[:2]), int(digits[2:] or 0)
-        if hours > 23 or minutes > 59:
-            raise _fail(path, line, f"field {field!r}: invalid UTC offset in {raw.strip()!r}")
-        sign = -1 if zone[0] == "-" else 1
-        return sign * (hours * 3_600 + minutes * 60)
-
-
-def _read_text(path: Path) -> tuple[str, str]:
-    """Read a trace as UTF-8 text within the size limits (see :mod:`plant.trace_file`)."""
-    return read_trace_text(path, _fail)
-
-
-def _first_line(text: str) -> str:
-    """The file's first line without its terminator (the rest of the text is not copied)."""
-    end = text.find("\n")
-    return (text if end < 0 else text[:end]).rstrip("\r")
-
-
-def _blocks(text: str, report: Callable[[float], None] | None) -> Iterator[str]:
-    """``text`` in consecutive pieces of about :data:`_BLOCK_CHARS` characters, each but the
-    last ending just after a ``\\n``; once a piece is consumed, ``report`` (if any) gets the
-    fraction of the text passed (the last call: 1.0)."""
-    size = len(text)
-    start = 0
-    while start < size:
-        cut = text.find("\n", start + _BLOCK_CHARS - 1)
-        end = size if cut < 0 else cut + 1
-        yield text[start:end]
-        start = end
-        if report is not None:
-            report(start / size)
-
-
-def _csv_lines(text: str, report: Callable[[float], None] | None) -> Iterator[str]:
-    """The lines of ``text`` as ``io.StringIO(text, newline="")`` yields them (ended by
-    ``\\n``, ``\\r\\n`` or ``\\r``, terminators kept), a block at a time: a block ends after
-    a ``\\n``, where every such line ends, and a StringIO holds 4 bytes a character, so one
-    of the whole text would be four times its size."""
-    for block in _blocks(text, report):
-        yield from io.StringIO(block, newline="")
-
-
-def _json_lines(text: str, report: Callable[[float], None] | None) -> Iterator[str]:
-    """The lines of ``text`` split at ``\\n`` only, as ``text.split("\\n")`` without the empty
-    string after a final terminator, a block at a time."""
-    for block in _blocks(text, report):
-        yield from (block[:-1] if block.endswith("\n") else block).split("\n")
-
-
-def _column_key(name: str) -> str:
-    """A header name as columns are matched: stripped and case-folded (``timestamp``,
-    `` Timestamp `` and ``TIMESTAMP`` name one column)."""
-    return name.strip().casefold()
-
-
-def _detect_format(path: Path, text: str) -> str:
-    """Pick the format from the first line; raise naming the known formats otherwise."""
-    if not text:
-        raise _fail(path, 1, "empty file (no header and no data rows)")
-    first = _first_line(text)
-    if first.lstrip().startswith("{"):
-        return "mooncake"
-    if first.lstrip().startswith("["):
-        raise _fail(
-            path,
-            1,
-            "a JSON array, not JSON lines; a Mooncake trace has one JSON object per line",
-        )
-    try:
-        header = {_column_key(name) for name in next(csv.reader([first]), [])}
-    except csv.Error as error:
-        raise _fail(path, 1, f"the header is not a CSV row: {error}") from None
-    columns = {fmt: {_column_key(col) for col in cols} for fmt, cols in _CSV_COLUMNS.items()}
-    matches = [fmt for fmt, cols in columns.items() if cols <= header]
-    if len(matches) == 1:
-        return matches[0]
-    if len(matches) > 1:
-        raise _fail(
-            path,
-            1,
-            f"header {_clipped(first, 80)} matches several formats ({', '.join(matches)}); "
-            "pass format= to choose one",
-        )
-    hint = ""
-    closest = max(_CSV_COLUMNS, key=lambda fmt: len(columns[fmt] & header))
-    missing = [col for col in _CSV_COLUMNS[closest] if _column_key(col) not in header]
-    if len(missing) < len(_CSV_COLUMNS[closest]):
-        hint = f" (closest: {closest}, missing column(s) {', '.join(map(repr, missing))})"
-    elif "," not in first and ("\t" in first or ";" in first):
-        separator = "tabs" if "\t" in first else "semicolons"
-        hint = f" (columns separated by {separator}: a trace is comma-separated)"
-    raise _fail(
-        path, 1, f"unknown header {_clipped(first, 80)}{hint}; known formats: {_KNOWN_FORMATS}"
-    )
-
-
-def _check_stamp(
-    path: Path,
-    line: int,
-    named: str,
-    stamp: Any,
-    origin: Any,
-    previous: Any,
-    previous_line: int | None,
-) -> None:
-    """Refuse a timestamp (``named``: its field and text) earlier than the one before it
-    (at ``previous_line``), or so far from the first (``origin``) that their span is no
-    finite number of seconds."""
-    if previous is not None and stamp < previous:
-        raise _fail(path, line, f"{named} goes backwards (line {previous_line} is later)")
-    if not math.isfinite(float(stamp) - float(origin)):
-        raise _fail(path, line, f"{named} is too far from the first")
-
-
-def _parse_csv(
-    path: Path, text: str, fmt: str, report: Callable[[float], None] | None = None
-) -> _Parsed:
-    """Parse one of the CSV formats; arrivals relative to the first data row. ``report``
-    gets the fraction of the text parsed (see :func:`_blocks`). A row the csv module
-    cannot read (a field past its size limit, a stray carriage return) is refused in
-    one line naming the file, not raised as the module's own error."""
-    try:
-        return _parse_csv_rows(path, text, fmt, report)
-    except csv.Error as error:
-        raise _fail(path, None, f"not a CSV file the reader can split into rows: {error}") from None
-
-
-def _parse_csv_rows(
-    path: Path, text: str, fmt: str, report: Callable[[float], None] | None
-) -> _Parsed:
-    """:func:`_parse_csv`'s work."""
-    if not text:
-        raise _fail(path, 1, "empty file (no header and no data rows)")
-    reader = csv.reader(_csv_lines(text, report))
-    header = [name.strip() for name in next(reader)]
-    keys = [_column_key(name) for name in header]
-    ts_col, prompt_col, output_col = _CSV_COLUMNS[fmt]
-    for col in (ts_col, prompt_col, output_col):
-        if _column_key(col) not in keys:
-            listed = ", ".join(map(repr, header))
-            listed = listed if len(listed) <= 120 else listed[:117] + "..."
-            raise _fail(
-                path,
-                1,
-                f"missing column {col!r} required by format {fmt!r}; header has {listed}",
-            )
-        if keys.count(_column_key(col)) > 1:
-            raise _fail(path, 1, f"column {col!r} appears more than once in the header")
-    i_ts, i_prompt, i_output = (
-        keys.index(_column_key(c)) for c in (ts_col, prompt_col, output_col)
-    )
-    width = len(header)
-    azure_clock = _AzureClock() if fmt == "azure" else None
-
-    ids: array[int] = array("q")
-    arrivals: array[float] = array("d")
-    prompts: array[int] = array("q")
-    outputs: array[int] = array("q")
-    record = 0
-    skipped = 0
-    first_raw = ""
-    origin: Any = 0
-    previous: float | int | None = None
-    previous_line = 0
-    for row in reader:
-        line = reader.line_num
-        if not row or not any(cell.strip() for cell in row):
-            continue  # blank line: not a record
-        if len(row) != width:
-            if len(row) < width:
-                absent = header[len(row)]
-                raise _fail(
-                    path,
-                    line,
-                    f"missing field {absent!r}: row has {len(row)} of {width} fields",
-                )
-            raise _fail(path, line, f"row has {len(row)} fields, header has {width}")
-        raw_ts = row[i_ts]
-        stamp: float | int
-        if azure_clock is not None:
-            stamp = azure_clock(raw_ts, ts_col, path, line)
-        else:
-            stamp = _seconds(raw_ts, ts_col, path, line)
-        prompt = _token_count(row[i_prompt], prompt_col, path, line)
-        output = _token_count(row[i_output], output_col, path, line)
-        if previous is None:
-            first_raw, origin = raw_ts.strip(), stamp
-        _check_stamp(
-            path,
-            line,
-            f"field {ts_col!r}: timestamp {raw_ts.strip()!r}",
-            stamp,
-            origin,
-            previous,
-            previous_line,
-        )
-        previous, previous_line = stamp, line
-        if prompt == 0 or output == 0:
-            skipped += 1
-        else:
-            ids.append(record)
-            # Azure's integer nanoseconds: the subtraction is exact, then one rounding to
-            # seconds; the other formats' seconds are floats already.
-            arrivals.append((stamp - origin) / 1e9 if azure_clock is not None else stamp - origin)
-            prompts.append(prompt)
-            outputs.append(output)
-        record += 1
-    if record == 0:
-        raise _fail(path, reader.line_num + 1, "no data rows after the header")
-    return _Parsed(ids, arrivals, prompts, outputs, record, skipped, first_raw)
-
-
-def _parse_mooncake(
-    path: Path, text: str, report: Callable[[float], None] | None = None
-) -> _Parsed:
-    """Parse Mooncake JSON lines (timestamps in ms); arrivals relative to the first line.
-    ``report`` gets the fraction of the text parsed (see :func:`_blocks`)."""
-    ids: array[int] = array("q")
-    arrivals: array[float] = array("d")
-    prompts: array[int] = array("q")
-    outputs: array[int] = array("q")
-    record = 0
-    skipped = 0
-    first_raw = ""
-    origin = 0.0
-    previous: float | None = None
-    previous_line = 0
-    line = 0
-    if not text:
-        raise _fail(path, 1, "empty file (no data rows)")
-    for line, content in enumerate(_json_lines(text, report), start=1):
-        if not content.strip():
-            continue
-        try:
-            item = loads_json(content)
-        except json.JSONDecodeError as e:
-            raise _fail(path, line, f"invalid JSON: {e.msg} (column {e.colno})") from None
-        if not isinstance(item, dict):
-            raise _fail(path, line, f"expected a JSON object, got {type(item).__name__}")
-        for field in _MOONCAKE_FIELDS:
-            if field not in item:
-                raise _fail(path, line, f"missing field {field!r}")
-        raw_ts = item["timestamp"]
-        stamp = _seconds(raw_ts, "timestamp", path, line)
-        prompt = _token_count(item["input_length"], "input_length", path, line)
-        output = _token_count(item["output_length"], "output_length", path, line)
-        if previous is None:
-            first_raw, origin = json.dumps(raw_ts), stamp
-        _check_stamp(
-            path,
-            line,
-            f"field 'timestamp': timestamp {raw_ts!r}",
-            stamp,
-            origin,
-            previous,
-            previous_line,
-        )
-        previous, previous_line = stamp, line
-        if prompt == 0 or output == 0:
-            skipped += 1
-        else:
-            ids.append(record)
-            arrivals.append((stamp - origin) / 1000.0)
-            prompts.append(prompt)
-            outputs.append(output)
-        record += 1
-    if record == 0:
-        raise _fail(path, line + 1, "no data rows (empty trace)")
-    return _Parsed(ids, arrivals, prompts, outputs, record, skipped, first_raw)
 
 
 def _scaled(report: TraceProgress | None, share: float) -> TraceProgress | None:
@@ -735,20 +285,16 @@ def load_trace(
         else None
     )
     path = resolve_trace(path_or_name)
-    text, digest = _read_text(path)
+    text, digest = read_trace(path)
     if "\r" in text and "\n" not in text:
         text = text.replace("\r", "\n")  # classic Mac line endings: one row per line
-    fmt = _detect_format(path, text) if format == "auto" else format
+    fmt = detect_format(path, text) if format == "auto" else format
     share = _PARSE_SHARE if duration_s is None else _PARSE_SHARE_OF_A_WINDOW
     parse_report = _scaled(on_progress, share)
-    parsed = (
-        _parse_mooncake(path, text, parse_report)
-        if fmt == "mooncake"
-        else _parse_csv(path, text, fmt, parse_report)
-    )
+    parsed = parse_trace(path, text, fmt, parse_report)
     del text  # the columns hold what is needed; the text is as large as the file
     if parsed.rows and parsed.skipped == parsed.rows:
-        raise _fail(
+        raise trace_error(
             path,
             None,
             f"all {parsed.rows} row(s) have zero prompt or output tokens (failed requests, "
@@ -791,7 +337,7 @@ def load_trace(
         on_progress(1.0)
     if not requests:
         span = arrivals[-1] if arrivals else 0.0
-        raise _fail(
+        raise trace_error(
             path,
             None,
             f"window [{start_s}, {end_s}) s holds no requests (kept arrivals span 0 to {span} s)",

@@ -227,9 +227,9 @@ def test_ctrl_c_while_a_trace_loads_ends_with_one_line_and_130(
     import os
     import signal
 
-    import gpugov.plant.workload as workload_module
+    import gpugov.plant.trace_formats as trace_formats
 
-    monkeypatch.setattr(workload_module, "_BLOCK_CHARS", 4096)  # many reports, small trace
+    monkeypatch.setattr(trace_formats, "_BLOCK_CHARS", 4096)  # many reports, small trace
     reports: list[float] = []
     update = Progress.update
 

@@ -1,4 +1,5 @@
-"""Tests for plant.workload: trace loaders against the real files, errors, transforms.
+"""Tests for plant.workload and plant.trace_formats: trace loaders against the real files,
+errors, transforms.
 
 Known answers come from ``docs/traces.md`` (row counts, spans, token means)
 and from ``plant/data/ATTRIBUTION.md`` (the bundled slice's rows and sha256).
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import gpugov.plant.trace_formats as trace_formats
 import gpugov.plant.workload as workload_module
 from gpugov.plant.synthetic_workloads import (
     AZURE_CONV_OUTPUT_TOKENS,
@@ -23,6 +25,7 @@ from gpugov.plant.synthetic_workloads import (
     bursty_workload,
     poisson_workload,
 )
+from gpugov.plant.trace_formats import MAX_TOKEN_COUNT
 from gpugov.plant.types import Request
 from gpugov.plant.workload import (
     DEFAULT_TRACES_DIR,
@@ -431,7 +434,7 @@ def test_token_counts_up_to_the_limit_load(tmp_path: Path) -> None:
     # built such a prompt token by token: 1e23 never finished); the limit itself loads.
     path = write(tmp_path, "big.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,10000000,1e7\n")
     requests, _ = load_quiet(path)
-    assert requests == (Request(0, 0.0, workload_module.MAX_TOKEN_COUNT, 10_000_000),)
+    assert requests == (Request(0, 0.0, MAX_TOKEN_COUNT, 10_000_000),)
 
 
 @pytest.mark.parametrize(
@@ -700,7 +703,7 @@ def test_parsing_in_blocks_changes_no_result(
     )
     results = []
     for block in (1, 5, 64, 1 << 20):
-        monkeypatch.setattr(workload_module, "_BLOCK_CHARS", block)
+        monkeypatch.setattr(trace_formats, "_BLOCK_CHARS", block)
         seen: list[float] = []
         requests, report = load_azure(good, on_progress=seen.append)
         assert list(requests) == expected
