@@ -2,7 +2,7 @@
 
 The first line is a header (``"format": "gpugov-record-v1"``) naming the period and, per
 domain, the controller, the safety settings and the supported clocks (left out of the
-tick lines to keep them short). Each following line is a :class:`~daemon.loop.TickRecord`:
+tick lines to keep them short). Each following line is a :class:`~daemon.domain.TickRecord`:
 the observation, the controller's own decision, the requested clock after the safety
 wrappers, the applied lock, the solve time, the fail-safe flag and any errors.
 Non-finite floats are written as ``null``.
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpugov import __version__
+from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.errors import GpugovError
 from gpugov.daemon.files import InputFileError, json_safe, loads_json, read_input_text
-from gpugov.daemon.loop import TickRecord
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import ServingObservation
 

@@ -30,6 +30,7 @@ from gpugov.daemon.decide import (
     profile_fit_warnings,
     warm_up,
 )
+from gpugov.daemon.domain import Domain, FailsafeMode
 from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.errors import (
@@ -41,7 +42,6 @@ from gpugov.daemon.errors import (
 )
 from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.lockstate import LockState
-from gpugov.daemon.loop import Domain, FailsafeMode
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DEFAULT_TAIL_QUANTILE, DomainObserver

@@ -12,9 +12,10 @@ from daemon_support import MetricsServer, fixture_text
 from fake_pynvml import FakeNvml
 
 from gpugov.daemon.config import parse_config
+from gpugov.daemon.domain import Domain, TickRecord
 from gpugov.daemon.engines import EngineSample, EngineSource
 from gpugov.daemon.errors import GpuLost
-from gpugov.daemon.loop import Domain, TickRecord, TimedLoop, VirtualClock, run
+from gpugov.daemon.loop import TimedLoop, VirtualClock, run
 from gpugov.daemon.service import Assembled, domains_from_config
 
 RESET = "nvmlDeviceResetGpuLockedClocks"

@@ -14,17 +14,10 @@ from fake_pynvml import FakeNvml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpugov.daemon.config import parse_config
+from gpugov.daemon.domain import Domain, TickRecord
 from gpugov.daemon.errors import ConfigError, ControllerFailure, GpuLost, PermissionDenied
 from gpugov.daemon.exporter import Exporter
-from gpugov.daemon.loop import (
-    Domain,
-    RunStats,
-    TickRecord,
-    TimedLoop,
-    VirtualClock,
-    run,
-    stop_on_signals,
-)
+from gpugov.daemon.loop import RunStats, TimedLoop, VirtualClock, run, stop_on_signals
 from gpugov.daemon.service import domains_from_config
 
 LOCK = "nvmlDeviceSetGpuLockedClocks"

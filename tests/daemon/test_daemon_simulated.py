@@ -12,8 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpugov.controllers.baseline import reactive_clock_controller
 from gpugov.daemon.controller_config import FixedControllerConfig, ReactiveControllerConfig
+from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.exporter import Exporter
-from gpugov.daemon.loop import TickRecord, TimedLoop, VirtualClock, run
+from gpugov.daemon.loop import TimedLoop, VirtualClock, run
 from gpugov.daemon.record import Recorder, read_recording
 from gpugov.daemon.replay import replay
 from gpugov.daemon.service import simulated_run

@@ -23,8 +23,9 @@ from gpugov.daemon.controller_config import ExternalControllerConfig
 from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.deadline import DecisionDeadline, DecisionTimeout
 from gpugov.daemon.decide import ControllerContext, build_controller
+from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.errors import ConfigError, ControllerFailure
-from gpugov.daemon.loop import TickRecord, TimedLoop, run
+from gpugov.daemon.loop import TimedLoop, run
 from gpugov.daemon.service import domains_from_config
 from gpugov.plant.types import ServingObservation
 

@@ -23,7 +23,8 @@ from gpugov.daemon.config import parse_config
 from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.deadline import DecisionDeadline
 from gpugov.daemon.decide import ControllerContext, build_controller, warm_up
-from gpugov.daemon.loop import TickRecord, TimedLoop, run
+from gpugov.daemon.domain import TickRecord
+from gpugov.daemon.loop import TimedLoop, run
 from gpugov.daemon.outside import OutsideController, OutsideExit, not_a_clock
 from gpugov.daemon.safety import invalid_decisions
 from gpugov.daemon.service import domains_from_config

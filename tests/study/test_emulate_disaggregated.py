@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from gpugov.daemon.config import parse_config
+from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.engines import VllmSource
-from gpugov.daemon.loop import TickRecord, TimedLoop, VirtualClock, run
+from gpugov.daemon.loop import TimedLoop, VirtualClock, run
 from gpugov.daemon.service import domains_from_config
 from gpugov.plant import ServingPlant, load_profile
 from gpugov.study.emulate import cli as emulate_cli
