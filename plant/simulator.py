@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from gpugov.plant.attribution import EnergyLedger, prefill_fraction
+from gpugov.plant.engine_counters import EngineCounters
 from gpugov.plant.gpu_physics import _EPS, GpuParameters, GpuPhysics
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.result import SERIES_NAMES, ServingResult, compute_metrics
@@ -59,9 +60,6 @@ from gpugov.plant.types import (
     ServingObservation,
 )
 
-ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-"""Upper bounds of the tokens-per-step histogram, vLLM V1's layout (1, 8, then its
-default CUDA-graph capture sizes; ``vllm:iteration_tokens_total``)."""
 _ATOMIC_TYPES = frozenset({int, float, bool, type(None)})
 """Element types whose lists :meth:`PlantSimulation.fork` copies shallowly."""
 
@@ -144,12 +142,6 @@ class PlantSimulation:
         self._sum_plen_running = 0
         self._kv_prefill = 0
         self._completed = 0
-        self._output_total = 0
-        self._prompt_total = 0
-        self._preemption_total = 0
-        # Engine steps and the tokens each ran (vLLM's ``vllm:iteration_tokens_total``).
-        self._iteration_counts = [0] * (len(ITERATION_TOKEN_BUCKETS) + 1)
-        self._iteration_tokens = 0
 
         # Iteration in progress.
         self._in_iteration = False
@@ -175,23 +167,14 @@ class PlantSimulation:
         # The GPU: realised clock, power, energy, temperature.
         self.gpu = GpuPhysics(params, start_index)
 
-        # Windowed statistics since the previous observe().
+        # GPU utilisation since the previous observe().
         self._window_start = 0.0
         self._window_busy0 = 0.0
-        self._ttft_sum = 0.0
-        self._ttft_count = 0
-        self._ttft_prompt_sum = 0.0
-        self._itl_sum = 0.0
-        self._itl_count = 0
-        # SLO attainment counters since the start (what an engine's histograms give).
+        # What the engine counts and reports: tokens, steps, latencies, SLO attainment.
         profile = plant.profile
-        self._ttft_slo_s = float(profile.ttft_slo_s)
-        self._ttft_allowance = float(profile.ttft_slo_per_prompt_token_s)
-        self._tpot_slo_s = float(profile.tpot_slo_s)
-        self._ttft_total = 0
-        self._ttft_within = 0
-        self._tpot_total = 0
-        self._tpot_within = 0
+        self.counters = EngineCounters(
+            profile.ttft_slo_s, profile.ttft_slo_per_prompt_token_s, profile.tpot_slo_s
+        )
 
         # Series on the grid.
         self._ff_tick: tuple[float, float, float, int, int] | None = None
@@ -247,23 +230,24 @@ class PlantSimulation:
         """Preemptions so far, every request together: a running count, so reading it
         costs the same however many requests have finished (``gpugov emulate``'s
         ``vllm:num_preemptions_total``)."""
-        return self._preemption_total
+        return self.counters.preemptions
 
     @property
     def iterations(self) -> int:
         """Engine steps (iterations) finished so far: prefill, decode and mixed alike
         (the count of vLLM's ``vllm:iteration_tokens_total`` histogram)."""
-        return sum(self._iteration_counts)
+        return sum(self.counters.iteration_counts)
 
     @property
     def iteration_tokens(self) -> int:
         """Tokens those steps ran: prefill chunk tokens plus one per decoding request."""
-        return self._iteration_tokens
+        return self.counters.iteration_tokens
 
     def iteration_token_counts(self) -> tuple[int, ...]:
-        """Steps per bucket of :data:`ITERATION_TOKEN_BUCKETS` (not cumulative), the last
-        entry above every bound."""
-        return tuple(self._iteration_counts)
+        """Steps per bucket of
+        :data:`~gpugov.plant.engine_counters.ITERATION_TOKEN_BUCKETS` (not cumulative), the
+        last entry above every bound."""
+        return tuple(self.counters.iteration_counts)
 
     def recent_utilization(self, span_s: float) -> float:
         """Share of the grid samples of the last ``span_s`` seconds (up to now) at which an
@@ -279,10 +263,6 @@ class PlantSimulation:
             total += 1
             busy += phases[index] != "idle"
         return busy / total if total else 0.0
-
-    def _count_iterations(self, tokens: int, count: int = 1) -> None:
-        self._iteration_counts[bisect.bisect_left(ITERATION_TOKEN_BUCKETS, tokens)] += count
-        self._iteration_tokens += tokens * count
 
     def add_request(self, prompt_tokens: int, output_tokens: int) -> int:
         """Append a request arriving now (online serving: ``gpugov emulate``); its index.
@@ -432,6 +412,8 @@ class PlantSimulation:
         gpu = self.gpu
         utilization = (gpu.busy_s - self._window_busy0) / elapsed if elapsed > _EPS else None
         profile = self.plant.profile
+        counters = self.counters
+        ttft_recent_s, tpot_recent_s, ttft_recent_prompt_tokens = counters.take_window()
         observation = ServingObservation(
             time_s=now,
             step_index=int(round(now / self._dt)) if step_index is None else step_index,
@@ -442,8 +424,8 @@ class PlantSimulation:
             temperature_c=gpu.temperature_c,
             waiting_requests=len(self._waiting) + len(self._prefilling) + len(self._kv_arrivals),
             completed_requests=self._completed,
-            output_tokens_total=float(self._output_total),
-            prompt_tokens_total=float(self._prompt_total),
+            output_tokens_total=float(counters.output_tokens),
+            prompt_tokens_total=float(counters.prompt_tokens),
             kv_tokens=float(kv),
             kv_capacity_tokens=float(self.plant.kv_capacity_tokens),
             power_w=gpu.power_w,
@@ -456,26 +438,19 @@ class PlantSimulation:
             supported_clocks_mhz=tuple(self._clocks),
             clock_event_reasons=gpu.clock_event_reasons,
             model_name=self._model_name,
-            ttft_recent_s=(self._ttft_sum / self._ttft_count) if self._ttft_count else None,
-            tpot_recent_s=(self._itl_sum / self._itl_count) if self._itl_count else None,
+            ttft_recent_s=ttft_recent_s,
+            tpot_recent_s=tpot_recent_s,
             ttft_slo_s=profile.ttft_slo_s,
             tpot_slo_s=profile.tpot_slo_s,
-            ttft_slo_per_prompt_token_s=self._ttft_allowance,
-            ttft_recent_prompt_tokens=(
-                self._ttft_prompt_sum / self._ttft_count if self._ttft_count else None
-            ),
-            ttft_count_total=float(self._ttft_total),
-            ttft_within_slo_total=float(self._ttft_within),
-            tpot_count_total=float(self._tpot_total),
-            tpot_within_slo_total=float(self._tpot_within),
+            ttft_slo_per_prompt_token_s=counters.ttft_slo_per_prompt_token_s,
+            ttft_recent_prompt_tokens=ttft_recent_prompt_tokens,
+            ttft_count_total=float(counters.ttft_total),
+            ttft_within_slo_total=float(counters.ttft_within),
+            tpot_count_total=float(counters.tpot_total),
+            tpot_within_slo_total=float(counters.tpot_within),
         )
-        self._ttft_prompt_sum = 0.0
         self._window_start = now
         self._window_busy0 = gpu.busy_s
-        self._ttft_sum = 0.0
-        self._ttft_count = 0
-        self._itl_sum = 0.0
-        self._itl_count = 0
         return observation
 
     def advance_to(self, end_s: float, *, stop_when_done: bool = False) -> None:
@@ -785,10 +760,8 @@ class PlantSimulation:
         self._integrate(total, power, busy=True)
         self._ff_tick = None
         self._decode_counter = counter + count
-        self._count_iterations(batch, count)
-        self._output_total += count * batch
-        self._itl_sum += total * batch
-        self._itl_count += count * batch
+        self.counters.count_steps(batch, count)
+        self.counters.decoded(total, batch, count)
         self._in_iteration = False
         return True
 
@@ -820,7 +793,7 @@ class PlantSimulation:
         self._generated[victim] = gen0 + produced
         self._epoch[victim] += 1
         self._preemptions[victim] += 1
-        self._preemption_total += 1
+        self.counters.preempted()
         # Recompute: prompt plus every token generated so far is prefilled again.
         new_len = self._prompt[victim] + self._generated[victim]
         self._prefill_len[victim] = new_len
@@ -831,13 +804,11 @@ class PlantSimulation:
         now = self.time_s
         batch = self._iter_decode_batch
         self._in_iteration = False
-        self._count_iterations(batch + self._iter_prefill_tokens)
+        self.counters.count_steps(batch + self._iter_prefill_tokens)
         if batch:
             self._decode_counter += 1
             counter = self._decode_counter
-            self._output_total += batch
-            self._itl_sum += duration * batch
-            self._itl_count += batch
+            self.counters.decoded(duration, batch)
             heap = self._heap
             epoch = self._epoch
             running = self._running
@@ -855,7 +826,7 @@ class PlantSimulation:
                 self._completed += 1
                 self._count_tpot(request, now)
         if self._iter_chunks:
-            self._prompt_total += self._iter_prefill_tokens
+            self.counters.prefilled(self._iter_prefill_tokens)
             self._prefilling_tokens -= self._iter_prefill_tokens
             completed_any = False
             for entry, take in self._iter_chunks:
@@ -872,16 +843,10 @@ class PlantSimulation:
         plen = self._prefill_len[request]
         self._kv_prefill -= plen
         self._generated[request] += 1
-        self._output_total += 1
+        self.counters.prefill_finished()
         if self._first_token[request] is None:
             self._first_token[request] = now
-            ttft = now - self._arrival[request]
-            self._ttft_sum += ttft
-            self._ttft_count += 1
-            self._ttft_prompt_sum += self._prompt[request]
-            self._ttft_total += 1
-            slo = self._ttft_slo_s + self._ttft_allowance * self._prompt[request]
-            self._ttft_within += ttft <= slo + 1e-12
+            self.counters.first_token(now - self._arrival[request], self._prompt[request])
         if self._generated[request] >= self._output[request]:
             self._finish[request] = now
             self._completed += 1
@@ -908,8 +873,7 @@ class PlantSimulation:
         first = self._first_token[request]
         if output <= 1 or first is None:
             return
-        self._tpot_total += 1
-        self._tpot_within += (now - first) / (output - 1) <= self._tpot_slo_s + 1e-12
+        self.counters.finished((now - first) / (output - 1))
 
     # ------------------------------------------------------------------- forks
     def fork(self) -> PlantSimulation:
@@ -990,7 +954,7 @@ class PlantSimulation:
             records,
             energy_j=gpu.energy_j,
             duration_s=self.time_s,
-            output_tokens=self._output_total,
+            output_tokens=self.counters.output_tokens,
             ttft_slo_s=profile.ttft_slo_s,
             tpot_slo_s=profile.tpot_slo_s,
             ttft_slo_per_prompt_token_s=profile.ttft_slo_per_prompt_token_s,
@@ -998,7 +962,7 @@ class PlantSimulation:
             thermal_violation_s=gpu.thermal_violation_s,
             peak_temperature_c=gpu.peak_temperature_c,
             peak_queued_requests_at_minimum_clock=peak_at_minimum,
-            preemptions=self._preemption_total,
+            preemptions=self.counters.preemptions,
             clock_changes=self._clock_changes,
             idle_energy_j=self.energy_ledger.idle_j,
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpugov.plant.simulator import ITERATION_TOKEN_BUCKETS
+from gpugov.plant.engine_counters import ITERATION_TOKEN_BUCKETS
 from gpugov.study.emulate.node import EmulatedNode, Histogram
 
 BLOCK_SIZE = 16

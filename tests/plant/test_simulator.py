@@ -509,7 +509,7 @@ def test_engine_step_counters_count_every_step_and_its_tokens() -> None:
     # Every step runs its prefill chunk tokens plus one token per decoding request: over
     # a drained run without preemptions that is every prompt token and every output
     # token but the first (a prefill's). Fast-forwarded stretches count step by step.
-    from gpugov.plant.simulator import ITERATION_TOKEN_BUCKETS
+    from gpugov.plant.engine_counters import ITERATION_TOKEN_BUCKETS
 
     plant = make_plant()
     workload = poisson_workload(3.0, 40.0, seed=5)
