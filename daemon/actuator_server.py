@@ -17,6 +17,7 @@ it is held while its connection is open and sends a request at least every ``lea
 when the connection closes (the governor exited or was killed, even by SIGKILL) or goes
 quiet past its deadline, every GPU it locked is reset at once. At start every configured
 GPU is reset (no lease holds it yet), and on SIGTERM every lock is reset before exit.
+Under systemd it pings the watchdog from its serving loop (``daemon/sd_notify.py``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from gpugov.daemon.errors import (
     TransientGpuError,
 )
 from gpugov.daemon.limits import MAX_GPU_INDEX
+from gpugov.daemon.sd_notify import Watchdog, notify_systemd
 
 log = logging.getLogger(__name__)
 
@@ -238,10 +240,17 @@ class ActuatorServer:
         """The holder's pid for a log line."""
         return str(gpu.holder.pid) if gpu.holder is not None else "none"
 
-    def serve(self, should_stop: Callable[[], bool] = lambda: False) -> None:
-        """Serve until ``should_stop()`` (checked at least every 0.1 s)."""
+    def serve(
+        self,
+        should_stop: Callable[[], bool] = lambda: False,
+        progress: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Serve until ``should_stop()`` (checked at least every 0.1 s), calling
+        ``progress()`` after every completed round (the systemd watchdog's ping: a round
+        stuck in an NVML call sends none)."""
         while not should_stop() and not self.stopping:
             self.step(_TICK_S)
+            progress()
 
     def step(self, timeout_s: float) -> None:
         """One round: wait for events (at most ``timeout_s`` or the next deadline),
@@ -514,20 +523,6 @@ def _line(message: dict[str, Any]) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
-def notify_systemd(state: str) -> None:
-    """``sd_notify(state)`` when systemd asked for it (``$NOTIFY_SOCKET``); else nothing."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.sendto(state.encode(), address)
-        except OSError as error:
-            log.debug("sd_notify failed: %s", error)
-
-
 # ------------------------------------------------------------------------ command
 def _gpu_list(value: str) -> list[int | str]:
     """``--gpus``: ``all``, or NVML indices and GPU-/MIG- UUIDs separated by commas."""
@@ -681,6 +676,10 @@ def run_actuator(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return int(ExitCode.USAGE)
+    watchdog = Watchdog()
+    if (problem := watchdog.problem()) is not None:
+        print(f"gpugov: error: actuator: {problem}", file=sys.stderr)
+        return int(ExitCode.USAGE)
     backends: list[GpuBackend] = []
     server: ActuatorServer | None = None
     try:
@@ -725,7 +724,7 @@ def run_actuator(args: argparse.Namespace) -> int:
         )
     notify_systemd("READY=1")
     try:
-        server.serve(lambda: bool(stop))
+        server.serve(lambda: bool(stop), watchdog.progress)
     finally:
         notify_systemd("STOPPING=1")
     # SIGTERM (systemd's stop) is the normal stop; Ctrl-C ends it as it ends every

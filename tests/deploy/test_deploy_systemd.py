@@ -21,6 +21,7 @@ from deploytools import SYSTEMD, gpugov_executable, require_tool
 
 from gpugov.cli import build_parser
 from gpugov.daemon.config import ActuatorBackendConfig, load_config, parse_address
+from gpugov.daemon.sd_notify import MIN_WATCHDOG_S
 
 INSTALLED_GPUGOV = "/opt/gpugov/venv/bin/gpugov"
 MAIN = SYSTEMD / "gpugov.service"
@@ -232,13 +233,25 @@ def test_governor_unit_contract() -> None:
 @pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
 def test_a_unit_that_may_lock_clocks_resets_them_after_every_stop(unit: Path) -> None:
     """Whatever may lock a clock (CAP_SYS_ADMIN in its bounding set) runs the reset after
-    every stop, a crash or a kill included, so no GPU stays locked low; every unit restarts
-    after a failure, and `gpugov run` (which pings the watchdog every tick) has one."""
+    every stop, a crash or a watchdog kill included, so no GPU stays locked low; every
+    unit restarts after a failure."""
     may_lock = "CAP_SYS_ADMIN" in one(unit, "CapabilityBoundingSet").split()
     resets = [shlex.split(line)[1:] for line in values(unit, "ExecStopPost")]
     if may_lock:
         assert ["reset-clocks", "--gpus", "all"] in resets, f"{unit.name}: no reset after a stop"
     assert one(unit, "Restart") in {"on-failure", "always"}
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
+def test_every_long_running_gpugov_has_a_watchdog(unit: Path) -> None:
+    """`gpugov run` pings every tick and `gpugov actuator` every serving round; both are
+    `Type=notify` with a `WatchdogSec=` they can keep (the actuator refuses a shorter one
+    than MIN_WATCHDOG_S, `run` one under twice its period)."""
     command = build_parser().parse_args(shlex.split(one(unit, "ExecStart"))[1:]).command
-    if command == "run":
-        assert re.fullmatch(r"\d+s", one(unit, "WatchdogSec")), f"{unit.name}: no watchdog"
+    assert command in {"run", "actuator"}, f"{unit.name}: a new long-running command?"
+    assert one(unit, "Type") == "notify"
+    assert one(unit, "NotifyAccess") == "main"
+    watchdog = one(unit, "WatchdogSec")
+    assert re.fullmatch(r"\d+s", watchdog), f"{unit.name}: no watchdog"
+    assert int(watchdog[:-1]) >= MIN_WATCHDOG_S
+

@@ -318,6 +318,8 @@ class Daemon:
     metrics_url: str | None = None
     preexec: Any = None
     """Run in the child before ``exec`` (a resource limit, a blocked signal)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Set in the child's environment (systemd's ``NOTIFY_SOCKET``, ``WATCHDOG_USEC``)."""
 
     def start(self) -> Daemon:
         """Start it (stderr to a file)."""
@@ -330,6 +332,7 @@ class Daemon:
         env["STATE_DIRECTORY"] = str(self.node.state_dir)
         env["PYTHONUNBUFFERED"] = "1"
         env.pop("NOTIFY_SOCKET", None)
+        env.update(self.env)
         self.stderr_path = self.node.root / f"{self.name}.stderr"
         with (
             open(self.stderr_path, "wb") as err,

@@ -75,12 +75,18 @@ class Peer:
 
 
 def start_actuator(
-    node: Node, path: Path, *, gpus: str = "0,1", allow: int | None = None, name: str = "actuator"
+    node: Node,
+    path: Path,
+    *,
+    gpus: str = "0,1",
+    allow: int | None = None,
+    name: str = "actuator",
+    env: dict[str, str] | None = None,
 ) -> Daemon:
     """``gpugov actuator`` on the fake node, serving ``path``; returns once it listens."""
     uid = os.getuid() if allow is None else allow
     args = ["actuator", "--gpus", gpus, "--allow", str(uid), "--socket", str(path)]
-    actuator = Daemon(node, args, name=name).start()
+    actuator = Daemon(node, args, name=name, env=env or {}).start()
     actuator.wait_for(lambda: "serving GPUs" in actuator.stderr, 60, "the actuator to listen")
     return actuator
 
@@ -111,6 +117,42 @@ def split(tmp_path: Path) -> Iterator[tuple[Path, Node, Engine, Path, list[Daemo
             process.kill()
         engine.close()
         shutil.rmtree(short, ignore_errors=True)
+
+
+class NotifyListener:
+    """What systemd listens on for ``sd_notify``: a datagram socket on a path, read by a
+    thread that stamps each message with the time it arrived."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.messages: list[tuple[float, str]] = []
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(str(path))
+        self._sock.settimeout(0.1)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._done.is_set():
+            try:
+                data = self._sock.recv(4096)
+            except TimeoutError:
+                continue
+            self.messages.append((time.time(), data.decode()))
+
+    def states(self) -> list[str]:
+        """Every message so far, in order."""
+        return [message for _, message in self.messages]
+
+    def pings(self) -> list[float]:
+        """When each ``WATCHDOG=1`` arrived."""
+        return [t for t, message in self.messages if message == "WATCHDOG=1"]
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join(5)
+        self._sock.close()
 
 
 def metrics(daemon: Daemon) -> dict[str, float]:
@@ -410,4 +452,52 @@ def test_a_bad_start_is_one_line(split: Any, args: list[str], code: int, needle:
     lines = actuator.stderr.strip().splitlines()
     assert needle in lines[-1] and lines[-1].startswith("gpugov"), lines
     assert_clean(actuator)
+    assert not path.exists()
+
+
+def test_the_actuator_tells_systemd_ready_watchdog_and_stopping(split: Any) -> None:
+    """As its ``Type=notify`` unit with ``WatchdogSec=1s`` sees it: READY=1 once it serves,
+    WATCHDOG=1 while its loop makes progress, none while a lease's reset hangs in NVML
+    (so systemd would kill it and its ExecStopPost= reset), STOPPING=1 at SIGTERM."""
+    _root, node, _engine, path, started = split
+    notify = NotifyListener(path.parent / "notify")
+    hang_s = 3.0
+    try:
+        env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "1000000"}
+        actuator = start_actuator(node, path, env=env)
+        started.append(actuator)
+        actuator.wait_for(lambda: len(notify.pings()) >= 3, 30, "watchdog pings")
+        assert notify.states()[0] == "READY=1"
+        node.delay("nvmlDeviceResetGpuLockedClocks", hang_s)
+        peer = Peer(path)
+        assert peer.ask({"op": "hello", "lease_s": 30})["ok"]
+        assert peer.ask({"op": "lock", "gpu": "0", "min_mhz": 1410, "max_mhz": 1410})["ok"]
+        peer.close()  # the lease ends; its reset takes hang_s in the driver
+        actuator.wait_for(lambda: unlocked(node), 30, "the lease's reset")
+        node.delay("nvmlDeviceResetGpuLockedClocks", 0.0)
+        returned = [w for w in node.writes() if w[0] == "reset"][-1][-1]
+        actuator.wait_for(lambda: notify.pings()[-1] > returned, 30, "pings after the hang")
+        # None arrived while the reset was stuck (a second's margin for one sent just before).
+        stuck = [t for t in notify.pings() if returned - hang_s + 1.0 < t < returned]
+        assert not stuck, f"{len(stuck)} pings while the loop was stuck in NVML"
+        assert actuator.stop() == 0
+        assert notify.states()[-1] == "STOPPING=1"
+        assert notify.states().count("READY=1") == 1
+    finally:
+        notify.close()
+    assert_clean(actuator)
+
+
+def test_a_watchdog_too_short_to_keep_is_one_line(split: Any) -> None:
+    _root, node, _engine, path, _started = split
+    env = {"NOTIFY_SOCKET": str(path.parent / "notify"), "WATCHDOG_USEC": "500000"}
+    args = ["actuator", "--gpus", "0", "--allow", str(os.getuid()), "--socket", str(path)]
+    actuator = Daemon(node, args, env=env).start()
+    assert actuator.wait(60) == 2
+    lines = actuator.stderr.strip().splitlines()
+    assert lines == [
+        "gpugov: error: actuator: the unit's WatchdogSec=0.5s is too short (the actuator "
+        "serves in 0.1 s rounds); use at least 1s"
+    ]
+    assert node.writes() == []  # refused before any GPU was opened
     assert not path.exists()

@@ -1,0 +1,92 @@
+"""systemd's notify protocol in the standard library alone, for ``gpugov actuator``.
+
+``gpugov run`` talks to systemd through :class:`gpugov.daemon.loop.SystemdNotify` (the
+``sdnotify`` package, one watchdog ping per control tick). The actuator imports nothing
+beyond the standard library, so it sends the same datagrams itself: ``READY=1`` once it
+serves, ``WATCHDOG=1`` from its serving loop (:class:`Watchdog`), ``STOPPING=1`` as it
+resets and exits. Outside systemd (no ``$NOTIFY_SOCKET``) nothing is sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+
+log = logging.getLogger(__name__)
+
+MIN_WATCHDOG_S = 1.0
+"""The shortest ``WatchdogSec=`` the actuator accepts: its loop serves in 0.1 s rounds,
+and one round's NVML calls (a reset per GPU) must fit with room to spare."""
+
+
+def notify_systemd(state: str, environ: Mapping[str, str] | None = None) -> None:
+    """``sd_notify(state)`` when systemd asked for it (``$NOTIFY_SOCKET``); else nothing."""
+    address = (os.environ if environ is None else environ).get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):  # an abstract socket
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.sendto(state.encode(), address)
+        except OSError as error:
+            log.debug("sd_notify failed: %s", error)
+
+
+def watchdog_seconds(environ: Mapping[str, str]) -> float | None:
+    """The unit's ``WatchdogSec=`` when systemd expects this process to ping it
+    (``$WATCHDOG_USEC`` set, ``$WATCHDOG_PID`` absent or this pid, ``$NOTIFY_SOCKET``
+    set); else None."""
+    pid = environ.get("WATCHDOG_PID")
+    if not environ.get("NOTIFY_SOCKET") or (pid is not None and pid != str(os.getpid())):
+        return None
+    raw = environ.get("WATCHDOG_USEC", "")
+    return int(raw) / 1e6 if raw.isdigit() and int(raw) > 0 else None
+
+
+class Watchdog:
+    """``WATCHDOG=1`` from the loop that does the work, at most every quarter of
+    ``WatchdogSec=``.
+
+    The loop calls :meth:`progress` after every round it completed; there is no thread
+    that pings on its own, so a round stuck in a call (an NVML call that hangs) sends
+    nothing, systemd's watchdog fires, and the unit's ``ExecStopPost=`` resets the clocks.
+
+    Args:
+        environ: for ``NOTIFY_SOCKET``, ``WATCHDOG_USEC`` and ``WATCHDOG_PID``.
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        environ: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._environ = dict(os.environ if environ is None else environ)
+        self.watchdog_s = watchdog_seconds(self._environ)
+        self._clock = clock
+        self._last_s = -math.inf
+        self.pings = 0
+
+    def problem(self) -> str | None:
+        """Why this ``WatchdogSec=`` cannot work (shorter than :data:`MIN_WATCHDOG_S`)."""
+        if self.watchdog_s is None or self.watchdog_s >= MIN_WATCHDOG_S:
+            return None
+        return (
+            f"the unit's WatchdogSec={self.watchdog_s:g}s is too short (the actuator serves "
+            f"in 0.1 s rounds); use at least {MIN_WATCHDOG_S:g}s"
+        )
+
+    def progress(self) -> None:
+        """A round of work completed: ping when a quarter of ``WatchdogSec=`` has passed."""
+        if self.watchdog_s is None:
+            return
+        now = self._clock()
+        if now - self._last_s >= self.watchdog_s / 4:
+            self._last_s = now
+            notify_systemd("WATCHDOG=1", self._environ)
+            self.pings += 1
