@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from deploytools import SYSTEMD, gpugov_executable, require_tool
 
 from gpugov.cli import build_parser
 from gpugov.daemon.config import ActuatorBackendConfig, load_config, parse_address
+from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.sd_notify import MIN_WATCHDOG_S
 
 INSTALLED_GPUGOV = "/opt/gpugov/venv/bin/gpugov"
@@ -255,3 +257,45 @@ def test_every_long_running_gpugov_has_a_watchdog(unit: Path) -> None:
     assert re.fullmatch(r"\d+s", watchdog), f"{unit.name}: no watchdog"
     assert int(watchdog[:-1]) >= MIN_WATCHDOG_S
 
+
+WILL_NOT_FIX_ITSELF = {ExitCode.USAGE, ExitCode.PERMISSION}
+"""Bad input and a missing privilege: restarting runs into the same error."""
+MAY_FIX_ITSELF = {ExitCode.FAILURE, ExitCode.NO_GPU, ExitCode.GPU_LOST, ExitCode.NOT_RESET}
+"""A driver that loads late, a GPU back after a reset, a failure that may pass."""
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
+def test_a_unit_does_not_restart_into_an_error_that_will_not_fix_itself(unit: Path) -> None:
+    """Exit 2 and 3 fail the unit at once (not five restarts into the same error); the
+    codes a restart may cure are still restarted."""
+    prevented = {ExitCode(int(code)) for code in one(unit, "RestartPreventExitStatus").split()}
+    assert prevented == WILL_NOT_FIX_ITSELF, unit.name
+    assert not prevented & MAY_FIX_ITSELF
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
+def test_the_units_own_command_with_bad_input_exits_with_a_code_it_does_not_restart(
+    unit: Path, tmp_path: Path
+) -> None:
+    """The unit's ExecStart with a bad config (`run`) or socket path (`actuator`) exits
+    with a code its RestartPreventExitStatus= holds, and says why."""
+    argv = shlex.split(one(unit, "ExecStart"))[1:]
+    if "--config" in argv:
+        bad = tmp_path / "config.toml"
+        bad.write_text('[daemon]\nperiod_s = "soon"\n')
+        argv[argv.index("--config") + 1] = str(bad)
+    else:
+        argv[argv.index("--socket") + 1] = str(tmp_path / "missing" / "a.sock")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFY_", "WATCHDOG_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "gpugov", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    prevented = {int(code) for code in one(unit, "RestartPreventExitStatus").split()}
+    assert result.returncode in prevented, (unit.name, result.returncode, result.stderr)
+    assert result.returncode == ExitCode.USAGE
+    assert result.stderr.startswith("gpugov: error:"), result.stderr
+    assert "Traceback" not in result.stderr
