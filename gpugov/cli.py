@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from gpugov import __version__
 
@@ -85,9 +85,56 @@ PATH_ERRNOS = frozenset(
 """OSError numbers that mean a path the user gave cannot be used (a usage error)."""
 
 
+_GIVEN = "_gpugov_given_options"
+"""Namespace attribute where :class:`_StoreOnce` notes each flag given so far (removed by
+:meth:`GpugovArgumentParser.parse_known_args`)."""
+
+
+class _StoreOnce(argparse._StoreAction):
+    """argparse's ``store``, refusing a flag given twice with different values: argparse
+    keeps the last one silently, so ``reset-clocks --gpus 0 --gpus 1`` left GPU 0 locked
+    and ``run --config a.toml --config b.toml`` ran one of two files. A deprecated alias
+    counts as its flag; a value repeated as it was is harmless and accepted."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        given: dict[str, tuple[str, Any]] = namespace.__dict__.setdefault(_GIVEN, {})
+        if option_string is not None:
+            earlier = given.get(self.dest)
+            if earlier is not None and earlier[1] != values:
+                first, value = earlier
+                if option_string == first:
+                    parser.error(f"{first} given twice ({value!r}, then {values!r}); give it once")
+                parser.error(
+                    f"{first} {value!r} and {option_string} {values!r} set the same thing; give one"
+                )
+            given[self.dest] = (option_string, values)
+        super().__call__(parser, namespace, values, option_string)
+
+
 class GpugovArgumentParser(argparse.ArgumentParser):
     """argparse with gpugov's one error line: ``gpugov: error: COMMAND: MESSAGE`` and exit
-    2, the same shape as every other refusal (argparse's own prints the usage first)."""
+    2, the same shape as every other refusal (argparse's own prints the usage first), and
+    a flag that takes a value refused when given twice with different values."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Argument groups share these registries, so their flags are covered too.
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's, without the note of the flags given in the namespace it returns."""
+        parsed, rest = super().parse_known_args(args, namespace)
+        parsed.__dict__.pop(_GIVEN, None)
+        return parsed, rest
 
     def error(self, message: str) -> NoReturn:
         """Print one error line naming the command and where its help is; exit 2."""

@@ -430,3 +430,51 @@ def test_reset_clocks_refuses_a_gpu_named_twice(
     assert node_cli.main(["reset-clocks", "--gpus", gpus]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpugov: error: --gpus: GPU ") and "named twice" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ["reset-clocks", "--gpus", "0", "--gpus", "1"],
+            "reset-clocks: --gpus given twice ('0', then '1'); give it once",
+        ),
+        (
+            ["run", "--config", "a.toml", "--config=b.toml"],
+            "run: --config given twice ('a.toml', then 'b.toml'); give it once",
+        ),
+        (
+            ["run", "--simulate", "--period", "1", "--control-period", "2"],
+            "run: --period 1.0 and --control-period 2.0 set the same thing; give one",
+        ),
+        (
+            ["model", "export", "--out", "a", "--out", "b"],
+            "model export: --out given twice ('a', then 'b'); give it once",
+        ),
+    ],
+)
+def test_a_flag_given_twice_with_two_values_is_refused_before_any_work(
+    argv: list[str], line: str, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse kept the last value silently: ``reset-clocks --gpus 0 --gpus 1`` reset
+    GPU 1 only and exited 0 with GPU 0 still locked."""
+    fake.gpus[0].locked = (900, 900)
+    assert node_cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith(f"gpugov: error: {line} (see gpugov ")
+    assert fake.writes == []
+
+
+def test_a_flag_repeated_with_its_value_is_accepted(
+    fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A wrapper that adds a flag the command line already has, with the same value,
+    changes nothing; the parsed arguments carry no trace of the check."""
+    assert node_cli.main(["reset-clocks", "--gpus", "1", "--gpus=1"]) == 0
+    assert capsys.readouterr().out == "GPU 1: SM clock lock reset\n"
+    assert fake.writes == [("nvmlDeviceResetGpuLockedClocks", 1)]
+    from gpugov.cli import build_parser
+
+    args = build_parser("status").parse_args(["status", "--backend", "nvml", "--backend", "nvml"])
+    assert not any(name.startswith("_gpugov") for name in vars(args))
