@@ -199,6 +199,16 @@ NVML_ERROR_MAP: dict[int, type[GpuError]] = {
 
 FUNCTION_NOT_FOUND = 13
 
+NO_DRIVER_CODES = frozenset({9, 12})
+"""NVML's DRIVER_NOT_LOADED and LIBRARY_NOT_FOUND: this machine has no NVIDIA driver."""
+
+NO_DRIVER_HINT = (
+    "no NVIDIA driver on this machine; without a GPU, run `gpugov emulate` and use its "
+    'GPUs (--backend emulated --emulator URL, or backend = "emulated" in the config)'
+)
+"""Appended to an NVML error of :data:`NO_DRIVER_CODES`: where a command goes on a machine
+without a GPU (a workstation, CI), instead of a bare "NVML Shared Library Not Found"."""
+
 
 def from_nvml(error: Any, action: str, *, gpu: str | None = None) -> GpuError:
     """Translate a ``pynvml.NVMLError`` into the daemon's tree (raise it ``from error``).
@@ -215,4 +225,6 @@ def from_nvml(error: Any, action: str, *, gpu: str | None = None) -> GpuError:
         message = f"{where}{action}: {PERMISSION_DENIED_MESSAGE}"
     else:
         message = f"{where}{action} failed: {error} (NVML code {code})"
+        if code in NO_DRIVER_CODES:
+            message = f"{message}: {NO_DRIVER_HINT}"
     return kind(message, gpu=gpu, code=code)

@@ -36,6 +36,7 @@ from gpugov.daemon.cli_support import UsageError, check_output_file
 from gpugov.daemon.config import DomainConfig, GpugovConfig, parse_address
 from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.daemon.errors import (
+    NO_DRIVER_CODES,
     ConfigError,
     ControllerError,
     GpugovError,
@@ -56,8 +57,6 @@ SLO_ALERTS = ("GpugovSLOAttainmentLow",)
 ROLE_SLOS = {"prefill": ("ttft_slo_s",), "decode": ("tpot_slo_s",)}
 """The SLOs the rules judge a disaggregated pool on (its role's latency); a colocated
 domain, or one whose role the engine's labels decide, is judged on both."""
-NO_DRIVER_CODES = frozenset({9, 12})
-"""NVML's DRIVER_NOT_LOADED and LIBRARY_NOT_FOUND: no NVIDIA driver on this machine."""
 
 
 @dataclass
@@ -329,7 +328,9 @@ def _nvml_or_none(
         module = nvml or (load_nvml or load_pynvml)()
         count = nvml_device_count(module)
     except GpuUnavailable as error:
-        if error.code is None or error.code in NO_DRIVER_CODES:
+        if error.code in NO_DRIVER_CODES:  # the error's line says where to go without one
+            report.lines.append(f"GPU checks skipped: {error}")
+        elif error.code is None:
             report.lines.append(f"GPU checks skipped: no NVIDIA driver here ({error})")
         else:
             report.problems.append(error)

@@ -179,8 +179,9 @@ def test_without_a_driver_the_gpu_part_is_skipped_in_one_line(
     assert node_cli.main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
     assert [line for line in out.splitlines() if "skipped" in line] == [
-        "  GPU checks skipped: no NVIDIA driver here (initialise NVML failed: "
-        "Driver Not Loaded (NVML code 9))"
+        "  GPU checks skipped: initialise NVML failed: Driver Not Loaded (NVML code 9): "
+        "no NVIDIA driver on this machine; without a GPU, run `gpugov emulate` and use its "
+        'GPUs (--backend emulated --emulator URL, or backend = "emulated" in the config)'
     ]
     # The controllers are still built: a missing profile is still refused.
     path.write_text(path.read_text() + '[domains.controller]\nkind = "mpc"\nprofile = "nope"\n')

@@ -478,3 +478,24 @@ def test_a_flag_repeated_with_its_value_is_accepted(
 
     args = build_parser("status").parse_args(["status", "--backend", "nvml", "--backend", "nvml"])
     assert not any(name.startswith("_gpugov") for name in vars(args))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["status"], ["status", "--json"], ["reset-clocks"], ["reset-clocks", "--gpus", "0"]],
+)
+def test_without_a_driver_the_line_points_at_the_emulated_gpus(
+    argv: list[str], fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a machine with no NVIDIA driver (a workstation, CI) the error says so and where
+    to go, not only NVML's "Driver Not Loaded"."""
+    fake.driver_loaded = False
+    code = node_cli.main(argv)
+    captured = capsys.readouterr()
+    said = (
+        json.loads(captured.out)["gpu_error"] if "--json" in argv else captured.out + captured.err
+    )
+    assert "Traceback" not in captured.err
+    assert "Driver Not Loaded (NVML code 9): no NVIDIA driver on this machine" in said
+    assert "gpugov emulate" in said and "--backend emulated --emulator URL" in said
+    assert code == (6 if argv[-1] == "0" else 4)

@@ -376,7 +376,7 @@ def test_check_config_says_whether_the_actuator_or_zeusd_answers(socket_path: Pa
     no_driver.driver_loaded = False
     report = check_node(actuator, nvml=no_driver)
     assert not report.problems
-    assert any("no NVIDIA driver here" in line for line in report.lines), report.lines
+    assert any("no NVIDIA driver on this machine" in line for line in report.lines), report.lines
     assert any("does not answer" in w or "unreachable" in w for w in report.warnings)
     served = Served(nvml, socket_path, str(os.getuid()))
     try:
