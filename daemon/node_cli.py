@@ -372,6 +372,12 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
         run_command(["nvidia-smi", "--reset-gpu-clocks"], 30.0)
         print("all GPUs: SM clock locks reset (nvidia-smi)")
         return EXIT_OK
+    named = [str(gpu) for gpu in chosen or () if isinstance(gpu, str)]
+    if kind == "emulated" and named:
+        # Read as a GPU that "may still be locked" (exit 6): no emulated GPU has a UUID name.
+        raise UsageError(
+            f"--gpus {', '.join(named)}: an emulated GPU is named by its index (0, 1, ...)"
+        )
     gpus: list[int | str] = list(gpu_indices(kind, emulator)) if chosen is None else chosen
     if chosen is not None and kind in ("nvml", "emulated"):
         _require_present(chosen, kind, emulator)

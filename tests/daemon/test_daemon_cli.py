@@ -499,3 +499,17 @@ def test_without_a_driver_the_line_points_at_the_emulated_gpus(
     assert "Driver Not Loaded (NVML code 9): no NVIDIA driver on this machine" in said
     assert "gpugov emulate" in said and "--backend emulated --emulator URL" in said
     assert code == (6 if argv[-1] == "0" else 4)
+
+
+def test_reset_clocks_refuses_a_uuid_for_emulated_gpus_as_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An emulated GPU has no UUID name: ``--gpus GPU-...`` is a usage error (exit 2),
+    not a GPU that "may still be locked" (exit 6), and no emulator is asked."""
+    argv = ["reset-clocks", "--backend", "emulated", "--emulator", "http://127.0.0.1:9"]
+    assert node_cli.main([*argv, "--gpus", "0,GPU-1234"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "gpugov: error: --gpus GPU-1234: an emulated GPU is named by its index (0, 1, ...)\n"
+    )
