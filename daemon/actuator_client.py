@@ -20,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import select
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -307,3 +309,28 @@ class ActuatorBackend(ReadThroughBackend):
         self._closed = True
         self._reader.close()
         self._release(self._client)
+
+
+def socket_path_taken(path: str, timeout_s: float = 1.0) -> str | None:
+    """Why the actuator cannot serve ``path``, checked before it opens a GPU: no such
+    directory, another kind of file there (never replaced), or another actuator answering
+    on it (a second one reset every GPU the first's governor held, then took its socket);
+    None when the path is free or a stale socket a dead actuator left."""
+    directory = os.path.dirname(path) or "/"
+    if not os.path.isdir(directory):
+        return f"no such directory {directory}"
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        return f"cannot use it: {error.strerror or error}"
+    if not stat.S_ISSOCK(mode):
+        return "exists and is not a socket; not replacing it"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(timeout_s)
+        try:
+            probe.connect(path)
+        except OSError:  # refused: nothing listens (stale), or not ours to reach
+            return None
+    return "another process serves this socket (an actuator already running?); stop it first"

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpugov.daemon.actuator_client import socket_path_taken
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.errors import (
     ExitCode,
@@ -669,12 +670,9 @@ def run_actuator(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, on_signal)
-    directory = os.path.dirname(args.socket) or "/"
-    if not os.path.isdir(directory):
-        print(
-            f"gpugov: error: actuator: --socket {args.socket}: no such directory {directory}",
-            file=sys.stderr,
-        )
+    taken = socket_path_taken(args.socket)  # before any GPU is opened (or reset)
+    if taken is not None:
+        print(f"gpugov: error: actuator: --socket {args.socket}: {taken}", file=sys.stderr)
         return int(ExitCode.USAGE)
     watchdog = Watchdog()
     if (problem := watchdog.problem()) is not None:

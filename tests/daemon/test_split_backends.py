@@ -398,3 +398,44 @@ def test_check_config_says_whether_the_actuator_or_zeusd_answers(socket_path: Pa
         assert any(line.startswith("zeusd ") and "answers" in line for line in report.lines)
     finally:
         zeusd.close()
+
+
+def test_a_second_actuator_touches_nothing_and_leaves_the_first_serving(
+    socket_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Started twice on one socket, the second actuator reset every GPU (the first's
+    governor's locks with them), then replaced the live socket. It now refuses in one
+    line before opening a GPU; a regular file at the path is refused the same way (it
+    was exit 4, after every GPU was reset)."""
+    import os
+    import signal
+
+    import gpugov.daemon.nvml as nvml_module
+    from gpugov.cli import main
+
+    nvml = FakeNvml(1)
+    monkeypatch.setattr(nvml_module, "load_pynvml", lambda: nvml)
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGQUIT)}
+    served = Served(nvml, socket_path, str(os.getuid()))
+    client, (gpu,) = _governor(nvml, socket_path)
+    try:
+        gpu.lock_clocks(1410, 1410)
+        writes = list(nvml.writes)
+        argv = ["actuator", "--gpus", "0", "--allow", str(os.getuid())]
+        assert main([*argv, "--socket", str(socket_path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--socket {socket_path}: another process serves" in err
+        assert nvml.writes == writes and nvml.locked(0) == (1410, 1410)
+        gpu.lock_clocks(1200, 1200)  # the first still serves its governor
+        assert nvml.locked(0) == (1200, 1200)
+        plain = socket_path.with_name("plain")
+        plain.write_text("kept\n")
+        assert main([*argv, "--socket", str(plain)]) == 2
+        assert "exists and is not a socket" in capsys.readouterr().err
+        assert plain.read_text() == "kept\n" and nvml.locked(0) == (1200, 1200)
+    finally:
+        gpu.close()
+        client.close()
+        served.stop()
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
