@@ -513,3 +513,32 @@ def test_reset_clocks_refuses_a_uuid_for_emulated_gpus_as_usage(
     assert captured.err == (
         "gpugov: error: --gpus GPU-1234: an emulated GPU is named by its index (0, 1, ...)\n"
     )
+
+
+def test_status_json_has_the_documented_keys(
+    fake: FakeNvml, metrics_server: MetricsServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The keys docs/commands.md lists for ``status --json``, on success and with no
+    driver (exit 4, the object still printed, ``gpu_error`` added)."""
+    assert node_cli.main(["status", "--json", "--engine-url", metrics_server.url]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) == {"backend", "may_lock_clocks", "gpus", "engines"}
+    assert set(report["gpus"][0]) == {
+        "index",
+        "name",
+        "uuid",
+        "supported_clock_range_mhz",
+        "supported_clock_count",
+        "sm_clock_mhz",
+        "power_w",
+        "temperature_c",
+        "utilization",
+        "power_limit_w",
+        "clock_event_reasons",
+    }
+    assert set(report["engines"][0]) == {"url", "reachable", "error"}
+    fake.driver_loaded = False
+    assert node_cli.main(["status", "--json"]) == 4
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) == {"backend", "may_lock_clocks", "gpus", "engines", "gpu_error"}
+    assert report["gpus"] == []
