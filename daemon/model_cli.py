@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import errno
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +66,36 @@ def stored_files(args: argparse.Namespace) -> list[tuple[str, Path]]:
         raise ModelCliError(
             "no state directory: pass --config, --state-dir or set $STATE_DIRECTORY"
         )
-    files = sorted(directory.glob("online-model-*.json"))
+    where = f"--state-dir {directory}" if args.state_dir else f"$STATE_DIRECTORY={directory}"
+    files = sorted(_model_files(directory, where))
     if not files:
         raise ModelCliError(f"{directory}: no learned model (online-model-*.json) here")
     return [(path.stem.removeprefix("online-model-"), path) for path in files]
+
+
+def _model_files(directory: Path, where: str) -> list[Path]:
+    """The ``online-model-*.json`` files in ``directory`` (``where``: how the user named
+    it, the flag or the environment variable, for the error line).
+
+    Raises:
+        ModelCliError: the directory is missing, not a directory or unreadable (a
+            symbolic link loop too); ``Path.glob`` finds nothing in each, which read as
+            "no learned model here" and hid a mistyped path.
+    """
+    try:
+        with os.scandir(directory) as entries:
+            names = [entry.name for entry in entries]
+    except OSError as error:
+        reason = {
+            errno.ENOENT: "no such directory",
+            errno.ENOTDIR: "not a directory",
+        }.get(error.errno or 0, f"cannot read it: {error.strerror or error}")
+        raise ModelCliError(f"{where}: {reason}") from error
+    return [
+        directory / name
+        for name in names
+        if name.startswith("online-model-") and name.endswith(".json")
+    ]
 
 
 def load_model(path: Path) -> tuple[dict[str, Any], OnlineModel]:

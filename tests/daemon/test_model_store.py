@@ -744,3 +744,34 @@ def test_a_prefill_latency_within_its_noise_of_zero_is_restored(
     refused = [message for message in wrapper.messages if "refused" in message]
     assert len(refused) == (0 if restored else 1)
     wrapper.close()
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda path: None, "no such directory"),
+        (lambda path: path.write_text("x"), "not a directory"),
+        (lambda path: path.symlink_to(path), "cannot read it"),
+    ],
+    ids=["missing", "a-file", "a-link-loop"],
+)
+def test_a_state_dir_that_is_no_directory_is_named_not_read_as_empty(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    make: object,
+    reason: str,
+) -> None:
+    """A mistyped --state-dir (or $STATE_DIRECTORY) is one line saying what is wrong with
+    it, not "no learned model here", which sent the user looking for a model."""
+    state = tmp_path / "state"
+    make(state)  # type: ignore[operator]
+    assert main(["model", "show", "--state-dir", str(state)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--state-dir {state}: {reason}" in err
+    assert "no learned model" not in err
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    assert main(["model", "export", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"$STATE_DIRECTORY={state}: {reason}" in err
+    assert not (tmp_path / "out").exists()
