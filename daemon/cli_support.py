@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import logging
 import math
@@ -336,7 +337,17 @@ def check_output_file(
         raise UsageError(f"{flag} {target}: is a directory; give a file name")
     if os.path.exists(target) and not os.path.isfile(target):
         raise UsageError(f"{flag} {target}: not a regular file (a device or a FIFO?)")
-    _check_writable_dir(flag, target, os.path.dirname(os.path.abspath(target)))
+    directory = os.path.dirname(os.path.abspath(target))
+    if os.path.islink(target) and not os.path.exists(target):
+        # A link to nothing yet: the write creates its target, so that target's directory
+        # is the one to check (a loop cannot be opened at all).
+        try:
+            os.stat(target)
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise UsageError(f"{flag} {target}: a symbolic link loop") from error
+        directory = os.path.dirname(os.path.realpath(target))
+    _check_writable_dir(flag, target, directory)
     if os.path.exists(target) and not os.access(target, os.W_OK):
         raise UsageError(f"{flag} {target}: file is not writable")
 

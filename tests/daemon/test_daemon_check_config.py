@@ -387,3 +387,28 @@ def test_an_mpc_profile_unlike_the_domains_gpus_is_warned_by_both(
     assert [m for m in logged if "mpc profile" in m] == [
         line.removeprefix("gpugov: warning: ") for line in warnings
     ]
+
+
+def test_a_record_path_that_is_a_link_is_judged_by_where_it_leads(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A link loop, or a link into a missing directory, is refused by check-config and
+    by run before any GPU is opened (check-config said OK and run failed after opening
+    them); a link to a file not yet written, in a directory that exists, is accepted."""
+    loop = tmp_path / "loop.jsonl"
+    loop.symlink_to(loop)
+    lost = tmp_path / "lost.jsonl"
+    lost.symlink_to(tmp_path / "missing" / "run.jsonl")
+    fresh = tmp_path / "fresh.jsonl"
+    fresh.symlink_to(tmp_path / "records-run.jsonl")
+    for link, reason in ((loop, "a symbolic link loop"), (lost, "does not exist")):
+        path = _write(tmp_path, daemon=f'record = "{link}"')
+        assert node_cli.main(["check-config", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"daemon.record {link}" in err and reason in err
+        assert _run_code(path) == 2
+        assert reason in capsys.readouterr().err
+        assert fake.initialized == 0
+    path = _write(tmp_path, daemon=f'record = "{fresh}"')
+    assert node_cli.main(["check-config", str(path)]) == 0
+    assert _run_code(path) == -1
