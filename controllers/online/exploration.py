@@ -355,6 +355,8 @@ class BacklogAge:
     age_s: float = 0.0
     _ticks: deque[tuple[float, float]] = field(default_factory=deque, repr=False)
     _earlier_s: float | None = None
+    _now_s: float = 0.0
+    _waiting: int = 0
 
     def update(self, observation: ServingObservation) -> float:
         """Fold one tick in; return the age of the oldest waiting request (0 when
@@ -368,6 +370,7 @@ class BacklogAge:
             ticks.clear()  # the arrivals went backwards (an engine restart) or another run
             self._earlier_s = None
         ticks.append((now, arrived))
+        self._now_s, self._waiting = now, int(waiting)
         # Every request that had arrived by the first kept tick has left the queue: drop it.
         while len(ticks) > 1 and (ticks[0][1] <= left or len(ticks) > self.maximum_ticks):
             self._earlier_s = ticks.popleft()[0]
@@ -378,6 +381,37 @@ class BacklogAge:
         since_s = head_s if self._earlier_s is None else 0.5 * (self._earlier_s + head_s)
         self.age_s = max(0.0, now - since_s)
         return self.age_s
+
+    def arrival_groups(self) -> list[tuple[int, float]]:
+        """The requests still waiting at the last update, grouped by the period they
+        arrived in, oldest first: ``(k, age_s)`` with ``k`` the waiting requests up to and
+        including that group and ``age_s`` theirs (from the middle of the period, as
+        :attr:`age_s` is for the oldest, which the first group carries); empty when
+        nothing waits."""
+        ticks = self._ticks
+        waiting = self._waiting
+        if waiting <= 0 or not ticks:
+            return []
+        left = ticks[-1][1] - waiting
+        groups: list[tuple[int, float]] = []
+        earlier = self._earlier_s
+        for time_s, arrived in ticks:
+            count = int(arrived - left)
+            if count > 0 and (not groups or count > groups[-1][0]):
+                since_s = time_s if earlier is None else 0.5 * (earlier + time_s)
+                age = self.age_s if not groups else max(0.0, self._now_s - since_s)
+                groups.append((count, age))
+            earlier = time_s
+        return groups
+
+    def ages_s(self) -> list[float]:
+        """The age of every request still waiting at the last update, oldest first."""
+        ages: list[float] = []
+        done = 0
+        for count, age in self.arrival_groups():
+            ages.extend([age] * (count - done))
+            done = count
+        return ages
 
 
 def _relative(mean: FloatArray, std: FloatArray) -> FloatArray:

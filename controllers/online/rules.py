@@ -232,9 +232,11 @@ class MeasuredLatencyRules:
           budget's looseness) less the time its oldest prompt has already waited
           (:class:`BacklogAge`, from the prompt counter and the backlog: the deadline does
           not slide by a period at every tick); where one prompt waits, plus its per-prompt
-          allowance, behind several the flat SLO, as the last may be short; a backlog only
-          the top clock drains in time needs the top clock, where the MPC's capped TTFT
-          penalty would give it up;
+          allowance, behind several the flat SLO, as the last may be short; or, where
+          several wait, each prompt by its own deadline (:meth:`_drains_in_order`) at a
+          clock whose mixed iteration meets the TPOT SLO (the longer drain's iterations
+          are the decoding replies'); a backlog only the top clock drains in time needs
+          the top clock, where the MPC's capped TTFT penalty would give it up;
         * **short answers**: beside decoding requests (or other waiting prompts, which
           decode beside the rest), a short answer gets all its tokens from mixed
           iterations, so its TPOT is the mixed iteration's time: that must fit the
@@ -284,8 +286,37 @@ class MeasuredLatencyRules:
                 # backlog). Behind several, the last may be short: the flat SLO.
                 credit = 1.0 if self.budget is None else self.budget.allowance_credit
                 target += credit * (observation.ttft_slo_per_prompt_token_s or 0.0) * backlog
-            fits &= math.ceil(backlog / chunk) * mixed <= target
+            drained = math.ceil(backlog / chunk) * mixed <= target
+            # Each prompt by its own deadline, where the longer drain's mixed iterations
+            # still give the replies decoding beside them their TPOT.
+            in_order = self._drains_in_order(backlog, chunk, mixed, target)
+            if observation.role != "prefill":
+                in_order &= mixed <= tpot_slo_s
+            # Prompts priced alike is an estimate, and one misjudged drain can cost every
+            # waiting prompt: only while the SLO window could afford them all.
+            budget = self.budget
+            if budget is None or budget.remaining >= budget.exposed:
+                drained |= in_order
+            fits &= drained
         return _first_fit(clocks, fits)
+
+    def _drains_in_order(
+        self, backlog: float, chunk: float, mixed: FloatArray, target: float
+    ) -> NDArray[np.bool_]:
+        """Per clock, whether the waiting prompts, prefilled first in first out, each get
+        their first token within ``target`` (from the oldest's age) counted from its own
+        arrival: the ``k``-th of ``w`` needs the first ``k / w`` of the backlog done by
+        then (the prompts priced alike, as the node's backlog prices them)."""
+        groups = self.backlog_age.arrival_groups()
+        if len(groups) < 2:
+            return math.ceil(backlog / chunk) * mixed <= target
+        count = float(groups[-1][0])
+        oldest = self.backlog_age.age_s
+        done = np.array([k for k, _ in groups], dtype=float) / count
+        slack = target + oldest - np.array([age for _, age in groups])
+        chunks = np.ceil(backlog * done / chunk)
+        fits = (chunks[:, None] * mixed[None, :] <= slack[:, None]).all(axis=0)
+        return fits
 
 
 def _chunk_tokens(observation: ServingObservation) -> float:

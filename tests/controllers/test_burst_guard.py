@@ -404,3 +404,91 @@ def test_a_prefill_pool_drains_in_chunks_without_a_decode_iteration() -> None:
     assert controller.burst_floor(pool, (ttft, 1.0)) < controller.burst_floor(
         colocated, (ttft, 1.0)
     )
+
+
+def test_the_backlog_age_gives_every_waiting_request_its_own_age() -> None:
+    from gpugov.controllers.online.exploration import BacklogAge
+
+    def tick(time_s: float, arrived: int, waiting: int) -> ServingObservation:
+        seen = _seen(backlog=1_000.0 * waiting, running=0, waiting=waiting)
+        return replace(seen, time_s=time_s, arrived_requests=arrived)
+
+    age = BacklogAge()
+    age.update(tick(0.0, 0, 0))
+    assert age.ages_s() == []
+    age.update(tick(0.25, 2, 2))  # two in (0, 0.25]
+    age.update(tick(0.5, 3, 3))  # one in (0.25, 0.5]
+    age.update(tick(0.75, 5, 5))  # two in (0.5, 0.75]
+    assert age.ages_s() == pytest.approx([0.625, 0.625, 0.375, 0.125, 0.125])
+    assert age.ages_s()[0] == pytest.approx(age.age_s)
+    age.update(tick(1.0, 5, 2))  # the first three have their first tokens
+    assert age.ages_s() == pytest.approx([0.375, 0.375])
+    age.update(tick(1.25, 5, 0))
+    assert age.ages_s() == []
+
+
+def _waited(controller: OnlineMPCController, ages: list[float], backlog: float) -> float | None:
+    """The burst guard's clock for ``len(ages)`` prompts waiting, having arrived ``ages``
+    seconds ago (oldest first, each at the middle of a 0.25 s period), beside 8 decodes."""
+    age = controller.backlog_age
+    now = 10.0
+    # Each request is first seen at the tick that closes the period it arrived in.
+    for time_s in np.arange(now - 2.0, now, 0.25):
+        arrived = sum(1 for a in ages if now - a + 0.125 <= time_s + 1e-9)
+        seen = _seen(backlog=1_000.0 * arrived, running=8, waiting=arrived)
+        age.update(replace(seen, time_s=float(time_s), arrived_requests=arrived))
+    burst = replace(
+        _seen(backlog=backlog, running=8, waiting=len(ages)), time_s=now, arrived_requests=len(ages)
+    )
+    age.update(burst)
+    assert age.ages_s() == pytest.approx(ages)
+    return controller.burst_floor(burst, (1.0, 10.0))
+
+
+def test_each_waiting_prompt_is_drained_by_its_own_deadline() -> None:
+    """Prefilled first in first out, the k-th of w waiting prompts needs only the first k/w
+    of the backlog by its own deadline, counted from its own arrival; the oldest's
+    deadline binds the backlog as a whole only where the prompts came together, where a
+    clock's longer drain would break the decoding replies' TPOT, or where the SLO window
+    could not afford every waiting prompt missing."""
+    z = OnlineMPCController().effective_z
+    backlog = 8 * CHUNK_TOKENS
+    margin = OnlineMPCController().slo_margin
+
+    def lowest(needs: list[tuple[float, float]]) -> float:
+        fitting = [
+            c
+            for c in CLOCKS
+            if all(
+                math.ceil(tokens / (CHUNK_TOKENS - 8)) * _mixed(c, 8, z) <= margin - age
+                for tokens, age in needs
+            )
+        ]
+        return min(fitting) if fitting else float(CLOCKS[-1])
+
+    together = _waited(_controller(), [0.375] * 4, backlog)
+    assert together == pytest.approx(lowest([(backlog, 0.375)]))
+    spread = _waited(_controller(), [0.375, 0.125, 0.125, 0.125], backlog)
+    expected = lowest([(backlog / 4, 0.375), (backlog, 0.125)])
+    assert spread == pytest.approx(expected)
+    assert together is not None and spread is not None and spread < together
+    # The newest prompts' deadlines relax the drain only where the longer drain's mixed
+    # iteration still meets the TPOT SLO of the replies decoding beside it.
+    # (The budget ahead, so that the short-answer rule stands down and only this binds.)
+    from gpugov.controllers.budget import SLOTarget
+
+    controller = OnlineMPCController(slo_target=SLOTarget(0.99))
+    controller.model = _Model()  # type: ignore[assignment]
+    assert controller.budget is not None
+    _waited(controller, [0.375, 0.125, 0.125, 0.125], backlog)
+    controller.budget.ahead = True
+    assert controller.spending and controller.looseness == 1.0
+    burst = replace(_seen(backlog=backlog, running=8, waiting=4), time_s=10.0, arrived_requests=4)
+    assert controller.burst_floor(burst, (1.0, 10.0)) == pytest.approx(spread)
+    tight_tpot = _mixed(together, 8, z) * 1.001
+    assert controller.burst_floor(burst, (1.0, tight_tpot)) == pytest.approx(together)
+    # Only while the SLO window could afford every waiting prompt (and the next) missing.
+    controller.budget.remaining, controller.budget.exposed = 4.0, 5.0
+    assert controller.burst_floor(burst, (1.0, 10.0)) == pytest.approx(together)
+    controller.budget.remaining = 5.0
+    assert controller.burst_floor(burst, (1.0, 10.0)) == pytest.approx(spread)
