@@ -771,6 +771,7 @@ class OnlineModel:
             raise ValueError(f"stored warmup_count must be a count, got {warmup_count!r}")
         if not np.all((ratio > 0.0) & (ratio <= 1.0)):
             raise ValueError("stored realised-clock ratios must lie in (0, 1]")
+        prior = (self.time.mean.copy(), self.time.prior_covariance.copy())
         self.time.load_state(state["time"])
         self.power.load_state(state["power"])
         self.thermal.load_state(state["thermal"])
@@ -778,6 +779,13 @@ class OnlineModel:
         self.visits = visits
         self.warmed_up = bool(state["warmed_up"])
         self._warmup_count = int(warmup_count)
+        if self.time.samples == 0:
+            # Saved before any busy window (a node stopped before its first traffic):
+            # nothing of latency was learned, and without a hint the prior predicts no
+            # latency at all. This model's own prior stands in for the stored one, and
+            # what was measured (power, thermal) is kept.
+            self.time.reset_prior(*prior)
+            return
         self.check_latencies()
 
     def check_latencies(self) -> None:

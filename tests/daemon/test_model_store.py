@@ -775,3 +775,31 @@ def test_a_state_dir_that_is_no_directory_is_named_not_read_as_empty(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"$STATE_DIRECTORY={state}: {reason}" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_saved_before_any_latency_was_learned_survives_restarts(tmp_path: Path) -> None:
+    """A node stopped before any busy window (no prior, no hint) saves a model with power
+    and thermal samples and no latency sample; its prior predicts no latency at all. It
+    was refused at every start as impossible and renamed ``.corrupt-``, one more file a
+    restart; it is restored, keeping what it measured, and learns latency afresh."""
+    for restart in range(3):
+        wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+        for tick in range(40):
+            idle = _idle(
+                float(tick) * 0.25,
+                name="llama",
+                power_w=120.0 + restart,
+                energy_j=30.0 * tick,
+                requested_clock_mhz=1980.0,
+                realized_clock_mhz=1980.0,
+                gpu_utilization=0.0,
+                temperature_c=40.0 + 0.1 * tick,
+            )
+            wrapper(idle)
+        wrapper.close()
+        assert not [message for message in wrapper.messages if "refused" in message]
+        assert wrapper.restored == (restart > 0)
+    assert not list(tmp_path.glob("online-model-llm.json.corrupt-*"))
+    stored = read_stored(model_path(tmp_path, "llm"))
+    assert stored["model"]["time"]["samples"] == 0
+    assert stored["model"]["power"]["samples"] > 0
