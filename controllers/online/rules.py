@@ -309,14 +309,13 @@ class MeasuredLatencyRules:
         then (the prompts priced alike, as the node's backlog prices them)."""
         groups = self.backlog_age.arrival_groups()
         if len(groups) < 2:
-            return math.ceil(backlog / chunk) * mixed <= target
+            return np.asarray(math.ceil(backlog / chunk) * mixed <= target, dtype=bool)
         count = float(groups[-1][0])
         oldest = self.backlog_age.age_s
         done = np.array([k for k, _ in groups], dtype=float) / count
         slack = target + oldest - np.array([age for _, age in groups])
         chunks = np.ceil(backlog * done / chunk)
-        fits = (chunks[:, None] * mixed[None, :] <= slack[:, None]).all(axis=0)
-        return fits
+        return np.asarray((chunks[:, None] * mixed[None, :] <= slack[:, None]).all(axis=0))
 
 
 def _chunk_tokens(observation: ServingObservation) -> float:
