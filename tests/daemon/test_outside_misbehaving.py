@@ -144,7 +144,8 @@ def _run(domains: Any, ticks: int) -> list[TickRecord]:
         b"1200",
         object(),
     ],
-    ids=repr,
+    # A bare object's repr holds its address, which differs between xdist workers.
+    ids=lambda answer: "object" if type(answer) is object else repr(answer),
 )
 def test_an_answer_that_is_not_a_clock_runs_the_top_clock_and_is_counted(
     governor: Any, answer: Any
