@@ -168,7 +168,9 @@ def test_a_sweep_records_a_sys_exit_cell_as_failed_and_keeps_the_others(
 def test_fleet_names_a_controller_that_raises_in_one_line(
     outside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # The bundled slice: the default trace is a shared one a fresh machine lacks.
     argv = ["fleet", "--controller", f"{outside}:fails_later", "--duration", "30"]
+    argv += ["--trace", "azure-conv-10min", "--trace-start", "0"]
     argv += ["--nodes", "2", "--no-step", "--budgets", "0.8", "--allocators", "uniform"]
     argv += ["--quiet", "--jobs", "1", "--out", str(tmp_path / "out")]
     assert main(argv) == 1
