@@ -813,7 +813,7 @@ class OnlineModel:
             )
             for row, what, lowest in checks:
                 mean = float(rows[row][0])
-                if not (mean > lowest or (lowest < 0.0 and mean >= lowest)):
+                if not (mean >= lowest if lowest < 0.0 else mean > lowest):
                     raise ValueError(
                         f"stored model predicts a {what} latency of {mean:.3g} s at its top "
                         f"clock {float(self.clocks_mhz[-1]):g} MHz, which no GPU gives"

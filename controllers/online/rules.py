@@ -287,29 +287,31 @@ class MeasuredLatencyRules:
                 credit = 1.0 if self.budget is None else self.budget.allowance_credit
                 target += credit * (observation.ttft_slo_per_prompt_token_s or 0.0) * backlog
             drained = math.ceil(backlog / chunk) * mixed <= target
-            # Each prompt by its own deadline, where the longer drain's mixed iterations
-            # still give the replies decoding beside them their TPOT.
-            in_order = self._drains_in_order(backlog, chunk, mixed, target)
-            if observation.role != "prefill":
-                in_order &= mixed <= tpot_slo_s
             # Prompts priced alike is an estimate, and one misjudged drain can cost every
-            # waiting prompt: only while the SLO window could afford them all.
+            # waiting prompt: each by its own deadline only while the SLO window could
+            # afford them all.
             budget = self.budget
             if budget is None or budget.remaining >= budget.exposed:
-                drained |= in_order
+                in_order = self._drains_in_order(backlog, chunk, mixed, target)
+                if in_order is not None:
+                    if observation.role != "prefill":
+                        # The longer drain's mixed iterations are the decoding replies'.
+                        in_order &= mixed <= tpot_slo_s
+                    drained |= in_order
             fits &= drained
         return _first_fit(clocks, fits)
 
     def _drains_in_order(
         self, backlog: float, chunk: float, mixed: FloatArray, target: float
-    ) -> NDArray[np.bool_]:
+    ) -> NDArray[np.bool_] | None:
         """Per clock, whether the waiting prompts, prefilled first in first out, each get
         their first token within ``target`` (from the oldest's age) counted from its own
         arrival: the ``k``-th of ``w`` needs the first ``k / w`` of the backlog done by
-        then (the prompts priced alike, as the node's backlog prices them)."""
+        then (the prompts priced alike, as the node's backlog prices them). None where
+        they all arrived in one period: the oldest's deadline is every prompt's."""
         groups = self.backlog_age.arrival_groups()
         if len(groups) < 2:
-            return np.asarray(math.ceil(backlog / chunk) * mixed <= target, dtype=bool)
+            return None
         count = float(groups[-1][0])
         oldest = self.backlog_age.age_s
         done = np.array([k for k, _ in groups], dtype=float) / count
