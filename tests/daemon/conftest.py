@@ -13,7 +13,7 @@ for _path in (HERE,):  # the fakes (fake_pynvml, daemon_support)
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from daemon_support import MetricsServer  # noqa: E402
+from daemon_support import MetricsServer, fixture_text  # noqa: E402
 from fake_pynvml import FakeNvml  # noqa: E402
 
 
@@ -44,3 +44,10 @@ def metrics_server():  # type: ignore[no-untyped-def]
     server = MetricsServer()
     yield server
     server.close()
+
+
+@pytest.fixture
+def vllm_server(metrics_server: MetricsServer) -> MetricsServer:
+    """A local /metrics endpoint serving the synthetic two-engine vLLM page."""
+    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
+    return metrics_server

@@ -6,7 +6,12 @@ Imported by name (``from daemon_support import ...``; ``conftest.py`` puts this 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+from gpugov.daemon.domain import Domain, TickRecord
+from gpugov.daemon.loop import RunStats, TimedLoop, VirtualClock, run
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -68,3 +73,33 @@ class MetricsServer:
 def fixture_text(name: str) -> str:
     """Contents of tests/daemon/fixtures/NAME."""
     return (FIXTURES / name).read_text()
+
+
+def run_ticks(
+    domains: Sequence[Domain],
+    ticks: int,
+    *,
+    on_step: Callable[[int, list[TickRecord]], None] | None = None,
+    loop: TimedLoop | None = None,
+    **options: Any,
+) -> tuple[list[TickRecord], RunStats]:
+    """The daemon loop over ``domains`` until ``ticks`` ticks have run, on virtual time
+    (1 s periods) unless ``loop`` is given: (every tick's records, the run's stats).
+    ``on_step(step, records so far)`` runs after each tick; ``options`` go to ``run``."""
+    clock = VirtualClock()
+    loop = loop or TimedLoop(1.0, clock=clock, sleep=clock.sleep)
+    records: list[TickRecord] = []
+
+    def sink(batch: Sequence[TickRecord]) -> None:
+        records.extend(batch)
+        if on_step is not None:
+            on_step(batch[0].step, records)
+
+    stats = run(
+        domains,
+        loop,
+        on_tick=sink,
+        before_tick=lambda now, step: step >= ticks,
+        **options,
+    )
+    return records, stats

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from daemon_support import MetricsServer, fixture_text
+from daemon_support import MetricsServer, fixture_text, run_ticks
 from fake_pynvml import FakeNvml
 
 from gpugov.daemon.config import parse_config
@@ -56,16 +56,7 @@ def _assembled(url: str, fake: FakeNvml) -> Assembled:
 
 
 def _run(domains: Sequence[Domain], ticks: int, **options: Any) -> list[TickRecord]:
-    clock = VirtualClock()
-    records: list[TickRecord] = []
-    run(
-        domains,
-        TimedLoop(1.0, clock=clock, sleep=clock.sleep),
-        on_tick=records.extend,
-        before_tick=lambda now, step: step >= ticks,
-        **options,
-    )
-    return records
+    return run_ticks(domains, ticks, **options)[0]
 
 
 @pytest.fixture

@@ -5,19 +5,18 @@ from __future__ import annotations
 import os
 import signal
 import urllib.request
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from daemon_support import MetricsServer, fixture_text
+from daemon_support import MetricsServer, fixture_text, run_ticks
 from fake_pynvml import FakeNvml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpugov.daemon.config import parse_config
-from gpugov.daemon.domain import Domain, TickRecord
+from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.errors import ConfigError, ControllerFailure, GpuLost, PermissionDenied
 from gpugov.daemon.exporter import Exporter
-from gpugov.daemon.loop import RunStats, TimedLoop, VirtualClock, run, stop_on_signals
+from gpugov.daemon.loop import TimedLoop, VirtualClock, run, stop_on_signals
 from gpugov.daemon.service import domains_from_config
 
 LOCK = "nvmlDeviceSetGpuLockedClocks"
@@ -35,43 +34,10 @@ def _config(url: str, **domain: Any) -> Any:
     return parse_config({"daemon": {"period_s": 1.0}, "domains": [section]})
 
 
-def _run(
-    domains: Sequence[Domain],
-    ticks: int,
-    *,
-    on_step: Callable[[int, list[TickRecord]], None] | None = None,
-    exporter: Exporter | None = None,
-    loop: TimedLoop | None = None,
-) -> tuple[list[TickRecord], RunStats]:
-    clock = VirtualClock()
-    loop = loop or TimedLoop(1.0, clock=clock, sleep=clock.sleep)
-    records: list[TickRecord] = []
-
-    def sink(batch: Sequence[TickRecord]) -> None:
-        records.extend(batch)
-        if on_step is not None:
-            on_step(batch[0].step, records)
-
-    stats = run(
-        domains,
-        loop,
-        exporter=exporter,
-        on_tick=sink,
-        before_tick=lambda now, step: step >= ticks,
-    )
-    return records, stats
-
-
-@pytest.fixture
-def vllm_server(metrics_server: MetricsServer) -> MetricsServer:
-    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
-    return metrics_server
-
-
 def test_locks_once_and_resets_on_stop(vllm_server: MetricsServer) -> None:
     fake = FakeNvml(2)
     assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
-    records, stats = _run(assembled.domains, 5)
+    records, stats = run_ticks(assembled.domains, 5)
     assembled.close()
     assert stats.ticks == 5
     assert [r.requested_mhz for r in records] == [1410.0] * 5
@@ -99,7 +65,7 @@ def test_engine_down_then_back(vllm_server: MetricsServer) -> None:
                 scraped[step] = response.read().decode()
 
     try:
-        records, _ = _run(assembled.domains, 11, on_step=on_step, exporter=exporter)
+        records, _ = run_ticks(assembled.domains, 11, on_step=on_step, exporter=exporter)
     finally:
         exporter.close()
         assembled.close()
@@ -132,7 +98,7 @@ def test_failsafe_unlock_mode(vllm_server: MetricsServer) -> None:
         vllm_server.down = step >= 1
 
     assembled = domains_from_config(config, nvml=fake)
-    records, _ = _run(assembled.domains, 5, on_step=on_step)
+    records, _ = run_ticks(assembled.domains, 5, on_step=on_step)
     assembled.close()
     assert records[-1].failsafe and records[-1].applied_mhz is None
     assert fake.writes[:2] == [(LOCK, 0, 1410, 1410), (RESET, 0)]
@@ -142,7 +108,7 @@ def test_no_engine_at_start_goes_failsafe(metrics_server: MetricsServer) -> None
     metrics_server.down = True
     fake = FakeNvml(1)
     assembled = domains_from_config(_config(metrics_server.url, gpus=[0]), nvml=fake)
-    records, _ = _run(assembled.domains, 2)
+    records, _ = run_ticks(assembled.domains, 2)
     assembled.close()
     assert all(r.failsafe for r in records)
     assert fake.writes[0] == (LOCK, 0, 1980, 1980)
@@ -152,7 +118,7 @@ def test_permission_denied_stops_with_nothing_locked(vllm_server: MetricsServer)
     fake = FakeNvml(2, permission=False)
     assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
     with pytest.raises(PermissionDenied, match="CAP_SYS_ADMIN"):
-        _run(assembled.domains, 5)
+        run_ticks(assembled.domains, 5)
     assembled.close()
     assert fake.writes == []
     assert fake.locked(0) is None and fake.locked(1) is None
@@ -167,7 +133,7 @@ def test_gpu_lost_mid_run_resets_the_rest(vllm_server: MetricsServer) -> None:
             fake.lose(1)
 
     with pytest.raises(GpuLost):
-        _run(assembled.domains, 10, on_step=on_step)
+        run_ticks(assembled.domains, 10, on_step=on_step)
     assembled.close()
     assert fake.locked(0) is None
     assert fake.writes[-1] == (RESET, 0)
@@ -183,7 +149,7 @@ def test_transient_read_errors_survived(vllm_server: MetricsServer) -> None:
         if step == 1:
             fake.fail("nvmlDeviceGetTemperatureV", fp.NVML_ERROR_TIMEOUT, times=2)
 
-    records, stats = _run(assembled.domains, 5, on_step=on_step)
+    records, stats = run_ticks(assembled.domains, 5, on_step=on_step)
     assembled.close()
     assert stats.ticks == 5
     assert records[2].gpu_read_errors == ("0:temperature", "1:temperature")
@@ -201,7 +167,7 @@ def test_sigterm_resets_clocks(vllm_server: MetricsServer) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
 
     with stop_on_signals(loop.stop):
-        records, _ = _run(assembled.domains, 1000, on_step=on_step, loop=loop)
+        records, _ = run_ticks(assembled.domains, 1000, on_step=on_step, loop=loop)
     assembled.close()
     assert len(records) == 4
     assert fake.writes[-2:] == [(RESET, 0), (RESET, 1)]
@@ -225,7 +191,7 @@ def test_a_controller_exception_is_survived_with_the_failsafe(
 
     domain.controller = flaky
     with caplog.at_level("WARNING", logger="gpugov.daemon.loop"):
-        records, stats = _run(assembled.domains, 8)
+        records, stats = run_ticks(assembled.domains, 8)
     assembled.close()
     assert stats.ticks == 8
     # Ticks 2 and 3 hold the fail-safe (the top clock), then the controller decides again.
@@ -252,7 +218,7 @@ def test_controller_exception_in_unlock_mode_unlocks(vllm_server: MetricsServer)
         return float(inner(observation))
 
     domain.controller = flaky
-    records, _ = _run(assembled.domains, 4)
+    records, _ = run_ticks(assembled.domains, 4)
     assembled.close()
     assert records[2].failsafe and records[2].applied_mhz is None
     assert fake.writes[:3] == [(LOCK, 0, 1410, 1410), (RESET, 0), (LOCK, 0, 1410, 1410)]
@@ -334,7 +300,7 @@ def test_exit_resets_first_then_closes_each_controller_on_its_own(
 
         domain.actuator.restore = restoring  # type: ignore[method-assign]
     with caplog.at_level("WARNING", logger="gpugov.daemon.loop"):
-        _run(assembled.domains, 2)
+        run_ticks(assembled.domains, 2)
     assembled.close()
     # Every reset before any close; a close that raises (not an OSError) neither skips
     # the resets nor the other domain's close.
@@ -346,7 +312,7 @@ def test_exit_resets_first_then_closes_each_controller_on_its_own(
 def test_dry_run_writes_nothing(vllm_server: MetricsServer) -> None:
     fake = FakeNvml(2)
     assembled = domains_from_config(_config(vllm_server.url), dry_run=True, nvml=fake)
-    records, _ = _run(assembled.domains, 3)
+    records, _ = run_ticks(assembled.domains, 3)
     assembled.close()
     assert fake.writes == []
     assert records[-1].applied_mhz == 1410  # what it would have locked
@@ -371,7 +337,7 @@ def test_two_domains(metrics_server: MetricsServer) -> None:
         }
     )
     assembled = domains_from_config(config, nvml=fake)
-    records, _ = _run(assembled.domains, 2)
+    records, _ = run_ticks(assembled.domains, 2)
     assembled.close()
     assert {(r.domain, r.requested_mhz) for r in records} == {("a", 1200.0), ("b", 1980.0)}
     assert sorted(w for w in fake.writes if w[0] == RESET) == [(RESET, 0), (RESET, 1), (RESET, 2)]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import MetricsServer, fixture_text
+from daemon_support import MetricsServer, run_ticks
 from fake_pynvml import FakeNvml
 
 from gpugov.controllers.contract import layers
@@ -69,12 +69,6 @@ def hanging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     yield hanging_governor
     hanging_governor.release.set()
     sys.modules.pop("hanging_governor", None)
-
-
-@pytest.fixture
-def engine(metrics_server: MetricsServer) -> MetricsServer:
-    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
-    return metrics_server
 
 
 def _config(url: str, *, failsafe: str = "max", **controller: Any) -> Any:
@@ -217,43 +211,24 @@ def test_the_config_bounds_the_deadline(hanging: Any) -> None:
 
 
 # --------------------------------------------------------------- the real loop
-def _run_real(
-    domains: Any, ticks: int, on_step: Any = None, **options: Any
-) -> tuple[list[TickRecord], Any]:
-    """The real loop on real time until ``ticks`` ticks have run."""
-    records: list[TickRecord] = []
-
-    def sink(batch: Any) -> None:
-        records.extend(batch)
-        if on_step is not None:
-            on_step(batch[0].step)
-
-    stats = run(
-        domains,
-        TimedLoop(PERIOD_S),
-        on_tick=sink,
-        before_tick=lambda now, step: step >= ticks,
-        **options,
-    )
-    return records, stats
-
-
 @pytest.mark.parametrize("failsafe", ["max", "unlock"])
 def test_a_hung_outside_controller_costs_ticks_at_the_failsafe_not_the_loop(
-    engine: MetricsServer, hanging: Any, caplog: pytest.LogCaptureFixture, failsafe: str
+    vllm_server: MetricsServer, hanging: Any, caplog: pytest.LogCaptureFixture, failsafe: str
 ) -> None:
     fake = FakeNvml(1)
-    assembled = domains_from_config(_config(engine.url, failsafe=failsafe), nvml=fake)
+    assembled = domains_from_config(_config(vllm_server.url, failsafe=failsafe), nvml=fake)
     domain = assembled.domains[0]
 
-    def on_step(step: int) -> None:
+    def on_step(step: int, records: list[TickRecord]) -> None:
         if step == 6:
             hanging.hang_from[0] = 10**9
             hanging.release.set()
 
     try:
         with caplog.at_level("WARNING", logger="gpugov.daemon.loop"):
-            records, stats = _run_real(assembled.domains, 14, on_step)
+            records, stats = run_ticks(
+                assembled.domains, 14, on_step=on_step, loop=TimedLoop(PERIOD_S)
+            )
     finally:
         assembled.close()
     assert stats.ticks == 14  # the loop kept ticking through the hang
@@ -287,10 +262,10 @@ def test_a_hung_outside_controller_costs_ticks_at_the_failsafe_not_the_loop(
 
 
 def test_a_persistent_hang_stops_the_daemon_with_the_clocks_reset(
-    engine: MetricsServer, hanging: Any
+    vllm_server: MetricsServer, hanging: Any
 ) -> None:
     fake = FakeNvml(1)
-    assembled = domains_from_config(_config(engine.url), nvml=fake)
+    assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
     records: list[TickRecord] = []
     try:
         with pytest.raises(ControllerFailure) as info:
@@ -315,7 +290,7 @@ def test_a_persistent_hang_stops_the_daemon_with_the_clocks_reset(
     assert fake.writes[-1] == (RESET, 0) and fake.locked(0) is None
 
 
-def test_an_in_tree_controller_runs_on_the_loops_thread(engine: MetricsServer) -> None:
+def test_an_in_tree_controller_runs_on_the_loops_thread(vllm_server: MetricsServer) -> None:
     fake = FakeNvml(1)
     config = parse_config(
         {
@@ -324,7 +299,7 @@ def test_an_in_tree_controller_runs_on_the_loops_thread(engine: MetricsServer) -
                 {
                     "name": "llm",
                     "gpus": [0],
-                    "engine": {"kind": "vllm", "url": engine.url},
+                    "engine": {"kind": "vllm", "url": vllm_server.url},
                     "controller": {"kind": "reactive"},
                 }
             ],
@@ -344,7 +319,7 @@ def test_an_in_tree_controller_runs_on_the_loops_thread(engine: MetricsServer) -
     innermost.inner = spy  # type: ignore[attr-defined]
     before = {t.ident for t in threading.enumerate()}
     try:
-        _run_real(assembled.domains, 3)
+        run_ticks(assembled.domains, 3, loop=TimedLoop(PERIOD_S))
     finally:
         assembled.close()
     assert seen == [threading.main_thread()] * 3

@@ -9,7 +9,7 @@ import logging
 
 import fake_pynvml as fp
 import pytest
-from daemon_support import MetricsServer, fixture_text
+from daemon_support import MetricsServer, run_ticks
 from fake_pynvml import FakeNvml
 from test_daemon_observer import StubGpu, StubSource
 
@@ -19,7 +19,6 @@ from gpugov.daemon.config import parse_config
 from gpugov.daemon.engines import EngineSample
 from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import EngineUnavailable, TransientGpuError
-from gpugov.daemon.loop import TimedLoop, VirtualClock, run
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DomainObserver
 from gpugov.plant.types import ServingObservation
@@ -155,12 +154,6 @@ class FlappingSource:
         return self.page
 
 
-@pytest.fixture
-def vllm_server(metrics_server: MetricsServer) -> MetricsServer:
-    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
-    return metrics_server
-
-
 def _domain(url: str, fake: FakeNvml):  # type: ignore[no-untyped-def]
     from gpugov.daemon.service import domains_from_config
 
@@ -187,13 +180,8 @@ def test_a_controller_raising_now_and_then_logs_one_run_a_minute(
     assembled = _domain(vllm_server.url, FakeNvml(1))
     domain = assembled.domains[0]
     domain.controller = SometimesRaising()
-    clock = VirtualClock()
     with caplog.at_level(logging.WARNING, logger="gpugov.daemon.loop"):
-        run(
-            [domain],
-            TimedLoop(1.0, clock=clock, sleep=clock.sleep),
-            before_tick=lambda now, step: step >= 130,
-        )
+        run_ticks([domain], 130)
     assembled.close()
     raised = _warnings(caplog, "raised RuntimeError")
     assert len(raised) == 3  # at 2 s, 62 s and 122 s, of 43 failures
@@ -210,13 +198,8 @@ def test_an_engine_stale_now_and_then_logs_one_fail_safe_a_minute(
     domain = assembled.domains[0]
     page = domain.observer.source.scrape()
     domain.observer.source = FlappingSource(page)
-    clock = VirtualClock()
     with caplog.at_level(logging.WARNING, logger="gpugov.daemon.loop"):
-        run(
-            [domain],
-            TimedLoop(1.0, clock=clock, sleep=clock.sleep),
-            before_tick=lambda now, step: step >= 134,
-        )
+        run_ticks([domain], 134)
     assembled.close()
     entered = _warnings(caplog, "; fail-safe: maximum clock")
     ended = _warnings(caplog, "engine data back; fail-safe ended")

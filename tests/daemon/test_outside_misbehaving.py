@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from daemon_support import MetricsServer, fixture_text
+from daemon_support import MetricsServer, run_ticks
 from fake_pynvml import FakeNvml
 
 from gpugov.controllers.contract import layers
@@ -24,7 +24,7 @@ from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.deadline import DecisionDeadline
 from gpugov.daemon.decide import ControllerContext, build_controller, warm_up
 from gpugov.daemon.domain import TickRecord
-from gpugov.daemon.loop import TimedLoop, run
+from gpugov.daemon.loop import TimedLoop
 from gpugov.daemon.outside import OutsideController, OutsideExit, not_a_clock
 from gpugov.daemon.safety import invalid_decisions
 from gpugov.daemon.service import domains_from_config
@@ -81,12 +81,6 @@ def governor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     sys.modules.pop("misbehaving_governor", None)
 
 
-@pytest.fixture
-def engine(metrics_server: MetricsServer) -> MetricsServer:
-    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
-    return metrics_server
-
-
 def _observation(step: int = 0) -> ServingObservation:
     return ServingObservation(
         time_s=float(step),
@@ -117,14 +111,8 @@ def _node(url: str, factory: str) -> Any:
 
 
 def _run(domains: Any, ticks: int) -> list[TickRecord]:
-    records: list[TickRecord] = []
-    run(
-        domains,
-        TimedLoop(PERIOD_S),
-        on_tick=records.extend,
-        before_tick=lambda now, step: step >= ticks,
-    )
-    return records
+    """The real loop on real time until ``ticks`` ticks have run: their records."""
+    return run_ticks(domains, ticks, loop=TimedLoop(PERIOD_S))[0]
 
 
 # ------------------------------------------------------------------ the edge alone
@@ -199,11 +187,13 @@ def test_the_controller_decides_on_its_own_copy_of_the_observation(governor: Any
 
 # ------------------------------------------------------------------ on a node
 def test_a_node_logs_one_line_and_runs_the_top_clock_for_an_answer_not_a_clock(
-    engine: MetricsServer, governor: Any, caplog: pytest.LogCaptureFixture
+    vllm_server: MetricsServer, governor: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     governor.answer[0] = "fast"
     fake = FakeNvml(1)
-    assembled = domains_from_config(_node(engine.url, "misbehaving_governor:scripted"), nvml=fake)
+    assembled = domains_from_config(
+        _node(vllm_server.url, "misbehaving_governor:scripted"), nvml=fake
+    )
     domain = assembled.domains[0]
     try:
         with caplog.at_level("WARNING", logger="gpugov.daemon.loop"):
@@ -220,12 +210,14 @@ def test_a_node_logs_one_line_and_runs_the_top_clock_for_an_answer_not_a_clock(
 
 
 def test_a_node_survives_sys_exit_in_a_decision_and_resets_the_clocks(
-    engine: MetricsServer, governor: Any, caplog: pytest.LogCaptureFixture
+    vllm_server: MetricsServer, governor: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     governor.answer[0] = 900.0
     governor.exit_at[0] = 2
     fake = FakeNvml(1)
-    assembled = domains_from_config(_node(engine.url, "misbehaving_governor:scripted"), nvml=fake)
+    assembled = domains_from_config(
+        _node(vllm_server.url, "misbehaving_governor:scripted"), nvml=fake
+    )
     domain = assembled.domains[0]
     try:
         with caplog.at_level("WARNING", logger="gpugov.daemon.loop"):
@@ -242,10 +234,12 @@ def test_a_node_survives_sys_exit_in_a_decision_and_resets_the_clocks(
 
 
 def test_a_node_records_the_observation_the_controller_could_not_change(
-    engine: MetricsServer, governor: Any
+    vllm_server: MetricsServer, governor: Any
 ) -> None:
     fake = FakeNvml(1)
-    assembled = domains_from_config(_node(engine.url, "misbehaving_governor:vandal"), nvml=fake)
+    assembled = domains_from_config(
+        _node(vllm_server.url, "misbehaving_governor:vandal"), nvml=fake
+    )
     try:
         records = _run(assembled.domains, 3)
     finally:
@@ -257,7 +251,7 @@ def test_a_node_records_the_observation_the_controller_could_not_change(
 
 
 def test_a_warm_up_that_never_returns_does_not_stall_the_node_start(
-    engine: MetricsServer, governor: Any, caplog: pytest.LogCaptureFixture
+    vllm_server: MetricsServer, governor: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The warm-up runs within the decision deadline on the worker thread: the start goes
     on, and the loop's ticks hold the fail-safe until the hung call returns."""
@@ -265,7 +259,7 @@ def test_a_warm_up_that_never_returns_does_not_stall_the_node_start(
     fake = FakeNvml(1)
     with caplog.at_level("WARNING", logger="gpugov.daemon.service"):
         assembled = domains_from_config(
-            _node(engine.url, "misbehaving_governor:scripted"), nvml=fake
+            _node(vllm_server.url, "misbehaving_governor:scripted"), nvml=fake
         )
     domain = assembled.domains[0]
     assert any("warm-up decision did not return" in r.getMessage() for r in caplog.records)
