@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
 import pytest
 from synthetic import make_plant, make_profile
 
@@ -16,3 +21,23 @@ def profile() -> PerformanceProfile:
 @pytest.fixture
 def plant() -> ServingPlant:
     return make_plant()
+
+
+@pytest.fixture
+def module_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[str, str], str]]:
+    """``write(name, source)``: module ``name`` (``source`` dedented) in the test's temporary
+    folder, on ``sys.path`` for the test to import or name as ``name:factory``; returns
+    ``name``. Each module written is forgotten after the test, so the next imports afresh."""
+    written: list[str] = []
+
+    def write(name: str, source: str) -> str:
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        monkeypatch.syspath_prepend(str(tmp_path))
+        written.append(name)
+        return name
+
+    yield write
+    for name in written:
+        sys.modules.pop(name, None)

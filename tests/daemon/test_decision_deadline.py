@@ -6,11 +6,8 @@ wall-clock one; they assert what happened tick by tick, not how long it took."""
 from __future__ import annotations
 
 import copy
-import sys
-import textwrap
 import threading
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -60,15 +57,13 @@ def make(context):
 
 
 @pytest.fixture
-def hanging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def hanging(module_on_path: Callable[[str, str], str]) -> Iterator[Any]:
     """The module ``hanging_governor``; whatever a test leaves hung is released after it."""
-    (tmp_path / "hanging_governor.py").write_text(textwrap.dedent(PACKAGE))
-    monkeypatch.syspath_prepend(str(tmp_path))
+    module_on_path("hanging_governor", PACKAGE)
     import hanging_governor
 
     yield hanging_governor
     hanging_governor.release.set()
-    sys.modules.pop("hanging_governor", None)
 
 
 def _config(url: str, *, failsafe: str = "max", **controller: Any) -> Any:

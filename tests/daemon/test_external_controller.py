@@ -5,8 +5,7 @@ node's factory in the safety chain and scored on the plant like any kind."""
 from __future__ import annotations
 
 import sys
-import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
@@ -64,12 +63,9 @@ def fails_later(context):
 
 
 @pytest.fixture
-def outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def outside(module_on_path: Callable[[str, str], str]) -> str:
     """An importable module ``outside_governor`` in a temporary directory."""
-    (tmp_path / "outside_governor.py").write_text(textwrap.dedent(PACKAGE))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "outside_governor"
-    sys.modules.pop("outside_governor", None)
+    return module_on_path("outside_governor", PACKAGE)
 
 
 def observation(busy: bool) -> ServingObservation:

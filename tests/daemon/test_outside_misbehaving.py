@@ -6,10 +6,8 @@ and every lock is reset at exit."""
 from __future__ import annotations
 
 import math
-import sys
-import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,15 +68,13 @@ def vandal(context):
 
 
 @pytest.fixture
-def governor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def governor(module_on_path: Callable[[str, str], str]) -> Iterator[Any]:
     """The module ``misbehaving_governor``; anything left hung is released after a test."""
-    (tmp_path / "misbehaving_governor.py").write_text(textwrap.dedent(PACKAGE))
-    monkeypatch.syspath_prepend(str(tmp_path))
+    module_on_path("misbehaving_governor", PACKAGE)
     import misbehaving_governor
 
     yield misbehaving_governor
     misbehaving_governor.release.set()
-    sys.modules.pop("misbehaving_governor", None)
 
 
 def _observation(step: int = 0) -> ServingObservation:

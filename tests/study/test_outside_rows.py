@@ -5,9 +5,7 @@ the sweep's other cells are kept)."""
 from __future__ import annotations
 
 import json
-import sys
-import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -57,12 +55,9 @@ def not_a_number(context):
 
 
 @pytest.fixture
-def outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def outside(module_on_path: Callable[[str, str], str]) -> str:
     """An importable module ``study_misbehaving`` in a temporary directory."""
-    (tmp_path / "study_misbehaving.py").write_text(textwrap.dedent(PACKAGE))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "study_misbehaving"
-    sys.modules.pop("study_misbehaving", None)
+    return module_on_path("study_misbehaving", PACKAGE)
 
 
 def test_a_failing_outside_row_leaves_the_board_of_the_other_rows(
