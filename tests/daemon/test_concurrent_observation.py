@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from daemon_support import MetricsServer, fixture_text, run_ticks
+from daemon_support import MetricsServer, run_ticks
 from fake_pynvml import FakeNvml
 
 from gpugov.daemon.config import parse_config
@@ -57,12 +57,6 @@ def _assembled(url: str, fake: FakeNvml) -> Assembled:
 
 def _run(domains: Sequence[Domain], ticks: int, **options: Any) -> list[TickRecord]:
     return run_ticks(domains, ticks, **options)[0]
-
-
-@pytest.fixture
-def vllm_server(metrics_server: MetricsServer) -> MetricsServer:
-    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
-    return metrics_server
 
 
 def test_domains_are_observed_at_once_and_decide_in_order(vllm_server: MetricsServer) -> None:

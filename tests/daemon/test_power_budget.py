@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import MetricsServer, fixture_text
+from daemon_support import MetricsServer
 from fake_pynvml import NVML_ERROR_NOT_SUPPORTED, FakeNvml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -173,12 +173,6 @@ def _config(url: str, **domain: Any) -> Any:
         **domain,
     }
     return parse_config({"daemon": {"period_s": 1.0}, "domains": [section]})
-
-
-@pytest.fixture
-def vllm_server(metrics_server: MetricsServer) -> MetricsServer:
-    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
-    return metrics_server
 
 
 def _samples(page: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
