@@ -297,22 +297,70 @@ def detect_format(path: Path, text: str) -> str:
     )
 
 
-def _check_stamp(
-    path: Path,
-    line: int,
-    named: str,
-    stamp: Any,
-    origin: Any,
-    previous: Any,
-    previous_line: int | None,
-) -> None:
-    """Refuse a timestamp (``named``: its field and text) earlier than the one before it
-    (at ``previous_line``), or so far from the first (``origin``) that their span is no
-    finite number of seconds."""
-    if previous is not None and stamp < previous:
-        raise trace_error(path, line, f"{named} goes backwards (line {previous_line} is later)")
-    if not math.isfinite(float(stamp) - float(origin)):
-        raise trace_error(path, line, f"{named} is too far from the first")
+class _Columns:
+    """The columns of a trace's rows as they are parsed: each timestamp refused when it is
+    earlier than the one before it or so far from the first that their span is no finite
+    number of seconds, arrivals relative to the first (divided by ``unit``: 1 for
+    seconds), a row with a zero token count counted as skipped.
+
+    ``first`` gives a raw timestamp as :attr:`ParsedTrace.first_timestamp_raw` records it,
+    ``named`` the field and timestamp an error names (built only for an error)."""
+
+    def __init__(
+        self,
+        path: Path,
+        unit: float,
+        first: Callable[[Any], str],
+        named: Callable[[Any], str],
+    ) -> None:
+        self.path = path
+        self.unit = unit
+        self.first = first
+        self.named = named
+        self.ids: array[int] = array("q")
+        self.arrivals: array[float] = array("d")
+        self.prompts: array[int] = array("q")
+        self.outputs: array[int] = array("q")
+        self.rows = 0
+        self.skipped = 0
+        self.first_raw = ""
+        self.origin: Any = 0
+        self.previous: Any = None
+        self.previous_line = 0
+
+    def add(self, line: int, raw: Any, stamp: Any, prompt: int, output: int) -> None:
+        """The row at ``line``: timestamp ``stamp`` (``raw`` as the file gives it)."""
+        if self.previous is None:
+            self.first_raw, self.origin = self.first(raw), stamp
+        elif stamp < self.previous:
+            raise trace_error(
+                self.path,
+                line,
+                f"{self.named(raw)} goes backwards (line {self.previous_line} is later)",
+            )
+        if not math.isfinite(float(stamp) - float(self.origin)):
+            raise trace_error(self.path, line, f"{self.named(raw)} is too far from the first")
+        self.previous, self.previous_line = stamp, line
+        if prompt == 0 or output == 0:
+            self.skipped += 1
+        else:
+            self.ids.append(self.rows)
+            self.arrivals.append((stamp - self.origin) / self.unit)
+            self.prompts.append(prompt)
+            self.outputs.append(output)
+        self.rows += 1
+
+    def parsed(self) -> ParsedTrace:
+        """The columns parsed."""
+        return ParsedTrace(
+            self.ids,
+            self.arrivals,
+            self.prompts,
+            self.outputs,
+            self.rows,
+            self.skipped,
+            self.first_raw,
+        )
 
 
 def _parse_csv(
@@ -356,17 +404,14 @@ def _parse_csv_rows(
     )
     width = len(header)
     azure_clock = _AzureClock() if fmt == "azure" else None
-
-    ids: array[int] = array("q")
-    arrivals: array[float] = array("d")
-    prompts: array[int] = array("q")
-    outputs: array[int] = array("q")
-    record = 0
-    skipped = 0
-    first_raw = ""
-    origin: Any = 0
-    previous: float | int | None = None
-    previous_line = 0
+    # Azure's integer nanoseconds: the subtraction is exact, then one rounding to seconds;
+    # the other formats' seconds are floats already.
+    columns = _Columns(
+        path,
+        1e9 if azure_clock is not None else 1.0,
+        str.strip,
+        lambda raw: f"field {ts_col!r}: timestamp {raw.strip()!r}",
+    )
     for row in reader:
         line = reader.line_num
         if not row or not any(cell.strip() for cell in row):
@@ -388,31 +433,10 @@ def _parse_csv_rows(
             stamp = _seconds(raw_ts, ts_col, path, line)
         prompt = _token_count(row[i_prompt], prompt_col, path, line)
         output = _token_count(row[i_output], output_col, path, line)
-        if previous is None:
-            first_raw, origin = raw_ts.strip(), stamp
-        _check_stamp(
-            path,
-            line,
-            f"field {ts_col!r}: timestamp {raw_ts.strip()!r}",
-            stamp,
-            origin,
-            previous,
-            previous_line,
-        )
-        previous, previous_line = stamp, line
-        if prompt == 0 or output == 0:
-            skipped += 1
-        else:
-            ids.append(record)
-            # Azure's integer nanoseconds: the subtraction is exact, then one rounding to
-            # seconds; the other formats' seconds are floats already.
-            arrivals.append((stamp - origin) / 1e9 if azure_clock is not None else stamp - origin)
-            prompts.append(prompt)
-            outputs.append(output)
-        record += 1
-    if record == 0:
+        columns.add(line, raw_ts, stamp, prompt, output)
+    if columns.rows == 0:
         raise trace_error(path, reader.line_num + 1, "no data rows after the header")
-    return ParsedTrace(ids, arrivals, prompts, outputs, record, skipped, first_raw)
+    return columns.parsed()
 
 
 def _parse_mooncake(
@@ -420,16 +444,9 @@ def _parse_mooncake(
 ) -> ParsedTrace:
     """Parse Mooncake JSON lines (timestamps in ms); arrivals relative to the first line.
     ``report`` gets the fraction of the text parsed (see :func:`_blocks`)."""
-    ids: array[int] = array("q")
-    arrivals: array[float] = array("d")
-    prompts: array[int] = array("q")
-    outputs: array[int] = array("q")
-    record = 0
-    skipped = 0
-    first_raw = ""
-    origin = 0.0
-    previous: float | None = None
-    previous_line = 0
+    columns = _Columns(
+        path, 1000.0, json.dumps, lambda raw: f"field 'timestamp': timestamp {raw!r}"
+    )
     line = 0
     if not text:
         raise trace_error(path, 1, "empty file (no data rows)")
@@ -449,29 +466,10 @@ def _parse_mooncake(
         stamp = _seconds(raw_ts, "timestamp", path, line)
         prompt = _token_count(item["input_length"], "input_length", path, line)
         output = _token_count(item["output_length"], "output_length", path, line)
-        if previous is None:
-            first_raw, origin = json.dumps(raw_ts), stamp
-        _check_stamp(
-            path,
-            line,
-            f"field 'timestamp': timestamp {raw_ts!r}",
-            stamp,
-            origin,
-            previous,
-            previous_line,
-        )
-        previous, previous_line = stamp, line
-        if prompt == 0 or output == 0:
-            skipped += 1
-        else:
-            ids.append(record)
-            arrivals.append((stamp - origin) / 1000.0)
-            prompts.append(prompt)
-            outputs.append(output)
-        record += 1
-    if record == 0:
+        columns.add(line, raw_ts, stamp, prompt, output)
+    if columns.rows == 0:
         raise trace_error(path, line + 1, "no data rows (empty trace)")
-    return ParsedTrace(ids, arrivals, prompts, outputs, record, skipped, first_raw)
+    return columns.parsed()
 
 
 def parse_trace(
