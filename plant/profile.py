@@ -677,9 +677,9 @@ def _check_batch_power(profile: PerformanceProfile, manifest_path: Path) -> None
 MAX_ENGINE_COUNT = 1e12
 """The largest engine count (a batch, a context, KV tokens) a profile may state."""
 MAX_TENSOR_PARALLEL = 1024
+"""The largest TP degree a profile may state (a rack-scale NVLink domain holds 576 GPUs)."""
 MAX_CLOCK_MHZ = 100_000.0
 """The highest clock a profile may list (the daemon's flags and config take no more)."""
-"""The largest TP degree a profile may state (a rack-scale NVLink domain holds 576 GPUs)."""
 
 
 def _is_number(value: object) -> bool:
