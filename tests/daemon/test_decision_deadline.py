@@ -227,10 +227,17 @@ def test_a_hung_outside_controller_costs_ticks_at_the_failsafe_not_the_loop(
     finally:
         assembled.close()
     assert stats.ticks == 14  # the loop kept ticking through the hang
-    failsafe_ticks = [r.step for r in records if r.failsafe]
+    # A slow scrape on a loaded machine can make a tick an engine fail-safe one: that is
+    # the other chain, so the controller's ticks are the ones with the engine data fresh.
+    engine_ticks = {r.step for r in records if r.engine_error is not None}
+    failsafe_ticks = [r.step for r in records if r.failsafe and r.step not in engine_ticks]
     # The hung tick itself is the first fail-safe one (within its deadline, one period),
     # and every tick while the call runs; after the release it decides again.
-    assert failsafe_ticks[0] == 2 and failsafe_ticks == list(range(2, failsafe_ticks[-1] + 1))
+    hung = min(s for s in range(2, 14) if s not in engine_ticks)  # the first call from step 2
+    assert failsafe_ticks[0] == hung
+    assert failsafe_ticks == [
+        s for s in range(failsafe_ticks[0], failsafe_ticks[-1] + 1) if s not in engine_ticks
+    ]
     assert 6 <= failsafe_ticks[-1] <= 8
     assert all(r.decision_mhz is None for r in records if r.failsafe)
     assert records[-1].requested_mhz == 345.0 and not records[-1].failsafe
@@ -239,7 +246,7 @@ def test_a_hung_outside_controller_costs_ticks_at_the_failsafe_not_the_loop(
     else:
         assert all(r.applied_mhz is None for r in records if r.failsafe)
     # One call was hung; no other call started while it ran.
-    assert hanging.calls.count(2) == 1 and not {3, 4, 5, 6} & set(hanging.calls)
+    assert hanging.calls.count(hung) == 1 and not set(range(hung + 1, 7)) & set(hanging.calls)
     assert domain.fallback_counts()["controller_timeout"] == len(failsafe_ticks)
     assert "controller_error" not in domain.fallback_counts()
     lines = [r.getMessage() for r in caplog.records]
@@ -279,8 +286,14 @@ def test_a_persistent_hang_stops_the_daemon_with_the_clocks_reset(
         "domain llm: controller 'hanging_governor:make' did not decide in time 3 time(s) in a row"
     )
     assert isinstance(info.value.__cause__, DecisionTimeout)
-    assert len(records) == 4  # two decisions, two survived timeouts, the third stops it
-    assert hanging.calls == [0, 0, 1, 2]  # the warm-up's, two decisions, the hung one
+    # A slow scrape on a loaded machine can make a tick an engine fail-safe one (the other
+    # chain: the controller is not asked, and its count of timeouts in a row stands).
+    engine_ticks = [r.step for r in records if r.engine_error is not None]
+    decided = [r.step for r in records if not r.failsafe]
+    timed_out = [r.step for r in records if r.failsafe and r.engine_error is None]
+    assert len(timed_out) == 2  # two survived timeouts; the third stops it, unrecorded
+    assert decided == [s for s in (0, 1) if s not in engine_ticks]
+    assert hanging.calls == [0, *decided, timed_out[0]]  # the warm-up's, decisions, the hung one
     assert (LOCK, 0, 345, 345) in fake.writes
     assert fake.writes[-1] == (RESET, 0) and fake.locked(0) is None
 
