@@ -28,6 +28,17 @@ def test_capture_is_the_scoreboards_and_none_where_it_does_not_hold() -> None:
     assert module._capture(100.0, 70.0, 100.0, True) is None  # the oracle saves nothing
 
 
+def test_no_capture_after_the_warm_up_where_the_run_ends_in_a_brief_drain() -> None:
+    """Past the warm-up a run whose arrivals ended early drains for seconds: a capture over
+    them is no measure, so none is reported under the share the benchmark requires."""
+    module = bench_script("online_zoo")
+    share = module.MIN_AFTER_WARMUP_SHARE
+    after = module._capture_after_warmup(100.0, 100.0 * share, 100.0 * share - 1.0, 0.0, True)
+    assert after == pytest.approx(1.0 / (100.0 * share))
+    assert module._capture_after_warmup(100.0, 100.0 * share - 0.1, 1.0, 0.0, True) is None
+    assert module._capture_after_warmup(100.0, 50.0, 40.0, 30.0, False) is None
+
+
 def test_summary_counts_holds_and_takes_medians_over_what_is_defined() -> None:
     module = bench_script("online_zoo")
     rows = [
