@@ -217,7 +217,7 @@ class OnlineMPCController(MeasuredLatencyRules):
         :data:`PARK_MEMORY_S` (idle parking)."""
         self._decode_pressures: deque[tuple[float, float]] = deque()
         """(time, TPOT pressure) measured over the last :data:`PARK_MEMORY_S` (a
-        colocated GPU's idle parking in the warm-up)."""
+        colocated GPU's idle parking)."""
         self.backlog_age = BacklogAge()
         self.budget = (
             None
@@ -569,7 +569,7 @@ class OnlineMPCController(MeasuredLatencyRules):
         parked = self.idle_prefill_clock(observation, slos)
         if not self.spending and self.exploration.backing_off(observation, maximum):
             self.last_reason = "backoff"
-        elif parked is not None:
+        elif parked is not None and (observation.role == "prefill" or not model.warmed_up):
             self.last_reason = "idle-park"
             self.current_clock = parked
             if self.mpc is not None:
@@ -596,7 +596,14 @@ class OnlineMPCController(MeasuredLatencyRules):
                 decision = min(decision, descent)
                 floor = max(min(floor, bound), self.exploration.backoff_floor(model.clocks_mhz))
             self.current_clock = max(decision, floor, guard or 0.0)
-            if guard is not None and guard > max(decision, floor):
+            if parked is not None and max(parked, guard or 0.0) < self.current_clock:
+                # An idle colocated GPU past the warm-up: the MPC's fluid model spreads
+                # the expected prompts over every period and prices each as prefilled at
+                # that period's clock, where one arriving is raised at the next decision.
+                # The parking bound caps it (the clump floor kept).
+                self.current_clock = max(parked, guard or 0.0)
+                self.last_reason = "idle-park"
+            elif guard is not None and guard > max(decision, floor):
                 self.last_reason = "burst-guard"
             elif window is not None and self.current_clock < undescended - 1e-9:
                 # Lowered by the descent: its clock, or the MPC's decision its bound let

@@ -7,7 +7,8 @@ too unsure (``docs/online.md``).
   decoding requests, whose mixed iteration fits the TPOT SLO;
 * the **decode descent** (:meth:`MeasuredLatencyRules.descent_window`): in a decode-only
   window, the lower clocks the measured latency and the 1/f law allow;
-* the **idle parking** of a prefill pool (:meth:`MeasuredLatencyRules.idle_prefill_clock`);
+* the **idle parking** of an idle GPU (:meth:`MeasuredLatencyRules.idle_prefill_clock`):
+  a prefill pool's, and a colocated GPU's, which caps the MPC's decision past the warm-up;
 * the attainment budget's view the rules read (looseness, spending, the trusted ``z``).
 
 :class:`MeasuredLatencyRules` is a mixin of
@@ -33,11 +34,12 @@ from gpugov.plant.types import ServingObservation
 FloatArray = NDArray[np.float64]
 
 PARK_MEMORY_S = 60.0
-"""How long a measured latency pressure counts for idle parking."""
+"""How long a measured latency pressure counts for idle parking (the last one measured
+counts until a newer one comes: a long idle gap measures nothing)."""
 
 
 class MeasuredLatencyRules:
-    """The burst guard, the decode descent and a prefill pool's idle parking (module
+    """The burst guard, the decode descent and an idle GPU's parking (module
     notes), over the state :class:`~controllers.online.controller.OnlineMPCController`
     keeps: the learned model, the exploration policy, the arrival and backlog trackers
     and the attainment budget."""
@@ -85,8 +87,10 @@ class MeasuredLatencyRules:
     ) -> float | None:
         """The clock an idle GPU parks at, or None where parking does not apply: the
         lowest clock for an idle prefill pool (role ``prefill``), and for a colocated GPU
-        in its warm-up (which otherwise holds the top clock, idle or not) the lowest clock
-        the measured TTFT and TPOT allow.
+        the lowest clock the measured TTFT and TPOT allow: its clock in the warm-up (which
+        otherwise holds the top clock, idle or not), and past it a cap on the MPC's
+        decision, whose fluid model prices a prompt arriving in an idle period as
+        prefilled at that period's clock and so idles high where prompts are long.
 
         A prompt that arrives meanwhile runs at most one control period at the parked
         clock before the next decision raises it. A prefill pool parks while the worst
@@ -98,8 +102,9 @@ class MeasuredLatencyRules:
         worst TTFT under the threshold, and the prompt's first tokens decode there, so
         ``f`` is also no lower than where the worst TPOT of the last
         :data:`PARK_MEMORY_S` would meet it (and it parks only once a TTFT and a TPOT
-        have been measured). It needs no model, so it applies in the warm-up; past it
-        the MPC prices an idle window itself."""
+        have been measured). It needs no model, so it applies in the warm-up too. The
+        pressures of the last :data:`PARK_MEMORY_S` count, or the last one measured where
+        none is that recent."""
         ttft_ratio, tpot_ratio = SLOFeedback.latency_ratios(observation)
         slo_s = observation.ttft_recent_slo_s
         if ttft_ratio is not None and slo_s is not None and slo_s > 0.0:
@@ -111,13 +116,13 @@ class MeasuredLatencyRules:
         if tpot_ratio is not None:
             self._decode_pressures.append((observation.time_s, tpot_ratio))
         horizon = observation.time_s - PARK_MEMORY_S
-        while self._prefill_pressures and self._prefill_pressures[0][0] < horizon:
+        while len(self._prefill_pressures) > 1 and self._prefill_pressures[0][0] < horizon:
             self._prefill_pressures.popleft()
-        while self._decode_pressures and self._decode_pressures[0][0] < horizon:
+        while len(self._decode_pressures) > 1 and self._decode_pressures[0][0] < horizon:
             self._decode_pressures.popleft()
         model = self.model
         assert model is not None
-        if observation.role == "decode" or (observation.role != "prefill" and model.warmed_up):
+        if observation.role == "decode":
             return None
         if slos is None or not _idle(observation) or not self._prefill_pressures:
             return None
