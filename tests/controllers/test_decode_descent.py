@@ -5,6 +5,7 @@ clock of least decode energy by the model's optimistic prediction."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -292,19 +293,31 @@ def test_an_idle_colocated_gpu_parks_in_its_warm_up_where_the_measured_latency_a
     assert controller.idle_prefill_clock(busy, (2.0, 0.05)) is None
 
 
-def _lone_long_prompts(seed: int, duration_s: float) -> list[Request]:
-    """Long prompts arriving one at a time, a few hundred tokens out: small batches."""
+def _one_at_a_time(
+    seed: int,
+    duration_s: float,
+    gap: Callable[[np.random.Generator], float],
+    prompts: tuple[int, int],
+    outputs: tuple[int, int],
+) -> list[Request]:
+    """Requests arriving one at a time, ``gap(rng)`` seconds apart, with prompt and
+    output lengths drawn uniformly from the given ranges."""
     rng = np.random.default_rng(seed)
     requests: list[Request] = []
     time_s = 0.0
     while time_s < duration_s:
-        time_s += 1.0 + rng.exponential(3.0)
+        time_s += gap(rng)
         requests.append(
-            Request(
-                len(requests), time_s, int(rng.integers(4000, 12000)), int(rng.integers(100, 500))
-            )
+            Request(len(requests), time_s, int(rng.integers(*prompts)), int(rng.integers(*outputs)))
         )
     return requests
+
+
+def _lone_long_prompts(seed: int, duration_s: float) -> list[Request]:
+    """Long prompts arriving one at a time, a few hundred tokens out: small batches."""
+    return _one_at_a_time(
+        seed, duration_s, lambda rng: 1.0 + rng.exponential(3.0), (4000, 12000), (100, 500)
+    )
 
 
 def test_on_a_memory_bound_plant_with_lone_long_prompts_it_saves_and_holds() -> None:
@@ -459,17 +472,9 @@ def test_in_a_decode_only_window_the_mpc_goes_below_the_floor_down_to_the_bound(
 def _sparse_long_prompts(seed: int, duration_s: float) -> list[Request]:
     """Prompts of 8k-20k tokens (up to 1 s of prefill at the top clock), one every
     4-12 s: an idle GPU most of the time."""
-    rng = np.random.default_rng(seed)
-    requests: list[Request] = []
-    time_s = 0.0
-    while time_s < duration_s:
-        time_s += 4.0 + rng.uniform(0.0, 8.0)
-        requests.append(
-            Request(
-                len(requests), time_s, int(rng.integers(8000, 20000)), int(rng.integers(20, 200))
-            )
-        )
-    return requests
+    return _one_at_a_time(
+        seed, duration_s, lambda rng: 4.0 + rng.uniform(0.0, 8.0), (8000, 20000), (20, 200)
+    )
 
 
 def test_past_the_warm_up_an_idle_gpu_parks_below_the_top_clock_and_holds() -> None:
