@@ -84,15 +84,17 @@ def all_rules() -> list[tuple[Path, dict[str, Any]]]:
     return [(path, rule) for path in RULE_FILES for rule in rules_in(path)]
 
 
-def dashboard_panels() -> list[dict[str, Any]]:
-    """Every non-row panel of the committed dashboard, those in collapsed rows included."""
-    board = json.loads(DASHBOARD.read_text())
+def dashboard() -> dict[str, Any]:
+    """The committed dashboard JSON."""
+    return json.loads(DASHBOARD.read_text())
+
+
+def panels(board: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every non-row panel, including those nested in collapsed rows."""
     out: list[dict[str, Any]] = []
-    stack = list(board["panels"])
-    while stack:
-        panel = stack.pop(0)
+    for panel in board["panels"]:
         if panel["type"] == "row":
-            stack[:0] = panel.get("panels", [])
+            out.extend(panel.get("panels", []))
         else:
             out.append(panel)
     return out

@@ -5,15 +5,12 @@ Prometheus in ``test_deploy_live.py``."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 from types import ModuleType
-from typing import Any
 
-from deploytools import GRAFANA, require_module
+from deploytools import DASHBOARD, GRAFANA, dashboard, panels, require_module
 
 GENERATOR = GRAFANA / "dashboard.py"
-COMMITTED = GRAFANA / "gpugov-dashboard.json"
 REGENERATE = ".venv/bin/python deploy/grafana/dashboard.py > deploy/grafana/gpugov-dashboard.json"
 
 
@@ -27,25 +24,9 @@ def generator() -> ModuleType:
     return module
 
 
-def dashboard() -> dict[str, Any]:
-    """The committed dashboard JSON."""
-    return json.loads(COMMITTED.read_text())
-
-
-def panels(board: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every non-row panel, including those nested in collapsed rows."""
-    out = []
-    for panel in board["panels"]:
-        if panel["type"] == "row":
-            out.extend(panel.get("panels", []))
-        else:
-            out.append(panel)
-    return out
-
-
 def test_committed_json_is_up_to_date() -> None:
     built = generator().dashboard_json()
-    assert COMMITTED.read_text() == built, f"the dashboard JSON is stale; run: {REGENERATE}"
+    assert DASHBOARD.read_text() == built, f"the dashboard JSON is stale; run: {REGENERATE}"
 
 
 def test_json_round_trips_through_the_sdk_model() -> None:

@@ -22,7 +22,6 @@ these checks are what catch it.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from functools import cache
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploytools import DASHBOARD, DEPLOY, REPO, all_rules, dashboard_panels
+from deploytools import DEPLOY, REPO, all_rules, dashboard, panels
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -246,11 +245,11 @@ def expressions() -> Iterator[tuple[str, str, list[str]]]:
             for text in rule.get("annotations", {}).values():
                 printed += re.findall(r"\$labels\.(\w+)", text)
         yield f"{path.name}: {rule.get('alert') or rule['record']}", rule["expr"], printed
-    for panel in dashboard_panels():
+    for panel in panels(dashboard()):
         for target in panel["targets"]:
             printed = re.findall(r"\{\{\s*(\w+)\s*\}\}", target.get("legendFormat", ""))
             yield f"panel {panel['title']!r}/{target['refId']}", target["expr"], printed
-    board = json.loads(DASHBOARD.read_text())
+    board = dashboard()
     for variable in board["templating"]["list"]:
         query = variable.get("query")
         match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", query or "")

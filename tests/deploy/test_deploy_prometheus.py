@@ -11,22 +11,23 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 from deploytools import (
     OPERATOR_GUIDE,
     PROMETHEUS,
+    RULE_FILES,
     all_rules,
-    dashboard_panels,
+    dashboard,
     mentions,
+    panels,
     require_module,
     require_tool,
+    rules_in,
 )
 
 yaml = require_module("yaml")
 
-RULE_FILES = sorted((PROMETHEUS / "rules").glob("*.rules.yml"))
 ALERT_RULES = PROMETHEUS / "rules" / "gpugov-alerts.rules.yml"
 RECORDING_RULES = PROMETHEUS / "rules" / "gpugov-recording.rules.yml"
 UNIT_TESTS = PROMETHEUS / "tests" / "gpugov.test.yml"
@@ -45,15 +46,9 @@ def promtool(*args: str, cwd: Path = PROMETHEUS) -> str:
     return output
 
 
-def rules(path: Path) -> list[dict[str, Any]]:
-    """Every rule of every group in a rule file."""
-    document = yaml.safe_load(path.read_text())
-    return [rule for group in document["groups"] for rule in group["rules"]]
-
-
 def alert_names() -> list[str]:
     """The alerts defined in the alert rule file."""
-    return [rule["alert"] for rule in rules(ALERT_RULES)]
+    return [rule["alert"] for rule in rules_in(ALERT_RULES)]
 
 
 def test_rule_files_are_the_expected_ones() -> None:
@@ -117,7 +112,7 @@ def test_every_alert_fires_and_clears_in_the_unit_tests(rule_file: Path, unit_te
                 fired.add(name)
             elif name in firing_in_case:
                 cleared_after_firing.add(name)
-    names = [rule["alert"] for rule in rules(rule_file) if "alert" in rule]
+    names = [rule["alert"] for rule in rules_in(rule_file) if "alert" in rule]
     assert names, f"{rule_file.name} defines no alert"
     for name in names:
         assert name in fired, f"{name} never fires in {unit_tests.name}"
@@ -133,7 +128,7 @@ def test_alerts_are_documented(rule_file: Path) -> None:
         re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-")
         for heading in re.findall(r"^#+ (.+)$", guide, flags=re.M)
     }
-    for rule in (rule for rule in rules(rule_file) if "alert" in rule):
+    for rule in (rule for rule in rules_in(rule_file) if "alert" in rule):
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}
         for key in ("summary", "description", "runbook_url"):
             assert rule["annotations"].get(key), f"{rule['alert']}: no {key}"
@@ -154,7 +149,7 @@ def test_alerts_are_documented(rule_file: Path) -> None:
     ids=["recording", "power-budget", "energy"],
 )
 def test_recording_rule_names_follow_the_convention(rule_file: Path, levels: set[str]) -> None:
-    for rule in (rule for rule in rules(rule_file) if "record" in rule):
+    for rule in (rule for rule in rules_in(rule_file) if "record" in rule):
         level, metric, operations = rule["record"].split(":")
         assert level in levels, rule["record"]
         assert metric.startswith("gpugov_"), rule["record"]
@@ -175,12 +170,12 @@ def test_check_config_names_exactly_the_rules_that_need_the_slos() -> None:
     grown = True
     while grown:
         grown = False
-        for rule in rules(RECORDING_RULES):
+        for rule in rules_in(RECORDING_RULES):
             if rule["record"] not in recorded and reads(rule["expr"], needs | recorded):
                 recorded.add(rule["record"])
                 grown = True
     assert recorded == set(SLO_RECORDING_RULES)
-    alerts = [r["alert"] for r in rules(ALERT_RULES) if reads(r["expr"], needs | recorded)]
+    alerts = [r["alert"] for r in rules_in(ALERT_RULES) if reads(r["expr"], needs | recorded)]
     assert alerts == list(SLO_ALERTS)
 
 
@@ -219,7 +214,7 @@ def users(name: str) -> list[str]:
     for _, rule in all_rules():
         if rule.get("record") != name and mentions(rule["expr"], name):
             found.append(rule.get("alert") or rule["record"])
-    for panel in dashboard_panels():
+    for panel in panels(dashboard()):
         if any(mentions(target["expr"], name) for target in panel["targets"]):
             found.append(panel["title"])
     return sorted(set(found))
@@ -263,7 +258,7 @@ def test_every_recorded_series_named_anywhere_is_recorded() -> None:
     }
     texts |= {
         f"panel {panel['title']!r}": target["expr"]
-        for panel in dashboard_panels()
+        for panel in panels(dashboard())
         for target in panel["targets"]
     }
     repo = OPERATOR_GUIDE.parents[1]
