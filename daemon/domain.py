@@ -222,15 +222,18 @@ class Domain:
     def _invalid_decision(self, invalid: int, now_s: float, step: int) -> None:
         """Log a decision that was not a clock (the chain ran the top clock instead): the
         first one, then at most one line a minute with the count."""
-        if invalid <= self._invalid_logged:
-            return
+        first = self._invalid_logged == 0
+        if invalid <= self._invalid_logged or (
+            not first and now_s - self._invalid_logged_s < CONTROLLER_ERROR_LOG_EVERY_S
+        ):
+            return  # before the chain walk: a controller never answering a clock is here every tick
         outside = outside_layer(self.controller)
         what = (
             outside.last_invalid
             if outside is not None and outside.last_invalid is not None
             else "a non-finite value"
         )
-        if self._invalid_logged == 0:
+        if first:
             log.warning(
                 "domain %s: controller %r returned %s at t=%.3fs (step %d), not a clock in "
                 "MHz; the top clock instead (counted as invalid_decision)",
@@ -240,7 +243,7 @@ class Domain:
                 now_s,
                 step,
             )
-        elif now_s - self._invalid_logged_s >= CONTROLLER_ERROR_LOG_EVERY_S:
+        else:
             log.warning(
                 "domain %s: controller %r still returns no clock: %d invalid decision(s) "
                 "so far, the last %s",
@@ -249,8 +252,6 @@ class Domain:
                 invalid,
                 what,
             )
-        else:
-            return
         self._invalid_logged = invalid
         self._invalid_logged_s = now_s
 
