@@ -545,8 +545,10 @@ class DomainObserver:
         Each failure is counted in the metrics."""
         count, since_s, reminded_s = self._sample_failures.get(gpu, (0, now_s, now_s))
         count += 1
-        episodes = self._sample_episodes.setdefault(gpu, EpisodeLog(self.log_every_s))
         if count == 1:
+            episodes = self._sample_episodes.get(gpu)
+            if episodes is None:  # made once per GPU, not at every failed sample
+                episodes = self._sample_episodes[gpu] = EpisodeLog(self.log_every_s)
             note = episodes.start(now_s)
             if note is None:
                 log.debug("GPU %s: sample failed: %s", gpu, error)
@@ -554,7 +556,7 @@ class DomainObserver:
                 log.warning("GPU %s: sample failed: %s%s", gpu, error, note)
         elif now_s - reminded_s >= self.log_every_s:
             reminded_s = now_s
-            episodes.reminded()
+            self._sample_episodes[gpu].reminded()
             log.warning(
                 "GPU %s: samples still failing: %d in a row over %.0f s: %s",
                 gpu,
