@@ -26,7 +26,6 @@ a reminder with the count of lines left out, and one line when writes succeed ag
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -119,7 +118,7 @@ class WriteFailureLog:
                 error,
                 note,
             )
-        elif now - self._logged_s.get(gpu, -math.inf) >= self.every_s:
+        elif now - self._logged_s[gpu] >= self.every_s:
             self._episodes[gpu].reminded()
             log.warning(
                 "domain %s: GPU %s: clock %s still failing: %d failures in a row over %.0f s "
@@ -129,13 +128,13 @@ class WriteFailureLog:
                 what,
                 count,
                 now - self._since_s[gpu],
-                self._left_out.get(gpu, 0),
+                self._left_out[gpu],
                 error,
             )
             self._logged_s[gpu] = now
             self._left_out[gpu] = 0
         else:
-            self._left_out[gpu] = self._left_out.get(gpu, 0) + 1
+            self._left_out[gpu] += 1
             log.debug("domain %s: %s; retrying next tick", self.domain, error)
 
     def succeeded(self, gpu: str) -> None:
