@@ -5,6 +5,7 @@ and every lock is reset at exit."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from gpugov.daemon.config import parse_config
 from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.deadline import DecisionDeadline
 from gpugov.daemon.decide import ControllerContext, build_controller, warm_up
-from gpugov.daemon.domain import TickRecord
+from gpugov.daemon.domain import Domain, TickRecord
 from gpugov.daemon.loop import TimedLoop
 from gpugov.daemon.outside import OutsideController, OutsideExit, not_a_clock
 from gpugov.daemon.safety import invalid_decisions
@@ -111,6 +112,27 @@ def _run(domains: Any, ticks: int) -> list[TickRecord]:
     return run_ticks(domains, ticks, loop=TimedLoop(PERIOD_S))[0]
 
 
+def _run_node(
+    url: str, factory: str, ticks: int, caplog: pytest.LogCaptureFixture | None = None
+) -> tuple[list[TickRecord], Domain, FakeNvml]:
+    """A one-GPU node with the outside controller ``factory`` run for ``ticks`` ticks (the
+    loop's WARNING lines captured in ``caplog`` when given), then closed: (its records,
+    its domain, its fake NVML)."""
+    fake = FakeNvml(1)
+    assembled = domains_from_config(_node(url, factory), nvml=fake)
+    capturing = (
+        contextlib.nullcontext()
+        if caplog is None
+        else caplog.at_level("WARNING", logger="gpugov.daemon.loop")
+    )
+    try:
+        with capturing:
+            records = _run(assembled.domains, ticks)
+    finally:
+        assembled.close()
+    return records, assembled.domains[0], fake
+
+
 # ------------------------------------------------------------------ the edge alone
 @pytest.mark.parametrize(
     "answer",
@@ -186,16 +208,7 @@ def test_a_node_logs_one_line_and_runs_the_top_clock_for_an_answer_not_a_clock(
     vllm_server: MetricsServer, governor: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     governor.answer[0] = "fast"
-    fake = FakeNvml(1)
-    assembled = domains_from_config(
-        _node(vllm_server.url, "misbehaving_governor:scripted"), nvml=fake
-    )
-    domain = assembled.domains[0]
-    try:
-        with caplog.at_level("WARNING", logger="gpugov.daemon.loop"):
-            records = _run(assembled.domains, 5)
-    finally:
-        assembled.close()
+    records, domain, fake = _run_node(vllm_server.url, "misbehaving_governor:scripted", 5, caplog)
     assert len(records) == 5 and not any(r.failsafe for r in records)
     assert {r.requested_mhz for r in records} == {1980.0}  # FakeNvml's top clock
     assert domain.fallback_counts()["invalid_decision"] == 5
@@ -210,16 +223,7 @@ def test_a_node_survives_sys_exit_in_a_decision_and_resets_the_clocks(
 ) -> None:
     governor.answer[0] = 900.0
     governor.exit_at[0] = 2
-    fake = FakeNvml(1)
-    assembled = domains_from_config(
-        _node(vllm_server.url, "misbehaving_governor:scripted"), nvml=fake
-    )
-    domain = assembled.domains[0]
-    try:
-        with caplog.at_level("WARNING", logger="gpugov.daemon.loop"):
-            records = _run(assembled.domains, 4)
-    finally:
-        assembled.close()
+    records, domain, fake = _run_node(vllm_server.url, "misbehaving_governor:scripted", 4, caplog)
     assert [r.failsafe for r in records] == [False, False, True, True]
     assert {r.requested_mhz for r in records if r.failsafe} == {1980.0}
     assert domain.fallback_counts()["controller_error"] == 2
@@ -232,14 +236,7 @@ def test_a_node_survives_sys_exit_in_a_decision_and_resets_the_clocks(
 def test_a_node_records_the_observation_the_controller_could_not_change(
     vllm_server: MetricsServer, governor: Any
 ) -> None:
-    fake = FakeNvml(1)
-    assembled = domains_from_config(
-        _node(vllm_server.url, "misbehaving_governor:vandal"), nvml=fake
-    )
-    try:
-        records = _run(assembled.domains, 3)
-    finally:
-        assembled.close()
+    records, _, _ = _run_node(vllm_server.url, "misbehaving_governor:vandal", 3)
     assert [r.observation.time_s for r in records] == pytest.approx(
         [r.time_s for r in records], abs=1e-6
     )
