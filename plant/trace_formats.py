@@ -338,14 +338,15 @@ class _Columns:
                 line,
                 f"{self.named(raw)} goes backwards (line {self.previous_line} is later)",
             )
-        if not math.isfinite(float(stamp) - float(self.origin)):
+        span = stamp - self.origin  # Azure's integer nanoseconds: exact, and always finite
+        if not math.isfinite(span):
             raise trace_error(self.path, line, f"{self.named(raw)} is too far from the first")
         self.previous, self.previous_line = stamp, line
         if prompt == 0 or output == 0:
             self.skipped += 1
         else:
             self.ids.append(self.rows)
-            self.arrivals.append((stamp - self.origin) / self.unit)
+            self.arrivals.append(span / self.unit)
             self.prompts.append(prompt)
             self.outputs.append(output)
         self.rows += 1
