@@ -49,8 +49,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="score every controller and oracle on real traces, profiles and loads",
         description=(
             "Run the maximum clock, best fixed clock in hindsight, reactive governor, "
-            "open-loop plan, MPC (SLSQP), MPC (fast) and the window oracle on every "
-            "scenario, with the fluid LP bound, and write DIR/scoreboard.json, "
+            "open-loop plan, MPC (SLSQP), MPC (fast), the self-calibrating MPC "
+            "(mpc-online), the peer governors (power caps, power profile, default DVFS, "
+            "AGFT, PID, throttLL'eM, GreenLLM) and the window oracle on every scenario, "
+            "with the fluid LP bound, and write DIR/scoreboard.json, "
             "DIR/scoreboard.md and DIR/scoreboard.png; with --report DIR2, also a "
             "self-contained benchmark report (README.md, report.md, report.json, "
             "pareto.csv, pareto.png) in DIR2."
