@@ -311,6 +311,46 @@ class ActuatorBackend(ReadThroughBackend):
         self._release(self._client)
 
 
+def probe_actuator(path: str, timeout_s: float) -> str | None:
+    """Why the actuator on ``path`` is not answering, or None when it is: connect, ask
+    what is held, and wait ``timeout_s`` for one answer line. Any answer counts, a
+    refusal too (a probe running as another user than the governor's is refused, and the
+    refusal comes from the same serving loop that serves the governor)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+        peer.settimeout(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        try:
+            peer.connect(path)
+            with contextlib.suppress(OSError):  # a refusal may close before it reads
+                peer.sendall(b'{"op":"held"}\n')
+            answer = b""
+            while b"\n" not in answer:
+                left = deadline - time.monotonic()
+                if left <= 0.0:
+                    raise TimeoutError
+                peer.settimeout(left)
+                chunk = peer.recv(4096)
+                if not chunk:
+                    break
+                answer += chunk
+        except TimeoutError:
+            return f"no answer within {timeout_s:g} s"
+        except OSError as error:
+            return f"cannot connect: {error.strerror or error}"
+    line = answer.split(b"\n", 1)[0]
+    try:
+        message = json.loads(line)
+    except ValueError:
+        message = None
+    if not isinstance(message, dict) or "ok" not in message:
+        return (
+            "closed without an answer"
+            if not line
+            else "answered something else than the actuator protocol"
+        )
+    return None
+
+
 def socket_path_taken(path: str, timeout_s: float = 1.0) -> str | None:
     """Why the actuator cannot serve ``path``, checked before it opens a GPU: no such
     directory, another kind of file there (never replaced), or another actuator answering

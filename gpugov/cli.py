@@ -29,7 +29,7 @@ PROFILE = "gpugov.study.profiler.cli"
 SWEEP = "gpugov.study.sweep_cli"
 FLEET = "gpugov.study.fleet.cli"
 MODEL = "gpugov.daemon.model_cli"
-ACTUATOR = "gpugov.daemon.actuator_server"
+ACTUATOR = "gpugov.daemon.actuator_command"
 
 #: Subcommand -> (module that registers it, one-line help for ``gpugov --help``).
 COMMANDS: dict[str, tuple[str, str]] = {

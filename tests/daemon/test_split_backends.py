@@ -16,6 +16,7 @@ import pytest
 from fake_pynvml import FakeNvml
 from fake_zeusd import FakeZeusd
 
+import gpugov.daemon.actuator_command as actuator_command
 import gpugov.daemon.actuator_server as actuator_server
 from gpugov.daemon.actuator import ClockActuator
 from gpugov.daemon.actuator_client import ActuatorBackend, ActuatorClient, ActuatorUnavailable
@@ -57,7 +58,8 @@ def test_the_actuator_imports_nothing_it_does_not_need() -> None:
         "import sys\n"
         "from gpugov.cli import build_parser\n"
         "build_parser('actuator').parse_args(['actuator', '--gpus', '0', '--allow', '0'])\n"
-        "import gpugov.daemon.actuator_server, gpugov.daemon.nvml\n"
+        "import gpugov.daemon.actuator_server, gpugov.daemon.actuator_command\n"
+        "import gpugov.daemon.nvml\n"
         "print('\\n'.join(sorted(sys.modules)))\n"
     )
     loaded = subprocess.run(
@@ -67,6 +69,8 @@ def test_the_actuator_imports_nothing_it_does_not_need() -> None:
     assert not bad, bad
     lines = Path(actuator_server.__file__).read_text().count("\n")
     assert lines < 750, f"the actuator grew to {lines} lines; keep it readable in one sitting"
+    lines = Path(actuator_command.__file__).read_text().count("\n")
+    assert lines < 400, f"its command line grew to {lines} lines; keep it readable too"
 
 
 # ---------------------------------------------------------------- the actuator
@@ -185,6 +189,54 @@ def test_a_governor_of_another_uid_is_refused(socket_path: Path) -> None:
     finally:
         backends[0].close()
         served.stop()
+
+
+def test_the_probe_passes_while_an_actuator_serves_and_fails_in_one_line_otherwise(
+    socket_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gpugov actuator --probe`` (the Kubernetes liveness probe): an actuator that
+    serves answers, whether it serves the probe's user or refuses it; a socket nobody
+    serves, one bound by a process that never answers (a hung actuator) and a missing one
+    each fail with one line."""
+    import os
+    import socket
+
+    from gpugov.cli import main
+
+    probe = ["actuator", "--probe", "--probe-timeout", "0.5", "--socket"]
+    for allow in (str(os.getuid()), str(os.getuid() + 1)):  # served, then refused
+        nvml = FakeNvml(1)
+        served = Served(nvml, socket_path, allow)
+        try:
+            assert main([*probe, str(socket_path)]) == 0
+            assert capsys.readouterr().err == ""
+            assert nvml.locked(0) is None  # a probe locks nothing
+        finally:
+            served.stop()
+    hung = socket_path.with_name("hung.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(hung))
+        listener.listen(4)  # connects, never answers
+        assert main([*probe, str(hung)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--socket {hung}: no answer within 0.5 s" in err
+    assert main([*probe, str(socket_path.with_name("missing.sock"))]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot connect" in err
+
+
+def test_the_actuator_needs_its_gpus_and_user_unless_it_probes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without ``--probe``, ``--gpus`` and ``--allow`` are required: one line, exit 2,
+    before any GPU is opened."""
+    from gpugov.cli import main
+
+    assert main(["actuator", "--allow", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "required: --gpus" in err
+    assert main(["actuator"]) == 2
+    assert "required: --gpus, --allow" in capsys.readouterr().err
 
 
 def test_a_client_timing_out_drops_its_connection(socket_path: Path) -> None:

@@ -253,6 +253,21 @@ def test_split_daemonset_privileges_only_the_actuator() -> None:
     assert "lifecycle" not in governor  # it could not reset; the lease does
 
 
+def test_split_actuator_is_restarted_when_its_serving_loop_stops_answering() -> None:
+    """Kubernetes has no WatchdogSec=: the actuator container's liveness probe is
+    ``gpugov actuator --probe`` on the socket it serves, answered within the probe's
+    timeout, and kills it after a stuck half minute at most."""
+    actuator = next(c for c in split_pod()["containers"] if c["name"] == "actuator")
+    served = build_parser().parse_args(actuator["args"])
+    liveness = actuator["livenessProbe"]
+    command = liveness["exec"]["command"]
+    assert command[0] == "/opt/gpugov/venv/bin/gpugov"
+    probe = build_parser().parse_args(command[1:])
+    assert probe.command == "actuator" and probe.probe and probe.socket == served.socket
+    assert probe.probe_timeout < liveness["timeoutSeconds"]
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] <= 30
+
+
 def find_split_configmap(name: str) -> str:
     """config.toml of the split ConfigMap ``name``."""
     found = [
