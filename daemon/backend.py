@@ -1,9 +1,13 @@
-"""The GPU backend role: one GPU's readings and its clock lock.
+"""The GPU backend role: one GPU's readings and its clock lock, and the optional power
+limit (:class:`PowerLimitBackend`).
 
 Implementations: :class:`daemon.nvml.NvmlBackend` (the product),
 :class:`daemon.nvidia_smi.NvidiaSmiBackend` (fallback),
 :class:`daemon.simulated.SimulatedBackend` (the plant) and :class:`DryRunBackend` (wraps
-any of them: reads for real, only logs writes).
+any of them: reads for real, only logs writes). The power limit is set through NVML and
+on the simulated plant (and logged by a dry run around either); the other backends (the
+emulated GPU, nvidia-smi, the split mode's actuator and zeusd) lock clocks only, and a
+controller that sets a power cap is refused with them at start.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from gpugov.daemon.errors import GpuError, GpuUnavailable
+from gpugov.daemon.errors import GpuError, GpuUnavailable, NotSupported
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +197,42 @@ class GpuBackend(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class PowerLimitBackend(Protocol):
+    """A GPU whose power management limit gpugov may set (NVML's
+    ``nvmlDeviceSetPowerManagementLimit``, what ``nvidia-smi -pl`` sets), in watts.
+
+    * ``power_limit_w()``: the power management limit set now (not the enforced limit a
+      sample carries, which may be lower for other reasons).
+    * ``power_limit_constraints_w()``: the (lowest, highest) limit the GPU accepts, or
+      None when they cannot be read.
+    * ``set_power_limit(limit_w)``: set the limit (whole milliwatts on NVML); without root
+      or CAP_SYS_ADMIN ``PermissionDenied``, a GPU or driver without the call
+      ``NotSupported``, otherwise errors as :class:`GpuBackend`'s.
+
+    Optional beside :class:`GpuBackend` (a backend that lacks it runs clock-only
+    controllers); :func:`power_limit_backend` tells which backends have it.
+    """
+
+    @property
+    def label(self) -> str: ...
+
+    def power_limit_w(self) -> float: ...
+
+    def power_limit_constraints_w(self) -> tuple[float, float] | None: ...
+
+    def set_power_limit(self, limit_w: float) -> None: ...
+
+
+def power_limit_backend(backend: GpuBackend) -> PowerLimitBackend | None:
+    """``backend`` as a :class:`PowerLimitBackend` when its GPU's power limit can be set
+    through it (a dry run when the GPU it wraps can), else None."""
+    inner = backend.inner if isinstance(backend, DryRunBackend) else backend
+    if not isinstance(inner, PowerLimitBackend) or not isinstance(backend, PowerLimitBackend):
+        return None
+    return backend
+
+
 class ReadThroughBackend:
     """One GPU whose reads go through ``reader`` (NVML) and whose writes a subclass sends
     elsewhere (the actuator, zeusd): the reader's label, UUID, name, clocks and samples,
@@ -241,10 +281,10 @@ class ReadThroughBackend:
 class DryRunBackend:
     """Wraps a backend: every read goes through, every write is only logged and recorded.
 
-    ``writes`` keeps the last ``history`` of ``("lock", min, max)`` and ``("reset",)`` in
-    call order (bounded, so a long-running dry-run daemon does not grow). The wrapped GPU's
-    ``uuid`` and ``name`` show through, so everything keyed on them (a learned model)
-    sees the same GPU in a dry run.
+    ``writes`` keeps the last ``history`` of ``("lock", min, max)``, ``("reset",)`` and
+    ``("power_limit", watts)`` in call order (bounded, so a long-running dry-run daemon
+    does not grow). The wrapped GPU's ``uuid`` and ``name`` show through, so everything
+    keyed on them (a learned model) sees the same GPU in a dry run.
     """
 
     def __init__(self, inner: GpuBackend, history: int = 1000) -> None:
@@ -294,6 +334,34 @@ class DryRunBackend:
         self._check_open()
         self.writes.append(("reset",))
         log.info("dry run: GPU %s: would reset SM clock lock", self.label)
+
+    def _power_inner(self) -> PowerLimitBackend:
+        """The wrapped GPU's power limit, where it has one.
+
+        Raises:
+            NotSupported: the wrapped backend sets no power limit.
+        """
+        inner = self._inner
+        if not isinstance(inner, PowerLimitBackend):
+            raise NotSupported(
+                f"GPU {self.label}: this backend cannot set a power limit", gpu=self.label
+            )
+        return inner
+
+    def power_limit_w(self) -> float:
+        """The wrapped GPU's power management limit now, in watts (a real read)."""
+        return self._power_inner().power_limit_w()
+
+    def power_limit_constraints_w(self) -> tuple[float, float] | None:
+        """The (lowest, highest) power limit the wrapped GPU accepts (a real read)."""
+        return self._power_inner().power_limit_constraints_w()
+
+    def set_power_limit(self, limit_w: float) -> None:
+        """Log the power limit that would be set; set nothing."""
+        self._check_open()
+        self._power_inner()
+        self.writes.append(("power_limit", float(limit_w)))
+        log.info("dry run: GPU %s: would set the power limit to %.1f W", self.label, limit_w)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -1,4 +1,5 @@
-"""NVML backend: one GPU read and locked through ``nvidia-ml-py`` (``import pynvml``).
+"""NVML backend: one GPU read, locked and power-limited through ``nvidia-ml-py``
+(``import pynvml``).
 
 The ``pynvml`` module is a constructor argument (default: the real one), so tests run
 this exact code against ``tests/daemon/fake_pynvml.py``. Every ``NVMLError`` becomes a
@@ -414,6 +415,39 @@ class NvmlBackend:
         except GpuError:
             return None
         return float(low_mw) / 1000.0, float(high_mw) / 1000.0
+
+    def power_limit_w(self) -> float:
+        """The power management limit set now, in watts
+        (``nvmlDeviceGetPowerManagementLimit``).
+
+        Raises:
+            NotSupported, GpuLost, TransientGpuError, GpuError: as NVML reports.
+            GpuUnavailable: the backend is closed.
+        """
+        milliwatts = self._call(
+            "read power management limit",
+            self._nvml.nvmlDeviceGetPowerManagementLimit,
+            self._handle,
+        )
+        return float(milliwatts) / 1000.0
+
+    def set_power_limit(self, limit_w: float) -> None:
+        """Set the power management limit to ``limit_w`` watts, rounded to whole milliwatts
+        (``nvmlDeviceSetPowerManagementLimit``, what ``nvidia-smi -pl`` sets).
+
+        Raises:
+            PermissionDenied: not root / no CAP_SYS_ADMIN.
+            NotSupported: the GPU or driver cannot set a power limit (vGPU, MIG, old GPU).
+            GpuLost: the GPU fell off the bus.
+            GpuError: a limit outside the GPU's constraints (NVML's INVALID_ARGUMENT).
+        """
+        milliwatts = int(round(float(limit_w) * 1000.0))
+        self._call(
+            f"set power limit to {milliwatts / 1000.0:g} W",
+            self._nvml.nvmlDeviceSetPowerManagementLimit,
+            self._handle,
+            milliwatts,
+        )
 
     def close(self) -> None:
         """Release this backend's NVML reference (idempotent); later calls raise

@@ -26,6 +26,8 @@ from gpugov.plant.types import ServingObservation
 APPLICATIONS_CLOCKS_SETTING = 0x2
 """nvmlClocksEventReasonApplicationsClocksSetting: a lock holds the clock below the top."""
 NVML_ERROR_INVALID_ARGUMENT = 2
+SIMULATED_LOWEST_LIMIT_SHARE = 0.1
+"""The lowest power limit a simulated GPU accepts, as a share of its board limit."""
 
 
 class SimulatedNode:
@@ -100,6 +102,7 @@ class SimulatedBackend:
         self._clocks = tuple(int(round(float(c))) for c in clocks)
         self.locks: deque[tuple[int, int]] = deque(maxlen=1000)  # the last writes, bounded
         self.resets = 0
+        self.power_limits: deque[float] = deque(maxlen=1000)  # the last limits set (W)
         self._held_below_top = False
         self._closed = False
 
@@ -171,6 +174,45 @@ class SimulatedBackend:
         self.resets += 1
         self._node.simulation.request_clock(float(self._clocks[-1]))
         self._held_below_top = False
+
+    def _board_w(self) -> float:
+        """This GPU's share of the plant's board limit (watts)."""
+        return float(self._node.simulation.plant.power_limit_w) * self._share
+
+    def power_limit_w(self) -> float:
+        """This GPU's share of the power limit in force on the plant (its run-time cap,
+        else the board limit)."""
+        self._check_open()
+        return float(self._node.simulation.gpu.enforced_power_limit_w) * self._share
+
+    def power_limit_constraints_w(self) -> tuple[float, float] | None:
+        """A tenth of the board limit to the board limit (this GPU's share): the plant
+        accepts any positive cap up to the board limit; NVML GPUs accept about a quarter
+        of it and up."""
+        self._check_open()
+        board = self._board_w()
+        return SIMULATED_LOWEST_LIMIT_SHARE * board, board
+
+    def set_power_limit(self, limit_w: float) -> None:
+        """Cap the plant at ``limit_w`` for this GPU's share (the whole domain's cap is
+        ``limit_w / share``); the board limit itself removes the cap.
+
+        Raises:
+            GpuError: ``limit_w`` is not a finite positive number of watts.
+        """
+        self._check_open()
+        value = float(limit_w)
+        if not (math.isfinite(value) and value > 0.0):
+            raise GpuError(
+                f"GPU {self._label}: set power limit to {limit_w!r} W failed: not a positive "
+                f"number of watts (NVML code {NVML_ERROR_INVALID_ARGUMENT})",
+                gpu=self._label,
+                code=NVML_ERROR_INVALID_ARGUMENT,
+            )
+        self.power_limits.append(value)
+        domain_w = value / self._share
+        board = float(self._node.simulation.plant.power_limit_w)
+        self._node.simulation.set_power_cap(None if domain_w >= board - 1e-9 else domain_w)
 
     def close(self) -> None:
         """Nothing to release; later calls raise :class:`~daemon.errors.GpuUnavailable`."""

@@ -336,6 +336,10 @@ class FakeNvml:
         self._enter("nvmlDeviceGetPowerManagementLimitConstraints", handle)
         return [handle.power_limit_min_mw, handle.power_limit_max_mw]
 
+    def nvmlDeviceGetPowerManagementLimit(self, handle: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetPowerManagementLimit", handle)
+        return handle.power_limit_mw
+
     def nvmlDeviceGetSupportedMemoryClocks(self, handle: FakeGpu) -> list[int]:
         self._enter("nvmlDeviceGetSupportedMemoryClocks", handle)
         return list(handle.memory_clocks_mhz)
@@ -379,6 +383,18 @@ class FakeNvml:
         handle.locked = None
         handle.sm_clock_mhz = max(handle.graphics_clocks_mhz)
         handle.event_reasons &= ~nvmlClocksEventReasonApplicationsClocksSetting
+
+    def nvmlDeviceSetPowerManagementLimit(self, handle: FakeGpu, limit: int) -> None:
+        self._enter("nvmlDeviceSetPowerManagementLimit", handle)
+        if not isinstance(limit, int):  # ctypes' c_uint refuses a float, as pynvml does
+            raise TypeError(f"limit must be whole milliwatts, got {limit!r}")
+        if not self.permission:
+            raise NVMLError(NVML_ERROR_NO_PERMISSION)
+        if not handle.power_limit_min_mw <= limit <= handle.power_limit_max_mw:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        self.writes.append(("nvmlDeviceSetPowerManagementLimit", handle.index, limit))
+        # The fake's enforced limit is the management limit (no other limit is lower).
+        handle.power_limit_mw = int(limit)
 
     # -------------------------------------------------------------------- helpers
     def locked(self, index: int) -> tuple[int, int] | None:
