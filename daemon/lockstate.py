@@ -11,7 +11,16 @@ exactly. :class:`LockState` keeps one small JSON file in the state directory (sy
 ```
 
 An entry is written after every lock write and removed after every reset, keyed by the
-GPU's UUID (indices can change across reboots). The file is replaced atomically
+GPU's UUID (indices can change across reboots). A power limit gpugov sets is kept beside
+them, under ``"power_limits"``, written *before* the limit is (so a crash between the two
+still leaves the limit to restore) and removed once the limit found before the first
+write is back (:class:`daemon.power_limit.PowerLimitActuator`):
+
+```json
+"power_limits": {"GPU-8f2e...": {"gpu": "0", "original_mw": 700000, "set_mw": 300000,
+                               "pid": 4242, "time": "2026-11-30T10:00:00+00:00"}}
+```
+ The file is replaced atomically
 (write to a temporary file, then ``os.replace``). A state file that cannot be read or
 written is logged once and ignored: the daemon then reconciles from what NVML shows.
 """
@@ -48,6 +57,7 @@ class LockState:
         self.pid = os.getpid() if pid is None else pid
         self._warned = False
         self._entries: dict[str, dict[str, Any]] = self.read()
+        self._limits: dict[str, dict[str, Any]] = self.read_power_limits()
         self._held: Any = None
 
     def hold(self) -> None:
@@ -134,6 +144,66 @@ class LockState:
             entries[str(key)] = entry
         return entries
 
+    def read_power_limits(self) -> dict[str, dict[str, Any]]:
+        """The power limit entries on disk (empty when there are none or the file is
+        missing or unreadable; an entry whose original limit is not a positive whole
+        number of milliwatts is logged and dropped: nothing known to restore)."""
+        try:
+            if not self.path.exists():
+                return {}
+            data = loads_json(read_input_text(self.path, "state"), unique_keys=False)
+        except (OSError, ValueError):
+            return {}  # read() has warned
+        limits = data.get("power_limits") if isinstance(data, dict) else None
+        if not isinstance(limits, dict):
+            return {}
+        entries = {}
+        for key, entry in limits.items():
+            if not isinstance(entry, dict):
+                continue
+            value = finite_number(entry.get("original_mw"))
+            if value is None or value <= 0 or value != int(value):
+                log.warning(
+                    "lock state %s: GPU %s: original_mw is %r, not a power limit in mW; "
+                    "its power limit before gpugov is unknown: check it (nvidia-smi -q -d "
+                    "POWER)",
+                    self.path,
+                    key,
+                    entry.get("original_mw"),
+                )
+                continue
+            entries[str(key)] = entry
+        return entries
+
+    def get_power_limit(self, key: str) -> dict[str, Any] | None:
+        """The power limit entry for GPU ``key`` (its UUID), if any."""
+        return self._limits.get(key)
+
+    def record_power_limit(self, key: str, gpu: str, original_mw: int, set_mw: int) -> None:
+        """Remember, before it is written, that this process sets GPU ``key``'s power limit
+        to ``set_mw`` and that it was ``original_mw`` before gpugov's first write."""
+        entry = {
+            "gpu": gpu,
+            "original_mw": int(original_mw),
+            "set_mw": int(set_mw),
+            "pid": self.pid,
+            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        held = self._limits.get(key, {})
+        if (
+            held.get("original_mw") == entry["original_mw"]
+            and held.get("set_mw") == entry["set_mw"]
+            and held.get("pid") == self.pid
+        ):
+            return
+        self._limits[key] = entry
+        self._write()
+
+    def clear_power_limit(self, key: str) -> None:
+        """Forget GPU ``key``'s power limit (its original is back)."""
+        if self._limits.pop(key, None) is not None:
+            self._write()
+
     def get(self, key: str) -> dict[str, Any] | None:
         """The entry for GPU ``key`` (its UUID), if any."""
         return self._entries.get(key)
@@ -169,7 +239,10 @@ class LockState:
 
     def _write(self) -> None:
         try:
-            write_json_atomic(self.path, {"version": 1, "gpus": self._entries}, indent=1)
+            data: dict[str, Any] = {"version": 1, "gpus": self._entries}
+            if self._limits:
+                data["power_limits"] = self._limits
+            write_json_atomic(self.path, data, indent=1)
         except OSError as error:
             self._warn("write it", error)
 
