@@ -72,7 +72,8 @@ WRITE_FAILURE_LOG_EVERY_S = 60.0
 
 
 class WriteFailureLog:
-    """Rate-limited log of one domain's failing clock writes, per GPU.
+    """Rate-limited log of one domain's failing clock writes (or, ``subject = "power
+    limit"``, power limit writes), per GPU.
 
     A write that fails every tick would otherwise log a line every period (3,600 an hour
     at 1 s). Logged: the first failure; then, while it goes on, one reminder per
@@ -88,9 +89,11 @@ class WriteFailureLog:
         *,
         every_s: float = WRITE_FAILURE_LOG_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
+        subject: str = "clock",
     ) -> None:
         self.domain = domain
         self.every_s = every_s
+        self.subject = subject
         self._clock = clock
         self._in_a_row: dict[str, int] = {}
         self._since_s: dict[str, float] = {}
@@ -99,7 +102,8 @@ class WriteFailureLog:
         self._episodes: dict[str, EpisodeLog] = {}
 
     def failed(self, gpu: str, what: str, error: Exception) -> None:
-        """One failed ``what`` ("lock", "reset") on ``gpu``; logs it or counts it."""
+        """One failed ``what`` ("lock", "reset"; "write" of a power limit) on ``gpu``;
+        logs it or counts it."""
         now = self._clock()
         count = self._in_a_row.get(gpu, 0) + 1
         self._in_a_row[gpu] = count
@@ -121,10 +125,11 @@ class WriteFailureLog:
         elif now - self._logged_s[gpu] >= self.every_s:
             self._episodes[gpu].reminded()
             log.warning(
-                "domain %s: GPU %s: clock %s still failing: %d failures in a row over %.0f s "
+                "domain %s: GPU %s: %s %s still failing: %d failures in a row over %.0f s "
                 "(%d not logged): %s",
                 self.domain,
                 gpu,
+                self.subject,
                 what,
                 count,
                 now - self._since_s[gpu],
@@ -143,9 +148,10 @@ class WriteFailureLog:
         if count:
             log.log(
                 logging.WARNING if self._episodes[gpu].end() else logging.DEBUG,
-                "domain %s: GPU %s: clock writes succeed again after %d failure(s) (%.0f s)",
+                "domain %s: GPU %s: %s writes succeed again after %d failure(s) (%.0f s)",
                 self.domain,
                 gpu,
+                self.subject,
                 count,
                 self._clock() - self._since_s.pop(gpu, self._clock()),
             )
