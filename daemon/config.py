@@ -35,6 +35,8 @@ from gpugov.daemon.config_types import (
     named_directory,
 )
 from gpugov.daemon.controller_config import (
+    POWER_CAP_KINDS,
+    POWER_LIMIT_BACKENDS,
     ControllerConfig,
     MaxControllerConfig,
     OnlineMPCControllerConfig,
@@ -480,6 +482,26 @@ class GpugovConfig(FrozenModel):
                         "a GPU belongs to one domain"
                     )
                 gpus[key] = domain.name
+        return self
+
+    @model_validator(mode="after")
+    def _caps_have_a_power_limit_backend(self) -> GpugovConfig:
+        backend = self.daemon.backend
+        if backend in POWER_LIMIT_BACKENDS:
+            return self
+        for index, domain in enumerate(self.domains):
+            kind = domain.controller.kind
+            if kind in POWER_CAP_KINDS:
+                why = (
+                    "the split mode's privileged side only locks and resets clocks"
+                    if backend in ("actuator", "zeusd")
+                    else "it locks clocks only"
+                )
+                raise ValueError(
+                    f"domains[{index}].controller: {kind!r} sets a GPU power limit, which "
+                    f'backend = "{backend}" cannot set ({why}); run it with backend = '
+                    '"nvml" (as root or with CAP_SYS_ADMIN), or choose a clock-only controller'
+                )
         return self
 
     @model_validator(mode="after")

@@ -334,6 +334,13 @@ PEER_CONTROLLER_CONFIGS = (
 )
 """The peer governors' config kinds (``docs/benchmark.md``)."""
 
+POWER_CAP_KINDS = frozenset({"power-cap", "dps", "power-profile", "default-dvfs"})
+"""The controller kinds that set a GPU power limit as well as a clock
+(:class:`~gpugov.plant.types.PowerCapping`): a node runs them only where its backend sets
+power limits (``backend = "nvml"``)."""
+POWER_LIMIT_BACKENDS = frozenset({"nvml"})
+"""The node backends that set a GPU power limit (the others lock clocks only)."""
+
 
 ControllerConfig = Annotated[
     MaxControllerConfig
