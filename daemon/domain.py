@@ -31,8 +31,9 @@ from gpugov.daemon.observer import DomainObserver, Observed
 from gpugov.daemon.outside import outside_layer
 from gpugov.daemon.phase_fit import learned_phase_model
 from gpugov.daemon.power_budget import PowerBudget
+from gpugov.daemon.power_limit import PowerLimitActuator
 from gpugov.daemon.safety import invalid_decisions, raw_decision
-from gpugov.plant.types import ClockController, ServingObservation
+from gpugov.plant.types import ClockController, PowerCapping, ServingObservation
 
 log = logging.getLogger("gpugov.daemon.loop")
 """The loop's logger, kept when the domain moved here: a domain's lines (fail-safe,
@@ -83,6 +84,11 @@ class Domain:
         budget: the domain's power budget sources (:class:`daemon.power_budget.PowerBudget`):
             each tick the budget in force replaces the observation's ``power_limit_w``
             and the controller's need is followed after each decision; None: neither.
+        power_limits: its GPUs' power limit actuator (:mod:`daemon.power_limit`), where
+            their backends set power limits: a controller that sets a power cap
+            (:class:`~gpugov.plant.types.PowerCapping`) has it applied after each
+            decision, and the fail-safe restores the GPUs' own limits. None: no GPU's
+            limit is touched (a capping controller's clock alone is applied).
     """
 
     def __init__(
@@ -97,6 +103,7 @@ class Domain:
         solve_clock: Callable[[], float] = time.perf_counter,
         max_controller_failures: int = MAX_CONTROLLER_FAILURES,
         budget: PowerBudget | None = None,
+        power_limits: PowerLimitActuator | None = None,
     ) -> None:
         if max_controller_failures < 1:
             raise ValueError(f"max_controller_failures must be >= 1, got {max_controller_failures}")
@@ -127,6 +134,9 @@ class Domain:
         self._controller_episodes = EpisodeLog(CONTROLLER_ERROR_LOG_EVERY_S)
         """A controller that fails now and then: at most one run of failures a minute."""
         self.budget = budget
+        self.power_limits = power_limits
+        self.caps = isinstance(layers(controller)[-1], PowerCapping)
+        """Whether the controller sets a power cap (its algorithm, inside every wrapper)."""
         self.energy = EnergyEstimator()
         """Energy attribution per window and model (:mod:`daemon.energy`)."""
         self._energy_failed = False
@@ -141,8 +151,20 @@ class Domain:
                 self._energy_failed = True
                 log.warning("domain %s: energy estimate failed: %r", self.name, error)
 
+    def _apply_cap(self, failsafe: bool = False) -> None:
+        """After a decision, set the controller's power cap (when it sets one); in the
+        fail-safe, the GPUs' own limits."""
+        if self.power_limits is None or not self.caps:
+            return
+        if failsafe:
+            self.power_limits.apply(None)
+        elif isinstance(self.controller, PowerCapping):
+            self.power_limits.apply(self.controller.requested_power_cap_w)
+
     def _failsafe_clock(self) -> tuple[float | None, int]:
-        """Apply the fail-safe: lock the top clock (``"max"``) or unlock."""
+        """Apply the fail-safe: lock the top clock (``"max"``) or unlock; a power cap the
+        controller set gives way to the GPUs' own limits either way."""
+        self._apply_cap(failsafe=True)
         if self.failsafe_mode == "max":
             clocks = self.observer.supported_clocks_mhz()
             target = clocks[-1]
@@ -297,7 +319,7 @@ class Domain:
         if observed is None:
             observed = self.observe(now_s, step)
         if self.budget is not None:
-            observed = self.budget.apply(observed)
+            observed = self.budget.apply(observed, self.power_limits)
         self.last = observed
         self._estimate_energy(observed)
         self.actuator.check_readback(observed.gpu_samples)
@@ -350,6 +372,7 @@ class Domain:
                     self.fallbacks["invalid_decision"] = invalid
                     self._invalid_decision(invalid, now_s, step)
                 writes = self.actuator.apply(int(round(answer)))
+                self._apply_cap()
         else:
             requested, writes = self._failsafe(observed)
         self.last_requested_mhz = requested
@@ -409,6 +432,10 @@ class Domain:
             solve_sum_s=self.solve.sum_s,
             external_clock_changes_total=dict(self.actuator.external_changes),
             clock_write_failures_total=dict(self.actuator.write_failures),
+            power_cap_applied_w=None if self.power_limits is None else self.power_limits.applied_w,
+            power_cap_write_failures_total=(
+                {} if self.power_limits is None else dict(self.power_limits.write_failures)
+            ),
             yielded_gpus=tuple(sorted(self.actuator.yielded)),
             model=self.model_status(),
             energy=self.energy.snapshot(),

@@ -16,7 +16,8 @@ original), so nothing above ``daemon/nvml.py`` ever catches ``pynvml.NVMLError``
     * ConfigError -- the config file is wrong; nothing was applied.
     * ControllerError -- a controller could not be built from its config.
     * ControllerFailure -- a controller raised while deciding (clocks were reset).
-    * ClocksNotReset -- at exit, some GPUs' locks could not be reset (named).
+    * ClocksNotReset -- at exit, some GPUs' locks could not be reset, or their power
+      limits restored (named).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class ExitCode(IntEnum):
     GPU_LOST = 5
     """A GPU fell off the bus; the others' clocks were reset."""
     NOT_RESET = 6
-    """Some GPUs' locks could not be reset at exit (named in the error line)."""
+    """Some GPUs' locks could not be reset at exit, or the power limits gpugov set not
+    restored (named in the error line)."""
     INTERRUPTED = 130
     """Stopped by a signal (as a shell reports SIGINT)."""
     TERMINATED = 143

@@ -92,6 +92,11 @@ class DomainSnapshot:
     external_clock_changes_total: Mapping[str, int] = field(default_factory=dict)
     clock_write_failures_total: Mapping[str, int] = field(default_factory=dict)
     """Failed lock and reset writes per GPU label (``ClockActuator.write_failures``)."""
+    power_cap_applied_w: float | None = None
+    """The domain's power limit as gpugov set it (``PowerLimitActuator.applied_w``), None
+    when it holds none."""
+    power_cap_write_failures_total: Mapping[str, int] = field(default_factory=dict)
+    """Failed power limit writes per GPU label (``PowerLimitActuator.write_failures``)."""
     yielded_gpus: tuple[str, ...] = ()
     model: Mapping[str, Any] | None = None
     """The online MPC's learning status (``OnlineMPCController.status()``), else None."""
@@ -169,6 +174,12 @@ class SnapshotCollector(Collector):
             "Clock lock and reset writes that failed (a transient failure is retried next tick)",
             labels=labels,
         )
+        cap_failures = CounterMetricFamily(
+            "gpugov_power_cap_write_failures",
+            "Power limit writes and restores that failed (a transient failure is retried "
+            "next tick)",
+            labels=labels,
+        )
         yielded = _gauge(
             "gpugov_gpu_clock_yield_active",
             "1 when gpugov left the GPU to an outside clock setting (external_clock_policy)",
@@ -195,9 +206,12 @@ class SnapshotCollector(Collector):
                 write_failures.add_metric(
                     key, float(snapshot.clock_write_failures_total.get(gpu.gpu, 0))
                 )
+                cap_failures.add_metric(
+                    key, float(snapshot.power_cap_write_failures_total.get(gpu.gpu, 0))
+                )
                 yielded.add_metric(key, 1.0 if gpu.gpu in snapshot.yielded_gpus else 0.0)
         yield from (power, energy, temperature, clock, utilization, limit, reasons, errors)
-        yield from (external, write_failures, yielded)
+        yield from (external, write_failures, cap_failures, yielded)
 
     def _domain_metrics(self, domains: Sequence[DomainSnapshot]) -> Iterator[Metric]:
         d = ("domain",)
@@ -209,6 +223,11 @@ class SnapshotCollector(Collector):
             "gpugov_applied_clock_hertz", "SM clock the domain's GPUs are locked to", d
         )
         locked = _gauge("gpugov_clock_locked", "1 when the daemon holds a clock lock", d)
+        cap = _gauge(
+            "gpugov_power_cap_applied_watts",
+            "Power limit gpugov set on the domain's GPUs, summed (absent: their own limits)",
+            d,
+        )
         writes = CounterMetricFamily(
             "gpugov_clock_writes", "Clock lock/reset writes made", labels=list(d)
         )
@@ -267,6 +286,8 @@ class SnapshotCollector(Collector):
             if s.applied_mhz is not None:
                 applied.add_metric(key, s.applied_mhz * MHZ)
             locked.add_metric(key, 0.0 if s.applied_mhz is None else 1.0)
+            if s.power_cap_applied_w is not None:
+                cap.add_metric(key, s.power_cap_applied_w)
             writes.add_metric(key, float(s.clock_writes_total))
             decisions.add_metric(keyc, float(s.decisions_total))
             solve.add_metric(keyc, buckets=list(s.solve_buckets), sum_value=s.solve_sum_s)
@@ -294,7 +315,7 @@ class SnapshotCollector(Collector):
                 ):
                     if value is not None:
                         family.add_metric(key, float(value))
-        yield from (requested, applied, locked, writes, decisions, solve, fallbacks)
+        yield from (requested, applied, locked, cap, writes, decisions, solve, fallbacks)
         yield from (scrape_errors, scrape_time, age, failsafe, waiting, running)
         yield from (ttft, tpot, ttft_slo, tpot_slo, domain_power)
         yield from (output_tokens, prompt_tokens, completed, role)

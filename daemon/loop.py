@@ -400,29 +400,37 @@ def run(
         notify.stopping()
         try:
             failed = restore_all(domains)
-        finally:  # the clocks first; each controller's close logs its own failure
-            for domain in domains:
-                domain.close_controller()
-        if failed:
-            _raise_not_reset(failed, sys.exc_info()[1])
+        finally:  # the clocks first, then the power limits; each close logs its failure
+            try:
+                capped = restore_power_limits(domains)
+            finally:
+                for domain in domains:
+                    domain.close_controller()
+        if failed or capped:
+            _raise_not_reset(failed, sys.exc_info()[1], capped)
     return stats
 
 
-def _raise_not_reset(failed: list[str], stopped_by: BaseException | None) -> None:
-    """After the exit reset left ``failed`` locked: raise :class:`ClocksNotReset` (exit
-    6, the line naming them) in place of the error that stopped the run, which is logged
-    first; GPUs still locked are what the operator must act on. Kept are an interrupt
-    (not an ``Exception``) and a lost GPU that is the only one left (a lost GPU cannot
-    be reset, and exit 5 names it)."""
-    message = not_reset_message(failed)
+def _raise_not_reset(
+    failed: list[str], stopped_by: BaseException | None, capped: Mapping[str, float] | None = None
+) -> None:
+    """After the exit reset left ``failed`` locked (and ``capped``'s power limits not
+    restored): raise :class:`ClocksNotReset` (exit 6, the line naming them) in place of the
+    error that stopped the run, which is logged first; GPUs still locked or capped are
+    what the operator must act on. Kept are an interrupt (not an ``Exception``) and a
+    lost GPU that is the only one left (a lost GPU cannot be reset, and exit 5 names
+    it)."""
+    capped = dict(capped or {})
+    message = not_reset_message(failed, capped)
+    gpus = (*failed, *(label for label in capped if label not in failed))
     if stopped_by is None:
-        raise ClocksNotReset(message, gpus=tuple(failed))
-    lost_alone = isinstance(stopped_by, GpuLost) and failed == [stopped_by.gpu]
+        raise ClocksNotReset(message, gpus=gpus)
+    lost_alone = isinstance(stopped_by, GpuLost) and list(gpus) == [stopped_by.gpu]
     if not isinstance(stopped_by, Exception) or lost_alone:
         log.error("%s", message)
         return
     log.error("the run stopped: %s", stopped_by)
-    raise ClocksNotReset(message, gpus=tuple(failed)) from stopped_by
+    raise ClocksNotReset(message, gpus=gpus) from stopped_by
 
 
 def restore_all(domains: Sequence[Domain]) -> list[str]:
@@ -433,10 +441,33 @@ def restore_all(domains: Sequence[Domain]) -> list[str]:
     return failed
 
 
-def not_reset_message(gpus: Sequence[str]) -> str:
-    """The one line naming the GPUs still locked and how to reset them by hand."""
-    names = ",".join(gpus)
-    return (
-        f"could not reset the SM clock lock of GPU(s) {names} after retries; they may still "
-        f"be locked: run `gpugov reset-clocks --gpus {names}` as root"
-    )
+def restore_power_limits(domains: Sequence[Domain]) -> dict[str, float]:
+    """Restore every power limit gpugov set (each actuator retries): the GPUs whose
+    original limit could not be restored, with that limit in watts."""
+    failed: dict[str, float] = {}
+    for domain in domains:
+        limits = domain.power_limits
+        if limits is None:
+            continue
+        for label in limits.restore():
+            failed[label] = limits.original_w.get(label, math.nan)
+    return failed
+
+
+def not_reset_message(gpus: Sequence[str], capped: Mapping[str, float] | None = None) -> str:
+    """The one line naming the GPUs still locked (and those whose power limit gpugov set
+    is not restored) and how to reset them by hand."""
+    parts = []
+    if gpus:
+        names = ",".join(gpus)
+        parts.append(
+            f"could not reset the SM clock lock of GPU(s) {names} after retries; they may "
+            f"still be locked: run `gpugov reset-clocks --gpus {names}` as root"
+        )
+    if capped:
+        limits = ", ".join(f"GPU {label}: {watts:g} W" for label, watts in capped.items())
+        parts.append(
+            f"could not restore the power limit of GPU(s) {','.join(capped)} after retries; "
+            f"they may still be capped: run `nvidia-smi -i GPU -pl WATTS` as root ({limits})"
+        )
+    return "; ".join(parts)

@@ -12,8 +12,8 @@ Exit codes (also in ``docs/daemon.md``):
 * 3 -- permission denied: locking clocks needs root or CAP_SYS_ADMIN;
 * 4 -- no usable GPU: no driver/NVML, no such GPU, or clock locking not supported;
 * 5 -- a GPU was lost mid-run (the others were reset);
-* 6 -- at exit (or in ``reset-clocks``) some GPUs' locks could not be reset: the message
-  names them;
+* 6 -- at exit (or in ``reset-clocks``) some GPUs' locks could not be reset, or the power
+  limits gpugov set not restored: the message names them;
 * 130 -- stopped by Ctrl-C (SIGINT), every clock reset.
 """
 
@@ -60,6 +60,7 @@ from gpugov.daemon.loop import (
     SystemdNotify,
     TimedLoop,
     restore_all,
+    restore_power_limits,
     run,
 )
 from gpugov.daemon.loop import stop_on_signals as _stop_on_signals
@@ -122,6 +123,8 @@ def _run_node(args: argparse.Namespace) -> int:
         try:
             for domain in assembled.domains:
                 domain.actuator.reconcile(config.daemon.reconcile, dry_run=dry_run)
+                if domain.power_limits is not None:
+                    domain.power_limits.reconcile(dry_run=dry_run)
             if stop.is_set():
                 # Stopped while the start ran (opening the GPUs, reconciling, building
                 # the controllers): no loop, so no "locking clocks" line before the stop.
@@ -151,6 +154,7 @@ def _run_node(args: argparse.Namespace) -> int:
         finally:
             if not entered:  # what reconcile could not reset is tried once more
                 restore_all(assembled.domains)
+                restore_power_limits(assembled.domains)
             if recorder is not None:
                 recorder.close()
             if exporter is not None:

@@ -10,7 +10,10 @@ Sources, each in watts for the whole domain:
   annotation is a per-GPU cap); read every tick through the bounded reader and taken
   again when its contents change;
 * ``nvml``: the GPUs' enforced power limits (``nvmlDeviceGetEnforcedPowerLimit``), summed,
-  as the observation carries them every tick.
+  as the observation carries them every tick; where gpugov set a GPU's limit itself (a
+  controller's power cap, :mod:`daemon.power_limit`), the limit that GPU enforced before
+  gpugov's first write, or one someone else set since (:class:`OutsideLimits`): gpugov's
+  own cap is no outside budget.
 
 Bad file contents (not one number of watts, zero, negative, not finite, or below the
 domain's lowest settable power limit), a file that cannot be read or disappears: one log
@@ -31,7 +34,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from gpugov.controllers.contract import ClockController, layers, power_needed
 from gpugov.controllers.power_need import BudgetGuard
-from gpugov.daemon.backend import DryRunBackend, GpuBackend
+from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.observer import Observed
 from gpugov.plant.input_files import InputFileError, read_input_text
@@ -75,6 +78,15 @@ class PowerLimitRange(Protocol):
     """A GPU backend that reports the power limits it accepts (NVML's constraints)."""
 
     def power_limit_constraints_w(self) -> tuple[float, float] | None: ...
+
+
+@runtime_checkable
+class OutsideLimits(Protocol):
+    """What the ``nvml`` source reads when gpugov sets power limits itself
+    (:class:`daemon.power_limit.PowerLimitActuator`): the domain's enforced limit without
+    gpugov's own, from this tick's samples (None: unknown this tick)."""
+
+    def outside_limit_w(self, samples: Sequence[GpuSample]) -> float | None: ...
 
 
 class BudgetFile:
@@ -241,10 +253,16 @@ class PowerBudget:
         ``file``): only then does the guard hold it by the clock."""
         return self.config_w is not None or self.file is not None
 
-    def apply(self, observed: Observed) -> Observed:
+    def apply(self, observed: Observed, outside: OutsideLimits | None = None) -> Observed:
         """``observed`` with the budget in force as the observation's ``power_limit_w``
-        (the NVML limits it carried are one of the sources)."""
-        budget = self.resolve(observed.observation.power_limit_w)
+        (the NVML limits it carried are one of the sources; with ``outside``, the limits
+        gpugov did not set itself)."""
+        nvml_w = (
+            observed.observation.power_limit_w
+            if outside is None
+            else outside.outside_limit_w(observed.gpu_samples)
+        )
+        budget = self.resolve(nvml_w)
         if budget is None:
             return observed
         return replace(observed, observation=replace(observed.observation, power_limit_w=budget))
@@ -391,6 +409,7 @@ __all__ = [
     "BudgetSource",
     "BudgetStatus",
     "FileScope",
+    "OutsideLimits",
     "PowerBudget",
     "PowerLimitRange",
     "distinct_watts",

@@ -230,6 +230,11 @@ def _print_summary(
     print(
         f"  daemon: {stats.ticks} ticks, {stats.overruns} overruns, "
         f"{domain.decisions} decisions, {domain.actuator.writes} clock writes"
+        + (
+            f", {domain.power_limits.writes} power limit writes"
+            if domain.caps and domain.power_limits is not None
+            else ""
+        )
         + (f", fallbacks: {fallbacks}" if fallbacks else "")
     )
     note = light_load_note(simulation.result.request_records)

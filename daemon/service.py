@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from gpugov.controllers.budget import SLOTarget
+from gpugov.controllers.contract import layers
 from gpugov.daemon.actuator import ClockActuator, ExternalPolicy, LockMode
 from gpugov.daemon.backend import DryRunBackend, GpuBackend
 from gpugov.daemon.config import DaemonSection, DomainConfig, GpugovConfig, controller_state_dir
@@ -46,11 +47,12 @@ from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DEFAULT_TAIL_QUANTILE, DomainObserver
 from gpugov.daemon.power_budget import PowerBudget, domain_budget
+from gpugov.daemon.power_limit import power_limit_actuator
 from gpugov.daemon.roles import COLOCATED, resolve_role
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import SimulatedBackend, SimulatedNode, SimulatedSource
 from gpugov.plant import PlantSimulation, ServingPlant, ServingResult
-from gpugov.plant.types import Request
+from gpugov.plant.types import PowerCapping, Request
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +227,8 @@ def build_domain(
     Raises:
         NotSupported: a GPU lists no supported clocks.
         ControllerError: the controller cannot be built.
-        ConfigError: the safety floor is above the GPUs' top clock.
+        ConfigError: the safety floor is above the GPUs' top clock, or the controller
+            sets a power cap that the GPUs' backend cannot set.
     """
     safety = safety or SafetySettings()
     labelled = probe_role(source, name) if role is None else None
@@ -308,6 +311,13 @@ def build_domain(
     actuator = ClockActuator(
         backends, domain=name, lock_mode=lock_mode, external_policy=external_policy, state=state
     )
+    power_limits = power_limit_actuator(backends, domain=name, state=state)
+    if power_limits is None and isinstance(layers(controller)[-1], PowerCapping):
+        raise ConfigError(
+            f"domain {name!r}: controller {spec_name(controller_spec)!r} sets a GPU power "
+            "limit, which this domain's GPU backend cannot set (only nvml can); use "
+            'backend = "nvml", or a controller that sets only the clock'
+        )
     return Domain(
         name,
         observer,
@@ -316,6 +326,7 @@ def build_domain(
         failsafe=failsafe,
         label=spec_name(controller_spec),
         budget=budget or PowerBudget(name),
+        power_limits=power_limits,
     )
 
 

@@ -148,6 +148,8 @@ def full_snapshot() -> DomainSnapshot:
         solve_sum_s=solve.sum_s,
         external_clock_changes_total={"0": 1},
         clock_write_failures_total={"0": 1},
+        power_cap_applied_w=490.0,
+        power_cap_write_failures_total={"0": 1},
         model=model,
         power_budget=budget,
         energy=energy,

@@ -1,0 +1,562 @@
+"""Power limit actuation for one control domain: set only on change, always restore on
+the way out.
+
+A controller that sets a power cap (:class:`~gpugov.plant.types.PowerCapping`: the peers
+``power-cap``, ``dps``, ``power-profile``, ``default-dvfs``) asks after each decision for
+``requested_power_cap_w``, watts for the whole domain; None is the board limit, which on a
+node is the limit each GPU had before gpugov set one. :class:`PowerLimitActuator` applies
+it as the clock actuator (:mod:`daemon.actuator`) applies a clock:
+
+* the domain's watts are split evenly over its GPUs, and each GPU's share is clamped into
+  the limits it accepts (``nvmlDeviceGetPowerManagementLimitConstraints``) and never above
+  the limit it had before gpugov (gpugov lowers limits, it never raises one an operator
+  set); a clamped request is logged once;
+* a GPU's limit is written only when its share changed;
+* each GPU's limit as found before the first write (``nvmlDeviceGetPowerManagementLimit``)
+  is remembered, and recorded in the lock state file (:mod:`daemon.lockstate`) *before*
+  the write, so a start after a crash restores it (:meth:`PowerLimitActuator.reconcile`);
+* that limit is restored when the controller asks for None again, while the domain is in
+  its fail-safe, and on every way out (:meth:`PowerLimitActuator.restore`, retried with
+  backoff like the clock reset; the GPUs still not restored are returned by name); a limit
+  someone else set since gpugov's write is left as it is;
+* a write that fails transiently is counted per GPU (``write_failures``, exported as
+  ``gpugov_power_cap_write_failures_total``), logged at most once a minute per GPU
+  (:class:`~daemon.actuator.WriteFailureLog`) and retried on the next tick; a write refused
+  for good (no root or CAP_SYS_ADMIN, a GPU that cannot set a limit) is one log line, and
+  the domain goes on governing its clocks without a cap.
+
+The enforced limit every sample carries is one source of the domain's power budget
+(:mod:`daemon.power_budget`); the limit gpugov set itself is no outside budget, so
+:meth:`PowerLimitActuator.outside_limit_w` gives the budget the limit found before the
+first write, or a limit someone else set since.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gpugov.daemon.actuator import PERMANENT_RESET_ERRORS, WriteFailureLog
+from gpugov.daemon.backend import (
+    DryRunBackend,
+    GpuBackend,
+    GpuSample,
+    PowerLimitBackend,
+    power_limit_backend,
+)
+from gpugov.daemon.errors import (
+    ConfigError,
+    GpuError,
+    GpuLost,
+    PermissionDenied,
+    TransientGpuError,
+)
+from gpugov.daemon.lockstate import LockState, gpu_key, live_gpugov_pid
+
+log = logging.getLogger(__name__)
+
+SAME_LIMIT_W = 0.5
+"""Two power limits closer than this (watts) are the same limit: NVML keeps whole
+milliwatts, and a limit read back is the one written."""
+
+
+class PowerLimitActuator:
+    """Applies one domain's power cap to its GPUs' power limits.
+
+    Args:
+        backends: the domain's GPUs; each must set power limits
+            (:func:`~daemon.backend.power_limit_backend`).
+        domain: name for logs.
+        state: where each GPU's original limit is persisted for the next start (None:
+            nowhere; a dry run).
+        restore_attempts, restore_backoff_s: the exit restore tries a failing GPU this many
+            times, sleeping ``backoff * 2**k`` between rounds.
+        sleep: for the backoff (tests pass a recorder).
+        clock: monotonic seconds, for the rate-limited write-failure log.
+
+    Raises:
+        ValueError: no GPU, or a GPU whose power limit cannot be set.
+    """
+
+    def __init__(
+        self,
+        backends: Sequence[GpuBackend],
+        *,
+        domain: str = "default",
+        state: LockState | None = None,
+        restore_attempts: int = 5,
+        restore_backoff_s: float = 0.2,
+        sleep: Callable[[float], Any] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not backends:
+            raise ValueError(f"domain {domain!r}: a power limit actuator needs at least one GPU")
+        found: list[PowerLimitBackend] = []
+        for backend in backends:
+            limited = power_limit_backend(backend)
+            if limited is None:
+                raise ValueError(f"domain {domain!r}: GPU {backend.label} cannot set a power limit")
+            found.append(limited)
+        self._backends = found
+        self._gpus = list(backends)
+        self.domain = domain
+        self.state = state
+        self.restore_attempts = max(1, int(restore_attempts))
+        self.restore_backoff_s = restore_backoff_s
+        self._sleep = sleep
+        self.original_w: dict[str, float] = {}
+        """Each GPU's power limit as found before gpugov's first write (or as a previous
+        run recorded it)."""
+        self.held_w: dict[str, float | None] = {b.label: None for b in found}
+        """The limit gpugov set and holds on each GPU (None: the original is in force)."""
+        self._asked_w: dict[str, float] = {}
+        """The last limit written or tried on each GPU (a failed write may still be it)."""
+        self._outside_w: dict[str, float] = {}
+        """Each GPU's last enforced limit that gpugov did not set (the budget source)."""
+        self._touched: set[str] = set()
+        self._limits_w: dict[str, tuple[float, float] | None] = {}
+        self._clamp_logged: set[tuple[str, str]] = set()
+        self._bad_request_logged = False
+        self.requested_w: float | None = None
+        """The domain's cap the controller asked for last (None: the board limit)."""
+        self.refused: str | None = None
+        """Why power limits cannot be set on this domain (the cap is no longer applied)."""
+        self.writes = 0
+        self.write_failures: dict[str, int] = {b.label: 0 for b in found}
+        """Failed power limit writes per GPU (``gpugov_power_cap_write_failures_total``)."""
+        self.failure_log = WriteFailureLog(domain, clock=clock, subject="power limit")
+
+    @property
+    def applied_w(self) -> float | None:
+        """The domain's power limit as gpugov set it (its GPUs' limits summed, a GPU that
+        holds none counted at its original), or None when gpugov holds no limit."""
+        if all(value is None for value in self.held_w.values()):
+            return None
+        total = 0.0
+        for label, value in self.held_w.items():
+            if value is None:
+                value = self.original_w.get(label)
+            if value is None:
+                return None
+            total += value
+        return total
+
+    # -------------------------------------------------------------------- apply
+    def _request(self, cap_w: object) -> float | None:
+        """The controller's cap as domain watts, or None (the board limit): a value that
+        is no finite positive number is logged once and taken as None (never a cap)."""
+        if cap_w is None:
+            return None
+        try:
+            value = float(cap_w)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            value = math.nan
+        if math.isfinite(value) and value > 0.0:
+            return value
+        if not self._bad_request_logged:
+            self._bad_request_logged = True
+            log.warning(
+                "domain %s: the controller asked for a power cap of %r, not a positive number "
+                "of watts; the GPUs keep their own limits",
+                self.domain,
+                cap_w,
+            )
+        return None
+
+    def _constraints(self, backend: PowerLimitBackend) -> tuple[float, float] | None:
+        label = backend.label
+        if label not in self._limits_w:
+            try:
+                self._limits_w[label] = backend.power_limit_constraints_w()
+            except GpuLost:
+                raise
+            except GpuError as error:
+                log.debug("GPU %s: power limit constraints not read: %s", label, error)
+                return None
+        return self._limits_w[label]
+
+    def _clamped(self, backend: PowerLimitBackend, share_w: float, original_w: float) -> float:
+        """``share_w`` within the GPU's constraints and at most its original limit; a
+        request outside them is logged once per GPU and side."""
+        label = backend.label
+        limits = self._constraints(backend)
+        lowest = None if limits is None else limits[0]
+        highest = original_w if limits is None else min(limits[1], original_w)
+        value = share_w
+        side = ""
+        if value > highest + 1e-9:
+            value, side = highest, "above"
+        if lowest is not None and value < lowest - 1e-9:
+            value, side = lowest, "below"
+        if side and (label, side) not in self._clamp_logged:
+            self._clamp_logged.add((label, side))
+            bound = (
+                f"the lowest limit it accepts ({lowest:g} W)"
+                if side == "below"
+                else f"the limit it had before gpugov ({highest:g} W), which gpugov never raises"
+                if highest == original_w
+                else f"the highest limit it accepts ({highest:g} W)"
+            )
+            log.warning(
+                "domain %s: the power cap %g W asks %g W of GPU %s, %s %s; %g W set instead "
+                "(logged once)",
+                self.domain,
+                self.requested_w or 0.0,
+                share_w,
+                label,
+                side,
+                bound,
+                value,
+            )
+        return value
+
+    def apply(self, cap_w: float | None) -> int:
+        """Set every GPU's share of ``cap_w`` (domain watts) where it changed; None
+        restores the limits found before gpugov.
+
+        Returns:
+            The number of power limit writes made (0 when nothing changed).
+
+        Raises:
+            GpuLost: a GPU fell off the bus (the caller restores what it can).
+        A transient failure is counted and retried on the next call; a refusal is logged
+        once and the cap is not applied any more.
+        """
+        request = self._request(cap_w)
+        self.requested_w = request
+        if self.refused is not None:
+            return 0
+        if request is None:
+            return self._release()
+        share = request / len(self._backends)
+        written = 0
+        for backend in self._backends:
+            label = backend.label
+            original = self._original(backend)
+            if self.refused is not None:
+                break
+            if original is None:
+                continue  # a transient failure reading it: tried again next tick
+            value = self._clamped(backend, share, original)
+            if abs(value - original) < 1e-3:  # its own limit: restore it if gpugov set one
+                if label in self._touched and self._restore_one(backend, at_exit=False) == (
+                    "restored"
+                ):
+                    written += 1
+                continue
+            held = self.held_w[label]
+            if held is not None and abs(value - held) < 1e-3 and self._asked_w[label] == held:
+                continue
+            if self._write(backend, value, original):
+                written += 1
+        if self.refused is not None:
+            self._release()
+        return written
+
+    def _original(self, backend: PowerLimitBackend) -> float | None:
+        """The GPU's limit before gpugov's first write, read now if not known yet."""
+        label = backend.label
+        if label in self.original_w:
+            return self.original_w[label]
+        try:
+            found = float(backend.power_limit_w())
+        except TransientGpuError as error:
+            self._count_failure(label)
+            self.failure_log.failed(label, "read", error)
+            return None
+        except GpuLost:
+            raise
+        except GpuError as error:
+            self._refuse(backend, error)
+            return None
+        self.original_w[label] = found
+        return found
+
+    def _write(self, backend: PowerLimitBackend, value: float, original: float) -> bool:
+        """One power limit write of ``value`` watts; True when it went through."""
+        label = backend.label
+        if self.state is not None:  # before the write: a crash right after still restores
+            self.state.record_power_limit(
+                gpu_key(backend), label, round(original * 1000.0), round(value * 1000.0)
+            )
+        first = label not in self._touched
+        self._touched.add(label)
+        self._asked_w[label] = value
+        try:
+            backend.set_power_limit(value)
+        except TransientGpuError as error:
+            self._count_failure(label)
+            self.failure_log.failed(label, "write", error)
+            return False
+        except GpuLost:
+            self._count_failure(label)
+            raise
+        except GpuError as error:
+            self._count_failure(label)
+            if first:  # refused, so nothing was written: nothing to restore
+                self._touched.discard(label)
+                self._asked_w.pop(label, None)
+                if self.state is not None:
+                    self.state.clear_power_limit(gpu_key(backend))
+            self._refuse(backend, error)
+            return False
+        self.failure_log.succeeded(label)
+        self.held_w[label] = value
+        self.writes += 1
+        log.debug("domain %s: GPU %s power limit set to %g W", self.domain, label, value)
+        return True
+
+    def _refuse(self, backend: PowerLimitBackend, error: GpuError) -> None:
+        """Power limits cannot be set here: one line, and no cap from now on."""
+        if isinstance(error, PermissionDenied):
+            reason = "setting a power limit needs root or CAP_SYS_ADMIN"
+        else:
+            reason = f"its power limit cannot be set ({error})"
+        self.refused = f"GPU {backend.label}: {reason}"
+        log.error(
+            "domain %s: GPU %s: %s; the controller's power cap is not applied, the clocks are "
+            "still governed",
+            self.domain,
+            backend.label,
+            reason,
+        )
+
+    def _release(self) -> int:
+        """Restore, once each, every GPU that holds a limit gpugov set (a transient
+        failure is retried on the next call)."""
+        restored = 0
+        for backend in self._backends:
+            if backend.label not in self._touched:
+                continue
+            if self._restore_one(backend, at_exit=False) == "restored":
+                restored += 1
+        return restored
+
+    def _count_failure(self, label: str) -> None:
+        self.write_failures[label] = self.write_failures.get(label, 0) + 1
+
+    # ------------------------------------------------------------------ restore
+    def _restore_one(self, backend: PowerLimitBackend, *, at_exit: bool) -> str:
+        """Put one GPU's original limit back: ``"restored"``, ``"left"`` (nothing to
+        write: already there, or someone else set it since), ``"retry"`` (a transient
+        failure) or ``"failed"`` (for good)."""
+        label = backend.label
+        original = self.original_w.get(label)
+        if original is None:
+            self._forget(backend)
+            return "left"
+        if not isinstance(backend, DryRunBackend):  # a dry run never set what it holds
+            try:
+                now: float | None = float(backend.power_limit_w())
+            except GpuLost:
+                if at_exit:
+                    self._count_failure(label)
+                    log.error(
+                        "domain %s: GPU %s lost; its power limit not restored", self.domain, label
+                    )
+                    return "failed"
+                raise
+            except GpuError as error:
+                now = None
+                log.debug("GPU %s: power limit not read before restoring: %s", label, error)
+            if now is not None and abs(now - original) <= SAME_LIMIT_W:
+                self._forget(backend)
+                return "left"
+            ours = [v for v in (self.held_w[label], self._asked_w.get(label)) if v is not None]
+            if now is not None and ours and all(abs(now - v) > SAME_LIMIT_W for v in ours):
+                log.warning(
+                    "domain %s: GPU %s: its power limit is %g W, which gpugov did not set (it "
+                    "set %g W): someone else changed it; left as it is, not restored to %g W",
+                    self.domain,
+                    label,
+                    now,
+                    ours[0],
+                    original,
+                )
+                self._forget(backend)
+                return "left"
+        self._asked_w[label] = original
+        try:
+            backend.set_power_limit(original)
+        except PERMANENT_RESET_ERRORS as error:
+            self._count_failure(label)
+            log.error("domain %s: power limit restore failed: %s", self.domain, error)
+            return "failed"
+        except GpuError as error:
+            self._count_failure(label)
+            if at_exit:
+                return "retry"
+            self.failure_log.failed(label, "restore", error)
+            return "retry"
+        self.failure_log.succeeded(label)
+        self.writes += 1
+        self._forget(backend)
+        log.info("domain %s: GPU %s power limit restored to %g W", self.domain, label, original)
+        return "restored"
+
+    def _forget(self, backend: PowerLimitBackend) -> None:
+        """The GPU holds no limit of gpugov's any more."""
+        label = backend.label
+        self.held_w[label] = None
+        self._touched.discard(label)
+        self._asked_w.pop(label, None)
+        if self.state is not None:
+            self.state.clear_power_limit(gpu_key(backend))
+
+    def restore(self) -> list[str]:
+        """Restore every GPU's original limit where gpugov set one, retrying failures with
+        backoff; never raises.
+
+        A GPU that is lost, refuses permission or lacks the call is not retried; any other
+        failure is retried ``restore_attempts`` times.
+
+        Returns:
+            Labels of the GPUs whose original limit could not be restored.
+        """
+        pending = [b for b in self._backends if b.label in self._touched]
+        failed: list[str] = []
+        for attempt in range(self.restore_attempts):
+            retry = []
+            for backend in pending:
+                outcome = self._restore_one(backend, at_exit=True)
+                if outcome == "failed":
+                    failed.append(backend.label)
+                elif outcome == "retry":
+                    retry.append(backend)
+                    log.warning(
+                        "domain %s: GPU %s: power limit restore failed (attempt %d of %d)",
+                        self.domain,
+                        backend.label,
+                        attempt + 1,
+                        self.restore_attempts,
+                    )
+            pending = retry
+            if not pending:
+                break
+            if attempt + 1 < self.restore_attempts:
+                self._sleep(self.restore_backoff_s * 2**attempt)
+        for backend in pending:
+            failed.append(backend.label)
+            log.error(
+                "domain %s: GPU %s: power limit restore failed %d times; it may still be "
+                "capped below %g W",
+                self.domain,
+                backend.label,
+                self.restore_attempts,
+                self.original_w.get(backend.label, math.nan),
+            )
+        return sorted(failed, key=lambda label: (not label.isdigit(), label.zfill(8)))
+
+    # ---------------------------------------------------------------- reconcile
+    def reconcile(self, *, dry_run: bool = False) -> list[str]:
+        """At start: restore the power limit a previous run left (the state file), once.
+
+        A GPU whose limit is back at the recorded original, or was changed by someone else
+        since (neither the original nor what that run set), is left as it is. A restore
+        that fails is tried again at exit (the recorded original is kept for it).
+
+        Returns:
+            One line per GPU the state file names (also logged).
+
+        Raises:
+            ConfigError: the run that recorded it still runs (another daemon).
+        """
+        lines: list[str] = []
+        if self.state is None:
+            return lines
+        for backend in self._backends:
+            line = self._reconcile_one(backend, dry_run)
+            if line is not None:
+                lines.append(line)
+        return lines
+
+    def _reconcile_one(self, backend: PowerLimitBackend, dry_run: bool) -> str | None:
+        assert self.state is not None
+        label, key = backend.label, gpu_key(backend)
+        entry = self.state.get_power_limit(key)
+        if entry is None or entry.get("pid") == self.state.pid:
+            return None
+        if live_gpugov_pid(entry.get("pid")):
+            raise ConfigError(
+                f"GPU {label}: gpugov pid {entry.get('pid')} holds its power limit "
+                f"({self.state.path}) and is still running; stop it first"
+            )
+        original = float(entry["original_mw"]) / 1000.0
+        left_mw = entry.get("set_mw")
+        left = float(left_mw) / 1000.0 if isinstance(left_mw, int | float) else None
+        try:
+            now: float | None = float(backend.power_limit_w())
+        except GpuError as error:
+            now = None
+            log.debug("GPU %s: power limit not read for reconcile: %s", label, error)
+        found = (
+            f"a previous gpugov run (pid {entry.get('pid')}, {entry.get('time')}) set its power "
+            f"limit to {'?' if left is None else f'{left:g}'} W (now "
+            f"{'unknown' if now is None else f'{now:g} W'}), {original:g} W before"
+        )
+        if dry_run:
+            line = f"GPU {label}: {found}; dry run: left as it is"
+        elif now is not None and abs(now - original) <= SAME_LIMIT_W:
+            self.state.clear_power_limit(key)
+            line = f"GPU {label}: {found}; already back"
+        elif now is not None and left is not None and abs(now - left) > SAME_LIMIT_W:
+            self.state.clear_power_limit(key)
+            line = f"GPU {label}: {found}; changed by someone else since: left as it is"
+        else:
+            try:
+                backend.set_power_limit(original)
+            except GpuError as error:
+                self._count_failure(label)
+                self.original_w[label] = original  # the exit tries again, to the same limit
+                self._touched.add(label)
+                if left is not None:
+                    self._asked_w[label] = left
+                line = f"GPU {label}: {found}; restore FAILED: {error}"
+                log.error("reconcile: %s", line)
+                return line
+            self.writes += 1
+            self.state.clear_power_limit(key)
+            line = f"GPU {label}: {found}; restored"
+        log.warning("reconcile: %s", line)
+        return line
+
+    # ------------------------------------------------------------------- budget
+    def outside_limit_w(self, samples: Sequence[GpuSample]) -> float | None:
+        """The domain's enforced power limit as a budget source, without gpugov's own:
+        each GPU's enforced limit, but where that is the limit gpugov set, the limit it
+        enforced before gpugov's first write (else its original). None when a GPU's
+        limit is unknown this tick (the budget keeps its last value)."""
+        total = 0.0
+        by_label = {sample.gpu: sample for sample in samples}
+        for backend in self._backends:
+            label = backend.label
+            sample = by_label.get(label)
+            enforced = None if sample is None else sample.power_limit_w
+            if enforced is None:
+                return None
+            ours = [v for v in (self.held_w[label], self._asked_w.get(label)) if v is not None]
+            if ours and any(abs(enforced - v) <= SAME_LIMIT_W for v in ours):
+                before = self._outside_w.get(label, self.original_w.get(label))
+                if before is None:
+                    return None
+                total += before
+            else:
+                self._outside_w[label] = float(enforced)
+                total += float(enforced)
+        return total
+
+
+def power_limit_actuator(
+    backends: Sequence[GpuBackend], *, domain: str, state: LockState | None
+) -> PowerLimitActuator | None:
+    """The domain's :class:`PowerLimitActuator` when every GPU's power limit can be set
+    through its backend (NVML, the simulated plant, a dry run of either), else None."""
+    if not backends or any(power_limit_backend(b) is None for b in backends):
+        return None
+    return PowerLimitActuator(backends, domain=domain, state=state)
+
+
+__all__ = ["SAME_LIMIT_W", "PowerLimitActuator", "power_limit_actuator"]

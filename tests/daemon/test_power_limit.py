@@ -1,0 +1,450 @@
+"""PowerLimitActuator: a controller's power cap set on a node, on change only, and the
+limits found before gpugov restored on every way out (and after a crash, at the next
+start); the budget's NVML source never reads gpugov's own cap."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import fake_pynvml as fp
+import pytest
+from daemon_support import MetricsServer, run_ticks
+from fake_pynvml import FakeNvml
+
+from gpugov.daemon.backend import DryRunBackend, GpuSample, power_limit_backend
+from gpugov.daemon.config import parse_config
+from gpugov.daemon.errors import (
+    ClocksNotReset,
+    ConfigError,
+    GpuLost,
+    NotSupported,
+    PermissionDenied,
+    TransientGpuError,
+)
+from gpugov.daemon.lockstate import LockState
+from gpugov.daemon.nvml import NvmlBackend
+from gpugov.daemon.power_budget import PowerBudget
+from gpugov.daemon.power_limit import PowerLimitActuator
+from gpugov.daemon.service import domains_from_config
+
+SET = "nvmlDeviceSetPowerManagementLimit"
+LOCK = "nvmlDeviceSetGpuLockedClocks"
+
+
+def _backends(fake: FakeNvml) -> list[NvmlBackend]:
+    return [NvmlBackend(i, nvml=fake) for i in range(len(fake.gpus))]
+
+
+def _cap_writes(fake: FakeNvml) -> list[tuple[Any, ...]]:
+    return [w for w in fake.writes if w[0] == SET]
+
+
+def _limits_mw(fake: FakeNvml) -> list[int]:
+    return [gpu.power_limit_mw for gpu in fake.gpus]
+
+
+# ------------------------------------------------------------------------ backends
+def test_nvml_reads_and_sets_the_power_limit_in_watts(fake_nvml: FakeNvml) -> None:
+    backend = NvmlBackend(0, nvml=fake_nvml)
+    assert isinstance(backend, NvmlBackend) and power_limit_backend(backend) is backend
+    assert backend.power_limit_w() == 700.0
+    assert backend.power_limit_constraints_w() == (200.0, 700.0)
+    backend.set_power_limit(350.25)
+    assert fake_nvml.writes == [(SET, 0, 350_250)]  # whole milliwatts
+    assert backend.power_limit_w() == pytest.approx(350.25)
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        (fp.NVML_ERROR_NO_PERMISSION, PermissionDenied),
+        (fp.NVML_ERROR_NOT_SUPPORTED, NotSupported),
+        (fp.NVML_ERROR_GPU_IS_LOST, GpuLost),
+        (fp.NVML_ERROR_TIMEOUT, TransientGpuError),
+    ],
+)
+def test_nvml_power_limit_errors_map_to_the_daemons_tree(
+    fake_nvml: FakeNvml, code: int, error: type[Exception]
+) -> None:
+    backend = NvmlBackend(0, nvml=fake_nvml)
+    fake_nvml.fail(SET, code)
+    with pytest.raises(error):
+        backend.set_power_limit(300.0)
+    fake_nvml.fail("nvmlDeviceGetPowerManagementLimit", code)
+    with pytest.raises(error):
+        backend.power_limit_w()
+
+
+def test_dry_run_reads_the_limit_and_only_logs_the_write(
+    fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = DryRunBackend(NvmlBackend(0, nvml=fake_nvml))
+    assert power_limit_backend(backend) is backend
+    assert backend.power_limit_w() == 700.0
+    with caplog.at_level(logging.INFO):
+        backend.set_power_limit(300.0)
+    assert fake_nvml.writes == []
+    assert backend.writes[-1] == ("power_limit", 300.0)
+    assert "would set the power limit to 300.0 W" in caplog.text
+
+
+# ------------------------------------------------------------------------ actuator
+def test_the_cap_is_split_over_the_gpus_written_on_change_and_restored(
+    fake_nvml: FakeNvml,
+) -> None:
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    assert actuator.apply(800.0) == 2
+    assert _limits_mw(fake_nvml) == [400_000, 400_000]
+    assert actuator.apply(800.0) == 0  # unchanged: no write
+    assert actuator.applied_w == 800.0
+    assert actuator.apply(600.0) == 2  # the next period's new cap
+    assert _limits_mw(fake_nvml) == [300_000, 300_000]
+    assert actuator.writes == 4
+    assert actuator.restore() == []
+    assert _limits_mw(fake_nvml) == [700_000, 700_000]
+    assert actuator.applied_w is None
+
+
+def test_a_cap_back_to_none_restores_the_original_limit(fake_nvml: FakeNvml) -> None:
+    fake_nvml.gpus[1].power_limit_mw = 650_000  # an operator's own limit, kept as the original
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    actuator.apply(500.0)
+    assert _limits_mw(fake_nvml) == [250_000, 250_000]
+    assert actuator.apply(None) == 2
+    assert _limits_mw(fake_nvml) == [700_000, 650_000]
+    assert actuator.apply(None) == 0
+    assert actuator.restore() == [] and len(_cap_writes(fake_nvml)) == 4
+
+
+def test_a_request_outside_the_constraints_is_clamped_and_said_once(
+    fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.power_limit"):
+        actuator.apply(100.0)  # 50 W a GPU, below the 200 W they accept
+        actuator.apply(120.0)
+        actuator.apply(100.0)
+    assert _limits_mw(fake_nvml) == [200_000, 200_000]
+    assert len(_cap_writes(fake_nvml)) == 2  # the clamped value did not change
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2  # once per GPU
+    assert "below the lowest limit it accepts (200 W); 200 W set instead" in lines[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.power_limit"):
+        actuator.apply(3000.0)  # above the limit each GPU had: gpugov never raises one
+    assert _limits_mw(fake_nvml) == [700_000, 700_000]
+    assert "which gpugov never raises" in caplog.text
+
+
+def test_permission_denied_is_one_line_and_no_cap(
+    fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_nvml.fail(SET, fp.NVML_ERROR_NO_PERMISSION, times=None)
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.power_limit"):
+        for _ in range(5):
+            assert actuator.apply(400.0) == 0
+    assert [r.levelname for r in caplog.records] == ["ERROR"]
+    assert "needs root or CAP_SYS_ADMIN" in caplog.text and "clocks are" in caplog.text
+    assert actuator.refused is not None and fake_nvml.calls[SET] == 1
+    assert actuator.restore() == [] and fake_nvml.calls[SET] == 1  # nothing to restore
+
+
+def test_a_transient_failure_is_counted_and_retried_next_tick(fake_nvml: FakeNvml) -> None:
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    fake_nvml.fail(SET, fp.NVML_ERROR_TIMEOUT, times=1)
+    assert actuator.apply(600.0) == 1
+    assert actuator.write_failures == {"0": 1, "1": 0}
+    assert actuator.apply(600.0) == 1  # GPU 0 written again
+    assert _limits_mw(fake_nvml) == [300_000, 300_000]
+
+
+def test_the_exit_restore_retries_with_backoff_and_names_what_stays_capped(
+    fake_nvml: FakeNvml,
+) -> None:
+    sleeps: list[float] = []
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d", sleep=sleeps.append)
+    actuator.apply(600.0)
+    fake_nvml.fail(SET, fp.NVML_ERROR_TIMEOUT, times=3)  # GPU 0, GPU 1, GPU 0 again
+    assert actuator.restore() == []
+    assert sleeps == [0.2, 0.4]
+    assert _limits_mw(fake_nvml) == [700_000, 700_000]
+    actuator.apply(600.0)
+    fake_nvml.fail(SET, fp.NVML_ERROR_TIMEOUT, times=None)
+    assert actuator.restore() == ["0", "1"]
+
+
+def test_a_limit_someone_else_set_since_is_left_at_exit(
+    fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    actuator.apply(600.0)
+    fake_nvml.gpus[0].power_limit_mw = 250_000  # nvidia-smi -pl 250, say
+    with caplog.at_level(logging.WARNING):
+        assert actuator.restore() == []
+    assert _limits_mw(fake_nvml) == [250_000, 700_000]
+    assert "which gpugov did not set" in caplog.text
+
+
+def test_dry_run_writes_nothing(fake_nvml: FakeNvml) -> None:
+    backends = [DryRunBackend(b) for b in _backends(fake_nvml)]
+    actuator = PowerLimitActuator(backends, domain="d")
+    actuator.apply(400.0)
+    actuator.apply(500.0)
+    assert actuator.restore() == []
+    assert fake_nvml.writes == []
+    assert backends[0].writes[-1] == ("power_limit", 700.0)  # the restore, logged only
+
+
+# ------------------------------------------------------------- crash and reconcile
+def test_the_original_is_recorded_before_the_write_and_restored_after_a_crash(
+    fake_nvml: FakeNvml, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    crashed = PowerLimitActuator(
+        _backends(fake_nvml), domain="d", state=LockState(tmp_path, pid=999_999_999)
+    )
+    fake_nvml.fail(SET, fp.NVML_ERROR_TIMEOUT, times=1)
+    crashed.apply(600.0)  # GPU 0's write failed: recorded all the same
+    data = json.loads((tmp_path / "locks.json").read_text())
+    assert data["power_limits"]["GPU-fake-0000"]["original_mw"] == 700_000
+    assert data["power_limits"]["GPU-fake-0001"]["set_mw"] == 300_000
+    # ... and the process dies here: no restore. The next start reconciles.
+    state = LockState(tmp_path)
+    restarted = PowerLimitActuator(_backends(fake_nvml), domain="d", state=state)
+    with caplog.at_level(logging.WARNING):
+        lines = restarted.reconcile()
+    assert _limits_mw(fake_nvml) == [700_000, 700_000]
+    assert [line.split(";")[-1].strip() for line in lines] == ["already back", "restored"]
+    assert "power_limits" not in json.loads((tmp_path / "locks.json").read_text())
+    assert "previous gpugov run (pid 999999999" in caplog.text
+
+
+def test_reconcile_leaves_a_limit_someone_else_set_and_retries_a_failed_restore_at_exit(
+    fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    crashed = PowerLimitActuator(
+        _backends(fake_nvml), domain="d", state=LockState(tmp_path, pid=999_999_999)
+    )
+    crashed.apply(600.0)
+    fake_nvml.gpus[0].power_limit_mw = 450_000  # changed by someone else after the crash
+    restarted = PowerLimitActuator(_backends(fake_nvml), domain="d", state=LockState(tmp_path))
+    fake_nvml.fail(SET, fp.NVML_ERROR_TIMEOUT, times=1)
+    lines = restarted.reconcile()
+    assert "left as it is" in lines[0] and "restore FAILED" in lines[1]
+    assert _limits_mw(fake_nvml) == [450_000, 300_000]
+    assert restarted.restore() == []  # the exit tries GPU 1 again, to the recorded original
+    assert _limits_mw(fake_nvml) == [450_000, 700_000]
+
+
+def test_a_dry_run_reconcile_writes_nothing(fake_nvml: FakeNvml, tmp_path: Path) -> None:
+    PowerLimitActuator(
+        _backends(fake_nvml), domain="d", state=LockState(tmp_path, pid=999_999_999)
+    ).apply(600.0)
+    before = list(fake_nvml.writes)
+    lines = PowerLimitActuator(
+        _backends(fake_nvml), domain="d", state=LockState(tmp_path)
+    ).reconcile(dry_run=True)
+    assert all("dry run: left as it is" in line for line in lines)
+    assert fake_nvml.writes == before
+
+
+# ------------------------------------------------------------------------- budget
+def test_the_budget_source_reads_the_limit_before_gpugovs_cap_or_someone_elses(
+    fake_nvml: FakeNvml,
+) -> None:
+    backends = _backends(fake_nvml)
+    actuator = PowerLimitActuator(backends, domain="d")
+
+    def samples() -> list[GpuSample]:
+        return [backend.sample() for backend in backends]
+
+    assert actuator.outside_limit_w(samples()) == 1400.0  # before any write
+    actuator.apply(600.0)
+    assert [s.power_limit_w for s in samples()] == [300.0, 300.0]  # gpugov's own cap
+    assert actuator.outside_limit_w(samples()) == 1400.0  # not an outside budget
+    fake_nvml.gpus[1].power_limit_mw = 250_000  # someone else's limit: a budget
+    assert actuator.outside_limit_w(samples()) == 950.0
+    budget = PowerBudget("d")
+    assert budget.resolve(actuator.outside_limit_w(samples())) == 950.0
+    assert budget.source == "nvml"
+
+
+# ----------------------------------------------------------------------- the node
+def _config(url: str, backend: str = "nvml", **domain: Any) -> Any:
+    section = {
+        "name": "llm",
+        "gpus": [0, 1],
+        "engine": {"kind": "vllm", "url": url, "timeout_s": 0.9},
+        "controller": {"kind": "power-cap", "cap_w": 800.0},
+        **domain,
+    }
+    daemon: dict[str, Any] = {"period_s": 1.0, "backend": backend}
+    if backend == "zeusd":
+        daemon["zeusd"] = {"socket": "/run/zeusd.sock"}
+    return parse_config({"daemon": daemon, "domains": [section]})
+
+
+def test_a_node_caps_from_the_first_decision_and_restores_on_stop(
+    vllm_server: MetricsServer, tmp_path: Path
+) -> None:
+    fake = FakeNvml(2)
+    config = _config(vllm_server.url)
+    config = config.model_copy(
+        update={"daemon": config.daemon.model_copy(update={"state_dir": tmp_path})}
+    )
+    assembled = domains_from_config(config, nvml=fake)
+    domain = assembled.domains[0]
+    seen: list[tuple[list[int], float | None, float | None]] = []
+
+    def on_step(step: int, records: list[Any]) -> None:
+        seen.append((_limits_mw(fake), domain.budget.sources_w.get("nvml"), None))
+
+    try:
+        records, _ = run_ticks(assembled.domains, 4, on_step=on_step)
+    finally:
+        assembled.close()
+    assert [limits for limits, _, _ in seen] == [[400_000, 400_000]] * 4
+    assert _cap_writes(fake)[:2] == [(SET, 0, 400_000), (SET, 1, 400_000)]
+    assert len(_cap_writes(fake)) == 4  # two caps, two restores
+    assert [nvml for _, nvml, _ in seen] == [1400.0] * 4  # never its own cap
+    assert records[-1].observation.power_limit_w == 1400.0
+    assert _limits_mw(fake) == [700_000, 700_000]
+    assert domain.snapshot().power_cap_applied_w is None  # restored
+    assert "power_limits" not in json.loads((tmp_path / "locks.json").read_text())
+
+
+def test_a_node_restores_the_cap_when_the_run_ends_in_an_exception(
+    vllm_server: MetricsServer,
+) -> None:
+    fake = FakeNvml(2)
+    assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
+
+    def on_step(step: int, records: list[Any]) -> None:
+        if step == 1:
+            raise RuntimeError("boom")
+
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            run_ticks(assembled.domains, 5, on_step=on_step)
+    finally:
+        assembled.close()
+    assert _limits_mw(fake) == [700_000, 700_000]
+    assert fake.locked(0) is None
+
+
+def test_a_cap_not_restored_at_exit_is_named_in_one_line(vllm_server: MetricsServer) -> None:
+    fake = FakeNvml(2)
+    assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
+    domain = assembled.domains[0]
+    assert domain.power_limits is not None
+    domain.power_limits.restore_backoff_s = 0.0  # no real backoff here
+
+    def on_step(step: int, records: list[Any]) -> None:
+        fake.fail(SET, fp.NVML_ERROR_TIMEOUT, times=None)
+
+    try:
+        with pytest.raises(ClocksNotReset) as caught:
+            run_ticks(assembled.domains, 2, on_step=on_step)
+    finally:
+        assembled.close()
+    assert caught.value.gpus == ("0", "1")
+    assert "could not restore the power limit of GPU(s) 0,1" in str(caught.value)
+    assert "GPU 0: 700 W" in str(caught.value)
+    assert fake.locked(0) is None  # the clocks were reset all the same
+
+
+def test_permission_denied_for_the_cap_leaves_the_clocks_governed(
+    vllm_server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = FakeNvml(2)
+    fake.fail(SET, fp.NVML_ERROR_NO_PERMISSION, times=None)
+    config = _config(vllm_server.url, controller={"kind": "power-profile", "ceiling_mhz": 1410})
+    config = config.model_copy(
+        update={
+            "domains": (
+                config.domains[0].model_copy(
+                    update={
+                        "controller": config.domains[0].controller.model_copy(
+                            update={"cap_w": 500.0}
+                        )
+                    }
+                ),
+            )
+        }
+    )
+    assembled = domains_from_config(config, nvml=fake)
+    try:
+        with caplog.at_level(logging.ERROR, logger="gpugov.daemon.power_limit"):
+            records, _ = run_ticks(assembled.domains, 4)
+    finally:
+        assembled.close()
+    assert len(caplog.records) == 1 and "CAP_SYS_ADMIN" in caplog.text
+    assert [r.applied_mhz for r in records] == [1410] * 4  # the clock is governed
+    assert (LOCK, 0, 1410, 1410) in fake.writes
+    assert _limits_mw(fake) == [700_000, 700_000]
+
+
+def test_a_dry_run_node_writes_no_power_limit(vllm_server: MetricsServer) -> None:
+    fake = FakeNvml(2)
+    assembled = domains_from_config(_config(vllm_server.url), dry_run=True, nvml=fake)
+    try:
+        run_ticks(assembled.domains, 3)
+    finally:
+        assembled.close()
+    assert fake.writes == []
+
+
+@pytest.mark.parametrize("backend", ["actuator", "zeusd", "nvidia-smi"])
+def test_a_cap_controller_with_a_clock_only_backend_is_refused_in_one_line(
+    backend: str,
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _config("http://127.0.0.1:9/metrics", backend=backend)
+    message = str(caught.value)
+    assert "'power-cap' sets a GPU power limit" in message
+    assert f'backend = "{backend}" cannot set' in message
+
+
+# -------------------------------------------------------------- the simulated node
+def test_run_simulate_with_a_power_cap_caps_the_simulated_plant() -> None:
+    from gpugov.daemon.controller_config import PowerCapControllerConfig
+    from gpugov.daemon.loop import TimedLoop, VirtualClock, run
+    from gpugov.daemon.service import simulated_run
+    from gpugov.plant import ServingPlant, load_profile
+    from gpugov.plant.workload import load_trace
+
+    workload, _ = load_trace("azure-conv-10min", duration_s=20)
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    clock = VirtualClock()
+    sim = simulated_run(
+        workload, plant, PowerCapControllerConfig(kind="power-cap", cap_w=300.0), clock
+    )
+    caps: list[float | None] = []
+    applied: list[float | None] = []
+
+    def on_tick(batch: Any) -> None:
+        caps.append(sim.node.simulation.gpu.cap_w)
+        applied.append(sim.domain.snapshot().power_cap_applied_w)
+
+    run(
+        [sim.domain],
+        TimedLoop(1.0, clock=clock, sleep=clock.sleep),
+        on_tick=on_tick,
+        before_tick=sim.before_tick,
+    )
+    assert caps and all(cap == pytest.approx(300.0) for cap in caps)
+    assert all(value == pytest.approx(300.0) for value in applied)
+    assert sim.node.simulation.gpu.cap_w is None  # restored at the end
+
+
+def test_run_simulate_controller_power_cap_applies_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpugov.daemon import node_cli
+
+    argv = ["run", "--simulate", "--virtual", "--duration", "20", "--quiet"]
+    argv += ["--metrics-address", "none", "--controller", "power-cap:300"]
+    assert node_cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "clock writes, 2 power limit writes" in out  # the cap, and its restore
