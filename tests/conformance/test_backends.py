@@ -30,7 +30,13 @@ from synthetic import make_plant
 
 from gpugov.daemon.actuator_client import ActuatorBackend, ActuatorClient
 from gpugov.daemon.actuator_server import ActuatorServer
-from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
+from gpugov.daemon.backend import (
+    DryRunBackend,
+    GpuBackend,
+    GpuSample,
+    PowerLimitBackend,
+    power_limit_backend,
+)
 from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.daemon.errors import (
     GpuError,
@@ -498,6 +504,35 @@ def test_min_above_max_is_refused(case: BackendCase) -> None:
 
 
 # ---------------------------------------------------------------------- close
+def test_a_power_limit_reads_back_in_watts_where_the_backend_sets_one(
+    case: BackendCase, caplog: pytest.LogCaptureFixture
+) -> None:
+    limited = power_limit_backend(case.backend)
+    if limited is None:
+        assert not isinstance(case.backend, PowerLimitBackend) or isinstance(
+            case.backend, DryRunBackend
+        )
+        pytest.skip("this backend locks clocks only (a cap controller is refused with it)")
+    before = limited.power_limit_w()
+    constraints = limited.power_limit_constraints_w()
+    assert constraints is not None
+    lowest, highest = constraints
+    assert 0.0 < lowest < highest < 2_000.0  # watts, not milliwatts
+    assert lowest <= before <= highest
+    target = round((lowest + highest) / 2.0)
+    writes = case.hardware_writes()
+    with caplog.at_level(logging.INFO):
+        limited.set_power_limit(target)
+    if case.dry_run:
+        assert "would set the power limit" in caplog.text
+        assert case.hardware_writes() == writes
+        assert limited.power_limit_w() == before
+        return
+    assert limited.power_limit_w() == pytest.approx(target)
+    limited.set_power_limit(before)
+    assert limited.power_limit_w() == pytest.approx(before)
+
+
 def test_close_is_idempotent_and_final(case: BackendCase) -> None:
     top = case.backend.supported_clocks_mhz()[-1]
     case.backend.close()
