@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpugov.daemon import cli_types
+from gpugov.daemon.backend import power_limit_backend
 from gpugov.daemon.cli_support import (
     UsageError,
     add_engine_view_argument,
@@ -322,7 +323,7 @@ def _reset_one(
             try:
                 backend.reset_clocks()
                 _forget_lock(backend, getattr(daemon, "state_dir", None))
-                return None
+                return _restore_left_power_limit(backend, getattr(daemon, "state_dir", None))
             except GpuError as failure:
                 error = failure
             finally:
@@ -358,10 +359,38 @@ def _forget_lock(backend: Any, configured: Any = None) -> None:
         LockState(directory).clear(gpu_key(backend))
 
 
+def _restore_left_power_limit(backend: Any, configured: Any = None) -> str | None:
+    """Restore the power limit a gpugov run set on the GPU and recorded in the lock state
+    file (``configured``'s, else ``$STATE_DIRECTORY``), as a start's reconcile does; one
+    line on stdout when one was found. None, or the error text when the restore failed.
+    A run still holding it is left to restore it on its own way out."""
+    from gpugov.daemon.files import resolve_state_dir
+    from gpugov.daemon.lockstate import STATE_FILE, LockState
+    from gpugov.daemon.power_limit import PowerLimitActuator
+
+    directory = resolve_state_dir(configured)
+    if directory is None or not (directory / STATE_FILE).exists():
+        return None
+    if power_limit_backend(backend) is None:
+        return None
+    actuator = PowerLimitActuator([backend], domain="reset-clocks", state=LockState(directory))
+    try:
+        lines = actuator.reconcile()
+    except ConfigError as running:
+        print(f"{running}; it restores the power limit on its own way out")
+        return None
+    for line in lines:
+        print(line.replace("a previous gpugov run", "a gpugov run", 1))
+        if "restore FAILED" in line:
+            return line.split("restore FAILED: ", 1)[1]
+    return None
+
+
 @guarded
 def cmd_reset_clocks(args: argparse.Namespace) -> int:
     """``gpugov reset-clocks``: remove SM clock locks, trying every GPU and reporting each,
-    through the backend the flags or the config name (NVML by default).
+    through the backend the flags or the config name (NVML by default); a power limit a
+    gpugov run set and recorded in the state directory is restored as well.
 
     Exit 0 when every GPU was reset, 3 when permission was denied, 6 when any GPU could
     not be reset (each is named with its error), 4 when no GPU could be listed at all or

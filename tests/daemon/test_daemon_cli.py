@@ -159,6 +159,30 @@ def test_reset_clocks_with_a_config_clears_its_state_dirs_lock_record(
     assert LockState(state).get(fake.gpus[0].uuid) is None
 
 
+def test_reset_clocks_restores_a_power_limit_a_crashed_run_left(
+    tmp_path: Path,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A unit's ``ExecStopPost=`` reset after a SIGKILL restores the power limit the run
+    recorded (in ``$STATE_DIRECTORY``) along with the clocks."""
+    from gpugov.daemon.lockstate import LockState
+
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    LockState(tmp_path, pid=999_999_999).record_power_limit(
+        fake.gpus[1].uuid, "1", 700_000, 300_000
+    )
+    fake.gpus[1].power_limit_mw = 300_000
+    assert node_cli.main(["reset-clocks"]) == 0
+    assert fake.gpus[1].power_limit_mw == 700_000
+    assert ("nvmlDeviceSetPowerManagementLimit", 1, 700_000) in fake.writes
+    assert "set its power limit to 300 W (now 300 W), 700 W before; restored" in (
+        capsys.readouterr().out
+    )
+    assert LockState(tmp_path).get_power_limit(fake.gpus[1].uuid) is None
+
+
 def test_status(
     fake: FakeNvml, metrics_server: MetricsServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
