@@ -331,8 +331,13 @@ class PowerLimitActuator:
         for backend in self._backends:
             if backend.label not in self._touched:
                 continue
-            if self._restore_one(backend, at_exit=False) == "restored":
+            outcome = self._restore_one(backend, at_exit=False)
+            if outcome == "restored":
                 restored += 1
+            elif outcome == "failed" and self.refused is None:
+                # Refused for good (logged): no cap and no retry every tick; the exit
+                # restore tries once more and names the GPU if it still fails.
+                self.refused = f"GPU {backend.label}: its power limit cannot be restored"
         return restored
 
     def _count_failure(self, label: str) -> None:
@@ -383,7 +388,18 @@ class PowerLimitActuator:
             backend.set_power_limit(original)
         except PERMANENT_RESET_ERRORS as error:
             self._count_failure(label)
-            log.error("domain %s: power limit restore failed: %s", self.domain, error)
+            why = (
+                "needs root or CAP_SYS_ADMIN"
+                if isinstance(error, PermissionDenied)
+                else f"failed: {error}"
+            )
+            log.error(
+                "domain %s: GPU %s: restoring its power limit to %g W %s; it may still be capped",
+                self.domain,
+                label,
+                original,
+                why,
+            )
             return "failed"
         except GpuError as error:
             self._count_failure(label)

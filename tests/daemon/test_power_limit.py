@@ -153,6 +153,20 @@ def test_permission_denied_is_one_line_and_no_cap(
     assert actuator.restore() == [] and fake_nvml.calls[SET] == 1  # nothing to restore
 
 
+def test_a_restore_refused_in_the_loop_is_not_retried_every_tick(
+    fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d", sleep=lambda s: None)
+    actuator.apply(600.0)
+    fake_nvml.fail(SET, fp.NVML_ERROR_NO_PERMISSION, times=None)
+    with caplog.at_level(logging.ERROR, logger="gpugov.daemon.power_limit"):
+        for _ in range(10):  # a fail-safe that lasts: the GPUs' own limits, every tick
+            actuator.apply(None)
+    assert len(caplog.records) == 2 and actuator.refused is not None  # one line a GPU
+    assert "GPU 0: restoring its power limit to 700 W needs root or CAP_SYS_ADMIN" in (caplog.text)
+    assert actuator.restore() == ["0", "1"]  # named at exit: they may still be capped
+
+
 def test_a_transient_failure_is_counted_and_retried_next_tick(fake_nvml: FakeNvml) -> None:
     actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
     fake_nvml.fail(SET, fp.NVML_ERROR_TIMEOUT, times=1)
