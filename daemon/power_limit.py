@@ -108,8 +108,8 @@ class PowerLimitActuator:
         self.restore_backoff_s = restore_backoff_s
         self._sleep = sleep
         self.original_w: dict[str, float] = {}
-        """Each GPU's power limit as found before gpugov's first write (or as a previous
-        run recorded it)."""
+        """Each GPU's power limit as found before gpugov's first write since it last held
+        none (or as a previous run recorded it)."""
         self.held_w: dict[str, float | None] = {b.label: None for b in found}
         """The limit gpugov set and holds on each GPU (None: the original is in force)."""
         self._asked_w: dict[str, float] = {}
@@ -187,10 +187,10 @@ class PowerLimitActuator:
         highest = original_w if limits is None else min(limits[1], original_w)
         value = share_w
         side = ""
-        if value > highest + 1e-9:
-            value, side = highest, "above"
         if lowest is not None and value < lowest - 1e-9:
             value, side = lowest, "below"
+        if value > highest + 1e-9:  # last: never above the original, whatever else holds
+            value, side = highest, "above"
         if side and (label, side) not in self._clamp_logged:
             self._clamp_logged.add((label, side))
             bound = (
@@ -414,8 +414,10 @@ class PowerLimitActuator:
         return "restored"
 
     def _forget(self, backend: PowerLimitBackend) -> None:
-        """The GPU holds no limit of gpugov's any more."""
+        """The GPU holds no limit of gpugov's any more; its limit is read again before
+        gpugov's next write (an operator may set another meanwhile)."""
         label = backend.label
+        self.original_w.pop(label, None)
         self.held_w[label] = None
         self._touched.discard(label)
         self._asked_w.pop(label, None)

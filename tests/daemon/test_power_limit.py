@@ -119,6 +119,19 @@ def test_a_cap_back_to_none_restores_the_original_limit(fake_nvml: FakeNvml) -> 
     assert actuator.restore() == [] and len(_cap_writes(fake_nvml)) == 4
 
 
+def test_a_limit_an_operator_set_while_gpugov_held_none_is_the_new_original(
+    fake_nvml: FakeNvml,
+) -> None:
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    actuator.apply(800.0)
+    actuator.apply(None)  # the fail-safe, say: the GPUs' own limits
+    fake_nvml.gpus[0].power_limit_mw = 350_000  # nvidia-smi -pl 350 meanwhile
+    actuator.apply(800.0)
+    assert _limits_mw(fake_nvml) == [350_000, 400_000]  # never raised above theirs
+    assert actuator.restore() == []
+    assert _limits_mw(fake_nvml) == [350_000, 700_000]
+
+
 def test_a_request_outside_the_constraints_is_clamped_and_said_once(
     fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
 ) -> None:
