@@ -224,7 +224,13 @@ def from_nvml(error: Any, action: str, *, gpu: str | None = None) -> GpuError:
     kind = NVML_ERROR_MAP.get(code, GpuError) if isinstance(code, int) else GpuError
     where = f"GPU {gpu}: " if gpu is not None else ""
     if kind is PermissionDenied:
-        message = f"{where}{action}: {PERMISSION_DENIED_MESSAGE}"
+        # Locking clocks is what a node does most; a power limit needs the same privilege.
+        needs = (
+            PERMISSION_DENIED_MESSAGE
+            if "clock" in action
+            else PERMISSION_DENIED_MESSAGE.replace(" to lock clocks", "")
+        )
+        message = f"{where}{action}: {needs}"
     else:
         message = f"{where}{action} failed: {error} (NVML code {code})"
         if code in NO_DRIVER_CODES:

@@ -52,6 +52,14 @@ def test_error_table(code: int, kind: type[GpuError]) -> None:
 def test_permission_message_is_the_one_clear_line() -> None:
     translated = from_nvml(fp.NVMLError(fp.NVML_ERROR_NO_PERMISSION), "lock clocks")
     assert PERMISSION_DENIED_MESSAGE in str(translated)
+    # A power limit needs the same privilege; its line does not speak of clocks.
+    translated = from_nvml(
+        fp.NVMLError(fp.NVML_ERROR_NO_PERMISSION), "set power limit to 400 W", gpu="0"
+    )
+    assert str(translated) == (
+        "GPU 0: set power limit to 400 W: needs root or CAP_SYS_ADMIN; "
+        "run with --dry-run to observe only"
+    )
 
 
 def test_sample_reads_everything_in_base_units(fake_nvml: FakeNvml) -> None:
