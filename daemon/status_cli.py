@@ -33,6 +33,44 @@ def may_lock_clocks(status_path: str | Path = "/proc/self/status") -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
+def held_by_gpugov(state_dir: Path | None) -> dict[str, dict[str, Any]]:
+    """Per GPU UUID, what a gpugov run recorded it holds there in ``state_dir``'s lock
+    state file (:mod:`daemon.lockstate`): its clock lock, the power limit it set and the
+    one before, its pid and whether it still runs; empty without a state directory or
+    record. Read only: a record whose run is gone is what its next start (or
+    ``gpugov reset-clocks``) undoes."""
+    from gpugov.daemon.lockstate import STATE_FILE, LockState, live_gpugov_pid
+
+    if state_dir is None or not (state_dir / STATE_FILE).exists():
+        return {}
+    state = LockState(state_dir)
+    held: dict[str, dict[str, Any]] = {}
+
+    def entry(key: str, pid: object) -> dict[str, Any]:
+        row = held.setdefault(
+            key,
+            {
+                "clock_lock_mhz": None,
+                "power_limit_w": None,
+                "power_limit_before_w": None,
+                "pid": None,
+                "running": False,
+            },
+        )
+        if row["pid"] is None and isinstance(pid, int) and not isinstance(pid, bool):
+            row["pid"] = pid
+            row["running"] = live_gpugov_pid(pid)
+        return row
+
+    for key, lock in state.read().items():
+        entry(key, lock.get("pid"))["clock_lock_mhz"] = [lock.get("min_mhz"), lock.get("max_mhz")]
+    for key, limit in state.read_power_limits().items():
+        row = entry(key, limit.get("pid"))
+        row["power_limit_w"] = limit["set_mw"] / 1000.0 if "set_mw" in limit else None
+        row["power_limit_before_w"] = limit["original_mw"] / 1000.0
+    return held
+
+
 def gpu_status(
     nvml: Any = None, *, backend_kind: str = "nvml", emulator: str | None = None
 ) -> list[dict[str, Any]]:
@@ -144,6 +182,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     except GpuUnavailable as error:
         report["gpu_error"] = str(error)
         code = ExitCode.NO_GPU
+    from gpugov.daemon.files import resolve_state_dir
+
+    held = held_by_gpugov(resolve_state_dir(config.daemon.state_dir if config else None))
+    for gpu in report["gpus"]:
+        gpu["held_by_gpugov"] = held.get(str(gpu.get("uuid")))
     engines: list[tuple[str, str]] = [(url, "auto") for url in args.engine_url or []]
     if config is not None:
         engines += [(d.engine.url, d.engine.kind) for d in config.domains]
@@ -173,6 +216,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"now {_num(gpu['sm_clock_mhz'], 'MHz')}, {_num(gpu['power_w'], 'W')}, "
             f"{_num(gpu['temperature_c'], 'C')}"
         )
+        if gpu["held_by_gpugov"] is not None:
+            print(f"  {_held_line(gpu['held_by_gpugov'])}")
     for engine in report["engines"]:
         if engine["reachable"]:
             role = f", labels say role {engine['role']}" if engine.get("role") else ""
@@ -187,6 +232,23 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         print("\n".join(energy_lines(report["energy"])))
     return code
+
+
+def _held_line(held: dict[str, Any]) -> str:
+    """One line on what a gpugov run recorded it holds on a GPU."""
+    parts = []
+    if held["clock_lock_mhz"] is not None:
+        low, high = held["clock_lock_mhz"]
+        parts.append(f"clock lock {low}-{high} MHz")
+    if held["power_limit_w"] is not None:
+        before = held["power_limit_before_w"]
+        parts.append(f"power limit {held['power_limit_w']:g} W ({before:g} W before)")
+    who = f"pid {held['pid']}" if held["pid"] is not None else "pid unknown"
+    if held["running"]:
+        state = f"{who}, running"
+    else:
+        state = f"{who}, not running: its next start or `gpugov reset-clocks` undoes it"
+    return f"held by a gpugov run ({state}): {'; '.join(parts)}"
 
 
 def _num(value: float | None, unit: str) -> str:

@@ -202,6 +202,42 @@ def test_status(
     assert "unavailable" in capsys.readouterr().out
 
 
+def test_status_shows_what_a_gpugov_run_recorded_it_holds(
+    fake: FakeNvml,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A clock lock and a power limit a run recorded in the state directory (here one that
+    is gone) are shown under their GPU, and in ``--json`` as ``held_by_gpugov``; a GPU
+    with no record shows none."""
+    from gpugov.daemon.lockstate import LockState
+
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    dead = 2**22 + 12345  # above the default pid_max: no such process
+    state = LockState(tmp_path, pid=dead)
+    uuid = fake.gpus[1].uuid
+    state.record(uuid, "1", 1410, 1410)
+    state.record_power_limit(uuid, "1", 700_000, 300_000)
+    assert node_cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"  held by a gpugov run (pid {dead}, not running: its next start or `gpugov "
+        "reset-clocks` undoes it): clock lock 1410-1410 MHz; power limit 300 W (700 W before)"
+    ) in out
+    assert out.count("held by a gpugov run") == 1
+    assert node_cli.main(["status", "--json"]) == 0
+    gpus = json.loads(capsys.readouterr().out)["gpus"]
+    assert gpus[0]["held_by_gpugov"] is None
+    assert gpus[1]["held_by_gpugov"] == {
+        "clock_lock_mhz": [1410, 1410],
+        "power_limit_w": 300.0,
+        "power_limit_before_w": 700.0,
+        "pid": dead,
+        "running": False,
+    }
+
+
 def test_may_lock_clocks_reads_capabilities(tmp_path: Path) -> None:
     status = tmp_path / "status"
     status.write_text("Name:\tx\nCapEff:\t0000000000200000\n")
@@ -559,6 +595,7 @@ def test_status_json_has_the_documented_keys(
         "utilization",
         "power_limit_w",
         "clock_event_reasons",
+        "held_by_gpugov",
     }
     assert set(report["engines"][0]) == {"url", "reachable", "error"}
     fake.driver_loaded = False
