@@ -354,6 +354,10 @@ class BacklogAge:
     maximum_ticks: int = 4096
     age_s: float = 0.0
     _ticks: deque[tuple[float, float]] = field(default_factory=deque, repr=False)
+    _rises: deque[tuple[float, float, float]] = field(default_factory=deque, repr=False)
+    """The kept ticks after the first at which the arrivals rose, as ``(time, arrived,
+    the tick before's time)``: :meth:`arrival_groups` reads these, not every tick (a
+    queue stuck for minutes keeps thousands)."""
     _earlier_s: float | None = None
     _now_s: float = 0.0
     _waiting: int = 0
@@ -365,15 +369,20 @@ class BacklogAge:
         waiting = max(0, observation.waiting_requests)
         left = arrived - waiting
         now = observation.time_s
-        ticks = self._ticks
+        ticks, rises = self._ticks, self._rises
         if ticks and (now < ticks[-1][0] or arrived < ticks[-1][1]):
             ticks.clear()  # the arrivals went backwards (an engine restart) or another run
+            rises.clear()
             self._earlier_s = None
+        if ticks and arrived > ticks[-1][1]:
+            rises.append((now, arrived, ticks[-1][0]))
         ticks.append((now, arrived))
         self._now_s, self._waiting = now, int(waiting)
         # Every request that had arrived by the first kept tick has left the queue: drop it.
         while len(ticks) > 1 and (ticks[0][1] <= left or len(ticks) > self.maximum_ticks):
             self._earlier_s = ticks.popleft()[0]
+        while rises and rises[0][0] <= ticks[0][0]:
+            rises.popleft()  # the first kept tick is the first group's, whatever its count
         if waiting <= 0 and observation.prefill_remaining_tokens <= 0.0:
             self.age_s = 0.0
             return self.age_s
@@ -394,14 +403,15 @@ class BacklogAge:
             return []
         left = ticks[-1][1] - waiting
         groups: list[tuple[int, float]] = []
-        earlier = self._earlier_s
-        for time_s, arrived in ticks:
+        count = int(ticks[0][1] - left)
+        if count > 0:
+            groups.append((count, self.age_s))
+        # A later group begins only where the arrivals rose (:attr:`_rises`), from the
+        # middle of the period before that tick.
+        for time_s, arrived, earlier in self._rises:
             count = int(arrived - left)
             if count > 0 and (not groups or count > groups[-1][0]):
-                since_s = time_s if earlier is None else 0.5 * (earlier + time_s)
-                age = self.age_s if not groups else max(0.0, self._now_s - since_s)
-                groups.append((count, age))
-            earlier = time_s
+                groups.append((count, max(0.0, self._now_s - 0.5 * (earlier + time_s))))
         return groups
 
     def ages_s(self) -> list[float]:

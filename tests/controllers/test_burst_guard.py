@@ -311,6 +311,61 @@ def test_the_backlog_age_follows_the_oldest_waiting_request() -> None:
     assert age.update(tick(1.5, 1, 1, 1_000.0)) == pytest.approx(0.0)
 
 
+def _groups_by_every_tick(
+    ticks: list[tuple[float, float]],
+    earlier_s: float | None,
+    now_s: float,
+    waiting: int,
+    age_s: float,
+) -> list[tuple[int, float]]:
+    """The arrival groups read from every kept tick (the direct reading of
+    :meth:`BacklogAge.arrival_groups`' definition)."""
+    if waiting <= 0 or not ticks:
+        return []
+    left = ticks[-1][1] - waiting
+    groups: list[tuple[int, float]] = []
+    earlier = earlier_s
+    for time_s, arrived in ticks:
+        count = int(arrived - left)
+        if count > 0 and (not groups or count > groups[-1][0]):
+            since_s = time_s if earlier is None else 0.5 * (earlier + time_s)
+            groups.append((count, age_s if not groups else max(0.0, now_s - since_s)))
+        earlier = time_s
+    return groups
+
+
+def test_the_arrival_groups_read_only_the_rises_and_match_every_tick() -> None:
+    """``arrival_groups`` reads the ticks where the arrivals rose, not every kept tick (a
+    stuck queue keeps thousands), and gives what every kept tick gives: random arrivals
+    and departures, engine restarts and the tick cap."""
+    from dataclasses import replace
+
+    from gpugov.controllers.online.exploration import BacklogAge
+
+    rng = np.random.default_rng(7)
+    for maximum_ticks in (4096, 5):
+        age = BacklogAge(maximum_ticks=maximum_ticks)
+        arrived, waiting, now = 0, 0, 0.0
+        for _ in range(600):
+            now += 0.25
+            if rng.random() < 0.02:
+                arrived, waiting = int(rng.integers(0, 3)), 0  # an engine restart
+            new = int(rng.poisson(0.6)) if rng.random() < 0.5 else 0
+            arrived += new
+            waiting = max(0, waiting + new - int(rng.poisson(0.7)))
+            seen = replace(
+                _seen(backlog=1_000.0 * waiting, running=0, waiting=waiting),
+                time_s=now,
+                arrived_requests=arrived,
+            )
+            age.update(seen)
+            expected = _groups_by_every_tick(
+                list(age._ticks), age._earlier_s, age._now_s, age._waiting, age.age_s
+            )
+            assert age.arrival_groups() == expected
+            assert len(age._rises) <= len(age._ticks)
+
+
 def test_a_backlog_that_already_waited_gets_a_faster_clock() -> None:
     controller = _controller()
     observation = _seen(backlog=6 * CHUNK_TOKENS, running=8, waiting=3)
