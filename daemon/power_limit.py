@@ -250,11 +250,49 @@ class PowerLimitActuator:
             held = self.held_w[label]
             if held is not None and abs(value - held) < 1e-3 and self._asked_w[label] == held:
                 continue
+            if held is not None and (outside := self._outside_change(backend)) is not None:
+                # Someone else set this GPU's limit since gpugov's write: it is the new
+                # ceiling (never raised), and what is restored at exit or after a crash.
+                original = self.original_w[label] = outside
+                value = self._clamped(backend, share, original)
+                if abs(value - original) < 1e-3:
+                    self._forget(backend)  # at or under the cap: theirs stands, none of ours
+                    continue
             if self._write(backend, value, original):
                 written += 1
         if self.refused is not None:
             self._release()
         return written
+
+    def _outside_change(self, backend: PowerLimitBackend) -> float | None:
+        """The GPU's limit when someone else set it since gpugov's last write (read before
+        gpugov writes over it; logged once a GPU), else None (or when it cannot be read)."""
+        label = backend.label
+        if isinstance(backend, DryRunBackend):
+            return None  # a dry run never set what it holds
+        try:
+            now = float(backend.power_limit_w())
+        except GpuLost:
+            raise
+        except GpuError as error:
+            log.debug("GPU %s: power limit not read before writing: %s", label, error)
+            return None
+        ours = [v for v in (self.held_w[label], self._asked_w.get(label)) if v is not None]
+        if not ours or any(abs(now - v) <= SAME_LIMIT_W for v in ours):
+            return None
+        if (label, "outside") not in self._clamp_logged:
+            self._clamp_logged.add((label, "outside"))
+            log.warning(
+                "domain %s: GPU %s: its power limit is %g W, which gpugov did not set (it set "
+                "%g W): someone else changed it; gpugov caps under it from now on and "
+                "restores it, not %g W, on its way out (logged once)",
+                self.domain,
+                label,
+                now,
+                ours[0],
+                self.original_w.get(label, math.nan),
+            )
+        return now
 
     def _original(self, backend: PowerLimitBackend) -> float | None:
         """The GPU's limit before gpugov's first write, read now if not known yet."""

@@ -132,6 +132,33 @@ def test_a_limit_an_operator_set_while_gpugov_held_none_is_the_new_original(
     assert _limits_mw(fake_nvml) == [350_000, 700_000]
 
 
+def test_a_limit_someone_else_sets_while_gpugov_holds_one_is_never_raised(
+    fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """An outside agent (``nvidia-smi -pl``, Dynamo's node agent) sets a GPU's limit while
+    gpugov holds its cap there: the next cap is kept under that limit (it is the new
+    ceiling, restored at exit and after a crash), said once; a cap at or above it leaves
+    the outside limit alone."""
+    state = LockState(tmp_path)
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d", state=state)
+    actuator.apply(800.0)
+    assert _limits_mw(fake_nvml) == [400_000, 400_000]
+    fake_nvml.gpus[0].power_limit_mw = 450_000  # above gpugov's 400 W
+    fake_nvml.gpus[1].power_limit_mw = 350_000  # below it
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.power_limit"):
+        actuator.apply(1_000.0)  # 500 W a GPU asked
+        actuator.apply(1_040.0)
+    assert _limits_mw(fake_nvml) == [450_000, 350_000]  # neither raised
+    assert caplog.text.count("which gpugov did not set") == 2  # once a GPU
+    actuator.apply(820.0)  # 410 W: under GPU 0's outside limit, over GPU 1's
+    assert _limits_mw(fake_nvml) == [410_000, 350_000]
+    record = LockState(tmp_path).get_power_limit(fake_nvml.gpus[0].uuid)
+    assert record is not None and record["original_mw"] == 450_000  # what a crash restores
+    assert LockState(tmp_path).get_power_limit(fake_nvml.gpus[1].uuid) is None
+    assert actuator.restore() == []
+    assert _limits_mw(fake_nvml) == [450_000, 350_000]  # the outside limits stand
+
+
 def test_a_request_outside_the_constraints_is_clamped_and_said_once(
     fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
 ) -> None:
