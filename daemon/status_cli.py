@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,41 +34,33 @@ def may_lock_clocks(status_path: str | Path = "/proc/self/status") -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
-def held_by_gpugov(state_dir: Path | None) -> dict[str, dict[str, Any]]:
-    """Per GPU UUID, what a gpugov run recorded it holds there in ``state_dir``'s lock
-    state file (:mod:`daemon.lockstate`): its clock lock, the power limit it set and the
-    one before, its pid and whether it still runs; empty without a state directory or
-    record. Read only: a record whose run is gone is what its next start (or
-    ``gpugov reset-clocks``) undoes."""
+def held_by_gpugov(state_dir: Path | None, uuids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Per GPU UUID of ``uuids``, what a gpugov run recorded it holds there in
+    ``state_dir``'s lock state file (:mod:`daemon.lockstate`): its clock lock, the power
+    limit it set and the one before, its pid and whether it still runs; empty without a
+    state directory or record. Read only: a record whose run is
+    gone is what its next start (or ``gpugov reset-clocks``) undoes."""
     from gpugov.daemon.lockstate import STATE_FILE, LockState, live_gpugov_pid
 
     if state_dir is None or not (state_dir / STATE_FILE).exists():
         return {}
     state = LockState(state_dir)
     held: dict[str, dict[str, Any]] = {}
-
-    def entry(key: str, pid: object) -> dict[str, Any]:
-        row = held.setdefault(
-            key,
-            {
-                "clock_lock_mhz": None,
-                "power_limit_w": None,
-                "power_limit_before_w": None,
-                "pid": None,
-                "running": False,
-            },
-        )
-        if row["pid"] is None and isinstance(pid, int) and not isinstance(pid, bool):
-            row["pid"] = pid
-            row["running"] = live_gpugov_pid(pid)
-        return row
-
-    for key, lock in state.read().items():
-        entry(key, lock.get("pid"))["clock_lock_mhz"] = [lock.get("min_mhz"), lock.get("max_mhz")]
-    for key, limit in state.read_power_limits().items():
-        row = entry(key, limit.get("pid"))
-        row["power_limit_w"] = limit["set_mw"] / 1000.0 if "set_mw" in limit else None
-        row["power_limit_before_w"] = limit["original_mw"] / 1000.0
+    for uuid in uuids:
+        lock, limit = state.get(uuid), state.get_power_limit(uuid)
+        if lock is None and limit is None:
+            continue
+        pids = [entry.get("pid") for entry in (lock, limit) if entry is not None]
+        pid = next((p for p in pids if isinstance(p, int) and not isinstance(p, bool)), None)
+        held[uuid] = {
+            "clock_lock_mhz": None if lock is None else [lock.get("min_mhz"), lock.get("max_mhz")],
+            "power_limit_w": (
+                limit["set_mw"] / 1000.0 if limit is not None and "set_mw" in limit else None
+            ),
+            "power_limit_before_w": None if limit is None else limit["original_mw"] / 1000.0,
+            "pid": pid,
+            "running": pid is not None and live_gpugov_pid(pid),
+        }
     return held
 
 
@@ -184,7 +177,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         code = ExitCode.NO_GPU
     from gpugov.daemon.files import resolve_state_dir
 
-    held = held_by_gpugov(resolve_state_dir(config.daemon.state_dir if config else None))
+    state_dir = resolve_state_dir(config.daemon.state_dir if config else None)
+    held = held_by_gpugov(state_dir, (str(gpu.get("uuid")) for gpu in report["gpus"]))
     for gpu in report["gpus"]:
         gpu["held_by_gpugov"] = held.get(str(gpu.get("uuid")))
     engines: list[tuple[str, str]] = [(url, "auto") for url in args.engine_url or []]
