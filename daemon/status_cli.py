@@ -38,11 +38,14 @@ def held_by_gpugov(state_dir: Path | None, uuids: Iterable[str]) -> dict[str, di
     """Per GPU UUID of ``uuids``, what a gpugov run recorded it holds there in
     ``state_dir``'s lock state file (:mod:`daemon.lockstate`): its clock lock, the power
     limit it set and the one before, its pid and whether it still runs; empty without a
-    state directory or record. Read only: a record whose run is
+    state directory this user may read, or a record. Read only: a record whose run is
     gone is what its next start (or ``gpugov reset-clocks``) undoes."""
     from gpugov.daemon.lockstate import STATE_FILE, LockState, live_gpugov_pid
 
-    if state_dir is None or not (state_dir / STATE_FILE).exists():
+    try:
+        if state_dir is None or not (state_dir / STATE_FILE).exists():
+            return {}
+    except OSError:  # a state directory only its daemon's user may read (mode 0700)
         return {}
     state = LockState(state_dir)
     held: dict[str, dict[str, Any]] = {}
