@@ -8,7 +8,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-from daemon_support import MetricsServer, fixture_text, run_ticks
+from daemon_support import MetricsServer, run_ticks
 from fake_pynvml import FakeNvml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -273,17 +273,16 @@ class _Closing:
 
 
 def test_exit_resets_first_then_closes_each_controller_on_its_own(
-    metrics_server: MetricsServer, caplog: pytest.LogCaptureFixture
+    vllm_server: MetricsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     from gpugov.daemon.safety import with_safety
 
-    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
     fake = FakeNvml(2)
     config = parse_config(
         {
             "domains": [
-                {"name": "a", "gpus": [0], "engine": {"url": metrics_server.url}},
-                {"name": "b", "gpus": [1], "engine": {"url": metrics_server.url}},
+                {"name": "a", "gpus": [0], "engine": {"url": vllm_server.url}},
+                {"name": "b", "gpus": [1], "engine": {"url": vllm_server.url}},
             ]
         }
     )
@@ -320,8 +319,7 @@ def test_dry_run_writes_nothing(vllm_server: MetricsServer) -> None:
     assert dry.writes[0] == ("lock", 1410, 1410) and dry.writes[-1] == ("reset",)  # type: ignore[attr-defined]
 
 
-def test_two_domains(metrics_server: MetricsServer) -> None:
-    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
+def test_two_domains(vllm_server: MetricsServer) -> None:
     fake = FakeNvml(3)
     config = parse_config(
         {
@@ -329,10 +327,10 @@ def test_two_domains(metrics_server: MetricsServer) -> None:
                 {
                     "name": "a",
                     "gpus": [0, 1],
-                    "engine": {"url": metrics_server.url},
+                    "engine": {"url": vllm_server.url},
                     "controller": {"kind": "fixed", "clock_mhz": 1200},
                 },
-                {"name": "b", "gpus": [2], "engine": {"url": metrics_server.url}},
+                {"name": "b", "gpus": [2], "engine": {"url": vllm_server.url}},
             ]
         }
     )
