@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon_support import MetricsServer, fixture_text
@@ -236,6 +237,28 @@ def test_status_shows_what_a_gpugov_run_recorded_it_holds(
         "pid": dead,
         "running": False,
     }
+
+
+def test_status_without_access_to_the_state_directory_shows_no_record(
+    fake: FakeNvml,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """gpugov.service keeps its state directory 0700: ``status`` run by another user
+    cannot look in it and shows no record, not a traceback."""
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    real_exists = Path.exists
+
+    def exists(self: Path, *args: Any, **kwargs: Any) -> bool:
+        if self.parent == tmp_path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_exists(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "exists", exists)
+    assert node_cli.main(["status", "--json"]) == 0
+    gpus = json.loads(capsys.readouterr().out)["gpus"]
+    assert [gpu["held_by_gpugov"] for gpu in gpus] == [None] * len(gpus)
 
 
 def test_may_lock_clocks_reads_capabilities(tmp_path: Path) -> None:
