@@ -394,7 +394,7 @@ class ClockActuator:
                 backend.label,
                 self.reset_attempts,
             )
-        return sorted(failed, key=_label_order)
+        return sorted(failed, key=label_order)
 
     # --------------------------------------------------------------- reconcile
     def reconcile(self, policy: ReconcilePolicy = "reset", *, dry_run: bool = False) -> list[str]:
@@ -567,5 +567,6 @@ class ClockActuator:
         return changed
 
 
-def _label_order(label: str) -> tuple[int, str]:
+def label_order(label: str) -> tuple[int, str]:
+    """Sort key for GPU labels: indices in numeric order, then any other label."""
     return (int(label), label) if label.isdigit() else (1 << 30, label)

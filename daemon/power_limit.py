@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpugov.daemon.actuator import PERMANENT_RESET_ERRORS, WriteFailureLog
+from gpugov.daemon.actuator import PERMANENT_RESET_ERRORS, WriteFailureLog, label_order
 from gpugov.daemon.backend import (
     DryRunBackend,
     GpuBackend,
@@ -277,8 +277,8 @@ class PowerLimitActuator:
         except GpuError as error:
             log.debug("GPU %s: power limit not read before writing: %s", label, error)
             return None
-        ours = [v for v in (self.held_w[label], self._asked_w.get(label)) if v is not None]
-        if not ours or any(abs(now - v) <= SAME_LIMIT_W for v in ours):
+        ours = self._ours_w(label)
+        if not ours or not _none_of(now, ours):
             return None
         if (label, "outside") not in self._clamp_logged:
             self._clamp_logged.add((label, "outside"))
@@ -293,6 +293,11 @@ class PowerLimitActuator:
                 self.original_w.get(label, math.nan),
             )
         return now
+
+    def _ours_w(self, label: str) -> list[float]:
+        """The limits gpugov set (held) or last tried on the GPU: the GPU's limit is
+        someone else's when it is none of them (:func:`_none_of`)."""
+        return [v for v in (self.held_w[label], self._asked_w.get(label)) if v is not None]
 
     def _original(self, backend: PowerLimitBackend) -> float | None:
         """The GPU's limit before gpugov's first write, read now if not known yet."""
@@ -408,8 +413,8 @@ class PowerLimitActuator:
             if now is not None and abs(now - original) <= SAME_LIMIT_W:
                 self._forget(backend)
                 return "left"
-            ours = [v for v in (self.held_w[label], self._asked_w.get(label)) if v is not None]
-            if now is not None and ours and all(abs(now - v) > SAME_LIMIT_W for v in ours):
+            ours = self._ours_w(label)
+            if now is not None and ours and _none_of(now, ours):
                 log.warning(
                     "domain %s: GPU %s: its power limit is %g W, which gpugov did not set (it "
                     "set %g W): someone else changed it; left as it is, not restored to %g W",
@@ -504,7 +509,7 @@ class PowerLimitActuator:
                 self.restore_attempts,
                 self.original_w.get(backend.label, math.nan),
             )
-        return sorted(failed, key=lambda label: (not label.isdigit(), label.zfill(8)))
+        return sorted(failed, key=label_order)
 
     # ---------------------------------------------------------------- reconcile
     def reconcile(self, *, dry_run: bool = False) -> list[str]:
@@ -593,16 +598,21 @@ class PowerLimitActuator:
             enforced = None if sample is None else sample.power_limit_w
             if enforced is None:
                 return None
-            ours = [v for v in (self.held_w[label], self._asked_w.get(label)) if v is not None]
-            if ours and any(abs(enforced - v) <= SAME_LIMIT_W for v in ours):
+            if _none_of(enforced, self._ours_w(label)):
+                self._outside_w[label] = float(enforced)
+                total += float(enforced)
+            else:
                 before = self._outside_w.get(label, self.original_w.get(label))
                 if before is None:
                     return None
                 total += before
-            else:
-                self._outside_w[label] = float(enforced)
-                total += float(enforced)
         return total
+
+
+def _none_of(limit_w: float, limits_w: Sequence[float]) -> bool:
+    """Whether ``limit_w`` is none of ``limits_w`` (each more than :data:`SAME_LIMIT_W`
+    off; True when there are none): a limit someone else set, not gpugov."""
+    return all(abs(limit_w - value) > SAME_LIMIT_W for value in limits_w)
 
 
 def power_limit_actuator(
