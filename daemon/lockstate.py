@@ -20,9 +20,10 @@ write is back (:class:`daemon.power_limit.PowerLimitActuator`):
 "power_limits": {"GPU-8f2e...": {"gpu": "0", "original_mw": 700000, "set_mw": 300000,
                                "pid": 4242, "time": "2026-11-30T10:00:00+00:00"}}
 ```
- The file is replaced atomically
-(write to a temporary file, then ``os.replace``). A state file that cannot be read or
-written is logged once and ignored: the daemon then reconciles from what NVML shows.
+
+The file is replaced atomically (write to a temporary file, then ``os.replace``). A state
+file that cannot be read or written is logged once and ignored: the daemon then
+reconciles from what NVML shows.
 """
 
 from __future__ import annotations
@@ -182,22 +183,7 @@ class LockState:
     def record_power_limit(self, key: str, gpu: str, original_mw: int, set_mw: int) -> None:
         """Remember, before it is written, that this process sets GPU ``key``'s power limit
         to ``set_mw`` and that it was ``original_mw`` before gpugov's first write."""
-        entry = {
-            "gpu": gpu,
-            "original_mw": int(original_mw),
-            "set_mw": int(set_mw),
-            "pid": self.pid,
-            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        }
-        held = self._limits.get(key, {})
-        if (
-            held.get("original_mw") == entry["original_mw"]
-            and held.get("set_mw") == entry["set_mw"]
-            and held.get("pid") == self.pid
-        ):
-            return
-        self._limits[key] = entry
-        self._write()
+        self._put(self._limits, key, gpu, original_mw=int(original_mw), set_mw=int(set_mw))
 
     def clear_power_limit(self, key: str) -> None:
         """Forget GPU ``key``'s power limit (its original is back)."""
@@ -210,20 +196,21 @@ class LockState:
 
     def record(self, key: str, gpu: str, min_mhz: int, max_mhz: int) -> None:
         """Remember that GPU ``key`` is locked to ``[min_mhz, max_mhz]`` by this process."""
-        entry = {
+        self._put(self._entries, key, gpu, min_mhz=int(min_mhz), max_mhz=int(max_mhz))
+
+    def _put(self, entries: dict[str, dict[str, Any]], key: str, gpu: str, **values: int) -> None:
+        """Set GPU ``key``'s entry in ``entries`` to ``values``, stamped with this process
+        and the time, and write the file; nothing when this process's entry already
+        holds those values."""
+        held = entries.get(key, {})
+        if held.get("pid") == self.pid and all(held.get(k) == v for k, v in values.items()):
+            return
+        entries[key] = {
             "gpu": gpu,
-            "min_mhz": int(min_mhz),
-            "max_mhz": int(max_mhz),
+            **values,
             "pid": self.pid,
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
-        if (
-            self._entries.get(key, {}).get("max_mhz") == entry["max_mhz"]
-            and self._entries[key].get("min_mhz") == entry["min_mhz"]
-            and self._entries[key].get("pid") == self.pid
-        ):
-            return
-        self._entries[key] = entry
         self._write()
 
     def invalidate(self, key: str) -> None:
