@@ -321,11 +321,17 @@ def _reset_one(
             error = failure
         else:
             try:
-                backend.reset_clocks()
-                _forget_lock(backend, getattr(daemon, "state_dir", None))
-                return _restore_left_power_limit(backend, getattr(daemon, "state_dir", None))
-            except GpuError as failure:
-                error = failure
+                try:
+                    backend.reset_clocks()
+                    _forget_lock(backend, getattr(daemon, "state_dir", None))
+                    error = None
+                except GpuError as failure:
+                    error = failure
+                # A power limit a run recorded is restored whether or not the clock reset
+                # went through (a restore done once leaves no record to redo).
+                left = _restore_left_power_limit(backend, getattr(daemon, "state_dir", None))
+                if error is None:
+                    return left
             finally:
                 backend.close()
         if not isinstance(error, TransientGpuError) or attempt + 1 == RESET_ATTEMPTS:

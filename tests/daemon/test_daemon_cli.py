@@ -184,6 +184,28 @@ def test_reset_clocks_restores_a_power_limit_a_crashed_run_left(
     assert LockState(tmp_path).get_power_limit(fake.gpus[1].uuid) is None
 
 
+def test_reset_clocks_restores_a_recorded_power_limit_when_the_clock_reset_fails(
+    tmp_path: Path,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A clock reset refused for good (exit 6, the GPU named) still restores the power
+    limit the run recorded on that GPU."""
+    from gpugov.daemon.lockstate import LockState
+
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    LockState(tmp_path, pid=999_999_999).record_power_limit(
+        fake.gpus[1].uuid, "1", 700_000, 300_000
+    )
+    fake.gpus[1].power_limit_mw = 300_000
+    fake.fail("nvmlDeviceResetGpuLockedClocks", 3, times=None)  # NVML_ERROR_NOT_SUPPORTED
+    assert node_cli.main(["reset-clocks", "--gpus", "1"]) == 6
+    assert fake.gpus[1].power_limit_mw == 700_000
+    assert "700 W before; restored" in capsys.readouterr().out
+    assert LockState(tmp_path).get_power_limit(fake.gpus[1].uuid) is None
+
+
 def test_status(
     fake: FakeNvml, metrics_server: MetricsServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
