@@ -12,9 +12,9 @@ Layout: an overview row for the selected nodes; one row per control domain (repe
 over ``$domain``) with requested vs realised clock, power, J/token, queue, TTFT/TPOT
 against their SLOs, SLO attainment, controller solve time, fallbacks and engine scrape
 health; a per-GPU row; a daemon row; the learned model; the power budget (need, budget,
-headroom, the selected nodes summed); the energy attribution (J per output token per
-model, the prefill/decode/idle split, J per request). Heavier expressions come from the
-recording rules in ``deploy/prometheus/rules/``.
+headroom, the selected nodes summed, the power limit gpugov set); the energy attribution
+(J per output token per model, the prefill/decode/idle split, J per request). Heavier
+expressions come from the recording rules in ``deploy/prometheus/rules/``.
 """
 
 from __future__ import annotations
@@ -602,7 +602,8 @@ def model_panels(ids: _Ids) -> list[Timeseries]:
 
 def power_budget_panels(ids: _Ids) -> list[Timeseries]:
     """Power budgets (``docs/power-budget.md``): what the domains need to hold their SLOs,
-    the budgets they were given, the headroom, and the selected nodes summed."""
+    the budgets they were given, the headroom, the selected nodes summed, and the power
+    limit a cap-setting controller had gpugov write (``docs/daemon.md``)."""
     return [
         timeseries(
             ids,
@@ -666,6 +667,34 @@ def power_budget_panels(ids: _Ids) -> list[Timeseries]:
             ],
             width=8,
             dashed=("B",),
+        ),
+        timeseries(
+            ids,
+            "Power limit gpugov set",
+            "Where the controller sets a power cap (power-cap, dps, power-profile, "
+            "default-dvfs): the limit gpugov wrote, summed over the domain's GPUs (absent "
+            "while they keep their own), the limit their firmware enforces (dashed), and "
+            "failed limit writes and restores per second (right axis; alert "
+            "GpugovPowerCapWritesFailing).",
+            "watt",
+            [
+                (
+                    f"gpugov_power_cap_applied_watts{{{DOMAIN}}}",
+                    "set by gpugov {{instance}} {{domain}}",
+                ),
+                (
+                    f"sum by (instance, domain) (gpugov_gpu_power_limit_watts{{{DOMAIN}}})",
+                    "enforced {{instance}} {{domain}}",
+                ),
+                (
+                    f"rate(gpugov_power_cap_write_failures_total{{{DOMAIN}}}[{RATE}])",
+                    "failed writes {{instance}} {{domain}}/{{gpu}}",
+                ),
+            ],
+            width=12,
+            dashed=("B",),
+            right_axis={"C": "ops"},
+            min_value=0,
         ),
     ]
 

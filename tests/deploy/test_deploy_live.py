@@ -1,15 +1,16 @@
-"""Live checks: a real Prometheus scrapes the simulated daemon, then every dashboard query
+"""Live checks: a real Prometheus scrapes the simulated daemons, then every dashboard query
 and every recording rule must return data.
 
-The module starts two processes, both bound to 127.0.0.1 on free ports and both stopped
-at the end whatever happens: ``gpugov run --simulate`` (the ``mpc-online`` controller, so
-the learned-model panels have data too; 10x real time, a trace window that ends on its own
-after about a minute) and the distribution's
+The module starts three processes, all bound to 127.0.0.1 on free ports and all stopped
+at the end whatever happens: two ``gpugov run --simulate`` daemons (10x real time, a trace
+window that ends on its own after about a minute), one with the ``mpc-online`` controller
+(so the learned-model panels have data too) and one with ``power-cap`` (so the panels of
+the power limit gpugov sets have data), and the distribution's
 ``prometheus`` with a temporary config (1 s scrape and rule evaluation, the repository's
-rule files) and a temporary storage directory. Once Prometheus holds a few seconds of
-samples and rule evaluations:
+rule files, both daemons as targets) and a temporary storage directory. Once Prometheus
+holds a few seconds of samples and rule evaluations:
 
-* ``promtool check metrics`` lints a live scrape of the daemon;
+* ``promtool check metrics`` lints a live scrape of each daemon;
 * every rule (recording and alerting) evaluates without error;
 * every recording rule's series has data;
 * every dashboard variable resolves, and every panel query, with the variables
@@ -50,6 +51,8 @@ WANT_EVALUATIONS = 6
 START_DEADLINE_S = 30.0
 DATA_DEADLINE_S = 45.0
 HTTP_TIMEOUT_S = 5.0
+DAEMONS = {"gpugov": "mpc-online", "gpugov-power-cap": "power-cap"}
+"""The simulated daemons (log name -> controller): every panel must have data from one."""
 
 # Series the simulated daemon does not export yet -> the daemon change that adds them.
 NEEDS_DAEMON: dict[str, str] = {}
@@ -139,8 +142,8 @@ class Live:
     """The running pair and how to ask them things."""
 
     prometheus_url: str
-    metrics_url: str
-    instance: str
+    instances: dict[str, str]
+    """Each daemon's scrape address, by its log name (:data:`DAEMONS`)."""
     start_s: float
     logs: dict[str, Path]
 
@@ -221,45 +224,48 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     require_tool("promtool")
     gpugov = gpugov_executable()
     work = tmp_path_factory.mktemp("live")
-    daemon_port, web_port = free_port(), free_port()
-    instance = f"127.0.0.1:{daemon_port}"
+    web_port = free_port()
+    instances = {name: f"127.0.0.1:{free_port()}" for name in DAEMONS}
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(path) for path in RULE_FILES],
-        "scrape_configs": [{"job_name": "gpugov", "static_configs": [{"targets": [instance]}]}],
+        "scrape_configs": [
+            {"job_name": "gpugov", "static_configs": [{"targets": sorted(instances.values())}]}
+        ],
     }
     (work / "prometheus.yml").write_text(json.dumps(config, indent=1))  # JSON is YAML
-    logs = {"gpugov": work / "gpugov.log", "prometheus": work / "prometheus.log"}
+    logs = {name: work / f"{name}.log" for name in DAEMONS}
+    logs["prometheus"] = work / "prometheus.log"
     live = Live(
         prometheus_url=f"http://127.0.0.1:{web_port}",
-        metrics_url=f"http://{instance}/metrics",
-        instance=instance,
+        instances=instances,
         start_s=time.time(),
         logs=logs,
     )
     processes: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        with logs["gpugov"].open("wb") as out:
-            processes["gpugov"] = subprocess.Popen(
-                [
-                    str(gpugov),
-                    "run",
-                    "--simulate",
-                    "--controller",
-                    "mpc-online",
-                    "--speed",
-                    str(SPEED),
-                    "--duration",
-                    str(SIMULATED_S),
-                    "--metrics-address",
-                    instance,
-                    "--log-level",
-                    "warning",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+        for name, controller in DAEMONS.items():
+            with logs[name].open("wb") as out:
+                processes[name] = subprocess.Popen(
+                    [
+                        str(gpugov),
+                        "run",
+                        "--simulate",
+                        "--controller",
+                        controller,
+                        "--speed",
+                        str(SPEED),
+                        "--duration",
+                        str(SIMULATED_S),
+                        "--metrics-address",
+                        instances[name],
+                        "--log-level",
+                        "warning",
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
         with logs["prometheus"].open("wb") as out:
             processes["prometheus"] = subprocess.Popen(
                 [
@@ -304,8 +310,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 
 
 # ----------------------------------------------------------------------------- tests
-def test_promtool_check_metrics_on_a_live_scrape(live: Live) -> None:
-    exposition = get(live.metrics_url)
+@pytest.mark.parametrize("name", sorted(DAEMONS))
+def test_promtool_check_metrics_on_a_live_scrape(live: Live, name: str) -> None:
+    exposition = get(f"http://{live.instances[name]}/metrics")
     assert b"gpugov_loop_ticks_total" in exposition
     result = subprocess.run(
         [require_tool("promtool"), "check", "metrics"],
@@ -317,9 +324,10 @@ def test_promtool_check_metrics_on_a_live_scrape(live: Live) -> None:
     assert result.returncode == 0 and not output.strip(), f"promtool check metrics:\n{output}"
 
 
-def test_the_target_is_up(live: Live) -> None:
+def test_the_targets_are_up(live: Live) -> None:
     targets = live.api("targets")["activeTargets"]
-    assert [(t["labels"]["job"], t["health"]) for t in targets] == [("gpugov", "up")], targets
+    found = sorted((t["labels"]["job"], t["labels"]["instance"], t["health"]) for t in targets)
+    assert found == sorted(("gpugov", i, "up") for i in live.instances.values()), targets
 
 
 def test_every_rule_evaluates_without_error(live: Live) -> None:
@@ -367,7 +375,7 @@ def variables(live: Live) -> dict[str, str]:
         found = live.series_labels(match.group(1), match.group(2))
         assert found, f"${variable['name']}: {query} found nothing\n{live.tail()}"
         resolved[variable["name"]] = _regex_value(found)
-    assert resolved["instance"] == _regex_value([live.instance])
+    assert resolved["instance"] == _regex_value(sorted(live.instances.values()))
     return resolved
 
 
