@@ -244,6 +244,8 @@ class OnlineMPCController(MeasuredLatencyRules):
         """Plans and solve times its MPC keeps (``HistoryBounded``; a node bounds it)."""
         self.resets = 0
         self.last_reason = "start"
+        self._mpc_decided = False
+        """Whether the MPC decided at the last call (its need is the current load's)."""
         self._profile_template: PerformanceProfile | None = None
         """The first learned profile; later ones are copies of it with new values."""
         self.last_temperature_c: float | None = None
@@ -554,6 +556,7 @@ class OnlineMPCController(MeasuredLatencyRules):
             model.adopt_hint(self.auto_prior)
 
     def __call__(self, observation: ServingObservation) -> float:
+        self._mpc_decided = False
         self.observe(observation)
         self.backlog_age.update(observation)
         observation = self.latency_window.view(observation)
@@ -582,6 +585,7 @@ class OnlineMPCController(MeasuredLatencyRules):
         else:
             plant = self.learned_plant(observation, slos)
             decision = float(self._mpc(plant)(self._with_finite_temperature(observation, plant)))
+            self._mpc_decided = True
             floor = self.exploration.floor(model, observation, self.effective_z)
             guard = self.burst_floor(observation, slos) if self.burst_guard else None
             window = self.descent_window(observation, slos) if self.decode_descent else None
@@ -689,9 +693,15 @@ class OnlineMPCController(MeasuredLatencyRules):
         of the prefill and decode powers': a period's power mixes the two, so its
         deviation is no larger). In a back-off (the top clock held on measured latency)
         it is the need of the last MPC decision; None while there is none to trust
-        (before the MPC first decided, in the warm-up, with no SLO known)."""
+        (before the MPC first decided, in the warm-up, with no SLO known, or parked idle
+        without an MPC decision). An idle GPU parked below the MPC's decision reports the
+        need of that decision: the load now, which the parking only caps."""
         model = self.model
-        if self.mpc is None or model is None or self.last_reason in _NO_NEED_REASONS:
+        if self.mpc is None or model is None:
+            return None
+        if self.last_reason in _NO_NEED_REASONS and not (
+            self.last_reason == "idle-park" and self._mpc_decided
+        ):
             return None
         need = self.mpc.power_needed()
         if need is None:

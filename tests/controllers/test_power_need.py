@@ -107,6 +107,37 @@ def test_online_mpc_reports_a_need_with_model_uncertainty_after_warm_up() -> Non
     assert need.clock_mhz in need.clocks_mhz
 
 
+def test_an_idle_colocated_gpu_parked_past_warm_up_keeps_publishing_its_need() -> None:
+    """Parked idle between prompts, past the warm-up, the MPC still decided at every tick
+    (the parking only caps its clock): the need is that decision's, not absent, so the
+    node's need gauge and its budget owner do not lose it between prompts."""
+    plant = make_plant()
+    busy = [
+        Request(request_id=i, arrival_time_s=0.2 * i, prompt_tokens=900, output_tokens=100)
+        for i in range(100)
+    ]
+    sparse = [
+        Request(
+            request_id=100 + i, arrival_time_s=25.0 + 6.0 * i, prompt_tokens=900, output_tokens=30
+        )
+        for i in range(4)
+    ]
+    workload = tuple(busy + sparse)
+    spec = OnlineMPCControllerConfig(kind="mpc-online", warmup_s=4.0, auto_hints=False)
+    chain = build_controller(spec, ControllerContext.for_plant(plant, workload, period_s=1.0))
+    online = chain.unwrapped
+    simulation = PlantSimulation(workload, plant, chunked_prefill_scheduler, seed=0)
+    parked = []
+    for step in range(48):
+        simulation.advance_to(float(step))
+        observation = simulation.observe()
+        simulation.request_clock(chain(observation))
+        if step > 20 and getattr(online, "last_reason", None) == "idle-park":
+            parked.append(chain.power_needed())
+    assert len(parked) >= 10
+    assert all(need is not None and need.watts > 0.0 for need in parked)
+
+
 def _need(clocks, curve, *, watts_index: int, tpot_index: int) -> PowerNeed:
     return PowerNeed(
         watts=curve[watts_index],
