@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from gpugov.daemon.backend import (
     EXPLAINS_LOWER_CLOCK,
@@ -351,50 +351,46 @@ class ClockActuator:
         Returns:
             Labels of the GPUs that could not be reset (they may still be locked).
         """
-        pending = [
-            b for b in self._backends if b.label in self._touched and b.label not in self.yielded
-        ]
-        failed: list[str] = []
-        for attempt in range(self.reset_attempts):
-            retry = []
-            for backend in pending:
-                try:
-                    backend.reset_clocks()
-                except PERMANENT_RESET_ERRORS as error:
-                    self._count_failure(backend.label)
-                    failed.append(backend.label)
-                    log.error("domain %s: reset failed: %s", self.domain, error)
-                    continue
-                except GpuError as error:
-                    self._count_failure(backend.label)
-                    retry.append(backend)
-                    log.warning(
-                        "domain %s: reset failed (attempt %d of %d): %s",
-                        self.domain,
-                        attempt + 1,
-                        self.reset_attempts,
-                        error,
-                    )
-                    continue
-                self._touched.discard(backend.label)
-                self.locked_mhz[backend.label] = None
-                if self.state is not None:
-                    self.state.clear(gpu_key(backend))
-                log.info("domain %s: GPU %s clocks reset", self.domain, backend.label)
-            pending = retry
-            if not pending:
-                break
-            if attempt + 1 < self.reset_attempts:
-                self._sleep(self.reset_backoff_s * 2**attempt)
+        failed, pending = retry_each(
+            [b for b in self._backends if b.label in self._touched and b.label not in self.yielded],
+            self._reset_at_exit,
+            attempts=self.reset_attempts,
+            backoff_s=self.reset_backoff_s,
+            sleep=self._sleep,
+        )
         for backend in pending:
-            failed.append(backend.label)
             log.error(
                 "domain %s: GPU %s: reset failed %d times; it may still be locked",
                 self.domain,
                 backend.label,
                 self.reset_attempts,
             )
-        return sorted(failed, key=label_order)
+        return sorted((b.label for b in failed + pending), key=label_order)
+
+    def _reset_at_exit(self, backend: GpuBackend, attempt: int) -> Outcome:
+        """One GPU's exit reset, try ``attempt`` (from 0) of :meth:`restore`'s."""
+        try:
+            backend.reset_clocks()
+        except PERMANENT_RESET_ERRORS as error:
+            self._count_failure(backend.label)
+            log.error("domain %s: reset failed: %s", self.domain, error)
+            return "failed"
+        except GpuError as error:
+            self._count_failure(backend.label)
+            log.warning(
+                "domain %s: reset failed (attempt %d of %d): %s",
+                self.domain,
+                attempt + 1,
+                self.reset_attempts,
+                error,
+            )
+            return "retry"
+        self._touched.discard(backend.label)
+        self.locked_mhz[backend.label] = None
+        if self.state is not None:
+            self.state.clear(gpu_key(backend))
+        log.info("domain %s: GPU %s clocks reset", self.domain, backend.label)
+        return "done"
 
     # --------------------------------------------------------------- reconcile
     def reconcile(self, policy: ReconcilePolicy = "reset", *, dry_run: bool = False) -> list[str]:
@@ -570,3 +566,40 @@ class ClockActuator:
 def label_order(label: str) -> tuple[int, str]:
     """Sort key for GPU labels: indices in numeric order, then any other label."""
     return (int(label), label) if label.isdigit() else (1 << 30, label)
+
+
+Item = TypeVar("Item")
+Outcome = Literal["done", "failed", "retry"]
+"""What one exit write did: went through (or was not needed), failed for good, or failed
+for now."""
+
+
+def retry_each(
+    items: Sequence[Item],
+    attempt_one: Callable[[Item, int], Outcome],
+    *,
+    attempts: int,
+    backoff_s: float,
+    sleep: Callable[[float], Any],
+) -> tuple[list[Item], list[Item]]:
+    """The exit writes' retry loop (clock resets, power limit restores): ``attempt_one(item,
+    attempt)`` on every item, then again on those that failed for now, in up to
+    ``attempts`` rounds, the waits between doubling from ``backoff_s``; never raises what
+    ``attempt_one`` does not. Returns ``(failed for good, still failing after the last
+    round)``, each in the order of ``items``."""
+    pending = list(items)
+    failed: list[Item] = []
+    for attempt in range(attempts):
+        retry: list[Item] = []
+        for item in pending:
+            outcome = attempt_one(item, attempt)
+            if outcome == "failed":
+                failed.append(item)
+            elif outcome == "retry":
+                retry.append(item)
+        pending = retry
+        if not pending:
+            break
+        if attempt + 1 < attempts:
+            sleep(backoff_s * 2**attempt)
+    return failed, pending

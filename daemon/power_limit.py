@@ -39,7 +39,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpugov.daemon.actuator import PERMANENT_RESET_ERRORS, WriteFailureLog, label_order
+from gpugov.daemon.actuator import (
+    PERMANENT_RESET_ERRORS,
+    Outcome,
+    WriteFailureLog,
+    label_order,
+    retry_each,
+)
 from gpugov.daemon.backend import (
     DryRunBackend,
     GpuBackend,
@@ -477,30 +483,14 @@ class PowerLimitActuator:
         Returns:
             Labels of the GPUs whose original limit could not be restored.
         """
-        pending = [b for b in self._backends if b.label in self._touched]
-        failed: list[str] = []
-        for attempt in range(self.restore_attempts):
-            retry = []
-            for backend in pending:
-                outcome = self._restore_one(backend, at_exit=True)
-                if outcome == "failed":
-                    failed.append(backend.label)
-                elif outcome == "retry":
-                    retry.append(backend)
-                    log.warning(
-                        "domain %s: GPU %s: power limit restore failed (attempt %d of %d)",
-                        self.domain,
-                        backend.label,
-                        attempt + 1,
-                        self.restore_attempts,
-                    )
-            pending = retry
-            if not pending:
-                break
-            if attempt + 1 < self.restore_attempts:
-                self._sleep(self.restore_backoff_s * 2**attempt)
+        failed, pending = retry_each(
+            [b for b in self._backends if b.label in self._touched],
+            self._restore_at_exit,
+            attempts=self.restore_attempts,
+            backoff_s=self.restore_backoff_s,
+            sleep=self._sleep,
+        )
         for backend in pending:
-            failed.append(backend.label)
             log.error(
                 "domain %s: GPU %s: power limit restore failed %d times; it may still be "
                 "capped below %g W",
@@ -509,7 +499,21 @@ class PowerLimitActuator:
                 self.restore_attempts,
                 self.original_w.get(backend.label, math.nan),
             )
-        return sorted(failed, key=label_order)
+        return sorted((b.label for b in failed + pending), key=label_order)
+
+    def _restore_at_exit(self, backend: PowerLimitBackend, attempt: int) -> Outcome:
+        """One GPU's exit restore, try ``attempt`` (from 0) of :meth:`restore`'s."""
+        outcome = self._restore_one(backend, at_exit=True)
+        if outcome == "retry":
+            log.warning(
+                "domain %s: GPU %s: power limit restore failed (attempt %d of %d)",
+                self.domain,
+                backend.label,
+                attempt + 1,
+                self.restore_attempts,
+            )
+            return "retry"
+        return "failed" if outcome == "failed" else "done"
 
     # ---------------------------------------------------------------- reconcile
     def reconcile(self, *, dry_run: bool = False) -> list[str]:

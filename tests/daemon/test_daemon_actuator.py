@@ -8,7 +8,7 @@ import fake_pynvml as fp
 import pytest
 from fake_pynvml import FakeNvml
 
-from gpugov.daemon.actuator import ClockActuator
+from gpugov.daemon.actuator import ClockActuator, Outcome, retry_each
 from gpugov.daemon.errors import GpuLost, PermissionDenied
 from gpugov.daemon.nvml import NvmlBackend
 
@@ -111,3 +111,30 @@ def test_lost_gpu_resets_the_others(fake_nvml: FakeNvml) -> None:
         actuator.apply(1100)
     assert fake_nvml.locked(0) is None  # reset although GPU 1 is gone
     assert fake_nvml.locked(1) == (1000, 1000)
+
+
+def test_retry_each_retries_only_what_failed_for_now_with_doubling_waits() -> None:
+    """The exit writes' loop: an item that fails for good is not tried again, one that
+    fails for now is, each round after a wait twice the one before, and what still fails
+    after the last round comes back apart from what failed for good."""
+    outcomes: dict[str, list[Outcome]] = {
+        "ok": ["done"],
+        "gone": ["failed"],
+        "slow": ["retry", "retry", "done"],
+        "stuck": ["retry", "retry", "retry"],
+    }
+    tried: list[tuple[str, int]] = []
+    waits: list[float] = []
+
+    def attempt_one(item: str, attempt: int) -> Outcome:
+        tried.append((item, attempt))
+        return outcomes[item][attempt]
+
+    failed, pending = retry_each(
+        list(outcomes), attempt_one, attempts=3, backoff_s=0.2, sleep=waits.append
+    )
+    assert failed == ["gone"] and pending == ["stuck"]
+    assert [item for item, attempt in tried if attempt > 0] == ["slow", "stuck", "slow", "stuck"]
+    assert waits == [0.2, 0.4]  # no wait after the last round
+    assert retry_each([], attempt_one, attempts=3, backoff_s=0.2, sleep=waits.append) == ([], [])
+    assert waits == [0.2, 0.4]
