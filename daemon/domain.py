@@ -65,6 +65,9 @@ class TickRecord:
     writes: int
     engine_error: str | None
     gpu_read_errors: tuple[str, ...] = field(default=())
+    power_cap_w: float | None = None
+    """The power limit gpugov held on the domain's GPUs after the tick, summed (None while
+    they keep their own: no power limit actuator, or no cap asked for)."""
 
 
 class Domain:
@@ -393,6 +396,7 @@ class Domain:
             writes=writes,
             engine_error=observed.engine_error,
             gpu_read_errors=errors,
+            power_cap_w=None if self.power_limits is None else self.power_limits.applied_w,
         )
 
     def fallback_counts(self) -> dict[str, int]:

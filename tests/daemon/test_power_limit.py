@@ -28,6 +28,7 @@ from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.power_budget import PowerBudget
 from gpugov.daemon.power_limit import PowerLimitActuator
+from gpugov.daemon.record import record_to_dict
 from gpugov.daemon.service import domains_from_config
 
 SET = "nvmlDeviceSetPowerManagementLimit"
@@ -365,6 +366,9 @@ def test_a_node_caps_from_the_first_decision_and_restores_on_stop(
     assert len(_cap_writes(fake)) == 4  # two caps, two restores
     assert [nvml for _, nvml, _ in seen] == [1400.0] * 4  # never its own cap
     assert records[-1].observation.power_limit_w == 1400.0
+    # Each tick's record (a --record line) carries the limit gpugov held: both GPUs' 400 W.
+    assert [record.power_cap_w for record in records] == [800.0] * len(records)
+    assert record_to_dict(records[-1])["power_cap_w"] == 800.0
     assert _limits_mw(fake) == [700_000, 700_000]
     assert domain.snapshot().power_cap_applied_w is None  # restored
     assert "power_limits" not in json.loads((tmp_path / "locks.json").read_text())
