@@ -35,6 +35,46 @@ def _step_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in payload["rows"] if r["step"]]
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def board_breakdown(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """One cell's nodes grouped by profile (in the order the fleet first lists them): the
+    nodes, the requests they served, their requests-weighted SLO attainment, the mean cap
+    the allocator gave a node and the mean need its controller published (over the
+    allocations; None where none), the energy per node and per request."""
+    series = row.get("series") or {}
+    caps = series.get("caps_w") or []
+    needs = series.get("needs_w") or []
+    groups: dict[str, list[int]] = {}
+    for index, node in enumerate(row["nodes"]):
+        groups.setdefault(node["profile"], []).append(index)
+    out = []
+    for profile, members in groups.items():
+        nodes = [row["nodes"][i] for i in members]
+        requests = sum(int(node["requests"]) for node in nodes)
+        met = sum(float(node["slo_attainment"]) * int(node["requests"]) for node in nodes)
+        energy = sum(float(node["energy_j"]) for node in nodes)
+        out.append(
+            {
+                "profile": profile,
+                "nodes": len(nodes),
+                "requests": requests,
+                "slo_attainment": met / requests if requests else None,
+                "mean_cap_w": _mean(
+                    [float(tick[i]) for tick in caps for i in members if tick[i] is not None]
+                ),
+                "mean_need_w": _mean(
+                    [float(tick[i]) for tick in needs for i in members if tick[i] is not None]
+                ),
+                "energy_per_node_j": energy / len(nodes),
+                "energy_per_request_j": energy / requests if requests else None,
+            }
+        )
+    return out
+
+
 def markdown(payload: dict[str, Any]) -> str:
     """The report: the run's settings, the budget table and the budget-step table."""
     config = payload["config"]
@@ -82,6 +122,40 @@ def markdown(payload: dict[str, Any]) -> str:
             )
             + " |"
         )
+    lines += [
+        "",
+        "## Per board type",
+        "",
+        "Each cell's nodes by profile: the requests the router sent them, their SLO "
+        "attainment, the mean cap the allocator gave one (and the mean need its controller "
+        "published, where it publishes one), the energy per node and per request: where "
+        "an allocator's points and joules go.",
+        "",
+        "| allocator | budget | board | nodes | requests | SLO attainment | mean cap "
+        "| mean need | energy per node | J/request |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in _budget_rows(payload):
+        budget = row["budget_fraction"]
+        for board in board_breakdown(row):
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        LABELS.get(row["allocator"], row["allocator"]),
+                        "-" if budget is None else f"{100 * budget:.0f} % TDP",
+                        board["profile"],
+                        str(board["nodes"]),
+                        str(board["requests"]),
+                        _pct(board["slo_attainment"], 2),
+                        cell(board["mean_cap_w"], 1.0, 0, " W"),
+                        cell(board["mean_need_w"], 1.0, 0, " W"),
+                        cell(board["energy_per_node_j"], 1e-3, 1, " kJ"),
+                        cell(board["energy_per_request_j"], 1.0, 1, " J"),
+                    ]
+                )
+                + " |"
+            )
     steps = _step_rows(payload)
     if steps:
         start, hold = config["step_at_s"], config["step_hold_s"]

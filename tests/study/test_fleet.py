@@ -352,6 +352,22 @@ def test_the_run_writes_its_report_and_degrades_without_matplotlib(
     text = paths["md"].read_text()
     assert "| SLO-aware (published need) | 70 % TDP |" in text
     assert "## Budget step" in text
+    # Per board type: the nodes' requests and attainment add up to the cell's, and the
+    # caps and needs are the allocator's and the controllers' over the allocations.
+    assert "## Per board type" in text
+    for row in payload["rows"]:
+        boards = fleet_report.board_breakdown(row)
+        assert sum(board["nodes"] for board in boards) == len(row["nodes"])
+        assert sum(board["requests"] for board in boards) == row["requests"]
+        met = sum(board["slo_attainment"] * board["requests"] for board in boards)
+        assert met / row["requests"] == pytest.approx(row["slo_attainment"])
+        energy = sum(board["energy_per_node_j"] * board["nodes"] for board in boards)
+        assert energy == pytest.approx(sum(node["energy_j"] for node in row["nodes"]))
+        for board in boards:
+            tdp = max(n["tdp_w"] for n in row["nodes"] if n["profile"] == board["profile"])
+            assert board["mean_cap_w"] is not None and 0.0 < board["mean_cap_w"] <= tdp
+            if not row["step"]:  # the step cells have their own table
+                assert f"| {board['profile']} | {board['nodes']} | {board['requests']} |" in text
 
 
 def test_a_report_cut_short_mid_write_leaves_the_earlier_one_whole(tmp_path: Path) -> None:
