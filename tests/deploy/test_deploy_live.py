@@ -39,10 +39,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploytools import GRAFANA, PROMETHEUS, gpugov_executable, require_module, require_tool
+from deploytools import (
+    RULE_FILES,
+    all_rules,
+    dashboard,
+    gpugov_executable,
+    panels,
+    require_tool,
+)
 
-RULE_FILES = sorted((PROMETHEUS / "rules").glob("*.rules.yml"))
-DASHBOARD = GRAFANA / "gpugov-dashboard.json"
 SPEED = 10.0
 SIMULATED_S = 600.0  # the daemon ends by itself after SIMULATED_S / SPEED wall seconds
 RATE_INTERVAL = "10s"  # Grafana's $__rate_interval for a 1 s scrape: >= 4 scrapes
@@ -60,12 +65,7 @@ NEEDS_DAEMON: dict[str, str] = {}
 
 # ------------------------------------------------------------------------ collection
 def _recording_rules() -> list[dict[str, Any]]:
-    yaml = require_module("yaml")
-    out: list[dict[str, Any]] = []
-    for path in RULE_FILES:
-        for group in yaml.safe_load(path.read_text())["groups"]:
-            out.extend(rule for rule in group["rules"] if "record" in rule)
-    return out
+    return [rule for _, rule in all_rules() if "record" in rule]
 
 
 def _names(expr: str) -> set[str]:
@@ -95,17 +95,11 @@ def _selector(rule: dict[str, Any]) -> str:
 
 def _panel_targets() -> list[tuple[str, str]]:
     """(test id, expr) for every query of every panel, rows included."""
-    board = json.loads(DASHBOARD.read_text())
-    out = []
-    stack = list(board["panels"])
-    while stack:
-        panel = stack.pop(0)
-        if panel["type"] == "row":
-            stack[:0] = panel.get("panels", [])
-            continue
-        for target in panel["targets"]:
-            out.append((f"{panel['id']}:{panel['title']}/{target['refId']}", target["expr"]))
-    return out
+    return [
+        (f"{panel['id']}:{panel['title']}/{target['refId']}", target["expr"])
+        for panel in panels(dashboard())
+        for target in panel["targets"]
+    ]
 
 
 def _params(items: list[tuple[str, str]], rules: list[dict[str, Any]]) -> list[Any]:
@@ -333,14 +327,9 @@ def test_the_targets_are_up(live: Live) -> None:
 def test_every_rule_evaluates_without_error(live: Live) -> None:
     groups = live.api("rules")["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == sum(len(g["rules"]) for g in _yaml_groups())
+    assert len(rules) == len(all_rules())
     broken = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not broken, f"rules failing in a real Prometheus: {broken}"
-
-
-def _yaml_groups() -> list[dict[str, Any]]:
-    yaml = require_module("yaml")
-    return [g for path in RULE_FILES for g in yaml.safe_load(path.read_text())["groups"]]
 
 
 def _has_finite_sample(result: list[dict[str, Any]]) -> bool:
@@ -362,7 +351,7 @@ def _regex_value(values: list[str]) -> str:
 @pytest.fixture(scope="module")
 def variables(live: Live) -> dict[str, str]:
     """The dashboard's variables resolved like Grafana: label_values() through the API."""
-    board = json.loads(DASHBOARD.read_text())
+    board = dashboard()
     resolved: dict[str, str] = {}
     for variable in board["templating"]["list"]:
         if variable["type"] != "query":
