@@ -148,7 +148,7 @@ def checked_ticks(source: Path, rows: list[Any], domains: dict[str, Any]) -> Non
             raise UsageError(f"{where} bad observation: {error}") from error
         for key in PLOTTED_FIELDS:
             _check_plottable(where, f"observation.{key}", raw.get(key))
-        for key in ("time_s", "requested_mhz"):
+        for key in ("time_s", "requested_mhz", "power_cap_w"):
             _check_plottable(where, key, row.get(key))
         if row.get("failsafe") is not None and not isinstance(row["failsafe"], bool):
             raise UsageError(f"{where} failsafe must be true or false, got {row['failsafe']!r:.40}")

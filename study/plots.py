@@ -80,6 +80,8 @@ class RunSeries:
     thermal_limit_c: float | None = None
     latency_kind: str = "per request"
     failsafe_s: Sequence[float] = field(default_factory=tuple)
+    power_cap_w: Sequence[float | None] = field(default_factory=tuple)
+    """The power limit gpugov held per tick (a recording's ``power_cap_w``; empty: none)."""
 
 
 def series_from_result(result: Any) -> RunSeries:
@@ -152,6 +154,7 @@ def series_from_recording(
         thermal_limit_c=last("thermal_limit_c"),
         latency_kind="windowed per tick",
         failsafe_s=[t for t, r in zip(times, mine, strict=True) if r.get("failsafe")],
+        power_cap_w=[r.get("power_cap_w") for r in mine],
     )
 
 
@@ -196,6 +199,16 @@ def write_run_plot(series: RunSeries, path: str | Path, title: str) -> None:
     power.plot(t, _clean(series.power_w), lw=0.6, color="tab:red", label="power")
     if series.power_limit_w:
         power.axhline(series.power_limit_w, ls="--", color="k", lw=0.8, label="power limit")
+    if any(value is not None for value in series.power_cap_w):
+        power.step(
+            t,
+            _clean(series.power_cap_w),
+            where="post",
+            ls=":",
+            color="tab:purple",
+            lw=1.0,
+            label="limit gpugov set",
+        )
     power.set_ylabel("power (W)")
     power.legend(loc="upper right", fontsize=8)
     queue.plot(t, _clean(series.waiting), lw=0.8, label="waiting for first token")

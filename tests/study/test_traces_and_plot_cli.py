@@ -100,6 +100,20 @@ def test_recording_series_line_up_requested_and_realised(recording: Path) -> Non
     assert series.ttft_slo_s == rows[-1]["observation"]["ttft_slo_s"]
     assert series.thermal_limit_c == rows[-1]["observation"]["thermal_limit_c"]
     assert len(series.ttft_points[0]) > 0
+    assert list(series.power_cap_w) == [None] * len(rows)  # mpc sets no power cap
+
+
+def test_plot_draws_the_power_limit_gpugov_set(tmp_path: Path) -> None:
+    """A cap kind's recording carries the limit gpugov held per tick; the plot reads it."""
+    path = tmp_path / "cap.jsonl"
+    argv = ["run", "--simulate", "--virtual", "--duration", "20", "--controller"]
+    argv += ["power-cap:300", "--metrics-address", "none", "--record", str(path), "--quiet"]
+    assert main(argv) == 0
+    _, rows = read_recording(path)
+    series = series_from_recording(rows)
+    assert set(series.power_cap_w) == {300.0}
+    assert main(["plot", str(path), "--out", str(tmp_path / "cap.png")]) == 0
+    assert (tmp_path / "cap.png").read_bytes().startswith(PNG_MAGIC)
 
 
 def test_plot_bad_input_is_one_line(
@@ -201,6 +215,8 @@ TICK_DAMAGE = {
     "unknown key": (_set("observation", "boost_mhz", value=1.0), "unknown field 'boost_mhz'"),
     # Huge finite values printed matplotlib RuntimeWarnings (some then exit 2, some exit 0).
     "requested 1e308": (_set("requested_mhz", value="@1e308"), "requested_mhz"),
+    "cap 1e308": (_set("power_cap_w", value="@1e308"), "power_cap_w"),
+    "cap text": (_set("power_cap_w", value="lots"), "power_cap_w"),
     "power 1e308": (_set("observation", "power_w", value="@1e308"), "observation.power_w"),
     "power limit 1e308": (
         _set("observation", "power_limit_w", value="@1e308"),
