@@ -32,7 +32,7 @@ from gpugov.daemon.record import (
 from gpugov.daemon.roles import ROLES
 from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S, SafetySettings
 from gpugov.plant.input_files import finite_number
-from gpugov.plant.types import ClockController
+from gpugov.plant.types import ClockController, PowerCapping
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,16 @@ class ReplayReport:
     abs_diff_sum_mhz: float = 0.0
     recorded_sum_mhz: float = 0.0
     replayed_sum_mhz: float = 0.0
+    capped: int = 0
+    """Compared ticks where either side held a power cap (the recorded ``power_cap_w``, the
+    replayed controller's ``requested_power_cap_w``)."""
+    cap_differing: int = 0
+    """Of those, ticks where one side held none or the two differ by at least 1 W."""
+    recorded_cap_sum_w: float = 0.0
+    replayed_cap_sum_w: float = 0.0
+    """Summed caps over the ticks where that side held one (for the means)."""
+    recorded_cap_ticks: int = 0
+    replayed_cap_ticks: int = 0
 
     @property
     def differing(self) -> int:
@@ -88,6 +98,13 @@ class ReplayReport:
             f"  mean request        recorded {self.recorded_sum_mhz / n:.1f} MHz, "
             f"replayed {self.replayed_sum_mhz / n:.1f} MHz",
         ]
+        if self.capped:
+            lines.append(
+                f"  power cap           held on {self.capped} ticks, differing on "
+                f"{self.cap_differing}; mean recorded (as applied) "
+                f"{_mean_w(self.recorded_cap_sum_w, self.recorded_cap_ticks)}, "
+                f"replayed (as asked) {_mean_w(self.replayed_cap_sum_w, self.replayed_cap_ticks)}"
+            )
         runs = self.ranges()
         if runs:
             lines.append(f"  differing stretches ({len(runs)}; first {min(show, len(runs))}):")
@@ -103,6 +120,33 @@ class ReplayReport:
                     f"{diff.recorded_mhz:7.0f} -> {diff.replayed_mhz:7.0f} MHz"
                 )
         return "\n".join(lines)
+
+
+def _mean_w(total: float, ticks: int) -> str:
+    return f"{total / ticks:.0f} W" if ticks else "none"
+
+
+def _requested_cap(controller: ClockController) -> float | None:
+    """The power cap ``controller`` asks for after its decision (None: the GPUs' own)."""
+    if not isinstance(controller, PowerCapping):
+        return None
+    cap = controller.requested_power_cap_w
+    return None if cap is None else float(cap)
+
+
+def _compare_caps(report: ReplayReport, recorded: float | None, replayed: float | None) -> None:
+    """Fold one tick's power caps (None: the GPUs' own limits) into ``report``."""
+    if recorded is None and replayed is None:
+        return
+    report.capped += 1
+    if recorded is not None:
+        report.recorded_cap_ticks += 1
+        report.recorded_cap_sum_w += recorded
+    if replayed is not None:
+        report.replayed_cap_ticks += 1
+        report.replayed_cap_sum_w += replayed
+    if recorded is None or replayed is None or abs(recorded - replayed) >= 1.0:
+        report.cap_differing += 1
 
 
 def _recorded_forecasts(info: dict[str, Any]) -> Forecasts:
@@ -284,6 +328,13 @@ def replay(
                 f"{path}:{number}: requested_mhz must be a number and step an integer, got "
                 f"{row['requested_mhz']!r:.40} and {step!r:.40}"
             )
+        cap = row.get("power_cap_w")
+        recorded_cap = None if cap is None else finite_number(cap)
+        if cap is not None and recorded_cap is None:
+            raise RecordingError(
+                f"{path}:{number}: power_cap_w must be a number or null, got {cap!r:.40}"
+            )
+        _compare_caps(report, recorded_cap, _requested_cap(controllers[domain]))
         report.compared += 1
         report.recorded_sum_mhz += recorded
         report.replayed_sum_mhz += replayed

@@ -239,3 +239,36 @@ def test_replay_fills_an_online_gpu_auto_hint_from_the_recorded_gpu_names(
     path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
     report = replay(path, spec)
     assert report.compared == len(lines) - 1
+
+
+def test_replay_compares_the_power_caps_a_recording_carries(tmp_path: Path) -> None:
+    """A cap kind's recording carries the limit gpugov held each tick (``power_cap_w``);
+    replay compares it with the cap the replayed controller asks for, and refuses a cap
+    that is not a number in one line naming the tick."""
+    from gpugov.daemon import node_cli
+    from gpugov.daemon.controller_config import MPCControllerConfig, PowerCapControllerConfig
+    from gpugov.daemon.record import RecordingError
+
+    path = tmp_path / "cap.jsonl"
+    argv = ["run", "--simulate", "--virtual", "--duration", "20", "--controller"]
+    argv += ["power-cap:300", "--metrics-address", "none", "--record", str(path), "--quiet"]
+    assert node_cli.main(argv) == 0
+    _, rows = read_recording(path)
+    assert {row["power_cap_w"] for row in rows} == {300.0}
+    same = replay(path, PowerCapControllerConfig(kind="power-cap", cap_w=300.0))
+    assert same.compared == len(rows) and same.capped == same.compared
+    assert same.cap_differing == 0 and "differing on 0" in same.format()
+    lower = replay(path, PowerCapControllerConfig(kind="power-cap", cap_w=250.0))
+    assert lower.cap_differing == lower.compared
+    assert lower.recorded_cap_sum_w / lower.recorded_cap_ticks == pytest.approx(300.0)
+    assert lower.replayed_cap_sum_w / lower.replayed_cap_ticks == pytest.approx(250.0)
+    assert "replayed (as asked) 250 W" in lower.format()
+    unset = replay(path, MPCControllerConfig(kind="mpc"))  # asks for no cap: every tick differs
+    assert unset.cap_differing == unset.compared and unset.replayed_cap_ticks == 0
+    lines = path.read_text().splitlines()
+    tick = json.loads(lines[3])
+    tick["power_cap_w"] = "lots"
+    lines[3] = json.dumps(tick)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(RecordingError, match=r":4: power_cap_w must be a number or null"):
+        replay(path, PowerCapControllerConfig(kind="power-cap", cap_w=300.0))
