@@ -154,6 +154,11 @@ class Domain:
                 self._energy_failed = True
                 log.warning("domain %s: energy estimate failed: %r", self.name, error)
 
+    @property
+    def power_cap_w(self) -> float | None:
+        """The power limit gpugov holds on the domain's GPUs, summed (None: their own)."""
+        return None if self.power_limits is None else self.power_limits.applied_w
+
     def _apply_cap(self, failsafe: bool = False) -> None:
         """After a decision, set the controller's power cap (when it sets one); in the
         fail-safe, the GPUs' own limits."""
@@ -396,7 +401,7 @@ class Domain:
             writes=writes,
             engine_error=observed.engine_error,
             gpu_read_errors=errors,
-            power_cap_w=None if self.power_limits is None else self.power_limits.applied_w,
+            power_cap_w=self.power_cap_w,
         )
 
     def fallback_counts(self) -> dict[str, int]:
@@ -436,7 +441,7 @@ class Domain:
             solve_sum_s=self.solve.sum_s,
             external_clock_changes_total=dict(self.actuator.external_changes),
             clock_write_failures_total=dict(self.actuator.write_failures),
-            power_cap_applied_w=None if self.power_limits is None else self.power_limits.applied_w,
+            power_cap_applied_w=self.power_cap_w,
             power_cap_write_failures_total=(
                 {} if self.power_limits is None else dict(self.power_limits.write_failures)
             ),

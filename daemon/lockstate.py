@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "locks.json"
 HOLD_FILE = "gpugov.lock"
+NO_RECORD = object()
+"""What :meth:`LockState._load` gives for a file that is missing or cannot be read."""
 """The file a running daemon holds an exclusive ``flock`` on (:meth:`LockState.hold`)."""
 
 
@@ -57,8 +59,9 @@ class LockState:
         self.path = Path(directory) / STATE_FILE
         self.pid = os.getpid() if pid is None else pid
         self._warned = False
-        self._entries: dict[str, dict[str, Any]] = self.read()
-        self._limits: dict[str, dict[str, Any]] = self.read_power_limits()
+        data = self._load()
+        self._entries: dict[str, dict[str, Any]] = self._lock_entries(data)
+        self._limits: dict[str, dict[str, Any]] = self._limit_entries(data)
         self._held: Any = None
 
     def hold(self) -> None:
@@ -113,16 +116,26 @@ class LockState:
                 error,
             )
 
-    def read(self) -> dict[str, dict[str, Any]]:
-        """The entries on disk (empty when the file is missing or unreadable)."""
+    def _load(self) -> Any:
+        """The file's parsed JSON: :data:`NO_RECORD` when it is missing, or unreadable
+        (warned)."""
         try:
             if not self.path.exists():
-                return {}
+                return NO_RECORD
             # A safety record: whatever it names is read (a key twice: the last value), as
             # a GPU it names as locked is restored even from a damaged record.
-            data = loads_json(read_input_text(self.path, "state"), unique_keys=False)
+            return loads_json(read_input_text(self.path, "state"), unique_keys=False)
         except (OSError, ValueError) as error:
             self._warn("read it", error)
+            return NO_RECORD
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        """The entries on disk (empty when the file is missing or unreadable)."""
+        return self._lock_entries(self._load())
+
+    def _lock_entries(self, data: Any) -> dict[str, dict[str, Any]]:
+        """The clock lock entries of the parsed file ``data``."""
+        if data is NO_RECORD:
             return {}
         gpus = data.get("gpus") if isinstance(data, dict) else None
         if not isinstance(gpus, dict):
@@ -145,16 +158,10 @@ class LockState:
             entries[str(key)] = entry
         return entries
 
-    def read_power_limits(self) -> dict[str, dict[str, Any]]:
-        """The power limit entries on disk (empty when there are none or the file is
-        missing or unreadable; an entry whose original limit is not a positive whole
-        number of milliwatts is logged and dropped: nothing known to restore)."""
-        try:
-            if not self.path.exists():
-                return {}
-            data = loads_json(read_input_text(self.path, "state"), unique_keys=False)
-        except (OSError, ValueError):
-            return {}  # read() has warned
+    def _limit_entries(self, data: Any) -> dict[str, dict[str, Any]]:
+        """The power limit entries of the parsed file ``data`` (empty when there are none
+        or no file; an entry whose original limit is not a positive whole number of
+        milliwatts is logged and dropped: nothing known to restore)."""
         limits = data.get("power_limits") if isinstance(data, dict) else None
         if not isinstance(limits, dict):
             return {}
