@@ -53,6 +53,8 @@ class ExitCode(IntEnum):
 PERMISSION_DENIED_MESSAGE = (
     "needs root or CAP_SYS_ADMIN to lock clocks; run with --dry-run to observe only"
 )
+NEEDS_PRIVILEGE_MESSAGE = "needs root or CAP_SYS_ADMIN; run with --dry-run to observe only"
+"""The same for a write that is not a clock lock (a power limit needs that privilege too)."""
 
 
 class Terminated(KeyboardInterrupt):
@@ -224,12 +226,7 @@ def from_nvml(error: Any, action: str, *, gpu: str | None = None) -> GpuError:
     kind = NVML_ERROR_MAP.get(code, GpuError) if isinstance(code, int) else GpuError
     where = f"GPU {gpu}: " if gpu is not None else ""
     if kind is PermissionDenied:
-        # Locking clocks is what a node does most; a power limit needs the same privilege.
-        needs = (
-            PERMISSION_DENIED_MESSAGE
-            if "clock" in action
-            else PERMISSION_DENIED_MESSAGE.replace(" to lock clocks", "")
-        )
+        needs = PERMISSION_DENIED_MESSAGE if "clock" in action else NEEDS_PRIVILEGE_MESSAGE
         message = f"{where}{action}: {needs}"
     else:
         message = f"{where}{action} failed: {error} (NVML code {code})"
