@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpugov.daemon import cli_types
@@ -94,6 +94,7 @@ EXIT_NOT_RESET = ExitCode.NOT_RESET
 def _run_node(args: argparse.Namespace) -> int:
     if not args.config:
         raise UsageError("gpugov run needs --config FILE (or --simulate)")
+    environ_watchdog_s()  # a malformed $WATCHDOG_USEC is refused before any work
     config = load_config(args.config)
     check_output_file(
         "--record", args.record or config.daemon.record, [("the config file", args.config)]
@@ -229,9 +230,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     warning line (exit 0)."""
     from gpugov.daemon.node_check import check_node, slo_warnings
 
+    watchdog_s = _watchdog_s(args.watchdog_sec)
     config = load_config(args.file)
     problems: list[Exception] = []
-    watchdog_s = _watchdog_s(args.watchdog_sec)
     if watchdog_s is not None:
         usec = str(round(watchdog_s * 1e6))
         try:
@@ -264,11 +265,30 @@ def _watchdog_s(flag: float | None) -> float | None:
     if flag is not None:
         require_positive("--watchdog-sec", flag)
         return flag
-    raw = os.environ.get("WATCHDOG_USEC")
-    try:
-        return float(raw) / 1e6 if raw else None
-    except ValueError:
+    return environ_watchdog_s()
+
+
+def environ_watchdog_s(environ: Mapping[str, str] | None = None) -> float | None:
+    """``$WATCHDOG_USEC`` in seconds, or None when it is not set.
+
+    systemd sets it to a positive integer of microseconds (the unit's ``WatchdogSec=``);
+    anything else (``abc``, ``-5``, ``nan``, ``1e6``) was read as no watchdog, or ended the
+    command in a traceback, and is refused in one line naming the variable.
+
+    Raises:
+        UsageError: the variable is set to anything but a positive integer.
+    """
+    raw = (os.environ if environ is None else environ).get("WATCHDOG_USEC")
+    if raw is None:
         return None
+    value = raw.strip()
+    if not (value.isascii() and value.isdigit() and int(value) > 0):
+        shown = raw if len(raw) <= 40 else f"{raw[:40]}..."
+        raise UsageError(
+            f"WATCHDOG_USEC={shown!r}: must be a positive integer of microseconds (systemd "
+            "sets it from the unit's WatchdogSec=); unset it or fix the unit"
+        )
+    return int(value) / 1e6
 
 
 def describe_config(config: GpugovConfig) -> str:

@@ -170,6 +170,28 @@ def test_the_watchdog_period_is_checked_as_run_checks_it(
     assert "WatchdogSec=8s" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "abc", "-5", "0", "1e7", "8000000.5", ""])
+def test_a_malformed_watchdog_usec_is_refused_in_one_line(
+    tmp_path: Path,
+    fake: FakeNvml,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    value: str,
+) -> None:
+    # nan and inf ended check-config in a traceback; the others were read as no watchdog.
+    path = _write(tmp_path, daemon="period_s = 5.0")
+    monkeypatch.setenv("WATCHDOG_USEC", value)
+    for command in (lambda: node_cli.main(["check-config", str(path)]), lambda: _run_code(path)):
+        assert command() == 2
+        captured = capsys.readouterr()
+        err = captured.err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("gpugov: error: WATCHDOG_USEC=")
+        assert "positive integer of microseconds" in err[0]
+        assert captured.out == "" and fake.calls == {}
+    # --watchdog-sec is what check-config checks when given: the variable is not read.
+    assert node_cli.main(["check-config", str(path), "--offline", "--watchdog-sec", "30"]) == 0
+
+
 def test_without_a_driver_the_gpu_part_is_skipped_in_one_line(
     tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
 ) -> None:
