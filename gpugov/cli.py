@@ -205,14 +205,94 @@ def _stop_before_the_start(signum: int, frame: object) -> NoReturn:
     raise _StoppedBeforeTheStart
 
 
+class _GuardedStdout:
+    """``sys.stdout`` while a command runs: the stream itself, with the first error a
+    write or a flush met (a full disk, a closed pipe) noted, so that :func:`main` reports
+    it once, however the command (or argparse, which swallows it) handled it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.error: OSError | None = None
+
+    def _noted(self, error: OSError) -> OSError:
+        if self.error is None:
+            self.error = error
+        return error
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self.stream.write(text))
+        except OSError as error:
+            raise self._noted(error) from None
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as error:
+            raise self._noted(error) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def _failed_on_stdout(error: BaseException) -> bool:
+    """Whether ``error`` is the one a write to (or a flush of) stdout met."""
+    stdout = sys.stdout
+    return isinstance(stdout, _GuardedStdout) and stdout.error is error
+
+
+def _stdout_failed(stream: Any, error: OSError) -> int:
+    """A stdout that could not be written: one line (none for a reader that is gone, as
+    the Python docs' SIGPIPE note does it), stdout pointed at devnull so that Python's
+    own flush at exit cannot raise, and exit 1."""
+    if not isinstance(error, BrokenPipeError):
+        with contextlib.suppress(OSError, ValueError):
+            print(
+                f"gpugov: cannot write to standard output: {error.strerror or error}",
+                file=sys.stderr,
+            )
+    with contextlib.suppress(OSError, ValueError):  # a stream with no descriptor (a test's)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())
+        finally:
+            os.close(devnull)
+    return EXIT_FAILURE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; return the exit code.
 
     Ctrl-C ends any command with one line and exit code 130, SIGTERM a long offline
     command (:data:`STOPPED_BY_SIGTERM`) with one line and 143, after the same cleanup
-    (its worker processes ended); a closed stdout (``gpugov profiles --json | head``) ends
-    it quietly (the Python docs' SIGPIPE recipe).
+    (its worker processes ended). A stdout that cannot be written (``> /dev/full``) ends
+    any command with one line and exit 1, a closed one (``gpugov profiles --json | head``)
+    quietly with exit 1 (the Python docs' SIGPIPE recipe).
     """
+    stream = sys.stdout
+    if stream is None:  # started with stdout closed: nothing to guard
+        return _main_guarded(argv)
+    guard = _GuardedStdout(stream)
+    sys.stdout = guard
+    try:
+        code = _main_guarded(argv)
+        with contextlib.suppress(OSError):  # noted by the guard
+            sys.stdout.flush()  # what is still buffered fails here, not at exit
+    finally:
+        if sys.stdout is guard:
+            sys.stdout = stream
+    if guard.error is None:
+        return code
+    failed = _stdout_failed(stream, guard.error)
+    return code or failed  # an interrupt's or an error's own code stands
+
+
+def _main_guarded(argv: Sequence[str] | None) -> int:
+    """:func:`main` once stdout is guarded."""
     argv = list(sys.argv[1:] if argv is None else argv)
     empty = _empty_value(argv)
     if empty is not None:
@@ -305,12 +385,9 @@ def _run_command(argv: list[str], command: str) -> int:
             return ExitCode.TERMINATED
         print(f"{start}gpugov: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        # Python flushes stdout at exit; point it at devnull so that flush cannot raise.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 1
     except Exception as error:  # the outermost edge: input errors become one clear line
+        if _failed_on_stdout(error) or isinstance(error, BrokenPipeError):
+            return EXIT_FAILURE  # main() says it once (nothing for a reader that is gone)
         from gpugov.daemon import cli_support
 
         if isinstance(error, cli_support.INPUT_ERRORS):

@@ -6,6 +6,8 @@ it is working (its first progress line), and it must exit 130 promptly.
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import signal
 import subprocess
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import pytest
 from study_support import QUICK_EXPERIMENTS_ARGS
+
+from gpugov.cli import main
 
 
 def _start(argv: list[str]) -> subprocess.Popen[str]:
@@ -129,6 +133,63 @@ def test_closed_stdout_exits_quietly() -> None:
     stderr = process.stderr.read()
     assert process.wait(timeout=60) == 1
     assert stderr == ""
+
+
+FULL = Path("/dev/full")
+
+
+@pytest.mark.skipif(not FULL.exists(), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize(
+    "argv", [["profiles"], ["traces", "--json"], ["--help"], ["simulate", "--help"]]
+)
+def test_a_stdout_that_cannot_be_written_is_one_line_and_exit_1(argv: list[str]) -> None:
+    """`gpugov profiles > /dev/full` ended in a traceback, `gpugov --help > /dev/full`
+    exited 0 with nothing said; both are now one line and exit 1, and Python's own flush
+    at exit adds nothing."""
+    with FULL.open("w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "gpugov", *argv],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        "gpugov: cannot write to standard output: No space left on device"
+    ]
+
+
+class _FullStream(io.StringIO):
+    """A stdout whose writes (``on="write"``) or flushes fail as a full disk's do."""
+
+    def __init__(self, on: str) -> None:
+        super().__init__()
+        self.on = on
+
+    def write(self, text: str) -> int:
+        if self.on == "write":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().write(text)
+
+    def flush(self) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("on", ["write", "flush"])
+@pytest.mark.parametrize("argv", [["profiles", "--json"], ["--help"]])
+def test_main_reports_a_failed_stdout_once_however_the_command_met_it(
+    argv: list[str], on: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # argparse swallows a failed write of its help; the command's output raises it.
+    stream = _FullStream(on)
+    monkeypatch.setattr(sys, "stdout", stream)
+    assert main(argv) == 1
+    assert sys.stdout is stream
+    assert capsys.readouterr().err.splitlines() == [
+        "gpugov: cannot write to standard output: No space left on device"
+    ]
 
 
 def test_sigint_on_a_simulated_run_says_where_it_stopped() -> None:
