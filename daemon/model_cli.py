@@ -27,7 +27,6 @@ from gpugov.daemon.config import controller_state_dir, load_config
 from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.files import resolve_state_dir, write_files_atomic
-from gpugov.daemon.limits import MAX_CLOCK_MHZ
 from gpugov.daemon.model_store import StoredModelError, read_stored
 from gpugov.plant.profile import CSV_COLUMNS
 
@@ -112,21 +111,7 @@ def load_model(path: Path) -> tuple[dict[str, Any], OnlineModel]:
         raise ModelCliError(str(error)) from error
     state = payload["model"]
     try:
-        clocks = np.asarray(state["clocks_mhz"], dtype=float)
-        if (
-            clocks.ndim != 1
-            or clocks.size < 2
-            or not bool(
-                np.all(np.isfinite(clocks))
-                and np.all(clocks > 0.0)
-                and np.all(clocks <= MAX_CLOCK_MHZ)
-                and np.all(np.diff(clocks) > 0.0)
-            )
-        ):
-            raise ValueError(
-                "clocks_mhz must be two or more positive clocks, ascending, "
-                f"at most {MAX_CLOCK_MHZ:g} MHz"
-            )
+        # read_stored checked the numbers (clocks, shapes, ranges), naming the field.
         model = OnlineModel(state["clocks_mhz"], float(state["power_limit_w"]))
         model.load_state(state)
         _controller(payload, model).check_learned()  # as the daemon's restore checks it

@@ -22,6 +22,7 @@ engine's ``model_name`` label), the SLOs last seen and the model
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import logging
 import math
@@ -34,8 +35,9 @@ from typing import Any
 
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.controllers.online.controller import OnlineMPCController, SettingsRefuseModel
-from gpugov.controllers.online.identification import MODEL_VERSION
+from gpugov.controllers.online.identification import MODEL_VERSION, POWER_BLOCKS, TIME_BLOCKS
 from gpugov.controllers.online.model_names import SettledName
+from gpugov.controllers.online.regression import MAX_STORED_COUNT
 from gpugov.daemon.files import (
     InputFileError,
     json_safe,
@@ -43,6 +45,7 @@ from gpugov.daemon.files import (
     read_input_text,
     write_json_atomic,
 )
+from gpugov.daemon.limits import MAX_CLOCK_MHZ
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import MPCDiagnostics, ServingObservation
 
@@ -128,7 +131,133 @@ def read_stored(path: Path) -> dict[str, Any]:
             raise StoredModelError(
                 f"{path}: slos.{field_name} must be a positive number, got {value!r:.40}"
             )
+    problem = model_state_problem(payload["model"])
+    if problem is not None:
+        raise StoredModelError(f"{path}: {problem}")
     return payload
+
+
+def _numbers(value: object, field: str, length: int | None = None) -> list[float]:
+    """``value`` as a list of finite numbers (``length`` of them when given).
+
+    Raises:
+        ValueError: naming ``field``.
+    """
+    if not isinstance(value, list) or (length is not None and len(value) != length):
+        size = "a list of numbers" if length is None else f"a list of {length} numbers"
+        raise ValueError(f"{field} must be {size}")
+    numbers = [finite_number(item) for item in value]
+    for index, number in enumerate(numbers):
+        if number is None:
+            raise ValueError(f"{field}[{index}] must be a finite number, got {value[index]!r:.40}")
+    return [float(number) for number in numbers if number is not None]
+
+
+def _clocks(value: object, field: str) -> list[float]:
+    """Two or more positive clocks, ascending, at most :data:`MAX_CLOCK_MHZ`."""
+    try:
+        clocks = _numbers(value, field)
+    except ValueError:
+        clocks = []
+    if (
+        len(clocks) < 2
+        or not all(0.0 < clock <= MAX_CLOCK_MHZ for clock in clocks)
+        or any(b <= a for a, b in itertools.pairwise(clocks))
+    ):
+        raise ValueError(
+            f"{field} must be two or more positive clocks, ascending, at most {MAX_CLOCK_MHZ:g} MHz"
+        )
+    return clocks
+
+
+def _count(value: object, field: str) -> None:
+    number = finite_number(value)
+    if number is None or not 0.0 <= number <= MAX_STORED_COUNT or number != math.floor(number):
+        raise ValueError(f"{field} must be a count, got {value!r:.40}")
+
+
+def _regression(state: object, field: str, size: int) -> list[float]:
+    """Check a stored :class:`RecursiveLeastSquares` of ``size`` parameters (the
+    numbers only: symmetry and definiteness are its own ``load_state``'s); its mean."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{field} is missing or not an object")
+    mean = _numbers(state.get("mean"), f"{field}.mean", size)
+    for name in ("covariance", "prior_covariance"):
+        rows = state.get(name)
+        if not isinstance(rows, list) or len(rows) != size:
+            raise ValueError(f"{field}.{name} must be a {size} x {size} matrix of numbers")
+        for index, row in enumerate(rows):
+            _numbers(row, f"{field}.{name}[{index}]", size)
+    noise = finite_number(state.get("noise_variance"))
+    if noise is None or not noise > 0.0:
+        raise ValueError(
+            f"{field}.noise_variance must be a positive number, got "
+            f"{state.get('noise_variance')!r:.40}"
+        )
+    forgetting = finite_number(state.get("forgetting"))
+    if forgetting is None or not 0.0 < forgetting <= 1.0:
+        raise ValueError(
+            f"{field}.forgetting must lie in (0, 1] (the share of the evidence kept per "
+            f"update), got {state.get('forgetting')!r:.40}"
+        )
+    _count(state.get("samples"), f"{field}.samples")
+    residual = finite_number(state.get("residual_ms"))
+    if residual is None or residual < 0.0:
+        raise ValueError(
+            f"{field}.residual_ms must be a number >= 0, got {state.get('residual_ms')!r:.40}"
+        )
+    return mean
+
+
+def model_state_problem(state: dict[str, Any]) -> str | None:
+    """What is wrong with a stored model's numbers (the file's ``model`` object), naming
+    the field, or None. The physical ranges only a file can break: clocks positive and
+    ascending, knots among them, per-clock arrays one a clock, every regression's
+    numbers finite and shaped for the knots, forgetting in (0, 1], and a board power of
+    more than 0 W in each phase at the top clock (where the warm-up's evidence is, as
+    for the latencies the model checks itself). What needs the model built (the
+    latencies it predicts, definiteness) is :meth:`OnlineModel.load_state`'s."""
+    try:
+        if state.get("version") != MODEL_VERSION:
+            raise ValueError(
+                f"model.version is {state.get('version')!r:.40}, this gpugov reads {MODEL_VERSION}"
+            )
+        clocks = _clocks(state.get("clocks_mhz"), "model.clocks_mhz")
+        knots = _clocks(state.get("knots_mhz"), "model.knots_mhz")
+        if knots[0] != clocks[0] or knots[-1] != clocks[-1] or not set(knots) <= set(clocks):
+            raise ValueError(
+                "model.knots_mhz must be clocks of model.clocks_mhz, from its lowest to its highest"
+            )
+        limit = finite_number(state.get("power_limit_w"))
+        if limit is None or not limit > 0.0:
+            raise ValueError(
+                f"model.power_limit_w must be a positive number, got "
+                f"{state.get('power_limit_w')!r:.40}"
+            )
+        ratio = _numbers(state.get("realized_ratio"), "model.realized_ratio", len(clocks))
+        if not all(0.0 < value <= 1.0 for value in ratio):
+            raise ValueError("model.realized_ratio must lie in (0, 1] (realised over requested)")
+        for index, value in enumerate(_numbers(state.get("visits"), "model.visits", len(clocks))):
+            _count(value, f"model.visits[{index}]")
+        if not isinstance(state.get("warmed_up"), bool):
+            raise ValueError(
+                f"model.warmed_up must be true or false, got {state.get('warmed_up')!r:.40}"
+            )
+        _count(state.get("warmup_count"), "model.warmup_count")
+        k = len(knots)
+        _regression(state.get("time"), "model.time", len(TIME_BLOCKS) * k)
+        power = _regression(state.get("power"), "model.power", len(POWER_BLOCKS) * k)
+        _regression(state.get("thermal"), "model.thermal", 3)
+        for index, phase in enumerate(POWER_BLOCKS):
+            top = power[(index + 1) * k - 1]
+            if not top > 0.0:
+                raise ValueError(
+                    f"model.power.mean: the {phase} power at the top clock {clocks[-1]:g} MHz "
+                    f"is {top:.3g} W; a board draws more than 0 W"
+                )
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def set_aside(path: Path, now: Callable[[], float] = time.time, tag: str = "corrupt") -> Path:
@@ -392,6 +521,7 @@ __all__ = [
     "StoredModelError",
     "learned_windows",
     "model_path",
+    "model_state_problem",
     "read_stored",
     "set_aside",
 ]

@@ -772,9 +772,15 @@ class OnlineModel:
         if not np.all((ratio > 0.0) & (ratio <= 1.0)):
             raise ValueError("stored realised-clock ratios must lie in (0, 1]")
         prior = (self.time.mean.copy(), self.time.prior_covariance.copy())
-        self.time.load_state(state["time"])
-        self.power.load_state(state["power"])
-        self.thermal.load_state(state["thermal"])
+        for name, regression in (
+            ("time", self.time),
+            ("power", self.power),
+            ("thermal", self.thermal),
+        ):
+            try:
+                regression.load_state(state[name])
+            except ValueError as error:
+                raise ValueError(f"{name}: {error}") from None  # which of the three
         self.realized_ratio = ratio
         self.visits = visits
         self.warmed_up = bool(state["warmed_up"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -558,6 +559,68 @@ def test_a_stored_model_with_impossible_numbers_is_set_aside(tmp_path: Path, dam
     simulate(_workload(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
     assert not wrapper.restored
     assert len([message for message in wrapper.messages if "refused" in message]) == 1
+    assert len(list(tmp_path.glob("online-model-llm.json.corrupt-*"))) == 1
+    wrapper.close()
+
+
+def _damage(model: dict, field: str) -> None:  # type: ignore[type-arg]
+    """One field of a stored model made impossible (as an edited or damaged file has it)."""
+    if field == "power.mean":
+        model["power"]["mean"] = [-100.0] * len(model["power"]["mean"])
+    elif field == "time.forgetting":
+        model["time"]["forgetting"] = 5.0
+    elif field == "knots_mhz":
+        model["knots_mhz"] = [1.0]
+    elif field == "clocks_mhz":
+        model["clocks_mhz"] = "x"
+    elif field == "time.covariance":
+        model["time"]["covariance"][0] = [1.0, [2.0]]
+    elif field == "visits":
+        model["visits"][0] = "many"
+    else:
+        model["power"]["noise_variance"] = -1.0
+
+
+PHYSICAL_DAMAGE = [
+    # Each was restored (negative powers: `model show` printed -100 W and the export a
+    # profile clamped to 1 W), or refused in numpy's words naming no field.
+    ("power.mean", "model.power.mean: the idle power at the top clock"),
+    ("time.forgetting", "model.time.forgetting must lie in (0, 1]"),
+    ("knots_mhz", "model.knots_mhz must be two or more positive clocks"),
+    ("clocks_mhz", "model.clocks_mhz must be two or more positive clocks"),
+    ("time.covariance", "model.time.covariance[0] must be a list of"),
+    ("visits", "model.visits[0] must be a finite number"),
+    ("power.noise_variance", "model.power.noise_variance must be a positive number"),
+]
+
+
+@pytest.mark.parametrize(("field", "named"), PHYSICAL_DAMAGE, ids=[f for f, _ in PHYSICAL_DAMAGE])
+def test_a_stored_model_outside_its_physical_ranges_is_refused_naming_the_field(
+    tmp_path: Path, field: str, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    payload = json.loads(path.read_text())
+    _damage(payload["model"], field)
+    path.write_text(json.dumps(payload))
+    with pytest.raises(StoredModelError, match=re.escape(f"{path}: {named}")):
+        read_stored(path)
+    out = tmp_path / "export"
+    for argv in (
+        ["model", "show", "--state-dir", str(tmp_path)],
+        ["model", "export", "--state-dir", str(tmp_path), "--out", str(out)],
+    ):
+        assert main(argv) == 2
+        captured = capsys.readouterr()
+        err = [line for line in captured.err.splitlines() if line.strip()]
+        assert len(err) == 1 and named in err[0] and not captured.out
+    assert not out.exists()
+    # The daemon: one line naming the field, the file set aside, learning anew.
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    simulate(_workload(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
+    assert not wrapper.restored
+    (refused,) = [message for message in wrapper.messages if "refused" in message]
+    assert named in refused and "\n" not in refused
     assert len(list(tmp_path.glob("online-model-llm.json.corrupt-*"))) == 1
     wrapper.close()
 
