@@ -13,7 +13,7 @@ import errno
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from gpugov import __version__
@@ -293,6 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main_guarded(argv: Sequence[str] | None) -> int:
     """:func:`main` once stdout is guarded."""
+    # The process's own command line: what _main sets for an interrupt stays set for the
+    # exit that follows (Python's finalizers), not only for the command.
+    process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     empty = _empty_value(argv)
     if empty is not None:
@@ -300,7 +303,7 @@ def _main_guarded(argv: Sequence[str] | None) -> int:
         return EXIT_USAGE
     command = _command_in(argv)
     if command != "run":
-        return _main(argv, command)
+        return _main(argv, command, process=process)
     # Until the daemon installs its own handling (before it opens a GPU), a SIGTERM ends
     # the start at once, as the stop it asks for, not as a kill (exit 143 and no line).
     import signal
@@ -308,9 +311,9 @@ def _main_guarded(argv: Sequence[str] | None) -> int:
     try:
         previous = signal.signal(signal.SIGTERM, _stop_before_the_start)
     except ValueError:  # not the main thread: signals are not ours to handle
-        return _main(argv, command)
+        return _main(argv, command, process=process)
     try:
-        return _main(argv, command)
+        return _main(argv, command, process=process)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -334,8 +337,49 @@ def _on_sigterm(signum: int, frame: object) -> NoReturn:
     raise Terminated.now()
 
 
-def _main(argv: list[str], command: str) -> int:
-    """:func:`main` past its signal set-up."""
+class _QuietInterrupts:
+    """``sys.unraisablehook`` while a command runs: a Ctrl-C or SIGTERM raised by the
+    handlers above inside a finalizer or a weakref callback (``WeakSet._remove`` while
+    figures are written), where Python can only print it with a traceback and go on, is
+    dropped without a word. It was noted: the next progress update raises it again
+    (:func:`~gpugov.daemon.progress.note_interrupt`), else the command's end does.
+    Anything else goes to ``hook``."""
+
+    def __init__(self, hook: Callable[[Any], object]) -> None:
+        self.hook = hook
+        self.dropped = False
+
+    def __call__(self, unraisable: Any) -> object:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            self.dropped = True
+            return None
+        return self.hook(unraisable)
+
+
+def _raise_a_dropped_interrupt() -> None:
+    """At a command's end: raise the interrupt :class:`_QuietInterrupts` dropped, where
+    no progress update raised it since."""
+    from gpugov.daemon.progress import raise_if_interrupted
+
+    hook = sys.unraisablehook
+    if isinstance(hook, _QuietInterrupts) and hook.dropped:
+        raise_if_interrupted()
+
+
+def _ignore_further_interrupts() -> None:
+    """Once an interrupt's one line is decided: a second Ctrl-C (or SIGTERM) in what is
+    left (the way out, Python's finalizers) neither raises nor prints anything."""
+    import signal
+
+    with contextlib.suppress(ValueError):  # not the main thread: signals are not ours
+        for signum, ours in ((signal.SIGINT, _on_ctrl_c), (signal.SIGTERM, _on_sigterm)):
+            if signal.getsignal(signum) is ours:
+                signal.signal(signum, signal.SIG_IGN)
+
+
+def _main(argv: list[str], command: str, *, process: bool = False) -> int:
+    """:func:`main` past its signal set-up; ``process``: the command is this process's
+    own, and what is set for an interrupt is left set for its exit."""
     import signal
 
     from gpugov.daemon.errors import Terminated
@@ -343,19 +387,27 @@ def _main(argv: list[str], command: str) -> int:
 
     clear_interrupt()
     Terminated.forget()
+    ctrl_c = False
     with contextlib.suppress(ValueError):  # not the main thread: signals are not ours
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, _on_ctrl_c)
+            ctrl_c = True
     previous_sigterm = None
     if command in STOPPED_BY_SIGTERM:
         with contextlib.suppress(ValueError):
             if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
                 previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = _QuietInterrupts(previous_hook)
     try:
         return _run_command(argv, command)
     finally:
         if previous_sigterm is not None:  # a test's process gets its own handling back
             signal.signal(signal.SIGTERM, previous_sigterm)
+        if not process:
+            sys.unraisablehook = previous_hook
+            if ctrl_c and signal.getsignal(signal.SIGINT) in (_on_ctrl_c, signal.SIG_IGN):
+                signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _run_command(argv: list[str], command: str) -> int:
@@ -370,12 +422,14 @@ def _run_command(argv: list[str], command: str) -> int:
         except SystemExit as done:  # --help, --version, or the one usage-error line
             return done.code if isinstance(done.code, int) else EXIT_USAGE
         code = int(args.handler(args))
+        _raise_a_dropped_interrupt()
         sys.stdout.flush()  # a closed pipe raises here, inside the handler below
         return code
     except KeyboardInterrupt as stop:
         if isinstance(stop, _StoppedBeforeTheStart):
             print("gpugov: stopped (SIGTERM) before the start; no GPU was touched", file=sys.stderr)
             return 0
+        _ignore_further_interrupts()
         # On a terminal, end a progress bar's line first; elsewhere the line stands alone.
         start = "\n" if sys.stderr.isatty() else ""
         from gpugov.daemon.errors import ExitCode, Terminated

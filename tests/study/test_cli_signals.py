@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from study_support import QUICK_EXPERIMENTS_ARGS
@@ -336,3 +337,72 @@ def test_ctrl_c_while_a_command_module_imports_is_the_one_line(
     assert cli.main(["run", "--simulate"]) == cli.EXIT_INTERRUPTED
     err = capsys.readouterr().err
     assert err.strip() == "gpugov: interrupted" and "Traceback" not in err
+
+
+@pytest.mark.parametrize("then", ["raises", "returns"])
+def test_an_interrupt_raised_inside_a_finalizer_prints_nothing_but_the_one_line(
+    then: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C while `experiments` wrote its figures printed `Exception ignored in:
+    <function WeakSet._remove>` and a KeyboardInterrupt traceback before `gpugov:
+    interrupted`: the handler's KeyboardInterrupt was raised inside a weakref callback,
+    where Python prints it and goes on. It is dropped there, and raised again by the next
+    progress update or (``returns``: the command ran on to its end) at the command's end."""
+    import argparse
+    import weakref
+
+    from gpugov import cli
+
+    reported: list[type[BaseException]] = []
+
+    def recorded(unraisable: Any) -> None:
+        reported.append(type(unraisable.exc_value))
+
+    monkeypatch.setattr(sys, "unraisablehook", recorded)
+
+    class Thing:
+        pass
+
+    def ctrl_c(ref: object) -> None:
+        signal.raise_signal(signal.SIGINT)  # the command line's handler raises in here
+
+    def bug(ref: object) -> None:
+        raise ValueError("a real bug")
+
+    def handler(args: argparse.Namespace) -> int:
+        for callback in (ctrl_c, bug):
+            thing = Thing()
+            ref = weakref.ref(thing, callback)
+            del thing  # the callback runs here; what it raises goes to sys.unraisablehook
+            assert ref() is None
+        if then == "raises":
+            raise KeyboardInterrupt  # as the next progress update does
+        return 0
+
+    class Parser:
+        def parse_args(self, argv: list[str]) -> argparse.Namespace:
+            return argparse.Namespace(handler=handler)
+
+    monkeypatch.setattr(cli, "build_parser", lambda command: Parser())
+    assert cli.main(["profiles"]) == cli.EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "gpugov: interrupted\n"
+    assert reported == [ValueError]  # everything else still reaches the hook
+    assert sys.unraisablehook is recorded
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_once_the_interrupt_is_handled_a_second_ctrl_c_is_ignored() -> None:
+    from gpugov import cli
+
+    previous = signal.signal(signal.SIGINT, cli._on_ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        cli._ignore_further_interrupts()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.raise_signal(signal.SIGINT)  # nothing raised, nothing printed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        from gpugov.daemon.progress import clear_interrupt
+
+        clear_interrupt()
