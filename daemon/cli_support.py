@@ -25,7 +25,10 @@ from gpugov.daemon.config import parse_address
 from gpugov.daemon.controller_config import (
     ControllerConfig,
     FixedControllerConfig,
+    MPCControllerConfig,
+    OnlineMPCControllerConfig,
     OpenLoopControllerConfig,
+    PowerProfileControllerConfig,
 )
 from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller_spec, spec_name
 from gpugov.daemon.decide import ControllerContext
@@ -364,11 +367,32 @@ def check_distinct_outputs(*outputs: tuple[str, str | os.PathLike[str] | None]) 
                 )
 
 
+def controller_files(config: object) -> list[tuple[str, str | os.PathLike[str]]]:
+    """The files a controller config reads, as ``(field, path)``: an ``open-loop`` plan
+    (``plan``), the manifest an ``mpc``'s or ``power-profile``'s ``profile`` or an
+    ``mpc-online``'s ``prior_profile`` names, and that manifest's CSV (``profile's CSV``,
+    ``prior_profile's CSV``): what no output of the run may overwrite."""
+    if isinstance(config, OpenLoopControllerConfig):
+        return [("plan", config.plan)]
+    if isinstance(config, OnlineMPCControllerConfig):
+        field, profile = "prior_profile", config.prior_profile
+    elif isinstance(config, MPCControllerConfig | PowerProfileControllerConfig):
+        field, profile = "profile", config.profile
+    else:
+        return []
+    if profile is None:
+        return []
+    manifest, *csvs = profile_files(profile)
+    return [(field, manifest), *((f"{field}'s CSV", path) for path in csvs)]
+
+
 def simulated_run_inputs(
     trace: str | None, profile: str, controller: str
 ) -> list[tuple[str, str | os.PathLike[str] | None]]:
     """The files a simulated run reads, as :func:`check_output_file`'s ``inputs``: the
-    trace, the profile's manifest and CSV, and an ``open-loop`` controller's plan."""
+    trace, the profile's manifest and CSV, an ``open-loop`` controller's plan and the
+    profile a ``--controller`` spec names (``mpc:P.json``, ``mpc-online:P.json``,
+    ``power-profile:P.json``), its manifest and CSV."""
     inputs: list[tuple[str, str | os.PathLike[str] | None]] = [("the trace", trace)]
     files = profile_files(profile)
     inputs.append(("the profile", files[0]))
@@ -377,8 +401,12 @@ def simulated_run_inputs(
         spec = parse_controller_spec(controller)
     except ValueError:  # refused in its own line when the controller is built
         return inputs
-    if isinstance(spec, OpenLoopControllerConfig):
-        inputs.append(("the open-loop plan", spec.plan))
+    for field, path in controller_files(spec):
+        if field == "plan":
+            inputs.append(("the open-loop plan", path))
+        else:
+            what = "the profile's CSV" if field.endswith("CSV") else "the profile"
+            inputs.append((what, path))
     return inputs
 
 

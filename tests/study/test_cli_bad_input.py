@@ -177,6 +177,29 @@ def test_an_output_on_the_profile_csv_the_plan_or_the_other_output_is_refused(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("kind", ["mpc", "mpc-online", "power-profile"])
+def test_an_output_on_the_profile_a_controller_spec_names_is_refused(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only ``--profile`` and an open-loop plan were protected: ``--controller
+    mpc:P.json --out P.json`` replaced the manifest, ``power-profile:P.json --record
+    P.csv`` the profile's CSV."""
+    for name in ("h100-sxm-llama3-8b.json", "h100-sxm-llama3-8b.csv"):
+        shutil.copy(PROFILES / name, tmp_path / name)
+    manifest, table = tmp_path / "h100-sxm-llama3-8b.json", tmp_path / "h100-sxm-llama3-8b.csv"
+    kept = {path: path.read_bytes() for path in (manifest, table)}
+    controller = ["--controller", f"{kind}:{manifest}"]
+    simulate = ["simulate", "--duration", "5", "--quiet", *controller]
+    record = ["run", "--simulate", "--virtual", "--metrics-address", "none", *controller]
+    for argv, flag in ((simulate, "--out"), (simulate, "--plot"), (record, "--record")):
+        for target, what in ((manifest, "the profile"), (table, "the profile's CSV")):
+            assert main([*argv, flag, str(target)]) == 2
+            assert f"{flag} {target}: is {what}, which it would overwrite" in (
+                _one_error_line(capsys)
+            )
+    assert {path: path.read_bytes() for path in kept} == kept
+
+
 def test_prompt_above_the_kv_capacity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     big = tmp_path / "big.csv"
     big.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,10\n1,900000,10\n")
