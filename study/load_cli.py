@@ -35,7 +35,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     if args.max_concurrency < 1:
         raise UsageError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
-    check_output_file("--json", args.json)
+    check_output_file("--json", args.json, [("the trace", args.trace)])
     if args.governor_metrics is not None:
         from gpugov.daemon.energy_report import check_metrics_url
 

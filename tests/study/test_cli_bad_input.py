@@ -372,6 +372,29 @@ def test_outputs_are_checked_before_the_work_and_no_parent_is_created(
     assert not (tmp_path / "missing").exists()
 
 
+def test_load_json_on_its_trace_is_refused_before_any_request(
+    tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `load --trace T --json T` replaced the trace with the run's summary.
+    import socket
+
+    kept = trace.read_bytes()
+    with socket.create_server(("127.0.0.1", 0)) as engine:
+        engine.setblocking(False)
+        url = f"http://127.0.0.1:{engine.getsockname()[1]}"
+        link = tmp_path / "link.csv"
+        link.symlink_to(trace)
+        for target in (trace, link):
+            argv = ["load", "--trace", str(trace), "--url", url, "--json", str(target)]
+            assert main([*argv, "--quiet"]) == 2
+            assert f"--json {target}: is the trace, which it would overwrite" in (
+                _one_error_line(capsys)
+            )
+        with pytest.raises(BlockingIOError):
+            engine.accept()  # no request was sent
+    assert trace.read_bytes() == kept
+
+
 @pytest.mark.parametrize(
     ("argv", "flag"),
     [
