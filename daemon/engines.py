@@ -419,8 +419,8 @@ def _vllm_kv_capacities(series: Series) -> dict[tuple[tuple[str, str], ...], flo
                 tokens = float(labels["num_gpu_blocks"]) * float(labels["block_size"])
         except (KeyError, ValueError):
             continue
-        if not math.isfinite(tokens) or tokens < 0:
-            continue
+        if not math.isfinite(tokens) or tokens <= 0:
+            continue  # no cache (a page before the engine profiled it): not known
         key = tuple(sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS))
         per_engine[key] = tokens
     return per_engine
@@ -514,7 +514,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
     capacities = _vllm_kv_capacities(series) if spec.kind == "vllm" else {}
     capacity = sum(capacities.values()) if capacities else None
     kv_tokens = _first(series, spec.kv_tokens)
-    if capacity is None and kv_tokens is not None and usage:
+    if capacity is None and kv_tokens and usage:
         capacity = kv_tokens / usage
     if kv_tokens is None and usage is not None and capacity is not None:
         # Data-parallel engines may have different caches: weight each one's usage by

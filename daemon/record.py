@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -24,6 +25,7 @@ from gpugov import __version__
 from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.errors import GpugovError
 from gpugov.daemon.files import InputFileError, json_safe, loads_json, read_input_text
+from gpugov.daemon.limits import MAX_CLOCK_MHZ
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import ServingObservation
 
@@ -143,6 +145,226 @@ def tick_domain(where: str, row: object, domains: Mapping[str, Any]) -> str:
     if not isinstance(domain, str) or domain not in domains:
         raise RecordingError(f"{where} domain {domain!r:.40} is not in the header")
     return domain
+
+
+HEADER_FIELDS = frozenset(
+    {
+        "format",
+        "gpugov_version",
+        "mode",
+        "engine_view",
+        "period_s",
+        "dry_run",
+        "domains",
+        # run --simulate's: what it replayed.
+        "trace",
+        "profile",
+        "requests",
+        "speed",
+    }
+)
+"""The header fields a recording may carry (what :class:`Recorder`'s callers write)."""
+
+RECORDING_MODES = ("node", "simulated")
+"""A header's ``mode``: a node's run, or ``run --simulate``."""
+
+_POSITIVE_FIELDS = frozenset(
+    {
+        "kv_capacity_tokens",
+        "power_limit_w",
+        "thermal_limit_c",
+        "requested_clock_mhz",
+        "ttft_slo_s",
+        "tpot_slo_s",
+    }
+)
+"""Observation fields that are more than 0 where known (null: not known)."""
+
+_SIGNED_FIELDS = frozenset({"time_s", "temperature_c"})
+"""Observation numbers that may be below 0 (a clock's origin, a cold room); the other
+numbers are counts, tokens, powers, energies, latencies or clocks, at least 0."""
+
+_CLOCK_FIELDS = frozenset({"requested_clock_mhz", "realized_clock_mhz"})
+
+
+def _checked_number(where: str, name: str, value: object, low: str = "") -> float | None:
+    """``value`` (null: None) as a finite number, ``low`` ``"positive"`` or
+    ``"non-negative"`` when it must be; else :class:`RecordingError` naming ``name``."""
+    if value is None:
+        return None
+    number = finite_number(value)
+    wanted = {"positive": "a positive number", "non-negative": "a number >= 0"}.get(
+        low, "a finite number"
+    )
+    if (
+        number is None
+        or (low == "positive" and not number > 0.0)
+        or (low == "non-negative" and number < 0.0)
+    ):
+        raise RecordingError(f"{where} {name} must be {wanted}, got {value!r:.40}")
+    return number
+
+
+def check_header(source: str | Path, header: Mapping[str, Any]) -> tuple[float, dict[str, Any]]:
+    """A recording header's period and domains by name, every field replay and plot read
+    checked (``FILE:1: header FIELD ...``): only known fields; the version and mode text,
+    the mode one gpugov writes; at least one domain, named once, with text for its
+    controller, supported clocks positive and ascending, non-negative safety settings.
+
+    Raises:
+        RecordingError: naming the file and the field.
+    """
+    where = f"{source}:1: header"
+    unknown = sorted(set(header) - HEADER_FIELDS)
+    if unknown:
+        raise RecordingError(
+            f"{where} field {unknown[0]!r:.40} is not one gpugov writes "
+            f"(known: {', '.join(sorted(HEADER_FIELDS))})"
+        )
+    period, domains = recorded_domains(where, header)
+    for key in ("gpugov_version", "engine_view", "trace", "profile"):
+        if header.get(key) is not None and not isinstance(header[key], str):
+            raise RecordingError(f"{where} {key} must be text, got {header[key]!r:.40}")
+    mode = header.get("mode")
+    if mode is not None and mode not in RECORDING_MODES:
+        raise RecordingError(
+            f"{where} mode must be one of {', '.join(RECORDING_MODES)}, got {mode!r:.40}"
+        )
+    if header.get("dry_run") is not None and not isinstance(header["dry_run"], bool):
+        raise RecordingError(
+            f"{where} dry_run must be true or false, got {header['dry_run']!r:.40}"
+        )
+    if not domains:
+        raise RecordingError(f"{where} domains must name at least one domain, got []")
+    for index, info in enumerate(domains.values()):
+        field = f"domains[{index}]"
+        controller = info.get("controller")
+        if controller is not None and not isinstance(controller, str):
+            raise RecordingError(f"{where} {field}.controller must be text, got {controller!r:.40}")
+        clocks = info.get("supported_clocks_mhz")
+        if not clocks:
+            raise RecordingError(
+                f"{where} {field}.supported_clocks_mhz: domain {info['name']!r:.40} has no "
+                "supported clocks in the header"
+            )
+        values = [finite_number(clock) for clock in clocks] if isinstance(clocks, list) else [None]
+        if any(value is None or not 0.0 < value <= MAX_CLOCK_MHZ for value in values):
+            raise RecordingError(
+                f"{where} {field}.supported_clocks_mhz must be positive numbers of at most "
+                f"{MAX_CLOCK_MHZ:g} MHz, got {clocks!r:.60}"
+            )
+        ascending = [float(value) for value in values if value is not None]
+        if any(b <= a for a, b in itertools.pairwise(ascending)):
+            raise RecordingError(
+                f"{where} {field}.supported_clocks_mhz must be ascending (as NVML lists "
+                f"them, sorted), got {clocks!r:.60}"
+            )
+        safety = info.get("safety") or {}
+        limits = ("dwell_s", "floor_mhz", "min_relock_interval_s")
+        if not isinstance(safety, dict) or any(
+            safety.get(key) is not None and (finite_number(safety[key]) or -1.0) < 0.0
+            for key in limits
+        ):
+            raise RecordingError(
+                f"{where} {field}.safety must hold non-negative numbers, got {safety!r:.60}"
+            )
+        names = info.get("gpu_names")
+        if names is not None and not isinstance(names, list):
+            raise RecordingError(f"{where} {field}.gpu_names must be a list, got {names!r:.40}")
+    return period, domains
+
+
+def check_ticks(
+    source: str | Path,
+    rows: Sequence[object],
+    domains: Mapping[str, Any],
+    also: Callable[[str, dict[str, Any]], None] | None = None,
+) -> None:
+    """Every tick line checked before any is used (``FILE:LINE: FIELD ...``): an object
+    naming a listed domain, with an observation :func:`observation_from_dict` takes whose
+    numbers are finite and physical (powers, counts, latencies at least 0; clocks, SLOs,
+    limits and the KV capacity above 0; clocks at most :data:`MAX_CLOCK_MHZ`), its time
+    never going back within a domain; the tick's own time, its clocks (decided,
+    requested, applied: positive, or null), solve time, step, power cap and fail-safe
+    flag of their kinds. A
+    recording without tick lines is refused too: there is nothing to read in it.
+    ``also(where, row)``: a reader's own checks of a tick whose fields passed, before its
+    time is compared with the previous tick's (plot's limits of what it can draw).
+
+    Raises:
+        RecordingError: naming the file, the line and the field.
+    """
+    if not rows:
+        raise RecordingError(f"{source}: no tick lines after the header (the run recorded none)")
+    previous: dict[str, tuple[float, float]] = {}
+    for number, row in enumerate(rows, start=2):
+        where = f"{source}:{number}:"
+        domain = tick_domain(where, row, domains)
+        assert isinstance(row, dict)
+        if "observation" not in row:
+            raise RecordingError(f"{where} the tick has no 'observation'")
+        raw = row["observation"]
+        try:
+            observation_from_dict(raw)
+        except (TypeError, ValueError) as error:
+            raise RecordingError(f"{where} bad observation: {error}") from error
+        for name, value in raw.items():
+            if _OBSERVATION_TYPES.get(name, "").removesuffix(" | None") not in ("float", "int"):
+                continue
+            low = (
+                "positive"
+                if name in _POSITIVE_FIELDS
+                else ("" if name in _SIGNED_FIELDS else "non-negative")
+            )
+            checked = _checked_number(where, f"observation.{name}", value, low)
+            if name in _CLOCK_FIELDS and checked is not None and checked > MAX_CLOCK_MHZ:
+                raise RecordingError(
+                    f"{where} observation.{name} must be at most {MAX_CLOCK_MHZ:g} MHz, "
+                    f"got {value!r:.40}"
+                )
+        time_s = _checked_number(where, "time_s", row.get("time_s"))
+        requested = _checked_number(where, "requested_mhz", row.get("requested_mhz"), "positive")
+        if requested is not None and requested > MAX_CLOCK_MHZ:
+            raise RecordingError(
+                f"{where} requested_mhz must be at most {MAX_CLOCK_MHZ:g} MHz, "
+                f"got {row['requested_mhz']!r:.40}"
+            )
+        for key in ("decision_mhz", "applied_mhz", "power_cap_w"):
+            _checked_number(where, key, row.get(key), "positive")
+        _checked_number(where, "solve_s", row.get("solve_s"), "non-negative")
+        step = row.get("step", 0)
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise RecordingError(f"{where} step must be an integer >= 0, got {step!r:.40}")
+        if row.get("failsafe") is not None and not isinstance(row["failsafe"], bool):
+            raise RecordingError(
+                f"{where} failsafe must be true or false, got {row['failsafe']!r:.40}"
+            )
+        if also is not None:
+            also(where, row)
+        observed = float(raw["time_s"])
+        tick = observed if time_s is None else time_s
+        if domain in previous:
+            last_observed, last_tick = previous[domain]
+            for name, now, last in (
+                ("observation.time_s", observed, last_observed),
+                ("time_s", tick, last_tick),
+            ):
+                if now < last:
+                    raise RecordingError(
+                        f"{where} {name} {now:g} is before the previous tick's {last:g} "
+                        f"in domain {domain!r:.40}"
+                    )
+        previous[domain] = (observed, tick)
+
+
+def check_recording(
+    source: str | Path, header: Mapping[str, Any], rows: Sequence[object]
+) -> tuple[float, dict[str, Any]]:
+    """:func:`check_header` and :func:`check_ticks`: what replay and plot read of a
+    recording, checked whole before either does any work; the period and the domains."""
+    period, domains = check_header(source, header)
+    check_ticks(source, rows, domains)
+    return period, domains
 
 
 def observation_from_dict(

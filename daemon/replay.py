@@ -24,9 +24,10 @@ from gpugov.daemon.decide import ControllerContext, Forecasts, build_controller
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.record import (
     RecordingError,
+    check_header,
+    check_recording,
     observation_from_dict,
     read_recording,
-    recorded_domains,
     tick_domain,
 )
 from gpugov.daemon.roles import ROLES
@@ -227,43 +228,16 @@ def _recorded_slo_target(info: dict[str, Any]) -> SLOTarget | None:
         ) from error
 
 
-def _non_negative(value: object) -> bool:
-    """A finite number of at least zero (:func:`finite_number`)."""
-    number = finite_number(value)
-    return number is not None and number >= 0.0
-
-
 def checked_header(
     path: str | Path, header: dict[str, Any]
 ) -> tuple[float, dict[str, dict[str, Any]]]:
-    """The header's period and its domains by name, each checked for what replay reads.
+    """The header's period and its domains by name, each checked for what replay reads
+    (:func:`gpugov.daemon.record.check_header`, which plot shares).
 
     Raises:
         RecordingError: a field of the wrong kind, named.
     """
-    period, domains = recorded_domains(f"{path}: header", header)
-    for name, info in domains.items():
-        clocks = info.get("supported_clocks_mhz") or []
-        values = [finite_number(clock) for clock in clocks] if isinstance(clocks, list) else [None]
-        if not clocks:
-            raise RecordingError(f"{path}: domain {name!r} has no supported clocks in the header")
-        if any(value is None or value <= 0.0 for value in values):
-            raise RecordingError(
-                f"{path}: domain {name!r}: supported_clocks_mhz must be positive numbers"
-            )
-        safety = info.get("safety") or {}
-        limits = ("dwell_s", "floor_mhz", "min_relock_interval_s")
-        if not isinstance(safety, dict) or any(
-            safety.get(key) is not None and not _non_negative(safety[key]) for key in limits
-        ):
-            raise RecordingError(
-                f"{path}: domain {name!r}: safety must hold non-negative numbers, "
-                f"got {safety!r:.60}"
-            )
-        names = info.get("gpu_names")
-        if names is not None and not isinstance(names, list):
-            raise RecordingError(f"{path}: domain {name!r}: gpu_names must be a list")
-    return period, domains
+    return check_header(path, header)
 
 
 def replay(
@@ -281,7 +255,8 @@ def replay(
         ControllerError: the controller cannot be built.
     """
     header, rows = read_recording(path, warn=warn)
-    period_s, domains = checked_header(path, header)
+    # The whole recording, before any controller is built (what plot checks too).
+    period_s, domains = check_recording(path, header, rows)
     controllers = {}
     for name, info in domains.items():
         clocks = info["supported_clocks_mhz"]

@@ -97,68 +97,35 @@ def run_plot(args: argparse.Namespace) -> int:
 
 def checked_header(source: Path, header: dict[str, Any]) -> dict[str, str | None]:
     """Each domain's recorded controller (None: not recorded) by name; a header replay
-    refuses (:func:`gpugov.daemon.replay.checked_header`: a domain named twice, no supported
-    clocks) or a field plot reads of the wrong kind is a :class:`UsageError` naming it."""
+    refuses (:func:`gpugov.daemon.record.check_header`, the one check both share) is a
+    :class:`UsageError` naming the field."""
     from gpugov.daemon.cli_support import UsageError
-    from gpugov.daemon.record import RecordingError, recorded_domains
-    from gpugov.daemon.replay import checked_header as replay_checked_header
+    from gpugov.daemon.record import RecordingError, check_header
 
-    where = f"{source}:1: header"
     try:
-        _, domains = recorded_domains(where, header)
-        replay_checked_header(source, header)
+        _, domains = check_header(source, header)
     except RecordingError as error:
         raise UsageError(str(error)) from error
-    if header.get("mode") is not None and not isinstance(header["mode"], str):
-        raise UsageError(f"{where} mode must be text, got {header['mode']!r:.40}")
-    if header.get("dry_run") is not None and not isinstance(header["dry_run"], bool):
-        raise UsageError(f"{where} dry_run must be true or false, got {header['dry_run']!r:.40}")
-    if not domains:
-        raise UsageError(f"{where} domains must name at least one domain, got []")
-    controllers: dict[str, str | None] = {}
-    for index, (name, info) in enumerate(domains.items()):
-        controller = info.get("controller")
-        if controller is not None and not isinstance(controller, str):
-            raise UsageError(
-                f"{where} domains[{index}].controller must be text, got {controller!r:.40}"
-            )
-        controllers[name] = controller
-    return controllers
+    return {name: info.get("controller") for name, info in domains.items()}
 
 
 def checked_ticks(source: Path, rows: list[Any], domains: dict[str, Any]) -> None:
     """Refuse (:class:`UsageError`, ``FILE:LINE:`` and the field) a tick replay would
-    refuse, a plotted number :func:`_check_plottable` refuses, or time going back."""
+    refuse (:func:`gpugov.daemon.record.check_ticks`, shared), or a plotted number
+    :func:`_check_plottable` refuses."""
     from gpugov.daemon.cli_support import UsageError
-    from gpugov.daemon.record import RecordingError, observation_from_dict, tick_domain
+    from gpugov.daemon.record import RecordingError, check_ticks
 
-    previous: dict[str, float] = {}
-    for number, row in enumerate(rows, start=2):
-        where = f"{source}:{number}:"
-        try:
-            domain = tick_domain(where, row, domains)
-        except RecordingError as error:
-            raise UsageError(str(error)) from error
-        if "observation" not in row:
-            raise UsageError(f"{where} the tick has no 'observation'")
-        raw = row["observation"]
-        try:
-            observation_from_dict(raw)
-        except (TypeError, ValueError) as error:
-            raise UsageError(f"{where} bad observation: {error}") from error
+    def plottable(where: str, row: dict[str, Any]) -> None:
         for key in PLOTTED_FIELDS:
-            _check_plottable(where, f"observation.{key}", raw.get(key))
+            _check_plottable(where, f"observation.{key}", row["observation"].get(key))
         for key in ("time_s", "requested_mhz", "power_cap_w"):
             _check_plottable(where, key, row.get(key))
-        if row.get("failsafe") is not None and not isinstance(row["failsafe"], bool):
-            raise UsageError(f"{where} failsafe must be true or false, got {row['failsafe']!r:.40}")
-        time_s = float(raw["time_s"])
-        if time_s < previous.get(domain, time_s):
-            raise UsageError(
-                f"{where} observation.time_s {time_s:g} is before the previous tick's "
-                f"{previous[domain]:g} in domain {domain!r:.40}"
-            )
-        previous[domain] = time_s
+
+    try:
+        check_ticks(source, rows, domains, plottable)
+    except RecordingError as error:
+        raise UsageError(str(error)) from error
 
 
 def _check_plottable(where: str, name: str, value: object) -> None:

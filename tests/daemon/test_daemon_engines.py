@@ -402,6 +402,18 @@ def test_sglang_v035_names() -> None:
     assert sample.kv_usage_ratio == pytest.approx(0.31)
 
 
+def test_a_vllm_cache_of_zero_blocks_is_no_kv_capacity() -> None:
+    """A page whose ``cache_config_info`` says 0 blocks (before the engine sized its cache)
+    gave a KV capacity of 0 tokens, which a recording then carried and replay and plot
+    refuse: it is not known (None), as without the row."""
+    page = fixture_text("vllm_v0_synthetic.txt").replace(
+        'num_gpu_blocks="27895"', 'num_gpu_blocks="0"'
+    )
+    assert 'num_gpu_blocks="0"' in page
+    sample = VllmSource("x", fetch=lambda url, t: page).scrape()
+    assert sample.kv_capacity_tokens is None
+
+
 def test_vllm_v0_swapped_requests_are_waiting() -> None:
     """A V0-engine vLLM moves preempted requests to CPU memory (swap preemption): they
     are in vllm:num_requests_swapped, in neither the running nor the waiting gauge, and

@@ -270,5 +270,5 @@ def test_replay_compares_the_power_caps_a_recording_carries(tmp_path: Path) -> N
     tick["power_cap_w"] = "lots"
     lines[3] = json.dumps(tick)
     path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(RecordingError, match=r":4: power_cap_w must be a number or null"):
+    with pytest.raises(RecordingError, match=r":4: power_cap_w must be a positive number"):
         replay(path, PowerCapControllerConfig(kind="power-cap", cap_w=300.0))

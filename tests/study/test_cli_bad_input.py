@@ -422,7 +422,7 @@ def test_numbers_are_refused_by_the_parser(
         ("clocks", "supported_clocks_mhz must be positive numbers"),
         ("safety", "safety must hold non-negative numbers"),
         ("row", ":3: a tick is a JSON object"),
-        ("requested", "requested_mhz must be a number"),
+        ("requested", "requested_mhz must be a positive number"),
     ],
 )
 def test_replay_names_a_malformed_recording_field(

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpugov.cli import main
+from gpugov.daemon.limits import MAX_CLOCK_MHZ
 from gpugov.daemon.record import read_recording
 from gpugov.study.plot_cli import MIN_SLO_S, PLOT_LIMIT
 from gpugov.study.plots import series_from_recording
@@ -245,6 +246,57 @@ def test_plot_names_the_field_of_a_bad_tick(
     _plot_refuses(damaged, tmp_path, capsys, f"{damaged}:3: ", field)
 
 
+SHARED_TICK_DAMAGE = {
+    # Replay took each of these (plot refused some); the two now share one check.
+    "requested negative": (_set("requested_mhz", value=-1980.0), "requested_mhz"),
+    "power NaN": (_set("observation", "power_w", value="@NaN"), "observation.power_w"),
+    "power Infinity": (_set("observation", "power_w", value="@Infinity"), "observation.power_w"),
+    "power negative": (_set("observation", "power_w", value=-500.0), "observation.power_w"),
+    "temperature NaN": (
+        _set("observation", "temperature_c", value="@NaN"),
+        "observation.temperature_c",
+    ),
+    "tick time NaN": (_set("time_s", value="@NaN"), "time_s must be a finite number"),
+    "tick time going back": (_set("time_s", value=-100.0), "time_s -100 is before"),
+    "ttft SLO negative": (_set("observation", "ttft_slo_s", value=-1.0), "observation.ttft_slo_s"),
+    "KV capacity 0": (
+        _set("observation", "kv_capacity_tokens", value=0.0),
+        "observation.kv_capacity_tokens must be a positive number",
+    ),
+    "realized clock 1e999": (
+        _set("observation", "realized_clock_mhz", value="@Infinity"),
+        "observation.realized_clock_mhz",
+    ),
+    "realized clock 1e308": (
+        _set("observation", "realized_clock_mhz", value="@1e308"),
+        "observation.realized_clock_mhz must be at most 100000 MHz",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(SHARED_TICK_DAMAGE))
+def test_replay_and_plot_refuse_a_bad_tick_in_the_same_line(
+    recording: Path, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edit, field = SHARED_TICK_DAMAGE[damage]
+    damaged = _damaged(recording, tmp_path, 3, edit)
+    said = _plot_refuses(damaged, tmp_path, capsys, f"{damaged}:3: ", field)
+    assert main(["replay", str(damaged), "--controller", "max"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [said] and "replayed" not in captured.out
+
+
+def test_a_recording_without_ticks_is_refused_by_replay_as_by_plot(
+    recording: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Replay said "replayed 0 decisions" and exited 0.
+    header_only = tmp_path / "header.jsonl"
+    header_only.write_text(recording.read_text().splitlines()[0] + "\n")
+    _plot_refuses(header_only, tmp_path, capsys, f"{header_only}: no tick lines")
+    assert main(["replay", str(header_only), "--controller", "max"]) == 2
+    assert f"{header_only}: no tick lines" in capsys.readouterr().err
+
+
 def test_plot_names_a_tick_that_is_not_an_object(
     recording: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -258,7 +310,7 @@ def test_plot_names_a_tick_that_is_not_an_object(
 
 HEADER_DAMAGE = {
     "no domains": (_set("domains", value=[]), "header domains"),
-    "mode 5": (_set("mode", value=5), "header mode must be text"),
+    "mode 5": (_set("mode", value=5), "header mode must be one of node, simulated"),
     "controller [1]": (
         lambda header: header["domains"][0].update(controller=[1]),
         "header domains[0].controller must be text",
@@ -273,6 +325,16 @@ HEADER_DAMAGE = {
         lambda header: header["domains"][0].update(supported_clocks_mhz=[]),
         "domain 'sim' has no supported clocks in the header",
     ),
+    # Replay took each of these; plot and replay now share one check of the header.
+    "mode quantum": (_set("mode", value="quantum"), "header mode must be one of"),
+    "version 5": (_set("gpugov_version", value=5), "header gpugov_version must be text"),
+    "unknown key": (_set("frob", value=1), "header field 'frob' is not one gpugov writes"),
+    "clocks reversed": (
+        lambda header: header["domains"][0].update(
+            supported_clocks_mhz=header["domains"][0]["supported_clocks_mhz"][::-1]
+        ),
+        "header domains[0].supported_clocks_mhz must be ascending",
+    ),
 }
 
 
@@ -283,11 +345,11 @@ def test_plot_names_the_field_of_a_bad_header(
     """A header field of the wrong kind (each plotted silently) is one line at line 1."""
     edit, field = HEADER_DAMAGE[damage]
     damaged = _damaged(recording, tmp_path, 1, edit)
-    where = f"{damaged}: " if damage == "no clocks" else f"{damaged}:1: "  # replay's words
-    _plot_refuses(damaged, tmp_path, capsys, where, field)
-    if damage in ("name twice", "no clocks", "period x"):  # the header replay refuses
-        assert main(["replay", str(damaged), "--controller", "max"]) == 2
-        assert field in capsys.readouterr().err
+    _plot_refuses(damaged, tmp_path, capsys, f"{damaged}:1: ", field)
+    # The same check refuses it in replay, in the same words.
+    assert main(["replay", str(damaged), "--controller", "max"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{damaged}:1: " in err[0] and field in err[0]
 
 
 def _two_domains(recording: Path, second_ticks: bool = True) -> list[str]:
@@ -337,11 +399,14 @@ def test_plot_draws_values_at_its_limit_without_a_warning(
         tick = json.loads(line)
         big = -PLOT_LIMIT if index % 2 else PLOT_LIMIT
         observation = tick["observation"]
-        for key in ("realized_clock_mhz", "power_w", "power_limit_w", "temperature_c"):
-            observation[key] = big
+        # Each at its bound: the plot's, or the physical one replay and plot share (a
+        # power at least 0, a clock above 0 and at most MAX_CLOCK_MHZ).
+        clock = MAX_CLOCK_MHZ if index % 2 else 1e-3
+        observation.update(realized_clock_mhz=clock, temperature_c=big)
+        observation.update(power_w=abs(big) if index % 2 else 0.0, power_limit_w=PLOT_LIMIT)
         observation.update(ttft_recent_s=PLOT_LIMIT, ttft_slo_s=MIN_SLO_S)
         observation.update(time_s=PLOT_LIMIT - 1000 + index, waiting_requests=int(PLOT_LIMIT))
-        tick["requested_mhz"] = big
+        tick["requested_mhz"] = clock
         body.append(json.dumps(tick))
     extreme = tmp_path / "extreme.jsonl"
     extreme.write_text("\n".join([lines[0], *body]) + "\n")
