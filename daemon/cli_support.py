@@ -333,9 +333,7 @@ def check_output_file(
     target = os.fspath(path)
     if not target.strip():
         raise UsageError(f"{flag}: empty file name")
-    for what, source in inputs:
-        if source is not None and _same_file(target, os.fspath(source)):
-            raise UsageError(f"{flag} {target}: is {what}, which it would overwrite")
+    check_not_an_input(flag, target, inputs)
     if os.path.isdir(target):
         raise UsageError(f"{flag} {target}: is a directory; give a file name")
     if os.path.exists(target) and not os.path.isfile(target):
@@ -353,6 +351,22 @@ def check_output_file(
     _check_writable_dir(flag, target, directory)
     if os.path.exists(target) and not os.access(target, os.W_OK):
         raise UsageError(f"{flag} {target}: file is not writable")
+
+
+def check_not_an_input(
+    flag: str,
+    path: str | os.PathLike[str] | None,
+    inputs: Iterable[tuple[str, str | os.PathLike[str] | None]],
+) -> None:
+    """Refuse an output file that is one of the command's ``inputs`` (``(what, path)``),
+    the first check of :func:`check_output_file`, also made alone where the rest would
+    look at this machine (``check-config --offline``)."""
+    if path is None:
+        return
+    target = os.fspath(path)
+    for what, source in inputs:
+        if source is not None and _same_file(target, os.fspath(source)):
+            raise UsageError(f"{flag} {target}: is {what}, which it would overwrite")
 
 
 def check_distinct_outputs(*outputs: tuple[str, str | os.PathLike[str] | None]) -> None:

@@ -32,7 +32,12 @@ from types import ModuleType
 from typing import Any
 
 from gpugov.daemon.backend import GpuBackend
-from gpugov.daemon.cli_support import UsageError, check_output_file
+from gpugov.daemon.cli_support import (
+    UsageError,
+    check_not_an_input,
+    check_output_file,
+    controller_files,
+)
 from gpugov.daemon.config import DomainConfig, GpugovConfig, parse_address
 from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.daemon.errors import (
@@ -90,9 +95,30 @@ def slo_warnings(config: GpugovConfig) -> list[str]:
     return lines
 
 
+def config_inputs(
+    config: GpugovConfig, path: str | os.PathLike[str] | None = None
+) -> list[tuple[str, str | os.PathLike[str] | None]]:
+    """The files a node config reads, as :func:`check_output_file`'s ``inputs`` for its
+    record file, each named by its field: the config file itself (``path``), each domain's
+    controller files (an open-loop plan, a profile's manifest and CSV) and power budget
+    file, and zeusd's token file."""
+    inputs: list[tuple[str, str | os.PathLike[str] | None]] = [("the config file", path)]
+    for domain in config.domains:
+        where = f"domain {domain.name!r}"
+        inputs += [
+            (f"{where} controller.{name}", file)
+            for name, file in controller_files(domain.controller)
+        ]
+        inputs.append((f"{where} power_budget_file", domain.power_budget_file))
+    if config.daemon.zeusd is not None:
+        inputs.append(("daemon.zeusd.token_file", config.daemon.zeusd.token_file))
+    return inputs
+
+
 def check_node(
     config: GpugovConfig,
     *,
+    path: str | os.PathLike[str] | None = None,
     offline: bool = False,
     nvml: ModuleType | None = None,
     load_nvml: Callable[[], ModuleType] | None = None,
@@ -101,7 +127,9 @@ def check_node(
     """Check ``config`` against this node as ``run`` would at start, applying nothing.
 
     Args:
-        offline: skip everything that depends on this machine; build the controllers only.
+        path: the config file (``daemon.record`` must not be it, nor any file it names).
+        offline: skip everything that depends on this machine; build the controllers only
+            (and refuse a ``daemon.record`` that is a file the config reads).
         nvml: the ``pynvml`` module (tests pass a fake); else ``load_nvml()``.
         load_nvml: imports the real one (default :func:`daemon.nvml.load_pynvml`).
         sleep: for the retries of a transient error while opening a GPU.
@@ -112,8 +140,14 @@ def check_node(
         try:
             if offline:
                 report.lines.append("node checks skipped (--offline): GPUs, emulator, files")
+                try:
+                    check_not_an_input(
+                        "daemon.record", config.daemon.record, config_inputs(config, path)
+                    )
+                except UsageError as error:
+                    report.problems.append(error)
             else:
-                _check_outputs(config, report)
+                _check_outputs(config, report, path)
                 opened = _open_gpus(config, report, nvml, load_nvml, sleep)
             for domain in config.domains:
                 backends = None if opened is None else opened.get(domain.name)
@@ -147,11 +181,14 @@ def _warnings_into(lines: list[str]) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------- files, socket
-def _check_outputs(config: GpugovConfig, report: NodeReport) -> None:
-    """The record file ``run`` would write, the state directories it would keep its files
-    in and the address its exporter would bind."""
+def _check_outputs(
+    config: GpugovConfig, report: NodeReport, path: str | os.PathLike[str] | None
+) -> None:
+    """The record file ``run`` would write (never a file the config at ``path`` reads),
+    the state directories it would keep its files in and the address its exporter would
+    bind."""
     try:
-        check_output_file("daemon.record", config.daemon.record)
+        check_output_file("daemon.record", config.daemon.record, config_inputs(config, path))
     except UsageError as error:
         report.problems.append(error)
     _check_state_dirs(config, report)

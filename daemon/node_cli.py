@@ -94,10 +94,14 @@ EXIT_NOT_RESET = ExitCode.NOT_RESET
 def _run_node(args: argparse.Namespace) -> int:
     if not args.config:
         raise UsageError("gpugov run needs --config FILE (or --simulate)")
+    from gpugov.daemon.node_check import config_inputs
+
     environ_watchdog_s()  # a malformed $WATCHDOG_USEC is refused before any work
     config = load_config(args.config)
     check_output_file(
-        "--record", args.record or config.daemon.record, [("the config file", args.config)]
+        "--record" if args.record else "daemon.record",
+        args.record or config.daemon.record,
+        config_inputs(config, args.config),
     )
     setup_logging(args.log_level or config.daemon.log_level)
     notify = SystemdNotify()
@@ -239,7 +243,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             SystemdNotify(environ={"WATCHDOG_USEC": usec}).check_period(config.daemon.period_s)
         except ValueError as error:
             problems.append(UsageError(f"{args.file}: {error}"))
-    report = check_node(config, offline=args.offline, load_nvml=lambda: load_pynvml())
+    report = check_node(
+        config, path=args.file, offline=args.offline, load_nvml=lambda: load_pynvml()
+    )
     problems.extend(report.problems)
     for line in [*slo_warnings(config), *report.warnings]:
         warn(line)

@@ -111,6 +111,72 @@ def test_check_config_refuses_what_run_refuses_with_its_exit_code(
     assert _run_code(path) == code
 
 
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+RECORD_ON_AN_INPUT = {
+    "the config file": ("{config}", "", "the config file"),
+    "the open-loop plan": (
+        "{plan}",
+        '[domains.controller]\nkind = "open-loop"\nplan = "{plan}"\n',
+        "domain 'llm' controller.plan",
+    ),
+    "the mpc profile": (
+        "{manifest}",
+        '[domains.controller]\nkind = "mpc"\nprofile = "{manifest}"\n',
+        "domain 'llm' controller.profile",
+    ),
+    "the mpc profile's CSV": (
+        "{csv}",
+        '[domains.controller]\nkind = "mpc"\nprofile = "{manifest}"\n',
+        "domain 'llm' controller.profile's CSV",
+    ),
+    "the prior profile": (
+        "{manifest}",
+        '[domains.controller]\nkind = "mpc-online"\nprior_profile = "{manifest}"\n',
+        "domain 'llm' controller.prior_profile",
+    ),
+    "the power-profile profile's CSV": (
+        "{csv}",
+        '[domains.controller]\nkind = "power-profile"\nprofile = "{manifest}"\n',
+        "domain 'llm' controller.profile's CSV",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RECORD_ON_AN_INPUT))
+def test_a_record_file_the_config_reads_is_refused_by_both(
+    case: str, tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``daemon.record`` on the open-loop plan, a profile or the config itself: check-config
+    said OK and run refused only the config file, then overwrote the others."""
+    import shutil
+
+    for name in ("h100-sxm-llama3-8b.json", "h100-sxm-llama3-8b.csv"):
+        shutil.copy(PROFILES / name, tmp_path / name)
+    files = {
+        "config": tmp_path / "gpugov.toml",
+        "plan": tmp_path / "plan.json",
+        "manifest": tmp_path / "h100-sxm-llama3-8b.json",
+        "csv": tmp_path / "h100-sxm-llama3-8b.csv",
+    }
+    files["plan"].write_text("{}\n")
+    record, tables, field = RECORD_ON_AN_INPUT[case]
+    path = _write(
+        tmp_path, daemon=f'record = "{record.format(**files)}"', tables=tables.format(**files)
+    )
+    kept = {file: file.read_bytes() for file in files.values()}
+    line = (
+        f"gpugov: error: daemon.record {record.format(**files)}: is {field}, which it would "
+        "overwrite"
+    )
+    for offline in ([], ["--offline"]):
+        assert node_cli.main(["check-config", str(path), *offline]) == 2
+        errors = [text for text in capsys.readouterr().err.splitlines() if "error:" in text]
+        assert errors[0] == line
+    assert _run_code(path) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+    assert {file: file.read_bytes() for file in files.values()} == kept
+
+
 def test_a_good_config_passes_both_and_check_config_names_the_gpus(
     tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
 ) -> None:
