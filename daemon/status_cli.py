@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.daemon.backend import GpuBackend
-from gpugov.daemon.cli_support import UsageError, check_engine_url
+from gpugov.daemon.cli_support import UsageError, check_engine_url, fail
 from gpugov.daemon.config import load_config
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.errors import EngineUnavailable, ExitCode, GpuUnavailable, NotSupported
@@ -194,7 +194,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         report["energy"] = governor_energy(args.governor_metrics)
     if args.json:
         print(json.dumps(report, indent=1))
-        return code
+        return _said_on_stderr(report, code)
     if emulated:
         line = f"yes (emulated GPUs at {emulator})"
     elif split:
@@ -228,6 +228,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         from gpugov.daemon.energy_report import energy_lines
 
         print("\n".join(energy_lines(report["energy"])))
+    return _said_on_stderr(report, code)
+
+
+def _said_on_stderr(report: dict[str, Any], code: int) -> int:
+    """``code``, once the GPUs' failure (the report's ``gpu_error``, which stdout carries
+    in the report) is also the one error line on stderr, where a script or a unit's log
+    looks for why the exit code is not 0."""
+    if "gpu_error" in report:
+        return fail(f"GPUs unavailable: {report['gpu_error']}", code)
     return code
 
 

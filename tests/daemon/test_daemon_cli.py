@@ -606,6 +606,24 @@ def test_without_a_driver_the_line_points_at_the_emulated_gpus(
     assert code == (6 if argv[-1] == "0" else 4)
 
 
+@pytest.mark.parametrize("argv", [["status"], ["status", "--json"]])
+def test_status_says_why_on_stderr_when_the_gpus_cannot_be_listed(
+    argv: list[str], fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 4 came with nothing on stderr: the failure was only a field of the report on
+    stdout. It is now also the one error line on stderr; the report stays whole."""
+    fake.driver_loaded = False
+    assert node_cli.main(argv) == 4
+    captured = capsys.readouterr()
+    err = captured.err.splitlines()
+    assert len(err) == 1 and err[0].startswith("gpugov: error: GPUs unavailable: ")
+    assert "no NVIDIA driver on this machine" in err[0]
+    if "--json" in argv:
+        assert json.loads(captured.out)["gpu_error"] in err[0]
+    else:
+        assert "may lock clocks:" in captured.out and "GPUs: unavailable: " in captured.out
+
+
 def test_reset_clocks_refuses_a_uuid_for_emulated_gpus_as_usage(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
