@@ -439,7 +439,17 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
     raise ProfileError(f"unknown profile {str(name_or_path)!r}; bundled profiles: {names}")
 
 
-def _read_csv(path: Path, text: str) -> dict[str, NDArray[np.float64]]:
+MAX_POWER_OVER_LIMIT = 10.0
+"""How many times the manifest's ``power_limit_w`` a CSV power may be. Not the limit
+itself: a measured row can sit above it (the board reads over its limit before the power
+brake throttles the clock, and a row averages such windows), and a manifest may state a
+limit below a clock's draw (a capped board: the plant holds the limit, the table says
+what the clock draws uncapped). Ten times the limit is past any of these; a power such
+as 1e300 W (a unit slip, a corrupt cell) is refused, where it was taken and made every
+energy figure meaningless."""
+
+
+def _read_csv(path: Path, text: str, power_limit_w: float) -> dict[str, NDArray[np.float64]]:
     with io.StringIO(text, newline="") as handle:
         reader = csv.DictReader(handle)
         header = reader.fieldnames or []
@@ -473,6 +483,12 @@ def _read_csv(path: Path, text: str) -> dict[str, NDArray[np.float64]]:
                 if not np.isfinite(value) or value <= 0.0:
                     raise ProfileError(
                         f"{path}:{line_number}: column {column!r} must be positive, got {raw!r}"
+                    )
+                if column.endswith("_power_w") and value > MAX_POWER_OVER_LIMIT * power_limit_w:
+                    raise ProfileError(
+                        f"{path}:{line_number}: column {column!r} is {raw!r} W, over "
+                        f"{MAX_POWER_OVER_LIMIT:g} times the manifest's power_limit_w "
+                        f"({power_limit_w:g} W); no board draws that"
                     )
                 if column == "clock_mhz" and value > MAX_CLOCK_MHZ:
                     raise ProfileError(
@@ -613,15 +629,31 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
     if not csv_path.exists():
         raise ProfileError(f"{manifest_path}: csv {manifest['csv']!r} not found beside it")
     csv_text, csv_sha256 = _read_profile_file(csv_path)
-    columns = _read_csv(csv_path, csv_text)
-    if clock_range is not None:
-        clocks = columns["clock_mhz"]
-        lowest, highest = float(clocks[0]), float(clocks[-1])
-        if (float(clock_range[0]), float(clock_range[1])) != (lowest, highest):
-            raise ProfileError(
-                f"{manifest_path}: clock_range_mhz {clock_range!r} disagrees with the clocks "
-                f"of {csv_path.name} ({lowest:g}-{highest:g} MHz)"
-            )
+    columns = _read_csv(csv_path, csv_text, float(manifest["power_limit_w"]))
+    clocks = columns["clock_mhz"]
+    lowest, highest = float(clocks[0]), float(clocks[-1])
+    step = manifest.get("clock_step_mhz")
+    if step is not None and not (_is_number(step) and 0 < step <= highest - lowest):
+        raise ProfileError(
+            f"{manifest_path}: clock_step_mhz must be a number above 0 and at most the "
+            f"clock range of {csv_path.name} ({highest - lowest:g} MHz), got {step!r:.40}"
+        )
+    idle_clock = manifest.get("idle_clock_mhz")
+    # The clock an idle GPU drops to may lie below the table's lowest (an A100 idles at
+    # 210 MHz, its profiles start at 510), never above its highest.
+    if idle_clock is not None and not (_is_number(idle_clock) and 0 < idle_clock <= highest):
+        raise ProfileError(
+            f"{manifest_path}: idle_clock_mhz must be a number above 0 and at most the "
+            f"highest clock of {csv_path.name} ({highest:g} MHz), got {idle_clock!r:.40}"
+        )
+    if clock_range is not None and (float(clock_range[0]), float(clock_range[1])) != (
+        lowest,
+        highest,
+    ):
+        raise ProfileError(
+            f"{manifest_path}: clock_range_mhz {clock_range!r} disagrees with the clocks "
+            f"of {csv_path.name} ({lowest:g}-{highest:g} MHz)"
+        )
     try:
         profile = PerformanceProfile(
             **columns,
@@ -637,8 +669,10 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
     for section in ("decode_latency_model", "decode_power_batch_model"):
         try:
             getattr(profile, section)
-        except (KeyError, TypeError, ValueError, OverflowError) as error:
-            raise ProfileError(f"{manifest_path}: {section} is invalid: {error!r}") from error
+        except KeyError as error:
+            raise ProfileError(f"{manifest_path}: {section}.{error.args[0]} is missing") from error
+        except (TypeError, ValueError, OverflowError) as error:
+            raise ProfileError(f"{manifest_path}: {section} is invalid: {error}") from error
     _check_batch_power(profile, manifest_path)
     idle_floor = float(np.min(profile.idle_power_w))
     if idle_floor >= float(manifest["power_limit_w"]):

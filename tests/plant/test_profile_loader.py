@@ -55,7 +55,30 @@ def test_csv_error_reports_real_line_after_blank_line(tmp_path: Path) -> None:
             {"thermal__thermal_resistance_c_per_w": -0.1},
             "thermal_resistance_c_per_w must be positive",
         ),
-        ({"decode_latency_model": {"weight_fraction": 1.0}}, "decode_latency_model is invalid"),
+        # A KeyError's repr ("decode_latency_model is invalid: KeyError('batch_fraction')").
+        (
+            {"decode_latency_model": {"weight_fraction": 1.0}},
+            r"decode_latency_model\.batch_fraction is missing$",
+        ),
+        (
+            {
+                "decode_latency_model": {
+                    "weight_fraction": -0.5,
+                    "batch_fraction": 1.0,
+                    "kv_fraction": 0.5,
+                }
+            },
+            r"decode_latency_model is invalid: decode latency fractions must be >= 0",
+        ),
+        # Each loaded: a step of none or below, an idle clock past the table's top.
+        ({"clock_step_mhz": 0}, r"clock_step_mhz must be a number above 0 .*got 0$"),
+        ({"clock_step_mhz": -15}, r"clock_step_mhz must be a number above 0 .*got -15$"),
+        ({"clock_step_mhz": "15"}, r"clock_step_mhz must be a number above 0"),
+        (
+            {"idle_clock_mhz": 99999},
+            r"idle_clock_mhz must be a number above 0 and at most the highest clock .*"
+            r"\(1980 MHz\), got 99999$",
+        ),
         ({"decode_power_batch_model": {"k": "x", "x0": 1}}, "decode_power_batch_model is invalid"),
         (
             {"thermal__thermal_limit_c": 20.0},
@@ -289,6 +312,35 @@ def test_a_power_limit_at_or_below_the_idle_power_is_refused(tmp_path: Path) -> 
         load_profile(manifest)
     edit_manifest(manifest, power_limit_w=idle + 1.0)
     assert load_profile(manifest).idle_power_w.min() == idle
+
+
+def test_an_idle_clock_below_the_tables_lowest_loads(tmp_path: Path) -> None:
+    """A GPU idles below the lowest clock a profile tabulates (the A100 profiles: 210 MHz
+    against a table from 510): that is no error."""
+    manifest, _ = copy_profile(tmp_path)
+    edit_manifest(manifest, idle_clock_mhz=210)
+    assert load_profile(manifest).manifest["idle_clock_mhz"] == 210
+
+
+@pytest.mark.parametrize(
+    ("power", "refused"), [("1e300", True), ("7001", True), ("7000", False), ("735", False)]
+)
+def test_a_csv_power_far_above_the_power_limit_is_refused(
+    tmp_path: Path, power: str, refused: bool
+) -> None:
+    """A decode power of 1e300 W against a 700 W limit loaded. A row a little over the
+    limit is a measured board before its power brake (kept); ten times it is none."""
+    manifest, csv_path = copy_profile(tmp_path)
+    _edit_row(csv_path, 5, lambda cells: [*cells[:4], power, cells[5]])
+    if not refused:
+        assert float(load_profile(manifest).decode_power_w[5]) == float(power)
+        return
+    with pytest.raises(ProfileError) as caught:
+        load_profile(manifest)
+    assert str(caught.value) == (
+        f"{csv_path}:7: column 'decode_power_w' is '{power}' W, over 10 times the "
+        "manifest's power_limit_w (700 W); no board draws that"
+    )
 
 
 def test_a_clock_above_what_a_node_can_lock_is_refused(tmp_path: Path) -> None:
