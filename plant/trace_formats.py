@@ -463,6 +463,14 @@ def _parse_mooncake(
         for field in _MOONCAKE_FIELDS:
             if field not in item:
                 raise trace_error(path, line, f"missing field {field!r}")
+        for field in _MOONCAKE_FIELDS:
+            # JSON numbers only: text such as "100" or "1e3" is not what a Mooncake
+            # trace holds (the CSV readers parse text; this one must not).
+            value = item[field]
+            if isinstance(value, str):
+                raise trace_error(
+                    path, line, f"field {field!r}: expected a JSON number, got text {value!r:.40}"
+                )
         raw_ts = item["timestamp"]
         stamp = _seconds(raw_ts, "timestamp", path, line)
         prompt = _token_count(item["input_length"], "input_length", path, line)

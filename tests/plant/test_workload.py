@@ -386,7 +386,14 @@ BAD_FILES = [
     ("json-missing-field", '{"timestamp": 0, "input_length": 1, "output_length": 1}\n'
      '{"timestamp": 1, "input_length": 1}\n', 2, "missing field 'output_length'"),
     ("json-non-numeric", '{"timestamp": "soon", "input_length": 1, "output_length": 1}\n', 1,
-     "field 'timestamp': expected a number"),
+     "field 'timestamp': expected a JSON number, got text 'soon'"),
+    # Numbers written as text were read as numbers (while true was refused).
+    ("json-text-tokens", '{"timestamp": 0, "input_length": "100", "output_length": 1}\n', 1,
+     "field 'input_length': expected a JSON number, got text '100'"),
+    ("json-text-exponent", '{"timestamp": 0, "input_length": 1, "output_length": "1e3"}\n', 1,
+     "field 'output_length': expected a JSON number, got text '1e3'"),
+    ("json-text-timestamp", '{"timestamp": "5", "input_length": 1, "output_length": 1}\n', 1,
+     "field 'timestamp': expected a JSON number, got text '5'"),
     ("json-bool-tokens", '{"timestamp": 0, "input_length": true, "output_length": 1}\n', 1,
      "field 'input_length': expected a token count"),
     ("json-fractional-tokens", '{"timestamp": 0, "input_length": 2.5, "output_length": 1}\n', 1,
