@@ -29,7 +29,7 @@ from gpugov.controllers.mpc.model import DEFAULT_EXPECTED_OUTPUT_TOKENS
 from gpugov.plant.input_files import InputFileError, loads_json, read_input_text
 from gpugov.plant.output_files import write_text_atomic
 from gpugov.plant.plant import ServingPlant
-from gpugov.plant.profile import PerformanceProfile
+from gpugov.plant.profile import MAX_CLOCK_MHZ, PROFILE_STATUSES, PerformanceProfile
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.plant.types import ClockController, Request, Scheduler, ServingObservation
 from gpugov.plant.workload import workload_checksum
@@ -364,8 +364,15 @@ def plan_from_dict(data: Any, *, source: str = "<plan>", min_period_s: float = 0
                 f"{source}: key {key!r} has {array.size} values, expected {expected} "
                 f"(time_s has {steps})"
             )
-    if np.any(applied <= 0.0) or np.any(continuous <= 0.0):
-        raise PlanFormatError(f"{source}: clocks in 'applied_clock_mhz' must be positive")
+    for key, clocks in (("applied_clock_mhz", applied), ("continuous_clock_mhz", continuous)):
+        if np.any(clocks <= 0.0):
+            raise PlanFormatError(f"{source}: clocks in {key!r} must be positive")
+        if np.any(clocks > MAX_CLOCK_MHZ):
+            first = int(np.flatnonzero(clocks > MAX_CLOCK_MHZ)[0])
+            raise PlanFormatError(
+                f"{source}: key {key!r}[{first}] is {clocks[first]:g} MHz; no GPU clocks "
+                f"above {MAX_CLOCK_MHZ:g} MHz"
+            )
     if np.any(backlog < 0.0):
         raise PlanFormatError(f"{source}: key 'predicted_backlog_s' must be nonnegative")
     period = data.get("control_period_s")
@@ -396,6 +403,12 @@ def plan_from_dict(data: Any, *, source: str = "<plan>", min_period_s: float = 0
         if not isinstance(value, str):
             raise PlanFormatError(f"{source}: key {key!r} must be a string, got {value!r}")
         strings[key] = value
+    if strings["profile_status"] not in PROFILE_STATUSES:
+        raise PlanFormatError(
+            f"{source}: key 'profile_status' must be one of {', '.join(PROFILE_STATUSES)} "
+            f"(the status of the profile the plan was made on), got "
+            f"{strings['profile_status']!r:.40}"
+        )
     success = data.get("success")
     if not isinstance(success, bool):
         raise PlanFormatError(f"{source}: key 'success' must be true or false, got {success!r}")

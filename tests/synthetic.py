@@ -89,7 +89,7 @@ def plan_payload(
         "optimization_method": "x",
         "message": "x",
         "workload_checksum": "x",
-        "profile_status": "x",
+        "profile_status": "synthetic",
         "success": True,
     }
     return {**plan, **changes}

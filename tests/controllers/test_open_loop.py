@@ -199,6 +199,19 @@ def test_save_load_round_trip(tmp_path, synthetic_plant):
         (lambda d: d.update(success="yes"), "key 'success' must be true or false"),
         (lambda d: d.update(message=None), "key 'message' must be a string"),
         (lambda d: d["applied_clock_mhz"].__setitem__(0, -5.0), "must be positive"),
+        # Each loaded: a clock no GPU runs at, a status no profile has.
+        (
+            lambda d: d["applied_clock_mhz"].__setitem__(2, 1e9),
+            r"key 'applied_clock_mhz'\[2\] is 1e\+09 MHz; no GPU clocks above 100000 MHz",
+        ),
+        (
+            lambda d: d["continuous_clock_mhz"].__setitem__(0, 1e9),
+            r"key 'continuous_clock_mhz'\[0\] is 1e\+09 MHz",
+        ),
+        (
+            lambda d: d.update(profile_status="bogus"),
+            r"key 'profile_status' must be one of measured, .*got 'bogus'",
+        ),
     ],
 )
 def test_load_rejects_bad_plans(tmp_path, synthetic_plant, mutate, message):
