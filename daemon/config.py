@@ -73,6 +73,12 @@ def _named_file(value: Any) -> Any:
     # An empty record would read as the working directory ("."), reported as --record .
     if isinstance(value, str) and not value.strip():
         raise ValueError("must name a file, such as /var/log/gpugov/run.jsonl (omit it for none)")
+    # Anything but text: pydantic's own line ("Input is not a valid path for <class
+    # 'pathlib.Path'>") names a Python class, not what to write.
+    if not isinstance(value, str | Path):
+        raise ValueError(
+            f'must be a file name in quotes, such as "/var/log/gpugov/run.jsonl", got {value!r:.40}'
+        )
     return value
 
 
@@ -476,6 +482,11 @@ class GpugovConfig(FrozenModel):
             names.add(domain.name)
             for gpu in domain.gpus:
                 key = str(gpu)
+                if gpus.get(key) == domain.name:
+                    raise ValueError(
+                        f"GPU {key} is listed twice in domain {domain.name!r} (its gpus); "
+                        "list each GPU once"
+                    )
                 if key in gpus:
                     raise ValueError(
                         f"GPU {key} is in domains {gpus[key]!r} and {domain.name!r}; "

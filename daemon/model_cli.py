@@ -56,6 +56,13 @@ def stored_files(args: argparse.Namespace) -> list[tuple[str, Path]]:
                     f"{args.config}: domain {domain.name!r} has no state_dir (the "
                     "controller's or [daemon]'s) and $STATE_DIRECTORY is unset; pass --state-dir"
                 )
+            if directory.exists() and not directory.is_dir():
+                # run only warns (check-config's warning) and keeps no model there; this
+                # said "no learned model yet", as if one might come.
+                raise ModelCliError(
+                    f"{args.config}: domain {domain.name!r}: state_dir {directory} is not a "
+                    "directory (a file is there), so no learned model is kept in it"
+                )
             found.append((domain.name, directory / f"online-model-{domain.name}.json"))
         if not found:
             raise ModelCliError(f"{args.config}: no domain runs the mpc-online controller")

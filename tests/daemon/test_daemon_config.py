@@ -103,6 +103,18 @@ def test_defaults() -> None:
             "(top level)",
             "one domain",
         ),
+        # Said "GPU 0 is in domains 'a' and 'a'".
+        (
+            {"domains": [{"name": "a", "gpus": [0, 0]}]},
+            "(top level)",
+            "GPU 0 is listed twice in domain 'a' (its gpus); list each GPU once",
+        ),
+        # Said "Input is not a valid path for <class 'pathlib.Path'>".
+        (
+            {"daemon": {"record": 5}, **_domain()},
+            "daemon.record",
+            'must be a file name in quotes, such as "/var/log/gpugov/run.jsonl", got 5',
+        ),
     ],
 )
 def test_bad_field_is_named(data: dict[str, object], path: str, reason: str) -> None:

@@ -840,6 +840,30 @@ def test_a_state_dir_that_is_no_directory_is_named_not_read_as_empty(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("where", ["daemon", "controller"])
+def test_a_config_state_dir_that_is_a_file_is_named_by_model_show(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    """A config's state_dir naming a file (run warns and keeps no model there) said
+    "...: no learned model yet", as if one might come."""
+    occupied = tmp_path / "occupied"
+    occupied.write_text("x")
+    controller = 'kind = "mpc-online"\n'
+    daemon = ""
+    if where == "daemon":
+        daemon = f'[daemon]\nstate_dir = "{occupied}"\n'
+    else:
+        controller += f'state_dir = "{occupied}"\n'
+    config = tmp_path / "gpugov.toml"
+    config.write_text(
+        f'{daemon}[[domains]]\nname = "llm"\ngpus = [0]\n[domains.controller]\n{controller}'
+    )
+    assert main(["model", "show", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no learned model yet" not in err
+    assert f"domain 'llm': state_dir {occupied} is not a directory (a file is there)" in err
+
+
 def test_a_model_saved_before_any_latency_was_learned_survives_restarts(tmp_path: Path) -> None:
     """A node stopped before any busy window (no prior, no hint) saves a model with power
     and thermal samples and no latency sample; its prior predicts no latency at all. It
