@@ -43,6 +43,8 @@ def describe_failure(error: BaseException, host: str, port: int) -> str:
         return "the engine reset the connection"
     if isinstance(error, BrokenPipeError):
         return "the connection broke while sending the request"
+    if isinstance(error, http.client.IncompleteRead):
+        return f"the engine closed the connection mid-page ({len(error.partial)} bytes read)"
     if isinstance(error, socket.gaierror):
         return f"cannot resolve {host}: {error.strerror or error}"
     if isinstance(error, http.client.HTTPException):
@@ -85,7 +87,8 @@ class KeepAliveFetcher:
     milliseconds on a small VM; the engines' servers (uvicorn, axum) keep connections
     alive. ``timeout_s`` is one deadline for the whole exchange (connect, headers, body),
     not per socket read, so a trickling or hung engine costs at most ``timeout_s``. A
-    page over ``max_bytes`` is refused. A reused connection the server closed while idle
+    page over ``max_bytes`` is refused, and so is a body shorter than its Content-Length
+    (a connection closed mid-page). A reused connection the server closed while idle
     is retried once on a new one (within the same deadline); a timeout is not retried.
     """
 
@@ -155,6 +158,13 @@ class KeepAliveFetcher:
                 connection.close()
                 raise EngineParseError(
                     f"{url}: the metrics page is over the {self.max_bytes}-byte limit"
+                )
+            missing = response.length  # what Content-Length promised and did not come
+            if missing:
+                connection.close()
+                raise EngineUnavailable(
+                    f"{url}: the engine closed the connection mid-page: {len(body)} of "
+                    f"the {len(body) + missing} bytes its Content-Length announced"
                 )
             if response.will_close:
                 connection.close()

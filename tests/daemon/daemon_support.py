@@ -21,11 +21,13 @@ class MetricsServer:
 
     def __init__(self, protocol: str = "HTTP/1.0") -> None:
         import http.server
+        import socket
         import threading
 
         self.page = ""
         self.status = 200
         self.down = False  # when True, connections are dropped without an answer
+        self.short_body = False  # when True, half the page is sent and the connection closed
         self.requests = 0
         self.connections = 0
         server = self
@@ -48,6 +50,12 @@ class MetricsServer:
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                if server.short_body:
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 self.wfile.write(body)
 
             def log_message(self, *args: object) -> None:

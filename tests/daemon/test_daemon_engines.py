@@ -231,6 +231,30 @@ def test_aggregate_rules() -> None:
     assert aggregate(series, "missing") is None
 
 
+@pytest.mark.parametrize("protocol", ["HTTP/1.0", "HTTP/1.1"])
+def test_a_page_cut_short_of_its_content_length_is_a_failed_scrape(protocol: str) -> None:
+    """An engine that announces a Content-Length, sends half the body and closes: the
+    half page is not parsed as a page (it would lack histograms or end mid-line); the
+    scrape fails naming the bytes that came, and the next whole page is read."""
+    server = MetricsServer(protocol=protocol)
+    try:
+        server.page = fixture_text("vllm_v1_real.txt")
+        size = len(server.page.encode())
+        source = VllmSource(server.url, timeout_s=2.0)
+        assert source.scrape().finished_requests_total == 10.0
+        server.short_body = True
+        with pytest.raises(EngineUnavailable) as cut:
+            source.scrape()
+        assert str(cut.value) == (
+            f"{server.url}: the engine closed the connection mid-page: {size // 2} of "
+            f"the {size} bytes its Content-Length announced"
+        )
+        server.short_body = False
+        assert source.scrape().finished_requests_total == 10.0
+    finally:
+        server.close()
+
+
 def test_keep_alive_connection_is_reused() -> None:
     server = MetricsServer(protocol="HTTP/1.1")
     try:
