@@ -5,7 +5,10 @@ The emulator answers NVML's calls (``/gpu/<i>``, ``/gpu/<i>/sample``, ``/gpu/<i>
 code (``{"nvmlReturn": code}``). Codes become :mod:`daemon.errors` errors through the same
 table as :mod:`daemon.nvml` (:func:`daemon.errors.from_nvml`), and a read is dropped,
 counted or fatal exactly as there. An emulator that does not answer is a transient read
-failure (and an unavailable GPU when opening).
+failure (and an unavailable GPU when opening): ``sample()`` raises
+:class:`~daemon.errors.TransientGpuError`, so the observer logs and counts it as it does
+a GPU whose samples fail on the other backends. Each call has one overall deadline
+(connect, request, answer), so a frozen or trickling emulator costs a tick at most that.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import logging
 import math
 import threading
+import time
 import urllib.parse
 from typing import Any
 
@@ -27,8 +31,27 @@ from gpugov.daemon.errors import (
     TransientGpuError,
     from_nvml,
 )
+from gpugov.daemon.scrape import ExchangeDeadline
 
 log = logging.getLogger(__name__)
+
+OPEN_TIMEOUT_S = 2.0
+"""The deadline of the calls that open a GPU (its description), as for ``GET /gpu``."""
+
+# NVML's own text for the return codes the emulator sends (nvmlErrorString), so an
+# emulated failure reads as NVML's would: "GPU is lost", not a bare number.
+_NVML_ERROR_STRINGS = {
+    1: "Uninitialized",
+    2: "Invalid Argument",
+    3: "Not Supported",
+    4: "Insufficient Permissions",
+    6: "Not Found",
+    10: "Timeout",
+    13: "Function Not Found",
+    15: "GPU is lost",
+    16: "GPU requires restart",
+    999: "Unknown Error",
+}
 
 # Sample fields -> the NVML read they stand for (for dropped/errored read names).
 _READS = {
@@ -70,22 +93,36 @@ def emulated_device_count(emulator: str, *, timeout_s: float = 2.0) -> int:
     return count
 
 
+def call_timeout_s(period_s: float) -> float:
+    """The deadline of one emulated read or write in a daemon of period ``period_s``: a
+    fifth of the period, from 0.05 to 0.25 s. A tick's sample and write then take at most
+    0.4 of the period however the emulator fails (a frozen emulator serves the engine's
+    page too, whose scrape takes at most half), so the tick stays within its period (for
+    periods from 0.25 s; a loopback answer takes milliseconds)."""
+    return max(0.05, min(0.25, period_s / 5.0))
+
+
 class EmulatorNvmlError(Exception):
     """An NVML return code sent by the emulator (``value`` as on ``pynvml.NVMLError``)."""
 
     def __init__(self, value: int) -> None:
-        super().__init__(f"NVML return code {value}")
+        super().__init__(_NVML_ERROR_STRINGS.get(value, f"NVML error {value}"))
         self.value = value
 
 
 class EmulatedBackend:
     """One emulated GPU at ``emulator`` (``http://127.0.0.1:8000``), index ``gpu``.
 
+    ``timeout_s`` is one overall deadline for each read or write (connect, request and
+    answer together, not per socket read); the daemon gives it a fifth of its period
+    (:func:`call_timeout_s`), so a frozen emulator cannot stretch a tick past its period.
+    Opening the GPU is given :data:`OPEN_TIMEOUT_S`.
+
     Raises:
         GpuUnavailable: the emulator does not answer, or has no such GPU.
     """
 
-    def __init__(self, gpu: int | str = 0, *, emulator: str, timeout_s: float = 0.5) -> None:
+    def __init__(self, gpu: int | str = 0, *, emulator: str, timeout_s: float = 0.25) -> None:
         parts = urllib.parse.urlsplit(emulator)
         if parts.scheme != "http" or not parts.hostname:
             raise GpuUnavailable(f"emulator URL must be http://HOST:PORT, got {emulator!r}")
@@ -102,7 +139,9 @@ class EmulatedBackend:
         self.emulator = emulator
         self._dropped: set[str] = set()
         try:
-            info = self._call("open GPU", "GET", f"/gpu/{self._index}")
+            info = self._call(
+                "open GPU", "GET", f"/gpu/{self._index}", timeout_s=max(timeout_s, OPEN_TIMEOUT_S)
+            )
         except (GpuLost, GpuUnavailable):
             raise
         except GpuError as error:
@@ -140,45 +179,85 @@ class EmulatedBackend:
         return self._index
 
     # ------------------------------------------------------------------ transport
-    def _request(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, Any]:
+    def _request(
+        self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float
+    ) -> tuple[int, Any]:
         with self._lock:
-            return self._request_locked(method, path, body)
+            return self._request_locked(method, path, body, timeout_s)
 
     def _request_locked(
-        self, method: str, path: str, body: dict[str, Any] | None
+        self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float
     ) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
+        end = time.monotonic() + timeout_s
         for attempt in range(2):
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                break
             if self._connection is None:
                 self._connection = http.client.HTTPConnection(
-                    self._host, self._port, timeout=self._timeout_s
+                    self._host, self._port, timeout=remaining
                 )
+            elif self._connection.sock is not None:
+                self._connection.sock.settimeout(remaining)
+            else:
+                self._connection.timeout = remaining
+            deadline = ExchangeDeadline(self._connection, remaining)
             try:
                 self._connection.request(method, path, body=data, headers=headers)
+                deadline.track()
                 response = self._connection.getresponse()
                 payload = response.read()
-            except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
+            except (
+                ConnectionResetError,
+                BrokenPipeError,
+                http.client.RemoteDisconnected,
+            ) as error:
                 self._connection.close()
                 self._connection = None
+                if deadline.expired:
+                    raise self._late(timeout_s) from error
                 if attempt == 0:
                     continue  # the server dropped an idle keep-alive connection
                 raise
-            except (http.client.HTTPException, OSError):
+            except (http.client.HTTPException, OSError) as error:
                 self._connection.close()
                 self._connection = None
+                if deadline.expired or isinstance(error, TimeoutError):
+                    raise self._late(timeout_s) from error
                 raise
+            finally:
+                deadline.cancel()
+            if deadline.expired:
+                self._connection.close()
+                self._connection = None
+                raise self._late(timeout_s)
             if response.will_close:
                 self._connection.close()
                 self._connection = None
             return response.status, json.loads(payload or b"{}")
-        raise OSError("connection dropped twice")  # pragma: no cover
+        raise self._late(timeout_s)
 
-    def _call(self, action: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    @staticmethod
+    def _late(timeout_s: float) -> TimeoutError:
+        return TimeoutError(f"no complete answer within {timeout_s:.3g} s")
+
+    def _call(
+        self,
+        action: str,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> Any:
         """One NVML call over HTTP; NVML codes become daemon errors as in ``daemon/nvml.py``."""
         self._check_open()
         try:
-            status, payload = self._request(method, path, body)
+            status, payload = self._request(
+                method, path, body, self._timeout_s if timeout_s is None else timeout_s
+            )
         except (http.client.HTTPException, OSError, ValueError) as error:
             raise TransientGpuError(
                 f"GPU {self._label}: {action}: emulator {self.emulator} did not answer: {error}",
@@ -217,6 +296,8 @@ class EmulatedBackend:
 
         Raises:
             GpuLost: the GPU fell off the bus.
+            TransientGpuError: the emulator did not answer within the deadline, or
+                answered the whole read with an NVML error.
         """
         try:
             payload = self._call("read GPU", "GET", f"/gpu/{self._index}/sample")
@@ -227,8 +308,10 @@ class EmulatedBackend:
         except GpuUnavailable:
             raise
         except GpuError as error:
-            log.debug("GPU %s: read failed: %s", self._label, error)
-            return GpuSample(gpu=self._label, read_errors=tuple(_READS))
+            # The whole reading failed: the observer logs it (the first failure, then a
+            # reminder a minute) and counts it, as for NVML and nvidia-smi.
+            detail = str(error).removeprefix(f"GPU {self._label}: ")
+            raise TransientGpuError(detail, gpu=self._label) from error
         if not isinstance(payload, dict):  # not a reading at all: the whole read failed
             log.debug("GPU %s: read answered %r", self._label, type(payload).__name__)
             return GpuSample(gpu=self._label, read_errors=tuple(_READS))

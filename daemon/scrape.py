@@ -54,23 +54,31 @@ def describe_failure(error: BaseException, host: str, port: int) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-class _Deadline:
+class ExchangeDeadline:
     """Shuts a connection's socket down when the whole exchange passes its deadline.
 
     A socket timeout bounds one read; a server that trickles a byte at a time resets it
-    on every read. The timer bounds the whole request, headers and body together.
+    on every read. The timer bounds the whole request, headers and body together. Used
+    by the engine scrape here and by the emulated GPU backend (:mod:`daemon.emulated`).
     """
 
     def __init__(self, connection: http.client.HTTPConnection, timeout_s: float) -> None:
         self.expired = False
         self._connection = connection
+        self._sock: socket.socket | None = None
         self._timer = threading.Timer(timeout_s, self._expire)
         self._timer.daemon = True
         self._timer.start()
 
+    def track(self) -> None:
+        """Remember the connection's socket once the request is sent: ``getresponse()``
+        hands it to the response and clears ``connection.sock`` when the answer will close
+        the connection (HTTP/1.0, ``Connection: close``), and the body must still be cut."""
+        self._sock = self._connection.sock
+
     def _expire(self) -> None:
         self.expired = True
-        sock = self._connection.sock
+        sock = self._connection.sock or self._sock
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -125,9 +133,10 @@ class KeepAliveFetcher:
                 connection = self._open(key, remaining)
             elif connection.sock is not None:
                 connection.sock.settimeout(remaining)
-            deadline = _Deadline(connection, remaining)
+            deadline = ExchangeDeadline(connection, remaining)
             try:
                 connection.request("GET", path, headers={"Accept": "text/plain"})
+                deadline.track()
                 response = connection.getresponse()
                 length = response.getheader("Content-Length")
                 if length is not None and length.isdigit() and int(length) > self.max_bytes:

@@ -32,7 +32,7 @@ from gpugov.daemon.decide import (
     warm_up,
 )
 from gpugov.daemon.domain import Domain, FailsafeMode
-from gpugov.daemon.emulated import EmulatedBackend
+from gpugov.daemon.emulated import EmulatedBackend, call_timeout_s
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.errors import (
     ConfigError,
@@ -117,7 +117,11 @@ def open_backend(
         if kind in ("actuator", "zeusd"):
             return open_split_backend(gpu, kind, daemon or DaemonSection(), nvml=nvml)
         if kind == "emulated":
-            return EmulatedBackend(gpu, emulator=emulator or "http://127.0.0.1:8000")
+            return EmulatedBackend(
+                gpu,
+                emulator=emulator or "http://127.0.0.1:8000",
+                timeout_s=call_timeout_s((daemon or DaemonSection()).period_s),
+            )
         if kind == "nvidia-smi":
             return NvidiaSmiBackend(gpu)
         return NvmlBackend(gpu, nvml=nvml)

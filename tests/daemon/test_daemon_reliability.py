@@ -77,10 +77,15 @@ def test_kv_tokens_weight_each_engine_by_its_own_capacity() -> None:
 
 # ---------------------------------------------------------- item 2: one deadline
 class _Trickle:
-    """A loopback server that answers one byte every ``gap_s`` (headers and all)."""
+    """A loopback server that answers one byte every ``gap_s`` (headers and all), or with
+    ``head_at_once`` its headers at once and then the body a byte at a time."""
 
-    def __init__(self, gap_s: float = 0.05) -> None:
+    def __init__(
+        self, gap_s: float = 0.05, *, protocol: str = "HTTP/1.1", head_at_once: bool = False
+    ) -> None:
         self.gap_s = gap_s
+        self.protocol = protocol
+        self.head_at_once = head_at_once
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self._sock.listen(4)
@@ -98,9 +103,13 @@ class _Trickle:
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:
-        body = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 100000
+        head = f"{self.protocol} 200 OK\r\nContent-Length: 100000\r\n\r\n".encode()
+        body = head + b"x" * 100000
         try:
             conn.recv(65536)
+            if self.head_at_once:
+                conn.sendall(head)
+                body = body[len(head) :]
             for byte in body:
                 if self._stop.is_set():
                     break
@@ -128,6 +137,21 @@ def test_a_trickling_engine_costs_at_most_the_deadline() -> None:
         with pytest.raises(EngineUnavailable):
             source.scrape(timeout_s=0.1)  # the observer's shorter budget wins
         assert time.monotonic() - started < 0.6
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("protocol", ["HTTP/1.0", "HTTP/1.1"])
+def test_a_body_trickled_after_prompt_headers_costs_at_most_the_deadline(protocol: str) -> None:
+    """Headers at once, then the body a byte at a time: the deadline still cuts the body,
+    also when the answer will close the connection (HTTP/1.0), where http.client hands the
+    socket to the response and the connection no longer holds it."""
+    server = _Trickle(protocol=protocol, head_at_once=True)
+    try:
+        started = time.monotonic()
+        with pytest.raises(EngineUnavailable, match=r"no complete answer within 0\.3 s"):
+            VllmSource(server.url, timeout_s=0.3).scrape()
+        assert time.monotonic() - started < 1.0
     finally:
         server.close()
 

@@ -1,19 +1,25 @@
 """The emulated backend against an emulator that answers nonsense: a real HTTP server on
 loopback serving crafted JSON. A reading that is no reading costs that reading (or the
-sample), never the daemon; a GPU description without integer clocks refuses the GPU."""
+sample), never the daemon; a GPU description without integer clocks refuses the GPU; a
+frozen or trickling emulator costs a read at most its deadline, and is logged as a GPU
+whose samples fail."""
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
-from gpugov.daemon.emulated import EmulatedBackend
-from gpugov.daemon.errors import GpuUnavailable
+from gpugov.daemon.emulated import EmulatedBackend, call_timeout_s
+from gpugov.daemon.engines import EngineSample
+from gpugov.daemon.errors import GpuUnavailable, TransientGpuError
+from gpugov.daemon.observer import DomainObserver
 
 GOOD_GPU = {
     "uuid": "GPU-emulated-0",
@@ -40,16 +46,30 @@ class _Emulator:
     def __init__(self) -> None:
         self.gpu: Any = GOOD_GPU
         self.sample: Any = GOOD_SAMPLE
+        self.frozen = False  # /sample is never answered (a process stopped with SIGSTOP)
+        self.trickle = False  # /sample's body goes out one byte every 50 ms
+        self.release = threading.Event()  # set at teardown: held handlers return
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                body = owner.sample if self.path.endswith("/sample") else owner.gpu
+                reading = self.path.endswith("/sample")
+                if reading and owner.frozen:
+                    owner.release.wait(10.0)
+                    return
+                body = owner.sample if reading else owner.gpu
                 data = json.dumps(body).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                if reading and owner.trickle:
+                    for byte in data:
+                        if owner.release.wait(0.05):
+                            return
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                    return
                 self.wfile.write(data)
 
             def log_message(self, *args: object) -> None:
@@ -66,6 +86,7 @@ class _Emulator:
 def emulator() -> Iterator[_Emulator]:
     server = _Emulator()
     yield server
+    server.release.set()
     server.server.shutdown()
     server.server.server_close()
 
@@ -113,3 +134,61 @@ def test_a_description_that_is_no_object_refuses_the_gpu(emulator: _Emulator) ->
     emulator.gpu = [GOOD_GPU]
     with pytest.raises(GpuUnavailable, match="no GPU description"):
         EmulatedBackend(0, emulator=emulator.url)
+
+
+@pytest.mark.parametrize("fault", ["frozen", "trickle"])
+def test_a_frozen_or_trickling_emulator_costs_a_read_at_most_its_deadline(
+    emulator: _Emulator, fault: str
+) -> None:
+    """A stopped emulator (SIGSTOP) or one that trickles its answer: the read fails as a
+    whole (TransientGpuError, which the observer logs and counts) within one overall
+    deadline, not one per socket read, and the next read after it recovers is whole."""
+    backend = EmulatedBackend(0, emulator=emulator.url, timeout_s=0.2)
+    setattr(emulator, fault, True)
+    started = time.monotonic()
+    with pytest.raises(TransientGpuError) as failed:
+        backend.sample()
+    assert time.monotonic() - started < 0.6
+    assert str(failed.value) == (
+        f"read GPU: emulator {emulator.url} did not answer: no complete answer within 0.2 s"
+    )
+    setattr(emulator, fault, False)
+    assert backend.sample().read_errors == ()
+    backend.close()
+
+
+def test_the_daemon_gives_an_emulated_call_a_fifth_of_its_period() -> None:
+    """Sample and write at most 0.4 of the period, the scrape at most half: a frozen
+    emulator (which serves the engine's page too) leaves a tick within its period."""
+    assert call_timeout_s(0.5) == pytest.approx(0.1)
+    assert call_timeout_s(2.0) == 0.25
+    assert call_timeout_s(0.05) == 0.05
+
+
+class _Engine:
+    def scrape(self, timeout_s: float | None = None) -> EngineSample:
+        return EngineSample("vllm", 0, 0)
+
+
+def test_a_frozen_emulator_is_logged_as_a_gpu_whose_samples_fail(
+    emulator: _Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As for NVML and nvidia-smi: one warning at the first failed sample, DEBUG after it
+    (a reminder a minute), one line when sampled again; each failed sample counted once."""
+    backend = EmulatedBackend(0, emulator=emulator.url, timeout_s=0.1)
+    observer = DomainObserver([backend], _Engine(), stale_after_s=3.0, log_every_s=60.0)
+    emulator.frozen = True
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon"):
+        for tick in range(3):
+            observer.observe(float(tick), tick, None)
+        emulator.frozen = False
+        observer.observe(3.0, 3, None)
+    backend.close()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("GPU 0")]
+    assert lines == [
+        f"GPU 0: sample failed: read GPU: emulator {emulator.url} did not answer: "
+        "no complete answer within 0.1 s",
+        "GPU 0: sampled again after 3 failed samples",
+    ]
+    assert caplog.records[0].levelno == logging.WARNING
+    assert observer.gpu_read_errors == {"0": 3}
