@@ -56,6 +56,14 @@ from gpugov.daemon.backend import (
     clock_tolerance_mhz,
     plausible_clock,
 )
+from gpugov.daemon.counter_jumps import (
+    CounterOffsets,
+    Counters,
+    counters,
+    impossible_jump,
+    impossible_value,
+    went_back,
+)
 from gpugov.daemon.engines import EngineSample, EngineSource, HistogramTotals
 from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import EngineUnavailable, TransientGpuError
@@ -255,6 +263,14 @@ class DomainObserver:
         self._last_counter: float | None = None
         """The engine's monotonic request counter at the last scrape (arrivals, else
         finished): one that went back is an engine restart."""
+        self._last_raw: Counters | None = None
+        """The engine's own counters at the last scrape taken (before any offset)."""
+        self._jumped: tuple[Counters, float] | None = None
+        """The counters of the last scrape dropped for an impossible jump, and its time:
+        a next scrape that follows on from it plausibly is a counter that stayed at its
+        new level (re-anchored), one that follows on from the last taken is a spike gone."""
+        self._offsets = CounterOffsets()
+        """What is taken off counters that jumped and stayed (:mod:`daemon.counter_jumps`)."""
 
     def _arrived_since_start(self, arrived: float, engine: EngineSample) -> float:
         """The engine's arrivals since this daemon's first scrape, the requests then in
@@ -369,6 +385,13 @@ class DomainObserver:
             self._report_failure(now_s, error)
             return error, elapsed
         elapsed = self._clock() - started
+        refused = self._impossible_counters(sample, now_s + elapsed)
+        if refused is not None:
+            self.engine_errors += 1
+            self.last_error = refused
+            self._report_failure(now_s, refused)
+            return refused, elapsed
+        sample = self._offsets.apply(sample)
         if self.failed_in_a_row:
             down_s = now_s - (self._down_since_s if self._down_since_s is not None else now_s)
             log.log(
@@ -384,6 +407,48 @@ class DomainObserver:
         self._last_time_s = now_s + elapsed
         self._check_role(getattr(sample, "role", None))
         return None, elapsed
+
+    def _impossible_counters(self, sample: EngineSample, at_s: float) -> str | None:
+        """Why ``sample`` (scraped at ``at_s``) is dropped, or None to take it.
+
+        A counter that is no count (about 2^64, a wrapped unsigned counter), or one that
+        rose further since the last scrape taken than any node can
+        (:func:`~daemon.counter_jumps.impossible_jump`: a x1e6 spike), makes the scrape
+        a bad one, as a NaN does: counted, the last good data kept, nothing of it fed to
+        a derivation. A next scrape that follows on from the last one taken is the spike
+        gone; one that follows on from the dropped one plausibly is a counter that
+        stayed at its new level: the jump is taken off it from then on (one WARNING), so
+        that its rise is not read as work. A counter that went back is an engine
+        restart, as before (the offsets are dropped with the engine's counters)."""
+        now = counters(sample)
+        problem = impossible_value(now)
+        if problem is not None:
+            self._jumped = None
+            return f"impossible counter: {problem}; sample dropped (the last good one kept)"
+        last, jumped = self._last_raw, self._jumped
+        if last is not None and went_back(last, now):
+            self._offsets.clear()  # an engine restart: its counters start from zero
+        elif last is not None and self._last_time_s is not None:
+            jump = impossible_jump(last, now, at_s - self._last_time_s)
+            if jump is not None:
+                if (
+                    jumped is None
+                    or went_back(jumped[0], now)
+                    or impossible_jump(jumped[0], now, at_s - jumped[1]) is not None
+                ):
+                    self._jumped = (now, at_s)
+                    return (
+                        f"impossible counter jump: {jump[1]}; sample dropped (the last good "
+                        "one kept)"
+                    )
+                moved = self._offsets.re_anchor(last, jumped[0], jumped[1] - self._last_time_s)
+                log.warning(
+                    "engine counter(s) %s stayed at the level they jumped to: taken from "
+                    "there on, the jump not counted as work",
+                    ", ".join(moved) or jump[0],
+                )
+        self._last_raw, self._jumped = now, None
+        return None
 
     def _waiting(self, engine: EngineSample) -> int:
         """Waiting requests; a decode domain leaves out those vLLM defers (waiting for

@@ -60,7 +60,20 @@ CONTEXT_UNIT = 1000.0  # context tokens per unit
 TIME_BLOCKS = ("prefill", "weights", "batch", "context")
 POWER_BLOCKS = ("idle", "prefill", "decode")
 NONFINITE_PARTS = ("window", "clock_ratio", "time", "power", "thermal")
-"""Parts of :class:`OnlineModel` that skip a window holding a NaN or infinite field."""
+"""Parts of :class:`OnlineModel` that skip a window holding a NaN or infinite field (or
+one no node can show: :data:`MAX_TOKENS_PER_S`, a power fit gone to 0 W or below)."""
+MAX_TOKENS_PER_S = 1e8
+"""Tokens a second no GPU node processes: the fastest GPUs prefill a small model at
+about 1e5 prompt tokens a second each, so a node of eight is near 1e6; this is a hundred
+times that. A window that shows more (a counter gone wild) is no sample of the node. The
+daemon's observer drops such a scrape first (:mod:`daemon.counter_jumps`)."""
+MAX_REQUESTS_PER_S = 1e6
+"""Requests (and engine steps) a second no node serves: each needs its prompt prefilled
+in an engine step of tens of microseconds at least, and an engine's API server answers
+on the order of 1e4 requests a second."""
+MIN_PLAUSIBLE_WINDOW_S = 1.0
+"""A window shorter than this is allowed a second's worth of the ceilings above (an
+engine may account a step's tokens at once)."""
 
 
 def hat_weights(clock_mhz: float, knots_mhz: FloatArray) -> FloatArray:
@@ -470,6 +483,16 @@ class OnlineModel:
         ):
             self._count_skipped(["window"])
             return
+        allowed = MAX_TOKENS_PER_S * max(window.duration_s, MIN_PLAUSIBLE_WINDOW_S)
+        if not all(
+            abs(value) <= allowed
+            for value in (window.prompt_tokens, window.generated_tokens, window.iterations)
+            if math.isfinite(value)
+        ):
+            # A counter gone wild: no node shows such a window (and its features would
+            # overflow the fits or drive the prefill estimate, and the power fit, negative).
+            self._count_skipped(["window"])
+            return
         index = self._clock_index(window.realized_mhz)
         hat = hat_weights(window.realized_mhz, self.knots_mhz)
         busy_fraction = window.busy_s / window.duration_s
@@ -510,9 +533,8 @@ class OnlineModel:
             decode = max(0.0, window.busy_s - prefill)
             idle = max(0.0, window.duration_s - window.busy_s)
             power_x = np.multiply(np.array([idle, prefill, decode])[:, None], hat[None, :]).ravel()
-            if math.isfinite(window.energy_j) and math.isfinite(estimated):
-                self.power.update(power_x, window.energy_j)
-            else:
+            finite = math.isfinite(window.energy_j) and math.isfinite(estimated)
+            if not (finite and self._update_power(power_x, window.energy_j)):
                 skipped.append("power")
             mean_power = window.energy_j / window.duration_s
             thermal_x = np.array([window.temperature_start_c, 1.0, mean_power])
@@ -522,6 +544,28 @@ class OnlineModel:
                 skipped.append("thermal")
         if skipped:
             self._count_skipped(skipped)
+
+    def _update_power(self, x: FloatArray, energy_j: float) -> bool:
+        """Fold one window into the power fit unless it would leave a phase's power at
+        the top clock at 0 W or below (no board draws that; the state file's loader
+        refuses such a model, :func:`daemon.model_store.model_state_problem`): then the
+        fit is left as it was and False returned."""
+        power = self.power
+        k = self.knots_mhz.size
+
+        def drawn() -> bool:
+            return all(power.mean[(i + 1) * k - 1] > 0.0 for i in range(len(POWER_BLOCKS)))
+
+        was_drawn = drawn()
+        before = (power.mean, power.covariance, power.samples, power.residual_ms)
+        noise = power.noise_variance
+        if not math.isfinite(power.update(x, energy_j)):
+            return False
+        if drawn() or not was_drawn:
+            return True
+        power.mean, power.covariance, power.samples, power.residual_ms = before
+        power.noise_variance = noise
+        return False
 
     def _count_skipped(self, parts: list[str]) -> None:
         """Count one window of which ``parts`` were skipped for a non-finite field."""

@@ -1,0 +1,216 @@
+"""Engine counters that jump further in one scrape than any node can: dropped, then
+re-anchored (``docs/daemon.md``, counter jumps)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gpugov.daemon.backend import GpuSample
+from gpugov.daemon.controller_config import OnlineMPCControllerConfig
+from gpugov.daemon.domain import TickRecord
+from gpugov.daemon.engines import EngineSample, HistogramTotals
+from gpugov.daemon.errors import EngineUnavailable
+from gpugov.daemon.loop import TimedLoop, VirtualClock, run
+from gpugov.daemon.model_store import model_path, read_stored
+from gpugov.daemon.observer import DomainObserver
+from gpugov.daemon.service import simulated_run
+from gpugov.plant import ServingPlant, load_profile
+from gpugov.plant.workload import load_trace
+
+
+class StubGpu:
+    label = "0"
+    name = "stub"
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        return (345, 1000, 1980)
+
+    def sample(self) -> GpuSample:
+        return GpuSample(gpu="0", power_w=300.0, energy_j=0.0, sm_clock_mhz=1980.0, utilization=0.5)
+
+
+class ListSource:
+    def __init__(self, samples: Sequence[EngineSample]) -> None:
+        self.samples = list(samples)
+
+    def scrape(self, timeout_s: float | None = None) -> EngineSample:
+        return self.samples.pop(0)
+
+
+def _sample(step: int, scale: float = 1.0, offset: float = 0.0) -> EngineSample:
+    """A vLLM-like sample after ``step`` half-second scrapes of 1000 prompt tokens,
+    2000 generated and 4 requests a scrape, its counters times ``scale``."""
+    n = 1000 + step
+    return EngineSample(
+        engine="vllm",
+        running_requests=4,
+        waiting_requests=2,
+        prompt_tokens_total=(1000.0 * n + offset) * scale,
+        generation_tokens_total=2000.0 * n * scale,
+        finished_requests_total=4.0 * n * scale,
+        ttft=HistogramTotals(sum_s=0.2 * 4 * n * scale, count=4.0 * n * scale),
+        ttft_buckets=((0.5, 4.0 * n * scale), (float("inf"), 4.0 * n * scale)),
+    )
+
+
+def _observe(samples: Sequence[EngineSample]) -> tuple[DomainObserver, list]:  # type: ignore[type-arg]
+    observer = DomainObserver([StubGpu()], ListSource(samples), stale_after_s=5.0, ttft_slo_s=1.0)  # type: ignore[list-item]
+    return observer, [observer.observe(0.5 * i, i, None) for i in range(len(samples))]
+
+
+@pytest.mark.parametrize("scale", [1e6, 1.8e19, 1e300])
+def test_a_spike_is_dropped_and_its_end_is_no_jump(
+    scale: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    spiked = [_sample(i, scale if 4 <= i < 8 else 1.0) for i in range(12)]
+    with caplog.at_level(logging.DEBUG, logger="gpugov.daemon.observer"):
+        observer, ticks = _observe(spiked)
+    errors = [t.engine_error for t in ticks]
+    assert all(errors[i] for i in range(4, 8)) and not any(errors[:4] + errors[8:])
+    assert observer.engine_errors == 4
+    first = errors[4] or ""
+    assert "prompt_tokens_total" in first and "sample dropped" in first
+    # One WARNING names the counter, one says the engine is back; the rest at DEBUG.
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 2 and "prompt_tokens_total" in warnings[0]
+    assert "back after 4 failed" in warnings[1]
+    # The counters the controllers see never moved with the spike: the window across it
+    # is the missed scrapes' work, as after an engine that did not answer.
+    prompts = [t.observation.prompt_tokens_total for t in ticks]
+    assert prompts[4:8] == [prompts[3]] * 4
+    assert prompts[8] - prompts[3] == pytest.approx(5000.0)
+    assert prompts[11] - prompts[8] == pytest.approx(3000.0)
+    assert all(t.engine_sample is not None for t in ticks)
+    assert max(t.observation.completed_requests for t in ticks) < 5000
+    assert max(t.observation.arrived_requests for t in ticks) < 5000
+    assert observer.attainment.ttft_count == pytest.approx(4.0 * 11)
+
+
+def test_a_counter_that_stays_at_its_new_level_is_taken_from_there(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A jump that stays (a proxy adding a rank's lifetime to its sum) costs one scrape;
+    the counter then goes on from where it was, and an engine restart after it is one."""
+    samples = [_sample(i, offset=1e12 if i >= 3 else 0.0) for i in range(8)]
+    samples.append(
+        _sample(0).__class__(
+            engine="vllm", running_requests=0, waiting_requests=0, prompt_tokens_total=10.0
+        )
+    )
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.observer"):
+        _, ticks = _observe(samples)
+    assert [bool(t.engine_error) for t in ticks] == [False] * 3 + [True] + [False] * 5
+    assert any("stayed at the level" in r.getMessage() for r in caplog.records)
+    prompts = [t.observation.prompt_tokens_total for t in ticks]
+    assert prompts[4] - prompts[2] == pytest.approx(1000.0)  # the jumped window not counted
+    assert prompts[7] - prompts[4] == pytest.approx(3000.0)
+    assert prompts[8] == pytest.approx(10.0)  # a restart: the engine's own counters again
+
+
+def test_a_counter_at_about_two_to_the_64_is_no_count() -> None:
+    wrapped = replace(_sample(1), generation_tokens_total=float(2**64 - 5))
+    _, ticks = _observe([_sample(0), wrapped, _sample(2)])
+    assert "generation_tokens_total" in (ticks[1].engine_error or "")
+    assert ticks[2].engine_error is None
+
+
+class SpikingSource:
+    """The simulated engine's vLLM view, with its counters times ``scale`` on the
+    scrapes of ``spikes`` (scrape index -> scale; None: the engine does not answer)."""
+
+    def __init__(self, inner: object, spikes: dict[int, float | None]) -> None:
+        self.inner = inner
+        self.spikes = spikes
+        self.scrapes = 0
+
+    def scrape(self, timeout_s: float | None = None) -> EngineSample:
+        sample: EngineSample = self.inner.scrape(timeout_s)  # type: ignore[attr-defined]
+        scale = self.spikes.get(self.scrapes, 1.0)
+        self.scrapes += 1
+        if scale is None:
+            raise EngineUnavailable("connection refused")
+        if scale == 1.0:
+            return sample
+
+        def times(buckets: object) -> object:
+            return None if buckets is None else tuple((le, c * scale) for le, c in buckets)  # type: ignore[attr-defined]
+
+        def hist(h: HistogramTotals | None) -> HistogramTotals | None:
+            return None if h is None else HistogramTotals(h.sum_s * scale, h.count * scale)
+
+        scaled = {
+            name: getattr(sample, name) * scale
+            for name in (
+                "prompt_tokens_total",
+                "generation_tokens_total",
+                "finished_requests_total",
+                "iteration_tokens_total",
+                "iterations_total",
+                "finished_generation_tokens_total",
+                "tpot_buckets_sum_s",
+            )
+            if getattr(sample, name) is not None
+        }
+        return replace(
+            sample,
+            ttft=hist(sample.ttft),
+            tpot=hist(sample.tpot),
+            ttft_buckets=times(sample.ttft_buckets),
+            tpot_buckets=times(sample.tpot_buckets),
+            request_prompt_tokens_buckets=times(sample.request_prompt_tokens_buckets),
+            request_generation_tokens_buckets=times(sample.request_generation_tokens_buckets),
+            **scaled,  # type: ignore[arg-type]
+        )
+
+
+def _online_run(tmp_path: Path, spikes: dict[int, float | None]) -> list[TickRecord]:
+    workload, _ = load_trace("azure-conv-10min", duration_s=150)
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    clock = VirtualClock()
+    spec = OnlineMPCControllerConfig(kind="mpc-online", state_dir=tmp_path)
+    sim = simulated_run(workload, plant, spec, clock, virtual_time=True)
+    observer = sim.domain.observer
+    observer.source = SpikingSource(observer.source, spikes)  # type: ignore[assignment]
+    observer._clock = clock  # scrapes take no time: the engine's age is the virtual one's
+    records: list[TickRecord] = []
+    run(
+        [sim.domain],
+        TimedLoop(1.0, clock=clock, sleep=clock.sleep),
+        on_tick=records.extend,
+        before_tick=lambda now, step: step >= 150 or sim.before_tick(now, step),
+    )
+
+    return records
+
+
+def test_a_counter_spike_neither_floors_the_clock_nor_spoils_the_learned_model(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """mpc-online on the simulated node's vLLM page, on virtual time: x1e6 for three
+    scrapes, then x1.8e19 for three. Each spiked scrape costs exactly what a scrape the
+    engine did not answer costs (the same decisions, tick for tick: the fail-safe's top
+    clock once the data is stale, then the clean run's own), the clock never goes to the
+    lowest after a spike, and the model saved loads."""
+    spikes: dict[int, float | None] = {
+        **dict.fromkeys(range(60, 63), 1e6),
+        **dict.fromkeys(range(90, 93), 1.8e19),
+    }
+    missed = _online_run(tmp_path / "missed", dict.fromkeys(spikes))
+    with caplog.at_level(logging.WARNING):
+        spiked = _online_run(tmp_path / "spiked", spikes)
+    assert [r.requested_mhz for r in spiked] == [r.requested_mhz for r in missed]
+    assert [r.failsafe for r in spiked] == [r.failsafe for r in missed]
+    dropped = [r.step for r in spiked if (r.engine_error or "").startswith("impossible counter")]
+    assert len(dropped) == len(spikes)  # (a tick whose data is stale makes no scrape)
+    lowest = min(spiked[0].observation.supported_clocks_mhz)
+    assert all(r.requested_mhz != lowest for r in spiked[60:75] + spiked[90:105])
+    assert "impossible counter jump: prompt_tokens_total" in caplog.text
+    payload = read_stored(model_path(tmp_path / "spiked", "sim"))  # saveable, and saved
+    assert payload["model"] == read_stored(model_path(tmp_path / "missed", "sim"))["model"]
+    assert "learned model not saved" not in caplog.text
+    assert "learned model refused" not in caplog.text
