@@ -53,6 +53,10 @@ log = logging.getLogger("gpugov.model")
 
 FORMAT = "gpugov-online-model"
 SAVE_EVERY_S = 60.0
+MAX_THERMAL_COEFFICIENT = 1e6
+"""The largest magnitude of a stored thermal coefficient of ``T' = a T + b + c P``
+(``a`` a window's decay near 1, ``b`` a few degrees, ``c`` hundredths of a degree per
+watt): a state file beyond is no thermal fit (1e308 was restored, and written back)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,37 +108,60 @@ def read_stored(path: Path) -> dict[str, Any]:
         ) from error
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise StoredModelError(f"{path}: not a gpugov online-model file")
-    if payload.get("version") != MODEL_VERSION:
-        raise StoredModelError(
-            f"{path}: model version {payload.get('version')!r}, this gpugov reads {MODEL_VERSION}"
-        )
+    problem = payload_problem(payload)
+    if problem is not None:
+        raise StoredModelError(f"{path}: {problem}")
+    return payload
+
+
+def payload_problem(payload: dict[str, Any]) -> str | None:
+    """What is wrong with a state file's content (the whole object), naming the field,
+    or None: the loader's checks, which :meth:`PersistentOnlineModel.save` runs before
+    writing too, so the daemon never writes a file it would refuse."""
+    try:
+        _check_payload(payload)
+    except StoredModelError as error:
+        return str(error)
+    return None
+
+
+def _check_payload(payload: dict[str, Any]) -> None:
+    version = payload.get("version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise StoredModelError(f"model version must be an integer, got {version!r:.40}")
+    if version != MODEL_VERSION:
+        raise StoredModelError(f"model version {version!r}, this gpugov reads {MODEL_VERSION}")
     for key in ("key", "model"):
         if not isinstance(payload.get(key), dict):
-            raise StoredModelError(f"{path}: field {key!r} is missing or not an object")
+            raise StoredModelError(f"field {key!r} is missing or not an object")
     key = payload["key"]
     uuids = key.get("gpu_uuids")
     if not isinstance(uuids, list) or not all(isinstance(uuid, str) for uuid in uuids):
-        raise StoredModelError(f"{path}: key.gpu_uuids is missing or not a list of names")
+        raise StoredModelError("key.gpu_uuids is missing or not a list of names")
     name = key.get("model_name")
     if name is not None and not isinstance(name, str):
-        raise StoredModelError(f"{path}: key.model_name must be a name, got {name!r}")
+        raise StoredModelError(f"key.model_name must be a name, got {name!r}")
     for field_name in ("mean_prompt_tokens", "mean_output_tokens"):
         value = payload.get(field_name)
         if value is not None and not (finite_number(value) or 0.0) > 0.0:
-            raise StoredModelError(f"{path}: {field_name} must be a positive number, got {value!r}")
+            raise StoredModelError(f"{field_name} must be a positive number, got {value!r}")
     slos = payload.get("slos")
     if slos is not None and not isinstance(slos, dict):
-        raise StoredModelError(f"{path}: field 'slos' is not an object")
+        raise StoredModelError("field 'slos' is not an object")
     for field_name in ("ttft_slo_s", "tpot_slo_s", "thermal_limit_c"):
         value = (slos or {}).get(field_name)
         if value is not None and not (finite_number(value) or 0.0) > 0.0:
             raise StoredModelError(
-                f"{path}: slos.{field_name} must be a positive number, got {value!r:.40}"
+                f"slos.{field_name} must be a positive number, got {value!r:.40}"
             )
+    status = payload.get("status")
+    if status is not None and not isinstance(status, dict):
+        raise StoredModelError(
+            f"status must be an object (the controller's learning status), got {status!r:.40}"
+        )
     problem = model_state_problem(payload["model"])
     if problem is not None:
-        raise StoredModelError(f"{path}: {problem}")
-    return payload
+        raise StoredModelError(problem)
 
 
 def _numbers(value: object, field: str, length: int | None = None) -> list[float]:
@@ -218,7 +245,10 @@ def model_state_problem(state: dict[str, Any]) -> str | None:
     for the latencies the model checks itself). What needs the model built (the
     latencies it predicts, definiteness) is :meth:`OnlineModel.load_state`'s."""
     try:
-        if state.get("version") != MODEL_VERSION:
+        version = state.get("version")
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ValueError(f"model.version must be an integer, got {version!r:.40}")
+        if version != MODEL_VERSION:
             raise ValueError(
                 f"model.version is {state.get('version')!r:.40}, this gpugov reads {MODEL_VERSION}"
             )
@@ -247,7 +277,13 @@ def model_state_problem(state: dict[str, Any]) -> str | None:
         k = len(knots)
         _regression(state.get("time"), "model.time", len(TIME_BLOCKS) * k)
         power = _regression(state.get("power"), "model.power", len(POWER_BLOCKS) * k)
-        _regression(state.get("thermal"), "model.thermal", 3)
+        thermal = _regression(state.get("thermal"), "model.thermal", 3)
+        for name, value in zip(("a", "b", "c"), thermal, strict=True):
+            if not abs(value) <= MAX_THERMAL_COEFFICIENT:
+                raise ValueError(
+                    f"model.thermal.mean: {name} = {value:.3g} in T' = a T + b + c P, beyond "
+                    f"{MAX_THERMAL_COEFFICIENT:g}; no GPU heats or cools so"
+                )
         for index, phase in enumerate(POWER_BLOCKS):
             top = power[(index + 1) * k - 1]
             if not top > 0.0:
@@ -430,6 +466,10 @@ class PersistentOnlineModel(ControllerWrapper):
             "status": json_safe(self.inner.status()),
             "model": model.state_dict(),
         }
+        problem = self._unsaveable(payload)
+        if problem is not None:
+            self._roll_back(problem, final=final)
+            return False
         try:
             write_json_atomic(self.path, payload)
         except (OSError, ValueError) as error:
@@ -446,6 +486,39 @@ class PersistentOnlineModel(ControllerWrapper):
             return False
         self.save_failed = False
         return True
+
+    def _unsaveable(self, payload: dict[str, Any]) -> str | None:
+        """Why the loader would refuse ``payload`` (its own checks, and the latencies
+        :meth:`OnlineModel.load_state` checks), or None."""
+        problem = payload_problem(json_safe(payload))
+        model = self.inner.model
+        if problem is None and model is not None and model.time.samples > 0:
+            try:
+                model.check_latencies()
+            except ValueError as error:
+                problem = str(error)
+        return problem
+
+    def _roll_back(self, problem: str, *, final: bool) -> None:
+        """The model learned a state its loader refuses: the last good file is kept, and
+        the model goes back to it (learned anew where there is none). One line."""
+        if final or self._last_observation is None:
+            self._say(
+                logging.WARNING,
+                f"{self.path}: learned model not saved: {problem} (the loader would refuse "
+                "it); the last good file is kept",
+            )
+            return
+        self._say(
+            logging.WARNING,
+            f"{self.path}: learned model not saved: {problem} (the loader would refuse it); "
+            "the last good file is kept and the model goes back to it",
+        )
+        observation = self._last_observation
+        self.restored = False
+        self.inner.reset(observation)
+        self.inner.model_name = None if self.key is None else self.key.model_name
+        self._restore(observation)
 
     def _follow_key(self, observation: ServingObservation) -> None:
         """Restore on the first observation; re-learn when the served model changes (a
@@ -522,6 +595,7 @@ __all__ = [
     "learned_windows",
     "model_path",
     "model_state_problem",
+    "payload_problem",
     "read_stored",
     "set_aside",
 ]

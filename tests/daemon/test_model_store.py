@@ -890,3 +890,57 @@ def test_a_model_saved_before_any_latency_was_learned_survives_restarts(tmp_path
     stored = read_stored(model_path(tmp_path, "llm"))
     assert stored["model"]["time"]["samples"] == 0
     assert stored["model"]["power"]["samples"] > 0
+
+
+FILE_DAMAGE = [
+    # Each was restored (and 1e308 written back on the next save), or named confusingly.
+    ("thermal", lambda p: p["model"]["thermal"].update(mean=[1e308] * 3), "model.thermal.mean: a"),
+    ("power_limit", lambda p: p["model"].update(power_limit_w=-600), "model.power_limit_w"),
+    ("status", lambda p: p.update(status="garbage"), "status must be an object"),
+    ("version", lambda p: p.update(version="1"), "model version must be an integer, got '1'"),
+    ("inner_version", lambda p: p["model"].update(version=1.5), "model.version must be an integer"),
+]
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"), [d[1:] for d in FILE_DAMAGE], ids=[d[0] for d in FILE_DAMAGE]
+)
+def test_a_state_file_with_absurd_values_is_refused_naming_them(
+    tmp_path: Path,
+    damage,
+    named: str,  # type: ignore[no-untyped-def]
+) -> None:
+    _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    payload = json.loads(path.read_text())
+    damage(payload)
+    path.write_text(json.dumps(payload))
+    with pytest.raises(StoredModelError, match=re.escape(f"{path}: {named}")):
+        read_stored(path)
+
+
+def test_a_model_its_loader_would_refuse_is_not_saved_and_goes_back_to_the_last_good(
+    tmp_path: Path,
+) -> None:
+    """Defence in depth: whatever drove the learned model somewhere its loader refuses
+    (a decode power of -7 W at the top clock was saved, and refused at the next start),
+    the save keeps the last good file and the model goes back to it, in one line."""
+    wrapper = _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    good = path.read_bytes()
+    model = wrapper.inner.model
+    assert model is not None
+    k = model.knots_mhz.size
+    mean = model.power.mean.copy()
+    mean[3 * k - 1] = -7.1  # the decode power at the top clock
+    model.power.mean = mean
+    wrapper.persist = True
+    assert wrapper.save() is False
+    assert path.read_bytes() == good
+    (line,) = [m for m in wrapper.messages if "not saved" in m]
+    assert "decode power at the top clock" in line and "goes back to it" in line
+    restored = wrapper.inner.model
+    assert restored is not None and restored.power.mean[3 * k - 1] > 0.0
+    assert wrapper.restored
+    assert wrapper.save() is True
+    read_stored(path)
