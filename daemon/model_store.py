@@ -16,6 +16,10 @@ engine's ``model_name`` label), the SLOs last seen and the model
   (``.corrupt-<UTC time>``) and learning starts fresh; it never stops the daemon. Only
   a file that fails the model's own checks is: one the controller's settings cannot use
   (``SettingsRefuseModel``) is kept aside as ``.other-<UTC time>``, whole.
+- A model the loader would refuse is never written: each save runs the loader's checks
+  (:func:`payload_problem`, the latencies too) first; one that fails them logs one line,
+  the last good file is kept and the model goes back to it (learned anew where there is
+  none).
 - Writes are atomic: a temporary file in the same directory, fsynced, then renamed over.
 """
 

@@ -33,6 +33,9 @@ Derivations from the engine's cumulative counters (documented in ``docs/daemon.m
   states no such SLO. ``ttft_recent_prompt_tokens``: prompt tokens prefilled per first
   token in the window (:class:`daemon.attainment.PromptPerFirstToken`), for the
   per-prompt TTFT allowance.
+* A scrape whose counters moved further since the last one taken than any node can, or
+  read above 2^53, is dropped as a bad scrape (:mod:`daemon.counter_jumps`); a counter
+  that stays at the level it jumped to goes on from where it was (the jump taken off).
 * GPU fields over the domain: power, energy and power limit summed; temperature the
   hottest GPU; realised clock the slowest; utilisation the mean.
 
