@@ -15,9 +15,12 @@ Sources, each in watts for the whole domain:
   gpugov's first write, or one someone else set since (:class:`OutsideLimits`): gpugov's
   own cap is no outside budget.
 
-Bad file contents (not one number of watts, zero, negative, not finite, or below the
-domain's lowest settable power limit), a file that cannot be read or disappears: one log
-line per new problem, counted, and the last good value is kept. A failed NVML read keeps
+Bad file contents (not one plain decimal number of watts, zero, negative, above
+:data:`~gpugov.daemon.limits.MAX_POWER_W` for the domain, or below the domain's lowest
+settable power limit), a file that cannot be read or disappears: one log line per new
+problem, counted, and the last good value is kept. Where the backend does not report the
+lowest settable limit (nvidia-smi, the emulated GPUs), the line that puts a file's
+budget in force says it was not checked against it. A failed NVML read keeps
 the last NVML value. Every tick the lowest known value is the budget; the node puts it
 in the observation's ``power_limit_w``, where the controller and its
 :class:`~gpugov.controllers.power_need.BudgetGuard` read it.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,6 +40,7 @@ from gpugov.controllers.contract import ClockController, layers, power_needed
 from gpugov.controllers.power_need import BudgetGuard
 from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
 from gpugov.daemon.errors import ConfigError
+from gpugov.daemon.limits import MAX_POWER_W
 from gpugov.daemon.observer import Observed
 from gpugov.plant.input_files import InputFileError, read_input_text
 
@@ -51,25 +56,34 @@ EVENT_LOG_EVERY_S = 60.0
 """At most one over-budget log line per this many seconds (every event is counted)."""
 
 
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
+"""A plain ASCII decimal number: digits with an optional fraction. Not Python's float()
+grammar, which also takes ``1_000``, exponents, ``inf``/``nan`` and any Unicode digits."""
+
+
 def parse_budget_watts(text: str) -> float:
     """One number of watts, as a budget file holds it (``350``, ``350.5``, ``350W``;
-    surrounding whitespace and quotes allowed).
+    surrounding whitespace and quotes allowed): ASCII digits with an optional decimal
+    fraction, nothing else (no ``1_000``, ``3.5e2``, ``inf`` or non-ASCII digits).
 
     Raises:
-        ValueError: the reason, in words (empty, not a number, not finite, not positive).
+        ValueError: the reason, in words (empty, not a number, not positive, above
+            :data:`~gpugov.daemon.limits.MAX_POWER_W`).
     """
     value = text.strip().strip("\"'").strip()
     if not value:
         raise ValueError("is empty (no budget set)")
     number = value[:-1].rstrip() if value[-1] in "wW" else value
-    try:
-        watts = float(number)
-    except ValueError:
-        raise ValueError(f"holds {value[:40]!r}, not a number of watts") from None
-    if not math.isfinite(watts):
-        raise ValueError(f"holds {value[:40]!r}, not a finite number of watts")
+    if _DECIMAL.fullmatch(number) is None:
+        raise ValueError(
+            f"holds {value[:40]!r}, not a number of watts (ASCII digits with an optional "
+            "decimal point, e.g. 350 or 350.5)"
+        )
+    watts = float(number)
     if watts <= 0.0:
         raise ValueError(f"holds {watts:g} W; a budget must be positive")
+    if watts > MAX_POWER_W:
+        raise ValueError(f"holds {number[:40]} W, above the {MAX_POWER_W:,.0f} W ceiling")
     return watts
 
 
@@ -127,7 +141,7 @@ class BudgetFile:
             text = read_input_text(self.path, "budget")
         except InputFileError as error:
             self._text = None
-            self._fail(error.reason)
+            self._fail(_with_verb(error.reason))
             return self.value_w
         if text == self._text:
             return self.value_w
@@ -136,6 +150,12 @@ class BudgetFile:
             watts = parse_budget_watts(text) * self.scale
         except ValueError as error:
             self._fail(str(error))
+            return self.value_w
+        if watts > MAX_POWER_W:
+            self._fail(
+                f"gives {watts:,.0f} W for the domain, above the {MAX_POWER_W:,.0f} W ceiling "
+                "of any domain (72 GPUs of 1.4 kW draw about 100 kW)"
+            )
             return self.value_w
         if self.minimum_w is not None and watts < self.minimum_w - 1e-9:
             self._fail(
@@ -157,6 +177,21 @@ class BudgetFile:
         self.errors += 1
         kept = "no budget from it" if self.value_w is None else f"keeping {self.value_w:g} W"
         log.warning("domain %s: power budget file %s %s; %s", self.domain, self.path, reason, kept)
+
+
+def _with_verb(reason: str) -> str:
+    """The bounded reader's reason as the end of "power budget file PATH ...": "cannot
+    be read: ...", "is 5,000 bytes, over the 4 KiB limit ...", "is a directory ..."."""
+    prefix = "cannot read budget file: "
+    if reason.startswith(prefix):
+        return f"cannot be read: {reason[len(prefix) :]}"
+    if reason.startswith(("is ", "cannot ")):
+        return reason
+    if reason.startswith("line "):
+        return f"has a {reason}"
+    if reason.startswith("binary "):
+        return f"holds {reason}"
+    return f"is {reason}"  # "5,000 bytes, over ...", "not UTF-8 text ...", "gzip-compressed"
 
 
 @dataclass(frozen=True)
@@ -237,11 +272,16 @@ class PowerBudget:
         watts = values[source]
         before, before_source = self.budget_w, self.source
         if before is None or source != before_source or abs(watts - before) >= BUDGET_CHANGE_LOG_W:
+            unchecked = source == "file" and self.file is not None and self.file.minimum_w is None
             log.info(
-                "domain %s: power budget %.0f W (from %s)%s",
+                "domain %s: power budget %.0f W (from %s%s)%s",
                 self.domain,
                 watts,
                 source,
+                "; not checked against the GPUs' lowest settable power limit, which their "
+                "backend does not report"
+                if unchecked
+                else "",
                 "" if before is None else f", was {before:.0f} W (from {before_source})",
             )
         self.budget_w, self.source = watts, source
