@@ -587,6 +587,59 @@ def test_idle_connections_do_not_hold_threads_forever(monkeypatch: pytest.Monkey
         exporter.close()
 
 
+def _scrape_time(url: str) -> float:
+    started = time.monotonic()
+    with urllib.request.urlopen(url, timeout=5) as response:
+        assert b"gpugov_build_info" in response.read()
+    return time.monotonic() - started
+
+
+def test_clients_trickling_their_headers_neither_starve_a_scrape_nor_stay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """40 clients (more than MAX_CONNECTIONS) each send a request line, then a header
+    line now and then, never the blank line: each read is within the idle timeout, so
+    that timeout never fires. A real scrape is still served at once (it takes the slot of
+    the oldest client still sending its request), and the request deadline closes every
+    trickling client, however often it sends."""
+    import gpugov.daemon.exporter as exporter_module
+
+    monkeypatch.setattr(exporter_module._BoundedServer, "request_deadline_s", 1.5)
+    exporter = Exporter(port=0)
+    slow: list[socket.socket] = []
+    try:
+        for _ in range(40):
+            client = socket.create_connection(("127.0.0.1", exporter.port), timeout=5)
+            client.sendall(b"GET /metrics HTTP/1.1\r\n")
+            slow.append(client)
+        time.sleep(0.2)
+        assert _scrape_time(exporter.url) < 2.0
+        closed: set[int] = set()
+        deadline = time.monotonic() + 4.0
+        while len(closed) < len(slow) and time.monotonic() < deadline:
+            for index, client in enumerate(slow):  # each trickles one more header line
+                if index in closed:
+                    continue
+                try:
+                    client.sendall(b"X-Slow: 1\r\n")
+                    client.setblocking(False)
+                    if client.recv(1) == b"":
+                        closed.add(index)
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    closed.add(index)
+                finally:
+                    client.setblocking(True)
+            time.sleep(0.1)
+        assert len(closed) == len(slow)  # none outlived the deadline
+        assert _scrape_time(exporter.url) < 2.0
+    finally:
+        for client in slow:
+            client.close()
+        exporter.close()
+
+
 # ------------------------------------------------------ item 8: bounded history
 def test_mpc_history_is_bounded_in_the_daemon() -> None:
     from gpugov.controllers.mpc.controller import MPCController
