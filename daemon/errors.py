@@ -130,6 +130,8 @@ class GpuLost(GpuError):
     mid_run = False
     """Set when it was lost while the daemon governed (exit 5, the other GPUs reset);
     a GPU lost before, at the start or for a read-only command, is no usable GPU (4)."""
+    other_gpus = 0
+    """With ``mid_run``: how many other GPUs the daemon governed (and reset at exit)."""
 
 
 class GpuUnavailable(GpuError):
@@ -146,6 +148,10 @@ class EngineUnavailable(GpugovError):
 
 class EngineParseError(EngineUnavailable):
     """The endpoint answered with text that is not Prometheus exposition format."""
+
+
+class EngineHttpError(EngineUnavailable):
+    """The endpoint answered, with an HTTP error status (500, 404, ...) and no page."""
 
 
 class ConfigError(GpugovError):

@@ -326,6 +326,7 @@ def run(
     keep_tick_times: bool = False,
     max_controller_failures: int | None = None,
     concurrent_observation: bool = False,
+    reset_advice: ResetAdvice | None = None,
 ) -> RunStats:
     """Run the loop until ``loop.stop`` is set or ``before_tick`` returns True.
 
@@ -344,6 +345,8 @@ def run(
         concurrent_observation: observe several domains at once
             (:class:`ConcurrentObservation`; a node's run); False reads them one after
             another (a simulated run, whose domains may share one plant).
+        reset_advice: how the exit line tells the operator to reset GPUs left locked
+            (the backend and the config; default: NVML's command, as root).
 
     Raises:
         ClocksNotReset: the loop ended normally but some GPUs could not be reset (when
@@ -375,6 +378,9 @@ def run(
                     ]
             except GpuLost as lost:
                 lost.mid_run = True  # the command's line: the others are being reset
+                lost.other_gpus = max(
+                    0, sum(len(getattr(d.observer, "backends", ())) for d in domains) - 1
+                )
                 raise
             elapsed = wall() - started
             stats.ticks += 1
@@ -407,12 +413,15 @@ def run(
                 for domain in domains:
                     domain.close_controller()
         if failed or capped:
-            _raise_not_reset(failed, sys.exc_info()[1], capped)
+            _raise_not_reset(failed, sys.exc_info()[1], capped, reset_advice)
     return stats
 
 
 def _raise_not_reset(
-    failed: list[str], stopped_by: BaseException | None, capped: Mapping[str, float] | None = None
+    failed: list[str],
+    stopped_by: BaseException | None,
+    capped: Mapping[str, float] | None = None,
+    advice: ResetAdvice | None = None,
 ) -> None:
     """After the exit reset left ``failed`` locked (and ``capped``'s power limits not
     restored): raise :class:`ClocksNotReset` (exit 6, the line naming them) in place of the
@@ -421,7 +430,7 @@ def _raise_not_reset(
     lost GPU that is the only one left (a lost GPU cannot be reset, and exit 5 names
     it)."""
     capped = dict(capped or {})
-    message = not_reset_message(failed, capped)
+    message = not_reset_message(failed, capped, advice)
     gpus = (*failed, *(label for label in capped if label not in failed))
     if stopped_by is None:
         raise ClocksNotReset(message, gpus=gpus)
@@ -454,7 +463,34 @@ def restore_power_limits(domains: Sequence[Domain]) -> dict[str, float]:
     return failed
 
 
-def not_reset_message(gpus: Sequence[str], capped: Mapping[str, float] | None = None) -> str:
+@dataclass(frozen=True)
+class ResetAdvice:
+    """How to reset GPUs by hand, for the line of a run that left some locked.
+
+    ``reset-clocks`` alone opens NVML (root or CAP_SYS_ADMIN); any other backend needs the
+    config (the emulator's URL, the actuator's socket, zeusd's address), which needs no
+    root except for nvidia-smi's. ``config_path`` is made absolute: the line is read
+    later, from another directory (a unit's log)."""
+
+    backend: str = "nvml"
+    config_path: str | None = None
+
+    def command(self, names: str) -> str:
+        """``run `gpugov reset-clocks ... --gpus NAMES`...`` for the GPUs ``names``."""
+        if self.backend == "nvml" or self.config_path is None:
+            return f"run `gpugov reset-clocks --gpus {names}` as root"
+        config = os.path.abspath(self.config_path)
+        command = f"run `gpugov reset-clocks --config {config} --gpus {names}`"
+        if self.backend == "nvidia-smi":
+            return f"{command} as root"
+        return f"{command} ({self.backend} backend)"
+
+
+def not_reset_message(
+    gpus: Sequence[str],
+    capped: Mapping[str, float] | None = None,
+    advice: ResetAdvice | None = None,
+) -> str:
     """The one line naming the GPUs still locked (and those whose power limit gpugov set
     is not restored) and how to reset them by hand."""
     parts = []
@@ -462,7 +498,7 @@ def not_reset_message(gpus: Sequence[str], capped: Mapping[str, float] | None = 
         names = ",".join(gpus)
         parts.append(
             f"could not reset the SM clock lock of GPU(s) {names} after retries; they may "
-            f"still be locked: run `gpugov reset-clocks --gpus {names}` as root"
+            f"still be locked: {(advice or ResetAdvice()).command(names)}"
         )
     if capped:
         limits = ", ".join(f"GPU {label}: {watts:g} W" for label, watts in capped.items())

@@ -49,7 +49,6 @@ from gpugov.daemon.controller_config import ControllerConfig, PowerProfileContro
 from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller_spec
 from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,
-    ClocksNotReset,
     ConfigError,
     ExitCode,
     GpuError,
@@ -58,6 +57,7 @@ from gpugov.daemon.errors import (
     TransientGpuError,
 )
 from gpugov.daemon.loop import (
+    ResetAdvice,
     SystemdNotify,
     TimedLoop,
     restore_all,
@@ -156,6 +156,8 @@ def _run_node(args: argparse.Namespace) -> int:
                 on_tick=recorder,
                 max_controller_failures=config.daemon.max_controller_failures,
                 concurrent_observation=True,
+                # exit 6's line: reset-clocks with this config, unless the GPUs are NVML's
+                reset_advice=ResetAdvice(config.daemon.backend, args.config),
             )
         finally:
             if not entered:  # what reconcile could not reset is tried once more
@@ -199,29 +201,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"{', '.join(given)}: only with --simulate (a node run takes its config's settings)"
         )
-    try:
-        return _run_node(args)
-    except ClocksNotReset as error:
-        raise _with_config_hint(error, args.config) from error
-
-
-def _with_config_hint(error: ClocksNotReset, config_path: str) -> ClocksNotReset:
-    """The exit-6 error, its reset command naming the config when the GPUs are not NVML's
-    (``reset-clocks`` defaults to NVML; with ``--config`` it takes the config's backend
-    and emulator URL)."""
-    try:
-        backend = load_config(config_path).daemon.backend
-    except ConfigError:
-        return error
-    if backend == "nvml":
-        return error
-    names = ",".join(error.gpus)
-    return ClocksNotReset(
-        f"could not reset the SM clock lock of GPU(s) {names} after retries; they may still "
-        f"be locked ({backend} backend): run `gpugov reset-clocks --config {config_path} "
-        f"--gpus {names}`",
-        gpus=error.gpus,
-    )
+    return _run_node(args)
 
 
 # ------------------------------------------------------------------ check-config

@@ -44,7 +44,14 @@ def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
         except GpuLost as error:
             # Lost while governed, the others were reset (exit 5); lost before (or for a
             # read-only command), nothing of ours was locked: no usable GPU (exit 4).
-            after = "the other GPUs' clocks were reset" if error.mid_run else "no usable GPU"
+            if not error.mid_run:
+                after = "no usable GPU"
+            elif error.other_gpus == 1:
+                after = "the other GPU's clock was reset"
+            elif error.other_gpus:
+                after = f"the other {error.other_gpus} GPUs' clocks were reset"
+            else:
+                after = "it was the only GPU governed"
             return fail(f"{error}; {after}", exit_code(error) or ExitCode.GPU_LOST)
         except Exception as error:
             code = exit_code(error)

@@ -3,7 +3,8 @@ the whole exchange, a size cap, and failures said in words.
 
 The engine sources (:mod:`daemon.engines`) scrape through :class:`KeepAliveFetcher`; it
 raises the daemon's :class:`~gpugov.daemon.errors.EngineUnavailable` (nothing usable came
-back) and :class:`~gpugov.daemon.errors.EngineParseError` (a page too large or not UTF-8).
+back), :class:`~gpugov.daemon.errors.EngineHttpError` (an HTTP error status) and
+:class:`~gpugov.daemon.errors.EngineParseError` (a page too large or not UTF-8).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
-from gpugov.daemon.errors import EngineParseError, EngineUnavailable
+from gpugov.daemon.errors import EngineHttpError, EngineParseError, EngineUnavailable
 
 Fetcher = Callable[[str, float], str]
 
@@ -180,7 +181,7 @@ class KeepAliveFetcher:
             else:
                 self._connections[key] = connection
             if response.status != 200:
-                raise EngineUnavailable(f"{url}: HTTP {response.status} {response.reason}")
+                raise EngineHttpError(f"{url}: HTTP {response.status} {response.reason}")
             return _decode(body, url)
         raise self._late(url, timeout_s)
 

@@ -14,7 +14,14 @@ from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.cli_support import UsageError, check_engine_url, fail
 from gpugov.daemon.config import load_config
 from gpugov.daemon.engines import ScrapedSource
-from gpugov.daemon.errors import EngineUnavailable, ExitCode, GpuUnavailable, NotSupported
+from gpugov.daemon.errors import (
+    EngineHttpError,
+    EngineParseError,
+    EngineUnavailable,
+    ExitCode,
+    GpuUnavailable,
+    NotSupported,
+)
 from gpugov.daemon.node_support import backend_choice, gpu_indices, guarded, write_path_status
 from gpugov.daemon.nvml import NvmlBackend, load_pynvml
 
@@ -122,10 +129,21 @@ def _open_for_status(index: int, kind: str, nvml: Any, emulator: str | None) -> 
 
 
 def engine_status(url: str, kind: str = "auto", timeout_s: float = 1.0) -> dict[str, Any]:
-    """Whether the engine's metrics page answers, and its queue if it does."""
+    """Whether the engine's metrics page answers, and its queue if it does. An engine that
+    answers with an HTTP error or a page that is not its metrics is reachable: ``answer``
+    says which (``"http_error"``, ``"not_a_metrics_page"``), ``error`` what came."""
     source = ScrapedSource(url, kind, timeout_s=timeout_s)  # type: ignore[arg-type]
     try:
         sample = source.scrape()
+    except EngineHttpError as error:
+        return {"url": url, "reachable": True, "answer": "http_error", "error": str(error)}
+    except EngineParseError as error:
+        return {
+            "url": url,
+            "reachable": True,
+            "answer": "not_a_metrics_page",
+            "error": str(error),
+        }
     except EngineUnavailable as error:
         return {"url": url, "reachable": False, "error": str(error)}
     return {
@@ -216,7 +234,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         if gpu["held_by_gpugov"] is not None:
             print(f"  {_held_line(gpu['held_by_gpugov'])}")
     for engine in report["engines"]:
-        if engine["reachable"]:
+        if engine.get("answer") == "http_error":
+            print(
+                f"engine {engine['url']}: reachable, but answered with an error: {engine['error']}"
+            )
+        elif engine.get("answer") == "not_a_metrics_page":
+            print(
+                f"engine {engine['url']}: reachable, but its answer is not a metrics page "
+                f"gpugov can read: {engine['error']}"
+            )
+        elif engine["reachable"]:
             role = f", labels say role {engine['role']}" if engine.get("role") else ""
             print(
                 f"engine {engine['url']}: reachable ({engine['engine']}, "

@@ -88,7 +88,8 @@ def test_run_with_gpu_lost_exits_5(
 
     fake.fail("nvmlDeviceGetUtilizationRates", fp.NVML_ERROR_GPU_IS_LOST, times=None)
     assert node_cli.main(["run", "--config", str(_config(tmp_path, metrics_server.url))]) == 5
-    assert "GPU is lost" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "GPU is lost (NVML code 15); the other GPU's clock was reset" in err  # of 2
 
 
 @pytest.mark.parametrize("command", ["run", "check-config"])
@@ -204,6 +205,34 @@ def test_reset_clocks_restores_a_recorded_power_limit_when_the_clock_reset_fails
     assert fake.gpus[1].power_limit_mw == 700_000
     assert "700 W before; restored" in capsys.readouterr().out
     assert LockState(tmp_path).get_power_limit(fake.gpus[1].uuid) is None
+
+
+def test_status_tells_an_engine_that_answers_badly_from_an_unreachable_one(
+    fake: FakeNvml, metrics_server: MetricsServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """HTTP 500 and a page that is not metrics came from an engine that answered: status
+    said "unreachable" for both. Refused is unreachable."""
+    url = metrics_server.url
+    metrics_server.page = "<html>not metrics {{{\n"
+    assert node_cli.main(["status", "--engine-url", url]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"engine {url}: reachable, but its answer is not a metrics page gpugov can read: "
+        f"{url}: no vllm:, sglang: or tgi_ metrics on the page" in out
+    )
+    metrics_server.status = 500
+    assert node_cli.main(["status", "--engine-url", url]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"engine {url}: reachable, but answered with an error: "
+        f"{url}: HTTP 500 Internal Server Error\n" in out
+    )
+    assert node_cli.main(["status", "--json", "--engine-url", url]) == 0
+    engine = json.loads(capsys.readouterr().out)["engines"][0]
+    assert (engine["reachable"], engine["answer"]) == (True, "http_error")
+    metrics_server.close()
+    assert node_cli.main(["status", "--engine-url", url]) == 0
+    assert f"engine {url}: unreachable: {url}: connection refused" in capsys.readouterr().out
 
 
 def test_status(
@@ -660,7 +689,8 @@ def test_status_json_has_the_documented_keys(
         "clock_event_reasons",
         "held_by_gpugov",
     }
-    assert set(report["engines"][0]) == {"url", "reachable", "error"}
+    # The server's empty page: the engine answered, with no metrics page.
+    assert set(report["engines"][0]) == {"url", "reachable", "answer", "error"}
     fake.driver_loaded = False
     assert node_cli.main(["status", "--json"]) == 4
     report = json.loads(capsys.readouterr().out)

@@ -14,7 +14,8 @@ import gpugov.daemon.node_cli as node_cli
 import gpugov.daemon.node_support as node_support
 import gpugov.daemon.status_cli as status_cli
 from gpugov.daemon.emulated import EmulatedBackend, emulated_device_count
-from gpugov.daemon.errors import ClocksNotReset, GpuUnavailable
+from gpugov.daemon.errors import GpuUnavailable
+from gpugov.daemon.loop import ResetAdvice, not_reset_message
 from gpugov.study.emulate.node import EmulatedNode
 from gpugov.study.emulate.server import EmulatorServer
 
@@ -128,8 +129,50 @@ def test_check_config_checks_the_emulator_and_its_gpus(
     assert node_cli.main(["check-config", str(config), "--offline"]) == 0
 
 
-def test_exit_6_names_the_config_for_an_emulated_node(tmp_path: Path) -> None:
+def test_exit_6_names_the_config_for_an_emulated_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The config's absolute path (the line is read later, from elsewhere), no "as root"
+    for GPUs that need none; NVML's line stays the bare command, as root."""
     config = _config(tmp_path, "http://127.0.0.1:8000")
-    error = node_cli._with_config_hint(ClocksNotReset("x", gpus=("0", "1")), str(config))
-    assert f"`gpugov reset-clocks --config {config} --gpus 0,1`" in str(error)
-    assert error.gpus == ("0", "1")
+    monkeypatch.chdir(config.parent)
+    advice = ResetAdvice("emulated", config.name)
+    assert not_reset_message(["0", "1"], None, advice) == (
+        "could not reset the SM clock lock of GPU(s) 0,1 after retries; they may still be "
+        f"locked: run `gpugov reset-clocks --config {config} --gpus 0,1` (emulated backend)"
+    )
+    assert ResetAdvice("nvidia-smi", config.name).command("0") == (
+        f"run `gpugov reset-clocks --config {config} --gpus 0` as root"
+    )
+    assert ResetAdvice("nvml", config.name).command("0") == (
+        "run `gpugov reset-clocks --gpus 0` as root"
+    )
+
+
+def test_a_gpu_lost_mid_run_says_so_once_in_nvml_words_and_how_to_reset_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``gpugov emulate --fault lost-after:S`` on a one-GPU node: exit 5, NVML's text for
+    code 15 once (not "NVML return code 15 (NVML code 15)"), no "other GPUs" when there
+    are none, and the reset command names the config, without "as root"."""
+    node = EmulatedNode(make_plant(), gpus=1)
+    server = EmulatorServer(node, "127.0.0.1", 0)
+    server.start()
+    try:
+        config = _config(tmp_path, server.url)
+        config.write_text(
+            config.read_text().replace(
+                "[daemon]\n", f'[daemon]\nperiod_s = 0.2\nstate_dir = "{tmp_path}"\n'
+            )
+        )
+        node.gpu_state[0].lost_at_s = node.plant_time_s() + 1.0
+        assert node_cli.main(["run", "--config", str(config)]) == 5
+    finally:
+        server.close()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("gpugov: error: GPU 0: ")
+    assert err.endswith(" failed: GPU is lost (NVML code 15); it was the only GPU governed")
+    assert (
+        f"they may still be locked: run `gpugov reset-clocks --config {config} --gpus 0` "
+        "(emulated backend)" in caplog.text
+    )
