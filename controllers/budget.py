@@ -161,6 +161,8 @@ class WindowAttainment:
     """Requests judged in the window (first tokens; TPOT counts where TTFT is unmeasured)."""
     miss_fraction: float
     """Union bound on the share of requests that missed either SLO."""
+    tpot_misses: float = 0.0
+    """TPOT judgements in the window that missed their SLO."""
 
     @property
     def misses(self) -> float:
@@ -178,6 +180,7 @@ def window_attainment(now: AttainmentCounters, before: AttainmentCounters) -> Wi
     notes)."""
     miss = 0.0
     requests = 0.0
+    tpot_misses = 0.0
     for pair, base, primary in ((now.ttft, before.ttft, True), (now.tpot, before.tpot, False)):
         if pair is None or base is None:
             continue
@@ -186,9 +189,13 @@ def window_attainment(now: AttainmentCounters, before: AttainmentCounters) -> Wi
             continue
         within = min(max(pair[0] - base[0], 0.0), count)
         miss += (count - within) / count
+        if not primary:
+            tpot_misses = count - within
         if primary or requests == 0.0:
             requests = count
-    return WindowAttainment(requests=requests, miss_fraction=min(1.0, miss))
+    return WindowAttainment(
+        requests=requests, miss_fraction=min(1.0, miss), tpot_misses=tpot_misses
+    )
 
 
 @dataclass

@@ -264,7 +264,15 @@ class MeasuredLatencyRules:
         idle = colocated and _idle(observation) and self.clumping.clumped
         draining = backlog > CHUNK_TOKENS
         others = colocated and (observation.decode_active > 0 or observation.waiting_requests > 1)
-        if not (idle or draining):
+        budget = self.budget
+        exposed = (
+            colocated
+            and budget is not None
+            and budget.remaining < 1.0
+            and budget.last is not None
+            and budget.last.tpot_misses >= 0.5
+        )
+        if not (idle or draining or exposed):
             return None
         model = self.model
         assert model is not None
@@ -275,13 +283,22 @@ class MeasuredLatencyRules:
         table = model.table(realized, batch, self.context_tokens)
         mixed = self._mixed_iteration_s(observation, table, realized)
         fits = np.ones(clocks.size, dtype=bool)
-        if (idle or others) and not self.spending:
+        spent = exposed and not draining
+        if (idle or others) and not self.spending and not spent:
             short = mixed <= tpot_slo_s
             if idle and not draining and not short.any():
                 # No clock would give a clump's short answers their TPOT: parking an idle
                 # GPU at the top clock for them would only cost power.
                 return None
             fits &= short
+        if spent:
+            # No miss left in the window: a prompt landing in this window is prefilled at
+            # this clock, beside the replies decoding, until the next decision raises it.
+            # Those mixed iterations may be no slower than the SLO or the top clock's.
+            typical = _physical(
+                chunk * table["prefill_s_per_token"][0] + table["decode_iteration_s"][0], realized
+            )
+            fits &= typical <= max(tpot_slo_s, float(typical[-1])) + 1e-12
         if draining:
             # The oldest waiting prompt has waited ``backlog_age.age_s`` already.
             target = min(1.0, self.slo_margin * self.looseness) * ttft_slo_s
@@ -295,7 +312,6 @@ class MeasuredLatencyRules:
             # Prompts priced alike is an estimate, and one misjudged drain can cost every
             # waiting prompt: each by its own deadline only while the SLO window could
             # afford them all.
-            budget = self.budget
             if budget is None or budget.remaining >= budget.exposed:
                 in_order = self._drains_in_order(backlog, chunk, mixed, target)
                 if in_order is not None:

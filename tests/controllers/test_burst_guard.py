@@ -547,3 +547,53 @@ def test_each_waiting_prompt_is_drained_by_its_own_deadline() -> None:
     assert controller.burst_floor(burst, (1.0, 10.0)) == pytest.approx(together)
     controller.budget.remaining = 5.0
     assert controller.burst_floor(burst, (1.0, 10.0)) == pytest.approx(spread)
+
+
+def _spent_controller(*, tpot_misses: float, remaining: float) -> OnlineMPCController:
+    """A controller whose SLO window has ``remaining`` misses left, ``tpot_misses`` of
+    its counted misses TPOT ones."""
+    from gpugov.controllers.budget import SLOTarget, WindowAttainment
+
+    controller = OnlineMPCController(slo_target=SLOTarget(0.99))
+    controller.model = _Model()  # type: ignore[assignment]
+    assert controller.budget is not None
+    controller.budget.remaining = remaining
+    controller.budget.affordable = remaining >= 1.0
+    controller.budget.last = WindowAttainment(
+        requests=100.0, miss_fraction=0.01, tpot_misses=tpot_misses
+    )
+    return controller
+
+
+def _typical_mixed(clock: float, batch: float) -> float:
+    return _mixed(clock, batch, 0.0)
+
+
+def test_with_no_tpot_miss_left_a_decode_window_holds_the_clock_a_prompt_landing_in_it_needs() -> (
+    None
+):
+    """A prompt that lands in a lowered decode window is prefilled beside the decoding
+    replies at that clock until the next decision: once the window has spent its misses
+    on TPOT, that mixed iteration must fit the TPOT SLO (a short reply decoding beside a
+    stream of prompts lives on such iterations alone)."""
+    slo = 0.07
+    decoding = _seen(backlog=0.0, running=4, waiting=0)
+    idle = _seen(backlog=0.0, running=0, waiting=0)
+    spent = _spent_controller(tpot_misses=1.0, remaining=0.2)
+    fitting = [c for c in CLOCKS if _typical_mixed(c, 4) <= slo]
+    assert fitting and CLOCKS[0] < min(fitting) < CLOCKS[-1]
+    assert spent.burst_floor(decoding, (100.0, slo)) == pytest.approx(min(fitting))
+    # An idle GPU too: a prompt arriving there decodes beside the next one.
+    idle_fitting = [c for c in CLOCKS if _typical_mixed(c, 1) <= slo]
+    assert spent.burst_floor(idle, (100.0, slo)) == pytest.approx(min(idle_fitting))
+    # A board whose mixed iteration outlasts the SLO at every clock: the top clock's.
+    assert spent.burst_floor(decoding, (100.0, 0.01)) == CLOCKS[-1]
+    # A miss still affordable, or misses that were not TPOT ones: no floor.
+    for controller in (
+        _spent_controller(tpot_misses=1.0, remaining=1.5),
+        _spent_controller(tpot_misses=0.0, remaining=0.2),
+    ):
+        assert controller.burst_floor(decoding, (100.0, slo)) is None
+        assert controller.burst_floor(idle, (100.0, slo)) is None
+    # Without a target there is no budget to judge by.
+    assert _controller().burst_floor(decoding, (100.0, slo)) is None

@@ -151,10 +151,16 @@ def test_union_bound_counts_ttft_and_tpot_misses_apart() -> None:
     window = window_attainment(now, before)
     assert window.requests == 100.0
     assert window.miss_fraction == pytest.approx(0.04)
+    assert window.tpot_misses == pytest.approx(3.0)  # the TPOT judgements that missed
     tpot_only = window_attainment(
         AttainmentCounters(10.0, None, (90.0, 100.0)), AttainmentCounters(0.0, None, (0.0, 0.0))
     )
     assert tpot_only.requests == 100.0 and tpot_only.attainment == pytest.approx(0.9)
+    assert tpot_only.tpot_misses == pytest.approx(10.0)
+    ttft_only = window_attainment(
+        AttainmentCounters(10.0, (95.0, 100.0), None), AttainmentCounters(0.0, (0.0, 0.0), None)
+    )
+    assert ttft_only.tpot_misses == 0.0
 
 
 def test_update_is_idempotent_per_time_and_survives_restarts_and_gaps() -> None:
