@@ -8,8 +8,10 @@ engine's ``model_name`` label), the SLOs last seen and the model
 
 - A stored model whose key differs from the node's (another model served, a GPU swapped)
   is not applied: it is kept aside (``.other-<UTC time>``, never overwritten) and the
-  model is learned again. A ``model_name`` not known yet (None: no
-  engine scrape so far) is no other model: it matches the stored one.
+  model is learned again, unless a model kept aside earlier has exactly the node's key
+  (the served model went A, B, A): that one is put back and restored. A ``model_name``
+  not known yet (None: no engine scrape so far) is no other model: it matches the stored
+  one.
 - Only a model that learned at least one window is written, so an empty model never
   replaces a stored one, and a deep copy of the wrapper never reads or writes the file.
 - A corrupt or partial file is refused with one clear log line, renamed aside
@@ -57,6 +59,9 @@ log = logging.getLogger("gpugov.model")
 
 FORMAT = "gpugov-online-model"
 SAVE_EVERY_S = 60.0
+KEPT_LOOKED_AT = 16
+"""Kept-aside models (``.other-*``, newest first) read when the served model or the GPUs
+change, for one learned on exactly this key before."""
 MAX_THERMAL_COEFFICIENT = 1e6
 """The largest magnitude of a stored thermal coefficient of ``T' = a T + b + c P``
 (``a`` a window's decay near 1, ``b`` a few degrees, ``c`` hundredths of a degree per
@@ -392,6 +397,8 @@ class PersistentOnlineModel(ControllerWrapper):
         try:
             payload = read_stored(self.path)
         except FileNotFoundError:
+            if self._take_back(key):
+                self._restore(observation)
             return
         except StoredModelError as error:
             self._set_aside(str(error))
@@ -399,6 +406,9 @@ class PersistentOnlineModel(ControllerWrapper):
         stored = ModelKey(
             tuple(str(u) for u in payload["key"]["gpu_uuids"]), payload["key"].get("model_name")
         )
+        if not stored.fits(key) and self._take_back(key):
+            self._restore(observation)
+            return
         if not stored.fits(key):
             # Kept aside, not left to be overwritten by the first save of the model
             # learned anew: a node moved back (another GPU, the old model served again)
@@ -444,6 +454,44 @@ class PersistentOnlineModel(ControllerWrapper):
         )
         # The latency count is the one `gpugov model show` calls samples.
         self._say(logging.INFO, f"{self.path}: learned model restored ({counts})")
+
+    def _take_back(self, key: ModelKey) -> bool:
+        """Put back, as the state file, the newest model kept aside for exactly ``key``
+        (``.other-*``: the served model went A, B, A, or the GPUs moved back), the current
+        file kept aside in its place; False where none is kept (a name still unknown has
+        no model of its own). Only the :data:`KEPT_LOOKED_AT` newest kept files are read."""
+        if key.model_name is None:
+            return False
+        kept = sorted(
+            self.path.parent.glob(f"{self.path.name}.other-*"),
+            key=lambda candidate: candidate.stat().st_mtime if candidate.exists() else 0.0,
+            reverse=True,
+        )
+        for candidate in kept[:KEPT_LOOKED_AT]:
+            try:
+                payload = read_stored(candidate)
+            except (OSError, StoredModelError):
+                continue
+            stored = ModelKey(
+                tuple(str(u) for u in payload["key"]["gpu_uuids"]),
+                payload["key"].get("model_name"),
+            )
+            if stored != key:
+                continue
+            try:
+                if self.path.exists():
+                    set_aside(self.path, tag="other")
+                os.replace(candidate, self.path)
+            except OSError as error:
+                self._say(
+                    logging.WARNING,
+                    f"{candidate}: the model kept for {key.as_dict()} could not be put "
+                    f"back ({error}); learning anew",
+                )
+                return False
+            self._say(logging.INFO, f"{self.path}: put back the model kept as {candidate.name}")
+            return True
+        return False
 
     def save(self, *, final: bool = False) -> bool:
         """Write the model now; False when there is nothing learned to write (or this is
@@ -543,8 +591,7 @@ class PersistentOnlineModel(ControllerWrapper):
         self.save()  # the old model's last state, before it is reset
         self._say(
             logging.INFO,
-            f"{self.path}: the engine now serves {name!r} (was {self.key.model_name!r}); "
-            "learning anew",
+            f"{self.path}: the engine now serves {name!r} (was {self.key.model_name!r})",
         )
         self.key = ModelKey(self.gpu_uuids, name)
         self.restored = False

@@ -944,3 +944,39 @@ def test_a_model_its_loader_would_refuse_is_not_saved_and_goes_back_to_the_last_
     assert wrapper.restored
     assert wrapper.save() is True
     read_stored(path)
+
+
+def test_a_model_kept_aside_comes_back_when_its_key_does(tmp_path: Path) -> None:
+    """The served model goes A, B, A: A's model is put back, not learned again; B's is
+    kept aside in turn, and comes back the same way."""
+    first = _learn(tmp_path, name="llama")
+    llama = first.inner.model
+    assert llama is not None and llama.warmed_up
+    path = model_path(tmp_path, "llm")
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    simulate(_workload(), make_plant(), chunked_prefill_scheduler, Named(wrapper, "mistral"), 0)
+    assert not wrapper.restored
+    wrapper.close()
+    assert read_stored(path)["key"]["model_name"] == "mistral"
+    mistral_samples = read_stored(path)["model"]["time"]["samples"]
+    # Back to llama: its kept model is restored, mistral's kept aside.
+    back = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    back(_idle(0.0, name="llama"))
+    assert back.restored
+    put_back = "put back the model kept as online-model-llm.json.other-"
+    assert any(put_back in m for m in back.messages)
+    model = back.inner.model
+    assert model is not None and model.warmed_up and model.samples == llama.samples
+    (kept,) = tmp_path.glob("online-model-llm.json.other-*")
+    assert read_stored(kept)["key"]["model_name"] == "mistral"
+    # A name change during the run takes mistral's back as well.
+    for tick in range(1, 6):
+        back(_idle(0.25 * tick, name="mistral"))
+    assert back.restored and back.key is not None and back.key.model_name == "mistral"
+    assert back.inner.model is not None
+    assert back.inner.model.time.samples == mistral_samples
+    back.close()
+    # Another GPU set has no kept model of its own: it learns anew.
+    other = PersistentOnlineModel(_controller(), tmp_path, "llm", ("GPU-cccc",))
+    other(_idle(0.0, name="llama"))
+    assert not other.restored
