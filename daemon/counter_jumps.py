@@ -12,9 +12,9 @@ offsets that let counters which stay at a new level go on from where they were
 
 The ceilings are physical, not tuned to a profile: a node's counters cannot move faster
 however the engine is configured, so a real page never reaches them. They are the online
-model's (:data:`~controllers.online.identification.MAX_TOKENS_PER_S`, a hundred times a
+model's (:data:`~plant.ceilings.MAX_TOKENS_PER_S`, a hundred times a
 fast eight-GPU node's prefill rate, and
-:data:`~controllers.online.identification.MAX_REQUESTS_PER_S`), which refuses such a
+:data:`~plant.ceilings.MAX_REQUESTS_PER_S`), which refuses such a
 window too; a latency histogram's ``_sum`` (seconds a second: one a second per request
 in flight) is bounded by the requests' ceiling.
 """
@@ -25,8 +25,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
-from gpugov.controllers.online.identification import MAX_REQUESTS_PER_S, MAX_TOKENS_PER_S
 from gpugov.daemon.engines import EngineSample, HistogramTotals
+from gpugov.plant.ceilings import MAX_REQUESTS_PER_S, MAX_TOKENS_PER_S
 
 MAX_COUNTER = float(2**53)
 """A cumulative counter above this is no count (float64's exact integers: 285 years at

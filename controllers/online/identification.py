@@ -45,6 +45,7 @@ from gpugov.controllers.online.prediction import (
     predict_table,
 )
 from gpugov.controllers.online.regression import MAX_STORED_COUNT, RecursiveLeastSquares
+from gpugov.plant.ceilings import MAX_TOKENS_PER_S
 from gpugov.plant.types import ServingObservation
 
 FloatArray = NDArray[np.float64]
@@ -61,16 +62,7 @@ TIME_BLOCKS = ("prefill", "weights", "batch", "context")
 POWER_BLOCKS = ("idle", "prefill", "decode")
 NONFINITE_PARTS = ("window", "clock_ratio", "time", "power", "thermal")
 """Parts of :class:`OnlineModel` that skip a window holding a NaN or infinite field (or
-one no node can show: :data:`MAX_TOKENS_PER_S`, a power fit gone to 0 W or below)."""
-MAX_TOKENS_PER_S = 1e8
-"""Tokens a second no GPU node processes: the fastest GPUs prefill a small model at
-about 1e5 prompt tokens a second each, so a node of eight is near 1e6; this is a hundred
-times that. A window that shows more (a counter gone wild) is no sample of the node. The
-daemon's observer drops such a scrape first (:mod:`daemon.counter_jumps`)."""
-MAX_REQUESTS_PER_S = 1e6
-"""Requests (and engine steps) a second no node serves: each needs its prompt prefilled
-in an engine step of tens of microseconds at least, and an engine's API server answers
-on the order of 1e4 requests a second."""
+one no node can show: :data:`~plant.ceilings.MAX_TOKENS_PER_S`, a power fit gone to 0 W or below)."""
 MIN_PLAUSIBLE_WINDOW_S = 1.0
 """A window shorter than this is allowed a second's worth of the ceilings above (an
 engine may account a step's tokens at once)."""
