@@ -183,6 +183,10 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run_actuator)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+"""Signals that stop the actuator: it resets every lock on the way out."""
+
+
 def run_actuator(args: argparse.Namespace) -> int:
     """``gpugov actuator``: open the GPUs, reset them, serve until a terminating signal,
     reset every lock on the way out; with ``--probe``, only check that one answers."""
@@ -213,8 +217,22 @@ def run_actuator(args: argparse.Namespace) -> int:
             log.warning("received %s again; still stopping", signal.Signals(signum).name)
         stop.append(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, on_signal)
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    try:
+        return _serve(args, stop, NvmlBackend, nvml_device_count)
+    finally:
+        # An in-process caller (a test, an embedding tool) gets its own handling back.
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _serve(
+    args: argparse.Namespace,
+    stop: list[int],
+    backend_type: Callable[[int], GpuBackend],
+    device_count: Callable[[], int],
+) -> int:
+    """:func:`run_actuator` once its stop signals are caught (``stop`` collects them)."""
     taken = socket_path_taken(args.socket)  # before any GPU is opened (or reset)
     if taken is not None:
         print(f"gpugov: error: actuator: --socket {args.socket}: {taken}", file=sys.stderr)
@@ -226,9 +244,9 @@ def run_actuator(args: argparse.Namespace) -> int:
     backends: list[GpuBackend] = []
     server: ActuatorServer | None = None
     try:
-        gpus = list(range(nvml_device_count())) if args.gpus == ["all"] else args.gpus
+        gpus = list(range(device_count())) if args.gpus == ["all"] else args.gpus
         for gpu in gpus:
-            backends.append(NvmlBackend(gpu))
+            backends.append(backend_type(gpu))
         server = ActuatorServer(
             backends,
             args.socket,

@@ -464,6 +464,7 @@ def test_a_second_actuator_touches_nothing_and_leaves_the_first_serving(
 
     import gpugov.daemon.nvml as nvml_module
     from gpugov.cli import main
+    from gpugov.daemon.actuator_command import STOP_SIGNALS
 
     nvml = FakeNvml(1)
     monkeypatch.setattr(nvml_module, "load_pynvml", lambda: nvml)
@@ -482,9 +483,13 @@ def test_a_second_actuator_touches_nothing_and_leaves_the_first_serving(
         assert nvml.locked(0) == (1200, 1200)
         plain = socket_path.with_name("plain")
         plain.write_text("kept\n")
+        before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         assert main([*argv, "--socket", str(plain)]) == 2
         assert "exists and is not a socket" in capsys.readouterr().err
         assert plain.read_text() == "kept\n" and nvml.locked(0) == (1200, 1200)
+        # The caller's own signal handling is back (it was left on the actuator's stop
+        # handler, and a later in-process command's Ctrl-C went to it).
+        assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before
     finally:
         gpu.close()
         client.close()
