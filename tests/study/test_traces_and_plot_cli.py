@@ -173,6 +173,16 @@ def _plot_refuses(
     return err[0]
 
 
+def _both_refuse(
+    path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], *named: str
+) -> None:
+    """Plot and replay ``path``: each exits 2 with the same one line naming ``named``."""
+    said = _plot_refuses(path, tmp_path, capsys, *named)
+    assert main(["replay", str(path), "--controller", "max"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [said] and "replayed" not in captured.out
+
+
 def _damaged(recording: Path, tmp_path: Path, line: int, edit: Callable[[dict], None]) -> Path:
     """A copy of ``recording`` with ``edit`` applied to line ``line`` (1: the header),
     ``"@NaN"`` and the like in a string value written as the bare JSON token."""
@@ -280,10 +290,7 @@ def test_replay_and_plot_refuse_a_bad_tick_in_the_same_line(
 ) -> None:
     edit, field = SHARED_TICK_DAMAGE[damage]
     damaged = _damaged(recording, tmp_path, 3, edit)
-    said = _plot_refuses(damaged, tmp_path, capsys, f"{damaged}:3: ", field)
-    assert main(["replay", str(damaged), "--controller", "max"]) == 2
-    captured = capsys.readouterr()
-    assert captured.err.strip().splitlines() == [said] and "replayed" not in captured.out
+    _both_refuse(damaged, tmp_path, capsys, f"{damaged}:3: ", field)
 
 
 def test_a_recording_without_ticks_is_refused_by_replay_as_by_plot(
@@ -292,9 +299,7 @@ def test_a_recording_without_ticks_is_refused_by_replay_as_by_plot(
     # Replay said "replayed 0 decisions" and exited 0.
     header_only = tmp_path / "header.jsonl"
     header_only.write_text(recording.read_text().splitlines()[0] + "\n")
-    _plot_refuses(header_only, tmp_path, capsys, f"{header_only}: no tick lines")
-    assert main(["replay", str(header_only), "--controller", "max"]) == 2
-    assert f"{header_only}: no tick lines" in capsys.readouterr().err
+    _both_refuse(header_only, tmp_path, capsys, f"{header_only}: no tick lines")
 
 
 def test_plot_names_a_tick_that_is_not_an_object(
@@ -345,11 +350,8 @@ def test_plot_names_the_field_of_a_bad_header(
     """A header field of the wrong kind (each plotted silently) is one line at line 1."""
     edit, field = HEADER_DAMAGE[damage]
     damaged = _damaged(recording, tmp_path, 1, edit)
-    _plot_refuses(damaged, tmp_path, capsys, f"{damaged}:1: ", field)
     # The same check refuses it in replay, in the same words.
-    assert main(["replay", str(damaged), "--controller", "max"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{damaged}:1: " in err[0] and field in err[0]
+    _both_refuse(damaged, tmp_path, capsys, f"{damaged}:1: ", field)
 
 
 def _two_domains(recording: Path, second_ticks: bool = True) -> list[str]:
