@@ -217,6 +217,9 @@ class ClockActuator:
         self._disagreements: dict[str, int] = {b.label: 0 for b in self._backends}
         self._tolerance_mhz: dict[str, float] = {}
         self._epochs: dict[str, object] = {}
+        self._fallback_logged: set[str] = set()
+        self._maybe_held: dict[str, int] = {}
+        """Per GPU whose lock writes failed: the lowest clock a lock may hold it at."""
 
     def __enter__(self) -> ClockActuator:
         return self
@@ -264,12 +267,20 @@ class ClockActuator:
             low, high = self._range(backend, clock_mhz)
             unlocked = self.locked_mhz[backend.label] is None
             self._touched.add(backend.label)
+            before = self.locked_mhz[backend.label]
             try:
                 backend.lock_clocks(low, high)
             except TransientGpuError as error:
                 self.locked_mhz[backend.label] = _UNKNOWN
                 self._count_failure(backend.label)
                 self.failure_log.failed(backend.label, "lock", error)
+                # The lowest lock the GPU may hold now: the one before, one a write that
+                # failed before may still have made, or this one.
+                earlier = self._maybe_held.get(backend.label) if before == _UNKNOWN else before
+                lowest = min(v for v in (earlier, clock_mhz) if v is not None and v != _UNKNOWN)
+                self._maybe_held[backend.label] = lowest
+                if lowest < clock_mhz:
+                    self._not_held_low(backend, lowest, clock_mhz)
                 continue
             except GpuError as error:
                 self._count_failure(backend.label)
@@ -280,6 +291,7 @@ class ClockActuator:
                 else:
                     self.locked_mhz[backend.label] = _UNKNOWN
                 raise
+            self._maybe_held.pop(backend.label, None)
             self.failure_log.succeeded(backend.label)
             self.locked_mhz[backend.label] = clock_mhz
             self._disagreements[backend.label] = 0
@@ -332,15 +344,92 @@ class ClockActuator:
             except TransientGpuError as error:
                 self._count_failure(backend.label)
                 self.failure_log.failed(backend.label, "reset", error)
+                self._top_instead(backend)
                 continue
             self.failure_log.succeeded(backend.label)
             self.locked_mhz[backend.label] = None
+            self._maybe_held.pop(backend.label, None)
             self._disagreements[backend.label] = 0
             if self.state is not None:
                 self.state.clear(gpu_key(backend))
             written += 1
         self.writes += written
         return written
+
+    def _log_fallback(self, label: str, line: str) -> None:
+        """A write that failed was met another way: the first time for a GPU one WARNING,
+        then DEBUG (the failures themselves are counted and logged by ``failure_log``)."""
+        first = label not in self._fallback_logged
+        self._fallback_logged.add(label)
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "domain %s: GPU %s: %s%s",
+            self.domain,
+            label,
+            line,
+            " (logged once per GPU)" if first else "",
+        )
+
+    def _not_held_low(self, backend: GpuBackend, held_mhz: int, clock_mhz: int) -> None:
+        """A lock that raised the clock from ``held_mhz`` (or from what an earlier failed
+        write may have locked) failed for now: reset the lock, so the GPU is not held at
+        the lower clock until a lock goes through (a reset runs it at its default, top,
+        clock). ``locked_mhz`` then says unlocked, and the next :meth:`apply` locks
+        again."""
+        label = backend.label
+        try:
+            backend.reset_clocks()
+        except GpuLost:
+            raise
+        except GpuError as error:  # still unknown: the next apply writes again
+            log.debug(
+                "domain %s: GPU %s: reset after a failed lock failed: %s", self.domain, label, error
+            )
+            return
+        self.locked_mhz[label] = None
+        self._maybe_held.pop(label, None)
+        self._disagreements[label] = 0
+        if self.state is not None:
+            self.state.clear(gpu_key(backend))
+        self._log_fallback(
+            label,
+            f"the lock could not be raised from {held_mhz} MHz to {clock_mhz} MHz; the lock was "
+            "reset instead, so the GPU runs at its default clocks until a lock goes through",
+        )
+
+    def _top_instead(self, backend: GpuBackend) -> None:
+        """A reset (the fail-safe's ``unlock``) failed for now on a GPU held below its top
+        clock (or at unknown clocks): lock the top clock instead, so the GPU is not held
+        low until a reset goes through (the next :meth:`unlock` tries again)."""
+        label = backend.label
+        top = max(backend.supported_clocks_mhz())
+        held = self.locked_mhz[label]
+        if held is not None and held != _UNKNOWN and held >= top:
+            return
+        low, high = self._range(backend, top)
+        try:
+            backend.lock_clocks(low, high)
+        except GpuLost:
+            raise
+        except GpuError as error:
+            log.debug(
+                "domain %s: GPU %s: top clock after a failed reset failed: %s",
+                self.domain,
+                label,
+                error,
+            )
+            self.locked_mhz[label] = _UNKNOWN
+            return
+        self.locked_mhz[label] = top
+        self._maybe_held.pop(label, None)
+        self._disagreements[label] = 0
+        if self.state is not None:
+            self.state.record(gpu_key(backend), label, low, high)
+        self._log_fallback(
+            label,
+            f"the lock could not be reset; locked at the top clock ({top} MHz) instead "
+            "until a reset goes through",
+        )
 
     def restore(self) -> list[str]:
         """Reset every GPU ever written to, retrying failures with backoff; never raises.

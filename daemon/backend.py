@@ -146,6 +146,25 @@ def plausible_clock(
     )
 
 
+POWER_OVER_LIMIT_FACTOR = 2.0
+"""A power reading above this many times the highest power limit the GPU accepts (its
+enforced limit where that is unknown) is a sensor fault: GPUs hold their limit within
+milliseconds, and a reading below :data:`MAX_GPU_POWER_W` can still be ten times a
+board's (a learned power model fed it predicts a need no budget holds and locks low)."""
+
+
+def plausible_power(sample: GpuSample, highest_limit_w: float | None) -> GpuSample:
+    """``sample`` with a power reading far above what the GPU may draw (more than
+    :data:`POWER_OVER_LIMIT_FACTOR` times ``highest_limit_w``, else its own enforced
+    limit) taken as a failed read, as :meth:`GpuSample.read` takes one above
+    :data:`MAX_GPU_POWER_W`."""
+    power = sample.power_w
+    limit = highest_limit_w if highest_limit_w else sample.power_limit_w
+    if power is None or not limit or power <= POWER_OVER_LIMIT_FACTOR * limit:
+        return sample
+    return dataclasses.replace(sample, power_w=None, read_errors=(*sample.read_errors, "power"))
+
+
 @runtime_checkable
 class GpuBackend(Protocol):
     """One GPU: read it, lock its SM clock, unlock it.

@@ -36,6 +36,7 @@ from gpugov.daemon.errors import (
     TransientGpuError,
     from_nvml,
 )
+from gpugov.daemon.limits import MAX_CLOCK_MHZ
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,43 @@ def _field_value(nvml: Any, field: Any) -> float:
         _const(nvml, "NVML_VALUE_TYPE_UNSIGNED_SHORT", 6): "usVal",
     }.get(int(field.valueType), "ullVal")
     return float(getattr(field.value, member))
+
+
+def plausible_clocks(listed: Any, gpu: str) -> tuple[int, ...]:
+    """The clocks of an NVML supported-clock list a lock may ask for: ascending, each
+    once, whole MHz above 0 and at most :data:`~daemon.limits.MAX_CLOCK_MHZ`. A value no
+    GPU runs at (0, 0xFFFFFFFF: a driver's garbage) is dropped with one warning; locked,
+    it fails with INVALID_ARGUMENT (the fail-safe's top clock would stop the run) or,
+    as 0 MHz, would be the floor the controller's lowest clock comes from.
+
+    Raises:
+        NotSupported: the list holds no such clock (empty, or all garbage).
+    """
+    clocks: set[int] = set()
+    dropped: list[Any] = []
+    for value in listed or ():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            dropped.append(value)
+            continue
+        if math.isfinite(number) and number == int(number) and 0 < number <= MAX_CLOCK_MHZ:
+            clocks.add(int(number))
+        else:
+            dropped.append(value)
+    if not clocks:
+        raise NotSupported(
+            f"GPU {gpu}: no supported graphics clocks listed"
+            + (f" (only values no GPU runs at: {dropped[:4]!r})" if dropped else "")
+        )
+    if dropped:
+        log.warning(
+            "GPU %s: NVML listed %d supported SM clock(s) no GPU runs at (%s); ignored",
+            gpu,
+            len(dropped),
+            ", ".join(repr(value) for value in dropped[:4]),
+        )
+    return tuple(sorted(clocks))
 
 
 def nvml_device_count(nvml: ModuleType | None = None) -> int:
@@ -209,9 +247,7 @@ class NvmlBackend:
                 self._handle,
                 max(memory),
             )
-            if not graphics:
-                raise NotSupported(f"GPU {self._label}: no supported graphics clocks listed")
-            self._supported = tuple(sorted({int(c) for c in graphics}))
+            self._supported = plausible_clocks(graphics, self._label)
         return self._supported
 
     def _read(self, name: str, errors: list[str], function: Callable[[], T]) -> T | None:

@@ -54,10 +54,12 @@ from dataclasses import dataclass
 
 from gpugov.daemon.attainment import AttainmentEstimator, bucket_delta
 from gpugov.daemon.backend import (
+    POWER_OVER_LIMIT_FACTOR,
     GpuBackend,
     GpuSample,
     clock_tolerance_mhz,
     plausible_clock,
+    plausible_power,
 )
 from gpugov.daemon.counter_jumps import (
     CounterOffsets,
@@ -247,7 +249,8 @@ class DomainObserver:
         self._engine_episodes = EpisodeLog(log_every_s)
         self._sample_episodes: dict[str, EpisodeLog] = {}
         self.gpu_read_errors: dict[str, int] = {b.label: 0 for b in self.backends}
-        self._implausible_logged: set[str] = set()
+        self._implausible_logged: set[str | tuple[str, str]] = set()
+        self._power_ceiling_w: dict[str, float | None] = {}
         self._sample_failures: dict[str, tuple[int, float, float]] = {}
         self._clock_bounds: dict[str, tuple[float, float, float]] = {}
         self.role = role
@@ -319,10 +322,14 @@ class DomainObserver:
         return tuple(samples)
 
     def _plausible(self, backend: GpuBackend, sample: GpuSample) -> GpuSample:
-        """The sample with an SM clock outside what its GPU can run at taken as a failed
-        read (:func:`~daemon.backend.plausible_clock`); the first one per GPU is logged."""
-        if sample.sm_clock_mhz is None:
-            return sample
+        """The sample with an SM clock outside what its GPU can run at
+        (:func:`~daemon.backend.plausible_clock`), or a power far above what it may draw
+        (:func:`~daemon.backend.plausible_power`), taken as a failed read; the first one
+        of each per GPU is logged."""
+        checked = self._plausible_power(backend, sample)
+        if checked.sm_clock_mhz is None:
+            return checked
+        sample = checked
         bounds = self._clock_bounds.get(backend.label)
         if bounds is None:
             clocks = backend.supported_clocks_mhz()
@@ -338,6 +345,35 @@ class DomainObserver:
                 sample.sm_clock_mhz,
                 bounds[0],
                 bounds[1],
+            )
+        return checked
+
+    def _plausible_power(self, backend: GpuBackend, sample: GpuSample) -> GpuSample:
+        """The sample with a power reading far above the GPU's highest power limit taken
+        as a failed read (logged once per GPU)."""
+        if sample.power_w is None:
+            return sample
+        label = backend.label
+        if label not in self._power_ceiling_w:
+            limits = None
+            read = getattr(backend, "power_limit_constraints_w", None)
+            if read is not None:
+                try:
+                    limits = read()
+                except Exception as error:  # an optional read: the enforced limit serves
+                    log.debug("GPU %s: power limit constraints not read: %s", label, error)
+            high = None if limits is None else float(limits[1])
+            self._power_ceiling_w[label] = high if high and math.isfinite(high) else None
+        checked = plausible_power(sample, self._power_ceiling_w[label])
+        if checked is not sample and ("power", label) not in self._implausible_logged:
+            self._implausible_logged.add(("power", label))
+            log.warning(
+                "GPU %s: power read %.0f W, over %.0fx the most it may draw (%.0f W): counted "
+                "as a failed read (gpugov_gpu_read_errors_total; not logged again)",
+                label,
+                sample.power_w,
+                POWER_OVER_LIMIT_FACTOR,
+                self._power_ceiling_w[label] or sample.power_limit_w or 0.0,
             )
         return checked
 

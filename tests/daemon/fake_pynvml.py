@@ -7,8 +7,9 @@ and each subclass can be raised without arguments.
 
 Failure injection: ``permission=False`` (setters raise NO_PERMISSION), ``lose(index)``
 (every call on that GPU raises GPU_IS_LOST), ``fail(function, code, times)`` (the next
-``times`` calls raise; ``times=None`` for always), ``remove(function)`` (the binding has
-the name but the driver lacks the symbol: FUNCTION_NOT_FOUND), and per-GPU
+``times`` calls raise; ``times=None`` for always), ``flaky(function, code)`` (every
+other call raises, the first included), ``remove(function)`` (the binding has the name
+but the driver lacks the symbol: FUNCTION_NOT_FOUND), and per-GPU
 ``field_power_supported``. Writes are recorded in ``writes`` as
 ``(function_name, index, *args)``.
 """
@@ -188,6 +189,7 @@ class FakeNvml:
         self.writes: list[tuple[Any, ...]] = []
         self.calls: dict[str, int] = {}
         self._failures: dict[str, list[Any]] = {}
+        self._flaky: dict[str, list[int]] = {}
         self._removed: set[str] = set()
         # Expose constants and error classes like the module does.
         for key, value in globals().items():
@@ -199,9 +201,14 @@ class FakeNvml:
         """Make the next ``times`` calls of ``function`` raise ``code`` (None: always)."""
         self._failures[function] = [code, times]
 
+    def flaky(self, function: str, code: int) -> None:
+        """Make every other call of ``function`` raise ``code``, starting with the next."""
+        self._flaky[function] = [code, 0]
+
     def clear_failures(self) -> None:
         """Remove every injected failure."""
         self._failures.clear()
+        self._flaky.clear()
 
     def remove(self, function: str) -> None:
         """The driver lacks ``function``: calls raise FUNCTION_NOT_FOUND."""
@@ -223,6 +230,11 @@ class FakeNvml:
                 if failure[1] <= 0:
                     del self._failures[function]
             raise NVMLError(code)
+        flaky = self._flaky.get(function)
+        if flaky is not None:
+            flaky[1] += 1
+            if flaky[1] % 2 == 1:
+                raise NVMLError(flaky[0])
         if function not in ("nvmlInit", "nvmlShutdown") and self.initialized <= 0:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
         if handle is not None and handle.lost:

@@ -9,7 +9,7 @@ import pytest
 from fake_pynvml import FakeNvml
 
 from gpugov.daemon.actuator import ClockActuator, Outcome, retry_each
-from gpugov.daemon.errors import GpuLost, PermissionDenied
+from gpugov.daemon.errors import GpuLost, NotSupported, PermissionDenied
 from gpugov.daemon.nvml import NvmlBackend
 
 
@@ -96,6 +96,95 @@ def test_a_write_failing_every_tick_is_counted_each_time_and_logged_once_a_minut
             r for r in caplog.records if r.levelno == logging.DEBUG and "GPU 1" in r.getMessage()
         ]
         assert len(debug) == 150 - 3
+
+
+@pytest.mark.parametrize(
+    "code",
+    [fp.NVML_ERROR_TIMEOUT, fp.NVML_ERROR_UNKNOWN, fp.NVML_ERROR_INSUFFICIENT_POWER],
+)
+def test_a_raise_that_fails_resets_the_lock_rather_than_hold_it_low(
+    fake_nvml: FakeNvml, code: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    with ClockActuator(_backends(fake_nvml), domain="d") as actuator:
+        actuator.apply(800)
+        fake_nvml.fail("nvmlDeviceSetGpuLockedClocks", code, times=None)
+        with caplog.at_level(logging.WARNING, logger="gpugov.daemon.actuator"):
+            for _ in range(5):  # the load came back; every lock write fails
+                assert actuator.apply(1980) == 0
+        assert fake_nvml.locked(0) is None and fake_nvml.locked(1) is None  # not held at 800
+        resets = [w for w in fake_nvml.writes if w[0] == "nvmlDeviceResetGpuLockedClocks"]
+        assert len(resets) == 2  # once per GPU, not every tick
+        assert actuator.write_failures == {"0": 5, "1": 5}
+        reset_lines = [
+            r.getMessage() for r in caplog.records if "was reset instead" in r.getMessage()
+        ]
+        assert len(reset_lines) == 2 and "from 800 MHz to 1980 MHz" in reset_lines[0]
+        fake_nvml.clear_failures()
+        assert actuator.apply(1980) == 2 and actuator.applied_mhz == 1980
+    assert fake_nvml.locked(0) is None
+
+
+def test_a_lowering_that_fails_keeps_the_higher_lock(fake_nvml: FakeNvml) -> None:
+    with ClockActuator(_backends(fake_nvml)) as actuator:
+        actuator.apply(1800)
+        fake_nvml.fail("nvmlDeviceSetGpuLockedClocks", fp.NVML_ERROR_TIMEOUT, times=None)
+        actuator.apply(800)
+        assert fake_nvml.locked(0) == (1800, 1800)  # higher, never reset for a lowering
+        assert not [w for w in fake_nvml.writes if w[0] == "nvmlDeviceResetGpuLockedClocks"]
+
+
+def test_a_failsafe_unlock_that_fails_locks_the_top_clock(fake_nvml: FakeNvml) -> None:
+    with ClockActuator(_backends(fake_nvml), domain="d") as actuator:
+        actuator.apply(800)
+        fake_nvml.fail("nvmlDeviceResetGpuLockedClocks", fp.NVML_ERROR_TIMEOUT, times=None)
+        assert actuator.unlock() == 0
+        assert fake_nvml.locked(0) == (1980, 1980) and fake_nvml.locked(1) == (1980, 1980)
+        assert actuator.unlock() == 0  # held at the top already: no lock written again
+        assert len(fake_nvml.writes) == 4
+        fake_nvml.clear_failures()
+        assert actuator.unlock() == 2
+    assert fake_nvml.locked(0) is None
+
+
+@pytest.mark.parametrize(
+    "function", ["nvmlDeviceSetGpuLockedClocks", "nvmlDeviceResetGpuLockedClocks"]
+)
+def test_writes_failing_every_other_call_never_leave_a_gpu_low(
+    fake_nvml: FakeNvml, function: str
+) -> None:
+    fake_nvml.flaky(function, fp.NVML_ERROR_UNKNOWN)
+    plan = [800, 1980, 800, 1980, 1410, 1980, 1980, 800, 1980]
+    with ClockActuator(_backends(fake_nvml)) as actuator:
+        for clock in plan:
+            actuator.apply(clock)
+            if clock == 1980:  # asked for the top: at the top or unlocked, never lower
+                for index in (0, 1):
+                    assert fake_nvml.locked(index) in (None, (1980, 1980))
+            actuator.unlock()
+            for index in (0, 1):
+                assert fake_nvml.locked(index) in (None, (1980, 1980))
+    fake_nvml.clear_failures()
+    assert fake_nvml.locked(0) is None and fake_nvml.locked(1) is None
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        (fp.NVML_ERROR_NO_PERMISSION, PermissionDenied),
+        (fp.NVML_ERROR_NOT_SUPPORTED, NotSupported),
+        (fp.NVML_ERROR_GPU_IS_LOST, GpuLost),
+    ],
+)
+def test_a_lock_refused_for_good_mid_run_resets_every_gpu(
+    fake_nvml: FakeNvml, code: int, error: type[Exception]
+) -> None:
+    with pytest.raises(error), ClockActuator(_backends(fake_nvml)) as actuator:
+        actuator.apply(800)
+        fake_nvml.fail("nvmlDeviceSetGpuLockedClocks", code, times=None)
+        actuator.apply(1980)
+    if code == fp.NVML_ERROR_GPU_IS_LOST:
+        return  # the fake's injected code hits every call; lost GPUs are tested above
+    assert fake_nvml.locked(0) is None and fake_nvml.locked(1) is None
 
 
 def test_permission_denied_propagates() -> None:

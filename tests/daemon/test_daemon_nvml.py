@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import fake_pynvml as fp
 import pytest
 from fake_pynvml import FakeNvml
@@ -112,6 +114,37 @@ def test_supported_clocks_ascending_and_cached(fake_nvml: FakeNvml) -> None:
     backend.supported_clocks_mhz()
     assert fake_nvml.calls["nvmlDeviceGetSupportedGraphicsClocks"] == 1
     assert backend.max_clock_mhz() == 1980
+
+
+@pytest.mark.parametrize(
+    ("listed", "expected"),
+    [
+        ((1410, 0, 1980, 1410), (1410, 1980)),  # unsorted, a duplicate, a 0 MHz entry
+        ((0xFFFFFFFF, 1980, 1410), (1410, 1980)),  # an unsigned -1: no GPU runs there
+        ((0,), None),  # nothing a lock may ask for
+        ((), None),
+    ],
+)
+def test_supported_clocks_keep_only_clocks_a_gpu_runs_at(
+    listed: tuple[int, ...], expected: tuple[int, ...] | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = FakeNvml([fp.FakeGpu(index=0, graphics_clocks_mhz=listed)])
+    backend = NvmlBackend(0, nvml=fake)
+    if expected is None:
+        with pytest.raises(NotSupported, match="no supported graphics clocks listed"):
+            backend.supported_clocks_mhz()
+        return
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.nvml"):
+        assert backend.supported_clocks_mhz() == expected
+        assert backend.supported_clocks_mhz() == expected
+    dropped = [r.getMessage() for r in caplog.records if "no GPU runs at" in r.getMessage()]
+    assert len(dropped) == 1  # one line, not one per call
+
+
+def test_supported_clocks_not_supported_is_not_supported(fake_nvml: FakeNvml) -> None:
+    fake_nvml.fail("nvmlDeviceGetSupportedGraphicsClocks", fp.NVML_ERROR_NOT_SUPPORTED)
+    with pytest.raises(NotSupported):
+        NvmlBackend(0, nvml=fake_nvml).supported_clocks_mhz()
 
 
 def test_power_falls_back_to_average_getter() -> None:

@@ -18,7 +18,7 @@ from daemon_support import MetricsServer, fixture_text
 from fake_pynvml import FakeNvml
 
 from gpugov.daemon.actuator import ClockActuator
-from gpugov.daemon.backend import GpuSample, plausible_clock
+from gpugov.daemon.backend import GpuSample, plausible_clock, plausible_power
 from gpugov.daemon.config import parse_config
 from gpugov.daemon.engines import ScrapedSource, VllmSource, extract
 from gpugov.daemon.errors import (
@@ -470,6 +470,47 @@ def test_a_temperature_or_power_no_gpu_reads_is_a_failed_read(
     sample = GpuSample.read("0", **{field: value})
     assert (getattr(sample, field) == value) is kept
     assert bool(sample.read_errors) is not kept
+
+
+@pytest.mark.parametrize(
+    ("power_w", "highest_w", "enforced_w", "kept"),
+    [
+        (650.0, 700.0, 700.0, True),
+        (1300.0, 700.0, 300.0, True),  # above a cap gpugov set, within the board's range
+        (9000.0, 700.0, 700.0, False),  # under 50 kW, yet thirteen times the board
+        (9000.0, None, 700.0, False),  # no constraints read: the enforced limit serves
+        (9000.0, None, None, True),  # nothing to judge it by
+    ],
+)
+def test_a_power_far_above_the_gpus_limit_is_a_failed_read(
+    power_w: float, highest_w: float | None, enforced_w: float | None, kept: bool
+) -> None:
+    sample = GpuSample.read("0", power_w=power_w, power_limit_w=enforced_w)
+    checked = plausible_power(sample, highest_w)
+    assert (checked.power_w == power_w) is kept
+    assert checked.read_errors == (() if kept else ("power",))
+
+
+def test_the_observer_drops_a_power_far_above_the_limit_and_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = FakeNvml(1)
+    fake.gpus[0].power_mw = 9_000_000  # 9 kW from a 700 W board: a sensor fault
+    backend = NvmlBackend(0, nvml=fake)
+    observer = DomainObserver([backend], _NoEngine(), stale_after_s=3.0)
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.observer"):
+        for step in range(3):
+            observed = observer.observe(float(step), step, None)
+    assert observed.gpu_samples[0].power_w is None
+    assert observer.gpu_read_errors["0"] == 3
+    lines = [r.getMessage() for r in caplog.records if "power read" in r.getMessage()]
+    assert len(lines) == 1 and "9000 W" in lines[0] and "700 W" in lines[0]
+    backend.close()
+
+
+class _NoEngine:
+    def scrape(self, timeout_s: float | None = None) -> Any:
+        raise EngineUnavailable("down")
 
 
 def test_throttling_below_the_lock_is_not_an_external_change() -> None:
