@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, fiel
 from gpugov import __version__
 from gpugov.daemon.cli_support import (
     UsageError,
+    check_not_an_input,
     check_output_dir,
     check_workload_fits,
     load_trace_for_cli,
@@ -644,6 +645,46 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- run
+def input_files(plan: SweepPlan, grid_path: Path) -> list[tuple[str, str]]:
+    """Every file the sweep reads, as ``(what, path)``: the grid, each trace and profile
+    file (manifest and CSV) it names by path, and each file a controller spec names."""
+    base = grid_path.resolve().parent
+    known_traces = tuple(BUNDLED_TRACES) + tuple(SHARED_TRACES)
+    inputs = [("the --grid file", str(grid_path))]
+    for entry in plan.grid.traces:
+        read = _resolve(entry, known_traces, base)
+        if read not in known_traces:
+            inputs.append((f"the trace {entry!r} of the grid", read))
+    for entry in plan.grid.profiles:
+        read = _resolve(entry, (), base)
+        if _profile_path_like(read):
+            inputs += [(f"a file of the profile {entry!r}", str(p)) for p in profile_files(read)]
+    for spec in plan.grid.controllers:
+        inputs += [(f"a file of the controller {spec!r}", name) for name, _ in _spec_files(spec)]
+    return inputs
+
+
+def check_outputs_not_inputs(plan: SweepPlan, grid_path: Path, out: Path) -> bool:
+    """Refuse an ``--out`` whose outputs would overwrite a file the sweep reads (one line).
+
+    The grid itself may be ``DIR/grid.toml`` (a sweep run again from its copy): it is then
+    left as it is when it already is its copy (every path absolute), and refused when
+    rewriting it would change what it says. Returns whether to write ``DIR/grid.toml``.
+    """
+    inputs = input_files(plan, grid_path)
+    copy = out / GRID_COPY
+    is_grid = os.path.exists(copy) and os.path.samefile(copy, grid_path)
+    if is_grid and rebased_grid(plan.grid, grid_path.resolve().parent) != plan.grid:
+        raise UsageError(
+            f"--out {out}: {copy} is the --grid file, which the sweep's grid copy "
+            "(every path absolute) would overwrite; choose another --out"
+        )
+    for name in (RESULTS, SUMMARY_MD, SUMMARY_JSON, PLOT, GRID_COPY):
+        others = inputs[1:] if name == GRID_COPY and is_grid else inputs
+        check_not_an_input("--out", out / name, others)
+    return not is_grid
+
+
 def run_sweep(
     grid_path: Path,
     out: Path,
@@ -668,6 +709,7 @@ def run_sweep(
         ray_endpoint(spec.ray_address)  # a malformed address, before Ray is imported
         import_ray()  # the install hint before any work or file
     plan = plan_sweep(grid_path)
+    write_grid_copy = check_outputs_not_inputs(plan, grid_path, out)
     results_path = out / RESULTS
     if results_path.exists() and results_path.stat().st_size and not resume:
         raise UsageError(
@@ -676,7 +718,7 @@ def run_sweep(
         )
     check_output_dir("--out", out)
     with runner_ready(spec):  # Ray joined before DIR is made or progress printed
-        return _run_plan(plan, grid_path, out, spec, resume, say, progress_stream)
+        return _run_plan(plan, grid_path, out, spec, resume, say, progress_stream, write_grid_copy)
 
 
 def _run_plan(
@@ -687,6 +729,7 @@ def _run_plan(
     resume: bool,
     say: Callable[[str], None],
     progress_stream: Any,
+    write_grid_copy: bool = True,
 ) -> dict[str, Any]:
     """:func:`run_sweep` once its inputs are checked and its runner is ready."""
     results_path = out / RESULTS
@@ -707,9 +750,10 @@ def _run_plan(
                 "controller file changed, or a setting)"
             )
         say(line)
-    write_text_atomic(
-        out / GRID_COPY, grid_toml(rebased_grid(plan.grid, grid_path.resolve().parent))
-    )
+    if write_grid_copy:
+        write_text_atomic(
+            out / GRID_COPY, grid_toml(rebased_grid(plan.grid, grid_path.resolve().parent))
+        )
     failed = 0
     with (
         results_path.open("a") as handle,

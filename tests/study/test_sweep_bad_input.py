@@ -147,3 +147,63 @@ def test_a_bad_out_parent_is_refused_before_ray_joins(
     code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--ray", "auto"])
     assert code == 2 and stderr.count("\n") == 1 and "does not exist" in stderr, stderr
     assert not out.parent.exists()
+
+
+def _trace(path: Path) -> Path:
+    path.write_text("arrival_time_s,prompt_tokens,output_tokens\n0.0,100,5\n1.0,200,5\n")
+    return path
+
+
+@pytest.mark.parametrize("output", ["summary.md", "summary.json", "sweep.png", "grid.toml"])
+def test_an_out_whose_outputs_would_overwrite_a_trace_is_refused(
+    tmp_path: Path, output: str
+) -> None:
+    # The sweep replaced the trace with its summary, plot or grid copy.
+    out = tmp_path / "out"
+    out.mkdir()
+    trace = _trace(out / output)
+    before = trace.read_text()
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.replace("azure-conv-10min", f"out/{output}") + "duration_s = 5\n")
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert f"--out {out / output}: is the trace 'out/{output}' of the grid" in stderr
+    assert trace.read_text() == before and sorted(p.name for p in out.iterdir()) == [output]
+
+
+def test_an_out_whose_outputs_would_overwrite_a_controllers_profile_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpugov.plant.profile import profile_files
+
+    out = tmp_path / "out"
+    out.mkdir()
+    manifest, csv = profile_files("h100-sxm-llama3-8b")
+    (out / "summary.json").write_bytes(manifest.read_bytes())
+    (out / csv.name).write_bytes(csv.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.replace('"max"', '"max", "mpc:out/summary.json"') + "duration_s = 5\n")
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert "is a file of the controller 'mpc:out/summary.json'" in stderr
+
+
+def test_a_grid_inside_out_is_kept_as_written(tmp_path: Path) -> None:
+    # DIR/grid.toml was the user's grid: the sweep replaced it with its copy (comments
+    # gone), or refused nothing when that copy changed its relative paths.
+    out = tmp_path / "out"
+    out.mkdir()
+    grid = out / "grid.toml"
+    text = "# mine\n" + GRID + "duration_s = 5\n"
+    grid.write_text(text)
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    assert code == 0, stderr
+    assert grid.read_text() == text  # names only: it already is its copy, left as written
+    _trace(out / "t.csv")
+    text = GRID.replace("azure-conv-10min", "t.csv") + "duration_s = 5\n"
+    grid.write_text(text)
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--resume"])
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert f"{grid} is the --grid file, which the sweep's grid copy" in stderr
+    assert grid.read_text() == text
