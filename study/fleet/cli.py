@@ -70,9 +70,15 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     report; 0 on success."""
     import sys
 
-    from gpugov.daemon.cli_support import UsageError, check_output_dir, prepare_output_dir
+    from gpugov.daemon.cli_support import (
+        UsageError,
+        check_not_an_input,
+        check_output_dir,
+        prepare_output_dir,
+        simulated_run_inputs,
+    )
     from gpugov.daemon.progress import Progress
-    from gpugov.study.fleet.report import short_table, write_outputs
+    from gpugov.study.fleet.report import OUTPUT_NAMES, short_table, write_outputs
     from gpugov.study.fleet.run import (
         DEFAULT_PROFILES,
         FleetConfig,
@@ -116,6 +122,13 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     check_runner(runner)  # --ray: Ray installed and the cluster there, before any work
     check_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)
     check_inputs(config, quiet=args.quiet)
+    inputs = [
+        item
+        for profile in config.profiles
+        for item in simulated_run_inputs(config.trace, profile, config.controller)
+    ]
+    for name in OUTPUT_NAMES:  # fleet.json, fleet.md, fleet.png: none of them an input
+        check_not_an_input("--out", Path(args.out) / name, inputs)
     prepare_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)
     cells = cells_for(config)
     total = len(cells) * config.nodes * config.ticks * config.control_period_s

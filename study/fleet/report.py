@@ -293,14 +293,19 @@ def _plot_step(axis: Any, steps: Sequence[dict[str, Any]], allocators: Sequence[
     axis.legend(fontsize=7)
 
 
+OUTPUT_NAMES = ("fleet.json", "fleet.md", "fleet.png")
+"""The files :func:`write_outputs` writes in the output directory."""
+
+
 def write_outputs(payload: dict[str, Any], out_dir: Path) -> tuple[dict[str, Path], str | None]:
     """Write ``fleet.json``, ``fleet.md`` and (with matplotlib) ``fleet.png``; the paths
     written and a note when the plot was not."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out_dir / "fleet.json", "md": out_dir / "fleet.md"}
+    json_name, md_name, png_name = OUTPUT_NAMES
+    paths = {"json": out_dir / json_name, "md": out_dir / md_name}
     write_text_atomic(paths["json"], json.dumps(payload, indent=1, allow_nan=False) + "\n")
     write_text_atomic(paths["md"], markdown(payload))
-    plot = out_dir / "fleet.png"
+    plot = out_dir / png_name
     if write_plot(payload, plot):
         paths["png"] = plot
         return paths, None

@@ -488,6 +488,35 @@ def test_bad_flags_are_one_line_before_any_work(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("input_is", ["trace", "profile", "controller"])
+def test_an_out_whose_report_would_overwrite_an_input_is_refused(
+    input_is: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # The report replaced the trace (fleet.md) or the profile's manifest (fleet.json).
+    from gpugov.plant.profile import profile_files
+
+    out = tmp_path / "out"
+    out.mkdir()
+    manifest, csv = profile_files("h100-sxm-llama3-8b")
+    (out / "fleet.json").write_bytes(manifest.read_bytes())
+    (out / csv.name).write_bytes(csv.read_bytes())
+    (out / "fleet.md").write_text(TRACE)
+    argv = ["fleet", "--nodes", "1", "--duration", "30", "--trace-start", "0", "--no-step"]
+    argv += [
+        "--profiles",
+        str(out / "fleet.json") if input_is == "profile" else "h100-sxm-llama3-8b",
+    ]
+    argv += ["--trace", str(out / "fleet.md") if input_is == "trace" else "azure-conv-10min"]
+    if input_is == "controller":
+        argv += ["--controller", f"mpc:{out / 'fleet.json'}"]
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    assert main([*argv, "--out", str(out), "--quiet"]) == 2
+    line = _one_error_line(capsys)
+    name = "fleet.md" if input_is == "trace" else "fleet.json"
+    assert f"--out {out / name}: is the {'trace' if input_is == 'trace' else 'profile'}" in line
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+
+
 def test_a_trace_at_one_instant_runs_as_simulate_runs_it(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
