@@ -21,15 +21,16 @@ from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import (
     add_engine_view_argument,
     add_safety_arguments,
-    trace_progress,
+    load_trace_for_cli,
 )
 from gpugov.daemon.errors import ExitCode, Terminated
 from gpugov.daemon.limits import MAX_JOBS
 from gpugov.daemon.simulated import ENGINE_VIEWS
 from gpugov.plant.profile import list_bundled_profiles
 from gpugov.plant.synthetic_profiles import expand_synthetic, resolve_profile
-from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, TraceError, load_trace
+from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, TraceError
 from gpugov.study.runners import add_runner_arguments, check_runner, spec_from_args
+from gpugov.study.scoreboard.publish import FILES as REPORT_FILES
 from gpugov.study.scoreboard.publish import write_report
 from gpugov.study.scoreboard.report import (
     failed_controller_lines,
@@ -114,16 +115,18 @@ def config_for(
             if name not in BUNDLED_TRACES and name not in SHARED_TRACES:
                 # A file the user named: read now, so a bad one is refused before any work
                 # (a missing shared trace is skipped at its scenarios instead).
-                try:
-                    with trace_progress(name) as on_progress:
-                        load_trace(Path(name), on_progress=on_progress)
+                try:  # its warnings (skipped rows) as one "gpugov: warning:" line each
+                    load_trace_for_cli(name)
                 except TraceError as error:
                     raise ValueError(f"--traces: {error}") from error
         changes["traces"] = tuple(traces)
     if profiles:
-        profiles = expand_profiles(profiles)
-        for name in profiles:
-            resolve_profile(name)  # ProfileError (a ValueError) names a bad profile now
+        try:
+            profiles = expand_profiles(profiles)
+            for name in profiles:
+                resolve_profile(name)  # ProfileError (a ValueError) names a bad profile now
+        except ValueError as error:
+            raise ValueError(f"--profiles: {str(error).removeprefix('--profiles: ')}") from None
         changes["profiles"] = tuple(profiles)
     if loads:
         unknown = sorted(set(loads) - set(LOADS))
@@ -347,6 +350,34 @@ def _outside_for_layout(args: argparse.Namespace) -> list[str] | None:
     return specs
 
 
+SCOREBOARD_FILES = ("scoreboard.json", "scoreboard.md", "scoreboard.png")
+DISAGGREGATED_FILES = ("disaggregated.json", "disaggregated.md")
+
+
+def check_outputs_not_inputs(args: argparse.Namespace, config: BenchConfig, layout: str) -> None:
+    """Refuse an ``--out`` or ``--report`` where a file the run writes is a trace file or
+    a profile's manifest or CSV the run reads (one line, before any work)."""
+    from gpugov.daemon.cli_support import check_not_an_input
+    from gpugov.plant.profile import profile_files
+
+    inputs: list[tuple[str, str | Path]] = [
+        (f"the trace {name!r}", name)
+        for name in config.traces
+        if name not in BUNDLED_TRACES and name not in SHARED_TRACES
+    ]
+    for name in config.profiles:
+        inputs += [(f"a file of the profile {name!r}", path) for path in profile_files(name)]
+    names: tuple[str, ...] = () if layout == "disaggregated" else SCOREBOARD_FILES
+    names += () if layout == "colocated" else DISAGGREGATED_FILES
+    outputs = [("--out", Path(args.out) / name) for name in names]
+    report_dir = getattr(args, "report", None)
+    if report_dir is not None:
+        written = (*REPORT_FILES, "scoreboard.json")  # the report's copy of the board
+        outputs += [("--report", Path(report_dir) / name) for name in written]
+    for flag, path in outputs:
+        check_not_an_input(flag, path, inputs)
+
+
 def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -> int:
     """Run the scoreboard from parsed arguments (``config``: their configuration, already
     checked; else made here); print the summary and the paths."""
@@ -357,6 +388,7 @@ def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -
     from gpugov.study.plots import pyplot
 
     layout = getattr(args, "layout", "colocated")
+    check_outputs_not_inputs(args, config, layout)
     if layout == "disaggregated":
         from gpugov.study.scoreboard.disaggregated import run_disaggregated_from_args
 

@@ -137,6 +137,56 @@ def test_bench_controllers_rejects_an_unknown_profile(tmp_path: Path) -> None:
     assert "b200-nope" in stderr
 
 
+@pytest.mark.parametrize("layout", ["colocated", "disaggregated"])
+def test_an_unknown_profile_is_named_by_its_flag(tmp_path: Path, layout: str) -> None:
+    # The disaggregated layout's line said only "unknown profile 'b200-nope'".
+    argv = ["bench", "controllers", "--tiny", "--layout", layout, "--out", str(tmp_path / "o")]
+    for profiles in ("b200-nope", "synthetic:nope"):
+        code, _, stderr = _run([*argv, "--profiles", profiles])
+        assert code == 2 and stderr.count("\n") == 1, stderr
+        assert stderr.startswith("gpugov: error: --profiles: unknown ") and profiles in stderr
+    assert not (tmp_path / "o").exists()
+
+
+TRACE = "arrival_time_s,prompt_tokens,output_tokens\n0.0,100,5\n1.0,0,0\n2.0,200,5\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "written"),
+    [
+        (["--traces", "{dir}/scoreboard.md"], "--out {dir}/scoreboard.md: is the trace"),
+        (["--layout", "both", "--profiles", "{dir}/disaggregated.json"],
+         "--out {dir}/disaggregated.json: is a file of the profile"),
+        (["--report", "{dir}", "--traces", "{dir}/pareto.csv"],
+         "--report {dir}/pareto.csv: is the trace"),
+        (["--report", "{dir}", "--traces", "{dir}/scoreboard.json"],
+         "--report {dir}/scoreboard.json: is the trace"),
+    ],
+    ids=["out-trace", "out-profile", "report-trace", "report-board"],
+)  # fmt: skip
+def test_an_output_that_is_an_input_is_refused_before_any_work(
+    tmp_path: Path, flags: list[str], written: str
+) -> None:
+    # Each input was replaced by the board or the report; a trace's skipped rows were a
+    # Python warning of two lines (the file and the source line) rather than one.
+    from gpugov.plant.profile import profile_files
+
+    manifest, csv = profile_files("h100-sxm-llama3-8b")
+    (tmp_path / "disaggregated.json").write_bytes(manifest.read_bytes())
+    (tmp_path / csv.name).write_bytes(csv.read_bytes())
+    for name in ("scoreboard.md", "pareto.csv", "scoreboard.json"):
+        (tmp_path / name).write_text(TRACE)
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    argv = [flag.format(dir=tmp_path) for flag in flags]
+    out = str(tmp_path) if "--report" not in flags else str(tmp_path / "out")
+    code, _, stderr = _run(["bench", "controllers", "--tiny", *argv, "--out", out])
+    lines = stderr.splitlines()
+    assert code == 2 and lines[-1].startswith("gpugov: error: "), stderr
+    assert written.format(dir=tmp_path) in lines[-1]
+    assert all(line.startswith("gpugov: ") for line in lines), stderr
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
 def test_profiles_all_expands_to_the_zoo() -> None:
     from gpugov.plant.profile import list_bundled_profiles
     from gpugov.study.scoreboard import command
