@@ -62,7 +62,8 @@ TIME_BLOCKS = ("prefill", "weights", "batch", "context")
 POWER_BLOCKS = ("idle", "prefill", "decode")
 NONFINITE_PARTS = ("window", "clock_ratio", "time", "power", "thermal")
 """Parts of :class:`OnlineModel` that skip a window holding a NaN or infinite field (or
-one no node can show: :data:`~plant.ceilings.MAX_TOKENS_PER_S`, a power fit gone to 0 W or below)."""
+one no node can show: :data:`~plant.ceilings.MAX_TOKENS_PER_S`, a power fit gone to 0 W
+or below)."""
 MIN_PLAUSIBLE_WINDOW_S = 1.0
 """A window shorter than this is allowed a second's worth of the ceilings above (an
 engine may account a step's tokens at once)."""
