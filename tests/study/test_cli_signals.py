@@ -384,11 +384,17 @@ def test_an_interrupt_raised_inside_a_finalizer_prints_nothing_but_the_one_line(
             return argparse.Namespace(handler=handler)
 
     monkeypatch.setattr(cli, "build_parser", lambda command: Parser())
-    assert cli.main(["profiles"]) == cli.EXIT_INTERRUPTED
-    assert capsys.readouterr().err == "gpugov: interrupted\n"
-    assert reported == [ValueError]  # everything else still reaches the hook
-    assert sys.unraisablehook is recorded
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # A command line starts with Python's own Ctrl-C handling, whatever an earlier test
+    # in this worker left.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert cli.main(["profiles"]) == cli.EXIT_INTERRUPTED
+        assert capsys.readouterr().err == "gpugov: interrupted\n"
+        assert reported == [ValueError]  # everything else still reaches the hook
+        assert sys.unraisablehook is recorded
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_once_the_interrupt_is_handled_a_second_ctrl_c_is_ignored() -> None:
