@@ -284,15 +284,6 @@ SHARED_TICK_DAMAGE = {
 }
 
 
-@pytest.mark.parametrize("damage", sorted(SHARED_TICK_DAMAGE))
-def test_replay_and_plot_refuse_a_bad_tick_in_the_same_line(
-    recording: Path, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    edit, field = SHARED_TICK_DAMAGE[damage]
-    damaged = _damaged(recording, tmp_path, 3, edit)
-    _both_refuse(damaged, tmp_path, capsys, f"{damaged}:3: ", field)
-
-
 def test_a_recording_without_ticks_is_refused_by_replay_as_by_plot(
     recording: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -343,15 +334,23 @@ HEADER_DAMAGE = {
 }
 
 
-@pytest.mark.parametrize("damage", sorted(HEADER_DAMAGE))
-def test_plot_names_the_field_of_a_bad_header(
+DAMAGE = {
+    **{f"header: {name}": (1, *damage) for name, damage in HEADER_DAMAGE.items()},
+    **{f"tick: {name}": (3, *damage) for name, damage in SHARED_TICK_DAMAGE.items()},
+}
+"""Each damage with the line it is made on (1: the header, 3: a tick)."""
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_plot_and_replay_name_the_field_of_a_bad_line_in_the_same_words(
     recording: Path, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A header field of the wrong kind (each plotted silently) is one line at line 1."""
-    edit, field = HEADER_DAMAGE[damage]
-    damaged = _damaged(recording, tmp_path, 1, edit)
-    # The same check refuses it in replay, in the same words.
-    _both_refuse(damaged, tmp_path, capsys, f"{damaged}:1: ", field)
+    """A header field of the wrong kind (each plotted silently) is one line at line 1, a
+    bad tick one at its own line; replay, which took most of them, refuses each in the
+    same words (one check of the recording)."""
+    line, edit, field = DAMAGE[damage]
+    damaged = _damaged(recording, tmp_path, line, edit)
+    _both_refuse(damaged, tmp_path, capsys, f"{damaged}:{line}: ", field)
 
 
 def _two_domains(recording: Path, second_ticks: bool = True) -> list[str]:
