@@ -722,7 +722,9 @@ def _impossible_clock(root: Path) -> dict[str, Any]:
         node.set_gpu(0, sm_clock_mhz=5000)
         node.set_gpu(1, sm_clock_mhz=0)
         errors = 'gpugov_gpu_read_errors_total{domain="llm",gpu="1"}'
-        daemon.wait_for(lambda: daemon.metrics()[errors] >= 3, what="bad clock reads counted")
+        daemon.wait_for(
+            lambda: daemon.metrics().get(errors, 0.0) >= 3, what="bad clock reads counted"
+        )
         metrics = daemon.metrics()
         for gpu in ("0", "1"):
             assert metrics[f'gpugov_gpu_clock_yield_active{{domain="llm",gpu="{gpu}"}}'] == 0
