@@ -283,6 +283,9 @@ class PowerLimitActuator:
         except GpuError as error:
             log.debug("GPU %s: power limit not read before writing: %s", label, error)
             return None
+        if (problem := _implausible_limit(backend, now)) is not None:
+            log.debug("GPU %s: power limit not read before writing: %s", label, problem)
+            return None
         ours = self._ours_w(label)
         if not ours or not _none_of(now, ours):
             return None
@@ -320,6 +323,13 @@ class PowerLimitActuator:
             raise
         except GpuError as error:
             self._refuse(backend, error)
+            return None
+        problem = _implausible_limit(backend, found)
+        if problem is not None:
+            # Restored at exit, such a reading would be refused (and the run end in exit
+            # 6): no write until the GPU reads a limit it could have.
+            self._count_failure(label)
+            self.failure_log.failed(label, "read", TransientGpuError(problem))
             return None
         self.original_w[label] = found
         return found
@@ -611,6 +621,21 @@ class PowerLimitActuator:
                     return None
                 total += before
         return total
+
+
+def _implausible_limit(backend: PowerLimitBackend, value_w: float) -> str | None:
+    """Why ``value_w``, read as ``backend``'s power limit, is no limit the GPU could have
+    (not a positive finite number, or outside the limits it accepts, when it says), or
+    None. NVML reads 0xFFFFFFFF mW where a value is unknown."""
+    if not (math.isfinite(value_w) and value_w > 0.0):
+        return f"its power limit reads {value_w:g} W, which is no limit"
+    bounds = backend.power_limit_constraints_w()
+    if bounds is None:
+        return None
+    low, high = bounds
+    if math.isfinite(low) and math.isfinite(high) and not low - 1.0 <= value_w <= high + 1.0:
+        return f"its power limit reads {value_w:g} W, outside the {low:g}-{high:g} W it accepts"
+    return None
 
 
 def _none_of(limit_w: float, limits_w: Sequence[float]) -> bool:

@@ -217,6 +217,25 @@ def test_a_transient_failure_is_counted_and_retried_next_tick(fake_nvml: FakeNvm
     assert _limits_mw(fake_nvml) == [300_000, 300_000]
 
 
+def test_a_power_limit_read_as_no_limit_is_never_taken_as_the_original(
+    fake_nvml: FakeNvml,
+) -> None:
+    """NVML reads 0xFFFFFFFF mW where a value is unknown: taken as the original, the exit
+    restore asked the GPU for 4.3 MW, was refused, and the run ended in exit 6. Such a
+    reading (or one outside the limits the GPU accepts) is a failed read: no cap is written
+    on that GPU until it reads a limit it could have."""
+    fake_nvml.gpus[0].power_limit_mw = 0xFFFFFFFF
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    assert actuator.apply(600.0) == 1  # GPU 1 only
+    assert actuator.write_failures == {"0": 1, "1": 0}
+    assert fake_nvml.gpus[0].power_limit_mw == 0xFFFFFFFF
+    fake_nvml.gpus[0].power_limit_mw = 700_000  # it reads again
+    assert actuator.apply(600.0) == 1
+    assert _limits_mw(fake_nvml) == [300_000, 300_000]
+    assert actuator.restore() == []  # each back to a limit it accepts
+    assert _limits_mw(fake_nvml) == [700_000, 700_000]
+
+
 def test_the_exit_restore_retries_with_backoff_and_names_what_stays_capped(
     fake_nvml: FakeNvml,
 ) -> None:
