@@ -250,6 +250,9 @@ class DomainObserver:
         self._sample_episodes: dict[str, EpisodeLog] = {}
         self.gpu_read_errors: dict[str, int] = {b.label: 0 for b in self.backends}
         self._implausible_logged: set[str | tuple[str, str]] = set()
+        self._field_failures: dict[tuple[str, str], int] = {}
+        """Per (GPU, sample field): reads of it failed in a row."""
+        self._field_episodes: dict[tuple[str, str], EpisodeLog] = {}
         self._power_ceiling_w: dict[str, float | None] = {}
         self._sample_failures: dict[str, tuple[int, float, float]] = {}
         self._clock_bounds: dict[str, tuple[float, float, float]] = {}
@@ -315,6 +318,7 @@ class DomainObserver:
                 sample = GpuSample(gpu=backend.label, read_errors=("sample",))
             else:
                 self._report_sample_recovery(backend.label)
+                self._report_field_reads(backend.label, sample.read_errors, now_s)
             sample = self._plausible(backend, sample)
             if sample.read_errors:
                 self.gpu_read_errors[backend.label] += len(sample.read_errors)
@@ -671,6 +675,40 @@ class DomainObserver:
         else:
             log.debug("GPU %s: sample failed: %s", gpu, error)
         self._sample_failures[gpu] = (count, since_s, reminded_s)
+
+    def _report_field_reads(self, gpu: str, failed: tuple[str, ...], now_s: float) -> None:
+        """Reads of single fields of a GPU's sample (its temperature, its power, ...) that
+        failed while the rest was read: one WARNING when a field first fails, and one INFO
+        line when it reads again, each field's starts at most one a ``log_every_s``
+        (:class:`~daemon.episode_log.EpisodeLog`), as whole samples are. Each failure is
+        counted in the metrics."""
+        for name in failed:
+            key = (gpu, name)
+            count = self._field_failures.get(key, 0)
+            if count == 0:
+                episodes = self._field_episodes.get(key)
+                if episodes is None:
+                    episodes = self._field_episodes[key] = EpisodeLog(self.log_every_s)
+                note = episodes.start(now_s)
+                log.log(
+                    logging.DEBUG if note is None else logging.WARNING,
+                    "GPU %s: its %s read failed; left out of the sample while it fails "
+                    "(gpugov_gpu_read_errors_total)%s",
+                    gpu,
+                    name,
+                    note or "",
+                )
+            self._field_failures[key] = count + 1
+        for key in [k for k in self._field_failures if k[0] == gpu and k[1] not in failed]:
+            count = self._field_failures.pop(key)
+            logged = self._field_episodes[key].end()
+            log.log(
+                logging.INFO if logged else logging.DEBUG,
+                "GPU %s: its %s reads again after %d failed read(s)",
+                gpu,
+                key[1],
+                count,
+            )
 
     def _report_sample_recovery(self, gpu: str) -> None:
         """One INFO line when a GPU whose samples failed is sampled again."""

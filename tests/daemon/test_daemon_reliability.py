@@ -209,6 +209,42 @@ def _fake_open(fake: FakeNvml) -> Any:
 
 
 # ------------------------------------------------------------- item 12: log lines
+def test_a_field_read_that_keeps_failing_is_one_warning_and_one_line_when_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """NVML reads a sample field by field: a temperature read that failed was only a
+    DEBUG line per tick (counted), so an operator saw nothing while the thermal limit went
+    unread. It is one WARNING when it starts, one INFO line when it reads again, and a
+    read that comes and goes logs at most one such pair a minute."""
+    clock = [0.0]
+    fake = FakeNvml(1)
+    observer = DomainObserver(
+        [NvmlBackend(0, nvml=_fake_open(fake))],
+        _SlowSource(clock),
+        stale_after_s=3.0,
+        log_every_s=60.0,
+    )
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon"):
+        fake.fail("nvmlDeviceGetTemperatureV", fp.NVML_ERROR_TIMEOUT, times=None)
+        fake.fail("nvmlDeviceGetTemperature", fp.NVML_ERROR_TIMEOUT, times=None)
+        for step in range(10):
+            observer.observe(float(step), step, None)
+        fake.clear_failures()
+        observer.observe(10.0, 10, None)
+        # It comes and goes within the minute: counted, at DEBUG.
+        fake.fail("nvmlDeviceGetTemperatureV", fp.NVML_ERROR_TIMEOUT, times=1)
+        fake.fail("nvmlDeviceGetTemperature", fp.NVML_ERROR_TIMEOUT, times=1)
+        observer.observe(11.0, 11, None)
+        observer.observe(12.0, 12, None)
+    lines = [r.getMessage() for r in caplog.records if "temperature" in r.getMessage()]
+    assert lines == [
+        "GPU 0: its temperature read failed; left out of the sample while it fails "
+        "(gpugov_gpu_read_errors_total)",
+        "GPU 0: its temperature reads again after 10 failed read(s)",
+    ]
+    assert observer.gpu_read_errors["0"] == 11
+
+
 def test_scrape_warnings_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
     clock = [0.0]
     source = _SlowSource(clock)
