@@ -283,7 +283,7 @@ class PowerLimitActuator:
         except GpuError as error:
             log.debug("GPU %s: power limit not read before writing: %s", label, error)
             return None
-        if (problem := _implausible_limit(backend, now)) is not None:
+        if (problem := _implausible_limit(now, self._constraints(backend))) is not None:
             log.debug("GPU %s: power limit not read before writing: %s", label, problem)
             return None
         ours = self._ours_w(label)
@@ -324,7 +324,7 @@ class PowerLimitActuator:
         except GpuError as error:
             self._refuse(backend, error)
             return None
-        problem = _implausible_limit(backend, found)
+        problem = _implausible_limit(found, self._constraints(backend))
         if problem is not None:
             # Restored at exit, such a reading would be refused (and the run end in exit
             # 6): no write until the GPU reads a limit it could have.
@@ -623,13 +623,12 @@ class PowerLimitActuator:
         return total
 
 
-def _implausible_limit(backend: PowerLimitBackend, value_w: float) -> str | None:
-    """Why ``value_w``, read as ``backend``'s power limit, is no limit the GPU could have
-    (not a positive finite number, or outside the limits it accepts, when it says), or
+def _implausible_limit(value_w: float, bounds: tuple[float, float] | None) -> str | None:
+    """Why ``value_w``, read as a GPU's power limit, is no limit it could have (not a
+    positive finite number, or outside ``bounds``, the limits it accepts, when known), or
     None. NVML reads 0xFFFFFFFF mW where a value is unknown."""
     if not (math.isfinite(value_w) and value_w > 0.0):
         return f"its power limit reads {value_w:g} W, which is no limit"
-    bounds = backend.power_limit_constraints_w()
     if bounds is None:
         return None
     low, high = bounds
