@@ -22,7 +22,7 @@ in flight) is bounded by the requests' ceiling.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
 from gpugov.daemon.engines import EngineSample, HistogramTotals
@@ -105,12 +105,12 @@ def impossible_value(now: Mapping[str, float]) -> str | None:
     return None
 
 
-def impossible_jump(
+def _too_far(
     before: Mapping[str, float], now: Mapping[str, float], elapsed_s: float
-) -> tuple[str, str] | None:
-    """The first counter that rose further from ``before`` to ``now`` than any node can
-    in ``elapsed_s`` (at least :data:`MIN_WINDOW_S`): ``(key, description)``, or None.
-    A counter that went back is an engine restart, not a jump (the caller's)."""
+) -> Iterator[tuple[str, float, float]]:
+    """``(key, rise, ceiling a second)`` for each counter of both that rose further from
+    ``before`` to ``now`` than any node can in ``elapsed_s`` (at least
+    :data:`MIN_WINDOW_S`)."""
     window = max(elapsed_s, MIN_WINDOW_S) if math.isfinite(elapsed_s) else MIN_WINDOW_S
     for key, value in now.items():
         previous = before.get(key)
@@ -119,10 +119,20 @@ def impossible_jump(
         rise = value - previous
         ceiling = _ceiling(key)
         if not rise <= ceiling * window:
-            return key, (
-                f"{key} rose by {rise:.3g} in {max(elapsed_s, 0.0):.2g} s, more than any "
-                f"node ({ceiling:.0e} a second)"
-            )
+            yield key, rise, ceiling
+
+
+def impossible_jump(
+    before: Mapping[str, float], now: Mapping[str, float], elapsed_s: float
+) -> tuple[str, str] | None:
+    """The first counter that rose further from ``before`` to ``now`` than any node can
+    in ``elapsed_s`` (at least :data:`MIN_WINDOW_S`): ``(key, description)``, or None.
+    A counter that went back is an engine restart, not a jump (the caller's)."""
+    for key, rise, ceiling in _too_far(before, now, elapsed_s):
+        return key, (
+            f"{key} rose by {rise:.3g} in {max(elapsed_s, 0.0):.2g} s, more than any "
+            f"node ({ceiling:.0e} a second)"
+        )
     return None
 
 
@@ -149,14 +159,9 @@ class CounterOffsets:
         """Take off each counter's rise from ``last`` (the last accepted raw counters)
         to ``jumped`` (the refused ones) where that rise was impossible in
         ``elapsed_s``; the counters named."""
-        window = max(elapsed_s, MIN_WINDOW_S) if math.isfinite(elapsed_s) else MIN_WINDOW_S
         moved = []
-        for key, value in jumped.items():
-            previous = last.get(key)
-            if previous is None:
-                continue
-            rise = value - previous
-            if math.isfinite(rise) and rise > _ceiling(key) * window:
+        for key, rise, _ in _too_far(last, jumped, elapsed_s):
+            if math.isfinite(rise):
                 self.offsets[key] = self.offsets.get(key, 0.0) + rise
                 moved.append(key)
         return moved
