@@ -9,9 +9,12 @@ engine's ``model_name`` label), the SLOs last seen and the model
 - A stored model whose key differs from the node's (another model served, a GPU swapped)
   is not applied: it is kept aside (``.other-<UTC time>``, never overwritten) and the
   model is learned again, unless a model kept aside earlier has exactly the node's key
-  (the served model went A, B, A): that one is put back and restored. A ``model_name``
-  not known yet (None: no engine scrape so far) is no other model: it matches the stored
-  one.
+  (the served model went A, B, A): that one is put back and restored. A model learned on
+  other supported clocks (another GPU kind behind the same UUIDs, as emulated GPUs have,
+  or a driver that lists other clocks) is another node's the same way: kept aside as
+  ``.other-*``, never called corrupt, and put back when the clocks are its own again. A
+  ``model_name`` not known yet (None: no engine scrape so far) is no other model: it
+  matches the stored one.
 - Only a model that learned at least one window is written, so an empty model never
   replaces a stored one, and a deep copy of the wrapper never reads or writes the file.
 - A corrupt or partial file is refused with one clear log line, renamed aside
@@ -397,7 +400,7 @@ class PersistentOnlineModel(ControllerWrapper):
         try:
             payload = read_stored(self.path)
         except FileNotFoundError:
-            if self._take_back(key):
+            if self._take_back(key, observation.supported_clocks_mhz):
                 self._restore(observation)
             return
         except StoredModelError as error:
@@ -406,8 +409,29 @@ class PersistentOnlineModel(ControllerWrapper):
         stored = ModelKey(
             tuple(str(u) for u in payload["key"]["gpu_uuids"]), payload["key"].get("model_name")
         )
-        if not stored.fits(key) and self._take_back(key):
+        clocks = observation.supported_clocks_mhz
+        if not stored.fits(key) and self._take_back(key, clocks):
             self._restore(observation)
+            return
+        if stored.fits(key) and not _same_clocks(payload["model"]["clocks_mhz"], clocks):
+            # Another GPU kind behind the same UUIDs: another node's model, not a corrupt
+            # one; kept aside whole (a model kept for these clocks comes back instead).
+            # (A name still unknown here is the stored one's, as a restore would adopt.)
+            if self._take_back(
+                ModelKey(key.gpu_uuids, key.model_name or stored.model_name), clocks
+            ):
+                self._restore(observation)
+                return
+            try:
+                kept = f"; kept as {set_aside(self.path, tag='other').name}"
+            except OSError as error:
+                kept = f"; could not keep it aside ({error}): the next save replaces it"
+            self._say(
+                logging.INFO,
+                f"{self.path}: stored model was learned on other supported clocks "
+                f"({_clock_range(payload['model']['clocks_mhz'])}, this GPU "
+                f"{_clock_range(clocks)}); not applied{kept}; learning anew",
+            )
             return
         if not stored.fits(key):
             # Kept aside, not left to be overwritten by the first save of the model
@@ -455,11 +479,12 @@ class PersistentOnlineModel(ControllerWrapper):
         # The latency count is the one `gpugov model show` calls samples.
         self._say(logging.INFO, f"{self.path}: learned model restored ({counts})")
 
-    def _take_back(self, key: ModelKey) -> bool:
+    def _take_back(self, key: ModelKey, clocks: Sequence[float]) -> bool:
         """Put back, as the state file, the newest model kept aside for exactly ``key``
-        (``.other-*``: the served model went A, B, A, or the GPUs moved back), the current
-        file kept aside in its place; False where none is kept (a name still unknown has
-        no model of its own). Only the :data:`KEPT_LOOKED_AT` newest kept files are read."""
+        and learned on ``clocks`` (``.other-*``: the served model went A, B, A, or the GPUs
+        or GPU kind moved back), the current file kept aside in its place; False where
+        none is kept (a name still unknown has no model of its own). Only the
+        :data:`KEPT_LOOKED_AT` newest kept files are read."""
         if key.model_name is None:
             return False
         kept = sorted(
@@ -476,7 +501,7 @@ class PersistentOnlineModel(ControllerWrapper):
                 tuple(str(u) for u in payload["key"]["gpu_uuids"]),
                 payload["key"].get("model_name"),
             )
-            if stored != key:
+            if stored != key or not _same_clocks(payload["model"]["clocks_mhz"], clocks):
                 continue
             try:
                 if self.path.exists():
@@ -627,6 +652,27 @@ class PersistentOnlineModel(ControllerWrapper):
     def fallback_reasons(self) -> dict[str, int]:
         """The inner MPC's fallbacks by reason."""
         return self.inner.fallback_reasons
+
+
+def _same_clocks(stored: Sequence[float], node: Sequence[float]) -> bool:
+    """Whether a stored model's clocks (ascending, checked by :func:`read_stored`) are the
+    node's supported clocks (any order); True where the node lists too few to tell (the
+    controller refuses such an observation itself)."""
+    ours = sorted({float(clock) for clock in node})
+    if len(ours) < 2:
+        return True
+    return len(ours) == len(stored) and all(
+        math.isclose(float(a), b, rel_tol=1e-9, abs_tol=1e-6)
+        for a, b in zip(stored, ours, strict=True)
+    )
+
+
+def _clock_range(clocks: Sequence[float]) -> str:
+    """``N clocks, LOW-HIGH MHz`` for a log line."""
+    values = [float(clock) for clock in clocks]
+    if not values:
+        return "no clocks"
+    return f"{len(values)} clocks, {min(values):g}-{max(values):g} MHz"
 
 
 def learned_windows(controller: OnlineMPCController) -> int:

@@ -980,3 +980,45 @@ def test_a_model_kept_aside_comes_back_when_its_key_does(tmp_path: Path) -> None
     other = PersistentOnlineModel(_controller(), tmp_path, "llm", ("GPU-cccc",))
     other(_idle(0.0, name="llama"))
     assert not other.restored
+
+
+class OtherClocks:
+    """Another GPU kind behind the same UUIDs: every other supported clock (what an
+    emulated node on another profile, or another driver's clock table, shows)."""
+
+    def __init__(self, inner: PersistentOnlineModel, name: str) -> None:
+        self.inner, self.name = inner, name
+
+    def __call__(self, observation):  # type: ignore[no-untyped-def]
+        clocks = observation.supported_clocks_mhz[::2]
+        return self.inner(replace(observation, model_name=self.name, supported_clocks_mhz=clocks))
+
+
+def test_a_model_learned_on_other_clocks_is_kept_as_another_nodes_and_comes_back(
+    tmp_path: Path,
+) -> None:
+    """Same UUIDs, other supported clocks (another GPU kind): the stored model is not
+    applied and kept aside as another node's (it was renamed corrupt, and never came
+    back); when the clocks are the first kind's again, its model is put back."""
+    first = _learn(tmp_path)
+    learned = first.inner.model
+    assert learned is not None and learned.warmed_up
+    path = model_path(tmp_path, "llm")
+    other = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    simulate(_workload(), make_plant(), chunked_prefill_scheduler, OtherClocks(other, "llama"), 0)
+    assert not other.restored
+    (said,) = [m for m in other.messages if "other supported clocks" in m]
+    assert "not applied; kept as online-model-llm.json.other-" in said and "\n" not in said
+    assert not list(tmp_path.glob("online-model-llm.json.corrupt-*"))
+    other.close()
+    assert len(read_stored(path)["model"]["clocks_mhz"]) < len(learned.clocks_mhz)
+    # Back on the first kind: its model is put back, the other kind's kept in turn.
+    back = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    back(_idle(0.0, name="llama"))
+    assert back.restored
+    assert any("put back the model kept as" in m for m in back.messages), back.messages
+    model = back.inner.model
+    assert model is not None and model.warmed_up and model.samples == learned.samples
+    (kept,) = tmp_path.glob("online-model-llm.json.other-*")
+    assert len(read_stored(kept)["model"]["clocks_mhz"]) < len(learned.clocks_mhz)
+    assert not list(tmp_path.glob("online-model-llm.json.corrupt-*"))
