@@ -122,7 +122,14 @@ def _run_node(args: argparse.Namespace) -> int:
     # Signals are caught from here on: one during the start (opening the GPUs,
     # reconciling, building the MPC) ends the run cleanly before the first tick.
     with _stop_on_signals(stop, received):
-        assembled = domains_from_config(config, dry_run=dry_run)
+        try:
+            assembled = domains_from_config(config, dry_run=dry_run, stop=stop)
+        except TransientGpuError as error:
+            if not stop.is_set():
+                raise
+            # The stop cut a GPU's retries short: nothing was opened or locked.
+            log.info("stopped during the start, before the first tick (%s)", error)
+            return _stopped(received)
         exporter = None
         recorder = None
         entered = False

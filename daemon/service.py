@@ -7,6 +7,7 @@ object (the CLI loads it, this turns it into parts).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -70,25 +71,31 @@ def retry_transient(
     attempts: int = START_ATTEMPTS,
     backoff_s: float = START_BACKOFF_S,
     sleep: Callable[[float], Any] = time.sleep,
+    stop: threading.Event | None = None,
 ) -> Any:
     """Run ``action``, retrying a :class:`TransientGpuError` up to ``attempts`` times.
 
     At start a single NVML timeout (reading supported clocks, opening a GPU) must not
     abort the daemon; the waits double from ``backoff_s`` (0.25 + 0.5 + 1 + 2 s at most).
+    A ``stop`` set (a stop signal during the start) ends the retries at once: the wait
+    wakes on it, and the last error is raised.
 
     Raises:
-        TransientGpuError: still failing after the last attempt.
+        TransientGpuError: still failing after the last attempt, or when ``stop`` is set.
     """
     for attempt in range(attempts):
         try:
             return action()
         except TransientGpuError as error:
-            if attempt + 1 >= attempts:
+            if attempt + 1 >= attempts or (stop is not None and stop.is_set()):
                 raise
             log.warning(
                 "%s failed (attempt %d of %d): %s; retrying", what, attempt + 1, attempts, error
             )
-            sleep(backoff_s * 2**attempt)
+            if stop is None:
+                sleep(backoff_s * 2**attempt)
+            elif stop.wait(backoff_s * 2**attempt):
+                raise
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -101,12 +108,13 @@ def open_backend(
     sleep: Callable[[float], Any] = time.sleep,
     emulator: str | None = None,
     daemon: DaemonSection | None = None,
+    stop: threading.Event | None = None,
 ) -> GpuBackend:
     """One GPU's backend (``nvml``, ``nvidia-smi`` or ``emulated`` at ``emulator``),
     wrapped for a dry run if asked.
 
     Transient NVML errors while opening the GPU and listing its clocks are retried
-    (:func:`retry_transient`).
+    (:func:`retry_transient`; ``stop`` set ends the retries).
 
     Raises:
         GpuUnavailable: no driver, library or GPU (or no emulator answering).
@@ -126,10 +134,13 @@ def open_backend(
             return NvidiaSmiBackend(gpu)
         return NvmlBackend(gpu, nvml=nvml)
 
-    backend: GpuBackend = retry_transient(open_one, f"GPU {gpu}: open", sleep=sleep)
+    backend: GpuBackend = retry_transient(open_one, f"GPU {gpu}: open", sleep=sleep, stop=stop)
     try:
         retry_transient(
-            backend.supported_clocks_mhz, f"GPU {gpu}: list supported clocks", sleep=sleep
+            backend.supported_clocks_mhz,
+            f"GPU {gpu}: list supported clocks",
+            sleep=sleep,
+            stop=stop,
         )
     except GpugovError:  # transient after the retries, or no clocks at all
         backend.close()
@@ -478,11 +489,13 @@ def domains_from_config(
     *,
     dry_run: bool = False,
     nvml: ModuleType | None = None,
+    stop: threading.Event | None = None,
 ) -> Assembled:
     """Open every domain's GPUs and engine source and build its controller.
 
     Locks are persisted in the state directory (``daemon.state_dir``, else
-    ``$STATE_DIRECTORY``) unless this is a dry run.
+    ``$STATE_DIRECTORY``) unless this is a dry run. ``stop`` (set by a stop signal) ends
+    the retries of a GPU's transient errors at once (:func:`retry_transient`).
 
     Raises:
         GpuUnavailable, NotSupported, ControllerError: nothing is left open.
@@ -507,6 +520,7 @@ def domains_from_config(
                     nvml=nvml,
                     emulator=config.daemon.emulator,
                     daemon=config.daemon,
+                    stop=stop,
                 )
                 backends.append(backend)
                 assembled.backends.append(backend)  # closed with the rest if a later one fails

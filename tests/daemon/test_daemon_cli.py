@@ -522,6 +522,43 @@ def test_a_stop_during_the_start_ends_it_before_the_loop(
     assert fake.writes == []
 
 
+@pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 0), ("SIGINT", 130)])
+def test_a_stop_while_a_gpu_open_is_retried_ends_the_retries(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    sig: str,
+    code: int,
+) -> None:
+    """A stop signal while NVML keeps failing transiently at start (retried with waits
+    that double) ends the start at once: a clean stop, no more attempts. It was ignored:
+    every GPU's retries ran out (seconds each, past a unit's stop timeout on a large node)
+    and the run then failed with the NVML error."""
+    import logging
+    import os
+    import signal
+
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    fake.fail("nvmlInit", fake.NVML_ERROR_UNKNOWN, times=None)
+    real_init = fake.nvmlInit
+
+    def init_then_stopped() -> None:
+        os.kill(os.getpid(), getattr(signal, sig))  # lands during the first failed open
+        real_init()
+
+    monkeypatch.setattr(fake, "nvmlInit", init_then_stopped)
+    with caplog.at_level(logging.INFO):
+        assert (
+            node_cli.main(["run", "--config", str(_config(tmp_path, metrics_server.url))]) == code
+        )
+    assert fake.calls["nvmlInit"] == 1  # no retry after the stop
+    assert "stopped during the start, before the first tick" in caplog.text
+    assert "locking clocks" not in caplog.text
+    assert fake.writes == []
+
+
 @pytest.mark.parametrize(
     ("flag", "config_address", "message"),
     [

@@ -577,6 +577,28 @@ def test_transient_nvml_errors_at_start_are_retried() -> None:
     assert fake.initialized == 0
 
 
+def test_a_stop_ends_the_start_retries_during_their_wait() -> None:
+    """The wait between two attempts wakes on the stop, and no attempt follows it."""
+    import threading
+
+    fake = FakeNvml(1)
+    fake.fail("nvmlDeviceGetHandleByIndex", fp.NVML_ERROR_TIMEOUT, times=None)
+    stop = threading.Event()
+
+    class StopOnWait(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            stop.set()  # the signal arrives while the first wait runs
+            return stop.wait(timeout)
+
+        def is_set(self) -> bool:
+            return stop.is_set()
+
+    with pytest.raises(TransientGpuError):
+        open_backend(0, nvml=fake, stop=StopOnWait())
+    assert fake.calls["nvmlDeviceGetHandleByIndex"] == 1
+    assert fake.initialized == 0  # nothing left open
+
+
 # ------------------------------------------------------- item 10: config gaps
 def _domain(**kw: Any) -> dict[str, Any]:
     return {"name": "d", "gpus": [0], **kw}
