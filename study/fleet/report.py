@@ -54,7 +54,11 @@ def board_breakdown(row: dict[str, Any]) -> list[dict[str, Any]]:
     for profile, members in groups.items():
         nodes = [row["nodes"][i] for i in members]
         requests = sum(int(node["requests"]) for node in nodes)
-        met = sum(float(node["slo_attainment"]) * int(node["requests"]) for node in nodes)
+        met = sum(  # a node the router sent nothing has no attainment (None)
+            float(node["slo_attainment"]) * int(node["requests"])
+            for node in nodes
+            if int(node["requests"])
+        )
         energy = sum(float(node["energy_j"]) for node in nodes)
         out.append(
             {

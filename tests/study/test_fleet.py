@@ -546,6 +546,30 @@ def test_a_trace_at_one_instant_runs_as_simulate_runs_it(
     assert later == workload
 
 
+def test_a_node_the_router_sends_nothing_is_reported_without_attainment(
+    tmp_path: Path,
+) -> None:
+    """A trace of one request on a two-node fleet leaves one node idle: its board row has
+    no SLO attainment and the report is written whole (it raised a TypeError once the
+    fleet.json was written)."""
+    trace = tmp_path / "one.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,300,30\n")
+    out = tmp_path / "out"
+    argv = ["fleet", "--trace", str(trace), "--duration", "20", "--drain", "5", "--nodes", "2"]
+    argv += ["--no-step", "--budgets", "0.8", "--allocators", "uniform", "--controller", "max"]
+    argv += ["--trace-start", "0", "--quiet", "--jobs", "1", "--out", str(out)]
+    assert main(argv) == 0
+    assert {path.name for path in out.iterdir()} >= {"fleet.json", "fleet.md"}
+    rows = json.loads((out / "fleet.json").read_text())["rows"]
+    for row in rows:
+        assert [node["requests"] for node in row["nodes"]] in ([1, 0], [0, 1])
+        boards = fleet_report.board_breakdown(row)
+        assert sorted((b["requests"], b["slo_attainment"]) for b in boards) == [
+            (0, None),
+            (1, 1.0),
+        ]
+
+
 @pytest.mark.parametrize("start_s", [0.0, 0.5, 100.0, 1800.0])
 def test_a_trace_shorter_than_the_window_is_used_whole(tmp_path: Path, start_s: float) -> None:
     """Every request of a trace shorter than --duration is in each overlaid window, from any
