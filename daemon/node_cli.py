@@ -78,7 +78,7 @@ from gpugov.daemon.run_simulated import (
     SLO_TARGET_WINDOW_S,
     run_simulated,
 )
-from gpugov.daemon.service import domains_from_config, open_backend
+from gpugov.daemon.service import domains_from_config, open_backend, reset_left_locks
 from gpugov.daemon.status_cli import cmd_status, may_lock_clocks
 from gpugov.plant.profile import DEFAULT_PROFILE
 
@@ -138,6 +138,8 @@ def _run_node(args: argparse.Namespace) -> int:
                 domain.actuator.reconcile(config.daemon.reconcile, dry_run=dry_run)
                 if domain.power_limits is not None:
                     domain.power_limits.reconcile(dry_run=dry_run)
+            if not dry_run:
+                reset_left_locks(config, assembled, stop)
             if stop.is_set():
                 # Stopped while the start ran (opening the GPUs, reconciling, building
                 # the controllers): no loop, so no "locking clocks" line before the stop.

@@ -43,7 +43,7 @@ from gpugov.daemon.errors import (
     TransientGpuError,
 )
 from gpugov.daemon.files import resolve_state_dir
-from gpugov.daemon.lockstate import LockState
+from gpugov.daemon.lockstate import LockState, gpu_key, live_gpugov_pid
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DEFAULT_TAIL_QUANTILE, DomainObserver
@@ -563,6 +563,62 @@ def domains_from_config(
     return assembled
 
 
+def reset_left_locks(
+    config: GpugovConfig, assembled: Assembled, stop: threading.Event | None = None
+) -> list[str]:
+    """At start, after each domain's reconcile: reset the locks a previous run recorded
+    (``locks.json``) on GPUs this config no longer governs (a domain's GPU taken out of
+    the config after a crash). Reconcile sees only the configured GPUs, so such a GPU
+    stayed locked low with nobody to reset it. A GPU is opened as the record names it and
+    reset only when it is the recorded one (its UUID); a record whose writer still runs
+    is left to it. One line each (logged); a reset that fails names the command to run.
+    """
+    state = assembled.state
+    if state is None:
+        return []
+    ours = {gpu_key(backend) for backend in assembled.backends}
+    lines: list[str] = []
+    for key, entry in state.read().items():
+        if key in ours or entry.get("pid") == state.pid or live_gpugov_pid(entry.get("pid")):
+            continue
+        named = str(entry.get("gpu", key))
+        gpu: int | str = int(named) if named.isascii() and named.isdigit() else named
+        low, high = entry.get("min_mhz"), entry.get("max_mhz")
+        at = f"at {low}-{high} MHz" if low is not None and high is not None else "(clocks unknown)"
+        found = (
+            f"GPU {named} ({key}), not in this config: a previous gpugov run (pid "
+            f"{entry.get('pid')}, {entry.get('time')}) left it locked {at}"
+        )
+        try:
+            backend = open_backend(
+                gpu,
+                config.daemon.backend,
+                emulator=config.daemon.emulator,
+                daemon=config.daemon,
+                stop=stop,
+            )
+        except (GpugovError, ValueError) as error:  # ValueError: a split backend's usage
+            line = f"{found}; not reset ({error}): run `gpugov reset-clocks --gpus {named}`"
+        else:
+            try:
+                if gpu_key(backend) != key:
+                    line = (
+                        f"{found}; not reset: GPU {named} is now {gpu_key(backend)}; run "
+                        "`gpugov reset-clocks` on the recorded GPU"
+                    )
+                else:
+                    backend.reset_clocks()
+                    state.clear(key)
+                    line = f"{found}; reset"
+            except GpugovError as error:
+                line = f"{found}; reset FAILED ({error}): run `gpugov reset-clocks --gpus {named}`"
+            finally:
+                backend.close()
+        log.warning("reconcile: %s", line)
+        lines.append(line)
+    return lines
+
+
 # --------------------------------------------------------------------- simulated
 @dataclass
 class SimulatedRun:
@@ -678,5 +734,6 @@ __all__ = [
     "build_domain",
     "domains_from_config",
     "open_backend",
+    "reset_left_locks",
     "simulated_run",
 ]

@@ -522,6 +522,60 @@ def test_a_stop_during_the_start_ends_it_before_the_loop(
     assert fake.writes == []
 
 
+def test_a_lock_a_killed_run_left_on_a_gpu_no_longer_configured_is_reset(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run on GPUs 0 and 1 is killed; the next start governs GPU 0 only. GPU 1's lock
+    (recorded in the state directory) is reset too: reconcile saw only the configured
+    GPUs, and GPU 1 stayed locked low with its record kept."""
+    import logging
+    import os
+    import signal
+
+    from gpugov.daemon.actuator import ClockActuator
+    from gpugov.daemon.lockstate import LockState
+    from gpugov.daemon.nvml import NvmlBackend
+
+    state_dir = tmp_path / "state"
+    killed = ClockActuator(
+        [NvmlBackend(i, nvml=fake) for i in range(2)], state=LockState(state_dir, pid=1)
+    )
+    killed.apply(1410)  # ... and the process is SIGKILLed: nothing reset
+    assert fake.locked(1) == (1410, 1410)
+    LockState(state_dir, pid=1).record("GPU-gone", "7", 900, 900)  # a GPU since removed
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    config = tmp_path / "gpugov.toml"
+    config.write_text(
+        f'[daemon]\nmetrics_address = ""\nstate_dir = "{state_dir}"\n'
+        '[[domains]]\nname = "llm"\ngpus = [0]\n'
+        f'[domains.engine]\nkind = "vllm"\nurl = "{metrics_server.url}"\n'
+    )
+    real = node_cli.domains_from_config
+
+    def stopped_after_opening(*args: object, **kwargs: object) -> object:
+        assembled = real(*args, **kwargs)  # type: ignore[arg-type]
+        os.kill(os.getpid(), signal.SIGTERM)  # stop once reconcile has run
+        return assembled
+
+    monkeypatch.setattr(node_cli, "domains_from_config", stopped_after_opening)
+    with caplog.at_level(logging.INFO):
+        assert node_cli.main(["run", "--config", str(config)]) == 0
+    assert fake.locked(0) is None and fake.locked(1) is None
+    # The GPU that is gone keeps its record, named in one line with the command to run.
+    assert set(LockState(state_dir).read()) == {"GPU-gone"}
+    lines = [r.getMessage() for r in caplog.records if "not in this config" in r.getMessage()]
+    (reset,) = [line for line in lines if "GPU 1 " in line]
+    assert reset.startswith("reconcile: GPU 1 (GPU-fake-0001), not in this config")
+    assert "left it locked at 1410-1410 MHz; reset" in reset
+    (gone,) = [line for line in lines if "GPU 7 " in line]
+    assert "not reset" in gone and "gpugov reset-clocks --gpus 7" in gone
+    assert "\n" not in gone and "Traceback" not in caplog.text
+
+
 @pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 0), ("SIGINT", 130)])
 def test_a_stop_while_a_gpu_open_is_retried_ends_the_retries(
     tmp_path: Path,
