@@ -681,7 +681,36 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
             f"the idle power of {csv_path.name} at any clock (at least {idle_floor:g} W): a "
             "board cannot idle at its power limit (a TP domain's limit and powers are sums)"
         )
+    _check_idle_below_thermal_limit(profile, manifest_path, csv_path.name)
     return profile
+
+
+def _check_idle_below_thermal_limit(
+    profile: PerformanceProfile, manifest_path: Path, csv_name: str
+) -> None:
+    """Refuse a thermal section whose steady temperature at the table's lowest idle power
+    (``ambient + R * P``) is already at or over the thermal limit: the plant then throttles
+    to the lowest clock for the whole run, loaded or not. A TP profile that states one GPU's
+    resistance against its summed powers did this silently (a TP8 domain at a steady 97 C
+    idle under an 87 C limit, every run at the lowest clock).
+
+    Raises:
+        ProfileError: naming the manifest and the thermal fields.
+    """
+    thermal = profile.manifest["thermal"]
+    ambient = float(thermal["ambient_temperature_c"])
+    resistance = float(thermal["thermal_resistance_c_per_w"])
+    limit = float(thermal["thermal_limit_c"])
+    idle_floor = float(np.min(profile.idle_power_w))
+    steady = ambient + resistance * idle_floor
+    if not steady < limit:
+        raise ProfileError(
+            f"{manifest_path}: thermal.thermal_resistance_c_per_w ({resistance:g} C/W) puts "
+            f"the lowest idle power of {csv_name} ({idle_floor:g} W) at a steady {steady:.4g} C, "
+            f"not below thermal.thermal_limit_c ({limit:g} C): a board cannot idle at its "
+            "thermal limit (a TP domain's powers are sums, so its resistance is one GPU's "
+            "divided by the GPU count)"
+        )
 
 
 def _check_batch_power(profile: PerformanceProfile, manifest_path: Path) -> None:

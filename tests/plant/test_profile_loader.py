@@ -355,3 +355,41 @@ def test_a_clock_above_what_a_node_can_lock_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match=r"'clock_mhz' must be at most 100000 MHz"):
         load_profile(manifest)
     assert profile_module.MAX_CLOCK_MHZ == limits.MAX_CLOCK_MHZ  # one limit everywhere
+
+
+def test_an_idle_power_at_or_over_the_thermal_limit_is_refused(tmp_path: Path) -> None:
+    """A TP8 domain whose manifest kept one GPU's thermal resistance (0.078 C/W) against
+    its summed powers idled at a steady 97 C under an 87 C limit: every run, `max`
+    included, sat at the lowest clock with no word said. Refused, naming the fields."""
+    manifest, csv_path = copy_profile(tmp_path)
+    lines = csv_path.read_text().splitlines()
+    scaled = [lines[0]]
+    for line in lines[1:]:
+        clock, *rest = line.split(",")
+        scaled.append(",".join([clock, *(f"{float(cell) * 8:g}" for cell in rest)]))
+    csv_path.write_text("\n".join(scaled) + "\n")
+    edit_manifest(manifest, power_limit_w=5600.0, tensor_parallel={"size": 8})
+    with pytest.raises(ProfileError) as caught:
+        load_profile(manifest)
+    message = str(caught.value)
+    assert message.startswith(f"{manifest}: thermal.thermal_resistance_c_per_w (0.078 C/W)")
+    assert "thermal.thermal_limit_c (87 C)" in message and "\n" not in message
+    # The domain's resistance (one GPU's over eight) loads, and its idle sits under 87 C.
+    edit_manifest(manifest, thermal__thermal_resistance_c_per_w=0.078 / 8)
+    profile = load_profile(manifest)
+    assert 30.0 + 0.078 / 8 * float(profile.idle_power_w.min()) < 87.0
+
+
+@pytest.mark.parametrize(
+    "thermal",
+    [{"thermal_limit_c": 30.5}, {"thermal_resistance_c_per_w": 1e300}],
+    ids=["limit-just-over-ambient", "resistance-huge"],
+)
+def test_a_thermal_section_no_board_idles_under_is_refused(
+    tmp_path: Path, thermal: dict[str, float]
+) -> None:
+    manifest, _ = copy_profile(tmp_path)
+    edit_manifest(manifest, **{f"thermal__{key}": value for key, value in thermal.items()})
+    with pytest.raises(ProfileError, match=r"not below thermal\.thermal_limit_c") as caught:
+        load_profile(manifest)
+    assert manifest.name in str(caught.value)
