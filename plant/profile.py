@@ -666,7 +666,8 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
         )
     except ValueError as error:
         raise ProfileError(f"{manifest_path}: {error}") from error
-    for section in ("decode_latency_model", "decode_power_batch_model"):
+    _check_model_sections(manifest, manifest_path)
+    for section in MODEL_SECTION_KEYS:
         try:
             getattr(profile, section)
         except KeyError as error:
@@ -711,6 +712,40 @@ def _check_idle_below_thermal_limit(
             "thermal limit (a TP domain's powers are sums, so its resistance is one GPU's "
             "divided by the GPU count)"
         )
+
+
+MODEL_SECTION_KEYS = {
+    "decode_latency_model": ("weight_fraction", "batch_fraction", "kv_fraction"),
+    "decode_power_batch_model": ("k", "x0"),
+}
+"""The manifest's optional engine-model sections and the numbers each must hold."""
+
+
+def _check_model_sections(manifest: Mapping[str, Any], manifest_path: Path) -> None:
+    """Refuse an engine-model section that is not an object of numbers: a list was refused
+    as "list indices must be integers or slices, not str", a string as "string indices
+    must be integers", and ``true`` was read as 1.0. ``null`` or ``{}`` is no section.
+
+    Raises:
+        ProfileError: naming the manifest, the section and the key.
+    """
+    for section, keys in MODEL_SECTION_KEYS.items():
+        raw = manifest.get(section)
+        if raw is None or raw == {}:
+            continue
+        if not isinstance(raw, dict):
+            raise ProfileError(
+                f"{manifest_path}: {section} must be an object with {', '.join(keys)}, "
+                f"got {raw!r:.40}"
+            )
+        for key in keys:
+            if key not in raw:
+                raise ProfileError(f"{manifest_path}: {section}.{key} is missing")
+            if not _is_number(raw[key]):
+                raise ProfileError(
+                    f"{manifest_path}: {section} is invalid: {key} must be a number, "
+                    f"got {raw[key]!r:.40}"
+                )
 
 
 def _check_batch_power(profile: PerformanceProfile, manifest_path: Path) -> None:

@@ -80,6 +80,31 @@ def test_csv_error_reports_real_line_after_blank_line(tmp_path: Path) -> None:
             r"\(1980 MHz\), got 99999$",
         ),
         ({"decode_power_batch_model": {"k": "x", "x0": 1}}, "decode_power_batch_model is invalid"),
+        # A section of the wrong type was refused in Python's words ("list indices must
+        # be integers or slices, not str"), and a boolean fraction read as 1.0.
+        (
+            {"decode_latency_model": [0.6, 0.1, 0.3]},
+            r"decode_latency_model must be an object with weight_fraction, batch_fraction, "
+            r"kv_fraction, got \[0\.6, 0\.1, 0\.3\]$",
+        ),
+        (
+            {"decode_power_batch_model": "0.5,1.2"},
+            r"decode_power_batch_model must be an object with k, x0, got '0\.5,1\.2'$",
+        ),
+        (
+            {
+                "decode_latency_model": {
+                    "weight_fraction": True,
+                    "batch_fraction": 0.0,
+                    "kv_fraction": 0.0,
+                }
+            },
+            r"decode_latency_model is invalid: weight_fraction must be a number, got True$",
+        ),
+        (
+            {"decode_power_batch_model": {"k": 0.5}},
+            r"decode_power_batch_model\.x0 is missing$",
+        ),
         (
             {"thermal__thermal_limit_c": 20.0},
             r"thermal_limit_c \(20.0\) must exceed thermal.ambient_temperature_c",
@@ -393,3 +418,14 @@ def test_a_thermal_section_no_board_idles_under_is_refused(
     with pytest.raises(ProfileError, match=r"not below thermal\.thermal_limit_c") as caught:
         load_profile(manifest)
     assert manifest.name in str(caught.value)
+
+
+@pytest.mark.parametrize("empty", [None, {}])
+def test_an_empty_engine_model_section_is_no_section(tmp_path: Path, empty: object) -> None:
+    """``null`` or ``{}`` keeps the defaults: a pure aggregate decode rate, power
+    independent of the batch."""
+    manifest, _ = copy_profile(tmp_path)
+    edit_manifest(manifest, decode_latency_model=empty, decode_power_batch_model=empty)
+    profile = load_profile(manifest)
+    assert profile.decode_latency_model.weight_fraction == 1.0
+    assert profile.decode_power_batch_model is None
