@@ -452,7 +452,10 @@ energy figure meaningless."""
 def _read_csv(path: Path, text: str, power_limit_w: float) -> dict[str, NDArray[np.float64]]:
     with io.StringIO(text, newline="") as handle:
         reader = csv.DictReader(handle)
-        header = reader.fieldnames or []
+        # A hand-written header may space its names as its cells ("clock_mhz, idle_power_w");
+        # float() already reads " 345", so a name is read without the spaces around it.
+        header = [name.strip() for name in reader.fieldnames or []]
+        reader.fieldnames = header
         missing = [column for column in CSV_COLUMNS if column not in header]
         if missing:
             raise ProfileError(f"{path}: missing column(s) {missing}; header is {header}")

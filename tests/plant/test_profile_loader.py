@@ -273,6 +273,24 @@ def test_a_trailing_empty_cell_is_read(tmp_path: Path) -> None:
     assert load_profile(manifest).prefill_tokens_per_s[1] == before.prefill_tokens_per_s[1]
 
 
+def test_a_header_spaced_like_its_cells_loads(tmp_path: Path) -> None:
+    """``clock_mhz, prefill_tokens_per_s, ...`` (a space after each comma, as in its cells)
+    was refused as missing every column but the first, while the spaced cells were read."""
+    manifest, csv_path = copy_profile(tmp_path)
+    before = load_profile(manifest)
+    lines = csv_path.read_text().splitlines()
+    csv_path.write_text("\n".join(", ".join(line.split(",")) for line in lines) + "\n")
+    after = load_profile(manifest)
+    for column in profile_module.CSV_COLUMNS:
+        assert list(getattr(after, column)) == list(getattr(before, column))
+    # Stripped, a name given twice is still one name given twice.
+    csv_path.write_text(
+        "\n".join([lines[0] + ", clock_mhz ", *(line + ",1" for line in lines[1:])]) + "\n"
+    )
+    with pytest.raises(ProfileError, match=r"column\(s\) \['clock_mhz'\] appear more than once"):
+        load_profile(manifest)
+
+
 def test_a_column_named_twice_in_the_header_is_refused(tmp_path: Path) -> None:
     """The second clock column's values were read as the clocks, and the refusal blamed
     their order ("1.0 after 1.0") rather than the header."""
