@@ -586,6 +586,12 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
             raise ProfileError(
                 f"{manifest_path}: thermal.{key} must be positive, got {thermal[key]!r}"
             )
+    if not thermal["ambient_temperature_c"] > ABSOLUTE_ZERO_C:
+        # -1e300 C was taken, and every result reported a 300-digit peak temperature.
+        raise ProfileError(
+            f"{manifest_path}: thermal.ambient_temperature_c must be above absolute zero "
+            f"({ABSOLUTE_ZERO_C:g} C), got {thermal['ambient_temperature_c']!r}"
+        )
     if not thermal["thermal_limit_c"] > thermal["ambient_temperature_c"]:
         raise ProfileError(
             f"{manifest_path}: thermal.thermal_limit_c ({thermal['thermal_limit_c']!r}) must "
@@ -781,6 +787,8 @@ MAX_TENSOR_PARALLEL = 1024
 """The largest TP degree a profile may state (a rack-scale NVLink domain holds 576 GPUs)."""
 MAX_CLOCK_MHZ = 100_000.0
 """The highest clock a profile may list (the daemon's flags and config take no more)."""
+ABSOLUTE_ZERO_C = -273.15
+"""No ambient temperature is at or below it."""
 
 
 def _is_number(value: object) -> bool:

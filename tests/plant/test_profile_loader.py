@@ -109,6 +109,11 @@ def test_csv_error_reports_real_line_after_blank_line(tmp_path: Path) -> None:
             {"thermal__thermal_limit_c": 20.0},
             r"thermal_limit_c \(20.0\) must exceed thermal.ambient_temperature_c",
         ),
+        (
+            {"thermal__ambient_temperature_c": -1e300},
+            r"thermal\.ambient_temperature_c must be above absolute zero \(-273\.15 C\), "
+            r"got -1e\+300$",
+        ),
         ({"engine": [1]}, "'engine' must be an object"),
         ({"engine__max_batch_size": 0}, "engine.max_batch_size must be an integer >= 1, got 0"),
         ({"engine__kv_capacity_tokens": 1.5}, "engine.kv_capacity_tokens must be an integer"),
