@@ -151,15 +151,20 @@ def write_profile(
             f"{thermal_fit.temperature_span_c:.1f} C (R^2 {thermal_fit.r_squared:.3f})."
         )
     else:
+        # A neutral RC whose steady state at the (summed) power limit stays under the
+        # thermal limit, as `gpugov model export` writes: one GPU's 0.07 C/W against the
+        # summed powers of an 8-GPU domain put its idle over 87 C, and the written profile
+        # was refused by the loader at the end of the sweep.
         thermal = {
             "ambient_temperature_c": 30.0,
-            "thermal_resistance_c_per_w": 0.07,
+            "thermal_resistance_c_per_w": round((thermal_limit - 30.0) / (1.1 * power_limit_w), 9),
             "thermal_time_constant_s": 30.0,
             "thermal_limit_c": thermal_limit,
         }
         thermal_note = (
             "Thermal RC not fitted (the run was under 60 s of readings or the temperature "
-            "moved under 3 C): the thermal section holds generic defaults, not measurements."
+            "moved under 3 C): the thermal section holds generic defaults, not measurements "
+            "(a resistance that puts the power limit's steady state under the thermal limit)."
         )
     engine: dict[str, Any] = {
         "reference_batch_size": reference_batch,

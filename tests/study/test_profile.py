@@ -27,6 +27,7 @@ from gpugov.study.emulate.node import EmulatedNode
 from gpugov.study.emulate.server import EmulatorServer
 from gpugov.study.profiler.accuracy import compare, memory_bound_profile, write_profile_files
 from gpugov.study.profiler.sweep import Interrupted, Sweep, SweepSettings, default_decode_points
+from gpugov.study.profiler.write import write_profile
 
 
 @contextlib.contextmanager
@@ -367,3 +368,58 @@ def test_model_too_small_to_load_the_gpu(
         server.close()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "too small to load the GPU" in err[0] and "clocks reset" in err[0]
+
+
+def _domain_record(clock_mhz: int, gpus: int) -> dict[str, Any]:
+    """One clock's sweep record of a ``gpus``-GPU domain (powers summed over its GPUs), as
+    the sweep stores it, with too few thermal readings for a fit."""
+    scale = clock_mhz / 1980.0
+    decode = [
+        {
+            "batch": batch,
+            "context_tokens": batch * 1024,
+            "iteration_s": (0.01 + 0.0001 * batch + 1e-7 * batch * 1024) / scale,
+            "power_w": gpus * (300.0 + 300.0 * scale),
+        }
+        for batch in (8, 32, 64, 128)
+    ]
+    return {
+        "clock_mhz": clock_mhz,
+        "realized_clock_mhz": clock_mhz,
+        "decode": decode,
+        "prefill": {"tokens_per_s": 40000.0 * scale, "power_w": gpus * 600.0, "r_squared": 1.0},
+        "idle_power_w": gpus * 120.0,
+        "thermal": [],
+    }
+
+
+def test_an_unfitted_domain_profile_keeps_its_idle_under_the_thermal_limit(
+    tmp_path: Path,
+) -> None:
+    """Without a thermal fit the profiler wrote one GPU's 0.07 C/W against an 8-GPU
+    domain's summed powers: its 960 W idle sat at a steady 97 C over the 87 C limit, and
+    the loader refused the profile at the end of the sweep. The default now scales with
+    the (summed) power limit."""
+    manifest = write_profile(
+        [_domain_record(clock, 8) for clock in (990, 1500, 1980)],
+        tmp_path,
+        name="domain8",
+        status="emulated",
+        gpu_name="Emulated GPU",
+        model="m",
+        supported_clocks=[990, 1500, 1980],
+        power_limit_w=8 * 700.0,
+        settings={"reference_batch": 64, "reference_context_tokens": 1024},
+        command="gpugov profile",
+        ttft_slo_s=1.0,
+        tpot_slo_s=0.05,
+        kv_capacity_tokens=None,
+        backend="emulated",
+    )
+    profile = load_profile(manifest)
+    thermal = profile.manifest["thermal"]
+    steady_at_limit = thermal["ambient_temperature_c"] + (
+        thermal["thermal_resistance_c_per_w"] * profile.manifest["power_limit_w"]
+    )
+    assert steady_at_limit < thermal["thermal_limit_c"]
+    assert profile.manifest["thermal_fit_r_squared"] is None
