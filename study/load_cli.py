@@ -13,7 +13,7 @@ from types import FrameType
 from typing import Any
 
 from gpugov.daemon import cli_types
-from gpugov.daemon.limits import MAX_CONCURRENCY
+from gpugov.daemon.limits import MAX_CONCURRENCY, MAX_SECONDS
 
 
 def cmd_load(args: argparse.Namespace) -> int:
@@ -54,6 +54,12 @@ def cmd_load(args: argparse.Namespace) -> int:
     )
     if not workload:
         raise UsageError(f"--trace {args.trace}: the selected window holds no requests")
+    window = workload[-1].arrival_time_s
+    if window > MAX_SECONDS:  # sent in real time, such a window never ends
+        raise UsageError(
+            f"--trace {args.trace}: the window spans {window:.3g} s, over the {MAX_SECONDS:.3g} s "
+            "(ten years) a load may last; choose a shorter --duration or a larger --load-scale"
+        )
     try:
         host, port, prefix = base_url(args.url)
         model = args.model or served_model(args.url)
@@ -62,7 +68,6 @@ def cmd_load(args: argparse.Namespace) -> int:
     truth_base = f"http://{host}:{port}{prefix}"
     if args.governor_metrics is not None:
         _check_energy_sources(args.governor_metrics, truth_base)
-    window = workload[-1].arrival_time_s
     groups = Counter(r.arrival_time_s for r in workload)
     together = (
         f" (at {len(groups)} arrival times, up to {max(groups.values())} at once: "

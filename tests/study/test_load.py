@@ -69,6 +69,31 @@ def test_cli_writes_json_and_fails_cleanly_when_unreachable(
 
 
 @pytest.mark.parametrize(
+    "rows",
+    [
+        "0,100,5\n1e300,100,5\n",  # a plain CSV whose second arrival is 1e300 s later
+        "0,100,5\n31553789760,100,5\n",  # 1000 years, as 0001-01-01 to 9999-12-31
+    ],
+)
+def test_a_window_longer_than_ten_years_is_refused_before_the_engine_is_contacted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rows: str
+) -> None:
+    """Sent in real time, such a window never ends (the run sent the first request, then
+    waited, and its first line printed the span as hundreds of digits): one line naming
+    the trace, before the engine (unreachable here) is asked anything, and no --json."""
+    trace = tmp_path / "far.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + rows)
+    out = tmp_path / "load.json"
+    argv = ["load", "--trace", str(trace), "--url", "http://127.0.0.1:9", "--json", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(f"gpugov: error: --trace {trace}: the window spans ")
+    assert "--duration" in err[0] and "does not answer" not in err[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
     ("signum", "code", "word"), [(2, 130, "interrupted"), (15, 143, "terminated")]
 )
 def test_a_stopped_load_says_how_in_its_exit_line_and_summary(
