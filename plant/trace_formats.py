@@ -213,10 +213,21 @@ def read_trace(path: Path) -> tuple[str, str]:
     return read_trace_text(path, trace_error)
 
 
-def _first_line(text: str) -> str:
-    """The file's first line without its terminator (the rest of the text is not copied)."""
-    end = text.find("\n")
-    return (text if end < 0 else text[:end]).rstrip("\r")
+def _first_line(text: str) -> tuple[int, str] | None:
+    """The file's first line that is not blank, as (its 1-based number, its text without
+    the terminator), or None when every line is blank; blank lines before it are skipped
+    as they are between rows (found by one regex search: the rest is not copied)."""
+    found = _NOT_BLANK.search(text)
+    if found is None:
+        return None
+    start = text.rfind("\n", 0, found.start()) + 1
+    end = text.find("\n", start)
+    line = text[start:] if end < 0 else text[start:end]
+    return text.count("\n", 0, start) + 1, line.rstrip("\r")
+
+
+_NOT_BLANK = re.compile(r"\S")
+"""A character that makes its line not blank (``str.strip`` strips the others)."""
 
 
 def _blocks(text: str, report: Callable[[float], None] | None) -> Iterator[str]:
@@ -260,19 +271,22 @@ def detect_format(path: Path, text: str) -> str:
     """Pick the format from the first line; raise naming the known formats otherwise."""
     if not text:
         raise trace_error(path, 1, "empty file (no header and no data rows)")
-    first = _first_line(text)
+    found = _first_line(text)
+    if found is None:
+        raise trace_error(path, 1, "only blank lines (no header and no data rows)")
+    line, first = found
     if first.lstrip().startswith("{"):
         return "mooncake"
     if first.lstrip().startswith("["):
         raise trace_error(
             path,
-            1,
+            line,
             "a JSON array, not JSON lines; a Mooncake trace has one JSON object per line",
         )
     try:
         header = {_column_key(name) for name in next(csv.reader([first]), [])}
     except csv.Error as error:
-        raise trace_error(path, 1, f"the header is not a CSV row: {error}") from None
+        raise trace_error(path, line, f"the header is not a CSV row: {error}") from None
     columns = {fmt: {_column_key(col) for col in cols} for fmt, cols in _CSV_COLUMNS.items()}
     matches = [fmt for fmt, cols in columns.items() if cols <= header]
     if len(matches) == 1:
@@ -280,7 +294,7 @@ def detect_format(path: Path, text: str) -> str:
     if len(matches) > 1:
         raise trace_error(
             path,
-            1,
+            line,
             f"header {_clipped(first, 80)} matches several formats ({', '.join(matches)}); "
             "pass format= to choose one",
         )
@@ -293,7 +307,7 @@ def detect_format(path: Path, text: str) -> str:
         separator = "tabs" if "\t" in first else "semicolons"
         hint = f" (columns separated by {separator}: a trace is comma-separated)"
     raise trace_error(
-        path, 1, f"unknown header {_clipped(first, 80)}{hint}; known formats: {_KNOWN_FORMATS}"
+        path, line, f"unknown header {_clipped(first, 80)}{hint}; known formats: {_KNOWN_FORMATS}"
     )
 
 
@@ -386,7 +400,13 @@ def _parse_csv_rows(
     if not text:
         raise trace_error(path, 1, "empty file (no header and no data rows)")
     reader = csv.reader(_csv_lines(text, report))
-    header = [name.strip() for name in next(reader)]
+    # The header is the first row that is not blank (blank lines are skipped before it as
+    # between rows, and a file of blank lines only has none).
+    header = next((row for row in reader if any(cell.strip() for cell in row)), [])
+    if not header:
+        raise trace_error(path, 1, "only blank lines (no header and no data rows)")
+    header = [name.strip() for name in header]
+    header_line = reader.line_num
     keys = [_column_key(name) for name in header]
     ts_col, prompt_col, output_col = _CSV_COLUMNS[fmt]
     for col in (ts_col, prompt_col, output_col):
@@ -395,11 +415,13 @@ def _parse_csv_rows(
             listed = listed if len(listed) <= 120 else listed[:117] + "..."
             raise trace_error(
                 path,
-                1,
+                header_line,
                 f"missing column {col!r} required by format {fmt!r}; header has {listed}",
             )
         if keys.count(_column_key(col)) > 1:
-            raise trace_error(path, 1, f"column {col!r} appears more than once in the header")
+            raise trace_error(
+                path, header_line, f"column {col!r} appears more than once in the header"
+            )
     i_ts, i_prompt, i_output = (
         keys.index(_column_key(c)) for c in (ts_col, prompt_col, output_col)
     )

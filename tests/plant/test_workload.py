@@ -414,6 +414,11 @@ BAD_FILES = [
     ("json-key-twice", '{"timestamp": 0, "input_length": 1, "output_length": 1}\n'
      '{"timestamp": 1, "input_length": 5, "input_length": 7, "output_length": 1}\n', 2,
      'invalid JSON: key "input_length" given twice in one object (column 37)'),
+    # Only blank lines: named as such (it was "unknown header ''").
+    ("blank-lines-only", "\n  \r\n\n", 1, "only blank lines (no header and no data rows)"),
+    # Blank lines before the header are skipped, and errors name the header's own line.
+    ("near-miss-header-after-blank-lines", "\n\nTIMESTAMP,ContextTokens\n"
+     "2023-11-16 18:00:00.0,1\n", 3, "closest: azure, missing column(s) 'GeneratedTokens'"),
     # A carriage return inside the header's field: the csv module raised its own error.
     ("cr-in-header", "TIMESTAMP,Context\rTokens,GeneratedTokens\n1,2,3\n", 1,
      "the header is not a CSV row"),
@@ -549,6 +554,29 @@ def test_blank_lines_are_not_records(tmp_path: Path) -> None:
     requests, report = load_quiet(path)
     assert report.rows == 2
     assert [r.request_id for r in requests] == [0, 1]
+
+
+@pytest.mark.parametrize("fmt", ["auto", "forced"])
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("lead.csv", "\n\r\n  \n" + AZURE_HEADER + "2023-11-16 18:00:00.0,1,1\n"
+         "2023-11-16 18:00:01.0,2,2\n"),
+        ("lead.jsonl", "\n  \n" + '{"timestamp": 0, "input_length": 1, "output_length": 1}\n'
+         '{"timestamp": 1000, "input_length": 2, "output_length": 2}\n'),
+    ],
+    ids=["azure", "mooncake"],
+)  # fmt: skip
+def test_blank_lines_before_the_header_or_first_record_are_skipped(
+    tmp_path: Path, name: str, content: str, fmt: str
+) -> None:
+    """Blank lines at the top are skipped as those between rows are: a JSON lines file
+    starting with one was detected as a CSV with the unknown header ''."""
+    path = write(tmp_path, name, content)
+    forced = "mooncake" if name.endswith(".jsonl") else "azure"
+    requests, report = load_quiet(path, format=forced if fmt == "forced" else "auto")
+    assert report.format == forced and report.rows == 2
+    assert list(requests) == [Request(0, 0.0, 1, 1), Request(1, 1.0, 2, 2)]
 
 
 def test_azure_timestamps_are_parsed_exactly(tmp_path: Path) -> None:
