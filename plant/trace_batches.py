@@ -21,6 +21,9 @@ import numpy as np
 BATCHED_FRACTION = 0.5
 """A trace is batched when at least this fraction of its requests share a timestamp."""
 
+_LARGEST = float(np.finfo(float).max)
+"""The largest finite arrival a spread may give."""
+
 SPREAD_SEED = 0
 """Seed of the uniform offsets inside each batch (fixed: a trace always loads the same)."""
 
@@ -59,7 +62,9 @@ def spread_batched_arrivals(arrivals_s: Sequence[float]) -> tuple[list[float], f
         if count == 1:
             continue
         following = times[ends[index]] if index + 1 < starts.size else np.inf
-        width = min(grid, float(following - times[first]))
+        # Arrivals are >= 0 and finite; the last batch's spread must stay finite too (a
+        # stamp near the float maximum plus a grid step as large would overflow to inf).
+        width = min(grid, float(following - times[first]), _LARGEST - float(times[first]))
         offsets = np.sort(rng.uniform(0.0, width, count))
         if first == 0:
             offsets[0] = 0.0  # the time origin stays the first request's stamp

@@ -44,6 +44,17 @@ def test_a_batch_never_reaches_the_next_stamp_after_a_short_gap() -> None:
     assert all(3.5 <= t < 6.5 for t in spread[8:12])
 
 
+def test_a_last_batch_near_the_float_maximum_spreads_to_finite_arrivals() -> None:
+    """Two batches 1.7e308 s apart (a trace with a stray far stamp): the last one's spread
+    over its grid step overflowed to inf, with numpy's RuntimeWarning on stderr."""
+    arrivals = [0.0] * 3 + [1.7e308] * 3
+    with np.errstate(over="raise"):
+        spread, grid = spread_batched_arrivals(arrivals)
+    assert grid == 1.7e308
+    assert all(np.isfinite(spread)) and spread == sorted(spread)
+    assert all(t >= 1.7e308 for t in spread[3:])
+
+
 @pytest.mark.parametrize(
     "arrivals",
     [
