@@ -374,6 +374,12 @@ class SnapshotCollector(Collector):
             "1 when the last decision was lowered by the decode descent",
             d,
         )
+        efficiency = _gauge(
+            "gpugov_model_efficiency_floor_active",
+            "1 when the last decision was raised to the efficiency floor (a slower clock "
+            "costs more energy by the learned model)",
+            d,
+        )
         backoffs = CounterMetricFamily(
             "gpugov_model_backoffs",
             "Back-offs to the maximum clock on measured latency near the SLO",
@@ -429,6 +435,7 @@ class SnapshotCollector(Collector):
                 key,
                 1.0 if model.get("reason") in ("decode-descent", "warm-up-descent") else 0.0,
             )
+            efficiency.add_metric(key, 1.0 if model.get("reason") == "efficiency-floor" else 0.0)
             backoffs.add_metric(key, float(model.get("backoffs", 0)))
             resets.add_metric(key, float(model.get("resets", 0)))
             for name, value in (model.get("slo_budget") or {}).items():
@@ -436,7 +443,8 @@ class SnapshotCollector(Collector):
                     budget[name].add_metric(key, float(value))
         yield samples
         yield from residuals.values()
-        yield from (confidence, exploring, warmup, floor, guard, descent, backoffs, resets)
+        yield from (confidence, exploring, warmup, floor, guard, descent, efficiency)
+        yield from (backoffs, resets)
         yield from budget.values()
 
     def _budget_metrics(self, domains: Sequence[DomainSnapshot]) -> Iterator[Metric]:

@@ -50,6 +50,7 @@ from gpugov.controllers.mpc.controller import (
 )
 from gpugov.controllers.mpc.fast import DiscreteSearchSolver
 from gpugov.controllers.mpc.search_kernel import compile_kernels
+from gpugov.controllers.online.efficiency import WorkMix, domain_floor
 from gpugov.controllers.online.exploration import (
     REFERENCE_BATCH,
     ArrivalClumping,
@@ -219,6 +220,7 @@ class OnlineMPCController(MeasuredLatencyRules):
         """(time, TPOT pressure) measured over the last :data:`PARK_MEMORY_S` (a
         colocated GPU's idle parking)."""
         self.backlog_age = BacklogAge()
+        self.work_mix = WorkMix()
         self.budget = (
             None
             if slo_target is None
@@ -559,6 +561,7 @@ class OnlineMPCController(MeasuredLatencyRules):
         self._mpc_decided = False
         self.observe(observation)
         self.backlog_age.update(observation)
+        self.work_mix.update(observation)
         observation = self.latency_window.view(observation)
         self.clumping.update(observation)
         if self.budget is not None:
@@ -599,14 +602,19 @@ class OnlineMPCController(MeasuredLatencyRules):
                 bound, descent = window
                 decision = min(decision, descent)
                 floor = max(min(floor, bound), self.exploration.backoff_floor(model.clocks_mhz))
-            self.current_clock = max(decision, floor, guard or 0.0)
+            efficient = self.efficient_clock(observation)
+            self.current_clock = max(decision, floor, guard or 0.0, efficient)
             if parked is not None and max(parked, guard or 0.0) < self.current_clock:
                 # An idle colocated GPU past the warm-up: the MPC's fluid model spreads
                 # the expected prompts over every period and prices each as prefilled at
                 # that period's clock, where one arriving is raised at the next decision.
-                # The parking bound caps it (the clump floor kept).
-                self.current_clock = max(parked, guard or 0.0)
-                self.last_reason = "idle-park"
+                # The parking bound caps it (the clump floor and the efficiency floor
+                # kept: on a board where a slower clock costs more, a prompt landing in
+                # the idle period is prefilled dearer there).
+                self.current_clock = max(parked, guard or 0.0, efficient)
+                self.last_reason = "idle-park" if parked >= efficient else "efficiency-floor"
+            elif efficient > max(decision, floor, guard or 0.0):
+                self.last_reason = "efficiency-floor"
             elif guard is not None and guard > max(decision, floor):
                 self.last_reason = "burst-guard"
             elif window is not None and self.current_clock < undescended - 1e-9:
@@ -634,6 +642,19 @@ class OnlineMPCController(MeasuredLatencyRules):
             # Keep the MPC's notion of the applied clock (its clock-change penalty).
             self.mpc.current_clock = clock
         return clock
+
+    def efficient_clock(self, observation: ServingObservation) -> float:
+        """The efficiency floor (:mod:`controllers.online.efficiency`) of the domain's
+        recent work; 0 before the model exists."""
+        if self.model is None:
+            return 0.0
+        return domain_floor(
+            self.model,
+            self.work_mix,
+            observation.role,
+            self.effective_z,
+            self.exploration.minimum_visits,
+        )
 
     def _tail_backlog(self, observation: ServingObservation) -> ServingObservation:
         """``observation`` with its prompt backlog at the tail estimate while the SLO

@@ -654,6 +654,11 @@ class OnlineModel:
             [self._predict(clocks, batch, context)[DECODE_MEAN] for batch, context in points]
         )
 
+    def predict_rows(self, clocks: FloatArray, batch: float, context_tokens: float) -> FloatArray:
+        """:func:`predict_table` of the current estimate at ``clocks`` (its rows: the
+        prefill and decode latencies' means and standard deviations, the power blocks)."""
+        return self._predict(np.ascontiguousarray(clocks, dtype=float), batch, context_tokens)
+
     def _predict(self, clocks: FloatArray, batch: float, context_tokens: float) -> FloatArray:
         """:func:`predict_table` of the current estimate at ``clocks``."""
         return predict_table(

@@ -211,12 +211,38 @@ def learned_tables(
     return out, parts, valid
 
 
+@jit
+def work_power(
+    rows: FloatArray, prompt_rate: float, decode_share: float, z: float
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Mean watts at each clock (a column of :func:`predict_table`'s ``rows``, power
+    blocks idle, prefill, decode) while prefilling ``prompt_rate`` prompt tokens per second
+    and decoding ``decode_share`` of the time: the idle power, the prefill power above idle
+    for the seconds the prompts take, and the decode power above idle for its share; with
+    the prefill latency at its mean, its mean less and its mean plus ``z`` standard
+    deviations (the powers at their means; ``controllers.online.efficiency``)."""
+    count = rows.shape[1]
+    mean = np.empty(count)
+    optimistic = np.empty(count)
+    pessimistic = np.empty(count)
+    for n in range(count):
+        idle = rows[POWER_ROWS, n]
+        prefill = prompt_rate * max(rows[POWER_ROWS + 1, n] - idle, 0.0)
+        base = idle + decode_share * max(rows[POWER_ROWS + 2, n] - idle, 0.0)
+        seconds, spread = rows[PREFILL_MEAN, n], z * rows[PREFILL_STD, n]
+        mean[n] = base + prefill * max(seconds, 0.0)
+        optimistic[n] = base + prefill * max(seconds - spread, 0.0)
+        pessimistic[n] = base + prefill * max(seconds + spread, 0.0)
+    return mean, optimistic, pessimistic
+
+
 def compile_prediction() -> None:
     """Compile (or load from numba's cache) the kernel once per process, on a tiny
     input, so no control period pays the compile time."""
     knots = np.array([1.0, 2.0])
     work = np.array([0.0, 1.0])
     predict_table(knots, knots, 2.0, np.ones(4), np.eye(4), np.ones(2), 1.0, work)
+    work_power(np.ones((POWER_ROWS + 3, 2)), 1.0, 1.0, 1.0)
     learned_tables(
         knots,
         knots,

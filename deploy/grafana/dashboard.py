@@ -571,8 +571,8 @@ def model_panels(ids: _Ids) -> list[Timeseries]:
             ids,
             "Learned model: exploration",
             "1 while the floor sits below the explored clocks (safe exploration), the "
-            "model warms up at the top clock, the burst guard raised the clock, or the decode "
-            "descent lowered it; "
+            "model warms up at the top clock, the burst guard or the efficiency floor raised "
+            "the clock, or the decode descent lowered it; "
             "back-offs to the maximum clock per minute.",
             "short",
             [
@@ -588,6 +588,10 @@ def model_panels(ids: _Ids) -> list[Timeseries]:
                 (
                     f"gpugov_model_decode_descent_active{{{DOMAIN}}}",
                     "decode descent {{instance}} {{domain}}",
+                ),
+                (
+                    f"gpugov_model_efficiency_floor_active{{{DOMAIN}}}",
+                    "efficiency floor {{instance}} {{domain}}",
                 ),
                 (
                     f"60 * rate(gpugov_model_backoffs_total{{{DOMAIN}}}[{RATE}])",
