@@ -231,6 +231,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             tpot_slo_s=args.tpot_slo,
             kv_capacity_tokens=_kv_capacity(args.engine_url),
             backend=args.backend,
+            tensor_parallel=len(backends),
         )
     except Interrupted:
         word, code = _stopped_by(received)

@@ -107,6 +107,7 @@ def write_profile(
     tpot_slo_s: float,
     kv_capacity_tokens: int | None,
     backend: str,
+    tensor_parallel: int = 1,
 ) -> Path:
     """Write ``DIR/NAME.csv`` and ``DIR/NAME.json``; return the manifest path (loadable
     by ``load_profile`` and usable as ``mpc:PATH``).
@@ -191,6 +192,7 @@ def write_profile(
         "ttft_slo_s": ttft_slo_s,
         "tpot_slo_s": tpot_slo_s,
         "power_limit_w": power_limit_w,
+        "tensor_parallel": max(1, int(tensor_parallel)),
         "thermal": thermal,
         "thermal_fit_r_squared": None if thermal_fit is None else thermal_fit.r_squared,
         "engine": engine,

@@ -415,8 +415,12 @@ def test_an_unfitted_domain_profile_keeps_its_idle_under_the_thermal_limit(
         tpot_slo_s=0.05,
         kv_capacity_tokens=None,
         backend="emulated",
+        tensor_parallel=8,
     )
     profile = load_profile(manifest)
+    # The domain's GPU count is its tensor_parallel: a node governing the same eight GPUs
+    # with this profile is not told it describes another domain.
+    assert profile.tensor_parallel == 8
     thermal = profile.manifest["thermal"]
     steady_at_limit = thermal["ambient_temperature_c"] + (
         thermal["thermal_resistance_c_per_w"] * profile.manifest["power_limit_w"]
