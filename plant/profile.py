@@ -221,12 +221,23 @@ class PerformanceProfile:
         Raises:
             ValueError: naming the field and the requested key.
         """
-        selection = self.manifest.get("clock_profile_selection", {})
+        selection = self.manifest.get("clock_profile_selection")
+        if selection is None:
+            return {}
         if not isinstance(selection, Mapping):
+            raise ValueError(
+                f"profile {self.name}: clock_profile_selection must be an object, "
+                f"got {selection!r:.40}"
+            )
+        raw = selection.get("realized_clock_median_mhz_by_requested")
+        if raw is None:
             return {}
-        raw = selection.get("realized_clock_median_mhz_by_requested", {})
         if not isinstance(raw, Mapping):
-            return {}
+            raise ValueError(
+                f"profile {self.name}: clock_profile_selection."
+                "realized_clock_median_mhz_by_requested must be an object of requested "
+                f"clock -> realised clock (MHz), got {raw!r:.40}"
+            )
         lowest, highest = self.minimum_clock_mhz, self.maximum_clock_mhz
         result: dict[float, float] = {}
         for requested, realized in raw.items():

@@ -225,6 +225,31 @@ def test_a_realised_clock_outside_the_profiles_clocks_is_refused(
     assert "clock_profile_selection.realized_clock_median_mhz_by_requested" in message
 
 
+@pytest.mark.parametrize(
+    ("selection", "named"),
+    [
+        ([1], r"clock_profile_selection must be an object, got \[1\]"),
+        ("fast", "clock_profile_selection must be an object, got 'fast'"),
+        (
+            {"realized_clock_median_mhz_by_requested": [1980, 1500]},
+            "realized_clock_median_mhz_by_requested must be an object of requested clock",
+        ),
+    ],
+    ids=["list", "text", "medians-list"],
+)
+def test_a_clock_selection_of_the_wrong_type_is_refused(
+    tmp_path: Path, selection: object, named: str
+) -> None:
+    """A list or a string there was ignored without a word: a profile's realised clocks
+    silently became its requested ones."""
+    manifest, _ = copy_profile(tmp_path)
+    edit_manifest(manifest, clock_profile_selection=selection)
+    with pytest.raises(ProfileError, match=named) as caught:
+        load_profile(manifest)
+    message = str(caught.value)
+    assert message.startswith(f"{manifest}: ") and "\n" not in message
+
+
 def test_realised_clocks_up_to_the_top_and_below_the_lowest_are_kept(tmp_path: Path) -> None:
     """A GPU locked at the lowest profiled clock may run below it (its range goes lower)."""
     manifest, _ = copy_profile(tmp_path)
