@@ -17,6 +17,10 @@ engine's ``model_name`` label), the SLOs last seen and the model
   matches the stored one.
 - Only a model that learned at least one window is written, so an empty model never
   replaces a stored one, and a deep copy of the wrapper never reads or writes the file.
+- A file of another model version (written by an older or newer gpugov: a rollback, or
+  an upgrade and back) is not corrupt: it is kept aside as ``.other-*``, whole, with one
+  line, and the model is learned anew; the gpugov that reads that version takes it back
+  as any kept model.
 - A corrupt or partial file is refused with one clear log line, renamed aside
   (``.corrupt-<UTC time>``) and learning starts fresh; it never stops the daemon. Only
   a file that fails the model's own checks is: one the controller's settings cannot use
@@ -94,6 +98,11 @@ class StoredModelError(ValueError):
     """A state file is corrupt or partial; the message names the file and the problem."""
 
 
+class OtherVersionError(StoredModelError):
+    """A state file another gpugov wrote, with another model version: not corrupt, kept
+    for that gpugov (a rollback and its upgrade again)."""
+
+
 def model_path(directory: Path, domain: str) -> Path:
     """The state file of ``domain``."""
     return directory / f"online-model-{domain}.json"
@@ -120,9 +129,12 @@ def read_stored(path: Path) -> dict[str, Any]:
         ) from error
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise StoredModelError(f"{path}: not a gpugov online-model file")
-    problem = payload_problem(payload)
-    if problem is not None:
-        raise StoredModelError(f"{path}: {problem}")
+    try:
+        _check_payload(payload)
+    except OtherVersionError as error:
+        raise OtherVersionError(f"{path}: {error}") from error
+    except StoredModelError as error:
+        raise StoredModelError(f"{path}: {error}") from error
     return payload
 
 
@@ -142,7 +154,7 @@ def _check_payload(payload: dict[str, Any]) -> None:
     if isinstance(version, bool) or not isinstance(version, int):
         raise StoredModelError(f"model version must be an integer, got {version!r:.40}")
     if version != MODEL_VERSION:
-        raise StoredModelError(f"model version {version!r}, this gpugov reads {MODEL_VERSION}")
+        raise OtherVersionError(f"model version {version!r}, this gpugov reads {MODEL_VERSION}")
     for key in ("key", "model"):
         if not isinstance(payload.get(key), dict):
             raise StoredModelError(f"field {key!r} is missing or not an object")
@@ -402,6 +414,18 @@ class PersistentOnlineModel(ControllerWrapper):
         except FileNotFoundError:
             if self._take_back(key, observation.supported_clocks_mhz):
                 self._restore(observation)
+            return
+        except OtherVersionError as error:
+            # Another gpugov's model (a rollback, or a node upgraded and back): kept
+            # aside whole, never called corrupt; that gpugov reads it again.
+            try:
+                kept = f"kept as {set_aside(self.path, tag='other').name}"
+            except OSError as rename_error:
+                kept = f"could not keep it aside ({rename_error}): the next save replaces it"
+            self._say(
+                logging.WARNING,
+                f"{error} (written by another gpugov); not applied; {kept}; learning anew",
+            )
             return
         except StoredModelError as error:
             self._set_aside(str(error))

@@ -1022,3 +1022,24 @@ def test_a_model_learned_on_other_clocks_is_kept_as_another_nodes_and_comes_back
     (kept,) = tmp_path.glob("online-model-llm.json.other-*")
     assert len(read_stored(kept)["model"]["clocks_mhz"]) < len(learned.clocks_mhz)
     assert not list(tmp_path.glob("online-model-llm.json.corrupt-*"))
+
+
+def test_a_model_of_another_version_is_kept_for_its_gpugov_not_called_corrupt(
+    tmp_path: Path,
+) -> None:
+    """A rollback finds the file a newer gpugov wrote (another model version): it was
+    renamed corrupt, and the newer gpugov, upgraded again, never had its model back. It
+    is kept aside whole as another node's, and this gpugov learns anew."""
+    _learn(tmp_path).close()
+    path = model_path(tmp_path, "llm")
+    payload = json.loads(path.read_text())
+    payload["version"] = payload["version"] + 1  # what a newer gpugov writes
+    path.write_text(json.dumps(payload))
+    older = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    older(_idle(0.0, name="llama"))
+    assert not older.restored
+    (said,) = [m for m in older.messages if "written by another gpugov" in m]
+    assert "not applied; kept as online-model-llm.json.other-" in said and "\n" not in said
+    assert not list(tmp_path.glob("online-model-llm.json.corrupt-*"))
+    (kept,) = tmp_path.glob("online-model-llm.json.other-*")
+    assert json.loads(kept.read_text()) == payload  # whole, for the gpugov that reads it
