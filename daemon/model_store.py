@@ -394,6 +394,14 @@ class PersistentOnlineModel(ControllerWrapper):
         self.messages.append(message)
         del self.messages[:-20]
 
+    def _keep_aside(self) -> str:
+        """Keep the state file aside whole as another node's (``.other-*``); say where,
+        or why it could not be."""
+        try:
+            return f"kept as {set_aside(self.path, tag='other').name}"
+        except OSError as error:
+            return f"could not keep it aside ({error}): the next save replaces it"
+
     def _set_aside(self, reason: str) -> None:
         try:
             aside = set_aside(self.path)
@@ -418,10 +426,7 @@ class PersistentOnlineModel(ControllerWrapper):
         except OtherVersionError as error:
             # Another gpugov's model (a rollback, or a node upgraded and back): kept
             # aside whole, never called corrupt; that gpugov reads it again.
-            try:
-                kept = f"kept as {set_aside(self.path, tag='other').name}"
-            except OSError as rename_error:
-                kept = f"could not keep it aside ({rename_error}): the next save replaces it"
+            kept = self._keep_aside()
             self._say(
                 logging.WARNING,
                 f"{error} (written by another gpugov); not applied; {kept}; learning anew",
@@ -446,10 +451,7 @@ class PersistentOnlineModel(ControllerWrapper):
             ):
                 self._restore(observation)
                 return
-            try:
-                kept = f"; kept as {set_aside(self.path, tag='other').name}"
-            except OSError as error:
-                kept = f"; could not keep it aside ({error}): the next save replaces it"
+            kept = f"; {self._keep_aside()}"
             self._say(
                 logging.INFO,
                 f"{self.path}: stored model was learned on other supported clocks "
@@ -461,10 +463,7 @@ class PersistentOnlineModel(ControllerWrapper):
             # Kept aside, not left to be overwritten by the first save of the model
             # learned anew: a node moved back (another GPU, the old model served again)
             # can have it back by renaming it.
-            try:
-                kept = f"; kept as {set_aside(self.path, tag='other').name}"
-            except OSError as error:
-                kept = f"; could not keep it aside ({error}): the next save replaces it"
+            kept = f"; {self._keep_aside()}"
             self._say(
                 logging.INFO,
                 f"{self.path}: stored model is for {stored.as_dict()}, this node is "
@@ -476,10 +475,7 @@ class PersistentOnlineModel(ControllerWrapper):
         except SettingsRefuseModel as error:
             # The controller's settings, not the file: kept whole (never named corrupt,
             # never overwritten by the model learned anew).
-            try:
-                kept = f"kept as {set_aside(self.path, tag='other').name}"
-            except OSError as rename_error:
-                kept = f"could not keep it aside ({rename_error}): the next save replaces it"
+            kept = self._keep_aside()
             self._say(
                 logging.WARNING,
                 f"{self.path}: learned model not applied: {error} (the controller's "
