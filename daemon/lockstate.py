@@ -183,6 +183,10 @@ class LockState:
             entries[str(key)] = entry
         return entries
 
+    def power_limits(self) -> dict[str, dict[str, Any]]:
+        """Every power limit entry, by GPU key (its UUID)."""
+        return dict(self._limits)
+
     def get_power_limit(self, key: str) -> dict[str, Any] | None:
         """The power limit entry for GPU ``key`` (its UUID), if any."""
         return self._limits.get(key)

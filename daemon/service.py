@@ -48,7 +48,7 @@ from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DEFAULT_TAIL_QUANTILE, DomainObserver
 from gpugov.daemon.power_budget import PowerBudget, domain_budget
-from gpugov.daemon.power_limit import power_limit_actuator
+from gpugov.daemon.power_limit import PowerLimitActuator, power_limit_actuator, power_limit_backend
 from gpugov.daemon.roles import COLOCATED, resolve_role
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import SimulatedBackend, SimulatedNode, SimulatedSource
@@ -572,6 +572,7 @@ def reset_left_locks(
     stayed locked low with nobody to reset it. A GPU is opened as the record names it and
     reset only when it is the recorded one (its UUID); a record whose writer still runs
     is left to it. One line each (logged); a reset that fails names the command to run.
+    The power limits such a run recorded on those GPUs are restored the same way.
     """
     state = assembled.state
     if state is None:
@@ -612,6 +613,52 @@ def reset_left_locks(
                     line = f"{found}; reset"
             except GpugovError as error:
                 line = f"{found}; reset FAILED ({error}): run `gpugov reset-clocks --gpus {named}`"
+            finally:
+                backend.close()
+        log.warning("reconcile: %s", line)
+        lines.append(line)
+    lines.extend(_restore_left_power_limits(config, state, ours, stop))
+    return lines
+
+
+def _restore_left_power_limits(
+    config: GpugovConfig, state: LockState, ours: set[str], stop: threading.Event | None
+) -> list[str]:
+    """The power limits a previous run recorded on GPUs this config no longer governs,
+    restored as a governed GPU's are at its domain's reconcile (the limit it had before
+    gpugov, unless someone changed it since); a GPU that is not the recorded one, or
+    cannot be opened, is named with the command to run. One line each (logged)."""
+    lines: list[str] = []
+    for key, entry in state.power_limits().items():
+        if key in ours or entry.get("pid") == state.pid or live_gpugov_pid(entry.get("pid")):
+            continue
+        named = str(entry.get("gpu", key))
+        gpu: int | str = int(named) if named.isascii() and named.isdigit() else named
+        found = (
+            f"GPU {named} ({key}), not in this config: a previous gpugov run set its power limit"
+        )
+        advice = f"run `gpugov reset-clocks --gpus {named}` (it restores the recorded limit)"
+        try:
+            backend = open_backend(
+                gpu,
+                config.daemon.backend,
+                emulator=config.daemon.emulator,
+                daemon=config.daemon,
+                stop=stop,
+            )
+        except (GpugovError, ValueError) as error:
+            line = f"{found}; not restored ({error}): {advice}"
+        else:
+            try:
+                if gpu_key(backend) != key:
+                    line = f"{found}; not restored: GPU {named} is now {gpu_key(backend)}; {advice}"
+                elif power_limit_backend(backend) is None:
+                    line = f"{found}; not restored: its backend sets no power limit; {advice}"
+                else:
+                    actuator = PowerLimitActuator([backend], domain="reconcile", state=state)
+                    # Its own line, logged by the actuator, says what it found and did.
+                    lines.extend(actuator.reconcile())
+                    continue
             finally:
                 backend.close()
         log.warning("reconcile: %s", line)

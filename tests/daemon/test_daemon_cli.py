@@ -576,6 +576,56 @@ def test_a_lock_a_killed_run_left_on_a_gpu_no_longer_configured_is_reset(
     assert "\n" not in gone and "Traceback" not in caplog.text
 
 
+def test_a_power_limit_a_killed_run_left_on_a_gpu_no_longer_configured_is_restored(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run capped GPUs 0 and 1 and was killed; the next start governs GPU 0 only. GPU
+    1's power limit (recorded in the state directory) is restored too: it stayed capped,
+    its record kept, where only `gpugov reset-clocks` restored it."""
+    import logging
+    import os
+    import signal
+
+    from gpugov.daemon.lockstate import LockState
+
+    state_dir = tmp_path / "state"
+    killed = LockState(state_dir, pid=1)
+    for index in (0, 1):
+        killed.record_power_limit(fake.gpus[index].uuid, str(index), 700_000, 300_000)
+        fake.gpus[index].power_limit_mw = 300_000
+    killed.record_power_limit("GPU-gone", "7", 700_000, 300_000)  # a GPU since removed
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    config = tmp_path / "gpugov.toml"
+    config.write_text(
+        f'[daemon]\nmetrics_address = ""\nstate_dir = "{state_dir}"\n'
+        '[[domains]]\nname = "llm"\ngpus = [0]\n'
+        f'[domains.engine]\nkind = "vllm"\nurl = "{metrics_server.url}"\n'
+    )
+    real = node_cli.domains_from_config
+
+    def stopped_after_opening(*args: object, **kwargs: object) -> object:
+        assembled = real(*args, **kwargs)  # type: ignore[arg-type]
+        os.kill(os.getpid(), signal.SIGTERM)  # stop once reconcile has run
+        return assembled
+
+    monkeypatch.setattr(node_cli, "domains_from_config", stopped_after_opening)
+    with caplog.at_level(logging.INFO):
+        assert node_cli.main(["run", "--config", str(config)]) == 0
+    assert fake.gpus[0].power_limit_mw == 700_000 and fake.gpus[1].power_limit_mw == 700_000
+    assert ("nvmlDeviceSetPowerManagementLimit", 1, 700_000) in fake.writes
+    # The GPU that is gone keeps its record, named in one line with the command to run.
+    assert set(LockState(state_dir).power_limits()) == {"GPU-gone"}
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("GPU 1: a previous gpugov run" in m and m.endswith("restored") for m in messages)
+    (gone,) = [m for m in messages if "GPU 7 (GPU-gone)" in m]
+    assert "not restored" in gone and "gpugov reset-clocks --gpus 7" in gone
+    assert "\n" not in gone and "Traceback" not in caplog.text
+
+
 @pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 0), ("SIGINT", 130)])
 def test_a_stop_while_a_gpu_open_is_retried_ends_the_retries(
     tmp_path: Path,
