@@ -18,7 +18,7 @@ from typing import Any
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.contract import layers
 from gpugov.daemon.actuator import ClockActuator, ExternalPolicy, LockMode
-from gpugov.daemon.backend import DryRunBackend, GpuBackend
+from gpugov.daemon.backend import DryRunBackend, GpuBackend, power_limit_backend
 from gpugov.daemon.config import DaemonSection, DomainConfig, GpugovConfig, controller_state_dir
 from gpugov.daemon.controller_config import ControllerConfig, OnlineMPCControllerConfig
 from gpugov.daemon.controller_spec import spec_name
@@ -48,7 +48,7 @@ from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DEFAULT_TAIL_QUANTILE, DomainObserver
 from gpugov.daemon.power_budget import PowerBudget, domain_budget
-from gpugov.daemon.power_limit import PowerLimitActuator, power_limit_actuator, power_limit_backend
+from gpugov.daemon.power_limit import PowerLimitActuator, power_limit_actuator
 from gpugov.daemon.roles import COLOCATED, resolve_role
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import SimulatedBackend, SimulatedNode, SimulatedSource
