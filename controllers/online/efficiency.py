@@ -140,6 +140,8 @@ def efficiency_floor(
         return float(clocks[0])  # no evidence that any slower clock costs more
     every, _, _ = power_for_work(model, realized, prompt_rate, decode_share, 0.0)
     valid = np.isfinite(every)
+    if not valid.any():
+        return float(clocks[0])
     best = float(np.min(every[valid]))
     near = np.flatnonzero(valid & (every <= (1.0 + TOLERANCE) * best))
     return float(clocks[int(near[0])])
