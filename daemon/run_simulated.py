@@ -209,8 +209,10 @@ def _against_maximum(result: Any, workload: Any, plant: Any, seed: int) -> str:
     def share(value: float | None) -> str:
         return "n/a" if value is None else f"{100.0 * value:.1f}%"
 
+    # A governor that spent more than the maximum clock says so, not "-0.7% less".
+    change = f"{100.0 * saved:.1f}% less" if saved >= 0.0 else f"{-100.0 * saved:.1f}% more"
     return (
-        f"  against the maximum clock on the same trace: {100.0 * saved:.1f}% less energy "
+        f"  against the maximum clock on the same trace: {change} energy "
         f"({mine.energy_j / 1e3:.1f} kJ vs {reference.energy_j / 1e3:.1f} kJ), SLO attainment "
         f"{share(mine.slo_attainment)} vs {share(reference.slo_attainment)}"
     )

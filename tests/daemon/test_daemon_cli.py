@@ -355,6 +355,34 @@ def test_run_simulate_virtual_record_and_replay(
     assert node_cli.main(["replay", str(tmp_path / "nope.jsonl"), "--controller", "max"]) == 2
 
 
+def test_a_run_that_spent_more_than_the_maximum_clock_says_more() -> None:
+    """The demo's last line said "-0.7% less energy" for a governor that spent more."""
+    from types import SimpleNamespace
+
+    from synthetic import make_plant
+
+    from gpugov.daemon.run_simulated import _against_maximum
+    from gpugov.plant.types import Request
+
+    plant = make_plant()
+    workload = [Request(i, 0.5 * i, 800, 60) for i in range(40)]
+    # The maximum clock's own run, then a run that spent a tenth more and a tenth less.
+    probe = _against_maximum(
+        SimpleNamespace(metrics=SimpleNamespace(energy_j=1.0, slo_attainment=1.0)),
+        workload,
+        plant,
+        0,
+    )
+    reference_kj = float(probe.split(" vs ", 1)[1].split(" kJ", 1)[0])
+    for factor, words in ((2.0, "% more energy ("), (0.5, "% less energy (")):
+        run = SimpleNamespace(
+            metrics=SimpleNamespace(energy_j=factor * reference_kj * 1e3, slo_attainment=1.0)
+        )
+        line = _against_maximum(run, workload, plant, 0)
+        share = float(line.split("on the same trace: ", 1)[1].split("%", 1)[0])
+        assert words in line and 40.0 < share < 110.0, line  # a positive share, its word
+
+
 def test_run_simulate_defaults_to_mpc_online_with_the_slo_target(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
