@@ -180,6 +180,16 @@ def resolve_trace(name_or_path: str | Path) -> Path:
         path = directory / file_name
         if not path.is_file():
             configured = os.environ.get(TRACES_DIR_ENV)
+            if path.exists() or path.is_symlink():
+                # There, but no trace file: a directory, a FIFO, a device, a dangling link.
+                kind = (
+                    "a directory"
+                    if path.is_dir()
+                    else "a dangling link"
+                    if not path.exists()
+                    else "not a regular file"
+                )
+                raise TraceError(f"trace {name_or_path!r}: {path} is {kind}, not the trace's file")
             if configured:
                 raise TraceError(
                     f"trace {name_or_path!r}: {file_name} not found in "

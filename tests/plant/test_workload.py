@@ -220,6 +220,30 @@ def test_without_the_variable_the_error_names_the_default_directory(
     assert f"{tmp_path / 'absent'} (the default)" in message and TRACES_DIR_ENV in message
 
 
+@pytest.mark.parametrize("kind", ["a directory", "a dangling link", "not a regular file"])
+def test_a_shared_trace_name_that_is_no_file_says_what_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A directory, a FIFO or a dangling link where a shared trace's file should be was
+    reported as "not found", sending the user to look for a missing file."""
+    import os
+
+    from gpugov.plant.workload import SHARED_TRACES
+
+    monkeypatch.setenv(TRACES_DIR_ENV, str(tmp_path))
+    path = tmp_path / SHARED_TRACES["mooncake"]
+    if kind == "a directory":
+        path.mkdir()
+    elif kind == "a dangling link":
+        path.symlink_to(tmp_path / "gone.jsonl")
+    else:
+        os.mkfifo(path)
+    with pytest.raises(TraceError) as excinfo:
+        resolve_trace("mooncake")
+    message = str(excinfo.value)
+    assert message == f"trace 'mooncake': {path} is {kind}, not the trace's file"
+
+
 def test_default_traces_dir_is_beside_a_checkout_or_the_user_data_dir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
