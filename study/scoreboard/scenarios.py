@@ -296,18 +296,26 @@ def slo_capacity(
 
 
 _FULL_TRACES: dict[str, tuple[tuple[Request, ...], str]] = {}
+_SKIPPED_ROWS: dict[str, tuple[str, int, int]] = {}
 
 
 def _full_trace(name: str, *, quiet: bool = False) -> tuple[tuple[Request, ...], str]:
-    """The whole trace ``name`` (zero-token rows skipped silently) and its file's sha256,
-    read once per process; a progress line on stderr while a large file loads, unless
-    ``quiet``."""
+    """The whole trace ``name`` (zero-token rows skipped silently; how many:
+    :func:`skipped_zero_token_rows`) and its file's sha256, read once per process; a
+    progress line on stderr while a large file loads, unless ``quiet``."""
     if name not in _FULL_TRACES:
         with warnings.catch_warnings(), trace_progress(name, enabled=not quiet) as on_progress:
             warnings.simplefilter("ignore", TraceWarning)
             requests, report = load_trace(name, on_progress=on_progress)
         _FULL_TRACES[name] = (requests, report.sha256)
+        _SKIPPED_ROWS[name] = (report.path, report.skipped_zero_token_rows, report.rows)
     return _FULL_TRACES[name]
+
+
+def skipped_zero_token_rows(name: str) -> tuple[str, int, int] | None:
+    """``(file, rows skipped, rows)`` of the zero-token rows :func:`_full_trace` skipped
+    in trace ``name`` (None before it read the trace)."""
+    return _SKIPPED_ROWS.get(name)
 
 
 def _window(

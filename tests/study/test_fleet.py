@@ -570,6 +570,25 @@ def test_a_node_the_router_sends_nothing_is_reported_without_attainment(
         ]
 
 
+def test_zero_token_rows_the_fleet_leaves_out_are_said_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The fleet left a trace's zero-token rows (failed requests) out without a word,
+    where a replay (`simulate`, `load`) says so in one line."""
+    trace = tmp_path / "failed.csv"
+    rows = [f"{i},{300 + i},{0 if i % 3 == 0 else 30}" for i in range(9)]
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    argv = ["fleet", "--trace", str(trace), "--duration", "20", "--drain", "5", "--nodes", "2"]
+    argv += ["--no-step", "--budgets", "0.8", "--allocators", "uniform", "--controller", "max"]
+    argv += ["--trace-start", "0", "--quiet", "--jobs", "1", "--out", str(out)]
+    assert main(argv) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "zero-token" in line]
+    assert warnings == [
+        f"gpugov: warning: {trace}: skipped 3 zero-token row(s) of 9 (failed requests)"
+    ]
+
+
 @pytest.mark.parametrize("start_s", [0.0, 0.5, 100.0, 1800.0])
 def test_a_trace_shorter_than_the_window_is_used_whole(tmp_path: Path, start_s: float) -> None:
     """Every request of a trace shorter than --duration is in each overlaid window, from any
