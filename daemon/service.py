@@ -582,24 +582,15 @@ def reset_left_locks(
     for key, entry in state.read().items():
         if key in ours or entry.get("pid") == state.pid or live_gpugov_pid(entry.get("pid")):
             continue
-        named = str(entry.get("gpu", key))
-        gpu: int | str = int(named) if named.isascii() and named.isdigit() else named
+        named, backend = _open_recorded(config, key, entry, stop)
         low, high = entry.get("min_mhz"), entry.get("max_mhz")
         at = f"at {low}-{high} MHz" if low is not None and high is not None else "(clocks unknown)"
         found = (
             f"GPU {named} ({key}), not in this config: a previous gpugov run (pid "
             f"{entry.get('pid')}, {entry.get('time')}) left it locked {at}"
         )
-        try:
-            backend = open_backend(
-                gpu,
-                config.daemon.backend,
-                emulator=config.daemon.emulator,
-                daemon=config.daemon,
-                stop=stop,
-            )
-        except (GpugovError, ValueError) as error:  # ValueError: a split backend's usage
-            line = f"{found}; not reset ({error}): run `gpugov reset-clocks --gpus {named}`"
+        if isinstance(backend, str):
+            line = f"{found}; not reset ({backend}): run `gpugov reset-clocks --gpus {named}`"
         else:
             try:
                 if gpu_key(backend) != key:
@@ -621,6 +612,26 @@ def reset_left_locks(
     return lines
 
 
+def _open_recorded(
+    config: GpugovConfig, key: str, entry: dict[str, Any], stop: threading.Event | None
+) -> tuple[str, GpuBackend | str]:
+    """A GPU a state file entry names, as it names it: ``(its name, the opened backend)``,
+    or ``(its name, why it could not be opened)``."""
+    named = str(entry.get("gpu", key))
+    gpu: int | str = int(named) if named.isascii() and named.isdigit() else named
+    try:
+        backend = open_backend(
+            gpu,
+            config.daemon.backend,
+            emulator=config.daemon.emulator,
+            daemon=config.daemon,
+            stop=stop,
+        )
+    except (GpugovError, ValueError) as error:  # ValueError: a split backend's usage
+        return named, str(error)
+    return named, backend
+
+
 def _restore_left_power_limits(
     config: GpugovConfig, state: LockState, ours: set[str], stop: threading.Event | None
 ) -> list[str]:
@@ -632,22 +643,13 @@ def _restore_left_power_limits(
     for key, entry in state.power_limits().items():
         if key in ours or entry.get("pid") == state.pid or live_gpugov_pid(entry.get("pid")):
             continue
-        named = str(entry.get("gpu", key))
-        gpu: int | str = int(named) if named.isascii() and named.isdigit() else named
+        named, backend = _open_recorded(config, key, entry, stop)
         found = (
             f"GPU {named} ({key}), not in this config: a previous gpugov run set its power limit"
         )
         advice = f"run `gpugov reset-clocks --gpus {named}` (it restores the recorded limit)"
-        try:
-            backend = open_backend(
-                gpu,
-                config.daemon.backend,
-                emulator=config.daemon.emulator,
-                daemon=config.daemon,
-                stop=stop,
-            )
-        except (GpugovError, ValueError) as error:
-            line = f"{found}; not restored ({error}): {advice}"
+        if isinstance(backend, str):
+            line = f"{found}; not restored ({backend}): {advice}"
         else:
             try:
                 if gpu_key(backend) != key:

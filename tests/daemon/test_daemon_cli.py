@@ -550,31 +550,19 @@ def test_a_stop_during_the_start_ends_it_before_the_loop(
     assert fake.writes == []
 
 
-def test_a_lock_a_killed_run_left_on_a_gpu_no_longer_configured_is_reset(
+def _start_on_gpu_0_and_stop(
     tmp_path: Path,
+    state_dir: Path,
     metrics_server: MetricsServer,
-    fake: FakeNvml,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A run on GPUs 0 and 1 is killed; the next start governs GPU 0 only. GPU 1's lock
-    (recorded in the state directory) is reset too: reconcile saw only the configured
-    GPUs, and GPU 1 stayed locked low with its record kept."""
+    """A start of a config governing GPU 0 alone (state in ``state_dir``), stopped by a
+    SIGTERM once its GPUs are open and reconciled; it exits 0."""
     import logging
     import os
     import signal
 
-    from gpugov.daemon.actuator import ClockActuator
-    from gpugov.daemon.lockstate import LockState
-    from gpugov.daemon.nvml import NvmlBackend
-
-    state_dir = tmp_path / "state"
-    killed = ClockActuator(
-        [NvmlBackend(i, nvml=fake) for i in range(2)], state=LockState(state_dir, pid=1)
-    )
-    killed.apply(1410)  # ... and the process is SIGKILLed: nothing reset
-    assert fake.locked(1) == (1410, 1410)
-    LockState(state_dir, pid=1).record("GPU-gone", "7", 900, 900)  # a GPU since removed
     metrics_server.page = fixture_text("vllm_v1_real.txt")
     config = tmp_path / "gpugov.toml"
     config.write_text(
@@ -592,6 +580,31 @@ def test_a_lock_a_killed_run_left_on_a_gpu_no_longer_configured_is_reset(
     monkeypatch.setattr(node_cli, "domains_from_config", stopped_after_opening)
     with caplog.at_level(logging.INFO):
         assert node_cli.main(["run", "--config", str(config)]) == 0
+
+
+def test_a_lock_a_killed_run_left_on_a_gpu_no_longer_configured_is_reset(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run on GPUs 0 and 1 is killed; the next start governs GPU 0 only. GPU 1's lock
+    (recorded in the state directory) is reset too: reconcile saw only the configured
+    GPUs, and GPU 1 stayed locked low with its record kept."""
+
+    from gpugov.daemon.actuator import ClockActuator
+    from gpugov.daemon.lockstate import LockState
+    from gpugov.daemon.nvml import NvmlBackend
+
+    state_dir = tmp_path / "state"
+    killed = ClockActuator(
+        [NvmlBackend(i, nvml=fake) for i in range(2)], state=LockState(state_dir, pid=1)
+    )
+    killed.apply(1410)  # ... and the process is SIGKILLed: nothing reset
+    assert fake.locked(1) == (1410, 1410)
+    LockState(state_dir, pid=1).record("GPU-gone", "7", 900, 900)  # a GPU since removed
+    _start_on_gpu_0_and_stop(tmp_path, state_dir, metrics_server, monkeypatch, caplog)
     assert fake.locked(0) is None and fake.locked(1) is None
     # The GPU that is gone keeps its record, named in one line with the command to run.
     assert set(LockState(state_dir).read()) == {"GPU-gone"}
@@ -614,9 +627,6 @@ def test_a_power_limit_a_killed_run_left_on_a_gpu_no_longer_configured_is_restor
     """A run capped GPUs 0 and 1 and was killed; the next start governs GPU 0 only. GPU
     1's power limit (recorded in the state directory) is restored too: it stayed capped,
     its record kept, where only `gpugov reset-clocks` restored it."""
-    import logging
-    import os
-    import signal
 
     from gpugov.daemon.lockstate import LockState
 
@@ -626,23 +636,7 @@ def test_a_power_limit_a_killed_run_left_on_a_gpu_no_longer_configured_is_restor
         killed.record_power_limit(fake.gpus[index].uuid, str(index), 700_000, 300_000)
         fake.gpus[index].power_limit_mw = 300_000
     killed.record_power_limit("GPU-gone", "7", 700_000, 300_000)  # a GPU since removed
-    metrics_server.page = fixture_text("vllm_v1_real.txt")
-    config = tmp_path / "gpugov.toml"
-    config.write_text(
-        f'[daemon]\nmetrics_address = ""\nstate_dir = "{state_dir}"\n'
-        '[[domains]]\nname = "llm"\ngpus = [0]\n'
-        f'[domains.engine]\nkind = "vllm"\nurl = "{metrics_server.url}"\n'
-    )
-    real = node_cli.domains_from_config
-
-    def stopped_after_opening(*args: object, **kwargs: object) -> object:
-        assembled = real(*args, **kwargs)  # type: ignore[arg-type]
-        os.kill(os.getpid(), signal.SIGTERM)  # stop once reconcile has run
-        return assembled
-
-    monkeypatch.setattr(node_cli, "domains_from_config", stopped_after_opening)
-    with caplog.at_level(logging.INFO):
-        assert node_cli.main(["run", "--config", str(config)]) == 0
+    _start_on_gpu_0_and_stop(tmp_path, state_dir, metrics_server, monkeypatch, caplog)
     assert fake.gpus[0].power_limit_mw == 700_000 and fake.gpus[1].power_limit_mw == 700_000
     assert ("nvmlDeviceSetPowerManagementLimit", 1, 700_000) in fake.writes
     # The GPU that is gone keeps its record, named in one line with the command to run.
