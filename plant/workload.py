@@ -182,13 +182,11 @@ def resolve_trace(name_or_path: str | Path) -> Path:
             configured = os.environ.get(TRACES_DIR_ENV)
             if path.exists() or path.is_symlink():
                 # There, but no trace file: a directory, a FIFO, a device, a dangling link.
-                kind = (
-                    "a directory"
-                    if path.is_dir()
-                    else "a dangling link"
-                    if not path.exists()
-                    else "not a regular file"
-                )
+                kind = "not a regular file"
+                if path.is_dir():
+                    kind = "a directory"
+                elif not path.exists():
+                    kind = "a dangling link"
                 raise TraceError(f"trace {name_or_path!r}: {path} is {kind}, not the trace's file")
             if configured:
                 raise TraceError(
