@@ -86,6 +86,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
         check_inputs,
         run_fleet,
     )
+    from gpugov.study.scoreboard.scenarios import skipped_zero_token_rows
 
     config = FleetConfig(
         nodes=args.nodes,
@@ -122,6 +123,15 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     check_runner(runner)  # --ray: Ray installed and the cluster there, before any work
     check_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)
     check_inputs(config, quiet=args.quiet)
+    skipped = skipped_zero_token_rows(config.trace)
+    if skipped is not None and skipped[1]:
+        # As a replay says it (`simulate`, `load`): the rows left out are failed requests.
+        trace_file, count, rows = skipped
+        print(
+            f"gpugov: warning: {trace_file}: skipped {count} zero-token row(s) of {rows} "
+            "(failed requests)",
+            file=sys.stderr,
+        )
     inputs = [
         item
         for profile in config.profiles

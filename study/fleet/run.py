@@ -17,7 +17,6 @@ per second of plant time) exceeds the node's own work (a few milliseconds).
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -42,11 +41,7 @@ from gpugov.study.fleet.allocators import (
 from gpugov.study.fleet.node import FleetNode
 from gpugov.study.fleet.router import make_router
 from gpugov.study.runners import CellDone, CellProgress, RunnerSpec, map_cells
-from gpugov.study.scoreboard.scenarios import (
-    _full_trace,
-    skipped_zero_token_rows,
-    work_seconds_at_maximum,
-)
+from gpugov.study.scoreboard.scenarios import _full_trace, work_seconds_at_maximum
 
 DEFAULT_PROFILES = ("h100-sxm-llama3-8b", "h200-sxm-llama3-8b", "a100-sxm-80gb-llama3-8b")
 """A mixed fleet serving one model: three GPU kinds, each node the next in turn."""
@@ -187,11 +182,7 @@ def _piece(
 
 
 def fleet_workload(
-    config: FleetConfig,
-    plants: Mapping[str, ServingPlant],
-    *,
-    quiet: bool = False,
-    warn: bool = False,
+    config: FleetConfig, plants: Mapping[str, ServingPlant], *, quiet: bool = False
 ) -> tuple[tuple[Request, ...], dict[str, Any]]:
     """The trace scaled to the fleet: ``--utilization`` of the fleet's fluid capacity at
     the maximum clock (the sum over nodes of the window's length over its work at the
@@ -199,18 +190,9 @@ def fleet_workload(
     laid over each other, each compressed by ``scale / m`` (wrapping round the trace's
     end), so each arrival is a recorded request and the length mix is the trace's. The
     trace is read once per process, with a progress line for a large file unless
-    ``quiet``; with ``warn``, one line on stderr says how many zero-token rows (failed
-    requests) it left out, as a replay does (:func:`check_inputs`, once per command)."""
+    ``quiet`` (the zero-token rows it leaves out:
+    :func:`~study.scoreboard.scenarios.skipped_zero_token_rows`)."""
     everything, digest = _full_trace(config.trace, quiet=quiet)
-    skipped = skipped_zero_token_rows(config.trace)
-    if skipped is not None and skipped[1] and warn:
-        # As a replay says it (`simulate`, `load`): the rows left out are failed requests.
-        path, count, rows = skipped
-        print(
-            f"gpugov: warning: {path}: skipped {count} zero-token row(s) of {rows} "
-            "(failed requests)",
-            file=sys.stderr,
-        )
     smallest = min(plant.kv_capacity_tokens for plant in plants.values())
     full = tuple(r for r in everything if r.prompt_tokens + r.output_tokens <= smallest)
     if not full:
@@ -583,7 +565,7 @@ def check_inputs(config: FleetConfig, *, quiet: bool = False) -> None:
             )
         except UsageError as error:
             raise UsageError(f"{error} of {name}") from error
-    workload, _ = fleet_workload(config, plants, quiet=quiet, warn=True)
+    workload, _ = fleet_workload(config, plants, quiet=quiet)
     FleetNode(
         "check",
         first,
