@@ -21,6 +21,8 @@ engine's ``model_name`` label), the SLOs last seen and the model
   an upgrade and back) is not corrupt: it is kept aside as ``.other-*``, whole, with one
   line, and the model is learned anew; the gpugov that reads that version takes it back
   as any kept model.
+- A file that is there but cannot be read (its permissions, an I/O error) is left as it
+  is, with one line: the model is learned anew and this run saves nothing over it.
 - A corrupt or partial file is refused with one clear log line, renamed aside
   (``.corrupt-<UTC time>``) and learning starts fresh; it never stops the daemon. Only
   a file that fails the model's own checks is: one the controller's settings cannot use
@@ -98,6 +100,11 @@ class StoredModelError(ValueError):
     """A state file is corrupt or partial; the message names the file and the problem."""
 
 
+class UnreadableStateError(StoredModelError):
+    """A state file that is there but cannot be read (its permissions, an I/O error): not
+    its content's fault, so it is neither set aside nor saved over."""
+
+
 class OtherVersionError(StoredModelError):
     """A state file another gpugov wrote, with another model version: not corrupt, kept
     for that gpugov (a rollback and its upgrade again)."""
@@ -113,13 +120,16 @@ def read_stored(path: Path) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: no file.
-        StoredModelError: unreadable, not JSON, wrong format or version, fields missing.
+        UnreadableStateError: there but not readable (permissions, an I/O error).
+        StoredModelError: not a file, not JSON, wrong format or version, fields missing.
     """
     if not path.exists():
         raise FileNotFoundError(path)
     try:
         text = read_input_text(path, "state")
     except InputFileError as error:
+        if isinstance(error.__cause__, OSError):
+            raise UnreadableStateError(str(error)) from error
         raise StoredModelError(str(error)) from error
     try:
         payload = loads_json(text)
@@ -423,6 +433,16 @@ class PersistentOnlineModel(ControllerWrapper):
             if self._take_back(key, observation.supported_clocks_mhz):
                 self._restore(observation)
             return
+        except UnreadableStateError as error:
+            # Its permissions or the disk, not its content: left as it is, and this run
+            # never saves over it (a save replaces the file whatever its mode).
+            self.persist = False
+            self._say(
+                logging.WARNING,
+                f"{error}; not applied and left as it is; learning anew without saving "
+                "(make it readable to the daemon's user and restart to use it)",
+            )
+            return
         except OtherVersionError as error:
             # Another gpugov's model (a rollback, or a node upgraded and back): kept
             # aside whole, never called corrupt; that gpugov reads it again.
@@ -709,6 +729,7 @@ __all__ = [
     "ModelKey",
     "PersistentOnlineModel",
     "StoredModelError",
+    "UnreadableStateError",
     "learned_windows",
     "model_path",
     "model_state_problem",

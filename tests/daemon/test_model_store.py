@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -122,6 +123,38 @@ def test_corrupt_state_is_set_aside_and_learning_starts_fresh(tmp_path: Path, co
     assert len(list(tmp_path.glob("online-model-llm.json.corrupt-*"))) == 1
     wrapper.close()
     assert read_stored(path)["key"]["model_name"] == "llama"  # a fresh, valid file
+
+
+def test_unreadable_state_is_left_as_it_is_and_never_saved_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state file the daemon's user cannot read (root wrote it 0600, an I/O error) is not
+    its content's fault: it is neither renamed corrupt nor replaced by the model learned
+    anew, so making it readable and restarting restores it."""
+    _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    stored = path.read_bytes()
+    real_open = os.open
+
+    def refuse(file, flags, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if Path(file) == path and not flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse)
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    simulate(_workload(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
+    wrapper.close()
+    assert not wrapper.restored
+    (line,) = [m for m in wrapper.messages if "Permission denied" in m]
+    assert str(path) in line and "left as it is" in line and "\n" not in line
+    assert wrapper.inner.model is not None and wrapper.inner.model.samples > 0  # it learned
+    assert not list(tmp_path.glob("online-model-llm.json.corrupt-*"))
+    assert path.read_bytes() == stored  # never saved over
+    monkeypatch.undo()
+    again = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    simulate(_workload(5.0), make_plant(), chunked_prefill_scheduler, Named(again, "llama"), 0)
+    assert again.restored  # readable again: restored
 
 
 def test_state_directory_defaults_to_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
