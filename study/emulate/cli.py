@@ -110,7 +110,8 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     server.start()
     if isinstance(node, DisaggregatedNode):
         print(
-            f"gpugov emulate: layout {node.layout_name}, {gpus} emulated GPU(s) (prefill "
+            f"gpugov emulate: layout {node.layout_name}, {gpus} emulated GPU(s) "
+            f"{node.gpu_name!r} of profile {plant.profile.name} (prefill "
             f"{_span(node.prefill_gpus)}, decode {_span(node.decode_gpus)}, "
             f"{node.layout.interconnect}), model {args.served_model_name!r}, serving on "
             f"{server.url} (OpenAI API under /v1, /prefill/metrics, /decode/metrics, "
@@ -119,8 +120,9 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         )
     else:
         print(
-            f"gpugov emulate: {gpus} emulated GPU(s), model {args.served_model_name!r}, "
-            f"serving on {server.url} (OpenAI API under /v1, /metrics, GPUs under /gpu)",
+            f"gpugov emulate: {gpus} emulated GPU(s) {node.gpu_name!r} of profile "
+            f"{plant.profile.name}, model {args.served_model_name!r}, serving on "
+            f"{server.url} (OpenAI API under /v1, /metrics, GPUs under /gpu)",
             flush=True,
         )
     try:

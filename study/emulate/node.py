@@ -5,19 +5,25 @@ wall clock every ``tick_s``; requests are injected as they arrive and their toke
 handed to the HTTP handlers as the plant's iterations produce them. With ``--gpus N``
 the node is data parallel: N replicas of the engine, one per GPU, each request sent to
 the replica with the fewest unfinished requests, ties in turn (vLLM's ``engine`` label
-tells them apart on ``/metrics``). Each plant attributes its energy to the requests it
-served (``plant/attribution.py``); a finished request's is kept for
-``GET /gpugov/energy`` (:meth:`EmulatedNode.energy_report`, the latest
+tells them apart on ``/metrics``). The GPUs are named as NVML names the profile's GPU
+(:func:`emulated_gpu_name`) and carry UUIDs derived from the profile and their index
+(:func:`emulated_gpu_uuid`), so a governor's learned model, keyed on the UUIDs, follows
+the profile across restarts and never crosses to another. Each plant attributes its
+energy to the requests it served (``plant/attribution.py``); a finished request's is kept
+for ``GET /gpugov/energy`` (:meth:`EmulatedNode.energy_report`, the latest
 :data:`MAX_ENERGY_RECORDS`). Everything here is guarded by one lock.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import queue
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +38,7 @@ from gpugov.daemon.vllm_view import (
     Histogram,
 )
 from gpugov.daemon.vllm_view import LENGTH_BUCKETS as ALL_LENGTH_BUCKETS
-from gpugov.plant import PlantSimulation, ServingPlant
+from gpugov.plant import PerformanceProfile, PlantSimulation, ServingPlant
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,60 @@ FAULTS = ("none", "no-permission", "not-supported", "lost")
 
 MAX_ENERGY_RECORDS = 100_000
 """Finished requests ``GET /gpugov/energy`` keeps (the latest; bounded memory)."""
+
+GPU_UUID_NAMESPACE = uuid.UUID("9266c913-62e4-45bd-a7ae-2ed8e584cf19")
+"""The ``uuid5`` namespace of the emulated GPUs' UUIDs. Fixed for good: changing it
+changes every emulated UUID, and a governor's stored model would no longer be restored."""
+UNNAMED_GPU = "Emulated GPU"
+"""The name of an emulated GPU whose profile states no GPU (no family: no GPU hint)."""
+NVML_NAME_MAX_CHARS = 95
+"""NVML's device name buffer holds 96 bytes with the terminating NUL."""
+
+
+def emulated_gpu_name(profile: PerformanceProfile) -> str:
+    """The NVML name of an emulated GPU of ``profile``: the GPU its manifest states
+    (``gpu``, else ``gpu_kind``), ``NVIDIA``-prefixed as NVML names a board, so the
+    governor's GPU-family hint reads it as it reads the real board's name;
+    :data:`UNNAMED_GPU` when the profile states none."""
+    for key in ("gpu", "gpu_kind"):
+        value = profile.manifest.get(key)
+        if isinstance(value, str) and value.strip():
+            text = " ".join(value.split())
+            if not text.upper().startswith("NVIDIA "):
+                text = f"NVIDIA {text}"
+            return text[:NVML_NAME_MAX_CHARS]
+    return UNNAMED_GPU
+
+
+def profile_digest(profile: PerformanceProfile) -> str:
+    """What identifies ``profile``'s content: the sha256s of its manifest and CSV files
+    when it was loaded from them, else a sha256 of its manifest and tables."""
+    if profile.manifest_sha256 and profile.profile_csv_sha256:
+        return f"{profile.manifest_sha256}:{profile.profile_csv_sha256}"
+    digest = hashlib.sha256()
+    digest.update(json.dumps(profile.manifest, sort_keys=True, default=repr).encode())
+    for array in (
+        profile.clock_mhz,
+        profile.prefill_tokens_per_s,
+        profile.decode_tokens_per_s,
+        profile.prefill_power_w,
+        profile.decode_power_w,
+        profile.idle_power_w,
+    ):
+        digest.update(np.ascontiguousarray(array, dtype="<f8").tobytes())
+    digest.update(repr((profile.ttft_slo_s, profile.tpot_slo_s)).encode())
+    return digest.hexdigest()
+
+
+def emulated_gpu_uuid(profile: PerformanceProfile, gpu: int) -> str:
+    """The NVML UUID (``GPU-`` and a UUID's 36 characters) of emulated GPU ``gpu`` of
+    ``profile``: a ``uuid5`` of the profile's name, its content (:func:`profile_digest`)
+    and the index. The same profile gives the same UUIDs on every start, so a governor
+    restarted against a restarted emulator restores its model; another profile (another
+    GPU, model or table) gives others, so no model learned on one is applied to the
+    other."""
+    key = f"{profile.name}\n{profile_digest(profile)}\n{gpu}"
+    return f"GPU-{uuid.uuid5(GPU_UUID_NAMESPACE, key)}"
 
 
 @dataclass
@@ -178,6 +238,10 @@ class EmulatedNode:
         clocks = plant.profile.clock_mhz
         self.supported_clocks_mhz = tuple(int(round(c)) for c in clocks)
         self.max_clock_mhz = self.supported_clocks_mhz[-1]
+        self.gpu_name = emulated_gpu_name(plant.profile)
+        """Every GPU's NVML name (:func:`emulated_gpu_name`)."""
+        self.gpu_uuids = tuple(emulated_gpu_uuid(plant.profile, gpu) for gpu in range(gpus))
+        """Each GPU's NVML UUID (:func:`emulated_gpu_uuid`)."""
 
     # --------------------------------------------------------------------- time
     def plant_time_s(self) -> float:
@@ -421,8 +485,8 @@ class EmulatedNode:
             return {"nvmlReturn": code}
         return {
             "index": gpu,
-            "uuid": f"GPU-00000000-0000-4000-8000-{gpu:012d}",
-            "name": "Emulated GPU",
+            "uuid": self.gpu_uuids[gpu],
+            "name": self.gpu_name,
             "max_sm_clock_mhz": self.max_clock_mhz,
             "supported_memory_clocks_mhz": [2619],
             "supported_graphics_clocks_mhz": list(reversed(self.supported_clocks_mhz)),

@@ -117,7 +117,7 @@ def test_check_config_checks_the_emulator_and_its_gpus(
     assert node_cli.main(["check-config", str(config)]) == 0
     out = capsys.readouterr().out
     assert f"emulator {emulator.url}: answers, 2 GPU(s)" in out
-    assert "domain emulated: GPU 0, 1 (Emulated GPU): 110 supported clocks, 345-1980 MHz" in out
+    assert "domain emulated: GPU 0, 1 (NVIDIA test GPU): 110 supported clocks, 345-1980 MHz" in out
     missing = _config(tmp_path, emulator.url, gpus="[0, 5]")
     assert node_cli.main(["check-config", str(missing)]) == 4
     assert "GPU 5: no such emulated GPU" in capsys.readouterr().err

@@ -1,0 +1,155 @@
+"""The emulated GPUs' identity: named as NVML names the profile's GPU (so the governor's
+GPU-family hint applies), with UUIDs that follow the profile (so a governor's learned
+model, keyed on them, is restored across restarts and never applied to another profile's
+GPUs)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from synthetic import make_plant, make_profile
+
+from gpugov.controllers.contract import unwrap
+from gpugov.controllers.online.controller import OnlineMPCController
+from gpugov.controllers.online.prior import gpu_family
+from gpugov.daemon.config import parse_config
+from gpugov.daemon.emulated import EmulatedBackend
+from gpugov.daemon.service import domains_from_config, gpu_uuid
+from gpugov.plant import ServingPlant, load_profile
+from gpugov.study.emulate.node import (
+    UNNAMED_GPU,
+    EmulatedNode,
+    emulated_gpu_name,
+    emulated_gpu_uuid,
+)
+from gpugov.study.emulate.server import EmulatorServer
+
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
+BUNDLED = sorted(path.stem for path in PROFILES_DIR.glob("*.json"))
+NVML_UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _uuids(profile_name: str, gpus: int = 2) -> tuple[str, ...]:
+    node = EmulatedNode(ServingPlant.from_profile(load_profile(profile_name)), gpus=gpus)
+    return tuple(str(node.gpu_info(gpu)["uuid"]) for gpu in range(gpus))
+
+
+def test_the_same_profile_gives_the_same_uuids_on_every_start() -> None:
+    first = _uuids("h100-sxm-llama3-8b")
+    assert first == _uuids("h100-sxm-llama3-8b")
+    assert all(NVML_UUID.fullmatch(uuid) for uuid in first), first
+    assert len(set(first)) == 2  # one per GPU index
+    # A profile built in memory (no files, no file digests) is stable too.
+    assert emulated_gpu_uuid(make_profile(), 0) == emulated_gpu_uuid(make_profile(), 0)
+
+
+def test_another_profile_gives_other_uuids() -> None:
+    h100_8b = _uuids("h100-sxm-llama3-8b")
+    # Another GPU kind, and the same GPU kind serving another model: no UUID shared.
+    assert not set(h100_8b) & set(_uuids("h200-sxm-llama3-8b"))
+    assert not set(h100_8b) & set(_uuids("h100-sxm-llama3-70b-tp4"))
+    # The content counts, not only the name: an edited profile is another profile.
+    edited = make_profile(gpu="test GPU, other fit")
+    assert emulated_gpu_uuid(edited, 0) != emulated_gpu_uuid(make_profile(), 0)
+
+
+def test_a_copied_profile_keeps_its_uuids_an_edited_one_does_not(tmp_path: Path) -> None:
+    name = "h100-sxm-llama3-8b"
+    for suffix in (".json", ".csv"):
+        source = PROFILES_DIR / f"{name}{suffix}"
+        (tmp_path / f"{name}{suffix}").write_bytes(source.read_bytes())
+    copied = load_profile(tmp_path / f"{name}.json")
+    assert emulated_gpu_uuid(copied, 0) == _uuids(name, 1)[0]
+    manifest = tmp_path / f"{name}.json"
+    manifest.write_text(manifest.read_text().replace('"tpot_slo_s": 0.05', '"tpot_slo_s": 0.06'))
+    assert emulated_gpu_uuid(load_profile(manifest), 0) != _uuids(name, 1)[0]
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_a_bundled_profiles_gpu_name_gives_its_family_hint(name: str) -> None:
+    profile = load_profile(name)
+    gpu = emulated_gpu_name(profile)
+    assert gpu == profile.manifest["gpu"] and gpu.startswith("NVIDIA ")
+    family = gpu_family(gpu)
+    assert family is not None
+    assert family.key == str(profile.manifest["gpu_kind"]).lower()
+
+
+def test_an_unknown_or_unstated_gpu_gives_no_hint() -> None:
+    assert emulated_gpu_name(make_profile(gpu="Tesla V100-SXM2-16GB")) == (
+        "NVIDIA Tesla V100-SXM2-16GB"
+    )
+    assert gpu_family(emulated_gpu_name(make_profile(gpu="Tesla V100-SXM2-16GB"))) is None
+    assert gpu_family(emulated_gpu_name(make_profile())) is None  # "test GPU"
+    stated = make_profile()
+    unstated = replace(stated, manifest={k: v for k, v in stated.manifest.items() if k != "gpu"})
+    assert emulated_gpu_name(unstated) == UNNAMED_GPU
+    assert gpu_family(UNNAMED_GPU) is None
+    # Only the stated kind: NVML's prefix added, and it names the family.
+    assert emulated_gpu_name(make_profile(gpu=" ", gpu_kind="L40S")) == "NVIDIA L40S"
+
+
+@pytest.fixture
+def h200_emulator(monkeypatch: pytest.MonkeyPatch) -> Iterator[EmulatorServer]:
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    plant = ServingPlant.from_profile(load_profile("h200-sxm-llama3-8b"))
+    server = EmulatorServer(EmulatedNode(plant, gpus=2), "127.0.0.1", 0)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_the_governor_sees_the_profiles_gpu_and_takes_its_hint(
+    h200_emulator: EmulatorServer,
+) -> None:
+    """A node governing the emulator (backend ``emulated``, ``mpc-online`` with no prior
+    configured) reads the profile's GPU name, derives the H200 family hint from it, and
+    keys its GPUs by the emulator's UUIDs."""
+    url = h200_emulator.url
+    config = parse_config(
+        {
+            "daemon": {"backend": "emulated", "emulator": url, "metrics_address": ""},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0, 1],
+                    "ttft_slo_s": 1.0,
+                    "tpot_slo_s": 0.05,
+                    "engine": {"kind": "vllm", "url": f"{url}/metrics", "timeout_s": 0.5},
+                    "controller": {"kind": "mpc-online"},
+                }
+            ],
+        }
+    )
+    assembled = domains_from_config(config)
+    try:
+        node = h200_emulator.node
+        assert assembled.header["domains"][0]["gpu_names"] == [node.gpu_name] * 2
+        assert node.gpu_name == "NVIDIA H200 SXM 141GB HBM3e"
+        assert [gpu_uuid(b) for b in assembled.backends] == list(node.gpu_uuids)
+        controller = unwrap(assembled.domains[0].controller)
+        assert isinstance(controller, OnlineMPCController)
+        assert controller.auto_hints is not None
+        assert controller.auto_hints.gpu == node.gpu_name
+        prior = controller.auto_hints.prior_for("meta-llama/Llama-3.1-8B-Instruct")
+        assert prior is not None and "H200" in prior.source, prior
+    finally:
+        assembled.close()
+
+
+def test_the_backend_reads_the_identity_the_node_serves() -> None:
+    server = EmulatorServer(EmulatedNode(make_plant(), gpus=2), "127.0.0.1", 0)
+    server.start()
+    try:
+        backend = EmulatedBackend(1, emulator=server.url)
+        assert backend.name == "NVIDIA test GPU"
+        assert backend.uuid == emulated_gpu_uuid(make_profile(), 1)
+        backend.close()
+    finally:
+        server.close()
