@@ -10,8 +10,8 @@ engine's ``model_name`` label), the SLOs last seen and the model
   is not applied: it is kept aside (``.other-<UTC time>``, never overwritten) and the
   model is learned again, unless a model kept aside earlier has exactly the node's key
   (the served model went A, B, A): that one is put back and restored. A model learned on
-  other supported clocks (another GPU kind behind the same UUIDs, as emulated GPUs have,
-  or a driver that lists other clocks) is another node's the same way: kept aside as
+  other supported clocks (another GPU kind behind the same UUIDs: a board swapped in
+  place, or a driver that lists other clocks) is another node's the same way: kept aside as
   ``.other-*``, never called corrupt, and put back when the clocks are its own again. A
   ``model_name`` not known yet (None: no engine scrape so far) is no other model: it
   matches the stored one.

@@ -1016,8 +1016,8 @@ def test_a_model_kept_aside_comes_back_when_its_key_does(tmp_path: Path) -> None
 
 
 class OtherClocks:
-    """Another GPU kind behind the same UUIDs: every other supported clock (what an
-    emulated node on another profile, or another driver's clock table, shows)."""
+    """Another GPU kind behind the same UUIDs: every other supported clock (what a
+    board swapped in place, or another driver's clock table, shows)."""
 
     def __init__(self, inner: PersistentOnlineModel, name: str) -> None:
         self.inner, self.name = inner, name
