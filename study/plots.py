@@ -29,18 +29,26 @@ def pyplot(needed_for: str = "plotting") -> Any:
     return plt
 
 
+def figure_bytes(fig: Any, image_format: str | None = "png", *, dpi: int = 110) -> bytes:
+    """``fig`` drawn in memory as an image file's bytes (``image_format``: ``png``, ``svg``,
+    ...; None: matplotlib's default), for a command that writes it with the rest of its
+    outputs as one set (``write_files_atomic``)."""
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=image_format, dpi=dpi)
+    return buffer.getvalue()
+
+
 def save_figure(fig: Any, path: str | Path, *, dpi: int = 110) -> None:
     """Save ``fig`` to ``path`` atomically: drawn in memory (the format from the
     extension), then written whole or not at all (a figure saved in place and cut short by
     a full disk or Ctrl-C left a broken image where a good one was)."""
-    import io
-
     from gpugov.daemon.files import write_bytes_atomic
 
     target = Path(path)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format=target.suffix.lstrip(".").lower() or None, dpi=dpi)
-    write_bytes_atomic(target, buffer.getvalue())
+    data = figure_bytes(fig, target.suffix.lstrip(".").lower() or None, dpi=dpi)
+    write_bytes_atomic(target, data)
 
 
 def check_image_format(flag: str, path: str | Path, needed_for: str = "plotting") -> None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpugov.daemon.files import write_text_atomic
+from gpugov.daemon.files import write_files_atomic
 from gpugov.study.fleet.run import UNCAPPED
 from gpugov.study.scoreboard.report import cell
 
@@ -221,18 +221,18 @@ def short_table(payload: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_plot(payload: dict[str, Any], path: Path) -> bool:
-    """``fleet.png``: SLO attainment and energy against the budget per allocator, and each
-    allocator's fleet power against the budget through the step. False (nothing written)
-    without matplotlib."""
+def plot_png(payload: dict[str, Any]) -> bytes | None:
+    """``fleet.png``'s bytes: SLO attainment and energy against the budget per allocator,
+    and each allocator's fleet power against the budget through the step. None without
+    matplotlib."""
     try:
         import matplotlib
     except ImportError:
-        return False
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from gpugov.study.plots import save_figure
+    from gpugov.study.plots import figure_bytes
 
     rows = _budget_rows(payload)
     steps = _step_rows(payload)
@@ -261,9 +261,9 @@ def write_plot(payload: dict[str, Any], path: Path) -> bool:
         _plot_step(axes[2], steps, allocators)
     fig.suptitle(f"gpugov fleet: {payload['config']['nodes']} nodes", fontsize=10)
     fig.tight_layout()
-    save_figure(fig, path)
+    data = figure_bytes(fig, "png")
     plt.close(fig)
-    return True
+    return data
 
 
 def _plot_step(axis: Any, steps: Sequence[dict[str, Any]], allocators: Sequence[str]) -> None:
@@ -302,15 +302,25 @@ OUTPUT_NAMES = ("fleet.json", "fleet.md", "fleet.png")
 
 
 def write_outputs(payload: dict[str, Any], out_dir: Path) -> tuple[dict[str, Path], str | None]:
-    """Write ``fleet.json``, ``fleet.md`` and (with matplotlib) ``fleet.png``; the paths
-    written and a note when the plot was not."""
+    """Write ``fleet.json``, ``fleet.md`` and (with matplotlib) ``fleet.png`` as one set:
+    each to a temporary file beside it, and only once all are written are they renamed
+    into place (:func:`write_files_atomic`), so a failure or Ctrl-C midway leaves an
+    earlier run's files as they were, with no temporary file. The paths written and a
+    note when the plot was not.
+
+    Raises:
+        OSError: a file cannot be written; its ``filename`` is that file's path.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     json_name, md_name, png_name = OUTPUT_NAMES
     paths = {"json": out_dir / json_name, "md": out_dir / md_name}
-    write_text_atomic(paths["json"], json.dumps(payload, indent=1, allow_nan=False) + "\n")
-    write_text_atomic(paths["md"], markdown(payload))
-    plot = out_dir / png_name
-    if write_plot(payload, plot):
-        paths["png"] = plot
-        return paths, None
-    return paths, PLOTS_HINT
+    files: dict[Path, str | bytes] = {
+        paths["json"]: json.dumps(payload, indent=1, allow_nan=False) + "\n",
+        paths["md"]: markdown(payload),
+    }
+    plot = plot_png(payload)
+    if plot is not None:
+        paths["png"] = out_dir / png_name
+        files[paths["png"]] = plot
+    write_files_atomic(files)
+    return paths, None if plot is not None else PLOTS_HINT

@@ -33,7 +33,7 @@ from gpugov.daemon.controller_config import (
     ReactiveControllerConfig,
     VoltanaControllerConfig,
 )
-from gpugov.daemon.files import write_text_atomic
+from gpugov.daemon.files import write_files_atomic
 from gpugov.daemon.simulated import pool_view
 from gpugov.plant import ServingPlant
 from gpugov.plant.disaggregated import (
@@ -560,11 +560,16 @@ def markdown(payload: dict[str, Any]) -> str:
 
 
 def write_disaggregated(payload: dict[str, Any], out: Path) -> dict[str, Path]:
-    """Write ``disaggregated.json`` and ``disaggregated.md`` into ``out``."""
+    """Write ``disaggregated.json`` and ``disaggregated.md`` into ``out`` as one pair
+    (:func:`write_files_atomic`: neither replaced until both are written)."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "disaggregated.json", "md": out / "disaggregated.md"}
-    write_text_atomic(paths["json"], json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    write_text_atomic(paths["md"], markdown(payload))
+    write_files_atomic(
+        {
+            paths["json"]: json.dumps(payload, indent=2, sort_keys=True) + "\n",
+            paths["md"]: markdown(payload),
+        }
+    )
     return paths
 
 

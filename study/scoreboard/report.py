@@ -13,7 +13,7 @@ import numpy as np
 from gpugov.controllers.oracles import (
     SLO_TOLERANCE,
 )
-from gpugov.daemon.files import json_safe, write_text_atomic
+from gpugov.daemon.files import json_safe, write_files_atomic
 from gpugov.study.online_eval import (
     online_model_lines,
 )
@@ -375,15 +375,15 @@ MARKERS = "os^vDP*X<>hpdH8+x"
 """One marker per row in table order (repeating past the last)."""
 
 
-def write_plot(payload: dict[str, Any], path: Path) -> None:
-    """PNG: energy saved vs SLO attainment (relative to the maximum clock), one point per
-    controller and scenario."""
+def plot_png(payload: dict[str, Any]) -> bytes:
+    """``scoreboard.png``'s bytes: energy saved vs SLO attainment (relative to the maximum
+    clock), one point per controller and scenario."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from gpugov.study.plots import save_figure
+    from gpugov.study.plots import figure_bytes
 
     fig, ax = plt.subplots(figsize=(9, 6))
     for index, key in enumerate(row_order(r["controller"] for r in payload["rows"])):
@@ -422,24 +422,28 @@ def write_plot(payload: dict[str, Any], path: Path) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(fig, path)
+    data = figure_bytes(fig, "png")
     plt.close(fig)
+    return data
 
 
 def write_outputs(payload: dict[str, Any], out_dir: Path) -> dict[str, Path]:
-    """Write ``scoreboard.json``, ``scoreboard.md`` and ``scoreboard.png`` to ``out_dir``."""
+    """Write ``scoreboard.json``, ``scoreboard.md`` and ``scoreboard.png`` to ``out_dir``
+    as one set (:func:`write_files_atomic`: all to temporary files first, then renamed into
+    place), so a failure midway leaves an earlier run's three files as they were."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
         "json": out_dir / "scoreboard.json",
         "md": out_dir / "scoreboard.md",
         "png": out_dir / "scoreboard.png",
     }
-    write_text_atomic(
-        paths["json"], json.dumps(json_safe(payload), indent=1, allow_nan=False) + "\n"
+    write_files_atomic(
+        {
+            paths["json"]: json.dumps(json_safe(payload), indent=1, allow_nan=False) + "\n",
+            paths["md"]: markdown(payload),
+            paths["png"]: plot_png(payload),
+        }
     )
-    write_text_atomic(paths["md"], markdown(payload))
-    write_plot(payload, paths["png"])
     return paths
 
 

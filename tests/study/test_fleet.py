@@ -396,6 +396,56 @@ def test_a_report_cut_short_mid_write_leaves_the_earlier_one_whole(tmp_path: Pat
     assert [row["key"] for row in rows] == ["uncapped", "uniform@0.70"]
 
 
+def test_a_failure_on_the_second_output_leaves_the_earlier_set_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fleet.json, fleet.md and fleet.png were each replaced on its own: a write that
+    failed on fleet.md left the new fleet.json beside the earlier run's fleet.md and
+    fleet.png. Now the three are written to temporary files first and renamed into place
+    only once all are: a failure on the second leaves the earlier three byte for byte,
+    with no temporary file, and says one line naming the file."""
+    pytest.importorskip("matplotlib")
+    import errno
+    import os
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text(TRACE)
+    out = tmp_path / "out"
+    argv = ["fleet", "--trace", str(trace), "--duration", "30", "--drain", "5", "--nodes", "2"]
+    argv += ["--no-step", "--allocators", "uniform", "--controller", "max", "--quiet"]
+    argv += ["--jobs", "1", "--trace-start", "0", "--out", str(out)]
+    assert main([*argv, "--budgets", "0.7"]) == 0
+    names = ["fleet.json", "fleet.md", "fleet.png"]
+    assert sorted(path.name for path in out.iterdir()) == names
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    capsys.readouterr()
+
+    real_fsync = os.fsync
+    failed: list[str] = []
+
+    def fsync(fd: int) -> None:  # the disk fills while fleet.md's temporary is written
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        if name.startswith(".fleet.md."):
+            failed.append(name)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert main([*argv, "--budgets", "0.6"]) == 1  # another run: other files
+    assert failed
+    assert _one_error_line(capsys) == (
+        f"gpugov: error: {out / 'fleet.md'}: {os.strerror(errno.ENOSPC)}"
+    )
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    monkeypatch.undo()
+    assert main([*argv, "--budgets", "0.6"]) == 0
+    assert sorted(path.name for path in out.iterdir()) == names
+    after = {path.name: path.read_bytes() for path in out.iterdir()}
+    assert all(after[name] != before[name] for name in names)
+    rows = json.loads(after["fleet.json"])["rows"]
+    assert [row["key"] for row in rows] == ["uncapped", "uniform@0.60"]
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_progress_counts_node_seconds_while_the_cells_run(
     tiny: dict[str, object], jobs: int, monkeypatch: pytest.MonkeyPatch
