@@ -136,6 +136,41 @@ def request_body(
     return body
 
 
+ANSWER_WAIT_S = 5.0
+"""Longest wait for the answer of a server that closed the connection mid-request."""
+
+
+def _http_error(response: http.client.HTTPResponse) -> str:
+    """A failed request's answer in one line: status, reason and the error's message
+    (vLLM's error shape), else the body's first 300 bytes: ``HTTP 413 Request Entity Too
+    Large: request body of 36000099 bytes is too large``."""
+    raw = response.read(300)
+    text = raw.decode(errors="replace").strip()
+    with contextlib.suppress(ValueError):
+        body = json.loads(raw)
+        if isinstance(body, dict) and "error" in body:
+            text = _error_message(body)
+    status = f"HTTP {response.status} {response.reason}".rstrip()
+    return f"{status}: {text}" if text else status
+
+
+def _answer_to_a_cut_request(
+    connection: http.client.HTTPConnection, size: int, timeout_s: float
+) -> str:
+    """What to report of a request whose ``size``-byte body the server stopped taking (it
+    closed the connection): its answer when it sent one first (:func:`_http_error`), else
+    that the connection was closed while the body was being sent."""
+    try:
+        if connection.sock is not None:
+            connection.sock.settimeout(min(timeout_s, ANSWER_WAIT_S))
+        return _http_error(connection.getresponse())
+    except (OSError, http.client.HTTPException):
+        return (
+            f"the server closed the connection while the request body of {size} bytes "
+            "was being sent"
+        )
+
+
 def stream_completion(
     url: str,
     body: dict[str, Any],
@@ -167,16 +202,24 @@ def stream_completion(
             with contextlib.suppress(threading.BrokenBarrierError):
                 barrier.wait(timeout=min(timeout_s, 30.0))
         timing.sent_s = clock()
-        connection.request(
-            "POST",
-            f"{prefix}/v1/completions",
-            body=data,
-            headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
-        )
+        if connection.sock is None:
+            connection.connect()  # a refusal is reported below, as any failure to connect
+        try:
+            connection.request(
+                "POST",
+                f"{prefix}/v1/completions",
+                body=data,
+                headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+            )
+        except ConnectionError:
+            # The server closed the connection while the body was still going out: most
+            # often it answered first (the emulator's 413 for a body over its limit) and
+            # that answer is waiting to be read; the send's broken pipe says nothing.
+            timing.error = _answer_to_a_cut_request(connection, len(data), timeout_s)
+            return timing
         response = connection.getresponse()
         if response.status != 200:
-            text = response.read()[:300].decode(errors="replace")
-            timing.error = f"HTTP {response.status}: {text}"
+            timing.error = _http_error(response)
             return timing
         finished = False
         while True:

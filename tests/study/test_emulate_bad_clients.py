@@ -241,3 +241,36 @@ def test_load_counts_a_stream_cut_short_as_failed(
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _HangsUpOnTheBody(_CutStream):
+    """A server that reads a request's headers and closes without an answer."""
+
+    def do_POST(self) -> None:
+        self.close_connection = True
+
+
+def test_a_server_that_hangs_up_mid_body_is_reported_as_such() -> None:
+    """The server closes while the client is still sending an 18 MB body and sends no
+    answer: the failure names what happened (it read ``BrokenPipeError: [Errno 32]
+    Broken pipe``), and counts as a failed request."""
+    from gpugov.study.openai_client import request_body
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _HangsUpOnTheBody)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        body = request_body("m", 3_000_000, 4)
+        size = len(json.dumps(body).encode())
+        timing = stream_completion(url, body, timeout_s=10)
+        assert timing.error == (
+            f"the server closed the connection while the request body of {size} bytes "
+            "was being sent"
+        )
+        run = LoadRun([timing], scheduled=1, not_sent=0, clipped_prompts=0, wall_s=1.0,
+                      late_starts=0)  # fmt: skip
+        assert summarize(run)["requests_failed"] == 1
+    finally:
+        server.shutdown()
+        server.server_close()

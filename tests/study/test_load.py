@@ -148,3 +148,74 @@ def test_json_cut_short_mid_write_leaves_the_old_summary_whole(
     assert cut.stderr.splitlines()[-1] == line
     assert out.read_text() == '{"an": "earlier run"}\n'
     assert sorted(path.name for path in tmp_path.iterdir()) == ["load.json", "t.csv"]
+
+
+# A body this size outgrows loopback's socket buffers (a few MiB) many times over, so the
+# emulator, which answers 413 after the headers and closes, cuts the send off midway.
+OVERSIZED_PROMPT = 3_000_000  # token ids: an 18 MB body
+BODY_LIMIT = 1 << 20  # the emulator's limit lowered from 32 MiB, as the test's
+
+
+def test_a_body_over_the_emulator_limit_is_reported_as_its_413(
+    emulator: EmulatorServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The emulator reads the headers of a request over its body limit, answers 413 and
+    closes the connection while the client is still sending the body: the client
+    reported the send's broken pipe (``BrokenPipeError: [Errno 32] Broken pipe``); it
+    now reads the answer waiting for it and reports that."""
+    import http
+
+    from gpugov.study import openai_client
+    from gpugov.study.emulate import server as emulator_server
+    from gpugov.study.openai_client import request_body, stream_completion
+
+    monkeypatch.setattr(emulator_server, "MAX_BODY_BYTES", BODY_LIMIT)
+    cut: list[int] = []
+    answer = openai_client._answer_to_a_cut_request
+
+    def spy(connection: object, size: int, timeout_s: float) -> str:
+        cut.append(size)
+        return answer(connection, size, timeout_s)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(openai_client, "_answer_to_a_cut_request", spy)
+    body = request_body("gpugov-emulated", OVERSIZED_PROMPT, 4)
+    size = len(json.dumps(body).encode())
+    timing = stream_completion(emulator.url, body, timeout_s=30)
+    assert cut == [size]  # the send was cut short: the path this test is about
+    phrase = http.HTTPStatus(413).phrase  # "Content Too Large" from Python 3.13
+    assert timing.error == f"HTTP 413 {phrase}: request body of {size} bytes is too large"
+    assert timing.end_s is None and not timing.token_s
+    # The emulator goes on serving.
+    small = stream_completion(emulator.url, request_body("gpugov-emulated", 16, 3), timeout_s=30)
+    assert small.error is None and len(small.token_s) == 3
+
+
+def test_load_counts_an_oversized_request_as_failed_with_the_servers_answer(
+    emulator: EmulatorServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``gpugov load`` counts the oversized request as one failed request with the
+    server's 413 as its reason (the rest of the run goes on); a run where none completes
+    ends in one line naming it."""
+    from gpugov.study.emulate import server as emulator_server
+
+    monkeypatch.setattr(emulator_server, "MAX_BODY_BYTES", BODY_LIMIT)
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        f"arrival_time_s,prompt_tokens,output_tokens\n0,{OVERSIZED_PROMPT},4\n0.2,64,3\n"
+    )
+    out = tmp_path / "load.json"
+    argv = ["load", "--trace", str(trace), "--url", emulator.url, "--quiet"]
+    assert main([*argv, "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["requests_completed"] == 1 and summary["requests_failed"] == 1
+    [(error, count)] = summary["errors"].items()
+    assert count == 1 and error.startswith("HTTP 413 ") and "too large" in error
+    stdout = capsys.readouterr().out
+    assert f"error x1: {error}" in stdout and "Broken pipe" not in stdout
+    trace.write_text(f"arrival_time_s,prompt_tokens,output_tokens\n0,{OVERSIZED_PROMPT},4\n")
+    assert main(argv) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert err == [f"gpugov: error: no request completed against {emulator.url}: {error}"]
