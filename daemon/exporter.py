@@ -119,6 +119,12 @@ class LoopSnapshot:
     overruns_total: int = 0
     tick_seconds: float = 0.0
     period_s: float = 1.0
+    lock_state_write_failures_total: int = 0
+    """Failed writes of the lock state file, retries included (``LockState.write_failures``;
+    0 for a run that keeps none: a dry run, a simulation, no state directory)."""
+    lock_state_stale: bool = False
+    """True while the lock state file is out of date: its last write failed
+    (``LockState.stale``)."""
 
 
 def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
@@ -633,7 +639,18 @@ class SnapshotCollector(Collector):
         duration.add_metric([], loop.tick_seconds)
         period = GaugeMetricFamily("gpugov_loop_period_seconds", "Configured control period")
         period.add_metric([], loop.period_s)
-        yield from (ticks, overruns, duration, period)
+        lock_failures = CounterMetricFamily(
+            "gpugov_lock_state_write_failures",
+            "Writes of the lock state file (locks.json) that failed, retried every tick",
+        )
+        lock_failures.add_metric([], float(loop.lock_state_write_failures_total))
+        lock_stale = GaugeMetricFamily(
+            "gpugov_lock_state_stale_active",
+            "1 while the lock state file is out of date (its last write failed): a daemon "
+            "killed meanwhile leaves locks the next start finds only by reading the clocks",
+        )
+        lock_stale.add_metric([], 1.0 if loop.lock_state_stale else 0.0)
+        yield from (ticks, overruns, duration, period, lock_failures, lock_stale)
 
 
 MAX_CONNECTIONS = 32

@@ -22,8 +22,13 @@ write is back (:class:`daemon.power_limit.PowerLimitActuator`):
 ```
 
 The file is replaced atomically (write to a temporary file, then ``os.replace``). A state
-file that cannot be read or written is logged once and ignored: the daemon then
-reconciles from what NVML shows.
+file that cannot be read, or a state directory that cannot be held, is logged once and
+ignored: the daemon then reconciles from what NVML shows. A write that fails (a full
+disk, a read-only or unwritable state directory) leaves the file out of date (``stale``):
+it is counted (``write_failures``; ``gpugov_lock_state_write_failures_total`` and
+``gpugov_lock_state_stale_active``), written again once per tick (:meth:`LockState.retry`)
+until it goes through, and logged at most once a minute (the first failure, a reminder
+while it lasts, and one line when the file is written again).
 """
 
 from __future__ import annotations
@@ -31,9 +36,12 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.files import loads_json, read_input_text, write_json_atomic
 from gpugov.plant.input_files import finite_number
@@ -42,9 +50,11 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "locks.json"
 HOLD_FILE = "gpugov.lock"
+"""The file a running daemon holds an exclusive ``flock`` on (:meth:`LockState.hold`)."""
 NO_RECORD = object()
 """What :meth:`LockState._load` gives for a file that is missing or cannot be read."""
-"""The file a running daemon holds an exclusive ``flock`` on (:meth:`LockState.hold`)."""
+WRITE_FAILURE_LOG_EVERY_S = 60.0
+"""While writes of the file keep failing, one reminder line per this many seconds."""
 
 
 class LockState:
@@ -53,12 +63,31 @@ class LockState:
     Args:
         directory: the state directory (created if missing).
         pid: this process's id, stored with every entry.
+        clock: monotonic seconds, for the rate-limited write-failure log.
     """
 
-    def __init__(self, directory: str | Path, *, pid: int | None = None) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        pid: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.path = Path(directory) / STATE_FILE
         self.pid = os.getpid() if pid is None else pid
         self._warned = False
+        self.write_failures = 0
+        """Writes of the file that failed, retries included
+        (``gpugov_lock_state_write_failures_total``)."""
+        self.stale = False
+        """True while the file is out of date: its last write failed
+        (``gpugov_lock_state_stale_active``); :meth:`retry` writes it again."""
+        self._clock = clock
+        self._failed_in_a_row = 0
+        self._failing_since_s = 0.0
+        self._logged_s = 0.0
+        self._left_out = 0
+        self._episodes = EpisodeLog(WRITE_FAILURE_LOG_EVERY_S)
         data = self._load()
         self._entries: dict[str, dict[str, Any]] = self._lock_entries(data)
         self._limits: dict[str, dict[str, Any]] = self._limit_entries(data)
@@ -235,14 +264,82 @@ class LockState:
         if self._entries.pop(key, None) is not None:
             self._write()
 
+    def retry(self) -> bool:
+        """Write the file again if its last write failed (the loop calls this once per
+        tick, so the record catches up once the disk has room or the directory is
+        writable again); whether the file is up to date now."""
+        if self.stale:
+            self._write()
+        return not self.stale
+
     def _write(self) -> None:
+        data: dict[str, Any] = {"version": 1, "gpus": self._entries}
+        if self._limits:
+            data["power_limits"] = self._limits
         try:
-            data: dict[str, Any] = {"version": 1, "gpus": self._entries}
-            if self._limits:
-                data["power_limits"] = self._limits
             write_json_atomic(self.path, data, indent=1)
         except OSError as error:
-            self._warn("write it", error)
+            self._write_failed(error)
+            return
+        self._write_succeeded()
+
+    def _write_failed(self, error: OSError) -> None:
+        """Count a failed write and log it: the first of a run of failures, then one
+        reminder per :data:`WRITE_FAILURE_LOG_EVERY_S` while they last (the lines in
+        between go to DEBUG); runs that come and go log at most one start a minute
+        (:class:`~daemon.episode_log.EpisodeLog`)."""
+        now = self._clock()
+        self.write_failures += 1
+        self.stale = True
+        self._failed_in_a_row += 1
+        if self._failed_in_a_row == 1:
+            self._failing_since_s = now
+            note = self._episodes.start(now)
+            if note is None:
+                self._left_out = 1
+                log.debug("lock state %s: cannot write it (%s); retrying", self.path, error)
+                return
+            self._logged_s = now
+            self._left_out = 0
+            log.warning(
+                "lock state %s: cannot write it (%s): the record of the locks is out of date, "
+                "and a daemon killed meanwhile leaves locks the next start finds only by "
+                "reading the clocks; the daemon writes it again every tick (while it fails, "
+                "one line a minute)%s",
+                self.path,
+                error,
+                note,
+            )
+        elif now - self._logged_s >= WRITE_FAILURE_LOG_EVERY_S:
+            self._episodes.reminded()
+            log.warning(
+                "lock state %s: still cannot write it: %d failures in a row over %.0f s "
+                "(%d not logged): %s",
+                self.path,
+                self._failed_in_a_row,
+                now - self._failing_since_s,
+                self._left_out,
+                error,
+            )
+            self._logged_s = now
+            self._left_out = 0
+        else:
+            self._left_out += 1
+            log.debug("lock state %s: cannot write it (%s); retrying", self.path, error)
+
+    def _write_succeeded(self) -> None:
+        """The file is up to date; one line if writes had been failing."""
+        count, self._failed_in_a_row = self._failed_in_a_row, 0
+        self.stale = False
+        if count:
+            log.log(
+                logging.WARNING if self._episodes.end() else logging.DEBUG,
+                "lock state %s: written again after %d failed write(s) (%.0f s); the record "
+                "of the locks is up to date",
+                self.path,
+                count,
+                self._clock() - self._failing_since_s,
+            )
 
 
 def live_gpugov_pid(pid: object) -> bool:

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from gpugov.daemon.domain import Domain, TickRecord
 from gpugov.daemon.errors import ClocksNotReset, GpuLost
 from gpugov.daemon.exporter import Exporter, LoopSnapshot
+from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.observer import Observed
 
 log = logging.getLogger(__name__)
@@ -334,7 +335,9 @@ def run(
     order is: ``STOPPING=1``, every clock the daemon locked is reset (failures retried
     with backoff), then each domain's controller is closed on its own (``mpc-online``
     saves its model); a failing close is logged and never skips a reset or another
-    domain's close.
+    domain's close. Each tick first writes again a lock record whose last write failed
+    (:meth:`daemon.lockstate.LockState.retry`); its failures and whether it is out of date
+    are published with the loop's counters.
 
     Args:
         before_tick: ``(now_s, step) -> stop?``, checked before each tick (simulation end).
@@ -362,11 +365,14 @@ def run(
     observing = (
         ConcurrentObservation(domains) if concurrent_observation and len(domains) > 1 else None
     )
+    states = lock_states(domains)
     try:
         for step, now_s in enumerate(loop):
             if before_tick is not None and before_tick(now_s, step):
                 break
             started = wall()
+            for state in states:  # a lock record whose last write failed: write it again
+                state.retry()
             try:
                 if observing is None:
                     records = [domain.tick(now_s, step) for domain in domains]
@@ -394,6 +400,8 @@ def run(
                         overruns_total=loop.overruns,
                         tick_seconds=elapsed,
                         period_s=loop.period_s,
+                        lock_state_write_failures_total=sum(s.write_failures for s in states),
+                        lock_state_stale=any(s.stale for s in states),
                     ),
                 )
             if on_tick is not None:
@@ -440,6 +448,18 @@ def _raise_not_reset(
         return
     log.error("the run stopped: %s", stopped_by)
     raise ClocksNotReset(message, gpus=gpus) from stopped_by
+
+
+def lock_states(domains: Sequence[Domain]) -> list[LockState]:
+    """The lock records the domains' clock and power limit actuators write (one per node
+    run, shared; none in a dry run or a simulation), each once."""
+    found: dict[int, LockState] = {}
+    for domain in domains:
+        for actuator in (domain.actuator, domain.power_limits):
+            state = getattr(actuator, "state", None)
+            if isinstance(state, LockState):
+                found.setdefault(id(state), state)
+    return list(found.values())
 
 
 def restore_all(domains: Sequence[Domain]) -> list[str]:

@@ -496,11 +496,18 @@ def daemon_panels(ids: _Ids) -> list[Timeseries]:
         timeseries(
             ids,
             "Loop rate and overruns",
-            "Control ticks per second and ticks skipped because an iteration overran.",
+            "Control ticks per second, ticks skipped because an iteration overran, and failed "
+            "writes of the lock state file per second (should be 0: while they fail, a killed "
+            "daemon's locks are found at the next start only by reading the clocks; alert "
+            "GpugovLockStateWritesFailing).",
             "short",
             [
                 (f"rate(gpugov_loop_ticks_total{{{NODE}}}[{RATE}])", "ticks/s {{instance}}"),
                 (f"rate(gpugov_loop_overruns_total{{{NODE}}}[{RATE}])", "overruns/s {{instance}}"),
+                (
+                    f"rate(gpugov_lock_state_write_failures_total{{{NODE}}}[{RATE}])",
+                    "lock state write failures/s {{instance}}",
+                ),
             ],
             width=8,
             min_value=0,

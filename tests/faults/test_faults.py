@@ -378,6 +378,11 @@ def _state_dir_unwritable(root: Path) -> dict[str, Any]:
         ticks = daemon.metrics()["gpugov_loop_ticks_total"]
         daemon.wait_for(lambda: daemon.metrics()["gpugov_loop_ticks_total"] >= ticks + 3)
         assert daemon.stderr.count("a crash would leave no record of the locks") == 1
+        # The record's writes fail (retried each tick): exported, logged once a minute.
+        metrics = daemon.metrics()
+        assert metrics["gpugov_lock_state_stale_active"] == 1.0
+        assert metrics["gpugov_lock_state_write_failures_total"] >= 3
+        assert daemon.stderr.count(": cannot write it (") == 1, daemon.stderr
         _stop_clean(node, daemon)
         return {}
     finally:

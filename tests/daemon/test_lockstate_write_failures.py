@@ -1,0 +1,181 @@
+"""A lock state file that cannot be written (a full disk, an unwritable state directory):
+the daemon goes on governing and resets its clocks at stop, every failed write is counted
+and exported (``gpugov_lock_state_write_failures_total``, ``gpugov_lock_state_stale_active``),
+the file is written again each tick until it goes through, and the log has one line for
+the first failure, one a minute while it lasts and one when it is written again."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon_support import MetricsServer, run_ticks
+from fake_pynvml import FakeNvml
+
+from gpugov.daemon import lockstate
+from gpugov.daemon.actuator import ClockActuator
+from gpugov.daemon.config import parse_config
+from gpugov.daemon.exporter import Exporter
+from gpugov.daemon.lockstate import LockState
+from gpugov.daemon.nvml import NvmlBackend
+from gpugov.daemon.service import domains_from_config
+
+KEY = "GPU-fake-0000"
+
+
+class _Disk:
+    """``write_json_atomic`` in place of the lock state's own: ENOSPC while ``full``."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.full = True
+        self.writes = 0
+
+    def __call__(self, path: Path, data: Any, **options: Any) -> None:
+        self.writes += 1
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        self.real(path, data, **options)
+
+
+@pytest.fixture
+def disk(monkeypatch: pytest.MonkeyPatch) -> _Disk:
+    """The lock state's disk, full until the test frees it."""
+    fake = _Disk(lockstate.write_json_atomic)
+    monkeypatch.setattr(lockstate, "write_json_atomic", fake)
+    return fake
+
+
+def test_a_lock_state_write_that_fails_is_counted_retried_and_the_clocks_still_reset(
+    tmp_path: Path, disk: _Disk
+) -> None:
+    fake = FakeNvml(1)
+    state = LockState(tmp_path, pid=1)
+    actuator = ClockActuator([NvmlBackend(0, nvml=fake)], state=state)
+    assert not state.stale and state.write_failures == 0
+    assert actuator.apply(900) == 1
+    assert fake.locked(0) == (900, 900)  # the lock went through; only its record did not
+    assert state.stale and state.write_failures == 1
+    assert not (tmp_path / "locks.json").exists()
+    assert state.retry() is False and state.write_failures == 2
+    disk.full = False
+    assert state.retry() is True and not state.stale
+    assert LockState(tmp_path).read()[KEY]["max_mhz"] == 900
+    assert state.retry() is True and disk.writes == 3  # up to date: nothing written
+    disk.full = True
+    assert actuator.restore() == [] and fake.locked(0) is None  # reset, record or not
+    assert state.stale and state.write_failures == 3
+    # The file still names the lock the reset removed: the next start resets it again.
+    assert set(LockState(tmp_path).read()) == {KEY}
+
+
+def test_failing_lock_state_writes_log_one_line_a_minute_and_one_on_recovery(
+    tmp_path: Path, disk: _Disk, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "locks.json").write_text('["garbage"]')  # warned once, as a read problem
+    now = [0.0]
+    with caplog.at_level(logging.DEBUG, logger="gpugov.daemon.lockstate"):
+        state = LockState(tmp_path, pid=1, clock=lambda: now[0])
+        state.record(KEY, "0", 900, 900)  # the first failure: logged
+        for _ in range(119):  # a retry every 0.5 s tick for 59.5 s: not logged
+            now[0] += 0.5
+            state.retry()
+        now[0] += 0.5
+        state.retry()  # a minute on: one reminder
+        now[0] += 1.0
+        disk.full = False
+        state.retry()  # written again: one line
+        for step in range(31):  # failures that come and go, one every 2 s from 62 s on
+            now[0] += 1.0
+            disk.full = True
+            state.record(KEY, "0", 1000 + step, 1000 + step)
+            now[0] += 1.0
+            disk.full = False
+            state.retry()
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 8, lines
+    assert "not a lock record" in lines[0]
+    path = tmp_path / "locks.json"
+    assert lines[1].startswith(f"lock state {path}: cannot write it (")
+    assert "No space left on device" in lines[1]
+    assert "a daemon killed meanwhile leaves locks the next start finds only" in lines[1]
+    assert "writes it again every tick (while it fails, one line a minute)" in lines[1]
+    assert lines[2].startswith(
+        f"lock state {path}: still cannot write it: 121 failures in a row over 60 s "
+        "(119 not logged): "
+    )
+    assert lines[3] == (
+        f"lock state {path}: written again after 121 failed write(s) (61 s); the record of "
+        "the locks is up to date"
+    )
+    # Of the runs of failures that come and go, one a minute is logged, start and end.
+    assert lines[4].startswith(f"lock state {path}: cannot write it (")
+    assert lines[4].endswith("one line a minute)")
+    assert lines[5].startswith(f"lock state {path}: written again after 1 failed write(s)")
+    assert lines[6].endswith(
+        "(29 more such episode(s) in the 58 s before were not logged: it comes and goes)"
+    )
+    assert lines[7].startswith(f"lock state {path}: written again after 1 failed write(s)")
+    assert state.write_failures == 121 + 31 and not state.stale
+    assert LockState(tmp_path).read()[KEY]["max_mhz"] == 1030
+
+
+def test_the_loop_exports_lock_state_write_failures_and_recovers(
+    tmp_path: Path, disk: _Disk, metrics_server: MetricsServer
+) -> None:
+    metrics_server.page = (
+        'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 3\n'
+    )
+    fake = FakeNvml(1)
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0, "state_dir": str(tmp_path)},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "engine": {"kind": "vllm", "url": metrics_server.url, "timeout_s": 0.9},
+                    "controller": {"kind": "fixed", "clock_mhz": 1410},
+                }
+            ],
+        }
+    )
+    assembled = domains_from_config(config, nvml=fake)
+    exporter = Exporter(serve=False)
+    seen: list[tuple[float | None, float | None, Any]] = []
+
+    def on_step(step: int, records: Any) -> None:
+        get = exporter.registry.get_sample_value
+        seen.append(
+            (
+                get("gpugov_lock_state_write_failures_total"),
+                get("gpugov_lock_state_stale_active"),
+                fake.locked(0),
+            )
+        )
+        if step == 1:
+            disk.full = False  # space freed: the next tick's retry goes through
+
+    try:
+        run_ticks(assembled.domains, 4, on_step=on_step, exporter=exporter)
+    finally:
+        assembled.close()
+    assert seen == [
+        (1.0, 1.0, (1410, 1410)),  # the lock's record failed; the lock holds
+        (2.0, 1.0, (1410, 1410)),  # the tick's retry failed too
+        (2.0, 0.0, (1410, 1410)),  # written again
+        (2.0, 0.0, (1410, 1410)),
+    ]
+    assert fake.locked(0) is None  # reset at stop
+    assert LockState(tmp_path).read() == {}  # and its record removed
+
+
+def test_a_run_without_a_lock_state_exports_zero_failures() -> None:
+    exporter = Exporter(serve=False)
+    assert exporter.registry.get_sample_value("gpugov_lock_state_write_failures_total") == 0.0
+    assert exporter.registry.get_sample_value("gpugov_lock_state_stale_active") == 0.0
