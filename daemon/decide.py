@@ -517,6 +517,7 @@ def _mpc(spec: MPCControllerConfig, context: ControllerContext) -> ClockControll
         options["solver"] = DiscreteSearchSolver()
         # The fast MPC prices its plans as the safety chain will apply them.
         options["dwell_s"] = context.safety.dwell_s
+        options["efficiency_floor"] = True
     # The online corrections default to on for the fast MPC, off for the seed's.
     if spec.burst_hedge if spec.burst_hedge is not None else fast:
         options["burst_hedge"] = BurstHedge()

@@ -58,6 +58,7 @@ import numpy as np
 from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
 from gpugov.controllers.budget import AttainmentBudget
 from gpugov.controllers.contract import PowerNeed
+from gpugov.controllers.efficiency import WorkMix, profile_floor
 from gpugov.controllers.mpc.model import (
     CHUNK_TOKENS,
     DEFAULT_ARRIVAL_WINDOW_S,
@@ -165,6 +166,13 @@ class MPCController:
             chain applies them, a lower clock only after the locked one (the
             observation's ``requested_clock_mhz``) has been held this long, so a raise
             is charged for its whole hold (:meth:`MPCProblem.applied`). 0: as asked.
+        efficiency_floor: no decision below the lowest clock of the plant's profile
+            whose mean power for the recent work mix is within 2 % of the cheapest
+            (:func:`controllers.efficiency.profile_floor`): the fluid model charges a
+            period at its phase's busy power however early its work ends, so where power
+            hardly rises with the clock it sees no gain in finishing sooner and idling,
+            and picks a slower clock that costs more. Inert where the lowest clocks are
+            the cheapest (every bundled profile). False (the seed's): off.
 
     With the ``iteration`` latency model, where an observation carries a per-prompt TTFT
     allowance (``ttft_slo_per_prompt_token_s``), the TTFT proxy is judged per prompt
@@ -201,6 +209,7 @@ class MPCController:
         dwell_s: float = 0.0,
         feedback_yields_when_ahead: bool = False,
         tail_yields_to_budget: bool = False,
+        efficiency_floor: bool = False,
     ) -> None:
         for name, value in (
             ("mean_prompt_tokens", mean_prompt_tokens),
@@ -267,6 +276,11 @@ class MPCController:
         """The new request's own prompt within the charged one (the TTFT proxy's
         per-prompt allowance is judged on it)."""
         self.tail_yields_to_budget = bool(tail_yields_to_budget)
+        self.efficiency_floor = bool(efficiency_floor)
+        self.work_mix = WorkMix()
+        """The recent prompt rate and decode share (``efficiency_floor``)."""
+        self.efficiency_floor_decisions = 0
+        """Decisions the efficiency floor raised."""
         self.terminal_share = 1.0
         """The share of the seed's terminal penalty the next problem charges
         (``tail_yields_to_budget``; :attr:`MPCProblem.terminal_share`)."""
@@ -524,6 +538,7 @@ class MPCController:
         else:
             self.held_clock_mhz = None
         self._last_decision_s = observation.time_s
+        self.work_mix.update(observation)
         arrival_rate = self._arrival_rate(observation)
         self.adapt(observation)
         self.last_problem = self.problem(observation, arrival_rate)
@@ -543,6 +558,11 @@ class MPCController:
             self.fallback_count += 1
             self.fallback_reasons[reason] += 1
             self.plans_by_step[observation.step_index] = (float(self.current_clock),)
+        if self.efficiency_floor:
+            floor = profile_floor(self.plant.profile, *self.work_mix.for_role(observation.role))
+            if floor > self.current_clock:
+                self.current_clock = floor
+                self.efficiency_floor_decisions += 1
         self.plan_start_times_by_step[observation.step_index] = observation.time_s
         if self.history_limit is not None:
             self._trim_history(self.history_limit)

@@ -34,69 +34,21 @@ below the lowest seen one as before.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import numpy as np
 from numpy.typing import NDArray
 
+from gpugov.controllers.efficiency import TOLERANCE, WorkMix, cheapest_within
 from gpugov.controllers.online.identification import OnlineModel
 from gpugov.controllers.online.prediction import work_power
-from gpugov.plant.types import ServingObservation
 
 FloatArray = NDArray[np.float64]
 
-MIX_MEMORY_S = 60.0
-"""Time constant (s) of the work mix's exponential memory."""
 EVIDENCE = 0.2
 """Relative margin by which the lowest seen clock's optimistic cost must exceed the
 cheapest seen clock's pessimistic one before the floor acts: a learned model can be
 confidently wrong about a clock (a latency part its windows there never exercised, priced
 by the prior's 1/f law), and the floor would then raise the clock for nothing, so only a
 wide gap counts as evidence of a trend."""
-TOLERANCE = 0.02
-"""How near the model's cheapest mean cost the floor's clock may be."""
-
-
-@dataclass
-class WorkMix:
-    """The prompt tokens a domain prefilled per second and the share of the time it had
-    replies decoding, recently: from the engine's prompt counter and running batch,
-    decayed over :data:`MIX_MEMORY_S` (a restart of the counter starts again)."""
-
-    memory_s: float = MIX_MEMORY_S
-    prompt_tokens: float = 0.0
-    decoding_s: float = 0.0
-    elapsed_s: float = 0.0
-    _last: tuple[float, float] | None = None
-
-    def update(self, observation: ServingObservation) -> None:
-        """Fold the time since the previous observation in."""
-        now = float(observation.time_s)
-        prompt = float(observation.prompt_tokens_total)
-        last = self._last
-        self._last = (now, prompt) if math.isfinite(prompt) else None
-        if last is None or not math.isfinite(prompt):
-            return
-        elapsed = now - last[0]
-        added = prompt - last[1]
-        if not elapsed > 0.0 or added < 0.0:
-            return  # time went back or the counter restarted: the next delta counts
-        decay = math.exp(-elapsed / self.memory_s)
-        self.prompt_tokens = self.prompt_tokens * decay + added
-        decoding = elapsed if observation.decode_active > 0 else 0.0
-        self.decoding_s = self.decoding_s * decay + decoding
-        self.elapsed_s = self.elapsed_s * decay + elapsed
-
-    @property
-    def prompt_rate(self) -> float:
-        """Prompt tokens prefilled per second over the memory."""
-        return self.prompt_tokens / self.elapsed_s if self.elapsed_s > 0.0 else 0.0
-
-    @property
-    def decode_share(self) -> float:
-        """Share of the time over the memory with replies decoding."""
-        return self.decoding_s / self.elapsed_s if self.elapsed_s > 0.0 else 0.0
 
 
 def power_for_work(
@@ -139,12 +91,7 @@ def efficiency_floor(
     if cheapest == 0 or not optimistic[0] > (1.0 + EVIDENCE) * pessimistic[cheapest]:
         return float(clocks[0])  # no evidence that any slower clock costs more
     every, _, _ = power_for_work(model, realized, prompt_rate, decode_share, 0.0)
-    valid = np.isfinite(every)
-    if not valid.any():
-        return float(clocks[0])
-    best = float(np.min(every[valid]))
-    near = np.flatnonzero(valid & (every <= (1.0 + TOLERANCE) * best))
-    return float(clocks[int(near[0])])
+    return cheapest_within(clocks, every)
 
 
 def domain_floor(
@@ -153,6 +100,15 @@ def domain_floor(
     """:func:`efficiency_floor` for a domain of ``role`` from its recent ``mix``: a prefill
     pool decodes nothing; a decode pool prefills nothing, so its floor is the lowest
     clock."""
-    share = 0.0 if role == "prefill" else mix.decode_share
-    rate = 0.0 if role == "decode" else mix.prompt_rate
+    rate, share = mix.for_role(role)
     return efficiency_floor(model, rate, share, z, minimum_visits)
+
+
+__all__ = [
+    "EVIDENCE",
+    "TOLERANCE",
+    "WorkMix",
+    "domain_floor",
+    "efficiency_floor",
+    "power_for_work",
+]
