@@ -13,6 +13,7 @@ import csv
 import errno
 import io
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,57 @@ def _controller(payload: dict[str, Any], model: OnlineModel) -> OnlineMPCControl
     return controller
 
 
+def _thermal_section(
+    model: OnlineModel, limit_c: float, idle_w: float, period_s: object
+) -> dict[str, Any]:
+    """The exported profile's thermal RC: the learned fit where it is physical and idles
+    the domain below ``limit_c`` (the profile loader refuses one that does not), its time
+    constant in seconds where the model's control period is stored (a model saved before
+    the period was stored keeps a neutral 30 s); else a neutral RC that stays under the
+    limit, the source saying why."""
+    neutral = {
+        "ambient_temperature_c": 30.0,
+        "thermal_resistance_c_per_w": (limit_c - 30.0) / (1.1 * model.power_limit_w),
+        "thermal_time_constant_s": 30.0,
+        "thermal_limit_c": limit_c,
+    }
+    fitted = model.thermal_parameters()
+    if fitted is None:
+        return {**neutral, "source": "not learned yet: a neutral RC that stays under the limit"}
+    ambient, resistance, windows = fitted
+    steady = ambient + resistance * idle_w
+    if not (ambient < limit_c and steady < limit_c):
+        return {
+            **neutral,
+            "source": (
+                f"the learned fit (ambient {ambient:.4g} C, {resistance:.4g} C/W) idles the "
+                f"domain at {steady:.4g} C, not below the {limit_c:g} C limit: a neutral RC "
+                "that stays under the limit"
+            ),
+        }
+    period = (
+        period_s if isinstance(period_s, int | float) and not isinstance(period_s, bool) else None
+    )
+    if period is not None and math.isfinite(period) and period > 0.0:
+        return {
+            "ambient_temperature_c": ambient,
+            "thermal_resistance_c_per_w": resistance,
+            "thermal_time_constant_s": max(1.0, windows * float(period)),
+            "thermal_limit_c": limit_c,
+            "source": "learned online (per control window)",
+        }
+    return {
+        "ambient_temperature_c": ambient,
+        "thermal_resistance_c_per_w": resistance,
+        "thermal_time_constant_s": 30.0,
+        "thermal_limit_c": limit_c,
+        "source": (
+            "learned online (per control window); the time constant a neutral 30 s: the "
+            "model was saved without its control period"
+        ),
+    }
+
+
 def describe(domain: str, path: Path, payload: dict[str, Any], model: OnlineModel) -> str:
     """The model as text: key, fit quality, then per-clock predictions with +- 1 std."""
     key = payload["key"]
@@ -195,24 +247,9 @@ def export(
     controller = _controller(payload, model)
     profile = controller.learned_profile((float(ttft), float(tpot)), pessimistic=False)
     limit = float(slos.get("thermal_limit_c") or 87.0)
-    fitted = model.thermal_parameters()
-    if fitted is not None:
-        ambient, resistance, windows = fitted
-        thermal = {
-            "ambient_temperature_c": ambient,
-            "thermal_resistance_c_per_w": resistance,
-            "thermal_time_constant_s": max(1.0, windows),
-            "thermal_limit_c": limit,
-            "source": "learned online (per control window)",
-        }
-    else:
-        thermal = {
-            "ambient_temperature_c": 30.0,
-            "thermal_resistance_c_per_w": (limit - 30.0) / (1.1 * model.power_limit_w),
-            "thermal_time_constant_s": 30.0,
-            "thermal_limit_c": limit,
-            "source": "not learned yet: a neutral RC that stays under the limit",
-        }
+    thermal = _thermal_section(
+        model, limit, float(np.min(profile.idle_power_w)), payload.get("control_period_s")
+    )
     name = f"online-{domain}"
     csv_path, manifest_path = out / f"{name}.csv", out / f"{name}.json"
     context = controller.mean_prompt_tokens + 0.5 * controller.mean_output_tokens

@@ -580,6 +580,7 @@ class PersistentOnlineModel(ControllerWrapper):
             },
             "mean_prompt_tokens": self.inner.mean_prompt_tokens,
             "mean_output_tokens": self.inner.mean_output_tokens,
+            "control_period_s": self.inner.control_period_s,
             "status": json_safe(self.inner.status()),
             "model": model.state_dict(),
         }

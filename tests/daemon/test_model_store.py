@@ -18,6 +18,7 @@ from synthetic import make_plant
 
 from gpugov.cli import main
 from gpugov.controllers.online.controller import OnlineMPCController
+from gpugov.controllers.online.identification import OnlineModel
 from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.model_store import (
     PersistentOnlineModel,
@@ -185,6 +186,46 @@ def test_model_show_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str
     )
     assert profile.power("decode", top) == pytest.approx(
         model.phase_power_w(top, "decode")[0], rel=1e-4
+    )
+
+
+@pytest.mark.parametrize(
+    ("fit", "period", "expected"),
+    [
+        ((40.0, 0.05, 120.0), 0.5, (40.0, 0.05, 60.0, "learned online")),
+        ((40.0, 0.05, 120.0), None, (40.0, 0.05, 30.0, "without its control period")),
+        ((70.0, 0.2, 120.0), 0.25, (30.0, None, 30.0, "not below the 87 C limit")),
+        (None, 0.25, (30.0, None, 30.0, "not learned yet")),
+    ],
+    ids=["learned", "old-file-no-period", "idles-over-the-limit", "not-learned"],
+)
+def test_the_exported_thermal_section_is_one_the_profile_loader_takes(
+    fit: tuple[float, float, float] | None,
+    period: float | None,
+    expected: tuple[float, float | None, float, str],
+) -> None:
+    """The learned RC fit, its time constant from control windows to seconds; a fit that
+    idles the domain at or over the limit (the loader refuses such a profile) gives way to
+    the neutral RC, the source saying why."""
+    from gpugov.daemon.model_cli import _thermal_section
+
+    model = OnlineModel([345.0, 1980.0], 700.0)
+    model.thermal_parameters = lambda: fit  # type: ignore[method-assign]
+    thermal = _thermal_section(model, 87.0, 100.0, period)
+    ambient, resistance, constant, source = expected
+    assert thermal["ambient_temperature_c"] == ambient
+    if resistance is not None:
+        assert thermal["thermal_resistance_c_per_w"] == resistance
+    assert thermal["thermal_time_constant_s"] == pytest.approx(constant)
+    assert source in thermal["source"]
+    steady = thermal["ambient_temperature_c"] + thermal["thermal_resistance_c_per_w"] * 100.0
+    assert steady < 87.0
+
+
+def test_the_stored_model_carries_its_control_period(tmp_path: Path) -> None:
+    _learn(tmp_path)
+    assert read_stored(model_path(tmp_path, "llm"))["control_period_s"] == pytest.approx(
+        _controller().control_period_s
     )
 
 
