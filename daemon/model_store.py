@@ -3,7 +3,7 @@
 One JSON file per control domain, ``online-model-<domain>.json`` in the state directory
 (systemd's ``StateDirectory=``, ``$STATE_DIRECTORY``; or the controller's ``state_dir``),
 holding a format tag, the model version, the **key** (the domain's GPU UUIDs and the
-engine's ``model_name`` label), the SLOs last seen and the model
+engine's ``model_name`` label), the SLOs last seen, the control period and the model
 (:meth:`controllers.online.identification.OnlineModel.state_dict`).
 
 - A stored model whose key differs from the node's (another model served, a GPU swapped)
