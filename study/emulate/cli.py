@@ -8,9 +8,13 @@ import signal
 import sys
 import threading
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from gpugov.daemon import cli_types
 from gpugov.daemon.limits import MAX_EMULATED_GPUS, MAX_SECONDS
+
+if TYPE_CHECKING:
+    from gpugov.study.emulate.node import EmulatedNode
 
 
 def cmd_emulate(args: argparse.Namespace) -> int:
@@ -19,7 +23,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     from gpugov.daemon.config import parse_address
     from gpugov.plant import ServingPlant, load_profile
     from gpugov.study.emulate.disaggregated import DisaggregatedNode
-    from gpugov.study.emulate.node import EmulatedNode
+    from gpugov.study.emulate.node import EmulatedNode, tp_multiple_message
     from gpugov.study.emulate.server import EmulatorServer
 
     try:
@@ -30,7 +34,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--address {args.address}: the emulator serves on loopback only")
     layout = args.layout
     if layout is None:
-        gpus = 1 if args.gpus is None else args.gpus
+        gpus = args.gpus  # None: one engine replica's GPUs (the profile's tensor_parallel)
         if args.interconnect is not None:
             raise UsageError("--interconnect needs a disaggregated --layout (such as 1P1D)")
     else:
@@ -45,7 +49,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
                 f"--gpus {args.gpus} disagrees with --layout {layout[0]}P{layout[1]}D "
                 f"({gpus} GPUs); leave --gpus out"
             )
-    if gpus < 1:
+    if gpus is not None and gpus < 1:
         raise UsageError(f"--gpus must be >= 1, got {gpus}")
     require_positive("--speed", args.speed)
     name = args.served_model_name
@@ -72,6 +76,11 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     plant = ServingPlant.from_profile(load_profile(args.profile))
     node: EmulatedNode
     if layout is None:
+        tp = plant.tensor_parallel
+        if gpus is None:
+            gpus = tp
+        elif gpus % tp:
+            raise UsageError(tp_multiple_message(gpus, tp, plant.profile.name))
         node = EmulatedNode(
             plant,
             gpus=gpus,
@@ -120,9 +129,9 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         )
     else:
         print(
-            f"gpugov emulate: {gpus} emulated GPU(s) {node.gpu_name!r} of profile "
-            f"{plant.profile.name}, model {args.served_model_name!r}, serving on "
-            f"{server.url} (OpenAI API under /v1, /metrics, GPUs under /gpu)",
+            f"gpugov emulate: {node.gpu_count} emulated GPU(s) {node.gpu_name!r} of profile "
+            f"{plant.profile.name} ({_replicas(node)}), model {args.served_model_name!r}, "
+            f"serving on {server.url} (OpenAI API under /v1, /metrics, GPUs under /gpu)",
             flush=True,
         )
     try:
@@ -135,6 +144,20 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         return 130
     print("gpugov emulate: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _replicas(node: EmulatedNode) -> str:
+    """How the GPUs make engine replicas: ``2 data-parallel engine replicas, one GPU
+    each`` or ``2 engine replicas of 4 tensor-parallel GPUs each: GPUs 0-3, 4-7``."""
+    count = node.replicas
+    noun = "replica" if count == 1 else "replicas"
+    tp = node.tensor_parallel
+    if tp == 1:
+        return f"{count} data-parallel engine {noun}, one GPU each"
+    spans = [f"{group[0]}-{group[-1]}" for group in map(node.group_gpus, range(count))]
+    if len(spans) > 4:
+        spans = [*spans[:2], "...", spans[-1]]
+    return f"{count} engine {noun} of {tp} tensor-parallel GPUs each: GPUs {', '.join(spans)}"
 
 
 def _span(gpus: tuple[int, ...]) -> str:
@@ -192,8 +215,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         type=cli_types.count(1, MAX_EMULATED_GPUS),
         default=None,
         metavar="N",
-        help="emulated GPUs, one data-parallel engine replica each (default 1; with "
-        "--layout, the layout's count)",
+        help="emulated GPUs on the node. A profile of one GPU: N data-parallel engine "
+        "replicas of one GPU each. A tensor-parallel profile (tensor_parallel T > 1, its "
+        "rates and powers the T GPUs'): N/T replicas of T GPUs each, each GPU drawing 1/T "
+        "of its replica's power, N a multiple of T. Default: one replica (1 GPU, or T); "
+        "with --layout, the layout's count",
     )
     parser.add_argument(
         "--layout",

@@ -117,6 +117,7 @@ class DisaggregatedNode(EmulatedNode):
         super().__init__(
             plant,
             gpus=prefill_gpus + decode_gpus,
+            tensor_parallel=1,  # each engine one GPU (a TP profile's whole group on it)
             seed=seed,
             speed=speed,
             tick_s=tick_s,

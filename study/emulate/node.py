@@ -1,17 +1,34 @@
-"""The emulated node: one simulated plant per GPU, advanced in (scaled) real time.
+"""The emulated node: one simulated plant per engine replica, advanced in (scaled) real time.
 
-A background thread advances every GPU's :class:`~gpugov.plant.PlantSimulation` to the
+A background thread advances every replica's :class:`~gpugov.plant.PlantSimulation` to the
 wall clock every ``tick_s``; requests are injected as they arrive and their tokens are
-handed to the HTTP handlers as the plant's iterations produce them. With ``--gpus N``
-the node is data parallel: N replicas of the engine, one per GPU, each request sent to
-the replica with the fewest unfinished requests, ties in turn (vLLM's ``engine`` label
-tells them apart on ``/metrics``). The GPUs are named as NVML names the profile's GPU
-(:func:`emulated_gpu_name`) and carry UUIDs derived from the profile and their index
-(:func:`emulated_gpu_uuid`), so a governor's learned model, keyed on the UUIDs, follows
-the profile across restarts and never crosses to another. Each plant attributes its
-energy to the requests it served (``plant/attribution.py``); a finished request's is kept
-for ``GET /gpugov/energy`` (:meth:`EmulatedNode.energy_report`, the latest
-:data:`MAX_ENERGY_RECORDS`). Everything here is guarded by one lock.
+handed to the HTTP handlers as the plant's iterations produce them. The node is data
+parallel: its replicas of the engine each get requests, each request sent to the replica
+with the fewest unfinished requests, ties in turn (vLLM's ``engine`` label tells them
+apart on ``/metrics``).
+
+A replica runs on ``tensor_parallel`` GPUs (the profile's: its rates and powers describe
+the whole tensor-parallel group, the domain), so ``--gpus N`` is N GPUs and
+``N / tensor_parallel`` replicas; replica ``r`` runs on GPUs ``r * TP .. r * TP + TP - 1``.
+With a profile of one GPU (TP 1) each GPU is one replica. Each GPU of a group is its own
+NVML device: its own clock lock, its own injected fault, its own index and UUID, and
+reads of its share of the group's power, energy and power limit (``1 / TP`` each, so the
+group's GPUs sum to the plant's). Its temperature is the group's thermal state (the
+plant's thermal model is each GPU's, ``ServingPlant``), and its utilisation the group's
+busy share (every GPU of a group runs every iteration). The group's plant runs at the
+clock its GPUs realise together: a tensor-parallel step ends in collectives that wait
+for the slowest GPU, so the group's clock is the lowest of its GPUs' locks (an unlocked
+GPU counts at the top clock), and every GPU of the group reports that clock as its SM
+clock (the emulator models one clock per group; a real GPU locked above its group's
+slowest shows its own clock while it waits).
+
+The GPUs are named as NVML names the profile's GPU (:func:`emulated_gpu_name`) and carry
+UUIDs derived from the profile and their index (:func:`emulated_gpu_uuid`), so a
+governor's learned model, keyed on the UUIDs, follows the profile across restarts and
+never crosses to another. Each plant attributes its energy to the requests it served
+(``plant/attribution.py``); a finished request's is kept for ``GET /gpugov/energy``
+(:meth:`EmulatedNode.energy_report`, the latest :data:`MAX_ENERGY_RECORDS`). Everything
+here is guarded by one lock.
 """
 
 from __future__ import annotations
@@ -85,6 +102,15 @@ def emulated_gpu_name(profile: PerformanceProfile) -> str:
                 text = f"NVIDIA {text}"
             return text[:NVML_NAME_MAX_CHARS]
     return UNNAMED_GPU
+
+
+def tp_multiple_message(gpus: int, tensor_parallel: int, profile_name: str) -> str:
+    """The one line refusing a GPU count that is not a whole number of replicas."""
+    return (
+        f"--gpus {gpus}: profile {profile_name} is tensor parallel {tensor_parallel} (each "
+        f"engine replica runs on {tensor_parallel} GPUs); give a multiple of "
+        f"{tensor_parallel}, such as {tensor_parallel} for one replica"
+    )
 
 
 def profile_digest(profile: PerformanceProfile) -> str:
@@ -189,8 +215,11 @@ class EmulatedNode:
     """N simulated GPUs serving one engine endpoint, advanced to the wall clock.
 
     Args:
-        plant: the plant every GPU runs (the profile and limits).
-        gpus: number of GPUs (data-parallel replicas).
+        plant: the plant every replica runs (the profile and limits).
+        gpus: number of GPUs, a multiple of ``tensor_parallel`` (default: one replica's).
+        tensor_parallel: GPUs per engine replica (default: the plant's
+            ``tensor_parallel``); 1 serves each replica as one GPU that carries the whole
+            domain (the disaggregated layout does).
         seed: seeds the plants and the natural output lengths.
         speed: plant seconds per wall second (1 = real time; >1 only for tests).
         tick_s: wall seconds between advances (token timing resolution).
@@ -201,7 +230,8 @@ class EmulatedNode:
         self,
         plant: ServingPlant,
         *,
-        gpus: int = 1,
+        gpus: int | None = None,
+        tensor_parallel: int | None = None,
         seed: int = 0,
         speed: float = 1.0,
         tick_s: float = 0.002,
@@ -209,8 +239,14 @@ class EmulatedNode:
         fault: str = "none",
         lost_after_s: float | None = None,
     ) -> None:
+        tp = plant.tensor_parallel if tensor_parallel is None else int(tensor_parallel)
+        if tp < 1:
+            raise ValueError(f"tensor_parallel must be >= 1, got {tp}")
+        gpus = tp if gpus is None else gpus
         if gpus < 1:
             raise ValueError(f"--gpus must be >= 1, got {gpus}")
+        if gpus % tp:
+            raise ValueError(tp_multiple_message(gpus, tp, plant.profile.name))
         if not math.isfinite(speed) or speed <= 0:
             raise ValueError(f"speed must be positive, got {speed!r}")
         if fault not in FAULTS:
@@ -221,15 +257,23 @@ class EmulatedNode:
         self._clock = clock
         self._start_wall_s = clock()
         self.lock = threading.RLock()
+        self.tensor_parallel = tp
+        """GPUs per engine replica (one tensor-parallel group)."""
+        self.gpu_count = gpus
+        """GPUs on the node: ``len(self.simulations) * self.tensor_parallel``."""
+        replicas = gpus // tp
         self.simulations = [
-            PlantSimulation((), plant, seed=seed + gpu, fast_forward=True) for gpu in range(gpus)
+            PlantSimulation((), plant, seed=seed + replica, fast_forward=True)
+            for replica in range(replicas)
         ]
-        self.stats = [EngineStats() for _ in range(gpus)]
+        """One plant per engine replica (its whole tensor-parallel group)."""
+        self.stats = [EngineStats() for _ in range(replicas)]
         self.gpu_state = [GpuState(fault=fault) for _ in range(gpus)]
+        """Each GPU's lock and fault (by GPU index)."""
         if lost_after_s is not None:
             for state in self.gpu_state:
                 state.lost_at_s = float(lost_after_s)
-        self._streams: list[dict[int, Stream]] = [{} for _ in range(gpus)]
+        self._streams: list[dict[int, Stream]] = [{} for _ in range(replicas)]
         self._energy_records: deque[EnergyRecord] = deque(maxlen=MAX_ENERGY_RECORDS)
         self._next_replica = 0
         self._rng = np.random.default_rng(seed)
@@ -242,6 +286,37 @@ class EmulatedNode:
         """Every GPU's NVML name (:func:`emulated_gpu_name`)."""
         self.gpu_uuids = tuple(emulated_gpu_uuid(plant.profile, gpu) for gpu in range(gpus))
         """Each GPU's NVML UUID (:func:`emulated_gpu_uuid`)."""
+
+    # ------------------------------------------------------------------- groups
+    @property
+    def replicas(self) -> int:
+        """Engine replicas (tensor-parallel groups)."""
+        return len(self.simulations)
+
+    def replica_of(self, gpu: int) -> int:
+        """The engine replica GPU ``gpu`` belongs to."""
+        return gpu // self.tensor_parallel
+
+    def group_gpus(self, replica: int) -> range:
+        """The GPUs of replica ``replica``'s tensor-parallel group."""
+        first = replica * self.tensor_parallel
+        return range(first, first + self.tensor_parallel)
+
+    def _lock_target_mhz(self, gpu: int) -> int:
+        """The clock GPU ``gpu`` is held to: its lock's upper clock, else the top clock."""
+        locked = self.gpu_state[gpu].locked
+        return self.max_clock_mhz if locked is None else locked[1]
+
+    def group_clock_mhz(self, replica: int) -> int:
+        """The clock replica ``replica``'s GPUs run at together (before quantisation):
+        the lowest of their locks, an unlocked GPU at the top clock. A tensor-parallel
+        step ends in collectives that wait for the slowest GPU."""
+        return min(self._lock_target_mhz(gpu) for gpu in self.group_gpus(replica))
+
+    def _request_group_clock(self, gpu: int) -> None:
+        """Ask GPU ``gpu``'s group plant for the group's clock (after a lock or reset)."""
+        replica = self.replica_of(gpu)
+        self.simulations[replica].request_clock(float(self.group_clock_mhz(replica)))
 
     # --------------------------------------------------------------------- time
     def plant_time_s(self) -> float:
@@ -459,24 +534,28 @@ class EmulatedNode:
             return {"nvmlReturn": code}
         with self.lock:
             self.advance()
-            simulation = self.simulations[gpu]
+            simulation = self.simulations[self.replica_of(gpu)]
             observation = simulation.observe()
             reasons = int(simulation.clock_event_reasons)
             realized = simulation.realized_clock_mhz
-            if self.gpu_state[gpu].locked is not None and simulation.requested_clock_mhz < (
-                self.max_clock_mhz
-            ):
+            locked = self.gpu_state[gpu].locked
+            if locked is not None and self._quantized_mhz(locked[1]) < self.max_clock_mhz:
                 reasons |= CLOCK_EVENT_APPLICATIONS_CLOCKS_SETTING
             utilization = simulation.recent_utilization(NVML_UTILIZATION_SAMPLE_S)
+            share = 1.0 / self.tensor_parallel  # this GPU's part of its group's draw
             return {
-                "power_mw": int(round((observation.power_w or 0.0) * 1000.0)),
-                "energy_mj": int((observation.energy_j or 0.0) * 1000.0),
+                "power_mw": int(round((observation.power_w or 0.0) * share * 1000.0)),
+                "energy_mj": int((observation.energy_j or 0.0) * share * 1000.0),
                 "temperature_c": int(round(observation.temperature_c)),
                 "sm_clock_mhz": int(round(realized)),
                 "utilization_gpu": int(round(100.0 * utilization)),
                 "clock_event_reasons": reasons,
-                "enforced_power_limit_mw": int(round(self.plant.power_limit_w * 1000.0)),
+                "enforced_power_limit_mw": int(round(self.plant.power_limit_w * share * 1000.0)),
             }
+
+    def _quantized_mhz(self, mhz: float) -> float:
+        """The profile clock a lock at ``mhz`` holds (quantised down, as the plant does)."""
+        return float(self.plant.profile.quantize_clock(float(mhz), downward=True))
 
     def gpu_info(self, gpu: int) -> dict[str, object]:
         """Identity and clock tables of one GPU (what NVML's getters return)."""
@@ -510,9 +589,10 @@ class EmulatedNode:
             return NVML_ERROR_INVALID_ARGUMENT
         with self.lock:
             self.advance()
-            # Under load a [min, max] lock runs at max; the plant models one clock.
-            self.simulations[gpu].request_clock(float(max_mhz))
+            # Under load a [min, max] lock runs at max; the plant models one clock, the
+            # group's (:meth:`group_clock_mhz`).
             self.gpu_state[gpu].locked = (int(min_mhz), int(max_mhz))
+            self._request_group_clock(gpu)
         return NVML_SUCCESS
 
     def reset_clocks(self, gpu: int) -> int:
@@ -527,6 +607,6 @@ class EmulatedNode:
             return NVML_ERROR_NOT_SUPPORTED
         with self.lock:
             self.advance()
-            self.simulations[gpu].request_clock(float(self.max_clock_mhz))
             self.gpu_state[gpu].locked = None
+            self._request_group_clock(gpu)
         return NVML_SUCCESS

@@ -14,7 +14,9 @@ Routes:
   ``GET /gpu/<i>/sample`` (power, energy counter, temperature, SM clock, utilisation,
   clock-event reasons, power limit), ``POST /gpu/<i>/lock`` (``{"min_mhz", "max_mhz"}``)
   and ``POST /gpu/<i>/reset``. A failing call answers HTTP 500 with
-  ``{"nvmlReturn": code}``, NVML's own return code. Nothing reveals the profile.
+  ``{"nvmlReturn": code}``, NVML's own return code. Nothing reveals the profile. A
+  tensor-parallel profile's replica is ``tensor_parallel`` of these GPUs, each with its
+  share of the group's power (:mod:`gpugov.study.emulate.node`).
 * ``GET /gpugov/energy[?since=T]``: the true energy of the finished requests (by the
   completion's ``id``) and the run's totals (:meth:`EmulatedNode.energy_report`); every
   completion's ``usage`` carries its own (``energy_j``, ``prefill_energy_j``,
@@ -268,7 +270,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/health":
             self._send_text(200, "", "text/plain")
         elif path == "/gpu":
-            self._send_json(200, {"count": len(node.simulations)})
+            self._send_json(200, {"count": node.gpu_count})
         elif path == ENERGY_PATH:
             try:
                 since = energy_since(self.path)
@@ -287,7 +289,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._not_found()
                 return
             gpu = int(match.group(1))
-            if gpu >= len(node.simulations):
+            if gpu >= node.gpu_count:
                 self._send_json(500, {"nvmlReturn": 2})  # INVALID_ARGUMENT: no such index
                 return
             body = node.gpu_sample(gpu) if match.group(2) else node.gpu_info(gpu)
@@ -329,7 +331,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         node = self.server.node
         gpu = int(match.group(1))
-        if gpu >= len(node.simulations):
+        if gpu >= node.gpu_count:
             self._send_json(500, {"nvmlReturn": 2})
             return
         if match.group(2) == "/reset":

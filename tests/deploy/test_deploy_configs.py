@@ -102,3 +102,33 @@ def test_the_emulator_examples_set_the_slos_of_the_profile_they_emulate(path: Pa
             manifest["ttft_slo_s"],
             manifest["tpot_slo_s"],
         ), f"{path.name}: domain {domain.name} does not set {profile}'s SLOs"
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in CONFIGS if p.name.startswith("emulated")], ids=lambda p: p.name
+)
+def test_the_emulator_examples_govern_the_gpus_it_serves_one_group_a_domain(path: Path) -> None:
+    """Every GPU a domain lists is one the commented ``gpugov emulate`` serves (``--gpus``
+    GPUs, by default one replica's: the profile's ``tensor_parallel``; a layout's count),
+    and a domain whose ``mpc`` plans on that profile lists a whole tensor-parallel group,
+    as many GPUs as the profile's domain (else the daemon warns its rates are another
+    domain's)."""
+    from gpugov.daemon.controller_config import MPCControllerConfig
+    from gpugov.plant import load_profile
+
+    config = load_config(path)
+    (emulate,) = [argv for argv in commented_commands(path) if argv[0] == "emulate"]
+    args = build_parser().parse_args(emulate)
+    tensor_parallel = load_profile(args.profile).tensor_parallel
+    if args.layout is not None:
+        served = args.layout[0] + args.layout[1]
+    else:
+        served = tensor_parallel if args.gpus is None else args.gpus
+    for domain in config.domains:
+        assert max(domain.gpus) < served, f"{path.name}: domain {domain.name} GPUs {domain.gpus}"
+        controller = domain.controller
+        if isinstance(controller, MPCControllerConfig) and controller.profile == args.profile:
+            assert len(domain.gpus) == tensor_parallel, (
+                f"{path.name}: domain {domain.name} has {len(domain.gpus)} GPU(s), its mpc "
+                f"profile {args.profile} a domain of {tensor_parallel}"
+            )

@@ -51,7 +51,8 @@ def test_another_profile_gives_other_uuids() -> None:
     h100_8b = _uuids("h100-sxm-llama3-8b")
     # Another GPU kind, and the same GPU kind serving another model: no UUID shared.
     assert not set(h100_8b) & set(_uuids("h200-sxm-llama3-8b"))
-    assert not set(h100_8b) & set(_uuids("h100-sxm-llama3-70b-tp4"))
+    # (a TP4 profile's node has 4 GPUs per replica)
+    assert not set(h100_8b) & set(_uuids("h100-sxm-llama3-70b-tp4", 4))
     # The content counts, not only the name: an edited profile is another profile.
     edited = make_profile(gpu="test GPU, other fit")
     assert emulated_gpu_uuid(edited, 0) != emulated_gpu_uuid(make_profile(), 0)
