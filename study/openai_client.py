@@ -60,11 +60,13 @@ MAX_EVENT_LINE_BYTES = 1 << 20
 
 def _error_message(event: dict[str, Any]) -> str:
     """The message of an error body, in vLLM's current shape (``{"error": {...}}``) or
-    its older flat one (``{"object": "error", "message": ...}``)."""
+    its older flat one (``{"object": "error", "message": ...}``), on one line (pydantic's
+    validation messages span several)."""
     inner = event.get("error")
-    if isinstance(inner, dict):
-        return str(inner.get("message", inner))[:200]
-    return str(event.get("message", inner))[:200]
+    message = (
+        inner.get("message", inner) if isinstance(inner, dict) else event.get("message", inner)
+    )
+    return " ".join(str(message).split())[:200]
 
 
 def base_url(url: str) -> tuple[str, int, str]:
@@ -145,7 +147,7 @@ def _http_error(response: http.client.HTTPResponse) -> str:
     (vLLM's error shape), else the body's first 300 bytes: ``HTTP 413 Request Entity Too
     Large: request body of 36000099 bytes is too large``."""
     raw = response.read(300)
-    text = raw.decode(errors="replace").strip()
+    text = " ".join(raw.decode(errors="replace").split())  # one line (an HTML error page)
     with contextlib.suppress(ValueError):
         body = json.loads(raw)
         if isinstance(body, dict) and "error" in body:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -219,3 +221,99 @@ def test_load_counts_an_oversized_request_as_failed_with_the_servers_answer(
     assert main(argv) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert err == [f"gpugov: error: no request completed against {emulator.url}: {error}"]
+
+
+class _Answers(BaseHTTPRequestHandler):
+    """A server that answers every completion with the class's error status and body."""
+
+    protocol_version = "HTTP/1.1"
+    status = 502
+    content_type = "text/html"
+    body = b""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(self.status)
+        self.send_header("Content-Type", self.content_type)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(self.body)
+        self.close_connection = True
+
+
+class _ProxyPage(_Answers):
+    """A proxy's HTML error page, over several lines."""
+
+    body = (
+        b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+        b"<center><h1>502 Bad Gateway</h1></center>\r\n</body>\r\n</html>\r\n"
+    )
+
+
+class _ValidationError(_Answers):
+    """vLLM's 400 for a request its schema refuses: pydantic's message spans lines."""
+
+    status = 400
+    content_type = "application/json"
+    body = json.dumps(
+        {
+            "error": {
+                "message": "1 validation error for CompletionRequest\nmax_tokens\n  Input "
+                "should be greater than 0 [type=greater_than, input_value=0]",
+                "type": "BadRequestError",
+                "param": None,
+                "code": 400,
+            }
+        }
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("handler", "expected"),
+    [
+        (
+            _ProxyPage,
+            "HTTP 502 Bad Gateway: <html> <head><title>502 Bad Gateway</title></head> <body> "
+            "<center><h1>502 Bad Gateway</h1></center> </body> </html>",
+        ),
+        (
+            _ValidationError,
+            "HTTP 400 Bad Request: 1 validation error for CompletionRequest max_tokens Input "
+            "should be greater than 0 [type=greater_than, input_value=0]",
+        ),
+    ],
+    ids=["proxy-html-page", "multi-line-message"],
+)
+def test_an_error_answer_is_reported_on_one_line(
+    handler: type[_Answers],
+    expected: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An error answer whose body or message spans lines (a proxy's HTML page, pydantic's
+    validation message) is reported as one line, in the summary's errors and in the exit
+    line: its line breaks were kept, and the one error line spanned several."""
+    from gpugov.study.openai_client import request_body, stream_completion
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        timing = stream_completion(url, request_body("m", 16, 4), timeout_s=10)
+        assert timing.error == expected
+        trace = tmp_path / "t.csv"
+        trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,16,4\n")
+        argv = ["load", "--trace", str(trace), "--url", url, "--model", "m", "--quiet"]
+        capsys.readouterr()
+        assert main(argv) == 1
+        err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+        first = expected[:80]
+        assert err == [f"gpugov: error: no request completed against {url}: {first}"]
+    finally:
+        server.shutdown()
+        server.server_close()
