@@ -29,6 +29,7 @@ from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.files import resolve_state_dir, write_files_atomic
 from gpugov.daemon.model_store import StoredModelError, read_stored
+from gpugov.plant.input_files import finite_number
 from gpugov.plant.profile import CSV_COLUMNS
 
 
@@ -166,26 +167,30 @@ def _thermal_section(
                 "that stays under the limit"
             ),
         }
-    period = (
-        period_s if isinstance(period_s, int | float) and not isinstance(period_s, bool) else None
-    )
-    if period is not None and math.isfinite(period) and period > 0.0:
+    # finite_number: a hand-edited period may be a string, a bool, NaN or an integer too
+    # large for a float (math.isfinite raised OverflowError on it).
+    period = finite_number(period_s)
+    constant = windows * period if period is not None and period > 0.0 else math.nan
+    if math.isfinite(constant):
         return {
             "ambient_temperature_c": ambient,
             "thermal_resistance_c_per_w": resistance,
-            "thermal_time_constant_s": max(1.0, windows * float(period)),
+            "thermal_time_constant_s": max(1.0, constant),
             "thermal_limit_c": limit_c,
             "source": "learned online (per control window)",
         }
+    shown = repr(period_s) if len(repr(period_s)) <= 40 else f"{repr(period_s)[:40]}..."
+    why = (
+        "the model was saved without its control period"
+        if period_s is None
+        else f"the stored control period {shown} is not a usable number of seconds"
+    )
     return {
         "ambient_temperature_c": ambient,
         "thermal_resistance_c_per_w": resistance,
         "thermal_time_constant_s": 30.0,
         "thermal_limit_c": limit_c,
-        "source": (
-            "learned online (per control window); the time constant a neutral 30 s: the "
-            "model was saved without its control period"
-        ),
+        "source": f"learned online (per control window); the time constant a neutral 30 s: {why}",
     }
 
 

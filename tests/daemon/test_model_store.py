@@ -196,12 +196,27 @@ def test_model_show_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str
         ((40.0, 0.05, 120.0), None, (40.0, 0.05, 30.0, "without its control period")),
         ((70.0, 0.2, 120.0), 0.25, (30.0, None, 30.0, "not below the 87 C limit")),
         (None, 0.25, (30.0, None, 30.0, "not learned yet")),
+        # A hand-edited period: an integer too large for a float, one whose product with
+        # the windows overflows, a negative one, a string: the neutral 30 s, said why.
+        ((40.0, 0.05, 120.0), 10**400, (40.0, 0.05, 30.0, "stored control period")),
+        ((40.0, 0.05, 120.0), 1e307, (40.0, 0.05, 30.0, "stored control period")),
+        ((40.0, 0.05, 120.0), -0.5, (40.0, 0.05, 30.0, "stored control period -0.5")),
+        ((40.0, 0.05, 120.0), "0.5", (40.0, 0.05, 30.0, "stored control period '0.5'")),
     ],
-    ids=["learned", "old-file-no-period", "idles-over-the-limit", "not-learned"],
+    ids=[
+        "learned",
+        "old-file-no-period",
+        "idles-over-the-limit",
+        "not-learned",
+        "period-huge-int",
+        "period-overflows",
+        "period-negative",
+        "period-string",
+    ],
 )
 def test_the_exported_thermal_section_is_one_the_profile_loader_takes(
     fit: tuple[float, float, float] | None,
-    period: float | None,
+    period: object,
     expected: tuple[float, float | None, float, str],
 ) -> None:
     """The learned RC fit, its time constant from control windows to seconds; a fit that
@@ -220,6 +235,25 @@ def test_the_exported_thermal_section_is_one_the_profile_loader_takes(
     assert source in thermal["source"]
     steady = thermal["ambient_temperature_c"] + thermal["thermal_resistance_c_per_w"] * 100.0
     assert steady < 87.0
+
+
+def test_model_export_of_a_hand_edited_control_period_exports_the_neutral_time_constant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A state file whose control_period_s was edited to an integer too large for a float
+    crashed ``gpugov model export`` with an OverflowError traceback; now the profile is
+    written with the neutral 30 s time constant and the source saying why."""
+    _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    payload = json.loads(path.read_text())
+    payload["control_period_s"] = 10**400
+    path.write_text(json.dumps(payload))
+    monkeypatch.setattr(OnlineModel, "thermal_parameters", lambda self: (40.0, 0.05, 120.0))
+    out = tmp_path / "export"
+    assert main(["model", "export", "--state-dir", str(tmp_path), "--out", str(out)]) == 0
+    thermal = load_profile(out / "online-llm.json").manifest["thermal"]
+    assert thermal["thermal_time_constant_s"] == 30.0
+    assert "stored control period" in thermal["source"]
 
 
 def test_the_stored_model_carries_its_control_period(tmp_path: Path) -> None:
