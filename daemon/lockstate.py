@@ -43,7 +43,7 @@ from typing import Any
 
 from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import ConfigError
-from gpugov.daemon.files import loads_json, read_input_text, write_json_atomic
+from gpugov.daemon.files import json_safe, loads_json, read_input_text, write_json_atomic
 from gpugov.plant.input_files import finite_number
 
 log = logging.getLogger(__name__)
@@ -277,7 +277,10 @@ class LockState:
         if self._limits:
             data["power_limits"] = self._limits
         try:
-            write_json_atomic(self.path, data, indent=1)
+            # json_safe: a record read with NaN or Infinity in a field the loader does not
+            # check (another GPU's pid) made every write raise ValueError out of the
+            # actuator; such a number is written as null.
+            write_json_atomic(self.path, json_safe(data), indent=1)
         except OSError as error:
             self._write_failed(error)
             return

@@ -179,3 +179,50 @@ def test_a_run_without_a_lock_state_exports_zero_failures() -> None:
     exporter = Exporter(serve=False)
     assert exporter.registry.get_sample_value("gpugov_lock_state_write_failures_total") == 0.0
     assert exporter.registry.get_sample_value("gpugov_lock_state_stale_active") == 0.0
+
+
+def test_a_record_holding_a_non_finite_number_is_written_not_raised(
+    tmp_path: Path, metrics_server: MetricsServer
+) -> None:
+    """A lock record read with NaN or Infinity in a field the loader does not check (another
+    GPU's pid, a power limit's set_mw; Python's JSON reader takes both) made every write
+    of the file raise ValueError out of the actuator: the daemon crashed at its first lock
+    and again while resetting its clocks at stop. Such a number is now written as null."""
+    (tmp_path / "locks.json").write_text(
+        '{"version": 1, "gpus": {"GPU-elsewhere": {"gpu": "7", "min_mhz": 900, '
+        '"max_mhz": 900, "pid": NaN, "time": "2026-01-01T00:00:00+00:00"}}, '
+        '"power_limits": {"GPU-elsewhere": {"gpu": "7", "original_mw": 700000, '
+        '"set_mw": Infinity}}}'
+    )
+    metrics_server.page = (
+        'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 3\n'
+    )
+    fake = FakeNvml(1)
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0, "state_dir": str(tmp_path)},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "engine": {"kind": "vllm", "url": metrics_server.url, "timeout_s": 0.9},
+                    "controller": {"kind": "fixed", "clock_mhz": 1410},
+                }
+            ],
+        }
+    )
+    assembled = domains_from_config(config, nvml=fake)
+    locked: list[Any] = []
+    try:
+        run_ticks(assembled.domains, 2, on_step=lambda step, records: locked.append(
+            LockState(tmp_path).read().get(KEY, {}).get("max_mhz")
+        ))  # fmt: skip
+    finally:
+        assembled.close()
+    assert locked == [1410, 1410]  # recorded at the first lock
+    assert fake.locked(0) is None  # reset at stop
+    record = LockState(tmp_path)
+    assert KEY not in record.read() and record.read()["GPU-elsewhere"]["pid"] is None
+    assert record.power_limits()["GPU-elsewhere"]["set_mw"] is None
+    assert not record.stale
