@@ -65,9 +65,8 @@ _READS = {
 }
 
 
-def emulated_device_count(emulator: str, *, timeout_s: float = 2.0) -> int:
-    """How many GPUs ``gpugov emulate`` at ``emulator`` serves (``GET /gpu``), as
-    ``nvmlDeviceGetCount`` for the emulated node.
+def _node_info(emulator: str, timeout_s: float) -> dict[str, Any]:
+    """``GET /gpu`` of ``gpugov emulate`` at ``emulator``: its GPU count and speed.
 
     Raises:
         GpuUnavailable: the emulator does not answer, or not as ``gpugov emulate`` does.
@@ -90,7 +89,30 @@ def emulated_device_count(emulator: str, *, timeout_s: float = 2.0) -> int:
             f"emulator {emulator}: GET /gpu answered HTTP {response.status} without a GPU "
             "count; is it gpugov emulate?"
         )
-    return count
+    return dict(payload)
+
+
+def emulated_device_count(emulator: str, *, timeout_s: float = 2.0) -> int:
+    """How many GPUs ``gpugov emulate`` at ``emulator`` serves (``GET /gpu``), as
+    ``nvmlDeviceGetCount`` for the emulated node.
+
+    Raises:
+        GpuUnavailable: the emulator does not answer, or not as ``gpugov emulate`` does.
+    """
+    return int(_node_info(emulator, timeout_s)["count"])
+
+
+def emulated_speed(emulator: str, *, timeout_s: float = 2.0) -> float | None:
+    """The plant seconds per wall second ``gpugov emulate`` at ``emulator`` runs at
+    (``--speed``), or None where it does not say (an older emulator).
+
+    Raises:
+        GpuUnavailable: the emulator does not answer, or not as ``gpugov emulate`` does.
+    """
+    speed = _node_info(emulator, timeout_s).get("speed")
+    if isinstance(speed, int | float) and not isinstance(speed, bool) and math.isfinite(speed):
+        return float(speed)
+    return None
 
 
 def call_timeout_s(period_s: float) -> float:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from gpugov.controllers.efficiency import TOLERANCE, WorkMix, cheapest_within
+from gpugov.controllers.efficiency import MIX_MEMORY_S, TOLERANCE, WorkMix, cheapest_within
 from gpugov.controllers.online.identification import OnlineModel
 from gpugov.controllers.online.prediction import work_power
 
@@ -106,6 +106,7 @@ def domain_floor(
 
 __all__ = [
     "EVIDENCE",
+    "MIX_MEMORY_S",
     "TOLERANCE",
     "WorkMix",
     "domain_floor",

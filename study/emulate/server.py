@@ -270,7 +270,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/health":
             self._send_text(200, "", "text/plain")
         elif path == "/gpu":
-            self._send_json(200, {"count": node.gpu_count})
+            self._send_json(200, {"count": node.gpu_count, "speed": node.speed})
         elif path == ENERGY_PATH:
             try:
                 since = energy_since(self.path)

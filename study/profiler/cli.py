@@ -26,6 +26,29 @@ EXIT_RUNTIME, EXIT_PERMISSION, EXIT_NO_GPU, EXIT_GPU_LOST, EXIT_INTERRUPTED = (
 )
 
 
+def _check_emulator_speed(emulator: str) -> None:
+    """Refuse an emulator that runs faster than real time (``gpugov emulate --speed X``):
+    a profile measures wall-clock rates, so every rate would be X times the plant's. One
+    that does not answer is left to the backend's own error (exit 4).
+
+    Raises:
+        UsageError: the emulator's speed is not 1.
+    """
+    from gpugov.daemon.emulated import emulated_speed
+    from gpugov.daemon.errors import GpuUnavailable
+
+    try:
+        speed = emulated_speed(emulator)
+    except GpuUnavailable:
+        return
+    if speed is not None and speed != 1.0:
+        raise UsageError(
+            f"--emulator {emulator}: gpugov emulate runs at --speed {speed:g} (plant seconds "
+            f"per wall second); a profile measures wall-clock rates, so its rates would be "
+            f"{speed:g} times the plant's: run the emulator at --speed 1; nothing was changed"
+        )
+
+
 def _gpus(text: str) -> list[int | str]:
     """``--gpus``: at least one index or UUID."""
     gpus = parse_gpu_list(text) or []
@@ -162,6 +185,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     max_len = _max_model_len(args.engine_url) or 8192
     emulator = args.emulator or args.engine_url.rstrip("/").removesuffix("/v1")
     out_dir = Path(args.out)
+    if args.backend == "emulated":
+        _check_emulator_speed(emulator)
     try:
         backends = [
             open_backend(gpu, args.backend, dry_run=args.dry_run, emulator=emulator) for gpu in gpus

@@ -326,6 +326,27 @@ def test_unreachable_engine_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert not out.exists()  # a refused run leaves no empty --out directory
 
 
+def test_an_emulator_faster_than_real_time_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A profile measures wall-clock rates: against ``gpugov emulate --speed 4`` every rate
+    came out four times the plant's. It is refused in one line, before any clock moves."""
+    plant = ServingPlant.from_profile(make_profile())
+    server = EmulatorServer(EmulatedNode(plant, speed=4.0), "127.0.0.1", 0)
+    server.start()
+    try:
+        out = tmp_path / "new"
+        code = _profile(server.url, out, "--clocks", "3")
+        sample = _gpu_sample(server.url)
+    finally:
+        server.close()
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--speed 4" in err[0] and "nothing was changed" in err[0]
+    assert not out.exists()
+    assert sample["sm_clock_mhz"] == max(make_profile().clock_mhz)  # never locked
+
+
 def test_no_gpu_leaves_no_out_directory(
     synthetic_emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
