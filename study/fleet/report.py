@@ -305,8 +305,9 @@ def write_outputs(payload: dict[str, Any], out_dir: Path) -> tuple[dict[str, Pat
     """Write ``fleet.json``, ``fleet.md`` and (with matplotlib) ``fleet.png`` as one set:
     each to a temporary file beside it, and only once all are written are they renamed
     into place (:func:`write_files_atomic`), so a failure or Ctrl-C midway leaves an
-    earlier run's files as they were, with no temporary file. The paths written and a
-    note when the plot was not.
+    earlier run's files as they were, with no temporary file. Without matplotlib an earlier
+    run's ``fleet.png`` is removed once the others are written (it would be another run's).
+    The paths written and a note when the plot was not.
 
     Raises:
         OSError: a file cannot be written; its ``filename`` is that file's path.
@@ -323,4 +324,11 @@ def write_outputs(payload: dict[str, Any], out_dir: Path) -> tuple[dict[str, Pat
         paths["png"] = out_dir / png_name
         files[paths["png"]] = plot
     write_files_atomic(files)
-    return paths, None if plot is not None else PLOTS_HINT
+    if plot is not None:
+        return paths, None
+    stale = out_dir / png_name
+    if stale.is_file():
+        # An earlier run's plot beside this run's report would be a mix of two runs.
+        stale.unlink()
+        return paths, f"{PLOTS_HINT}; the earlier run's {png_name} was removed"
+    return paths, PLOTS_HINT

@@ -346,8 +346,13 @@ def test_the_run_writes_its_report_and_degrades_without_matplotlib(
     step = payload["rows"][-1]
     assert step["step_slo_loss_pp"] is None  # no slo@0.80 cell to compare with
     monkeypatch.setitem(sys.modules, "matplotlib", None)
+    (tmp_path / "fleet.png").write_bytes(b"an earlier run's plot")
     paths, note = fleet_report.write_outputs(payload, tmp_path)
-    assert note == fleet_report.PLOTS_HINT and "png" not in paths
+    assert note is not None and note.startswith(fleet_report.PLOTS_HINT) and "png" not in paths
+    assert "fleet.png was removed" in note
+    assert not (tmp_path / "fleet.png").exists()  # not left beside another run's report
+    paths, note = fleet_report.write_outputs(payload, tmp_path)
+    assert note == fleet_report.PLOTS_HINT
     assert json.loads(paths["json"].read_text())["rows"][1]["key"] == "slo@0.70"
     text = paths["md"].read_text()
     assert "| SLO-aware (published need) | 70 % TDP |" in text
