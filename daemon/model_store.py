@@ -22,7 +22,9 @@ engine's ``model_name`` label), the SLOs last seen, the control period and the m
   line, and the model is learned anew; the gpugov that reads that version takes it back
   as any kept model.
 - A file that is there but cannot be read (its permissions, an I/O error) is left as it
-  is, with one line: the model is learned anew and this run saves nothing over it.
+  is, with one line: the model is learned anew, nothing is saved over it, and it is read
+  again every save period; once it can be, it is restored (or kept aside where it is
+  another node's) and saving resumes.
 - A corrupt or partial file is refused with one clear log line, renamed aside
   (``.corrupt-<UTC time>``) and learning starts fresh; it never stops the daemon. Only
   a file that fails the model's own checks is: one the controller's settings cannot use
@@ -382,6 +384,9 @@ class PersistentOnlineModel(ControllerWrapper):
         self.persist = True
         self._last_save_s = -math.inf
         self.save_failed = False
+        self._unreadable = False
+        """The state file was there but could not be read: nothing is saved over it, and
+        each save period reads it again (restored once it can be)."""
         """Whether the last write failed (logged): it is tried again a save period later,
         not at every tick."""
         self._last_observation: ServingObservation | None = None
@@ -434,14 +439,16 @@ class PersistentOnlineModel(ControllerWrapper):
                 self._restore(observation)
             return
         except UnreadableStateError as error:
-            # Its permissions or the disk, not its content: left as it is, and this run
-            # never saves over it (a save replaces the file whatever its mode).
-            self.persist = False
-            self._say(
-                logging.WARNING,
-                f"{error}; not applied and left as it is; learning anew without saving "
-                "(make it readable to the daemon's user and restart to use it)",
-            )
+            # Its permissions or the disk, not its content: left as it is, and nothing is
+            # saved over it (a save replaces the file whatever its mode) while it stays so.
+            if not self._unreadable:
+                self._say(
+                    logging.WARNING,
+                    f"{error}; not applied and left as it is; learning anew without "
+                    f"saving, and read again every {self.save_every_s:g} s: once it can "
+                    "be read (its permissions fixed, the disk back) it is restored",
+                )
+            self._unreadable = True
             return
         except OtherVersionError as error:
             # Another gpugov's model (a rollback, or a node upgraded and back): kept
@@ -565,6 +572,11 @@ class PersistentOnlineModel(ControllerWrapper):
         model = self.inner.model
         if not self.persist or model is None or self.key is None:
             return False
+        if self._unreadable and not self._read_again():
+            return False
+        model = self.inner.model
+        if model is None:
+            return False
         if learned_windows(self.inner) == 0:
             return False  # never replace a stored model with an empty one
         observation = self._last_observation
@@ -604,6 +616,23 @@ class PersistentOnlineModel(ControllerWrapper):
             return False
         self.save_failed = False
         return True
+
+    def _read_again(self) -> bool:
+        """Read a state file that could not be read again: False while it still cannot;
+        else it is restored as at a start (or kept aside where it is another node's) and
+        saving resumes."""
+        try:
+            read_stored(self.path)
+        except UnreadableStateError:
+            return False
+        except (FileNotFoundError, StoredModelError):
+            pass  # gone or damaged meanwhile: the restore below says which
+        self._unreadable = False
+        observation = self._last_observation
+        if observation is not None:
+            self._say(logging.INFO, f"{self.path}: can be read again")
+            self._restore(observation)
+        return not self._unreadable
 
     def _unsaveable(self, payload: dict[str, Any]) -> str | None:
         """Why the loader would refuse ``payload`` (its own checks, and the latencies
@@ -672,7 +701,7 @@ class PersistentOnlineModel(ControllerWrapper):
         due = observation.time_s - self._last_save_s >= self.save_every_s
         # A write that failed waits a save period as one that worked does (a read-only or
         # full disk logged one line a tick).
-        if due and (self.save() or self.save_failed):
+        if due and (self.save() or self.save_failed or self._unreadable):
             self._last_save_s = observation.time_s
         return decision
 

@@ -158,6 +158,43 @@ def test_unreadable_state_is_left_as_it_is_and_never_saved_over(
     assert again.restored  # readable again: restored
 
 
+def test_a_state_file_readable_again_mid_run_is_restored_and_saving_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One I/O error (or a permission fixed while the daemon runs) does not turn saving
+    off for the whole run: each save period reads the file again, and once it can be
+    read it is restored, as at a start, and saved from then on."""
+    _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    real_open = os.open
+    blocked = [True]
+
+    def refuse(file, flags, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if blocked[0] and Path(file) == path and not flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse)
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS, save_every_s=5.0)
+    named = Named(wrapper, "llama")
+
+    def unblocking(observation: ServingObservation) -> float:
+        if observation.time_s >= 20.0:
+            blocked[0] = False  # the operator fixed the permissions
+        return named(observation)
+
+    stored_at = path.stat().st_mtime_ns
+    simulate(_workload(40.0, seed=5), make_plant(), chunked_prefill_scheduler, unblocking, 0)
+    wrapper.close()
+    refused = [m for m in wrapper.messages if "Permission denied" in m]
+    assert len(refused) == 1  # one line, not one a save period
+    assert any("can be read again" in m for m in wrapper.messages)
+    assert wrapper.restored
+    assert path.stat().st_mtime_ns != stored_at  # saved again after the restore
+    assert read_stored(path)["key"]["model_name"] == "llama"
+    assert not list(tmp_path.glob("online-model-llm.json.corrupt-*"))
+
+
 def test_state_directory_defaults_to_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/gpugov:/other")
     assert resolve_state_dir(None) == Path("/var/lib/gpugov")
