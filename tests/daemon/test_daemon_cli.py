@@ -520,6 +520,22 @@ def test_sigterm_before_the_daemon_handles_signals_ends_the_start_cleanly(
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def _sigterm_once_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``gpugov run`` receive a SIGTERM right after it has opened (and reconciled)
+    its GPUs, before its first tick."""
+    import os
+    import signal
+
+    real = node_cli.domains_from_config
+
+    def terminated_once_open(*args: object, **kwargs: object) -> object:
+        assembled = real(*args, **kwargs)  # type: ignore[arg-type]
+        os.kill(os.getpid(), signal.SIGTERM)
+        return assembled
+
+    monkeypatch.setattr(node_cli, "domains_from_config", terminated_once_open)
+
+
 def test_a_stop_during_the_start_ends_it_before_the_loop(
     tmp_path: Path,
     metrics_server: MetricsServer,
@@ -530,18 +546,9 @@ def test_a_stop_during_the_start_ends_it_before_the_loop(
     """A SIGTERM while the daemon opens its GPUs (its handling installed) ends the start:
     no "locking clocks" line, no tick, exit 0."""
     import logging
-    import os
-    import signal
 
     metrics_server.page = fixture_text("vllm_v1_real.txt")
-    real = node_cli.domains_from_config
-
-    def terminated_while_opening(*args: object, **kwargs: object) -> object:
-        assembled = real(*args, **kwargs)  # type: ignore[arg-type]
-        os.kill(os.getpid(), signal.SIGTERM)
-        return assembled
-
-    monkeypatch.setattr(node_cli, "domains_from_config", terminated_while_opening)
+    _sigterm_once_open(monkeypatch)
     with caplog.at_level(logging.INFO):
         assert node_cli.main(["run", "--config", str(_config(tmp_path, metrics_server.url))]) == 0
     text = caplog.text
@@ -560,8 +567,6 @@ def _start_on_gpu_0_and_stop(
     """A start of a config governing GPU 0 alone (state in ``state_dir``), stopped by a
     SIGTERM once its GPUs are open and reconciled; it exits 0."""
     import logging
-    import os
-    import signal
 
     metrics_server.page = fixture_text("vllm_v1_real.txt")
     config = tmp_path / "gpugov.toml"
@@ -570,14 +575,7 @@ def _start_on_gpu_0_and_stop(
         '[[domains]]\nname = "llm"\ngpus = [0]\n'
         f'[domains.engine]\nkind = "vllm"\nurl = "{metrics_server.url}"\n'
     )
-    real = node_cli.domains_from_config
-
-    def stopped_after_opening(*args: object, **kwargs: object) -> object:
-        assembled = real(*args, **kwargs)  # type: ignore[arg-type]
-        os.kill(os.getpid(), signal.SIGTERM)  # stop once reconcile has run
-        return assembled
-
-    monkeypatch.setattr(node_cli, "domains_from_config", stopped_after_opening)
+    _sigterm_once_open(monkeypatch)
     with caplog.at_level(logging.INFO):
         assert node_cli.main(["run", "--config", str(config)]) == 0
 
