@@ -38,7 +38,7 @@ from gpugov.daemon.backend import (
     GpuSample,
     clock_tolerance_mhz,
 )
-from gpugov.daemon.episode_log import EpisodeLog
+from gpugov.daemon.episode_log import EpisodeLog, FailureRun
 from gpugov.daemon.errors import (
     ConfigError,
     GpuError,
@@ -95,35 +95,21 @@ class WriteFailureLog:
         self.every_s = every_s
         self.subject = subject
         self._clock = clock
-        self._in_a_row: dict[str, int] = {}
-        self._since_s: dict[str, float] = {}
-        self._logged_s: dict[str, float] = {}
-        self._left_out: dict[str, int] = {}
-        self._episodes: dict[str, EpisodeLog] = {}
+        self._runs: dict[str, FailureRun] = {}
 
     def failed(self, gpu: str, what: str, error: Exception) -> None:
         """One failed ``what`` ("lock", "reset"; "write" of a power limit) on ``gpu``;
         logs it or counts it."""
-        now = self._clock()
-        count = self._in_a_row.get(gpu, 0) + 1
-        self._in_a_row[gpu] = count
-        if count == 1:
-            self._since_s[gpu] = now
-            note = self._episodes.setdefault(gpu, EpisodeLog(self.every_s)).start(now)
-            if note is None:  # writes that fail now and then: one run of them a minute
-                self._left_out[gpu] = 1
-                log.debug("domain %s: %s; retrying next tick", self.domain, error)
-                return
-            self._logged_s[gpu] = now
-            self._left_out[gpu] = 0
+        run = self._runs.setdefault(gpu, FailureRun(self.every_s, self._clock))
+        line = run.failed()
+        if line.kind == "start":
             log.warning(
                 "domain %s: %s; retrying every tick (while it fails, one line a minute)%s",
                 self.domain,
                 error,
-                note,
+                line.note,
             )
-        elif now - self._logged_s[gpu] >= self.every_s:
-            self._episodes[gpu].reminded()
+        elif line.kind == "reminder":
             log.warning(
                 "domain %s: GPU %s: %s %s still failing: %d failures in a row over %.0f s "
                 "(%d not logged): %s",
@@ -131,34 +117,34 @@ class WriteFailureLog:
                 gpu,
                 self.subject,
                 what,
-                count,
-                now - self._since_s[gpu],
-                self._left_out[gpu],
+                line.count,
+                line.seconds,
+                line.left_out,
                 error,
             )
-            self._logged_s[gpu] = now
-            self._left_out[gpu] = 0
         else:
-            self._left_out[gpu] += 1
             log.debug("domain %s: %s; retrying next tick", self.domain, error)
 
     def succeeded(self, gpu: str) -> None:
         """A write to ``gpu`` went through; one line if it had been failing."""
-        count = self._in_a_row.pop(gpu, 0)
-        if count:
+        run = self._runs.get(gpu)
+        ended = None if run is None else run.succeeded()
+        if ended is not None:
+            count, seconds, loud = ended
             log.log(
-                logging.WARNING if self._episodes[gpu].end() else logging.DEBUG,
+                logging.WARNING if loud else logging.DEBUG,
                 "domain %s: GPU %s: %s writes succeed again after %d failure(s) (%.0f s)",
                 self.domain,
                 gpu,
                 self.subject,
                 count,
-                self._clock() - self._since_s.pop(gpu, self._clock()),
+                seconds,
             )
 
     def failing(self, gpu: str) -> int:
         """Failures in a row on ``gpu`` now (0: its last write went through)."""
-        return self._in_a_row.get(gpu, 0)
+        run = self._runs.get(gpu)
+        return 0 if run is None else run.in_a_row
 
 
 class ClockActuator:

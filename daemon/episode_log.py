@@ -14,6 +14,9 @@ metrics.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 EPISODE_LOG_EVERY_S = 60.0
 """At most one logged start of the same trouble per this many seconds."""
@@ -70,4 +73,78 @@ class EpisodeLog:
         return logged
 
 
-__all__ = ["EPISODE_LOG_EVERY_S", "LEFT_OUT", "EpisodeLog"]
+@dataclass(frozen=True)
+class FailureLine:
+    """What to log of one failure in a run of them (:meth:`FailureRun.failed`): ``kind``
+    ``"start"`` (the run's first, with ``note`` to end the line with), ``"reminder"``
+    (``count`` failures in a row over ``seconds``, ``left_out`` lines not logged since the
+    last one) or ``"quiet"`` (to DEBUG)."""
+
+    kind: str
+    note: str = ""
+    count: int = 0
+    seconds: float = 0.0
+    left_out: int = 0
+
+
+class FailureRun:
+    """The log decisions for one operation that can fail every tick (a GPU's clock writes,
+    the lock-state file's writes): the first failure of a run; while it goes on, one
+    reminder per ``every_s`` with the failures in a row and the lines left out since the
+    last one; one line when it succeeds again. Runs that come and go log at most one start
+    per ``every_s`` (:class:`EpisodeLog`). The owner words the lines.
+
+    Args:
+        every_s: at most one logged line per this many seconds while a run lasts.
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self, every_s: float = EPISODE_LOG_EVERY_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.every_s = float(every_s)
+        self._clock = clock
+        self.in_a_row = 0
+        """Failures in a row now (0: the last attempt succeeded)."""
+        self._since_s = 0.0
+        self._logged_s = 0.0
+        self._left_out = 0
+        self._episodes = EpisodeLog(every_s)
+
+    def failed(self) -> FailureLine:
+        """One more failure: what to log of it."""
+        now = self._clock()
+        self.in_a_row += 1
+        if self.in_a_row == 1:
+            self._since_s = now
+            note = self._episodes.start(now)
+            if note is None:  # runs that come and go: one of them a minute
+                self._left_out = 1
+                return FailureLine("quiet")
+            self._logged_s = now
+            self._left_out = 0
+            return FailureLine("start", note=note)
+        if now - self._logged_s >= self.every_s:
+            self._episodes.reminded()
+            line = FailureLine(
+                "reminder",
+                count=self.in_a_row,
+                seconds=now - self._since_s,
+                left_out=self._left_out,
+            )
+            self._logged_s = now
+            self._left_out = 0
+            return line
+        self._left_out += 1
+        return FailureLine("quiet")
+
+    def succeeded(self) -> tuple[int, float, bool] | None:
+        """The operation went through: None where it had not been failing, else the
+        failures of the run, its seconds, and whether to log its end (a line of it was)."""
+        count, self.in_a_row = self.in_a_row, 0
+        if not count:
+            return None
+        return count, self._clock() - self._since_s, self._episodes.end()
+
+
+__all__ = ["EPISODE_LOG_EVERY_S", "LEFT_OUT", "EpisodeLog", "FailureLine", "FailureRun"]

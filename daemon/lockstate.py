@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpugov.daemon.episode_log import EpisodeLog
+from gpugov.daemon.episode_log import FailureRun
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.files import json_safe, loads_json, read_input_text, write_json_atomic
 from gpugov.plant.input_files import finite_number
@@ -83,11 +83,7 @@ class LockState:
         """True while the file is out of date: its last write failed
         (``gpugov_lock_state_stale_active``); :meth:`retry` writes it again."""
         self._clock = clock
-        self._failed_in_a_row = 0
-        self._failing_since_s = 0.0
-        self._logged_s = 0.0
-        self._left_out = 0
-        self._episodes = EpisodeLog(WRITE_FAILURE_LOG_EVERY_S)
+        self._failures = FailureRun(WRITE_FAILURE_LOG_EVERY_S, clock)
         data = self._load()
         self._entries: dict[str, dict[str, Any]] = self._lock_entries(data)
         self._limits: dict[str, dict[str, Any]] = self._limit_entries(data)
@@ -287,23 +283,14 @@ class LockState:
         self._write_succeeded()
 
     def _write_failed(self, error: OSError) -> None:
-        """Count a failed write and log it: the first of a run of failures, then one
-        reminder per :data:`WRITE_FAILURE_LOG_EVERY_S` while they last (the lines in
-        between go to DEBUG); runs that come and go log at most one start a minute
-        (:class:`~daemon.episode_log.EpisodeLog`)."""
-        now = self._clock()
+        """Count a failed write and log it as :class:`~daemon.episode_log.FailureRun`
+        decides: the first of a run of failures, then one reminder per
+        :data:`WRITE_FAILURE_LOG_EVERY_S` while they last (the lines in between go to
+        DEBUG); runs that come and go log at most one start a minute."""
         self.write_failures += 1
         self.stale = True
-        self._failed_in_a_row += 1
-        if self._failed_in_a_row == 1:
-            self._failing_since_s = now
-            note = self._episodes.start(now)
-            if note is None:
-                self._left_out = 1
-                log.debug("lock state %s: cannot write it (%s); retrying", self.path, error)
-                return
-            self._logged_s = now
-            self._left_out = 0
+        line = self._failures.failed()
+        if line.kind == "start":
             log.warning(
                 "lock state %s: cannot write it (%s): the record of the locks is out of date, "
                 "and a daemon killed meanwhile leaves locks the next start finds only by "
@@ -311,37 +298,34 @@ class LockState:
                 "one line a minute)%s",
                 self.path,
                 error,
-                note,
+                line.note,
             )
-        elif now - self._logged_s >= WRITE_FAILURE_LOG_EVERY_S:
-            self._episodes.reminded()
+        elif line.kind == "reminder":
             log.warning(
                 "lock state %s: still cannot write it: %d failures in a row over %.0f s "
                 "(%d not logged): %s",
                 self.path,
-                self._failed_in_a_row,
-                now - self._failing_since_s,
-                self._left_out,
+                line.count,
+                line.seconds,
+                line.left_out,
                 error,
             )
-            self._logged_s = now
-            self._left_out = 0
         else:
-            self._left_out += 1
             log.debug("lock state %s: cannot write it (%s); retrying", self.path, error)
 
     def _write_succeeded(self) -> None:
         """The file is up to date; one line if writes had been failing."""
-        count, self._failed_in_a_row = self._failed_in_a_row, 0
         self.stale = False
-        if count:
+        ended = self._failures.succeeded()
+        if ended is not None:
+            count, seconds, loud = ended
             log.log(
-                logging.WARNING if self._episodes.end() else logging.DEBUG,
+                logging.WARNING if loud else logging.DEBUG,
                 "lock state %s: written again after %d failed write(s) (%.0f s); the record "
                 "of the locks is up to date",
                 self.path,
                 count,
-                self._clock() - self._failing_since_s,
+                seconds,
             )
 
 
