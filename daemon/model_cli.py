@@ -167,16 +167,19 @@ def _thermal_section(
                 "that stays under the limit"
             ),
         }
+    learned = {
+        "ambient_temperature_c": ambient,
+        "thermal_resistance_c_per_w": resistance,
+        "thermal_limit_c": limit_c,
+    }
     # finite_number: a hand-edited period may be a string, a bool, NaN or an integer too
     # large for a float (math.isfinite raised OverflowError on it).
     period = finite_number(period_s)
     constant = windows * period if period is not None and period > 0.0 else math.nan
     if math.isfinite(constant):
         return {
-            "ambient_temperature_c": ambient,
-            "thermal_resistance_c_per_w": resistance,
+            **learned,
             "thermal_time_constant_s": max(1.0, constant),
-            "thermal_limit_c": limit_c,
             "source": "learned online (per control window)",
         }
     shown = repr(period_s) if len(repr(period_s)) <= 40 else f"{repr(period_s)[:40]}..."
@@ -186,10 +189,8 @@ def _thermal_section(
         else f"the stored control period {shown} is not a usable number of seconds"
     )
     return {
-        "ambient_temperature_c": ambient,
-        "thermal_resistance_c_per_w": resistance,
+        **learned,
         "thermal_time_constant_s": 30.0,
-        "thermal_limit_c": limit_c,
         "source": f"learned online (per control window); the time constant a neutral 30 s: {why}",
     }
 
