@@ -93,21 +93,45 @@ def cheapest_within(clocks_mhz: FloatArray, cost_w: FloatArray) -> float:
     return float(clocks_mhz[int(near[0])])
 
 
+class ProfileFloor:
+    """The floor (module notes) of one profile, its tables read once: the lowest clock of
+    ``profile`` whose mean power for a work mix, from the profile's own tables taken as
+    exact, is within :data:`TOLERANCE` of the cheapest clock's."""
+
+    def __init__(self, profile: PerformanceProfile) -> None:
+        self.profile = profile
+        self.clocks_mhz = np.asarray(profile.clock_mhz, dtype=float)
+        self.idle_w = np.asarray(profile.idle_power_w, dtype=float)
+        prefill = np.maximum(np.asarray(profile.prefill_power_w, dtype=float) - self.idle_w, 0.0)
+        rate = np.asarray(profile.prefill_tokens_per_s, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            seconds = np.where(rate > 0.0, 1.0 / rate, np.inf)
+        self.prefill_j_per_token = prefill * seconds
+        """Prefill energy above idle per prompt token, per clock."""
+        self.decode_w = np.maximum(
+            np.asarray(profile.decode_power_w, dtype=float) - self.idle_w, 0.0
+        )
+        """Decode power above idle, per clock."""
+
+    def __call__(self, prompt_rate: float, decode_share: float) -> float:
+        """The floor for ``prompt_rate`` prompt tokens a second and ``decode_share`` of the
+        time decoding: the profile's lowest clock where no prompts arrive."""
+        if not prompt_rate > 0.0:
+            return float(self.clocks_mhz[0])
+        cost = self.idle_w + prompt_rate * self.prefill_j_per_token + decode_share * self.decode_w
+        return cheapest_within(self.clocks_mhz, cost)
+
+
 def profile_floor(profile: PerformanceProfile, prompt_rate: float, decode_share: float) -> float:
-    """The lowest clock of ``profile`` whose mean power for the work mix (module notes,
-    from the profile's own tables, taken as exact) is within :data:`TOLERANCE` of the
-    cheapest clock's: the profile's lowest clock where no prompts arrive."""
-    clocks = np.asarray(profile.clock_mhz, dtype=float)
-    if not prompt_rate > 0.0:
-        return float(clocks[0])
-    idle = np.asarray(profile.idle_power_w, dtype=float)
-    prefill = np.maximum(np.asarray(profile.prefill_power_w, dtype=float) - idle, 0.0)
-    decode = np.maximum(np.asarray(profile.decode_power_w, dtype=float) - idle, 0.0)
-    rate = np.asarray(profile.prefill_tokens_per_s, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        seconds = np.where(rate > 0.0, 1.0 / rate, np.inf)
-    cost = idle + prompt_rate * prefill * seconds + decode_share * decode
-    return cheapest_within(clocks, cost)
+    """:class:`ProfileFloor` of ``profile`` for one work mix."""
+    return ProfileFloor(profile)(prompt_rate, decode_share)
 
 
-__all__ = ["MIX_MEMORY_S", "TOLERANCE", "WorkMix", "cheapest_within", "profile_floor"]
+__all__ = [
+    "MIX_MEMORY_S",
+    "TOLERANCE",
+    "ProfileFloor",
+    "WorkMix",
+    "cheapest_within",
+    "profile_floor",
+]

@@ -58,7 +58,7 @@ import numpy as np
 from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
 from gpugov.controllers.budget import AttainmentBudget
 from gpugov.controllers.contract import PowerNeed
-from gpugov.controllers.efficiency import WorkMix, profile_floor
+from gpugov.controllers.efficiency import ProfileFloor, WorkMix
 from gpugov.controllers.mpc.model import (
     CHUNK_TOKENS,
     DEFAULT_ARRIVAL_WINDOW_S,
@@ -277,6 +277,7 @@ class MPCController:
         per-prompt allowance is judged on it)."""
         self.tail_yields_to_budget = bool(tail_yields_to_budget)
         self.efficiency_floor = bool(efficiency_floor)
+        self._profile_floor = ProfileFloor(plant.profile) if efficiency_floor else None
         self.work_mix = WorkMix()
         """The recent prompt rate and decode share (``efficiency_floor``)."""
         self.efficiency_floor_decisions = 0
@@ -559,7 +560,11 @@ class MPCController:
             self.fallback_reasons[reason] += 1
             self.plans_by_step[observation.step_index] = (float(self.current_clock),)
         if self.efficiency_floor:
-            floor = profile_floor(self.plant.profile, *self.work_mix.for_role(observation.role))
+            profile = self.plant.profile
+            if self._profile_floor is None or self._profile_floor.profile is not profile:
+                # Switched on after construction, or planning on another plant now.
+                self._profile_floor = ProfileFloor(profile)
+            floor = self._profile_floor(*self.work_mix.for_role(observation.role))
             if floor > self.current_clock:
                 self.current_clock = floor
                 self.efficiency_floor_decisions += 1
