@@ -33,21 +33,25 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     if not cli_types.is_loopback(host):
         raise UsageError(f"--address {args.address}: the emulator serves on loopback only")
     layout = args.layout
+    if layout is None and args.interconnect is not None:
+        raise UsageError("--interconnect needs a disaggregated --layout (such as 1P1D)")
+    plant = ServingPlant.from_profile(load_profile(args.profile))
+    tp = plant.tensor_parallel
     if layout is None:
         gpus = args.gpus  # None: one engine replica's GPUs (the profile's tensor_parallel)
-        if args.interconnect is not None:
-            raise UsageError("--interconnect needs a disaggregated --layout (such as 1P1D)")
     else:
-        gpus = layout[0] + layout[1]
+        # MPND counts engine replicas, each the profile's tensor_parallel GPUs.
+        gpus = (layout[0] + layout[1]) * tp
+        shape = f"{gpus} GPUs" if tp == 1 else f"{gpus} GPUs, {tp} per engine replica"
         if gpus > MAX_EMULATED_GPUS:
             raise UsageError(
-                f"--layout {layout[0]}P{layout[1]}D: {gpus} GPUs, more than the "
-                f"{MAX_EMULATED_GPUS} an emulated node has at most"
+                f"--layout {layout[0]}P{layout[1]}D: {shape}, more than the "
+                f"{MAX_EMULATED_GPUS} GPUs an emulated node has at most"
             )
         if args.gpus is not None and args.gpus != gpus:
             raise UsageError(
                 f"--gpus {args.gpus} disagrees with --layout {layout[0]}P{layout[1]}D "
-                f"({gpus} GPUs); leave --gpus out"
+                f"({shape}); leave --gpus out"
             )
     if gpus is not None and gpus < 1:
         raise UsageError(f"--gpus must be >= 1, got {gpus}")
@@ -73,10 +77,8 @@ def cmd_emulate(args: argparse.Namespace) -> int:
             f"--fault {args.fault}: expected none, no-permission, not-supported, lost "
             "or lost-after:SECONDS"
         )
-    plant = ServingPlant.from_profile(load_profile(args.profile))
     node: EmulatedNode
     if layout is None:
-        tp = plant.tensor_parallel
         if gpus is None:
             gpus = tp
         elif gpus % tp:
@@ -92,8 +94,8 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     else:
         node = DisaggregatedNode(
             plant,
-            prefill_gpus=layout[0],
-            decode_gpus=layout[1],
+            prefill_replicas=layout[0],
+            decode_replicas=layout[1],
             interconnect=args.interconnect or "nvlink",
             seed=args.seed,
             speed=args.speed,
@@ -118,20 +120,22 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         signal.signal(sig, handler)
     server.start()
     if isinstance(node, DisaggregatedNode):
+        groups = "" if tp == 1 else f", {tp} tensor-parallel GPUs per engine replica"
         print(
-            f"gpugov emulate: layout {node.layout_name}, {gpus} emulated GPU(s) "
+            f"gpugov emulate: layout {node.layout_name}, {node.gpu_count} emulated GPU(s) "
             f"{node.gpu_name!r} of profile {plant.profile.name} (prefill "
-            f"{_span(node.prefill_gpus)}, decode {_span(node.decode_gpus)}, "
+            f"{_span(node.prefill_gpus)}, decode {_span(node.decode_gpus)}{groups}, "
             f"{node.layout.interconnect}), model {args.served_model_name!r}, serving on "
             f"{server.url} (OpenAI API under /v1, /prefill/metrics, /decode/metrics, "
-            "GPUs under /gpu)",
+            f"each replica's page {_replica_pages(node)}, GPUs under /gpu)",
             flush=True,
         )
     else:
         print(
             f"gpugov emulate: {node.gpu_count} emulated GPU(s) {node.gpu_name!r} of profile "
             f"{plant.profile.name} ({_replicas(node)}), model {args.served_model_name!r}, "
-            f"serving on {server.url} (OpenAI API under /v1, /metrics, GPUs under /gpu)",
+            f"serving on {server.url} (OpenAI API under /v1, /metrics, each replica's page "
+            f"{_replica_pages(node)}, GPUs under /gpu)",
             flush=True,
         )
     try:
@@ -158,6 +162,16 @@ def _replicas(node: EmulatedNode) -> str:
     if len(spans) > 4:
         spans = [*spans[:2], "...", spans[-1]]
     return f"{count} engine {noun} of {tp} tensor-parallel GPUs each: GPUs {', '.join(spans)}"
+
+
+def _replica_pages(node: EmulatedNode) -> str:
+    """``/replica/0/metrics`` or ``/replica/0/metrics to /replica/1/metrics``."""
+    from gpugov.study.emulate.node import REPLICA_METRICS_PATH
+
+    first = REPLICA_METRICS_PATH.format(0)
+    if node.replicas == 1:
+        return first
+    return f"{first} to {REPLICA_METRICS_PATH.format(node.replicas - 1)}"
 
 
 def _span(gpus: tuple[int, ...]) -> str:
@@ -193,7 +207,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="serve an emulated node: OpenAI API, vLLM /metrics and GPUs, no GPU needed",
         description="Serve, in real time on loopback, a node backed by the simulated plant: "
         "the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models), "
-        "vLLM V1's /metrics, and emulated GPUs (under /gpu) that `gpugov run` drives with "
+        "vLLM V1's /metrics (every engine replica's; each replica's own page at "
+        "/replica/R/metrics, as each engine process of a real node serves its own), and "
+        "emulated GPUs (under /gpu, which lists each replica's GPUs and page) that "
+        "`gpugov run` drives with "
         'backend = "emulated" and `gpugov profile --backend emulated` measures. Each '
         "completion's usage carries its true energy (energy_j, prefill_energy_j, "
         "decode_energy_j) and GET /gpugov/energy serves every finished request's.",
@@ -218,7 +235,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="emulated GPUs on the node. A profile of one GPU: N data-parallel engine "
         "replicas of one GPU each. A tensor-parallel profile (tensor_parallel T > 1, its "
         "rates and powers the T GPUs'): N/T replicas of T GPUs each, each GPU drawing 1/T "
-        "of its replica's power, N a multiple of T. Default: one replica (1 GPU, or T); "
+        "of its replica's power, N a multiple of T. Each replica has its own page, "
+        "/replica/R/metrics (/metrics has them all). Default: one replica (1 GPU, or T); "
         "with --layout, the layout's count",
     )
     parser.add_argument(
@@ -227,8 +245,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=None,
         metavar="colocated|MPND",
         help="colocated (default: every GPU serves both phases) or disaggregated, M "
-        "prefill and N decode GPUs (1P1D, 2P2D): GPUs 0..M-1 prefill, the next N decode, "
-        "each pool's vLLM page at /prefill/metrics and /decode/metrics",
+        "prefill and N decode engine replicas (1P1D, 2P2D) of the profile's "
+        "tensor_parallel T GPUs each: GPUs 0..M*T-1 prefill, the next N*T decode (with "
+        "T = 1, M and N GPUs), each pool's vLLM page at /prefill/metrics and "
+        "/decode/metrics",
     )
     parser.add_argument(
         "--interconnect",

@@ -1,8 +1,13 @@
 """The emulated node in a disaggregated layout (``gpugov emulate --layout MPND``).
 
-GPUs ``0..M-1`` are the prefill pool and ``M..M+N-1`` the decode pool; each GPU runs one
-engine (a :class:`~gpugov.plant.PlantSimulation`) under its own clock, set through its
-emulated NVML endpoints as in the colocated layout. A completion follows the plant's
+``M`` prefill and ``N`` decode engine replicas, each a
+:class:`~gpugov.plant.PlantSimulation` on ``tensor_parallel`` GPUs (the profile's: one
+GPU, or a tensor-parallel group served as in the colocated layout, each GPU with its
+own clock lock and its ``1 / TP`` share of the group's power, the group at its slowest
+GPU's clock). Replicas ``0..M-1`` are the prefill pool and ``M..M+N-1`` the decode pool,
+so the prefill pool is GPUs ``0..M*TP-1`` and the decode pool the next ``N*TP``; with
+a profile of one GPU, ``MPND`` is ``M`` and ``N`` GPUs, as in the plant's
+:class:`~gpugov.plant.disaggregated_layout.PoolSpec`. A completion follows the plant's
 disaggregated model (``plant/disaggregated.py``, ``docs/plant.md``): a prefill engine
 (in turn) runs the prompt and produces the first token at the end of the prefill; the
 prompt's KV cache then moves to a decode engine (in turn) in
@@ -20,7 +25,10 @@ inter-token latencies (the first of them includes the transfer, as the plant's T
 does), the request's end and finish reason, and the NIXL connector's series (transfer
 time and bytes, ``vllm:num_requests_waiting_by_reason{reason="deferred"}`` for requests
 whose KV cache is on the way, ``vllm:prompt_tokens_by_source_total`` with every prompt
-token ``external_kv_transfer``). ``GET /gpugov/energy`` keeps its contract: a request's
+token ``external_kv_transfer``). Each engine also serves its own page at
+``/replica/<r>/metrics`` (its pool's series, its engine labelled ``engine="0"``), as
+each instance of a real deployment serves its own. ``GET /gpugov/energy`` keeps its
+contract: a request's
 energy is its prefill engine's share plus its decode engine's, and the totals cover
 both pools.
 """
@@ -29,7 +37,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +67,8 @@ def parse_layout(text: str) -> tuple[int, int] | None:
     match = _LAYOUT.match(text.strip())
     if match is None:
         raise ValueError(
-            f"expected colocated or MPND with M prefill and N decode GPUs (1P1D, 2P2D), "
+            f"expected colocated or MPND with M prefill and N decode engine replicas "
+            f"(1P1D, 2P2D), "
             f"got {text[:40]!r}"
         )
     return int(match.group(1)), int(match.group(2))
@@ -71,9 +80,9 @@ class PoolStream(Stream):
 
     phase: str = "prefill"
     """``prefill``, ``transfer`` or ``decode``."""
-    prefill_gpu: int = 0
+    prefill_replica: int = 0
     prefill_index: int = 0
-    decode_gpu: int | None = None
+    decode_replica: int | None = None
     first_token_s: float | None = None
     prefill_energy: tuple[float, float] = (0.0, 0.0)
     """(prefill J, decode J) its prefill engine attributed to it."""
@@ -90,16 +99,21 @@ class TransferStats:
 
 
 class DisaggregatedNode(EmulatedNode):
-    """``prefill_gpus`` prefill engines and ``decode_gpus`` decode engines of ``plant``,
-    joined by the KV transfer over ``interconnect``; the colocated node's GPUs, API and
-    energy truth, with one metrics page per pool (:func:`render_pool_metrics`)."""
+    """``prefill_replicas`` prefill engines and ``decode_replicas`` decode engines of
+    ``plant``, each on ``plant.tensor_parallel`` GPUs, joined by the KV transfer over
+    ``interconnect``; the colocated node's GPUs, API and energy truth, with one metrics
+    page per pool (:func:`render_pool_metrics`).
+
+    Engines are indexed by replica, as in the colocated node (``simulations``,
+    ``stats``, ``transfers``); :meth:`pool_replicas` and :meth:`pool_gpus` give a pool's
+    replicas and GPUs."""
 
     def __init__(
         self,
         plant: ServingPlant,
         *,
-        prefill_gpus: int,
-        decode_gpus: int,
+        prefill_replicas: int,
+        decode_replicas: int,
         interconnect: str = "nvlink",
         seed: int = 0,
         speed: float = 1.0,
@@ -108,16 +122,17 @@ class DisaggregatedNode(EmulatedNode):
         fault: str = "none",
         lost_after_s: float | None = None,
     ) -> None:
-        if prefill_gpus < 1 or decode_gpus < 1:
+        if prefill_replicas < 1 or decode_replicas < 1:
             raise ValueError(
-                f"a disaggregated layout needs >= 1 prefill and >= 1 decode GPU, "
-                f"got {prefill_gpus}P{decode_gpus}D"
+                f"a disaggregated layout needs >= 1 prefill and >= 1 decode engine, "
+                f"got {prefill_replicas}P{decode_replicas}D"
             )
         extra: dict[str, Any] = {} if clock is None else {"clock": clock}
+        tp = plant.tensor_parallel
         super().__init__(
             plant,
-            gpus=prefill_gpus + decode_gpus,
-            tensor_parallel=1,  # each engine one GPU (a TP profile's whole group on it)
+            gpus=(prefill_replicas + decode_replicas) * tp,
+            tensor_parallel=tp,
             seed=seed,
             speed=speed,
             tick_s=tick_s,
@@ -126,11 +141,20 @@ class DisaggregatedNode(EmulatedNode):
             **extra,
         )
         self.layout = DisaggregatedPlant(
-            PoolSpec(plant, prefill_gpus), PoolSpec(plant, decode_gpus), interconnect=interconnect
+            PoolSpec(plant, prefill_replicas),
+            PoolSpec(plant, decode_replicas),
+            interconnect=interconnect,
         )
-        self.prefill_gpus = tuple(range(prefill_gpus))
-        self.decode_gpus = tuple(range(prefill_gpus, prefill_gpus + decode_gpus))
-        self.transfers = {gpu: TransferStats() for gpu in self.decode_gpus}
+        self.prefill_replicas = tuple(range(prefill_replicas))
+        """The prefill pool's engine replicas (indices into ``simulations``)."""
+        self.decode_replicas = tuple(range(prefill_replicas, prefill_replicas + decode_replicas))
+        """The decode pool's engine replicas."""
+        self.prefill_gpus = tuple(range(prefill_replicas * tp))
+        """The prefill pool's GPUs (every GPU of its replicas' groups)."""
+        self.decode_gpus = tuple(range(prefill_replicas * tp, self.gpu_count))
+        """The decode pool's GPUs."""
+        self.transfers = {replica: TransferStats() for replica in self.decode_replicas}
+        """Each decode replica's NIXL connector counters."""
         self._in_transfer: list[tuple[float, int, PoolStream]] = []  # (lands at, seq, stream)
         self._sequence = 0
         self._next_prefill = 0
@@ -138,12 +162,20 @@ class DisaggregatedNode(EmulatedNode):
 
     @property
     def layout_name(self) -> str:
-        """``MPND``."""
-        return f"{len(self.prefill_gpus)}P{len(self.decode_gpus)}D"
+        """``MPND``: the pools' engine replicas."""
+        return f"{len(self.prefill_replicas)}P{len(self.decode_replicas)}D"
 
     def pool_gpus(self, role: str) -> tuple[int, ...]:
         """The GPUs of pool ``role``."""
         return self.prefill_gpus if role == "prefill" else self.decode_gpus
+
+    def pool_replicas(self, role: str) -> tuple[int, ...]:
+        """The engine replicas of pool ``role``."""
+        return self.prefill_replicas if role == "prefill" else self.decode_replicas
+
+    def replica_role(self, replica: int) -> str:
+        """``prefill`` or ``decode``: the pool replica ``replica``'s engine serves."""
+        return "prefill" if replica in self.prefill_replicas else "decode"
 
     # ------------------------------------------------------------------ serving
     def submit(
@@ -154,21 +186,21 @@ class DisaggregatedNode(EmulatedNode):
         decode engine its KV cache moves to."""
         with self.lock:
             self.advance()
-            gpu = self.prefill_gpus[self._next_prefill]
-            self._next_prefill = (self._next_prefill + 1) % len(self.prefill_gpus)
-            index = self.simulations[gpu].add_request(prompt_tokens, 1)
+            replica = self.prefill_replicas[self._next_prefill]
+            self._next_prefill = (self._next_prefill + 1) % len(self.prefill_replicas)
+            index = self.simulations[replica].add_request(prompt_tokens, 1)
             stream = PoolStream(
-                gpu,
+                replica,
                 index,
                 prompt_tokens,
                 output_tokens,
                 finish_reason,
                 request_id=request_id,
-                prefill_gpu=gpu,
+                prefill_replica=replica,
                 prefill_index=index,
             )
-            self._streams[gpu][index] = stream
-            self.stats[gpu].prompt_tokens += prompt_tokens
+            self._streams[replica][index] = stream
+            self.stats[replica].prompt_tokens += prompt_tokens
             return stream
 
     def advance(self) -> None:
@@ -177,26 +209,27 @@ class DisaggregatedNode(EmulatedNode):
         and hand out their tokens."""
         with self.lock:
             now = self.plant_time_s()
-            for gpu in self.prefill_gpus:
-                simulation = self.simulations[gpu]
+            for replica in self.prefill_replicas:
+                simulation = self.simulations[replica]
                 if now > simulation.time_s:
                     simulation.advance_to(now)
-                self._prefilled(gpu)
+                self._prefilled(replica)
             while self._in_transfer and self._in_transfer[0][0] <= now:
                 lands_at, _, stream = heapq.heappop(self._in_transfer)
                 self._land(stream, lands_at)
-            for gpu in self.decode_gpus:
-                simulation = self.simulations[gpu]
+            for replica in self.decode_replicas:
+                simulation = self.simulations[replica]
                 if now > simulation.time_s:
                     simulation.advance_to(now)
-                self._decoded(gpu, simulation.time_s)
+                self._decoded(replica, simulation.time_s)
 
-    def _prefilled(self, gpu: int) -> None:
-        """Hand out the first token of each prompt ``gpu`` finished; start its transfer."""
-        simulation = self.simulations[gpu]
-        stats = self.stats[gpu]
+    def _prefilled(self, replica: int) -> None:
+        """Hand out the first token of each prompt prefill engine ``replica`` finished;
+        start its transfer."""
+        simulation = self.simulations[replica]
+        stats = self.stats[replica]
         first, _ = simulation.request_times()
-        streams = self._streams[gpu]
+        streams = self._streams[replica]
         done = [index for index in streams if first[index] is not None]
         for index in done:
             stream = streams.pop(index)
@@ -214,9 +247,9 @@ class DisaggregatedNode(EmulatedNode):
             if stream.output_tokens <= 1:
                 self._finish(stream, first_s, stream.prefill_energy)
                 continue
-            decode = self.decode_gpus[self._next_decode]
-            self._next_decode = (self._next_decode + 1) % len(self.decode_gpus)
-            stream.phase, stream.decode_gpu = "transfer", decode
+            decode = self.decode_replicas[self._next_decode]
+            self._next_decode = (self._next_decode + 1) % len(self.decode_replicas)
+            stream.phase, stream.decode_replica = "transfer", decode
             self.transfers[decode].in_flight += 1
             lands_at = first_s + self.layout.transfer_s(stream.prompt_tokens)
             self._sequence += 1
@@ -224,29 +257,30 @@ class DisaggregatedNode(EmulatedNode):
 
     def _land(self, stream: PoolStream, lands_at: float) -> None:
         """Put a transferred request into its decode engine's queue at ``lands_at``."""
-        gpu = stream.decode_gpu
-        assert gpu is not None and stream.first_token_s is not None
-        simulation = self.simulations[gpu]
+        replica = stream.decode_replica
+        assert replica is not None and stream.first_token_s is not None
+        simulation = self.simulations[replica]
         if lands_at > simulation.time_s:
             simulation.advance_to(lands_at)
         index = simulation.add_prefilled_request(
             stream.prompt_tokens, stream.output_tokens, stream.first_token_s
         )
-        transfer = self.transfers[gpu]
+        transfer = self.transfers[replica]
         transfer.in_flight -= 1
         transfer.seconds.observe(lands_at - stream.first_token_s)
         transfer.bytes.observe(self.layout.transfer_bytes(stream.prompt_tokens))
         transfer.external_prompt_tokens += stream.prompt_tokens
-        self.stats[gpu].prompt_tokens += stream.prompt_tokens
-        stream.phase, stream.replica, stream.index = "decode", gpu, index
-        self._streams[gpu][index] = stream
+        self.stats[replica].prompt_tokens += stream.prompt_tokens
+        stream.phase, stream.replica, stream.index = "decode", replica, index
+        self._streams[replica][index] = stream
 
-    def _decoded(self, gpu: int, now_s: float) -> None:
-        """Hand out the tokens ``gpu``'s engine produced since last time, and the ends."""
-        simulation = self.simulations[gpu]
-        stats = self.stats[gpu]
+    def _decoded(self, replica: int, now_s: float) -> None:
+        """Hand out the tokens decode engine ``replica`` produced since last time, and the
+        ends."""
+        simulation = self.simulations[replica]
+        stats = self.stats[replica]
         _, finish = simulation.request_times()
-        streams = self._streams[gpu]
+        streams = self._streams[replica]
         done = []
         for index, stream in streams.items():
             produced = min(simulation.generated_tokens(index), stream.output_tokens)
@@ -298,8 +332,8 @@ class DisaggregatedNode(EmulatedNode):
             if stream.phase == "transfer":
                 self._in_transfer = [item for item in self._in_transfer if item[2] is not stream]
                 heapq.heapify(self._in_transfer)
-                assert stream.decode_gpu is not None
-                self.transfers[stream.decode_gpu].in_flight -= 1
+                assert stream.decode_replica is not None
+                self.transfers[stream.decode_replica].in_flight -= 1
                 stream.phase = "aborted"
                 return
             if stream.phase in ("prefill", "decode"):
@@ -313,7 +347,7 @@ class DisaggregatedNode(EmulatedNode):
         with self.lock:
             assert isinstance(stream, PoolStream)
             if stream.phase == "prefill":
-                return self.simulations[stream.prefill_gpu].request_energy(stream.prefill_index)
+                return self.simulations[stream.prefill_replica].request_energy(stream.prefill_index)
             if stream.phase == "decode":
                 prefill_j, decode_j = self.simulations[stream.replica].request_energy(stream.index)
                 return stream.prefill_energy[0] + prefill_j, stream.prefill_energy[1] + decode_j
@@ -330,7 +364,7 @@ class DisaggregatedNode(EmulatedNode):
                 transfer.in_flight = 0
 
     def engine_state(self, replica: int) -> dict[str, float]:
-        """vLLM's gauges for GPU ``replica``'s engine; a decode engine's waiting requests
+        """vLLM's gauges for engine ``replica``; a decode engine's waiting requests
         include those whose KV cache is on the link (vLLM's decode instance holds them
         waiting for their remote KV cache)."""
         state = super().engine_state(replica)
@@ -347,11 +381,11 @@ class DisaggregatedNode(EmulatedNode):
         report = super().energy_report(since_s)
         with self.lock:
             report["totals"]["prompt_tokens"] = sum(
-                self.stats[gpu].prompt_tokens for gpu in self.prefill_gpus
+                self.stats[replica].prompt_tokens for replica in self.prefill_replicas
             )
             pools: dict[str, dict[str, Any]] = {}
             for role in ("prefill", "decode"):
-                simulations = [self.simulations[gpu] for gpu in self.pool_gpus(role)]
+                simulations = [self.simulations[r] for r in self.pool_replicas(role)]
                 pools[role] = {
                     "gpus": list(self.pool_gpus(role)),
                     "prefill_j": sum(s.energy_ledger.prefill_total_j for s in simulations),
@@ -364,11 +398,15 @@ class DisaggregatedNode(EmulatedNode):
         return report
 
 
-def render_pool_metrics(node: DisaggregatedNode, model: str, role: str) -> str:
+def render_pool_metrics(
+    node: DisaggregatedNode, model: str, role: str, replicas: Sequence[int] | None = None
+) -> str:
     """Pool ``role``'s vLLM V1 page: its engines' series, and for the decode pool the
-    NIXL connector's and the disaggregation's (module docstring)."""
-    gpus = node.pool_gpus(role)
-    page = render_metrics(node, model, gpus=gpus)
+    NIXL connector's and the disaggregation's (module docstring). ``replicas`` (of the
+    pool) narrows it to those engines, labelled ``engine="0"``, ... in order: one
+    engine's own page."""
+    engines = node.pool_replicas(role) if replicas is None else tuple(replicas)
+    page = render_metrics(node, model, replicas=engines)
     lines: list[str] = []
 
     def family(name: str, kind: str, help_text: str) -> None:
@@ -381,9 +419,9 @@ def render_pool_metrics(node: DisaggregatedNode, model: str, role: str) -> str:
             "counter",
             "Number of prompt tokens by source.",
         )
-        for engine, gpu in enumerate(gpus):
-            external = node.transfers[gpu].external_prompt_tokens if role == "decode" else 0
-            local = node.stats[gpu].prompt_tokens - external
+        for engine, replica in enumerate(engines):
+            external = node.transfers[replica].external_prompt_tokens if role == "decode" else 0
+            local = node.stats[replica].prompt_tokens - external
             for source, value in (
                 ("local_compute", local),
                 ("local_cache_hit", 0),
@@ -397,9 +435,9 @@ def render_pool_metrics(node: DisaggregatedNode, model: str, role: str) -> str:
                 "gauge",
                 "Number of waiting requests by reason.",
             )
-            for engine, gpu in enumerate(gpus):
-                deferred = float(node.transfers[gpu].in_flight)
-                waiting = node.engine_state(gpu)["waiting"]
+            for engine, replica in enumerate(engines):
+                deferred = float(node.transfers[replica].in_flight)
+                waiting = node.engine_state(replica)["waiting"]
                 for reason, count in (("capacity", waiting - deferred), ("deferred", deferred)):
                     labels = _labels(model, engine, reason=reason)
                     lines.append(
@@ -418,16 +456,19 @@ def render_pool_metrics(node: DisaggregatedNode, model: str, role: str) -> str:
                 ),
             ):
                 family(name, "histogram", help_text)
-                for engine, gpu in enumerate(gpus):
+                for engine, replica in enumerate(engines):
                     _histogram(
-                        lines, name, _labels(model, engine), getattr(node.transfers[gpu], attribute)
+                        lines,
+                        name,
+                        _labels(model, engine),
+                        getattr(node.transfers[replica], attribute),
                     )
             family(
                 "vllm:nixl_num_failed_transfers",
                 "counter",
                 "Number of failed NIXL KV Cache transfers.",
             )
-            for engine, _gpu in enumerate(gpus):
+            for engine, _replica in enumerate(engines):
                 lines.append(
                     f"vllm:nixl_num_failed_transfers_total{{{_labels(model, engine)}}} 0.0"
                 )

@@ -33,12 +33,13 @@ def _histogram(lines: list[str], name: str, labels: str, histogram: Histogram) -
     lines.append(f"{name}_sum{{{labels}}} {_number(histogram.sum)}")
 
 
-def render_metrics(node: EmulatedNode, model: str, gpus: Sequence[int] | None = None) -> str:
-    """The whole page for every replica of ``node``, or for the engines of ``gpus`` only
-    (one pool of a disaggregated layout), labelled ``engine="0"``, ``"1"``, ... in order."""
-    gpu_of = list(range(len(node.simulations))) if gpus is None else list(gpus)
-    replicas = range(len(gpu_of))
-    states = [node.engine_state(gpu) for gpu in gpu_of]
+def render_metrics(node: EmulatedNode, model: str, replicas: Sequence[int] | None = None) -> str:
+    """The whole page for every replica of ``node``, or for the engine replicas
+    ``replicas`` only (one replica's own page, one pool of a disaggregated layout),
+    labelled ``engine="0"``, ``"1"``, ... in order."""
+    served = list(range(len(node.simulations))) if replicas is None else list(replicas)
+    states = [node.engine_state(replica) for replica in served]
+    engines = range(len(served))  # the page's engine labels
     kv_capacity = node.plant.kv_capacity_tokens
     lines: list[str] = []
 
@@ -51,7 +52,7 @@ def render_metrics(node: EmulatedNode, model: str, gpus: Sequence[int] | None = 
     ) -> None:
         """One family with one sample per replica (counters' samples end in ``_total``)."""
         family(name, kind, help_text)
-        for r in replicas:
+        for r in engines:
             lines.append(f"{name}{suffix}{{{_labels(model, r)}}} {_number(values[r])}")
 
     per_replica(
@@ -73,7 +74,7 @@ def render_metrics(node: EmulatedNode, model: str, gpus: Sequence[int] | None = 
         [state["kv_usage"] for state in states],
     )
     family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
-    for r in replicas:
+    for r in engines:
         info = _labels(
             model,
             r,
@@ -85,9 +86,9 @@ def render_metrics(node: EmulatedNode, model: str, gpus: Sequence[int] | None = 
         )
         lines.append(f"vllm:cache_config_info{{{info}}} 1.0")
     with node.lock:
-        stats = [node.stats[gpu] for gpu in gpu_of]
+        stats = [node.stats[replica] for replica in served]
         # Running counts only: a scrape's work must not grow with the requests served.
-        preemptions = [node.simulations[gpu].preemptions for gpu in gpu_of]
+        preemptions = [node.simulations[replica].preemptions for replica in served]
         per_replica(
             "vllm:num_preemptions",
             "counter",
@@ -110,7 +111,7 @@ def render_metrics(node: EmulatedNode, model: str, gpus: Sequence[int] | None = 
             "_total",
         )
         family("vllm:request_success", "counter", "Count of successfully processed requests.")
-        for r in replicas:
+        for r in engines:
             for reason, count in sorted(stats[r].finished.items()):
                 labels = _labels(model, r, finished_reason=reason)
                 lines.append(f"vllm:request_success_total{{{labels}}} {_number(count)}")
@@ -120,8 +121,8 @@ def render_metrics(node: EmulatedNode, model: str, gpus: Sequence[int] | None = 
             "histogram",
             "Histogram of number of tokens per engine_step.",
         )
-        for r, gpu in enumerate(gpu_of):
-            simulation = node.simulations[gpu]
+        for r, replica in enumerate(served):
+            simulation = node.simulations[replica]
             steps = Histogram.of(
                 ITERATION_TOKEN_BUCKETS,
                 simulation.iteration_token_counts(),
@@ -156,6 +157,6 @@ def render_metrics(node: EmulatedNode, model: str, gpus: Sequence[int] | None = 
             ),
         ):
             family(name, "histogram", help_text)
-            for r in replicas:
+            for r in engines:
                 _histogram(lines, name, _labels(model, r), getattr(stats[r], attribute))
     return "\n".join(lines) + "\n"

@@ -22,6 +22,14 @@ GPU counts at the top clock), and every GPU of the group reports that clock as i
 clock (the emulator models one clock per group; a real GPU locked above its group's
 slowest shows its own clock while it waits).
 
+Each replica also has its own engine page, :data:`REPLICA_METRICS_PATH`
+(``/replica/<r>/metrics``, its engine labelled ``engine="0"``), as each engine process
+of a real node serves its own ``/metrics`` on its own port; ``/metrics`` is every
+replica's together (as one vLLM serving them data parallel labels them ``engine="0"``,
+``"1"``, ...). A governor domain per replica points at its replica's page.
+:meth:`EmulatedNode.replica_layout` lists each replica's GPUs, role and page
+(``GET /gpu``).
+
 The GPUs are named as NVML names the profile's GPU (:func:`emulated_gpu_name`) and carry
 UUIDs derived from the profile and their index (:func:`emulated_gpu_uuid`), so a
 governor's learned model, keyed on the UUIDs, follows the profile across restarts and
@@ -76,6 +84,10 @@ NVML_UTILIZATION_SAMPLE_S = 1.0
 docs): the emulated GPU reports the share of that much plant time an iteration ran."""
 
 FAULTS = ("none", "no-permission", "not-supported", "lost")
+
+REPLICA_METRICS_PATH = "/replica/{}/metrics"
+"""Engine replica ``r``'s own metrics page (``str.format`` with ``r``): what its engine
+process serves on its own port on a real node, its engine labelled ``engine="0"``."""
 
 MAX_ENERGY_RECORDS = 100_000
 """Finished requests ``GET /gpugov/energy`` keeps (the latest; bounded memory)."""
@@ -212,14 +224,14 @@ class GpuState:
 
 
 class EmulatedNode:
-    """N simulated GPUs serving one engine endpoint, advanced to the wall clock.
+    """N simulated GPUs serving their engine replicas, advanced to the wall clock.
 
     Args:
         plant: the plant every replica runs (the profile and limits).
         gpus: number of GPUs, a multiple of ``tensor_parallel`` (default: one replica's).
         tensor_parallel: GPUs per engine replica (default: the plant's
             ``tensor_parallel``); 1 serves each replica as one GPU that carries the whole
-            domain (the disaggregated layout does).
+            domain.
         seed: seeds the plants and the natural output lengths.
         speed: plant seconds per wall second (1 = real time; >1 only for tests).
         tick_s: wall seconds between advances (token timing resolution).
@@ -301,6 +313,25 @@ class EmulatedNode:
         """The GPUs of replica ``replica``'s tensor-parallel group."""
         first = replica * self.tensor_parallel
         return range(first, first + self.tensor_parallel)
+
+    def replica_role(self, replica: int) -> str:
+        """The pool role of replica ``replica``'s engine: ``colocated`` here, every
+        replica serving both phases (a disaggregated layout's engines are ``prefill`` or
+        ``decode``)."""
+        return "colocated"
+
+    def replica_layout(self) -> list[dict[str, object]]:
+        """Each engine replica's GPUs, pool role and own metrics page, in replica order
+        (``GET /gpu``'s ``replicas``): what a domain per replica lists and scrapes."""
+        return [
+            {
+                "replica": replica,
+                "gpus": list(self.group_gpus(replica)),
+                "role": self.replica_role(replica),
+                "metrics": REPLICA_METRICS_PATH.format(replica),
+            }
+            for replica in range(self.replicas)
+        ]
 
     def _lock_target_mhz(self, gpu: int) -> int:
         """The clock GPU ``gpu`` is held to: its lock's upper clock, else the top clock."""

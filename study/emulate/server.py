@@ -9,14 +9,19 @@ Routes:
   disaggregated layout (``--layout MPND``) each pool's instead, ``GET /prefill/metrics`` and
   ``GET /decode/metrics`` (:mod:`gpugov.study.emulate.disaggregated`), and ``/metrics``
   answers 404 naming them;
+* ``GET /replica/<r>/metrics``: engine replica ``r``'s own page (its pool's, in a
+  disaggregated layout), its engine labelled ``engine="0"``, as each engine process of
+  a real node serves its own ``/metrics``; an index past the last replica is a 404;
 * the emulated GPUs, NVML's calls over HTTP (``daemon/emulated.py`` is the client):
-  ``GET /gpu`` (count), ``GET /gpu/<i>`` (identity, supported and max clocks),
-  ``GET /gpu/<i>/sample`` (power, energy counter, temperature, SM clock, utilisation,
-  clock-event reasons, power limit), ``POST /gpu/<i>/lock`` (``{"min_mhz", "max_mhz"}``)
-  and ``POST /gpu/<i>/reset``. A failing call answers HTTP 500 with
-  ``{"nvmlReturn": code}``, NVML's own return code. Nothing reveals the profile. A
-  tensor-parallel profile's replica is ``tensor_parallel`` of these GPUs, each with its
-  share of the group's power (:mod:`gpugov.study.emulate.node`).
+  ``GET /gpu`` (count, speed, ``tensor_parallel`` and each engine replica's GPUs, role
+  and page: :meth:`EmulatedNode.replica_layout`), ``GET /gpu/<i>`` (identity, supported
+  and max clocks), ``GET /gpu/<i>/sample`` (power, energy counter, temperature, SM
+  clock, utilisation, clock-event reasons, power limit), ``POST /gpu/<i>/lock``
+  (``{"min_mhz", "max_mhz"}``) and ``POST /gpu/<i>/reset``. A failing call answers HTTP
+  500 with ``{"nvmlReturn": code}``, NVML's own return code. Nothing reveals the profile
+  beyond the node's layout. A tensor-parallel profile's replica is ``tensor_parallel``
+  of these GPUs, each with its share of the group's power
+  (:mod:`gpugov.study.emulate.node`), in either layout.
 * ``GET /gpugov/energy[?since=T]``: the true energy of the finished requests (by the
   completion's ``id``) and the run's totals (:meth:`EmulatedNode.energy_report`); every
   completion's ``usage`` carries its own (``energy_j``, ``prefill_energy_j``,
@@ -50,11 +55,13 @@ from gpugov.daemon.cli_types import is_loopback
 from gpugov.study.emulate.api import ApiError, Responder, models_body, parse_request, token_text
 from gpugov.study.emulate.disaggregated import POOL_PATHS, DisaggregatedNode, render_pool_metrics
 from gpugov.study.emulate.metrics import render_metrics
-from gpugov.study.emulate.node import EmulatedNode
+from gpugov.study.emulate.node import REPLICA_METRICS_PATH, EmulatedNode
 
 log = logging.getLogger(__name__)
 
 _GPU_PATH = re.compile(r"^/gpu/(\d+)(/sample|/lock|/reset)?$")
+_REPLICA_PATH = re.compile(r"^/replica/(\d{1,9})/metrics$")
+"""An engine replica's own page (:data:`REPLICA_METRICS_PATH`)."""
 STREAM_TIMEOUT_S = 3600.0
 MAX_BODY_BYTES = 32 << 20
 """Largest request body read (32 MiB: a prompt of a few million token ids)."""
@@ -228,7 +235,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True  # the body, if any, is not read
         if path in OPENAI_POST:
             self._not_allowed("POST")
-        elif path in GET_ONLY or _GPU_PATH.match(path):
+        elif path in GET_ONLY or _GPU_PATH.match(path) or _REPLICA_PATH.match(path):
             match = _GPU_PATH.match(path)
             self._not_allowed("POST" if match and match.group(2) in ("/lock", "/reset") else "GET")
         else:
@@ -265,12 +272,22 @@ class _Handler(BaseHTTPRequestHandler):
                 render_metrics(node, self.server.model),
                 "text/plain; version=0.0.4; charset=utf-8",
             )
+        elif (replica_path := _REPLICA_PATH.match(path)) is not None:
+            self._replica_metrics(int(replica_path.group(1)))
         elif path == "/v1/models":
             self._send_json(200, models_body(self.server.model, node.max_model_len))
         elif path == "/health":
             self._send_text(200, "", "text/plain")
         elif path == "/gpu":
-            self._send_json(200, {"count": node.gpu_count, "speed": node.speed})
+            self._send_json(
+                200,
+                {
+                    "count": node.gpu_count,
+                    "speed": node.speed,
+                    "tensor_parallel": node.tensor_parallel,
+                    "replicas": node.replica_layout(),
+                },
+            )
         elif path == ENERGY_PATH:
             try:
                 since = energy_since(self.path)
@@ -295,6 +312,28 @@ class _Handler(BaseHTTPRequestHandler):
             body = node.gpu_sample(gpu) if match.group(2) else node.gpu_info(gpu)
             self._send_json(500 if "nvmlReturn" in body else 200, body)
 
+    def _replica_metrics(self, replica: int) -> None:
+        """``GET /replica/<r>/metrics``: replica ``replica``'s own engine page (its pool's
+        series in a disaggregated layout), or a 404 naming the replicas there are."""
+        node = self.server.node
+        if replica >= node.replicas:
+            pages = REPLICA_METRICS_PATH.format(0)
+            if node.replicas > 1:
+                pages = f"{pages} to {REPLICA_METRICS_PATH.format(node.replicas - 1)}"
+            message = (
+                f"Not Found: this emulated node has {node.replicas} engine replica(s), "
+                f"their pages {pages}"
+            )
+            self._send_json(404, ApiError(message, status=404, kind="NotFoundError").body())
+            return
+        if isinstance(node, DisaggregatedNode):
+            page = render_pool_metrics(
+                node, self.server.model, node.replica_role(replica), replicas=(replica,)
+            )
+        else:
+            page = render_metrics(node, self.server.model, replicas=(replica,))
+        self._send_text(200, page, "text/plain; version=0.0.4; charset=utf-8")
+
     # ------------------------------------------------------------------- POST
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -302,7 +341,7 @@ class _Handler(BaseHTTPRequestHandler):
         known_post = path in OPENAI_POST or (match and match.group(2) in ("/lock", "/reset"))
         if not known_post:
             self.close_connection = True  # the body is not read
-            if path in GET_ONLY or match is not None:
+            if path in GET_ONLY or match is not None or _REPLICA_PATH.match(path):
                 self._not_allowed("GET")
             else:
                 self._not_found()

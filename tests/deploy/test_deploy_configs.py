@@ -108,27 +108,56 @@ def test_the_emulator_examples_set_the_slos_of_the_profile_they_emulate(path: Pa
     "path", [p for p in CONFIGS if p.name.startswith("emulated")], ids=lambda p: p.name
 )
 def test_the_emulator_examples_govern_the_gpus_it_serves_one_group_a_domain(path: Path) -> None:
-    """Every GPU a domain lists is one the commented ``gpugov emulate`` serves (``--gpus``
-    GPUs, by default one replica's: the profile's ``tensor_parallel``; a layout's count),
-    and a domain whose ``mpc`` plans on that profile lists a whole tensor-parallel group,
-    as many GPUs as the profile's domain (else the daemon warns its rates are another
-    domain's)."""
+    """Against the node the commented ``gpugov emulate`` serves (started here on loopback,
+    its GPUs and replicas read from ``GET /gpu``): every GPU a domain lists is one it
+    serves; every domain's engine page answers; a domain scraping one replica's own page
+    (``/replica/<r>/metrics``) lists that replica's GPUs; and a domain whose ``mpc`` plans
+    on that profile lists one whole tensor-parallel group, as many GPUs as the profile's
+    domain (else the daemon warns its rates are another domain's)."""
+    import urllib.parse
+    import urllib.request
+
     from gpugov.daemon.controller_config import MPCControllerConfig
-    from gpugov.plant import load_profile
+    from gpugov.plant import ServingPlant, load_profile
+    from gpugov.study.emulate.disaggregated import DisaggregatedNode
+    from gpugov.study.emulate.node import EmulatedNode
+    from gpugov.study.emulate.server import EmulatorServer
 
     config = load_config(path)
     (emulate,) = [argv for argv in commented_commands(path) if argv[0] == "emulate"]
     args = build_parser().parse_args(emulate)
-    tensor_parallel = load_profile(args.profile).tensor_parallel
+    plant = ServingPlant.from_profile(load_profile(args.profile))
+    node: EmulatedNode
     if args.layout is not None:
-        served = args.layout[0] + args.layout[1]
+        node = DisaggregatedNode(
+            plant, prefill_replicas=args.layout[0], decode_replicas=args.layout[1]
+        )
     else:
-        served = tensor_parallel if args.gpus is None else args.gpus
-    for domain in config.domains:
-        assert max(domain.gpus) < served, f"{path.name}: domain {domain.name} GPUs {domain.gpus}"
-        controller = domain.controller
-        if isinstance(controller, MPCControllerConfig) and controller.profile == args.profile:
-            assert len(domain.gpus) == tensor_parallel, (
-                f"{path.name}: domain {domain.name} has {len(domain.gpus)} GPU(s), its mpc "
-                f"profile {args.profile} a domain of {tensor_parallel}"
-            )
+        node = EmulatedNode(plant, gpus=args.gpus)
+    server = EmulatorServer(node, "127.0.0.1", 0)
+    server.start()
+    try:
+        with urllib.request.urlopen(f"{server.url}/gpu", timeout=5) as response:
+            served = json.loads(response.read())
+        groups = [set(replica["gpus"]) for replica in served["replicas"]]
+        pages = {replica["metrics"]: set(replica["gpus"]) for replica in served["replicas"]}
+        for domain in config.domains:
+            where = f"{path.name}: domain {domain.name}"
+            assert max(domain.gpus) < served["count"], f"{where} GPUs {domain.gpus}"
+            page = urllib.parse.urlsplit(domain.engine.url).path
+            with urllib.request.urlopen(f"{server.url}{page}", timeout=5) as response:
+                assert response.status == 200, f"{where}: {page}"
+            if page in pages:
+                assert set(domain.gpus) == pages[page], (
+                    f"{where} GPUs {domain.gpus} scrape {page}, the page of GPUs "
+                    f"{sorted(pages[page])}"
+                )
+            controller = domain.controller
+            if isinstance(controller, MPCControllerConfig) and controller.profile == args.profile:
+                assert len(domain.gpus) == served["tensor_parallel"], (
+                    f"{where} has {len(domain.gpus)} GPU(s), its mpc profile {args.profile} "
+                    f"a domain of {served['tensor_parallel']}"
+                )
+                assert set(domain.gpus) in groups, f"{where} GPUs {domain.gpus} span groups"
+    finally:
+        server.close()

@@ -10,6 +10,7 @@ HTTP, as ``gpugov run`` with ``backend = "emulated"`` does.
 from __future__ import annotations
 
 import json
+import logging
 import tomllib
 import urllib.error
 import urllib.request
@@ -60,7 +61,7 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture
 def emulator(plant: ServingPlant) -> Iterator[EmulatorServer]:
     """A 1P1D node in fast real time (speed 50) on a free loopback port."""
-    node = DisaggregatedNode(plant, prefill_gpus=1, decode_gpus=1, speed=50.0)
+    node = DisaggregatedNode(plant, prefill_replicas=1, decode_replicas=1, speed=50.0)
     server = EmulatorServer(node, "127.0.0.1", 0)
     server.start()
     try:
@@ -136,7 +137,7 @@ def test_a_transfer_in_flight_is_deferred_on_the_decode_page_and_can_be_aborted(
     from gpugov.plant.disaggregated_layout import DisaggregatedPlant
 
     clock = VirtualClock()
-    node = DisaggregatedNode(plant, prefill_gpus=1, decode_gpus=1, clock=clock)
+    node = DisaggregatedNode(plant, prefill_replicas=1, decode_replicas=1, clock=clock)
     # A slow link (5 s a transfer) keeps the KV caches on the way long enough to look.
     node.layout = DisaggregatedPlant(node.layout.prefill, node.layout.decode, transfer_fixed_s=5.0)
     kept = node.submit(500, 20, "length", "kept")
@@ -160,7 +161,7 @@ def test_a_transfer_in_flight_is_deferred_on_the_decode_page_and_can_be_aborted(
 
 def test_2p2d_spreads_requests_over_each_pool(plant: ServingPlant) -> None:
     clock = VirtualClock()
-    node = DisaggregatedNode(plant, prefill_gpus=2, decode_gpus=2, clock=clock)
+    node = DisaggregatedNode(plant, prefill_replicas=2, decode_replicas=2, clock=clock)
     assert (node.prefill_gpus, node.decode_gpus, node.layout_name) == ((0, 1), (2, 3), "2P2D")
     streams = [node.submit(800, 30, "length", f"r{k}") for k in range(4)]
     clock.sleep(5.0)
@@ -197,7 +198,7 @@ def test_daemon_governs_each_pool_to_its_own_objective(
 ) -> None:
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     clock = VirtualClock()
-    node = DisaggregatedNode(plant, prefill_gpus=1, decode_gpus=1, clock=clock, tick_s=0.5)
+    node = DisaggregatedNode(plant, prefill_replicas=1, decode_replicas=1, clock=clock, tick_s=0.5)
     server = EmulatorServer(node, "127.0.0.1", 0)
     server.start()
     records: list[TickRecord] = []
@@ -256,3 +257,132 @@ def test_daemon_governs_each_pool_to_its_own_objective(
     # The requests were served through both pools, and the truth covers both.
     assert len(truth["requests"]) == len(bursts) * 8
     assert truth["totals"]["output_tokens"] == len(bursts) * 8 * 600
+
+
+# --------------------------------------------------- tensor-parallel engines
+TP4 = "h100-sxm-llama3-70b-tp4"
+
+
+def _tp4_config(url: str) -> Any:
+    """Two domains, a pool's group of four GPUs each, with the TP4 profile's ``mpc``."""
+    manifest = load_profile(TP4).manifest
+    domains = [
+        {
+            "name": role,
+            "gpus": gpus,
+            "role": role,
+            "ttft_slo_s": manifest["ttft_slo_s"],
+            "tpot_slo_s": manifest["tpot_slo_s"],
+            "engine": {"kind": "vllm", "url": f"{url}/{role}/metrics"},
+            "controller": {"kind": "mpc", "profile": TP4},
+        }
+        for role, gpus in (("prefill", [0, 1, 2, 3]), ("decode", [4, 5, 6, 7]))
+    ]
+    return parse_config(
+        {
+            "daemon": {"backend": "emulated", "emulator": url, "metrics_address": ""},
+            "domains": domains,
+        }
+    )
+
+
+def test_a_tensor_parallel_profile_runs_each_engine_on_its_group_of_gpus(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--layout 1P1D`` with a TP4 profile: one prefill and one decode engine replica of
+    four GPUs each (GPUs 0-3 and 4-7), each GPU with its share of its engine's power and
+    its own lock, each engine at its group's slowest clock; the daemon governs each pool
+    as a domain of its four GPUs with the profile's ``mpc`` and no tensor_parallel
+    warning."""
+    from gpugov.daemon.emulated import EmulatedBackend
+
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    clock = VirtualClock()
+    tp4 = ServingPlant.from_profile(load_profile(TP4))
+    node = DisaggregatedNode(tp4, prefill_replicas=1, decode_replicas=1, clock=clock)
+    assert (node.gpu_count, node.tensor_parallel, node.layout_name) == (8, 4, "1P1D")
+    assert (node.prefill_gpus, node.decode_gpus) == ((0, 1, 2, 3), (4, 5, 6, 7))
+    server = EmulatorServer(node, "127.0.0.1", 0)
+    server.start()
+    backends = [EmulatedBackend(gpu, emulator=server.url, timeout_s=2.0) for gpu in range(8)]
+    try:
+        served = json.loads(_get(f"{server.url}/gpu"))
+        assert (served["count"], served["tensor_parallel"]) == (8, 4)
+        assert [(r["gpus"], r["role"], r["metrics"]) for r in served["replicas"]] == [
+            ([0, 1, 2, 3], "prefill", "/replica/0/metrics"),
+            ([4, 5, 6, 7], "decode", "/replica/1/metrics"),
+        ]
+        for k in range(8):
+            node.submit(2000, 400, "length", f"r{k}")
+        clock.sleep(3.0)
+        node.advance()
+        samples = [backend.sample() for backend in backends]  # one plant instant
+        for replica, gpus in ((0, range(4)), (1, range(4, 8))):
+            plant = node.simulations[replica].observe()
+            assert plant.power_w is not None
+            pool = [samples[gpu] for gpu in gpus]
+            assert sum(s.power_w or 0.0 for s in pool) == pytest.approx(plant.power_w, abs=0.004)
+            for sample in pool:
+                assert sample.power_limit_w == 700.0  # an H100's, not the group's 2,800 W
+                assert sample.power_w == pytest.approx(plant.power_w / 4, abs=0.001)
+        assert node.simulations[1].observe().decode_active == 8  # decoding on GPUs 4-7
+        # One engine a pool: the decode pool's page is its one replica's own page.
+        assert _get(f"{server.url}/decode/metrics") == _get(f"{server.url}/replica/1/metrics")
+        assert "vllm:nixl_xfer_time_seconds_count" in _get(f"{server.url}/replica/1/metrics")
+        assert node.energy_report()["pools"]["decode"]["gpus"] == [4, 5, 6, 7]
+        # A lock on three decode GPUs holds the decode engine down (the fourth unlocked
+        # counts at the top); the prefill engine keeps the top clock.
+        for backend in backends[4:7]:
+            backend.lock_clocks(900, 900)
+        assert node.simulations[1].requested_clock_mhz == 900
+        assert node.simulations[0].requested_clock_mhz == TOP_MHZ
+        for backend in backends[4:7]:
+            backend.reset_clocks()
+        caplog.set_level(logging.INFO)
+        assembled = domains_from_config(_tp4_config(server.url))
+        try:
+            assert not [r for r in caplog.records if "(tensor_parallel)" in r.getMessage()]
+            prefill, decode = assembled.domains
+            for step in range(3):
+                clock.sleep(1.0)
+                records = [domain.tick(clock(), step) for domain in (prefill, decode)]
+            for record, replica in zip(records, (0, 1), strict=True):
+                plant = node.simulations[replica].observe()
+                assert plant.power_w is not None
+                assert record.observation.power_w == pytest.approx(plant.power_w, abs=0.004)
+                assert not record.failsafe and record.decision_mhz is not None
+            assert records[1].observation.decode_active == 8
+            for gpus in (range(4), range(4, 8)):
+                assert len({node.gpu_state[gpu].locked for gpu in gpus}) == 1  # a group
+        finally:
+            assembled.close()
+    finally:
+        for backend in backends:
+            backend.close()
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ["--layout", "1P1D", "--gpus", "2"],
+            "--gpus 2 disagrees with --layout 1P1D (8 GPUs, 4 per engine replica); "
+            "leave --gpus out",
+        ),
+        (
+            ["--layout", "9P8D"],
+            "--layout 9P8D: 68 GPUs, 4 per engine replica, more than the 64 GPUs an "
+            "emulated node has at most",
+        ),
+    ],
+)
+def test_a_tensor_parallel_layout_counts_engine_replicas_of_its_gpus(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpugov.cli import main
+
+    code = main(["emulate", "--profile", TP4, "--address", "127.0.0.1:0", *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "Traceback" not in err and len(err.splitlines()) == 1
+    assert err == f"gpugov: error: {line}"

@@ -13,13 +13,17 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from gpugov.cli import main
 from gpugov.daemon.config import parse_config
+from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.emulated import EmulatedBackend, emulated_device_count
 from gpugov.daemon.engines import ScrapedSource
 from gpugov.daemon.errors import GpuLost, PermissionDenied
@@ -254,6 +258,16 @@ def test_the_startup_line_says_how_many_gpus_and_replicas() -> None:
         "gpugov emulate: 2 emulated GPU(s) 'NVIDIA H100 SXM5 80GB HBM3' of profile "
         "h100-sxm-llama3-8b (2 data-parallel engine replicas, one GPU each), "
     ), line
+    assert line.rstrip().endswith(
+        "(OpenAI API under /v1, /metrics, each replica's page /replica/0/metrics to "
+        "/replica/1/metrics, GPUs under /gpu)"
+    ), line
+    line = _startup_line("--profile", TP4, "--layout", "1P1D")
+    assert line.startswith(
+        "gpugov emulate: layout 1P1D, 8 emulated GPU(s) 'NVIDIA H100 SXM5 80GB HBM3' of "
+        "profile h100-sxm-llama3-70b-tp4 (prefill GPUs 0-3, decode GPUs 4-7, 4 "
+        "tensor-parallel GPUs per engine replica, nvlink), "
+    ), line
 
 
 def _tp4_config(url: str, gpus: list[int]) -> dict[str, object]:
@@ -332,3 +346,118 @@ def test_the_daemon_governs_the_group_as_one_domain_of_its_four_gpus(
         "domain of 4 GPU(s) (tensor_parallel), this domain has 1: its rates and powers are "
         "another domain's"
     ]
+
+
+# ------------------------------------------------------- one page per replica
+def _get_json(url: str) -> dict[str, object]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        answer: dict[str, object] = json.loads(response.read())
+    return answer
+
+
+def test_each_replica_serves_its_own_page(frozen: FrozenClock) -> None:
+    """``--gpus 8``: two TP4 replicas, each with its own page at ``/replica/<r>/metrics``
+    (its engine labelled ``engine="0"``, as its own engine process would); ``/metrics``
+    has both; ``GET /gpu`` lists each replica's GPUs and page."""
+    node = EmulatedNode(_tp4_plant(), gpus=8, clock=frozen)
+    server = EmulatorServer(node, "127.0.0.1", 0)
+    server.start()
+    try:
+        node.submit(64, 4, "length")  # replica 0 (the fewest in flight, in turn)
+        node.submit(100, 4, "length")  # replica 1
+        frozen.now_s += 5.0
+        node.advance()
+        assert _get_json(f"{server.url}/gpu") == {
+            "count": 8,
+            "speed": 1.0,
+            "tensor_parallel": 4,
+            "replicas": [
+                {
+                    "replica": 0,
+                    "gpus": [0, 1, 2, 3],
+                    "role": "colocated",
+                    "metrics": "/replica/0/metrics",
+                },
+                {
+                    "replica": 1,
+                    "gpus": [4, 5, 6, 7],
+                    "role": "colocated",
+                    "metrics": "/replica/1/metrics",
+                },
+            ],
+        }
+        scraped = {}
+        for page in ("/metrics", "/replica/0/metrics", "/replica/1/metrics"):
+            source = ScrapedSource(f"{server.url}{page}", "vllm", timeout_s=2.0)
+            scraped[page] = source.scrape()
+            source.close()
+        assert scraped["/metrics"].prompt_tokens_total == 164  # both engines, summed
+        assert scraped["/replica/0/metrics"].prompt_tokens_total == 64
+        assert scraped["/replica/1/metrics"].prompt_tokens_total == 100
+        assert scraped["/replica/1/metrics"].generation_tokens_total == 4
+        text = urllib.request.urlopen(f"{server.url}/replica/1/metrics", timeout=5).read()
+        assert b'engine="0"' in text and b'engine="1"' not in text
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(f"{server.url}/replica/2/metrics", timeout=5)
+        assert caught.value.code == 404
+        assert "2 engine replica(s), their pages /replica/0/metrics to /replica/1/metrics" in (
+            caught.value.read().decode()
+        )
+    finally:
+        server.close()
+
+
+EXAMPLE_TWO_REPLICAS = Path(__file__).resolve().parents[2] / "deploy" / "emulated-tp4x2.toml"
+
+
+def test_the_daemon_governs_two_replicas_as_two_domains_each_on_its_own_page(
+    frozen: FrozenClock,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shipped two-replica example (``deploy/emulated-tp4x2.toml``): each domain lists
+    its replica's four GPUs and scrapes its replica's own page, so it sees its replica's
+    queue and power alone and locks its own group; a busy replica beside an idle one is
+    governed apart from it."""
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    node = EmulatedNode(_tp4_plant(), gpus=8, clock=frozen)
+    server = EmulatorServer(node, "127.0.0.1", 0)
+    server.start()
+    caplog.set_level(logging.INFO)
+    data = tomllib.loads(
+        EXAMPLE_TWO_REPLICAS.read_text().replace("http://127.0.0.1:8000", server.url)
+    )
+    data["daemon"]["metrics_address"] = ""
+    assembled = domains_from_config(parse_config(data, str(EXAMPLE_TWO_REPLICAS)))
+    try:
+        assert _tp_warnings(caplog) == []
+        busy, idle = assembled.domains
+        # Submitted together, the requests alternate between the replicas: replica 0
+        # gets the long ones, replica 1 the one-token ones, done within a second.
+        for _ in range(16):
+            node.submit(2000, 2000, "length")
+            node.submit(16, 1, "length")
+        records: list[tuple[TickRecord, TickRecord]] = []
+        for step in range(8):
+            frozen.now_s += 1.0
+            records.append((busy.tick(time.monotonic(), step), idle.tick(time.monotonic(), step)))
+        busy_record, idle_record = records[-1]
+        assert busy_record.observation.decode_active == 16
+        assert idle_record.observation.decode_active == 0
+        assert idle_record.observation.waiting_requests == 0
+        for record, replica in ((busy_record, 0), (idle_record, 1)):
+            plant = node.simulations[replica].observe()
+            assert plant.power_w is not None
+            assert record.observation.power_w == pytest.approx(plant.power_w, abs=0.004)
+            assert not record.failsafe and record.decision_mhz is not None
+        locks = [{node.gpu_state[gpu].locked for gpu in node.group_gpus(r)} for r in (0, 1)]
+        for replica, group_locks in enumerate(locks):
+            assert len(group_locks) == 1 and None not in group_locks, locks  # one clock a group
+            (lock,) = group_locks
+            assert lock is not None and node.group_clock_mhz(replica) == lock[1]
+        (busy_lock,), (idle_lock,) = locks
+        assert busy_lock is not None and idle_lock is not None
+        assert idle_lock[1] < busy_lock[1]  # the idle replica runs lower than the busy one
+    finally:
+        assembled.close()
+        server.close()
