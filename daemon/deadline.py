@@ -1,5 +1,7 @@
-"""A decision deadline for outside controllers on a node: the call runs in a worker thread
-and a late one costs its domain the tick (the fail-safe), never the loop.
+"""Deadlines for work the daemon loop cannot bound, run on a worker thread: an outside
+controller's decision (:class:`DecisionDeadline`) and a state file's write
+(:class:`LatestWriter`). Late work costs a tick's decision or leaves a file out of date,
+never the loop.
 
 An outside package's controller (``kind = "external"``) is code the daemon cannot bound:
 an infinite loop or a blocking network call inside it would stop the loop, leaving the
@@ -12,6 +14,14 @@ stays until it returns. It is a daemon thread, so the process's exit never waits
 
 Only a node (wall time) uses it; the in-tree controllers are bounded by their own limits
 and run on the loop's thread, and virtual-time runs stay deterministic without it.
+
+A state file (the lock record, ``mpc-online``'s learned model) is written with a
+temporary file, fsync and rename; on a hung disk (a stuck NFS or hostPath mount, an fsync
+blocked for minutes) that write would hold the loop until the watchdog kills it.
+:class:`LatestWriter` writes on a worker thread, the caller waiting for its write up to
+:data:`WRITE_DEADLINE_S`; past that the write goes on in the background
+(:class:`WriteTimeout`), and the newest payload posted meanwhile is written once the disk
+answers, never an older one after it.
 """
 
 from __future__ import annotations
@@ -29,6 +39,13 @@ from gpugov.controllers.contract import ControllerWrapper
 from gpugov.plant.types import ClockController, ServingObservation
 
 log = logging.getLogger(__name__)
+
+WRITE_DEADLINE_S = 0.5
+"""How long a state file's write may hold the loop (:class:`LatestWriter`). A healthy
+disk writes and fsyncs such a file (a few kB) in milliseconds, so only a hung one reaches
+it; it is the engine scrape's longest timeout (0.5 s), far below the unit's
+``WatchdogSec=`` and ``TimeoutStopSec=`` (30 s), and it is paid once per hang: while a
+write that ran past it is still running, later writes do not wait."""
 
 
 class DecisionTimeout(Exception):
@@ -171,4 +188,150 @@ class DecisionDeadline(ControllerWrapper):
         super().close()
 
 
-__all__ = ["DecisionDeadline", "DecisionTimeout"]
+class WriteTimeout(TimeoutError):
+    """A write has not finished within its deadline (a hung disk or mount): it goes on in
+    the background, and the newest payload posted is written once the disk answers. An
+    ``OSError``, as a failed write is."""
+
+
+class LatestWriter:
+    """Writes the payloads posted to it with ``write`` on a worker thread, one at a time;
+    the caller waits for its write up to ``deadline_s`` (:meth:`write`).
+
+    Latest wins: a payload posted while an earlier write is still running replaces any
+    posted payload not yet started, so after a hung write the newest payload is written
+    next and an older one never lands after a newer one. While a write that ran past a
+    caller's deadline is still running, :meth:`wait` does not wait at all (it raises
+    :class:`WriteTimeout` at once): a hung disk costs the loop one deadline, not one per
+    write. The worker is a daemon thread that runs while there is something to write, so
+    neither the process's exit nor an idle writer keeps a thread.
+
+    Args:
+        write: writes one payload (a state file); what it raises is raised to the caller
+            waiting for that payload.
+        deadline_s: seconds a caller waits for its write, above 0 and finite.
+        name: names the worker thread.
+        clock: monotonic seconds (for the messages only).
+    """
+
+    def __init__(
+        self,
+        write: Callable[[Any], None],
+        deadline_s: float = WRITE_DEADLINE_S,
+        *,
+        name: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not math.isfinite(deadline_s) or deadline_s <= 0:
+            raise ValueError(f"deadline_s must be positive and finite, got {deadline_s!r}")
+        self.deadline_s = float(deadline_s)
+        self.name = name
+        self._write = write
+        self._clock = clock
+        self._changed = threading.Condition()
+        self._next: tuple[int, Any] | None = None
+        """The newest payload posted and not yet started, with its number."""
+        self._posted = 0
+        """The number of the newest payload posted (they count from 1)."""
+        self._finished = 0
+        """The number of the last payload whose write finished; ``_error``, its error."""
+        self._error: Exception | None = None
+        self._started_s: float | None = None
+        """When the write running now started (None: none is)."""
+        self._overdue = False
+        """A caller's deadline passed while the write running now ran."""
+        self._working = False
+        """A worker thread runs (until it finds nothing posted)."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> LatestWriter:
+        """An idle writer with the same write and deadline: a thread and its locks cannot
+        be copied."""
+        return LatestWriter(
+            copy.deepcopy(self._write, memo), self.deadline_s, name=self.name, clock=self._clock
+        )
+
+    @property
+    def busy(self) -> bool:
+        """Whether a payload posted is not written yet (a write hangs, or the newest waits
+        behind it)."""
+        with self._changed:
+            return self._finished < self._posted
+
+    def post(self, payload: Any) -> None:
+        """Hand ``payload`` to the worker without waiting; it replaces a posted payload
+        not yet started."""
+        with self._changed:
+            self._posted += 1
+            self._next = (self._posted, payload)
+            if not self._working:
+                self._working = True
+                threading.Thread(
+                    target=self._work, name=f"gpugov-writer-{self.name}", daemon=True
+                ).start()
+
+    def wait(self, wait_s: float | None = None) -> None:
+        """Wait until the newest payload posted is written: at most ``wait_s`` (default
+        ``deadline_s``), and not at all while a write that ran past a deadline is still
+        running.
+
+        Raises:
+            WriteTimeout: not written in that time; the write goes on.
+            Exception: what the write of that payload raised (``OSError``, ...).
+        """
+        wait_s = self.deadline_s if wait_s is None else wait_s
+        with self._changed:
+            number = self._posted
+            if self._finished < number and self._overdue:
+                started = self._started_s
+                age = 0.0 if started is None else self._clock() - started
+                raise WriteTimeout(
+                    f"a write has been hanging for {age:.1f} s: a hung disk or mount"
+                )
+            if not self._changed.wait_for(lambda: self._finished >= number, timeout=wait_s):
+                self._overdue = True
+                raise WriteTimeout(
+                    f"the write has not finished within {wait_s:g} s: a hung disk or mount; "
+                    "it goes on in the background"
+                )
+            if self._error is not None:
+                raise self._error
+
+    def write(self, payload: Any, wait_s: float | None = None) -> None:
+        """:meth:`post` ``payload``, then :meth:`wait` for it.
+
+        Raises:
+            WriteTimeout: not written in time; the write goes on.
+            Exception: what the write raised.
+        """
+        self.post(payload)
+        self.wait(wait_s)
+
+    def _work(self) -> None:
+        """Write the newest payload posted until none is left, then end."""
+        while True:
+            with self._changed:
+                if self._next is None:
+                    self._working = False
+                    return
+                number, payload = self._next
+                self._next = None
+                self._started_s = self._clock()
+            error: Exception | None = None
+            try:
+                self._write(payload)
+            except Exception as caught:  # the worker's outermost edge: handed to the caller
+                error = caught
+            with self._changed:
+                self._started_s = None
+                self._overdue = False
+                self._finished, self._error = number, error
+                self._changed.notify_all()
+
+
+__all__ = [
+    "WRITE_DEADLINE_S",
+    "DecisionDeadline",
+    "DecisionTimeout",
+    "LatestWriter",
+    "WriteTimeout",
+]

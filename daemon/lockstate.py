@@ -29,6 +29,16 @@ it is counted (``write_failures``; ``gpugov_lock_state_write_failures_total`` an
 ``gpugov_lock_state_stale_active``), written again once per tick (:meth:`LockState.retry`)
 until it goes through, and logged at most once a minute (the first failure, a reminder
 while it lasts, and one line when the file is written again).
+
+Writes run on a worker thread (:class:`daemon.deadline.LatestWriter`): the caller waits
+for its write up to :data:`~daemon.deadline.WRITE_DEADLINE_S`, so the orders the record
+keeps (a power limit's entry before the limit is set, a lock's after the lock) hold on a
+working disk. A write still running past that (a hung disk or mount) leaves the file out
+of date exactly as a failed write does; it goes on in the background, the newest record
+is written once the disk answers (never an older one after it), and while it hangs
+later writes do not wait at all. At the exit's resets the writes are only handed over
+(:meth:`LockState.defer_writes`), so no GPU's reset waits on the disk, and
+:meth:`LockState.flush` then waits for the last one, within the same bound.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpugov.daemon.deadline import WRITE_DEADLINE_S, LatestWriter
 from gpugov.daemon.episode_log import FailureRun
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.files import json_safe, loads_json, read_input_text, write_json_atomic
@@ -64,6 +75,7 @@ class LockState:
         directory: the state directory (created if missing).
         pid: this process's id, stored with every entry.
         clock: monotonic seconds, for the rate-limited write-failure log.
+        write_deadline_s: how long a write may hold its caller (:class:`LatestWriter`).
     """
 
     def __init__(
@@ -72,6 +84,7 @@ class LockState:
         *,
         pid: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        write_deadline_s: float = WRITE_DEADLINE_S,
     ) -> None:
         self.path = Path(directory) / STATE_FILE
         self.pid = os.getpid() if pid is None else pid
@@ -80,14 +93,20 @@ class LockState:
         """Writes of the file that failed, retries included
         (``gpugov_lock_state_write_failures_total``)."""
         self.stale = False
-        """True while the file is out of date: its last write failed
-        (``gpugov_lock_state_stale_active``); :meth:`retry` writes it again."""
+        """True while the file is out of date: its last write failed or is still running
+        past its deadline (``gpugov_lock_state_stale_active``); :meth:`retry` writes it
+        again."""
         self._clock = clock
         self._failures = FailureRun(WRITE_FAILURE_LOG_EVERY_S, clock)
         data = self._load()
         self._entries: dict[str, dict[str, Any]] = self._lock_entries(data)
         self._limits: dict[str, dict[str, Any]] = self._limit_entries(data)
         self._held: Any = None
+        self._writer = LatestWriter(self._write_file, write_deadline_s, name="lock-state")
+        self._deferred = False
+        """Writes are handed over without waiting (:meth:`defer_writes`)."""
+        self._unflushed = False
+        """A write was handed over that :meth:`flush` has not waited for."""
 
     def hold(self) -> None:
         """Hold the state directory for this process: an exclusive ``flock`` on
@@ -261,26 +280,57 @@ class LockState:
             self._write()
 
     def retry(self) -> bool:
-        """Write the file again if its last write failed (the loop calls this once per
-        tick, so the record catches up once the disk has room or the directory is
-        writable again); whether the file is up to date now."""
+        """Write the file again if its last write failed or hung (the loop calls this once
+        per tick, so the record catches up once the disk has room, the directory is
+        writable again or a hung disk answers); whether the file is up to date now."""
         if self.stale:
             self._write()
         return not self.stale
 
+    def defer_writes(self) -> None:
+        """From now on hand each write to the writer without waiting for it (the exit's
+        resets: one GPU's reset never waits on the disk for another's record);
+        :meth:`flush` waits for the last one."""
+        self._deferred = True
+
+    def flush(self) -> bool:
+        """Wait, at most the write deadline, for the last write :meth:`defer_writes`
+        handed over, and count it as any write; whether the file is up to date."""
+        if self._unflushed:
+            self._unflushed = False
+            try:
+                self._writer.wait()
+            except OSError as error:
+                self._write_failed(error)
+            else:
+                self._write_succeeded()
+        return not self.stale
+
     def _write(self) -> None:
+        """Write the file with this process's entries, waiting up to the deadline (not
+        at all while an earlier write hangs: :class:`LatestWriter`)."""
         data: dict[str, Any] = {"version": 1, "gpus": self._entries}
         if self._limits:
             data["power_limits"] = self._limits
+        # json_safe: a record read with NaN or Infinity in a field the loader does not
+        # check (another GPU's pid) made every write raise ValueError out of the
+        # actuator; such a number is written as null. It copies the entries too: the
+        # worker writes this tick's record, whatever the loop changes meanwhile.
+        payload = json_safe(data)
+        if self._deferred:
+            self._writer.post(payload)
+            self._unflushed = True
+            return
         try:
-            # json_safe: a record read with NaN or Infinity in a field the loader does not
-            # check (another GPU's pid) made every write raise ValueError out of the
-            # actuator; such a number is written as null.
-            write_json_atomic(self.path, json_safe(data), indent=1)
-        except OSError as error:
+            self._writer.write(payload)
+        except OSError as error:  # a failed write, or one still running (WriteTimeout)
             self._write_failed(error)
             return
         self._write_succeeded()
+
+    def _write_file(self, payload: dict[str, Any]) -> None:
+        """The worker's write of ``payload`` (the temporary file, fsync, rename)."""
+        write_json_atomic(self.path, payload, indent=1)
 
     def _write_failed(self, error: OSError) -> None:
         """Count a failed write and log it as :class:`~daemon.episode_log.FailureRun`

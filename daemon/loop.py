@@ -333,9 +333,12 @@ def run(
 
     On any way out (stop, signal, a controller failing too often, a lost GPU) the exit
     order is: ``STOPPING=1``, every clock the daemon locked is reset (failures retried
-    with backoff), then each domain's controller is closed on its own (``mpc-online``
-    saves its model); a failing close is logged and never skips a reset or another
-    domain's close. Each tick first writes again a lock record whose last write failed
+    with backoff; the lock record's writes are handed over without waiting), the lock
+    record's last write is waited for (at most its write deadline:
+    :meth:`daemon.lockstate.LockState.flush`), then each domain's controller is closed on
+    its own (``mpc-online`` saves its model, within the same bound); a failing close is
+    logged and never skips a reset or another domain's close. Each tick first writes again
+    a lock record whose last write failed or is still running
     (:meth:`daemon.lockstate.LockState.retry`); its failures and whether it is out of date
     are published with the loop's counters.
 
@@ -412,14 +415,20 @@ def run(
             observing.close()
         stats.overruns = loop.overruns
         notify.stopping()
+        for state in states:  # no GPU's reset waits on the disk for another's record
+            state.defer_writes()
         try:
             failed = restore_all(domains)
         finally:  # the clocks first, then the power limits; each close logs its failure
             try:
                 capped = restore_power_limits(domains)
             finally:
-                for domain in domains:
-                    domain.close_controller()
+                try:
+                    for state in states:  # the resets' record, within the write deadline
+                        state.flush()
+                finally:
+                    for domain in domains:
+                        domain.close_controller()
         if failed or capped:
             _raise_not_reset(failed, sys.exc_info()[1], capped, reset_advice)
     return stats

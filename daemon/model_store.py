@@ -34,6 +34,14 @@ engine's ``model_name`` label), the SLOs last seen, the control period and the m
   the last good file is kept and the model goes back to it (learned anew where there is
   none).
 - Writes are atomic: a temporary file in the same directory, fsynced, then renamed over.
+- Writes run on a worker thread (:class:`daemon.deadline.LatestWriter`): a save waits for
+  its write up to :data:`~daemon.deadline.WRITE_DEADLINE_S` (the final one at exit too),
+  so a hung disk never stalls the loop or the exit. A write still running past that is
+  a failed save (logged, tried again a save period later); it goes on in the background
+  and the newest model posted is written once the disk answers, never an older one after
+  it. While it runs, the state file is not read (a restore after the served model
+  changes, say): it is treated as one that cannot be read, read again each save period
+  once the write has ended.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ from gpugov.controllers.online.controller import OnlineMPCController, SettingsRe
 from gpugov.controllers.online.identification import MODEL_VERSION, POWER_BLOCKS, TIME_BLOCKS
 from gpugov.controllers.online.model_names import SettledName
 from gpugov.controllers.online.regression import MAX_STORED_COUNT
+from gpugov.daemon.deadline import WRITE_DEADLINE_S, LatestWriter
 from gpugov.daemon.files import (
     InputFileError,
     json_safe,
@@ -375,9 +384,11 @@ class PersistentOnlineModel(ControllerWrapper):
         gpu_uuids: Sequence[str],
         *,
         save_every_s: float = SAVE_EVERY_S,
+        write_deadline_s: float = WRITE_DEADLINE_S,
     ) -> None:
         super().__init__(inner)
         self.path = model_path(directory, domain)
+        self._writer = LatestWriter(self._write_file, write_deadline_s, name=f"model-{domain}")
         self.gpu_uuids = tuple(str(u) for u in gpu_uuids)
         self.save_every_s = float(save_every_s)
         self.key: ModelKey | None = None
@@ -431,6 +442,19 @@ class PersistentOnlineModel(ControllerWrapper):
         key = self.key
         assert key is not None
         if not self.persist:
+            return
+        if self._writer.busy:
+            # A save still running (a hung disk): what the file will hold is not known
+            # until it ends, and a rename here could be overtaken by it. Nothing is saved
+            # over the file meanwhile; each save period looks again.
+            if not self._unreadable:
+                self._say(
+                    logging.WARNING,
+                    f"{self.path}: an earlier save has not finished (a hung disk or mount); "
+                    f"not read now; learning anew without saving, and read again every "
+                    f"{self.save_every_s:g} s once that save has ended",
+                )
+            self._unreadable = True
             return
         try:
             payload = read_stored(self.path)
@@ -601,8 +625,8 @@ class PersistentOnlineModel(ControllerWrapper):
             self._roll_back(problem, final=final)
             return False
         try:
-            write_json_atomic(self.path, payload)
-        except (OSError, ValueError) as error:
+            self._writer.write(payload)
+        except (OSError, ValueError) as error:  # WriteTimeout too: the write goes on
             self.save_failed = True
             again = (
                 "not saved: the model learned since the last save is lost"
@@ -617,10 +641,16 @@ class PersistentOnlineModel(ControllerWrapper):
         self.save_failed = False
         return True
 
+    def _write_file(self, payload: dict[str, Any]) -> None:
+        """The worker's write of ``payload`` (the temporary file, fsync, rename)."""
+        write_json_atomic(self.path, payload)
+
     def _read_again(self) -> bool:
         """Read a state file that could not be read again: False while it still cannot;
         else it is restored as at a start (or kept aside where it is another node's) and
         saving resumes."""
+        if self._writer.busy:
+            return False  # an earlier save still runs (a hung disk): not read meanwhile
         try:
             read_stored(self.path)
         except UnreadableStateError:

@@ -1,0 +1,359 @@
+"""A state file whose write hangs (a stuck NFS or hostPath mount, an fsync blocked for
+minutes): the lock record and ``mpc-online``'s learned model are written on a worker
+thread (:class:`daemon.deadline.LatestWriter`), so the caller goes on after its write
+deadline with the file counted out of date, the newest payload lands once the disk
+answers (never an older one after a newer one), and neither the loop nor its exit waits
+on the disk.
+
+A hung write is a write function blocked on a :class:`threading.Event`. Every check is of
+what happened, never of wall time: a call that should not wait must return while the disk
+is still hung (a safety timer frees the disk after :data:`JOIN_S`, so a regression fails
+instead of hanging the suite)."""
+
+from __future__ import annotations
+
+import copy
+import errno
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from daemon_support import MetricsServer, run_ticks
+from fake_pynvml import FakeNvml
+from synthetic import make_plant
+
+import gpugov.daemon.model_store as store
+from gpugov.controllers.online.controller import OnlineMPCController
+from gpugov.daemon import lockstate
+from gpugov.daemon.actuator import ClockActuator
+from gpugov.daemon.config import parse_config
+from gpugov.daemon.deadline import LatestWriter, WriteTimeout
+from gpugov.daemon.exporter import Exporter
+from gpugov.daemon.lockstate import LockState
+from gpugov.daemon.model_store import PersistentOnlineModel, model_path, read_stored
+from gpugov.daemon.nvml import NvmlBackend
+from gpugov.daemon.service import domains_from_config
+from gpugov.plant import chunked_prefill_scheduler, simulate
+from gpugov.plant.types import Request, ServingObservation
+
+JOIN_S = 30.0
+"""The longest any wait in these tests may take before it counts as a hang."""
+DEADLINE_S = 0.05
+KEY = "GPU-fake-0000"
+GPUS = ("GPU-aaaa", "GPU-bbbb")
+
+
+class _HungDisk:
+    """A write function that blocks until :attr:`release` is set, then writes with ``real``
+    (when given); every payload written is kept, in the order written."""
+
+    def __init__(self, real: Callable[..., None] | None = None) -> None:
+        self.real = real
+        self.release = threading.Event()
+        self.blocked = threading.Event()
+        """Set once a write is blocked on the hung disk."""
+        self.written: list[Any] = []
+
+    def __call__(self, *args: Any, **options: Any) -> None:
+        if not self.release.is_set():
+            self.blocked.set()
+            self.release.wait(JOIN_S)
+        if self.real is not None:
+            self.real(*args, **options)
+        self.written.append(args[-1])
+
+    @property
+    def hung(self) -> bool:
+        return not self.release.is_set()
+
+
+@pytest.fixture
+def hung() -> Iterator[_HungDisk]:
+    """A hung disk, freed at the end of the test (or after :data:`JOIN_S`)."""
+    disk = _HungDisk()
+    safety = threading.Timer(JOIN_S, disk.release.set)
+    safety.daemon = True
+    safety.start()
+    yield disk
+    disk.release.set()
+    safety.cancel()
+
+
+def _eventually(check: Callable[[], bool]) -> bool:
+    """Whether ``check()`` comes true within :data:`JOIN_S` (tried again every 10 ms)."""
+    limit = time.monotonic() + JOIN_S
+    while not check():
+        if time.monotonic() > limit:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+# ------------------------------------------------------------------ the writer
+def test_a_hung_write_costs_one_deadline_and_the_newest_payload_lands_after_it(
+    hung: _HungDisk,
+) -> None:
+    writer = LatestWriter(hung, DEADLINE_S, name="test")
+    with pytest.raises(WriteTimeout, match=r"has not finished within 0\.05 s: a hung disk"):
+        writer.write("a")
+    assert hung.blocked.wait(JOIN_S) and hung.hung and writer.busy
+    # While the late write runs, no later write waits; each replaces the one queued.
+    with pytest.raises(WriteTimeout, match="a write has been hanging for"):
+        writer.write("b")
+    writer.post("c")
+    with pytest.raises(WriteTimeout, match="a write has been hanging for"):
+        writer.write("d")
+    assert hung.hung and hung.written == []
+    hung.release.set()
+    assert _eventually(lambda: not writer.busy)  # the newest is written once the disk answers
+    assert hung.written == ["a", "d"]  # never b or c, never an older one after d
+    writer.write("e")  # a working disk: written before the call returns
+    assert hung.written[-1] == "e"
+
+
+def test_a_write_error_is_raised_to_the_caller_and_a_copy_is_an_idle_writer() -> None:
+    written: list[str] = []
+
+    def full(payload: str) -> None:
+        if payload == "full":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written.append(payload)
+
+    writer = LatestWriter(full, DEADLINE_S, name="test")
+    with pytest.raises(OSError, match="No space left"):
+        writer.write("full")
+    writer.write("fits")
+    copied = copy.deepcopy(writer)
+    assert not copied.busy and copied.deadline_s == DEADLINE_S
+    copied.write("copied")
+    assert written == ["fits", "copied"]
+    with pytest.raises(ValueError, match="deadline_s must be positive"):
+        LatestWriter(full, 0.0, name="test")
+
+
+# ------------------------------------------------------------------ the lock record
+def test_a_hung_lock_state_write_leaves_the_file_stale_and_the_newest_record_lands(
+    tmp_path: Path,
+    hung: _HungDisk,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hung.real = lockstate.write_json_atomic
+    monkeypatch.setattr(lockstate, "write_json_atomic", hung)
+    fake = FakeNvml(1)
+    state = LockState(tmp_path, pid=1, write_deadline_s=DEADLINE_S)
+    actuator = ClockActuator([NvmlBackend(0, nvml=fake)], state=state)
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.lockstate"):
+        assert actuator.apply(900) == 1  # returns past the deadline, the disk still hung
+        assert hung.blocked.wait(JOIN_S) and hung.hung
+        assert fake.locked(0) == (900, 900)  # the lock went through
+        assert state.stale and state.write_failures == 1  # counted as a failed write
+        assert actuator.apply(1000) == 1  # a newer record while the first hangs
+        assert state.retry() is False
+        assert hung.hung and state.stale and state.write_failures == 3
+        assert not (tmp_path / "locks.json").exists()
+        hung.release.set()
+        assert _eventually(state.retry)  # the disk answers: written again
+    # (a retry that came before the hung write had ended counts too)
+    assert not state.stale and state.write_failures >= 3
+    assert LockState(tmp_path).read()[KEY]["max_mhz"] == 1000  # the newest record
+    clocks = [payload["gpus"][KEY]["max_mhz"] for payload in hung.written]
+    assert clocks[0] == 900 and clocks[-1] == 1000 and 900 not in clocks[1:]
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 2, lines  # the first failure and the recovery, as a failed write
+    assert "cannot write it (the write has not finished within 0.05 s: a hung disk" in lines[0]
+    assert re.search(r"written again after \d+ failed write\(s\)", lines[1])
+
+
+def test_the_power_limit_record_is_on_disk_before_the_call_returns(tmp_path: Path) -> None:
+    # The order the record keeps (the entry before the limit is set) holds on a working
+    # disk: the caller waits for its write.
+    state = LockState(tmp_path, pid=1, write_deadline_s=JOIN_S)
+    state.record_power_limit(KEY, "0", 700_000, 300_000)
+    assert LockState(tmp_path).power_limits()[KEY]["set_mw"] == 300_000
+    assert not state.stale
+
+
+def test_the_exit_resets_never_wait_on_a_hung_disk_and_the_flush_is_bounded(
+    tmp_path: Path, hung: _HungDisk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeNvml(2)
+    state = LockState(tmp_path, pid=1, write_deadline_s=DEADLINE_S)
+    actuator = ClockActuator([NvmlBackend(i, nvml=fake) for i in range(2)], state=state)
+    assert actuator.apply(900) == 2  # recorded on a working disk
+    before = state.write_failures  # (0 unless a busy machine wrote it past the deadline)
+    hung.real = lockstate.write_json_atomic
+    monkeypatch.setattr(lockstate, "write_json_atomic", hung)
+    state.defer_writes()
+    assert actuator.restore() == []  # both reset, no write waited for
+    assert fake.locked(0) is None and fake.locked(1) is None
+    assert state.flush() is False  # bounded: the file counts as out of date
+    assert hung.hung and state.stale and state.write_failures == before + 1
+    hung.release.set()
+    assert _eventually(lambda: LockState(tmp_path).read() == {})  # the newest record lands
+
+
+def _fixed_clock_config(tmp_path: Path, metrics_server: MetricsServer) -> Any:
+    metrics_server.page = (
+        'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 3\n'
+    )
+    return parse_config(
+        {
+            "daemon": {"period_s": 1.0, "state_dir": str(tmp_path)},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "engine": {"kind": "vllm", "url": metrics_server.url, "timeout_s": 0.9},
+                    "controller": {"kind": "fixed", "clock_mhz": 1410},
+                }
+            ],
+        }
+    )
+
+
+def test_the_loop_goes_on_over_a_hung_lock_state_disk_and_its_exit_does_not_hang(
+    tmp_path: Path,
+    hung: _HungDisk,
+    monkeypatch: pytest.MonkeyPatch,
+    metrics_server: MetricsServer,
+) -> None:
+    hung.real = lockstate.write_json_atomic
+    monkeypatch.setattr(lockstate, "write_json_atomic", hung)
+    fake = FakeNvml(1)
+    assembled = domains_from_config(_fixed_clock_config(tmp_path, metrics_server), nvml=fake)
+    exporter = Exporter(serve=False)
+    seen: list[tuple[float | None, float | None, Any]] = []
+
+    def on_step(step: int, records: Any) -> None:
+        get = exporter.registry.get_sample_value
+        seen.append(
+            (
+                get("gpugov_lock_state_write_failures_total"),
+                get("gpugov_lock_state_stale_active"),
+                fake.locked(0),
+            )
+        )
+
+    try:
+        _, stats = run_ticks(assembled.domains, 4, on_step=on_step, exporter=exporter)
+    finally:
+        assembled.close()
+    # Every tick ran with the disk hung throughout, the exit's reset and flush too.
+    assert hung.hung and stats.ticks == 4
+    assert seen == [
+        (1.0, 1.0, (1410, 1410)),  # the lock's record hangs; the lock holds
+        (2.0, 1.0, (1410, 1410)),  # each tick's retry counts, as a failed write's does
+        (3.0, 1.0, (1410, 1410)),
+        (4.0, 1.0, (1410, 1410)),
+    ]
+    assert fake.locked(0) is None  # reset at stop, the disk still hung
+    hung.release.set()
+    assert _eventually(lambda: (tmp_path / "locks.json").exists())
+    assert _eventually(lambda: LockState(tmp_path).read() == {})  # the newest: no lock
+
+
+# ------------------------------------------------------------------ the learned model
+def _workload(seconds: float, seed: int = 3) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    times = np.cumsum(rng.exponential(0.4, size=int(seconds / 0.4 * 2)))
+    times = times[times < seconds]
+    return [
+        Request(i, float(t), int(rng.integers(200, 2000)), int(rng.integers(20, 200)))
+        for i, t in enumerate(times)
+    ]
+
+
+def _wrapper(directory: Path) -> PersistentOnlineModel:
+    controller = OnlineMPCController(
+        mean_prompt_tokens=1100.0, mean_output_tokens=110.0, warmup_s=10.0
+    )
+    return PersistentOnlineModel(
+        controller, directory, "llm", GPUS, save_every_s=10.0, write_deadline_s=DEADLINE_S
+    )
+
+
+def _named(wrapper: PersistentOnlineModel, name: Callable[[float], str]) -> Any:
+    def decide(observation: ServingObservation) -> float:
+        return wrapper(replace(observation, model_name=name(observation.time_s)))
+
+    return decide
+
+
+def test_a_hung_model_save_never_stalls_the_run_and_the_newest_model_lands(
+    tmp_path: Path, hung: _HungDisk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hung.real = store.write_json_atomic
+    monkeypatch.setattr(store, "write_json_atomic", hung)
+    posted: list[dict[str, Any]] = []
+    post = LatestWriter.post
+
+    def recording(writer: LatestWriter, payload: Any) -> None:
+        posted.append(payload)
+        post(writer, payload)
+
+    monkeypatch.setattr(LatestWriter, "post", recording)
+    wrapper = _wrapper(tmp_path)
+    simulate(
+        _workload(60.0),
+        make_plant(),
+        chunked_prefill_scheduler,
+        _named(wrapper, lambda _: "llama"),
+        0,
+    )
+    assert hung.hung and wrapper.save_failed  # the run went on past every save
+    failures = [m for m in wrapper.messages if "cannot save" in m]
+    assert "has not finished within 0.05 s: a hung disk" in failures[0]
+    assert "a write has been hanging for" in failures[-1]
+    wrapper.close()  # the final save is bounded too
+    assert hung.hung and "not saved" in wrapper.messages[-1]
+    path = model_path(tmp_path, "llm")
+    assert not path.exists()
+    assert len(posted) >= 3  # the first save, later ones, the final one: none waited
+    hung.release.set()
+    assert _eventually(lambda: bool(hung.written) and hung.written[-1] is posted[-1])
+    # Written in the order posted, each once, the final save's model last; of the saves
+    # posted while the first one hung, only the newest is written.
+    order = [next(i for i, p in enumerate(posted) if p is w) for w in hung.written]
+    assert order == sorted(set(order)) and order[-1] == len(posted) - 1 and len(order) <= 2
+    assert read_stored(path)["saved_at_unix_s"] == posted[-1]["saved_at_unix_s"]
+
+
+def test_the_state_file_is_not_read_while_a_save_hangs(
+    tmp_path: Path, hung: _HungDisk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The served model changes while the old model's save hangs: the file is not read
+    (nor set aside) until that save has ended, nothing is saved over it meanwhile, and
+    then it is kept aside as another model's and the new model is saved."""
+    hung.real = store.write_json_atomic
+    monkeypatch.setattr(store, "write_json_atomic", hung)
+    wrapper = _wrapper(tmp_path)
+    simulate(
+        _workload(60.0),
+        make_plant(),
+        chunked_prefill_scheduler,
+        _named(wrapper, lambda time_s: "llama" if time_s < 35.0 else "mistral"),
+        0,
+    )
+    assert hung.hung
+    assert wrapper.key is not None and wrapper.key.model_name == "mistral"
+    (line,) = [m for m in wrapper.messages if "an earlier save has not finished" in m]
+    assert "not read now" in line
+    assert not list(tmp_path.glob("online-model-llm.json.*"))  # nothing renamed
+    hung.release.set()
+    assert _eventually(wrapper.save)  # read again once the save ended, then saved
+    path = model_path(tmp_path, "llm")
+    assert read_stored(path)["key"]["model_name"] == "mistral"
+    (kept,) = tmp_path.glob("online-model-llm.json.other-*")
+    assert read_stored(kept)["key"]["model_name"] == "llama"
+    assert all(payload["key"]["model_name"] == "llama" for payload in hung.written[:-1])
+    wrapper.close()
