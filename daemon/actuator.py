@@ -12,8 +12,12 @@ Three more duties, each documented in ``docs/daemon.md``:
   one the GPU shows (ApplicationsClocksSetting active below the top clock) is reset or
   adopted, and the log says which.
 * :meth:`ClockActuator.check_readback` every tick: the realised SM clock is compared
-  with the lock; a change nobody here made (``nvidia-smi -lgc``/``-rgc``, the driver) is
-  counted and re-asserted or yielded to, by the domain's ``external_clock_policy``.
+  with the lock; a change nobody here made (``nvidia-smi -lgc``/``-rgc``, a driver reset)
+  is counted and re-asserted or yielded to, by the domain's ``external_clock_policy``. A
+  GPU the driver holds near its lock (its own clock steps, a bin lower) or below it for a
+  reason NVML reports (power cap, thermal, board or reliability limit) is not written
+  again: the same lock written again changes nothing there, and each write can stall a
+  tensor-parallel group's collectives.
 * :meth:`ClockActuator.restore` at exit: every GPU ever written to is reset; failures
   are retried with exponential backoff and the GPUs still locked are returned by name.
 
@@ -60,6 +64,13 @@ APPLICATIONS_CLOCKS_SETTING = 0x2
 """nvmlClocksEventReasonApplicationsClocksSetting: the clock is held by a setting (a lock)."""
 CONFIRM_READS = 2
 """Consecutive readbacks that must disagree with the lock before it counts as external."""
+DRIVER_OFFSET_STEPS = 8
+"""How many supported-clock steps a GPU may run off its lock (below it, or above it while
+it shows ApplicationsClocksSetting, a lock in force) and still count as held by that
+lock: a driver rounds a lock to its own clock steps and holds it a few bins lower
+(voltage, temperature, a limit it names no reason for), and writing the same lock again
+changes nothing there. Further off, with no reason that explains it, it is another lock
+than gpugov's."""
 PERMANENT_RESET_ERRORS = (GpuLost, PermissionDenied, NotSupported)
 REASSERTED = (
     "{count} more outside change(s) in the {seconds:.0f} s before, each locked again, were "
@@ -202,6 +213,9 @@ class ClockActuator:
         self.yielded: set[str] = set()
         self._disagreements: dict[str, int] = {b.label: 0 for b in self._backends}
         self._tolerance_mhz: dict[str, float] = {}
+        self._off_lock_reads: dict[str, int] = {b.label: 0 for b in self._backends}
+        """Per GPU, readbacks in a row that found it held off its lock by the driver."""
+        self._off_lock_logged: set[str] = set()
         self._epochs: dict[str, object] = {}
         self._fallback_logged: set[str] = set()
         self._maybe_held: dict[str, int] = {}
@@ -567,14 +581,25 @@ class ClockActuator:
             self._tolerance_mhz[label] = clock_tolerance_mhz(backend.supported_clocks_mhz())
         return self._tolerance_mhz[label]
 
+    def _driver_offset(self, backend: GpuBackend) -> float:
+        """:data:`DRIVER_OFFSET_STEPS` supported-clock steps, in MHz."""
+        return self._tolerance(backend) / 2.0 * DRIVER_OFFSET_STEPS
+
     def check_readback(self, samples: Sequence[GpuSample]) -> list[str]:
         """Compare each GPU's realised SM clock with the lock held; act on outside changes.
 
-        A pinned GPU running above its lock, or below it with no event reason that
-        explains it (idle, power cap, slowdown), was changed by someone else (a capped
-        GPU only above). After :data:`CONFIRM_READS` such reads in a row the change is
-        counted in ``external_changes`` and, by ``external_policy``, the lock is
-        written again on the next apply or the GPU is left alone (``yielded``).
+        A GPU within two supported-clock steps of its lock is at it. A pinned GPU below
+        its lock is still held by it when an event reason explains the lower clock (idle,
+        power cap, slowdowns, board or reliability limit) or when it runs at most
+        :data:`DRIVER_OFFSET_STEPS` steps below it (the driver's rounding, a bin lower);
+        a GPU above its lock when it shows ApplicationsClocksSetting at most that far
+        above it (a capped GPU is only checked above). Each such reading leaves the lock
+        as it is: writing it again would change nothing (the first steady one per GPU
+        is logged once). Any other reading (above the lock with no lock in force: the
+        clocks were reset; further off: another lock) was a change by someone else.
+        After :data:`CONFIRM_READS` such reads in a row the change is counted in
+        ``external_changes`` and, by ``external_policy``, the lock is written again on
+        the next apply or the GPU is left alone (``yielded``).
 
         Returns:
             Labels of the GPUs whose change was confirmed at this call.
@@ -593,17 +618,21 @@ class ClockActuator:
             if clock is None:
                 continue
             tolerance = self._tolerance(backend)
+            offset = self._driver_offset(backend)
             reasons = sample.clock_event_reasons
-            above = clock > held + tolerance
-            below = (
-                self.lock_mode == "pin"
-                and clock < held - tolerance
-                and reasons is not None
-                and not reasons & EXPLAINS_LOWER_CLOCK
-            )
+            lock_in_force = reasons is not None and bool(reasons & APPLICATIONS_CLOCKS_SETTING)
+            unexplained = reasons is not None and not reasons & EXPLAINS_LOWER_CLOCK
+            pinned = self.lock_mode == "pin"
+            above = clock > held + (offset if lock_in_force else tolerance)
+            below = pinned and clock < held - offset and unexplained
             if not (above or below):
                 self._disagreements[label] = 0
+                off_lock = clock > held + tolerance or (
+                    pinned and clock < held - tolerance and unexplained
+                )
+                self._held_off_lock(label, clock, held, off_lock)
                 continue
+            self._off_lock_reads[label] = 0
             self._disagreements[label] += 1
             if self._disagreements[label] < CONFIRM_READS:
                 continue
@@ -636,6 +665,27 @@ class ClockActuator:
                     note or "",
                 )
         return changed
+
+    def _held_off_lock(self, label: str, clock: float, held: int, off_lock: bool) -> None:
+        """A readback that leaves the lock as it is: when it found the GPU off its lock
+        with no reason that explains it (``off_lock``), on :data:`CONFIRM_READS` reads
+        in a row, say once per GPU that the driver holds it there."""
+        if not off_lock:
+            self._off_lock_reads[label] = 0
+            return
+        self._off_lock_reads[label] += 1
+        if self._off_lock_reads[label] < CONFIRM_READS or label in self._off_lock_logged:
+            return
+        self._off_lock_logged.add(label)
+        log.info(
+            "domain %s: GPU %s runs at %.0f MHz while locked at %d MHz, with no clock "
+            "event reason that explains it: taken as the driver's own clock for that lock "
+            "(its clock steps, a bin lower), not written again (logged once per GPU)",
+            self.domain,
+            label,
+            clock,
+            held,
+        )
 
 
 def label_order(label: str) -> tuple[int, str]:
