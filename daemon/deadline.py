@@ -1,7 +1,8 @@
 """Deadlines for work the daemon loop cannot bound, run on a worker thread: an outside
-controller's decision (:class:`DecisionDeadline`) and a state file's write
-(:class:`LatestWriter`). Late work costs a tick's decision or leaves a file out of date,
-never the loop.
+controller's decision (:class:`DecisionDeadline`), a state file's write
+(:class:`LatestWriter`) and a file's read while the loop runs (:class:`LatestReader`).
+Late work costs a tick's decision, leaves a file out of date or keeps the last value
+read, never the loop.
 
 An outside package's controller (``kind = "external"``) is code the daemon cannot bound:
 an infinite loop or a blocking network call inside it would stop the loop, leaving the
@@ -22,6 +23,13 @@ blocked for minutes) that write would hold the loop until the watchdog kills it.
 :data:`WRITE_DEADLINE_S`; past that the write goes on in the background
 (:class:`WriteTimeout`), and the newest payload posted meanwhile is written once the disk
 answers, never an older one after it.
+
+A file read while the loop runs (the power budget file, every tick; ``mpc-online``'s
+state file, read again while it cannot be read) blocks as long on such a mount, its
+``stat`` too. :class:`LatestReader` reads on a worker thread, the caller waiting up to
+:data:`READ_DEADLINE_S`; past that the caller keeps what it had (:class:`ReadTimeout`),
+no other read of that file starts while the late one runs, and the late read's answer is
+the next caller's once it ends.
 """
 
 from __future__ import annotations
@@ -33,12 +41,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.plant.types import ClockController, ServingObservation
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 WRITE_DEADLINE_S = 0.5
 """How long a state file's write may hold the loop (:class:`LatestWriter`). A healthy
@@ -46,6 +56,18 @@ disk writes and fsyncs such a file (a few kB) in milliseconds, so only a hung on
 it; it is the engine scrape's longest timeout (0.5 s), far below the unit's
 ``WatchdogSec=`` and ``TimeoutStopSec=`` (30 s), and it is paid once per hang: while a
 write that ran past it is still running, later writes do not wait."""
+
+READ_DEADLINE_S = WRITE_DEADLINE_S
+"""How long a file read while the loop runs may hold it (:class:`LatestReader`): the
+power budget file, read every tick, and ``mpc-online``'s state file, read again while it
+cannot be read. The same bound as a write, and for the same reasons: a healthy disk reads
+such a file (a few bytes to a few kB) in well under a millisecond, so only a hung one (a
+stuck NFS or hostPath mount, where a ``stat`` blocks too) reaches it, and it is paid once
+per hang."""
+READER_IDLE_S = 5.0
+"""How long a :class:`LatestReader`'s worker thread waits for the next read before it
+ends: a file read every tick keeps one thread (starting one per read costs about 0.1 ms,
+a sixth of a tick), and a reader idle that long keeps none."""
 
 
 class DecisionTimeout(Exception):
@@ -194,7 +216,133 @@ class WriteTimeout(TimeoutError):
     ``OSError``, as a failed write is."""
 
 
-class LatestWriter:
+class ReadTimeout(TimeoutError):
+    """A read has not finished within its deadline (a hung disk or mount): it goes on in
+    the background, and its answer is the next read's (:class:`LatestReader`). An
+    ``OSError``, as a file that cannot be read is."""
+
+
+class _DiskWorker:
+    """The worker thread behind :class:`LatestWriter` and :class:`LatestReader`: runs
+    ``job(payload)`` for the newest payload posted, one at a time, on a daemon thread,
+    and a caller waits for its payload up to a deadline; while a job that ran past a
+    caller's deadline is still running, callers do not wait at all.
+
+    The worker thread runs while there is something to do, then ``idle_s`` more for the
+    next payload (0: it ends at once), so neither the process's exit nor an idle worker
+    keeps a thread.
+    """
+
+    _noun = "job"
+    """What one job is, in the timeout's message ("write", "read")."""
+    _timeout: type[TimeoutError] = TimeoutError
+    _thread = "gpugov-worker"
+
+    def __init__(
+        self,
+        job: Callable[[Any], Any],
+        deadline_s: float,
+        *,
+        name: str,
+        clock: Callable[[], float] = time.monotonic,
+        idle_s: float = 0.0,
+    ) -> None:
+        if not math.isfinite(deadline_s) or deadline_s <= 0:
+            raise ValueError(f"deadline_s must be positive and finite, got {deadline_s!r}")
+        self.deadline_s = float(deadline_s)
+        self.name = name
+        self._job = job
+        self._clock = clock
+        self._idle_s = float(idle_s)
+        self._changed = threading.Condition()
+        self._next: tuple[int, Any] | None = None
+        """The newest payload posted and not yet started, with its number."""
+        self._posted = 0
+        """The number of the newest payload posted (they count from 1)."""
+        self._finished = 0
+        """The number of the last payload whose job finished; ``_result`` or ``_error``,
+        what it returned or raised."""
+        self._result: Any = None
+        self._error: Exception | None = None
+        self._started_s: float | None = None
+        """When the job running now started (None: none is)."""
+        self._overdue = False
+        """A caller's deadline passed while the job running now ran."""
+        self._working = False
+        """A worker thread runs (until it finds nothing posted)."""
+
+    @property
+    def busy(self) -> bool:
+        """Whether a payload posted is not done yet (a job hangs, or the newest waits
+        behind it)."""
+        with self._changed:
+            return self._finished < self._posted
+
+    def _post_locked(self, payload: Any) -> None:
+        """Hand ``payload`` to the worker (the lock held); it replaces a posted payload
+        not yet started."""
+        self._posted += 1
+        self._next = (self._posted, payload)
+        if self._working:
+            self._changed.notify_all()  # a worker waiting for the next payload
+            return
+        self._working = True
+        threading.Thread(target=self._work, name=f"{self._thread}-{self.name}", daemon=True).start()
+
+    def _wait_locked(self, wait_s: float) -> Any:
+        """Wait (the lock held) until the newest payload posted is done: at most
+        ``wait_s``, and not at all while a job that ran past a deadline is still running;
+        what its job returned.
+
+        Raises:
+            TimeoutError: the class's timeout (:class:`WriteTimeout`, :class:`ReadTimeout`):
+                not done in that time; the job goes on.
+            Exception: what the job of that payload raised.
+        """
+        number = self._posted
+        if self._finished < number and self._overdue:
+            started = self._started_s
+            age = 0.0 if started is None else self._clock() - started
+            raise self._timeout(
+                f"a {self._noun} has been hanging for {age:.1f} s: a hung disk or mount"
+            )
+        if not self._changed.wait_for(lambda: self._finished >= number, timeout=wait_s):
+            self._overdue = True
+            raise self._timeout(
+                f"the {self._noun} has not finished within {wait_s:g} s: a hung disk or "
+                "mount; it goes on in the background"
+            )
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _work(self) -> None:
+        """Run the job of the newest payload posted until none is left (for ``idle_s``),
+        then end."""
+        while True:
+            with self._changed:
+                if self._next is None and self._idle_s > 0:
+                    self._changed.wait_for(lambda: self._next is not None, timeout=self._idle_s)
+                if self._next is None:
+                    self._working = False
+                    return
+                number, payload = self._next
+                self._next = None
+                self._started_s = self._clock()
+            result: Any = None
+            error: Exception | None = None
+            try:
+                result = self._job(payload)
+            except Exception as caught:  # the worker's outermost edge: handed to the caller
+                error = caught
+            with self._changed:
+                self._started_s = None
+                self._overdue = False
+                self._finished, self._result, self._error = number, result, error
+                self._changed.notify_all()
+
+
+class LatestWriter(_DiskWorker):
     """Writes the payloads posted to it with ``write`` on a worker thread, one at a time;
     the caller waits for its write up to ``deadline_s`` (:meth:`write`).
 
@@ -214,6 +362,10 @@ class LatestWriter:
         clock: monotonic seconds (for the messages only).
     """
 
+    _noun = "write"
+    _timeout = WriteTimeout
+    _thread = "gpugov-writer"
+
     def __init__(
         self,
         write: Callable[[Any], None],
@@ -222,52 +374,20 @@ class LatestWriter:
         name: str,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not math.isfinite(deadline_s) or deadline_s <= 0:
-            raise ValueError(f"deadline_s must be positive and finite, got {deadline_s!r}")
-        self.deadline_s = float(deadline_s)
-        self.name = name
-        self._write = write
-        self._clock = clock
-        self._changed = threading.Condition()
-        self._next: tuple[int, Any] | None = None
-        """The newest payload posted and not yet started, with its number."""
-        self._posted = 0
-        """The number of the newest payload posted (they count from 1)."""
-        self._finished = 0
-        """The number of the last payload whose write finished; ``_error``, its error."""
-        self._error: Exception | None = None
-        self._started_s: float | None = None
-        """When the write running now started (None: none is)."""
-        self._overdue = False
-        """A caller's deadline passed while the write running now ran."""
-        self._working = False
-        """A worker thread runs (until it finds nothing posted)."""
+        super().__init__(write, deadline_s, name=name, clock=clock)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LatestWriter:
         """An idle writer with the same write and deadline: a thread and its locks cannot
         be copied."""
         return LatestWriter(
-            copy.deepcopy(self._write, memo), self.deadline_s, name=self.name, clock=self._clock
+            copy.deepcopy(self._job, memo), self.deadline_s, name=self.name, clock=self._clock
         )
-
-    @property
-    def busy(self) -> bool:
-        """Whether a payload posted is not written yet (a write hangs, or the newest waits
-        behind it)."""
-        with self._changed:
-            return self._finished < self._posted
 
     def post(self, payload: Any) -> None:
         """Hand ``payload`` to the worker without waiting; it replaces a posted payload
         not yet started."""
         with self._changed:
-            self._posted += 1
-            self._next = (self._posted, payload)
-            if not self._working:
-                self._working = True
-                threading.Thread(
-                    target=self._work, name=f"gpugov-writer-{self.name}", daemon=True
-                ).start()
+            self._post_locked(payload)
 
     def wait(self, wait_s: float | None = None) -> None:
         """Wait until the newest payload posted is written: at most ``wait_s`` (default
@@ -278,23 +398,8 @@ class LatestWriter:
             WriteTimeout: not written in that time; the write goes on.
             Exception: what the write of that payload raised (``OSError``, ...).
         """
-        wait_s = self.deadline_s if wait_s is None else wait_s
         with self._changed:
-            number = self._posted
-            if self._finished < number and self._overdue:
-                started = self._started_s
-                age = 0.0 if started is None else self._clock() - started
-                raise WriteTimeout(
-                    f"a write has been hanging for {age:.1f} s: a hung disk or mount"
-                )
-            if not self._changed.wait_for(lambda: self._finished >= number, timeout=wait_s):
-                self._overdue = True
-                raise WriteTimeout(
-                    f"the write has not finished within {wait_s:g} s: a hung disk or mount; "
-                    "it goes on in the background"
-                )
-            if self._error is not None:
-                raise self._error
+            self._wait_locked(self.deadline_s if wait_s is None else wait_s)
 
     def write(self, payload: Any, wait_s: float | None = None) -> None:
         """:meth:`post` ``payload``, then :meth:`wait` for it.
@@ -306,32 +411,101 @@ class LatestWriter:
         self.post(payload)
         self.wait(wait_s)
 
-    def _work(self) -> None:
-        """Write the newest payload posted until none is left, then end."""
-        while True:
-            with self._changed:
-                if self._next is None:
-                    self._working = False
-                    return
-                number, payload = self._next
-                self._next = None
-                self._started_s = self._clock()
-            error: Exception | None = None
+
+class LatestReader(_DiskWorker, Generic[T]):
+    """Reads one file with ``read`` on a worker thread; the caller waits for the read up
+    to ``deadline_s`` (:meth:`read`).
+
+    One read at a time, never a pile of them: while a read that ran past a caller's
+    deadline is still running (a hung disk or mount), :meth:`read` starts no other and
+    raises :class:`ReadTimeout` at once, so a hung file costs the loop one deadline, not
+    one per read, and one thread. Once that late read has ended, the next call takes its
+    answer (what it returned or raised) without waiting, as the newest read started; the
+    call after it reads afresh. The worker is a daemon thread that waits ``idle_s`` for
+    the next read before it ends: a file read every tick keeps one thread, and an idle
+    reader none.
+
+    Args:
+        read: reads the file (its path is its own); what it raises is raised to the
+            caller that takes its answer.
+        deadline_s: seconds a caller waits for a read, above 0 and finite.
+        name: names the worker thread.
+        clock: monotonic seconds (for the messages only).
+        idle_s: seconds the worker thread waits for the next read before it ends.
+    """
+
+    _noun = "read"
+    _timeout = ReadTimeout
+    _thread = "gpugov-reader"
+
+    def __init__(
+        self,
+        read: Callable[[], T],
+        deadline_s: float = READ_DEADLINE_S,
+        *,
+        name: str,
+        clock: Callable[[], float] = time.monotonic,
+        idle_s: float = READER_IDLE_S,
+    ) -> None:
+        super().__init__(self._run, deadline_s, name=name, clock=clock, idle_s=idle_s)
+        self._read = read
+        self._late = False
+        """A read ran past a caller's deadline and its answer has not been taken."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> LatestReader[T]:
+        """An idle reader with the same read and deadline: a thread and its locks cannot
+        be copied."""
+        return LatestReader(
+            copy.deepcopy(self._read, memo),
+            self.deadline_s,
+            name=self.name,
+            clock=self._clock,
+            idle_s=self._idle_s,
+        )
+
+    def _run(self, _payload: Any) -> T:
+        return self._read()
+
+    @property
+    def hanging(self) -> bool:
+        """Whether a read that ran past a caller's deadline is still running."""
+        with self._changed:
+            return self._late and self._finished < self._posted
+
+    def read(self) -> T:
+        """The file's contents as ``read`` gives them: read now on the worker thread,
+        waiting at most ``deadline_s``; or, once a read that ran past its deadline has
+        ended, that read's answer at once.
+
+        Raises:
+            ReadTimeout: no answer in that time (the read goes on in the background), or a
+                late read is still running (no other is started).
+            Exception: what the read raised (``OSError``, an input file error, ...).
+        """
+        with self._changed:
+            idle = self._finished >= self._posted
+            if self._late and idle:
+                self._late = False  # the late read's answer, taken once
+                if self._error is not None:
+                    raise self._error
+                return cast(T, self._result)
+            if idle:
+                self._post_locked(None)
             try:
-                self._write(payload)
-            except Exception as caught:  # the worker's outermost edge: handed to the caller
-                error = caught
-            with self._changed:
-                self._started_s = None
-                self._overdue = False
-                self._finished, self._error = number, error
-                self._changed.notify_all()
+                return cast(T, self._wait_locked(self.deadline_s))
+            except ReadTimeout:
+                self._late = True
+                raise
 
 
 __all__ = [
+    "READER_IDLE_S",
+    "READ_DEADLINE_S",
     "WRITE_DEADLINE_S",
     "DecisionDeadline",
     "DecisionTimeout",
+    "LatestReader",
     "LatestWriter",
+    "ReadTimeout",
     "WriteTimeout",
 ]

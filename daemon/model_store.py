@@ -42,6 +42,11 @@ engine's ``model_name`` label), the SLOs last seen, the control period and the m
   it. While it runs, the state file is not read (a restore after the served model
   changes, say): it is treated as one that cannot be read, read again each save period
   once the write has ended.
+- Reads run on a worker thread too (:class:`daemon.deadline.LatestReader`), waited for up
+  to :data:`~daemon.deadline.READ_DEADLINE_S`: a read that has not answered by then (a
+  hung disk or mount) is a file that cannot be read (one line, learned anew without
+  saving, read again each save period). While it runs no other read of the file starts;
+  once it has ended, the next save period takes its answer and the file is restored.
 """
 
 from __future__ import annotations
@@ -63,7 +68,13 @@ from gpugov.controllers.online.controller import OnlineMPCController, SettingsRe
 from gpugov.controllers.online.identification import MODEL_VERSION, POWER_BLOCKS, TIME_BLOCKS
 from gpugov.controllers.online.model_names import SettledName
 from gpugov.controllers.online.regression import MAX_STORED_COUNT
-from gpugov.daemon.deadline import WRITE_DEADLINE_S, LatestWriter
+from gpugov.daemon.deadline import (
+    READ_DEADLINE_S,
+    WRITE_DEADLINE_S,
+    LatestReader,
+    LatestWriter,
+    ReadTimeout,
+)
 from gpugov.daemon.files import (
     InputFileError,
     json_safe,
@@ -385,10 +396,16 @@ class PersistentOnlineModel(ControllerWrapper):
         *,
         save_every_s: float = SAVE_EVERY_S,
         write_deadline_s: float = WRITE_DEADLINE_S,
+        read_deadline_s: float = READ_DEADLINE_S,
     ) -> None:
         super().__init__(inner)
         self.path = model_path(directory, domain)
         self._writer = LatestWriter(self._write_file, write_deadline_s, name=f"model-{domain}")
+        # Read at the first observation and once a save period while unreadable: no
+        # thread kept between reads.
+        self._reader: LatestReader[dict[str, Any]] = LatestReader(
+            self._read_file, read_deadline_s, name=f"model-{domain}", idle_s=0.0
+        )
         self.gpu_uuids = tuple(str(u) for u in gpu_uuids)
         self.save_every_s = float(save_every_s)
         self.key: ModelKey | None = None
@@ -457,7 +474,7 @@ class PersistentOnlineModel(ControllerWrapper):
             self._unreadable = True
             return
         try:
-            payload = read_stored(self.path)
+            payload = self._read_stored()
         except FileNotFoundError:
             if self._take_back(key, observation.supported_clocks_mhz):
                 self._restore(observation)
@@ -645,6 +662,24 @@ class PersistentOnlineModel(ControllerWrapper):
         """The worker's write of ``payload`` (the temporary file, fsync, rename)."""
         write_json_atomic(self.path, payload)
 
+    def _read_file(self) -> dict[str, Any]:
+        """The worker's read of the state file (:func:`read_stored`)."""
+        return read_stored(self.path)
+
+    def _read_stored(self) -> dict[str, Any]:
+        """:func:`read_stored` of the state file on the reader's worker thread, within
+        its deadline: a read that has not answered by then, or that still runs, is a file
+        that cannot be read.
+
+        Raises:
+            FileNotFoundError, UnreadableStateError, StoredModelError: as
+                :func:`read_stored`.
+        """
+        try:
+            return self._reader.read()
+        except ReadTimeout as error:
+            raise UnreadableStateError(f"{self.path}: cannot read state file: {error}") from error
+
     def _read_again(self) -> bool:
         """Read a state file that could not be read again: False while it still cannot;
         else it is restored as at a start (or kept aside where it is another node's) and
@@ -652,7 +687,7 @@ class PersistentOnlineModel(ControllerWrapper):
         if self._writer.busy:
             return False  # an earlier save still runs (a hung disk): not read meanwhile
         try:
-            read_stored(self.path)
+            self._read_stored()
         except UnreadableStateError:
             return False
         except (FileNotFoundError, StoredModelError):

@@ -7,7 +7,8 @@ Sources, each in watts for the whole domain:
 * ``file``: the number in ``power_budget_file`` (such as a Kubernetes Downward API
   projection of the pod annotation ``dynamo.nvidia.com/gpu-power-limit``), times the
   domain's GPU count when ``power_budget_file_scope = "gpu"`` (the default: the
-  annotation is a per-GPU cap); read every tick through the bounded reader and taken
+  annotation is a per-GPU cap); read every tick through the bounded reader, on a worker
+  thread within :data:`~gpugov.daemon.deadline.READ_DEADLINE_S` (a hung mount), and taken
   again when its contents change;
 * ``nvml``: the GPUs' enforced power limits (``nvmlDeviceGetEnforcedPowerLimit``), summed,
   as the observation carries them every tick; where gpugov set a GPU's limit itself (a
@@ -18,7 +19,11 @@ Sources, each in watts for the whole domain:
 Bad file contents (not one plain decimal number of watts, zero, negative, above
 :data:`~gpugov.daemon.limits.MAX_POWER_W` for the domain, or below the domain's lowest
 settable power limit), a file that cannot be read or disappears: one log line per new
-problem, counted, and the last good value is kept. Where the backend does not report the
+problem, counted, and the last good value is kept. So does a read that has not finished
+within its deadline (a stuck NFS or hostPath mount): one log line when such a hang starts
+(at most one a minute, :class:`~gpugov.daemon.episode_log.EpisodeLog`) and one when the
+file answers again, counted once per hang; no other read starts while it runs, and its
+answer, when it comes, is the next tick's. Where the backend does not report the
 lowest settable limit (nvidia-smi, the emulated GPUs), the line that puts a file's
 budget in force says it was not checked against it. A failed NVML read keeps
 the last NVML value. Every tick the lowest known value is the budget; the node puts it
@@ -31,7 +36,8 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
@@ -39,6 +45,8 @@ from typing import Literal, Protocol, runtime_checkable
 from gpugov.controllers.contract import ClockController, layers, power_needed
 from gpugov.controllers.power_need import BudgetGuard
 from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
+from gpugov.daemon.deadline import READ_DEADLINE_S, LatestReader, ReadTimeout
+from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.limits import MAX_POWER_W
 from gpugov.daemon.observer import Observed
@@ -113,10 +121,19 @@ class BudgetFile:
         minimum_w: the domain's lowest settable power limit, when known: a smaller
             value is refused.
         domain: the domain's name, for log lines.
+        read_deadline_s: how long a read may hold the caller (:class:`LatestReader`).
+        clock: monotonic seconds, for a hang's log lines.
     """
 
     def __init__(
-        self, path: Path, *, scale: float = 1.0, minimum_w: float | None = None, domain: str = ""
+        self,
+        path: Path,
+        *,
+        scale: float = 1.0,
+        minimum_w: float | None = None,
+        domain: str = "",
+        read_deadline_s: float = READ_DEADLINE_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = Path(path)
         self.scale = float(scale)
@@ -125,10 +142,28 @@ class BudgetFile:
         self.value_w: float | None = None
         """The last good budget (domain watts), None until the file gave one."""
         self.errors = 0
-        """Problems met (each new bad content, each time the file became unreadable)."""
+        """Problems met (each new bad content, each time the file became unreadable, each
+        read that hung past its deadline)."""
         self.problem: str | None = None
-        """What is wrong with the file now, None when its value is in use."""
+        """What is wrong with the file's contents now, None when its value is in use."""
         self._text: str | None = None
+        self._reader: LatestReader[str] = LatestReader(
+            self._read_file, read_deadline_s, name=f"budget-{domain}", clock=clock
+        )
+        self._clock = clock
+        self._hung_since_s: float | None = None
+        """When the read that hangs now started (None: the last read answered)."""
+        self._hangs = EpisodeLog()
+
+    @property
+    def hanging(self) -> bool:
+        """Whether a read of the file has run past its deadline and is still running (a
+        hung disk or mount): the last good value stays in force meanwhile."""
+        return self._reader.hanging
+
+    def _read_file(self) -> str:
+        """The worker's read: the file, through the bounded reader."""
+        return read_input_text(self.path, "budget")
 
     def read(self) -> float | None:
         """The budget the file gives now: its value when its contents changed and are
@@ -136,13 +171,21 @@ class BudgetFile:
 
         The file is read every call (one bounded read of a few bytes): a Downward API
         volume swaps in a new file, an editor may rewrite it in place within one
-        timestamp tick, and only the contents tell for sure."""
+        timestamp tick, and only the contents tell for sure. The read runs on a worker
+        thread and is waited for at most the read deadline: one that has not answered by
+        then (a hung mount) keeps the last good value, and while it runs no other read
+        starts; its answer, once it comes, is the next call's (:class:`LatestReader`)."""
         try:
-            text = read_input_text(self.path, "budget")
+            text = self._reader.read()
+        except ReadTimeout:
+            self._hung()
+            return self.value_w
         except InputFileError as error:
+            self._answered()
             self._text = None
             self._fail(_with_verb(error.reason))
             return self.value_w
+        self._answered()
         if text == self._text:
             return self.value_w
         self._text = text
@@ -168,6 +211,42 @@ class BudgetFile:
         self.problem = None
         self.value_w = watts
         return watts
+
+    def _hung(self) -> None:
+        """A read has not answered within its deadline: at the start of a hang, count it
+        and log it (at most one start a minute logged, :class:`EpisodeLog`); the ticks
+        it goes on for are neither."""
+        if self._hung_since_s is not None:
+            return
+        now = self._clock()
+        self._hung_since_s = now - self._reader.deadline_s  # when the read started
+        self.errors += 1
+        note = self._hangs.start(now)
+        kept = "no budget from it" if self.value_w is None else f"keeping {self.value_w:g} W"
+        log.log(
+            logging.DEBUG if note is None else logging.WARNING,
+            "domain %s: power budget file %s cannot be read: the read has not finished "
+            "within %g s (a hung disk or mount); %s, and no other read starts until it "
+            "answers%s",
+            self.domain,
+            self.path,
+            self._reader.deadline_s,
+            kept,
+            note or "",
+        )
+
+    def _answered(self) -> None:
+        """A read answered: the end of a hang, logged where its start was."""
+        since, self._hung_since_s = self._hung_since_s, None
+        if since is None:
+            return
+        log.log(
+            logging.WARNING if self._hangs.end() else logging.DEBUG,
+            "domain %s: power budget file %s answers again after %.1f s",
+            self.domain,
+            self.path,
+            self._clock() - since,
+        )
 
     def _fail(self, reason: str) -> None:
         """Count and log a new problem once (the same problem again is neither)."""

@@ -1,0 +1,420 @@
+"""A file read while the loop runs whose read hangs (a stuck NFS or hostPath mount, where a
+``stat`` blocks too): the power budget file, read every tick, and ``mpc-online``'s state
+file, read at the first observation and again each save period while it cannot be read.
+Each is read on a worker thread (:class:`daemon.deadline.LatestReader`): the caller goes
+on after the read deadline with the last good value, the hang is counted and logged as a
+file that cannot be read, no second read of the file starts while the first hangs, and
+the late read's answer is taken once it comes.
+
+A hung read is a read function blocked on a :class:`threading.Event`. Every check is of
+what happened, never of wall time: a call that should not wait must return while the
+read is still hung (a safety timer frees it after :data:`JOIN_S`, so a regression fails
+instead of hanging the suite)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from daemon_support import MetricsServer, run_ticks
+from fake_pynvml import FakeNvml
+from synthetic import make_plant
+
+import gpugov.daemon.model_store as store
+from gpugov.controllers.online.controller import OnlineMPCController
+from gpugov.daemon import power_budget
+from gpugov.daemon.config import parse_config
+from gpugov.daemon.deadline import LatestReader, ReadTimeout
+from gpugov.daemon.exporter import Exporter
+from gpugov.daemon.model_store import PersistentOnlineModel, model_path
+from gpugov.daemon.power_budget import BudgetFile
+from gpugov.daemon.service import domains_from_config
+from gpugov.plant import chunked_prefill_scheduler, simulate
+from gpugov.plant.input_files import InputFileError
+from gpugov.plant.types import Request, ServingObservation
+
+JOIN_S = 30.0
+"""The longest any wait in these tests may take before it counts as a hang."""
+DEADLINE_S = 0.2
+"""The reads' deadline: short, yet far above a healthy read on a busy machine."""
+GPUS = ("GPU-aaaa", "GPU-bbbb")
+
+
+class _HungRead:
+    """A read function that, while :attr:`armed`, blocks until :attr:`release` is set,
+    then reads with ``real``."""
+
+    def __init__(self, real: Callable[..., Any]) -> None:
+        self.real = real
+        self.armed = True
+        self.release = threading.Event()
+        self.blocked = threading.Event()
+        """Set once a read is blocked on the hung mount."""
+        self.calls = 0
+        """Reads started (each a thread's call)."""
+
+    def __call__(self, *args: Any, **options: Any) -> Any:
+        self.calls += 1
+        if self.armed and not self.release.is_set():
+            self.blocked.set()
+            self.release.wait(JOIN_S)
+        return self.real(*args, **options)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _HungRead:
+        return self  # one mount, shared by a copy of its reader
+
+    @property
+    def hung(self) -> bool:
+        return self.armed and not self.release.is_set()
+
+
+@pytest.fixture
+def safety() -> Iterator[list[_HungRead]]:
+    """Hung reads the test adds, each freed at the end of the test (or after
+    :data:`JOIN_S`)."""
+    hung: list[_HungRead] = []
+
+    def free() -> None:
+        for read in hung:
+            read.release.set()
+
+    timer = threading.Timer(JOIN_S, free)
+    timer.daemon = True
+    timer.start()
+    yield hung
+    free()
+    timer.cancel()
+
+
+def _eventually(check: Callable[[], bool]) -> bool:
+    """Whether ``check()`` comes true within :data:`JOIN_S` (tried again every 10 ms)."""
+    limit = time.monotonic() + JOIN_S
+    while not check():
+        if time.monotonic() > limit:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+# ------------------------------------------------------------------ the reader
+def test_a_hung_read_costs_one_deadline_starts_no_other_and_its_answer_is_the_next(
+    safety: list[_HungRead],
+) -> None:
+    answers = iter(["first", "late", "fresh"])
+    hung = _HungRead(lambda: next(answers))
+    hung.armed = False
+    safety.append(hung)
+    reader = LatestReader(hung, DEADLINE_S, name="test")
+    assert reader.read() == "first"
+    hung.armed = True
+    with pytest.raises(ReadTimeout, match=r"has not finished within 0\.2 s: a hung disk"):
+        reader.read()
+    assert hung.blocked.wait(JOIN_S) and reader.hanging
+    for _ in range(5):  # while it hangs, no read waits and none other starts
+        with pytest.raises(ReadTimeout, match="a read has been hanging for"):
+            reader.read()
+    assert hung.hung and hung.calls == 2
+    hung.release.set()
+    assert _eventually(lambda: not reader.busy)
+    assert not reader.hanging
+    assert reader.read() == "late"  # the late read's answer, without another read
+    assert hung.calls == 2
+    assert reader.read() == "fresh"  # then a read afresh
+    assert hung.calls == 3
+
+
+def test_a_late_read_s_error_is_the_next_caller_s_and_a_copy_is_an_idle_reader(
+    safety: list[_HungRead],
+) -> None:
+    def gone() -> str:
+        raise FileNotFoundError("gone")
+
+    hung = _HungRead(gone)
+    safety.append(hung)
+    reader: LatestReader[str] = LatestReader(hung, DEADLINE_S, name="test", idle_s=0.0)
+    with pytest.raises(ReadTimeout):
+        reader.read()
+    copied = copy.deepcopy(reader)  # while the original hangs
+    assert not copied.busy and not copied.hanging and copied.deadline_s == DEADLINE_S
+    hung.release.set()
+    assert _eventually(lambda: not reader.busy)
+    with pytest.raises(FileNotFoundError, match="gone"):
+        reader.read()  # the late read's error, raised to the caller that takes it
+    with pytest.raises(FileNotFoundError, match="gone"):
+        copied.read()
+    with pytest.raises(ValueError, match="deadline_s must be positive"):
+        LatestReader(gone, 0.0, name="test")
+
+
+def test_a_file_read_every_tick_keeps_one_worker_thread() -> None:
+    reader = LatestReader(lambda: "350", DEADLINE_S, name="one-thread", idle_s=JOIN_S)
+    for _ in range(50):
+        assert reader.read() == "350"
+    workers = [t for t in threading.enumerate() if t.name == "gpugov-reader-one-thread"]
+    assert len(workers) == 1 and workers[0].daemon
+
+
+# ------------------------------------------------------------------ the budget file
+def _hung_budget_read(monkeypatch: pytest.MonkeyPatch, safety: list[_HungRead]) -> _HungRead:
+    hung = _HungRead(power_budget.read_input_text)
+    hung.armed = False
+    safety.append(hung)
+    monkeypatch.setattr(power_budget, "read_input_text", hung)
+    return hung
+
+
+def test_a_hung_budget_read_keeps_the_budget_in_force_and_its_answer_is_taken(
+    tmp_path: Path,
+    safety: list[_HungRead],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hung = _hung_budget_read(monkeypatch, safety)
+    path = tmp_path / "budget"
+    path.write_text("400")
+    budget = BudgetFile(path, domain="llm", read_deadline_s=DEADLINE_S)
+    assert budget.read() == 400.0
+    hung.armed = True
+    caplog.set_level(logging.WARNING, logger="gpugov.daemon.power_budget")
+    assert budget.read() == 400.0  # past the deadline, the mount still hung: kept
+    assert hung.hung and budget.hanging and budget.errors == 1
+    path.write_text("300")
+    for _ in range(5):  # each tick while it hangs: no wait, no other read, no line
+        assert budget.read() == 400.0
+    assert hung.hung and hung.calls == 2 and budget.errors == 1
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines == [
+        f"domain llm: power budget file {path} cannot be read: the read has not finished "
+        "within 0.2 s (a hung disk or mount); keeping 400 W, and no other read starts "
+        "until it answers"
+    ]
+    hung.release.set()
+    assert _eventually(lambda: not budget.hanging)
+    assert budget.read() == 300.0  # the late read's answer: the file as it answered
+    assert hung.calls == 2
+    assert budget.read() == 300.0 and hung.calls == 3  # read afresh from then on
+    assert budget.errors == 1 and budget.problem is None
+    caplog_lines = [record.getMessage() for record in caplog.records]
+    assert len(caplog_lines) == 2
+    assert caplog_lines[1].startswith(f"domain llm: power budget file {path} answers again after")
+
+
+def test_a_late_budget_read_that_fails_is_an_unreadable_file(
+    tmp_path: Path, safety: list[_HungRead], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hung = _hung_budget_read(monkeypatch, safety)
+    path = tmp_path / "budget"
+    path.write_text("400")
+    budget = BudgetFile(path, domain="llm", read_deadline_s=DEADLINE_S)
+    assert budget.read() == 400.0
+    hung.armed = True
+    assert budget.read() == 400.0
+    path.unlink()  # the mount answers: the file is gone
+    hung.release.set()
+    assert _eventually(lambda: not budget.hanging)
+    assert budget.read() == 400.0  # kept, as for any file that cannot be read
+    assert budget.errors == 2 and budget.problem is not None
+    assert budget.problem.startswith("cannot be read: No such file")
+
+
+def test_a_budget_mount_that_hangs_again_and_again_logs_one_hang_a_minute(
+    tmp_path: Path,
+    safety: list[_HungRead],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    path = tmp_path / "budget"
+    path.write_text("400")
+    now = [0.0]
+    budget = BudgetFile(path, domain="llm", read_deadline_s=DEADLINE_S, clock=lambda: now[0])
+    assert budget.read() == 400.0
+    caplog.set_level(logging.WARNING, logger="gpugov.daemon.power_budget")
+    for hang in range(4):  # a slow mount: each read late, each answer the next tick's
+        hung = _HungRead(power_budget.read_input_text)
+        safety.append(hung)
+        monkeypatch.setattr(power_budget, "read_input_text", hung)
+        assert budget.read() == 400.0 and budget.hanging
+        now[0] += 1.0
+        hung.release.set()
+        assert _eventually(lambda: not budget.hanging)
+        monkeypatch.undo()
+        assert budget.read() == 400.0 and not budget.hanging
+        now[0] += 1.0
+        assert budget.errors == 1 + hang  # each hang counts
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 2, lines  # the first hang and its end; the others within a minute
+    assert "cannot be read: the read has not finished within 0.2 s" in lines[0]
+    assert re.search(r"answers again after 1\.\d s$", lines[1])
+    now[0] += 60.0
+    hung = _HungRead(power_budget.read_input_text)
+    safety.append(hung)
+    monkeypatch.setattr(power_budget, "read_input_text", hung)
+    assert budget.read() == 400.0
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 3 and "3 more such episode(s)" in lines[2]
+
+
+def _hung_budget_config(tmp_path: Path, metrics_server: MetricsServer) -> Any:
+    metrics_server.page = (
+        'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 3\n'
+    )
+    budget = tmp_path / "budget"
+    budget.write_text("400")
+    return parse_config(
+        {
+            "daemon": {"period_s": 1.0},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "engine": {"kind": "vllm", "url": metrics_server.url, "timeout_s": 0.9},
+                    "controller": {"kind": "fixed", "clock_mhz": 1410},
+                    "power_budget_file": str(budget),
+                    "power_budget_file_scope": "domain",
+                }
+            ],
+        }
+    )
+
+
+def test_the_loop_goes_on_over_a_hung_budget_file_and_takes_its_answer(
+    tmp_path: Path,
+    safety: list[_HungRead],
+    monkeypatch: pytest.MonkeyPatch,
+    metrics_server: MetricsServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hung = _hung_budget_read(monkeypatch, safety)
+    fake = FakeNvml(1)  # 700 W: the file's 400 W is the budget in force
+    assembled = domains_from_config(_hung_budget_config(tmp_path, metrics_server), nvml=fake)
+    (domain,) = assembled.domains
+    assert domain.budget is not None and domain.budget.file is not None
+    budget = domain.budget.file
+    exporter = Exporter(serve=False)
+    errors: list[float | None] = []
+    hung_calls: list[int] = []
+
+    def on_step(step: int, records: Any) -> None:
+        errors.append(
+            exporter.registry.get_sample_value(
+                "gpugov_power_budget_file_errors_total", {"domain": "llm"}
+            )
+        )
+        if step == 1:
+            hung.armed = True  # the mount hangs from the next tick on
+            (tmp_path / "budget").write_text("300")  # and the file changes behind it
+        if step == 4:
+            hung_calls.append(hung.calls)
+            assert hung.hung and budget.hanging
+            hung.release.set()
+            assert _eventually(lambda: not budget.hanging)
+
+    caplog.set_level(logging.WARNING, logger="gpugov.daemon.power_budget")
+    try:
+        records, stats = run_ticks(assembled.domains, 7, on_step=on_step, exporter=exporter)
+    finally:
+        assembled.close()
+    assert stats.ticks == 7  # every tick ran; ticks 2 to 4 with the read hung
+    assert hung_calls == [3]  # ticks 0 and 1, then the one that hangs: no pile of reads
+    limits = [record.observation.power_limit_w for record in records]
+    assert limits == [400.0, 400.0, 400.0, 400.0, 400.0, 300.0, 300.0]
+    assert errors == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]  # the hang counted once
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpugov.daemon.power_budget"]
+    assert len(lines) == 2, lines
+    assert "cannot be read: the read has not finished within 0.5 s" in lines[0]
+    assert "keeping 400 W" in lines[0]
+    assert "answers again after" in lines[1]
+
+
+# ------------------------------------------------------------------ the learned model
+def _workload(seconds: float, seed: int = 3) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    times = np.cumsum(rng.exponential(0.4, size=int(seconds / 0.4 * 2)))
+    times = times[times < seconds]
+    return [
+        Request(i, float(t), int(rng.integers(200, 2000)), int(rng.integers(20, 200)))
+        for i, t in enumerate(times)
+    ]
+
+
+def _wrapper(directory: Path, read_deadline_s: float = DEADLINE_S) -> PersistentOnlineModel:
+    controller = OnlineMPCController(
+        mean_prompt_tokens=1100.0, mean_output_tokens=110.0, warmup_s=10.0
+    )
+    return PersistentOnlineModel(
+        controller, directory, "llm", GPUS, save_every_s=10.0, read_deadline_s=read_deadline_s
+    )
+
+
+def _run(wrapper: PersistentOnlineModel, seconds: float) -> None:
+    def decide(observation: ServingObservation) -> float:
+        return wrapper(replace(observation, model_name="llama"))
+
+    simulate(_workload(seconds), make_plant(), chunked_prefill_scheduler, decide, 0)
+
+
+def test_a_hung_state_file_read_is_an_unreadable_file_and_it_is_restored_once_answered(
+    tmp_path: Path, safety: list[_HungRead], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = _wrapper(tmp_path, read_deadline_s=JOIN_S)  # a healthy disk, however busy
+    _run(first, 30.0)
+    first.close()
+    path = model_path(tmp_path, "llm")
+    stored = path.read_bytes()
+    hung = _HungRead(store.read_stored)
+    safety.append(hung)
+    monkeypatch.setattr(store, "read_stored", hung)
+    wrapper = _wrapper(tmp_path)
+    _run(wrapper, 60.0)  # the restore's read hangs; five save periods pass
+    assert hung.hung and hung.calls == 1  # one read, never another while it hangs
+    assert not wrapper.restored
+    hangs = [m for m in wrapper.messages if "cannot read state file" in m]
+    assert len(hangs) == 1, wrapper.messages
+    assert "the read has not finished within 0.2 s: a hung disk or mount" in hangs[0]
+    assert "learning anew without saving, and read again every 10 s" in hangs[0]
+    assert path.read_bytes() == stored  # nothing saved over it, nothing set aside
+    assert not list(tmp_path.glob("online-model-llm.json.*"))
+    hung.release.set()
+    assert _eventually(wrapper.save)  # its answer taken once it came; restored; saved
+    assert wrapper.restored
+    assert any("can be read again" in m for m in wrapper.messages)
+    assert any("learned model restored" in m for m in wrapper.messages)
+    assert path.read_bytes() != stored
+    wrapper.close()
+
+
+def test_a_state_file_read_that_fails_late_is_handled_as_at_a_start(
+    tmp_path: Path, safety: list[_HungRead], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mount answers that the file cannot be read after all (permissions): the
+    unreadable file's path, unchanged."""
+    path = model_path(tmp_path, "llm")
+    path.write_text("{}")
+
+    def denied(target: Path) -> dict[str, Any]:
+        raise store.UnreadableStateError(
+            str(InputFileError(target, None, "cannot read state file: Permission denied"))
+        )
+
+    hung = _HungRead(denied)
+    safety.append(hung)
+    monkeypatch.setattr(store, "read_stored", hung)
+    wrapper = _wrapper(tmp_path)
+    _run(wrapper, 30.0)
+    assert hung.hung and hung.calls == 1 and not wrapper.restored
+    hung.release.set()
+    # The late answer (denied) is taken by a save, and each save period reads it again.
+    assert _eventually(lambda: wrapper.save() is False and hung.calls >= 2)
+    assert path.read_text() == "{}"  # still unreadable: nothing saved over it
+    assert len([m for m in wrapper.messages if "cannot read state file" in m]) == 1
+    assert not wrapper.restored
