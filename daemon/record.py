@@ -6,6 +6,10 @@ tick lines to keep them short). Each following line is a :class:`~daemon.domain.
 the observation, the controller's own decision, the requested clock after the safety
 wrappers, the applied lock, the solve time, the fail-safe flag and any errors.
 Non-finite floats are written as ``null``.
+
+A node's recording is written on a writer thread through a bounded queue
+(:class:`Recorder`), so a hung or slow disk never holds the loop: ticks it has not taken
+are left out, counted, and marked on the next tick written (``dropped_ticks``).
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ import itertools
 import json
 import logging
 import math
+import threading
 import warnings
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from gpugov import __version__
+from gpugov.daemon.deadline import WRITE_DEADLINE_S, LatestWriter, WriteTimeout
 from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.errors import GpugovError
 from gpugov.daemon.files import InputFileError, json_safe, loads_json, read_input_text
@@ -32,6 +39,12 @@ from gpugov.plant.types import ServingObservation
 log = logging.getLogger(__name__)
 
 RECORD_FORMAT = "gpugov-record-v1"
+
+RECORD_QUEUE_TICKS = 1000
+"""The most ticks a node's recording holds for its writer thread (:class:`Recorder`):
+1000 s of a disk that takes none at the default period of 1 s, 50 s at the shortest
+(0.05 s); a tick is a line of about 1 kB per domain, so a few MB at most. A healthy disk
+takes each tick's lines in well under a millisecond."""
 
 
 class RecordingError(GpugovError):
@@ -401,8 +414,23 @@ def record_to_dict(record: TickRecord) -> dict[str, Any]:
     return cleaned
 
 
+def _json_line(data: Mapping[str, Any]) -> str:
+    """One line of a recording (non-finite numbers as ``null``)."""
+    return json.dumps(json_safe(dict(data)), allow_nan=False) + "\n"
+
+
 class Recorder:
     """Writes the header, then one line per tick record; use as ``on_tick``.
+
+    A node's recording (a header whose ``mode`` is not ``"simulated"``) is written on a
+    writer thread (:class:`~daemon.deadline.LatestWriter`), so a hung or slow disk never
+    holds the loop: each tick's lines join a queue of at most ``queue_ticks`` ticks (the
+    one being written included), written in order, each tick's then a flush. While the
+    queue is full, each tick is left out and counted (:attr:`dropped_ticks`, one warning
+    at the first), until the disk has taken every tick queued; the lines of the first tick
+    written after that gap carry ``dropped_ticks``, the count left out just before it (one
+    line says so). A simulated run's recording is written on the caller's thread: its
+    loop runs ahead of wall time, and its recording is whole, the same on every run.
 
     A write that fails once the run is under way (a full disk, a file-size limit, an I/O
     error) ends the recording, not the run: one warning names the file and the error,
@@ -413,12 +441,24 @@ class Recorder:
         path: the JSONL file (overwritten; its directory must exist: a mistyped path is
             refused, not created).
         header: extra header fields (period, domains with their clocks, run metadata).
+        queue_ticks: the most ticks a node's recording holds for its writer.
+        close_wait_s: how long :meth:`close` waits for the ticks queued (a hung disk holds
+            the exit no longer).
 
     Raises:
         RecordingError: the file cannot be opened for writing.
     """
 
-    def __init__(self, path: str | Path, header: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        header: Mapping[str, Any],
+        *,
+        queue_ticks: int = RECORD_QUEUE_TICKS,
+        close_wait_s: float = WRITE_DEADLINE_S,
+    ) -> None:
+        if queue_ticks < 1:
+            raise ValueError(f"queue_ticks must be at least 1, got {queue_ticks!r}")
         self.path = Path(path)
         try:
             self._file: IO[str] | None = self.path.open("w")
@@ -429,22 +469,109 @@ class Recorder:
         self.lines = 0
         self.failed: str | None = None
         """Why the recording stopped early (None while it is written)."""
-        self._write({"format": RECORD_FORMAT, "gpugov_version": __version__, **header})
+        self.dropped_ticks = 0
+        """Ticks left out: the disk had not taken the ticks queued before them."""
+        self._queue_ticks = queue_ticks
+        self._queue: deque[list[str]] = deque()
+        """Each queued tick's lines, oldest first; the writer removes one once written."""
+        self._lock = threading.Lock()
+        self._gap: tuple[int, int, int] | None = None
+        """The ticks left out since the last one queued: count, first and last step."""
+        self._closed = False
+        self._writer = (
+            None
+            if header.get("mode") == "simulated"
+            else LatestWriter(self._drain, close_wait_s, name="record")
+        )
+        # Into the file's buffer: the first tick's flush writes it (the writer's, on a node).
+        self._file.write(
+            _json_line({"format": RECORD_FORMAT, "gpugov_version": __version__, **header})
+        )
 
-    def _write(self, data: Mapping[str, Any]) -> None:
-        assert self._file is not None, "recorder is closed"
-        self._file.write(json.dumps(json_safe(dict(data)), allow_nan=False) + "\n")
+    @property
+    def queued_ticks(self) -> int:
+        """Ticks handed to the writer thread and not yet written (a node's recording)."""
+        with self._lock:
+            return len(self._queue)
 
     def __call__(self, records: Sequence[TickRecord]) -> None:
-        if self._file is None:
-            return  # stopped after a failed write (or closed)
+        if self._writer is None:
+            if self._file is not None:  # not stopped after a failed write, nor closed
+                self._write_tick([_json_line(record_to_dict(record)) for record in records])
+            return
+        step = records[0].step if records else 0
+        with self._lock:
+            if self._closed or self.failed is not None:
+                return
+            if len(self._queue) >= self._queue_ticks or (self._gap and self._queue):
+                self._drop(step)
+                return
+            rows = [record_to_dict(record) for record in records]
+            if self._gap is not None:
+                count, first, last = self._gap
+                self._gap = None
+                for row in rows:
+                    row["dropped_ticks"] = count
+                log.warning(
+                    "recording %s: the disk has taken the ticks queued; %d tick(s) (steps %d "
+                    "to %d) were left out of the recording, the next tick's lines say so "
+                    "(dropped_ticks)",
+                    self.path,
+                    count,
+                    first,
+                    last,
+                )
+            self._queue.append([_json_line(row) for row in rows])
+        self._writer.post(None)
+
+    def _drop(self, step: int) -> None:
+        """Leave tick ``step`` out (the lock held): count it; one warning at a gap's first."""
+        self.dropped_ticks += 1
+        if self._gap is not None:
+            count, first, _ = self._gap
+            self._gap = (count + 1, first, step)
+            return
+        self._gap = (1, step, step)
+        log.warning(
+            "recording %s: the disk has not taken the %d tick(s) queued (a hung or slow "
+            "disk); from step %d, ticks are left out of the recording until it has, the run "
+            "goes on",
+            self.path,
+            len(self._queue),
+            step,
+        )
+
+    def _drain(self, _signal: object) -> None:
+        """The writer thread's job: write the queued ticks, oldest first, until none is
+        left; once :meth:`close` was called, then close the file."""
+        while True:
+            with self._lock:
+                lines = self._queue[0] if self._queue else None
+                closing = self._closed
+            if lines is None:
+                if closing:
+                    self._discard()
+                return
+            if not self._write_tick(lines):
+                return
+            with self._lock:
+                self._queue.popleft()
+
+    def _write_tick(self, lines: Sequence[str]) -> bool:
+        """Write one tick's lines and flush them; False (the recording stopped) when a
+        write fails."""
+        handle = self._file
+        if handle is None:
+            return False
         try:
-            for record in records:
-                self._write(record_to_dict(record))
+            for line in lines:
+                handle.write(line)
                 self.lines += 1
-            self._file.flush()
+            handle.flush()
         except OSError as error:
             self._stop(error)
+            return False
+        return True
 
     def _stop(self, error: OSError) -> None:
         """End the recording after a failed write: one warning; the run goes on."""
@@ -456,6 +583,8 @@ class Recorder:
             self.failed,
             self.lines,
         )
+        with self._lock:
+            self._queue.clear()
         self._discard()
 
     def _discard(self) -> None:
@@ -468,15 +597,46 @@ class Recorder:
 
     def close(self) -> None:
         """Close the file (idempotent); a failing final write is one warning, never an
-        error (the clocks are reset by then)."""
-        if self._file is None:
+        error (the clocks are reset by then). A node's recording waits for the ticks
+        queued at most ``close_wait_s``: past that (a hung disk) one warning says how many
+        are not in it, and the writer closes the file if the disk answers."""
+        if self._writer is None:
+            if self._file is None:
+                return
+            try:
+                self._file.flush()
+            except OSError as error:
+                self._stop(error)
+                return
+            self._discard()
             return
+        with self._lock:
+            if self._closed or self.failed is not None:
+                self._closed = True
+                return
+            self._closed = True
+            gap = self._gap
+        self._writer.post(None)
+        left_out = "" if gap is None else f", nor the {gap[0]} left out before them"
         try:
-            self._file.flush()
-        except OSError as error:
-            self._stop(error)
+            self._writer.wait()
+        except WriteTimeout:
+            log.warning(
+                "recording %s: the disk has not taken the last %d tick(s) within %g s at "
+                "exit (a hung or slow disk); they are not in the recording%s",
+                self.path,
+                self.queued_ticks,
+                self._writer.deadline_s,
+                left_out,
+            )
             return
-        self._discard()
+        if gap is not None:
+            log.warning(
+                "recording %s: its last %d tick(s) (steps %d to %d) were left out (the disk "
+                "had not taken the ticks queued before them)",
+                self.path,
+                *gap,
+            )
 
 
 def read_recording(
