@@ -36,7 +36,10 @@ keeps (a power limit's entry before the limit is set, a lock's after the lock) h
 working disk. A write still running past that (a hung disk or mount) leaves the file out
 of date exactly as a failed write does; it goes on in the background, the newest record
 is written once the disk answers (never an older one after it), and while it hangs
-later writes do not wait at all. At the exit's resets the writes are only handed over
+later writes do not wait at all. Each tick's retry counts it as a failed write while it
+runs and takes the file as up to date once it has gone through, without writing it
+again (on a disk slower than the deadline, a write again would run past it too). At the
+exit's resets the writes are only handed over
 (:meth:`LockState.defer_writes`), so no GPU's reset waits on the disk, and
 :meth:`LockState.flush` then waits for the last one, within the same bound.
 """
@@ -282,9 +285,24 @@ class LockState:
     def retry(self) -> bool:
         """Write the file again if its last write failed or hung (the loop calls this once
         per tick, so the record catches up once the disk has room, the directory is
-        writable again or a hung disk answers); whether the file is up to date now."""
+        writable again or a hung disk answers); whether the file is up to date now.
+
+        The newest record was handed to the writer when it changed, so a write that ran
+        past its deadline is waited for (not at all while it hangs), never posted again:
+        one still running counts as a failed write, one that has gone through since makes
+        the file up to date, and only one that failed is written again. (Posting it again
+        each tick would keep a disk slower than the deadline, not hung, from ever
+        counting as up to date: each new write would run past the deadline again.)"""
         if self.stale:
-            self._write()
+            try:
+                self._writer.wait()
+            except OSError as error:
+                if self._writer.busy:
+                    self._write_failed(error)  # still running (WriteTimeout): counted
+                else:
+                    self._write()  # it failed: written again
+            else:
+                self._write_succeeded()
         return not self.stale
 
     def defer_writes(self) -> None:

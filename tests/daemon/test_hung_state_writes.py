@@ -115,7 +115,7 @@ def test_a_hung_write_costs_one_deadline_and_the_newest_payload_lands_after_it(
     hung.release.set()
     assert _eventually(lambda: not writer.busy)  # the newest is written once the disk answers
     assert hung.written == ["a", "d"]  # never b or c, never an older one after d
-    writer.write("e")  # a working disk: written before the call returns
+    writer.write("e", wait_s=JOIN_S)  # a working disk: written before the call returns
     assert hung.written[-1] == "e"
 
 
@@ -127,12 +127,13 @@ def test_a_write_error_is_raised_to_the_caller_and_a_copy_is_an_idle_writer() ->
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         written.append(payload)
 
-    writer = LatestWriter(full, DEADLINE_S, name="test")
+    # A working disk: waited for as long as a busy machine takes (never a WriteTimeout).
+    writer = LatestWriter(full, JOIN_S, name="test")
     with pytest.raises(OSError, match="No space left"):
         writer.write("full")
     writer.write("fits")
     copied = copy.deepcopy(writer)
-    assert not copied.busy and copied.deadline_s == DEADLINE_S
+    assert not copied.busy and copied.deadline_s == JOIN_S
     copied.write("copied")
     assert written == ["fits", "copied"]
     with pytest.raises(ValueError, match="deadline_s must be positive"):
@@ -171,6 +172,30 @@ def test_a_hung_lock_state_write_leaves_the_file_stale_and_the_newest_record_lan
     assert len(lines) == 2, lines  # the first failure and the recovery, as a failed write
     assert "cannot write it (the write has not finished within 0.05 s: a hung disk" in lines[0]
     assert re.search(r"written again after \d+ failed write\(s\)", lines[1])
+
+
+def test_a_record_that_lands_late_is_up_to_date_at_the_next_retry(
+    tmp_path: Path,
+    hung: _HungDisk,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A disk slower than the deadline, not hung: the write runs past it and then goes
+    # through. The next retry takes the file as up to date without writing it again (a
+    # write again would run past the deadline as well, on such a disk, every tick).
+    hung.real = lockstate.write_json_atomic
+    monkeypatch.setattr(lockstate, "write_json_atomic", hung)
+    state = LockState(tmp_path, pid=1, write_deadline_s=DEADLINE_S)
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.lockstate"):
+        state.record(KEY, "0", 900, 900)
+        assert hung.blocked.wait(JOIN_S) and state.stale and state.write_failures == 1
+        hung.release.set()
+        assert _eventually(lambda: not state._writer.busy)  # the write went through, late
+        assert state.retry() is True
+    assert not state.stale and state.write_failures == 1
+    assert [payload["gpus"][KEY]["max_mhz"] for payload in hung.written] == [900]  # once
+    assert LockState(tmp_path).read()[KEY]["max_mhz"] == 900
+    assert re.search(r"written again after 1 failed write\(s\)", caplog.records[-1].getMessage())
 
 
 def test_the_power_limit_record_is_on_disk_before_the_call_returns(tmp_path: Path) -> None:
@@ -350,10 +375,24 @@ def test_the_state_file_is_not_read_while_a_save_hangs(
     assert "not read now" in line
     assert not list(tmp_path.glob("online-model-llm.json.*"))  # nothing renamed
     hung.release.set()
-    assert _eventually(wrapper.save)  # read again once the save ended, then saved
     path = model_path(tmp_path, "llm")
+
+    def saved() -> bool:
+        """A save (read again once the hung one ended, then saved): the new model's on
+        disk (the save counted as done, or one that ran past the deadline landed)."""
+        if wrapper.save():
+            return True
+        try:
+            return bool(read_stored(path)["key"]["model_name"] == "mistral")
+        except (OSError, store.StoredModelError):
+            return False
+
+    assert _eventually(saved)
     assert read_stored(path)["key"]["model_name"] == "mistral"
     (kept,) = tmp_path.glob("online-model-llm.json.other-*")
     assert read_stored(kept)["key"]["model_name"] == "llama"
-    assert all(payload["key"]["model_name"] == "llama" for payload in hung.written[:-1])
+    # The old model's saves first, then the new one's: never an old one over the new.
+    names = [payload["key"]["model_name"] for payload in hung.written]
+    first_new = names.index("mistral")
+    assert set(names[:first_new]) == {"llama"} and set(names[first_new:]) == {"mistral"}
     wrapper.close()
