@@ -53,7 +53,7 @@ T = TypeVar("T")
 WRITE_DEADLINE_S = 0.5
 """How long a state file's write may hold the loop (:class:`LatestWriter`). A healthy
 disk writes and fsyncs such a file (a few kB) in milliseconds, so only a hung one reaches
-it; it is the engine scrape's longest timeout (0.5 s), far below the unit's
+it; it is the engine scrape's default timeout (0.5 s), far below the unit's
 ``WatchdogSec=`` and ``TimeoutStopSec=`` (30 s), and it is paid once per hang: while a
 write that ran past it is still running, later writes do not wait."""
 
@@ -66,8 +66,8 @@ stuck NFS or hostPath mount, where a ``stat`` blocks too) reaches it, and it is 
 per hang."""
 READER_IDLE_S = 5.0
 """How long a :class:`LatestReader`'s worker thread waits for the next read before it
-ends: a file read every tick keeps one thread (starting one per read costs about 0.1 ms,
-a sixth of a tick), and a reader idle that long keeps none."""
+ends: a file read every tick keeps one thread (a read then costs about 20 us; starting a
+thread per read, about 0.1 ms), and a reader idle that long keeps none."""
 
 
 class DecisionTimeout(Exception):
