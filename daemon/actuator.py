@@ -680,11 +680,12 @@ class ClockActuator:
         log.info(
             "domain %s: GPU %s runs at %.0f MHz while locked at %d MHz, with no clock "
             "event reason that explains it: taken as the driver's own clock for that lock "
-            "(its clock steps, a bin lower), not written again (logged once per GPU)",
+            "(its clock steps, a bin %s), not written again (logged once per GPU)",
             self.domain,
             label,
             clock,
             held,
+            "lower" if clock < held else "higher",
         )
 
 

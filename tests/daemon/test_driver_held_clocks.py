@@ -112,10 +112,11 @@ def test_a_steady_request_the_driver_holds_off_its_lock_is_written_once(
         assembled.close()
 
 
-def test_a_gpu_the_driver_holds_lower_is_logged_once(
-    vllm_server: MetricsServer, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(("offset_mhz", "side"), [(-60, "lower"), (45, "higher")])
+def test_a_gpu_the_driver_holds_off_its_lock_is_logged_once(
+    vllm_server: MetricsServer, caplog: pytest.LogCaptureFixture, offset_mhz: int, side: str
 ) -> None:
-    fake = DriverHoldsOff(offset_mhz=-60)
+    fake = DriverHoldsOff(offset_mhz=offset_mhz)
     assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
     try:
         with caplog.at_level(logging.INFO, logger="gpugov.daemon.actuator"):
@@ -124,9 +125,9 @@ def test_a_gpu_the_driver_holds_lower_is_logged_once(
         assembled.close()
     lines = [r.getMessage() for r in caplog.records if "while locked at" in r.getMessage()]
     assert lines == [
-        "domain llm: GPU 0 runs at 1350 MHz while locked at 1410 MHz, with no clock event "
-        "reason that explains it: taken as the driver's own clock for that lock (its clock "
-        "steps, a bin lower), not written again (logged once per GPU)"
+        f"domain llm: GPU 0 runs at {1410 + offset_mhz} MHz while locked at 1410 MHz, with "
+        "no clock event reason that explains it: taken as the driver's own clock for that "
+        f"lock (its clock steps, a bin {side}), not written again (logged once per GPU)"
     ]
     assert "changed by someone else" not in caplog.text
 
