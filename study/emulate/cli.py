@@ -127,7 +127,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
             f"{_span(node.prefill_gpus)}, decode {_span(node.decode_gpus)}{groups}, "
             f"{node.layout.interconnect}), model {args.served_model_name!r}, serving on "
             f"{server.url} (OpenAI API under /v1, /prefill/metrics, /decode/metrics, "
-            f"each replica's page {_replica_pages(node)}, GPUs under /gpu)",
+            f"each replica's page {node.replica_pages()}, GPUs under /gpu)",
             flush=True,
         )
     else:
@@ -135,7 +135,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
             f"gpugov emulate: {node.gpu_count} emulated GPU(s) {node.gpu_name!r} of profile "
             f"{plant.profile.name} ({_replicas(node)}), model {args.served_model_name!r}, "
             f"serving on {server.url} (OpenAI API under /v1, /metrics, each replica's page "
-            f"{_replica_pages(node)}, GPUs under /gpu)",
+            f"{node.replica_pages()}, GPUs under /gpu)",
             flush=True,
         )
     try:
@@ -162,16 +162,6 @@ def _replicas(node: EmulatedNode) -> str:
     if len(spans) > 4:
         spans = [*spans[:2], "...", spans[-1]]
     return f"{count} engine {noun} of {tp} tensor-parallel GPUs each: GPUs {', '.join(spans)}"
-
-
-def _replica_pages(node: EmulatedNode) -> str:
-    """``/replica/0/metrics`` or ``/replica/0/metrics to /replica/1/metrics``."""
-    from gpugov.study.emulate.node import REPLICA_METRICS_PATH
-
-    first = REPLICA_METRICS_PATH.format(0)
-    if node.replicas == 1:
-        return first
-    return f"{first} to {REPLICA_METRICS_PATH.format(node.replicas - 1)}"
 
 
 def _span(gpus: tuple[int, ...]) -> str:

@@ -320,6 +320,14 @@ class EmulatedNode:
         ``decode``)."""
         return "colocated"
 
+    def replica_pages(self) -> str:
+        """Where the replicas' own pages are, for a line: ``/replica/0/metrics``, or
+        ``/replica/0/metrics to /replica/R/metrics``."""
+        first = REPLICA_METRICS_PATH.format(0)
+        if self.replicas == 1:
+            return first
+        return f"{first} to {REPLICA_METRICS_PATH.format(self.replicas - 1)}"
+
     def replica_layout(self) -> list[dict[str, object]]:
         """Each engine replica's GPUs, pool role and own metrics page, in replica order
         (``GET /gpu``'s ``replicas``): what a domain per replica lists and scrapes."""

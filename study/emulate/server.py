@@ -55,13 +55,13 @@ from gpugov.daemon.cli_types import is_loopback
 from gpugov.study.emulate.api import ApiError, Responder, models_body, parse_request, token_text
 from gpugov.study.emulate.disaggregated import POOL_PATHS, DisaggregatedNode, render_pool_metrics
 from gpugov.study.emulate.metrics import render_metrics
-from gpugov.study.emulate.node import REPLICA_METRICS_PATH, EmulatedNode
+from gpugov.study.emulate.node import EmulatedNode
 
 log = logging.getLogger(__name__)
 
 _GPU_PATH = re.compile(r"^/gpu/(\d+)(/sample|/lock|/reset)?$")
 _REPLICA_PATH = re.compile(r"^/replica/(\d{1,9})/metrics$")
-"""An engine replica's own page (:data:`REPLICA_METRICS_PATH`)."""
+"""An engine replica's own page (:data:`gpugov.study.emulate.node.REPLICA_METRICS_PATH`)."""
 STREAM_TIMEOUT_S = 3600.0
 MAX_BODY_BYTES = 32 << 20
 """Largest request body read (32 MiB: a prompt of a few million token ids)."""
@@ -317,12 +317,9 @@ class _Handler(BaseHTTPRequestHandler):
         series in a disaggregated layout), or a 404 naming the replicas there are."""
         node = self.server.node
         if replica >= node.replicas:
-            pages = REPLICA_METRICS_PATH.format(0)
-            if node.replicas > 1:
-                pages = f"{pages} to {REPLICA_METRICS_PATH.format(node.replicas - 1)}"
             message = (
                 f"Not Found: this emulated node has {node.replicas} engine replica(s), "
-                f"their pages {pages}"
+                f"their pages {node.replica_pages()}"
             )
             self._send_json(404, ApiError(message, status=404, kind="NotFoundError").body())
             return
