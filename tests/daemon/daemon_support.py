@@ -6,14 +6,46 @@ Imported by name (``from daemon_support import ...``; ``conftest.py`` puts this 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpugov.daemon.config import parse_config
 from gpugov.daemon.domain import Domain, TickRecord
 from gpugov.daemon.loop import RunStats, TimedLoop, VirtualClock, run
+from gpugov.daemon.service import Assembled, domains_from_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+JOIN_S = 30.0
+"""The longest any wait in the hung-disk tests may take before it counts as a hang."""
+
+
+def eventually(check: Callable[[], bool]) -> bool:
+    """Whether ``check()`` comes true within :data:`JOIN_S` (tried again every 10 ms)."""
+    limit = time.monotonic() + JOIN_S
+    while not check():
+        if time.monotonic() > limit:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@contextlib.contextmanager
+def freed_at_end(free: Callable[[], None]) -> Iterator[None]:
+    """Run the block, then ``free()`` (a hung disk answers); ``free()`` also runs after
+    :data:`JOIN_S` if the block is still running, so a test waiting on a hang that a
+    regression never ends fails instead of hanging."""
+    safety = threading.Timer(JOIN_S, free)
+    safety.daemon = True
+    safety.start()
+    try:
+        yield
+    finally:
+        free()
+        safety.cancel()
 
 
 class MetricsServer:
@@ -111,3 +143,26 @@ def run_ticks(
         **options,
     )
     return records, stats
+
+
+def fixed_clock_node(tmp_path: Path, metrics_server: MetricsServer, fake: Any) -> Assembled:
+    """One domain on GPU 0 of ``fake`` at a fixed 1,410 MHz, its state in ``tmp_path``, a
+    vLLM page with requests running (so the clock is locked)."""
+    metrics_server.page = (
+        'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 3\n'
+    )
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0, "state_dir": str(tmp_path)},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "engine": {"kind": "vllm", "url": metrics_server.url, "timeout_s": 0.9},
+                    "controller": {"kind": "fixed", "clock_mhz": 1410},
+                }
+            ],
+        }
+    )
+    return domains_from_config(config, nvml=fake)

@@ -17,7 +17,6 @@ import copy
 import logging
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from daemon_support import MetricsServer, run_ticks
+from daemon_support import JOIN_S, MetricsServer, eventually, freed_at_end, run_ticks
 from fake_pynvml import FakeNvml
 from synthetic import make_plant
 
@@ -42,8 +41,6 @@ from gpugov.plant import chunked_prefill_scheduler, simulate
 from gpugov.plant.input_files import InputFileError
 from gpugov.plant.types import Request, ServingObservation
 
-JOIN_S = 30.0
-"""The longest any wait in these tests may take before it counts as a hang."""
 DEADLINE_S = 0.2
 """The reads' deadline: short, yet far above a healthy read on a busy machine."""
 GPUS = ("GPU-aaaa", "GPU-bbbb")
@@ -87,22 +84,8 @@ def safety() -> Iterator[list[_HungRead]]:
         for read in hung:
             read.release.set()
 
-    timer = threading.Timer(JOIN_S, free)
-    timer.daemon = True
-    timer.start()
-    yield hung
-    free()
-    timer.cancel()
-
-
-def _eventually(check: Callable[[], bool]) -> bool:
-    """Whether ``check()`` comes true within :data:`JOIN_S` (tried again every 10 ms)."""
-    limit = time.monotonic() + JOIN_S
-    while not check():
-        if time.monotonic() > limit:
-            return False
-        time.sleep(0.01)
-    return True
+    with freed_at_end(free):
+        yield hung
 
 
 # ------------------------------------------------------------------ the reader
@@ -124,7 +107,7 @@ def test_a_hung_read_costs_one_deadline_starts_no_other_and_its_answer_is_the_ne
             reader.read()
     assert hung.hung and hung.calls == 2
     hung.release.set()
-    assert _eventually(lambda: not reader.busy)
+    assert eventually(lambda: not reader.busy)
     assert not reader.hanging
     assert reader.read() == "late"  # the late read's answer, without another read
     assert hung.calls == 2
@@ -146,7 +129,7 @@ def test_a_late_read_s_error_is_the_next_caller_s_and_a_copy_is_an_idle_reader(
     copied = copy.deepcopy(reader)  # while the original hangs
     assert not copied.busy and not copied.hanging and copied.deadline_s == DEADLINE_S
     hung.release.set()
-    assert _eventually(lambda: not reader.busy)
+    assert eventually(lambda: not reader.busy)
     with pytest.raises(FileNotFoundError, match="gone"):
         reader.read()  # the late read's error, raised to the caller that takes it
     with pytest.raises(FileNotFoundError, match="gone"):
@@ -201,7 +184,7 @@ def test_a_hung_budget_read_keeps_the_budget_in_force_and_its_answer_is_taken(
         "until it answers"
     ]
     hung.release.set()
-    assert _eventually(lambda: not budget.hanging)
+    assert eventually(lambda: not budget.hanging)
     assert budget.read() == 300.0  # the late read's answer: the file as it answered
     assert hung.calls == 2
     assert budget.read() == 300.0 and hung.calls == 3  # read afresh from then on
@@ -223,7 +206,7 @@ def test_a_late_budget_read_that_fails_is_an_unreadable_file(
     assert budget.read() == 400.0
     path.unlink()  # the mount answers: the file is gone
     hung.release.set()
-    assert _eventually(lambda: not budget.hanging)
+    assert eventually(lambda: not budget.hanging)
     assert budget.read() == 400.0  # kept, as for any file that cannot be read
     assert budget.errors == 2 and budget.problem is not None
     assert budget.problem.startswith("cannot be read: No such file")
@@ -248,7 +231,7 @@ def test_a_budget_mount_that_hangs_again_and_again_logs_one_hang_a_minute(
         assert budget.read() == 400.0 and budget.hanging
         now[0] += 1.0
         hung.release.set()
-        assert _eventually(lambda: not budget.hanging)
+        assert eventually(lambda: not budget.hanging)
         monkeypatch.undo()
         assert budget.read() == 400.0 and not budget.hanging
         now[0] += 1.0
@@ -320,7 +303,7 @@ def test_the_loop_goes_on_over_a_hung_budget_file_and_takes_its_answer(
             hung_calls.append(hung.calls)
             assert hung.hung and budget.hanging
             hung.release.set()
-            assert _eventually(lambda: not budget.hanging)
+            assert eventually(lambda: not budget.hanging)
 
     caplog.set_level(logging.WARNING, logger="gpugov.daemon.power_budget")
     try:
@@ -398,7 +381,7 @@ def test_a_hung_state_file_read_is_an_unreadable_file_and_it_is_restored_once_an
     assert path.read_bytes() == stored  # nothing saved over it, nothing set aside
     assert not list(tmp_path.glob("online-model-llm.json.*"))
     hung.release.set()
-    assert _eventually(wrapper.save)  # its answer taken once it came; restored; saved
+    assert eventually(wrapper.save)  # its answer taken once it came; restored; saved
     assert wrapper.restored
     assert any("can be read again" in m for m in wrapper.messages)
     assert any("learned model restored" in m for m in wrapper.messages)
@@ -427,7 +410,7 @@ def test_a_state_file_read_that_fails_late_is_handled_as_at_a_start(
     assert hung.hung and hung.calls == 1 and not wrapper.restored
     hung.release.set()
     # The late answer (denied) is taken by a save, and each save period reads it again.
-    assert _eventually(lambda: wrapper.save() is False and hung.calls >= 2)
+    assert eventually(lambda: wrapper.save() is False and hung.calls >= 2)
     assert path.read_text() == "{}"  # still unreadable: nothing saved over it
     assert len([m for m in wrapper.messages if "cannot read state file" in m]) == 1
     assert not wrapper.restored

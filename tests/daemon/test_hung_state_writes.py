@@ -18,7 +18,6 @@ import logging
 import os
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from daemon_support import MetricsServer, run_ticks
+from daemon_support import JOIN_S, MetricsServer, eventually, freed_at_end, run_ticks
 from fake_pynvml import FakeNvml
 from synthetic import make_plant
 
@@ -44,8 +43,6 @@ from gpugov.daemon.service import domains_from_config
 from gpugov.plant import chunked_prefill_scheduler, simulate
 from gpugov.plant.types import Request, ServingObservation
 
-JOIN_S = 30.0
-"""The longest any wait in these tests may take before it counts as a hang."""
 DEADLINE_S = 0.05
 KEY = "GPU-fake-0000"
 GPUS = ("GPU-aaaa", "GPU-bbbb")
@@ -79,22 +76,8 @@ class _HungDisk:
 def hung() -> Iterator[_HungDisk]:
     """A hung disk, freed at the end of the test (or after :data:`JOIN_S`)."""
     disk = _HungDisk()
-    safety = threading.Timer(JOIN_S, disk.release.set)
-    safety.daemon = True
-    safety.start()
-    yield disk
-    disk.release.set()
-    safety.cancel()
-
-
-def _eventually(check: Callable[[], bool]) -> bool:
-    """Whether ``check()`` comes true within :data:`JOIN_S` (tried again every 10 ms)."""
-    limit = time.monotonic() + JOIN_S
-    while not check():
-        if time.monotonic() > limit:
-            return False
-        time.sleep(0.01)
-    return True
+    with freed_at_end(disk.release.set):
+        yield disk
 
 
 # ------------------------------------------------------------------ the writer
@@ -113,7 +96,7 @@ def test_a_hung_write_costs_one_deadline_and_the_newest_payload_lands_after_it(
         writer.write("d")
     assert hung.hung and hung.written == []
     hung.release.set()
-    assert _eventually(lambda: not writer.busy)  # the newest is written once the disk answers
+    assert eventually(lambda: not writer.busy)  # the newest is written once the disk answers
     assert hung.written == ["a", "d"]  # never b or c, never an older one after d
     writer.write("e", wait_s=JOIN_S)  # a working disk: written before the call returns
     assert hung.written[-1] == "e"
@@ -162,7 +145,7 @@ def test_a_hung_lock_state_write_leaves_the_file_stale_and_the_newest_record_lan
         assert hung.hung and state.stale and state.write_failures == 3
         assert not (tmp_path / "locks.json").exists()
         hung.release.set()
-        assert _eventually(state.retry)  # the disk answers: written again
+        assert eventually(state.retry)  # the disk answers: written again
     # (a retry that came before the hung write had ended counts too)
     assert not state.stale and state.write_failures >= 3
     assert LockState(tmp_path).read()[KEY]["max_mhz"] == 1000  # the newest record
@@ -190,7 +173,7 @@ def test_a_record_that_lands_late_is_up_to_date_at_the_next_retry(
         state.record(KEY, "0", 900, 900)
         assert hung.blocked.wait(JOIN_S) and state.stale and state.write_failures == 1
         hung.release.set()
-        assert _eventually(lambda: not state._writer.busy)  # the write went through, late
+        assert eventually(lambda: not state._writer.busy)  # the write went through, late
         assert state.retry() is True
     assert not state.stale and state.write_failures == 1
     assert [payload["gpus"][KEY]["max_mhz"] for payload in hung.written] == [900]  # once
@@ -223,7 +206,7 @@ def test_the_exit_resets_never_wait_on_a_hung_disk_and_the_flush_is_bounded(
     assert state.flush() is False  # bounded: the file counts as out of date
     assert hung.hung and state.stale and state.write_failures == before + 1
     hung.release.set()
-    assert _eventually(lambda: LockState(tmp_path).read() == {})  # the newest record lands
+    assert eventually(lambda: LockState(tmp_path).read() == {})  # the newest record lands
 
 
 def _fixed_clock_config(tmp_path: Path, metrics_server: MetricsServer) -> Any:
@@ -283,8 +266,8 @@ def test_the_loop_goes_on_over_a_hung_lock_state_disk_and_its_exit_does_not_hang
     ]
     assert fake.locked(0) is None  # reset at stop, the disk still hung
     hung.release.set()
-    assert _eventually(lambda: (tmp_path / "locks.json").exists())
-    assert _eventually(lambda: LockState(tmp_path).read() == {})  # the newest: no lock
+    assert eventually(lambda: (tmp_path / "locks.json").exists())
+    assert eventually(lambda: LockState(tmp_path).read() == {})  # the newest: no lock
 
 
 # ------------------------------------------------------------------ the learned model
@@ -345,7 +328,7 @@ def test_a_hung_model_save_never_stalls_the_run_and_the_newest_model_lands(
     assert not path.exists()
     assert len(posted) >= 3  # the first save, later ones, the final one: none waited
     hung.release.set()
-    assert _eventually(lambda: bool(hung.written) and hung.written[-1] is posted[-1])
+    assert eventually(lambda: bool(hung.written) and hung.written[-1] is posted[-1])
     # Written in the order posted, each once, the final save's model last; of the saves
     # posted while the first one hung, only the newest is written.
     order = [next(i for i, p in enumerate(posted) if p is w) for w in hung.written]
@@ -387,7 +370,7 @@ def test_the_state_file_is_not_read_while_a_save_hangs(
         except (OSError, store.StoredModelError):
             return False
 
-    assert _eventually(saved)
+    assert eventually(saved)
     assert read_stored(path)["key"]["model_name"] == "mistral"
     (kept,) = tmp_path.glob("online-model-llm.json.other-*")
     assert read_stored(kept)["key"]["model_name"] == "llama"

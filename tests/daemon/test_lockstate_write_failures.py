@@ -13,16 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import MetricsServer, run_ticks
+from daemon_support import MetricsServer, fixed_clock_node, run_ticks
 from fake_pynvml import FakeNvml
 
 from gpugov.daemon import lockstate
 from gpugov.daemon.actuator import ClockActuator
-from gpugov.daemon.config import parse_config
 from gpugov.daemon.exporter import Exporter
 from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.nvml import NvmlBackend
-from gpugov.daemon.service import Assembled, domains_from_config
 
 KEY = "GPU-fake-0000"
 
@@ -124,34 +122,11 @@ def test_failing_lock_state_writes_log_one_line_a_minute_and_one_on_recovery(
     assert LockState(tmp_path).read()[KEY]["max_mhz"] == 1030
 
 
-def _fixed_clock_node(tmp_path: Path, metrics_server: MetricsServer, fake: FakeNvml) -> Assembled:
-    """One domain on GPU 0 of ``fake`` at a fixed 1,410 MHz, its state in ``tmp_path``, a
-    vLLM page with requests running (so the clock is locked)."""
-    metrics_server.page = (
-        'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
-        'vllm:num_requests_waiting{engine="0",model_name="m"} 3\n'
-    )
-    config = parse_config(
-        {
-            "daemon": {"period_s": 1.0, "state_dir": str(tmp_path)},
-            "domains": [
-                {
-                    "name": "llm",
-                    "gpus": [0],
-                    "engine": {"kind": "vllm", "url": metrics_server.url, "timeout_s": 0.9},
-                    "controller": {"kind": "fixed", "clock_mhz": 1410},
-                }
-            ],
-        }
-    )
-    return domains_from_config(config, nvml=fake)
-
-
 def test_the_loop_exports_lock_state_write_failures_and_recovers(
     tmp_path: Path, disk: _Disk, metrics_server: MetricsServer
 ) -> None:
     fake = FakeNvml(1)
-    assembled = _fixed_clock_node(tmp_path, metrics_server, fake)
+    assembled = fixed_clock_node(tmp_path, metrics_server, fake)
     exporter = Exporter(serve=False)
     seen: list[tuple[float | None, float | None, Any]] = []
 
@@ -201,7 +176,7 @@ def test_a_record_holding_a_non_finite_number_is_written_not_raised(
         '"set_mw": Infinity}}}'
     )
     fake = FakeNvml(1)
-    assembled = _fixed_clock_node(tmp_path, metrics_server, fake)
+    assembled = fixed_clock_node(tmp_path, metrics_server, fake)
     locked: list[Any] = []
     try:
         run_ticks(assembled.domains, 2, on_step=lambda step, records: locked.append(

@@ -14,25 +14,19 @@ import errno
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import MetricsServer
+from daemon_support import JOIN_S, MetricsServer, eventually, fixed_clock_node, freed_at_end
 from fake_pynvml import FakeNvml
 
-from gpugov.daemon.config import parse_config
 from gpugov.daemon.controller_config import FixedControllerConfig
 from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.loop import RunStats, TimedLoop, VirtualClock, run
 from gpugov.daemon.record import Recorder, check_recording, read_recording
 from gpugov.daemon.replay import replay
-from gpugov.daemon.service import domains_from_config
-
-JOIN_S = 30.0
-"""The longest any wait in these tests may take before it counts as a hang."""
 
 
 class _Disk:
@@ -87,44 +81,8 @@ def disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Disk]:
         return _DiskFile(handle, disk) if self == disk.path and "w" in mode else handle
 
     monkeypatch.setattr(Path, "open", open_)
-    safety = threading.Timer(JOIN_S, disk.release.set)
-    safety.daemon = True
-    safety.start()
-    yield disk
-    disk.release.set()
-    safety.cancel()
-
-
-def _eventually(check: Callable[[], bool]) -> bool:
-    """Whether ``check()`` comes true within :data:`JOIN_S` (tried again every 10 ms)."""
-    limit = time.monotonic() + JOIN_S
-    while not check():
-        if time.monotonic() > limit:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-def _node(tmp_path: Path, metrics_server: MetricsServer) -> Any:
-    """One fixed-clock domain on a fake GPU: a node's run (its header's mode ``node``)."""
-    metrics_server.page = (
-        'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
-        'vllm:num_requests_waiting{engine="0",model_name="m"} 3\n'
-    )
-    config = parse_config(
-        {
-            "daemon": {"period_s": 1.0, "state_dir": str(tmp_path)},
-            "domains": [
-                {
-                    "name": "llm",
-                    "gpus": [0],
-                    "engine": {"kind": "vllm", "url": metrics_server.url, "timeout_s": 0.9},
-                    "controller": {"kind": "fixed", "clock_mhz": 1410},
-                }
-            ],
-        }
-    )
-    return domains_from_config(config, nvml=FakeNvml(1))
+    with freed_at_end(disk.release.set):
+        yield disk
 
 
 def _run(assembled: Any, ticks: int, on_tick: Callable[[Sequence[TickRecord]], None]) -> RunStats:
@@ -152,7 +110,7 @@ def test_a_hung_record_write_never_holds_the_loop_and_the_gap_is_marked(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="gpugov.daemon.record")
-    assembled = _node(tmp_path, metrics_server)
+    assembled = fixed_clock_node(tmp_path, metrics_server, FakeNvml(1))
     assert assembled.header["mode"] == "node"
     recorder = Recorder(disk.path, assembled.header, queue_ticks=3, close_wait_s=JOIN_S)
     disk.hung = True
@@ -166,7 +124,7 @@ def test_a_hung_record_write_never_holds_the_loop_and_the_gap_is_marked(
         seen.append((step, disk.hanging, recorder.queued_ticks, recorder.dropped_ticks))
         if step == 9:  # the disk answers: the queued ticks land, the next one is taken
             disk.release.set()
-            assert _eventually(lambda: recorder.queued_ticks == 0)
+            assert eventually(lambda: recorder.queued_ticks == 0)
 
     stats = _run(assembled, 12, on_tick)
     recorder.close()
@@ -204,7 +162,7 @@ def test_a_node_recording_is_byte_for_byte_the_one_written_on_the_loops_thread(
     """The writer thread changes where the lines are written, not what: a node's file is
     the one a simulated run's recorder (on the caller's thread, as every recording was)
     writes of the same ticks, its header's mode aside."""
-    assembled = _node(tmp_path, metrics_server)
+    assembled = fixed_clock_node(tmp_path, metrics_server, FakeNvml(1))
     header = assembled.header
     node = Recorder(tmp_path / "node.jsonl", header, close_wait_s=JOIN_S)
     here = Recorder(tmp_path / "here.jsonl", {**header, "mode": "simulated"})
@@ -234,17 +192,17 @@ def test_a_full_disk_stops_the_recording_not_the_run(
     """As documented, on either thread: one warning naming the file, the error and the
     tick lines written; the ticks after it are not recorded; the run goes on."""
     caplog.set_level(logging.WARNING, logger="gpugov.daemon.record")
-    assembled = _node(tmp_path, metrics_server)
+    assembled = fixed_clock_node(tmp_path, metrics_server, FakeNvml(1))
     recorder = Recorder(disk.path, {**assembled.header, "mode": mode}, close_wait_s=JOIN_S)
 
     def on_tick(records: Sequence[TickRecord]) -> None:
         if records[0].step == 3:  # three ticks on disk, then it is full
-            assert _eventually(lambda: recorder.queued_ticks == 0)
+            assert eventually(lambda: recorder.queued_ticks == 0)
             disk.full = True
         recorder(records)
 
     stats = _run(assembled, 8, on_tick)
-    assert _eventually(lambda: recorder.failed is not None)
+    assert eventually(lambda: recorder.failed is not None)
     recorder.close()
     assert stats.ticks == 8 and recorder.failed == "No space left on device"
     assert _messages(caplog, "recording stopped") == [
@@ -266,7 +224,7 @@ def test_the_exit_waits_for_a_hung_disk_at_most_its_bound(
     writes them and closes the file if the disk answers."""
     caplog.set_level(logging.WARNING, logger="gpugov.daemon.record")
     batches: list[Sequence[TickRecord]] = []
-    assembled = _node(tmp_path, metrics_server)
+    assembled = fixed_clock_node(tmp_path, metrics_server, FakeNvml(1))
     _run(assembled, 4, batches.append)
     recorder = Recorder(disk.path, assembled.header, close_wait_s=0.05)
     disk.hung = True
@@ -282,7 +240,7 @@ def test_the_exit_waits_for_a_hung_disk_at_most_its_bound(
     recorder(batches[0])  # closed: nothing more is queued
     assert recorder.queued_ticks == 4
     disk.release.set()
-    assert _eventually(lambda: recorder.queued_ticks == 0)
+    assert eventually(lambda: recorder.queued_ticks == 0)
     _, rows = read_recording(disk.path)
     assert [row["step"] for row in rows] == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="queue_ticks must be at least 1, got 0"):
@@ -299,7 +257,7 @@ def test_ticks_left_out_at_the_end_are_told_at_exit(
     close, once the queued ticks are written."""
     caplog.set_level(logging.WARNING, logger="gpugov.daemon.record")
     batches: list[Sequence[TickRecord]] = []
-    assembled = _node(tmp_path, metrics_server)
+    assembled = fixed_clock_node(tmp_path, metrics_server, FakeNvml(1))
     _run(assembled, 3, batches.append)
     recorder = Recorder(disk.path, assembled.header, queue_ticks=1, close_wait_s=JOIN_S)
     disk.hung = True
