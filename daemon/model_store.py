@@ -35,8 +35,9 @@ engine's ``model_name`` label), the SLOs last seen, the control period and the m
   none).
 - Writes are atomic: a temporary file in the same directory, fsynced, then renamed over.
 - Writes run on a worker thread (:class:`daemon.deadline.LatestWriter`): a save waits for
-  its write up to :data:`~daemon.deadline.WRITE_DEADLINE_S` (the final one at exit too),
-  so a hung disk never stalls the loop or the exit. A write still running past that is
+  its write up to :data:`~daemon.deadline.WRITE_DEADLINE_S` (the final one at exit, after
+  the clocks are reset, :data:`FINAL_SAVE_WAIT_S`), so a hung disk never stalls the loop
+  and holds the exit a few seconds at most. A write still running past that is
   a failed save (logged, tried again a save period later); it goes on in the background
   and the newest model posted is written once the disk answers, never an older one after
   it. While it runs, the state file is not read (a restore after the served model
@@ -90,6 +91,11 @@ log = logging.getLogger("gpugov.model")
 
 FORMAT = "gpugov-online-model"
 SAVE_EVERY_S = 60.0
+FINAL_SAVE_WAIT_S = 5.0
+"""How long the final save at exit waits for its write. The clocks are reset by then, so
+a slow disk (an NFS fsync of a second or two, past the loop's 0.5 s) still gets the last
+minute's learning written, well inside the unit's ``TimeoutStopSec=`` (30 s); a disk
+already found hung (a save still running past its deadline) is not waited for at all."""
 KEPT_LOOKED_AT = 16
 """Kept-aside models (``.other-*``, newest first) read when the served model or the GPUs
 change, for one learned on exactly this key before."""
@@ -642,7 +648,7 @@ class PersistentOnlineModel(ControllerWrapper):
             self._roll_back(problem, final=final)
             return False
         try:
-            self._writer.write(payload)
+            self._writer.write(payload, FINAL_SAVE_WAIT_S if final else None)
         except (OSError, ValueError) as error:  # WriteTimeout too: the write goes on
             self.save_failed = True
             again = (

@@ -336,6 +336,34 @@ def test_a_hung_model_save_never_stalls_the_run_and_the_newest_model_lands(
     assert read_stored(path)["saved_at_unix_s"] == posted[-1]["saved_at_unix_s"]
 
 
+def test_the_final_save_waits_past_the_loops_deadline_for_a_slow_disk(
+    tmp_path: Path, hung: _HungDisk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At exit the clocks are reset already: a disk slower than the loop's deadline, not
+    hung, still gets the final save (its wait is :data:`store.FINAL_SAVE_WAIT_S`)."""
+    monkeypatch.setattr(store, "FINAL_SAVE_WAIT_S", JOIN_S)
+    wrapper = _wrapper(tmp_path)
+    simulate(
+        _workload(30.0),
+        make_plant(),
+        chunked_prefill_scheduler,
+        _named(wrapper, lambda _: "llama"),
+        0,
+    )
+    assert not wrapper.save_failed
+    hung.real = store.write_json_atomic
+    monkeypatch.setattr(store, "write_json_atomic", hung)
+    slow = threading.Timer(0.2, hung.release.set)  # answers, past the 0.05 s deadline
+    slow.start()
+    try:
+        assert wrapper.save(final=True)
+    finally:
+        slow.cancel()
+    assert hung.written and not wrapper.save_failed
+    stored = read_stored(model_path(tmp_path, "llm"))
+    assert stored["saved_at_unix_s"] == hung.written[-1]["saved_at_unix_s"]
+
+
 def test_the_state_file_is_not_read_while_a_save_hangs(
     tmp_path: Path, hung: _HungDisk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
