@@ -351,8 +351,8 @@ class LatestWriter(_DiskWorker):
     next and an older one never lands after a newer one. While a write that ran past a
     caller's deadline is still running, :meth:`wait` does not wait at all (it raises
     :class:`WriteTimeout` at once): a hung disk costs the loop one deadline, not one per
-    write. The worker is a daemon thread that runs while there is something to write, so
-    neither the process's exit nor an idle writer keeps a thread.
+    write. The worker is a daemon thread that runs while there is something to write (and
+    ``idle_s`` more), so neither the process's exit nor an idle writer keeps a thread.
 
     Args:
         write: writes one payload (a state file); what it raises is raised to the caller
@@ -360,6 +360,9 @@ class LatestWriter(_DiskWorker):
         deadline_s: seconds a caller waits for its write, above 0 and finite.
         name: names the worker thread.
         clock: monotonic seconds (for the messages only).
+        idle_s: seconds the worker waits for the next payload before it ends (0: a
+            file written now and then starts a thread per write; one written every tick,
+            a recording, keeps its thread with :data:`READER_IDLE_S`).
     """
 
     _noun = "write"
@@ -373,14 +376,19 @@ class LatestWriter(_DiskWorker):
         *,
         name: str,
         clock: Callable[[], float] = time.monotonic,
+        idle_s: float = 0.0,
     ) -> None:
-        super().__init__(write, deadline_s, name=name, clock=clock)
+        super().__init__(write, deadline_s, name=name, clock=clock, idle_s=idle_s)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LatestWriter:
         """An idle writer with the same write and deadline: a thread and its locks cannot
         be copied."""
         return LatestWriter(
-            copy.deepcopy(self._job, memo), self.deadline_s, name=self.name, clock=self._clock
+            copy.deepcopy(self._job, memo),
+            self.deadline_s,
+            name=self.name,
+            clock=self._clock,
+            idle_s=self._idle_s,
         )
 
     def post(self, payload: Any) -> None:

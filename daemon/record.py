@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpugov import __version__
-from gpugov.daemon.deadline import WRITE_DEADLINE_S, LatestWriter, WriteTimeout
+from gpugov.daemon.deadline import READER_IDLE_S, WRITE_DEADLINE_S, LatestWriter, WriteTimeout
 from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.errors import GpugovError
 from gpugov.daemon.files import InputFileError, json_safe, loads_json, read_input_text
@@ -481,7 +481,8 @@ class Recorder:
         self._writer = (
             None
             if header.get("mode") == "simulated"
-            else LatestWriter(self._drain, close_wait_s, name="record")
+            # A tick's lines every period: one thread kept, not one started per tick.
+            else LatestWriter(self._drain, close_wait_s, name="record", idle_s=READER_IDLE_S)
         )
         # Into the file's buffer: the first tick's flush writes it (the writer's, on a node).
         self._file.write(

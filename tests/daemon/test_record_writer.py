@@ -272,3 +272,31 @@ def test_ticks_left_out_at_the_end_are_told_at_exit(
     ]
     _, rows = read_recording(disk.path)
     assert [row["step"] for row in rows] == [0]
+
+
+def test_a_node_recording_keeps_one_writer_thread_across_ticks(
+    tmp_path: Path, metrics_server: MetricsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tick's lines every period: the writer's thread waits for the next tick instead
+    of a thread being started per tick."""
+    threads: list[int] = []
+    drain = Recorder._drain
+
+    def counted(self: Recorder, payload: Any) -> None:
+        threads.append(threading.get_ident())
+        drain(self, payload)
+
+    monkeypatch.setattr(Recorder, "_drain", counted)
+    assembled = fixed_clock_node(tmp_path, metrics_server, FakeNvml(1))
+    recorder = Recorder(tmp_path / "run.jsonl", assembled.header, close_wait_s=JOIN_S)
+
+    def on_tick(records: Sequence[TickRecord]) -> None:
+        recorder(records)
+        assert eventually(lambda: recorder.queued_ticks == 0)  # written before the next
+
+    _run(assembled, 6, on_tick)
+    recorder.close()
+    assert len(threads) >= 6 and len(set(threads)) == 1
+    assert threading.get_ident() not in threads
+    _, rows = read_recording(tmp_path / "run.jsonl")
+    assert [row["step"] for row in rows] == [0, 1, 2, 3, 4, 5]
