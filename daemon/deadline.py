@@ -57,6 +57,12 @@ it; it is the engine scrape's default timeout (0.5 s), far below the unit's
 ``WatchdogSec=`` and ``TimeoutStopSec=`` (30 s), and it is paid once per hang: while a
 write that ran past it is still running, later writes do not wait."""
 
+EXIT_WRITE_WAIT_S = 5.0
+"""How long a state file's last write waits once the clocks are reset (the daemon's final
+model save at exit, ``gpugov reset-clocks``' lock record): nothing waits on it any more,
+so a disk slower than :data:`WRITE_DEADLINE_S` (an NFS fsync of a second or two) still
+gets it, well inside the unit's ``TimeoutStopSec=`` (30 s); a disk already found hung (a
+write still running past its deadline) is not waited for at all."""
 READ_DEADLINE_S = WRITE_DEADLINE_S
 """How long a file read while the loop runs may hold it (:class:`LatestReader`): the
 power budget file, read every tick, and ``mpc-online``'s state file, read again while it
@@ -507,6 +513,7 @@ class LatestReader(_DiskWorker, Generic[T]):
 
 
 __all__ = [
+    "EXIT_WRITE_WAIT_S",
     "READER_IDLE_S",
     "READ_DEADLINE_S",
     "WRITE_DEADLINE_S",

@@ -70,6 +70,7 @@ from gpugov.controllers.online.identification import MODEL_VERSION, POWER_BLOCKS
 from gpugov.controllers.online.model_names import SettledName
 from gpugov.controllers.online.regression import MAX_STORED_COUNT
 from gpugov.daemon.deadline import (
+    EXIT_WRITE_WAIT_S,
     READ_DEADLINE_S,
     WRITE_DEADLINE_S,
     LatestReader,
@@ -91,11 +92,9 @@ log = logging.getLogger("gpugov.model")
 
 FORMAT = "gpugov-online-model"
 SAVE_EVERY_S = 60.0
-FINAL_SAVE_WAIT_S = 5.0
-"""How long the final save at exit waits for its write. The clocks are reset by then, so
-a slow disk (an NFS fsync of a second or two, past the loop's 0.5 s) still gets the last
-minute's learning written, well inside the unit's ``TimeoutStopSec=`` (30 s); a disk
-already found hung (a save still running past its deadline) is not waited for at all."""
+FINAL_SAVE_WAIT_S = EXIT_WRITE_WAIT_S
+"""How long the final save at exit waits for its write (the clocks are reset by then): a
+slow disk still gets the last minute's learning."""
 KEPT_LOOKED_AT = 16
 """Kept-aside models (``.other-*``, newest first) read when the served model or the GPUs
 change, for one learned on exactly this key before."""

@@ -372,12 +372,15 @@ def _require_present(chosen: list[int | str], kind: str, emulator: str | None) -
 def _forget_lock(backend: Any, configured: Any = None) -> None:
     """Remove the GPU from the daemon's lock state file, if there is one: in the config's
     ``state_dir`` (``configured``), else systemd's ``$STATE_DIRECTORY``."""
+    from gpugov.daemon.deadline import EXIT_WRITE_WAIT_S
     from gpugov.daemon.files import resolve_state_dir
     from gpugov.daemon.lockstate import STATE_FILE, LockState, gpu_key
 
     directory = resolve_state_dir(configured)
     if directory is not None and (directory / STATE_FILE).exists():
-        LockState(directory).clear(gpu_key(backend))
+        # The clock is reset: the record's write may take a slow disk's time, and a
+        # write still running when this process ends would be lost.
+        LockState(directory, write_deadline_s=EXIT_WRITE_WAIT_S).clear(gpu_key(backend))
 
 
 def _restore_left_power_limit(backend: Any, configured: Any = None) -> str | None:
@@ -385,6 +388,7 @@ def _restore_left_power_limit(backend: Any, configured: Any = None) -> str | Non
     file (``configured``'s, else ``$STATE_DIRECTORY``), as a start's reconcile does; one
     line on stdout when one was found. None, or the error text when the restore failed.
     A run still holding it is left to restore it on its own way out."""
+    from gpugov.daemon.deadline import EXIT_WRITE_WAIT_S
     from gpugov.daemon.files import resolve_state_dir
     from gpugov.daemon.lockstate import STATE_FILE, LockState
     from gpugov.daemon.power_limit import PowerLimitActuator
@@ -394,7 +398,8 @@ def _restore_left_power_limit(backend: Any, configured: Any = None) -> str | Non
         return None
     if power_limit_backend(backend) is None:
         return None
-    actuator = PowerLimitActuator([backend], domain="reset-clocks", state=LockState(directory))
+    state = LockState(directory, write_deadline_s=EXIT_WRITE_WAIT_S)
+    actuator = PowerLimitActuator([backend], domain="reset-clocks", state=state)
     try:
         lines = actuator.reconcile()
     except ConfigError as running:
