@@ -8,6 +8,7 @@ import numpy as np
 
 from gpugov.daemon.backend import GpuSample
 from gpugov.plant import PerformanceProfile, ServingPlant
+from gpugov.plant.types import Request
 
 
 def make_profile(**manifest_extra: Any) -> PerformanceProfile:
@@ -93,3 +94,15 @@ def plan_payload(
         "success": True,
     }
     return {**plan, **changes}
+
+
+def poisson_requests(seconds: float = 60.0, seed: int = 3) -> list[Request]:
+    """Poisson arrivals at 2.5 requests/s for ``seconds``, prompts of 200-2,000 tokens and
+    replies of 20-200 (uniform): a small, busy run for the learned model's tests."""
+    rng = np.random.default_rng(seed)
+    times = np.cumsum(rng.exponential(0.4, size=int(seconds / 0.4 * 2)))
+    times = times[times < seconds]
+    return [
+        Request(i, float(t), int(rng.integers(200, 2000)), int(rng.integers(20, 200)))
+        for i, t in enumerate(times)
+    ]

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from synthetic import make_plant
+from synthetic import make_plant, poisson_requests
 
 from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.online.identification import (
@@ -20,7 +20,7 @@ from gpugov.controllers.online.identification import (
 )
 from gpugov.controllers.online.regression import RecursiveLeastSquares
 from gpugov.plant import chunked_prefill_scheduler, simulate
-from gpugov.plant.types import Request, ServingObservation
+from gpugov.plant.types import ServingObservation
 
 CLOCKS = tuple(float(c) for c in range(900, 1981, 90))
 
@@ -136,16 +136,6 @@ def test_prompt_estimate_skips_a_nonfinite_counter() -> None:
     assert estimate.skipped_nonfinite == 1 and estimate.value == value
 
 
-def _workload(seconds: float = 40.0, seed: int = 5) -> list[Request]:
-    rng = np.random.default_rng(seed)
-    times = np.cumsum(rng.exponential(0.4, size=int(seconds / 0.4 * 2)))
-    times = times[times < seconds]
-    return [
-        Request(i, float(t), int(rng.integers(200, 2000)), int(rng.integers(20, 200)))
-        for i, t in enumerate(times)
-    ]
-
-
 def test_the_controller_survives_nan_readings_and_reports_them() -> None:
     """As on a node: NaN temperature until the first read, later a bad engine counter."""
     controller = OnlineMPCController(
@@ -162,7 +152,7 @@ def test_the_controller_survives_nan_readings_and_reports_them() -> None:
         decisions.append(decision)
         return decision
 
-    simulate(_workload(), make_plant(), chunked_prefill_scheduler, observed, 0)
+    simulate(poisson_requests(40.0, seed=5), make_plant(), chunked_prefill_scheduler, observed, 0)
     status = controller.status()
     assert status["skipped_nonfinite_windows"] >= 3
     assert status["skipped_nonfinite"]["thermal"] >= 3

@@ -22,11 +22,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from daemon_support import JOIN_S, MetricsServer, eventually, freed_at_end, run_ticks
 from fake_pynvml import FakeNvml
-from synthetic import make_plant
+from synthetic import make_plant, poisson_requests
 
 import gpugov.daemon.model_store as store
 from gpugov.controllers.online.controller import OnlineMPCController
@@ -39,7 +38,7 @@ from gpugov.daemon.power_budget import BudgetFile
 from gpugov.daemon.service import domains_from_config
 from gpugov.plant import chunked_prefill_scheduler, simulate
 from gpugov.plant.input_files import InputFileError
-from gpugov.plant.types import Request, ServingObservation
+from gpugov.plant.types import ServingObservation
 
 DEADLINE_S = 0.2
 """The reads' deadline: short, yet far above a healthy read on a busy machine."""
@@ -323,14 +322,6 @@ def test_the_loop_goes_on_over_a_hung_budget_file_and_takes_its_answer(
 
 
 # ------------------------------------------------------------------ the learned model
-def _workload(seconds: float, seed: int = 3) -> list[Request]:
-    rng = np.random.default_rng(seed)
-    times = np.cumsum(rng.exponential(0.4, size=int(seconds / 0.4 * 2)))
-    times = times[times < seconds]
-    return [
-        Request(i, float(t), int(rng.integers(200, 2000)), int(rng.integers(20, 200)))
-        for i, t in enumerate(times)
-    ]
 
 
 def _wrapper(
@@ -356,7 +347,7 @@ def _run(wrapper: PersistentOnlineModel, seconds: float) -> None:
     def decide(observation: ServingObservation) -> float:
         return wrapper(replace(observation, model_name="llama"))
 
-    simulate(_workload(seconds), make_plant(), chunked_prefill_scheduler, decide, 0)
+    simulate(poisson_requests(seconds), make_plant(), chunked_prefill_scheduler, decide, 0)
 
 
 def test_a_hung_state_file_read_is_an_unreadable_file_and_it_is_restored_once_answered(

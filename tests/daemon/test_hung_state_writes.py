@@ -23,11 +23,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from daemon_support import JOIN_S, MetricsServer, eventually, freed_at_end, run_ticks
 from fake_pynvml import FakeNvml
-from synthetic import make_plant
+from synthetic import make_plant, poisson_requests
 
 import gpugov.daemon.model_store as store
 from gpugov.controllers.online.controller import OnlineMPCController
@@ -41,7 +40,7 @@ from gpugov.daemon.model_store import PersistentOnlineModel, model_path, read_st
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.service import domains_from_config
 from gpugov.plant import chunked_prefill_scheduler, simulate
-from gpugov.plant.types import Request, ServingObservation
+from gpugov.plant.types import ServingObservation
 
 DEADLINE_S = 0.05
 KEY = "GPU-fake-0000"
@@ -271,14 +270,6 @@ def test_the_loop_goes_on_over_a_hung_lock_state_disk_and_its_exit_does_not_hang
 
 
 # ------------------------------------------------------------------ the learned model
-def _workload(seconds: float, seed: int = 3) -> list[Request]:
-    rng = np.random.default_rng(seed)
-    times = np.cumsum(rng.exponential(0.4, size=int(seconds / 0.4 * 2)))
-    times = times[times < seconds]
-    return [
-        Request(i, float(t), int(rng.integers(200, 2000)), int(rng.integers(20, 200)))
-        for i, t in enumerate(times)
-    ]
 
 
 def _wrapper(directory: Path) -> PersistentOnlineModel:
@@ -312,7 +303,7 @@ def test_a_hung_model_save_never_stalls_the_run_and_the_newest_model_lands(
     monkeypatch.setattr(LatestWriter, "post", recording)
     wrapper = _wrapper(tmp_path)
     simulate(
-        _workload(60.0),
+        poisson_requests(60.0),
         make_plant(),
         chunked_prefill_scheduler,
         _named(wrapper, lambda _: "llama"),
@@ -344,7 +335,7 @@ def test_the_final_save_waits_past_the_loops_deadline_for_a_slow_disk(
     monkeypatch.setattr(store, "FINAL_SAVE_WAIT_S", JOIN_S)
     wrapper = _wrapper(tmp_path)
     simulate(
-        _workload(30.0),
+        poisson_requests(30.0),
         make_plant(),
         chunked_prefill_scheduler,
         _named(wrapper, lambda _: "llama"),
@@ -374,7 +365,7 @@ def test_the_state_file_is_not_read_while_a_save_hangs(
     monkeypatch.setattr(store, "write_json_atomic", hung)
     wrapper = _wrapper(tmp_path)
     simulate(
-        _workload(60.0),
+        poisson_requests(60.0),
         make_plant(),
         chunked_prefill_scheduler,
         _named(wrapper, lambda time_s: "llama" if time_s < 35.0 else "mistral"),

@@ -12,9 +12,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
-from synthetic import make_plant
+from synthetic import make_plant, poisson_requests
 
 from gpugov.cli import main
 from gpugov.controllers.online.controller import OnlineMPCController
@@ -28,19 +27,9 @@ from gpugov.daemon.model_store import (
     set_aside,
 )
 from gpugov.plant import chunked_prefill_scheduler, load_profile, simulate
-from gpugov.plant.types import Request, ServingObservation
+from gpugov.plant.types import ServingObservation
 
 GPUS = ("GPU-aaaa", "GPU-bbbb")
-
-
-def _workload(seconds: float = 60.0, seed: int = 3) -> list[Request]:
-    rng = np.random.default_rng(seed)
-    times = np.cumsum(rng.exponential(0.4, size=int(seconds / 0.4 * 2)))
-    times = times[times < seconds]
-    return [
-        Request(i, float(t), int(rng.integers(200, 2000)), int(rng.integers(20, 200)))
-        for i, t in enumerate(times)
-    ]
 
 
 def _controller() -> OnlineMPCController:
@@ -61,7 +50,9 @@ def _learn(
     directory: Path, gpus: tuple[str, ...] = GPUS, name: str = "llama"
 ) -> PersistentOnlineModel:
     wrapper = PersistentOnlineModel(_controller(), directory, "llm", gpus)
-    simulate(_workload(), make_plant(), chunked_prefill_scheduler, Named(wrapper, name), 0)
+    simulate(
+        poisson_requests(60.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, name), 0
+    )
     wrapper.close()
     return wrapper
 
@@ -75,7 +66,7 @@ def test_model_survives_a_restart(tmp_path: Path) -> None:
     learned = first.inner.model
     assert learned is not None and learned.warmed_up
     second = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
-    workload = _workload(5.0, seed=9)
+    workload = poisson_requests(5.0, seed=9)
     simulate(workload, make_plant(), chunked_prefill_scheduler, Named(second, "llama"), 0)
     assert second.restored
     restored = second.inner.model
@@ -92,7 +83,9 @@ def test_model_is_not_applied_but_kept_when_the_key_changes(tmp_path: Path, gpus
     _learn(tmp_path)
     stored = model_path(tmp_path, "llm").read_bytes()
     wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", gpus)
-    simulate(_workload(5.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, name), 0)
+    simulate(
+        poisson_requests(5.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, name), 0
+    )
     assert not wrapper.restored
     assert any("not applied; kept as online-model-llm.json.other-" in m for m in wrapper.messages)
     assert wrapper.inner.model is not None and not wrapper.inner.model.warmed_up
@@ -117,7 +110,9 @@ def test_corrupt_state_is_set_aside_and_learning_starts_fresh(tmp_path: Path, co
     path = model_path(tmp_path, "llm")
     path.write_text(content)
     wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
-    simulate(_workload(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
+    simulate(
+        poisson_requests(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0
+    )
     assert not wrapper.restored
     refused = [m for m in wrapper.messages if "refused" in m]
     assert len(refused) == 1 and "\n" not in refused[0] and str(path) in refused[0]
@@ -144,7 +139,9 @@ def test_unreadable_state_is_left_as_it_is_and_never_saved_over(
 
     monkeypatch.setattr(os, "open", refuse)
     wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
-    simulate(_workload(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
+    simulate(
+        poisson_requests(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0
+    )
     wrapper.close()
     assert not wrapper.restored
     (line,) = [m for m in wrapper.messages if "Permission denied" in m]
@@ -154,7 +151,9 @@ def test_unreadable_state_is_left_as_it_is_and_never_saved_over(
     assert path.read_bytes() == stored  # never saved over
     monkeypatch.undo()
     again = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
-    simulate(_workload(5.0), make_plant(), chunked_prefill_scheduler, Named(again, "llama"), 0)
+    simulate(
+        poisson_requests(5.0), make_plant(), chunked_prefill_scheduler, Named(again, "llama"), 0
+    )
     assert again.restored  # readable again: restored
 
 
@@ -184,7 +183,7 @@ def test_a_state_file_readable_again_mid_run_is_restored_and_saving_resumes(
         return named(observation)
 
     stored_at = path.stat().st_mtime_ns
-    simulate(_workload(40.0, seed=5), make_plant(), chunked_prefill_scheduler, unblocking, 0)
+    simulate(poisson_requests(40.0, seed=5), make_plant(), chunked_prefill_scheduler, unblocking, 0)
     wrapper.close()
     refused = [m for m in wrapper.messages if "Permission denied" in m]
     assert len(refused) == 1  # one line, not one a save period
@@ -529,7 +528,9 @@ def test_an_empty_model_never_replaces_a_stored_one(tmp_path: Path) -> None:
     (kept,) = tmp_path.glob("online-model-llm.json.other-*")
     assert kept.read_bytes() == before
     # Once it has learned a window, the new model is saved under the new key.
-    simulate(_workload(5.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
+    simulate(
+        poisson_requests(5.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0
+    )
     wrapper.close()
     assert read_stored(path)["key"]["gpu_uuids"] == list(GPUS)
 
@@ -543,7 +544,7 @@ def test_a_nan_temperature_at_start_still_saves(tmp_path: Path) -> None:
             observation = replace(observation, temperature_c=math.nan)
         return wrapper(replace(observation, model_name="llama"))
 
-    simulate(_workload(20.0), make_plant(), chunked_prefill_scheduler, observed, 0)
+    simulate(poisson_requests(20.0), make_plant(), chunked_prefill_scheduler, observed, 0)
     wrapper.close()
     assert not any("cannot save" in m for m in wrapper.messages)
     payload = read_stored(model_path(tmp_path, "llm"))
@@ -607,13 +608,13 @@ def test_a_restored_warmed_up_model_skips_the_warm_up(tmp_path: Path) -> None:
         decisions.append(float(decision))
         return decision
 
-    simulate(_workload(10.0, seed=5), make_plant(), chunked_prefill_scheduler, recording, 0)
+    simulate(poisson_requests(10.0, seed=5), make_plant(), chunked_prefill_scheduler, recording, 0)
     assert wrapper.restored
     assert not {"warm-up", "warm-up-descent"} & set(reasons)
     assert decisions[0] < top
     # A fresh node (nothing stored) spends its first decisions on the warm-up.
     fresh = PersistentOnlineModel(_controller(), tmp_path / "other", "llm", GPUS)
-    simulate(_workload(3.0, seed=5), make_plant(), chunked_prefill_scheduler, fresh, 0)
+    simulate(poisson_requests(3.0, seed=5), make_plant(), chunked_prefill_scheduler, fresh, 0)
     assert fresh.inner.last_reason in ("warm-up", "warm-up-descent")
     assert fresh.inner.model is not None and not fresh.inner.model.warmed_up
 
@@ -637,7 +638,7 @@ def test_a_node_restarted_under_load_saves_from_its_first_decision(tmp_path: Pat
         decisions.append(float(wrapper(shifted)))
         return decisions[-1]
 
-    simulate(_workload(10.0, seed=5), make_plant(), chunked_prefill_scheduler, lifetime, 0)
+    simulate(poisson_requests(10.0, seed=5), make_plant(), chunked_prefill_scheduler, lifetime, 0)
     assert wrapper.restored
     assert decisions[0] < top
 
@@ -701,7 +702,9 @@ def test_a_stored_model_with_impossible_numbers_is_set_aside(tmp_path: Path, dam
         model["warmup_count"] = float("inf")
     path.write_text(json.dumps(payload))
     wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
-    simulate(_workload(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
+    simulate(
+        poisson_requests(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0
+    )
     assert not wrapper.restored
     assert len([message for message in wrapper.messages if "refused" in message]) == 1
     assert len(list(tmp_path.glob("online-model-llm.json.corrupt-*"))) == 1
@@ -762,7 +765,9 @@ def test_a_stored_model_outside_its_physical_ranges_is_refused_naming_the_field(
     assert not out.exists()
     # The daemon: one line naming the field, the file set aside, learning anew.
     wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
-    simulate(_workload(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
+    simulate(
+        poisson_requests(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0
+    )
     assert not wrapper.restored
     (refused,) = [message for message in wrapper.messages if "refused" in message]
     assert named in refused and "\n" not in refused
@@ -803,7 +808,9 @@ def test_a_failing_save_is_tried_once_a_save_period(
 
     monkeypatch.setattr(store, "write_json_atomic", refuse)
     wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS, save_every_s=10.0)
-    simulate(_workload(60.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
+    simulate(
+        poisson_requests(60.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0
+    )
     failures = [m for m in wrapper.messages if "cannot save" in m]
     assert 1 <= len(failures) <= 7 and wrapper.save_failed
     assert "tried again in 10 s" in failures[0]
@@ -947,7 +954,9 @@ def test_a_prefill_latency_within_its_noise_of_zero_is_restored(
     mean[:knots] = [scale * spread] * knots
     path.write_text(json.dumps(payload))
     wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
-    simulate(_workload(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0)
+    simulate(
+        poisson_requests(15.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, "llama"), 0
+    )
     assert wrapper.restored is restored
     refused = [message for message in wrapper.messages if "refused" in message]
     assert len(refused) == (0 if restored else 1)
@@ -1099,7 +1108,13 @@ def test_a_model_kept_aside_comes_back_when_its_key_does(tmp_path: Path) -> None
     assert llama is not None and llama.warmed_up
     path = model_path(tmp_path, "llm")
     wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
-    simulate(_workload(), make_plant(), chunked_prefill_scheduler, Named(wrapper, "mistral"), 0)
+    simulate(
+        poisson_requests(60.0),
+        make_plant(),
+        chunked_prefill_scheduler,
+        Named(wrapper, "mistral"),
+        0,
+    )
     assert not wrapper.restored
     wrapper.close()
     assert read_stored(path)["key"]["model_name"] == "mistral"
@@ -1150,7 +1165,13 @@ def test_a_model_learned_on_other_clocks_is_kept_as_another_nodes_and_comes_back
     assert learned is not None and learned.warmed_up
     path = model_path(tmp_path, "llm")
     other = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
-    simulate(_workload(), make_plant(), chunked_prefill_scheduler, OtherClocks(other, "llama"), 0)
+    simulate(
+        poisson_requests(60.0),
+        make_plant(),
+        chunked_prefill_scheduler,
+        OtherClocks(other, "llama"),
+        0,
+    )
     assert not other.restored
     (said,) = [m for m in other.messages if "other supported clocks" in m]
     assert "not applied; kept as online-model-llm.json.other-" in said and "\n" not in said
