@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from gpugov.controllers.online.controller import OnlineMPCController
-from gpugov.controllers.online.identification import OnlineModel, Window, window_between
+from gpugov.controllers.online.identification import OnlineModel
+from gpugov.controllers.online.window import Window, window_between
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
 from gpugov.plant.types import ServingObservation
 from gpugov.study.scoreboard.controllers import scoreboard_online

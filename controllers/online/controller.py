@@ -58,17 +58,13 @@ from gpugov.controllers.online.exploration import (
     LatencyWindow,
     SafeExploration,
 )
-from gpugov.controllers.online.identification import (
-    ModelPrior,
-    OnlineModel,
-    PromptEstimate,
-    window_between,
-)
+from gpugov.controllers.online.identification import ModelPrior, OnlineModel
 from gpugov.controllers.online.model_names import SettledName
 from gpugov.controllers.online.prediction import compile_prediction
 from gpugov.controllers.online.prior import AutoHints
 from gpugov.controllers.online.regression import compile_regression
 from gpugov.controllers.online.rules import MeasuredLatencyRules
+from gpugov.controllers.online.window import PromptEstimate, window_between
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import PerformanceProfile
 from gpugov.plant.types import MPCDiagnostics, ServingObservation, replace_observation

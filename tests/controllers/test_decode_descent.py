@@ -16,7 +16,8 @@ from synthetic import make_plant, make_profile
 from gpugov.controllers.baseline import maximum_clock_controller
 from gpugov.controllers.mpc.fast import DiscreteSearchSolver
 from gpugov.controllers.online.controller import OnlineMPCController
-from gpugov.controllers.online.identification import OnlineModel, Window
+from gpugov.controllers.online.identification import OnlineModel
+from gpugov.controllers.online.window import Window
 from gpugov.plant import PerformanceProfile, chunked_prefill_scheduler, simulate
 from gpugov.plant.types import Request, ServingObservation
 

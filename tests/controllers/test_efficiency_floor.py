@@ -20,7 +20,8 @@ from gpugov.controllers.online.efficiency import (
     efficiency_floor,
     power_for_work,
 )
-from gpugov.controllers.online.identification import OnlineModel, Window
+from gpugov.controllers.online.identification import OnlineModel
+from gpugov.controllers.online.window import Window
 from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.plant import (

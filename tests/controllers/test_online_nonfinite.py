@@ -12,13 +12,9 @@ import pytest
 from synthetic import make_plant, poisson_requests
 
 from gpugov.controllers.online.controller import OnlineMPCController
-from gpugov.controllers.online.identification import (
-    OnlineModel,
-    PromptEstimate,
-    Window,
-    window_between,
-)
+from gpugov.controllers.online.identification import OnlineModel
 from gpugov.controllers.online.regression import RecursiveLeastSquares
+from gpugov.controllers.online.window import PromptEstimate, Window, window_between
 from gpugov.plant import chunked_prefill_scheduler, simulate
 from gpugov.plant.types import ServingObservation
 

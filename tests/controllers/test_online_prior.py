@@ -14,7 +14,7 @@ from synthetic import make_plant
 
 from gpugov.controllers.baseline import maximum_clock_controller
 from gpugov.controllers.online.controller import OnlineMPCController
-from gpugov.controllers.online.identification import OnlineModel, Window
+from gpugov.controllers.online.identification import OnlineModel
 from gpugov.controllers.online.prior import (
     HintError,
     PriorHints,
@@ -22,6 +22,7 @@ from gpugov.controllers.online.prior import (
     model_shape,
     prior_from_hints,
 )
+from gpugov.controllers.online.window import Window
 from gpugov.plant import (
     PerformanceProfile,
     ServingPlant,

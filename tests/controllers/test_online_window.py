@@ -10,7 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from gpugov.controllers.online.identification import OnlineModel, PromptEstimate, window_between
+from gpugov.controllers.online.identification import OnlineModel
+from gpugov.controllers.online.window import PromptEstimate, window_between
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, poisson_workload, simulate
 from gpugov.plant.gpu_physics import GpuParameters, GpuPhysics
 from gpugov.plant.synthetic_profiles import synthetic_profile
