@@ -3,10 +3,6 @@ value is accepted or refused the same way wherever it is given."""
 
 from __future__ import annotations
 
-# The largest clock in MHz a flag takes is the one a profile may list (no GPU is within
-# an order of magnitude of it): one number for both.
-from gpugov.plant.profile import MAX_CLOCK_MHZ
-
 MIN_PERIOD_S = 0.05
 """Shortest control period anywhere: ``daemon.period_s``, every ``--control-period`` and a
 sweep grid's ``control_period_s`` (a shorter one only spins the loop; 1e-9 never ends)."""
@@ -48,6 +44,8 @@ MAX_SPEED = 1e6
 MAX_LOAD_SCALE = 1e6
 """Largest arrival-rate multiplier."""
 
+MAX_CLOCK_MHZ = 100_000.0
+"""Largest clock in MHz a flag takes (no GPU is within an order of magnitude of it)."""
 
 MAX_POWER_W = 1_000_000.0
 """Largest power in watts the config and a ``--controller`` spec take (a domain's budget, a
