@@ -45,7 +45,10 @@ MAX_LOAD_SCALE = 1e6
 """Largest arrival-rate multiplier."""
 
 MAX_CLOCK_MHZ = 100_000.0
-"""Largest clock in MHz a flag takes (no GPU is within an order of magnitude of it)."""
+"""Largest clock in MHz a flag takes (no GPU is within an order of magnitude of it). The
+same number as :data:`gpugov.plant.profile.MAX_CLOCK_MHZ` (a test holds them equal),
+stated here too because the privileged actuator imports this module and nothing of the
+plant."""
 
 MAX_POWER_W = 1_000_000.0
 """Largest power in watts the config and a ``--controller`` spec take (a domain's budget, a
