@@ -125,6 +125,9 @@ class LoopSnapshot:
     lock_state_stale: bool = False
     """True while the lock state file is out of date: its last write failed
     (``LockState.stale``)."""
+    recording_dropped_ticks_total: int = 0
+    """Ticks left out of the ``--record`` file: the disk had not taken the ticks queued
+    before them (``Recorder.dropped_ticks``; 0 without a recording)."""
 
 
 def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
@@ -650,7 +653,13 @@ class SnapshotCollector(Collector):
             "killed meanwhile leaves locks the next start finds only by reading the clocks",
         )
         lock_stale.add_metric([], 1.0 if loop.lock_state_stale else 0.0)
-        yield from (ticks, overruns, duration, period, lock_failures, lock_stale)
+        dropped = CounterMetricFamily(
+            "gpugov_recording_dropped_ticks",
+            "Ticks left out of the --record file because the disk had not taken the ticks "
+            "queued before them (a hung or slow disk; 0 without a recording)",
+        )
+        dropped.add_metric([], float(loop.recording_dropped_ticks_total))
+        yield from (ticks, overruns, duration, period, lock_failures, lock_stale, dropped)
 
 
 MAX_CONNECTIONS = 32

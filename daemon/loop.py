@@ -405,6 +405,8 @@ def run(
                         period_s=loop.period_s,
                         lock_state_write_failures_total=sum(s.write_failures for s in states),
                         lock_state_stale=any(s.stale for s in states),
+                        # A sink that can leave ticks out (the recording) counts them.
+                        recording_dropped_ticks_total=int(getattr(on_tick, "dropped_ticks", 0)),
                     ),
                 )
             if on_tick is not None:

@@ -499,7 +499,8 @@ def daemon_panels(ids: _Ids) -> list[Timeseries]:
             "Control ticks per second, ticks skipped because an iteration overran, and failed "
             "writes of the lock state file per second (should be 0: while they fail, a killed "
             "daemon's locks are found at the next start only by reading the clocks; alert "
-            "GpugovLockStateWritesFailing).",
+            "GpugovLockStateWritesFailing), and ticks left out of a --record file per second "
+            "(a hung or slow disk under the recording).",
             "short",
             [
                 (f"rate(gpugov_loop_ticks_total{{{NODE}}}[{RATE}])", "ticks/s {{instance}}"),
@@ -507,6 +508,10 @@ def daemon_panels(ids: _Ids) -> list[Timeseries]:
                 (
                     f"rate(gpugov_lock_state_write_failures_total{{{NODE}}}[{RATE}])",
                     "lock state write failures/s {{instance}}",
+                ),
+                (
+                    f"rate(gpugov_recording_dropped_ticks_total{{{NODE}}}[{RATE}])",
+                    "recording ticks dropped/s {{instance}}",
                 ),
             ],
             width=8,

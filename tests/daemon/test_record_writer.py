@@ -24,6 +24,7 @@ from fake_pynvml import FakeNvml
 
 from gpugov.daemon.controller_config import FixedControllerConfig
 from gpugov.daemon.domain import TickRecord
+from gpugov.daemon.exporter import Exporter
 from gpugov.daemon.loop import RunStats, TimedLoop, VirtualClock, run
 from gpugov.daemon.record import Recorder, check_recording, read_recording
 from gpugov.daemon.replay import replay
@@ -300,3 +301,36 @@ def test_a_node_recording_keeps_one_writer_thread_across_ticks(
     assert threading.get_ident() not in threads
     _, rows = read_recording(tmp_path / "run.jsonl")
     assert [row["step"] for row in rows] == [0, 1, 2, 3, 4, 5]
+
+
+def test_the_ticks_left_out_are_exported(
+    tmp_path: Path, disk: _Disk, metrics_server: MetricsServer
+) -> None:
+    """``gpugov_recording_dropped_ticks_total`` follows the recorder's count (published
+    before each tick's lines are handed over, so one tick behind)."""
+    assembled = fixed_clock_node(tmp_path, metrics_server, FakeNvml(1))
+    recorder = Recorder(disk.path, assembled.header, queue_ticks=2, close_wait_s=JOIN_S)
+    disk.hung = True
+    exporter = Exporter(serve=False)
+    exported: list[float | None] = []
+    clock = VirtualClock()
+    try:
+        run(
+            assembled.domains,
+            TimedLoop(1.0, clock=clock, sleep=clock.sleep),
+            exporter=exporter,
+            on_tick=recorder,
+            before_tick=lambda now, step: (
+                exported.append(
+                    exporter.registry.get_sample_value("gpugov_recording_dropped_ticks_total")
+                )
+                or step >= 6
+            ),
+        )
+    finally:
+        assembled.close()
+    disk.release.set()
+    recorder.close()
+    # Step 0 hangs on the disk, step 1 waits behind it; steps 2 to 5 are left out.
+    assert recorder.dropped_ticks == 4
+    assert exported == [0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0]
