@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import JOIN_S, MetricsServer, eventually, freed_at_end, run_ticks
+from daemon_support import (
+    JOIN_S,
+    MetricsServer,
+    eventually,
+    fixed_clock_node,
+    freed_at_end,
+    run_ticks,
+)
 from fake_pynvml import FakeNvml
 from synthetic import make_plant, poisson_requests
 
@@ -32,13 +39,11 @@ import gpugov.daemon.model_store as store
 from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.daemon import lockstate
 from gpugov.daemon.actuator import ClockActuator
-from gpugov.daemon.config import parse_config
 from gpugov.daemon.deadline import LatestWriter, WriteTimeout
 from gpugov.daemon.exporter import Exporter
 from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.model_store import PersistentOnlineModel, model_path, read_stored
 from gpugov.daemon.nvml import NvmlBackend
-from gpugov.daemon.service import domains_from_config
 from gpugov.plant import chunked_prefill_scheduler, simulate
 from gpugov.plant.types import ServingObservation
 
@@ -208,26 +213,6 @@ def test_the_exit_resets_never_wait_on_a_hung_disk_and_the_flush_is_bounded(
     assert eventually(lambda: LockState(tmp_path).read() == {})  # the newest record lands
 
 
-def _fixed_clock_config(tmp_path: Path, metrics_server: MetricsServer) -> Any:
-    metrics_server.page = (
-        'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
-        'vllm:num_requests_waiting{engine="0",model_name="m"} 3\n'
-    )
-    return parse_config(
-        {
-            "daemon": {"period_s": 1.0, "state_dir": str(tmp_path)},
-            "domains": [
-                {
-                    "name": "llm",
-                    "gpus": [0],
-                    "engine": {"kind": "vllm", "url": metrics_server.url, "timeout_s": 0.9},
-                    "controller": {"kind": "fixed", "clock_mhz": 1410},
-                }
-            ],
-        }
-    )
-
-
 def test_the_loop_goes_on_over_a_hung_lock_state_disk_and_its_exit_does_not_hang(
     tmp_path: Path,
     hung: _HungDisk,
@@ -237,7 +222,7 @@ def test_the_loop_goes_on_over_a_hung_lock_state_disk_and_its_exit_does_not_hang
     hung.real = lockstate.write_json_atomic
     monkeypatch.setattr(lockstate, "write_json_atomic", hung)
     fake = FakeNvml(1)
-    assembled = domains_from_config(_fixed_clock_config(tmp_path, metrics_server), nvml=fake)
+    assembled = fixed_clock_node(tmp_path, metrics_server, fake)
     exporter = Exporter(serve=False)
     seen: list[tuple[float | None, float | None, Any]] = []
 
