@@ -166,3 +166,14 @@ def fixed_clock_node(tmp_path: Path, metrics_server: MetricsServer, fake: Any) -
         }
     )
     return domains_from_config(config, nvml=fake)
+
+
+def lock_state_reading(exporter: Any, fake: Any) -> tuple[float | None, float | None, Any]:
+    """What a tick shows of the lock record: the exported write failures and staleness,
+    and GPU 0's lock on ``fake``."""
+    get = exporter.registry.get_sample_value
+    return (
+        get("gpugov_lock_state_write_failures_total"),
+        get("gpugov_lock_state_stale_active"),
+        fake.locked(0),
+    )

@@ -30,6 +30,7 @@ from daemon_support import (
     eventually,
     fixed_clock_node,
     freed_at_end,
+    lock_state_reading,
     run_ticks,
 )
 from fake_pynvml import FakeNvml
@@ -227,14 +228,7 @@ def test_the_loop_goes_on_over_a_hung_lock_state_disk_and_its_exit_does_not_hang
     seen: list[tuple[float | None, float | None, Any]] = []
 
     def on_step(step: int, records: Any) -> None:
-        get = exporter.registry.get_sample_value
-        seen.append(
-            (
-                get("gpugov_lock_state_write_failures_total"),
-                get("gpugov_lock_state_stale_active"),
-                fake.locked(0),
-            )
-        )
+        seen.append(lock_state_reading(exporter, fake))
 
     try:
         _, stats = run_ticks(assembled.domains, 4, on_step=on_step, exporter=exporter)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import MetricsServer, fixed_clock_node, run_ticks
+from daemon_support import MetricsServer, fixed_clock_node, lock_state_reading, run_ticks
 from fake_pynvml import FakeNvml
 
 from gpugov.daemon import lockstate
@@ -131,14 +131,7 @@ def test_the_loop_exports_lock_state_write_failures_and_recovers(
     seen: list[tuple[float | None, float | None, Any]] = []
 
     def on_step(step: int, records: Any) -> None:
-        get = exporter.registry.get_sample_value
-        seen.append(
-            (
-                get("gpugov_lock_state_write_failures_total"),
-                get("gpugov_lock_state_stale_active"),
-                fake.locked(0),
-            )
-        )
+        seen.append(lock_state_reading(exporter, fake))
         if step == 1:
             disk.full = False  # space freed: the next tick's retry goes through
 
