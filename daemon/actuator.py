@@ -501,7 +501,7 @@ class ClockActuator:
     def _reconcile_one(self, backend: GpuBackend, policy: ReconcilePolicy, dry_run: bool) -> str:
         label, key = backend.label, gpu_key(backend)
         entry = self.state.get(key) if self.state is not None else None
-        if entry is not None and entry.get("pid") == getattr(self.state, "pid", None):
+        if entry is not None and self.state is not None and self.state.written_here(key):
             entry = None  # our own (cannot happen at start; be safe)
         if entry is not None and live_gpugov_pid(entry.get("pid")):
             # Its writer still runs: another daemon governs this GPU (its state directory's

@@ -106,6 +106,9 @@ class LockState:
         self._limits: dict[str, dict[str, Any]] = self._limit_entries(data)
         self._held: Any = None
         self._writer = LatestWriter(self._write_file, write_deadline_s, name="lock-state")
+        self._written: set[tuple[bool, str]] = set()
+        """The entries this process wrote, as ``(power limit, GPU key)``
+        (:meth:`written_here`)."""
         self._deferred = False
         """Writes are handed over without waiting (:meth:`defer_writes`)."""
         self._unflushed = False
@@ -260,6 +263,7 @@ class LockState:
         """Set GPU ``key``'s entry in ``entries`` to ``values``, stamped with this process
         and the time, and write the file; nothing when this process's entry already
         holds those values."""
+        self._written.add((entries is self._limits, key))
         held = entries.get(key, {})
         if held.get("pid") == self.pid and all(held.get(k) == v for k, v in values.items()):
             return
@@ -270,6 +274,12 @@ class LockState:
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
         self._write()
+
+    def written_here(self, key: str, *, power_limit: bool = False) -> bool:
+        """Whether GPU ``key``'s lock entry (its power limit entry with ``power_limit``)
+        was written by this process. One read from the file at start never was, even with
+        this pid: a container's ``gpugov run`` is pid 1 again after a restart."""
+        return (power_limit, key) in self._written
 
     def invalidate(self, key: str) -> None:
         """Drop this process's copy of GPU ``key``'s entry without writing: the next

@@ -552,7 +552,7 @@ class PowerLimitActuator:
         assert self.state is not None
         label, key = backend.label, gpu_key(backend)
         entry = self.state.get_power_limit(key)
-        if entry is None or entry.get("pid") == self.state.pid:
+        if entry is None or self.state.written_here(key, power_limit=True):
             return None
         if live_gpugov_pid(entry.get("pid")):
             raise ConfigError(

@@ -580,7 +580,7 @@ def reset_left_locks(
     ours = {gpu_key(backend) for backend in assembled.backends}
     lines: list[str] = []
     for key, entry in state.read().items():
-        if key in ours or entry.get("pid") == state.pid or live_gpugov_pid(entry.get("pid")):
+        if key in ours or state.written_here(key) or live_gpugov_pid(entry.get("pid")):
             continue
         named, backend = _open_recorded(config, key, entry, stop)
         low, high = entry.get("min_mhz"), entry.get("max_mhz")
@@ -641,7 +641,11 @@ def _restore_left_power_limits(
     cannot be opened, is named with the command to run. One line each (logged)."""
     lines: list[str] = []
     for key, entry in state.power_limits().items():
-        if key in ours or entry.get("pid") == state.pid or live_gpugov_pid(entry.get("pid")):
+        if (
+            key in ours
+            or state.written_here(key, power_limit=True)
+            or live_gpugov_pid(entry.get("pid"))
+        ):
             continue
         named, backend = _open_recorded(config, key, entry, stop)
         found = (

@@ -646,6 +646,43 @@ def test_a_power_limit_a_killed_run_left_on_a_gpu_no_longer_configured_is_restor
     assert "\n" not in gone and "Traceback" not in caplog.text
 
 
+def test_a_restart_with_the_killed_runs_pid_undoes_what_it_left(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A container's ``gpugov run`` is pid 1 again after an OOM kill: the next start's pid
+    is the killed run's. Its records were taken as this run's own and skipped: GPU 0's
+    power limit stayed at 300 W (read as its limit before gpugov from then on), its lock
+    (idle under a cap, so the clocks show none) and GPU 1's lock and limit stayed."""
+    import os
+
+    from gpugov.daemon.actuator import ClockActuator
+    from gpugov.daemon.lockstate import LockState
+    from gpugov.daemon.nvml import NvmlBackend
+
+    state_dir = tmp_path / "state"
+    killed = LockState(state_dir, pid=os.getpid())
+    ClockActuator([NvmlBackend(0, nvml=fake)], state=killed, lock_mode="cap").apply(900)
+    ClockActuator([NvmlBackend(1, nvml=fake)], state=killed).apply(1410)
+    for index in (0, 1):
+        killed.record_power_limit(fake.gpus[index].uuid, str(index), 700_000, 300_000)
+        fake.gpus[index].power_limit_mw = 300_000
+    # ... and the process is SIGKILLed. GPU 0 idles at its lowest clock under its cap.
+    fake.gpus[0].sm_clock_mhz, fake.gpus[0].event_reasons = 345, 0x1
+    _start_on_gpu_0_and_stop(tmp_path, state_dir, metrics_server, monkeypatch, caplog)
+    assert fake.locked(0) is None and fake.locked(1) is None
+    assert [gpu.power_limit_mw for gpu in fake.gpus] == [700_000, 700_000]
+    assert LockState(state_dir).read() == {} and LockState(state_dir).power_limits() == {}
+    messages = [r.getMessage() for r in caplog.records]
+    previous = f"a previous gpugov run (pid {os.getpid()}"
+    assert any(m.startswith("reconcile: GPU 0: " + previous) for m in messages)
+    assert any("left it locked at 345-900 MHz" in m and m.endswith("; reset") for m in messages)
+    assert any("GPU 1 (GPU-fake-0001), not in this config" in m for m in messages)
+
+
 @pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 0), ("SIGINT", 130)])
 def test_a_stop_while_a_gpu_open_is_retried_ends_the_retries(
     tmp_path: Path,
