@@ -15,6 +15,13 @@ What counts as a size: a number directly followed by ``B`` (billions) or ``M``
 (``8x7B``, ``8x22B``); ``A3B``/``A22B`` gives the parameters active per token. A
 version (``v0.1``, ``3.1``), a date (``2407``), a context length (``128k``, ``1M``), a
 quantisation (``4bit``, ``bf16``) or a GPU (``A100``) is not a size.
+
+Some mixtures' names state only one of their two sizes, or none: ``gpt-oss-120b`` is
+117 billion with 5.1 active, and Llama 4's ``17B-16E`` names the 17 billion active of
+109 in all. Read by the rule above they would be priced as dense models, wrong by up to
+twenty times in the parameters each token reads. Those families' published sizes come
+from :data:`PUBLISHED_SIZES` first; any other name with an ``NE`` experts count states
+its active size only and gives None.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ EXPERTS_PER_TOKEN = 2
 SMALLEST_MILLIONS = 50.0
 """``M`` sizes below this are context lengths (``1M``), not models."""
 LARGEST_BILLIONS = 10_000.0
+EXPERT_COUNT = re.compile(r"(?<![A-Za-z0-9.])\d{1,4}[eE](?![A-Za-z0-9])")
+"""An ``NE`` experts count (Llama 4's ``17B-16E``): the size beside it is the active one."""
 
 
 class ModelSize(NamedTuple):
@@ -49,16 +58,44 @@ class ModelSize(NamedTuple):
     active_params_b: float
 
 
+PUBLISHED_SIZES: tuple[tuple[re.Pattern[str], ModelSize], ...] = (
+    # gpt-oss model card: 117B with 5.1B active; 21B with 3.6B active.
+    (re.compile(r"gpt-oss-120b", re.I), ModelSize(117.0, 5.1)),
+    (re.compile(r"gpt-oss-20b", re.I), ModelSize(21.0, 3.6)),
+    # Llama 4 model card: 17B activated of 109B (Scout, 16 experts), of 400B (Maverick).
+    (re.compile(r"llama-4-scout", re.I), ModelSize(109.0, 17.0)),
+    (re.compile(r"llama-4-maverick", re.I), ModelSize(400.0, 17.0)),
+    # DeepSeek model cards: V3 and R1 671B with 37B activated; V2 236B with 21B;
+    # V2-Lite 15.7B with 2.4B. R1's distilled models are dense and name their size.
+    (re.compile(r"deepseek-(?:v3|r1)(?!.*distill)", re.I), ModelSize(671.0, 37.0)),
+    (re.compile(r"deepseek-v2(?:\.5)?-lite", re.I), ModelSize(15.7, 2.4)),
+    (re.compile(r"deepseek-v2(?!.*lite)", re.I), ModelSize(236.0, 21.0)),
+    # Kimi K2 model card: 1 trillion in all, 32B activated.
+    (re.compile(r"kimi-k2", re.I), ModelSize(1000.0, 32.0)),
+    # GLM-4.5 model card: 355B with 32B active; GLM-4.5-Air 106B with 12B.
+    (re.compile(r"glm-4\.5-air", re.I), ModelSize(106.0, 12.0)),
+    (re.compile(r"glm-4\.5(?!.*air)(?!v)", re.I), ModelSize(355.0, 32.0)),
+)
+"""Mixtures whose names do not state both sizes, with their model cards' figures: the
+first pattern found in a name wins."""
+
+
 def hints_from_model_name(name: str | None) -> ModelSize | None:
     """The model size a served model's name states, or None when it states none.
 
-    ``8x7B`` counts as a mixture (:data:`SHARED_FRACTION`, :data:`EXPERTS_PER_TOKEN`);
-    ``A3B`` sets the active parameters of the total a plain size gives (an ``A`` size
-    with no total is ambiguous: None). Several plain sizes: the largest (a distilled
-    ``...-Llama-70B`` names its own size last, but a name never lists a smaller model
-    than the one served).
+    A family in :data:`PUBLISHED_SIZES` gets its published sizes. ``8x7B`` counts as a
+    mixture (:data:`SHARED_FRACTION`, :data:`EXPERTS_PER_TOKEN`); ``A3B`` sets the
+    active parameters of the total a plain size gives (an ``A`` size with no total, or a
+    size beside an ``NE`` experts count, is ambiguous: None). Several plain sizes: the
+    largest (a distilled ``...-Llama-70B`` names its own size last, but a name never
+    lists a smaller model than the one served).
     """
     if not name:
+        return None
+    for pattern, published in PUBLISHED_SIZES:
+        if pattern.search(name):
+            return published
+    if EXPERT_COUNT.search(name):
         return None
     mixture = MIXTURE.search(name)
     if mixture is not None:
@@ -125,4 +162,10 @@ class SettledName:
         return name
 
 
-__all__ = ["NAME_SETTLE_OBSERVATIONS", "ModelSize", "SettledName", "hints_from_model_name"]
+__all__ = [
+    "NAME_SETTLE_OBSERVATIONS",
+    "PUBLISHED_SIZES",
+    "ModelSize",
+    "SettledName",
+    "hints_from_model_name",
+]

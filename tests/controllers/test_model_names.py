@@ -26,11 +26,11 @@ from gpugov.controllers.online.model_names import (
         ("TheBloke/Llama-2-13B-chat-GPTQ-4bit", 13.0),  # "4bit" is a quantisation
         ("EleutherAI/gpt-j-6b", 6.0),  # lower case
         ("open_llama_3b_v2", 3.0),  # underscores
-        ("openai/gpt-oss-120b", 120.0),
         ("mistralai/Mistral-Small-24B-Instruct-2501", 24.0),  # "2501" is a date
         ("Qwen/Qwen2.5-7B-Instruct-1M", 7.0),  # "1M" is a context length
         ("HuggingFaceTB/SmolLM2-135M", 0.135),  # millions
-        ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", 70.0),
+        ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", 70.0),  # dense, not DeepSeek-R1's
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 1.5),
         ("Llama-3.2-3B-Instruct (BF16, TP=1)", 3.0),  # a bundled profile's model
         ("llama-7b-A100-tuned", 7.0),  # "A100" is a GPU, not an active size
     ],
@@ -83,8 +83,8 @@ def test_an_active_parameter_suffix(name: str, params_b: float, active_params_b:
 @pytest.mark.parametrize(
     "name",
     [
-        "deepseek-ai/DeepSeek-V3",  # no size in the name
-        "microsoft/phi-4",
+        "microsoft/phi-4",  # no size in the name
+        "acme/Sparse-17B-16E",  # an active size beside an experts count, no total
         "microsoft/Phi-3-mini-128k-instruct",  # a context length only
         "Qwen/Qwen1.5-MoE-A2.7B",  # active parameters with no total: ambiguous
         "my-model-2024-05-13",  # a date
@@ -105,3 +105,27 @@ def test_several_sizes_give_the_largest_and_a_nonsense_size_none() -> None:
     assert hints_from_model_name("model-99999B") is None  # beyond any real model
     # An active size above the total is not taken.
     assert hints_from_model_name("model-7B-A13B") == ModelSize(7.0, 7.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "params_b", "active_params_b"),
+    [
+        ("openai/gpt-oss-120b", 117.0, 5.1),  # the name states the total, rounded
+        ("openai/gpt-oss-20b", 21.0, 3.6),
+        ("meta-llama/Llama-4-Scout-17B-16E-Instruct", 109.0, 17.0),  # 17B is the active
+        ("meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8", 400.0, 17.0),
+        ("deepseek-ai/DeepSeek-V3", 671.0, 37.0),  # no size in the name
+        ("deepseek-ai/DeepSeek-R1-0528", 671.0, 37.0),
+        ("deepseek-ai/DeepSeek-V2-Lite-Chat", 15.7, 2.4),
+        ("deepseek-ai/DeepSeek-V2.5", 236.0, 21.0),
+        ("moonshotai/Kimi-K2-Instruct", 1000.0, 32.0),
+        ("zai-org/GLM-4.5-Air-FP8", 106.0, 12.0),
+        ("zai-org/GLM-4.5", 355.0, 32.0),
+    ],
+)
+def test_a_mixture_whose_name_hides_a_size_gets_its_published_sizes(
+    name: str, params_b: float, active_params_b: float
+) -> None:
+    # Read by the size rule these would be dense (gpt-oss-120b: 120B active, 23 times
+    # the 5.1B each token reads) or have no hint at all.
+    assert hints_from_model_name(name) == ModelSize(params_b, active_params_b)

@@ -74,10 +74,10 @@ def test_an_unknown_name_or_gpu_is_one_line_each_and_no_shape() -> None:
     lines: list[str] = []
     hints = AutoHints(gpu=H100, warn=lines.append)
     for _ in range(3):
-        prior = hints.prior_for("deepseek-ai/DeepSeek-V3")
+        prior = hints.prior_for("microsoft/phi-4")
         # The GPU alone still gives the board power (the power-cap fallback).
         assert prior is not None and not prior.time_table and prior.board_power_w
-    assert len(lines) == 1 and "DeepSeek-V3" in lines[0] and "no size" in lines[0]
+    assert len(lines) == 1 and "phi-4" in lines[0] and "no size" in lines[0]
     unknown_gpu = AutoHints(gpu="Tesla V100-SXM2-16GB", warn=lines.append)
     for name in ("llama-8B", "llama-70B", "llama-8B"):
         assert unknown_gpu.prior_for(name) is None
@@ -178,8 +178,8 @@ def test_an_unknown_name_logs_one_line_over_many_ticks(caplog: pytest.LogCapture
     controller = unwrap(build_controller(OnlineMPCControllerConfig(kind="mpc-online"), _context()))
     with caplog.at_level(logging.WARNING):
         for tick in range(30):
-            controller(_observation(float(tick), "deepseek-ai/DeepSeek-V3"))
-    lines = [r.getMessage() for r in caplog.records if "DeepSeek-V3" in r.getMessage()]
+            controller(_observation(float(tick), "microsoft/phi-4"))
+    lines = [r.getMessage() for r in caplog.records if "phi-4" in r.getMessage()]
     assert len(lines) == 1
 
 
