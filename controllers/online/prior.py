@@ -37,13 +37,19 @@ from gpugov.plant.zoo import GPUS, GpuSpec, ModelSpec, ProfileSpec
 GPU_FAMILIES: tuple[tuple[str, str], ...] = (
     ("B200", "b200"),
     ("H200", "h200"),
+    # GH200's GPU is the H100's die (132 SMs, 1,980 MHz) with HBM3 or HBM3e at 4.0 or
+    # 4.9 TB/s: nearer the H200's 4.8 TB/s than the H100's 3.35.
+    ("GH200", "h200"),
     ("H100", "h100"),
+    ("H800", "h100"),  # the H100's die and clocks, with less NVLink bandwidth
     ("A100", "a100"),
+    ("A800", "a100"),  # the A100's die and clocks, with less NVLink bandwidth
     ("L40S", "l40s"),
     ("L4", "l4"),
 )
 """NVML name token -> board of :data:`gpugov.plant.zoo.GPUS` (first match wins; a token
-matches only as a whole word: ``GH200`` and ``L40`` are not ``H200`` and ``L4``)."""
+matches only as a whole word: ``L40`` is not ``L4``). Export variants of a board's die
+(H800, A800) and the Grace Hopper superchip's GPU take that board's figures."""
 AUTO = "auto"
 """``gpu = "auto"``: the daemon fills in the NVML name of the domain's first GPU."""
 REFERENCE_BATCH = 64

@@ -47,7 +47,10 @@ from gpugov.plant.zoo import GPUS, MODELS, ProfileSpec
         ("NVIDIA B200", "b200"),
         ("NVIDIA L40S", "l40s"),
         ("NVIDIA L4", "l4"),
-        ("NVIDIA GH200 480GB", None),  # not an H200 by a substring
+        ("NVIDIA GH200 480GB", "h200"),  # its own token: the H100 die, H200-like memory
+        ("NVIDIA H800", "h100"),
+        ("NVIDIA A800-SXM4-80GB", "a100"),
+        ("NVIDIA XH200", None),  # not an H200 by a substring
         ("NVIDIA L40", None),  # not an L4
         ("Tesla V100-SXM2-16GB", None),
     ],
