@@ -503,7 +503,7 @@ class ClockActuator:
         entry = self.state.get(key) if self.state is not None else None
         if entry is not None and self.state is not None and self.state.written_here(key):
             entry = None  # our own (cannot happen at start; be safe)
-        if entry is not None and live_gpugov_pid(entry.get("pid")):
+        if entry is not None and live_gpugov_pid(entry.get("pid"), entry.get("time")):
             # Its writer still runs: another daemon governs this GPU (its state directory's
             # hold was lost, say, the directory deleted under it). Resetting its live lock
             # would start a fight for the clock.

@@ -262,10 +262,11 @@ class LockState:
     def _put(self, entries: dict[str, dict[str, Any]], key: str, gpu: str, **values: int) -> None:
         """Set GPU ``key``'s entry in ``entries`` to ``values``, stamped with this process
         and the time, and write the file; nothing when this process's entry already
-        holds those values."""
+        holds those values (one a previous run with this pid left is stamped anew)."""
+        mine = (entries is self._limits, key) in self._written
         self._written.add((entries is self._limits, key))
         held = entries.get(key, {})
-        if held.get("pid") == self.pid and all(held.get(k) == v for k, v in values.items()):
+        if mine and all(held.get(k) == v for k, v in values.items()):
             return
         entries[key] = {
             "gpu": gpu,
@@ -407,10 +408,13 @@ class LockState:
             )
 
 
-def live_gpugov_pid(pid: object) -> bool:
+def live_gpugov_pid(pid: object, written: object = None) -> bool:
     """Whether ``pid`` names a running process other than this one that is a gpugov (its
-    command line names gpugov, where ``/proc`` tells). A lock record's writer still
-    running is another daemon on the same GPUs, not a crash's leftover."""
+    command line names gpugov, where ``/proc`` tells) and, given the record's ``written``
+    time, that started before it: a process started after the record was written is the
+    pid used again (after a reboot, another gpugov such as the actuator), not its writer.
+    A lock record's writer still running is another daemon on the same GPUs, not a crash's
+    leftover."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
         return False
     try:
@@ -425,7 +429,41 @@ def live_gpugov_pid(pid: object) -> bool:
         command = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True  # alive, and no /proc to tell what it is: take it as the writer
-    return b"gpugov" in command
+    if b"gpugov" not in command:
+        return False
+    started, at = _started_unix_s(pid), _unix_s(written)
+    return started is None or at is None or started <= at + PID_REUSE_SLACK_S
+
+
+PID_REUSE_SLACK_S = 2.0
+"""How much later than a record's time (whole seconds) its pid's process may have started
+and still be taken as its writer: the record's rounding and the start time's."""
+
+
+def _started_unix_s(pid: int) -> float | None:
+    """When process ``pid`` started, in Unix seconds (``/proc/PID/stat``'s start time
+    after boot, and the uptime); None where ``/proc`` does not tell."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        start_ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        ticks_per_s = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime_s - start_ticks / ticks_per_s)
+
+
+def _unix_s(written: object) -> float | None:
+    """A record's ISO 8601 ``time`` in Unix seconds; None when it is no such time."""
+    if not isinstance(written, str):
+        return None
+    try:
+        stamp = datetime.datetime.fromisoformat(written)
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        return None
+    return stamp.timestamp()
 
 
 def gpu_key(backend: object) -> str:

@@ -554,7 +554,7 @@ class PowerLimitActuator:
         entry = self.state.get_power_limit(key)
         if entry is None or self.state.written_here(key, power_limit=True):
             return None
-        if live_gpugov_pid(entry.get("pid")):
+        if live_gpugov_pid(entry.get("pid"), entry.get("time")):
             raise ConfigError(
                 f"GPU {label}: gpugov pid {entry.get('pid')} holds its power limit "
                 f"({self.state.path}) and is still running; stop it first"

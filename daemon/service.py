@@ -580,7 +580,11 @@ def reset_left_locks(
     ours = {gpu_key(backend) for backend in assembled.backends}
     lines: list[str] = []
     for key, entry in state.read().items():
-        if key in ours or state.written_here(key) or live_gpugov_pid(entry.get("pid")):
+        if (
+            key in ours
+            or state.written_here(key)
+            or live_gpugov_pid(entry.get("pid"), entry.get("time"))
+        ):
             continue
         named, backend = _open_recorded(config, key, entry, stop)
         low, high = entry.get("min_mhz"), entry.get("max_mhz")
@@ -644,7 +648,7 @@ def _restore_left_power_limits(
         if (
             key in ours
             or state.written_here(key, power_limit=True)
-            or live_gpugov_pid(entry.get("pid"))
+            or live_gpugov_pid(entry.get("pid"), entry.get("time"))
         ):
             continue
         named, backend = _open_recorded(config, key, entry, stop)

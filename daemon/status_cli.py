@@ -60,8 +60,16 @@ def held_by_gpugov(state_dir: Path | None, uuids: Iterable[str]) -> dict[str, di
         lock, limit = state.get(uuid), state.get_power_limit(uuid)
         if lock is None and limit is None:
             continue
-        pids = [entry.get("pid") for entry in (lock, limit) if entry is not None]
-        pid = next((p for p in pids if isinstance(p, int) and not isinstance(p, bool)), None)
+        entries = [entry for entry in (lock, limit) if entry is not None]
+        writer = next(
+            (
+                e
+                for e in entries
+                if isinstance(e.get("pid"), int) and not isinstance(e["pid"], bool)
+            ),
+            None,
+        )
+        pid = None if writer is None else writer["pid"]
         held[uuid] = {
             "clock_lock_mhz": None if lock is None else [lock.get("min_mhz"), lock.get("max_mhz")],
             "power_limit_w": (
@@ -69,7 +77,7 @@ def held_by_gpugov(state_dir: Path | None, uuids: Iterable[str]) -> dict[str, di
             ),
             "power_limit_before_w": None if limit is None else limit["original_mw"] / 1000.0,
             "pid": pid,
-            "running": pid is not None and live_gpugov_pid(pid),
+            "running": writer is not None and live_gpugov_pid(pid, writer.get("time")),
         }
     return held
 

@@ -369,6 +369,63 @@ def test_reconcile_refuses_a_lock_whose_gpugov_still_runs(tmp_path: Path) -> Non
     assert line.endswith("; reset") and fake.locked(0) is None
 
 
+def test_a_record_older_than_the_gpugov_now_running_under_its_pid_is_a_leftover(
+    tmp_path: Path,
+) -> None:
+    """After a reboot the record's pid can be another gpugov's (the split mode's actuator,
+    started at boot): a process started after the record was written is not its writer.
+    The start refused (exit 2, which the units do not restart) until the file was removed
+    by hand; the lock and the power limit are now undone."""
+    import json
+    import subprocess
+    import sys
+
+    from gpugov.daemon.power_limit import PowerLimitActuator
+
+    fake = FakeNvml(1)
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "gpugov-actuator-stand-in"]
+    )
+    try:
+        killed = LockState(tmp_path, pid=other.pid)
+        ClockActuator([NvmlBackend(0, nvml=fake)], state=killed).apply(900)
+        PowerLimitActuator([NvmlBackend(0, nvml=fake)], domain="d", state=killed).apply(300.0)
+        data = json.loads((tmp_path / "locks.json").read_text())
+        for entries in (data["gpus"], data["power_limits"]):
+            entries["GPU-fake-0000"]["time"] = "2026-01-01T00:00:00+00:00"  # before the boot
+        (tmp_path / "locks.json").write_text(json.dumps(data))
+        state = LockState(tmp_path)
+        (line,) = ClockActuator([NvmlBackend(0, nvml=fake)], state=state).reconcile("reset")
+        assert f"previous gpugov run (pid {other.pid}" in line and line.endswith("; reset")
+        (limit,) = PowerLimitActuator(
+            [NvmlBackend(0, nvml=fake)], domain="d", state=state
+        ).reconcile()
+        assert limit.endswith("; restored")
+        assert fake.locked(0) is None and fake.gpus[0].power_limit_mw == 700_000
+        assert LockState(tmp_path).read() == {} and LockState(tmp_path).power_limits() == {}
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_lock_adopted_from_a_run_with_this_pid_is_stamped_anew(tmp_path: Path) -> None:
+    """The record of a lock adopted from a killed run that had this pid (a container's
+    pid 1) is written again with this run's time: kept with the old time, it would read
+    as a leftover of a process that started after it, and be reset under this run."""
+    import json
+
+    fake = FakeNvml(1)
+    ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path, pid=1)).apply(900)
+    data = json.loads((tmp_path / "locks.json").read_text())
+    data["gpus"]["GPU-fake-0000"]["time"] = "2026-01-01T00:00:00+00:00"
+    (tmp_path / "locks.json").write_text(json.dumps(data))
+    restarted = ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path, pid=1))
+    (line,) = restarted.reconcile("adopt")
+    assert "left it locked at 900-900 MHz" in line and line.endswith("reset on exit")
+    entry = LockState(tmp_path).read()["GPU-fake-0000"]
+    assert entry["max_mhz"] == 900 and entry["time"] != "2026-01-01T00:00:00+00:00"
+
+
 def test_reconcile_sees_a_lock_nobody_recorded_and_can_adopt(tmp_path: Path) -> None:
     fake = FakeNvml(1)
     fake.nvmlInit()
