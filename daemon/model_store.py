@@ -111,6 +111,11 @@ class ModelKey:
     gpu_uuids: tuple[str, ...]
     model_name: str | None
 
+    def __post_init__(self) -> None:
+        """The GPUs as a set, in one order: the model is the domain's whole, whatever order
+        the config lists them in (indices can change order across reboots)."""
+        object.__setattr__(self, "gpu_uuids", tuple(sorted(self.gpu_uuids)))
+
     def as_dict(self) -> dict[str, Any]:
         """JSON form."""
         return {"gpu_uuids": list(self.gpu_uuids), "model_name": self.model_name}

@@ -74,6 +74,18 @@ def test_model_survives_a_restart(tmp_path: Path) -> None:
     assert restored.samples >= learned.samples  # it kept learning from where it stopped
 
 
+def test_the_same_gpus_listed_in_another_order_keep_the_model(tmp_path: Path) -> None:
+    """A domain's GPUs named in another order (indices that changed order across a reboot,
+    a config rewritten with UUIDs) are the same domain: its model is restored, not kept
+    aside as another node's and learned anew."""
+    _learn(tmp_path, gpus=("GPU-bbbb", "GPU-aaaa"))
+    second = PersistentOnlineModel(_controller(), tmp_path, "llm", ("GPU-aaaa", "GPU-bbbb"))
+    workload = poisson_requests(5.0, seed=9)
+    simulate(workload, make_plant(), chunked_prefill_scheduler, Named(second, "llama"), 0)
+    assert second.restored, second.messages
+    assert not list(tmp_path.glob("online-model-llm.json.other-*"))
+
+
 @pytest.mark.parametrize(
     ("gpus", "name"),
     [(("GPU-aaaa", "GPU-cccc"), "llama"), (GPUS, "mistral")],
