@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import ipaddress
 import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from gpugov.daemon.errors import EngineHttpError, EngineParseError, EngineUnavailable
 
@@ -89,6 +91,107 @@ class ExchangeDeadline:
         self._timer.cancel()
 
 
+Address = tuple[Any, ...]
+"""One ``socket.getaddrinfo`` row: family, type, protocol, canonical name, address."""
+
+
+class ResolveTimeout(OSError):
+    """A host name's lookup has not answered within the scrape's time left."""
+
+
+class _Lookup:
+    """One ``getaddrinfo`` of a host on a daemon thread, its answer kept for the caller."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.done = threading.Event()
+        self.addresses: list[Address] = []
+        self.error: OSError | None = None
+        self.started_s = time.monotonic()
+        threading.Thread(
+            target=self._run, args=(host, port), name="gpugov-resolve", daemon=True
+        ).start()
+
+    def _run(self, host: str, port: int) -> None:
+        try:
+            self.addresses = list(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as error:
+            self.error = error
+        except Exception as error:  # the thread's outermost edge: handed to the caller
+            self.error = OSError(f"{type(error).__name__}: {error}")
+        finally:
+            self.done.set()
+
+
+class Resolver:
+    """Host names looked up with a deadline. The system's resolver has none of its own:
+    a DNS server that does not answer (a cluster DNS down, under ``ndots:5`` search
+    domains) held a scrape, and so the loop, for its 5 s timeout per try and per search
+    domain, far past the scrape's deadline and ``stale_after_s``. Each lookup runs on a
+    daemon thread, waited for at most the time left; one still running past that is not
+    started again (the next scrape waits for it, then takes its answer). An IP address
+    is no name and is not looked up."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[tuple[str, int], _Lookup] = {}
+
+    def __call__(self, host: str, port: int, wait_s: float) -> list[Address] | None:
+        """``host``'s addresses (None for an IP address: connect to it as it is).
+
+        Raises:
+            ResolveTimeout: no answer within ``wait_s`` (the lookup goes on).
+            OSError: the lookup failed (``socket.gaierror``: no such name).
+        """
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            pass
+        else:
+            return None
+        with self._lock:
+            lookup = self._running.get((host, port))
+            if lookup is None:
+                lookup = self._running[(host, port)] = _Lookup(host, port)
+        if not lookup.done.wait(max(wait_s, 0.0)):
+            age = time.monotonic() - lookup.started_s
+            raise ResolveTimeout(
+                f"cannot resolve {host}: no answer within {wait_s:.3g} s (the lookup has "
+                f"run {age:.1f} s: a DNS server that does not answer)"
+            )
+        with self._lock:
+            if self._running.get((host, port)) is lookup:
+                del self._running[(host, port)]
+        if lookup.error is not None:
+            raise lookup.error
+        return lookup.addresses
+
+
+def connect_any(
+    addresses: Sequence[Address],
+    _address: tuple[str, int],
+    timeout: Any = None,
+    source_address: Any = None,
+) -> socket.socket:
+    """``socket.create_connection`` to addresses already looked up, each in turn (an
+    ``HTTPConnection``'s ``_create_connection``: its Host header and TLS name stay the
+    host's)."""
+    error: OSError | None = None
+    for family, kind, protocol, _name, address in addresses:
+        sock = socket.socket(family, kind, protocol)
+        try:
+            if isinstance(timeout, int | float):
+                sock.settimeout(timeout)
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(address)
+        except OSError as caught:
+            sock.close()
+            error = caught
+            continue
+        return sock
+    raise error if error is not None else OSError("the name has no address")
+
+
 class KeepAliveFetcher:
     """GET over one persistent HTTP/1.1 connection per host, reopened when it fails.
 
@@ -104,12 +207,30 @@ class KeepAliveFetcher:
     def __init__(self, max_bytes: int = MAX_PAGE_BYTES) -> None:
         self.max_bytes = int(max_bytes)
         self._connections: dict[tuple[str, str, int], http.client.HTTPConnection] = {}
+        self._resolve = Resolver()
 
     def _open(self, key: tuple[str, str, int], timeout_s: float) -> http.client.HTTPConnection:
+        """A new connection to ``key``'s host, its name looked up within ``timeout_s``.
+
+        Raises:
+            ResolveTimeout, OSError: as :class:`Resolver` does.
+        """
         scheme, host, port = key
+        addresses = self._resolve(host, port, timeout_s)
+        connection: http.client.HTTPConnection
         if scheme == "https":
-            return http.client.HTTPSConnection(host, port, timeout=timeout_s)
-        return http.client.HTTPConnection(host, port, timeout=timeout_s)
+            connection = http.client.HTTPSConnection(host, port, timeout=timeout_s)
+        else:
+            connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+        if addresses is not None:
+            # Connect to what was looked up: the connection would look the name up again,
+            # with no deadline.
+            connection._create_connection = (  # type: ignore[attr-defined]
+                lambda address, timeout=None, source=None: connect_any(
+                    addresses, address, timeout, source
+                )
+            )
+        return connection
 
     def __call__(self, url: str, timeout_s: float) -> str:
         parts = urllib.parse.urlsplit(url)
@@ -131,7 +252,14 @@ class KeepAliveFetcher:
             connection = self._connections.pop(key, None)
             reused = connection is not None
             if connection is None:
-                connection = self._open(key, remaining)
+                try:
+                    connection = self._open(key, remaining)
+                except ResolveTimeout as error:
+                    raise EngineUnavailable(f"{url}: {error}") from error
+                except OSError as error:
+                    raise EngineUnavailable(
+                        f"{url}: {describe_failure(error, *key[1:])}"
+                    ) from error
             elif connection.sock is not None:
                 connection.sock.settimeout(remaining)
             deadline = ExchangeDeadline(connection, remaining)

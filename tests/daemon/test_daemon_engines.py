@@ -294,11 +294,55 @@ def test_https_uses_a_tls_connection(monkeypatch: pytest.MonkeyPatch) -> None:
         def close(self) -> None: ...
 
     monkeypatch.setattr(http.client, "HTTPSConnection", Refused)
+    monkeypatch.setattr(scrape.socket, "getaddrinfo", lambda *args, **kwargs: [])
     with pytest.raises(EngineUnavailable, match="refused"):
         scrape.KeepAliveFetcher()("https://engine.example:8443/metrics", 1.0)
     assert seen == [("engine.example", 8443)]
     with pytest.raises(EngineUnavailable, match="not an http"):
         scrape.KeepAliveFetcher()("ftp://127.0.0.1/metrics", 1.0)
+
+
+def test_a_dns_lookup_that_hangs_costs_a_scrape_its_deadline_not_the_loop(
+    metrics_server: MetricsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's host name is looked up with the scrape's deadline. The system's
+    resolver has none: a cluster DNS that did not answer held the scrape, and the loop,
+    for its timeouts (seconds per try and search domain) past ``stale_after_s``. A lookup
+    still running is not started again; once it answers, the scrape connects to what it
+    found, the Host header still the name."""
+    import socket
+    import threading
+
+    import gpugov.daemon.scrape as scrape
+
+    metrics_server.page = "up 1\n"
+    port = int(metrics_server.url.rsplit(":", 1)[1].split("/")[0])
+    answer = threading.Event()
+    lookups: list[str] = []
+    real = socket.getaddrinfo
+
+    def hung_dns(host: str, *args: object, **kwargs: object) -> object:
+        if host.endswith(".invalid"):
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        lookups.append(host)
+        assert answer.wait(30), "the test never answered the lookup"
+        return real("127.0.0.1", *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(scrape.socket, "getaddrinfo", hung_dns)
+    fetch = scrape.KeepAliveFetcher()
+    url = f"http://vllm-local.inference.svc.cluster.local:{port}/metrics"
+    try:
+        for _ in range(2):
+            with pytest.raises(EngineUnavailable, match=r"cannot resolve vllm-local.*no answer"):
+                fetch(url, 0.05)
+        assert not answer.is_set()  # both scrapes returned while the lookup hung
+        assert lookups == ["vllm-local.inference.svc.cluster.local"]  # one lookup, not two
+    finally:
+        answer.set()
+    assert fetch(url, 5.0) == "up 1\n"
+    assert metrics_server.requests == 1
+    with pytest.raises(EngineUnavailable, match=r"cannot resolve no-such-host\.invalid: Name"):
+        fetch("http://no-such-host.invalid:1/metrics", 5.0)
 
 
 def test_series_cache_gives_same_answer_without_reparsing(monkeypatch: pytest.MonkeyPatch) -> None:
