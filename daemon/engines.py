@@ -720,7 +720,8 @@ class ScrapedSource:
     Args:
         url: the metrics URL, e.g. ``http://127.0.0.1:8000/metrics``.
         kind: ``"vllm"``, ``"sglang"``, ``"tgi"`` or ``"auto"`` (detected on the first
-            successful scrape, then fixed).
+            successful scrape, and again on a page without the detected kind's queue
+            gauges: an engine of another kind restarted on the same port).
         timeout_s: one deadline for the whole scrape (connect, headers, body).
         fetch: ``(url, timeout_s) -> text``; tests may pass their own.
         max_page_bytes: a larger page is refused (a bad scrape).
@@ -741,6 +742,7 @@ class ScrapedSource:
         self.timeout_s = timeout_s
         self._fetch = fetch or KeepAliveFetcher(max_bytes=max_page_bytes)
         self.spec: EngineSpec | None = None if kind == "auto" else SPECS[kind]
+        self._auto = kind == "auto"
         self._wanted = None if self.spec is None else self.spec.wanted()
         self._cache: SeriesCache = {}
         self._missing: tuple[str, ...] = ()
@@ -760,14 +762,50 @@ class ScrapedSource:
         budget = self.timeout_s if timeout_s is None else max(0.0, min(timeout_s, self.timeout_s))
         text = self._fetch(self.url, budget)
         if self.spec is None:
-            kind = detect_engine(sample_name(line) for line in text.splitlines() if line[:1] != "#")
-            if kind is None:
-                raise EngineParseError(
-                    f"{self.url}: no vllm:, sglang: or tgi_ metrics on the page; "
-                    "set the engine kind explicitly"
-                )
-            self.spec = SPECS[kind]
-            self._wanted = self.spec.wanted()
+            self._detect(text)
+        try:
+            return self._parse(text)
+        except EngineParseError:
+            if not self._auto or not self._detect(text):
+                raise
+            return self._parse(text)
+
+    def _detect(self, text: str) -> bool:
+        """Detect the engine kind from ``text`` (``kind = "auto"``); whether it changed. A
+        page of another kind than the one detected before is an engine of that kind
+        restarted on the same port (one WARNING): it was read as a page without queue
+        gauges, the fail-safe held until the daemon restarted.
+
+        Raises:
+            EngineParseError: no engine's metrics on a first page.
+        """
+        kind = detect_engine(sample_name(line) for line in text.splitlines() if line[:1] != "#")
+        if kind is None:
+            if self.spec is not None:
+                return False
+            raise EngineParseError(
+                f"{self.url}: no vllm:, sglang: or tgi_ metrics on the page; "
+                "set the engine kind explicitly"
+            )
+        if self.spec is not None and self.spec.kind == kind:
+            return False
+        if self.spec is not None:
+            log.warning(
+                "%s: the engine is now %s (it was %s): read as %s from here (engine kind auto)",
+                self.url,
+                kind,
+                self.spec.kind,
+                kind,
+            )
+        self.spec = SPECS[kind]
+        self._wanted = self.spec.wanted()
+        self._cache = {}
+        self._missing = ()
+        return True
+
+    def _parse(self, text: str) -> EngineSample:
+        """The engine sample of the page ``text``, as the detected kind reads it."""
+        assert self.spec is not None and self._wanted is not None
         series = parse_page(text, self._wanted, self.url, self._cache)
         if DYNAMO_MARK in text:  # a Dynamo worker: its component series name the role
             series.update(parse_page(text, DYNAMO_SERIES, self.url, self._cache))

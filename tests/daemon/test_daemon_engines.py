@@ -171,6 +171,30 @@ def test_auto_detection(name: str, kind: str) -> None:
     assert source.kind == kind
 
 
+def test_an_engine_of_another_kind_on_the_same_port_is_detected_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``kind = "auto"``: vLLM detected, then SGLang restarted on the same port. Its pages
+    were read as vLLM pages without queue gauges, every scrape a bad one (the fail-safe
+    held until the daemon restarted); they are read as SGLang's, with one warning. A kind
+    set in the config is not second-guessed, and a page of no engine stays an error."""
+    pages = {"now": fixture_text("vllm_v1_real.txt")}
+    source = ScrapedSource("http://h/metrics", "auto", fetch=lambda url, t: pages["now"])
+    fixed = ScrapedSource("http://h/metrics", "vllm", fetch=lambda url, t: pages["now"])
+    assert source.scrape().engine == "vllm" and fixed.scrape().engine == "vllm"
+    pages["now"] = fixture_text("sglang_real.txt")
+    with caplog.at_level(logging.WARNING):
+        assert source.scrape().engine == "sglang"
+    assert source.kind == "sglang"
+    assert "the engine is now sglang (it was vllm)" in caplog.text
+    with pytest.raises(EngineParseError, match="no vllm queue gauges"):
+        fixed.scrape()
+    pages["now"] = "up 1\n"
+    with pytest.raises(EngineParseError, match="no sglang queue gauges"):
+        source.scrape()
+    assert source.kind == "sglang"
+
+
 def test_detect_engine_unknown() -> None:
     assert detect_engine(["node_cpu_seconds_total"]) is None
     source = ScrapedSource("http://h/metrics", fetch=lambda url, t: "up 1\n")
