@@ -460,6 +460,13 @@ as 1e300 W (a unit slip, a corrupt cell) is refused, where it was taken and made
 energy figure meaningless."""
 
 
+MIN_RATE_TOKENS_PER_S = 1.0
+"""The slowest prefill or decode rate a profile's CSV may list. No board serves a model at
+under a token a second (the bundled profiles' slowest is 405 tokens/s); a decode rate of
+1e-300 made one iteration overflow the simulator (a traceback mid-run), and a prefill rate
+of 5e-324 made every power NaN, so a run failed writing its JSON at the end."""
+
+
 def _read_csv(path: Path, text: str, power_limit_w: float) -> dict[str, NDArray[np.float64]]:
     with io.StringIO(text, newline="") as handle:
         reader = csv.DictReader(handle)
@@ -497,6 +504,12 @@ def _read_csv(path: Path, text: str, power_limit_w: float) -> dict[str, NDArray[
                 if not np.isfinite(value) or value <= 0.0:
                     raise ProfileError(
                         f"{path}:{line_number}: column {column!r} must be positive, got {raw!r}"
+                    )
+                if column.endswith("_tokens_per_s") and value < MIN_RATE_TOKENS_PER_S:
+                    raise ProfileError(
+                        f"{path}:{line_number}: column {column!r} must be at least "
+                        f"{MIN_RATE_TOKENS_PER_S:g} token/s, got {raw!r}; no board serves a "
+                        "model slower (a unit slip or a corrupt cell?)"
                     )
                 if column.endswith("_power_w") and value > MAX_POWER_OVER_LIMIT * power_limit_w:
                     raise ProfileError(
@@ -613,16 +626,29 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
         raise ProfileError(f"{manifest_path}: 'engine' must be an object")
     for key in ENGINE_COUNT_KEYS:
         value = engine.get(key)
+        # Bounded above too: a max_batch_size of 10**30 (an int no float holds exactly)
+        # ended the load in a numpy TypeError traceback.
         if value is not None and not (
-            _is_number(value) and float(value).is_integer() and value >= 1
+            _is_number(value) and float(value).is_integer() and 1 <= value <= MAX_ENGINE_COUNT
         ):
             raise ProfileError(
-                f"{manifest_path}: engine.{key} must be an integer >= 1, got {value!r}"
+                f"{manifest_path}: engine.{key} must be an integer in "
+                f"[1, {MAX_ENGINE_COUNT:g}], got {value!r:.40}"
             )
-    for key in ("ttft_slo_s", "tpot_slo_s", "power_limit_w"):
+    for key, largest, unit in (
+        ("ttft_slo_s", MAX_SLO_S, "s"),
+        ("tpot_slo_s", MAX_SLO_S, "s"),
+        ("power_limit_w", MAX_POWER_LIMIT_W, "W"),
+    ):
         value = manifest[key]
         if not _is_number(value) or not value > 0:
             raise ProfileError(f"{manifest_path}: {key} must be a positive number, got {value!r}")
+        if value > largest:
+            # 1e308 s or 1e200 W was taken: the run then failed in its controller with an
+            # OverflowError, or printed numpy's RuntimeWarnings, after the work had begun.
+            raise ProfileError(
+                f"{manifest_path}: {key} must be at most {largest:g} {unit}, got {value!r}"
+            )
     clock_range = manifest.get("clock_range_mhz")
     if clock_range is not None and not (
         isinstance(clock_range, list)
@@ -635,9 +661,10 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
             f"0 < lowest < highest, got {clock_range!r}"
         )
     allowance = manifest.get("ttft_slo_per_prompt_token_s", 0.0)
-    if not _is_number(allowance) or allowance < 0:
+    if not _is_number(allowance) or not 0 <= allowance <= MAX_SLO_S:
         raise ProfileError(
-            f"{manifest_path}: ttft_slo_per_prompt_token_s must be a number >= 0, got {allowance!r}"
+            f"{manifest_path}: ttft_slo_per_prompt_token_s must be a number in "
+            f"[0, {MAX_SLO_S:g}] s, got {allowance!r}"
         )
     tp = _tp_size(manifest.get("tensor_parallel", 1))
     if not isinstance(tp, int) or isinstance(tp, bool) or not 1 <= tp <= MAX_TENSOR_PARALLEL:
@@ -798,6 +825,13 @@ MAX_TENSOR_PARALLEL = 1024
 """The largest TP degree a profile may state (a rack-scale NVLink domain holds 576 GPUs)."""
 MAX_CLOCK_MHZ = 100_000.0
 """The highest clock a profile may list (the daemon's flags and config take no more)."""
+MAX_SLO_S = 10.0 * 365 * 86_400
+"""The longest SLO a profile may state: ten years, the bound of every duration flag
+(``gpugov.daemon.limits.MAX_SECONDS``; the plant imports nothing of ours, a test holds
+them equal)."""
+MAX_POWER_LIMIT_W = 1_000_000.0
+"""The largest ``power_limit_w`` a profile may state: the config's and a ``--controller``
+spec's bound on a power (``gpugov.daemon.limits.MAX_POWER_W``; a test holds them equal)."""
 ABSOLUTE_ZERO_C = -273.15
 """No ambient temperature is at or below it."""
 

@@ -115,7 +115,10 @@ def test_csv_error_reports_real_line_after_blank_line(tmp_path: Path) -> None:
             r"got -1e\+300$",
         ),
         ({"engine": [1]}, "'engine' must be an object"),
-        ({"engine__max_batch_size": 0}, "engine.max_batch_size must be an integer >= 1, got 0"),
+        (
+            {"engine__max_batch_size": 0},
+            r"engine.max_batch_size must be an integer in \[1, 1e\+12\], got 0",
+        ),
         ({"engine__kv_capacity_tokens": 1.5}, "engine.kv_capacity_tokens must be an integer"),
         ({"engine__reference_batch_size": "64"}, "engine.reference_batch_size must be"),
         (
@@ -163,7 +166,7 @@ def test_profiles_compare_by_identity() -> None:
         # An object without "size" was read as TP 1.
         ({"tensor_parallel": {"sizes": 4}}, r"tensor_parallel size .* got \{'sizes': 4\}"),
         ({"decode_latency_model__weight_fraction": float("nan")}, "decode_latency_model"),
-        ({"engine__reference_batch_size": 1e300}, "decode_latency_model"),
+        ({"engine__reference_batch_size": 1e300}, r"engine\.reference_batch_size must be an"),
         ({"decode_power_batch_model": {"k": float("nan"), "x0": 1.0}}, "decode_power_batch"),
         (
             {
@@ -173,6 +176,15 @@ def test_profiles_compare_by_identity() -> None:
             },
             "realized_clock_median_mhz_by_requested",
         ),
+        # Each of these was taken and failed the run later: a numpy TypeError traceback at
+        # load (the batch), an OverflowError in the controller mid-run (the SLO), numpy
+        # RuntimeWarnings on stderr (the power limit).
+        ({"engine__max_batch_size": 10**30}, r"engine\.max_batch_size must be an integer in"),
+        ({"engine__kv_capacity_tokens": 10**13}, r"engine\.kv_capacity_tokens must be an"),
+        ({"ttft_slo_s": 1e308}, r"ttft_slo_s must be at most 3\.1536e\+08 s, got 1e\+308$"),
+        ({"tpot_slo_s": 1e300}, r"tpot_slo_s must be at most 3\.1536e\+08 s"),
+        ({"ttft_slo_per_prompt_token_s": 1e300}, r"ttft_slo_per_prompt_token_s must be"),
+        ({"power_limit_w": 1e200}, r"power_limit_w must be at most 1e\+06 W, got 1e\+200$"),
     ],
     ids=[
         "huge-slo",
@@ -183,6 +195,12 @@ def test_profiles_compare_by_identity() -> None:
         "huge-batch",
         "nan-k",
         "huge-clock",
+        "huge-max-batch",
+        "huge-kv-capacity",
+        "huge-ttft-slo",
+        "huge-tpot-slo",
+        "huge-slo-allowance",
+        "huge-power-limit",
     ],
 )
 def test_numbers_no_board_has_are_refused_in_one_line(
@@ -428,6 +446,34 @@ def test_a_clock_above_what_a_node_can_lock_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match=r"'clock_mhz' must be at most 100000 MHz"):
         load_profile(manifest)
     assert profile_module.MAX_CLOCK_MHZ == limits.MAX_CLOCK_MHZ  # one limit everywhere
+
+
+def test_the_profiles_slo_and_power_bounds_are_the_flags() -> None:
+    """A profile's SLOs and power limit take what the flags and the config take."""
+    assert profile_module.MAX_SLO_S == limits.MAX_SECONDS
+    assert profile_module.MAX_POWER_LIMIT_W == limits.MAX_POWER_W
+
+
+@pytest.mark.parametrize("column", ["prefill_tokens_per_s", "decode_tokens_per_s"])
+@pytest.mark.parametrize("value", ["1e-300", "5e-324", "0.5"])
+def test_a_rate_no_board_serves_at_is_refused_naming_the_line(
+    tmp_path: Path, column: str, value: str
+) -> None:
+    # A decode rate of 1e-300 overflowed the simulator mid-run (a traceback); a prefill
+    # rate of 5e-324 made every power NaN and the run failed writing its JSON.
+    manifest, csv_path = copy_profile(tmp_path)
+    lines = csv_path.read_text().splitlines()
+    index = lines[0].split(",").index(column)
+    cells = lines[3].split(",")
+    cells[index] = value
+    lines[3] = ",".join(cells)
+    csv_path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ProfileError) as caught:
+        load_profile(manifest)
+    assert str(caught.value) == (
+        f"{csv_path}:4: column {column!r} must be at least 1 token/s, got {value!r}; "
+        "no board serves a model slower (a unit slip or a corrupt cell?)"
+    )
 
 
 def test_an_idle_power_at_or_over_the_thermal_limit_is_refused(tmp_path: Path) -> None:

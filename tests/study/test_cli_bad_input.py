@@ -258,6 +258,36 @@ def test_reversed_clock_range_in_a_profile(
     assert str(path) in line and "clock_range_mhz must be [lowest, highest]" in line
 
 
+@pytest.mark.parametrize(
+    ("command", "named"),
+    [
+        (["simulate", "--controller", "max"], "decode_tokens_per_s' must be at least 1 token/s"),
+        (["run", "--simulate", "--virtual", "--metrics-address", "none"], "at least 1 token/s"),
+    ],
+    ids=["simulate", "run-simulate"],
+)
+def test_a_profile_rate_no_board_has_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], named: str
+) -> None:
+    """A decode rate of 1e-300 token/s passed the loader and ended the run in an
+    OverflowError traceback; it is one line now, and the earlier output is kept."""
+    name = "h100-sxm-llama3-8b"
+    lines = (PROFILES / f"{name}.csv").read_text().splitlines()
+    lines[1:] = [
+        ",".join([*row.split(",")[:2], "1e-300", *row.split(",")[3:]]) for row in lines[1:]
+    ]
+    (tmp_path / f"{name}.csv").write_text("\n".join(lines) + "\n")
+    shutil.copy(PROFILES / f"{name}.json", tmp_path / f"{name}.json")
+    earlier = tmp_path / "earlier.out"
+    earlier.write_text("the earlier run's\n")
+    flag = "--out" if command[0] == "simulate" else "--record"
+    argv = [*command, "--profile", str(tmp_path / f"{name}.json"), "--duration", "20", "--quiet"]
+    assert main([*argv, flag, str(earlier)]) == 2
+    line = _one_error_line(capsys)
+    assert f"{name}.csv:2: column '" in line and named in line
+    assert earlier.read_text() == "the earlier run's\n"
+
+
 def test_replay_refuses_a_fixed_clock_outside_the_recording(
     recording: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
