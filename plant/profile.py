@@ -8,6 +8,7 @@ their sha256s so every result can say exactly which profile produced it.
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import json
 import math
@@ -446,8 +447,12 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
     bundled = bundled_profile_dir() / f"{name_or_path}.json"
     if bundled.exists():
         return bundled
-    names = ", ".join(row["name"] for row in list_bundled_profiles())
-    raise ProfileError(f"unknown profile {str(name_or_path)!r}; bundled profiles: {names}")
+    known = [row["name"] for row in list_bundled_profiles()]
+    close = difflib.get_close_matches(str(name_or_path), known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ProfileError(
+        f"unknown profile {str(name_or_path)!r}{hint}; bundled profiles: {', '.join(known)}"
+    )
 
 
 MAX_POWER_OVER_LIMIT = 10.0

@@ -31,6 +31,7 @@ The formats are parsed in :mod:`plant.trace_formats`; the synthetic generators l
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import math
 import os
@@ -168,7 +169,9 @@ def resolve_trace(name_or_path: str | Path) -> Path:
 
     Raises:
         TraceError: a shared trace's file is absent; the message names
-            ``$GPUGOV_TRACES_DIR`` and the default directory.
+            ``$GPUGOV_TRACES_DIR`` and the default directory. Or a string without a
+            directory part is neither a name nor a file: the message lists the names
+            and the closest one.
     """
     if isinstance(name_or_path, Path):
         return name_or_path
@@ -200,7 +203,18 @@ def resolve_trace(name_or_path: str | Path) -> Path:
                 "directory holding them"
             )
         return path
-    return Path(name_or_path)
+    path = Path(name_or_path)
+    if os.sep not in name_or_path and not (path.exists() or path.is_symlink()):
+        # A bare word that is no file: most likely a mistyped name, which was refused as
+        # "azure-conv-10mim: cannot read trace file: No such file or directory".
+        known = [*BUNDLED_TRACES, *SHARED_TRACES]
+        close = difflib.get_close_matches(name_or_path, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise TraceError(
+            f"unknown trace {name_or_path!r}: not a trace name ({', '.join(known)}; "
+            f"gpugov traces lists them) nor a file{hint}"
+        )
+    return path
 
 
 def list_traces() -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ the outputs, :mod:`~gpugov.study.scoreboard.disaggregated` the disaggregated lay
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import sys
 from collections import Counter
@@ -107,10 +108,12 @@ def config_for(
                 and name not in SHARED_TRACES
                 and not (Path(name).is_file())
             ):
-                known = " ".join([*BUNDLED_TRACES, *SHARED_TRACES])
+                names = [*BUNDLED_TRACES, *SHARED_TRACES]
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ValueError(
-                    f"--traces: unknown trace {name!r}, not a trace name ({known}; see "
-                    "gpugov traces) nor a file"
+                    f"--traces: unknown trace {name!r}, not a trace name ({' '.join(names)}; "
+                    f"see gpugov traces) nor a file{hint}"
                 )
             if name not in BUNDLED_TRACES and name not in SHARED_TRACES:
                 # A file the user named: read now, so a bad one is refused before any work

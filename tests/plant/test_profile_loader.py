@@ -147,6 +147,12 @@ def test_missing_profile_file_is_named(tmp_path: Path) -> None:
         load_profile(missing)
     with pytest.raises(ProfileError, match="unknown profile 'nope'; bundled profiles: "):
         load_profile("nope")
+    with pytest.raises(
+        ProfileError,
+        match=r"^unknown profile 'h100-sxm-llama3-8c' \(did you mean 'h100-sxm-llama3-8b'\?\); "
+        "bundled profiles: ",
+    ):
+        load_profile("h100-sxm-llama3-8c")
 
 
 def test_profiles_compare_by_identity() -> None:

@@ -994,6 +994,30 @@ def test_resolve_trace_names_env_and_paths(tmp_path: Path, monkeypatch: pytest.M
     assert not listing["mooncake"]["present"]
 
 
+@pytest.mark.parametrize(
+    ("argument", "hint"),
+    [
+        ("azure-conv-10mim", "; did you mean 'azure-conv-10min'?"),
+        ("mooncak", "; did you mean 'mooncake'?"),
+        ("nosuch", ""),
+    ],
+)
+def test_a_bare_word_that_is_no_name_nor_file_lists_the_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argument: str, hint: str
+) -> None:
+    """A mistyped name was read as a path: "azure-conv-10mim: cannot read trace file: No
+    such file or directory", with no word of the names."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TraceError) as caught:
+        load_trace(argument)
+    assert str(caught.value) == (
+        f"unknown trace {argument!r}: not a trace name (azure-conv-10min, azure-conv, "
+        f"azure-code, mooncake, burstgpt1, burstgpt3; gpugov traces lists them) nor a file" + hint
+    )
+    write(tmp_path, argument, "arrival_time_s,prompt_tokens,output_tokens\n0,10,10\n")
+    assert resolve_trace(argument) == Path(argument)  # a file of that name is read
+
+
 def test_default_traces_dir_is_next_to_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(TRACES_DIR_ENV, raising=False)
     module_file = Path(workload_module.__file__).resolve()

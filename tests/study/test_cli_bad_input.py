@@ -78,6 +78,11 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["status", "--engine-url", "notaurl"], "--engine-url notaurl: not an http(s) URL"),
         (["status", "--engine-url", "http://127.0.0.1:99999/metrics"], "valid port"),
         (["bench", "controllers", "--traces", "nosuch"], "unknown trace 'nosuch'"),
+        (
+            ["bench", "controllers", "--traces", "azure-conv-10mim"],
+            "nor a file; did you mean 'azure-conv-10min'?",
+        ),
+        (["simulate", "--trace", "azure-conv-10mim"], "did you mean 'azure-conv-10min'?"),
         (["bench", "controllers", "--jobs", "0"], "argument --jobs: must be an integer in [1, "),
         (["experiments", "--out", "/dev/null/x"], "/dev/null is not a directory"),
     ],
