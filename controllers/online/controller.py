@@ -555,6 +555,14 @@ class OnlineMPCController(MeasuredLatencyRules):
 
     def __call__(self, observation: ServingObservation) -> float:
         self._mpc_decided = False
+        clocks = observation.supported_clocks_mhz
+        if len(clocks) == 1:
+            # A GPU with one supported clock: nothing to choose, and no clock response to
+            # learn (a model needs two clocks). Every tick had raised, and a node stops
+            # after a run of controller failures.
+            self.last_reason = "one clock"
+            self.current_clock = float(clocks[0])
+            return self.current_clock
         self.observe(observation)
         self.backlog_age.update(observation)
         self.work_mix.update(observation)
@@ -781,7 +789,9 @@ class OnlineMPCController(MeasuredLatencyRules):
         }
 
 
-_NO_NEED_REASONS = frozenset({"start", "warm-up", "warm-up-descent", "idle-park", "no SLO known"})
+_NO_NEED_REASONS = frozenset(
+    {"start", "warm-up", "warm-up-descent", "idle-park", "no SLO known", "one clock"}
+)
 """The ``last_reason`` values of a decision with no model need to report."""
 
 
