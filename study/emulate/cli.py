@@ -39,6 +39,14 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     tp = plant.tensor_parallel
     if layout is None:
         gpus = args.gpus  # None: one engine replica's GPUs (the profile's tensor_parallel)
+        if gpus is None and tp > MAX_EMULATED_GPUS:
+            # --gpus takes at most 64, but its default, one replica of a TP 128 profile,
+            # started 128 GPUs (a profile may state up to 1024).
+            raise UsageError(
+                f"--profile {args.profile}: tensor parallel {tp}, one engine replica of "
+                f"{tp} GPUs, more than the {MAX_EMULATED_GPUS} GPUs an emulated node has "
+                "at most"
+            )
     else:
         # MPND counts engine replicas, each the profile's tensor_parallel GPUs.
         gpus = (layout[0] + layout[1]) * tp

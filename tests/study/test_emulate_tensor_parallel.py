@@ -229,6 +229,25 @@ def test_the_cli_refuses_a_partial_replica_in_one_line(capsys: pytest.CaptureFix
     )
 
 
+def test_a_profile_wider_than_an_emulated_node_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--gpus takes at most 64, but its default (one replica of the profile's
+    tensor_parallel) started 128 emulated GPUs for a TP 128 profile, which loads."""
+    source = Path(__file__).resolve().parents[2] / "profiles"
+    manifest = json.loads((source / f"{TP4}.json").read_text())
+    manifest["tensor_parallel"]["size"] = 128
+    (tmp_path / manifest["csv"]).write_text((source / manifest["csv"]).read_text())
+    path = tmp_path / "tp128.json"
+    path.write_text(json.dumps(manifest))
+    code = main(["emulate", "--profile", str(path), "--address", "127.0.0.1:0"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == (
+        f"gpugov: error: --profile {path}: tensor parallel 128, one engine replica of 128 "
+        "GPUs, more than the 64 GPUs an emulated node has at most"
+    )
+
+
 def _startup_line(*argv: str) -> str:
     """``gpugov emulate``'s first line (then SIGTERM)."""
     process = subprocess.Popen(
