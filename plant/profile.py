@@ -726,7 +726,7 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
             raise ProfileError(f"{manifest_path}: {section}.{error.args[0]} is missing") from error
         except (TypeError, ValueError, OverflowError) as error:
             raise ProfileError(f"{manifest_path}: {section} is invalid: {error}") from error
-    _check_batch_power(profile, manifest_path)
+    _check_batch_power(profile, manifest_path, csv_path.name)
     idle_floor = float(np.min(profile.idle_power_w))
     if idle_floor >= float(manifest["power_limit_w"]):
         raise ProfileError(
@@ -800,14 +800,17 @@ def _check_model_sections(manifest: Mapping[str, Any], manifest_path: Path) -> N
                 )
 
 
-def _check_batch_power(profile: PerformanceProfile, manifest_path: Path) -> None:
+def _check_batch_power(profile: PerformanceProfile, manifest_path: Path, csv_name: str) -> None:
     """Refuse a batch power model whose factor is not a finite number over the batches the
     engine runs (1 to ``max_batch_size``): an ``x0`` so far above the reference batch that
     its sigmoid underflows to zero made every decode power NaN, and a run crashed writing
-    its results.
+    its results. Refuse too a CSV whose decode power the model takes to zero or below
+    at some batch: ``idle + (decode - idle) * factor`` falls as the batch grows where
+    ``decode_power_w`` is below ``idle_power_w``, and a run crashed mid-way on a negative
+    power reading.
 
     Raises:
-        ProfileError: naming the manifest and the section.
+        ProfileError: naming the manifest and the section, or the CSV and the clock.
     """
     model = profile.decode_power_batch_model
     if model is None:
@@ -822,6 +825,17 @@ def _check_batch_power(profile: PerformanceProfile, manifest_path: Path) -> None
             f"gives no finite power factor at batches 1-{largest} against the reference "
             f"batch {reference}"
         )
+    # The factor grows with the batch (k >= 0): the lowest power is at batch 1 or the largest.
+    for batch, factor in ((1, factors[0]), (largest, factors[-1])):
+        powers = profile.idle_power_w + (profile.decode_power_w - profile.idle_power_w) * factor
+        if np.any(powers <= 0.0):
+            row = int(np.flatnonzero(powers <= 0.0)[0])
+            raise ProfileError(
+                f"{manifest_path}: decode_power_batch_model takes the decode power of "
+                f"{csv_name} at {profile.clock_mhz[row]:g} MHz to {powers[row]:.4g} W at batch "
+                f"{batch}: its decode_power_w ({profile.decode_power_w[row]:g} W) is below "
+                f"its idle_power_w ({profile.idle_power_w[row]:g} W)"
+            )
 
 
 MAX_ENGINE_COUNT = 1e12

@@ -399,6 +399,27 @@ def test_a_flat_batch_power_model_is_kept(tmp_path: Path) -> None:
     assert model is not None and model.factor(1, 64) == 1.0
 
 
+def test_a_decode_power_the_batch_model_takes_below_zero_is_refused(tmp_path: Path) -> None:
+    """A decode power below the idle power at a clock: the batch model's
+    ``idle + (decode - idle) * factor`` went negative at the largest batch, and a loaded
+    run crashed mid-way on a negative power reading (a traceback)."""
+    manifest, csv_path = copy_profile(tmp_path)
+    lines = csv_path.read_text().splitlines()
+    cells = lines[1].split(",")  # 345 MHz: idle 108.01 W
+    cells[4] = "1"
+    lines[1] = ",".join(cells)
+    csv_path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ProfileError) as caught:
+        load_profile(manifest)
+    assert str(caught.value) == (
+        f"{manifest}: decode_power_batch_model takes the decode power of {csv_path.name} at "
+        "345 MHz to -4.769 W at batch 256: its decode_power_w (1 W) is below its "
+        "idle_power_w (108.01 W)"
+    )
+    edit_manifest(manifest, decode_power_batch_model=None)  # no batch model: the table's
+    assert load_profile(manifest).decode_power_w[0] == 1.0
+
+
 def test_a_power_limit_at_or_below_the_idle_power_is_refused(tmp_path: Path) -> None:
     """A limit no clock's idle power is under ran: a generated board idling at 60 W under a
     50 W limit was simulated over the cap for the whole run."""
