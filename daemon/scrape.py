@@ -57,6 +57,18 @@ def describe_failure(error: BaseException, host: str, port: int) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+def _redirect_advice(url: str, response: http.client.HTTPResponse) -> str:
+    """For a redirect, where to (its ``Location``) and the URL to configure: a page
+    mounted with a trailing slash (Starlette's mount of ``prometheus_client``'s app
+    answers ``/metrics`` with 307 to ``/metrics/``, prometheus/client_python#1016) is
+    not followed, and the bare status left the fix to guess. "" for any other status."""
+    location = response.getheader("Location")
+    if response.status not in (301, 302, 303, 307, 308) or not location:
+        return ""
+    target = urllib.parse.urljoin(url, location.strip())[:300]
+    return f" to {target}; gpugov follows no redirect: set engine.url to {target}"
+
+
 class ExchangeDeadline:
     """Shuts a connection's socket down when the whole exchange passes its deadline.
 
@@ -308,8 +320,9 @@ class KeepAliveFetcher:
                 connection.close()
             else:
                 self._connections[key] = connection
+            moved = _redirect_advice(url, response)
             if response.status != 200:
-                raise EngineHttpError(f"{url}: HTTP {response.status} {response.reason}")
+                raise EngineHttpError(f"{url}: HTTP {response.status} {response.reason}{moved}")
             return _decode(body, url)
         raise self._late(url, timeout_s)
 

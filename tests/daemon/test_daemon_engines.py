@@ -19,7 +19,7 @@ from gpugov.daemon.engines import (
     VllmSource,
     detect_engine,
 )
-from gpugov.daemon.errors import EngineParseError, EngineUnavailable
+from gpugov.daemon.errors import EngineHttpError, EngineParseError, EngineUnavailable
 from gpugov.daemon.exposition import aggregate, parse_page
 from gpugov.daemon.observer import DomainObserver
 
@@ -669,3 +669,37 @@ def test_tgi_before_v14_counts_forward_passes_by_inference_calls() -> None:
     assert sample.tpot_buckets_per_request and sample.tpot_buckets is not None
     assert sample.iterations_total == 250.0 + 61000.0
     assert sample.prefill_forward_s_total is None and sample.decode_forward_s_total is None
+
+
+def test_a_redirect_names_the_url_to_configure() -> None:
+    """An engine whose page is mounted with a trailing slash answers ``/metrics`` with a
+    307 to ``/metrics/`` (Starlette's mount, prometheus/client_python#1016). The scrape
+    said only ``HTTP 307 Temporary Redirect``; it names where to and the URL to set."""
+    import http.server
+    import threading
+
+    import gpugov.daemon.scrape as scrape
+
+    class Redirecting(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(307)
+            self.send_header("Location", "/metrics/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    try:
+        with pytest.raises(EngineHttpError) as raised:
+            scrape.KeepAliveFetcher()(url, 5.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert str(raised.value) == (
+        f"{url}: HTTP 307 Temporary Redirect to {url}/; gpugov follows no redirect: "
+        f"set engine.url to {url}/"
+    )
