@@ -67,6 +67,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from gpugov.plant.types import ServingObservation
 
@@ -87,6 +88,12 @@ LOOSEN_WINDOWS = 0.5
 """Windows the looseness takes to cross its range upwards."""
 SNAPSHOTS_PER_WINDOW = 120
 """Counter snapshots kept per window (the window's resolution)."""
+SAME_BOOT_TOLERANCE_S = 5.0
+"""Most disagreement between the wall clock's and the monotonic clock's time since a
+stored state's save for both to have run since it (the same boot); NTP steps the wall
+clock by less."""
+SAME_BOOT_TOLERANCE_SHARE = 0.01
+"""The same, as a share of the time since the save (a slewed wall clock drifts by less)."""
 
 
 @dataclass(frozen=True)
@@ -357,6 +364,61 @@ class AttainmentBudget:
             return 1.0
         return min(1.0, max(0.0, (self.looseness - self.tightest) / (1.0 - self.tightest)))
 
+    def state_dict(self) -> dict[str, object]:
+        """What a restart needs to go on measuring the same window (:meth:`load_state`):
+        the looseness, the last update's time and the counter snapshots, each
+        ``[time_s, ttft within, ttft count, tpot within, tpot count]`` (None where a pair
+        is unmeasured). JSON-able."""
+        return {
+            "looseness": self.looseness,
+            "time_s": self._last_time_s,
+            "snapshots": [
+                [
+                    snapshot.time_s,
+                    *(snapshot.ttft or (None, None)),
+                    *(snapshot.tpot or (None, None)),
+                ]
+                for snapshot in self._history
+            ],
+        }
+
+    def load_state(self, state: object, time_s: float, elapsed_s: float) -> bool:
+        """Go on from :meth:`state_dict`'s ``state``, saved ``elapsed_s`` seconds ago by
+        the wall clock, at observation time ``time_s`` (a node's monotonic clock). It
+        applies only where the two clocks agree on the time since the save (the same
+        boot: a reboot restarts the monotonic clock, and the engine's counters with it)
+        and the save is within one window; the snapshots older than the window are
+        dropped. Returns whether it applied; a state it cannot read changes nothing.
+
+        Raises:
+            ValueError: ``state`` is not a :meth:`state_dict` (the field named).
+        """
+        if not isinstance(state, dict):
+            raise ValueError("slo_budget must be an object")
+        looseness = _finite(state.get("looseness"), "slo_budget.looseness")
+        saved_at = _finite(state.get("time_s"), "slo_budget.time_s")
+        rows = state.get("snapshots")
+        if not isinstance(rows, list):
+            raise ValueError("slo_budget.snapshots must be a list")
+        snapshots = [_snapshot(row, index) for index, row in enumerate(rows)]
+        if any(b.time_s < a.time_s for a, b in pairwise(snapshots)):
+            raise ValueError("slo_budget.snapshots must be in time order")
+        if snapshots and snapshots[-1].time_s > saved_at:
+            raise ValueError("slo_budget.snapshots must not be later than slo_budget.time_s")
+        gap = float(time_s) - saved_at
+        tolerance = max(SAME_BOOT_TOLERANCE_S, SAME_BOOT_TOLERANCE_SHARE * abs(elapsed_s))
+        if not (math.isfinite(gap) and math.isfinite(elapsed_s)):
+            return False
+        if gap < 0.0 or abs(gap - elapsed_s) > tolerance or gap > self.window_s:
+            return False
+        kept = [s for s in snapshots if s.time_s > float(time_s) - self.window_s]
+        if not kept and snapshots:
+            kept = snapshots[-1:]  # the base the window's first deltas start from
+        self._history = deque(kept)
+        self._last_time_s = saved_at
+        self.looseness = min(self.loosest, max(self.tightest, looseness))
+        return True
+
     def status(self) -> dict[str, float | None]:
         """What the exporter and the scoreboard report: target, window, measured
         attainment and looseness."""
@@ -370,6 +432,32 @@ class AttainmentBudget:
             "applied_looseness": self.applied_looseness,
             "ahead": self.ahead,
         }
+
+
+def _finite(value: object, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{field} must be a finite number, got {value!r:.40}")
+    return float(value)
+
+
+def _snapshot(row: object, index: int) -> AttainmentCounters:
+    """One stored ``[time_s, ttft within, ttft count, tpot within, tpot count]`` row."""
+    field = f"slo_budget.snapshots[{index}]"
+    if not isinstance(row, list) or len(row) != 5:
+        raise ValueError(f"{field} must be a list of 5 numbers")
+    time_s = _finite(row[0], field)
+    pairs: list[tuple[float, float] | None] = []
+    for within, count in (row[1:3], row[3:5]):
+        if within is None and count is None:
+            pairs.append(None)
+            continue
+        pair = (_finite(within, field), _finite(count, field))
+        if pair[0] < 0.0 or pair[1] < 0.0:
+            raise ValueError(f"{field} holds a negative count")
+        pairs.append(pair)
+    if pairs[0] is None and pairs[1] is None:
+        raise ValueError(f"{field} holds no counters")
+    return AttainmentCounters(time_s, pairs[0], pairs[1])
 
 
 def loosened(threshold: float, looseness: float) -> float:

@@ -567,6 +567,7 @@ class PersistentOnlineModel(ControllerWrapper):
             key = self.key = stored
         self.inner.model_name = key.model_name
         self.restored = True
+        self._restore_budget(payload, observation)
         model = self.inner.model
         counts = (
             "no samples"
@@ -576,6 +577,27 @@ class PersistentOnlineModel(ControllerWrapper):
         )
         # The latency count is the one `gpugov model show` calls samples.
         self._say(logging.INFO, f"{self.path}: learned model restored ({counts})")
+
+    def _restore_budget(self, payload: dict[str, Any], observation: ServingObservation) -> None:
+        """Go on measuring the SLO window the stored run measured (its misses and its
+        looseness), where the file holds it and it is from this boot and this window
+        (:meth:`controllers.budget.AttainmentBudget.load_state`); a part it cannot read
+        is one log line, never the model's loss."""
+        budget = self.inner.budget
+        state = payload.get("slo_budget")
+        saved_at = finite_number(payload.get("saved_at_unix_s"))
+        if budget is None or state is None or saved_at is None:
+            return
+        try:
+            applied = budget.load_state(state, observation.time_s, time.time() - saved_at)
+        except ValueError as error:
+            self._say(logging.WARNING, f"{self.path}: SLO budget not applied: {error}")
+            return
+        if applied:
+            self._say(
+                logging.INFO,
+                f"{self.path}: SLO budget window restored (looseness {budget.looseness:.2f})",
+            )
 
     def _take_back(self, key: ModelKey, clocks: Sequence[float]) -> bool:
         """Put back, as the state file, the newest model kept aside for exactly ``key``
@@ -647,6 +669,8 @@ class PersistentOnlineModel(ControllerWrapper):
             "status": json_safe(self.inner.status()),
             "model": model.state_dict(),
         }
+        if self.inner.budget is not None:
+            payload["slo_budget"] = json_safe(self.inner.budget.state_dict())
         problem = self._unsaveable(payload)
         if problem is not None:
             self._roll_back(problem, final=final)

@@ -442,3 +442,65 @@ def test_the_exposure_cap_never_tightens_below_the_rule() -> None:
     trace, _ = _run(budget, 600.0, rate=5.0, miss=0.05)
     assert trace[-1] == pytest.approx(0.7)
     assert budget.applied_looseness == pytest.approx(0.7)
+
+
+def test_a_restart_goes_on_measuring_the_same_window() -> None:
+    """The state a node stores (``state_dict``) carries the window's misses and the
+    looseness across a restart in the same boot: the misses counted before it still
+    count after it, and the looseness goes on from where it was."""
+    before = AttainmentBudget(TARGET)
+    _, end = _run(before, 300.0, rate=5.0, miss=0.0)
+    _, end = _run(before, 30.0, rate=5.0, miss=0.05, start=end)  # 7.5 misses: behind
+    state = before.state_dict()
+    after = AttainmentBudget(TARGET)
+    assert after.load_state(state, time_s=end[0] + 20.0, elapsed_s=20.5)
+    assert after.looseness == before.looseness
+    _, end = _run(after, 10.0, rate=5.0, miss=0.0, start=(end[0] + 20.0, end[1], end[2]))
+    assert after.last is not None and after.last.misses == pytest.approx(7.5, abs=0.01)
+    # Started fresh, the same node would have counted none of them.
+    fresh = AttainmentBudget(TARGET)
+    _run(fresh, 10.0, rate=5.0, miss=0.0, start=(end[0], end[1], end[2]))
+    assert fresh.last is not None and fresh.last.misses == 0.0
+
+
+@pytest.mark.parametrize(
+    ("gap_s", "elapsed_s"),
+    [
+        (20.0, 3600.0),  # the monotonic clock restarted: another boot
+        (-5.0, 1.0),  # a monotonic time before the save: another boot
+        (700.0, 700.0),  # down for longer than the window: nothing of it left
+    ],
+)
+def test_a_stored_window_from_another_boot_or_past_the_window_is_not_applied(
+    gap_s: float, elapsed_s: float
+) -> None:
+    before = AttainmentBudget(TARGET)
+    _, end = _run(before, 300.0, rate=5.0, miss=0.0)
+    after = AttainmentBudget(TARGET)
+    assert not after.load_state(before.state_dict(), end[0] + gap_s, elapsed_s)
+    assert after.looseness == 1.0 and after.state_dict()["snapshots"] == []
+
+
+@pytest.mark.parametrize(
+    ("damage", "field"),
+    [
+        ({"looseness": "loose"}, "slo_budget.looseness"),
+        ({"time_s": math.nan}, "slo_budget.time_s"),
+        ({"snapshots": {}}, "slo_budget.snapshots"),
+        ({"snapshots": [[1.0, 1.0, 1.0]]}, r"slo_budget.snapshots\[0\]"),
+        ({"snapshots": [[1.0, None, None, None, None]]}, r"slo_budget.snapshots\[0\]"),
+        ({"snapshots": [[1.0, -1.0, 1.0, None, None]]}, r"slo_budget.snapshots\[0\]"),
+        ({"snapshots": [[2.0, 1, 1, 1, 1], [1.0, 1, 1, 1, 1]]}, "time order"),
+        ({"snapshots": [[1e9, 1, 1, 1, 1]]}, "later than"),
+    ],
+)
+def test_a_damaged_stored_window_is_refused_naming_the_field(
+    damage: dict[str, object], field: str
+) -> None:
+    before = AttainmentBudget(TARGET)
+    _run(before, 60.0, rate=5.0, miss=0.0)
+    state = {**before.state_dict(), **damage}
+    after = AttainmentBudget(TARGET)
+    with pytest.raises(ValueError, match=field):
+        after.load_state(state, 61.0, 1.0)
+    assert after.looseness == 1.0 and after.state_dict()["snapshots"] == []

@@ -16,6 +16,7 @@ import pytest
 from synthetic import make_plant, poisson_requests
 
 from gpugov.cli import main
+from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.online.identification import OnlineModel
 from gpugov.daemon.files import resolve_state_dir
@@ -1221,3 +1222,118 @@ def test_a_model_of_another_version_is_kept_for_its_gpugov_not_called_corrupt(
     assert not list(tmp_path.glob("online-model-llm.json.corrupt-*"))
     (kept,) = tmp_path.glob("online-model-llm.json.other-*")
     assert json.loads(kept.read_text()) == payload  # whole, for the gpugov that reads it
+
+
+class Continued:
+    """Observations as a node's daemon sees them across its own restart: on the
+    monotonic clock from ``time_s`` on, with the engine's SLO counters going on from
+    ``counters`` (the engine was not restarted); the last observation is kept."""
+
+    def __init__(
+        self,
+        inner: PersistentOnlineModel,
+        time_s: float,
+        counters: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
+    ) -> None:
+        self.inner, self.time_s, self.counters = inner, time_s, counters
+        self.last: ServingObservation | None = None
+
+    def __call__(self, observation: ServingObservation) -> float:
+        base = self.counters
+        self.last = replace(
+            observation,
+            model_name="llama",
+            time_s=observation.time_s + self.time_s,
+            ttft_within_slo_total=(observation.ttft_within_slo_total or 0.0) + base[0],
+            ttft_count_total=(observation.ttft_count_total or 0.0) + base[1],
+            tpot_within_slo_total=(observation.tpot_within_slo_total or 0.0) + base[2],
+            tpot_count_total=(observation.tpot_count_total or 0.0) + base[3],
+        )
+        return float(self.inner(self.last))
+
+
+def _budgeted() -> OnlineMPCController:
+    return OnlineMPCController(
+        mean_prompt_tokens=1100.0,
+        mean_output_tokens=110.0,
+        warmup_s=10.0,
+        slo_target=SLOTarget(attainment=0.99, window_s=600.0),
+    )
+
+
+def test_a_restart_goes_on_with_the_slo_window_it_measured(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The SLO budget's window (the engine's counters it has seen, its looseness) is
+    stored with the model: a daemon restarted in the same boot judges the requests served
+    before the restart too, and goes on at the looseness it had, instead of starting a
+    window that forgets the misses already spent."""
+    first = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
+    before = Continued(first, time_s=5_000.0)
+    simulate(poisson_requests(120.0), make_plant(), chunked_prefill_scheduler, before, 0)
+    first.close()
+    assert first.inner.budget is not None and before.last is not None
+    stored = read_stored(model_path(tmp_path, "llm"))["slo_budget"]
+    assert stored["snapshots"] and stored["looseness"] == first.inner.budget.looseness
+    served_before = first.inner.budget.last.requests if first.inner.budget.last else 0.0
+    last = before.last
+    counters = (
+        last.ttft_within_slo_total or 0.0,
+        last.ttft_count_total or 0.0,
+        last.tpot_within_slo_total or 0.0,
+        last.tpot_count_total or 0.0,
+    )
+    second = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
+    after = Continued(second, time_s=last.time_s + 1.0, counters=counters)
+    with caplog.at_level("INFO", logger="gpugov"):
+        simulate(poisson_requests(10.0, seed=3), make_plant(), chunked_prefill_scheduler, after, 0)
+    assert second.restored
+    assert any("SLO budget window restored" in r.getMessage() for r in caplog.records)
+    budget = second.inner.budget
+    assert budget is not None and budget.last is not None
+    assert budget.last.requests > served_before  # the window holds both runs' requests
+
+
+def test_a_stored_slo_window_of_another_boot_or_damaged_keeps_the_model(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A window stored before a reboot (the monotonic clock started again) is not applied,
+    and a damaged one is one log line: the learned model is restored either way."""
+    first = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
+    simulate(
+        poisson_requests(60.0),
+        make_plant(),
+        chunked_prefill_scheduler,
+        Continued(first, time_s=100_000.0),
+        0,
+    )
+    first.close()
+    path = model_path(tmp_path, "llm")
+    rebooted = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
+    with caplog.at_level("INFO", logger="gpugov"):
+        simulate(
+            poisson_requests(5.0, seed=3),
+            make_plant(),
+            chunked_prefill_scheduler,
+            Continued(rebooted, time_s=30.0),
+            0,
+        )
+    assert rebooted.restored
+    assert not any("SLO budget" in r.getMessage() for r in caplog.records)
+    assert rebooted.inner.budget is not None and rebooted.inner.budget.looseness == 1.0
+    payload = read_stored(path)
+    payload["slo_budget"]["snapshots"] = [["x", 1, 1, 1, 1]]
+    path.write_text(json.dumps(payload))
+    caplog.clear()
+    damaged = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
+    with caplog.at_level("INFO", logger="gpugov"):
+        simulate(
+            poisson_requests(5.0, seed=4),
+            make_plant(),
+            chunked_prefill_scheduler,
+            Continued(damaged, time_s=payload["slo_budget"]["time_s"] + 1.0),
+            0,
+        )
+    assert damaged.restored
+    lines = [r.getMessage() for r in caplog.records if "SLO budget" in r.getMessage()]
+    assert len(lines) == 1 and "slo_budget.snapshots[0]" in lines[0]
