@@ -481,7 +481,11 @@ def _read_csv(path: Path, text: str, power_limit_w: float) -> dict[str, NDArray[
         reader.fieldnames = header
         missing = [column for column in CSV_COLUMNS if column not in header]
         if missing:
-            raise ProfileError(f"{path}: missing column(s) {missing}; header is {header}")
+            # The header quoted cut short: a CSV that is no profile table (the manifest
+            # itself, say) made an error line as long as its first line, up to 16 MiB.
+            shown = ",".join(header)
+            shown = shown if len(shown) <= 80 else shown[:80] + "..."
+            raise ProfileError(f"{path}: missing column(s) {missing}; header is {shown!r}")
         repeated = [column for column in CSV_COLUMNS if header.count(column) > 1]
         if repeated:
             raise ProfileError(f"{path}: column(s) {repeated} appear more than once in the header")
@@ -677,9 +681,20 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
             f"{manifest_path}: tensor_parallel size must be an integer in "
             f"[1, {MAX_TENSOR_PARALLEL}], got {tp!r}"
         )
-    csv_path = manifest_path.parent / str(manifest["csv"])
+    csv_name = manifest["csv"]
+    if not isinstance(csv_name, str) or not csv_name.strip():
+        # null was looked for as a file named "None", and "" or "." read the manifest's
+        # folder, refused as "DIR: is a directory" with no word of the manifest's key.
+        raise ProfileError(
+            f"{manifest_path}: csv must be the file name of the profile's CSV, got {csv_name!r:.80}"
+        )
+    csv_path = manifest_path.parent / csv_name
     if not csv_path.exists():
-        raise ProfileError(f"{manifest_path}: csv {manifest['csv']!r} not found beside it")
+        raise ProfileError(f"{manifest_path}: csv {csv_name!r:.80} not found beside it")
+    if csv_path.is_dir():
+        raise ProfileError(
+            f"{manifest_path}: csv {csv_name!r:.80} is a directory, not the profile's CSV"
+        )
     csv_text, csv_sha256 = _read_profile_file(csv_path)
     columns = _read_csv(csv_path, csv_text, float(manifest["power_limit_w"]))
     clocks = columns["clock_mhz"]

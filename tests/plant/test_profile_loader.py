@@ -345,6 +345,41 @@ def test_a_header_spaced_like_its_cells_loads(tmp_path: Path) -> None:
         load_profile(manifest)
 
 
+@pytest.mark.parametrize(
+    ("csv", "message"),
+    [
+        (None, "csv must be the file name of the profile's CSV, got None"),
+        ("", "csv must be the file name of the profile's CSV, got ''"),
+        (["a.csv"], "csv must be the file name of the profile's CSV, got ['a.csv']"),
+        (".", "csv '.' is a directory, not the profile's CSV"),
+    ],
+    ids=["null", "empty", "list", "folder"],
+)
+def test_a_csv_key_that_names_no_file_is_refused_naming_the_key(
+    tmp_path: Path, csv: object, message: str
+) -> None:
+    """null was looked for as a file named "None"; "" and "." read the manifest's folder,
+    refused as "DIR: is a directory, not a profile file" with no word of the key."""
+    manifest, _ = copy_profile(tmp_path)
+    edit_manifest(manifest, csv=csv)
+    with pytest.raises(ProfileError) as caught:
+        load_profile(manifest)
+    assert str(caught.value) == f"{manifest}: {message}"
+
+
+def test_a_csv_that_is_no_profile_table_is_refused_in_a_short_line(tmp_path: Path) -> None:
+    """The header was quoted whole: a manifest named as its own CSV (or a 16 MiB first
+    line) made an error line as long as that line."""
+    manifest, _ = copy_profile(tmp_path)
+    edit_manifest(manifest, csv=manifest.name)
+    with pytest.raises(ProfileError) as caught:
+        load_profile(manifest)
+    message = str(caught.value)
+    assert message.startswith(f"{manifest}: missing column(s) ['clock_mhz', ")
+    assert message.endswith("...'")  # the header, cut at 80 characters
+    assert len(message) < len(str(manifest)) + 300 and "\n" not in message
+
+
 def test_a_column_named_twice_in_the_header_is_refused(tmp_path: Path) -> None:
     """The second clock column's values were read as the clocks, and the refusal blamed
     their order ("1.0 after 1.0") rather than the header."""
