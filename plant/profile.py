@@ -244,10 +244,10 @@ class PerformanceProfile:
         for requested, realized in raw.items():
             where = (
                 f"profile {self.name}: clock_profile_selection."
-                f"realized_clock_median_mhz_by_requested[{requested!r}]"
+                f"realized_clock_median_mhz_by_requested[{requested!r:.40}]"
             )
             if isinstance(realized, bool) or not isinstance(realized, int | float):
-                raise ValueError(f"{where} is not numeric: {realized!r}")
+                raise ValueError(f"{where} is not numeric: {realized!r:.40}")
             try:
                 req, rea = float(requested), float(realized)
             except (TypeError, ValueError, OverflowError) as error:
@@ -608,12 +608,15 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
         raise ProfileError(f"{manifest_path}: 'thermal' must be an object")
     if manifest["status"] not in PROFILE_STATUSES:
         raise ProfileError(
-            f"{manifest_path}: status must be one of {PROFILE_STATUSES}, got {manifest['status']!r}"
+            f"{manifest_path}: status must be one of {PROFILE_STATUSES}, "
+            f"got {manifest['status']!r:.40}"
         )
     for key in REQUIRED_THERMAL_KEYS:
         value = thermal.get(key)
         if not _is_number(value):
-            raise ProfileError(f"{manifest_path}: thermal.{key} must be a number, got {value!r}")
+            raise ProfileError(
+                f"{manifest_path}: thermal.{key} must be a number, got {value!r:.40}"
+            )
     for key in ("thermal_resistance_c_per_w", "thermal_time_constant_s"):
         if not thermal[key] > 0:
             raise ProfileError(
@@ -651,7 +654,9 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
     ):
         value = manifest[key]
         if not _is_number(value) or not value > 0:
-            raise ProfileError(f"{manifest_path}: {key} must be a positive number, got {value!r}")
+            raise ProfileError(
+                f"{manifest_path}: {key} must be a positive number, got {value!r:.40}"
+            )
         if value > largest:
             # 1e308 s or 1e200 W was taken: the run then failed in its controller with an
             # OverflowError, or printed numpy's RuntimeWarnings, after the work had begun.
@@ -667,19 +672,19 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
     ):
         raise ProfileError(
             f"{manifest_path}: clock_range_mhz must be [lowest, highest] with "
-            f"0 < lowest < highest, got {clock_range!r}"
+            f"0 < lowest < highest, got {clock_range!r:.40}"
         )
     allowance = manifest.get("ttft_slo_per_prompt_token_s", 0.0)
     if not _is_number(allowance) or not 0 <= allowance <= MAX_SLO_S:
         raise ProfileError(
             f"{manifest_path}: ttft_slo_per_prompt_token_s must be a number in "
-            f"[0, {MAX_SLO_S:g}] s, got {allowance!r}"
+            f"[0, {MAX_SLO_S:g}] s, got {allowance!r:.40}"
         )
     tp = _tp_size(manifest.get("tensor_parallel", 1))
     if not isinstance(tp, int) or isinstance(tp, bool) or not 1 <= tp <= MAX_TENSOR_PARALLEL:
         raise ProfileError(
             f"{manifest_path}: tensor_parallel size must be an integer in "
-            f"[1, {MAX_TENSOR_PARALLEL}], got {tp!r}"
+            f"[1, {MAX_TENSOR_PARALLEL}], got {tp!r:.40}"
         )
     csv_name = manifest["csv"]
     if not isinstance(csv_name, str) or not csv_name.strip():

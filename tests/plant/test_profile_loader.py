@@ -380,6 +380,35 @@ def test_a_csv_that_is_no_profile_table_is_refused_in_a_short_line(tmp_path: Pat
     assert len(message) < len(str(manifest)) + 300 and "\n" not in message
 
 
+@pytest.mark.parametrize(
+    "key",
+    [
+        "status",
+        "ttft_slo_s",
+        "power_limit_w",
+        "clock_range_mhz",
+        "ttft_slo_per_prompt_token_s",
+        "tensor_parallel",
+        "thermal__thermal_limit_c",
+        "clock_profile_selection__realized_clock_median_mhz_by_requested",
+    ],
+)
+def test_a_long_bad_value_is_quoted_cut_short(tmp_path: Path, key: str) -> None:
+    """Each refusal quoted the bad value whole: a 100 KB string made a 100 KB line."""
+    manifest, _ = copy_profile(tmp_path)
+    long_text = "x" * 100_000
+    value: object = long_text
+    if key.endswith("by_requested"):
+        value = {long_text: 1000}  # a key that is no clock
+        edit_manifest(manifest, clock_profile_selection={})
+    edit_manifest(manifest, **{key: value})
+    with pytest.raises(ProfileError) as caught:
+        load_profile(manifest)
+    message = str(caught.value)
+    assert key.split("__")[-1] in message and "xxxx" in message
+    assert len(message) < len(str(manifest)) + 300 and "\n" not in message
+
+
 def test_a_column_named_twice_in_the_header_is_refused(tmp_path: Path) -> None:
     """The second clock column's values were read as the clocks, and the refusal blamed
     their order ("1.0 after 1.0") rather than the header."""
