@@ -607,7 +607,8 @@ class OnlineMPCController(MeasuredLatencyRules):
                 decision = min(decision, descent)
                 floor = max(min(floor, bound), self.exploration.backoff_floor(model.clocks_mhz))
             efficient = self.efficient_clock(observation)
-            self.current_clock = max(decision, floor, guard or 0.0, efficient)
+            arrival = self.arrival_floor(observation)
+            self.current_clock = max(decision, floor, guard or 0.0, efficient, arrival)
             if parked is not None and max(parked, guard or 0.0) < self.current_clock:
                 # An idle colocated GPU past the warm-up: the MPC's fluid model spreads
                 # the expected prompts over every period and prices each as prefilled at
@@ -619,6 +620,8 @@ class OnlineMPCController(MeasuredLatencyRules):
                 self.last_reason = "idle-park" if parked >= efficient else "efficiency-floor"
             elif efficient > max(decision, floor, guard or 0.0):
                 self.last_reason = "efficiency-floor"
+            elif arrival > max(decision, floor, guard or 0.0):
+                self.last_reason = "arrival-floor"
             elif guard is not None and guard > max(decision, floor):
                 self.last_reason = "burst-guard"
             elif window is not None and self.current_clock < undescended - 1e-9:
@@ -639,7 +642,7 @@ class OnlineMPCController(MeasuredLatencyRules):
             # no evidence yet to price them.
             window = self.descent_window(observation, slos)
             if window is not None:
-                clock = window[0]
+                clock = max(window[0], self.arrival_floor(observation))
                 self.last_reason = "warm-up-descent"
         self.current_clock = clock
         if self.mpc is not None:

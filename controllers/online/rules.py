@@ -37,6 +37,11 @@ PARK_MEMORY_S = 60.0
 """How long a measured latency pressure counts for idle parking (the last one measured
 counts until a newer one comes: a long idle gap measures nothing)."""
 
+ARRIVAL_FLOOR_PERIODS = 1.0
+"""The arrival floor (:meth:`MeasuredLatencyRules.arrival_floor`) applies where the TTFT
+SLO measured is shorter than this many control periods (no decision after an arrival
+comes in time)."""
+
 
 class MeasuredLatencyRules:
     """The burst guard, the decode descent and an idle GPU's parking (module
@@ -144,6 +149,42 @@ class MeasuredLatencyRules:
             return None
         parked = _first_fit(clocks, clocks >= float(clocks[-1]) * needed - 1e-9)
         return parked if parked < float(clocks[-1]) else None
+
+    def arrival_floor(self, observation: ServingObservation) -> float:
+        """The lowest clock at which a prompt arriving in the coming period still meets
+        its TTFT SLO where that SLO is shorter than :data:`ARRIVAL_FLOOR_PERIODS` control
+        period (the lowest clock elsewhere, before such a TTFT is measured, and in a
+        decode pool, which prefills nothing).
+
+        A prompt arriving now is prefilled at the clock chosen now until the next
+        decision, which comes too late where the SLO is shorter than the period: the
+        decode descent and the MPC's fluid model (which spreads the expected prompts over
+        its horizon) otherwise lower the clock in decode-only windows where one arriving
+        misses before any decision can raise it. Latency grows at most like 1/f, so a
+        prompt whose TTFT at the top clock is ``ratio`` of its SLO meets the SLO at ``x``
+        of the top clock when ``ratio / x <= 1``: the floor is the worst such TTFT
+        pressure of the last :data:`PARK_MEMORY_S` (measured at a clock at or below the
+        top, so no lower than the top's) times the top clock. Where the SLO spans more
+        than a period, a later decision (the burst guard, seeing the backlog) still has
+        time to act, and a window's worst mean TTFT (a burst's queueing included)
+        overstates a lone arrival's: no floor. ``idle_prefill_clock`` records the
+        pressures and runs first at every decision."""
+        model = self.model
+        assert model is not None
+        clocks = model.clocks_mhz
+        if observation.role == "decode":
+            return float(clocks[0])
+        needed = max(
+            (
+                ratio
+                for _, ratio, share in self._prefill_pressures
+                if share * ARRIVAL_FLOOR_PERIODS > 1.0
+            ),
+            default=-math.inf,
+        )
+        if needed <= float(clocks[0]) / float(clocks[-1]):
+            return float(clocks[0])
+        return _first_fit(clocks, clocks >= float(clocks[-1]) * needed - 1e-9)
 
     def descent_clock(
         self, observation: ServingObservation, slos: tuple[float, float]
