@@ -433,26 +433,42 @@ def _tp_size(raw: Any) -> Any:
 def resolve_profile_path(name_or_path: str | Path) -> Path:
     """Return the manifest path for a bundled profile name, a manifest or a CSV path."""
     candidate = Path(name_or_path)
-    if candidate.suffix in (".json", ".csv") and not candidate.exists():
-        raise ProfileError(f"{candidate}: profile file not found")
+    shown = _cut(str(candidate))
+    if candidate.suffix in (".json", ".csv") and not _exists(candidate):
+        raise ProfileError(f"{shown}: profile file not found")
     if candidate.suffix == ".json":
         return candidate
-    if candidate.suffix == ".csv" and candidate.exists():
+    if candidate.suffix == ".csv" and _exists(candidate):
         manifest = candidate.with_suffix(".json")
-        if not manifest.exists():
-            raise ProfileError(f"{candidate}: no manifest {manifest.name} beside the CSV")
+        if not _exists(manifest):
+            raise ProfileError(f"{shown}: no manifest {manifest.name} beside the CSV")
         return manifest
-    if "/" in str(name_or_path) and candidate.exists():
+    if "/" in str(name_or_path) and _exists(candidate):
         return candidate  # a path named as one: read (and refused) as a manifest
     bundled = bundled_profile_dir() / f"{name_or_path}.json"
-    if bundled.exists():
+    if _exists(bundled):
         return bundled
     known = [row["name"] for row in list_bundled_profiles()]
     close = difflib.get_close_matches(str(name_or_path), known, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ProfileError(
-        f"unknown profile {str(name_or_path)!r}{hint}; bundled profiles: {', '.join(known)}"
+        f"unknown profile {str(name_or_path)!r:.80}{hint}; bundled profiles: {', '.join(known)}"
     )
+
+
+def _exists(path: Path) -> bool:
+    """``path.exists()``, False where the name cannot be looked up at all (a name longer
+    than the file system takes raised ``OSError: File name too long`` past the loader)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
+def _cut(text: str, limit: int = 200) -> str:
+    """``text`` cut to ``limit`` characters for an error line (a path given as 60,000
+    characters made a 60 KB line)."""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 MAX_POWER_OVER_LIMIT = 10.0

@@ -204,14 +204,18 @@ def resolve_trace(name_or_path: str | Path) -> Path:
             )
         return path
     path = Path(name_or_path)
-    if os.sep not in name_or_path and not (path.exists() or path.is_symlink()):
+    try:
+        present = path.exists() or path.is_symlink()
+    except OSError:  # a name longer than the file system takes ("File name too long")
+        present = False
+    if os.sep not in name_or_path and not present:
         # A bare word that is no file: most likely a mistyped name, which was refused as
         # "azure-conv-10mim: cannot read trace file: No such file or directory".
         known = [*BUNDLED_TRACES, *SHARED_TRACES]
         close = difflib.get_close_matches(name_or_path, known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise TraceError(
-            f"unknown trace {name_or_path!r}: not a trace name ({', '.join(known)}; "
+            f"unknown trace {name_or_path!r:.80}: not a trace name ({', '.join(known)}; "
             f"gpugov traces lists them) nor a file{hint}"
         )
     return path

@@ -303,7 +303,11 @@ def _resolve(entry: str, known: Sequence[str], base: Path) -> str:
     if entry in known or Path(entry).is_absolute():
         return entry
     candidate = base / entry
-    return str(candidate) if candidate.exists() else entry
+    try:
+        present = candidate.exists()
+    except OSError:  # "File name too long": no file; the loader refuses the entry
+        present = False
+    return str(candidate) if present else entry
 
 
 PROFILE_SPEC_KINDS = ("mpc", "mpc-slsqp", "mpc-online", "power-profile")

@@ -155,6 +155,15 @@ def test_missing_profile_file_is_named(tmp_path: Path) -> None:
         load_profile("h100-sxm-llama3-8c")
 
 
+@pytest.mark.parametrize(("suffix", "message"), [("", "unknown profile 'yyy"), (".json", "yyy")])
+def test_a_name_too_long_for_a_file_is_one_short_line(suffix: str, message: str) -> None:
+    """Looking up a 60,000-character name raised "OSError: File name too long" past the
+    loader, and the line quoted the whole name."""
+    with pytest.raises(ProfileError) as caught:
+        load_profile("y" * 60_000 + suffix)
+    assert str(caught.value).startswith(message) and len(str(caught.value)) < 600
+
+
 def test_profiles_compare_by_identity() -> None:
     first = load_profile(NAME)
     second = load_profile(NAME)

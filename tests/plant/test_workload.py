@@ -1018,6 +1018,14 @@ def test_a_bare_word_that_is_no_name_nor_file_lists_the_names(
     assert resolve_trace(argument) == Path(argument)  # a file of that name is read
 
 
+def test_a_name_too_long_for_a_file_is_one_short_line() -> None:
+    """Looking up a 60,000-character name raised "OSError: File name too long" past the
+    loader; it is an unknown trace, quoted cut short."""
+    with pytest.raises(TraceError) as caught:
+        load_trace("y" * 60_000)
+    assert str(caught.value).startswith("unknown trace 'yyy") and len(str(caught.value)) < 400
+
+
 def test_default_traces_dir_is_next_to_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(TRACES_DIR_ENV, raising=False)
     module_file = Path(workload_module.__file__).resolve()

@@ -207,3 +207,24 @@ def test_a_grid_inside_out_is_kept_as_written(tmp_path: Path) -> None:
     assert code == 2 and stderr.count("\n") == 1, stderr
     assert f"{grid} is the --grid file, which the sweep's grid copy" in stderr
     assert grid.read_text() == text
+
+
+@pytest.mark.parametrize("key", ["traces", "profiles"])
+def test_a_name_too_long_for_a_file_is_one_short_line_naming_the_key(
+    tmp_path: Path, key: str
+) -> None:
+    """A 30,000-character entry raised "File name too long" past the loaders: the whole
+    name on one 30 KB line (profiles), or a line naming neither the grid nor the key
+    (traces)."""
+    entries = {"traces": "azure-conv-10min", "profiles": "h100-sxm-llama3-8b"}
+    entries[key] = "y" * 30_000
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        f'traces = ["{entries["traces"]}"]\nprofiles = ["{entries["profiles"]}"]\n'
+        'controllers = ["max"]\n'
+    )
+    out = tmp_path / "out"
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    assert code == 2 and stderr.count("\n") == 1 and len(stderr) < 600, stderr[:300]
+    assert stderr.startswith(f"gpugov: error: {grid}: key '{key}': unknown ")
+    assert not out.exists()
