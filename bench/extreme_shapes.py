@@ -6,10 +6,16 @@ a power limit below the top clock's draw, very loose or nearly unachievable SLOs
 
 Per shape it checks what ``bench/random_shapes.py`` checks (hold, saving, capture with
 ``--best-fixed``) and also: every decision finite and a supported clock, the time per
-decision, and how often the requested clock reverses direction (oscillation).
+decision, and how often the realised clock reverses direction (oscillation; a raise for
+a prompt and the fall after it count as one).
 
     .venv/bin/python bench/extreme_shapes.py [--shapes NAME ...] [--duration 180]
         [--load 0.6] [--trace azure-conv-10min] [--best-fixed]
+
+The sub-millisecond and the loose-SLO shapes have a capacity the 10-minute slice cannot
+fill for long: run them on the hour (``--shapes tiny-model loose-slo --trace azure-conv
+--duration 60 --load 0.5``, ``GPUGOV_TRACES_DIR`` set). Writes
+``bench/results/extreme_shapes.json`` and prints a line per shape.
 """
 
 from __future__ import annotations
