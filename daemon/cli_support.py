@@ -30,7 +30,12 @@ from gpugov.daemon.controller_config import (
     OpenLoopControllerConfig,
     PowerProfileControllerConfig,
 )
-from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller_spec, spec_name
+from gpugov.daemon.controller_spec import (
+    CONTROLLER_SPEC_HELP,
+    parse_controller_spec,
+    shown_spec,
+    spec_name,
+)
 from gpugov.daemon.decide import ControllerContext
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.errors import ExitCode
@@ -82,7 +87,7 @@ def simulated_controller(
     try:
         return decide.build_controller(config, context)
     except GpugovControllerError as error:
-        raise UsageError(f"--controller {spec}: {error}") from error
+        raise UsageError(f"--controller {shown_spec(spec)}: {error}") from error
 
 
 def parse_controller_flag(text: str, *, default_profile: str | None = None) -> ControllerConfig:
@@ -111,7 +116,8 @@ def check_fixed_clock(config: object, low_mhz: float, high_mhz: float, spec: str
     clamping it silently)."""
     if isinstance(config, FixedControllerConfig) and not (low_mhz <= config.clock_mhz <= high_mhz):
         raise UsageError(
-            f"--controller {spec}: outside the supported range {low_mhz:g}-{high_mhz:g} MHz"
+            f"--controller {shown_spec(spec)}: outside the supported range "
+            f"{low_mhz:g}-{high_mhz:g} MHz"
         )
 
 

@@ -8,6 +8,7 @@ names specs, so a command can check a ``--controller`` value before any work.
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any
 
@@ -142,7 +143,7 @@ def entry_point_factory(name: str) -> str | None:
             dist = getattr(entry, "dist", None)
             found.setdefault(str(entry.value), str(getattr(dist, "name", None) or "?"))
     if len(found) > 1:
-        listed = ", ".join(f"{value!r} (package {dist})" for value, dist in found.items())
+        listed = ", ".join(f"{_shown(value)} (package {dist})" for value, dist in found.items())
         raise ValueError(
             f"--controller {name!r}: {len(found)} installed packages register it in "
             f"{ENTRY_POINT_GROUP}: {listed}; name one as MODULE:FACTORY"
@@ -166,11 +167,11 @@ def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
         key, equals, value = (part.strip() for part in item.partition("="))
         if key not in ONLINE_HINT_KEYS or not equals or not value:
             raise ValueError(
-                f"--controller {text!r}: expected KEY=VALUE with KEY one of "
+                f"--controller {_shown(text)}: expected KEY=VALUE with KEY one of "
                 f"{', '.join(sorted(ONLINE_HINT_KEYS))}, got {item!r}"
             )
         if key in seen:
-            raise ValueError(f"--controller {text!r}: {key} given more than once")
+            raise ValueError(f"--controller {_shown(text)}: {key} given more than once")
         seen.add(key)
         name = ONLINE_HINT_KEYS[key]
         if name == "prior_profile":
@@ -178,7 +179,9 @@ def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
             continue
         if name == "auto_hints":
             if value.lower() not in ("on", "off"):
-                raise ValueError(f"--controller {text!r}: auto must be on or off, got {value!r}")
+                raise ValueError(
+                    f"--controller {_shown(text)}: auto must be on or off, got {_shown(value)}"
+                )
             fields[name] = value.lower() == "on"
             continue
         if name in ("params_b", "active_params_b"):
@@ -186,13 +189,15 @@ def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
                 number = float(value)
             except ValueError:
                 raise ValueError(
-                    f"--controller {text!r}: {key} must be a number of billions, got {value!r}"
+                    f"--controller {_shown(text)}: {key} must be a number of billions, "
+                    f"got {_shown(value)}"
                 ) from None
             hints[name] = number
         elif name == "tensor_parallel":
             if not value.isdigit():
                 raise ValueError(
-                    f"--controller {text!r}: {key} must be a whole number of GPUs, got {value!r}"
+                    f"--controller {_shown(text)}: {key} must be a whole number of GPUs, "
+                    f"got {_shown(value)}"
                 )
             hints[name] = int(value)
         else:
@@ -202,7 +207,47 @@ def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
             fields["prior"] = PriorHintsConfig(**hints)
         return OnlineMPCControllerConfig(kind="mpc-online", **fields)
     except ValidationError as error:
-        raise ValueError(f"--controller {text!r}: {_first_problem(error, 'prior')}") from None
+        raise ValueError(f"--controller {_shown(text)}: {_first_problem(error, 'prior')}") from None
+
+
+SHOWN_CHARS = 80
+"""Most characters of a spec an error line quotes (a spec pasted whole, a file's
+contents, is no line to print)."""
+SPEC_KINDS = (
+    "max",
+    "fixed",
+    "reactive",
+    "open-loop",
+    "mpc",
+    "mpc-slsqp",
+    "mpc-online",
+    "power-cap",
+    "power-profile",
+    *PEER_KINDS_WITHOUT_ARGUMENT,
+)
+"""The controller kinds a spec names (for the closest one to a mistyped kind)."""
+
+
+def shown_spec(text: str) -> str:
+    """``text`` (a spec as given) for an error line, cut to :data:`SHOWN_CHARS`
+    characters."""
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{text[: SHOWN_CHARS - 3]}... ({len(text)} characters)"
+
+
+def _shown(value: object) -> str:
+    """``value`` quoted for an error line, cut to :data:`SHOWN_CHARS` characters."""
+    quoted = repr(value)
+    if len(quoted) <= SHOWN_CHARS:
+        return quoted
+    return f"{quoted[: SHOWN_CHARS - 3]}... ({len(str(value))} characters)"
+
+
+def _did_you_mean(kind: str) -> str:
+    """`` (did you mean 'mpc-online'?)`` for the kind closest to ``kind``, else ''."""
+    close = difflib.get_close_matches(kind.lower(), SPEC_KINDS, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _first_problem(error: ValidationError, where: str = "") -> str:
@@ -229,7 +274,7 @@ def parse_controller_spec(text: str, *, default_profile: str | None = None) -> C
     try:
         return _parse_spec(text, default_profile)
     except ValidationError as error:  # a ValueError too, but pydantic's is many lines
-        raise ValueError(f"--controller {text!r}: {_first_problem(error)}") from None
+        raise ValueError(f"--controller {_shown(text)}: {_first_problem(error)}") from None
 
 
 def _parse_spec(text: str, default_profile: str | None) -> ControllerConfig:
@@ -239,7 +284,7 @@ def _parse_spec(text: str, default_profile: str | None) -> ControllerConfig:
         case "max" | "maximum" | "reactive":
             if colon:
                 raise ValueError(
-                    f"--controller {text!r}: {kind} takes no argument; "
+                    f"--controller {_shown(text)}: {kind} takes no argument; "
                     f"expected {CONTROLLER_SPEC_HELP}"
                 )
             if kind == "reactive":
@@ -249,11 +294,13 @@ def _parse_spec(text: str, default_profile: str | None) -> ControllerConfig:
             try:
                 clock = float(argument)
             except ValueError as error:
-                raise ValueError(f"--controller fixed:MHZ needs a number, got {text!r}") from error
+                raise ValueError(
+                    f"--controller fixed:MHZ needs a number, got {_shown(text)}"
+                ) from error
             if not math.isfinite(clock) or not 0 < clock <= MAX_CLOCK_MHZ:
                 raise ValueError(
                     f"--controller fixed:MHZ needs a clock in (0, {MAX_CLOCK_MHZ:g}] MHz, "
-                    f"got {text!r}"
+                    f"got {_shown(text)}"
                 )
             return FixedControllerConfig(kind="fixed", clock_mhz=clock)
         case "open-loop":
@@ -273,13 +320,13 @@ def _parse_spec(text: str, default_profile: str | None) -> ControllerConfig:
                 watts = math.nan
             if not math.isfinite(watts) or not 0 < watts <= MAX_POWER_W:
                 raise ValueError(
-                    f"--controller {text!r}: power-cap:W needs a number of watts in "
+                    f"--controller {_shown(text)}: power-cap:W needs a number of watts in "
                     f"(0, {MAX_POWER_W:g}]"
                 )
             return PowerCapControllerConfig(kind="power-cap", cap_w=watts)
         case "power-profile":
             if colon and not argument:
-                raise ValueError(f"--controller {text!r}: name a profile after the colon")
+                raise ValueError(f"--controller {_shown(text)}: name a profile after the colon")
             if argument:
                 _check_profile(argument, text)
                 return PowerProfileControllerConfig(kind="power-profile", profile=argument)
@@ -287,7 +334,7 @@ def _parse_spec(text: str, default_profile: str | None) -> ControllerConfig:
         case kind if kind in PEER_KINDS_WITHOUT_ARGUMENT:
             if colon:
                 raise ValueError(
-                    f"--controller {text!r}: {kind} takes no argument; "
+                    f"--controller {_shown(text)}: {kind} takes no argument; "
                     f"expected {CONTROLLER_SPEC_HELP}"
                 )
             from pydantic import TypeAdapter
@@ -295,7 +342,7 @@ def _parse_spec(text: str, default_profile: str | None) -> ControllerConfig:
             return TypeAdapter(ControllerConfig).validate_python({"kind": kind})
         case "mpc" | "mpc-slsqp":
             if colon and not argument:
-                raise ValueError(f"--controller {text!r}: name a profile after the colon")
+                raise ValueError(f"--controller {_shown(text)}: name a profile after the colon")
             profile = argument or default_profile
             if argument:
                 _check_profile(argument, text)
@@ -307,7 +354,7 @@ def _parse_spec(text: str, default_profile: str | None) -> ControllerConfig:
             load_factory(text)
         except ValueError as error:
             raise ValueError(
-                f"unknown controller {text!r} ({error}); expected {CONTROLLER_SPEC_HELP}"
+                f"unknown controller {_shown(text)} ({error}); expected {CONTROLLER_SPEC_HELP}"
             ) from None
         return ExternalControllerConfig(kind="external", factory=text)
     registered = None if colon else entry_point_factory(kind)
@@ -319,7 +366,9 @@ def _parse_spec(text: str, default_profile: str | None) -> ControllerConfig:
                 f"--controller {kind!r}: its {ENTRY_POINT_GROUP} entry point: {error}"
             ) from None
         return ExternalControllerConfig(kind="external", factory=registered, name=kind)
-    raise ValueError(f"unknown controller {text!r}; expected {CONTROLLER_SPEC_HELP}")
+    raise ValueError(
+        f"unknown controller {_shown(text)}{_did_you_mean(kind)}; expected {CONTROLLER_SPEC_HELP}"
+    )
 
 
 def _check_profile(name: str, text: str) -> None:
@@ -329,7 +378,7 @@ def _check_profile(name: str, text: str) -> None:
     try:
         resolve_profile_path(name)
     except ProfileError as error:
-        raise ValueError(f"--controller {text!r}: {error}") from error
+        raise ValueError(f"--controller {_shown(text)}: {error}") from error
 
 
 __all__ = [
@@ -341,5 +390,6 @@ __all__ = [
     "entry_point_factory",
     "load_factory",
     "parse_controller_spec",
+    "shown_spec",
     "spec_name",
 ]

@@ -46,7 +46,7 @@ from gpugov.daemon.cli_support import (
 )
 from gpugov.daemon.config import GpugovConfig, load_config
 from gpugov.daemon.controller_config import ControllerConfig, PowerProfileControllerConfig
-from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller_spec
+from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller_spec, shown_spec
 from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,
     ConfigError,
@@ -476,8 +476,8 @@ def _calibrated_on(spec: ControllerConfig, profile: object, text: str) -> Contro
         return spec
     if not isinstance(profile, str) or not profile:
         raise UsageError(
-            f"--controller {text}: the recording names no profile to calibrate the preset "
-            "on; give one with --profile NAME (or --controller power-profile:PROFILE)"
+            f"--controller {shown_spec(text)}: the recording names no profile to calibrate "
+            "the preset on; give one with --profile NAME (or --controller power-profile:PROFILE)"
         )
     return spec.model_copy(update={"profile": profile})
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from gpugov.controllers.contract import ControllerWrapper, controller_label, power_needed
 from gpugov.daemon.cli_support import UsageError, parse_controller_flag
+from gpugov.daemon.controller_spec import shown_spec
 from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.safety import SafetySettings
@@ -54,7 +55,7 @@ def node_controller(
     try:
         return build_controller(config, context)
     except GpugovControllerError as error:
-        raise UsageError(f"--controller {spec}: {error}") from error
+        raise UsageError(f"--controller {shown_spec(spec)}: {error}") from error
 
 
 class FleetNode:

@@ -188,20 +188,22 @@ def _outside_rows(specs: Sequence[str]) -> tuple[str, ...]:
     before any work; one line naming the spec otherwise."""
     from gpugov.daemon.cli_support import parse_controller_flag
     from gpugov.daemon.controller_config import ExternalControllerConfig
-    from gpugov.daemon.controller_spec import spec_name
+    from gpugov.daemon.controller_spec import shown_spec, spec_name
 
     names: list[str] = []
     for text in specs:
         config = parse_controller_flag(text)
         if not isinstance(config, ExternalControllerConfig):
             raise ValueError(
-                f"--controller {text!r}: {spec_name(config)} is built in (the board's own "
-                "rows are fixed); name an outside controller (MODULE:FACTORY or an "
+                f"--controller {shown_spec(text)!r}: {spec_name(config)} is built in (the "
+                "board's own rows are fixed); name an outside controller (MODULE:FACTORY or an "
                 "installed gpugov.controllers entry point)"
             )
         name = spec_name(config)
         if name in LABELS or name in names:
-            raise ValueError(f"--controller {text!r}: a row named {name!r} is there already")
+            raise ValueError(
+                f"--controller {shown_spec(text)!r}: a row named {name!r} is there already"
+            )
         names.append(name)
     return tuple(specs)
 
@@ -327,7 +329,7 @@ def check_outside_rows(config: BenchConfig) -> None:
     will: a factory that raises or returns no callable is refused in one line before any
     work, not minutes into the run."""
     from gpugov.daemon.cli_support import UsageError
-    from gpugov.daemon.controller_spec import parse_controller_spec
+    from gpugov.daemon.controller_spec import parse_controller_spec, shown_spec
     from gpugov.daemon.decide import ControllerContext, build_controller
     from gpugov.daemon.errors import ControllerError
 
@@ -339,7 +341,7 @@ def check_outside_rows(config: BenchConfig) -> None:
         try:
             build_controller(parse_controller_spec(text), context)
         except ControllerError as error:
-            raise UsageError(f"--controller {text}: {error}") from None
+            raise UsageError(f"--controller {shown_spec(text)}: {error}") from None
 
 
 def _outside_for_layout(args: argparse.Namespace) -> list[str] | None:

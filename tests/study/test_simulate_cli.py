@@ -107,6 +107,10 @@ def test_simulate_lower_clock_lower_energy_via_cli(tmp_path: Path) -> None:
         (["--controller", "fixed:abc"], "--controller fixed:MHZ needs a number"),
         (["--controller", "fixed:5000"], "outside the supported range"),
         (["--controller", "warp-drive"], "unknown controller 'warp-drive'"),
+        (
+            ["--controller", "mpc-onlin"],
+            "unknown controller 'mpc-onlin' (did you mean 'mpc-online'?)",
+        ),
         (["--load-scale", "-1"], "argument --load-scale: must be a multiplier in (0, "),
         (["--duration", "0"], "argument --duration: must be a duration in seconds in (0, "),
     ],
@@ -119,6 +123,26 @@ def test_simulate_bad_input_one_clear_line(
     assert len(err) == 1
     assert err[0].startswith("gpugov: error: ")
     assert message in err[0]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "x" * 5000,  # an unknown kind
+        "mpc-online:" + "x" * 5000,  # a prior profile no file or bundled name has
+        "fixed:" + "9" * 5000,  # a clock out of range
+        "mpc-online:params_b=" + "x" * 5000,  # a hint's value
+    ],
+)
+def test_a_controller_spec_pasted_whole_is_quoted_cut_short(
+    spec: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A spec is quoted in the error line cut to a readable length, with its length said:
+    a file's contents pasted as --controller are no line to print."""
+    assert main(["simulate", "--controller", spec, "--duration", "10"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and len(err[0]) < 1000
+    assert "characters)" in err[0]
 
 
 def test_simulate_broken_trace_names_file_and_line(
