@@ -50,6 +50,8 @@ GPU_FAMILIES: tuple[tuple[str, str], ...] = (
 """NVML name token -> board of :data:`gpugov.plant.zoo.GPUS` (first match wins; a token
 matches only as a whole word: ``L40`` is not ``L4``). Export variants of a board's die
 (H800, A800) and the Grace Hopper superchip's GPU take that board's figures."""
+MAX_HINTED_TP = 64
+"""The widest tensor-parallel group a hint describes (the config's bound)."""
 AUTO = "auto"
 """``gpu = "auto"``: the daemon fills in the NVML name of the domain's first GPU."""
 REFERENCE_BATCH = 64
@@ -96,8 +98,10 @@ class PriorHints:
         if self.active_params_b is not None and self.params_b is None:
             raise HintError("prior.active_params_b needs prior.params_b (the total)")
         tp = self.tensor_parallel
-        if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= 64:
-            raise HintError(f"prior.tensor_parallel must be an integer 1-64, got {tp!r}")
+        if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= MAX_HINTED_TP:
+            raise HintError(
+                f"prior.tensor_parallel must be an integer 1-{MAX_HINTED_TP}, got {tp!r}"
+            )
         if self.gpu is not None and not self.gpu.strip():
             raise HintError('prior.gpu must name a GPU (or be "auto"), got an empty string')
 
@@ -264,6 +268,15 @@ class AutoHints:
         or the GPU gives none); computed once per name."""
         if model_name in self._priors:
             return self._priors[model_name]
+        tp = self.tensor_parallel
+        if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= MAX_HINTED_TP:
+            # The hints' roofline knows TP groups of 1-64 GPUs; a wider domain (a profile
+            # the loader takes up to 1,024) learns with no prior, never fails a decision.
+            self._warn_once(
+                f"mpc-online: a tensor-parallel group of {tp!r} GPUs is beyond the hints' "
+                f"1-{MAX_HINTED_TP}; no prior from the GPU and model names"
+            )
+            return None
         params_b: float | None = None
         active_params_b: float | None = None
         size = hints_from_model_name(model_name)

@@ -87,6 +87,24 @@ def test_an_unknown_name_or_gpu_is_one_line_each_and_no_shape() -> None:
     assert len(lines) == 3 and "no name" in lines[2]
 
 
+def test_a_domain_wider_than_the_hints_learns_with_no_prior(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A TP group past the hints' 64 GPUs (a profile's, which the loader takes up to
+    1,024) is one log line and no prior; every decision had raised on it, and a run
+    stopped at its first one."""
+    lines: list[str] = []
+    wide = AutoHints(gpu=H100, tensor_parallel=128, warn=lines.append)
+    for name in ("llama-70B", "llama-70B", "llama-8B"):
+        assert wide.prior_for(name) is None
+    assert len(lines) == 1 and "128 GPUs" in lines[0]
+    profile = make_profile(gpu=H100, model="Llama-3.1-70B-Instruct", tensor_parallel={"size": 128})
+    with caplog.at_level(logging.WARNING):
+        result, controller = _run(make_plant(profile), "mpc-online", _poisson(2.0, 60.0, 5))
+    assert controller.auto_prior is None and result.metrics.completed_requests > 0
+    assert sum("128 GPUs" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_a_size_no_model_has_is_no_hint_and_one_line() -> None:
     """An engine label is not the operator's config: ``Mix-999x9999B`` reads as a mixture
     of 7.8 million billion parameters, past any hint; it gave a controller error at every
