@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gpugov.daemon.backend import GpuSample
 from gpugov.plant import PerformanceProfile, ServingPlant
 from gpugov.plant.types import Request
+
+if TYPE_CHECKING:
+    from gpugov.controllers.budget import SLOTarget
+    from gpugov.daemon.controller_config import ControllerConfig
+    from gpugov.plant import ServingResult
 
 
 def make_profile(**manifest_extra: Any) -> PerformanceProfile:
@@ -106,3 +111,33 @@ def poisson_requests(seconds: float = 60.0, seed: int = 3) -> list[Request]:
         Request(i, float(t), int(rng.integers(200, 2000)), int(rng.integers(20, 200)))
         for i, t in enumerate(times)
     ]
+
+
+def scoreboard_run(
+    plant: ServingPlant,
+    requests: tuple[Request, ...],
+    spec: ControllerConfig,
+    period_s: float,
+    slo_target: SLOTarget | None = None,
+    view: str | None = None,
+) -> ServingResult:
+    """One closed-loop run of ``spec`` built as the scoreboard builds it (the node's
+    factory and safety chain); ``view``: ``"vllm"`` for what a vLLM node sees of the
+    engine, None for the simulator's exact state."""
+    from gpugov.daemon.simulated import observation_view
+    from gpugov.plant import chunked_prefill_scheduler, simulate
+    from gpugov.study.scoreboard.controllers import study_controller
+
+    controller = study_controller(
+        spec, plant, requests, control_period_s=period_s, slo_target=slo_target
+    )
+    return simulate(
+        requests,
+        plant,
+        chunked_prefill_scheduler,
+        controller,
+        0,
+        controller_name=spec.kind,
+        control_period_s=period_s,
+        view=None if view is None else observation_view(view),
+    )

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from synthetic import scoreboard_run
 
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.online.controller import OnlineMPCController
@@ -19,11 +20,9 @@ from gpugov.daemon.controller_config import (
     MaxControllerConfig,
     OnlineMPCControllerConfig,
 )
-from gpugov.daemon.simulated import observation_view
-from gpugov.plant import ServingPlant, ServingResult, chunked_prefill_scheduler, simulate
+from gpugov.plant import ServingPlant, ServingResult
 from gpugov.plant.synthetic_profiles import BASE, shape_profile
 from gpugov.plant.types import Request, ServingObservation
-from gpugov.study.scoreboard.controllers import study_controller
 from gpugov.study.scoreboard.scenarios import build_scenario
 
 CLOCKS = np.arange(300.0, 1801.0, 15.0)
@@ -109,19 +108,7 @@ def _run(
     slo_target: SLOTarget | None = None,
 ) -> ServingResult:
     """As a node runs it: the safety chain, a vLLM node's view of the engine."""
-    controller = study_controller(
-        spec, plant, requests, control_period_s=period_s, slo_target=slo_target
-    )
-    return simulate(
-        requests,
-        plant,
-        chunked_prefill_scheduler,
-        controller,
-        0,
-        controller_name=spec.kind,
-        control_period_s=period_s,
-        view=observation_view("vllm"),
-    )
+    return scoreboard_run(plant, requests, spec, period_s, slo_target, view="vllm")
 
 
 def test_a_ttft_slo_shorter_than_the_period_is_held() -> None:

@@ -13,18 +13,16 @@ maximum clock's) and use less energy than the maximum clock.
 from __future__ import annotations
 
 import pytest
+from synthetic import scoreboard_run
 
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo
 from gpugov.daemon.controller_config import (
-    ControllerConfig,
     MaxControllerConfig,
     OnlineMPCControllerConfig,
 )
-from gpugov.plant import ServingPlant, ServingResult, chunked_prefill_scheduler, simulate
+from gpugov.plant import ServingPlant
 from gpugov.plant.synthetic_profiles import SHAPES, synthetic_profile
-from gpugov.plant.types import Request
-from gpugov.study.scoreboard.controllers import study_controller
 from gpugov.study.scoreboard.scenarios import FULL, build_scenario
 
 DURATION_S = 120.0
@@ -34,28 +32,6 @@ TARGET = SLOTarget(attainment=1.0 - SLO_TOLERANCE, window_s=DURATION_S)
 """The SLO target the scoreboard states (``BenchConfig.slo_target``), over this run."""
 
 
-def _run(
-    plant: ServingPlant,
-    requests: tuple[Request, ...],
-    spec: ControllerConfig,
-    period_s: float,
-    slo_target: SLOTarget | None = None,
-) -> ServingResult:
-    """One closed-loop run of ``spec`` built as the scoreboard builds it."""
-    controller = study_controller(
-        spec, plant, requests, control_period_s=period_s, slo_target=slo_target
-    )
-    return simulate(
-        requests,
-        plant,
-        chunked_prefill_scheduler,
-        controller,
-        0,
-        controller_name=spec.kind,
-        control_period_s=period_s,
-    )
-
-
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_mpc_online_holds_the_slo_on_an_unseen_shape(shape: str) -> None:
     profile = synthetic_profile(shape)
@@ -63,9 +39,9 @@ def test_mpc_online_holds_the_slo_on_an_unseen_shape(shape: str) -> None:
     scenario = build_scenario("azure-conv-10min", plant, "cap70", DURATION_S)
     requests = scenario.requests
     assert len(requests) > 100
-    top = _run(plant, requests, MaxControllerConfig(kind="max"), 1.0)
+    top = scoreboard_run(plant, requests, MaxControllerConfig(kind="max"), 1.0)
     spec = OnlineMPCControllerConfig(kind="mpc-online")
-    online = _run(plant, requests, spec, ONLINE_PERIOD_S, TARGET)
+    online = scoreboard_run(plant, requests, spec, ONLINE_PERIOD_S, TARGET)
     a_top, a_online = top.metrics.slo_attainment, online.metrics.slo_attainment
     assert a_top is not None and a_online is not None
     assert holds_slo(a_online, a_top), (
