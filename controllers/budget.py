@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 from gpugov.plant.types import ServingObservation
@@ -88,12 +88,6 @@ LOOSEN_WINDOWS = 0.5
 """Windows the looseness takes to cross its range upwards."""
 SNAPSHOTS_PER_WINDOW = 120
 """Counter snapshots kept per window (the window's resolution)."""
-SAME_BOOT_TOLERANCE_S = 5.0
-"""Most disagreement between the wall clock's and the monotonic clock's time since a
-stored state's save for both to have run since it (the same boot); NTP steps the wall
-clock by less."""
-SAME_BOOT_TOLERANCE_SHARE = 0.01
-"""The same, as a share of the time since the save (a slewed wall clock drifts by less)."""
 
 
 @dataclass(frozen=True)
@@ -382,13 +376,12 @@ class AttainmentBudget:
             ],
         }
 
-    def load_state(self, state: object, time_s: float, elapsed_s: float) -> bool:
-        """Go on from :meth:`state_dict`'s ``state``, saved ``elapsed_s`` seconds ago by
-        the wall clock, at observation time ``time_s`` (a node's monotonic clock). It
-        applies only where the two clocks agree on the time since the save (the same
-        boot: a reboot restarts the monotonic clock, and the engine's counters with it)
-        and the save is within one window; the snapshots older than the window are
-        dropped. Returns whether it applied; a state it cannot read changes nothing.
+    def load_state(self, state: object, time_s: float, shift_s: float = 0.0) -> bool:
+        """Go on from :meth:`state_dict`'s ``state`` at observation time ``time_s``, its
+        times moved by ``shift_s`` into this run's time base (a restarted daemon's clock
+        starts again: the caller knows by how much from the wall clock). It applies where
+        the save lies between one window ago and now; the snapshots older than the window
+        are dropped. Returns whether it applied; a state it cannot read changes nothing.
 
         Raises:
             ValueError: ``state`` is not a :meth:`state_dict` (the field named).
@@ -405,17 +398,15 @@ class AttainmentBudget:
             raise ValueError("slo_budget.snapshots must be in time order")
         if snapshots and snapshots[-1].time_s > saved_at:
             raise ValueError("slo_budget.snapshots must not be later than slo_budget.time_s")
-        gap = float(time_s) - saved_at
-        tolerance = max(SAME_BOOT_TOLERANCE_S, SAME_BOOT_TOLERANCE_SHARE * abs(elapsed_s))
-        if not (math.isfinite(gap) and math.isfinite(elapsed_s)):
+        since = float(time_s) - (saved_at + shift_s)
+        if not (math.isfinite(since) and 0.0 <= since <= self.window_s):
             return False
-        if gap < 0.0 or abs(gap - elapsed_s) > tolerance or gap > self.window_s:
-            return False
-        kept = [s for s in snapshots if s.time_s > float(time_s) - self.window_s]
-        if not kept and snapshots:
-            kept = snapshots[-1:]  # the base the window's first deltas start from
+        moved = [replace(s, time_s=s.time_s + shift_s) for s in snapshots]
+        kept = [s for s in moved if s.time_s > float(time_s) - self.window_s]
+        if not kept and moved:
+            kept = moved[-1:]  # the base the window's first deltas start from
         self._history = deque(kept)
-        self._last_time_s = saved_at
+        self._last_time_s = saved_at + shift_s
         self.looseness = min(self.loosest, max(self.tightest, looseness))
         return True
 

@@ -567,7 +567,6 @@ class PersistentOnlineModel(ControllerWrapper):
             key = self.key = stored
         self.inner.model_name = key.model_name
         self.restored = True
-        self._restore_budget(payload, observation)
         model = self.inner.model
         counts = (
             "no samples"
@@ -577,19 +576,29 @@ class PersistentOnlineModel(ControllerWrapper):
         )
         # The latency count is the one `gpugov model show` calls samples.
         self._say(logging.INFO, f"{self.path}: learned model restored ({counts})")
+        self._restore_budget(payload, observation)
 
     def _restore_budget(self, payload: dict[str, Any], observation: ServingObservation) -> None:
         """Go on measuring the SLO window the stored run measured (its misses and its
-        looseness), where the file holds it and it is from this boot and this window
-        (:meth:`controllers.budget.AttainmentBudget.load_state`); a part it cannot read
-        is one log line, never the model's loss."""
+        looseness) where the file holds it, from this boot (a reboot restarts the engine
+        and its counters) and within the window
+        (:meth:`controllers.budget.AttainmentBudget.load_state`, its times moved from the
+        stored run's clock to this one's by the wall clock's time since the save); a
+        part it cannot read is one log line, never the model's loss."""
         budget = self.inner.budget
         state = payload.get("slo_budget")
+        clock = payload.get("clock")
         saved_at = finite_number(payload.get("saved_at_unix_s"))
-        if budget is None or state is None or saved_at is None:
+        if budget is None or state is None or saved_at is None or not isinstance(clock, dict):
             return
+        then = finite_number(clock.get("time_s"))
+        boot = finite_number(clock.get("boot_unix_s"))
+        if then is None or boot is None or abs(boot - boot_unix_s()) > SAME_BOOT_TOLERANCE_S:
+            return  # another boot, or no clock to place the window on: a new window
+        now_unix = time.time()
+        shift = observation.time_s - (now_unix - saved_at) - then
         try:
-            applied = budget.load_state(state, observation.time_s, time.time() - saved_at)
+            applied = budget.load_state(state, observation.time_s, shift)
         except ValueError as error:
             self._say(logging.WARNING, f"{self.path}: SLO budget not applied: {error}")
             return
@@ -669,8 +678,9 @@ class PersistentOnlineModel(ControllerWrapper):
             "status": json_safe(self.inner.status()),
             "model": model.state_dict(),
         }
-        if self.inner.budget is not None:
+        if self.inner.budget is not None and observation is not None:
             payload["slo_budget"] = json_safe(self.inner.budget.state_dict())
+            payload["clock"] = {"time_s": observation.time_s, "boot_unix_s": boot_unix_s()}
         problem = self._unsaveable(payload)
         if problem is not None:
             self._roll_back(problem, final=final)
@@ -821,6 +831,17 @@ class PersistentOnlineModel(ControllerWrapper):
     def fallback_reasons(self) -> dict[str, int]:
         """The inner MPC's fallbacks by reason."""
         return self.inner.fallback_reasons
+
+
+SAME_BOOT_TOLERANCE_S = 5.0
+"""Most disagreement between two readings of the boot time (the wall clock less the
+monotonic clock) for both to be of one boot: NTP steps the wall clock by less."""
+
+
+def boot_unix_s() -> float:
+    """When this machine booted, on the wall clock (the wall clock less the monotonic
+    clock, which starts at boot): a stored SLO window is of this boot where it matches."""
+    return time.time() - time.monotonic()
 
 
 def _same_clocks(stored: Sequence[float], node: Sequence[float]) -> bool:

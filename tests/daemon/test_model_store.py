@@ -19,6 +19,7 @@ from gpugov.cli import main
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.online.identification import OnlineModel
+from gpugov.daemon import model_store
 from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.model_store import (
     PersistentOnlineModel,
@@ -1225,14 +1226,14 @@ def test_a_model_of_another_version_is_kept_for_its_gpugov_not_called_corrupt(
 
 
 class Continued:
-    """Observations as a node's daemon sees them across its own restart: on the
-    monotonic clock from ``time_s`` on, with the engine's SLO counters going on from
+    """Observations as a node's daemon sees them: ``time_s`` on the daemon's own clock
+    (it starts again at a restart), the engine's SLO counters going on from
     ``counters`` (the engine was not restarted); the last observation is kept."""
 
     def __init__(
         self,
         inner: PersistentOnlineModel,
-        time_s: float,
+        time_s: float = 0.0,
         counters: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
     ) -> None:
         self.inner, self.time_s, self.counters = inner, time_s, counters
@@ -1251,6 +1252,17 @@ class Continued:
         )
         return float(self.inner(self.last))
 
+    def counters_now(self) -> tuple[float, float, float, float]:
+        """The engine's counters at the last observation."""
+        last = self.last
+        assert last is not None
+        return (
+            last.ttft_within_slo_total or 0.0,
+            last.ttft_count_total or 0.0,
+            last.tpot_within_slo_total or 0.0,
+            last.tpot_count_total or 0.0,
+        )
+
 
 def _budgeted() -> OnlineMPCController:
     return OnlineMPCController(
@@ -1261,68 +1273,64 @@ def _budgeted() -> OnlineMPCController:
     )
 
 
+def _learn_budgeted(directory: Path) -> Continued:
+    """Two minutes of a budgeted ``mpc-online``, stopped (its final save)."""
+    first = PersistentOnlineModel(_budgeted(), directory, "llm", GPUS)
+    before = Continued(first)
+    simulate(poisson_requests(120.0), make_plant(), chunked_prefill_scheduler, before, 0)
+    first.close()
+    return before
+
+
 def test_a_restart_goes_on_with_the_slo_window_it_measured(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The SLO budget's window (the engine's counters it has seen, its looseness) is
-    stored with the model: a daemon restarted in the same boot judges the requests served
-    before the restart too, and goes on at the looseness it had, instead of starting a
-    window that forgets the misses already spent."""
-    first = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
-    before = Continued(first, time_s=5_000.0)
-    simulate(poisson_requests(120.0), make_plant(), chunked_prefill_scheduler, before, 0)
-    first.close()
-    assert first.inner.budget is not None and before.last is not None
-    stored = read_stored(model_path(tmp_path, "llm"))["slo_budget"]
-    assert stored["snapshots"] and stored["looseness"] == first.inner.budget.looseness
-    served_before = first.inner.budget.last.requests if first.inner.budget.last else 0.0
-    last = before.last
-    counters = (
-        last.ttft_within_slo_total or 0.0,
-        last.ttft_count_total or 0.0,
-        last.tpot_within_slo_total or 0.0,
-        last.tpot_count_total or 0.0,
-    )
+    stored with the model: a daemon restarted in the same boot, on a clock that starts
+    again, judges the requests served before the restart too, and goes on at the
+    looseness it had, instead of a window that forgets the misses already spent."""
+    before = _learn_budgeted(tmp_path)
+    budget = before.inner.inner.budget
+    assert budget is not None and budget.last is not None
+    stored = read_stored(model_path(tmp_path, "llm"))
+    assert stored["slo_budget"]["snapshots"] and stored["clock"]["boot_unix_s"] > 0.0
     second = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
-    after = Continued(second, time_s=last.time_s + 1.0, counters=counters)
+    after = Continued(second, counters=before.counters_now())
     with caplog.at_level("INFO", logger="gpugov"):
         simulate(poisson_requests(10.0, seed=3), make_plant(), chunked_prefill_scheduler, after, 0)
     assert second.restored
     assert any("SLO budget window restored" in r.getMessage() for r in caplog.records)
-    budget = second.inner.budget
-    assert budget is not None and budget.last is not None
-    assert budget.last.requests > served_before  # the window holds both runs' requests
+    restored = second.inner.budget
+    assert restored is not None and restored.last is not None
+    assert restored.last.requests > budget.last.requests  # both runs' requests
 
 
 def test_a_stored_slo_window_of_another_boot_or_damaged_keeps_the_model(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A window stored before a reboot (the monotonic clock started again) is not applied,
-    and a damaged one is one log line: the learned model is restored either way."""
-    first = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
-    simulate(
-        poisson_requests(60.0),
-        make_plant(),
-        chunked_prefill_scheduler,
-        Continued(first, time_s=100_000.0),
-        0,
-    )
-    first.close()
+    """A window stored before a reboot (the engine and its counters started again) is not
+    applied, and a damaged one is one log line: the learned model is restored either
+    way."""
+    before = _learn_budgeted(tmp_path)
     path = model_path(tmp_path, "llm")
-    rebooted = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
-    with caplog.at_level("INFO", logger="gpugov"):
-        simulate(
-            poisson_requests(5.0, seed=3),
-            make_plant(),
-            chunked_prefill_scheduler,
-            Continued(rebooted, time_s=30.0),
-            0,
-        )
+    booted = model_store.boot_unix_s() + 3600.0
+    with monkeypatch.context() as patch:
+        patch.setattr(model_store, "boot_unix_s", lambda: booted)
+        rebooted = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
+        with caplog.at_level("INFO", logger="gpugov"):
+            simulate(
+                poisson_requests(5.0, seed=3),
+                make_plant(),
+                chunked_prefill_scheduler,
+                Continued(rebooted, counters=before.counters_now()),
+                0,
+            )
     assert rebooted.restored
     assert not any("SLO budget" in r.getMessage() for r in caplog.records)
     assert rebooted.inner.budget is not None and rebooted.inner.budget.looseness == 1.0
     payload = read_stored(path)
     payload["slo_budget"]["snapshots"] = [["x", 1, 1, 1, 1]]
+    payload["clock"]["boot_unix_s"] = model_store.boot_unix_s()  # saved on this boot
     path.write_text(json.dumps(payload))
     caplog.clear()
     damaged = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
@@ -1331,7 +1339,7 @@ def test_a_stored_slo_window_of_another_boot_or_damaged_keeps_the_model(
             poisson_requests(5.0, seed=4),
             make_plant(),
             chunked_prefill_scheduler,
-            Continued(damaged, time_s=payload["slo_budget"]["time_s"] + 1.0),
+            Continued(damaged, counters=before.counters_now()),
             0,
         )
     assert damaged.restored
