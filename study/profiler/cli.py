@@ -167,6 +167,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     gpus = _gpus(args.gpus)
     wanted_clocks = _clock_list(args.clock_list) if args.clock_list else None
+    if wanted_clocks is not None and len(set(wanted_clocks)) < 2 and not args.dry_run:
+        # Known from the flag alone: refused before the engine or a GPU is asked.
+        raise UsageError(
+            f"--clock-list {args.clock_list[:80]!r}: needs at least two different clocks"
+        )
     if args.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.name):
         raise UsageError(
             f"--name {args.name[:80]!r}: a profile name is a file stem: letters, digits, "
@@ -204,8 +209,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
                     f"--clock-list: {bad[0]} MHz is not a supported clock "
                     f"({min(supported)}-{max(supported)} MHz; see gpugov status)"
                 )
-            if len(set(clocks)) < 2 and not args.dry_run:
-                raise UsageError("--clock-list needs at least two clocks")
         else:
             clocks = pick_clocks(supported, args.clocks or 8)
         prepare_output_dir("--out", args.out)

@@ -326,6 +326,20 @@ def test_unreachable_engine_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert not out.exists()  # a refused run leaves no empty --out directory
 
 
+@pytest.mark.parametrize("clocks", ["1005,1005", "1005"])
+def test_a_clock_list_of_one_clock_is_refused_before_the_engine_is_asked(
+    clocks: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One clock (or one given twice) sweeps nothing: known from the flag alone, it is
+    refused before any work; the engine URL here answers nothing, and the line is the
+    clock list's, not the engine's."""
+    out = tmp_path / "new"
+    assert _profile("http://127.0.0.1:9", out, "--clock-list", clocks) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--clock-list" in err[0] and "two different clocks" in err[0]
+    assert not out.exists()
+
+
 def test_an_emulator_faster_than_real_time_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
