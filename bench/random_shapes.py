@@ -191,16 +191,23 @@ def table(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[str]:
     return lines
 
 
+MAX_SEEDS = 10_000
+"""Most boards one run draws (a run of 10,000 takes days on a small machine)."""
+
+
 def _seeds(text: str) -> range:
     """``FIRST:LAST`` (LAST excluded) or one seed, as a range."""
-    message = f"--seeds must be FIRST:LAST with 0 <= FIRST < LAST, got {text!r}"
+    message = (
+        f"--seeds must be FIRST:LAST with 0 <= FIRST < LAST and at most {MAX_SEEDS} seeds, "
+        f"got {text[:40]!r}"
+    )
     first, _, last = text.partition(":")
     try:
         start = int(first)
         stop = int(last) if last else start + 1
     except ValueError:
         raise ValueError(message) from None
-    if stop <= start or start < 0:
+    if stop <= start or start < 0 or stop - start > MAX_SEEDS:
         raise ValueError(message)
     return range(start, stop)
 

@@ -16,6 +16,7 @@ from study_support import run_bench_main
         (["--seeds", "5:2"], "--seeds must be FIRST:LAST"),
         (["--seeds", "x"], "--seeds must be FIRST:LAST"),
         (["--seeds=-3:2"], "--seeds must be FIRST:LAST"),
+        (["--seeds", "0:100000000000"], "at most 10000 seeds"),
         (["--duration", "0"], "--duration must be positive"),
         (["--jobs", "0"], "--jobs must be >= 1"),
         (["--traces", "no-such-trace.csv"], "no-such-trace.csv"),
