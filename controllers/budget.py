@@ -69,6 +69,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
+from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import ServingObservation
 
 SHORT_WINDOW_SHARE = 1.0 / 12.0
@@ -426,9 +427,12 @@ class AttainmentBudget:
 
 
 def _finite(value: object, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    """``value`` as a float (:func:`~gpugov.plant.input_files.finite_number`), else the
+    ValueError naming ``field``."""
+    number = finite_number(value)
+    if number is None:
         raise ValueError(f"{field} must be a finite number, got {value!r:.40}")
-    return float(value)
+    return number
 
 
 def _snapshot(row: object, index: int) -> AttainmentCounters:
