@@ -499,8 +499,7 @@ def _read_csv(path: Path, text: str, power_limit_w: float) -> dict[str, NDArray[
         if missing:
             # The header quoted cut short: a CSV that is no profile table (the manifest
             # itself, say) made an error line as long as its first line, up to 16 MiB.
-            shown = ",".join(header)
-            shown = shown if len(shown) <= 80 else shown[:80] + "..."
+            shown = _cut(",".join(header), 80)
             raise ProfileError(f"{path}: missing column(s) {missing}; header is {shown!r}")
         repeated = [column for column in CSV_COLUMNS if header.count(column) > 1]
         if repeated:
