@@ -1282,6 +1282,19 @@ def _learn_budgeted(directory: Path) -> Continued:
     return before
 
 
+def _restart_budgeted(
+    directory: Path, before: Continued, seconds: float, seed: int
+) -> PersistentOnlineModel:
+    """A budgeted ``mpc-online`` started again on ``directory`` and run ``seconds`` with
+    the engine's counters going on from ``before``'s last observation."""
+    wrapper = PersistentOnlineModel(_budgeted(), directory, "llm", GPUS)
+    after = Continued(wrapper, counters=before.counters_now())
+    simulate(
+        poisson_requests(seconds, seed=seed), make_plant(), chunked_prefill_scheduler, after, 0
+    )
+    return wrapper
+
+
 def test_a_restart_goes_on_with_the_slo_window_it_measured(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1294,10 +1307,8 @@ def test_a_restart_goes_on_with_the_slo_window_it_measured(
     assert budget is not None and budget.last is not None
     stored = read_stored(model_path(tmp_path, "llm"))
     assert stored["slo_budget"]["snapshots"] and stored["clock"]["boot_unix_s"] > 0.0
-    second = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
-    after = Continued(second, counters=before.counters_now())
     with caplog.at_level("INFO", logger="gpugov"):
-        simulate(poisson_requests(10.0, seed=3), make_plant(), chunked_prefill_scheduler, after, 0)
+        second = _restart_budgeted(tmp_path, before, 10.0, seed=3)
     assert second.restored
     assert any("SLO budget window restored" in r.getMessage() for r in caplog.records)
     restored = second.inner.budget
@@ -1316,15 +1327,8 @@ def test_a_stored_slo_window_of_another_boot_or_damaged_keeps_the_model(
     booted = model_store.boot_unix_s() + 3600.0
     with monkeypatch.context() as patch:
         patch.setattr(model_store, "boot_unix_s", lambda: booted)
-        rebooted = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
         with caplog.at_level("INFO", logger="gpugov"):
-            simulate(
-                poisson_requests(5.0, seed=3),
-                make_plant(),
-                chunked_prefill_scheduler,
-                Continued(rebooted, counters=before.counters_now()),
-                0,
-            )
+            rebooted = _restart_budgeted(tmp_path, before, 5.0, seed=3)
     assert rebooted.restored
     assert not any("SLO budget" in r.getMessage() for r in caplog.records)
     assert rebooted.inner.budget is not None and rebooted.inner.budget.looseness == 1.0
@@ -1333,15 +1337,8 @@ def test_a_stored_slo_window_of_another_boot_or_damaged_keeps_the_model(
     payload["clock"]["boot_unix_s"] = model_store.boot_unix_s()  # saved on this boot
     path.write_text(json.dumps(payload))
     caplog.clear()
-    damaged = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
     with caplog.at_level("INFO", logger="gpugov"):
-        simulate(
-            poisson_requests(5.0, seed=4),
-            make_plant(),
-            chunked_prefill_scheduler,
-            Continued(damaged, counters=before.counters_now()),
-            0,
-        )
+        damaged = _restart_budgeted(tmp_path, before, 5.0, seed=4)
     assert damaged.restored
     lines = [r.getMessage() for r in caplog.records if "SLO budget" in r.getMessage()]
     assert len(lines) == 1 and "slo_budget.snapshots[0]" in lines[0]
