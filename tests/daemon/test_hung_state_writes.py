@@ -76,6 +76,11 @@ class _HungDisk:
     def hung(self) -> bool:
         return not self.release.is_set()
 
+    def hangs(self, module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Stand in for ``module``'s ``write_json_atomic``, writing with it once released."""
+        self.real = module.write_json_atomic
+        monkeypatch.setattr(module, "write_json_atomic", self)
+
 
 @pytest.fixture
 def hung() -> Iterator[_HungDisk]:
@@ -135,8 +140,7 @@ def test_a_hung_lock_state_write_leaves_the_file_stale_and_the_newest_record_lan
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    hung.real = lockstate.write_json_atomic
-    monkeypatch.setattr(lockstate, "write_json_atomic", hung)
+    hung.hangs(lockstate, monkeypatch)
     fake = FakeNvml(1)
     state = LockState(tmp_path, pid=1, write_deadline_s=DEADLINE_S)
     actuator = ClockActuator([NvmlBackend(0, nvml=fake)], state=state)
@@ -171,8 +175,7 @@ def test_a_record_that_lands_late_is_up_to_date_at_the_next_retry(
     # A disk slower than the deadline, not hung: the write runs past it and then goes
     # through. The next retry takes the file as up to date without writing it again (a
     # write again would run past the deadline as well, on such a disk, every tick).
-    hung.real = lockstate.write_json_atomic
-    monkeypatch.setattr(lockstate, "write_json_atomic", hung)
+    hung.hangs(lockstate, monkeypatch)
     state = LockState(tmp_path, pid=1, write_deadline_s=DEADLINE_S)
     with caplog.at_level(logging.WARNING, logger="gpugov.daemon.lockstate"):
         state.record(KEY, "0", 900, 900)
@@ -203,8 +206,7 @@ def test_the_exit_resets_never_wait_on_a_hung_disk_and_the_flush_is_bounded(
     actuator = ClockActuator([NvmlBackend(i, nvml=fake) for i in range(2)], state=state)
     assert actuator.apply(900) == 2  # recorded on a working disk
     before = state.write_failures  # (0 unless a busy machine wrote it past the deadline)
-    hung.real = lockstate.write_json_atomic
-    monkeypatch.setattr(lockstate, "write_json_atomic", hung)
+    hung.hangs(lockstate, monkeypatch)
     state.defer_writes()
     assert actuator.restore() == []  # both reset, no write waited for
     assert fake.locked(0) is None and fake.locked(1) is None
@@ -220,8 +222,7 @@ def test_the_loop_goes_on_over_a_hung_lock_state_disk_and_its_exit_does_not_hang
     monkeypatch: pytest.MonkeyPatch,
     metrics_server: MetricsServer,
 ) -> None:
-    hung.real = lockstate.write_json_atomic
-    monkeypatch.setattr(lockstate, "write_json_atomic", hung)
+    hung.hangs(lockstate, monkeypatch)
     fake = FakeNvml(1)
     assembled = fixed_clock_node(tmp_path, metrics_server, fake)
     exporter = Exporter(serve=False)
@@ -270,8 +271,7 @@ def _named(wrapper: PersistentOnlineModel, name: Callable[[float], str]) -> Any:
 def test_a_hung_model_save_never_stalls_the_run_and_the_newest_model_lands(
     tmp_path: Path, hung: _HungDisk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    hung.real = store.write_json_atomic
-    monkeypatch.setattr(store, "write_json_atomic", hung)
+    hung.hangs(store, monkeypatch)
     posted: list[dict[str, Any]] = []
     post = LatestWriter.post
 
@@ -321,8 +321,7 @@ def test_the_final_save_waits_past_the_loops_deadline_for_a_slow_disk(
         0,
     )
     assert not wrapper.save_failed
-    hung.real = store.write_json_atomic
-    monkeypatch.setattr(store, "write_json_atomic", hung)
+    hung.hangs(store, monkeypatch)
     slow = threading.Timer(0.2, hung.release.set)  # answers, past the 0.05 s deadline
     slow.start()
     try:
@@ -340,8 +339,7 @@ def test_the_state_file_is_not_read_while_a_save_hangs(
     """The served model changes while the old model's save hangs: the file is not read
     (nor set aside) until that save has ended, nothing is saved over it meanwhile, and
     then it is kept aside as another model's and the new model is saved."""
-    hung.real = store.write_json_atomic
-    monkeypatch.setattr(store, "write_json_atomic", hung)
+    hung.hangs(store, monkeypatch)
     wrapper = _wrapper(tmp_path)
     simulate(
         poisson_requests(60.0),
