@@ -581,10 +581,6 @@ class ClockActuator:
             self._tolerance_mhz[label] = clock_tolerance_mhz(backend.supported_clocks_mhz())
         return self._tolerance_mhz[label]
 
-    def _driver_offset(self, backend: GpuBackend) -> float:
-        """:data:`DRIVER_OFFSET_STEPS` supported-clock steps, in MHz."""
-        return self._tolerance(backend) / 2.0 * DRIVER_OFFSET_STEPS
-
     def check_readback(self, samples: Sequence[GpuSample]) -> list[str]:
         """Compare each GPU's realised SM clock with the lock held; act on outside changes.
 
@@ -618,7 +614,7 @@ class ClockActuator:
             if clock is None:
                 continue
             tolerance = self._tolerance(backend)
-            offset = self._driver_offset(backend)
+            offset = tolerance / 2.0 * DRIVER_OFFSET_STEPS  # that many supported-clock steps
             reasons = sample.clock_event_reasons
             lock_in_force = reasons is not None and bool(reasons & APPLICATIONS_CLOCKS_SETTING)
             unexplained = reasons is not None and not reasons & EXPLAINS_LOWER_CLOCK
