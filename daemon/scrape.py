@@ -50,6 +50,8 @@ def describe_failure(error: BaseException, host: str, port: int) -> str:
         return f"the engine closed the connection mid-page ({len(error.partial)} bytes read)"
     if isinstance(error, socket.gaierror):
         return f"cannot resolve {host}: {error.strerror or error}"
+    if isinstance(error, ResolveTimeout):
+        return str(error)  # names the host and the time waited
     if isinstance(error, http.client.HTTPException):
         return f"not an HTTP answer ({type(error).__name__}: {error})"
     if isinstance(error, OSError) and error.strerror:
@@ -266,9 +268,7 @@ class KeepAliveFetcher:
             if connection is None:
                 try:
                     connection = self._open(key, remaining)
-                except ResolveTimeout as error:
-                    raise EngineUnavailable(f"{url}: {error}") from error
-                except OSError as error:
+                except OSError as error:  # ResolveTimeout too
                     raise EngineUnavailable(
                         f"{url}: {describe_failure(error, *key[1:])}"
                     ) from error
