@@ -76,6 +76,17 @@ ends: a file read every tick keeps one thread (a read then costs about 20 us; st
 thread per read, about 0.1 ms), and a reader idle that long keeps none."""
 
 
+def _checked_deadline(deadline_s: float) -> float:
+    """``deadline_s`` as a float, checked above 0 and finite (every wrapper's deadline).
+
+    Raises:
+        ValueError: it is not.
+    """
+    if not math.isfinite(deadline_s) or deadline_s <= 0:
+        raise ValueError(f"deadline_s must be positive and finite, got {deadline_s!r}")
+    return float(deadline_s)
+
+
 class DecisionTimeout(Exception):
     """The controller has not decided within its deadline (or is still running a call
     that did not): the domain holds its fail-safe for the tick."""
@@ -115,9 +126,7 @@ class DecisionDeadline(ControllerWrapper):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(inner)
-        if not math.isfinite(deadline_s) or deadline_s <= 0:
-            raise ValueError(f"deadline_s must be positive and finite, got {deadline_s!r}")
-        self.deadline_s = float(deadline_s)
+        self.deadline_s = _checked_deadline(deadline_s)
         self.timeouts = 0
         """Ticks that ended without a decision (late, or a late call still running)."""
         self.late_results_discarded = 0
@@ -253,9 +262,7 @@ class _DiskWorker:
         clock: Callable[[], float] = time.monotonic,
         idle_s: float = 0.0,
     ) -> None:
-        if not math.isfinite(deadline_s) or deadline_s <= 0:
-            raise ValueError(f"deadline_s must be positive and finite, got {deadline_s!r}")
-        self.deadline_s = float(deadline_s)
+        self.deadline_s = _checked_deadline(deadline_s)
         self.name = name
         self._job = job
         self._clock = clock
