@@ -203,6 +203,18 @@ def read_input_text(path: str | os.PathLike[str], kind: str) -> str:
     return decode_input_text(path, read_input_bytes(path, kind), kind)
 
 
+def path_exists(path: str | os.PathLike[str], *, dangling_links: bool = False) -> bool:
+    """``Path(path).exists()`` (or, with ``dangling_links``, a link to nothing, so that
+    reading it names what is missing), False where the name cannot be looked up at all:
+    a name longer than the file system takes raises ``OSError: File name too long``,
+    which escaped the loaders as a traceback or a line as long as the name."""
+    candidate = Path(path)
+    try:
+        return candidate.exists() or (dangling_links and candidate.is_symlink())
+    except OSError:
+        return False
+
+
 def finite_number(value: object) -> float | None:
     """``value`` as a finite float when it is a JSON/TOML number (an int or a float, not a
     bool), else None: a string, a list, NaN, an infinity, or an integer too large for a

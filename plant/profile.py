@@ -25,6 +25,7 @@ from gpugov.plant.input_files import (
     InputFileError,
     finite_number,
     loads_json,
+    path_exists,
     read_input_text_and_digest,
 )
 
@@ -434,19 +435,19 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
     """Return the manifest path for a bundled profile name, a manifest or a CSV path."""
     candidate = Path(name_or_path)
     shown = _cut(str(candidate))
-    if candidate.suffix in (".json", ".csv") and not _exists(candidate):
+    if candidate.suffix in (".json", ".csv") and not path_exists(candidate):
         raise ProfileError(f"{shown}: profile file not found")
     if candidate.suffix == ".json":
         return candidate
-    if candidate.suffix == ".csv" and _exists(candidate):
+    if candidate.suffix == ".csv" and path_exists(candidate):
         manifest = candidate.with_suffix(".json")
-        if not _exists(manifest):
+        if not path_exists(manifest):
             raise ProfileError(f"{shown}: no manifest {manifest.name} beside the CSV")
         return manifest
-    if "/" in str(name_or_path) and _exists(candidate):
+    if "/" in str(name_or_path) and path_exists(candidate):
         return candidate  # a path named as one: read (and refused) as a manifest
     bundled = bundled_profile_dir() / f"{name_or_path}.json"
-    if _exists(bundled):
+    if path_exists(bundled):
         return bundled
     known = [row["name"] for row in list_bundled_profiles()]
     close = difflib.get_close_matches(str(name_or_path), known, n=1)
@@ -454,15 +455,6 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
     raise ProfileError(
         f"unknown profile {str(name_or_path)!r:.80}{hint}; bundled profiles: {', '.join(known)}"
     )
-
-
-def _exists(path: Path) -> bool:
-    """``path.exists()``, False where the name cannot be looked up at all (a name longer
-    than the file system takes raised ``OSError: File name too long`` past the loader)."""
-    try:
-        return path.exists()
-    except OSError:
-        return False
 
 
 def _cut(text: str, limit: int = 200) -> str:

@@ -42,6 +42,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from gpugov.plant.input_files import path_exists
 from gpugov.plant.trace_batches import batch_grid_s, spread_batched_arrivals
 from gpugov.plant.trace_formats import (
     TraceError,
@@ -204,10 +205,7 @@ def resolve_trace(name_or_path: str | Path) -> Path:
             )
         return path
     path = Path(name_or_path)
-    try:
-        present = path.exists() or path.is_symlink()
-    except OSError:  # a name longer than the file system takes ("File name too long")
-        present = False
+    present = path_exists(path, dangling_links=True)
     if os.sep not in name_or_path and not present:
         # A bare word that is no file: most likely a mistyped name, which was refused as
         # "azure-conv-10mim: cannot read trace file: No such file or directory".

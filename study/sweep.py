@@ -77,6 +77,7 @@ from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings, invalid_decisions
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile, simulate
+from gpugov.plant.input_files import path_exists
 from gpugov.plant.profile import ProfileError, profile_files
 from gpugov.plant.result import arrival_separation
 from gpugov.plant.scheduler import SCHEDULERS
@@ -303,11 +304,8 @@ def _resolve(entry: str, known: Sequence[str], base: Path) -> str:
     if entry in known or Path(entry).is_absolute():
         return entry
     candidate = base / entry
-    try:
-        present = candidate.exists()
-    except OSError:  # "File name too long": no file; the loader refuses the entry
-        present = False
-    return str(candidate) if present else entry
+    # A name too long for a file is no file: the loader refuses the entry.
+    return str(candidate) if path_exists(candidate) else entry
 
 
 PROFILE_SPEC_KINDS = ("mpc", "mpc-slsqp", "mpc-online", "power-profile")
