@@ -9,7 +9,6 @@ the outputs, :mod:`~gpugov.study.scoreboard.disaggregated` the disaggregated lay
 from __future__ import annotations
 
 import argparse
-import difflib
 import math
 import sys
 from collections import Counter
@@ -103,21 +102,10 @@ def config_for(
             raise ValueError(f"{flag}: {', '.join(repeated)} given more than once")
     if traces:
         for name in traces:
-            if (
-                name not in BUNDLED_TRACES
-                and name not in SHARED_TRACES
-                and not (Path(name).is_file())
-            ):
-                names = [*BUNDLED_TRACES, *SHARED_TRACES]
-                close = difflib.get_close_matches(name, names, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(
-                    f"--traces: unknown trace {name!r}, not a trace name ({' '.join(names)}; "
-                    f"see gpugov traces) nor a file{hint}"
-                )
             if name not in BUNDLED_TRACES and name not in SHARED_TRACES:
-                # A file the user named: read now, so a bad one is refused before any work
-                # (a missing shared trace is skipped at its scenarios instead).
+                # A file the user named, read now, so a bad one is refused before any work
+                # (a missing shared trace is skipped at its scenarios instead); a word that
+                # is neither a name nor a file, the loader refuses naming the closest name.
                 try:  # its warnings (skipped rows) as one "gpugov: warning:" line each
                     load_trace_for_cli(name)
                 except TraceError as error:
