@@ -359,10 +359,16 @@ class Daemon:
         return (self.node.root / f"{self.name}.out").read_text(errors="replace")
 
     def wait_for(self, predicate: Any, timeout_s: float = 90.0, what: str = "") -> float:
-        """Poll ``predicate()`` until true; returns the time it became true."""
+        """Poll ``predicate()`` until true; returns the time it became true. A series the
+        page does not show yet (``KeyError``: the first tick's snapshot not taken when
+        its lock is already seen) is not yet true."""
         deadline = time.monotonic() + timeout_s
         while True:
-            if predicate():
+            try:
+                done = predicate()
+            except KeyError:
+                done = False
+            if done:
                 return time.time()
             if self.process is not None and self.process.poll() is not None:
                 raise AssertionError(
