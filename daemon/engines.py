@@ -13,20 +13,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterable
+import re
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 from gpugov.daemon.attainment import Buckets
-from gpugov.daemon.errors import EngineParseError
+from gpugov.daemon.errors import EngineParseError, EngineUnavailable
 from gpugov.daemon.exposition import (
     RANK_LABELS,
     Aggregate,
+    ParseTimeout,
     Series,
     SeriesCache,
     aggregate,
     parse_page,
-    sample_name,
 )
 from gpugov.daemon.scrape import MAX_PAGE_BYTES, Fetcher, KeepAliveFetcher
 
@@ -590,12 +592,29 @@ def missing_series(spec: EngineSpec, series: Series) -> tuple[str, ...]:
     return tuple(missing)
 
 
+ENGINE_PREFIXES: tuple[tuple[str, EngineKind], ...] = (
+    ("vllm:", "vllm"),
+    ("sglang:", "sglang"),
+    ("tgi_", "tgi"),
+)
+"""Each engine's metric prefix, in the order a page is tried for them."""
+
+
 def detect_engine(series_names: Iterable[str]) -> EngineKind | None:
     """The engine whose metric prefix appears on the page (vLLM, SGLang, TGI), or None."""
     names = list(series_names)
-    for prefix, kind in (("vllm:", "vllm"), ("sglang:", "sglang"), ("tgi_", "tgi")):
+    for prefix, kind in ENGINE_PREFIXES:
         if any(name.startswith(prefix) for name in names):
-            return kind  # type: ignore[return-value]
+            return kind
+    return None
+
+
+def detect_engine_on_page(text: str) -> EngineKind | None:
+    """:func:`detect_engine` of a page's sample lines, each prefix one regex search of
+    the text (a page of millions of lines is not split into a list of them)."""
+    for prefix, kind in ENGINE_PREFIXES:
+        if re.search(rf"(?m)^{re.escape(prefix)}", text):
+            return kind
     return None
 
 
@@ -722,7 +741,8 @@ class ScrapedSource:
         kind: ``"vllm"``, ``"sglang"``, ``"tgi"`` or ``"auto"`` (detected on the first
             successful scrape, and again on a page without the detected kind's queue
             gauges: an engine of another kind restarted on the same port).
-        timeout_s: one deadline for the whole scrape (connect, headers, body).
+        timeout_s: one deadline for the whole scrape (connect, headers, body, reading
+            the page).
         fetch: ``(url, timeout_s) -> text``; tests may pass their own.
         max_page_bytes: a larger page is refused (a bad scrape).
     """
@@ -735,6 +755,7 @@ class ScrapedSource:
         timeout_s: float = 0.5,
         fetch: Fetcher | None = None,
         max_page_bytes: int = MAX_PAGE_BYTES,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if kind != "auto" and kind not in SPECS:
             raise ValueError(f"unknown engine kind {kind!r}; expected auto, {', '.join(SPECS)}")
@@ -746,6 +767,7 @@ class ScrapedSource:
         self._wanted = None if self.spec is None else self.spec.wanted()
         self._cache: SeriesCache = {}
         self._missing: tuple[str, ...] = ()
+        self._clock = clock
 
     @property
     def kind(self) -> str:
@@ -753,22 +775,40 @@ class ScrapedSource:
         return "auto" if self.spec is None else self.spec.kind
 
     def scrape(self, timeout_s: float | None = None) -> EngineSample:
-        """Fetch and parse the page within ``timeout_s`` (default: the source's own).
+        """Fetch and parse the page within ``timeout_s`` (default: the source's own): one
+        deadline for the fetch and the reading of the page together, so a page too large
+        to read in time (hundreds of thousands of series) is a late scrape, never a loop
+        stalled for seconds on data it then takes as fresh.
 
         Raises:
-            EngineUnavailable: fetch failed or timed out. EngineParseError: bad text,
-                impossible values or unknown engine.
+            EngineUnavailable: fetch failed or timed out, or the page was still being
+                read at the deadline. EngineParseError: bad text, impossible values or
+                unknown engine.
         """
         budget = self.timeout_s if timeout_s is None else max(0.0, min(timeout_s, self.timeout_s))
+        deadline = self._clock() + budget
         text = self._fetch(self.url, budget)
-        if self.spec is None:
-            self._detect(text)
         try:
-            return self._parse(text)
-        except EngineParseError:
-            if not self._auto or not self._detect(text):
-                raise
-            return self._parse(text)
+            if self.spec is None:
+                self._detect(text)
+            try:
+                sample = self._parse(text, deadline)
+            except EngineParseError:
+                if not self._auto or not self._detect(text):
+                    raise
+                sample = self._parse(text, deadline)
+        except ParseTimeout as error:
+            raise self._unread(text, budget) from error
+        if self._clock() > deadline:
+            raise self._unread(text, budget)
+        return sample
+
+    def _unread(self, text: str, budget: float) -> EngineUnavailable:
+        """The failure of a page fetched in time but not read by the deadline."""
+        return EngineUnavailable(
+            f"{self.url}: timed out: its page ({len(text)} characters) was not read within "
+            f"{budget:.3g} s (a page this large needs a longer engine.timeout_s)"
+        )
 
     def _detect(self, text: str) -> bool:
         """Detect the engine kind from ``text`` (``kind = "auto"``); whether it changed. A
@@ -779,7 +819,7 @@ class ScrapedSource:
         Raises:
             EngineParseError: no engine's metrics on a first page.
         """
-        kind = detect_engine(sample_name(line) for line in text.splitlines() if line[:1] != "#")
+        kind = detect_engine_on_page(text)
         if kind is None:
             if self.spec is not None:
                 return False
@@ -803,12 +843,21 @@ class ScrapedSource:
         self._missing = ()
         return True
 
-    def _parse(self, text: str) -> EngineSample:
-        """The engine sample of the page ``text``, as the detected kind reads it."""
+    def _parse(self, text: str, deadline: float | None = None) -> EngineSample:
+        """The engine sample of the page ``text``, as the detected kind reads it (given up
+        past ``deadline``: :class:`~daemon.exposition.ParseTimeout`)."""
         assert self.spec is not None and self._wanted is not None
-        series = parse_page(text, self._wanted, self.url, self._cache)
+        clock = self._clock
+        series = parse_page(
+            text, self._wanted, self.url, self._cache, deadline=deadline, clock=clock
+        )
         if DYNAMO_MARK in text:  # a Dynamo worker: its component series name the role
-            series.update(parse_page(text, DYNAMO_SERIES, self.url, self._cache))
+            dynamo = parse_page(
+                text, DYNAMO_SERIES, self.url, self._cache, deadline=deadline, clock=clock
+            )
+            series.update(dynamo)
+        if deadline is not None and clock() > deadline:
+            raise ParseTimeout(f"{self.url}: the page was read past its deadline")
         sample = extract(self.spec, series, self.url)
         self._report_missing(missing_series(self.spec, series))
         return sample

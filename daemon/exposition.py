@@ -17,12 +17,13 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Iterable
-from typing import Literal
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpugov.daemon.errors import EngineParseError
+from gpugov.daemon.errors import EngineParseError, EngineUnavailable
 
 RANK_LABELS = frozenset({"tp_rank", "pp_rank", "rank", "attn_tp_rank", "moe_ep_rank"})
 """Labels that tell one engine's ranks apart: their series report the same state."""
@@ -83,24 +84,46 @@ def _split_value(line: str) -> tuple[str, str]:
     return head, rest
 
 
+CHECK_EVERY = 2048
+"""Wanted lines read between two looks at the clock, and parsed per block: a page
+parses in blocks so that one with hundreds of thousands of wanted lines can be given up
+at its deadline, not only after the whole of it."""
+
+
+class ParseTimeout(EngineUnavailable):
+    """The page was still being read at the scrape's deadline (:func:`parse_page`)."""
+
+
 def parse_page(
-    text: str, wanted: Iterable[str] | None, source: str, cache: SeriesCache | None = None
+    text: str,
+    wanted: Iterable[str] | None,
+    source: str,
+    cache: SeriesCache | None = None,
+    *,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Series:
     """Parse exposition text into ``{sample name: [(labels, value), ...]}``.
 
     Only lines whose sample name is in ``wanted`` are parsed (all when None); they are
     picked with one regex scan, so a page of thousands of bucket lines costs little.
     With ``cache`` (one per source), a series seen before reuses its parsed name and
-    labels and only its value is read; new series go through prometheus_client's parser.
+    labels and only its value is read; new series go through prometheus_client's parser,
+    :data:`CHECK_EVERY` lines at a time (each block's series cached as it is parsed).
+    With ``deadline`` (on ``clock``), the clock is read every :data:`CHECK_EVERY` lines
+    and between blocks: a page still being read past it is given up.
 
     Raises:
         EngineParseError: naming ``source`` and the 1-based line that does not parse.
+        ParseTimeout: the page is still being read past ``deadline``.
     """
     selector = _line_selector(None if wanted is None else frozenset(wanted))
     padded = "\n" + text
     series: Series = {}
     fresh: list[re.Match[str]] = []
-    for match in selector.finditer(padded):
+    for count, match in enumerate(selector.finditer(padded), 1):
+        if deadline is not None and count % CHECK_EVERY == 0 and clock() > deadline:
+            raise ParseTimeout(f"{source}: the page was still being read at its deadline")
         line = match.group(0).strip()
         key, rest = _split_value(line)
         known = cache.get(key) if cache is not None else None
@@ -116,11 +139,33 @@ def parse_page(
             fresh.append(match)
     if not fresh:
         return series
-    block = "\n".join(match.group(0).strip() for match in fresh) + "\n"
+    if cache is not None and len(cache) > 20_000:  # label churn (e.g. per-request labels)
+        cache.clear()
+    for start in range(0, len(fresh), CHECK_EVERY):
+        if deadline is not None and start and clock() > deadline:
+            raise ParseTimeout(f"{source}: the page was still being read at its deadline")
+        block = fresh[start : start + CHECK_EVERY]
+        samples = _parse_block(block, padded, source)
+        if cache is not None and len(samples) == len(block):
+            for match, sample in zip(block, samples, strict=True):
+                cache[_split_value(match.group(0).strip())[0]] = (sample.name, sample.labels)
+        for sample in samples:
+            series.setdefault(sample.name, []).append((sample.labels, float(sample.value)))
+    return series
+
+
+def _parse_block(block: list[re.Match[str]], padded: str, source: str) -> list[Any]:
+    """The samples of ``block``'s lines (of ``padded``, the page after a newline), through
+    prometheus_client's parser.
+
+    Raises:
+        EngineParseError: naming ``source`` and the 1-based line that does not parse.
+    """
+    text = "\n".join(match.group(0).strip() for match in block) + "\n"
     try:
-        families = list(text_string_to_metric_families(block))
+        families = list(text_string_to_metric_families(text))
     except ValueError:
-        for match in fresh:  # find the culprit to name it
+        for match in block:  # find the culprit to name it
             line = match.group(0).strip()
             try:
                 list(text_string_to_metric_families(line + "\n"))
@@ -130,15 +175,7 @@ def parse_page(
                     f"{source}: line {number} is not Prometheus text ({error}): {line[:200]!r}"
                 ) from error
         raise  # pragma: no cover - the block failed but no single line did
-    samples = [sample for family in families for sample in family.samples]
-    if cache is not None and len(samples) == len(fresh):
-        if len(cache) > 20_000:  # label churn (e.g. per-request labels): start over
-            cache.clear()
-        for match, sample in zip(fresh, samples, strict=True):
-            cache[_split_value(match.group(0).strip())[0]] = (sample.name, sample.labels)
-    for sample in samples:
-        series.setdefault(sample.name, []).append((sample.labels, float(sample.value)))
-    return series
+    return [sample for family in families for sample in family.samples]
 
 
 def aggregate(series: Series, name: str, how: Aggregate = "sum") -> float | None:
@@ -160,8 +197,10 @@ def aggregate(series: Series, name: str, how: Aggregate = "sum") -> float | None
 
 
 __all__ = [
+    "CHECK_EVERY",
     "RANK_LABELS",
     "Aggregate",
+    "ParseTimeout",
     "Series",
     "SeriesCache",
     "aggregate",

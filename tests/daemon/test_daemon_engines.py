@@ -703,3 +703,98 @@ def test_a_redirect_names_the_url_to_configure() -> None:
         f"{url}: HTTP 307 Temporary Redirect to {url}/; gpugov follows no redirect: "
         f"set engine.url to {url}/"
     )
+
+
+def test_a_page_read_in_blocks_parses_as_one_and_names_a_bad_line_of_a_later_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The wanted lines go to the parser a block at a time (so a huge page can be given
+    up at its deadline); the series, the cache and a bad line's number are those of one
+    parse of the whole page."""
+    import gpugov.daemon.engines as engines
+    import gpugov.daemon.exposition as exposition
+
+    page = fixture_text("vllm_dp2_synthetic.txt")
+    wanted = engines.VLLM.wanted()
+    whole: exposition.SeriesCache = {}
+    expected = parse_page(page, wanted, "u", whole)
+    monkeypatch.setattr(exposition, "CHECK_EVERY", 3)
+    blocks: exposition.SeriesCache = {}
+    assert parse_page(page, wanted, "u", blocks, deadline=1.0, clock=lambda: 0.0) == expected
+    assert blocks == whole
+    lines = page.split("\n")
+    last = max(i for i, line in enumerate(lines) if line.startswith("vllm:num_requests_waiting"))
+    lines[last] = lines[last].rsplit(" ", 1)[0] + " nine"
+    with pytest.raises(EngineParseError, match=f"line {last + 1} is not Prometheus text"):
+        parse_page("\n".join(lines), wanted, "u", deadline=1.0, clock=lambda: 0.0)
+
+
+def test_a_page_still_being_read_at_the_scrape_deadline_is_a_late_scrape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One deadline covers the fetch and the reading of the page: a page too large to
+    read in time (hundreds of thousands of series: seconds of parsing) is a timed-out
+    scrape, given up at the deadline, not a loop stalled for seconds on data then taken
+    as fresh. The same page read in time is taken."""
+    import gpugov.daemon.exposition as exposition
+
+    monkeypatch.setattr(exposition, "CHECK_EVERY", 3)
+    page = fixture_text("vllm_dp2_synthetic.txt")
+    now = {"s": 0.0}
+    reads: list[float] = []
+
+    def clock() -> float:
+        reads.append(now["s"])
+        return now["s"]
+
+    def fetch(url: str, timeout_s: float) -> str:
+        now["s"] += 0.1  # the fetch itself: in time
+        return page
+
+    source = ScrapedSource("http://e/metrics", "vllm", timeout_s=0.25, fetch=fetch, clock=clock)
+    original = exposition._split_value
+
+    def slow_split(line: str) -> tuple[str, str]:  # each line takes 1 s to read
+        now["s"] += 1.0
+        return original(line)
+
+    monkeypatch.setattr(exposition, "_split_value", slow_split)
+    with pytest.raises(EngineUnavailable, match="timed out") as caught:
+        source.scrape()
+    assert not isinstance(caught.value, EngineParseError)
+    message = str(caught.value)
+    assert message.startswith("http://e/metrics: timed out: its page (")
+    assert f"({len(page)} characters) was not read within 0.25 s" in message
+    assert len(reads) <= 3  # given up at the first look at the clock past the deadline
+    monkeypatch.setattr(exposition, "_split_value", original)
+    now["s"] = 0.0
+    expected = VllmSource("http://e/metrics", fetch=lambda url, t: page).scrape()
+    assert source.scrape() == expected  # read in time: taken
+
+
+def test_a_page_read_past_its_deadline_before_extraction_is_a_late_scrape() -> None:
+    """A page whose lines were all read but only after the deadline (fewer lines than
+    one look at the clock covers) is late too, and so is one whose extraction ran past
+    it: the check after the whole read."""
+    page = fixture_text("vllm_dp2_synthetic.txt")
+    times = iter([0.0, 0.3])  # the deadline set at 0; read at 0.3 s
+    source = ScrapedSource(
+        "http://e/metrics", "vllm", timeout_s=0.25, fetch=lambda url, t: page,
+        clock=lambda: next(times, 0.3),
+    )  # fmt: skip
+    with pytest.raises(EngineUnavailable, match=r"timed out: its page \(\d+ characters\)"):
+        source.scrape()
+
+
+def test_the_engine_is_detected_from_the_page_without_splitting_it() -> None:
+    """Detection reads each prefix at a line's start, as detect_engine does of the page's
+    sample names: a comment naming an engine is no engine, vLLM wins over the others."""
+    from gpugov.daemon.engines import detect_engine_on_page
+
+    assert detect_engine_on_page("# HELP vllm:x help\nup 1\n") is None
+    assert detect_engine_on_page("up 1\nsglang:num_running_reqs 1\n") == "sglang"
+    assert detect_engine_on_page("tgi_queue_size 1\nvllm:x 1\n") == "vllm"
+    assert detect_engine_on_page("tgi_queue_size 1\r\n") == "tgi"
+    assert detect_engine_on_page(" vllm:x 1\n") is None  # as sample_name reads it
+    for name in ("vllm_v1_real.txt", "vllm_dp2_synthetic.txt"):
+        assert detect_engine_on_page(fixture_text(name)) == "vllm"
