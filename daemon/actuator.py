@@ -51,7 +51,7 @@ from gpugov.daemon.errors import (
     PermissionDenied,
     TransientGpuError,
 )
-from gpugov.daemon.lockstate import LockState, gpu_key, live_gpugov_pid
+from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
 
 log = logging.getLogger(__name__)
 
@@ -503,7 +503,7 @@ class ClockActuator:
         entry = self.state.get(key) if self.state is not None else None
         if entry is not None and self.state is not None and self.state.written_here(key):
             entry = None  # our own (cannot happen at start; be safe)
-        if entry is not None and live_gpugov_pid(entry.get("pid"), entry.get("time")):
+        if entry is not None and live_writer(entry):
             # Its writer still runs: another daemon governs this GPU (its state directory's
             # hold was lost, say, the directory deleted under it). Resetting its live lock
             # would start a fight for the clock.

@@ -7,8 +7,12 @@ exactly. :class:`LockState` keeps one small JSON file in the state directory (sy
 
 ```json
 {"version": 1, "gpus": {"GPU-8f2e...": {"gpu": "0", "min_mhz": 1410, "max_mhz": 1410,
-                                     "pid": 4242, "time": "2026-11-30T10:00:00+00:00"}}}
+                                     "pid": 4242, "time": "2026-11-30T10:00:00+00:00",
+                                     "boot_id": "0f3c...", "start_ticks": 1234567}}}
 ```
+
+``boot_id`` and ``start_ticks`` name the writing process for good with its pid
+(:func:`process_identity`): whether it still runs is told by them, not by the wall clock.
 
 An entry is written after every lock write and removed after every reset, keyed by the
 GPU's UUID (indices can change across reboots). A power limit gpugov sets is kept beside
@@ -50,7 +54,7 @@ import datetime
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +95,9 @@ class LockState:
     ) -> None:
         self.path = Path(directory) / STATE_FILE
         self.pid = os.getpid() if pid is None else pid
+        self._identity = process_identity(self.pid)
+        """The writer's boot and start time (:func:`process_identity`), stamped on each
+        entry: which process wrote it, whatever the wall clock did since."""
         self._warned = False
         self.write_failures = 0
         """Writes of the file that failed, retries included
@@ -273,6 +280,7 @@ class LockState:
             **values,
             "pid": self.pid,
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            **self._identity,
         }
         self._write()
 
@@ -408,10 +416,38 @@ class LockState:
             )
 
 
-def live_gpugov_pid(pid: object, written: object = None) -> bool:
+def process_identity(pid: int) -> dict[str, Any]:
+    """``{"boot_id": ..., "start_ticks": ...}`` of process ``pid``: this boot's id
+    (``/proc/sys/kernel/random/boot_id``) and when the process started, in clock ticks
+    after boot (``/proc/PID/stat``). With its pid they name one process for good, on no
+    wall clock: an NTP step neither makes a live writer a leftover nor a pid used again
+    its writer. Empty where ``/proc`` does not tell."""
+    boot, ticks = _boot_id(), _start_ticks(pid)
+    if boot is None or ticks is None:
+        return {}
+    return {"boot_id": boot, "start_ticks": ticks}
+
+
+def live_writer(entry: Mapping[str, Any]) -> bool:
+    """Whether the process that wrote lock state ``entry`` still runs
+    (:func:`live_gpugov_pid` of its pid, time and identity)."""
+    return live_gpugov_pid(
+        entry.get("pid"),
+        entry.get("time"),
+        boot_id=entry.get("boot_id"),
+        start_ticks=entry.get("start_ticks"),
+    )
+
+
+def live_gpugov_pid(
+    pid: object, written: object = None, *, boot_id: object = None, start_ticks: object = None
+) -> bool:
     """Whether ``pid`` names a running process other than this one that is a gpugov (its
-    command line names gpugov, where ``/proc`` tells) and, given the record's ``written``
-    time, that started before it: a process started after the record was written is the
+    command line names gpugov, where ``/proc`` tells) and is the record's writer: where
+    the record names its writer's ``boot_id`` and ``start_ticks``
+    (:func:`process_identity`), the process with that pid in this boot that started at
+    that tick; else (a record of an older gpugov), given the record's ``written`` time,
+    one that started before it. A process started after the record was written is the
     pid used again (after a reboot, another gpugov such as the actuator), not its writer.
     A lock record's writer still running is another daemon on the same GPUs, not a crash's
     leftover."""
@@ -431,6 +467,14 @@ def live_gpugov_pid(pid: object, written: object = None) -> bool:
         return True  # alive, and no /proc to tell what it is: take it as the writer
     if b"gpugov" not in command:
         return False
+    if (
+        isinstance(boot_id, str)
+        and isinstance(start_ticks, int)
+        and not isinstance(start_ticks, bool)
+    ):
+        now = process_identity(pid)
+        if now:
+            return now == {"boot_id": boot_id, "start_ticks": start_ticks}
     started, at = _started_unix_s(pid), _unix_s(written)
     return started is None or at is None or started <= at + PID_REUSE_SLACK_S
 
@@ -440,12 +484,32 @@ PID_REUSE_SLACK_S = 2.0
 and still be taken as its writer: the record's rounding and the start time's."""
 
 
+def _boot_id() -> str | None:
+    """This boot's id, or None where ``/proc`` does not tell."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+    except (OSError, ValueError):
+        return None
+    return boot or None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks after boot (``/proc/PID/stat``'s
+    22nd field), or None where ``/proc`` does not tell."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        return int(stat[stat.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _started_unix_s(pid: int) -> float | None:
     """When process ``pid`` started, in Unix seconds (``/proc/PID/stat``'s start time
     after boot, and the uptime); None where ``/proc`` does not tell."""
+    start_ticks = _start_ticks(pid)
+    if start_ticks is None:
+        return None
     try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-        start_ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])
         uptime_s = float(Path("/proc/uptime").read_text().split()[0])
         ticks_per_s = os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):

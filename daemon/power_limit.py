@@ -60,7 +60,7 @@ from gpugov.daemon.errors import (
     PermissionDenied,
     TransientGpuError,
 )
-from gpugov.daemon.lockstate import LockState, gpu_key, live_gpugov_pid
+from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
 
 log = logging.getLogger(__name__)
 
@@ -554,7 +554,7 @@ class PowerLimitActuator:
         entry = self.state.get_power_limit(key)
         if entry is None or self.state.written_here(key, power_limit=True):
             return None
-        if live_gpugov_pid(entry.get("pid"), entry.get("time")):
+        if live_writer(entry):
             raise ConfigError(
                 f"GPU {label}: gpugov pid {entry.get('pid')} holds its power limit "
                 f"({self.state.path}) and is still running; stop it first"

@@ -43,7 +43,7 @@ from gpugov.daemon.errors import (
     TransientGpuError,
 )
 from gpugov.daemon.files import resolve_state_dir
-from gpugov.daemon.lockstate import LockState, gpu_key, live_gpugov_pid
+from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DEFAULT_TAIL_QUANTILE, DomainObserver
@@ -580,11 +580,7 @@ def reset_left_locks(
     ours = {gpu_key(backend) for backend in assembled.backends}
     lines: list[str] = []
     for key, entry in state.read().items():
-        if (
-            key in ours
-            or state.written_here(key)
-            or live_gpugov_pid(entry.get("pid"), entry.get("time"))
-        ):
+        if key in ours or state.written_here(key) or live_writer(entry):
             continue
         named, backend = _open_recorded(config, key, entry, stop)
         low, high = entry.get("min_mhz"), entry.get("max_mhz")
@@ -645,11 +641,7 @@ def _restore_left_power_limits(
     cannot be opened, is named with the command to run. One line each (logged)."""
     lines: list[str] = []
     for key, entry in state.power_limits().items():
-        if (
-            key in ours
-            or state.written_here(key, power_limit=True)
-            or live_gpugov_pid(entry.get("pid"), entry.get("time"))
-        ):
+        if key in ours or state.written_here(key, power_limit=True) or live_writer(entry):
             continue
         named, backend = _open_recorded(config, key, entry, stop)
         found = (

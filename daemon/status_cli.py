@@ -47,7 +47,7 @@ def held_by_gpugov(state_dir: Path | None, uuids: Iterable[str]) -> dict[str, di
     limit it set and the one before, its pid and whether it still runs; empty without a
     state directory this user may read, or a record. Read only: a record whose run is
     gone is what its next start (or ``gpugov reset-clocks``) undoes."""
-    from gpugov.daemon.lockstate import STATE_FILE, LockState, live_gpugov_pid
+    from gpugov.daemon.lockstate import STATE_FILE, LockState, live_writer
 
     try:
         if state_dir is None or not (state_dir / STATE_FILE).exists():
@@ -77,7 +77,7 @@ def held_by_gpugov(state_dir: Path | None, uuids: Iterable[str]) -> dict[str, di
             ),
             "power_limit_before_w": None if limit is None else limit["original_mw"] / 1000.0,
             "pid": pid,
-            "running": writer is not None and live_gpugov_pid(pid, writer.get("time")),
+            "running": writer is not None and live_writer(writer),
         }
     return held
 

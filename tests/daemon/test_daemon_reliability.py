@@ -393,6 +393,8 @@ def test_a_record_older_than_the_gpugov_now_running_under_its_pid_is_a_leftover(
         data = json.loads((tmp_path / "locks.json").read_text())
         for entries in (data["gpus"], data["power_limits"]):
             entries["GPU-fake-0000"]["time"] = "2026-01-01T00:00:00+00:00"  # before the boot
+            for field in ("boot_id", "start_ticks"):  # a record of a gpugov before them
+                entries["GPU-fake-0000"].pop(field)
         (tmp_path / "locks.json").write_text(json.dumps(data))
         state = LockState(tmp_path)
         (line,) = ClockActuator([NvmlBackend(0, nvml=fake)], state=state).reconcile("reset")
@@ -403,6 +405,58 @@ def test_a_record_older_than_the_gpugov_now_running_under_its_pid_is_a_leftover(
         assert limit.endswith("; restored")
         assert fake.locked(0) is None and fake.gpus[0].power_limit_mw == 700_000
         assert LockState(tmp_path).read() == {} and LockState(tmp_path).power_limits() == {}
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_the_writer_of_a_lock_record_is_told_by_its_boot_and_start_not_the_wall_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record names its writer's boot and start tick beside its pid: an NTP step of the
+    wall clock after the record was written (a node that locked before its time synced)
+    made the running writer a leftover, and a second daemon (the state directory's hold
+    lost) reset its live lock and fought it; a step back made a process that took the pid
+    later its writer. Now the step changes neither, and the record of another boot or
+    another process under that pid is a leftover whatever the clock says."""
+    import json
+    import subprocess
+    import sys
+
+    import gpugov.daemon.lockstate as lockstate
+    from gpugov.daemon.errors import ConfigError
+    from gpugov.daemon.lockstate import live_writer
+
+    fake = FakeNvml(1)
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "gpugov-run-stand-in"]
+    )
+    try:
+        ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path, pid=other.pid)).apply(
+            900
+        )
+        data = json.loads((tmp_path / "locks.json").read_text())
+        entry = data["gpus"]["GPU-fake-0000"]
+        assert entry["boot_id"] and isinstance(entry["start_ticks"], int)
+        real_time = time.time
+        for step_s in (3600.0, -3600.0):  # the wall clock stepped forward, then back
+            monkeypatch.setattr(lockstate.time, "time", lambda s=step_s: real_time() + s)
+            assert live_writer(entry)
+            second = ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path))
+            with pytest.raises(ConfigError, match=rf"gpugov pid {other.pid} holds its clock"):
+                second.reconcile("reset")
+            assert fake.locked(0) == (900, 900)
+            assert not live_writer({**entry, "start_ticks": entry["start_ticks"] + 1})
+            assert not live_writer({**entry, "boot_id": "another-boot"})
+        monkeypatch.setattr(lockstate.time, "time", real_time)
+        # The same pid taken by another process since: its record is a leftover.
+        data["gpus"]["GPU-fake-0000"]["start_ticks"] = entry["start_ticks"] - 1
+        (tmp_path / "locks.json").write_text(json.dumps(data))
+        (line,) = ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path)).reconcile(
+            "reset"
+        )
+        assert f"previous gpugov run (pid {other.pid}" in line and line.endswith("; reset")
+        assert fake.locked(0) is None
     finally:
         other.kill()
         other.wait()
