@@ -52,6 +52,7 @@ from gpugov.study.scoreboard.scenarios import (
     WHOLE_TRACE,
     BenchConfig,
     _full_trace,
+    keep_full_trace,
 )
 from gpugov.study.scoreboard.windows import window_lines, window_starts
 
@@ -107,9 +108,10 @@ def config_for(
                 # (a missing shared trace is skipped at its scenarios instead); a word that
                 # is neither a name nor a file, the loader refuses naming the closest name.
                 try:  # its warnings (skipped rows) as one "gpugov: warning:" line each
-                    load_trace_for_cli(name)
+                    requests, report = load_trace_for_cli(name)
                 except TraceError as error:
                     raise ValueError(f"--traces: {error}") from error
+                keep_full_trace(name, requests, report)  # read once, not again to run
         changes["traces"] = tuple(traces)
     if profiles:
         try:

@@ -21,6 +21,7 @@ from gpugov.plant import PerformanceProfile, ServingPlant, simulate
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.plant.types import Request
 from gpugov.plant.workload import (
+    TraceLoadReport,
     TraceWarning,
     load_trace,
     scale_load,
@@ -307,9 +308,16 @@ def _full_trace(name: str, *, quiet: bool = False) -> tuple[tuple[Request, ...],
         with warnings.catch_warnings(), trace_progress(name, enabled=not quiet) as on_progress:
             warnings.simplefilter("ignore", TraceWarning)
             requests, report = load_trace(name, on_progress=on_progress)
-        _FULL_TRACES[name] = (requests, report.sha256)
-        _SKIPPED_ROWS[name] = (report.path, report.skipped_zero_token_rows, report.rows)
+        keep_full_trace(name, requests, report)
     return _FULL_TRACES[name]
+
+
+def keep_full_trace(name: str, requests: tuple[Request, ...], report: TraceLoadReport) -> None:
+    """Keep ``requests``, the whole trace ``name`` as loaded by the caller (``load_trace``
+    without a window), as :func:`_full_trace`'s, so the file is not read a second time (a
+    day-long trace takes seconds to read)."""
+    _FULL_TRACES[name] = (requests, report.sha256)
+    _SKIPPED_ROWS[name] = (report.path, report.skipped_zero_token_rows, report.rows)
 
 
 def skipped_zero_token_rows(name: str) -> tuple[str, int, int] | None:

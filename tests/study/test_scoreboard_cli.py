@@ -264,3 +264,34 @@ def test_a_window_emptied_by_a_small_profile_is_skipped_not_fatal(
     )
     assert out["skipped"]["scenario"] == "azure-code|l4-llama3.2-3b|cap70"
     assert "holds no requests" in out["skipped"]["reason"]
+
+
+def test_a_trace_file_named_by_traces_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--traces FILE`` reads the file to refuse a bad one before any work; the run reuses
+    that read instead of parsing the file a second time (seconds on a day-long trace)."""
+    from gpugov.plant import workload
+    from gpugov.study.scoreboard import command
+    from gpugov.study.scoreboard import run as scoreboard
+
+    trace = tmp_path / "mine.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,10\n1.5,200,0\n2,300,30\n")
+    reads: list[Path] = []
+    real_read = workload.read_trace
+
+    def counted(path: Path) -> tuple[str, str]:
+        reads.append(path)
+        return real_read(path)
+
+    monkeypatch.setattr(workload, "read_trace", counted)
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        config = command.config_for(tiny=True, traces=[str(trace)])
+    assert "skipped 1 zero-token row(s) of 3" in stderr.getvalue()
+    shared, failed = scoreboard._shared_inputs(config)
+    assert failed == {}
+    requests, digest = shared[f"trace:{trace}"]
+    assert [r.request_id for r in requests] == [0, 2]
+    assert len(digest) == 64
+    assert reads == [trace]
