@@ -141,7 +141,9 @@ class EmulatedBackend:
     Opening the GPU is given :data:`OPEN_TIMEOUT_S`.
 
     Raises:
-        GpuUnavailable: the emulator does not answer, or has no such GPU.
+        GpuUnavailable: the emulator has no such GPU, or answers no GPU description.
+        TransientGpuError: the emulator did not answer (refused, or past the deadline):
+            one still starting, or busy; the daemon's start tries again.
     """
 
     def __init__(self, gpu: int | str = 0, *, emulator: str, timeout_s: float = 0.25) -> None:
@@ -164,8 +166,8 @@ class EmulatedBackend:
             info = self._call(
                 "open GPU", "GET", f"/gpu/{self._index}", timeout_s=max(timeout_s, OPEN_TIMEOUT_S)
             )
-        except (GpuLost, GpuUnavailable):
-            raise
+        except (GpuLost, GpuUnavailable, TransientGpuError):
+            raise  # no answer (TransientGpuError): an emulator still starting, or busy
         except GpuError as error:
             raise GpuUnavailable(
                 f"GPU {gpu}: no such emulated GPU at {emulator} ({error})", gpu=self._label

@@ -39,6 +39,7 @@ from gpugov.daemon.errors import (
     ConfigError,
     ControllerError,
     GpugovError,
+    GpuUnavailable,
     NotSupported,
     TransientGpuError,
 )
@@ -134,7 +135,14 @@ def open_backend(
             return NvidiaSmiBackend(gpu)
         return NvmlBackend(gpu, nvml=nvml)
 
-    backend: GpuBackend = retry_transient(open_one, f"GPU {gpu}: open", sleep=sleep, stop=stop)
+    try:
+        backend: GpuBackend = retry_transient(open_one, f"GPU {gpu}: open", sleep=sleep, stop=stop)
+    except TransientGpuError as error:
+        if kind != "emulated" or (stop is not None and stop.is_set()):
+            raise
+        # An emulator that never answered is no GPU at start (exit 4), as documented;
+        # one that was still starting answered one of the tries.
+        raise GpuUnavailable(f"{error} (tried {START_ATTEMPTS} times)", gpu=str(gpu)) from error
     try:
         retry_transient(
             backend.supported_clocks_mhz,

@@ -43,7 +43,7 @@ class _Emulator:
     """Answers GET /gpu/0 with ``gpu`` and GET /gpu/0/sample with ``sample`` (raw JSON
     text, so NaN and Infinity go out as Python's json writes them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.gpu: Any = GOOD_GPU
         self.sample: Any = GOOD_SAMPLE
         self.frozen = False  # /sample is never answered (a process stopped with SIGSTOP)
@@ -75,7 +75,7 @@ class _Emulator:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(
             target=self.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
@@ -192,3 +192,44 @@ def test_a_frozen_emulator_is_logged_as_a_gpu_whose_samples_fail(
     ]
     assert caplog.records[0].levelno == logging.WARNING
     assert observer.gpu_read_errors == {"0": 3}
+
+
+def test_an_emulator_still_starting_is_waited_for_and_one_that_never_answers_is_no_gpu() -> None:
+    """Opening an emulated GPU whose emulator does not answer yet (started beside the
+    daemon, or busy) is retried as an NVML timeout at start is; it was refused at once as
+    `no such emulated GPU`, which it is not. One that never answers is still no GPU at
+    start (exit 4), in words that say it did not answer."""
+    import socket
+
+    from gpugov.daemon.service import START_ATTEMPTS, open_backend
+
+    with socket.socket() as probe:  # a free port, nothing listening on it yet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    started: list[_Emulator] = []
+    waits: list[float] = []
+
+    def wait(seconds: float) -> None:  # the start's backoff: the emulator comes up
+        waits.append(seconds)
+        if len(waits) == 2:
+            started.append(_Emulator(port))
+
+    try:
+        backend = open_backend(0, "emulated", emulator=url, sleep=wait)
+        assert backend.uuid == GOOD_GPU["uuid"] and backend.supported_clocks_mhz()[-1] == 1410
+        assert len(waits) == 2
+        backend.close()
+    finally:
+        for server in started:
+            server.server.shutdown()
+            server.server.server_close()
+    with pytest.raises(GpuUnavailable) as refused:
+        open_backend(0, "emulated", emulator=url, sleep=lambda seconds: None)
+    message = str(refused.value)
+    assert "did not answer" in message and f"(tried {START_ATTEMPTS} times)" in message
+    assert "no such emulated GPU" not in message
+    stop = threading.Event()
+    stop.set()  # a stop signal during the start ends the tries: the daemon's own path
+    with pytest.raises(TransientGpuError):
+        open_backend(0, "emulated", emulator=url, sleep=lambda seconds: None, stop=stop)
