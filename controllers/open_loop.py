@@ -40,8 +40,10 @@ PLAN_FORMAT = "gpugov-open-loop-plan-v1"
 OPEN_LOOP_SEED_DEVIATIONS = (
     "OpenLoopClockController clamps a negative time to the first period (the seed "
     "clamped only from above, so a negative time indexed from the end of the plan)",
-    "optimize_open_loop rejects a profile whose service level does not increase with "
-    "clock (the seed inverted it with np.interp, which silently misbehaves there)",
+    "optimize_open_loop inverts the service level over the clocks that serve more than "
+    "every clock below them, and plans the lowest clock throughout when no clock serves "
+    "more than it (the seed inverted it with np.interp, which silently misbehaves on a "
+    "non-increasing curve and divided by zero on a flat one)",
 )
 BACKLOG_COST_PER_S = 20.0
 TERMINAL_BACKLOG_COST_PER_S = 20.0
@@ -203,11 +205,13 @@ def optimize_open_loop(
     backlogs ``b >= 0`` with ``b[k] >= b[k-1] + w[k] - h * u[k]`` (``b[-1] = 0``);
     cost ``power_slope * sum(u) + 20 * sum(b) + 20 * b[n-1]``, where ``power_slope`` is the
     normalised phase-maximum power range over the service range. Solved by HiGHS; on
-    failure the plan runs at the maximum service level and ``success`` is False.
+    failure the plan runs at the maximum service level and ``success`` is False. On a
+    profile where no clock serves more than the lowest (rates flat in the clock: a
+    memory-bound GPU), there is no service level to choose: the plan is the lowest clock
+    throughout, with no LP.
 
     Raises:
-        ValueError: non-positive horizon or period, a bad output forecast, or a profile
-            where no clock serves more than the lowest.
+        ValueError: non-positive horizon or period, or a bad output forecast.
     """
     del scheduler  # The fluid plan assumes the fixed chunked scheduler named by the caller.
     plant.validate()
@@ -223,13 +227,13 @@ def optimize_open_loop(
     # silently returns nonsense for a non-increasing curve and divided by zero for a flat
     # one. The plan inverts it over the clocks that serve more than every clock below
     # them (a measured profile's noise, or a rate that peaks below the top clock, leaves
-    # others that no plan needs); a curve with fewer than two such clocks is rejected.
+    # others that no plan needs). A curve with one such clock (flat: a memory-bound
+    # profile) leaves nothing to choose, and its LP would divide by zero: the plan is the
+    # lowest clock. A flat profile was refused here, which ended `bench controllers` on
+    # such a profile in a traceback and `experiments` after its first step.
     rising = all_levels > np.maximum.accumulate(np.concatenate(([-np.inf], all_levels[:-1])))
     if np.count_nonzero(rising) < 2:
-        raise ValueError(
-            f"profile {profile.name}: service level must increase with clock; no clock "
-            f"serves more than {profile.clock_mhz[0]:g} MHz, the lowest"
-        )
+        return _lowest_clock_plan(workload, plant, arrivals, control_period_s)
     levels, planned_clocks = all_levels[rising], profile.clock_mhz[rising]
     minimum_service = float(levels[0])
     maximum_power = np.maximum(profile.prefill_power_w, profile.decode_power_w)
@@ -277,6 +281,40 @@ def optimize_open_loop(
         optimization_method="HiGHS linear program",
         success=bool(solution.success and np.all(np.isfinite(continuous))),
         message=str(solution.message),
+        control_period_s=control_period_s,
+        workload_checksum=workload_checksum(workload),
+        profile_status=profile.profile_status,
+    )
+
+
+def _lowest_clock_plan(
+    workload: Sequence[Request],
+    plant: ServingPlant,
+    arrivals: FloatArray,
+    control_period_s: float,
+) -> OpenLoopPlan:
+    """The plan on a profile where no clock serves more than the lowest: that clock in
+    every period. Its objective is the LP's backlog cost (the power term has no range to
+    price)."""
+    profile = plant.profile
+    horizon_steps = arrivals.size
+    clocks = np.full(horizon_steps, profile.minimum_clock_mhz, dtype=float)
+    backlog, _, _ = fluid_rollout(clocks, arrivals, plant, control_period_s)
+    objective = BACKLOG_COST_PER_S * float(np.sum(backlog[1:])) + (
+        TERMINAL_BACKLOG_COST_PER_S * float(backlog[-1]) if horizon_steps else 0.0
+    )
+    return OpenLoopPlan(
+        time_s=np.arange(horizon_steps, dtype=float) * control_period_s,
+        continuous_clock_mhz=clocks.copy(),
+        applied_clock_mhz=clocks,
+        predicted_backlog_s=backlog,
+        objective=objective,
+        optimization_method="lowest clock (no clock serves more than the lowest)",
+        success=True,
+        message=(
+            f"no clock of profile {profile.name} serves more than the lowest, "
+            f"{profile.minimum_clock_mhz:g} MHz: planned throughout"
+        ),
         control_period_s=control_period_s,
         workload_checksum=workload_checksum(workload),
         profile_status=profile.profile_status,

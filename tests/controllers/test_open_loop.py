@@ -136,11 +136,29 @@ def test_plan_errors(synthetic_plant, plant_factory, profile_factory):
         optimize_open_loop(_bursty_workload(), synthetic_plant, horizon_s=0.0)
     with pytest.raises(ValueError, match="horizon and control period must be positive"):
         optimize_open_loop(_bursty_workload(), synthetic_plant, control_period_s=-1.0)
-    flat = profile_factory()
-    flat = replace(flat, prefill_tokens_per_s=np.full(9, 9_000.0))
-    flat = replace(flat, decode_tokens_per_s=np.full(9, 2_000.0))
-    with pytest.raises(ValueError, match="service level must increase with clock"):
-        optimize_open_loop(_bursty_workload(), plant_factory(flat))
+
+
+@pytest.mark.parametrize("shape", ["flat", "peaks-at-lowest"])
+def test_plan_without_a_faster_clock_is_the_lowest_clock(shape, plant_factory, profile_factory):
+    """A profile where no clock serves more than the lowest (a memory-bound GPU's rates,
+    flat in the clock) is planned at the lowest clock throughout. It was refused, and
+    `bench controllers` on such a profile ended in a traceback."""
+    profile = profile_factory()
+    count = profile.clock_mhz.size
+    if shape == "flat":
+        prefill, decode = np.full(count, 9_000.0), np.full(count, 2_000.0)
+    else:
+        prefill = np.linspace(9_000.0, 8_000.0, count)
+        decode = np.linspace(2_000.0, 1_900.0, count)
+    profile = replace(profile, prefill_tokens_per_s=prefill, decode_tokens_per_s=decode)
+    plan = optimize_open_loop(_bursty_workload(), plant_factory(profile), horizon_s=20.0)
+    assert plan.success
+    assert plan.applied_clock_mhz.size == 20
+    np.testing.assert_array_equal(plan.applied_clock_mhz, profile.minimum_clock_mhz)
+    np.testing.assert_array_equal(plan.continuous_clock_mhz, profile.minimum_clock_mhz)
+    assert np.isfinite(plan.objective)
+    assert np.all(np.isfinite(plan.predicted_backlog_s))
+    assert plan.predicted_backlog_s.size == 21
 
 
 def test_empty_workload_plans_minimum_clock(synthetic_plant):
