@@ -546,16 +546,46 @@ def _read_csv(path: Path, text: str, power_limit_w: float) -> dict[str, NDArray[
                         f"MHz (GPUs lock whole MHz), got {raw!r}"
                     )
                 columns[column].append(value)
-    if len(columns["clock_mhz"]) < 2:
-        raise ProfileError(f"{path}: needs at least two clock rows")
-    clocks = columns["clock_mhz"]
-    for index in range(1, len(clocks)):
-        if clocks[index] <= clocks[index - 1]:
-            raise ProfileError(
-                f"{path}:{line_numbers[index]}: clock_mhz must be strictly ascending "
-                f"({clocks[index]} after {clocks[index - 1]})"
-            )
-    return {key: np.asarray(values, dtype=float) for key, values in columns.items()}
+    return _one_row_per_clock(path, columns, line_numbers)
+
+
+def _one_row_per_clock(
+    path: Path, columns: Mapping[str, list[float]], line_numbers: list[int]
+) -> dict[str, NDArray[np.float64]]:
+    """The CSV's rows in ascending clock order, each clock once. Rows may come in any order
+    (``nvidia-smi`` lists supported clocks descending, and a table written from it did
+    too): they were refused unless strictly ascending. A clock listed again with the same
+    values in every column is read once (a row pasted twice); listed again with other
+    values it is refused, naming both lines and the column: which row is the GPU's is not
+    the loader's to guess.
+
+    Raises:
+        ProfileError: a clock listed twice with different values, or fewer than two clocks.
+    """
+    order = sorted(range(len(line_numbers)), key=lambda row: columns["clock_mhz"][row])
+    kept: list[int] = []
+    for row in order:
+        if kept and columns["clock_mhz"][row] == columns["clock_mhz"][kept[-1]]:
+            first = kept[-1]
+            for column in CSV_COLUMNS:
+                if columns[column][row] != columns[column][first]:
+                    later, earlier = sorted((row, first), key=lambda r: line_numbers[r])[::-1]
+                    raise ProfileError(
+                        f"{path}:{line_numbers[later]}: clock_mhz "
+                        f"{columns['clock_mhz'][row]:g} is listed again (first on line "
+                        f"{line_numbers[earlier]}) with another {column} "
+                        f"({columns[column][later]:g}, not {columns[column][earlier]:g}); "
+                        "one row per clock"
+                    )
+            continue
+        kept.append(row)
+    if len(kept) < 2:
+        listed = "one clock" if line_numbers else "no clock rows"
+        raise ProfileError(f"{path}: needs at least two clocks, has {listed}")
+    return {
+        key: np.asarray([values[row] for row in kept], dtype=float)
+        for key, values in columns.items()
+    }
 
 
 REQUIRED_MANIFEST_KEYS = ("status", "csv", "ttft_slo_s", "tpot_slo_s", "power_limit_w", "thermal")

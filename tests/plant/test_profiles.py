@@ -15,6 +15,7 @@ from gpugov.plant import calibration, roofline, zoo
 from gpugov.plant.decode_check import decode_check
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import (
+    CSV_COLUMNS,
     PerformanceProfile,
     ProfileError,
     bundled_profile_dir,
@@ -441,14 +442,52 @@ def test_non_numeric_cell_names_file_and_line(copy_of_h100: tuple[Path, Path]) -
     assert "decode_tokens_per_s" in str(error.value)
 
 
-def test_non_ascending_clocks_name_file_and_line(copy_of_h100: tuple[Path, Path]) -> None:
+@pytest.mark.parametrize("order", ["descending", "shuffled", "one row pasted twice"])
+def test_rows_in_any_order_load_as_the_ascending_table(
+    copy_of_h100: tuple[Path, Path], order: str
+) -> None:
+    """Rows need not ascend (nvidia-smi lists clocks descending): they are read sorted by
+    clock, and a row listed twice whole is read once. Both were refused."""
     csv_path, json_path = copy_of_h100
-    lines = csv_path.read_text().splitlines()
-    lines[2], lines[3] = lines[3], lines[2]  # swap the rows on lines 3 and 4
-    csv_path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(ProfileError, match="ascending") as error:
+    expected = load_profile(json_path)
+    header, *rows = csv_path.read_text().splitlines()
+    if order == "descending":
+        rows.reverse()
+    elif order == "shuffled":
+        rows = rows[1::2] + rows[::2]
+    else:
+        rows.insert(7, rows[3])
+        rows.append(rows[0])
+    csv_path.write_text("\r\n".join([header, *rows]) + "\r\n")
+    profile = load_profile(json_path)
+    for column in CSV_COLUMNS:
+        np.testing.assert_array_equal(getattr(profile, column), getattr(expected, column))
+
+
+def test_clock_listed_twice_with_other_values_names_both_lines(
+    copy_of_h100: tuple[Path, Path],
+) -> None:
+    csv_path, json_path = copy_of_h100
+    header, *rows = csv_path.read_text().splitlines()
+    cells = rows[3].split(",")
+    cells[header.split(",").index("decode_power_w")] = "999"
+    rows.append(",".join(cells))  # on line len(rows) + 1, the fifth row's clock again
+    csv_path.write_text("\n".join([header, *rows]) + "\n")
+    with pytest.raises(ProfileError, match="listed again") as error:
         load_profile(json_path)
-    assert f"{csv_path}:4" in str(error.value)
+    message = str(error.value)
+    assert f"{csv_path}:{len(rows) + 1}:" in message
+    assert "first on line 5" in message
+    assert "decode_power_w" in message
+    assert "\n" not in message
+
+
+def test_one_clock_listed_twice_is_too_few_clocks(copy_of_h100: tuple[Path, Path]) -> None:
+    csv_path, json_path = copy_of_h100
+    header, *rows = csv_path.read_text().splitlines()
+    csv_path.write_text("\n".join([header, rows[0], rows[0]]) + "\n")
+    with pytest.raises(ProfileError, match="at least two clocks"):
+        load_profile(json_path)
 
 
 def test_negative_power_names_file_and_line(copy_of_h100: tuple[Path, Path]) -> None:
