@@ -459,7 +459,7 @@ def live_gpugov_pid(
         return False
     except PermissionError:
         pass  # alive, another user's
-    except OSError:
+    except (OSError, OverflowError):  # OverflowError: beyond any pid (a damaged record)
         return False
     try:
         command = Path(f"/proc/{pid}/cmdline").read_bytes()

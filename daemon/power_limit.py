@@ -61,6 +61,7 @@ from gpugov.daemon.errors import (
     TransientGpuError,
 )
 from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
+from gpugov.plant.input_files import finite_number
 
 log = logging.getLogger(__name__)
 
@@ -560,8 +561,8 @@ class PowerLimitActuator:
                 f"({self.state.path}) and is still running; stop it first"
             )
         original = float(entry["original_mw"]) / 1000.0
-        left_mw = entry.get("set_mw")
-        left = float(left_mw) / 1000.0 if isinstance(left_mw, int | float) else None
+        left_mw = finite_number(entry.get("set_mw"))  # no number (a damaged record): unknown
+        left = None if left_mw is None else left_mw / 1000.0
         try:
             now: float | None = float(backend.power_limit_w())
         except GpuError as error:

@@ -24,6 +24,7 @@ from gpugov.daemon.errors import (
 )
 from gpugov.daemon.node_support import backend_choice, gpu_indices, guarded, write_path_status
 from gpugov.daemon.nvml import NvmlBackend, load_pynvml
+from gpugov.plant.input_files import finite_number
 
 CAP_SYS_ADMIN = 21
 SPLIT_BACKENDS = ("actuator", "zeusd")
@@ -72,9 +73,7 @@ def held_by_gpugov(state_dir: Path | None, uuids: Iterable[str]) -> dict[str, di
         pid = None if writer is None else writer["pid"]
         held[uuid] = {
             "clock_lock_mhz": None if lock is None else [lock.get("min_mhz"), lock.get("max_mhz")],
-            "power_limit_w": (
-                limit["set_mw"] / 1000.0 if limit is not None and "set_mw" in limit else None
-            ),
+            "power_limit_w": _watts(None if limit is None else limit.get("set_mw")),
             "power_limit_before_w": None if limit is None else limit["original_mw"] / 1000.0,
             "pid": pid,
             "running": writer is not None and live_writer(writer),
@@ -275,15 +274,23 @@ def _said_on_stderr(report: dict[str, Any], code: int) -> int:
     return code
 
 
+def _watts(milliwatts: object) -> float | None:
+    """A recorded limit in mW as watts; None where the record holds no number (a hand
+    edit, a bad disk: status shows ``?``, never a traceback)."""
+    value = finite_number(milliwatts)
+    return None if value is None else value / 1000.0
+
+
 def _held_line(held: dict[str, Any]) -> str:
     """One line on what a gpugov run recorded it holds on a GPU."""
     parts = []
     if held["clock_lock_mhz"] is not None:
         low, high = held["clock_lock_mhz"]
         parts.append(f"clock lock {low}-{high} MHz")
-    if held["power_limit_w"] is not None:
-        before = held["power_limit_before_w"]
-        parts.append(f"power limit {held['power_limit_w']:g} W ({before:g} W before)")
+    if held["power_limit_before_w"] is not None:
+        before, now = held["power_limit_before_w"], held["power_limit_w"]
+        limit = "?" if now is None else f"{now:g}"
+        parts.append(f"power limit {limit} W ({before:g} W before)")
     who = f"pid {held['pid']}" if held["pid"] is not None else "pid unknown"
     if held["running"]:
         state = f"{who}, running"

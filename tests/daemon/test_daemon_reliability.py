@@ -529,6 +529,44 @@ def test_a_damaged_lock_record_is_a_lock_of_unknown_clocks(
         assert line.endswith("; reset") and fake.locked(0) is None
 
 
+def test_a_lock_record_with_numbers_too_large_for_a_machine_is_read_not_raised(
+    tmp_path: Path,
+) -> None:
+    """A pid no machine has (10**21: a hand edit, a flipped bit) raised OverflowError
+    from os.kill: `gpugov run` ended in a traceback before its reconcile, leaving the GPU
+    locked low at every restart, and `gpugov status` did too; a power limit recorded as an
+    integer too large for a float did the same in the power limit's reconcile. The pid is
+    nobody's, the limit unknown: the lock is reset and the limit restored, and status
+    shows the record."""
+    import json
+
+    from gpugov.daemon.power_limit import PowerLimitActuator
+    from gpugov.daemon.status_cli import _held_line, held_by_gpugov
+
+    fake = FakeNvml(1)
+    killed = LockState(tmp_path, pid=1)
+    ClockActuator([NvmlBackend(0, nvml=fake)], state=killed).apply(900)
+    PowerLimitActuator([NvmlBackend(0, nvml=fake)], domain="d", state=killed).apply(300.0)
+    path = tmp_path / "locks.json"
+    text = path.read_text()
+    record = json.loads(text)
+    huge = 10**400
+    for entries in (record["gpus"], record["power_limits"]):
+        entries["GPU-fake-0000"]["pid"] = 10**21
+    record["power_limits"]["GPU-fake-0000"]["set_mw"] = huge
+    path.write_text(json.dumps(record))
+    assert str(huge) in path.read_text()  # an integer JSON holds, no float can
+    (held,) = held_by_gpugov(tmp_path, ["GPU-fake-0000"]).values()
+    assert held["running"] is False and held["power_limit_w"] is None
+    assert "clock lock 900-900 MHz; power limit ? W (700 W before)" in _held_line(held)
+    state = LockState(tmp_path)
+    (line,) = ClockActuator([NvmlBackend(0, nvml=fake)], state=state).reconcile("reset")
+    assert f"previous gpugov run (pid {10**21}" in line and line.endswith("; reset")
+    (limit,) = PowerLimitActuator([NvmlBackend(0, nvml=fake)], domain="d", state=state).reconcile()
+    assert "set its power limit to ? W" in limit and limit.endswith("; restored")
+    assert fake.locked(0) is None and fake.gpus[0].power_limit_mw == 700_000
+
+
 # ------------------------------------------------- item 7: external clock changes
 @pytest.mark.parametrize("policy", ["reassert", "yield"])
 def test_external_clock_change_is_seen_counted_and_handled(policy: str) -> None:
