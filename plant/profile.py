@@ -500,6 +500,11 @@ def _read_csv(path: Path, text: str, power_limit_w: float) -> dict[str, NDArray[
         line_numbers: list[int] = []
         for row in reader:
             line_number = reader.line_num
+            if _blank_row(row):
+                # A row of empty cells or spaces is no row, as an empty line is none to
+                # DictReader: a spreadsheet saves its trailing blank rows as ",,,,,", and
+                # either was refused as a row with too few cells or a non-number.
+                continue
             line_numbers.append(line_number)
             # DictReader puts a row's cells past the header under None and fills a short
             # row with None: either shifts values between columns (a thousands separator,
@@ -547,6 +552,15 @@ def _read_csv(path: Path, text: str, power_limit_w: float) -> dict[str, NDArray[
                     )
                 columns[column].append(value)
     return _one_row_per_clock(path, columns, line_numbers)
+
+
+def _blank_row(row: Mapping[str | None, Any]) -> bool:
+    """Whether a :class:`csv.DictReader` row holds nothing but empty or blank cells (a
+    short row's missing cells are None, a long row's extra cells a list under None)."""
+    cells: list[Any] = []
+    for key, value in row.items():
+        cells.extend(value if key is None and isinstance(value, list) else [value])
+    return all(cell is None or not str(cell).strip() for cell in cells)
 
 
 def _one_row_per_clock(

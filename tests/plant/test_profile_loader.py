@@ -336,6 +336,29 @@ def test_a_trailing_empty_cell_is_read(tmp_path: Path) -> None:
     assert load_profile(manifest).prefill_tokens_per_s[1] == before.prefill_tokens_per_s[1]
 
 
+@pytest.mark.parametrize("blank", [",,,,,", "   ", ", , ,", ",,,,,,,"])
+def test_rows_of_blank_cells_are_no_rows(tmp_path: Path, blank: str) -> None:
+    """A spreadsheet saves trailing blank rows as ",,,,,": they were refused as a row
+    with a non-number (or too few cells), where an empty line is skipped. A line number
+    after one still names the line in the file."""
+    manifest, csv_path = copy_profile(tmp_path)
+    before = load_profile(manifest)
+    lines = csv_path.read_text().splitlines()
+    csv_path.write_text("\n".join([*lines[:3], blank, *lines[3:], blank, blank]) + "\n")
+    after = load_profile(manifest)
+    for column in profile_module.CSV_COLUMNS:
+        assert list(getattr(after, column)) == list(getattr(before, column))
+    lines.insert(3, blank)
+    lines[5] = lines[5].replace(lines[5].split(",")[1], "oops", 1)
+    csv_path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ProfileError, match=rf"{csv_path.name}:6: column 'prefill_tokens_per_s'"):
+        load_profile(manifest)
+    header = lines[0]
+    csv_path.write_text("\n".join([header, blank, blank]) + "\n")
+    with pytest.raises(ProfileError, match="at least two clocks, has no clock rows"):
+        load_profile(manifest)
+
+
 def test_a_header_spaced_like_its_cells_loads(tmp_path: Path) -> None:
     """``clock_mhz, prefill_tokens_per_s, ...`` (a space after each comma, as in its cells)
     was refused as missing every column but the first, while the spaced cells were read."""
