@@ -32,6 +32,7 @@ from gpugov.daemon.errors import (
     from_nvml,
 )
 from gpugov.daemon.scrape import ExchangeDeadline
+from gpugov.plant.input_files import finite_number
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,19 @@ def call_timeout_s(period_s: float) -> float:
     return max(0.05, min(0.25, period_s / 5.0))
 
 
+MAX_CLOCK_MHZ = 100_000
+"""The highest SM clock an emulated GPU may list (GPUs run below 3,000 MHz): one listed
+past it (an integer too large for a float) is no clock."""
+
+
+def _nvml_code(value: object) -> int:
+    """An NVML return code the emulator sent, or 999 (UNKNOWN: a transient failure) where
+    it sent no integer code (text, a float, one past any C int)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**31:
+        return value
+    return 999
+
+
 class EmulatorNvmlError(Exception):
     """An NVML return code sent by the emulator (``value`` as on ``pynvml.NVMLError``)."""
 
@@ -190,6 +204,13 @@ class EmulatedBackend:
                 f"integers ({error})",
                 gpu=self._label,
             ) from error
+        absurd = sorted(c for c in clocks if not 0 < c <= MAX_CLOCK_MHZ)
+        if absurd:
+            raise GpuUnavailable(
+                f"GPU {gpu}: the emulator at {emulator} lists supported clocks no GPU runs at "
+                f"({str(absurd[0])[:20]} MHz; a clock is 1 to {MAX_CLOCK_MHZ} MHz)",
+                gpu=self._label,
+            )
         self._supported = tuple(sorted(clocks))
 
     @property
@@ -289,7 +310,7 @@ class EmulatedBackend:
             ) from error
         code = payload.get("nvmlReturn", 0) if isinstance(payload, dict) else 0
         if status != 200 or code:
-            nvml_error = EmulatorNvmlError(int(code) if code else 999)
+            nvml_error = EmulatorNvmlError(_nvml_code(code))
             raise from_nvml(nvml_error, action, gpu=self._label) from nvml_error
         return payload
 
@@ -313,7 +334,8 @@ class EmulatedBackend:
 
     def max_clock_mhz(self) -> int | None:
         """The GPU's max SM clock, or None."""
-        return None if self._max_clock_mhz is None else int(self._max_clock_mhz)
+        value = finite_number(self._max_clock_mhz)
+        return None if value is None else int(value)
 
     def sample(self) -> GpuSample:
         """One reading; unsupported fields are dropped for good, transient ones counted.
@@ -347,7 +369,7 @@ class EmulatedBackend:
                 values[name] = None
                 continue
             if isinstance(raw, dict):  # {"nvmlReturn": code} for this field
-                failure = from_nvml(EmulatorNvmlError(int(raw.get("nvmlReturn", 999))), name)
+                failure = from_nvml(EmulatorNvmlError(_nvml_code(raw.get("nvmlReturn"))), name)
                 if isinstance(failure, GpuLost):
                     raise failure
                 if isinstance(failure, NotSupported):
@@ -357,7 +379,11 @@ class EmulatedBackend:
                     errors.append(name)
                 values[name] = None
             elif isinstance(raw, int | float) and not isinstance(raw, bool):
-                values[name] = float(raw)
+                try:
+                    values[name] = float(raw)  # NaN and infinities: GpuSample.read's to refuse
+                except OverflowError:  # an integer too large for a float: no reading
+                    values[name] = None
+                    errors.append(name)
             else:
                 values[name] = None
                 errors.append(name)

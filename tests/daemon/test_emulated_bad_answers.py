@@ -99,6 +99,13 @@ def emulator() -> Iterator[_Emulator]:
         ({"utilization_gpu": float("nan")}, "utilization"),
         ({"power_mw": -1}, "power"),
         ({"energy_mj": float("-inf")}, "energy"),
+        # An integer too large for a float raised OverflowError out of the read.
+        ({"power_mw": 10**400}, "power"),
+        ({"temperature_c": -(10**400)}, "temperature"),
+        ({"energy_mj": 10**400}, "energy"),
+        # A field's NVML code that is no code raised ValueError out of the read.
+        ({"power_mw": {"nvmlReturn": "timeout"}}, "power"),
+        ({"power_mw": {"nvmlReturn": 10**400}}, "power"),
     ],
 )
 def test_an_impossible_reading_is_a_failed_read(
@@ -119,6 +126,32 @@ def test_an_answer_that_is_no_reading_fails_the_whole_read(emulator: _Emulator) 
     assert sample.power_w is None and sample.sm_clock_mhz is None
     assert "power" in sample.read_errors and "sm_clock" in sample.read_errors
     backend.close()
+
+
+@pytest.mark.parametrize("code", ["timeout", 1.5, 10**400, [4]])
+def test_a_whole_read_answered_with_a_code_that_is_no_code_is_a_failed_read(
+    emulator: _Emulator, code: Any
+) -> None:
+    """An NVML code that is no integer (text, a float, past any C int) is NVML's UNKNOWN:
+    a failed read the observer counts, not a ValueError out of the tick."""
+    emulator.sample = {"nvmlReturn": code}
+    backend = EmulatedBackend(0, emulator=emulator.url)
+    with pytest.raises(TransientGpuError, match="read GPU"):
+        backend.sample()
+    backend.close()
+
+
+def test_clocks_no_gpu_runs_at_refuse_the_gpu(emulator: _Emulator) -> None:
+    """A clock too large for a float passed as an integer and raised OverflowError where
+    the daemon first took the clocks as floats: refused in one line at the open."""
+    emulator.gpu = GOOD_GPU | {"supported_graphics_clocks_mhz": [1410, 10**400]}
+    with pytest.raises(GpuUnavailable, match="lists supported clocks no GPU runs at"):
+        EmulatedBackend(0, emulator=emulator.url)
+    emulator.gpu = GOOD_GPU | {"supported_graphics_clocks_mhz": [0, 1410]}
+    with pytest.raises(GpuUnavailable, match=r"no GPU runs at \(0 MHz"):
+        EmulatedBackend(0, emulator=emulator.url)
+    emulator.gpu = GOOD_GPU | {"max_sm_clock_mhz": 10**400}
+    assert EmulatedBackend(0, emulator=emulator.url).max_clock_mhz() is None
 
 
 @pytest.mark.parametrize("clocks", [["abc"], [None], [float("inf")]])
