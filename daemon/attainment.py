@@ -260,7 +260,9 @@ class AttainmentEstimator:
         if others >= count:
             return count
         slowest = within_window(ttft, base + allowance * rest, sum_s, self._ttft_alone)
-        return others + min(1.0, max(0.0, slowest - (count - 1.0)))
+        # Not all met at the typical SLO: the slowest is one of those missing there, so at
+        # most ``count - 1`` others count, and the slowest by its own SLO.
+        return min(others, count - 1.0) + min(1.0, max(0.0, slowest - (count - 1.0)))
 
 
 def _keep_alone(kept: deque[float], buckets: Buckets, sum_s: float | None) -> None:
