@@ -751,6 +751,7 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
         raise ProfileError(
             f"{manifest_path}: csv {csv_name!r:.80} is a directory, not the profile's CSV"
         )
+    _check_named_csv_is_read(name_or_path, manifest_path, csv_path)
     csv_text, csv_sha256 = _read_profile_file(csv_path)
     columns = _read_csv(csv_path, csv_text, float(manifest["power_limit_w"]))
     clocks = columns["clock_mhz"]
@@ -807,6 +808,29 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
         )
     _check_idle_below_thermal_limit(profile, manifest_path, csv_path.name)
     return profile
+
+
+def _check_named_csv_is_read(name_or_path: str | Path, manifest_path: Path, csv_path: Path) -> None:
+    """Refuse a profile named by its CSV whose manifest reads another CSV: ``--profile
+    a.csv`` beside an ``a.json`` whose ``csv`` is ``b.csv`` ran on b.csv's table, with no
+    word that the table named was never read.
+
+    Raises:
+        ProfileError: naming the CSV given, the manifest and its ``csv``.
+    """
+    given = Path(name_or_path)
+    if given.suffix != ".csv":
+        return
+    try:
+        same = given.resolve() == csv_path.resolve() or given.samefile(csv_path)
+    except OSError:
+        same = False
+    if not same:
+        raise ProfileError(
+            f"{_cut(str(given))}: its manifest {manifest_path.name} reads csv "
+            f"{csv_path.name!r:.80}, not this file; name the manifest to load its table, or "
+            f"set its csv to {given.name!r:.80}"
+        )
 
 
 def _check_idle_below_thermal_limit(

@@ -359,6 +359,24 @@ def test_rows_of_blank_cells_are_no_rows(tmp_path: Path, blank: str) -> None:
         load_profile(manifest)
 
 
+def test_a_csv_named_whose_manifest_reads_another_csv_is_refused(tmp_path: Path) -> None:
+    """``--profile a.csv`` beside an ``a.json`` whose ``csv`` is another file ran on the
+    other file's table, and said nothing of it."""
+    manifest, csv_path = copy_profile(tmp_path)
+    other = tmp_path / "other.csv"
+    shutil.copy(csv_path, other)
+    edit_manifest(manifest, csv="other.csv")
+    named = tmp_path / f"{NAME}.csv"
+    with pytest.raises(ProfileError) as caught:
+        load_profile(named)
+    message = str(caught.value)
+    assert message.startswith(f"{named}: its manifest {NAME}.json reads csv 'other.csv'")
+    assert "\n" not in message
+    assert load_profile(manifest).name == NAME  # the manifest itself still loads
+    edit_manifest(manifest, csv=f"./{NAME}.csv")  # another spelling of the same file
+    assert load_profile(named).name == NAME
+
+
 def test_a_header_spaced_like_its_cells_loads(tmp_path: Path) -> None:
     """``clock_mhz, prefill_tokens_per_s, ...`` (a space after each comma, as in its cells)
     was refused as missing every column but the first, while the spaced cells were read."""
