@@ -481,6 +481,12 @@ of 5e-324 made every power NaN, so a run failed writing its JSON at the end."""
 
 
 def _read_csv(path: Path, text: str, power_limit_w: float) -> dict[str, NDArray[np.float64]]:
+    if not text.strip(" \t\r\n\ufeff"):
+        # Refused as "missing column(s) [all six]; header is ''", which did not say why.
+        raise ProfileError(
+            f"{path}: the profile CSV is empty; it needs a header row ({','.join(CSV_COLUMNS)}) "
+            "and a row per clock"
+        )
     with io.StringIO(text, newline="") as handle:
         reader = csv.DictReader(handle)
         # A hand-written header may space its names as its cells ("clock_mhz, idle_power_w");
@@ -643,6 +649,12 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
     """
     manifest_path = resolve_profile_path(name_or_path)
     manifest_text, manifest_sha256 = _read_profile_file(manifest_path)
+    if not manifest_text.strip(" \t\r\n\ufeff"):
+        # Was "manifest is not valid JSON: Expecting value", which did not say why.
+        raise ProfileError(
+            f"{manifest_path}: the manifest is empty; it must be a JSON object with "
+            f"{', '.join(REQUIRED_MANIFEST_KEYS)}"
+        )
     try:
         manifest = loads_json(manifest_text)
     except json.JSONDecodeError as error:

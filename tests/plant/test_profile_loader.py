@@ -377,6 +377,21 @@ def test_a_csv_named_whose_manifest_reads_another_csv_is_refused(tmp_path: Path)
     assert load_profile(named).name == NAME
 
 
+@pytest.mark.parametrize("content", ["", "\n", "\ufeff\r\n  \r\n"])
+@pytest.mark.parametrize("which", ["manifest", "csv"])
+def test_an_empty_file_is_named_empty(tmp_path: Path, which: str, content: str) -> None:
+    """An empty CSV was refused as missing all six columns with a header of '', an empty
+    manifest as JSON "Expecting value": neither said the file was empty."""
+    manifest, csv_path = copy_profile(tmp_path)
+    path = manifest if which == "manifest" else csv_path
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(ProfileError) as caught:
+        load_profile(manifest)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: the ") and " is empty; " in message
+    assert "\n" not in message
+
+
 def test_a_header_spaced_like_its_cells_loads(tmp_path: Path) -> None:
     """``clock_mhz, prefill_tokens_per_s, ...`` (a space after each comma, as in its cells)
     was refused as missing every column but the first, while the spaced cells were read."""
