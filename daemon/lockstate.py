@@ -312,6 +312,8 @@ class LockState:
         the file up to date, and only one that failed is written again. (Posting it again
         each tick would keep a disk slower than the deadline, not hung, from ever
         counting as up to date: each new write would run past the deadline again.)"""
+        if self._hold_lost():
+            self._hold_again()
         if self.stale:
             try:
                 self._writer.wait()
@@ -323,6 +325,38 @@ class LockState:
             else:
                 self._write_succeeded()
         return not self.stale
+
+    def _hold_lost(self) -> bool:
+        """Whether the hold file was removed under this process (the state directory
+        deleted or cleaned while the daemon runs): its ``flock`` then holds a file no
+        other run opens, and the lock record went with it. One ``fstat`` of the open
+        file, no path looked up."""
+        held = self._held
+        if held is None:
+            return False
+        try:
+            return os.fstat(held.fileno()).st_nlink == 0
+        except OSError:
+            return False
+
+    def _hold_again(self) -> None:
+        """Take the state directory again and write the lock record again, one WARNING:
+        until then a second daemon could start on it, and a kill would leave locks no
+        record names."""
+        directory = self.path.parent
+        self.release()
+        try:
+            self.hold()
+        except ConfigError as error:
+            log.error("lock state %s: removed under this daemon and now %s", directory, error)
+            return
+        log.warning(
+            "lock state %s: the state directory's files were removed under this daemon "
+            "(the directory deleted?); %s, and the lock record written again",
+            directory,
+            "held again" if self._held is not None else "it could not be held again",
+        )
+        self._write()
 
     def defer_writes(self) -> None:
         """From now on hand each write to the writer without waiting for it (the exit's

@@ -935,6 +935,36 @@ def test_a_second_daemon_on_the_same_state_directory_is_refused(tmp_path: Path) 
     second.hold()  # the holder's handle is gone with its LockState: free again
 
 
+def test_a_state_directory_deleted_under_the_daemon_is_held_and_recorded_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The state directory deleted while the daemon runs: its hold (a flock on a file
+    now gone) kept no second daemon out, and the lock record was gone until the next
+    clock change, silently. The next tick's retry takes the directory again and writes
+    the record again, in one WARNING."""
+    import shutil
+
+    from gpugov.daemon.errors import ConfigError
+
+    directory = tmp_path / "state"
+    fake = FakeNvml(1)
+    state = LockState(directory)
+    state.hold()
+    ClockActuator([NvmlBackend(0, nvml=fake)], state=state).apply(900)
+    assert state.retry()  # nothing removed: nothing to do, nothing said
+    shutil.rmtree(directory)
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.lockstate"):
+        assert state.retry()
+        assert state.retry()
+    (line,) = [r.getMessage() for r in caplog.records if "removed under" in r.getMessage()]
+    assert "held again, and the lock record written again" in line
+    entry = LockState(directory).read()["GPU-fake-0000"]
+    assert (entry["min_mhz"], entry["max_mhz"], entry["pid"]) == (900, 900, os.getpid())
+    with pytest.raises(ConfigError, match="another gpugov run"):
+        LockState(directory).hold()
+    state.release()
+
+
 def test_a_lock_record_that_is_no_record_is_warned_about(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
