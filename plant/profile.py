@@ -435,20 +435,26 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
     """Return the manifest path for a bundled profile name, a manifest or a CSV path."""
     candidate = Path(name_or_path)
     shown = _cut(str(candidate))
-    if candidate.suffix in (".json", ".csv") and not path_exists(candidate):
+    # The suffix in any case: "X.JSON" in the working directory was looked up as a
+    # bundled name and refused as an unknown profile.
+    suffix = candidate.suffix.lower()
+    if suffix in (".json", ".csv") and not path_exists(candidate):
         raise ProfileError(f"{shown}: profile file not found")
-    if candidate.suffix == ".json":
+    if suffix == ".json":
         return candidate
-    if candidate.suffix == ".csv" and path_exists(candidate):
-        manifest = candidate.with_suffix(".json")
-        if not path_exists(manifest):
-            raise ProfileError(f"{shown}: no manifest {manifest.name} beside the CSV")
+    if suffix == ".csv" and path_exists(candidate):
+        manifests = [candidate.with_suffix(".json"), candidate.with_suffix(".JSON")]
+        manifest = next((path for path in manifests if path_exists(path)), None)
+        if manifest is None:
+            raise ProfileError(f"{shown}: no manifest {manifests[0].name} beside the CSV")
         return manifest
     if "/" in str(name_or_path) and path_exists(candidate):
         return candidate  # a path named as one: read (and refused) as a manifest
     bundled = bundled_profile_dir() / f"{name_or_path}.json"
     if path_exists(bundled):
         return bundled
+    if path_exists(candidate) and candidate.is_file():
+        return candidate  # a file here named without a folder, and no bundled name
     known = [row["name"] for row in list_bundled_profiles()]
     close = difflib.get_close_matches(str(name_or_path), known, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -831,7 +837,7 @@ def _check_named_csv_is_read(name_or_path: str | Path, manifest_path: Path, csv_
         ProfileError: naming the CSV given, the manifest and its ``csv``.
     """
     given = Path(name_or_path)
-    if given.suffix != ".csv":
+    if given.suffix.lower() != ".csv":
         return
     try:
         same = given.resolve() == csv_path.resolve() or given.samefile(csv_path)

@@ -155,6 +155,28 @@ def test_missing_profile_file_is_named(tmp_path: Path) -> None:
         load_profile("h100-sxm-llama3-8c")
 
 
+def test_a_profile_file_here_loads_by_any_suffix_case(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``X.JSON`` (or a manifest without a suffix) in the working directory was looked up
+    as a bundled name and refused as an unknown profile; ``X.CSV`` as no profile file."""
+    manifest, csv_path = copy_profile(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    upper = tmp_path / "LOUD.JSON"
+    shutil.copy(manifest, upper)
+    bare = tmp_path / "bare"
+    shutil.copy(manifest, bare)
+    assert load_profile("LOUD.JSON").name == "LOUD"
+    assert load_profile("bare").name == "bare"
+    shutil.copy(csv_path, tmp_path / "LOUD.CSV")
+    edit_manifest(upper, csv="LOUD.CSV")
+    assert load_profile("LOUD.CSV").name == "LOUD"
+    (tmp_path / "folder").mkdir()  # a folder is no file: still an unknown profile
+    with pytest.raises(ProfileError, match=r"^unknown profile 'folder'; bundled profiles: "):
+        load_profile("folder")
+    assert load_profile(NAME).name == NAME  # a bundled name still loads
+
+
 @pytest.mark.parametrize(("suffix", "message"), [("", "unknown profile 'yyy"), (".json", "yyy")])
 def test_a_name_too_long_for_a_file_is_one_short_line(suffix: str, message: str) -> None:
     """Looking up a 60,000-character name raised "OSError: File name too long" past the
