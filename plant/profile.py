@@ -463,6 +463,19 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
     )
 
 
+def names_profile_file(name_or_path: str | Path) -> bool:
+    """Whether :func:`resolve_profile_path` takes ``name_or_path`` as a file of the user's
+    (a ``.json`` or ``.csv`` path in any case, a path with a folder, or a file here that is
+    no bundled name) rather than a bundled profile's name; the file need not exist."""
+    text = str(name_or_path)
+    candidate = Path(text)
+    if candidate.suffix.lower() in (".json", ".csv") or "/" in text:
+        return True
+    if path_exists(bundled_profile_dir() / f"{text}.json"):
+        return False
+    return path_exists(candidate) and candidate.is_file()
+
+
 def _cut(text: str, limit: int = 200) -> str:
     """``text`` cut to ``limit`` characters for an error line (a path given as 60,000
     characters made a 60 KB line)."""

@@ -78,7 +78,7 @@ from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings, invalid_decisi
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile, simulate
 from gpugov.plant.input_files import path_exists
-from gpugov.plant.profile import ProfileError, profile_files
+from gpugov.plant.profile import ProfileError, names_profile_file, profile_files
 from gpugov.plant.result import arrival_separation
 from gpugov.plant.scheduler import SCHEDULERS
 from gpugov.plant.types import Request
@@ -320,7 +320,7 @@ def _absolute_if_file(read: str, entry: str) -> str:
 
 def _profile_path_like(text: str) -> bool:
     """Whether the profile loader reads ``text`` as a file rather than a bundled name."""
-    return Path(text).suffix in (".json", ".csv") or "/" in text
+    return names_profile_file(text)
 
 
 def _rebased_spec(spec: str, absolute: Callable[[str], str] = os.path.abspath) -> str:

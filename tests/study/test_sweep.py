@@ -568,3 +568,22 @@ def test_a_complete_last_line_that_is_not_a_result_is_refused(tmp_path: Path) ->
     path.write_text(good + '{"key": "c", "sta')  # cut short: dropped, the file repaired
     assert read_results(path, repair=True) == ([json.loads(good)], 1)
     assert path.read_text() == good
+
+
+def test_a_profile_file_named_as_the_loader_reads_it_is_keyed_by_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep keys a cell by the files its MPC profile reads. ``mpc:MINE.JSON`` or a
+    manifest without a suffix (files the loader reads) were taken for bundled names, so an
+    edit to them would not run their cells again on ``--resume``."""
+    from gpugov.plant.profile import bundled_profile_dir
+    from gpugov.study.sweep import _spec_files
+
+    monkeypatch.chdir(tmp_path)
+    manifest = json.loads((bundled_profile_dir() / "h100-sxm-llama3-8b.json").read_text())
+    (tmp_path / "MINE.CSV").write_bytes((bundled_profile_dir() / manifest["csv"]).read_bytes())
+    for name in ("MINE.JSON", "bare"):
+        (tmp_path / name).write_text(json.dumps({**manifest, "csv": "MINE.CSV"}))
+        assert [kind for _, kind in _spec_files(f"mpc:{name}")] == ["profile", "profile"]
+        assert Path(_spec_files(f"mpc:{name}")[1][0]).name == "MINE.CSV"
+    assert _spec_files("mpc:h100-sxm-llama3-8b") == []  # a bundled name reads no file of ours
