@@ -332,10 +332,17 @@ class PerformanceProfile:
         reference_context = int(engine.get("reference_context_tokens", 1024))
         if not raw:
             return DecodeLatencyModel(1.0, 0.0, 0.0, reference_batch, reference_context)
+        parts = [float(raw[key]) for key in ("weight_fraction", "batch_fraction", "kv_fraction")]
+        total = math.fsum(parts)
+        if all(part >= 0.0 for part in parts) and abs(total - 1.0) <= FRACTION_SUM_TOLERANCE:
+            # Fractions written to a few decimals (0.6247, 0.0468, 0.3284: 0.9999) were
+            # refused as not summing to 1; they are read as the shares they state.
+            parts = [part / total for part in parts]
+        weight, batch, kv = parts
         return DecodeLatencyModel(
-            weight_fraction=float(raw["weight_fraction"]),
-            batch_fraction=float(raw["batch_fraction"]),
-            kv_fraction=float(raw["kv_fraction"]),
+            weight_fraction=weight,
+            batch_fraction=batch,
+            kv_fraction=kv,
             reference_batch_size=reference_batch,
             reference_context_tokens=reference_context,
         )
@@ -964,6 +971,9 @@ def _check_batch_power(profile: PerformanceProfile, manifest_path: Path, csv_nam
             )
 
 
+FRACTION_SUM_TOLERANCE = 1e-3
+"""How far from 1 the manifest's ``decode_latency_model`` fractions may sum: within it they
+are rescaled to sum to 1 (fractions rounded to three or four decimals); past it, refused."""
 MAX_ENGINE_COUNT = 1e12
 """The largest engine count (a batch, a context, KV tokens) a profile may state."""
 MAX_TENSOR_PARALLEL = 1024

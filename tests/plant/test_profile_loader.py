@@ -414,6 +414,21 @@ def test_an_empty_file_is_named_empty(tmp_path: Path, which: str, content: str) 
     assert "\n" not in message
 
 
+def test_decode_fractions_rounded_to_a_few_decimals_load(tmp_path: Path) -> None:
+    """Fractions written to four decimals (summing to 0.9999) were refused as not summing
+    to 1; within 1e-3 they are rescaled, and further off still refused."""
+    manifest, _ = copy_profile(tmp_path)
+    shares = {"weight_fraction": 0.6247, "batch_fraction": 0.0468, "kv_fraction": 0.3284}
+    edit_manifest(manifest, decode_latency_model=shares)
+    model = load_profile(manifest).decode_latency_model
+    fractions = (model.weight_fraction, model.batch_fraction, model.kv_fraction)
+    assert sum(fractions) == pytest.approx(1.0, abs=1e-12)
+    assert model.weight_fraction == pytest.approx(0.6247 / 0.9999)
+    edit_manifest(manifest, decode_latency_model={**shares, "kv_fraction": 0.3184})
+    with pytest.raises(ProfileError, match=r"decode_latency_model is invalid: .* sum to 1"):
+        load_profile(manifest)
+
+
 def test_a_header_spaced_like_its_cells_loads(tmp_path: Path) -> None:
     """``clock_mhz, prefill_tokens_per_s, ...`` (a space after each comma, as in its cells)
     was refused as missing every column but the first, while the spaced cells were read."""
