@@ -383,8 +383,9 @@ def _parse_csv(
 ) -> ParsedTrace:
     """Parse one of the CSV formats; arrivals relative to the first data row. ``report``
     gets the fraction of the text parsed (see :func:`_blocks`). A row the csv module
-    cannot read (a field past its size limit, a stray carriage return) is refused in
-    one line naming the file, not raised as the module's own error."""
+    cannot read (a quote left open, a stray carriage return) is refused in one line
+    naming the file (and the row's line: :func:`_one_line_rows`), not raised as the
+    module's own error."""
     try:
         return _parse_csv_rows(path, text, fmt, report)
     except csv.Error as error:
@@ -402,7 +403,8 @@ def _parse_csv_rows(
     reader = csv.reader(_csv_lines(text, report))
     # The header is the first row that is not blank (blank lines are skipped before it as
     # between rows, and a file of blank lines only has none).
-    header = next((row for row in reader if any(cell.strip() for cell in row)), [])
+    rows = _one_line_rows(reader, path)
+    header = next((row for row in rows if any(cell.strip() for cell in row)), [])
     if not header:
         raise trace_error(path, 1, "only blank lines (no header and no data rows)")
     header = [name.strip() for name in header]
@@ -435,7 +437,7 @@ def _parse_csv_rows(
         str.strip,
         lambda raw: f"field {ts_col!r}: timestamp {raw.strip()!r}",
     )
-    for row in reader:
+    for row in rows:
         line = reader.line_num
         if not row or not any(cell.strip() for cell in row):
             continue  # blank line: not a record
@@ -460,6 +462,38 @@ def _parse_csv_rows(
     if columns.rows == 0:
         raise trace_error(path, reader.line_num + 1, "no data rows after the header")
     return columns.parsed()
+
+
+def _one_line_rows(reader: Any, path: Path) -> Iterator[list[str]]:
+    """The rows of ``reader`` (a ``csv.reader``), each refused naming the line it starts on
+    when it is no row of one line: a quoted field that runs over a line break, or past the
+    csv module's field limit. A trace row is one line, so such a field is a quote left
+    open (``1,10,5,"oops``), which would swallow the rows after it, up to the next quote
+    or the end of the file, into one ignored column: requests silently lost."""
+    while True:
+        start = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as error:
+            if "field limit" not in str(error):
+                raise trace_error(path, start, f"not a CSV row: {error}") from None
+            raise trace_error(
+                path,
+                start,
+                f"a quoted field runs on from this line past {csv.field_size_limit():,} "
+                f"characters (to line {reader.line_num}); a trace row is one line: is a "
+                "quote left open?",
+            ) from None
+        if reader.line_num > start:
+            raise trace_error(
+                path,
+                start,
+                f"a quoted field runs on from this line to line {reader.line_num}; a trace "
+                "row is one line: is a quote left open?",
+            )
+        yield row
 
 
 def _parse_mooncake(

@@ -446,6 +446,24 @@ BAD_FILES = [
     # A carriage return inside the header's field: the csv module raised its own error.
     ("cr-in-header", "TIMESTAMP,Context\rTokens,GeneratedTokens\n1,2,3\n", 1,
      "the header is not a CSV row"),
+    # A quote left open in an ignored column swallowed the rows after it into that column:
+    # to the end of the file, this trace loaded 2 requests of 3 without a word.
+    ("open-quote-to-the-end", BURST1_HEADER + '5,ChatGPT,1,1,2,API log\n'
+     '6,ChatGPT,1,1,2,"API log\n7,ChatGPT,1,1,2,API log\n', 3,
+     "a quoted field runs on from this line to line 4; a trace row is one line: is a quote"),
+    # Elsewhere in the row, the swallowed row was refused, but as the next line's.
+    ("open-quote-mid-row", BURST1_HEADER + '5,ChatGPT,1,1,2,API log\n'
+     '6,"ChatGPT,1,1,2,API log\n7,ChatGPT,1,1,2,API log\n', 3,
+     "a quoted field runs on from this line to line 4"),
+    # ... and up to a later quote it lost the rows between (here line 4).
+    ("open-quote-closed-later", BURST1_HEADER + '5,ChatGPT,1,1,2,API log\n'
+     '6,ChatGPT,1,1,2,"API log\n7,ChatGPT,1,1,2,API log\n8,ChatGPT,1,1,2,"API log"\n', 3,
+     "a quoted field runs on from this line to line 5"),
+    # Past the csv module's field limit it was "not a CSV file ...", without a line.
+    ("open-quote-past-the-field-limit", "arrival_time_s,prompt_tokens,output_tokens,note\n"
+     '0,1,1,"a\n' + "1,1,1,b\n" * 20_000, 2, "a quoted field runs on from this line past"),
+    ("open-quote-in-the-header", 'arrival_time_s,prompt_tokens,output_tokens,"note\n'
+     "0,1,1,a\n1,1,1,b\n", 1, "a quoted field runs on from this line to line 3"),
 ]  # fmt: skip
 
 
