@@ -529,6 +529,10 @@ class OnlineMPCController(MeasuredLatencyRules):
         self.previous = observation
         if previous is None:
             return
+        if observation.model_name not in (None, self.model_name):
+            # Another name, not settled yet: the window may be the new model's, which
+            # must not teach (nor be stored in) the model of the name held.
+            return
         start = self.timer()
         self.prompt_estimate.update(previous, observation)
         window = window_between(previous, observation, self.prompt_estimate.value)

@@ -514,6 +514,35 @@ def test_a_real_model_name_change_relearns(tmp_path: Path) -> None:
     assert any("now serves 'mistral'" in m for m in wrapper.messages)
 
 
+def _learned_samples(wrapper: PersistentOnlineModel) -> int:
+    model = wrapper.inner.model
+    assert model is not None
+    state = model.state_dict()
+    return sum(int(state[fit]["samples"]) for fit in ("time", "power", "thermal"))
+
+
+def test_a_new_name_not_yet_settled_teaches_the_held_model_nothing(tmp_path: Path) -> None:
+    """The windows under another name before it settles may be the new model's: the
+    held model does not learn from them, so they are neither used nor stored as its."""
+    _learn(tmp_path)
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    learned: dict[str, list[int]] = {"llama": [], "mistral": []}
+
+    def labelled(observation: ServingObservation) -> float:
+        # Two ticks of another name in every ten: never settled (three in a row are).
+        name = "mistral" if int(observation.time_s) % 10 in (4, 5) else "llama"
+        before = _learned_samples(wrapper) if wrapper.inner.model is not None else 0
+        clock = wrapper(replace(observation, model_name=name))
+        learned[name].append(_learned_samples(wrapper) - before)
+        return clock
+
+    simulate(poisson_requests(20.0, seed=3), make_plant(), chunked_prefill_scheduler, labelled, 0)
+    assert wrapper.inner.resets == 0
+    assert learned["mistral"] and not any(learned["mistral"])
+    assert sum(learned["llama"]) > 0
+    wrapper.close()
+
+
 def test_a_flapping_model_name_keeps_the_model(tmp_path: Path) -> None:
     """A label that changes at every scrape (two engines answering in turn) relearned and
     logged "learning anew" at every tick: the model never learned."""
