@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from daemon_support import fixture_text
 from synthetic import IdleGpu
@@ -303,3 +304,32 @@ def test_observer_turns_histograms_into_cumulative_counters() -> None:
     assert third.ttft_slo_per_prompt_token_s == 0.0
     # The real page's TPOT histogram did not move: nothing counted, but it is measured.
     assert third.tpot_count_total == 0.0
+
+
+def test_the_estimate_stays_within_each_windows_count_on_random_windows() -> None:
+    """Whatever a window holds (first tokens spread over vLLM's buckets, its sum, its
+    prompt tokens, windows of one first token between), the cumulative estimate gains
+    between none and all of the window's observations."""
+    rng = np.random.default_rng(7)
+    bounds = (0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, math.inf)
+    for case in range(40):
+        estimator = AttainmentEstimator(
+            float(rng.uniform(0.2, 3.0)),
+            float(rng.uniform(0.02, 0.2)),
+            ttft_slo_per_prompt_token_s=float(rng.choice([0.0, 5e-5, 1e-3])),
+        )
+        for _ in range(60):
+            count = int(rng.choice([1, 1, 2, 3, 5]))
+            values = rng.lognormal(float(rng.uniform(-2.0, 1.5)), 0.6, size=count)
+            cumulative = tuple((le, float(np.sum(values <= le))) for le in bounds)
+            tpot = rng.lognormal(-3.0, 0.5, size=count)
+            tpot_buckets = tuple((le, float(np.sum(tpot <= le))) for le in bounds)
+            prompts = float(rng.integers(10, 20_000)) * count
+            before = (estimator.ttft_within or 0.0, estimator.tpot_within or 0.0)
+            estimator.add_window(
+                cumulative, tpot_buckets, prompts, float(values.sum()), float(tpot.sum())
+            )
+            gained = (estimator.ttft_within or 0.0) - before[0]
+            assert -1e-9 <= gained <= count + 1e-9, (case, values, prompts)
+            gained = (estimator.tpot_within or 0.0) - before[1]
+            assert -1e-9 <= gained <= count + 1e-9, (case, tpot)
