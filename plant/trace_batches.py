@@ -4,12 +4,16 @@ Some traces record arrivals on a coarse grid. Mooncake's conversation trace stam
 request on a 3 s grid (1,180 distinct timestamps for 12,031 requests), so replaying it
 as written, or stretched by a load scale, delivers up to 20 long prompts at one instant:
 a burst the real service never saw, which no clock can serve within a TTFT SLO. When at
-least half of a trace's requests share their timestamp with another, the trace counts as
-batched, and each batch's arrivals are spread uniformly at random (fixed seed, so the
-result is the same on every load) over its grid step: the median gap between distinct
-timestamps, cut at the next timestamp. This is the Poisson process conditioned on the
-batch's count, the least informative reading of a quantised stamp. Traces with distinct
-timestamps (Azure) or a few coincidences (BurstGPT's 1 s resolution) are left alone.
+least half of a trace's requests share their timestamp with another, and its distinct
+timestamps sit on a grid (at least three of them, nine gaps in ten between them within 5 %
+of a multiple of the median gap, the grid step), the trace counts as batched, and each
+batch's arrivals are spread uniformly at random (fixed seed, so the result is the same on
+every load) over its grid step, cut at the next timestamp. This is the Poisson process
+conditioned on the batch's count, the least informative reading of a quantised stamp.
+Traces with distinct timestamps (Azure) or a few coincidences (BurstGPT's 1 s resolution)
+are left alone, and so are real bursts: requests sent at one instant with few other
+stamps, or stamps at irregular times (500 requests at 0 s and one at 3,600 s are a burst
+and a straggler, not an hour's grid to spread the burst over).
 """
 
 from __future__ import annotations
@@ -21,6 +25,16 @@ import numpy as np
 BATCHED_FRACTION = 0.5
 """A trace is batched when at least this fraction of its requests share a timestamp."""
 
+MIN_GRID_STAMPS = 3
+"""Fewest distinct timestamps a grid is read from (two stamps give one gap, any gap)."""
+
+ON_GRID_FRACTION = 0.9
+"""Share of the gaps between distinct timestamps that must be a multiple of the step."""
+
+GRID_TOLERANCE = 0.05
+"""How far (a fraction of the step) a gap may be from a multiple of it and be on the grid
+(Mooncake's 3 s gaps are 2,999 to 3,002 ms)."""
+
 _LARGEST = float(np.finfo(float).max)
 """The largest finite arrival a spread may give."""
 
@@ -30,15 +44,25 @@ SPREAD_SEED = 0
 
 def batch_grid_s(arrivals_s: Sequence[float]) -> float | None:
     """The grid step of a batched trace (median gap between distinct timestamps), or
-    ``None`` when the trace is not batched or has fewer than two distinct timestamps."""
+    ``None`` when the trace is not batched: fewer than half its requests share a stamp, it
+    has fewer than :data:`MIN_GRID_STAMPS` distinct stamps, or their gaps are not on a
+    grid (see the module's docstring)."""
     times = np.asarray(arrivals_s, dtype=float)
     if times.size < 2:
         return None
     distinct, counts = np.unique(times, return_counts=True)
     shared = int(counts[counts > 1].sum())
-    if shared < BATCHED_FRACTION * times.size or distinct.size < 2:
+    if shared < BATCHED_FRACTION * times.size or distinct.size < MIN_GRID_STAMPS:
         return None
-    return float(np.median(np.diff(distinct)))
+    gaps = np.diff(distinct)
+    step = float(np.median(gaps))
+    with np.errstate(over="ignore"):  # a gap near the float maximum over a tiny step
+        steps = gaps / step
+    multiple = np.round(steps)
+    on_grid = (multiple >= 1.0) & (np.abs(steps - multiple) <= GRID_TOLERANCE)
+    if np.count_nonzero(on_grid) < ON_GRID_FRACTION * gaps.size:
+        return None
+    return step
 
 
 def spread_batched_arrivals(arrivals_s: Sequence[float]) -> tuple[list[float], float | None]:

@@ -36,8 +36,11 @@ def test_the_spread_is_deterministic() -> None:
 
 
 def test_a_batch_never_reaches_the_next_stamp_after_a_short_gap() -> None:
-    # Grid 3 s, but one gap of 0.5 s: that batch spreads over 0.5 s only.
-    arrivals = [0.0] * 4 + [3.0] * 4 + [3.5] * 4 + [6.5] * 4 + [9.5] * 4
+    # Grid 3 s, but one gap of 0.5 s (one gap in twelve: still a grid): that batch spreads
+    # over 0.5 s only.
+    arrivals = (
+        [0.0] * 4 + [3.0] * 4 + [3.5] * 4 + [6.5 + 3.0 * k for k in range(10) for _ in "1234"]
+    )
     spread, grid = spread_batched_arrivals(arrivals)
     assert grid == pytest.approx(3.0)
     assert all(3.0 <= t < 3.5 for t in spread[4:8])
@@ -45,14 +48,14 @@ def test_a_batch_never_reaches_the_next_stamp_after_a_short_gap() -> None:
 
 
 def test_a_last_batch_near_the_float_maximum_spreads_to_finite_arrivals() -> None:
-    """Two batches 1.7e308 s apart (a trace with a stray far stamp): the last one's spread
-    over its grid step overflowed to inf, with numpy's RuntimeWarning on stderr."""
-    arrivals = [0.0] * 3 + [1.7e308] * 3
+    """Batches 0.85e308 s apart: the last one's spread over its grid step overflowed to
+    inf, with numpy's RuntimeWarning on stderr."""
+    arrivals = [0.0] * 3 + [0.85e308] * 3 + [1.7e308] * 3
     with np.errstate(over="raise"):
         spread, grid = spread_batched_arrivals(arrivals)
-    assert grid == 1.7e308
+    assert grid == 0.85e308
     assert all(np.isfinite(spread)) and spread == sorted(spread)
-    assert all(t >= 1.7e308 for t in spread[3:])
+    assert all(t >= 1.7e308 for t in spread[6:])
 
 
 @pytest.mark.parametrize(
@@ -62,6 +65,12 @@ def test_a_last_batch_near_the_float_maximum_spreads_to_finite_arrivals() -> Non
         [float(i // 1) for i in range(100)] + [99.0],  # a single coincidence (BurstGPT)
         [0.0],
         [],
+        # Real bursts, not a grid: these were "batched" on a grid of their one gap, or of
+        # their median gap, and the burst spread over it (500 requests over an hour).
+        [0.0] * 500 + [3600.0],  # a burst and a straggler
+        [0.0] * 5 + [7.0] * 5,  # two bursts
+        [0.0] * 100 + [13.0, 250.0, 251.5, 900.0, 2000.0],  # stragglers at irregular times
+        [0.0] * 4 + [1.7e308] * 3,  # a stray far stamp
     ],
 )
 def test_traces_that_are_not_batched_are_untouched(arrivals: list[float]) -> None:
@@ -91,6 +100,19 @@ def test_load_trace_spreads_a_batched_file_and_reports_the_grid(tmp_path: Path) 
     kept, raw = load_trace(path, spread_batches=False)
     assert raw.batch_grid_s is None
     assert len({r.arrival_time_s for r in kept}) == 20
+
+
+def test_load_trace_keeps_a_burst_with_a_straggler_at_one_instant(tmp_path: Path) -> None:
+    """500 requests at once and one an hour later: the burst was spread over the hour
+    (a "3600 s grid"), and simulate's SLO attainment at the maximum clock went from 4.6 %
+    to 100 %."""
+    path = tmp_path / "burst.csv"
+    path.write_text(
+        "arrival_time_s,prompt_tokens,output_tokens\n" + "0,100,10\n" * 500 + "3600,100,10\n"
+    )
+    requests, report = load_trace(path)
+    assert report.batch_grid_s is None
+    assert [r.arrival_time_s for r in requests] == [0.0] * 500 + [3600.0]
 
 
 def test_load_scale_still_stretches_a_spread_trace(tmp_path: Path) -> None:
