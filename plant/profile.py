@@ -142,10 +142,14 @@ class PerformanceProfile:
                 raise ValueError(
                     f"profile {self.name}: {key} has {array.size} values, clock_mhz has {size}"
                 )
-            if not np.all(np.isfinite(array)) or np.any(array <= 0.0):
-                bad = int(np.flatnonzero(~np.isfinite(array) | (array <= 0.0))[0])
+            # Idle power may be zero (a table of the power above an idle floor, or a
+            # board whose idle draw is not metered); every other value is positive.
+            floor_ok = array >= 0.0 if key == "idle_power_w" else array > 0.0
+            if not np.all(np.isfinite(array) & floor_ok):
+                bad = int(np.flatnonzero(~(np.isfinite(array) & floor_ok))[0])
+                which = "at least 0" if key == "idle_power_w" else "positive"
                 raise ValueError(
-                    f"profile {self.name}: {key}[{bad}] must be finite and positive, "
+                    f"profile {self.name}: {key}[{bad}] must be finite and {which}, "
                     f"got {array[bad]!r}"
                 )
         if np.any(np.diff(self.clock_mhz) <= 0.0):
@@ -554,9 +558,16 @@ def _read_csv(path: Path, text: str, power_limit_w: float) -> dict[str, NDArray[
                     raise ProfileError(
                         f"{path}:{line_number}: column {column!r} is not a number: {raw!r}"
                     ) from error
-                if not np.isfinite(value) or value <= 0.0:
+                if (
+                    not np.isfinite(value)
+                    or value < 0.0
+                    or (value == 0.0 and column != "idle_power_w")
+                ):
+                    # Idle power may be 0 (a table of the power above an unmetered idle
+                    # floor; a profiler reading 0 W wrote one it could not load again).
+                    which = "at least 0" if column == "idle_power_w" else "positive"
                     raise ProfileError(
-                        f"{path}:{line_number}: column {column!r} must be positive, got {raw!r}"
+                        f"{path}:{line_number}: column {column!r} must be {which}, got {raw!r}"
                     )
                 if column.endswith("_tokens_per_s") and value < MIN_RATE_TOKENS_PER_S:
                     raise ProfileError(

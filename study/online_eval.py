@@ -113,7 +113,9 @@ def model_error_by_clock(
                 idle = profile.power("idle", f)
                 factor = batch_model.factor(batch, decode.reference_batch_size)
                 true_power = idle + (true_power - idle) * factor
-            row[f"{phase}_power_error"] = learned / true_power - 1.0
+            # None where the truth is zero (a profile may state an idle power of 0 W): no
+            # relative error, where the division stopped the scoreboard in a traceback.
+            row[f"{phase}_power_error"] = learned / true_power - 1.0 if true_power > 0 else None
         rows.append(row)
     return rows
 
@@ -131,8 +133,12 @@ def summarize_model_error(rows: Sequence[dict[str, Any]]) -> dict[str, float | N
         "decode_power_error",
         "idle_power_error",
     ):
-        values = np.abs(np.array([row[key] for row in rows]))
-        out[key] = float(np.average(values, weights=seconds))
+        known = [index for index, row in enumerate(rows) if row[key] is not None]
+        if not known:
+            out[key] = None
+            continue
+        values = np.abs(np.array([rows[index][key] for index in known], dtype=float))
+        out[key] = float(np.average(values, weights=seconds[known]))
     return out
 
 

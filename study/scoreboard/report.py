@@ -40,7 +40,8 @@ DEFINITIONS = {
     "model_error": (
         "mpc-online only: time-weighted mean |learned / true - 1| over the realised clocks "
         "held >= 5 s; decode iteration at the run's mean decode batch and a context of "
-        "mean prompt + half the mean output"
+        "mean prompt + half the mean output; null for a quantity whose true value is 0 "
+        "(a profile's idle power of 0 W)"
     ),
     "decision_time": (
         "wall time per controller call (perf_counter); MPC: its own solve times "

@@ -493,10 +493,35 @@ def test_one_clock_listed_twice_is_too_few_clocks(copy_of_h100: tuple[Path, Path
 def test_negative_power_names_file_and_line(copy_of_h100: tuple[Path, Path]) -> None:
     csv_path, json_path = copy_of_h100
     _rewrite_cell(csv_path, 7, "idle_power_w", "-5.0")
-    with pytest.raises(ProfileError, match="must be positive") as error:
+    with pytest.raises(ProfileError, match="must be at least 0") as error:
         load_profile(json_path)
     assert f"{csv_path}:7" in str(error.value)
     assert "idle_power_w" in str(error.value)
+
+
+def test_zero_idle_power_loads_and_other_zero_cells_do_not(
+    copy_of_h100: tuple[Path, Path],
+) -> None:
+    """An idle power of 0 W (a table of the power above an unmetered idle floor, or what a
+    profiler read from a board reporting 0 W) was refused; every other column stays
+    positive."""
+    csv_path, json_path = copy_of_h100
+    original = csv_path.read_text()
+    header, *rows = original.splitlines()
+    column = header.split(",").index("idle_power_w")
+    zeroed = [
+        ",".join([*row.split(",")[:column], "0", *row.split(",")[column + 1 :]]) for row in rows
+    ]
+    csv_path.write_text("\n".join([header, *zeroed]) + "\n")
+    profile = load_profile(json_path)
+    assert np.all(profile.idle_power_w == 0.0)
+    assert profile.power("idle", profile.maximum_clock_mhz) == 0.0
+    ServingPlant.from_profile(profile).validate()
+    for other in ("decode_power_w", "prefill_power_w", "decode_tokens_per_s", "clock_mhz"):
+        csv_path.write_text(original)
+        _rewrite_cell(csv_path, 4, other, "0")
+        with pytest.raises(ProfileError, match=f"{other}' must be positive, got '0'"):
+            load_profile(json_path)
 
 
 @pytest.mark.parametrize("key", ["status", "csv", "tpot_slo_s", "power_limit_w", "thermal"])
