@@ -528,7 +528,14 @@ def _read_csv(path: Path, text: str, power_limit_w: float) -> dict[str, NDArray[
             # The header quoted cut short: a CSV that is no profile table (the manifest
             # itself, say) made an error line as long as its first line, up to 16 MiB.
             shown = _cut(",".join(header), 80)
-            raise ProfileError(f"{path}: missing column(s) {missing}; header is {shown!r}")
+            hint = ""
+            if len(header) == 1:
+                # One name holding them all: cells split by another separator (a
+                # spreadsheet in a locale whose list separator is ';').
+                others = [sep for sep in (";", "\t", "|") if sep in header[0]]
+                if others:
+                    hint = f" (cells separated by {others[0]!r}? a profile CSV uses commas)"
+            raise ProfileError(f"{path}: missing column(s) {missing}; header is {shown!r}{hint}")
         repeated = [column for column in CSV_COLUMNS if header.count(column) > 1]
         if repeated:
             raise ProfileError(f"{path}: column(s) {repeated} appear more than once in the header")

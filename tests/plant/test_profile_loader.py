@@ -429,6 +429,19 @@ def test_decode_fractions_rounded_to_a_few_decimals_load(tmp_path: Path) -> None
         load_profile(manifest)
 
 
+@pytest.mark.parametrize("separator", [";", "\t"])
+def test_a_csv_separated_otherwise_says_so(tmp_path: Path, separator: str) -> None:
+    """A table saved with ';' (a spreadsheet's list separator in many locales) or tabs was
+    refused as missing every column, with no word of the separator."""
+    manifest, csv_path = copy_profile(tmp_path)
+    csv_path.write_text(csv_path.read_text().replace(",", separator))
+    with pytest.raises(ProfileError) as caught:
+        load_profile(manifest)
+    message = str(caught.value)
+    assert message.startswith(f"{csv_path}: missing column(s)")
+    assert message.endswith(f"(cells separated by {separator!r}? a profile CSV uses commas)")
+
+
 def test_a_header_spaced_like_its_cells_loads(tmp_path: Path) -> None:
     """``clock_mhz, prefill_tokens_per_s, ...`` (a space after each comma, as in its cells)
     was refused as missing every column but the first, while the spaced cells were read."""
