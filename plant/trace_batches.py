@@ -5,8 +5,9 @@ request on a 3 s grid (1,180 distinct timestamps for 12,031 requests), so replay
 as written, or stretched by a load scale, delivers up to 20 long prompts at one instant:
 a burst the real service never saw, which no clock can serve within a TTFT SLO. When at
 least half of a trace's requests share their timestamp with another, and its distinct
-timestamps sit on a grid (at least three of them, nine gaps in ten between them within 5 %
-of a multiple of the median gap, the grid step), the trace counts as batched, and each
+timestamps sit on a grid (at least five of them, nine gaps in ten between them within 5 %
+of a multiple of the step: the median gap, or else the smallest, the grid of a bursty
+trace whose quiet stretches leave slots empty), the trace counts as batched, and each
 batch's arrivals are spread uniformly at random (fixed seed, so the result is the same on
 every load) over its grid step, cut at the next timestamp. This is the Poisson process
 conditioned on the batch's count, the least informative reading of a quantised stamp.
@@ -25,8 +26,9 @@ import numpy as np
 BATCHED_FRACTION = 0.5
 """A trace is batched when at least this fraction of its requests share a timestamp."""
 
-MIN_GRID_STAMPS = 3
-"""Fewest distinct timestamps a grid is read from (two stamps give one gap, any gap)."""
+MIN_GRID_STAMPS = 5
+"""Fewest distinct timestamps a grid is read from (two stamps give one gap, any gap; a
+burst and two stragglers at random times are on some grid one time in eight)."""
 
 ON_GRID_FRACTION = 0.9
 """Share of the gaps between distinct timestamps that must be a multiple of the step."""
@@ -43,10 +45,10 @@ SPREAD_SEED = 0
 
 
 def batch_grid_s(arrivals_s: Sequence[float]) -> float | None:
-    """The grid step of a batched trace (median gap between distinct timestamps), or
-    ``None`` when the trace is not batched: fewer than half its requests share a stamp, it
-    has fewer than :data:`MIN_GRID_STAMPS` distinct stamps, or their gaps are not on a
-    grid (see the module's docstring)."""
+    """The grid step of a batched trace (the median gap between distinct timestamps, or
+    else the smallest), or ``None`` when it is not batched: fewer than half its requests
+    share a stamp, it has fewer than :data:`MIN_GRID_STAMPS` distinct stamps, or their
+    gaps are not on a grid (see the module's docstring)."""
     times = np.asarray(arrivals_s, dtype=float)
     if times.size < 2:
         return None
@@ -55,14 +57,22 @@ def batch_grid_s(arrivals_s: Sequence[float]) -> float | None:
     if shared < BATCHED_FRACTION * times.size or distinct.size < MIN_GRID_STAMPS:
         return None
     gaps = np.diff(distinct)
-    step = float(np.median(gaps))
+    # The median gap is the step of a grid every slot of which holds a request (Mooncake);
+    # the smallest gap, that of a grid whose quiet stretches leave slots empty (bursty
+    # traffic logged in whole seconds: gaps of 1 s in a burst, of 2 to 9 s between).
+    for step in (float(np.median(gaps)), float(gaps.min())):
+        if _on_grid(gaps, step) >= ON_GRID_FRACTION * gaps.size:
+            return step
+    return None
+
+
+def _on_grid(gaps: np.ndarray, step: float) -> int:
+    """How many ``gaps`` are within :data:`GRID_TOLERANCE` of a positive multiple of
+    ``step``."""
     with np.errstate(over="ignore"):  # a gap near the float maximum over a tiny step
         steps = gaps / step
     multiple = np.round(steps)
-    on_grid = (multiple >= 1.0) & (np.abs(steps - multiple) <= GRID_TOLERANCE)
-    if np.count_nonzero(on_grid) < ON_GRID_FRACTION * gaps.size:
-        return None
-    return step
+    return int(np.count_nonzero((multiple >= 1.0) & (np.abs(steps - multiple) <= GRID_TOLERANCE)))
 
 
 def spread_batched_arrivals(arrivals_s: Sequence[float]) -> tuple[list[float], float | None]:

@@ -48,14 +48,14 @@ def test_a_batch_never_reaches_the_next_stamp_after_a_short_gap() -> None:
 
 
 def test_a_last_batch_near_the_float_maximum_spreads_to_finite_arrivals() -> None:
-    """Batches 0.85e308 s apart: the last one's spread over its grid step overflowed to
+    """Batches 0.425e308 s apart: the last one's spread over its grid step overflowed to
     inf, with numpy's RuntimeWarning on stderr."""
-    arrivals = [0.0] * 3 + [0.85e308] * 3 + [1.7e308] * 3
+    arrivals = [k * 0.425e308 for k in range(5) for _ in range(3)]
     with np.errstate(over="raise"):
         spread, grid = spread_batched_arrivals(arrivals)
-    assert grid == 0.85e308
+    assert grid == 0.425e308
     assert all(np.isfinite(spread)) and spread == sorted(spread)
-    assert all(t >= 1.7e308 for t in spread[6:])
+    assert all(t >= 1.7e308 for t in spread[12:])
 
 
 @pytest.mark.parametrize(
@@ -69,6 +69,7 @@ def test_a_last_batch_near_the_float_maximum_spreads_to_finite_arrivals() -> Non
         # their median gap, and the burst spread over it (500 requests over an hour).
         [0.0] * 500 + [3600.0],  # a burst and a straggler
         [0.0] * 5 + [7.0] * 5,  # two bursts
+        [0.0] * 5 + [7.0] * 5 + [14.0] * 5 + [21.0] * 5,  # four: too few stamps for a grid
         [0.0] * 100 + [13.0, 250.0, 251.5, 900.0, 2000.0],  # stragglers at irregular times
         [0.0] * 4 + [1.7e308] * 3,  # a stray far stamp
     ],
@@ -115,6 +116,16 @@ def test_load_trace_keeps_a_burst_with_a_straggler_at_one_instant(tmp_path: Path
     assert [r.arrival_time_s for r in requests] == [0.0] * 500 + [3600.0]
 
 
+def test_a_bursty_trace_in_whole_seconds_is_on_the_grid_of_its_smallest_gap() -> None:
+    """Bursts logged in whole seconds (gaps of 1 s) between quiet stretches (gaps of 2 to
+    9 s, most of the gaps): the median gap is off that grid, the smallest is on it."""
+    busy = [float(t) for t in range(10) for _ in range(6)]
+    quiet = [10.0 + t for t in (4, 9, 11, 18, 20, 27, 36, 38, 45, 47, 55, 63, 66, 72, 80)]
+    spread, grid = spread_batched_arrivals(busy + quiet)
+    assert grid == 1.0
+    assert all(t <= s < t + 1.0 for t, s in zip(busy, spread, strict=False))
+
+
 def test_load_scale_still_stretches_a_spread_trace(tmp_path: Path) -> None:
     path = _write_mooncake(tmp_path / "grid.jsonl", [b * 3000 for b in range(20) for _ in range(6)])
     fast, _ = load_trace(path, load_scale=1.0)
@@ -127,7 +138,7 @@ def test_simulate_says_it_spread_the_batches_and_can_keep_them(
 ) -> None:
     from gpugov.cli import main
 
-    path = _write_mooncake(tmp_path / "grid.jsonl", [b * 3000 for b in range(4) for _ in range(3)])
+    path = _write_mooncake(tmp_path / "grid.jsonl", [b * 3000 for b in range(5) for _ in range(3)])
     out = tmp_path / "spread.json"
     assert main(["simulate", "--trace", str(path), "--quiet", "--out", str(out)]) == 0
     assert "3 s grid" in capsys.readouterr().err
