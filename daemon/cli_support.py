@@ -475,13 +475,21 @@ def check_workload_fits(workload: Sequence[Request], plant: ServingPlant, trace:
     a window longer than :data:`MAX_SIMULATED_DAYS` (it would not end in reasonable time).
     """
     capacity = plant.kv_capacity_tokens
-    for request in workload:
-        if request.prompt_tokens + request.output_tokens > capacity:
-            raise UsageError(
-                f"--trace {trace}: request {request.request_id} needs "
-                f"{request.prompt_tokens} + {request.output_tokens} KV tokens, more than the "
-                f"profile's KV capacity of {capacity} tokens"
-            )
+    oversized = [r for r in workload if r.prompt_tokens + r.output_tokens > capacity]
+    if oversized:
+        # The id is the 0-based index of the trace's data row (the row a user looks for),
+        # and a trace with one such row often has more: say how many.
+        first = oversized[0]
+        more = (
+            f" (and {len(oversized) - 1:,} more of the window's {len(workload):,} requests)"
+            if len(oversized) > 1
+            else ""
+        )
+        raise UsageError(
+            f"--trace {trace}: request {first.request_id} (data row {first.request_id + 1}) "
+            f"needs {first.prompt_tokens} + {first.output_tokens} KV tokens, more than the "
+            f"profile's KV capacity of {capacity} tokens{more}"
+        )
     if workload:
         span_s = workload[-1].arrival_time_s
         if not math.isfinite(span_s) or span_s > MAX_SIMULATED_DAYS * 86_400.0:

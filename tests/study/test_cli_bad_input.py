@@ -214,7 +214,22 @@ def test_prompt_above_the_kv_capacity(tmp_path: Path, capsys: pytest.CaptureFixt
     ):
         assert main(argv) == 2
         line = _one_error_line(capsys)
-        assert "request 1 needs 900000 + 10 KV tokens" in line and str(big) in line
+        assert "request 1 (data row 2) needs 900000 + 10 KV tokens" in line and str(big) in line
+        assert "more of the window" not in line
+
+
+def test_every_prompt_above_the_kv_capacity_is_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The line named the first request too long for the KV cache only; a trace of prompts
+    longer than the profile's cache (Mooncake's on a small board) has many."""
+    big = tmp_path / "big.csv"
+    rows = "".join(f"{i},{900000 if i % 3 else 100},10\n" for i in range(9))
+    big.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + rows)
+    assert main(["simulate", "--trace", str(big), "--duration", "8"]) == 2
+    line = _one_error_line(capsys)
+    assert "request 1 (data row 2) needs 900000 + 10 KV tokens" in line
+    assert line.endswith("(and 4 more of the window's 8 requests)"), line
 
 
 def test_arrival_far_in_the_future_is_refused(
