@@ -60,6 +60,7 @@ CONTROLLER_HELP = CONTROLLER_SPEC_HELP
 
 
 if TYPE_CHECKING:
+    from gpugov.controllers.budget import SLOTarget
     from gpugov.daemon.exporter import Exporter
 
 
@@ -74,16 +75,20 @@ def simulated_controller(
     control_period_s: float = 1.0,
     *,
     safety: SafetySettings | None = None,
+    slo_target: SLOTarget | None = None,
 ) -> ControllerWrapper:
     """The controller a ``--controller`` spec such as ``fixed:1410`` or ``mpc`` asks for,
     for a simulated run: built by the node's factory (:func:`daemon.decide.build_controller`)
     in the node's safety chain, with the run's plant, the workload's forecasts declared
-    before the run, and virtual time, exactly as ``gpugov run --simulate --virtual``.
+    before the run, the domain's ``slo_target`` and virtual time, exactly as
+    ``gpugov run --simulate --virtual``.
     """
     config = parse_controller_flag(spec, default_profile=plant.profile.name)
     profile = plant.profile
     check_fixed_clock(config, profile.minimum_clock_mhz, profile.maximum_clock_mhz, spec)
-    context = ControllerContext.for_plant(plant, workload, period_s=control_period_s, safety=safety)
+    context = ControllerContext.for_plant(
+        plant, workload, period_s=control_period_s, safety=safety, slo_target=slo_target
+    )
     try:
         return decide.build_controller(config, context)
     except GpugovControllerError as error:

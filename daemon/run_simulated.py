@@ -103,7 +103,7 @@ def run_simulated(args: argparse.Namespace) -> int:
         seed=args.seed,
         virtual_time=args.virtual,
         engine_view=args.engine_view,
-        slo_target=_slo_target(args.slo_target),
+        slo_target=slo_target_of(args.slo_target),
         header={
             "trace": str(report.path),
             "profile": profile.name,
@@ -170,7 +170,7 @@ def run_simulated(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _slo_target(attainment: float | None) -> SLOTarget | None:
+def slo_target_of(attainment: float | None) -> SLOTarget | None:
     """``--slo-target``'s :class:`~gpugov.controllers.budget.SLOTarget` (None: none),
     as a domain's ``[domains.slo_target]`` gives it."""
     if attainment is None:

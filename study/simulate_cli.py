@@ -24,6 +24,7 @@ from gpugov.daemon.cli_support import (
     format_summary,
     light_load_note,
     load_trace_for_cli,
+    parse_controller_flag,
     require_extra,
     require_nonnegative,
     require_positive,
@@ -35,6 +36,12 @@ from gpugov.daemon.cli_support import (
 from gpugov.daemon.errors import ExitCode, Terminated
 from gpugov.daemon.files import write_text_atomic
 from gpugov.daemon.outside import invalid_decision_note
+from gpugov.daemon.run_simulated import (
+    DEFAULT_SLO_TARGET,
+    ONLINE_PERIOD_S,
+    SLO_TARGET_WINDOW_S,
+    slo_target_of,
+)
 from gpugov.daemon.safety import invalid_decisions
 from gpugov.daemon.sim_progress import SimulationProgress
 from gpugov.daemon.simulated import observation_view
@@ -114,6 +121,9 @@ def energy_lines(energy: dict[str, Any]) -> str:
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov simulate``."""
+    if args.control_period is None:
+        spec = parse_controller_flag(args.controller)
+        args.control_period = ONLINE_PERIOD_S if spec.kind == "mpc-online" else 1.0
     require_positive("--control-period", args.control_period)
     require_positive("--duration", args.duration)
     require_positive("--load-scale", args.load_scale)
@@ -149,7 +159,12 @@ def run_simulate(args: argparse.Namespace) -> int:
     check_workload_fits(workload, plant, args.trace)
     safety = safety_from_args(args, profile.clock_mhz)
     controller = simulated_controller(
-        args.controller, plant, workload, args.control_period, safety=safety
+        args.controller,
+        plant,
+        workload,
+        args.control_period,
+        safety=safety,
+        slo_target=slo_target_of(args.slo_target),
     )
     scheduler = SCHEDULERS[args.scheduler]
     progress = SimulationProgress(workload[-1].arrival_time_s, "simulate", enabled=not args.quiet)
@@ -182,7 +197,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     title = (
         f"gpugov simulate: {controller_label(args.controller)} on {profile.name} "
         f"({profile.profile_status}), "
-        f"trace {Path(report.path).name} [{len(workload)} requests]"
+        f"trace {Path(report.path).name} [{len(workload)} requests], every "
+        f"{args.control_period:g} s, SLO target "
+        + ("none" if args.slo_target is None else f"{100.0 * args.slo_target:g}%")
     )
     energy = result_energy(result)
     separation = arrival_separation(result.request_records)
@@ -201,6 +218,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                 "controller": controller_label(args.controller),
                 "controller_spec": args.controller,
                 "control_period_s": args.control_period,
+                "slo_target": args.slo_target,
                 "safety": safety.as_dict(),
                 "trace": {
                     "path": report.path,
@@ -318,9 +336,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     sim.add_argument(
         "--control-period",
         type=cli_types.period,
-        default=1.0,
+        default=None,
         metavar="S",
-        help="seconds between controller decisions (default 1)",
+        help=f"seconds between controller decisions (a node's daemon.period_s; default "
+        f"{ONLINE_PERIOD_S:g} for mpc-online, 1 for the others, as run --simulate)",
+    )
+    sim.add_argument(
+        "--slo-target",
+        type=cli_types.slo_target,
+        default=DEFAULT_SLO_TARGET,
+        metavar="SHARE|none",
+        help=f"the share of requests meeting both SLOs over {SLO_TARGET_WINDOW_S:g} s (a "
+        f"domain's [domains.slo_target]); mpc and mpc-online spend the misses it allows, "
+        f"'none' holds fixed margins (default {DEFAULT_SLO_TARGET:g}, as run --simulate)",
     )
     add_safety_arguments(sim)
     add_engine_view_argument(sim)

@@ -300,3 +300,41 @@ def test_simulate_out_cut_short_mid_write_leaves_the_old_file_whole(tmp_path: Pa
     assert [path.name for path in tmp_path.iterdir()] == ["run.json"]  # no temporary left
     assert main(argv) == 0
     assert json.loads(out.read_text())["metrics"]["completed_requests"] > 0
+
+
+def test_simulate_runs_a_controller_as_run_simulate_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Unset, the period is mpc-online's recommended 0.25 s (1 s for the others) and the
+    SLO target 99 %, as `run --simulate` and the example config run them; the title says
+    both and the JSON records them."""
+    cases = (
+        (["--controller", "mpc-online"], 0.25, 0.99),
+        (["--controller", "reactive"], 1.0, 0.99),
+        (
+            ["--controller", "mpc-online", "--control-period", "0.5", "--slo-target", "none"],
+            0.5,
+            None,
+        ),
+    )
+    for index, (flags, period, target) in enumerate(cases):
+        out = tmp_path / f"run{index}.json"
+        assert main(["simulate", *flags, "--duration", "20", "--quiet", "--out", str(out)]) == 0
+        metadata = json.loads(out.read_text())["metadata"]
+        assert (metadata["control_period_s"], metadata["slo_target"]) == (period, target)
+        shown = "none" if target is None else "99%"
+        assert f"every {period:g} s, SLO target {shown}" in capsys.readouterr().out
+
+
+def test_a_simulated_controller_gets_the_slo_target() -> None:
+    from gpugov.controllers.budget import SLOTarget
+    from gpugov.daemon.cli_support import simulated_controller
+    from gpugov.plant import ServingPlant, load_profile, load_trace
+
+    workload, _ = load_trace("azure-conv-10min", duration_s=10)
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    target = SLOTarget(attainment=0.99, window_s=600.0)
+    chain = simulated_controller("mpc-online", plant, workload, 0.25, slo_target=target)
+    budget = chain.unwrapped.budget  # type: ignore[attr-defined]
+    assert budget is not None and budget.target == target
+    assert simulated_controller("mpc-online", plant, workload, 0.25).unwrapped.budget is None  # type: ignore[attr-defined]
