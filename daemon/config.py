@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import os
 import tomllib
 import urllib.parse
 from pathlib import Path
@@ -618,8 +619,67 @@ def controller_state_dir(
     return resolve_state_dir(daemon_state_dir)
 
 
+_DAEMON_PATHS: tuple[tuple[str, ...], ...] = (
+    ("record",),
+    ("state_dir",),
+    ("actuator", "socket"),
+    ("zeusd", "socket"),
+    ("zeusd", "token_file"),
+)
+"""The ``[daemon]`` keys that name files or folders (as key paths)."""
+_CONTROLLER_PATHS = ("plan", "state_dir")
+"""A controller table's keys that name files or folders."""
+_CONTROLLER_PROFILES = ("profile", "prior_profile")
+"""A controller table's keys that name a bundled profile or a manifest file."""
+
+
+def _rebased(value: Any, base: Path, *, profile: bool = False) -> Any:
+    """``value`` (a path as written) taken from ``base`` when it is relative; anything
+    else (an absolute path, ``~``, no text) as it is (validation names it). A profile
+    key's value is a path only where it reads as one (a ``.json`` or ``.csv`` name, or a
+    folder in it); else a bundled name."""
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        return value
+    if profile and not (Path(value).suffix.lower() in (".json", ".csv") or "/" in value):
+        return value
+    if value.startswith("~") or Path(value).is_absolute():
+        return value
+    return str(base / value)
+
+
+def rebase_relative_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """The TOML document with every relative path in it taken from ``base``, the config
+    file's folder (as Prometheus takes its ``rule_files``): the daemon runs from ``/``
+    under systemd, where ``check-config`` run beside the file would pass."""
+    daemon = data.get("daemon")
+    if isinstance(daemon, dict):
+        for keys in _DAEMON_PATHS:
+            table: Any = daemon
+            for key in keys[:-1]:
+                table = table.get(key) if isinstance(table, dict) else None
+            if isinstance(table, dict) and keys[-1] in table:
+                table[keys[-1]] = _rebased(table[keys[-1]], base)
+    domains = data.get("domains")
+    for domain in domains if isinstance(domains, list) else ():
+        if not isinstance(domain, dict):
+            continue
+        if "power_budget_file" in domain:
+            domain["power_budget_file"] = _rebased(domain["power_budget_file"], base)
+        controller = domain.get("controller")
+        if not isinstance(controller, dict):
+            continue
+        for key in _CONTROLLER_PATHS:
+            if key in controller:
+                controller[key] = _rebased(controller[key], base)
+        for key in _CONTROLLER_PROFILES:
+            if key in controller:
+                controller[key] = _rebased(controller[key], base, profile=True)
+    return data
+
+
 def load_config(path: str | Path) -> GpugovConfig:
-    """Read and validate a TOML config file.
+    """Read and validate a TOML config file; relative paths in it are taken from the
+    file's folder (:func:`rebase_relative_paths`).
 
     Raises:
         ConfigError: unreadable file, TOML syntax error, or invalid values.
@@ -635,4 +695,5 @@ def load_config(path: str | Path) -> GpugovConfig:
         data = loads_toml(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{source}: not valid TOML: {error}") from error
-    return parse_config(data, str(source))
+    base = Path(os.path.abspath(source)).parent
+    return parse_config(rebase_relative_paths(data, base), str(source))

@@ -350,3 +350,46 @@ def test_every_controller_kind_is_left_out_of_the_error_path(kind: str) -> None:
 
 def test_the_controller_kinds_are_the_documented_ones() -> None:
     assert {"max", "fixed", "mpc", "mpc-slsqp", "mpc-online", "external"} <= controller_kinds()
+
+
+def test_relative_paths_are_taken_from_the_config_files_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As Prometheus reads its rule files: a config checked beside it and run by systemd
+    (working directory /) names the same files. Absolute paths, `~` and bundled profile
+    names stay as written."""
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    config = folder / "config.toml"
+    config.write_text(
+        """
+[daemon]
+backend = "zeusd"
+record = "record.jsonl"
+state_dir = "/var/lib/gpugov"
+[daemon.zeusd]
+socket = "run/zeusd.sock"
+token_file = "~/zeusd.token"
+[[domains]]
+name = "a"
+gpus = [0]
+power_budget_file = "budget/limit"
+controller = { kind = "mpc-online", prior_profile = "profiles/mine.json", state_dir = "state" }
+[[domains]]
+name = "b"
+gpus = [1]
+controller = { kind = "mpc", profile = "h100-sxm-llama3-8b" }
+"""
+    )
+    monkeypatch.chdir(tmp_path)
+    loaded = load_config("etc/config.toml")
+    assert loaded.daemon.record == folder / "record.jsonl"
+    assert loaded.daemon.state_dir == Path("/var/lib/gpugov")
+    assert loaded.daemon.zeusd is not None
+    assert loaded.daemon.zeusd.socket == folder / "run" / "zeusd.sock"
+    assert loaded.daemon.zeusd.token_file == Path("~/zeusd.token")
+    first, second = loaded.domains
+    assert first.power_budget_file == folder / "budget" / "limit"
+    assert first.controller.prior_profile == str(folder / "profiles" / "mine.json")  # type: ignore[union-attr]
+    assert first.controller.state_dir == folder / "state"  # type: ignore[union-attr]
+    assert second.controller.profile == "h100-sxm-llama3-8b"  # type: ignore[union-attr]
