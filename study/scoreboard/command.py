@@ -38,7 +38,7 @@ from gpugov.study.scoreboard.report import (
     short_table,
     write_outputs,
 )
-from gpugov.study.scoreboard.run import run_scoreboard
+from gpugov.study.scoreboard.run import run_scoreboard, scenario_progress_units
 from gpugov.study.scoreboard.scenarios import (
     DEFAULT_OUT,
     FULL,
@@ -398,18 +398,25 @@ def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -
     prepare_output_dir("--out", args.out, parents=args.out == str(DEFAULT_OUT))
     if report_dir is not None:
         prepare_output_dir("--report", report_dir)
-    bar = Progress(config.scenario_count(), "bench controllers", unit="scenarios")
-    done, last = 0, ""
+    scenarios = config.scenario_count()
+    bar = Progress(
+        scenarios * scenario_progress_units(config), "bench controllers", unit="simulated s"
+    )
+    simulated, finished = 0.0, 0
 
-    def progress(line: str) -> None:
-        nonlocal done, last
+    def progress(line: str) -> None:  # what the run does, a scenario done, a lost worker
+        nonlocal finished
         if line.startswith("["):
-            done += 1
-        last = line
-        bar.update(done, line, force=True)
+            finished += 1
+        bar.update(simulated, f"{finished}/{scenarios} scenarios, {line}", force=True)
 
-    payload = run_scoreboard(config, progress=progress, runner=runner)
-    bar.close()
+    def on_progress(done: float) -> None:  # the runs' simulated seconds, while they run
+        nonlocal simulated
+        simulated = done
+        bar.update(simulated, f"{finished}/{scenarios} scenarios")
+
+    payload = run_scoreboard(config, progress=progress, runner=runner, on_progress=on_progress)
+    bar.close(f"{finished}/{scenarios} scenarios")
     if not payload["scenarios"]:
         reasons = "; ".join(sorted({s["reason"] for s in payload["skipped"]}))
         raise UsageError(f"no scenario could run: {reasons}")

@@ -92,7 +92,7 @@ from gpugov.study.online_eval import (
     model_error_by_clock,
     summarize_model_error,
 )
-from gpugov.study.runners import RunnerSpec, map_cells
+from gpugov.study.runners import CellProgress, RunnerSpec, map_cells
 from gpugov.study.scoreboard.controllers import (
     ControllerEntry,
     build_scoreboard_controllers,
@@ -132,6 +132,16 @@ from gpugov.study.scoreboard.windows import (
     window_fields,
     window_starts,
 )
+
+PROGRESS_EVERY_S = 10.0
+"""Simulated seconds between a run's progress reports (:func:`run_scenario`)."""
+
+
+def scenario_progress_units(config: BenchConfig) -> float:
+    """One scenario's share of the progress line, in simulated seconds: ``duration_s``
+    for each controller and oracle of the board (a run covers about ``duration_s`` of
+    arrivals). ``config.scenario_count()`` times this is the whole board's."""
+    return config.duration_s * (len(CONTROLLER_ORDER) + len(config.outside_controllers))
 
 
 # -------------------------------------------------------------------------- scoring
@@ -251,13 +261,19 @@ def run_scenario(
     profile: PerformanceProfile | None = None,
     full_trace: tuple[tuple[Request, ...], str] | None = None,
     start_s: float | None = None,
+    on_progress: Callable[[float], None] | None = None,
 ) -> dict[str, Any]:
     """Every controller, both oracles and the LP bound on one scenario.
 
     ``profile`` and ``full_trace`` pass the loaded inputs by value (a worker on another
     machine has no path to them); without them they are loaded by name here. ``start_s``
     runs a held-out window starting there (``--windows``; its rows then carry the
-    window fields of :func:`window_fields`).
+    window fields of :func:`window_fields`). ``on_progress`` receives the fraction of the
+    scenario's runs done, rising to 1: each controller's run and each oracle's search is
+    an equal share, a run's share counted every :data:`PROGRESS_EVERY_S` simulated
+    seconds against the window's last arrival, a search's when it ends (the capacity
+    calibration before the runs counts nothing). It only reads the simulated time: the
+    results are the same with it or without.
 
     Returns:
         ``{"scenario": ..., "rows": [...], "comparison": ... or None}``; with
@@ -270,9 +286,29 @@ def run_scenario(
     scenario = build_scenario(trace, plant, load, config.duration_s, full_trace, start_s=start_s)
     requests = scenario.requests
     period = config.control_period_s
+    entries = build_scoreboard_controllers(
+        plant,
+        requests,
+        control_period_s=period,
+        mpc_horizon_s=config.mpc_horizon_s,
+        mpc_solve_time_limit_s=config.mpc_solve_time_limit_s,
+        fast_mpc_period_s=config.fast_mpc_period_s,
+        online_period_s=config.online_period_s,
+        safety=config.safety,
+        slo_target=config.slo_target,
+        outside_controllers=config.outside_controllers,
+    )
+    shares = len(entries) + 2  # every controller's run, the best fixed clock, the oracle
+    span_s = max(requests[-1].arrival_time_s if requests else 0.0, 1e-9)
+
+    def advance(runs_done: int, time_s: float = 0.0) -> None:
+        """Tell ``on_progress`` that ``runs_done`` runs and ``time_s`` simulated seconds
+        of the next are done."""
+        if on_progress is not None:
+            on_progress(min((runs_done + min(time_s / span_s, 1.0)) / shares, 1.0))
 
     def run(
-        controller: ClockController, name: str, every_s: float | None = None
+        controller: ClockController, name: str, every_s: float | None = None, position: int = 0
     ) -> tuple[ServingResult, float]:
         start = time.perf_counter()
         result = simulate(
@@ -284,6 +320,10 @@ def run_scenario(
             controller_name=name,
             control_period_s=period if every_s is None else every_s,
             view=observation_view(config.engine_view),
+            on_progress=(
+                None if on_progress is None else lambda time_s, _: advance(position, time_s)
+            ),
+            progress_every_s=PROGRESS_EVERY_S,
         )
         return result, time.perf_counter() - start
 
@@ -292,18 +332,8 @@ def run_scenario(
     failed: list[dict[str, Any]] = []
     comparison: dict[str, Any] | None = None
     reference: ServingResult | None = None
-    for entry in build_scoreboard_controllers(
-        plant,
-        requests,
-        control_period_s=period,
-        mpc_horizon_s=config.mpc_horizon_s,
-        mpc_solve_time_limit_s=config.mpc_solve_time_limit_s,
-        fast_mpc_period_s=config.fast_mpc_period_s,
-        online_period_s=config.online_period_s,
-        safety=config.safety,
-        slo_target=config.slo_target,
-        outside_controllers=config.outside_controllers,
-    ):
+    for position, entry in enumerate(entries):
+        advance(position)
         start = time.perf_counter()
         try:
             chain = entry.build()
@@ -315,7 +345,7 @@ def run_scenario(
                 else None
             )
             timed = TimedController(chain)
-            result, wall = run(timed, entry.key, entry.control_period_s)
+            result, wall = run(timed, entry.key, entry.control_period_s, position)
         except Exception as error:  # another package's row: its failure costs it alone
             if not entry.outside:
                 raise
@@ -368,9 +398,11 @@ def run_scenario(
             }
     assert reference is not None
 
+    advance(len(entries))
     start = time.perf_counter()
     best = scoreboard_best_fixed(requests, plant, reference, config)
     best_s = time.perf_counter() - start
+    advance(len(entries) + 1)
     rows["best-fixed"] = _row(
         scenario,
         "best-fixed",
@@ -385,6 +417,7 @@ def run_scenario(
     start = time.perf_counter()
     oracle = scoreboard_window_oracle(requests, plant, reference, best, config)
     oracle_s = time.perf_counter() - start
+    advance(shares)
     rows["window-oracle"] = _row(
         scenario,
         "window-oracle",
@@ -476,9 +509,21 @@ def _task_label(task: Task) -> str:
     return label if task[5] is None else f"{label}@{task[5]:g}"
 
 
-def _run_task(args: Task, shared: Mapping[str, Any]) -> dict[str, Any]:
-    """One scenario as a runner task; the profile and the trace come in ``shared``."""
+def _run_task(
+    args: Task, shared: Mapping[str, Any], progress_key: str | None = None
+) -> dict[str, Any]:
+    """One scenario as a runner task; the profile and the trace come in ``shared``, and
+    the :class:`CellProgress` its runs report to (simulated seconds, in the slot
+    ``progress_key``), when there is one."""
     trace, profile, load, config, compare, start = args
+    progress: CellProgress | None = shared.get("progress")
+    on_progress: Callable[[float], None] | None = None
+    if progress is not None and progress_key is not None:
+        units = scenario_progress_units(config)
+
+        def on_progress(fraction: float) -> None:
+            progress.report(progress_key, fraction * units)
+
     try:
         return run_scenario(
             trace,
@@ -489,9 +534,15 @@ def _run_task(args: Task, shared: Mapping[str, Any]) -> dict[str, Any]:
             profile=shared[f"profile:{profile}"],
             full_trace=shared[f"trace:{trace}"],
             start_s=start,
+            on_progress=on_progress,
         )
     except (TraceError, EmptyWindowError) as error:
         return {"skipped": {"scenario": _task_label(args), "reason": str(error)}}
+
+
+def _run_cell(cell: tuple[str, Task], shared: Mapping[str, Any]) -> dict[str, Any]:
+    """A runner cell ``(progress slot, task)``: :func:`_run_task`."""
+    return _run_task(cell[1], shared, cell[0])
 
 
 def _shared_inputs(config: BenchConfig) -> tuple[dict[str, Any], dict[str, str]]:
@@ -527,9 +578,16 @@ def run_scoreboard(
     config: BenchConfig,
     progress: Callable[[str], None] | None = None,
     runner: RunnerSpec | None = None,
+    on_progress: Callable[[float], None] | None = None,
 ) -> dict[str, Any]:
     """Run every scenario (in ``config.jobs`` processes, or as Ray tasks when ``runner``
-    says so) and assemble the payload."""
+    says so) and assemble the payload.
+
+    ``progress`` receives a line per scenario done (and per lost worker); ``on_progress``
+    the simulated seconds done so far over every scenario (``config.scenario_count()``
+    times :func:`scenario_progress_units` in all) while they run: every
+    :data:`PROGRESS_EVERY_S` simulated seconds of a run in this process or a local
+    pool's worker (shared memory the workers inherit), a Ray task's when it ends."""
     say = progress or (lambda line: None)
     started = time.perf_counter()
     specs = config.scenario_specs()
@@ -560,16 +618,27 @@ def run_scoreboard(
             outcomes[i] = {"skipped": {"scenario": _task_label(task), "reason": failed[task[0]]}}
             say(_progress_line(outcomes[i], len(outcomes), len(tasks), started))
     runnable = [i for i in order if i not in outcomes]
+    units = scenario_progress_units(config)
+    settled = units * len(outcomes)  # the scenarios skipped already count as done
+    keys = [str(i) for i in runnable]  # a progress slot per task, whatever its label
+
+    def report() -> None:
+        if on_progress is not None:
+            on_progress(settled + cells.total())
+
+    cells = CellProgress(keys, on_report=report)
     for done in map_cells(
-        _run_task,
-        [tasks[i] for i in runnable],
+        _run_cell,
+        [(key, tasks[i]) for key, i in zip(keys, runnable, strict=True)],
         spec=runner,
-        shared=shared,
+        shared={**shared, "progress": cells},
         on_event=say,
-        label=_task_label,
+        label=lambda cell: _task_label(cell[1]),
+        on_wait=report,
     ):
         index = runnable[done.index]
         outcomes[index] = done.value
+        cells.report(keys[done.index], units)  # a Ray cell, or one skipped in its worker
         say(_progress_line(outcomes[index], len(outcomes), len(tasks), started))
     ordered = [outcomes[i] for i in range(len(tasks))]
     scenarios, skipped, rows = gather_outcomes(ordered)
@@ -658,6 +727,7 @@ __all__ = [
     "gather_outcomes",
     "run_scenario",
     "run_scoreboard",
+    "scenario_progress_units",
     "scoreboard_mpc",
     "slo_capacity",
     "write_outputs",

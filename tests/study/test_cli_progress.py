@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,11 +82,66 @@ def test_run_simulate_shows_progress_when_not_on_a_terminal(
     assert err[-1].startswith("run --simulate: 100.0%")
 
 
-def test_bench_says_what_it_does_from_the_start(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+BENCH_LINE = re.compile(
+    r"^bench controllers: +\d+\.\d% \(([\d,]+)/([\d,]+) simulated s\), elapsed \S+, "
+    r"ETA \S+, (\d+)/(\d+) scenarios"
+)
+
+
+def test_bench_says_what_it_does_from_the_start_and_counts_inside_a_scenario(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The line counted whole scenarios, so a board of one long scenario read "0/1
+    scenarios, ETA ?" until its end. It counts the runs' simulated seconds now, each run's
+    as it goes: here a line at every update (the interval set to 0) shows them before the
+    one scenario has finished."""
+    from gpugov.daemon import progress
+    from gpugov.study.scoreboard.run import TINY, scenario_progress_units
+
+    class EveryUpdate(progress.Progress):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "log_interval_s": 0.0})
+
+    monkeypatch.setattr(progress, "Progress", EveryUpdate)
     assert main(["bench", "controllers", "--tiny", "--out", str(tmp_path)]) == 0
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert err[0].startswith("bench controllers:   0.0% (0/1 scenarios), elapsed 0s, ETA ?")
+    total = scenario_progress_units(TINY)
+    assert err[0].startswith(
+        f"bench controllers:   0.0% (0/{total:,.0f} simulated s), elapsed 0s, ETA ?, "
+        "0/1 scenarios, bench controllers: 1 scenario(s)"
+    )
     assert "calibrates its SLO capacity" in err[0]
-    assert any(line.startswith("bench controllers: 100.0% (1/1 scenarios)") for line in err)
+    lines = [BENCH_LINE.match(line) for line in err if line.startswith("bench controllers")]
+    assert all(lines), err
+    counts = [(float(m[1].replace(",", "")), int(m[3])) for m in lines if m is not None]
+    first_done = next(i for i, (_, scenarios) in enumerate(counts) if scenarios == 1)
+    inside = [done for done, _ in counts[:first_done] if 0.0 < done < total]
+    assert len(inside) >= 3, err  # within the scenario, before it finished
+    assert [done for done, _ in counts] == sorted(done for done, _ in counts)
+    assert err[-1].startswith(f"bench controllers: 100.0% ({total:,.0f}/{total:,.0f} simulated s)")
+
+
+def test_bench_counts_a_pools_scenarios_while_they_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local pool's workers report their runs' simulated seconds through shared memory
+    (``CellProgress``), which the driver reads while it waits: counted before either of
+    two scenarios running side by side has finished."""
+    from dataclasses import replace
+
+    from gpugov.study import runners
+    from gpugov.study.scoreboard.run import TINY, run_scoreboard, scenario_progress_units
+
+    monkeypatch.setattr(runners, "WAIT_S", 0.01)  # the driver looks every 10 ms
+    profiles = ("h100-sxm-llama3-8b", "h200-sxm-llama3-8b")
+    config = replace(TINY, profiles=profiles, jobs=2, comparison_scenario=None)
+    events: list[tuple[str, float]] = []
+    run_scoreboard(
+        config,
+        progress=lambda line: events.append(("line", float(line.startswith("[")))),
+        on_progress=lambda done: events.append(("progress", done)),
+    )
+    total = 2 * scenario_progress_units(config)
+    first_done = events.index(("line", 1.0))
+    before = [value for kind, value in events[:first_done] if kind == "progress"]
+    assert before and 0.0 < before[-1] < total, events
+    counted = [value for kind, value in events if kind == "progress"]
+    assert counted == sorted(counted) and counted[-1] == pytest.approx(total)
