@@ -16,7 +16,13 @@ from gpugov.daemon.attainment import bucket_delta, count_within, total
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.daemon.engines import ScrapedSource
-from gpugov.daemon.errors import GpuLost, GpuUnavailable, NotSupported, PermissionDenied
+from gpugov.daemon.errors import (
+    GpuLost,
+    GpuUnavailable,
+    NotSupported,
+    PermissionDenied,
+    TransientGpuError,
+)
 from gpugov.study.emulate.node import EmulatedNode
 from gpugov.study.emulate.server import EmulatorServer
 
@@ -233,11 +239,13 @@ def test_gpu_lost_mid_run_raises_on_sample() -> None:
         server.close()
 
 
-def test_unreachable_emulator_is_an_unavailable_gpu() -> None:
+def test_unreachable_emulator_is_a_transient_error_and_a_bad_url_an_unavailable_gpu() -> None:
+    """An emulator not answering yet is retried at start as an NVML timeout is (the daemon
+    gives up with exit 4 after its tries); a URL no emulator can have is refused at once."""
     server = _serve()
     url = server.url
     server.close()
-    with pytest.raises(GpuUnavailable):
+    with pytest.raises(TransientGpuError, match="did not answer"):
         EmulatedBackend(0, emulator=url)
     with pytest.raises(GpuUnavailable):
         EmulatedBackend(5, emulator="ftp://127.0.0.1:1")
