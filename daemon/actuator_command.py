@@ -28,7 +28,7 @@ from gpugov.daemon.actuator_server import (
     resolve_uid,
 )
 from gpugov.daemon.backend import GpuBackend
-from gpugov.daemon.errors import ExitCode, GpugovError, PermissionDenied
+from gpugov.daemon.errors import ExitCode, GpugovError, PermissionDenied, printable
 from gpugov.daemon.limits import MAX_GPU_INDEX
 from gpugov.daemon.sd_notify import Watchdog, notify_systemd
 
@@ -187,23 +187,26 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 """Signals that stop the actuator: it resets every lock on the way out."""
 
 
+def _error(message: str) -> None:
+    """Print one error line, escaped as every command's (``cli_support.fail``, which
+    the actuator's lean import path leaves out)."""
+    print(f"gpugov: error: {printable(message)}", file=sys.stderr)
+
+
 def run_actuator(args: argparse.Namespace) -> int:
     """``gpugov actuator``: open the GPUs, reset them, serve until a terminating signal,
     reset every lock on the way out; with ``--probe``, only check that one answers."""
     if args.probe:
         problem = probe_actuator(args.socket, args.probe_timeout)
         if problem is not None:
-            print(f"gpugov: error: actuator: --socket {args.socket}: {problem}", file=sys.stderr)
+            _error(f"actuator: --socket {args.socket}: {problem}")
             return int(ExitCode.FAILURE)
         return int(ExitCode.OK)
     missing = [
         flag for flag, value in (("--gpus", args.gpus), ("--allow", args.allow)) if value is None
     ]
     if missing:
-        print(
-            f"gpugov: error: actuator: the following arguments are required: {', '.join(missing)}",
-            file=sys.stderr,
-        )
+        _error(f"actuator: the following arguments are required: {', '.join(missing)}")
         return int(ExitCode.USAGE)
     from gpugov.daemon.nvml import NvmlBackend, nvml_device_count
 
@@ -235,11 +238,11 @@ def _serve(
     """:func:`run_actuator` once its stop signals are caught (``stop`` collects them)."""
     taken = socket_path_taken(args.socket)  # before any GPU is opened (or reset)
     if taken is not None:
-        print(f"gpugov: error: actuator: --socket {args.socket}: {taken}", file=sys.stderr)
+        _error(f"actuator: --socket {args.socket}: {taken}")
         return int(ExitCode.USAGE)
     watchdog = Watchdog()
     if (problem := watchdog.problem()) is not None:
-        print(f"gpugov: error: actuator: {problem}", file=sys.stderr)
+        _error(f"actuator: {problem}")
         return int(ExitCode.USAGE)
     backends: list[GpuBackend] = []
     server: ActuatorServer | None = None
@@ -257,19 +260,13 @@ def _serve(
         server.reset_all("actuator start: no lease holds it")
         server.listen()
     except PermissionDenied:
-        print(
-            "gpugov: error: the actuator needs root or CAP_SYS_ADMIN to lock clocks",
-            file=sys.stderr,
-        )
+        _error("the actuator needs root or CAP_SYS_ADMIN to lock clocks")
         return _close(backends, server, ExitCode.PERMISSION)
     except OSError as error:
-        print(
-            f"gpugov: error: {args.socket}: cannot serve: {error.strerror or error}",
-            file=sys.stderr,
-        )
+        _error(f"{args.socket}: cannot serve: {error.strerror or error}")
         return _close(backends, server, ExitCode.USAGE)
     except GpugovError as error:
-        print(f"gpugov: error: {error}", file=sys.stderr)
+        _error(str(error))
         return _close(backends, server, ExitCode.NO_GPU)
     log.info(
         "serving GPUs %s on %s for %s",
@@ -293,7 +290,7 @@ def _serve(
     interrupted = stop[:1] == [signal.SIGINT]
     code = _close(backends, server, ExitCode.INTERRUPTED if interrupted else ExitCode.OK)
     if code == ExitCode.NOT_RESET:
-        print("gpugov: error: some GPUs could not be reset; see the log", file=sys.stderr)
+        _error("some GPUs could not be reset; see the log")
     elif interrupted:
         print("gpugov: interrupted; every GPU the actuator served was reset", file=sys.stderr)
     return code

@@ -38,7 +38,7 @@ from gpugov.daemon.controller_spec import (
 )
 from gpugov.daemon.decide import ControllerContext
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
-from gpugov.daemon.errors import ExitCode
+from gpugov.daemon.errors import ExitCode, error_lines, printable
 from gpugov.daemon.limits import MAX_GPU_INDEX
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
@@ -205,17 +205,16 @@ def load_trace_for_cli(
         result = load_trace(trace, on_progress=on_progress, **options)
     for warning in caught:
         if issubclass(warning.category, TraceWarning):
-            print(f"gpugov: warning: {warning.message}", file=sys.stderr)
+            warn(str(warning.message))
         else:
             warnings.warn_explicit(
                 warning.message, warning.category, warning.filename, warning.lineno
             )
     if result[1].batch_grid_s is not None:
-        print(
-            f"gpugov: note: {Path(result[1].path).name} stamps arrivals on a "
+        note(
+            f"{Path(result[1].path).name} stamps arrivals on a "
             f"{result[1].batch_grid_s:g} s grid; each batch is spread over its step "
-            "(--keep-batched-stamps replays the stamps as written)",
-            file=sys.stderr,
+            "(--keep-batched-stamps replays the stamps as written)"
         )
     return result
 
@@ -299,8 +298,14 @@ def hidden_alias(
 
 
 def warn(message: str) -> None:
-    """Print one warning line on stderr."""
-    print(f"gpugov: warning: {message}", file=sys.stderr)
+    """Print one warning line on stderr, its control characters escaped as :func:`fail`
+    escapes them."""
+    print(f"gpugov: warning: {printable(message)}", file=sys.stderr)
+
+
+def note(message: str) -> None:
+    """Print one note line on stderr (``gpugov: note: ...``), escaped as :func:`warn`."""
+    print(f"gpugov: note: {printable(message)}", file=sys.stderr)
 
 
 def require_nonnegative(flag: str, value: float | None) -> None:
@@ -576,10 +581,16 @@ CONTROLLER_ERRORS = (PlantControllerError, GpugovControllerError)
 simulated time) or could not be built: one line and exit 1 at the command line."""
 
 
-def fail(message: str, code: int = ExitCode.USAGE) -> int:
+def fail(message: str | BaseException, code: int = ExitCode.USAGE) -> int:
     """Print one clear error line (``gpugov: error: ...``) and return ``code``: the one
-    error printer of every command."""
-    print(f"gpugov: error: {message}", file=sys.stderr)
+    error printer of every command. A control character in it (a file name's newline or
+    escape sequence) is escaped (:func:`~gpugov.daemon.errors.printable`), so the line
+    stays one; a config error with several problems prints each on a line of its own
+    (:func:`~gpugov.daemon.errors.error_lines`)."""
+    first, *more = error_lines(message)
+    print(f"gpugov: error: {printable(first)}", file=sys.stderr)
+    for line in more:
+        print(printable(line), file=sys.stderr)
     return int(code)
 
 

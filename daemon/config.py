@@ -573,8 +573,8 @@ def _path(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-def format_validation_error(error: ValidationError, source: str) -> str:
-    """One line per problem: ``FILE: field.path: reason``."""
+def validation_problems(error: ValidationError, source: str) -> list[str]:
+    """Each problem's line: ``FILE: field.path: reason``."""
     lines = []
     for item in error.errors():
         loc = list(item["loc"])
@@ -586,7 +586,7 @@ def format_validation_error(error: ValidationError, source: str) -> str:
         message = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
         message = message.removeprefix("Value error, ")
         lines.append(f"{source}: {_path(tuple(loc))}: {message}")
-    return "\n".join(lines)
+    return lines
 
 
 _CONTROLLER_TAGS = controller_kinds()
@@ -602,7 +602,8 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> GpugovConfig
     try:
         return GpugovConfig.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(format_validation_error(error, source)) from error
+        problems = validation_problems(error, source)
+        raise ConfigError("\n".join(problems), problems=problems) from error
 
 
 def controller_state_dir(

@@ -22,6 +22,8 @@ original), so nothing above ``daemon/nvml.py`` ever catches ``pynvml.NVMLError``
 
 from __future__ import annotations
 
+import unicodedata
+from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any
 
@@ -55,6 +57,42 @@ PERMISSION_DENIED_MESSAGE = (
 )
 NEEDS_PRIVILEGE_MESSAGE = "needs root or CAP_SYS_ADMIN; run with --dry-run to observe only"
 """The same for a write that is not a clock lock (a power limit needs that privilege too)."""
+
+
+_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+"""Unicode categories :func:`printable` escapes: control characters (C0, DEL, C1),
+format characters (bidirectional overrides, zero-width spaces), lone surrogates (a file
+name's undecodable bytes) and the line and paragraph separators."""
+
+_JOINERS = frozenset({"\u200c", "\u200d"})
+"""Format characters kept as they are: the zero-width (non-)joiner, part of ordinary
+text in several scripts and of emoji sequences."""
+
+
+def printable(text: str) -> str:
+    """``text`` safe for one line on a terminal: each character that would end the line
+    or drive the terminal (a newline, a carriage return, the ESC of an escape sequence, a
+    bidirectional override) written as Python's ``repr`` writes it (``\\n``, ``\\r``,
+    ``\\x1b``, ``\\u202e``); every other character, a backslash included, as it is, so
+    an ordinary message prints unchanged. The one escaper of every ``gpugov:`` line that
+    can hold a user's file name or value (``cli_support.fail`` and ``warn``)."""
+    if text.isprintable():
+        return text
+    return "".join(
+        repr(char)[1:-1]
+        if unicodedata.category(char) in _ESCAPED_CATEGORIES and char not in _JOINERS
+        else char
+        for char in text
+    )
+
+
+def error_lines(error: BaseException | str) -> list[str]:
+    """The lines an error prints: a :class:`ConfigError`'s :attr:`~ConfigError.problems`
+    one a line, else its message as one line (:func:`printable` keeps it one)."""
+    problems = getattr(error, "problems", ())
+    if isinstance(error, BaseException) and problems:
+        return [str(problem) for problem in problems]
+    return [str(error)]
 
 
 class Terminated(KeyboardInterrupt):
@@ -155,7 +193,14 @@ class EngineHttpError(EngineUnavailable):
 
 
 class ConfigError(GpugovError):
-    """The configuration is invalid; the message names the file, field path and reason."""
+    """The configuration is invalid; the message names the file, field path and reason.
+
+    ``problems``: each problem's line where the file has several (the message is them
+    joined by newlines); printed one a line (:func:`error_lines`)."""
+
+    def __init__(self, message: str, *, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
 
 
 class ControllerError(GpugovError):

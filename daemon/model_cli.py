@@ -320,7 +320,7 @@ def run_model(args: argparse.Namespace) -> int:
             if not files:
                 raise ModelCliError(f"--domain {args.domain}: no such domain with a model")
     except (ModelCliError, ConfigError) as error:
-        return fail(str(error))
+        return fail(error)
     code = 0
     for domain, path in files:
         try:

@@ -55,6 +55,7 @@ from gpugov.daemon.errors import (
     GpugovError,
     GpuUnavailable,
     TransientGpuError,
+    printable,
 )
 from gpugov.daemon.loop import (
     ResetAdvice,
@@ -240,7 +241,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         warn(line)
     if problems:
         for problem in problems:
-            fail(str(problem))
+            fail(problem)
         return exit_code(problems[0]) or EXIT_FAILURE
     print(f"{args.file}: OK")
     print(describe_config(config))
@@ -449,15 +450,14 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
             print(f"GPU {gpu}: SM clock lock reset")
         else:
             failed[str(gpu)] = error
-            print(f"GPU {gpu}: NOT reset: {error}", file=sys.stderr)
+            print(printable(f"GPU {gpu}: NOT reset: {error}"), file=sys.stderr)
     if not failed:
         return EXIT_OK
     denied = all(PERMISSION_DENIED_MESSAGE in error for error in failed.values())
     names = ", ".join(failed)
-    print(
-        f"gpugov: error: {len(failed)} of {len(gpus)} GPU(s) not reset: {names}"
-        + ("" if denied else "; they may still be locked"),
-        file=sys.stderr,
+    fail(
+        f"{len(failed)} of {len(gpus)} GPU(s) not reset: {names}"
+        + ("" if denied else "; they may still be locked")
     )
     return EXIT_PERMISSION if denied else EXIT_NOT_RESET
 

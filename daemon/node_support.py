@@ -37,7 +37,7 @@ def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
         try:
             return handler(args)
         except PeerRefused as error:  # the actuator's or zeusd's own words
-            return fail(str(error), ExitCode.PERMISSION)
+            return fail(error, ExitCode.PERMISSION)
         except PermissionDenied:
             print(f"gpugov: {PERMISSION_DENIED_MESSAGE}", file=sys.stderr)
             return ExitCode.PERMISSION
@@ -57,7 +57,7 @@ def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
             code = exit_code(error)
             if code is None:
                 raise
-            return fail(str(error), code)
+            return fail(error, code)
 
     return wrapped
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from gpugov.daemon.errors import Terminated
+from gpugov.daemon.errors import Terminated, printable
 
 _interrupt_requested: type[KeyboardInterrupt] | None = None
 """Set by the command line's Ctrl-C and SIGTERM handlers (:func:`note_interrupt`); read at
@@ -126,7 +126,8 @@ class Progress:
             width = 20
             filled = int(round(fraction * width))
             text = f"[{'#' * filled}{'.' * (width - filled)}] {text}"
-        return f"{text}, {detail}" if detail else text
+        # The label and detail can name a user's file: escaped as an error line is.
+        return printable(f"{text}, {detail}" if detail else text)
 
     def due(self) -> bool:
         """Whether the next :meth:`update` would emit a line (so callers can skip

@@ -137,11 +137,14 @@ class GpugovArgumentParser(argparse.ArgumentParser):
         return parsed, rest
 
     def error(self, message: str) -> NoReturn:
-        """Print one error line naming the command and where its help is; exit 2."""
+        """Print one error line naming the command and where its help is; exit 2. A
+        value in it is escaped as every error line escapes it (a newline stays ``\\n``)."""
+        from gpugov.daemon.errors import printable
+
         command = self.prog.removeprefix("gpugov").strip()
         where = f"{command}: " if command else ""
         hint = f"gpugov {command} --help" if command else "gpugov --help"
-        self.exit(EXIT_USAGE, f"gpugov: error: {where}{message} (see {hint})\n")
+        self.exit(EXIT_USAGE, f"gpugov: error: {printable(f'{where}{message}')} (see {hint})\n")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -299,7 +302,9 @@ def _main_guarded(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     empty = _empty_value(argv)
     if empty is not None:
-        print(f"gpugov: error: {empty}: empty value", file=sys.stderr)
+        from gpugov.daemon.errors import printable
+
+        print(f"gpugov: error: {printable(empty)}: empty value", file=sys.stderr)
         return EXIT_USAGE
     command = _command_in(argv)
     if command != "run":
@@ -445,11 +450,11 @@ def _run_command(argv: list[str], command: str) -> int:
         from gpugov.daemon import cli_support
 
         if isinstance(error, cli_support.INPUT_ERRORS):
-            return cli_support.fail(str(error))
+            return cli_support.fail(error)
         if isinstance(error, cli_support.CONTROLLER_ERRORS):
             # A controller (another package's, most often) raised while a run decided:
             # its message names it and the simulated time; a runtime failure, not input.
-            return cli_support.fail(str(error), EXIT_FAILURE)
+            return cli_support.fail(error, EXIT_FAILURE)
         if isinstance(error, OSError) and error.filename is not None:
             # A path the command could not use (too long, not a directory, ...): one
             # line naming it; exit 2 when the path was the user's to fix.

@@ -56,6 +56,7 @@ from gpugov.daemon.cli_support import (
     prepare_output_dir,
     simulated_controller,
 )
+from gpugov.daemon.errors import printable
 from gpugov.daemon.files import (
     InputFileError,
     json_safe,
@@ -705,7 +706,7 @@ def run_sweep(
         UsageError: a bad grid, results already in ``out`` without ``resume``, or a
             ``--ray`` address that is malformed or does not answer.
     """
-    say = say or (lambda line: print(line, file=sys.stderr))
+    say = say or (lambda line: print(printable(line), file=sys.stderr))
     spec = spec or RunnerSpec()
     if spec.ray_address is not None:
         ray_endpoint(spec.ray_address)  # a malformed address, before Ray is imported

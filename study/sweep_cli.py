@@ -12,6 +12,7 @@ from gpugov.study.runners import add_runner_arguments, spec_from_args
 
 def run_sweep_command(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov sweep``: 0 when every cell ran, 1 when some failed."""
+    from gpugov.daemon.errors import printable
     from gpugov.study.sweep import run_sweep
     from gpugov.study.sweep_results import format_table
 
@@ -27,8 +28,10 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     if outcome["failed"]:
         print(
-            f"gpugov: {outcome['failed']} cell(s) failed (see 'error' in {args.out}/"
-            "results.jsonl); --resume runs them again",
+            printable(
+                f"gpugov: {outcome['failed']} cell(s) failed (see 'error' in {args.out}/"
+                "results.jsonl); --resume runs them again"
+            ),
             file=sys.stderr,
         )
         return 1

@@ -74,9 +74,12 @@ def run_fleet_command(args: argparse.Namespace) -> int:
         UsageError,
         check_not_an_input,
         check_output_dir,
+        note,
         prepare_output_dir,
         simulated_run_inputs,
+        warn,
     )
+    from gpugov.daemon.errors import printable
     from gpugov.daemon.progress import Progress
     from gpugov.study.fleet.report import OUTPUT_NAMES, short_table, write_outputs
     from gpugov.study.fleet.run import (
@@ -127,11 +130,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     if skipped is not None and skipped[1]:
         # As a replay says it (`simulate`, `load`): the rows left out are failed requests.
         trace_file, count, rows = skipped
-        print(
-            f"gpugov: warning: {trace_file}: skipped {count} zero-token row(s) of {rows} "
-            "(failed requests)",
-            file=sys.stderr,
-        )
+        warn(f"{trace_file}: skipped {count} zero-token row(s) of {rows} (failed requests)")
     inputs = [
         item
         for profile in config.profiles
@@ -157,16 +156,16 @@ def run_fleet_command(args: argparse.Namespace) -> int:
         bar.update(done, f"{finished}/{cells_in_all} cells, last {row['key']}", force=True)
 
     def on_event(line: str) -> None:
-        print(f"gpugov: {line}", file=sys.stderr)
+        print(f"gpugov: {printable(line)}", file=sys.stderr)
 
     payload = run_fleet(
         config, spec=runner, on_cell=on_cell, on_event=on_event, on_progress=on_progress
     )
     bar.close()
-    paths, note = write_outputs(payload, Path(args.out))
+    paths, written_note = write_outputs(payload, Path(args.out))
     print(short_table(payload))
-    if note is not None:
-        print(f"gpugov: note: {note}", file=sys.stderr)
+    if written_note is not None:
+        note(written_note)
     for path in paths.values():
         print(f"wrote {path}")
     return 0

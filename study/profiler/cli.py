@@ -13,7 +13,7 @@ from typing import Any
 
 from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import UsageError, fail, parse_gpu_list
-from gpugov.daemon.errors import ExitCode
+from gpugov.daemon.errors import ExitCode, printable
 from gpugov.daemon.files import write_text_atomic
 from gpugov.daemon.limits import MAX_CLOCK_MHZ
 
@@ -264,7 +264,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     except Interrupted:
         word, code = _stopped_by(received)
         print(
-            f"gpugov: {word}; clocks reset; rerun with --resume to continue ({out_dir})",
+            printable(f"gpugov: {word}; clocks reset; rerun with --resume to continue ({out_dir})"),
             file=sys.stderr,
         )
         return code

@@ -21,7 +21,9 @@ from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import (
     add_engine_view_argument,
     add_safety_arguments,
+    fail,
     load_trace_for_cli,
+    warn,
 )
 from gpugov.daemon.errors import ExitCode, Terminated
 from gpugov.daemon.limits import MAX_JOBS
@@ -436,10 +438,10 @@ def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -
 
         return run_disaggregated_from_args(args, config)
     for line in invalid_decision_lines(payload["rows"]):
-        print(f"gpugov: warning: {line}", file=sys.stderr)
+        warn(line)
     failed = failed_controller_lines(payload.get("failed_rows", ()))
     for line in failed:  # the other rows are on the board; the run still failed
-        print(f"gpugov: error: --controller {line}; left out of the board", file=sys.stderr)
+        fail(f"--controller {line}; left out of the board")
     return ExitCode.FAILURE if failed else 0
 
 

@@ -894,3 +894,34 @@ def test_status_json_has_the_documented_keys(
     report = json.loads(capsys.readouterr().out)
     assert set(report) == {"backend", "may_lock_clocks", "gpus", "engines", "gpu_error"}
     assert report["gpus"] == []
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("--trace t.csv: no such file", "--trace t.csv: no such file"),  # ordinary: unchanged
+        ("C:\\traces\\été 🧑\u200d💻.csv", "C:\\traces\\été 🧑\u200d💻.csv"),
+        ("a\nb\rc\td", "a\\nb\\rc\\td"),
+        ("\x1b[2J\x1b]0;title\x07", "\\x1b[2J\\x1b]0;title\\x07"),
+        ("\x00\x7f\x85", "\\x00\\x7f\\x85"),
+        ("abc\u202edef\u2028", "abc\\u202edef\\u2028"),  # bidi override, line separator
+        ("bad\udcffbyte", "bad\\udcffbyte"),  # an undecodable byte of a file name
+    ],
+)
+def test_printable_escapes_control_characters_only(text: str, shown: str) -> None:
+    from gpugov.daemon.errors import printable
+
+    assert printable(text) == shown
+
+
+def test_fail_and_warn_print_one_escaped_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpugov.daemon.cli_support import fail, warn
+    from gpugov.daemon.errors import ConfigError
+
+    assert fail("--out a\nb: cannot write", 1) == 1
+    warn("x\x1b[0m")
+    assert capsys.readouterr().err == (
+        "gpugov: error: --out a\\nb: cannot write\ngpugov: warning: x\\x1b[0m\n"
+    )
+    fail(ConfigError("f\n: a\nf\n: b", problems=["f\n: a", "f\n: b"]))
+    assert capsys.readouterr().err == "gpugov: error: f\\n: a\nf\\n: b\n"

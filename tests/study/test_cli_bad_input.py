@@ -640,3 +640,43 @@ def test_a_ray_address_where_nothing_listens_is_refused_before_any_output(
         assert main([*command, "--ray", address, "--out", str(out)]) == 2
     assert f"--ray {address}: cannot join Ray" in _one_error_line(capsys)
     assert not out.exists()
+
+
+def test_a_file_name_with_a_newline_or_an_escape_prints_as_one_escaped_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It was printed raw: its newline split the one line, its ESC drove the terminal.
+    name = tmp_path / "t\nfake: error\r\x1b[31m.csv"
+    name.write_text("bad header\n")
+    assert main(["simulate", "--trace", str(name)]) == 2
+    line = _one_error_line(capsys)
+    assert "\x1b" not in line and "\r" not in line
+    assert "t\\nfake: error\\r\\x1b[31m.csv:1: unknown header" in line
+    # A value argparse refuses, and an output path, are escaped the same way.
+    assert main(["simulate", "--stride", "1\n2"]) == 2
+    assert "not an integer: '1\\n2'" in _one_error_line(capsys)
+    assert main(["simulate", "--out", "/nonexistent\x1b]0;x\x07/o.json"]) == 2
+    assert "--out /nonexistent\\x1b]0;x\\x07/o.json:" in _one_error_line(capsys)
+
+
+def test_a_warning_naming_such_a_file_is_one_escaped_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = tmp_path / "zero\nrows.csv"
+    name.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,10\n1,0,20\n")
+    assert main(["simulate", "--trace", str(name), "--quiet"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(warnings) == 1 and warnings[0].startswith("gpugov: warning: "), warnings
+    assert "zero\\nrows.csv: skipped 1 zero-token row(s)" in warnings[0]
+
+
+def test_each_problem_of_a_config_named_with_a_newline_stays_its_own_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "node\n.toml"
+    path.write_text("[daemon]\nperiod_s = 0\nbogus = 1\n")
+    assert main(["check-config", str(path), "--offline"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("gpugov: error: ") and len(err) == 3, err
+    assert all("node\\n.toml: " in line for line in err)
+    assert [line.split(": ")[-2] for line in err[:2]] == ["daemon.period_s", "daemon.bogus"]
