@@ -193,16 +193,24 @@ def trace_progress(
 
 
 def load_trace_for_cli(
-    trace: str, *, progress: bool = True, **options: Any
+    trace: str, *, progress: bool = True, format_flag: str | None = None, **options: Any
 ) -> tuple[tuple[Request, ...], TraceLoadReport]:
     """``load_trace`` with its warnings (skipped zero-token rows) as one stderr line each,
-    after a progress line on stderr while a large file loads (unless not ``progress``)."""
+    after a progress line on stderr while a large file loads (unless not ``progress``).
+    ``format_flag``: the command's flag that names the trace's format (``simulate``'s
+    ``--trace-format``), offered where a header matches several formats."""
     with (
         warnings.catch_warnings(record=True) as caught,
         trace_progress(trace, enabled=progress) as on_progress,
     ):
         warnings.simplefilter("always", TraceWarning)
-        result = load_trace(trace, on_progress=on_progress, **options)
+        try:
+            result = load_trace(trace, on_progress=on_progress, **options)
+        except TraceError as error:
+            if format_flag is None or not error.formats:
+                raise
+            choices = " or ".join(f"{format_flag} {fmt}" for fmt in error.formats)
+            raise TraceError(f"{error}, or choose one: {choices}", formats=error.formats) from None
     for warning in caught:
         if issubclass(warning.category, TraceWarning):
             warn(str(warning.message))

@@ -51,7 +51,15 @@ or ``+HH``)."""
 
 
 class TraceError(ValueError):
-    """A trace file is missing, unreadable or malformed; the message is ``path:line: what``."""
+    """A trace file is missing, unreadable or malformed; the message is ``path:line: what``.
+
+    ``formats``: the formats a header matched where it matched several (the message says
+    how to rename it; a caller with a way to name the format adds it, as ``simulate``'s
+    ``--trace-format`` and :func:`~gpugov.plant.workload.load_trace`'s ``format``)."""
+
+    def __init__(self, message: str, *, formats: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.formats = formats
 
 
 _BLOCK_CHARS = 1 << 20
@@ -74,10 +82,12 @@ class ParsedTrace:
     first_timestamp_raw: str
 
 
-def trace_error(path: Path, line: int | None, message: str) -> TraceError:
+def trace_error(
+    path: Path, line: int | None, message: str, *, formats: tuple[str, ...] = ()
+) -> TraceError:
     """Build a TraceError whose message is ``path:line: message``."""
     where = f"{path}:{line}" if line is not None else f"{path}"
-    return TraceError(f"{where}: {message}")
+    return TraceError(f"{where}: {message}", formats=formats)
 
 
 def _plain_number_text(raw: str) -> bool:
@@ -292,11 +302,15 @@ def detect_format(path: Path, text: str) -> str:
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
+        # Worded for every caller: a command line has no format= (only simulate has a flag
+        # for it, which its own line adds from ``formats``).
+        columns_of = "; ".join(f"{fmt}: {', '.join(_CSV_COLUMNS[fmt])}" for fmt in matches)
         raise trace_error(
             path,
             line,
             f"header {_clipped(first, 80)} matches several formats ({', '.join(matches)}); "
-            "pass format= to choose one",
+            f"rename a column of each format but the one to read ({columns_of})",
+            formats=tuple(matches),
         )
     hint = ""
     closest = max(_CSV_COLUMNS, key=lambda fmt: len(columns[fmt] & header))

@@ -146,6 +146,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     workload, report = load_trace_for_cli(
         args.trace,
         format=args.trace_format,
+        format_flag="--trace-format",
         start_s=args.start,
         duration_s=args.duration,
         spread_batches=not args.keep_batched_stamps,

@@ -350,8 +350,15 @@ def test_format_override_resolves_ambiguous_header(tmp_path: Path) -> None:
         "0.0,10,5,2023-11-16 18:00:00.0000000,100,50\n"
         "2.0,20,6,2023-11-16 18:00:01.0000000,200,60\n",
     )
-    with pytest.raises(TraceError, match=r"both\.csv:1: .*several formats \(azure, csv\)"):
+    with pytest.raises(TraceError, match=r"both\.csv:1: .*several formats \(azure, csv\)") as info:
         load_trace(path)
+    # Worded for a command line too, which has no format= (it said "pass format="): the
+    # columns of each format matched, to rename all but one's.
+    assert "format=" not in str(info.value) and info.value.formats == ("azure", "csv")
+    assert str(info.value).endswith(
+        "rename a column of each format but the one to read (azure: TIMESTAMP, ContextTokens, "
+        "GeneratedTokens; csv: arrival_time_s, prompt_tokens, output_tokens)"
+    )
     as_csv, report = load_quiet(path, format="csv")
     assert report.format == "csv"
     assert list(as_csv) == [Request(0, 0.0, 10, 5), Request(1, 2.0, 20, 6)]

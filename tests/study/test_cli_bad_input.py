@@ -680,3 +680,22 @@ def test_each_problem_of_a_config_named_with_a_newline_stays_its_own_line(
     assert err[0].startswith("gpugov: error: ") and len(err) == 3, err
     assert all("node\\n.toml: " in line for line in err)
     assert [line.split(": ")[-2] for line in err[:2]] == ["daemon.period_s", "daemon.bogus"]
+
+
+def test_a_header_of_several_formats_names_the_flag_only_where_the_command_has_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It said "pass format= to choose one", the Python argument, to every command.
+    path = tmp_path / "both.csv"
+    path.write_text(
+        "arrival_time_s,prompt_tokens,output_tokens,TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "0.0,10,5,2023-11-16 18:00:00.0000000,100,50\n"
+    )
+    assert main(["simulate", "--trace", str(path)]) == 2
+    line = _one_error_line(capsys)
+    assert "matches several formats (azure, csv); rename a column" in line
+    assert line.endswith("or choose one: --trace-format azure or --trace-format csv")
+    assert main(["run", "--simulate", "--virtual", "--trace", str(path)]) == 2
+    line = _one_error_line(capsys)
+    assert "rename a column of each format but the one to read (azure: TIMESTAMP" in line
+    assert "format=" not in line and "--trace-format" not in line
