@@ -52,6 +52,7 @@ from gpugov.plant.workload import (
     TraceLoadReport,
     TraceProgress,
     TraceWarning,
+    format_seconds,
     load_trace,
     resolve_trace,
 )
@@ -512,9 +513,9 @@ def check_workload_fits(workload: Sequence[Request], plant: ServingPlant, trace:
         span_s = workload[-1].arrival_time_s
         if not math.isfinite(span_s) or span_s > MAX_SIMULATED_DAYS * 86_400.0:
             raise UsageError(
-                f"--trace {trace}: the window spans {span_s:.3g} simulated seconds, over the "
-                f"limit of {MAX_SIMULATED_DAYS:g} simulated days; choose a shorter --duration "
-                "or a larger --load-scale"
+                f"--trace {trace}: the window spans {format_seconds(span_s)} simulated seconds, "
+                f"over the limit of {MAX_SIMULATED_DAYS:g} simulated days; choose a shorter "
+                "--duration or a larger --load-scale"
             )
 
 

@@ -243,6 +243,15 @@ def _scaled(report: TraceProgress | None, share: float) -> TraceProgress | None:
     return lambda fraction: report(share * fraction)
 
 
+def format_seconds(seconds: float) -> str:
+    """A time in seconds as a message shows it: from 100 s up with thousands separated
+    and at most one decimal (``11,258,612.3``, ``1,800``: a trace's span in seconds runs
+    to eight digits), below that to four significant figures (``0.25``, ``37.5``)."""
+    if not math.isfinite(seconds) or abs(seconds) < 100:
+        return f"{seconds:.4g}"
+    return f"{seconds:,.1f}".removesuffix(".0")
+
+
 def _check_window(start_s: float, duration_s: float | None) -> None:
     """Validate a window: finite start >= 0 and finite duration > 0 (or None)."""
     if not math.isfinite(start_s) or start_s < 0.0:
@@ -361,10 +370,12 @@ def load_trace(
         on_progress(1.0)
     if not requests:
         span = arrivals[-1] if arrivals else 0.0
+        end = "the end" if duration_s is None else f"{format_seconds(end_s)} s"
         raise trace_error(
             path,
             None,
-            f"window [{start_s}, {end_s}) s holds no requests (kept arrivals span 0 to {span} s)",
+            f"the window from {format_seconds(start_s)} s to {end} holds no requests (kept "
+            f"arrivals span 0 to {format_seconds(span)} s)",
         )
     report = TraceLoadReport(
         path=str(path),

@@ -28,6 +28,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     from gpugov.daemon.errors import ExitCode
     from gpugov.daemon.files import write_text_atomic
     from gpugov.daemon.progress import Progress
+    from gpugov.plant.workload import format_seconds
     from gpugov.study.load import format_report, run_load, summarize
     from gpugov.study.openai_client import EngineUnreachable, base_url, served_model
 
@@ -57,8 +58,9 @@ def cmd_load(args: argparse.Namespace) -> int:
     window = workload[-1].arrival_time_s
     if window > MAX_SECONDS:  # sent in real time, such a window never ends
         raise UsageError(
-            f"--trace {args.trace}: the window spans {window:.3g} s, over the {MAX_SECONDS:.3g} s "
-            "(ten years) a load may last; choose a shorter --duration or a larger --load-scale"
+            f"--trace {args.trace}: the window spans {format_seconds(window)} s, over the "
+            f"{format_seconds(MAX_SECONDS)} s (ten years) a load may last; choose a shorter "
+            "--duration or a larger --load-scale"
         )
     try:
         host, port, prefix = base_url(args.url)

@@ -31,7 +31,7 @@ from gpugov.plant import ServingPlant
 from gpugov.plant.profile import ProfileError, load_profile
 from gpugov.plant.result import compute_metrics
 from gpugov.plant.types import Request, RequestRecord
-from gpugov.plant.workload import scale_load, select_window, workload_checksum
+from gpugov.plant.workload import format_seconds, scale_load, select_window, workload_checksum
 from gpugov.study.fleet.allocators import (
     ALLOCATOR_FUNCTIONS,
     ALLOCATORS,
@@ -176,9 +176,13 @@ def _piece(
     first)."""
     if length_s >= span_s:
         return select_window(full, 0.0, math.nextafter(span_s, math.inf))
-    room = span_s - length_s
-    start = start_s if start_s + length_s <= span_s else start_s % room
-    return select_window(full, start, length_s)
+    return select_window(full, _piece_start(start_s, length_s, span_s), length_s)
+
+
+def _piece_start(start_s: float, length_s: float, span_s: float) -> float:
+    """Where :func:`_piece`'s window of ``length_s < span_s`` starts: at ``start_s``,
+    wrapped round the room the span leaves where the window would run past its end."""
+    return start_s if start_s + length_s <= span_s else start_s % (span_s - length_s)
 
 
 def fleet_workload(
@@ -203,9 +207,19 @@ def fleet_workload(
     length = min(config.duration_s, span)
     window = _piece(full, config.trace_start_s, length, span)
     if not window:
+        # Only a window shorter than the span can miss every arrival: one in a gap.
+        start = _piece_start(config.trace_start_s, length, span)
+        wrapped = (
+            ""
+            if start == config.trace_start_s
+            else f" (--trace-start {format_seconds(config.trace_start_s)} s wrapped round "
+            "the trace)"
+        )
         raise UsageError(
-            f"--trace {config.trace}: no arrivals in the window from --trace-start "
-            f"{config.trace_start_s:g} s"
+            f"--trace {config.trace}: the window from {format_seconds(start)} s to "
+            f"{format_seconds(start + length)} s{wrapped} holds no requests (kept arrivals "
+            f"span 0 to {format_seconds(span)} s); choose another --trace-start or a longer "
+            "--duration"
         )
     capacity = sum(
         length / max(work_seconds_at_maximum(window, plants[name].profile), 1e-9)

@@ -23,6 +23,7 @@ from gpugov.plant.types import Request
 from gpugov.plant.workload import (
     TraceLoadReport,
     TraceWarning,
+    format_seconds,
     load_trace,
     scale_load,
     select_window,
@@ -345,7 +346,8 @@ def _require_requests(window: Sequence[Request], trace: str, length_s: float) ->
     """Raise :class:`EmptyWindowError` when ``window`` is empty (the scenario is skipped)."""
     if not window:
         raise EmptyWindowError(
-            f"{trace}: the {length_s:.3g} s window this profile's capacity allows holds no requests"
+            f"{trace}: the {format_seconds(length_s)} s window this profile's capacity allows "
+            "holds no requests"
         )
 
 
@@ -396,7 +398,8 @@ def build_scenario(
         window, start, length = _window(full, first, duration_s)
         if not window:  # an idle stretch of a bursty trace (azure-code's gaps reach 217 s)
             raise EmptyWindowError(
-                f"{trace}: the {length:.3g} s window from {start:.6g} s holds no requests "
+                f"{trace}: the {format_seconds(length)} s window from {format_seconds(start)} s "
+                "holds no requests "
                 "(an idle stretch of the trace)"
             )
         capacity, light, probes = slo_capacity(window, plant, length)

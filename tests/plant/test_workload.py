@@ -33,6 +33,7 @@ from gpugov.plant.workload import (
     TraceError,
     TraceLoadReport,
     TraceWarning,
+    format_seconds,
     list_traces,
     load_trace,
     resolve_trace,
@@ -877,6 +878,37 @@ def test_load_trace_empty_window_and_bad_arguments() -> None:
         load_trace("azure-conv-10min", load_scale=0.0)
     with pytest.raises(ValueError, match="duration_s"):
         load_trace("azure-conv-10min", duration_s=0.0)
+
+
+def test_an_empty_window_names_the_window_and_the_span_readably(tmp_path: Path) -> None:
+    # The numbers were raw floats: "window [20000000.0, inf) s ... span 0 to
+    # 11258612.306481274 s".
+    path = tmp_path / "long.csv"
+    path.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,10,5\n11258612.306481274,10,5\n")
+    with pytest.raises(TraceError) as info:
+        load_trace(path, start_s=20_000_000.0)
+    assert str(info.value).endswith(
+        "the window from 20,000,000 s to the end holds no requests "
+        "(kept arrivals span 0 to 11,258,612.3 s)"
+    )
+    with pytest.raises(TraceError, match=r"from 0\.5 s to 1\.25 s holds no requests"):
+        load_trace(path, start_s=0.5, duration_s=0.75)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (11258612.306481274, "11,258,612.3"),
+        (1800.0, "1,800"),
+        (100.0, "100"),
+        (37.5, "37.5"),
+        (0.25, "0.25"),
+        (0.0, "0"),
+        (math.inf, "inf"),
+    ],
+)
+def test_format_seconds(seconds: float, shown: str) -> None:
+    assert format_seconds(seconds) == shown
 
 
 # --------------------------------------------------------------------------- synthetic

@@ -543,6 +543,27 @@ def test_bad_flags_are_one_line_before_any_work(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("start", "window"),
+    [("100", "from 100 s to 130 s"), ("1000", "from 58 s to 88 s (--trace-start 1,000 s wrapped")],
+)
+def test_an_empty_window_names_the_traces_span_as_the_others_do(
+    start: str, window: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # It said only "no arrivals in the window from --trace-start 100 s".
+    trace = tmp_path / "gap.csv"
+    trace.write_text(
+        "arrival_time_s,prompt_tokens,output_tokens\n0,100,10\n1,100,10\n500,100,10\n501,100,10\n"
+    )
+    argv = ["fleet", "--trace", str(trace), "--duration", "30", "--nodes", "2", "--no-step"]
+    out = tmp_path / "out"
+    assert main([*argv, "--trace-start", start, "--out", str(out), "--quiet"]) == 2
+    line = _one_error_line(capsys)
+    assert f"the window {window}" in line
+    assert "holds no requests (kept arrivals span 0 to 501 s)" in line
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("input_is", ["trace", "profile", "controller"])
 def test_an_out_whose_report_would_overwrite_an_input_is_refused(
     input_is: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
