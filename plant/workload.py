@@ -156,6 +156,28 @@ def traces_dir() -> Path:
     return DEFAULT_TRACES_DIR
 
 
+def traces_dir_problem() -> str | None:
+    """What is wrong with a ``$GPUGOV_TRACES_DIR`` that is set: the path it names does not
+    exist, or is a file (or anything else that is no directory), so that no shared trace
+    can be found there; None when it is unset, empty or a directory."""
+    configured = os.environ.get(TRACES_DIR_ENV)
+    if not configured:
+        return None
+    directory = traces_dir()
+    if os.path.isdir(directory):
+        return None
+    if os.path.isfile(directory):
+        what = "is a file, not a directory"
+    elif os.path.lexists(directory):
+        what = "is not a directory" if os.path.exists(directory) else "is a dangling link"
+    else:
+        what = "does not exist"
+    return (
+        f"${TRACES_DIR_ENV} is set to {directory}, which {what}: no shared trace is found "
+        "there; point it at the directory holding the shared traces"
+    )
+
+
 def _bundled_path(file_name: str) -> Path:
     """Path of a file in the package's ``data`` folder (works from an installed wheel)."""
     return Path(str(resources.files("gpugov.plant") / "data" / file_name))

@@ -263,8 +263,11 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 def run_traces(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov traces``: every trace name, where it resolves, present?"""
-    from gpugov.plant.workload import TRACES_DIR_ENV, list_traces, traces_dir
+    from gpugov.plant.workload import TRACES_DIR_ENV, list_traces, traces_dir, traces_dir_problem
 
+    problem = traces_dir_problem()
+    if problem is not None:  # the shared traces are listed, each absent: say why
+        warn(problem)
     rows = list_traces()
     if args.json:
         print(json.dumps(rows, indent=1))

@@ -61,6 +61,39 @@ def test_traces_lists_every_name_where_it_resolves_and_whether_present(
     assert f"looked up in {tmp_path}" in out
 
 
+@pytest.mark.parametrize(
+    ("kind", "what"),
+    [("missing", "does not exist"), ("file", "is a file, not a directory"), ("dir", None)],
+)
+def test_traces_warns_once_of_a_traces_dir_that_is_no_directory(
+    kind: str,
+    what: str | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Every shared trace was listed as absent, with nothing saying why.
+    directory = tmp_path / "traces"
+    if kind == "file":
+        directory.write_text("not a folder\n")
+    elif kind == "dir":
+        directory.mkdir()
+    monkeypatch.setenv("GPUGOV_TRACES_DIR", str(directory))
+    for argv in (["traces"], ["traces", "--json"]):
+        assert main(argv) == 0
+        captured = capsys.readouterr()
+        err = captured.err.splitlines()
+        if what is None:
+            assert err == []
+        else:
+            assert err == [
+                f"gpugov: warning: $GPUGOV_TRACES_DIR is set to {directory}, which {what}: no "
+                "shared trace is found there; point it at the directory holding the shared "
+                "traces"
+            ]
+    json.loads(captured.out)  # the listing itself is unchanged
+
+
 def test_plot_writes_a_png_of_a_recording(
     recording: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
