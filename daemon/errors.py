@@ -89,9 +89,8 @@ def printable(text: str) -> str:
 def error_lines(error: BaseException | str) -> list[str]:
     """The lines an error prints: a :class:`ConfigError`'s :attr:`~ConfigError.problems`
     one a line, else its message as one line (:func:`printable` keeps it one)."""
-    problems = getattr(error, "problems", ())
-    if isinstance(error, BaseException) and problems:
-        return [str(problem) for problem in problems]
+    if isinstance(error, ConfigError) and error.problems:
+        return list(error.problems)
     return [str(error)]
 
 
