@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.daemon import cli_types, decide
 from gpugov.daemon.config import parse_address
@@ -61,7 +62,6 @@ CONTROLLER_HELP = CONTROLLER_SPEC_HELP
 
 
 if TYPE_CHECKING:
-    from gpugov.controllers.budget import SLOTarget
     from gpugov.daemon.exporter import Exporter
 
 
@@ -631,6 +631,56 @@ def parse_gpu_list(
         if out[-1] in out[:-1]:  # reset-clocks --gpus 0,0 reset GPU 0 twice
             raise UsageError(f"{flag}: GPU {out[-1]} is named twice")
     return out
+
+
+ONLINE_PERIOD_S = 0.25
+"""``mpc-online``'s default period in a simulated run, the node setting ``docs/online.md``
+recommends (every other controller's is 1 s)."""
+DEFAULT_SLO_TARGET = 0.99
+"""A simulated run's SLO target, as the example config states it: 99 % of the requests
+meet both SLOs over :data:`SLO_TARGET_WINDOW_S`."""
+SLO_TARGET_WINDOW_S = 600.0
+"""The rolling window ``--slo-target`` counts requests over (the config's default)."""
+
+
+def default_control_period(kind: str) -> float:
+    """An unset ``--control-period`` for a controller of ``kind``: :data:`ONLINE_PERIOD_S`
+    for ``mpc-online``, 1 s for the others."""
+    return ONLINE_PERIOD_S if kind == "mpc-online" else 1.0
+
+
+def slo_target_of(attainment: float | None) -> SLOTarget | None:
+    """``--slo-target``'s :class:`~gpugov.controllers.budget.SLOTarget` (None: none),
+    as a domain's ``[domains.slo_target]`` gives it."""
+    from gpugov.daemon.config import SLOTargetConfig
+
+    if attainment is None:
+        return None
+    return SLOTargetConfig(attainment=attainment, window_s=SLO_TARGET_WINDOW_S).target()
+
+
+def add_decision_arguments(
+    parser: argparse.ArgumentParser, *, prefix: str = "", node_note: str = ""
+) -> None:
+    """``--control-period`` and ``--slo-target``: how often a simulated run's controller
+    decides and the SLO target it is given, unset as a node's example config runs it."""
+    parser.add_argument(
+        "--control-period",
+        type=cli_types.period,
+        default=None,
+        metavar="S",
+        help=f"{prefix}seconds between decisions ({node_note}default {ONLINE_PERIOD_S:g} for "
+        "mpc-online, 1 for the others)",
+    )
+    parser.add_argument(
+        "--slo-target",
+        type=cli_types.slo_target,
+        default=DEFAULT_SLO_TARGET,
+        metavar="SHARE|none",
+        help=f"{prefix}the share of requests meeting both SLOs over {SLO_TARGET_WINDOW_S:g} s "
+        "(a domain's [domains.slo_target]); mpc and mpc-online spend the misses it allows, "
+        f"'none' holds fixed margins (default {DEFAULT_SLO_TARGET:g})",
+    )
 
 
 def add_engine_view_argument(parser: argparse.ArgumentParser, *, prefix: str = "") -> None:

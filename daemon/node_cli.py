@@ -31,6 +31,7 @@ from gpugov.daemon import cli_types
 from gpugov.daemon.backend import power_limit_backend
 from gpugov.daemon.cli_support import (
     UsageError,
+    add_decision_arguments,
     add_engine_view_argument,
     add_safety_arguments,
     check_fixed_clock,
@@ -71,14 +72,7 @@ from gpugov.daemon.nvidia_smi import run_command
 from gpugov.daemon.nvml import load_pynvml
 from gpugov.daemon.record import Recorder, read_recording
 from gpugov.daemon.replay import replay
-from gpugov.daemon.run_simulated import (
-    DEFAULT_CONTROLLER,
-    DEFAULT_SLO_TARGET,
-    DEFAULT_SPEED,
-    ONLINE_PERIOD_S,
-    SLO_TARGET_WINDOW_S,
-    run_simulated,
-)
+from gpugov.daemon.run_simulated import DEFAULT_CONTROLLER, DEFAULT_SPEED, run_simulated
 from gpugov.daemon.service import domains_from_config, open_backend, reset_left_locks
 from gpugov.daemon.status_cli import cmd_status, may_lock_clocks
 from gpugov.plant.profile import DEFAULT_PROFILE
@@ -572,23 +566,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="--simulate: replay a grid-quantised trace's timestamps as written (default: "
         "spread each batch over its grid step, e.g. Mooncake's 3 s)",
     )
-    run_parser.add_argument(
-        "--control-period",
-        type=cli_types.period,
-        default=None,
-        metavar="S",
-        help=f"--simulate: seconds between decisions (a node run takes daemon.period_s; "
-        f"default {ONLINE_PERIOD_S:g} for mpc-online, 1 for the others)",
-    )
-    run_parser.add_argument(
-        "--slo-target",
-        type=cli_types.slo_target,
-        default=DEFAULT_SLO_TARGET,
-        metavar="SHARE|none",
-        help=f"--simulate: the share of requests meeting both SLOs over "
-        f"{SLO_TARGET_WINDOW_S:g} s (a domain's [domains.slo_target]); mpc and mpc-online "
-        f"spend the misses it allows, 'none' holds fixed margins (default "
-        f"{DEFAULT_SLO_TARGET:g})",
+    add_decision_arguments(
+        run_parser, prefix="--simulate: ", node_note="a node run takes daemon.period_s; "
     )
     hidden_alias(run_parser, "--period", "control_period", cli_types.period)
     add_safety_arguments(run_parser, prefix="--simulate: ")

@@ -13,12 +13,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gpugov.controllers.budget import SLOTarget
 from gpugov.daemon.cli_support import (
     UsageError,
     check_fixed_clock,
     check_output_file,
     check_workload_fits,
+    default_control_period,
     format_summary,
     light_load_note,
     load_trace_for_cli,
@@ -28,8 +28,8 @@ from gpugov.daemon.cli_support import (
     safety_from_args,
     setup_logging,
     simulated_run_inputs,
+    slo_target_of,
 )
-from gpugov.daemon.config import SLOTargetConfig
 from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.loop import RunStats, ScaledClock, TimedLoop, VirtualClock, run
@@ -41,14 +41,6 @@ DEFAULT_SPEED = 10.0
 """Simulated seconds per wall second of a paced ``run --simulate``."""
 DEFAULT_CONTROLLER = "mpc-online"
 """``run --simulate``'s controller: the one a node with no profile runs."""
-ONLINE_PERIOD_S = 0.25
-"""``mpc-online``'s default period here, the node setting ``docs/online.md`` recommends
-(every other controller's is 1 s)."""
-DEFAULT_SLO_TARGET = 0.99
-"""``run --simulate``'s SLO target, as the example config states it: 99 % of the requests
-meet both SLOs over :data:`SLO_TARGET_WINDOW_S`."""
-SLO_TARGET_WINDOW_S = 600.0
-"""The rolling window ``--slo-target`` counts requests over (the config's default)."""
 
 
 def run_simulated(args: argparse.Namespace) -> int:
@@ -83,7 +75,7 @@ def run_simulated(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(str(error)) from error
     if args.control_period is None:
-        args.control_period = ONLINE_PERIOD_S if spec.kind == "mpc-online" else 1.0
+        args.control_period = default_control_period(spec.kind)
     check_fixed_clock(spec, profile.minimum_clock_mhz, profile.maximum_clock_mhz, args.controller)
     stop = threading.Event()
     if args.virtual:
@@ -168,14 +160,6 @@ def run_simulated(args: argparse.Namespace) -> int:
     if not stop.is_set() and simulation.domain.label != "max":
         print(_against_maximum(simulation.result, workload, plant, args.seed))
     return ExitCode.OK
-
-
-def slo_target_of(attainment: float | None) -> SLOTarget | None:
-    """``--slo-target``'s :class:`~gpugov.controllers.budget.SLOTarget` (None: none),
-    as a domain's ``[domains.slo_target]`` gives it."""
-    if attainment is None:
-        return None
-    return SLOTargetConfig(attainment=attainment, window_s=SLO_TARGET_WINDOW_S).target()
 
 
 @contextlib.contextmanager

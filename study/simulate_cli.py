@@ -14,12 +14,14 @@ from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import (
     CONTROLLER_HELP,
     UsageError,
+    add_decision_arguments,
     add_engine_view_argument,
     add_safety_arguments,
     check_distinct_outputs,
     check_output_file,
     check_workload_fits,
     controller_label,
+    default_control_period,
     fail,
     format_summary,
     light_load_note,
@@ -31,17 +33,12 @@ from gpugov.daemon.cli_support import (
     safety_from_args,
     simulated_controller,
     simulated_run_inputs,
+    slo_target_of,
     warn,
 )
 from gpugov.daemon.errors import ExitCode, Terminated
 from gpugov.daemon.files import write_text_atomic
 from gpugov.daemon.outside import invalid_decision_note
-from gpugov.daemon.run_simulated import (
-    DEFAULT_SLO_TARGET,
-    ONLINE_PERIOD_S,
-    SLO_TARGET_WINDOW_S,
-    slo_target_of,
-)
 from gpugov.daemon.safety import invalid_decisions
 from gpugov.daemon.sim_progress import SimulationProgress
 from gpugov.daemon.simulated import observation_view
@@ -122,8 +119,7 @@ def energy_lines(energy: dict[str, Any]) -> str:
 def run_simulate(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov simulate``."""
     if args.control_period is None:
-        spec = parse_controller_flag(args.controller)
-        args.control_period = ONLINE_PERIOD_S if spec.kind == "mpc-online" else 1.0
+        args.control_period = default_control_period(parse_controller_flag(args.controller).kind)
     require_positive("--control-period", args.control_period)
     require_positive("--duration", args.duration)
     require_positive("--load-scale", args.load_scale)
@@ -337,23 +333,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         choices=sorted(SCHEDULERS),
         help="the engine's batching rule (default chunked prefill)",
     )
-    sim.add_argument(
-        "--control-period",
-        type=cli_types.period,
-        default=None,
-        metavar="S",
-        help=f"seconds between controller decisions (a node's daemon.period_s; default "
-        f"{ONLINE_PERIOD_S:g} for mpc-online, 1 for the others, as run --simulate)",
-    )
-    sim.add_argument(
-        "--slo-target",
-        type=cli_types.slo_target,
-        default=DEFAULT_SLO_TARGET,
-        metavar="SHARE|none",
-        help=f"the share of requests meeting both SLOs over {SLO_TARGET_WINDOW_S:g} s (a "
-        f"domain's [domains.slo_target]); mpc and mpc-online spend the misses it allows, "
-        f"'none' holds fixed margins (default {DEFAULT_SLO_TARGET:g}, as run --simulate)",
-    )
+    add_decision_arguments(sim, node_note="a node's daemon.period_s; ")
     add_safety_arguments(sim)
     add_engine_view_argument(sim)
     sim.add_argument(
