@@ -33,6 +33,7 @@ from typing import Any
 
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.cli_support import (
+    ONLINE_PERIOD_S,
     UsageError,
     check_not_an_input,
     check_output_file,
@@ -93,6 +94,24 @@ def slo_warnings(config: GpugovConfig) -> list[str]:
             f"dashboard's SLO panels have no data for it; set {' and '.join(missing)}"
         )
     return lines
+
+
+def period_warnings(config: GpugovConfig) -> list[str]:
+    """One line per ``mpc-online`` domain whose loop runs slower than the controller's
+    recommended period (:data:`ONLINE_PERIOD_S`, the example config's and every simulated
+    command's default for it): the daemon's own default is 1 s, at which it explores,
+    learns and reacts that many times slower in wall time."""
+    period = config.daemon.period_s
+    if period <= ONLINE_PERIOD_S:
+        return []
+    return [
+        f"domain {domain.name!r} runs mpc-online every {period:g} s (daemon.period_s); its "
+        f"recommended period is {ONLINE_PERIOD_S:g} s, as the example config and "
+        f"'gpugov simulate' run it: at {period:g} s it learns and reacts "
+        f"{period / ONLINE_PERIOD_S:.3g} times slower"
+        for domain in config.domains
+        if isinstance(domain.controller, OnlineMPCControllerConfig)
+    ]
 
 
 def config_inputs(

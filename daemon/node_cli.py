@@ -89,7 +89,7 @@ EXIT_NOT_RESET = ExitCode.NOT_RESET
 def _run_node(args: argparse.Namespace) -> int:
     if not args.config:
         raise UsageError("gpugov run needs --config FILE (or --simulate)")
-    from gpugov.daemon.node_check import config_inputs
+    from gpugov.daemon.node_check import config_inputs, period_warnings
 
     environ_watchdog_s()  # a malformed $WATCHDOG_USEC is refused before any work
     config = load_config(args.config)
@@ -99,6 +99,8 @@ def _run_node(args: argparse.Namespace) -> int:
         config_inputs(config, args.config),
     )
     setup_logging(args.log_level or config.daemon.log_level)
+    for line in period_warnings(config):
+        log.warning("%s", line)
     notify = SystemdNotify()
     try:
         notify.check_period(config.daemon.period_s)
@@ -216,7 +218,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     apply nothing. Every problem ``run`` would refuse to start with is one line, and the
     exit code is ``run``'s for the first; a rule or panel that could never show data is a
     warning line (exit 0)."""
-    from gpugov.daemon.node_check import check_node, slo_warnings
+    from gpugov.daemon.node_check import check_node, period_warnings, slo_warnings
 
     watchdog_s = _watchdog_s(args.watchdog_sec)
     config = load_config(args.file)
@@ -231,7 +233,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         config, path=args.file, offline=args.offline, load_nvml=lambda: load_pynvml()
     )
     problems.extend(report.problems)
-    for line in [*slo_warnings(config), *report.warnings]:
+    for line in [*slo_warnings(config), *period_warnings(config), *report.warnings]:
         warn(line)
     if problems:
         for problem in problems:

@@ -69,7 +69,7 @@ REFUSED = {
     ),
     "unknown mpc profile": ("", "", '[domains.controller]\nkind = "mpc"\nprofile = "nope"\n', 2),
     "unknown prior profile": (
-        "",
+        "period_s = 0.25",
         "",
         '[domains.controller]\nkind = "mpc-online"\nprior_profile = "nope"\n',
         2,
@@ -312,6 +312,22 @@ def test_a_domain_without_slos_gets_one_warning_line_and_exit_0(
     assert all(name in warnings[0] for name in (*SLO_RECORDING_RULES, *SLO_ALERTS))
 
 
+def test_mpc_online_slower_than_its_recommended_period_gets_one_warning_line(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The daemon's default period is 1 s; mpc-online's is 0.25 s, as the example
+    config and the simulated commands run it."""
+    online = '[domains.controller]\nkind = "mpc-online"\n'
+    path = _write(tmp_path, tables=online)
+    assert node_cli.main(["check-config", str(path)]) == 0
+    (warning,) = capsys.readouterr().err.splitlines()
+    assert "domain 'llm' runs mpc-online every 1 s (daemon.period_s)" in warning
+    assert "recommended period is 0.25 s" in warning and "4 times slower" in warning
+    path = _write(tmp_path, daemon="period_s = 0.25", tables=online)
+    assert node_cli.main(["check-config", str(path)]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_a_pool_is_warned_only_for_the_slo_its_role_is_judged_on(
     tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -335,7 +351,7 @@ def test_a_state_directory_run_cannot_keep_files_in_gets_a_warning_line_and_run_
     occupied.write_text("")
     path = _write(
         tmp_path,
-        daemon=f'state_dir = "{occupied}"',
+        daemon=f'state_dir = "{occupied}"\nperiod_s = 0.25',
         tables=f'[domains.controller]\nkind = "mpc-online"\nstate_dir = "{occupied}/models"\n',
     )
     assert node_cli.main(["check-config", str(path)]) == 0
@@ -368,7 +384,9 @@ def test_prior_hint_warnings_surface_as_warning_lines(
     assert "gpugov: warning: mpc-online prior: GPU 'NVIDIA Tesla K80' is not a known family" in err
     # gpu = "auto" offline: the name is unknown there, and that is no warning.
     auto = _write(
-        tmp_path, tables='[domains.controller]\nkind = "mpc-online"\nprior = { gpu = "auto" }\n'
+        tmp_path,
+        daemon="period_s = 0.25",
+        tables='[domains.controller]\nkind = "mpc-online"\nprior = { gpu = "auto" }\n',
     )
     assert node_cli.main(["check-config", str(auto), "--offline"]) == 0
     assert capsys.readouterr().err == ""
