@@ -26,6 +26,7 @@ from gpugov.daemon.controller_config import (
     PowerProfileControllerConfig,
     PriorHintsConfig,
     ReactiveControllerConfig,
+    controller_kinds,
 )
 from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_POWER_W
 
@@ -213,19 +214,9 @@ def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
 SHOWN_CHARS = 80
 """Most characters of a spec an error line quotes (a spec pasted whole, a file's
 contents, is no line to print)."""
-SPEC_KINDS = (
-    "max",
-    "fixed",
-    "reactive",
-    "open-loop",
-    "mpc",
-    "mpc-slsqp",
-    "mpc-online",
-    "power-cap",
-    "power-profile",
-    *PEER_KINDS_WITHOUT_ARGUMENT,
-)
-"""The controller kinds a spec names (for the closest one to a mistyped kind)."""
+SPEC_KINDS = tuple(sorted(controller_kinds() - {"external"}))
+"""The controller kinds a spec names, read from the config's union (for the closest one
+to a mistyped kind); an outside controller is named by its factory, not a kind."""
 
 
 def shown_spec(text: str) -> str:
