@@ -29,7 +29,8 @@ from gpugov.controllers.mpc.model import DEFAULT_EXPECTED_OUTPUT_TOKENS
 from gpugov.plant.input_files import InputFileError, loads_json, read_input_text
 from gpugov.plant.output_files import write_text_atomic
 from gpugov.plant.plant import ServingPlant
-from gpugov.plant.profile import MAX_CLOCK_MHZ, PROFILE_STATUSES, PerformanceProfile
+from gpugov.plant.profile import PerformanceProfile
+from gpugov.plant.profile_files import MAX_CLOCK_MHZ, PROFILE_STATUSES
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.plant.types import ClockController, Request, Scheduler, ServingObservation
 from gpugov.plant.workload import workload_checksum

@@ -45,7 +45,8 @@ from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import ServingPlant
 from gpugov.plant.closed_loop import ControllerError as PlantControllerError
-from gpugov.plant.profile import ProfileError, profile_files
+from gpugov.plant.profile import ProfileError
+from gpugov.plant.profile_files import profile_files
 from gpugov.plant.result import ArrivalSeparation, arrival_separation
 from gpugov.plant.types import Request, RequestRecord
 from gpugov.plant.workload import (

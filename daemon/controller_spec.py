@@ -364,7 +364,8 @@ def _parse_spec(text: str, default_profile: str | None) -> ControllerConfig:
 
 def _check_profile(name: str, text: str) -> None:
     """Refuse an MPC profile that is neither bundled nor a profile file (one line)."""
-    from gpugov.plant.profile import ProfileError, resolve_profile_path
+    from gpugov.plant.profile import ProfileError
+    from gpugov.plant.profile_files import resolve_profile_path
 
     try:
         resolve_profile_path(name)

@@ -46,7 +46,7 @@ MAX_LOAD_SCALE = 1e6
 
 MAX_CLOCK_MHZ = 100_000.0
 """Largest clock in MHz a flag takes (no GPU is within an order of magnitude of it). The
-same number as :data:`gpugov.plant.profile.MAX_CLOCK_MHZ` (a test holds them equal),
+same number as :data:`gpugov.plant.profile_files.MAX_CLOCK_MHZ` (a test holds them equal),
 stated here too because the privileged actuator imports this module and nothing of the
 plant."""
 

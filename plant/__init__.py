@@ -5,12 +5,8 @@ from gpugov.plant.closed_loop import ControllerError, simulate
 from gpugov.plant.disaggregated import DisaggregatedResult, simulate_disaggregated
 from gpugov.plant.disaggregated_layout import DisaggregatedPlant, PoolSpec
 from gpugov.plant.plant import ServingPlant
-from gpugov.plant.profile import (
-    PerformanceProfile,
-    ProfileError,
-    list_bundled_profiles,
-    load_profile,
-)
+from gpugov.plant.profile import PerformanceProfile, ProfileError
+from gpugov.plant.profile_files import list_bundled_profiles, load_profile
 from gpugov.plant.result import ServingMetrics, ServingResult
 from gpugov.plant.scheduler import (
     CHUNKED_PREFILL_LABEL,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpugov.plant import calibration
-from gpugov.plant.profile import load_profile
+from gpugov.plant.profile_files import load_profile
 from gpugov.plant.zoo import LLAMA_31_8B
 
 PROFILE = "a100-sxm-80gb-llama3-8b"

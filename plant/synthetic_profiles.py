@@ -46,7 +46,8 @@ from typing import Any
 import numpy as np
 
 from gpugov.plant.output_files import write_files_atomic
-from gpugov.plant.profile import CSV_COLUMNS, PerformanceProfile, load_profile
+from gpugov.plant.profile import CSV_COLUMNS, PerformanceProfile
+from gpugov.plant.profile_files import load_profile
 
 REFERENCE_BATCH = 64
 """The batch every generated profile's decode rate is stated at."""

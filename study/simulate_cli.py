@@ -44,7 +44,8 @@ from gpugov.daemon.sim_progress import SimulationProgress
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, ServingResult, load_profile, simulate
 from gpugov.plant.attribution import ENERGY_DEFINITIONS, energy_summary, request_rows
-from gpugov.plant.profile import DEFAULT_PROFILE, list_bundled_profiles
+from gpugov.plant.profile import DEFAULT_PROFILE
+from gpugov.plant.profile_files import list_bundled_profiles
 from gpugov.plant.result import arrival_separation
 from gpugov.plant.scheduler import SCHEDULERS
 from gpugov.plant.workload import (

@@ -79,7 +79,8 @@ from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings, invalid_decisi
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile, simulate
 from gpugov.plant.input_files import path_exists
-from gpugov.plant.profile import ProfileError, names_profile_file, profile_files
+from gpugov.plant.profile import ProfileError
+from gpugov.plant.profile_files import names_profile_file, profile_files
 from gpugov.plant.result import arrival_separation
 from gpugov.plant.scheduler import SCHEDULERS
 from gpugov.plant.types import Request

@@ -28,7 +28,8 @@ from gpugov.daemon.cli_support import UsageError, check_fixed_clock, parse_contr
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
 from gpugov.plant import ServingPlant
-from gpugov.plant.profile import ProfileError, load_profile
+from gpugov.plant.profile import ProfileError
+from gpugov.plant.profile_files import load_profile
 from gpugov.plant.result import compute_metrics
 from gpugov.plant.types import Request, RequestRecord
 from gpugov.plant.workload import format_seconds, scale_load, select_window, workload_checksum

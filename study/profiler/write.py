@@ -19,7 +19,8 @@ import numpy as np
 
 from gpugov import __version__
 from gpugov.daemon.files import write_files_atomic
-from gpugov.plant.profile import CSV_COLUMNS, load_profile
+from gpugov.plant.profile import CSV_COLUMNS
+from gpugov.plant.profile_files import load_profile
 from gpugov.study.profiler.fit import clock_fit, fit_decode, fit_thermal
 from gpugov.study.profiler.measure import ProfileRunError
 

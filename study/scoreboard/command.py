@@ -28,7 +28,7 @@ from gpugov.daemon.cli_support import (
 from gpugov.daemon.errors import ExitCode, Terminated
 from gpugov.daemon.limits import MAX_JOBS
 from gpugov.daemon.simulated import ENGINE_VIEWS
-from gpugov.plant.profile import list_bundled_profiles
+from gpugov.plant.profile_files import list_bundled_profiles
 from gpugov.plant.synthetic_profiles import expand_synthetic, resolve_profile
 from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, TraceError
 from gpugov.study.runners import add_runner_arguments, check_runner, spec_from_args
@@ -355,7 +355,7 @@ def check_outputs_not_inputs(args: argparse.Namespace, config: BenchConfig, layo
     """Refuse an ``--out`` or ``--report`` where a file the run writes is a trace file or
     a profile's manifest or CSV the run reads (one line, before any work)."""
     from gpugov.daemon.cli_support import check_not_an_input
-    from gpugov.plant.profile import profile_files
+    from gpugov.plant.profile_files import profile_files
 
     inputs: list[tuple[str, str | Path]] = [
         (f"the trace {name!r}", name)

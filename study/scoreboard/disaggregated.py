@@ -43,7 +43,7 @@ from gpugov.plant.disaggregated import (
     simulate_disaggregated,
 )
 from gpugov.plant.disaggregated_layout import ROLES, DisaggregatedPlant, PoolSpec
-from gpugov.plant.profile import load_profile
+from gpugov.plant.profile_files import load_profile
 from gpugov.plant.types import ClockController, Request
 from gpugov.plant.workload import TraceError
 from gpugov.study.runners import (

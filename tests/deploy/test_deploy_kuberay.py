@@ -22,7 +22,7 @@ from test_deploy_kubernetes import kubernetes_versions
 
 from gpugov import __version__
 from gpugov.cli import build_parser
-from gpugov.plant.profile import list_bundled_profiles
+from gpugov.plant.profile_files import list_bundled_profiles
 from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES
 
 yaml = require_module("yaml")

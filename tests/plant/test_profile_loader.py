@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 import gpugov.plant.profile as profile_module
+import gpugov.plant.profile_files as profile_files_module
 from gpugov.daemon import limits
-from gpugov.plant.profile import ProfileError, bundled_profile_dir, load_profile
+from gpugov.plant.profile import ProfileError
+from gpugov.plant.profile_files import bundled_profile_dir, load_profile
 
 NAME = "h100-sxm-llama3-8b"
 
@@ -651,13 +653,13 @@ def test_a_clock_above_what_a_node_can_lock_is_refused(tmp_path: Path) -> None:
     edit_manifest(manifest, clock_range_mhz=None)
     with pytest.raises(ProfileError, match=r"'clock_mhz' must be at most 100000 MHz"):
         load_profile(manifest)
-    assert profile_module.MAX_CLOCK_MHZ == limits.MAX_CLOCK_MHZ  # one limit everywhere
+    assert profile_files_module.MAX_CLOCK_MHZ == limits.MAX_CLOCK_MHZ  # one limit everywhere
 
 
 def test_the_profiles_slo_and_power_bounds_are_the_flags() -> None:
     """A profile's SLOs and power limit take what the flags and the config take."""
-    assert profile_module.MAX_SLO_S == limits.MAX_SECONDS
-    assert profile_module.MAX_POWER_LIMIT_W == limits.MAX_POWER_W
+    assert profile_files_module.MAX_SLO_S == limits.MAX_SECONDS
+    assert profile_files_module.MAX_POWER_LIMIT_W == limits.MAX_POWER_W
 
 
 @pytest.mark.parametrize("column", ["prefill_tokens_per_s", "decode_tokens_per_s"])

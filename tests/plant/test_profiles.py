@@ -14,14 +14,8 @@ import pytest
 from gpugov.plant import calibration, roofline, zoo
 from gpugov.plant.decode_check import decode_check
 from gpugov.plant.plant import ServingPlant
-from gpugov.plant.profile import (
-    CSV_COLUMNS,
-    PerformanceProfile,
-    ProfileError,
-    bundled_profile_dir,
-    list_bundled_profiles,
-    load_profile,
-)
+from gpugov.plant.profile import CSV_COLUMNS, PerformanceProfile, ProfileError
+from gpugov.plant.profile_files import bundled_profile_dir, list_bundled_profiles, load_profile
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NAMES = sorted(zoo.PROFILES)

@@ -10,7 +10,8 @@ import pytest
 
 from gpugov.controllers.oracles.window import _miss_known_time
 from gpugov.plant import ServingPlant, load_profile, simulate
-from gpugov.plant.profile import ProfileError, bundled_profile_dir
+from gpugov.plant.profile import ProfileError
+from gpugov.plant.profile_files import bundled_profile_dir
 from gpugov.plant.result import compute_metrics
 from gpugov.plant.types import Request, RequestRecord
 

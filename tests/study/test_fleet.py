@@ -569,7 +569,7 @@ def test_an_out_whose_report_would_overwrite_an_input_is_refused(
     input_is: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     # The report replaced the trace (fleet.md) or the profile's manifest (fleet.json).
-    from gpugov.plant.profile import profile_files
+    from gpugov.plant.profile_files import profile_files
 
     out = tmp_path / "out"
     out.mkdir()

@@ -169,7 +169,7 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(
 ) -> None:
     # Each input was replaced by the board or the report; a trace's skipped rows were a
     # Python warning of two lines (the file and the source line) rather than one.
-    from gpugov.plant.profile import profile_files
+    from gpugov.plant.profile_files import profile_files
 
     manifest, csv = profile_files("h100-sxm-llama3-8b")
     (tmp_path / "disaggregated.json").write_bytes(manifest.read_bytes())
@@ -188,7 +188,7 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(
 
 
 def test_profiles_all_expands_to_the_zoo() -> None:
-    from gpugov.plant.profile import list_bundled_profiles
+    from gpugov.plant.profile_files import list_bundled_profiles
     from gpugov.study.scoreboard import command
     from gpugov.study.scoreboard import scenarios as scoreboard
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gpugov.cli import main
-from gpugov.plant.profile import bundled_profile_dir
+from gpugov.plant.profile_files import bundled_profile_dir
 from gpugov.plant.types import RequestRecord
 from gpugov.plant.workload import resolve_trace
 from gpugov.study.scoreboard import command, publish

@@ -215,7 +215,7 @@ def test_the_grid_copy_names_every_path_absolute_and_runs_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """DIR/grid.toml kept relative paths verbatim, which then resolved against DIR."""
-    from gpugov.plant.profile import bundled_profile_dir
+    from gpugov.plant.profile_files import bundled_profile_dir
     from gpugov.study.sweep import GRID_COPY, read_grid
 
     data, grids, work = tmp_path / "data", tmp_path / "grids", tmp_path / "work"
@@ -255,7 +255,7 @@ def test_the_grid_copy_names_every_path_absolute_and_runs_again(
 def _grid_of_relative_paths(tmp_path: Path) -> Path:
     """``grids/grid.toml`` naming a trace and a profile relative to its folder and an
     open-loop plan relative to ``work/`` (the working directory it is run from)."""
-    from gpugov.plant.profile import bundled_profile_dir
+    from gpugov.plant.profile_files import bundled_profile_dir
 
     data, grids, work = tmp_path / "data", tmp_path / "grids", tmp_path / "work"
     for folder in (data, grids, work):
@@ -345,7 +345,7 @@ def test_resume_runs_again_the_cells_whose_input_files_changed(
     path only, so ``--resume`` after editing one reused results computed from the old
     contents. The key now holds each file's sha256: an edited plan or profile runs its
     cells again, and only those; an edited trace window runs its cells again, as before."""
-    from gpugov.plant.profile import bundled_profile_dir
+    from gpugov.plant.profile_files import bundled_profile_dir
 
     monkeypatch.chdir(tmp_path)  # the controller files are read from here, as simulate's
     _grid(tmp_path)  # bursty.csv
@@ -576,7 +576,7 @@ def test_a_profile_file_named_as_the_loader_reads_it_is_keyed_by_its_files(
     """The sweep keys a cell by the files its MPC profile reads. ``mpc:MINE.JSON`` or a
     manifest without a suffix (files the loader reads) were taken for bundled names, so an
     edit to them would not run their cells again on ``--resume``."""
-    from gpugov.plant.profile import bundled_profile_dir
+    from gpugov.plant.profile_files import bundled_profile_dir
     from gpugov.study.sweep import _spec_files
 
     monkeypatch.chdir(tmp_path)

@@ -174,7 +174,7 @@ def test_an_out_whose_outputs_would_overwrite_a_trace_is_refused(
 def test_an_out_whose_outputs_would_overwrite_a_controllers_profile_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpugov.plant.profile import profile_files
+    from gpugov.plant.profile_files import profile_files
 
     out = tmp_path / "out"
     out.mkdir()
