@@ -48,6 +48,12 @@ def _get(url: str) -> str:
         return str(response.read().decode())
 
 
+def _state(pid: int) -> str:
+    """The process state letter of ``pid`` in ``/proc`` ("T" when stopped by a signal)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
 def _until(what: str, check: Callable[[], bool], deadline_s: float) -> None:
     """Poll ``check`` until it holds; fail naming ``what`` past the deadline."""
     end = time.monotonic() + deadline_s
@@ -276,7 +282,10 @@ def test_a_stop_signal_leaves_no_lock(node: Node, second: int | None) -> None:
         # Frozen while both are sent, so the second cannot come after the whole stop
         # (handlers restored, the process exiting) when this process is descheduled
         # between the two sends on a loaded machine: both are pending when it resumes.
+        # SIGSTOP takes effect when the process next runs, and a SIGCONT sent before
+        # that cancels it, so the sends wait until the kernel reports it stopped.
         daemon.send_signal(signal.SIGSTOP)
+        _until("the stop", lambda: _state(daemon.pid) == "T", STARTUP_S)
         daemon.send_signal(signal.SIGTERM)
         daemon.send_signal(second)
         daemon.send_signal(signal.SIGCONT)
