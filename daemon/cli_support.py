@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.daemon import cli_types, decide
-from gpugov.daemon.config import parse_address
+from gpugov.daemon.config import ONLINE_PERIOD_S, parse_address
 from gpugov.daemon.controller_config import (
     ControllerConfig,
     FixedControllerConfig,
@@ -634,20 +634,11 @@ def parse_gpu_list(
     return out
 
 
-ONLINE_PERIOD_S = 0.25
-"""``mpc-online``'s default period in a simulated run, the node setting ``docs/online.md``
-recommends (every other controller's is 1 s)."""
 DEFAULT_SLO_TARGET = 0.99
 """A simulated run's SLO target, as the example config states it: 99 % of the requests
 meet both SLOs over :data:`SLO_TARGET_WINDOW_S`."""
 SLO_TARGET_WINDOW_S = 600.0
 """The rolling window ``--slo-target`` counts requests over (the config's default)."""
-
-
-def default_control_period(kind: str) -> float:
-    """An unset ``--control-period`` for a controller of ``kind``: :data:`ONLINE_PERIOD_S`
-    for ``mpc-online``, 1 s for the others."""
-    return ONLINE_PERIOD_S if kind == "mpc-online" else 1.0
 
 
 def slo_target_of(attainment: float | None) -> SLOTarget | None:

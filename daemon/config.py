@@ -145,6 +145,46 @@ ENGINE_TIMEOUT_PERIOD_SHARE = 0.5
 """An unset ``engine.timeout_s`` is ``min(0.5 s, 0.5 x daemon.period_s)``."""
 
 
+ONLINE_PERIOD_S = 0.25
+"""``mpc-online``'s period when none is set: a node's ``daemon.period_s`` when every
+domain runs it, and a simulated run's ``--control-period`` (docs/online.md)."""
+DEFAULT_PERIOD_S = 1.0
+"""Every other controller's period when none is set."""
+
+
+def default_control_period(kind: str) -> float:
+    """The period a controller of ``kind`` runs at when none is set:
+    :data:`ONLINE_PERIOD_S` for ``mpc-online``, :data:`DEFAULT_PERIOD_S` for the others."""
+    return ONLINE_PERIOD_S if kind == "mpc-online" else DEFAULT_PERIOD_S
+
+
+def _controller_kind(domain: Any) -> Any:
+    """The controller kind a domain (a TOML table or a :class:`DomainConfig`) names;
+    "max" (the default controller) when it names none, None when unreadable."""
+    if isinstance(domain, DomainConfig):
+        return domain.controller.kind
+    if not isinstance(domain, dict):
+        return None
+    controller = domain.get("controller", {"kind": "max"})
+    if isinstance(controller, dict):
+        return controller.get("kind")
+    return getattr(controller, "kind", None)
+
+
+def default_daemon_period(domains: Any) -> float:
+    """``daemon.period_s`` when the file sets none: :data:`ONLINE_PERIOD_S` when every
+    domain runs ``mpc-online`` (it learns and reacts per tick), else
+    :data:`DEFAULT_PERIOD_S` (a mixed node keeps 1 s, and is warned at check time)."""
+    kinds = (
+        [_controller_kind(domain) for domain in domains]
+        if isinstance(domains, list | tuple)
+        else []
+    )
+    if kinds and all(kind == "mpc-online" for kind in kinds):
+        return ONLINE_PERIOD_S
+    return DEFAULT_PERIOD_S
+
+
 def default_engine_timeout_s(period_s: float) -> float:
     """The scrape deadline when the config sets none: 0.5 s, or half the period when
     that is shorter (``period_s = 0.5`` gives 0.25 s), so a hung engine never stalls
@@ -354,7 +394,11 @@ class ZeusdBackendConfig(FrozenModel):
 class DaemonSection(FrozenModel):
     """Process-wide settings."""
 
-    period_s: Annotated[float, Field(ge=MIN_PERIOD_S, le=MAX_PERIOD_S, allow_inf_nan=False)] = 1.0
+    period_s: Annotated[float, Field(ge=MIN_PERIOD_S, le=MAX_PERIOD_S, allow_inf_nan=False)] = (
+        DEFAULT_PERIOD_S
+    )
+    """Seconds between ticks; unset, :func:`default_daemon_period` (0.25 s when every
+    domain runs ``mpc-online`` and the file's other settings allow it, else 1 s)."""
     metrics_address: str = "127.0.0.1:9400"
     backend: Literal["nvml", "nvidia-smi", "emulated", "actuator", "zeusd"] = "nvml"
     emulator: str | None = None
@@ -440,6 +484,27 @@ class GpugovConfig(FrozenModel):
     daemon: DaemonSection = DaemonSection()
     domains: Annotated[tuple[DomainConfig, ...], BeforeValidator(_as_tuple), Field(min_length=1)]
 
+    @classmethod
+    def _with_default_period(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` with an unset ``daemon.period_s`` set to :func:`default_daemon_period`
+        when that is shorter than the 1 s default and the file validates with it; else
+        unchanged, so a file valid at 1 s stays valid (an ``engine.timeout_s = 0.5`` set
+        beside mpc-online keeps 1 s, and ``check-config`` warns of the period)."""
+        daemon = data.get("daemon", {})
+        if isinstance(daemon, DaemonSection):
+            daemon = {name: getattr(daemon, name) for name in daemon.model_fields_set}
+        if not isinstance(daemon, dict) or "period_s" in daemon:
+            return data
+        period = default_daemon_period(data.get("domains"))
+        if period == DEFAULT_PERIOD_S:
+            return data
+        trial = {**data, "daemon": {**daemon, "period_s": period}}
+        try:
+            cls.model_validate(trial)
+        except ValidationError:
+            return data  # valid at 1 s or not at all: the 1 s validation says which
+        return trial
+
     @model_validator(mode="before")
     @classmethod
     def _engine_timeouts_from_the_period(cls, data: Any) -> Any:
@@ -448,6 +513,7 @@ class GpugovConfig(FrozenModel):
         against the period below)."""
         if not isinstance(data, dict):
             return data
+        data = cls._with_default_period(data)
         daemon = data.get("daemon", {})
         period = daemon.period_s if isinstance(daemon, DaemonSection) else None
         if isinstance(daemon, dict):

@@ -33,13 +33,12 @@ from typing import Any
 
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.cli_support import (
-    ONLINE_PERIOD_S,
     UsageError,
     check_not_an_input,
     check_output_file,
     controller_files,
 )
-from gpugov.daemon.config import DomainConfig, GpugovConfig, parse_address
+from gpugov.daemon.config import ONLINE_PERIOD_S, DomainConfig, GpugovConfig, parse_address
 from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.daemon.errors import (
     NO_DRIVER_CODES,
@@ -98,15 +97,15 @@ def slo_warnings(config: GpugovConfig) -> list[str]:
 
 def period_warnings(config: GpugovConfig) -> list[str]:
     """One line per ``mpc-online`` domain whose loop runs slower than the controller's
-    recommended period (:data:`ONLINE_PERIOD_S`, the example config's and every simulated
-    command's default for it): the daemon's own default is 1 s, at which it explores,
-    learns and reacts that many times slower in wall time."""
+    recommended period (:data:`ONLINE_PERIOD_S`, its default alone and in every simulated
+    command): set slower, or left at 1 s beside another controller, it explores, learns
+    and reacts that many times slower in wall time."""
     period = config.daemon.period_s
     if period <= ONLINE_PERIOD_S:
         return []
     return [
         f"domain {domain.name!r} runs mpc-online every {period:g} s (daemon.period_s); its "
-        f"recommended period is {ONLINE_PERIOD_S:g} s, as the example config and "
+        f"recommended period is {ONLINE_PERIOD_S:g} s, as a node of mpc-online alone and "
         f"'gpugov simulate' run it: at {period:g} s it learns and reacts "
         f"{period / ONLINE_PERIOD_S:.3g} times slower"
         for domain in config.domains

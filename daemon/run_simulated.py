@@ -18,7 +18,6 @@ from gpugov.daemon.cli_support import (
     check_fixed_clock,
     check_output_file,
     check_workload_fits,
-    default_control_period,
     format_summary,
     light_load_note,
     load_trace_for_cli,
@@ -30,6 +29,7 @@ from gpugov.daemon.cli_support import (
     simulated_run_inputs,
     slo_target_of,
 )
+from gpugov.daemon.config import default_control_period
 from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.loop import RunStats, ScaledClock, TimedLoop, VirtualClock, run

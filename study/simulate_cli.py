@@ -21,7 +21,6 @@ from gpugov.daemon.cli_support import (
     check_output_file,
     check_workload_fits,
     controller_label,
-    default_control_period,
     fail,
     format_summary,
     light_load_note,
@@ -36,6 +35,7 @@ from gpugov.daemon.cli_support import (
     slo_target_of,
     warn,
 )
+from gpugov.daemon.config import default_control_period
 from gpugov.daemon.errors import ExitCode, Terminated
 from gpugov.daemon.files import write_text_atomic
 from gpugov.daemon.outside import invalid_decision_note

@@ -315,17 +315,18 @@ def test_a_domain_without_slos_gets_one_warning_line_and_exit_0(
 def test_mpc_online_slower_than_its_recommended_period_gets_one_warning_line(
     tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The daemon's default period is 1 s; mpc-online's is 0.25 s, as the example
-    config and the simulated commands run it."""
+    """mpc-online's period is 0.25 s, its default alone and the simulated commands'; one
+    set slower is warned of, and the period left unset is its own."""
     online = '[domains.controller]\nkind = "mpc-online"\n'
-    path = _write(tmp_path, tables=online)
+    path = _write(tmp_path, daemon="period_s = 1.0", tables=online)
     assert node_cli.main(["check-config", str(path)]) == 0
     (warning,) = capsys.readouterr().err.splitlines()
     assert "domain 'llm' runs mpc-online every 1 s (daemon.period_s)" in warning
     assert "recommended period is 0.25 s" in warning and "4 times slower" in warning
-    path = _write(tmp_path, daemon="period_s = 0.25", tables=online)
-    assert node_cli.main(["check-config", str(path)]) == 0
-    assert "warning" not in capsys.readouterr().err
+    for daemon in ("period_s = 0.25", ""):
+        path = _write(tmp_path, daemon=daemon, tables=online)
+        assert node_cli.main(["check-config", str(path)]) == 0
+        assert "warning" not in capsys.readouterr().err
 
 
 def test_a_pool_is_warned_only_for_the_slo_its_role_is_judged_on(

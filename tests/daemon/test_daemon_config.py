@@ -393,3 +393,57 @@ controller = { kind = "mpc", profile = "h100-sxm-llama3-8b" }
     assert first.controller.prior_profile == str(folder / "profiles" / "mine.json")  # type: ignore[union-attr]
     assert first.controller.state_dir == folder / "state"  # type: ignore[union-attr]
     assert second.controller.profile == "h100-sxm-llama3-8b"  # type: ignore[union-attr]
+
+
+def test_an_unset_period_follows_the_controllers() -> None:
+    """Unset, ``daemon.period_s`` is mpc-online's 0.25 s when every domain runs it (the
+    scrape deadline following), 1 s beside any other controller; a set one is kept."""
+    online = {"kind": "mpc-online"}
+    config = parse_config(_domain(controller=online))
+    assert config.daemon.period_s == 0.25 and config.domains[0].engine.timeout_s == 0.125
+    assert config.stale_after_s(config.domains[0]) == 0.75
+    mixed = {
+        "domains": [
+            {"name": "a", "gpus": [0], "controller": online},
+            {"name": "b", "gpus": [1], "controller": {"kind": "fixed", "clock_mhz": 1200}},
+        ]
+    }
+    assert parse_config(mixed).daemon.period_s == 1.0
+    assert parse_config(_domain()).daemon.period_s == 1.0  # the default controller, max
+    kept = parse_config({"daemon": {"period_s": 2.0}, **_domain(controller=online)})
+    assert kept.daemon.period_s == 2.0 and kept.domains[0].engine.timeout_s == 0.5
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _domain(controller={"kind": "mpc-online"}, engine={"timeout_s": 0.5}),
+        _domain(controller={"kind": "mpc-online", "horizon_s": 60.0}),
+        {
+            "daemon": {"backend": "actuator"},  # its request deadline, 0.25 s, needs longer
+            **_domain(controller={"kind": "mpc-online"}),
+        },
+    ],
+    ids=["engine-timeout", "long-horizon", "actuator-timeout"],
+)
+def test_an_unset_period_stays_1_s_where_the_file_needs_longer(data: dict[str, object]) -> None:
+    """A file valid at the 1 s default stays valid: mpc-online's 0.25 s is the default only
+    where every timing the file sets fits it."""
+    assert parse_config(data).daemon.period_s == 1.0
+    with pytest.raises(ConfigError, match=r"period_s[ =(]+0\.25 s"):
+        daemon = {**data.get("daemon", {}), "period_s": 0.25}  # type: ignore[dict-item]
+        parse_config({**data, "daemon": daemon})
+
+
+def test_an_unset_period_follows_the_controllers_when_built_in_code() -> None:
+    """Built from models (as tests and tools do), an unset period is filled the same way."""
+    from gpugov.daemon.config import DaemonSection, DomainConfig
+    from gpugov.daemon.controller_config import OnlineMPCControllerConfig
+
+    domain = DomainConfig(
+        name="llm", gpus=(0,), controller=OnlineMPCControllerConfig(kind="mpc-online")
+    )
+    config = GpugovConfig(daemon=DaemonSection(dry_run=True), domains=(domain,))
+    assert config.daemon.period_s == 0.25 and config.daemon.dry_run
+    set_period = GpugovConfig(daemon=DaemonSection(period_s=1.0), domains=(domain,))
+    assert set_period.daemon.period_s == 1.0
