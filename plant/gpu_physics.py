@@ -6,8 +6,8 @@ decode latency split, the batch-power model, the power cap and the thermal RC).
 :class:`GpuPhysics` is the GPU's state on top of them: the realised clock under the power
 limits and the thermal limit, the iteration's phase power at that clock, and the exact
 integration of energy and the one-state thermal RC over constant-power segments. The
-engine (scheduling, KV cache, requests, grid series) stays in ``simulator.py`` and asks
-this object for clocks, durations and powers.
+engine (scheduling, KV cache, requests) stays in ``simulator.py`` and asks this object for
+clocks, durations and powers; its samples on the grid are ``grid_series.py``'s.
 
 Two power limits act on the clock. The board limit (``ServingPlant.power_limit_w``, the
 TDP) is an instant clamp: an iteration never runs at a clock whose power exceeds it. A

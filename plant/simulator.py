@@ -29,7 +29,8 @@ The GPU side (realised clock, power, thermal RC integration) is a composed
 :class:`~gpugov.plant.gpu_physics.GpuParameters`, in ``gpu_physics.py``.
 
 Time advances segment by segment (iteration ends, clock changes, arrivals while idle);
-series samples on the ``time_step_s`` grid are taken analytically inside segments.
+series samples on the ``time_step_s`` grid are taken analytically inside segments and kept
+by a composed :class:`~gpugov.plant.grid_series.GridSeries`, in ``grid_series.py``.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ import numpy as np
 from gpugov.plant.attribution import EnergyLedger, prefill_fraction
 from gpugov.plant.engine_counters import EngineCounters
 from gpugov.plant.gpu_physics import _EPS, GpuParameters, GpuPhysics
+from gpugov.plant.grid_series import GridSeries
 from gpugov.plant.plant import ServingPlant
-from gpugov.plant.result import SERIES_NAMES, ServingResult, compute_metrics
+from gpugov.plant.result import ServingResult, compute_metrics
 from gpugov.plant.scheduler import chunked_prefill_scheduler, scheduler_label
 from gpugov.plant.types import (
     IterationPlan,
@@ -68,7 +70,8 @@ class PlantSimulation:
     """Stateful shell around the engine: advance time, observe, request clocks.
 
     ``simulate`` drives it for offline runs; the daemon's simulated mode drives the same
-    object in (scaled) real time. The GPU's physics is :attr:`gpu`.
+    object in (scaled) real time. The GPU's physics is :attr:`gpu`, the samples on the
+    grid :attr:`series`.
     """
 
     def __init__(
@@ -179,10 +182,7 @@ class PlantSimulation:
         # Series on the grid.
         self._ff_tick: tuple[float, float, float, int, int] | None = None
         self._dt = plant.time_step_s
-        self._next_tick = 0
-        self._series: dict[str, list[float]] = {name: [] for name in SERIES_NAMES}
-        self._phase_series: list[str] = []
-        self._last_tick_energy = 0.0
+        self.series = GridSeries(plant.time_step_s)
         self._phase = "idle"
         self._record_tick(0.0, 0.0, self.gpu.temperature_c)
 
@@ -253,16 +253,7 @@ class PlantSimulation:
         """Share of the grid samples of the last ``span_s`` seconds (up to now) at which an
         iteration ran: a sampled busy fraction, as NVML's GPU utilisation is (the share of
         its last sample period during which a kernel ran); 0.0 before any sample."""
-        times = self._series["time_s"]
-        phases = self._phase_series
-        start = self.time_s - span_s
-        busy = total = 0
-        for index in range(len(times) - 1, -1, -1):
-            if times[index] <= start + _EPS:
-                break
-            total += 1
-            busy += phases[index] != "idle"
-        return busy / total if total else 0.0
+        return self.series.busy_fraction_since(self.time_s - span_s)
 
     def add_request(self, prompt_tokens: int, output_tokens: int) -> int:
         """Append a request arriving now (online serving: ``gpugov emulate``); its index.
@@ -565,26 +556,20 @@ class PlantSimulation:
         gpu.integrate(dt, power, busy=busy)
         # Invariant: every grid tick <= time_s has been recorded.
         params = gpu.params
-        dt_grid = self._dt
-        tick_time = self._next_tick * dt_grid
+        series = self.series
+        tick_time = series.next_tick_s
         while tick_time <= end + _EPS:
             elapsed = max(0.0, tick_time - start)
             temperature = params.temperature_after(t0, power, elapsed)
             self._record_tick(tick_time, e0 + power * elapsed, temperature)
-            tick_time = self._next_tick * dt_grid
+            tick_time = series.next_tick_s
         if dt > 0.0:
             self.time_s = end
 
     def _record_tick(self, tick_time: float, energy: float, temperature: float) -> None:
-        series = self._series
+        """Sample the engine at grid tick ``tick_time`` into :attr:`series`."""
         arrived = bisect.bisect_right(self._arrival, tick_time + _EPS)
         unmoved = arrived - self._next_arrival
-        series["time_s"].append(tick_time)
-        series["prefill_queue"].append(
-            float(len(self._waiting) + len(self._prefilling) + max(0, unmoved))
-        )
-        series["decode_active"].append(float(len(self._running)))
-        series["completed_requests"].append(float(self._completed))
         kv = self._kv_prefill + self._kv_running()
         if self._ff_tick is not None:
             # Inside a fast-forwarded stretch: add the iterations finished by tick_time.
@@ -596,19 +581,20 @@ class PlantSimulation:
             ):
                 done += 1
             kv += done * batch
-        series["kv_tokens"].append(float(kv))
         gpu = self.gpu
-        if series["energy_j"]:
-            series["power_w"].append((energy - self._last_tick_energy) / self._dt)
-        else:
-            series["power_w"].append(gpu.power_w)
-        series["requested_clock_mhz"].append(self._clocks[self._requested_index])
-        series["realized_clock_mhz"].append(gpu.realized_clock_mhz)
-        series["energy_j"].append(energy)
-        series["temperature_c"].append(temperature)
-        self._phase_series.append(self._phase)
-        self._last_tick_energy = energy
-        self._next_tick += 1
+        self.series.record(
+            tick_time,
+            prefill_queue=float(len(self._waiting) + len(self._prefilling) + max(0, unmoved)),
+            decode_active=float(len(self._running)),
+            completed_requests=float(self._completed),
+            kv_tokens=float(kv),
+            power_w=gpu.power_w,
+            requested_clock_mhz=self._clocks[self._requested_index],
+            realized_clock_mhz=gpu.realized_clock_mhz,
+            energy_j=energy,
+            temperature_c=temperature,
+            phase=self._phase,
+        )
 
     def _start_iteration(self) -> bool:
         """Ask the scheduler for the next iteration; return False when nothing runs."""
@@ -891,9 +877,9 @@ class PlantSimulation:
             id(self.plant): self.plant,
             id(self.gpu.params): self.gpu.params,
         }
-        for values in self._series.values():
+        for values in self.series.samples.values():
             memo[id(values)] = []
-        memo[id(self._phase_series)] = []
+        memo[id(self.series.phases)] = []
         for value in [*vars(self).values(), *vars(self.energy_ledger).values()]:
             # Lists of plain numbers: a shallow copy is a deep copy, and far faster.
             if (
@@ -943,7 +929,7 @@ class PlantSimulation:
         """Freeze the run into a :class:`ServingResult`."""
         self._move_arrivals(self.time_s)
         records = self.records()
-        series = {key: np.asarray(values, dtype=float) for key, values in self._series.items()}
+        series = self.series.arrays()
         gpu = self.gpu
         minimum = gpu.params.realized_clock_mhz[0]
         at_minimum = np.isclose(series["realized_clock_mhz"], minimum)
@@ -974,7 +960,7 @@ class PlantSimulation:
         }
         return ServingResult(
             **series,
-            phase=tuple(self._phase_series),
+            phase=tuple(self.series.phases),
             request_records=records,
             metrics=metrics,
             controller_name=controller_name,
