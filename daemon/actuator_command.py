@@ -30,6 +30,7 @@ from gpugov.daemon.actuator_server import (
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.errors import ExitCode, GpugovError, PermissionDenied, printable
 from gpugov.daemon.limits import MAX_GPU_INDEX
+from gpugov.daemon.log_lines import log_to_stderr
 from gpugov.daemon.sd_notify import Watchdog, notify_systemd
 
 # The server's logger: one actuator, one name in its log lines.
@@ -210,9 +211,7 @@ def run_actuator(args: argparse.Namespace) -> int:
         return int(ExitCode.USAGE)
     from gpugov.daemon.nvml import NvmlBackend, nvml_device_count
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_to_stderr(logging.INFO)
     stop: list[int] = []
 
     def on_signal(signum: int, _frame: Any) -> None:

@@ -287,7 +287,7 @@ def format_summary(metrics: dict[str, Any], title: str = "") -> str:
         ("clock changes", str(metrics["clock_changes"])),
     ]
     width = max(len(name) for name, _ in rows)
-    lines = [title] if title else []
+    lines = [printable(title)] if title else []  # a profile's and a trace's file names
     lines += [f"  {name:<{width}}  {value}" for name, value in rows]
     return "\n".join(lines)
 
@@ -728,12 +728,11 @@ def safety_from_args(args: argparse.Namespace, clocks_mhz: Iterable[float]) -> S
 
 
 def setup_logging(level: str) -> None:
-    """Log lines to stderr at ``level`` (a node command's ``--log-level``)."""
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    """Log lines to stderr at ``level`` (a node command's ``--log-level``), each record
+    one escaped, bounded line (:class:`~gpugov.daemon.log_lines.LineFormatter`)."""
+    from gpugov.daemon.log_lines import log_to_stderr
+
+    log_to_stderr(getattr(logging, level.upper(), logging.INFO))
 
 
 def check_metrics_address(address: str | None, name: str = "--metrics-address") -> None:

@@ -23,7 +23,7 @@ original), so nothing above ``daemon/nvml.py`` ever catches ``pynvml.NVMLError``
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from enum import IntEnum
 from typing import Any
 
@@ -69,21 +69,60 @@ _JOINERS = frozenset({"\u200c", "\u200d"})
 text in several scripts and of emoji sequences."""
 
 
+LINE_CHARS = 4096
+"""The most characters :func:`printable` gives back, so a line that quotes a 100 kB label
+stays a line a terminal, journald or rsyslog (8 KiB a message) shows whole."""
+
+
+def _shown(char: str) -> str:
+    """One character as :func:`printable` writes it."""
+    if unicodedata.category(char) in _ESCAPED_CATEGORIES and char not in _JOINERS:
+        return repr(char)[1:-1]
+    return char
+
+
+def _fitting(chars: Iterable[str], room: int) -> list[str]:
+    """``chars`` as :func:`printable` writes them, as many as fit in ``room`` characters."""
+    pieces: list[str] = []
+    size = 0
+    for char in chars:
+        piece = _shown(char)
+        if size + len(piece) > room:
+            break
+        pieces.append(piece)
+        size += len(piece)
+    return pieces
+
+
 def printable(text: str) -> str:
-    """``text`` safe for one line on a terminal: each character that would end the line
-    or drive the terminal (a newline, a carriage return, the ESC of an escape sequence, a
-    bidirectional override) written as Python's ``repr`` writes it (``\\n``, ``\\r``,
-    ``\\x1b``, ``\\u202e``); every other character, a backslash included, as it is, so
-    an ordinary message prints unchanged. The one escaper of every ``gpugov:`` line that
-    can hold a user's file name or value (``cli_support.fail`` and ``warn``)."""
-    if text.isprintable():
+    """``text`` safe for one line on a terminal or in a log: each character that would
+    end the line or drive the terminal (a newline, a carriage return, the ESC of an escape
+    sequence, a NUL, a bidirectional override) written as Python's ``repr`` writes it
+    (``\\n``, ``\\r``, ``\\x1b``, ``\\x00``, ``\\u202e``); every other character, a
+    backslash included, as it is, so an ordinary message prints unchanged.
+
+    At most :data:`LINE_CHARS` characters come back: longer text keeps its start and its end, the
+    middle written ``...[N characters left out]...`` (an escape is never cut in two).
+
+    The one escaper of every ``gpugov:`` line that can hold a user's file name or value
+    (``cli_support.fail`` and ``warn``), of every log line
+    (:class:`gpugov.daemon.log_lines.LineFormatter`), and of the lines a command prints
+    that quote an engine, a GPU or a file."""
+    limit = LINE_CHARS
+    if len(text) <= limit and text.isprintable():
         return text
-    return "".join(
-        repr(char)[1:-1]
-        if unicodedata.category(char) in _ESCAPED_CATEGORIES and char not in _JOINERS
-        else char
-        for char in text
-    )
+    if len(text) <= limit:
+        whole = "".join(map(_shown, text))
+        if len(whole) <= limit:
+            return whole
+    # Each character is written as one character or more, so ``budget`` characters of
+    # each end are all that can be kept.
+    budget = max(0, limit - len(f"...[{len(text)} characters left out]..."))
+    head = _fitting(text[: budget // 2], budget // 2)
+    rest = text[len(head) :]
+    tail = _fitting(reversed(rest[len(rest) - budget :]), budget - sum(map(len, head)))
+    left_out = len(text) - len(head) - len(tail)
+    return f"{''.join(head)}...[{left_out} characters left out]...{''.join(reversed(tail))}"
 
 
 def error_lines(error: BaseException | str) -> list[str]:

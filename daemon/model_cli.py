@@ -26,7 +26,7 @@ from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import check_output_dir, fail, prepare_output_dir
 from gpugov.daemon.config import controller_state_dir, load_config
 from gpugov.daemon.controller_config import OnlineMPCControllerConfig
-from gpugov.daemon.errors import ConfigError
+from gpugov.daemon.errors import ConfigError, printable
 from gpugov.daemon.files import resolve_state_dir, write_files_atomic
 from gpugov.daemon.model_store import StoredModelError, read_stored
 from gpugov.plant.input_files import finite_number
@@ -196,12 +196,16 @@ def _thermal_section(
 
 
 def describe(domain: str, path: Path, payload: dict[str, Any], model: OnlineModel) -> str:
-    """The model as text: key, fit quality, then per-clock predictions with +- 1 std."""
+    """The model as text: key, fit quality, then per-clock predictions with +- 1 std. The
+    key's UUIDs and model name (NVML's and the engine's text) are escaped
+    (:func:`~gpugov.daemon.errors.printable`)."""
     key = payload["key"]
     residual = model.residual_rms()
     lines = [
-        f"domain {domain}: {path}",
-        f"  GPUs {', '.join(key['gpu_uuids']) or '?'}; model {key.get('model_name') or '?'}",
+        printable(f"domain {domain}: {path}"),
+        printable(
+            f"  GPUs {', '.join(key['gpu_uuids']) or '?'}; model {key.get('model_name') or '?'}"
+        ),
         f"  samples {model.samples}, warmed up {'yes' if model.warmed_up else 'no'}, "
         f"confidence {model.confidence():.2f}; fit RMS: busy {residual['busy_s'] * 1e3:.1f} ms, "
         f"energy {residual['energy_j']:.1f} J, temperature {residual['temperature_c']:.2f} C "

@@ -239,10 +239,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         for problem in problems:
             fail(problem)
         return exit_code(problems[0]) or EXIT_FAILURE
-    print(f"{args.file}: OK")
+    print(printable(f"{args.file}: OK"))
     print(describe_config(config))
     for line in report.lines:
-        print(f"  {line}")
+        print(printable(f"  {line}"))  # a GPU's NVML name, a file's path
     # The emulated GPUs need no privilege; the actuator and zeusd hold it for the governor.
     writes_itself = config.daemon.backend in ("nvml", "nvidia-smi")
     locks = not args.offline and writes_itself and not config.daemon.dry_run
@@ -284,7 +284,8 @@ def environ_watchdog_s(environ: Mapping[str, str] | None = None) -> float | None
 
 
 def describe_config(config: GpugovConfig) -> str:
-    """A few lines naming every domain's GPUs, engine, controller and limits."""
+    """A few lines naming every domain's GPUs, engine, controller and limits, each
+    escaped (:func:`~gpugov.daemon.errors.printable`)."""
     d = config.daemon
     lines = [
         f"  period {d.period_s:g} s, backend {d.backend}, metrics "
@@ -307,7 +308,7 @@ def describe_config(config: GpugovConfig) -> str:
             + f"; fail-safe {domain.failsafe} after {config.stale_after_s(domain):g} s; "
             f"dwell {domain.safety.dwell_s:g} s" + (f"; floor {floor:g} MHz" if floor else "")
         )
-    return "\n".join(lines)
+    return "\n".join(map(printable, lines))  # a path in a controller's options
 
 
 # ------------------------------------------------------------------ reset-clocks

@@ -21,6 +21,7 @@ from gpugov.daemon.errors import (
     ExitCode,
     GpuUnavailable,
     NotSupported,
+    printable,
 )
 from gpugov.daemon.node_support import backend_choice, gpu_indices, guarded, write_path_status
 from gpugov.daemon.nvml import NvmlBackend, load_pynvml
@@ -226,43 +227,50 @@ def cmd_status(args: argparse.Namespace) -> int:
         line = f"{'yes' if allowed else 'no'} (through the {kind}: {write_path})"
     else:
         line = "yes" if allowed else "no (needs root or CAP_SYS_ADMIN)"
-    print(f"may lock clocks: {line}")
+    _say(f"may lock clocks: {line}")
     if "gpu_error" in report:
-        print(f"GPUs: unavailable: {report['gpu_error']}")
+        _say(f"GPUs: unavailable: {report['gpu_error']}")
     for gpu in report["gpus"]:
         clock_range = gpu["supported_clock_range_mhz"]
         span = f"{clock_range[0]}-{clock_range[1]} MHz" if clock_range else "not reported"
         who = " ".join(str(part) for part in (gpu["name"], gpu["uuid"]) if part) or "?"
-        print(
+        _say(
             f"GPU {gpu['index']}: {who}; supported {span}; "
             f"now {_num(gpu['sm_clock_mhz'], 'MHz')}, {_num(gpu['power_w'], 'W')}, "
             f"{_num(gpu['temperature_c'], 'C')}"
         )
         if gpu["held_by_gpugov"] is not None:
-            print(f"  {_held_line(gpu['held_by_gpugov'])}")
+            _say(f"  {_held_line(gpu['held_by_gpugov'])}")
     for engine in report["engines"]:
         if engine.get("answer") == "http_error":
-            print(
+            _say(
                 f"engine {engine['url']}: reachable, but answered with an error: {engine['error']}"
             )
         elif engine.get("answer") == "not_a_metrics_page":
-            print(
+            _say(
                 f"engine {engine['url']}: reachable, but its answer is not a metrics page "
                 f"gpugov can read: {engine['error']}"
             )
         elif engine["reachable"]:
             role = f", labels say role {engine['role']}" if engine.get("role") else ""
-            print(
+            _say(
                 f"engine {engine['url']}: reachable ({engine['engine']}, "
                 f"{engine['waiting']} waiting, {engine['running']} running{role})"
             )
         else:
-            print(f"engine {engine['url']}: unreachable: {engine['error']}")
+            _say(f"engine {engine['url']}: unreachable: {engine['error']}")
     if "energy" in report:
         from gpugov.daemon.energy_report import energy_lines
 
-        print("\n".join(energy_lines(report["energy"])))
+        for energy_line in energy_lines(report["energy"]):
+            _say(energy_line)
     return _said_on_stderr(report, code)
+
+
+def _say(line: str) -> None:
+    """Print one line of the report: a GPU's NVML name and UUID, an engine's URL and
+    answer are outside text, escaped and bounded (:func:`~gpugov.daemon.errors.printable`)."""
+    print(printable(line))
 
 
 def _said_on_stderr(report: dict[str, Any], code: int) -> int:

@@ -306,6 +306,9 @@ def _main_guarded(argv: Sequence[str] | None) -> int:
 
         print(f"gpugov: error: {printable(empty)}: empty value", file=sys.stderr)
         return EXIT_USAGE
+    from gpugov.daemon.log_lines import escape_unconfigured_logs
+
+    escape_unconfigured_logs()  # outside text in a warning stays one line
     command = _command_in(argv)
     if command != "run":
         return _main(argv, command, process=process)
