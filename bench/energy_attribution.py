@@ -61,7 +61,7 @@ class PlantTruth:
             "idle_j": self.ledger.idle_j,
             # The counters observe() reports, read without observing (that would close
             # the engine's latency window the daemon reads).
-            "output_tokens": float(self.sim._output_total),
+            "output_tokens": float(self.sim.counters.output_tokens),
             "requests": float(self.sim._completed),
         }
 

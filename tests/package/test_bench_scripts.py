@@ -32,3 +32,20 @@ def test_benchmark_outputs_are_ignored_by_git() -> None:
     from gpugov.study.scoreboard.scenarios import DEFAULT_OUT
 
     assert DEFAULT_OUT.resolve().is_relative_to(ROOT / "bench" / "results")
+
+
+def test_the_energy_attribution_bench_reads_the_plant_it_runs(tmp_path: Path) -> None:
+    """The bench reads the plant's truth beside the daemon (its counters, its requests):
+    a short run must finish and write its JSON, so a plant refactor cannot break it
+    unseen (it once read a counter that had moved to ``PlantSimulation.counters``)."""
+    out = tmp_path / "energy_attribution.json"
+    run = ["--duration", "30", "--profiles", "h100-sxm-llama3-8b", "--traces", "azure-conv"]
+    done = subprocess.run(
+        [sys.executable, "bench/energy_attribution.py", *run, "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "J/tok" in done.stdout and out.is_file()
