@@ -1,7 +1,10 @@
 """An outside controller that hangs costs its domain ticks at the fail-safe, never the loop:
 on a node its call runs on a worker thread with a deadline (``daemon.deadline``). The
-end-to-end cases run the real loop on real time (short periods), since the deadline is a
-wall-clock one; they assert what happened tick by tick, not how long it took."""
+end-to-end cases run the daemon's loop on virtual time with long periods: the deadline is
+still a wall-clock one (a hung call costs it once, in real time), while a call that
+returns at once, a loopback scrape and the late call's return after its release each have
+seconds to happen, however loaded the machine. They assert what happened tick by tick,
+not how long it took."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from daemon_support import MetricsServer, run_ticks
+from daemon_support import JOIN_S, MetricsServer, eventually, run_ticks
 from fake_pynvml import FakeNvml
 
 from gpugov.controllers.contract import layers
@@ -22,7 +25,7 @@ from gpugov.daemon.deadline import DecisionDeadline, DecisionTimeout
 from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.errors import ConfigError, ControllerFailure
-from gpugov.daemon.loop import TimedLoop, run
+from gpugov.daemon.loop import TimedLoop, VirtualClock, run
 from gpugov.daemon.service import domains_from_config
 from gpugov.plant.types import ServingObservation
 
@@ -30,6 +33,13 @@ LOCK = "nvmlDeviceSetGpuLockedClocks"
 RESET = "nvmlDeviceResetGpuLockedClocks"
 CLOCKS = (900.0, 1200.0, 1500.0, 1800.0)
 PERIOD_S = 0.1
+LOOP_PERIOD_S = 30.0
+"""The end-to-end cases' period, on virtual time: the engine's data goes stale only after
+three scrapes in a row fail, each given :data:`SCRAPE_TIMEOUT_S`."""
+SCRAPE_TIMEOUT_S = 10.0
+DEADLINE_S = 2.0
+"""A decision's deadline where a call that returns at once must make it (the thread
+hand-over can take a while on a loaded machine); a hung call costs it once."""
 
 PACKAGE = '''
 """An outside governor that hangs (a blocking call that does not return) from a step on."""
@@ -66,16 +76,23 @@ def hanging(module_on_path: Callable[[str, str], str]) -> Iterator[Any]:
     hanging_governor.release.set()
 
 
-def _config(url: str, *, failsafe: str = "max", **controller: Any) -> Any:
+def _config(
+    url: str,
+    *,
+    failsafe: str = "max",
+    period_s: float = PERIOD_S,
+    engine: dict[str, Any] | None = None,
+    **controller: Any,
+) -> Any:
     return parse_config(
         {
-            "daemon": {"period_s": PERIOD_S},
+            "daemon": {"period_s": period_s},
             "domains": [
                 {
                     "name": "llm",
                     "gpus": [0],
                     "failsafe": failsafe,
-                    "engine": {"kind": "vllm", "url": url},
+                    "engine": {"kind": "vllm", "url": url, **(engine or {})},
                     "controller": {
                         "kind": "external",
                         "factory": "hanging_governor:make",
@@ -85,6 +102,23 @@ def _config(url: str, *, failsafe: str = "max", **controller: Any) -> Any:
             ],
         }
     )
+
+
+def _loop_config(url: str, failsafe: str = "max") -> Any:
+    """A node for the end-to-end cases (period :data:`LOOP_PERIOD_S`, deadline
+    :data:`DEADLINE_S`)."""
+    return _config(
+        url,
+        failsafe=failsafe,
+        period_s=LOOP_PERIOD_S,
+        engine={"timeout_s": SCRAPE_TIMEOUT_S},
+        decision_timeout_s=DEADLINE_S,
+    )
+
+
+def _virtual_loop() -> TimedLoop:
+    clock = VirtualClock()
+    return TimedLoop(LOOP_PERIOD_S, clock=clock, sleep=clock.sleep)
 
 
 def _observation(step: int = 0) -> ServingObservation:
@@ -103,10 +137,10 @@ def _observation(step: int = 0) -> ServingObservation:
 # --------------------------------------------------------------- the wrapper alone
 def test_a_late_call_raises_and_no_new_call_starts_until_it_returns(hanging: Any) -> None:
     inner = hanging.make(ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS))
-    deadline = DecisionDeadline(inner, 0.05)
+    deadline = DecisionDeadline(inner, DEADLINE_S)
     assert deadline(_observation(0)) == 900.0
     assert deadline(_observation(1)) == 900.0
-    with pytest.raises(DecisionTimeout, match=r"within its deadline of 0\.05 s"):
+    with pytest.raises(DecisionTimeout, match=rf"within its deadline of {DEADLINE_S:g} s"):
         deadline(_observation(2))
     for step in (3, 4):
         with pytest.raises(DecisionTimeout, match="still running"):
@@ -116,10 +150,7 @@ def test_a_late_call_raises_and_no_new_call_starts_until_it_returns(hanging: Any
     hanging.hang_from[0] = 10**9
     hanging.release.set()
     assert len(set(hanging.threads)) == 1 and hanging.threads[0] is not threading.main_thread()
-    for _ in range(200):  # the late call returns on its own thread
-        if not deadline.busy:
-            break
-        threading.Event().wait(0.01)
+    assert eventually(lambda: not deadline.busy)  # the late call returns on its own thread
     assert deadline(_observation(5)) == 900.0  # its late answer was discarded, a new call
     assert hanging.calls == [0, 1, 2, 5] and deadline.late_results_discarded == 1
 
@@ -211,42 +242,35 @@ def test_a_hung_outside_controller_costs_ticks_at_the_failsafe_not_the_loop(
     vllm_server: MetricsServer, hanging: Any, caplog: pytest.LogCaptureFixture, failsafe: str
 ) -> None:
     fake = FakeNvml(1)
-    assembled = domains_from_config(_config(vllm_server.url, failsafe=failsafe), nvml=fake)
+    assembled = domains_from_config(_loop_config(vllm_server.url, failsafe), nvml=fake)
     domain = assembled.domains[0]
+    (deadline,) = [x for x in layers(domain.controller) if isinstance(x, DecisionDeadline)]
 
     def on_step(step: int, records: list[TickRecord]) -> None:
         if step == 6:
             hanging.hang_from[0] = 10**9
             hanging.release.set()
+            # The released call returns on its worker; the next tick is after that.
+            assert eventually(lambda: not deadline.busy)
 
     try:
         with caplog.at_level("WARNING", logger="gpugov.daemon.loop"):
-            records, stats = run_ticks(
-                assembled.domains, 14, on_step=on_step, loop=TimedLoop(PERIOD_S)
-            )
+            records, stats = run_ticks(assembled.domains, 14, on_step=on_step, loop=_virtual_loop())
     finally:
         assembled.close()
     assert stats.ticks == 14  # the loop kept ticking through the hang
-    # A slow scrape on a loaded machine can make a tick an engine fail-safe one: that is
-    # the other chain, so the controller's ticks are the ones with the engine data fresh.
-    engine_ticks = {r.step for r in records if r.engine_error is not None}
-    failsafe_ticks = [r.step for r in records if r.failsafe and r.step not in engine_ticks]
-    # The hung tick itself is the first fail-safe one (within its deadline, one period),
-    # and every tick while the call runs; after the release it decides again.
-    hung = min(s for s in range(2, 14) if s not in engine_ticks)  # the first call from step 2
-    assert failsafe_ticks[0] == hung
-    assert failsafe_ticks == [
-        s for s in range(failsafe_ticks[0], failsafe_ticks[-1] + 1) if s not in engine_ticks
-    ]
-    assert 6 <= failsafe_ticks[-1] <= 8
+    # The hung tick (the first call from step 2) is the first fail-safe one, and so is
+    # every tick while the call runs; after the release it decides again.
+    failsafe_ticks = [r.step for r in records if r.failsafe]
+    assert failsafe_ticks == [2, 3, 4, 5, 6]
     assert all(r.decision_mhz is None for r in records if r.failsafe)
     assert records[-1].requested_mhz == 345.0 and not records[-1].failsafe
     if failsafe == "max":
         assert {r.requested_mhz for r in records if r.failsafe} == {1980.0}
     else:
         assert all(r.applied_mhz is None for r in records if r.failsafe)
-    # One call was hung; no other call started while it ran.
-    assert hanging.calls.count(hung) == 1 and not set(range(hung + 1, 7)) & set(hanging.calls)
+    # One call was hung; no other call started while it ran (the first is the warm-up's).
+    assert hanging.calls == [0, 0, 1, 2, *range(7, 14)]
     assert domain.fallback_counts()["controller_timeout"] == len(failsafe_ticks)
     assert "controller_error" not in domain.fallback_counts()
     lines = [r.getMessage() for r in caplog.records]
@@ -259,7 +283,7 @@ def test_a_hung_outside_controller_costs_ticks_at_the_failsafe_not_the_loop(
     # deadline: never on the loop's thread.
     assert all(thread is not threading.main_thread() for thread in hanging.threads)
     (worker,) = set(hanging.threads)
-    worker.join(5.0)  # closing the controller at exit retired it
+    worker.join(JOIN_S)  # closing the controller at exit retired it
     assert not worker.is_alive()
 
 
@@ -267,13 +291,13 @@ def test_a_persistent_hang_stops_the_daemon_with_the_clocks_reset(
     vllm_server: MetricsServer, hanging: Any
 ) -> None:
     fake = FakeNvml(1)
-    assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
+    assembled = domains_from_config(_loop_config(vllm_server.url), nvml=fake)
     records: list[TickRecord] = []
     try:
         with pytest.raises(ControllerFailure) as info:
             run(
                 assembled.domains,
-                TimedLoop(PERIOD_S),
+                _virtual_loop(),
                 on_tick=records.extend,
                 before_tick=lambda now, step: step >= 1000,
                 max_controller_failures=3,
@@ -286,14 +310,11 @@ def test_a_persistent_hang_stops_the_daemon_with_the_clocks_reset(
         "domain llm: controller 'hanging_governor:make' did not decide in time 3 time(s) in a row"
     )
     assert isinstance(info.value.__cause__, DecisionTimeout)
-    # A slow scrape on a loaded machine can make a tick an engine fail-safe one (the other
-    # chain: the controller is not asked, and its count of timeouts in a row stands).
-    engine_ticks = [r.step for r in records if r.engine_error is not None]
     decided = [r.step for r in records if not r.failsafe]
-    timed_out = [r.step for r in records if r.failsafe and r.engine_error is None]
-    assert len(timed_out) == 2  # two survived timeouts; the third stops it, unrecorded
-    assert decided == [s for s in (0, 1) if s not in engine_ticks]
-    assert hanging.calls == [0, *decided, timed_out[0]]  # the warm-up's, decisions, the hung one
+    timed_out = [r.step for r in records if r.failsafe]
+    assert decided == [0, 1]
+    assert timed_out == [2, 3]  # two survived timeouts; the third stops it, unrecorded
+    assert hanging.calls == [0, 0, 1, 2]  # the warm-up's, the decisions, the hung one
     assert (LOCK, 0, 345, 345) in fake.writes
     assert fake.writes[-1] == (RESET, 0) and fake.locked(0) is None
 
@@ -302,12 +323,16 @@ def test_an_in_tree_controller_runs_on_the_loops_thread(vllm_server: MetricsServ
     fake = FakeNvml(1)
     config = parse_config(
         {
-            "daemon": {"period_s": PERIOD_S},
+            "daemon": {"period_s": LOOP_PERIOD_S},
             "domains": [
                 {
                     "name": "llm",
                     "gpus": [0],
-                    "engine": {"kind": "vllm", "url": vllm_server.url},
+                    "engine": {
+                        "kind": "vllm",
+                        "url": vllm_server.url,
+                        "timeout_s": SCRAPE_TIMEOUT_S,
+                    },
                     "controller": {"kind": "reactive"},
                 }
             ],
@@ -327,7 +352,7 @@ def test_an_in_tree_controller_runs_on_the_loops_thread(vllm_server: MetricsServ
     innermost.inner = spy  # type: ignore[attr-defined]
     before = {t.ident for t in threading.enumerate()}
     try:
-        run_ticks(assembled.domains, 3, loop=TimedLoop(PERIOD_S))
+        run_ticks(assembled.domains, 3, loop=_virtual_loop())
     finally:
         assembled.close()
     assert seen == [threading.main_thread()] * 3
