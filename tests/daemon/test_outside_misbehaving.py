@@ -1,20 +1,24 @@
 """An outside controller that breaks the controller contract on a node: an answer that is
 not a clock, ``sys.exit()`` while deciding, a change to the observation, a warm-up that
 never returns. The node runs on (the chain's top clock or the fail-safe, one log line)
-and every lock is reset at exit."""
+and every lock is reset at exit.
+
+The node cases run the daemon's loop on virtual time with long periods: an outside
+controller's deadline is still a wall-clock one (a hung warm-up costs it once, in real
+time), while a call that returns at once and a loopback scrape each have seconds to
+happen, however loaded the machine."""
 
 from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from daemon_support import MetricsServer, run_ticks
+from daemon_support import MetricsServer, eventually, run_ticks
 from fake_pynvml import FakeNvml
 
 from gpugov.controllers.contract import layers
@@ -23,7 +27,7 @@ from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.deadline import DecisionDeadline
 from gpugov.daemon.decide import ControllerContext, build_controller, warm_up
 from gpugov.daemon.domain import Domain, TickRecord
-from gpugov.daemon.loop import TimedLoop
+from gpugov.daemon.loop import TimedLoop, VirtualClock
 from gpugov.daemon.outside import OutsideController, OutsideExit, not_a_clock
 from gpugov.daemon.safety import invalid_decisions
 from gpugov.daemon.service import domains_from_config
@@ -31,7 +35,13 @@ from gpugov.plant.types import ServingObservation
 
 RESET = "nvmlDeviceResetGpuLockedClocks"
 CLOCKS = (900.0, 1200.0, 1500.0, 1800.0)
-PERIOD_S = 0.1
+PERIOD_S = 30.0
+"""The nodes' period, on virtual time: the engine's data goes stale only after three
+scrapes in a row fail, each given :data:`SCRAPE_TIMEOUT_S`."""
+SCRAPE_TIMEOUT_S = 10.0
+DEADLINE_S = 2.0
+"""The outside controller's decision deadline: a call that returns at once makes it even
+when the thread hand-over is slow on a loaded machine; a hung call costs it once."""
 
 PACKAGE = '''
 """Outside governors that misbehave, steered by the test through module globals."""
@@ -99,8 +109,12 @@ def _node(url: str, factory: str) -> Any:
                 {
                     "name": "llm",
                     "gpus": [0],
-                    "engine": {"kind": "vllm", "url": url},
-                    "controller": {"kind": "external", "factory": factory},
+                    "engine": {"kind": "vllm", "url": url, "timeout_s": SCRAPE_TIMEOUT_S},
+                    "controller": {
+                        "kind": "external",
+                        "factory": factory,
+                        "decision_timeout_s": DEADLINE_S,
+                    },
                 }
             ],
         }
@@ -108,8 +122,9 @@ def _node(url: str, factory: str) -> Any:
 
 
 def _run(domains: Any, ticks: int) -> list[TickRecord]:
-    """The real loop on real time until ``ticks`` ticks have run: their records."""
-    return run_ticks(domains, ticks, loop=TimedLoop(PERIOD_S))[0]
+    """The daemon's loop on virtual time until ``ticks`` ticks have run: their records."""
+    clock = VirtualClock()
+    return run_ticks(domains, ticks, loop=TimedLoop(PERIOD_S, clock=clock, sleep=clock.sleep))[0]
 
 
 def _run_node(
@@ -262,11 +277,7 @@ def test_a_warm_up_that_never_returns_does_not_stall_the_node_start(
         assert domain.fallback_counts()["controller_timeout"] == 2
         governor.release.set()
         (deadline,) = [x for x in layers(domain.controller) if isinstance(x, DecisionDeadline)]
-        for _ in range(500):  # the released call returns on the worker thread
-            if not deadline.busy:
-                break
-            time.sleep(0.01)
-        assert not deadline.busy
+        assert eventually(lambda: not deadline.busy)  # the released call returns on its worker
         records = _run(assembled.domains, 2)
         assert not records[-1].failsafe and records[-1].requested_mhz == 1200.0
     finally:
