@@ -178,8 +178,11 @@ def test_a_client_that_leaves_aborts_its_request(stream: bool) -> None:
         while any(node._streams) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(node._streams), "the request was not aborted"
-        time.sleep(0.2)  # the plant ends it after its current iteration
+        # The plant ends it after its current iteration, once its thread next advances.
         simulation = node.simulations[0]
+        deadline = time.monotonic() + 30.0
+        while simulation.observe().decode_active and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert simulation.observe().decode_active == 0
         assert simulation.generated_tokens(0) < 2000  # it stopped generating
         assert sum(node.stats[0].finished.values()) == 0  # not counted as finished
