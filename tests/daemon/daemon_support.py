@@ -177,3 +177,21 @@ def lock_state_reading(exporter: Any, fake: Any) -> tuple[float | None, float | 
         get("gpugov_lock_state_stale_active"),
         fake.locked(0),
     )
+
+
+def sigterm_once_open(monkeypatch: Any) -> None:
+    """Make ``gpugov run`` receive a SIGTERM right after it has opened (and reconciled)
+    its GPUs, before its first tick (``monkeypatch``: pytest's fixture)."""
+    import os
+    import signal
+
+    import gpugov.daemon.node_cli as node_cli
+
+    real = node_cli.domains_from_config
+
+    def terminated_once_open(*args: object, **kwargs: object) -> object:
+        assembled = real(*args, **kwargs)  # type: ignore[arg-type]
+        os.kill(os.getpid(), signal.SIGTERM)
+        return assembled
+
+    monkeypatch.setattr(node_cli, "domains_from_config", terminated_once_open)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import MetricsServer, fixture_text
+from daemon_support import MetricsServer, fixture_text, sigterm_once_open
 from fake_pynvml import FakeNvml
 
 import gpugov.daemon.node_cli as node_cli
@@ -520,22 +520,6 @@ def test_sigterm_before_the_daemon_handles_signals_ends_the_start_cleanly(
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def _sigterm_once_open(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make ``gpugov run`` receive a SIGTERM right after it has opened (and reconciled)
-    its GPUs, before its first tick."""
-    import os
-    import signal
-
-    real = node_cli.domains_from_config
-
-    def terminated_once_open(*args: object, **kwargs: object) -> object:
-        assembled = real(*args, **kwargs)  # type: ignore[arg-type]
-        os.kill(os.getpid(), signal.SIGTERM)
-        return assembled
-
-    monkeypatch.setattr(node_cli, "domains_from_config", terminated_once_open)
-
-
 def test_a_stop_during_the_start_ends_it_before_the_loop(
     tmp_path: Path,
     metrics_server: MetricsServer,
@@ -548,7 +532,7 @@ def test_a_stop_during_the_start_ends_it_before_the_loop(
     import logging
 
     metrics_server.page = fixture_text("vllm_v1_real.txt")
-    _sigterm_once_open(monkeypatch)
+    sigterm_once_open(monkeypatch)
     with caplog.at_level(logging.INFO):
         assert node_cli.main(["run", "--config", str(_config(tmp_path, metrics_server.url))]) == 0
     text = caplog.text
@@ -575,7 +559,7 @@ def _start_on_gpu_0_and_stop(
         '[[domains]]\nname = "llm"\ngpus = [0]\n'
         f'[domains.engine]\nkind = "vllm"\nurl = "{metrics_server.url}"\n'
     )
-    _sigterm_once_open(monkeypatch)
+    sigterm_once_open(monkeypatch)
     with caplog.at_level(logging.INFO):
         assert node_cli.main(["run", "--config", str(config)]) == 0
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_support import MetricsServer, fixture_text
+from daemon_support import MetricsServer, fixture_text, sigterm_once_open
 from fake_pynvml import FakeNvml
 
 import gpugov.daemon.node_cli as node_cli
@@ -137,19 +137,9 @@ def test_a_forged_model_name_on_the_engine_page_is_one_escaped_log_line(
     """``gpugov run`` logs the start's refused scrape, which quotes the page's
     ``model_name``: its newline started a forged log line, its escape cleared the
     terminal. Now stderr holds only the daemon's own lines, the label escaped in one."""
-    import os
-    import signal
-
     _without_pytests_handlers(monkeypatch)
     metrics_server.page = _forged_page(FORGED)
-    real = node_cli.domains_from_config
-
-    def stopped_once_open(*args: object, **kwargs: object) -> object:
-        assembled = real(*args, **kwargs)  # type: ignore[arg-type]
-        os.kill(os.getpid(), signal.SIGTERM)
-        return assembled
-
-    monkeypatch.setattr(node_cli, "domains_from_config", stopped_once_open)
+    sigterm_once_open(monkeypatch)
     config = tmp_path / "gpugov.toml"
     config.write_text(
         f'[daemon]\nmetrics_address = ""\nstate_dir = "{tmp_path}"\nlog_level = "info"\n'
