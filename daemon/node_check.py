@@ -103,8 +103,14 @@ def period_warnings(config: GpugovConfig) -> list[str]:
     period = config.daemon.period_s
     if period <= ONLINE_PERIOD_S:
         return []
+    setting = "daemon.period_s"
+    if "period_s" not in config.daemon.model_fields_set:
+        setting += (
+            " unset, kept at 1 s by another domain's controller or a timing the file sets; "
+            f"set period_s = {ONLINE_PERIOD_S:g} to be told which"
+        )
     return [
-        f"domain {domain.name!r} runs mpc-online every {period:g} s (daemon.period_s); its "
+        f"domain {domain.name!r} runs mpc-online every {period:g} s ({setting}); its "
         f"recommended period is {ONLINE_PERIOD_S:g} s, as a node of mpc-online alone and "
         f"'gpugov simulate' run it: at {period:g} s it learns and reacts "
         f"{period / ONLINE_PERIOD_S:.3g} times slower"

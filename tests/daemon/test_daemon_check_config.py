@@ -327,6 +327,13 @@ def test_mpc_online_slower_than_its_recommended_period_gets_one_warning_line(
         path = _write(tmp_path, daemon=daemon, tables=online)
         assert node_cli.main(["check-config", str(path)]) == 0
         assert "warning" not in capsys.readouterr().err
+    # Unset, but an engine deadline of 0.3 s keeps it at 1 s: the line says how to learn why.
+    path = _write(tmp_path, tables=online)
+    path.write_text(path.read_text().replace(ENGINE, ENGINE + "timeout_s = 0.3\n", 1))
+    assert node_cli.main(["check-config", str(path)]) == 0
+    (warning,) = capsys.readouterr().err.splitlines()
+    assert "every 1 s (daemon.period_s unset, kept at 1 s by" in warning
+    assert "set period_s = 0.25 to be told which" in warning
 
 
 def test_a_pool_is_warned_only_for_the_slo_its_role_is_judged_on(
