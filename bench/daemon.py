@@ -160,7 +160,7 @@ def bench_parts(url: str, gpus: int, repeats: int = 500, real: bool = False) -> 
     observer = assembled.domains[0].observer  # type: ignore[attr-defined]
     started = time.perf_counter()
     for _ in range(repeats):
-        for backend in observer.backends:
+        for backend in observer.gpus.backends:
             backend.sample()
     gpu_ms = 1e3 * (time.perf_counter() - started) / repeats
     started = time.perf_counter()

@@ -74,7 +74,7 @@ class PlantTruth:
 def _read_utilization(domain: Any, utilization: Callable[[], float]) -> None:
     """Make the GPUs report ``utilization()`` instead of the plant's exact busy share of
     the window."""
-    for backend in domain.observer.backends:
+    for backend in domain.observer.gpus.backends:
         read = backend.sample
 
         def sample(read: Any = read) -> Any:

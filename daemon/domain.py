@@ -174,7 +174,7 @@ class Domain:
         controller set gives way to the GPUs' own limits either way."""
         self._apply_cap(failsafe=True)
         if self.failsafe_mode == "max":
-            clocks = self.observer.supported_clocks_mhz()
+            clocks = self.observer.gpus.supported_clocks_mhz()
             target = clocks[-1]
             return target, self.actuator.apply(int(target))
         return None, self.actuator.unlock()
@@ -435,7 +435,7 @@ class Domain:
             decisions_total=self.decisions,
             clock_writes_total=self.actuator.writes,
             engine_errors_total=self.observer.engine_errors,
-            gpu_read_errors_total=dict(self.observer.gpu_read_errors),
+            gpu_read_errors_total=dict(self.observer.gpus.gpu_read_errors),
             fallbacks_total=self.fallback_counts(),
             solve_buckets=tuple(self.solve.buckets()),
             solve_sum_s=self.solve.sum_s,

@@ -387,9 +387,7 @@ def run(
                     ]
             except GpuLost as lost:
                 lost.mid_run = True  # the command's line: the others are being reset
-                lost.other_gpus = max(
-                    0, sum(len(getattr(d.observer, "backends", ())) for d in domains) - 1
-                )
+                lost.other_gpus = max(0, sum(len(d.observer.gpus.backends) for d in domains) - 1)
                 raise
             elapsed = wall() - started
             stats.ticks += 1

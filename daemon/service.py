@@ -274,7 +274,7 @@ def build_domain(
         domain=name,
         tail_quantile=DEFAULT_TAIL_QUANTILE if slo_target is None else slo_target.attainment,
     )
-    clocks = observer.supported_clocks_mhz()
+    clocks = observer.gpus.supported_clocks_mhz()
     if not clocks:
         raise NotSupported(
             f"domain {name!r}: its GPUs ({', '.join(b.label for b in backends)}) have no "
@@ -427,10 +427,10 @@ def _domain_header(domain: Domain, config_fields: dict[str, Any]) -> dict[str, A
     return {
         "name": domain.name,
         "controller": domain.label,
-        "gpus": [b.label for b in domain.observer.backends],
+        "gpus": [b.label for b in domain.observer.gpus.backends],
         # NVML names, so that `gpugov replay` can fill an mpc-online `gpu = "auto"` hint.
-        "gpu_names": gpu_names(domain.observer.backends),
-        "supported_clocks_mhz": list(domain.observer.supported_clocks_mhz()),
+        "gpu_names": gpu_names(domain.observer.gpus.backends),
+        "supported_clocks_mhz": list(domain.observer.gpus.supported_clocks_mhz()),
         "role": domain.observer.role,
         **config_fields,
     }

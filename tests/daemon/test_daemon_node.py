@@ -153,7 +153,7 @@ def test_transient_read_errors_survived(vllm_server: MetricsServer) -> None:
     assembled.close()
     assert stats.ticks == 5
     assert records[2].gpu_read_errors == ("0:temperature", "1:temperature")
-    assert assembled.domains[0].observer.gpu_read_errors == {"0": 1, "1": 1}
+    assert assembled.domains[0].observer.gpus.gpu_read_errors == {"0": 1, "1": 1}
 
 
 def test_sigterm_resets_clocks(vllm_server: MetricsServer) -> None:
@@ -289,7 +289,7 @@ def test_exit_resets_first_then_closes_each_controller_on_its_own(
     assembled = domains_from_config(config, nvml=fake)
     events: list[str] = []
     for domain, error in zip(assembled.domains, (ValueError("bad state"), None), strict=True):
-        clocks = domain.observer.supported_clocks_mhz()
+        clocks = domain.observer.gpus.supported_clocks_mhz()
         domain.controller = with_safety(_Closing(events, domain.name, error), clocks)
         restore = domain.actuator.restore
 
@@ -315,7 +315,7 @@ def test_dry_run_writes_nothing(vllm_server: MetricsServer) -> None:
     assembled.close()
     assert fake.writes == []
     assert records[-1].applied_mhz == 1410  # what it would have locked
-    dry = assembled.domains[0].observer.backends[0]
+    dry = assembled.domains[0].observer.gpus.backends[0]
     assert dry.writes[0] == ("lock", 1410, 1410) and dry.writes[-1] == ("reset",)  # type: ignore[attr-defined]
 
 

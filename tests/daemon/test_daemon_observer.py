@@ -411,7 +411,7 @@ def test_gpu_read_errors_counted_lost_raises() -> None:
     observer.observe(0.0, 0, None)
     gpu.next = TransientGpuError("timeout")
     observer.observe(1.0, 1, None)
-    assert observer.gpu_read_errors == {"0": 3}
+    assert observer.gpus.gpu_read_errors == {"0": 3}
     gpu.next = GpuLost("gone")
     with pytest.raises(GpuLost):
         observer.observe(2.0, 2, None)
@@ -441,7 +441,7 @@ def test_a_gpu_whose_samples_keep_failing_is_logged_once_a_minute_and_counted_ea
     ]
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert "GPU 0: sampled again after 150 failed samples" in infos
-    assert observer.gpu_read_errors == {"0": 150}
+    assert observer.gpus.gpu_read_errors == {"0": 150}
 
 
 def test_a_late_tick_names_what_the_engine_last_did_not_a_zero_deadline() -> None:

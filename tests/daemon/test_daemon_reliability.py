@@ -242,7 +242,7 @@ def test_a_field_read_that_keeps_failing_is_one_warning_and_one_line_when_back(
         "(gpugov_gpu_read_errors_total)",
         "GPU 0: its temperature reads again after 10 failed read(s)",
     ]
-    assert observer.gpu_read_errors["0"] == 11
+    assert observer.gpus.gpu_read_errors["0"] == 11
 
 
 def test_scrape_warnings_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
@@ -687,7 +687,7 @@ def test_the_observer_drops_a_power_far_above_the_limit_and_says_so_once(
         for step in range(3):
             observed = observer.observe(float(step), step, None)
     assert observed.gpu_samples[0].power_w is None
-    assert observer.gpu_read_errors["0"] == 3
+    assert observer.gpus.gpu_read_errors["0"] == 3
     lines = [r.getMessage() for r in caplog.records if "power read" in r.getMessage()]
     assert len(lines) == 1 and "9000 W" in lines[0] and "700 W" in lines[0]
     backend.close()

@@ -103,7 +103,7 @@ def test_virtual_minutes_match_plant_simulate_and_metrics_are_live(
         assert o.ttft_slo_s is not None and o.ttft_slo_s >= plant.profile.ttft_slo_s
 
     # The actuator reset the simulated GPU (to the maximum) after the result was frozen.
-    backend = sim.domain.observer.backends[0]
+    backend = sim.domain.observer.gpus.backends[0]
     assert backend.resets == 1  # type: ignore[attr-defined]
 
     # The recording replays through the same controller with no difference ...
@@ -189,7 +189,7 @@ def test_tensor_parallel_plant_is_a_multi_gpu_domain() -> None:
     assert plant.tensor_parallel == 4
     clock = VirtualClock()
     sim = simulated_run(workload, plant, ReactiveControllerConfig(kind="reactive"), clock)
-    backends = sim.domain.observer.backends
+    backends = sim.domain.observer.gpus.backends
     assert [b.label for b in backends] == ["0", "1", "2", "3"]
     records: list[TickRecord] = []
     run(

@@ -247,7 +247,7 @@ def test_a_simulated_gpu_realising_a_lock_lower_is_written_once() -> None:
         on_tick=records.extend,
         before_tick=sim.before_tick,
     )
-    (backend,) = sim.domain.observer.backends
+    (backend,) = sim.domain.observer.gpus.backends
     assert isinstance(backend, SimulatedBackend)
     assert stats.ticks >= TICKS
     assert list(backend.locks) == [(1410, 1410)]

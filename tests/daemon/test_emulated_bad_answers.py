@@ -224,7 +224,7 @@ def test_a_frozen_emulator_is_logged_as_a_gpu_whose_samples_fail(
         "GPU 0: sampled again after 3 failed samples",
     ]
     assert caplog.records[0].levelno == logging.WARNING
-    assert observer.gpu_read_errors == {"0": 3}
+    assert observer.gpus.gpu_read_errors == {"0": 3}
 
 
 def test_an_emulator_still_starting_is_waited_for_and_one_that_never_answers_is_no_gpu() -> None:

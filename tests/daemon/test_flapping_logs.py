@@ -123,7 +123,7 @@ def test_a_gpu_read_failing_now_and_then_logs_one_run_a_minute(
         "logged: it comes and goes)",
         "GPU 0: sampled again after 2 failed samples",
     ]
-    assert observer.gpu_read_errors == {"0": 80}
+    assert observer.gpus.gpu_read_errors == {"0": 80}
 
 
 class SometimesRaising:

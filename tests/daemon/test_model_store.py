@@ -623,7 +623,7 @@ def test_a_dry_run_keys_the_model_by_the_gpu_uuids(
     for dry_run in (False, True):
         assembled = domains_from_config(config, dry_run=dry_run, nvml=fake)
         try:
-            backends = assembled.domains[0].observer.backends
+            backends = assembled.domains[0].observer.gpus.backends
             assert all(isinstance(b, DryRunBackend) for b in backends) == dry_run
             layers = controller_layers(assembled.domains[0].controller)
             wrapper = next(x for x in layers if isinstance(x, PersistentOnlineModel))

@@ -1,0 +1,218 @@
+"""A domain's GPU sampling: each GPU's sample per tick, implausible readings and failed reads
+counted and logged at a bounded rate; it shares only the tick with the observer's engine side."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+from gpugov.daemon.backend import (
+    POWER_OVER_LIMIT_FACTOR,
+    GpuBackend,
+    GpuSample,
+    clock_tolerance_mhz,
+    plausible_clock,
+    plausible_power,
+)
+from gpugov.daemon.episode_log import EpisodeLog
+from gpugov.daemon.errors import TransientGpuError
+
+# The observer's logger, not this module's: these lines were the observer's and keep the
+# name an operator's filters (and the log format's ``%(name)s``) know them by.
+log = logging.getLogger("gpugov.daemon.observer")
+
+
+class DomainGpus:
+    """Samples a domain's GPUs each tick (:meth:`sample`).
+
+    Args:
+        backends: the domain's GPUs.
+        log_every_s: while a GPU's samples keep failing, one reminder per this many
+            seconds; a trouble that comes and goes logs at most one start per this many
+            seconds (:class:`~daemon.episode_log.EpisodeLog`).
+
+    :attr:`gpu_read_errors` counts, per GPU label, the reads that failed and were
+    survived: a whole sample that failed counts one, each field left out of a sample one,
+    an implausible clock or power one (``gpugov_gpu_read_errors_total``).
+    """
+
+    def __init__(self, backends: Sequence[GpuBackend], *, log_every_s: float = 60.0) -> None:
+        self.backends = list(backends)
+        self.log_every_s = log_every_s
+        self._supported: tuple[float, ...] | None = None
+        self._sample_episodes: dict[str, EpisodeLog] = {}
+        self.gpu_read_errors: dict[str, int] = {b.label: 0 for b in self.backends}
+        self._implausible_logged: set[str | tuple[str, str]] = set()
+        self._field_failures: dict[tuple[str, str], int] = {}
+        """Per (GPU, sample field): reads of it failed in a row."""
+        self._field_episodes: dict[tuple[str, str], EpisodeLog] = {}
+        self._power_ceiling_w: dict[str, float | None] = {}
+        self._sample_failures: dict[str, tuple[int, float, float]] = {}
+        self._clock_bounds: dict[str, tuple[float, float, float]] = {}
+
+    def supported_clocks_mhz(self) -> tuple[float, ...]:
+        """Clocks every GPU of the domain supports, ascending (cached)."""
+        if self._supported is None:
+            common = set(self.backends[0].supported_clocks_mhz())
+            for backend in self.backends[1:]:
+                common &= set(backend.supported_clocks_mhz())
+            self._supported = tuple(float(c) for c in sorted(common))
+        return self._supported
+
+    def sample(self, now_s: float) -> tuple[GpuSample, ...]:
+        """Each GPU's sample at the tick ``now_s``, in the order of :attr:`backends`; a
+        GPU whose sample failed transiently gives an empty one (``read_errors`` =
+        ``("sample",)``).
+
+        Raises:
+            GpuLost: a GPU fell off the bus.
+        """
+        samples = []
+        for backend in self.backends:
+            try:
+                sample = backend.sample()
+            except TransientGpuError as error:
+                self._report_sample_failure(backend.label, now_s, error)
+                sample = GpuSample(gpu=backend.label, read_errors=("sample",))
+            else:
+                self._report_sample_recovery(backend.label)
+                self._report_field_reads(backend.label, sample.read_errors, now_s)
+            sample = self._plausible(backend, sample)
+            if sample.read_errors:
+                self.gpu_read_errors[backend.label] += len(sample.read_errors)
+            samples.append(sample)
+        return tuple(samples)
+
+    def _plausible(self, backend: GpuBackend, sample: GpuSample) -> GpuSample:
+        """The sample with an SM clock outside what its GPU can run at
+        (:func:`~daemon.backend.plausible_clock`), or a power far above what it may draw
+        (:func:`~daemon.backend.plausible_power`), taken as a failed read; the first one
+        of each per GPU is logged."""
+        checked = self._plausible_power(backend, sample)
+        if checked.sm_clock_mhz is None:
+            return checked
+        sample = checked
+        bounds = self._clock_bounds.get(backend.label)
+        if bounds is None:
+            clocks = backend.supported_clocks_mhz()
+            bounds = (min(clocks), max(clocks), clock_tolerance_mhz(clocks))
+            self._clock_bounds[backend.label] = bounds
+        checked = plausible_clock(sample, *bounds)
+        if checked is not sample and backend.label not in self._implausible_logged:
+            self._implausible_logged.add(backend.label)
+            log.warning(
+                "GPU %s: SM clock read %.0f MHz, outside the %.0f-%.0f MHz it supports: "
+                "counted as a failed read (gpugov_gpu_read_errors_total; not logged again)",
+                backend.label,
+                sample.sm_clock_mhz,
+                bounds[0],
+                bounds[1],
+            )
+        return checked
+
+    def _plausible_power(self, backend: GpuBackend, sample: GpuSample) -> GpuSample:
+        """The sample with a power reading far above the GPU's highest power limit taken
+        as a failed read (logged once per GPU)."""
+        if sample.power_w is None:
+            return sample
+        label = backend.label
+        if label not in self._power_ceiling_w:
+            limits = None
+            read = getattr(backend, "power_limit_constraints_w", None)
+            if read is not None:
+                try:
+                    limits = read()
+                except Exception as error:  # an optional read: the enforced limit serves
+                    log.debug("GPU %s: power limit constraints not read: %s", label, error)
+            high = None if limits is None else float(limits[1])
+            self._power_ceiling_w[label] = high if high and math.isfinite(high) else None
+        checked = plausible_power(sample, self._power_ceiling_w[label])
+        if checked is not sample and ("power", label) not in self._implausible_logged:
+            self._implausible_logged.add(("power", label))
+            log.warning(
+                "GPU %s: power read %.0f W, over %.0fx the most it may draw (%.0f W): counted "
+                "as a failed read (gpugov_gpu_read_errors_total; not logged again)",
+                label,
+                sample.power_w,
+                POWER_OVER_LIMIT_FACTOR,
+                self._power_ceiling_w[label] or sample.power_limit_w or 0.0,
+            )
+        return checked
+
+    def _report_sample_failure(self, gpu: str, now_s: float, error: Exception) -> None:
+        """One WARNING when a GPU's sample first fails, then one reminder per
+        ``log_every_s`` while it keeps failing (a backend that times out every tick, the
+        nvidia-smi one, logged every tick); a GPU whose samples fail now and then logs at
+        most one such run per ``log_every_s`` (:class:`~daemon.episode_log.EpisodeLog`).
+        Each failure is counted in the metrics."""
+        count, since_s, reminded_s = self._sample_failures.get(gpu, (0, now_s, now_s))
+        count += 1
+        if count == 1:
+            episodes = self._sample_episodes.get(gpu)
+            if episodes is None:  # made once per GPU, not at every failed sample
+                episodes = self._sample_episodes[gpu] = EpisodeLog(self.log_every_s)
+            note = episodes.start(now_s)
+            if note is None:
+                log.debug("GPU %s: sample failed: %s", gpu, error)
+            else:
+                log.warning("GPU %s: sample failed: %s%s", gpu, error, note)
+        elif now_s - reminded_s >= self.log_every_s:
+            reminded_s = now_s
+            self._sample_episodes[gpu].reminded()
+            log.warning(
+                "GPU %s: samples still failing: %d in a row over %.0f s: %s",
+                gpu,
+                count,
+                now_s - since_s,
+                error,
+            )
+        else:
+            log.debug("GPU %s: sample failed: %s", gpu, error)
+        self._sample_failures[gpu] = (count, since_s, reminded_s)
+
+    def _report_field_reads(self, gpu: str, failed: tuple[str, ...], now_s: float) -> None:
+        """Reads of single fields of a GPU's sample (its temperature, its power, ...) that
+        failed while the rest was read: one WARNING when a field first fails, and one INFO
+        line when it reads again, each field's starts at most one a ``log_every_s``
+        (:class:`~daemon.episode_log.EpisodeLog`), as whole samples are. Each failure is
+        counted in the metrics."""
+        for name in failed:
+            key = (gpu, name)
+            count = self._field_failures.get(key, 0)
+            if count == 0:
+                episodes = self._field_episodes.get(key)
+                if episodes is None:
+                    episodes = self._field_episodes[key] = EpisodeLog(self.log_every_s)
+                note = episodes.start(now_s)
+                log.log(
+                    logging.DEBUG if note is None else logging.WARNING,
+                    "GPU %s: its %s read failed; left out of the sample while it fails "
+                    "(gpugov_gpu_read_errors_total)%s",
+                    gpu,
+                    name,
+                    note or "",
+                )
+            self._field_failures[key] = count + 1
+        for key in [k for k in self._field_failures if k[0] == gpu and k[1] not in failed]:
+            count = self._field_failures.pop(key)
+            logged = self._field_episodes[key].end()
+            log.log(
+                logging.INFO if logged else logging.DEBUG,
+                "GPU %s: its %s reads again after %d failed read(s)",
+                gpu,
+                key[1],
+                count,
+            )
+
+    def _report_sample_recovery(self, gpu: str) -> None:
+        """One INFO line when a GPU whose samples failed is sampled again."""
+        failed = self._sample_failures.pop(gpu, None)
+        logged = failed is not None and self._sample_episodes[gpu].end()
+        if failed is not None and failed[0] > 1:
+            log.log(
+                logging.INFO if logged else logging.DEBUG,
+                "GPU %s: sampled again after %d failed samples",
+                gpu,
+                failed[0],
+            )
