@@ -1,40 +1,26 @@
-"""Engine sources: scrape a serving engine's Prometheus ``/metrics`` into an EngineSample.
-
-``VllmSource``, ``SglangSource`` and ``TgiSource`` fetch the page over HTTP
-(:mod:`daemon.scrape`: one kept-alive connection, one overall deadline per scrape, a size
-cap) and parse only the lines of the series they use (:mod:`daemon.exposition`, which
-also says how one name's series combine). :func:`detect_engine` picks the engine from the
-metric names. The derivations from these cumulative values to a ``ServingObservation`` live in
-:mod:`daemon.observer` and ``docs/daemon.md``.
+"""What each serving engine's Prometheus ``/metrics`` page means: the :class:`EngineSample`
+and :class:`EngineSource` protocol the observer reads, each engine's sample names
+(:class:`EngineSpec`: ``VLLM``, ``SGLANG``, ``TGI``), their extraction from the series
+:mod:`daemon.exposition` parsed (:func:`extract`), the engine's detection from its metric
+names and the pool role its labels state. No I/O: the sources that fetch a page and read it
+with these are :mod:`daemon.engine_sources`. The derivations from these cumulative values to
+a ``ServingObservation`` live in :mod:`daemon.observer` and ``docs/daemon.md``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import re
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 from gpugov.daemon.attainment import Buckets
-from gpugov.daemon.errors import EngineParseError, EngineUnavailable
-from gpugov.daemon.exposition import (
-    RANK_LABELS,
-    Aggregate,
-    ParseTimeout,
-    Series,
-    SeriesCache,
-    aggregate,
-    parse_page,
-)
-from gpugov.daemon.scrape import MAX_PAGE_BYTES, Fetcher, KeepAliveFetcher
+from gpugov.daemon.errors import EngineParseError
+from gpugov.daemon.exposition import RANK_LABELS, Aggregate, Series, aggregate
 
 EngineKind = Literal["vllm", "sglang", "tgi"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -731,179 +717,3 @@ def with_disaggregation(spec: EngineSpec, series: Series, sample: EngineSample) 
             kv_bootstrap_queue_requests=_count(_summed(series, SGLANG_BOOTSTRAP_QUEUES)),
         )
     return dataclasses.replace(sample, **update)  # type: ignore[arg-type]
-
-
-class ScrapedSource:
-    """An engine's ``/metrics`` page over HTTP.
-
-    Args:
-        url: the metrics URL, e.g. ``http://127.0.0.1:8000/metrics``.
-        kind: ``"vllm"``, ``"sglang"``, ``"tgi"`` or ``"auto"`` (detected on the first
-            successful scrape, and again on a page without the detected kind's queue
-            gauges: an engine of another kind restarted on the same port).
-        timeout_s: one deadline for the whole scrape (connect, headers, body, reading
-            the page).
-        fetch: ``(url, timeout_s) -> text``; tests may pass their own.
-        max_page_bytes: a larger page is refused (a bad scrape).
-    """
-
-    def __init__(
-        self,
-        url: str,
-        kind: EngineKind | Literal["auto"] = "auto",
-        *,
-        timeout_s: float = 0.5,
-        fetch: Fetcher | None = None,
-        max_page_bytes: int = MAX_PAGE_BYTES,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if kind != "auto" and kind not in SPECS:
-            raise ValueError(f"unknown engine kind {kind!r}; expected auto, {', '.join(SPECS)}")
-        self.url = url
-        self.timeout_s = timeout_s
-        self._fetch = fetch or KeepAliveFetcher(max_bytes=max_page_bytes)
-        self.spec: EngineSpec | None = None if kind == "auto" else SPECS[kind]
-        self._auto = kind == "auto"
-        self._wanted = None if self.spec is None else self.spec.wanted()
-        self._cache: SeriesCache = {}
-        self._missing: tuple[str, ...] = ()
-        self._clock = clock
-
-    @property
-    def kind(self) -> str:
-        """The engine kind, ``"auto"`` until detected."""
-        return "auto" if self.spec is None else self.spec.kind
-
-    def scrape(self, timeout_s: float | None = None) -> EngineSample:
-        """Fetch and parse the page within ``timeout_s`` (default: the source's own): one
-        deadline for the fetch and the reading of the page together, so a page too large
-        to read in time (hundreds of thousands of series) is a late scrape, never a loop
-        stalled for seconds on data it then takes as fresh.
-
-        Raises:
-            EngineUnavailable: fetch failed or timed out, or the page was still being
-                read at the deadline. EngineParseError: bad text, impossible values or
-                unknown engine.
-        """
-        budget = self.timeout_s if timeout_s is None else max(0.0, min(timeout_s, self.timeout_s))
-        deadline = self._clock() + budget
-        text = self._fetch(self.url, budget)
-        try:
-            if self.spec is None:
-                self._detect(text)
-            try:
-                sample = self._parse(text, deadline)
-            except EngineParseError:
-                if not self._auto or not self._detect(text):
-                    raise
-                sample = self._parse(text, deadline)
-        except ParseTimeout as error:
-            raise self._unread(text, budget) from error
-        if self._clock() > deadline:
-            raise self._unread(text, budget)
-        return sample
-
-    def _unread(self, text: str, budget: float) -> EngineUnavailable:
-        """The failure of a page fetched in time but not read by the deadline."""
-        return EngineUnavailable(
-            f"{self.url}: timed out: its page ({len(text)} characters) was not read within "
-            f"{budget:.3g} s (a page this large needs a longer engine.timeout_s)"
-        )
-
-    def _detect(self, text: str) -> bool:
-        """Detect the engine kind from ``text`` (``kind = "auto"``); whether it changed. A
-        page of another kind than the one detected before is an engine of that kind
-        restarted on the same port (one WARNING): it was read as a page without queue
-        gauges, the fail-safe held until the daemon restarted.
-
-        Raises:
-            EngineParseError: no engine's metrics on a first page.
-        """
-        kind = detect_engine_on_page(text)
-        if kind is None:
-            if self.spec is not None:
-                return False
-            raise EngineParseError(
-                f"{self.url}: no vllm:, sglang: or tgi_ metrics on the page; "
-                "set the engine kind explicitly"
-            )
-        if self.spec is not None and self.spec.kind == kind:
-            return False
-        if self.spec is not None:
-            log.warning(
-                "%s: the engine is now %s (it was %s): read as %s from here (engine kind auto)",
-                self.url,
-                kind,
-                self.spec.kind,
-                kind,
-            )
-        self.spec = SPECS[kind]
-        self._wanted = self.spec.wanted()
-        self._cache = {}
-        self._missing = ()
-        return True
-
-    def _parse(self, text: str, deadline: float | None = None) -> EngineSample:
-        """The engine sample of the page ``text``, as the detected kind reads it (given up
-        past ``deadline``: :class:`~daemon.exposition.ParseTimeout`)."""
-        assert self.spec is not None and self._wanted is not None
-        clock = self._clock
-        series = parse_page(
-            text, self._wanted, self.url, self._cache, deadline=deadline, clock=clock
-        )
-        if DYNAMO_MARK in text:  # a Dynamo worker: its component series name the role
-            dynamo = parse_page(
-                text, DYNAMO_SERIES, self.url, self._cache, deadline=deadline, clock=clock
-            )
-            series.update(dynamo)
-        if deadline is not None and clock() > deadline:
-            raise ParseTimeout(f"{self.url}: the page was read past its deadline")
-        sample = extract(self.spec, series, self.url)
-        self._report_missing(missing_series(self.spec, series))
-        return sample
-
-    def _report_missing(self, missing: tuple[str, ...]) -> None:
-        """One WARNING when the page lacks series the governor reads (an engine version
-        that names them otherwise, metrics it does not publish yet), naming them; one
-        INFO when it has them all again; nothing while the set is unchanged."""
-        if missing == self._missing:
-            return
-        kind = self.kind
-        if missing:
-            log.warning(
-                "%s: the %s page lacks %s (what derives from them stays unknown until "
-                "the page has them)",
-                self.url,
-                kind,
-                "; ".join(missing),
-            )
-        else:
-            log.info("%s: the %s page now has every series the governor reads", self.url, kind)
-        self._missing = missing
-
-    def close(self) -> None:
-        """Close kept-alive connections."""
-        close = getattr(self._fetch, "close", None)
-        if close is not None:
-            close()
-
-
-class VllmSource(ScrapedSource):
-    """vLLM: V1 names, with the deprecated aliases older fleets still run."""
-
-    def __init__(self, url: str, *, timeout_s: float = 0.5, fetch: Fetcher | None = None) -> None:
-        super().__init__(url, "vllm", timeout_s=timeout_s, fetch=fetch)
-
-
-class SglangSource(ScrapedSource):
-    """SGLang (needs ``--enable-metrics``); per-rank series counted once."""
-
-    def __init__(self, url: str, *, timeout_s: float = 0.5, fetch: Fetcher | None = None) -> None:
-        super().__init__(url, "sglang", timeout_s=timeout_s, fetch=fetch)
-
-
-class TgiSource(ScrapedSource):
-    """Hugging Face text-generation-inference (no TTFT histogram: TTFT stays None)."""
-
-    def __init__(self, url: str, *, timeout_s: float = 0.5, fetch: Fetcher | None = None) -> None:
-        super().__init__(url, "tgi", timeout_s=timeout_s, fetch=fetch)

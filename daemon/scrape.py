@@ -1,7 +1,7 @@
 """Fetching a metrics page over HTTP: one kept-alive connection per host, one deadline for
 the whole exchange, a size cap, and failures said in words.
 
-The engine sources (:mod:`daemon.engines`) scrape through :class:`KeepAliveFetcher`; it
+The engine sources (:mod:`daemon.engine_sources`) scrape through :class:`KeepAliveFetcher`; it
 raises the daemon's :class:`~gpugov.daemon.errors.EngineUnavailable` (nothing usable came
 back), :class:`~gpugov.daemon.errors.EngineHttpError` (an HTTP error status) and
 :class:`~gpugov.daemon.errors.EngineParseError` (a page too large or not UTF-8).

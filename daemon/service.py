@@ -34,7 +34,7 @@ from gpugov.daemon.decide import (
 )
 from gpugov.daemon.domain import Domain, FailsafeMode
 from gpugov.daemon.emulated import EmulatedBackend, call_timeout_s
-from gpugov.daemon.engines import ScrapedSource
+from gpugov.daemon.engine_sources import ScrapedSource
 from gpugov.daemon.errors import (
     ConfigError,
     ControllerError,

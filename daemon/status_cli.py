@@ -13,7 +13,7 @@ from typing import Any
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.cli_support import UsageError, check_engine_url, fail
 from gpugov.daemon.config import load_config
-from gpugov.daemon.engines import ScrapedSource
+from gpugov.daemon.engine_sources import ScrapedSource
 from gpugov.daemon.errors import (
     EngineHttpError,
     EngineParseError,

@@ -91,7 +91,7 @@ def _max_model_len(url: str) -> int | None:
 
 
 def _kv_capacity(url: str) -> int | None:
-    from gpugov.daemon.engines import ScrapedSource
+    from gpugov.daemon.engine_sources import ScrapedSource
     from gpugov.daemon.errors import EngineUnavailable
 
     base = url.rstrip("/").removesuffix("/v1")

@@ -19,7 +19,8 @@ from gpugov.daemon.attainment import (
     total,
     within_window,
 )
-from gpugov.daemon.engines import EngineSample, SglangSource, TgiSource, VllmSource
+from gpugov.daemon.engine_sources import SglangSource, TgiSource, VllmSource
+from gpugov.daemon.engines import EngineSample
 from gpugov.daemon.observer import DomainObserver
 
 # The real SGLang page (its docs): TTFT and per-interval TPOT buckets.

@@ -10,15 +10,8 @@ import pytest
 from daemon_support import MetricsServer, fixture_text
 
 from gpugov.daemon.backend import GpuSample
-from gpugov.daemon.engines import (
-    EngineSource,
-    HistogramTotals,
-    ScrapedSource,
-    SglangSource,
-    TgiSource,
-    VllmSource,
-    detect_engine,
-)
+from gpugov.daemon.engine_sources import ScrapedSource, SglangSource, TgiSource, VllmSource
+from gpugov.daemon.engines import EngineSource, HistogramTotals, detect_engine
 from gpugov.daemon.errors import EngineHttpError, EngineParseError, EngineUnavailable
 from gpugov.daemon.exposition import aggregate, parse_page
 from gpugov.daemon.observer import DomainObserver

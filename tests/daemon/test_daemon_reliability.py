@@ -20,7 +20,8 @@ from fake_pynvml import FakeNvml
 from gpugov.daemon.actuator import ClockActuator
 from gpugov.daemon.backend import GpuSample, plausible_clock, plausible_power
 from gpugov.daemon.config import parse_config
-from gpugov.daemon.engines import ScrapedSource, VllmSource, extract
+from gpugov.daemon.engine_sources import ScrapedSource, VllmSource
+from gpugov.daemon.engines import extract
 from gpugov.daemon.errors import (
     ClocksNotReset,
     ConfigError,

@@ -15,7 +15,7 @@ from gpugov.controllers.contract import layers
 from gpugov.daemon.config import parse_config
 from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.decide import ControllerContext, build_controller
-from gpugov.daemon.engines import ScrapedSource, SglangSource, VllmSource
+from gpugov.daemon.engine_sources import ScrapedSource, SglangSource, VllmSource
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.exporter import Exporter
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run

@@ -15,7 +15,7 @@ from synthetic import IdleGpu, make_plant
 from gpugov.daemon.attainment import bucket_delta, count_within, total
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.emulated import EmulatedBackend
-from gpugov.daemon.engines import ScrapedSource
+from gpugov.daemon.engine_sources import ScrapedSource
 from gpugov.daemon.errors import (
     GpuLost,
     GpuUnavailable,

@@ -22,7 +22,7 @@ import pytest
 
 from gpugov.daemon.config import parse_config
 from gpugov.daemon.domain import TickRecord
-from gpugov.daemon.engines import VllmSource
+from gpugov.daemon.engine_sources import VllmSource
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run
 from gpugov.daemon.service import domains_from_config
 from gpugov.plant import ServingPlant, load_profile

@@ -25,7 +25,7 @@ from gpugov.cli import main
 from gpugov.daemon.config import parse_config
 from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.emulated import EmulatedBackend, emulated_device_count
-from gpugov.daemon.engines import ScrapedSource
+from gpugov.daemon.engine_sources import ScrapedSource
 from gpugov.daemon.errors import GpuLost, PermissionDenied
 from gpugov.daemon.service import domains_from_config, gpu_uuid
 from gpugov.plant import ServingPlant, load_profile
