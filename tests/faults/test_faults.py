@@ -203,8 +203,9 @@ def _engine_restart(root: Path) -> dict[str, Any]:
 
 @scenario("engine-hang-in-other-domains")
 def _hang_in_other_domains(root: Path) -> dict[str, Any]:
-    """Four of five domains' engines hang: the fifth still decides about every period,
-    and never falls to its fail-safe (the domains are observed at once; one after
+    """Four of five domains' engines hang: a tick costs one scrape timeout, not four, so
+    the fifth still decides every period or two, and holds its fail-safe at most for the
+    odd tick a loaded machine made late (the domains are observed at once; one after
     another, each hung scrape cost every tick its whole timeout, and the healthy domain's
     own data went stale between its ticks)."""
     engines = [Engine("ok") for _ in range(5)]
@@ -217,6 +218,7 @@ def _hang_in_other_domains(root: Path) -> dict[str, Any]:
     config.write_text("\n".join(sections))
     daemon = Daemon(node, ["run", "--config", str(config)])
     healthy = 'gpugov_decisions_total{controller="fixed:1410",domain="d4"}'
+    stale = 'gpugov_fallbacks_total{controller="fixed:1410",domain="d4",reason="engine_stale"}'
     try:
         daemon.start().wait_locked(LOCKED_MHZ)
         for engine in engines[:4]:
@@ -228,11 +230,24 @@ def _hang_in_other_domains(root: Path) -> dict[str, Any]:
         time.sleep(25 * PERIOD_S)
         after, seconds = daemon.metrics(), time.monotonic() - started
         decided = after[healthy] - before[healthy]
-        # 25 periods; one after another each tick took 4 timeouts (0.6 s): at most 8.
-        assert decided >= 0.5 * seconds / PERIOD_S, (decided, seconds, daemon.stderr[-3000:])
-        assert node.locked()[4] == [LOCKED_MHZ] * 2
-        assert after['gpugov_failsafe_active{domain="d4"}'] == 0.0
-        assert "domain d4: engine data" not in daemon.stderr, daemon.stderr[-3000:]
+        # 25 periods. Observed at once, a tick takes one timeout (0.15 s): the loop ticks
+        # every period, or every second or third one where a loaded machine adds more
+        # than 0.05 s to a tick (the loop skips a target it missed), as 4 daemons at once
+        # on 2 busy cores do. One after another, each tick took 4 timeouts (0.6 s): the
+        # loop ticked every fourth period at most, 0.25 a period.
+        assert decided >= 0.3 * seconds / PERIOD_S, (decided, seconds, daemon.stderr[-3000:])
+        # A tick 3 periods late (the daemon not run that long on a loaded machine) finds
+        # even the healthy domain's data stale: that tick holds the fail-safe. One after
+        # another, nearly every tick did.
+        late = after.get(stale, 0.0) - before.get(stale, 0.0)
+        assert late <= decided / 4, (late, decided, daemon.stderr[-3000:])
+        daemon.wait_for(
+            lambda: (
+                node.locked()[4] == [LOCKED_MHZ] * 2
+                and daemon.metrics()['gpugov_failsafe_active{domain="d4"}'] == 0.0
+            ),
+            what="the healthy domain at its clock",
+        )
         _stop_clean(node, daemon)
         return {"healthy_decisions_per_period": round(decided * PERIOD_S / seconds, 2)}
     finally:
