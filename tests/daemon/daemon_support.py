@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpugov.daemon.config import parse_config
 from gpugov.daemon.domain import Domain, TickRecord
@@ -19,6 +19,7 @@ from gpugov.daemon.loop import RunStats, TimedLoop, VirtualClock, run
 from gpugov.daemon.service import Assembled, domains_from_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FakeT = TypeVar("FakeT")
 JOIN_S = 30.0
 """The longest any wait in the hung-disk tests may take before it counts as a hang."""
 
@@ -195,3 +196,16 @@ def sigterm_once_open(monkeypatch: Any) -> None:
         return assembled
 
     monkeypatch.setattr(node_cli, "domains_from_config", terminated_once_open)
+
+
+def node_commands_on(monkeypatch: Any, fake: FakeT) -> FakeT:
+    """Make every place a node command loads NVML (the backends, check-config, status,
+    GPU listing) load ``fake`` (a :class:`fake_pynvml.FakeNvml`); returns it."""
+    import gpugov.daemon.node_cli as node_cli
+    import gpugov.daemon.node_support as node_support
+    import gpugov.daemon.nvml as nvml_module
+    import gpugov.daemon.status_cli as status_cli
+
+    for module in (nvml_module, node_cli, status_cli, node_support):
+        monkeypatch.setattr(module, "load_pynvml", lambda: fake)
+    return fake

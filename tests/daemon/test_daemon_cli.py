@@ -7,12 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import MetricsServer, fixture_text, sigterm_once_open
+from daemon_support import MetricsServer, fixture_text, node_commands_on, sigterm_once_open
 from fake_pynvml import FakeNvml
 
 import gpugov.daemon.node_cli as node_cli
-import gpugov.daemon.node_support as node_support
-import gpugov.daemon.nvml as nvml_module
 import gpugov.daemon.status_cli as status_cli
 from gpugov.daemon.errors import PERMISSION_DENIED_MESSAGE
 
@@ -21,11 +19,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "gpugov.example.toml"
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
-    fake = FakeNvml(2)
-    # Every place a node command loads NVML: the backends, check-config, status, GPU listing.
-    for module in (nvml_module, node_cli, status_cli, node_support):
-        monkeypatch.setattr(module, "load_pynvml", lambda: fake)
-    return fake
+    return node_commands_on(monkeypatch, FakeNvml(2))
 
 
 def _config(tmp_path: Path, url: str, extra: str = "") -> Path:

@@ -10,13 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_support import MetricsServer, fixture_text, sigterm_once_open
+from daemon_support import MetricsServer, fixture_text, node_commands_on, sigterm_once_open
 from fake_pynvml import FakeNvml
 
 import gpugov.daemon.node_cli as node_cli
-import gpugov.daemon.node_support as node_support
-import gpugov.daemon.nvml as nvml_module
-import gpugov.daemon.status_cli as status_cli
 from gpugov.daemon.errors import LINE_CHARS, printable
 from gpugov.daemon.log_lines import LineFormatter
 
@@ -55,10 +52,7 @@ def _assert_safe(text: str) -> None:
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
-    fake = FakeNvml(2)
-    for module in (nvml_module, node_cli, status_cli, node_support):
-        monkeypatch.setattr(module, "load_pynvml", lambda: fake)
-    return fake
+    return node_commands_on(monkeypatch, FakeNvml(2))
 
 
 @pytest.fixture
