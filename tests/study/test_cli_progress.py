@@ -125,11 +125,30 @@ def test_bench_counts_a_pools_scenarios_while_they_run(monkeypatch: pytest.Monke
     """A local pool's workers report their runs' simulated seconds through shared memory
     (``CellProgress``), which the driver reads while it waits: counted before either of
     two scenarios running side by side has finished."""
+    import multiprocessing
+    import os
     from dataclasses import replace
 
     from gpugov.study import runners
     from gpugov.study.scoreboard.run import TINY, run_scoreboard, scenario_progress_units
 
+    # A worker that has counted something waits (60 s at most) until the driver has read
+    # a count: on a loaded machine the driver could otherwise sleep through both
+    # scenarios, and only ever see them finished. (The workers are forked after this.)
+    read = multiprocessing.get_context("fork").Event()
+    reported = runners.CellProgress.report
+
+    def report_then_wait(self: Any, key: str, done: float) -> None:
+        reported(self, key, done)
+        if done > 0.0 and os.getpid() != self._driver_pid:
+            read.wait(60.0)
+
+    def on_progress(done: float) -> None:
+        events.append(("progress", done))
+        if done > 0.0:
+            read.set()
+
+    monkeypatch.setattr(runners.CellProgress, "report", report_then_wait)
     monkeypatch.setattr(runners, "WAIT_S", 0.01)  # the driver looks every 10 ms
     profiles = ("h100-sxm-llama3-8b", "h200-sxm-llama3-8b")
     config = replace(TINY, profiles=profiles, jobs=2, comparison_scenario=None)
@@ -137,11 +156,14 @@ def test_bench_counts_a_pools_scenarios_while_they_run(monkeypatch: pytest.Monke
     run_scoreboard(
         config,
         progress=lambda line: events.append(("line", float(line.startswith("[")))),
-        on_progress=lambda done: events.append(("progress", done)),
+        on_progress=on_progress,
     )
-    total = 2 * scenario_progress_units(config)
+    units = scenario_progress_units(config)
+    total = 2 * units
     first_done = events.index(("line", 1.0))
-    before = [value for kind, value in events[:first_done] if kind == "progress"]
-    assert before and 0.0 < before[-1] < total, events
+    before = [value for kind, value in events[:first_done] if kind == "progress" and value]
+    # The first count is a part of a scenario (a finished one counts whole): read while
+    # both still ran.
+    assert before and 0.0 < before[0] < units, events
     counted = [value for kind, value in events if kind == "progress"]
     assert counted == sorted(counted) and counted[-1] == pytest.approx(total)
