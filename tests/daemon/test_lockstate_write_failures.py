@@ -23,6 +23,10 @@ from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.nvml import NvmlBackend
 
 KEY = "GPU-fake-0000"
+PATIENT_S = 60.0
+"""The write deadline of the tests that count writes and log lines: the failures are the
+fake disk's ENOSPC, never a write the loaded machine ran past the default 0.5 s (a real
+write counted as one more failure: a line lost, a count off by one)."""
 
 
 class _Disk:
@@ -52,7 +56,7 @@ def test_a_lock_state_write_that_fails_is_counted_retried_and_the_clocks_still_r
     tmp_path: Path, disk: _Disk
 ) -> None:
     fake = FakeNvml(1)
-    state = LockState(tmp_path, pid=1)
+    state = LockState(tmp_path, pid=1, write_deadline_s=PATIENT_S)
     actuator = ClockActuator([NvmlBackend(0, nvml=fake)], state=state)
     assert not state.stale and state.write_failures == 0
     assert actuator.apply(900) == 1
@@ -77,7 +81,7 @@ def test_failing_lock_state_writes_log_one_line_a_minute_and_one_on_recovery(
     (tmp_path / "locks.json").write_text('["garbage"]')  # warned once, as a read problem
     now = [0.0]
     with caplog.at_level(logging.DEBUG, logger="gpugov.daemon.lockstate"):
-        state = LockState(tmp_path, pid=1, clock=lambda: now[0])
+        state = LockState(tmp_path, pid=1, clock=lambda: now[0], write_deadline_s=PATIENT_S)
         state.record(KEY, "0", 900, 900)  # the first failure: logged
         for _ in range(119):  # a retry every 0.5 s tick for 59.5 s: not logged
             now[0] += 0.5
