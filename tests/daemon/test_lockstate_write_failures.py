@@ -127,8 +127,15 @@ def test_failing_lock_state_writes_log_one_line_a_minute_and_one_on_recovery(
 
 
 def test_the_loop_exports_lock_state_write_failures_and_recovers(
-    tmp_path: Path, disk: _Disk, metrics_server: MetricsServer
+    tmp_path: Path, disk: _Disk, metrics_server: MetricsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The loop makes its own LockState: its writer waits PATIENT_S too.
+    real_writer = lockstate.LatestWriter
+    monkeypatch.setattr(
+        lockstate,
+        "LatestWriter",
+        lambda write, deadline_s, **options: real_writer(write, PATIENT_S, **options),
+    )
     fake = FakeNvml(1)
     assembled = fixed_clock_node(tmp_path, metrics_server, fake)
     exporter = Exporter(serve=False)
