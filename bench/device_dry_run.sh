@@ -83,6 +83,15 @@ fi
 note "daemon, dry run, $DURATION s"
 $GUARD run --config "$WORK/node.toml" --record "$OUT/record.jsonl" >>"$LOG" 2>&1 &
 daemon=$!
+# DURATION counts from when the daemon answers, not from the script's start: on a loaded
+# machine the interpreter starts before it (emulator, check-config, status) took the
+# whole of a short DURATION, and the daemon was stopped before its first tick.
+for _ in $(seq 60); do
+  curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" >/dev/null && break
+  kill -0 "$daemon" 2>/dev/null || break
+  sleep 1
+done
+started=$SECONDS
 $GUARD load --trace azure-conv-10min --url "http://127.0.0.1:$PORT" --duration "$DURATION" \
   --quiet >>"$LOG" 2>&1 &
 pids+=($!)
@@ -91,7 +100,7 @@ if [ "$BACKEND" = nvml ]; then
   $PY bench/gpu_load.py --phases idle,matmul,idle,copy,idle --seconds "$phase" \
     >"$OUT/gpu_load.jsonl" 2>>"$LOG"
 fi
-sleep_left=$(( DURATION + 5 - SECONDS ))
+sleep_left=$(( DURATION + 5 - (SECONDS - started) ))
 [ "$sleep_left" -gt 0 ] && sleep "$sleep_left"
 curl -s "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E '^gpugov_' | head -80 >>"$LOG"
 $GUARD status --config "$WORK/node.toml" --governor-metrics http://127.0.0.1:$METRICS_PORT/metrics \
