@@ -39,7 +39,7 @@ def test_the_energy_attribution_bench_reads_the_plant_it_runs(tmp_path: Path) ->
     a short run must finish and write its JSON, so a plant refactor cannot break it
     unseen (it once read a counter that had moved to ``PlantSimulation.counters``)."""
     out = tmp_path / "energy_attribution.json"
-    run = ["--duration", "30", "--profiles", "h100-sxm-llama3-8b", "--traces", "azure-conv"]
+    run = ["--duration", "30", "--profiles", "h100-sxm-llama3-8b", "--traces", "azure-conv-10min"]
     done = subprocess.run(
         [sys.executable, "bench/energy_attribution.py", *run, "--out", str(out)],
         cwd=ROOT,
