@@ -1,5 +1,12 @@
 """A domain's GPU sampling: each GPU's sample per tick, implausible readings and failed reads
-counted and logged at a bounded rate; it shares only the tick with the observer's engine side."""
+counted and logged at a bounded rate; it shares only the tick with the observer's engine side.
+
+On a node each GPU's sample is read on a worker thread under :data:`GPU_READ_DEADLINE_S`
+(:class:`~daemon.deadline.LatestReader`): an NVML call that hangs (a driver in trouble)
+costs the loop that deadline once, then the GPU's samples count as failed reads while the
+call hangs (no second read starts), and the loop goes on deciding from the engine and
+writing clocks instead of stalling until the watchdog kills it.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +22,18 @@ from gpugov.daemon.backend import (
     plausible_clock,
     plausible_power,
 )
+from gpugov.daemon.deadline import LatestReader, ReadTimeout
 from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import TransientGpuError
 
 # The observer's logger, not this module's: these lines were the observer's and keep the
 # name an operator's filters (and the log format's ``%(name)s``) know them by.
 log = logging.getLogger("gpugov.daemon.observer")
+
+GPU_READ_DEADLINE_S = 2.0
+"""The longest one GPU's sample may hold a node's loop: a healthy NVML sample takes
+milliseconds, nvidia-smi's a fraction of a second under its own timeout, so only a hung
+call reaches it; far below the unit's ``WatchdogSec=`` (30 s) even for eight GPUs."""
 
 
 class DomainGpus:
@@ -32,13 +45,32 @@ class DomainGpus:
             seconds; a trouble that comes and goes logs at most one start per this many
             seconds (:class:`~daemon.episode_log.EpisodeLog`).
 
+        read_deadline_s: when given (a node, on the wall clock), each GPU's sample is
+            read on a worker thread and waited for at most this long; a sample past it
+            (a hung call) is a failed read, and so is every later one while it hangs.
+            None (a simulated run): read on the caller's thread.
+
     :attr:`gpu_read_errors` counts, per GPU label, the reads that failed and were
     survived: a whole sample that failed counts one, each field left out of a sample one,
     an implausible clock or power one (``gpugov_gpu_read_errors_total``).
     """
 
-    def __init__(self, backends: Sequence[GpuBackend], *, log_every_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        backends: Sequence[GpuBackend],
+        *,
+        log_every_s: float = 60.0,
+        read_deadline_s: float | None = None,
+    ) -> None:
         self.backends = list(backends)
+        self._readers: dict[str, LatestReader[GpuSample]] = (
+            {}
+            if read_deadline_s is None
+            else {
+                b.label: LatestReader(b.sample, read_deadline_s, name=f"gpu-{b.label}")
+                for b in self.backends
+            }
+        )
         self.log_every_s = log_every_s
         self._supported: tuple[float, ...] | None = None
         self._sample_episodes: dict[str, EpisodeLog] = {}
@@ -71,7 +103,7 @@ class DomainGpus:
         samples = []
         for backend in self.backends:
             try:
-                sample = backend.sample()
+                sample = self._read(backend)
             except TransientGpuError as error:
                 self._report_sample_failure(backend.label, now_s, error)
                 sample = GpuSample(gpu=backend.label, read_errors=("sample",))
@@ -83,6 +115,25 @@ class DomainGpus:
                 self.gpu_read_errors[backend.label] += len(sample.read_errors)
             samples.append(sample)
         return tuple(samples)
+
+    def _read(self, backend: GpuBackend) -> GpuSample:
+        """``backend``'s sample, under the read deadline where there is one.
+
+        Raises:
+            TransientGpuError: the sample failed, or ran past the deadline (it goes on in
+                the background and its answer is the next call's once it ends).
+            GpuLost: the GPU fell off the bus (a late read's loss too, once it ends).
+        """
+        reader = self._readers.get(backend.label)
+        if reader is None:
+            return backend.sample()
+        try:
+            return reader.read()
+        except ReadTimeout:
+            raise TransientGpuError(
+                f"no answer within {reader.deadline_s:g} s (a hung GPU call); its samples "
+                "count as failed reads until it returns"
+            ) from None
 
     def _plausible(self, backend: GpuBackend, sample: GpuSample) -> GpuSample:
         """The sample with an SM clock outside what its GPU can run at

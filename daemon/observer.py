@@ -185,6 +185,8 @@ class DomainObserver:
             engine's labels did at start, or nobody). When the engine's labels later
             state another role, one log line says so (per role they state).
         domain: the domain's name, for those log lines.
+        gpu_read_deadline_s: the GPUs' read deadline on a node
+            (:class:`~daemon.gpu_sampling.DomainGpus`; None: read on the loop's thread).
 
     Staleness is measured when the scrape returns: the data's age is the time from the
     end of the last successful scrape to the end of this one, so a slow or trickling
@@ -210,10 +212,13 @@ class DomainObserver:
         role_from_config: bool = False,
         domain: str = "default",
         tail_quantile: float = DEFAULT_TAIL_QUANTILE,
+        gpu_read_deadline_s: float | None = None,
     ) -> None:
         if stale_after_s <= 0:
             raise ValueError(f"stale_after_s must be positive, got {stale_after_s!r}")
-        self.gpus = DomainGpus(backends, log_every_s=log_every_s)
+        self.gpus = DomainGpus(
+            backends, log_every_s=log_every_s, read_deadline_s=gpu_read_deadline_s
+        )
         """The domain's GPUs, sampled each tick (:mod:`daemon.gpu_sampling`)."""
         self.source = source
         self.stale_after_s = stale_after_s

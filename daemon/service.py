@@ -44,6 +44,7 @@ from gpugov.daemon.errors import (
     TransientGpuError,
 )
 from gpugov.daemon.files import resolve_state_dir
+from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
 from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
@@ -229,6 +230,7 @@ def build_domain(
     plant: ServingPlant | None = None,
     budget: PowerBudget | None = None,
     role: str | None = None,
+    gpu_read_deadline_s: float | None = None,
 ) -> Domain:
     """Observer + controller (in its safety chain, :func:`daemon.decide.build_controller`)
     + actuator for one domain.
@@ -238,6 +240,8 @@ def build_domain(
     :class:`~gpugov.controllers.power_need.BudgetGuard` (``docs/power-budget.md``): by the
     clock when a budget is configured (``power_budget_w`` or ``power_budget_file``); with
     the NVML limits alone, which the GPUs' firmware enforces, the guard only reports.
+    ``gpu_read_deadline_s`` bounds each GPU's sample on a node (a hung NVML call costs it
+    once, :class:`~daemon.gpu_sampling.DomainGpus`; None: read on the loop's thread).
     ``role`` is the configured pool role (``docs/disaggregated.md``); when it is None
     the engine's page is read once here for the role its labels state
     (:func:`probe_role`), else the domain is colocated.
@@ -273,6 +277,7 @@ def build_domain(
         role_from_config=role is not None,
         domain=name,
         tail_quantile=DEFAULT_TAIL_QUANTILE if slo_target is None else slo_target.attainment,
+        gpu_read_deadline_s=gpu_read_deadline_s,
     )
     clocks = observer.gpus.supported_clocks_mhz()
     if not clocks:
@@ -476,6 +481,7 @@ def _build_configured(
             file_scope=spec.power_budget_file_scope,
         ),
         role=spec.role,
+        gpu_read_deadline_s=GPU_READ_DEADLINE_S,  # a node's GPUs: a hung call never stalls it
     )
 
 

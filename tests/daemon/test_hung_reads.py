@@ -321,6 +321,69 @@ def test_the_loop_goes_on_over_a_hung_budget_file_and_takes_its_answer(
     assert "answers again after" in lines[1]
 
 
+# ------------------------------------------------------------------ the GPUs
+
+
+def test_a_hung_gpu_read_costs_one_deadline_and_the_loop_goes_on(
+    tmp_path: Path,
+    safety: list[_HungRead],
+    monkeypatch: pytest.MonkeyPatch,
+    metrics_server: MetricsServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An NVML call of a GPU's sample that hangs (a driver in trouble) costs the loop one
+    read deadline: every tick still runs and decides, the hung GPU's samples count as
+    failed reads, no second read starts while it hangs, and once it returns the samples
+    come back. Before, the loop waited on it until the watchdog killed the daemon."""
+    import gpugov.daemon.service as service
+
+    monkeypatch.setattr(service, "GPU_READ_DEADLINE_S", DEADLINE_S)
+    fake = FakeNvml(1)
+    real = fake.nvmlDeviceGetUtilizationRates
+    hung = _HungRead(real)
+    hung.armed = False
+    safety.append(hung)
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetUtilizationRates", hung)  # a sample's read
+    config = _hung_budget_config(tmp_path, metrics_server)
+    assembled = domains_from_config(
+        config.model_copy(
+            update={"domains": (config.domains[0].model_copy(update={"power_budget_file": None}),)}
+        ),
+        nvml=fake,
+    )
+    (domain,) = assembled.domains
+    errors: list[int] = []
+    calls: list[int] = []
+
+    def on_step(step: int, records: Any) -> None:
+        errors.append(domain.observer.gpus.gpu_read_errors["0"])
+        if step == 1:
+            hung.armed = True  # the GPU's utilisation read hangs from the next tick on
+        if step == 4:
+            calls.append(hung.calls)
+            assert hung.blocked.is_set()
+            hung.release.set()
+            assert eventually(
+                lambda: not any(r.busy for r in domain.observer.gpus._readers.values())
+            )
+
+    caplog.set_level(logging.WARNING, logger="gpugov.daemon.observer")
+    try:
+        records, stats = run_ticks(assembled.domains, 7, on_step=on_step)
+    finally:
+        assembled.close()
+    assert stats.ticks == 7  # every tick ran and decided; ticks 2 to 4 with the read hung
+    assert [record.failsafe for record in records] == [False] * 7
+    assert calls == [3]  # ticks 0 and 1, then the one that hangs: no pile of reads
+    assert errors[:2] == [0, 0] and errors[2] == errors[3] - 1 == errors[4] - 2
+    assert errors[5] == errors[6] == errors[4]  # the late answer, then fresh reads: no more
+    powers = [record.observation.power_w for record in records]
+    assert powers[2:5] == [None, None, None] and None not in powers[:2] + powers[5:]
+    lines = [r.getMessage() for r in caplog.records if "GPU 0" in r.getMessage()]
+    assert any(f"no answer within {DEADLINE_S:g} s (a hung GPU call)" in line for line in lines)
+
+
 # ------------------------------------------------------------------ the learned model
 
 
