@@ -41,7 +41,7 @@ from gpugov.plant import ServingPlant, chunked_prefill_scheduler, simulate
 from gpugov.plant.synthetic_profiles import resolve_profile
 from gpugov.study.online_eval import WARMUP_S, energy_after
 from gpugov.study.scoreboard.command import expand_profiles
-from gpugov.study.scoreboard.controllers import build_scoreboard_controllers
+from gpugov.study.scoreboard.controllers import bench_controllers
 from gpugov.study.scoreboard.run import (
     scoreboard_best_fixed,
     scoreboard_window_oracle,
@@ -125,17 +125,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     requests = scenario.requests
     warmup = min(WARMUP_S, 0.5 * config.duration_s)
     runs: dict[str, Any] = {}
-    for entry in build_scoreboard_controllers(
-        plant,
-        requests,
-        control_period_s=config.control_period_s,
-        mpc_horizon_s=config.mpc_horizon_s,
-        mpc_solve_time_limit_s=config.mpc_solve_time_limit_s,
-        fast_mpc_period_s=config.fast_mpc_period_s,
-        online_period_s=config.online_period_s,
-        safety=config.safety,
-        slo_target=config.slo_target,
-    ):
+    for entry in bench_controllers(plant, requests, config):
         if entry.key != "max" and entry.key not in keys:
             continue
         result = simulate(

@@ -33,7 +33,7 @@ from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.daemon.safety import SafetySettings
 from gpugov.plant import ServingPlant
 from gpugov.plant.types import Request
-from gpugov.study.scoreboard.scenarios import LABELS
+from gpugov.study.scoreboard.scenarios import LABELS, BenchConfig
 
 
 # ---------------------------------------------------------------------- controllers
@@ -221,6 +221,26 @@ def build_scoreboard_controllers(
             for config in (parse_controller_spec(text) for text in outside_controllers)
         ),
     ]
+
+
+def bench_controllers(
+    plant: ServingPlant, workload: Sequence[Request], config: BenchConfig
+) -> list[ControllerEntry]:
+    """:func:`build_scoreboard_controllers` with every setting ``config`` gives it (the
+    periods, the MPC's horizon and solve limit, the safety chain, the SLO target and the
+    outside controllers), as the scoreboard runs them."""
+    return build_scoreboard_controllers(
+        plant,
+        workload,
+        control_period_s=config.control_period_s,
+        mpc_horizon_s=config.mpc_horizon_s,
+        mpc_solve_time_limit_s=config.mpc_solve_time_limit_s,
+        fast_mpc_period_s=config.fast_mpc_period_s,
+        online_period_s=config.online_period_s,
+        safety=config.safety,
+        slo_target=config.slo_target,
+        outside_controllers=config.outside_controllers,
+    )
 
 
 def peer_entries(

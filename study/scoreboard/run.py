@@ -95,6 +95,7 @@ from gpugov.study.online_eval import (
 from gpugov.study.runners import CellProgress, RunnerSpec, map_cells
 from gpugov.study.scoreboard.controllers import (
     ControllerEntry,
+    bench_controllers,
     build_scoreboard_controllers,
     scoreboard_mpc,
 )
@@ -286,18 +287,7 @@ def run_scenario(
     scenario = build_scenario(trace, plant, load, config.duration_s, full_trace, start_s=start_s)
     requests = scenario.requests
     period = config.control_period_s
-    entries = build_scoreboard_controllers(
-        plant,
-        requests,
-        control_period_s=period,
-        mpc_horizon_s=config.mpc_horizon_s,
-        mpc_solve_time_limit_s=config.mpc_solve_time_limit_s,
-        fast_mpc_period_s=config.fast_mpc_period_s,
-        online_period_s=config.online_period_s,
-        safety=config.safety,
-        slo_target=config.slo_target,
-        outside_controllers=config.outside_controllers,
-    )
+    entries = bench_controllers(plant, requests, config)
     shares = len(entries) + 2  # every controller's run, the best fixed clock, the oracle
     span_s = max(requests[-1].arrival_time_s if requests else 0.0, 1e-9)
 
