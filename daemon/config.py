@@ -48,6 +48,7 @@ from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.limits import MAX_GPU_INDEX, MAX_PERIOD_S, MIN_PERIOD_S
 from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S
 from gpugov.plant.input_files import finite_number
+from gpugov.plant.profile_files import written_as_path
 
 if TYPE_CHECKING:
     from gpugov.controllers.budget import SLOTarget
@@ -707,7 +708,7 @@ def _rebased(value: Any, base: Path, *, profile: bool = False) -> Any:
     folder in it); else a bundled name."""
     if not isinstance(value, str) or not value.strip() or "\0" in value:
         return value
-    if profile and not (Path(value).suffix.lower() in (".json", ".csv") or "/" in value):
+    if profile and not written_as_path(value):
         return value
     if value.startswith("~") or Path(value).is_absolute():
         return value

@@ -118,13 +118,19 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
     )
 
 
+def written_as_path(text: str) -> bool:
+    """Whether a profile given as ``text`` is written as a file's path, whatever exists: a
+    ``.json`` or ``.csv`` name in any case, or a name with a folder in it."""
+    return Path(text).suffix.lower() in (".json", ".csv") or "/" in text
+
+
 def names_profile_file(name_or_path: str | Path) -> bool:
     """Whether :func:`resolve_profile_path` takes ``name_or_path`` as a file of the user's
     (a ``.json`` or ``.csv`` path in any case, a path with a folder, or a file here that is
     no bundled name) rather than a bundled profile's name; the file need not exist."""
     text = str(name_or_path)
     candidate = Path(text)
-    if candidate.suffix.lower() in (".json", ".csv") or "/" in text:
+    if written_as_path(text):
         return True
     if path_exists(bundled_profile_dir() / f"{text}.json"):
         return False
