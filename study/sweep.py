@@ -21,7 +21,8 @@ The grid file (TOML; every key but the four lists is optional)::
     seeds = [0, 1]                                # plant seeds (matter with latency_noise)
     start_s = 0.0                                 # window start in the trace (--start)
     duration_s = 300.0                            # window length (--duration; default all)
-    control_period_s = 1.0                        # --control-period
+    control_period_s = 1.0                        # --control-period (default: the controller's)
+    slo_target = 0.99                             # --slo-target (or "none")
     scheduler = "chunked"                         # --scheduler
     latency_noise = 0.0                           # --latency-noise (iteration jitter CV)
     dwell_s = 0.5                                 # --dwell: the node's safety.dwell_s
@@ -48,14 +49,18 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, fiel
 
 from gpugov import __version__
 from gpugov.daemon.cli_support import (
+    DEFAULT_SLO_TARGET,
     UsageError,
     check_not_an_input,
     check_output_dir,
     check_workload_fits,
     load_trace_for_cli,
+    parse_controller_flag,
     prepare_output_dir,
     simulated_controller,
+    slo_target_of,
 )
+from gpugov.daemon.config import default_control_period
 from gpugov.daemon.errors import printable
 from gpugov.daemon.files import (
     InputFileError,
@@ -134,9 +139,13 @@ class SweepGrid(BaseModel):
     )
     start_s: Number = Field(default=0.0, ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)
     duration_s: Number | None = Field(default=None, gt=0.0, le=MAX_SECONDS, allow_inf_nan=False)
-    control_period_s: Number = Field(
-        default=1.0, ge=MIN_PERIOD_S, le=MAX_PERIOD_S, allow_inf_nan=False
+    control_period_s: Number | None = Field(
+        default=None, ge=MIN_PERIOD_S, le=MAX_PERIOD_S, allow_inf_nan=False
     )
+    """Unset: each cell's controller at its own period, as ``simulate`` runs it (0.25 s for
+    mpc-online, 1 s for the others)."""
+    slo_target: float | Literal["none"] = DEFAULT_SLO_TARGET
+    """The SLO target every cell's controller is given (``simulate --slo-target``)."""
     scheduler: str = "chunked"
     latency_noise: Number = Field(default=0.0, ge=0.0, lt=MAX_LATENCY_NOISE, allow_inf_nan=False)
     dwell_s: Number = Field(default=DEFAULT_DWELL_S, ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)
@@ -172,6 +181,16 @@ class SweepGrid(BaseModel):
             )
         return values
 
+    @field_validator("slo_target", mode="before")
+    @classmethod
+    def _attainment(cls, value: Any) -> Any:
+        if isinstance(value, str) and value == "none":
+            return value
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and 0.0 < value < 1.0):
+            raise ValueError(f'must be an attainment in (0, 1) or "none", got {value!r}')
+        return float(value)
+
     @field_validator("scheduler")
     @classmethod
     def _scheduler(cls, value: str) -> str:
@@ -185,6 +204,7 @@ class SweepGrid(BaseModel):
             "start_s": self.start_s,
             "duration_s": self.duration_s,
             "control_period_s": self.control_period_s,
+            "slo_target": None if self.slo_target == "none" else self.slo_target,
             "scheduler": self.scheduler,
             "latency_noise": self.latency_noise,
             "dwell_s": self.dwell_s,
@@ -495,8 +515,9 @@ def plan_sweep(path: Path) -> SweepPlan:
                     spec,
                     ServingPlant.from_profile(profile),
                     first,
-                    grid.control_period_s,
+                    _period(grid.settings(), spec),
                     safety=_safety(grid.settings()),
+                    slo_target=slo_target_of(grid.settings()["slo_target"]),
                 )
             except UsageError as error:
                 message = str(error).removeprefix("--controller: ")
@@ -591,6 +612,15 @@ def _check_cells(
                     ) from error
 
 
+def _period(settings: Mapping[str, Any], spec: str) -> float:
+    """A cell's control period: the grid's, else its controller's own (as ``simulate``
+    takes an unset ``--control-period``)."""
+    period = settings.get("control_period_s")
+    if period is None:
+        return default_control_period(parse_controller_flag(spec).kind)
+    return float(period)
+
+
 def _safety(settings: Mapping[str, Any]) -> SafetySettings:
     """The safety chain of a grid's settings (older results carry none: the defaults)."""
     return SafetySettings(
@@ -613,9 +643,15 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
         plant = ServingPlant.from_profile(
             shared[f"profile:{cell.profile}"], latency_noise_cv=settings["latency_noise"]
         )
-        period = settings["control_period_s"]
+        period = _period(settings, cell.controller)
         controller = simulated_controller(
-            cell.controller, plant, workload, period, safety=_safety(settings)
+            cell.controller,
+            plant,
+            workload,
+            period,
+            safety=_safety(settings),
+            # Results written before the key existed gave the controller no target.
+            slo_target=slo_target_of(settings.get("slo_target")),
         )
         result = simulate(
             workload,

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from gpugov.daemon import cli_types
-from gpugov.daemon.cli_support import add_engine_view_argument
+from gpugov.daemon.cli_support import add_decision_arguments, add_engine_view_argument
 from gpugov.daemon.limits import MAX_SEED
 from gpugov.study.runners import add_runner_arguments, check_runner, spec_from_args
 
@@ -75,10 +75,12 @@ def run_fleet_command(args: argparse.Namespace) -> int:
         check_not_an_input,
         check_output_dir,
         note,
+        parse_controller_flag,
         prepare_output_dir,
         simulated_run_inputs,
         warn,
     )
+    from gpugov.daemon.config import default_control_period
     from gpugov.daemon.errors import printable
     from gpugov.daemon.progress import Progress
     from gpugov.study.fleet.report import OUTPUT_NAMES, short_table, write_outputs
@@ -91,6 +93,9 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     )
     from gpugov.study.scoreboard.scenarios import skipped_zero_token_rows
 
+    control_period = args.control_period
+    if control_period is None:  # as a node runs it: mpc-online at its own period
+        control_period = default_control_period(parse_controller_flag(args.controller).kind)
     config = FleetConfig(
         nodes=args.nodes,
         profiles=args.profiles or DEFAULT_PROFILES,
@@ -104,7 +109,8 @@ def run_fleet_command(args: argparse.Namespace) -> int:
         budgets=args.budgets,
         allocators=args.allocators,
         allocator_period_s=args.allocator_period,
-        control_period_s=args.control_period,
+        control_period_s=control_period,
+        slo_target=args.slo_target,
         dwell_s=args.dwell,
         floor_fraction=args.floor,
         guard_fraction=args.guard,
@@ -213,8 +219,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="A1,A2,...", help="allocators to compare (default uniform,dps,slo)")  # fmt: skip
     add("--allocator-period", type=cli_types.period, default=15.0, metavar="S",
         help="seconds between allocations (default 15)")  # fmt: skip
-    add("--control-period", type=cli_types.period, default=1.0, metavar="S",
-        help="every node's control period (default 1)")  # fmt: skip
     add("--dwell", type=cli_types.dwell, default=0.5, metavar="S",
         help="every node's safety-chain dwell (default 0.5)")  # fmt: skip
     add("--floor", type=cli_types.float_in(0.0, 1.0, low_open=True, name="fraction of TDP"),
@@ -238,6 +242,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add("--latency-noise", type=cli_types.latency_noise, default=0.0, metavar="CV",
         help="coefficient of variation of every node's iteration-time jitter (default 0: "
              "none, and the run is the same for every --seed)")  # fmt: skip
+    add_decision_arguments(parser, prefix="every node's controller: ")
     add_engine_view_argument(parser, prefix="every node's controller: ")
     add("--out", default=DEFAULT_OUT, metavar="DIR",
         help=f"output directory (default ./{DEFAULT_OUT})")  # fmt: skip

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.contract import ControllerWrapper, controller_label, power_needed
 from gpugov.daemon.cli_support import UsageError, parse_controller_flag
 from gpugov.daemon.controller_spec import shown_spec
@@ -44,13 +45,19 @@ def node_controller(
     workload: Sequence[Request],
     period_s: float,
     safety: SafetySettings | None,
+    slo_target: SLOTarget | None = None,
 ) -> ControllerWrapper:
     """``spec``'s controller as a node runs it: the node's factory and safety chain with
     the budget guard (the observation's power limit holds the clock by the controller's
-    own model, ``controllers/power_need.py``)."""
+    own model, ``controllers/power_need.py``) and the domain's SLO target."""
     config = parse_controller_flag(spec, default_profile=plant.profile.name)
     context = ControllerContext.for_plant(
-        plant, workload, period_s=period_s, safety=safety, budget_guard=True
+        plant,
+        workload,
+        period_s=period_s,
+        safety=safety,
+        budget_guard=True,
+        slo_target=slo_target,
     )
     try:
         return build_controller(config, context)
@@ -76,6 +83,7 @@ class FleetNode:
         safety: SafetySettings | None = None,
         seed: int = 0,
         view: ObservationView | None = None,
+        slo_target: SLOTarget | None = None,
     ) -> None:
         self.name = name
         self.plant = plant
@@ -89,7 +97,7 @@ class FleetNode:
         """What the node's controller observes (``view``: a node's, from its engine's
         page; without one, the plant's exact state)."""
         self.controller = node_controller(
-            controller_spec, plant, forecast_workload, period_s, safety
+            controller_spec, plant, forecast_workload, period_s, safety, slo_target
         )
         self.cap_w = self.tdp_w
         self.tokens_per_s = 1.0

@@ -84,10 +84,18 @@ def markdown(payload: dict[str, Any]) -> str:
     config = payload["config"]
     workload = payload["workload"]
     kinds = sorted(set(config["profiles"][: config["nodes"]]))
+    target = config.get("slo_target")
+    decides = (
+        f" every {config['control_period_s']:g} s"
+        + (f" to an SLO target of {100 * target:g} %" if target is not None else "")
+        if "control_period_s" in config
+        else ""
+    )
     lines = [
         "# gpugov fleet",
         "",
-        f"{config['nodes']} nodes ({', '.join(kinds)}) running `{config['controller']}`, "
+        f"{config['nodes']} nodes ({', '.join(kinds)}) running `{config['controller']}`"
+        f"{decides}, "
         f"router `{config['router']}`, trace `{workload['trace']}` from "
         f"{workload['source_start_s']:g} s scaled {workload['load_scale']:.3g}x "
         f"({config['utilization']:g} of the fleet's fluid capacity, "

@@ -24,7 +24,12 @@ from typing import Any
 
 from gpugov import __version__
 from gpugov.controllers.oracles import SLO_TOLERANCE
-from gpugov.daemon.cli_support import UsageError, check_fixed_clock, parse_controller_flag
+from gpugov.daemon.cli_support import (
+    UsageError,
+    check_fixed_clock,
+    parse_controller_flag,
+    slo_target_of,
+)
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
 from gpugov.plant import ServingPlant
@@ -82,6 +87,10 @@ class FleetConfig:
     """Coefficient of variation of every node's iteration-time jitter (0: none; each node's
     jitter seeded ``seed + i``)."""
     engine_view: str = "vllm"
+    slo_target: float | None = None
+    """Every node's SLO target: the attainment over a rolling 600 s that ``mpc`` and
+    ``mpc-online`` spend the misses of (a domain's ``[domains.slo_target]``; ``gpugov
+    fleet`` defaults it to 0.99, as ``simulate`` does); None holds fixed margins."""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that does not fit (before work)."""
@@ -93,6 +102,8 @@ class FleetConfig:
             )
         if not (math.isfinite(self.latency_noise) and 0.0 <= self.latency_noise < 1.0):
             raise ValueError(f"--latency-noise must lie in [0, 1), got {self.latency_noise!r}")
+        if self.slo_target is not None and not 0.0 < self.slo_target < 1.0:
+            raise ValueError(f"--slo-target must lie in (0, 1), got {self.slo_target!r}")
         for name in self.allocators:
             if name not in ALLOCATORS:
                 raise ValueError(f"--allocators: unknown allocator {name!r} (one of {ALLOCATORS})")
@@ -337,6 +348,7 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
             safety=safety,
             seed=config.seed + i,
             view=observation_view(config.engine_view),
+            slo_target=slo_target_of(config.slo_target),
         )
         for i, name in enumerate(config.node_profiles())
     ]
@@ -588,6 +600,7 @@ def check_inputs(config: FleetConfig, *, quiet: bool = False) -> None:
         workload,
         period_s=config.control_period_s,
         floor_w=config.floor_fraction * first.power_limit_w,
+        slo_target=slo_target_of(config.slo_target),
     )
 
 

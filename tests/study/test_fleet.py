@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpugov.cli import main
+from gpugov.controllers.budget import SLOTarget
 from gpugov.study.fleet import report as fleet_report
 from gpugov.study.fleet.allocators import (
     ALLOCATOR_FUNCTIONS,
@@ -22,6 +23,7 @@ from gpugov.study.fleet.allocators import (
     slo_aware,
     uniform,
 )
+from gpugov.study.fleet.node import FleetNode
 from gpugov.study.fleet.router import make_router
 from gpugov.study.fleet.run import (
     Cell,
@@ -620,6 +622,50 @@ def test_a_trace_at_one_instant_runs_as_simulate_runs_it(
     assert [row["requests"] for row in rows] == [2, 2]
     later, _ = fleet_workload(replace(config, trace_start_s=5.0), _plants(config.profiles))
     assert later == workload
+
+
+@pytest.mark.parametrize(
+    ("flags", "period_s", "target"),
+    [
+        (["--controller", "mpc-online"], 0.25, 0.99),
+        (["--controller", "max", "--slo-target", "none"], 1.0, None),
+        (
+            ["--controller", "mpc-online", "--control-period", "0.5", "--slo-target", "0.95"],
+            0.5,
+            0.95,
+        ),
+    ],
+)
+def test_every_node_decides_as_a_node_runs_its_controller(
+    flags: list[str], period_s: float, target: float | None, tmp_path: Path
+) -> None:
+    """Unset, the control period is the controller's own (a node's unset daemon.period_s:
+    0.25 s for mpc-online) and the SLO target 0.99, as ``simulate`` runs a controller."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text(TRACE)
+    argv = ["fleet", "--trace", str(trace), "--trace-start", "0", "--duration", "20"]
+    argv += ["--drain", "5", "--nodes", "2", "--no-step", "--budgets", "0.7"]
+    argv += ["--allocators", "slo", "--allocator-period", "5", "--quiet", "--jobs", "1"]
+    out = tmp_path / "out"
+    assert main([*argv, *flags, "--out", str(out)]) == 0
+    config = json.loads((out / "fleet.json").read_text())["config"]
+    assert (config["control_period_s"], config["slo_target"]) == (period_s, target)
+    said = f"every {period_s:g} s" + (f" to an SLO target of {100 * target:g} %" if target else ",")
+    assert said in (out / "fleet.md").read_text()
+
+
+def test_a_fleet_node_spends_the_slo_target_it_is_given(tiny: dict[str, object]) -> None:
+    plants = tiny["plants"]
+    assert isinstance(plants, dict)
+    plant = plants["h100-sxm-llama3-8b"]
+    workload = tiny["workload"]
+    assert isinstance(workload, tuple)
+    target = SLOTarget(attainment=0.95, window_s=600.0)
+    given = FleetNode("n", plant, "mpc-online", workload, period_s=0.25, floor_w=100.0,
+                      slo_target=target)  # fmt: skip
+    assert given.controller.unwrapped.budget.target == target
+    none = FleetNode("n", plant, "mpc-online", workload, period_s=0.25, floor_w=100.0)
+    assert none.controller.unwrapped.budget is None
 
 
 def test_a_node_the_router_sends_nothing_is_reported_without_attainment(

@@ -117,6 +117,32 @@ def test_every_cell_once_with_simulates_metrics(full_sweep, tmp_path: Path) -> N
     assert (out / "sweep.png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.parametrize(
+    ("settings", "flags"),
+    [
+        ("", []),  # unset: mpc-online at its own 0.25 s under a 0.99 target, as simulate
+        (
+            'control_period_s = 0.5\nslo_target = "none"',
+            ["--control-period", "0.5", "--slo-target", "none"],
+        ),
+    ],
+)
+def test_a_cell_runs_the_controller_as_simulate_runs_it(
+    settings: str, flags: list[str], tmp_path: Path
+) -> None:
+    text = 'traces = ["bursty.csv"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+    text += f'controllers = ["mpc-online"]\nduration_s = 30.0\n{settings}\n'
+    grid = _grid(tmp_path, text)
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(tmp_path / "out")])
+    assert code == 0, stderr
+    (cell,) = _rows(tmp_path / "out")
+    target = tmp_path / "simulate.json"
+    argv = ["simulate", "--trace", str(tmp_path / "bursty.csv"), "--duration", "30"]
+    code, _, stderr = _run([*argv, "--controller", "mpc-online", *flags, "--out", str(target)])
+    assert code == 0, stderr
+    assert json.loads(target.read_text())["metrics"] == cell["metrics"]
+
+
 def test_resume_runs_only_the_missing_cells(full_sweep, tmp_path: Path) -> None:
     grid, out, _, _ = full_sweep
     lines = (out / RESULTS).read_text().splitlines(keepends=True)
@@ -505,6 +531,9 @@ def test_a_worker_killed_mid_sweep_loses_nothing_and_counts_nothing_twice(
         ("latency_noise = 1.0", "key 'latency_noise': Input should be less than 1"),
         ("floor_mhz = 5000.0", "key 'floor_mhz': 5000 MHz is above the top clock"),
         ("loads = [1.0, 1e-7]", "cell trace bursty.csv, profile h100-sxm-llama3-8b, load 1e-07"),
+        ("slo_target = 1.0", "key 'slo_target': must be an attainment in (0, 1) or \"none\""),
+        ('slo_target = "0.99"', "key 'slo_target': must be an attainment in (0, 1) or"),
+        ("slo_target = true", "key 'slo_target': must be an attainment in (0, 1) or"),
     ],
 )
 def test_every_cell_is_checked_before_the_first_runs(
