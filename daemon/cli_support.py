@@ -50,6 +50,7 @@ from gpugov.plant.profile_files import profile_files
 from gpugov.plant.result import ArrivalSeparation, arrival_separation
 from gpugov.plant.types import Request, RequestRecord
 from gpugov.plant.workload import (
+    DEFAULT_TRACE,
     TraceError,
     TraceLoadReport,
     TraceProgress,
@@ -433,7 +434,7 @@ def simulated_run_inputs(
     trace, the profile's manifest and CSV, an ``open-loop`` controller's plan and the
     profile a ``--controller`` spec names (``mpc:P.json``, ``mpc-online:P.json``,
     ``power-profile:P.json``), its manifest and CSV."""
-    inputs: list[tuple[str, str | os.PathLike[str] | None]] = [("the trace", trace)]
+    inputs: list[tuple[str, str | os.PathLike[str] | None]] = [("the trace", trace_file(trace))]
     files = profile_files(profile)
     inputs.append(("the profile", files[0]))
     inputs += [("the profile's CSV", path) for path in files[1:]]
@@ -448,6 +449,19 @@ def simulated_run_inputs(
             what = "the profile's CSV" if field.endswith("CSV") else "the profile"
             inputs.append((what, path))
     return inputs
+
+
+def trace_file(trace: str | None) -> str | os.PathLike[str] | None:
+    """The file a ``--trace`` value reads, for refusing an output that would overwrite it:
+    a trace name resolved to its file (``azure-conv-10min`` to the bundled CSV, a shared
+    name to its file in the traces directory), no value to the default trace's file. Only
+    a path was compared, so ``--out`` on the file behind a name (or behind no ``--trace``
+    at all) replaced that trace. A value that does not resolve is returned as given:
+    loading it refuses it in its own line."""
+    try:
+        return resolve_trace(trace or DEFAULT_TRACE)
+    except TraceError:
+        return trace
 
 
 def _same_file(first: str, second: str) -> bool:

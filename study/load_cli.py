@@ -24,6 +24,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         fail,
         load_trace_for_cli,
         require_positive,
+        trace_file,
     )
     from gpugov.daemon.errors import ExitCode
     from gpugov.daemon.files import write_text_atomic
@@ -36,7 +37,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     if args.max_concurrency < 1:
         raise UsageError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
-    check_output_file("--json", args.json, [("the trace", args.trace)])
+    check_output_file("--json", args.json, [("the trace", trace_file(args.trace))])
     if args.governor_metrics is not None:
         from gpugov.daemon.energy_report import check_metrics_url
 

@@ -154,6 +154,41 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(
     assert config.read_text() == text
 
 
+def test_an_output_on_the_file_behind_a_trace_name_is_refused_and_the_trace_kept(
+    trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only a ``--trace`` path was compared with the outputs: ``--out`` on the file a trace
+    name reads (a shared name's file, the bundled default's when no ``--trace`` is
+    given) replaced that trace with the run's JSON."""
+    import socket
+
+    from gpugov.daemon.cli_support import simulated_run_inputs
+    from gpugov.plant.workload import DEFAULT_TRACE, resolve_trace
+
+    shared = tmp_path / "burstgpt1_first400rows.csv"
+    shutil.copy(trace, shared)
+    kept = shared.read_bytes()
+    monkeypatch.setenv("GPUGOV_TRACES_DIR", str(tmp_path))
+    run = ["run", "--simulate", "--virtual", "--metrics-address", "none", "--quiet"]
+    for argv in (
+        ["simulate", "--trace", "burstgpt1", "--quiet", "--out", str(shared)],
+        [*run, "--trace", "burstgpt1", "--record", str(shared)],
+    ):
+        assert main(argv) == 2
+        assert f"{shared}: is the trace, which it would overwrite" in _one_error_line(capsys)
+    with socket.create_server(("127.0.0.1", 0)) as engine:
+        url = f"http://127.0.0.1:{engine.getsockname()[1]}"
+        argv = ["load", "--trace", "burstgpt1", "--url", url, "--json", str(shared), "--quiet"]
+        assert main(argv) == 2
+        assert f"--json {shared}: is the trace, which it would overwrite" in (
+            _one_error_line(capsys)
+        )
+    assert shared.read_bytes() == kept
+    # No --trace: the default trace's file is the input (checked without writing near it).
+    inputs = dict(simulated_run_inputs(None, "h100-sxm-llama3-8b", "max"))
+    assert Path(inputs["the trace"]) == resolve_trace(DEFAULT_TRACE)
+
+
 def test_an_output_on_the_profile_csv_the_plan_or_the_other_output_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
