@@ -246,7 +246,13 @@ def export(
     ttft_slo_s: float | None,
     tpot_slo_s: float | None,
 ) -> tuple[Path, Path]:
-    """Write ``online-<domain>.csv`` and ``.json`` (status ``online-identified``)."""
+    """Write ``online-<domain>.csv`` and ``.json`` (status ``online-identified``) in
+    ``out``, made (when its parent exists) only once the model is known to export.
+
+    Raises:
+        ModelCliError: no SLOs to write, stored or given.
+        UsageError: ``out`` cannot be made or written in.
+    """
     slos = payload.get("slos") or {}
     ttft = ttft_slo_s or slos.get("ttft_slo_s")
     tpot = tpot_slo_s or slos.get("tpot_slo_s")
@@ -304,6 +310,9 @@ def export(
             },
         },
     }
+    # Made only now, every refusal above behind it: a model with no SLOs to export was
+    # refused after an empty --out directory had been made for it.
+    prepare_output_dir("--out", out)
     # Together: a failure midway leaves an earlier export whole, never a corrupt profile.
     write_files_atomic(
         {csv_path: text.getvalue(), manifest_path: json.dumps(manifest, indent=2) + "\n"}
@@ -332,7 +341,6 @@ def run_model(args: argparse.Namespace) -> int:
             if args.action == "show":
                 print(describe(domain, path, payload, model))
             else:
-                prepare_output_dir("--out", args.out)
                 written = export(
                     domain, payload, model, Path(args.out), args.ttft_slo, args.tpot_slo
                 )

@@ -923,6 +923,26 @@ def test_a_refused_export_leaves_no_output_directory(
     assert not out.exists()
 
 
+def test_an_export_refused_for_want_of_slos_leaves_no_output_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A domain with no ttft_slo_s or tpot_slo_s saves its model with null SLOs; exporting
+    # it without --ttft-slo and --tpot-slo was refused after --out had been made, empty.
+    _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    payload = json.loads(path.read_text())
+    payload["slos"] = {"ttft_slo_s": None, "tpot_slo_s": None, "thermal_limit_c": None}
+    path.write_text(json.dumps(payload))
+    out = tmp_path / "export"
+    export = ["model", "export", "--state-dir", str(tmp_path), "--out", str(out)]
+    for slos in ([], ["--ttft-slo", "1"]):
+        assert main([*export, *slos]) == 2
+        assert "pass --ttft-slo and --tpot-slo" in capsys.readouterr().err
+        assert not out.exists()
+    assert main([*export, "--ttft-slo", "1", "--tpot-slo", "0.05"]) == 0
+    assert (out / "online-llm.json").is_file()
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
