@@ -225,15 +225,20 @@ def describe(domain: str, path: Path, payload: dict[str, Any], model: OnlineMode
         rate_std = rate * seconds_std / max(seconds, 1e-12)
         iteration, iteration_std = model.decode_iteration_s(clock, REFERENCE_BATCH, context)
         powers = [model.phase_power_w(clock, phase)[0] for phase in ("prefill", "decode", "idle")]
+        latencies = (
+            f"{rate:11.0f} +- {rate_std:5.0f} {iteration * 1e3:8.2f} +- {iteration_std * 1e3:5.2f}"
+            if model.samples
+            else f"{'-':>20} {'-':>17}"  # only the prior: 1e12 tok/s +- 5e21 with no hint
+        )
         lines.append(
-            f"  {clock:9.0f} {int(model.visits[index]):7d} "
-            f"{rate:11.0f} +- {rate_std:5.0f} "
-            f"{iteration * 1e3:8.2f} +- {iteration_std * 1e3:5.2f} "
+            f"  {clock:9.0f} {int(model.visits[index]):7d} {latencies} "
             f"{powers[0]:10.0f} {powers[1]:9.0f} {powers[2]:7.0f}"
         )
     lines.append(
         f"  (decode iteration at batch {REFERENCE_BATCH}, context {context:.0f} tokens; "
         "+- one standard deviation)"
+        if model.samples
+        else "  (no latency learned yet: no busy window since it started learning)"
     )
     return "\n".join(lines)
 
@@ -250,9 +255,18 @@ def export(
     ``out``, made (when its parent exists) only once the model is known to export.
 
     Raises:
-        ModelCliError: no SLOs to write, stored or given.
+        ModelCliError: no latency learned yet, or no SLOs to write, stored or given.
         UsageError: ``out`` cannot be made or written in.
     """
+    if model.samples == 0:
+        # Saved before any busy window (a node stopped before its first traffic): its
+        # latency part is only the prior, with no hint a zero latency, and was exported
+        # as 1e7 prompt tokens/s on every clock, a profile that simulated to no energy.
+        raise ModelCliError(
+            f"domain {domain}: the model has learned no latency yet (0 samples: no busy "
+            "window since it started learning); nothing to export until the node serves "
+            "traffic"
+        )
     slos = payload.get("slos") or {}
     ttft = ttft_slo_s or slos.get("ttft_slo_s")
     tpot = tpot_slo_s or slos.get("tpot_slo_s")

@@ -1109,6 +1109,41 @@ def test_a_model_saved_before_any_latency_was_learned_survives_restarts(tmp_path
     assert stored["model"]["power"]["samples"] > 0
 
 
+def test_a_model_with_no_latency_learned_is_not_exported_and_shows_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its latency part is only the prior (no hint: zero latency). ``model export`` wrote
+    it as a profile of 1e7 prompt tokens/s on every clock (exit 0; a simulation on it ran
+    on no energy), and ``model show`` printed 1e12 tok/s +- 5e21 and 0.00 ms."""
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    for tick in range(40):
+        wrapper(
+            _idle(
+                float(tick) * 0.25,
+                name="llama",
+                power_w=120.0,
+                energy_j=30.0 * tick,
+                requested_clock_mhz=1980.0,
+                realized_clock_mhz=1980.0,
+                gpu_utilization=0.0,
+                temperature_c=40.0 + 0.1 * tick,
+            )
+        )
+    wrapper.close()
+    assert read_stored(model_path(tmp_path, "llm"))["model"]["time"]["samples"] == 0
+    out = tmp_path / "export"
+    argv = ["model", "export", "--state-dir", str(tmp_path), "--out", str(out)]
+    assert main([*argv, "--ttft-slo", "1", "--tpot-slo", "0.05"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "domain llm: the model has learned no latency yet" in err[0]
+    assert not out.exists()
+    assert main(["model", "show", "--state-dir", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    assert "no latency learned yet" in shown and "e+" not in shown
+    rows = [line.split() for line in shown.splitlines() if re.match(r"\s+\d+\s+\d+\s", line)]
+    assert rows and all(row[2:4] == ["-", "-"] for row in rows)
+
+
 FILE_DAMAGE = [
     # Each was restored (and 1e308 written back on the next save), or named confusingly.
     ("thermal", lambda p: p["model"]["thermal"].update(mean=[1e308] * 3), "model.thermal.mean: a"),
