@@ -25,13 +25,38 @@ A lock or reset write that fails transiently is retried on the next tick. Each f
 counted per GPU (``write_failures``, exported as ``gpugov_clock_write_failures_total``),
 but logged at most once a minute per GPU (:class:`WriteFailureLog`): the first failure,
 a reminder with the count of lines left out, and one line when writes succeed again.
+
+On a node (``write_deadline_s``, :data:`CLOCK_WRITE_DEADLINE_S`) each GPU's writes run on
+a worker thread of their own (:class:`~daemon.deadline.SerialCalls`), one at a time in the
+order made, and the caller waits for one at most that long, so a write that hangs in the
+driver holds neither the loop nor the other GPUs. The rule for a GPU whose write hangs:
+
+* It is a failed write (counted, logged through :class:`WriteFailureLog`), and so is each
+  later tick that wants a write to it while it hangs; no other write to that GPU is
+  started, as one would only queue behind it in the driver and could land in either
+  order. Its lock is unknown meanwhile (no readback is judged against it).
+* It may have been a lowering, and nothing can raise the GPU while the call hangs: the
+  lowest lock it may hold is remembered, the lock record keeps an entry for it (a hung
+  lock's range; for a hung reset, the entry of the lock before), so a kill or restart has
+  the next start's reconcile reset it, and the exit's reset, bounded by the same
+  deadline, reports it as possibly still locked (exit 6) when it cannot go through.
+* Once the call returns, the next tick takes its outcome: went through, the GPU holds
+  that lock (or none, after a reset); failed, its lock is unknown (a lost GPU or a
+  refusal is raised, as the same write's error would have been). That tick then writes
+  the clock wanted now (the decision or the fail-safe), after the late one, never before
+  it: a lowering that landed late holds for at most one period.
+
+The domain's other GPUs and the other domains are governed as before. A simulated run
+writes on the caller's thread (no deadline): deterministic, and never hung.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
@@ -42,6 +67,7 @@ from gpugov.daemon.backend import (
     GpuSample,
     clock_tolerance_mhz,
 )
+from gpugov.daemon.deadline import CallOutcome, CallTimeout, SerialCalls
 from gpugov.daemon.episode_log import EpisodeLog, FailureRun
 from gpugov.daemon.errors import (
     ConfigError,
@@ -80,6 +106,39 @@ REASSERTED = (
 """What a logged outside change says about the ones left out before it."""
 WRITE_FAILURE_LOG_EVERY_S = 60.0
 """While a GPU's clock writes keep failing, one reminder line per this many seconds."""
+CLOCK_WRITE_DEADLINE_S = 2.0
+"""The longest one GPU's clock write (a lock or a reset) may hold a node's loop, or its
+exit: a healthy nvmlDeviceSetGpuLockedClocks or reset takes milliseconds (a write through
+the actuator or zeusd is bounded sooner, by its client's own timeout), so only a hung call
+reaches it. The same bound as a GPU's read (``GPU_READ_DEADLINE_S``), paid once per hang
+(no other write to that GPU starts while it hangs), far below the unit's ``WatchdogSec=``
+and ``TimeoutStopSec=`` (30 s)."""
+HUNG_THEN = (
+    "nothing more is written to this GPU until that call returns, then the clock wanted then is"
+)
+"""What the first line of a hung clock write says happens next."""
+
+
+class ClockWriteHung(TransientGpuError):
+    """A GPU's clock write has not returned within its deadline (it goes on in the
+    background), or an earlier one to that GPU is still hanging (no other is started)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _HungWrite:
+    """A clock write that ran past its deadline: the range it locks (None: a reset) and
+    when it started (the actuator's clock)."""
+
+    clock_range: tuple[int, int] | None
+    started_s: float
+
+    @property
+    def what(self) -> str:
+        """The write in words, for the log."""
+        if self.clock_range is None:
+            return "reset"
+        low, high = self.clock_range
+        return f"lock at {low}-{high} MHz"
 
 
 class WriteFailureLog:
@@ -108,16 +167,19 @@ class WriteFailureLog:
         self._clock = clock
         self._runs: dict[str, FailureRun] = {}
 
-    def failed(self, gpu: str, what: str, error: Exception) -> None:
+    def failed(
+        self, gpu: str, what: str, error: Exception, *, then: str = "retrying every tick"
+    ) -> None:
         """One failed ``what`` ("lock", "reset"; "write" of a power limit) on ``gpu``;
-        logs it or counts it."""
+        logs it or counts it. ``then`` says, in the first line, what happens next."""
         run = self._runs.setdefault(gpu, FailureRun(self.every_s, self._clock))
         line = run.failed()
         if line.kind == "start":
             log.warning(
-                "domain %s: %s; retrying every tick (while it fails, one line a minute)%s",
+                "domain %s: %s; %s (while it fails, one line a minute)%s",
                 self.domain,
                 error,
+                then,
                 line.note,
             )
         elif line.kind == "reminder":
@@ -173,6 +235,11 @@ class ClockActuator:
             times, sleeping ``backoff * 2**k`` between rounds.
         sleep: for the backoff (tests pass a recorder).
         clock: monotonic seconds, for the rate-limited write-failure log.
+        write_deadline_s: when given (a node, on the wall clock), each GPU's writes run
+            on a worker thread of their own (:class:`~daemon.deadline.SerialCalls`), one
+            at a time in the order made, and each is waited for at most this long; a
+            write past it hangs that GPU's writes (see the module's docstring). None (a
+            simulated run, ``gpugov reset-clocks``): written on the caller's thread.
     """
 
     def __init__(
@@ -187,6 +254,7 @@ class ClockActuator:
         reset_backoff_s: float = 0.2,
         sleep: Callable[[float], Any] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        write_deadline_s: float | None = None,
     ) -> None:
         if not backends:
             raise ValueError(f"domain {domain!r}: a clock actuator needs at least one GPU")
@@ -220,6 +288,20 @@ class ClockActuator:
         self._fallback_logged: set[str] = set()
         self._maybe_held: dict[str, int] = {}
         """Per GPU whose lock writes failed: the lowest clock a lock may hold it at."""
+        self.write_deadline_s = write_deadline_s
+        self._writers: dict[str, SerialCalls] = (
+            {}
+            if write_deadline_s is None
+            else {
+                b.label: SerialCalls(
+                    write_deadline_s, name=f"clocks-{b.label}", cause="a hung GPU call", clock=clock
+                )
+                for b in self._backends
+            }
+        )
+        self._hung: dict[str, _HungWrite] = {}
+        """Per GPU whose write ran past its deadline: that write, until its outcome is
+        taken (:meth:`_settled`)."""
 
     def __enter__(self) -> ClockActuator:
         return self
@@ -243,6 +325,12 @@ class ClockActuator:
             return None if value in (None, _UNKNOWN) else value
         return None
 
+    @property
+    def hanging_writes(self) -> tuple[str, ...]:
+        """The GPUs whose clock write is still running past its deadline (on a node):
+        nothing more is written to them until it returns."""
+        return tuple(label for label, writer in self._writers.items() if writer.hanging)
+
     def _range(self, backend: GpuBackend, clock_mhz: int) -> tuple[int, int]:
         if self.lock_mode == "cap":
             return min(backend.supported_clocks_mhz()), clock_mhz
@@ -256,28 +344,33 @@ class ClockActuator:
 
         Raises:
             PermissionDenied, NotSupported, GpuLost: not survivable; the caller's ``with``
-                block resets what it can.
-        A transient failure is counted and retried on the next call.
+                block resets what it can (also when a hung write returns with one).
+        A transient failure is counted and retried on the next call; a write past its
+        deadline is counted, and so is each call while it hangs, and no other write to
+        that GPU is started until it has returned.
         """
         clock_mhz = int(clock_mhz)
         written = 0
         for backend in self._backends:
             if self.locked_mhz[backend.label] == clock_mhz or backend.label in self.yielded:
                 continue
+            if not self._settled(backend, "lock") or self.locked_mhz[backend.label] == clock_mhz:
+                continue  # still hanging; or the hung write, returned, locked this clock
             low, high = self._range(backend, clock_mhz)
             unlocked = self.locked_mhz[backend.label] is None
             self._touched.add(backend.label)
             before = self.locked_mhz[backend.label]
             try:
-                backend.lock_clocks(low, high)
+                self._write(backend, (low, high))
+            except ClockWriteHung as error:
+                self._write_hung(backend, "lock", error, before, clock_mhz)
+                continue
             except TransientGpuError as error:
                 self.locked_mhz[backend.label] = _UNKNOWN
                 self._count_failure(backend.label)
                 self.failure_log.failed(backend.label, "lock", error)
-                # The lowest lock the GPU may hold now: the one before, one a write that
-                # failed before may still have made, or this one.
-                earlier = self._maybe_held.get(backend.label) if before == _UNKNOWN else before
-                lowest = min(v for v in (earlier, clock_mhz) if v is not None and v != _UNKNOWN)
+                lowest = self._lowest_held(backend.label, before, clock_mhz)
+                assert lowest is not None  # this lock's clock at least
                 self._maybe_held[backend.label] = lowest
                 if lowest < clock_mhz:
                     self._not_held_low(backend, lowest, clock_mhz)
@@ -329,6 +422,154 @@ class ClockActuator:
         self.write_errors += 1
         self.write_failures[label] = self.write_failures.get(label, 0) + 1
 
+    def _lowest_held(self, label: str, before: int | None, clock_mhz: int | None) -> int | None:
+        """After a lock (``clock_mhz``; None: a reset) that failed or hangs on a GPU that
+        held ``before``: the lowest lock it may hold now, the one before, one a write that
+        failed before may still have made, or this one (None: none)."""
+        earlier = self._maybe_held.get(label) if before == _UNKNOWN else before
+        held = [v for v in (earlier, clock_mhz) if v is not None and v != _UNKNOWN]
+        return min(held) if held else None
+
+    # ------------------------------------------------------------ the writes
+    def _write(self, backend: GpuBackend, clock_range: tuple[int, int] | None) -> None:
+        """Lock ``backend``'s SM clock into ``clock_range`` (None: reset it): on the
+        caller's thread, or, with ``write_deadline_s``, on the GPU's writer thread, waiting
+        at most that long.
+
+        Raises:
+            ClockWriteHung: the write has not returned in that time (it goes on in the
+                background, and this GPU is written no more until it has returned), or an
+                earlier write to it is still hanging (this one is not started).
+            GpuError: what the write raised.
+        """
+        label = backend.label
+        target: Callable[[], None] = (
+            backend.reset_clocks
+            if clock_range is None
+            else functools.partial(backend.lock_clocks, *clock_range)
+        )
+        writer = self._writers.get(label)
+        if writer is None:
+            target()
+            return
+        hung = self._hung.get(label)
+        if hung is not None:
+            if writer.busy:
+                raise self._still_hanging(label, hung)
+            del self._hung[label]  # it returned; what it did no longer matters (the exit)
+        started = self._clock()
+        try:
+            writer.call(target)
+        except CallTimeout:
+            write = self._hung[label] = _HungWrite(clock_range, started)
+            raise ClockWriteHung(
+                f"GPU {label}: clock {write.what}: no answer within {writer.deadline_s:g} s "
+                "(a hung GPU call)",
+                gpu=label,
+            ) from None
+
+    def _still_hanging(self, label: str, hung: _HungWrite) -> ClockWriteHung:
+        """The error of a write not started because ``hung`` still hangs."""
+        return ClockWriteHung(
+            f"GPU {label}: the clock {hung.what} started {self._clock() - hung.started_s:.1f} s "
+            "ago has not returned (a hung GPU call); no other write to it is started",
+            gpu=label,
+        )
+
+    def _write_hung(
+        self,
+        backend: GpuBackend,
+        what: str,
+        error: ClockWriteHung,
+        before: int | None,
+        clock_mhz: int | None,
+    ) -> None:
+        """A ``what`` write to ``backend`` (a lock at ``clock_mhz``, or a reset: None),
+        which held ``before``, ran past its deadline: counted and logged as a failed
+        write; its lock unknown until the write's outcome is taken. It may hold either
+        lock, so the lowest of them is remembered and the lock record keeps an entry for
+        it (a hung lock's range, or, for a hung reset, the entry of the lock before): a
+        kill or restart meanwhile has the next start's reconcile reset it."""
+        label = backend.label
+        self.locked_mhz[label] = _UNKNOWN
+        self._count_failure(label)
+        self.failure_log.failed(label, what, error, then=HUNG_THEN)
+        lowest = self._lowest_held(label, before, clock_mhz)
+        if lowest is not None:
+            self._maybe_held[label] = lowest
+        hung = self._hung.get(label)
+        if self.state is not None and hung is not None and hung.clock_range is not None:
+            self.state.record(gpu_key(backend), label, *hung.clock_range)
+
+    def _settled(self, backend: GpuBackend, what: str) -> bool:
+        """Whether ``backend`` may be written now: no write to it hangs (once a hung write
+        has returned, its outcome is taken first, :meth:`_take_late`). While one hangs,
+        this call's ``what`` ("lock", "reset") is one more failed write (counted, and
+        logged at the failure log's pace) and none is started.
+
+        Raises:
+            GpuLost, PermissionDenied, NotSupported, Exception: what the hung write
+                raised, once it returned, when that is not transient.
+        """
+        label = backend.label
+        hung = self._hung.get(label)
+        if hung is None:
+            return True
+        try:
+            outcome = self._writers[label].late()
+        except CallTimeout:
+            self._count_failure(label)
+            self.failure_log.failed(label, what, self._still_hanging(label, hung), then=HUNG_THEN)
+            return False
+        del self._hung[label]
+        if outcome is not None:
+            self._take_late(backend, hung, outcome)
+        return True
+
+    def _take_late(self, backend: GpuBackend, hung: _HungWrite, outcome: CallOutcome) -> None:
+        """A hung write to ``backend`` has returned: what the GPU holds now is what that
+        write did (it went through: its lock, or none after a reset), else unknown (the
+        next write goes through whatever was remembered).
+
+        Raises:
+            GpuLost, PermissionDenied, NotSupported, Exception: what it raised, when that
+                is not transient (as the same write's error would have been).
+        """
+        label = backend.label
+        error = outcome.error
+        if error is None:
+            if hung.clock_range is None:
+                self.locked_mhz[label] = None
+                if self.state is not None:
+                    self.state.clear(gpu_key(backend))
+            else:
+                self.locked_mhz[label] = hung.clock_range[1]
+                if self.state is not None:
+                    self.state.record(gpu_key(backend), label, *hung.clock_range)
+            self._maybe_held.pop(label, None)
+            self._disagreements[label] = 0
+            self.failure_log.succeeded(label)
+            log.debug(
+                "domain %s: GPU %s: the clock %s that hung went through after %.1f s",
+                self.domain,
+                label,
+                hung.what,
+                self._clock() - hung.started_s,
+            )
+            return
+        self.locked_mhz[label] = _UNKNOWN
+        log.warning(
+            "domain %s: GPU %s: the clock %s that hung returned after %.1f s, failing: %s; "
+            "the clock wanted now is written",
+            self.domain,
+            label,
+            hung.what,
+            self._clock() - hung.started_s,
+            error,
+        )
+        if not isinstance(error, TransientGpuError):
+            raise error
+
     def unlock(self) -> int:
         """Reset every GPU this actuator locked (the fail-safe's "unlock" mode).
 
@@ -339,8 +580,14 @@ class ClockActuator:
         for backend in self._backends:
             if self.locked_mhz[backend.label] is None or backend.label in self.yielded:
                 continue
+            if not self._settled(backend, "reset") or self.locked_mhz[backend.label] is None:
+                continue  # still hanging; or the hung write, returned, was a reset
+            before = self.locked_mhz[backend.label]
             try:
-                backend.reset_clocks()
+                self._write(backend, None)
+            except ClockWriteHung as error:
+                self._write_hung(backend, "reset", error, before, None)
+                continue
             except TransientGpuError as error:
                 self._count_failure(backend.label)
                 self.failure_log.failed(backend.label, "reset", error)
@@ -378,7 +625,10 @@ class ClockActuator:
         again."""
         label = backend.label
         try:
-            backend.reset_clocks()
+            self._write(backend, None)
+        except ClockWriteHung as error:
+            self._write_hung(backend, "reset", error, _UNKNOWN, None)
+            return
         except GpuLost:
             raise
         except GpuError as error:  # still unknown: the next apply writes again
@@ -408,7 +658,10 @@ class ClockActuator:
             return
         low, high = self._range(backend, top)
         try:
-            backend.lock_clocks(low, high)
+            self._write(backend, (low, high))
+        except ClockWriteHung as error:
+            self._write_hung(backend, "lock", error, held, top)
+            return
         except GpuLost:
             raise
         except GpuError as error:
@@ -435,7 +688,9 @@ class ClockActuator:
         """Reset every GPU ever written to, retrying failures with backoff; never raises.
 
         A GPU that is lost, refuses permission or lacks the call is not retried (it would
-        fail the same way); any other failure is retried ``reset_attempts`` times.
+        fail the same way), nor, on a node, one whose reset (or an earlier write) hangs
+        past the write deadline, so a hung GPU holds the exit at most that deadline; any
+        other failure is retried ``reset_attempts`` times.
 
         Returns:
             Labels of the GPUs that could not be reset (they may still be locked).
@@ -457,9 +712,17 @@ class ClockActuator:
         return sorted((b.label for b in failed + pending), key=label_order)
 
     def _reset_at_exit(self, backend: GpuBackend, attempt: int) -> Outcome:
-        """One GPU's exit reset, try ``attempt`` (from 0) of :meth:`restore`'s."""
+        """One GPU's exit reset, try ``attempt`` (from 0) of :meth:`restore`'s. On a node
+        it waits for the reset at most ``write_deadline_s``, and not at all while an
+        earlier write to the GPU still hangs; a reset that hangs is not retried (a retry
+        could not start while it hangs, and each domain's backoff would add to the exit):
+        the GPU may still be locked, and is reported so."""
         try:
-            backend.reset_clocks()
+            self._write(backend, None)
+        except ClockWriteHung as error:
+            self._count_failure(backend.label)
+            log.error("domain %s: reset failed: %s; not retried", self.domain, error)
+            return "failed"
         except PERMANENT_RESET_ERRORS as error:
             self._count_failure(backend.label)
             log.error("domain %s: reset failed: %s", self.domain, error)
@@ -559,8 +822,8 @@ class ClockActuator:
             line = f"GPU {label}: {found}; adopted: governed from here, reset on exit"
         else:
             try:
-                backend.reset_clocks()
-            except GpuError as error:
+                self._write(backend, None)
+            except GpuError as error:  # a reset that hangs too: tried again at exit
                 self._count_failure(label)
                 self._touched.add(label)  # try again at exit
                 self.locked_mhz[label] = _UNKNOWN

@@ -1,8 +1,8 @@
 """Deadlines for work the daemon loop cannot bound, run on a worker thread: an outside
 controller's decision (:class:`DecisionDeadline`), a state file's write
-(:class:`LatestWriter`) and a file's read while the loop runs (:class:`LatestReader`).
-Late work costs a tick's decision, leaves a file out of date or keeps the last value
-read, never the loop.
+(:class:`LatestWriter`), a file's read while the loop runs (:class:`LatestReader`) and a
+GPU's clock writes (:class:`SerialCalls`). Late work costs a tick's decision, leaves a
+file out of date, keeps the last value read or a GPU's clock where it was, never the loop.
 
 An outside package's controller (``kind = "external"``) is code the daemon cannot bound:
 an infinite loop or a blocking network call inside it would stop the loop, leaving the
@@ -30,6 +30,12 @@ state file, read again while it cannot be read) blocks as long on such a mount, 
 :data:`READ_DEADLINE_S`; past that the caller keeps what it had (:class:`ReadTimeout`),
 no other read of that file starts while the late one runs, and the late read's answer is
 the next caller's once it ends.
+
+A GPU's clock write (nvmlDeviceSetGpuLockedClocks, or its reset) can hang in a driver in
+trouble, and writes to one GPU must land in the order made. :class:`SerialCalls` runs
+each call on one worker thread, one at a time, the caller waiting up to a deadline; past
+it (:class:`CallTimeout`) no other call starts until the late one returns, and its
+outcome (:class:`CallOutcome`) is then the caller's to take (:meth:`SerialCalls.late`).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
 from gpugov.controllers.contract import ControllerWrapper
@@ -250,6 +257,8 @@ class _DiskWorker:
 
     _noun = "job"
     """What one job is, in the timeout's message ("write", "read")."""
+    _cause = "a hung disk or mount"
+    """What a job past its deadline is taken for, in the timeout's message."""
     _timeout: type[TimeoutError] = TimeoutError
     _thread = "gpugov-worker"
 
@@ -316,14 +325,12 @@ class _DiskWorker:
         if self._finished < number and self._overdue:
             started = self._started_s
             age = 0.0 if started is None else self._clock() - started
-            raise self._timeout(
-                f"a {self._noun} has been hanging for {age:.1f} s: a hung disk or mount"
-            )
+            raise self._timeout(f"a {self._noun} has been hanging for {age:.1f} s: {self._cause}")
         if not self._changed.wait_for(lambda: self._finished >= number, timeout=wait_s):
             self._overdue = True
             raise self._timeout(
-                f"the {self._noun} has not finished within {wait_s:g} s: a hung disk or "
-                "mount; it goes on in the background"
+                f"the {self._noun} has not finished within {wait_s:g} s: {self._cause}; it "
+                "goes on in the background"
             )
         if self._error is not None:
             raise self._error
@@ -519,15 +526,127 @@ class LatestReader(_DiskWorker, Generic[T]):
                 raise
 
 
+def _invoke(target: Callable[[], Any]) -> Any:
+    """A :class:`SerialCalls` job: the call handed over."""
+    return target()
+
+
+class CallTimeout(TimeoutError):
+    """A call has not returned within its deadline (:class:`SerialCalls`), or an earlier
+    one is still running: it goes on in the background, and no other call starts until it
+    returns."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    """What a call that ran past its deadline returned (``result``) or raised
+    (``error``), once it ended (:meth:`SerialCalls.late`)."""
+
+    result: Any
+    error: Exception | None
+
+
+class SerialCalls(_DiskWorker):
+    """Runs the calls handed to it on one worker thread, one at a time and in the order
+    they were made; the caller waits for its call up to ``deadline_s`` (:meth:`call`).
+
+    For calls whose order matters, one GPU's clock writes
+    (:class:`daemon.actuator.ClockActuator`): a call never starts before the one before it
+    has returned. A call that runs past the caller's deadline goes on in the background
+    (:class:`CallTimeout`), and while it runs :meth:`call` starts no other and raises
+    :class:`CallTimeout` at once, so a hung call costs the caller one deadline, not one
+    per call, and a later call can never land before or beside it. Once it has returned,
+    :meth:`late` gives its outcome (what it returned or raised), once; a :meth:`call` made
+    before that drops it. The worker is a daemon thread (the process's exit never waits
+    for a hung call) that waits ``idle_s`` for the next call before it ends.
+
+    Args:
+        deadline_s: seconds a caller waits for its call, above 0 and finite.
+        name: names the worker thread.
+        cause: what a call past its deadline is taken for, in the timeout's message.
+        clock: monotonic seconds (for the messages only).
+        idle_s: seconds the worker thread waits for the next call before it ends.
+    """
+
+    _noun = "call"
+    _timeout = CallTimeout
+    _thread = "gpugov-calls"
+
+    def __init__(
+        self,
+        deadline_s: float,
+        *,
+        name: str,
+        cause: str = "a hung call",
+        clock: Callable[[], float] = time.monotonic,
+        idle_s: float = READER_IDLE_S,
+    ) -> None:
+        super().__init__(_invoke, deadline_s, name=name, clock=clock, idle_s=idle_s)
+        self._cause = cause
+        self._late = False
+        """A call ran past a caller's deadline and its outcome has not been taken."""
+
+    @property
+    def hanging(self) -> bool:
+        """Whether a call that ran past a caller's deadline is still running."""
+        with self._changed:
+            return self._late and self._finished < self._posted
+
+    def _hanging_locked(self) -> CallTimeout:
+        """The error for a call still running past its deadline (the lock held)."""
+        started = self._started_s
+        age = 0.0 if started is None else self._clock() - started
+        return CallTimeout(f"a call has been hanging for {age:.1f} s: {self._cause}")
+
+    def call(self, target: Callable[[], T], wait_s: float | None = None) -> T:
+        """``target()`` on the worker thread, waiting at most ``wait_s`` (default
+        ``deadline_s``) for it.
+
+        Raises:
+            CallTimeout: it has not returned in that time (it goes on in the background;
+                :meth:`late` gives its outcome once it has), or an earlier call is still
+                running (this one is not started).
+            Exception: what ``target`` raised.
+        """
+        with self._changed:
+            if self._finished < self._posted:
+                raise self._hanging_locked()
+            self._late = False  # an outcome not taken: this call is newer
+            self._post_locked(target)
+            try:
+                return cast(T, self._wait_locked(self.deadline_s if wait_s is None else wait_s))
+            except CallTimeout:
+                self._late = True
+                raise
+
+    def late(self) -> CallOutcome | None:
+        """The outcome of the call that ran past its deadline, once it has returned, taken
+        once; None when there is none to take.
+
+        Raises:
+            CallTimeout: that call is still running.
+        """
+        with self._changed:
+            if self._late and self._finished < self._posted:
+                raise self._hanging_locked()
+            if not self._late:
+                return None
+            self._late = False
+            return CallOutcome(self._result, self._error)
+
+
 __all__ = [
     "EXIT_WRITE_WAIT_S",
     "READER_IDLE_S",
     "READ_DEADLINE_S",
     "WRITE_DEADLINE_S",
+    "CallOutcome",
+    "CallTimeout",
     "DecisionDeadline",
     "DecisionTimeout",
     "LatestReader",
     "LatestWriter",
     "ReadTimeout",
+    "SerialCalls",
     "WriteTimeout",
 ]

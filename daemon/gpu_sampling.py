@@ -83,6 +83,11 @@ class DomainGpus:
         self._sample_failures: dict[str, tuple[int, float, float]] = {}
         self._clock_bounds: dict[str, tuple[float, float, float]] = {}
 
+    @property
+    def hanging_reads(self) -> tuple[str, ...]:
+        """The GPUs whose sample is still being read past its deadline (on a node)."""
+        return tuple(label for label, reader in self._readers.items() if reader.hanging)
+
     def supported_clocks_mhz(self) -> tuple[float, ...]:
         """Clocks every GPU of the domain supports, ascending (cached)."""
         if self._supported is None:

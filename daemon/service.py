@@ -17,7 +17,7 @@ from typing import Any
 
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.contract import layers
-from gpugov.daemon.actuator import ClockActuator, ExternalPolicy, LockMode
+from gpugov.daemon.actuator import CLOCK_WRITE_DEADLINE_S, ClockActuator, ExternalPolicy, LockMode
 from gpugov.daemon.backend import DryRunBackend, GpuBackend, power_limit_backend
 from gpugov.daemon.config import DaemonSection, DomainConfig, GpugovConfig, controller_state_dir
 from gpugov.daemon.controller_config import ControllerConfig, OnlineMPCControllerConfig
@@ -195,8 +195,24 @@ class Assembled:
 
     def close(self) -> None:
         """Close every backend (NVML references) and engine connection, then let the
-        state directory go."""
-        for backend in self.backends:
+        state directory go. While a GPU call still hangs (a clock write or a sample past
+        its deadline: a driver in trouble) no backend is closed: shutting NVML down
+        under a call that hangs could hang the exit with it, and the process's exit
+        releases what it holds."""
+        hanging = sorted(
+            {
+                label
+                for domain in self.domains
+                for label in (*domain.actuator.hanging_writes, *domain.observer.gpus.hanging_reads)
+            }
+        )
+        if hanging:
+            log.info(
+                "GPU(s) %s: a call still hangs in the driver; the GPUs are left open (the "
+                "process's exit releases them)",
+                ",".join(hanging),
+            )
+        for backend in () if hanging else self.backends:
             backend.close()
         for source in self.sources:
             source.close()
@@ -231,6 +247,7 @@ def build_domain(
     budget: PowerBudget | None = None,
     role: str | None = None,
     gpu_read_deadline_s: float | None = None,
+    clock_write_deadline_s: float | None = None,
 ) -> Domain:
     """Observer + controller (in its safety chain, :func:`daemon.decide.build_controller`)
     + actuator for one domain.
@@ -241,7 +258,10 @@ def build_domain(
     clock when a budget is configured (``power_budget_w`` or ``power_budget_file``); with
     the NVML limits alone, which the GPUs' firmware enforces, the guard only reports.
     ``gpu_read_deadline_s`` bounds each GPU's sample on a node (a hung NVML call costs it
-    once, :class:`~daemon.gpu_sampling.DomainGpus`; None: read on the loop's thread).
+    once, :class:`~daemon.gpu_sampling.DomainGpus`; None: read on the loop's thread);
+    ``clock_write_deadline_s`` each GPU's clock write (a hung one costs it once and stops
+    that GPU's writes until it returns, :class:`~daemon.actuator.ClockActuator`; None:
+    written on the loop's thread).
     ``role`` is the configured pool role (``docs/disaggregated.md``); when it is None
     the engine's page is read once here for the role its labels state
     (:func:`probe_role`), else the domain is colocated.
@@ -337,7 +357,12 @@ def build_domain(
     except Exception as error:  # the loop meets (and reports) a failing controller itself
         log.warning("domain %s: the controller's warm-up decision raised %r", name, error)
     actuator = ClockActuator(
-        backends, domain=name, lock_mode=lock_mode, external_policy=external_policy, state=state
+        backends,
+        domain=name,
+        lock_mode=lock_mode,
+        external_policy=external_policy,
+        state=state,
+        write_deadline_s=clock_write_deadline_s,
     )
     power_limits = power_limit_actuator(backends, domain=name, state=state)
     if power_limits is None and isinstance(layers(controller)[-1], PowerCapping):
@@ -482,6 +507,7 @@ def _build_configured(
         ),
         role=spec.role,
         gpu_read_deadline_s=GPU_READ_DEADLINE_S,  # a node's GPUs: a hung call never stalls it
+        clock_write_deadline_s=CLOCK_WRITE_DEADLINE_S,  # nor a hung clock write
     )
 
 
