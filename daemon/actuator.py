@@ -571,10 +571,15 @@ class ClockActuator:
             raise error
 
     def unlock(self) -> int:
-        """Reset every GPU this actuator locked (the fail-safe's "unlock" mode).
+        """Reset every GPU this actuator locked (the fail-safe's "unlock" mode). A reset
+        past its deadline (on a node) is counted as :meth:`apply`'s lock is, and nothing
+        more is written to that GPU until it has returned.
 
         Returns:
             The number of reset writes made.
+
+        Raises:
+            GpuLost, PermissionDenied, NotSupported: as :meth:`apply`.
         """
         written = 0
         for backend in self._backends:
