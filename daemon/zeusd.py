@@ -26,7 +26,6 @@ import socket
 import time
 import urllib.parse
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from gpugov.daemon.backend import GpuBackend, ReadThroughBackend
@@ -36,7 +35,9 @@ from gpugov.daemon.errors import (
     NotSupported,
     PeerRefused,
     TransientGpuError,
+    printable,
 )
+from gpugov.daemon.files import InputFileError, read_input_text
 
 MAX_BODY_BYTES = 64 * 1024
 PROBE_EVERY_S = 1.0
@@ -103,12 +104,20 @@ class ZeusdClient:
         """
         token = None
         if section.token_file is not None:
+            # Through the bounded reader: a FIFO there hung the start (and check-config),
+            # and a file that is not UTF-8 text ended it in a UnicodeDecodeError traceback.
             try:
-                token = Path(section.token_file).read_text().strip()
-            except OSError as error:
+                token = read_input_text(section.token_file, "token").strip()
+            except InputFileError as error:
+                raise GpuUnavailable(f"zeusd token file {printable(str(error))}") from error
+            if not (token.isascii() and token.isprintable() and " " not in token):
+                # Sent as it is, a line break in it ended the first request in a
+                # ValueError traceback ("Invalid header value").
                 raise GpuUnavailable(
-                    f"zeusd token file {section.token_file}: cannot read: {error.strerror or error}"
-                ) from error
+                    f"zeusd token file {printable(str(section.token_file))}: holds more than "
+                    "one word, or a character no HTTP header takes (a line break, a control "
+                    "or non-ASCII character); it must hold the bearer token alone"
+                )
         return cls(
             socket_path=str(section.socket) if section.socket is not None else None,
             url=section.url,

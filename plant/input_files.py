@@ -45,11 +45,13 @@ FILE_LIMITS: dict[str, FileLimits] = {
     "results": FileLimits(1 * GIB, 16 * MIB),
     "state": FileLimits(16 * MIB, 16 * MIB),
     "budget": FileLimits(4 * KIB, 4 * KIB),
+    "token": FileLimits(4 * KIB, 4 * KIB),
 }
 """Caps per kind. Configs and grids are hand-written TOML; plans, profile manifests and
 state files are JSON that may sit on one line; traces, recordings and sweep results are
 line-oriented and may be long, but no line of theirs is. A power budget file holds one
-number (a Kubernetes Downward API projection of a pod annotation)."""
+number (a Kubernetes Downward API projection of a pod annotation), a token file (zeusd's
+``token_file``) one bearer token."""
 
 _CHUNK_BYTES = 1 * MIB
 

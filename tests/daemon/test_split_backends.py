@@ -452,6 +452,46 @@ def test_check_config_says_whether_the_actuator_or_zeusd_answers(socket_path: Pa
         zeusd.close()
 
 
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "is a FIFO (named pipe), not a token file"),  # hung check-config and run
+        (b"\xff\xfe\x00t", "UTF-16 text; a token file is UTF-8"),  # UnicodeDecodeError
+        (b"tok\xe9n", "not UTF-8 text"),
+        (b"abc\ndef\n", "holds more than one word"),  # ValueError: Invalid header value
+        (b"tok\xc3\xa9n", "a character no HTTP header takes"),  # UnicodeEncodeError
+    ],
+)
+def test_a_zeusd_token_file_that_holds_no_token_is_one_warning_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | None, needle: str
+) -> None:
+    import os
+
+    from gpugov.cli import main
+
+    token = tmp_path / "token"
+    if content is None:
+        os.mkfifo(token)
+    else:
+        token.write_bytes(content)
+    zeusd = FakeZeusd(token="s3cret")
+    config = tmp_path / "gpugov.toml"
+    config.write_text(
+        f'[daemon]\nmetrics_address = ""\nbackend = "zeusd"\n'
+        f'zeusd = {{ url = "{zeusd.url}", token_file = "token" }}\n'
+        '[[domains]]\nname = "a"\ngpus = [0]\nttft_slo_s = 1.0\ntpot_slo_s = 0.05\n'
+    )
+    try:
+        assert main(["check-config", str(config)]) == 0
+    finally:
+        zeusd.close()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "token file" in line]
+    assert len(lines) == 1 and f"zeusd token file {token}" in lines[0] and needle in lines[0]
+    assert zeusd.calls == []  # nothing was sent with a token it could not read
+
+
 def test_a_second_actuator_touches_nothing_and_leaves_the_first_serving(
     socket_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
