@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 from scipy.optimize import linprog
 
 from gpugov.controllers.mpc.model import DEFAULT_EXPECTED_OUTPUT_TOKENS
-from gpugov.plant.input_files import InputFileError, loads_json, read_input_text
+from gpugov.plant.input_files import InputFileError, finite_number, loads_json, read_input_text
 from gpugov.plant.output_files import write_text_atomic
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.profile import PerformanceProfile
@@ -368,7 +368,9 @@ def _number_array(data: dict[str, Any], key: str, where: str) -> FloatArray:
     for position, value in enumerate(raw):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise PlanFormatError(f"{where}: key {key!r}[{position}] is not a number: {value!r}")
-        if not math.isfinite(value):
+        # finite_number: an integer too large for a float (10**400) ended the load in an
+        # OverflowError traceback, from math.isfinite here or float() below.
+        if finite_number(value) is None:
             raise PlanFormatError(f"{where}: key {key!r}[{position}] is not finite")
     return np.asarray(raw, dtype=float)
 
@@ -416,8 +418,10 @@ def plan_from_dict(data: Any, *, source: str = "<plan>", min_period_s: float = 0
         raise PlanFormatError(f"{source}: key 'predicted_backlog_s' must be nonnegative")
     period = data.get("control_period_s")
     if isinstance(period, bool) or not isinstance(period, int | float) or not period > 0.0:
-        raise PlanFormatError(f"{source}: key 'control_period_s' must be positive, got {period!r}")
-    if not math.isfinite(period):
+        raise PlanFormatError(
+            f"{source}: key 'control_period_s' must be positive, got {period!r:.40}"
+        )
+    if finite_number(period) is None:
         raise PlanFormatError(f"{source}: key 'control_period_s' must be finite")
     if period < min_period_s:
         raise PlanFormatError(
@@ -427,10 +431,8 @@ def plan_from_dict(data: Any, *, source: str = "<plan>", min_period_s: float = 0
     if np.any(np.diff(time_s) <= 0.0):
         raise PlanFormatError(f"{source}: key 'time_s' must be strictly increasing")
     objective = data.get("objective")
-    if objective is not None and (
-        isinstance(objective, bool) or not isinstance(objective, int | float)
-    ):
-        raise PlanFormatError(f"{source}: key 'objective' must be a number or null")
+    if objective is not None and finite_number(objective) is None:
+        raise PlanFormatError(f"{source}: key 'objective' must be a finite number or null")
     strings = {}
     for key in (
         "optimization_method",

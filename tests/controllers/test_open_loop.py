@@ -230,6 +230,14 @@ def test_save_load_round_trip(tmp_path, synthetic_plant):
             lambda d: d.update(profile_status="bogus"),
             r"key 'profile_status' must be one of measured, .*got 'bogus'",
         ),
+        # Integers too large for a float: each ended the load in an OverflowError traceback.
+        (lambda d: d["time_s"].__setitem__(-1, 10**400), r"key 'time_s'\[59\] is not finite"),
+        (
+            lambda d: d["predicted_backlog_s"].__setitem__(0, 10**400),
+            r"key 'predicted_backlog_s'\[0\] is not finite",
+        ),
+        (lambda d: d.update(control_period_s=10**400), "key 'control_period_s' must be finite"),
+        (lambda d: d.update(objective=10**400), "key 'objective' must be a finite number or null"),
     ],
 )
 def test_load_rejects_bad_plans(tmp_path, synthetic_plant, mutate, message):
