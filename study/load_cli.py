@@ -13,7 +13,7 @@ from types import FrameType
 from typing import Any
 
 from gpugov.daemon import cli_types
-from gpugov.daemon.limits import MAX_CONCURRENCY, MAX_SECONDS
+from gpugov.daemon.limits import MAX_CONCURRENCY, MAX_COUNT, MAX_SECONDS
 
 
 def cmd_load(args: argparse.Namespace) -> int:
@@ -325,10 +325,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--max-model-len",
-        type=cli_types.positive_int,
+        # At least a prompt token and an output token: 1 clipped every request to no output
+        # (max_tokens 0), each refused by the server only after the run had begun.
+        type=cli_types.count(2, MAX_COUNT),
         default=None,
         metavar="N",
-        help="clip prompt + output to N tokens (for models shorter than the trace's requests)",
+        help="clip prompt + output to N tokens, at least 2 (for models shorter than the "
+        "trace's requests)",
     )
     parser.add_argument(
         "--max-concurrency",

@@ -480,6 +480,23 @@ def test_load_json_on_its_trace_is_refused_before_any_request(
     assert trace.read_bytes() == kept
 
 
+def test_load_max_model_len_of_one_token_is_refused_before_any_request(
+    trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One token leaves no room for an output: every request was clipped to max_tokens 0,
+    # and the run sent them all, each refused by the server (exit 1 after the run).
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as engine:
+        engine.setblocking(False)
+        url = f"http://127.0.0.1:{engine.getsockname()[1]}"
+        argv = ["load", "--trace", str(trace), "--url", url, "--max-model-len", "1", "--quiet"]
+        assert main(argv) == 2
+        assert "argument --max-model-len: must be an integer in [2, " in _one_error_line(capsys)
+        with pytest.raises(BlockingIOError):
+            engine.accept()  # no request was sent
+
+
 @pytest.mark.parametrize(
     ("argv", "flag"),
     [
