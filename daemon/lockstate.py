@@ -126,7 +126,8 @@ class LockState:
         ``DIR/gpugov.lock``, which the kernel releases when the process ends, however it
         ends. A second daemon on the same state directory would reset the first one's live
         locks as a crash's leftovers and then fight it for the clocks. A directory where
-        the file cannot be made is warned about (as the lock record is) and not held.
+        the file cannot be made is warned about (as the lock record is) and not held; a
+        file that is made but cannot take the pid (a full disk) is held, with one warning.
 
         Raises:
             ConfigError: another process holds it (named, with its pid).
@@ -150,10 +151,22 @@ class LockState:
                 f"{path.parent}: another gpugov run (pid {holder}) holds this state "
                 "directory; run one daemon per node (or give each its own state_dir and GPUs)"
             ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
+        try:
+            # Unbuffered: a pid left in the file object's buffer by a failed write would
+            # fail again when the hold is released, at the daemon's stop.
+            os.ftruncate(handle.fileno(), 0)
+            os.write(handle.fileno(), f"{os.getpid()}\n".encode())
+        except OSError as error:
+            # Held all the same (the flock is the hold; the pid only names the holder to a
+            # second run): a full disk, or a link to a device, ended the start in a
+            # traceback before any GPU was opened.
+            log.warning(
+                "lock state %s: holds the state directory but cannot write its pid in %s "
+                "(%s); a second gpugov run on it is refused without naming this one",
+                self.path,
+                path,
+                error,
+            )
         self._held = handle
 
     def release(self) -> None:

@@ -938,6 +938,32 @@ def test_a_second_daemon_on_the_same_state_directory_is_refused(tmp_path: Path) 
     second.hold()  # the holder's handle is gone with its LockState: free again
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_hold_file_that_cannot_take_the_pid_still_starts_the_daemon(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A full disk under the state directory (here its hold file a link to /dev/full, where
+    # every write fails): the pid's write ended the start in an OSError traceback, where
+    # a full disk only keeps the lock record out of date.
+    (tmp_path / "gpugov.lock").symlink_to("/dev/full")
+    domain = {"name": "llm", "gpus": [0], "engine": {"url": "http://127.0.0.1:9/metrics"}}
+    config = parse_config(
+        {"daemon": {"period_s": 1.0, "state_dir": str(tmp_path)}, "domains": [domain]}
+    )
+    fake = FakeNvml(1)
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.lockstate"):
+        assembled = domains_from_config(config, nvml=fake)
+    try:
+        (line,) = [
+            r.getMessage() for r in caplog.records if "cannot write its pid" in r.getMessage()
+        ]
+        assert "holds the state directory" in line
+        with pytest.raises(ConfigError, match="another gpugov run"):
+            LockState(tmp_path).hold()  # held all the same: a second run is refused
+    finally:
+        assembled.close()
+
+
 def test_a_state_directory_deleted_under_the_daemon_is_held_and_recorded_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
