@@ -294,7 +294,9 @@ def _held_line(held: dict[str, Any]) -> str:
     parts = []
     if held["clock_lock_mhz"] is not None:
         low, high = held["clock_lock_mhz"]
-        parts.append(f"clock lock {low}-{high} MHz")
+        # A damaged record keeps the lock but not its clocks (daemon.lockstate).
+        known = low is not None and high is not None
+        parts.append(f"clock lock {low}-{high} MHz" if known else "clock lock (clocks unknown)")
     if held["power_limit_before_w"] is not None:
         before, now = held["power_limit_before_w"], held["power_limit_w"]
         limit = "?" if now is None else f"{now:g}"

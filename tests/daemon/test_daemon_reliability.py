@@ -568,6 +568,27 @@ def test_a_lock_record_with_numbers_too_large_for_a_machine_is_read_not_raised(
     assert fake.locked(0) is None and fake.gpus[0].power_limit_mw == 700_000
 
 
+def test_status_says_in_words_that_a_damaged_lock_records_clocks_are_unknown(
+    tmp_path: Path,
+) -> None:
+    """A lock record whose clocks are damaged is still a lock (its clocks are taken as
+    unknown); `gpugov status` printed it as "clock lock None-None MHz"."""
+    import json
+
+    from gpugov.daemon.status_cli import _held_line, held_by_gpugov
+
+    fake = FakeNvml(1)
+    ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path, pid=1)).apply(900)
+    path = tmp_path / "locks.json"
+    record = json.loads(path.read_text())
+    record["gpus"]["GPU-fake-0000"]["min_mhz"] = "fast"
+    path.write_text(json.dumps(record))
+    (held,) = held_by_gpugov(tmp_path, ["GPU-fake-0000"]).values()
+    assert held["clock_lock_mhz"] == [None, None]
+    line = _held_line(held)
+    assert "clock lock (clocks unknown)" in line and "None" not in line
+
+
 # ------------------------------------------------- item 7: external clock changes
 @pytest.mark.parametrize("policy", ["reassert", "yield"])
 def test_external_clock_change_is_seen_counted_and_handled(policy: str) -> None:
