@@ -32,7 +32,7 @@ from gpugov.daemon.deadline import READER_IDLE_S, WRITE_DEADLINE_S, LatestWriter
 from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.errors import GpugovError
 from gpugov.daemon.files import InputFileError, json_safe, loads_json, read_input_text
-from gpugov.daemon.limits import MAX_CLOCK_MHZ
+from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_PERIOD_S, MIN_PERIOD_S
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import ServingObservation
 
@@ -128,6 +128,11 @@ def recorded_domains(where: str, header: Mapping[str, Any]) -> tuple[float, dict
     if period is None or period <= 0.0:
         raise RecordingError(
             f"{where} period_s must be a positive number, got {header.get('period_s')!r:.40}"
+        )
+    if not MIN_PERIOD_S <= period <= MAX_PERIOD_S:  # what no run writes (1e300 overflows mpc)
+        raise RecordingError(
+            f"{where} period_s must be from {MIN_PERIOD_S:g} to {MAX_PERIOD_S:g} s (the "
+            f"config's daemon.period_s bounds), got {header.get('period_s')!r:.40}"
         )
     listed = header.get("domains", [])
     if not isinstance(listed, list):

@@ -345,6 +345,13 @@ HEADER_DAMAGE = {
         "header domains[0].controller must be text",
     ),
     "period x": (_set("period_s", value="x"), "header period_s must be a positive number"),
+    # mpc-online's replay ended at line 2 in an OverflowError on a period of 1e300.
+    "period 1e300": (
+        _set("period_s", value=1e300),
+        "header period_s must be from 0.05 to 60 s (the config's daemon.period_s bounds), "
+        "got 1e+300",
+    ),
+    "period 0.001": (_set("period_s", value=0.001), "header period_s must be from 0.05 to 60 s"),
     # What replay refuses of a header, plot refuses too (each was plotted).
     "name twice": (
         lambda header: header["domains"].append(dict(header["domains"][0])),
