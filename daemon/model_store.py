@@ -84,7 +84,7 @@ from gpugov.daemon.files import (
     read_input_text,
     write_json_atomic,
 )
-from gpugov.daemon.limits import MAX_CLOCK_MHZ
+from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_COUNT, MAX_SECONDS
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import MPCDiagnostics, ServingObservation
 
@@ -207,19 +207,28 @@ def _check_payload(payload: dict[str, Any]) -> None:
     name = key.get("model_name")
     if name is not None and not isinstance(name, str):
         raise StoredModelError(f"key.model_name must be a name, got {name!r}")
+    # Bounded as the config bounds them (what the daemon saves): 1e300 prompt tokens gave
+    # no usable profile, and a longer SLO exported a profile its loader refuses.
     for field_name in ("mean_prompt_tokens", "mean_output_tokens"):
         value = payload.get(field_name)
-        if value is not None and not (finite_number(value) or 0.0) > 0.0:
-            raise StoredModelError(f"{field_name} must be a positive number, got {value!r}")
+        if value is not None and not 0.0 < (finite_number(value) or 0.0) <= MAX_COUNT:
+            raise StoredModelError(
+                f"{field_name} must be a positive number of at most {MAX_COUNT:g} tokens, "
+                f"got {value!r:.40}"
+            )
     slos = payload.get("slos")
     if slos is not None and not isinstance(slos, dict):
         raise StoredModelError("field 'slos' is not an object")
-    for field_name in ("ttft_slo_s", "tpot_slo_s", "thermal_limit_c"):
+    for field_name in ("ttft_slo_s", "tpot_slo_s"):
         value = (slos or {}).get(field_name)
-        if value is not None and not (finite_number(value) or 0.0) > 0.0:
+        if value is not None and not 0.0 < (finite_number(value) or 0.0) <= MAX_SECONDS:
             raise StoredModelError(
-                f"slos.{field_name} must be a positive number, got {value!r:.40}"
+                f"slos.{field_name} must be a positive number of at most {MAX_SECONDS:g} s "
+                f"(ten years), got {value!r:.40}"
             )
+    value = (slos or {}).get("thermal_limit_c")
+    if value is not None and not (finite_number(value) or 0.0) > 0.0:
+        raise StoredModelError(f"slos.thermal_limit_c must be a positive number, got {value!r:.40}")
     status = payload.get("status")
     if status is not None and not isinstance(status, dict):
         raise StoredModelError(

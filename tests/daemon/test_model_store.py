@@ -868,10 +868,16 @@ def test_a_failing_save_is_tried_once_a_save_period(
         ("mean_prompt_tokens", "1024", "mean_prompt_tokens must be a positive number"),
         ("mean_output_tokens", 10**400, "mean_output_tokens must be a positive number"),
         ("mean_prompt_tokens", -5.0, "mean_prompt_tokens must be a positive number"),
+        # Export said "no usable profile ... decode_tokens_per_s nan" of it.
+        (
+            "mean_prompt_tokens",
+            1e300,
+            "mean_prompt_tokens must be a positive number of at most 1e+09 tokens, got 1e+300",
+        ),
         ("slos", "x", "'slos' is not an object"),
         ("key", {"gpu_uuids": [1, 2]}, "key.gpu_uuids"),
     ],
-    ids=["string", "huge", "negative", "slos", "uuids"],
+    ids=["string", "huge", "negative", "1e300", "slos", "uuids"],
 )
 def test_stored_fields_of_the_wrong_kind_are_one_error(
     tmp_path: Path, field: str, value: object, named: str, capsys: pytest.CaptureFixture[str]
@@ -882,7 +888,7 @@ def test_stored_fields_of_the_wrong_kind_are_one_error(
     payload = json.loads(path.read_text())
     payload[field] = value
     path.write_text(json.dumps(payload))
-    with pytest.raises(StoredModelError, match=named):
+    with pytest.raises(StoredModelError, match=re.escape(named)):
         read_stored(path)
     assert main(["model", "show", "--state-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -951,6 +957,9 @@ def test_an_export_refused_for_want_of_slos_leaves_no_output_directory(
         ("ttft_slo_s", -1.0),
         ("thermal_limit_c", 0),
         ("tpot_slo_s", True),
+        # Over ten years: exported as a profile the profile loader then refused.
+        ("ttft_slo_s", 1e300),
+        ("tpot_slo_s", 3.2e8),
     ],
 )
 def test_a_damaged_slos_block_is_refused_in_one_line(
