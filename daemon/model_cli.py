@@ -300,11 +300,14 @@ def export(
             ]
         )
     key = payload["key"]
+    # No `gpu`: that is the board's NVML name (emulate names its GPUs after it), and the
+    # state file keeps only the GPUs' UUIDs; "NVIDIA 0" was no board.
+    learned = {name: value for name, value in profile.manifest.items() if name != "gpu"}
     manifest = {
-        **profile.manifest,
+        **learned,
         "status": "online-identified",
         "csv": csv_path.name,
-        "gpu": ", ".join(key["gpu_uuids"]),
+        "gpu_uuids": list(key["gpu_uuids"]),
         "model": key.get("model_name") or "unknown model",
         "ttft_slo_s": float(ttft),
         "tpot_slo_s": float(tpot),

@@ -239,6 +239,23 @@ def test_model_show_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str
     )
 
 
+def test_the_exported_manifest_names_no_board_it_does_not_know(tmp_path: Path) -> None:
+    """The state file keeps the GPUs' UUIDs, not their NVML name: they were exported as
+    the manifest's ``gpu`` (the board's name), and ``gpugov emulate`` named the board
+    "NVIDIA 0" (or "NVIDIA GPU-..."). They are ``gpu_uuids`` now, and ``gpu`` is left out,
+    so emulate says its GPU is unnamed."""
+    from gpugov.study.emulate.node import UNNAMED_GPU, emulated_gpu_name
+
+    _learn(tmp_path, gpus=("0",))
+    out = tmp_path / "export"
+    assert main(["model", "export", "--state-dir", str(tmp_path), "--out", str(out)]) == 0
+    manifest = json.loads((out / "online-llm.json").read_text())
+    assert "gpu" not in manifest and manifest["gpu_uuids"] == ["0"]
+    profile = load_profile(out / "online-llm.json")
+    assert emulated_gpu_name(profile) == UNNAMED_GPU
+    assert profile.source_label.startswith("unknown GPU, llama")
+
+
 @pytest.mark.parametrize(
     ("fit", "period", "expected"),
     [
