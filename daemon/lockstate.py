@@ -22,8 +22,13 @@ write is back (:class:`daemon.power_limit.PowerLimitActuator`):
 
 ```json
 "power_limits": {"GPU-8f2e...": {"gpu": "0", "original_mw": 700000, "set_mw": 300000,
+                               "held_mw": 350000,
                                "pid": 4242, "time": "2026-11-30T10:00:00+00:00"}}
 ```
+
+``held_mw``, when there, is the limit gpugov held before its last write, which the GPU
+keeps if that write did not land (it hung, failed, or the process died first): the next
+start takes either as gpugov's and restores ``original_mw``.
 
 The file is replaced atomically (write to a temporary file, then ``os.replace``). A state
 file that cannot be read, or a state directory that cannot be held, is logged once and
@@ -261,10 +266,17 @@ class LockState:
         """The power limit entry for GPU ``key`` (its UUID), if any."""
         return self._limits.get(key)
 
-    def record_power_limit(self, key: str, gpu: str, original_mw: int, set_mw: int) -> None:
+    def record_power_limit(
+        self, key: str, gpu: str, original_mw: int, set_mw: int, held_mw: int | None = None
+    ) -> None:
         """Remember, before it is written, that this process sets GPU ``key``'s power limit
-        to ``set_mw`` and that it was ``original_mw`` before gpugov's first write."""
-        self._put(self._limits, key, gpu, original_mw=int(original_mw), set_mw=int(set_mw))
+        to ``set_mw`` and that it was ``original_mw`` before gpugov's first write;
+        ``held_mw``, the limit gpugov held on it before, which it keeps if this write does
+        not land (it hangs, fails, or the process dies first)."""
+        values = {"original_mw": int(original_mw), "set_mw": int(set_mw)}
+        if held_mw is not None:
+            values["held_mw"] = int(held_mw)
+        self._put(self._limits, key, gpu, **values)
 
     def clear_power_limit(self, key: str) -> None:
         """Forget GPU ``key``'s power limit (its original is back)."""

@@ -29,15 +29,46 @@ The enforced limit every sample carries is one source of the domain's power budg
 (:mod:`daemon.power_budget`); the limit gpugov set itself is no outside budget, so
 :meth:`PowerLimitActuator.outside_limit_w` gives the budget the limit found before the
 first write, or a limit someone else set since.
+
+On a node (``write_deadline_s``, :data:`POWER_LIMIT_WRITE_DEADLINE_S`) each GPU's power
+limit calls (its writes and restores, the start's reconcile and the exit's restore
+included, and the reads of its limit before them) run on a worker thread of their own
+(:class:`~daemon.deadline.SerialCalls`), one at a time in the order made, and the caller
+waits for one at most that long, so a call that hangs in the driver holds neither the
+loop nor the other GPUs. The rule for a GPU whose power limit write hangs:
+
+* It is a failed write (counted, logged through the failure log), and so is each later
+  tick that wants a write to it while it hangs; no other power limit call to that GPU is
+  started, as one would only queue behind it in the driver and could land in either
+  order.
+* It may have been a lowering, and nothing can raise the limit while the call hangs: the
+  GPU holds the limit before it or the one it writes, and its original limit stays
+  remembered. The lock state file's entry, written before the write, keeps the original,
+  the limit written and the limit gpugov held before it (``held_mw``), so a kill or
+  restart has the next start's reconcile restore the original whichever of the two the
+  GPU holds; the exit's restore, bounded by the same deadline, reports the GPU as
+  possibly still capped (exit 6) when it cannot go through, and its entry is kept.
+* Once the call returns, the next tick takes its outcome: went through, the GPU holds
+  that limit (its original, after a restore); failed, it is a failed write (a lost GPU
+  is raised and a refusal ends the cap, as the same write's error would have). That tick
+  then writes the limit wanted now (the cap, or the original in the fail-safe), after the
+  late one, never before it: a lowering that landed late holds for at most one period.
+
+A GPU whose power limit read hangs is a failed read, and no call to it starts until the
+read returns. The domain's other GPUs and the other domains are governed as before. A
+simulated run, ``gpugov reset-clocks`` and the restore of a GPU the config no longer names
+call on the caller's thread (no deadline).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from gpugov.daemon.actuator import (
     PERMANENT_RESET_ERRORS,
@@ -53,6 +84,7 @@ from gpugov.daemon.backend import (
     PowerLimitBackend,
     power_limit_backend,
 )
+from gpugov.daemon.deadline import CallOutcome, CallTimeout, SerialCalls
 from gpugov.daemon.errors import (
     ConfigError,
     GpuError,
@@ -68,6 +100,44 @@ log = logging.getLogger(__name__)
 SAME_LIMIT_W = 0.5
 """Two power limits closer than this (watts) are the same limit: NVML keeps whole
 milliwatts, and a limit read back is the one written."""
+POWER_LIMIT_WRITE_DEADLINE_S = 2.0
+"""The longest one GPU's power limit call (a write, a restore, or the read of its limit
+before one) may hold a node's loop, or its exit: a healthy
+nvmlDeviceSetPowerManagementLimit takes milliseconds, so only a hung call reaches it. The
+same bound as a GPU's clock write (``CLOCK_WRITE_DEADLINE_S``) and read, paid once per hang
+(no other call to that GPU starts while it hangs), far below the unit's ``WatchdogSec=``
+and ``TimeoutStopSec=`` (30 s)."""
+HUNG_THEN = (
+    "nothing more is written to this GPU's power limit until that call returns, then the "
+    "limit wanted then is"
+)
+"""What the first line of a hung power limit write says happens next."""
+
+T = TypeVar("T")
+
+
+class PowerLimitCallHung(TransientGpuError):
+    """A GPU's power limit call has not returned within its deadline (it goes on in the
+    background), or an earlier one to that GPU is still hanging (no other is started)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _HungWrite:
+    """A power limit write that ran past its deadline: the limit it sets (watts), whether
+    it restores the original, whether it was gpugov's first write to the GPU, and when it
+    started (the actuator's clock)."""
+
+    value_w: float
+    restore: bool = False
+    first: bool = False
+    started_s: float = 0.0
+
+    @property
+    def what(self) -> str:
+        """The write in words, for the log."""
+        if self.restore:
+            return f"restore to {self.value_w:g} W"
+        return f"write of {self.value_w:g} W"
 
 
 class PowerLimitActuator:
@@ -83,6 +153,12 @@ class PowerLimitActuator:
             times, sleeping ``backoff * 2**k`` between rounds.
         sleep: for the backoff (tests pass a recorder).
         clock: monotonic seconds, for the rate-limited write-failure log.
+        write_deadline_s: when given (a node, on the wall clock), each GPU's power limit
+            calls run on a worker thread of their own
+            (:class:`~daemon.deadline.SerialCalls`), one at a time in the order made, and
+            each is waited for at most this long; a write past it hangs that GPU's power
+            limit (see the module's docstring). None (a simulated run, ``gpugov
+            reset-clocks``): called on the caller's thread.
 
     Raises:
         ValueError: no GPU, or a GPU whose power limit cannot be set.
@@ -98,6 +174,7 @@ class PowerLimitActuator:
         restore_backoff_s: float = 0.2,
         sleep: Callable[[float], Any] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        write_deadline_s: float | None = None,
     ) -> None:
         if not backends:
             raise ValueError(f"domain {domain!r}: a power limit actuator needs at least one GPU")
@@ -135,6 +212,24 @@ class PowerLimitActuator:
         self.write_failures: dict[str, int] = {b.label: 0 for b in found}
         """Failed power limit writes per GPU (``gpugov_power_cap_write_failures_total``)."""
         self.failure_log = WriteFailureLog(domain, clock=clock, subject="power limit")
+        self._clock = clock
+        self.write_deadline_s = write_deadline_s
+        self._callers: dict[str, SerialCalls] = (
+            {}
+            if write_deadline_s is None
+            else {
+                b.label: SerialCalls(
+                    write_deadline_s,
+                    name=f"power-limit-{b.label}",
+                    cause="a hung GPU call",
+                    clock=clock,
+                )
+                for b in found
+            }
+        )
+        self._hung: dict[str, _HungWrite] = {}
+        """Per GPU whose power limit write ran past its deadline: that write, until its
+        outcome is taken (:meth:`_settled`)."""
 
     @property
     def applied_w(self) -> float | None:
@@ -150,6 +245,138 @@ class PowerLimitActuator:
                 return None
             total += value
         return total
+
+    @property
+    def hanging_writes(self) -> tuple[str, ...]:
+        """The GPUs whose power limit call is still running past its deadline (on a
+        node): nothing more is called on them until it returns."""
+        return tuple(label for label, caller in self._callers.items() if caller.hanging)
+
+    # -------------------------------------------------------------------- calls
+    def _call(
+        self,
+        backend: PowerLimitBackend,
+        target: Callable[[], T],
+        what: str,
+        *,
+        write: _HungWrite | None = None,
+    ) -> T:
+        """``target()``, one power limit call (``what``, in words) of ``backend``: on the
+        caller's thread, or, with ``write_deadline_s``, on the GPU's worker thread,
+        waiting at most that long. A write (``write``, its description) that runs past
+        it is remembered for :meth:`_settled` to take its outcome.
+
+        Raises:
+            PowerLimitCallHung: the call has not returned in that time (it goes on in the
+                background, and this GPU is called no more until it has returned), or an
+                earlier call to it is still hanging (this one is not started).
+            GpuError: what the call raised.
+        """
+        label = backend.label
+        caller = self._callers.get(label)
+        if caller is None:
+            return target()
+        if caller.busy:
+            raise self._still_hanging(label)
+        self._hung.pop(label, None)  # it returned; what it did no longer matters (the exit)
+        started = self._clock()
+        try:
+            return caller.call(target)
+        except CallTimeout:
+            if write is not None:
+                self._hung[label] = dataclasses.replace(write, started_s=started)
+            raise PowerLimitCallHung(
+                f"GPU {label}: power limit {what}: no answer within {caller.deadline_s:g} s "
+                "(a hung GPU call)",
+                gpu=label,
+            ) from None
+
+    def _still_hanging(self, label: str) -> PowerLimitCallHung:
+        """The error of a call not started because an earlier one to the GPU hangs."""
+        hung = self._hung.get(label)
+        what = f"power limit {hung.what}" if hung is not None else "power limit call"
+        since = "" if hung is None else f" started {self._clock() - hung.started_s:.1f} s ago"
+        return PowerLimitCallHung(
+            f"GPU {label}: the {what}{since} has not returned (a hung GPU call); no other "
+            "power limit call to it is started",
+            gpu=label,
+        )
+
+    def _settled(self, backend: PowerLimitBackend, what: str) -> bool:
+        """Whether ``backend``'s power limit may be written now: no write to it hangs
+        (once a hung write has returned, its outcome is taken first,
+        :meth:`_take_late`). While one hangs, this call's ``what`` ("write", "restore")
+        is one more failed write (counted, and logged at the failure log's pace) and none
+        is started.
+
+        Raises:
+            GpuLost, Exception: what the hung write raised, once it returned, when the
+                same write's error would have been raised.
+        """
+        label = backend.label
+        hung = self._hung.get(label)
+        if hung is None:
+            return True
+        try:
+            outcome = self._callers[label].late()
+        except CallTimeout:
+            self._count_failure(label)
+            self.failure_log.failed(label, what, self._still_hanging(label), then=HUNG_THEN)
+            return False
+        del self._hung[label]
+        if outcome is not None:
+            self._take_late(backend, hung, outcome)
+        return True
+
+    def _take_late(
+        self, backend: PowerLimitBackend, hung: _HungWrite, outcome: CallOutcome
+    ) -> None:
+        """A hung write to ``backend`` has returned: the GPU holds what it wrote when it
+        went through (its original, after a restore); when it failed, that is one more
+        failed write, taken as the same write's error would have been.
+
+        Raises:
+            GpuLost, Exception: what it raised, when the same write's error would have
+                been raised (a lost GPU; anything that is no GPU error).
+        """
+        label = backend.label
+        error = outcome.error
+        took = self._clock() - hung.started_s
+        if error is None:
+            log.debug(
+                "domain %s: GPU %s: the power limit %s that hung went through after %.1f s",
+                self.domain,
+                label,
+                hung.what,
+                took,
+            )
+            if hung.restore:
+                self._restored(backend, hung.value_w)
+            else:
+                self._written(backend, hung.value_w)
+            return
+        log.warning(
+            "domain %s: GPU %s: the power limit %s that hung returned after %.1f s, failing: "
+            "%s; the limit wanted now is written",
+            self.domain,
+            label,
+            hung.what,
+            took,
+            error,
+        )
+        if not isinstance(error, GpuError):
+            raise error
+        if isinstance(error, TransientGpuError):
+            return  # counted when it hung; the next write goes through what it may hold
+        if hung.restore:
+            if isinstance(error, PERMANENT_RESET_ERRORS):  # else: the next tick restores
+                self._restore_refused(backend, hung.value_w, error)
+                if self.refused is None:
+                    self.refused = f"GPU {label}: its power limit cannot be restored"
+            return
+        if isinstance(error, GpuLost):
+            raise error
+        self._write_refused(backend, error, first=hung.first)
 
     # -------------------------------------------------------------------- apply
     def _request(self, cap_w: object) -> float | None:
@@ -177,7 +404,9 @@ class PowerLimitActuator:
         label = backend.label
         if label not in self._limits_w:
             try:
-                self._limits_w[label] = backend.power_limit_constraints_w()
+                self._limits_w[label] = self._call(
+                    backend, backend.power_limit_constraints_w, "constraints read"
+                )
             except GpuLost:
                 raise
             except GpuError as error:
@@ -242,9 +471,11 @@ class PowerLimitActuator:
         written = 0
         for backend in self._backends:
             label = backend.label
+            if not self._settled(backend, "write"):
+                continue  # a write to it still hangs: none other is started
             original = self._original(backend)
             if self.refused is not None:
-                break
+                break  # refused: this read, or the hung write that returned
             if original is None:
                 continue  # a transient failure reading it: tried again next tick
             value = self._clamped(backend, share, original)
@@ -278,7 +509,7 @@ class PowerLimitActuator:
         if isinstance(backend, DryRunBackend):
             return None  # a dry run never set what it holds
         try:
-            now = float(backend.power_limit_w())
+            now = float(self._call(backend, backend.power_limit_w, "read"))
         except GpuLost:
             raise
         except GpuError as error:
@@ -315,8 +546,8 @@ class PowerLimitActuator:
         if label in self.original_w:
             return self.original_w[label]
         try:
-            found = float(backend.power_limit_w())
-        except TransientGpuError as error:
+            found = float(self._call(backend, backend.power_limit_w, "read"))
+        except TransientGpuError as error:  # a read that hangs too
             self._count_failure(label)
             self.failure_log.failed(label, "read", error)
             return None
@@ -339,14 +570,30 @@ class PowerLimitActuator:
         """One power limit write of ``value`` watts; True when it went through."""
         label = backend.label
         if self.state is not None:  # before the write: a crash right after still restores
+            # The limit the GPU keeps if this write does not land (it hangs, fails, or
+            # the process dies first): the next start's reconcile takes it as gpugov's too.
+            kept = next((w for w in self._ours_w(label) if abs(w - value) > SAME_LIMIT_W), None)
             self.state.record_power_limit(
-                gpu_key(backend), label, round(original * 1000.0), round(value * 1000.0)
+                gpu_key(backend),
+                label,
+                round(original * 1000.0),
+                round(value * 1000.0),
+                held_mw=None if kept is None else round(kept * 1000.0),
             )
         first = label not in self._touched
         self._touched.add(label)
         self._asked_w[label] = value
         try:
-            backend.set_power_limit(value)
+            self._call(
+                backend,
+                functools.partial(backend.set_power_limit, value),
+                f"write of {value:g} W",
+                write=_HungWrite(value, first=first),
+            )
+        except PowerLimitCallHung as error:
+            self._count_failure(label)
+            self.failure_log.failed(label, "write", error, then=HUNG_THEN)
+            return False
         except TransientGpuError as error:
             self._count_failure(label)
             self.failure_log.failed(label, "write", error)
@@ -356,18 +603,29 @@ class PowerLimitActuator:
             raise
         except GpuError as error:
             self._count_failure(label)
-            if first:  # refused, so nothing was written: nothing to restore
-                self._touched.discard(label)
-                self._asked_w.pop(label, None)
-                if self.state is not None:
-                    self.state.clear_power_limit(gpu_key(backend))
-            self._refuse(backend, error)
+            self._write_refused(backend, error, first=first)
             return False
+        self._written(backend, value)
+        return True
+
+    def _written(self, backend: PowerLimitBackend, value: float) -> None:
+        """A write of ``value`` watts to ``backend`` went through."""
+        label = backend.label
         self.failure_log.succeeded(label)
         self.held_w[label] = value
         self.writes += 1
         log.debug("domain %s: GPU %s power limit set to %g W", self.domain, label, value)
-        return True
+
+    def _write_refused(self, backend: PowerLimitBackend, error: GpuError, *, first: bool) -> None:
+        """A write to ``backend`` was refused for good (``first``: gpugov's first write to
+        it, so nothing of gpugov's is there to restore): no cap from now on."""
+        label = backend.label
+        if first:  # refused, so nothing was written: nothing to restore
+            self._touched.discard(label)
+            self._asked_w.pop(label, None)
+            if self.state is not None:
+                self.state.clear_power_limit(gpu_key(backend))
+        self._refuse(backend, error)
 
     def _refuse(self, backend: PowerLimitBackend, error: GpuError) -> None:
         """Power limits cannot be set here: one line, and no cap from now on."""
@@ -407,15 +665,21 @@ class PowerLimitActuator:
     def _restore_one(self, backend: PowerLimitBackend, *, at_exit: bool) -> str:
         """Put one GPU's original limit back: ``"restored"``, ``"left"`` (nothing to
         write: already there, or someone else set it since), ``"retry"`` (a transient
-        failure) or ``"failed"`` (for good)."""
+        failure), ``"hung"`` (on a node: a call to it hangs past the deadline, this one or
+        an earlier one; counted, logged in the loop, not at exit) or ``"failed"`` (for
+        good)."""
         label = backend.label
+        if not at_exit and not self._settled(backend, "restore"):
+            return "hung"
         original = self.original_w.get(label)
         if original is None:
             self._forget(backend)
             return "left"
         if not isinstance(backend, DryRunBackend):  # a dry run never set what it holds
             try:
-                now: float | None = float(backend.power_limit_w())
+                now: float | None = float(self._call(backend, backend.power_limit_w, "read"))
+            except PowerLimitCallHung as error:
+                return self._restore_hung(backend, error, at_exit=at_exit)
             except GpuLost:
                 if at_exit:
                     self._count_failure(label)
@@ -445,21 +709,17 @@ class PowerLimitActuator:
                 return "left"
         self._asked_w[label] = original
         try:
-            backend.set_power_limit(original)
+            self._call(
+                backend,
+                functools.partial(backend.set_power_limit, original),
+                f"restore to {original:g} W",
+                write=_HungWrite(original, restore=True),
+            )
+        except PowerLimitCallHung as error:
+            return self._restore_hung(backend, error, at_exit=at_exit)
         except PERMANENT_RESET_ERRORS as error:
             self._count_failure(label)
-            why = (
-                "needs root or CAP_SYS_ADMIN"
-                if isinstance(error, PermissionDenied)
-                else f"failed: {error}"
-            )
-            log.error(
-                "domain %s: GPU %s: restoring its power limit to %g W %s; it may still be capped",
-                self.domain,
-                label,
-                original,
-                why,
-            )
+            self._restore_refused(backend, original, error)
             return "failed"
         except GpuError as error:
             self._count_failure(label)
@@ -467,11 +727,47 @@ class PowerLimitActuator:
                 return "retry"
             self.failure_log.failed(label, "restore", error)
             return "retry"
+        self._restored(backend, original)
+        return "restored"
+
+    def _restore_hung(
+        self, backend: PowerLimitBackend, error: PowerLimitCallHung, *, at_exit: bool
+    ) -> str:
+        """A restore of ``backend`` (or the read before it) ran past its deadline, or an
+        earlier call to it still hangs: counted; logged through the failure log in the
+        loop, at exit as an error (the GPU is named as possibly still capped)."""
+        label = backend.label
+        self._count_failure(label)
+        if at_exit:
+            log.error("domain %s: power limit restore failed: %s; not retried", self.domain, error)
+        else:
+            self.failure_log.failed(label, "restore", error, then=HUNG_THEN)
+        return "hung"
+
+    def _restored(self, backend: PowerLimitBackend, original: float) -> None:
+        """``backend``'s original limit, ``original`` watts, is back."""
+        label = backend.label
         self.failure_log.succeeded(label)
         self.writes += 1
         self._forget(backend)
         log.info("domain %s: GPU %s power limit restored to %g W", self.domain, label, original)
-        return "restored"
+
+    def _restore_refused(
+        self, backend: PowerLimitBackend, original: float, error: GpuError
+    ) -> None:
+        """Restoring ``backend``'s limit to ``original`` watts failed for good: one line."""
+        why = (
+            "needs root or CAP_SYS_ADMIN"
+            if isinstance(error, PermissionDenied)
+            else f"failed: {error}"
+        )
+        log.error(
+            "domain %s: GPU %s: restoring its power limit to %g W %s; it may still be capped",
+            self.domain,
+            backend.label,
+            original,
+            why,
+        )
 
     def _forget(self, backend: PowerLimitBackend) -> None:
         """The GPU holds no limit of gpugov's any more; its limit is read again before
@@ -488,8 +784,10 @@ class PowerLimitActuator:
         """Restore every GPU's original limit where gpugov set one, retrying failures with
         backoff; never raises.
 
-        A GPU that is lost, refuses permission or lacks the call is not retried; any other
-        failure is retried ``restore_attempts`` times.
+        A GPU that is lost, refuses permission or lacks the call is not retried, nor, on a
+        node, one whose restore (or an earlier call) hangs past the write deadline, so a
+        hung GPU holds the exit at most that deadline; any other failure is retried
+        ``restore_attempts`` times.
 
         Returns:
             Labels of the GPUs whose original limit could not be restored.
@@ -513,7 +811,11 @@ class PowerLimitActuator:
         return sorted((b.label for b in failed + pending), key=label_order)
 
     def _restore_at_exit(self, backend: PowerLimitBackend, attempt: int) -> Outcome:
-        """One GPU's exit restore, try ``attempt`` (from 0) of :meth:`restore`'s."""
+        """One GPU's exit restore, try ``attempt`` (from 0) of :meth:`restore`'s. On a node
+        it waits for the restore at most ``write_deadline_s``, and not at all while an
+        earlier call to the GPU still hangs; a restore that hangs is not retried (a retry
+        could not start while it hangs, and each domain's backoff would add to the exit):
+        the GPU may still be capped, and is reported so."""
         outcome = self._restore_one(backend, at_exit=True)
         if outcome == "retry":
             log.warning(
@@ -524,7 +826,7 @@ class PowerLimitActuator:
                 self.restore_attempts,
             )
             return "retry"
-        return "failed" if outcome == "failed" else "done"
+        return "failed" if outcome in ("failed", "hung") else "done"
 
     # ---------------------------------------------------------------- reconcile
     def reconcile(self, *, dry_run: bool = False) -> list[str]:
@@ -563,8 +865,12 @@ class PowerLimitActuator:
         original = float(entry["original_mw"]) / 1000.0
         left_mw = finite_number(entry.get("set_mw"))  # no number (a damaged record): unknown
         left = None if left_mw is None else left_mw / 1000.0
+        # The limit that run held before its last write, which the GPU keeps when that
+        # write did not land (it hung, failed, or the run died first): gpugov's too.
+        kept_mw = finite_number(entry.get("held_mw"))
+        kept = None if kept_mw is None else kept_mw / 1000.0
         try:
-            now: float | None = float(backend.power_limit_w())
+            now: float | None = float(self._call(backend, backend.power_limit_w, "read"))
         except GpuError as error:
             now = None
             log.debug("GPU %s: power limit not read for reconcile: %s", label, error)
@@ -578,18 +884,27 @@ class PowerLimitActuator:
         elif now is not None and abs(now - original) <= SAME_LIMIT_W:
             self.state.clear_power_limit(key)
             line = f"GPU {label}: {found}; already back"
-        elif now is not None and left is not None and abs(now - left) > SAME_LIMIT_W:
+        elif (
+            now is not None
+            and left is not None
+            and _none_of(now, [v for v in (left, kept) if v is not None])
+        ):
             self.state.clear_power_limit(key)
             line = f"GPU {label}: {found}; changed by someone else since: left as it is"
         else:
             try:
-                backend.set_power_limit(original)
-            except GpuError as error:
+                self._call(
+                    backend,
+                    functools.partial(backend.set_power_limit, original),
+                    f"restore to {original:g} W",
+                    write=_HungWrite(original, restore=True),
+                )
+            except GpuError as error:  # a restore that hangs too: tried again at exit
                 self._count_failure(label)
                 self.original_w[label] = original  # the exit tries again, to the same limit
                 self._touched.add(label)
-                if left is not None:
-                    self._asked_w[label] = left
+                if left is not None:  # what it holds: the exit's restore judges by it
+                    self._asked_w[label] = left if now is None else now
                 line = f"GPU {label}: {found}; restore FAILED: {error}"
                 log.error("reconcile: %s", line)
                 return line
@@ -645,13 +960,27 @@ def _none_of(limit_w: float, limits_w: Sequence[float]) -> bool:
 
 
 def power_limit_actuator(
-    backends: Sequence[GpuBackend], *, domain: str, state: LockState | None
+    backends: Sequence[GpuBackend],
+    *,
+    domain: str,
+    state: LockState | None,
+    write_deadline_s: float | None = None,
 ) -> PowerLimitActuator | None:
     """The domain's :class:`PowerLimitActuator` when every GPU's power limit can be set
-    through its backend (NVML, the simulated plant, a dry run of either), else None."""
+    through its backend (NVML, the simulated plant, a dry run of either), else None.
+    ``write_deadline_s`` bounds each GPU's power limit call (a node; None: called on the
+    loop's thread)."""
     if not backends or any(power_limit_backend(b) is None for b in backends):
         return None
-    return PowerLimitActuator(backends, domain=domain, state=state)
+    return PowerLimitActuator(
+        backends, domain=domain, state=state, write_deadline_s=write_deadline_s
+    )
 
 
-__all__ = ["SAME_LIMIT_W", "PowerLimitActuator", "power_limit_actuator"]
+__all__ = [
+    "POWER_LIMIT_WRITE_DEADLINE_S",
+    "SAME_LIMIT_W",
+    "PowerLimitActuator",
+    "PowerLimitCallHung",
+    "power_limit_actuator",
+]

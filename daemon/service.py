@@ -50,7 +50,11 @@ from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DEFAULT_TAIL_QUANTILE, DomainObserver
 from gpugov.daemon.power_budget import PowerBudget, domain_budget
-from gpugov.daemon.power_limit import PowerLimitActuator, power_limit_actuator
+from gpugov.daemon.power_limit import (
+    POWER_LIMIT_WRITE_DEADLINE_S,
+    PowerLimitActuator,
+    power_limit_actuator,
+)
 from gpugov.daemon.roles import COLOCATED, resolve_role
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import SimulatedBackend, SimulatedNode, SimulatedSource
@@ -195,15 +199,19 @@ class Assembled:
 
     def close(self) -> None:
         """Close every backend (NVML references) and engine connection, then let the
-        state directory go. While a GPU call still hangs (a clock write or a sample past
-        its deadline: a driver in trouble) no backend is closed: shutting NVML down
-        under a call that hangs could hang the exit with it, and the process's exit
-        releases what it holds."""
+        state directory go. While a GPU call still hangs (a clock or power limit write or
+        a sample past its deadline: a driver in trouble) no backend is closed: shutting
+        NVML down under a call that hangs could hang the exit with it, and the process's
+        exit releases what it holds."""
         hanging = sorted(
             {
                 label
                 for domain in self.domains
-                for label in (*domain.actuator.hanging_writes, *domain.observer.gpus.hanging_reads)
+                for label in (
+                    *domain.actuator.hanging_writes,
+                    *domain.observer.gpus.hanging_reads,
+                    *(() if domain.power_limits is None else domain.power_limits.hanging_writes),
+                )
             }
         )
         if hanging:
@@ -248,6 +256,7 @@ def build_domain(
     role: str | None = None,
     gpu_read_deadline_s: float | None = None,
     clock_write_deadline_s: float | None = None,
+    power_limit_write_deadline_s: float | None = None,
 ) -> Domain:
     """Observer + controller (in its safety chain, :func:`daemon.decide.build_controller`)
     + actuator for one domain.
@@ -261,7 +270,8 @@ def build_domain(
     once, :class:`~daemon.gpu_sampling.DomainGpus`; None: read on the loop's thread);
     ``clock_write_deadline_s`` each GPU's clock write (a hung one costs it once and stops
     that GPU's writes until it returns, :class:`~daemon.actuator.ClockActuator`; None:
-    written on the loop's thread).
+    written on the loop's thread); ``power_limit_write_deadline_s`` each GPU's power
+    limit call, the same way (:class:`~daemon.power_limit.PowerLimitActuator`).
     ``role`` is the configured pool role (``docs/disaggregated.md``); when it is None
     the engine's page is read once here for the role its labels state
     (:func:`probe_role`), else the domain is colocated.
@@ -364,7 +374,9 @@ def build_domain(
         state=state,
         write_deadline_s=clock_write_deadline_s,
     )
-    power_limits = power_limit_actuator(backends, domain=name, state=state)
+    power_limits = power_limit_actuator(
+        backends, domain=name, state=state, write_deadline_s=power_limit_write_deadline_s
+    )
     if power_limits is None and isinstance(layers(controller)[-1], PowerCapping):
         raise ConfigError(
             f"domain {name!r}: controller {spec_name(controller_spec)!r} sets a GPU power "
@@ -508,6 +520,7 @@ def _build_configured(
         role=spec.role,
         gpu_read_deadline_s=GPU_READ_DEADLINE_S,  # a node's GPUs: a hung call never stalls it
         clock_write_deadline_s=CLOCK_WRITE_DEADLINE_S,  # nor a hung clock write
+        power_limit_write_deadline_s=POWER_LIMIT_WRITE_DEADLINE_S,  # nor a power limit's
     )
 
 
