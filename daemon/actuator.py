@@ -1,74 +1,18 @@
-"""Clock actuation for one control domain: lock only on change, always reset on the way out.
-
-NVML cannot read a clock lock back, so the actuator remembers what it wrote (in memory
-and in the state file, :mod:`daemon.lockstate`) and "restoring" means resetting every GPU
-it ever wrote to (GEOPM does the same), retried with backoff. Use it as a context
-manager: the reset runs on a normal stop, on every terminating signal (the loop stops,
-the ``with`` block exits) and on any exception.
-
-Three more duties, each documented in ``docs/daemon.md``:
-
-* :meth:`ClockActuator.reconcile` at start: a lock a previous run left (state file) or
-  one the GPU shows (ApplicationsClocksSetting active below the top clock) is reset or
-  adopted, and the log says which.
-* :meth:`ClockActuator.check_readback` every tick: the realised SM clock is compared
-  with the lock; a change nobody here made (``nvidia-smi -lgc``/``-rgc``, a driver reset)
-  is counted and re-asserted or yielded to, by the domain's ``external_clock_policy``. A
-  GPU the driver holds near its lock (its own clock steps, a bin lower) or below it for a
-  reason NVML reports (power cap, thermal, board or reliability limit) is not written
-  again: the same lock written again changes nothing there, and each write can stall a
-  tensor-parallel group's collectives.
-* :meth:`ClockActuator.restore` at exit: every GPU ever written to is reset; failures
-  are retried with exponential backoff and the GPUs still locked are returned by name.
-
-A lock or reset write that fails transiently is retried on the next tick. Each failure is
-counted per GPU (``write_failures``, exported as ``gpugov_clock_write_failures_total``),
-but logged at most once a minute per GPU (:class:`WriteFailureLog`): the first failure,
-a reminder with the count of lines left out, and one line when writes succeed again.
-
-On a node (``write_deadline_s``, :data:`CLOCK_WRITE_DEADLINE_S`) each GPU's writes run on
-a worker thread of their own (:class:`~daemon.deadline.SerialCalls`), one at a time in the
-order made, and the caller waits for one at most that long, so a write that hangs in the
-driver holds neither the loop nor the other GPUs. The rule for a GPU whose write hangs:
-
-* It is a failed write (counted, logged through :class:`WriteFailureLog`), and so is each
-  later tick that wants a write to it while it hangs; no other write to that GPU is
-  started, as one would only queue behind it in the driver and could land in either
-  order. Its lock is unknown meanwhile (no readback is judged against it).
-* It may have been a lowering, and nothing can raise the GPU while the call hangs: the
-  lowest lock it may hold is remembered, the lock record keeps an entry for it (a hung
-  lock's range; for a hung reset, the entry of the lock before), so a kill or restart has
-  the next start's reconcile reset it, and the exit's reset, bounded by the same
-  deadline, reports it as possibly still locked (exit 6) when it cannot go through.
-* Once the call returns, the next tick takes its outcome: went through, the GPU holds
-  that lock (or none, after a reset); failed, its lock is unknown (a lost GPU or a
-  refusal is raised, as the same write's error would have been). That tick then writes
-  the clock wanted now (the decision or the fail-safe), after the late one, never before
-  it: a lowering that landed late holds for at most one period.
-
-The domain's other GPUs and the other domains are governed as before. A simulated run
-writes on the caller's thread (no deadline): deterministic, and never hung.
+"""Clock actuation for one control domain, the policy of what to write: lock on change,
+remember, reconcile at start, check the readback, reset on the way out.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-from gpugov.daemon.backend import (
-    EXPLAINS_LOWER_CLOCK,
-    DryRunBackend,
-    GpuBackend,
-    GpuSample,
-    clock_tolerance_mhz,
-)
-from gpugov.daemon.deadline import CallOutcome, CallTimeout, SerialCalls
-from gpugov.daemon.episode_log import EpisodeLog, FailureRun
+from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
+from gpugov.daemon.clock_writer import ClockWriteHung, ClockWriter, LateWrite, WriteFailureLog
+from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import (
     ConfigError,
     GpuError,
@@ -78,6 +22,7 @@ from gpugov.daemon.errors import (
     TransientGpuError,
 )
 from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
+from gpugov.daemon.readback import APPLICATIONS_CLOCKS_SETTING, LockReadback
 
 log = logging.getLogger(__name__)
 
@@ -86,17 +31,6 @@ ExternalPolicy = Literal["reassert", "yield"]
 ReconcilePolicy = Literal["reset", "adopt"]
 _UNKNOWN = -1  # a write failed half way: the GPU's lock state is unknown, write again
 
-APPLICATIONS_CLOCKS_SETTING = 0x2
-"""nvmlClocksEventReasonApplicationsClocksSetting: the clock is held by a setting (a lock)."""
-CONFIRM_READS = 2
-"""Consecutive readbacks that must disagree with the lock before it counts as external."""
-DRIVER_OFFSET_STEPS = 8
-"""How many supported-clock steps a GPU may run off its lock (below it, or above it while
-it shows ApplicationsClocksSetting, a lock in force) and still count as held by that
-lock: a driver rounds a lock to its own clock steps and holds it a few bins lower
-(voltage, temperature, a limit it names no reason for), and writing the same lock again
-changes nothing there. Further off, with no reason that explains it, it is another lock
-than gpugov's."""
 PERMANENT_RESET_ERRORS = (GpuLost, PermissionDenied, NotSupported)
 REASSERTED = (
     "{count} more outside change(s) in the {seconds:.0f} s before, each locked again, were "
@@ -104,8 +38,6 @@ REASSERTED = (
     '"yield" leaves the GPU to it'
 )
 """What a logged outside change says about the ones left out before it."""
-WRITE_FAILURE_LOG_EVERY_S = 60.0
-"""While a GPU's clock writes keep failing, one reminder line per this many seconds."""
 CLOCK_WRITE_DEADLINE_S = 2.0
 """The longest one GPU's clock write (a lock or a reset) may hold a node's loop, or its
 exit: a healthy nvmlDeviceSetGpuLockedClocks or reset takes milliseconds (a write through
@@ -119,109 +51,42 @@ HUNG_THEN = (
 """What the first line of a hung clock write says happens next."""
 
 
-class ClockWriteHung(TransientGpuError):
-    """A GPU's clock write has not returned within its deadline (it goes on in the
-    background), or an earlier one to that GPU is still hanging (no other is started)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _HungWrite:
-    """A clock write that ran past its deadline: the range it locks (None: a reset) and
-    when it started (the actuator's clock)."""
-
-    clock_range: tuple[int, int] | None
-    started_s: float
-
-    @property
-    def what(self) -> str:
-        """The write in words, for the log."""
-        if self.clock_range is None:
-            return "reset"
-        low, high = self.clock_range
-        return f"lock at {low}-{high} MHz"
-
-
-class WriteFailureLog:
-    """Rate-limited log of one domain's failing clock writes (or, ``subject = "power
-    limit"``, power limit writes), per GPU.
-
-    A write that fails every tick would otherwise log a line every period (3,600 an hour
-    at 1 s). Logged: the first failure; then, while it goes on, one reminder per
-    ``every_s`` with the failures in a row and the lines left out since the last one
-    (those go to DEBUG); and one line when a write to that GPU succeeds again. Writes that
-    fail now and then log at most one such run per ``every_s``
-    (:class:`~daemon.episode_log.EpisodeLog`).
-    """
-
-    def __init__(
-        self,
-        domain: str,
-        *,
-        every_s: float = WRITE_FAILURE_LOG_EVERY_S,
-        clock: Callable[[], float] = time.monotonic,
-        subject: str = "clock",
-    ) -> None:
-        self.domain = domain
-        self.every_s = every_s
-        self.subject = subject
-        self._clock = clock
-        self._runs: dict[str, FailureRun] = {}
-
-    def failed(
-        self, gpu: str, what: str, error: Exception, *, then: str = "retrying every tick"
-    ) -> None:
-        """One failed ``what`` ("lock", "reset"; "write" of a power limit) on ``gpu``;
-        logs it or counts it. ``then`` says, in the first line, what happens next."""
-        run = self._runs.setdefault(gpu, FailureRun(self.every_s, self._clock))
-        line = run.failed()
-        if line.kind == "start":
-            log.warning(
-                "domain %s: %s; %s (while it fails, one line a minute)%s",
-                self.domain,
-                error,
-                then,
-                line.note,
-            )
-        elif line.kind == "reminder":
-            log.warning(
-                "domain %s: GPU %s: %s %s still failing: %d failures in a row over %.0f s "
-                "(%d not logged): %s",
-                self.domain,
-                gpu,
-                self.subject,
-                what,
-                line.count,
-                line.seconds,
-                line.left_out,
-                error,
-            )
-        else:
-            log.debug("domain %s: %s; retrying next tick", self.domain, error)
-
-    def succeeded(self, gpu: str) -> None:
-        """A write to ``gpu`` went through; one line if it had been failing."""
-        run = self._runs.get(gpu)
-        ended = None if run is None else run.succeeded()
-        if ended is not None:
-            count, seconds, loud = ended
-            log.log(
-                logging.WARNING if loud else logging.DEBUG,
-                "domain %s: GPU %s: %s writes succeed again after %d failure(s) (%.0f s)",
-                self.domain,
-                gpu,
-                self.subject,
-                count,
-                seconds,
-            )
-
-    def failing(self, gpu: str) -> int:
-        """Failures in a row on ``gpu`` now (0: its last write went through)."""
-        run = self._runs.get(gpu)
-        return 0 if run is None else run.in_a_row
-
-
 class ClockActuator:
     """Applies one SM clock to every GPU of a domain.
+
+    NVML cannot read a clock lock back, so the actuator remembers what it wrote (in memory
+    and in the state file, :mod:`daemon.lockstate`) and "restoring" means resetting every
+    GPU it ever wrote to (GEOPM does the same), retried with backoff. Use it as a context
+    manager: the reset runs on a normal stop, on every terminating signal (the loop stops,
+    the ``with`` block exits) and on any exception. Three more duties, each documented in
+    ``docs/daemon.md``:
+
+    * :meth:`reconcile` at start: a lock a previous run left (state file) or one the GPU
+      shows (ApplicationsClocksSetting active below the top clock) is reset or adopted,
+      and the log says which.
+    * :meth:`check_readback` every tick: the realised SM clock is compared with the lock
+      (:class:`~daemon.readback.LockReadback`); a change nobody here made (``nvidia-smi
+      -lgc``/``-rgc``, a driver reset) is counted and re-asserted or yielded to, by the
+      domain's ``external_clock_policy``. A GPU the driver holds near its lock (its own
+      clock steps, a bin lower) or below it for a reason NVML reports (power cap, thermal,
+      board or reliability limit) is not written again: the same lock written again
+      changes nothing there, and each write can stall a tensor-parallel group's
+      collectives.
+    * :meth:`restore` at exit: every GPU ever written to is reset; failures are retried
+      with exponential backoff and the GPUs still locked are returned by name.
+
+    Each GPU is written through a :class:`~daemon.clock_writer.ClockWriter`. A lock or
+    reset write that fails transiently is retried on the next tick; each failure is
+    counted per GPU (``write_failures``, exported as ``gpugov_clock_write_failures_total``)
+    and logged at most once a minute per GPU (:class:`~daemon.clock_writer.WriteFailureLog`).
+    A write that hangs past ``write_deadline_s`` is a failed write, and so is each tick
+    that wants a write to that GPU while it hangs; meanwhile its lock is unknown (no
+    readback is judged against it), the lowest lock it may hold is remembered and the lock
+    record keeps an entry for it (a kill or restart has the next start's reconcile reset
+    it; the exit's reset, bounded the same way, reports it as possibly still locked). Once
+    it returns the next tick takes its outcome, then writes the clock wanted now, after
+    it: a lowering that landed late holds for at most one period. The domain's other GPUs
+    and the other domains are governed as before (``docs/daemon.md``, a hung clock write).
 
     Args:
         backends: the domain's GPUs.
@@ -235,11 +100,12 @@ class ClockActuator:
             times, sleeping ``backoff * 2**k`` between rounds.
         sleep: for the backoff (tests pass a recorder).
         clock: monotonic seconds, for the rate-limited write-failure log.
-        write_deadline_s: when given (a node, on the wall clock), each GPU's writes run
-            on a worker thread of their own (:class:`~daemon.deadline.SerialCalls`), one
-            at a time in the order made, and each is waited for at most this long; a
-            write past it hangs that GPU's writes (see the module's docstring). None (a
-            simulated run, ``gpugov reset-clocks``): written on the caller's thread.
+        write_deadline_s: when given (a node, on the wall clock,
+            :data:`CLOCK_WRITE_DEADLINE_S`), each GPU's writes run on a worker thread of
+            their own, one at a time in the order made, and each is waited for at most
+            this long; a write past it hangs that GPU's writes (see above). None (a
+            simulated run, ``gpugov reset-clocks``): written on the caller's thread,
+            deterministic and never hung.
     """
 
     def __init__(
@@ -269,9 +135,6 @@ class ClockActuator:
         self.locked_mhz: dict[str, int | None] = {b.label: None for b in self._backends}
         self._touched: set[str] = set()
         self.writes = 0
-        self.write_errors = 0
-        self.write_failures: dict[str, int] = {b.label: 0 for b in self._backends}
-        """Failed lock and reset writes per GPU (``gpugov_clock_write_failures_total``)."""
         self.failure_log = WriteFailureLog(domain, clock=clock)
         self._clock = clock
         self.external_changes: dict[str, int] = {b.label: 0 for b in self._backends}
@@ -279,29 +142,15 @@ class ClockActuator:
         """Per GPU, which outside changes met by a new lock are logged: at most one a
         minute (another tool that keeps setting the clock logged a line each time)."""
         self.yielded: set[str] = set()
-        self._disagreements: dict[str, int] = {b.label: 0 for b in self._backends}
-        self._tolerance_mhz: dict[str, float] = {}
-        self._off_lock_reads: dict[str, int] = {b.label: 0 for b in self._backends}
-        """Per GPU, readbacks in a row that found it held off its lock by the driver."""
-        self._off_lock_logged: set[str] = set()
-        self._epochs: dict[str, object] = {}
+        self._readback = LockReadback(domain, pinned=lock_mode == "pin")
         self._fallback_logged: set[str] = set()
         self._maybe_held: dict[str, int] = {}
         """Per GPU whose lock writes failed: the lowest clock a lock may hold it at."""
         self.write_deadline_s = write_deadline_s
-        self._writers: dict[str, SerialCalls] = (
-            {}
-            if write_deadline_s is None
-            else {
-                b.label: SerialCalls(
-                    write_deadline_s, name=f"clocks-{b.label}", cause="a hung GPU call", clock=clock
-                )
-                for b in self._backends
-            }
-        )
-        self._hung: dict[str, _HungWrite] = {}
-        """Per GPU whose write ran past its deadline: that write, until its outcome is
-        taken (:meth:`_settled`)."""
+        self._writers = {
+            b.label: ClockWriter(b, self.failure_log, deadline_s=write_deadline_s, clock=clock)
+            for b in self._backends
+        }
 
     def __enter__(self) -> ClockActuator:
         return self
@@ -331,6 +180,16 @@ class ClockActuator:
         nothing more is written to them until it returns."""
         return tuple(label for label, writer in self._writers.items() if writer.hanging)
 
+    @property
+    def write_failures(self) -> dict[str, int]:
+        """Failed lock and reset writes per GPU (``gpugov_clock_write_failures_total``)."""
+        return {label: writer.failures for label, writer in self._writers.items()}
+
+    @property
+    def write_errors(self) -> int:
+        """Failed lock and reset writes, every GPU's together."""
+        return sum(writer.failures for writer in self._writers.values())
+
     def _range(self, backend: GpuBackend, clock_mhz: int) -> tuple[int, int]:
         if self.lock_mode == "cap":
             return min(backend.supported_clocks_mhz()), clock_mhz
@@ -354,21 +213,21 @@ class ClockActuator:
         for backend in self._backends:
             if self.locked_mhz[backend.label] == clock_mhz or backend.label in self.yielded:
                 continue
-            if not self._settled(backend, "lock") or self.locked_mhz[backend.label] == clock_mhz:
+            writer = self._writers[backend.label]
+            if not self._settled(writer, "lock") or self.locked_mhz[backend.label] == clock_mhz:
                 continue  # still hanging; or the hung write, returned, locked this clock
             low, high = self._range(backend, clock_mhz)
             unlocked = self.locked_mhz[backend.label] is None
             self._touched.add(backend.label)
             before = self.locked_mhz[backend.label]
             try:
-                self._write(backend, (low, high))
+                writer.write((low, high))
             except ClockWriteHung as error:
-                self._write_hung(backend, "lock", error, before, clock_mhz)
+                self._write_hung(writer, "lock", error, before, clock_mhz)
                 continue
             except TransientGpuError as error:
                 self.locked_mhz[backend.label] = _UNKNOWN
-                self._count_failure(backend.label)
-                self.failure_log.failed(backend.label, "lock", error)
+                writer.failed("lock", error)
                 lowest = self._lowest_held(backend.label, before, clock_mhz)
                 assert lowest is not None  # this lock's clock at least
                 self._maybe_held[backend.label] = lowest
@@ -376,7 +235,7 @@ class ClockActuator:
                     self._not_held_low(backend, lowest, clock_mhz)
                 continue
             except GpuError as error:
-                self._count_failure(backend.label)
+                writer.count_failure()
                 if unlocked and isinstance(error, PermissionDenied | NotSupported):
                     # Refused, so nothing was written, on a GPU that held no lock of
                     # ours: nothing for the exit to reset (nor to report as still locked).
@@ -384,12 +243,8 @@ class ClockActuator:
                 else:
                     self.locked_mhz[backend.label] = _UNKNOWN
                 raise
-            self._maybe_held.pop(backend.label, None)
-            self.failure_log.succeeded(backend.label)
-            self.locked_mhz[backend.label] = clock_mhz
-            self._disagreements[backend.label] = 0
-            if self.state is not None:
-                self.state.record(gpu_key(backend), backend.label, low, high)
+            writer.succeeded()
+            self._holds(backend, (low, high))
             written += 1
         if written:
             self.writes += written
@@ -403,24 +258,26 @@ class ClockActuator:
         ended and its locks were reset) has its locks marked unknown, so the next
         :meth:`apply` or :meth:`unlock` writes them again."""
         problem: str | None = None
-        for backend in self._backends:
-            check = getattr(backend, "write_path_problem", None)
-            if check is None:
-                continue
-            found = check()
+        for label, writer in self._writers.items():
+            found, renewed = writer.path_problem()
             if found is not None and problem is None:
                 problem = found
-            label = backend.label
-            epoch = getattr(backend, "write_epoch", None)
-            renewed = label in self._epochs and self._epochs[label] != epoch
             if renewed and self.locked_mhz[label] is not None:
                 self.locked_mhz[label] = _UNKNOWN
-            self._epochs[label] = epoch
         return problem
 
-    def _count_failure(self, label: str) -> None:
-        self.write_errors += 1
-        self.write_failures[label] = self.write_failures.get(label, 0) + 1
+    def _holds(self, backend: GpuBackend, clock_range: tuple[int, int] | None) -> None:
+        """A write to ``backend`` went through: it holds the lock at ``clock_range`` (None:
+        none, it was reset), remembered here and in the lock record for the next start."""
+        label = backend.label
+        self.locked_mhz[label] = None if clock_range is None else clock_range[1]
+        self._maybe_held.pop(label, None)
+        self._readback.written(label)
+        if self.state is not None:
+            if clock_range is None:
+                self.state.clear(gpu_key(backend))
+            else:
+                self.state.record(gpu_key(backend), label, *clock_range)
 
     def _lowest_held(self, label: str, before: int | None, clock_mhz: int | None) -> int | None:
         """After a lock (``clock_mhz``; None: a reset) that failed or hangs on a GPU that
@@ -430,125 +287,63 @@ class ClockActuator:
         held = [v for v in (earlier, clock_mhz) if v is not None and v != _UNKNOWN]
         return min(held) if held else None
 
-    # ------------------------------------------------------------ the writes
-    def _write(self, backend: GpuBackend, clock_range: tuple[int, int] | None) -> None:
-        """Lock ``backend``'s SM clock into ``clock_range`` (None: reset it): on the
-        caller's thread, or, with ``write_deadline_s``, on the GPU's writer thread, waiting
-        at most that long.
-
-        Raises:
-            ClockWriteHung: the write has not returned in that time (it goes on in the
-                background, and this GPU is written no more until it has returned), or an
-                earlier write to it is still hanging (this one is not started).
-            GpuError: what the write raised.
-        """
-        label = backend.label
-        target: Callable[[], None] = (
-            backend.reset_clocks
-            if clock_range is None
-            else functools.partial(backend.lock_clocks, *clock_range)
-        )
-        writer = self._writers.get(label)
-        if writer is None:
-            target()
-            return
-        hung = self._hung.get(label)
-        if hung is not None:
-            if writer.busy:
-                raise self._still_hanging(label, hung)
-            del self._hung[label]  # it returned; what it did no longer matters (the exit)
-        started = self._clock()
-        try:
-            writer.call(target)
-        except CallTimeout:
-            write = self._hung[label] = _HungWrite(clock_range, started)
-            raise ClockWriteHung(
-                f"GPU {label}: clock {write.what}: no answer within {writer.deadline_s:g} s "
-                "(a hung GPU call)",
-                gpu=label,
-            ) from None
-
-    def _still_hanging(self, label: str, hung: _HungWrite) -> ClockWriteHung:
-        """The error of a write not started because ``hung`` still hangs."""
-        return ClockWriteHung(
-            f"GPU {label}: the clock {hung.what} started {self._clock() - hung.started_s:.1f} s "
-            "ago has not returned (a hung GPU call); no other write to it is started",
-            gpu=label,
-        )
-
+    # ------------------------------------------------------- the hung writes
     def _write_hung(
         self,
-        backend: GpuBackend,
+        writer: ClockWriter,
         what: str,
         error: ClockWriteHung,
         before: int | None,
         clock_mhz: int | None,
     ) -> None:
-        """A ``what`` write to ``backend`` (a lock at ``clock_mhz``, or a reset: None),
-        which held ``before``, ran past its deadline: counted and logged as a failed
-        write; its lock unknown until the write's outcome is taken. It may hold either
-        lock, so the lowest of them is remembered and the lock record keeps an entry for
-        it (a hung lock's range, or, for a hung reset, the entry of the lock before): a
-        kill or restart meanwhile has the next start's reconcile reset it."""
-        label = backend.label
+        """A ``what`` write through ``writer`` (a lock at ``clock_mhz``, or a reset: None)
+        to a GPU which held ``before`` ran past its deadline: counted and logged as a
+        failed write; its lock unknown until the write's outcome is taken. It may hold
+        either lock, so the lowest of them is remembered and the lock record keeps an
+        entry for it (a hung lock's range, or, for a hung reset, the entry of the lock
+        before): a kill or restart meanwhile has the next start's reconcile reset it."""
+        label = writer.label
         self.locked_mhz[label] = _UNKNOWN
-        self._count_failure(label)
-        self.failure_log.failed(label, what, error, then=HUNG_THEN)
+        writer.failed(what, error, then=HUNG_THEN)
         lowest = self._lowest_held(label, before, clock_mhz)
         if lowest is not None:
             self._maybe_held[label] = lowest
-        hung = self._hung.get(label)
+        hung = writer.hung
         if self.state is not None and hung is not None and hung.clock_range is not None:
-            self.state.record(gpu_key(backend), label, *hung.clock_range)
+            self.state.record(gpu_key(writer.backend), label, *hung.clock_range)
 
-    def _settled(self, backend: GpuBackend, what: str) -> bool:
-        """Whether ``backend`` may be written now: no write to it hangs (once a hung write
-        has returned, its outcome is taken first, :meth:`_take_late`). While one hangs,
-        this call's ``what`` ("lock", "reset") is one more failed write (counted, and
-        logged at the failure log's pace) and none is started.
+    def _settled(self, writer: ClockWriter, what: str) -> bool:
+        """Whether ``writer``'s GPU may be written now: no write to it hangs (once a hung
+        write has returned, its outcome is taken first, :meth:`_take_late`). While one
+        hangs, this call's ``what`` ("lock", "reset") is one more failed write (counted,
+        and logged at the failure log's pace) and none is started.
 
         Raises:
             GpuLost, PermissionDenied, NotSupported, Exception: what the hung write
                 raised, once it returned, when that is not transient.
         """
-        label = backend.label
-        hung = self._hung.get(label)
-        if hung is None:
-            return True
         try:
-            outcome = self._writers[label].late()
-        except CallTimeout:
-            self._count_failure(label)
-            self.failure_log.failed(label, what, self._still_hanging(label, hung), then=HUNG_THEN)
+            late = writer.settle()
+        except ClockWriteHung as error:
+            writer.failed(what, error, then=HUNG_THEN)
             return False
-        del self._hung[label]
-        if outcome is not None:
-            self._take_late(backend, hung, outcome)
+        if late is not None:
+            self._take_late(writer, late)
         return True
 
-    def _take_late(self, backend: GpuBackend, hung: _HungWrite, outcome: CallOutcome) -> None:
-        """A hung write to ``backend`` has returned: what the GPU holds now is what that
-        write did (it went through: its lock, or none after a reset), else unknown (the
-        next write goes through whatever was remembered).
+    def _take_late(self, writer: ClockWriter, late: LateWrite) -> None:
+        """A hung write through ``writer`` has returned: what the GPU holds now is what
+        that write did (it went through: its lock, or none after a reset), else unknown
+        (the next write goes through whatever was remembered).
 
         Raises:
             GpuLost, PermissionDenied, NotSupported, Exception: what it raised, when that
                 is not transient (as the same write's error would have been).
         """
-        label = backend.label
-        error = outcome.error
+        label, hung, error = writer.label, late.write, late.error
         if error is None:
-            if hung.clock_range is None:
-                self.locked_mhz[label] = None
-                if self.state is not None:
-                    self.state.clear(gpu_key(backend))
-            else:
-                self.locked_mhz[label] = hung.clock_range[1]
-                if self.state is not None:
-                    self.state.record(gpu_key(backend), label, *hung.clock_range)
-            self._maybe_held.pop(label, None)
-            self._disagreements[label] = 0
-            self.failure_log.succeeded(label)
+            self._holds(writer.backend, hung.clock_range)
+            writer.succeeded()
             log.debug(
                 "domain %s: GPU %s: the clock %s that hung went through after %.1f s",
                 self.domain,
@@ -585,25 +380,21 @@ class ClockActuator:
         for backend in self._backends:
             if self.locked_mhz[backend.label] is None or backend.label in self.yielded:
                 continue
-            if not self._settled(backend, "reset") or self.locked_mhz[backend.label] is None:
+            writer = self._writers[backend.label]
+            if not self._settled(writer, "reset") or self.locked_mhz[backend.label] is None:
                 continue  # still hanging; or the hung write, returned, was a reset
             before = self.locked_mhz[backend.label]
             try:
-                self._write(backend, None)
+                writer.write(None)
             except ClockWriteHung as error:
-                self._write_hung(backend, "reset", error, before, None)
+                self._write_hung(writer, "reset", error, before, None)
                 continue
             except TransientGpuError as error:
-                self._count_failure(backend.label)
-                self.failure_log.failed(backend.label, "reset", error)
+                writer.failed("reset", error)
                 self._top_instead(backend)
                 continue
-            self.failure_log.succeeded(backend.label)
-            self.locked_mhz[backend.label] = None
-            self._maybe_held.pop(backend.label, None)
-            self._disagreements[backend.label] = 0
-            if self.state is not None:
-                self.state.clear(gpu_key(backend))
+            writer.succeeded()
+            self._holds(backend, None)
             written += 1
         self.writes += written
         return written
@@ -629,10 +420,11 @@ class ClockActuator:
         clock). ``locked_mhz`` then says unlocked, and the next :meth:`apply` locks
         again."""
         label = backend.label
+        writer = self._writers[label]
         try:
-            self._write(backend, None)
+            writer.write(None)
         except ClockWriteHung as error:
-            self._write_hung(backend, "reset", error, _UNKNOWN, None)
+            self._write_hung(writer, "reset", error, _UNKNOWN, None)
             return
         except GpuLost:
             raise
@@ -641,11 +433,7 @@ class ClockActuator:
                 "domain %s: GPU %s: reset after a failed lock failed: %s", self.domain, label, error
             )
             return
-        self.locked_mhz[label] = None
-        self._maybe_held.pop(label, None)
-        self._disagreements[label] = 0
-        if self.state is not None:
-            self.state.clear(gpu_key(backend))
+        self._holds(backend, None)
         self._log_fallback(
             label,
             f"the lock could not be raised from {held_mhz} MHz to {clock_mhz} MHz; the lock was "
@@ -662,10 +450,11 @@ class ClockActuator:
         if held is not None and held != _UNKNOWN and held >= top:
             return
         low, high = self._range(backend, top)
+        writer = self._writers[label]
         try:
-            self._write(backend, (low, high))
+            writer.write((low, high))
         except ClockWriteHung as error:
-            self._write_hung(backend, "lock", error, held, top)
+            self._write_hung(writer, "lock", error, held, top)
             return
         except GpuLost:
             raise
@@ -678,11 +467,7 @@ class ClockActuator:
             )
             self.locked_mhz[label] = _UNKNOWN
             return
-        self.locked_mhz[label] = top
-        self._maybe_held.pop(label, None)
-        self._disagreements[label] = 0
-        if self.state is not None:
-            self.state.record(gpu_key(backend), label, low, high)
+        self._holds(backend, (low, high))
         self._log_fallback(
             label,
             f"the lock could not be reset; locked at the top clock ({top} MHz) instead "
@@ -722,18 +507,19 @@ class ClockActuator:
         earlier write to the GPU still hangs; a reset that hangs is not retried (a retry
         could not start while it hangs, and each domain's backoff would add to the exit):
         the GPU may still be locked, and is reported so."""
+        writer = self._writers[backend.label]
         try:
-            self._write(backend, None)
+            writer.write(None)
         except ClockWriteHung as error:
-            self._count_failure(backend.label)
+            writer.count_failure()
             log.error("domain %s: reset failed: %s; not retried", self.domain, error)
             return "failed"
         except PERMANENT_RESET_ERRORS as error:
-            self._count_failure(backend.label)
+            writer.count_failure()
             log.error("domain %s: reset failed: %s", self.domain, error)
             return "failed"
         except GpuError as error:
-            self._count_failure(backend.label)
+            writer.count_failure()
             log.warning(
                 "domain %s: reset failed (attempt %d of %d): %s",
                 self.domain,
@@ -792,7 +578,7 @@ class ClockActuator:
             reasons is not None
             and bool(reasons & APPLICATIONS_CLOCKS_SETTING)
             and clock is not None
-            and clock < top - self._tolerance(backend)
+            and clock < top - self._readback.tolerance(backend)
         )
         now = f"{clock:.0f} MHz" if clock is not None else "unknown"
         low = entry.get("min_mhz") if entry is not None else None
@@ -826,10 +612,11 @@ class ClockActuator:
                 self.state.record(key, label, int(low), int(held))
             line = f"GPU {label}: {found}; adopted: governed from here, reset on exit"
         else:
+            writer = self._writers[label]
             try:
-                self._write(backend, None)
+                writer.write(None)
             except GpuError as error:  # a reset that hangs too: tried again at exit
-                self._count_failure(label)
+                writer.count_failure()
                 self._touched.add(label)  # try again at exit
                 self.locked_mhz[label] = _UNKNOWN
                 line = f"GPU {label}: {found}; reset FAILED: {error}"
@@ -842,28 +629,14 @@ class ClockActuator:
         return line
 
     # ---------------------------------------------------------------- readback
-    def _tolerance(self, backend: GpuBackend) -> float:
-        """Two supported-clock steps: what a lock's realised clock may differ by."""
-        label = backend.label
-        if label not in self._tolerance_mhz:
-            self._tolerance_mhz[label] = clock_tolerance_mhz(backend.supported_clocks_mhz())
-        return self._tolerance_mhz[label]
-
     def check_readback(self, samples: Sequence[GpuSample]) -> list[str]:
         """Compare each GPU's realised SM clock with the lock held; act on outside changes.
 
-        A GPU within two supported-clock steps of its lock is at it. A pinned GPU below
-        its lock is still held by it when an event reason explains the lower clock (idle,
-        power cap, slowdowns, board or reliability limit) or when it runs at most
-        :data:`DRIVER_OFFSET_STEPS` steps below it (the driver's rounding, a bin lower);
-        a GPU above its lock when it shows ApplicationsClocksSetting at most that far
-        above it (a capped GPU is only checked above). Each such reading leaves the lock
-        as it is: writing it again would change nothing (the first steady one per GPU
-        is logged once). Any other reading (above the lock with no lock in force: the
-        clocks were reset; further off: another lock) was a change by someone else.
-        After :data:`CONFIRM_READS` such reads in a row the change is counted in
-        ``external_changes`` and, by ``external_policy``, the lock is written again on
-        the next apply or the GPU is left alone (``yielded``).
+        A reading near the lock, or off it for a reason the driver or NVML gives, leaves
+        the lock as it is: writing it again would change nothing. A change by someone else,
+        confirmed over a few reads (:class:`~daemon.readback.LockReadback` says which is
+        which), is counted in ``external_changes`` and, by ``external_policy``, the lock
+        is written again on the next apply or the GPU is left alone (``yielded``).
 
         Returns:
             Labels of the GPUs whose change was confirmed at this call.
@@ -881,26 +654,8 @@ class ClockActuator:
             clock = sample.sm_clock_mhz
             if clock is None:
                 continue
-            tolerance = self._tolerance(backend)
-            offset = tolerance / 2.0 * DRIVER_OFFSET_STEPS  # that many supported-clock steps
-            reasons = sample.clock_event_reasons
-            lock_in_force = reasons is not None and bool(reasons & APPLICATIONS_CLOCKS_SETTING)
-            unexplained = reasons is not None and not reasons & EXPLAINS_LOWER_CLOCK
-            pinned = self.lock_mode == "pin"
-            above = clock > held + (offset if lock_in_force else tolerance)
-            below = pinned and clock < held - offset and unexplained
-            if not (above or below):
-                self._disagreements[label] = 0
-                off_lock = clock > held + tolerance or (
-                    pinned and clock < held - tolerance and unexplained
-                )
-                self._held_off_lock(label, clock, held, off_lock)
+            if not self._readback.changed(backend, clock, sample.clock_event_reasons, held):
                 continue
-            self._off_lock_reads[label] = 0
-            self._disagreements[label] += 1
-            if self._disagreements[label] < CONFIRM_READS:
-                continue
-            self._disagreements[label] = 0
             self.external_changes[label] += 1
             changed.append(label)
             what = (
@@ -929,28 +684,6 @@ class ClockActuator:
                     note or "",
                 )
         return changed
-
-    def _held_off_lock(self, label: str, clock: float, held: int, off_lock: bool) -> None:
-        """A readback that leaves the lock as it is: when it found the GPU off its lock
-        with no reason that explains it (``off_lock``), on :data:`CONFIRM_READS` reads
-        in a row, say once per GPU that the driver holds it there."""
-        if not off_lock:
-            self._off_lock_reads[label] = 0
-            return
-        self._off_lock_reads[label] += 1
-        if self._off_lock_reads[label] < CONFIRM_READS or label in self._off_lock_logged:
-            return
-        self._off_lock_logged.add(label)
-        log.info(
-            "domain %s: GPU %s runs at %.0f MHz while locked at %d MHz, with no clock "
-            "event reason that explains it: taken as the driver's own clock for that lock "
-            "(its clock steps, a bin %s), not written again (logged once per GPU)",
-            self.domain,
-            label,
-            clock,
-            held,
-            "lower" if clock < held else "higher",
-        )
 
 
 def label_order(label: str) -> tuple[int, str]:

@@ -551,7 +551,7 @@ class SerialCalls(_DiskWorker):
     they were made; the caller waits for its call up to ``deadline_s`` (:meth:`call`).
 
     For calls whose order matters, one GPU's clock writes
-    (:class:`daemon.actuator.ClockActuator`): a call never starts before the one before it
+    (:class:`daemon.clock_writer.ClockWriter`): a call never starts before the one before it
     has returned. A call that runs past the caller's deadline goes on in the background
     (:class:`CallTimeout`), and while it runs :meth:`call` starts no other and raises
     :class:`CallTimeout` at once, so a hung call costs the caller one deadline, not one

@@ -21,7 +21,7 @@ it as the clock actuator (:mod:`daemon.actuator`) applies a clock:
   someone else set since gpugov's write is left as it is;
 * a write that fails transiently is counted per GPU (``write_failures``, exported as
   ``gpugov_power_cap_write_failures_total``), logged at most once a minute per GPU
-  (:class:`~daemon.actuator.WriteFailureLog`) and retried on the next tick; a write refused
+  (:class:`~daemon.clock_writer.WriteFailureLog`) and retried on the next tick; a write refused
   for good (no root or CAP_SYS_ADMIN, a GPU that cannot set a limit) is one log line, and
   the domain goes on governing its clocks without a cap.
 
@@ -70,13 +70,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from gpugov.daemon.actuator import (
-    PERMANENT_RESET_ERRORS,
-    Outcome,
-    WriteFailureLog,
-    label_order,
-    retry_each,
-)
+from gpugov.daemon.actuator import PERMANENT_RESET_ERRORS, Outcome, label_order, retry_each
 from gpugov.daemon.backend import (
     DryRunBackend,
     GpuBackend,
@@ -84,6 +78,7 @@ from gpugov.daemon.backend import (
     PowerLimitBackend,
     power_limit_backend,
 )
+from gpugov.daemon.clock_writer import WriteFailureLog
 from gpugov.daemon.deadline import CallOutcome, CallTimeout, SerialCalls
 from gpugov.daemon.errors import (
     ConfigError,

@@ -20,12 +20,13 @@ from daemon_support import MetricsServer, run_ticks
 from fake_pynvml import FakeGpu, FakeNvml
 from synthetic import make_plant, make_profile
 
-from gpugov.daemon.actuator import DRIVER_OFFSET_STEPS, ClockActuator
+from gpugov.daemon.actuator import ClockActuator
 from gpugov.daemon.config import parse_config
 from gpugov.daemon.controller_config import FixedControllerConfig
 from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run
 from gpugov.daemon.nvml import NvmlBackend
+from gpugov.daemon.readback import DRIVER_OFFSET_STEPS
 from gpugov.daemon.service import domains_from_config, simulated_run
 from gpugov.daemon.simulated import SimulatedBackend
 from gpugov.plant.workload import load_trace
