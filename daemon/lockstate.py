@@ -149,11 +149,15 @@ class LockState:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            handle.seek(0)
-            holder = handle.read(32).strip() or "?"
+            try:
+                handle.seek(0)
+                holder = handle.read(32).strip()
+            except (OSError, UnicodeDecodeError):
+                holder = ""  # a hold file of other bytes (a device, a damaged file)
             handle.close()
+            who = f"pid {holder}" if holder.isascii() and holder.isdigit() else "pid unknown"
             raise ConfigError(
-                f"{path.parent}: another gpugov run (pid {holder}) holds this state "
+                f"{path.parent}: another gpugov run ({who}) holds this state "
                 "directory; run one daemon per node (or give each its own state_dir and GPUs)"
             ) from None
         try:

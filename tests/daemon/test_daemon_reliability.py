@@ -979,10 +979,25 @@ def test_a_hold_file_that_cannot_take_the_pid_still_starts_the_daemon(
             r.getMessage() for r in caplog.records if "cannot write its pid" in r.getMessage()
         ]
         assert "holds the state directory" in line
-        with pytest.raises(ConfigError, match="another gpugov run"):
-            LockState(tmp_path).hold()  # held all the same: a second run is refused
+        # Held all the same: a second run is refused, naming no pid (the device reads
+        # back NUL bytes, not the holder's pid).
+        with pytest.raises(ConfigError, match=r"another gpugov run \(pid unknown\)"):
+            LockState(tmp_path).hold()
     finally:
         assembled.close()
+
+
+def test_a_damaged_hold_file_names_no_pid_and_raises_no_traceback(tmp_path: Path) -> None:
+    """A hold file of bytes that are no pid (not UTF-8) while another run holds it: the
+    refusal read it as text and ended in a UnicodeDecodeError traceback."""
+    import fcntl
+
+    path = tmp_path / "gpugov.lock"
+    path.write_bytes(b"\xff\xfe12")
+    with open(path, "rb") as other:
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ConfigError, match=r"another gpugov run \(pid unknown\)"):
+            LockState(tmp_path).hold()
 
 
 def test_a_state_directory_deleted_under_the_daemon_is_held_and_recorded_again(
