@@ -253,6 +253,7 @@ def build_controller(spec: ControllerConfig, context: ControllerContext) -> Cont
             context.state_dir,
             context.domain,
             context.gpu_uuids or tuple(str(i) for i in range(context.gpu_count)),
+            gpu_names=context.gpu_names,  # kept with the model: `model export` names the board
         )
     if context.budget_guard:
         from gpugov.controllers.power_need import BudgetGuard

@@ -23,12 +23,12 @@ import numpy as np
 from gpugov.controllers.online.controller import REFERENCE_BATCH, OnlineMPCController
 from gpugov.controllers.online.identification import OnlineModel
 from gpugov.daemon import cli_types
-from gpugov.daemon.cli_support import check_output_dir, fail, prepare_output_dir
+from gpugov.daemon.cli_support import check_output_dir, fail, note, prepare_output_dir, warn
 from gpugov.daemon.config import controller_state_dir, load_config
 from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.daemon.errors import ConfigError, printable
 from gpugov.daemon.files import resolve_state_dir, write_files_atomic
-from gpugov.daemon.model_store import StoredModelError, read_stored
+from gpugov.daemon.model_store import StoredModelError, read_stored, stored_gpu_names
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.profile import CSV_COLUMNS
 
@@ -195,16 +195,65 @@ def _thermal_section(
     }
 
 
-def describe(domain: str, path: Path, payload: dict[str, Any], model: OnlineModel) -> str:
-    """The model as text: key, fit quality, then per-clock predictions with +- 1 std. The
-    key's UUIDs and model name (NVML's and the engine's text) are escaped
+def gpu_names(payload: dict[str, Any]) -> tuple[tuple[str, ...] | None, str | None]:
+    """The stored GPU names of a state file, in its key's UUID order (None where it keeps
+    none), and None; or None and what is wrong with them, naming the field, where they are
+    damaged (the model is shown and exported without them)."""
+    try:
+        return stored_gpu_names(payload), None
+    except ValueError as error:
+        return None, str(error)
+
+
+def board_name(names: tuple[str, ...] | None) -> tuple[str | None, str]:
+    """The board the domain's GPUs are (their one shared NVML name) and ``""``, or None
+    and why there is none: no names stored, none reported, or names that differ."""
+    if names is None:
+        return None, (
+            "the state file keeps no GPU name (saved before gpugov kept them, or by a run that "
+            "knew none)"
+        )
+    distinct = sorted(set(names))
+    if len(distinct) == 1 and distinct[0]:
+        return distinct[0], ""
+    if not any(distinct):
+        return None, "the domain's GPUs reported no name"
+    shown = ", ".join(repr(name) if name else "no name" for name in distinct)
+    return None, f"the domain's GPUs have different names ({shown})"
+
+
+def _gpus_text(uuids: list[str], names: tuple[str, ...] | None) -> str:
+    """The key's GPUs for ``model show``: their UUIDs, then the board's name where they
+    share one, else each GPU's own beside it."""
+    if not uuids:
+        return "?"
+    board, _ = board_name(names)
+    if board is not None:
+        return f"{', '.join(uuids)} ({board})"
+    if names is None or not any(names):
+        return ", ".join(uuids)
+    return ", ".join(
+        f"{uuid} ({name or 'no name'})" for uuid, name in zip(uuids, names, strict=True)
+    )
+
+
+def describe(
+    domain: str,
+    path: Path,
+    payload: dict[str, Any],
+    model: OnlineModel,
+    names: tuple[str, ...] | None = None,
+) -> str:
+    """The model as text: key (with the GPUs' stored ``names``: :func:`gpu_names`), fit
+    quality, then per-clock predictions with +- 1 std. The key's UUIDs, GPU names and
+    model name (NVML's and the engine's text) are escaped
     (:func:`~gpugov.daemon.errors.printable`)."""
     key = payload["key"]
     residual = model.residual_rms()
     lines = [
         printable(f"domain {domain}: {path}"),
         printable(
-            f"  GPUs {', '.join(key['gpu_uuids']) or '?'}; model {key.get('model_name') or '?'}"
+            f"  GPUs {_gpus_text(key['gpu_uuids'], names)}; model {key.get('model_name') or '?'}"
         ),
         f"  samples {model.samples}, warmed up {'yes' if model.warmed_up else 'no'}, "
         f"confidence {model.confidence():.2f}; fit RMS: busy {residual['busy_s'] * 1e3:.1f} ms, "
@@ -250,9 +299,15 @@ def export(
     out: Path,
     ttft_slo_s: float | None,
     tpot_slo_s: float | None,
+    names: tuple[str, ...] | None = None,
 ) -> tuple[Path, Path]:
     """Write ``online-<domain>.csv`` and ``.json`` (status ``online-identified``) in
     ``out``, made (when its parent exists) only once the model is known to export.
+
+    The manifest's ``gpu`` (the board's NVML name, which ``gpugov emulate`` names its
+    GPUs after and a ``gpu = "auto"`` prior reads the family from) is the name the
+    domain's GPUs share (``names``: :func:`gpu_names`); where none is stored, or they
+    differ, it is left out (:func:`board_name` says why). ``gpu_uuids`` lists the GPUs.
 
     Raises:
         ModelCliError: no latency learned yet, or no SLOs to write, stored or given.
@@ -300,13 +355,15 @@ def export(
             ]
         )
     key = payload["key"]
-    # No `gpu`: that is the board's NVML name (emulate names its GPUs after it), and the
-    # state file keeps only the GPUs' UUIDs; "NVIDIA 0" was no board.
+    # `gpu` is the board's NVML name (emulate names its GPUs after it): the stored one
+    # the GPUs share, never their UUIDs ("NVIDIA 0" was no board).
+    board, _ = board_name(names)
     learned = {name: value for name, value in profile.manifest.items() if name != "gpu"}
     manifest = {
         **learned,
         "status": "online-identified",
         "csv": csv_path.name,
+        **({"gpu": board} if board is not None else {}),
         "gpu_uuids": list(key["gpu_uuids"]),
         "model": key.get("model_name") or "unknown model",
         "ttft_slo_s": float(ttft),
@@ -355,14 +412,24 @@ def run_model(args: argparse.Namespace) -> int:
     for domain, path in files:
         try:
             payload, model = load_model(path)
+            names, damaged = gpu_names(payload)
             if args.action == "show":
-                print(describe(domain, path, payload, model))
+                if damaged:
+                    warn(f"{path}: {damaged}; the model is shown without the GPUs' names")
+                print(describe(domain, path, payload, model, names))
             else:
                 written = export(
-                    domain, payload, model, Path(args.out), args.ttft_slo, args.tpot_slo
+                    domain, payload, model, Path(args.out), args.ttft_slo, args.tpot_slo, names
                 )
                 for item in written:
                     print(f"wrote {item}")
+                board, why = board_name(names)
+                # One line where the manifest names no board: emulate then names its GPUs
+                # "Emulated GPU", and a gpu = "auto" prior finds no family in it.
+                if damaged:
+                    warn(f"{path}: {damaged}; {written[1].name} names no board (no 'gpu')")
+                elif board is None:
+                    note(f"domain {domain}: {why}; {written[1].name} names no board (no 'gpu')")
         except ModelCliError as error:
             code = fail(str(error))
     return code

@@ -3,7 +3,8 @@
 One JSON file per control domain, ``online-model-<domain>.json`` in the state directory
 (systemd's ``StateDirectory=``, ``$STATE_DIRECTORY``; or the controller's ``state_dir``),
 holding a format tag, the model version, the **key** (the domain's GPU UUIDs and the
-engine's ``model_name`` label), the SLOs last seen, the control period and the model
+engine's ``model_name`` label), the GPUs' NVML names (``gpu_names``, in the key's UUID
+order; no part of the key), the SLOs last seen, the control period and the model
 (:meth:`controllers.online.identification.OnlineModel.state_dict`).
 
 - A stored model whose key differs from the node's (another model served, a GPU swapped)
@@ -33,6 +34,11 @@ engine's ``model_name`` label), the SLOs last seen, the control period and the m
   (:func:`payload_problem`, the latencies too) first; one that fails them logs one line,
   the last good file is kept and the model goes back to it (learned anew where there is
   none).
+- ``gpu_names`` is optional: a file saved before it was kept has none (``gpugov model
+  export`` then names no board), and a damaged one (not one name of at most
+  :data:`MAX_GPU_NAME_CHARS` printable characters per GPU of the key) is one line naming
+  the field; the model is restored all the same, and the next save writes the node's
+  names (:func:`stored_gpu_names`).
 - Writes are atomic: a temporary file in the same directory, fsynced, then renamed over.
 - Writes run on a worker thread (:class:`daemon.deadline.LatestWriter`): a save waits for
   its write up to :data:`~daemon.deadline.WRITE_DEADLINE_S` (the final one at exit, after
@@ -102,6 +108,9 @@ MAX_THERMAL_COEFFICIENT = 1e6
 """The largest magnitude of a stored thermal coefficient of ``T' = a T + b + c P``
 (``a`` a window's decay near 1, ``b`` a few degrees, ``c`` hundredths of a degree per
 watt): a state file beyond is no thermal fit (1e308 was restored, and written back)."""
+MAX_GPU_NAME_CHARS = 95
+"""The longest GPU name a state file keeps: NVML's device name buffer
+(``NVML_DEVICE_NAME_V2_BUFFER_SIZE``) holds 96 bytes with the terminating NUL."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +246,42 @@ def _check_payload(payload: dict[str, Any]) -> None:
     problem = model_state_problem(payload["model"])
     if problem is not None:
         raise StoredModelError(problem)
+
+
+def gpu_names_problem(value: object, gpus: int) -> str | None:
+    """What is wrong with ``value`` as the ``gpu_names`` of a domain of ``gpus`` GPUs,
+    naming the field, or None: it must be a list of one NVML name per GPU (``""`` for one
+    that reports none), each at most :data:`MAX_GPU_NAME_CHARS` printable characters."""
+    if not isinstance(value, list) or len(value) != gpus:
+        return (
+            f"gpu_names must be a list of {gpus} names (one per GPU of key.gpu_uuids), "
+            f"got {value!r:.40}"
+        )
+    for index, name in enumerate(value):
+        if not isinstance(name, str) or len(name) > MAX_GPU_NAME_CHARS or not name.isprintable():
+            return (
+                f"gpu_names[{index}] must be a GPU's NVML name of at most "
+                f"{MAX_GPU_NAME_CHARS} printable characters, got {name!r:.40}"
+            )
+    return None
+
+
+def stored_gpu_names(payload: dict[str, Any]) -> tuple[str, ...] | None:
+    """The NVML names of the GPUs of a state file's key (checked by :func:`read_stored`),
+    in the order of ``key.gpu_uuids``; None where the file keeps none (saved before
+    ``gpu_names`` was kept). Not checked by :func:`read_stored`: a damaged name is no
+    reason to lose the model.
+
+    Raises:
+        ValueError: ``gpu_names`` is damaged (:func:`gpu_names_problem`, naming it).
+    """
+    value = payload.get("gpu_names")
+    if value is None:
+        return None
+    problem = gpu_names_problem(value, len(payload["key"]["gpu_uuids"]))
+    if problem is not None:
+        raise ValueError(problem)
+    return tuple(value)
 
 
 def _numbers(value: object, field: str, length: int | None = None) -> list[float]:
@@ -393,6 +438,9 @@ class PersistentOnlineModel(ControllerWrapper):
     ``save_every_s`` of observation time and on :meth:`close`. Storage trouble is logged,
     never raised.
 
+    ``gpu_names`` are the GPUs' NVML names in the order of ``gpu_uuids`` (stored with the
+    model for ``gpugov model export`` to name the board; empty: none known, none stored).
+
     The key is the domain's GPU UUIDs and the engine's ``model_name``. A ``model_name`` of
     None (the engine's first scrape has not come in, or the engine labels no model) is
     *unknown*, not another model: it matches a stored model of the same GPUs, and the
@@ -413,6 +461,7 @@ class PersistentOnlineModel(ControllerWrapper):
         domain: str,
         gpu_uuids: Sequence[str],
         *,
+        gpu_names: Sequence[str] = (),
         save_every_s: float = SAVE_EVERY_S,
         write_deadline_s: float = WRITE_DEADLINE_S,
         read_deadline_s: float = READ_DEADLINE_S,
@@ -426,6 +475,9 @@ class PersistentOnlineModel(ControllerWrapper):
             self._read_file, read_deadline_s, name=f"model-{domain}", idle_s=0.0
         )
         self.gpu_uuids = tuple(str(u) for u in gpu_uuids)
+        self.messages: list[str] = []
+        self.gpu_names = self._names_to_store([str(name) for name in gpu_names])
+        """The GPUs' names as the state file keeps them (the key's UUID order), or None."""
         self.save_every_s = float(save_every_s)
         self.key: ModelKey | None = None
         self.persist = True
@@ -438,7 +490,6 @@ class PersistentOnlineModel(ControllerWrapper):
         not at every tick."""
         self._last_observation: ServingObservation | None = None
         self.restored = False
-        self.messages: list[str] = []
         self._settled_name = SettledName()
         self.__name__ = inner.__name__
 
@@ -455,6 +506,22 @@ class PersistentOnlineModel(ControllerWrapper):
         log.log(level, message)
         self.messages.append(message)
         del self.messages[:-20]
+
+    def _names_to_store(self, names: list[str]) -> tuple[str, ...] | None:
+        """``names`` (one per GPU of ``gpu_uuids``) in the key's UUID order, or None where
+        none are given or they are not one storable name per GPU (one line says which:
+        the loader would call them damaged)."""
+        if not names:
+            return None
+        problem = gpu_names_problem(names, len(self.gpu_uuids))
+        if problem is not None:
+            self._say(
+                logging.WARNING,
+                f"{self.path}: the GPUs' names are not kept with the model: {problem}",
+            )
+            return None
+        ordered = sorted(zip(self.gpu_uuids, names, strict=True), key=lambda pair: pair[0])
+        return tuple(name for _, name in ordered)
 
     def _keep_aside(self) -> str:
         """Keep the state file aside whole as another node's (``.other-*``); say where,
@@ -585,6 +652,15 @@ class PersistentOnlineModel(ControllerWrapper):
         )
         # The latency count is the one `gpugov model show` calls samples.
         self._say(logging.INFO, f"{self.path}: learned model restored ({counts})")
+        try:
+            stored_gpu_names(payload)
+        except ValueError as error:
+            # Only `model export` reads them: the model is the node's all the same.
+            self._say(
+                logging.WARNING,
+                f"{self.path}: {error}; left out (the model is restored, and the next save "
+                "writes this node's GPU names)",
+            )
         self._restore_budget(payload, observation)
 
     def _restore_budget(self, payload: dict[str, Any], observation: ServingObservation) -> None:
@@ -687,6 +763,8 @@ class PersistentOnlineModel(ControllerWrapper):
             "status": json_safe(self.inner.status()),
             "model": model.state_dict(),
         }
+        if self.gpu_names is not None:
+            payload["gpu_names"] = list(self.gpu_names)
         if self.inner.budget is not None and observation is not None:
             payload["slo_budget"] = json_safe(self.inner.budget.state_dict())
             payload["clock"] = {"time_s": observation.time_s, "boot_unix_s": boot_unix_s()}
@@ -885,14 +963,17 @@ def learned_windows(controller: OnlineMPCController) -> int:
 
 __all__ = [
     "FORMAT",
+    "MAX_GPU_NAME_CHARS",
     "ModelKey",
     "PersistentOnlineModel",
     "StoredModelError",
     "UnreadableStateError",
+    "gpu_names_problem",
     "learned_windows",
     "model_path",
     "model_state_problem",
     "payload_problem",
     "read_stored",
     "set_aside",
+    "stored_gpu_names",
 ]

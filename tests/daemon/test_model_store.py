@@ -11,6 +11,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from synthetic import make_plant, poisson_requests
@@ -49,9 +50,12 @@ class Named:
 
 
 def _learn(
-    directory: Path, gpus: tuple[str, ...] = GPUS, name: str = "llama"
+    directory: Path,
+    gpus: tuple[str, ...] = GPUS,
+    name: str = "llama",
+    gpu_names: tuple[str, ...] = (),
 ) -> PersistentOnlineModel:
-    wrapper = PersistentOnlineModel(_controller(), directory, "llm", gpus)
+    wrapper = PersistentOnlineModel(_controller(), directory, "llm", gpus, gpu_names=gpu_names)
     simulate(
         poisson_requests(60.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, name), 0
     )
@@ -239,21 +243,181 @@ def test_model_show_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str
     )
 
 
-def test_the_exported_manifest_names_no_board_it_does_not_know(tmp_path: Path) -> None:
-    """The state file keeps the GPUs' UUIDs, not their NVML name: they were exported as
-    the manifest's ``gpu`` (the board's name), and ``gpugov emulate`` named the board
-    "NVIDIA 0" (or "NVIDIA GPU-..."). They are ``gpu_uuids`` now, and ``gpu`` is left out,
-    so emulate says its GPU is unnamed."""
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _export(
+    directory: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """``gpugov model export`` of ``directory``'s model: the manifest, and stderr's lines."""
+    out = directory / "export"
+    assert main(["model", "export", "--state-dir", str(directory), "--out", str(out)]) == 0
+    err = capsys.readouterr().err.strip()
+    return json.loads((out / "online-llm.json").read_text()), err.splitlines() if err else []
+
+
+def test_the_gpu_names_are_kept_with_the_model(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The domain's NVML names are saved beside the key, in the order of its UUIDs (the
+    key sorts them), and a restart restores the model and saves them again."""
+    _learn(tmp_path, gpus=("GPU-bbbb", "GPU-aaaa"), gpu_names=("NVIDIA H200", H100))
+    payload = read_stored(model_path(tmp_path, "llm"))
+    assert payload["key"]["gpu_uuids"] == ["GPU-aaaa", "GPU-bbbb"]
+    assert payload["gpu_names"] == [H100, "NVIDIA H200"]
+    assert model_store.stored_gpu_names(payload) == (H100, "NVIDIA H200")
+    with caplog.at_level("INFO", logger="gpugov"):
+        again = _learn(tmp_path, gpus=GPUS, gpu_names=(H100, "NVIDIA H200"))
+    assert again.restored
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert read_stored(model_path(tmp_path, "llm"))["gpu_names"] == [H100, "NVIDIA H200"]
+
+
+def test_the_daemon_gives_the_store_its_gpus_names(tmp_path: Path) -> None:
+    """``build_controller`` hands the context's NVML names (``ControllerContext.gpu_names``)
+    to the store with the UUIDs."""
+    from gpugov.controllers.contract import layers
+    from gpugov.daemon.controller_config import OnlineMPCControllerConfig
+    from gpugov.daemon.decide import ControllerContext, build_controller
+
+    context = ControllerContext(
+        period_s=1.0,
+        supported_clocks_mhz=(900.0, 1980.0),
+        gpu_names=(H100, H100),
+        gpu_uuids=GPUS,
+        gpu_count=2,
+        state_dir=tmp_path,
+        domain="llm",
+    )
+    chain = build_controller(OnlineMPCControllerConfig(kind="mpc-online"), context)
+    stores = [layer for layer in layers(chain) if isinstance(layer, PersistentOnlineModel)]
+    assert len(stores) == 1 and stores[0].gpu_names == (H100, H100)
+
+
+def test_the_exported_manifest_names_the_board_the_gpus_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The manifest's ``gpu`` is the board's NVML name the domain's GPUs share (the UUIDs
+    stay as ``gpu_uuids``): the profile loader's label, ``gpugov emulate``'s GPU name and a
+    ``gpu = "auto"`` prior's family are the board's; ``model show`` names it too."""
+    from gpugov.controllers.online.prior import gpu_family
+    from gpugov.daemon.decide import ControllerContext
+    from gpugov.plant import ServingPlant
+    from gpugov.plant.zoo import GPUS as BOARDS
+    from gpugov.study.emulate.node import emulated_gpu_name
+
+    _learn(tmp_path, gpu_names=(H100, H100))
+    assert main(["model", "show", "--state-dir", str(tmp_path)]) == 0
+    shown = capsys.readouterr()
+    assert f"GPUs GPU-aaaa, GPU-bbbb ({H100}); model llama" in shown.out and not shown.err
+    manifest, err = _export(tmp_path, capsys)
+    assert manifest["gpu"] == H100 and manifest["gpu_uuids"] == list(GPUS)
+    assert not err
+    profile = load_profile(tmp_path / "export" / "online-llm.json")
+    assert profile.source_label == f"{H100}, llama (online-identified)"
+    assert emulated_gpu_name(profile) == H100
+    context = ControllerContext.for_plant(
+        ServingPlant.from_profile(profile), poisson_requests(5.0), period_s=1.0
+    )
+    assert context.gpu_name == H100 and gpu_family(H100) == BOARDS["h100"]
+
+
+def test_a_model_stored_before_the_gpu_names_loads_and_exports_no_board(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A state file without ``gpu_names`` (saved before they were kept) is restored,
+    shown and exported as before: no ``gpu`` (emulate's GPU is unnamed, never "NVIDIA 0"),
+    one note line saying why; the next save writes the node's names."""
     from gpugov.study.emulate.node import UNNAMED_GPU, emulated_gpu_name
 
-    _learn(tmp_path, gpus=("0",))
-    out = tmp_path / "export"
-    assert main(["model", "export", "--state-dir", str(tmp_path), "--out", str(out)]) == 0
-    manifest = json.loads((out / "online-llm.json").read_text())
+    _learn(tmp_path, gpus=("0",), gpu_names=(H100,))
+    path = model_path(tmp_path, "llm")
+    payload = json.loads(path.read_text())
+    del payload["gpu_names"]
+    path.write_text(json.dumps(payload))
+    assert main(["model", "show", "--state-dir", str(tmp_path)]) == 0
+    shown = capsys.readouterr()
+    assert "GPUs 0; model llama" in shown.out and not shown.err
+    manifest, err = _export(tmp_path, capsys)
     assert "gpu" not in manifest and manifest["gpu_uuids"] == ["0"]
-    profile = load_profile(out / "online-llm.json")
+    assert len(err) == 1 and "keeps no GPU name" in err[0] and "no 'gpu'" in err[0]
+    profile = load_profile(tmp_path / "export" / "online-llm.json")
     assert emulated_gpu_name(profile) == UNNAMED_GPU
     assert profile.source_label.startswith("unknown GPU, llama")
+    with caplog.at_level("INFO", logger="gpugov"):
+        again = _learn(tmp_path, gpus=("0",), gpu_names=(H100,))
+    assert again.restored
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert read_stored(path)["gpu_names"] == [H100]
+
+
+def test_gpus_of_different_names_export_no_board(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A domain whose GPUs are not one board kind names no board: ``gpu`` is left out,
+    one note line names the names; ``model show`` names each GPU's."""
+    _learn(tmp_path, gpu_names=(H100, "NVIDIA H200"))
+    assert main(["model", "show", "--state-dir", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    assert f"GPUs GPU-aaaa ({H100}), GPU-bbbb (NVIDIA H200); model llama" in shown
+    manifest, err = _export(tmp_path, capsys)
+    assert "gpu" not in manifest and manifest["gpu_uuids"] == list(GPUS)
+    assert len(err) == 1 and "different names" in err[0] and "NVIDIA H200" in err[0]
+
+
+@pytest.mark.parametrize(
+    ("names", "field"),
+    [
+        (["NVIDIA " + "H" * 200, H100], "gpu_names[0]"),
+        ([H100, "NVIDIA H100\n\x1b[2J"], "gpu_names[1]"),
+        ([H100, 7], "gpu_names[1]"),
+        ([H100], "gpu_names must be a list of 2 names"),
+        ("NVIDIA H100", "gpu_names must be a list of 2 names"),
+    ],
+    ids=["over-long", "control-characters", "not-text", "too-few", "not-a-list"],
+)
+def test_damaged_stored_gpu_names_are_one_line_and_the_model_stays(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    names: object,
+    field: str,
+) -> None:
+    """A damaged ``gpu_names`` is one line naming the field, as a damaged ``slo_budget``
+    is: the model is restored (and its next save writes the node's names), shown without
+    the names, and exported without ``gpu``."""
+    _learn(tmp_path, gpu_names=(H100, H100))
+    path = model_path(tmp_path, "llm")
+    payload = json.loads(path.read_text())
+    payload["gpu_names"] = names
+    path.write_text(json.dumps(payload))
+    assert main(["model", "show", "--state-dir", str(tmp_path)]) == 0
+    shown = capsys.readouterr()
+    assert "GPUs GPU-aaaa, GPU-bbbb; model llama" in shown.out and "HHHH" not in shown.out
+    err = shown.err.strip().splitlines()
+    assert len(err) == 1 and field in err[0] and "shown without" in err[0]
+    assert "\x1b" not in shown.err
+    manifest, err = _export(tmp_path, capsys)
+    assert "gpu" not in manifest and manifest["gpu_uuids"] == list(GPUS)
+    assert len(err) == 1 and field in err[0] and "no 'gpu'" in err[0]
+    with caplog.at_level("INFO", logger="gpugov"):
+        again = _learn(tmp_path, gpu_names=(H100, H100))
+    assert again.restored
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and field in warnings[0] and "restored" in warnings[0]
+    assert read_stored(path)["gpu_names"] == [H100, H100]
+
+
+def test_names_the_store_would_call_damaged_are_not_saved(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The daemon never writes names its loader calls damaged (one too long, or not one
+    per GPU): one line, and the model is saved without them."""
+    with caplog.at_level("INFO", logger="gpugov"):
+        _learn(tmp_path, gpu_names=(H100, "H" * 96))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "gpu_names[1]" in warnings[0]
+    assert "gpu_names" not in read_stored(model_path(tmp_path, "llm"))
 
 
 @pytest.mark.parametrize(

@@ -233,6 +233,21 @@ def test_the_learned_model_survives_a_restart_and_a_new_model_relearns(node: Nod
     assert first["model"]["warmed_up"] is True
     learned = _windows(first)
     assert learned >= 10
+    # The GPUs' NVML names (the emulated board's) are kept with the model, and `gpugov
+    # model export` names the board in the profile's `gpu`.
+    from gpugov.cli import main
+    from gpugov.plant import load_profile
+    from gpugov.study.emulate.node import emulated_gpu_name
+
+    board = emulated_gpu_name(load_profile("h100-sxm-llama3-8b"))
+    assert first["gpu_names"] == [board] * len(first["key"]["gpu_uuids"])
+    out = node.state_dir.parent / "export"
+    flags = ["--ttft-slo", "1", "--tpot-slo", "0.1"]  # the domain sets none
+    assert (
+        main(["model", "export", "--state-dir", str(node.state_dir), "--out", str(out), *flags])
+        == 0
+    )
+    assert json.loads((out / "online-emu.json").read_text())["gpu"] == board
 
     # Restart against the same engine: the model is restored, still warmed up.
     daemon, log = node.start_daemon(config)
