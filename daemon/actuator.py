@@ -8,10 +8,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
-from gpugov.daemon.clock_writer import ClockWriteHung, ClockWriter, LateWrite, WriteFailureLog
+from gpugov.daemon.clock_writer import ClockWriteHung, ClockWriter, LateWrite
 from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import (
     ConfigError,
@@ -21,6 +21,13 @@ from gpugov.daemon.errors import (
     PermissionDenied,
     TransientGpuError,
 )
+from gpugov.daemon.exit_restore import (
+    PERMANENT_RESET_ERRORS,
+    Outcome,
+    label_order,
+    retry_each,
+)
+from gpugov.daemon.gpu_writer import WriteFailureLog
 from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
 from gpugov.daemon.readback import APPLICATIONS_CLOCKS_SETTING, LockReadback
 
@@ -31,7 +38,6 @@ ExternalPolicy = Literal["reassert", "yield"]
 ReconcilePolicy = Literal["reset", "adopt"]
 _UNKNOWN = -1  # a write failed half way: the GPU's lock state is unknown, write again
 
-PERMANENT_RESET_ERRORS = (GpuLost, PermissionDenied, NotSupported)
 REASSERTED = (
     "{count} more outside change(s) in the {seconds:.0f} s before, each locked again, were "
     "not logged: another tool keeps setting this GPU's clock; external_clock_policy = "
@@ -309,8 +315,8 @@ class ClockActuator:
         if lowest is not None:
             self._maybe_held[label] = lowest
         hung = writer.hung
-        if self.state is not None and hung is not None and hung.clock_range is not None:
-            self.state.record(gpu_key(writer.backend), label, *hung.clock_range)
+        if self.state is not None and hung is not None and hung.write.clock_range is not None:
+            self.state.record(gpu_key(writer.backend), label, *hung.write.clock_range)
 
     def _settled(self, writer: ClockWriter, what: str) -> bool:
         """Whether ``writer``'s GPU may be written now: no write to it hangs (once a hung
@@ -340,9 +346,9 @@ class ClockActuator:
             GpuLost, PermissionDenied, NotSupported, Exception: what it raised, when that
                 is not transient (as the same write's error would have been).
         """
-        label, hung, error = writer.label, late.write, late.error
+        label, hung, error = writer.label, late, late.error
         if error is None:
-            self._holds(writer.backend, hung.clock_range)
+            self._holds(writer.backend, hung.write.clock_range)
             writer.succeeded()
             log.debug(
                 "domain %s: GPU %s: the clock %s that hung went through after %.1f s",
@@ -684,45 +690,3 @@ class ClockActuator:
                     note or "",
                 )
         return changed
-
-
-def label_order(label: str) -> tuple[int, str]:
-    """Sort key for GPU labels: indices in numeric order, then any other label."""
-    return (int(label), label) if label.isdigit() else (1 << 30, label)
-
-
-Item = TypeVar("Item")
-Outcome = Literal["done", "failed", "retry"]
-"""What one exit write did: went through (or was not needed), failed for good, or failed
-for now."""
-
-
-def retry_each(
-    items: Sequence[Item],
-    attempt_one: Callable[[Item, int], Outcome],
-    *,
-    attempts: int,
-    backoff_s: float,
-    sleep: Callable[[float], Any],
-) -> tuple[list[Item], list[Item]]:
-    """The exit writes' retry loop (clock resets, power limit restores): ``attempt_one(item,
-    attempt)`` on every item, then again on those that failed for now, in up to
-    ``attempts`` rounds, the waits between doubling from ``backoff_s``; never raises what
-    ``attempt_one`` does not. Returns ``(failed for good, still failing after the last
-    round)``, each in the order of ``items``."""
-    pending = list(items)
-    failed: list[Item] = []
-    for attempt in range(attempts):
-        retry: list[Item] = []
-        for item in pending:
-            outcome = attempt_one(item, attempt)
-            if outcome == "failed":
-                failed.append(item)
-            elif outcome == "retry":
-                retry.append(item)
-        pending = retry
-        if not pending:
-            break
-        if attempt + 1 < attempts:
-            sleep(backoff_s * 2**attempt)
-    return failed, pending

@@ -62,15 +62,14 @@ call on the caller's thread (no deadline).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
-from gpugov.daemon.actuator import PERMANENT_RESET_ERRORS, Outcome, label_order, retry_each
 from gpugov.daemon.backend import (
     DryRunBackend,
     GpuBackend,
@@ -78,8 +77,6 @@ from gpugov.daemon.backend import (
     PowerLimitBackend,
     power_limit_backend,
 )
-from gpugov.daemon.clock_writer import WriteFailureLog
-from gpugov.daemon.deadline import CallOutcome, CallTimeout, SerialCalls
 from gpugov.daemon.errors import (
     ConfigError,
     GpuError,
@@ -87,6 +84,13 @@ from gpugov.daemon.errors import (
     PermissionDenied,
     TransientGpuError,
 )
+from gpugov.daemon.exit_restore import (
+    PERMANENT_RESET_ERRORS,
+    Outcome,
+    label_order,
+    retry_each,
+)
+from gpugov.daemon.gpu_writer import GpuWriter, LateCall, WriteFailureLog
 from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
 from gpugov.plant.input_files import finite_number
 
@@ -108,24 +112,20 @@ HUNG_THEN = (
 )
 """What the first line of a hung power limit write says happens next."""
 
-T = TypeVar("T")
-
 
 class PowerLimitCallHung(TransientGpuError):
     """A GPU's power limit call has not returned within its deadline (it goes on in the
     background), or an earlier one to that GPU is still hanging (no other is started)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _HungWrite:
-    """A power limit write that ran past its deadline: the limit it sets (watts), whether
-    it restores the original, whether it was gpugov's first write to the GPU, and when it
-    started (the actuator's clock)."""
+@dataclass(frozen=True, slots=True)
+class PowerLimitWrite:
+    """A power limit write, kept while it hangs: the limit it sets (watts), whether it
+    restores the original, and whether it was gpugov's first write to the GPU."""
 
     value_w: float
     restore: bool = False
     first: bool = False
-    started_s: float = 0.0
 
     @property
     def what(self) -> str:
@@ -204,27 +204,22 @@ class PowerLimitActuator:
         self.refused: str | None = None
         """Why power limits cannot be set on this domain (the cap is no longer applied)."""
         self.writes = 0
-        self.write_failures: dict[str, int] = {b.label: 0 for b in found}
-        """Failed power limit writes per GPU (``gpugov_power_cap_write_failures_total``)."""
         self.failure_log = WriteFailureLog(domain, clock=clock, subject="power limit")
         self._clock = clock
         self.write_deadline_s = write_deadline_s
-        self._callers: dict[str, SerialCalls] = (
-            {}
-            if write_deadline_s is None
-            else {
-                b.label: SerialCalls(
-                    write_deadline_s,
-                    name=f"power-limit-{b.label}",
-                    cause="a hung GPU call",
-                    clock=clock,
-                )
-                for b in found
-            }
-        )
-        self._hung: dict[str, _HungWrite] = {}
-        """Per GPU whose power limit write ran past its deadline: that write, until its
-        outcome is taken (:meth:`_settled`)."""
+        self._writers: dict[str, GpuWriter[PowerLimitWrite]] = {
+            b.label: GpuWriter(
+                b.label,
+                self.failure_log,
+                hung_error=PowerLimitCallHung,
+                subject="power limit",
+                others="power limit call",
+                thread="power-limit",
+                deadline_s=write_deadline_s,
+                clock=clock,
+            )
+            for b in found
+        }
 
     @property
     def applied_w(self) -> float | None:
@@ -245,57 +240,12 @@ class PowerLimitActuator:
     def hanging_writes(self) -> tuple[str, ...]:
         """The GPUs whose power limit call is still running past its deadline (on a
         node): nothing more is called on them until it returns."""
-        return tuple(label for label, caller in self._callers.items() if caller.hanging)
+        return tuple(label for label, writer in self._writers.items() if writer.hanging)
 
-    # -------------------------------------------------------------------- calls
-    def _call(
-        self,
-        backend: PowerLimitBackend,
-        target: Callable[[], T],
-        what: str,
-        *,
-        write: _HungWrite | None = None,
-    ) -> T:
-        """``target()``, one power limit call (``what``, in words) of ``backend``: on the
-        caller's thread, or, with ``write_deadline_s``, on the GPU's worker thread,
-        waiting at most that long. A write (``write``, its description) that runs past
-        it is remembered for :meth:`_settled` to take its outcome.
-
-        Raises:
-            PowerLimitCallHung: the call has not returned in that time (it goes on in the
-                background, and this GPU is called no more until it has returned), or an
-                earlier call to it is still hanging (this one is not started).
-            GpuError: what the call raised.
-        """
-        label = backend.label
-        caller = self._callers.get(label)
-        if caller is None:
-            return target()
-        if caller.busy:
-            raise self._still_hanging(label)
-        self._hung.pop(label, None)  # it returned; what it did no longer matters (the exit)
-        started = self._clock()
-        try:
-            return caller.call(target)
-        except CallTimeout:
-            if write is not None:
-                self._hung[label] = dataclasses.replace(write, started_s=started)
-            raise PowerLimitCallHung(
-                f"GPU {label}: power limit {what}: no answer within {caller.deadline_s:g} s "
-                "(a hung GPU call)",
-                gpu=label,
-            ) from None
-
-    def _still_hanging(self, label: str) -> PowerLimitCallHung:
-        """The error of a call not started because an earlier one to the GPU hangs."""
-        hung = self._hung.get(label)
-        what = f"power limit {hung.what}" if hung is not None else "power limit call"
-        since = "" if hung is None else f" started {self._clock() - hung.started_s:.1f} s ago"
-        return PowerLimitCallHung(
-            f"GPU {label}: the {what}{since} has not returned (a hung GPU call); no other "
-            "power limit call to it is started",
-            gpu=label,
-        )
+    @property
+    def write_failures(self) -> dict[str, int]:
+        """Failed power limit writes per GPU (``gpugov_power_cap_write_failures_total``)."""
+        return {label: writer.failures for label, writer in self._writers.items()}
 
     def _settled(self, backend: PowerLimitBackend, what: str) -> bool:
         """Whether ``backend``'s power limit may be written now: no write to it hangs
@@ -308,24 +258,17 @@ class PowerLimitActuator:
             GpuLost, Exception: what the hung write raised, once it returned, when the
                 same write's error would have been raised.
         """
-        label = backend.label
-        hung = self._hung.get(label)
-        if hung is None:
-            return True
+        writer = self._writers[backend.label]
         try:
-            outcome = self._callers[label].late()
-        except CallTimeout:
-            self._count_failure(label)
-            self.failure_log.failed(label, what, self._still_hanging(label), then=HUNG_THEN)
+            late = writer.settle()
+        except PowerLimitCallHung as error:
+            writer.failed(what, error, then=HUNG_THEN)
             return False
-        del self._hung[label]
-        if outcome is not None:
-            self._take_late(backend, hung, outcome)
+        if late is not None:
+            self._take_late(backend, late)
         return True
 
-    def _take_late(
-        self, backend: PowerLimitBackend, hung: _HungWrite, outcome: CallOutcome
-    ) -> None:
+    def _take_late(self, backend: PowerLimitBackend, late: LateCall[PowerLimitWrite]) -> None:
         """A hung write to ``backend`` has returned: the GPU holds what it wrote when it
         went through (its original, after a restore); when it failed, that is one more
         failed write, taken as the same write's error would have been.
@@ -335,8 +278,8 @@ class PowerLimitActuator:
                 been raised (a lost GPU; anything that is no GPU error).
         """
         label = backend.label
-        error = outcome.error
-        took = self._clock() - hung.started_s
+        hung, error = late.write, late.error
+        took = self._clock() - late.started_s
         if error is None:
             log.debug(
                 "domain %s: GPU %s: the power limit %s that hung went through after %.1f s",
@@ -399,8 +342,8 @@ class PowerLimitActuator:
         label = backend.label
         if label not in self._limits_w:
             try:
-                self._limits_w[label] = self._call(
-                    backend, backend.power_limit_constraints_w, "constraints read"
+                self._limits_w[label] = self._writers[label].call(
+                    backend.power_limit_constraints_w, "constraints read"
                 )
             except GpuLost:
                 raise
@@ -504,7 +447,7 @@ class PowerLimitActuator:
         if isinstance(backend, DryRunBackend):
             return None  # a dry run never set what it holds
         try:
-            now = float(self._call(backend, backend.power_limit_w, "read"))
+            now = float(self._writers[label].call(backend.power_limit_w, "read"))
         except GpuLost:
             raise
         except GpuError as error:
@@ -541,10 +484,9 @@ class PowerLimitActuator:
         if label in self.original_w:
             return self.original_w[label]
         try:
-            found = float(self._call(backend, backend.power_limit_w, "read"))
+            found = float(self._writers[label].call(backend.power_limit_w, "read"))
         except TransientGpuError as error:  # a read that hangs too
-            self._count_failure(label)
-            self.failure_log.failed(label, "read", error)
+            self._writers[label].failed("read", error)
             return None
         except GpuLost:
             raise
@@ -555,8 +497,7 @@ class PowerLimitActuator:
         if problem is not None:
             # Restored at exit, such a reading would be refused (and the run end in exit
             # 6): no write until the GPU reads a limit it could have.
-            self._count_failure(label)
-            self.failure_log.failed(label, "read", TransientGpuError(problem))
+            self._writers[label].failed("read", TransientGpuError(problem))
             return None
         self.original_w[label] = found
         return found
@@ -579,25 +520,22 @@ class PowerLimitActuator:
         self._touched.add(label)
         self._asked_w[label] = value
         try:
-            self._call(
-                backend,
+            self._writers[label].call(
                 functools.partial(backend.set_power_limit, value),
                 f"write of {value:g} W",
-                write=_HungWrite(value, first=first),
+                write=PowerLimitWrite(value, first=first),
             )
         except PowerLimitCallHung as error:
-            self._count_failure(label)
-            self.failure_log.failed(label, "write", error, then=HUNG_THEN)
+            self._writers[label].failed("write", error, then=HUNG_THEN)
             return False
         except TransientGpuError as error:
-            self._count_failure(label)
-            self.failure_log.failed(label, "write", error)
+            self._writers[label].failed("write", error)
             return False
         except GpuLost:
-            self._count_failure(label)
+            self._writers[label].count_failure()
             raise
         except GpuError as error:
-            self._count_failure(label)
+            self._writers[label].count_failure()
             self._write_refused(backend, error, first=first)
             return False
         self._written(backend, value)
@@ -606,7 +544,7 @@ class PowerLimitActuator:
     def _written(self, backend: PowerLimitBackend, value: float) -> None:
         """A write of ``value`` watts to ``backend`` went through."""
         label = backend.label
-        self.failure_log.succeeded(label)
+        self._writers[label].succeeded()
         self.held_w[label] = value
         self.writes += 1
         log.debug("domain %s: GPU %s power limit set to %g W", self.domain, label, value)
@@ -653,9 +591,6 @@ class PowerLimitActuator:
                 self.refused = f"GPU {backend.label}: its power limit cannot be restored"
         return restored
 
-    def _count_failure(self, label: str) -> None:
-        self.write_failures[label] = self.write_failures.get(label, 0) + 1
-
     # ------------------------------------------------------------------ restore
     def _restore_one(self, backend: PowerLimitBackend, *, at_exit: bool) -> str:
         """Put one GPU's original limit back: ``"restored"``, ``"left"`` (nothing to
@@ -672,12 +607,12 @@ class PowerLimitActuator:
             return "left"
         if not isinstance(backend, DryRunBackend):  # a dry run never set what it holds
             try:
-                now: float | None = float(self._call(backend, backend.power_limit_w, "read"))
+                now: float | None = float(self._writers[label].call(backend.power_limit_w, "read"))
             except PowerLimitCallHung as error:
                 return self._restore_hung(backend, error, at_exit=at_exit)
             except GpuLost:
                 if at_exit:
-                    self._count_failure(label)
+                    self._writers[label].count_failure()
                     log.error(
                         "domain %s: GPU %s lost; its power limit not restored", self.domain, label
                     )
@@ -704,23 +639,22 @@ class PowerLimitActuator:
                 return "left"
         self._asked_w[label] = original
         try:
-            self._call(
-                backend,
+            self._writers[label].call(
                 functools.partial(backend.set_power_limit, original),
                 f"restore to {original:g} W",
-                write=_HungWrite(original, restore=True),
+                write=PowerLimitWrite(original, restore=True),
             )
         except PowerLimitCallHung as error:
             return self._restore_hung(backend, error, at_exit=at_exit)
         except PERMANENT_RESET_ERRORS as error:
-            self._count_failure(label)
+            self._writers[label].count_failure()
             self._restore_refused(backend, original, error)
             return "failed"
         except GpuError as error:
-            self._count_failure(label)
             if at_exit:
-                return "retry"
-            self.failure_log.failed(label, "restore", error)
+                self._writers[label].count_failure()
+            else:
+                self._writers[label].failed("restore", error)
             return "retry"
         self._restored(backend, original)
         return "restored"
@@ -731,18 +665,18 @@ class PowerLimitActuator:
         """A restore of ``backend`` (or the read before it) ran past its deadline, or an
         earlier call to it still hangs: counted; logged through the failure log in the
         loop, at exit as an error (the GPU is named as possibly still capped)."""
-        label = backend.label
-        self._count_failure(label)
+        writer = self._writers[backend.label]
         if at_exit:
+            writer.count_failure()
             log.error("domain %s: power limit restore failed: %s; not retried", self.domain, error)
         else:
-            self.failure_log.failed(label, "restore", error, then=HUNG_THEN)
+            writer.failed("restore", error, then=HUNG_THEN)
         return "hung"
 
     def _restored(self, backend: PowerLimitBackend, original: float) -> None:
         """``backend``'s original limit, ``original`` watts, is back."""
         label = backend.label
-        self.failure_log.succeeded(label)
+        self._writers[label].succeeded()
         self.writes += 1
         self._forget(backend)
         log.info("domain %s: GPU %s power limit restored to %g W", self.domain, label, original)
@@ -865,7 +799,7 @@ class PowerLimitActuator:
         kept_mw = finite_number(entry.get("held_mw"))
         kept = None if kept_mw is None else kept_mw / 1000.0
         try:
-            now: float | None = float(self._call(backend, backend.power_limit_w, "read"))
+            now: float | None = float(self._writers[label].call(backend.power_limit_w, "read"))
         except GpuError as error:
             now = None
             log.debug("GPU %s: power limit not read for reconcile: %s", label, error)
@@ -888,14 +822,13 @@ class PowerLimitActuator:
             line = f"GPU {label}: {found}; changed by someone else since: left as it is"
         else:
             try:
-                self._call(
-                    backend,
+                self._writers[label].call(
                     functools.partial(backend.set_power_limit, original),
                     f"restore to {original:g} W",
-                    write=_HungWrite(original, restore=True),
+                    write=PowerLimitWrite(original, restore=True),
                 )
             except GpuError as error:  # a restore that hangs too: tried again at exit
-                self._count_failure(label)
+                self._writers[label].count_failure()
                 self.original_w[label] = original  # the exit tries again, to the same limit
                 self._touched.add(label)
                 if left is not None:  # what it holds: the exit's restore judges by it

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +15,7 @@ for _path in (HERE,):  # the fakes (fake_pynvml, daemon_support)
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from daemon_support import MetricsServer, fixture_text  # noqa: E402
+from daemon_support import MetricsServer, fixture_text, freed_at_end  # noqa: E402
 from fake_pynvml import FakeNvml  # noqa: E402
 
 
@@ -21,6 +23,20 @@ def shared_dir() -> Path:
     """The shared data folder: $GPUGOV_SHARED_DIR, else a shared/ folder beside the repo."""
     env = os.environ.get("GPUGOV_SHARED_DIR")
     return Path(env) if env else HERE.parents[2] / "shared"
+
+
+@pytest.fixture
+def safety() -> Iterator[list[Any]]:
+    """Hung calls a test adds (anything with a ``release`` event, ``hung_support.HungCall``
+    mostly), each freed at the end of the test (or after ``daemon_support.JOIN_S``)."""
+    hung: list[Any] = []
+
+    def free() -> None:
+        for call in hung:
+            call.release.set()
+
+    with freed_at_end(free):
+        yield hung
 
 
 @pytest.fixture

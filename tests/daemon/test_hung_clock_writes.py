@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import JOIN_S, MetricsServer, eventually, freed_at_end, run_ticks
+from daemon_support import JOIN_S, MetricsServer, eventually, run_ticks
 from fake_pynvml import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_TIMEOUT, FakeNvml, NVMLError
+from hung_support import DEADLINE_S, HungCall, two_domains
 
 import gpugov.daemon.service as service
 from gpugov.daemon.actuator import ClockActuator
-from gpugov.daemon.config import parse_config
 from gpugov.daemon.deadline import CallTimeout, SerialCalls
 from gpugov.daemon.errors import ClocksNotReset, GpuLost
 from gpugov.daemon.exporter import Exporter
@@ -33,57 +32,8 @@ from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.service import domains_from_config
 
-DEADLINE_S = 0.2
-"""The writes' deadline: short, yet far above a healthy write on a busy machine."""
 LOCK = "nvmlDeviceSetGpuLockedClocks"
 RESET = "nvmlDeviceResetGpuLockedClocks"
-
-
-class _HungCall:
-    """An NVML call of ``fake`` (a setter, mostly) that, while :attr:`armed`, blocks on GPU
-    ``index`` until :attr:`release` is set (then it runs, or raises :attr:`error` when one
-    is set); it runs at once on every other GPU."""
-
-    def __init__(self, fake: FakeNvml, function: str, index: int = 0) -> None:
-        self.real = getattr(fake, function)
-        self.index = index
-        self.armed = True
-        self.release = threading.Event()
-        self.blocked = threading.Event()
-        """Set once a call is blocked in the driver."""
-        self.calls = 0
-        """Calls on GPU ``index`` started."""
-        self.error: Exception | None = None
-        setattr(fake, function, self)
-
-    def __call__(self, handle: Any, *args: Any) -> Any:
-        if handle.index != self.index:
-            return self.real(handle, *args)
-        self.calls += 1
-        if self.armed and not self.release.is_set():
-            self.blocked.set()
-            self.release.wait(JOIN_S)
-            if self.error is not None:
-                raise self.error
-        return self.real(handle, *args)
-
-    @property
-    def hung(self) -> bool:
-        return self.armed and not self.release.is_set()
-
-
-@pytest.fixture
-def safety() -> Iterator[list[Any]]:
-    """Hung calls the test adds (anything with a ``release`` event), each freed at the end
-    of the test (or after :data:`JOIN_S`)."""
-    hung: list[Any] = []
-
-    def free() -> None:
-        for call in hung:
-            call.release.set()
-
-    with freed_at_end(free):
-        yield hung
 
 
 def _writes(fake: FakeNvml, index: int) -> list[tuple[Any, ...]]:
@@ -197,7 +147,7 @@ def test_a_hung_lock_starts_no_other_write_and_the_wanted_clock_follows_it_in_or
     returns (it went through: the GPU is at 1005 MHz), the clock wanted now (1410 MHz) is
     written after it, never before."""
     fake = FakeNvml(2)
-    hung = _HungCall(fake, LOCK)
+    hung = HungCall(fake, LOCK)
     safety.append(hung)
     state = LockState(tmp_path)
     actuator = _actuator(fake, state)
@@ -234,7 +184,7 @@ def test_a_hung_write_that_fails_leaves_the_lock_unknown_and_it_is_written_again
     safety: list[Any],
 ) -> None:
     fake = FakeNvml(1)
-    hung = _HungCall(fake, LOCK)
+    hung = HungCall(fake, LOCK)
     hung.error = NVMLError(NVML_ERROR_TIMEOUT)
     safety.append(hung)
     actuator = _actuator(fake)
@@ -250,7 +200,7 @@ def test_a_hung_write_that_returns_gpu_lost_stops_the_run_as_any_lost_gpu(
     safety: list[Any],
 ) -> None:
     fake = FakeNvml(1)
-    hung = _HungCall(fake, LOCK)
+    hung = HungCall(fake, LOCK)
     hung.error = NVMLError(NVML_ERROR_GPU_IS_LOST)
     safety.append(hung)
     actuator = _actuator(fake)
@@ -268,7 +218,7 @@ def test_a_hung_reset_of_the_unlock_fail_safe_is_bounded_and_taken_when_it_retur
     fake = FakeNvml(2)
     actuator = _actuator(fake)
     actuator.apply(1005)
-    hung = _HungCall(fake, RESET)
+    hung = HungCall(fake, RESET)
     safety.append(hung)
     assert actuator.unlock() == 1  # GPU 1 reset; GPU 0's reset hangs
     assert fake.locked(1) is None and fake.locked(0) == (1005, 1005)
@@ -289,7 +239,7 @@ def test_a_reset_that_hangs_at_exit_is_bounded_and_reported_with_its_record_kept
     slept: list[float] = []
     actuator = _actuator(fake, state, sleep=slept.append)
     actuator.apply(1005)
-    hung = _HungCall(fake, RESET)
+    hung = HungCall(fake, RESET)
     safety.append(hung)
     caplog.set_level(logging.ERROR, logger="gpugov.daemon.actuator")
     assert actuator.restore() == ["0"]  # returned while the reset still hangs
@@ -307,7 +257,7 @@ def test_a_reset_at_exit_waits_for_no_write_still_hanging_from_the_loop(
     safety: list[Any],
 ) -> None:
     fake = FakeNvml(1)
-    hung = _HungCall(fake, LOCK)
+    hung = HungCall(fake, LOCK)
     safety.append(hung)
     slept: list[float] = []
     actuator = _actuator(fake, sleep=slept.append)
@@ -323,7 +273,7 @@ def test_a_reset_at_start_that_hangs_is_reported_and_tried_again_at_exit(
     fake = FakeNvml(1)
     first = _actuator(fake, LockState(tmp_path))
     first.apply(1005)  # a run that was killed: its record and its lock stay
-    hung = _HungCall(fake, RESET)
+    hung = HungCall(fake, RESET)
     safety.append(hung)
     state = LockState(tmp_path)
     actuator = _actuator(fake, state, sleep=lambda s: None)
@@ -341,26 +291,7 @@ def test_a_reset_at_start_that_hangs_is_reported_and_tried_again_at_exit(
 
 # ------------------------------------------------------------------ the loop
 def _two_domains(server: MetricsServer) -> Any:
-    server.page = (
-        'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
-        'vllm:num_requests_waiting{engine="0",model_name="m"} 3\n'
-    )
-    engine = {"kind": "vllm", "url": server.url, "timeout_s": 0.9}
-    return parse_config(
-        {
-            "daemon": {"period_s": 1.0},
-            "domains": [
-                {
-                    "name": name,
-                    "gpus": [index],
-                    "engine": engine,
-                    "controller": {"kind": "fixed", "clock_mhz": 1410},
-                    "stale_after_s": 2.0,
-                }
-                for index, name in enumerate(("a", "b"))
-            ],
-        }
-    )
+    return two_domains(server, {"kind": "fixed", "clock_mhz": 1410})
 
 
 def test_a_hung_clock_write_costs_one_deadline_and_every_other_domain_goes_on(
@@ -378,7 +309,7 @@ def test_a_hung_clock_write_costs_one_deadline_and_every_other_domain_goes_on(
     the daemon."""
     monkeypatch.setattr(service, "CLOCK_WRITE_DEADLINE_S", DEADLINE_S)
     fake = FakeNvml(2)
-    hung = _HungCall(fake, LOCK)
+    hung = HungCall(fake, LOCK)
     safety.append(hung)
     assembled = domains_from_config(_two_domains(metrics_server), nvml=fake)
     a = assembled.domains[0]
@@ -447,11 +378,11 @@ def test_a_reset_that_hangs_at_the_loop_s_exit_ends_the_run_naming_the_gpu(
     fake = FakeNvml(2)
     assembled = domains_from_config(_two_domains(metrics_server), nvml=fake)
     opened = fake.initialized
-    hung: list[_HungCall] = []
+    hung: list[HungCall] = []
 
     def on_step(step: int, records: Any) -> None:
         if step == 1:  # the driver hangs GPU 1's resets from now on
-            hung.append(_HungCall(fake, RESET, index=1))
+            hung.append(HungCall(fake, RESET, index=1))
             safety.append(hung[0])
 
     with pytest.raises(ClocksNotReset, match=r"GPU\(s\) 1 after retries"):
@@ -473,7 +404,7 @@ def test_closing_a_node_leaves_nvml_open_while_a_gpu_read_still_hangs(
     fake = FakeNvml(2)
     assembled = domains_from_config(_two_domains(metrics_server), nvml=fake)
     opened = fake.initialized
-    hung = _HungCall(fake, "nvmlDeviceGetUtilizationRates")  # a sample's read, GPU 0
+    hung = HungCall(fake, "nvmlDeviceGetUtilizationRates")  # a sample's read, GPU 0
     safety.append(hung)
     a = assembled.domains[0]
     assert a.observe(0.0, 0).gpu_samples[0].read_errors == ("sample",)

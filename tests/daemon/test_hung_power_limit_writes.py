@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import JOIN_S, MetricsServer, eventually, freed_at_end, run_ticks
+from daemon_support import MetricsServer, eventually, run_ticks
 from fake_pynvml import (
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_NO_PERMISSION,
@@ -31,9 +29,9 @@ from fake_pynvml import (
     FakeNvml,
     NVMLError,
 )
+from hung_support import DEADLINE_S, HungCall, two_domains
 
 import gpugov.daemon.service as service
-from gpugov.daemon.config import parse_config
 from gpugov.daemon.errors import ClocksNotReset, GpuLost
 from gpugov.daemon.exporter import Exporter
 from gpugov.daemon.lockstate import LockState
@@ -41,61 +39,12 @@ from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.power_limit import PowerLimitActuator
 from gpugov.daemon.service import domains_from_config
 
-DEADLINE_S = 0.2
-"""The writes' deadline: short, yet far above a healthy write on a busy machine."""
 SET = "nvmlDeviceSetPowerManagementLimit"
 READ = "nvmlDeviceGetPowerManagementLimit"
 KEY = "GPU-fake-0000"
 """GPU 0's key in the lock state file."""
 DEAD_PID = 999_999_999
 """The pid of a run that died: its record is a crash's leftover to the next start."""
-
-
-class _HungCall:
-    """An NVML call of ``fake`` that, while :attr:`armed`, blocks on GPU ``index`` until
-    :attr:`release` is set (then it runs, or raises :attr:`error` when one is set); it
-    runs at once on every other GPU."""
-
-    def __init__(self, fake: FakeNvml, function: str, index: int = 0) -> None:
-        self.real = getattr(fake, function)
-        self.index = index
-        self.armed = True
-        self.release = threading.Event()
-        self.blocked = threading.Event()
-        """Set once a call is blocked in the driver."""
-        self.calls = 0
-        """Calls on GPU ``index`` started."""
-        self.error: Exception | None = None
-        setattr(fake, function, self)
-
-    def __call__(self, handle: Any, *args: Any) -> Any:
-        if handle.index != self.index:
-            return self.real(handle, *args)
-        self.calls += 1
-        if self.armed and not self.release.is_set():
-            self.blocked.set()
-            self.release.wait(JOIN_S)
-            if self.error is not None:
-                raise self.error
-        return self.real(handle, *args)
-
-    @property
-    def hung(self) -> bool:
-        return self.armed and not self.release.is_set()
-
-
-@pytest.fixture
-def safety() -> Iterator[list[Any]]:
-    """Hung calls the test adds (anything with a ``release`` event), each freed at the end
-    of the test (or after :data:`JOIN_S`)."""
-    hung: list[Any] = []
-
-    def free() -> None:
-        for call in hung:
-            call.release.set()
-
-    with freed_at_end(free):
-        yield hung
 
 
 def _writes(fake: FakeNvml, index: int) -> list[int]:
@@ -130,7 +79,7 @@ def test_a_hung_write_starts_no_other_call_and_the_wanted_limit_follows_it_in_or
     returns (it went through: the GPU is at 300 W), the limit wanted now (250 W) is written
     after it, never before."""
     fake = FakeNvml(2)
-    hung = _HungCall(fake, SET)
+    hung = HungCall(fake, SET)
     safety.append(hung)
     state = LockState(tmp_path)
     actuator = _actuator(fake, state)
@@ -173,7 +122,7 @@ def test_a_hung_write_starts_no_other_call_and_the_wanted_limit_follows_it_in_or
 
 def test_a_hung_write_that_fails_is_written_again(safety: list[Any]) -> None:
     fake = FakeNvml(1)
-    hung = _HungCall(fake, SET)
+    hung = HungCall(fake, SET)
     hung.error = NVMLError(NVML_ERROR_TIMEOUT)
     safety.append(hung)
     actuator = _actuator(fake)
@@ -189,7 +138,7 @@ def test_a_hung_write_that_returns_gpu_lost_stops_the_run_as_any_lost_gpu(
     safety: list[Any],
 ) -> None:
     fake = FakeNvml(1)
-    hung = _HungCall(fake, SET)
+    hung = HungCall(fake, SET)
     hung.error = NVMLError(NVML_ERROR_GPU_IS_LOST)
     safety.append(hung)
     actuator = _actuator(fake)
@@ -205,7 +154,7 @@ def test_a_hung_first_write_that_returns_refused_ends_the_cap_with_nothing_to_re
     safety: list[Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake = FakeNvml(1)
-    hung = _HungCall(fake, SET)
+    hung = HungCall(fake, SET)
     hung.error = NVMLError(NVML_ERROR_NO_PERMISSION)
     safety.append(hung)
     state = LockState(tmp_path)
@@ -228,7 +177,7 @@ def test_the_fail_safe_s_restore_waits_for_a_hung_lowering_and_follows_it(
     lowering hangs: no restore starts behind it (it could land before the lowering); once
     the lowering has landed, the restore is written after it."""
     fake = FakeNvml(1)
-    hung = _HungCall(fake, SET)
+    hung = HungCall(fake, SET)
     safety.append(hung)
     actuator = _actuator(fake)
     actuator.apply(300.0)
@@ -248,7 +197,7 @@ def test_a_hung_restore_of_the_fail_safe_is_bounded_and_taken_when_it_returns(
     state = LockState(tmp_path)
     actuator = _actuator(fake, state)
     actuator.apply(300.0)
-    hung = _HungCall(fake, SET)
+    hung = HungCall(fake, SET)
     safety.append(hung)
     assert actuator.apply(None) == 0  # the restore hangs
     assert actuator.apply(None) == 0 and hung.calls == 1
@@ -269,7 +218,7 @@ def test_a_restore_that_hangs_at_exit_is_bounded_and_reported_with_its_entry_kep
     slept: list[float] = []
     actuator = _actuator(fake, state, sleep=slept.append)
     actuator.apply(600.0)
-    hung = _HungCall(fake, SET)
+    hung = HungCall(fake, SET)
     safety.append(hung)
     caplog.set_level(logging.ERROR, logger="gpugov.daemon.power_limit")
     assert actuator.restore() == ["0"]  # returned while the restore still hangs
@@ -287,13 +236,13 @@ def test_a_restore_at_exit_waits_for_no_write_still_hanging_from_the_loop(
     safety: list[Any], tmp_path: Path
 ) -> None:
     fake = FakeNvml(1)
-    hung = _HungCall(fake, SET)
+    hung = HungCall(fake, SET)
     safety.append(hung)
     state = LockState(tmp_path)
     slept: list[float] = []
     actuator = _actuator(fake, state, sleep=slept.append)
     actuator.apply(300.0)
-    reads = _HungCall(fake, READ)  # counts the reads; none hangs (it is released)
+    reads = HungCall(fake, READ)  # counts the reads; none hangs (it is released)
     reads.release.set()
     assert actuator.restore() == ["0"]
     assert reads.calls == 0 and hung.calls == 1  # no read nor restore behind the hung write
@@ -304,7 +253,7 @@ def test_a_hung_read_of_the_limit_costs_one_deadline_and_is_a_failed_read(
     safety: list[Any],
 ) -> None:
     fake = FakeNvml(2)
-    hung = _HungCall(fake, READ)
+    hung = HungCall(fake, READ)
     safety.append(hung)
     actuator = _actuator(fake)
     assert actuator.apply(600.0) == 1  # GPU 0's original is not known: no write to it
@@ -327,7 +276,7 @@ def test_a_restart_restores_the_original_whichever_limit_a_hung_write_left(
     fake = FakeNvml(1)
     killed = _actuator(fake, LockState(tmp_path, pid=DEAD_PID))
     killed.apply(300.0)
-    hung = _HungCall(fake, SET)
+    hung = HungCall(fake, SET)
     safety.append(hung)
     killed.apply(250.0)  # hangs; the run is killed here
     assert _recorded(LockState(tmp_path)) == {
@@ -347,7 +296,7 @@ def test_a_restore_at_start_that_hangs_is_reported_and_tried_again_at_exit(
 ) -> None:
     fake = FakeNvml(1)
     _actuator(fake, LockState(tmp_path, pid=DEAD_PID)).apply(300.0)  # a run that was killed
-    hung = _HungCall(fake, SET)
+    hung = HungCall(fake, SET)
     safety.append(hung)
     state = LockState(tmp_path)
     actuator = _actuator(fake, state, sleep=lambda s: None)
@@ -366,26 +315,7 @@ def test_a_restore_at_start_that_hangs_is_reported_and_tried_again_at_exit(
 
 # ------------------------------------------------------------------ the loop
 def _two_domains(server: MetricsServer) -> Any:
-    server.page = (
-        'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
-        'vllm:num_requests_waiting{engine="0",model_name="m"} 3\n'
-    )
-    engine = {"kind": "vllm", "url": server.url, "timeout_s": 0.9}
-    return parse_config(
-        {
-            "daemon": {"period_s": 1.0},
-            "domains": [
-                {
-                    "name": name,
-                    "gpus": [index],
-                    "engine": engine,
-                    "controller": {"kind": "power-cap", "cap_w": 400.0},
-                    "stale_after_s": 2.0,
-                }
-                for index, name in enumerate(("a", "b"))
-            ],
-        }
-    )
+    return two_domains(server, {"kind": "power-cap", "cap_w": 400.0})
 
 
 def test_a_hung_power_limit_write_costs_one_deadline_and_every_other_domain_goes_on(
@@ -402,7 +332,7 @@ def test_a_hung_power_limit_write_costs_one_deadline_and_every_other_domain_goes
     restore. Before, the loop waited on it until the watchdog killed the daemon."""
     monkeypatch.setattr(service, "POWER_LIMIT_WRITE_DEADLINE_S", DEADLINE_S)
     fake = FakeNvml(2)
-    hung = _HungCall(fake, SET)
+    hung = HungCall(fake, SET)
     safety.append(hung)
     assembled = domains_from_config(_two_domains(metrics_server), nvml=fake)
     limits = assembled.domains[0].power_limits
@@ -469,11 +399,11 @@ def test_a_restore_that_hangs_at_the_loop_s_exit_ends_the_run_naming_the_gpu(
     fake = FakeNvml(2)
     assembled = domains_from_config(_two_domains(metrics_server), nvml=fake)
     opened = fake.initialized
-    hung: list[_HungCall] = []
+    hung: list[HungCall] = []
 
     def on_step(step: int, records: Any) -> None:
         if step == 1:  # the driver hangs GPU 1's power limit writes from now on
-            hung.append(_HungCall(fake, SET, index=1))
+            hung.append(HungCall(fake, SET, index=1))
             safety.append(hung[0])
 
     with pytest.raises(ClocksNotReset, match=r"power limit of GPU\(s\) 1 .*GPU 1: 700 W"):
