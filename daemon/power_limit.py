@@ -21,7 +21,7 @@ it as the clock actuator (:mod:`daemon.actuator`) applies a clock:
   someone else set since gpugov's write is left as it is;
 * a write that fails transiently is counted per GPU (``write_failures``, exported as
   ``gpugov_power_cap_write_failures_total``), logged at most once a minute per GPU
-  (:class:`~daemon.clock_writer.WriteFailureLog`) and retried on the next tick; a write refused
+  (:class:`~daemon.gpu_writer.WriteFailureLog`) and retried on the next tick; a write refused
   for good (no root or CAP_SYS_ADMIN, a GPU that cannot set a limit) is one log line, and
   the domain goes on governing its clocks without a cap.
 
@@ -31,33 +31,17 @@ The enforced limit every sample carries is one source of the domain's power budg
 first write, or a limit someone else set since.
 
 On a node (``write_deadline_s``, :data:`POWER_LIMIT_WRITE_DEADLINE_S`) each GPU's power
-limit calls (its writes and restores, the start's reconcile and the exit's restore
-included, and the reads of its limit before them) run on a worker thread of their own
-(:class:`~daemon.deadline.SerialCalls`), one at a time in the order made, and the caller
-waits for one at most that long, so a call that hangs in the driver holds neither the
-loop nor the other GPUs. The rule for a GPU whose power limit write hangs:
-
-* It is a failed write (counted, logged through the failure log), and so is each later
-  tick that wants a write to it while it hangs; no other power limit call to that GPU is
-  started, as one would only queue behind it in the driver and could land in either
-  order.
-* It may have been a lowering, and nothing can raise the limit while the call hangs: the
-  GPU holds the limit before it or the one it writes, and its original limit stays
-  remembered. The lock state file's entry, written before the write, keeps the original,
-  the limit written and the limit gpugov held before it (``held_mw``), so a kill or
-  restart has the next start's reconcile restore the original whichever of the two the
-  GPU holds; the exit's restore, bounded by the same deadline, reports the GPU as
-  possibly still capped (exit 6) when it cannot go through, and its entry is kept.
-* Once the call returns, the next tick takes its outcome: went through, the GPU holds
-  that limit (its original, after a restore); failed, it is a failed write (a lost GPU
-  is raised and a refusal ends the cap, as the same write's error would have). That tick
-  then writes the limit wanted now (the cap, or the original in the fail-safe), after the
-  late one, never before it: a lowering that landed late holds for at most one period.
-
-A GPU whose power limit read hangs is a failed read, and no call to it starts until the
-read returns. The domain's other GPUs and the other domains are governed as before. A
-simulated run, ``gpugov reset-clocks`` and the restore of a GPU the config no longer names
-call on the caller's thread (no deadline).
+limit calls (writes, restores, the reads before them, the start's reconcile and the exit's
+restore) go through a :class:`~daemon.gpu_writer.GpuWriter` of their own: in order, each
+waited for at most that long. A write past it is a failed write, and so is each tick that
+wants one while it hangs; no other call to that GPU starts until it returns. It may have
+been a lowering: the lock state file's entry, written before it, keeps the original, the
+limit written and the limit held before (``held_mw``), so a restart restores the original
+whichever the GPU holds, and the exit reports it as possibly still capped (exit 6). Once
+it returns, the next tick takes its outcome and then writes the limit wanted now, after
+it. A hung read is a failed read. ``docs/daemon.md`` (a hung power limit write) has the
+whole rule. A simulated run, ``gpugov reset-clocks`` and the restore of a GPU the config
+no longer names call on the caller's thread (no deadline).
 """
 
 from __future__ import annotations
@@ -92,6 +76,7 @@ from gpugov.daemon.exit_restore import (
 )
 from gpugov.daemon.gpu_writer import GpuWriter, LateCall, WriteFailureLog
 from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
+from gpugov.daemon.power_limit_bounds import PowerLimitBounds
 from gpugov.plant.input_files import finite_number
 
 log = logging.getLogger(__name__)
@@ -196,9 +181,7 @@ class PowerLimitActuator:
         self._outside_w: dict[str, float] = {}
         """Each GPU's last enforced limit that gpugov did not set (the budget source)."""
         self._touched: set[str] = set()
-        self._limits_w: dict[str, tuple[float, float] | None] = {}
-        self._clamp_logged: set[tuple[str, str]] = set()
-        self._bad_request_logged = False
+        self._outside_logged: set[str] = set()
         self.requested_w: float | None = None
         """The domain's cap the controller asked for last (None: the board limit)."""
         self.refused: str | None = None
@@ -220,6 +203,8 @@ class PowerLimitActuator:
             )
             for b in found
         }
+        self.bounds = PowerLimitBounds(domain, self._writers)
+        """The cap's request, each GPU's constraints and the clamp into them."""
 
     @property
     def applied_w(self) -> float | None:
@@ -317,76 +302,6 @@ class PowerLimitActuator:
         self._write_refused(backend, error, first=hung.first)
 
     # -------------------------------------------------------------------- apply
-    def _request(self, cap_w: object) -> float | None:
-        """The controller's cap as domain watts, or None (the board limit): a value that
-        is no finite positive number is logged once and taken as None (never a cap)."""
-        if cap_w is None:
-            return None
-        try:
-            value = float(cap_w)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            value = math.nan
-        if math.isfinite(value) and value > 0.0:
-            return value
-        if not self._bad_request_logged:
-            self._bad_request_logged = True
-            log.warning(
-                "domain %s: the controller asked for a power cap of %r, not a positive number "
-                "of watts; the GPUs keep their own limits",
-                self.domain,
-                cap_w,
-            )
-        return None
-
-    def _constraints(self, backend: PowerLimitBackend) -> tuple[float, float] | None:
-        label = backend.label
-        if label not in self._limits_w:
-            try:
-                self._limits_w[label] = self._writers[label].call(
-                    backend.power_limit_constraints_w, "constraints read"
-                )
-            except GpuLost:
-                raise
-            except GpuError as error:
-                log.debug("GPU %s: power limit constraints not read: %s", label, error)
-                return None
-        return self._limits_w[label]
-
-    def _clamped(self, backend: PowerLimitBackend, share_w: float, original_w: float) -> float:
-        """``share_w`` within the GPU's constraints and at most its original limit; a
-        request outside them is logged once per GPU and side."""
-        label = backend.label
-        limits = self._constraints(backend)
-        lowest = None if limits is None else limits[0]
-        highest = original_w if limits is None else min(limits[1], original_w)
-        value = share_w
-        side = ""
-        if lowest is not None and value < lowest - 1e-9:
-            value, side = lowest, "below"
-        if value > highest + 1e-9:  # last: never above the original, whatever else holds
-            value, side = highest, "above"
-        if side and (label, side) not in self._clamp_logged:
-            self._clamp_logged.add((label, side))
-            bound = (
-                f"the lowest limit it accepts ({lowest:g} W)"
-                if side == "below"
-                else f"the limit it had before gpugov ({highest:g} W), which gpugov never raises"
-                if highest == original_w
-                else f"the highest limit it accepts ({highest:g} W)"
-            )
-            log.warning(
-                "domain %s: the power cap %g W asks %g W of GPU %s, %s %s; %g W set instead "
-                "(logged once)",
-                self.domain,
-                self.requested_w or 0.0,
-                share_w,
-                label,
-                side,
-                bound,
-                value,
-            )
-        return value
-
     def apply(self, cap_w: float | None) -> int:
         """Set every GPU's share of ``cap_w`` (domain watts) where it changed; None
         restores the limits found before gpugov.
@@ -399,7 +314,7 @@ class PowerLimitActuator:
         A transient failure is counted and retried on the next call; a refusal is logged
         once and the cap is not applied any more.
         """
-        request = self._request(cap_w)
+        request = self.bounds.request(cap_w)
         self.requested_w = request
         if self.refused is not None:
             return 0
@@ -416,7 +331,7 @@ class PowerLimitActuator:
                 break  # refused: this read, or the hung write that returned
             if original is None:
                 continue  # a transient failure reading it: tried again next tick
-            value = self._clamped(backend, share, original)
+            value = self.bounds.clamped(backend, share, original, request)
             if abs(value - original) < 1e-3:  # its own limit: restore it if gpugov set one
                 if label in self._touched and self._restore_one(backend, at_exit=False) == (
                     "restored"
@@ -430,7 +345,7 @@ class PowerLimitActuator:
                 # Someone else set this GPU's limit since gpugov's write: it is the new
                 # ceiling (never raised), and what is restored at exit or after a crash.
                 original = self.original_w[label] = outside
-                value = self._clamped(backend, share, original)
+                value = self.bounds.clamped(backend, share, original, request)
                 if abs(value - original) < 1e-3:
                     self._forget(backend)  # at or under the cap: theirs stands, none of ours
                     continue
@@ -453,14 +368,14 @@ class PowerLimitActuator:
         except GpuError as error:
             log.debug("GPU %s: power limit not read before writing: %s", label, error)
             return None
-        if (problem := _implausible_limit(now, self._constraints(backend))) is not None:
+        if (problem := self.bounds.implausible(now, backend)) is not None:
             log.debug("GPU %s: power limit not read before writing: %s", label, problem)
             return None
         ours = self._ours_w(label)
         if not ours or not _none_of(now, ours):
             return None
-        if (label, "outside") not in self._clamp_logged:
-            self._clamp_logged.add((label, "outside"))
+        if label not in self._outside_logged:
+            self._outside_logged.add(label)
             log.warning(
                 "domain %s: GPU %s: its power limit is %g W, which gpugov did not set (it set "
                 "%g W): someone else changed it; gpugov caps under it from now on and "
@@ -493,7 +408,7 @@ class PowerLimitActuator:
         except GpuError as error:
             self._refuse(backend, error)
             return None
-        problem = _implausible_limit(found, self._constraints(backend))
+        problem = self.bounds.implausible(found, backend)
         if problem is not None:
             # Restored at exit, such a reading would be refused (and the run end in exit
             # 6): no write until the GPU reads a limit it could have.
@@ -865,20 +780,6 @@ class PowerLimitActuator:
                     return None
                 total += before
         return total
-
-
-def _implausible_limit(value_w: float, bounds: tuple[float, float] | None) -> str | None:
-    """Why ``value_w``, read as a GPU's power limit, is no limit it could have (not a
-    positive finite number, or outside ``bounds``, the limits it accepts, when known), or
-    None. NVML reads 0xFFFFFFFF mW where a value is unknown."""
-    if not (math.isfinite(value_w) and value_w > 0.0):
-        return f"its power limit reads {value_w:g} W, which is no limit"
-    if bounds is None:
-        return None
-    low, high = bounds
-    if math.isfinite(low) and math.isfinite(high) and not low - 1.0 <= value_w <= high + 1.0:
-        return f"its power limit reads {value_w:g} W, outside the {low:g}-{high:g} W it accepts"
-    return None
 
 
 def _none_of(limit_w: float, limits_w: Sequence[float]) -> bool:

@@ -1,0 +1,140 @@
+"""The bounds of a domain's power cap: the controller's request as watts, each GPU's share
+clamped into the limits it accepts and never above its own, and whether a limit read back is
+one a GPU could have (:class:`~daemon.power_limit.PowerLimitActuator` applies the cap).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from gpugov.daemon.backend import PowerLimitBackend
+from gpugov.daemon.errors import GpuError, GpuLost
+from gpugov.daemon.gpu_writer import GpuWriter
+
+# The power limit actuator's logger: these lines were logged there and keep its name.
+log = logging.getLogger("gpugov.daemon.power_limit")
+
+
+class PowerLimitBounds:
+    """What a domain's power cap may ask of its GPUs.
+
+    Each GPU's constraints (``nvmlDeviceGetPowerManagementLimitConstraints``) are read once,
+    through its writer (so on a node under its deadline, in order with its writes); a
+    request that is no positive number of watts is logged once, and a share clamped into a
+    GPU's bounds once per GPU and side.
+
+    Args:
+        domain: name for logs.
+        writers: each GPU's power limit writer, by label.
+    """
+
+    def __init__(self, domain: str, writers: Mapping[str, GpuWriter[Any]]) -> None:
+        self.domain = domain
+        self._writers = writers
+        self._read: dict[str, tuple[float, float] | None] = {}
+        self._logged: set[tuple[str, str]] = set()
+        self._bad_request_logged = False
+
+    def request(self, cap_w: object) -> float | None:
+        """The controller's cap as domain watts, or None (the board limit): a value that
+        is no finite positive number is logged once and taken as None (never a cap)."""
+        if cap_w is None:
+            return None
+        try:
+            value = float(cap_w)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            value = math.nan
+        if math.isfinite(value) and value > 0.0:
+            return value
+        if not self._bad_request_logged:
+            self._bad_request_logged = True
+            log.warning(
+                "domain %s: the controller asked for a power cap of %r, not a positive number "
+                "of watts; the GPUs keep their own limits",
+                self.domain,
+                cap_w,
+            )
+        return None
+
+    def constraints(self, backend: PowerLimitBackend) -> tuple[float, float] | None:
+        """The (lowest, highest) limit ``backend`` accepts, in watts, read once (through
+        its writer); None when it cannot be read now (read again next time).
+
+        Raises:
+            GpuLost: the GPU fell off the bus.
+        """
+        label = backend.label
+        if label not in self._read:
+            try:
+                self._read[label] = self._writers[label].call(
+                    backend.power_limit_constraints_w, "constraints read"
+                )
+            except GpuLost:
+                raise
+            except GpuError as error:
+                log.debug("GPU %s: power limit constraints not read: %s", label, error)
+                return None
+        return self._read[label]
+
+    def clamped(
+        self, backend: PowerLimitBackend, share_w: float, original_w: float, cap_w: float | None
+    ) -> float:
+        """``share_w``, the GPU's share of the domain's cap ``cap_w``, within the GPU's
+        constraints and at most its original limit ``original_w``; a request outside them
+        is logged once per GPU and side."""
+        label = backend.label
+        limits = self.constraints(backend)
+        lowest = None if limits is None else limits[0]
+        highest = original_w if limits is None else min(limits[1], original_w)
+        value = share_w
+        side = ""
+        if lowest is not None and value < lowest - 1e-9:
+            value, side = lowest, "below"
+        if value > highest + 1e-9:  # last: never above the original, whatever else holds
+            value, side = highest, "above"
+        if side and (label, side) not in self._logged:
+            self._logged.add((label, side))
+            bound = (
+                f"the lowest limit it accepts ({lowest:g} W)"
+                if side == "below"
+                else f"the limit it had before gpugov ({highest:g} W), which gpugov never raises"
+                if highest == original_w
+                else f"the highest limit it accepts ({highest:g} W)"
+            )
+            log.warning(
+                "domain %s: the power cap %g W asks %g W of GPU %s, %s %s; %g W set instead "
+                "(logged once)",
+                self.domain,
+                cap_w or 0.0,
+                share_w,
+                label,
+                side,
+                bound,
+                value,
+            )
+        return value
+
+    def implausible(self, value_w: float, backend: PowerLimitBackend) -> str | None:
+        """Why ``value_w``, read as ``backend``'s power limit, is no limit it could have
+        (:func:`implausible_limit` within its constraints), or None."""
+        return implausible_limit(value_w, self.constraints(backend))
+
+
+def implausible_limit(value_w: float, bounds: tuple[float, float] | None) -> str | None:
+    """Why ``value_w``, read as a GPU's power limit, is no limit it could have (not a
+    positive finite number, or outside ``bounds``, the limits it accepts, when known), or
+    None. NVML reads 0xFFFFFFFF mW where a value is unknown."""
+    if not (math.isfinite(value_w) and value_w > 0.0):
+        return f"its power limit reads {value_w:g} W, which is no limit"
+    if bounds is None:
+        return None
+    low, high = bounds
+    if math.isfinite(low) and math.isfinite(high) and not low - 1.0 <= value_w <= high + 1.0:
+        return f"its power limit reads {value_w:g} W, outside the {low:g}-{high:g} W it accepts"
+    return None
+
+
+__all__ = ["PowerLimitBounds", "implausible_limit"]
