@@ -4,6 +4,7 @@ remember, reconcile at start, check the readback, reset on the way out.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from gpugov.daemon.errors import (
 )
 from gpugov.daemon.exit_restore import (
     PERMANENT_RESET_ERRORS,
+    ExitBudget,
     Outcome,
     label_order,
     retry_each,
@@ -50,7 +52,8 @@ exit: a healthy nvmlDeviceSetGpuLockedClocks or reset takes milliseconds (a writ
 the actuator or zeusd is bounded sooner, by its client's own timeout), so only a hung call
 reaches it. The same bound as a GPU's read (``GPU_READ_DEADLINE_S``), paid once per hang
 (no other write to that GPU starts while it hangs), far below the unit's ``WatchdogSec=``
-and ``TimeoutStopSec=`` (30 s)."""
+and ``TimeoutStopSec=`` (30 s); at exit every GPU's restores of both kinds share one
+budget below the latter (:data:`~daemon.exit_restore.EXIT_RESTORE_BUDGET_S`)."""
 HUNG_THEN = (
     "nothing more is written to this GPU until that call returns, then the clock wanted then is"
 )
@@ -480,23 +483,26 @@ class ClockActuator:
             "until a reset goes through",
         )
 
-    def restore(self) -> list[str]:
+    def restore(self, budget: ExitBudget | None = None) -> list[str]:
         """Reset every GPU ever written to, retrying failures with backoff; never raises.
 
         A GPU that is lost, refuses permission or lacks the call is not retried (it would
         fail the same way), nor, on a node, one whose reset (or an earlier write) hangs
         past the write deadline, so a hung GPU holds the exit at most that deadline; any
-        other failure is retried ``reset_attempts`` times.
+        other failure is retried ``reset_attempts`` times. With ``budget`` (the exit's,
+        shared by every GPU's restores) each reset is waited for at most what is left of
+        it, and once it is spent no other reset is started: those GPUs are returned too.
 
         Returns:
             Labels of the GPUs that could not be reset (they may still be locked).
         """
         failed, pending = retry_each(
             [b for b in self._backends if b.label in self._touched and b.label not in self.yielded],
-            self._reset_at_exit,
+            functools.partial(self._reset_at_exit, budget=budget),
             attempts=self.reset_attempts,
             backoff_s=self.reset_backoff_s,
             sleep=self._sleep,
+            budget=budget,
         )
         for backend in pending:
             log.error(
@@ -507,15 +513,26 @@ class ClockActuator:
             )
         return sorted((b.label for b in failed + pending), key=label_order)
 
-    def _reset_at_exit(self, backend: GpuBackend, attempt: int) -> Outcome:
+    def _reset_at_exit(
+        self, backend: GpuBackend, attempt: int, *, budget: ExitBudget | None
+    ) -> Outcome:
         """One GPU's exit reset, try ``attempt`` (from 0) of :meth:`restore`'s. On a node
-        it waits for the reset at most ``write_deadline_s``, and not at all while an
-        earlier write to the GPU still hangs; a reset that hangs is not retried (a retry
-        could not start while it hangs, and each domain's backoff would add to the exit):
+        it waits for the reset at most ``write_deadline_s`` (or what is left of
+        ``budget``), and not at all while an earlier write to the GPU still hangs; a reset
+        that hangs is not retried (a retry could not start while it hangs, and each
+        domain's backoff would add to the exit), nor started once the budget is spent:
         the GPU may still be locked, and is reported so."""
         writer = self._writers[backend.label]
+        if budget is not None and budget.spent:
+            log.error(
+                "domain %s: GPU %s: reset not started: %s",
+                self.domain,
+                backend.label,
+                budget.not_started(),
+            )
+            return "failed"
         try:
-            writer.write(None)
+            writer.write(None, wait_s=None if budget is None else budget.wait_s(writer.deadline_s))
         except ClockWriteHung as error:
             writer.count_failure()
             log.error("domain %s: reset failed: %s; not retried", self.domain, error)

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from gpugov.daemon.domain import Domain, TickRecord
 from gpugov.daemon.errors import ClocksNotReset, GpuLost
+from gpugov.daemon.exit_restore import ExitBudget
 from gpugov.daemon.exporter import Exporter, LoopSnapshot
 from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.observer import Observed
@@ -328,12 +329,15 @@ def run(
     max_controller_failures: int | None = None,
     concurrent_observation: bool = False,
     reset_advice: ResetAdvice | None = None,
+    restore_budget: Callable[[], ExitBudget] = ExitBudget,
 ) -> RunStats:
     """Run the loop until ``loop.stop`` is set or ``before_tick`` returns True.
 
     On any way out (stop, signal, a controller failing too often, a lost GPU) the exit
-    order is: ``STOPPING=1``, every clock the daemon locked is reset (failures retried
-    with backoff; the lock record's writes are handed over without waiting), the lock
+    order is: ``STOPPING=1``, every clock the daemon locked is reset and every power limit
+    it set restored (failures retried with backoff; the lock record's writes are handed
+    over without waiting; all of it within one budget, ``restore_budget()``: once that is
+    spent no other restore starts and those GPUs are reported as not restored), the lock
     record's last write is waited for (at most its write deadline:
     :meth:`daemon.lockstate.LockState.flush`), then each domain's controller is closed on
     its own (``mpc-online`` saves its model, within the same bound); a failing close is
@@ -353,6 +357,8 @@ def run(
             another (a simulated run, whose domains may share one plant).
         reset_advice: how the exit line tells the operator to reset GPUs left locked
             (the backend and the config; default: NVML's command, as root).
+        restore_budget: makes the exit's budget for its restores when the exit starts
+            (:class:`~daemon.exit_restore.ExitBudget`, :data:`EXIT_RESTORE_BUDGET_S`).
 
     Raises:
         ClocksNotReset: the loop ended normally but some GPUs could not be reset (when
@@ -417,11 +423,12 @@ def run(
         notify.stopping()
         for state in states:  # no GPU's reset waits on the disk for another's record
             state.defer_writes()
+        budget = restore_budget()  # one for every GPU's restores of both kinds
         try:
-            failed = restore_all(domains)
+            failed = restore_all(domains, budget)
         finally:  # the clocks first, then the power limits; each close logs its failure
             try:
-                capped = restore_power_limits(domains)
+                capped = restore_power_limits(domains, budget)
             finally:
                 try:
                     for state in states:  # the resets' record, within the write deadline
@@ -471,23 +478,27 @@ def lock_states(domains: Sequence[Domain]) -> list[LockState]:
     return list(found.values())
 
 
-def restore_all(domains: Sequence[Domain]) -> list[str]:
-    """Reset every domain's locks (each actuator retries); the labels still locked."""
+def restore_all(domains: Sequence[Domain], budget: ExitBudget | None = None) -> list[str]:
+    """Reset every domain's locks (each actuator retries, within ``budget``, the exit's,
+    when given); the labels still locked, or not reset once the budget was spent."""
     failed: list[str] = []
     for domain in domains:
-        failed.extend(domain.actuator.restore())
+        failed.extend(domain.actuator.restore(budget))
     return failed
 
 
-def restore_power_limits(domains: Sequence[Domain]) -> dict[str, float]:
-    """Restore every power limit gpugov set (each actuator retries): the GPUs whose
-    original limit could not be restored, with that limit in watts."""
+def restore_power_limits(
+    domains: Sequence[Domain], budget: ExitBudget | None = None
+) -> dict[str, float]:
+    """Restore every power limit gpugov set (each actuator retries, within ``budget``,
+    the exit's, when given): the GPUs whose original limit could not be restored (or was
+    not once the budget was spent), with that limit in watts."""
     failed: dict[str, float] = {}
     for domain in domains:
         limits = domain.power_limits
         if limits is None:
             continue
-        for label in limits.restore():
+        for label in limits.restore(budget):
             failed[label] = limits.original_w.get(label, math.nan)
     return failed
 

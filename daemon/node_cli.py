@@ -58,6 +58,7 @@ from gpugov.daemon.errors import (
     TransientGpuError,
     printable,
 )
+from gpugov.daemon.exit_restore import ExitBudget
 from gpugov.daemon.loop import (
     ResetAdvice,
     SystemdNotify,
@@ -167,8 +168,9 @@ def _run_node(args: argparse.Namespace) -> int:
             )
         finally:
             if not entered:  # what reconcile could not reset is tried once more
-                restore_all(assembled.domains)
-                restore_power_limits(assembled.domains)
+                budget = ExitBudget()  # within the exit's budget, as the loop's exit
+                restore_all(assembled.domains, budget)
+                restore_power_limits(assembled.domains, budget)
             if recorder is not None:
                 recorder.close()
             if exporter is not None:

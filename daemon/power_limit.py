@@ -70,6 +70,7 @@ from gpugov.daemon.errors import (
 )
 from gpugov.daemon.exit_restore import (
     PERMANENT_RESET_ERRORS,
+    ExitBudget,
     Outcome,
     label_order,
     retry_each,
@@ -90,7 +91,8 @@ before one) may hold a node's loop, or its exit: a healthy
 nvmlDeviceSetPowerManagementLimit takes milliseconds, so only a hung call reaches it. The
 same bound as a GPU's clock write (``CLOCK_WRITE_DEADLINE_S``) and read, paid once per hang
 (no other call to that GPU starts while it hangs), far below the unit's ``WatchdogSec=``
-and ``TimeoutStopSec=`` (30 s)."""
+and ``TimeoutStopSec=`` (30 s); at exit every GPU's restores of both kinds share one
+budget below the latter (:data:`~daemon.exit_restore.EXIT_RESTORE_BUDGET_S`)."""
 HUNG_THEN = (
     "nothing more is written to this GPU's power limit until that call returns, then the "
     "limit wanted then is"
@@ -507,13 +509,17 @@ class PowerLimitActuator:
         return restored
 
     # ------------------------------------------------------------------ restore
-    def _restore_one(self, backend: PowerLimitBackend, *, at_exit: bool) -> str:
+    def _restore_one(
+        self, backend: PowerLimitBackend, *, at_exit: bool, budget: ExitBudget | None = None
+    ) -> str:
         """Put one GPU's original limit back: ``"restored"``, ``"left"`` (nothing to
         write: already there, or someone else set it since), ``"retry"`` (a transient
         failure), ``"hung"`` (on a node: a call to it hangs past the deadline, this one or
-        an earlier one; counted, logged in the loop, not at exit) or ``"failed"`` (for
-        good)."""
+        an earlier one, counted, logged in the loop, not at exit; or, at exit, the
+        ``budget`` is spent before the write) or ``"failed"`` (for good)."""
         label = backend.label
+        writer = self._writers[label]
+        wait = functools.partial(_wait_s, budget, writer.deadline_s)
         if not at_exit and not self._settled(backend, "restore"):
             return "hung"
         original = self.original_w.get(label)
@@ -522,7 +528,7 @@ class PowerLimitActuator:
             return "left"
         if not isinstance(backend, DryRunBackend):  # a dry run never set what it holds
             try:
-                now: float | None = float(self._writers[label].call(backend.power_limit_w, "read"))
+                now: float | None = float(writer.call(backend.power_limit_w, "read", wait_s=wait()))
             except PowerLimitCallHung as error:
                 return self._restore_hung(backend, error, at_exit=at_exit)
             except GpuLost:
@@ -552,12 +558,15 @@ class PowerLimitActuator:
                 )
                 self._forget(backend)
                 return "left"
+        if budget is not None and budget.spent:  # the read took what was left
+            return self._not_started(backend, budget)
         self._asked_w[label] = original
         try:
-            self._writers[label].call(
+            writer.call(
                 functools.partial(backend.set_power_limit, original),
                 f"restore to {original:g} W",
                 write=PowerLimitWrite(original, restore=True),
+                wait_s=wait(),
             )
         except PowerLimitCallHung as error:
             return self._restore_hung(backend, error, at_exit=at_exit)
@@ -586,6 +595,17 @@ class PowerLimitActuator:
             log.error("domain %s: power limit restore failed: %s; not retried", self.domain, error)
         else:
             writer.failed("restore", error, then=HUNG_THEN)
+        return "hung"
+
+    def _not_started(self, backend: PowerLimitBackend, budget: ExitBudget) -> str:
+        """At exit, ``backend``'s restore is not started: the exit's ``budget`` is spent.
+        Reported as a restore that hangs is (the GPU may still be capped)."""
+        log.error(
+            "domain %s: GPU %s: power limit restore not started: %s",
+            self.domain,
+            backend.label,
+            budget.not_started(),
+        )
         return "hung"
 
     def _restored(self, backend: PowerLimitBackend, original: float) -> None:
@@ -624,24 +644,27 @@ class PowerLimitActuator:
         if self.state is not None:
             self.state.clear_power_limit(gpu_key(backend))
 
-    def restore(self) -> list[str]:
+    def restore(self, budget: ExitBudget | None = None) -> list[str]:
         """Restore every GPU's original limit where gpugov set one, retrying failures with
         backoff; never raises.
 
         A GPU that is lost, refuses permission or lacks the call is not retried, nor, on a
         node, one whose restore (or an earlier call) hangs past the write deadline, so a
         hung GPU holds the exit at most that deadline; any other failure is retried
-        ``restore_attempts`` times.
+        ``restore_attempts`` times. With ``budget`` (the exit's, shared by every GPU's
+        restores) each call is waited for at most what is left of it, and once it is
+        spent no other restore is started: those GPUs are returned too.
 
         Returns:
             Labels of the GPUs whose original limit could not be restored.
         """
         failed, pending = retry_each(
             [b for b in self._backends if b.label in self._touched],
-            self._restore_at_exit,
+            functools.partial(self._restore_at_exit, budget=budget),
             attempts=self.restore_attempts,
             backoff_s=self.restore_backoff_s,
             sleep=self._sleep,
+            budget=budget,
         )
         for backend in pending:
             log.error(
@@ -654,13 +677,19 @@ class PowerLimitActuator:
             )
         return sorted((b.label for b in failed + pending), key=label_order)
 
-    def _restore_at_exit(self, backend: PowerLimitBackend, attempt: int) -> Outcome:
+    def _restore_at_exit(
+        self, backend: PowerLimitBackend, attempt: int, *, budget: ExitBudget | None
+    ) -> Outcome:
         """One GPU's exit restore, try ``attempt`` (from 0) of :meth:`restore`'s. On a node
-        it waits for the restore at most ``write_deadline_s``, and not at all while an
-        earlier call to the GPU still hangs; a restore that hangs is not retried (a retry
-        could not start while it hangs, and each domain's backoff would add to the exit):
-        the GPU may still be capped, and is reported so."""
-        outcome = self._restore_one(backend, at_exit=True)
+        it waits for each call at most ``write_deadline_s`` (or what is left of
+        ``budget``), and not at all while an earlier call to the GPU still hangs; a
+        restore that hangs is not retried (a retry could not start while it hangs, and
+        each domain's backoff would add to the exit), nor started once the budget is
+        spent: the GPU may still be capped, and is reported so."""
+        if budget is not None and budget.spent:
+            self._not_started(backend, budget)
+            return "failed"
+        outcome = self._restore_one(backend, at_exit=True, budget=budget)
         if outcome == "retry":
             log.warning(
                 "domain %s: GPU %s: power limit restore failed (attempt %d of %d)",
@@ -780,6 +809,11 @@ class PowerLimitActuator:
                     return None
                 total += before
         return total
+
+
+def _wait_s(budget: ExitBudget | None, deadline_s: float | None) -> float | None:
+    """How long an exit call may be waited for (None: the writer's own deadline)."""
+    return None if budget is None else budget.wait_s(deadline_s)
 
 
 def _none_of(limit_w: float, limits_w: Sequence[float]) -> bool:

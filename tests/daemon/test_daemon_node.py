@@ -293,9 +293,11 @@ def test_exit_resets_first_then_closes_each_controller_on_its_own(
         domain.controller = with_safety(_Closing(events, domain.name, error), clocks)
         restore = domain.actuator.restore
 
-        def restoring(restore: Any = restore, name: str = domain.name) -> list[str]:
+        def restoring(
+            budget: Any = None, *, restore: Any = restore, name: str = domain.name
+        ) -> list[str]:
             events.append(f"reset {name}")
-            return restore()  # type: ignore[no-any-return]
+            return restore(budget)  # type: ignore[no-any-return]
 
         domain.actuator.restore = restoring  # type: ignore[method-assign]
     with caplog.at_level("WARNING", logger="gpugov.daemon.loop"):

@@ -1,0 +1,200 @@
+"""The exit's one budget for restoring the GPUs (:class:`daemon.exit_restore.ExitBudget`):
+every GPU's clock reset and power limit restore share it, each call is waited for at most
+its deadline or what is left, and once it is spent the restores left are not started and
+those GPUs are reported as possibly still locked or capped (exit 6), their lock records
+kept, as a restore that hangs is. Before, each hung restore cost its own 2 s deadline,
+and eight GPUs wedged at exit outlasted the unit's ``TimeoutStopSec=``.
+
+Time is virtual: the driver's calls advance a test clock (a slow or wedged driver), so
+no check depends on how long anything takes; a hung call is an NVML setter blocked on a
+:class:`threading.Event` (:class:`hung_support.HungCall`), freed at the end of the test.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon_support import MetricsServer, run_ticks
+from fake_pynvml import NVML_ERROR_TIMEOUT, FakeNvml, NVMLError
+from hung_support import DEADLINE_S, HungCall, two_domains
+
+import gpugov.daemon.service as service
+from gpugov.daemon.actuator import ClockActuator
+from gpugov.daemon.errors import ClocksNotReset
+from gpugov.daemon.exit_restore import EXIT_RESTORE_BUDGET_S, ExitBudget
+from gpugov.daemon.lockstate import LockState
+from gpugov.daemon.nvml import NvmlBackend
+from gpugov.daemon.power_limit import PowerLimitActuator
+from gpugov.daemon.service import domains_from_config
+
+RESET = "nvmlDeviceResetGpuLockedClocks"
+SET = "nvmlDeviceSetPowerManagementLimit"
+
+
+class _Clock:
+    """Virtual monotonic seconds."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+class _Slow:
+    """An NVML call of ``fake`` that costs ``step_s`` of ``clock`` on every GPU (advanced
+    as it starts), then runs the call beneath (a hung one too)."""
+
+    def __init__(self, fake: FakeNvml, function: str, clock: _Clock, step_s: float) -> None:
+        self.real = getattr(fake, function)
+        self.clock = clock
+        self.step_s = step_s
+        self.gpus: list[int] = []
+        """The GPUs it was called on, in order."""
+        setattr(fake, function, self)
+
+    def __call__(self, handle: Any, *args: Any) -> Any:
+        self.gpus.append(handle.index)
+        self.clock.now_s += self.step_s
+        return self.real(handle, *args)
+
+
+def _backends(fake: FakeNvml) -> list[NvmlBackend]:
+    return [NvmlBackend(i, nvml=fake) for i in range(len(fake.gpus))]
+
+
+def _records(state: LockState, gpus: int) -> tuple[list[str], list[str]]:
+    """The GPUs the lock record still names for the next start: (locks, power limits)."""
+    state.flush()
+    locks = sorted(entry["gpu"] for entry in state.read().values())
+    limits = [str(i) for i in range(gpus) if state.get_power_limit(f"GPU-fake-000{i}")]
+    return locks, limits
+
+
+def test_the_budget_is_below_the_units_stop_timeout() -> None:
+    units = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
+    for unit in sorted(units.glob("*.service")):
+        (line,) = [x for x in unit.read_text().splitlines() if x.startswith("TimeoutStopSec=")]
+        assert float(line.split("=")[1].rstrip("s")) > EXIT_RESTORE_BUDGET_S + 5.5, unit
+
+
+def test_once_the_budget_is_spent_no_restore_starts_and_the_gpus_are_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A driver whose resets take 8 s each (on the caller's thread: no deadline bounds
+    them): with 20 s, GPUs 0 to 2 are reset (the third starts with 4 s left), GPU 3's
+    reset and every power limit restore are not started; each is reported and keeps its
+    lock record for the next start."""
+    clock = _Clock()
+    fake = FakeNvml(4)
+    state = LockState(tmp_path)
+    clocks = ClockActuator(_backends(fake), domain="llm", state=state)
+    limits = PowerLimitActuator(_backends(fake), domain="llm", state=state)
+    clocks.apply(1005)
+    limits.apply(1200.0)
+    resets = _Slow(fake, RESET, clock, 8.0)
+    sets = _Slow(fake, SET, clock, 0.0)
+    budget = ExitBudget(20.0, clock=clock)
+    caplog.set_level(logging.ERROR)
+    assert clocks.restore(budget) == ["3"]
+    assert limits.restore(budget) == ["0", "1", "2", "3"]
+    assert resets.gpus == [0, 1, 2] and sets.gpus == []
+    assert fake.locked(3) == (1005, 1005) and fake.locked(2) is None
+    assert [gpu.power_limit_mw for gpu in fake.gpus] == [300_000] * 4
+    assert _records(state, 4) == (["3"], ["0", "1", "2", "3"])  # for the next start
+    spent = "not started: the exit's 20 s for restoring the GPUs is spent"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"domain llm: GPU 3: reset {spent}",
+        *(f"domain llm: GPU {gpu}: power limit restore {spent}" for gpu in range(4)),
+    ]
+
+
+def test_a_call_is_waited_for_at_most_what_is_left_and_no_backoff_outlasts_it() -> None:
+    clock = _Clock()
+    budget = ExitBudget(3.0, clock=clock)
+    assert budget.wait_s(2.0) == 2.0 and budget.wait_s(None) is None
+    clock.now_s = 2.5
+    assert budget.wait_s(2.0) == 0.5 and not budget.spent
+    clock.now_s = 3.0
+    assert budget.spent and budget.left_s() == 0.0 and budget.wait_s(2.0) == 0.0
+
+
+def test_a_failing_reset_is_retried_only_while_the_budget_lasts() -> None:
+    """Each reset fails for now (retried with backoff) and the backoff's sleeps advance the
+    clock: the sleep is cut to what is left, and no round starts after it."""
+    clock = _Clock()
+    fake = FakeNvml(1)
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.now_s += seconds
+
+    actuator = ClockActuator(
+        _backends(fake), domain="llm", reset_attempts=5, reset_backoff_s=1.0, sleep=sleep
+    )
+    actuator.apply(1005)
+
+    def failing(handle: Any) -> None:
+        raise NVMLError(NVML_ERROR_TIMEOUT)
+
+    fake.nvmlDeviceResetGpuLockedClocks = failing  # type: ignore[method-assign]
+    assert actuator.restore(ExitBudget(2.5, clock=clock)) == ["0"]
+    assert slept == [1.0, 1.5]  # 1 s, then the 1.5 s left of 2 s; no third round's wait
+
+
+def test_hung_resets_share_the_budget_and_the_gpus_left_are_not_started(
+    safety: list[Any], tmp_path: Path
+) -> None:
+    """Every GPU's reset wedges in the driver (each costing 8 s of the test's clock as it
+    starts, and its 0.2 s deadline of real time): GPU 0's starts with 10 s left, GPU 1's
+    with 2 s, and GPU 2's is not started; all three are reported, their records kept."""
+    clock = _Clock()
+    fake = FakeNvml(3)
+    state = LockState(tmp_path)
+    actuator = ClockActuator(
+        _backends(fake), domain="llm", state=state, write_deadline_s=DEADLINE_S
+    )
+    actuator.apply(1005)
+    for index in range(3):
+        safety.append(HungCall(fake, RESET, index=index))
+    resets = _Slow(fake, RESET, clock, 8.0)
+    assert actuator.restore(ExitBudget(10.0, clock=clock)) == ["0", "1", "2"]
+    assert resets.gpus == [0, 1]
+    assert _records(state, 3) == (["0", "1", "2"], [])
+
+
+def test_a_gpu_wedged_at_the_loop_s_exit_leaves_the_rest_reported_within_the_budget(
+    safety: list[Any], monkeypatch: pytest.MonkeyPatch, metrics_server: MetricsServer
+) -> None:
+    """At the loop's exit GPU 0's reset wedges and takes the whole budget (15 s of the
+    exit's 10): GPU 1's reset is not started, and exit 6's error names both GPUs."""
+    monkeypatch.setattr(service, "CLOCK_WRITE_DEADLINE_S", DEADLINE_S)
+    clock = _Clock()
+    fake = FakeNvml(2)
+    assembled = domains_from_config(
+        two_domains(metrics_server, {"kind": "fixed", "clock_mhz": 1410}), nvml=fake
+    )
+    resets: list[_Slow] = []
+
+    def on_step(step: int, records: Any) -> None:
+        if step == 1:  # the driver wedges GPU 0's resets from now on
+            safety.append(HungCall(fake, RESET, index=0))
+            resets.append(_Slow(fake, RESET, clock, 15.0))
+
+    try:
+        with pytest.raises(ClocksNotReset, match=r"GPU\(s\) 0,1 after retries"):
+            run_ticks(
+                assembled.domains,
+                2,
+                on_step=on_step,
+                restore_budget=lambda: ExitBudget(10.0, clock=clock),
+            )
+    finally:
+        safety[0].release.set()
+        assembled.close()
+    assert resets[0].gpus == [0]  # GPU 1's reset was not started
+    assert fake.locked(1) == (1410, 1410)
