@@ -26,8 +26,7 @@ from gpugov.daemon.exit_restore import (
     PERMANENT_RESET_ERRORS,
     ExitBudget,
     Outcome,
-    label_order,
-    retry_each,
+    restore_each,
 )
 from gpugov.daemon.gpu_writer import WriteFailureLog
 from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
@@ -496,22 +495,18 @@ class ClockActuator:
         Returns:
             Labels of the GPUs that could not be reset (they may still be locked).
         """
-        failed, pending = retry_each(
+        return restore_each(
             [b for b in self._backends if b.label in self._touched and b.label not in self.yielded],
             functools.partial(self._reset_at_exit, budget=budget),
+            what="reset",
+            still=lambda backend: "it may still be locked",
+            log=log,
+            domain=self.domain,
             attempts=self.reset_attempts,
             backoff_s=self.reset_backoff_s,
             sleep=self._sleep,
             budget=budget,
         )
-        for backend in pending:
-            log.error(
-                "domain %s: GPU %s: reset failed %d times; it may still be locked",
-                self.domain,
-                backend.label,
-                self.reset_attempts,
-            )
-        return sorted((b.label for b in failed + pending), key=label_order)
 
     def _reset_at_exit(
         self, backend: GpuBackend, attempt: int, *, budget: ExitBudget | None
@@ -520,17 +515,9 @@ class ClockActuator:
         it waits for the reset at most ``write_deadline_s`` (or what is left of
         ``budget``), and not at all while an earlier write to the GPU still hangs; a reset
         that hangs is not retried (a retry could not start while it hangs, and each
-        domain's backoff would add to the exit), nor started once the budget is spent:
-        the GPU may still be locked, and is reported so."""
+        domain's backoff would add to the exit): the GPU may still be locked, and is
+        reported so."""
         writer = self._writers[backend.label]
-        if budget is not None and budget.spent:
-            log.error(
-                "domain %s: GPU %s: reset not started: %s",
-                self.domain,
-                backend.label,
-                budget.not_started(),
-            )
-            return "failed"
         try:
             writer.write(None, wait_s=None if budget is None else budget.wait_s(writer.deadline_s))
         except ClockWriteHung as error:

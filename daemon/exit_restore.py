@@ -17,9 +17,10 @@ lock records kept), as a GPU whose restore hangs is.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from gpugov.daemon.errors import GpuLost, NotSupported, PermissionDenied
 
@@ -35,9 +36,17 @@ record's last write (``WRITE_DEADLINE_S``, 0.5 s), ``mpc-online``'s final model 
 GPU; only restores that hang reach it (five GPUs whose reset and restore both hang)."""
 
 Item = TypeVar("Item")
+GpuT = TypeVar("GpuT", bound="Labelled")
 Outcome = Literal["done", "failed", "retry"]
 """What one exit write did: went through (or was not needed), failed for good, or failed
 for now."""
+
+
+class Labelled(Protocol):
+    """A GPU, as the exit names it."""
+
+    @property
+    def label(self) -> str: ...
 
 
 def label_order(label: str) -> tuple[int, str]:
@@ -116,11 +125,62 @@ def retry_each(
     return failed, pending
 
 
+def restore_each(
+    gpus: Sequence[GpuT],
+    attempt_one: Callable[[GpuT, int], Outcome],
+    *,
+    what: str,
+    still: Callable[[GpuT], str],
+    log: logging.Logger,
+    domain: str,
+    attempts: int,
+    backoff_s: float,
+    sleep: Callable[[float], Any],
+    budget: ExitBudget | None = None,
+) -> list[str]:
+    """One actuator's exit restores (``what``: "reset", "power limit restore"):
+    ``attempt_one`` on each of ``gpus``, retried as :func:`retry_each` does, none started
+    once ``budget`` is spent (each such GPU one line); a GPU still failing after the last
+    round is one line saying what it may still be (``still``). Never raises what
+    ``attempt_one`` does not.
+
+    Returns:
+        The labels of the GPUs not restored (failed, or not started), in label order.
+    """
+
+    def attempt(gpu: GpuT, number: int) -> Outcome:
+        if budget is not None and budget.spent:
+            log.error(
+                "domain %s: GPU %s: %s not started: %s",
+                domain,
+                gpu.label,
+                what,
+                budget.not_started(),
+            )
+            return "failed"
+        return attempt_one(gpu, number)
+
+    failed, pending = retry_each(
+        gpus, attempt, attempts=attempts, backoff_s=backoff_s, sleep=sleep, budget=budget
+    )
+    for gpu in pending:
+        log.error(
+            "domain %s: GPU %s: %s failed %d times; %s",
+            domain,
+            gpu.label,
+            what,
+            attempts,
+            still(gpu),
+        )
+    return sorted((gpu.label for gpu in failed + pending), key=label_order)
+
+
 __all__ = [
     "EXIT_RESTORE_BUDGET_S",
     "PERMANENT_RESET_ERRORS",
     "ExitBudget",
     "Outcome",
     "label_order",
+    "restore_each",
     "retry_each",
 ]

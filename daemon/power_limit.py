@@ -68,23 +68,15 @@ from gpugov.daemon.errors import (
     PermissionDenied,
     TransientGpuError,
 )
-from gpugov.daemon.exit_restore import (
-    PERMANENT_RESET_ERRORS,
-    ExitBudget,
-    Outcome,
-    label_order,
-    retry_each,
-)
+from gpugov.daemon.exit_restore import PERMANENT_RESET_ERRORS, ExitBudget, Outcome, restore_each
 from gpugov.daemon.gpu_writer import GpuWriter, LateCall, WriteFailureLog
 from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
 from gpugov.daemon.power_limit_bounds import PowerLimitBounds
+from gpugov.daemon.power_limit_ledger import SAME_LIMIT_W, PowerLimitLedger, none_of
 from gpugov.plant.input_files import finite_number
 
 log = logging.getLogger(__name__)
 
-SAME_LIMIT_W = 0.5
-"""Two power limits closer than this (watts) are the same limit: NVML keeps whole
-milliwatts, and a limit read back is the one written."""
 POWER_LIMIT_WRITE_DEADLINE_S = 2.0
 """The longest one GPU's power limit call (a write, a restore, or the read of its limit
 before one) may hold a node's loop, or its exit: a healthy
@@ -173,16 +165,12 @@ class PowerLimitActuator:
         self.restore_attempts = max(1, int(restore_attempts))
         self.restore_backoff_s = restore_backoff_s
         self._sleep = sleep
-        self.original_w: dict[str, float] = {}
-        """Each GPU's power limit as found before gpugov's first write since it last held
-        none (or as a previous run recorded it)."""
-        self.held_w: dict[str, float | None] = {b.label: None for b in found}
+        self.ledger = PowerLimitLedger((b.label for b in found), state)
+        """What gpugov remembers of each GPU's limits, and the lock record's entries."""
+        self.original_w = self.ledger.original_w
+        """Each GPU's power limit before gpugov's first write (:class:`PowerLimitLedger`)."""
+        self.held_w = self.ledger.held_w
         """The limit gpugov set and holds on each GPU (None: the original is in force)."""
-        self._asked_w: dict[str, float] = {}
-        """The last limit written or tried on each GPU (a failed write may still be it)."""
-        self._outside_w: dict[str, float] = {}
-        """Each GPU's last enforced limit that gpugov did not set (the budget source)."""
-        self._touched: set[str] = set()
         self._outside_logged: set[str] = set()
         self.requested_w: float | None = None
         """The domain's cap the controller asked for last (None: the board limit)."""
@@ -210,18 +198,8 @@ class PowerLimitActuator:
 
     @property
     def applied_w(self) -> float | None:
-        """The domain's power limit as gpugov set it (its GPUs' limits summed, a GPU that
-        holds none counted at its original), or None when gpugov holds no limit."""
-        if all(value is None for value in self.held_w.values()):
-            return None
-        total = 0.0
-        for label, value in self.held_w.items():
-            if value is None:
-                value = self.original_w.get(label)
-            if value is None:
-                return None
-            total += value
-        return total
+        """The domain's power limit as gpugov set it, or None when it holds none."""
+        return self.ledger.applied_w
 
     @property
     def hanging_writes(self) -> tuple[str, ...]:
@@ -335,13 +313,13 @@ class PowerLimitActuator:
                 continue  # a transient failure reading it: tried again next tick
             value = self.bounds.clamped(backend, share, original, request)
             if abs(value - original) < 1e-3:  # its own limit: restore it if gpugov set one
-                if label in self._touched and self._restore_one(backend, at_exit=False) == (
+                if label in self.ledger.touched and self._restore_one(backend, at_exit=False) == (
                     "restored"
                 ):
                     written += 1
                 continue
             held = self.held_w[label]
-            if held is not None and abs(value - held) < 1e-3 and self._asked_w[label] == held:
+            if held is not None and abs(value - held) < 1e-3 and self.ledger.asked_w[label] == held:
                 continue
             if held is not None and (outside := self._outside_change(backend)) is not None:
                 # Someone else set this GPU's limit since gpugov's write: it is the new
@@ -349,7 +327,7 @@ class PowerLimitActuator:
                 original = self.original_w[label] = outside
                 value = self.bounds.clamped(backend, share, original, request)
                 if abs(value - original) < 1e-3:
-                    self._forget(backend)  # at or under the cap: theirs stands, none of ours
+                    self.ledger.forget(backend)  # at or under the cap: theirs stands, none of ours
                     continue
             if self._write(backend, value, original):
                 written += 1
@@ -373,8 +351,8 @@ class PowerLimitActuator:
         if (problem := self.bounds.implausible(now, backend)) is not None:
             log.debug("GPU %s: power limit not read before writing: %s", label, problem)
             return None
-        ours = self._ours_w(label)
-        if not ours or not _none_of(now, ours):
+        ours = self.ledger.ours_w(label)
+        if not ours or not none_of(now, ours):
             return None
         if label not in self._outside_logged:
             self._outside_logged.add(label)
@@ -389,11 +367,6 @@ class PowerLimitActuator:
                 self.original_w.get(label, math.nan),
             )
         return now
-
-    def _ours_w(self, label: str) -> list[float]:
-        """The limits gpugov set (held) or last tried on the GPU: the GPU's limit is
-        someone else's when it is none of them (:func:`_none_of`)."""
-        return [v for v in (self.held_w[label], self._asked_w.get(label)) if v is not None]
 
     def _original(self, backend: PowerLimitBackend) -> float | None:
         """The GPU's limit before gpugov's first write, read now if not known yet."""
@@ -422,20 +395,10 @@ class PowerLimitActuator:
     def _write(self, backend: PowerLimitBackend, value: float, original: float) -> bool:
         """One power limit write of ``value`` watts; True when it went through."""
         label = backend.label
-        if self.state is not None:  # before the write: a crash right after still restores
-            # The limit the GPU keeps if this write does not land (it hangs, fails, or
-            # the process dies first): the next start's reconcile takes it as gpugov's too.
-            kept = next((w for w in self._ours_w(label) if abs(w - value) > SAME_LIMIT_W), None)
-            self.state.record_power_limit(
-                gpu_key(backend),
-                label,
-                round(original * 1000.0),
-                round(value * 1000.0),
-                held_mw=None if kept is None else round(kept * 1000.0),
-            )
-        first = label not in self._touched
-        self._touched.add(label)
-        self._asked_w[label] = value
+        self.ledger.record(backend, value, original)  # before: a crash right after restores
+        first = label not in self.ledger.touched
+        self.ledger.touched.add(label)
+        self.ledger.asked_w[label] = value
         try:
             self._writers[label].call(
                 functools.partial(backend.set_power_limit, value),
@@ -471,8 +434,8 @@ class PowerLimitActuator:
         it, so nothing of gpugov's is there to restore): no cap from now on."""
         label = backend.label
         if first:  # refused, so nothing was written: nothing to restore
-            self._touched.discard(label)
-            self._asked_w.pop(label, None)
+            self.ledger.touched.discard(label)
+            self.ledger.asked_w.pop(label, None)
             if self.state is not None:
                 self.state.clear_power_limit(gpu_key(backend))
         self._refuse(backend, error)
@@ -497,7 +460,7 @@ class PowerLimitActuator:
         failure is retried on the next call)."""
         restored = 0
         for backend in self._backends:
-            if backend.label not in self._touched:
+            if backend.label not in self.ledger.touched:
                 continue
             outcome = self._restore_one(backend, at_exit=False)
             if outcome == "restored":
@@ -524,7 +487,7 @@ class PowerLimitActuator:
             return "hung"
         original = self.original_w.get(label)
         if original is None:
-            self._forget(backend)
+            self.ledger.forget(backend)
             return "left"
         if not isinstance(backend, DryRunBackend):  # a dry run never set what it holds
             try:
@@ -543,10 +506,10 @@ class PowerLimitActuator:
                 now = None
                 log.debug("GPU %s: power limit not read before restoring: %s", label, error)
             if now is not None and abs(now - original) <= SAME_LIMIT_W:
-                self._forget(backend)
+                self.ledger.forget(backend)
                 return "left"
-            ours = self._ours_w(label)
-            if now is not None and ours and _none_of(now, ours):
+            ours = self.ledger.ours_w(label)
+            if now is not None and ours and none_of(now, ours):
                 log.warning(
                     "domain %s: GPU %s: its power limit is %g W, which gpugov did not set (it "
                     "set %g W): someone else changed it; left as it is, not restored to %g W",
@@ -556,11 +519,11 @@ class PowerLimitActuator:
                     ours[0],
                     original,
                 )
-                self._forget(backend)
+                self.ledger.forget(backend)
                 return "left"
         if budget is not None and budget.spent:  # the read took what was left
             return self._not_started(backend, budget)
-        self._asked_w[label] = original
+        self.ledger.asked_w[label] = original
         try:
             writer.call(
                 functools.partial(backend.set_power_limit, original),
@@ -613,7 +576,7 @@ class PowerLimitActuator:
         label = backend.label
         self._writers[label].succeeded()
         self.writes += 1
-        self._forget(backend)
+        self.ledger.forget(backend)
         log.info("domain %s: GPU %s power limit restored to %g W", self.domain, label, original)
 
     def _restore_refused(
@@ -633,17 +596,6 @@ class PowerLimitActuator:
             why,
         )
 
-    def _forget(self, backend: PowerLimitBackend) -> None:
-        """The GPU holds no limit of gpugov's any more; its limit is read again before
-        gpugov's next write (an operator may set another meanwhile)."""
-        label = backend.label
-        self.original_w.pop(label, None)
-        self.held_w[label] = None
-        self._touched.discard(label)
-        self._asked_w.pop(label, None)
-        if self.state is not None:
-            self.state.clear_power_limit(gpu_key(backend))
-
     def restore(self, budget: ExitBudget | None = None) -> list[str]:
         """Restore every GPU's original limit where gpugov set one, retrying failures with
         backoff; never raises.
@@ -658,24 +610,20 @@ class PowerLimitActuator:
         Returns:
             Labels of the GPUs whose original limit could not be restored.
         """
-        failed, pending = retry_each(
-            [b for b in self._backends if b.label in self._touched],
+        return restore_each(
+            [b for b in self._backends if b.label in self.ledger.touched],
             functools.partial(self._restore_at_exit, budget=budget),
+            what="power limit restore",
+            still=lambda b: (
+                f"it may still be capped below {self.original_w.get(b.label, math.nan):g} W"
+            ),
+            log=log,
+            domain=self.domain,
             attempts=self.restore_attempts,
             backoff_s=self.restore_backoff_s,
             sleep=self._sleep,
             budget=budget,
         )
-        for backend in pending:
-            log.error(
-                "domain %s: GPU %s: power limit restore failed %d times; it may still be "
-                "capped below %g W",
-                self.domain,
-                backend.label,
-                self.restore_attempts,
-                self.original_w.get(backend.label, math.nan),
-            )
-        return sorted((b.label for b in failed + pending), key=label_order)
 
     def _restore_at_exit(
         self, backend: PowerLimitBackend, attempt: int, *, budget: ExitBudget | None
@@ -684,11 +632,8 @@ class PowerLimitActuator:
         it waits for each call at most ``write_deadline_s`` (or what is left of
         ``budget``), and not at all while an earlier call to the GPU still hangs; a
         restore that hangs is not retried (a retry could not start while it hangs, and
-        each domain's backoff would add to the exit), nor started once the budget is
-        spent: the GPU may still be capped, and is reported so."""
-        if budget is not None and budget.spent:
-            self._not_started(backend, budget)
-            return "failed"
+        each domain's backoff would add to the exit): the GPU may still be capped, and is
+        reported so."""
         outcome = self._restore_one(backend, at_exit=True, budget=budget)
         if outcome == "retry":
             log.warning(
@@ -760,7 +705,7 @@ class PowerLimitActuator:
         elif (
             now is not None
             and left is not None
-            and _none_of(now, [v for v in (left, kept) if v is not None])
+            and none_of(now, [v for v in (left, kept) if v is not None])
         ):
             self.state.clear_power_limit(key)
             line = f"GPU {label}: {found}; changed by someone else since: left as it is"
@@ -774,9 +719,9 @@ class PowerLimitActuator:
             except GpuError as error:  # a restore that hangs too: tried again at exit
                 self._writers[label].count_failure()
                 self.original_w[label] = original  # the exit tries again, to the same limit
-                self._touched.add(label)
+                self.ledger.touched.add(label)
                 if left is not None:  # what it holds: the exit's restore judges by it
-                    self._asked_w[label] = left if now is None else now
+                    self.ledger.asked_w[label] = left if now is None else now
                 line = f"GPU {label}: {found}; restore FAILED: {error}"
                 log.error("reconcile: %s", line)
                 return line
@@ -788,38 +733,14 @@ class PowerLimitActuator:
 
     # ------------------------------------------------------------------- budget
     def outside_limit_w(self, samples: Sequence[GpuSample]) -> float | None:
-        """The domain's enforced power limit as a budget source, without gpugov's own:
-        each GPU's enforced limit, but where that is the limit gpugov set, the limit it
-        enforced before gpugov's first write (else its original). None when a GPU's
-        limit is unknown this tick (the budget keeps its last value)."""
-        total = 0.0
-        by_label = {sample.gpu: sample for sample in samples}
-        for backend in self._backends:
-            label = backend.label
-            sample = by_label.get(label)
-            enforced = None if sample is None else sample.power_limit_w
-            if enforced is None:
-                return None
-            if _none_of(enforced, self._ours_w(label)):
-                self._outside_w[label] = float(enforced)
-                total += float(enforced)
-            else:
-                before = self._outside_w.get(label, self.original_w.get(label))
-                if before is None:
-                    return None
-                total += before
-        return total
+        """The domain's enforced power limit as a budget source, without gpugov's own
+        (:meth:`PowerLimitLedger.outside_limit_w`); None when a GPU's is unknown."""
+        return self.ledger.outside_limit_w((b.label for b in self._backends), samples)
 
 
 def _wait_s(budget: ExitBudget | None, deadline_s: float | None) -> float | None:
     """How long an exit call may be waited for (None: the writer's own deadline)."""
     return None if budget is None else budget.wait_s(deadline_s)
-
-
-def _none_of(limit_w: float, limits_w: Sequence[float]) -> bool:
-    """Whether ``limit_w`` is none of ``limits_w`` (each more than :data:`SAME_LIMIT_W`
-    off; True when there are none): a limit someone else set, not gpugov."""
-    return all(abs(limit_w - value) > SAME_LIMIT_W for value in limits_w)
 
 
 def power_limit_actuator(

@@ -8,8 +8,9 @@ import fake_pynvml as fp
 import pytest
 from fake_pynvml import FakeNvml
 
-from gpugov.daemon.actuator import ClockActuator, Outcome, retry_each
+from gpugov.daemon.actuator import ClockActuator
 from gpugov.daemon.errors import GpuLost, NotSupported, PermissionDenied
+from gpugov.daemon.exit_restore import Outcome, retry_each
 from gpugov.daemon.nvml import NvmlBackend
 
 
