@@ -86,7 +86,7 @@ class ClockActuator:
     Each GPU is written through a :class:`~daemon.clock_writer.ClockWriter`. A lock or
     reset write that fails transiently is retried on the next tick; each failure is
     counted per GPU (``write_failures``, exported as ``gpugov_clock_write_failures_total``)
-    and logged at most once a minute per GPU (:class:`~daemon.clock_writer.WriteFailureLog`).
+    and logged at most once a minute per GPU (:class:`~daemon.gpu_writer.WriteFailureLog`).
     A write that hangs past ``write_deadline_s`` is a failed write, and so is each tick
     that wants a write to that GPU while it hangs; meanwhile its lock is unknown (no
     readback is judged against it), the lowest lock it may hold is remembered and the lock

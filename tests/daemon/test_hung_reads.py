@@ -17,13 +17,13 @@ import copy
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import JOIN_S, MetricsServer, eventually, freed_at_end, run_ticks
+from daemon_support import JOIN_S, MetricsServer, eventually, run_ticks
 from fake_pynvml import FakeNvml
 from synthetic import make_plant, poisson_requests
 
@@ -71,20 +71,6 @@ class _HungRead:
     @property
     def hung(self) -> bool:
         return self.armed and not self.release.is_set()
-
-
-@pytest.fixture
-def safety() -> Iterator[list[_HungRead]]:
-    """Hung reads the test adds, each freed at the end of the test (or after
-    :data:`JOIN_S`)."""
-    hung: list[_HungRead] = []
-
-    def free() -> None:
-        for read in hung:
-            read.release.set()
-
-    with freed_at_end(free):
-        yield hung
 
 
 # ------------------------------------------------------------------ the reader
