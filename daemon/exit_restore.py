@@ -1,8 +1,8 @@
 """The exit's restores, shared by the clock and power limit actuators: the one time budget
-of all of them (:class:`ExitBudget`), the retry loop of their writes at exit
-(:func:`retry_each`), what one such write did (:data:`Outcome`), the errors that are never
-retried (:data:`PERMANENT_RESET_ERRORS`) and the order GPUs are named in
-(:func:`label_order`).
+of all of them (:class:`ExitBudget`), each actuator's restores with their lines
+(:func:`restore_each`) over the retry loop (:func:`retry_each`), what one such write did
+(:data:`Outcome`), the errors that are never retried (:data:`PERMANENT_RESET_ERRORS`) and
+the order GPUs are named in (:func:`label_order`).
 
 On a node each restore call (a clock reset, a power limit restore and the read before it)
 is bounded by its GPU's write deadline (2 s), so a driver that wedges exactly at exit
