@@ -665,6 +665,17 @@ def slo_target_of(attainment: float | None) -> SLOTarget | None:
     return SLOTargetConfig(attainment=attainment, window_s=SLO_TARGET_WINDOW_S).target()
 
 
+def control_period_of(period_s: float | None, spec: str) -> float:
+    """``--control-period``'s value, or, unset, the period a node runs ``spec``'s
+    controller at with ``daemon.period_s`` unset (0.25 s for ``mpc-online``, 1 s for the
+    others: :func:`daemon.config.default_control_period`)."""
+    if period_s is not None:
+        return float(period_s)
+    from gpugov.daemon.config import default_control_period
+
+    return default_control_period(parse_controller_flag(spec).kind)
+
+
 def add_decision_arguments(
     parser: argparse.ArgumentParser, *, prefix: str = "", node_note: str = ""
 ) -> None:

@@ -20,12 +20,12 @@ from gpugov.daemon.cli_support import (
     check_distinct_outputs,
     check_output_file,
     check_workload_fits,
+    control_period_of,
     controller_label,
     fail,
     format_summary,
     light_load_note,
     load_trace_for_cli,
-    parse_controller_flag,
     require_extra,
     require_nonnegative,
     require_positive,
@@ -35,7 +35,6 @@ from gpugov.daemon.cli_support import (
     slo_target_of,
     warn,
 )
-from gpugov.daemon.config import default_control_period
 from gpugov.daemon.errors import ExitCode, Terminated
 from gpugov.daemon.files import write_text_atomic
 from gpugov.daemon.outside import invalid_decision_note
@@ -119,8 +118,7 @@ def energy_lines(energy: dict[str, Any]) -> str:
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov simulate``."""
-    if args.control_period is None:
-        args.control_period = default_control_period(parse_controller_flag(args.controller).kind)
+    args.control_period = control_period_of(args.control_period, args.controller)
     require_positive("--control-period", args.control_period)
     require_positive("--duration", args.duration)
     require_positive("--load-scale", args.load_scale)

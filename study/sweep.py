@@ -54,13 +54,12 @@ from gpugov.daemon.cli_support import (
     check_not_an_input,
     check_output_dir,
     check_workload_fits,
+    control_period_of,
     load_trace_for_cli,
-    parse_controller_flag,
     prepare_output_dir,
     simulated_controller,
     slo_target_of,
 )
-from gpugov.daemon.config import default_control_period
 from gpugov.daemon.errors import printable
 from gpugov.daemon.files import (
     InputFileError,
@@ -615,10 +614,7 @@ def _check_cells(
 def _period(settings: Mapping[str, Any], spec: str) -> float:
     """A cell's control period: the grid's, else its controller's own (as ``simulate``
     takes an unset ``--control-period``)."""
-    period = settings.get("control_period_s")
-    if period is None:
-        return default_control_period(parse_controller_flag(spec).kind)
-    return float(period)
+    return control_period_of(settings.get("control_period_s"), spec)
 
 
 def _safety(settings: Mapping[str, Any]) -> SafetySettings:

@@ -74,13 +74,12 @@ def run_fleet_command(args: argparse.Namespace) -> int:
         UsageError,
         check_not_an_input,
         check_output_dir,
+        control_period_of,
         note,
-        parse_controller_flag,
         prepare_output_dir,
         simulated_run_inputs,
         warn,
     )
-    from gpugov.daemon.config import default_control_period
     from gpugov.daemon.errors import printable
     from gpugov.daemon.progress import Progress
     from gpugov.study.fleet.report import OUTPUT_NAMES, short_table, write_outputs
@@ -93,9 +92,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     )
     from gpugov.study.scoreboard.scenarios import skipped_zero_token_rows
 
-    control_period = args.control_period
-    if control_period is None:  # as a node runs it: mpc-online at its own period
-        control_period = default_control_period(parse_controller_flag(args.controller).kind)
+    control_period = control_period_of(args.control_period, args.controller)
     config = FleetConfig(
         nodes=args.nodes,
         profiles=args.profiles or DEFAULT_PROFILES,
