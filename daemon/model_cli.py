@@ -28,7 +28,7 @@ from gpugov.daemon.config import controller_state_dir, load_config
 from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.daemon.errors import ConfigError, printable
 from gpugov.daemon.files import resolve_state_dir, write_files_atomic
-from gpugov.daemon.model_store import StoredModelError, read_stored, stored_gpu_names
+from gpugov.daemon.stored_model import StoredModelError, read_stored, stored_gpu_names
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.profile import CSV_COLUMNS
 

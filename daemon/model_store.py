@@ -1,66 +1,9 @@
-"""Persistence of the online MPC's learned model in the state directory.
-
-One JSON file per control domain, ``online-model-<domain>.json`` in the state directory
-(systemd's ``StateDirectory=``, ``$STATE_DIRECTORY``; or the controller's ``state_dir``),
-holding a format tag, the model version, the **key** (the domain's GPU UUIDs and the
-engine's ``model_name`` label), the GPUs' NVML names (``gpu_names``, in the key's UUID
-order; no part of the key), the SLOs last seen, the control period and the model
-(:meth:`controllers.online.identification.OnlineModel.state_dict`).
-
-- A stored model whose key differs from the node's (another model served, a GPU swapped)
-  is not applied: it is kept aside (``.other-<UTC time>``, never overwritten) and the
-  model is learned again, unless a model kept aside earlier has exactly the node's key
-  (the served model went A, B, A): that one is put back and restored. A model learned on
-  other supported clocks (another GPU kind behind the same UUIDs: a board swapped in
-  place, or a driver that lists other clocks) is another node's the same way: kept aside as
-  ``.other-*``, never called corrupt, and put back when the clocks are its own again. A
-  ``model_name`` not known yet (None: no engine scrape so far) is no other model: it
-  matches the stored one.
-- Only a model that learned at least one window is written, so an empty model never
-  replaces a stored one, and a deep copy of the wrapper never reads or writes the file.
-- A file of another model version (written by an older or newer gpugov: a rollback, or
-  an upgrade and back) is not corrupt: it is kept aside as ``.other-*``, whole, with one
-  line, and the model is learned anew; the gpugov that reads that version takes it back
-  as any kept model.
-- A file that is there but cannot be read (its permissions, an I/O error) is left as it
-  is, with one line: the model is learned anew, nothing is saved over it, and it is read
-  again every save period; once it can be, it is restored (or kept aside where it is
-  another node's) and saving resumes.
-- A corrupt or partial file is refused with one clear log line, renamed aside
-  (``.corrupt-<UTC time>``) and learning starts fresh; it never stops the daemon. Only
-  a file that fails the model's own checks is: one the controller's settings cannot use
-  (``SettingsRefuseModel``) is kept aside as ``.other-<UTC time>``, whole.
-- A model the loader would refuse is never written: each save runs the loader's checks
-  (:func:`payload_problem`, the latencies too) first; one that fails them logs one line,
-  the last good file is kept and the model goes back to it (learned anew where there is
-  none).
-- ``gpu_names`` is optional: a file saved before it was kept has none (``gpugov model
-  export`` then names no board), and a damaged one (not one name of at most
-  :data:`MAX_GPU_NAME_CHARS` printable characters per GPU of the key) is one line naming
-  the field; the model is restored all the same, and the next save writes the node's
-  names (:func:`stored_gpu_names`).
-- Writes are atomic: a temporary file in the same directory, fsynced, then renamed over.
-- Writes run on a worker thread (:class:`daemon.deadline.LatestWriter`): a save waits for
-  its write up to :data:`~daemon.deadline.WRITE_DEADLINE_S` (the final one at exit, after
-  the clocks are reset, :data:`FINAL_SAVE_WAIT_S`), so a hung disk never stalls the loop
-  and holds the exit a few seconds at most. A write still running past that is
-  a failed save (logged, tried again a save period later); it goes on in the background
-  and the newest model posted is written once the disk answers, never an older one after
-  it. While it runs, the state file is not read (a restore after the served model
-  changes, say): it is treated as one that cannot be read, read again each save period
-  once the write has ended.
-- Reads run on a worker thread too (:class:`daemon.deadline.LatestReader`), waited for up
-  to :data:`~daemon.deadline.READ_DEADLINE_S`: a read that has not answered by then (a
-  hung disk or mount) is a file that cannot be read (one line, learned anew without
-  saving, read again each save period). While it runs no other read of the file starts;
-  once it has ended, the next save period takes its answer and the file is restored.
-"""
+"""``mpc-online``'s learned model kept in the state directory: when it is restored, saved,
+kept aside or put back (:class:`PersistentOnlineModel`); the file: :mod:`daemon.stored_model`."""
 
 from __future__ import annotations
 
 import copy
-import itertools
-import json
 import logging
 import math
 import os
@@ -72,9 +15,8 @@ from typing import Any
 
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.controllers.online.controller import OnlineMPCController, SettingsRefuseModel
-from gpugov.controllers.online.identification import MODEL_VERSION, POWER_BLOCKS, TIME_BLOCKS
+from gpugov.controllers.online.identification import MODEL_VERSION
 from gpugov.controllers.online.model_names import SettledName
-from gpugov.controllers.online.regression import MAX_STORED_COUNT
 from gpugov.daemon.deadline import (
     EXIT_WRITE_WAIT_S,
     READ_DEADLINE_S,
@@ -83,20 +25,23 @@ from gpugov.daemon.deadline import (
     LatestWriter,
     ReadTimeout,
 )
-from gpugov.daemon.files import (
-    InputFileError,
-    json_safe,
-    loads_json,
-    read_input_text,
-    write_json_atomic,
+from gpugov.daemon.files import json_safe, write_json_atomic
+from gpugov.daemon.stored_model import (
+    FORMAT,
+    OtherVersionError,
+    StoredModelError,
+    UnreadableStateError,
+    gpu_names_problem,
+    model_path,
+    payload_problem,
+    read_stored,
+    stored_gpu_names,
 )
-from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_COUNT, MAX_SECONDS
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import MPCDiagnostics, ServingObservation
 
 log = logging.getLogger("gpugov.model")
 
-FORMAT = "gpugov-online-model"
 SAVE_EVERY_S = 60.0
 FINAL_SAVE_WAIT_S = EXIT_WRITE_WAIT_S
 """How long the final save at exit waits for its write (the clocks are reset by then): a
@@ -104,13 +49,6 @@ slow disk still gets the last minute's learning."""
 KEPT_LOOKED_AT = 16
 """Kept-aside models (``.other-*``, newest first) read when the served model or the GPUs
 change, for one learned on exactly this key before."""
-MAX_THERMAL_COEFFICIENT = 1e6
-"""The largest magnitude of a stored thermal coefficient of ``T' = a T + b + c P``
-(``a`` a window's decay near 1, ``b`` a few degrees, ``c`` hundredths of a degree per
-watt): a state file beyond is no thermal fit (1e308 was restored, and written back)."""
-MAX_GPU_NAME_CHARS = 95
-"""The longest GPU name a state file keeps: NVML's device name buffer
-(``NVML_DEVICE_NAME_V2_BUFFER_SIZE``) holds 96 bytes with the terminating NUL."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,285 +73,6 @@ class ModelKey:
             return False
         names = (self.model_name, other.model_name)
         return None in names or names[0] == names[1]
-
-
-class StoredModelError(ValueError):
-    """A state file is corrupt or partial; the message names the file and the problem."""
-
-
-class UnreadableStateError(StoredModelError):
-    """A state file that is there but cannot be read (its permissions, an I/O error): not
-    its content's fault, so it is neither set aside nor saved over."""
-
-
-class OtherVersionError(StoredModelError):
-    """A state file another gpugov wrote, with another model version: not corrupt, kept
-    for that gpugov (a rollback and its upgrade again)."""
-
-
-def model_path(directory: Path, domain: str) -> Path:
-    """The state file of ``domain``."""
-    return directory / f"online-model-{domain}.json"
-
-
-def read_stored(path: Path) -> dict[str, Any]:
-    """Parse and check a state file.
-
-    Raises:
-        FileNotFoundError: no file.
-        UnreadableStateError: there but not readable (permissions, an I/O error).
-        StoredModelError: not a file, not JSON, wrong format or version, fields missing.
-    """
-    if not path.exists():
-        raise FileNotFoundError(path)
-    try:
-        text = read_input_text(path, "state")
-    except InputFileError as error:
-        if isinstance(error.__cause__, OSError):
-            raise UnreadableStateError(str(error)) from error
-        raise StoredModelError(str(error)) from error
-    try:
-        payload = loads_json(text)
-    except json.JSONDecodeError as error:
-        raise StoredModelError(
-            f"{path}:{error.lineno}: not valid JSON ({error.msg}); partial write?"
-        ) from error
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise StoredModelError(f"{path}: not a gpugov online-model file")
-    try:
-        _check_payload(payload)
-    except OtherVersionError as error:
-        raise OtherVersionError(f"{path}: {error}") from error
-    except StoredModelError as error:
-        raise StoredModelError(f"{path}: {error}") from error
-    return payload
-
-
-def payload_problem(payload: dict[str, Any]) -> str | None:
-    """What is wrong with a state file's content (the whole object), naming the field,
-    or None: the loader's checks, which :meth:`PersistentOnlineModel.save` runs before
-    writing too, so the daemon never writes a file it would refuse."""
-    try:
-        _check_payload(payload)
-    except StoredModelError as error:
-        return str(error)
-    return None
-
-
-def _check_payload(payload: dict[str, Any]) -> None:
-    version = payload.get("version")
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise StoredModelError(f"model version must be an integer, got {version!r:.40}")
-    if version != MODEL_VERSION:
-        raise OtherVersionError(f"model version {version!r}, this gpugov reads {MODEL_VERSION}")
-    for key in ("key", "model"):
-        if not isinstance(payload.get(key), dict):
-            raise StoredModelError(f"field {key!r} is missing or not an object")
-    key = payload["key"]
-    uuids = key.get("gpu_uuids")
-    if not isinstance(uuids, list) or not all(isinstance(uuid, str) for uuid in uuids):
-        raise StoredModelError("key.gpu_uuids is missing or not a list of names")
-    name = key.get("model_name")
-    if name is not None and not isinstance(name, str):
-        raise StoredModelError(f"key.model_name must be a name, got {name!r}")
-    # Bounded as the config bounds them (what the daemon saves): 1e300 prompt tokens gave
-    # no usable profile, and a longer SLO exported a profile its loader refuses.
-    for field_name in ("mean_prompt_tokens", "mean_output_tokens"):
-        value = payload.get(field_name)
-        if value is not None and not 0.0 < (finite_number(value) or 0.0) <= MAX_COUNT:
-            raise StoredModelError(
-                f"{field_name} must be a positive number of at most {MAX_COUNT:g} tokens, "
-                f"got {value!r:.40}"
-            )
-    slos = payload.get("slos")
-    if slos is not None and not isinstance(slos, dict):
-        raise StoredModelError("field 'slos' is not an object")
-    for field_name in ("ttft_slo_s", "tpot_slo_s"):
-        value = (slos or {}).get(field_name)
-        if value is not None and not 0.0 < (finite_number(value) or 0.0) <= MAX_SECONDS:
-            raise StoredModelError(
-                f"slos.{field_name} must be a positive number of at most {MAX_SECONDS:g} s "
-                f"(ten years), got {value!r:.40}"
-            )
-    value = (slos or {}).get("thermal_limit_c")
-    if value is not None and not (finite_number(value) or 0.0) > 0.0:
-        raise StoredModelError(f"slos.thermal_limit_c must be a positive number, got {value!r:.40}")
-    status = payload.get("status")
-    if status is not None and not isinstance(status, dict):
-        raise StoredModelError(
-            f"status must be an object (the controller's learning status), got {status!r:.40}"
-        )
-    problem = model_state_problem(payload["model"])
-    if problem is not None:
-        raise StoredModelError(problem)
-
-
-def gpu_names_problem(value: object, gpus: int) -> str | None:
-    """What is wrong with ``value`` as the ``gpu_names`` of a domain of ``gpus`` GPUs,
-    naming the field, or None: it must be a list of one NVML name per GPU (``""`` for one
-    that reports none), each at most :data:`MAX_GPU_NAME_CHARS` printable characters."""
-    if not isinstance(value, list) or len(value) != gpus:
-        return (
-            f"gpu_names must be a list of {gpus} names (one per GPU of key.gpu_uuids), "
-            f"got {value!r:.40}"
-        )
-    for index, name in enumerate(value):
-        if not isinstance(name, str) or len(name) > MAX_GPU_NAME_CHARS or not name.isprintable():
-            return (
-                f"gpu_names[{index}] must be a GPU's NVML name of at most "
-                f"{MAX_GPU_NAME_CHARS} printable characters, got {name!r:.40}"
-            )
-    return None
-
-
-def stored_gpu_names(payload: dict[str, Any]) -> tuple[str, ...] | None:
-    """The NVML names of the GPUs of a state file's key (checked by :func:`read_stored`),
-    in the order of ``key.gpu_uuids``; None where the file keeps none (saved before
-    ``gpu_names`` was kept). Not checked by :func:`read_stored`: a damaged name is no
-    reason to lose the model.
-
-    Raises:
-        ValueError: ``gpu_names`` is damaged (:func:`gpu_names_problem`, naming it).
-    """
-    value = payload.get("gpu_names")
-    if value is None:
-        return None
-    problem = gpu_names_problem(value, len(payload["key"]["gpu_uuids"]))
-    if problem is not None:
-        raise ValueError(problem)
-    return tuple(value)
-
-
-def _numbers(value: object, field: str, length: int | None = None) -> list[float]:
-    """``value`` as a list of finite numbers (``length`` of them when given).
-
-    Raises:
-        ValueError: naming ``field``.
-    """
-    if not isinstance(value, list) or (length is not None and len(value) != length):
-        size = "a list of numbers" if length is None else f"a list of {length} numbers"
-        raise ValueError(f"{field} must be {size}")
-    numbers = [finite_number(item) for item in value]
-    for index, number in enumerate(numbers):
-        if number is None:
-            raise ValueError(f"{field}[{index}] must be a finite number, got {value[index]!r:.40}")
-    return [float(number) for number in numbers if number is not None]
-
-
-def _clocks(value: object, field: str) -> list[float]:
-    """Two or more positive clocks, ascending, at most :data:`MAX_CLOCK_MHZ`."""
-    try:
-        clocks = _numbers(value, field)
-    except ValueError:
-        clocks = []
-    if (
-        len(clocks) < 2
-        or not all(0.0 < clock <= MAX_CLOCK_MHZ for clock in clocks)
-        or any(b <= a for a, b in itertools.pairwise(clocks))
-    ):
-        raise ValueError(
-            f"{field} must be two or more positive clocks, ascending, at most {MAX_CLOCK_MHZ:g} MHz"
-        )
-    return clocks
-
-
-def _count(value: object, field: str) -> None:
-    number = finite_number(value)
-    if number is None or not 0.0 <= number <= MAX_STORED_COUNT or number != math.floor(number):
-        raise ValueError(f"{field} must be a count, got {value!r:.40}")
-
-
-def _regression(state: object, field: str, size: int) -> list[float]:
-    """Check a stored :class:`RecursiveLeastSquares` of ``size`` parameters (the
-    numbers only: symmetry and definiteness are its own ``load_state``'s); its mean."""
-    if not isinstance(state, dict):
-        raise ValueError(f"{field} is missing or not an object")
-    mean = _numbers(state.get("mean"), f"{field}.mean", size)
-    for name in ("covariance", "prior_covariance"):
-        rows = state.get(name)
-        if not isinstance(rows, list) or len(rows) != size:
-            raise ValueError(f"{field}.{name} must be a {size} x {size} matrix of numbers")
-        for index, row in enumerate(rows):
-            _numbers(row, f"{field}.{name}[{index}]", size)
-    noise = finite_number(state.get("noise_variance"))
-    if noise is None or not noise > 0.0:
-        raise ValueError(
-            f"{field}.noise_variance must be a positive number, got "
-            f"{state.get('noise_variance')!r:.40}"
-        )
-    forgetting = finite_number(state.get("forgetting"))
-    if forgetting is None or not 0.0 < forgetting <= 1.0:
-        raise ValueError(
-            f"{field}.forgetting must lie in (0, 1] (the share of the evidence kept per "
-            f"update), got {state.get('forgetting')!r:.40}"
-        )
-    _count(state.get("samples"), f"{field}.samples")
-    residual = finite_number(state.get("residual_ms"))
-    if residual is None or residual < 0.0:
-        raise ValueError(
-            f"{field}.residual_ms must be a number >= 0, got {state.get('residual_ms')!r:.40}"
-        )
-    return mean
-
-
-def model_state_problem(state: dict[str, Any]) -> str | None:
-    """What is wrong with a stored model's numbers (the file's ``model`` object), naming
-    the field, or None. The physical ranges only a file can break: clocks positive and
-    ascending, knots among them, per-clock arrays one a clock, every regression's
-    numbers finite and shaped for the knots, forgetting in (0, 1], and a board power of
-    more than 0 W in each phase at the top clock (where the warm-up's evidence is, as
-    for the latencies the model checks itself). What needs the model built (the
-    latencies it predicts, definiteness) is :meth:`OnlineModel.load_state`'s."""
-    try:
-        version = state.get("version")
-        if isinstance(version, bool) or not isinstance(version, int):
-            raise ValueError(f"model.version must be an integer, got {version!r:.40}")
-        if version != MODEL_VERSION:
-            raise ValueError(
-                f"model.version is {state.get('version')!r:.40}, this gpugov reads {MODEL_VERSION}"
-            )
-        clocks = _clocks(state.get("clocks_mhz"), "model.clocks_mhz")
-        knots = _clocks(state.get("knots_mhz"), "model.knots_mhz")
-        if knots[0] != clocks[0] or knots[-1] != clocks[-1] or not set(knots) <= set(clocks):
-            raise ValueError(
-                "model.knots_mhz must be clocks of model.clocks_mhz, from its lowest to its highest"
-            )
-        limit = finite_number(state.get("power_limit_w"))
-        if limit is None or not limit > 0.0:
-            raise ValueError(
-                f"model.power_limit_w must be a positive number, got "
-                f"{state.get('power_limit_w')!r:.40}"
-            )
-        ratio = _numbers(state.get("realized_ratio"), "model.realized_ratio", len(clocks))
-        if not all(0.0 < value <= 1.0 for value in ratio):
-            raise ValueError("model.realized_ratio must lie in (0, 1] (realised over requested)")
-        for index, value in enumerate(_numbers(state.get("visits"), "model.visits", len(clocks))):
-            _count(value, f"model.visits[{index}]")
-        if not isinstance(state.get("warmed_up"), bool):
-            raise ValueError(
-                f"model.warmed_up must be true or false, got {state.get('warmed_up')!r:.40}"
-            )
-        _count(state.get("warmup_count"), "model.warmup_count")
-        k = len(knots)
-        _regression(state.get("time"), "model.time", len(TIME_BLOCKS) * k)
-        power = _regression(state.get("power"), "model.power", len(POWER_BLOCKS) * k)
-        thermal = _regression(state.get("thermal"), "model.thermal", 3)
-        for name, value in zip(("a", "b", "c"), thermal, strict=True):
-            if not abs(value) <= MAX_THERMAL_COEFFICIENT:
-                raise ValueError(
-                    f"model.thermal.mean: {name} = {value:.3g} in T' = a T + b + c P, beyond "
-                    f"{MAX_THERMAL_COEFFICIENT:g}; no GPU heats or cools so"
-                )
-        for index, phase in enumerate(POWER_BLOCKS):
-            top = power[(index + 1) * k - 1]
-            if not top > 0.0:
-                raise ValueError(
-                    f"model.power.mean: the {phase} power at the top clock {clocks[-1]:g} MHz "
-                    f"is {top:.3g} W; a board draws more than 0 W"
-                )
-    except ValueError as error:
-        return str(error)
-    return None
 
 
 def set_aside(path: Path, now: Callable[[], float] = time.time, tag: str = "corrupt") -> Path:
@@ -962,18 +621,9 @@ def learned_windows(controller: OnlineMPCController) -> int:
 
 
 __all__ = [
-    "FORMAT",
-    "MAX_GPU_NAME_CHARS",
     "ModelKey",
     "PersistentOnlineModel",
-    "StoredModelError",
-    "UnreadableStateError",
-    "gpu_names_problem",
+    "boot_unix_s",
     "learned_windows",
-    "model_path",
-    "model_state_problem",
-    "payload_problem",
-    "read_stored",
     "set_aside",
-    "stored_gpu_names",
 ]

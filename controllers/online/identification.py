@@ -405,7 +405,7 @@ class OnlineModel:
     def _update_power(self, x: FloatArray, energy_j: float) -> bool:
         """Fold one window into the power fit unless it would leave a phase's power at
         the top clock at 0 W or below (no board draws that; the state file's loader
-        refuses such a model, :func:`daemon.model_store.model_state_problem`): then the
+        refuses such a model, :func:`daemon.stored_model.model_state_problem`): then the
         fit is left as it was and False returned."""
         power = self.power
         k = self.knots_mhz.size

@@ -16,9 +16,9 @@ from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.engines import EngineSample, HistogramTotals
 from gpugov.daemon.errors import EngineUnavailable
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run
-from gpugov.daemon.model_store import model_path, read_stored
 from gpugov.daemon.observer import DomainObserver
 from gpugov.daemon.service import simulated_run
+from gpugov.daemon.stored_model import model_path, read_stored
 from gpugov.plant import ServingPlant, load_profile
 from gpugov.plant.workload import load_trace
 

@@ -29,13 +29,14 @@ from synthetic import make_plant, poisson_requests
 
 import gpugov.daemon.model_store as store
 from gpugov.controllers.online.controller import OnlineMPCController
-from gpugov.daemon import power_budget
+from gpugov.daemon import power_budget, stored_model
 from gpugov.daemon.config import parse_config
 from gpugov.daemon.deadline import LatestReader, ReadTimeout
 from gpugov.daemon.exporter import Exporter
-from gpugov.daemon.model_store import PersistentOnlineModel, model_path
+from gpugov.daemon.model_store import PersistentOnlineModel
 from gpugov.daemon.power_budget import BudgetFile
 from gpugov.daemon.service import domains_from_config
+from gpugov.daemon.stored_model import model_path
 from gpugov.plant import chunked_prefill_scheduler, simulate
 from gpugov.plant.input_files import InputFileError
 from gpugov.plant.types import ServingObservation
@@ -438,7 +439,7 @@ def test_a_state_file_read_that_fails_late_is_handled_as_at_a_start(
     path.write_text("{}")
 
     def denied(target: Path) -> dict[str, Any]:
-        raise store.UnreadableStateError(
+        raise stored_model.UnreadableStateError(
             str(InputFileError(target, None, "cannot read state file: Permission denied"))
         )
 

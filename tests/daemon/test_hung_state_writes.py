@@ -38,13 +38,14 @@ from synthetic import make_plant, poisson_requests
 
 import gpugov.daemon.model_store as store
 from gpugov.controllers.online.controller import OnlineMPCController
-from gpugov.daemon import lockstate
+from gpugov.daemon import lockstate, stored_model
 from gpugov.daemon.actuator import ClockActuator
 from gpugov.daemon.deadline import LatestWriter, WriteTimeout
 from gpugov.daemon.exporter import Exporter
 from gpugov.daemon.lockstate import LockState
-from gpugov.daemon.model_store import PersistentOnlineModel, model_path, read_stored
+from gpugov.daemon.model_store import PersistentOnlineModel
 from gpugov.daemon.nvml import NvmlBackend
+from gpugov.daemon.stored_model import model_path, read_stored
 from gpugov.plant import chunked_prefill_scheduler, simulate
 from gpugov.plant.types import ServingObservation
 
@@ -363,7 +364,7 @@ def test_the_state_file_is_not_read_while_a_save_hangs(
             return True
         try:
             return bool(read_stored(path)["key"]["model_name"] == "mistral")
-        except (OSError, store.StoredModelError):
+        except (OSError, stored_model.StoredModelError):
             return False
 
     assert eventually(saved)

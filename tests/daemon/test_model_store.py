@@ -20,15 +20,10 @@ from gpugov.cli import main
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.online.identification import OnlineModel
-from gpugov.daemon import model_store
+from gpugov.daemon import model_store, stored_model
 from gpugov.daemon.files import resolve_state_dir
-from gpugov.daemon.model_store import (
-    PersistentOnlineModel,
-    StoredModelError,
-    model_path,
-    read_stored,
-    set_aside,
-)
+from gpugov.daemon.model_store import PersistentOnlineModel, set_aside
+from gpugov.daemon.stored_model import StoredModelError, model_path, read_stored
 from gpugov.plant import chunked_prefill_scheduler, load_profile, simulate
 from gpugov.plant.types import ServingObservation
 
@@ -265,7 +260,7 @@ def test_the_gpu_names_are_kept_with_the_model(
     payload = read_stored(model_path(tmp_path, "llm"))
     assert payload["key"]["gpu_uuids"] == ["GPU-aaaa", "GPU-bbbb"]
     assert payload["gpu_names"] == [H100, "NVIDIA H200"]
-    assert model_store.stored_gpu_names(payload) == (H100, "NVIDIA H200")
+    assert stored_model.stored_gpu_names(payload) == (H100, "NVIDIA H200")
     with caplog.at_level("INFO", logger="gpugov"):
         again = _learn(tmp_path, gpus=GPUS, gpu_names=(H100, "NVIDIA H200"))
     assert again.restored

@@ -202,7 +202,8 @@ def test_model_show_escapes_the_stored_model_name_the_store_keeps_raw(
 
     from gpugov.cli import main
     from gpugov.controllers.online.controller import OnlineMPCController
-    from gpugov.daemon.model_store import PersistentOnlineModel, model_path, read_stored
+    from gpugov.daemon.model_store import PersistentOnlineModel
+    from gpugov.daemon.stored_model import model_path, read_stored
     from gpugov.plant import chunked_prefill_scheduler, simulate
     from gpugov.plant.types import ServingObservation
 
