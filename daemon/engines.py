@@ -467,6 +467,31 @@ def check_values(series: Series, source: str) -> None:
                 )
 
 
+MAX_REQUESTS_IN_ENGINE = 1e8
+"""Requests no engine holds at once: each is kept in its memory (its prompt at least), so
+a hundred million is hundreds of GB. A queue gauge that reads more is no count: an
+unsigned gauge wrapped below zero (about 4.3e9 or 1.8e19) or a proxy's arithmetic gone
+wild, which read as a queue made the prompt backlog infinite."""
+
+
+def check_request_gauges(series: Series, names: Iterable[str], source: str) -> None:
+    """Refuse a page whose gauge of requests (running, waiting, queued) reads above
+    :data:`MAX_REQUESTS_IN_ENGINE`.
+
+    Raises:
+        EngineParseError: naming ``source``, the series and the value.
+    """
+    for name in names:
+        for labels, value in series.get(name) or ():
+            if value > MAX_REQUESTS_IN_ENGINE:
+                shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                raise EngineParseError(
+                    f"{source}: impossible value {name}{{{shown}}} = {value!r} (more "
+                    f"requests than any engine holds, {MAX_REQUESTS_IN_ENGINE:.0e}); "
+                    "scrape discarded"
+                )
+
+
 def model_name(series: Series, names: Iterable[str]) -> str | None:
     """The ``model_name`` label on the first of ``names`` present (sorted and joined
     with commas when the page serves several), or None."""
@@ -493,6 +518,8 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
             "on the page; wrong engine kind, or metrics not enabled"
         )
     check_values(series, source)
+    requests = (*spec.running, *spec.waiting, *spec.waiting_also, *QUEUE_GAUGES.get(spec.kind, ()))
+    check_request_gauges(series, requests, source)
     waiting = (waiting or 0.0) + (_summed(series, spec.waiting_also) or 0.0)
     usage = _first(series, spec.kv_usage, how="mean")
     if usage is not None and usage > 1.0 + 1e-6:
@@ -643,6 +670,13 @@ DISAGGREGATION_SERIES: dict[str, tuple[str, ...]] = {
 """The disaggregated-serving sample names each engine's extraction also reads (vLLM's
 NIXL connector metrics and prompt sources, SGLang's PD queues and transfer series);
 a page without them parses as before."""
+
+QUEUE_GAUGES: dict[str, tuple[str, ...]] = {
+    "vllm": (VLLM_WAITING_BY_REASON,),
+    "sglang": (*SGLANG_TRANSFER_QUEUES, *SGLANG_BOOTSTRAP_QUEUES),
+}
+"""Each engine's gauges of requests besides its running and waiting ones
+(:func:`check_request_gauges`)."""
 
 DYNAMO_MARK = "dynamo_component"
 DYNAMO_SERIES = frozenset({"dynamo_component_requests_total", "dynamo_component_inflight_requests"})

@@ -463,6 +463,42 @@ def test_buckets_equal_within_rounding_are_kept() -> None:
     assert sample.ttft_buckets is not None
 
 
+def _gauge_set(page: str, name: str, value: str) -> str:
+    """``page`` with the first series of gauge ``name`` set to ``value``."""
+    lines = page.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(f"{name}{{"))
+    lines[first] = f"{lines[first].rpartition(' ')[0]} {value}"
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("source", "fixture", "name"),
+    [
+        (VllmSource, "vllm_dp2_synthetic.txt", "vllm:num_requests_waiting"),
+        (VllmSource, "vllm_dp2_synthetic.txt", "vllm:num_requests_running"),
+        (SglangSource, "sglang_real.txt", "sglang:num_queue_reqs"),
+        (SglangSource, "sglang_pd_decode_synthetic.txt", "sglang:num_decode_prealloc_queue_reqs"),
+    ],
+    ids=["vllm-waiting", "vllm-running", "sglang-queue", "sglang-pd-queue"],
+)
+@pytest.mark.parametrize("value", ["1.8446744073709552e+19", "4294967295", "1e308"])
+def test_a_queue_gauge_above_any_engine_is_a_bad_scrape(
+    source: type[SglangSource] | type[VllmSource], fixture: str, name: str, value: str
+) -> None:
+    # Read as requests, an unsigned gauge wrapped below zero made the prompt backlog
+    # infinite (1e308 x the mean prompt) and the arrivals ~1.8e19: no bad scrape.
+    page = fixture_text(fixture)
+    source("x", fetch=lambda url, t: page).scrape()
+    wrapped = _gauge_set(page, name, value)
+    with pytest.raises(EngineParseError, match=f"impossible value {name}.*more requests"):
+        source("x", fetch=lambda url, t: wrapped).scrape()
+
+
+def test_a_long_queue_is_read() -> None:
+    page = _gauge_set(fixture_text("vllm_dp2_synthetic.txt"), "vllm:num_requests_waiting", "1e6")
+    assert VllmSource("x", fetch=lambda url, t: page).scrape().waiting_requests == 1_000_001
+
+
 def test_sglang_v035_names() -> None:
     """SGLang v0.3.5 named its queue gauges num_requests_running / num_requests_waiting
     and its per-request length histograms request_prompt_tokens / request_generation_tokens
