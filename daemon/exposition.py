@@ -118,7 +118,9 @@ def parse_page(
         ParseTimeout: the page is still being read past ``deadline``.
     """
     selector = _line_selector(None if wanted is None else frozenset(wanted))
-    padded = "\n" + text
+    # A byte-order mark (a page saved by an editor, served as a file) would glue itself
+    # to the first sample name, and that line would be passed over unread.
+    padded = "\n" + text.removeprefix("\ufeff")
     series: Series = {}
     fresh: list[re.Match[str]] = []
     for count, match in enumerate(selector.finditer(padded), 1):

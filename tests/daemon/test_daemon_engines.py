@@ -499,6 +499,22 @@ def test_a_long_queue_is_read() -> None:
     assert VllmSource("x", fetch=lambda url, t: page).scrape().waiting_requests == 1_000_001
 
 
+def test_a_page_that_starts_with_a_byte_order_mark_reads_whole(
+    metrics_server: MetricsServer,
+) -> None:
+    # The mark glued itself to the first sample name: that line (engine 0's running
+    # gauge, 12 of the 20 requests) was passed over unread.
+    page = "\n".join(
+        line
+        for line in fixture_text("vllm_dp2_synthetic.txt").splitlines()
+        if not line.startswith("#")
+    )
+    assert page.startswith('vllm:num_requests_running{engine="0"')
+    metrics_server.page = "\ufeff" + page + "\n"
+    sample = VllmSource(metrics_server.url, timeout_s=2.0).scrape()
+    assert (sample.running_requests, sample.waiting_requests) == (20, 4)
+
+
 def test_sglang_v035_names() -> None:
     """SGLang v0.3.5 named its queue gauges num_requests_running / num_requests_waiting
     and its per-request length histograms request_prompt_tokens / request_generation_tokens
