@@ -4,7 +4,8 @@ the whole exchange, a size cap, and failures said in words.
 The engine sources (:mod:`daemon.engine_sources`) scrape through :class:`KeepAliveFetcher`; it
 raises the daemon's :class:`~gpugov.daemon.errors.EngineUnavailable` (nothing usable came
 back), :class:`~gpugov.daemon.errors.EngineHttpError` (an HTTP error status) and
-:class:`~gpugov.daemon.errors.EngineParseError` (a page too large or not UTF-8).
+:class:`~gpugov.daemon.errors.EngineParseError` (a page too large, not UTF-8, or in an
+encoding other than gzip).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import socket
 import threading
 import time
 import urllib.parse
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +27,38 @@ Fetcher = Callable[[str, float], str]
 
 MAX_PAGE_BYTES = 16 * 1024 * 1024
 """The largest metrics page read (a vLLM page is ~100 KB); a larger one is a bad scrape."""
+
+
+def _decompressed(body: bytes, encoding: str | None, url: str, max_bytes: int) -> bytes:
+    """``body`` as the page it encodes: a gzip answer decompressed (a server or proxy
+    that compresses though the request asks for no encoding), within ``max_bytes``.
+
+    Raises:
+        EngineParseError: another encoding, a body that is not gzip, or a page that
+            decompresses past ``max_bytes``.
+    """
+    coding = (encoding or "identity").strip().lower()
+    if coding == "identity":
+        return body
+    if coding not in ("gzip", "x-gzip"):
+        raise EngineParseError(
+            f"{url}: the metrics page is {coding}-encoded (Content-Encoding: {encoding}); "
+            "gpugov asks for no encoding and decodes only gzip"
+        )
+    inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        page = inflate.decompress(body, max_bytes + 1)
+    except zlib.error as error:
+        raise EngineParseError(
+            f"{url}: the gzip-encoded metrics page is not gzip: {error}"
+        ) from error
+    if len(page) > max_bytes:
+        raise EngineParseError(
+            f"{url}: the metrics page is over the {max_bytes}-byte limit (gzip-encoded)"
+        )
+    if not inflate.eof:
+        raise EngineParseError(f"{url}: the gzip-encoded metrics page ends mid-stream")
+    return page
 
 
 def _decode(body: bytes, url: str) -> str:
@@ -323,7 +357,8 @@ class KeepAliveFetcher:
             moved = _redirect_advice(url, response)
             if response.status != 200:
                 raise EngineHttpError(f"{url}: HTTP {response.status} {response.reason}{moved}")
-            return _decode(body, url)
+            page = _decompressed(body, response.getheader("Content-Encoding"), url, self.max_bytes)
+            return _decode(page, url)
         raise self._late(url, timeout_s)
 
     @staticmethod

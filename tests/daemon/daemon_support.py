@@ -53,6 +53,7 @@ class MetricsServer:
     """A real HTTP server on 127.0.0.1 serving ``page`` at /metrics (``status`` settable)."""
 
     def __init__(self, protocol: str = "HTTP/1.0") -> None:
+        import gzip
         import http.server
         import socket
         import threading
@@ -61,6 +62,7 @@ class MetricsServer:
         self.status = 200
         self.down = False  # when True, connections are dropped without an answer
         self.short_body = False  # when True, half the page is sent and the connection closed
+        self.encoding = ""  # "gzip": the page sent gzip-compressed; another: sent as it is
         self.requests = 0
         self.connections = 0
         server = self
@@ -79,8 +81,12 @@ class MetricsServer:
                     self.connection.close()
                     return
                 body = server.page.encode()
+                if server.encoding == "gzip":
+                    body = gzip.compress(body)
                 self.send_response(server.status)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
+                if server.encoding:
+                    self.send_header("Content-Encoding", server.encoding)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 if server.short_body:

@@ -515,6 +515,30 @@ def test_a_page_that_starts_with_a_byte_order_mark_reads_whole(
     assert (sample.running_requests, sample.waiting_requests) == (20, 4)
 
 
+def test_a_gzip_encoded_page_is_decompressed(metrics_server: MetricsServer) -> None:
+    # A server or proxy that compresses though the request asks for no encoding: the page
+    # was refused as "not UTF-8 ... byte 0x8b", which sent the operator to the labels.
+    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
+    metrics_server.encoding = "gzip"
+    sample = VllmSource(metrics_server.url, timeout_s=2.0).scrape()
+    assert (sample.running_requests, sample.waiting_requests) == (20, 4)
+
+
+def test_a_page_in_another_encoding_names_it(metrics_server: MetricsServer) -> None:
+    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
+    metrics_server.encoding = "br"
+    with pytest.raises(EngineParseError, match=r"br-encoded .*decodes only gzip"):
+        VllmSource(metrics_server.url, timeout_s=2.0).scrape()
+
+
+def test_a_gzip_page_past_the_size_limit_is_refused(metrics_server: MetricsServer) -> None:
+    # A few KB compressed, megabytes once decompressed: the limit is on the page.
+    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt") + "x 1\n" * 300_000
+    metrics_server.encoding = "gzip"
+    with pytest.raises(EngineParseError, match="over the 100000-byte limit"):
+        ScrapedSource(metrics_server.url, "vllm", timeout_s=2.0, max_page_bytes=100_000).scrape()
+
+
 def test_sglang_v035_names() -> None:
     """SGLang v0.3.5 named its queue gauges num_requests_running / num_requests_waiting
     and its per-request length histograms request_prompt_tokens / request_generation_tokens
