@@ -395,9 +395,16 @@ TGI = EngineSpec(
 SPECS: dict[str, EngineSpec] = {"vllm": VLLM, "sglang": SGLANG, "tgi": TGI}
 
 
+MAX_KV_TOKENS = 1e12
+"""KV cache tokens no engine holds: a token's cache is kilobytes (layers x KV heads x head
+size x 2), so a trillion is petabytes. A KV token gauge or capacity that reads more is
+no count (an unsigned value wrapped below zero reads about 1.8e19)."""
+
+
 def _vllm_kv_capacities(series: Series) -> dict[tuple[tuple[str, str], ...], float]:
     """KV capacity in tokens per engine (non-rank labels), from ``vllm:cache_config_info``:
-    ``kv_cache_size_tokens`` (recent releases), else ``num_gpu_blocks * block_size``."""
+    ``kv_cache_size_tokens`` (recent releases), else ``num_gpu_blocks * block_size``; one
+    above :data:`MAX_KV_TOKENS` is not known."""
     per_engine: dict[tuple[tuple[str, str], ...], float] = {}
     for labels, _ in series.get("vllm:cache_config_info") or ():
         try:
@@ -407,8 +414,8 @@ def _vllm_kv_capacities(series: Series) -> dict[tuple[tuple[str, str], ...], flo
                 tokens = float(labels["num_gpu_blocks"]) * float(labels["block_size"])
         except (KeyError, ValueError):
             continue
-        if not math.isfinite(tokens) or tokens <= 0:
-            continue  # no cache (a page before the engine profiled it): not known
+        if not math.isfinite(tokens) or tokens <= 0 or tokens > MAX_KV_TOKENS:
+            continue  # no cache (a page before the engine profiled it), or no count
         key = tuple(sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS))
         per_engine[key] = tokens
     return per_engine
@@ -529,6 +536,11 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
     capacities = _vllm_kv_capacities(series) if spec.kind == "vllm" else {}
     capacity = sum(capacities.values()) if capacities else None
     kv_tokens = _first(series, spec.kv_tokens)
+    if kv_tokens is not None and kv_tokens > MAX_KV_TOKENS:
+        raise EngineParseError(
+            f"{source}: impossible KV cache tokens {kv_tokens!r} ({' or '.join(spec.kv_tokens)}; "
+            f"more than any engine holds, {MAX_KV_TOKENS:.0e}); scrape discarded"
+        )
     if capacity is None and kv_tokens and usage:
         capacity = kv_tokens / usage
     if kv_tokens is None and usage is not None and capacity is not None:

@@ -575,6 +575,24 @@ def test_a_vllm_cache_of_zero_blocks_is_no_kv_capacity() -> None:
     assert sample.kv_capacity_tokens is None
 
 
+def test_a_vllm_cache_beyond_any_engine_is_no_kv_capacity() -> None:
+    # num_gpu_blocks wrapped below zero: 5.9e20 tokens of capacity, and the engines' KV
+    # tokens with it (usage x capacity), went to the controller as the node's cache.
+    page = fixture_text("vllm_dp2_synthetic.txt")
+    assert VllmSource("x", fetch=lambda url, t: page).scrape().kv_tokens == 120_000.0
+    wrapped = page.replace('num_gpu_blocks="10000"', 'num_gpu_blocks="18446744073709551615"')
+    sample = VllmSource("x", fetch=lambda url, t: wrapped).scrape()
+    assert sample.kv_capacity_tokens is None and sample.kv_tokens is None
+
+
+def test_kv_tokens_beyond_any_engine_are_a_bad_scrape() -> None:
+    page = fixture_text("sglang_real.txt")
+    assert SglangSource("x", fetch=lambda url, t: page).scrape().kv_tokens == 123_859.0
+    wrapped = _gauge_set(page, "sglang:num_used_tokens", "1.8446744073709552e+19")
+    with pytest.raises(EngineParseError, match="impossible KV cache tokens"):
+        SglangSource("x", fetch=lambda url, t: wrapped).scrape()
+
+
 def test_vllm_v0_swapped_requests_are_waiting() -> None:
     """A V0-engine vLLM moves preempted requests to CPU memory (swap preemption): they
     are in vllm:num_requests_swapped, in neither the running nor the waiting gauge, and
