@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.daemon import cli_types, decide
-from gpugov.daemon.config import ONLINE_PERIOD_S, parse_address
+from gpugov.daemon.config import ONLINE_PERIOD_S, default_control_period, parse_address
 from gpugov.daemon.controller_config import (
     ControllerConfig,
     FixedControllerConfig,
@@ -41,6 +41,7 @@ from gpugov.daemon.decide import ControllerContext
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.errors import ExitCode, error_lines, printable
 from gpugov.daemon.limits import MAX_GPU_INDEX
+from gpugov.daemon.log_lines import log_to_stderr
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import ServingPlant
@@ -671,8 +672,6 @@ def control_period_of(period_s: float | None, spec: str) -> float:
     others: :func:`daemon.config.default_control_period`)."""
     if period_s is not None:
         return float(period_s)
-    from gpugov.daemon.config import default_control_period
-
     return default_control_period(parse_controller_flag(spec).kind)
 
 
@@ -755,8 +754,6 @@ def safety_from_args(args: argparse.Namespace, clocks_mhz: Iterable[float]) -> S
 def setup_logging(level: str) -> None:
     """Log lines to stderr at ``level`` (a node command's ``--log-level``), each record
     one escaped, bounded line (:class:`~gpugov.daemon.log_lines.LineFormatter`)."""
-    from gpugov.daemon.log_lines import log_to_stderr
-
     log_to_stderr(getattr(logging, level.upper(), logging.INFO))
 
 
