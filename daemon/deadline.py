@@ -323,9 +323,7 @@ class _DiskWorker:
         """
         number = self._posted
         if self._finished < number and self._overdue:
-            started = self._started_s
-            age = 0.0 if started is None else self._clock() - started
-            raise self._timeout(f"a {self._noun} has been hanging for {age:.1f} s: {self._cause}")
+            raise self._hanging_locked()
         if not self._changed.wait_for(lambda: self._finished >= number, timeout=wait_s):
             self._overdue = True
             raise self._timeout(
@@ -335,6 +333,13 @@ class _DiskWorker:
         if self._error is not None:
             raise self._error
         return self._result
+
+    def _hanging_locked(self) -> TimeoutError:
+        """The class's timeout for a job still running past a caller's deadline (the lock
+        held)."""
+        started = self._started_s
+        age = 0.0 if started is None else self._clock() - started
+        return self._timeout(f"a {self._noun} has been hanging for {age:.1f} s: {self._cause}")
 
     def _work(self) -> None:
         """Run the job of the newest payload posted until none is left (for ``idle_s``),
@@ -440,7 +445,22 @@ class LatestWriter(_DiskWorker):
         self.wait(wait_s)
 
 
-class LatestReader(_DiskWorker, Generic[T]):
+class _LateAnswer(_DiskWorker):
+    """A :class:`_DiskWorker` whose job that ran past a caller's deadline keeps its answer
+    (what it returned or raised) for a later caller to take (:class:`LatestReader`,
+    :class:`SerialCalls`)."""
+
+    _late = False
+    """A job ran past a caller's deadline and its answer has not been taken."""
+
+    @property
+    def hanging(self) -> bool:
+        """Whether a job that ran past a caller's deadline is still running."""
+        with self._changed:
+            return self._late and self._finished < self._posted
+
+
+class LatestReader(_LateAnswer, Generic[T]):
     """Reads one file with ``read`` on a worker thread; the caller waits for the read up
     to ``deadline_s`` (:meth:`read`).
 
@@ -477,8 +497,6 @@ class LatestReader(_DiskWorker, Generic[T]):
     ) -> None:
         super().__init__(self._run, deadline_s, name=name, clock=clock, idle_s=idle_s)
         self._read = read
-        self._late = False
-        """A read ran past a caller's deadline and its answer has not been taken."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LatestReader[T]:
         """An idle reader with the same read and deadline: a thread and its locks cannot
@@ -493,12 +511,6 @@ class LatestReader(_DiskWorker, Generic[T]):
 
     def _run(self, _payload: Any) -> T:
         return self._read()
-
-    @property
-    def hanging(self) -> bool:
-        """Whether a read that ran past a caller's deadline is still running."""
-        with self._changed:
-            return self._late and self._finished < self._posted
 
     def read(self) -> T:
         """The file's contents as ``read`` gives them: read now on the worker thread,
@@ -546,7 +558,7 @@ class CallOutcome:
     error: Exception | None
 
 
-class SerialCalls(_DiskWorker):
+class SerialCalls(_LateAnswer):
     """Runs the calls handed to it on one worker thread, one at a time and in the order
     they were made; the caller waits for its call up to ``deadline_s`` (:meth:`call`).
 
@@ -583,20 +595,6 @@ class SerialCalls(_DiskWorker):
     ) -> None:
         super().__init__(_invoke, deadline_s, name=name, clock=clock, idle_s=idle_s)
         self._cause = cause
-        self._late = False
-        """A call ran past a caller's deadline and its outcome has not been taken."""
-
-    @property
-    def hanging(self) -> bool:
-        """Whether a call that ran past a caller's deadline is still running."""
-        with self._changed:
-            return self._late and self._finished < self._posted
-
-    def _hanging_locked(self) -> CallTimeout:
-        """The error for a call still running past its deadline (the lock held)."""
-        started = self._started_s
-        age = 0.0 if started is None else self._clock() - started
-        return CallTimeout(f"a call has been hanging for {age:.1f} s: {self._cause}")
 
     def call(self, target: Callable[[], T], wait_s: float | None = None) -> T:
         """``target()`` on the worker thread, waiting at most ``wait_s`` (default
