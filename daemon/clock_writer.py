@@ -71,7 +71,6 @@ class ClockWriter(GpuWriter[ClockWrite]):
             backend.label,
             failure_log,
             hung_error=ClockWriteHung,
-            subject="clock",
             others="write",
             thread="clocks",
             deadline_s=deadline_s,

@@ -162,9 +162,9 @@ class GpuWriter(Generic[W]):
 
     Args:
         label: the GPU's label.
-        failure_log: the domain's log of failing writes, shared by its GPUs.
+        failure_log: the domain's log of failing writes, shared by its GPUs; its
+            ``subject`` names the kind of call in messages ("clock", "power limit").
         hung_error: what a call past its deadline (or one not started behind it) raises.
-        subject: the kind of call, in messages ("clock", "power limit").
         others: what is not started while one hangs ("write", "power limit call").
         thread: names the worker thread (with the GPU's label).
         deadline_s: how long the caller waits for one call (None: on its own thread).
@@ -177,7 +177,6 @@ class GpuWriter(Generic[W]):
         failure_log: WriteFailureLog,
         *,
         hung_error: type[TransientGpuError],
-        subject: str,
         others: str,
         thread: str,
         deadline_s: float | None = None,
@@ -187,7 +186,7 @@ class GpuWriter(Generic[W]):
         self.failure_log = failure_log
         self.failures = 0
         """Failed writes (an actuator's ``write_failures``)."""
-        self.subject = subject
+        self.subject = failure_log.subject
         self._others = others
         self._hung_error = hung_error
         self._clock = clock

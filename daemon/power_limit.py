@@ -185,7 +185,6 @@ class PowerLimitActuator:
                 b.label,
                 self.failure_log,
                 hung_error=PowerLimitCallHung,
-                subject="power limit",
                 others="power limit call",
                 thread="power-limit",
                 deadline_s=write_deadline_s,
