@@ -154,7 +154,6 @@ class ClockActuator:
         self._fallback_logged: set[str] = set()
         self._maybe_held: dict[str, int] = {}
         """Per GPU whose lock writes failed: the lowest clock a lock may hold it at."""
-        self.write_deadline_s = write_deadline_s
         self._writers = {
             b.label: ClockWriter(b, self.failure_log, deadline_s=write_deadline_s, clock=clock)
             for b in self._backends

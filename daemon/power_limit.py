@@ -179,7 +179,6 @@ class PowerLimitActuator:
         self.writes = 0
         self.failure_log = WriteFailureLog(domain, clock=clock, subject="power limit")
         self._clock = clock
-        self.write_deadline_s = write_deadline_s
         self._writers: dict[str, GpuWriter[PowerLimitWrite]] = {
             b.label: GpuWriter(
                 b.label,
