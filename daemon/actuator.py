@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
-from gpugov.daemon.clock_writer import ClockWriteHung, ClockWriter, LateWrite
+from gpugov.daemon.clock_writer import ClockWrite, ClockWriteHung, ClockWriter
 from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import (
     ConfigError,
@@ -28,7 +28,7 @@ from gpugov.daemon.exit_restore import (
     Outcome,
     restore_each,
 )
-from gpugov.daemon.gpu_writer import WriteFailureLog
+from gpugov.daemon.gpu_writer import LateCall, WriteFailureLog
 from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
 from gpugov.daemon.readback import APPLICATIONS_CLOCKS_SETTING, LockReadback
 
@@ -338,7 +338,7 @@ class ClockActuator:
             self._take_late(writer, late)
         return True
 
-    def _take_late(self, writer: ClockWriter, late: LateWrite) -> None:
+    def _take_late(self, writer: ClockWriter, late: LateCall[ClockWrite]) -> None:
         """A hung write through ``writer`` has returned: what the GPU holds now is what
         that write did (it went through: its lock, or none after a reset), else unknown
         (the next write goes through whatever was remembered).

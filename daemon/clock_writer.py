@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.errors import TransientGpuError
-from gpugov.daemon.gpu_writer import GpuWriter, HungCall, LateCall, WriteFailureLog
+from gpugov.daemon.gpu_writer import GpuWriter, WriteFailureLog
 
 _NO_EPOCH = object()  # no write session seen yet
 
@@ -35,12 +35,6 @@ class ClockWrite:
             return "reset"
         low, high = self.clock_range
         return f"lock at {low}-{high} MHz"
-
-
-HungWrite = HungCall[ClockWrite]
-"""A clock write that ran past its deadline (``write.clock_range``), and when it started."""
-LateWrite = LateCall[ClockWrite]
-"""A clock write that ran past its deadline and has since returned, with what it raised."""
 
 
 class ClockWriter(GpuWriter[ClockWrite]):
@@ -114,4 +108,4 @@ class ClockWriter(GpuWriter[ClockWrite]):
         self.call(target, write.what, write=write, wait_s=wait_s)
 
 
-__all__ = ["ClockWrite", "ClockWriteHung", "ClockWriter", "HungWrite", "LateWrite"]
+__all__ = ["ClockWrite", "ClockWriteHung", "ClockWriter"]
