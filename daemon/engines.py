@@ -456,6 +456,12 @@ def _weighted_kv_tokens(
     return None
 
 
+def _series_text(name: str, labels: dict[str, str]) -> str:
+    """One series as an error quotes it: ``name{k="v",...}``, its labels sorted."""
+    shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{shown}}}"
+
+
 def check_values(series: Series, source: str) -> None:
     """Refuse a page whose values cannot be true: NaN, infinite or negative.
 
@@ -467,9 +473,8 @@ def check_values(series: Series, source: str) -> None:
     for name, rows in series.items():
         for labels, value in rows:
             if not math.isfinite(value) or value < 0:
-                shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
                 raise EngineParseError(
-                    f"{source}: impossible value {name}{{{shown}}} = {value!r} "
+                    f"{source}: impossible value {_series_text(name, labels)} = {value!r} "
                     "(not a finite non-negative number); scrape discarded"
                 )
 
@@ -491,9 +496,8 @@ def check_request_gauges(series: Series, names: Iterable[str], source: str) -> N
     for name in names:
         for labels, value in series.get(name) or ():
             if value > MAX_REQUESTS_IN_ENGINE:
-                shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
                 raise EngineParseError(
-                    f"{source}: impossible value {name}{{{shown}}} = {value!r} (more "
+                    f"{source}: impossible value {_series_text(name, labels)} = {value!r} (more "
                     f"requests than any engine holds, {MAX_REQUESTS_IN_ENGINE:.0e}); "
                     "scrape discarded"
                 )
