@@ -32,6 +32,7 @@ and their stated defaults are in :mod:`gpugov.plant.disaggregated_layout`.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -77,6 +78,21 @@ class _Pool:
         self._observers = None if view is None else [view(engine, role) for engine in engines]
         self._ttft_seen = [0.0] * len(engines)
         self._tokens_seen = [0.0] * len(engines)
+
+    def fork(self) -> _Pool:
+        """An independent copy: each engine forked (:meth:`PlantSimulation.fork`), the
+        pooled observation's bookkeeping copied.
+
+        Raises:
+            ValueError: the pool observes through a view (whose own state a fork cannot
+                copy).
+        """
+        if self._observers is not None:
+            raise ValueError(f"the {self.role} pool observes through a view: it cannot be forked")
+        twin = _Pool(self.role, [_fork_engine(engine) for engine in self.engines])
+        twin._ttft_seen = list(self._ttft_seen)
+        twin._tokens_seen = list(self._tokens_seen)
+        return twin
 
     def request_clock(self, clock_mhz: float) -> None:
         for engine in self.engines:
@@ -148,6 +164,14 @@ class _Pool:
             tpot_recent_s=_weighted([o.tpot_recent_s for o in observations], token_weights),
             role=self.role,
         )
+
+
+def _fork_engine(engine: PlantSimulation) -> PlantSimulation:
+    """``engine.fork()`` with a workload of its own: the fork shares the engine's workload,
+    which a decode engine grows with each prefilled request it is handed."""
+    twin = engine.fork()
+    twin.requests = tuple(engine.requests)
+    return twin
 
 
 def _weighted(values: Sequence[float | None], weights: Sequence[float]) -> float | None:
@@ -244,6 +268,46 @@ class DisaggregatedSimulation:
     def energy_j(self) -> float:
         """Energy drawn by every GPU of both pools since the start."""
         return sum(e.energy_j for pool in self.pools.values() for e in pool.engines)
+
+    def fork(self) -> DisaggregatedSimulation:
+        """An independent copy for what-if runs (the per-pool hindsight oracle): each
+        engine forked with :meth:`PlantSimulation.fork` (so its series start at the fork
+        point; energy, request outcomes and state are exact), the routing and transfer
+        bookkeeping copied, the workload and the layout shared.
+
+        Raises:
+            ValueError: the pools observe through a :data:`PoolView` (a node's view keeps
+                state of its own that a fork cannot copy).
+        """
+        twin = copy.copy(self)
+        twin.pools = {role: pool.fork() for role, pool in self.pools.items()}
+        twin._scan_from = list(self._scan_from)
+        twin._handed = [list(handed) for handed in self._handed]
+        twin._deliveries = list(self._deliveries)
+        twin._decode_of = dict(self._decode_of)
+        twin._transfer_s = dict(self._transfer_s)
+        return twin
+
+    def request_times(self) -> tuple[list[float | None], list[float | None]]:
+        """First-token and finish times so far, indexed like :attr:`requests` (``None``
+        where not yet reached), as :meth:`records` reports them: the first token from the
+        prefill pool, the finish from the decode pool (the prefill pool's for a request
+        of one output token). Fresh lists, built on each call."""
+        count = len(self._prefill_global)
+        prefill = [engine.request_times() for engine in self.pools["prefill"].engines]
+        decode_finish = [engine.request_times()[1] for engine in self.pools["decode"].engines]
+        first: list[float | None] = []
+        finish: list[float | None] = []
+        for index, request in enumerate(self.requests):
+            engine_first, engine_finish = prefill[index % count]
+            local = index // count
+            first.append(engine_first[local])
+            if request.output_tokens <= 1:
+                finish.append(engine_finish[local])
+                continue
+            where = self._decode_of.get(index)
+            finish.append(None if where is None else decode_finish[where[0]][where[1]])
+        return first, finish
 
     def observe(self, role: str, step_index: int | None = None) -> ServingObservation:
         """What the node of pool ``role`` could know now (its ``role`` field set)."""

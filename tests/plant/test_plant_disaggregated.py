@@ -9,7 +9,11 @@ from dataclasses import replace
 import pytest
 
 from gpugov.plant import Request, ServingObservation, ServingPlant, load_profile, simulate
-from gpugov.plant.disaggregated import simulate_colocated_replicas, simulate_disaggregated
+from gpugov.plant.disaggregated import (
+    DisaggregatedSimulation,
+    simulate_colocated_replicas,
+    simulate_disaggregated,
+)
 from gpugov.plant.disaggregated_layout import (
     DEFAULT_KV_BYTES_PER_TOKEN,
     DisaggregatedPlant,
@@ -189,3 +193,62 @@ def test_colocated_replicas_reference(plant: ServingPlant) -> None:
     assert two.metrics.energy_j == pytest.approx(sum(e.metrics.energy_j for e in two.engines))
     ends = {round(e.metrics.simulated_duration_s, 9) for e in two.engines}
     assert ends == {round(two.metrics.simulated_duration_s, 9)}
+
+
+def _drive_pools(
+    simulation: DisaggregatedSimulation, clocks: dict[str, float], first: int, end: int
+) -> None:
+    """Control ticks ``[first, end)`` of one second at fixed pool clocks, as the loop runs."""
+    for step in range(first, end):
+        simulation.advance_to(float(step), stop_when_done=True)
+        if simulation.done and step > 0:
+            return
+        for role in ("prefill", "decode"):
+            simulation.observe(role)
+            simulation.request_clock(role, clocks[role])
+
+
+def test_fork_runs_on_like_the_original_and_leaves_it_alone(plant: ServingPlant) -> None:
+    """A fork of a 2P2D run in full flow (transfers in flight, decode engines that were
+    handed requests) driven on equals the original driven the same way; driving the fork
+    elsewhere first changes nothing in the original; request_times matches the records."""
+    requests = poisson_workload(8.0, 10.0, seed=11)
+    requests = (*requests, Request(len(requests), requests[-1].arrival_time_s, 700, 1))
+    layout = DisaggregatedPlant(PoolSpec(plant, 2), PoolSpec(plant, 2), interconnect="roce")
+    clocks = plant.profile.clock_mhz
+    top = {"prefill": float(clocks[-1]), "decode": float(clocks[-1])}
+    low = {"prefill": float(clocks[len(clocks) // 2]), "decode": float(clocks[0])}
+    original = DisaggregatedSimulation(requests, layout, seed=4)
+    _drive_pools(original, top, 0, 6)
+    decode_engines = original.pools["decode"].engines
+    assert sum(len(engine.requests) for engine in decode_engines) > 0 and not original.done
+    before = (original.time_s, original.energy_j, original.records(), original.request_times())
+
+    elsewhere = original.fork()
+    _drive_pools(elsewhere, top, 6, 40)  # to the end, at other clocks than below
+    assert elsewhere.done and elsewhere.energy_j > before[1]
+    after = (original.time_s, original.energy_j, original.records(), original.request_times())
+    assert after == before
+
+    twin = original.fork()
+    for simulation in (original, twin):
+        _drive_pools(simulation, low, 6, 60)
+        simulation.advance_to(60.0, stop_when_done=True)
+    assert original.done and twin.done
+    assert twin.energy_j == original.energy_j and twin.time_s == original.time_s
+    assert twin.records() == original.records()
+    assert twin.request_times() == original.request_times()
+    first, finish = original.request_times()
+    records = original.records()
+    assert first == [r.first_token_time_s for r in records]
+    assert finish == [r.finish_time_s for r in records]
+    assert all(t is not None for t in finish) and elsewhere.records() != records
+
+
+def test_a_run_observing_through_a_view_is_not_forked(plant: ServingPlant) -> None:
+    layout = DisaggregatedPlant(PoolSpec(plant), PoolSpec(plant))
+    viewed = DisaggregatedSimulation(
+        [Request(0, 0.0, 100, 5)], layout, view=lambda engine, role: engine.observe
+    )
+    with pytest.raises(ValueError, match="observes through a view"):
+        viewed.fork()
