@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -97,16 +98,27 @@ def oracle_capture(
 
 
 # -------------------------------------------------------------------- simulation
-def _drive(
-    simulation: PlantSimulation,
-    clock_mhz: float,
+class Steppable(Protocol):
+    """What :func:`drive_steps` needs of a simulation (the detailed plant, or the
+    disaggregated one)."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def advance_to(self, end_s: float, *, stop_when_done: bool = False) -> None: ...
+
+
+def drive_steps(
+    simulation: Steppable,
+    decide: Callable[[], object],
     first_step: int,
     end_step: int,
     control_period_s: float,
     horizon_s: float,
 ) -> bool:
-    """Run control steps ``[first_step, end_step)`` requesting ``clock_mhz``, exactly as
-    :func:`plant.simulate` does (advance to the tick, stop when done, observe, request).
+    """Run control steps ``[first_step, end_step)``, calling ``decide`` at each tick (it
+    observes and requests the clocks), exactly as the closed loop does (advance to the
+    tick, stop when done, decide).
 
     Returns:
         True when the run is over (everything finished or past the horizon).
@@ -119,9 +131,30 @@ def _drive(
         simulation.advance_to(tick, stop_when_done=True)
         if simulation.done and step > 0:
             return True
+        decide()
+    return False
+
+
+def _drive(
+    simulation: PlantSimulation,
+    clock_mhz: float,
+    first_step: int,
+    end_step: int,
+    control_period_s: float,
+    horizon_s: float,
+) -> bool:
+    """Run control steps ``[first_step, end_step)`` requesting ``clock_mhz``, exactly as
+    :func:`plant.simulate` does (:func:`drive_steps`: observe, then request).
+
+    Returns:
+        True when the run is over (everything finished or past the horizon).
+    """
+
+    def decide() -> None:
         simulation.observe()
         simulation.request_clock(clock_mhz)
-    return False
+
+    return drive_steps(simulation, decide, first_step, end_step, control_period_s, horizon_s)
 
 
 def _run_fixed(

@@ -6,9 +6,9 @@ from __future__ import annotations
 import bisect
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from gpugov.controllers.oracles.common import (
 )
 from gpugov.plant.closed_loop import simulate
 from gpugov.plant.plant import ServingPlant
-from gpugov.plant.result import ServingResult
+from gpugov.plant.result import ServingMetrics, ServingResult
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.plant.simulator import PlantSimulation
 from gpugov.plant.types import Request, RequestRecord, Scheduler, ServingObservation
@@ -48,6 +48,22 @@ class ScheduleController:
     def __call__(self, observation: ServingObservation) -> float:
         index = int(math.floor((observation.time_s + 1e-9) / self.window_s))
         return self.clocks_mhz[min(max(index, 0), len(self.clocks_mhz) - 1)]
+
+
+class TimedRun(Protocol):
+    """What :class:`_MissCounter` reads of a run: its time and its requests' times
+    (:meth:`PlantSimulation.request_times`, or the disaggregated plant's)."""
+
+    time_s: float
+
+    def request_times(self) -> tuple[Sequence[float | None], Sequence[float | None]]: ...
+
+
+class MeteredRun(Protocol):
+    """A finished run as :func:`_select_schedule` judges it: its metrics."""
+
+    @property
+    def metrics(self) -> ServingMetrics: ...
 
 
 def _miss_known_time(record: RequestRecord, ttft_slo_s: float, tpot_slo_s: float) -> float:
@@ -100,7 +116,7 @@ class _MissCounter:
             return 1 if (done - first_token) / (output - 1) > self.tpot_slo_s + 1e-12 else 0
         return 1 if now - first_token > self.tpot_slo_s * (output - 1) + 1e-12 else -1
 
-    def settle(self, simulation: PlantSimulation) -> None:
+    def settle(self, simulation: TimedRun) -> None:
         """Advance the settled prefix on the main run (its outcomes are final)."""
         first, finish = simulation.request_times()
         now = simulation.time_s
@@ -112,7 +128,7 @@ class _MissCounter:
             self.settled_misses += status
             self.settled_upto += 1
 
-    def known_misses(self, simulation: PlantSimulation) -> tuple[int, int]:
+    def known_misses(self, simulation: TimedRun) -> tuple[int, int]:
         """(known misses, arrived requests) of ``simulation`` at its current time."""
         first, finish = simulation.request_times()
         now = simulation.time_s
@@ -175,6 +191,24 @@ class _SearchSettings:
     terminal_prefill_j_per_token: float
     terminal_output_j_per_token: float
     counter_template: _MissCounter = field(repr=False)
+
+
+def candidate_key(
+    misses: int,
+    arrived: int,
+    time_s: float,
+    reference_miss_times: FloatArray,
+    margin: float,
+    score_j: float,
+) -> tuple[int, float, float]:
+    """Step 3's ranking of a candidate whose run reached ``time_s`` (lower is better):
+    admissible first (known misses at most the maximum clock's known by then, sorted in
+    ``reference_miss_times``, plus ``floor(margin * arrived)``), then the fewest known
+    misses, then the lowest score."""
+    reference = int(np.searchsorted(reference_miss_times, time_s - 1e-12, "left"))
+    allowed = reference + int(math.floor(margin * arrived + 1e-9))
+    excess = max(0, misses - allowed)
+    return (excess, float(misses) if excess else 0.0, score_j)
 
 
 def _terminal_energy(simulation: PlantSimulation, arrived: int, settings: _SearchSettings) -> float:
@@ -242,14 +276,10 @@ def _greedy_schedule(
                     fork.advance_to(min(look_end * period, settings.horizon_s), stop_when_done=True)
             misses, arrived = counter.known_misses(fork)
             energy = fork.energy_j - main.energy_j + _terminal_energy(fork, arrived, settings)
-            reference = int(
-                np.searchsorted(settings.reference_miss_times, fork.time_s - 1e-12, "left")
+            key = candidate_key(
+                misses, arrived, fork.time_s, settings.reference_miss_times, margin, energy
             )
-            allowed = reference + int(math.floor(margin * arrived + 1e-9))
-            excess = max(0, misses - allowed)
-            # Admissible first (excess 0), then fewest misses, then energy, then the
-            # higher clock.
-            key = (excess, float(misses) if excess else 0.0, energy)
+            # Ties: the higher clock.
             if best is None or key < best[0] or (key == best[0] and index > best[1]):
                 best = (key, index)
         assert best is not None
@@ -268,6 +298,120 @@ def _greedy_schedule(
         if over:
             break
     return schedule, forks
+
+
+def search_steps(
+    window_s: float,
+    lookahead_s: float,
+    control_period_s: float,
+    margins: Sequence[float] | None,
+    tolerance: float,
+    coarse_levels: int,
+) -> tuple[int, tuple[float, ...]]:
+    """A window oracle's checked settings: (control periods per window, the margins,
+    default ``(tolerance / 2, 0)``).
+
+    Raises:
+        ValueError: a window that is not a whole number of control periods, a negative
+            lookahead or margin, or fewer than two coarse levels.
+    """
+    if not math.isfinite(control_period_s) or control_period_s <= 0.0:
+        raise ValueError(f"control_period_s must be positive, got {control_period_s!r}")
+    window_steps = int(round(window_s / control_period_s))
+    if window_steps < 1 or abs(window_steps * control_period_s - window_s) > 1e-9:
+        raise ValueError(
+            f"window_s ({window_s!r}) must be a positive whole number of control periods "
+            f"({control_period_s!r} s)"
+        )
+    if not math.isfinite(lookahead_s) or lookahead_s < 0.0:
+        raise ValueError(f"lookahead_s must be finite and >= 0, got {lookahead_s!r}")
+    margin_values = (tolerance / 2.0, 0.0) if margins is None else tuple(margins)
+    if not margin_values or any(not math.isfinite(m) or m < 0.0 for m in margin_values):
+        raise ValueError(f"margins must be finite and >= 0, got {margins!r}")
+    if coarse_levels < 2:
+        raise ValueError(f"coarse_levels must be >= 2, got {coarse_levels}")
+    return window_steps, margin_values
+
+
+Step = TypeVar("Step")
+Run = TypeVar("Run", bound=MeteredRun)
+
+
+@dataclass(frozen=True)
+class Selection(Generic[Step, Run]):
+    """What :func:`select_schedule` kept: the schedule, its run, which attempt it was,
+    every attempt (margin or fallback, energy, attainment, whether it held) and the
+    searches' forks."""
+
+    schedule: list[Step]
+    result: Run
+    source: str
+    attempts: tuple[dict[str, Any], ...]
+    forks: int
+
+
+def select_schedule(
+    margins: Sequence[float],
+    search: Callable[[float], tuple[list[Step], int]],
+    replay: Callable[[Sequence[Step]], Run],
+    raise_to_continuation: Callable[[Step], Step],
+    continuation: Step,
+    continuation_result: Run | None,
+    reference_attainment: float | None,
+    tolerance: float,
+    continuation_name: str = "clock",
+) -> Selection[Step, Run]:
+    """The replay-then-fallback rule shared by the window oracles (module notes): one
+    greedy ``search`` per margin until its ``replay`` holds the SLO; otherwise the last
+    schedule raised to the continuation in every window; the constant continuation
+    schedule (``continuation_result`` when already run) replaces either when it holds
+    with less energy, and is the last fallback."""
+    attempts: list[dict[str, Any]] = []
+    total_forks = 0
+    last_schedule: list[Step] = [continuation]
+
+    def record(source: str, schedule: Sequence[Step], result: Run) -> bool:
+        held = holds_slo(result.metrics.slo_attainment, reference_attainment, tolerance)
+        attempts.append(
+            {
+                "source": source,
+                "energy_j": result.metrics.energy_j,
+                "slo_attainment": result.metrics.slo_attainment,
+                "holds_slo": held,
+                "windows": len(schedule),
+            }
+        )
+        return held
+
+    chosen: tuple[list[Step], Run, str] | None = None
+    for margin in margins:
+        schedule, forks = search(margin)
+        total_forks += forks
+        last_schedule = schedule
+        result = replay(schedule)
+        source = f"greedy(margin={margin:g})"
+        if record(source, schedule, result):
+            chosen = (schedule, result, source)
+            break
+    if chosen is None:
+        raised = [raise_to_continuation(step) for step in last_schedule]
+        result = replay(raised)
+        source = f"greedy raised to the continuation {continuation_name}"
+        if record(source, raised, result):
+            chosen = (raised, result, source)
+    # The constant continuation schedule is a candidate too (and the last fallback).
+    constant = [continuation] * max(1, len(last_schedule))
+    constant_result = continuation_result if continuation_result is not None else replay(constant)
+    source = f"constant continuation {continuation_name}"
+    constant_holds = record(source, constant, constant_result)
+    if constant_holds and (
+        chosen is None or constant_result.metrics.energy_j < chosen[1].metrics.energy_j
+    ):
+        chosen = (constant, constant_result, source)
+    if chosen is None:
+        chosen = (constant, constant_result, source)
+    schedule, result, source = chosen
+    return Selection(schedule, result, source, tuple(attempts), total_forks)
 
 
 def window_oracle(
@@ -316,21 +460,9 @@ def window_oracle(
     requests = tuple(workload)
     if not requests:
         raise ValueError("window_oracle needs at least one request")
-    if not math.isfinite(control_period_s) or control_period_s <= 0.0:
-        raise ValueError(f"control_period_s must be positive, got {control_period_s!r}")
-    window_steps = int(round(window_s / control_period_s))
-    if window_steps < 1 or abs(window_steps * control_period_s - window_s) > 1e-9:
-        raise ValueError(
-            f"window_s ({window_s!r}) must be a positive whole number of control periods "
-            f"({control_period_s!r} s)"
-        )
-    if not math.isfinite(lookahead_s) or lookahead_s < 0.0:
-        raise ValueError(f"lookahead_s must be finite and >= 0, got {lookahead_s!r}")
-    margin_values = (tolerance / 2.0, 0.0) if margins is None else tuple(margins)
-    if not margin_values or any(not math.isfinite(m) or m < 0.0 for m in margin_values):
-        raise ValueError(f"margins must be finite and >= 0, got {margins!r}")
-    if coarse_levels < 2:
-        raise ValueError(f"coarse_levels must be >= 2, got {coarse_levels}")
+    window_steps, margin_values = search_steps(
+        window_s, lookahead_s, control_period_s, margins, tolerance, coarse_levels
+    )
     profile = plant.profile
     levels = profile.clock_mhz.size
     if reference is None:
@@ -389,59 +521,25 @@ def window_oracle(
             control_period_s=control_period_s,
         )
 
-    attempts: list[dict[str, Any]] = []
-    total_forks = 0
-    last_schedule: list[float] = [continuation]
-
-    def record(source: str, schedule: Sequence[float], result: ServingResult) -> bool:
-        held = holds_slo(result.metrics.slo_attainment, reference_attainment, tolerance)
-        attempts.append(
-            {
-                "source": source,
-                "energy_j": result.metrics.energy_j,
-                "slo_attainment": result.metrics.slo_attainment,
-                "holds_slo": held,
-                "windows": len(schedule),
-            }
-        )
-        return held
-
-    chosen: tuple[list[float], ServingResult, str] | None = None
-    for margin in margin_values:
-        schedule, forks = _greedy_schedule(requests, plant, scheduler, seed, settings, margin)
-        total_forks += forks
-        last_schedule = schedule
-        result = replay(schedule)
-        source = f"greedy(margin={margin:g})"
-        if record(source, schedule, result):
-            chosen = (schedule, result, source)
-            break
-    if chosen is None:
-        raised = [max(c, continuation) for c in last_schedule]
-        result = replay(raised)
-        source = "greedy raised to the continuation clock"
-        if record(source, raised, result):
-            chosen = (raised, result, source)
-    # The constant continuation schedule is a candidate too (and the last fallback).
-    constant = [continuation] * max(1, len(last_schedule))
-    constant_result = continuation_result if continuation_result is not None else replay(constant)
-    source = "constant continuation clock"
-    constant_holds = record(source, constant, constant_result)
-    if constant_holds and (
-        chosen is None or constant_result.metrics.energy_j < chosen[1].metrics.energy_j
-    ):
-        chosen = (constant, constant_result, source)
-    if chosen is None:
-        chosen = (constant, constant_result, source)
-    schedule, result, source = chosen
+    selection = select_schedule(
+        margin_values,
+        lambda margin: _greedy_schedule(requests, plant, scheduler, seed, settings, margin),
+        replay,
+        lambda clock: max(clock, continuation),
+        continuation,
+        continuation_result,
+        reference_attainment,
+        tolerance,
+    )
+    result = selection.result
     return WindowOracle(
-        schedule_mhz=tuple(schedule),
+        schedule_mhz=tuple(selection.schedule),
         window_s=float(window_s),
         lookahead_s=float(lookahead_s),
         continuation_clock_mhz=continuation,
         result=result,
         holds_slo=holds_slo(result.metrics.slo_attainment, reference_attainment, tolerance),
-        source=source,
-        attempts=tuple(attempts),
-        candidate_runs=total_forks,
+        source=selection.source,
+        attempts=selection.attempts,
+        candidate_runs=selection.forks,
     )
