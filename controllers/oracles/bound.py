@@ -19,8 +19,11 @@ from gpugov.controllers.oracles.common import (
 from gpugov.plant.plant import ServingPlant
 from gpugov.plant.types import Request
 
-
 # ------------------------------------------------------------------ fluid LP bound
+PHASES = ("prefill", "decode")
+"""The work a bound serves by default: every prompt token and every decode token."""
+
+
 @dataclass(frozen=True)
 class FluidEnergyBound:
     """Result of :func:`fluid_energy_lower_bound` (energies in joules)."""
@@ -134,17 +137,34 @@ def fluid_energy_lower_bound(
     plant: ServingPlant,
     *,
     window_s: float = 1.0,
+    replicas: int = 1,
+    phases: Sequence[str] = PHASES,
 ) -> FluidEnergyBound:
     """Lower bound on the energy of any run serving ``workload`` (module notes).
 
+    Args:
+        workload: the requests.
+        plant: each engine's plant.
+        window_s: the LP's window.
+        replicas: engines of ``plant`` serving the work together (a pool of a
+            disaggregated layout): ``replicas`` times the busy seconds per window and
+            ``replicas`` times the idle floor.
+        phases: the work served: ``"prefill"`` (every prompt token) and ``"decode"``
+            (``output_tokens - 1`` tokens per request); a disaggregated pool serves one.
+
     Raises:
-        ValueError: an empty workload or a non-positive window.
+        ValueError: an empty workload, a non-positive window, a replica count below
+            one, or no or an unknown phase.
     """
     requests = tuple(workload)
     if not requests:
         raise ValueError("fluid_energy_lower_bound needs at least one request")
     if not math.isfinite(window_s) or window_s <= 0.0:
         raise ValueError(f"window_s must be positive, got {window_s!r}")
+    if int(replicas) != replicas or replicas < 1:
+        raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
+    if not phases or not set(phases) <= set(PHASES):
+        raise ValueError(f"phases must be some of {PHASES}, got {phases!r}")
     minimum_context = float(min(r.prompt_tokens for r in requests))
     costs = phase_token_costs(plant, minimum_context)
     idle_floor_w = float(np.min(costs["idle_w"]))
@@ -160,6 +180,10 @@ def fluid_energy_lower_bound(
     arrivals = np.array([r.arrival_time_s for r in requests], dtype=float)
     prompt = np.array([r.prompt_tokens for r in requests], dtype=float)
     decode = np.array([r.output_tokens - 1 for r in requests], dtype=float)
+    if "prefill" not in phases:
+        prompt = np.zeros_like(prompt)
+    if "decode" not in phases:
+        decode = np.zeros_like(decode)
     last_arrival = float(arrivals.max())
     total_prefill, total_decode = float(prompt.sum()), float(decode.sum())
     windows = int(math.ceil(last_arrival / window_s - 1e-12)) if last_arrival > 0.0 else 0
@@ -239,13 +263,13 @@ def fluid_energy_lower_bound(
     solution = linprog(
         cost,
         A_ub=inequality,
-        b_ub=lengths,
+        b_ub=lengths * replicas,
         A_eq=equality,
         b_eq=equality_rhs,
         bounds=(0.0, None),
         method="highs",
     )
-    idle_floor_j = idle_floor_w * last_arrival
+    idle_floor_j = idle_floor_w * last_arrival * replicas
     if not solution.success:
         # Never infeasible (the tail absorbs any work); report rather than raise.
         return FluidEnergyBound(
