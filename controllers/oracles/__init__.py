@@ -2,7 +2,8 @@
 
 This module is the public face and the oracles' specification: the code lives in
 ``common`` (SLO condition, capture, driving the plant), ``fixed``,
-``window`` and ``bound``, and every public name is re-exported here.
+``window``, ``bound`` and ``pools`` (the disaggregated layout's), and every public name
+is re-exported here.
 
 Each oracle sees the whole future (every arrival and every output length) and works on
 the detailed plant (:class:`plant.PlantSimulation`), so it is a reference for the
@@ -90,6 +91,42 @@ Fluid LP lower bound (:func:`fluid_energy_lower_bound`)
     being served from the window's start. With ``latency_noise_cv > 0`` it bounds the
     noise-free plant only.
 
+Per pool on a disaggregated layout (:mod:`gpugov.plant.disaggregated`)
+    The same SLO condition on the request-level records (TTFT SLO: the prefill profile's
+    ``ttft_slo_for(prompt_tokens)``; TPOT SLO: the decode profile's ``tpot_slo_s``),
+    against the run at the maximum clock on both pools. The best fixed clock pair is
+    searched by the scoreboard (``study/scoreboard/disaggregated.py``).
+
+    *Window schedule per pool* (:func:`pool_window_oracle`): a clock per pool per window,
+    by the window oracle's rule above on :class:`plant.disaggregated.DisaggregatedSimulation`
+    (forked at each boundary), with these differences. The continuation is a clock
+    pair ``(c_p, c_d)`` (the best fixed pair when given, else both maxima): the lookahead
+    runs at it, and work left at ``t_e`` is valued at the prefill pool's prefill joules
+    per token at ``c_p`` (prompt tokens queued in the prefill pool) and the decode pool's
+    decode joules per token at ``c_d`` (output tokens still to generate). Per window the
+    pools are searched coordinate-wise: (a) the prefill pool's candidates (step 1's rule
+    on its own clocks around its previous clock) with the decode pool at its previous
+    clock, the best by step 3 kept; (b) the decode pool's candidates with the prefill
+    pool at (a)'s winner. A pair is forked once per window, so a window costs at most
+    the two pools' candidate counts (minus the shared pair), about twice the colocated
+    oracle's, not their product; the joint optimum over pairs is not searched. Known
+    misses, admissibility and margins, the replay (:func:`plant.simulate_disaggregated`
+    with a :class:`ScheduleController` per pool) and the fallbacks (raised to the
+    continuation pair in every window, then the constant continuation pair, which also
+    replaces a holding greedy schedule that uses more energy) are as above.
+
+    *Fluid LP bound per pool* (:func:`pool_energy_lower_bound`): the bound above for each
+    pool alone (``fluid_energy_lower_bound(..., replicas=R, phases=(role,))``): the
+    prefill pool serves every prompt token and no decode token, the decode pool
+    ``output_tokens - 1`` decode tokens per request and no prompt token; a pool of ``R``
+    engines has ``R`` times the busy seconds per window and ``R`` times the idle floor
+    (each engine draws at least ``P_idle_min`` until the last arrival). Giving the decode
+    pool its work at the requests' arrival times is a further relaxation (in the plant
+    it arrives at prefill end plus the transfer), so the bound stays valid; the
+    transfer and the decode pool's recompute of preempted requests are ignored. The
+    layout's bound is the sum of the two pools' bounds: each pool's energy is at least
+    its own bound, so each run's total is at least their sum.
+
 :func:`oracle_capture` turns the energies into the scoreboard's capture ratio.
 """
 
@@ -107,6 +144,12 @@ from gpugov.controllers.oracles.common import (
     oracle_capture,
 )
 from gpugov.controllers.oracles.fixed import BestFixedClock, ClockEvaluation, best_fixed_clock
+from gpugov.controllers.oracles.pools import (
+    PoolEnergyBound,
+    PoolWindowOracle,
+    pool_energy_lower_bound,
+    pool_window_oracle,
+)
 from gpugov.controllers.oracles.window import ScheduleController, WindowOracle, window_oracle
 
 __all__ = [
@@ -114,6 +157,8 @@ __all__ = [
     "BestFixedClock",
     "ClockEvaluation",
     "FluidEnergyBound",
+    "PoolEnergyBound",
+    "PoolWindowOracle",
     "ScheduleController",
     "WindowOracle",
     "best_fixed_clock",
@@ -122,5 +167,7 @@ __all__ = [
     "maximum_clock_reference",
     "oracle_capture",
     "phase_token_costs",
+    "pool_energy_lower_bound",
+    "pool_window_oracle",
     "window_oracle",
 ]

@@ -193,6 +193,29 @@ class _SearchSettings:
     counter_template: _MissCounter = field(repr=False)
 
 
+def candidate_levels(
+    coarse: Sequence[int],
+    previous: int,
+    continuation: int,
+    neighbour_steps: Sequence[int],
+    levels: int,
+) -> list[int]:
+    """Step 1's candidates, as clock indices in ascending order: the ``coarse`` levels,
+    the ``previous`` window's and its neighbours ``+-s`` for ``s`` in ``neighbour_steps``,
+    and the ``continuation``, within ``[0, levels)``."""
+    candidates = set(coarse)
+    candidates.add(previous)
+    candidates.add(continuation)
+    for offset in neighbour_steps:
+        candidates.update((previous - offset, previous + offset))
+    return sorted(c for c in candidates if 0 <= c < levels)
+
+
+def coarse_levels_of(levels: int, coarse_levels: int) -> tuple[int, ...]:
+    """``coarse_levels`` evenly spaced indices of ``levels`` supported clocks."""
+    return tuple(int(i) for i in np.unique(np.linspace(0, levels - 1, coarse_levels).round()))
+
+
 def candidate_key(
     misses: int,
     arrived: int,
@@ -249,13 +272,14 @@ def _greedy_schedule(
         if main.done and window > 0:
             break
         counter.settle(main)
-        candidates = set(settings.coarse)
-        candidates.add(previous)
-        candidates.add(settings.continuation_index)
-        for offset in settings.neighbour_steps:
-            candidates.update((previous - offset, previous + offset))
         best: tuple[tuple[int, float, float], int] | None = None
-        for index in sorted(c for c in candidates if 0 <= c < settings.levels):
+        for index in candidate_levels(
+            settings.coarse,
+            previous,
+            settings.continuation_index,
+            settings.neighbour_steps,
+            settings.levels,
+        ):
             fork = main.fork()
             forks += 1
             end_step = first_step + settings.window_steps
@@ -492,7 +516,7 @@ def window_oracle(
         control_period_s=float(control_period_s),
         horizon_s=requests[-1].arrival_time_s + plant.drain_timeout_s,
         continuation_index=continuation_index,
-        coarse=tuple(int(i) for i in np.unique(np.linspace(0, levels - 1, coarse_levels).round())),
+        coarse=coarse_levels_of(levels, coarse_levels),
         neighbour_steps=tuple(int(s) for s in neighbour_steps),
         levels=levels,
         reference_miss_times=miss_times,
