@@ -338,6 +338,8 @@ class DomainObserver:
             self._report_failure(now_s, error)
             return error, elapsed
         elapsed = self._clock() - started
+        if self._last is not None and sample.engine != self._last.engine:
+            self._forget_engine()
         refused = self._impossible_counters(sample, now_s + elapsed)
         if refused is not None:
             self.engine_errors += 1
@@ -360,6 +362,16 @@ class DomainObserver:
         self._last_time_s = now_s + elapsed
         self._check_role(getattr(sample, "role", None))
         return None, elapsed
+
+    def _forget_engine(self) -> None:
+        """An engine of another kind answers on the URL (kind auto): its counters are its
+        own lifetime's, so they start afresh from this scrape, as at the first one (no
+        window across the two engines, no jump from the old engine's counters)."""
+        self._last = self._window_base = None
+        self._last_raw = self._jumped = None
+        self._offsets.clear()
+        self._arrived_before = self._last_counter = None
+        self._decoding, self._generated, self._prefilled = _InFlight(), _InFlight(), _InFlight()
 
     def _impossible_counters(self, sample: EngineSample, at_s: float) -> str | None:
         """Why ``sample`` (scraped at ``at_s``) is dropped, or None to take it.

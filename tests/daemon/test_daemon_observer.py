@@ -7,8 +7,10 @@ import math
 from dataclasses import replace
 
 import pytest
+from daemon_support import MetricsServer, fixture_text
 
 from gpugov.daemon.backend import GpuSample
+from gpugov.daemon.engine_sources import ScrapedSource
 from gpugov.daemon.engines import EngineSample, HistogramTotals
 from gpugov.daemon.errors import EngineUnavailable, GpuLost, TransientGpuError
 from gpugov.daemon.observer import DomainObserver
@@ -522,3 +524,28 @@ def test_arrivals_count_from_the_first_scrape_and_again_after_an_engine_restart(
     assert arrived(50_002.0, 3, 2, 1.0) == 7  # two finished, one more waiting: +3
     assert arrived(50_002.0, 2, 2, 2.0) == 6  # one aborted: not a restart
     assert arrived(1.0, 1, 0, 3.0) == 2  # the counter went back: counted from zero
+
+
+def test_an_engine_of_another_kind_on_the_url_starts_its_counters_afresh(
+    metrics_server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM replaced by an SGLang that has served for days, on the same URL (kind auto):
+    its lifetime counters are not one scrape's work after vLLM's, nor a jump to drop."""
+    source = ScrapedSource(metrics_server.url, "auto", timeout_s=2.0)
+    observer = DomainObserver([StubGpu("0")], source, stale_after_s=30.0, ttft_slo_s=1.0)
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    ticks = [observer.observe(float(t), t, None) for t in range(2)]
+    metrics_server.page = fixture_text("sglang_real.txt")
+    with caplog.at_level(logging.WARNING):
+        ticks += [observer.observe(float(t), t, None) for t in range(2, 5)]
+    assert [t.engine_error for t in ticks] == [None] * 5
+    assert [t.engine_sample.engine for t in ticks] == ["vllm"] * 2 + ["sglang"] * 3  # type: ignore[union-attr]
+    assert not any("jump" in r.getMessage() for r in caplog.records), caplog.text
+    switched = ticks[2].observation
+    # SGLang's 11,008 first tokens and 8.1e6 prompt tokens are not a window's: no TTFT
+    # measured across the two engines, nor counted against the SLO.
+    assert switched.ttft_recent_s is None
+    assert (observer.attainment.ttft_count or 0.0) == 0.0  # the page did not move since
+    # Its requests in flight are arrivals, as at a daemon's first scrape; its lifetime is not.
+    in_flight = 162 + 2826
+    assert all(t.observation.arrived_requests <= in_flight for t in ticks[2:])
