@@ -7,10 +7,15 @@ as the colocated scenarios; ``exact`` for the plant's state).
 
 Rows carry the run's energy and its saving against the maximum clock on both pools, the
 same saving per pool, and the scoreboard's SLO condition (attainment at least the
-maximum clock's minus the tolerance) on the request-level records. The hindsight
-reference is the best fixed clock pair (:func:`best_fixed_pair`: a fixed clock per pool,
-not the window oracle); every row's ``oracle_capture``, and each pool's, is measured
-against it. The window oracle and the LP bound are not run per pool.
+maximum clock's minus the tolerance) on the request-level records. Two hindsight rows
+follow the maximum clock, as on the colocated board: the best fixed clock pair
+(:func:`best_fixed_pair`) and the window oracle per pool
+(:func:`~gpugov.controllers.oracles.pool_window_oracle`, continuing at that pair). The
+oracle energy is the lowest of the two that hold the SLO; every row's
+``oracle_capture``, and each pool's, is measured against that row (each pool against its
+same pool), and ``energy_over_lp_bound`` against the fluid LP bound of the layout (the
+sum of the pools' bounds, :func:`~gpugov.controllers.oracles.pool_energy_lower_bound`)
+and of each pool.
 """
 
 from __future__ import annotations
@@ -23,7 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.controllers.baseline import FixedClockController
-from gpugov.controllers.oracles import holds_slo, oracle_capture
+from gpugov.controllers.oracles import (
+    PoolEnergyBound,
+    PoolWindowOracle,
+    holds_slo,
+    oracle_capture,
+    pool_energy_lower_bound,
+    pool_window_oracle,
+)
 from gpugov.controllers.oracles.common import lowest_holding
 from gpugov.daemon.controller_config import (
     ControllerConfig,
@@ -68,7 +80,13 @@ from gpugov.study.scoreboard.scenarios import (
 DISAGGREGATED_CONTROLLERS = ("max", "reactive", "default-dvfs", "voltana", "mpc-online")
 """Rows of the disaggregated scoreboard, in table order (``max`` first: the reference)."""
 BEST_FIXED = "best-fixed"
-"""The hindsight row: the best fixed clock pair (:func:`best_fixed_pair`), after ``max``."""
+"""The first hindsight row: the best fixed clock pair (:func:`best_fixed_pair`), after
+``max``."""
+WINDOW_ORACLE = "window-oracle"
+"""The second hindsight row: the window oracle per pool
+(:func:`~gpugov.controllers.oracles.pool_window_oracle`), after the best fixed pair."""
+HINDSIGHT = (BEST_FIXED, WINDOW_ORACLE)
+"""The hindsight rows, in table order; the oracle energy is the lowest holding one's."""
 
 
 def row_spec(key: str, config: BenchConfig) -> tuple[ControllerConfig, float]:
@@ -163,6 +181,7 @@ def _row(
         "transfer_p50_s": transfer["p50_s"],
         "transfer_p99_s": transfer["p99_s"],
         "oracle_capture": None,
+        "energy_over_lp_bound": None,
         "wall_s": wall_s,
     }
 
@@ -288,21 +307,53 @@ def _capture(
     return oracle_capture(energy_max_j, energy_j, energy_oracle_j, holds=holds)
 
 
-def add_captures(rows: Sequence[dict[str, Any]], oracle: dict[str, Any]) -> None:
-    """Set each row's ``oracle_capture`` against the best fixed pair's row ``oracle``
-    (the whole run), and each pool's against the pair's same pool; a row that does not
-    hold the SLO gets None, as on the colocated scoreboard."""
+def choose_oracle(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The oracle row: the lowest-energy hindsight row (:data:`HINDSIGHT`) that holds the
+    SLO, as the colocated board chooses; None when none holds."""
+    holding = [row for row in rows if row["controller"] in HINDSIGHT and row["holds_slo"]]
+    return min(holding, key=lambda row: (row["energy_j"], row["controller"]), default=None)
+
+
+def add_captures(rows: Sequence[dict[str, Any]], oracle: dict[str, Any] | None) -> None:
+    """Set each row's ``oracle_capture`` against the oracle row ``oracle`` (the whole
+    run), and each pool's against the oracle's same pool; a row that does not hold the
+    SLO, or every row when no oracle holds (``oracle`` None), gets None, as on the
+    colocated scoreboard."""
     reference = rows[0]
     for row in rows:
-        row["oracle_capture"] = _capture(
-            reference["energy_j"], row["energy_j"], oracle["energy_j"], row["holds_slo"]
+        row["oracle_capture"] = (
+            None
+            if oracle is None
+            else _capture(
+                reference["energy_j"], row["energy_j"], oracle["energy_j"], row["holds_slo"]
+            )
         )
         for role in ROLES:
-            row["pools"][role]["oracle_capture"] = _capture(
-                reference["pools"][role]["energy_j"],
-                row["pools"][role]["energy_j"],
-                oracle["pools"][role]["energy_j"],
-                row["holds_slo"],
+            row["pools"][role]["oracle_capture"] = (
+                None
+                if oracle is None
+                else _capture(
+                    reference["pools"][role]["energy_j"],
+                    row["pools"][role]["energy_j"],
+                    oracle["pools"][role]["energy_j"],
+                    row["holds_slo"],
+                )
+            )
+
+
+def add_bound_ratios(rows: Sequence[dict[str, Any]], bound: PoolEnergyBound) -> None:
+    """Set each row's ``energy_over_lp_bound`` (the run's energy over the layout's bound)
+    and each pool's (over that pool's bound); None where a bound did not solve."""
+
+    def ratio(energy_j: float, bound_j: float, success: bool) -> float | None:
+        return energy_j / bound_j if success and bound_j > 0.0 else None
+
+    for row in rows:
+        row["energy_over_lp_bound"] = ratio(row["energy_j"], bound.energy_j, bound.success)
+        for role in ROLES:
+            pool = bound.pools[role]
+            row["pools"][role]["energy_over_lp_bound"] = ratio(
+                row["pools"][role]["energy_j"], pool.energy_j, pool.success
             )
 
 
@@ -356,17 +407,22 @@ def simulate_pools(
     return result, chains
 
 
-def run_disaggregated_scenario(
+def disaggregated_scenario_outcome(
     scenario: DisaggregatedScenario,
     plant: ServingPlant,
     config: BenchConfig,
     controllers: Sequence[str] = DISAGGREGATED_CONTROLLERS,
     *,
     best_fixed: bool = True,
-) -> list[dict[str, Any]]:
+    window_oracle: bool = True,
+) -> dict[str, Any]:
     """One row per controller on ``scenario`` (the maximum clock first, the reference);
-    with ``best_fixed``, the best fixed clock pair in hindsight second
-    (:func:`best_fixed_pair`), and every row's oracle capture against it."""
+    with ``best_fixed``, the hindsight rows after it: the best fixed clock pair
+    (:func:`best_fixed_pair`) and, with ``window_oracle`` too, the window oracle per pool
+    continuing at that pair; then the oracle choice, the captures and the LP bound's
+    ratios. Returns ``{"scenario": ..., "key": ..., "rows": [...]}``; the scenario's
+    description records the oracle row, its energy, the LP bounds and the window
+    oracle's summary."""
     if not controllers or controllers[0] != "max":
         raise ValueError("the disaggregated rows must start with 'max' (the reference)")
     layout = layout_plant(scenario, plant)
@@ -400,25 +456,107 @@ def run_disaggregated_scenario(
             (e_colocated - result.metrics.energy_j) / e_colocated if e_colocated > 0 else None
         )
         rows.append(row)
-    if best_fixed and reference is not None:
-        started = time.perf_counter()
-        pair = best_fixed_pair(
-            scenario.requests,
-            layout,
-            reference,
-            tolerance=config.tolerance,
-            seed=config.seed,
-            control_period_s=config.control_period_s,
-        )
-        wall = time.perf_counter() - started
-        row = _row(
-            scenario, BEST_FIXED, pair.result, reference, tolerance=config.tolerance, wall_s=wall
-        )
-        row["colocated"] = None
-        row["energy_vs_colocated_fraction"] = None
-        row["best_fixed_pair"] = pair.as_dict()
-        rows.insert(1, row)
-        add_captures(rows, row)
+    assert reference is not None
+    info: dict[str, Any] = scenario.describe()
+    if best_fixed:
+        hindsight = _hindsight_rows(scenario, layout, reference, config, window_oracle)
+        rows[1:1] = hindsight["rows"]
+        info["window_oracle"] = hindsight["window_oracle"]
+        oracle = choose_oracle(rows)
+        add_captures(rows, oracle)
+        info["oracle"] = None if oracle is None else oracle["controller"]
+        info["oracle_energy_j"] = None if oracle is None else oracle["energy_j"]
+    started = time.perf_counter()
+    bound = pool_energy_lower_bound(scenario.requests, layout, window_s=config.lp_window_s)
+    info["lp_bound"] = {**bound.as_dict(), "compute_s": time.perf_counter() - started}
+    add_bound_ratios(rows, bound)
+    return {"scenario": info, "key": scenario.key, "rows": rows}
+
+
+def _hindsight_rows(
+    scenario: DisaggregatedScenario,
+    layout: DisaggregatedPlant,
+    reference: DisaggregatedResult,
+    config: BenchConfig,
+    window_oracle: bool,
+) -> dict[str, Any]:
+    """The best fixed pair's row and, with ``window_oracle``, the window oracle's
+    (continuing at the pair, with ``config``'s window, lookahead, grid, tolerance and
+    seed); ``{"rows": [...], "window_oracle": its summary or None}``."""
+    started = time.perf_counter()
+    pair = best_fixed_pair(
+        scenario.requests,
+        layout,
+        reference,
+        tolerance=config.tolerance,
+        seed=config.seed,
+        control_period_s=config.control_period_s,
+    )
+    wall = time.perf_counter() - started
+    row = _row(
+        scenario, BEST_FIXED, pair.result, reference, tolerance=config.tolerance, wall_s=wall
+    )
+    row["colocated"] = None
+    row["energy_vs_colocated_fraction"] = None
+    row["best_fixed_pair"] = pair.as_dict()
+    rows = [row]
+    if not window_oracle:
+        return {"rows": rows, "window_oracle": None}
+    started = time.perf_counter()
+    oracle = scoreboard_pool_window_oracle(scenario, layout, reference, pair, config)
+    wall = time.perf_counter() - started
+    row = _row(
+        scenario, WINDOW_ORACLE, oracle.result, reference, tolerance=config.tolerance, wall_s=wall
+    )
+    row["colocated"] = None
+    row["energy_vs_colocated_fraction"] = None
+    row["oracle_source"] = oracle.source
+    summary = oracle.as_dict()
+    rows.append(row)
+    return {"rows": rows, "window_oracle": summary}
+
+
+def scoreboard_pool_window_oracle(
+    scenario: DisaggregatedScenario,
+    layout: DisaggregatedPlant,
+    reference: DisaggregatedResult,
+    pair: BestFixedPair,
+    config: BenchConfig,
+) -> PoolWindowOracle:
+    """The window oracle per pool as the board searches it: continuing at the best fixed
+    pair ``pair``, with ``config``'s window, lookahead, grid, tolerance, seed and period
+    (those of the colocated board's window oracle)."""
+    return pool_window_oracle(
+        scenario.requests,
+        layout,
+        reference=reference,
+        continuation_clocks_mhz=pair.clocks_mhz,
+        continuation_result=pair.result,
+        window_s=config.oracle_window_s,
+        lookahead_s=config.oracle_lookahead_s,
+        coarse_levels=config.oracle_coarse_levels,
+        neighbour_steps=config.oracle_neighbour_steps,
+        tolerance=config.tolerance,
+        seed=config.seed,
+        control_period_s=config.control_period_s,
+    )
+
+
+def run_disaggregated_scenario(
+    scenario: DisaggregatedScenario,
+    plant: ServingPlant,
+    config: BenchConfig,
+    controllers: Sequence[str] = DISAGGREGATED_CONTROLLERS,
+    *,
+    best_fixed: bool = True,
+    window_oracle: bool = True,
+) -> list[dict[str, Any]]:
+    """The rows of :func:`disaggregated_scenario_outcome` (the maximum clock first, then
+    the hindsight rows with ``best_fixed``, then the other controllers)."""
+    outcome = disaggregated_scenario_outcome(
+        scenario, plant, config, controllers, best_fixed=best_fixed, window_oracle=window_oracle
+    )
+    rows: list[dict[str, Any]] = outcome["rows"]
     return rows
 
 
@@ -434,8 +572,7 @@ def disaggregated_cell(
         scenario = build_disaggregated_scenario(trace, plant, layout, load, config.duration_s)
     except (EmptyWindowError, TraceError) as error:
         return {"skipped": {"scenario": "|".join(cell), "reason": str(error)}}
-    rows = run_disaggregated_scenario(scenario, plant, config, shared["controllers"])
-    return {"scenario": scenario.describe(), "key": scenario.key, "rows": rows}
+    return disaggregated_scenario_outcome(scenario, plant, config, shared["controllers"])
 
 
 def run_disaggregated(
@@ -486,9 +623,16 @@ def run_disaggregated(
             "pool against the maximum clock's same pool. 'best-fixed (hindsight)' is the "
             "best fixed clock pair: the lowest fixed clock per pool that holds the SLO "
             "condition (searched per pool with the other at its maximum clock, then "
-            "checked and raised jointly); it is a best-fixed-per-pool reference, not the "
-            "window oracle, and the LP bound is not run per pool. 'capture' is each row's "
-            "oracle capture against that pair (None where the row does not hold the SLO). "
+            "checked and raised jointly). 'window-oracle (hindsight)' is a clock per pool "
+            "per 'oracle_window_s' window from a greedy forked search on the "
+            "disaggregated plant (per window the prefill pool's candidates, then the "
+            "decode pool's; lookahead and fallbacks at the best fixed pair), under the "
+            "same SLO condition. The oracle energy is the lowest of the two hindsight rows "
+            "that hold the SLO; 'capture' is each row's oracle capture against it (None "
+            "where the row does not hold the SLO), each pool's against the oracle's same "
+            "pool. 'E / LP bound' is the run's energy over the fluid LP lower bound of the "
+            "layout: the sum of each pool's bound (the prefill pool serving every prompt "
+            "token, the decode pool every decode token, each with its replicas). "
             "'colocated saved' is the same controller on the colocated layout of the same "
             "GPUs and load (one engine per GPU, arrivals round robin) against its maximum "
             "clock; 'vs colocated' is how far the disaggregated run's energy lies below "
@@ -501,6 +645,13 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100.0 * value:.1f}%"
 
 
+def _kilojoules(bound: dict[str, Any] | None) -> str:
+    """A bound's energy in kJ, or ``-`` when there is none or it did not solve."""
+    if not bound or not bound.get("success") or bound.get("energy_j") is None:
+        return "-"
+    return f"{bound['energy_j'] / 1000.0:.1f}"
+
+
 def markdown(payload: dict[str, Any]) -> str:
     """The disaggregated table: one line per scenario and controller."""
     lines = [
@@ -509,16 +660,33 @@ def markdown(payload: dict[str, Any]) -> str:
         payload["notes"],
         "",
         "| scenario | controller | saved | prefill pool saved | decode pool saved "
-        "| SLO attainment | holds SLO | capture | TTFT p95 (s) | TPOT p95 (ms) "
+        "| SLO attainment | holds SLO | capture | E / LP bound | TTFT p95 (s) | TPOT p95 (ms) "
         "| colocated saved | vs colocated |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     pairs: list[str] = []
+    references: list[str] = []
+    for info in payload["scenarios"]:
+        oracle = info.get("window_oracle")
+        bound = info.get("lp_bound")
+        if oracle is None and bound is None:
+            continue
+        pools = (bound or {}).get("pools", {})
+        references.append(
+            f"| {info['key'].replace('|', ' / ')} | {info.get('oracle') or '-'} "
+            f"| {'-' if oracle is None else oracle['source']} "
+            f"| {'-' if oracle is None else oracle['candidate_runs']} "
+            f"| {_kilojoules(pools.get('prefill'))} | {_kilojoules(pools.get('decode'))} "
+            f"| {_kilojoules(bound)} |"
+        )
     for row in payload["rows"]:
         pools = row["pools"]
         colocated = row.get("colocated") or {}
         capture = row.get("oracle_capture")
+        over_bound = row.get("energy_over_lp_bound")
         label = row["controller"]
+        if label == WINDOW_ORACLE:
+            label = "window-oracle (hindsight)"
         if label == BEST_FIXED:
             label = "best-fixed (hindsight)"
             pair = row["best_fixed_pair"]
@@ -539,6 +707,7 @@ def markdown(payload: dict[str, Any]) -> str:
             f"| {'-' if attainment is None else f'{100.0 * attainment:.2f}%'} "
             f"| {'yes' if row['holds_slo'] else 'no'} "
             f"| {'-' if capture is None else f'{capture:.2f}'} "
+            f"| {'-' if over_bound is None else f'{over_bound:.2f}'} "
             f"| {'-' if ttft is None else f'{ttft:.3f}'} "
             f"| {'-' if tpot is None else f'{1000.0 * tpot:.1f}'} "
             f"| {_percent(colocated.get('energy_saved_fraction'))} "
@@ -553,6 +722,18 @@ def markdown(payload: dict[str, Any]) -> str:
             "| scenario | prefill | decode | prefill alone | decode alone | simulations |",
             "|---|---|---|---|---|---|",
             *pairs,
+        ]
+    if references:
+        lines += [
+            "",
+            "Hindsight reference per scenario: the oracle row (the lowest-energy hindsight "
+            "row that holds the SLO), the window oracle's kept schedule and forked runs, "
+            "and the fluid LP bound per pool and in total (kJ).",
+            "",
+            "| scenario | oracle | window oracle kept | forked runs | LP bound prefill "
+            "| LP bound decode | LP bound |",
+            "|---|---|---|---|---|---|---|",
+            *references,
         ]
     for item in payload["skipped"]:
         lines.append(f"\nSkipped {item['scenario']}: {item['reason']}")

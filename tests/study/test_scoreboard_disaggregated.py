@@ -92,12 +92,26 @@ def test_bench_controllers_layout_disaggregated(tmp_path: Path) -> None:
     assert layouts == {
         (layout, key)
         for layout in ("1P1D", "2P2D")
-        for key in ("max", "best-fixed", "reactive", "default-dvfs", "voltana", "mpc-online")
+        for key in (
+            "max",
+            "best-fixed",
+            "window-oracle",
+            "reactive",
+            "default-dvfs",
+            "voltana",
+            "mpc-online",
+        )
     }
     assert all(row["profile"] == "h200-sxm-llama3-8b" for row in payload["rows"])
+    for scenario in payload["scenarios"]:
+        assert scenario["oracle"] in ("best-fixed", "window-oracle")
+        assert scenario["lp_bound"]["success"] is True
+        assert scenario["window_oracle"]["windows"] >= 1
     table = (out / "disaggregated.md").read_text()
     assert "| mpc-online |" in table and "| voltana |" in table
     assert "| best-fixed (hindsight) |" in table and "prefill alone" in table
+    assert "| window-oracle (hindsight) |" in table and "| LP bound decode |" in table
+    assert "not run per pool" not in table
     assert "wrote" in stdout.getvalue()
     # Progress with an ETA, one line per scenario (two layouts x the tiny board's loads).
     lines = [line for line in stderr.getvalue().splitlines() if "disaggregated:" in line]
@@ -125,16 +139,21 @@ def test_each_pool_is_judged_on_its_phase_as_a_node_with_that_role(
     assert [view.role for view in views] == [role]
 
 
-def test_best_fixed_pair_and_captures(plant: ServingPlant) -> None:
-    """The per-pool hindsight reference: the lowest holding clock per pool (the other at
-    its maximum), checked jointly; every row's capture, and each pool's, is measured
-    against it, and the VoltanaLLM-style row is present."""
+def test_hindsight_rows_oracle_choice_captures_and_bound(plant: ServingPlant) -> None:
+    """The per-pool hindsight rows: the best fixed pair (the lowest holding clock per pool,
+    the other at its maximum, checked jointly) and the window oracle per pool continuing
+    at it; the oracle is the lowest-energy holding one, every row's capture (and each
+    pool's) is measured against it, and every row lies above the LP bound, per pool and
+    in total."""
+    from gpugov.study.scoreboard.disaggregated import disaggregated_scenario_outcome
+
     scenario = build_disaggregated_scenario("azure-conv-10min", plant, "1P1D", "recorded", 8.0)
     config = replace(TINY, duration_s=8.0)
-    rows = run_disaggregated_scenario(scenario, plant, config, ("max", "voltana"))
-    assert [row["controller"] for row in rows] == ["max", "best-fixed", "voltana"]
-    reference, oracle, voltana = rows
-    pair = oracle["best_fixed_pair"]
+    outcome = disaggregated_scenario_outcome(scenario, plant, config, ("max", "voltana"))
+    rows = outcome["rows"]
+    assert [row["controller"] for row in rows] == ["max", "best-fixed", "window-oracle", "voltana"]
+    reference, pair_row, window_row = rows[:3]
+    pair = pair_row["best_fixed_pair"]
     clocks = plant.profile.clock_mhz
     # Each pool's own search ends at a supported clock, below the top one here (light
     # load), and the joint pair is at or above each pool's own answer.
@@ -142,7 +161,7 @@ def test_best_fixed_pair_and_captures(plant: ServingPlant) -> None:
         assert pair["single_pool_mhz"][role] in clocks
         assert pair["clocks_mhz"][role] >= pair["single_pool_mhz"][role]
     assert pair["single_pool_mhz"]["decode"] < clocks[-1]
-    assert oracle["holds_slo"] is True and oracle["energy_j"] < reference["energy_j"]
+    assert pair_row["holds_slo"] is True and pair_row["energy_j"] < reference["energy_j"]
     # The evaluations start at the maximum pair (the reference) and the chosen pair holds.
     first = pair["evaluations"][0]
     assert (first["prefill_mhz"], first["decode_mhz"]) == (clocks[-1], clocks[-1])
@@ -153,19 +172,59 @@ def test_best_fixed_pair_and_captures(plant: ServingPlant) -> None:
         == (pair["clocks_mhz"]["prefill"], pair["clocks_mhz"]["decode"])
     ]
     assert chosen and chosen[0]["holds_slo"] is True
+    # The window oracle continues at the pair, holds, and uses no more than it.
+    info = outcome["scenario"]
+    summary = info["window_oracle"]
+    assert summary["continuation_clocks_mhz"] == pair["clocks_mhz"]
+    assert window_row["holds_slo"] is True
+    assert window_row["energy_j"] <= pair_row["energy_j"]
+    assert window_row["oracle_source"] == summary["source"]
+    # The oracle: the lowest-energy holding hindsight row.
+    oracle = min((pair_row, window_row), key=lambda row: row["energy_j"])
+    assert info["oracle"] == oracle["controller"]
+    assert info["oracle_energy_j"] == oracle["energy_j"]
     assert oracle["oracle_capture"] == pytest.approx(1.0)
     assert reference["oracle_capture"] == pytest.approx(0.0)
-    assert oracle["colocated"] is None
-    # The per-pool capture is the pool's saving over the pair's saving in that pool.
-    decode = voltana["pools"]["decode"]
-    e_max = reference["pools"]["decode"]["energy_j"]
-    e_pair = oracle["pools"]["decode"]["energy_j"]
-    if voltana["holds_slo"]:
-        assert decode["oracle_capture"] == pytest.approx(
-            (e_max - decode["energy_j"]) / (e_max - e_pair)
-        )
-    else:
-        assert voltana["oracle_capture"] is None and decode["oracle_capture"] is None
+    assert pair_row["colocated"] is None and window_row["colocated"] is None
+    # Each pool's capture is the pool's saving over the oracle's saving in that pool.
+    for row in rows:
+        for role in ("prefill", "decode"):
+            pool = row["pools"][role]
+            e_max = reference["pools"][role]["energy_j"]
+            e_oracle = oracle["pools"][role]["energy_j"]
+            if row["holds_slo"] and abs(e_max - e_oracle) > 1e-6 * e_max:
+                expected = (e_max - pool["energy_j"]) / (e_max - e_oracle)
+                assert pool["oracle_capture"] == pytest.approx(expected)
+            elif not row["holds_slo"]:
+                assert row["oracle_capture"] is None and pool["oracle_capture"] is None
+    # The LP bound: the sum of the pools' bounds, below every row, in total and per pool.
+    bound = info["lp_bound"]
+    pools = bound["pools"]
+    assert bound["energy_j"] == pytest.approx(
+        pools["prefill"]["energy_j"] + pools["decode"]["energy_j"]
+    )
+    for row in rows:
+        assert row["energy_over_lp_bound"] == pytest.approx(row["energy_j"] / bound["energy_j"])
+        assert row["energy_over_lp_bound"] >= 1.0
+        for role in ("prefill", "decode"):
+            assert row["pools"][role]["energy_over_lp_bound"] >= 1.0
+
+
+def test_no_holding_hindsight_row_leaves_every_capture_empty() -> None:
+    from gpugov.study.scoreboard.disaggregated import add_captures, choose_oracle
+
+    def row(key: str, energy_j: float, holds: bool) -> dict:  # type: ignore[type-arg]
+        pools = {role: {"energy_j": energy_j / 2.0} for role in ("prefill", "decode")}
+        return {"controller": key, "energy_j": energy_j, "holds_slo": holds, "pools": pools}
+
+    rows = [row("max", 10.0, True), row("best-fixed", 8.0, False), row("window-oracle", 7.0, False)]
+    assert choose_oracle(rows) is None
+    add_captures(rows, None)
+    assert all(r["oracle_capture"] is None for r in rows)
+    rows[1]["holds_slo"] = True
+    assert choose_oracle(rows) is rows[1]
+    rows[2]["holds_slo"] = True
+    assert choose_oracle(rows) is rows[2]
 
 
 def test_every_pool_and_the_colocated_twin_observe_the_configured_engine_view(
@@ -222,7 +281,15 @@ def test_the_board_is_the_same_in_parallel_as_in_one_process() -> None:
     def numbers(payload: dict) -> list[dict]:  # type: ignore[type-arg]
         return [{k: v for k, v in row.items() if k != "wall_s"} for row in payload["rows"]]
 
-    assert [row["layout"] for row in pooled["rows"]][:3] == ["1P1D"] * 3
-    assert numbers(pooled) == numbers(serial) and len(numbers(serial)) == 6
-    assert pooled["scenarios"] == serial["scenarios"]
+    assert [row["layout"] for row in pooled["rows"]][:4] == ["1P1D"] * 4
+    assert numbers(pooled) == numbers(serial) and len(numbers(serial)) == 8
+
+    def scenarios(payload: dict) -> list[dict]:  # type: ignore[type-arg]
+        # The LP bound's solve time is the one timing a scenario records.
+        return [
+            {**info, "lp_bound": {**info["lp_bound"], "compute_s": None}}
+            for info in payload["scenarios"]
+        ]
+
+    assert scenarios(pooled) == scenarios(serial)
     assert [line.split()[0] for line in lines] == ["[1]", "[2]"]
