@@ -27,12 +27,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from pydantic import ValidationError
+
 from gpugov import __version__
+from gpugov.daemon.config import SafetyConfig, SLOTargetConfig
+from gpugov.daemon.config_types import FrozenModel
 from gpugov.daemon.deadline import READER_IDLE_S, WRITE_DEADLINE_S, LatestWriter, WriteTimeout
 from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.errors import GpugovError
 from gpugov.daemon.files import InputFileError, json_safe, loads_json, read_input_text
-from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_PERIOD_S, MIN_PERIOD_S
+from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_COUNT, MAX_PERIOD_S, MIN_PERIOD_S
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import ServingObservation
 
@@ -227,7 +231,9 @@ def check_header(source: str | Path, header: Mapping[str, Any]) -> tuple[float, 
     """A recording header's period and domains by name, every field replay and plot read
     checked (``FILE:1: header FIELD ...``): only known fields; the version and mode text,
     the mode one gpugov writes; at least one domain, named once, with text for its
-    controller, supported clocks positive and ascending, non-negative safety settings.
+    controller, supported clocks positive and ascending, safety settings and an SLO target
+    the config would take, ``gpus`` and ``gpu_names`` lists, ``power_budget_held`` true or
+    false, and a ``controller_config`` object whose forecasts are bounded token counts.
 
     Raises:
         RecordingError: naming the file and the field.
@@ -286,10 +292,50 @@ def check_header(source: str | Path, header: Mapping[str, Any]) -> tuple[float, 
             raise RecordingError(
                 f"{where} {field}.safety must hold non-negative numbers, got {safety!r:.60}"
             )
-        names = info.get("gpu_names")
-        if names is not None and not isinstance(names, list):
-            raise RecordingError(f"{where} {field}.gpu_names must be a list, got {names!r:.40}")
+        _check_as_config(where, f"{field}.safety", safety, SafetyConfig)
+        if info.get("slo_target") is not None:
+            _check_as_config(where, f"{field}.slo_target", info["slo_target"], SLOTargetConfig)
+        for key in ("gpus", "gpu_names"):
+            if info.get(key) is not None and not isinstance(info[key], list):
+                raise RecordingError(f"{where} {field}.{key} must be a list, got {info[key]!r:.40}")
+        held = info.get("power_budget_held")
+        if held is not None and not isinstance(held, bool):
+            raise RecordingError(
+                f"{where} {field}.power_budget_held must be true or false, got {held!r:.40}"
+            )
+        _check_recorded_forecasts(f"{where} {field}.controller_config", info)
     return period, domains
+
+
+def _check_as_config(where: str, field: str, value: object, model: type[FrozenModel]) -> None:
+    """Refuse ``value`` unless the config's ``model`` takes it (its keys and bounds): a
+    node writes only what its config held."""
+    try:
+        model.model_validate(value)
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = ".".join(str(part) for part in first["loc"])
+        raise RecordingError(
+            f"{where} {field}{'.' + key if key else ''}: {first['msg']}, got {first['input']!r:.40}"
+        ) from None
+
+
+def _check_recorded_forecasts(where: str, info: Mapping[str, Any]) -> None:
+    """The recorded ``controller_config``: an object (or null) whose declared forecasts,
+    which replay hands to the controller, are token counts within the config's bounds."""
+    config = info.get("controller_config")
+    if config is None:
+        return
+    if not isinstance(config, dict):
+        raise RecordingError(f"{where} must be an object, got {config!r:.40}")
+    for key in ("mean_prompt_tokens", "mean_output_tokens", "ttft_prompt_tokens"):
+        value = config.get(key)
+        number = finite_number(value)
+        if value is not None and (number is None or not 0.0 < number <= MAX_COUNT):
+            raise RecordingError(
+                f"{where}.{key} must be a token count in (0, {MAX_COUNT:g}] or null, "
+                f"got {value!r:.40}"
+            )
 
 
 def check_ticks(

@@ -556,6 +556,42 @@ def test_replay_names_a_malformed_recording_field(
 
 
 @pytest.mark.parametrize(
+    ("key", "value", "named"),
+    [
+        ("controller_config", "x", "domains[0].controller_config must be an object, got 'x'"),
+        ("gpus", 5, "domains[0].gpus must be a list, got 5"),
+        ("slo_target", {"attainment": 2}, "domains[0].slo_target.attainment: Input should be"),
+        ("safety", {"dwell_s": 1e308}, "domains[0].safety.dwell_s: Input should be less than"),
+        ("power_budget_held", "yes", "domains[0].power_budget_held must be true or false"),
+        (
+            "controller_config",
+            {"kind": "mpc-online", "mean_prompt_tokens": 1e308},
+            "domains[0].controller_config.mean_prompt_tokens must be a token count",
+        ),
+    ],
+)
+def test_replay_checks_each_domain_field_it_hands_the_controller(
+    recording: Path,
+    tmp_path: Path,
+    key: str,
+    value: object,
+    named: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Failed before: Python's own text ("'str' object has no attribute 'get'", "object of
+    # type 'int' has no len()"), an slo_target line naming no file, a 'yes' read as true,
+    # or a dwell or forecast of 1e308 that failed on tick 22, after the replay had begun.
+    lines = recording.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["domains"][0][key] = value
+    lines[0] = json.dumps(header)
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text("\n".join(lines) + "\n")
+    assert main(["replay", str(damaged), "--controller", "mpc-online"]) == 2
+    assert f"{damaged}:1: header {named}" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize(
     ("field", "value", "named"),
     [
         ("requested_clock_mhz", "fast", "field requested_clock_mhz must be a number, got 'fast'"),
