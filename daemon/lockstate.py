@@ -13,6 +13,8 @@ exactly. :class:`LockState` keeps one small JSON file in the state directory (sy
 
 ``boot_id`` and ``start_ticks`` name the writing process for good with its pid
 (:func:`process_identity`): whether it still runs is told by them, not by the wall clock.
+A lock entry of an earlier boot holds no lock (a reboot resets clock locks) and is dropped
+when the file is read (:func:`written_in_earlier_boot`).
 
 An entry is written after every lock write and removed after every reset, keyed by the
 GPU's UUID (indices can change across reboots). A power limit gpugov sets is kept beside
@@ -113,6 +115,8 @@ class LockState:
         again."""
         self._clock = clock
         self._failures = FailureRun(WRITE_FAILURE_LOG_EVERY_S, clock)
+        self._earlier_boot_said: set[str] = set()
+        """The entries of an earlier boot already logged (:meth:`_lock_entries`)."""
         data = self._load()
         self._entries: dict[str, dict[str, Any]] = self._lock_entries(data)
         self._limits: dict[str, dict[str, Any]] = self._limit_entries(data)
@@ -223,6 +227,23 @@ class LockState:
         entries = {}
         for key, entry in gpus.items():
             if not isinstance(entry, dict):
+                continue
+            if written_in_earlier_boot(entry):
+                # A reboot resets every clock lock: adopted, the lock was taken as held
+                # while the GPU ran unlocked, and the readback took that for someone
+                # else's change (with external_clock_policy = "yield", the GPU was left
+                # ungoverned for the run).
+                if str(key) not in self._earlier_boot_said:
+                    self._earlier_boot_said.add(str(key))
+                    log.info(
+                        "lock state %s: GPU %s: the lock a gpugov run (pid %s, %s) recorded "
+                        "is of an earlier boot; a reboot resets clock locks, so it holds "
+                        "none: dropped",
+                        self.path,
+                        key,
+                        entry.get("pid"),
+                        entry.get("time"),
+                    )
                 continue
             bad = _bad_field(entry)
             if bad is not None:
@@ -500,6 +521,14 @@ def live_writer(entry: Mapping[str, Any]) -> bool:
         boot_id=entry.get("boot_id"),
         start_ticks=entry.get("start_ticks"),
     )
+
+
+def written_in_earlier_boot(entry: Mapping[str, Any]) -> bool:
+    """Whether lock state ``entry`` names a boot of this machine other than this one
+    (its ``boot_id``): clock locks do not outlive a reboot, so it holds none now. False
+    where either boot is not known."""
+    boot, now = entry.get("boot_id"), _boot_id()
+    return isinstance(boot, str) and now is not None and boot != now
 
 
 def live_gpugov_pid(

@@ -14,7 +14,7 @@ from typing import Any
 
 import fake_pynvml as fp
 import pytest
-from daemon_support import MetricsServer, eventually, fixture_text
+from daemon_support import MetricsServer, eventually, fixture_text, run_ticks
 from fake_pynvml import FakeNvml
 
 from gpugov.daemon.actuator import ClockActuator
@@ -494,6 +494,51 @@ def test_reconcile_sees_a_lock_nobody_recorded_and_can_adopt(tmp_path: Path) -> 
     assert actuator.restore() == [] and fake.locked(0) is None
     (line,) = ClockActuator([NvmlBackend(0, nvml=fake)]).reconcile("reset")
     assert line.startswith("GPU 0: no lock found (SM clock 1980 MHz of 1980 MHz)")
+
+
+def test_a_lock_record_of_an_earlier_boot_is_no_lock(
+    tmp_path: Path, metrics_server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run that crashed before a reboot left its record; the reboot reset the lock.
+    Adopted, its 1410 MHz was taken as held while the GPU ran unlocked: the readback took
+    the default clock for someone else's change, and with ``yield`` the GPU was left
+    ungoverned for the whole run."""
+    import json
+
+    fake = FakeNvml(1)
+    ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path, pid=1)).apply(1410)
+    path = tmp_path / "locks.json"
+    record = json.loads(path.read_text())
+    record["gpus"]["GPU-fake-0000"]["boot_id"] = "0f3c0000-an-earlier-boot"
+    path.write_text(json.dumps(record))
+    fake.gpus[0].locked, fake.gpus[0].sm_clock_mhz, fake.gpus[0].event_reasons = None, 1980, 0
+    metrics_server.page = _page()
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0, "state_dir": str(tmp_path), "reconcile": "adopt"},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "external_clock_policy": "yield",
+                    "engine": {"kind": "vllm", "url": metrics_server.url, "timeout_s": 0.9},
+                    "controller": {"kind": "fixed", "clock_mhz": 1410},
+                }
+            ],
+        }
+    )
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon.lockstate"):
+        assembled = domains_from_config(config, nvml=fake)
+    locks: list[Any] = []
+    try:
+        (line,) = assembled.domains[0].actuator.reconcile("adopt")
+        assert line.startswith("GPU 0: no lock found"), line
+        assert "of an earlier boot" in caplog.text
+        run_ticks(assembled.domains, 4, on_step=lambda step, records: locks.append(fake.locked(0)))
+    finally:
+        assembled.close()
+    assert locks == [(1410, 1410)] * 4  # governed, never yielded
+    assert "GPU-fake-0000" not in LockState(tmp_path).read()
 
 
 @pytest.mark.parametrize(
