@@ -135,8 +135,9 @@ class LockState:
         ``DIR/gpugov.lock``, which the kernel releases when the process ends, however it
         ends. A second daemon on the same state directory would reset the first one's live
         locks as a crash's leftovers and then fight it for the clocks. A directory where
-        the file cannot be made is warned about (as the lock record is) and not held; a
-        file that is made but cannot take the pid (a full disk) is held, with one warning.
+        the file cannot be made, or locked (a filesystem without ``flock``), is warned
+        about (as the lock record is) and not held; a file that is made but cannot take
+        the pid (a full disk) is held, with one warning.
 
         Raises:
             ConfigError: another process holds it (named, with its pid).
@@ -152,7 +153,7 @@ class LockState:
             return
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except BlockingIOError:
             try:
                 handle.seek(0)
                 holder = handle.read(32).strip()
@@ -164,6 +165,20 @@ class LockState:
                 f"{path.parent}: another gpugov run ({who}) holds this state "
                 "directory; run one daemon per node (or give each its own state_dir and GPUs)"
             ) from None
+        except OSError as error:
+            # No lock to take here (a filesystem without flock: NFS without its lock
+            # daemon, ENOLCK), not one held: read as held, with a pid a previous run left
+            # in the file, every start was refused.
+            handle.close()
+            log.warning(
+                "lock state %s: cannot hold the state directory: %s cannot be locked (%s: a "
+                "filesystem without file locks?); the lock record is kept all the same, but "
+                "a second gpugov run on this directory is not refused",
+                self.path,
+                path,
+                error,
+            )
+            return
         try:
             # Unbuffered: a pid left in the file object's buffer by a failed write would
             # fail again when the hold is released, at the daemon's stop.

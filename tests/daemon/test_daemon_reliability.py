@@ -1032,6 +1032,32 @@ def test_a_hold_file_that_cannot_take_the_pid_still_starts_the_daemon(
         assembled.close()
 
 
+def test_a_state_directory_without_file_locks_is_not_taken_as_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A state directory on a filesystem that takes no flock (NFS without its lock
+    daemon: ENOLCK) was refused as held by another run, named by the pid a previous run
+    left in the hold file: every start exited 2, which the units do not restart. Only a
+    lock someone holds is a holder; the directory is then not held, with one warning."""
+    import errno
+    import fcntl
+
+    (tmp_path / "gpugov.lock").write_text("4242\n")  # a previous run's, long gone
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    domain = {"name": "llm", "gpus": [0], "engine": {"url": "http://127.0.0.1:9/metrics"}}
+    config = parse_config(
+        {"daemon": {"period_s": 1.0, "state_dir": str(tmp_path)}, "domains": [domain]}
+    )
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.lockstate"):
+        domains_from_config(config, nvml=FakeNvml(1)).close()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "cannot hold the state directory" in line and "No locks available" in line
+
+
 def test_a_damaged_hold_file_names_no_pid_and_raises_no_traceback(tmp_path: Path) -> None:
     """A hold file of bytes that are no pid (not UTF-8) while another run holds it: the
     refusal read it as text and ended in a UnicodeDecodeError traceback."""
