@@ -338,8 +338,11 @@ class DomainObserver:
             self._report_failure(now_s, error)
             return error, elapsed
         elapsed = self._clock() - started
-        if self._last is not None and sample.engine != self._last.engine:
-            self._forget_engine()
+        new_engine = self._last is not None and sample.engine != self._last.engine
+        if new_engine:
+            # Its counters are checked against none of the old engine's.
+            self._last_raw = self._jumped = None
+            self._offsets.clear()
         refused = self._impossible_counters(sample, now_s + elapsed)
         if refused is not None:
             self.engine_errors += 1
@@ -358,6 +361,8 @@ class DomainObserver:
         self.failed_in_a_row = 0
         self._down_since_s = None
         self.last_error = None
+        if new_engine:
+            self._forget_engine()
         self._window_base, self._last = self._last, sample
         self._last_time_s = now_s + elapsed
         self._check_role(getattr(sample, "role", None))
@@ -365,11 +370,11 @@ class DomainObserver:
 
     def _forget_engine(self) -> None:
         """An engine of another kind answers on the URL (kind auto): its counters are its
-        own lifetime's, so they start afresh from this scrape, as at the first one (no
-        window across the two engines, no jump from the old engine's counters)."""
-        self._last = self._window_base = None
-        self._last_raw = self._jumped = None
-        self._offsets.clear()
+        own lifetime's, so they start afresh from its first scrape taken, as at the
+        daemon's first (no window across the two engines, its lifetime no arrivals). The
+        old engine's last sample stays until then: a refused first scrape of the new one
+        leaves it as any bad scrape does."""
+        self._last = None
         self._arrived_before = self._last_counter = None
         self._decoding, self._generated, self._prefilled = _InFlight(), _InFlight(), _InFlight()
 

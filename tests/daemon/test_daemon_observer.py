@@ -535,9 +535,16 @@ def test_an_engine_of_another_kind_on_the_url_starts_its_counters_afresh(
     observer = DomainObserver([StubGpu("0")], source, stale_after_s=30.0, ttft_slo_s=1.0)
     metrics_server.page = fixture_text("vllm_v1_real.txt")
     ticks = [observer.observe(float(t), t, None) for t in range(2)]
-    metrics_server.page = fixture_text("sglang_real.txt")
+    sglang = fixture_text("sglang_real.txt")
+    # Its first page a bad one (a counter wrapped below zero): the old engine's last
+    # sample stays, as for any bad scrape.
+    metrics_server.page = sglang.replace("8.128902e+06", "1.8e+19")
+    bad = observer.observe(2.0, 2, None)
+    assert "impossible counter" in (bad.engine_error or "")
+    assert bad.engine_sample is not None and bad.engine_sample.engine == "vllm"
+    metrics_server.page = sglang
     with caplog.at_level(logging.WARNING):
-        ticks += [observer.observe(float(t), t, None) for t in range(2, 5)]
+        ticks += [observer.observe(float(t), t, None) for t in range(3, 6)]
     assert [t.engine_error for t in ticks] == [None] * 5
     assert [t.engine_sample.engine for t in ticks] == ["vllm"] * 2 + ["sglang"] * 3  # type: ignore[union-attr]
     assert not any("jump" in r.getMessage() for r in caplog.records), caplog.text
