@@ -616,10 +616,28 @@ class ClockActuator:
         elif policy == "adopt":
             self._touched.add(label)
             pin = held is not None and low == held and self.lock_mode == "pin"
-            self.locked_mhz[label] = int(held) if held is not None and pin else _UNKNOWN
+            # The GPU above the recorded lock with no lock shown: it was reset since the
+            # record (nvidia-smi -rgc, a driver reload). Taken as held, the readback read
+            # the GPU's default clock as someone else's change (with "yield": the GPU
+            # left ungoverned for the run); as unknown, the first decision is written.
+            gone = (
+                isinstance(held, int | float)
+                and reasons is not None
+                and not reasons & APPLICATIONS_CLOCKS_SETTING
+                and clock is not None
+                and clock > held + self._readback.tolerance(backend)
+            )
+            self.locked_mhz[label] = (
+                int(held) if held is not None and pin and not gone else _UNKNOWN
+            )
             if self.state is not None and low is not None and held is not None:
                 self.state.record(key, label, int(low), int(held))
             line = f"GPU {label}: {found}; adopted: governed from here, reset on exit"
+            if gone:
+                line += (
+                    " (no lock shown now, above the recorded one: taken as unknown, the "
+                    "first decision written)"
+                )
         else:
             writer = self._writers[label]
             try:

@@ -496,23 +496,10 @@ def test_reconcile_sees_a_lock_nobody_recorded_and_can_adopt(tmp_path: Path) -> 
     assert line.startswith("GPU 0: no lock found (SM clock 1980 MHz of 1980 MHz)")
 
 
-def test_a_lock_record_of_an_earlier_boot_is_no_lock(
-    tmp_path: Path, metrics_server: MetricsServer, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A run that crashed before a reboot left its record; the reboot reset the lock.
-    Adopted, its 1410 MHz was taken as held while the GPU ran unlocked: the readback took
-    the default clock for someone else's change, and with ``yield`` the GPU was left
-    ungoverned for the whole run."""
-    import json
-
-    fake = FakeNvml(1)
-    ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path, pid=1)).apply(1410)
-    path = tmp_path / "locks.json"
-    record = json.loads(path.read_text())
-    record["gpus"]["GPU-fake-0000"]["boot_id"] = "0f3c0000-an-earlier-boot"
-    path.write_text(json.dumps(record))
-    fake.gpus[0].locked, fake.gpus[0].sm_clock_mhz, fake.gpus[0].event_reasons = None, 1980, 0
-    metrics_server.page = _page()
+def _adopted_then_yielding_node(tmp_path: Path, server: MetricsServer, fake: FakeNvml) -> Any:
+    """A node of GPU 0 on ``fake`` at a fixed 1410 MHz that adopts what a previous run
+    left and yields to outside clock changes, its state in ``tmp_path``."""
+    server.page = _page()
     config = parse_config(
         {
             "daemon": {"period_s": 1.0, "state_dir": str(tmp_path), "reconcile": "adopt"},
@@ -521,24 +508,67 @@ def test_a_lock_record_of_an_earlier_boot_is_no_lock(
                     "name": "llm",
                     "gpus": [0],
                     "external_clock_policy": "yield",
-                    "engine": {"kind": "vllm", "url": metrics_server.url, "timeout_s": 0.9},
+                    "engine": {"kind": "vllm", "url": server.url, "timeout_s": 0.9},
                     "controller": {"kind": "fixed", "clock_mhz": 1410},
                 }
             ],
         }
     )
+    return domains_from_config(config, nvml=fake)
+
+
+@pytest.mark.parametrize("since", ["a reboot", "a reset"])
+def test_a_recorded_lock_that_is_gone_is_not_adopted_as_held(
+    tmp_path: Path, metrics_server: MetricsServer, caplog: pytest.LogCaptureFixture, since: str
+) -> None:
+    """A run crashed with its GPU locked at 1410 MHz; a reboot (or ``nvidia-smi -rgc``)
+    reset the lock before the next start. Adopted, the lock was taken as held while the
+    GPU ran unlocked: the readback took its default clock for someone else's change, and
+    with ``yield`` the GPU was left ungoverned for the whole run."""
+    import json
+
+    fake = FakeNvml(1)
+    ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path, pid=1)).apply(1410)
+    if since == "a reboot":
+        path = tmp_path / "locks.json"
+        record = json.loads(path.read_text())
+        record["gpus"]["GPU-fake-0000"]["boot_id"] = "0f3c0000-an-earlier-boot"
+        path.write_text(json.dumps(record))
+    fake.gpus[0].locked, fake.gpus[0].sm_clock_mhz, fake.gpus[0].event_reasons = None, 1980, 0
     with caplog.at_level(logging.INFO, logger="gpugov.daemon.lockstate"):
-        assembled = domains_from_config(config, nvml=fake)
+        assembled = _adopted_then_yielding_node(tmp_path, metrics_server, fake)
     locks: list[Any] = []
     try:
         (line,) = assembled.domains[0].actuator.reconcile("adopt")
-        assert line.startswith("GPU 0: no lock found"), line
-        assert "of an earlier boot" in caplog.text
+        if since == "a reboot":  # the record is of no lock at all
+            assert line.startswith("GPU 0: no lock found"), line
+            assert "of an earlier boot" in caplog.text
+        else:
+            assert "adopted" in line and "taken as unknown" in line, line
         run_ticks(assembled.domains, 4, on_step=lambda step, records: locks.append(fake.locked(0)))
     finally:
         assembled.close()
     assert locks == [(1410, 1410)] * 4  # governed, never yielded
     assert "GPU-fake-0000" not in LockState(tmp_path).read()
+
+
+def test_a_recorded_lock_still_in_force_is_adopted_as_held(
+    tmp_path: Path, metrics_server: MetricsServer
+) -> None:
+    """The same record with the GPU still locked: adopted as held, nothing written."""
+    fake = FakeNvml(1)
+    ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path, pid=1)).apply(1410)
+    assembled = _adopted_then_yielding_node(tmp_path, metrics_server, fake)
+    held: list[Any] = []
+    try:
+        (line,) = assembled.domains[0].actuator.reconcile("adopt")
+        assert line.endswith("adopted: governed from here, reset on exit"), line
+        run_ticks(assembled.domains, 3, on_step=lambda step, records: held.append(fake.locked(0)))
+    finally:
+        assembled.close()
+    assert held == [(1410, 1410)] * 3
+    locks = [w for w in fake.writes if w[0] == LOCK]
+    assert locks == [(LOCK, 0, 1410, 1410)]  # the crashed run's only
 
 
 @pytest.mark.parametrize(
