@@ -131,6 +131,9 @@ class EnergyReading:
     """Requests that left the queue so far (arrived - waiting): each one's first token
     comes from its prefill, not from a decode iteration."""
     model: str = UNKNOWN_MODEL
+    engine: str = ""
+    """The kind of engine whose counters these are (``vllm``, ``sglang``, ``tgi``): a
+    window across two (another engine on the URL) is skipped as a restart."""
     engine_fresh: bool = True
     power_limit_w: float | None = None
     prompt_buckets: Buckets | None = None
@@ -164,6 +167,7 @@ def reading_from(observed: Observed) -> EnergyReading:
         kv_tokens=o.kv_tokens,
         admitted_requests=float(o.arrived_requests - o.waiting_requests),
         model=(engine.model_name if engine is not None else None) or UNKNOWN_MODEL,
+        engine="" if engine is None else engine.engine,
         engine_fresh=engine is not None and observed.engine_error is None,
         power_limit_w=o.power_limit_w,
         prompt_buckets=None if engine is None else engine.request_prompt_tokens_buckets,
@@ -418,7 +422,7 @@ class EnergyEstimator:
             self._skip("energy_implausible", reading)
             return None
         work = _deltas(anchor, reading)
-        if work is None or reading.model != anchor.model:
+        if work is None or reading.model != anchor.model or reading.engine != anchor.engine:
             self._skip("engine_restart", reading)
             return None
         prompt, output, finished = work

@@ -8,12 +8,21 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
+from daemon_support import MetricsServer, fixture_text
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpugov.daemon.energy import EnergyEstimator, EnergyReading, RequestEnergyHistogram
+from gpugov.daemon.backend import GpuSample
+from gpugov.daemon.energy import (
+    EnergyEstimator,
+    EnergyReading,
+    RequestEnergyHistogram,
+    reading_from,
+)
+from gpugov.daemon.engine_sources import ScrapedSource
 from gpugov.daemon.engines import SPECS, extract
 from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot
 from gpugov.daemon.exposition import parse_page
+from gpugov.daemon.observer import DomainObserver
 from gpugov.daemon.phase_fit import (
     PhaseCoefficients,
     batch_term,
@@ -576,3 +585,45 @@ def test_the_simulated_engine_publishes_per_request_token_histograms() -> None:
     # Prompts 100, 400, 700, 1000 against vLLM's 1-2-5 bounds; outputs 3, 43, 83, 123.
     assert prompt[100.0] == 1.0 and prompt[500.0] == 2.0 and prompt[1000.0] == 4.0
     assert output[5.0] == 1.0 and output[50.0] == 2.0 and output[100.0] == 3.0
+
+
+def test_no_window_spans_an_engine_of_another_kind_serving_the_same_model(
+    metrics_server: MetricsServer,
+) -> None:
+    """vLLM replaced on the URL by an SGLang serving the same model (kind auto): the window
+    across the two took SGLang's lifetime less vLLM's counters as one second's work (8.1e6
+    prompt tokens), a joules-per-token no GPU spends, folded into the model's estimate."""
+    gpu = _EnergyGpu()
+    observer = DomainObserver([gpu], ScrapedSource(metrics_server.url), stale_after_s=30.0)
+    estimator = EnergyEstimator()
+    model = "meta-llama/Llama-3.1-8B-Instruct"
+    vllm = fixture_text("vllm_v1_real.txt").replace("Qwen/Qwen3-0.6B", model)
+    windows = []
+    for step, page in enumerate([vllm] * 3 + [fixture_text("sglang_real.txt")] * 3):
+        metrics_server.page = page
+        gpu.energy_j += 400.0  # 400 W
+        observed = observer.observe(float(step), step, None)
+        assert observed.engine_error is None
+        windows.append(estimator.update(reading_from(observed)))
+    assert estimator.skipped["engine_restart"] == 1
+    worked = [w for w in windows if w is not None]
+    assert worked and max(w.prompt_tokens for w in worked) < 1e3
+
+
+class _EnergyGpu:
+    """A GpuBackend whose energy counter the test moves."""
+
+    label = "0"
+    energy_j = 1e6
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        return (900, 1980)
+
+    def sample(self) -> GpuSample:
+        return GpuSample(gpu=self.label, energy_j=self.energy_j, power_limit_w=700.0)
+
+    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None: ...
+
+    def reset_clocks(self) -> None: ...
+
+    def close(self) -> None: ...
