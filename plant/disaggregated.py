@@ -89,7 +89,7 @@ class _Pool:
         """
         if self._observers is not None:
             raise ValueError(f"the {self.role} pool observes through a view: it cannot be forked")
-        twin = _Pool(self.role, [_fork_engine(engine) for engine in self.engines])
+        twin = _Pool(self.role, [engine.fork() for engine in self.engines])
         twin._ttft_seen = list(self._ttft_seen)
         twin._tokens_seen = list(self._tokens_seen)
         return twin
@@ -164,14 +164,6 @@ class _Pool:
             tpot_recent_s=_weighted([o.tpot_recent_s for o in observations], token_weights),
             role=self.role,
         )
-
-
-def _fork_engine(engine: PlantSimulation) -> PlantSimulation:
-    """``engine.fork()`` with a workload of its own: the fork shares the engine's workload,
-    which a decode engine grows with each prefilled request it is handed."""
-    twin = engine.fork()
-    twin.requests = tuple(engine.requests)
-    return twin
 
 
 def _weighted(values: Sequence[float | None], weights: Sequence[float]) -> float | None:

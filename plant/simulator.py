@@ -868,12 +868,17 @@ class PlantSimulation:
         ``copy.deepcopy`` is a correct fork (plain Python state plus a numpy
         ``Generator``) but copies every recorded grid sample, which grows with simulated
         time (about 90 ms at 300 s of the bundled trace). A fork shares the immutable
-        workload and plant, starts its grid series empty (its :meth:`result` therefore
-        has series from the fork point only; its energy, request outcomes and state are
-        exact), and copies lists of plain numbers with ``list.copy`` (about 1 ms).
+        workload (copied once :meth:`add_request` made it a list) and plant, starts its
+        grid series empty (its :meth:`result` therefore has series from the fork point
+        only; its energy, request outcomes and state are exact), and copies lists of
+        plain numbers with ``list.copy`` (about 1 ms).
         """
         memo: dict[int, Any] = {
-            id(self.requests): self.requests,
+            # The workload is shared while it is the immutable tuple it starts as; once
+            # :meth:`add_request` made it a list, the fork takes a copy of its own.
+            id(self.requests): (
+                self.requests if type(self.requests) is tuple else list(self.requests)
+            ),
             id(self.plant): self.plant,
             id(self.gpu.params): self.gpu.params,
         }

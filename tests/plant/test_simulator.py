@@ -84,6 +84,23 @@ def test_gpu_parameters_are_frozen_and_shared_by_forks(plant) -> None:  # type: 
     assert fork.energy_j > simulation.energy_j and simulation.time_s == pytest.approx(5.0)
 
 
+def test_a_fork_after_added_requests_keeps_its_own_workload(plant) -> None:  # type: ignore[no-untyped-def]
+    """A request added to a fork is not added to the original (the emulator and a decode
+    engine grow their workload with add_request; the fork shared the list)."""
+    simulation = PlantSimulation((), plant)
+    simulation.add_request(64, 4)
+    simulation.advance_to(2.0)
+    assert simulation.done
+    fork = simulation.fork()
+    fork.add_request(128, 8)
+    fork.advance_to(1.0 + fork.time_s)
+    assert len(simulation.requests) == 1 and len(fork.requests) == 2
+    assert simulation.done and len(simulation.records()) == 1
+    # An untouched workload (the tuple a simulation starts with) is still shared.
+    started = PlantSimulation(poisson_workload(3.0, 5.0, seed=2), plant)
+    assert started.fork().requests is started.requests
+
+
 def test_time_above_limit_closed_form() -> None:
     # Heating from 20 to an equilibrium of 100 crosses 60 at tau * ln(80 / 40).
     assert _time_above(20.0, 100.0, 10.0, 30.0, 60.0) == pytest.approx(30.0 - 10.0 * math.log(2.0))
