@@ -153,6 +153,11 @@ class CounterOffsets:
         """An engine restart: counters are the engine's own again."""
         self.offsets.clear()
 
+    def restart_from(self, now: Mapping[str, float]) -> None:
+        """Take every counter of ``now`` off from here on: another engine answers on the
+        URL, and its counters start from zero, as a restarted engine's do."""
+        self.offsets = dict(now)
+
     def re_anchor(
         self, last: Mapping[str, float], jumped: Mapping[str, float], elapsed_s: float
     ) -> list[str]:

@@ -349,6 +349,11 @@ class DomainObserver:
             self.last_error = refused
             self._report_failure(now_s, refused)
             return refused, elapsed
+        if new_engine:
+            # Its lifetime is no work this daemon saw: its counters start from zero here,
+            # so every consumer (windows, arrivals, the learned model, the energy
+            # estimate) meets it as an engine restart, which each already handles.
+            self._offsets.restart_from(counters(sample))
         sample = self._offsets.apply(sample)
         if self.failed_in_a_row:
             down_s = now_s - (self._down_since_s if self._down_since_s is not None else now_s)
@@ -361,22 +366,10 @@ class DomainObserver:
         self.failed_in_a_row = 0
         self._down_since_s = None
         self.last_error = None
-        if new_engine:
-            self._forget_engine()
         self._window_base, self._last = self._last, sample
         self._last_time_s = now_s + elapsed
         self._check_role(getattr(sample, "role", None))
         return None, elapsed
-
-    def _forget_engine(self) -> None:
-        """An engine of another kind answers on the URL (kind auto): its counters are its
-        own lifetime's, so they start afresh from its first scrape taken, as at the
-        daemon's first (no window across the two engines, its lifetime no arrivals). The
-        old engine's last sample stays until then: a refused first scrape of the new one
-        leaves it as any bad scrape does."""
-        self._last = None
-        self._arrived_before = self._last_counter = None
-        self._decoding, self._generated, self._prefilled = _InFlight(), _InFlight(), _InFlight()
 
     def _impossible_counters(self, sample: EngineSample, at_s: float) -> str | None:
         """Why ``sample`` (scraped at ``at_s``) is dropped, or None to take it.

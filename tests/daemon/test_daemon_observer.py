@@ -553,6 +553,12 @@ def test_an_engine_of_another_kind_on_the_url_starts_its_counters_afresh(
     # measured across the two engines, nor counted against the SLO.
     assert switched.ttft_recent_s is None
     assert (observer.attainment.ttft_count or 0.0) == 0.0  # the page did not move since
+    # The counters a controller diffs start again, as after an engine restart: mpc-online
+    # learned a window of 8.1e6 prompt tokens in one second across the two engines.
+    before = ticks[1].observation
+    assert switched.prompt_tokens_total <= before.prompt_tokens_total
+    assert switched.output_tokens_total <= before.output_tokens_total
+    assert switched.completed_requests <= before.completed_requests
     # Its requests in flight are arrivals, as at a daemon's first scrape; its lifetime is not.
     in_flight = 162 + 2826
     assert all(t.observation.arrived_requests <= in_flight for t in ticks[2:])
