@@ -545,7 +545,13 @@ class ClockActuator:
         return "done"
 
     # --------------------------------------------------------------- reconcile
-    def reconcile(self, policy: ReconcilePolicy = "reset", *, dry_run: bool = False) -> list[str]:
+    def reconcile(
+        self,
+        policy: ReconcilePolicy = "reset",
+        *,
+        dry_run: bool = False,
+        read: Callable[[GpuBackend], GpuSample] | None = None,
+    ) -> list[str]:
         """At start: find locks a previous run (or someone else) left, reset or adopt them.
 
         A GPU counts as locked when the state file holds an entry for it written by
@@ -553,15 +559,26 @@ class ClockActuator:
         event reasons while its SM clock is below the top supported clock (a lock below
         the top; a lock at the top is harmless and cannot be told from no lock).
 
+        ``read`` reads a GPU's clocks (default: its sample, on this thread); a node passes
+        its domain's reads, which have a deadline (:meth:`DomainGpus.read
+        <gpugov.daemon.gpu_sampling.DomainGpus.read>`): a read that hangs leaves the GPU's
+        clock unknown, never the start held.
+
         Returns:
             One line per GPU saying what was found and done (also logged).
         """
         lines = []
         for backend in self._backends:
-            lines.append(self._reconcile_one(backend, policy, dry_run))
+            lines.append(self._reconcile_one(backend, policy, dry_run, read))
         return lines
 
-    def _reconcile_one(self, backend: GpuBackend, policy: ReconcilePolicy, dry_run: bool) -> str:
+    def _reconcile_one(
+        self,
+        backend: GpuBackend,
+        policy: ReconcilePolicy,
+        dry_run: bool,
+        read: Callable[[GpuBackend], GpuSample] | None,
+    ) -> str:
         label, key = backend.label, gpu_key(backend)
         entry = self.state.get(key) if self.state is not None else None
         if entry is not None and self.state is not None and self.state.written_here(key):
@@ -576,7 +593,7 @@ class ClockActuator:
                 f"({state_file}) and is still running; stop it first"
             )
         try:
-            sample: GpuSample | None = backend.sample()
+            sample: GpuSample | None = backend.sample() if read is None else read(backend)
         except GpuError as error:
             sample = None
             log.debug("GPU %s: reading clocks for reconcile failed: %s", label, error)

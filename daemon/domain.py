@@ -21,7 +21,7 @@ from gpugov.controllers.contract import (
     controller_label,
     layers,
 )
-from gpugov.daemon.actuator import ClockActuator
+from gpugov.daemon.actuator import ClockActuator, ReconcilePolicy
 from gpugov.daemon.deadline import DecisionTimeout
 from gpugov.daemon.energy import EnergyEstimator, reading_from
 from gpugov.daemon.episode_log import EpisodeLog
@@ -298,6 +298,16 @@ class Domain:
         elif problem is None and self.write_path_down is not None:
             log.warning("domain %s: clock writes go through again; fail-safe ended", self.name)
         self.write_path_down = problem
+
+    def reconcile(self, policy: ReconcilePolicy, *, dry_run: bool = False) -> list[str]:
+        """At start: the locks and power limits a previous run left on the domain's GPUs,
+        reset or adopted (:meth:`ClockActuator.reconcile
+        <gpugov.daemon.actuator.ClockActuator.reconcile>`), each GPU read as the loop
+        reads it, under its deadline; one line each."""
+        lines = self.actuator.reconcile(policy, dry_run=dry_run, read=self.observer.gpus.read)
+        if self.power_limits is not None:
+            lines += self.power_limits.reconcile(dry_run=dry_run)
+        return lines
 
     def observe(self, now_s: float, step: int) -> Observed:
         """This tick's GPU reads and engine scrape (:meth:`DomainObserver.observe`), no

@@ -108,7 +108,7 @@ class DomainGpus:
         samples = []
         for backend in self.backends:
             try:
-                sample = self._read(backend)
+                sample = self.read(backend)
             except TransientGpuError as error:
                 self._report_sample_failure(backend.label, now_s, error)
                 sample = GpuSample(gpu=backend.label, read_errors=("sample",))
@@ -121,8 +121,10 @@ class DomainGpus:
             samples.append(sample)
         return tuple(samples)
 
-    def _read(self, backend: GpuBackend) -> GpuSample:
-        """``backend``'s sample, under the read deadline where there is one.
+    def read(self, backend: GpuBackend) -> GpuSample:
+        """``backend``'s sample, under the read deadline where there is one (the loop's
+        reads, and the start's reconcile: a read that hangs there is this reader's, so the
+        loop's first read waits for none behind it).
 
         Raises:
             TransientGpuError: the sample failed, or ran past the deadline (it goes on in

@@ -133,9 +133,7 @@ def _run_node(args: argparse.Namespace) -> int:
         entered = False
         try:
             for domain in assembled.domains:
-                domain.actuator.reconcile(config.daemon.reconcile, dry_run=dry_run)
-                if domain.power_limits is not None:
-                    domain.power_limits.reconcile(dry_run=dry_run)
+                domain.reconcile(config.daemon.reconcile, dry_run=dry_run)
             if not dry_run:
                 reset_left_locks(config, assembled, stop)
             if stop.is_set():

@@ -18,7 +18,7 @@ from typing import Any
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.contract import layers
 from gpugov.daemon.actuator import CLOCK_WRITE_DEADLINE_S, ClockActuator, ExternalPolicy, LockMode
-from gpugov.daemon.backend import DryRunBackend, GpuBackend, power_limit_backend
+from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample, power_limit_backend
 from gpugov.daemon.config import DaemonSection, DomainConfig, GpugovConfig, controller_state_dir
 from gpugov.daemon.controller_config import ControllerConfig, OnlineMPCControllerConfig
 from gpugov.daemon.controller_spec import spec_name
@@ -328,7 +328,7 @@ def build_domain(
         gpu_uuids=tuple(gpu_uuid(backend) for backend in backends),
         gpu_count=len(backends),
         power_limit_w=(
-            _start_power_limit_w(backends)
+            _start_power_limit_w(backends, observer.gpus.read)
             if isinstance(controller_spec, OnlineMPCControllerConfig)
             else None
         ),
@@ -446,16 +446,19 @@ def _unwrapped(backend: GpuBackend) -> GpuBackend:
     return backend.inner if isinstance(backend, DryRunBackend) else backend
 
 
-def _start_power_limit_w(backends: Sequence[GpuBackend]) -> float | None:
+def _start_power_limit_w(
+    backends: Sequence[GpuBackend], read: Callable[[GpuBackend], GpuSample]
+) -> float | None:
     """The domain's summed enforced power limit now (NVML), or None when a GPU does not
     report one. Simulated GPUs are not sampled here (a sample advances their plant); their
-    observations carry the limit every tick."""
+    observations carry the limit every tick. ``read`` is the domain's read of a GPU, under
+    its deadline: a read that hangs at the start leaves the limit unknown."""
     total = 0.0
     for backend in backends:
         if isinstance(_unwrapped(backend), SimulatedBackend):
             return None
         try:
-            limit = backend.sample().power_limit_w
+            limit = read(backend).power_limit_w
         except GpugovError as error:
             log.warning("GPU %s: no power limit read at start (%s)", backend.label, error)
             return None

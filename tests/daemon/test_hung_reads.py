@@ -371,6 +371,53 @@ def test_a_hung_gpu_read_costs_one_deadline_and_the_loop_goes_on(
     assert any(f"no answer within {DEADLINE_S:g} s (a hung GPU call)" in line for line in lines)
 
 
+@pytest.mark.parametrize("controller", ["max", "mpc-online"])
+def test_a_gpu_read_that_hangs_at_the_start_holds_neither_the_start_nor_the_stop(
+    controller: str,
+    tmp_path: Path,
+    safety: list[_HungRead],
+    monkeypatch: pytest.MonkeyPatch,
+    metrics_server: MetricsServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A GPU's temperature read hangs (a driver in trouble) when ``gpugov run`` starts,
+    with a lock a killed run left: the start's reconcile read the GPU on the main thread
+    with no deadline, so the start never finished (no loop, no watchdog ping) and a
+    SIGTERM could not end it (``mpc-online``'s start read every GPU's power limit so too).
+    Now the read is the loop's, under its deadline: the lock left is reset, the run starts
+    and stops while the read still hangs."""
+    from daemon_support import node_commands_on, sigterm_once_open
+
+    import gpugov.daemon.node_cli as node_cli
+    import gpugov.daemon.service as service
+    from gpugov.daemon.actuator import ClockActuator
+    from gpugov.daemon.lockstate import LockState
+    from gpugov.daemon.nvml import NvmlBackend
+
+    monkeypatch.setattr(service, "GPU_READ_DEADLINE_S", DEADLINE_S)
+    fake = node_commands_on(monkeypatch, FakeNvml(1))
+    state_dir = tmp_path / "state"
+    ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(state_dir, pid=1)).apply(1005)
+    hung = _HungRead(fake.nvmlDeviceGetTemperatureV)
+    safety.append(hung)
+    monkeypatch.setattr(fake, "nvmlDeviceGetTemperatureV", hung)
+    metrics_server.page = 'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
+    config = tmp_path / "gpugov.toml"
+    config.write_text(
+        f'[daemon]\nmetrics_address = ""\nstate_dir = "{state_dir}"\n'
+        '[[domains]]\nname = "llm"\ngpus = [0]\n'
+        f'[domains.engine]\nkind = "vllm"\nurl = "{metrics_server.url}"\n'
+        f'[domains.controller]\nkind = "{controller}"\n'
+    )
+    sigterm_once_open(monkeypatch)
+    with caplog.at_level(logging.INFO):
+        assert node_cli.main(["run", "--config", str(config)]) == 0
+    assert hung.hung and hung.calls == 1  # returned while the read still hangs
+    assert "stopped during the start" in caplog.text
+    assert "left it locked at 1005-1005 MHz (now unknown of 1980 MHz); reset" in caplog.text
+    assert fake.locked(0) is None
+
+
 # ------------------------------------------------------------------ the learned model
 
 
