@@ -36,6 +36,31 @@ milliseconds, nvidia-smi's a fraction of a second under its own timeout, so only
 call reaches it; far below the unit's ``WatchdogSec=`` (30 s) even for eight GPUs."""
 
 
+def power_limit_range_w(
+    backend: GpuBackend, read_deadline_s: float | None = None
+) -> tuple[float, float] | None:
+    """``backend``'s (lowest, highest) settable power limit in watts (NVML's
+    constraints), or None where it reports none. With ``read_deadline_s`` (a node) the
+    call runs on a worker thread and is waited for at most that long: one that hangs (a
+    wedged firmware) is an unknown range, with one warning, never a held start or loop."""
+    read = getattr(backend, "power_limit_constraints_w", None)
+    if read is None:
+        return None
+    if read_deadline_s is None:
+        return read()  # type: ignore[no-any-return]
+    reader = LatestReader(read, read_deadline_s, name=f"gpu-limits-{backend.label}")
+    try:
+        return reader.read()  # type: ignore[no-any-return]
+    except ReadTimeout:
+        log.warning(
+            "GPU %s: its power limit constraints not read within %g s (a hung GPU call); "
+            "taken as unknown",
+            backend.label,
+            read_deadline_s,
+        )
+        return None
+
+
 class DomainGpus:
     """Samples a domain's GPUs each tick (:meth:`sample`).
 
@@ -63,6 +88,7 @@ class DomainGpus:
         read_deadline_s: float | None = None,
     ) -> None:
         self.backends = list(backends)
+        self._read_deadline_s = read_deadline_s
         self._readers: dict[str, LatestReader[GpuSample]] = (
             {}
             if read_deadline_s is None
@@ -177,12 +203,10 @@ class DomainGpus:
         label = backend.label
         if label not in self._power_ceiling_w:
             limits = None
-            read = getattr(backend, "power_limit_constraints_w", None)
-            if read is not None:
-                try:
-                    limits = read()
-                except Exception as error:  # an optional read: the enforced limit serves
-                    log.debug("GPU %s: power limit constraints not read: %s", label, error)
+            try:
+                limits = power_limit_range_w(backend, self._read_deadline_s)
+            except Exception as error:  # an optional read: the enforced limit serves
+                log.debug("GPU %s: power limit constraints not read: %s", label, error)
             high = None if limits is None else float(limits[1])
             self._power_ceiling_w[label] = high if high and math.isfinite(high) else None
         checked = plausible_power(sample, self._power_ceiling_w[label])

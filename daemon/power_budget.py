@@ -48,6 +48,7 @@ from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
 from gpugov.daemon.deadline import READ_DEADLINE_S, LatestReader, ReadTimeout
 from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import ConfigError
+from gpugov.daemon.gpu_sampling import power_limit_range_w
 from gpugov.daemon.limits import MAX_POWER_W
 from gpugov.daemon.observer import Observed
 from gpugov.plant.input_files import InputFileError, read_input_text
@@ -475,15 +476,18 @@ def distinct_watts(lower: float, higher: float) -> tuple[str, str]:
     return f"{lower:.2f}", f"{higher:.2f}"
 
 
-def domain_power_limit_range(backends: Sequence[GpuBackend]) -> tuple[float, float] | None:
+def domain_power_limit_range(
+    backends: Sequence[GpuBackend], read_deadline_s: float | None = None
+) -> tuple[float, float] | None:
     """The domain's summed (lowest, highest) settable power limits, when every GPU
-    reports them (:class:`PowerLimitRange`: NVML); else None."""
+    reports them (:class:`PowerLimitRange`: NVML); else None. ``read_deadline_s``: each
+    GPU's read waited for at most that long (a node; one that hangs is unknown)."""
     low = high = 0.0
     for backend in backends:
         inner = backend.inner if isinstance(backend, DryRunBackend) else backend
         if not isinstance(inner, PowerLimitRange):
             return None
-        limits = inner.power_limit_constraints_w()
+        limits = power_limit_range_w(inner, read_deadline_s)
         if limits is None:
             return None
         low += limits[0]
@@ -498,16 +502,22 @@ def domain_budget(
     config_w: float | None = None,
     file: Path | None = None,
     file_scope: FileScope = "gpu",
+    read_deadline_s: float | None = None,
 ) -> PowerBudget:
     """A domain's :class:`PowerBudget` from its config: ``power_budget_w``,
     ``power_budget_file`` (a per-GPU number times the GPU count, or the domain's) and the
-    NVML limits the observations carry.
+    NVML limits the observations carry. The GPUs' settable limits are read only for a
+    budget of the config or a file (its lowest value), each within ``read_deadline_s``.
 
     Raises:
         ConfigError: ``power_budget_w`` is below the lowest power limit the domain's GPUs
             accept (NVML's constraints, where the backend reports them).
     """
-    limits = domain_power_limit_range(backends)
+    limits = (
+        None
+        if config_w is None and file is None
+        else domain_power_limit_range(backends, read_deadline_s)
+    )
     minimum = None if limits is None else limits[0]
     if config_w is not None and minimum is not None and config_w < minimum - 1e-9:
         raise ConfigError(

@@ -519,6 +519,7 @@ def _build_configured(
             config_w=spec.power_budget_w,
             file=spec.power_budget_file,
             file_scope=spec.power_budget_file_scope,
+            read_deadline_s=GPU_READ_DEADLINE_S,
         ),
         role=spec.role,
         gpu_read_deadline_s=GPU_READ_DEADLINE_S,  # a node's GPUs: a hung call never stalls it

@@ -418,6 +418,40 @@ def test_a_gpu_read_that_hangs_at_the_start_holds_neither_the_start_nor_the_stop
     assert fake.locked(0) is None
 
 
+@pytest.mark.parametrize("budget", [False, True], ids=["no budget", "a budget file"])
+def test_a_hung_power_limit_constraints_read_holds_neither_the_start_nor_the_loop(
+    budget: bool,
+    tmp_path: Path,
+    safety: list[_HungRead],
+    monkeypatch: pytest.MonkeyPatch,
+    metrics_server: MetricsServer,
+) -> None:
+    """NVML's power limit constraints of a GPU hang (a wedged firmware answers nothing
+    that goes to the board): the start read them for every domain with no deadline (the
+    budget's lowest limit, needed only with a budget) and the loop's first power reading
+    again (its plausibility ceiling), so the start never finished. Now the start reads
+    them only for a budget, and each read has the GPU read deadline."""
+    import gpugov.daemon.service as service
+
+    monkeypatch.setattr(service, "GPU_READ_DEADLINE_S", DEADLINE_S)
+    fake = FakeNvml(1)
+    hung = _HungRead(fake.nvmlDeviceGetPowerManagementLimitConstraints)
+    safety.append(hung)
+    monkeypatch.setattr(fake, "nvmlDeviceGetPowerManagementLimitConstraints", hung)
+    config = _hung_budget_config(tmp_path, metrics_server)
+    if not budget:
+        domains = (config.domains[0].model_copy(update={"power_budget_file": None}),)
+        config = config.model_copy(update={"domains": domains})
+    assembled = domains_from_config(config, nvml=fake)
+    try:
+        records, stats = run_ticks(assembled.domains, 3)
+    finally:
+        assembled.close()
+    assert hung.hung and hung.calls <= 2  # returned while it hangs; never a pile of calls
+    assert stats.ticks == 3 and [r.applied_mhz for r in records] == [1410] * 3
+    assert [r.observation.power_w for r in records] == [350.0] * 3  # the enforced limit serves
+
+
 # ------------------------------------------------------------------ the learned model
 
 
