@@ -105,6 +105,32 @@ def _kv_capacity(url: str) -> int | None:
         source.close()
 
 
+def _check_decode_points_fit(
+    points: tuple[tuple[int, int], ...], kv_capacity_tokens: int | None
+) -> None:
+    """Refuse decode points whose batch cannot sit in the engine's KV cache at once (their
+    requests would never decode together, found only after minutes of retries), when the
+    engine's page states its KV capacity.
+
+    Raises:
+        UsageError: naming the flags and the point, before any clock is set.
+    """
+    from gpugov.study.profiler.sweep import SweepSettings
+
+    if kv_capacity_tokens is None:
+        return
+    output = SweepSettings.decode_output_tokens
+    for batch, prompt in points:
+        needed = batch * (prompt + output)
+        if needed > kv_capacity_tokens:
+            raise UsageError(
+                f"--reference-batch and --reference-context: the decode point of {batch} "
+                f"sequences of {prompt:,} prompt and {output} output tokens needs {needed:,} "
+                f"KV tokens at once, more than the engine's KV cache holds "
+                f"({kv_capacity_tokens:,}); lower either; nothing was changed"
+            )
+
+
 def _check_load(record: dict[str, Any]) -> None:
     """Refuse a GPU the engine cannot load: prefill barely above idle power, or prefill
     time swamped by fixed per-request latency (a model far too small for the GPU)."""
@@ -211,15 +237,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 )
         else:
             clocks = pick_clocks(supported, args.clocks or 8)
+        decode_points = default_decode_points(args.reference_batch, args.reference_context, max_len)
+        _check_decode_points_fit(decode_points, _kv_capacity(args.engine_url))
         prepare_output_dir("--out", args.out)
         prompt_tokens = max(16, min(4096, max_len - 2))
         settings = SweepSettings(
             clocks_mhz=tuple(dict.fromkeys(clocks)),
             dwell_s=args.dwell,
             prefill_prompt_tokens=prompt_tokens,
-            decode_points=default_decode_points(
-                args.reference_batch, args.reference_context, max_len
-            ),
+            decode_points=decode_points,
             reference_batch=args.reference_batch,
             reference_context_tokens=args.reference_context,
         )

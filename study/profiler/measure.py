@@ -22,6 +22,8 @@ from gpugov.daemon.errors import GpuError, GpuLost
 from gpugov.study.openai_client import StreamTiming, request_body, stream_completion
 
 MIN_WINDOW_TOKENS = 8  # tokens per request inside the all-decoding window
+DECODE_ATTEMPTS = 4
+"""Tries of one decode point, each with twice the previous output (a window too short)."""
 
 
 class ProfileRunError(RuntimeError):
@@ -269,7 +271,12 @@ class Measurer:
         )
 
     def decode(
-        self, batch: int, prompt_tokens: int, output_tokens: int, *, attempts: int = 4
+        self,
+        batch: int,
+        prompt_tokens: int,
+        output_tokens: int,
+        *,
+        attempts: int = DECODE_ATTEMPTS,
     ) -> tuple[DecodePoint, list[GpuReading]]:
         """``batch`` requests at once; the iteration time over the window where all of
         them decode together (after the last first token, before the first finish).

@@ -30,7 +30,13 @@ from gpugov.daemon.files import (
 from gpugov.daemon.progress import Progress
 from gpugov.plant.input_files import finite_number
 from gpugov.study.profiler.fit import fit_decode
-from gpugov.study.profiler.measure import GpuSampler, Measurer, ProfileRunError, point_dict
+from gpugov.study.profiler.measure import (
+    DECODE_ATTEMPTS,
+    GpuSampler,
+    Measurer,
+    ProfileRunError,
+    point_dict,
+)
 
 STATE_FILE = "sweep-state.jsonl"
 MAX_REMEASURES = 2
@@ -65,13 +71,17 @@ class SweepSettings:
 
 
 def default_decode_points(
-    reference_batch: int, reference_context: int, max_model_len: int
+    reference_batch: int,
+    reference_context: int,
+    max_model_len: int,
+    output_tokens: int = SweepSettings.decode_output_tokens,
 ) -> tuple[tuple[int, int], ...]:
     """Four design points (batch, prompt tokens) spanning the reference: two batches at a
     short context, and smaller batches at the reference context and half of it (not
     collinear, so the weight, batch and KV terms separate, and the reference point is
-    interpolated rather than extrapolated)."""
-    limit = max(16, max_model_len - 128)
+    interpolated rather than extrapolated). Each prompt leaves room within
+    ``max_model_len`` for the longest output a decode point's retries ask for."""
+    limit = max(16, max_model_len - (output_tokens << (DECODE_ATTEMPTS - 1)))
     short = min(128, limit)
     full = max(short + 1, min(reference_context, limit))
     half = max(short + 1, min(reference_context // 2, limit))

@@ -340,6 +340,28 @@ def test_a_clock_list_of_one_clock_is_refused_before_the_engine_is_asked(
     assert not out.exists()
 
 
+def test_a_reference_batch_beyond_the_kv_cache_is_refused_before_any_work(
+    synthetic_emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--reference-context 200000`` made decode points of 16 sequences of ~131k tokens,
+    more than the KV cache holds: they never decoded together, and the run (a dry run
+    too) failed after about six minutes of retries with exit 1. Now one line, exit 2."""
+    out = tmp_path / "new"
+    assert _profile(synthetic_emulator.url, out, "--reference-context", "200000") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--reference-context" in err[0] and "KV cache" in err[0], err
+    assert not out.exists()
+    assert synthetic_emulator.node.gpu_state[0].locked is None
+
+
+def test_decode_points_leave_room_for_the_longest_retry_output() -> None:
+    """A point clamped to the model's length left 128 tokens for outputs its retries
+    double to 512: the engine refused the request as longer than the model."""
+    output = SweepSettings.decode_output_tokens << 3
+    for _, prompt in default_decode_points(64, 200_000, 131_072):
+        assert prompt + output <= 131_072
+
+
 def test_an_emulator_faster_than_real_time_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
