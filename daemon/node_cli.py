@@ -25,7 +25,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from gpugov.daemon import cli_types
 from gpugov.daemon.backend import power_limit_backend
@@ -79,6 +79,7 @@ from gpugov.daemon.status_cli import cmd_status, may_lock_clocks
 from gpugov.plant.profile import DEFAULT_PROFILE
 
 log = logging.getLogger("gpugov")
+T = TypeVar("T")
 
 EXIT_OK = ExitCode.OK
 EXIT_FAILURE = ExitCode.FAILURE
@@ -121,12 +122,20 @@ def _run_node(args: argparse.Namespace) -> int:
     # reconciling, building the MPC) ends the run cleanly before the first tick.
     with _stop_on_signals(stop, received):
         try:
-            assembled = domains_from_config(config, dry_run=dry_run, stop=stop)
+            assembled = _built_unless_stopped(
+                lambda: domains_from_config(config, dry_run=dry_run, stop=stop), stop
+            )
         except TransientGpuError as error:
             if not stop.is_set():
                 raise
             # The stop cut a GPU's retries short: nothing was opened or locked.
             log.info("stopped during the start, before the first tick (%s)", error)
+            return _stopped(received)
+        if assembled is None:
+            log.info(
+                "stopped during the start, before the first tick (a GPU call made as the "
+                "GPUs were opened has not returned: a wedged driver?); nothing was locked"
+            )
             return _stopped(received)
         exporter = None
         recorder = None
@@ -176,6 +185,42 @@ def _run_node(args: argparse.Namespace) -> int:
             assembled.close()
     log.info("stopped; every clock gpugov locked was reset")
     return _stopped(received)
+
+
+STOP_GRACE_S = 1.0
+"""How long a start that was stopped may take to end on its own (a retry's wait wakes on
+the stop at once) before :func:`_built_unless_stopped` leaves it to its call."""
+
+
+def _built_unless_stopped(build: Callable[[], T], stop: threading.Event) -> T | None:
+    """``build()`` (opening the GPUs, building the domains) on a worker thread, waited
+    for until it returns or ``stop`` is set; None when stopped and it has not returned
+    within :data:`STOP_GRACE_S`. An NVML call there that never returns (a wedged driver)
+    held the start, and the stop with it, until the unit's stop timeout killed the run;
+    nothing is locked yet, so the run may end without it (a daemon thread holds no exit).
+
+    Raises:
+        Exception: what ``build`` raised.
+    """
+    done = threading.Event()
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            outcome.append(build())
+        except BaseException as error:  # the worker's outermost edge: raised in the caller
+            failure.append(error)
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="gpugov-start", daemon=True).start()
+    while not done.wait(0.05):
+        if stop.is_set() and not done.wait(STOP_GRACE_S):
+            return None
+    if failure:
+        raise failure[0]
+    return outcome[0]
 
 
 def _stopped(received: list[str]) -> int:

@@ -418,6 +418,49 @@ def test_a_gpu_read_that_hangs_at_the_start_holds_neither_the_start_nor_the_stop
     assert fake.locked(0) is None
 
 
+def test_a_stop_while_a_gpu_call_hangs_as_the_gpus_are_opened_ends_the_start(
+    tmp_path: Path,
+    safety: list[_HungRead],
+    monkeypatch: pytest.MonkeyPatch,
+    metrics_server: MetricsServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A wedged driver: the NVML call that names a GPU never returns as ``gpugov run``
+    opens it. The SIGTERM that follows (systemd's stop) was caught, but the start went on
+    waiting on the call, so the run outlived the unit's stop timeout and was killed. The
+    start now ends at the stop, with nothing opened or locked, while the call hangs."""
+    import os
+    import signal
+
+    from daemon_support import node_commands_on
+
+    import gpugov.daemon.node_cli as node_cli
+
+    fake = node_commands_on(monkeypatch, FakeNvml(1))
+    hung = _HungRead(fake.nvmlDeviceGetName)
+    safety.append(hung)
+    monkeypatch.setattr(fake, "nvmlDeviceGetName", hung)
+    config = tmp_path / "gpugov.toml"
+    config.write_text(
+        f'[daemon]\nmetrics_address = ""\nstate_dir = "{tmp_path / "state"}"\n'
+        '[[domains]]\nname = "llm"\ngpus = [0]\n'
+        f'[domains.engine]\nkind = "vllm"\nurl = "{metrics_server.url}"\n'
+    )
+
+    def stop_once_hung() -> None:
+        if hung.blocked.wait(JOIN_S):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    stopper = threading.Thread(target=stop_once_hung, daemon=True)
+    stopper.start()
+    with caplog.at_level(logging.INFO):
+        assert node_cli.main(["run", "--config", str(config)]) == 0
+    stopper.join()
+    assert hung.hung  # it ended while the call still hangs
+    assert "stopped during the start" in caplog.text
+    assert "locking clocks" not in caplog.text and fake.writes == []
+
+
 @pytest.mark.parametrize("budget", [False, True], ids=["no budget", "a budget file"])
 def test_a_hung_power_limit_constraints_read_holds_neither_the_start_nor_the_loop(
     budget: bool,
