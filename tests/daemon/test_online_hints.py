@@ -196,10 +196,13 @@ class _Gpu:
 
 
 def test_the_start_power_limit_is_the_domains_sum() -> None:
-    assert _start_power_limit_w([_Gpu(700.0), _Gpu(650.0)]) == pytest.approx(1_350.0)  # type: ignore[list-item]
+    def read(gpu: Any) -> Any:  # the domain's read (on a node, under its deadline)
+        return gpu.sample()
+
+    assert _start_power_limit_w([_Gpu(700.0), _Gpu(650.0)], read) == pytest.approx(1_350.0)  # type: ignore[list-item]
     # A GPU without a limit, or a failed read: nothing is assumed.
-    assert _start_power_limit_w([_Gpu(700.0), _Gpu(None)]) is None  # type: ignore[list-item]
-    assert _start_power_limit_w([_Gpu(700.0), _Gpu(700.0, fail=True)]) is None  # type: ignore[list-item]
+    assert _start_power_limit_w([_Gpu(700.0), _Gpu(None)], read) is None  # type: ignore[list-item]
+    assert _start_power_limit_w([_Gpu(700.0), _Gpu(700.0, fail=True)], read) is None  # type: ignore[list-item]
 
 
 def test_the_simulated_daemon_runs_with_hints(
