@@ -135,6 +135,17 @@ def _nothing_in_flight(engine: EngineSample) -> bool:
     return engine.running_requests <= 0 and engine.waiting_requests <= 0
 
 
+def _another_engine(last: EngineSample, sample: EngineSample) -> bool:
+    """Whether ``sample`` is another engine's than ``last`` (the URL now reaches an engine
+    of another kind, or one serving another model: a restart with another model, or
+    another deployment), whose counters are its own lifetime's. A model name either
+    page lacks tells nothing."""
+    if sample.engine != last.engine:
+        return True
+    names = (last.model_name, sample.model_name)
+    return None not in names and names[0] != names[1]
+
+
 class _InFlight:
     """What the requests in flight hold, as the difference of two cumulative engine
     counters (first tokens less finished requests; generated tokens less the finished
@@ -338,7 +349,7 @@ class DomainObserver:
             self._report_failure(now_s, error)
             return error, elapsed
         elapsed = self._clock() - started
-        new_engine = self._last is not None and sample.engine != self._last.engine
+        new_engine = self._last is not None and _another_engine(self._last, sample)
         if new_engine:
             # Its counters are checked against none of the old engine's.
             self._last_raw = self._jumped = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -562,3 +563,36 @@ def test_an_engine_of_another_kind_on_the_url_starts_its_counters_afresh(
     # Its requests in flight are arrivals, as at a daemon's first scrape; its lifetime is not.
     in_flight = 162 + 2826
     assert all(t.observation.arrived_requests <= in_flight for t in ticks[2:])
+
+
+def test_an_engine_serving_another_model_on_the_url_starts_its_counters_afresh(
+    metrics_server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The URL now reaches another vLLM, serving another model, that has served for days
+    (a service moved to another deployment): as for an engine of another kind, its
+    lifetime is no work this daemon saw and no jump from the old engine's counters."""
+    observer = DomainObserver([StubGpu("0")], ScrapedSource(metrics_server.url), stale_after_s=30.0)
+    page = fixture_text("vllm_v1_real.txt")
+    metrics_server.page = page
+    ticks = [observer.observe(float(t), t, None) for t in range(2)]
+    other = page.replace("Qwen/Qwen3-0.6B", "meta-llama/Llama-3.1-8B-Instruct")
+    for series, value in (
+        ("vllm:prompt_tokens_total", "8.0e+07"),
+        ("vllm:generation_tokens_total", "5.0e+07"),
+        ("vllm:request_success_total", "40000.0"),
+        ("vllm:num_requests_waiting", "7.0"),
+    ):
+        other = re.sub(
+            rf"^({re.escape(series)}{{[^}}]*}}) \S+$", rf"\g<1> {value}", other, flags=re.M
+        )
+    metrics_server.page = other
+    with caplog.at_level(logging.WARNING):
+        ticks += [observer.observe(float(t), t, None) for t in range(2, 4)]
+    assert [t.engine_error for t in ticks] == [None] * 4
+    assert not any("jump" in r.getMessage() for r in caplog.records), caplog.text
+    switched, before = ticks[2].observation, ticks[1].observation
+    assert switched.model_name == "meta-llama/Llama-3.1-8B-Instruct"
+    assert switched.prompt_tokens_total <= before.prompt_tokens_total
+    assert switched.output_tokens_total <= before.output_tokens_total
+    assert switched.completed_requests <= before.completed_requests
+    assert all(t.observation.arrived_requests <= 7 for t in ticks[2:])
