@@ -559,10 +559,8 @@ class ClockActuator:
         event reasons while its SM clock is below the top supported clock (a lock below
         the top; a lock at the top is harmless and cannot be told from no lock).
 
-        ``read`` reads a GPU's clocks (default: its sample, on this thread); a node passes
-        its domain's reads, which have a deadline (:meth:`DomainGpus.read
-        <gpugov.daemon.gpu_sampling.DomainGpus.read>`): a read that hangs leaves the GPU's
-        clock unknown, never the start held.
+        ``read`` reads a GPU (default: its sample on this thread; a node: its domain's
+        read under its deadline, so a hung read leaves the clock unknown).
 
         Returns:
             One line per GPU saying what was found and done (also logged).

@@ -300,10 +300,8 @@ class Domain:
         self.write_path_down = problem
 
     def reconcile(self, policy: ReconcilePolicy, *, dry_run: bool = False) -> list[str]:
-        """At start: the locks and power limits a previous run left on the domain's GPUs,
-        reset or adopted (:meth:`ClockActuator.reconcile
-        <gpugov.daemon.actuator.ClockActuator.reconcile>`), each GPU read as the loop
-        reads it, under its deadline; one line each."""
+        """At start: what a previous run left on the domain's GPUs, reset or adopted (one
+        line each), each GPU read as the loop reads it, under its deadline."""
         lines = self.actuator.reconcile(policy, dry_run=dry_run, read=self.observer.gpus.read)
         if self.power_limits is not None:
             lines += self.power_limits.reconcile(dry_run=dry_run)

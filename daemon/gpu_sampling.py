@@ -39,10 +39,8 @@ call reaches it; far below the unit's ``WatchdogSec=`` (30 s) even for eight GPU
 def power_limit_range_w(
     backend: GpuBackend, read_deadline_s: float | None = None
 ) -> tuple[float, float] | None:
-    """``backend``'s (lowest, highest) settable power limit in watts (NVML's
-    constraints), or None where it reports none. With ``read_deadline_s`` (a node) the
-    call runs on a worker thread and is waited for at most that long: one that hangs (a
-    wedged firmware) is an unknown range, with one warning, never a held start or loop."""
+    """``backend``'s (lowest, highest) settable power limit in watts, or None; with
+    ``read_deadline_s`` read on a worker thread, a hung call an unknown range (warned)."""
     read = getattr(backend, "power_limit_constraints_w", None)
     if read is None:
         return None
@@ -149,8 +147,7 @@ class DomainGpus:
 
     def read(self, backend: GpuBackend) -> GpuSample:
         """``backend``'s sample, under the read deadline where there is one (the loop's
-        reads, and the start's reconcile: a read that hangs there is this reader's, so the
-        loop's first read waits for none behind it).
+        reads and the start's: a read hung at the start is this reader's late one).
 
         Raises:
             TransientGpuError: the sample failed, or ran past the deadline (it goes on in

@@ -539,9 +539,8 @@ def live_writer(entry: Mapping[str, Any]) -> bool:
 
 
 def written_in_earlier_boot(entry: Mapping[str, Any]) -> bool:
-    """Whether lock state ``entry`` names a boot of this machine other than this one
-    (its ``boot_id``): clock locks do not outlive a reboot, so it holds none now. False
-    where either boot is not known."""
+    """Whether lock state ``entry`` is of an earlier boot (its ``boot_id``; False where
+    either is unknown): clock locks do not outlive a reboot, so it holds none now."""
     boot, now = entry.get("boot_id"), _boot_id()
     return isinstance(boot, str) and now is not None and boot != now
 

@@ -193,11 +193,8 @@ the stop at once) before :func:`_built_unless_stopped` leaves it to its call."""
 
 
 def _built_unless_stopped(build: Callable[[], T], stop: threading.Event) -> T | None:
-    """``build()`` (opening the GPUs, building the domains) on a worker thread, waited
-    for until it returns or ``stop`` is set; None when stopped and it has not returned
-    within :data:`STOP_GRACE_S`. An NVML call there that never returns (a wedged driver)
-    held the start, and the stop with it, until the unit's stop timeout killed the run;
-    nothing is locked yet, so the run may end without it (a daemon thread holds no exit).
+    """``build()`` on a worker thread until it returns or ``stop`` is set (None when it
+    has not returned :data:`STOP_GRACE_S` later: a hung NVML call; nothing is locked yet).
 
     Raises:
         Exception: what ``build`` raised.

@@ -136,10 +136,8 @@ def _nothing_in_flight(engine: EngineSample) -> bool:
 
 
 def _another_engine(last: EngineSample, sample: EngineSample) -> bool:
-    """Whether ``sample`` is another engine's than ``last`` (the URL now reaches an engine
-    of another kind, or one serving another model: a restart with another model, or
-    another deployment), whose counters are its own lifetime's. A model name either
-    page lacks tells nothing."""
+    """Whether ``sample`` is another engine's than ``last``: of another kind, or serving
+    another model (a name either page lacks tells nothing); its counters are its own."""
     if sample.engine != last.engine:
         return True
     names = (last.model_name, sample.model_name)

@@ -480,8 +480,7 @@ def domain_power_limit_range(
     backends: Sequence[GpuBackend], read_deadline_s: float | None = None
 ) -> tuple[float, float] | None:
     """The domain's summed (lowest, highest) settable power limits, when every GPU
-    reports them (:class:`PowerLimitRange`: NVML); else None. ``read_deadline_s``: each
-    GPU's read waited for at most that long (a node; one that hangs is unknown)."""
+    reports them (:class:`PowerLimitRange`: NVML, each read within ``read_deadline_s``)."""
     low = high = 0.0
     for backend in backends:
         inner = backend.inner if isinstance(backend, DryRunBackend) else backend
