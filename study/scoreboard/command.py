@@ -277,8 +277,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("colocated", "disaggregated", "both"),
         default="colocated",
         help="colocated scenarios (default), disaggregated prefill/decode scenarios "
-        "(1P1D and 2P2D; default traces azure-conv and mooncake, profiles H100 and H200 8B; "
-        "DIR/disaggregated.json and .md), or both",
+        "(1P1D and 2P2D; default traces azure-conv and mooncake, profiles H100 and H200 "
+        "with the 8B and 70B models; DIR/disaggregated.json and .md), or both",
     )
     parser.add_argument(
         "--controller",

@@ -477,8 +477,14 @@ def row_order(keys: Iterable[str]) -> list[str]:
 # --------------------------------------------------------- disaggregated scenarios
 DISAGGREGATED_TRACES = ("azure-conv", "mooncake")
 """Traces of the disaggregated scenarios (``--layout disaggregated``)."""
-DISAGGREGATED_PROFILES = ("h100-sxm-llama3-8b", "h200-sxm-llama3-8b")
-"""Profiles of the disaggregated scenarios: each pool's engines run this profile."""
+DISAGGREGATED_PROFILES = (
+    "h100-sxm-llama3-8b",
+    "h200-sxm-llama3-8b",
+    "h100-sxm-llama3-70b-tp4",
+    "h200-sxm-llama3-70b-tp8",
+)
+"""Profiles of the disaggregated scenarios: each pool's engines run this profile (the 8B
+model on one GPU per engine, the 70B model on a tensor-parallel group per engine)."""
 DISAGGREGATED_LAYOUTS = {"1P1D": (1, 1), "2P2D": (2, 2)}
 """Layouts: (prefill engines, decode engines) of the profile's plant."""
 DISAGGREGATED_INTERCONNECT = "nvlink"
