@@ -10,6 +10,7 @@ original), so nothing above ``daemon/nvml.py`` ever catches ``pynvml.NVMLError``
         * NotSupported -- the GPU or driver lacks the feature.
         * GpuLost -- the GPU fell off the bus or needs a reset; not survivable.
         * GpuUnavailable -- no driver, no library, no such GPU: the daemon cannot start.
+            * DriverGone -- the driver went away (unloaded, replaced) under a running loop.
         * TransientGpuError -- a read that may succeed next tick (timeout, no data, ...).
     * EngineUnavailable -- the engine's ``/metrics`` could not be fetched.
         * EngineParseError -- the page was fetched but is not Prometheus text.
@@ -214,6 +215,22 @@ class GpuUnavailable(GpuError):
     """NVML cannot be used at all: no library, no driver, no such GPU."""
 
 
+class DriverGone(GpuUnavailable):
+    """A read or write of a running loop got an NVML code of :data:`DRIVER_GONE_CODES`:
+    the driver was unloaded or replaced under the daemon (not "no driver on this machine")."""
+
+    @classmethod
+    def from_unavailable(cls, error: GpuUnavailable) -> DriverGone:
+        """``error`` (raised after the loop started) said as what happened; raise it ``from``."""
+        said = str(error).removesuffix(f": {NO_DRIVER_HINT}")
+        return cls(
+            f"{said}: the NVIDIA driver went away or was replaced (unloaded, or upgraded) "
+            "while gpugov ran",
+            gpu=error.gpu,
+            code=error.code,
+        )
+
+
 class TransientGpuError(GpuError):
     """A failure that may not repeat next tick; counted and survived."""
 
@@ -294,6 +311,10 @@ FUNCTION_NOT_FOUND = 13
 
 NO_DRIVER_CODES = frozenset({9, 12})
 """NVML's DRIVER_NOT_LOADED and LIBRARY_NOT_FOUND: this machine has no NVIDIA driver."""
+
+DRIVER_GONE_CODES = frozenset({1, 6, 9, 12, 18})
+"""UNINITIALIZED, NOT_FOUND, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH:
+at the start, no driver (or no such GPU); from a running loop, the driver went away."""
 
 NO_DRIVER_HINT = (
     "no NVIDIA driver on this machine; without a GPU, run `gpugov emulate` and use its "

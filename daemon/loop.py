@@ -31,7 +31,13 @@ from types import FrameType
 from typing import Any, Protocol
 
 from gpugov.daemon.domain import Domain, TickRecord
-from gpugov.daemon.errors import ClocksNotReset, GpuLost
+from gpugov.daemon.errors import (
+    DRIVER_GONE_CODES,
+    ClocksNotReset,
+    DriverGone,
+    GpuLost,
+    GpuUnavailable,
+)
 from gpugov.daemon.exit_restore import ExitBudget
 from gpugov.daemon.exporter import Exporter, LoopSnapshot
 from gpugov.daemon.lockstate import LockState
@@ -395,6 +401,13 @@ def run(
                 lost.mid_run = True  # the command's line: the others are being reset
                 lost.other_gpus = max(0, sum(len(d.observer.gpus.backends) for d in domains) - 1)
                 raise
+            except GpuUnavailable as gone:
+                if gone.code not in DRIVER_GONE_CODES:
+                    raise
+                # Said at the start, "no NVIDIA driver on this machine"; here the driver
+                # was unloaded or replaced under the loop. The exit below resets what NVML
+                # still answers for and names the GPUs it could not reset (exit 6).
+                raise DriverGone.from_unavailable(gone) from gone
             elapsed = wall() - started
             stats.ticks += 1
             if keep_tick_times:

@@ -16,6 +16,7 @@ from gpugov.daemon.errors import (
     ClocksNotReset,
     ConfigError,
     ControllerError,
+    DriverGone,
     ExitCode,
     GpugovError,
     GpuLost,
@@ -53,6 +54,9 @@ def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
             else:
                 after = "it was the only GPU governed"
             return fail(f"{error}; {after}", exit_code(error) or ExitCode.GPU_LOST)
+        except DriverGone as error:
+            # Had a GPU not been reset, the exit would have raised ClocksNotReset (6).
+            return fail(f"{error}; every clock gpugov locked was reset", ExitCode.NO_GPU)
         except Exception as error:
             code = exit_code(error)
             if code is None:

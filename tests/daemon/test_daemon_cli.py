@@ -86,6 +86,40 @@ def test_run_with_gpu_lost_exits_5(
     assert "GPU is lost (NVML code 15); the other GPU's clock was reset" in err  # of 2
 
 
+@pytest.mark.parametrize("code", [9, 1, 6, 18])  # DRIVER_NOT_LOADED, UNINITIALIZED, ...
+def test_a_driver_gone_mid_run_says_so_and_resets_the_clocks(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    code: int,
+) -> None:
+    """A driver unloaded or upgraded under the loop ended the run with the start's line,
+    "no NVIDIA driver on this machine, run `gpugov emulate`"; it now says the driver went
+    away while gpugov ran, after the exit reset every lock NVML still answers for."""
+    import fake_pynvml as fp
+
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    read = fake.nvmlDeviceGetUtilizationRates
+
+    def utilisation(handle: fp.FakeGpu) -> fp.Utilization:
+        if any(gpu.locked for gpu in fake.gpus):  # the loop governs: the driver goes
+            raise fp.NVMLError(code)
+        return read(handle)
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetUtilizationRates", utilisation)
+    config = _config(tmp_path, metrics_server.url, "period_s = 0.05")
+    assert node_cli.main(["run", "--config", str(config)]) == 4
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1, err
+    assert f"(NVML code {code}): the NVIDIA driver went away or was replaced" in err[0]
+    assert err[0].endswith("while gpugov ran; every clock gpugov locked was reset")
+    assert "no NVIDIA driver on this machine" not in err[0] and "emulate" not in err[0]
+    assert any(write[0] == "nvmlDeviceSetGpuLockedClocks" for write in fake.writes)
+    assert [gpu.locked for gpu in fake.gpus] == [None, None]
+
+
 @pytest.mark.parametrize("command", ["run", "check-config"])
 def test_a_gpu_lost_before_the_start_is_no_usable_gpu(
     tmp_path: Path,
