@@ -22,7 +22,7 @@ from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample, power_li
 from gpugov.daemon.config import DaemonSection, DomainConfig, GpugovConfig, controller_state_dir
 from gpugov.daemon.controller_config import ControllerConfig, OnlineMPCControllerConfig
 from gpugov.daemon.controller_spec import spec_name
-from gpugov.daemon.deadline import DecisionTimeout
+from gpugov.daemon.deadline import CallTimeout, DecisionTimeout, SerialCalls
 from gpugov.daemon.decide import (
     ControllerContext,
     Forecasts,
@@ -621,7 +621,11 @@ def domains_from_config(
 
 
 def reset_left_locks(
-    config: GpugovConfig, assembled: Assembled, stop: threading.Event | None = None
+    config: GpugovConfig,
+    assembled: Assembled,
+    stop: threading.Event | None = None,
+    *,
+    deadline_s: float = GPU_READ_DEADLINE_S,
 ) -> list[str]:
     """At start, after each domain's reconcile: reset the locks a previous run recorded
     (``locks.json``) on GPUs this config no longer governs (a domain's GPU taken out of
@@ -630,6 +634,11 @@ def reset_left_locks(
     reset only when it is the recorded one (its UUID); a record whose writer still runs
     is left to it. One line each (logged); a reset that fails names the command to run.
     The power limits such a run recorded on those GPUs are restored the same way.
+
+    Each GPU call (the open, its retries included; the reset; each power limit call) runs
+    on the GPU's worker thread and is waited for at most ``deadline_s``, as the
+    configured GPUs' reads and writes are: a hung NVML call costs the start that once, and
+    the GPU is named as not reset, with the command to run.
     """
     state = assembled.state
     if state is None:
@@ -639,7 +648,7 @@ def reset_left_locks(
     for key, entry in state.read().items():
         if key in ours or state.written_here(key) or live_writer(entry):
             continue
-        named, backend = _open_recorded(config, key, entry, stop)
+        named, backend, calls = _open_recorded(config, key, entry, stop, deadline_s)
         low, high = entry.get("min_mhz"), entry.get("max_mhz")
         at = f"at {low}-{high} MHz" if low is not None and high is not None else "(clocks unknown)"
         found = (
@@ -656,51 +665,73 @@ def reset_left_locks(
                         "`gpugov reset-clocks` on the recorded GPU"
                     )
                 else:
-                    backend.reset_clocks()
+                    calls.call(backend.reset_clocks)
                     state.clear(key)
                     line = f"{found}; reset"
-            except GpugovError as error:
+            except (GpugovError, CallTimeout) as error:
                 line = f"{found}; reset FAILED ({error}): run `gpugov reset-clocks --gpus {named}`"
             finally:
-                backend.close()
+                _close_recorded(backend, calls)
         log.warning("reconcile: %s", line)
         lines.append(line)
-    lines.extend(_restore_left_power_limits(config, state, ours, stop))
+    lines.extend(_restore_left_power_limits(config, state, ours, stop, deadline_s))
     return lines
 
 
 def _open_recorded(
-    config: GpugovConfig, key: str, entry: dict[str, Any], stop: threading.Event | None
-) -> tuple[str, GpuBackend | str]:
-    """A GPU a state file entry names, as it names it: ``(its name, the opened backend)``,
-    or ``(its name, why it could not be opened)``."""
+    config: GpugovConfig,
+    key: str,
+    entry: dict[str, Any],
+    stop: threading.Event | None,
+    deadline_s: float,
+) -> tuple[str, GpuBackend | str, SerialCalls]:
+    """A GPU a state file entry names, as it names it: ``(its name, the opened backend or
+    why it could not be opened, the worker its calls run on)``, the open waited for at most
+    ``deadline_s``."""
     named = str(entry.get("gpu", key))
     gpu: int | str = int(named) if named.isascii() and named.isdigit() else named
+    calls = SerialCalls(deadline_s, name=f"left-{named}", cause="a hung GPU call")
     try:
-        backend = open_backend(
-            gpu,
-            config.daemon.backend,
-            emulator=config.daemon.emulator,
-            daemon=config.daemon,
-            stop=stop,
+        backend = calls.call(
+            lambda: open_backend(
+                gpu,
+                config.daemon.backend,
+                emulator=config.daemon.emulator,
+                daemon=config.daemon,
+                stop=stop,
+            )
         )
-    except (GpugovError, ValueError) as error:  # ValueError: a split backend's usage
-        return named, str(error)
-    return named, backend
+    except (GpugovError, ValueError, CallTimeout) as error:  # ValueError: a split backend's usage
+        return named, str(error), calls
+    return named, backend, calls
+
+
+def _close_recorded(backend: GpuBackend, calls: SerialCalls) -> None:
+    """Close a GPU :func:`_open_recorded` opened, on its worker, waited for at most the
+    deadline; one whose earlier call still hangs stays open (the process holds NVML)."""
+    try:
+        calls.call(backend.close)
+    except CallTimeout as error:
+        log.debug("GPU %s: not closed after the start's reset: %s", backend.label, error)
 
 
 def _restore_left_power_limits(
-    config: GpugovConfig, state: LockState, ours: set[str], stop: threading.Event | None
+    config: GpugovConfig,
+    state: LockState,
+    ours: set[str],
+    stop: threading.Event | None,
+    deadline_s: float,
 ) -> list[str]:
     """The power limits a previous run recorded on GPUs this config no longer governs,
     restored as a governed GPU's are at its domain's reconcile (the limit it had before
     gpugov, unless someone changed it since); a GPU that is not the recorded one, or
-    cannot be opened, is named with the command to run. One line each (logged)."""
+    cannot be opened, is named with the command to run. One line each (logged); each GPU
+    call is waited for at most ``deadline_s``."""
     lines: list[str] = []
     for key, entry in state.power_limits().items():
         if key in ours or state.written_here(key, power_limit=True) or live_writer(entry):
             continue
-        named, backend = _open_recorded(config, key, entry, stop)
+        named, backend, calls = _open_recorded(config, key, entry, stop, deadline_s)
         found = (
             f"GPU {named} ({key}), not in this config: a previous gpugov run set its power limit"
         )
@@ -714,12 +745,14 @@ def _restore_left_power_limits(
                 elif power_limit_backend(backend) is None:
                     line = f"{found}; not restored: its backend sets no power limit; {advice}"
                 else:
-                    actuator = PowerLimitActuator([backend], domain="reconcile", state=state)
+                    actuator = PowerLimitActuator(
+                        [backend], domain="reconcile", state=state, write_deadline_s=deadline_s
+                    )
                     # Its own line, logged by the actuator, says what it found and did.
                     lines.extend(actuator.reconcile())
                     continue
             finally:
-                backend.close()
+                _close_recorded(backend, calls)
         log.warning("reconcile: %s", line)
         lines.append(line)
     return lines

@@ -658,6 +658,58 @@ def test_a_power_limit_a_killed_run_left_on_a_gpu_no_longer_configured_is_restor
     assert "\n" not in gone and "Traceback" not in caplog.text
 
 
+@pytest.mark.parametrize("hung", ["nvmlDeviceGetUUID", "nvmlDeviceResetGpuLockedClocks"])
+def test_a_hung_call_on_a_gpu_no_longer_configured_costs_the_start_one_deadline(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    safety: list[Any],
+    hung: str,
+) -> None:
+    """The GPUs a killed run left locked and this config no longer governs were opened and
+    reset on the start's thread with no deadline: one NVML call hung in the driver (the
+    open, the reset) held the start for as long as it hung. Each is now waited for at
+    most its deadline, and the GPU is named as not reset, with the command to run."""
+    import time
+
+    from hung_support import DEADLINE_S, HungCall
+
+    from gpugov.daemon.actuator import ClockActuator
+    from gpugov.daemon.config import parse_config
+    from gpugov.daemon.lockstate import LockState
+    from gpugov.daemon.nvml import NvmlBackend
+    from gpugov.daemon.service import domains_from_config, reset_left_locks
+
+    state_dir = tmp_path / "state"
+    killed = ClockActuator(
+        [NvmlBackend(i, nvml=fake) for i in range(2)], state=LockState(state_dir, pid=1)
+    )
+    killed.apply(1410)  # ... and the process is SIGKILLed: nothing reset
+    config = parse_config(
+        {
+            "daemon": {"state_dir": str(state_dir), "metrics_address": ""},
+            "domains": [
+                {"name": "llm", "gpus": [0], "engine": {"kind": "vllm", "url": metrics_server.url}}
+            ],
+        }
+    )
+    call = HungCall(fake, hung, index=1)
+    safety.append(call)
+    assembled = domains_from_config(config)
+    try:
+        started = time.monotonic()
+        lines = reset_left_locks(config, assembled, deadline_s=DEADLINE_S)
+        took_s = time.monotonic() - started
+    finally:
+        assembled.close()
+    assert took_s < 10 * DEADLINE_S and call.blocked.is_set()
+    (line,) = lines
+    assert line.startswith("GPU 1 (GPU-fake-0001), not in this config")
+    assert f"has not finished within {DEADLINE_S:g} s: a hung GPU call" in line
+    assert line.endswith("run `gpugov reset-clocks --gpus 1`")
+    assert "GPU-fake-0001" in LockState(state_dir).read()  # kept for the command
+
+
 def test_a_restart_with_the_killed_runs_pid_undoes_what_it_left(
     tmp_path: Path,
     metrics_server: MetricsServer,
