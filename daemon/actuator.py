@@ -29,7 +29,7 @@ from gpugov.daemon.exit_restore import (
     restore_each,
 )
 from gpugov.daemon.gpu_writer import LateCall, WriteFailureLog
-from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
+from gpugov.daemon.lockstate import LockState, gpu_key, live_writer, writer_pid_text
 from gpugov.daemon.readback import APPLICATIONS_CLOCKS_SETTING, LockReadback
 
 log = logging.getLogger(__name__)
@@ -587,7 +587,7 @@ class ClockActuator:
             # would start a fight for the clock.
             state_file = getattr(self.state, "path", "locks.json")
             raise ConfigError(
-                f"GPU {label}: gpugov pid {entry.get('pid')} holds its clock lock "
+                f"GPU {label}: gpugov {writer_pid_text(entry)} holds its clock lock "
                 f"({state_file}) and is still running; stop it first"
             )
         try:
@@ -614,7 +614,7 @@ class ClockActuator:
                 else "(clocks unknown)"
             )
             found = (
-                f"a previous gpugov run (pid {entry.get('pid')}, {entry.get('time')}) left it "
+                f"a previous gpugov run ({writer_pid_text(entry)}, {entry.get('time')}) left it "
                 f"locked {at} (now {now} of {top} MHz)"
             )
         elif seems_locked:

@@ -251,12 +251,12 @@ class LockState:
                 if str(key) not in self._earlier_boot_said:
                     self._earlier_boot_said.add(str(key))
                     log.info(
-                        "lock state %s: GPU %s: the lock a gpugov run (pid %s, %s) recorded "
+                        "lock state %s: GPU %s: the lock a gpugov run (%s, %s) recorded "
                         "is of an earlier boot; a reboot resets clock locks, so it holds "
                         "none: dropped",
                         self.path,
                         key,
-                        entry.get("pid"),
+                        writer_pid_text(entry),
                         entry.get("time"),
                     )
                 continue
@@ -536,6 +536,20 @@ def live_writer(entry: Mapping[str, Any]) -> bool:
         boot_id=entry.get("boot_id"),
         start_ticks=entry.get("start_ticks"),
     )
+
+
+def recorded_pid(entry: Mapping[str, Any]) -> int | None:
+    """The pid lock state ``entry`` names its writer by: a positive integer, else None
+    (unknown: a bool, text, zero or a negative number, from a hand edit or a bad disk)."""
+    pid = entry.get("pid")
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
+
+def writer_pid_text(entry: Mapping[str, Any]) -> str:
+    """``"pid 4242"``, lock state ``entry``'s writer in a line; ``"pid unknown"`` where
+    it names none (:func:`recorded_pid`)."""
+    pid = recorded_pid(entry)
+    return "pid unknown" if pid is None else f"pid {pid}"
 
 
 def written_in_earlier_boot(entry: Mapping[str, Any]) -> bool:

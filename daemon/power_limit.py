@@ -70,7 +70,7 @@ from gpugov.daemon.errors import (
 )
 from gpugov.daemon.exit_restore import PERMANENT_RESET_ERRORS, ExitBudget, Outcome, restore_each
 from gpugov.daemon.gpu_writer import GpuWriter, LateCall, WriteFailureLog
-from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
+from gpugov.daemon.lockstate import LockState, gpu_key, live_writer, writer_pid_text
 from gpugov.daemon.power_limit_bounds import PowerLimitBounds
 from gpugov.daemon.power_limit_ledger import SAME_LIMIT_W, PowerLimitLedger, none_of
 from gpugov.plant.input_files import finite_number
@@ -675,7 +675,7 @@ class PowerLimitActuator:
             return None
         if live_writer(entry):
             raise ConfigError(
-                f"GPU {label}: gpugov pid {entry.get('pid')} holds its power limit "
+                f"GPU {label}: gpugov {writer_pid_text(entry)} holds its power limit "
                 f"({self.state.path}) and is still running; stop it first"
             )
         original = float(entry["original_mw"]) / 1000.0
@@ -691,7 +691,7 @@ class PowerLimitActuator:
             now = None
             log.debug("GPU %s: power limit not read for reconcile: %s", label, error)
         found = (
-            f"a previous gpugov run (pid {entry.get('pid')}, {entry.get('time')}) set its power "
+            f"a previous gpugov run ({writer_pid_text(entry)}, {entry.get('time')}) set its power "
             f"limit to {'?' if left is None else f'{left:g}'} W (now "
             f"{'unknown' if now is None else f'{now:g} W'}), {original:g} W before"
         )

@@ -45,7 +45,7 @@ from gpugov.daemon.errors import (
 )
 from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
-from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
+from gpugov.daemon.lockstate import LockState, gpu_key, live_writer, writer_pid_text
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DEFAULT_TAIL_QUANTILE, DomainObserver
@@ -652,8 +652,8 @@ def reset_left_locks(
         low, high = entry.get("min_mhz"), entry.get("max_mhz")
         at = f"at {low}-{high} MHz" if low is not None and high is not None else "(clocks unknown)"
         found = (
-            f"GPU {named} ({key}), not in this config: a previous gpugov run (pid "
-            f"{entry.get('pid')}, {entry.get('time')}) left it locked {at}"
+            f"GPU {named} ({key}), not in this config: a previous gpugov run "
+            f"({writer_pid_text(entry)}, {entry.get('time')}) left it locked {at}"
         )
         if isinstance(backend, str):
             line = f"{found}; not reset ({backend}): run `gpugov reset-clocks --gpus {named}`"

@@ -49,7 +49,7 @@ def held_by_gpugov(state_dir: Path | None, uuids: Iterable[str]) -> dict[str, di
     limit it set and the one before, its pid and whether it still runs; empty without a
     state directory this user may read, or a record. Read only: a record whose run is
     gone is what its next start (or ``gpugov reset-clocks``) undoes."""
-    from gpugov.daemon.lockstate import STATE_FILE, LockState, live_writer
+    from gpugov.daemon.lockstate import STATE_FILE, LockState, live_writer, recorded_pid
 
     try:
         if state_dir is None or not (state_dir / STATE_FILE).exists():
@@ -63,15 +63,8 @@ def held_by_gpugov(state_dir: Path | None, uuids: Iterable[str]) -> dict[str, di
         if lock is None and limit is None:
             continue
         entries = [entry for entry in (lock, limit) if entry is not None]
-        writer = next(
-            (
-                e
-                for e in entries
-                if isinstance(e.get("pid"), int) and not isinstance(e["pid"], bool)
-            ),
-            None,
-        )
-        pid = None if writer is None else writer["pid"]
+        writer = next((e for e in entries if recorded_pid(e) is not None), None)
+        pid = None if writer is None else recorded_pid(writer)
         held[uuid] = {
             "clock_lock_mhz": None if lock is None else [lock.get("min_mhz"), lock.get("max_mhz")],
             "power_limit_w": _watts(None if limit is None else limit.get("set_mw")),

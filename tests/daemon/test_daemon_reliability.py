@@ -643,6 +643,39 @@ def test_a_lock_record_with_numbers_too_large_for_a_machine_is_read_not_raised(
     assert fake.locked(0) is None and fake.gpus[0].power_limit_mw == 700_000
 
 
+@pytest.mark.parametrize("pid", [True, False, 0, -7, "4242", None])
+def test_a_lock_record_whose_pid_is_no_pid_names_its_writer_unknown(
+    tmp_path: Path, pid: object
+) -> None:
+    """A bool is no pid (JSON's ``true`` is an int to Python): a record with ``"pid":
+    true`` was named "pid True" by the reconcile lines, and a missing or negative one "pid
+    None" or "pid -7". Each is an unknown pid now, as status already showed text."""
+    import json
+
+    from gpugov.daemon.power_limit import PowerLimitActuator
+    from gpugov.daemon.status_cli import _held_line, held_by_gpugov
+
+    fake = FakeNvml(1)
+    killed = LockState(tmp_path, pid=1)
+    ClockActuator([NvmlBackend(0, nvml=fake)], state=killed).apply(900)
+    PowerLimitActuator([NvmlBackend(0, nvml=fake)], domain="d", state=killed).apply(300.0)
+    path = tmp_path / "locks.json"
+    record = json.loads(path.read_text())
+    for entries in (record["gpus"], record["power_limits"]):
+        entries["GPU-fake-0000"]["pid"] = pid
+    path.write_text(json.dumps(record))
+    (held,) = held_by_gpugov(tmp_path, ["GPU-fake-0000"]).values()
+    assert held["pid"] is None and "held by a gpugov run (pid unknown, not running" in (
+        _held_line(held)
+    )
+    state = LockState(tmp_path)
+    (line,) = ClockActuator([NvmlBackend(0, nvml=fake)], state=state).reconcile("reset")
+    (limit,) = PowerLimitActuator([NvmlBackend(0, nvml=fake)], domain="d", state=state).reconcile()
+    for said in (line, limit):
+        assert said.startswith("GPU 0: a previous gpugov run (pid unknown, "), said
+    assert line.endswith("; reset") and limit.endswith("; restored")
+
+
 def test_status_says_in_words_that_a_damaged_lock_records_clocks_are_unknown(
     tmp_path: Path,
 ) -> None:
