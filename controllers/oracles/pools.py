@@ -10,18 +10,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from gpugov.controllers.baseline import FixedClockController
 from gpugov.controllers.oracles.bound import FluidEnergyBound, fluid_energy_lower_bound
 from gpugov.controllers.oracles.common import SLO_TOLERANCE, FloatArray, drive_steps, holds_slo
 from gpugov.controllers.oracles.window import (
     ScheduleController,
-    _miss_known_time,
     _MissCounter,
     candidate_key,
     candidate_levels,
     coarse_levels_of,
+    cumulative_outputs,
+    joules_per_token,
+    known_miss_times,
+    miss_counter_for,
     search_steps,
     select_schedule,
 )
@@ -382,29 +383,13 @@ def pool_window_oracle(
             role: coarse_levels_of(profiles[role].clock_mhz.size, coarse_levels) for role in ROLES
         },
         neighbour_steps=tuple(int(s) for s in neighbour_steps),
-        reference_miss_times=np.sort(
-            np.array(
-                [
-                    _miss_known_time(
-                        r, prefill_profile.ttft_slo_for(r.prompt_tokens), decode_profile.tpot_slo_s
-                    )
-                    for r in reference.request_records
-                ],
-                dtype=float,
-            )
+        reference_miss_times=known_miss_times(
+            reference.request_records, prefill_profile, decode_profile
         ),
-        cumulative_output_tokens=[0.0, *np.cumsum([r.output_tokens for r in requests]).tolist()],
-        terminal_prefill_j_per_token=prefill_profile.power("prefill", realized[0])
-        / prefill_profile.rate("prefill", realized[0]),
-        terminal_output_j_per_token=decode_profile.power("decode", realized[1])
-        / decode_profile.rate("decode", realized[1]),
-        counter_template=_MissCounter(
-            arrivals=[r.arrival_time_s for r in requests],
-            outputs=[int(r.output_tokens) for r in requests],
-            ttft_slo_s=prefill_profile.ttft_slo_s,
-            tpot_slo_s=decode_profile.tpot_slo_s,
-            ttft_slos=[prefill_profile.ttft_slo_for(r.prompt_tokens) for r in requests],
-        ),
+        cumulative_output_tokens=cumulative_outputs(requests),
+        terminal_prefill_j_per_token=joules_per_token(prefill_profile, "prefill", realized[0]),
+        terminal_output_j_per_token=joules_per_token(decode_profile, "decode", realized[1]),
+        counter_template=miss_counter_for(requests, prefill_profile, decode_profile),
     )
 
     def replay(schedule: Sequence[Pair]) -> DisaggregatedResult:

@@ -21,6 +21,7 @@ from gpugov.controllers.oracles.common import (
 )
 from gpugov.plant.closed_loop import simulate
 from gpugov.plant.plant import ServingPlant
+from gpugov.plant.profile import PerformanceProfile, Phase
 from gpugov.plant.result import ServingMetrics, ServingResult
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.plant.simulator import PlantSimulation
@@ -138,6 +139,51 @@ class _MissCounter:
             if self._status(index, now, first, finish) == 1:
                 misses += 1
         return misses, arrived
+
+
+def known_miss_times(
+    records: Sequence[RequestRecord],
+    ttft_profile: PerformanceProfile,
+    tpot_profile: PerformanceProfile,
+) -> FloatArray:
+    """Sorted times at which the reference run's misses become known (step 3's
+    allowance), TTFT judged on ``ttft_profile``'s SLO and TPOT on ``tpot_profile``'s."""
+    return np.sort(
+        np.array(
+            [
+                _miss_known_time(
+                    r, ttft_profile.ttft_slo_for(r.prompt_tokens), tpot_profile.tpot_slo_s
+                )
+                for r in records
+            ],
+            dtype=float,
+        )
+    )
+
+
+def miss_counter_for(
+    requests: Sequence[Request], ttft_profile: PerformanceProfile, tpot_profile: PerformanceProfile
+) -> _MissCounter:
+    """The known-miss counter of a search over ``requests``, with the SLOs as in
+    :func:`known_miss_times`."""
+    return _MissCounter(
+        arrivals=[r.arrival_time_s for r in requests],
+        outputs=[int(r.output_tokens) for r in requests],
+        ttft_slo_s=ttft_profile.ttft_slo_s,
+        tpot_slo_s=tpot_profile.tpot_slo_s,
+        ttft_slos=[ttft_profile.ttft_slo_for(r.prompt_tokens) for r in requests],
+    )
+
+
+def cumulative_outputs(requests: Sequence[Request]) -> list[float]:
+    """Output tokens of the first ``n`` requests, for ``n`` from 0 (the terminal value's
+    work still to generate)."""
+    return [0.0, *np.cumsum([r.output_tokens for r in requests]).tolist()]
+
+
+def joules_per_token(profile: PerformanceProfile, phase: Phase, clock_mhz: float) -> float:
+    """A token of ``phase`` at ``clock_mhz`` (realised), in joules, by the profile."""
+    return float(profile.power(phase, clock_mhz) / profile.rate(phase, clock_mhz))
 
 
 @dataclass(frozen=True)
@@ -501,15 +547,7 @@ def window_oracle(
     )
     continuation_index = profile.clock_index(continuation)
     realized = profile.realized_clock(continuation)
-    miss_times = np.sort(
-        np.array(
-            [
-                _miss_known_time(r, profile.ttft_slo_for(r.prompt_tokens), profile.tpot_slo_s)
-                for r in reference.request_records
-            ],
-            dtype=float,
-        )
-    )
+    miss_times = known_miss_times(reference.request_records, profile, profile)
     settings = _SearchSettings(
         window_steps=window_steps,
         lookahead_steps=int(math.ceil(lookahead_s / control_period_s - 1e-9)),
@@ -520,18 +558,10 @@ def window_oracle(
         neighbour_steps=tuple(int(s) for s in neighbour_steps),
         levels=levels,
         reference_miss_times=miss_times,
-        cumulative_output_tokens=[0.0, *np.cumsum([r.output_tokens for r in requests]).tolist()],
-        terminal_prefill_j_per_token=profile.power("prefill", realized)
-        / profile.rate("prefill", realized),
-        terminal_output_j_per_token=profile.power("decode", realized)
-        / profile.rate("decode", realized),
-        counter_template=_MissCounter(
-            arrivals=[r.arrival_time_s for r in requests],
-            outputs=[int(r.output_tokens) for r in requests],
-            ttft_slo_s=profile.ttft_slo_s,
-            tpot_slo_s=profile.tpot_slo_s,
-            ttft_slos=[profile.ttft_slo_for(r.prompt_tokens) for r in requests],
-        ),
+        cumulative_output_tokens=cumulative_outputs(requests),
+        terminal_prefill_j_per_token=joules_per_token(profile, "prefill", realized),
+        terminal_output_j_per_token=joules_per_token(profile, "decode", realized),
+        counter_template=miss_counter_for(requests, profile, profile),
     )
 
     def replay(schedule: Sequence[float]) -> ServingResult:
