@@ -114,7 +114,9 @@ from gpugov.study.scoreboard.scenarios import (
     WHOLE_TRACE,
     BenchConfig,
     EmptyWindowError,
+    ProbeTooLongError,
     Scenario,
+    ScenarioSkip,
     _full_trace,
     build_scenario,
     label_of,
@@ -526,7 +528,7 @@ def _run_task(
             start_s=start,
             on_progress=on_progress,
         )
-    except (TraceError, EmptyWindowError) as error:
+    except (TraceError, ScenarioSkip) as error:
         return {"skipped": {"scenario": _task_label(args), "reason": str(error)}}
 
 
@@ -708,7 +710,10 @@ __all__ = [
     "TINY",
     "BenchConfig",
     "ControllerEntry",
+    "EmptyWindowError",
+    "ProbeTooLongError",
     "Scenario",
+    "ScenarioSkip",
     "build_scenario",
     "build_scoreboard_controllers",
     "compare_mpc_solvers",

@@ -15,7 +15,7 @@ from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.oracles import (
     SLO_TOLERANCE,
 )
-from gpugov.daemon.cli_support import trace_progress
+from gpugov.daemon.cli_support import MAX_SIMULATED_DAYS, trace_progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import PerformanceProfile, ServingPlant, simulate
 from gpugov.plant.scheduler import chunked_prefill_scheduler
@@ -227,6 +227,14 @@ def work_seconds_at_maximum(requests: Iterable[Request], profile: PerformancePro
     return sum(r.prompt_tokens / prefill + (r.output_tokens - 1) / decode for r in requests)
 
 
+def probe_span_s(requests: Sequence[Request], load_scale: float, work_s: float) -> float:
+    """The simulated seconds a probe at ``load_scale`` may take: the arrivals' span
+    stretched by the load (``scale_load``), plus the window's ``work_s`` at the maximum
+    clock (:func:`work_seconds_at_maximum`)."""
+    arrivals = [r.arrival_time_s for r in requests]
+    return (max(arrivals) - min(arrivals)) / load_scale + work_s
+
+
 def slo_attainment_at_maximum(
     requests: Sequence[Request], plant: ServingPlant, load_scale: float
 ) -> float:
@@ -250,18 +258,23 @@ def slo_capacity(
     light_fraction: float = LIGHT_LOAD_FRACTION,
     bisections: int = 4,
 ) -> tuple[float, float, int]:
-    """The window's SLO capacity multiplier at the maximum clock (module notes).
+    """The window's SLO capacity multiplier at the maximum clock (module notes). No probe
+    runs whose simulated span passes :data:`MAX_SIMULATED_DAYS` (:func:`probe_span_s`): a
+    lighter load past it is not tried, the light load before it stays the reference.
 
     Returns:
         ``(capacity multiplier, light-load SLO attainment, simulations run)``.
 
     Raises:
+        ProbeTooLongError: even the first light-load probe would pass that limit.
         ValueError: no requests or a non-positive duration.
     """
     if not requests or duration_s <= 0.0:
         raise ValueError("slo_capacity needs requests and a positive duration")
-    guess = duration_s / max(work_seconds_at_maximum(requests, plant.profile), 1e-9)
+    work_s = work_seconds_at_maximum(requests, plant.profile)
+    guess = duration_s / max(work_s, 1e-9)
     runs = 0
+    limit_s = MAX_SIMULATED_DAYS * 86_400.0
 
     def attainment(scale: float) -> float:
         nonlocal runs
@@ -271,8 +284,19 @@ def slo_capacity(
     # Light load: 20% of the fluid guess, lowered 4x at a time (at most twice) while
     # that still gains half a point (bursty traces stay congested at 20% on average).
     light = light_fraction * guess
+    span_s = probe_span_s(requests, light, work_s)
+    if not span_s <= limit_s:
+        raise ProbeTooLongError(
+            f"its light-load capacity probe would simulate {format_seconds(span_s)} s "
+            f"({span_s / 86_400.0:.3g} days), over the limit of {MAX_SIMULATED_DAYS:g} "
+            f"simulated days: {plant.profile.name} takes "
+            f"{format_seconds(work_s)} s at its maximum clock for this "
+            f"{format_seconds(duration_s)} s window's requests (a very slow profile?)"
+        )
     reference = attainment(light)
     for _ in range(2):
+        if not probe_span_s(requests, light / 4.0, work_s) <= limit_s:
+            break  # too long to simulate: the load before stays the reference
         lighter = attainment(light / 4.0)
         if lighter < reference + tolerance / 2.0:
             break
@@ -337,9 +361,19 @@ def _window(
     return select_window(full, start, length), start, length
 
 
-class EmptyWindowError(ValueError):
+class ScenarioSkip(ValueError):
+    """A scenario that cannot run: the board skips it, with this error's message as the
+    reason."""
+
+
+class EmptyWindowError(ScenarioSkip):
     """A scenario holds no requests: none fits the profile's KV cache, or its window (as
     given, or shrunk to a small profile's capacity) falls in an idle stretch."""
+
+
+class ProbeTooLongError(ScenarioSkip):
+    """A scenario's capacity search would simulate more than :data:`MAX_SIMULATED_DAYS`
+    (a profile so slow that a light load of its window lasts weeks): it would not end."""
 
 
 def _require_requests(window: Sequence[Request], trace: str, length_s: float) -> None:
@@ -372,6 +406,8 @@ def build_scenario(
         TraceError: the trace cannot be loaded.
         EmptyWindowError: no request fits the profile's KV cache, or the window (as
             given, or shrunk to the profile's capacity) holds no requests.
+        ProbeTooLongError: the capacity search would simulate past
+            :data:`MAX_SIMULATED_DAYS` (:func:`slo_capacity`).
         ValueError: an unknown load.
     """
     if load not in LOADS:
