@@ -14,7 +14,8 @@ Workloads. ``--trace`` is loaded from ``--start`` (default 0) for ``--duration``
 (default 300, the seed's ``scheduling_trace_source_window_s``): that is the evaluation
 workload the frequency window is selected from and the scheduling MDP is calibrated on.
 The animation workload (the modelling run) is its first ``--animation`` seconds
-(default 60). Arrivals are not rescaled (``load_dilation`` 1.0).
+(default 60, or the whole window when ``--duration`` is shorter). Arrivals are not
+rescaled (``load_dilation`` 1.0).
 
 Progress (step, elapsed, ETA) goes to stderr: a redrawn bar on a terminal, one line per
 step otherwise; the written paths go to stdout. ``--window`` is the old name of
@@ -601,6 +602,21 @@ EXPERIMENT_STEPS = 12
 each) and writing the figures."""
 
 
+def animation_length_s(given_s: float | None, duration_s: float) -> float:
+    """The modelling run's length in seconds: ``--animation`` as given, else
+    :data:`DEFAULT_ANIMATION_S` cut to a shorter ``--duration`` (the whole window).
+
+    Raises:
+        UsageError: an ``--animation`` given that is not positive or exceeds ``--duration``.
+    """
+    if given_s is None:
+        return min(DEFAULT_ANIMATION_S, duration_s)
+    require_positive("--animation", given_s)
+    if given_s > duration_s:
+        raise UsageError(f"--animation ({given_s:g} s) exceeds --duration ({duration_s:g} s)")
+    return given_s
+
+
 def run_experiments(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov experiments``."""
     started = time.perf_counter()
@@ -614,13 +630,9 @@ def run_experiments(args: argparse.Namespace) -> int:
 
     require_extras("gpugov experiments (fitted Q iteration, figures)", "sklearn", "matplotlib")
     require_positive("--duration", args.duration)
-    require_positive("--animation", args.animation)
     if not math.isfinite(args.start) or args.start < 0.0:
         raise UsageError(f"--start must be >= 0, got {args.start!r}")
-    if args.animation > args.duration:
-        raise UsageError(
-            f"--animation ({args.animation:g} s) exceeds --duration ({args.duration:g} s)"
-        )
+    animation_s = animation_length_s(args.animation, args.duration)
     _pyplot()  # the figures need the gpugov[plots] extra: say so now, not after the run
     spec = spec_from_args(args)
     check_runner(spec)  # --ray: Ray installed and the cluster there, before any work
@@ -629,9 +641,14 @@ def run_experiments(args: argparse.Namespace) -> int:
     evaluation, report = load_trace_for_cli(
         args.trace, start_s=args.start, duration_s=args.duration
     )
-    animation = tuple(r for r in evaluation if r.arrival_time_s < args.animation)
+    animation = tuple(r for r in evaluation if r.arrival_time_s < animation_s)
     if not animation:
-        raise UsageError(f"--animation {args.animation:g}: the first seconds hold no requests")
+        if args.animation is None:  # the default: the user set no --animation
+            raise UsageError(
+                f"the modelling run (the window's first {animation_s:g} s, --animation's "
+                "default) holds no requests; give --animation S"
+            )
+        raise UsageError(f"--animation {animation_s:g}: the first seconds hold no requests")
     profile = load_profile(args.profile)
     plant = ServingPlant.from_profile(profile)
     check_workload_fits(evaluation, plant, args.trace)
@@ -654,7 +671,7 @@ def run_experiments(args: argparse.Namespace) -> int:
             "rows": report.rows,
             "start_s": args.start,
             "duration_s": args.duration,
-            "animation_duration_s": args.animation,
+            "animation_duration_s": animation_s,
         },
         "profile": profile.describe(),
         "workload_choice": (
@@ -751,10 +768,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--animation",
         type=cli_types.duration,
-        default=DEFAULT_ANIMATION_S,
+        default=None,
         metavar="S",
         help="modelling-run length, the evaluation window's first S seconds "
-        f"(default {DEFAULT_ANIMATION_S:g})",
+        f"(default {DEFAULT_ANIMATION_S:g}, or the whole window when --duration is shorter)",
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
     add_runner_arguments(

@@ -221,3 +221,31 @@ def test_parts_in_a_local_pool_give_the_sequential_result(
     ):
         pytest.skip("an MPC solve overran its wall-clock limit here; runs are not comparable")
     assert _without_timing(first) == _without_timing(second)
+
+
+def test_a_window_shorter_than_the_animation_default_is_all_modelling_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--duration 30`` with no ``--animation`` was refused with "--animation (60 s)
+    exceeds --duration (30 s)", a flag the user never set. The default now shortens to the
+    window (the modelling run is all of it); an ``--animation`` given is still refused."""
+
+    class Started(Exception):
+        """The suite was reached: the arguments were taken."""
+
+    seen: dict[str, Any] = {}
+
+    def started(animation: Any, evaluation: Any, plant: Any, **kwargs: Any) -> Any:
+        seen.update(animation=animation, evaluation=evaluation, **kwargs)
+        raise Started
+
+    monkeypatch.setattr(experiments_cli, "build_textbook_results", started)
+    argv = ["experiments", "--quick", "--duration", "30", "--out", str(tmp_path / "out")]
+    with pytest.raises(Started):
+        main(argv)
+    assert seen["animation"] == seen["evaluation"] and len(seen["animation"]) > 0
+    assert seen["extra_metadata"]["trace"]["animation_duration_s"] == 30.0
+    assert main([*argv, "--animation", "31"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == "gpugov: error: --animation (31 s) exceeds --duration (30 s)"
+    assert experiments_cli.animation_length_s(None, 300.0) == experiments_cli.DEFAULT_ANIMATION_S
