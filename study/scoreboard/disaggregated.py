@@ -73,7 +73,7 @@ from gpugov.study.scoreboard.scenarios import (
     DISAGGREGATED_TRACES,
     BenchConfig,
     DisaggregatedScenario,
-    EmptyWindowError,
+    ScenarioSkip,
     build_disaggregated_scenario,
 )
 
@@ -564,13 +564,14 @@ def disaggregated_cell(
     cell: tuple[str, str, str, str], shared: Mapping[str, Any]
 ) -> dict[str, Any]:
     """One scenario ``(trace, profile, load, layout)`` as a runner task: its description and
-    rows, or the reason it was skipped (a window with no requests, a trace not present)."""
+    rows, or the reason it was skipped (a window with no requests, a profile too slow for the
+    capacity search, a trace not present)."""
     trace, profile_name, load, layout = cell
     config: BenchConfig = shared["config"]
     plant = ServingPlant.from_profile(load_profile(profile_name))
     try:
         scenario = build_disaggregated_scenario(trace, plant, layout, load, config.duration_s)
-    except (EmptyWindowError, TraceError) as error:
+    except (ScenarioSkip, TraceError) as error:
         return {"skipped": {"scenario": "|".join(cell), "reason": str(error)}}
     return disaggregated_scenario_outcome(scenario, plant, config, shared["controllers"])
 

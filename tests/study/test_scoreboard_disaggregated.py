@@ -293,3 +293,28 @@ def test_the_board_is_the_same_in_parallel_as_in_one_process() -> None:
 
     assert scenarios(pooled) == scenarios(serial)
     assert [line.split()[0] for line in lines] == ["[1]", "[2]"]
+
+
+def test_a_scenario_the_capacity_search_cannot_run_is_skipped_with_its_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A disaggregated scenario is built on the colocated one, whose capacity search refuses
+    a profile too slow to probe (ProbeTooLongError): the cell is skipped with the reason, as
+    an empty window is, where the board stopped on it."""
+    from gpugov.study.scoreboard import disaggregated
+    from gpugov.study.scoreboard.scenarios import ProbeTooLongError
+
+    def too_slow(*_args: object, **_kwargs: object) -> None:
+        raise ProbeTooLongError("its light-load capacity probe would simulate 59.1 days")
+
+    monkeypatch.setattr(disaggregated, "build_disaggregated_scenario", too_slow)
+    out = disaggregated.disaggregated_cell(
+        ("mooncake", "h100-sxm-llama3-8b", "recorded", "1P1D"),
+        {"config": TINY, "controllers": ("max",)},
+    )
+    assert out == {
+        "skipped": {
+            "scenario": "mooncake|h100-sxm-llama3-8b|recorded|1P1D",
+            "reason": "its light-load capacity probe would simulate 59.1 days",
+        }
+    }
