@@ -244,13 +244,7 @@ def scoreboard_window_oracle(
         reference=reference,
         continuation_clock_mhz=best.clock_mhz,
         continuation_result=best.result,
-        window_s=config.oracle_window_s,
-        lookahead_s=config.oracle_lookahead_s,
-        coarse_levels=config.oracle_coarse_levels,
-        neighbour_steps=config.oracle_neighbour_steps,
-        tolerance=config.tolerance,
-        seed=config.seed,
-        control_period_s=config.control_period_s,
+        **config.oracle_search,
     )
 
 

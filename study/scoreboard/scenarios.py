@@ -135,6 +135,20 @@ class BenchConfig:
         return SLOTarget(attainment=1.0 - self.tolerance, window_s=self.duration_s)
 
     @property
+    def oracle_search(self) -> dict[str, Any]:
+        """The window oracle's search settings every board uses, colocated or per pool
+        (keyword arguments of ``window_oracle`` and ``pool_window_oracle``)."""
+        return {
+            "window_s": self.oracle_window_s,
+            "lookahead_s": self.oracle_lookahead_s,
+            "coarse_levels": self.oracle_coarse_levels,
+            "neighbour_steps": self.oracle_neighbour_steps,
+            "tolerance": self.tolerance,
+            "seed": self.seed,
+            "control_period_s": self.control_period_s,
+        }
+
+    @property
     def safety(self) -> SafetySettings:
         """The node's safety chain every scored controller runs in."""
         return SafetySettings(floor_mhz=self.floor_mhz, dwell_s=self.dwell_s)
