@@ -104,3 +104,18 @@ def mentions(text: str, name: str) -> bool:
     """True when ``text`` names the metric or recorded series ``name`` (not as part of a
     longer name)."""
     return re.search(rf"(?<![\w:]){re.escape(name)}(?![\w:])", text) is not None
+
+
+def check_config(path: Path, *flags: str) -> tuple[int, list[str]]:
+    """``gpugov check-config PATH --offline FLAGS``, run in this process: its exit code and
+    the lines it wrote to stderr (its warnings and errors), which a shipped config must
+    leave empty: an SRE who copies it sees them at every check and every start."""
+    import contextlib
+    import io
+
+    from gpugov.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(["check-config", str(path), "--offline", *flags])
+    return code, stderr.getvalue().splitlines()

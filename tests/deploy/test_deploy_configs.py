@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploytools import DEPLOY
+from deploytools import DEPLOY, check_config
 
 from gpugov.cli import build_parser
 from gpugov.daemon.config import GpugovConfig, load_config, parse_config
@@ -89,6 +89,14 @@ def test_each_example_loads_and_the_commands_in_its_comments_parse(path: Path) -
     assert config.domains
     for argv in commented_commands(path):
         build_parser().parse_args(argv)  # SystemExit on a flag gpugov does not have
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_each_example_passes_check_config_without_a_warning(path: Path) -> None:
+    """``gpugov check-config FILE --offline --watchdog-sec 30`` (deploy/README.md's step,
+    with the units' ``WatchdogSec=``) exits 0 and prints no warning line."""
+    code, lines = check_config(path, "--watchdog-sec", "30")
+    assert (code, lines) == (0, []), f"{path.name}: check-config exits {code}: {lines}"
 
 
 @pytest.mark.parametrize(
