@@ -69,6 +69,14 @@ def _error_message(event: dict[str, Any]) -> str:
     return " ".join(str(message).split())[:200]
 
 
+def _shown(payload: bytes) -> str:
+    """The start of a malformed event's data on one line (its first 80 bytes, control
+    characters escaped)."""
+    text = payload[:80].decode(errors="replace")
+    shown = repr(text)[1:-1]
+    return f"{shown}..." if len(payload) > 80 else shown
+
+
 def base_url(url: str) -> tuple[str, int, str]:
     """``(host, port, path prefix)`` of an engine URL given with or without ``/v1``.
 
@@ -234,6 +242,8 @@ def stream_completion(
             if not line.startswith(b"data:"):
                 continue
             payload = line[5:].strip()
+            if not payload:  # an empty data field carries no event
+                continue
             if payload == b"[DONE]":
                 finished = True
                 break
@@ -241,9 +251,10 @@ def stream_completion(
             try:
                 event = json.loads(payload)
             except ValueError:
-                continue
-            if not isinstance(event, dict):
-                continue
+                event = None
+            if not isinstance(event, dict):  # no OpenAI-compatible server sends one
+                timing.error = f"malformed stream event: {_shown(payload)}"
+                return timing
             if "error" in event:  # vLLM reports a failure mid-stream as an error event
                 timing.error = f"error event in the stream: {_error_message(event)}"
                 return timing

@@ -277,3 +277,40 @@ def test_a_server_that_hangs_up_mid_body_is_reported_as_such() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _MalformedEvents(_CutStream):
+    """A server whose stream carries events that are not JSON objects, then ends well."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(self.server.events + b"data: [DONE]\n\n")  # type: ignore[attr-defined]
+        self.close_connection = True
+
+
+@pytest.mark.parametrize(
+    ("events", "shown"),
+    [
+        (b"data: {not json\n\n", "malformed stream event: {not json"),
+        (b"data: [1, 2]\n\n", "malformed stream event: [1, 2]"),
+        (b"data: \x1b[31m\n\n", "malformed stream event: \\x1b[31m"),
+    ],
+)
+def test_a_malformed_stream_event_fails_the_request(events: bytes, shown: str) -> None:
+    """An event whose data is not a JSON object was skipped, so a stream of garbage that
+    ended with ``[DONE]`` counted as a completed request of no tokens; it now fails."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _MalformedEvents)
+    server.events = events  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        timing = stream_completion(url, {"prompt": [1, 2, 3], "max_tokens": 5}, timeout_s=10)
+        assert timing.error == shown
+        assert timing.end_s is None
+    finally:
+        server.shutdown()
+        server.server_close()
