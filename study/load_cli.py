@@ -137,9 +137,7 @@ def cmd_load(args: argparse.Namespace) -> int:
             write_text_atomic(path, json.dumps(summary, indent=2) + "\n")
         except OSError as error:
             return fail(f"--json {path}: cannot write: {error.strerror or error}", ExitCode.FAILURE)
-    if summary["requests_sent"] and not summary["requests_completed"]:
-        first = next(iter(summary["errors"]), "no request finished")
-        return fail(f"no request completed against {args.url}: {first}", ExitCode.FAILURE)
+    # A stop comes first: a run stopped before any request finished failed no request.
     if summary["stopped"] is not None:
         print(
             f"gpugov: {summary['stopped']} after {summary['requests_sent']} of "
@@ -147,6 +145,9 @@ def cmd_load(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return ExitCode.INTERRUPTED if interrupted.is_set() else ExitCode.TERMINATED
+    if summary["requests_sent"] and not summary["requests_completed"]:
+        first = next(iter(summary["errors"]), "no request finished")
+        return fail(f"no request completed against {args.url}: {first}", ExitCode.FAILURE)
     return ExitCode.OK
 
 

@@ -317,3 +317,59 @@ def test_an_error_answer_is_reported_on_one_line(
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _NeverAnswers(BaseHTTPRequestHandler):
+    """A server that lists a model and takes every completion without answering it."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        body = json.dumps({"data": [{"id": "m"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.release.wait(10)  # type: ignore[attr-defined]
+        self.close_connection = True
+
+
+@pytest.mark.parametrize(
+    ("signum", "code", "word"), [(2, 130, "interrupted"), (15, 143, "terminated")]
+)
+def test_a_load_stopped_before_any_request_finished_says_it_was_stopped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], signum: int, code: int, word: str
+) -> None:
+    """Stopped while every request was still waiting for its answer, ``load`` exited 1
+    with 'no request completed ... no request finished'; it now ends as any stopped run."""
+    import os
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NeverAnswers)
+    server.release = threading.Event()  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:10.0000000,100,5\n2023-11-16 18:15:10.1000000,100,5\n"
+    )
+    out = tmp_path / "load.json"
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signum))
+    timer.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = main(["load", "--trace", str(trace), "--url", url, "--json", str(out), "--quiet"])
+    finally:
+        timer.cancel()
+        server.release.set()  # type: ignore[attr-defined]
+        server.shutdown()
+        server.server_close()
+    assert result == code
+    assert capsys.readouterr().err.splitlines()[-1] == f"gpugov: {word} after 2 of 2 requests"
+    assert json.loads(out.read_text())["stopped"] == word
