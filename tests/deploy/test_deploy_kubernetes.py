@@ -12,14 +12,16 @@ command parse with gpugov's own CLI, and ports, labels and selectors line up.
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import shlex
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
-from deploytools import DEPLOY, KUBERNETES, check_config, require_module
+from deploytools import DEPLOY, KUBERNETES, REPO, check_config, require_module
 
 from gpugov.cli import build_parser
 from gpugov.daemon.config import parse_address, parse_config
@@ -326,7 +328,9 @@ def dockerfile_env() -> dict[str, str]:
     env: dict[str, str] = {}
     for instruction, arguments in dockerfile_instructions():
         if instruction == "ENV":
-            env.update(pair.split("=", 1) for pair in shlex.split(arguments))
+            for pair in shlex.split(arguments):
+                key, _, value = pair.partition("=")
+                env[key] = value
     return env
 
 
@@ -424,3 +428,64 @@ def test_every_configmap_config_passes_check_config_without_a_warning(
         path.write_text(text)
         code, lines = check_config(path)
         assert (code, lines) == (0, []), f"{source}:{key}: check-config exits {code}: {lines}"
+
+
+# ---------------------------------------------------------------- the README's kubectl
+def readme_kubectl_applies() -> list[list[list[str]]]:
+    """The ``kubectl apply`` commands of deploy/README.md as argv, grouped by shell block
+    (continuation lines joined, comments dropped)."""
+    blocks = re.findall(r"```sh\n(.*?)```", (DEPLOY / "README.md").read_text(), re.DOTALL)
+    out = []
+    for block in blocks:
+        commands = []
+        for line in block.replace("\\\n", " ").splitlines():
+            argv = shlex.split(line, comments=True)
+            if argv[:2] == ["kubectl", "apply"]:
+                commands.append(argv)
+        if commands:
+            out.append(commands)
+    return out
+
+
+def kubectl_files(argv: list[str]) -> list[Path]:
+    """The files ``kubectl apply`` reads, in its order: each ``-f`` in turn, a folder's
+    .yaml/.yml/.json files in name order (not its subfolders: no ``-R`` here)."""
+    assert "-R" not in argv and "--recursive" not in argv
+    files = []
+    for flag, target in itertools.pairwise(argv):
+        if flag not in ("-f", "--filename"):
+            continue
+        path = REPO / target
+        if path.is_dir():
+            files += sorted(
+                p for p in path.iterdir() if p.is_file() and p.suffix in {".yaml", ".yml", ".json"}
+            )
+        else:
+            files.append(path)
+    return files
+
+
+def test_the_readmes_kubectl_apply_creates_the_namespace_before_what_it_holds() -> None:
+    """``kubectl apply -f DIR`` applies DIR's files in name order and does not put a
+    Namespace first: ``kubectl apply -f deploy/kubernetes/`` on a new cluster created
+    configmap.yaml's and daemonset.yaml's objects before namespace.yaml's Namespace, and
+    both failed (namespaces "gpugov" not found) until the command was run again."""
+    applies = readme_kubectl_applies()
+    assert applies, "deploy/README.md has no kubectl apply"
+    for commands in applies:
+        created: set[str] = set()
+        for argv in commands:
+            files = kubectl_files(argv)
+            assert files, f"{' '.join(argv)}: applies no file"
+            for path in files:
+                for document in yaml.safe_load_all(path.read_text()):
+                    if document is None:
+                        continue
+                    if document["kind"] == "Namespace":
+                        created.add(document["metadata"]["name"])
+                    namespace = document["metadata"].get("namespace")
+                    assert namespace is None or namespace in created, (
+                        f"deploy/README.md: `{' '.join(argv)}` applies "
+                        f"{path.relative_to(REPO)} ({document['kind']}) before the Namespace "
+                        f"{namespace!r}"
+                    )
