@@ -75,15 +75,16 @@ def render_metrics(node: EmulatedNode, model: str, replicas: Sequence[int] | Non
     )
     family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
     for r in engines:
-        info = _labels(
-            model,
-            r,
-            block_size=str(BLOCK_SIZE),
-            cache_dtype="auto",
-            enable_prefix_caching="True",
-            gpu_memory_utilization="0.9",
-            num_gpu_blocks=str(kv_capacity // BLOCK_SIZE),
-        )
+        # vLLM's info gauge has the cache config's fields and ``engine``, no model_name.
+        fields = {
+            "block_size": str(BLOCK_SIZE),
+            "cache_dtype": "auto",
+            "enable_prefix_caching": "True",
+            "engine": str(r),
+            "gpu_memory_utilization": "0.9",
+            "num_gpu_blocks": str(kv_capacity // BLOCK_SIZE),
+        }
+        info = ",".join(f'{key}="{value}"' for key, value in fields.items())
         lines.append(f"vllm:cache_config_info{{{info}}} 1.0")
     with node.lock:
         stats = [node.stats[replica] for replica in served]
