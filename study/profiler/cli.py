@@ -289,10 +289,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
         )
     except Interrupted:
         word, code = _stopped_by(received)
-        print(
-            printable(f"gpugov: {word}; clocks reset; rerun with --resume to continue ({out_dir})"),
-            file=sys.stderr,
+        # A dry run locks no clock and keeps no sweep state: nothing to reset or resume.
+        line = (
+            f"gpugov: {word}; the dry run changed nothing and wrote nothing ({out_dir})"
+            if args.dry_run
+            else f"gpugov: {word}; clocks reset; rerun with --resume to continue ({out_dir})"
         )
+        print(printable(line), file=sys.stderr)
         return code
     except ProfileRunError as error:
         return fail(f"{error}; clocks reset", EXIT_RUNTIME)

@@ -484,3 +484,24 @@ def test_an_unfitted_domain_profile_keeps_its_idle_under_the_thermal_limit(
     )
     assert steady_at_limit < thermal["thermal_limit_c"]
     assert profile.manifest["thermal_fit_r_squared"] is None
+
+
+def test_a_stopped_dry_run_says_it_changed_nothing(
+    synthetic_emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dry run stopped by SIGTERM said 'clocks reset; rerun with --resume to continue',
+    though it locks no clock and ``--resume`` has nothing to continue; it says so now."""
+    import os
+
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        result = _profile(synthetic_emulator.url, tmp_path, "--dry-run", *SMALL_REFERENCE)
+    finally:
+        timer.cancel()
+    assert result == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    said = "the dry run changed nothing and wrote nothing"
+    assert err[-1] == f"gpugov: terminated; {said} ({tmp_path})"
+    assert synthetic_emulator.node.gpu_state[0].locked is None
+    assert not (tmp_path / "dry-run.json").exists()
