@@ -31,7 +31,12 @@ def cmd_load(args: argparse.Namespace) -> int:
     from gpugov.daemon.progress import Progress
     from gpugov.plant.workload import format_seconds
     from gpugov.study.load import format_report, run_load, summarize
-    from gpugov.study.openai_client import EngineUnreachable, base_url, served_model
+    from gpugov.study.openai_client import (
+        EngineUnreachable,
+        base_url,
+        served_max_model_len,
+        served_model,
+    )
 
     for flag in ("load_scale", "duration", "drain", "request_timeout"):
         require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
@@ -68,6 +73,8 @@ def cmd_load(args: argparse.Namespace) -> int:
         model = args.model or served_model(args.url)
     except EngineUnreachable as error:
         raise UsageError(str(error)) from error
+    if args.max_model_len is None:
+        _warn_over_the_context(args.trace, workload, served_max_model_len(args.url, model))
     truth_base = f"http://{host}:{port}{prefix}"
     if args.governor_metrics is not None:
         _check_energy_sources(args.governor_metrics, truth_base)
@@ -149,6 +156,22 @@ def cmd_load(args: argparse.Namespace) -> int:
         first = next(iter(summary["errors"]), "no request finished")
         return fail(f"no request completed against {args.url}: {first}", ExitCode.FAILURE)
     return ExitCode.OK
+
+
+def _warn_over_the_context(trace: str, workload: Any, context: int | None) -> None:
+    """Warn, before any request is sent, when some of ``workload``'s requests (prompt plus
+    output) exceed the served model's ``context`` tokens: the server refuses each one."""
+    from gpugov.daemon.cli_support import warn
+
+    if context is None:
+        return
+    over = sum(1 for r in workload if int(r.prompt_tokens) + int(r.output_tokens) > context)
+    if over:
+        warn(
+            f"--trace {trace}: {over} of {len(workload)} requests exceed the served model's "
+            f"context of {context} tokens (prompt + output, its max_model_len in /v1/models); "
+            f"the server will refuse them; --max-model-len {context} clips them instead"
+        )
 
 
 def _check_energy_sources(governor: str, truth_base: str) -> None:

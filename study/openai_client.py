@@ -119,6 +119,27 @@ def served_model(url: str, timeout_s: float = 5.0) -> str:
         connection.close()
 
 
+def served_max_model_len(url: str, model: str, timeout_s: float = 5.0) -> int | None:
+    """``max_model_len`` of ``model`` as ``GET /v1/models`` lists it (vLLM, SGLang and the
+    emulator say it); None when the server does not say, or does not answer."""
+    host, port, prefix = base_url(url)
+    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        connection.request("GET", f"{prefix}/v1/models")
+        response = connection.getresponse()
+        entries = json.loads(response.read())["data"] if response.status == 200 else []
+        for entry in entries:
+            if isinstance(entry, dict) and entry.get("id") == model:
+                value = entry.get("max_model_len")
+                is_count = isinstance(value, int) and not isinstance(value, bool) and value > 0
+                return value if is_count else None
+        return None
+    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
+        return None
+    finally:
+        connection.close()
+
+
 def request_body(
     model: str,
     prompt_tokens: int,

@@ -373,3 +373,27 @@ def test_a_load_stopped_before_any_request_finished_says_it_was_stopped(
     assert result == code
     assert capsys.readouterr().err.splitlines()[-1] == f"gpugov: {word} after 2 of 2 requests"
     assert json.loads(out.read_text())["stopped"] == word
+
+
+def test_requests_over_the_served_context_are_named_before_the_run(
+    emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trace whose requests exceed the model's context was sent as it was: each such
+    request failed at the server, its reason cut to 80 characters mid-sentence,
+    and nothing said so before the run; one warning line now says how many and the fix."""
+    context = emulator.node.max_model_len
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        f"2023-11-16 18:15:10.0000000,100,5\n2023-11-16 18:15:10.1000000,{context},5\n"
+    )
+    argv = ["load", "--trace", str(trace), "--url", emulator.url, "--quiet"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        f"gpugov: warning: --trace {trace}: 1 of 2 requests exceed the served model's context "
+        f"of {context} tokens (prompt + output, its max_model_len in /v1/models); the server "
+        f"will refuse them; --max-model-len {context} clips them instead"
+    )
+    assert main([*argv, "--max-model-len", "1000"]) == 0  # clipped: no warning
+    assert "warning" not in capsys.readouterr().err
