@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from gpugov.daemon.progress import Progress
+from gpugov.daemon.progress import Progress, format_duration
 from gpugov.plant.types import Request
 from gpugov.study.openai_client import PromptMode, StreamTiming, request_body, stream_completion
 
@@ -131,6 +131,12 @@ def run_load(
         while not slots.acquire(timeout=0.1):
             if stop.is_set() or clock() > deadline:
                 break
+            if progress is not None:  # the line must not freeze while the bound holds
+                progress.update(
+                    min(clock() - start, window_s),
+                    f"{sent} requests sent, waiting: {max_concurrency} in flight "
+                    "(--max-concurrency)",
+                )
         else:
             prompt, output = int(request.prompt_tokens), int(request.output_tokens)
             if max_model_len is not None and prompt + output > max_model_len:
@@ -154,8 +160,14 @@ def run_load(
             break
         while thread.is_alive() and not stop.is_set() and clock() < deadline:
             thread.join(timeout=min(0.2, max(0.0, deadline - clock())))
-            if progress is not None:
-                progress.update(min(clock() - start, window_s), f"{sent} requests sent, draining")
+            if progress is not None:  # the window is sent: say what the wait is on
+                with lock:
+                    in_flight = sent - len(timings)
+                progress.update(
+                    min(clock() - start, window_s),
+                    f"{sent} requests sent, draining {in_flight} in flight "
+                    f"(at most {format_duration(max(0.0, deadline - clock()))} more)",
+                )
     wall = clock() - start
     with lock:
         collected = list(timings)

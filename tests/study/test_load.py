@@ -397,3 +397,33 @@ def test_requests_over_the_served_context_are_named_before_the_run(
     )
     assert main([*argv, "--max-model-len", "1000"]) == 0  # clipped: no warning
     assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("max_concurrency", "said"),
+    [(1, r"1 requests sent, waiting: 1 in flight \(--max-concurrency\)"),
+     (2, r"2 requests sent, draining 2 in flight \(at most [01]s more\)")],
+)  # fmt: skip
+def test_the_progress_line_says_what_a_long_wait_is_on(max_concurrency: int, said: str) -> None:
+    """Waiting on the concurrency bound the line was not redrawn at all, and while draining
+    it read '100%, ETA 0s' for up to --drain; both now say what the run waits on."""
+    import io
+    import re
+
+    from gpugov.daemon.progress import Progress
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NeverAnswers)
+    server.release = threading.Event()  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stream = io.StringIO()
+    progress = Progress(0.01, "load", unit="s", stream=stream, tty=False, log_interval_s=0.0)
+    workload = [Request(0, 0.0, 100, 5), Request(1, 0.01, 100, 5)]
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        run_load(workload, url, "m", max_concurrency=max_concurrency, drain_s=0.8,
+                 progress=progress)  # fmt: skip
+    finally:
+        server.release.set()  # type: ignore[attr-defined]
+        server.shutdown()
+        server.server_close()
+    assert re.search(said, stream.getvalue())
