@@ -69,7 +69,8 @@ log = logging.getLogger(__name__)
 
 LENGTH_BUCKETS = tuple(b for b in ALL_LENGTH_BUCKETS if b <= 131_072)
 """vLLM's 1-2-5 bounds for its request-length histograms (``vllm:request_prompt_tokens``,
-``vllm:request_generation_tokens``), up to the longest model length it serves."""
+``vllm:request_generation_tokens``), up to the longest model length it serves; a node
+keeps those up to its own :attr:`EmulatedNode.max_model_len`, as vLLM does."""
 
 # NVML return codes the emulated GPU answers with (nvml.h NVML_ERROR_*).
 NVML_SUCCESS = 0
@@ -279,7 +280,12 @@ class EmulatedNode:
             for replica in range(replicas)
         ]
         """One plant per engine replica (its whole tensor-parallel group)."""
-        self.stats = [EngineStats() for _ in range(replicas)]
+        # vLLM bounds its length histograms by the model's length (build_1_2_5_buckets).
+        lengths = tuple(b for b in LENGTH_BUCKETS if b <= self.max_model_len)
+        self.stats = [
+            EngineStats(prompt_lengths=Histogram(lengths), output_lengths=Histogram(lengths))
+            for _ in range(replicas)
+        ]
         self.gpu_state = [GpuState(fault=fault) for _ in range(gpus)]
         """Each GPU's lock and fault (by GPU index)."""
         if lost_after_s is not None:

@@ -45,3 +45,32 @@ def test_every_series_a_real_vllm_serves_has_its_labels_and_type_on_the_emulated
     emulated_types = _types(emulated_text)
     for name, kind in _types(real_text).items():
         assert emulated_types.get(name) == kind, name
+
+
+def _vllm_1_2_5_buckets(max_value: int) -> list[float]:
+    """vLLM's ``build_1_2_5_buckets(max_model_len)``: 1, 2, 5, 10, ... up to the length."""
+    buckets: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_value:
+                return buckets
+            buckets.append(float(value))
+        exponent += 1
+
+
+def test_request_length_buckets_end_at_the_model_length_as_vllms_do() -> None:
+    """A node serving a model of 8,192 tokens served length buckets up to 100,000, which
+    vLLM bounds by the model's length; they now end at 5,000 as vLLM's would."""
+    node = EmulatedNode(make_plant(kv_capacity_tokens=8192))
+    assert node.max_model_len == 8192
+    page = render_metrics(node, "m")
+    for name in ("vllm:request_prompt_tokens", "vllm:request_generation_tokens"):
+        bounds = [
+            float(sample.labels["le"])
+            for family in text_string_to_metric_families(page)
+            for sample in family.samples
+            if sample.name == f"{name}_bucket" and sample.labels["le"] != "+Inf"
+        ]
+        assert bounds == _vllm_1_2_5_buckets(8192), name
