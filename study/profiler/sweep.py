@@ -218,17 +218,25 @@ class Sweep:
             raise Interrupted("interrupted")
 
     def measure_clock(
-        self, measurer: Measurer, sampler: GpuSampler, requested_mhz: int | None
+        self,
+        measurer: Measurer,
+        sampler: GpuSampler,
+        requested_mhz: int | None,
+        on_step: Callable[[str], None] | None = None,
     ) -> dict[str, Any]:
-        """Idle, prefill and every decode point at the clock now in force."""
+        """Idle, prefill and every decode point at the clock now in force; ``on_step``
+        is told the name of each of these measurements once it is done."""
         settings = self.settings
+        step = on_step or (lambda name: None)
         started = self.clock()
         idle_w, idle_clock = measurer.idle(settings.dwell_s)
         self._check_stop()
+        step("idle")
         prefill, prefill_readings = measurer.prefill(
             settings.prefill_prompt_tokens, settings.prefill_requests
         )
         self._check_stop()
+        step("prefill")
         decode = []
         busy_clocks = [r.sm_clock_mhz for r in prefill_readings if r.sm_clock_mhz]
         for batch, prompt in settings.decode_points:
@@ -236,6 +244,7 @@ class Sweep:
             decode.append(point_dict(point))
             busy_clocks += [r.sm_clock_mhz for r in readings if r.sm_clock_mhz]
             self._check_stop()
+            step(f"decode B={batch}")
         remeasured = 0
         while remeasured < MAX_REMEASURES:
             # A point the linear latency model cannot explain was most likely disturbed
@@ -366,12 +375,25 @@ class Sweep:
         """Measure at the clock in force now; lock nothing, reset nothing."""
         sampler = GpuSampler(self.backends)
         measurer = Measurer(self.url, self.model, sampler)
+        # Its measurements as the progress's steps: one clock takes a minute at --dwell 5.
+        steps = 2 + len(self.settings.decode_points)
+        progress = Progress(
+            steps, "profile --dry-run", unit="measurements", enabled=self.progress_enabled
+        )
+        done = [0]
+
+        def step(name: str) -> None:
+            done[0] = min(steps, done[0] + 1)
+            progress.update(done[0], f"{name} measured")
+
+        progress.update(0, "idle", force=True)
         sampler.start()
         try:
             time.sleep(max(0.2, 2 * sampler.interval_s))
-            return self.measure_clock(measurer, sampler, None)
+            return self.measure_clock(measurer, sampler, None, on_step=step)
         finally:
             sampler.stop()
+            progress.close()
 
 
 __all__ = [

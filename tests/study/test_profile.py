@@ -505,3 +505,17 @@ def test_a_stopped_dry_run_says_it_changed_nothing(
     assert err[-1] == f"gpugov: terminated; {said} ({tmp_path})"
     assert synthetic_emulator.node.gpu_state[0].locked is None
     assert not (tmp_path / "dry-run.json").exists()
+
+
+def test_a_dry_run_shows_its_progress(
+    synthetic_emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dry run (a minute at --dwell 5, more at longer dwells) showed no progress at all;
+    its measurements (idle, prefill, each decode point) are now its progress's steps."""
+    argv = ["profile", "--engine-url", synthetic_emulator.url, "--gpus", "0", "--backend"]
+    argv += ["emulated", "--out", str(tmp_path), "--dry-run", "--dwell", "0.3"]
+    assert main([*argv, *SMALL_REFERENCE]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    steps = 2 + len(default_decode_points(SMALL_BATCH, SMALL_CONTEXT, 131_072))
+    assert any(line.startswith("profile --dry-run:   0.0% (0/") for line in lines)
+    assert lines[-1].startswith(f"profile --dry-run: 100.0% ({steps}/{steps} measurements)")
