@@ -107,16 +107,26 @@ def served_model(url: str, timeout_s: float = 5.0) -> str:
     try:
         connection.request("GET", f"{prefix}/v1/models")
         response = connection.getresponse()
-        body = response.read()
-        if response.status != 200:
-            raise EngineUnreachable(f"{url}/v1/models: HTTP {response.status}")
-        return str(json.loads(body)["data"][0]["id"])
+        if response.status != 200:  # its reason and message, as a failed request's
+            answer = _http_error(response)
+        else:
+            answer, body = None, response.read()
     except (OSError, http.client.HTTPException) as error:
         raise EngineUnreachable(f"engine at {url} does not answer: {error}") from error
-    except (ValueError, KeyError, IndexError, TypeError) as error:
-        raise EngineUnreachable(f"{url}/v1/models is not an OpenAI model list: {error}") from error
     finally:
         connection.close()
+    if answer is not None:
+        raise EngineUnreachable(f"{url}/v1/models: {answer}")
+    try:
+        models = json.loads(body)["data"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise EngineUnreachable(f"{url}/v1/models is not an OpenAI model list") from error
+    if not isinstance(models, list) or not models:
+        raise EngineUnreachable(f"{url}/v1/models lists no model")
+    first = models[0].get("id") if isinstance(models[0], dict) else None
+    if not isinstance(first, str) or not first:
+        raise EngineUnreachable(f"{url}/v1/models: its first model has no id")
+    return first
 
 
 def served_max_model_len(url: str, model: str, timeout_s: float = 5.0) -> int | None:

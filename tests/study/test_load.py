@@ -427,3 +427,46 @@ def test_the_progress_line_says_what_a_long_wait_is_on(max_concurrency: int, sai
         server.shutdown()
         server.server_close()
     assert re.search(said, stream.getvalue())
+
+
+class _ModelsAnswer(BaseHTTPRequestHandler):
+    """A server whose ``GET /v1/models`` answers the server's ``status`` and ``body``."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        status, body = self.server.answer  # type: ignore[attr-defined]
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "said"),
+    [
+        (401, b'{"error": {"message": "bad key"}}', "/v1/models: HTTP 401 Unauthorized: bad key"),
+        (500, b"oops", "/v1/models: HTTP 500 Internal Server Error: oops"),
+        (200, b'{"data": []}', "/v1/models lists no model"),
+        (200, b'{"data": [{"id": 5}]}', "/v1/models: its first model has no id"),
+    ],
+)
+def test_a_model_list_that_names_no_model_is_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], status: int, body: bytes, said: str
+) -> None:
+    """An error answer read '<url>/v1/models is not an OpenAI model list: <url>/v1/models:
+    HTTP 500' without its message, an empty list 'list index out of range', and a numeric
+    id was sent as the model '5'; each is now one line saying what the list lacks."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ModelsAnswer)
+    server.answer = (status, body)  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:10.0,100,5\n")
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert main(["load", "--trace", str(trace), "--url", url, "--quiet"]) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert capsys.readouterr().err.splitlines() == [f"gpugov: error: {url}{said}"]
