@@ -71,25 +71,6 @@ def _clock_list(text: str) -> tuple[int, ...]:
     return clocks
 
 
-def _max_model_len(url: str) -> int | None:
-    """``max_model_len`` from ``GET /v1/models`` when the server says it (vLLM does)."""
-    import http.client
-
-    from gpugov.study.openai_client import base_url
-
-    host, port, prefix = base_url(url)
-    connection = http.client.HTTPConnection(host, port, timeout=5.0)
-    try:
-        connection.request("GET", f"{prefix}/v1/models")
-        data = json.loads(connection.getresponse().read())
-        value = data["data"][0].get("max_model_len")
-        return int(value) if value else None
-    except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError):
-        return None
-    finally:
-        connection.close()
-
-
 def _kv_capacity(url: str) -> int | None:
     from gpugov.daemon.engine_sources import ScrapedSource
     from gpugov.daemon.errors import EngineUnavailable
@@ -169,7 +150,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     )
     from gpugov.daemon.loop import stop_on_signals
     from gpugov.daemon.service import open_backend
-    from gpugov.study.openai_client import EngineUnreachable, served_model
+    from gpugov.study.openai_client import EngineUnreachable, served_max_model_len, served_model
     from gpugov.study.profiler.measure import ProfileRunError
     from gpugov.study.profiler.sweep import (
         Interrupted,
@@ -213,7 +194,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         model = served_model(args.engine_url)
     except EngineUnreachable as error:
         raise UsageError(f"--engine-url: {error}; nothing was changed") from error
-    max_len = _max_model_len(args.engine_url) or 8192
+    max_len = served_max_model_len(args.engine_url, model) or 8192
     emulator = args.emulator or args.engine_url.rstrip("/").removesuffix("/v1")
     out_dir = Path(args.out)
     if args.backend == "emulated":
