@@ -108,7 +108,8 @@ class _Pool:
         """The pool's observation: one engine's as is; several engines' pooled (counts,
         tokens, power and energy summed, the hottest temperature, the slowest realised
         clock, the mean utilisation, window latencies weighted by each engine's first
-        tokens and output tokens in the window)."""
+        tokens and output tokens in the window), with the engine count and the largest
+        prompt backlog of any one engine."""
         if self._observers is None:
             observations = [engine.observe(step_index) for engine in self.engines]
         else:
@@ -163,6 +164,8 @@ class _Pool:
             ),
             tpot_recent_s=_weighted([o.tpot_recent_s for o in observations], token_weights),
             role=self.role,
+            engines=len(observations),
+            busiest_prefill_tokens=max(o.prefill_remaining_tokens for o in observations),
         )
 
 

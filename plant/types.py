@@ -176,6 +176,15 @@ class ServingObservation:
     before its first token), the backlog with each prompt in its prefill at the upper
     quantile of its rest (the one only the SLO target's share of misses exceeds) rather
     than its mean; None where the backlog is exact."""
+    engines: int = 1
+    """Data-parallel engines the observation pools (a pool of disaggregated serving with
+    several engines, a data-parallel domain), each serving its own requests on its own
+    GPUs: the counts, tokens, power and energy are their sums, the utilisation their
+    mean, the clock the slowest and the temperature the hottest."""
+    busiest_prefill_tokens: float | None = None
+    """The largest prompt backlog any one of the ``engines`` holds, within
+    ``prefill_remaining_tokens`` (a long prompt is prefilled on one engine alone); None
+    where unknown or where there is one engine."""
 
     def __post_init__(self) -> None:
         if not np.isfinite(self.time_s):
@@ -184,6 +193,12 @@ class ServingObservation:
             value = getattr(self, name)
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value!r}")
+        if not self.engines >= 1:
+            raise ValueError(f"engines must be >= 1, got {self.engines!r}")
+        if self.busiest_prefill_tokens is not None and not self.busiest_prefill_tokens >= 0:
+            raise ValueError(
+                f"busiest_prefill_tokens must be >= 0, got {self.busiest_prefill_tokens!r}"
+            )
         if self.prefill_tail_tokens is not None and not self.prefill_tail_tokens >= 0:
             raise ValueError(f"prefill_tail_tokens must be >= 0, got {self.prefill_tail_tokens!r}")
         if self.prefill_remaining_tokens < 0:

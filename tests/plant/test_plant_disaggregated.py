@@ -161,9 +161,34 @@ def test_controller_per_pool_sees_its_role(plant: ServingPlant) -> None:
     assert seen["prefill"][-1].arrived_requests == len(requests)
     pooled = seen["prefill"][3]
     assert pooled.power_limit_w == pytest.approx(2 * plant.power_limit_w)
+    # The pooled prefill view says it pools two engines, and the largest one engine's
+    # backlog within the summed one; a single-engine pool says one and leaves it unknown.
+    assert {o.engines for o in seen["prefill"]} == {2}
+    assert {o.engines for o in seen["decode"]} == {1}
+    assert all(o.busiest_prefill_tokens is None for o in seen["decode"])
+    for o in seen["prefill"]:
+        assert o.busiest_prefill_tokens is not None
+        assert o.prefill_remaining_tokens / 2 <= o.busiest_prefill_tokens
+        assert o.busiest_prefill_tokens <= o.prefill_remaining_tokens
     assert result.pools["decode"].engines[0].requested_clock_mhz[-1] == low
     assert result.pools["prefill"].engines[1].requested_clock_mhz[-1] == high
     assert ServingObservation(0.0, 0, 0, 0.0, 0, 0.0, 30.0).role == "colocated"
+
+
+def test_pooled_view_names_the_busiest_engines_backlog(plant: ServingPlant) -> None:
+    """A long prompt and a short one land on the two engines of a prefill pool: the pooled
+    backlog is their sum, the busiest engine's the long prompt's rest alone."""
+    requests = [Request(0, 0.0, 40_000, 2), Request(1, 0.0, 8_000, 2)]
+    layout = DisaggregatedPlant(PoolSpec(plant, 2), PoolSpec(plant))
+    simulation = DisaggregatedSimulation(requests, layout, seed=1)
+    simulation.advance_to(0.05)
+    pooled = simulation.observe("prefill")
+    assert pooled.engines == 2
+    assert pooled.busiest_prefill_tokens is not None
+    assert 0 < pooled.busiest_prefill_tokens < pooled.prefill_remaining_tokens
+    assert pooled.busiest_prefill_tokens > pooled.prefill_remaining_tokens / 2
+    alone = simulation.pools["prefill"].engines[0].observe()
+    assert pooled.busiest_prefill_tokens == alone.prefill_remaining_tokens
 
 
 def test_bad_layouts_and_controllers_are_named(plant: ServingPlant) -> None:
