@@ -42,6 +42,10 @@ class EngineSample:
     engine: str
     running_requests: int
     waiting_requests: int
+    engines: int = 1
+    """Data-parallel engines the page shows (:func:`data_parallel_engines`): the sample's
+    counts and tokens are their sums. 1 for one engine, however many tensor- or
+    pipeline-parallel ranks it has, and where the page cannot tell."""
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
     finished_requests_total: float | None = None
@@ -503,6 +507,30 @@ def check_request_gauges(series: Series, names: Iterable[str], source: str) -> N
                 )
 
 
+def data_parallel_engines(series: Series, spec: EngineSpec) -> int:
+    """The data-parallel engines a page shows: the distinct label sets, rank labels
+    (:data:`~daemon.exposition.RANK_LABELS`) left out, of its running gauge and of its
+    waiting gauge (the first name of each the page has), the larger of the two, at
+    least 1. vLLM V1 labels each engine of a data-parallel deployment ``engine="0"``,
+    ``"1"``, ...; SGLang adds ``dp_rank`` to each data-parallel scheduler's labels; the
+    TP and PP ranks of one engine (SGLang's ``tp_rank``, ``pp_rank``) count once, as
+    :func:`~daemon.exposition.aggregate` counts them. A page without such labels (TGI,
+    an older SGLang) is one engine; one that serves several models counts each model's
+    engines (their series are summed too)."""
+    counts = [1]
+    for names in (spec.running, spec.waiting):
+        for name in names:
+            rows = series.get(name)
+            if rows:
+                keys = {
+                    tuple(sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS))
+                    for labels, _ in rows
+                }
+                counts.append(len(keys))
+                break
+    return max(counts)
+
+
 def model_name(series: Series, names: Iterable[str]) -> str | None:
     """The ``model_name`` label on the first of ``names`` present (sorted and joined
     with commas when the page serves several), or None."""
@@ -564,6 +592,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         engine=spec.kind,
         running_requests=round(running or 0.0),
         waiting_requests=round(waiting),
+        engines=data_parallel_engines(series, spec),
         prompt_tokens_total=_first(series, spec.prompt_tokens),
         generation_tokens_total=_first(series, spec.generation_tokens),
         finished_requests_total=_first(series, spec.finished),

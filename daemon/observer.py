@@ -38,6 +38,15 @@ Derivations from the engine's cumulative counters (documented in ``docs/daemon.m
   that stays at the level it jumped to goes on from where it was (the jump taken off).
 * GPU fields over the domain: power, energy and power limit summed; temperature the
   hottest GPU; realised clock the slowest; utilisation the mean.
+* ``engines``: the data-parallel engines the engine's page shows
+  (:func:`daemon.engines.data_parallel_engines`: the distinct label sets of its running
+  and waiting gauges, rank labels left out; vLLM's ``engine``, SGLang's ``dp_rank``):
+  every count and token above is their sum; 1 where the page shows one engine or none
+  has been scraped. ``busiest_prefill_tokens`` stays None on a node: a page gives
+  each engine's waiting and running gauges, but the requests still in their prefill,
+  and the length of their prompts, are derived from counters summed over the engines,
+  so which engine holds the prompts in prefill is not known (scaling the backlog by an
+  engine's share of the waiting requests alone would miss them).
 
 A simulated engine in its ``exact`` view fills the exact values itself and they are used as
 they are; in its ``vllm`` view it publishes only what a vLLM page has
@@ -741,4 +750,5 @@ class DomainObserver:
             tpot_count_total=engine.tpot_count_total if exact else counts.tpot_count,
             tpot_within_slo_total=engine.tpot_within_slo_total if exact else counts.tpot_within,
             role=self.role,
+            engines=max(1, engine.engines),
         )

@@ -1,0 +1,143 @@
+"""How many data-parallel engines an engine's page shows (``EngineSample.engines``), and
+the observation that pools them (``ServingObservation.engines``): distinct label sets of
+the running and waiting gauges, rank labels left out."""
+
+from __future__ import annotations
+
+import pytest
+from daemon_support import fixture_text
+from synthetic import make_plant
+
+from gpugov.daemon.backend import GpuSample
+from gpugov.daemon.engine_sources import ScrapedSource, SglangSource, TgiSource, VllmSource
+from gpugov.daemon.engines import EngineSample, EngineSource
+from gpugov.daemon.errors import EngineUnavailable
+from gpugov.daemon.observer import DomainObserver
+from gpugov.study.emulate.metrics import render_metrics
+from gpugov.study.emulate.node import EmulatedNode
+
+
+class _Gpu:
+    """A GpuBackend that reads the same sample every tick."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        return (900, 1980)
+
+    def sample(self) -> GpuSample:
+        return GpuSample(gpu=self.label, power_w=300.0, utilization=0.5)
+
+    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None: ...
+
+    def reset_clocks(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _page(page: str) -> ScrapedSource:
+    return ScrapedSource("file:page", fetch=lambda url, t: page)
+
+
+def _observed_engines(source: EngineSource, gpus: int = 1) -> int:
+    observer = DomainObserver([_Gpu(str(k)) for k in range(gpus)], source, stale_after_s=3.0)
+    observation = observer.observe(0.0, 0, None).observation
+    assert observation.busiest_prefill_tokens is None  # not derived on a node
+    return observation.engines
+
+
+def vllm_dp2_from_the_real_page() -> str:
+    """The real vLLM V1 page (``vllm_v1_real.txt``, one engine, ``engine="0"``) made a
+    data-parallel page of two engines: every sample line labelled ``engine="0"`` is
+    repeated labelled ``engine="1"``, as vLLM labels the second engine of a
+    data-parallel deployment. No real data-parallel page has been found, so this one is
+    built; the values of the copy are the first engine's."""
+    lines: list[str] = []
+    for line in fixture_text("vllm_v1_real.txt").splitlines():
+        lines.append(line)
+        if not line.startswith("#") and 'engine="0"' in line:
+            lines.append(line.replace('engine="0"', 'engine="1"'))
+    return "\n".join(lines) + "\n"
+
+
+def test_a_vllm_data_parallel_page_of_two_engines_is_observed_as_two() -> None:
+    page = vllm_dp2_from_the_real_page()
+    sample = VllmSource("x", fetch=lambda url, t: page).scrape()
+    assert sample.engines == 2
+    one = VllmSource("x", fetch=lambda url, t: fixture_text("vllm_v1_real.txt")).scrape()
+    assert sample.finished_requests_total == 2 * (one.finished_requests_total or 0.0)
+    assert _observed_engines(VllmSource("x", fetch=lambda url, t: page), gpus=2) == 2
+
+
+def test_the_synthetic_vllm_data_parallel_page_shows_two_engines() -> None:
+    page = fixture_text("vllm_dp2_synthetic.txt")
+    assert _observed_engines(VllmSource("x", fetch=lambda url, t: page), gpus=2) == 2
+
+
+def test_a_single_engine_page_is_one_engine() -> None:
+    page = fixture_text("vllm_v1_real.txt")
+    assert VllmSource("x", fetch=lambda url, t: page).scrape().engines == 1
+    assert _observed_engines(VllmSource("x", fetch=lambda url, t: page)) == 1
+    # Pages without an engine label: older SGLang (model_name only), TGI (none).
+    sglang = SglangSource("x", fetch=lambda url, t: fixture_text("sglang_real.txt")).scrape()
+    assert sglang.engines == 1
+    tgi = TgiSource("x", fetch=lambda url, t: fixture_text("tgi_synthetic.txt")).scrape()
+    assert tgi.engines == 1
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["sglang_ranks_synthetic.txt", "sglang_pd_prefill_synthetic.txt", "sglang_v05_synthetic.txt"],
+)
+def test_the_tensor_parallel_ranks_of_one_engine_are_one_engine(name: str) -> None:
+    page = fixture_text(name)
+    assert SglangSource("x", fetch=lambda url, t: page).scrape().engines == 1
+    assert _observed_engines(SglangSource("x", fetch=lambda url, t: page), gpus=2) == 1
+
+
+def test_sglang_data_parallel_ranks_are_engines_their_tensor_parallel_ranks_not() -> None:
+    """SGLang labels each data-parallel scheduler ``dp_rank``; built from the TP=2 page
+    (no real data-parallel SGLang page found): two DP ranks of two TP ranks each."""
+    lines: list[str] = []
+    for line in fixture_text("sglang_ranks_synthetic.txt").splitlines():
+        if line.startswith("#") or "{" not in line:
+            lines.append(line)
+            continue
+        for dp in ("0", "1"):
+            lines.append(line.replace("{", f'{{dp_rank="{dp}",', 1))
+    page = "\n".join(lines) + "\n"
+    sample = SglangSource("x", fetch=lambda url, t: page).scrape()
+    assert sample.engines == 2
+    assert (sample.running_requests, sample.waiting_requests) == (20, 10)
+
+
+def test_the_larger_count_of_the_two_gauges_counts() -> None:
+    """An engine whose waiting gauge the page lacks is still counted by its running one."""
+    page = (
+        'vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
+        'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n'
+        'vllm:num_requests_running{engine="2",model_name="m"} 0.0\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 4.0\n'
+    )
+    assert _page(page).scrape().engines == 3
+
+
+def test_the_emulators_pages_show_their_replicas() -> None:
+    """The emulated node labels its replicas ``engine="0"``, ``"1"``: its whole page is a
+    data-parallel page of them, one replica's page one engine."""
+    node = EmulatedNode(make_plant(), gpus=2, seed=1, clock=lambda: 0.0)
+    whole = render_metrics(node, "m")
+    assert VllmSource("x", fetch=lambda url, t: whole).scrape().engines == 2
+    own = render_metrics(node, "m", replicas=[1])
+    assert VllmSource("x", fetch=lambda url, t: own).scrape().engines == 1
+
+
+def test_no_scrape_yet_and_a_bare_sample_are_one_engine() -> None:
+    assert EngineSample("vllm", 0, 0).engines == 1
+
+    class Down:
+        def scrape(self, timeout_s: float | None = None) -> EngineSample:
+            raise EngineUnavailable("down")
+
+    assert _observed_engines(Down()) == 1
