@@ -219,16 +219,38 @@ def connect_any(
     _address: tuple[str, int],
     timeout: Any = None,
     source_address: Any = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
 ) -> socket.socket:
     """``socket.create_connection`` to addresses already looked up, each in turn (an
     ``HTTPConnection``'s ``_create_connection``: its Host header and TLS name stay the
-    host's)."""
+    host's).
+
+    A numeric ``timeout`` bounds all the tries together, not each: an address that does
+    not answer (a blackholed IPv6 route before a working IPv4 one) leaves the next what is
+    left of it, so a name with N unreachable addresses costs the scrape ``timeout``, never
+    N times it (the exchange's timer cannot cut a connect: the socket is not yet the
+    connection's). Once it is spent the addresses left are not tried.
+
+    Raises:
+        OSError: the last try's error (``TimeoutError`` once the time is spent).
+    """
     error: OSError | None = None
+    end = clock() + timeout if isinstance(timeout, int | float) else None
     for family, kind, protocol, _name, address in addresses:
+        left: float | None = None
+        if end is not None:
+            left = end - clock()
+            if left <= 0:
+                error = TimeoutError(
+                    f"timed out: no address answered within {timeout:.3g} s"
+                    + ("" if error is None else f" (last: {error})")
+                )
+                break
         sock = socket.socket(family, kind, protocol)
         try:
-            if isinstance(timeout, int | float):
-                sock.settimeout(timeout)
+            if left is not None:
+                sock.settimeout(left)
             if source_address:
                 sock.bind(source_address)
             sock.connect(address)
