@@ -497,6 +497,8 @@ class LatestReader(_LateAnswer, Generic[T]):
     ) -> None:
         super().__init__(self._run, deadline_s, name=name, clock=clock, idle_s=idle_s)
         self._read = read
+        self._started = False
+        """A read :meth:`start` began whose answer the next :meth:`read` takes."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LatestReader[T]:
         """An idle reader with the same read and deadline: a thread and its locks cannot
@@ -512,9 +514,21 @@ class LatestReader(_LateAnswer, Generic[T]):
     def _run(self, _payload: Any) -> T:
         return self._read()
 
-    def read(self) -> T:
-        """The file's contents as ``read`` gives them: read now on the worker thread,
-        waiting at most ``deadline_s``; or, once a read that ran past its deadline has
+    def start(self) -> None:
+        """Start a read now, without waiting for it, unless one is running or an answer
+        waits to be taken: the next :meth:`read` takes its answer. Several readers'
+        reads so run at once, and their callers wait for them under one deadline
+        (:class:`daemon.gpu_sampling.DomainGpus`: a tick's GPU samples)."""
+        with self._changed:
+            if self._finished < self._posted or self._late:
+                return
+            self._started = True
+            self._post_locked(None)
+
+    def read(self, wait_s: float | None = None) -> T:
+        """The file's contents as ``read`` gives them: read now on the worker thread (or
+        the read :meth:`start` began), waiting at most ``wait_s`` (default
+        ``deadline_s``; 0: not at all); or, once a read that ran past its deadline has
         ended, that read's answer at once.
 
         Raises:
@@ -524,15 +538,17 @@ class LatestReader(_LateAnswer, Generic[T]):
         """
         with self._changed:
             idle = self._finished >= self._posted
+            started, self._started = self._started, False
             if self._late and idle:
                 self._late = False  # the late read's answer, taken once
                 if self._error is not None:
                     raise self._error
                 return cast(T, self._result)
-            if idle:
+            if idle and not started:
                 self._post_locked(None)
+            wait = self.deadline_s if wait_s is None else max(0.0, wait_s)
             try:
-                return cast(T, self._wait_locked(self.deadline_s))
+                return cast(T, self._wait_locked(wait))
             except ReadTimeout:
                 self._late = True
                 raise

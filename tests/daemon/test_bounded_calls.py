@@ -11,8 +11,14 @@ import socket
 from typing import Any
 
 import pytest
+from daemon_support import JOIN_S
+from fake_pynvml import FakeNvml
+from hung_support import HungCall
 
 import gpugov.daemon.scrape as scrape
+from gpugov.daemon.deadline import LatestReader, ReadTimeout
+from gpugov.daemon.gpu_sampling import DomainGpus
+from gpugov.daemon.nvml import NvmlBackend
 
 
 class _Clock:
@@ -107,3 +113,87 @@ def test_connect_any_without_a_timeout_tries_every_address(
     with pytest.raises(ConnectionRefusedError):
         scrape.connect_any(addresses, ("engine", 1), None)
     assert len(Refused.made) == 3
+
+
+# ------------------------------------------------------------- a tick's GPU reads
+def _gpus(fake: FakeNvml, deadline_s: float, clock: Any = None) -> DomainGpus:
+    backends = [NvmlBackend(i, nvml=fake) for i in range(len(fake.gpus))]
+    if clock is None:
+        return DomainGpus(backends, read_deadline_s=deadline_s)
+    return DomainGpus(backends, read_deadline_s=deadline_s, clock=clock)
+
+
+def test_a_ticks_gpu_reads_run_at_once(safety: list[Any]) -> None:
+    """Each GPU's read started once the one before it had returned or timed out, so N
+    GPUs hung together held the tick for N deadlines. Now they all start first: GPU 0's
+    read returns only once GPU 1's read is under way, which read one after another
+    happened only after GPU 0's deadline had passed (GPU 0 then failed)."""
+    fake = FakeNvml(2)
+    hung = HungCall(fake, "nvmlDeviceGetUtilizationRates", index=1)
+    safety.append(hung)
+    first = fake.nvmlDeviceGetUtilizationRates
+
+    def gpu0_waits_for_gpu1(handle: Any) -> Any:
+        if handle.index == 0:
+            hung.blocked.wait(JOIN_S)
+        return first(handle)
+
+    fake.nvmlDeviceGetUtilizationRates = gpu0_waits_for_gpu1  # type: ignore[method-assign]
+    gpus = _gpus(fake, 1.0)
+    samples = gpus.sample(0.0)
+    assert samples[0].read_errors == () and samples[0].utilization is not None
+    assert samples[1].read_errors == ("sample",)
+    assert gpus.hanging_reads == ("1",)
+
+
+def test_a_ticks_gpu_reads_share_one_deadline(
+    safety: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two hung GPUs: the second is waited for only what is left of the tick's one
+    deadline (nothing, once the first took it all), not a deadline of its own."""
+    fake = FakeNvml(3)
+    for index in (0, 1):
+        safety.append(HungCall(fake, "nvmlDeviceGetUtilizationRates", index=index))
+    clock = _Clock()
+    waits: list[float | None] = []
+    real_read = LatestReader.read
+
+    def read(self: LatestReader[Any], wait_s: float | None = None) -> Any:
+        waits.append(wait_s)
+        hanging = self.hanging  # a read still hanging is not waited for at all
+        try:
+            return real_read(self, wait_s)
+        except ReadTimeout:
+            if not hanging and wait_s is not None:
+                clock.now += max(0.0, wait_s)  # the time it waited
+            raise
+
+    monkeypatch.setattr(LatestReader, "read", read)
+    gpus = _gpus(fake, 1.0, clock)
+    samples = gpus.sample(0.0)
+    assert [s.read_errors for s in samples] == [("sample",), ("sample",), ()]
+    assert waits[:3] == pytest.approx([1.0, 0.0, 0.0])  # then GPU 2's power limits
+    assert gpus.hanging_reads == ("0", "1")
+    # While they hang, a tick waits for neither (no second read is started).
+    waits.clear()
+    samples = gpus.sample(1.0)
+    assert [s.read_errors for s in samples] == [("sample",), ("sample",), ()]
+    assert [call.calls for call in safety] == [1, 1]
+
+
+def test_a_started_read_is_the_next_reads_answer() -> None:
+    """:meth:`LatestReader.start` begins a read the next :meth:`LatestReader.read` takes,
+    without starting another."""
+    calls: list[int] = []
+
+    def read() -> int:
+        calls.append(len(calls))
+        return len(calls)
+
+    reader: LatestReader[int] = LatestReader(read, 1.0, name="test", idle_s=0.0)
+    reader.start()
+    assert reader.read() == 1
+    assert reader.read() == 2  # a read of its own
+    reader.start()
+    assert reader.read() == 3
+    assert calls == [0, 1, 2]
