@@ -51,6 +51,7 @@ from gpugov.controllers.mpc.controller import (
 from gpugov.controllers.mpc.fast import DiscreteSearchSolver
 from gpugov.controllers.mpc.search_kernel import compile_kernels
 from gpugov.controllers.online.efficiency import WorkMix, domain_floor
+from gpugov.controllers.online.engines import engine_view
 from gpugov.controllers.online.exploration import (
     REFERENCE_BATCH,
     ArrivalClumping,
@@ -246,6 +247,9 @@ class OnlineMPCController(MeasuredLatencyRules):
         """Whether the MPC decided at the last call (its need is the current load's)."""
         self._profile_template: PerformanceProfile | None = None
         """The first learned profile; later ones are copies of it with new values."""
+        self.engines = 1
+        """Data-parallel engines the last observation pooled: the controller learns and
+        plans one of them (:func:`controllers.online.engines.engine_view`)."""
         self.last_temperature_c: float | None = None
         """The last finite temperature observed (the MPC plans from it while a reading
         is NaN, as before the GPU's first temperature read)."""
@@ -287,15 +291,17 @@ class OnlineMPCController(MeasuredLatencyRules):
         return self.prior if self.prior is not None else self.auto_prior
 
     def power_cap_w(self, observation: ServingObservation) -> float | None:
-        """The domain's power cap: the observation's (NVML, every tick), else the last one
+        """The domain's power cap (one engine's share where it pools several): the
+        observation's (NVML, every tick), else the last one
         an observation carried, else the enforced limit known at start, else the hinted
         board power (TDP x GPUs); None when nothing is known (no cap is assumed)."""
         prior = self.active_prior
         board = None if prior is None else prior.board_power_w
+        start = None if self.power_limit_w is None else self.power_limit_w / self.engines
         for value in (
             observation.power_limit_w,
             self.last_power_limit_w,
-            self.power_limit_w,
+            start,
             board,
         ):
             if value is not None and math.isfinite(value) and value > 0.0:
@@ -511,6 +517,22 @@ class OnlineMPCController(MeasuredLatencyRules):
     # ---------------------------------------------------------------- control
     def observe(self, observation: ServingObservation) -> None:
         """Fold ``observation`` into the model (resets on a model-name change)."""
+        self._observe_engine(self._one_engine(observation))
+
+    def _one_engine(self, observation: ServingObservation) -> ServingObservation:
+        """``observation`` as one of the engines it pools sees it. Where the engine count
+        changed, the counters changed scale: the next window is not learned from, and the
+        MPC counts arrivals afresh."""
+        engines = observation.engines
+        if engines != self.engines:
+            self.engines = engines
+            self.previous = None
+            self.mpc = None
+            self.arrivals_baseline = None
+        return engine_view(observation)
+
+    def _observe_engine(self, observation: ServingObservation) -> None:
+        """:meth:`observe` of one engine's view."""
         if self.arrivals_baseline is None:
             self.arrivals_baseline = arrival_baseline(observation)
         if math.isfinite(observation.temperature_c):
@@ -567,7 +589,8 @@ class OnlineMPCController(MeasuredLatencyRules):
             self.last_reason = "one clock"
             self.current_clock = float(clocks[0])
             return self.current_clock
-        self.observe(observation)
+        observation = self._one_engine(observation)
+        self._observe_engine(observation)
         self.backlog_age.update(observation)
         self.work_mix.update(observation)
         observation = self.latency_window.view(observation)
@@ -694,7 +717,8 @@ class OnlineMPCController(MeasuredLatencyRules):
         on a copy before its loop starts (:func:`daemon.decide.warm_up`), so the kernels
         are compiled or loaded from numba's cache there, not at the first busy window or
         the first decision after the warm-up, seconds into a run."""
-        self.observe(observation)
+        observation = self._one_engine(observation)
+        self._observe_engine(observation)
         model = self.model
         assert model is not None
         model.time.update(np.zeros_like(model.time.mean), 0.0)
@@ -740,7 +764,18 @@ class OnlineMPCController(MeasuredLatencyRules):
             return None
         realized = model.realized_mhz(need.clock_mhz)
         deviation = max(model.phase_power_w(realized, phase)[1] for phase in ("prefill", "decode"))
-        return replace(need, uncertainty_w=float(deviation))
+        need = replace(need, uncertainty_w=float(deviation))
+        if self.engines == 1:
+            return need
+        # One engine's need, planned on its view: the domain's is the engines' sum.
+        engines = float(self.engines)
+        return replace(
+            need,
+            watts=need.watts * engines,
+            uncertainty_w=need.uncertainty_w * engines,
+            curve_w=tuple(w * engines for w in need.curve_w),
+            peak_w=None if need.peak_w is None else need.peak_w * engines,
+        )
 
     def diagnostics(self) -> MPCDiagnostics:
         """The inner MPC's solve statistics (empty before the MPC first ran)."""
