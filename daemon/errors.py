@@ -215,6 +215,12 @@ class GpuUnavailable(GpuError):
     """NVML cannot be used at all: no library, no driver, no such GPU."""
 
 
+class GpuCallHung(GpuUnavailable):
+    """A GPU call a command cannot go on without (opening a GPU at the start, a reset of
+    ``gpugov reset-clocks``) has not returned within its deadline: a driver in trouble.
+    The call goes on on its worker thread; NVML is not shut down under it."""
+
+
 class DriverGone(GpuUnavailable):
     """A read or write of a running loop got an NVML code of :data:`DRIVER_GONE_CODES`:
     the driver was unloaded or replaced under the daemon (not "no driver on this machine")."""

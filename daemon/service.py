@@ -38,6 +38,7 @@ from gpugov.daemon.engine_sources import ScrapedSource
 from gpugov.daemon.errors import (
     ConfigError,
     ControllerError,
+    GpuCallHung,
     GpugovError,
     GpuUnavailable,
     NotSupported,
@@ -115,17 +116,41 @@ def open_backend(
     emulator: str | None = None,
     daemon: DaemonSection | None = None,
     stop: threading.Event | None = None,
+    deadline_s: float | None = None,
 ) -> GpuBackend:
     """One GPU's backend (``nvml``, ``nvidia-smi`` or ``emulated`` at ``emulator``),
     wrapped for a dry run if asked.
 
     Transient NVML errors while opening the GPU and listing its clocks are retried
-    (:func:`retry_transient`; ``stop`` set ends the retries).
+    (:func:`retry_transient`; ``stop`` set ends the retries). With ``deadline_s`` (a
+    node's start) each try runs on a worker thread and is waited for at most that long,
+    as the loop's GPU calls are: a call that hangs in the driver (nvmlInit, the handle,
+    the clocks' list) is :class:`~daemon.errors.GpuCallHung`, not a start that never
+    ends; it is not retried (a retry would queue behind it).
 
     Raises:
-        GpuUnavailable: no driver, library or GPU (or no emulator answering).
+        GpuUnavailable: no driver, library or GPU (or no emulator answering);
+            GpuCallHung: a call past ``deadline_s`` (the backend, if it opened, is left
+            open: NVML is not shut down under a hung call).
         TransientGpuError: still failing after the retries.
     """
+    calls = (
+        None
+        if deadline_s is None
+        else SerialCalls(deadline_s, name=f"open-{gpu}", cause="a hung GPU call", idle_s=0.0)
+    )
+
+    def bounded(target: Callable[[], Any], what: str) -> Any:
+        if calls is None:
+            return target()
+        try:
+            return calls.call(target)
+        except CallTimeout:
+            raise GpuCallHung(
+                f"GPU {gpu}: {what}: no answer within {deadline_s:g} s (a hung GPU call: "
+                "a driver in trouble)",
+                gpu=str(gpu),
+            ) from None
 
     def open_one() -> GpuBackend:
         if kind in ("actuator", "zeusd"):
@@ -141,7 +166,9 @@ def open_backend(
         return NvmlBackend(gpu, nvml=nvml)
 
     try:
-        backend: GpuBackend = retry_transient(open_one, f"GPU {gpu}: open", sleep=sleep, stop=stop)
+        backend: GpuBackend = retry_transient(
+            lambda: bounded(open_one, "open"), f"GPU {gpu}: open", sleep=sleep, stop=stop
+        )
     except TransientGpuError as error:
         if kind != "emulated" or (stop is not None and stop.is_set()):
             raise
@@ -150,11 +177,13 @@ def open_backend(
         raise GpuUnavailable(f"{error} (tried {START_ATTEMPTS} times)", gpu=str(gpu)) from error
     try:
         retry_transient(
-            backend.supported_clocks_mhz,
+            lambda: bounded(backend.supported_clocks_mhz, "list supported clocks"),
             f"GPU {gpu}: list supported clocks",
             sleep=sleep,
             stop=stop,
         )
+    except GpuCallHung:
+        raise  # left open: closing it would shut NVML down under the hung call
     except GpugovError:  # transient after the retries, or no clocks at all
         backend.close()
         raise
@@ -196,6 +225,8 @@ class Assembled:
     header: dict[str, Any] = field(default_factory=dict)
     state: LockState | None = None
     """The lock record, holding the state directory for this run."""
+    hung_opens: list[str] = field(default_factory=list)
+    """GPUs whose opening at the start hung past its deadline (no backend is closed)."""
 
     def close(self) -> None:
         """Close every backend (NVML references) and engine connection, then let the
@@ -213,6 +244,7 @@ class Assembled:
                     *(() if domain.power_limits is None else domain.power_limits.hanging_writes),
                 )
             }
+            | set(self.hung_opens)
         )
         if hanging:
             log.info(
@@ -578,6 +610,8 @@ def domains_from_config(
                     emulator=config.daemon.emulator,
                     daemon=config.daemon,
                     stop=stop,
+                    # A hung NVML call never holds the start: the loop's read deadline.
+                    deadline_s=GPU_READ_DEADLINE_S,
                 )
                 backends.append(backend)
                 assembled.backends.append(backend)  # closed with the rest if a later one fails
@@ -591,7 +625,9 @@ def domains_from_config(
             assembled.sources.append(source)
             domain = _build_configured(config, spec, backends, source, state)
             assembled.domains.append(domain)
-    except BaseException:
+    except BaseException as error:
+        if isinstance(error, GpuCallHung) and error.gpu is not None:
+            assembled.hung_opens.append(error.gpu)
         assembled.close()
         raise
     assembled.header = {

@@ -11,12 +11,16 @@ import socket
 from typing import Any
 
 import pytest
-from daemon_support import JOIN_S
+from daemon_support import JOIN_S, MetricsServer
 from fake_pynvml import FakeNvml
-from hung_support import HungCall
+from hung_support import DEADLINE_S, HungCall
 
+import gpugov.daemon.node_support as node_support
 import gpugov.daemon.scrape as scrape
+import gpugov.daemon.service as service
+from gpugov.daemon.config import parse_config
 from gpugov.daemon.deadline import LatestReader, ReadTimeout
+from gpugov.daemon.errors import GpuCallHung
 from gpugov.daemon.gpu_sampling import DomainGpus
 from gpugov.daemon.nvml import NvmlBackend
 
@@ -197,3 +201,42 @@ def test_a_started_read_is_the_next_reads_answer() -> None:
     reader.start()
     assert reader.read() == 3
     assert calls == [0, 1, 2]
+
+
+# ------------------------------------------------------- the start's opening of the GPUs
+@pytest.mark.parametrize("hung", ["nvmlDeviceGetUUID", "nvmlDeviceGetSupportedMemoryClocks"])
+def test_a_gpu_whose_opening_hangs_ends_the_start(
+    safety: list[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    metrics_server: MetricsServer,
+    hung: str,
+) -> None:
+    """Opening the configured GPUs (the handle, the UUID, the clocks' list) ran on the
+    start's thread with no deadline: one NVML call hung in the driver held the start, so
+    the loop never began and no watchdog ping was sent, for as long as it hung. Now each
+    call is waited for at most the loop's read deadline and the start ends, no usable
+    GPU (exit 4), naming the GPU; the GPU opened before it is left open, NVML not shut
+    down under the hung call."""
+    fake = FakeNvml(2)
+    call = HungCall(fake, hung, index=1)
+    safety.append(call)
+    monkeypatch.setattr(service, "GPU_READ_DEADLINE_S", DEADLINE_S)
+    config = parse_config(
+        {
+            "daemon": {"metrics_address": ""},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0, 1],
+                    "engine": {"kind": "vllm", "url": metrics_server.url},
+                }
+            ],
+        }
+    )
+    with pytest.raises(GpuCallHung) as raised:
+        service.domains_from_config(config, nvml=fake)
+    assert call.blocked.is_set() and call.hung  # it gave up while the call still hung
+    assert str(raised.value).startswith("GPU 1: ")
+    assert f"no answer within {DEADLINE_S:g} s (a hung GPU call" in str(raised.value)
+    assert node_support.exit_code(raised.value) == 4
+    assert "nvmlShutdown" not in fake.calls  # nothing shut down under the hung call
