@@ -48,10 +48,13 @@ from gpugov.daemon.cli_support import (
 from gpugov.daemon.config import GpugovConfig, load_config
 from gpugov.daemon.controller_config import ControllerConfig, PowerProfileControllerConfig
 from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller_spec, shown_spec
+from gpugov.daemon.deadline import CallTimeout, SerialCalls
 from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,
+    ClocksNotReset,
     ConfigError,
     ExitCode,
+    GpuCallHung,
     GpuError,
     GpugovError,
     GpuUnavailable,
@@ -356,6 +359,42 @@ def describe_config(config: GpugovConfig) -> str:
 # ------------------------------------------------------------------ reset-clocks
 RESET_ATTEMPTS = 4
 RESET_BACKOFF_S = 0.25
+RESET_CALL_DEADLINE_S = 2.0
+"""How long ``gpugov reset-clocks`` waits for one GPU call (listing the GPUs, opening
+one, its reset): the loop's GPU deadline (``CLOCK_WRITE_DEADLINE_S``). A call past it
+hangs in a driver in trouble; it is not retried (a retry would queue behind it)."""
+RESET_BUDGET_S = 10.0
+"""The longest ``gpugov reset-clocks`` spends on GPU calls, every GPU's together: a
+preStop hook's time comes out of the pod's ``terminationGracePeriodSeconds`` (30 s),
+and the daemon's own reset at SIGTERM needs the rest (its exit budget, 20 s); once it is
+spent, the GPUs left are named as not reset, not tried."""
+
+
+class _ResetBudget:
+    """The time left to a ``reset-clocks`` command's GPU calls, from when it was made."""
+
+    def __init__(
+        self, budget_s: float | None = None, clock: Callable[[], float] | None = None
+    ) -> None:
+        import time
+
+        self.budget_s = RESET_BUDGET_S if budget_s is None else budget_s
+        self._clock = clock or time.monotonic
+        self._ends_s = self._clock() + self.budget_s
+
+    def wait_s(self) -> float:
+        """How long the next GPU call may be waited for (0: the budget is spent)."""
+        return max(0.0, min(RESET_CALL_DEADLINE_S, self._ends_s - self._clock()))
+
+    def spent_line(self) -> str:
+        return f"not tried: reset-clocks' {self.budget_s:g} s for its GPU calls is spent"
+
+
+def _hung(gpu: int | str, what: str, wait_s: float) -> GpuCallHung:
+    return GpuCallHung(
+        f"{what}: no answer within {wait_s:g} s (a hung GPU call: a driver in trouble)",
+        gpu=str(gpu),
+    )
 
 
 def _reset_one(
@@ -364,43 +403,107 @@ def _reset_one(
     sleep: Callable[[float], Any],
     emulator: str | None = None,
     daemon: Any = None,
+    budget: _ResetBudget | None = None,
 ) -> str | None:
     """Reset one GPU's SM clock lock, retrying transient errors; None or the error text.
     ``daemon`` is the config's ``[daemon]`` (the actuator's socket, zeusd's address, the
-    state directory whose lock record is cleared)."""
+    state directory whose lock record is cleared).
+
+    Each GPU call (the open, the reset, the power limit restore's) runs on a worker thread
+    and is waited for at most :data:`RESET_CALL_DEADLINE_S`, or what is left of
+    ``budget``: a hung driver costs the command that, never a preStop hook that does not
+    end. A GPU whose call hangs is not retried, nor closed (NVML is not shut down under
+    the hung call)."""
+    budget = budget or _ResetBudget()
+    calls = SerialCalls(
+        RESET_CALL_DEADLINE_S, name=f"reset-{gpu}", cause="a hung GPU call", idle_s=0.0
+    )
     error: Exception | None = None
     for attempt in range(RESET_ATTEMPTS):
+        wait_s = budget.wait_s()
+        if wait_s <= 0.0:
+            return str(error) if error is not None else budget.spent_line()
         try:
-            backend = open_backend(gpu, backend_kind, sleep=sleep, emulator=emulator, daemon=daemon)
+            backend = open_backend(
+                gpu, backend_kind, sleep=sleep, emulator=emulator, daemon=daemon, deadline_s=wait_s
+            )
         except (GpuError, UsageError) as failure:
             error = failure
         else:
+            hung = False
             try:
                 try:
-                    backend.reset_clocks()
+                    wait_s = budget.wait_s()
+                    if wait_s <= 0.0:
+                        return budget.spent_line()
+                    calls.call(backend.reset_clocks, wait_s)
                     _forget_lock(backend, getattr(daemon, "state_dir", None))
                     error = None
+                except CallTimeout:
+                    hung = True
+                    return str(_hung(gpu, f"GPU {gpu}: reset clocks", wait_s))
                 except GpuError as failure:
                     error = failure
                 # A power limit a run recorded is restored whether or not the clock reset
                 # went through (a restore done once leaves no record to redo).
-                left = _restore_left_power_limit(backend, getattr(daemon, "state_dir", None))
+                left, hung = _restore_left_power_limit(
+                    backend, getattr(daemon, "state_dir", None), budget
+                )
                 if error is None:
                     return left
             finally:
-                backend.close()
+                if not hung:
+                    _close_reset(backend, calls, budget)
         if not isinstance(error, TransientGpuError) or attempt + 1 == RESET_ATTEMPTS:
             break
         sleep(RESET_BACKOFF_S * 2**attempt)
     return str(error)
 
 
-def _require_present(chosen: list[int | str], kind: str, emulator: str | None) -> None:
+def _close_reset(backend: Any, calls: SerialCalls, budget: _ResetBudget) -> None:
+    """Close a GPU :func:`_reset_one` opened, on its worker, waited for at most what the
+    budget allows; one that does not answer stays open (the process's exit releases it)."""
+    try:
+        calls.call(backend.close, max(budget.wait_s(), 0.1))
+    except CallTimeout as error:
+        log.debug("GPU %s: not closed after its reset: %s", backend.label, error)
+
+
+def _listed(kind: str, emulator: str | None, budget: _ResetBudget) -> list[int]:
+    """:func:`gpu_indices` on a worker thread, waited for at most what ``budget`` allows.
+
+    Raises:
+        ClocksNotReset: the listing hangs (exit 6: the GPUs may still be locked).
+        GpuUnavailable: as :func:`gpu_indices`.
+    """
+    wait_s = budget.wait_s()
+    calls = SerialCalls(max(wait_s, 0.1), name="reset-list", cause="a hung GPU call", idle_s=0.0)
+    try:
+        return calls.call(lambda: gpu_indices(kind, emulator))
+    except CallTimeout:
+        raise ClocksNotReset(
+            f"{_hung('all', 'list the GPUs', wait_s)}; no GPU was reset and they may still "
+            "be locked: run `gpugov reset-clocks` (or `nvidia-smi -rgc`) again once the "
+            "driver answers"
+        ) from None
+
+
+def _require_present(
+    chosen: list[int | str], kind: str, emulator: str | None, budget: _ResetBudget | None = None
+) -> None:
     """Refuse GPU indices the node does not have (exit 4, as for no GPU at all), where
     they read as GPUs that 'may still be locked' (exit 6). A node whose GPUs cannot be
-    listed is left to the resets to report."""
+    listed is left to the resets to report; one whose listing hangs ends the command
+    (exit 6).
+
+    Raises:
+        GpuUnavailable: such an index.
+        ClocksNotReset: the listing hangs.
+    """
     try:
-        present = gpu_indices(kind, emulator)
+        present = _listed(kind, emulator, budget or _ResetBudget())
+    except ClocksNotReset:
+        raise
     except GpugovError:
         return
     missing = [str(gpu) for gpu in chosen if isinstance(gpu, int) and gpu not in present]
@@ -423,11 +526,15 @@ def _forget_lock(backend: Any, configured: Any = None) -> None:
         LockState(directory, write_deadline_s=EXIT_WRITE_WAIT_S).clear(gpu_key(backend))
 
 
-def _restore_left_power_limit(backend: Any, configured: Any = None) -> str | None:
+def _restore_left_power_limit(
+    backend: Any, configured: Any = None, budget: _ResetBudget | None = None
+) -> tuple[str | None, bool]:
     """Restore the power limit a gpugov run set on the GPU and recorded in the lock state
     file (``configured``'s, else ``$STATE_DIRECTORY``), as a start's reconcile does; one
-    line on stdout when one was found. None, or the error text when the restore failed.
-    A run still holding it is left to restore it on its own way out."""
+    line on stdout when one was found. ``(None, hung)``, or the error text when the
+    restore failed; ``hung``: a power limit call has not returned (the GPU is not to be
+    closed). Each call is waited for at most :data:`RESET_CALL_DEADLINE_S` or what is left
+    of ``budget``. A run still holding it is left to restore it on its own way out."""
     from gpugov.daemon.deadline import EXIT_WRITE_WAIT_S
     from gpugov.daemon.files import resolve_state_dir
     from gpugov.daemon.lockstate import STATE_FILE, LockState
@@ -435,21 +542,28 @@ def _restore_left_power_limit(backend: Any, configured: Any = None) -> str | Non
 
     directory = resolve_state_dir(configured)
     if directory is None or not (directory / STATE_FILE).exists():
-        return None
+        return None, False
     if power_limit_backend(backend) is None:
-        return None
+        return None, False
+    budget = budget or _ResetBudget()
+    wait_s = budget.wait_s()
+    if wait_s <= 0.0:
+        return f"its power limit {budget.spent_line()}", False
     state = LockState(directory, write_deadline_s=EXIT_WRITE_WAIT_S)
-    actuator = PowerLimitActuator([backend], domain="reset-clocks", state=state)
+    actuator = PowerLimitActuator(
+        [backend], domain="reset-clocks", state=state, write_deadline_s=wait_s
+    )
     try:
         lines = actuator.reconcile()
     except ConfigError as running:
         print(f"{running}; it restores the power limit on its own way out")
-        return None
+        return None, False
+    hung = bool(actuator.hanging_writes)
     for line in lines:
         print(line.replace("a previous gpugov run", "a gpugov run", 1))
         if "restore FAILED" in line:
-            return line.split("restore FAILED: ", 1)[1]
-    return None
+            return line.split("restore FAILED: ", 1)[1], hung
+    return None, hung
 
 
 @guarded
@@ -477,13 +591,14 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--gpus {', '.join(named)}: an emulated GPU is named by its index (0, 1, ...)"
         )
-    gpus: list[int | str] = list(gpu_indices(kind, emulator)) if chosen is None else chosen
+    budget = _ResetBudget()  # every GPU call of the command: a preStop hook always ends
+    gpus: list[int | str] = list(_listed(kind, emulator, budget)) if chosen is None else chosen
     if chosen is not None and kind in ("nvml", "emulated"):
-        _require_present(chosen, kind, emulator)
+        _require_present(chosen, kind, emulator, budget)
     failed: dict[str, str] = {}
     for gpu in gpus:
         error = _reset_one(
-            gpu, kind, time.sleep, emulator, config.daemon if config is not None else None
+            gpu, kind, time.sleep, emulator, config.daemon if config is not None else None, budget
         )
         if error is None:
             print(f"GPU {gpu}: SM clock lock reset")

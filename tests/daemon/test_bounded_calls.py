@@ -8,13 +8,15 @@ what happened, not how long it took."""
 from __future__ import annotations
 
 import socket
+import threading
 from typing import Any
 
 import pytest
-from daemon_support import JOIN_S, MetricsServer
+from daemon_support import JOIN_S, MetricsServer, node_commands_on
 from fake_pynvml import FakeNvml
 from hung_support import DEADLINE_S, HungCall
 
+import gpugov.daemon.node_cli as node_cli
 import gpugov.daemon.node_support as node_support
 import gpugov.daemon.scrape as scrape
 import gpugov.daemon.service as service
@@ -240,3 +242,81 @@ def test_a_gpu_whose_opening_hangs_ends_the_start(
     assert f"no answer within {DEADLINE_S:g} s (a hung GPU call" in str(raised.value)
     assert node_support.exit_code(raised.value) == 4
     assert "nvmlShutdown" not in fake.calls  # nothing shut down under the hung call
+
+
+# ------------------------------------------------- gpugov reset-clocks (a preStop hook)
+class _HungCount:
+    """``nvmlDeviceGetCount`` hung in the driver until :attr:`release` is set."""
+
+    def __init__(self, fake: FakeNvml) -> None:
+        self.real = fake.nvmlDeviceGetCount
+        self.release = threading.Event()
+        self.blocked = threading.Event()
+        fake.nvmlDeviceGetCount = self  # type: ignore[method-assign]
+
+    def __call__(self) -> int:
+        self.blocked.set()
+        self.release.wait(JOIN_S)
+        return int(self.real())
+
+
+@pytest.fixture
+def reset_fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    monkeypatch.setattr(node_cli, "RESET_CALL_DEADLINE_S", DEADLINE_S)
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    return node_commands_on(monkeypatch, FakeNvml(2))
+
+
+@pytest.mark.parametrize("hung", ["nvmlDeviceResetGpuLockedClocks", "nvmlDeviceGetUUID"])
+def test_reset_clocks_names_a_gpu_whose_call_hangs_and_ends(
+    reset_fake: FakeNvml,
+    safety: list[Any],
+    capsys: pytest.CaptureFixture[str],
+    hung: str,
+) -> None:
+    """``gpugov reset-clocks`` (the Kubernetes preStop hook) called NVML with no deadline:
+    a hung driver held the hook, and the pod's termination, for as long as it hung. Now
+    each call is waited for at most the loop's deadline: the GPU is named as not reset,
+    the others are reset, and the command ends (exit 6)."""
+    for gpu in reset_fake.gpus:
+        gpu.locked = (1005, 1005)
+    call = HungCall(reset_fake, hung, index=1)
+    safety.append(call)
+    assert node_cli.main(["reset-clocks", "--gpus", "all"]) == 6
+    assert call.blocked.is_set() and call.hung  # it ended while the call still hung
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["GPU 0: SM clock lock reset"]
+    lines = err.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("GPU 1: NOT reset: GPU 1: ")
+    assert f"no answer within {DEADLINE_S:g} s (a hung GPU call: a driver in trouble)" in lines[0]
+    assert lines[1] == "gpugov: error: 1 of 2 GPU(s) not reset: 1; they may still be locked"
+    assert reset_fake.gpus[0].locked is None
+
+
+def test_reset_clocks_whose_gpu_listing_hangs_says_so(
+    reset_fake: FakeNvml, safety: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--gpus all`` lists the GPUs first (NVML's count): a count that hangs ends the
+    command with one line, exit 6 (the GPUs may still be locked), not a hook that hangs."""
+    count = _HungCount(reset_fake)
+    safety.append(count)
+    assert node_cli.main(["reset-clocks", "--gpus", "all"]) == 6
+    assert count.blocked.is_set() and not count.release.is_set()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("gpugov: error: list the GPUs: no answer within ")
+    assert "no GPU was reset and they may still be locked" in line
+
+
+def test_reset_clocks_gives_up_once_its_budget_is_spent(reset_fake: FakeNvml) -> None:
+    """The GPU calls of the whole command share one budget: once it is spent, a GPU is
+    named as not tried and NVML is not called for it."""
+    clock = _Clock()
+    budget = node_cli._ResetBudget(1.0, clock)
+    clock.now = 1.0
+    before = dict(reset_fake.calls)
+    error = node_cli._reset_one(0, "nvml", lambda _s: None, budget=budget)
+    assert error == "not tried: reset-clocks' 1 s for its GPU calls is spent"
+    assert reset_fake.calls == before
+    clock.now = 0.5  # half of it left: a call may take the per-call deadline at most
+    assert budget.wait_s() == pytest.approx(min(DEADLINE_S, 0.5))
