@@ -4,6 +4,9 @@ Each trace request is sent at its arrival time (after ``load_scale``) as a strea
 ``/v1/completions`` with its prompt length (token ids or text, see
 :mod:`gpugov.study.openai_client`), ``max_tokens`` = its output length and
 ``ignore_eos: true``, so a real vLLM or SGLang does the work the trace describes.
+Failed requests are grouped by their kind (:attr:`StreamTiming.error_kind`: the HTTP
+status and the error's type, or the failure's class), each group with a count and its
+first message; an ``api_key`` goes with every request as a bearer token.
 Bounded: at most ``max_concurrency`` requests in flight (one daemon thread each; a
 request waits client-side when the bound is reached), each at most ``request_timeout_s``,
 the whole run at most the trace window plus ``drain_s``.
@@ -56,9 +59,12 @@ def summarize(run: LoadRun) -> dict[str, Any]:
     tpot = [t.tpot_s for t in done if t.tpot_s is not None]
     output = sum(len(t.token_s) for t in run.timings)
     errors: dict[str, int] = {}
+    examples: dict[str, str] = {}
     for timing in failed:
-        key = (timing.error or "")[:80]
+        message = timing.error or ""
+        key = timing.error_kind or message
         errors[key] = errors.get(key, 0) + 1
+        examples.setdefault(key, message)
     return {
         "requests_scheduled": run.scheduled,
         "requests_sent": len(run.timings),
@@ -74,6 +80,7 @@ def summarize(run: LoadRun) -> dict[str, Any]:
         "ttft_s": _percentiles(ttft),
         "tpot_s": _percentiles(tpot),
         "errors": errors,
+        "error_examples": examples,
     }
 
 
@@ -88,6 +95,7 @@ def run_load(
     max_model_len: int | None = None,
     prompt_mode: PromptMode = "ids",
     include_usage: bool = False,
+    api_key: str | None = None,
     progress: Progress | None = None,
     stop: threading.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -96,7 +104,8 @@ def run_load(
 
     Late start: a request sent more than 100 ms after its arrival (the concurrency bound
     was reached, or the machine could not keep up). ``include_usage`` asks each stream
-    for its final ``usage`` event (kept in :attr:`StreamTiming.usage`).
+    for its final ``usage`` event (kept in :attr:`StreamTiming.usage`); ``api_key`` is
+    sent with each request (``Authorization: Bearer``).
     """
     if max_concurrency < 1:
         raise ValueError(f"max concurrency must be >= 1, got {max_concurrency}")
@@ -113,7 +122,9 @@ def run_load(
 
     def worker(body: dict[str, Any]) -> None:
         try:
-            timing = stream_completion(url, body, timeout_s=request_timeout_s, clock=clock)
+            timing = stream_completion(
+                url, body, timeout_s=request_timeout_s, clock=clock, api_key=api_key
+            )
             with lock:
                 timings.append(timing)
         finally:
@@ -213,6 +224,10 @@ def format_report(summary: dict[str, Any]) -> str:
     ]
     width = max(len(name) for name, _ in rows)
     lines = [f"  {name:<{width}}  {value}" for name, value in rows]
-    for error, count in summary["errors"].items():
-        lines.append(f"  error x{count}: {error}")
+    examples = summary.get("error_examples", {})
+    for kind, count in summary["errors"].items():
+        example = examples.get(kind, kind)
+        group = "" if example == kind else f" [{kind}]"
+        first = "" if count == 1 or example == kind else "first "
+        lines.append(f"  error x{count}{group}: {first}{example}")
     return "\n".join(lines)

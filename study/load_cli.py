@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -38,6 +39,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         served_model,
     )
 
+    api_key = resolve_api_key(args.api_key)
     for flag in ("load_scale", "duration", "drain", "request_timeout"):
         require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     if args.max_concurrency < 1:
@@ -70,11 +72,12 @@ def cmd_load(args: argparse.Namespace) -> int:
         )
     try:
         host, port, prefix = base_url(args.url)
-        model = args.model or served_model(args.url)
+        model = args.model or served_model(args.url, api_key=api_key)
     except EngineUnreachable as error:
         raise UsageError(str(error)) from error
     if args.max_model_len is None:
-        _warn_over_the_context(args.trace, workload, served_max_model_len(args.url, model))
+        context = served_max_model_len(args.url, model, api_key=api_key)
+        _warn_over_the_context(args.trace, workload, context)
     truth_base = f"http://{host}:{port}{prefix}"
     if args.governor_metrics is not None:
         _check_energy_sources(args.governor_metrics, truth_base)
@@ -115,6 +118,7 @@ def cmd_load(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len,
             prompt_mode=args.prompt,
             include_usage=energy is not None,
+            api_key=api_key,
             progress=progress,
             stop=stop,
         )
@@ -153,9 +157,48 @@ def cmd_load(args: argparse.Namespace) -> int:
         )
         return ExitCode.INTERRUPTED if interrupted.is_set() else ExitCode.TERMINATED
     if summary["requests_sent"] and not summary["requests_completed"]:
-        first = next(iter(summary["errors"]), "no request finished")
+        kind = next(iter(summary["errors"]), None)
+        first = "no request finished" if kind is None else summary["error_examples"][kind]
         return fail(f"no request completed against {args.url}: {first}", ExitCode.FAILURE)
     return ExitCode.OK
+
+
+API_KEY_VARIABLE = "OPENAI_API_KEY"
+"""The environment variable ``--api-key`` defaults to (the OpenAI clients' own)."""
+
+
+def resolve_api_key(flag_value: str | None) -> str | None:
+    """The API key to send: ``--api-key``'s value, else ``OPENAI_API_KEY``'s when set and
+    not empty, else none. Shared by ``gpugov load`` and ``gpugov profile``.
+
+    Raises:
+        UsageError: a key no HTTP header can carry, naming its source (never the key).
+    """
+    from gpugov.daemon.cli_support import UsageError
+    from gpugov.study.openai_client import check_api_key
+
+    if flag_value is not None:
+        key, source = flag_value, "--api-key"
+    else:
+        key, source = os.environ.get(API_KEY_VARIABLE, ""), API_KEY_VARIABLE
+        if not key:
+            return None
+    try:
+        check_api_key(key, source)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    return key
+
+
+def add_api_key_argument(parser: argparse.ArgumentParser) -> None:
+    """``--api-key KEY`` (default: ``OPENAI_API_KEY``), for a server started with one."""
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help=f"API key for a server started with one (vLLM --api-key), sent as "
+        f"'Authorization: Bearer KEY' (default: ${API_KEY_VARIABLE} when set; never printed)",
+    )
 
 
 def _warn_over_the_context(trace: str, workload: Any, context: int | None) -> None:
@@ -341,6 +384,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--model", default=None, help="model id to request (default: the first of GET /v1/models)"
     )
+    add_api_key_argument(parser)
     parser.add_argument(
         "--prompt",
         choices=["ids", "text"],

@@ -5,6 +5,11 @@ arrived and how the stream ended. The prompt is either token ids (``prompt`` as 
 integers, exact on vLLM, SGLang and the emulator) or text of the right length
 (``" the"`` repeated: four characters, which is one token by the emulator's rule and for
 common BPE tokenizers). ``ignore_eos: true`` makes the output exactly ``max_tokens``.
+
+A server started with an API key (vLLM's ``--api-key``) refuses a request without it
+(HTTP 401): every call here takes ``api_key``, sent as ``Authorization: Bearer KEY``.
+A failed request carries its message (``error``) and the kind it is grouped by
+(``error_kind``: the HTTP status and the error's ``type``, or the failure's class).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import re
 import threading
 import time
 import urllib.parse
@@ -37,6 +43,11 @@ class StreamTiming:
     token_s: list[float] = field(default_factory=list)
     end_s: float | None = None
     error: str | None = None
+    error_kind: str | None = None
+    """What the failure is, for grouping failed requests: ``HTTP 400 BadRequestError``
+    (the status and the error body's ``type``), ``HTTP 502``, ``ConnectionRefusedError``,
+    ``stream ended early``; never a request's own numbers or ids, which its ``error``
+    message may hold."""
     usage: dict[str, Any] | None = None
     """The stream's ``usage`` object when the server sent one (``stream_options``
     ``include_usage``; ``gpugov emulate`` adds the request's true energy to it)."""
@@ -56,6 +67,39 @@ class StreamTiming:
 
 MAX_EVENT_LINE_BYTES = 1 << 20
 """Longest server-sent event line read (1 MiB; a token event is a few hundred bytes)."""
+
+
+API_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,4096}")
+"""An API key as an HTTP header carries it: visible ASCII, no spaces, at most 4 KiB."""
+
+
+def check_api_key(key: str, source: str) -> None:
+    """Refuse a key no ``Authorization`` header can carry, naming ``source`` (the flag or
+    variable it came from) and never the key.
+
+    Raises:
+        ValueError: one line.
+    """
+    if not API_KEY_PATTERN.fullmatch(key):
+        raise ValueError(
+            f"{source}: an API key is 1-4096 visible ASCII characters without spaces "
+            f"(this one has {len(key)} characters)"
+        )
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """``Authorization: Bearer KEY`` for a key, nothing without one."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _error_type(event: dict[str, Any]) -> str | None:
+    """The error body's ``type`` (vLLM: ``BadRequestError``, ``NotFoundError``), in
+    either shape, when it is a short word."""
+    inner = event.get("error")
+    kind = inner.get("type") if isinstance(inner, dict) else event.get("type")
+    if isinstance(kind, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,60}", kind):
+        return kind
+    return None
 
 
 def _error_message(event: dict[str, Any]) -> str:
@@ -96,7 +140,7 @@ def base_url(url: str) -> tuple[str, int, str]:
     return parts.hostname, port or 80, prefix
 
 
-def served_model(url: str, timeout_s: float = 5.0) -> str:
+def served_model(url: str, timeout_s: float = 5.0, *, api_key: str | None = None) -> str:
     """The first model id ``GET /v1/models`` lists.
 
     Raises:
@@ -105,7 +149,7 @@ def served_model(url: str, timeout_s: float = 5.0) -> str:
     host, port, prefix = base_url(url)
     connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
-        connection.request("GET", f"{prefix}/v1/models")
+        connection.request("GET", f"{prefix}/v1/models", headers=auth_headers(api_key))
         response = connection.getresponse()
         if response.status != 200:  # its reason and message, as a failed request's
             answer = _http_error(response)
@@ -129,13 +173,15 @@ def served_model(url: str, timeout_s: float = 5.0) -> str:
     return first
 
 
-def served_max_model_len(url: str, model: str, timeout_s: float = 5.0) -> int | None:
+def served_max_model_len(
+    url: str, model: str, timeout_s: float = 5.0, *, api_key: str | None = None
+) -> int | None:
     """``max_model_len`` of ``model`` as ``GET /v1/models`` lists it (vLLM, SGLang and the
     emulator say it); None when the server does not say, or does not answer."""
     host, port, prefix = base_url(url)
     connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
-        connection.request("GET", f"{prefix}/v1/models")
+        connection.request("GET", f"{prefix}/v1/models", headers=auth_headers(api_key))
         response = connection.getresponse()
         entries = json.loads(response.read())["data"] if response.status == 200 else []
         for entry in entries:
@@ -181,34 +227,55 @@ ANSWER_WAIT_S = 5.0
 """Longest wait for the answer of a server that closed the connection mid-request."""
 
 
-def _http_error(response: http.client.HTTPResponse) -> str:
-    """A failed request's answer in one line: status, reason and the error's message
-    (vLLM's error shape), else the body's first 300 bytes: ``HTTP 413 Request Entity Too
-    Large: request body of 36000099 bytes is too large``."""
-    raw = response.read(300)
-    text = " ".join(raw.decode(errors="replace").split())  # one line (an HTML error page)
+ERROR_BODY_BYTES = 4000
+"""How much of an error answer's body is read: enough for vLLM's JSON error with a long
+validation message (its message is then cut to 200 characters, any other body to its
+first 300 bytes)."""
+
+
+def _http_failure(response: http.client.HTTPResponse) -> tuple[str, str]:
+    """A failed request's answer: its message in one line, status, reason and the error's
+    message (vLLM's error shape), else the body's first 300 bytes (``HTTP 413 Request
+    Entity Too Large: request body of 36000099 bytes is too large``); and its kind, the
+    status and the error's ``type`` when the body gives one (``HTTP 413``,
+    ``HTTP 400 BadRequestError``)."""
+    raw = response.read(ERROR_BODY_BYTES)
+    # One line (an HTML error page), of the body's first 300 bytes.
+    text = " ".join(raw[:300].decode(errors="replace").split())
+    kind = f"HTTP {response.status}"
     with contextlib.suppress(ValueError):
         body = json.loads(raw)
         if isinstance(body, dict) and "error" in body:
             text = _error_message(body)
+            error_type = _error_type(body)
+            kind = f"{kind} {error_type}" if error_type else kind
     status = f"HTTP {response.status} {response.reason}".rstrip()
-    return f"{status}: {text}" if text else status
+    if response.status == 401:  # vLLM --api-key's answer to a missing or wrong key
+        text = f"{text} " if text else ""
+        text += "(a missing or wrong API key: --api-key or OPENAI_API_KEY)"
+    return (f"{status}: {text}" if text else status), kind
+
+
+def _http_error(response: http.client.HTTPResponse) -> str:
+    """A failed request's answer in one line (:func:`_http_failure`)."""
+    return _http_failure(response)[0]
 
 
 def _answer_to_a_cut_request(
     connection: http.client.HTTPConnection, size: int, timeout_s: float
-) -> str:
+) -> tuple[str, str]:
     """What to report of a request whose ``size``-byte body the server stopped taking (it
     closed the connection): its answer when it sent one first (:func:`_http_error`), else
-    that the connection was closed while the body was being sent."""
+    that the connection was closed while the body was being sent (with its kind)."""
     try:
         if connection.sock is not None:
             connection.sock.settimeout(min(timeout_s, ANSWER_WAIT_S))
-        return _http_error(connection.getresponse())
+        return _http_failure(connection.getresponse())
     except (OSError, http.client.HTTPException):
         return (
             f"the server closed the connection while the request body of {size} bytes "
-            "was being sent"
+            "was being sent",
+            "connection closed while sending",
         )
 
 
@@ -219,10 +286,12 @@ def stream_completion(
     timeout_s: float = 600.0,
     clock: Callable[[], float] = time.monotonic,
     barrier: threading.Barrier | None = None,
+    api_key: str | None = None,
 ) -> StreamTiming:
     """POST one streamed completion and time every token event; never raises for the
-    server's failures (they land in ``error``). With ``barrier``, connect first and send
-    when every party has connected (a batch that starts together)."""
+    server's failures (they land in ``error`` and ``error_kind``). With ``barrier``,
+    connect first and send when every party has connected (a batch that starts
+    together); with ``api_key``, send it as a bearer token."""
     host, port, prefix = base_url(url)
     prompt = body["prompt"]
     timing = StreamTiming(
@@ -250,17 +319,23 @@ def stream_completion(
                 "POST",
                 f"{prefix}/v1/completions",
                 body=data,
-                headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+                headers={
+                    "Content-Type": "application/json",
+                    "Accept": "text/event-stream",
+                    **auth_headers(api_key),
+                },
             )
         except ConnectionError:
             # The server closed the connection while the body was still going out: most
             # often it answered first (the emulator's 413 for a body over its limit) and
             # that answer is waiting to be read; the send's broken pipe says nothing.
-            timing.error = _answer_to_a_cut_request(connection, len(data), timeout_s)
+            timing.error, timing.error_kind = _answer_to_a_cut_request(
+                connection, len(data), timeout_s
+            )
             return timing
         response = connection.getresponse()
         if response.status != 200:
-            timing.error = _http_error(response)
+            timing.error, timing.error_kind = _http_failure(response)
             return timing
         finished = False
         while True:
@@ -269,6 +344,7 @@ def stream_completion(
                 break
             if len(line) > MAX_EVENT_LINE_BYTES:
                 timing.error = f"stream event longer than {MAX_EVENT_LINE_BYTES} bytes"
+                timing.error_kind = "stream event too long"
                 return timing
             if not line.startswith(b"data:"):
                 continue
@@ -285,9 +361,12 @@ def stream_completion(
                 event = None
             if not isinstance(event, dict):  # no OpenAI-compatible server sends one
                 timing.error = f"malformed stream event: {_shown(payload)}"
+                timing.error_kind = "malformed stream event"
                 return timing
             if "error" in event:  # vLLM reports a failure mid-stream as an error event
                 timing.error = f"error event in the stream: {_error_message(event)}"
+                error_type = _error_type(event)
+                timing.error_kind = "error event" + (f" {error_type}" if error_type else "")
                 return timing
             usage = event.get("usage")
             if isinstance(usage, dict):
@@ -297,10 +376,12 @@ def stream_completion(
                 timing.token_s.append(now)
         if not finished:  # the server went away: the request did not complete
             timing.error = "the stream ended without [DONE] (connection closed early)"
+            timing.error_kind = "stream ended early"
             return timing
         timing.end_s = clock()
     except (OSError, http.client.HTTPException) as error:
         timing.error = f"{type(error).__name__}: {error}"
+        timing.error_kind = type(error).__name__
     finally:
         connection.close()
     return timing

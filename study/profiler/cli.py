@@ -150,6 +150,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     )
     from gpugov.daemon.loop import stop_on_signals
     from gpugov.daemon.service import open_backend
+    from gpugov.study.load_cli import resolve_api_key
     from gpugov.study.openai_client import EngineUnreachable, served_max_model_len, served_model
     from gpugov.study.profiler.measure import ProfileRunError
     from gpugov.study.profiler.sweep import (
@@ -161,6 +162,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     )
     from gpugov.study.profiler.write import write_profile
 
+    api_key = resolve_api_key(args.api_key)
     require_positive("--dwell", args.dwell)
     require_positive("--ttft-slo", args.ttft_slo)
     require_positive("--tpot-slo", args.tpot_slo)
@@ -191,10 +193,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     # either leaves no empty directory behind.
     check_output_dir("--out", args.out)
     try:
-        model = served_model(args.engine_url)
+        model = served_model(args.engine_url, api_key=api_key)
     except EngineUnreachable as error:
         raise UsageError(f"--engine-url: {error}; nothing was changed") from error
-    max_len = served_max_model_len(args.engine_url, model) or 8192
+    max_len = served_max_model_len(args.engine_url, model, api_key=api_key) or 8192
     emulator = args.emulator or args.engine_url.rstrip("/").removesuffix("/v1")
     out_dir = Path(args.out)
     if args.backend == "emulated":
@@ -239,6 +241,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             out_dir,
             stop=stop,
             progress_enabled=not args.quiet,
+            api_key=api_key,
         )
         with stop_on_signals(stop, received):
             if args.dry_run:
@@ -334,6 +337,8 @@ def _print_dry_run(record: dict[str, Any], path: Path) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``profile`` to the ``gpugov`` parser."""
+    from gpugov.study.load_cli import add_api_key_argument
+
     parser = subparsers.add_parser(
         "profile",
         help="measure a GPU profile by sweeping locked clocks under controlled load",
@@ -350,6 +355,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="URL",
         help="the engine's OpenAI-compatible base URL, e.g. http://127.0.0.1:8000",
     )
+    add_api_key_argument(parser)
     parser.add_argument(
         "--gpus",
         required=True,

@@ -184,12 +184,16 @@ class PrefillResult:
     fixed_latency_s: float
 
 
-def _concurrent(url: str, bodies: Sequence[dict], timeout_s: float) -> list[StreamTiming]:
+def _concurrent(
+    url: str, bodies: Sequence[dict], timeout_s: float, api_key: str | None = None
+) -> list[StreamTiming]:
     results: list[StreamTiming | None] = [None] * len(bodies)
     barrier = threading.Barrier(len(bodies))
 
     def one(index: int) -> None:
-        results[index] = stream_completion(url, bodies[index], timeout_s=timeout_s, barrier=barrier)
+        results[index] = stream_completion(
+            url, bodies[index], timeout_s=timeout_s, barrier=barrier, api_key=api_key
+        )
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(bodies))]
     for thread in threads:
@@ -215,8 +219,10 @@ class Measurer:
         request_timeout_s: float = 300.0,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        api_key: str | None = None,
     ) -> None:
         self.url = url
+        self.api_key = api_key
         self.model = model
         self.sampler = sampler
         self.request_timeout_s = request_timeout_s
@@ -240,7 +246,7 @@ class Measurer:
         """Send ``requests`` prompts of ``prompt_tokens`` at once with one output token each;
         the rate is the slope of completion time against cumulative prompt tokens."""
         bodies = [self._body(prompt_tokens, 1) for _ in range(requests)]
-        timings = _concurrent(self.url, bodies, self.request_timeout_s)
+        timings = _concurrent(self.url, bodies, self.request_timeout_s, self.api_key)
         done = sorted(t.token_s[0] for t in timings if t.token_s)
         if len(done) < 3:
             raise ProfileRunError(f"engine at {self.url}: prefill requests returned no token")
@@ -295,7 +301,7 @@ class Measurer:
         self, batch: int, prompt_tokens: int, output_tokens: int
     ) -> tuple[DecodePoint, list[GpuReading]]:
         bodies = [self._body(prompt_tokens, output_tokens) for _ in range(batch)]
-        timings = _concurrent(self.url, bodies, self.request_timeout_s)
+        timings = _concurrent(self.url, bodies, self.request_timeout_s, self.api_key)
         if any(len(t.token_s) < output_tokens for t in timings):
             short = min(len(t.token_s) for t in timings)
             raise ProfileRunError(

@@ -207,6 +207,8 @@ class Sweep:
     stop: threading.Event = field(default_factory=threading.Event)
     progress_enabled: bool = True
     clock: Callable[[], float] = time.monotonic
+    api_key: str | None = field(default=None, repr=False)
+    """Sent with every request (``Authorization: Bearer``); never written to the state."""
 
     @property
     def state_path(self) -> Path:
@@ -343,7 +345,7 @@ class Sweep:
         done = {r["clock_mhz"] for r in records}
         todo = [c for c in self.settings.clocks_mhz if c not in done]
         sampler = GpuSampler(self.backends)
-        measurer = Measurer(self.url, self.model, sampler)
+        measurer = Measurer(self.url, self.model, sampler, api_key=self.api_key)
         progress = Progress(
             len(self.settings.clocks_mhz), "profile", unit="clocks", enabled=self.progress_enabled
         )
@@ -374,7 +376,7 @@ class Sweep:
     def dry_run(self) -> dict[str, Any]:
         """Measure at the clock in force now; lock nothing, reset nothing."""
         sampler = GpuSampler(self.backends)
-        measurer = Measurer(self.url, self.model, sampler)
+        measurer = Measurer(self.url, self.model, sampler, api_key=self.api_key)
         # Its measurements as the progress's steps: one clock takes a minute at --dwell 5.
         steps = 2 + len(self.settings.decode_points)
         progress = Progress(

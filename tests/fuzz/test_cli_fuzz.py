@@ -269,6 +269,14 @@ ACCEPTED: dict[tuple[str, str], tuple[frozenset[str] | None, str]] = {
         "model ids like any other (printable text up to 256 characters is served)",
     ),
     ("profile", "--name"): (frozenset({"nan", "9" * 20}), "file stems like any other"),
+    **{
+        (command, "--api-key"): (
+            frozenset({"-1", "nan", "9" * 20, "http://[::1", "http://127.0.0.1:99999"}),
+            "API keys like any other (visible ASCII; the server refuses a wrong one, its 401 "
+            "in one line)",
+        )
+        for command in ("load", "profile")
+    },
     ("actuator", "--allow"): (
         frozenset({"nan", "inf", "x"}),
         "user names like any other (looked up at each connection)",

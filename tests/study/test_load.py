@@ -213,10 +213,12 @@ def test_load_counts_an_oversized_request_as_failed_with_the_servers_answer(
     assert main([*argv, "--json", str(out)]) == 0
     summary = json.loads(out.read_text())
     assert summary["requests_completed"] == 1 and summary["requests_failed"] == 1
-    [(error, count)] = summary["errors"].items()
-    assert count == 1 and error.startswith("HTTP 413 ") and "too large" in error
+    [(kind, count)] = summary["errors"].items()
+    error = summary["error_examples"][kind]
+    assert count == 1 and kind == "HTTP 413 RequestEntityTooLarge"
+    assert error.startswith("HTTP 413 ") and "too large" in error
     stdout = capsys.readouterr().out
-    assert f"error x1: {error}" in stdout and "Broken pipe" not in stdout
+    assert f"error x1 [{kind}]: {error}" in stdout and "Broken pipe" not in stdout
     trace.write_text(f"arrival_time_s,prompt_tokens,output_tokens\n0,{OVERSIZED_PROMPT},4\n")
     assert main(argv) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
@@ -312,8 +314,7 @@ def test_an_error_answer_is_reported_on_one_line(
         capsys.readouterr()
         assert main(argv) == 1
         err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
-        first = expected[:80]
-        assert err == [f"gpugov: error: no request completed against {url}: {first}"]
+        assert err == [f"gpugov: error: no request completed against {url}: {expected}"]
     finally:
         server.shutdown()
         server.server_close()
@@ -446,7 +447,12 @@ class _ModelsAnswer(BaseHTTPRequestHandler):
 @pytest.mark.parametrize(
     ("status", "body", "said"),
     [
-        (401, b'{"error": {"message": "bad key"}}', "/v1/models: HTTP 401 Unauthorized: bad key"),
+        (
+            401,
+            b'{"error": {"message": "bad key"}}',
+            "/v1/models: HTTP 401 Unauthorized: bad key "
+            "(a missing or wrong API key: --api-key or OPENAI_API_KEY)",
+        ),
         (500, b"oops", "/v1/models: HTTP 500 Internal Server Error: oops"),
         (200, b'{"data": []}', "/v1/models lists no model"),
         (200, b'{"data": [{"id": 5}]}', "/v1/models: its first model has no id"),
