@@ -41,12 +41,25 @@ from gpugov.daemon.outside import invalid_decision_note
 from gpugov.daemon.safety import invalid_decisions
 from gpugov.daemon.sim_progress import SimulationProgress
 from gpugov.daemon.simulated import observation_view
-from gpugov.plant import ServingPlant, ServingResult, load_profile, simulate
+from gpugov.plant import (
+    PerformanceProfile,
+    ServingPlant,
+    ServingResult,
+    load_profile,
+    simulate,
+)
 from gpugov.plant.attribution import ENERGY_DEFINITIONS, energy_summary, request_rows
 from gpugov.plant.profile import DEFAULT_PROFILE
-from gpugov.plant.profile_files import list_bundled_profiles
+from gpugov.plant.profile_files import list_bundled_profiles, names_profile_file, profile_files
 from gpugov.plant.result import arrival_separation
 from gpugov.plant.scheduler import SCHEDULERS
+from gpugov.plant.synthetic_profiles import (
+    ALL_SYNTHETIC,
+    SHAPES,
+    SYNTHETIC_PREFIX,
+    is_synthetic_spec,
+    resolve_profile,
+)
 from gpugov.plant.workload import (
     DEFAULT_TRACE,
     workload_checksum,
@@ -116,6 +129,27 @@ def energy_lines(energy: dict[str, Any]) -> str:
     )
 
 
+def _generated_profile(spec: str) -> PerformanceProfile | None:
+    """The generated profile ``--profile synthetic:SHAPE`` names (as the scoreboard's
+    ``--profiles`` and ``gpugov sweep``'s grid take it); None for a bundled name or a
+    file (a file of that name comes first).
+
+    Raises:
+        UsageError: an unknown shape (the scoreboard's line), or ``synthetic`` alone.
+    """
+    if not is_synthetic_spec(spec) or names_profile_file(spec):
+        return None
+    if spec == ALL_SYNTHETIC:
+        raise UsageError(
+            f"--profile {spec}: names every generated shape, and a simulation runs one: "
+            f"{SYNTHETIC_PREFIX}SHAPE, one of {', '.join(SHAPES)}"
+        )
+    try:
+        return resolve_profile(spec)
+    except ValueError as error:
+        raise UsageError(f"--profile: {error}") from None
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov simulate``."""
     args.control_period = control_period_of(args.control_period, args.controller)
@@ -129,7 +163,12 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--stride must be >= 1, got {args.stride!r}")
     if not math.isfinite(args.start) or args.start < 0:
         raise UsageError(f"--start must be >= 0, got {args.start!r}")
-    inputs = simulated_run_inputs(args.trace, args.profile, args.controller)
+    generated = _generated_profile(args.profile)
+    inputs = simulated_run_inputs(
+        args.trace, DEFAULT_PROFILE if generated else args.profile, args.controller
+    )
+    if generated is not None:  # it reads no profile file: drop the stand-in's files
+        del inputs[1 : 1 + len(profile_files(DEFAULT_PROFILE))]
     check_output_file("--out", args.out, inputs)
     check_output_file("--plot", args.plot, inputs)
     check_distinct_outputs(("--out", args.out), ("--plot", args.plot))
@@ -150,7 +189,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     )
     if not workload:
         raise UsageError(f"--trace {args.trace}: the selected window holds no requests")
-    profile = load_profile(args.profile)
+    profile = generated or load_profile(args.profile)
     plant = ServingPlant.from_profile(profile, latency_noise_cv=args.latency_noise)
     check_workload_fits(workload, plant, args.trace)
     safety = safety_from_args(args, profile.clock_mhz)
@@ -323,7 +362,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     sim.add_argument(
         "--profile",
         default=DEFAULT_PROFILE,
-        help=f"bundled profile name or manifest path (default {DEFAULT_PROFILE})",
+        help=f"bundled profile name, manifest path or synthetic:SHAPE (a generated profile; "
+        f"default {DEFAULT_PROFILE})",
     )
     sim.add_argument("--controller", default="max", help=f"{CONTROLLER_HELP} (default max)")
     sim.add_argument(

@@ -15,7 +15,8 @@ cells that read it. At the end:
 The grid file (TOML; every key but the four lists is optional)::
 
     traces = ["azure-conv-10min", "azure-code"]   # names, or paths (relative to the file)
-    profiles = ["h100-sxm-llama3-8b"]             # bundled names, or manifest paths
+    profiles = ["h100-sxm-llama3-8b"]             # bundled names, manifest paths, or
+                                                  # synthetic:SHAPE ("synthetic": every shape)
     loads = [0.5, 1.0, 2.0]                       # arrival-rate multipliers (--load-scale)
     controllers = ["max", "reactive", "mpc"]      # simulate's --controller specs
     seeds = [0, 1]                                # plant seeds (matter with latency_noise)
@@ -40,11 +41,12 @@ import sys
 import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 
 from gpugov import __version__
@@ -87,6 +89,11 @@ from gpugov.plant.profile import ProfileError
 from gpugov.plant.profile_files import names_profile_file, profile_files
 from gpugov.plant.result import arrival_separation
 from gpugov.plant.scheduler import SCHEDULERS
+from gpugov.plant.synthetic_profiles import (
+    expand_synthetic,
+    is_synthetic_spec,
+    resolve_profile,
+)
 from gpugov.plant.types import Request
 from gpugov.plant.workload import (
     BUNDLED_TRACES,
@@ -398,6 +405,48 @@ def _spec_contents(path: Path, spec: str) -> tuple[tuple[str, ...], float | None
     return tuple(digests), changed
 
 
+def _expanded(grid: SweepGrid) -> SweepGrid:
+    """``grid`` with a ``synthetic`` profile entry replaced by every generated shape
+    (``synthetic:SHAPE``), as the scoreboard's ``--profiles`` takes it; each entry once."""
+    profiles: list[str] = []
+    for entry in grid.profiles:
+        profiles += [name for name in expand_synthetic(entry) if name not in profiles]
+    if profiles == grid.profiles:
+        return grid
+    return grid.model_copy(update={"profiles": profiles})
+
+
+def _grid_profile(entry: str, base: Path) -> PerformanceProfile:
+    """The profile a grid's entry names: a generated one (``synthetic:SHAPE``, as
+    ``gpugov simulate --profile`` and the scoreboard take it; its sha256s are those of
+    its generated manifest and table, so a changed generator runs its cells again), a
+    bundled name, or a manifest path (relative to the grid's folder).
+
+    Raises:
+        ValueError: an unknown shape (``ProfileError``: an unknown or unreadable profile).
+    """
+    read = _resolve(entry, (), base)
+    if read != entry or not is_synthetic_spec(entry):  # a file of that name comes first
+        return load_profile(read)
+    profile = resolve_profile(entry)
+    table = np.stack(
+        [
+            profile.clock_mhz,
+            profile.prefill_tokens_per_s,
+            profile.decode_tokens_per_s,
+            profile.prefill_power_w,
+            profile.decode_power_w,
+            profile.idle_power_w,
+        ]
+    )
+    manifest = json.dumps(profile.manifest, sort_keys=True, default=str).encode()
+    return replace(
+        profile,
+        profile_csv_sha256=hashlib.sha256(table.astype("<f8").tobytes()).hexdigest(),
+        manifest_sha256=hashlib.sha256(manifest).hexdigest(),
+    )
+
+
 def _profile_identity(entry: str, base: Path) -> str:
     """What a cell's key holds for a profile: its manifest file resolved
     (:func:`_file_identity`), or its bundled name."""
@@ -469,7 +518,7 @@ def plan_sweep(path: Path) -> SweepPlan:
         UsageError: a bad grid, an unknown or unreadable trace or profile, a bad
             controller spec (one line naming the file and the key).
     """
-    grid = read_grid(path)
+    grid = _expanded(read_grid(path))
     total = (
         len(grid.traces)
         * len(grid.profiles)
@@ -488,8 +537,8 @@ def plan_sweep(path: Path) -> SweepPlan:
     profiles: dict[str, PerformanceProfile] = {}
     for entry in grid.profiles:
         try:
-            profile = load_profile(_resolve(entry, (), base))
-        except (ProfileError, OSError) as error:
+            profile = _grid_profile(entry, base)
+        except (ProfileError, OSError, ValueError) as error:
             raise UsageError(f"{path}: key 'profiles': {error}") from error
         profiles[entry] = profile
         shared[f"profile:{entry}"] = profile
