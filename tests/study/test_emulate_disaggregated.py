@@ -22,7 +22,7 @@ import pytest
 
 from gpugov.daemon.config import parse_config
 from gpugov.daemon.domain import TickRecord
-from gpugov.daemon.engine_sources import VllmSource
+from gpugov.daemon.engine_sources import ScrapedSource, VllmSource
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run
 from gpugov.daemon.service import domains_from_config
 from gpugov.plant import ServingPlant, load_profile
@@ -42,6 +42,13 @@ APPLICATIONS_CLOCKS_SETTING = 0x2
 @pytest.fixture(scope="module")
 def plant() -> ServingPlant:
     return ServingPlant.from_profile(load_profile(PROFILE))
+
+
+def _read_page(page: str, clock: VirtualClock) -> Any:
+    """``page`` read as the daemon reads a vLLM page, its deadline on the test's virtual
+    clock: the default 0.5 s of wall time failed the read (``was not read within 0.5 s``)
+    on a machine loaded enough to stall the parse, though no plant time passed."""
+    return ScrapedSource("x", "vllm", fetch=lambda url, timeout_s: page, clock=clock).scrape()
 
 
 def _get(url: str) -> str:
@@ -108,8 +115,10 @@ def test_completion_goes_through_both_pools(emulator: EmulatorServer) -> None:
     usage = answer["usage"]
     assert usage["completion_tokens"] == 40
     assert usage["prefill_energy_j"] > 0.0 and usage["decode_energy_j"] > 0.0
-    prefill = VllmSource(f"{url}/prefill/metrics").scrape()
-    decode = VllmSource(f"{url}/decode/metrics").scrape()
+    # Real HTTP on a real clock: the deadline of the test's other requests, not the
+    # daemon's 0.5 s, which a loaded machine can pass.
+    prefill = VllmSource(f"{url}/prefill/metrics", timeout_s=10.0).scrape()
+    decode = VllmSource(f"{url}/decode/metrics", timeout_s=10.0).scrape()
     # The prefill instance produced the first token, the decode instance the other 39.
     assert prefill.generation_tokens_total == 1 and decode.generation_tokens_total == 39
     assert prefill.ttft is not None and prefill.ttft.count == 1
@@ -148,7 +157,7 @@ def test_a_transfer_in_flight_is_deferred_on_the_decode_page_and_can_be_aborted(
     node.advance()
     assert (kept.sent, dropped.sent) == (1, 1)  # first tokens, from the prefill GPU
     page = render_pool_metrics(node, "m", "decode")
-    deferred = VllmSource("x", fetch=lambda url, timeout_s: page).scrape()
+    deferred = _read_page(page, clock)
     assert deferred.waiting_deferred_requests == 2 and deferred.waiting_requests == 2
     node.abort(dropped)  # its client left while its KV cache was on the link
     clock.sleep(10.0)
@@ -171,7 +180,7 @@ def test_2p2d_spreads_requests_over_each_pool(plant: ServingPlant) -> None:
     assert [node.transfers[gpu].seconds.count for gpu in (2, 3)] == [2, 2]
     page = render_pool_metrics(node, "m", "decode")
     assert 'vllm:generation_tokens_total{engine="1",model_name="m"} 58.0' in page
-    decode = VllmSource("x", fetch=lambda url, timeout_s: page).scrape()
+    decode = _read_page(page, clock)
     assert decode.generation_tokens_total == 4 * 29 and decode.kv_transfers_total == 4
     report = node.energy_report()
     assert report["pools"]["decode"]["gpus"] == [2, 3]
