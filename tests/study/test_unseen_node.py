@@ -97,3 +97,30 @@ def test_a_trace_too_short_for_the_run_is_skipped_with_the_reason(tmp_path: Path
     (row,) = json.loads(out.read_text())["rows"]
     assert "the trace spans 599 s" in row["error"] and "shorten --duration" in row["error"]
     assert "skipped" in stdout
+
+
+def test_a_profile_whose_capacity_probe_would_not_end_is_a_skipped_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``slo_capacity``'s refusal of a probe past the simulated-days limit
+    (``ProbeTooLongError``, a ``ScenarioSkip``) is the profile's row's ``error``, as the
+    scoreboard skips such a scenario: the other profiles still run."""
+    from study_support import bench_script
+
+    from gpugov.study.scoreboard.scenarios import ProbeTooLongError
+
+    module = bench_script("unseen_node")
+
+    def too_long(*args: object, **kwargs: object) -> None:
+        raise ProbeTooLongError("its light-load capacity probe would simulate 40 days")
+
+    monkeypatch.setattr(module, "slo_capacity", too_long)
+    row = module.run_profile(("synthetic:tp4", "azure-conv-10min", 0.0, 320.0, 0.45, "vllm"))
+    assert row == {
+        "profile": "synthetic-tp4",
+        "status": "synthetic",
+        "error": "its light-load capacity probe would simulate 40 days",
+    }
+    assert module.table([row])[1].endswith(
+        "skipped: its light-load capacity probe would simulate 40 days"
+    )
