@@ -360,9 +360,12 @@ def describe_config(config: GpugovConfig) -> str:
 RESET_ATTEMPTS = 4
 RESET_BACKOFF_S = 0.25
 RESET_CALL_DEADLINE_S = 2.0
-"""How long ``gpugov reset-clocks`` waits for one GPU call (listing the GPUs, opening
-one, its reset): the loop's GPU deadline (``CLOCK_WRITE_DEADLINE_S``). A call past it
-hangs in a driver in trouble; it is not retried (a retry would queue behind it)."""
+"""How long ``gpugov reset-clocks`` waits for one GPU call (a reset, a power limit call,
+the clocks' list): the loop's GPU deadline (``CLOCK_WRITE_DEADLINE_S``). A call past it
+hangs in a driver in trouble; it is not retried (a retry would queue behind it). The
+calls that initialise NVML (listing the GPUs, opening one) may take what is left of
+:data:`RESET_BUDGET_S`: with no daemon holding NVML on a node without persistence mode,
+``nvmlInit`` brings every GPU up, which takes seconds."""
 RESET_BUDGET_S = 10.0
 """The longest ``gpugov reset-clocks`` spends on GPU calls, every GPU's together: a
 preStop hook's time comes out of the pod's ``terminationGracePeriodSeconds`` (30 s),
@@ -384,7 +387,12 @@ class _ResetBudget:
 
     def wait_s(self) -> float:
         """How long the next GPU call may be waited for (0: the budget is spent)."""
-        return max(0.0, min(RESET_CALL_DEADLINE_S, self._ends_s - self._clock()))
+        return min(RESET_CALL_DEADLINE_S, self.left_s())
+
+    def left_s(self) -> float:
+        """What is left of the budget: what a call that initialises NVML (listing the
+        GPUs, opening one) may be waited for."""
+        return max(0.0, self._ends_s - self._clock())
 
     def spent_line(self) -> str:
         return f"not tried: reset-clocks' {self.budget_s:g} s for its GPU calls is spent"
@@ -392,7 +400,7 @@ class _ResetBudget:
 
 def _hung(gpu: int | str, what: str, wait_s: float) -> GpuCallHung:
     return GpuCallHung(
-        f"{what}: no answer within {wait_s:g} s (a hung GPU call: a driver in trouble)",
+        f"{what}: no answer within {wait_s:.3g} s (a hung GPU call: a driver in trouble)",
         gpu=str(gpu),
     )
 
@@ -420,7 +428,7 @@ def _reset_one(
     )
     error: Exception | None = None
     for attempt in range(RESET_ATTEMPTS):
-        wait_s = budget.wait_s()
+        wait_s = budget.left_s()  # nvmlInit: seconds on a node without persistence mode
         if wait_s <= 0.0:
             return str(error) if error is not None else budget.spent_line()
         try:
@@ -476,7 +484,7 @@ def _listed(kind: str, emulator: str | None, budget: _ResetBudget) -> list[int]:
         ClocksNotReset: the listing hangs (exit 6: the GPUs may still be locked).
         GpuUnavailable: as :func:`gpu_indices`.
     """
-    wait_s = budget.wait_s()
+    wait_s = budget.left_s()  # nvmlInit: seconds on a node without persistence mode
     calls = SerialCalls(max(wait_s, 0.1), name="reset-list", cause="a hung GPU call", idle_s=0.0)
     try:
         return calls.call(lambda: gpu_indices(kind, emulator))

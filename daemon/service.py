@@ -69,6 +69,13 @@ CONTROLLER_HISTORY_STEPS = 1000
 """Plans and solve times a controller keeps in the daemon (the studies keep all)."""
 START_ATTEMPTS = 5
 START_BACKOFF_S = 0.25
+GPU_OPEN_DEADLINE_S = 20.0
+"""The longest one call opening a configured GPU at the start may take (nvmlInit, the
+handle, UUID and name, the clocks' list; each try of the retries). Longer than the
+loop's :data:`~daemon.gpu_sampling.GPU_READ_DEADLINE_S`: the first ``nvmlInit`` on a node
+without persistence mode brings every GPU up, which takes seconds (``nvidia-smi`` is as
+slow there), and a healthy start must not be taken for a hung one. Only a call that
+hangs in the driver reaches it, well inside the unit's ``TimeoutStartSec=`` (120 s)."""
 
 
 def retry_transient(
@@ -147,7 +154,7 @@ def open_backend(
             return calls.call(target)
         except CallTimeout:
             raise GpuCallHung(
-                f"GPU {gpu}: {what}: no answer within {deadline_s:g} s (a hung GPU call: "
+                f"GPU {gpu}: {what}: no answer within {deadline_s:.3g} s (a hung GPU call: "
                 "a driver in trouble)",
                 gpu=str(gpu),
             ) from None
@@ -610,8 +617,7 @@ def domains_from_config(
                     emulator=config.daemon.emulator,
                     daemon=config.daemon,
                     stop=stop,
-                    # A hung NVML call never holds the start: the loop's read deadline.
-                    deadline_s=GPU_READ_DEADLINE_S,
+                    deadline_s=GPU_OPEN_DEADLINE_S,  # a hung NVML call never holds the start
                 )
                 backends.append(backend)
                 assembled.backends.append(backend)  # closed with the rest if a later one fails
