@@ -26,7 +26,8 @@ numbers are round and made up; none is fitted to a bundled profile.
 
 ``python -m gpugov.plant.synthetic_profiles --out DIR`` writes every shape as a CSV and
 manifest (``DIR/synthetic-SHAPE.json``) that ``load_profile`` and every ``--profile``
-option read. The scoreboard takes them as ``--profiles synthetic:SHAPE`` or ``synthetic``.
+option read. The scoreboard, ``simulate`` and ``sweep`` take them as ``synthetic:SHAPE`` (and the
+scoreboard and a sweep grid ``synthetic``, every shape).
 :func:`random_shape` draws every trait at once (seeded) for ``bench/random_shapes.py``.
 """
 
