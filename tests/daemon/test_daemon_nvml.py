@@ -92,6 +92,23 @@ def test_open_by_uuid(fake_nvml: FakeNvml) -> None:
         NvmlBackend("GPU-nope", nvml=fake_nvml)
 
 
+def test_fake_error_messages_are_pynvmls() -> None:
+    """The fake said "NVML Error with code N" for UNINITIALIZED, LIBRARY_NOT_FOUND and
+    LIB_RM_VERSION_MISMATCH (and others), where pynvml has words of its own: a line the
+    daemon builds from one (no driver, the driver gone) was tested against text no node
+    prints. Every code the fake can raise says what the installed nvidia-ml-py says."""
+    pynvml = pytest.importorskip("pynvml")
+    table = pynvml.NVMLError._errcode_to_string
+    codes = [value for name, value in vars(fp).items() if name.startswith("NVML_ERROR_")]
+    for code in codes:
+        if code in table:
+            assert str(fp.NVMLError(code)) == table[code], code
+            assert str(fp.NVMLError(code)) == str(pynvml.NVMLError(code)), code
+    assert set(table) <= set(codes)  # the fake can raise every code pynvml names
+    assert str(fp.NVMLError(fp.NVML_ERROR_LIBRARY_NOT_FOUND)) == "NVML Shared Library Not Found"
+    assert str(fp.NVMLError_Uninitialized()) == "Uninitialized"
+
+
 def test_no_driver_is_unavailable() -> None:
     fake = FakeNvml(1)
     fake.driver_loaded = False
