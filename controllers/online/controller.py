@@ -247,6 +247,7 @@ class OnlineMPCController(MeasuredLatencyRules):
         """Whether the MPC decided at the last call (its need is the current load's)."""
         self._profile_template: PerformanceProfile | None = None
         """The first learned profile; later ones are copies of it with new values."""
+        self.pooled_waiting = 0.0
         self.engines = 1
         """Data-parallel engines the last observation pooled: the controller learns and
         plans one of them (:func:`controllers.online.engines.engine_view`)."""
@@ -529,6 +530,7 @@ class OnlineMPCController(MeasuredLatencyRules):
             self.previous = None
             self.mpc = None
             self.arrivals_baseline = None
+        self.pooled_waiting = float(observation.waiting_requests)
         return engine_view(observation)
 
     def _observe_engine(self, observation: ServingObservation) -> None:
@@ -589,14 +591,16 @@ class OnlineMPCController(MeasuredLatencyRules):
             self.last_reason = "one clock"
             self.current_clock = float(clocks[0])
             return self.current_clock
+        pooled = observation
         observation = self._one_engine(observation)
         self._observe_engine(observation)
-        self.backlog_age.update(observation)
+        # The oldest waiting prompt's age and the SLO window's misses are the pool's.
+        self.backlog_age.update(pooled)
         self.work_mix.update(observation)
         observation = self.latency_window.view(observation)
         self.clumping.update(observation)
         if self.budget is not None:
-            self.exploration.looseness = self.budget.update(observation)
+            self.exploration.looseness = self.budget.update(pooled)
             observation = self._tail_backlog(observation)
         model = self.model
         assert model is not None

@@ -61,6 +61,9 @@ class MeasuredLatencyRules:
     mean_output_tokens: float
     _prefill_pressures: deque[tuple[float, float, float]]
     _decode_pressures: deque[tuple[float, float]]
+    pooled_waiting: float
+    """Requests waiting on all the engines the last observation pooled (the rules see one
+    engine's view, :mod:`controllers.online.engines`)."""
 
     @property
     def looseness(self) -> float:
@@ -344,9 +347,11 @@ class MeasuredLatencyRules:
             # The oldest waiting prompt has waited ``backlog_age.age_s`` already.
             target = min(1.0, self.slo_margin * self.looseness) * ttft_slo_s
             target -= self.backlog_age.age_s
-            if observation.waiting_requests <= 1:
+            if max(observation.waiting_requests, self.pooled_waiting) <= 1:
                 # One prompt waits: its own per-prompt allowance is known (the whole
-                # backlog). Behind several, the last may be short: the flat SLO.
+                # backlog). Behind several, the last may be short: the flat SLO. (In a
+                # pool of engines, one waiting in the pool: the view's share of two
+                # waiting prompts is one, but either may be the busiest engine's.)
                 credit = 1.0 if self.budget is None else self.budget.allowance_credit
                 target += credit * (observation.ttft_slo_per_prompt_token_s or 0.0) * backlog
             drained = math.ceil(backlog / chunk) * mixed <= target
