@@ -496,6 +496,28 @@ def _listed(kind: str, emulator: str | None, budget: _ResetBudget) -> list[int]:
         ) from None
 
 
+def _reset_all_nvidia_smi(budget: _ResetBudget) -> None:
+    """``nvidia-smi --reset-gpu-clocks`` (every GPU), within ``budget``: the command's
+    own timeout is what is left of it, and it runs on a worker thread waited for as long
+    (a child that hangs in the driver outlives its kill: ``subprocess`` then waits for it
+    with no deadline). It had its own 30 s, three times the command's budget.
+
+    Raises:
+        ClocksNotReset: no answer in time (exit 6: the GPUs may still be locked).
+        GpuError: what nvidia-smi said (permission, no driver, ...).
+    """
+    wait_s = budget.left_s()  # nvidia-smi initialises NVML: seconds without persistence mode
+    argv = ["nvidia-smi", "--reset-gpu-clocks"]
+    calls = SerialCalls(max(wait_s, 0.1), name="reset-all", cause="a hung GPU call", idle_s=0.0)
+    try:
+        calls.call(lambda: run_command(argv, max(wait_s, 0.1)))
+    except (CallTimeout, TransientGpuError):  # run_command's TransientGpuError: timed out
+        raise ClocksNotReset(
+            f"{_hung('all', ' '.join(argv), wait_s)}; the GPUs may still be locked: run "
+            "`gpugov reset-clocks` (or `nvidia-smi -rgc`) again once the driver answers"
+        ) from None
+
+
 def _require_present(
     chosen: list[int | str], kind: str, emulator: str | None, budget: _ResetBudget | None = None
 ) -> None:
@@ -590,7 +612,7 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
     config = load_config(args.config) if args.config else None
     kind, emulator = backend_choice(args.backend, args.emulator, config)
     if chosen is None and kind == "nvidia-smi":
-        run_command(["nvidia-smi", "--reset-gpu-clocks"], 30.0)
+        _reset_all_nvidia_smi(_ResetBudget())
         print("all GPUs: SM clock locks reset (nvidia-smi)")
         return EXIT_OK
     named = [str(gpu) for gpu in chosen or () if isinstance(gpu, str)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import socket
 import threading
+import types
 from typing import Any
 
 import pytest
@@ -325,3 +326,32 @@ def test_reset_clocks_gives_up_once_its_budget_is_spent(reset_fake: FakeNvml) ->
     clock.now = 0.5  # half of it left: a call may take the per-call deadline at most,
     assert budget.wait_s() == pytest.approx(min(DEADLINE_S, 0.5))
     assert budget.left_s() == pytest.approx(0.5)  # nvmlInit (an open, the listing) all of it
+
+
+def test_reset_clocks_through_nvidia_smi_keeps_to_its_budget(
+    reset_fake: FakeNvml,
+    safety: list[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--backend nvidia-smi --gpus all`` ran ``nvidia-smi --reset-gpu-clocks`` with a
+    timeout of its own, 30 s, three times the command's budget (10 s): a hung driver held
+    the preStop hook past the pod's grace period. Now the command's timeout is what is
+    left of the budget, and a child that does not end with it (hung in the driver, it
+    outlives its kill) is not waited for: one line, exit 6."""
+    release = threading.Event()
+    safety.append(types.SimpleNamespace(release=release))
+    timeouts: list[float] = []
+
+    def hung_nvidia_smi(argv: Any, timeout_s: float) -> str:
+        timeouts.append(timeout_s)
+        release.wait(JOIN_S)
+        return ""
+
+    monkeypatch.setattr(node_cli, "run_command", hung_nvidia_smi)
+    assert node_cli.main(["reset-clocks", "--backend", "nvidia-smi", "--gpus", "all"]) == 6
+    assert not release.is_set()  # it ended while nvidia-smi still hung
+    assert len(timeouts) == 1 and 0 < timeouts[0] <= node_cli.RESET_BUDGET_S
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("gpugov: error: nvidia-smi --reset-gpu-clocks: no answer within ")
+    assert "(a hung GPU call: a driver in trouble); the GPUs may still be locked" in line
