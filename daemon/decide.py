@@ -182,12 +182,15 @@ class ControllerContext:
         period_s: float,
         safety: SafetySettings | None = None,
         time_mode: TimeMode = "virtual",
+        replicas: int = 1,
         **more: Any,
     ) -> ControllerContext:
-        """A simulated domain's context: the plant's clocks and GPUs, forecasts declared
-        from the workload, the plant itself for an ``mpc``; virtual time by default."""
+        """A simulated domain's context: the plant's clocks and GPUs (``replicas`` engines'
+        of them: a pool of data-parallel engines is one domain on a node), forecasts
+        declared from the workload, the plant itself for an ``mpc``; virtual time by
+        default."""
         profile = plant.profile
-        gpus = plant.tensor_parallel
+        gpus = plant.tensor_parallel * max(1, replicas)
         values: dict[str, Any] = {
             "period_s": period_s,
             "supported_clocks_mhz": tuple(float(c) for c in profile.clock_mhz),

@@ -576,7 +576,7 @@ class OnlineMPCController(MeasuredLatencyRules):
         self._hinted_name = name
         if self.auto_hints is None or self.prior is not None:
             return
-        self.auto_prior = self.auto_hints.prior_for(name)
+        self.auto_prior = self.auto_hints.prior_for(name, engines=self.engines)
         model = self.model
         if model is not None and self.auto_prior is not None:
             model.adopt_hint(self.auto_prior)

@@ -263,12 +263,17 @@ class AutoHints:
             self.warn(message)
         self._said.add(message)
 
-    def prior_for(self, model_name: str) -> ModelPrior | None:
+    def prior_for(self, model_name: str, engines: int = 1) -> ModelPrior | None:
         """The prior for ``model_name`` served on this domain's GPUs (None when the name
-        or the GPU gives none); computed once per name."""
-        if model_name in self._priors:
-            return self._priors[model_name]
+        or the GPU gives none), for one of ``engines`` data-parallel engines that share
+        them evenly (each on ``tensor_parallel / engines`` GPUs; the domain's GPUs where
+        they do not divide evenly); computed once per name and engine count."""
+        key = model_name if engines == 1 else f"{model_name}\x00{engines}"
+        if key in self._priors:
+            return self._priors[key]
         tp = self.tensor_parallel
+        if engines > 1 and isinstance(tp, int) and tp % engines == 0:
+            tp //= engines
         if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= MAX_HINTED_TP:
             # The hints' roofline knows TP groups of 1-64 GPUs; a wider domain (a profile
             # the loader takes up to 1,024) learns with no prior, never fails a decision.
@@ -296,7 +301,7 @@ class AutoHints:
                     gpu=self.gpu,
                     params_b=params_b,
                     active_params_b=active_params_b,
-                    tensor_parallel=self.tensor_parallel,
+                    tensor_parallel=tp,
                 )
             except HintError as error:
                 # A name is the engine's label, not the operator's config: a size no
@@ -305,13 +310,13 @@ class AutoHints:
                     f"mpc-online: the served model's name {model_name!r} gives no usable "
                     f"size ({error}); no prior from it"
                 )
-                hints = PriorHints(gpu=self.gpu, tensor_parallel=self.tensor_parallel)
+                hints = PriorHints(gpu=self.gpu, tensor_parallel=tp)
             prior = prior_from_hints(hints, warn=self._warn_once)
         if prior is not None:
             prior = replace(prior, source=f"{prior.source} (served model {model_name!r})")
         if len(self._priors) >= 16:
             self._priors.pop(next(iter(self._priors)))
-        self._priors[model_name] = prior
+        self._priors[key] = prior
         return prior
 
 

@@ -60,12 +60,14 @@ def study_controller(
     plan: object = None,
     slo_target: SLOTarget | None = None,
     role: str = "colocated",
+    replicas: int = 1,
 ) -> ControllerWrapper:
     """``spec``'s controller on a simulated domain of ``plant``, as ``gpugov run --simulate
     --virtual`` builds it: the node's factory and safety chain, forecasts declared from the
     workload before the run, the plant itself for an ``mpc``, virtual time; ``slo_target``
     as a domain's ``[domains.slo_target]``; ``role`` as a domain's pool ``role`` (a
-    disaggregated pool is judged on its phase's objective, ``docs/disaggregated.md``)."""
+    disaggregated pool is judged on its phase's objective, ``docs/disaggregated.md``), and
+    ``replicas`` its engines (one domain holding all their GPUs, as on a node)."""
     context = ControllerContext.for_plant(
         plant,
         workload,
@@ -74,6 +76,7 @@ def study_controller(
         plan=plan,
         slo_target=slo_target,
         role=role,
+        replicas=replicas,
     )
     return build_controller(spec, context)
 

@@ -363,9 +363,11 @@ def row_controller(
     workload: Sequence[Request],
     config: BenchConfig,
     role: str = "colocated",
+    replicas: int = 1,
 ) -> ClockController:
     """Row ``key``'s controller on one domain of ``plant`` in ``role`` (the node's factory
-    and safety chain, the row's period and the board's SLO target)."""
+    and safety chain, the row's period and the board's SLO target), a pool of ``replicas``
+    engines."""
     spec, period = row_spec(key, config)
     return study_controller(
         spec,
@@ -375,6 +377,7 @@ def row_controller(
         safety=config.safety,
         slo_target=config.slo_target,
         role=role,
+        replicas=replicas,
     )
 
 
@@ -393,7 +396,8 @@ def simulate_pools(
     _, period = row_spec(key, config)
     chains: dict[str, ClockController] = {}
     for role in ROLES:
-        chain = row_controller(key, layout.pool(role).plant, workloads[role], config, role)
+        pool = layout.pool(role)
+        chain = row_controller(key, pool.plant, workloads[role], config, role, pool.replicas)
         chains[role] = chain if wrap is None else wrap(chain)
     result = simulate_disaggregated(
         scenario.requests,

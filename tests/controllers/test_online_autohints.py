@@ -120,6 +120,26 @@ def test_a_size_no_model_has_is_no_hint_and_one_line() -> None:
         controller(replace(_observation(0.25 * step, None), model_name="Mix-999x9999B"))
 
 
+def test_a_data_parallel_domain_is_hinted_per_engine() -> None:
+    """Eight GPUs serving two data-parallel engines: each engine's prior is a TP4 group's
+    (the controller plans one engine); an engine count that does not divide the GPUs
+    keeps the domain's."""
+    hints = AutoHints(gpu=H100, tensor_parallel=8)
+    name = "meta-llama/Llama-3.1-70B-Instruct"
+    per_engine = hints.prior_for(name, engines=2)
+    tp4 = AutoHints(gpu=H100, tensor_parallel=4).prior_for(name)
+    assert per_engine is not None and tp4 is not None
+    assert per_engine.time_table == tp4.time_table
+    assert per_engine.board_power_w == pytest.approx(4 * GPUS["h100"].tdp_w)
+    whole = hints.prior_for(name)
+    assert whole is not None and whole.board_power_w == pytest.approx(8 * GPUS["h100"].tdp_w)
+    odd = hints.prior_for(name, engines=3)
+    assert odd is not None and odd.time_table == whole.time_table
+    controller = OnlineMPCController(auto_hints=hints, warmup_s=5.0)
+    controller(_observation(0.0, name, engines=2))
+    assert controller.auto_prior is per_engine
+
+
 def test_the_controller_takes_the_hint_when_the_first_name_arrives() -> None:
     controller = OnlineMPCController(
         auto_hints=AutoHints(gpu=H100, tensor_parallel=1), warmup_s=5.0

@@ -139,6 +139,20 @@ def test_each_pool_is_judged_on_its_phase_as_a_node_with_that_role(
     assert [view.role for view in views] == [role]
 
 
+def test_a_pool_of_two_engines_is_one_domain_of_their_gpus(plant: ServingPlant) -> None:
+    """A 2P2D pool's controller is built as a node builds one domain holding both engines'
+    GPUs, so the automatic hints give each engine its own TP group's prior."""
+    from gpugov.controllers.contract import layers
+    from gpugov.controllers.online.controller import OnlineMPCController
+    from gpugov.study.scoreboard.disaggregated import row_controller
+
+    scenario = build_disaggregated_scenario("azure-conv-10min", plant, "2P2D", "recorded", 10.0)
+    chain = row_controller("mpc-online", plant, scenario.requests, TINY, "prefill", 2)
+    online = [layer for layer in layers(chain) if isinstance(layer, OnlineMPCController)]
+    assert len(online) == 1 and online[0].auto_hints is not None
+    assert online[0].auto_hints.tensor_parallel == 2 * plant.tensor_parallel
+
+
 def test_hindsight_rows_oracle_choice_captures_and_bound(plant: ServingPlant) -> None:
     """The per-pool hindsight rows: the best fixed pair (the lowest holding clock per pool,
     the other at its maximum, checked jointly) and the window oracle per pool continuing
