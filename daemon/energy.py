@@ -44,8 +44,9 @@ histogram of that estimate (:class:`RequestEnergyHistogram`).
 Bad input never yields a negative or infinite energy: a window whose energy is missing
 (NVML ``NotSupported``, a failed read), not finite, went backwards (a counter reset or
 wrap) or is above 20 times the power limit, or whose token or request counters went
-backwards or changed model (an engine restart), is skipped and counted by reason; the
-next window starts from the reading that ended it. Pure computation: no I/O, no clocks.
+backwards or changed model or data-parallel engine count (an engine restart), is skipped
+and counted by reason; the next window starts from the reading that ended it. Pure
+computation: no I/O, no clocks.
 """
 
 from __future__ import annotations
@@ -135,6 +136,9 @@ class EnergyReading:
     """The kind of engine whose counters these are (``vllm``, ``sglang``, ``tgi``): a
     window across two (another engine on the URL) is skipped as a restart."""
     engine_fresh: bool = True
+    engines: int = 1
+    """The data-parallel engines the counters are summed over: a window across another
+    count (a deployment scaled up or down) is skipped as a restart."""
     power_limit_w: float | None = None
     prompt_buckets: Buckets | None = None
     output_buckets: Buckets | None = None
@@ -169,6 +173,7 @@ def reading_from(observed: Observed) -> EnergyReading:
         model=(engine.model_name if engine is not None else None) or UNKNOWN_MODEL,
         engine="" if engine is None else engine.engine,
         engine_fresh=engine is not None and observed.engine_error is None,
+        engines=1 if engine is None else engine.engines,
         power_limit_w=o.power_limit_w,
         prompt_buckets=None if engine is None else engine.request_prompt_tokens_buckets,
         output_buckets=None if engine is None else engine.request_generation_tokens_buckets,
@@ -422,7 +427,12 @@ class EnergyEstimator:
             self._skip("energy_implausible", reading)
             return None
         work = _deltas(anchor, reading)
-        if work is None or reading.model != anchor.model or reading.engine != anchor.engine:
+        if (
+            work is None
+            or reading.model != anchor.model
+            or reading.engine != anchor.engine
+            or reading.engines != anchor.engines
+        ):
             self._skip("engine_restart", reading)
             return None
         prompt, output, finished = work

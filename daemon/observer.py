@@ -42,7 +42,11 @@ Derivations from the engine's cumulative counters (documented in ``docs/daemon.m
   (:func:`daemon.engines.data_parallel_engines`: the distinct label sets of its running
   and waiting gauges, rank labels left out; vLLM's ``engine``, SGLang's ``dp_rank``):
   every count and token above is their sum; 1 where the page shows one engine or none
-  has been scraped. ``busiest_prefill_tokens`` stays None on a node: a page gives
+  has been scraped. A scrape that shows another count than the last (a data-parallel
+  deployment scaled up or down) is another engine's, as one of another kind or model
+  is: the sums would jump by a joining engine's lifetime or fall by a leaving one's, so
+  the counters start from zero again there, as after an engine restart (no window,
+  arrival or energy across it). ``busiest_prefill_tokens`` stays None on a node: a page gives
   each engine's waiting and running gauges, but the requests still in their prefill,
   and the length of their prompts, are derived from counters summed over the engines,
   so which engine holds the prompts in prefill is not known (scaling the backlog by an
@@ -145,9 +149,11 @@ def _nothing_in_flight(engine: EngineSample) -> bool:
 
 
 def _another_engine(last: EngineSample, sample: EngineSample) -> bool:
-    """Whether ``sample`` is another engine's than ``last``: of another kind, or serving
-    another model (a name either page lacks tells nothing); its counters are its own."""
-    if sample.engine != last.engine:
+    """Whether ``sample`` is another engine's than ``last``: of another kind, serving
+    another model (a name either page lacks tells nothing), or as many data-parallel
+    engines no more (a deployment scaled up or down: the sums now hold an engine's
+    lifetime counters more, or less); its counters are its own."""
+    if sample.engine != last.engine or sample.engines != last.engines:
         return True
     names = (last.model_name, sample.model_name)
     return None not in names and names[0] != names[1]

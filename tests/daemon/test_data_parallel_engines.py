@@ -141,3 +141,43 @@ def test_no_scrape_yet_and_a_bare_sample_are_one_engine() -> None:
             raise EngineUnavailable("down")
 
     assert _observed_engines(Down()) == 1
+
+
+class _EnergyGpu(_Gpu):
+    """A GPU whose energy counter rises 400 J a tick (400 W)."""
+
+    energy_j = 1e6
+
+    def sample(self) -> GpuSample:
+        self.energy_j += 400.0
+        return GpuSample(gpu=self.label, energy_j=self.energy_j, power_limit_w=700.0)
+
+
+def test_a_change_of_the_engine_count_is_another_engine() -> None:
+    """A data-parallel deployment scaled up (one engine to two) or down between scrapes:
+    the sums over the engines jumped by the joining engine's lifetime counters (read as
+    one window's work, or dropped as an impossible jump) or fell by the leaving one's.
+    Now a new count is another engine, as one of another kind or model is: the counters
+    start from zero there, and no energy window spans it."""
+    from gpugov.daemon.energy import EnergyEstimator, reading_from
+
+    one, two = fixture_text("vllm_v1_real.txt"), vllm_dp2_from_the_real_page()
+    page = [one]
+    source = ScrapedSource("file:page", fetch=lambda url, t: page[0])
+    observer = DomainObserver([_EnergyGpu("0")], source, stale_after_s=30.0)
+    estimator = EnergyEstimator()
+    ticks = []
+    for step, shown in enumerate([one] * 3 + [two] * 3 + [one] * 3):
+        page[0] = shown
+        observed = observer.observe(float(step), step, None)
+        assert observed.engine_error is None, (step, observed.engine_error)
+        estimator.update(reading_from(observed))
+        ticks.append(observed.observation)
+    assert [t.engines for t in ticks] == [1] * 3 + [2] * 3 + [1] * 3
+    for change in (3, 6):
+        switched, before = ticks[change], ticks[change - 1]
+        assert switched.prompt_tokens_total <= before.prompt_tokens_total, change
+        assert switched.output_tokens_total <= before.output_tokens_total, change
+        assert switched.completed_requests <= before.completed_requests, change
+        assert switched.ttft_recent_s is None, change  # no window across the two
+    assert estimator.skipped["engine_restart"] == 2
