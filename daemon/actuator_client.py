@@ -31,6 +31,7 @@ from typing import Any
 
 from gpugov.daemon.backend import GpuBackend, ReadThroughBackend
 from gpugov.daemon.errors import (
+    NVML_ERROR_MAP,
     GpuError,
     GpuLost,
     NotSupported,
@@ -195,8 +196,19 @@ class ActuatorClient:
             return answer
         code = str(answer.get("error", "gpu_error"))
         kind = _ERRORS.get(code, GpuError)
+        nvml_code = answer.get("nvml_code")
+        if not isinstance(nvml_code, int) or isinstance(nvml_code, bool):
+            nvml_code = None  # an older actuator's answer, or not NVML's failure
+        elif kind is not PeerRefused:
+            # NVML's error as this process's NVML would have raised it, code and all:
+            # the loop's driver-gone handling (DRIVER_GONE_CODES) reads both.
+            kind = NVML_ERROR_MAP.get(nvml_code, GpuError)
         where = f"GPU {gpu}: " if gpu is not None else ""
-        raise kind(f"{where}actuator refused ({code}): {answer.get('message', '')}", gpu=gpu)
+        raise kind(
+            f"{where}actuator refused ({code}): {answer.get('message', '')}",
+            gpu=gpu,
+            code=nvml_code,
+        )
 
     def check(self) -> str | None:
         """Once per tick: connect if needed, renew the lease when due; the reason the

@@ -12,7 +12,8 @@ serves a Unix socket, one JSON object per line each way (``docs/actuator.md``):
 * ``{"op": "reset", "gpu": "0"}``: reset one configured GPU's lock.
 * ``{"op": "renew"}`` and ``{"op": "held"}``: keep the lease; report what is held.
 
-Every answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": CODE, "message": ...}``.
+Every answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": CODE, "message": ...}``
+(with ``"nvml_code": N`` where an NVML call failed with return code N).
 A peer is accepted only when ``SO_PEERCRED`` shows the allowed uid. A lock is a lease:
 it is held while its connection is open and sends a request at least every ``lease_s``;
 when the connection closes (the governor exited or was killed, even by SIGKILL) or goes
@@ -76,6 +77,16 @@ _ERRORS: tuple[tuple[type[GpuError], str], ...] = (
 def error_code(error: GpuError) -> str:
     """The protocol's name for a GPU error (the governor maps it back)."""
     return next((code for kind, code in _ERRORS if isinstance(error, kind)), "gpu_error")
+
+
+def refusal(error: GpuError) -> dict[str, Any]:
+    """The answer to a request an NVML call failed: the protocol's code, the message and,
+    where NVML gave one, its return code (``nvml_code``), by which the governor raises
+    the error NVML's own would have been (the driver gone: codes 1, 6, 9, 12, 18)."""
+    answer: dict[str, Any] = {"ok": False, "error": error_code(error), "message": str(error)}
+    if isinstance(error.code, int) and not isinstance(error.code, bool):
+        answer["nvml_code"] = error.code
+    return answer
 
 
 class Refused(Exception):
@@ -437,7 +448,7 @@ class ActuatorServer:
         except Refused as refused:
             return {"ok": False, "error": refused.code, "message": str(refused)}
         except GpuError as error:
-            return {"ok": False, "error": error_code(error), "message": str(error)}
+            return refusal(error)
         except Exception as error:  # never let one request end the process that holds leases
             log.exception("request from pid %d failed", conn.pid)
             return {"ok": False, "error": "gpu_error", "message": f"internal error: {error!r}"}

@@ -147,6 +147,41 @@ def test_the_clock_actuator_locks_through_the_actuator_and_again_after_a_new_lea
         served.stop()
 
 
+@pytest.mark.parametrize("code", [9, 1, 12, 18])  # DRIVER_NOT_LOADED, UNINITIALIZED, ...
+def test_a_write_failing_as_the_driver_goes_is_that_nvml_error_in_the_governor(
+    socket_path: Path, code: int
+) -> None:
+    """The actuator's refusal carried NVML's error as a protocol code and a message only
+    (``gpu_error``), so the governor raised a bare GpuError with no NVML code: a write
+    failing as the driver went away (unloaded, upgraded) was not the driver gone, which
+    the loop reads from a GpuUnavailable's code (``DRIVER_GONE_CODES``). The answer now
+    carries ``nvml_code``, and the governor raises the error its own NVML would have."""
+    import os
+
+    from gpugov.daemon.errors import DRIVER_GONE_CODES, DriverGone, GpuUnavailable
+
+    nvml = FakeNvml(1)
+    served = Served(nvml, socket_path, str(os.getuid()))
+    _client, (gpu,) = _governor(nvml, socket_path)
+    actuator = ClockActuator([gpu], domain="llm")
+    try:
+        nvml.fail("nvmlDeviceSetGpuLockedClocks", code, times=None)
+        with pytest.raises(GpuUnavailable) as raised:
+            actuator.apply(1410)
+        assert raised.value.code == code and code in DRIVER_GONE_CODES
+        assert raised.value.gpu == "0"
+        assert f"(NVML code {code})" in str(raised.value)
+        gone = DriverGone.from_unavailable(raised.value)  # the loop's line
+        assert "the NVIDIA driver went away or was replaced" in str(gone)
+        # A refusal that is not NVML's carries no code, and is what it was.
+        with pytest.raises(GpuError, match="out_of_range") as refused:
+            gpu.lock_clocks(100, 100)
+        assert refused.value.code is None and not isinstance(refused.value, GpuUnavailable)
+    finally:
+        gpu.close()
+        served.stop()
+
+
 def test_a_reset_that_fails_at_a_leases_end_is_retried_and_frees_the_gpu(
     socket_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
