@@ -36,7 +36,6 @@ by a composed :class:`~gpugov.plant.grid_series.GridSeries`, in ``grid_series.py
 from __future__ import annotations
 
 import bisect
-import copy
 import heapq
 import itertools
 import math
@@ -48,6 +47,7 @@ import numpy as np
 
 from gpugov.plant.attribution import EnergyLedger, prefill_fraction
 from gpugov.plant.engine_counters import EngineCounters
+from gpugov.plant.fork import fork_simulation
 from gpugov.plant.gpu_physics import _EPS, GpuParameters, GpuPhysics
 from gpugov.plant.grid_series import GridSeries
 from gpugov.plant.plant import ServingPlant
@@ -61,9 +61,6 @@ from gpugov.plant.types import (
     SchedulerView,
     ServingObservation,
 )
-
-_ATOMIC_TYPES = frozenset({int, float, bool, type(None)})
-"""Element types whose lists :meth:`PlantSimulation.fork` copies shallowly."""
 
 
 class PlantSimulation:
@@ -871,30 +868,9 @@ class PlantSimulation:
         workload (copied once :meth:`add_request` made it a list) and plant, starts its
         grid series empty (its :meth:`result` therefore has series from the fork point
         only; its energy, request outcomes and state are exact), and copies lists of
-        plain numbers with ``list.copy`` (about 1 ms).
+        plain numbers with ``list.copy`` (about 1 ms); ``plant/fork.py``.
         """
-        memo: dict[int, Any] = {
-            # The workload is shared while it is the immutable tuple it starts as; once
-            # :meth:`add_request` made it a list, the fork takes a copy of its own.
-            id(self.requests): (
-                self.requests if type(self.requests) is tuple else list(self.requests)
-            ),
-            id(self.plant): self.plant,
-            id(self.gpu.params): self.gpu.params,
-        }
-        for values in self.series.samples.values():
-            memo[id(values)] = []
-        memo[id(self.series.phases)] = []
-        for value in [*vars(self).values(), *vars(self.energy_ledger).values()]:
-            # Lists of plain numbers: a shallow copy is a deep copy, and far faster.
-            if (
-                type(value) is list
-                and id(value) not in memo
-                and len(value) > 32
-                and set(map(type, value)) <= _ATOMIC_TYPES
-            ):
-                memo[id(value)] = value.copy()
-        return copy.deepcopy(self, memo)
+        return fork_simulation(self)
 
     def request_times(self) -> tuple[Sequence[float | None], Sequence[float | None]]:
         """First-token and finish times so far, indexed like :attr:`requests` (``None``
