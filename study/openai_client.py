@@ -245,7 +245,7 @@ def _http_failure(response: http.client.HTTPResponse) -> tuple[str, str]:
     kind = f"HTTP {response.status}"
     with contextlib.suppress(ValueError):
         body = json.loads(raw)
-        if isinstance(body, dict) and "error" in body:
+        if isinstance(body, dict) and ("error" in body or body.get("object") == "error"):
             text = _error_message(body)
             error_type = _error_type(body)
             kind = f"{kind} {error_type}" if error_type else kind

@@ -299,3 +299,32 @@ def test_a_failure_without_a_kind_is_grouped_by_its_message() -> None:
     ]
     run = LoadRun(timings, scheduled=3, not_sent=0, clipped_prompts=0, wall_s=1.0, late_starts=0)
     assert summarize(run)["errors"] == {f"{long}a": 2, f"{long}b": 1}
+
+
+class _Answer:
+    """What ``_http_failure`` reads of an ``http.client.HTTPResponse``."""
+
+    def __init__(self, status: int, reason: str, body: bytes) -> None:
+        self.status, self.reason, self._body = status, reason, body
+
+    def read(self, size: int = -1) -> bytes:
+        return self._body if size < 0 else self._body[:size]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"error": {"message": "max_tokens is too large", "type": "BadRequestError"}},
+        {"object": "error", "message": "max_tokens is too large", "type": "BadRequestError"},
+    ],
+    ids=["current", "flat"],
+)
+def test_both_vllm_error_shapes_give_the_message_and_the_kind(body: dict[str, object]) -> None:
+    """vLLM's current error body and its older flat one (``{"object": "error", ...}``)
+    both give the message and the error's type, not the raw JSON."""
+    from gpugov.study.openai_client import _http_failure
+
+    answer = _Answer(400, "Bad Request", json.dumps(body).encode())
+    line, kind = _http_failure(answer)  # type: ignore[arg-type]
+    assert line == "HTTP 400 Bad Request: max_tokens is too large"
+    assert kind == "HTTP 400 BadRequestError"
