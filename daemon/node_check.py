@@ -44,12 +44,13 @@ from gpugov.daemon.errors import (
     NO_DRIVER_CODES,
     ConfigError,
     ControllerError,
+    GpuCallHung,
     GpugovError,
     GpuUnavailable,
     NotSupported,
 )
 from gpugov.daemon.files import STATE_DIR_ENV, resolve_state_dir
-from gpugov.daemon.node_support import write_path_status
+from gpugov.daemon.node_support import GPU_CALL_DEADLINE_S, bounded_gpu_call, write_path_status
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,9 @@ class NodeReport:
     lines: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     problems: list[Exception] = field(default_factory=list)
+    hung: bool = False
+    """A GPU call hung past its deadline: no GPU is closed (NVML is not shut down under
+    the hung call; the process's exit releases what is open)."""
 
 
 def slo_warnings(config: GpugovConfig) -> list[str]:
@@ -177,10 +181,23 @@ def check_node(
                 backends = None if opened is None else opened.get(domain.name)
                 _check_domain(config, domain, backends, report)
         finally:
-            for backends in (opened or {}).values():
-                for backend in backends:
-                    backend.close()
+            _close_all(opened or {}, report)
     return report
+
+
+def _close_all(opened: dict[str, list[GpuBackend]], report: NodeReport) -> None:
+    """Close the GPUs :func:`check_node` opened, each close waited for at most
+    :data:`~daemon.node_support.GPU_CALL_DEADLINE_S`; none once a call has hung (a close
+    that hangs is one more problem, and the rest are left open)."""
+    for backends in opened.values():
+        for backend in backends:
+            if report.hung:
+                return
+            try:
+                bounded_gpu_call(backend.close, "close", GPU_CALL_DEADLINE_S, gpu=backend.label)
+            except GpuCallHung as error:
+                report.problems.append(error)
+                report.hung = True
 
 
 @contextmanager
@@ -310,7 +327,7 @@ def _open_gpus(
     """Open every domain's GPUs read-only as ``run`` opens them; None when this machine
     has no driver for the backend (the GPU part is skipped). A domain whose GPUs could
     not all be opened is left out (its problem is reported)."""
-    from gpugov.daemon.service import check_opened_once, open_backend
+    from gpugov.daemon.service import GPU_OPEN_DEADLINE_S, check_opened_once, open_backend
 
     kind = config.daemon.backend
     if kind in ("nvml", "actuator", "zeusd"):  # the split backends read through NVML
@@ -351,9 +368,17 @@ def _open_gpus(
                         sleep=sleep,
                         emulator=config.daemon.emulator,
                         daemon=config.daemon,
+                        deadline_s=GPU_OPEN_DEADLINE_S,  # as run's start: a hung call ends it
                     )
                 )
                 check_opened_once(uuids, backends[-1], domain.name, str(gpu))
+        except GpuCallHung as error:
+            # No GPU is closed, nor another opened: each would queue behind the hung call
+            # in the driver (NVML is not shut down under it; the process's exit releases
+            # what is open).
+            report.problems.append(error)
+            report.hung = True
+            return opened
         except GpugovError as error:
             report.problems.append(error)
             for backend in backends:
@@ -384,10 +409,17 @@ def _nvml_or_none(
     has no NVIDIA driver or library. Any other NVML failure is a problem: ``run`` on this
     node would fail the same way."""
     from gpugov.daemon.nvml import load_pynvml, nvml_device_count
+    from gpugov.daemon.service import GPU_OPEN_DEADLINE_S
 
     try:
         module = nvml or (load_nvml or load_pynvml)()
-        count = nvml_device_count(module)
+        count = bounded_gpu_call(
+            lambda: nvml_device_count(module), "NVML: list the GPUs", GPU_OPEN_DEADLINE_S
+        )
+    except GpuCallHung as error:  # a driver in trouble, not "no driver here"
+        report.problems.append(error)
+        report.hung = True
+        return None
     except GpuUnavailable as error:
         if error.code in NO_DRIVER_CODES:  # the error's line says where to go without one
             report.lines.append(f"GPU checks skipped: {error}")
@@ -467,6 +499,7 @@ def _check_budget(domain: DomainConfig, backends: Sequence[GpuBackend], report: 
     """The domain's power budget as ``run`` takes it: ``power_budget_w`` against the
     GPUs' lowest power limit (a problem), and one read of ``power_budget_file`` (its
     trouble is a warning: ``run`` starts and keeps the last good value)."""
+    from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
     from gpugov.daemon.power_budget import domain_budget
 
     try:
@@ -476,6 +509,7 @@ def _check_budget(domain: DomainConfig, backends: Sequence[GpuBackend], report: 
             config_w=domain.power_budget_w,
             file=domain.power_budget_file,
             file_scope=domain.power_budget_file_scope,
+            read_deadline_s=GPU_READ_DEADLINE_S,  # as run's start reads the power limits
         )
     except ConfigError as error:
         report.problems.append(error)

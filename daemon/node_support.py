@@ -7,10 +7,11 @@ import argparse
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from gpugov.daemon.cli_support import UsageError, check_engine_url, fail
 from gpugov.daemon.config import DaemonSection, GpugovConfig
+from gpugov.daemon.deadline import CallTimeout, SerialCalls
 from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,
     ClocksNotReset,
@@ -18,6 +19,7 @@ from gpugov.daemon.errors import (
     ControllerError,
     DriverGone,
     ExitCode,
+    GpuCallHung,
     GpugovError,
     GpuLost,
     GpuUnavailable,
@@ -28,6 +30,50 @@ from gpugov.daemon.errors import (
 from gpugov.daemon.nvidia_smi import run_command
 from gpugov.daemon.nvml import load_pynvml, nvml_device_count
 from gpugov.daemon.record import RecordingError
+
+T = TypeVar("T")
+
+GPU_CALL_DEADLINE_S = 2.0
+"""How long a read-only command (``check-config``, ``status``) waits for one GPU call
+that does not initialise NVML (a sample, the clocks' list, the power limits, a close):
+the loop's :data:`~daemon.gpu_sampling.GPU_READ_DEADLINE_S`. The calls that do (listing
+the GPUs, opening one) wait ``run``'s start's
+:data:`~daemon.service.GPU_OPEN_DEADLINE_S`."""
+
+
+def gpu_calls(gpu: int | str) -> SerialCalls:
+    """A worker thread for one GPU's calls, in order (:func:`bounded_gpu_call`)."""
+    return SerialCalls(GPU_CALL_DEADLINE_S, name=f"gpu-{gpu}", cause="a hung GPU call", idle_s=0.0)
+
+
+def bounded_gpu_call(
+    target: Callable[[], T],
+    what: str,
+    deadline_s: float,
+    *,
+    gpu: int | str | None = None,
+    calls: SerialCalls | None = None,
+) -> T:
+    """``target()`` on ``calls``' worker thread (a new one by default), waited for at most
+    ``deadline_s``: a call hung in a driver in trouble ends a command in one line naming
+    the GPU (``GPU 1: open: no answer within 20 s (a hung GPU call: a driver in
+    trouble)``), as ``run``'s start does. The hung call goes on on its daemon thread (the
+    process's exit does not wait for it); no other starts on ``calls`` until it returns.
+
+    Raises:
+        GpuCallHung: no answer within ``deadline_s`` (a GpuUnavailable: exit 4).
+        Exception: what ``target`` raised.
+    """
+    calls = calls or gpu_calls("all" if gpu is None else gpu)
+    try:
+        return calls.call(target, deadline_s)
+    except CallTimeout:
+        where = "" if gpu is None else f"GPU {gpu}: "
+        raise GpuCallHung(
+            f"{where}{what}: no answer within {deadline_s:.3g} s (a hung GPU call: a driver "
+            "in trouble)",
+            gpu=None if gpu is None else str(gpu),
+        ) from None
 
 
 def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

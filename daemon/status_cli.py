@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.cli_support import UsageError, check_engine_url, fail
@@ -19,13 +19,24 @@ from gpugov.daemon.errors import (
     EngineParseError,
     EngineUnavailable,
     ExitCode,
+    GpuCallHung,
     GpuUnavailable,
     NotSupported,
     printable,
 )
-from gpugov.daemon.node_support import backend_choice, gpu_indices, guarded, write_path_status
+from gpugov.daemon.node_support import (
+    GPU_CALL_DEADLINE_S,
+    backend_choice,
+    bounded_gpu_call,
+    gpu_calls,
+    gpu_indices,
+    guarded,
+    write_path_status,
+)
 from gpugov.daemon.nvml import NvmlBackend, load_pynvml
 from gpugov.plant.input_files import finite_number
+
+T = TypeVar("T")
 
 CAP_SYS_ADMIN = 21
 SPLIT_BACKENDS = ("actuator", "zeusd")
@@ -76,25 +87,55 @@ def held_by_gpugov(state_dir: Path | None, uuids: Iterable[str]) -> dict[str, di
 
 
 def gpu_status(
-    nvml: Any = None, *, backend_kind: str = "nvml", emulator: str | None = None
+    nvml: Any = None,
+    *,
+    backend_kind: str = "nvml",
+    emulator: str | None = None,
+    rows: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Per GPU of the backend (``nvml``, ``nvidia-smi`` or ``emulated`` at ``emulator``):
-    name, UUID, supported clock range, current clock, power, temperature.
+    name, UUID, supported clock range, current clock, power, temperature; each row is
+    appended to ``rows`` (when given) as it is read.
+
+    Every GPU call runs on a worker thread, waited for as ``run``'s start waits: listing
+    the GPUs and opening one (they initialise NVML) at most
+    :data:`~daemon.service.GPU_OPEN_DEADLINE_S`, the others (the clocks' list, a sample,
+    the close) :data:`~daemon.node_support.GPU_CALL_DEADLINE_S`. A call that hangs ends
+    the listing (the GPUs after it would queue behind it in the driver); its GPU is not
+    closed (NVML is not shut down under the hung call).
 
     Raises:
-        GpuUnavailable: no driver or library, no nvidia-smi, or no emulator answering.
+        GpuUnavailable: no driver or library, no nvidia-smi, or no emulator answering;
+            GpuCallHung: a call past its deadline, naming its GPU.
     """
-    rows = []
-    for index in gpu_indices(backend_kind, emulator, nvml):
-        backend = _open_for_status(index, backend_kind, nvml, emulator)
+    from gpugov.daemon.service import GPU_OPEN_DEADLINE_S
+
+    rows = [] if rows is None else rows
+    listed = bounded_gpu_call(
+        lambda: gpu_indices(backend_kind, emulator, nvml), "list the GPUs", GPU_OPEN_DEADLINE_S
+    )
+    for index in listed:
+        calls = gpu_calls(index)
+
+        def call(target: Callable[[], T], what: str, deadline_s: float = GPU_CALL_DEADLINE_S) -> T:
+            return bounded_gpu_call(target, what, deadline_s, gpu=index, calls=calls)  # noqa: B023
+
+        backend = call(
+            lambda: _open_for_status(index, backend_kind, nvml, emulator),  # noqa: B023
+            "open",
+            GPU_OPEN_DEADLINE_S,
+        )
+        hung = False
         try:
             try:
-                clocks = backend.supported_clocks_mhz()
+                clocks = call(backend.supported_clocks_mhz, "list supported clocks")
                 clock_range: list[int] | None = [clocks[0], clocks[-1]]
                 count: int | None = len(clocks)
+            except GpuCallHung:
+                raise
             except (NotSupported, GpuUnavailable):
                 clock_range, count = None, None
-            sample = backend.sample()
+            sample = call(backend.sample, "read")
             rows.append(
                 {
                     "index": index,
@@ -110,8 +151,12 @@ def gpu_status(
                     "clock_event_reasons": sample.clock_event_reasons,
                 }
             )
+        except GpuCallHung:
+            hung = True
+            raise
         finally:
-            backend.close()
+            if not hung:
+                call(backend.close, "close")
     return rows
 
 
@@ -191,8 +236,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     }
     code = ExitCode.OK
     try:
-        report["gpus"] = gpu_status(
-            None if kind != "nvml" else load_pynvml(), backend_kind=kind, emulator=emulator
+        gpu_status(
+            None if kind != "nvml" else load_pynvml(),
+            backend_kind=kind,
+            emulator=emulator,
+            rows=report["gpus"],  # the GPUs read before one that hangs are shown
         )
     except GpuUnavailable as error:
         report["gpu_error"] = str(error)

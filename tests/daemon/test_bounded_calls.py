@@ -22,6 +22,7 @@ import gpugov.daemon.node_cli as node_cli
 import gpugov.daemon.node_support as node_support
 import gpugov.daemon.scrape as scrape
 import gpugov.daemon.service as service
+import gpugov.daemon.status_cli as status_cli
 from gpugov.daemon.config import parse_config
 from gpugov.daemon.deadline import LatestReader, ReadTimeout
 from gpugov.daemon.errors import GpuCallHung
@@ -355,3 +356,111 @@ def test_reset_clocks_through_nvidia_smi_keeps_to_its_budget(
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("gpugov: error: nvidia-smi --reset-gpu-clocks: no answer within ")
     assert "(a hung GPU call: a driver in trouble); the GPUs may still be locked" in line
+
+
+# ------------------------------------------- gpugov check-config and status (read only)
+@pytest.fixture
+def read_only_fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    """Two fake GPUs for check-config and status, their deadlines the tests' own."""
+    monkeypatch.setattr(service, "GPU_OPEN_DEADLINE_S", DEADLINE_S)
+    monkeypatch.setattr(status_cli, "GPU_CALL_DEADLINE_S", DEADLINE_S, raising=False)
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    return node_commands_on(monkeypatch, FakeNvml(2))
+
+
+def _node_config(tmp_path: Any) -> str:
+    path = tmp_path / "gpugov.toml"
+    path.write_text(
+        '[daemon]\nmetrics_address = ""\n[[domains]]\nname = "llm"\ngpus = [0, 1]\n'
+        "ttft_slo_s = 1.0\ntpot_slo_s = 0.1\n"
+        '[domains.engine]\nkind = "vllm"\nurl = "http://127.0.0.1:9/metrics"\n'
+    )
+    return str(path)
+
+
+_HUNG_LINE = r"no answer within 0\.2 s \(a hung GPU call: a driver in trouble\)$"
+
+
+@pytest.mark.parametrize("hung", ["nvmlDeviceGetUUID", "nvmlDeviceGetSupportedMemoryClocks"])
+def test_check_config_names_a_gpu_whose_opening_hangs_and_ends(
+    read_only_fake: FakeNvml,
+    safety: list[Any],
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+    hung: str,
+) -> None:
+    """``gpugov check-config`` opened the GPUs with no deadline: a hung driver held it
+    for as long as it hung. Now it opens them as ``run``'s start does (each call within
+    ``GPU_OPEN_DEADLINE_S``) and ends with one line naming the GPU, exit 4, nothing
+    shut down under the hung call."""
+    call = HungCall(read_only_fake, hung, index=1)
+    safety.append(call)
+    assert node_cli.main(["check-config", _node_config(tmp_path)]) == 4
+    assert call.blocked.is_set() and call.hung  # it ended while the call still hung
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("gpugov: error: GPU 1: ")
+    assert re.search(_HUNG_LINE, line), line
+    assert read_only_fake.initialized > 0  # GPU 0 left open: NVML not shut down
+
+
+def test_check_config_whose_gpu_listing_hangs_says_so(
+    read_only_fake: FakeNvml,
+    safety: list[Any],
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """NVML's count (check-config's first GPU call) that hangs is a problem in one line,
+    exit 4, not "no NVIDIA driver here" and not a command that never ends."""
+    count = _HungCount(read_only_fake)
+    safety.append(count)
+    assert node_cli.main(["check-config", _node_config(tmp_path)]) == 4
+    assert count.blocked.is_set() and not count.release.is_set()
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    assert line.startswith("gpugov: error: NVML: list the GPUs: ")
+    assert re.search(_HUNG_LINE, line), line
+    assert "skipped" not in captured.out
+
+
+@pytest.mark.parametrize(
+    ("hung", "what"),
+    [
+        ("nvmlDeviceGetUUID", "open"),
+        ("nvmlDeviceGetSupportedMemoryClocks", "list supported clocks"),
+        ("nvmlDeviceGetUtilizationRates", "read"),
+    ],
+)
+def test_status_names_a_gpu_whose_call_hangs_and_ends(
+    read_only_fake: FakeNvml,
+    safety: list[Any],
+    capsys: pytest.CaptureFixture[str],
+    hung: str,
+    what: str,
+) -> None:
+    """``gpugov status`` opened and read the GPUs with no deadline: a hung driver held it.
+    Now opening a GPU waits ``GPU_OPEN_DEADLINE_S`` and its other calls 2 s, as ``run``
+    waits: the GPUs read before are shown, the hung one is named in one line, exit 4."""
+    call = HungCall(read_only_fake, hung, index=1)
+    safety.append(call)
+    assert node_cli.main(["status"]) == 4
+    assert call.blocked.is_set() and call.hung
+    captured = capsys.readouterr()
+    assert any(line.startswith("GPU 0: ") for line in captured.out.splitlines())
+    assert not any(line.startswith("GPU 1: ") for line in captured.out.splitlines())
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"gpugov: error: GPUs unavailable: GPU 1: {what}: "), line
+    assert re.search(_HUNG_LINE, line), line
+
+
+def test_status_whose_gpu_listing_hangs_says_so(
+    read_only_fake: FakeNvml, safety: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    count = _HungCount(read_only_fake)
+    safety.append(count)
+    assert node_cli.main(["status", "--json"]) == 4
+    assert count.blocked.is_set() and not count.release.is_set()
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    assert line.startswith("gpugov: error: GPUs unavailable: list the GPUs: ")
+    assert re.search(_HUNG_LINE, line), line
+    assert '"gpus": []' in captured.out
