@@ -478,7 +478,17 @@ def _check_domain(
                     f"top supported clock of its GPUs ({clocks[-1]:g} MHz)"
                 )
             )
-        _check_budget(domain, backends, report)
+        if domain.power_budget_w is None and domain.power_budget_file is None:
+            pass  # no power limit to read
+        elif report.hung:
+            # Another read would queue behind the hung call in the driver (NVML is one
+            # library for every GPU): no further GPU call is made, and the line says so.
+            report.warnings.append(
+                f"domain {domain.name}: power budget not checked: a GPU call hung; no "
+                "further GPU call is made (it would queue behind the hung one)"
+            )
+        else:
+            _check_budget(domain, backends, report)
     try:
         _build_controller(config, domain, names, clocks, gpus_seen=backends is not None)
     except (GpugovError, ProfileError) as error:
@@ -498,19 +508,35 @@ def _check_domain(
 def _check_budget(domain: DomainConfig, backends: Sequence[GpuBackend], report: NodeReport) -> None:
     """The domain's power budget as ``run`` takes it: ``power_budget_w`` against the
     GPUs' lowest power limit (a problem), and one read of ``power_budget_file`` (its
-    trouble is a warning: ``run`` starts and keeps the last good value)."""
+    trouble is a warning: ``run`` starts and keeps the last good value).
+
+    The GPUs' power limits are read on a worker thread, waited for at most
+    :data:`~daemon.gpu_sampling.GPU_READ_DEADLINE_S` per GPU, as ``run``'s start reads
+    them; a read past it is a warning (``run`` takes the limits as unknown) and marks the
+    report hung: no further GPU call is made (it would queue behind the hung one)."""
     from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
     from gpugov.daemon.power_budget import domain_budget
 
     try:
-        budget = domain_budget(
-            domain.name,
-            backends,
-            config_w=domain.power_budget_w,
-            file=domain.power_budget_file,
-            file_scope=domain.power_budget_file_scope,
-            read_deadline_s=GPU_READ_DEADLINE_S,  # as run's start reads the power limits
+        budget = bounded_gpu_call(
+            lambda: domain_budget(
+                domain.name,
+                backends,
+                config_w=domain.power_budget_w,
+                file=domain.power_budget_file,
+                file_scope=domain.power_budget_file_scope,
+            ),
+            "read the power limits",
+            GPU_READ_DEADLINE_S * len(backends),
+            gpu=", ".join(b.label for b in backends),
         )
+    except GpuCallHung as error:
+        report.hung = True
+        report.warnings.append(
+            f"domain {domain.name}: {error}; run takes the limits as unknown; no further "
+            "GPU call is made (it would queue behind the hung one)"
+        )
+        return
     except ConfigError as error:
         report.problems.append(error)
         return

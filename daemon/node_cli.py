@@ -58,6 +58,7 @@ from gpugov.daemon.errors import (
     GpuError,
     GpugovError,
     GpuUnavailable,
+    PermissionDenied,
     TransientGpuError,
     printable,
 )
@@ -487,7 +488,7 @@ def _listed(kind: str, emulator: str | None, budget: _ResetBudget) -> list[int]:
     wait_s = budget.left_s()  # nvmlInit: seconds on a node without persistence mode
     calls = SerialCalls(max(wait_s, 0.1), name="reset-list", cause="a hung GPU call", idle_s=0.0)
     try:
-        return calls.call(lambda: gpu_indices(kind, emulator))
+        return calls.call(lambda: gpu_indices(kind, emulator, timeout_s=max(wait_s, 0.1)))
     except CallTimeout:
         raise ClocksNotReset(
             f"{_hung('all', 'list the GPUs', wait_s)}; no GPU was reset and they may still "
@@ -503,8 +504,10 @@ def _reset_all_nvidia_smi(budget: _ResetBudget) -> None:
     with no deadline). It had its own 30 s, three times the command's budget.
 
     Raises:
-        ClocksNotReset: no answer in time (exit 6: the GPUs may still be locked).
-        GpuError: what nvidia-smi said (permission, no driver, ...).
+        ClocksNotReset: no answer in time, or nvidia-smi failed to reset (a GPU it cannot
+            reset, one lost, ...): exit 6, the GPUs may still be locked.
+        PermissionDenied: nvidia-smi said so (exit 3, as NVML's refusals).
+        GpuUnavailable: no nvidia-smi or no driver here (exit 4, no GPU could be listed).
     """
     wait_s = budget.left_s()  # nvidia-smi initialises NVML: seconds without persistence mode
     argv = ["nvidia-smi", "--reset-gpu-clocks"]
@@ -516,6 +519,14 @@ def _reset_all_nvidia_smi(budget: _ResetBudget) -> None:
             f"{_hung('all', ' '.join(argv), wait_s)}; the GPUs may still be locked: run "
             "`gpugov reset-clocks` (or `nvidia-smi -rgc`) again once the driver answers"
         ) from None
+    except (PermissionDenied, GpuUnavailable):
+        raise
+    except GpuError as error:  # a non-zero exit: it said why (a GPU it cannot reset, ...)
+        # Before, exit 1 and no word that the GPUs may still be locked.
+        raise ClocksNotReset(
+            f"{error}; the GPUs may still be locked: `gpugov reset-clocks --backend "
+            "nvidia-smi --gpus 0,1,...` resets and names each"
+        ) from error
 
 
 def _require_present(
@@ -603,8 +614,9 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
     gpugov run set and recorded in the state directory is restored as well.
 
     Exit 0 when every GPU was reset, 3 when permission was denied, 6 when any GPU could
-    not be reset (each is named with its error), 4 when no GPU could be listed at all or
-    a --gpus index names one the node does not have.
+    not be reset (each is named with its error; ``nvidia-smi --reset-gpu-clocks`` that
+    fails or hangs, every GPU), 4 when no GPU could be listed at all or a --gpus index
+    names one the node does not have.
     """
     import time
 
@@ -612,7 +624,12 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
     config = load_config(args.config) if args.config else None
     kind, emulator = backend_choice(args.backend, args.emulator, config)
     if chosen is None and kind == "nvidia-smi":
-        _reset_all_nvidia_smi(_ResetBudget())
+        try:
+            _reset_all_nvidia_smi(_ResetBudget())
+        except PermissionDenied as refused:  # exit 3 as NVML's refusals, named not reset
+            return fail(
+                f"{refused}; no GPU was reset and they may still be locked", EXIT_PERMISSION
+            )
         print("all GPUs: SM clock locks reset (nvidia-smi)")
         return EXIT_OK
     named = [str(gpu) for gpu in chosen or () if isinstance(gpu, str)]

@@ -163,8 +163,17 @@ def backend_choice(
     return kind, url if kind == "emulated" else None
 
 
-def gpu_indices(kind: str, emulator: str | None, nvml: Any = None) -> list[int]:
+NVIDIA_SMI_LIST_TIMEOUT_S = 30.0
+"""nvidia-smi's timeout for listing the GPUs when the caller gives none."""
+
+
+def gpu_indices(
+    kind: str, emulator: str | None, nvml: Any = None, timeout_s: float | None = None
+) -> list[int]:
     """Every GPU the backend sees: NVML's count, the emulator's, or nvidia-smi's list.
+    ``timeout_s``: how long the caller waits for it (what is left of its budget), which
+    nvidia-smi is given as its own timeout: the child is killed when the caller stops
+    waiting, not left running to :data:`NVIDIA_SMI_LIST_TIMEOUT_S`.
 
     Raises:
         GpuUnavailable: no driver, no nvidia-smi, or no emulator answering.
@@ -174,7 +183,8 @@ def gpu_indices(kind: str, emulator: str | None, nvml: Any = None) -> list[int]:
 
         return list(range(emulated_device_count(str(emulator))))
     if kind == "nvidia-smi":
-        out = run_command(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], 30.0)
+        timeout = NVIDIA_SMI_LIST_TIMEOUT_S if timeout_s is None else max(timeout_s, 0.1)
+        out = run_command(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], timeout)
         return [int(line) for line in out.split() if line.strip().isdigit()]
     return list(range(nvml_device_count(nvml if nvml is not None else load_pynvml())))
 

@@ -112,7 +112,9 @@ def gpu_status(
 
     rows = [] if rows is None else rows
     listed = bounded_gpu_call(
-        lambda: gpu_indices(backend_kind, emulator, nvml), "list the GPUs", GPU_OPEN_DEADLINE_S
+        lambda: gpu_indices(backend_kind, emulator, nvml, GPU_OPEN_DEADLINE_S),
+        "list the GPUs",
+        GPU_OPEN_DEADLINE_S,
     )
     for index in listed:
         calls = gpu_calls(index)
