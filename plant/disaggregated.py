@@ -126,26 +126,7 @@ class _Pool:
             self._tokens_seen[k] = obs.output_tokens_total
         first = observations[0]
         summed: dict[str, Any] = {}
-        for name in (
-            "arrived_requests",
-            "prefill_remaining_tokens",
-            "prefill_tail_tokens",
-            "decode_active",
-            "generated_decode_tokens",
-            "waiting_requests",
-            "completed_requests",
-            "output_tokens_total",
-            "prompt_tokens_total",
-            "kv_tokens",
-            "kv_capacity_tokens",
-            "power_w",
-            "energy_j",
-            "power_limit_w",
-            "ttft_count_total",
-            "ttft_within_slo_total",
-            "tpot_count_total",
-            "tpot_within_slo_total",
-        ):
+        for name in SUMMED_FIELDS:
             values = [getattr(obs, name) for obs in observations]
             summed[name] = None if any(v is None for v in values) else sum(values)
         utilizations = [o.gpu_utilization for o in observations if o.gpu_utilization is not None]
@@ -167,6 +148,29 @@ class _Pool:
             engines=len(observations),
             busiest_prefill_tokens=max(o.prefill_remaining_tokens for o in observations),
         )
+
+
+SUMMED_FIELDS = (
+    "arrived_requests",
+    "prefill_remaining_tokens",
+    "prefill_tail_tokens",
+    "decode_active",
+    "generated_decode_tokens",
+    "waiting_requests",
+    "completed_requests",
+    "output_tokens_total",
+    "prompt_tokens_total",
+    "kv_tokens",
+    "kv_capacity_tokens",
+    "power_w",
+    "energy_j",
+    "power_limit_w",
+    "ttft_count_total",
+    "ttft_within_slo_total",
+    "tpot_count_total",
+    "tpot_within_slo_total",
+)
+"""The observation fields a pool of several engines sums over them (``_Pool.observe``)."""
 
 
 def _weighted(values: Sequence[float | None], weights: Sequence[float]) -> float | None:

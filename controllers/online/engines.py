@@ -23,27 +23,20 @@ drains the busiest engine's backlog at one engine's rate. Pure computation.
 
 from __future__ import annotations
 
+from gpugov.plant.disaggregated import SUMMED_FIELDS
 from gpugov.plant.types import ServingObservation, replace_observation
-
-SHARED_FIELDS = (
-    "arrived_requests",
-    "waiting_requests",
-    "completed_requests",
-    "output_tokens_total",
-    "prompt_tokens_total",
-    "kv_capacity_tokens",
-    "power_w",
-    "energy_j",
-    "power_limit_w",
-    "ttft_count_total",
-    "ttft_within_slo_total",
-    "tpot_count_total",
-    "tpot_within_slo_total",
-)
-"""Fields summed over the engines that one engine holds an even share of."""
 
 RUNNING_FIELDS = ("kv_tokens", "generated_decode_tokens")
 """Fields summed over the running requests: an engine that runs any holds its batch's."""
+
+BACKLOG_FIELDS = ("prefill_remaining_tokens", "prefill_tail_tokens", "decode_active")
+"""Summed fields one engine's view takes from the busiest engine or the running batch."""
+
+SHARED_FIELDS = tuple(
+    name for name in SUMMED_FIELDS if name not in (*RUNNING_FIELDS, *BACKLOG_FIELDS)
+)
+"""Fields summed over the engines that one engine holds an even share of (the counters,
+power, energy, power limit and KV capacity)."""
 
 
 def engine_view(observation: ServingObservation) -> ServingObservation:
