@@ -32,7 +32,12 @@ from gpugov.daemon.outside import outside_layer
 from gpugov.daemon.phase_fit import learned_phase_model
 from gpugov.daemon.power_budget import PowerBudget
 from gpugov.daemon.power_limit import PowerLimitActuator
-from gpugov.daemon.safety import invalid_decisions, raw_decision
+from gpugov.daemon.safety import (
+    ClampToSupported,
+    FloorClock,
+    invalid_decisions,
+    raw_decision,
+)
 from gpugov.plant.types import ClockController, PowerCapping, ServingObservation
 
 log = logging.getLogger("gpugov.daemon.loop")
@@ -457,7 +462,24 @@ class Domain:
             model=self.model_status(),
             energy=self.energy.snapshot(),
             power_budget=None if self.budget is None else self.budget.status(),
+            lowest_mhz=self.lowest_clock_mhz(),
         )
+
+    def lowest_clock_mhz(self) -> float | None:
+        """The lowest clock the safety chain lets a lock hold: the floor
+        (``safety.floor_mhz``, rounded up onto the supported clocks) or else the lowest
+        supported clock; where a controller that parks an idle GPU low parks it. None
+        without either layer (an outside controller's chain)."""
+        lowest: float | None = None
+        for layer in layers(self.controller):
+            if isinstance(layer, FloorClock):
+                value = layer.floor_mhz
+            elif isinstance(layer, ClampToSupported):
+                value = layer.clocks_mhz[0]
+            else:
+                continue
+            lowest = value if lowest is None else max(lowest, value)
+        return lowest
 
     def model_status(self) -> dict[str, Any] | None:
         """The controller's learning status when it learns a model (``mpc-online``)."""

@@ -109,6 +109,9 @@ class DomainSnapshot:
     """The domain's power budget and need (:class:`daemon.power_budget.BudgetStatus`)."""
     energy: EnergySnapshot | None = None
     """The energy attribution (:class:`daemon.energy.EnergyEstimator`), else None."""
+    lowest_mhz: float | None = None
+    """The lowest clock a lock of the domain may hold (its lowest supported clock at or
+    above ``safety.floor_mhz``: where an idle GPU parks), None when unknown."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,11 @@ class SnapshotCollector(Collector):
             "gpugov_applied_clock_hertz", "SM clock the domain's GPUs are locked to", d
         )
         locked = _gauge("gpugov_clock_locked", "1 when the daemon holds a clock lock", d)
+        lowest = _gauge(
+            "gpugov_lowest_clock_hertz",
+            "Lowest SM clock a lock of the domain may hold (supported, at or above the floor)",
+            d,
+        )
         cap = _gauge(
             "gpugov_power_cap_applied_watts",
             "Power limit gpugov set on the domain's GPUs, summed (absent: their own limits)",
@@ -300,6 +308,8 @@ class SnapshotCollector(Collector):
             if s.applied_mhz is not None:
                 applied.add_metric(key, s.applied_mhz * MHZ)
             locked.add_metric(key, 0.0 if s.applied_mhz is None else 1.0)
+            if s.lowest_mhz is not None:
+                lowest.add_metric(key, s.lowest_mhz * MHZ)
             if s.power_cap_applied_w is not None:
                 cap.add_metric(key, s.power_cap_applied_w)
             writes.add_metric(key, float(s.clock_writes_total))
@@ -329,7 +339,7 @@ class SnapshotCollector(Collector):
                 ):
                     if value is not None:
                         family.add_metric(key, float(value))
-        yield from (requested, applied, locked, cap, writes, decisions, solve, fallbacks)
+        yield from (requested, applied, locked, lowest, cap, writes, decisions, solve, fallbacks)
         yield from (scrape_errors, scrape_time, age, failsafe, waiting, running)
         yield from (ttft, tpot, ttft_slo, tpot_slo, domain_power)
         yield from (output_tokens, prompt_tokens, completed, role)

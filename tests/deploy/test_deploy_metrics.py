@@ -153,6 +153,7 @@ def full_snapshot() -> DomainSnapshot:
         model=model,
         power_budget=budget,
         energy=energy,
+        lowest_mhz=345.0,
     )
 
 
