@@ -565,10 +565,53 @@ def summarize(config: FleetConfig, rows: Sequence[dict[str, Any]]) -> list[dict[
     return out
 
 
-def check_inputs(config: FleetConfig, *, quiet: bool = False) -> None:
+def floor_warning(config: FleetConfig, plants: Mapping[str, ServingPlant]) -> str | None:
+    """One line when a budget the allocators split (less the guard band; the budget
+    step's held low too) lies below the fleet's floor: the nodes' lowest caps summed, or
+    their idle power at the lowest clock summed where that is higher. No split reaches
+    such a budget: every node is held at its lowest cap (``level_fill``) and the fleet
+    runs over it. None when every budget is above the floor."""
+    names = config.node_profiles()
+    tdp = sum(plants[name].power_limit_w for name in names)
+    floors = sum(config.floor_fraction * plants[name].power_limit_w for name in names)
+    idle = sum(
+        plants[name].profile.power("idle", plants[name].profile.minimum_clock_mhz) for name in names
+    )
+    floor = max(floors, idle)
+    keep = 1.0 - config.guard_fraction
+
+    def below(fraction: float) -> bool:
+        return keep * fraction * tdp < floor - 1e-9
+
+    parts: list[str] = []
+    low = [budget for budget in config.budgets if below(budget)]
+    if low:
+        fractions = ", ".join(f"{budget:g}" for budget in low)
+        watts = ", ".join(f"{budget * tdp:.0f} W" for budget in low)
+        parts.append(f"--budgets {fractions} ({watts})")
+    held = config.step_budget * (1.0 - config.step_depth)
+    if config.step and below(held):
+        parts.append(
+            f"the budget step's hold (--step-budget {config.step_budget:g} less "
+            f"{100.0 * config.step_depth:g} %: {held * tdp:.0f} W)"
+        )
+    if not parts:
+        return None
+    return (
+        f"{' and '.join(parts)} of the nodes' summed TDP of {tdp:.0f} W, less the "
+        f"{100.0 * config.guard_fraction:g} % guard band, is below the fleet's floor of "
+        f"{floor:.0f} W: "
+        f"the nodes' lowest caps (--floor {config.floor_fraction:g} of each TDP) sum to "
+        f"{floors:.0f} W, their idle power at the lowest clock to {idle:.0f} W; every node "
+        "is held at its lowest cap there and the fleet runs over that budget"
+    )
+
+
+def check_inputs(config: FleetConfig, *, quiet: bool = False) -> str | None:
     """Everything a run reads, checked before any work: the settings, every profile, the
     trace and its window, and the controller spec (built once on the first profile); a
-    progress line while a large trace loads, unless ``quiet``.
+    progress line while a large trace loads, unless ``quiet``. Returns
+    :func:`floor_warning`'s line (a budget below the fleet's floor), else None.
 
     Raises:
         UsageError, ProfileError, TraceError: one line naming the flag or file.
@@ -602,6 +645,7 @@ def check_inputs(config: FleetConfig, *, quiet: bool = False) -> None:
         floor_w=config.floor_fraction * first.power_limit_w,
         slo_target=slo_target_of(config.slo_target),
     )
+    return floor_warning(config, plants)
 
 
 def run_fleet(

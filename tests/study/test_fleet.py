@@ -31,6 +31,7 @@ from gpugov.study.fleet.run import (
     _plants,
     budget_at,
     fleet_workload,
+    floor_warning,
     run_cell,
     run_fleet,
 )
@@ -746,3 +747,53 @@ def test_ctrl_c_exits_130_with_one_line(
     monkeypatch.setattr("gpugov.study.fleet.run.check_inputs", lambda config, **options: None)
     assert main(["fleet", "--quiet", "--out", str(tmp_path / "out")]) == 130
     assert capsys.readouterr().err.strip() == "gpugov: interrupted"
+
+
+def test_a_budget_below_the_fleets_floor_is_one_line_and_every_node_sits_at_its_floor(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A budget the nodes' lowest caps (and idle power) cannot get under ran without a
+    word: the caps summed above it, and nothing said the split was infeasible."""
+    trace = tmp_path / "trace.csv"
+    rows = [f"{i},{300 + i},30" for i in range(9)]
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    argv = ["fleet", "--trace", str(trace), "--duration", "20", "--drain", "5", "--nodes", "2"]
+    argv += ["--profiles", "h100-sxm-llama3-8b", "--no-step", "--budgets", "0.1,0.2,0.8"]
+    argv += ["--allocators", "uniform", "--controller", "max", "--trace-start", "0"]
+    argv += ["--quiet", "--jobs", "1", "--out", str(out)]
+    assert main(argv) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "floor" in line]
+    assert lines == [
+        "gpugov: warning: --budgets 0.1, 0.2 (140 W, 280 W) of the nodes' summed TDP of "
+        "1400 W, less the 2 % guard band, is below the fleet's floor of 420 W: the nodes' "
+        "lowest caps (--floor 0.3 of each TDP) sum to 420 W, their idle power at the lowest "
+        "clock to 216 W; every node is held at its lowest cap there and the fleet runs over "
+        "that budget"
+    ]
+    rows_out = json.loads((out / "fleet.json").read_text())["rows"]
+    low = [row for row in rows_out if row["budget_fraction"] in (0.1, 0.2)]
+    assert len(low) == 2
+    for row in low:  # the split degrades to the floors, never below them
+        floors = [node["floor_w"] for node in row["nodes"]]
+        assert floors == [210.0, 210.0]
+        assert all(caps == floors for caps in row["series"]["caps_w"])
+
+
+def test_the_floor_line_names_the_budget_steps_hold_and_an_idle_floor_above_the_caps(
+    tiny: dict[str, object],
+) -> None:
+    """Where ``--floor`` puts the lowest caps under the idle power, the idle power is the
+    floor; the step's held budget is checked as the budgets are."""
+    base, plants = tiny["config"], tiny["plants"]
+    assert isinstance(base, FleetConfig) and isinstance(plants, dict)
+    config = replace(base, budgets=(0.9,), floor_fraction=0.05, step_budget=0.2)
+    line = floor_warning(config, plants)
+    assert line == (
+        "the budget step's hold (--step-budget 0.2 less 30 %: 154 W) of the nodes' summed "
+        "TDP of 1100 W, less the 2 % guard band, is below the fleet's floor of 182 W: the "
+        "nodes' lowest caps (--floor 0.05 of each TDP) sum to 55 W, their idle power at the "
+        "lowest clock to 182 W; every node is held at its lowest cap there and the fleet runs "
+        "over that budget"
+    )
+    assert floor_warning(replace(config, step=False), plants) is None
