@@ -220,6 +220,17 @@ class GpuCallHung(GpuUnavailable):
     ``gpugov reset-clocks``) has not returned within its deadline: a driver in trouble.
     The call goes on on its worker thread; NVML is not shut down under it."""
 
+    @classmethod
+    def after(cls, what: str, wait_s: float, gpu: int | str | None = None) -> GpuCallHung:
+        """The one line for a call that did not answer in ``wait_s``, naming ``gpu``
+        (``GPU 1: open: no answer within 20 s (a hung GPU call: a driver in trouble)``)."""
+        where = "" if gpu is None else f"GPU {gpu}: "
+        return cls(
+            f"{where}{what}: no answer within {wait_s:.3g} s (a hung GPU call: a driver in "
+            "trouble)",
+            gpu=None if gpu is None else str(gpu),
+        )
+
 
 class DriverGone(GpuUnavailable):
     """A read or write of a running loop got an NVML code of :data:`DRIVER_GONE_CODES`:

@@ -68,12 +68,7 @@ def bounded_gpu_call(
     try:
         return calls.call(target, deadline_s)
     except CallTimeout:
-        where = "" if gpu is None else f"GPU {gpu}: "
-        raise GpuCallHung(
-            f"{where}{what}: no answer within {deadline_s:.3g} s (a hung GPU call: a driver "
-            "in trouble)",
-            gpu=None if gpu is None else str(gpu),
-        ) from None
+        raise GpuCallHung.after(what, deadline_s, gpu) from None
 
 
 def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

@@ -153,11 +153,7 @@ def open_backend(
         try:
             return calls.call(target)
         except CallTimeout:
-            raise GpuCallHung(
-                f"GPU {gpu}: {what}: no answer within {deadline_s:.3g} s (a hung GPU call: "
-                "a driver in trouble)",
-                gpu=str(gpu),
-            ) from None
+            raise GpuCallHung.after(what, calls.deadline_s, gpu) from None
 
     def open_one() -> GpuBackend:
         if kind in ("actuator", "zeusd"):
