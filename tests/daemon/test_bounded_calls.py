@@ -20,6 +20,7 @@ from hung_support import DEADLINE_S, HungCall
 
 import gpugov.daemon.node_cli as node_cli
 import gpugov.daemon.node_support as node_support
+import gpugov.daemon.reset_clocks as reset_clocks
 import gpugov.daemon.scrape as scrape
 import gpugov.daemon.service as service
 import gpugov.daemon.status_cli as status_cli
@@ -265,8 +266,8 @@ class _HungCount:
 
 @pytest.fixture
 def reset_fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
-    monkeypatch.setattr(node_cli, "RESET_CALL_DEADLINE_S", DEADLINE_S)
-    monkeypatch.setattr(node_cli, "RESET_BUDGET_S", 5 * DEADLINE_S)
+    monkeypatch.setattr(reset_clocks, "RESET_CALL_DEADLINE_S", DEADLINE_S)
+    monkeypatch.setattr(reset_clocks, "RESET_BUDGET_S", 5 * DEADLINE_S)
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     return node_commands_on(monkeypatch, FakeNvml(2))
 
@@ -318,10 +319,10 @@ def test_reset_clocks_gives_up_once_its_budget_is_spent(reset_fake: FakeNvml) ->
     """The GPU calls of the whole command share one budget: once it is spent, a GPU is
     named as not tried and NVML is not called for it."""
     clock = _Clock()
-    budget = node_cli._ResetBudget(1.0, clock)
+    budget = reset_clocks._ResetBudget(1.0, clock)
     clock.now = 1.0
     before = dict(reset_fake.calls)
-    error = node_cli._reset_one(0, "nvml", lambda _s: None, budget=budget)
+    error = reset_clocks._reset_one(0, "nvml", lambda _s: None, budget=budget)
     assert error == "not tried: reset-clocks' 1 s for its GPU calls is spent"
     assert reset_fake.calls == before
     clock.now = 0.5  # half of it left: a call may take the per-call deadline at most,
@@ -349,10 +350,10 @@ def test_reset_clocks_through_nvidia_smi_keeps_to_its_budget(
         release.wait(JOIN_S)
         return ""
 
-    monkeypatch.setattr(node_cli, "run_command", hung_nvidia_smi)
+    monkeypatch.setattr(reset_clocks, "run_command", hung_nvidia_smi)
     assert node_cli.main(["reset-clocks", "--backend", "nvidia-smi", "--gpus", "all"]) == 6
     assert not release.is_set()  # it ended while nvidia-smi still hung
-    assert len(timeouts) == 1 and 0 < timeouts[0] <= node_cli.RESET_BUDGET_S
+    assert len(timeouts) == 1 and 0 < timeouts[0] <= reset_clocks.RESET_BUDGET_S
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("gpugov: error: nvidia-smi --reset-gpu-clocks: no answer within ")
     assert "(a hung GPU call: a driver in trouble); the GPUs may still be locked" in line

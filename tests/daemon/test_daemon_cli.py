@@ -11,6 +11,7 @@ from daemon_support import MetricsServer, fixture_text, node_commands_on, sigter
 from fake_pynvml import FakeNvml
 
 import gpugov.daemon.node_cli as node_cli
+import gpugov.daemon.reset_clocks as reset_clocks
 import gpugov.daemon.status_cli as status_cli
 from gpugov.daemon.errors import PERMISSION_DENIED_MESSAGE
 
@@ -466,7 +467,7 @@ def test_run_simulate_refuses_a_bad_slo_target(
 def test_nvidia_smi_reset_all_uses_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[str]] = []
     monkeypatch.setattr(
-        node_cli, "run_command", lambda argv, timeout: calls.append(list(argv)) or ""
+        reset_clocks, "run_command", lambda argv, timeout: calls.append(list(argv)) or ""
     )
     assert node_cli.main(["reset-clocks", "--backend", "nvidia-smi"]) == 0
     assert calls == [["nvidia-smi", "--reset-gpu-clocks"]]

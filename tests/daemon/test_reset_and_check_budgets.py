@@ -17,6 +17,7 @@ import gpugov.daemon.gpu_sampling as gpu_sampling
 import gpugov.daemon.node_cli as node_cli
 import gpugov.daemon.node_support as node_support
 import gpugov.daemon.nvidia_smi as nvidia_smi
+import gpugov.daemon.reset_clocks as reset_clocks
 import gpugov.daemon.service as service
 from gpugov.daemon.errors import PERMISSION_DENIED_MESSAGE, GpuError, GpuUnavailable
 from gpugov.daemon.nvidia_smi import classify_failure
@@ -48,7 +49,7 @@ def test_nvidia_smi_reset_that_fails_says_the_gpus_may_still_be_locked(
     """A non-zero exit of ``nvidia-smi --reset-gpu-clocks`` exited 1 (or 4, 5 by its
     text) with no word that the GPUs may still be locked, where one that hangs exits 6:
     now every failure to reset is exit 6, NVML's failed reset's code, in one line."""
-    monkeypatch.setattr(node_cli, "run_command", _failing_nvidia_smi(text))
+    monkeypatch.setattr(reset_clocks, "run_command", _failing_nvidia_smi(text))
     assert node_cli.main(_RESET_ALL) == 6
     captured = capsys.readouterr()
     (line,) = captured.err.splitlines()
@@ -62,7 +63,9 @@ def test_nvidia_smi_reset_refused_exits_3_and_says_not_reset(
 ) -> None:
     """Permission denied stays exit 3 (as NVML's refusals), and the line now says no GPU
     was reset and they may still be locked."""
-    monkeypatch.setattr(node_cli, "run_command", _failing_nvidia_smi("Insufficient Permissions"))
+    monkeypatch.setattr(
+        reset_clocks, "run_command", _failing_nvidia_smi("Insufficient Permissions")
+    )
     assert node_cli.main(_RESET_ALL) == 3
     (line,) = capsys.readouterr().err.splitlines()
     assert PERMISSION_DENIED_MESSAGE in line
@@ -77,7 +80,7 @@ def test_nvidia_smi_reset_without_nvidia_smi_is_no_gpu(
     def missing(argv: Any, timeout_s: float) -> str:
         raise GpuUnavailable(f"{argv[0]} not found")
 
-    monkeypatch.setattr(node_cli, "run_command", missing)
+    monkeypatch.setattr(reset_clocks, "run_command", missing)
     assert node_cli.main(_RESET_ALL) == 4
     assert len(capsys.readouterr().err.splitlines()) == 1
 
@@ -104,8 +107,8 @@ def test_reset_clocks_listing_through_nvidia_smi_gets_the_budget_left(
     waits 10 s at most: the child outlived the wait. It gets what is left now."""
     timeouts: list[float] = []
     monkeypatch.setattr(node_support, "run_command", _listing_runner(timeouts))
-    budget = node_cli._ResetBudget(budget_s=3.0)
-    assert node_cli._listed("nvidia-smi", None, budget) == [0, 1]
+    budget = reset_clocks._ResetBudget(budget_s=3.0)
+    assert reset_clocks._listed("nvidia-smi", None, budget) == [0, 1]
     assert len(timeouts) == 1 and 0 < timeouts[0] <= 3.0
 
 
