@@ -58,6 +58,12 @@ PERMISSION_DENIED_MESSAGE = (
 )
 NEEDS_PRIVILEGE_MESSAGE = "needs root or CAP_SYS_ADMIN; run with --dry-run to observe only"
 """The same for a write that is not a clock lock (a power limit needs that privilege too)."""
+RESET_PERMISSION_MESSAGE = (
+    "needs root or CAP_SYS_ADMIN to reset clocks: run `gpugov reset-clocks` as root, "
+    "as gpugov.service's ExecStopPost= does"
+)
+"""The same for a clock reset, where a dry run has nothing to offer: the privilege, and
+the command that has it (the unit runs it as root, with CAP_SYS_ADMIN)."""
 
 
 _ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
@@ -354,6 +360,8 @@ def from_nvml(error: Any, action: str, *, gpu: str | None = None) -> GpuError:
     where = f"GPU {gpu}: " if gpu is not None else ""
     if kind is PermissionDenied:
         needs = PERMISSION_DENIED_MESSAGE if "clock" in action else NEEDS_PRIVILEGE_MESSAGE
+        if action.startswith("reset") and "clock" in action:
+            needs = RESET_PERMISSION_MESSAGE
         message = f"{where}{action}: {needs}"
     else:
         message = f"{where}{action} failed: {error} (NVML code {code})"

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,
+    RESET_PERMISSION_MESSAGE,
     GpuError,
     GpuLost,
     GpuUnavailable,
@@ -56,7 +57,9 @@ def classify_failure(argv: Sequence[str], text: str) -> GpuError:
     command = " ".join(argv)
     message = f"{command}: {text.strip()[:300]}"
     if "insufficient permissions" in lowered or "permission" in lowered:
-        return PermissionDenied(f"{command}: {PERMISSION_DENIED_MESSAGE}")
+        resets = any(arg.startswith(("--reset-gpu-clocks", "-rgc")) for arg in argv)
+        needs = RESET_PERMISSION_MESSAGE if resets else PERMISSION_DENIED_MESSAGE
+        return PermissionDenied(f"{command}: {needs}")
     if "gpu is lost" in lowered or "fallen off the bus" in lowered:
         return GpuLost(message)
     if "not supported" in lowered or "not a valid field" in lowered:

@@ -16,7 +16,7 @@ from gpugov.daemon.cli_support import UsageError, fail, parse_gpu_list
 from gpugov.daemon.config import load_config
 from gpugov.daemon.deadline import CallTimeout, SerialCalls
 from gpugov.daemon.errors import (
-    PERMISSION_DENIED_MESSAGE,
+    RESET_PERMISSION_MESSAGE,
     ClocksNotReset,
     ConfigError,
     ExitCode,
@@ -313,7 +313,7 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
         )
     budget = _ResetBudget()  # every GPU call of the command: a preStop hook always ends
     gpus: list[int | str] = list(_listed(kind, emulator, budget)) if chosen is None else chosen
-    if chosen is not None and kind in ("nvml", "emulated"):
+    if chosen is not None and kind in ("nvml", "emulated", "nvidia-smi"):
         _require_present(chosen, kind, emulator, budget)
     failed: dict[str, str] = {}
     for gpu in gpus:
@@ -327,10 +327,11 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
             print(printable(f"GPU {gpu}: NOT reset: {error}"), file=sys.stderr)
     if not failed:
         return EXIT_OK
-    denied = all(PERMISSION_DENIED_MESSAGE in error for error in failed.values())
+    # Refused everywhere is exit 3, but the GPUs may be as locked as after any other
+    # failure (the line said nothing of it): every failed reset's line says so.
+    denied = all(RESET_PERMISSION_MESSAGE in error for error in failed.values())
     names = ", ".join(failed)
-    fail(
-        f"{len(failed)} of {len(gpus)} GPU(s) not reset: {names}"
-        + ("" if denied else "; they may still be locked")
+    return fail(
+        f"{len(failed)} of {len(gpus)} GPU(s) not reset: {names}; they may still be locked",
+        EXIT_PERMISSION if denied else EXIT_NOT_RESET,
     )
-    return EXIT_PERMISSION if denied else EXIT_NOT_RESET

@@ -84,6 +84,11 @@ class FakeNvidiaSmi:
     # ------------------------------------------------------------------ commands
     def _answer(self, argv: list[str]) -> tuple[int, str]:
         """(exit code, output) of one command."""
+        query = next((a for a in argv if a.startswith("--query-gpu=")), None)
+        if "-i" not in argv and query is not None:  # every GPU, one row each, as nvidia-smi
+            rows = [self._query(gpu, query.split("=", 1)[1], i) for i, gpu in enumerate(self.gpus)]
+            failed = next((row for row in rows if row[0] != 0), None)
+            return failed or (0, "".join(text for _, text in rows))
         index = int(argv[argv.index("-i") + 1]) if "-i" in argv else 0
         if not 0 <= index < len(self.gpus):
             return 6, "No devices were found\n"
@@ -95,7 +100,7 @@ class FakeNvidiaSmi:
             )
         for argument in argv[1:]:
             if argument.startswith("--query-gpu="):
-                return self._query(gpu, argument.split("=", 1)[1])
+                return self._query(gpu, argument.split("=", 1)[1], index)
             if argument.startswith("--query-supported-clocks="):
                 rows = [
                     f"{memory}, {graphics}"
@@ -110,8 +115,9 @@ class FakeNvidiaSmi:
                 return self._reset(index, gpu)
         return 2, f"Invalid combination of input arguments: {' '.join(argv[1:])}\n"
 
-    def _query(self, gpu: FakeSmiGpu, fields: str) -> tuple[int, str]:
+    def _query(self, gpu: FakeSmiGpu, fields: str, index: int) -> tuple[int, str]:
         values = {
+            "index": str(index),
             "clocks.sm": f"{gpu.sm_clock_mhz:.0f}",
             "power.draw": f"{gpu.power_w:.2f}",
             "power.draw.instant": f"{gpu.power_w:.2f}",

@@ -19,7 +19,7 @@ import gpugov.daemon.node_support as node_support
 import gpugov.daemon.nvidia_smi as nvidia_smi
 import gpugov.daemon.reset_clocks as reset_clocks
 import gpugov.daemon.service as service
-from gpugov.daemon.errors import PERMISSION_DENIED_MESSAGE, GpuError, GpuUnavailable
+from gpugov.daemon.errors import RESET_PERMISSION_MESSAGE, GpuError, GpuUnavailable
 from gpugov.daemon.nvidia_smi import classify_failure
 
 _RESET_ALL = ["reset-clocks", "--backend", "nvidia-smi", "--gpus", "all"]
@@ -68,7 +68,7 @@ def test_nvidia_smi_reset_refused_exits_3_and_says_not_reset(
     )
     assert node_cli.main(_RESET_ALL) == 3
     (line,) = capsys.readouterr().err.splitlines()
-    assert PERMISSION_DENIED_MESSAGE in line
+    assert RESET_PERMISSION_MESSAGE in line
     assert line.endswith("no GPU was reset and they may still be locked")
 
 

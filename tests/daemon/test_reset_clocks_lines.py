@@ -1,0 +1,72 @@
+"""``gpugov reset-clocks``' lines: a refused reset says the GPUs may still be locked and
+names the privilege it needs (no ``--dry-run``, which a reset has no use for), and a
+``--gpus`` index the node lacks is refused before any reset, whatever the backend."""
+
+from __future__ import annotations
+
+import pytest
+from daemon_support import node_commands_on
+from fake_nvidia_smi import FakeNvidiaSmi
+from fake_pynvml import FakeNvml
+
+import gpugov.daemon.node_cli as node_cli
+import gpugov.daemon.node_support as node_support
+import gpugov.daemon.reset_clocks as reset_clocks
+import gpugov.daemon.service as service
+from gpugov.daemon.errors import RESET_PERMISSION_MESSAGE
+from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
+
+
+def test_nvml_reset_refused_says_the_gpus_may_still_be_locked(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused on every GPU: exit 3 as before, but the last line said only "2 of 2 GPU(s)
+    not reset: 0, 1", where every other failed reset says they may still be locked; and
+    each GPU's line advised ``--dry-run``, which a reset has no use for."""
+    fake = node_commands_on(monkeypatch, FakeNvml(2))
+    fake.permission = False
+    assert node_cli.main(["reset-clocks"]) == 3
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1] == "gpugov: error: 2 of 2 GPU(s) not reset: 0, 1; they may still be locked"
+    for line in lines[:-1]:
+        assert line.endswith(f"reset clocks: {RESET_PERMISSION_MESSAGE}")
+    assert "--dry-run" not in "\n".join(lines)
+
+
+def test_nvidia_smi_reset_all_refused_names_the_privilege_not_dry_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``nvidia-smi --reset-gpu-clocks`` refused: the line advised ``--dry-run``."""
+    smi = FakeNvidiaSmi(2, permission=False)
+    monkeypatch.setattr(reset_clocks, "run_command", smi)
+    assert node_cli.main(["reset-clocks", "--backend", "nvidia-smi"]) == 3
+    (line,) = capsys.readouterr().err.splitlines()
+    assert RESET_PERMISSION_MESSAGE in line and "--dry-run" not in line
+    assert line.endswith("no GPU was reset and they may still be locked")
+
+
+def _smi_node(monkeypatch: pytest.MonkeyPatch, gpus: int) -> FakeNvidiaSmi:
+    """A node whose nvidia-smi (listing and per-GPU backends) is a fake of ``gpus`` GPUs."""
+    smi = FakeNvidiaSmi(gpus)
+    monkeypatch.setattr(node_support, "run_command", smi)
+    monkeypatch.setattr(service, "NvidiaSmiBackend", lambda gpu: NvidiaSmiBackend(gpu, runner=smi))
+    return smi
+
+
+def test_nvidia_smi_reset_of_a_gpu_the_node_lacks_is_refused_before_any_reset(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--backend nvidia-smi --gpus 0,7`` on a 2-GPU node reset GPU 0, then named GPU 7
+    "NOT reset ... they may still be locked" (exit 6); NVML's and the emulator's backends
+    refused the index up front: one line naming --gpus, exit 4, no GPU touched."""
+    smi = _smi_node(monkeypatch, 2)
+    smi.gpus[0].locked = (900, 900)
+    assert node_cli.main(["reset-clocks", "--backend", "nvidia-smi", "--gpus", "0,7"]) == 4
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "gpugov: error: --gpus: no GPU 7 on this node (it has 0-1)"
+    ]
+    assert not [argv for argv in smi.calls if "--reset-gpu-clocks" in argv]
+    assert smi.gpus[0].locked == (900, 900)
+    assert node_cli.main(["reset-clocks", "--backend", "nvidia-smi", "--gpus", "1"]) == 0
+    assert "GPU 1: SM clock lock reset" in capsys.readouterr().out
