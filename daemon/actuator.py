@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
@@ -57,6 +57,11 @@ HUNG_THEN = (
     "nothing more is written to this GPU until that call returns, then the clock wanted then is"
 )
 """What the first line of a hung clock write says happens next."""
+
+
+def _raise(error: Exception) -> None:
+    """Raise ``error``: the outcome of a write that was not started."""
+    raise error
 
 
 class ClockActuator:
@@ -110,8 +115,9 @@ class ClockActuator:
         clock: monotonic seconds, for the rate-limited write-failure log.
         write_deadline_s: when given (a node, on the wall clock,
             :data:`CLOCK_WRITE_DEADLINE_S`), each GPU's writes run on a worker thread of
-            their own, one at a time in the order made, and each is waited for at most
-            this long; a write past it hangs that GPU's writes (see above). None (a
+            their own, one at a time in the order made; a call's writes to the domain's
+            GPUs (:meth:`apply`, :meth:`unlock`) start together and are waited for at most
+            this long together; a write past it hangs that GPU's writes (see above). None (a
             simulated run, ``gpugov reset-clocks``): written on the caller's thread,
             deterministic and never hung.
     """
@@ -154,6 +160,7 @@ class ClockActuator:
         self._fallback_logged: set[str] = set()
         self._maybe_held: dict[str, int] = {}
         """Per GPU whose lock writes failed: the lowest clock a lock may hold it at."""
+        self._write_deadline_s = write_deadline_s
         self._writers = {
             b.label: ClockWriter(b, self.failure_log, deadline_s=write_deadline_s, clock=clock)
             for b in self._backends
@@ -213,50 +220,93 @@ class ClockActuator:
                 block resets what it can (also when a hung write returns with one).
         A transient failure is counted and retried on the next call; a write past its
         deadline is counted, and so is each call while it hangs, and no other write to
-        that GPU is started until it has returned.
+        that GPU is started until it has returned. On a node the GPUs' writes start
+        together under one deadline; a fatal error is raised once each has its outcome.
         """
         clock_mhz = int(clock_mhz)
-        written = 0
+        planned: list[tuple[ClockWriter, tuple[int, int] | None]] = []
+        before: dict[str, int | None] = {}
         for backend in self._backends:
             if self.locked_mhz[backend.label] == clock_mhz or backend.label in self.yielded:
                 continue
             writer = self._writers[backend.label]
             if not self._settled(writer, "lock") or self.locked_mhz[backend.label] == clock_mhz:
                 continue  # still hanging; or the hung write, returned, locked this clock
-            low, high = self._range(backend, clock_mhz)
-            unlocked = self.locked_mhz[backend.label] is None
-            self._touched.add(backend.label)
-            before = self.locked_mhz[backend.label]
+            planned.append((writer, self._range(backend, clock_mhz)))
+            before[backend.label] = self.locked_mhz[backend.label]
+        wanted = {writer.label: clock_range for writer, clock_range in planned}
+        written = 0
+        fatal: GpuError | None = None
+        for writer, finish in self._write_together(planned):
+            backend, label = writer.backend, writer.label
             try:
-                writer.write((low, high))
+                finish()
             except ClockWriteHung as error:
-                self._write_hung(writer, "lock", error, before, clock_mhz)
+                self._write_hung(writer, "lock", error, before[label], clock_mhz)
                 continue
             except TransientGpuError as error:
-                self.locked_mhz[backend.label] = _UNKNOWN
+                self.locked_mhz[label] = _UNKNOWN
                 writer.failed("lock", error)
-                lowest = self._lowest_held(backend.label, before, clock_mhz)
+                lowest = self._lowest_held(label, before[label], clock_mhz)
                 assert lowest is not None  # this lock's clock at least
-                self._maybe_held[backend.label] = lowest
+                self._maybe_held[label] = lowest
                 if lowest < clock_mhz:
                     self._not_held_low(backend, lowest, clock_mhz)
                 continue
             except GpuError as error:
                 writer.count_failure()
-                if unlocked and isinstance(error, PermissionDenied | NotSupported):
+                if before[label] is None and isinstance(error, PermissionDenied | NotSupported):
                     # Refused, so nothing was written, on a GPU that held no lock of
                     # ours: nothing for the exit to reset (nor to report as still locked).
-                    self._touched.discard(backend.label)
+                    self._touched.discard(label)
                 else:
-                    self.locked_mhz[backend.label] = _UNKNOWN
-                raise
+                    self.locked_mhz[label] = _UNKNOWN
+                if writer.deadline_s is None:
+                    raise
+                fatal = fatal or error  # raised once every write started has its outcome
+                continue
             writer.succeeded()
-            self._holds(backend, (low, high))
+            self._holds(backend, wanted[label])
             written += 1
         if written:
             self.writes += written
             log.debug("domain %s: locked SM clock at %d MHz", self.domain, clock_mhz)
+        if fatal is not None:
+            raise fatal
         return written
+
+    def _write_together(
+        self, planned: Sequence[tuple[ClockWriter, tuple[int, int] | None]]
+    ) -> Iterator[tuple[ClockWriter, Callable[[], None]]]:
+        """The writes ``planned`` (a GPU's writer and the range it locks; None: a reset),
+        each given as its writer and a ``finish()`` that takes its outcome, raising as
+        :meth:`ClockWriter.write` does. On a node they all start first and are waited for
+        under one ``write_deadline_s``, as a tick's GPU reads are: N GPUs whose writes
+        hang cost the tick one deadline, not N. Without one (a simulated run) each is
+        written on the caller's thread when its turn comes, so a caller that stops at a
+        fatal error writes no further GPU."""
+        deadline_s = self._write_deadline_s
+        if deadline_s is None:
+            for writer, clock_range in planned:
+                if clock_range is not None:
+                    self._touched.add(writer.label)
+                yield writer, functools.partial(writer.write, clock_range)
+            return
+        refused: dict[str, ClockWriteHung] = {}
+        for writer, clock_range in planned:
+            if clock_range is not None:
+                self._touched.add(writer.label)  # a lock that hangs may hold: reset at exit
+            try:
+                writer.start_write(clock_range)
+            except ClockWriteHung as error:  # an earlier write still hangs: not started
+                refused[writer.label] = error
+        ends_s = time.monotonic() + deadline_s  # the threads' waits are in real seconds
+        for writer, _ in planned:
+            if writer.label in refused:
+                yield writer, functools.partial(_raise, refused[writer.label])
+            else:
+                wait_s = max(0.0, ends_s - time.monotonic())
+                yield writer, functools.partial(writer.finish, wait_s, deadline_s=deadline_s)
 
     def write_path_problem(self) -> str | None:
         """Once per tick, for backends that write through another process (the actuator,
@@ -383,27 +433,39 @@ class ClockActuator:
         Raises:
             GpuLost, PermissionDenied, NotSupported: as :meth:`apply`.
         """
-        written = 0
+        planned: list[tuple[ClockWriter, tuple[int, int] | None]] = []
+        before: dict[str, int | None] = {}
         for backend in self._backends:
             if self.locked_mhz[backend.label] is None or backend.label in self.yielded:
                 continue
             writer = self._writers[backend.label]
             if not self._settled(writer, "reset") or self.locked_mhz[backend.label] is None:
                 continue  # still hanging; or the hung write, returned, was a reset
-            before = self.locked_mhz[backend.label]
+            planned.append((writer, None))
+            before[backend.label] = self.locked_mhz[backend.label]
+        written = 0
+        fatal: GpuError | None = None
+        for writer, finish in self._write_together(planned):
             try:
-                writer.write(None)
+                finish()
             except ClockWriteHung as error:
-                self._write_hung(writer, "reset", error, before, None)
+                self._write_hung(writer, "reset", error, before[writer.label], None)
                 continue
             except TransientGpuError as error:
                 writer.failed("reset", error)
-                self._top_instead(backend)
+                self._top_instead(writer.backend)
+                continue
+            except GpuError as error:
+                if writer.deadline_s is None:
+                    raise
+                fatal = fatal or error  # raised once every write started has its outcome
                 continue
             writer.succeeded()
-            self._holds(backend, None)
+            self._holds(writer.backend, None)
             written += 1
         self.writes += written
+        if fatal is not None:
+            raise fatal
         return written
 
     def _log_fallback(self, label: str, line: str) -> None:

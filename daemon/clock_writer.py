@@ -98,6 +98,17 @@ class ClockWriter(GpuWriter[ClockWrite]):
                 earlier write to it is still hanging (this one is not started).
             GpuError: what the write raised.
         """
+        self.start_write(clock_range)
+        self.finish(wait_s)
+
+    def start_write(self, clock_range: tuple[int, int] | None) -> None:
+        """Begin :meth:`write`'s write without waiting for it (:meth:`finish` takes its
+        outcome): a tick's writes to a domain's GPUs start together.
+
+        Raises:
+            ClockWriteHung: an earlier write to the GPU is still hanging (this one is not
+                started).
+        """
         backend = self.backend
         target: Callable[[], None] = (
             backend.reset_clocks
@@ -105,7 +116,7 @@ class ClockWriter(GpuWriter[ClockWrite]):
             else functools.partial(backend.lock_clocks, *clock_range)
         )
         write = ClockWrite(clock_range)
-        self.call(target, write.what, write=write, wait_s=wait_s)
+        self.start(target, write.what, write=write)
 
 
 __all__ = ["ClockWrite", "ClockWriteHung", "ClockWriter"]

@@ -622,13 +622,35 @@ class SerialCalls(_LateAnswer):
                 running (this one is not started).
             Exception: what ``target`` raised.
         """
+        self.start(target)
+        return cast(T, self.wait(wait_s))
+
+    def start(self, target: Callable[[], Any]) -> None:
+        """Start ``target()`` on the worker thread without waiting for it; :meth:`wait`
+        takes its outcome. Several workers' calls so run at once, and their caller waits
+        for them under one deadline (a tick's clock writes, one per GPU).
+
+        Raises:
+            CallTimeout: an earlier call is still running (this one is not started).
+        """
         with self._changed:
             if self._finished < self._posted:
                 raise self._hanging_locked()
             self._late = False  # an outcome not taken: this call is newer
             self._post_locked(target)
+
+    def wait(self, wait_s: float | None = None) -> Any:
+        """What the call :meth:`start` began returned, waiting at most ``wait_s``
+        (default ``deadline_s``; 0: not at all, though one that has returned is taken).
+
+        Raises:
+            CallTimeout: it has not returned in that time (it goes on in the background;
+                :meth:`late` gives its outcome once it has).
+            Exception: what it raised.
+        """
+        with self._changed:
             try:
-                return cast(T, self._wait_locked(self.deadline_s if wait_s is None else wait_s))
+                return self._wait_locked(self.deadline_s if wait_s is None else max(0.0, wait_s))
             except CallTimeout:
                 self._late = True
                 raise

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from gpugov.daemon.deadline import CallTimeout, SerialCalls
 from gpugov.daemon.episode_log import FailureRun
@@ -143,6 +143,17 @@ class LateCall(Generic[W]):
         return self.write.what
 
 
+@dataclass(slots=True)
+class _Started(Generic[W]):
+    """A call :meth:`GpuWriter.start` began: what it is, its write, when it started, and
+    (run on the caller's thread) its outcome, what it returned and raised."""
+
+    what: str
+    write: W | None
+    started_s: float
+    outcome: tuple[Any, Exception | None] | None = None
+
+
 class GpuWriter(Generic[W]):
     """Makes one GPU's calls of one kind (its clock writes, or its power limit calls), and
     counts the writes that fail.
@@ -198,6 +209,8 @@ class GpuWriter(Generic[W]):
             )
         )
         self._hung: HungCall[W] | None = None
+        self._started: _Started[W] | None = None
+        """The call :meth:`start` began and :meth:`finish` has not taken."""
 
     @property
     def deadline_s(self) -> float | None:
@@ -235,22 +248,62 @@ class GpuWriter(Generic[W]):
                 one is not started).
             GpuError: what the call raised.
         """
+        self.start(target, what, write=write)
+        return cast(T, self.finish(wait_s))
+
+    def start(self, target: Callable[[], Any], what: str, *, write: W | None = None) -> None:
+        """Begin :meth:`call`'s call without waiting for it (on the caller's thread, with
+        no deadline, it runs now); :meth:`finish` takes its outcome. Several GPUs' writes
+        so start together and are waited for under one deadline.
+
+        Raises:
+            TransientGpuError: the writer's ``hung_error``: an earlier call to the GPU is
+                still hanging (this one is not started).
+        """
         calls = self._calls
         if calls is None:
-            return target()
+            try:
+                outcome: tuple[Any, Exception | None] = (target(), None)
+            except Exception as error:  # handed to finish(), as a worker's would be
+                outcome = (None, error)
+            self._started = _Started(what, write, 0.0, outcome)
+            return
         if calls.busy:
             raise self._still_hanging()
         self._hung = None  # it returned; what it did no longer matters (the exit)
-        started = self._clock()
+        started_s = self._clock()
+        calls.start(target)
+        self._started = _Started(what, write, started_s)
+
+    def finish(self, wait_s: float | None = None, *, deadline_s: float | None = None) -> Any:
+        """The outcome of the call :meth:`start` began, waiting at most ``wait_s``
+        (default the writer's deadline): what is left of a deadline several GPUs' calls
+        share, ``deadline_s`` (said in the message of a call past it).
+
+        Raises:
+            TransientGpuError: the writer's ``hung_error``: no answer in that time (a
+                write is kept for :meth:`settle`).
+            GpuError: what the call raised.
+        """
+        started, self._started = self._started, None
+        if started is None:
+            raise RuntimeError(f"GPU {self.label}: finish() without a call started")
+        calls = self._calls
+        if calls is None or started.outcome is not None:
+            result, error = started.outcome if started.outcome is not None else (None, None)
+            if error is not None:
+                raise error
+            return result
         waited_s = calls.deadline_s if wait_s is None else wait_s
         try:
-            return calls.call(target, waited_s)
+            return calls.wait(waited_s)
         except CallTimeout:
-            if write is not None:
-                self._hung = HungCall(write, started)
+            if started.write is not None:
+                self._hung = HungCall(started.write, started.started_s)
+            said_s = waited_s if deadline_s is None else deadline_s
             raise self._hung_error(
-                f"GPU {self.label}: {self.subject} {what}: no answer within {waited_s:g} s "
-                "(a hung GPU call)",
+                f"GPU {self.label}: {self.subject} {started.what}: no answer within "
+                f"{said_s:g} s (a hung GPU call)",
                 gpu=self.label,
             ) from None
 
