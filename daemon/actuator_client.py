@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpugov.daemon.actuator_server import PROTOCOL
 from gpugov.daemon.backend import GpuBackend, ReadThroughBackend
 from gpugov.daemon.errors import (
     NVML_ERROR_MAP,
@@ -38,6 +39,7 @@ from gpugov.daemon.errors import (
     PeerRefused,
     PermissionDenied,
     TransientGpuError,
+    printable,
 )
 
 log = logging.getLogger(__name__)
@@ -115,6 +117,16 @@ class ActuatorClient:
             if answer.get("error") == "forbidden":
                 raise PeerRefused(f"actuator at {self.path} refused this user: {message}")
             raise ActuatorUnavailable(f"actuator at {self.path} refused hello: {message}")
+        spoken = answer.get("protocol")
+        if spoken != PROTOCOL or isinstance(spoken, bool):
+            # It was not looked at: an actuator of another protocol was written to as
+            # if it spoke this one.
+            self._disconnect()
+            raise ActuatorUnavailable(
+                f"actuator at {self.path} speaks protocol {printable(repr(spoken))[:40]}, "
+                f"this gpugov speaks {PROTOCOL}: run the same gpugov version as governor "
+                "and actuator (upgrade both)"
+            )
         self.granted_lease_s = float(answer.get("lease_s", self.lease_s))
         self.gpus = list(answer.get("gpus", []))
         self.epoch += 1

@@ -14,6 +14,10 @@ serves a Unix socket, one JSON object per line each way (``docs/actuator.md``):
 
 Every answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": CODE, "message": ...}``
 (with ``"nvml_code": N`` where an NVML call failed with return code N).
+:data:`PROTOCOL` (the hello's ``protocol``) changes with any change a peer of the other
+version would misread (a field removed or its meaning changed, an op the governor needs);
+a field added that the other side may ignore (``nvml_code``) leaves it. The governor
+takes writes only to an actuator of its own protocol (one line otherwise).
 A peer is accepted only when ``SO_PEERCRED`` shows the allowed uid. A lock is a lease:
 it is held while its connection is open and sends a request at least every ``lease_s``;
 when the connection closes (the governor exited or was killed, even by SIGKILL) or goes

@@ -1,0 +1,100 @@
+"""The split mode's protocol number: a governor meeting an actuator of another protocol
+(one side upgraded, not the other) takes no write to it and says so in one line; it
+wrote to it as if they spoke the same protocol (the hello's ``protocol`` was not read)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpugov.daemon.actuator_client import ActuatorClient, ActuatorUnavailable
+from gpugov.daemon.actuator_server import PROTOCOL
+from gpugov.daemon.config import DaemonSection
+from gpugov.daemon.node_support import write_path_status
+
+
+class _OtherActuator:
+    """A socket that answers every request as an actuator of protocol ``spoken`` would
+    answer a hello; it keeps the requests it got."""
+
+    def __init__(self, path: Path, spoken: Any) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(path))
+        self._listener.listen(4)
+        self._listener.settimeout(0.1)
+        self._spoken = spoken
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                peer, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            with peer, peer.makefile("rwb") as stream:
+                for line in stream:
+                    self.requests.append(json.loads(line))
+                    answer = {"ok": True, "lease_s": 5.0, "gpus": [{"gpu": "0"}]}
+                    if self._spoken is not None:
+                        answer["protocol"] = self._spoken
+                    stream.write(json.dumps(answer).encode() + b"\n")
+                    stream.flush()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._listener.close()
+
+
+@pytest.fixture
+def socket_path() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="gpugov-", dir="/tmp") as folder:
+        yield Path(folder) / "a.sock"
+
+
+@pytest.mark.parametrize("spoken", [PROTOCOL + 1, None, "1"])
+def test_an_actuator_of_another_protocol_takes_no_write_and_is_one_line(
+    socket_path: Path, spoken: Any
+) -> None:
+    other = _OtherActuator(socket_path, spoken)
+    client = ActuatorClient(str(socket_path), timeout_s=2.0)
+    try:
+        with pytest.raises(ActuatorUnavailable) as raised:
+            client.request({"op": "lock", "gpu": "0", "min_mhz": 1410, "max_mhz": 1410})
+        line = str(raised.value)
+        assert line == (
+            f"actuator at {socket_path} speaks protocol {spoken!r}, this gpugov speaks "
+            f"{PROTOCOL}: run the same gpugov version as governor and actuator (upgrade both)"
+        )
+        assert [r["op"] for r in other.requests] == ["hello"]  # the lock was never sent
+        assert client.check() == line  # the loop's write path problem: the same line
+        ok, why = write_path_status(
+            DaemonSection.model_validate(
+                {"backend": "actuator", "actuator": {"socket": str(socket_path)}}
+            )
+        )
+        assert not ok and why == line
+    finally:
+        client.close()
+        other.stop()
+
+
+def test_an_actuator_of_this_protocol_is_written_to(socket_path: Path) -> None:
+    other = _OtherActuator(socket_path, PROTOCOL)
+    client = ActuatorClient(str(socket_path), timeout_s=2.0)
+    try:
+        client.request({"op": "held"})
+        assert [r["op"] for r in other.requests] == ["hello", "held"]
+    finally:
+        client.close()
+        other.stop()
