@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -35,6 +34,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     from gpugov.study.openai_client import (
         EngineUnreachable,
         base_url,
+        resolve_api_key,
         served_max_model_len,
         served_model,
     )
@@ -161,44 +161,6 @@ def cmd_load(args: argparse.Namespace) -> int:
         first = "no request finished" if kind is None else summary["error_examples"][kind]
         return fail(f"no request completed against {args.url}: {first}", ExitCode.FAILURE)
     return ExitCode.OK
-
-
-API_KEY_VARIABLE = "OPENAI_API_KEY"
-"""The environment variable ``--api-key`` defaults to (the OpenAI clients' own)."""
-
-
-def resolve_api_key(flag_value: str | None) -> str | None:
-    """The API key to send: ``--api-key``'s value, else ``OPENAI_API_KEY``'s when set and
-    not empty, else none. Shared by ``gpugov load`` and ``gpugov profile``.
-
-    Raises:
-        UsageError: a key no HTTP header can carry, naming its source (never the key).
-    """
-    from gpugov.daemon.cli_support import UsageError
-    from gpugov.study.openai_client import check_api_key
-
-    if flag_value is not None:
-        key, source = flag_value, "--api-key"
-    else:
-        key, source = os.environ.get(API_KEY_VARIABLE, ""), API_KEY_VARIABLE
-        if not key:
-            return None
-    try:
-        check_api_key(key, source)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-    return key
-
-
-def add_api_key_argument(parser: argparse.ArgumentParser) -> None:
-    """``--api-key KEY`` (default: ``OPENAI_API_KEY``), for a server started with one."""
-    parser.add_argument(
-        "--api-key",
-        default=None,
-        metavar="KEY",
-        help=f"API key for a server started with one (vLLM --api-key), sent as "
-        f"'Authorization: Bearer KEY' (default: ${API_KEY_VARIABLE} when set; never printed)",
-    )
 
 
 def _warn_over_the_context(trace: str, workload: Any, context: int | None) -> None:
@@ -337,6 +299,8 @@ class _EnergyRun:
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``load`` to the ``gpugov`` parser."""
+    from gpugov.study.openai_client import add_api_key_argument
+
     parser = subparsers.add_parser(
         "load",
         help="replay a trace against an OpenAI-compatible endpoint; client TTFT/TPOT",

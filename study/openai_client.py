@@ -17,13 +17,17 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import re
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import argparse
 
 PromptMode = Literal["ids", "text"]
 TOKEN_ID_BASE = 1000  # ids 1000-1999: ordinary vocabulary entries for every common tokenizer
@@ -90,6 +94,43 @@ def check_api_key(key: str, source: str) -> None:
 def auth_headers(api_key: str | None) -> dict[str, str]:
     """``Authorization: Bearer KEY`` for a key, nothing without one."""
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+API_KEY_VARIABLE = "OPENAI_API_KEY"
+"""The environment variable ``--api-key`` defaults to (the OpenAI clients' own)."""
+
+
+def resolve_api_key(flag_value: str | None) -> str | None:
+    """The API key to send: ``--api-key``'s value, else ``OPENAI_API_KEY``'s when set and
+    not empty, else none. Shared by ``gpugov load`` and ``gpugov profile``.
+
+    Raises:
+        UsageError: a key no HTTP header can carry, naming its source (never the key).
+    """
+    from gpugov.daemon.cli_support import UsageError
+
+    if flag_value is not None:
+        key, source = flag_value, "--api-key"
+    else:
+        key, source = os.environ.get(API_KEY_VARIABLE, ""), API_KEY_VARIABLE
+        if not key:
+            return None
+    try:
+        check_api_key(key, source)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    return key
+
+
+def add_api_key_argument(parser: argparse.ArgumentParser) -> None:
+    """``--api-key KEY`` (default: ``OPENAI_API_KEY``), for a server started with one."""
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help=f"API key for a server started with one (vLLM --api-key), sent as "
+        f"'Authorization: Bearer KEY' (default: ${API_KEY_VARIABLE} when set; never printed)",
+    )
 
 
 def _error_type(event: dict[str, Any]) -> str | None:

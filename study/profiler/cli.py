@@ -150,8 +150,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
     )
     from gpugov.daemon.loop import stop_on_signals
     from gpugov.daemon.service import open_backend
-    from gpugov.study.load_cli import resolve_api_key
-    from gpugov.study.openai_client import EngineUnreachable, served_max_model_len, served_model
+    from gpugov.study.openai_client import (
+        EngineUnreachable,
+        resolve_api_key,
+        served_max_model_len,
+        served_model,
+    )
     from gpugov.study.profiler.measure import ProfileRunError
     from gpugov.study.profiler.sweep import (
         Interrupted,
@@ -337,7 +341,7 @@ def _print_dry_run(record: dict[str, Any], path: Path) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``profile`` to the ``gpugov`` parser."""
-    from gpugov.study.load_cli import add_api_key_argument
+    from gpugov.study.openai_client import add_api_key_argument
 
     parser = subparsers.add_parser(
         "profile",
