@@ -43,6 +43,15 @@ NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 NVML_ERROR_IN_USE = 19
 NVML_ERROR_MEMORY = 20
 NVML_ERROR_NO_DATA = 21
+NVML_ERROR_VGPU_ECC_NOT_SUPPORTED = 22
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
+NVML_ERROR_FREQ_NOT_SUPPORTED = 24
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+NVML_ERROR_DEPRECATED = 26
+NVML_ERROR_NOT_READY = 27
+NVML_ERROR_GPU_NOT_FOUND = 28
+NVML_ERROR_INVALID_STATE = 29
+NVML_ERROR_RESET_TYPE_NOT_SUPPORTED = 30
 NVML_ERROR_UNKNOWN = 999
 
 NVML_TEMPERATURE_GPU = 0
@@ -86,9 +95,9 @@ _ERROR_STRINGS = {
     NVML_ERROR_MEMORY: "Insufficient Memory",
     NVML_ERROR_UNKNOWN: "Unknown Error",
 }
-"""pynvml's messages. A code outside its table (IN_USE, NO_DATA) is asked of the driver's
-``nvmlErrorString``; without a library to ask, pynvml says "NVML Error with code N", as
-the fake does."""
+"""pynvml's messages. A code outside its table (IN_USE, NO_DATA, and every code from 22
+on) is asked of the driver's ``nvmlErrorString``, text nvidia-ml-py does not hold; without
+a library to ask, pynvml says "NVML Error with code N", as the fake does."""
 
 
 class NVMLError(Exception):

@@ -301,3 +301,19 @@ def test_a_negative_power_from_nvml_is_a_failed_read(fake_nvml: FakeNvml) -> Non
     assert sample.power_w is None and "power" in sample.read_errors
     assert sample.energy_j == pytest.approx(1000.0)
     backend.close()
+
+
+def test_the_fake_has_every_nvml_error_code_and_class_pynvml_has() -> None:
+    """The fake stopped at NO_DATA (21): NOT_READY, GPU_NOT_FOUND, FREQ_NOT_SUPPORTED and
+    the other codes nvidia-ml-py defines (and ``daemon/errors.py`` maps) could not be
+    raised as their own ``NVMLError_*`` class, as the real module raises them."""
+    pynvml = pytest.importorskip("pynvml")
+    real = {n: v for n, v in vars(pynvml).items() if n.startswith("NVML_ERROR_")}
+    fake = {n: v for n, v in vars(fp).items() if n.startswith("NVML_ERROR_")}
+    assert fake == real
+    for name, code in real.items():
+        class_name = type(pynvml.NVMLError(code)).__name__
+        assert type(fp.NVMLError(code)).__name__ == class_name, name
+        assert getattr(fp, class_name)().value == code
+    for code in set(real.values()) - set(pynvml.NVMLError._errcode_to_string):
+        assert str(fp.NVMLError(code)) == f"NVML Error with code {code}"  # pynvml, no driver
