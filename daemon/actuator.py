@@ -553,12 +553,19 @@ class ClockActuator:
         shared by every GPU's restores) each reset is waited for at most what is left of
         it, and once it is spent no other reset is started: those GPUs are returned too.
 
+        On a node the first round's resets start together and are waited for under one
+        deadline, as a tick's writes are: GPUs whose reset hangs cost the exit that
+        deadline once, not each, and cannot spend the budget before a healthy GPU after
+        them is reset.
+
         Returns:
             Labels of the GPUs that could not be reset (they may still be locked).
         """
+        gpus = [b for b in self._backends if b.label in self._touched - self.yielded]
+        started = self._start_exit_resets(gpus, budget)
         return restore_each(
-            [b for b in self._backends if b.label in self._touched and b.label not in self.yielded],
-            functools.partial(self._reset_at_exit, budget=budget),
+            gpus,
+            functools.partial(self._reset_at_exit, budget=budget, started=started),
             what="reset",
             still=lambda backend: "it may still be locked",
             log=log,
@@ -569,8 +576,35 @@ class ClockActuator:
             budget=budget,
         )
 
+    def _start_exit_resets(
+        self, gpus: Sequence[GpuBackend], budget: ExitBudget | None
+    ) -> dict[str, tuple[float, float]]:
+        """On a node, start the exit's first reset of every GPU in ``gpus`` at once; per GPU
+        started, when its wait ends (``time.monotonic``) and the wait said in its line.
+        A GPU whose earlier write still hangs is not started (its reset fails as it
+        would have); none is once ``budget`` is spent."""
+        deadline_s = self._write_deadline_s
+        if deadline_s is None or (budget is not None and budget.spent):
+            return {}
+        wait_s = deadline_s if budget is None else budget.wait_s(deadline_s)
+        assert wait_s is not None
+        started: list[str] = []
+        for backend in gpus:
+            try:
+                self._writers[backend.label].start_write(None)
+            except ClockWriteHung:
+                continue
+            started.append(backend.label)
+        ends_s = time.monotonic() + wait_s  # the threads' waits are in real seconds
+        return {label: (ends_s, wait_s) for label in started}
+
     def _reset_at_exit(
-        self, backend: GpuBackend, attempt: int, *, budget: ExitBudget | None
+        self,
+        backend: GpuBackend,
+        attempt: int,
+        *,
+        budget: ExitBudget | None,
+        started: dict[str, tuple[float, float]] | None = None,
     ) -> Outcome:
         """One GPU's exit reset, try ``attempt`` (from 0) of :meth:`restore`'s. On a node
         it waits for the reset at most ``write_deadline_s`` (or what is left of
@@ -579,8 +613,14 @@ class ClockActuator:
         domain's backoff would add to the exit): the GPU may still be locked, and is
         reported so."""
         writer = self._writers[backend.label]
+        begun = None if started is None else started.pop(backend.label, None)
         try:
-            writer.write(None, wait_s=None if budget is None else budget.wait_s(writer.deadline_s))
+            if begun is not None:  # the first round's, started with the others
+                ends_s, said_s = begun
+                writer.finish(max(0.0, ends_s - time.monotonic()), deadline_s=said_s)
+            else:
+                wait_s = None if budget is None else budget.wait_s(writer.deadline_s)
+                writer.write(None, wait_s=wait_s)
         except ClockWriteHung as error:
             writer.count_failure()
             log.error("domain %s: reset failed: %s; not retried", self.domain, error)

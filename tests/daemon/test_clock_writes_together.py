@@ -20,6 +20,7 @@ from hung_support import HungCall
 
 from gpugov.daemon.actuator import ClockActuator
 from gpugov.daemon.errors import GpuLost
+from gpugov.daemon.exit_restore import ExitBudget
 from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.nvml import NvmlBackend
 
@@ -116,3 +117,30 @@ def test_a_lost_gpu_raises_once_the_others_writes_are_taken_and_none_is_left_loc
     assert actuator.hanging_writes == ()
     assert "1" not in actuator.restore()
     assert fake.locked(1) is None
+
+
+def test_exit_resets_start_together_so_hung_gpus_leave_the_others_time(
+    safety: list[Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exit budget of one and a half write deadlines: reset one after another, GPU 0's
+    hung reset took a deadline, GPU 1's the rest, and GPU 2, healthy, was named "not
+    started" and left locked low. Started together, every GPU's reset is tried: GPU 2 is
+    reset, the hung two are named as possibly still locked, their records kept."""
+    fake = FakeNvml(3)
+    state = LockState(tmp_path)
+    actuator = _actuator(fake, state)
+    assert actuator.apply(1005) == 3
+    hung = [HungCall(fake, RESET, 0), HungCall(fake, RESET, 1)]
+    safety.extend(hung)
+    seen = _watch_starts(fake, RESET, actuator)
+    caplog.set_level(logging.ERROR, logger="gpugov.daemon.actuator")
+    assert actuator.restore(ExitBudget(1.5 * DEADLINE_S)) == ["0", "1"]
+    assert seen == [()]  # GPU 1's reset began while GPU 0's was still within its wait
+    assert fake.locked(2) is None  # the healthy GPU was reset
+    assert [fake.locked(i) for i in (0, 1)] == [(1005, 1005)] * 2  # still hung
+    state.flush()
+    assert sorted(e["gpu"] for e in state.read().values()) == ["0", "1"]  # the next start
+    lines = [r.getMessage() for r in caplog.records]
+    assert not any("not started" in line for line in lines), lines
+    for gpu in "01":
+        assert any(f"GPU {gpu}: clock reset: no answer within" in line for line in lines)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import MetricsServer, run_ticks
+from daemon_support import MetricsServer, eventually, run_ticks
 from fake_pynvml import NVML_ERROR_TIMEOUT, FakeNvml, NVMLError
 from hung_support import DEADLINE_S, HungCall, two_domains
 
@@ -146,12 +146,13 @@ def test_a_failing_reset_is_retried_only_while_the_budget_lasts() -> None:
     assert slept == [1.0, 1.5]  # 1 s, then the 1.5 s left of 2 s; no third round's wait
 
 
-def test_hung_resets_share_the_budget_and_the_gpus_left_are_not_started(
+def test_hung_resets_of_a_domain_start_together_within_the_budget(
     safety: list[Any], tmp_path: Path
 ) -> None:
     """Every GPU's reset wedges in the driver (each costing 8 s of the test's clock as it
-    starts, and its 0.2 s deadline of real time): GPU 0's starts with 10 s left, GPU 1's
-    with 2 s, and GPU 2's is not started; all three are reported, their records kept."""
+    starts, and its 0.2 s deadline of real time). The domain's first resets start
+    together, with 10 s left (one after another, GPU 2's was not started: the two before
+    it had spent the budget); all three are reported, their records kept."""
     clock = _Clock()
     fake = FakeNvml(3)
     state = LockState(tmp_path)
@@ -163,7 +164,7 @@ def test_hung_resets_share_the_budget_and_the_gpus_left_are_not_started(
         safety.append(HungCall(fake, RESET, index=index))
     resets = _Slow(fake, RESET, clock, 8.0)
     assert actuator.restore(ExitBudget(10.0, clock=clock)) == ["0", "1", "2"]
-    assert resets.gpus == [0, 1]
+    assert eventually(lambda: sorted(resets.gpus) == [0, 1, 2])
     assert _records(state, 3) == (["0", "1", "2"], [])
 
 
