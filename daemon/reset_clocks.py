@@ -313,7 +313,7 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
         )
     budget = _ResetBudget()  # every GPU call of the command: a preStop hook always ends
     gpus: list[int | str] = list(_listed(kind, emulator, budget)) if chosen is None else chosen
-    if chosen is not None and kind in ("nvml", "emulated", "nvidia-smi"):
+    if chosen is not None:  # every backend; the split ones (actuator, zeusd) list by NVML
         _require_present(chosen, kind, emulator, budget)
     failed: dict[str, str] = {}
     for gpu in gpus:

@@ -4,6 +4,8 @@ names the privilege it needs (no ``--dry-run``, which a reset has no use for), a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from daemon_support import node_commands_on
 from fake_nvidia_smi import FakeNvidiaSmi
@@ -70,3 +72,32 @@ def test_nvidia_smi_reset_of_a_gpu_the_node_lacks_is_refused_before_any_reset(
     assert smi.gpus[0].locked == (900, 900)
     assert node_cli.main(["reset-clocks", "--backend", "nvidia-smi", "--gpus", "1"]) == 0
     assert "GPU 1: SM clock lock reset" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "write_path",
+    [
+        'backend = "actuator"\nactuator = {{ socket = "{dir}/a.sock" }}',
+        'backend = "zeusd"\nzeusd = {{ socket = "{dir}/z.sock" }}',
+    ],
+)
+def test_a_split_backend_s_gpu_the_node_lacks_is_refused_before_any_reset(
+    write_path: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--config`` of the split mode (the actuator, zeusd) with ``--gpus 7`` on a 2-GPU
+    node: GPU 7 was tried and named "NOT reset ... they may still be locked" (exit 6);
+    now it is refused up front as on NVML (the split mode reads, and lists, by NVML)."""
+    node_commands_on(monkeypatch, FakeNvml(2))
+    config = tmp_path / "g.toml"
+    config.write_text(
+        f"[daemon]\n{write_path.format(dir=tmp_path)}\n"
+        '[[domains]]\nname = "a"\ngpus = [0]\n'
+        '[domains.engine]\nurl = "http://127.0.0.1:9/metrics"\n'
+    )
+    assert node_cli.main(["reset-clocks", "--config", str(config), "--gpus", "1,7"]) == 4
+    assert capsys.readouterr().err.splitlines() == [
+        "gpugov: error: --gpus: no GPU 7 on this node (it has 0-1)"
+    ]
