@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -54,14 +56,17 @@ and the daemon's own reset at SIGTERM needs the rest (its exit budget, 20 s); on
 spent, the GPUs left are named as not reset, not tried."""
 
 
+_STATE_LOCK = threading.Lock()
+"""Held while a GPU's reset reads, changes and writes the lock record: the GPUs are reset
+on threads of their own, and each writes the whole file."""
+
+
 class _ResetBudget:
     """The time left to a ``reset-clocks`` command's GPU calls, from when it was made."""
 
     def __init__(
         self, budget_s: float | None = None, clock: Callable[[], float] | None = None
     ) -> None:
-        import time
-
         self.budget_s = RESET_BUDGET_S if budget_s is None else budget_s
         self._clock = clock or time.monotonic
         self._ends_s = self._clock() + self.budget_s
@@ -86,8 +91,10 @@ def _reset_one(
     emulator: str | None = None,
     daemon: Any = None,
     budget: _ResetBudget | None = None,
+    say: Callable[[str], Any] = print,
 ) -> str | None:
     """Reset one GPU's SM clock lock, retrying transient errors; None or the error text.
+    ``say`` prints a line on stdout (a power limit restored), or keeps it for the caller.
     ``daemon`` is the config's ``[daemon]`` (the actuator's socket, zeusd's address, the
     state directory whose lock record is cleared).
 
@@ -129,7 +136,7 @@ def _reset_one(
                 # A power limit a run recorded is restored whether or not the clock reset
                 # went through (a restore done once leaves no record to redo).
                 left, hung = _restore_left_power_limit(
-                    backend, getattr(daemon, "state_dir", None), budget
+                    backend, getattr(daemon, "state_dir", None), budget, say
                 )
                 if error is None:
                     return left
@@ -237,11 +244,15 @@ def _forget_lock(backend: Any, configured: Any = None) -> None:
     if directory is not None and (directory / STATE_FILE).exists():
         # The clock is reset: the record's write may take a slow disk's time, and a
         # write still running when this process ends would be lost.
-        LockState(directory, write_deadline_s=EXIT_WRITE_WAIT_S).clear(gpu_key(backend))
+        with _STATE_LOCK:  # each GPU's reset clears its entry from a thread of its own
+            LockState(directory, write_deadline_s=EXIT_WRITE_WAIT_S).clear(gpu_key(backend))
 
 
 def _restore_left_power_limit(
-    backend: Any, configured: Any = None, budget: _ResetBudget | None = None
+    backend: Any,
+    configured: Any = None,
+    budget: _ResetBudget | None = None,
+    say: Callable[[str], Any] = print,
 ) -> tuple[str | None, bool]:
     """Restore the power limit a gpugov run set on the GPU and recorded in the lock state
     file (``configured``'s, else ``$STATE_DIRECTORY``), as a start's reconcile does; one
@@ -263,21 +274,60 @@ def _restore_left_power_limit(
     wait_s = budget.wait_s()
     if wait_s <= 0.0:
         return f"its power limit {budget.spent_line()}", False
-    state = LockState(directory, write_deadline_s=EXIT_WRITE_WAIT_S)
-    actuator = PowerLimitActuator(
-        [backend], domain="reset-clocks", state=state, write_deadline_s=wait_s
-    )
-    try:
-        lines = actuator.reconcile()
-    except ConfigError as running:
-        print(f"{running}; it restores the power limit on its own way out")
-        return None, False
+    with _STATE_LOCK:  # the record is read, changed and written whole: one GPU at a time
+        state = LockState(directory, write_deadline_s=EXIT_WRITE_WAIT_S)
+        actuator = PowerLimitActuator(
+            [backend], domain="reset-clocks", state=state, write_deadline_s=wait_s
+        )
+        try:
+            lines = actuator.reconcile()
+        except ConfigError as running:
+            say(f"{running}; it restores the power limit on its own way out")
+            return None, False
     hung = bool(actuator.hanging_writes)
     for line in lines:
-        print(line.replace("a previous gpugov run", "a gpugov run", 1))
+        say(line.replace("a previous gpugov run", "a gpugov run", 1))
         if "restore FAILED" in line:
             return line.split("restore FAILED: ", 1)[1], hung
     return None, hung
+
+
+def _reset_together(
+    gpus: list[int | str], kind: str, emulator: str | None, daemon: Any, budget: _ResetBudget
+) -> list[tuple[str | None, list[str]]]:
+    """:func:`_reset_one` of every GPU at once, one thread each, within ``budget``: GPUs
+    whose calls hang cost the command one deadline together, and cannot spend the budget
+    before a healthy GPU after them is tried (reset one after another, five hung GPUs
+    left the rest "not tried", still locked). Per GPU, in order: its error (None: reset)
+    and the lines it has for stdout, printed by the caller so the output keeps the GPUs'
+    order."""
+    from gpugov.daemon.deadline import EXIT_WRITE_WAIT_S
+
+    outcomes: dict[int, tuple[str | None, list[str]]] = {}
+
+    def one(position: int, gpu: int | str) -> None:
+        said: list[str] = []
+        try:
+            error = _reset_one(gpu, kind, time.sleep, emulator, daemon, budget, said.append)
+        except Exception as failure:  # the thread's outermost edge: reported as not reset
+            error = str(failure) or type(failure).__name__
+        outcomes[position] = (error, said)
+
+    threads = [
+        threading.Thread(target=one, args=(i, gpu), name=f"gpugov-reset-{gpu}", daemon=True)
+        for i, gpu in enumerate(gpus)
+    ]
+    for thread in threads:
+        thread.start()
+    # Every GPU call is bounded by the budget; a lock record's write by its own wait.
+    ends_s = time.monotonic() + budget.left_s() + EXIT_WRITE_WAIT_S
+    for thread in threads:
+        thread.join(max(0.0, ends_s - time.monotonic()))
+    late: tuple[str | None, list[str]] = (
+        f"no outcome within reset-clocks' {budget.budget_s:g} s",
+        [],
+    )
+    return [outcomes.get(i, late) for i in range(len(gpus))]
 
 
 @guarded
@@ -291,8 +341,6 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
     fails or hangs, every GPU), 4 when no GPU could be listed at all or a --gpus index
     names one the node does not have.
     """
-    import time
-
     chosen = parse_gpu_list(args.gpus, allow_all=True)
     config = load_config(args.config) if args.config else None
     kind, emulator = backend_choice(args.backend, args.emulator, config)
@@ -316,10 +364,10 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
     if chosen is not None:  # every backend; the split ones (actuator, zeusd) list by NVML
         _require_present(chosen, kind, emulator, budget)
     failed: dict[str, str] = {}
-    for gpu in gpus:
-        error = _reset_one(
-            gpu, kind, time.sleep, emulator, config.daemon if config is not None else None, budget
-        )
+    outcomes = _reset_together(gpus, kind, emulator, config.daemon if config else None, budget)
+    for gpu, (error, said) in zip(gpus, outcomes, strict=True):
+        for line in said:
+            print(line)
         if error is None:
             print(f"GPU {gpu}: SM clock lock reset")
         else:

@@ -5,11 +5,13 @@ names the privilege it needs (no ``--dry-run``, which a reset has no use for), a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon_support import node_commands_on
 from fake_nvidia_smi import FakeNvidiaSmi
 from fake_pynvml import FakeNvml
+from hung_support import HungCall
 
 import gpugov.daemon.node_cli as node_cli
 import gpugov.daemon.node_support as node_support
@@ -101,3 +103,29 @@ def test_a_split_backend_s_gpu_the_node_lacks_is_refused_before_any_reset(
     assert capsys.readouterr().err.splitlines() == [
         "gpugov: error: --gpus: no GPU 7 on this node (it has 0-1)"
     ]
+
+
+def test_gpus_whose_reset_hangs_leave_a_healthy_gpu_after_them_its_reset(
+    monkeypatch: pytest.MonkeyPatch, safety: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A budget of one and a half call deadlines, GPUs 0 and 1 whose reset hangs: reset
+    one after another, the two spent the budget and GPU 2, healthy, was named "not
+    tried" and left locked (a preStop hook's only chance). Reset at once, GPU 2 is reset
+    and only the hung two are named."""
+    deadline_s = 0.5
+    monkeypatch.setattr(reset_clocks, "RESET_CALL_DEADLINE_S", deadline_s)
+    monkeypatch.setattr(reset_clocks, "RESET_BUDGET_S", 1.5 * deadline_s)
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    fake = node_commands_on(monkeypatch, FakeNvml(3))
+    for gpu in fake.gpus:
+        gpu.locked = (1005, 1005)
+    hung = [HungCall(fake, "nvmlDeviceResetGpuLockedClocks", index=i) for i in (0, 1)]
+    safety.extend(hung)
+    assert node_cli.main(["reset-clocks", "--gpus", "all"]) == 6
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["GPU 2: SM clock lock reset"]
+    assert fake.gpus[2].locked is None
+    lines = err.splitlines()
+    assert [line.split(":", 1)[0] for line in lines[:2]] == ["GPU 0", "GPU 1"]
+    assert all("(a hung GPU call: a driver in trouble)" in line for line in lines[:2]), lines
+    assert lines[2:] == ["gpugov: error: 2 of 3 GPU(s) not reset: 0, 1; they may still be locked"]
