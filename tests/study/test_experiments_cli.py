@@ -91,12 +91,17 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 
 def test_a_run_stopped_midway_leaves_the_earlier_outputs_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    quick_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The results, the figures and the summary were written into DIR one after another:
     Ctrl-C (or SIGTERM) while the figures were drawn left this run's results.json and
     first figures beside the earlier run's summary and last figures. They now go into DIR
-    only once all are written: a stopped run leaves DIR as it was."""
+    only once all are written: a stopped run leaves DIR as it was.
+
+    The suite's results are the quick run's (read back from its results.json): what is
+    under test is how the command writes them, not how it computes them."""
+    recorded = _strict_load((quick_run[0] / "results.json").read_text())
+    monkeypatch.setattr(experiments_cli, "build_textbook_results", lambda *a, **k: recorded)
     out = tmp_path / "out"
     (out / "figures").mkdir(parents=True)
     earlier = {"results.json": b"earlier", "summary.md": b"earlier", "notes.txt": b"the user's"}
@@ -104,12 +109,16 @@ def test_a_run_stopped_midway_leaves_the_earlier_outputs_whole(
     for name, data in earlier.items():
         (out / name).write_bytes(data)
 
+    stops: list[object] = []
+
     def stopped(*args: object, **kwargs: object) -> None:  # Ctrl-C at the fifth figure
+        stops.append(args)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(experiments_cli, "plot_coverage", stopped)
     code, _, stderr = _run_quick(out)
     assert code == 130 and stderr.splitlines()[-1] == "gpugov: interrupted"
+    assert len(stops) == 1  # stopped while the figures were drawn
     assert _files(out) == earlier and not (out / ".partial").exists()
     # A DIR the stopped run created goes with it.
     monkeypatch.setattr(experiments_cli, "build_textbook_results", stopped)
