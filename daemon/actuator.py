@@ -161,6 +161,8 @@ class ClockActuator:
         self._maybe_held: dict[str, int] = {}
         """Per GPU whose lock writes failed: the lowest clock a lock may hold it at."""
         self._write_deadline_s = write_deadline_s
+        self._exit_started: dict[str, tuple[float, float]] | None = None
+        """The exit resets :meth:`begin_restore` started, for :meth:`restore` to take."""
         self._writers = {
             b.label: ClockWriter(b, self.failure_log, deadline_s=write_deadline_s, clock=clock)
             for b in self._backends
@@ -562,7 +564,9 @@ class ClockActuator:
             Labels of the GPUs that could not be reset (they may still be locked).
         """
         gpus = [b for b in self._backends if b.label in self._touched - self.yielded]
-        started = self._start_exit_resets(gpus, budget)
+        started, self._exit_started = self._exit_started, None
+        if started is None:
+            started = self._start_exit_resets(gpus, budget)
         return restore_each(
             gpus,
             functools.partial(self._reset_at_exit, budget=budget, started=started),
@@ -575,6 +579,13 @@ class ClockActuator:
             sleep=self._sleep,
             budget=budget,
         )
+
+    def begin_restore(self, budget: ExitBudget | None = None) -> None:
+        """Start :meth:`restore`'s first resets now, without waiting for them: the exit
+        starts every domain's before it waits for any (:func:`daemon.loop.restore_all`),
+        so domains whose GPUs hang share one deadline as a domain's GPUs do."""
+        gpus = [b for b in self._backends if b.label in self._touched - self.yielded]
+        self._exit_started = self._start_exit_resets(gpus, budget)
 
     def _start_exit_resets(
         self, gpus: Sequence[GpuBackend], budget: ExitBudget | None

@@ -494,6 +494,8 @@ def lock_states(domains: Sequence[Domain]) -> list[LockState]:
 def restore_all(domains: Sequence[Domain], budget: ExitBudget | None = None) -> list[str]:
     """Reset every domain's locks (each actuator retries, within ``budget``, the exit's,
     when given); the labels still locked, or not reset once the budget was spent."""
+    for domain in domains:  # every domain's first resets start before any is waited for
+        domain.actuator.begin_restore(budget)
     failed: list[str] = []
     for domain in domains:
         failed.extend(domain.actuator.restore(budget))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from gpugov.daemon.actuator import ClockActuator
 from gpugov.daemon.errors import GpuLost
 from gpugov.daemon.exit_restore import ExitBudget
 from gpugov.daemon.lockstate import LockState
+from gpugov.daemon.loop import restore_all
 from gpugov.daemon.nvml import NvmlBackend
 
 LOCK = "nvmlDeviceSetGpuLockedClocks"
@@ -144,3 +146,26 @@ def test_exit_resets_start_together_so_hung_gpus_leave_the_others_time(
     assert not any("not started" in line for line in lines), lines
     for gpu in "01":
         assert any(f"GPU {gpu}: clock reset: no answer within" in line for line in lines)
+
+
+def test_exit_resets_of_every_domain_start_together(safety: list[Any]) -> None:
+    """Three one-GPU domains (an engine per GPU), the first two GPUs' resets hanging, an
+    exit budget of one and a half deadlines: each domain's reset waited its own turn, so
+    the third domain's healthy GPU was "not started" and left locked low. The exit now
+    starts every domain's resets before it waits for any."""
+    fake = FakeNvml(3)
+    domains = [
+        SimpleNamespace(
+            actuator=ClockActuator(
+                [NvmlBackend(i, nvml=fake)], domain=f"d{i}", write_deadline_s=DEADLINE_S
+            )
+        )
+        for i in range(3)
+    ]
+    for domain in domains:
+        assert domain.actuator.apply(1005) == 1
+    hung = [HungCall(fake, RESET, 0), HungCall(fake, RESET, 1)]
+    safety.extend(hung)
+    assert restore_all(domains, ExitBudget(1.5 * DEADLINE_S)) == ["0", "1"]  # type: ignore[arg-type]
+    assert fake.locked(2) is None
+    assert all(call.blocked.is_set() for call in hung)

@@ -168,26 +168,26 @@ def test_hung_resets_of_a_domain_start_together_within_the_budget(
     assert _records(state, 3) == (["0", "1", "2"], [])
 
 
-def test_a_gpu_wedged_at_the_loop_s_exit_leaves_the_rest_reported_within_the_budget(
+def test_a_gpu_wedged_at_the_loop_s_exit_leaves_the_other_domain_s_gpu_reset(
     safety: list[Any], monkeypatch: pytest.MonkeyPatch, metrics_server: MetricsServer
 ) -> None:
-    """At the loop's exit GPU 0's reset wedges and takes the whole budget (15 s of the
-    exit's 10): GPU 1's reset is not started, and exit 6's error names both GPUs."""
+    """At the loop's exit GPU 0's reset (domain a) wedges. One domain after another, its
+    wait came first and could spend the budget, leaving domain b's GPU 1 not started and
+    locked; every domain's resets now start before any is waited for: GPU 1 is reset,
+    and exit 6's error names GPU 0 alone."""
     monkeypatch.setattr(service, "CLOCK_WRITE_DEADLINE_S", DEADLINE_S)
     clock = _Clock()
     fake = FakeNvml(2)
     assembled = domains_from_config(
         two_domains(metrics_server, {"kind": "fixed", "clock_mhz": 1410}), nvml=fake
     )
-    resets: list[_Slow] = []
 
     def on_step(step: int, records: Any) -> None:
         if step == 1:  # the driver wedges GPU 0's resets from now on
             safety.append(HungCall(fake, RESET, index=0))
-            resets.append(_Slow(fake, RESET, clock, 15.0))
 
     try:
-        with pytest.raises(ClocksNotReset, match=r"GPU\(s\) 0,1 after retries"):
+        with pytest.raises(ClocksNotReset, match=r"GPU\(s\) 0 after retries"):
             run_ticks(
                 assembled.domains,
                 2,
@@ -197,5 +197,4 @@ def test_a_gpu_wedged_at_the_loop_s_exit_leaves_the_rest_reported_within_the_bud
     finally:
         safety[0].release.set()
         assembled.close()
-    assert resets[0].gpus == [0]  # GPU 1's reset was not started
-    assert fake.locked(1) == (1410, 1410)
+    assert fake.locked(1) is None
