@@ -419,7 +419,7 @@ def test_a_failure_on_the_second_output_leaves_the_earlier_set_whole(
     trace = tmp_path / "trace.csv"
     trace.write_text(TRACE)
     out = tmp_path / "out"
-    argv = ["fleet", "--trace", str(trace), "--duration", "30", "--drain", "5", "--nodes", "2"]
+    argv = ["fleet", "--trace", str(trace), "--duration", "10", "--drain", "2", "--nodes", "2"]
     argv += ["--no-step", "--allocators", "uniform", "--controller", "max", "--quiet"]
     argv += ["--jobs", "1", "--trace-start", "0", "--out", str(out)]
     assert main([*argv, "--budgets", "0.7"]) == 0
