@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpugov.daemon.progress import Progress
 
 PLOT_LIMIT = 1e12
 """The largest magnitude plotted: beyond any real clock, power, queue or time, and far below
@@ -19,6 +22,10 @@ where matplotlib's axis arithmetic overflows into RuntimeWarnings (1e308)."""
 
 MIN_SLO_S = 1e-6
 """The smallest SLO plotted: latency / SLO stays finite on the log axis."""
+
+PROGRESS_AFTER_S = 2.0
+"""A plot shows its progress line (ticks checked and drawn, with an ETA) once it has taken
+this long: a day's recording takes about a minute, a short one well under a second."""
 
 PLOTTED_FIELDS = (
     "time_s",
@@ -40,23 +47,53 @@ PLOTTED_FIELDS = (
 def run_plot(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov plot``."""
     from gpugov.daemon.cli_support import UsageError, check_output_file, warn
+    from gpugov.daemon.progress import Progress
     from gpugov.daemon.record import RecordingError, read_recording
-    from gpugov.study.plots import pyplot, series_from_recording, write_run_plot
+    from gpugov.study.plots import check_image_format, pyplot
 
     source = Path(args.file)
     out = Path(args.out) if args.out else source.with_suffix(".png")
     pyplot("gpugov plot")  # the missing extra is one line, before any reading
+    # --out before the recording is read: a day's recording takes a minute to read and
+    # check, and a missing folder or a .txt name was refused only after it.
+    check_image_format("--out", out, "gpugov plot")
+    check_output_file("--out", out, [("the recording", source)])
     try:
         header, rows = read_recording(source, warn=warn)
     except RecordingError as error:
         raise UsageError(str(error)) from error
     controllers = checked_header(source, header)
-    checked_ticks(source, rows, controllers)
     domains = list(controllers)
     if args.domain is not None:
         if args.domain not in domains:
             raise UsageError(f"--domain {args.domain}: not in {source} (domains: {domains})")
         domains = [args.domain]
+    to_draw = len(rows) if args.domain is None else _ticks_of(rows, args.domain)
+    progress = Progress(len(rows) + to_draw, "plot", unit="ticks", quiet_start_s=PROGRESS_AFTER_S)
+    try:
+        _plot_domains(source, out, header, rows, controllers, domains, progress)
+    except Exception:
+        progress.close()  # a shown line ends where the plot stopped, before the error's line
+        raise
+    progress.close(done=progress.total)
+    return 0
+
+
+def _plot_domains(
+    source: Path,
+    out: Path,
+    header: dict[str, Any],
+    rows: list[Any],
+    controllers: dict[str, str | None],
+    domains: list[str],
+    progress: Progress,
+) -> None:
+    """Check every tick, then write one figure per domain of ``domains`` (beside ``out``
+    where there are several), counting the ticks checked and drawn on ``progress``."""
+    from gpugov.daemon.cli_support import UsageError, check_output_file
+    from gpugov.study.plots import series_from_recording, write_run_plot
+
+    checked_ticks(source, rows, controllers, progress)
     targets: dict[str, Path] = {}
     for domain in domains:
         if len(domains) == 1:
@@ -71,13 +108,11 @@ def run_plot(args: argparse.Namespace) -> int:
         targets[domain] = target
     for target in targets.values():
         check_output_file("--out", target, [("the recording", source)])
-    from gpugov.study.plots import check_image_format
-
-    check_image_format("--out", out, "gpugov plot")
     from gpugov.daemon.controller_spec import canonical_controller_name
 
     # Every domain's series before any PNG: a domain without ticks writes none of them.
     series = {domain: series_from_recording(rows, domain) for domain in targets}
+    done = len(rows)
     for domain, drawn in series.items():
         if not drawn.time_s:
             raise UsageError(f"{source}: domain {domain!r} has no tick lines to plot")
@@ -90,9 +125,15 @@ def run_plot(args: argparse.Namespace) -> int:
             + (", dry run: no clock was set" if header.get("dry_run") else "")
             + f", {len(series[domain].time_s)} ticks)"
         )
+        progress.update(done)
         write_run_plot(series[domain], target, title)
+        done += len(series[domain].time_s)
         print(f"wrote {target}")
-    return 0
+
+
+def _ticks_of(rows: list[Any], domain: str) -> int:
+    """How many of ``rows`` are ticks of ``domain`` (the ticks its figure draws)."""
+    return sum(1 for row in rows if isinstance(row, dict) and row.get("domain") == domain)
 
 
 def checked_header(source: Path, header: dict[str, Any]) -> dict[str, str | None]:
@@ -109,14 +150,22 @@ def checked_header(source: Path, header: dict[str, Any]) -> dict[str, str | None
     return {name: info.get("controller") for name, info in domains.items()}
 
 
-def checked_ticks(source: Path, rows: list[Any], domains: dict[str, Any]) -> None:
+def checked_ticks(
+    source: Path, rows: list[Any], domains: dict[str, Any], progress: Progress | None = None
+) -> None:
     """Refuse (:class:`UsageError`, ``FILE:LINE:`` and the field) a tick replay would
     refuse (:func:`gpugov.daemon.record.check_ticks`, shared), or a plotted number
-    :func:`_check_plottable` refuses."""
+    :func:`_check_plottable` refuses; ``progress`` counts the ticks checked."""
     from gpugov.daemon.cli_support import UsageError
     from gpugov.daemon.record import RecordingError, check_ticks
 
+    checked = 0
+
     def plottable(where: str, row: dict[str, Any]) -> None:
+        nonlocal checked
+        checked += 1
+        if progress is not None:
+            progress.update(checked)
         for key in PLOTTED_FIELDS:
             _check_plottable(where, f"observation.{key}", row["observation"].get(key))
         for key in ("time_s", "requested_mhz", "power_cap_w"):

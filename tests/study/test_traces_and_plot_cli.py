@@ -493,3 +493,54 @@ def test_old_recording_names_read_as_todays(
     out = tmp_path / "h200.png"
     assert main(["plot", str(REAL), "--out", str(out)]) == 0
     assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize(
+    ("out", "said"),
+    [("no/x.png", "does not exist"), ("x.txt", "not an image format"), ("d.png", "a directory")],
+)
+def test_plot_refuses_its_out_before_reading_the_recording(
+    recording: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    out: str,
+    said: str,
+) -> None:
+    """--out was checked only after the whole recording was read and checked (a minute for
+    a day's recording): a missing folder or a .txt name is refused before any reading."""
+    from gpugov.daemon import record
+
+    def unread(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the recording was read")
+
+    monkeypatch.setattr(record, "read_recording", unread)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.png").mkdir()
+    assert main(["plot", str(recording), "--out", out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpugov: error: --out ") and said in err[0], err
+
+
+def test_plot_shows_progress_with_an_eta_once_it_takes_a_while(
+    recording: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A day's recording is a minute of checking and drawing, which went without a word: a
+    line of the ticks checked and drawn, with an ETA, once it takes a while (here at once);
+    a short plot shows none."""
+    from gpugov.study import plot_cli
+
+    ticks = len(read_recording(recording)[1])
+    monkeypatch.setattr(plot_cli, "PROGRESS_AFTER_S", 3600.0)
+    assert main(["plot", str(recording), "--out", str(tmp_path / "quiet.png")]) == 0
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(plot_cli, "PROGRESS_AFTER_S", 0.0)
+    assert main(["plot", str(recording), "--out", str(tmp_path / "shown.png")]) == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith("plot: ") and f"(1/{2 * ticks:,} ticks)" in lines[0]
+    assert "ETA" in lines[0]
+    assert lines[-1].startswith(f"plot: 100.0% ({2 * ticks:,}/{2 * ticks:,} ticks), elapsed ")
+    assert len(set(lines)) == len(lines)
