@@ -79,12 +79,19 @@ def test_short_run_reports_savings_and_ratios(tmp_path: Path) -> None:
 
 
 def test_a_trace_too_short_for_the_run_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    # A minute of arrivals (the bundled 10-minute slice is as short for the default run,
+    # but its capacity search takes most of a minute before the refusal).
+    trace = tmp_path / "minute.csv"
+    trace.write_text(
+        "arrival_time_s,prompt_tokens,output_tokens\n"
+        + "".join(f"{0.25 * i:.2f},{300 + 37 * (i % 7)},{40 + 5 * (i % 5)}\n" for i in range(241))
+    )
     out = tmp_path / "unseen.json"
     code, stdout, _ = run_bench_main(
         "unseen_node",
         [
             "--trace",
-            "azure-conv-10min",
+            str(trace),
             "--profiles",
             "narrow-clocks",
             "--jobs",
@@ -95,7 +102,7 @@ def test_a_trace_too_short_for_the_run_is_skipped_with_the_reason(tmp_path: Path
     )
     assert code == 0
     (row,) = json.loads(out.read_text())["rows"]
-    assert "the trace spans 599 s" in row["error"] and "shorten --duration" in row["error"]
+    assert "the trace spans 60 s" in row["error"] and "shorten --duration" in row["error"]
     assert "skipped" in stdout
 
 
