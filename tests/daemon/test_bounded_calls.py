@@ -293,7 +293,8 @@ def test_reset_clocks_names_a_gpu_whose_call_hangs_and_ends(
     assert out.splitlines() == ["GPU 0: SM clock lock reset"]
     lines = err.splitlines()
     assert len(lines) == 2, lines
-    assert lines[0].startswith("GPU 1: NOT reset: GPU 1: ")
+    assert lines[0].startswith("GPU 1: NOT reset: ")
+    assert lines[0].count("GPU 1") == 1  # it said "GPU 1: NOT reset: GPU 1: ..."
     assert re.search(
         r"no answer within [0-9.]+ s \(a hung GPU call: a driver in trouble\)$", lines[0]
     )
