@@ -35,7 +35,7 @@ def test_bad_arguments_are_refused_in_one_line(
 
 def test_a_short_run_writes_every_board_and_the_summary(tmp_path: Path) -> None:
     out = tmp_path / "random.json"
-    argv = ["--seeds", "0:2", "--traces", "azure-conv-10min", "--duration", "60"]
+    argv = ["--seeds", "0:2", "--traces", "azure-conv-10min", "--duration", "30"]
     code, stdout, _ = run_bench_main(
         "random_shapes", [*argv, "--mpc", "--jobs", "1", "--out", str(out)]
     )
