@@ -25,7 +25,7 @@ from gpugov.daemon.progress import Progress
 from gpugov.daemon.record import (
     RecordingError,
     check_header,
-    check_recording,
+    check_ticks,
     observation_from_dict,
     read_recording,
     tick_domain,
@@ -34,6 +34,11 @@ from gpugov.daemon.roles import ROLES
 from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S, SafetySettings
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import ClockController, PowerCapping
+
+PROGRESS_AFTER_S = 2.0
+"""A replay shows its progress line (ticks checked, then replayed, with an ETA) once it has
+taken this long: a day's recording takes a minute or more, a short one well under a
+second."""
 
 
 @dataclass(frozen=True)
@@ -255,8 +260,27 @@ def replay(
         ControllerError: the controller cannot be built.
     """
     header, rows = read_recording(path, warn=warn)
+    # A line with an ETA on a long replay (an MPC on a day's recording), over the ticks
+    # checked and then replayed (checking a day's recording took half a minute without a
+    # word), and where a Ctrl-C was swallowed inside a compiled kernel, the point where it
+    # is raised again.
+    progress = Progress(
+        2 * len(rows),
+        "replay",
+        unit="ticks",
+        stream=progress_stream,
+        quiet_start_s=PROGRESS_AFTER_S,
+    )
+    checked = 0
+
+    def counted(where: str, row: dict[str, Any]) -> None:
+        nonlocal checked
+        checked += 1
+        progress.update(checked)
+
     # The whole recording, before any controller is built (what plot checks too).
-    period_s, domains = check_recording(path, header, rows)
+    period_s, domains = check_header(path, header)
+    check_ticks(path, rows, domains, counted)
     controllers = {}
     for name, info in domains.items():
         clocks = info["supported_clocks_mhz"]
@@ -272,11 +296,8 @@ def replay(
         recorded_controller=", ".join(recorded_names),
         replayed_controller=spec_name(spec),
     )
-    # A line with an ETA on a long replay (an MPC on a day's recording), and where a
-    # Ctrl-C was swallowed inside a compiled kernel, the point where it is raised again.
-    progress = Progress(len(rows), "replay", unit="ticks", stream=progress_stream, quiet_start=True)
     for number, row in enumerate(rows, start=2):
-        progress.update(number - 2)
+        progress.update(len(rows) + number - 2)
         domain = tick_domain(f"{path}:{number}:", row, controllers)
         if row.get("failsafe") or row.get("requested_mhz") is None:
             report.skipped_failsafe += 1
@@ -318,5 +339,5 @@ def replay(
             report.differences.append(
                 Difference(domain, int(row.get("step", 0)), observation.time_s, recorded, replayed)
             )
-    progress.close()
+    progress.close(done=progress.total)
     return report

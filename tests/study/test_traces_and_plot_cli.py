@@ -544,3 +544,18 @@ def test_plot_shows_progress_with_an_eta_once_it_takes_a_while(
     assert "ETA" in lines[0]
     assert lines[-1].startswith(f"plot: 100.0% ({2 * ticks:,}/{2 * ticks:,} ticks), elapsed ")
     assert len(set(lines)) == len(lines)
+
+
+def test_replay_counts_the_ticks_it_checks_before_those_it_replays(
+    recording: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checking a day's recording took half a minute before replay's first progress line;
+    its line counts the ticks checked and then those replayed, and ends at 100 %."""
+    from gpugov.daemon import replay
+
+    ticks = len(read_recording(recording)[1])
+    monkeypatch.setattr(replay, "PROGRESS_AFTER_S", 0.0)
+    assert main(["replay", str(recording), "--controller", "max"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("replay:")]
+    assert f"(1/{2 * ticks:,} ticks)" in lines[0] and "ETA" in lines[0], lines
+    assert lines[-1].startswith(f"replay: 100.0% ({2 * ticks:,}/{2 * ticks:,} ticks), "), lines
