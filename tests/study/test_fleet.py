@@ -234,11 +234,14 @@ def test_least_work_sends_the_faster_board_a_larger_share_than_least_tokens(
 def test_the_seed_moves_a_fleet_only_with_latency_noise(tiny: dict[str, object]) -> None:
     config = tiny["config"]
     assert isinstance(config, FleetConfig)
+    config = replace(config, duration_s=10.0)  # four runs: a third of the tiny fleet's
+    workload, _ = fleet_workload(config, _plants(config.profiles))
 
     def energy(seed: int, noise: float) -> float:
         changed = replace(config, seed=seed, latency_noise=noise)
         plants = _plants(changed.profiles, noise)
-        row = run_cell(Cell("uncapped", None), {**tiny, "config": changed, "plants": plants})
+        shared = {**tiny, "config": changed, "plants": plants, "workload": workload}
+        row = run_cell(Cell("uncapped", None), shared)
         return float(row["energy_j"])
 
     assert energy(0, 0.0) == energy(1, 0.0)
@@ -644,8 +647,8 @@ def test_every_node_decides_as_a_node_runs_its_controller(
     0.25 s for mpc-online) and the SLO target 0.99, as ``simulate`` runs a controller."""
     trace = tmp_path / "trace.csv"
     trace.write_text(TRACE)
-    argv = ["fleet", "--trace", str(trace), "--trace-start", "0", "--duration", "20"]
-    argv += ["--drain", "5", "--nodes", "2", "--no-step", "--budgets", "0.7"]
+    argv = ["fleet", "--trace", str(trace), "--trace-start", "0", "--duration", "6"]
+    argv += ["--drain", "1", "--nodes", "2", "--no-step", "--budgets", "0.7"]
     argv += ["--allocators", "slo", "--allocator-period", "5", "--quiet", "--jobs", "1"]
     out = tmp_path / "out"
     assert main([*argv, *flags, "--out", str(out)]) == 0
