@@ -45,8 +45,8 @@ def module_on_path(
 
 # --------------------------------------------------------------- xdist file order
 HEAVIEST_FILES = (
+    "tests/faults/test_faults.py",  # its campaign is over before test_ray starts Ray
     "tests/study/test_experiments_cli.py",
-    "tests/faults/test_faults.py",
     "tests/study/test_ray.py",
     "tests/controllers/test_online_unseen_shapes.py",
     "tests/study/test_fleet.py",
