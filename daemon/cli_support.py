@@ -509,6 +509,14 @@ def check_workload_fits(workload: Sequence[Request], plant: ServingPlant, trace:
     """Refuse a workload the plant cannot run: a request larger than the KV cache, or
     a window longer than :data:`MAX_SIMULATED_DAYS` (it would not end in reasonable time).
     """
+    check_kv_fits(workload, plant, trace)
+    if workload:
+        check_window_span(workload[-1].arrival_time_s, trace)
+
+
+def check_kv_fits(workload: Sequence[Request], plant: ServingPlant, trace: str) -> None:
+    """Refuse a workload with a request larger than the plant's KV cache (the first one
+    and how many more), whatever its load: a load moves arrivals only."""
     capacity = plant.kv_capacity_tokens
     oversized = [r for r in workload if r.prompt_tokens + r.output_tokens > capacity]
     if oversized:
@@ -525,14 +533,17 @@ def check_workload_fits(workload: Sequence[Request], plant: ServingPlant, trace:
             f"needs {first.prompt_tokens} + {first.output_tokens} KV tokens, more than the "
             f"profile's KV capacity of {capacity} tokens{more}"
         )
-    if workload:
-        span_s = workload[-1].arrival_time_s
-        if not math.isfinite(span_s) or span_s > MAX_SIMULATED_DAYS * 86_400.0:
-            raise UsageError(
-                f"--trace {trace}: the window spans {format_seconds(span_s)} simulated seconds, "
-                f"over the limit of {MAX_SIMULATED_DAYS:g} simulated days; choose a shorter "
-                "--duration or a larger --load-scale"
-            )
+
+
+def check_window_span(span_s: float, trace: str) -> None:
+    """Refuse a window whose last arrival (``span_s``, scaled by its load) lies past
+    :data:`MAX_SIMULATED_DAYS`."""
+    if not math.isfinite(span_s) or span_s > MAX_SIMULATED_DAYS * 86_400.0:
+        raise UsageError(
+            f"--trace {trace}: the window spans {format_seconds(span_s)} simulated seconds, "
+            f"over the limit of {MAX_SIMULATED_DAYS:g} simulated days; choose a shorter "
+            "--duration or a larger --load-scale"
+        )
 
 
 def light_load_note(

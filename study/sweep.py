@@ -53,9 +53,10 @@ from gpugov import __version__
 from gpugov.daemon.cli_support import (
     DEFAULT_SLO_TARGET,
     UsageError,
+    check_kv_fits,
     check_not_an_input,
     check_output_dir,
-    check_workload_fits,
+    check_window_span,
     control_period_of,
     load_trace_for_cli,
     prepare_output_dir,
@@ -649,10 +650,16 @@ def _check_cells(
         plant = ServingPlant.from_profile(profile)
         for trace in grid.traces:
             window: Sequence[Request] = shared[f"trace:{trace}"]
-            for load in grid.loads:
-                workload = scale_load(window, load) if load != 1.0 else window
+            latest = max((r.arrival_time_s for r in window), default=None)
+            for index, load in enumerate(grid.loads):
+                # A load moves the arrivals only: the window's KV check once, then each
+                # load's last arrival as scale_load puts it (the window scaled per load and
+                # profile took a minute on a grid of 720 windows, before any cell ran).
                 try:
-                    check_workload_fits(workload, plant, trace)
+                    if index == 0:
+                        check_kv_fits(window, plant, trace)
+                    if latest is not None:
+                        check_window_span(latest / load if load != 1.0 else latest, trace)
                 except UsageError as error:
                     message = str(error).removeprefix(f"--trace {trace}: ")
                     raise UsageError(
@@ -793,15 +800,18 @@ def run_sweep(
     if spec.ray_address is not None:
         ray_endpoint(spec.ray_address)  # a malformed address, before Ray is imported
         import_ray()  # the install hint before any work or file
-    plan = plan_sweep(grid_path)
-    write_grid_copy = check_outputs_not_inputs(plan, grid_path, out)
+    # --out before the grid is planned: planning reads every trace and builds every
+    # controller on every profile, a minute on a large grid, and an --out that is a file
+    # or already holds results was refused only after it.
+    check_output_dir("--out", out)
     results_path = out / RESULTS
     if results_path.exists() and results_path.stat().st_size and not resume:
         raise UsageError(
             f"--out {out}: {results_path.name} already holds results; add --resume to "
             "continue that sweep, or choose another --out"
         )
-    check_output_dir("--out", out)
+    plan = plan_sweep(grid_path)
+    write_grid_copy = check_outputs_not_inputs(plan, grid_path, out)
     with runner_ready(spec):  # Ray joined before DIR is made or progress printed
         return _run_plan(plan, grid_path, out, spec, resume, say, progress_stream, write_grid_copy)
 

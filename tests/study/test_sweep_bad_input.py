@@ -228,3 +228,58 @@ def test_a_name_too_long_for_a_file_is_one_short_line_naming_the_key(
     assert code == 2 and stderr.count("\n") == 1 and len(stderr) < 600, stderr[:300]
     assert stderr.startswith(f"gpugov: error: {grid}: key '{key}': unknown ")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("kind", ["a file", "results already"])
+def test_an_unusable_out_is_refused_before_the_grid_is_planned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Planning reads every trace and builds every controller on every profile (a minute on
+    a grid of 2,880 cells): an --out that is a file, or holds results without --resume,
+    was refused only after it."""
+
+    def unplanned(path: Path) -> None:
+        raise AssertionError("the grid was planned")
+
+    monkeypatch.setattr(sweep, "plan_sweep", unplanned)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    out = tmp_path / "out"
+    if kind == "a file":
+        out.write_text("not a directory\n")
+        said = "exists and is not a directory"
+    else:
+        out.mkdir()
+        (out / "results.jsonl").write_text('{"key": "a"}\n')
+        said = "already holds results; add --resume"
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    assert code == 2 and stderr.count("\n") == 1 and said in stderr, stderr
+
+
+def test_the_cells_are_checked_without_scaling_a_window_per_load_and_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each load's window was scaled once per profile to check its KV and its span (a
+    minute on 3 traces x 6 profiles x 40 loads, before any cell): the KV check needs the
+    window once, the span its last arrival over the load."""
+    scaled: list[float] = []
+    real = sweep.scale_load
+
+    def counted(workload: object, load: float) -> object:
+        scaled.append(load)
+        return real(workload, load)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sweep, "scale_load", counted)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b", '
+        '"a100-sxm-80gb-llama3-8b"]\ncontrollers = ["max"]\nloads = [0.5, 2.0, 4.0]\n'
+    )
+    plan = sweep.plan_sweep(grid)
+    assert len(plan.cells) == 6 and scaled == []
+    grid.write_text(
+        'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+        'controllers = ["max"]\nloads = [1.0, 1e-4]\n'
+    )
+    with pytest.raises(sweep.UsageError, match=r"load 0\.0001: the window spans 5,99"):
+        sweep.plan_sweep(grid)
