@@ -54,8 +54,9 @@ level kept for when the queue has drained (:attr:`AttainmentBudget.applied_loose
 The per-prompt TTFT allowance (a long prompt judged against its own, longer SLO) is a
 spend of its own: a short prompt that lands behind a long one prefilled at a lower clock
 may miss. It is planned with only while the window can afford one more miss (``A' - S >=
-1``, and once a miss is counted, ``S >= 1/2``, also ``A - S >= 1``: the projection pays for
-the first miss, the requests served for the next, since traffic can stop;
+1``, and once a miss is counted, ``S >= 1/2`` or a tenth of a first token's, also ``A - S >=
+1``: the projection pays for the first miss, the requests served for the next, since
+traffic can stop;
 :attr:`AttainmentBudget.allowance_credit`), in the share the looseness gives.
 
 No constant here is tuned to a profile: the fractions are shares of the budget and the
@@ -87,6 +88,10 @@ MINIMUM_ALLOWED_MISSES = 2.0
 """Misses the target must allow in the window before the loop loosens."""
 LOOSEN_WINDOWS = 0.5
 """Windows the looseness takes to cross its range upwards."""
+COUNTED_TTFT_MISS = 0.1
+"""A first token's share of a miss from which the window counts a TTFT miss: an engine's
+coarse TTFT buckets can split one real miss into a fraction (a 1.10 s first token against
+a 1.04 s SLO, in a window of several, estimated at 0.4)."""
 SNAPSHOTS_PER_WINDOW = 120
 """Counter snapshots kept per window (the window's resolution)."""
 
@@ -165,6 +170,8 @@ class WindowAttainment:
     """Union bound on the share of requests that missed either SLO."""
     tpot_misses: float = 0.0
     """TPOT judgements in the window that missed their SLO."""
+    ttft_misses: float = 0.0
+    """First tokens in the window that missed their TTFT SLO."""
 
     @property
     def misses(self) -> float:
@@ -182,7 +189,7 @@ def window_attainment(now: AttainmentCounters, before: AttainmentCounters) -> Wi
     notes)."""
     miss = 0.0
     requests = 0.0
-    tpot_misses = 0.0
+    tpot_misses = ttft_misses = 0.0
     for pair, base, primary in ((now.ttft, before.ttft, True), (now.tpot, before.tpot, False)):
         if pair is None or base is None:
             continue
@@ -191,12 +198,17 @@ def window_attainment(now: AttainmentCounters, before: AttainmentCounters) -> Wi
             continue
         within = min(max(pair[0] - base[0], 0.0), count)
         miss += (count - within) / count
-        if not primary:
+        if primary:
+            ttft_misses = count - within
+        else:
             tpot_misses = count - within
         if primary or requests == 0.0:
             requests = count
     return WindowAttainment(
-        requests=requests, miss_fraction=min(1.0, miss), tpot_misses=tpot_misses
+        requests=requests,
+        miss_fraction=min(1.0, miss),
+        tpot_misses=tpot_misses,
+        ttft_misses=ttft_misses,
     )
 
 
@@ -333,10 +345,12 @@ class AttainmentBudget:
         self.ahead = bool(ahead and not behind)
         # The window's projected size pays for its first miss; traffic can stop (a trace's
         # arrivals ending, a router draining the node), so past it the requests served so
-        # far must afford the next one too (a miss counted: at least half of one).
+        # far must afford the next one too (a miss counted: at least half of one, or a
+        # tenth of a first token's, which coarse TTFT buckets can split: COUNTED_TTFT_MISS).
         self.remaining = allowed_in_window - long.misses
+        counted = long.misses >= 0.5 or long.ttft_misses >= COUNTED_TTFT_MISS
         self.affordable = allowed_in_window - long.misses >= 1.0 and (
-            long.misses < 0.5 or allowed - long.misses >= 1.0
+            not counted or allowed - long.misses >= 1.0
         )
         log_looseness = math.log(self.looseness)
         if behind:

@@ -400,6 +400,22 @@ def test_past_the_first_miss_the_requests_served_must_afford_the_next() -> None:
     assert budget.affordable  # 261 served: 2.6 allowed, one spent
 
 
+def test_a_ttft_miss_the_histograms_split_still_counts_as_one() -> None:
+    """An engine's coarse TTFT buckets can estimate one real miss at a fraction of one
+    (a 1.10 s first token against a 1.04 s SLO, among others in its window: 0.4). The
+    next miss must still be afforded by the requests served, not by the projection."""
+    budget = AttainmentBudget(TARGET)
+    _, (time_s, within, count) = _run(budget, 60.0, rate=1.0, miss=0.0)
+    budget.update(_observation(time_s + 1.0, (within + 0.6, count + 1.0), (count + 1.0,) * 2))
+    assert budget.last is not None and budget.last.ttft_misses == pytest.approx(0.4)
+    assert not budget.affordable and budget.allowance_credit == 0.0
+    # TPOT judgements are many per request: a split share of one stays below "counted".
+    tpot = AttainmentBudget(TARGET)
+    _, (time_s, within, count) = _run(tpot, 60.0, rate=1.0, miss=0.0)
+    tpot.update(_observation(time_s + 1.0, (count + 1.0,) * 2, (count + 0.6, count + 1.0)))
+    assert tpot.affordable
+
+
 def test_a_window_too_small_for_one_miss_never_plans_with_the_allowance() -> None:
     # 0.1 requests/s: 60 requests a window, 0.6 misses allowed at 99 %.
     budget = AttainmentBudget(TARGET)
