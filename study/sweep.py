@@ -858,6 +858,9 @@ def _run_plan(
             len(todo), "sweep", unit="cells", stream=progress_stream, enabled=bool(todo)
         ) as progress,
     ):
+        # A line at once: the first cell can run for minutes (a whole trace under mpc),
+        # and the sweep said nothing until it finished.
+        progress.update(0, f"running {len(todo):,} cell(s)")
         for count, finished in enumerate(
             map_cells(
                 run_cell, todo, spec=spec, shared=plan.shared, on_event=say, label=SweepCell.label

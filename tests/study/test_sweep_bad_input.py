@@ -283,3 +283,27 @@ def test_the_cells_are_checked_without_scaling_a_window_per_load_and_profile(
     )
     with pytest.raises(sweep.UsageError, match=r"load 0\.0001: the window spans 5,99"):
         sweep.plan_sweep(grid)
+
+
+def test_a_sweep_says_it_runs_before_its_first_cell_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first progress line came when the first cell ended: a sweep whose cells replay a
+    whole trace under mpc said nothing for minutes. A 0 % line comes at once."""
+    seen: list[str] = []
+    stream = io.StringIO()
+    real = sweep.run_cell
+
+    def watched(cell: object, shared: object) -> object:
+        seen.append(stream.getvalue())
+        return real(cell, shared)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sweep, "run_cell", watched)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID + "duration_s = 5.0\n")
+    sweep.run_sweep(
+        grid, tmp_path / "out", spec=RunnerSpec(jobs=1), say=lambda line: None,
+        progress_stream=stream,
+    )  # fmt: skip
+    first = "sweep:   0.0% (0/1 cells), elapsed 0s, ETA ?, running 1 cell(s)\n"
+    assert seen == [first]
