@@ -644,9 +644,12 @@ def parse_gpu_list(
     expected = "'all' or " if allow_all else ""
     out: list[int | str] = []
     for part in (p.strip() for p in text.split(",")):
-        if part.isdigit() and len(part) <= 4 and int(part) <= MAX_GPU_INDEX:
+        # ASCII digits only: str.isdigit() is true of '²', which int() refuses (a traceback),
+        # and of other scripts' digits, which int() reads.
+        digits = part.isascii() and part.isdigit()
+        if digits and len(part) <= 4 and int(part) <= MAX_GPU_INDEX:
             out.append(int(part))
-        elif part.isdigit():
+        elif digits:
             raise UsageError(f"{flag}: GPU index {part[:20]} is over {MAX_GPU_INDEX}")
         elif part.startswith(("GPU-", "MIG-")):
             out.append(part)

@@ -26,12 +26,13 @@ from gpugov.daemon.limits import (
     MAX_SPEED,
     MIN_PERIOD_S,
 )
+from gpugov.plant.input_files import plain_float, plain_number_text
 
 
 def _float(text: str) -> float:
     """``text`` as a finite float, or one ArgumentTypeError."""
     try:
-        value = float(text)
+        value = plain_float(text)  # float() took --duration 1_0 as 10 s
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not math.isfinite(value):
@@ -42,6 +43,8 @@ def _float(text: str) -> float:
 def _int(text: str) -> int:
     """``text`` as a decimal integer, or one ArgumentTypeError."""
     try:
+        if not plain_number_text(text):
+            raise ValueError(text)
         return int(text.strip(), 10)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text[:40]!r}") from None

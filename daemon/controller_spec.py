@@ -29,6 +29,7 @@ from gpugov.daemon.controller_config import (
     controller_kinds,
 )
 from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_POWER_W
+from gpugov.plant.input_files import plain_float
 
 CONTROLLER_SPEC_HELP = (
     "max | fixed:MHZ | reactive | open-loop:PLAN.json | mpc[:PROFILE] | mpc-slsqp[:PROFILE]"
@@ -187,7 +188,7 @@ def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
             continue
         if name in ("params_b", "active_params_b"):
             try:
-                number = float(value)
+                number = plain_float(value)
             except ValueError:
                 raise ValueError(
                     f"--controller {_shown(text)}: {key} must be a number of billions, "
@@ -195,7 +196,7 @@ def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
                 ) from None
             hints[name] = number
         elif name == "tensor_parallel":
-            if not value.isdigit():
+            if not (value.isascii() and value.isdigit()):
                 raise ValueError(
                     f"--controller {_shown(text)}: {key} must be a whole number of GPUs, "
                     f"got {_shown(value)}"
@@ -283,7 +284,7 @@ def _parse_spec(text: str, default_profile: str | None) -> ControllerConfig:
             return MaxControllerConfig(kind="max")
         case "fixed":
             try:
-                clock = float(argument)
+                clock = plain_float(argument)
             except ValueError as error:
                 raise ValueError(
                     f"--controller fixed:MHZ needs a number, got {_shown(text)}"
@@ -306,7 +307,7 @@ def _parse_spec(text: str, default_profile: str | None) -> ControllerConfig:
             if not colon:
                 return PowerCapControllerConfig(kind="power-cap")
             try:
-                watts = float(argument)
+                watts = plain_float(argument)
             except ValueError:
                 watts = math.nan
             if not math.isfinite(watts) or not 0 < watts <= MAX_POWER_W:

@@ -217,6 +217,24 @@ def path_exists(path: str | os.PathLike[str], *, dangling_links: bool = False) -
         return False
 
 
+def plain_number_text(text: str) -> bool:
+    """Whether ``text`` may be read as a number (a file's cell or a flag): ASCII without
+    digit separators. ``int()`` and ``float()`` also read ``1_000`` and other scripts'
+    digits, so a typo ``3_45`` was read as 345 and a full-width ``５`` as 5."""
+    return text.isascii() and "_" not in text
+
+
+def plain_float(text: str) -> float:
+    """``float(text)`` of a :func:`plain_number_text` only.
+
+    Raises:
+        ValueError: ``text`` is no plain number (``1_0``, ``５``, ``abc``).
+    """
+    if not plain_number_text(text):
+        raise ValueError(f"not a plain number: {text!r:.40}")
+    return float(text)
+
+
 def finite_number(value: object) -> float | None:
     """``value`` as a finite float when it is a JSON/TOML number (an int or a float, not a
     bool), else None: a string, a list, NaN, an infinity, or an integer too large for a
@@ -300,6 +318,8 @@ __all__ = [
     "decode_input_text",
     "loads_json",
     "loads_toml",
+    "plain_float",
+    "plain_number_text",
     "read_input_bytes",
     "read_input_text",
     "read_input_text_and_digest",

@@ -22,6 +22,7 @@ from gpugov.plant.input_files import (
     finite_number,
     loads_json,
     path_exists,
+    plain_number_text,
     read_input_text_and_digest,
 )
 from gpugov.plant.profile import (
@@ -210,7 +211,9 @@ def _read_csv(path: Path, text: str, power_limit_w: float) -> dict[str, NDArray[
             for column in CSV_COLUMNS:
                 raw = row.get(column)
                 try:
-                    value = float(raw)  # type: ignore[arg-type]
+                    if raw is None or not plain_number_text(raw):
+                        raise ValueError(raw)  # "3_45" and "٣٤٥" were read as 345
+                    value = float(raw)
                 except (TypeError, ValueError) as error:
                     raise ProfileError(
                         f"{path}:{line_number}: column {column!r} is not a number: {raw!r}"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpugov.plant.input_files import loads_json
+from gpugov.plant.input_files import loads_json, plain_number_text
 from gpugov.plant.trace_file import read_trace_text
 
 # Columns (timestamp, prompt tokens, output tokens) that identify each CSV format.
@@ -90,12 +90,6 @@ def trace_error(
     return TraceError(f"{where}: {message}", formats=formats)
 
 
-def _plain_number_text(raw: str) -> bool:
-    """Whether ``raw`` can be a trace's number: ASCII without digit separators (``int()``
-    and ``float()`` also read ``1_000`` and other scripts' digits)."""
-    return raw.isascii() and "_" not in raw
-
-
 def _clipped(raw: Any, width: int = 40) -> str:
     """``repr(raw)`` cut to ``width`` characters, its end marked when cut (a 400-digit
     count is shown as its first digits and ``...``)."""
@@ -110,7 +104,7 @@ def _token_count(raw: Any, field: str, path: Path, line: int) -> int:
     if isinstance(raw, bool) or not isinstance(raw, int | float | str):
         raise trace_error(path, line, f"field {field!r}: expected a token count, got {raw!r:.40}")
     if isinstance(raw, str):
-        if not _plain_number_text(raw):
+        if not plain_number_text(raw):
             raise trace_error(
                 path, line, f"field {field!r}: expected a token count, got {raw!r:.40}"
             )
@@ -145,7 +139,7 @@ def _token_count(raw: Any, field: str, path: Path, line: int) -> int:
 
 def _seconds(raw: Any, field: str, path: Path, line: int) -> float:
     """Parse a finite numeric timestamp (seconds or milliseconds, as the format says)."""
-    if isinstance(raw, bool) or (isinstance(raw, str) and not _plain_number_text(raw)):
+    if isinstance(raw, bool) or (isinstance(raw, str) and not plain_number_text(raw)):
         raise trace_error(path, line, f"field {field!r}: expected a number, got {raw!r:.40}")
     try:
         value = float(raw)

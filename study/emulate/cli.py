@@ -22,6 +22,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     from gpugov.daemon.cli_support import UsageError, require_positive
     from gpugov.daemon.config import parse_address
     from gpugov.plant import ServingPlant, load_profile
+    from gpugov.plant.input_files import plain_float
     from gpugov.study.emulate.disaggregated import DisaggregatedNode
     from gpugov.study.emulate.node import EmulatedNode, tp_multiple_message
     from gpugov.study.emulate.server import EmulatorServer
@@ -73,7 +74,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     fault, lost_after = "none", None
     if args.fault.startswith("lost-after:"):
         try:
-            lost_after = float(args.fault.split(":", 1)[1])
+            lost_after = plain_float(args.fault.split(":", 1)[1])
         except ValueError as error:
             raise UsageError(f"--fault {args.fault}: expected lost-after:SECONDS") from error
         if not (math.isfinite(lost_after) and 0.0 <= lost_after <= MAX_SECONDS):

@@ -16,6 +16,7 @@ from gpugov.daemon.cli_support import UsageError, fail, parse_gpu_list
 from gpugov.daemon.errors import ExitCode, printable
 from gpugov.daemon.files import write_text_atomic
 from gpugov.daemon.limits import MAX_CLOCK_MHZ
+from gpugov.plant.input_files import plain_number_text
 
 EXIT_RUNTIME, EXIT_PERMISSION, EXIT_NO_GPU, EXIT_GPU_LOST, EXIT_INTERRUPTED = (
     ExitCode.FAILURE,
@@ -60,7 +61,10 @@ def _gpus(text: str) -> list[int | str]:
 def _clock_list(text: str) -> tuple[int, ...]:
     """``--clock-list``: clocks in MHz, positive integers separated by commas."""
     try:
-        clocks = tuple(int(part) for part in text.split(","))
+        parts = text.split(",")
+        if not all(plain_number_text(part) for part in parts):
+            raise ValueError(text)  # int() read '1_000' and other scripts' digits
+        clocks = tuple(int(part) for part in parts)
     except ValueError:
         clocks = ()
     if not clocks or any(not 0 < clock <= MAX_CLOCK_MHZ for clock in clocks):

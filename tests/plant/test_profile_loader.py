@@ -731,3 +731,16 @@ def test_an_empty_engine_model_section_is_no_section(tmp_path: Path, empty: obje
     profile = load_profile(manifest)
     assert profile.decode_latency_model.weight_fraction == 1.0
     assert profile.decode_power_batch_model is None
+
+
+@pytest.mark.parametrize(
+    "cell", ["3_60", "٣٦٠", "３６０"], ids=["underscore", "arabic", "fullwidth"]
+)
+def test_a_cell_that_is_no_plain_number_is_refused(tmp_path: Path, cell: str) -> None:
+    """float() reads digit separators and other scripts' digits: a typo '3_60' loaded as
+    360 MHz. A profile's cell is ASCII without separators, as a trace's is."""
+    manifest, csv_path = copy_profile(tmp_path)
+    _edit_row(csv_path, 1, lambda cells: [cell, *cells[1:]])
+    with pytest.raises(ProfileError) as caught:
+        load_profile(manifest)
+    assert str(caught.value) == f"{csv_path}:3: column 'clock_mhz' is not a number: {cell!r}"

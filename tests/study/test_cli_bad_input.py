@@ -787,3 +787,51 @@ def test_a_header_of_several_formats_names_the_flag_only_where_the_command_has_i
     line = _one_error_line(capsys)
     assert "rename a column of each format but the one to read (azure: TIMESTAMP" in line
     assert "format=" not in line and "--trace-format" not in line
+
+
+PROFILE_FLAGS = ["profile", "--engine-url", "http://127.0.0.1:1", "--gpus", "0", "--out", "x"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["simulate", "--duration", "1_0"], "argument --duration: not a number: '1_0'"),
+        (["simulate", "--duration", "５"], "argument --duration: not a number: '５'"),
+        (["simulate", "--seed", "1_0"], "argument --seed: not an integer: '1_0'"),
+        (["simulate", "--controller", "fixed:1_400"], "fixed:MHZ needs a number"),
+        (["simulate", "--controller", "power-cap:3_00"], "power-cap:W needs a number"),
+        (
+            ["simulate", "--controller", "mpc-online:gpu=H100,params_b=8_0"],
+            "params_b must be a number of billions, got '8_0'",
+        ),
+        (
+            ["simulate", "--controller", "mpc-online:gpu=H100,params_b=8,tp=٣"],
+            "tp must be a whole number of GPUs",
+        ),
+        (
+            ["profile", "--engine-url", "http://127.0.0.1:1", "--gpus", "²", "--out", "x"],
+            "--gpus takes indices or GPU-/MIG- UUIDs separated by commas, got '²'",
+        ),
+        (
+            [*PROFILE_FLAGS, "--clock-list", "١٠٠٠,1200"],
+            "--clock-list '١٠٠٠,1200': expected MHz,MHz,...",
+        ),
+        (["emulate", "--profile", "h100-sxm-llama3-8b", "--fault", "lost-after:1_0"], "--fault"),
+    ],
+    ids=[
+        "duration-underscore", "duration-fullwidth", "seed", "fixed", "power-cap", "params_b",
+        "tp-arabic", "gpus-superscript", "clock-list-arabic", "lost-after",
+    ],
+)  # fmt: skip
+def test_a_number_that_is_no_plain_number_is_refused(
+    argv: list[str], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Python's int() and float() read '1_0' as 10 and other scripts' digits as digits, so a
+    typo ran: --duration 1_0 ran 10 s, fixed:1_400 locked 1400 MHz; and '²' passes
+    str.isdigit() but not int(): --gpus ² ended in a traceback."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpugov: error: ") and said in err[0], err
+    assert not (tmp_path / "x").exists()
