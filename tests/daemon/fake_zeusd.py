@@ -13,11 +13,17 @@ import threading
 import urllib.parse
 from typing import Any
 
+from daemon_support import QuietOnHangups
+
 NVML_STATUS = {2: 400, 3: 400, 4: 403}
 
 
-class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+class _UnixHTTPServer(QuietOnHangups, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
+
+
+class _TcpHTTPServer(QuietOnHangups, http.server.ThreadingHTTPServer):
+    pass
 
 
 class FakeZeusd:
@@ -98,7 +104,7 @@ class FakeZeusd:
             self.server = _UnixHTTPServer(socket_path, Handler)
             self.url = ""
         else:
-            self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+            self.server = _TcpHTTPServer(("127.0.0.1", 0), Handler)
             self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()

@@ -121,6 +121,27 @@ def test_a_driver_gone_mid_run_says_so_and_resets_the_clocks(
     assert [gpu.locked for gpu in fake.gpus] == [None, None]
 
 
+def test_the_engine_page_hung_up_on_prints_nothing_to_the_daemons_stderr(
+    metrics_server: MetricsServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A scrape given up at its deadline (0.025 s at a 0.05 s period, under load) broke
+    the page's answer: socketserver printed a 19-line BrokenPipeError traceback into the
+    stderr the tests above count, as the daemon's. A hang-up is now counted, not printed;
+    any other server error still prints."""
+    server: Any = metrics_server._httpd
+    try:
+        raise BrokenPipeError(32, "Broken pipe")
+    except BrokenPipeError:
+        server.handle_error(None, ("127.0.0.1", 1))
+    assert capsys.readouterr().err == "" and metrics_server.hangups == 1
+    try:
+        raise ValueError("a broken handler")
+    except ValueError:
+        server.handle_error(None, ("127.0.0.1", 1))
+    assert "ValueError: a broken handler" in capsys.readouterr().err
+    assert metrics_server.hangups == 1
+
+
 @pytest.mark.parametrize("command", ["run", "check-config"])
 def test_a_gpu_lost_before_the_start_is_no_usable_gpu(
     tmp_path: Path,
