@@ -268,8 +268,9 @@ def _scaled(report: TraceProgress | None, share: float) -> TraceProgress | None:
 def format_seconds(seconds: float) -> str:
     """A time in seconds as a message shows it: from 100 s up with thousands separated
     and at most one decimal (``11,258,612.3``, ``1,800``: a trace's span in seconds runs
-    to eight digits), below that to four significant figures (``0.25``, ``37.5``)."""
-    if not math.isfinite(seconds) or abs(seconds) < 100:
+    to eight digits), below that and from 1e15 up to four significant figures (``0.25``,
+    ``37.5``, ``1e+297``: a corrupt stamp of 1e300 ms made a line of 300 digits)."""
+    if not math.isfinite(seconds) or abs(seconds) < 100 or abs(seconds) >= 1e15:
         return f"{seconds:.4g}"
     return f"{seconds:,.1f}".removesuffix(".0")
 

@@ -910,10 +910,32 @@ def test_an_empty_window_names_the_window_and_the_span_readably(tmp_path: Path) 
         (0.25, "0.25"),
         (0.0, "0"),
         (math.inf, "inf"),
+        (999_999_999_999_999.0, "999,999,999,999,999"),
+        # A Mooncake stamp of 1e300 ms made the span line 300 digits long.
+        (1e297, "1e+297"),
+        (-1e300, "-1e+300"),
     ],
 )
 def test_format_seconds(seconds: float, shown: str) -> None:
     assert format_seconds(seconds) == shown
+
+
+def test_a_span_past_every_limit_is_a_short_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A corrupt stamp of 1e300 ms gave a 556-character error line of digits."""
+    import json
+
+    from gpugov.cli import main
+
+    trace = tmp_path / "far.jsonl"
+    rows = [{"timestamp": 0, "input_length": 5, "output_length": 3}]
+    rows.append({"timestamp": 1e300, "input_length": 5, "output_length": 3})
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["simulate", "--trace", str(trace)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the window spans 1e+297 simulated seconds" in err[0], err
+    assert len(err[0]) < 250 + len(str(trace))
 
 
 # --------------------------------------------------------------------------- synthetic
