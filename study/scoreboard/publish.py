@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpugov import __version__
-from gpugov.daemon.files import json_safe, write_text_atomic
+from gpugov.daemon.files import json_safe, write_files_atomic
 from gpugov.plant import ServingResult
 from gpugov.plant.attribution import ENERGY_DEFINITIONS, energy_summary
 from gpugov.study.scoreboard.report import (
@@ -432,7 +432,7 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_pareto_csv(report: Mapping[str, Any], path: Path) -> None:
+def pareto_csv(report: Mapping[str, Any]) -> str:
     """``pareto.csv``: the plot's points, one line per row and scenario."""
     text = io.StringIO(newline="")
     writer = csv.writer(text)
@@ -461,21 +461,21 @@ def write_pareto_csv(report: Mapping[str, Any], path: Path) -> None:
                 int(bool(r["pareto_optimal"])),
             ]
         )
-    write_text_atomic(path, text.getvalue())
+    return text.getvalue()
 
 
-def write_pareto_plot(report: Mapping[str, Any], path: Path) -> bool:
-    """``pareto.png``: every point on the left, the points at 90 % attainment or more on
-    the right, each scenario's Pareto front ringed; False (nothing written)
-    when matplotlib is not installed."""
+def pareto_plot(report: Mapping[str, Any]) -> bytes | None:
+    """``pareto.png``'s bytes: every point on the left, the points at 90 % attainment or
+    more on the right, each scenario's Pareto front ringed; None when matplotlib is not
+    installed."""
     try:
         import matplotlib
     except ImportError:
-        return False
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from gpugov.study.plots import save_figure
+    from gpugov.study.plots import figure_bytes
 
     order = [s["controller"] for s in report["summary"]]
     labels = {s["controller"]: s["label"] for s in report["summary"]}
@@ -527,9 +527,9 @@ def write_pareto_plot(report: Mapping[str, Any], path: Path) -> bool:
         fontsize=10,
     )
     fig.tight_layout()
-    save_figure(fig, path)
+    data = figure_bytes(fig, "png")
     plt.close(fig)
-    return True
+    return data
 
 
 def readme(report: Mapping[str, Any], files: Sequence[str], plot_note: str | None) -> str:
@@ -573,7 +573,10 @@ def readme(report: Mapping[str, Any], files: Sequence[str], plot_note: str | Non
 def write_report(
     payload: Mapping[str, Any], report_dir: Path, *, created_utc: str | None = None
 ) -> tuple[dict[str, Path], str | None]:
-    """Write the report folder (already checked by ``prepare_output_dir``).
+    """Write the report folder (already checked by ``prepare_output_dir``) as one set
+    (:func:`write_files_atomic`): every file is drawn first and none replaces the earlier
+    one until all are written, so a Ctrl-C or a full disk midway leaves the earlier report
+    whole (it left a new report.json beside the earlier README.md and report.md).
 
     Returns:
         The paths written by name, and the one line to print when the plot was left out
@@ -581,33 +584,27 @@ def write_report(
     """
     report_dir.mkdir(parents=True, exist_ok=True)
     report = build_report(payload, str(report_dir), created_utc=created_utc)
-    paths = {
-        "report.json": report_dir / "report.json",
-        "report.md": report_dir / "report.md",
-        "pareto.csv": report_dir / "pareto.csv",
-        "scoreboard.json": report_dir / "scoreboard.json",
+    contents: dict[str, str | bytes] = {
+        "report.json": json.dumps(json_safe(report), indent=1, allow_nan=False) + "\n",
+        "report.md": report_markdown(report),
+        "pareto.csv": pareto_csv(report),
+        "scoreboard.json": json.dumps(json_safe(payload), indent=1, allow_nan=False) + "\n",
     }
-    write_text_atomic(
-        paths["report.json"], json.dumps(json_safe(report), indent=1, allow_nan=False) + "\n"
-    )
-    write_text_atomic(paths["report.md"], report_markdown(report))
-    write_pareto_csv(report, paths["pareto.csv"])
-    write_text_atomic(
-        paths["scoreboard.json"], json.dumps(json_safe(payload), indent=1, allow_nan=False) + "\n"
-    )
     note = None
-    if write_pareto_plot(report, report_dir / "pareto.png"):
-        paths["pareto.png"] = report_dir / "pareto.png"
+    plot = pareto_plot(report)
+    if plot is not None:
+        contents["pareto.png"] = plot
     else:
         note = (
             "pareto.png was not drawn: matplotlib is not installed (pip install "
             "'gpugov[plots]'); its data is in pareto.csv"
         )
     files = ["README.md", "report.md", "report.json", "pareto.csv"]
-    files += ["pareto.png"] if "pareto.png" in paths else []
+    files += ["pareto.png"] if "pareto.png" in contents else []
     files += ["scoreboard.json"]
-    paths["README.md"] = report_dir / "README.md"
-    write_text_atomic(paths["README.md"], readme(report, files, note))
+    contents["README.md"] = readme(report, files, note)
+    paths = {name: report_dir / name for name in contents}
+    write_files_atomic({paths[name]: content for name, content in contents.items()})
     return paths, note
 
 

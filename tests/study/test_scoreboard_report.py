@@ -320,3 +320,28 @@ def test_head_to_head_sets_each_row_against_mpc_online_where_the_row_holds() -> 
     assert scoreboard_report.head_to_head(without) == []  # no reference: no section
     section = "\n".join(scoreboard_report.head_to_head_markdown(list(entries.values())))
     assert "## Head to head against" in section and "| 2 | 1 | 20.0% | 10.0% | 2 |" in section
+
+
+def test_a_report_stopped_midway_leaves_the_earlier_report_whole(
+    tiny_report: tuple[Path, int, str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report's files were replaced one after another: a Ctrl-C or a full disk after
+    the first left a new report.json beside the earlier README.md and report.md. They are
+    written as one set: all or none."""
+    from gpugov.plant import output_files
+
+    report, _, _, _ = tiny_report
+    payload = _strict_load((report / "scoreboard.json").read_text())
+    publish.write_report(payload, tmp_path, created_utc="earlier")
+    earlier = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    synced = []
+
+    def third_fails(descriptor: int) -> None:
+        synced.append(descriptor)
+        if len(synced) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(output_files.os, "fsync", third_fails)
+    with pytest.raises(KeyboardInterrupt):
+        publish.write_report(payload, tmp_path, created_utc="later")
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == earlier
