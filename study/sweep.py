@@ -70,6 +70,7 @@ from gpugov.daemon.files import (
     loads_toml,
     read_input_bytes,
     read_input_text,
+    write_files_atomic,
     write_text_atomic,
 )
 from gpugov.daemon.limits import (
@@ -114,7 +115,7 @@ from gpugov.study.sweep_results import (
     read_results,
     row_cell,
     summarize,
-    write_plot,
+    sweep_plot,
 )
 
 RESULTS = "results.jsonl"
@@ -891,9 +892,10 @@ def _run_plan(
         "summary_md": out / SUMMARY_MD,
         "summary_json": out / SUMMARY_JSON,
     }
-    write_text_atomic(
-        paths["summary_json"],
-        json.dumps(
+    # The summaries and the plot as one set (write_files_atomic): replaced one after
+    # another, a Ctrl-C midway left a new summary.json beside the earlier summary.md.
+    outputs: dict[Path, str | bytes] = {
+        paths["summary_json"]: json.dumps(
             {
                 "grid": plan.grid.model_dump(),
                 "cells": len(plan.cells),
@@ -905,16 +907,18 @@ def _run_plan(
             allow_nan=False,
         )
         + "\n",
-    )
-    write_text_atomic(
-        paths["summary_md"],
-        f"# gpugov sweep: {grid_path.name}\n\n{len(plan.cells)} cells; means over seeds; "
-        f"saved is energy saved against `{BASELINE}` on the same trace, profile, load and "
-        f"seed.\n\n{format_table(table, markdown=True)}\n",
-    )
-    if write_plot(table, out / PLOT):
+        paths["summary_md"]: (
+            f"# gpugov sweep: {grid_path.name}\n\n{len(plan.cells)} cells; means over seeds; "
+            f"saved is energy saved against `{BASELINE}` on the same trace, profile, load and "
+            f"seed.\n\n{format_table(table, markdown=True)}\n"
+        ),
+    }
+    plot = sweep_plot(table)
+    if plot is not None:
         paths["plot"] = out / PLOT
-    else:
+        outputs[paths["plot"]] = plot
+    write_files_atomic(outputs)
+    if plot is None:
         say(PLOTS_HINT)
     return {
         "cells": len(plan.cells),

@@ -242,16 +242,29 @@ def format_table(table: Sequence[Mapping[str, Any]], *, markdown: bool = False) 
 
 
 def write_plot(table: Sequence[Mapping[str, Any]], path: Path) -> bool:
-    """PNG: J per output token against SLO attainment, one point per group, one colour per
-    controller. Returns False (and writes nothing) without matplotlib."""
+    """Write :func:`sweep_plot` to ``path`` atomically. Returns False (and writes nothing)
+    without matplotlib."""
+    from gpugov.daemon.files import write_bytes_atomic
+
+    data = sweep_plot(table)
+    if data is None:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, data)
+    return True
+
+
+def sweep_plot(table: Sequence[Mapping[str, Any]]) -> bytes | None:
+    """PNG bytes: J per output token against SLO attainment, one point per group, one
+    colour per controller; None without matplotlib."""
     try:
         import matplotlib
     except ImportError:
-        return False
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from gpugov.study.plots import save_figure
+    from gpugov.study.plots import figure_bytes
 
     fig, ax = plt.subplots(figsize=(9, 6))
     controllers = list(dict.fromkeys(row["controller"] for row in table))
@@ -277,10 +290,9 @@ def write_plot(table: Sequence[Mapping[str, Any]], path: Path) -> bool:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(fig, path)
+    data = figure_bytes(fig, "png")
     plt.close(fig)
-    return True
+    return data
 
 
 __all__ = [
@@ -293,5 +305,6 @@ __all__ = [
     "read_results",
     "row_cell",
     "summarize",
+    "sweep_plot",
     "write_plot",
 ]

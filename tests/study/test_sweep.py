@@ -616,3 +616,34 @@ def test_a_profile_file_named_as_the_loader_reads_it_is_keyed_by_its_files(
         assert [kind for _, kind in _spec_files(f"mpc:{name}")] == ["profile", "profile"]
         assert Path(_spec_files(f"mpc:{name}")[1][0]).name == "MINE.CSV"
     assert _spec_files("mpc:h100-sxm-llama3-8b") == []  # a bundled name reads no file of ours
+
+
+def test_the_summaries_are_replaced_together_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """summary.json, summary.md and sweep.png were replaced one after another: a Ctrl-C
+    midway left a new summary.json beside the earlier summary.md. They are one set."""
+    import os
+
+    from gpugov.plant import output_files
+    from gpugov.study import sweep
+    from gpugov.study.runners import RunnerSpec
+
+    grid = _grid(tmp_path, 'traces = ["bursty.csv"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+                 'controllers = ["max"]\nduration_s = 5.0\n')  # fmt: skip
+    out = tmp_path / "out"
+    sweep.run_sweep(grid, out, spec=RunnerSpec(jobs=1), say=lambda line: None)
+    names = ("summary.json", "summary.md", "sweep.png")
+    earlier = {name: (out / name).read_bytes() for name in names}
+    real = os.fsync
+
+    def stopped_at_the_markdown(descriptor: int) -> None:
+        if ".summary.md." in os.readlink(f"/proc/self/fd/{descriptor}"):
+            raise KeyboardInterrupt
+        real(descriptor)
+
+    monkeypatch.setattr(output_files.os, "fsync", stopped_at_the_markdown)
+    with pytest.raises(KeyboardInterrupt):  # the runner's description differs: jobs 2
+        sweep.run_sweep(grid, out, spec=RunnerSpec(jobs=2), resume=True, say=lambda line: None)
+    assert {name: (out / name).read_bytes() for name in names} == earlier
+    assert sorted(p.name for p in out.iterdir()) == sorted([*names, "grid.toml", "results.jsonl"])
