@@ -171,7 +171,15 @@ def _clean(values: Sequence[float | None]) -> list[float]:
 
 
 def write_run_plot(series: RunSeries, path: str | Path, title: str) -> None:
-    """Write the six-panel PNG of one run to ``path``."""
+    """Write the six-panel PNG of one run to ``path`` atomically."""
+    from gpugov.daemon.files import write_bytes_atomic
+
+    write_bytes_atomic(Path(path), run_plot_bytes(series, path, title))
+
+
+def run_plot_bytes(series: RunSeries, path: str | Path, title: str) -> bytes:
+    """The six-panel figure of one run, drawn in memory in the format ``path`` names, for
+    a command that writes it with its other outputs as one set."""
     plt = pyplot()
     fig, axes = plt.subplots(
         6,
@@ -247,8 +255,9 @@ def write_run_plot(series: RunSeries, path: str | Path, title: str) -> None:
     axes[5].set_xlabel("time (s)")
     fig.suptitle(title)
     fig.tight_layout()
-    save_figure(fig, path)
+    data = figure_bytes(fig, Path(path).suffix.lstrip(".").lower() or None)
     plt.close(fig)
+    return data
 
 
 def _latency_panel(axis: Any, series: RunSeries) -> None:

@@ -36,7 +36,7 @@ from gpugov.daemon.cli_support import (
     warn,
 )
 from gpugov.daemon.errors import ExitCode, Terminated
-from gpugov.daemon.files import write_text_atomic
+from gpugov.daemon.files import write_bytes_atomic, write_files_atomic
 from gpugov.daemon.outside import invalid_decision_note
 from gpugov.daemon.safety import invalid_decisions
 from gpugov.daemon.sim_progress import SimulationProgress
@@ -69,9 +69,14 @@ from gpugov.plant.workload import (
 def write_plot(result: ServingResult, path: Path, title: str = "") -> None:
     """PNG of the run: clocks (requested and realised), power against the cap, queues,
     TTFT/TPOT against their SLOs and temperature against the thermal limit."""
-    from gpugov.study.plots import series_from_result, write_run_plot
+    write_bytes_atomic(path, plot_bytes(result, path, title))
 
-    write_run_plot(series_from_result(result), path, title or result.controller_name)
+
+def plot_bytes(result: ServingResult, path: Path, title: str = "") -> bytes:
+    """:func:`write_plot`'s figure drawn in memory, in the format ``path`` names."""
+    from gpugov.study.plots import run_plot_bytes, series_from_result
+
+    return run_plot_bytes(series_from_result(result), path, title or result.controller_name)
 
 
 def controller_diagnostics(controller: object) -> dict[str, Any] | None:
@@ -241,7 +246,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     note = light_load_note(result.request_records, separation)
     # The files first: a closed stdout (`gpugov simulate --out F | head -1`) ends the
     # command at the first print, and must not cost the run's outputs.
-    written: list[str] = []
+    outputs: dict[Path, str | bytes] = {}
     if args.out:
         out = Path(args.out)
         series = result.as_dict(stride=args.stride)
@@ -278,14 +283,19 @@ def run_simulate(args: argparse.Namespace) -> int:
             "energy": energy,
             "requests": request_rows(result.request_records),
         }
-        try:  # a run stopped or killed mid-write leaves the old file whole, never a part
-            write_text_atomic(out, json.dumps(payload, indent=1, allow_nan=False))
-        except OSError as error:
-            return fail(f"--out {out}: cannot write: {error.strerror or error}", ExitCode.FAILURE)
-        written.append(str(out))
+        outputs[out] = json.dumps(payload, indent=1, allow_nan=False)
     if args.plot:
-        write_plot(result, Path(args.plot), title)
-        written.append(str(args.plot))
+        outputs[Path(args.plot)] = plot_bytes(result, Path(args.plot), title)
+    # One set: a run stopped or killed mid-write leaves the old files whole, never a part,
+    # and never a new --out beside the earlier --plot.
+    try:
+        write_files_atomic(outputs)
+    except OSError as error:
+        flag = "--out" if args.out and error.filename == str(Path(args.out)) else "--plot"
+        return fail(
+            f"{flag} {error.filename}: cannot write: {error.strerror or error}", ExitCode.FAILURE
+        )
+    written = [str(path) for path in outputs]
     print(format_summary(metrics, title))
     print(energy_lines(energy))
     if note:

@@ -338,3 +338,29 @@ def test_a_simulated_controller_gets_the_slo_target() -> None:
     budget = chain.unwrapped.budget  # type: ignore[attr-defined]
     assert budget is not None and budget.target == target
     assert simulated_controller("mpc-online", plant, workload, 0.25).unwrapped.budget is None  # type: ignore[attr-defined]
+
+
+def test_out_and_plot_are_replaced_together_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--out was replaced before the plot was drawn: a Ctrl-C while drawing (seconds) left
+    the new run's JSON beside the earlier run's PNG. Both are one set now."""
+    import os
+
+    from gpugov.plant import output_files
+
+    out, plot = tmp_path / "run.json", tmp_path / "run.png"
+    argv = ["simulate", "--duration", "5", "--quiet", "--out", str(out), "--plot", str(plot)]
+    assert main(argv) == 0
+    earlier = (out.read_bytes(), plot.read_bytes())
+    real = os.fsync
+
+    def stopped_at_the_plot(descriptor: int) -> None:
+        if ".run.png." in os.readlink(f"/proc/self/fd/{descriptor}"):
+            raise KeyboardInterrupt
+        real(descriptor)
+
+    monkeypatch.setattr(output_files.os, "fsync", stopped_at_the_plot)
+    assert main([*argv[:2], "6", *argv[3:]]) == 130
+    assert (out.read_bytes(), plot.read_bytes()) == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", "run.png"]
