@@ -8,6 +8,7 @@ import io
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -332,3 +333,28 @@ def test_a_scenario_the_capacity_search_cannot_run_is_skipped_with_its_reason(
             "reason": "its light-load capacity probe would simulate 59.1 days",
         }
     }
+
+
+def test_the_disaggregated_bench_says_what_it_runs_at_once_and_counts_only_scenarios(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its first line came when the first scenario ended (4 1/2 minutes on two busy cores),
+    and a lost worker's line counted as a scenario done."""
+    from gpugov.study.scoreboard import disaggregated
+
+    seen: list[str] = []
+
+    def fake(config: object, *, progress: Any, **kwargs: object) -> dict[str, Any]:
+        seen.append(capsys.readouterr().err)
+        progress("worker process died running a|b; retry 1/2")
+        progress("[1] a|b|recorded|1P1D")
+        return {"rows": [], "skipped": [{"reason": "faked"}]}
+
+    monkeypatch.setattr(disaggregated, "run_disaggregated", fake)
+    argv = ["bench", "controllers", "--layout", "disaggregated", "--out", str(tmp_path / "o")]
+    assert main([*argv, "--jobs", "1"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    label = "bench controllers --layout disaggregated:"
+    assert seen[0].startswith(f"{label}   0.0% (0/") and "scenario(s), local runner" in seen[0]
+    assert lines[0].startswith(f"{label}   0.0% (0/") and "retry 1/2" in lines[0]
+    assert lines[1].startswith(f"{label} ") and "(1/" in lines[1] and "[1] a|b" in lines[1]
