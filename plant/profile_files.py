@@ -111,6 +111,15 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
         return bundled
     if path_exists(candidate) and candidate.is_file():
         return candidate  # a file here named without a folder, and no bundled name
+    if str(name_or_path) == "synthetic" or str(name_or_path).startswith("synthetic:"):
+        # Listed as an unknown profile beside the bundled names, with no word that only
+        # some commands generate one.
+        raise ProfileError(
+            f"{str(name_or_path)!r:.80}: a synthetic profile is generated only by gpugov "
+            "simulate --profile, sweep and bench controllers; here name a bundled profile or "
+            "a manifest (python -m gpugov.plant.synthetic_profiles --out DIR SHAPE writes "
+            "one as files)"
+        )
     known = [row["name"] for row in list_bundled_profiles()]
     close = difflib.get_close_matches(str(name_or_path), known, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -744,3 +744,14 @@ def test_a_cell_that_is_no_plain_number_is_refused(tmp_path: Path, cell: str) ->
     with pytest.raises(ProfileError) as caught:
         load_profile(manifest)
     assert str(caught.value) == f"{csv_path}:3: column 'clock_mhz' is not a number: {cell!r}"
+
+
+@pytest.mark.parametrize("name", ["synthetic:tp2", "synthetic"])
+def test_a_synthetic_name_where_none_is_generated_says_so(name: str) -> None:
+    """experiments, fleet, emulate and a controller's profile read profiles only: a
+    synthetic name was refused as an unknown profile beside the bundled names."""
+    with pytest.raises(ProfileError) as caught:
+        load_profile(name)
+    said = str(caught.value)
+    assert said.startswith(f"{name!r}: a synthetic profile is generated only by gpugov ")
+    assert "python -m gpugov.plant.synthetic_profiles --out DIR SHAPE" in said
