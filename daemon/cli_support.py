@@ -44,7 +44,7 @@ from gpugov.daemon.limits import MAX_GPU_INDEX
 from gpugov.daemon.log_lines import log_to_stderr
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
-from gpugov.plant import ServingPlant
+from gpugov.plant import PerformanceProfile, ServingPlant, load_profile
 from gpugov.plant.closed_loop import ControllerError as PlantControllerError
 from gpugov.plant.profile import ProfileError
 from gpugov.plant.profile_files import profile_files
@@ -503,6 +503,15 @@ def prepare_output_dir(flag: str, path: str | os.PathLike[str], *, parents: bool
     except OSError as error:
         raise UsageError(f"{flag} {target}: cannot create it: {error.strerror or error}") from error
     _check_writable_dir(flag, target, target)
+
+
+def load_profile_for_cli(flag: str, name: str) -> PerformanceProfile:
+    """``load_profile(name)``, its refusal one line naming ``flag``: made before a command
+    reads its trace, so a mistyped name is not found only after a long read."""
+    try:
+        return load_profile(name)
+    except ProfileError as error:
+        raise UsageError(f"{flag}: {error}") from None
 
 
 def check_workload_fits(workload: Sequence[Request], plant: ServingPlant, trace: str) -> None:

@@ -39,13 +39,14 @@ from gpugov.daemon.cli_support import (
     UsageError,
     check_workload_fits,
     hidden_alias,
+    load_profile_for_cli,
     load_trace_for_cli,
     prepare_output_dir,
     require_extras,
     require_positive,
 )
 from gpugov.daemon.progress import Progress
-from gpugov.plant import ServingPlant, load_profile
+from gpugov.plant import ServingPlant
 from gpugov.plant.profile import DEFAULT_PROFILE
 from gpugov.plant.workload import DEFAULT_TRACE
 from gpugov.study.experiment_parts import (
@@ -638,6 +639,7 @@ def run_experiments(args: argparse.Namespace) -> int:
     check_runner(spec)  # --ray: Ray installed and the cluster there, before any work
     sizes = QUICK_SIZES if args.quick else SEED_SIZES
 
+    profile = load_profile_for_cli("--profile", args.profile)
     evaluation, report = load_trace_for_cli(
         args.trace, start_s=args.start, duration_s=args.duration
     )
@@ -649,7 +651,6 @@ def run_experiments(args: argparse.Namespace) -> int:
                 "default) holds no requests; give --animation S"
             )
         raise UsageError(f"--animation {animation_s:g}: the first seconds hold no requests")
-    profile = load_profile(args.profile)
     plant = ServingPlant.from_profile(profile)
     check_workload_fits(evaluation, plant, args.trace)
     inputs = SuiteInputs(animation, evaluation, plant, **sizes)

@@ -25,6 +25,7 @@ from gpugov.daemon.cli_support import (
     fail,
     format_summary,
     light_load_note,
+    load_profile_for_cli,
     load_trace_for_cli,
     require_extra,
     require_nonnegative,
@@ -45,7 +46,6 @@ from gpugov.plant import (
     PerformanceProfile,
     ServingPlant,
     ServingResult,
-    load_profile,
     simulate,
 )
 from gpugov.plant.attribution import ENERGY_DEFINITIONS, energy_summary, request_rows
@@ -169,6 +169,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if not math.isfinite(args.start) or args.start < 0:
         raise UsageError(f"--start must be >= 0, got {args.start!r}")
     generated = _generated_profile(args.profile)
+    profile = generated or load_profile_for_cli("--profile", args.profile)
     inputs = simulated_run_inputs(
         args.trace, DEFAULT_PROFILE if generated else args.profile, args.controller
     )
@@ -194,7 +195,6 @@ def run_simulate(args: argparse.Namespace) -> int:
     )
     if not workload:
         raise UsageError(f"--trace {args.trace}: the selected window holds no requests")
-    profile = generated or load_profile(args.profile)
     plant = ServingPlant.from_profile(profile, latency_noise_cv=args.latency_noise)
     check_workload_fits(workload, plant, args.trace)
     safety = safety_from_args(args, profile.clock_mhz)

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 
 def cmd_emulate(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; print the URL once listening."""
-    from gpugov.daemon.cli_support import UsageError, require_positive
+    from gpugov.daemon.cli_support import UsageError, load_profile_for_cli, require_positive
     from gpugov.daemon.config import parse_address
-    from gpugov.plant import ServingPlant, load_profile
+    from gpugov.plant import ServingPlant
     from gpugov.plant.input_files import plain_float
     from gpugov.study.emulate.disaggregated import DisaggregatedNode
     from gpugov.study.emulate.node import EmulatedNode, tp_multiple_message
@@ -36,7 +36,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     layout = args.layout
     if layout is None and args.interconnect is not None:
         raise UsageError("--interconnect needs a disaggregated --layout (such as 1P1D)")
-    plant = ServingPlant.from_profile(load_profile(args.profile))
+    plant = ServingPlant.from_profile(load_profile_for_cli("--profile", args.profile))
     tp = plant.tensor_parallel
     if layout is None:
         gpus = args.gpus  # None: one engine replica's GPUs (the profile's tensor_parallel)

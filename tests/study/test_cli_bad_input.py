@@ -835,3 +835,34 @@ def test_a_number_that_is_no_plain_number_is_refused(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gpugov: error: ") and said in err[0], err
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--profile", "h100-sxm-llama3-8bb"],
+        ["experiments", "--quick", "--profile", "h100-sxm-llama3-8bb", "--out", "x"],
+        ["emulate", "--profile", "h100-sxm-llama3-8bb", "--address", "127.0.0.1:0"],
+    ],
+    ids=["simulate", "experiments", "emulate"],
+)
+def test_a_bad_profile_names_its_flag_before_the_trace_is_read(
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """'gpugov: error: unknown profile ...' named no flag, and simulate and experiments
+    read their whole trace (a gigabyte at most) before the profile."""
+    from gpugov.daemon import cli_support
+
+    def unread(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the trace was read")
+
+    monkeypatch.setattr(cli_support, "load_trace", unread)
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("gpugov: error: --profile: unknown profile 'h100-sxm-llama3-8bb'")
+    assert not (tmp_path / "x").exists()
