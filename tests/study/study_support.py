@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from gpugov.cli import main
 
@@ -24,6 +25,23 @@ def run_quick_experiments(out: Path, *extra: str) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = main([*QUICK_EXPERIMENTS_ARGS, *extra, "--out", str(out)])
     return code, stdout.getvalue(), stderr.getvalue()
+
+
+def fail_when_synced(monkeypatch: Any, name: str, error: BaseException) -> list[str]:
+    """Make ``os.fsync`` raise ``error`` on the temporary file written for ``name`` (a Ctrl-C
+    or a full disk in the middle of an output set); returns the temporaries it failed."""
+    real = os.fsync
+    failed: list[str] = []
+
+    def fsync(descriptor: int) -> None:
+        temporary = os.path.basename(os.readlink(f"/proc/self/fd/{descriptor}"))
+        if temporary.startswith(f".{name}."):
+            failed.append(temporary)
+            raise error
+        real(descriptor)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return failed
 
 
 def run_past_file_size(argv: list[str], limit_bytes: int) -> subprocess.CompletedProcess[str]:

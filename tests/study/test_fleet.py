@@ -431,17 +431,10 @@ def test_a_failure_on_the_second_output_leaves_the_earlier_set_whole(
     before = {path.name: path.read_bytes() for path in out.iterdir()}
     capsys.readouterr()
 
-    real_fsync = os.fsync
-    failed: list[str] = []
+    from study_support import fail_when_synced
 
-    def fsync(fd: int) -> None:  # the disk fills while fleet.md's temporary is written
-        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
-        if name.startswith(".fleet.md."):
-            failed.append(name)
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    failed = fail_when_synced(monkeypatch, "fleet.md", full)  # fills while it is written
     assert main([*argv, "--budgets", "0.6"]) == 1  # another run: other files
     assert failed
     assert _one_error_line(capsys) == (

@@ -345,22 +345,13 @@ def test_out_and_plot_are_replaced_together_or_not_at_all(
 ) -> None:
     """--out was replaced before the plot was drawn: a Ctrl-C while drawing (seconds) left
     the new run's JSON beside the earlier run's PNG. Both are one set now."""
-    import os
-
-    from gpugov.plant import output_files
+    from study_support import fail_when_synced
 
     out, plot = tmp_path / "run.json", tmp_path / "run.png"
     argv = ["simulate", "--duration", "5", "--quiet", "--out", str(out), "--plot", str(plot)]
     assert main(argv) == 0
     earlier = (out.read_bytes(), plot.read_bytes())
-    real = os.fsync
-
-    def stopped_at_the_plot(descriptor: int) -> None:
-        if ".run.png." in os.readlink(f"/proc/self/fd/{descriptor}"):
-            raise KeyboardInterrupt
-        real(descriptor)
-
-    monkeypatch.setattr(output_files.os, "fsync", stopped_at_the_plot)
+    fail_when_synced(monkeypatch, "run.png", KeyboardInterrupt())
     assert main([*argv[:2], "6", *argv[3:]]) == 130
     assert (out.read_bytes(), plot.read_bytes()) == earlier
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", "run.png"]

@@ -623,9 +623,8 @@ def test_the_summaries_are_replaced_together_or_not_at_all(
 ) -> None:
     """summary.json, summary.md and sweep.png were replaced one after another: a Ctrl-C
     midway left a new summary.json beside the earlier summary.md. They are one set."""
-    import os
+    from study_support import fail_when_synced
 
-    from gpugov.plant import output_files
     from gpugov.study import sweep
     from gpugov.study.runners import RunnerSpec
 
@@ -635,14 +634,7 @@ def test_the_summaries_are_replaced_together_or_not_at_all(
     sweep.run_sweep(grid, out, spec=RunnerSpec(jobs=1), say=lambda line: None)
     names = ("summary.json", "summary.md", "sweep.png")
     earlier = {name: (out / name).read_bytes() for name in names}
-    real = os.fsync
-
-    def stopped_at_the_markdown(descriptor: int) -> None:
-        if ".summary.md." in os.readlink(f"/proc/self/fd/{descriptor}"):
-            raise KeyboardInterrupt
-        real(descriptor)
-
-    monkeypatch.setattr(output_files.os, "fsync", stopped_at_the_markdown)
+    fail_when_synced(monkeypatch, "summary.md", KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):  # the runner's description differs: jobs 2
         sweep.run_sweep(grid, out, spec=RunnerSpec(jobs=2), resume=True, say=lambda line: None)
     assert {name: (out / name).read_bytes() for name in names} == earlier
