@@ -372,8 +372,8 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
             print(f"GPU {gpu}: SM clock lock reset")
         else:
             failed[str(gpu)] = error
-            said = error.removeprefix(f"GPU {gpu}: ")  # "GPU 1: NOT reset: GPU 1: ..." was
-            print(printable(f"GPU {gpu}: NOT reset: {said}"), file=sys.stderr)
+            reason = error.removeprefix(f"GPU {gpu}: ")  # "GPU 1: NOT reset: GPU 1: ..." was
+            print(printable(f"GPU {gpu}: NOT reset: {reason}"), file=sys.stderr)
     if not failed:
         return EXIT_OK
     # Refused everywhere is exit 3, but the GPUs may be as locked as after any other
