@@ -27,7 +27,7 @@ def test_writes_only_when_the_decision_changes(fake_nvml: FakeNvml) -> None:
         assert fake_nvml.locked(0) == (1200, 1200) and fake_nvml.locked(1) == (1200, 1200)
         assert actuator.writes == 4
     assert fake_nvml.locked(0) is None and fake_nvml.locked(1) is None
-    assert fake_nvml.writes[-2:] == [
+    assert sorted(fake_nvml.writes[-2:]) == [  # the exit's resets may start together
         ("nvmlDeviceResetGpuLockedClocks", 0),
         ("nvmlDeviceResetGpuLockedClocks", 1),
     ]

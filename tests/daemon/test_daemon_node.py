@@ -173,7 +173,7 @@ def test_sigterm_resets_clocks(vllm_server: MetricsServer) -> None:
         records, _ = run_ticks(assembled.domains, 1000, on_step=on_step, loop=loop)
     assembled.close()
     assert len(records) == 4
-    assert fake.writes[-2:] == [(RESET, 0), (RESET, 1)]
+    assert sorted(fake.writes[-2:]) == [(RESET, 0), (RESET, 1)]  # started together
     assert fake.locked(0) is None and fake.locked(1) is None
 
 
@@ -205,7 +205,7 @@ def test_a_controller_exception_is_survived_with_the_failsafe(
     raised = [r.getMessage() for r in caplog.records if "raised" in r.getMessage()]
     assert len(raised) == 1 and "ZeroDivisionError" in raised[0]  # logged once
     assert any("decides again" in r.getMessage() for r in caplog.records)
-    assert fake.writes[-2:] == [(RESET, 0), (RESET, 1)]
+    assert sorted(fake.writes[-2:]) == [(RESET, 0), (RESET, 1)]  # started together
 
 
 def test_controller_exception_in_unlock_mode_unlocks(vllm_server: MetricsServer) -> None:
@@ -256,7 +256,7 @@ def test_controller_failing_in_a_row_stops_the_daemon_with_clocks_reset(
     assert "3 time(s) in a row" in str(info.value)
     assert len(records) == 4  # two decisions, two survived failures, the third stops it
     assert domain.fallback_counts()["controller_error"] == 3
-    assert fake.writes[-2:] == [(RESET, 0), (RESET, 1)]
+    assert sorted(fake.writes[-2:]) == [(RESET, 0), (RESET, 1)]  # started together
     assert fake.locked(0) is None and fake.locked(1) is None
 
 
