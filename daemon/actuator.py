@@ -64,6 +64,21 @@ def _raise(error: Exception) -> None:
     raise error
 
 
+def _start_writes(
+    planned: Sequence[tuple[ClockWriter, tuple[int, int] | None]],
+) -> dict[str, ClockWriteHung]:
+    """Start every write of ``planned`` (a GPU's writer and the range it locks; None: a
+    reset) without waiting; per GPU not started because an earlier write to it still
+    hangs, the error its write raises."""
+    refused: dict[str, ClockWriteHung] = {}
+    for writer, clock_range in planned:
+        try:
+            writer.start_write(clock_range)
+        except ClockWriteHung as error:
+            refused[writer.label] = error
+    return refused
+
+
 class ClockActuator:
     """Applies one SM clock to every GPU of a domain.
 
@@ -294,14 +309,10 @@ class ClockActuator:
                     self._touched.add(writer.label)
                 yield writer, functools.partial(writer.write, clock_range)
             return
-        refused: dict[str, ClockWriteHung] = {}
         for writer, clock_range in planned:
             if clock_range is not None:
                 self._touched.add(writer.label)  # a lock that hangs may hold: reset at exit
-            try:
-                writer.start_write(clock_range)
-            except ClockWriteHung as error:  # an earlier write still hangs: not started
-                refused[writer.label] = error
+        refused = _start_writes(planned)
         ends_s = time.monotonic() + deadline_s  # the threads' waits are in real seconds
         for writer, _ in planned:
             if writer.label in refused:
@@ -563,7 +574,7 @@ class ClockActuator:
         Returns:
             Labels of the GPUs that could not be reset (they may still be locked).
         """
-        gpus = [b for b in self._backends if b.label in self._touched - self.yielded]
+        gpus = self._exit_gpus()
         started, self._exit_started = self._exit_started, None
         if started is None:
             started = self._start_exit_resets(gpus, budget)
@@ -584,8 +595,11 @@ class ClockActuator:
         """Start :meth:`restore`'s first resets now, without waiting for them: the exit
         starts every domain's before it waits for any (:func:`daemon.loop.restore_all`),
         so domains whose GPUs hang share one deadline as a domain's GPUs do."""
-        gpus = [b for b in self._backends if b.label in self._touched - self.yielded]
-        self._exit_started = self._start_exit_resets(gpus, budget)
+        self._exit_started = self._start_exit_resets(self._exit_gpus(), budget)
+
+    def _exit_gpus(self) -> list[GpuBackend]:
+        """The GPUs the exit resets: every one written to and not yielded."""
+        return [b for b in self._backends if b.label in self._touched - self.yielded]
 
     def _start_exit_resets(
         self, gpus: Sequence[GpuBackend], budget: ExitBudget | None
@@ -599,15 +613,9 @@ class ClockActuator:
             return {}
         wait_s = deadline_s if budget is None else budget.wait_s(deadline_s)
         assert wait_s is not None
-        started: list[str] = []
-        for backend in gpus:
-            try:
-                self._writers[backend.label].start_write(None)
-            except ClockWriteHung:
-                continue
-            started.append(backend.label)
+        refused = _start_writes([(self._writers[backend.label], None) for backend in gpus])
         ends_s = time.monotonic() + wait_s  # the threads' waits are in real seconds
-        return {label: (ends_s, wait_s) for label in started}
+        return {b.label: (ends_s, wait_s) for b in gpus if b.label not in refused}
 
     def _reset_at_exit(
         self,
