@@ -816,18 +816,34 @@ def _after_sigkill(root: Path) -> dict[str, Any]:
     second = Daemon(node, first.args, name="second")
     try:
         first.start().wait_locked(LOCKED_MHZ)
+        # The record is written after each lock lands (and the file on a worker): a kill
+        # before it leaves a lock found only by what NVML shows, as in the scenario
+        # "reconcile-adopt-unrecorded-lock". This one is about the record.
+        first.wait_for(lambda: _recorded_locks(node) == 2, what="both locks recorded")
         first.kill()  # SIGKILL: nothing is reset
         assert node.locked() == [[LOCKED_MHZ] * 2] * 2
         engine.set("down")  # with failsafe = "unlock" the next run would never touch it
         second.start()
         second.wait_for(lambda: node.locked() == [None, None], what="reconcile reset")
-        assert "previous gpugov run (pid" in second.stderr and "; reset" in second.stderr
+        # Logged once the reset has landed: waited for, not read at once.
+        second.wait_for(lambda: second.stderr.count("; reset") == 2, what="reconcile lines")
+        assert second.stderr.count("previous gpugov run (pid") == 2, second.stderr
         _stop_clean(node, second)
         return {}
     finally:
         first.kill()
         second.kill()
         engine.close()
+
+
+def _recorded_locks(node: Node) -> int:
+    """How many GPUs the lock record in the node's state directory holds locked at
+    ``LOCKED_MHZ`` (0 while there is none or it is being replaced)."""
+    try:
+        entries = json.loads((node.state_dir / "locks.json").read_text())["gpus"]
+    except (OSError, ValueError, KeyError):
+        return 0
+    return sum(entry.get("max_mhz") == LOCKED_MHZ for entry in entries.values())
 
 
 @scenario("reconcile-adopt-unrecorded-lock")
