@@ -10,7 +10,11 @@ engine (scheduling, KV cache, requests) stays in ``simulator.py`` and asks this 
 clocks, durations and powers; its samples on the grid are ``grid_series.py``'s.
 
 Two power limits act on the clock. The board limit (``ServingPlant.power_limit_w``, the
-TDP) is an instant clamp: an iteration never runs at a clock whose power exceeds it. A
+TDP, or a limit an operator lowered with ``nvidia-smi -pl``) is an instant clamp: an
+iteration never runs at a clock whose power exceeds it. Where even the lowest clock draws
+more than the board limit, the firmware slows the GPU further (SW power cap): the
+iteration runs at the lowest clock a share of the time and idles there for the rest, so
+it draws exactly the limit and takes longer (:attr:`GpuPhysics.slowdown`). A
 power cap set at run time (:meth:`GpuPhysics.set_power_cap`, what ``nvidia-smi -pl`` or
 NVML's ``nvmlDeviceSetPowerManagementLimit`` set) acts as the firmware's power controller
 does: it settles at the highest clock whose power fits the cap, but it acts on the power
@@ -147,6 +151,11 @@ class GpuPhysics:
         self.busy_s = 0.0
         self.power_violation_s = 0.0
         self.thermal_violation_s = 0.0
+        # How many times longer the iteration in flight takes than at its realised clock
+        # (1: no slowdown), and the power it draws while it runs: above 1 only where the
+        # lowest clock draws more than the board limit (:meth:`_slowed_below_lowest_clock`).
+        self.slowdown = 1.0
+        self.running_power_w = idle
         self._batch_factor_cache: dict[int, float] = {}
         # The run-time power cap (None: only the board limit) and its power controller.
         self.cap_w: float | None = None
@@ -235,7 +244,8 @@ class GpuPhysics:
         :meth:`iteration_parts`; sets :attr:`realized_index` and :attr:`clock_event_reasons`.
 
         The requested clock is held lower while the iteration's power exceeds the board
-        limit (SW power cap), below a run-time cap's ceiling (the module notes), and while
+        limit (SW power cap; slowed below the lowest clock where that still exceeds it,
+        :attr:`slowdown`), below a run-time cap's ceiling (the module notes), and while
         the die is at or above the thermal limit.
         """
         requested = index
@@ -244,6 +254,9 @@ class GpuPhysics:
         while index > 0 and parts[2] > limit:
             index -= 1
             parts = self.iteration_parts(index, prefill_tokens, decode_batch, context, noise)
+        self.slowdown = 1.0
+        if parts[2] > limit:
+            parts = self._slowed_below_lowest_clock(index, parts)
         cap = self.cap_w
         if cap is not None:
             fit, fit_parts = index, parts
@@ -258,7 +271,7 @@ class GpuPhysics:
                     if ceiling == fit
                     else self.iteration_parts(index, prefill_tokens, decode_batch, context, noise)
                 )
-        reasons = CLOCK_EVENT_SW_POWER_CAP if index < requested else 0
+        reasons = CLOCK_EVENT_SW_POWER_CAP if index < requested or self.slowdown > 1.0 else 0
         if self.temperature_c >= self.params.thermal_limit_c:
             capped = index
             safe = self.params.thermal_safe_power_w()
@@ -267,15 +280,45 @@ class GpuPhysics:
                 parts = self.iteration_parts(index, prefill_tokens, decode_batch, context, noise)
             if index < capped:
                 reasons |= CLOCK_EVENT_SW_THERMAL_SLOWDOWN
+        if self.slowdown == 1.0:
+            self.running_power_w = parts[2]
         self.clock_event_reasons = reasons
         self.realized_index = index
         return index, parts
 
+    def _slowed_below_lowest_clock(
+        self, index: int, parts: tuple[float, float, float]
+    ) -> tuple[float, float, float]:
+        """``parts`` of an iteration at clock ``index`` (the lowest) that draws more than
+        the board limit, slowed to draw the limit: run a share of the time, idle the rest.
+
+        The share is ``(limit - idle) / (power - idle)``, so the mean power is the limit
+        and both durations grow by its inverse (:attr:`slowdown`). A limit at or below the
+        idle power (the loader refuses one below every clock's) cannot be held: unchanged.
+        """
+        t_pf, t_dec, power = parts
+        idle = self.params.idle_power_w[index]
+        limit = self.params.power_limit_w
+        if limit <= idle:
+            return parts
+        self.slowdown = (power - idle) / (limit - idle)
+        self.running_power_w = power
+        return t_pf * self.slowdown, t_dec * self.slowdown, limit
+
     def idle_clock(self, index: int) -> int:
-        """Realised clock index while idle at requested ``index`` (held lower only by a
-        run-time power cap's ceiling and the thermal limit); sets :attr:`realized_index`
-        and :attr:`clock_event_reasons`."""
+        """Realised clock index while idle at requested ``index`` (held lower by the board
+        limit, a run-time power cap's ceiling and the thermal limit); sets
+        :attr:`realized_index` and :attr:`clock_event_reasons`."""
         reasons = CLOCK_EVENT_GPU_IDLE
+        requested = index
+        idle_power = self.params.idle_power_w
+        limit = self.params.power_limit_w + 1e-9
+        while index > 0 and idle_power[index] > limit:
+            index -= 1
+        if index < requested:
+            reasons |= CLOCK_EVENT_SW_POWER_CAP
+        self.slowdown = 1.0
+        self.running_power_w = idle_power[index]
         cap = self.cap_w
         if cap is not None:
             fit = index

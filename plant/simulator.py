@@ -16,13 +16,13 @@ Latency model (documented in ``docs/plant.md``), at realised clock ``f``:
 
 Clocks: a requested clock is quantised to the supported set and takes effect after
 ``actuation_delay_s``; the realised clock follows a measured manifest's medians, and is
-held lower while the iteration's power would exceed the power limit (SW power cap) or
-while the die is above the thermal limit (to the highest clock whose steady-state
-temperature is within the limit). A power cap set at run time
-(:meth:`PlantSimulation.set_power_cap`) holds it at the highest clock whose power fits
-the cap, acting on power averaged over ``power_cap_window_s``, as the firmware's power
-controller does. Power is the time-weighted phase mix of the iteration at the realised
-clock; the one-state thermal RC is integrated exactly.
+held lower while the iteration's power would exceed the power limit (SW power cap; slowed
+below the lowest clock where that still draws more) or while the die is above the thermal
+limit (to the highest clock whose steady-state temperature is within the limit). A power
+cap set at run time (:meth:`PlantSimulation.set_power_cap`) holds it at the highest clock
+whose power fits the cap, acting on power averaged over ``power_cap_window_s``, as the
+firmware's power controller does. Power is the time-weighted phase mix of the iteration
+at the realised clock; the one-state thermal RC is integrated exactly.
 
 The GPU side (realised clock, power, thermal RC integration) is a composed
 :class:`~gpugov.plant.gpu_physics.GpuPhysics` over frozen
@@ -519,7 +519,10 @@ class PlantSimulation:
         prefill = self._iter_prefill_tokens
         self.energy_ledger.charge_busy(
             power * dt,
-            prefill_fraction(t_pf, t_dec, power, self.gpu.params.prefill_power_w[index])
+            # The power it draws while it runs: a slowdown's idle share splits like the rest.
+            prefill_fraction(
+                t_pf, t_dec, self.gpu.running_power_w, self.gpu.params.prefill_power_w[index]
+            )
             if prefill
             else 0.0,
             self._iter_chunks,
@@ -723,7 +726,9 @@ class PlantSimulation:
             else math.inf
         )
         available = min(end_s, next_arrival, self._next_pending_time()) - self.time_s
-        slope = self.gpu.params.decode_context_slope_s(index, batch)
+        # A slowdown below the lowest clock stretches every iteration alike (its power
+        # depends on the batch alone, constant over the stretch).
+        slope = self.gpu.params.decode_context_slope_s(index, batch) * self.gpu.slowdown
         if math.isinf(available):
             k_time = k_completion
         elif slope > 0.0:

@@ -11,6 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpugov.controllers.baseline import reactive_clock_controller
+from gpugov.daemon.backend import POWER_OVER_LIMIT_FACTOR
 from gpugov.daemon.controller_config import FixedControllerConfig, ReactiveControllerConfig
 from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.exporter import Exporter
@@ -20,6 +21,7 @@ from gpugov.daemon.replay import replay
 from gpugov.daemon.service import simulated_run
 from gpugov.daemon.simulated import node_view
 from gpugov.plant import ServingPlant, load_profile, simulate
+from gpugov.plant.gpu_physics import CLOCK_EVENT_SW_POWER_CAP
 from gpugov.plant.workload import load_trace
 
 
@@ -272,3 +274,32 @@ def test_replay_compares_the_power_caps_a_recording_carries(tmp_path: Path) -> N
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(RecordingError, match=r":4: power_cap_w must be a positive number"):
         replay(path, PowerCapControllerConfig(kind="power-cap", cap_w=300.0))
+
+
+def test_a_board_limit_below_the_lowest_clocks_draw_reads_as_a_capped_gpu() -> None:
+    """A profile whose power limit is below what even its lowest clock draws (an operator
+    lowered it with ``nvidia-smi -pl``) reads as a real capped GPU: power within the limit,
+    SW power cap among the reasons, and no power read taken as failed."""
+    workload, _ = load_trace("azure-conv-10min", duration_s=40)
+    profile = load_profile("h100-sxm-llama3-8b")
+    # Far enough below the lowest clock's decode draw that running it uncapped reads as
+    # more than POWER_OVER_LIMIT_FACTOR times the limit, still above every idle power.
+    limit = 0.5 * (max(profile.idle_power_w) + profile.decode_power_w[0] / POWER_OVER_LIMIT_FACTOR)
+    assert max(profile.idle_power_w) < limit < profile.decode_power_w[0] / POWER_OVER_LIMIT_FACTOR
+    plant = ServingPlant.from_profile(profile, power_limit_w=limit)
+    clock = VirtualClock()
+    sim = simulated_run(workload, plant, FixedControllerConfig(kind="fixed", clock_mhz=1980), clock)
+    records: list[TickRecord] = []
+    run(
+        [sim.domain],
+        TimedLoop(1.0, clock=clock, sleep=clock.sleep),
+        on_tick=records.extend,
+        before_tick=sim.before_tick,
+    )
+    assert sim.result is not None
+    assert sim.domain.observer.gpus.gpu_read_errors == {"0": 0}
+    powers = [r.observation.power_w for r in records if r.observation.power_w is not None]
+    assert len(powers) == len(records) and max(powers) <= limit + 1e-6
+    assert all(r.gpu_read_errors == () for r in records)
+    assert any((r.observation.clock_event_reasons or 0) & CLOCK_EVENT_SW_POWER_CAP for r in records)
+    assert sim.result.metrics.power_cap_violation_s == 0.0

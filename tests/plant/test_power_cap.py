@@ -8,6 +8,7 @@ import math
 import pytest
 from synthetic import make_plant
 
+from gpugov.controllers.baseline import maximum_clock_controller
 from gpugov.plant import ControllerError, PlantSimulation, Request, simulate
 from gpugov.plant.gpu_physics import CLOCK_EVENT_SW_POWER_CAP, GpuParameters, GpuPhysics
 from gpugov.plant.types import ServingObservation
@@ -155,3 +156,59 @@ def test_fast_forward_matches_iteration_by_iteration_under_a_cap() -> None:
         outcomes.append((simulation.energy_j, simulation.records()))
     assert outcomes[0][0] == pytest.approx(outcomes[1][0], rel=1e-9)
     assert outcomes[0][1] == outcomes[1][1]
+
+
+def test_board_limit_below_the_lowest_clock_slows_the_gpu_to_the_limit() -> None:
+    """A board limit below what the lowest clock draws (an operator's ``nvidia-smi -pl``)
+    is held as firmware holds it: the iteration is slowed to draw the limit, with SW power
+    cap among the reasons, never run above the limit."""
+    probe = GpuParameters.from_plant(make_plant())
+    lowest_draw = min(probe.prefill_power_w[0], probe.decode_power_w[0])
+    limit = 0.5 * (max(probe.idle_power_w) + lowest_draw)
+    assert max(probe.idle_power_w) < limit < lowest_draw
+    params = GpuParameters.from_plant(make_plant(power_limit_w=limit))
+    gpu = GpuPhysics(params, len(params.clock_mhz) - 1)
+    t_pf, _, power = gpu.iteration_parts(0, PREFILL_TOKENS, 0, 0, 1.0)
+    index, (slowed_pf, _, slowed_power) = gpu.busy_clock(
+        len(params.clock_mhz) - 1, PREFILL_TOKENS, 0, 0, 1.0
+    )
+    assert index == 0 and slowed_power == pytest.approx(limit)
+    assert gpu.clock_event_reasons & CLOCK_EVENT_SW_POWER_CAP
+    # Run a share of the time at the lowest clock, idle there for the rest: same mean power.
+    idle = params.idle_power_w[0]
+    assert slowed_pf == pytest.approx(t_pf * (power - idle) / (limit - idle))
+    assert gpu.running_power_w == pytest.approx(power)
+    # A lock at the lowest clock is slowed all the same, and says why.
+    gpu.busy_clock(0, PREFILL_TOKENS, 0, 0, 1.0)
+    assert gpu.clock_event_reasons & CLOCK_EVENT_SW_POWER_CAP
+    # The closed loop never draws above the limit: no second over it.
+    workload = [Request(i, 0.5 * i, PREFILL_TOKENS, 64) for i in range(20)]
+    result = simulate(
+        workload, make_plant(power_limit_w=limit), controller=maximum_clock_controller
+    )
+    assert result.metrics.power_cap_violation_s == 0.0
+    assert max(result.power_w) <= limit + 1e-6
+    assert result.metrics.completed_requests == len(workload)
+
+
+def test_fast_forward_matches_iteration_by_iteration_when_slowed_below_the_lowest_clock() -> None:
+    """The closed-form decode stretch stretches each iteration as the slowdown does."""
+    workload = tuple(Request(i, 0.0, 300, 400) for i in range(32))
+    probe = GpuParameters.from_plant(make_plant())
+    decode_draw = GpuPhysics(probe, 0).iteration_parts(0, 0, len(workload), 0, 1.0)[2]
+    limit = 0.5 * (max(probe.idle_power_w) + decode_draw)
+    plant = make_plant(actuation_delay_s=0.0, power_limit_w=limit)
+    outcomes = []
+    for fast in (True, False):
+        simulation = PlantSimulation(workload, plant, fast_forward=fast)
+        simulation.advance_to(1.0)
+        assert simulation.gpu.slowdown > 1.0 and not simulation.done
+        simulation.advance_to(30.0)
+        assert simulation.done
+        outcomes.append((simulation.energy_j, simulation.records()))
+    assert outcomes[0][0] == pytest.approx(outcomes[1][0], rel=1e-9)
+    for fast, slow in zip(outcomes[0][1], outcomes[1][1], strict=True):
+        assert (fast.first_token_time_s, fast.finish_time_s) == pytest.approx(
+            (slow.first_token_time_s, slow.finish_time_s), rel=1e-9
+        )
+        assert fast.decode_energy_j == pytest.approx(slow.decode_energy_j, rel=1e-9)
