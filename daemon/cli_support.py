@@ -41,7 +41,7 @@ from gpugov.daemon.decide import ControllerContext
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.errors import ExitCode, error_lines, printable
 from gpugov.daemon.limits import MAX_GPU_INDEX
-from gpugov.daemon.log_lines import log_to_stderr
+from gpugov.daemon.log_lines import command_line, log_to_stderr
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile
@@ -312,12 +312,12 @@ def hidden_alias(
 def warn(message: str) -> None:
     """Print one warning line on stderr, its control characters escaped as :func:`fail`
     escapes them."""
-    print(f"gpugov: warning: {printable(message)}", file=sys.stderr)
+    print(command_line("warning", message), file=sys.stderr)
 
 
 def note(message: str) -> None:
     """Print one note line on stderr (``gpugov: note: ...``), escaped as :func:`warn`."""
-    print(f"gpugov: note: {printable(message)}", file=sys.stderr)
+    print(command_line("note", message), file=sys.stderr)
 
 
 def require_nonnegative(flag: str, value: float | None) -> None:
@@ -633,7 +633,7 @@ def fail(message: str | BaseException, code: int = ExitCode.USAGE) -> int:
     stays one; a config error with several problems prints each on a line of its own
     (:func:`~gpugov.daemon.errors.error_lines`)."""
     first, *more = error_lines(message)
-    print(f"gpugov: error: {printable(first)}", file=sys.stderr)
+    print(command_line("error", first), file=sys.stderr)
     for line in more:
         print(printable(line), file=sys.stderr)
     return int(code)

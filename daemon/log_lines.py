@@ -6,9 +6,10 @@ socket, zeusd's answers. A newline in such text would start a line a reader (jou
 syslog, a log shipper) takes for the daemon's own, and an escape sequence would drive the
 terminal that shows it. :class:`LineFormatter` writes each record, its traceback
 included, as one line through :func:`~gpugov.daemon.errors.printable`, for the node's
-commands (:func:`log_to_stderr`) and for the warnings of every other command
-(:func:`escape_unconfigured_logs`); the values stay as they came everywhere else (the
-model store compares the raw ``model_name``).
+commands (:func:`log_to_stderr`); every other command prints a logged warning as its own
+warning line (:class:`CommandLineFormatter`, :func:`escape_unconfigured_logs`), through
+the same :func:`command_line` as ``cli_support.warn``. The values stay as they came
+everywhere else (the model store compares the raw ``model_name``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,25 @@ class LineFormatter(logging.Formatter):
         return printable(super().format(record))
 
 
+def command_line(kind: str, message: str) -> str:
+    """A command's own line on stderr, ``gpugov: KIND: MESSAGE``, the message escaped and
+    bounded (:func:`~gpugov.daemon.errors.printable`): every error, warning and note line."""
+    return f"gpugov: {kind}: {printable(message)}"
+
+
+class CommandLineFormatter(logging.Formatter):
+    """A record as a command's warning line (:func:`command_line`): ``gpugov: warning:``,
+    ``gpugov: error:`` at ERROR and above; an exception's one line, never a traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as one ``gpugov: warning:`` (or ``error:``) line."""
+        message = record.getMessage()
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None:
+            message = f"{message}: {error!r}"
+        return command_line("error" if record.levelno >= logging.ERROR else "warning", message)
+
+
 def log_to_stderr(level: int) -> None:
     """Log records at ``level`` and above to stderr, one :class:`LineFormatter` line each
     (``logging.basicConfig``: nothing when the root logger has a handler already)."""
@@ -45,7 +65,7 @@ def log_to_stderr(level: int) -> None:
 
 def escape_unconfigured_logs() -> None:
     """A command that sets up no logging (every command but the node's) still prints its
-    warnings through ``logging.lastResort``, the message alone: make those lines one
-    escaped, bounded line too."""
+    warnings through ``logging.lastResort``, the message alone: print them as the
+    command's own warning lines (:class:`CommandLineFormatter`), one escaped line each."""
     if logging.lastResort is not None:
-        logging.lastResort.setFormatter(LineFormatter("%(message)s"))
+        logging.lastResort.setFormatter(CommandLineFormatter())

@@ -239,8 +239,32 @@ def test_a_warning_of_a_command_without_logging_set_up_is_one_escaped_line(
     capsys.readouterr()
     logging.getLogger("gpugov.daemon.decide").warning("mpc-online prior: GPU %s", FORGED + HUGE)
     err = capsys.readouterr().err
-    _assert_safe(err)
-    assert err.startswith("mpc-online prior: GPU evil\\n2026") and len(err) <= LINE_CHARS + 1
+    assert err.startswith("gpugov: warning: mpc-online prior: GPU evil\\n2026")
+    prefix = len("gpugov: warning: ")
+    assert len(err) <= prefix + LINE_CHARS + 1  # as `warn` bounds its message
+    _assert_safe(err[prefix:])
+
+
+def test_a_logged_error_of_a_command_is_one_error_line_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record at ERROR with an exception, printed through the last-resort handler of a
+    command that sets up no logging: the command's error line, the exception's repr on it
+    and no traceback."""
+    from gpugov.cli import main
+
+    assert logging.lastResort is not None
+    monkeypatch.setattr(logging.lastResort, "formatter", None)  # put back after
+    _without_pytests_handlers(monkeypatch)
+    assert main(["profiles", "--json"]) == 0
+    capsys.readouterr()
+    try:
+        raise ValueError(FORGED)
+    except ValueError:
+        logging.getLogger("gpugov.daemon.domain").exception("closing failed")
+    err = capsys.readouterr().err
+    assert err.startswith("gpugov: error: closing failed: ValueError('evil\\n2026")
+    assert err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_a_simulated_runs_summary_title_is_one_escaped_line() -> None:

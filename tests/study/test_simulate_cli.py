@@ -355,3 +355,23 @@ def test_out_and_plot_are_replaced_together_or_not_at_all(
     assert main([*argv[:2], "6", *argv[3:]]) == 130
     assert (out.read_bytes(), plot.read_bytes()) == earlier
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", "run.png"]
+
+
+def test_the_loops_warnings_in_simulate_are_the_clis_warning_lines(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The daemon's loop logs a warning inside ``simulate`` (mpc-online's hints find no
+    size in a synthetic model's name and no family in its GPU's); with no logging set up
+    it reached the terminal as the bare message, unlike every other warning line."""
+    import logging
+
+    assert logging.lastResort is not None
+    monkeypatch.setattr(logging.lastResort, "formatter", None)  # put back after
+    monkeypatch.setattr(logging.root, "handlers", [])  # as outside pytest: none
+    argv = ["simulate", "--profile", "synthetic:tp2", "--controller", "mpc-online"]
+    assert main([*argv, "--duration", "10", "--quiet"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err and all(line.startswith("gpugov: warning: ") for line in err), err
+    assert any(
+        line.startswith("gpugov: warning: mpc-online prior: GPU 'synthetic GPU") for line in err
+    ), err
