@@ -40,7 +40,7 @@ from gpugov.study.scoreboard.report import (
     short_table,
     write_outputs,
 )
-from gpugov.study.scoreboard.run import run_scoreboard, scenario_progress_units
+from gpugov.study.scoreboard.run import run_scoreboard
 from gpugov.study.scoreboard.scenarios import (
     DEFAULT_OUT,
     FULL,
@@ -401,21 +401,23 @@ def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -
     if report_dir is not None:
         prepare_output_dir("--report", report_dir)
     scenarios = config.scenario_count()
-    bar = Progress(
-        scenarios * scenario_progress_units(config), "bench controllers", unit="simulated s"
-    )
-    simulated, finished = 0.0, 0
+    # The total is the scenarios' real simulated seconds (run_scoreboard's on_progress):
+    # known once their traces are loaded, and each scenario's exactly once it is built.
+    bar = Progress(0.0, "bench controllers", unit="simulated s")
+    simulated, finished, started = 0.0, 0, False
 
     def progress(line: str) -> None:  # what the run does, a scenario done, a lost worker
-        nonlocal finished
+        nonlocal finished, started
+        started = True
         if line.startswith("["):
             finished += 1
         bar.update(simulated, f"{finished}/{scenarios} scenarios, {line}", force=True)
 
-    def on_progress(done: float) -> None:  # the runs' simulated seconds, while they run
+    def on_progress(done: float, total: float) -> None:  # simulated seconds, while they run
         nonlocal simulated
-        simulated = done
-        bar.update(simulated, f"{finished}/{scenarios} scenarios")
+        simulated, bar.total = done, total
+        if started:  # the first line is the run's own (what it runs)
+            bar.update(simulated, f"{finished}/{scenarios} scenarios")
 
     payload = run_scoreboard(config, progress=progress, runner=runner, on_progress=on_progress)
     bar.close(f"{finished}/{scenarios} scenarios")
@@ -448,6 +450,9 @@ def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m gpugov.study.scoreboard``."""
     from gpugov.daemon.cli_support import UsageError, fail
+    from gpugov.daemon.log_lines import escape_unconfigured_logs
+
+    escape_unconfigured_logs()  # a logged warning is a `gpugov: warning:` line, as in gpugov
 
     parser = argparse.ArgumentParser(
         prog="python -m gpugov.study.scoreboard",

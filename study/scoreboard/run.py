@@ -119,6 +119,7 @@ from gpugov.study.scoreboard.scenarios import (
     ScenarioSkip,
     _full_trace,
     build_scenario,
+    expected_scenario_duration_s,
     label_of,
     row_order,
     slo_capacity,
@@ -139,12 +140,40 @@ from gpugov.study.scoreboard.windows import (
 PROGRESS_EVERY_S = 10.0
 """Simulated seconds between a run's progress reports (:func:`run_scenario`)."""
 
+Task = tuple[str, str, str, BenchConfig, bool, float | None]
+"""(trace, profile, load, config, compare, window start or None)."""
 
-def scenario_progress_units(config: BenchConfig) -> float:
-    """One scenario's share of the progress line, in simulated seconds: ``duration_s``
-    for each controller and oracle of the board (a run covers about ``duration_s`` of
-    arrivals). ``config.scenario_count()`` times this is the whole board's."""
-    return config.duration_s * (len(CONTROLLER_ORDER) + len(config.outside_controllers))
+
+def scenario_progress_units(config: BenchConfig, scenario_s: float) -> float:
+    """One scenario's share of the progress line, in simulated seconds: its own length
+    ``scenario_s`` (:attr:`Scenario.scenario_duration_s`, a short trace's shorter than
+    ``config.duration_s``) for each controller and oracle of the board."""
+    return scenario_s * (len(CONTROLLER_ORDER) + len(config.outside_controllers))
+
+
+def expected_progress_units(task: Task, shared: Mapping[str, Any]) -> float:
+    """:func:`scenario_progress_units` of ``task`` before its scenario is built, from its
+    loaded trace and profile in ``shared`` (:func:`expected_scenario_duration_s`)."""
+    trace, profile, load, config, _, start = task
+    return scenario_progress_units(
+        config,
+        expected_scenario_duration_s(
+            trace,
+            shared[f"trace:{trace}"][0],
+            shared[f"profile:{profile}"],
+            load,
+            config.duration_s,
+            start_s=start,
+        ),
+    )
+
+
+def outcome_progress_units(outcome: Mapping[str, Any], config: BenchConfig) -> float:
+    """:func:`scenario_progress_units` of a finished scenario's ``outcome``: its real
+    length's, 0 for one skipped (nothing was simulated)."""
+    if "skipped" in outcome:
+        return 0.0
+    return scenario_progress_units(config, float(outcome["scenario"]["scenario_duration_s"]))
 
 
 # -------------------------------------------------------------------------- scoring
@@ -259,6 +288,7 @@ def run_scenario(
     full_trace: tuple[tuple[Request, ...], str] | None = None,
     start_s: float | None = None,
     on_progress: Callable[[float], None] | None = None,
+    on_scenario: Callable[[Scenario], None] | None = None,
 ) -> dict[str, Any]:
     """Every controller, both oracles and the LP bound on one scenario.
 
@@ -270,7 +300,8 @@ def run_scenario(
     an equal share, a run's share counted every :data:`PROGRESS_EVERY_S` simulated
     seconds against the window's last arrival, a search's when it ends (the capacity
     calibration before the runs counts nothing). It only reads the simulated time: the
-    results are the same with it or without.
+    results are the same with it or without. ``on_scenario`` receives the scenario once
+    it is built, before its runs (its real length: :func:`scenario_progress_units`).
 
     Returns:
         ``{"scenario": ..., "rows": [...], "comparison": ... or None}``; with
@@ -281,6 +312,8 @@ def run_scenario(
     profile = resolve_profile(profile_name) if profile is None else profile
     plant = ServingPlant.from_profile(profile)
     scenario = build_scenario(trace, plant, load, config.duration_s, full_trace, start_s=start_s)
+    if on_scenario is not None:
+        on_scenario(scenario)
     requests = scenario.requests
     period = config.control_period_s
     entries = bench_controllers(plant, requests, config)
@@ -485,10 +518,6 @@ def drop_failed_controllers(
     return [row for row in rows if row["controller"] not in gone]
 
 
-Task = tuple[str, str, str, BenchConfig, bool, float | None]
-"""(trace, profile, load, config, compare, window start or None)."""
-
-
 def _task_label(task: Task) -> str:
     """A task's scenario name: ``trace|profile|load``, ``@START`` for a held-out window."""
     label = "|".join(task[:3])
@@ -500,15 +529,25 @@ def _run_task(
 ) -> dict[str, Any]:
     """One scenario as a runner task; the profile and the trace come in ``shared``, and
     the :class:`CellProgress` its runs report to (simulated seconds, in the slot
-    ``progress_key``), when there is one."""
+    ``progress_key``), when there is one, with the one (``sizes``) its real length's
+    units go to once the scenario is built."""
     trace, profile, load, config, compare, start = args
     progress: CellProgress | None = shared.get("progress")
+    sizes: CellProgress | None = shared.get("sizes")
     on_progress: Callable[[float], None] | None = None
+    on_scenario: Callable[[Scenario], None] | None = None
     if progress is not None and progress_key is not None:
-        units = scenario_progress_units(config)
+        key = progress_key
+        units = 0.0
+
+        def on_scenario(scenario: Scenario) -> None:
+            nonlocal units
+            units = scenario_progress_units(config, scenario.scenario_duration_s)
+            if sizes is not None:
+                sizes.report(key, units)
 
         def on_progress(fraction: float) -> None:
-            progress.report(progress_key, fraction * units)
+            progress.report(key, fraction * units)
 
     try:
         return run_scenario(
@@ -521,6 +560,7 @@ def _run_task(
             full_trace=shared[f"trace:{trace}"],
             start_s=start,
             on_progress=on_progress,
+            on_scenario=on_scenario,
         )
     except (TraceError, ScenarioSkip) as error:
         return {"skipped": {"scenario": _task_label(args), "reason": str(error)}}
@@ -564,16 +604,18 @@ def run_scoreboard(
     config: BenchConfig,
     progress: Callable[[str], None] | None = None,
     runner: RunnerSpec | None = None,
-    on_progress: Callable[[float], None] | None = None,
+    on_progress: Callable[[float, float], None] | None = None,
 ) -> dict[str, Any]:
     """Run every scenario (in ``config.jobs`` processes, or as Ray tasks when ``runner``
     says so) and assemble the payload.
 
     ``progress`` receives a line per scenario done (and per lost worker); ``on_progress``
-    the simulated seconds done so far over every scenario (``config.scenario_count()``
-    times :func:`scenario_progress_units` in all) while they run: every
-    :data:`PROGRESS_EVERY_S` simulated seconds of a run in this process or a local
-    pool's worker (shared memory the workers inherit), a Ray task's when it ends."""
+    the simulated seconds done so far over every scenario and their total while they
+    run: every :data:`PROGRESS_EVERY_S` simulated seconds of a run in this process or a
+    local pool's worker (shared memory the workers inherit), a Ray task's when it ends.
+    The total is :func:`scenario_progress_units` of each scenario's real length, guessed
+    (:func:`expected_progress_units`) until its worker has built it (a Ray task's: until
+    it ends); a skipped scenario counts nothing."""
     say = progress or (lambda line: None)
     started = time.perf_counter()
     specs = config.scenario_specs()
@@ -593,6 +635,18 @@ def run_scoreboard(
     jobs = config.jobs or min(len(tasks), os.cpu_count() or 1)
     runner = runner or RunnerSpec(jobs=jobs)
     outcomes: dict[int, dict[str, Any]] = {}
+    runnable = [i for i in order if tasks[i][0] not in failed]
+    keys = [str(i) for i in runnable]  # a progress slot per task, whatever its label
+
+    def report() -> None:
+        if on_progress is not None:
+            on_progress(cells.total(), sizes.total())
+
+    cells = CellProgress(keys, on_report=report)
+    sizes = CellProgress(keys)  # each task's units: guessed here, its worker's once built
+    for key, i in zip(keys, runnable, strict=True):
+        sizes.report(key, expected_progress_units(tasks[i], shared))
+    report()
     say(
         f"bench controllers: {len(tasks)} scenario(s), {runner.kind} runner; "
         "each first calibrates its SLO capacity at the maximum clock, then runs "
@@ -603,28 +657,21 @@ def run_scoreboard(
         if task[0] in failed:
             outcomes[i] = {"skipped": {"scenario": _task_label(task), "reason": failed[task[0]]}}
             say(_progress_line(outcomes[i], len(outcomes), len(tasks), started))
-    runnable = [i for i in order if i not in outcomes]
-    units = scenario_progress_units(config)
-    settled = units * len(outcomes)  # the scenarios skipped already count as done
-    keys = [str(i) for i in runnable]  # a progress slot per task, whatever its label
-
-    def report() -> None:
-        if on_progress is not None:
-            on_progress(settled + cells.total())
-
-    cells = CellProgress(keys, on_report=report)
     for done in map_cells(
         _run_cell,
         [(key, tasks[i]) for key, i in zip(keys, runnable, strict=True)],
         spec=runner,
-        shared={**shared, "progress": cells},
+        shared={**shared, "progress": cells, "sizes": sizes},
         on_event=say,
         label=lambda cell: _task_label(cell[1]),
         on_wait=report,
     ):
         index = runnable[done.index]
         outcomes[index] = done.value
-        cells.report(keys[done.index], units)  # a Ray cell, or one skipped in its worker
+        # Its real length's units (a Ray cell's reports went nowhere; a skipped one: 0).
+        units = outcome_progress_units(done.value, config)
+        sizes.report(keys[done.index], units)
+        cells.report(keys[done.index], units)
         say(_progress_line(outcomes[index], len(outcomes), len(tasks), started))
     ordered = [outcomes[i] for i in range(len(tasks))]
     scenarios, skipped, rows = gather_outcomes(ordered)
@@ -712,8 +759,10 @@ __all__ = [
     "build_scoreboard_controllers",
     "compare_mpc_solvers",
     "drop_failed_controllers",
+    "expected_progress_units",
     "failed_row",
     "gather_outcomes",
+    "outcome_progress_units",
     "run_scenario",
     "run_scoreboard",
     "scenario_progress_units",

@@ -206,6 +206,12 @@ class Scenario:
     trace_sha256: str
     rejected_requests: int = 0
 
+    @property
+    def scenario_duration_s(self) -> float:
+        """Simulated seconds of arrivals the scenario covers: its source window stretched
+        (or compressed) by its load."""
+        return self.source_duration_s / self.load_scale
+
     def describe(self) -> dict[str, Any]:
         """JSON-able description (without the requests)."""
         arrivals = [r.arrival_time_s for r in self.requests]
@@ -225,7 +231,7 @@ class Scenario:
             "fluid_utilization_estimate": self.fluid_utilization_estimate,
             "requests": len(self.requests),
             "arrival_span_s": (max(arrivals) - min(arrivals)) if arrivals else 0.0,
-            "scenario_duration_s": self.source_duration_s / self.load_scale,
+            "scenario_duration_s": self.scenario_duration_s,
             "trace_sha256": self.trace_sha256,
             "workload_checksum": workload_checksum(self.requests),
             "rejected_requests": self.rejected_requests,
@@ -485,6 +491,28 @@ def build_scenario(
         trace_sha256=digest,
         rejected_requests=len(select_window(everything, start, length)) - len(window),
     )
+
+
+def expected_scenario_duration_s(
+    trace: str,
+    requests: Sequence[Request],
+    profile: PerformanceProfile,
+    load: str,
+    duration_s: float,
+    *,
+    start_s: float | None = None,
+) -> float:
+    """The simulated seconds :func:`build_scenario` will cover on ``trace`` (its loaded
+    ``requests``), guessed before its capacity is measured: a window's, ``duration_s``
+    cut to what the trace holds from its start; a trace used whole, its work at the
+    maximum clock over the load's utilisation (the fluid capacity)."""
+    if not requests:
+        return 0.0
+    if trace in WHOLE_TRACE:
+        target = BUSY_UTILIZATION if load == "recorded" else TARGET_UTILIZATION
+        return work_seconds_at_maximum(requests, profile) / target
+    first = TRACE_STARTS_S.get(trace, 0.0) if start_s is None else start_s
+    return _window(requests, first, duration_s)[2]
 
 
 LABELS = {

@@ -105,7 +105,7 @@ def test_bench_says_what_it_does_from_the_start_and_counts_inside_a_scenario(
     monkeypatch.setattr(progress, "Progress", EveryUpdate)
     assert main(["bench", "controllers", "--tiny", "--out", str(tmp_path)]) == 0
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    total = scenario_progress_units(TINY)
+    total = scenario_progress_units(TINY, TINY.duration_s)  # the bundled trace's first 15 s
     assert err[0].startswith(
         f"bench controllers:   0.0% (0/{total:,.0f} simulated s), elapsed 0s, ETA ?, "
         "0/1 scenarios, bench controllers: 1 scenario(s)"
@@ -143,8 +143,9 @@ def test_bench_counts_a_pools_scenarios_while_they_run(monkeypatch: pytest.Monke
         if done > 0.0 and os.getpid() != self._driver_pid:
             read.wait(60.0)
 
-    def on_progress(done: float) -> None:
+    def on_progress(done: float, total: float) -> None:
         events.append(("progress", done))
+        totals.append(total)
         if done > 0.0:
             read.set()
 
@@ -153,13 +154,15 @@ def test_bench_counts_a_pools_scenarios_while_they_run(monkeypatch: pytest.Monke
     profiles = ("h100-sxm-llama3-8b", "h200-sxm-llama3-8b")
     config = replace(TINY, profiles=profiles, jobs=2, comparison_scenario=None)
     events: list[tuple[str, float]] = []
+    totals: list[float] = []
     run_scoreboard(
         config,
         progress=lambda line: events.append(("line", float(line.startswith("[")))),
         on_progress=on_progress,
     )
-    units = scenario_progress_units(config)
+    units = scenario_progress_units(config, config.duration_s)  # each one 15 s window
     total = 2 * units
+    assert totals == pytest.approx([total] * len(totals))
     first_done = events.index(("line", 1.0))
     before = [value for kind, value in events[:first_done] if kind == "progress" and value]
     # The first count is a part of a scenario (a finished one counts whole): read while
@@ -167,3 +170,94 @@ def test_bench_counts_a_pools_scenarios_while_they_run(monkeypatch: pytest.Monke
     assert before and 0.0 < before[0] < units, events
     counted = [value for kind, value in events if kind == "progress"]
     assert counted == sorted(counted) and counted[-1] == pytest.approx(total)
+
+
+def _short_trace(path: Path, requests: int = 60, every_s: float = 0.5) -> Path:
+    """An Azure-format trace of ``requests`` arrivals ``every_s`` apart (29.5 s here)."""
+    rows = [
+        f"2023-11-16 18:53:{every_s * i:010.7f},{300 + 7 * i},{40 + i % 9}" for i in range(requests)
+    ]
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_a_short_scenarios_progress_units_are_its_own_length(tmp_path: Path) -> None:
+    """The bar counted ``duration_s`` (600 s) for every scenario, a 30 s trace's too, so
+    its ETA was that of runs twenty times longer: the units are the scenario's own
+    simulated length, guessed from the trace before the scenario is built, and its
+    built length afterwards."""
+    from dataclasses import replace
+
+    from gpugov.plant import ServingPlant
+    from gpugov.plant.synthetic_profiles import resolve_profile
+    from gpugov.study.scoreboard.run import (
+        expected_progress_units,
+        outcome_progress_units,
+        scenario_progress_units,
+    )
+    from gpugov.study.scoreboard.scenarios import (
+        CONTROLLER_ORDER,
+        FULL,
+        _full_trace,
+        build_scenario,
+    )
+
+    trace = str(_short_trace(tmp_path / "short.csv"))
+    config = replace(FULL, traces=(trace,), profiles=("h100-sxm-llama3-8b",), loads=("recorded",))
+    assert config.duration_s == 600.0
+    full = _full_trace(trace, quiet=True)
+    profile = resolve_profile("h100-sxm-llama3-8b")
+    shared = {f"trace:{trace}": full, "profile:h100-sxm-llama3-8b": profile}
+    task = (trace, "h100-sxm-llama3-8b", "recorded", config, False, None)
+    runs = len(CONTROLLER_ORDER)  # every controller and oracle of the board
+    assert scenario_progress_units(config, 29.5) == pytest.approx(29.5 * runs)
+    assert expected_progress_units(task, shared) == pytest.approx(29.5 * runs)
+    scenario = build_scenario(trace, ServingPlant.from_profile(profile), "recorded", 600.0, full)
+    assert scenario.load_scale == 1.0 and scenario.scenario_duration_s == pytest.approx(29.5)
+    outcome = {"scenario": scenario.describe()}
+    assert outcome_progress_units(outcome, config) == pytest.approx(29.5 * runs)
+    assert outcome_progress_units({"skipped": {"scenario": trace}}, config) == 0.0
+
+
+def test_a_trace_used_whole_is_guessed_at_its_fluid_length() -> None:
+    """BurstGPT's slice is used whole, compressed to a load of its capacity: before the
+    capacity is measured its length is guessed from its work at the maximum clock, not
+    taken for ``duration_s``."""
+    from gpugov.plant.synthetic_profiles import resolve_profile
+    from gpugov.study.scoreboard.scenarios import (
+        BUSY_UTILIZATION,
+        TARGET_UTILIZATION,
+        expected_scenario_duration_s,
+        work_seconds_at_maximum,
+    )
+
+    profile = resolve_profile("h100-sxm-llama3-8b")
+    requests = [Request(i, 100.0 * i, 500, 50) for i in range(20)]
+    work_s = work_seconds_at_maximum(requests, profile)
+    guessed = {
+        load: expected_scenario_duration_s("burstgpt1", requests, profile, load, 600.0)
+        for load in ("recorded", "cap70")
+    }
+    assert guessed["recorded"] == pytest.approx(work_s / BUSY_UTILIZATION)
+    assert guessed["cap70"] == pytest.approx(work_s / TARGET_UTILIZATION)
+    # A window: duration_s, cut to what the trace holds from its start.
+    assert expected_scenario_duration_s("other", requests, profile, "recorded", 600.0) == 600.0
+    assert expected_scenario_duration_s(
+        "other", requests, profile, "recorded", 600.0, start_s=1500.0
+    ) == pytest.approx(600.0)  # moved back to fit the 1,900 s trace
+    assert expected_scenario_duration_s(
+        "other", requests[:5], profile, "recorded", 600.0
+    ) == pytest.approx(400.0, abs=1e-5)
+
+
+def test_bench_counts_a_short_trace_at_its_own_length(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``bench controllers`` on a 29.5 s trace with 600 s windows: its bar counts 17 runs
+    of 29.5 s (502 simulated s) from its first line, not 17 of 600 (10,200)."""
+    trace = _short_trace(tmp_path / "short.csv")
+    argv = ["bench", "controllers", "--tiny", "--traces", str(trace), "--duration", "600"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bench")]
+    assert err[0].startswith("bench controllers:   0.0% (0/502 simulated s)"), err
+    assert err[-1].startswith("bench controllers: 100.0% (502/502 simulated s)"), err
