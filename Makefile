@@ -35,6 +35,9 @@ test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MAKE) --no-print-directory typecheck
+	# Byte-compiled once here: the suite starts a few hundred gpugov processes, and where
+	# PYTHONDONTWRITEBYTECODE is set (as in many CI images) each compiled every module again.
+	$(BIN)/python -m compileall -q -j 0 gpugov $(LAYERS) tests > /dev/null
 	$(BIN)/pytest -q $(PYTEST_PARALLEL)
 
 lint: $(TEST_STAMP)
