@@ -409,8 +409,9 @@ def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -
     def progress(line: str) -> None:  # what the run does, a scenario done, a lost worker
         nonlocal finished, started
         started = True
-        if line.startswith("["):
+        if line.startswith("["):  # "[n/N] KEY (wall s)": the bar counts the scenarios
             finished += 1
+            line = line.partition("] ")[2]
         bar.update(simulated, f"{finished}/{scenarios} scenarios, {line}", force=True)
 
     def on_progress(done: float, total: float) -> None:  # simulated seconds, while they run

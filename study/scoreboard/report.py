@@ -33,8 +33,9 @@ DEFINITIONS = {
         "hold the SLO or the oracle saves nothing"
     ),
     "oracle_capture_after_warmup": (
-        "oracle capture on the energy used after the warm-up (min(300 s, half the window "
-        "length)) by the controller, the maximum clock and the oracle; null when the "
+        "oracle capture on the energy used after the warm-up (min(300 s, half the "
+        "scenario's own length, scenario_duration_s); the row's warmup_s) by the "
+        "controller, the maximum clock and the oracle; null when the "
         "controller does not hold the SLO over the whole run"
     ),
     "model_error": (

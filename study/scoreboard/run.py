@@ -75,7 +75,6 @@ from gpugov.controllers.oracles import (
     oracle_capture,
     window_oracle,
 )
-from gpugov.daemon.progress import format_duration
 from gpugov.daemon.safety import invalid_decisions
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, simulate
@@ -277,6 +276,13 @@ def scoreboard_window_oracle(
     )
 
 
+def scenario_warmup_s(scenario: Scenario) -> float:
+    """The warm-up ``oracle_capture_after_warmup`` leaves out: :data:`WARMUP_S`, at most
+    half the scenario's own length (:attr:`Scenario.scenario_duration_s`), not of
+    ``--duration``."""
+    return min(WARMUP_S, 0.5 * scenario.scenario_duration_s)
+
+
 def run_scenario(
     trace: str,
     profile_name: str,
@@ -460,8 +466,8 @@ def run_scenario(
     ]
     oracle_energy, oracle_key = min(holding) if holding else (None, None)
     e_max = reference.metrics.energy_j
-    # Capture over what follows the warm-up (5 minutes, at most half of a short run).
-    warmup = min(WARMUP_S, 0.5 * config.duration_s)
+    # Capture over what follows the warm-up (5 minutes, at most half of a short scenario).
+    warmup = scenario_warmup_s(scenario)
     oracle_result = {"best-fixed": best.result, "window-oracle": oracle.result}.get(
         oracle_key or ""
     )
@@ -609,13 +615,13 @@ def run_scoreboard(
     """Run every scenario (in ``config.jobs`` processes, or as Ray tasks when ``runner``
     says so) and assemble the payload.
 
-    ``progress`` receives a line per scenario done (and per lost worker); ``on_progress``
-    the simulated seconds done so far over every scenario and their total while they
-    run: every :data:`PROGRESS_EVERY_S` simulated seconds of a run in this process or a
-    local pool's worker (shared memory the workers inherit), a Ray task's when it ends.
-    The total is :func:`scenario_progress_units` of each scenario's real length, guessed
-    (:func:`expected_progress_units`) until its worker has built it (a Ray task's: until
-    it ends); a skipped scenario counts nothing."""
+    ``progress`` receives a line per scenario done (``[n/N] KEY (wall s)``, no ETA) and
+    per lost worker; ``on_progress`` the simulated seconds done so far over every scenario
+    and their total while they run: every :data:`PROGRESS_EVERY_S` simulated seconds of
+    a run in this process or a local pool's worker (shared memory the workers inherit), a
+    Ray task's when it ends. The total is :func:`scenario_progress_units` of each
+    scenario's real length, guessed (:func:`expected_progress_units`) until its worker has
+    built it (a Ray task's: until it ends); a skipped scenario counts nothing."""
     say = progress or (lambda line: None)
     started = time.perf_counter()
     specs = config.scenario_specs()
@@ -656,7 +662,7 @@ def run_scoreboard(
     for i, task in enumerate(tasks):
         if task[0] in failed:
             outcomes[i] = {"skipped": {"scenario": _task_label(task), "reason": failed[task[0]]}}
-            say(_progress_line(outcomes[i], len(outcomes), len(tasks), started))
+            say(_progress_line(outcomes[i], len(outcomes), len(tasks)))
     for done in map_cells(
         _run_cell,
         [(key, tasks[i]) for key, i in zip(keys, runnable, strict=True)],
@@ -672,7 +678,7 @@ def run_scoreboard(
         units = outcome_progress_units(done.value, config)
         sizes.report(keys[done.index], units)
         cells.report(keys[done.index], units)
-        say(_progress_line(outcomes[index], len(outcomes), len(tasks), started))
+        say(_progress_line(outcomes[index], len(outcomes), len(tasks)))
     ordered = [outcomes[i] for i in range(len(tasks))]
     scenarios, skipped, rows = gather_outcomes(ordered)
     failed_rows = [entry for outcome in ordered for entry in outcome.get("failed_rows", ())]
@@ -736,13 +742,14 @@ def gather_outcomes(
     return scenarios, skipped, rows
 
 
-def _progress_line(outcome: dict[str, Any], done: int, total: int, started: float) -> str:
-    elapsed = time.perf_counter() - started
+def _progress_line(outcome: dict[str, Any], done: int, total: int) -> str:
+    """A scenario's line once it is done: ``[n/N] KEY (its wall seconds)``, or ``[n/N]
+    skipped KEY``. No ETA: scenarios differ in length, so the caller's estimate from the
+    simulated seconds (``on_progress``) is the one to show."""
     if "skipped" in outcome:
-        return f"[{done}/{total} {elapsed:6.1f}s] skipped {outcome['skipped']['scenario']}"
+        return f"[{done}/{total}] skipped {outcome['skipped']['scenario']}"
     info = outcome["scenario"]
-    eta = format_duration(elapsed / done * (total - done)) if done else "?"
-    return f"[{done}/{total} {elapsed:6.1f}s ETA {eta}] {info['key']} ({info['wall_s']:.1f}s)"
+    return f"[{done}/{total}] {info['key']} ({info['wall_s']:.1f}s)"
 
 
 __all__ = [
@@ -766,6 +773,7 @@ __all__ = [
     "run_scenario",
     "run_scoreboard",
     "scenario_progress_units",
+    "scenario_warmup_s",
     "scoreboard_mpc",
     "slo_capacity",
     "write_outputs",

@@ -121,6 +121,21 @@ def test_bench_says_what_it_does_from_the_start_and_counts_inside_a_scenario(
     assert err[-1].startswith(f"bench controllers: 100.0% ({total:,.0f}/{total:,.0f} simulated s)")
 
 
+def test_a_bench_line_shows_one_eta_and_one_scenario_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A scenario's line carried a second ETA, ``[1/1 3.5s ETA 0s]``, counting scenarios
+    as if all were as long (and the count again) after the bar's own: each line has the
+    bar's ETA, from the simulated seconds, and one count of the scenarios done."""
+    assert main(["bench", "controllers", "--tiny", "--out", str(tmp_path)]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    bench = [line for line in err if line.startswith("bench controllers:")]
+    assert bench and all(line.count("ETA") == 1 for line in bench), err
+    assert all(len(re.findall(r"\d+/\d+ scenarios|\[\d+/\d+", line)) == 1 for line in bench)
+    done = [line for line in bench if "azure-conv-10min|h100-sxm-llama3-8b|recorded (" in line]
+    assert done and ", 1/1 scenarios, azure-conv-10min|h100-sxm-llama3-8b|recorded (" in done[0]
+
+
 def test_bench_counts_a_pools_scenarios_while_they_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """A local pool's workers report their runs' simulated seconds through shared memory
     (``CellProgress``), which the driver reads while it waits: counted before either of

@@ -295,3 +295,25 @@ def test_a_trace_file_named_by_traces_is_read_once(
     assert [r.request_id for r in requests] == [0, 2]
     assert len(digest) == 64
     assert reads == [trace]
+
+
+def test_the_warm_up_is_half_a_short_scenarios_own_length(tmp_path: Path) -> None:
+    """The warm-up was ``min(300 s, half of --duration)``: a 12 s trace under the full
+    board's 600 s had a 300 s warm-up, past its end, and no capture after it. It is half
+    the scenario's own length, as the definition says, so the capture after it is there."""
+    from dataclasses import replace
+
+    from gpugov.study.scoreboard.run import TINY, run_scenario
+
+    rows = [f"2023-11-16 18:53:{0.5 * i:010.7f},{300 + 7 * i},{40 + i % 9}" for i in range(24)]
+    trace = tmp_path / "short.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    config = replace(TINY, traces=(str(trace),), duration_s=600.0, comparison_scenario=None)
+    out = run_scenario(str(trace), "h100-sxm-llama3-8b", "recorded", config)
+    length = out["scenario"]["scenario_duration_s"]
+    assert length == pytest.approx(11.5, abs=1e-3)
+    warmups = [row["warmup_s"] for row in out["rows"]]
+    assert warmups == [pytest.approx(0.5 * length)] * len(warmups)
+    by_key = {row["controller"]: row for row in out["rows"]}
+    assert by_key["max"]["oracle_capture_after_warmup"] == pytest.approx(0.0)
+    assert by_key["window-oracle"]["oracle_capture_after_warmup"] == pytest.approx(1.0)
