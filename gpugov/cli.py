@@ -139,12 +139,12 @@ class GpugovArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """Print one error line naming the command and where its help is; exit 2. A
         value in it is escaped as every error line escapes it (a newline stays ``\\n``)."""
-        from gpugov.daemon.errors import printable
+        from gpugov.daemon.log_lines import command_line
 
         command = self.prog.removeprefix("gpugov").strip()
         where = f"{command}: " if command else ""
         hint = f"gpugov {command} --help" if command else "gpugov --help"
-        self.exit(EXIT_USAGE, f"gpugov: error: {printable(f'{where}{message}')} (see {hint})\n")
+        self.exit(EXIT_USAGE, f"{command_line('error', f'{where}{message}')} (see {hint})\n")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -302,9 +302,9 @@ def _main_guarded(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     empty = _empty_value(argv)
     if empty is not None:
-        from gpugov.daemon.errors import printable
+        from gpugov.daemon.log_lines import command_line
 
-        print(f"gpugov: error: {printable(empty)}: empty value", file=sys.stderr)
+        print(command_line("error", f"{empty}: empty value"), file=sys.stderr)
         return EXIT_USAGE
     from gpugov.daemon.log_lines import escape_unconfigured_logs
 

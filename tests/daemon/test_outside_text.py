@@ -267,6 +267,23 @@ def test_a_logged_error_of_a_command_is_one_error_line_without_a_traceback(
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_an_empty_values_error_is_bounded_as_every_error_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A flag given an empty value was refused on a line built apart from
+    :func:`~gpugov.daemon.log_lines.command_line`: only the flag's name was bounded, so a
+    huge one made a longer line than any other error's. It is the shared builder's."""
+    from gpugov.cli import main
+    from gpugov.daemon.log_lines import command_line
+
+    flag = "--" + "x" * (2 * LINE_CHARS)
+    assert main(["simulate", f"{flag}="]) == 2
+    err = capsys.readouterr().err
+    assert err == command_line("error", f"argument {flag}: empty value") + "\n"
+    assert len(err) <= len("gpugov: error: ") + LINE_CHARS + 1  # as `fail` bounds its message
+    assert err.rstrip("\n").endswith(": empty value")
+
+
 def test_a_simulated_runs_summary_title_is_one_escaped_line() -> None:
     """The summary's title names the profile and the trace by their file names, which
     may hold a newline; it was printed raw above the table."""
