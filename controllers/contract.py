@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 from gpugov.plant.types import ClockController, MPCDiagnostics, PowerCapping, ServingObservation
 
 __all__ = [
+    "BUDGET_ROUNDING",
     "ClockController",
     "Closable",
     "ControllerWrapper",
@@ -28,6 +29,7 @@ __all__ = [
     "PowerNeeding",
     "ReportsFallbacks",
     "controller_label",
+    "fits_budget",
     "layers",
     "power_needed",
     "unwrap",
@@ -75,6 +77,18 @@ class HistoryBounded(Protocol):
     """Keeps per-decision history (plans, solve times); a node bounds it."""
 
     history_limit: int | None
+
+
+BUDGET_ROUNDING = 1e-9
+"""A predicted power above a budget by at most this share of it is at the budget: rounding.
+A model that learned a board's power from reads its power limit held predicts that limit
+plus float noise (150.0000000000073 W against 150 W), which is not over the budget."""
+
+
+def fits_budget(watts: float, budget_w: float) -> bool:
+    """Whether ``watts`` fits ``budget_w``: at or below it, or above by rounding only
+    (:data:`BUDGET_ROUNDING`)."""
+    return watts <= budget_w + BUDGET_ROUNDING * abs(budget_w)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +139,18 @@ class PowerNeed:
         index = _index_at_or_below(self.clocks_mhz, clock_mhz)
         return self.curve_w[index]
 
+    def fits(self, budget_w: float) -> bool:
+        """Whether the need fits ``budget_w`` (:func:`fits_budget`); else it is over it."""
+        return fits_budget(self.watts, budget_w)
+
     def ceiling_mhz(self, budget_w: float) -> float:
-        """The highest clock whose predicted power fits ``budget_w`` (the lowest clock
-        when none does)."""
-        fitting = [c for c, w in zip(self.clocks_mhz, self.curve_w, strict=True) if w <= budget_w]
+        """The highest clock whose predicted power fits ``budget_w`` (:func:`fits_budget`;
+        the lowest clock when none does)."""
+        fitting = [
+            c
+            for c, w in zip(self.clocks_mhz, self.curve_w, strict=True)
+            if fits_budget(w, budget_w)
+        ]
         return fitting[-1] if fitting else self.clocks_mhz[0]
 
 

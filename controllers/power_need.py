@@ -147,7 +147,7 @@ class BudgetGuard(ControllerWrapper):
         self.last_budget_w = float(budget)
         ceiling = need.ceiling_mhz(budget)
         guarded = min(decision, ceiling)
-        if need.watts > budget:
+        if not need.fits(budget):
             self.over_budget = True
             self.over_budget_decisions += 1
             floor = min(need.tpot_clock_mhz, ceiling)

@@ -412,7 +412,7 @@ class PowerBudget:
             over, self.slipping = guard.over_budget, guard.slipping
             budget = guard.last_budget_w
         else:
-            over = need is not None and budget is not None and need.watts > budget
+            over = need is not None and budget is not None and not need.fits(budget)
             self.slipping = "ttft" if over else "none"
         if self.over_budget and self._last_decision_s is not None:
             self.over_budget_s += max(0.0, now_s - self._last_decision_s)
@@ -467,13 +467,14 @@ class PowerBudget:
 
 
 def distinct_watts(lower: float, higher: float) -> tuple[str, str]:
-    """Two wattages printed with the fewest decimals (none to two) that tell them apart,
-    so a need just over the budget never reads "700 W is below the 700 W"."""
-    for decimals in (0, 1):
+    """Two different wattages printed with the fewest decimals that tell them apart (none
+    to two, more for a gap under 0.005 W), so a need over the budget never reads "700 W
+    is below the 700 W"."""
+    for decimals in range(16):
         shown = (f"{lower:.{decimals}f}", f"{higher:.{decimals}f}")
         if shown[0] != shown[1]:
             return shown
-    return f"{lower:.2f}", f"{higher:.2f}"
+    return repr(lower), repr(higher)
 
 
 def domain_power_limit_range(

@@ -203,6 +203,19 @@ def test_budget_guard_rule(
     assert guard.power_needed() is need
 
 
+def test_a_need_at_the_budget_but_for_rounding_is_within_it() -> None:
+    """A model that learned its power from reads the limit held predicts the limit plus
+    float noise (150.0000000000073 W against 150 W): counted over budget, the guard held
+    the clock below the need and the node warned "150.00 W is below the 150.00 W"."""
+    curve = (100.0, 120.0, 150.00000000000728, 180.0)
+    need = _need(CLOCKS, curve, watts_index=2, tpot_index=1)
+    guard = BudgetGuard(_Planned(1800.0, need))
+    assert guard(_observation(150.0)) == 1500.0  # the need's clock: the ceiling
+    assert guard.over_budget is False and guard.slipping == "none"
+    assert guard(_observation(149.999)) == 1200.0  # a budget really below it
+    assert guard.over_budget is True
+
+
 def test_a_reporting_guard_follows_the_budget_but_never_changes_the_decision() -> None:
     # The GPUs' own limit alone: their firmware holds it, the guard only reports.
     need = _need(CLOCKS, CURVE, watts_index=2, tpot_index=1)

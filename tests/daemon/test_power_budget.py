@@ -38,12 +38,48 @@ from gpugov.plant.types import ServingObservation
         (600.0, 700.0, ("600", "700")),
         (700.0, 700.4, ("700.0", "700.4")),
         (700.0, 700.04, ("700.00", "700.04")),
+        (700.0, 700.004, ("700.000", "700.004")),  # was "700.00 W is below the 700.00 W"
     ],
 )
 def test_the_over_budget_line_never_prints_the_budget_and_the_need_alike(
     budget: float, need: float, shown: tuple[str, str]
 ) -> None:
     assert distinct_watts(budget, need) == shown
+
+
+def test_a_need_at_the_budget_but_for_rounding_is_no_over_budget_event(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``run --simulate`` of a profile limited to 150 W warned "the power budget 150.00 W
+    is below the 150.00 W (+/- 2 W) the SLO needs": the learned need was 7e-12 W over."""
+    clocks = (1500.0, 1980.0)
+
+    class AtTheLimit:
+        def __call__(self, observation: ServingObservation) -> float:
+            return 1980.0
+
+        def power_needed(self) -> PowerNeed:
+            return PowerNeed(
+                watts=150.00000000000728,
+                uncertainty_w=2.0,
+                clock_mhz=1980.0,
+                holds=False,
+                tpot_clock_mhz=1980.0,
+                clocks_mhz=clocks,
+                curve_w=(120.0, 150.00000000000728),
+            )
+
+    budget = PowerBudget("sim")
+    budget.resolve(150.0)
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon.power_budget"):
+        budget.after_decision(AtTheLimit(), 0.0)
+    assert budget.over_budget is False and budget.over_budget_events == 0
+    assert "over budget" not in caplog.text
+    budget.resolve(149.9)
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon.power_budget"):
+        budget.after_decision(AtTheLimit(), 1.0)
+    assert budget.over_budget is True
+    assert "the power budget 149.9 W (from nvml) is below the 150.0 W (+/- 2 W)" in caplog.text
 
 
 @pytest.mark.parametrize(
