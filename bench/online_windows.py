@@ -43,8 +43,9 @@ from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
 from gpugov.plant.result import ServingResult
-from gpugov.study.online_eval import WARMUP_S, energy_after
+from gpugov.study.online_eval import energy_after
 from gpugov.study.scoreboard.controllers import build_scoreboard_controllers
+from gpugov.study.scoreboard.run import scenario_warmup_s
 from gpugov.study.scoreboard.scenarios import FULL, WHOLE_TRACE, build_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +89,7 @@ def run_cell(
         return row
     row["requests"] = len(scenario.requests)
     row["load_label"] = scenario.load_label
-    warmup = min(WARMUP_S, duration / 2.0)
+    warmup = scenario_warmup_s(scenario)
     runs: dict[str, dict[str, Any]] = {}
     for entry in build_scoreboard_controllers(
         plant,

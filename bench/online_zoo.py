@@ -39,10 +39,11 @@ from gpugov.daemon.progress import Progress
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, simulate
 from gpugov.plant.synthetic_profiles import resolve_profile
-from gpugov.study.online_eval import WARMUP_S, energy_after
+from gpugov.study.online_eval import energy_after
 from gpugov.study.scoreboard.command import expand_profiles
 from gpugov.study.scoreboard.controllers import bench_controllers
 from gpugov.study.scoreboard.run import (
+    scenario_warmup_s,
     scoreboard_best_fixed,
     scoreboard_window_oracle,
     slo_energy_fields,
@@ -77,6 +78,10 @@ def settings_key(config: BenchConfig) -> str:
             "best_fixed_coarse_points",
         )
     }
+    # The warm-up the energies after it are taken from: the scoreboard's rule
+    # (scenario_warmup_s), half the scenario's own length at most; an entry from the older
+    # rule (half of --duration) is not reused.
+    fields["warmup"] = "min(300 s, half the scenario)"
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -123,7 +128,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         row["error"] = str(error)
         return row
     requests = scenario.requests
-    warmup = min(WARMUP_S, 0.5 * config.duration_s)
+    warmup = scenario_warmup_s(scenario)
     runs: dict[str, Any] = {}
     for entry in bench_controllers(plant, requests, config):
         if entry.key != "max" and entry.key not in keys:
