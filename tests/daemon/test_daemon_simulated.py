@@ -18,7 +18,7 @@ from gpugov.daemon.exporter import Exporter
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run
 from gpugov.daemon.record import Recorder, read_recording
 from gpugov.daemon.replay import replay
-from gpugov.daemon.service import simulated_run
+from gpugov.daemon.service import SimulatedRun, simulated_run
 from gpugov.daemon.simulated import node_view
 from gpugov.plant import ServingPlant, load_profile, simulate
 from gpugov.plant.gpu_physics import CLOCK_EVENT_SW_POWER_CAP
@@ -30,6 +30,18 @@ def workload_and_plant() -> tuple[tuple, ServingPlant]:  # type: ignore[type-arg
     workload, _ = load_trace("azure-conv-10min", duration_s=180)
     plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
     return workload, plant
+
+
+def _run_to_the_end(sim: SimulatedRun, clock: VirtualClock) -> list[TickRecord]:
+    """Run the simulated node's loop on virtual time until its workload ends; its ticks."""
+    records: list[TickRecord] = []
+    run(
+        [sim.domain],
+        TimedLoop(1.0, clock=clock, sleep=clock.sleep),
+        on_tick=records.extend,
+        before_tick=sim.before_tick,
+    )
+    return records
 
 
 def test_virtual_minutes_match_plant_simulate_and_metrics_are_live(
@@ -131,7 +143,7 @@ def test_the_exact_view_matches_plant_simulate_without_a_view(
     spec = ReactiveControllerConfig(kind="reactive")
     sim = simulated_run(workload, plant, spec, clock, engine_view="exact")
     assert sim.header["engine_view"] == "exact"
-    run([sim.domain], TimedLoop(1.0, clock=clock, sleep=clock.sleep), before_tick=sim.before_tick)
+    _run_to_the_end(sim, clock)
     assert sim.result is not None
     reference = simulate(workload, plant, controller=reactive_clock_controller)
     assert sim.result.metrics.energy_j == pytest.approx(reference.metrics.energy_j, rel=1e-9)
@@ -193,13 +205,7 @@ def test_tensor_parallel_plant_is_a_multi_gpu_domain() -> None:
     sim = simulated_run(workload, plant, ReactiveControllerConfig(kind="reactive"), clock)
     backends = sim.domain.observer.gpus.backends
     assert [b.label for b in backends] == ["0", "1", "2", "3"]
-    records: list[TickRecord] = []
-    run(
-        [sim.domain],
-        TimedLoop(1.0, clock=clock, sleep=clock.sleep),
-        on_tick=records.extend,
-        before_tick=sim.before_tick,
-    )
+    _run_to_the_end(sim, clock)
     assert sim.result is not None
     samples = [b.sample() for b in backends]
     assert len({s.sm_clock_mhz for s in samples}) == 1
@@ -289,13 +295,7 @@ def test_a_board_limit_below_the_lowest_clocks_draw_reads_as_a_capped_gpu() -> N
     plant = ServingPlant.from_profile(profile, power_limit_w=limit)
     clock = VirtualClock()
     sim = simulated_run(workload, plant, FixedControllerConfig(kind="fixed", clock_mhz=1980), clock)
-    records: list[TickRecord] = []
-    run(
-        [sim.domain],
-        TimedLoop(1.0, clock=clock, sleep=clock.sleep),
-        on_tick=records.extend,
-        before_tick=sim.before_tick,
-    )
+    records = _run_to_the_end(sim, clock)
     assert sim.result is not None
     assert sim.domain.observer.gpus.gpu_read_errors == {"0": 0}
     powers = [r.observation.power_w for r in records if r.observation.power_w is not None]
