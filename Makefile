@@ -34,12 +34,13 @@ demo: $(NODE_STAMP)
 	mkdir -p out
 	$(BIN)/gpugov run --simulate --record out/demo.jsonl
 
+# The sources are byte-compiled once before the suite: it starts a few hundred gpugov
+# processes, and where PYTHONDONTWRITEBYTECODE is set (as in many CI images) each compiled
+# every module again.
 test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MAKE) --no-print-directory typecheck
-	# Byte-compiled once here: the suite starts a few hundred gpugov processes, and where
-	# PYTHONDONTWRITEBYTECODE is set (as in many CI images) each compiled every module again.
 	$(BIN)/python -m compileall -q -j 0 gpugov $(LAYERS) tests > /dev/null
 	$(BIN)/pytest -q $(PYTEST_PARALLEL)
 
