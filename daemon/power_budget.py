@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
-from gpugov.controllers.contract import ClockController, layers, power_needed
+from gpugov.controllers.contract import ClockController, fits_budget, layers, power_needed
 from gpugov.controllers.power_need import BudgetGuard
 from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
 from gpugov.daemon.deadline import READ_DEADLINE_S, LatestReader, ReadTimeout
@@ -294,10 +294,12 @@ class BudgetStatus:
 
     @property
     def headroom_w(self) -> float | None:
-        """Budget less need (negative over budget); None when either is unknown."""
+        """Budget less need (negative over budget); None when either is unknown. A need
+        over the budget by rounding only fits it (:func:`fits_budget`): 0 W, not -7e-12."""
         if self.budget_w is None or self.need_w is None:
             return None
-        return self.budget_w - self.need_w
+        headroom = self.budget_w - self.need_w
+        return max(headroom, 0.0) if fits_budget(self.need_w, self.budget_w) else headroom
 
 
 class PowerBudget:

@@ -75,6 +75,7 @@ def test_a_need_at_the_budget_but_for_rounding_is_no_over_budget_event(
         budget.after_decision(AtTheLimit(), 0.0)
     assert budget.over_budget is False and budget.over_budget_events == 0
     assert "over budget" not in caplog.text
+    assert budget.status().headroom_w == 0.0  # read -7e-12 W while within budget
     budget.resolve(149.9)
     with caplog.at_level(logging.INFO, logger="gpugov.daemon.power_budget"):
         budget.after_decision(AtTheLimit(), 1.0)
