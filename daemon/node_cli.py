@@ -64,11 +64,12 @@ from gpugov.daemon.loop import (
 from gpugov.daemon.loop import stop_on_signals as _stop_on_signals
 from gpugov.daemon.node_support import exit_code, guarded
 from gpugov.daemon.nvml import load_pynvml
+from gpugov.daemon.reconcile import reset_left_locks
 from gpugov.daemon.record import Recorder, read_recording
 from gpugov.daemon.replay import replay
 from gpugov.daemon.reset_clocks import cmd_reset_clocks
 from gpugov.daemon.run_simulated import DEFAULT_CONTROLLER, DEFAULT_SPEED, run_simulated
-from gpugov.daemon.service import domains_from_config, reset_left_locks
+from gpugov.daemon.service import domains_from_config
 from gpugov.daemon.status_cli import cmd_status, may_lock_clocks
 from gpugov.plant.profile import DEFAULT_PROFILE
 

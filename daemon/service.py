@@ -18,7 +18,7 @@ from typing import Any
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.contract import layers
 from gpugov.daemon.actuator import CLOCK_WRITE_DEADLINE_S, ClockActuator, ExternalPolicy, LockMode
-from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample, power_limit_backend
+from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
 from gpugov.daemon.config import DaemonSection, DomainConfig, GpugovConfig, controller_state_dir
 from gpugov.daemon.controller_config import ControllerConfig, OnlineMPCControllerConfig
 from gpugov.daemon.controller_spec import spec_name
@@ -46,14 +46,13 @@ from gpugov.daemon.errors import (
 )
 from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
-from gpugov.daemon.lockstate import LockState, gpu_key, live_writer, writer_pid_text
+from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DEFAULT_TAIL_QUANTILE, DomainObserver
 from gpugov.daemon.power_budget import PowerBudget, domain_budget
 from gpugov.daemon.power_limit import (
     POWER_LIMIT_WRITE_DEADLINE_S,
-    PowerLimitActuator,
     power_limit_actuator,
 )
 from gpugov.daemon.roles import COLOCATED, resolve_role
@@ -658,144 +657,6 @@ def domains_from_config(
     return assembled
 
 
-def reset_left_locks(
-    config: GpugovConfig,
-    assembled: Assembled,
-    stop: threading.Event | None = None,
-    *,
-    deadline_s: float = GPU_READ_DEADLINE_S,
-) -> list[str]:
-    """At start, after each domain's reconcile: reset the locks a previous run recorded
-    (``locks.json``) on GPUs this config no longer governs (a domain's GPU taken out of
-    the config after a crash). Reconcile sees only the configured GPUs, so such a GPU
-    stayed locked low with nobody to reset it. A GPU is opened as the record names it and
-    reset only when it is the recorded one (its UUID); a record whose writer still runs
-    is left to it. One line each (logged); a reset that fails names the command to run.
-    The power limits such a run recorded on those GPUs are restored the same way.
-
-    Each GPU call (the open, its retries included; the reset; each power limit call) runs
-    on the GPU's worker thread and is waited for at most ``deadline_s``, as the
-    configured GPUs' reads and writes are: a hung NVML call costs the start that once, and
-    the GPU is named as not reset, with the command to run.
-    """
-    state = assembled.state
-    if state is None:
-        return []
-    ours = {gpu_key(backend) for backend in assembled.backends}
-    lines: list[str] = []
-    for key, entry in state.read().items():
-        if key in ours or state.written_here(key) or live_writer(entry):
-            continue
-        named, backend, calls = _open_recorded(config, key, entry, stop, deadline_s)
-        low, high = entry.get("min_mhz"), entry.get("max_mhz")
-        at = f"at {low}-{high} MHz" if low is not None and high is not None else "(clocks unknown)"
-        found = (
-            f"GPU {named} ({key}), not in this config: a previous gpugov run "
-            f"({writer_pid_text(entry)}, {entry.get('time')}) left it locked {at}"
-        )
-        if isinstance(backend, str):
-            line = f"{found}; not reset ({backend}): run `gpugov reset-clocks --gpus {named}`"
-        else:
-            try:
-                if gpu_key(backend) != key:
-                    line = (
-                        f"{found}; not reset: GPU {named} is now {gpu_key(backend)}; run "
-                        "`gpugov reset-clocks` on the recorded GPU"
-                    )
-                else:
-                    calls.call(backend.reset_clocks)
-                    state.clear(key)
-                    line = f"{found}; reset"
-            except (GpugovError, CallTimeout) as error:
-                line = f"{found}; reset FAILED ({error}): run `gpugov reset-clocks --gpus {named}`"
-            finally:
-                _close_recorded(backend, calls)
-        log.warning("reconcile: %s", line)
-        lines.append(line)
-    lines.extend(_restore_left_power_limits(config, state, ours, stop, deadline_s))
-    return lines
-
-
-def _open_recorded(
-    config: GpugovConfig,
-    key: str,
-    entry: dict[str, Any],
-    stop: threading.Event | None,
-    deadline_s: float,
-) -> tuple[str, GpuBackend | str, SerialCalls]:
-    """A GPU a state file entry names, as it names it: ``(its name, the opened backend or
-    why it could not be opened, the worker its calls run on)``, the open waited for at most
-    ``deadline_s``."""
-    named = str(entry.get("gpu", key))
-    gpu: int | str = int(named) if named.isascii() and named.isdigit() else named
-    calls = SerialCalls(deadline_s, name=f"left-{named}", cause="a hung GPU call")
-    try:
-        backend = calls.call(
-            lambda: open_backend(
-                gpu,
-                config.daemon.backend,
-                emulator=config.daemon.emulator,
-                daemon=config.daemon,
-                stop=stop,
-            )
-        )
-    except (GpugovError, ValueError, CallTimeout) as error:  # ValueError: a split backend's usage
-        return named, str(error), calls
-    return named, backend, calls
-
-
-def _close_recorded(backend: GpuBackend, calls: SerialCalls) -> None:
-    """Close a GPU :func:`_open_recorded` opened, on its worker, waited for at most the
-    deadline; one whose earlier call still hangs stays open (the process holds NVML)."""
-    try:
-        calls.call(backend.close)
-    except CallTimeout as error:
-        log.debug("GPU %s: not closed after the start's reset: %s", backend.label, error)
-
-
-def _restore_left_power_limits(
-    config: GpugovConfig,
-    state: LockState,
-    ours: set[str],
-    stop: threading.Event | None,
-    deadline_s: float,
-) -> list[str]:
-    """The power limits a previous run recorded on GPUs this config no longer governs,
-    restored as a governed GPU's are at its domain's reconcile (the limit it had before
-    gpugov, unless someone changed it since); a GPU that is not the recorded one, or
-    cannot be opened, is named with the command to run. One line each (logged); each GPU
-    call is waited for at most ``deadline_s``."""
-    lines: list[str] = []
-    for key, entry in state.power_limits().items():
-        if key in ours or state.written_here(key, power_limit=True) or live_writer(entry):
-            continue
-        named, backend, calls = _open_recorded(config, key, entry, stop, deadline_s)
-        found = (
-            f"GPU {named} ({key}), not in this config: a previous gpugov run set its power limit"
-        )
-        advice = f"run `gpugov reset-clocks --gpus {named}` (it restores the recorded limit)"
-        if isinstance(backend, str):
-            line = f"{found}; not restored ({backend}): {advice}"
-        else:
-            try:
-                if gpu_key(backend) != key:
-                    line = f"{found}; not restored: GPU {named} is now {gpu_key(backend)}; {advice}"
-                elif power_limit_backend(backend) is None:
-                    line = f"{found}; not restored: its backend sets no power limit; {advice}"
-                else:
-                    actuator = PowerLimitActuator(
-                        [backend], domain="reconcile", state=state, write_deadline_s=deadline_s
-                    )
-                    # Its own line, logged by the actuator, says what it found and did.
-                    lines.extend(actuator.reconcile())
-                    continue
-            finally:
-                _close_recorded(backend, calls)
-        log.warning("reconcile: %s", line)
-        lines.append(line)
-    return lines
-
-
 # --------------------------------------------------------------------- simulated
 @dataclass
 class SimulatedRun:
@@ -911,6 +772,5 @@ __all__ = [
     "build_domain",
     "domains_from_config",
     "open_backend",
-    "reset_left_locks",
     "simulated_run",
 ]

@@ -700,7 +700,8 @@ def test_a_hung_call_on_a_gpu_no_longer_configured_costs_the_start_one_deadline(
     from gpugov.daemon.config import parse_config
     from gpugov.daemon.lockstate import LockState
     from gpugov.daemon.nvml import NvmlBackend
-    from gpugov.daemon.service import domains_from_config, reset_left_locks
+    from gpugov.daemon.reconcile import reset_left_locks
+    from gpugov.daemon.service import domains_from_config
 
     state_dir = tmp_path / "state"
     killed = ClockActuator(
