@@ -500,13 +500,13 @@ def test_a_worker_killed_mid_sweep_loses_nothing_and_counts_nothing_twice(
 ) -> None:
     import cell_tasks
 
-    from gpugov.study import sweep
+    from gpugov.study.sweep import run as sweep_run
 
     grid, reference, _, _ = full_sweep
     victim = "bursty.csv|h100-sxm-llama3-8b|x2|reactive|seed 1"
     monkeypatch.setenv("GPUGOV_TEST_KILL_CELL", victim)
     monkeypatch.setenv("GPUGOV_TEST_KILL_MARKER", str(tmp_path / "killed"))
-    monkeypatch.setattr(sweep, "run_cell", cell_tasks.sweep_cell_dying_once)
+    monkeypatch.setattr(sweep_run, "run_cell", cell_tasks.sweep_cell_dying_once)
     out = tmp_path / "out"
     code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "2"])
     assert code == 0, stderr
@@ -606,7 +606,7 @@ def test_a_profile_file_named_as_the_loader_reads_it_is_keyed_by_its_files(
     manifest without a suffix (files the loader reads) were taken for bundled names, so an
     edit to them would not run their cells again on ``--resume``."""
     from gpugov.plant.profile_files import bundled_profile_dir
-    from gpugov.study.sweep import _spec_files
+    from gpugov.study.sweep.grid import _spec_files
 
     monkeypatch.chdir(tmp_path)
     manifest = json.loads((bundled_profile_dir() / "h100-sxm-llama3-8b.json").read_text())

@@ -16,8 +16,12 @@ import pytest
 from synthetic import plan_payload
 
 from gpugov.cli import main
+from gpugov.daemon.cli_support import UsageError
+from gpugov.plant.workload import scale_load
 from gpugov.study import sweep
 from gpugov.study.runners import RunnerError, RunnerSpec
+from gpugov.study.sweep import plan as sweep_plan
+from gpugov.study.sweep import run as sweep_run
 
 GRID = 'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\ncontrollers = ["max"]\n'
 
@@ -132,7 +136,7 @@ def test_the_output_directory_is_made_only_once_ray_has_joined(
         yield
 
     pytest.importorskip("ray")
-    monkeypatch.setattr(sweep, "runner_ready", unreachable)
+    monkeypatch.setattr(sweep_run, "runner_ready", unreachable)
     stderr = _refused(tmp_path, "duration_s = 5\n", "--ray", "head.example:6379")
     assert seen == [False] and "cannot start or join Ray: timed out" in stderr
 
@@ -141,7 +145,7 @@ def test_a_bad_out_parent_is_refused_before_ray_joins(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("ray")
-    monkeypatch.setattr(sweep, "runner_ready", None)  # reaching it would raise TypeError
+    monkeypatch.setattr(sweep_run, "runner_ready", None)  # reaching it would raise TypeError
     grid = _write(tmp_path, "duration_s = 5\n")
     out = tmp_path / "missing" / "out"
     code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--ray", "auto"])
@@ -241,7 +245,7 @@ def test_an_unusable_out_is_refused_before_the_grid_is_planned(
     def unplanned(path: Path) -> None:
         raise AssertionError("the grid was planned")
 
-    monkeypatch.setattr(sweep, "plan_sweep", unplanned)
+    monkeypatch.setattr(sweep_run, "plan_sweep", unplanned)
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID)
     out = tmp_path / "out"
@@ -263,13 +267,14 @@ def test_the_cells_are_checked_without_scaling_a_window_per_load_and_profile(
     minute on 3 traces x 6 profiles x 40 loads, before any cell): the KV check needs the
     window once, the span its last arrival over the load."""
     scaled: list[float] = []
-    real = sweep.scale_load
+    real = scale_load
 
     def counted(workload: object, load: float) -> object:
         scaled.append(load)
         return real(workload, load)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sweep, "scale_load", counted)
+    # Planning (sweep/plan.py) imports no scale_load: one that did would call this one.
+    monkeypatch.setattr(sweep_plan, "scale_load", counted, raising=False)
     grid = tmp_path / "grid.toml"
     grid.write_text(
         'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b", '
@@ -281,7 +286,7 @@ def test_the_cells_are_checked_without_scaling_a_window_per_load_and_profile(
         'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
         'controllers = ["max"]\nloads = [1.0, 1e-4]\n'
     )
-    with pytest.raises(sweep.UsageError, match=r"load 0\.0001: the window spans 5,99"):
+    with pytest.raises(UsageError, match=r"load 0\.0001: the window spans 5,99"):
         sweep.plan_sweep(grid)
 
 
@@ -298,7 +303,7 @@ def test_a_sweep_says_it_runs_before_its_first_cell_ends(
         seen.append(stream.getvalue())
         return real(cell, shared)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sweep, "run_cell", watched)
+    monkeypatch.setattr(sweep_run, "run_cell", watched)
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID + "duration_s = 5.0\n")
     sweep.run_sweep(

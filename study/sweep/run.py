@@ -1,0 +1,324 @@
+"""Running a planned sweep: each cell as ``gpugov simulate`` runs it, every result appended
+as it finishes (``--resume`` skips those done), then the summaries and the plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpugov import __version__
+from gpugov.daemon.cli_support import (
+    UsageError,
+    check_not_an_input,
+    check_output_dir,
+    prepare_output_dir,
+    simulated_controller,
+    slo_target_of,
+)
+from gpugov.daemon.errors import printable
+from gpugov.daemon.files import json_safe, write_files_atomic, write_text_atomic
+from gpugov.daemon.progress import Progress
+from gpugov.daemon.safety import invalid_decisions
+from gpugov.daemon.simulated import observation_view
+from gpugov.plant import ServingPlant, simulate
+from gpugov.plant.profile_files import profile_files
+from gpugov.plant.result import arrival_separation
+from gpugov.plant.scheduler import SCHEDULERS
+from gpugov.plant.types import Request
+from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, scale_load, workload_checksum
+from gpugov.study.runners import RunnerSpec, import_ray, map_cells, ray_endpoint, runner_ready
+from gpugov.study.sweep.grid import (
+    _profile_path_like,
+    _resolve,
+    _spec_files,
+    grid_toml,
+    rebased_grid,
+)
+from gpugov.study.sweep.plan import SweepCell, SweepPlan, _period, _safety, plan_sweep
+from gpugov.study.sweep_results import (
+    BASELINE,
+    append_row,
+    cell_fields,
+    cell_result,
+    format_table,
+    ok_rows_by_key,
+    read_results,
+    row_cell,
+    summarize,
+    sweep_plot,
+)
+
+RESULTS = "results.jsonl"
+SUMMARY_MD = "summary.md"
+SUMMARY_JSON = "summary.json"
+PLOT = "sweep.png"
+GRID_COPY = "grid.toml"
+"""The sweep's copy of its grid in ``--out``, every path absolute."""
+PLOTS_HINT = "matplotlib is not installed: no plot written (pip install 'gpugov[plots]')"
+
+
+def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
+    """One cell, as ``gpugov simulate`` runs it; a failure becomes a ``failed`` row (a
+    sweep of hours does not stop for one cell; ``--resume`` runs failed cells again)."""
+    started = time.perf_counter()
+    settings = dict(cell.settings)
+    base = {"key": cell.key, **cell.parameters(), "settings": settings}
+    if cell.controller_file_sha256:
+        base["controller_file_sha256"] = list(cell.controller_file_sha256)
+    try:
+        window: Sequence[Request] = shared[f"trace:{cell.trace}"]
+        workload = scale_load(window, cell.load) if cell.load != 1.0 else tuple(window)
+        plant = ServingPlant.from_profile(
+            shared[f"profile:{cell.profile}"], latency_noise_cv=settings["latency_noise"]
+        )
+        period = _period(settings, cell.controller)
+        controller = simulated_controller(
+            cell.controller,
+            plant,
+            workload,
+            period,
+            safety=_safety(settings),
+            # Results written before the key existed gave the controller no target.
+            slo_target=slo_target_of(settings.get("slo_target")),
+        )
+        result = simulate(
+            workload,
+            plant,
+            SCHEDULERS[settings["scheduler"]],
+            controller,
+            seed=cell.seed,
+            controller_name=cell.controller,
+            control_period_s=period,
+            # Results written before the view existed observed the exact state.
+            view=observation_view(settings.get("engine_view", "exact")),
+        )
+    except Exception as error:  # the cell's outermost edge: recorded, the sweep goes on
+        return {
+            **base,
+            "status": "failed",
+            "error": f"{type(error).__name__}: {error}",
+            "wall_s": time.perf_counter() - started,
+        }
+    return {
+        **base,
+        "status": "ok",
+        "requests": len(workload),
+        "workload_checksum": workload_checksum(workload),
+        "light_load_floor": arrival_separation(result.request_records).separated,
+        "metrics": json_safe(result.metrics.as_dict()),
+        # Decisions that were not a clock (the chain ran the top clock instead).
+        "invalid_decisions": invalid_decisions(controller),
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def input_files(plan: SweepPlan, grid_path: Path) -> list[tuple[str, str]]:
+    """Every file the sweep reads, as ``(what, path)``: the grid, each trace and profile
+    file (manifest and CSV) it names by path, and each file a controller spec names."""
+    base = grid_path.resolve().parent
+    known_traces = tuple(BUNDLED_TRACES) + tuple(SHARED_TRACES)
+    inputs = [("the --grid file", str(grid_path))]
+    for entry in plan.grid.traces:
+        read = _resolve(entry, known_traces, base)
+        if read not in known_traces:
+            inputs.append((f"the trace {entry!r} of the grid", read))
+    for entry in plan.grid.profiles:
+        read = _resolve(entry, (), base)
+        if _profile_path_like(read):
+            inputs += [(f"a file of the profile {entry!r}", str(p)) for p in profile_files(read)]
+    for spec in plan.grid.controllers:
+        inputs += [(f"a file of the controller {spec!r}", name) for name, _ in _spec_files(spec)]
+    return inputs
+
+
+def check_outputs_not_inputs(plan: SweepPlan, grid_path: Path, out: Path) -> bool:
+    """Refuse an ``--out`` whose outputs would overwrite a file the sweep reads (one line).
+
+    The grid itself may be ``DIR/grid.toml`` (a sweep run again from its copy): it is then
+    left as it is when it already is its copy (every path absolute), and refused when
+    rewriting it would change what it says. Returns whether to write ``DIR/grid.toml``.
+    """
+    inputs = input_files(plan, grid_path)
+    copy = out / GRID_COPY
+    is_grid = os.path.exists(copy) and os.path.samefile(copy, grid_path)
+    if is_grid and rebased_grid(plan.grid, grid_path.resolve().parent) != plan.grid:
+        raise UsageError(
+            f"--out {out}: {copy} is the --grid file, which the sweep's grid copy "
+            "(every path absolute) would overwrite; choose another --out"
+        )
+    for name in (RESULTS, SUMMARY_MD, SUMMARY_JSON, PLOT, GRID_COPY):
+        others = inputs[1:] if name == GRID_COPY and is_grid else inputs
+        check_not_an_input("--out", out / name, others)
+    return not is_grid
+
+
+def run_sweep(
+    grid_path: Path,
+    out: Path,
+    *,
+    spec: RunnerSpec | None = None,
+    resume: bool = False,
+    say: Callable[[str], None] | None = None,
+    progress_stream: Any = None,
+) -> dict[str, Any]:
+    """Plan, run the cells not yet done, append each as it finishes, then summarise.
+
+    Returns:
+        ``{"cells", "ran", "skipped_done", "failed", "table", "paths"}``.
+
+    Raises:
+        UsageError: a bad grid, results already in ``out`` without ``resume``, or a
+            ``--ray`` address that is malformed or does not answer.
+    """
+    say = say or (lambda line: print(printable(line), file=sys.stderr))
+    spec = spec or RunnerSpec()
+    if spec.ray_address is not None:
+        ray_endpoint(spec.ray_address)  # a malformed address, before Ray is imported
+        import_ray()  # the install hint before any work or file
+    # --out before the grid is planned: planning reads every trace and builds every
+    # controller on every profile, a minute on a large grid, and an --out that is a file
+    # or already holds results was refused only after it.
+    check_output_dir("--out", out)
+    results_path = out / RESULTS
+    if results_path.exists() and results_path.stat().st_size and not resume:
+        raise UsageError(
+            f"--out {out}: {results_path.name} already holds results; add --resume to "
+            "continue that sweep, or choose another --out"
+        )
+    plan = plan_sweep(grid_path)
+    write_grid_copy = check_outputs_not_inputs(plan, grid_path, out)
+    with runner_ready(spec):  # Ray joined before DIR is made or progress printed
+        return _run_plan(plan, grid_path, out, spec, resume, say, progress_stream, write_grid_copy)
+
+
+def _run_plan(
+    plan: SweepPlan,
+    grid_path: Path,
+    out: Path,
+    spec: RunnerSpec,
+    resume: bool,
+    say: Callable[[str], None],
+    progress_stream: Any,
+    write_grid_copy: bool = True,
+) -> dict[str, Any]:
+    """:func:`run_sweep` once its inputs are checked and its runner is ready."""
+    results_path = out / RESULTS
+    prepare_output_dir("--out", out)
+    rows, dropped = read_results(results_path, repair=True)
+    if dropped:
+        say(f"{results_path}: dropped a last line cut short by an interrupted write")
+    by_key = ok_rows_by_key(rows)
+    todo = [cell for cell in plan.cells if cell_result(cell, by_key) is None]
+    skipped = len(plan.cells) - len(todo)
+    if resume:
+        line = f"resuming: {skipped} of {len(plan.cells)} cells already done, {len(todo)} to run"
+        ran = {row_cell(row) for keyed in by_key.values() for row in keyed}
+        again = sum(cell_fields(cell) in ran for cell in todo)
+        if again:
+            line += (
+                f" ({again} of them ran before on other inputs: a trace, profile or "
+                "controller file changed, or a setting)"
+            )
+        say(line)
+    if write_grid_copy:
+        write_text_atomic(
+            out / GRID_COPY, grid_toml(rebased_grid(plan.grid, grid_path.resolve().parent))
+        )
+    failed = 0
+    with (
+        results_path.open("a") as handle,
+        # Nothing to run (a finished sweep resumed): no bar, whose only line was
+        # "100.0% (0/0 cells) ... ETA ?"; the resume line above says why.
+        Progress(
+            len(todo), "sweep", unit="cells", stream=progress_stream, enabled=bool(todo)
+        ) as progress,
+    ):
+        # A line at once: the first cell can run for minutes (a whole trace under mpc),
+        # and the sweep said nothing until it finished.
+        progress.update(0, f"running {len(todo):,} cell(s)")
+        for count, finished in enumerate(
+            map_cells(
+                run_cell, todo, spec=spec, shared=plan.shared, on_event=say, label=SweepCell.label
+            ),
+            1,
+        ):
+            row = {
+                **finished.value,
+                "attempts": finished.attempts,
+                "worker": finished.worker,
+                "gpugov_version": __version__,
+                "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+            append_row(handle, row)
+            rows.append(row)
+            if row["status"] != "ok":
+                failed += 1
+                say(f"cell {todo[finished.index].label()} failed: {row['error']}")
+            elif row.get("invalid_decisions"):
+                say(
+                    f"cell {todo[finished.index].label()}: {row['invalid_decisions']} "
+                    "decision(s) were not a clock in MHz; the safety chain ran the top clock"
+                )
+            progress.update(count, todo[finished.index].label())
+    table = summarize(rows, plan.cells)
+    paths = {
+        "results": results_path,
+        "summary_md": out / SUMMARY_MD,
+        "summary_json": out / SUMMARY_JSON,
+    }
+    # The summaries and the plot as one set (write_files_atomic): replaced one after
+    # another, a Ctrl-C midway left a new summary.json beside the earlier summary.md.
+    outputs: dict[Path, str | bytes] = {
+        paths["summary_json"]: json.dumps(
+            {
+                "grid": plan.grid.model_dump(),
+                "cells": len(plan.cells),
+                "failed": failed,
+                "runner": spec.describe(),
+                "table": json_safe(table),
+            },
+            indent=1,
+            allow_nan=False,
+        )
+        + "\n",
+        paths["summary_md"]: (
+            f"# gpugov sweep: {grid_path.name}\n\n{len(plan.cells)} cells; means over seeds; "
+            f"saved is energy saved against `{BASELINE}` on the same trace, profile, load and "
+            f"seed.\n\n{format_table(table, markdown=True)}\n"
+        ),
+    }
+    plot = sweep_plot(table)
+    if plot is not None:
+        paths["plot"] = out / PLOT
+        outputs[paths["plot"]] = plot
+    write_files_atomic(outputs)
+    if plot is None:
+        say(PLOTS_HINT)
+    return {
+        "cells": len(plan.cells),
+        "ran": len(todo),
+        "skipped_done": skipped,
+        "failed": failed,
+        "table": table,
+        "paths": paths,
+    }
+
+
+__all__ = [
+    "GRID_COPY",
+    "PLOT",
+    "PLOTS_HINT",
+    "RESULTS",
+    "SUMMARY_JSON",
+    "SUMMARY_MD",
+    "check_outputs_not_inputs",
+    "input_files",
+    "run_cell",
+    "run_sweep",
+]
