@@ -20,8 +20,9 @@ NVML's ``nvmlDeviceSetPowerManagementLimit`` set) acts as the firmware's power c
 does: it settles at the highest clock whose power fits the cap, but it acts on the power
 averaged over ``power_cap_window_s`` (an exponential average), so after the cap drops or
 the load grows the GPU keeps its clock, and overshoots the cap, until the average crosses
-it; with headroom the ceiling rises at once (boost). The seconds spent above the cap are
-:attr:`GpuPhysics.cap_overshoot_s`.
+it; with headroom the ceiling rises at once (boost). Once it has come down to the lowest
+clock, a cap below what that clock draws is held as the board limit is, by the slowdown. The
+seconds spent above the cap are :attr:`GpuPhysics.cap_overshoot_s`.
 """
 
 from __future__ import annotations
@@ -153,7 +154,8 @@ class GpuPhysics:
         self.thermal_violation_s = 0.0
         # How many times longer the iteration in flight takes than at its realised clock
         # (1: no slowdown), and the power it draws while it runs: above 1 only where the
-        # lowest clock draws more than the board limit (:meth:`_slowed_below_lowest_clock`).
+        # lowest clock draws more than the board limit or a run-time cap
+        # (:meth:`_slowed_below_lowest_clock`).
         self.slowdown = 1.0
         self.running_power_w = idle
         self._batch_factor_cache: dict[int, float] = {}
@@ -254,9 +256,7 @@ class GpuPhysics:
         while index > 0 and parts[2] > limit:
             index -= 1
             parts = self.iteration_parts(index, prefill_tokens, decode_batch, context, noise)
-        self.slowdown = 1.0
-        if parts[2] > limit:
-            parts = self._slowed_below_lowest_clock(index, parts)
+        held = self.params.power_limit_w
         cap = self.cap_w
         if cap is not None:
             fit, fit_parts = index, parts
@@ -271,6 +271,13 @@ class GpuPhysics:
                     if ceiling == fit
                     else self.iteration_parts(index, prefill_tokens, decode_batch, context, noise)
                 )
+            if ceiling == 0:
+                # The cap's controller has come down to the lowest clock: past it, the
+                # firmware slows the GPU as it does for the board limit.
+                held = min(held, cap)
+        self.slowdown = 1.0
+        if index == 0 and parts[2] > held + 1e-9:
+            parts = self._slowed_below_lowest_clock(index, parts, held)
         reasons = CLOCK_EVENT_SW_POWER_CAP if index < requested or self.slowdown > 1.0 else 0
         if self.temperature_c >= self.params.thermal_limit_c:
             capped = index
@@ -287,18 +294,19 @@ class GpuPhysics:
         return index, parts
 
     def _slowed_below_lowest_clock(
-        self, index: int, parts: tuple[float, float, float]
+        self, index: int, parts: tuple[float, float, float], limit: float
     ) -> tuple[float, float, float]:
         """``parts`` of an iteration at clock ``index`` (the lowest) that draws more than
-        the board limit, slowed to draw the limit: run a share of the time, idle the rest.
+        ``limit`` (the board limit, or a run-time cap below it), slowed to draw the limit:
+        run a share of the time, idle the rest.
 
         The share is ``(limit - idle) / (power - idle)``, so the mean power is the limit
         and both durations grow by its inverse (:attr:`slowdown`). A limit at or below the
-        idle power (the loader refuses one below every clock's) cannot be held: unchanged.
+        idle power (the loader refuses such a board limit; a run-time cap may be one)
+        cannot be held: unchanged, and a cap's overshoot is counted.
         """
         t_pf, t_dec, power = parts
         idle = self.params.idle_power_w[index]
-        limit = self.params.power_limit_w
         if limit <= idle:
             return parts
         self.slowdown = (power - idle) / (limit - idle)

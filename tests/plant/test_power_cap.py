@@ -191,6 +191,51 @@ def test_board_limit_below_the_lowest_clock_slows_the_gpu_to_the_limit() -> None
     assert result.metrics.completed_requests == len(workload)
 
 
+def test_a_run_time_cap_below_the_lowest_clock_slows_the_gpu_to_the_cap() -> None:
+    """A cap set at run time below what the lowest clock draws is held as the board limit
+    is, once the cap's controller has come down to the lowest clock: the GPU was left at
+    the lowest clock's draw, above the cap for as long as the load lasted."""
+    params = GpuParameters.from_plant(make_plant(power_cap_window_s=1.0))
+    lowest_draw = params.prefill_power_w[0]
+    cap = 0.5 * (max(params.idle_power_w) + lowest_draw)
+    assert max(params.idle_power_w) < cap < lowest_draw
+    gpu = GpuPhysics(params, len(params.clock_mhz) - 1)
+    gpu.set_power_cap(cap)
+    realised = run_prefill(gpu, 10.0)
+    assert realised[-1] == 0
+    overshoot = gpu.cap_overshoot_s
+    assert 0.0 < overshoot < 2.0  # the averaging window's, not the whole run's
+    run_prefill(gpu, 10.0)
+    assert gpu.cap_overshoot_s == pytest.approx(overshoot)
+    assert gpu.slowdown > 1.0 and gpu.clock_event_reasons & CLOCK_EVENT_SW_POWER_CAP
+    assert gpu.average_power_w == pytest.approx(cap, rel=1e-6)
+    # Removing the cap runs the lowest clock at full speed again.
+    gpu.set_power_cap(None)
+    gpu.busy_clock(0, PREFILL_TOKENS, 0, 0, 1.0)
+    assert gpu.slowdown == 1.0
+    # In the closed loop: the iterations take longer, the power stays at the cap.
+    workload = tuple(Request(i, 0.0, 300, 400) for i in range(32))
+    plant = make_plant(actuation_delay_s=0.0, power_cap_window_s=0.0)
+    decode_draw = GpuPhysics(GpuParameters.from_plant(plant), 0).iteration_parts(
+        0, 0, len(workload), 0, 1.0
+    )[2]
+    low_cap = 0.5 * (max(GpuParameters.from_plant(plant).idle_power_w) + decode_draw)
+    outcomes = []
+    for fast in (True, False):
+        simulation = PlantSimulation(workload, plant, fast_forward=fast)
+        simulation.set_power_cap(low_cap)
+        simulation.advance_to(1.0)
+        assert simulation.gpu.slowdown > 1.0
+        simulation.advance_to(60.0)
+        assert simulation.done and simulation.gpu.cap_overshoot_s < 0.5
+        outcomes.append((simulation.energy_j, simulation.records()))
+    assert outcomes[0][0] == pytest.approx(outcomes[1][0], rel=1e-9)
+    for fast, slow in zip(outcomes[0][1], outcomes[1][1], strict=True):
+        assert (fast.first_token_time_s, fast.finish_time_s) == pytest.approx(
+            (slow.first_token_time_s, slow.finish_time_s), rel=1e-9
+        )
+
+
 def test_fast_forward_matches_iteration_by_iteration_when_slowed_below_the_lowest_clock() -> None:
     """The closed-form decode stretch stretches each iteration as the slowdown does."""
     workload = tuple(Request(i, 0.0, 300, 400) for i in range(32))
