@@ -12,6 +12,11 @@ on the same workload. Per controller it reports:
   smoother measure of the tail risk than the misses, which are few;
 * the energy saved against the maximum clock, over the whole run and after the warm-up.
 
+``--best-fixed`` adds a hindsight row, ``best-fixed``: the best fixed clock in hindsight
+(:func:`~gpugov.controllers.oracles.best_fixed_clock`, the scoreboard's oracle), the
+lowest-energy clock whose run holds the SLO against the same maximum-clock run. It is a
+reference for what the windows allow, not a governor a node can run.
+
 The scoreboard's scenario builder makes each window (capacity search, loads), so a
 window here is what the scoreboard would run had it started there.
 
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.controllers.oracles.common import SLO_TOLERANCE, holds_slo
+from gpugov.controllers.oracles.fixed import best_fixed_clock
 from gpugov.daemon.cli_support import add_engine_view_argument, add_safety_arguments
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import SafetySettings
@@ -58,6 +64,8 @@ PROFILES = (
 )
 NEAR_FRACTION = 0.9
 """A request whose TTFT passes this fraction of its TTFT SLO counts as a near miss."""
+BEST_FIXED = "best-fixed"
+"""The key of the best fixed clock in hindsight (``--best-fixed``)."""
 
 
 def _tail(result: ServingResult, plant: ServingPlant) -> tuple[int, int]:
@@ -91,6 +99,7 @@ def run_cell(
     row["load_label"] = scenario.load_label
     warmup = scenario_warmup_s(scenario)
     runs: dict[str, dict[str, Any]] = {}
+    results: dict[str, ServingResult] = {}
     for entry in build_scoreboard_controllers(
         plant,
         scenario.requests,
@@ -112,14 +121,27 @@ def run_cell(
             control_period_s=entry.control_period_s or 1.0,
             view=observation_view(engine_view),
         )
+        results[entry.key] = result
+    best_clock_mhz = None
+    if BEST_FIXED in keys:
+        best = best_fixed_clock(
+            scenario.requests,
+            plant,
+            reference=results["max"],
+            control_period_s=FULL.control_period_s,
+        )
+        results[BEST_FIXED], best_clock_mhz = best.result, best.clock_mhz
+    for key, result in results.items():
         near, missed = _tail(result, plant)
-        runs[entry.key] = {
+        runs[key] = {
             "slo_attainment": result.metrics.slo_attainment,
             "energy_j": result.metrics.energy_j,
             "energy_after_warmup_j": energy_after(result, warmup),
             "ttft_near_misses": near,
             "missed_requests": missed,
         }
+    if best_clock_mhz is not None:
+        runs[BEST_FIXED]["clock_mhz"] = best_clock_mhz
     top = runs["max"]
     for run in runs.values():
         run["holds_slo"] = holds_slo(run["slo_attainment"], top["slo_attainment"])
@@ -185,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
         help="scoreboard controller keys run beside the maximum clock",
     )
     parser.add_argument(
+        "--best-fixed",
+        action="store_true",
+        help="add the best fixed clock in hindsight as a reference row (about a dozen "
+        "fixed-clock runs per window)",
+    )
+    parser.add_argument(
         "--duration", type=float, default=600.0, help="seconds of arrivals per window"
     )
     add_engine_view_argument(parser)
@@ -199,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    keys = tuple(key for key in args.controllers if key != "max")
+    keys = tuple(key for key in args.controllers if key not in ("max", BEST_FIXED))
+    if args.best_fixed:
+        keys += (BEST_FIXED,)
     safety = replace(
         FULL,
         dwell_s=FULL.dwell_s if args.dwell is None else args.dwell,

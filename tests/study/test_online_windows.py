@@ -1,5 +1,5 @@
-"""``bench/online_windows.py`` (held-out windows): its summary arithmetic on known rows, and
-its refusal of a trace the scoreboard uses whole."""
+"""``bench/online_windows.py`` (held-out windows): its summary arithmetic on known rows, its
+best fixed clock in hindsight, and its refusal of a trace the scoreboard uses whole."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 from study_support import bench_script
+
+from gpugov.daemon.safety import SafetySettings
 
 
 def _run(holds: bool, missed: int, near: int, saved: float, after: float | None) -> dict[str, Any]:
@@ -43,3 +45,24 @@ def test_a_trace_used_whole_is_refused_with_one_line(capsys: pytest.CaptureFixtu
     assert module.main(["--trace", "burstgpt1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "burstgpt1" in err[0]
+
+
+def test_the_best_fixed_clock_is_a_hindsight_row_that_holds_and_saves() -> None:
+    module = bench_script("online_windows")
+    cell = (
+        "azure-conv-10min",
+        0.0,
+        "h100-sxm-llama3-8b",
+        "cap70",
+        60.0,
+        (module.BEST_FIXED,),
+        "exact",
+        SafetySettings(dwell_s=0.5),
+    )
+    row = module.run_cell(cell)
+    best, top = row["controllers"][module.BEST_FIXED], row["controllers"]["max"]
+    assert best["holds_slo"] and best["energy_j"] <= top["energy_j"]
+    assert 0.0 < best["energy_saved_fraction"] < 1.0
+    assert best["clock_mhz"] < 1980.0  # below the H100's top clock
+    summary = {entry["controller"] for entry in module.summarise([row], (module.BEST_FIXED,))}
+    assert summary == {"max", module.BEST_FIXED}
