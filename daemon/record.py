@@ -36,7 +36,13 @@ from gpugov.daemon.deadline import READER_IDLE_S, WRITE_DEADLINE_S, LatestWriter
 from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.errors import GpugovError
 from gpugov.daemon.files import InputFileError, json_safe, loads_json, read_input_text
-from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_COUNT, MAX_PERIOD_S, MIN_PERIOD_S
+from gpugov.daemon.limits import (
+    MAX_CLOCK_MHZ,
+    MAX_COUNT,
+    MAX_PERIOD_S,
+    MAX_POWER_W,
+    MIN_PERIOD_S,
+)
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import ServingObservation
 
@@ -349,7 +355,8 @@ def check_ticks(
     numbers are finite and physical (powers, counts, latencies at least 0; clocks, SLOs,
     limits and the KV capacity above 0; clocks at most :data:`MAX_CLOCK_MHZ`), its time
     never going back within a domain; the tick's own time, its clocks (decided,
-    requested, applied: positive, or null), solve time, step, power cap and fail-safe
+    requested, applied: positive and at most :data:`MAX_CLOCK_MHZ`, or null), solve time,
+    step, power cap (positive and at most :data:`MAX_POWER_W`, or null) and fail-safe
     flag of their kinds. A
     recording without tick lines is refused too: there is nothing to read in it.
     ``also(where, row)``: a reader's own checks of a tick whose fields passed, before its
@@ -393,8 +400,16 @@ def check_ticks(
                 f"{where} requested_mhz must be at most {MAX_CLOCK_MHZ:g} MHz, "
                 f"got {row['requested_mhz']!r:.40}"
             )
-        for key in ("decision_mhz", "applied_mhz", "power_cap_w"):
-            _checked_number(where, key, row.get(key), "positive")
+        for key, most, unit in (
+            ("decision_mhz", MAX_CLOCK_MHZ, "MHz"),
+            ("applied_mhz", MAX_CLOCK_MHZ, "MHz"),
+            ("power_cap_w", MAX_POWER_W, "W"),
+        ):
+            checked = _checked_number(where, key, row.get(key), "positive")
+            if checked is not None and checked > most:
+                raise RecordingError(
+                    f"{where} {key} must be at most {most:g} {unit}, got {row[key]!r:.40}"
+                )
         _checked_number(where, "solve_s", row.get("solve_s"), "non-negative")
         step = row.get("step", 0)
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:

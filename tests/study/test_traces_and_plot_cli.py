@@ -314,6 +314,10 @@ SHARED_TICK_DAMAGE = {
         _set("observation", "realized_clock_mhz", value="@1e308"),
         "observation.realized_clock_mhz must be at most 100000 MHz",
     ),
+    # Replay took these (its power cap line then read "mean recorded (as applied) inf W").
+    "decision 1e308": (_set("decision_mhz", value="@1e308"), "decision_mhz must be at most"),
+    "applied 1e12": (_set("applied_mhz", value=1e12), "applied_mhz must be at most 100000 MHz"),
+    "cap 1e308": (_set("power_cap_w", value="@1e308"), "power_cap_w must be at most 1e+06 W"),
 }
 
 
