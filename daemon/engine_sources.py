@@ -19,6 +19,7 @@ from gpugov.daemon.engines import (
     extract,
     missing_series,
 )
+from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import EngineParseError, EngineUnavailable
 from gpugov.daemon.exposition import ParseTimeout, SeriesCache, parse_page
 from gpugov.daemon.scrape import MAX_PAGE_BYTES, Fetcher, KeepAliveFetcher
@@ -26,6 +27,12 @@ from gpugov.daemon.scrape import MAX_PAGE_BYTES, Fetcher, KeepAliveFetcher
 # The engines module's logger, not this one's: these lines were logged there and keep the
 # name an operator's filters (and the log format's ``%(name)s``) know them by.
 log = logging.getLogger("gpugov.daemon.engines")
+
+KIND_CHANGES_LEFT_OUT = (
+    "{count} more change(s) of engine kind in the {seconds:.0f} s before were not logged: "
+    "does this URL reach engines of different kinds (a load balancer)?"
+)
+"""What a logged change of engine kind says about the changes left out before it."""
 
 
 class ScrapedSource:
@@ -63,6 +70,9 @@ class ScrapedSource:
         self._cache: SeriesCache = {}
         self._missing: tuple[str, ...] = ()
         self._clock = clock
+        # A URL whose engine kind flips scrape after scrape (a load balancer over engines
+        # of different kinds) logged a warning each scrape: 18,000 lines an hour.
+        self._kind_changes = EpisodeLog(left_out=KIND_CHANGES_LEFT_OUT)
 
     @property
     def kind(self) -> str:
@@ -108,7 +118,8 @@ class ScrapedSource:
     def _detect(self, text: str) -> bool:
         """Detect the engine kind from ``text`` (``kind = "auto"``); whether it changed. A
         page of another kind than the one detected before is an engine of that kind
-        restarted on the same port (one WARNING): it was read as a page without queue
+        restarted on the same port (one WARNING; at most one a minute, the changes in
+        between at DEBUG and counted in the next): it was read as a page without queue
         gauges, the fail-safe held until the daemon restarted.
 
         Raises:
@@ -125,12 +136,15 @@ class ScrapedSource:
         if self.spec is not None and self.spec.kind == kind:
             return False
         if self.spec is not None:
-            log.warning(
-                "%s: the engine is now %s (it was %s): read as %s from here (engine kind auto)",
+            note = self._kind_changes.start(self._clock())  # at most one line a minute
+            log.log(
+                logging.WARNING if note is not None else logging.DEBUG,
+                "%s: the engine is now %s (it was %s): read as %s from here (engine kind auto)%s",
                 self.url,
                 kind,
                 self.spec.kind,
                 kind,
+                note or "",
             )
         self.spec = SPECS[kind]
         self._wanted = self.spec.wanted()

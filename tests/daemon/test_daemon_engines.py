@@ -188,6 +188,33 @@ def test_an_engine_of_another_kind_on_the_same_port_is_detected_again(
     assert source.kind == "sglang"
 
 
+def test_an_engine_kind_that_flips_every_scrape_logs_one_line_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A URL whose engine kind flips scrape after scrape (a load balancer over a vLLM and
+    an SGLang) logged one warning per scrape, 14,400 lines an hour at a 0.25 s period:
+    at most one a minute now, the next one counting the changes left out; every page is
+    still read as its own engine's."""
+    pages = [fixture_text("vllm_v1_real.txt"), fixture_text("sglang_real.txt")]
+    now = {"s": 0.0, "scrapes": 0}
+
+    def fetch(url: str, timeout_s: float) -> str:
+        now["scrapes"] += 1
+        return pages[now["scrapes"] % 2]
+
+    source = ScrapedSource("http://h/metrics", "auto", fetch=fetch, clock=lambda: now["s"])
+    kinds = []
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.engines"):
+        for tick in range(242):  # a 0.25 s period; a change each scrape after the first
+            now["s"] = 0.25 * tick  # the first change at 0.25 s, the next logged at 60.25 s
+            kinds.append(source.scrape().engine)
+    assert kinds[:4] == ["sglang", "vllm", "sglang", "vllm"]
+    lines = [r.getMessage() for r in caplog.records if "the engine is now" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "more change(s) of engine kind" not in lines[0]
+    assert "239 more change(s) of engine kind in the 60 s before were not logged" in lines[1]
+
+
 def test_detect_engine_unknown() -> None:
     assert detect_engine(["node_cpu_seconds_total"]) is None
     source = ScrapedSource("http://h/metrics", fetch=lambda url, t: "up 1\n")
