@@ -505,6 +505,22 @@ def prepare_output_dir(flag: str, path: str | os.PathLike[str], *, parents: bool
     _check_writable_dir(flag, target, target)
 
 
+@contextlib.contextmanager
+def output_dirs_removed_on_failure(*paths: str | os.PathLike[str] | None) -> Iterator[None]:
+    """Around a command that makes its ``--out DIR`` (:func:`prepare_output_dir`): each of
+    ``paths`` that does not exist on entry and is still empty when the body fails (a run
+    whose every scenario was skipped, an error, Ctrl-C) is removed again, so a failed run
+    leaves no empty directory behind. A directory that existed, or holds a file, stays."""
+    made = [os.fspath(path) for path in paths if path is not None and not os.path.lexists(path)]
+    try:
+        yield
+    except BaseException:
+        for path in made:
+            with contextlib.suppress(OSError):  # not empty, or never made: it stays as is
+                os.rmdir(path)
+        raise
+
+
 def load_profile_for_cli(flag: str, name: str) -> PerformanceProfile:
     """``load_profile(name)``, its refusal one line naming ``flag``: made before a command
     reads its trace, so a mistyped name is not found only after a long read."""

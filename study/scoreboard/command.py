@@ -377,7 +377,17 @@ def check_outputs_not_inputs(args: argparse.Namespace, config: BenchConfig, layo
 
 def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -> int:
     """Run the scoreboard from parsed arguments (``config``: their configuration, already
-    checked; else made here); print the summary and the paths."""
+    checked; else made here); print the summary and the paths. A failed run (no scenario
+    could run, an error, Ctrl-C) removes the ``--out`` and ``--report`` directories it
+    made while they are still empty."""
+    from gpugov.daemon.cli_support import output_dirs_removed_on_failure
+
+    with output_dirs_removed_on_failure(args.out, getattr(args, "report", None)):
+        return _run_from_args(args, config)
+
+
+def _run_from_args(args: argparse.Namespace, config: BenchConfig | None) -> int:
+    """:func:`run_from_args`'s run."""
     if config is None:
         config = config_from_args(args)
     from gpugov.daemon.cli_support import UsageError, check_output_dir, prepare_output_dir

@@ -670,6 +670,26 @@ def test_bench_refuses_a_bad_trace_file_and_report_dir_before_making_out(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("layout", ["colocated", "disaggregated"])
+def test_bench_with_no_scenario_to_run_leaves_no_empty_out_or_report_dir(
+    tmp_path: Path, layout: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Every scenario skipped (no request fits any profile's KV cache): the run failed in
+    # one line but left the --out and --report directories it had made, empty.
+    trace = tmp_path / "huge.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,9000000,1\n1,9000000,1\n")
+    out, report = tmp_path / "out", tmp_path / "report"
+    argv = ["bench", "controllers", "--quick", "--traces", str(trace), "--out", str(out)]
+    argv += ["--layout", layout] + (["--report", str(report)] if layout == "colocated" else [])
+    assert main(argv) == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("gpugov: error: no ") and "scenario could run" in last
+    assert not out.exists() and not report.exists()
+    out.mkdir()  # a directory that was there stays
+    assert main(argv[:-2] if layout == "colocated" else argv) == 2
+    assert out.is_dir() and list(out.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
