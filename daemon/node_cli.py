@@ -69,7 +69,7 @@ from gpugov.daemon.record import Recorder, read_recording
 from gpugov.daemon.replay import replay
 from gpugov.daemon.reset_clocks import cmd_reset_clocks
 from gpugov.daemon.run_simulated import DEFAULT_CONTROLLER, DEFAULT_SPEED, run_simulated
-from gpugov.daemon.service import domains_from_config
+from gpugov.daemon.service import OPENING_GPUS, domains_from_config
 from gpugov.daemon.status_cli import cmd_status, may_lock_clocks
 from gpugov.plant.profile import DEFAULT_PROFILE
 
@@ -113,10 +113,12 @@ def _run_node(args: argparse.Namespace) -> int:
     received: list[str] = []
     # Signals are caught from here on: one during the start (opening the GPUs,
     # reconciling, building the MPC) ends the run cleanly before the first tick.
+    phase: list[str] = []  # what the start is doing, for a stop that does not wait for it
     with _stop_on_signals(stop, received):
         try:
             assembled = _built_unless_stopped(
-                lambda: domains_from_config(config, dry_run=dry_run, stop=stop), stop
+                lambda: domains_from_config(config, dry_run=dry_run, stop=stop, phase=phase),
+                stop,
             )
         except TransientGpuError as error:
             if not stop.is_set():
@@ -125,9 +127,11 @@ def _run_node(args: argparse.Namespace) -> int:
             log.info("stopped during the start, before the first tick (%s)", error)
             return _stopped(received)
         if assembled is None:
+            # A stop during mpc-online's warm-up (a compile, seconds) was said to be a
+            # wedged driver.
             log.info(
-                "stopped during the start, before the first tick (a GPU call made as the "
-                "GPUs were opened has not returned: a wedged driver?); nothing was locked"
+                "stopped during the start, before the first tick (%s); nothing was locked",
+                phase[0] if phase else OPENING_GPUS,
             )
             return _stopped(received)
         exporter = None

@@ -575,18 +575,25 @@ def _declared_forecasts(spec: DomainConfig) -> Forecasts:
     )
 
 
+OPENING_GPUS = "a GPU call made as the GPUs were opened has not returned: a wedged driver?"
+"""What a start stopped while it opens the GPUs was doing (:func:`domains_from_config`)."""
+
+
 def domains_from_config(
     config: GpugovConfig,
     *,
     dry_run: bool = False,
     nvml: ModuleType | None = None,
     stop: threading.Event | None = None,
+    phase: list[str] | None = None,
 ) -> Assembled:
     """Open every domain's GPUs and engine source and build its controller.
 
     Locks are persisted in the state directory (``daemon.state_dir``, else
     ``$STATE_DIRECTORY``) unless this is a dry run. ``stop`` (set by a stop signal) ends
-    the retries of a GPU's transient errors at once (:func:`retry_transient`).
+    the retries of a GPU's transient errors at once (:func:`retry_transient`). ``phase``
+    is kept saying what the start is doing (:data:`OPENING_GPUS`, or a domain's controller
+    being built and warmed up), for the line of a stop that does not wait for its end.
 
     Raises:
         GpuUnavailable, NotSupported, ControllerError: nothing is left open.
@@ -600,8 +607,10 @@ def domains_from_config(
         state.hold()  # one daemon per state directory: before any GPU is opened
     assembled.state = state
     opened: dict[str, tuple[str, str]] = {}  # UUID -> (domain, the GPU as the config names it)
+    phase = [] if phase is None else phase
     try:
         for spec in config.domains:
+            phase[:] = [OPENING_GPUS]
             backends: list[GpuBackend] = []
             for gpu in spec.gpus:
                 backend = open_backend(
@@ -624,6 +633,8 @@ def domains_from_config(
                 max_page_bytes=spec.engine.max_page_bytes,
             )
             assembled.sources.append(source)
+            # mpc-online's warm-up compiles its search: seconds, no GPU call.
+            phase[:] = [f"domain {spec.name}'s controller was being built and warmed up"]
             domain = _build_configured(config, spec, backends, source, state)
             assembled.domains.append(domain)
     except BaseException as error:

@@ -807,6 +807,48 @@ def test_a_stop_while_a_gpu_open_is_retried_ends_the_retries(
     assert fake.writes == []
 
 
+def test_a_stop_during_the_controllers_warm_up_is_not_called_a_wedged_driver(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A SIGTERM while the controller warms up (``mpc-online``'s first start compiles its
+    search: seconds, no GPU call) ends the start without waiting for it, as a stop during
+    a hung GPU call does. Its line said a GPU call had not returned, ``a wedged
+    driver?``, sending an operator after a healthy driver; it names the warm-up now."""
+    import logging
+    import os
+    import signal
+    import threading
+
+    import gpugov.daemon.service as service
+
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    release = threading.Event()
+
+    def stopped_while_warming(*args: Any, **kwargs: Any) -> float:
+        os.kill(os.getpid(), signal.SIGTERM)
+        release.wait(30)  # a long compile: the start ends without it
+        return 0.0
+
+    monkeypatch.setattr(service, "warm_up", stopped_while_warming)
+    try:
+        with caplog.at_level(logging.INFO):
+            assert (
+                node_cli.main(["run", "--config", str(_config(tmp_path, metrics_server.url))]) == 0
+            )
+    finally:
+        release.set()
+    assert (
+        "stopped during the start, before the first tick (domain llm's controller was being "
+        "built and warmed up); nothing was locked"
+    ) in caplog.text
+    assert "wedged driver" not in caplog.text and "locking clocks" not in caplog.text
+    assert fake.writes == []
+
+
 @pytest.mark.parametrize(
     ("flag", "config_address", "message"),
     [
