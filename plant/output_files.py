@@ -54,7 +54,7 @@ def write_files_atomic(files: Mapping[Path, bytes | str], *, mode: int | None = 
     target: Path | None = None
     try:
         for path, content in files.items():
-            target = path.resolve() if path.is_symlink() else path
+            target = _link_target(path)
             wanted = mode
             if wanted is None and target.exists():
                 wanted = stat.S_IMODE(target.stat().st_mode)
@@ -80,6 +80,22 @@ def write_files_atomic(files: Mapping[Path, bytes | str], *, mode: int | None = 
             # temporary's name means nothing to a user), as the same OSError subclass.
             raise OSError(error.errno, error.strerror, str(target)) from error
         raise
+
+
+def _link_target(path: Path) -> Path:
+    """The file a write to ``path`` replaces: the one it links to, if it is a link.
+
+    Raises:
+        OSError: ``path`` is a symbolic link loop (ELOOP, naming ``path``). Python before
+            3.13 raises RuntimeError there, which no caller of a write expected (a learned
+            model's state file linked in a loop stopped the daemon).
+    """
+    if not path.is_symlink():
+        return path
+    try:
+        return path.resolve()
+    except RuntimeError as error:
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path)) from error
 
 
 def _create_beside(path: Path, mode: int) -> tuple[int, str]:

@@ -1164,6 +1164,23 @@ def test_a_state_directory_deleted_under_the_daemon_is_held_and_recorded_again(
     state.release()
 
 
+def test_a_lock_record_linked_in_a_loop_is_warned_about_and_the_daemon_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lock record a symbolic link loop: its first write raised RuntimeError through
+    the lock, and ``gpugov run`` ended in a traceback (exit 1). It is a record that
+    cannot be written now: one WARNING naming it, and the lock holds."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    (tmp_path / "locks.json").symlink_to(tmp_path / "a")
+    fake = FakeNvml(1)
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.lockstate"):
+        ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(tmp_path)).apply(900)
+    assert fake.locked(0) == (900, 900)
+    (line,) = [r.getMessage() for r in caplog.records if "cannot write it" in r.getMessage()]
+    assert str(tmp_path / "locks.json") in line and "symbolic links" in line
+
+
 def test_a_lock_record_that_is_no_record_is_warned_about(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -100,3 +100,18 @@ def test_a_failed_write_names_the_file_it_was_writing(
         write_text_atomic(tmp_path / "summary.md", "x")
     assert failed.value.filename == str(tmp_path / "summary.md")
     assert failed.value.strerror == "No space left on device"
+
+
+def test_a_symlink_loop_is_an_oserror_naming_the_file(tmp_path: Path) -> None:
+    """A target that is a symbolic link loop: Python before 3.13 raised RuntimeError,
+    which no writer's caller catches (a daemon whose lock record was such a link ended in
+    a traceback at its first lock). It is the OSError a failed write is, naming it."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    link = tmp_path / "locks.json"
+    link.symlink_to(tmp_path / "a")
+    with pytest.raises(OSError) as failed:
+        write_text_atomic(link, "{}")
+    assert failed.value.filename == str(link)
+    assert "symbolic links" in str(failed.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "locks.json"]
