@@ -39,6 +39,7 @@ from gpugov.daemon.cli_support import (
     check_output_file,
     fail,
     hidden_alias,
+    load_profile_for_cli,
     metrics_exporter,
     require_positive,
     setup_logging,
@@ -373,14 +374,12 @@ def _calibrated_on(spec: ControllerConfig, profile: object, text: str) -> Contro
 @guarded
 def cmd_replay(args: argparse.Namespace) -> int:
     """``gpugov replay FILE.jsonl --controller X``."""
+    if args.profile is not None:  # refused even when unused, before the recording is read
+        load_profile_for_cli("--profile", args.profile)
     header, _ = read_recording(args.file, warn=lambda message: None)
     from gpugov.daemon.replay import checked_header
 
     _, domains = checked_header(args.file, header)
-    if args.profile is not None:
-        from gpugov.plant import load_profile
-
-        load_profile(args.profile)  # a bad --profile is refused even when unused
     profile = args.profile or header.get("profile")
     try:
         spec = parse_controller_spec(args.controller, default_profile=profile)

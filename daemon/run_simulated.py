@@ -20,6 +20,7 @@ from gpugov.daemon.cli_support import (
     check_workload_fits,
     format_summary,
     light_load_note,
+    load_profile_for_cli,
     load_trace_for_cli,
     metrics_exporter,
     require_nonnegative,
@@ -47,7 +48,7 @@ def run_simulated(args: argparse.Namespace) -> int:
     """``gpugov run --simulate``: the real loop on the simulated plant, then its summary
     and its saving against the maximum clock on the same trace."""
     from gpugov.daemon.sim_progress import SimulationProgress
-    from gpugov.plant import ServingPlant, load_profile
+    from gpugov.plant import ServingPlant
     from gpugov.plant.workload import DEFAULT_TRACE
 
     setup_logging(args.log_level or "warning")
@@ -55,6 +56,16 @@ def run_simulated(args: argparse.Namespace) -> int:
         require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     require_nonnegative("--dwell", args.dwell)
     require_positive("--floor", args.floor)
+    # The profile and the controller before the trace: a bad --profile or --controller
+    # is one line naming the flag, not found only after a long read of a large trace.
+    profile = load_profile_for_cli("--profile", args.profile)
+    try:
+        spec = parse_controller_spec(args.controller, default_profile=args.profile)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    if args.control_period is None:
+        args.control_period = default_control_period(spec.kind)
+    check_fixed_clock(spec, profile.minimum_clock_mhz, profile.maximum_clock_mhz, args.controller)
     inputs = simulated_run_inputs(args.trace, args.profile, args.controller)
     check_output_file("--record", args.record, [*inputs, ("the config file", args.config)])
     trace = args.trace or DEFAULT_TRACE
@@ -67,16 +78,8 @@ def run_simulated(args: argparse.Namespace) -> int:
     )
     if not workload:
         raise UsageError(f"--trace {trace}: the selected window holds no requests")
-    profile = load_profile(args.profile)
     plant = ServingPlant.from_profile(profile)
     check_workload_fits(workload, plant, trace)
-    try:
-        spec = parse_controller_spec(args.controller, default_profile=args.profile)
-    except ValueError as error:
-        raise UsageError(str(error)) from error
-    if args.control_period is None:
-        args.control_period = default_control_period(spec.kind)
-    check_fixed_clock(spec, profile.minimum_clock_mhz, profile.maximum_clock_mhz, args.controller)
     stop = threading.Event()
     if args.virtual:
         virtual = VirtualClock()

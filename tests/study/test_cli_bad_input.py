@@ -863,8 +863,11 @@ def test_a_number_that_is_no_plain_number_is_refused(
         ["simulate", "--profile", "h100-sxm-llama3-8bb"],
         ["experiments", "--quick", "--profile", "h100-sxm-llama3-8bb", "--out", "x"],
         ["emulate", "--profile", "h100-sxm-llama3-8bb", "--address", "127.0.0.1:0"],
+        ["run", "--simulate", "--profile", "h100-sxm-llama3-8bb", "--metrics-address", "none"],
+        # The recording is not read either (this one does not exist).
+        ["replay", "missing.jsonl", "--controller", "mpc", "--profile", "h100-sxm-llama3-8bb"],
     ],
-    ids=["simulate", "experiments", "emulate"],
+    ids=["simulate", "experiments", "emulate", "run-simulate", "replay"],
 )
 def test_a_bad_profile_names_its_flag_before_the_trace_is_read(
     argv: list[str],
@@ -872,8 +875,9 @@ def test_a_bad_profile_names_its_flag_before_the_trace_is_read(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """'gpugov: error: unknown profile ...' named no flag, and simulate and experiments
-    read their whole trace (a gigabyte at most) before the profile."""
+    """'gpugov: error: unknown profile ...' named no flag, and simulate, experiments and
+    run --simulate read their whole trace (a gigabyte at most) before the profile (run
+    --simulate: 50 s for a 63 MB trace), replay its whole recording."""
     from gpugov.daemon import cli_support
 
     def unread(*args: object, **kwargs: object) -> None:
