@@ -171,6 +171,9 @@ class ClockActuator:
         """Per GPU, which outside changes met by a new lock are logged: at most one a
         minute (another tool that keeps setting the clock logged a line each time)."""
         self.yielded: set[str] = set()
+        self.lost: set[str] = set()
+        """GPUs whose exit reset found them lost (:meth:`restore`): not locked by anyone
+        any more, and no ``gpugov reset-clocks`` can reach them."""
         self._readback = LockReadback(domain, pinned=lock_mode == "pin")
         self._fallback_logged: set[str] = set()
         self._maybe_held: dict[str, int] = {}
@@ -646,6 +649,8 @@ class ClockActuator:
             return "failed"
         except PERMANENT_RESET_ERRORS as error:
             writer.count_failure()
+            if isinstance(error, GpuLost):
+                self.lost.add(backend.label)
             log.error("domain %s: reset failed: %s", self.domain, error)
             return "failed"
         except GpuError as error:

@@ -215,6 +215,8 @@ class GpuLost(GpuError):
     a GPU lost before, at the start or for a read-only command, is no usable GPU (4)."""
     other_gpus = 0
     """With ``mid_run``: how many other GPUs the daemon governed (and reset at exit)."""
+    also_lost: tuple[str, ...] = ()
+    """With ``mid_run``: those other GPUs the exit found lost too (not reset: none can be)."""
 
 
 class GpuUnavailable(GpuError):

@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Protocol
@@ -450,7 +450,8 @@ def run(
                     for domain in domains:
                         domain.close_controller()
         if failed or capped:
-            _raise_not_reset(failed, sys.exc_info()[1], capped, reset_advice)
+            found_lost = {label for domain in domains for label in domain.actuator.lost}
+            _raise_not_reset(failed, sys.exc_info()[1], capped, reset_advice, found_lost)
     return stats
 
 
@@ -459,20 +460,26 @@ def _raise_not_reset(
     stopped_by: BaseException | None,
     capped: Mapping[str, float] | None = None,
     advice: ResetAdvice | None = None,
+    lost: Collection[str] = (),
 ) -> None:
     """After the exit reset left ``failed`` locked (and ``capped``'s power limits not
     restored): raise :class:`ClocksNotReset` (exit 6, the line naming them) in place of the
     error that stopped the run, which is logged first; GPUs still locked or capped are
     what the operator must act on. Kept are an interrupt (not an ``Exception``) and a
-    lost GPU that is the only one left (a lost GPU cannot be reset, and exit 5 names
-    it)."""
+    lost GPU when the GPUs left are it and others the exit found ``lost`` too (a lost GPU
+    cannot be reset, and exit 5 names them: GPUs lost together, a baseboard's, were exit
+    6 and a ``gpugov reset-clocks`` that cannot reach them)."""
     capped = dict(capped or {})
     message = not_reset_message(failed, capped, advice)
     gpus = (*failed, *(label for label in capped if label not in failed))
     if stopped_by is None:
         raise ClocksNotReset(message, gpus=gpus)
-    lost_alone = isinstance(stopped_by, GpuLost) and list(gpus) == [stopped_by.gpu]
-    if not isinstance(stopped_by, Exception) or lost_alone:
+    lost_only = isinstance(stopped_by, GpuLost) and all(
+        label == stopped_by.gpu or label in lost for label in gpus
+    )
+    if isinstance(stopped_by, GpuLost) and lost_only:
+        stopped_by.also_lost = tuple(label for label in gpus if label != stopped_by.gpu)
+    if not isinstance(stopped_by, Exception) or lost_only:
         log.error("%s", message)
         return
     log.error("the run stopped: %s", stopped_by)

@@ -86,12 +86,17 @@ def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
         except GpuLost as error:
             # Lost while governed, the others were reset (exit 5); lost before (or for a
             # read-only command), nothing of ours was locked: no usable GPU (exit 4).
+            reset = error.other_gpus - len(error.also_lost)
             if not error.mid_run:
                 after = "no usable GPU"
-            elif error.other_gpus == 1:
+            elif error.also_lost:  # lost together (a baseboard's GPUs): none can be reset
+                after = f"GPU(s) {', '.join(error.also_lost)} lost too"
+                if reset:
+                    after += f"; the other {reset} GPU(s)' clocks were reset"
+            elif reset == 1:
                 after = "the other GPU's clock was reset"
-            elif error.other_gpus:
-                after = f"the other {error.other_gpus} GPUs' clocks were reset"
+            elif reset:
+                after = f"the other {reset} GPUs' clocks were reset"
             else:
                 after = "it was the only GPU governed"
             return fail(f"{error}; {after}", exit_code(error) or ExitCode.GPU_LOST)

@@ -87,6 +87,37 @@ def test_run_with_gpu_lost_exits_5(
     assert "GPU is lost (NVML code 15); the other GPU's clock was reset" in err  # of 2
 
 
+def test_gpus_lost_together_exit_5_naming_them_not_6(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both GPUs lost at once (a baseboard's fault; an emulated node with ``--fault
+    lost-after``): the exit's reset of the other finds it lost too. That ended in exit 6,
+    `could not reset ...; run gpugov reset-clocks`, which no command can do for a lost
+    GPU; it is exit 5, the line naming the GPUs lost with it."""
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    import fake_pynvml as fp
+
+    lock = fake.nvmlDeviceSetGpuLockedClocks
+
+    def lock_then_both_lost(handle: Any, low: int, high: int) -> None:
+        lock(handle, low, high)
+        if handle.index == 1:  # both GPUs locked: lost together from the next tick
+            fake.fail("nvmlDeviceGetUtilizationRates", fp.NVML_ERROR_GPU_IS_LOST, times=None)
+            fake.fail("nvmlDeviceResetGpuLockedClocks", fp.NVML_ERROR_GPU_IS_LOST, times=None)
+
+    monkeypatch.setattr(fake, "nvmlDeviceSetGpuLockedClocks", lock_then_both_lost)
+    config = _config(tmp_path, metrics_server.url, extra="period_s = 0.1")
+    assert node_cli.main(["run", "--config", str(config)]) == 5
+    assert fake.locked(0) is not None and fake.locked(1) is not None
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("gpugov: error: GPU 0: ") and "GPU is lost (NVML code 15)" in last
+    assert last.endswith("; GPU(s) 1 lost too")
+
+
 @pytest.mark.parametrize("code", [9, 1, 6, 18])  # DRIVER_NOT_LOADED, UNINITIALIZED, ...
 def test_a_driver_gone_mid_run_says_so_and_resets_the_clocks(
     tmp_path: Path,
