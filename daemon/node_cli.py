@@ -142,7 +142,9 @@ def _run_node(args: argparse.Namespace) -> int:
             for domain in assembled.domains:
                 domain.reconcile(config.daemon.reconcile, dry_run=dry_run)
             if not dry_run:
-                reset_left_locks(config, assembled, stop)
+                reset_left_locks(
+                    config, assembled, stop, advice=ResetAdvice(config.daemon.backend, args.config)
+                )
             if stop.is_set():
                 # Stopped while the start ran (opening the GPUs, reconciling, building
                 # the controllers): no loop, so no "locking clocks" line before the stop.

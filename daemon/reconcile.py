@@ -13,6 +13,7 @@ from gpugov.daemon.deadline import CallTimeout, SerialCalls
 from gpugov.daemon.errors import GpugovError
 from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
 from gpugov.daemon.lockstate import LockState, gpu_key, live_writer, writer_pid_text
+from gpugov.daemon.loop import ResetAdvice
 from gpugov.daemon.power_limit import PowerLimitActuator
 from gpugov.daemon.service import Assembled, open_backend
 
@@ -27,6 +28,7 @@ def reset_left_locks(
     stop: threading.Event | None = None,
     *,
     deadline_s: float = GPU_READ_DEADLINE_S,
+    advice: ResetAdvice | None = None,
 ) -> list[str]:
     """At start, after each domain's reconcile: reset the locks a previous run recorded
     (``locks.json``) on GPUs this config no longer governs (a domain's GPU taken out of
@@ -39,8 +41,10 @@ def reset_left_locks(
     Each GPU call (the open, its retries included; the reset; each power limit call) runs
     on the GPU's worker thread and is waited for at most ``deadline_s``, as the
     configured GPUs' reads and writes are: a hung NVML call costs the start that once, and
-    the GPU is named as not reset, with the command to run.
+    the GPU is named as not reset, with the command to run: ``advice``'s (the config's
+    backend and path; without them the command went to NVML, also for an emulated node).
     """
+    advice = advice or ResetAdvice()
     state = assembled.state
     if state is None:
         return []
@@ -57,7 +61,7 @@ def reset_left_locks(
             f"({writer_pid_text(entry)}, {entry.get('time')}) left it locked {at}"
         )
         if isinstance(backend, str):
-            line = f"{found}; not reset ({backend}): run `gpugov reset-clocks --gpus {named}`"
+            line = f"{found}; not reset ({backend}): {_reset_command(advice, named)}"
         else:
             try:
                 if gpu_key(backend) != key:
@@ -70,12 +74,12 @@ def reset_left_locks(
                     state.clear(key)
                     line = f"{found}; reset"
             except (GpugovError, CallTimeout) as error:
-                line = f"{found}; reset FAILED ({error}): run `gpugov reset-clocks --gpus {named}`"
+                line = f"{found}; reset FAILED ({error}): {_reset_command(advice, named)}"
             finally:
                 _close_recorded(backend, calls)
         log.warning("reconcile: %s", line)
         lines.append(line)
-    lines.extend(_restore_left_power_limits(config, state, ours, stop, deadline_s))
+    lines.extend(_restore_left_power_limits(config, state, ours, stop, deadline_s, advice))
     return lines
 
 
@@ -116,12 +120,21 @@ def _close_recorded(backend: GpuBackend, calls: SerialCalls) -> None:
         log.debug("GPU %s: not closed after the start's reset: %s", backend.label, error)
 
 
+def _reset_command(advice: ResetAdvice, named: str) -> str:
+    """``run `gpugov reset-clocks ...``` for GPU ``named``: with the config for a backend
+    other than NVML (an emulated node's GPUs are not NVML's), NVML's the bare command."""
+    if advice.backend == "nvml" or advice.config_path is None:
+        return f"run `gpugov reset-clocks --gpus {named}`"
+    return advice.command(named)
+
+
 def _restore_left_power_limits(
     config: GpugovConfig,
     state: LockState,
     ours: set[str],
     stop: threading.Event | None,
     deadline_s: float,
+    reset: ResetAdvice,
 ) -> list[str]:
     """The power limits a previous run recorded on GPUs this config no longer governs,
     restored as a governed GPU's are at its domain's reconcile (the limit it had before
@@ -136,7 +149,7 @@ def _restore_left_power_limits(
         found = (
             f"GPU {named} ({key}), not in this config: a previous gpugov run set its power limit"
         )
-        advice = f"run `gpugov reset-clocks --gpus {named}` (it restores the recorded limit)"
+        advice = f"{_reset_command(reset, named)} (it restores the recorded limit)"
         if isinstance(backend, str):
             line = f"{found}; not restored ({backend}): {advice}"
         else:

@@ -176,3 +176,28 @@ def test_a_gpu_lost_mid_run_says_so_once_in_nvml_words_and_how_to_reset_it(
         f"they may still be locked: run `gpugov reset-clocks --config {config} --gpus 0` "
         "(emulated backend)" in caplog.text
     )
+
+
+def test_a_left_lock_on_a_gpu_the_node_lacks_names_the_configs_reset_command(
+    tmp_path: Path, emulator: EmulatorServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A killed run's lock record names a GPU this emulated node does not have (the
+    emulator restarted with fewer GPUs): the start's line named `gpugov reset-clocks
+    --gpus 7`, which goes to NVML, not to the emulator; it names the config now."""
+    from gpugov.daemon.lockstate import LockState
+
+    state_dir = tmp_path / "state"
+    LockState(state_dir, pid=1).record("GPU-gone", "7", 900, 900)  # ... and SIGKILLed
+    node = emulator.node
+    config = _config(tmp_path, emulator.url)
+    config.write_text(
+        config.read_text().replace(
+            "[daemon]\n", f'[daemon]\nperiod_s = 0.2\nstate_dir = "{state_dir}"\n'
+        )
+    )
+    node.gpu_state[0].lost_at_s = node.plant_time_s() + 0.5  # ends the run
+    assert node_cli.main(["run", "--config", str(config)]) == 5
+    (line,) = [r.getMessage() for r in caplog.records if "GPU 7 (GPU-gone)" in r.getMessage()]
+    assert line.endswith(
+        f"run `gpugov reset-clocks --config {config} --gpus 7` (emulated backend)"
+    ), line
