@@ -40,7 +40,7 @@ from gpugov.daemon.controller_spec import (
 from gpugov.daemon.decide import ControllerContext
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.errors import ExitCode, error_lines, printable
-from gpugov.daemon.limits import MAX_GPU_INDEX
+from gpugov.daemon.limits import MAX_GPU_INDEX, MIN_PERIOD_S
 from gpugov.daemon.log_lines import command_line, log_to_stderr
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
@@ -97,6 +97,26 @@ def simulated_controller(
         return decide.build_controller(config, context)
     except GpugovControllerError as error:
         raise UsageError(f"--controller {shown_spec(spec)}: {error}") from error
+
+
+def checked_controller_flag(
+    text: str, profile: PerformanceProfile, *, default_profile: str | None = None
+) -> ControllerConfig:
+    """A ``--controller`` value checked against the run's ``profile`` before a simulated
+    run reads its trace (a large one takes a minute): parsed, a ``fixed:MHZ`` within the
+    profile's clocks, an ``open-loop`` plan file read and checked; each refusal is one
+    :class:`UsageError` line naming the flag. ``default_profile``: the spec's profile
+    where it names none (default the profile's name)."""
+    config = parse_controller_flag(text, default_profile=default_profile or profile.name)
+    check_fixed_clock(config, profile.minimum_clock_mhz, profile.maximum_clock_mhz, text)
+    if isinstance(config, OpenLoopControllerConfig):
+        from gpugov.controllers.open_loop import PlanFormatError, load_plan
+
+        try:
+            load_plan(config.plan, min_period_s=MIN_PERIOD_S)
+        except PlanFormatError as error:
+            raise UsageError(f"--controller {shown_spec(text)}: {error}") from error
+    return config
 
 
 def parse_controller_flag(text: str, *, default_profile: str | None = None) -> ControllerConfig:

@@ -15,9 +15,9 @@ from typing import Any
 
 from gpugov.daemon.cli_support import (
     UsageError,
-    check_fixed_clock,
     check_output_file,
     check_workload_fits,
+    checked_controller_flag,
     format_summary,
     light_load_note,
     load_profile_for_cli,
@@ -31,7 +31,6 @@ from gpugov.daemon.cli_support import (
     slo_target_of,
 )
 from gpugov.daemon.config import default_control_period
-from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.loop import RunStats, ScaledClock, TimedLoop, VirtualClock, run
 from gpugov.daemon.loop import stop_on_signals as _stop_on_signals
@@ -56,18 +55,16 @@ def run_simulated(args: argparse.Namespace) -> int:
         require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     require_nonnegative("--dwell", args.dwell)
     require_positive("--floor", args.floor)
-    # The profile and the controller before the trace: a bad --profile or --controller
-    # is one line naming the flag, not found only after a long read of a large trace.
+    # The profile, the controller and the floor before the trace: a bad --profile,
+    # --controller or --floor is one line naming the flag, not found only after a long
+    # read of a large trace.
     profile = load_profile_for_cli("--profile", args.profile)
-    try:
-        spec = parse_controller_spec(args.controller, default_profile=args.profile)
-    except ValueError as error:
-        raise UsageError(str(error)) from error
-    if args.control_period is None:
-        args.control_period = default_control_period(spec.kind)
-    check_fixed_clock(spec, profile.minimum_clock_mhz, profile.maximum_clock_mhz, args.controller)
     inputs = simulated_run_inputs(args.trace, args.profile, args.controller)
     check_output_file("--record", args.record, [*inputs, ("the config file", args.config)])
+    spec = checked_controller_flag(args.controller, profile, default_profile=args.profile)
+    if args.control_period is None:
+        args.control_period = default_control_period(spec.kind)
+    safety = safety_from_args(args, profile.clock_mhz)
     trace = args.trace or DEFAULT_TRACE
     workload, report = load_trace_for_cli(
         trace,
@@ -94,7 +91,7 @@ def run_simulated(args: argparse.Namespace) -> int:
         spec,
         clock,
         period_s=args.control_period,
-        safety=safety_from_args(args, profile.clock_mhz),
+        safety=safety,
         seed=args.seed,
         virtual_time=args.virtual,
         engine_view=args.engine_view,

@@ -20,6 +20,7 @@ from gpugov.daemon.cli_support import (
     check_distinct_outputs,
     check_output_file,
     check_workload_fits,
+    checked_controller_flag,
     control_period_of,
     controller_label,
     fail,
@@ -178,6 +179,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     check_output_file("--out", args.out, inputs)
     check_output_file("--plot", args.plot, inputs)
     check_distinct_outputs(("--out", args.out), ("--plot", args.plot))
+    # The controller and the floor before the trace, as the profile: a refusal is not
+    # found only after a long read of a large trace.
+    checked_controller_flag(args.controller, profile)
+    safety = safety_from_args(args, profile.clock_mhz)
     if args.plot:
         require_extra("matplotlib", "simulate --plot")  # one line now, not after the run
         from gpugov.study.plots import check_image_format
@@ -197,7 +202,6 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--trace {args.trace}: the selected window holds no requests")
     plant = ServingPlant.from_profile(profile, latency_noise_cv=args.latency_noise)
     check_workload_fits(workload, plant, args.trace)
-    safety = safety_from_args(args, profile.clock_mhz)
     controller = simulated_controller(
         args.controller,
         plant,

@@ -857,6 +857,39 @@ def test_a_number_that_is_no_plain_number_is_refused(
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("command", ["simulate", "run-simulate"])
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--controller", "fixed:100"], "--controller fixed:100: outside the supported range"),
+        (["--floor", "5000"], "--floor 5000: above the top supported clock"),
+        (["--controller", "open-loop:plan.json"], "--controller open-loop:plan.json: plan.json"),
+    ],
+    ids=["fixed", "floor", "plan"],
+)
+def test_a_bad_controller_or_floor_is_refused_before_the_trace_is_read(
+    command: str,
+    flags: list[str],
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each was refused only after the whole trace was read (a minute for a 63 MB one)."""
+    from gpugov.daemon import cli_support
+
+    def unread(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the trace was read")
+
+    monkeypatch.setattr(cli_support, "load_trace", unread)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plan.json").write_text("{not json")
+    argv = ["simulate"] if command == "simulate" else ["run", "--simulate"]
+    argv += ["--metrics-address", "none"] if command == "run-simulate" else []
+    assert main([*argv, *flags]) == 2
+    assert said in _one_error_line(capsys)
+
+
 @pytest.mark.parametrize(
     "argv",
     [
