@@ -104,16 +104,6 @@ def config_for(
         if repeated:
             raise ValueError(f"{flag}: {', '.join(repeated)} given more than once")
     if traces:
-        for name in traces:
-            if name not in BUNDLED_TRACES and name not in SHARED_TRACES:
-                # A file the user named, read now, so a bad one is refused before any work
-                # (a missing shared trace is skipped at its scenarios instead); a word that
-                # is neither a name nor a file, the loader refuses naming the closest name.
-                try:  # its warnings (skipped rows) as one "gpugov: warning:" line each
-                    requests, report = load_trace_for_cli(name)
-                except TraceError as error:
-                    raise ValueError(f"--traces: {error}") from error
-                keep_full_trace(name, requests, report)  # read once, not again to run
         changes["traces"] = tuple(traces)
     if profiles:
         try:
@@ -158,6 +148,17 @@ def config_for(
                 f"--engine-view must be one of {', '.join(ENGINE_VIEWS)}, got {engine_view!r}"
             )
         changes["engine_view"] = engine_view
+    for name in traces or ():
+        if name not in BUNDLED_TRACES and name not in SHARED_TRACES:
+            # A file the user named, read now, so a bad one is refused before any work
+            # (a missing shared trace is skipped at its scenarios instead); a word that is
+            # neither a name nor a file, the loader refuses naming the closest name. Read
+            # after the other flags are checked: a large file takes a minute to read.
+            try:  # its warnings (skipped rows) as one "gpugov: warning:" line each
+                requests, report = load_trace_for_cli(name)
+            except TraceError as error:
+                raise ValueError(f"--traces: {error}") from error
+            keep_full_trace(name, requests, report)  # read once, not again to run
     if windows is not None and windows != 1:
         if windows < 1:
             raise ValueError(f"--windows must be >= 1, got {windows}")

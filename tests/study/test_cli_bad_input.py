@@ -670,6 +670,37 @@ def test_bench_refuses_a_bad_trace_file_and_report_dir_before_making_out(
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--profiles", "nope"], "--profiles: unknown profile 'nope'"),
+        (["--floor", "5000"], "--floor 5000: above the top supported clock"),
+        (["--loads", "nope"], "--loads: unknown load(s) ['nope']"),
+    ],
+    ids=["profiles", "floor", "loads"],
+)
+def test_bench_refuses_a_bad_flag_before_reading_a_traces_file(
+    trace: Path,
+    flags: list[str],
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Each was refused only after the --traces file was read (55 s for a 63 MB one).
+    from gpugov.daemon import cli_support
+
+    def unread(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the trace was read")
+
+    monkeypatch.setattr(cli_support, "load_trace", unread)
+    out = tmp_path / "out"
+    argv = ["bench", "controllers", "--quick", "--traces", str(trace), "--out", str(out)]
+    assert main([*argv, *flags]) == 2
+    assert said in _one_error_line(capsys)
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("layout", ["colocated", "disaggregated"])
 def test_bench_with_no_scenario_to_run_leaves_no_empty_out_or_report_dir(
     tmp_path: Path, layout: str, capsys: pytest.CaptureFixture[str]
