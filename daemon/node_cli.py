@@ -41,6 +41,7 @@ from gpugov.daemon.cli_support import (
     hidden_alias,
     load_profile_for_cli,
     metrics_exporter,
+    parse_controller_flag,
     require_positive,
     setup_logging,
     warn,
@@ -378,6 +379,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     """``gpugov replay FILE.jsonl --controller X``."""
     if args.profile is not None:  # refused even when unused, before the recording is read
         load_profile_for_cli("--profile", args.profile)
+    parse_controller_flag(args.controller, default_profile=args.profile)  # likewise
     header, _ = read_recording(args.file, warn=lambda message: None)
     from gpugov.daemon.replay import checked_header
 

@@ -888,6 +888,23 @@ def test_a_number_that_is_no_plain_number_is_refused(
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ("warp", "--controller: unknown controller 'warp'"),
+        ("fixed:1000x", "--controller fixed:MHZ needs a number"),
+    ],
+)
+def test_replay_refuses_a_bad_controller_before_reading_the_recording(
+    spec: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The whole recording (1 GiB at most) was read first: this one does not exist, and
+    # that was the line; 'unknown controller' also named no flag.
+    missing = tmp_path / "missing.jsonl"
+    assert main(["replay", str(missing), "--controller", spec]) == 2
+    assert said in _one_error_line(capsys)
+
+
 @pytest.mark.parametrize("command", ["simulate", "run-simulate"])
 @pytest.mark.parametrize(
     ("flags", "said"),
