@@ -102,6 +102,8 @@ class ControllerContext:
             ``"virtual"`` (simulations: bounded by a deterministic evaluation budget, so
             a busy machine cannot change a decision).
         state_dir: where a learner keeps its model across restarts (None: nowhere).
+        state_read_only: the learner restores its model from ``state_dir`` and never
+            writes there (a dry run, beside the node's own daemon).
         domain: the domain's name (names the state file).
         safety: the chain's floor and dwell.
         plant: the plant model an ``mpc`` plans on in a simulated run (its own plant);
@@ -141,6 +143,7 @@ class ControllerContext:
     forecasts: Forecasts = field(default_factory=Forecasts)
     time_mode: TimeMode = "wall"
     state_dir: Path | None = None
+    state_read_only: bool = False
     domain: str = "default"
     safety: SafetySettings = field(default_factory=SafetySettings)
     plant: ServingPlant | None = None
@@ -257,6 +260,7 @@ def build_controller(spec: ControllerConfig, context: ControllerContext) -> Cont
             context.domain,
             context.gpu_uuids or tuple(str(i) for i in range(context.gpu_count)),
             gpu_names=context.gpu_names,  # kept with the model: `model export` names the board
+            read_only=context.state_read_only,
         )
     if context.budget_guard:
         from gpugov.controllers.power_need import BudgetGuard

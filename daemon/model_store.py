@@ -91,6 +91,10 @@ def set_aside(path: Path, now: Callable[[], float] = time.time, tag: str = "corr
     return target
 
 
+READ_ONLY_LEFT = "left as it is (a dry run writes nothing)"
+"""What a read-only store says of a file it does not apply."""
+
+
 class PersistentOnlineModel(ControllerWrapper):
     """Wraps an :class:`OnlineMPCController`: restores its model from the state file on
     the first observation (or when the served model changes), saves it every
@@ -108,7 +112,8 @@ class PersistentOnlineModel(ControllerWrapper):
 
     Only a model that learned at least one window is saved, so an empty model never
     replaces a stored one; a deep copy (a probe, such as a dummy decision) neither reads
-    nor writes the state file.
+    nor writes the state file. ``read_only`` (a dry run) restores the stored model and
+    writes nothing: no save, and a file it cannot apply is left where it is.
     """
 
     inner: OnlineMPCController
@@ -124,8 +129,12 @@ class PersistentOnlineModel(ControllerWrapper):
         save_every_s: float = SAVE_EVERY_S,
         write_deadline_s: float = WRITE_DEADLINE_S,
         read_deadline_s: float = READ_DEADLINE_S,
+        read_only: bool = False,
     ) -> None:
         super().__init__(inner)
+        self.read_only = read_only
+        """Restore, never write (a dry run beside the node's daemon: its saves replaced
+        the daemon's model, and its set-asides moved the daemon's file)."""
         self.path = model_path(directory, domain)
         self._writer = LatestWriter(self._write_file, write_deadline_s, name=f"model-{domain}")
         # Read at the first observation and once a save period while unreadable: no
@@ -185,12 +194,19 @@ class PersistentOnlineModel(ControllerWrapper):
     def _keep_aside(self) -> str:
         """Keep the state file aside whole as another node's (``.other-*``); say where,
         or why it could not be."""
+        if self.read_only:
+            return READ_ONLY_LEFT
         try:
             return f"kept as {set_aside(self.path, tag='other').name}"
         except OSError as error:
             return f"could not keep it aside ({error}): the next save replaces it"
 
     def _set_aside(self, reason: str) -> None:
+        if self.read_only:
+            self._say(
+                logging.WARNING, f"learned model refused: {reason}; {READ_ONLY_LEFT}; learning anew"
+            )
+            return
         try:
             aside = set_aside(self.path)
             where = f"; set aside as {aside.name}"
@@ -357,8 +373,9 @@ class PersistentOnlineModel(ControllerWrapper):
         and learned on ``clocks`` (``.other-*``: the served model went A, B, A, or the GPUs
         or GPU kind moved back), the current file kept aside in its place; False where
         none is kept (a name still unknown has no model of its own). Only the
-        :data:`KEPT_LOOKED_AT` newest kept files are read."""
-        if key.model_name is None:
+        :data:`KEPT_LOOKED_AT` newest kept files are read (none when ``read_only``: putting
+        one back moves files)."""
+        if key.model_name is None or self.read_only:
             return False
         kept = sorted(
             self.path.parent.glob(f"{self.path.name}.other-*"),
@@ -393,10 +410,10 @@ class PersistentOnlineModel(ControllerWrapper):
 
     def save(self, *, final: bool = False) -> bool:
         """Write the model now; False when there is nothing learned to write (or this is
-        a non-persisting copy), or when the write failed (logged; ``final``: the last
-        try, at shutdown, said as such)."""
+        a non-persisting copy or a read-only store), or when the write failed (logged;
+        ``final``: the last try, at shutdown, said as such)."""
         model = self.inner.model
-        if not self.persist or model is None or self.key is None:
+        if not self.persist or self.read_only or model is None or self.key is None:
             return False
         if self._unreadable and not self._read_again():
             return False

@@ -285,6 +285,7 @@ def build_domain(
     forecasts: Forecasts | None = None,
     time_mode: TimeMode = "wall",
     state_dir: Path | None = None,
+    state_read_only: bool = False,
     plant: ServingPlant | None = None,
     budget: PowerBudget | None = None,
     role: str | None = None,
@@ -308,7 +309,8 @@ def build_domain(
     limit call, the same way (:class:`~daemon.power_limit.PowerLimitActuator`).
     ``role`` is the configured pool role (``docs/disaggregated.md``); when it is None
     the engine's page is read once here for the role its labels state
-    (:func:`probe_role`), else the domain is colocated.
+    (:func:`probe_role`), else the domain is colocated. ``state_read_only`` (a dry run):
+    a learner restores its model from ``state_dir`` and writes nothing there.
 
     The controller is built and warmed (:func:`daemon.decide.warm_up`: one dummy
     decision on a copy of the algorithm) here, before any loop or paced plant clock
@@ -372,6 +374,7 @@ def build_domain(
         forecasts=forecasts or Forecasts(),
         time_mode=time_mode,
         state_dir=state_dir,
+        state_read_only=state_read_only,
         domain=name,
         safety=safety,
         plant=plant,
@@ -521,6 +524,8 @@ def _build_configured(
     backends: Sequence[GpuBackend],
     source: ScrapedSource,
     state: LockState | None,
+    *,
+    dry_run: bool,
 ) -> Domain:
     return build_domain(
         spec.name,
@@ -547,6 +552,7 @@ def _build_configured(
         mean_output_tokens=spec.mean_output_tokens,
         forecasts=_declared_forecasts(spec),
         state_dir=controller_state_dir(spec.controller, config.daemon.state_dir),
+        state_read_only=dry_run,  # a dry run writes nothing, its learned model included
         budget=domain_budget(
             spec.name,
             backends,
@@ -635,7 +641,7 @@ def domains_from_config(
             assembled.sources.append(source)
             # mpc-online's warm-up compiles its search: seconds, no GPU call.
             phase[:] = [f"domain {spec.name}'s controller was being built and warmed up"]
-            domain = _build_configured(config, spec, backends, source, state)
+            domain = _build_configured(config, spec, backends, source, state, dry_run=dry_run)
             assembled.domains.append(domain)
     except BaseException as error:
         if isinstance(error, GpuCallHung) and error.gpu is not None:

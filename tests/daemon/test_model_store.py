@@ -1611,3 +1611,64 @@ def test_a_stored_slo_window_of_another_boot_or_damaged_keeps_the_model(
     assert damaged.restored
     lines = [r.getMessage() for r in caplog.records if "SLO budget" in r.getMessage()]
     assert len(lines) == 1 and "slo_budget.snapshots[0]" in lines[0]
+
+
+def test_a_read_only_store_restores_and_writes_nothing(tmp_path: Path) -> None:
+    """A dry run beside the node's daemon (the same state directory) restores the stored
+    model but never saves over it, and leaves a file it cannot apply where it is: its
+    saves replaced the daemon's model, and its set-asides moved the daemon's file."""
+    _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    stored = path.read_bytes()
+    dry = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS, read_only=True)
+    workload = poisson_requests(20.0, seed=9)
+    simulate(workload, make_plant(), chunked_prefill_scheduler, Named(dry, "llama"), 0)
+    assert dry.restored and dry.save() is False
+    dry.close()
+    assert path.read_bytes() == stored
+    # Another model served: not applied, and left in place (not kept aside).
+    other = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS, read_only=True)
+    simulate(workload, make_plant(), chunked_prefill_scheduler, Named(other, "mistral"), 0)
+    other.close()
+    assert not other.restored
+    assert any("left as it is (a dry run writes nothing)" in m for m in other.messages)
+    # A file it refuses: said in one line, left in place.
+    path.write_text("\x00\x01garbage")
+    refused = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS, read_only=True)
+    simulate(workload, make_plant(), chunked_prefill_scheduler, Named(refused, "llama"), 0)
+    refused.close()
+    assert [m for m in refused.messages if "refused" in m and "left as it is" in m]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["online-model-llm.json"]
+    assert path.read_bytes() == b"\x00\x01garbage"
+
+
+def test_a_dry_run_builds_a_read_only_store(vllm_server: Any, tmp_path: Path) -> None:
+    """``run --dry-run`` (``domains_from_config(dry_run=True)``) hands the controller's
+    store ``read_only``; a run that locks clocks saves."""
+    from fake_pynvml import FakeNvml
+
+    from gpugov.controllers.contract import layers
+    from gpugov.daemon.config import parse_config
+    from gpugov.daemon.service import domains_from_config
+
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0, "state_dir": str(tmp_path)},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "engine": {"kind": "vllm", "url": vllm_server.url},
+                    "controller": {"kind": "mpc-online"},
+                }
+            ],
+        }
+    )
+    for dry_run in (True, False):
+        assembled = domains_from_config(config, nvml=FakeNvml(1), dry_run=dry_run)
+        try:
+            chain = assembled.domains[0].controller
+            (store,) = [x for x in layers(chain) if isinstance(x, PersistentOnlineModel)]
+            assert store.read_only is dry_run
+        finally:
+            assembled.close()
