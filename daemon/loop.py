@@ -40,6 +40,7 @@ from gpugov.daemon.errors import (
 )
 from gpugov.daemon.exit_restore import ExitBudget
 from gpugov.daemon.exporter import Exporter, LoopSnapshot
+from gpugov.daemon.limits import MIN_PERIOD_S
 from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.observer import Observed
 
@@ -184,10 +185,17 @@ class SystemdNotify:
             ValueError: ``period_s`` is at least half of ``WatchdogSec=``.
         """
         if self.watchdog_enabled and self.watchdog_s > 0 and period_s >= self.watchdog_s / 2:
+            # A period is at least MIN_PERIOD_S: under a WatchdogSec of twice that or less
+            # no period fits, and "a period under 0.05 s" was advice no config can take.
+            shorter = (
+                f"use a period under {self.watchdog_s / 2:g} s or "
+                if self.watchdog_s / 2 > MIN_PERIOD_S
+                else ""
+            )
             raise ValueError(
                 f"daemon.period_s = {period_s:g} s is too long for the unit's WatchdogSec="
-                f"{self.watchdog_s:g}s (the loop pings the watchdog once per tick); use a "
-                f"period under {self.watchdog_s / 2:g} s or raise WatchdogSec"
+                f"{self.watchdog_s:g}s (the loop pings the watchdog once per tick); {shorter}"
+                f"raise WatchdogSec" + ("" if shorter else f" above {2 * MIN_PERIOD_S:g}s")
             )
 
     def tick(self, status: str) -> None:

@@ -236,6 +236,17 @@ def test_the_watchdog_period_is_checked_as_run_checks_it(
     assert "WatchdogSec=8s" in capsys.readouterr().err
 
 
+def test_a_watchdog_no_period_fits_under_asks_only_for_a_longer_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # WatchdogSec=0.1 said "use a period under 0.05 s", below the least period (0.05 s).
+    path = _write(tmp_path, daemon="period_s = 0.05")
+    assert node_cli.main(["check-config", str(path), "--offline", "--watchdog-sec", "0.1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "raise WatchdogSec above 0.1s" in err[0], err
+    assert "use a period under" not in err[0]
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "abc", "-5", "0", "1e7", "8000000.5", ""])
 def test_a_malformed_watchdog_usec_is_refused_in_one_line(
     tmp_path: Path,
