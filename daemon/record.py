@@ -50,6 +50,11 @@ log = logging.getLogger(__name__)
 
 RECORD_FORMAT = "gpugov-record-v1"
 
+RECORD_KEEP_PREVIOUS = 3
+"""How many earlier recordings of a node's ``record`` path are kept, as ``FILE.1`` (the
+last run's) to ``FILE.3``: a restart (``Restart=on-failure`` after a crash) truncated the
+recording that showed what led to it."""
+
 RECORD_QUEUE_TICKS = 1000
 """The most ticks a node's recording holds for its writer thread (:class:`Recorder`):
 1000 s of a disk that takes none at the default period of 1 s, 50 s at the shortest
@@ -485,6 +490,29 @@ def _json_line(data: Mapping[str, Any]) -> str:
     return json.dumps(json_safe(dict(data)), allow_nan=False) + "\n"
 
 
+def keep_previous_recordings(path: Path, keep: int = RECORD_KEEP_PREVIOUS) -> None:
+    """Move a non-empty recording at ``path`` to ``path.1``, shifting older ones up to
+    ``path.<keep>`` (the oldest beyond it is dropped), as logrotate numbers them; one log
+    line says where it went, or, where a rename fails, that it will be overwritten."""
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return
+        for index in range(keep - 1, 0, -1):
+            older = path.with_name(f"{path.name}.{index}")
+            if older.is_file():
+                older.replace(path.with_name(f"{path.name}.{index + 1}"))
+        kept = path.with_name(f"{path.name}.1")
+        path.replace(kept)
+    except OSError as error:
+        log.warning(
+            "recording %s: cannot keep the previous recording (%s); it is overwritten",
+            path,
+            error.strerror or error,
+        )
+        return
+    log.info("recording %s: the previous recording kept as %s", path, kept.name)
+
+
 class Recorder:
     """Writes the header, then one line per tick record; use as ``on_tick``.
 
@@ -503,9 +531,12 @@ class Recorder:
     and the ticks after it are not recorded. The recording so far stays readable (a cut
     last line is dropped by :func:`read_recording`).
 
+    A node's recording keeps the earlier ones at its path (:func:`keep_previous_recordings`);
+    a simulated run's overwrites its file.
+
     Args:
-        path: the JSONL file (overwritten; its directory must exist: a mistyped path is
-            refused, not created).
+        path: the JSONL file (its directory must exist: a mistyped path is refused, not
+            created).
         header: extra header fields (period, domains with their clocks, run metadata).
         queue_ticks: the most ticks a node's recording holds for its writer.
         close_wait_s: how long :meth:`close` waits for the ticks queued (a hung disk holds
@@ -526,6 +557,8 @@ class Recorder:
         if queue_ticks < 1:
             raise ValueError(f"queue_ticks must be at least 1, got {queue_ticks!r}")
         self.path = Path(path)
+        if header.get("mode") != "simulated":
+            keep_previous_recordings(self.path)
         try:
             self._file: IO[str] | None = self.path.open("w")
         except OSError as error:

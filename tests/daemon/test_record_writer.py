@@ -11,6 +11,7 @@ so a regression fails instead of hanging the suite)."""
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import threading
@@ -334,3 +335,36 @@ def test_the_ticks_left_out_are_exported(
     # Step 0 hangs on the disk, step 1 waits behind it; steps 2 to 5 are left out.
     assert recorder.dropped_ticks == 4
     assert exported == [0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0]
+
+
+def _header(path: Path) -> dict[str, Any]:
+    header: dict[str, Any] = json.loads(path.read_text().splitlines()[0])
+    return header
+
+
+def test_a_node_recording_keeps_the_previous_ones(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restart (``Restart=on-failure`` after a crash) truncated the recording that
+    showed what led to it: a node's earlier recordings are kept as FILE.1 (the last run's)
+    to FILE.3, as logrotate numbers them; a simulated run's file is overwritten."""
+    caplog.set_level(logging.INFO, logger="gpugov.daemon.record")
+    path = tmp_path / "run.jsonl"
+    for number in range(5):
+        Recorder(path, {"mode": "node", "run": number}, close_wait_s=JOIN_S).close()
+    runs = {
+        name: _header(tmp_path / name)["run"]
+        for name in ("run.jsonl", "run.jsonl.1", "run.jsonl.2", "run.jsonl.3")
+    }
+    assert runs == {"run.jsonl": 4, "run.jsonl.1": 3, "run.jsonl.2": 2, "run.jsonl.3": 1}
+    assert not (tmp_path / "run.jsonl.4").exists()
+    assert f"recording {path}: the previous recording kept as run.jsonl.1" in caplog.messages
+    # An empty file (a run stopped before its first line) is not kept: nothing shifts.
+    path.write_text("")
+    Recorder(path, {"mode": "node", "run": 5}, close_wait_s=JOIN_S).close()
+    assert _header(tmp_path / "run.jsonl.1")["run"] == 3
+    # A simulated run's recording is the same on every run: overwritten, none kept.
+    sim = tmp_path / "sim.jsonl"
+    for number in range(2):
+        Recorder(sim, {"mode": "simulated", "run": number}).close()
+    assert sorted(p.name for p in tmp_path.glob("sim.jsonl*")) == ["sim.jsonl"]
