@@ -21,6 +21,11 @@ MAX_THERMAL_COEFFICIENT = 1e6
 """The largest magnitude of a stored thermal coefficient of ``T' = a T + b + c P``
 (``a`` a window's decay near 1, ``b`` a few degrees, ``c`` hundredths of a degree per
 watt): a state file beyond is no thermal fit (1e308 was restored, and written back)."""
+MAX_REGRESSION_MAGNITUDE = 1e12
+"""The largest magnitude of a stored regression's number (its mean, covariances and noise
+variance: latencies of seconds, powers of watts and their squares): a state file beyond
+is no fit (a mean of 1e308 overflowed numpy in ``model show``, printing its
+RuntimeWarning, and ``model export`` wrote a profile from it)."""
 MAX_GPU_NAME_CHARS = 95
 """The longest GPU name a state file keeps: NVML's device name buffer
 (``NVML_DEVICE_NAME_V2_BUFFER_SIZE``) holds 96 bytes with the terminating NUL."""
@@ -213,23 +218,42 @@ def _count(value: object, field: str) -> None:
         raise ValueError(f"{field} must be a count, got {value!r:.40}")
 
 
-def _regression(state: object, field: str, size: int) -> list[float]:
+def _bounded(numbers: list[float], field: str) -> list[float]:
+    """``numbers``, each within :data:`MAX_REGRESSION_MAGNITUDE` of 0.
+
+    Raises:
+        ValueError: naming ``field`` and the index.
+    """
+    for index, number in enumerate(numbers):
+        if abs(number) > MAX_REGRESSION_MAGNITUDE:
+            raise ValueError(
+                f"{field}[{index}] must be a finite number within "
+                f"±{MAX_REGRESSION_MAGNITUDE:g}, got {number!r:.40}"
+            )
+    return numbers
+
+
+def _regression(state: object, field: str, size: int, *, bound_mean: bool = True) -> list[float]:
     """Check a stored :class:`RecursiveLeastSquares` of ``size`` parameters (the
-    numbers only: symmetry and definiteness are its own ``load_state``'s); its mean."""
+    numbers only: symmetry and definiteness are its own ``load_state``'s); its mean.
+    ``bound_mean`` False: the caller bounds the mean itself (the thermal fit, tighter)."""
     if not isinstance(state, dict):
         raise ValueError(f"{field} is missing or not an object")
     mean = _numbers(state.get("mean"), f"{field}.mean", size)
+    if bound_mean:
+        _bounded(mean, f"{field}.mean")
     for name in ("covariance", "prior_covariance"):
         rows = state.get(name)
         if not isinstance(rows, list) or len(rows) != size:
             raise ValueError(f"{field}.{name} must be a {size} x {size} matrix of numbers")
         for index, row in enumerate(rows):
-            _numbers(row, f"{field}.{name}[{index}]", size)
+            where = f"{field}.{name}[{index}]"
+            _bounded(_numbers(row, where, size), where)
     noise = finite_number(state.get("noise_variance"))
-    if noise is None or not noise > 0.0:
+    if noise is None or not 0.0 < noise <= MAX_REGRESSION_MAGNITUDE:
         raise ValueError(
-            f"{field}.noise_variance must be a positive number, got "
-            f"{state.get('noise_variance')!r:.40}"
+            f"{field}.noise_variance must be a positive number of at most "
+            f"{MAX_REGRESSION_MAGNITUDE:g}, got {state.get('noise_variance')!r:.40}"
         )
     forgetting = finite_number(state.get("forgetting"))
     if forgetting is None or not 0.0 < forgetting <= 1.0:
@@ -287,7 +311,7 @@ def model_state_problem(state: dict[str, Any]) -> str | None:
         k = len(knots)
         _regression(state.get("time"), "model.time", len(TIME_BLOCKS) * k)
         power = _regression(state.get("power"), "model.power", len(POWER_BLOCKS) * k)
-        thermal = _regression(state.get("thermal"), "model.thermal", 3)
+        thermal = _regression(state.get("thermal"), "model.thermal", 3, bound_mean=False)
         for name, value in zip(("a", "b", "c"), thermal, strict=True):
             if not abs(value) <= MAX_THERMAL_COEFFICIENT:
                 raise ValueError(

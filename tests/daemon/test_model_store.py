@@ -944,6 +944,8 @@ def _damage(model: dict, field: str) -> None:  # type: ignore[type-arg]
         model["time"]["covariance"][0] = [1.0, [2.0]]
     elif field == "visits":
         model["visits"][0] = "many"
+    elif field == "time.mean":
+        model["time"]["mean"][0] = 1e308
     else:
         model["power"]["noise_variance"] = -1.0
 
@@ -958,6 +960,8 @@ PHYSICAL_DAMAGE = [
     ("time.covariance", "model.time.covariance[0] must be a list of"),
     ("visits", "model.visits[0] must be a finite number"),
     ("power.noise_variance", "model.power.noise_variance must be a positive number"),
+    # model show printed numpy's overflow RuntimeWarning and export wrote a profile of it.
+    ("time.mean", "model.time.mean[0] must be a finite number within ±1e+12, got 1e+308"),
 ]
 
 
