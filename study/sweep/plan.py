@@ -18,6 +18,7 @@ from gpugov.daemon.cli_support import (
     UsageError,
     check_kv_fits,
     check_window_span,
+    checked_controller_flag,
     control_period_of,
     load_trace_for_cli,
     simulated_controller,
@@ -200,6 +201,7 @@ def plan_sweep(path: Path) -> SweepPlan:
             raise UsageError(f"{path}: key 'profiles': {error}") from error
         profiles[entry] = profile
         shared[f"profile:{entry}"] = profile
+    _check_before_traces(path, grid, profiles)
     known_traces = tuple(BUNDLED_TRACES) + tuple(SHARED_TRACES)
     for entry in grid.traces:
         try:
@@ -226,8 +228,9 @@ def plan_sweep(path: Path) -> SweepPlan:
                     slo_target=slo_target_of(grid.settings()["slo_target"]),
                 )
             except UsageError as error:
-                message = str(error).removeprefix("--controller: ")
-                raise UsageError(f"{path}: key 'controllers' ({entry}): {message}") from error
+                raise UsageError(
+                    f"{path}: key 'controllers' ({entry}): {_spec_message(error)}"
+                ) from error
     settings = grid.settings()
     contents = {spec: _spec_contents(path, spec) for spec in grid.controllers}
     # A cell's key names its files as resolved, so that the same run keys alike however
@@ -285,6 +288,36 @@ def plan_sweep(path: Path) -> SweepPlan:
     return SweepPlan(grid, tuple(cells), shared)
 
 
+def _spec_message(error: UsageError) -> str:
+    """A ``--controller`` refusal as a grid's ``controllers`` entry says it."""
+    return str(error).removeprefix("--controller: ").removeprefix("--controller ")
+
+
+def _check_before_traces(
+    path: Path, grid: SweepGrid, profiles: Mapping[str, PerformanceProfile]
+) -> None:
+    """Refuse what needs no trace before any trace is read (a large one takes a minute):
+    a floor above a profile's top clock, and a controller spec that does not parse, a
+    fixed clock outside a profile's clocks or an open-loop plan that cannot be read.
+
+    Raises:
+        UsageError: naming the grid file, the key and the profile.
+    """
+    for entry, profile in profiles.items():
+        if grid.floor_mhz is not None and grid.floor_mhz > profile.maximum_clock_mhz:
+            raise UsageError(
+                f"{path}: key 'floor_mhz': {grid.floor_mhz:g} MHz is above the top clock of "
+                f"profile {entry} ({profile.maximum_clock_mhz:g} MHz)"
+            )
+        for spec in grid.controllers:
+            try:
+                checked_controller_flag(spec, profile)
+            except UsageError as error:
+                raise UsageError(
+                    f"{path}: key 'controllers' ({entry}): {_spec_message(error)}"
+                ) from error
+
+
 def _check_cells(
     path: Path,
     grid: SweepGrid,
@@ -293,17 +326,12 @@ def _check_cells(
 ) -> None:
     """Refuse, before the first cell runs, every cell the plant would refuse: a request
     larger than a profile's KV cache, a scaled window longer than the simulated-days
-    limit, a floor above a profile's top clock (one line naming the file and the cell).
+    limit (one line naming the file and the cell).
 
     Raises:
         UsageError: naming the grid file, the key and the values of the bad cell.
     """
     for entry, profile in profiles.items():
-        if grid.floor_mhz is not None and grid.floor_mhz > profile.maximum_clock_mhz:
-            raise UsageError(
-                f"{path}: key 'floor_mhz': {grid.floor_mhz:g} MHz is above the top clock of "
-                f"profile {entry} ({profile.maximum_clock_mhz:g} MHz)"
-            )
         plant = ServingPlant.from_profile(profile)
         for trace in grid.traces:
             window: Sequence[Request] = shared[f"trace:{trace}"]

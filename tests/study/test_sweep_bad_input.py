@@ -312,3 +312,32 @@ def test_a_sweep_says_it_runs_before_its_first_cell_ends(
     )  # fmt: skip
     first = "sweep:   0.0% (0/1 cells), elapsed 0s, ETA ?, running 1 cell(s)\n"
     assert seen == [first]
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ('controllers = ["fixed:100"]', "key 'controllers' (h100-sxm-llama3-8b): fixed:100: "),
+        ('controllers = ["open-loop:missing.json"]', "cannot read plan file"),
+        ('controllers = ["max"]\nfloor_mhz = 5000', "key 'floor_mhz': 5000 MHz is above"),
+    ],
+    ids=["fixed-clock", "plan", "floor"],
+)
+def test_what_needs_no_trace_is_refused_before_any_trace_is_read(
+    extra: str, expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grid's controllers and floor were checked after every trace was read: 42 s of a
+    63 MB trace before the line."""
+
+    def no_trace(*_: object, **__: object) -> None:
+        raise AssertionError("a trace was read before the grid's cheap checks")
+
+    monkeypatch.setattr(sweep_plan, "load_trace_for_cli", no_trace)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+        f"duration_s = 30.0\n{extra}\n"
+    )
+    with pytest.raises(UsageError) as refused:
+        sweep.plan_sweep(grid)
+    assert expected in str(refused.value) and "\n" not in str(refused.value)
