@@ -541,11 +541,15 @@ def output_dirs_removed_on_failure(*paths: str | os.PathLike[str] | None) -> Ite
         raise
 
 
-def load_profile_for_cli(flag: str, name: str) -> PerformanceProfile:
-    """``load_profile(name)``, its refusal one line naming ``flag``: made before a command
-    reads its trace, so a mistyped name is not found only after a long read."""
+def load_profile_for_cli(
+    flag: str, name: str, *, load: Callable[[str], PerformanceProfile] = load_profile
+) -> PerformanceProfile:
+    """``load(name)`` (:func:`load_profile`; a command that takes generated shapes passes
+    its resolver, whose refusal lists them), its refusal one line naming ``flag``: made
+    before a command reads its trace, so a mistyped name is not found only after a long
+    read."""
     try:
-        return load_profile(name)
+        return load(name)
     except ProfileError as error:
         raise UsageError(f"{flag}: {error}") from None
 

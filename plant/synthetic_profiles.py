@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from gpugov.plant.output_files import write_files_atomic
-from gpugov.plant.profile import CSV_COLUMNS, PerformanceProfile
+from gpugov.plant.profile import CSV_COLUMNS, PerformanceProfile, ProfileError
 from gpugov.plant.profile_files import load_profile
 
 REFERENCE_BATCH = 64
@@ -416,14 +416,22 @@ def expand_synthetic(spec: str) -> list[str]:
 
 
 def resolve_profile(spec: str | Path) -> PerformanceProfile:
-    """A generated profile for a synthetic spec, else :func:`load_profile`'s.
+    """A generated profile for a synthetic spec, else :func:`load_profile`'s (an unknown
+    name's line then lists the generated shapes too, as where they are taken).
 
     Raises:
         ProfileError | ValueError: one line naming the profile.
     """
     if isinstance(spec, str) and is_synthetic_spec(spec) and spec != ALL_SYNTHETIC:
         return synthetic_profile(spec)
-    return load_profile(spec)
+    try:
+        return load_profile(spec)
+    except ProfileError as error:
+        if not str(error).startswith("unknown profile"):
+            raise
+        raise ProfileError(
+            f"{error}; or a generated one: {SYNTHETIC_PREFIX}SHAPE ({', '.join(SHAPES)})"
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -170,7 +170,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if not math.isfinite(args.start) or args.start < 0:
         raise UsageError(f"--start must be >= 0, got {args.start!r}")
     generated = _generated_profile(args.profile)
-    profile = generated or load_profile_for_cli("--profile", args.profile)
+    profile = generated or load_profile_for_cli("--profile", args.profile, load=resolve_profile)
     inputs = simulated_run_inputs(
         args.trace, DEFAULT_PROFILE if generated else args.profile, args.controller
     )

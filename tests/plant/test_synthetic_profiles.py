@@ -165,8 +165,9 @@ def test_specs_resolve_and_expand() -> None:
     assert resolve_profile("h100-sxm-llama3-8b").name == "h100-sxm-llama3-8b"
     with pytest.raises(ValueError, match="unknown synthetic profile shape 'synthetic:nope'"):
         resolve_profile("synthetic:nope")
-    with pytest.raises(ProfileError):
-        resolve_profile("no-such-profile")
+    # An unknown name lists the generated shapes beside the bundled profiles.
+    with pytest.raises(ProfileError, match=r"; or a generated one: synthetic:SHAPE \(compute"):
+        resolve_profile("synthetic-nope")
 
 
 def test_module_writes_the_named_shapes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -35,6 +35,7 @@ def test_simulate_runs_a_generated_profile(
     [
         ("synthetic:nope", f"--profile: {UNKNOWN_SHAPE}"),
         ("synthetic", "--profile synthetic: names every generated shape"),
+        ("synthetic-nope", "--profile: unknown profile 'synthetic-nope'; bundled profiles: "),
     ],
 )
 def test_simulate_refuses_an_unknown_shape_in_one_line(
@@ -44,6 +45,8 @@ def test_simulate_refuses_an_unknown_shape_in_one_line(
     assert main(["simulate", "--profile", spec, "--quiet", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith(f"gpugov: error: {line}")
+    if spec == "synthetic-nope":  # a name that is neither lists the generated shapes too
+        assert err.endswith(f"; or a generated one: synthetic:SHAPE ({', '.join(SHAPES)})")
     assert not out.exists()
 
 
