@@ -32,6 +32,17 @@ def trace(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def trace_never_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test where a trace is read: a flag is to be refused before it."""
+    from gpugov.daemon import cli_support
+
+    def unread(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the trace was read")
+
+    monkeypatch.setattr(cli_support, "load_trace", unread)
+
+
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("rec") / "run.jsonl"
@@ -680,20 +691,14 @@ def test_bench_refuses_a_bad_trace_file_and_report_dir_before_making_out(
     ids=["profiles", "floor", "loads"],
 )
 def test_bench_refuses_a_bad_flag_before_reading_a_traces_file(
+    trace_never_read: None,
     trace: Path,
     flags: list[str],
     said: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Each was refused only after the --traces file was read (55 s for a 63 MB one).
-    from gpugov.daemon import cli_support
-
-    def unread(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the trace was read")
-
-    monkeypatch.setattr(cli_support, "load_trace", unread)
     out = tmp_path / "out"
     argv = ["bench", "controllers", "--quick", "--traces", str(trace), "--out", str(out)]
     assert main([*argv, *flags]) == 2
@@ -916,6 +921,7 @@ def test_replay_refuses_a_bad_controller_before_reading_the_recording(
     ids=["fixed", "floor", "plan"],
 )
 def test_a_bad_controller_or_floor_is_refused_before_the_trace_is_read(
+    trace_never_read: None,
     command: str,
     flags: list[str],
     said: str,
@@ -924,12 +930,6 @@ def test_a_bad_controller_or_floor_is_refused_before_the_trace_is_read(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Each was refused only after the whole trace was read (a minute for a 63 MB one)."""
-    from gpugov.daemon import cli_support
-
-    def unread(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the trace was read")
-
-    monkeypatch.setattr(cli_support, "load_trace", unread)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "plan.json").write_text("{not json")
     argv = ["simulate"] if command == "simulate" else ["run", "--simulate"]
@@ -951,6 +951,7 @@ def test_a_bad_controller_or_floor_is_refused_before_the_trace_is_read(
     ids=["simulate", "experiments", "emulate", "run-simulate", "replay"],
 )
 def test_a_bad_profile_names_its_flag_before_the_trace_is_read(
+    trace_never_read: None,
     argv: list[str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -959,12 +960,6 @@ def test_a_bad_profile_names_its_flag_before_the_trace_is_read(
     """'gpugov: error: unknown profile ...' named no flag, and simulate, experiments and
     run --simulate read their whole trace (a gigabyte at most) before the profile (run
     --simulate: 50 s for a 63 MB trace), replay its whole recording."""
-    from gpugov.daemon import cli_support
-
-    def unread(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the trace was read")
-
-    monkeypatch.setattr(cli_support, "load_trace", unread)
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
