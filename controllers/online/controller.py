@@ -720,7 +720,10 @@ class OnlineMPCController(MeasuredLatencyRules):
         the regression step, the model's tables and the MPC's search. The daemon calls it
         on a copy before its loop starts (:func:`daemon.decide.warm_up`), so the kernels
         are compiled or loaded from numba's cache there, not at the first busy window or
-        the first decision after the warm-up, seconds into a run."""
+        the first decision after the warm-up, seconds into a run; likewise the fits a
+        hint's prior needs for this GPU (:meth:`AutoHints.warm`)."""
+        if self.auto_hints is not None:
+            self.auto_hints.warm()
         observation = self._one_engine(observation)
         self._observe_engine(observation)
         model = self.model

@@ -263,6 +263,16 @@ class AutoHints:
             self.warn(message)
         self._said.add(message)
 
+    def warm(self) -> None:
+        """Fit now what a prior for this GPU needs whatever the model (the roofline's
+        efficiency and attention fits, cached for the process): done at the first
+        ``model_name``, it took 40-110 ms of one decision, seconds into a run."""
+        spec = gpu_family(self.gpu) if self.gpu else None
+        if spec is not None:
+            calibration.fit_efficiency(spec.efficiency_from)
+            calibration.fit_attention()
+            calibration.all_reduce_points()
+
     def prior_for(self, model_name: str, engines: int = 1) -> ModelPrior | None:
         """The prior for ``model_name`` served on this domain's GPUs (None when the name
         or the GPU gives none), for one of ``engines`` data-parallel engines that share

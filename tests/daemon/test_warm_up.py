@@ -151,3 +151,34 @@ def test_warm_up_runs_mpc_online_past_its_warm_up_on_a_copy(
     assert probe.model is not None and probe.model.time.samples == 1
     assert probe.mpc is not None and len(probe.mpc.solve_times) == 1
     assert controller.model is None and controller.mpc is None
+
+
+def test_warm_up_fits_what_a_hint_needs_for_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hint's prior is built at the engine's first ``model_name``, and the roofline's
+    efficiency and attention fits it needs took 40-110 ms of that decision (``run
+    --simulate``'s demo went fail-safe on stale engine data there, 0.8 s into the run):
+    they depend on the GPU alone, which the node knows at the start, so the warm-up fits
+    them (process-wide caches) before the loop starts."""
+    from gpugov.controllers.online import prior
+    from gpugov.daemon.controller_config import OnlineMPCControllerConfig
+    from gpugov.daemon.decide import ControllerContext, build_controller
+    from gpugov.plant import load_profile
+
+    fitted: list[str] = []
+    monkeypatch.setattr(prior.calibration, "fit_efficiency", fitted.append)
+    monkeypatch.setattr(prior.calibration, "fit_attention", lambda: fitted.append("attention"))
+    clocks = tuple(float(c) for c in load_profile("h100-sxm-llama3-8b").clock_mhz)
+    context = ControllerContext(
+        period_s=0.25, supported_clocks_mhz=clocks, gpu_names=("NVIDIA H100 80GB HBM3",)
+    )
+    chain = build_controller(OnlineMPCControllerConfig(kind="mpc-online"), context)
+    assert fitted == []
+    warm_up(chain, clocks, thermal_limit_c=85.0)
+    assert fitted == [prior.GPUS["h100"].efficiency_from, "attention"]
+    # A GPU of no known family gives no prior, and nothing to fit.
+    fitted.clear()
+    unknown = ControllerContext(
+        period_s=0.25, supported_clocks_mhz=clocks, gpu_names=("Made-up Accelerator",)
+    )
+    warm_up(build_controller(OnlineMPCControllerConfig(kind="mpc-online"), unknown), clocks)
+    assert fitted == []
