@@ -87,9 +87,7 @@ def simulated_controller(
     before the run, the domain's ``slo_target`` and virtual time, exactly as
     ``gpugov run --simulate --virtual``.
     """
-    config = parse_controller_flag(spec, default_profile=plant.profile.name)
-    profile = plant.profile
-    check_fixed_clock(config, profile.minimum_clock_mhz, profile.maximum_clock_mhz, spec)
+    config = _parsed_for_profile(spec, plant.profile, plant.profile.name)
     context = ControllerContext.for_plant(
         plant, workload, period_s=control_period_s, safety=safety, slo_target=slo_target
     )
@@ -107,8 +105,7 @@ def checked_controller_flag(
     profile's clocks, an ``open-loop`` plan file read and checked; each refusal is one
     :class:`UsageError` line naming the flag. ``default_profile``: the spec's profile
     where it names none (default the profile's name)."""
-    config = parse_controller_flag(text, default_profile=default_profile or profile.name)
-    check_fixed_clock(config, profile.minimum_clock_mhz, profile.maximum_clock_mhz, text)
+    config = _parsed_for_profile(text, profile, default_profile or profile.name)
     if isinstance(config, OpenLoopControllerConfig):
         from gpugov.controllers.open_loop import PlanFormatError, load_plan
 
@@ -116,6 +113,16 @@ def checked_controller_flag(
             load_plan(config.plan, min_period_s=MIN_PERIOD_S)
         except PlanFormatError as error:
             raise UsageError(f"--controller {shown_spec(text)}: {error}") from error
+    return config
+
+
+def _parsed_for_profile(
+    text: str, profile: PerformanceProfile, default_profile: str
+) -> ControllerConfig:
+    """A ``--controller`` value parsed, a ``fixed:MHZ`` checked within ``profile``'s
+    clocks; each refusal one :class:`UsageError` line naming the flag."""
+    config = parse_controller_flag(text, default_profile=default_profile)
+    check_fixed_clock(config, profile.minimum_clock_mhz, profile.maximum_clock_mhz, text)
     return config
 
 
