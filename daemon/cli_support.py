@@ -415,12 +415,16 @@ def check_not_an_input(
 ) -> None:
     """Refuse an output file that is one of the command's ``inputs`` (``(what, path)``),
     the first check of :func:`check_output_file`, also made alone where the rest would
-    look at this machine (``check-config --offline``)."""
+    look at this machine (``check-config --offline``). A path is compared as written too:
+    an input not made yet (the daemon's lock record) is still one to keep."""
     if path is None:
         return
     target = os.fspath(path)
     for what, source in inputs:
-        if source is not None and _same_file(target, os.fspath(source)):
+        if source is not None and (
+            _same_file(target, os.fspath(source))
+            or os.path.realpath(target) == os.path.realpath(source)
+        ):
             raise UsageError(f"{flag} {target}: is {what}, which it would overwrite")
 
 

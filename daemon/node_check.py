@@ -38,7 +38,13 @@ from gpugov.daemon.cli_support import (
     check_output_file,
     controller_files,
 )
-from gpugov.daemon.config import ONLINE_PERIOD_S, DomainConfig, GpugovConfig, parse_address
+from gpugov.daemon.config import (
+    ONLINE_PERIOD_S,
+    DomainConfig,
+    GpugovConfig,
+    controller_state_dir,
+    parse_address,
+)
 from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.daemon.errors import (
     NO_DRIVER_CODES,
@@ -50,7 +56,9 @@ from gpugov.daemon.errors import (
     NotSupported,
 )
 from gpugov.daemon.files import STATE_DIR_ENV, resolve_state_dir
+from gpugov.daemon.lockstate import HOLD_FILE, STATE_FILE
 from gpugov.daemon.node_support import GPU_CALL_DEADLINE_S, bounded_gpu_call, write_path_status
+from gpugov.daemon.stored_model import model_path
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +137,8 @@ def config_inputs(
     """The files a node config reads, as :func:`check_output_file`'s ``inputs`` for its
     record file, each named by its field: the config file itself (``path``), each domain's
     controller files (an open-loop plan, a profile's manifest and CSV) and power budget
-    file, and zeusd's token file."""
+    file, zeusd's token file, and the state directory's files (the lock record, its hold
+    file, each ``mpc-online`` domain's learned model): a record there moved them aside."""
     inputs: list[tuple[str, str | os.PathLike[str] | None]] = [("the config file", path)]
     for domain in config.domains:
         where = f"domain {domain.name!r}"
@@ -138,8 +147,15 @@ def config_inputs(
             for name, file in controller_files(domain.controller)
         ]
         inputs.append((f"{where} power_budget_file", domain.power_budget_file))
+        directory = controller_state_dir(domain.controller, config.daemon.state_dir)
+        if directory is not None:
+            inputs.append((f"{where}'s learned model", model_path(directory, domain.name)))
     if config.daemon.zeusd is not None:
         inputs.append(("daemon.zeusd.token_file", config.daemon.zeusd.token_file))
+    state_dir = resolve_state_dir(config.daemon.state_dir)
+    if state_dir is not None:
+        inputs.append(("the lock state file", state_dir / STATE_FILE))
+        inputs.append(("the state directory's hold file", state_dir / HOLD_FILE))
     return inputs
 
 

@@ -177,6 +177,50 @@ def test_a_record_file_the_config_reads_is_refused_by_both(
     assert {file: file.read_bytes() for file in files.values()} == kept
 
 
+RECORD_ON_A_STATE_FILE = {
+    "the lock record": ("state/locks.json", "", "the lock state file"),
+    "the hold file": ("state/gpugov.lock", "", "the state directory's hold file"),
+    "the learned model": (
+        "state/online-model-llm.json",
+        '[domains.controller]\nkind = "mpc-online"\n',
+        "domain 'llm''s learned model",
+    ),
+    "a controller's own state_dir": (
+        "models/online-model-llm.json",
+        '[domains.controller]\nkind = "mpc-online"\nstate_dir = "{tmp}/models"\n',
+        "domain 'llm''s learned model",
+    ),
+}
+
+
+@pytest.mark.parametrize("made", [True, False], ids=["there", "not yet made"])
+@pytest.mark.parametrize("case", sorted(RECORD_ON_A_STATE_FILE))
+def test_a_record_on_a_file_of_the_state_directory_is_refused_by_both(
+    case: str, made: bool, tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``daemon.record`` on the lock record, the hold file or a learned model: both said OK,
+    and the recorder moved the file aside (the lock record, the model lost to the next
+    start; the hold file's flock no longer on the file a second daemon opens)."""
+    name, tables, what = RECORD_ON_A_STATE_FILE[case]
+    record = tmp_path / name
+    record.parent.mkdir()
+    if made:
+        record.write_text("{}\n")
+    path = _write(
+        tmp_path,
+        daemon=f'state_dir = "{tmp_path}/state"\nrecord = "{record}"\nperiod_s = 0.25',
+        tables=tables.format(tmp=tmp_path),
+    )
+    line = f"gpugov: error: daemon.record {record}: is {what}, which it would overwrite"
+    for offline in ([], ["--offline"]):
+        assert node_cli.main(["check-config", str(path), *offline]) == 2
+        errors = [text for text in capsys.readouterr().err.splitlines() if "error:" in text]
+        assert errors[0] == line
+    assert _run_code(path) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+    assert sorted(p.name for p in record.parent.iterdir()) == ([record.name] if made else [])
+
+
 def test_a_good_config_passes_both_and_check_config_names_the_gpus(
     tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
 ) -> None:
