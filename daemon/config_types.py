@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_COUNT, MAX_POWER_W, MAX_SECONDS
 
@@ -33,7 +33,17 @@ def _no_nul(value: Path) -> Path:
     return value
 
 
-LoosePath = Annotated[Path, Field(strict=False), AfterValidator(_no_nul)]
+def _path_text(value: Any) -> Any:
+    # Anything but text: pydantic's own line ("Input is not a valid path for <class
+    # 'pathlib.Path'>") names a Python class, not what to write.
+    if not isinstance(value, str | Path):
+        raise ValueError(f"must be a file or directory name in quotes, got {value!r:.40}")
+    return value
+
+
+LoosePath = Annotated[
+    Path, Field(strict=False), BeforeValidator(_path_text), AfterValidator(_no_nul)
+]
 
 
 def named_directory(value: Any) -> Any:

@@ -115,6 +115,37 @@ def test_defaults() -> None:
             "daemon.record",
             'must be a file name in quotes, such as "/var/log/gpugov/run.jsonl", got 5',
         ),
+        # The other paths said the same.
+        (
+            {"daemon": {"state_dir": 5}, **_domain()},
+            "daemon.state_dir",
+            "must be a file or directory name in quotes, got 5",
+        ),
+        (
+            {"daemon": {"actuator": {"socket": True}}, **_domain()},
+            "daemon.actuator.socket",
+            "must be a file or directory name in quotes, got True",
+        ),
+        (
+            {"daemon": {"backend": "zeusd", "zeusd": {"socket": 1.5}}, **_domain()},
+            "daemon.zeusd.socket",
+            "must be a file or directory name in quotes, got 1.5",
+        ),
+        (
+            _domain(power_budget_file=700),
+            "domains[0].power_budget_file",
+            "must be a file or directory name in quotes, got 700",
+        ),
+        (
+            _domain(controller={"kind": "open-loop", "plan": 5}),
+            "domains[0].controller.plan",
+            "must be a file or directory name in quotes, got 5",
+        ),
+        (
+            _domain(controller={"kind": "mpc-online", "state_dir": ["/var/lib/gpugov"]}),
+            "domains[0].controller.state_dir",
+            "must be a file or directory name in quotes, got ['/var/lib/gpugov']",
+        ),
     ],
 )
 def test_bad_field_is_named(data: dict[str, object], path: str, reason: str) -> None:
