@@ -14,8 +14,11 @@ on the same workload. Per controller it reports:
 
 ``--best-fixed`` adds a hindsight row, ``best-fixed``: the best fixed clock in hindsight
 (:func:`~gpugov.controllers.oracles.best_fixed_clock`, the scoreboard's oracle), the
-lowest-energy clock whose run holds the SLO against the same maximum-clock run. It is a
-reference for what the windows allow, not a governor a node can run.
+lowest-energy clock whose run holds the SLO against the same maximum-clock run.
+``--oracle`` adds it and the scoreboard's window oracle, ``window-oracle``: a clock per
+5 s window in hindsight, continuing at the best fixed clock
+(:func:`~gpugov.study.scoreboard.run.scoreboard_window_oracle`; several times the cost of
+the rest). They are references for what the windows allow, not governors a node can run.
 
 The scoreboard's scenario builder makes each window (capacity search, loads), so a
 window here is what the scoreboard would run had it started there.
@@ -51,7 +54,7 @@ from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, 
 from gpugov.plant.result import ServingResult
 from gpugov.study.online_eval import energy_after
 from gpugov.study.scoreboard.controllers import build_scoreboard_controllers
-from gpugov.study.scoreboard.run import scenario_warmup_s
+from gpugov.study.scoreboard.run import scenario_warmup_s, scoreboard_window_oracle
 from gpugov.study.scoreboard.scenarios import FULL, WHOLE_TRACE, build_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +69,10 @@ NEAR_FRACTION = 0.9
 """A request whose TTFT passes this fraction of its TTFT SLO counts as a near miss."""
 BEST_FIXED = "best-fixed"
 """The key of the best fixed clock in hindsight (``--best-fixed``)."""
+WINDOW_ORACLE = "window-oracle"
+"""The key of the window oracle in hindsight (``--oracle``)."""
+HINDSIGHT = ("max", BEST_FIXED, WINDOW_ORACLE)
+"""The rows no controller key names."""
 
 
 def _tail(result: ServingResult, plant: ServingPlant) -> tuple[int, int]:
@@ -109,7 +116,7 @@ def run_cell(
         safety=safety,
         slo_target=FULL.slo_target,
     ):
-        if entry.key != "max" and entry.key not in keys:
+        if entry.key not in ("max", *keys):
             continue
         result = simulate(
             scenario.requests,
@@ -122,7 +129,7 @@ def run_cell(
             view=observation_view(engine_view),
         )
         results[entry.key] = result
-    best_clock_mhz = None
+    best_clock_mhz = oracle_source = None
     if BEST_FIXED in keys:
         best = best_fixed_clock(
             scenario.requests,
@@ -131,6 +138,9 @@ def run_cell(
             control_period_s=FULL.control_period_s,
         )
         results[BEST_FIXED], best_clock_mhz = best.result, best.clock_mhz
+        if WINDOW_ORACLE in keys:
+            oracle = scoreboard_window_oracle(scenario.requests, plant, results["max"], best, FULL)
+            results[WINDOW_ORACLE], oracle_source = oracle.result, oracle.source
     for key, result in results.items():
         near, missed = _tail(result, plant)
         runs[key] = {
@@ -142,6 +152,8 @@ def run_cell(
         }
     if best_clock_mhz is not None:
         runs[BEST_FIXED]["clock_mhz"] = best_clock_mhz
+    if oracle_source is not None:
+        runs[WINDOW_ORACLE]["oracle_source"] = oracle_source
     top = runs["max"]
     for run in runs.values():
         run["holds_slo"] = holds_slo(run["slo_attainment"], top["slo_attainment"])
@@ -213,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         "fixed-clock runs per window)",
     )
     parser.add_argument(
+        "--oracle",
+        action="store_true",
+        help="add the best fixed clock and the window oracle in hindsight as reference "
+        "rows (the oracle costs several times the rest of a window)",
+    )
+    parser.add_argument(
         "--duration", type=float, default=600.0, help="seconds of arrivals per window"
     )
     add_engine_view_argument(parser)
@@ -227,9 +245,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    keys = tuple(key for key in args.controllers if key not in ("max", BEST_FIXED))
-    if args.best_fixed:
+    keys = tuple(key for key in args.controllers if key not in HINDSIGHT)
+    if args.best_fixed or args.oracle:
         keys += (BEST_FIXED,)
+    if args.oracle:
+        keys += (WINDOW_ORACLE,)
     safety = replace(
         FULL,
         dwell_s=FULL.dwell_s if args.dwell is None else args.dwell,

@@ -66,3 +66,24 @@ def test_the_best_fixed_clock_is_a_hindsight_row_that_holds_and_saves() -> None:
     assert best["clock_mhz"] < 1980.0  # below the H100's top clock
     summary = {entry["controller"] for entry in module.summarise([row], (module.BEST_FIXED,))}
     assert summary == {"max", module.BEST_FIXED}
+
+
+def test_the_window_oracle_is_a_hindsight_row_beside_the_best_fixed_clock() -> None:
+    module = bench_script("online_windows")
+    keys = (module.BEST_FIXED, module.WINDOW_ORACLE)
+    cell = (
+        "azure-conv-10min",
+        0.0,
+        "h100-sxm-llama3-8b",
+        "cap70",
+        30.0,
+        keys,
+        "exact",
+        SafetySettings(dwell_s=0.5),
+    )
+    row = module.run_cell(cell)
+    oracle, top = row["controllers"][module.WINDOW_ORACLE], row["controllers"]["max"]
+    assert oracle["holds_slo"] and 0.0 < oracle["energy_saved_fraction"] < 1.0
+    assert oracle["oracle_source"]
+    summary = {entry["controller"] for entry in module.summarise([row], keys)}
+    assert summary == {"max", *keys}
