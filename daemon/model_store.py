@@ -26,6 +26,7 @@ from gpugov.daemon.deadline import (
     ReadTimeout,
 )
 from gpugov.daemon.files import json_safe, write_json_atomic
+from gpugov.daemon.limits import MAX_PERIOD_S, MIN_PERIOD_S
 from gpugov.daemon.stored_model import (
     FORMAT,
     OtherVersionError,
@@ -299,8 +300,9 @@ class PersistentOnlineModel(ControllerWrapper):
                 f"{key.as_dict()}; not applied{kept}; learning anew",
             )
             return
+        model_state = self._at_this_period(payload)
         try:
-            self.inner.restore(payload["model"], observation)
+            self.inner.restore(model_state, observation)
         except SettingsRefuseModel as error:
             # The controller's settings, not the file: kept whole (never named corrupt,
             # never overwritten by the model learned anew).
@@ -337,6 +339,37 @@ class PersistentOnlineModel(ControllerWrapper):
                 "writes this node's GPU names)",
             )
         self._restore_budget(payload, observation)
+
+    def _at_this_period(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The stored model with its thermal fit (``T' = a T + b + c P`` per window) moved
+        to this run's control period where it was learned at another: the time constant
+        is counted in windows, so a period changed 1 s -> 0.25 s made it 4x shorter."""
+        state: dict[str, Any] = payload["model"]
+        stored = finite_number(payload.get("control_period_s"))
+        period = float(self.inner.control_period_s)
+        if stored is None or not MIN_PERIOD_S <= stored <= MAX_PERIOD_S:
+            return state  # unknown (saved before it was kept, or hand-edited): as it is
+        if math.isclose(stored, period, rel_tol=1e-9):
+            return state
+        thermal = state["thermal"]
+        a, b, c = (float(value) for value in thermal["mean"])
+        if not 0.0 < a < 1.0:
+            return state  # no RC fit yet: nothing per window to convert
+        ratio = period / stored
+        converted = a**ratio
+        scale = (1.0 - converted) / (1.0 - a)  # the same ambient and resistance
+        gains = (ratio * a ** (ratio - 1.0), scale, scale)  # d(new)/d(stored), per parameter
+        covariance = [
+            [float(value) * gains[row] * gains[column] for column, value in enumerate(line)]
+            for row, line in enumerate(thermal["covariance"])
+        ]
+        self._say(
+            logging.INFO,
+            f"{self.path}: the model was learned at a control period of {stored:g} s, this "
+            f"run's is {period:g} s: its thermal fit (per control window) is converted",
+        )
+        mean = [converted, b * scale, c * scale]
+        return {**state, "thermal": {**thermal, "mean": mean, "covariance": covariance}}
 
     def _restore_budget(self, payload: dict[str, Any], observation: ServingObservation) -> None:
         """Go on measuring the SLO window the stored run measured (its misses and its

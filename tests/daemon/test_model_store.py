@@ -489,6 +489,39 @@ def test_the_stored_model_carries_its_control_period(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("period", [0.25, 2.0])
+def test_a_model_restored_at_another_control_period_keeps_its_thermal_time_constant(
+    tmp_path: Path, period: float
+) -> None:
+    """The thermal fit is per control window: restored under another ``period_s`` (1 s to
+    the recommended 0.25 s), its time constant in seconds was the stored one times 0.25."""
+    first = _learn(tmp_path)
+    assert first.inner.model is not None and first.inner.control_period_s == 1.0
+    fitted = first.inner.model.thermal_parameters()
+    assert fitted is not None
+    ambient, resistance, windows = fitted
+    controller = OnlineMPCController(
+        mean_prompt_tokens=1100.0, mean_output_tokens=110.0, warmup_s=10.0, control_period_s=period
+    )
+    second = PersistentOnlineModel(controller, tmp_path, "llm", GPUS)
+    workload = poisson_requests(2.0 * period, seed=9)
+    simulate(
+        workload,
+        make_plant(),
+        chunked_prefill_scheduler,
+        Named(second, "llama"),
+        0,
+        control_period_s=period,
+    )
+    assert second.restored
+    assert second.inner.model is not None
+    restored = second.inner.model.thermal_parameters()
+    assert restored is not None
+    assert restored[2] * period == pytest.approx(windows * 1.0, rel=0.05)
+    assert restored[:2] == pytest.approx((ambient, resistance), rel=0.05)
+    assert any("thermal fit (per control window) is converted" in line for line in second.messages)
+
+
 def test_model_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["model", "show", "--state-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
