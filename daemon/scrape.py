@@ -45,20 +45,43 @@ def _decompressed(body: bytes, encoding: str | None, url: str, max_bytes: int) -
             f"{url}: the metrics page is {coding}-encoded (Content-Encoding: {encoding}); "
             "gpugov asks for no encoding and decodes only gzip"
         )
-    inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    try:
-        page = inflate.decompress(body, max_bytes + 1)
-    except zlib.error as error:
-        raise EngineParseError(
-            f"{url}: the gzip-encoded metrics page is not gzip: {error}"
-        ) from error
-    if len(page) > max_bytes:
-        raise EngineParseError(
-            f"{url}: the metrics page is over the {max_bytes}-byte limit (gzip-encoded)"
-        )
-    if not inflate.eof:
-        raise EngineParseError(f"{url}: the gzip-encoded metrics page ends mid-stream")
-    return page
+    # A gzip body may hold several members, one after another (RFC 1952, 2.2): the page
+    # is all of them. Only the first was read, the rest of the page silently dropped.
+    parts: list[bytes] = []
+    size = 0
+    rest = body
+    while True:
+        inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        try:
+            part = inflate.decompress(rest, max_bytes + 1 - size)
+        except zlib.error as error:
+            where = f" after its first {len(body) - len(rest)} bytes" if parts else ""
+            raise EngineParseError(
+                f"{url}: the gzip-encoded metrics page is not gzip{where}: {error}"
+            ) from error
+        parts.append(part)
+        size += len(part)
+        if size > max_bytes:
+            raise EngineParseError(
+                f"{url}: the metrics page is over the {max_bytes}-byte limit (gzip-encoded)"
+            )
+        if not inflate.eof:
+            raise EngineParseError(f"{url}: the gzip-encoded metrics page ends mid-stream")
+        rest = inflate.unused_data
+        if not rest.strip(b"\0"):  # the end, or the zero padding some writers leave
+            return b"".join(parts)
+
+
+_TARGET_SAFE = "".join(chr(code) for code in range(0x21, 0x7F))
+"""What a request target keeps as it is: printable ASCII, ``%`` escapes included."""
+
+
+def request_target(parts: urllib.parse.SplitResult) -> str:
+    """The path and query to request, every other character percent-encoded as UTF-8:
+    http.client sends ASCII only, so a URL such as ``/metrics?model=café`` raised
+    ``UnicodeEncodeError`` at its first scrape, out of the daemon's loop."""
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return urllib.parse.quote(target, safe=_TARGET_SAFE)
 
 
 def _decode(body: bytes, url: str) -> str:
@@ -311,7 +334,7 @@ class KeepAliveFetcher:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise EngineUnavailable(f"{url}: not an http:// or https:// URL with a host")
         key = (parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80))
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        path = request_target(parts)
         if timeout_s <= 0:
             raise EngineUnavailable(f"{url}: not fetched: a deadline of {timeout_s:g} s")
         end = time.monotonic() + timeout_s

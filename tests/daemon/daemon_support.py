@@ -79,7 +79,9 @@ class MetricsServer:
         self.down = False  # when True, connections are dropped without an answer
         self.short_body = False  # when True, half the page is sent and the connection closed
         self.encoding = ""  # "gzip": the page sent gzip-compressed; another: sent as it is
+        self.gzip_members = 1  # "gzip": in this many members, one after another
         self.requests = 0
+        self.paths: list[str] = []  # the request target of each GET, as sent
         self.connections = 0
         server = self
 
@@ -92,13 +94,17 @@ class MetricsServer:
 
             def do_GET(self) -> None:
                 server.requests += 1
+                server.paths.append(self.path)
                 if server.down:
                     self.close_connection = True
                     self.connection.close()
                     return
                 body = server.page.encode()
                 if server.encoding == "gzip":
-                    body = gzip.compress(body)
+                    step = max(1, -(-len(body) // server.gzip_members))
+                    body = b"".join(
+                        gzip.compress(body[i : i + step]) for i in range(0, len(body) or 1, step)
+                    )
                 self.send_response(server.status)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 if server.encoding:

@@ -551,6 +551,28 @@ def test_a_gzip_encoded_page_is_decompressed(metrics_server: MetricsServer) -> N
     assert (sample.running_requests, sample.waiting_requests) == (20, 4)
 
 
+def test_a_gzip_page_in_several_members_is_read_whole(metrics_server: MetricsServer) -> None:
+    # Only the first member was decompressed: the rest of the page was dropped (here the
+    # page ended mid-line, a bad scrape; cut at a line's end, its series went unread).
+    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
+    metrics_server.encoding = "gzip"
+    metrics_server.gzip_members = 2
+    sample = VllmSource(metrics_server.url, timeout_s=2.0).scrape()
+    assert (sample.running_requests, sample.waiting_requests) == (20, 4)
+
+
+def test_a_url_with_characters_outside_ascii_is_requested_percent_encoded(
+    metrics_server: MetricsServer,
+) -> None:
+    # http.client sends ASCII only: the scrape raised UnicodeEncodeError, which no
+    # handler took for a failed scrape, and `gpugov run` ended in a traceback.
+    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
+    url = metrics_server.url + "?model=café"
+    sample = VllmSource(url, timeout_s=2.0).scrape()
+    assert (sample.running_requests, sample.waiting_requests) == (20, 4)
+    assert metrics_server.paths == ["/metrics?model=caf%C3%A9"]
+
+
 def test_a_page_in_another_encoding_names_it(metrics_server: MetricsServer) -> None:
     metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
     metrics_server.encoding = "br"
