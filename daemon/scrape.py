@@ -120,11 +120,18 @@ def _redirect_advice(url: str, response: http.client.HTTPResponse) -> str:
     """For a redirect, where to (its ``Location``) and the URL to configure: a page
     mounted with a trailing slash (Starlette's mount of ``prometheus_client``'s app
     answers ``/metrics`` with 307 to ``/metrics/``, prometheus/client_python#1016) is
-    not followed, and the bare status left the fix to guess. "" for any other status."""
+    not followed, and the bare status left the fix to guess. "" for any other status.
+    A ``Location`` that is no URL (``http://[bad``) is quoted as sent: its ``ValueError``
+    ended the daemon with a traceback."""
     location = response.getheader("Location")
     if response.status not in (301, 302, 303, 307, 308) or not location:
         return ""
-    target = urllib.parse.urljoin(url, location.strip())[:300]
+    try:
+        target = urllib.parse.urljoin(url, location.strip())[:300]
+    except ValueError as error:
+        return (
+            f" to {location.strip()[:300]!r}, which is no URL ({error}); gpugov follows no redirect"
+        )
     return f" to {target}; gpugov follows no redirect: set engine.url to {target}"
 
 

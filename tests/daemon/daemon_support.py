@@ -82,6 +82,7 @@ class MetricsServer:
         self.gzip_members = 1  # "gzip": in this many members, one after another
         self.requests = 0
         self.paths: list[str] = []  # the request target of each GET, as sent
+        self.headers: dict[str, str] = {}  # more headers for each answer
         self.connections = 0
         server = self
 
@@ -109,6 +110,8 @@ class MetricsServer:
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 if server.encoding:
                     self.send_header("Content-Encoding", server.encoding)
+                for name, value in server.headers.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 if server.short_body:

@@ -841,6 +841,20 @@ def test_a_redirect_names_the_url_to_configure() -> None:
     )
 
 
+def test_a_redirect_to_no_url_is_a_failed_scrape_that_quotes_it(
+    metrics_server: MetricsServer,
+) -> None:
+    # urljoin raised ValueError on the Location, past every handler of a failed scrape:
+    # `gpugov run` ended in a traceback.
+    metrics_server.status = 302
+    metrics_server.headers["Location"] = "http://[bad"
+    with pytest.raises(EngineHttpError) as raised:
+        VllmSource(metrics_server.url, timeout_s=2.0).scrape()
+    assert str(raised.value).startswith(
+        f"{metrics_server.url}: HTTP 302 Found to 'http://[bad', which is no URL ("
+    )
+
+
 def test_a_page_read_in_blocks_parses_as_one_and_names_a_bad_line_of_a_later_block(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
