@@ -4,6 +4,7 @@ detected, the stateful I/O kept apart from the page's pure reading in :mod:`daem
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Literal
@@ -33,6 +34,12 @@ KIND_CHANGES_LEFT_OUT = (
     "does this URL reach engines of different kinds (a load balancer)?"
 )
 """What a logged change of engine kind says about the changes left out before it."""
+
+MISSING_CHANGES_LEFT_OUT = (
+    "{count} more page(s) lacking series in the {seconds:.0f} s before were not logged: does "
+    "this URL reach engines that publish different series (a load balancer)?"
+)
+"""What a logged page that lacks series says about the changes left out before it."""
 
 
 class ScrapedSource:
@@ -69,6 +76,10 @@ class ScrapedSource:
         self._wanted = None if self.spec is None else self.spec.wanted()
         self._cache: SeriesCache = {}
         self._missing: tuple[str, ...] = ()
+        self._missing_said: tuple[str, ...] = ()
+        """The series the log last said the page lacks (none: it has them all)."""
+        self._missing_said_s = -math.inf
+        self._missing_changes = EpisodeLog(left_out=MISSING_CHANGES_LEFT_OUT)
         self._clock = clock
         # A URL whose engine kind flips scrape after scrape (a load balancer over engines
         # of different kinds) logged a warning each scrape: 18,000 lines an hour.
@@ -174,21 +185,37 @@ class ScrapedSource:
     def _report_missing(self, missing: tuple[str, ...]) -> None:
         """One WARNING when the page lacks series the governor reads (an engine version
         that names them otherwise, metrics it does not publish yet), naming them; one
-        INFO when it has them all again; nothing while the set is unchanged."""
-        if missing == self._missing:
-            return
+        INFO when it has them all again; nothing while the set is unchanged. At most one
+        such WARNING a minute: a URL whose pages differ scrape after scrape (a load
+        balancer over engines that publish different series) logged two lines a scrape;
+        the changes in between go to DEBUG, counted in the next, and a set that lasts is
+        said once its minute is up."""
+        changed, self._missing = missing != self._missing, missing
         kind = self.kind
-        if missing:
-            log.warning(
-                "%s: the %s page lacks %s (what derives from them stays unknown until "
-                "the page has them)",
-                self.url,
-                kind,
-                "; ".join(missing),
-            )
-        else:
-            log.info("%s: the %s page now has every series the governor reads", self.url, kind)
-        self._missing = missing
+        if not missing:
+            if self._missing_said:  # the end of what was said: always said
+                log.info("%s: the %s page now has every series the governor reads", self.url, kind)
+                self._missing_said = ()
+            elif changed:
+                log.debug("%s: the %s page has every series again", self.url, kind)
+            return
+        now = self._clock()
+        due = now - self._missing_said_s >= self._missing_changes.every_s
+        if missing == self._missing_said or not (changed or due):
+            return
+        note = self._missing_changes.start(now)
+        if note is None:
+            log.debug("%s: the %s page lacks %s", self.url, kind, "; ".join(missing))
+            return
+        log.warning(
+            "%s: the %s page lacks %s (what derives from them stays unknown until "
+            "the page has them)%s",
+            self.url,
+            kind,
+            "; ".join(missing),
+            note,
+        )
+        self._missing_said, self._missing_said_s = missing, now
 
     def close(self) -> None:
         """Close kept-alive connections."""

@@ -774,6 +774,56 @@ def test_a_page_without_what_the_governor_needs_says_so_once(
     ]
 
 
+def test_a_url_whose_pages_lack_series_now_and_then_logs_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A load balancer over two engines, one publishing fewer series: a WARNING and an
+    # INFO every scrape, 36,000 lines an hour at a 0.2 s period.
+    pages = [fixture_text("vllm_legacy_synthetic.txt"), fixture_text("vllm_dp2_synthetic.txt")]
+    now = [0.0]
+    source = ScrapedSource(
+        "http://e/metrics",
+        "vllm",
+        fetch=lambda url, t: pages[round(now[0] / 0.2) % 2],
+        clock=lambda: now[0],
+    )
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon.engines"):
+        for step in range(600):  # two minutes
+            now[0] = step * 0.2
+            source.scrape()
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == [logging.WARNING, logging.INFO] * 2
+    assert "page lacks " in lines[0][1] and "not logged" not in lines[0][1]
+    assert lines[2][1].endswith(
+        "(149 more page(s) lacking series in the 60 s before were not logged: does this URL "
+        "reach engines that publish different series (a load balancer)?)"
+    )
+
+
+def test_a_page_that_lacks_series_again_within_the_minute_says_so_once_it_lasts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pages = {"page": fixture_text("vllm_legacy_synthetic.txt")}
+    now = [0.0]
+    source = ScrapedSource(
+        "http://e/metrics", "vllm", fetch=lambda url, t: pages["page"], clock=lambda: now[0]
+    )
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon.engines"):
+        source.scrape()
+        pages["page"] = fixture_text("vllm_dp2_synthetic.txt")
+        source.scrape()  # back: said at once
+        pages["page"] = fixture_text("vllm_legacy_synthetic.txt")
+        for step in range(1, 300):  # lacking again, within the minute: left out so far
+            now[0] = step * 0.2
+            source.scrape()
+        assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.INFO]
+        now[0] = 60.0  # it lasts: said once its minute is up
+        source.scrape()
+        source.scrape()
+    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.INFO, logging.WARNING]
+    assert "page lacks " in caplog.records[2].getMessage()
+
+
 def test_a_complete_page_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.DEBUG, logger="gpugov.daemon.engines"):
         VllmSource("x", fetch=lambda url, t: fixture_text("vllm_dp2_synthetic.txt")).scrape()
