@@ -651,9 +651,26 @@ def validation_problems(error: ValidationError, source: str) -> list[str]:
                 del loc[index + 1]
                 break
         message = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
+        message = _toml_words(item["type"], tuple(loc), item.get("input")) or message
         message = message.removeprefix("Value error, ")
         lines.append(f"{source}: {_path(tuple(loc))}: {message}")
     return lines
+
+
+_TABLE_TYPES = ("model_type", "model_attributes_type", "dict_type")
+_ARRAY_TYPES = ("tuple_type", "list_type")
+
+
+def _toml_words(kind: str, loc: tuple[int | str, ...], value: object) -> str | None:
+    """A wrong-kind line in the file's words (a table, an array), or None: pydantic's
+    named a Python class (``instance of DaemonSection``, ``a valid tuple``)."""
+    if kind in _ARRAY_TYPES:
+        return f"must be an array, such as [0, 1], got {value!r:.40}"
+    if kind not in _TABLE_TYPES:
+        return None
+    name = ".".join(str(part) for part in loc if isinstance(part, str))
+    section = f"[[{name}]]" if loc and isinstance(loc[-1], int) else f"[{name}]"
+    return f"must be a table of keys (a {section} section, or {{ key = value }}), got {value!r:.40}"
 
 
 _CONTROLLER_TAGS = controller_kinds()

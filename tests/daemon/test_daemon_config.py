@@ -115,6 +115,31 @@ def test_defaults() -> None:
             "daemon.record",
             'must be a file name in quotes, such as "/var/log/gpugov/run.jsonl", got 5',
         ),
+        # Said "Input should be a valid dictionary or instance of DaemonSection", "... a
+        # valid tuple": Python's names, not the file's.
+        (
+            {"daemon": 5, **_domain()},
+            "daemon",
+            "must be a table of keys (a [daemon] section, or { key = value }), got 5",
+        ),
+        (
+            {"daemon": [{"period_s": 1.0}], **_domain()},
+            "daemon",
+            "a [daemon] section",
+        ),
+        ({"domains": [5]}, "domains[0]", "a [[domains]] section"),
+        (
+            _domain(controller="mpc"),
+            "domains[0].controller",
+            "a [domains.controller] section, or { key = value }), got 'mpc'",
+        ),
+        (
+            _domain(controller={"kind": "mpc-online", "prior": 70}),
+            "domains[0].controller.prior",
+            "a [domains.controller.prior] section",
+        ),
+        (_domain(engine=[1]), "domains[0].engine", "a [domains.engine] section"),
+        (_domain(gpus="0"), "domains[0].gpus", "must be an array, such as [0, 1], got '0'"),
         # The other paths said the same.
         (
             {"daemon": {"state_dir": 5}, **_domain()},
