@@ -16,6 +16,7 @@ from gpugov.daemon.lockstate import LockState, gpu_key, live_writer, writer_pid_
 from gpugov.daemon.loop import ResetAdvice
 from gpugov.daemon.power_limit import PowerLimitActuator
 from gpugov.daemon.service import Assembled, open_backend
+from gpugov.plant.input_files import finite_number
 
 # The service module's logger, not this one's: these lines were logged there and keep the
 # name an operator's filters (and the log format's ``%(name)s``) know them by.
@@ -80,7 +81,46 @@ def reset_left_locks(
         log.warning("reconcile: %s", line)
         lines.append(line)
     lines.extend(_restore_left_power_limits(config, state, ours, stop, deadline_s, advice))
+    lines.extend(_power_limits_left_unrestored(config, state, assembled.backends))
     return lines
+
+
+def _power_limits_left_unrestored(
+    config: GpugovConfig, state: LockState, backends: list[GpuBackend]
+) -> list[str]:
+    """The power limits a previous run recorded on GPUs this config governs through a
+    backend that sets none (``nvidia-smi``, the split mode, an emulated node): no domain
+    restores them, and they were passed over without a word. One line each with the
+    command that restores them; the entry is kept for it."""
+    lines: list[str] = []
+    for backend in backends:
+        key = gpu_key(backend)
+        entry = state.get_power_limit(key)
+        if (
+            entry is None
+            or power_limit_backend(backend) is not None  # its domain restores it
+            or state.written_here(key, power_limit=True)
+            or live_writer(entry)
+        ):
+            continue
+        set_w = _watts(entry.get("set_mw"))
+        before_w = _watts(entry.get("original_mw"))
+        line = (
+            f"GPU {backend.label} ({key}): a previous gpugov run ({writer_pid_text(entry)}, "
+            f"{entry.get('time')}) set its power limit to {set_w} W, {before_w} W before; not "
+            f'restored: backend = "{config.daemon.backend}" sets no power limit; run '
+            f"`gpugov reset-clocks --gpus {backend.label}` as root (NVML: it restores the "
+            f"recorded limit) or `nvidia-smi -i {backend.label} -pl {before_w}`"
+        )
+        log.warning("reconcile: %s", line)
+        lines.append(line)
+    return lines
+
+
+def _watts(milliwatts: object) -> str:
+    """A recorded limit in milliwatts as whole watts, ``?`` where it is no number."""
+    value = finite_number(milliwatts)
+    return "?" if value is None else f"{value / 1000:.0f}"
 
 
 def _open_recorded(

@@ -711,6 +711,50 @@ def test_a_power_limit_a_killed_run_left_on_a_gpu_no_longer_configured_is_restor
     assert "\n" not in gone and "Traceback" not in caplog.text
 
 
+def test_a_power_limit_left_on_a_gpu_governed_through_a_backend_that_sets_none_is_named(
+    tmp_path: Path, metrics_server: MetricsServer, fake: FakeNvml
+) -> None:
+    """A run capped GPU 0 through NVML and was killed; the next start governs it in the
+    split mode (``backend = "actuator"``, which sets no power limit). No domain restores
+    the limit and the start passed over it without a word: the GPU stayed capped. One
+    line now names it with the command that restores it, and the entry is kept for it."""
+    from gpugov.daemon.config import parse_config
+    from gpugov.daemon.lockstate import LockState
+    from gpugov.daemon.reconcile import reset_left_locks
+    from gpugov.daemon.service import domains_from_config
+
+    state_dir = tmp_path / "state"
+    LockState(state_dir, pid=1).record_power_limit(fake.gpus[0].uuid, "0", 700_000, 300_000)
+    fake.gpus[0].power_limit_mw = 300_000
+    config = parse_config(
+        {
+            "daemon": {
+                "state_dir": str(state_dir),
+                "metrics_address": "",
+                "backend": "actuator",
+                "actuator": {"socket": str(tmp_path / "none.sock")},
+            },
+            "domains": [
+                {"name": "llm", "gpus": [0], "engine": {"kind": "vllm", "url": metrics_server.url}}
+            ],
+        }
+    )
+    assembled = domains_from_config(config)
+    try:
+        lines = reset_left_locks(config, assembled)
+    finally:
+        assembled.close()
+    (line,) = lines
+    assert line.startswith(f"GPU 0 ({fake.gpus[0].uuid}): a previous gpugov run (pid 1, ")
+    assert "set its power limit to 300 W, 700 W before; not restored" in line
+    assert 'backend = "actuator" sets no power limit' in line
+    assert line.endswith(
+        "`gpugov reset-clocks --gpus 0` as root (NVML: it restores the "
+        "recorded limit) or `nvidia-smi -i 0 -pl 700`"
+    )
+    assert set(LockState(state_dir).power_limits()) == {fake.gpus[0].uuid}
+
+
 @pytest.mark.parametrize("hung", ["nvmlDeviceGetUUID", "nvmlDeviceResetGpuLockedClocks"])
 def test_a_hung_call_on_a_gpu_no_longer_configured_costs_the_start_one_deadline(
     tmp_path: Path,
