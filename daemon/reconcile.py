@@ -4,6 +4,7 @@ file recorded on GPUs this config no longer governs, reset (each GPU call bounde
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
@@ -81,12 +82,12 @@ def reset_left_locks(
         log.warning("reconcile: %s", line)
         lines.append(line)
     lines.extend(_restore_left_power_limits(config, state, ours, stop, deadline_s, advice))
-    lines.extend(_power_limits_left_unrestored(config, state, assembled.backends))
+    lines.extend(_power_limits_left_unrestored(config, state, assembled.backends, advice))
     return lines
 
 
 def _power_limits_left_unrestored(
-    config: GpugovConfig, state: LockState, backends: list[GpuBackend]
+    config: GpugovConfig, state: LockState, backends: list[GpuBackend], advice: ResetAdvice
 ) -> list[str]:
     """The power limits a previous run recorded on GPUs this config governs through a
     backend that sets none (``nvidia-smi``, the split mode, an emulated node): no domain
@@ -105,12 +106,15 @@ def _power_limits_left_unrestored(
             continue
         set_w = _watts(entry.get("set_mw"))
         before_w = _watts(entry.get("original_mw"))
+        # Through NVML, with the config for its state directory (the record to restore).
+        path = advice.config_path
+        where = "" if path is None else f"--config {os.path.abspath(path)} "
         line = (
             f"GPU {backend.label} ({key}): a previous gpugov run ({writer_pid_text(entry)}, "
             f"{entry.get('time')}) set its power limit to {set_w} W, {before_w} W before; not "
             f'restored: backend = "{config.daemon.backend}" sets no power limit; run '
-            f"`gpugov reset-clocks --gpus {backend.label}` as root (NVML: it restores the "
-            f"recorded limit) or `nvidia-smi -i {backend.label} -pl {before_w}`"
+            f"`gpugov reset-clocks {where}--backend nvml --gpus {backend.label}` as root (it "
+            f"restores the recorded limit) or `nvidia-smi -i {backend.label} -pl {before_w}`"
         )
         log.warning("reconcile: %s", line)
         lines.append(line)

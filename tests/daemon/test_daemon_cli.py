@@ -720,6 +720,7 @@ def test_a_power_limit_left_on_a_gpu_governed_through_a_backend_that_sets_none_i
     line now names it with the command that restores it, and the entry is kept for it."""
     from gpugov.daemon.config import parse_config
     from gpugov.daemon.lockstate import LockState
+    from gpugov.daemon.loop import ResetAdvice
     from gpugov.daemon.reconcile import reset_left_locks
     from gpugov.daemon.service import domains_from_config
 
@@ -740,8 +741,9 @@ def test_a_power_limit_left_on_a_gpu_governed_through_a_backend_that_sets_none_i
         }
     )
     assembled = domains_from_config(config)
+    advice = ResetAdvice("actuator", str(tmp_path / "gpugov.toml"))
     try:
-        lines = reset_left_locks(config, assembled)
+        lines = reset_left_locks(config, assembled, advice=advice)
     finally:
         assembled.close()
     (line,) = lines
@@ -749,8 +751,8 @@ def test_a_power_limit_left_on_a_gpu_governed_through_a_backend_that_sets_none_i
     assert "set its power limit to 300 W, 700 W before; not restored" in line
     assert 'backend = "actuator" sets no power limit' in line
     assert line.endswith(
-        "`gpugov reset-clocks --gpus 0` as root (NVML: it restores the "
-        "recorded limit) or `nvidia-smi -i 0 -pl 700`"
+        f"run `gpugov reset-clocks --config {tmp_path}/gpugov.toml --backend nvml --gpus 0` as "
+        "root (it restores the recorded limit) or `nvidia-smi -i 0 -pl 700`"
     )
     assert set(LockState(state_dir).power_limits()) == {fake.gpus[0].uuid}
 
