@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gpugov.daemon.backend import power_limit_backend
@@ -33,6 +34,7 @@ from gpugov.daemon.errors import (
 from gpugov.daemon.node_support import backend_choice, gpu_indices, guarded
 from gpugov.daemon.nvidia_smi import run_command
 from gpugov.daemon.service import open_backend
+from gpugov.plant.input_files import finite_number
 
 log = logging.getLogger("gpugov")
 
@@ -269,7 +271,7 @@ def _restore_left_power_limit(
     if directory is None or not (directory / STATE_FILE).exists():
         return None, False
     if power_limit_backend(backend) is None:
-        return None, False
+        return _left_unrestored(backend, directory), False
     budget = budget or _ResetBudget()
     wait_s = budget.wait_s()
     if wait_s <= 0.0:
@@ -290,6 +292,25 @@ def _restore_left_power_limit(
         if "restore FAILED" in line:
             return line.split("restore FAILED: ", 1)[1], hung
     return None, hung
+
+
+def _left_unrestored(backend: Any, directory: Path) -> str | None:
+    """Why a power limit a run recorded on the GPU is not restored through ``backend``,
+    which sets none (the split mode's, an emulated node's), or None where none is
+    recorded: a reset said done (exit 0) with the GPU left capped."""
+    from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
+
+    with _STATE_LOCK:
+        entry = LockState(directory).get_power_limit(gpu_key(backend))
+    if entry is None or live_writer(entry):
+        return None
+    before = finite_number(entry.get("original_mw"))
+    watts = "?" if before is None else f"{before / 1000:.0f}"
+    return (
+        f"its power limit, which a gpugov run set ({watts} W before), is not restored: this "
+        f"backend sets no power limit; run `gpugov reset-clocks --config FILE --backend nvml "
+        f"--gpus {backend.label}` as root, or `nvidia-smi -i {backend.label} -pl {watts}`"
+    )
 
 
 def _reset_together(

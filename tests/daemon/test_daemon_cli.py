@@ -288,6 +288,42 @@ def test_reset_clocks_restores_a_recorded_power_limit_when_the_clock_reset_fails
     assert LockState(tmp_path).get_power_limit(fake.gpus[1].uuid) is None
 
 
+def test_reset_clocks_through_a_backend_that_sets_no_power_limit_names_the_one_left(
+    tmp_path: Path,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``reset-clocks --config`` of a split-mode node (its backend resets clocks and sets
+    no power limit) said the GPU was reset, exit 0, with a power limit a killed run
+    recorded left capped: it is named, with the command that restores it, exit 6."""
+    from gpugov.daemon import reset_clocks
+    from gpugov.daemon.lockstate import LockState
+
+    class ClocksOnly:  # what the actuator's or an emulated GPU's backend offers
+        label, uuid = "0", fake.gpus[0].uuid
+
+        def reset_clocks(self) -> None:
+            fake.gpus[0].locked = None
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(reset_clocks, "open_backend", lambda *args, **kwargs: ClocksOnly())
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    LockState(tmp_path, pid=999_999_999).record_power_limit(
+        fake.gpus[0].uuid, "0", 700_000, 300_000
+    )
+    config = tmp_path / "node.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n[[domains]]\nname = "x"\ngpus = [0]\n')
+    assert node_cli.main(["reset-clocks", "--config", str(config), "--gpus", "0"]) == 6
+    err = capsys.readouterr().err
+    assert "its power limit, which a gpugov run set (700 W before), is not restored" in err
+    assert "`gpugov reset-clocks --config FILE --backend nvml --gpus 0` as root" in err
+    assert "`nvidia-smi -i 0 -pl 700`" in err
+    assert LockState(tmp_path).get_power_limit(fake.gpus[0].uuid) is not None  # kept
+
+
 def test_status_tells_an_engine_that_answers_badly_from_an_unreachable_one(
     fake: FakeNvml, metrics_server: MetricsServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
