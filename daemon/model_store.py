@@ -9,7 +9,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +158,10 @@ class PersistentOnlineModel(ControllerWrapper):
         """Whether the last write failed (logged): it is tried again a save period later,
         not at every tick."""
         self._last_observation: ServingObservation | None = None
+        self._counter_base: tuple[float | None, ...] | None = None
+        """What the SLO counters the controller sees start from (``ttft`` within and count,
+        ``tpot`` within and count): the restored window's last snapshot, where this run's
+        counters start again (a node's are its own, from zero at each start)."""
         self.restored = False
         self._settled_name = SettledName()
         self.__name__ = inner.__name__
@@ -396,10 +400,44 @@ class PersistentOnlineModel(ControllerWrapper):
             self._say(logging.WARNING, f"{self.path}: SLO budget not applied: {error}")
             return
         if applied:
+            self._count_on_from(state["snapshots"], observation)
             self._say(
                 logging.INFO,
                 f"{self.path}: SLO budget window restored (looseness {budget.looseness:.2f})",
             )
+
+    def _count_on_from(self, snapshots: list[Any], observation: ServingObservation) -> None:
+        """Have this run's SLO counters go on from the restored window's last snapshot
+        where they start again (a node's attainment estimator starts at zero with each
+        daemon): read as counters gone back, they dropped the window at its first update.
+        Counters that already go on from it (an engine's own) are left as they are."""
+        if not snapshots or self._counter_base is not None:
+            return
+        last = [finite_number(value) for value in snapshots[-1][1:5]]
+        now = _counters(observation)
+        for index in (0, 2):
+            last_within, last_count = last[index], last[index + 1]
+            if last_within is None or last_count is None:
+                continue
+            within, count = now[index], now[index + 1]
+            if within is None or count is None or within < last_within or count < last_count:
+                self._counter_base = tuple(last)
+                return
+
+    def _counted_on(self, observation: ServingObservation) -> ServingObservation:
+        """``observation`` with its SLO counters going on from :attr:`_counter_base`."""
+        base = self._counter_base
+        if base is None:
+            return observation
+        now = _counters(observation)
+        total = [None if n is None else n + (b or 0.0) for n, b in zip(now, base, strict=True)]
+        return replace(
+            observation,
+            ttft_within_slo_total=total[0],
+            ttft_count_total=total[1],
+            tpot_within_slo_total=total[2],
+            tpot_count_total=total[3],
+        )
 
     def _take_back(self, key: ModelKey, clocks: Sequence[float]) -> bool:
         """Put back, as the state file, the newest model kept aside for exactly ``key``
@@ -601,6 +639,7 @@ class PersistentOnlineModel(ControllerWrapper):
 
     def __call__(self, observation: ServingObservation) -> float:
         self._follow_key(observation)
+        observation = self._counted_on(observation)
         self._last_observation = observation
         decision = self.inner(observation)
         due = observation.time_s - self._last_save_s >= self.save_every_s
@@ -638,6 +677,20 @@ def boot_unix_s() -> float:
     """When this machine booted, on the wall clock (the wall clock less the monotonic
     clock, which starts at boot): a stored SLO window is of this boot where it matches."""
     return time.time() - time.monotonic()
+
+
+def _counters(observation: ServingObservation) -> list[float | None]:
+    """The observation's cumulative SLO counters: TTFT within and count, TPOT within and
+    count (None where unmeasured)."""
+    return [
+        finite_number(value)
+        for value in (
+            observation.ttft_within_slo_total,
+            observation.ttft_count_total,
+            observation.tpot_within_slo_total,
+            observation.tpot_count_total,
+        )
+    ]
 
 
 def _same_clocks(stored: Sequence[float], node: Sequence[float]) -> bool:

@@ -1622,6 +1622,28 @@ def test_a_restart_goes_on_with_the_slo_window_it_measured(
     assert restored.last.requests > budget.last.requests  # both runs' requests
 
 
+def test_a_restarted_node_whose_slo_counters_start_again_keeps_the_window_it_measured(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a node the SLO counters are the daemon's own (its attainment estimator starts at
+    zero with each run), not the engine's: the restored window's last snapshot read as
+    counters gone back at the first window, and the window was dropped; it goes on."""
+    before = _learn_budgeted(tmp_path)
+    budget = before.inner.inner.budget
+    assert budget is not None and budget.last is not None
+    wrapper = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
+    after = Continued(wrapper)  # the counters start again from zero
+    with caplog.at_level("INFO", logger="gpugov"):
+        simulate(
+            poisson_requests(10.0, seed=3), make_plant(), chunked_prefill_scheduler, after, 0
+        )
+    assert wrapper.restored
+    assert any("SLO budget window restored" in r.getMessage() for r in caplog.records)
+    restored = wrapper.inner.budget
+    assert restored is not None and restored.last is not None
+    assert restored.last.requests > budget.last.requests  # both runs' requests
+
+
 def test_a_stored_slo_window_of_another_boot_or_damaged_keeps_the_model(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
