@@ -83,12 +83,13 @@ def _field_value(nvml: Any, field: Any) -> float:
     return float(getattr(field.value, member))
 
 
-def plausible_clocks(listed: Any, gpu: str) -> tuple[int, ...]:
+def plausible_clocks(listed: Any, gpu: str, kind: str = "graphics") -> tuple[int, ...]:
     """The clocks of an NVML supported-clock list a lock may ask for: ascending, each
     once, whole MHz above 0 and at most :data:`~daemon.limits.MAX_CLOCK_MHZ`. A value no
     GPU runs at (0, 0xFFFFFFFF: a driver's garbage) is dropped with one warning; locked,
     it fails with INVALID_ARGUMENT (the fail-safe's top clock would stop the run) or,
-    as 0 MHz, would be the floor the controller's lowest clock comes from.
+    as 0 MHz, would be the floor the controller's lowest clock comes from. ``kind`` names
+    the list (``"graphics"`` or ``"memory"``) in the lines.
 
     Raises:
         NotSupported: the list holds no such clock (empty, or all garbage).
@@ -107,14 +108,15 @@ def plausible_clocks(listed: Any, gpu: str) -> tuple[int, ...]:
             dropped.append(value)
     if not clocks:
         raise NotSupported(
-            f"GPU {gpu}: no supported graphics clocks listed"
+            f"GPU {gpu}: no supported {kind} clocks listed"
             + (f" (only values no GPU runs at: {dropped[:4]!r})" if dropped else "")
         )
     if dropped:
         log.warning(
-            "GPU %s: NVML listed %d supported SM clock(s) no GPU runs at (%s); ignored",
+            "GPU %s: NVML listed %d supported %s clock(s) no GPU runs at (%s); ignored",
             gpu,
             len(dropped),
+            "SM" if kind == "graphics" else kind,
             ", ".join(repr(value) for value in dropped[:4]),
         )
     return tuple(sorted(clocks))
@@ -236,11 +238,15 @@ class NvmlBackend:
         self._check_open()
         if self._supported is None:
             nvml = self._nvml
-            memory = self._call(
-                "list memory clocks", nvml.nvmlDeviceGetSupportedMemoryClocks, self._handle
+            # The memory clocks pass the same check: the highest of a list holding
+            # 0xFFFFFFFF was that, and its graphics clocks NOT_FOUND (exit 4).
+            memory = plausible_clocks(
+                self._call(
+                    "list memory clocks", nvml.nvmlDeviceGetSupportedMemoryClocks, self._handle
+                ),
+                self._label,
+                "memory",
             )
-            if not memory:
-                raise NotSupported(f"GPU {self._label}: no supported memory clocks listed")
             graphics = self._call(
                 "list graphics clocks",
                 nvml.nvmlDeviceGetSupportedGraphicsClocks,

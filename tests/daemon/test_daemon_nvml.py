@@ -158,6 +158,25 @@ def test_supported_clocks_keep_only_clocks_a_gpu_runs_at(
     assert len(dropped) == 1  # one line, not one per call
 
 
+def test_a_memory_clock_no_gpu_runs_at_is_not_the_one_whose_clocks_are_listed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The highest listed memory clock was 0xFFFFFFFF; its graphics clocks NOT_FOUND, and
+    # the GPU was refused at the start (exit 4) though NVML lists the real ones.
+    fake = FakeNvml(1)
+    listed = fake.nvmlDeviceGetSupportedMemoryClocks
+    fake.nvmlDeviceGetSupportedMemoryClocks = lambda handle: [*listed(handle), 0xFFFFFFFF, 0]  # type: ignore[method-assign]
+    backend = NvmlBackend(0, nvml=fake)
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.nvml"):
+        assert backend.supported_clocks_mhz() == tuple(range(345, 1981, 15))
+    assert [r.getMessage() for r in caplog.records] == [
+        "GPU 0: NVML listed 2 supported memory clock(s) no GPU runs at (4294967295, 0); ignored"
+    ]
+    fake.nvmlDeviceGetSupportedMemoryClocks = lambda handle: [0xFFFFFFFF]  # type: ignore[method-assign]
+    with pytest.raises(NotSupported, match="no supported memory clocks listed"):
+        NvmlBackend(0, nvml=fake).supported_clocks_mhz()
+
+
 def test_supported_clocks_not_supported_is_not_supported(fake_nvml: FakeNvml) -> None:
     fake_nvml.fail("nvmlDeviceGetSupportedGraphicsClocks", fp.NVML_ERROR_NOT_SUPPORTED)
     with pytest.raises(NotSupported):
