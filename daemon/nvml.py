@@ -122,6 +122,16 @@ def plausible_clocks(listed: Any, gpu: str, kind: str = "graphics") -> tuple[int
     return tuple(sorted(clocks))
 
 
+def release_nvml(nvml: Any, gpu: str | None = None) -> None:
+    """``nvmlShutdown``, its failure logged (DEBUG), never raised: on the way out of a
+    failed open or count, an ``NVMLError`` of its own (a driver in trouble) replaced the
+    daemon's error and reached the user as a traceback."""
+    try:
+        nvml.nvmlShutdown()
+    except nvml.NVMLError as error:
+        log.debug("%snvmlShutdown failed: %s", "" if gpu is None else f"GPU {gpu}: ", error)
+
+
 def nvml_device_count(nvml: ModuleType | None = None) -> int:
     """Number of GPUs NVML sees (initialises and shuts NVML down around the call).
 
@@ -138,7 +148,7 @@ def nvml_device_count(nvml: ModuleType | None = None) -> int:
     except nvml.NVMLError as error:
         raise from_nvml(error, "count GPUs") from error
     finally:
-        nvml.nvmlShutdown()
+        release_nvml(nvml)
 
 
 class NvmlBackend:
@@ -176,7 +186,7 @@ class NvmlBackend:
             self.uuid = str(self._nvml.nvmlDeviceGetUUID(self._handle))
             self.name = str(self._nvml.nvmlDeviceGetName(self._handle))
         except self._nvml.NVMLError as error:
-            self._nvml.nvmlShutdown()
+            release_nvml(self._nvml, str(gpu))
             translated = from_nvml(error, "open GPU", gpu=str(gpu))
             if not isinstance(
                 translated, PermissionDenied | GpuLost | GpuUnavailable | TransientGpuError
@@ -496,7 +506,4 @@ class NvmlBackend:
         :class:`~daemon.errors.GpuUnavailable`."""
         if not self._closed:
             self._closed = True
-            try:
-                self._nvml.nvmlShutdown()
-            except self._nvml.NVMLError as error:
-                log.debug("GPU %s: nvmlShutdown failed: %s", self._label, error)
+            release_nvml(self._nvml, self._label)

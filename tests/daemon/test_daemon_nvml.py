@@ -177,6 +177,19 @@ def test_a_memory_clock_no_gpu_runs_at_is_not_the_one_whose_clocks_are_listed(
         NvmlBackend(0, nvml=fake).supported_clocks_mhz()
 
 
+def test_a_failed_open_or_count_whose_shutdown_fails_too_raises_the_daemons_error() -> None:
+    # nvmlShutdown's own NVMLError, on the way out, replaced the daemon's error: `gpugov
+    # run` ended in a traceback instead of exit 5 naming the lost GPU.
+    fake = FakeNvml(1)
+    fake.fail("nvmlDeviceGetHandleByIndex", fp.NVML_ERROR_GPU_IS_LOST)
+    fake.fail("nvmlShutdown", fp.NVML_ERROR_UNKNOWN, times=None)
+    with pytest.raises(GpuLost, match="GPU 0: open GPU failed"):
+        NvmlBackend(0, nvml=fake)
+    fake.fail("nvmlDeviceGetCount", fp.NVML_ERROR_UNKNOWN)
+    with pytest.raises(TransientGpuError, match="count GPUs failed"):
+        nvml_device_count(fake)  # type: ignore[arg-type]
+
+
 def test_supported_clocks_not_supported_is_not_supported(fake_nvml: FakeNvml) -> None:
     fake_nvml.fail("nvmlDeviceGetSupportedGraphicsClocks", fp.NVML_ERROR_NOT_SUPPORTED)
     with pytest.raises(NotSupported):
