@@ -164,7 +164,8 @@ def _buckets(
     """The first of ``bases`` whose ``_bucket`` series the page has, with its cumulative
     buckets: series that differ only in rank labels count once (their maximum), the rest
     (data-parallel engines) are summed bucket by bucket. None when none has a ``+Inf``
-    bucket.
+    bucket in every series: summed, a series without one added its finite buckets and
+    not its total, so more requests read as met than the total held.
 
     Raises:
         EngineParseError: a series' cumulative count falls as ``le`` rises.
@@ -187,11 +188,13 @@ def _buckets(
             previous = groups.get((key, le))
             groups[(key, le)] = value if previous is None else max(previous, value)
         _check_cumulative(groups, f"{base}_bucket", source)
+        totalled = {key for key, le in groups if le == math.inf}
+        if not totalled or totalled != {key for key, _ in groups}:
+            continue  # no series, or one without its total
         per_le: dict[float, float] = {}
         for (_, le), value in groups.items():
             per_le[le] = per_le.get(le, 0.0) + value
-        if math.inf in per_le:
-            return base, tuple(sorted(per_le.items()))
+        return base, tuple(sorted(per_le.items()))
     return None
 
 

@@ -490,6 +490,21 @@ def test_buckets_equal_within_rounding_are_kept() -> None:
     assert sample.ttft_buckets is not None
 
 
+def test_buckets_of_engines_one_of_which_lacks_its_total_are_not_summed() -> None:
+    # Engine 1's TTFT series without its +Inf bucket: its 40 fast first tokens were added
+    # to the 0.1 s bucket and its 88 not to the total, so 90 of 112 read as met (80 %)
+    # where 90 of 200 were; a larger count read above 100 %, a controller's licence to
+    # lower the clock.
+    lines = [
+        line
+        for line in fixture_text("vllm_dp2_synthetic.txt").splitlines()
+        if not line.startswith('vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf"')
+    ]
+    sample = VllmSource("x", fetch=lambda url, t: "\n".join(lines) + "\n").scrape()
+    assert sample.ttft_buckets is None
+    assert sample.tpot_buckets is not None and (sample.running_requests, sample.engines) == (20, 2)
+
+
 def _gauge_set(page: str, name: str, value: str) -> str:
     """``page`` with the first series of gauge ``name`` set to ``value``."""
     lines = page.splitlines()
