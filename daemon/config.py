@@ -269,10 +269,15 @@ pool is judged on TTFT, a decode pool on TPOT, a colocated engine on both."""
 ROLES: tuple[str, ...] = ("prefill", "decode", "colocated")
 
 
+DOMAIN_NAME_PATTERN = r"^[A-Za-z0-9_.:-]+$"
+"""A domain's name: what its state files (``online-model-<name>.json``) and labels hold."""
+MAX_DOMAIN_NAME_CHARS = 64
+
+
 class DomainConfig(FrozenModel):
     """GPUs serving one engine: one source, one controller, one clock for all."""
 
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]+$", max_length=64)]
+    name: Annotated[str, Field(pattern=DOMAIN_NAME_PATTERN, max_length=MAX_DOMAIN_NAME_CHARS)]
     gpus: Annotated[tuple[GpuId, ...], BeforeValidator(_as_tuple), Field(min_length=1)]
     engine: EngineConfig = EngineConfig()
     controller: ControllerConfig = MaxControllerConfig(kind="max")

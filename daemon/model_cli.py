@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,12 @@ from gpugov.controllers.online.controller import REFERENCE_BATCH, OnlineMPCContr
 from gpugov.controllers.online.identification import OnlineModel
 from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import check_output_dir, fail, note, prepare_output_dir, warn
-from gpugov.daemon.config import controller_state_dir, load_config
+from gpugov.daemon.config import (
+    DOMAIN_NAME_PATTERN,
+    MAX_DOMAIN_NAME_CHARS,
+    controller_state_dir,
+    load_config,
+)
 from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.daemon.errors import ConfigError, printable
 from gpugov.daemon.files import resolve_state_dir, write_files_atomic
@@ -99,11 +105,20 @@ def _model_files(directory: Path, where: str) -> list[Path]:
             errno.ENOTDIR: "not a directory",
         }.get(error.errno or 0, f"cannot read it: {error.strerror or error}")
         raise ModelCliError(f"{where}: {reason}") from error
+    # Only a domain's name (what the daemon writes): a hand-made online-model-a<newline>b.json
+    # was shown, and exported as online-a<newline>b.json with a "wrote" line cut in two.
     return [
         directory / name
         for name in names
-        if name.startswith("online-model-") and name.endswith(".json")
+        if name.startswith("online-model-")
+        and name.endswith(".json")
+        and _domain_name(name.removeprefix("online-model-")[: -len(".json")])
     ]
+
+
+def _domain_name(name: str) -> bool:
+    """Whether ``name`` is one a config's domain can have."""
+    return len(name) <= MAX_DOMAIN_NAME_CHARS and bool(re.fullmatch(DOMAIN_NAME_PATTERN, name))
 
 
 def load_model(path: Path) -> tuple[dict[str, Any], OnlineModel]:

@@ -544,6 +544,28 @@ def test_model_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFix
     assert "no domain runs the mpc-online controller" in capsys.readouterr().err
 
 
+def test_model_files_no_domain_could_have_written_are_not_shown_or_exported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hand-made ``online-model-a<newline>b.json`` (or ``online-model-.json``) beside the
+    daemon's was shown as domain ``a\\nb`` and exported as ``online-a<newline>b.json``,
+    its "wrote" line cut in two: only a domain's name is a model file."""
+    state = tmp_path / "state"
+    _learn(state)
+    text = model_path(state, "llm").read_text()
+    (state / "online-model-a\nb.json").write_text(text)
+    (state / "online-model-.json").write_text(text)
+    assert main(["model", "show", "--state-dir", str(state)]) == 0
+    out = capsys.readouterr().out
+    assert "domain llm" in out and "domain a" not in out and "domain :" not in out
+    assert main(["model", "export", "--state-dir", str(state), "--out", str(tmp_path / "out")]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "online-llm.csv",
+        "online-llm.json",
+    ]
+    assert all(line.startswith("wrote ") for line in capsys.readouterr().out.splitlines())
+
+
 def test_model_show_finds_the_model_where_the_daemon_keeps_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1634,9 +1656,7 @@ def test_a_restarted_node_whose_slo_counters_start_again_keeps_the_window_it_mea
     wrapper = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
     after = Continued(wrapper)  # the counters start again from zero
     with caplog.at_level("INFO", logger="gpugov"):
-        simulate(
-            poisson_requests(10.0, seed=3), make_plant(), chunked_prefill_scheduler, after, 0
-        )
+        simulate(poisson_requests(10.0, seed=3), make_plant(), chunked_prefill_scheduler, after, 0)
     assert wrapper.restored
     assert any("SLO budget window restored" in r.getMessage() for r in caplog.records)
     restored = wrapper.inner.budget
