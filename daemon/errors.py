@@ -58,6 +58,12 @@ PERMISSION_DENIED_MESSAGE = (
 )
 NEEDS_PRIVILEGE_MESSAGE = "needs root or CAP_SYS_ADMIN; run with --dry-run to observe only"
 """The same for a write that is not a clock lock (a power limit needs that privilege too)."""
+READ_PERMISSION_MESSAGE = (
+    "NVML refused this user (no permission): it must be able to open the GPU's device files "
+    "(/dev/nvidia*), for a dry run as for a run"
+)
+"""The same for a read (NVML's initialisation, a GPU's open, a clock list), where a dry
+run, which reads as much, has nothing to offer."""
 RESET_PERMISSION_MESSAGE = (
     "needs root or CAP_SYS_ADMIN to reset clocks: run `gpugov reset-clocks` as root, "
     "as gpugov.service's ExecStopPost= does"
@@ -196,6 +202,10 @@ class GpuError(GpugovError):
 
 class PermissionDenied(GpuError):
     """Locking or resetting clocks was refused: the process lacks root/CAP_SYS_ADMIN."""
+
+
+class ReadRefused(PermissionDenied):
+    """NVML refused a read, not a write: the user cannot open the GPU's device files."""
 
 
 class PeerRefused(PermissionDenied):
@@ -360,6 +370,12 @@ def from_nvml(error: Any, action: str, *, gpu: str | None = None) -> GpuError:
     code = getattr(error, "value", None)
     kind = NVML_ERROR_MAP.get(code, GpuError) if isinstance(code, int) else GpuError
     where = f"GPU {gpu}: " if gpu is not None else ""
+    if kind is PermissionDenied and not action.startswith(("lock", "reset", "set")):
+        # A read (initialise, open, count, list, read): the advice to lock with root or to
+        # observe with --dry-run sent a user whose dry run was refused to run one again.
+        return ReadRefused(
+            f"{where}{action}: {READ_PERMISSION_MESSAGE} (NVML code {code})", gpu=gpu, code=code
+        )
     if kind is PermissionDenied:
         needs = PERMISSION_DENIED_MESSAGE if "clock" in action else NEEDS_PRIVILEGE_MESSAGE
         if action.startswith("reset") and "clock" in action:

@@ -26,6 +26,7 @@ from gpugov.daemon.errors import (
     NotSupported,
     PeerRefused,
     PermissionDenied,
+    ReadRefused,
 )
 from gpugov.daemon.nvidia_smi import run_command
 from gpugov.daemon.nvml import load_pynvml, nvml_device_count
@@ -79,6 +80,8 @@ def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
         try:
             return handler(args)
         except PeerRefused as error:  # the actuator's or zeusd's own words
+            return fail(error, ExitCode.PERMISSION)
+        except ReadRefused as error:  # its own words: the action refused, no dry run
             return fail(error, ExitCode.PERMISSION)
         except PermissionDenied:
             print(f"gpugov: {PERMISSION_DENIED_MESSAGE}", file=sys.stderr)

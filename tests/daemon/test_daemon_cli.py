@@ -62,6 +62,28 @@ def test_run_without_permission_exits_3(
     assert fake.initialized == 0
 
 
+@pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])
+def test_a_read_nvml_refuses_exits_3_naming_it_without_a_dry_run_to_try(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    capsys: pytest.CaptureFixture[str],
+    fake: FakeNvml,
+    dry_run: bool,
+) -> None:
+    # NVML's NO_PERMISSION at its initialisation (a user who cannot open /dev/nvidia*)
+    # said "needs root or CAP_SYS_ADMIN to lock clocks; run with --dry-run to observe
+    # only", to a dry run too, which NVML refuses the same way.
+    import fake_pynvml as fp
+
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    fake.fail("nvmlInit", fp.NVML_ERROR_NO_PERMISSION, times=None)
+    argv = ["run", "--config", str(_config(tmp_path, metrics_server.url))]
+    assert node_cli.main([*argv, "--dry-run"] if dry_run else argv) == 3
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("gpugov: error: GPU 0: initialise NVML: NVML refused this user")
+    assert "/dev/nvidia*" in line and "--dry-run" not in line
+
+
 def test_run_with_missing_gpu_exits_4(
     tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
 ) -> None:
