@@ -57,13 +57,11 @@ def write_json_atomic(path: Path, payload: Any, *, indent: int | None = None) ->
 
 def resolve_state_dir(configured: str | Path | None) -> Path | None:
     """The state directory: the configured one, else systemd's ``$STATE_DIRECTORY`` (its
-    first entry), else None (nothing is persisted)."""
+    first non-empty entry: an empty one would be the working directory), else None."""
     if configured is not None:
         return Path(configured)
-    env = os.environ.get(STATE_DIR_ENV)
-    if env:
-        return Path(env.split(":")[0])
-    return None
+    entries = [entry for entry in os.environ.get(STATE_DIR_ENV, "").split(":") if entry]
+    return Path(entries[0]) if entries else None
 
 
 __all__ = [

@@ -115,3 +115,19 @@ def test_a_symlink_loop_is_an_oserror_naming_the_file(tmp_path: Path) -> None:
     assert failed.value.filename == str(link)
     assert "symbolic links" in str(failed.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "locks.json"]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (":/x", Path("/x")),
+        ("::/var/lib/gpugov:/y", Path("/var/lib/gpugov")),
+        (":", None),
+        ("", None),
+    ],
+)
+def test_state_directory_skips_empty_entries(
+    monkeypatch: pytest.MonkeyPatch, env: str, expected: Path | None
+) -> None:
+    monkeypatch.setenv("STATE_DIRECTORY", env)
+    assert files.resolve_state_dir(None) == expected  # never Path("") (the working directory)
