@@ -80,6 +80,13 @@ NO_RECORD = object()
 """What :meth:`LockState._load` gives for a file that is missing or cannot be read."""
 WRITE_FAILURE_LOG_EVERY_S = 60.0
 """While writes of the file keep failing, one reminder line per this many seconds."""
+RECORD_VERSION = 1
+"""The lock record's ``version`` this gpugov reads and writes."""
+
+
+class NewerLockRecord(ConfigError):
+    """A lock record a later gpugov wrote (a higher ``version``): read as this one's, it
+    was rewritten as version 1 without the fields this gpugov does not know."""
 
 
 class LockState:
@@ -90,6 +97,9 @@ class LockState:
         pid: this process's id, stored with every entry.
         clock: monotonic seconds, for the rate-limited write-failure log.
         write_deadline_s: how long a write may hold its caller (:class:`LatestWriter`).
+
+    Raises:
+        NewerLockRecord: the file is of a higher version (left as it is).
     """
 
     def __init__(
@@ -118,6 +128,7 @@ class LockState:
         self._earlier_boot_said: set[str] = set()
         """The entries of an earlier boot already logged (:meth:`_lock_entries`)."""
         data = self._load()
+        _refuse_newer(self.path, data)
         self._entries: dict[str, dict[str, Any]] = self._lock_entries(data)
         self._limits: dict[str, dict[str, Any]] = self._limit_entries(data)
         self._held: Any = None
@@ -445,7 +456,7 @@ class LockState:
     def _write(self) -> None:
         """Write the file with this process's entries, waiting up to the deadline (not
         at all while an earlier write hangs: :class:`LatestWriter`)."""
-        data: dict[str, Any] = {"version": 1, "gpus": self._entries}
+        data: dict[str, Any] = {"version": RECORD_VERSION, "gpus": self._entries}
         if self._limits:
             data["power_limits"] = self._limits
         # json_safe: a record read with NaN or Infinity in a field the loader does not
@@ -513,6 +524,18 @@ class LockState:
                 count,
                 seconds,
             )
+
+
+def _refuse_newer(path: Path, data: Any) -> None:
+    """Raise :class:`NewerLockRecord` for a record whose ``version`` is an integer above
+    :data:`RECORD_VERSION`; a damaged one (no version, text) is read as before."""
+    version = data.get("version") if isinstance(data, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > RECORD_VERSION:
+        raise NewerLockRecord(
+            f"{path}: lock record version {version!r:.40}, newer than this gpugov reads "
+            f"({RECORD_VERSION}): a newer gpugov wrote it; run that gpugov, or check the "
+            "GPUs' clocks and power limits and move the file aside (it is left as it is)"
+        )
 
 
 def process_identity(pid: int) -> dict[str, Any]:

@@ -240,14 +240,18 @@ def _forget_lock(backend: Any, configured: Any = None) -> None:
     ``state_dir`` (``configured``), else systemd's ``$STATE_DIRECTORY``."""
     from gpugov.daemon.deadline import EXIT_WRITE_WAIT_S
     from gpugov.daemon.files import resolve_state_dir
-    from gpugov.daemon.lockstate import STATE_FILE, LockState, gpu_key
+    from gpugov.daemon.lockstate import STATE_FILE, LockState, NewerLockRecord, gpu_key
 
     directory = resolve_state_dir(configured)
     if directory is not None and (directory / STATE_FILE).exists():
         # The clock is reset: the record's write may take a slow disk's time, and a
         # write still running when this process ends would be lost.
         with _STATE_LOCK:  # each GPU's reset clears its entry from a thread of its own
-            LockState(directory, write_deadline_s=EXIT_WRITE_WAIT_S).clear(gpu_key(backend))
+            try:
+                state = LockState(directory, write_deadline_s=EXIT_WRITE_WAIT_S)
+            except NewerLockRecord:  # left as it is; cmd_reset_clocks says so
+                return
+            state.clear(gpu_key(backend))
 
 
 def _restore_left_power_limit(
@@ -264,7 +268,7 @@ def _restore_left_power_limit(
     of ``budget``. A run still holding it is left to restore it on its own way out."""
     from gpugov.daemon.deadline import EXIT_WRITE_WAIT_S
     from gpugov.daemon.files import resolve_state_dir
-    from gpugov.daemon.lockstate import STATE_FILE, LockState
+    from gpugov.daemon.lockstate import STATE_FILE, LockState, NewerLockRecord
     from gpugov.daemon.power_limit import PowerLimitActuator
 
     directory = resolve_state_dir(configured)
@@ -277,7 +281,10 @@ def _restore_left_power_limit(
     if wait_s <= 0.0:
         return f"its power limit {budget.spent_line()}", False
     with _STATE_LOCK:  # the record is read, changed and written whole: one GPU at a time
-        state = LockState(directory, write_deadline_s=EXIT_WRITE_WAIT_S)
+        try:
+            state = LockState(directory, write_deadline_s=EXIT_WRITE_WAIT_S)
+        except NewerLockRecord:  # its power limits are not this gpugov's to read
+            return None, False
         actuator = PowerLimitActuator(
             [backend], domain="reset-clocks", state=state, write_deadline_s=wait_s
         )
@@ -298,10 +305,13 @@ def _left_unrestored(backend: Any, directory: Path) -> str | None:
     """Why a power limit a run recorded on the GPU is not restored through ``backend``,
     which sets none (the split mode's, an emulated node's), or None where none is
     recorded: a reset said done (exit 0) with the GPU left capped."""
-    from gpugov.daemon.lockstate import LockState, gpu_key, live_writer
+    from gpugov.daemon.lockstate import LockState, NewerLockRecord, gpu_key, live_writer
 
     with _STATE_LOCK:
-        entry = LockState(directory).get_power_limit(gpu_key(backend))
+        try:
+            entry = LockState(directory).get_power_limit(gpu_key(backend))
+        except NewerLockRecord:
+            return None
     if entry is None or live_writer(entry):
         return None
     before = finite_number(entry.get("original_mw"))
@@ -311,6 +321,24 @@ def _left_unrestored(backend: Any, directory: Path) -> str | None:
         f"backend sets no power limit; run `gpugov reset-clocks --config FILE --backend nvml "
         f"--gpus {backend.label}` as root, or `nvidia-smi -i {backend.label} -pl {watts}`"
     )
+
+
+def _newer_record(configured: Any) -> ConfigError | None:
+    """The refusal of a lock record a newer gpugov wrote (``configured``'s state
+    directory, else ``$STATE_DIRECTORY``), which the resets leave as it is; else None."""
+    from gpugov.daemon.files import resolve_state_dir
+    from gpugov.daemon.lockstate import STATE_FILE, LockState, NewerLockRecord
+
+    directory = resolve_state_dir(configured)
+    try:
+        if directory is None or not (directory / STATE_FILE).exists():
+            return None
+        LockState(directory)
+    except NewerLockRecord as newer:
+        return newer
+    except OSError:
+        return None
+    return None
 
 
 def _reset_together(
@@ -360,7 +388,8 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
     Exit 0 when every GPU was reset, 3 when permission was denied, 6 when any GPU could
     not be reset (each is named with its error; ``nvidia-smi --reset-gpu-clocks`` that
     fails or hangs, every GPU), 4 when no GPU could be listed at all or a --gpus index
-    names one the node does not have.
+    names one the node does not have, 2 when all were reset but the lock record is a newer
+    gpugov's (named, and left as it is: neither cleared nor its power limits restored).
     """
     chosen = parse_gpu_list(args.gpus, allow_all=True)
     config = load_config(args.config) if args.config else None
@@ -384,6 +413,7 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
     gpus: list[int | str] = list(_listed(kind, emulator, budget)) if chosen is None else chosen
     if chosen is not None:  # every backend; the split ones (actuator, zeusd) list by NVML
         _require_present(chosen, kind, emulator, budget)
+    newer = _newer_record(config.daemon.state_dir if config else None)
     failed: dict[str, str] = {}
     outcomes = _reset_together(gpus, kind, emulator, config.daemon if config else None, budget)
     for gpu, (error, said) in zip(gpus, outcomes, strict=True):
@@ -395,8 +425,10 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
             failed[str(gpu)] = error
             reason = error.removeprefix(f"GPU {gpu}: ")  # "GPU 1: NOT reset: GPU 1: ..." was
             print(printable(f"GPU {gpu}: NOT reset: {reason}"), file=sys.stderr)
+    if newer is not None:  # the clocks are reset all the same: they need no record
+        fail(newer)
     if not failed:
-        return EXIT_OK
+        return EXIT_OK if newer is None else int(ExitCode.USAGE)
     # Refused everywhere is exit 3, but the GPUs may be as locked as after any other
     # failure (the line said nothing of it): every failed reset's line says so.
     denied = all(RESET_PERMISSION_MESSAGE in error for error in failed.values())

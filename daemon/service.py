@@ -603,7 +603,8 @@ def domains_from_config(
 
     Raises:
         GpuUnavailable, NotSupported, ControllerError: nothing is left open.
-        ConfigError: a limit the config sets does not fit the GPUs (``floor_mhz``).
+        ConfigError: a limit the config sets does not fit the GPUs (``floor_mhz``), or the
+            lock record is a newer gpugov's (:class:`NewerLockRecord`).
     """
     dry_run = dry_run or config.daemon.dry_run
     assembled = Assembled(domains=[])

@@ -1189,3 +1189,57 @@ def test_fail_and_warn_print_one_escaped_line(capsys: pytest.CaptureFixture[str]
     )
     fail(ConfigError("f\n: a\nf\n: b", problems=["f\n: a", "f\n: b"]))
     assert capsys.readouterr().err == "gpugov: error: f\\n: a\nf\\n: b\n"
+
+
+def _newer_record(directory: Path) -> tuple[Path, str]:
+    """A lock record a later gpugov wrote: version 2, with a field this one lacks."""
+    path = directory / "locks.json"
+    text = (
+        '{"version": 2, "gpus": {"GPU-0": {"gpu": "0", "min_mhz": 900, "max_mhz": 900, '
+        '"pid": 999999999, "kind": "new"}}, "future": {"x": 1}}'
+    )
+    path.write_text(text)
+    return path, text
+
+
+def test_a_start_refuses_a_lock_record_of_a_newer_gpugov(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Read as version 1, a newer gpugov's record was rewritten as version 1, its fields
+    dropped; the start refuses it in one line (exit 2), touching no GPU."""
+    state = tmp_path / "state"
+    state.mkdir()
+    record, text = _newer_record(state)
+    from gpugov.daemon.lockstate import LockState, NewerLockRecord
+
+    with pytest.raises(NewerLockRecord):  # the record itself refuses (before: a daemon ran)
+        LockState(state)
+    config = _config(tmp_path, metrics_server.url, f'state_dir = "{state}"')
+    assert node_cli.main(["run", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"{record}: lock record version 2, newer than this gpugov reads (1)" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert record.read_text() == text
+    assert not fake.writes
+
+
+def test_reset_clocks_resets_but_leaves_a_newer_gpugov_s_lock_record(
+    tmp_path: Path,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``reset-clocks`` resets the clocks (they need no record), says the start's line
+    (exit 2) and does not rewrite the record as version 1."""
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    record, text = _newer_record(tmp_path)
+    fake.gpus[0].locked = (900, 900)
+    assert node_cli.main(["reset-clocks"]) == 2
+    out, err = capsys.readouterr()
+    assert "GPU 0: SM clock lock reset" in out and "GPU 1: SM clock lock reset" in out
+    assert f"{record}: lock record version 2, newer than this gpugov reads (1)" in err
+    assert len(err.strip().splitlines()) == 1
+    assert record.read_text() == text
