@@ -302,7 +302,7 @@ class ControllerFailure(GpugovError):
 
 
 class ClocksNotReset(GpugovError):
-    """At exit some GPUs' clock locks could not be reset, even after retries.
+    """At exit some GPUs' clock locks could not be reset (retried, where a retry can help).
 
     ``gpus`` lists their labels; the message names them and the command to run.
     """

@@ -562,18 +562,19 @@ def not_reset_message(
     advice: ResetAdvice | None = None,
 ) -> str:
     """The one line naming the GPUs still locked (and those whose power limit gpugov set
-    is not restored) and how to reset them by hand."""
+    is not restored) and how to reset them by hand; not "after retries": a lost, refused,
+    unsupported or hung GPU is never retried (its own line says why)."""
     parts = []
     if gpus:
         names = ",".join(gpus)
         parts.append(
-            f"could not reset the SM clock lock of GPU(s) {names} after retries; they may "
-            f"still be locked: {(advice or ResetAdvice()).command(names)}"
+            f"could not reset the SM clock lock of GPU(s) {names}; they may still be "
+            f"locked: {(advice or ResetAdvice()).command(names)}"
         )
     if capped:
         limits = ", ".join(f"GPU {label}: {watts:g} W" for label, watts in capped.items())
         parts.append(
-            f"could not restore the power limit of GPU(s) {','.join(capped)} after retries; "
+            f"could not restore the power limit of GPU(s) {','.join(capped)}; "
             f"they may still be capped: run `nvidia-smi -i GPU -pl WATTS` as root ({limits})"
         )
     return "; ".join(parts)

@@ -138,8 +138,8 @@ def test_exit_6_names_the_config_for_an_emulated_node(
     monkeypatch.chdir(config.parent)
     advice = ResetAdvice("emulated", config.name)
     assert not_reset_message(["0", "1"], None, advice) == (
-        "could not reset the SM clock lock of GPU(s) 0,1 after retries; they may still be "
-        f"locked: run `gpugov reset-clocks --config {config} --gpus 0,1` (emulated backend)"
+        "could not reset the SM clock lock of GPU(s) 0,1; they may still be locked: "
+        f"run `gpugov reset-clocks --config {config} --gpus 0,1` (emulated backend)"
     )
     assert ResetAdvice("nvidia-smi", config.name).command("0") == (
         f"run `gpugov reset-clocks --config {config} --gpus 0` as root"
