@@ -26,6 +26,7 @@ from gpugov.daemon.errors import (
     PermissionDenied,
     TransientGpuError,
 )
+from gpugov.daemon.nvml import plausible_clocks
 
 Runner = Callable[[Sequence[str], float], str]
 
@@ -185,11 +186,14 @@ class NvidiaSmiBackend:
                 if len(row) >= 2:
                     memory, graphics = _number(row[0]), _number(row[1])
                     if memory is not None and graphics is not None:
-                        pairs.append((int(memory), int(graphics)))
+                        pairs.append((memory, graphics))
             if not pairs:
                 raise NotSupported(f"nvidia-smi -i {self._gpu}: no supported clocks listed")
-            top = max(memory for memory, _ in pairs)
-            self._supported = tuple(sorted({g for m, g in pairs if m == top}))
+            # NVML's lists' filter: inf, nan, 0 or 0xFFFFFFFF raised or was locked.
+            memory_mhz = [memory for memory, _ in pairs]
+            top = max(plausible_clocks(memory_mhz, self._gpu, "memory", source="nvidia-smi"))
+            graphics_mhz = [g for m, g in pairs if m == top]
+            self._supported = plausible_clocks(graphics_mhz, self._gpu, source="nvidia-smi")
         return self._supported
 
     def lock_clocks(self, min_mhz: int, max_mhz: int) -> None:

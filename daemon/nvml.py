@@ -83,13 +83,16 @@ def _field_value(nvml: Any, field: Any) -> float:
     return float(getattr(field.value, member))
 
 
-def plausible_clocks(listed: Any, gpu: str, kind: str = "graphics") -> tuple[int, ...]:
+def plausible_clocks(
+    listed: Any, gpu: str, kind: str = "graphics", source: str = "NVML"
+) -> tuple[int, ...]:
     """The clocks of an NVML supported-clock list a lock may ask for: ascending, each
     once, whole MHz above 0 and at most :data:`~daemon.limits.MAX_CLOCK_MHZ`. A value no
     GPU runs at (0, 0xFFFFFFFF: a driver's garbage) is dropped with one warning; locked,
     it fails with INVALID_ARGUMENT (the fail-safe's top clock would stop the run) or,
     as 0 MHz, would be the floor the controller's lowest clock comes from. ``kind`` names
-    the list (``"graphics"`` or ``"memory"``) in the lines.
+    the list (``"graphics"`` or ``"memory"``) in the lines, ``source`` what listed it
+    (``"NVML"``, ``"nvidia-smi"``).
 
     Raises:
         NotSupported: the list holds no such clock (empty, or all garbage).
@@ -113,8 +116,9 @@ def plausible_clocks(listed: Any, gpu: str, kind: str = "graphics") -> tuple[int
         )
     if dropped:
         log.warning(
-            "GPU %s: NVML listed %d supported %s clock(s) no GPU runs at (%s); ignored",
+            "GPU %s: %s listed %d supported %s clock(s) no GPU runs at (%s); ignored",
             gpu,
+            source,
             len(dropped),
             "SM" if kind == "graphics" else kind,
             ", ".join(repr(value) for value in dropped[:4]),

@@ -83,3 +83,17 @@ def test_error_text_classified(text: str, kind: type) -> None:
 def test_missing_executable() -> None:
     with pytest.raises(GpuUnavailable, match="not found"):
         run_command(["/nonexistent/nvidia-smi", "-L"], 1.0)
+
+
+def test_supported_clocks_pass_nvml_s_filter(caplog: pytest.LogCaptureFixture) -> None:
+    """inf, nan, 0 and 0xFFFFFFFF in nvidia-smi's list are dropped with one warning, as
+    NVML's are (inf raised OverflowError, nan ValueError; 0xFFFFFFFF became the top)."""
+    listed = "3201, inf\n3201, 1980\n0xFFFFFFFF, 2100\nnan, 1500\n3201, 0\n3201, nan\n1593, 1200\n"
+    backend = NvidiaSmiBackend(0, runner=lambda argv, timeout_s: listed)
+    with caplog.at_level("WARNING"):
+        assert backend.supported_clocks_mhz() == (1980,)
+    lines = [r.getMessage() for r in caplog.records if "no GPU runs at" in r.getMessage()]
+    assert len(lines) == 2 and all(line.startswith("GPU 0: nvidia-smi listed") for line in lines)
+    only_garbage = NvidiaSmiBackend(0, runner=lambda argv, timeout_s: "inf, inf\n")
+    with pytest.raises(NotSupported, match="no supported memory clocks listed"):
+        only_garbage.supported_clocks_mhz()
