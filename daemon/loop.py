@@ -43,6 +43,7 @@ from gpugov.daemon.exporter import Exporter, LoopSnapshot
 from gpugov.daemon.limits import MIN_PERIOD_S
 from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.observer import Observed
+from gpugov.daemon.stop_signals import STOP_SIGNALS
 
 log = logging.getLogger(__name__)
 
@@ -210,28 +211,6 @@ class SystemdNotify:
     def stopping(self) -> None:
         """STOPPING=1 (clocks are being reset)."""
         self._send("STOPPING=1")
-
-
-STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
-    getattr(signal, name)
-    for name in (
-        "SIGTERM",
-        "SIGINT",
-        "SIGHUP",
-        "SIGQUIT",
-        "SIGUSR1",
-        "SIGUSR2",
-        "SIGALRM",
-        "SIGVTALRM",
-        "SIGPROF",
-        "SIGXCPU",
-        "SIGXFSZ",
-        "SIGPOLL",
-    )
-    if hasattr(signal, name)
-)
-"""Every catchable signal whose default action ends the process (SIGPIPE stays ignored,
-as Python leaves it): each one stops the loop and the clocks are reset."""
 
 
 @contextlib.contextmanager

@@ -201,11 +201,18 @@ def _empty_value(argv: Sequence[str]) -> str | None:
 
 
 class _StoppedBeforeTheStart(KeyboardInterrupt):
-    """SIGTERM reached ``gpugov run`` before its daemon handled signals itself."""
+    """A stop signal (``signal_name``) reached ``gpugov run`` before its daemon handled
+    signals itself."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
 
 
 def _stop_before_the_start(signum: int, frame: object) -> NoReturn:
-    raise _StoppedBeforeTheStart
+    import signal
+
+    raise _StoppedBeforeTheStart(signal.Signals(signum).name)
 
 
 class _GuardedStdout:
@@ -312,18 +319,28 @@ def _main_guarded(argv: Sequence[str] | None) -> int:
     command = _command_in(argv)
     if command != "run":
         return _main(argv, command, process=process)
-    # Until the daemon installs its own handling (before it opens a GPU), a SIGTERM ends
-    # the start at once, as the stop it asks for, not as a kill (exit 143 and no line).
+    # Until the daemon installs its own handling (before it opens a GPU), a signal it
+    # stops on (SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, ...) ends the start at once, as the
+    # stop it asks for, not as a kill (no line); SIGINT is Ctrl-C's, as for any command.
     import signal
 
-    try:
-        previous = signal.signal(signal.SIGTERM, _stop_before_the_start)
-    except ValueError:  # not the main thread: signals are not ours to handle
-        return _main(argv, command, process=process)
+    from gpugov.daemon.stop_signals import STOP_SIGNALS
+
+    previous: dict[signal.Signals, Any] = {}
+    for signum in STOP_SIGNALS:
+        if signum == signal.SIGINT:
+            continue
+        try:
+            previous[signum] = signal.signal(signum, _stop_before_the_start)
+        except ValueError:  # not the main thread: signals are not ours to handle
+            return _main(argv, command, process=process)
+        except OSError:  # pragma: no cover - a platform without it
+            continue
     try:
         return _main(argv, command, process=process)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _on_ctrl_c(signum: int, frame: object) -> NoReturn:
@@ -435,7 +452,10 @@ def _run_command(argv: list[str], command: str) -> int:
         return code
     except KeyboardInterrupt as stop:
         if isinstance(stop, _StoppedBeforeTheStart):
-            print("gpugov: stopped (SIGTERM) before the start; no GPU was touched", file=sys.stderr)
+            print(
+                f"gpugov: stopped ({stop.signal_name}) before the start; no GPU was touched",
+                file=sys.stderr,
+            )
             return 0
         _ignore_further_interrupts()
         # On a terminal, end a progress bar's line first; elsewhere the line stands alone.

@@ -635,28 +635,32 @@ def test_a_node_run_refuses_the_simulated_runs_flags(
     assert len(err) == 1 and flags[0] in err[0] and "only with --simulate" in err[0]
 
 
-def test_sigterm_before_the_daemon_handles_signals_ends_the_start_cleanly(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"])
+def test_a_stop_signal_before_the_daemon_handles_signals_ends_the_start_cleanly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
-    """A SIGTERM while `gpugov run` still imports and reads its config (before the daemon
-    installs its own handling and opens a GPU) is the stop it asks for: one line, exit 0
-    (it was a kill: exit 143 and no line). The process's own handling is put back after."""
+    """A signal the daemon stops on, while `gpugov run` still imports and reads its
+    config (before the daemon installs its own handling and opens a GPU), is the stop it
+    asks for: one line naming it, exit 0 (it was a kill with no line; SIGTERM alone was
+    handled). The process's own handling is put back after."""
     import os
     import signal
 
     from gpugov import cli
 
-    def terminated_while_importing(command: str | None = None) -> object:
-        os.kill(os.getpid(), signal.SIGTERM)
-        raise AssertionError("the SIGTERM handler should have ended the start")
+    signum = getattr(signal, name)
 
-    monkeypatch.setattr(cli, "build_parser", terminated_while_importing)
-    before = signal.getsignal(signal.SIGTERM)
+    def stopped_while_importing(command: str | None = None) -> object:
+        os.kill(os.getpid(), signum)
+        raise AssertionError(f"the {name} handler should have ended the start")
+
+    monkeypatch.setattr(cli, "build_parser", stopped_while_importing)
+    before = signal.getsignal(signum)
     assert cli.main(["run", "--config", "node.toml"]) == 0
     assert capsys.readouterr().err.strip() == (
-        "gpugov: stopped (SIGTERM) before the start; no GPU was touched"
+        f"gpugov: stopped ({name}) before the start; no GPU was touched"
     )
-    assert signal.getsignal(signal.SIGTERM) is before
+    assert signal.getsignal(signum) is before
 
 
 def test_a_stop_during_the_start_ends_it_before_the_loop(
