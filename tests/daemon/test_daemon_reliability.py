@@ -309,7 +309,7 @@ def test_run_raises_naming_the_gpus_still_locked(metrics_server: MetricsServer) 
             fake.fail(RESET, fp.NVML_ERROR_UNKNOWN, times=None)
         return step >= 2
 
-    with pytest.raises(ClocksNotReset, match=r"GPU\(s\) 0,1 .*reset-clocks --gpus 0,1"):
+    with pytest.raises(ClocksNotReset, match=r"GPU\(s\) 0,1; .*reset-clocks --gpus 0,1"):
         run(
             assembled.domains,
             TimedLoop(1.0, clock=clock, sleep=clock.sleep),

@@ -406,7 +406,7 @@ def test_a_restore_that_hangs_at_the_loop_s_exit_ends_the_run_naming_the_gpu(
             hung.append(HungCall(fake, SET, index=1))
             safety.append(hung[0])
 
-    with pytest.raises(ClocksNotReset, match=r"power limit of GPU\(s\) 1 .*GPU 1: 700 W"):
+    with pytest.raises(ClocksNotReset, match=r"power limit of GPU\(s\) 1; .*GPU 1: 700 W"):
         run_ticks(assembled.domains, 2, on_step=on_step)
     assert hung[0].hung and hung[0].calls == 1
     assert [gpu.power_limit_mw for gpu in fake.gpus] == [700_000, 400_000]
