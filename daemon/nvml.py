@@ -26,7 +26,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-from gpugov.daemon.backend import GpuSample
+from gpugov.daemon.backend import MAX_GPU_POWER_W, GpuSample
 from gpugov.daemon.errors import (
     GpuError,
     GpuLost,
@@ -204,6 +204,8 @@ class NvmlBackend:
             raise translated from error
         self._label = str(self._index)
         self._supported: tuple[int, ...] | None = None
+        self._bounds_warned = False
+        """Implausible power limit bounds were warned about (:meth:`power_limit_constraints_w`)."""
         self._dropped: set[str] = set()
         self.energy_interval_s = energy_interval_s
         self._clock = clock
@@ -460,8 +462,9 @@ class NvmlBackend:
 
     def power_limit_constraints_w(self) -> tuple[float, float] | None:
         """The (lowest, highest) power limit the GPU accepts, in watts
-        (``nvmlDeviceGetPowerManagementLimitConstraints``), or None when it cannot be read:
-        a power budget below the lowest cannot be enforced."""
+        (``nvmlDeviceGetPowerManagementLimitConstraints``), or None when it cannot be read
+        or no GPU has them (reversed, 0, 0xFFFFFFFF mW: one warning), so a bad pair never
+        discards genuine power readings nor blocks a power cap."""
         try:
             low_mw, high_mw = self._call(
                 "read power limit constraints",
@@ -470,7 +473,22 @@ class NvmlBackend:
             )
         except GpuError:
             return None
-        return float(low_mw) / 1000.0, float(high_mw) / 1000.0
+        try:
+            low_w, high_w = float(low_mw) / 1000.0, float(high_mw) / 1000.0
+        except (TypeError, ValueError, OverflowError):
+            low_w = high_w = math.nan
+        if math.isfinite(low_w) and 0.0 < low_w <= high_w <= MAX_GPU_POWER_W:
+            return low_w, high_w
+        if not self._bounds_warned:
+            self._bounds_warned = True
+            log.warning(
+                "GPU %s: NVML reports its power limit bounds as %r-%r mW, which no GPU has; "
+                "taken as unknown (power readings and power caps go on without them)",
+                self._label,
+                low_mw,
+                high_mw,
+            )
+        return None
 
     def power_limit_w(self) -> float:
         """The power management limit set now, in watts

@@ -525,3 +525,40 @@ def test_run_simulate_controller_power_cap_applies_it(capsys: pytest.CaptureFixt
     assert node_cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "clock writes, 2 power limit writes" in out  # the cap, and its restore
+
+
+@pytest.mark.parametrize(
+    ("low_mw", "high_mw"), [(700_000, 100_000), (0, 0), (0xFFFFFFFF, 0xFFFFFFFF), (0, 700_000)]
+)
+def test_power_limit_bounds_no_gpu_has_are_unknown_not_a_reason_to_drop(
+    fake_nvml: FakeNvml,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    low_mw: int,
+    high_mw: int,
+) -> None:
+    """NVML's bounds reversed, 0 or 0xFFFFFFFF mW: a genuine 350 W reading was discarded as
+    a failed read, and no power cap could be written. Now unknown, with one warning."""
+    from gpugov.daemon.gpu_sampling import DomainGpus
+
+    # Only the bounds read back are bad: the GPU accepts 200-700 W, as the fake enforces.
+    monkeypatch.setattr(
+        fake_nvml, "nvmlDeviceGetPowerManagementLimitConstraints", lambda h: [low_mw, high_mw]
+    )
+    backends = _backends(fake_nvml)
+    with caplog.at_level(logging.WARNING):
+        assert backends[0].power_limit_constraints_w() is None
+        assert backends[0].power_limit_constraints_w() is None
+        gpus = DomainGpus(backends[:1])
+        samples = [gpus.sample(float(step)) for step in range(2)]
+        assert all(
+            batch[0].power_w == pytest.approx(fake_nvml.gpus[0].power_mw / 1000)
+            for batch in samples
+        )
+        actuator = PowerLimitActuator(backends, domain="d")
+        assert actuator.apply(600.0) == 2
+        assert _limits_mw(fake_nvml) == [300_000, 300_000]
+        assert actuator.restore() == []
+    lines = [r.getMessage() for r in caplog.records if "power limit bounds" in r.getMessage()]
+    assert sorted(line.split(":")[0] for line in lines) == ["GPU 0", "GPU 1"]  # one a GPU
+    assert all("taken as unknown" in line for line in lines)
