@@ -248,9 +248,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         report["gpu_error"] = str(error)
         code = ExitCode.NO_GPU
     from gpugov.daemon.files import resolve_state_dir
+    from gpugov.daemon.lockstate import NewerLockRecord
 
     state_dir = resolve_state_dir(config.daemon.state_dir if config else None)
-    held = held_by_gpugov(state_dir, (str(gpu.get("uuid")) for gpu in report["gpus"]))
+    try:
+        held = held_by_gpugov(state_dir, (str(gpu.get("uuid")) for gpu in report["gpus"]))
+    except NewerLockRecord as newer:  # the GPUs are still shown, the record named
+        held, report["lock_record_error"] = {}, str(newer)
     for gpu in report["gpus"]:
         gpu["held_by_gpugov"] = held.get(str(gpu.get("uuid")))
     engines: list[tuple[str, str]] = [(url, "auto") for url in args.engine_url or []]
@@ -273,6 +277,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     _say(f"may lock clocks: {line}")
     if "gpu_error" in report:
         _say(f"GPUs: unavailable: {report['gpu_error']}")
+    if "lock_record_error" in report:
+        _say(f"lock record: not read: {report['lock_record_error']}")
     for gpu in report["gpus"]:
         clock_range = gpu["supported_clock_range_mhz"]
         span = f"{clock_range[0]}-{clock_range[1]} MHz" if clock_range else "not reported"

@@ -429,6 +429,26 @@ def test_status_shows_what_a_gpugov_run_recorded_it_holds(
     }
 
 
+def test_status_shows_the_gpus_beside_a_newer_gpugov_s_lock_record(
+    fake: FakeNvml,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A record a newer gpugov wrote, which a start refuses, is named in one line (and
+    ``lock_record_error``) while the GPUs are shown: status is where to check them."""
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    record, text = _newer_record(tmp_path)
+    assert node_cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert f"lock record: not read: {record}: lock record version 2, newer" in out
+    assert "GPU 0: " in out and "GPU 1: " in out and "held by" not in out
+    assert node_cli.main(["status", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "version 2" in report["lock_record_error"] and len(report["gpus"]) == 2
+    assert record.read_text() == text
+
+
 def test_status_without_access_to_the_state_directory_shows_no_record(
     fake: FakeNvml,
     tmp_path: Path,
