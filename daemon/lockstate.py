@@ -538,6 +538,21 @@ def _refuse_newer(path: Path, data: Any) -> None:
         )
 
 
+def newer_record(directory: Path | None) -> NewerLockRecord | None:
+    """The refusal of ``directory``'s lock record when a newer gpugov wrote it, else None
+    (no directory, no record, or one this gpugov reads); the file is only read."""
+    path = None if directory is None else Path(directory) / STATE_FILE
+    try:
+        if path is None or not path.exists():
+            return None
+        _refuse_newer(path, loads_json(read_input_text(path, "state"), unique_keys=False))
+    except NewerLockRecord as newer:
+        return newer
+    except (OSError, ValueError):  # unreadable: LockState warns of it where it is used
+        return None
+    return None
+
+
 def process_identity(pid: int) -> dict[str, Any]:
     """``{"boot_id": ..., "start_ticks": ...}`` of process ``pid``: this boot's id
     (``/proc/sys/kernel/random/boot_id``) and when the process started, in clock ticks

@@ -56,7 +56,7 @@ from gpugov.daemon.errors import (
     NotSupported,
 )
 from gpugov.daemon.files import STATE_DIR_ENV, resolve_state_dir
-from gpugov.daemon.lockstate import HOLD_FILE, STATE_FILE
+from gpugov.daemon.lockstate import HOLD_FILE, STATE_FILE, newer_record
 from gpugov.daemon.node_support import GPU_CALL_DEADLINE_S, bounded_gpu_call, write_path_status
 from gpugov.daemon.stored_model import model_path
 
@@ -273,6 +273,10 @@ def _check_state_dirs(config: GpugovConfig, report: NodeReport) -> None:
                 Path(spec.state_dir),
                 (f"domain {domain.name!r} controller.state_dir", "no learned model"),
             )
+    if not config.daemon.dry_run:  # run refuses it (exit 2); a dry run reads no record
+        newer = newer_record(daemon_dir)
+        if newer is not None:
+            report.problems.append(newer)
     for directory, (source, kept) in wanted.items():
         reason = _state_dir_problem(directory)
         if reason is not None:

@@ -323,24 +323,6 @@ def _left_unrestored(backend: Any, directory: Path) -> str | None:
     )
 
 
-def _newer_record(configured: Any) -> ConfigError | None:
-    """The refusal of a lock record a newer gpugov wrote (``configured``'s state
-    directory, else ``$STATE_DIRECTORY``), which the resets leave as it is; else None."""
-    from gpugov.daemon.files import resolve_state_dir
-    from gpugov.daemon.lockstate import STATE_FILE, LockState, NewerLockRecord
-
-    directory = resolve_state_dir(configured)
-    try:
-        if directory is None or not (directory / STATE_FILE).exists():
-            return None
-        LockState(directory)
-    except NewerLockRecord as newer:
-        return newer
-    except OSError:
-        return None
-    return None
-
-
 def _reset_together(
     gpus: list[int | str], kind: str, emulator: str | None, daemon: Any, budget: _ResetBudget
 ) -> list[tuple[str | None, list[str]]]:
@@ -413,7 +395,10 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
     gpus: list[int | str] = list(_listed(kind, emulator, budget)) if chosen is None else chosen
     if chosen is not None:  # every backend; the split ones (actuator, zeusd) list by NVML
         _require_present(chosen, kind, emulator, budget)
-    newer = _newer_record(config.daemon.state_dir if config else None)
+    from gpugov.daemon.files import resolve_state_dir
+    from gpugov.daemon.lockstate import newer_record
+
+    newer = newer_record(resolve_state_dir(config.daemon.state_dir if config else None))
     failed: dict[str, str] = {}
     outcomes = _reset_together(gpus, kind, emulator, config.daemon if config else None, budget)
     for gpu, (error, said) in zip(gpus, outcomes, strict=True):

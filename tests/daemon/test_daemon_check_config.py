@@ -581,3 +581,21 @@ def test_a_record_path_that_is_a_link_is_judged_by_where_it_leads(
     path = _write(tmp_path, daemon=f'record = "{fresh}"')
     assert node_cli.main(["check-config", str(path)]) == 0
     assert _run_code(path) == -1
+
+
+def test_a_lock_record_of_a_newer_gpugov_is_refused_as_run_refuses_it(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``run`` refuses a lock record a newer gpugov wrote (exit 2); check-config said the
+    config would run. It now names the record in run's line, and leaves it as it is."""
+    state = tmp_path / "state"
+    state.mkdir()
+    record = state / "locks.json"
+    record.write_text('{"version": 3, "gpus": {}}')
+    path = _write(tmp_path, daemon=f'state_dir = "{state}"')
+    assert node_cli.main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"gpugov: error: {record}: lock record version 3, newer than this gpugov" in err
+    assert record.read_text() == '{"version": 3, "gpus": {}}'
+    assert node_cli.main(["run", "--config", str(path)]) == 2  # the same refusal
+    assert f"{record}: lock record version 3" in capsys.readouterr().err
