@@ -245,6 +245,9 @@ class AttainmentBudget:
     waiting and the next one."""
     last: WindowAttainment | None = None
     """The long window's attainment at the last update (None before any counters)."""
+    recent: WindowAttainment | None = None
+    """The short window's (its last twelfth) at the last update (None before any
+    counters)."""
     _history: deque[AttainmentCounters] = field(default_factory=deque, repr=False)
     _last_time_s: float | None = field(default=None, repr=False)
 
@@ -292,11 +295,12 @@ class AttainmentBudget:
         while len(history) >= 2 and history[1].time_s <= time_s - window:
             history.popleft()
         if len(history) < 2 and history[0] is now:
-            self.last = None
+            self.last = self.recent = None
             self.ahead = False
             return self.applied_looseness
         self.last = long = window_attainment(now, history[0])
         short = window_attainment(now, self._base(time_s - SHORT_WINDOW_SHARE * window))
+        self.recent = short
         period = 0.0 if previous_time is None else time_s - previous_time
         covered = time_s - history[0].time_s
         self.looseness = self.next_looseness(long, short, period, covered_s=covered)

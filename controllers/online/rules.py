@@ -336,6 +336,13 @@ class MeasuredLatencyRules:
                 return None
             fits &= short
         if spent:
+            assert budget is not None
+            recent = budget.recent
+            if budget.remaining < 0.0 and recent is not None and recent.tpot_misses >= 0.5:
+                # Past the window's budget and still missing on TPOT: the misses came at
+                # clocks the learned mean judged to fit, so it is not trusted while they
+                # go on.
+                return float(clocks[-1])
             # No miss left in the window: a prompt landing in this window is prefilled at
             # this clock, beside the replies decoding, until the next decision raises it.
             # Those mixed iterations may be no slower than the SLO or the top clock's.

@@ -549,9 +549,11 @@ def test_each_waiting_prompt_is_drained_by_its_own_deadline() -> None:
     assert controller.burst_floor(burst, (1.0, 10.0)) == pytest.approx(spread)
 
 
-def _spent_controller(*, tpot_misses: float, remaining: float) -> OnlineMPCController:
+def _spent_controller(
+    *, tpot_misses: float, remaining: float, recent_tpot_misses: float = 0.0
+) -> OnlineMPCController:
     """A controller whose SLO window has ``remaining`` misses left, ``tpot_misses`` of
-    its counted misses TPOT ones."""
+    its counted misses TPOT ones, ``recent_tpot_misses`` of them in its short window."""
     from gpugov.controllers.budget import SLOTarget, WindowAttainment
 
     controller = OnlineMPCController(slo_target=SLOTarget(0.99))
@@ -561,6 +563,9 @@ def _spent_controller(*, tpot_misses: float, remaining: float) -> OnlineMPCContr
     controller.budget.affordable = remaining >= 1.0
     controller.budget.last = WindowAttainment(
         requests=100.0, miss_fraction=0.01, tpot_misses=tpot_misses
+    )
+    controller.budget.recent = WindowAttainment(
+        requests=10.0, miss_fraction=0.1, tpot_misses=recent_tpot_misses
     )
     return controller
 
@@ -597,3 +602,26 @@ def test_with_no_tpot_miss_left_a_decode_window_holds_the_clock_a_prompt_landing
         assert controller.burst_floor(idle, (100.0, slo)) is None
     # Without a target there is no budget to judge by.
     assert _controller().burst_floor(decoding, (100.0, slo)) is None
+
+
+def test_past_its_budget_a_window_holds_the_top_clock_for_a_prompt_landing_in_it() -> None:
+    """Past the window's budget (more misses than it allows) and still missing on TPOT in
+    its short window, the misses came at clocks the learned mean judged to fit: a decode
+    window and an idle GPU hold the top clock while they go on."""
+    slo = 0.07
+    decoding = _seen(backlog=0.0, running=4, waiting=0)
+    idle = _seen(backlog=0.0, running=0, waiting=0)
+    fitting = [c for c in CLOCKS if _typical_mixed(c, 4) <= slo]
+    assert fitting and min(fitting) < CLOCKS[-1]
+    missing = _spent_controller(tpot_misses=2.0, remaining=-0.5, recent_tpot_misses=1.0)
+    assert missing.burst_floor(decoding, (100.0, slo)) == CLOCKS[-1]
+    assert missing.burst_floor(idle, (100.0, slo)) == CLOCKS[-1]
+    # Past the budget with no TPOT miss of late (an estimate's misses that stopped
+    # coming), within it, or past it on TTFT misses alone: as before.
+    for controller in (
+        _spent_controller(tpot_misses=2.0, remaining=-0.5),
+        _spent_controller(tpot_misses=2.0, remaining=0.0, recent_tpot_misses=1.0),
+    ):
+        assert controller.burst_floor(decoding, (100.0, slo)) == pytest.approx(min(fitting))
+    ttft_only = _spent_controller(tpot_misses=0.0, remaining=-0.5)
+    assert ttft_only.burst_floor(decoding, (100.0, slo)) is None

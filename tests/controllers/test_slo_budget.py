@@ -145,6 +145,19 @@ def test_a_fast_burn_tightens_before_the_long_window_shows_it() -> None:
     assert trace[-1] < loose
 
 
+def test_the_short_window_s_misses_are_kept_beside_the_long_window_s() -> None:
+    """``recent`` is the last twelfth of the window: misses that stopped coming leave it
+    and stay in ``last`` (the burst guard's hold past the budget reads both)."""
+    budget = AttainmentBudget(TARGET)
+    budget.update(_observation(0.0, (0.0, 0.0), (0.0, 0.0)))
+    budget.update(_observation(10.0, (50.0, 50.0), (45.0, 50.0)))
+    assert budget.recent is not None and budget.recent.tpot_misses == pytest.approx(5.0)
+    # 100 s later (past the 50 s short window), 100 more requests and no miss.
+    budget.update(_observation(110.0, (150.0, 150.0), (145.0, 150.0)))
+    assert budget.last is not None and budget.last.tpot_misses == pytest.approx(5.0)
+    assert budget.recent is not None and budget.recent.tpot_misses == 0.0
+
+
 def test_union_bound_counts_ttft_and_tpot_misses_apart() -> None:
     before = AttainmentCounters(0.0, (0.0, 0.0), (0.0, 0.0))
     now = AttainmentCounters(10.0, (99.0, 100.0), (97.0, 100.0))
