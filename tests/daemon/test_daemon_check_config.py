@@ -168,13 +168,19 @@ def test_a_record_file_the_config_reads_is_refused_by_both(
         f"gpugov: error: daemon.record {record.format(**files)}: is {field}, which it would "
         "overwrite"
     )
+    _refused_by_both(path, line, capsys)
+    assert {file: file.read_bytes() for file in files.values()} == kept
+
+
+def _refused_by_both(path: Path, line: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``check-config`` (online and offline) and ``run`` refuse the config at ``path`` with
+    ``line``, exit 2."""
     for offline in ([], ["--offline"]):
         assert node_cli.main(["check-config", str(path), *offline]) == 2
         errors = [text for text in capsys.readouterr().err.splitlines() if "error:" in text]
         assert errors[0] == line
     assert _run_code(path) == 2
     assert capsys.readouterr().err.splitlines() == [line]
-    assert {file: file.read_bytes() for file in files.values()} == kept
 
 
 RECORD_ON_A_STATE_FILE = {
@@ -212,12 +218,7 @@ def test_a_record_on_a_file_of_the_state_directory_is_refused_by_both(
         tables=tables.format(tmp=tmp_path),
     )
     line = f"gpugov: error: daemon.record {record}: is {what}, which it would overwrite"
-    for offline in ([], ["--offline"]):
-        assert node_cli.main(["check-config", str(path), *offline]) == 2
-        errors = [text for text in capsys.readouterr().err.splitlines() if "error:" in text]
-        assert errors[0] == line
-    assert _run_code(path) == 2
-    assert capsys.readouterr().err.splitlines() == [line]
+    _refused_by_both(path, line, capsys)
     assert sorted(p.name for p in record.parent.iterdir()) == ([record.name] if made else [])
 
 
