@@ -15,7 +15,10 @@ Simplified: the proposal gives no gains or setpoint, so these are ours; the setp
 first 0.8 and lowered to 0.5 after a smoke run on the bundled trace at 3x its load, where
 a mean at 80 % of the SLO left a third of the requests over their TTFT SLO; a window
 with no latency sample holds the clock while work is queued or running, and drifts down
-(``idle_error``) when the engine is idle.
+(``idle_error``) when the engine is idle. A window whose latency is over its SLO never
+lowers the clock: the velocity form's proportional and derivative terms of a falling error
+that is still over it (latency 30 then 3 times the SLO, on a board no clock serves within
+it) swung the clock from the top to the lowest while every window missed.
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ class SLAPIDController:
                 + self.ki * error * dt
                 + self.kd * (error - 2.0 * e1 + e2) / dt
             )
+            if error > 1.0 - self.setpoint:  # the window missed its SLO: never lower
+                step = max(step, 0.0)
             self.u = min(1.0, max(0.0, self.u + step))
             self._errors = [error, e1]
         low, high = clocks[0], clocks[-1]

@@ -167,6 +167,21 @@ def test_pid_raises_the_clock_over_the_slo_and_lowers_it_under() -> None:
     assert all(c in CLOCKS for c in low + high)
 
 
+def test_pid_never_lowers_the_clock_while_the_slo_is_missed() -> None:
+    # Latency many times its SLO that falls but stays over it (a profile whose SLO no
+    # clock meets): the velocity form's proportional and derivative terms of the fall
+    # (error 30 -> 3) swung the clock from the top to the lowest while every window
+    # missed its SLO.
+    pid = SLAPIDController()
+    clocks = [
+        pid(obs(float(t), tpot_recent_s=TPOT_SLO * (30.0 if t % 2 else 3.0))) for t in range(1, 9)
+    ]
+    assert clocks == [CLOCKS[-1]] * len(clocks)
+    # The loop still lowers the clock as soon as the windows meet their SLO again.
+    after = [pid(obs(float(t), ttft_recent_s=0.1, tpot_recent_s=0.01)) for t in (9, 10, 11)]
+    assert after[-1] < CLOCKS[-1]
+
+
 def test_pid_holds_without_latency_while_busy_and_drifts_down_idle() -> None:
     pid = SLAPIDController()
     pid(obs(0.0, ttft_recent_s=0.1, tpot_recent_s=0.01))
