@@ -374,6 +374,25 @@ def _calibrated_on(spec: ControllerConfig, profile: object, text: str) -> Contro
     return spec.model_copy(update={"profile": profile})
 
 
+def _check_recorded_profile(profile: str, text: str) -> None:
+    """The recording's profile, which the controller plans on, loads here.
+
+    Raises:
+        UsageError: one line naming the profile and ``--profile`` (a recording made on a
+            profile file that has moved, or on another machine's).
+    """
+    from gpugov.plant.profile import ProfileError
+    from gpugov.plant.profile_files import load_profile
+
+    try:
+        load_profile(profile)
+    except (ProfileError, OSError) as error:
+        raise UsageError(
+            f"--controller {shown_spec(text)}: the recording's profile cannot be read here "
+            f"({error}); give it with --profile NAME|FILE"
+        ) from error
+
+
 @guarded
 def cmd_replay(args: argparse.Namespace) -> int:
     """``gpugov replay FILE.jsonl --controller X``."""
@@ -390,6 +409,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(str(error)) from error
     spec = _calibrated_on(spec, profile, args.controller)
+    if (
+        args.profile is None
+        and isinstance(profile, str)
+        and getattr(spec, "profile", None) == profile
+    ):
+        _check_recorded_profile(profile, args.controller)
     clocks = [float(clock) for info in domains.values() for clock in info["supported_clocks_mhz"]]
     if clocks:
         check_fixed_clock(spec, min(clocks), max(clocks), args.controller)

@@ -43,6 +43,17 @@ DEFAULT_CONTROLLER = "mpc-online"
 """``run --simulate``'s controller: the one a node with no profile runs."""
 
 
+def _recorded_profile(spec: str | None, name: str) -> str:
+    """The header's ``profile``: for a ``--profile`` that names a file of the user's, the
+    manifest's absolute path (its stem, written before, was looked up by ``replay`` as a
+    bundled name and refused for ``mpc``); else the bundled profile's ``name``."""
+    from gpugov.plant.profile_files import names_profile_file, resolve_profile_path
+
+    if spec is None or not names_profile_file(spec):
+        return name
+    return str(resolve_profile_path(spec).resolve())
+
+
 def run_simulated(args: argparse.Namespace) -> int:
     """``gpugov run --simulate``: the real loop on the simulated plant, then its summary
     and its saving against the maximum clock on the same trace."""
@@ -98,7 +109,7 @@ def run_simulated(args: argparse.Namespace) -> int:
         slo_target=slo_target_of(args.slo_target),
         header={
             "trace": str(report.path),
-            "profile": profile.name,
+            "profile": _recorded_profile(args.profile, profile.name),
             "requests": len(workload),
             "speed": "virtual" if args.virtual else args.speed or DEFAULT_SPEED,
         },

@@ -628,6 +628,32 @@ def test_mpc_recording_replays_through_the_same_mpc_exactly(
     assert "differing ticks     0 (0.0 %)" in out
 
 
+def test_a_recording_on_a_profile_file_replays_through_mpc_on_that_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The recording named its profile by the manifest's stem only, which replay then
+    looked up as a bundled name: ``mpc`` was refused as an unknown profile, with no word
+    of ``--profile``."""
+    from gpugov.plant.synthetic_profiles import write_synthetic_profile
+
+    manifest = write_synthetic_profile("narrow-clocks", tmp_path / "boards")
+    record = tmp_path / "mpc.jsonl"
+    argv = ["run", "--simulate", "--profile", str(manifest), "--controller", "mpc"]
+    argv += ["--virtual", "--duration", "10", "--metrics-address", "none"]
+    assert node_cli.main([*argv, "--record", str(record)]) == 0
+    capsys.readouterr()
+    assert node_cli.main(["replay", str(record), "--controller", "mpc"]) == 0
+    out = capsys.readouterr().out
+    assert "differing ticks     0 (0.0 %)" in out
+    # Moved away: one line that names the file and --profile.
+    moved = tmp_path / "elsewhere"
+    (tmp_path / "boards").rename(moved)
+    assert node_cli.main(["replay", str(record), "--controller", "mpc"]) == 2
+    err = capsys.readouterr().err
+    assert str(manifest) in err and "--profile" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_watchdog_rejects_a_period_it_would_kill() -> None:
     from gpugov.daemon.loop import SystemdNotify
 
