@@ -113,6 +113,12 @@ period = float_in(MIN_PERIOD_S, MAX_PERIOD_S, name="period in seconds")
 """A control period within the config's bounds of ``daemon.period_s``."""
 duration = float_in(0.0, MAX_SECONDS, low_open=True, name="duration in seconds")
 """A positive length of time in seconds (ten years at most)."""
+scaled_duration = float_in(MIN_PERIOD_S, MAX_SECONDS, name="duration in seconds")
+"""The length of a trace window that a command scales to a load (``bench controllers``,
+``fleet --duration``): at least one shortest control period. A window some 1e-160 s long
+scaled to its load (about its length squared over its work) was 0 s, or its capacity's
+inverse infinite, and the run ended in a traceback; and a window shorter than one
+decision compares no controllers."""
 offset = float_in(0.0, MAX_SECONDS, name="time in seconds")
 """A non-negative time offset in seconds (a window's start)."""
 speed = float_in(0.0, MAX_SPEED, low_open=True, name="speed")

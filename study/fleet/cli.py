@@ -205,7 +205,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="the trace (default azure-conv: the Azure conversation trace)")  # fmt: skip
     add("--trace-start", type=cli_types.offset, default=1800.0, metavar="S",
         help="where in the trace the window starts (default 1800 s)")  # fmt: skip
-    add("--duration", type=cli_types.duration, default=720.0, metavar="S",
+    add("--duration", type=cli_types.scaled_duration, default=720.0, metavar="S",
         help="plant seconds of arrivals (default 720)")  # fmt: skip
     add("--drain", type=cli_types.offset, default=60.0, metavar="S",
         help="plant seconds after the last arrival window (default 60)")  # fmt: skip

@@ -30,6 +30,7 @@ from gpugov.daemon.cli_support import (
     parse_controller_flag,
     slo_target_of,
 )
+from gpugov.daemon.limits import MIN_PERIOD_S
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
 from gpugov.plant import ServingPlant
@@ -96,6 +97,10 @@ class FleetConfig:
         """Raise ``ValueError`` naming the first setting that does not fit (before work)."""
         if self.nodes < 1:
             raise ValueError(f"--nodes must be >= 1, got {self.nodes}")
+        if not (math.isfinite(self.duration_s) and self.duration_s >= MIN_PERIOD_S):
+            raise ValueError(
+                f"--duration must be at least {MIN_PERIOD_S:g} s, got {self.duration_s!r}"
+            )
         if self.engine_view not in ENGINE_VIEWS:
             raise ValueError(
                 f"--engine-view must be one of {', '.join(ENGINE_VIEWS)}, got {self.engine_view!r}"

@@ -26,7 +26,7 @@ from gpugov.daemon.cli_support import (
     warn,
 )
 from gpugov.daemon.errors import ExitCode, Terminated
-from gpugov.daemon.limits import MAX_JOBS
+from gpugov.daemon.limits import MAX_JOBS, MIN_PERIOD_S
 from gpugov.daemon.simulated import ENGINE_VIEWS
 from gpugov.plant.profile_files import list_bundled_profiles
 from gpugov.plant.synthetic_profiles import expand_synthetic, resolve_profile
@@ -119,8 +119,8 @@ def config_for(
             raise ValueError(f"--loads: unknown load(s) {unknown}; choose from {list(LOADS)}")
         changes["loads"] = tuple(loads)
     if duration_s is not None:
-        if not math.isfinite(duration_s) or duration_s <= 0.0:
-            raise ValueError(f"--duration must be positive, got {duration_s!r}")
+        if not math.isfinite(duration_s) or duration_s < MIN_PERIOD_S:
+            raise ValueError(f"--duration must be at least {MIN_PERIOD_S:g} s, got {duration_s!r}")
         changes["duration_s"] = float(duration_s)
     if jobs is not None:
         if jobs < 1:
@@ -253,7 +253,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--duration",
-        type=cli_types.duration,
+        type=cli_types.scaled_duration,
         default=None,
         metavar="S",
         help="seconds of arrivals per scenario (default 600, quick 120)",

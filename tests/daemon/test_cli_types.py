@@ -27,6 +27,7 @@ BAD_EVERYWHERE = ["", "x", "nan", "inf", "-inf", "1e999", "0x10"]
         (cli_types.latency_noise, {"0": 0.0, "0.99": 0.99}, ["1", "1e6", "-1"]),
         (cli_types.offset, {"0": 0.0}, ["-5", "1e308"]),
         (cli_types.duration, {"1": 1.0}, ["0", "1e308"]),
+        (cli_types.scaled_duration, {"0.05": 0.05, "1": 1.0}, ["0", "1e-300", "0.049"]),
         (cli_types.count(1, 64), {"64": 64}, ["0", "100000"]),
     ],
 )

@@ -96,6 +96,16 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["simulate", "--trace", "azure-conv-10mim"], "did you mean 'azure-conv-10min'?"),
         (["bench", "controllers", "--jobs", "0"], "argument --jobs: must be an integer in [1, "),
         (["experiments", "--out", "/dev/null/x"], "/dev/null is not a directory"),
+        # Scaled to its load, a window this short was 0 s (or its capacity's inverse
+        # infinite): a traceback from inside the run.
+        (
+            ["bench", "controllers", "--traces", "azure-conv-10min", "--duration", "1e-300"],
+            "argument --duration: must be a duration in seconds in [0.05, ",
+        ),
+        (
+            ["fleet", "--no-step", "--trace", "azure-conv-10min", "--duration", "1e-300"],
+            "argument --duration: must be a duration in seconds in [0.05, ",
+        ),
     ],
 )
 def test_bad_input_is_one_line(
