@@ -32,7 +32,8 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
 def windows_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str, str]:
     out = tmp_path_factory.mktemp("windows")
     code, stdout, stderr = _run(
-        ["bench", "controllers", "--tiny", "--windows", "3", "--out", str(out)]
+        # 10 s windows, not the tiny run's 15: three of them, and the window table.
+        ["bench", "controllers", "--tiny", "--windows", "3", "--duration", "10", "--out", str(out)]
     )
     return out, code, stdout, stderr
 
@@ -171,6 +172,8 @@ def test_synthetic_profiles_run_on_the_scoreboard(tmp_path: Path) -> None:
             "bench",
             "controllers",
             "--tiny",
+            "--duration",
+            "10",
             "--profiles",
             "synthetic:memory-bound",
             "--out",
