@@ -406,10 +406,13 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
     if not isinstance(engine, dict):
         raise ProfileError(f"{manifest_path}: 'engine' must be an object")
     for key in ENGINE_COUNT_KEYS:
-        value = engine.get(key)
+        if key not in engine:
+            continue  # its default
+        value = engine[key]
         # Bounded above too: a max_batch_size of 10**30 (an int no float holds exactly)
-        # ended the load in a numpy TypeError traceback.
-        if value is not None and not (
+        # ended the load in a numpy TypeError traceback. A null is refused as any other
+        # non-number: read as given, it ended a run in a TypeError traceback.
+        if not (
             _is_number(value) and float(value).is_integer() and 1 <= value <= MAX_ENGINE_COUNT
         ):
             raise ProfileError(

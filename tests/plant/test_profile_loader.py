@@ -123,6 +123,20 @@ def test_csv_error_reports_real_line_after_blank_line(tmp_path: Path) -> None:
         ),
         ({"engine__kv_capacity_tokens": 1.5}, "engine.kv_capacity_tokens must be an integer"),
         ({"engine__reference_batch_size": "64"}, "engine.reference_batch_size must be"),
+        # A null count passed as "not given" and ended a run in int(None)'s TypeError
+        # (max_batch_size, kv_capacity_tokens) or was blamed on decode_latency_model.
+        *(
+            (
+                {f"engine__{key}": None},
+                rf"engine\.{key} must be an integer in \[1, 1e\+12\], got None$",
+            )
+            for key in (
+                "max_batch_size",
+                "kv_capacity_tokens",
+                "reference_batch_size",
+                "reference_context_tokens",
+            )
+        ),
         (
             {"clock_range_mhz": [1000, 1200]},
             r"clock_range_mhz \[1000, 1200\] disagrees with the clocks of .*\(345-1980 MHz\)",
