@@ -412,9 +412,7 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
         # Bounded above too: a max_batch_size of 10**30 (an int no float holds exactly)
         # ended the load in a numpy TypeError traceback. A null is refused as any other
         # non-number: read as given, it ended a run in a TypeError traceback.
-        if not (
-            _is_number(value) and float(value).is_integer() and 1 <= value <= MAX_ENGINE_COUNT
-        ):
+        if not (_is_number(value) and float(value).is_integer() and 1 <= value <= MAX_ENGINE_COUNT):
             raise ProfileError(
                 f"{manifest_path}: engine.{key} must be an integer in "
                 f"[1, {MAX_ENGINE_COUNT:g}], got {value!r:.40}"
