@@ -191,6 +191,21 @@ def plan_sweep(path: Path) -> SweepPlan:
             f"{MAX_GRID_CELLS:,}; split it into several sweeps"
         )
     base = path.resolve().parent
+    known_traces = tuple(BUNDLED_TRACES) + tuple(SHARED_TRACES)
+    # A cell's key names its files as resolved, so that the same run keys alike however
+    # the grid spelled them (DIR/grid.toml names them absolute).
+    trace_ids = {
+        entry: entry if entry in known_traces else _file_identity(_resolve(entry, (), base), entry)
+        for entry in grid.traces
+    }
+    profile_ids = {entry: _profile_identity(entry, base) for entry in grid.profiles}
+    controller_ids = {spec: _rebased_spec(spec, os.path.realpath) for spec in grid.controllers}
+    for key, ids in (
+        ("traces", trace_ids),
+        ("profiles", profile_ids),
+        ("controllers", controller_ids),
+    ):
+        _refuse_the_same_twice(path, key, ids)
     shared: dict[str, Any] = {}
     checksums: dict[str, str] = {}
     profiles: dict[str, PerformanceProfile] = {}
@@ -202,7 +217,6 @@ def plan_sweep(path: Path) -> SweepPlan:
         profiles[entry] = profile
         shared[f"profile:{entry}"] = profile
     _check_before_traces(path, grid, profiles)
-    known_traces = tuple(BUNDLED_TRACES) + tuple(SHARED_TRACES)
     for entry in grid.traces:
         try:
             workload, _ = load_trace_for_cli(
@@ -233,15 +247,10 @@ def plan_sweep(path: Path) -> SweepPlan:
                 ) from error
     settings = grid.settings()
     contents = {spec: _spec_contents(path, spec) for spec in grid.controllers}
-    # A cell's key names its files as resolved, so that the same run keys alike however
-    # the grid spelled them (DIR/grid.toml names them absolute), and holds the contents
-    # of every file it reads: the trace window's checksum, the profile's sha256s and
-    # those of its controller's files (an edited plan runs its cells again).
-    trace_ids = {
-        entry: entry if entry in known_traces else _file_identity(_resolve(entry, (), base), entry)
-        for entry in grid.traces
-    }
-    profile_ids = {entry: _profile_identity(entry, base) for entry in grid.profiles}
+    # A cell's key holds its files as resolved (trace_ids, profile_ids, controller_ids)
+    # and the contents of every file it reads: the trace window's checksum, the
+    # profile's sha256s and those of its controller's files (an edited plan runs its
+    # cells again).
     cells = []
     for trace in grid.traces:
         for entry, profile in profiles.items():
@@ -263,7 +272,7 @@ def plan_sweep(path: Path) -> SweepPlan:
                             **written,
                             "trace": trace_ids[trace],
                             "profile": profile_ids[entry],
-                            "controller": _rebased_spec(controller, os.path.realpath),
+                            "controller": controller_ids[controller],
                         }
                         digests, changed = contents[controller]
                         identity = dict(resolved)
@@ -286,6 +295,26 @@ def plan_sweep(path: Path) -> SweepPlan:
                             )
                         )
     return SweepPlan(grid, tuple(cells), shared)
+
+
+def _refuse_the_same_twice(path: Path, key: str, identities: Mapping[str, str]) -> None:
+    """Refuse two entries of grid key ``key`` that name the same file (``ok.csv`` and
+    ``./ok.csv``, a file and a link to it; ``mpc:p.json`` and ``mpc:./p.json``): their
+    cells had one key, so the same run was done twice, written twice to results.jsonl and
+    shown twice in the summary.
+
+    Raises:
+        UsageError: naming the grid file, the key and both entries.
+    """
+    first: dict[str, str] = {}
+    for entry, identity in identities.items():
+        earlier = first.setdefault(identity, entry)
+        if earlier != entry:
+            what = "controller" if key == "controllers" else "file"
+            raise UsageError(
+                f"{path}: key {key!r}: {earlier!r} and {entry!r} name the same {what} "
+                f"({identity}); give it once"
+            )
 
 
 def _spec_message(error: UsageError) -> str:

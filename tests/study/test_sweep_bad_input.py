@@ -158,6 +158,45 @@ def _trace(path: Path) -> Path:
     return path
 
 
+@pytest.mark.parametrize(
+    ("key", "entries"),
+    [
+        ("traces", '["t.csv", "./t.csv"]'),
+        ("traces", '["t.csv", "link.csv"]'),
+        ("profiles", '["p/h100-sxm-llama3-8b.json", "p/../p/h100-sxm-llama3-8b.json"]'),
+        (
+            "controllers",
+            '["max", "mpc:p/h100-sxm-llama3-8b.json", "mpc:./p/h100-sxm-llama3-8b.json"]',
+        ),
+    ],
+)
+def test_two_spellings_of_one_file_are_refused_as_a_duplicate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, entries: str
+) -> None:
+    """``ok.csv`` and ``./ok.csv`` passed the duplicate check: the same cell (one key) ran
+    twice, and results.jsonl and the summary held it twice."""
+    from gpugov.plant.profile_files import profile_files
+
+    _trace(tmp_path / "t.csv")
+    (tmp_path / "link.csv").symlink_to(tmp_path / "t.csv")
+    (tmp_path / "p").mkdir()
+    for path in profile_files("h100-sxm-llama3-8b"):
+        (tmp_path / "p" / path.name).write_bytes(path.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    grid = {
+        "traces": '["t.csv"]',
+        "profiles": '["h100-sxm-llama3-8b"]',
+        "controllers": '["max"]',
+        key: entries,
+    }
+    text = "".join(f"{name} = {value}\n" for name, value in grid.items())
+    (tmp_path / "grid.toml").write_text(text + "duration_s = 5\n")
+    code, _, stderr = _run(["sweep", "--grid", "grid.toml", "--out", "out"])
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert f"grid.toml: key '{key}': " in stderr and "name the same " in stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("output", ["summary.md", "summary.json", "sweep.png", "grid.toml"])
 def test_an_out_whose_outputs_would_overwrite_a_trace_is_refused(
     tmp_path: Path, output: str
