@@ -434,12 +434,16 @@ def test_all_interfaces_metrics_address_warns(
             return lambda *args, **kwargs: None
 
     monkeypatch.setattr(exporter, "Exporter", NoServer)
+    # The max clock, not the default mpc-online: the warning is the address's, and the
+    # simulation need not load (or, on a cold cache, compile) the MPC's numba kernels.
     argv = [
         "run",
         "--simulate",
         "--virtual",
         "--duration",
         "5",
+        "--controller",
+        "max",
         "--quiet",
         "--metrics-address",
         "0.0.0.0:0",
