@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -104,12 +105,23 @@ def config_for(
         if repeated:
             raise ValueError(f"{flag}: {', '.join(repeated)} given more than once")
     if traces:
+        _refuse_one_file_twice(traces)
         changes["traces"] = tuple(traces)
     if profiles:
         try:
             profiles = expand_profiles(profiles)
+            named: dict[str, str] = {}
             for name in profiles:
-                resolve_profile(name)  # ProfileError (a ValueError) names a bad profile now
+                # ProfileError (a ValueError) names a bad profile now.
+                profile_name = resolve_profile(name).name
+                earlier = named.setdefault(profile_name, name)
+                if earlier != name:
+                    # A scenario is keyed by its profile's name: the two ran as one key.
+                    raise ValueError(
+                        f"{earlier} and {name} are both the profile {profile_name!r} (a "
+                        "scenario is keyed by its profile's name); give each profile once, "
+                        "each under its own name"
+                    )
         except ValueError as error:
             raise ValueError(f"--profiles: {str(error).removeprefix('--profiles: ')}") from None
         changes["profiles"] = tuple(profiles)
@@ -174,6 +186,21 @@ def config_for(
             window_starts(trace, requests, config.duration_s, windows)
         return config
     return replace(config, **changes)
+
+
+def _refuse_one_file_twice(traces: Sequence[str]) -> None:
+    """Refuse two ``--traces`` that name one file (``t.csv`` and ``./t.csv``, a link to
+    it): its scenarios ran twice, each counted in every mean over the scenarios."""
+    files: dict[str, str] = {}
+    for name in traces:
+        if name in BUNDLED_TRACES or name in SHARED_TRACES or not os.path.exists(name):
+            continue  # a name (its own scenarios), or a word the loader refuses later
+        identity = os.path.realpath(name)
+        earlier = files.setdefault(identity, name)
+        if earlier != name:
+            raise ValueError(
+                f"--traces: {earlier} and {name} name the same file ({identity}); give it once"
+            )
 
 
 def _outside_rows(specs: Sequence[str]) -> tuple[str, ...]:

@@ -743,6 +743,38 @@ def test_bench_with_no_scenario_to_run_leaves_no_empty_out_or_report_dir(
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
+        (["--traces", "t.csv", "./t.csv"], "--traces: t.csv and ./t.csv name the same file"),
+        (
+            ["--profiles", "h100-sxm-llama3-8b", str(PROFILES / "h100-sxm-llama3-8b.json")],
+            "are both the profile 'h100-sxm-llama3-8b'",
+        ),
+        (["--profiles", "a/p.json", "b/p.json"], "a/p.json and b/p.json are both the profile 'p'"),
+    ],
+)
+def test_bench_refuses_one_file_or_profile_name_given_twice(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+    named: str,
+) -> None:
+    """Two spellings of one trace file passed the repeated-name check and ran its
+    scenarios twice; two profiles of one name ran as scenarios of one key."""
+    (tmp_path / "t.csv").write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,10\n")
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        shutil.copy(PROFILES / "h100-sxm-llama3-8b.csv", tmp_path / folder / "p.csv")
+        manifest = json.loads((PROFILES / "h100-sxm-llama3-8b.json").read_text())
+        (tmp_path / folder / "p.json").write_text(json.dumps({**manifest, "csv": "p.csv"}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "controllers", "--quick", *flags, "--out", "out"]) == 2
+    assert named in _one_error_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
         (["--floor", "99999"], "--floor 99999: above the top supported clock of h100-sxm"),
         (["--loads", "cap70", "cap70"], "--loads: cap70 given more than once"),
         (["--traces", "azure-code", "azure-code"], "--traces: azure-code given more than once"),
