@@ -55,7 +55,7 @@ from gpugov.plant.disaggregated import (
     simulate_disaggregated,
 )
 from gpugov.plant.disaggregated_layout import ROLES, DisaggregatedPlant, PoolSpec
-from gpugov.plant.profile_files import load_profile
+from gpugov.plant.synthetic_profiles import resolve_profile
 from gpugov.plant.types import ClockController, Request
 from gpugov.plant.workload import TraceError
 from gpugov.study.runners import (
@@ -566,7 +566,8 @@ def disaggregated_cell(
     capacity search, a trace not present)."""
     trace, profile_name, load, layout = cell
     config: BenchConfig = shared["config"]
-    plant = ServingPlant.from_profile(load_profile(profile_name))
+    # A generated profile (synthetic:SHAPE) as the colocated board takes it.
+    plant = ServingPlant.from_profile(resolve_profile(profile_name))
     try:
         scenario = build_disaggregated_scenario(trace, plant, layout, load, config.duration_s)
     except (ScenarioSkip, TraceError) as error:

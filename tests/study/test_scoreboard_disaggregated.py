@@ -358,3 +358,21 @@ def test_the_disaggregated_bench_says_what_it_runs_at_once_and_counts_only_scena
     assert seen[0].startswith(f"{label}   0.0% (0/") and "scenario(s), local runner" in seen[0]
     assert lines[0].startswith(f"{label}   0.0% (0/") and "retry 1/2" in lines[0]
     assert lines[1].startswith(f"{label} ") and "(1/" in lines[1] and "[1] a|b" in lines[1]
+
+
+def test_a_generated_profile_runs_on_the_disaggregated_board(tmp_path: Path) -> None:
+    """``--profiles synthetic:SHAPE`` passed the checks, then each disaggregated scenario
+    refused it after the progress began (exit 2 with --layout both, after the colocated
+    board ran): "a synthetic profile is generated only by ... bench controllers"."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,10\n1,200,20\n")
+    out = tmp_path / "board"
+    argv = ["bench", "controllers", "--layout", "disaggregated", "--traces", str(trace)]
+    argv += ["--profiles", "synthetic:compute-bound", "--loads", "recorded", "--duration", "5"]
+    stderr = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
+        code = main([*argv, "--jobs", "1", "--out", str(out)])
+    assert code == 0, stderr.getvalue()
+    payload = json.loads((out / "disaggregated.json").read_text())
+    assert {row["profile"] for row in payload["rows"]} == {"synthetic-compute-bound"}
+    assert {row["layout"] for row in payload["rows"]} == {"1P1D", "2P2D"}
