@@ -171,16 +171,18 @@ def test_profile_matches_the_emulated_truth(
 
 # The tests below check the sweep's bookkeeping (reset, resume, dry run, refusal), not its
 # accuracy: they measure around a smaller decode reference than the default 64 x 1024,
-# whose design points need about ten times the prompt tokens prefilled at every clock.
+# whose design points need about ten times the prompt tokens prefilled at every clock; the
+# two that measure a whole sweep take 1290 MHz as their low clock, not 600, where the same
+# points take about twice as long in real time.
 SMALL_BATCH, SMALL_CONTEXT = 16, 256
 SMALL_REFERENCE = ("--reference-batch", str(SMALL_BATCH), "--reference-context", str(SMALL_CONTEXT))
 
 
 def _settings(dwell: float) -> SweepSettings:
-    """What ``_profile(..., "--clock-list", "1980,600", "--dwell", DWELL, *SMALL_REFERENCE)``
+    """What ``_profile(..., "--clock-list", "1980,1290", "--dwell", DWELL, *SMALL_REFERENCE)``
     sweeps (``--resume`` compares them)."""
     return SweepSettings(
-        clocks_mhz=(1980, 600),
+        clocks_mhz=(1980, 1290),
         dwell_s=dwell,
         prefill_prompt_tokens=4096,
         decode_points=default_decode_points(SMALL_BATCH, SMALL_CONTEXT, 131_072),
@@ -213,7 +215,7 @@ def test_interrupted_sweep_resets_and_resumes(
     first = lines[1]
     state = tmp_path / "sweep-state.jsonl"
     kept = state.read_text()
-    flags = ("--clock-list", "1980,600", "--dwell", "0.5", *SMALL_REFERENCE)
+    flags = ("--clock-list", "1980,1290", "--dwell", "0.5", *SMALL_REFERENCE)
     # Without --resume a sweep that measured clocks is refused, not wiped.
     assert _profile(url, tmp_path, *flags, "--name", "fresh") == 2
     assert state.read_text() == kept
@@ -226,10 +228,10 @@ def test_interrupted_sweep_resets_and_resumes(
     code = _profile(url, tmp_path, *flags, "--resume", "--name", "resumed")
     assert code == 0
     rows = [json.loads(line) for line in (tmp_path / "sweep-state.jsonl").read_text().splitlines()]
-    assert [row["clock_mhz"] for row in rows if row["kind"] == "clock"] == [1980, 600]
+    assert [row["clock_mhz"] for row in rows if row["kind"] == "clock"] == [1980, 1290]
     assert rows[1] == first  # the measured clock was kept, not measured again
     assert load_profile(tmp_path / "resumed.json").clock_mhz[-1] == 1980
-    code = _profile(url, tmp_path, "--clock-list", "1980,1290", *SMALL_REFERENCE, "--resume")
+    code = _profile(url, tmp_path, "--clock-list", "1980,600", *SMALL_REFERENCE, "--resume")
     assert code == 1  # different settings: refused, nothing overwritten
 
 
@@ -278,7 +280,7 @@ def test_a_profile_cut_short_mid_write_leaves_the_earlier_one_whole(
     a new CSV under the old manifest. Both are now replaced together or not at all."""
     from study_support import run_past_file_size
 
-    flags = ("--clock-list", "1980,600", "--dwell", "0.3", *SMALL_REFERENCE, "--name", "p")
+    flags = ("--clock-list", "1980,1290", "--dwell", "0.3", *SMALL_REFERENCE, "--name", "p")
     assert _profile(synthetic_emulator.url, tmp_path, *flags) == 0
     csv, manifest = tmp_path / "p.csv", tmp_path / "p.json"
     before = {path: (path.read_bytes(), path.stat().st_ino) for path in (csv, manifest)}
@@ -296,10 +298,10 @@ def test_a_profile_cut_short_mid_write_leaves_the_earlier_one_whole(
         "p.json",
         "sweep-state.jsonl",
     ]  # no temporary left
-    assert load_profile(manifest).manifest["measured_clocks_mhz"] == [600, 1980]
+    assert load_profile(manifest).manifest["measured_clocks_mhz"] == [1290, 1980]
     assert _profile(synthetic_emulator.url, tmp_path, *flags, "--resume") == 0
     assert manifest.stat().st_ino != before[manifest][1]  # written anew, in one piece
-    assert load_profile(manifest).manifest["measured_clocks_mhz"] == [600, 1980]
+    assert load_profile(manifest).manifest["measured_clocks_mhz"] == [1290, 1980]
 
 
 def test_dry_run_changes_nothing(
