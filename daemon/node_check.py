@@ -58,7 +58,6 @@ from gpugov.daemon.errors import (
 from gpugov.daemon.files import STATE_DIR_ENV, resolve_state_dir
 from gpugov.daemon.lockstate import HOLD_FILE, STATE_FILE, newer_record
 from gpugov.daemon.node_support import GPU_CALL_DEADLINE_S, bounded_gpu_call, write_path_status
-from gpugov.daemon.stored_model import model_path
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +148,10 @@ def config_inputs(
         inputs.append((f"{where} power_budget_file", domain.power_budget_file))
         directory = controller_state_dir(domain.controller, config.daemon.state_dir)
         if directory is not None:
+            # Here, not at the top: stored_model imports the online model and with it
+            # numba (about 0.4 s of CPU), which a daemon of another controller never needs.
+            from gpugov.daemon.stored_model import model_path
+
             inputs.append((f"{where}'s learned model", model_path(directory, domain.name)))
     if config.daemon.zeusd is not None:
         inputs.append(("daemon.zeusd.token_file", config.daemon.zeusd.token_file))
