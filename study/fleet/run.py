@@ -132,6 +132,16 @@ class FleetConfig:
                     f"{self.step_hold_s:g} s: ends at {end:g} s); lengthen --duration, "
                     "shorten --step-hold or pass --no-step"
                 )
+            first, last = self.step_ticks
+            if last <= first:
+                # No period's budget sample fell in the step: its held budget was the
+                # minimum of none (inf), and the run ended writing fleet.json.
+                raise ValueError(
+                    f"the budget step (--step-at {self.step_at_s:g} s, --step-ramp "
+                    f"{self.step_ramp_s:g} s, --step-hold {self.step_hold_s:g} s) holds the "
+                    f"middle of no control period (--control-period {self.control_period_s:g} "
+                    "s), so no period sees it; lengthen --step-hold or pass --no-step"
+                )
 
     @property
     def ticks(self) -> int:
@@ -142,6 +152,15 @@ class FleetConfig:
     def step_window(self) -> tuple[float, float]:
         """The budget step's window: from the signal to the end of the hold."""
         return self.step_at_s, self.step_at_s + self.step_ramp_s + self.step_hold_s
+
+    @property
+    def step_ticks(self) -> tuple[int, int]:
+        """The control periods of the budget step's window, ``range(first, last)``: those
+        whose middle, where a cell samples the budget, lies in it (``round`` took a step
+        from 1.5 s to 2.5 s for none, rounding both ends half to even)."""
+        start, end = self.step_window
+        period = self.control_period_s
+        return math.ceil(start / period - 0.5), math.ceil(end / period - 0.5)
 
     def node_profiles(self) -> list[str]:
         """Each node's profile, the listed profiles in turn."""
@@ -520,9 +539,8 @@ def step_metrics(
     signal to the end of the first period at or under it, and to the end of the period from
     which it stays under until the hold ends; and the seconds over the (ramping) budget
     inside the step window."""
-    start, end = config.step_window
-    first, last = int(round(start / period)), int(round(end / period))
-    held = min(budgets[first:last], default=math.inf)
+    first, last = config.step_ticks  # never empty (FleetConfig.validate)
+    held = min(budgets[first:last])
     under = [fleet_power[i] <= held + 1e-6 for i in range(first, last)]
     first_under = next((i for i, ok in enumerate(under) if ok), None)
     stays: int | None = None

@@ -531,6 +531,16 @@ def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         (["--profiles", "h100-sxm-llama3-8b,,"], "an empty profile"),
         (["--controller", "fixed:99999"], "outside the supported range 345-1980 MHz of h100"),
         (["--controller", "fixed:1500"], "outside the supported range 510-1410 MHz of a100"),
+        # A step no period's budget sample falls in: its held budget was min() of none
+        # (inf), and the run ended writing fleet.json in a traceback.
+        (
+            ["--duration", "40", "--step-at", "0", "--step-ramp", "0", "--step-hold", "0.5"],
+            "holds the middle of no control period (--control-period 1 s)",
+        ),
+        (
+            ["--duration", "40", "--step-at", "1e-300", "--step-ramp", "0", "--step-hold", "1e-9"],
+            "lengthen --step-hold or pass --no-step",
+        ),
     ],
 )
 def test_bad_flags_are_one_line_before_any_work(
@@ -540,6 +550,19 @@ def test_bad_flags_are_one_line_before_any_work(
     assert main(["fleet", *argv, *out, "--quiet"]) == 2
     assert named in _one_error_line(capsys)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("at", "hold", "ticks"),
+    [(60.0, 600.0, (60, 660)), (1.5, 1.0, (1, 2)), (0.0, 0.51, (0, 1)), (0.0, 0.5, (0, 0))],
+)
+def test_the_step_covers_the_periods_whose_budget_sample_lies_in_it(
+    at: float, hold: float, ticks: tuple[int, int]
+) -> None:
+    # round() took the step from 1.5 s to 2.5 s for no period (both ends half to even),
+    # though the budget sampled in the middle of period 1 (at 1.5 s) is the cut one.
+    config = FleetConfig(step_at_s=at, step_ramp_s=0.0, step_hold_s=hold, duration_s=700.0)
+    assert config.step_ticks == ticks
 
 
 @pytest.mark.parametrize(
