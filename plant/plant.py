@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from gpugov.plant.profile import PerformanceProfile
+from gpugov.plant.profile import DEFAULT_MAX_BATCH_SIZE, PerformanceProfile
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class ServingPlant:
     thermal_time_constant_s: float
     time_step_s: float = 0.1
     actuation_delay_s: float = 0.02
-    max_batch_size: int = 256
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     kv_capacity_tokens: int = 400_000
     drain_timeout_s: float = 600.0
     latency_noise_cv: float = 0.0

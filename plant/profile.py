@@ -372,6 +372,8 @@ FRACTION_SUM_TOLERANCE = 1e-3
 are rescaled to sum to 1 (fractions rounded to three or four decimals); past it, refused."""
 MAX_ENGINE_COUNT = 1e12
 """The largest engine count (a batch, a context, KV tokens) a profile may state."""
+DEFAULT_MAX_BATCH_SIZE = 256
+"""The engine's batch bound where a manifest states no ``engine.max_batch_size``."""
 
 
 def worst_calibration_error(manifest: Mapping[str, Any]) -> float | None:

@@ -27,6 +27,7 @@ from gpugov.plant.input_files import (
 )
 from gpugov.plant.profile import (
     CSV_COLUMNS,
+    DEFAULT_MAX_BATCH_SIZE,
     MAX_ENGINE_COUNT,
     PerformanceProfile,
     ProfileError,
@@ -417,6 +418,17 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
                 f"{manifest_path}: engine.{key} must be an integer in "
                 f"[1, {MAX_ENGINE_COUNT:g}], got {value!r:.40}"
             )
+    reference_batch = engine.get("reference_batch_size")
+    largest_batch = engine.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE)
+    if reference_batch is not None and reference_batch > largest_batch:
+        # A reference batch of 1e12 was taken: every batch the engine runs then decoded at
+        # a trillionth of the CSV's latency, and a run missed every SLO at any clock.
+        given = "" if "max_batch_size" in engine else " (its default)"
+        raise ProfileError(
+            f"{manifest_path}: engine.reference_batch_size ({reference_batch!r}) is above "
+            f"engine.max_batch_size{given} ({largest_batch!r}): the CSV's decode is measured "
+            "at a batch the engine runs"
+        )
     for key, largest, unit in (
         ("ttft_slo_s", MAX_SLO_S, "s"),
         ("tpot_slo_s", MAX_SLO_S, "s"),
@@ -630,7 +642,7 @@ def _check_batch_power(profile: PerformanceProfile, manifest_path: Path, csv_nam
     if model is None:
         return
     reference = profile.decode_latency_model.reference_batch_size
-    largest = int(profile.manifest.get("engine", {}).get("max_batch_size", 256))
+    largest = int(profile.manifest.get("engine", {}).get("max_batch_size", DEFAULT_MAX_BATCH_SIZE))
     with np.errstate(all="ignore"):
         factors = [model.factor(batch, reference) for batch in (1, reference, largest)]
     if not all(math.isfinite(factor) for factor in factors):

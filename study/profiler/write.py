@@ -19,7 +19,7 @@ import numpy as np
 
 from gpugov import __version__
 from gpugov.daemon.files import write_files_atomic
-from gpugov.plant.profile import CSV_COLUMNS
+from gpugov.plant.profile import CSV_COLUMNS, DEFAULT_MAX_BATCH_SIZE
 from gpugov.plant.profile_files import load_profile
 from gpugov.study.profiler.fit import clock_fit, fit_decode, fit_thermal
 from gpugov.study.profiler.measure import ProfileRunError
@@ -171,7 +171,9 @@ def write_profile(
     engine: dict[str, Any] = {
         "reference_batch_size": reference_batch,
         "reference_context_tokens": reference_context,
-        "max_batch_size": 256,
+        # vLLM's default max_num_seqs, or the batch measured where that is larger (the
+        # engine ran it): a profile's reference batch is within its batch bound.
+        "max_batch_size": max(DEFAULT_MAX_BATCH_SIZE, int(reference_batch)),
     }
     if kv_capacity_tokens:
         engine["kv_capacity_tokens"] = int(kv_capacity_tokens)
@@ -222,7 +224,8 @@ def write_profile(
             f"SLOs (TTFT {ttft_slo_s:g} s, TPOT {tpot_slo_s:g} s) are the operator's "
             "choice (--ttft-slo/--tpot-slo), not measurements.",
             "thermal_limit_c 87 C is a typical data-center board limit, not read from the GPU.",
-            "max_batch_size 256 is vLLM's default max_num_seqs, not read from the engine.",
+            f"max_batch_size {engine['max_batch_size']} is vLLM's default max_num_seqs (256) "
+            "or the reference batch where that is larger, not read from the engine.",
             thermal_note,
         ],
         "derivation": {

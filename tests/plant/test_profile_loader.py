@@ -137,6 +137,17 @@ def test_csv_error_reports_real_line_after_blank_line(tmp_path: Path) -> None:
                 "reference_context_tokens",
             )
         ),
+        # A reference batch of 1e12 was taken, and every run then missed every SLO.
+        (
+            {"engine__reference_batch_size": 10**12},
+            r"engine\.reference_batch_size \(1000000000000\) is above "
+            r"engine\.max_batch_size \(256\): the CSV's decode is measured at a batch the "
+            r"engine runs$",
+        ),
+        (
+            {"engine__max_batch_size": 32},
+            r"engine\.reference_batch_size \(64\) is above engine\.max_batch_size \(32\)",
+        ),
         (
             {"clock_range_mhz": [1000, 1200]},
             r"clock_range_mhz \[1000, 1200\] disagrees with the clocks of .*\(345-1980 MHz\)",
@@ -149,6 +160,23 @@ def test_manifest_values_checked_at_load(tmp_path: Path, change: dict, message: 
     with pytest.raises(ProfileError, match=message) as info:
         load_profile(manifest)
     assert manifest.name in str(info.value)
+
+
+def test_a_reference_batch_above_the_default_batch_bound_is_refused(tmp_path: Path) -> None:
+    manifest, _ = copy_profile(tmp_path)
+    data = json.loads(manifest.read_text())
+    del data["engine"]["max_batch_size"]
+    data["engine"]["reference_batch_size"] = 257
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(
+        ProfileError,
+        match=r"engine\.reference_batch_size \(257\) is above engine\.max_batch_size "
+        r"\(its default\) \(256\)",
+    ):
+        load_profile(manifest)
+    data["engine"]["reference_batch_size"] = 256
+    manifest.write_text(json.dumps(data))
+    assert load_profile(manifest).decode_latency_model.reference_batch_size == 256
 
 
 def test_an_integral_float_count_is_a_count(tmp_path: Path) -> None:

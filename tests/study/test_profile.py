@@ -488,6 +488,30 @@ def test_an_unfitted_domain_profile_keeps_its_idle_under_the_thermal_limit(
     assert profile.manifest["thermal_fit_r_squared"] is None
 
 
+def test_a_profile_measured_past_the_default_batch_bound_loads(tmp_path: Path) -> None:
+    """A sweep at ``--reference-batch 512`` wrote vLLM's default 256 as the batch bound, and
+    the loader refuses a reference batch above the bound: the engine ran the batch, so the
+    profile's bound is at least it."""
+    manifest = write_profile(
+        [_domain_record(clock, 1) for clock in (990, 1500, 1980)],
+        tmp_path,
+        name="batch512",
+        status="emulated",
+        gpu_name="Emulated GPU",
+        model="m",
+        supported_clocks=[990, 1500, 1980],
+        power_limit_w=700.0,
+        settings={"reference_batch": 512, "reference_context_tokens": 1024},
+        command="gpugov profile",
+        ttft_slo_s=1.0,
+        tpot_slo_s=0.05,
+        kv_capacity_tokens=None,
+        backend="emulated",
+    )
+    engine = load_profile(manifest).manifest["engine"]
+    assert (engine["reference_batch_size"], engine["max_batch_size"]) == (512, 512)
+
+
 def test_a_stopped_dry_run_says_it_changed_nothing(
     synthetic_emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
