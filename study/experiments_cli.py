@@ -37,6 +37,7 @@ from gpugov import __version__
 from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import (
     UsageError,
+    check_not_an_input,
     check_workload_fits,
     hidden_alias,
     load_profile_for_cli,
@@ -44,6 +45,7 @@ from gpugov.daemon.cli_support import (
     prepare_output_dir,
     require_extras,
     require_positive,
+    simulated_run_inputs,
 )
 from gpugov.daemon.progress import Progress
 from gpugov.plant import ServingPlant
@@ -659,6 +661,11 @@ def run_experiments(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(f"--trace {args.trace}: {error}") from error
     out = Path(args.out)
+    # results.json, summary.md, figures/*.png: none of them the trace or the profile,
+    # which the move into DIR replaced (the trace became the summary).
+    read = simulated_run_inputs(args.trace, args.profile, "max")
+    for name in ("results.json", "summary.md", *(f"figures/{figure}" for figure in FIGURES)):
+        check_not_an_input("--out", out / name, read)
     created = not out.exists()
     prepare_output_dir("--out", args.out)  # the inputs are good: only now is DIR made
     extra = {

@@ -211,6 +211,25 @@ def test_bad_arguments_fail_with_one_clear_line(
     assert not (tmp_path / "bad" / "results.json").exists()
 
 
+@pytest.mark.parametrize("output", ["summary.md", "results.json", "figures/coverage.png"])
+def test_an_out_whose_outputs_would_overwrite_the_trace_is_refused(
+    output: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trace at DIR/summary.md ran the whole study, then was replaced by the summary."""
+    from gpugov.plant.workload import resolve_trace
+
+    out = tmp_path / "out"
+    trace = out / output
+    trace.parent.mkdir(parents=True)
+    before = resolve_trace("azure-conv-10min").read_bytes()
+    trace.write_bytes(before)
+    argv = ["experiments", "--quick", "--trace", str(trace), "--duration", "60"]
+    assert main([*argv, "--out", str(out)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and f"--out {trace}: is the trace, which it would overwrite" in error[0]
+    assert trace.read_bytes() == before
+
+
 def test_parts_in_a_local_pool_give_the_sequential_result(
     quick_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
