@@ -37,7 +37,7 @@ from gpugov.daemon.cli_support import (
     slo_target_of,
     warn,
 )
-from gpugov.daemon.errors import ExitCode, Terminated
+from gpugov.daemon.errors import ExitCode, Terminated, printable
 from gpugov.daemon.files import write_bytes_atomic, write_files_atomic
 from gpugov.daemon.outside import invalid_decision_note
 from gpugov.daemon.safety import invalid_decisions
@@ -305,7 +305,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if note:
         print(note)
     for path in written:
-        print(f"wrote {path}")
+        print(printable(f"wrote {path}"))  # a file name with a newline stays one line
     return 0
 
 
@@ -323,10 +323,13 @@ def run_traces(args: argparse.Namespace) -> int:
     print(f"{'name':<18} {'kind':<8} {'present':<8} path")
     for row in rows:
         present = "yes" if row["present"] else "no"
-        print(f"{row['name']:<18} {row['kind']:<8} {present:<8} {row['path']}")
+        # $GPUGOV_TRACES_DIR's text, escaped: a newline in it stays in its row.
+        print(printable(f"{row['name']:<18} {row['kind']:<8} {present:<8} {row['path']}"))
     print(
-        f"shared traces are looked up in {traces_dir()} "
-        f"(set ${TRACES_DIR_ENV} to change); any other --trace value is a file path"
+        printable(
+            f"shared traces are looked up in {traces_dir()} "
+            f"(set ${TRACES_DIR_ENV} to change); any other --trace value is a file path"
+        )
     )
     return 0
 

@@ -25,7 +25,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         f"before, {outcome['failed']} failed"
     )
     for path in outcome["paths"].values():
-        print(f"wrote {path}")
+        print(printable(f"wrote {path}"))  # a file name with a newline stays one line
     if outcome["failed"]:
         print(
             printable(

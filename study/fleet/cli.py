@@ -172,7 +172,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     if written_note is not None:
         note(written_note)
     for path in paths.values():
-        print(f"wrote {path}")
+        print(printable(f"wrote {path}"))  # a file name with a newline stays one line
     return 0
 
 

@@ -45,6 +45,7 @@ from gpugov.daemon.controller_config import (
     ReactiveControllerConfig,
     VoltanaControllerConfig,
 )
+from gpugov.daemon.errors import printable
 from gpugov.daemon.files import write_files_atomic
 from gpugov.daemon.simulated import pool_view
 from gpugov.plant import ServingPlant
@@ -797,5 +798,5 @@ def run_disaggregated_from_args(args: Any, config: BenchConfig) -> int:
     paths = write_disaggregated(payload, Path(args.out))
     print(markdown(payload))
     for path in paths.values():
-        print(f"wrote {path}")
+        print(printable(f"wrote {path}"))  # a file name with a newline stays one line
     return 0

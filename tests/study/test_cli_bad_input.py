@@ -849,6 +849,27 @@ def test_a_file_name_with_a_newline_or_an_escape_prints_as_one_escaped_line(
     assert "--out /nonexistent\\x1b]0;x\\x07/o.json:" in _one_error_line(capsys)
 
 
+def test_a_written_file_or_traces_directory_with_a_newline_prints_as_one_escaped_line(
+    tmp_path: Path,
+    trace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # "wrote PATH" and the traces listing printed the name raw: its newline started a
+    # line of its own, its ESC drove the terminal (the summary's title escaped it).
+    out = tmp_path / "o\nfake\x1b[31m.json"
+    assert main(["simulate", "--trace", str(trace), "--quiet", "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == f"wrote {tmp_path}/o\\nfake\\x1b[31m.json" and out.is_file()
+    monkeypatch.setenv("GPUGOV_TRACES_DIR", str(tmp_path / "x\ny\x1b[31m"))
+    assert main(["traces"]) == 0
+    listed = capsys.readouterr().out
+    assert "\x1b" not in listed and "x\\ny\\x1b[31m/AzureLLMInferenceTrace_conv.csv" in listed
+    from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES
+
+    assert len(listed.splitlines()) == 2 + len(BUNDLED_TRACES) + len(SHARED_TRACES)
+
+
 def test_a_warning_naming_such_a_file_is_one_escaped_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
