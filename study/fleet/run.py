@@ -25,6 +25,7 @@ from typing import Any
 from gpugov import __version__
 from gpugov.controllers.oracles import SLO_TOLERANCE
 from gpugov.daemon.cli_support import (
+    MAX_SIMULATED_DAYS,
     UsageError,
     check_fixed_clock,
     parse_controller_flag,
@@ -100,6 +101,15 @@ class FleetConfig:
         if not (math.isfinite(self.duration_s) and self.duration_s >= MIN_PERIOD_S):
             raise ValueError(
                 f"--duration must be at least {MIN_PERIOD_S:g} s, got {self.duration_s!r}"
+            )
+        span_s = self.duration_s + self.drain_s
+        if not span_s <= MAX_SIMULATED_DAYS * 86_400.0:
+            # Every cell simulates all of it: --duration 3e8 showed an ETA of 1,800 hours
+            # while its series grew without bound.
+            raise ValueError(
+                f"--duration {self.duration_s:g} s and --drain {self.drain_s:g} s make "
+                f"{format_seconds(span_s)} simulated seconds a cell, over the limit of "
+                f"{MAX_SIMULATED_DAYS:g} simulated days; shorten --duration or --drain"
             )
         if self.engine_view not in ENGINE_VIEWS:
             raise ValueError(

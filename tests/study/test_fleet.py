@@ -533,6 +533,9 @@ def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         (["--controller", "fixed:1500"], "outside the supported range 510-1410 MHz of a100"),
         # A step no period's budget sample falls in: its held budget was min() of none
         # (inf), and the run ended writing fleet.json in a traceback.
+        # Every cell simulates --duration + --drain: 3e8 s ran with an ETA of 1,800 hours.
+        (["--no-step", "--drain", "3e8"], "over the limit of 7 simulated days"),
+        (["--no-step", "--duration", "604800"], "shorten --duration or --drain"),
         (
             ["--duration", "40", "--step-at", "0", "--step-ramp", "0", "--step-hold", "0.5"],
             "holds the middle of no control period (--control-period 1 s)",
