@@ -24,12 +24,49 @@ PARTIAL = ".partial"
 
 
 @contextlib.contextmanager
-def staged_outputs(out: Path, *, created: bool = False) -> Iterator[Path]:
+def staged_outputs(out: Path, *, created: bool = False, flag: str = "--out") -> Iterator[Path]:
     """Yield ``out/.partial`` to write a run's files in; when the block ends normally,
     move each into ``out`` at the same relative path (replacing an earlier run's file of
     that name; other files in ``out`` are left alone). When it raises, remove what was
     written, and ``out`` itself where ``created`` (the command made it) and it is empty.
+
+    ``out`` is held (an exclusive ``flock`` on the directory) for the whole block.
+
+    Raises:
+        UsageError: another run holds ``out`` (named by ``flag``), before anything in it
+            is touched.
     """
+    with _held(out, flag):
+        yield from _staged(out, created=created)
+
+
+@contextlib.contextmanager
+def _held(out: Path, flag: str) -> Iterator[None]:
+    """Hold ``out`` for one run. Two runs into one directory shared its ``.partial``: the
+    second removed the first's at its start, and the first's move took the second's
+    files, so ``out`` held a mix of both runs and the other failed on a missing file."""
+    import fcntl
+
+    from gpugov.daemon.cli_support import UsageError
+
+    handle = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(
+                f"{flag} {out}: another run is writing its outputs there; wait for it to "
+                f"end, or give another {flag}"
+            ) from None
+        except OSError:
+            pass  # no lock to take here (a filesystem without flock): run unheld
+        yield
+    finally:
+        os.close(handle)
+
+
+def _staged(out: Path, *, created: bool) -> Iterator[Path]:
+    """:func:`staged_outputs`' body, once ``out`` is held."""
     staging = out / PARTIAL
     shutil.rmtree(staging, ignore_errors=True)  # a run killed outright left it
     staging.mkdir()

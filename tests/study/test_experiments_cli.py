@@ -230,6 +230,34 @@ def test_an_out_whose_outputs_would_overwrite_the_trace_is_refused(
     assert trace.read_bytes() == before
 
 
+def test_a_second_run_into_a_directory_being_written_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs into one DIR shared DIR/.partial: the second removed the first's files at
+    its start, the first's move took the second's, and one failed on a missing file."""
+    import fcntl
+    import os
+
+    out = tmp_path / "out"
+    (out / ".partial").mkdir(parents=True)
+    (out / ".partial" / "results.json").write_text("the other run's")
+    held = os.open(out, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # the other run, mid-way
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the study ran")
+
+    monkeypatch.setattr(experiments_cli, "build_textbook_results", never)
+    try:
+        code = main(["experiments", "--quick", "--duration", "60", "--out", str(out)])
+    finally:
+        os.close(held)
+    assert code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and f"--out {out}: another run is writing its outputs" in error[0]
+    assert (out / ".partial" / "results.json").read_text() == "the other run's"
+
+
 def test_parts_in_a_local_pool_give_the_sequential_result(
     quick_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
