@@ -36,15 +36,21 @@ def staged_outputs(out: Path, *, created: bool = False, flag: str = "--out") -> 
         UsageError: another run holds ``out`` (named by ``flag``), before anything in it
             is touched.
     """
-    with _held(out, flag):
+    with held_output_dir(out, flag):
         yield from _staged(out, created=created)
 
 
 @contextlib.contextmanager
-def _held(out: Path, flag: str) -> Iterator[None]:
-    """Hold ``out`` for one run. Two runs into one directory shared its ``.partial``: the
-    second removed the first's at its start, and the first's move took the second's
-    files, so ``out`` held a mix of both runs and the other failed on a missing file."""
+def held_output_dir(out: Path, flag: str = "--out") -> Iterator[None]:
+    """Hold the directory ``out`` (which exists) for one run. Two ``experiments`` runs into
+    one directory shared its ``.partial``: the second removed the first's at its start,
+    and the first's move took the second's files, so ``out`` held a mix of both runs and
+    the other failed on a missing file; two ``sweep --resume`` runs each ran the cells
+    not yet done, twice.
+
+    Raises:
+        UsageError: another run holds it (named by ``flag``).
+    """
     import fcntl
 
     from gpugov.daemon.cli_support import UsageError
@@ -93,4 +99,4 @@ def _move_into(staging: Path, out: Path) -> None:
         os.replace(path, target)
 
 
-__all__ = ["PARTIAL", "staged_outputs"]
+__all__ = ["PARTIAL", "held_output_dir", "staged_outputs"]

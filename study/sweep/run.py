@@ -32,6 +32,7 @@ from gpugov.plant.result import arrival_separation
 from gpugov.plant.scheduler import SCHEDULERS
 from gpugov.plant.types import Request
 from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, scale_load, workload_checksum
+from gpugov.study.outputs import held_output_dir
 from gpugov.study.runners import RunnerSpec, import_ray, map_cells, ray_endpoint, runner_ready
 from gpugov.study.sweep.grid import (
     _profile_path_like,
@@ -194,7 +195,11 @@ def run_sweep(
     plan = plan_sweep(grid_path)
     write_grid_copy = check_outputs_not_inputs(plan, grid_path, out)
     with runner_ready(spec):  # Ray joined before DIR is made or progress printed
-        return _run_plan(plan, grid_path, out, spec, resume, say, progress_stream, write_grid_copy)
+        prepare_output_dir("--out", out)
+        with held_output_dir(out, "--out"):  # one sweep at a time appends to its results
+            return _run_plan(
+                plan, grid_path, out, spec, resume, say, progress_stream, write_grid_copy
+            )
 
 
 def _run_plan(

@@ -197,6 +197,37 @@ def test_two_spellings_of_one_file_are_refused_as_a_duplicate(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_second_sweep_into_a_directory_being_written_is_refused(tmp_path: Path) -> None:
+    """Two sweeps into one DIR (--resume in two terminals, a job retried while the first
+    still ran) each ran every cell not yet done: each such cell ran twice and was written
+    twice to results.jsonl."""
+    import fcntl
+    import os
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.jsonl").write_text("")
+    held = os.open(out, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # the other sweep, mid-way
+    try:
+        stderr = _refused_in(tmp_path, out, "--resume")
+    finally:
+        os.close(held)
+    assert f"--out {out}: another run is writing its outputs there" in stderr
+    assert (out / "results.jsonl").read_text() == "" and sorted(os.listdir(out)) == [
+        "results.jsonl"
+    ]
+
+
+def _refused_in(tmp_path: Path, out: Path, *flags: str) -> str:
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID + "duration_s = 5\n")
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), *flags])
+    assert code == 2 and stderr.startswith("gpugov: error: "), stderr
+    assert stderr.count("\n") == 1, stderr
+    return stderr
+
+
 @pytest.mark.parametrize("output", ["summary.md", "summary.json", "sweep.png", "grid.toml"])
 def test_an_out_whose_outputs_would_overwrite_a_trace_is_refused(
     tmp_path: Path, output: str
