@@ -452,6 +452,27 @@ def _domain_record(clock_mhz: int, gpus: int) -> dict[str, Any]:
     }
 
 
+def _written_domain(tmp_path: Path, *, gpus: int = 1, reference_batch: int = 64) -> Path:
+    """The manifest ``write_profile`` writes for three clocks of a domain of ``gpus``."""
+    return write_profile(
+        [_domain_record(clock, gpus) for clock in (990, 1500, 1980)],
+        tmp_path,
+        name=f"domain{gpus}",
+        status="emulated",
+        gpu_name="Emulated GPU",
+        model="m",
+        supported_clocks=[990, 1500, 1980],
+        power_limit_w=gpus * 700.0,
+        settings={"reference_batch": reference_batch, "reference_context_tokens": 1024},
+        command="gpugov profile",
+        ttft_slo_s=1.0,
+        tpot_slo_s=0.05,
+        kv_capacity_tokens=None,
+        backend="emulated",
+        tensor_parallel=gpus,
+    )
+
+
 def test_an_unfitted_domain_profile_keeps_its_idle_under_the_thermal_limit(
     tmp_path: Path,
 ) -> None:
@@ -459,24 +480,7 @@ def test_an_unfitted_domain_profile_keeps_its_idle_under_the_thermal_limit(
     domain's summed powers: its 960 W idle sat at a steady 97 C over the 87 C limit, and
     the loader refused the profile at the end of the sweep. The default now scales with
     the (summed) power limit."""
-    manifest = write_profile(
-        [_domain_record(clock, 8) for clock in (990, 1500, 1980)],
-        tmp_path,
-        name="domain8",
-        status="emulated",
-        gpu_name="Emulated GPU",
-        model="m",
-        supported_clocks=[990, 1500, 1980],
-        power_limit_w=8 * 700.0,
-        settings={"reference_batch": 64, "reference_context_tokens": 1024},
-        command="gpugov profile",
-        ttft_slo_s=1.0,
-        tpot_slo_s=0.05,
-        kv_capacity_tokens=None,
-        backend="emulated",
-        tensor_parallel=8,
-    )
-    profile = load_profile(manifest)
+    profile = load_profile(_written_domain(tmp_path, gpus=8))
     # The domain's GPU count is its tensor_parallel: a node governing the same eight GPUs
     # with this profile is not told it describes another domain.
     assert profile.tensor_parallel == 8
@@ -492,23 +496,7 @@ def test_a_profile_measured_past_the_default_batch_bound_loads(tmp_path: Path) -
     """A sweep at ``--reference-batch 512`` wrote vLLM's default 256 as the batch bound, and
     the loader refuses a reference batch above the bound: the engine ran the batch, so the
     profile's bound is at least it."""
-    manifest = write_profile(
-        [_domain_record(clock, 1) for clock in (990, 1500, 1980)],
-        tmp_path,
-        name="batch512",
-        status="emulated",
-        gpu_name="Emulated GPU",
-        model="m",
-        supported_clocks=[990, 1500, 1980],
-        power_limit_w=700.0,
-        settings={"reference_batch": 512, "reference_context_tokens": 1024},
-        command="gpugov profile",
-        ttft_slo_s=1.0,
-        tpot_slo_s=0.05,
-        kv_capacity_tokens=None,
-        backend="emulated",
-    )
-    engine = load_profile(manifest).manifest["engine"]
+    engine = load_profile(_written_domain(tmp_path, reference_batch=512)).manifest["engine"]
     assert (engine["reference_batch_size"], engine["max_batch_size"]) == (512, 512)
 
 
