@@ -166,6 +166,8 @@ class MPCController:
             chain applies them, a lower clock only after the locked one (the
             observation's ``requested_clock_mhz``) has been held this long, so a raise
             is charged for its whole hold (:meth:`MPCProblem.applied`). 0: as asked.
+        terminal_queued_replies: the terminal backlog counts the queued prompts' replies
+            (:attr:`MPCProblem.terminal_queued_replies`; ``mpc``).
         efficiency_floor: no decision below the lowest clock of the plant's profile
             whose mean power for the recent work mix is within 2 % of the cheapest
             (:func:`controllers.efficiency.profile_floor`): the fluid model charges a
@@ -209,6 +211,7 @@ class MPCController:
         dwell_s: float = 0.0,
         feedback_yields_when_ahead: bool = False,
         tail_yields_to_budget: bool = False,
+        terminal_queued_replies: bool = False,
         efficiency_floor: bool = False,
     ) -> None:
         for name, value in (
@@ -276,6 +279,7 @@ class MPCController:
         """The new request's own prompt within the charged one (the TTFT proxy's
         per-prompt allowance is judged on it)."""
         self.tail_yields_to_budget = bool(tail_yields_to_budget)
+        self.terminal_queued_replies = bool(terminal_queued_replies)
         self.efficiency_floor = bool(efficiency_floor)
         self._profile_floor = ProfileFloor(plant.profile) if efficiency_floor else None
         self.work_mix = WorkMix()
@@ -381,6 +385,7 @@ class MPCController:
             ttft_slo_per_prompt_token_s=self.ttft_allowance,
             ttft_own_prompt_tokens=self.charged_own_prompt_tokens,
             terminal_share=self.terminal_share,
+            terminal_queued_replies=self.terminal_queued_replies,
             dwell_periods=self.dwell_s / self.control_period_s,
             held_clock_mhz=self.held_clock_mhz,
             held_periods=(observation.time_s - self.held_since_s) / self.control_period_s,

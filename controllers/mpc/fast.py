@@ -46,6 +46,9 @@ FAST_MPC_PRESET: dict[str, float] = {
     "slo_margin": 0.7,
     # Stop penalising TTFT excess beyond one TTFT SLO (see MPCProblem).
     "ttft_excess_cap": 1.0,
+    # A queued prompt's replies are work left at the horizon's end: with the cap, an
+    # overload otherwise priced the lowest clock cheapest (see MPCProblem).
+    "terminal_queued_replies": True,
 }
 """The ``mpc`` kind's MPCController options beyond the seed's (``mpc-slsqp``) defaults."""
 

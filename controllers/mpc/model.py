@@ -228,6 +228,12 @@ class MPCProblem:
     terminal penalty charges (:meth:`terminal_cost`); the rest of the decode backlog is
     priced at its least energy. A caller whose guard drains any prompt backlog charges
     less than all of it."""
+    terminal_queued_replies: bool = False
+    """The terminal backlog counts the replies of the prompts still queued (the mean
+    reply per mean prompt), not only once they are prefilled: without them a backlog
+    held in the queue is priced below the same one half served, so under an overload
+    the lowest clock, which prefills least, leaves the cheapest terminal state. False:
+    the seed's terminal penalty."""
     dwell_periods: float = 0.0
     """Periods the safety chain holds a clock before a lower one applies (its dwell over
     the control period, ``daemon.safety.MinimumDwell``): a plan is priced as the chain
@@ -577,9 +583,12 @@ class MPCProblem:
         """The cost of the backlog a plan leaves at the horizon's end: the seed's quadratic
         penalty on :attr:`terminal_share` of its seconds of work at the top clock, and the
         rest of the decode backlog at :attr:`decode_energy_per_token_j`, in the power
-        term's units (periods at the maximum power)."""
+        term's units (periods at the maximum power); the decode backlog with the queued
+        prompts' replies where :attr:`terminal_queued_replies`."""
         profile = self.plant.profile
         share = self.terminal_share
+        if self.terminal_queued_replies:
+            decode = decode + prefill / max(self.mean_prompt_tokens, 1.0) * self.mean_output_tokens
         backlog = share * (
             prefill / profile.prefill_tokens_per_s[-1] + decode / profile.decode_tokens_per_s[-1]
         )

@@ -69,7 +69,8 @@ _P_HELD_LEVEL = 34  # level held at the first decision (-1: unknown, nothing hel
 _P_HELD_PERIODS = 35  # periods it has been held by then
 _P_TERMINAL_SHARE = 36  # share of the seed's terminal penalty charged
 _P_DEFERRED_DECODE = 37  # cost of a decode token the rest of the share defers, at its least energy
-_PARAMETERS = 38
+_P_QUEUED_REPLIES = 38  # 1: a queued prompt's replies count in the terminal backlog
+_PARAMETERS = 39
 
 # Columns of a trajectory row (``_load`` / ``_store``): the state before a period, the
 # cost so far, and the safety chain's dwell state (the level applied, periods held).
@@ -209,6 +210,7 @@ def problem_arrays(
     parameters[_P_TTFT_ALLOWANCE] = problem.ttft_slo_per_prompt_token_s
     parameters[_P_TTFT_OWN_PROMPT] = problem.ttft_own_prompt
     parameters[_P_TERMINAL_SHARE] = problem.terminal_share
+    parameters[_P_QUEUED_REPLIES] = float(problem.terminal_queued_replies)
     parameters[_P_DEFERRED_DECODE] = (
         (1.0 - problem.terminal_share)
         * weights.power
@@ -324,6 +326,8 @@ def _advance(
 @jit
 def _terminal(prefill: float, decode: float, parameters: FloatArray) -> float:
     """The terminal term of the state after the last period (MPCProblem.terminal_cost)."""
+    if parameters[_P_QUEUED_REPLIES] > 0.0:
+        decode += prefill * parameters[_P_INV_PROMPT] * parameters[_P_MEAN_OUTPUT]
     backlog = parameters[_P_TERMINAL_SHARE] * (
         prefill * parameters[_P_INV_PREFILL_MAX] + decode * parameters[_P_INV_DECODE_MAX]
     )

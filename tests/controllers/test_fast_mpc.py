@@ -40,6 +40,7 @@ def _problem(plant, observation, rate, clock_index, horizon_s, **options) -> MPC
         {"latency_model": "iteration", "ttft_prompt_tokens": 4000.0},
         {"latency_model": "iteration", "ttft_prompt_tokens": 9000.0, "ttft_excess_cap": 0.5},
         {"ttft_excess_cap": 0.2},
+        {"latency_model": "iteration", "ttft_excess_cap": 1.0, "terminal_queued_replies": True},
     ],
     ids=[
         "seed",
@@ -48,6 +49,7 @@ def _problem(plant, observation, rate, clock_index, horizon_s, **options) -> MPC
         "iteration-tail-prompt",
         "iteration-capped",
         "seed-capped",
+        "iteration-queued-replies",
     ],
 )
 def test_kernel_costs_equal_problem_costs(synthetic_plant, options) -> None:  # type: ignore[no-untyped-def]
@@ -517,3 +519,35 @@ def test_the_power_need_ignores_the_dwell(synthetic_plant) -> None:  # type: ign
     free = _problem(synthetic_plant, observation, 0.5, 0, 4.0, latency_model="iteration")
     held = replace(free, dwell_periods=4.0, held_clock_mhz=float(clocks[-1]), held_periods=0.0)
     assert need_from_problem(held) == need_from_problem(free)
+
+
+def test_under_an_overload_the_queued_replies_make_the_top_clock_cheaper(synthetic_plant) -> None:  # type: ignore[no-untyped-def]
+    """With the TTFT excess capped, a backlog no clock clears costs every plan the same
+    TTFT term; the seed's terminal penalty then priced the lowest clock cheapest where a
+    reply is more work than its prompt, as it prefills least and a queued prompt's reply
+    counted only once prefilled (``mpc`` held about 540 MHz with 175 prompts waiting, at
+    under half the top clock's attainment). Counting them, the top clock is cheaper."""
+
+    def problem(counted: bool) -> MPCProblem:
+        controller = MPCController(
+            synthetic_plant,
+            horizon_s=10.0,
+            mean_prompt_tokens=300.0,
+            mean_output_tokens=600.0,
+            latency_model="iteration",
+            ttft_excess_cap=1.0,
+            terminal_queued_replies=counted,
+        )
+        controller.current_clock = float(synthetic_plant.profile.clock_mhz[0])
+        # 200 prompts queued, 20 arriving a second: more replies than decode serves.
+        return controller.problem(_observation(prefill_tokens=60_000.0, decode_active=40), 20.0)
+
+    seed, counted = problem(False), problem(True)
+    assert counted.terminal_queued_replies and not seed.terminal_queued_replies
+    clocks = synthetic_plant.profile.clock_mhz
+    low = np.full(seed.horizon_steps, clocks[0])
+    high = np.full(seed.horizon_steps, clocks[-1])
+    assert seed.cost(low) < seed.cost(high)
+    assert counted.cost(high) < counted.cost(low)
+    levels = np.zeros((1, seed.horizon_steps), dtype=np.int64)
+    assert plan_costs(counted, levels)[0] == pytest.approx(counted.cost(low))
