@@ -285,6 +285,13 @@ def fleet_workload(
         for i, r in enumerate(merged)
         if r.arrival_time_s < config.duration_s
     )
+    if not requests:
+        # --utilization 1e-9 stretched the window past --duration: every cell ran a fleet
+        # of no requests and the tables printed its idle energy as results.
+        raise UsageError(
+            f"--utilization {config.utilization:g}: the fleet's {format_seconds(config.duration_s)}"
+            " s window holds no request at that load; raise --utilization or --duration"
+        )
     info = {
         "trace": config.trace,
         "trace_sha256": digest,

@@ -589,6 +589,19 @@ def test_an_empty_window_names_the_traces_span_as_the_others_do(
     assert not out.exists()
 
 
+def test_a_load_too_light_for_any_request_in_the_window_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # --utilization 1e-9 stretched the window past --duration: every cell ran a fleet of
+    # no requests, and the tables printed its idle energy as results.
+    argv = ["fleet", "--utilization", "1e-9", "--duration", "30", "--nodes", "2", "--no-step"]
+    out = tmp_path / "out"
+    assert main([*argv, "--out", str(out), "--quiet"]) == 2
+    line = _one_error_line(capsys)
+    assert "--utilization 1e-09: the fleet's 30 s window holds no request at that load" in line
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("input_is", ["trace", "profile", "controller"])
 def test_an_out_whose_report_would_overwrite_an_input_is_refused(
     input_is: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
