@@ -594,7 +594,11 @@ def test_a_load_too_light_for_any_request_in_the_window_is_refused(
 ) -> None:
     # --utilization 1e-9 stretched the window past --duration: every cell ran a fleet of
     # no requests, and the tables printed its idle energy as results.
-    argv = ["fleet", "--utilization", "1e-9", "--duration", "30", "--nodes", "2", "--no-step"]
+    trace = tmp_path / "steady.csv"
+    rows = "".join(f"{second},100,10\n" for second in range(60))
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + rows)
+    argv = ["fleet", "--trace", str(trace), "--utilization", "1e-9", "--duration", "30"]
+    argv += ["--nodes", "2", "--no-step"]
     out = tmp_path / "out"
     assert main([*argv, "--out", str(out), "--quiet"]) == 2
     line = _one_error_line(capsys)
