@@ -342,6 +342,12 @@ def warn(message: str) -> None:
     print(command_line("warning", message), file=sys.stderr)
 
 
+def wrote(path: object) -> None:
+    """Print the ``wrote PATH`` line on stdout, escaped as :func:`warn` escapes: a file
+    name with a newline stays one line, and an escape sequence never reaches the terminal."""
+    print(printable(f"wrote {path}"))
+
+
 def note(message: str) -> None:
     """Print one note line on stderr (``gpugov: note: ...``), escaped as :func:`warn`."""
     print(command_line("note", message), file=sys.stderr)

@@ -24,7 +24,14 @@ import numpy as np
 from gpugov.controllers.online.controller import REFERENCE_BATCH, OnlineMPCController
 from gpugov.controllers.online.identification import OnlineModel
 from gpugov.daemon import cli_types
-from gpugov.daemon.cli_support import check_output_dir, fail, note, prepare_output_dir, warn
+from gpugov.daemon.cli_support import (
+    check_output_dir,
+    fail,
+    note,
+    prepare_output_dir,
+    warn,
+    wrote,
+)
 from gpugov.daemon.config import (
     DOMAIN_NAME_PATTERN,
     MAX_DOMAIN_NAME_CHARS,
@@ -437,7 +444,7 @@ def run_model(args: argparse.Namespace) -> int:
                     domain, payload, model, Path(args.out), args.ttft_slo, args.tpot_slo, names
                 )
                 for item in written:
-                    print(f"wrote {item}")
+                    wrote(item)
                 board, why = board_name(names)
                 # One line where the manifest names no board: emulate then names its GPUs
                 # "Emulated GPU", and a gpu = "auto" prior finds no family in it.

@@ -29,6 +29,7 @@ from gpugov.daemon.cli_support import (
     setup_logging,
     simulated_run_inputs,
     slo_target_of,
+    wrote,
 )
 from gpugov.daemon.config import default_control_period
 from gpugov.daemon.errors import ExitCode
@@ -238,4 +239,4 @@ def _print_summary(
     if note:
         print(note)
     if args.record:
-        print(f"wrote {args.record}")
+        wrote(args.record)

@@ -46,8 +46,8 @@ from gpugov.daemon.cli_support import (
     require_extras,
     require_positive,
     simulated_run_inputs,
+    wrote,
 )
-from gpugov.daemon.errors import printable
 from gpugov.daemon.progress import Progress
 from gpugov.plant import ServingPlant
 from gpugov.plant.profile import DEFAULT_PROFILE
@@ -730,7 +730,7 @@ def run_experiments(args: argparse.Namespace) -> int:
         written = [results_path, *figures, summary_path]
     bar.close("done", done=EXPERIMENT_STEPS)
     for path in written:
-        print(printable(f"wrote {out / path.relative_to(staging)}"))  # one line, escaped
+        wrote(out / path.relative_to(staging))
     return 0
 
 

@@ -90,8 +90,7 @@ def _plot_domains(
 ) -> None:
     """Check every tick, then write one figure per domain of ``domains`` (beside ``out``
     where there are several), counting the ticks checked and drawn on ``progress``."""
-    from gpugov.daemon.cli_support import UsageError, check_output_file
-    from gpugov.daemon.errors import printable
+    from gpugov.daemon.cli_support import UsageError, check_output_file, wrote
     from gpugov.study.plots import series_from_recording, write_run_plot
 
     checked_ticks(source, rows, controllers, progress)
@@ -129,7 +128,7 @@ def _plot_domains(
         progress.update(done)
         write_run_plot(series[domain], target, title)
         done += len(series[domain].time_s)
-        print(printable(f"wrote {target}"))  # a file name with a newline stays one line
+        wrote(target)
 
 
 def _ticks_of(rows: list[Any], domain: str) -> int:

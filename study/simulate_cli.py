@@ -36,6 +36,7 @@ from gpugov.daemon.cli_support import (
     simulated_run_inputs,
     slo_target_of,
     warn,
+    wrote,
 )
 from gpugov.daemon.errors import ExitCode, Terminated, printable
 from gpugov.daemon.files import write_bytes_atomic, write_files_atomic
@@ -305,7 +306,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if note:
         print(note)
     for path in written:
-        print(printable(f"wrote {path}"))  # a file name with a newline stays one line
+        wrote(path)
     return 0
 
 

@@ -12,6 +12,7 @@ from gpugov.study.runners import add_runner_arguments, spec_from_args
 
 def run_sweep_command(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov sweep``: 0 when every cell ran, 1 when some failed."""
+    from gpugov.daemon.cli_support import wrote
     from gpugov.daemon.errors import printable
     from gpugov.study.sweep import run_sweep
     from gpugov.study.sweep_results import format_table
@@ -25,7 +26,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         f"before, {outcome['failed']} failed"
     )
     for path in outcome["paths"].values():
-        print(printable(f"wrote {path}"))  # a file name with a newline stays one line
+        wrote(path)
     if outcome["failed"]:
         print(
             printable(

@@ -79,6 +79,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
         prepare_output_dir,
         simulated_run_inputs,
         warn,
+        wrote,
     )
     from gpugov.daemon.errors import printable
     from gpugov.daemon.progress import Progress
@@ -172,7 +173,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     if written_note is not None:
         note(written_note)
     for path in paths.values():
-        print(printable(f"wrote {path}"))  # a file name with a newline stays one line
+        wrote(path)
     return 0
 
 

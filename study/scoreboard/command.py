@@ -25,8 +25,9 @@ from gpugov.daemon.cli_support import (
     fail,
     load_trace_for_cli,
     warn,
+    wrote,
 )
-from gpugov.daemon.errors import ExitCode, Terminated, printable
+from gpugov.daemon.errors import ExitCode, Terminated
 from gpugov.daemon.limits import MAX_JOBS, MIN_PERIOD_S
 from gpugov.daemon.simulated import ENGINE_VIEWS
 from gpugov.plant.profile_files import list_bundled_profiles
@@ -468,12 +469,12 @@ def _run_from_args(args: argparse.Namespace, config: BenchConfig | None) -> int:
     if payload.get("window_summary"):
         print("\n".join(window_lines(payload["window_summary"])))
     for path in paths.values():
-        print(printable(f"wrote {path}"))  # a file name with a newline stays one line
+        wrote(path)
     if report_dir is not None:
         written, note = write_report(payload, Path(report_dir))
         if note is not None:
             print(note)
-        print(printable(f"wrote the benchmark report to {report_dir} ({', '.join(written)})"))
+        wrote(f"the benchmark report to {report_dir} ({', '.join(written)})")
     if layout == "both":
         from gpugov.study.scoreboard.disaggregated import run_disaggregated_from_args
 

@@ -45,7 +45,6 @@ from gpugov.daemon.controller_config import (
     ReactiveControllerConfig,
     VoltanaControllerConfig,
 )
-from gpugov.daemon.errors import printable
 from gpugov.daemon.files import write_files_atomic
 from gpugov.daemon.simulated import pool_view
 from gpugov.plant import ServingPlant
@@ -759,7 +758,7 @@ def run_disaggregated_from_args(args: Any, config: BenchConfig) -> int:
     """``--layout disaggregated`` (or the second half of ``both``): run, write
     ``DIR/disaggregated.json`` and ``.md``, print the table. ``--traces`` and
     ``--profiles`` choose the scenarios when given; otherwise the disaggregated defaults."""
-    from gpugov.daemon.cli_support import UsageError, prepare_output_dir
+    from gpugov.daemon.cli_support import UsageError, prepare_output_dir, wrote
     from gpugov.daemon.progress import Progress
 
     runner = replace(spec_from_args(args), jobs=config.jobs)
@@ -798,5 +797,5 @@ def run_disaggregated_from_args(args: Any, config: BenchConfig) -> int:
     paths = write_disaggregated(payload, Path(args.out))
     print(markdown(payload))
     for path in paths.values():
-        print(printable(f"wrote {path}"))  # a file name with a newline stays one line
+        wrote(path)
     return 0
