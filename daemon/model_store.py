@@ -206,18 +206,35 @@ class PersistentOnlineModel(ControllerWrapper):
         except OSError as error:
             return f"could not keep it aside ({error}): the next save replaces it"
 
-    def _set_aside(self, reason: str) -> None:
+    def _set_aside(
+        self, reason: str, key: ModelKey | None = None, clocks: Sequence[float] = ()
+    ) -> bool:
+        """Set a refused state file aside as corrupt, one line; with ``key``, put back
+        the model kept for it and ``clocks`` in its place (:meth:`_take_back_in_place`)
+        and return whether one was (else the model is learned anew)."""
         if self.read_only:
             self._say(
                 logging.WARNING, f"learned model refused: {reason}; {READ_ONLY_LEFT}; learning anew"
             )
-            return
+            return False
         try:
             aside = set_aside(self.path)
             where = f"; set aside as {aside.name}"
         except OSError as rename_error:
             where = f"; could not set it aside: {rename_error}"
-        self._say(logging.WARNING, f"learned model refused: {reason}{where}; learning anew")
+        taken = key is not None and self._take_back_in_place(key, clocks)
+        then = "" if taken else "; learning anew"
+        self._say(logging.WARNING, f"learned model refused: {reason}{where}{then}")
+        return taken
+
+    def _take_back_in_place(self, key: ModelKey, clocks: Sequence[float]) -> bool:
+        """:meth:`_take_back` once the state file was moved out of the way (refused, or
+        another gpugov's): a damaged file, or a rollback past the gpugov that kept this
+        one's model aside, had the kept model learned anew, and the first save then made
+        it unreachable (a state file that fits the key is never put back over)."""
+        if self.read_only or self.path.exists() or self.path.is_symlink():
+            return False
+        return self._take_back(key, clocks)
 
     def _restore(self, observation: ServingObservation) -> None:
         """Start from the stored model when its key fits ``self.key`` (a name still
@@ -239,10 +256,11 @@ class PersistentOnlineModel(ControllerWrapper):
                 )
             self._unreadable = True
             return
+        clocks = observation.supported_clocks_mhz
         try:
             payload = self._read_stored()
         except FileNotFoundError:
-            if self._take_back(key, observation.supported_clocks_mhz):
+            if self._take_back(key, clocks):
                 self._restore(observation)
             return
         except UnreadableStateError as error:
@@ -261,18 +279,22 @@ class PersistentOnlineModel(ControllerWrapper):
             # Another gpugov's model (a rollback, or a node upgraded and back): kept
             # aside whole, never called corrupt; that gpugov reads it again.
             kept = self._keep_aside()
+            taken = self._take_back_in_place(key, clocks)
             self._say(
                 logging.WARNING,
-                f"{error} (written by another gpugov); not applied; {kept}; learning anew",
+                f"{error} (written by another gpugov); not applied; {kept}"
+                + ("" if taken else "; learning anew"),
             )
+            if taken:
+                self._restore(observation)
             return
         except StoredModelError as error:
-            self._set_aside(str(error))
+            if self._set_aside(str(error), key, clocks):
+                self._restore(observation)
             return
         stored = ModelKey(
             tuple(str(u) for u in payload["key"]["gpu_uuids"]), payload["key"].get("model_name")
         )
-        clocks = observation.supported_clocks_mhz
         if not stored.fits(key) and self._take_back(key, clocks):
             self._restore(observation)
             return

@@ -1751,3 +1751,48 @@ def test_a_dry_run_builds_a_read_only_store(vllm_server: Any, tmp_path: Path) ->
             assert store.read_only is dry_run
         finally:
             assembled.close()
+
+
+def test_a_rollback_takes_back_the_model_its_version_kept(tmp_path: Path) -> None:
+    """Upgrade, then roll back: the newer gpugov kept this version's model aside and
+    saved its own; the rolled-back daemon keeps the newer file aside and puts its own
+    version's model back at once (it learned anew, and its first save then made the
+    kept model unreachable: the state file fitted the key from then on)."""
+    first = _learn(tmp_path)
+    learned = first.inner.model
+    assert learned is not None and learned.warmed_up
+    path = model_path(tmp_path, "llm")
+    ours = path.read_bytes()
+    # The newer gpugov: this version's model kept aside, its own saved.
+    set_aside(path, tag="other")
+    newer = json.loads(ours)
+    newer["version"] = newer["version"] + 1
+    path.write_text(json.dumps(newer))
+    older = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    older(_idle(0.0, name="llama"))
+    assert older.restored, older.messages
+    assert any("written by another gpugov" in m for m in older.messages)
+    assert any("put back the model kept as" in m for m in older.messages)
+    model = older.inner.model
+    assert model is not None and model.warmed_up and model.samples == learned.samples
+    assert read_stored(path)["version"] == json.loads(ours)["version"]
+    (kept,) = tmp_path.glob("online-model-llm.json.other-*")
+    assert json.loads(kept.read_text()) == newer  # whole, for the newer gpugov
+
+
+def test_a_damaged_state_file_gives_way_to_the_model_kept_for_the_key(tmp_path: Path) -> None:
+    """The state file is damaged (set aside as corrupt) while a model kept aside for
+    exactly this key and these clocks exists: that one is put back and restored, not
+    learned again."""
+    first = _learn(tmp_path)
+    learned = first.inner.model
+    assert learned is not None
+    path = model_path(tmp_path, "llm")
+    set_aside(path, tag="other")
+    path.write_text('{"format": "gpugov-online-model", "version": 1, "key": {"gpu_u')
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    wrapper(_idle(0.0, name="llama"))
+    assert wrapper.restored, wrapper.messages
+    assert len(list(tmp_path.glob("online-model-llm.json.corrupt-*"))) == 1
+    model = wrapper.inner.model
+    assert model is not None and model.samples == learned.samples
