@@ -302,16 +302,19 @@ class DomainObserver:
         flight included: a daemon started beside an engine that has served for days does
         not read its lifetime as one period's arrivals (the MPC's arrival-rate forecast
         did, and held high clocks for its window). A counter that went back (an engine
-        restart) counts from zero again; a simulated run's engine starts at zero, so its
-        counts are unchanged."""
+        restart) counts from zero again; on a page summed over data-parallel engines it
+        counts from that scrape, as from the first: only the restarted engine's share
+        went back, and "from zero" read the others' lifetimes as one period's arrivals.
+        A simulated run's engine starts at zero, so its counts are unchanged."""
         counter = engine.arrived_requests_total
         if counter is None:
             counter = engine.finished_requests_total or 0.0
         previous, self._last_counter = self._last_counter, counter
-        if self._arrived_before is None:
+        restarted = previous is not None and counter < previous
+        if self._arrived_before is None or (restarted and engine.engines > 1):
             in_flight = engine.waiting_requests + engine.running_requests
             self._arrived_before = max(0.0, arrived - in_flight)
-        elif previous is not None and counter < previous:
+        elif restarted:
             self._arrived_before = 0.0
         return max(0.0, arrived - self._arrived_before)
 

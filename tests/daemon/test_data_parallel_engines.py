@@ -181,3 +181,44 @@ def test_a_change_of_the_engine_count_is_another_engine() -> None:
         assert switched.completed_requests <= before.completed_requests, change
         assert switched.ttft_recent_s is None, change  # no window across the two
     assert estimator.skipped["engine_restart"] == 2
+
+
+def _restarted(page: str, engine: str) -> str:
+    """``page`` with data-parallel engine ``engine`` restarted: its counters and histogram
+    series back at zero, its gauges and ``cache_config_info`` as they were."""
+    lines = []
+    for line in page.splitlines():
+        name = line.split("{", 1)[0]
+        if f'engine="{engine}"' in line and name.endswith(("_total", "_bucket", "_count", "_sum")):
+            line = line.rsplit(" ", 1)[0] + " 0.0"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def test_one_data_parallel_engine_restarting_is_no_flood_of_arrivals() -> None:
+    """One of two data-parallel engines restarts: the page's sums fall by its lifetime
+    and no more. Arrivals counted "from zero again" there read the other engine's whole
+    lifetime of finished requests as one period's arrivals (the MPC's arrival rate and
+    the burst hedge held the top clock for their windows); they count from that scrape,
+    the requests then in flight included, as at the daemon's first scrape."""
+    page = fixture_text("vllm_dp2_synthetic.txt")
+    lifetime = 40_000.0  # engine 0 has served for days
+    page = page.replace(
+        'vllm:request_success_total{engine="0",finished_reason="stop",'
+        'model_name="meta-llama/Llama-3.1-8B-Instruct"} 90.0',
+        'vllm:request_success_total{engine="0",finished_reason="stop",'
+        f'model_name="meta-llama/Llama-3.1-8B-Instruct"}} {lifetime}',
+    )
+    shown = [page]
+    source = VllmSource("x", fetch=lambda url, t: shown[0])
+    observer = DomainObserver([_Gpu("0")], source, stale_after_s=30.0)
+    in_flight = 12 + 8 + 3 + 1  # running and waiting, both engines
+    ticks = []
+    for step, text in enumerate([page, page, _restarted(page, "1"), _restarted(page, "1")]):
+        shown[0] = text
+        observed = observer.observe(float(step), step, None)
+        assert observed.engine_error is None, observed.engine_error
+        ticks.append(observed.observation)
+    assert [t.engines for t in ticks] == [2] * 4
+    assert ticks[2].completed_requests < ticks[1].completed_requests  # a restart, seen
+    assert [t.arrived_requests for t in ticks] == [in_flight] * 4
