@@ -414,7 +414,9 @@ class DomainObserver:
         problem = impossible_value(now)
         if problem is not None:
             self._jumped = None
-            return f"impossible counter: {problem}; sample dropped (the last good one kept)"
+            return self._named(
+                f"impossible counter: {problem}; sample dropped (the last good one kept)"
+            )
         last, jumped = self._last_raw, self._jumped
         if last is not None and went_back(last, now):
             self._offsets.clear()  # an engine restart: its counters start from zero
@@ -427,18 +429,26 @@ class DomainObserver:
                     or impossible_jump(jumped[0], now, at_s - jumped[1]) is not None
                 ):
                     self._jumped = (now, at_s)
-                    return (
+                    return self._named(
                         f"impossible counter jump: {jump[1]}; sample dropped (the last good "
                         "one kept)"
                     )
                 moved = self._offsets.re_anchor(last, jumped[0], jumped[1] - self._last_time_s)
                 log.warning(
-                    "engine counter(s) %s stayed at the level they jumped to: taken from "
-                    "there on, the jump not counted as work",
-                    ", ".join(moved) or jump[0],
+                    "%s",
+                    self._named(
+                        f"engine counter(s) {', '.join(moved) or jump[0]} stayed at the level "
+                        "they jumped to: taken from there on, the jump not counted as work"
+                    ),
                 )
         self._last_raw, self._jumped = now, None
         return None
+
+    def _named(self, text: str) -> str:
+        """``text`` after the engine's URL, as every failed fetch starts: on a node of
+        several domains a bad page's line named only the counter, not whose it was."""
+        url = getattr(self.source, "url", None)
+        return f"{url}: {text}" if isinstance(url, str) and url else text
 
     def _waiting(self, engine: EngineSample) -> int:
         """Waiting requests; a decode domain leaves out those vLLM defers (waiting for

@@ -214,3 +214,33 @@ def test_a_counter_spike_neither_floors_the_clock_nor_spoils_the_learned_model(
     assert payload["model"] == read_stored(model_path(tmp_path / "missed", "sim"))["model"]
     assert "learned model not saved" not in caplog.text
     assert "learned model refused" not in caplog.text
+
+
+def test_a_dropped_scrape_and_a_re_anchored_counter_name_their_engine(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every other failed scrape starts with its URL; an impossible counter, and the
+    warning that a counter stayed at its new level, named only the counter, so on a node
+    of several domains the operator could not tell which engine's page was bad."""
+    from daemon_support import fixture_text
+
+    from gpugov.daemon.engine_sources import ScrapedSource
+
+    url = "http://10.0.0.7:8000/metrics"
+    good = fixture_text("vllm_dp2_synthetic.txt")
+    prompt = 'vllm:prompt_tokens_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"}'
+    wrapped = good.replace(f"{prompt} 60000.0", f"{prompt} 1.8e+19")
+    jumped = good.replace(f"{prompt} 60000.0", f"{prompt} 6.0e+14")
+    pages = [good, wrapped, good, jumped, jumped]
+    source = ScrapedSource(url, fetch=lambda u, t: pages.pop(0))
+    observer = DomainObserver([StubGpu()], source, stale_after_s=30.0)  # type: ignore[list-item]
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.observer"):
+        ticks = [observer.observe(float(i), i, None) for i in range(5)]
+    errors = [t.engine_error for t in ticks]
+    assert errors[0] is None and errors[2] is None and errors[4] is None
+    assert (errors[1] or "").startswith(f"{url}: impossible counter: prompt_tokens_total")
+    assert (errors[3] or "").startswith(f"{url}: impossible counter jump: prompt_tokens_total")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    stayed = [line for line in warnings if "stayed at the level" in line]
+    assert len(stayed) == 1 and stayed[0].startswith(f"{url}: "), warnings
+    assert all(url in line for line in warnings if "impossible" in line), warnings
