@@ -12,7 +12,7 @@ from typing import Any
 from gpugov.controllers.online.identification import MODEL_VERSION, POWER_BLOCKS, TIME_BLOCKS
 from gpugov.controllers.online.regression import MAX_STORED_COUNT
 from gpugov.daemon.files import InputFileError, loads_json, read_input_text
-from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_COUNT, MAX_SECONDS
+from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_COUNT, MAX_POWER_W, MAX_SECONDS
 from gpugov.plant.input_files import finite_number
 
 FORMAT = "gpugov-online-model"
@@ -292,11 +292,13 @@ def model_state_problem(state: dict[str, Any]) -> str | None:
             raise ValueError(
                 "model.knots_mhz must be clocks of model.clocks_mhz, from its lowest to its highest"
             )
+        # At most the config's bound on a power (the profile loader's): 1e308 W built a
+        # prior of NaN in `model show` and exported a profile its loader refuses.
         limit = finite_number(state.get("power_limit_w"))
-        if limit is None or not limit > 0.0:
+        if limit is None or not 0.0 < limit <= MAX_POWER_W:
             raise ValueError(
-                f"model.power_limit_w must be a positive number, got "
-                f"{state.get('power_limit_w')!r:.40}"
+                f"model.power_limit_w must be a positive number of at most {MAX_POWER_W:g} W, "
+                f"got {state.get('power_limit_w')!r:.40}"
             )
         ratio = _numbers(state.get("realized_ratio"), "model.realized_ratio", len(clocks))
         if not all(0.0 < value <= 1.0 for value in ratio):

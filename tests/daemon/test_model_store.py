@@ -1001,6 +1001,8 @@ def _damage(model: dict, field: str) -> None:  # type: ignore[type-arg]
         model["visits"][0] = "many"
     elif field == "time.mean":
         model["time"]["mean"][0] = 1e308
+    elif field == "power_limit_w":
+        model["power_limit_w"] = 1e308
     else:
         model["power"]["noise_variance"] = -1.0
 
@@ -1017,6 +1019,9 @@ PHYSICAL_DAMAGE = [
     ("power.noise_variance", "model.power.noise_variance must be a positive number"),
     # model show printed numpy's overflow RuntimeWarning and export wrote a profile of it.
     ("time.mean", "model.time.mean[0] must be a finite number within ±1e+12, got 1e+308"),
+    # model show printed numpy's RuntimeWarning twice, and export wrote a profile its own
+    # loader refuses (power_limit_w at most 1e+06 W).
+    ("power_limit_w", "model.power_limit_w must be a positive number of at most 1e+06 W"),
 ]
 
 
