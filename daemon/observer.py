@@ -409,7 +409,8 @@ class DomainObserver:
         gone; one that follows on from the dropped one plausibly is a counter that
         stayed at its new level: the jump is taken off it from then on (one WARNING), so
         that its rise is not read as work. A counter that went back is an engine
-        restart, as before (the offsets are dropped with the engine's counters)."""
+        restart, as before (the offsets are dropped with the engine's counters; on a
+        page summed over data-parallel engines the counters start from zero there)."""
         now = counters(sample)
         problem = impossible_value(now)
         if problem is not None:
@@ -419,7 +420,14 @@ class DomainObserver:
             )
         last, jumped = self._last_raw, self._jumped
         if last is not None and went_back(last, now):
-            self._offsets.clear()  # an engine restart: its counters start from zero
+            if sample.engines > 1:
+                # One of several data-parallel engines restarted: the sums still hold
+                # the others' lifetimes, which dropping the offsets (taken off at a
+                # scaling or a jump) read as one window's work. They start from zero
+                # here, as at a change of engine.
+                self._offsets.restart_from(now)
+            else:
+                self._offsets.clear()  # an engine restart: its counters start from zero
         elif last is not None and self._last_time_s is not None:
             jump = impossible_jump(last, now, at_s - self._last_time_s)
             if jump is not None:

@@ -4,6 +4,8 @@ the running and waiting gauges, rank labels left out."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from daemon_support import fixture_text
 from synthetic import make_plant
@@ -222,3 +224,31 @@ def test_one_data_parallel_engine_restarting_is_no_flood_of_arrivals() -> None:
     assert [t.engines for t in ticks] == [2] * 4
     assert ticks[2].completed_requests < ticks[1].completed_requests  # a restart, seen
     assert [t.arrived_requests for t in ticks] == [in_flight] * 4
+
+
+def test_an_engine_restarting_after_the_deployment_scaled_is_no_lifetime_of_work() -> None:
+    """A deployment scaled from one data-parallel engine to two, whose counters then
+    count from zero (the joining engine's lifetime is no work), and later one of its
+    engines restarts: the restart dropped what the scaling took off, so the counters
+    jumped up by the other engine's whole lifetime (65,000 prompt tokens, 100 requests
+    read as one window's work). A restart of one of several engines starts them from
+    zero there, as the scaling did."""
+    two = fixture_text("vllm_dp2_synthetic.txt")
+    one = "\n".join(line for line in two.splitlines() if 'engine="1"' not in line) + "\n"
+    restarted = _restarted(two, "1")
+    shown = [one]
+    observer = DomainObserver(
+        [_Gpu("0")], VllmSource("x", fetch=lambda url, t: shown[0]), stale_after_s=30.0
+    )
+    ticks = []
+    for step, page in enumerate([one, one, two, two, restarted, restarted]):
+        shown[0] = page
+        observed = observer.observe(float(step), step, None)
+        assert observed.engine_error is None, observed.engine_error
+        ticks.append(observed.observation)
+    assert [t.engines for t in ticks] == [1, 1, 2, 2, 2, 2]
+    for before, after in itertools.pairwise(ticks[2:]):
+        assert after.prompt_tokens_total <= before.prompt_tokens_total
+        assert after.output_tokens_total <= before.output_tokens_total
+        assert after.completed_requests <= before.completed_requests
+    assert all(t.arrived_requests <= 24 for t in ticks[2:])
