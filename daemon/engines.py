@@ -163,9 +163,11 @@ def _buckets(
 ) -> tuple[str, Buckets] | None:
     """The first of ``bases`` whose ``_bucket`` series the page has, with its cumulative
     buckets: series that differ only in rank labels count once (their maximum), the rest
-    (data-parallel engines) are summed bucket by bucket. None when none has a ``+Inf``
-    bucket in every series: summed, a series without one added its finite buckets and
-    not its total, so more requests read as met than the total held.
+    (data-parallel engines) are summed bucket by bucket, on the bounds every series has
+    (a bound one series lacks held only the others' counts, and the sum fell as ``le``
+    rose). None when none has a ``+Inf`` bucket in every series: summed, a series
+    without one added its finite buckets and not its total, so more requests read as
+    met than the total held.
 
     Raises:
         EngineParseError: a series' cumulative count falls as ``le`` rises.
@@ -191,9 +193,14 @@ def _buckets(
         totalled = {key for key, le in groups if le == math.inf}
         if not totalled or totalled != {key for key, _ in groups}:
             continue  # no series, or one without its total
+        bounds: dict[tuple[tuple[str, str], ...], set[float]] = {}
+        for key, le in groups:
+            bounds.setdefault(key, set()).add(le)
+        shared = set.intersection(*bounds.values())  # +Inf at least
         per_le: dict[float, float] = {}
         for (_, le), value in groups.items():
-            per_le[le] = per_le.get(le, 0.0) + value
+            if le in shared:
+                per_le[le] = per_le.get(le, 0.0) + value
         return base, tuple(sorted(per_le.items()))
     return None
 

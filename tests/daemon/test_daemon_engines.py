@@ -1013,3 +1013,21 @@ def test_the_engine_is_detected_from_the_page_without_splitting_it() -> None:
     assert detect_engine_on_page(" vllm:x 1\n") is None  # as sample_name reads it
     for name in ("vllm_v1_real.txt", "vllm_dp2_synthetic.txt"):
         assert detect_engine_on_page(fixture_text(name)) == "vllm"
+
+
+def test_buckets_of_engines_with_different_bounds_are_summed_on_the_bounds_they_share() -> None:
+    """Summed bound by bound, a bound one engine's series lacks (a layout of its own, a
+    line the page dropped) held only the other's count: the histogram fell as ``le``
+    rose (100 first tokens at or under 0.1 s, 60 at or under 0.5 s) and the attainment
+    read it as buckets of negative counts. The bounds every series has are summed."""
+    extra = (
+        'vllm:time_to_first_token_seconds_bucket{engine="1",le="0.5",'
+        'model_name="meta-llama/Llama-3.1-8B-Instruct"} 60.0'
+    )
+    lines = []
+    for line in fixture_text("vllm_dp2_synthetic.txt").splitlines():
+        if line.startswith('vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf"'):
+            lines.append(extra)
+        lines.append(line)
+    sample = VllmSource("x", fetch=lambda url, t: "\n".join(lines) + "\n").scrape()
+    assert sample.ttft_buckets == ((0.1, 90.0), (math.inf, 200.0))
