@@ -414,6 +414,18 @@ class PersistentOnlineModel(ControllerWrapper):
         boot = finite_number(clock.get("boot_unix_s"))
         if then is None or boot is None or abs(boot - boot_unix_s()) > SAME_BOOT_TOLERANCE_S:
             return  # another boot, or no clock to place the window on: a new window
+        terms = self._budget_terms(observation)
+        stored_terms = payload.get("slo_budget_terms")
+        if not _same_terms(stored_terms, terms):
+            # Its counts were judged against those SLOs and its looseness earned against
+            # that target: under tighter ones it spent a budget this run does not have.
+            self._say(
+                logging.INFO,
+                f"{self.path}: SLO budget window not applied: it was measured against "
+                f"{_terms_text(stored_terms)}, this run's are {_terms_text(terms)}; a new "
+                "window at a looseness of 1",
+            )
+            return
         now_unix = time.time()
         shift = observation.time_s - (now_unix - saved_at) - then
         try:
@@ -427,6 +439,19 @@ class PersistentOnlineModel(ControllerWrapper):
                 logging.INFO,
                 f"{self.path}: SLO budget window restored (looseness {budget.looseness:.2f})",
             )
+
+    def _budget_terms(self, observation: ServingObservation) -> dict[str, float | None]:
+        """What the SLO budget's window is measured against: the latency SLOs the
+        observation carries (the config's), the per-prompt TTFT allowance and the
+        target (:func:`_same_terms` compares them at a restore)."""
+        budget = self.inner.budget
+        return {
+            "ttft_slo_s": observation.ttft_slo_s,
+            "tpot_slo_s": observation.tpot_slo_s,
+            "ttft_slo_per_prompt_token_s": observation.ttft_slo_per_prompt_token_s,
+            "attainment": None if budget is None else budget.target.attainment,
+            "window_s": None if budget is None else budget.window_s,
+        }
 
     def _count_on_from(self, snapshots: list[Any], observation: ServingObservation) -> None:
         """Have this run's SLO counters go on from the restored window's last snapshot
@@ -536,6 +561,7 @@ class PersistentOnlineModel(ControllerWrapper):
             payload["gpu_names"] = list(self.gpu_names)
         if self.inner.budget is not None and observation is not None:
             payload["slo_budget"] = json_safe(self.inner.budget.state_dict())
+            payload["slo_budget_terms"] = json_safe(self._budget_terms(observation))
             payload["clock"] = {"time_s": observation.time_s, "boot_unix_s": boot_unix_s()}
         problem = self._unsaveable(payload)
         if problem is not None:
@@ -713,6 +739,39 @@ def _counters(observation: ServingObservation) -> list[float | None]:
             observation.tpot_count_total,
         )
     ]
+
+
+def _same_terms(stored: object, terms: dict[str, float | None]) -> bool:
+    """Whether a stored window's ``slo_budget_terms`` are ``terms`` (each the same
+    number, or unset in both); False where the file keeps none (saved before it kept
+    them: what its window was measured against is not known)."""
+    if not isinstance(stored, dict):
+        return False
+    for name, value in terms.items():
+        kept = finite_number(stored.get(name))
+        if value is None or kept is None:
+            if (value is None) != (stored.get(name) is None):
+                return False
+        elif not math.isclose(kept, float(value), rel_tol=1e-9):
+            return False
+    return True
+
+
+def _terms_text(terms: object) -> str:
+    """A window's terms for a log line: ``TTFT 2 s, TPOT 0.1 s, 0.99 over 600 s``."""
+    if not isinstance(terms, dict):
+        return "terms the file does not keep (saved before it kept them)"
+
+    def number(name: str) -> str:
+        value = finite_number(terms.get(name))
+        return "none" if value is None else f"{value:g}"
+
+    allowance = finite_number(terms.get("ttft_slo_per_prompt_token_s"))
+    per_token = "" if allowance is None else f" + {allowance:g} s a prompt token"
+    return (
+        f"TTFT {number('ttft_slo_s')} s{per_token}, TPOT {number('tpot_slo_s')} s, "
+        f"{number('attainment')} over {number('window_s')} s"
+    )
 
 
 def _same_clocks(stored: Sequence[float], node: Sequence[float]) -> bool:

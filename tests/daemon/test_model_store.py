@@ -1801,3 +1801,52 @@ def test_a_damaged_state_file_gives_way_to_the_model_kept_for_the_key(tmp_path: 
     assert len(list(tmp_path.glob("online-model-llm.json.corrupt-*"))) == 1
     model = wrapper.inner.model
     assert model is not None and model.samples == learned.samples
+
+
+class OtherSlos(Continued):
+    """A restarted node whose config now states tighter latency SLOs."""
+
+    def __call__(self, observation: ServingObservation) -> float:
+        tighter = replace(
+            observation,
+            ttft_slo_s=(observation.ttft_slo_s or 1.0) / 2.0,
+            tpot_slo_s=(observation.tpot_slo_s or 0.1) / 2.0,
+        )
+        return super().__call__(tighter)
+
+
+@pytest.mark.parametrize("change", ["slos", "target"])
+def test_a_slo_window_measured_against_other_slos_is_not_restored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, change: str
+) -> None:
+    """The stored window counted requests within the SLOs (and the looseness was earned
+    against the target) of the run that saved it: a restart under tighter SLOs or a
+    stricter target went on spending the budget the old terms left (a looseness above 1
+    lowers the clock) on evidence that is not this run's. The model is restored, the
+    window starts anew, and one line says why."""
+    before = _learn_budgeted(tmp_path)
+    stored = read_stored(model_path(tmp_path, "llm"))
+    stored["slo_budget"]["looseness"] = 1.4  # spending: what a loose old SLO earned
+    model_path(tmp_path, "llm").write_text(json.dumps(stored))
+    controller = _budgeted()
+    if change == "target":
+        controller = OnlineMPCController(
+            mean_prompt_tokens=1100.0,
+            mean_output_tokens=110.0,
+            warmup_s=10.0,
+            slo_target=SLOTarget(attainment=0.999, window_s=600.0),
+        )
+    wrapper = PersistentOnlineModel(controller, tmp_path, "llm", GPUS)
+    kind = OtherSlos if change == "slos" else Continued
+    after = kind(wrapper, counters=before.counters_now())
+    slos = stored["slos"]  # the observations carry the config's SLOs
+    with caplog.at_level("INFO", logger="gpugov"):
+        after(
+            _idle(0.0, name="llama", ttft_slo_s=slos["ttft_slo_s"], tpot_slo_s=slos["tpot_slo_s"])
+        )
+    assert wrapper.restored
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("SLO budget window restored" in m for m in messages)
+    (said,) = [m for m in messages if "SLO budget window not applied" in m]
+    assert "\n" not in said
+    assert wrapper.inner.budget is not None and wrapper.inner.budget.looseness == 1.0
