@@ -18,7 +18,7 @@ import functools
 import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -90,6 +90,17 @@ parses in blocks so that one with hundreds of thousands of wanted lines can be g
 at its deadline, not only after the whole of it."""
 
 
+MAX_LINE_CHARS = 32 * 1024
+"""The longest sample line of a wanted series read (an engine's longest, vLLM's
+``cache_config_info``, is under a kilobyte). prometheus_client's parser takes time
+quadratic in a line's labels, and one line cannot be given up at the deadline: a 2 MB
+line of 200,000 labels held the loop 23 s, past any ``engine.timeout_s``."""
+
+BLOCK_CHARS = 256 * 1024
+"""The most characters parsed between two looks at the clock (with at most
+:data:`CHECK_EVERY` lines): a block of long lines costs what thousands of short ones do."""
+
+
 class ParseTimeout(EngineUnavailable):
     """The page was still being read at the scrape's deadline (:func:`parse_page`)."""
 
@@ -109,12 +120,14 @@ def parse_page(
     picked with one regex scan, so a page of thousands of bucket lines costs little.
     With ``cache`` (one per source), a series seen before reuses its parsed name and
     labels and only its value is read; new series go through prometheus_client's parser,
-    :data:`CHECK_EVERY` lines at a time (each block's series cached as it is parsed).
-    With ``deadline`` (on ``clock``), the clock is read every :data:`CHECK_EVERY` lines
-    and between blocks: a page still being read past it is given up.
+    :data:`CHECK_EVERY` lines or :data:`BLOCK_CHARS` characters at a time (each block's
+    series cached as it is parsed). With ``deadline`` (on ``clock``), the clock is read
+    every :data:`CHECK_EVERY` lines and between blocks: a page still being read past it
+    is given up.
 
     Raises:
-        EngineParseError: naming ``source`` and the 1-based line that does not parse.
+        EngineParseError: naming ``source`` and the 1-based line that does not parse, or
+            that is longer than :data:`MAX_LINE_CHARS` (refused before any parsing).
         ParseTimeout: the page is still being read past ``deadline``.
     """
     selector = _line_selector(None if wanted is None else frozenset(wanted))
@@ -127,6 +140,12 @@ def parse_page(
         if deadline is not None and count % CHECK_EVERY == 0 and clock() > deadline:
             raise ParseTimeout(f"{source}: the page was still being read at its deadline")
         line = match.group(0).strip()
+        if len(line) > MAX_LINE_CHARS:
+            number = padded.count("\n", 0, match.start() + 1)
+            raise EngineParseError(
+                f"{source}: line {number} ({sample_name(line)}) is {len(line)} characters, "
+                f"longer than any metrics line ({MAX_LINE_CHARS}); scrape discarded"
+            )
         key, rest = _split_value(line)
         known = cache.get(key) if cache is not None else None
         if known is not None:
@@ -143,10 +162,9 @@ def parse_page(
         return series
     if cache is not None and len(cache) > 20_000:  # label churn (e.g. per-request labels)
         cache.clear()
-    for start in range(0, len(fresh), CHECK_EVERY):
-        if deadline is not None and start and clock() > deadline:
+    for index, block in enumerate(_blocks(fresh)):
+        if deadline is not None and index and clock() > deadline:
             raise ParseTimeout(f"{source}: the page was still being read at its deadline")
-        block = fresh[start : start + CHECK_EVERY]
         samples = _parse_block(block, padded, source)
         if cache is not None and len(samples) == len(block):
             for match, sample in zip(block, samples, strict=True):
@@ -154,6 +172,22 @@ def parse_page(
         for sample in samples:
             series.setdefault(sample.name, []).append((sample.labels, float(sample.value)))
     return series
+
+
+def _blocks(fresh: list[re.Match[str]]) -> Iterator[list[re.Match[str]]]:
+    """``fresh`` in blocks of at most :data:`CHECK_EVERY` lines and about
+    :data:`BLOCK_CHARS` characters (a line longer than that is a block of its own)."""
+    block: list[re.Match[str]] = []
+    size = 0
+    for match in fresh:
+        length = match.end() - match.start()
+        if block and (len(block) >= CHECK_EVERY or size + length > BLOCK_CHARS):
+            yield block
+            block, size = [], 0
+        block.append(match)
+        size += length
+    if block:
+        yield block
 
 
 def _parse_block(block: list[re.Match[str]], padded: str, source: str) -> list[Any]:
@@ -199,7 +233,9 @@ def aggregate(series: Series, name: str, how: Aggregate = "sum") -> float | None
 
 
 __all__ = [
+    "BLOCK_CHARS",
     "CHECK_EVERY",
+    "MAX_LINE_CHARS",
     "RANK_LABELS",
     "Aggregate",
     "ParseTimeout",

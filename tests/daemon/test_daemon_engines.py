@@ -1031,3 +1031,54 @@ def test_buckets_of_engines_with_different_bounds_are_summed_on_the_bounds_they_
         lines.append(line)
     sample = VllmSource("x", fetch=lambda url, t: "\n".join(lines) + "\n").scrape()
     assert sample.ttft_buckets == ((0.1, 90.0), (math.inf, 200.0))
+
+
+def test_a_line_longer_than_any_metrics_line_is_refused_unread() -> None:
+    """prometheus_client's parser takes time quadratic in a line's labels and one line
+    cannot be given up at the deadline: a 2.3 MB page whose running gauge had 200,000
+    labels held the scrape, and the loop, 23 s against a 0.5 s deadline. Such a line is
+    a bad page, said in one line naming it, before any of it is parsed."""
+    import time
+
+    from gpugov.daemon.exposition import MAX_LINE_CHARS
+
+    labels = ",".join(f'a{i}="b"' for i in range(200_000))
+    page = f"# HELP x\nvllm:num_requests_waiting 1\nvllm:num_requests_running{{{labels}}} 1\n"
+    source = VllmSource("http://e/metrics", fetch=lambda url, t: page, timeout_s=0.5)
+    started = time.perf_counter()
+    with pytest.raises(EngineParseError) as caught:
+        source.scrape()
+    assert time.perf_counter() - started < 2.0
+    assert str(caught.value) == (
+        f"http://e/metrics: line 3 (vllm:num_requests_running) is {len(page.splitlines()[2])} "
+        f"characters, longer than any metrics line ({MAX_LINE_CHARS}); scrape discarded"
+    )
+
+
+def test_long_lines_are_parsed_in_blocks_the_deadline_can_cut(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The clock was read every 2048 lines: 300 lines of 29 KB each (3,000 labels, under
+    the line limit) were one block, parsed whole in 6 s past a 0.25 s deadline. A block
+    also ends at :data:`BLOCK_CHARS` characters, so the page is given up after the first."""
+    import gpugov.daemon.exposition as exposition
+
+    labels = ",".join(f'a{i}="b"' for i in range(3000))
+    page = "".join(f'vllm:num_requests_running{{engine="{k}",{labels}}} 1\n' for k in range(300))
+    now = {"s": 0.0}
+    parsed: list[int] = []
+    original = exposition._parse_block
+
+    def slow_block(block: list, padded: str, source: str) -> list:  # type: ignore[type-arg]
+        now["s"] += 1.0  # each block takes a second to parse
+        parsed.append(sum(m.end() - m.start() for m in block))
+        return original(block, padded, source)
+
+    monkeypatch.setattr(exposition, "_parse_block", slow_block)
+    source = ScrapedSource(
+        "http://e/metrics", "vllm", timeout_s=0.25, fetch=lambda url, t: page,
+        clock=lambda: now["s"],
+    )  # fmt: skip
+    with pytest.raises(EngineUnavailable, match="timed out"):
+        source.scrape()
+    assert len(parsed) == 1 and parsed[0] <= exposition.BLOCK_CHARS
