@@ -20,7 +20,12 @@ from gpugov.plant.input_files import (
     read_input_text,
     read_input_text_and_digest,
 )
-from gpugov.plant.output_files import write_bytes_atomic, write_files_atomic, write_text_atomic
+from gpugov.plant.output_files import (
+    remove_left_temporaries,
+    write_bytes_atomic,
+    write_files_atomic,
+    write_text_atomic,
+)
 
 STATE_DIR_ENV = "STATE_DIRECTORY"
 """systemd's ``StateDirectory=`` sets it (several directories joined with ``:``)."""
@@ -74,6 +79,7 @@ __all__ = [
     "read_input_bytes",
     "read_input_text",
     "read_input_text_and_digest",
+    "remove_left_temporaries",
     "resolve_state_dir",
     "write_bytes_atomic",
     "write_files_atomic",

@@ -68,7 +68,13 @@ from typing import Any
 from gpugov.daemon.deadline import WRITE_DEADLINE_S, LatestWriter
 from gpugov.daemon.episode_log import FailureRun
 from gpugov.daemon.errors import ConfigError
-from gpugov.daemon.files import json_safe, loads_json, read_input_text, write_json_atomic
+from gpugov.daemon.files import (
+    json_safe,
+    loads_json,
+    read_input_text,
+    remove_left_temporaries,
+    write_json_atomic,
+)
 from gpugov.plant.input_files import finite_number
 
 log = logging.getLogger(__name__)
@@ -190,6 +196,16 @@ class LockState:
                 error,
             )
             return
+        if not self._writer.busy:
+            # Held: no other run writes the record here. A record write a killed run left
+            # between its temporary file and the rename is removed (nothing else did).
+            removed = remove_left_temporaries(self.path)
+            if removed:
+                log.info(
+                    "lock state %s: removed %d temporary file(s) an interrupted write left",
+                    self.path,
+                    len(removed),
+                )
         try:
             # Unbuffered: a pid left in the file object's buffer by a failed write would
             # fail again when the hold is released, at the daemon's stop.

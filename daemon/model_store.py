@@ -25,7 +25,7 @@ from gpugov.daemon.deadline import (
     LatestWriter,
     ReadTimeout,
 )
-from gpugov.daemon.files import json_safe, write_json_atomic
+from gpugov.daemon.files import json_safe, remove_left_temporaries, write_json_atomic
 from gpugov.daemon.limits import MAX_PERIOD_S, MIN_PERIOD_S
 from gpugov.daemon.stored_model import (
     FORMAT,
@@ -658,12 +658,28 @@ class PersistentOnlineModel(ControllerWrapper):
         self.inner.model_name = None if self.key is None else self.key.model_name
         self._restore(observation)
 
+    def _remove_left_temporaries(self) -> None:
+        """Remove the temporary files of saves a killed run left (a SIGKILL, a power
+        loss or an exit under a slow disk between the write and its rename), one line:
+        each was a whole model's size, and nothing removed them. Not by a read-only
+        store or a copy, nor while a save of this one runs."""
+        if not self.persist or self.read_only or self._writer.busy:
+            return
+        removed = remove_left_temporaries(self.path)
+        if removed:
+            self._say(
+                logging.INFO,
+                f"{self.path}: removed {len(removed)} temporary file(s) an interrupted save "
+                f"left ({', '.join(removed[:3])}{', ...' if len(removed) > 3 else ''})",
+            )
+
     def _follow_key(self, observation: ServingObservation) -> None:
         """Restore on the first observation; re-learn when the served model changes (a
         new name that has held a few observations: :class:`SettledName`)."""
         if self.key is None:
             name = observation.model_name
             self.key = ModelKey(self.gpu_uuids, name)
+            self._remove_left_temporaries()
             self._restore(observation)
             return
         name = self._settled_name.update(observation.model_name, self.key.model_name)

@@ -112,4 +112,40 @@ def _create_beside(path: Path, mode: int) -> tuple[int, str]:
     raise FileExistsError(errno.EEXIST, "no free temporary name", str(path.parent))
 
 
-__all__ = ["write_bytes_atomic", "write_files_atomic", "write_text_atomic"]
+def remove_left_temporaries(path: Path) -> list[str]:
+    """Remove the temporary files a write of ``path`` left behind when its process was
+    killed, lost power or exited under a slow disk between making one and renaming it
+    (``.NAME.`` and 8 hex digits, plain files only); their names, in order. For a file
+    that only one process writes (a daemon's state file, at its start): another
+    writer's temporary would be removed under it. Nothing it cannot list or remove is
+    raised: it is left."""
+    try:
+        target = _link_target(path)
+        names = sorted(os.listdir(target.parent))
+    except OSError:
+        return []
+    prefix = f".{target.name}."
+    removed = []
+    for name in names:
+        digits = name[len(prefix) :]
+        if not name.startswith(prefix) or len(digits) != 8:
+            continue
+        if any(digit not in "0123456789abcdef" for digit in digits):
+            continue
+        left = target.parent / name
+        try:
+            if not stat.S_ISREG(left.lstat().st_mode):
+                continue
+            left.unlink()
+        except OSError:
+            continue
+        removed.append(name)
+    return removed
+
+
+__all__ = [
+    "remove_left_temporaries",
+    "write_bytes_atomic",
+    "write_files_atomic",
+    "write_text_atomic",
+]

@@ -1201,3 +1201,22 @@ def test_a_lock_record_naming_a_key_twice_is_still_read(tmp_path: Path) -> None:
     assert text.startswith("{")
     path.write_text('{"gpus": {},' + text[1:])  # "gpus" twice: the real entries last
     assert set(LockState(tmp_path).read()) == {"GPU-fake-0000"}
+
+
+def test_a_lock_record_write_a_killed_run_left_is_removed_when_the_directory_is_held(
+    tmp_path: Path,
+) -> None:
+    """A run killed between the lock record's temporary file and its rename left
+    ``.locks.json.<8 hex>`` behind for good; the next run removes it once it holds the
+    directory, and leaves the record itself."""
+    state = LockState(tmp_path, pid=1)
+    state.record("GPU-x", "0", 900, 900)
+    left = tmp_path / ".locks.json.deadbeef"
+    left.write_text('{"version": 1, "gp')
+    held = LockState(tmp_path)
+    held.hold()
+    try:
+        assert not left.exists()
+        assert set(held.read()) == {"GPU-x"}
+    finally:
+        held.release()

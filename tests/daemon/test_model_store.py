@@ -1850,3 +1850,36 @@ def test_a_slo_window_measured_against_other_slos_is_not_restored(
     (said,) = [m for m in messages if "SLO budget window not applied" in m]
     assert "\n" not in said
     assert wrapper.inner.budget is not None and wrapper.inner.budget.looseness == 1.0
+
+
+def test_temporary_files_an_interrupted_save_left_are_removed_at_the_start(
+    tmp_path: Path,
+) -> None:
+    """A run killed (or out of time at exit on a slow disk) between a save's temporary
+    file and its rename left ``.online-model-<domain>.json.<8 hex>``, a whole model's
+    size, that nothing ever removed: one more a kill. The next start removes its own
+    domain's (one line) and leaves every other file; a read-only store removes none."""
+    _learn(tmp_path)
+    left = [
+        tmp_path / ".online-model-llm.json.0a1b2c3d",
+        tmp_path / ".online-model-llm.json.ffff0000",
+    ]
+    for path in left:
+        path.write_text('{"format": "gpugov-online-model", "ver')  # cut short by the kill
+    others = [
+        tmp_path / ".online-model-other.json.0a1b2c3d",  # another domain's
+        tmp_path / ".online-model-llm.json.notes",
+        tmp_path / ".online-model-llm.json.0A1B2C3D",
+    ]
+    for path in others:
+        path.write_text("x")
+    dry = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS, read_only=True)
+    dry(_idle(0.0, name="llama"))
+    assert all(path.exists() for path in left)
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    wrapper(_idle(0.0, name="llama"))
+    assert wrapper.restored
+    assert not any(path.exists() for path in left)
+    assert all(path.exists() for path in others)
+    (said,) = [m for m in wrapper.messages if "temporary file" in m]
+    assert "removed 2 temporary file(s)" in said and "\n" not in said
