@@ -721,7 +721,12 @@ class DomainObserver:
                 before = base.prompt_tokens_total
                 self.attainment.add_window(
                     bucket_delta(engine.ttft_buckets, base.ttft_buckets),
-                    bucket_delta(engine.tpot_buckets, base.tpot_buckets),
+                    # Only between buckets of one histogram: a page that stops publishing
+                    # the per-request one falls back to the inter-token one, whose
+                    # lifetime of tokens less the requests' read as one window's TPOTs.
+                    bucket_delta(engine.tpot_buckets, base.tpot_buckets)
+                    if engine.tpot_buckets_per_request == base.tpot_buckets_per_request
+                    else None,
                     None if prompts is None or before is None else prompts - before,
                     None
                     if engine.ttft is None or base.ttft is None

@@ -596,3 +596,32 @@ def test_an_engine_serving_another_model_on_the_url_starts_its_counters_afresh(
     assert switched.output_tokens_total <= before.output_tokens_total
     assert switched.completed_requests <= before.completed_requests
     assert all(t.observation.arrived_requests <= 7 for t in ticks[2:])
+
+
+def test_no_tpot_window_between_the_per_request_and_the_inter_token_histogram() -> None:
+    """A page that stops publishing the per-request TPOT histogram (a URL that now reaches
+    an older vLLM) falls back to the inter-token one, which has the same bounds: their
+    difference, 9,800 inter-token intervals less requests, was counted as one window of
+    TPOTs against the SLO. A window is only taken within one histogram."""
+    page = fixture_text("vllm_request_tpot_synthetic.txt").replace(
+        'vllm:inter_token_latency_seconds_bucket{engine="0",le="0.05",model_name="m"} 9000.0',
+        'vllm:inter_token_latency_seconds_bucket{engine="0",le="0.025",model_name="m"} 5000.0\n'
+        'vllm:inter_token_latency_seconds_bucket{engine="0",le="0.05",model_name="m"} 9000.0',
+    )
+    without = "".join(
+        line + "\n" for line in page.splitlines() if "request_time_per_output" not in line
+    )
+    shown = [page]
+    observer = DomainObserver(
+        [StubGpu("0")],
+        ScrapedSource("http://e/metrics", "vllm", fetch=lambda url, t: shown[0]),
+        stale_after_s=30.0,
+        tpot_slo_s=0.03,
+    )
+    counts = []
+    for step, text in enumerate([page, page, without, without, page]):
+        shown[0] = text
+        observed = observer.observe(float(step), step, None)
+        assert observed.engine_error is None
+        counts.append(observed.observation.tpot_count_total)
+    assert counts == [None, 0.0, 0.0, 0.0, 0.0]
