@@ -55,10 +55,18 @@ def may_lock_clocks(status_path: str | Path = "/proc/self/status") -> bool:
 
 
 def held_by_gpugov(state_dir: Path | None, uuids: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """Per GPU UUID of ``uuids``, what a gpugov run recorded it holds there in
-    ``state_dir``'s lock state file (:mod:`daemon.lockstate`): its clock lock, the power
-    limit it set and the one before, its pid and whether it still runs; empty without a
-    state directory this user may read, or a record. Read only: a record whose run is
+    """Per GPU key of ``uuids`` (a UUID, or the GPU as a backend without UUIDs names
+    it), what a gpugov run recorded it holds there (:func:`recorded_holds`)."""
+    wanted = set(uuids)
+    return {key: held for key, held in recorded_holds(state_dir).items() if key in wanted}
+
+
+def recorded_holds(state_dir: Path | None) -> dict[str, dict[str, Any]]:
+    """Per GPU key of ``state_dir``'s lock state file (:mod:`daemon.lockstate`: its UUID,
+    or the GPU as a backend without UUIDs names it), what a gpugov run recorded it holds
+    there: its clock lock, the power limit it set and the one before, its pid and
+    whether it still runs (and, as ``gpu``, the GPU as the run named it); empty without
+    a state directory this user may read, or a record. Read only: a record whose run is
     gone is what its next start (or ``gpugov reset-clocks``) undoes."""
     from gpugov.daemon.lockstate import STATE_FILE, LockState, live_writer, recorded_pid
 
@@ -69,7 +77,7 @@ def held_by_gpugov(state_dir: Path | None, uuids: Iterable[str]) -> dict[str, di
         return {}
     state = LockState(state_dir)
     held: dict[str, dict[str, Any]] = {}
-    for uuid in uuids:
+    for uuid in sorted({*state.read(), *state.power_limits()}):
         lock, limit = state.get(uuid), state.get_power_limit(uuid)
         if lock is None and limit is None:
             continue
@@ -82,8 +90,16 @@ def held_by_gpugov(state_dir: Path | None, uuids: Iterable[str]) -> dict[str, di
             "power_limit_before_w": None if limit is None else limit["original_mw"] / 1000.0,
             "pid": pid,
             "running": writer is not None and live_writer(writer),
+            "gpu": str(entries[0].get("gpu", uuid)),
         }
     return held
+
+
+def gpu_key_of(row: dict[str, Any]) -> str:
+    """The key a run's lock record names a listed GPU by: its UUID, else (a backend
+    that gives none, such as nvidia-smi, whose runs key it as configured) its index."""
+    uuid = row.get("uuid")
+    return str(uuid) if uuid else str(row.get("index"))
 
 
 def gpu_status(
@@ -252,11 +268,16 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     state_dir = resolve_state_dir(config.daemon.state_dir if config else None)
     try:
-        held = held_by_gpugov(state_dir, (str(gpu.get("uuid")) for gpu in report["gpus"]))
+        held = recorded_holds(state_dir)
     except NewerLockRecord as newer:  # the GPUs are still shown, the record named
         held, report["lock_record_error"] = {}, str(newer)
     for gpu in report["gpus"]:
-        gpu["held_by_gpugov"] = held.get(str(gpu.get("uuid")))
+        mine = held.pop(gpu_key_of(gpu), None)
+        gpu["held_by_gpugov"] = None if mine is None else _without_gpu(mine)
+    # What no listed GPU matches (a GPU gone or not listed, one keyed by its UUID while
+    # this backend gives none) is shown all the same: status is where to check them.
+    if held:
+        report["held_elsewhere"] = [{"key": key, **entry} for key, entry in held.items()]
     engines: list[tuple[str, str]] = [(url, "auto") for url in args.engine_url or []]
     if config is not None:
         engines += [(d.engine.url, d.engine.kind) for d in config.domains]
@@ -290,6 +311,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
         if gpu["held_by_gpugov"] is not None:
             _say(f"  {_held_line(gpu['held_by_gpugov'])}")
+    for entry in report.get("held_elsewhere", []):
+        _say(f"GPU {entry['gpu']} ({entry['key']}), not among the GPUs listed: {_held_line(entry)}")
     for engine in report["engines"]:
         if engine.get("answer") == "http_error":
             _say(
@@ -329,6 +352,12 @@ def _said_on_stderr(report: dict[str, Any], code: int) -> int:
     if "gpu_error" in report:
         return fail(f"GPUs unavailable: {report['gpu_error']}", code)
     return code
+
+
+def _without_gpu(held: dict[str, Any]) -> dict[str, Any]:
+    """A listed GPU's ``held_by_gpugov``: :func:`recorded_holds`' entry less ``gpu``
+    (the row names the GPU)."""
+    return {name: value for name, value in held.items() if name != "gpu"}
 
 
 def _watts(milliwatts: object) -> float | None:

@@ -1293,3 +1293,45 @@ def test_reset_clocks_resets_but_leaves_a_newer_gpugov_s_lock_record(
     assert f"{record}: lock record version 2, newer than this gpugov reads (1)" in err
     assert len(err.strip().splitlines()) == 1
     assert record.read_text() == text
+
+
+def test_status_shows_what_a_run_recorded_on_gpus_it_lists_by_index_or_not_at_all(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The nvidia-smi backend gives no UUID, and a run through it keys its lock record by
+    the GPU as configured ("1"): status looked each GPU up by its UUID (None) and never
+    showed a lock such a killed run left. It is shown under the GPU of that index; an
+    entry no listed GPU matches (a GPU keyed by its UUID, a GPU gone) is one line of its
+    own, and ``held_elsewhere`` in ``--json``."""
+    from fake_nvidia_smi import FakeNvidiaSmi
+
+    import gpugov.daemon.node_support as node_support
+    import gpugov.daemon.nvidia_smi as nvidia_smi
+    from gpugov.daemon.lockstate import LockState
+
+    smi = FakeNvidiaSmi(2)
+    monkeypatch.setattr(node_support, "run_command", smi)
+    real = nvidia_smi.NvidiaSmiBackend
+    monkeypatch.setattr(nvidia_smi, "NvidiaSmiBackend", lambda gpu: real(gpu, runner=smi))
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    dead = 2**22 + 12345  # above the default pid_max: no such process
+    state = LockState(tmp_path, pid=dead)
+    state.record("1", "1", 900, 900)  # what an nvidia-smi run keys GPU 1 by
+    state.record("GPU-gone", "7", 600, 600)  # a GPU no longer listed
+    assert node_cli.main(["status", "--backend", "nvidia-smi"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    gpu_1 = out.index(next(line for line in out if line.startswith("GPU 1:")))
+    assert out[gpu_1 + 1].startswith("  held by a gpugov run (pid ")
+    assert "clock lock 900-900 MHz" in out[gpu_1 + 1]
+    (gone,) = [line for line in out if "GPU-gone" in line]
+    assert gone.startswith("GPU 7 (GPU-gone), not among the GPUs listed: held by a gpugov run")
+    assert "clock lock 600-600 MHz" in gone
+    assert node_cli.main(["status", "--backend", "nvidia-smi", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["gpus"][0]["held_by_gpugov"] is None
+    assert report["gpus"][1]["held_by_gpugov"]["clock_lock_mhz"] == [900, 900]
+    (elsewhere,) = report["held_elsewhere"]
+    assert elsewhere["key"] == "GPU-gone" and elsewhere["gpu"] == "7"
+    assert elsewhere["clock_lock_mhz"] == [600, 600]
