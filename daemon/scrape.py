@@ -365,6 +365,15 @@ class KeepAliveFetcher:
                 connection.request("GET", path, headers={"Accept": "text/plain"})
                 deadline.track()
                 response = connection.getresponse()
+                lengths = list(dict.fromkeys(response.headers.get_all("Content-Length") or ()))
+                if len(lengths) > 1:
+                    # http.client reads as many bytes as the first says: a page cut where
+                    # it ends was read as the whole, the rest left for the next answer.
+                    connection.close()
+                    raise EngineUnavailable(
+                        f"{url}: the answer has Content-Length headers that disagree "
+                        f"({', '.join(v.strip()[:20] for v in lengths)}); not read as a page"
+                    )
                 length = response.getheader("Content-Length")
                 if length is not None and length.isdigit() and int(length) > self.max_bytes:
                     connection.close()

@@ -1106,3 +1106,28 @@ def test_many_engines_kv_rows_are_matched_without_trying_every_pair() -> None:
     assert sample.engines == engines
     assert sample.kv_capacity_tokens == engines * 160.0
     assert sample.kv_tokens == engines * 80.0
+
+
+def test_an_answer_with_two_different_content_lengths_is_a_failed_scrape() -> None:
+    """Two Content-Length headers that disagree (a proxy that adds its own): http.client
+    reads as many bytes as the first says, so a page cut at a line the first length
+    ends on was read as the whole page: here without its waiting gauge, read as an empty
+    queue, and the rest of the body was left on the kept connection for the next answer.
+    It is a failed scrape naming both lengths (RFC 9112, 6.3)."""
+    server = MetricsServer(protocol="HTTP/1.1")
+    try:
+        page = fixture_text("vllm_dp2_synthetic.txt")
+        cut = page.index("vllm:num_requests_waiting")
+        server.page = page
+        server.headers = {"Content-Length": str(cut)}
+        source = VllmSource(server.url, timeout_s=2.0)
+        with pytest.raises(EngineUnavailable) as caught:
+            source.scrape()
+        assert str(caught.value) == (
+            f"{server.url}: the answer has Content-Length headers that disagree "
+            f"({cut}, {len(page.encode())}); not read as a page"
+        )
+        server.headers = {}
+        assert source.scrape().waiting_requests == 4
+    finally:
+        server.close()
