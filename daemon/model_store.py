@@ -673,6 +673,17 @@ class PersistentOnlineModel(ControllerWrapper):
                 f"left ({', '.join(removed[:3])}{', ...' if len(removed) > 3 else ''})",
             )
 
+    def _can_take_back_now(self) -> bool:
+        """Whether a model kept aside may be put back mid-run: none was restored, the
+        store persists and writes, the file is not unreadable and no save is running."""
+        return (
+            not self.restored
+            and self.persist
+            and not self.read_only
+            and not self._unreadable
+            and not self._writer.busy
+        )
+
     def _follow_key(self, observation: ServingObservation) -> None:
         """Restore on the first observation; re-learn when the served model changes (a
         new name that has held a few observations: :class:`SettledName`)."""
@@ -689,6 +700,15 @@ class PersistentOnlineModel(ControllerWrapper):
             # The engine's first real name: the same model as far as we know.
             self.key = ModelKey(self.gpu_uuids, name)
             self.inner.model_name = name
+            if self._can_take_back_now() and self._take_back(
+                self.key, observation.supported_clocks_mhz
+            ):
+                # Nothing was restored while the name was unknown (no kept model can be
+                # picked without it): a node whose daemon started before its engine
+                # goes on from the model kept for this key, not one learned anew.
+                self.inner.reset(observation)
+                self.inner.model_name = name
+                self._restore(observation)
             return
         self.save()  # the old model's last state, before it is reset
         self._say(

@@ -1883,3 +1883,30 @@ def test_temporary_files_an_interrupted_save_left_are_removed_at_the_start(
     assert all(path.exists() for path in others)
     (said,) = [m for m in wrapper.messages if "temporary file" in m]
     assert "removed 2 temporary file(s)" in said and "\n" not in said
+
+
+def test_a_model_kept_for_the_key_comes_back_when_the_name_arrives_after_the_start(
+    tmp_path: Path,
+) -> None:
+    """A node boots, its daemon before its engine: the first observations name no model,
+    so no kept model could be picked, and when the engine's name came the key only
+    adopted it; the model kept for exactly that key (here after a rollback set the
+    state file aside) stayed aside, and the first save of the model learned anew made
+    it unreachable. It is put back and restored once the name is known."""
+    first = _learn(tmp_path)
+    learned = first.inner.model
+    assert learned is not None
+    path = model_path(tmp_path, "llm")
+    set_aside(path, tag="other")  # no state file; llama's model kept aside
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    for tick in range(4):
+        wrapper(_idle(0.25 * tick))  # the engine still loading: no name
+    assert not wrapper.restored
+    for tick in range(4, 8):
+        wrapper(_idle(0.25 * tick, name="llama"))
+    assert wrapper.restored, wrapper.messages
+    assert any("put back the model kept as" in m for m in wrapper.messages)
+    model = wrapper.inner.model
+    assert model is not None and model.samples == learned.samples
+    wrapper.close()
+    assert read_stored(path)["key"]["model_name"] == "llama"
