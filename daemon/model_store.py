@@ -8,7 +8,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -490,17 +490,23 @@ class PersistentOnlineModel(ControllerWrapper):
         """Put back, as the state file, the newest model kept aside for exactly ``key``
         and learned on ``clocks`` (``.other-*``: the served model went A, B, A, or the GPUs
         or GPU kind moved back), the current file kept aside in its place; False where
-        none is kept (a name still unknown has no model of its own). Only the
-        :data:`KEPT_LOOKED_AT` newest kept files are read (none when ``read_only``: putting
-        one back moves files)."""
+        none is kept (a name still unknown has no model of its own). Another domain's
+        state file for exactly ``key`` and ``clocks`` is taken over the same way: the
+        domain was renamed in the config, and its model was learned anew under the new
+        name while the old file sat unread. Only the :data:`KEPT_LOOKED_AT` newest kept
+        files, and as many other domains' files, are read (none when ``read_only``:
+        putting one back moves files)."""
         if key.model_name is None or self.read_only:
             return False
-        kept = sorted(
-            self.path.parent.glob(f"{self.path.name}.other-*"),
-            key=lambda candidate: candidate.stat().st_mtime if candidate.exists() else 0.0,
-            reverse=True,
+        kept = _newest_first(self.path.parent.glob(f"{self.path.name}.other-*"))
+        # Another domain's state file holding exactly this key: the same domain renamed in
+        # the config (no two domains share a GPU, so it is no live domain's model).
+        renamed = _newest_first(
+            candidate
+            for candidate in self.path.parent.glob("online-model-*.json")
+            if candidate.name != self.path.name
         )
-        for candidate in kept[:KEPT_LOOKED_AT]:
+        for candidate in kept[:KEPT_LOOKED_AT] + renamed[:KEPT_LOOKED_AT]:
             try:
                 payload = read_stored(candidate)
             except (OSError, StoredModelError):
@@ -522,7 +528,15 @@ class PersistentOnlineModel(ControllerWrapper):
                     f"back ({error}); learning anew",
                 )
                 return False
-            self._say(logging.INFO, f"{self.path}: put back the model kept as {candidate.name}")
+            if candidate in renamed:
+                domain = candidate.name.removeprefix("online-model-").removesuffix(".json")
+                self._say(
+                    logging.INFO,
+                    f"{self.path}: took over the model of domain {domain!r} "
+                    f"({candidate.name}): the same GPUs and served model (a domain renamed)",
+                )
+            else:
+                self._say(logging.INFO, f"{self.path}: put back the model kept as {candidate.name}")
             return True
         return False
 
@@ -775,6 +789,18 @@ def _counters(observation: ServingObservation) -> list[float | None]:
             observation.tpot_count_total,
         )
     ]
+
+
+def _newest_first(paths: Iterable[Path]) -> list[Path]:
+    """``paths`` by their last change, newest first (one gone meanwhile: last)."""
+
+    def changed(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    return sorted(paths, key=changed, reverse=True)
 
 
 def _same_terms(stored: object, terms: dict[str, float | None]) -> bool:

@@ -1910,3 +1910,24 @@ def test_a_model_kept_for_the_key_comes_back_when_the_name_arrives_after_the_sta
     assert model is not None and model.samples == learned.samples
     wrapper.close()
     assert read_stored(path)["key"]["model_name"] == "llama"
+
+
+def test_a_renamed_domain_takes_over_the_model_its_old_name_kept(tmp_path: Path) -> None:
+    """The config renames domain ``llm`` to ``pool`` (same GPUs, same served model): the
+    new name found no state file and learned anew, while ``online-model-llm.json`` sat
+    unread. It is taken over, in one line; a domain of other GPUs takes nothing."""
+    first = _learn(tmp_path)
+    learned = first.inner.model
+    assert learned is not None
+    other = PersistentOnlineModel(_controller(), tmp_path, "other", ("GPU-cccc",))
+    other(_idle(0.0, name="llama"))
+    assert not other.restored and model_path(tmp_path, "llm").exists()
+    renamed = PersistentOnlineModel(_controller(), tmp_path, "pool", GPUS)
+    renamed(_idle(0.0, name="llama"))
+    assert renamed.restored, renamed.messages
+    (said,) = [m for m in renamed.messages if "took over" in m]
+    assert "domain 'llm' (online-model-llm.json)" in said and "\n" not in said
+    model = renamed.inner.model
+    assert model is not None and model.samples == learned.samples
+    assert not model_path(tmp_path, "llm").exists()
+    assert read_stored(model_path(tmp_path, "pool"))["key"]["model_name"] == "llama"
