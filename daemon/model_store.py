@@ -500,11 +500,17 @@ class PersistentOnlineModel(ControllerWrapper):
             return False
         kept = _newest_first(self.path.parent.glob(f"{self.path.name}.other-*"))
         # Another domain's state file holding exactly this key: the same domain renamed in
-        # the config (no two domains share a GPU, so it is no live domain's model).
-        renamed = _newest_first(
-            candidate
-            for candidate in self.path.parent.glob("online-model-*.json")
-            if candidate.name != self.path.name
+        # the config (no two domains share a GPU, so it is no live domain's model). Looked
+        # for only while this domain has no file of its own (a rename's first start): each
+        # read is a few milliseconds on the loop's thread.
+        renamed = (
+            []
+            if self.path.exists()
+            else _newest_first(
+                candidate
+                for candidate in self.path.parent.glob("online-model-*.json")
+                if candidate.name != self.path.name
+            )
         )
         for candidate in kept[:KEPT_LOOKED_AT] + renamed[:KEPT_LOOKED_AT]:
             try:
