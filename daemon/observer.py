@@ -294,6 +294,9 @@ class DomainObserver:
         """The counters of the last scrape dropped for an impossible jump, and its time:
         a next scrape that follows on from it plausibly is a counter that stayed at its
         new level (re-anchored), one that follows on from the last taken is a spike gone."""
+        self._seen: Counters = {}
+        """Every counter of the engine's scrapes taken, at its last value: one a page left
+        out and a later one has again is compared with where it was."""
         self._offsets = CounterOffsets()
         """What is taken off counters that jumped and stayed (:mod:`daemon.counter_jumps`)."""
 
@@ -410,7 +413,9 @@ class DomainObserver:
         stayed at its new level: the jump is taken off it from then on (one WARNING), so
         that its rise is not read as work. A counter that went back is an engine
         restart, as before (the offsets are dropped with the engine's counters; on a
-        page summed over data-parallel engines the counters start from zero there)."""
+        page summed over data-parallel engines the counters start from zero there), and
+        so is one a page left out that is back below its last value; back at or above
+        it, every counter starts from zero there (the scrape between read it as 0)."""
         now = counters(sample)
         problem = impossible_value(now)
         if problem is not None:
@@ -419,7 +424,9 @@ class DomainObserver:
                 f"impossible counter: {problem}; sample dropped (the last good one kept)"
             )
         last, jumped = self._last_raw, self._jumped
-        if last is not None and went_back(last, now):
+        seen = None if last is None else {**self._seen, **last}
+        restarted = seen is not None and went_back(seen, now)
+        if restarted:
             if sample.engines > 1:
                 # One of several data-parallel engines restarted: the sums still hold
                 # the others' lifetimes, which dropping the offsets (taken off at a
@@ -449,6 +456,18 @@ class DomainObserver:
                         "they jumped to: taken from there on, the jump not counted as work"
                     ),
                 )
+        if (
+            not restarted
+            and last is not None
+            and seen is not None
+            and any(key in seen and key not in last for key in now)
+        ):
+            # A counter the last page left out is back, at or above where it was: the
+            # scrape between read it as 0 (a restart, to every consumer), and the
+            # return would be its whole lifetime in one window. Every counter starts
+            # from zero here, as after a restart, so that they stay consistent.
+            self._offsets.restart_from(now)
+        self._seen = now if seen is None or restarted else {**seen, **now}
         self._last_raw, self._jumped = now, None
         return None
 

@@ -3,6 +3,7 @@ re-anchored (``docs/daemon.md``, counter jumps)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
@@ -13,6 +14,7 @@ import pytest
 from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.daemon.domain import TickRecord
+from gpugov.daemon.engine_sources import ScrapedSource
 from gpugov.daemon.engines import EngineSample, HistogramTotals
 from gpugov.daemon.errors import EngineUnavailable
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run
@@ -224,8 +226,6 @@ def test_a_dropped_scrape_and_a_re_anchored_counter_name_their_engine(
     of several domains the operator could not tell which engine's page was bad."""
     from daemon_support import fixture_text
 
-    from gpugov.daemon.engine_sources import ScrapedSource
-
     url = "http://10.0.0.7:8000/metrics"
     good = fixture_text("vllm_dp2_synthetic.txt")
     prompt = 'vllm:prompt_tokens_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"}'
@@ -244,3 +244,49 @@ def test_a_dropped_scrape_and_a_re_anchored_counter_name_their_engine(
     stayed = [line for line in warnings if "stayed at the level" in line]
     assert len(stayed) == 1 and stayed[0].startswith(f"{url}: "), warnings
     assert all(url in line for line in warnings if "impossible" in line), warnings
+
+
+def _vllm_page(step: int, without: str = "") -> str:
+    """A vLLM page after ``step`` scrapes of an engine that has served for days (50,000
+    requests), 10 requests and 5,000 prompt tokens a scrape; lines of ``without`` left
+    out."""
+    done = 50_000 + 10 * step
+    labels = 'engine="0",model_name="m"'
+    lines = [
+        f"vllm:num_requests_running{{{labels}}} 3",
+        f"vllm:num_requests_waiting{{{labels}}} 1",
+        f"vllm:prompt_tokens_total{{{labels}}} {500.0 * done}",
+        f"vllm:generation_tokens_total{{{labels}}} {250.0 * done}",
+        f'vllm:request_success_total{{{labels},finished_reason="stop"}} {done}',
+        f'vllm:time_to_first_token_seconds_bucket{{{labels},le="0.5"}} {done}',
+        f'vllm:time_to_first_token_seconds_bucket{{{labels},le="+Inf"}} {done + 2}',
+        f"vllm:time_to_first_token_seconds_count{{{labels}}} {done + 2}",
+        f"vllm:time_to_first_token_seconds_sum{{{labels}}} {0.2 * (done + 2)}",
+    ]
+    return "".join(line + "\n" for line in lines if not without or not line.startswith(without))
+
+
+@pytest.mark.parametrize(
+    "family",
+    ["vllm:prompt_tokens_total", "vllm:request_success_total", "vllm:time_to_first_token"],
+)
+def test_a_counter_missing_from_one_page_is_no_lifetime_of_work(family: str) -> None:
+    """A page that lacks a counter for one scrape (a family the engine's collector left
+    out once) read it as 0, a restart to every consumer, and the next page's lifetime
+    value as one window's work: 25 million prompt tokens, or 50,000 requests finished
+    and arrived, in one second (``mpc-online`` learned it as the node's speed). At its
+    return the counters start from zero, as after a restart."""
+    shown = [_vllm_page(0)]
+    source = ScrapedSource("http://e/metrics", "vllm", fetch=lambda url, t: shown[0])
+    observer = DomainObserver([StubGpu()], source, stale_after_s=30.0, ttft_slo_s=1.0)  # type: ignore[list-item]
+    ticks = []
+    for step in range(6):
+        shown[0] = _vllm_page(step, without=family if step == 3 else "")
+        observed = observer.observe(float(step), step, None)
+        assert observed.engine_error is None, observed.engine_error
+        ticks.append(observed.observation)
+    for before, after in itertools.pairwise(ticks):
+        assert after.prompt_tokens_total - before.prompt_tokens_total <= 5000.0
+        assert after.completed_requests - before.completed_requests <= 10
+        assert after.arrived_requests - before.arrived_requests <= 10
+    assert all((t.ttft_count_total or 0.0) <= 50.0 for t in ticks)
