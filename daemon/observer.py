@@ -389,9 +389,10 @@ class DomainObserver:
             down_s = now_s - (self._down_since_s if self._down_since_s is not None else now_s)
             log.log(
                 logging.WARNING if self._engine_episodes.end() else logging.DEBUG,
-                "engine scrape back after %d failed scrape(s) (%.1f s)",
+                "engine scrape back after %d failed scrape(s) (%.1f s)%s",
                 self.failed_in_a_row,
                 down_s,
+                self._source_note(),
             )
         self.failed_in_a_row = 0
         self._down_since_s = None
@@ -470,6 +471,12 @@ class DomainObserver:
         self._seen = now if seen is None or restarted else {**seen, **now}
         self._last_raw, self._jumped = now, None
         return None
+
+    def _source_note(self) -> str:
+        """``": URL"`` for a line that names no engine otherwise (its recovery: on a node
+        of several domains, which engine came back), "" for a source without a URL."""
+        url = getattr(self.source, "url", None)
+        return f": {url}" if isinstance(url, str) and url else ""
 
     def _named(self, text: str) -> str:
         """``text`` after the engine's URL, as every failed fetch starts: on a node of

@@ -627,3 +627,24 @@ def test_no_tpot_window_between_the_per_request_and_the_inter_token_histogram() 
         assert observed.engine_error is None
         counts.append(observed.observation.tpot_count_total)
     assert counts == [None, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_the_engine_back_line_names_its_url(caplog: pytest.LogCaptureFixture) -> None:
+    """The failure lines name the URL (in the error); the recovery line did not, so on a
+    node of several domains it did not say which engine came back."""
+    url = "http://10.0.0.7:8000/metrics"
+    pages: list[str | None] = [None, None, fixture_text("vllm_v1_real.txt")]
+
+    def fetch(address: str, timeout_s: float) -> str:
+        page = pages.pop(0)
+        if page is None:
+            raise EngineUnavailable(f"{address}: connection refused")
+        return page
+
+    observer = DomainObserver([StubGpu("0")], ScrapedSource(url, fetch=fetch), stale_after_s=3.0)
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.observer"):
+        for step in range(3):
+            observer.observe(float(step), step, None)
+    assert caplog.records[-1].getMessage() == (
+        f"engine scrape back after 2 failed scrape(s) (2.0 s): {url}"
+    )
