@@ -198,20 +198,32 @@ def _parse_block(block: list[re.Match[str]], padded: str, source: str) -> list[A
         EngineParseError: naming ``source`` and the 1-based line that does not parse.
     """
     text = "\n".join(match.group(0).strip() for match in block) + "\n"
+    # Any exception: the parser is not ours, and on some text raises what it does not
+    # mean to (an empty label name after a comma, ``{a="1", ="2"}``, raised IndexError,
+    # which ended the daemon's loop with a traceback).
     try:
         families = list(text_string_to_metric_families(text))
-    except ValueError:
+    except Exception as failed:
         for match in block:  # find the culprit to name it
             line = match.group(0).strip()
             try:
                 list(text_string_to_metric_families(line + "\n"))
-            except ValueError as error:
+            except Exception as error:
                 number = padded.count("\n", 0, match.start() + 1)
                 raise EngineParseError(
-                    f"{source}: line {number} is not Prometheus text ({error}): {line[:200]!r}"
+                    f"{source}: line {number} is not Prometheus text ({_said(error)}): "
+                    f"{line[:200]!r}"
                 ) from error
-        raise  # pragma: no cover - the block failed but no single line did
+        raise EngineParseError(  # the block failed but no single line did
+            f"{source}: the page is not Prometheus text ({_said(failed)})"
+        ) from failed
     return [sample for family in families for sample in family.samples]
+
+
+def _said(error: Exception) -> str:
+    """What the parser's ``error`` says: its message, with its type where that is not the
+    ValueError the parser means for bad text."""
+    return str(error) if type(error) is ValueError else f"{type(error).__name__}: {error}"
 
 
 def aggregate(series: Series, name: str, how: Aggregate = "sum") -> float | None:

@@ -1131,3 +1131,24 @@ def test_an_answer_with_two_different_content_lengths_is_a_failed_scrape() -> No
         assert source.scrape().waiting_requests == 4
     finally:
         server.close()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'vllm:num_requests_running{engine="0", ="2"} 1',
+        "vllm:num_requests_running{,\t=1} 1",
+    ],
+)
+def test_a_line_the_parser_fails_on_with_another_error_is_bad_text(line: str) -> None:
+    """prometheus_client's parser raised IndexError, not ValueError, on a label with an
+    empty name after a comma: it escaped the scrape, and the daemon's loop ended with a
+    traceback on one bad line of an engine's page. It is a bad page like any other."""
+    page = f"vllm:num_requests_waiting 1\n{line}\n"
+    source = VllmSource("http://e/metrics", fetch=lambda url, t: page)
+    with pytest.raises(EngineParseError) as caught:
+        source.scrape()
+    assert str(caught.value) == (
+        "http://e/metrics: line 2 is not Prometheus text (IndexError: string index out of "
+        f"range): {line!r}"
+    )
