@@ -163,6 +163,8 @@ class PersistentOnlineModel(ControllerWrapper):
         ``tpot`` within and count): the restored window's last snapshot, where this run's
         counters start again (a node's are its own, from zero at each start)."""
         self.restored = False
+        self._temporaries_checked = False
+        """Whether the temporary files an interrupted save left were looked for."""
         self._settled_name = SettledName()
         self.__name__ = inner.__name__
 
@@ -260,6 +262,7 @@ class PersistentOnlineModel(ControllerWrapper):
         try:
             payload = self._read_stored()
         except FileNotFoundError:
+            self._remove_left_temporaries()
             if self._take_back(key, clocks):
                 self._restore(observation)
             return
@@ -292,6 +295,7 @@ class PersistentOnlineModel(ControllerWrapper):
             if self._set_aside(str(error), key, clocks):
                 self._restore(observation)
             return
+        self._remove_left_temporaries()
         stored = ModelKey(
             tuple(str(u) for u in payload["key"]["gpu_uuids"]), payload["key"].get("model_name")
         )
@@ -681,10 +685,12 @@ class PersistentOnlineModel(ControllerWrapper):
     def _remove_left_temporaries(self) -> None:
         """Remove the temporary files of saves a killed run left (a SIGKILL, a power
         loss or an exit under a slow disk between the write and its rename), one line:
-        each was a whole model's size, and nothing removed them. Not by a read-only
-        store or a copy, nor while a save of this one runs."""
-        if not self.persist or self.read_only or self._writer.busy:
+        each was a whole model's size, and nothing removed them. Once a run, after a read
+        of the state file answered (the directory is listed on the loop's thread: not on
+        a disk that hangs); not by a read-only store or a copy, nor while a save runs."""
+        if self._temporaries_checked or not self.persist or self.read_only or self._writer.busy:
             return
+        self._temporaries_checked = True
         removed = remove_left_temporaries(self.path)
         if removed:
             self._say(
@@ -710,7 +716,6 @@ class PersistentOnlineModel(ControllerWrapper):
         if self.key is None:
             name = observation.model_name
             self.key = ModelKey(self.gpu_uuids, name)
-            self._remove_left_temporaries()
             self._restore(observation)
             return
         name = self._settled_name.update(observation.model_name, self.key.model_name)
