@@ -141,8 +141,9 @@ class ScrapedSource:
             if self.spec is not None:
                 return False
             raise EngineParseError(
-                f"{self.url}: no vllm:, sglang: or tgi_ metrics on the page; "
-                "set the engine kind explicitly"
+                f"{self.url}: no vllm:, sglang: or tgi_ metrics on the page: the engine's "
+                "metrics are off (vLLM's --disable-log-stats; SGLang needs --enable-metrics) "
+                "or the URL is not an engine's"
             )
         if self.spec is not None and self.spec.kind == kind:
             return False

@@ -1152,3 +1152,17 @@ def test_a_line_the_parser_fails_on_with_another_error_is_bad_text(line: str) ->
         "http://e/metrics: line 2 is not Prometheus text (IndexError: string index out of "
         f"range): {line!r}"
     )
+
+
+def test_a_page_of_no_engine_says_what_to_check() -> None:
+    """A vLLM started with --disable-log-stats serves a /metrics page of process metrics
+    only: the line said "set the engine kind explicitly", which then failed on the
+    missing queue gauges. It says what makes a page without an engine's metrics."""
+    page = "# HELP process_cpu_seconds_total x\nprocess_cpu_seconds_total 12.5\n"
+    with pytest.raises(EngineParseError) as caught:
+        ScrapedSource("http://e/metrics", fetch=lambda url, t: page).scrape()
+    assert str(caught.value) == (
+        "http://e/metrics: no vllm:, sglang: or tgi_ metrics on the page: the engine's "
+        "metrics are off (vLLM's --disable-log-stats; SGLang needs --enable-metrics) or the "
+        "URL is not an engine's"
+    )
