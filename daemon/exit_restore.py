@@ -31,8 +31,9 @@ EXIT_RESTORE_BUDGET_S = 20.0
 """The longest the exit's restores (every GPU's clock reset and power limit restore
 together, retries and backoff included) may take on a node. Below the units'
 ``TimeoutStopSec=`` (30 s, ``deploy/systemd``) with room for what follows them: the lock
-record's last write (``WRITE_DEADLINE_S``, 0.5 s), ``mpc-online``'s final model save
-(``EXIT_WRITE_WAIT_S``, 5 s) and the exit itself. Healthy restores take milliseconds a
+record's last write (``WRITE_DEADLINE_S``, 0.5 s), ``mpc-online``'s final model saves
+(``EXIT_WRITE_WAIT_S``, 5 s, every domain's together: :func:`daemon.loop.close_controllers`)
+and the exit itself. Healthy restores take milliseconds a
 GPU; only restores that hang reach it (five GPUs whose reset and restore both hang)."""
 
 Item = TypeVar("Item")

@@ -13,6 +13,8 @@ no check depends on how long anything takes; a hung call is an NVML setter block
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +201,39 @@ def test_a_gpu_wedged_at_the_loop_s_exit_leaves_the_other_domain_s_gpu_reset(
         safety[0].release.set()
         assembled.close()
     assert fake.locked(1) is None
+
+
+class SlowClose:
+    """A domain whose controller's close (``mpc-online``'s final save) takes ``seconds``
+    on a disk that stopped answering at the stop."""
+
+    def __init__(self, name: str, seconds: float, release: threading.Event) -> None:
+        self.name, self.seconds, self.release = name, seconds, release
+        self.closed = False
+
+    def close_controller(self) -> None:
+        self.release.wait(self.seconds)
+        self.closed = True
+
+
+def test_the_controllers_close_together_within_one_final_save_wait(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each domain's final model save waits up to 5 s on a disk that hangs at the stop;
+    one after another, eight domains took 40 s, past the units' TimeoutStopSec= (30 s).
+    They close at once, waited for together; one still closing past that is named."""
+    from gpugov.daemon.loop import close_controllers
+
+    release = threading.Event()
+    domains = [SlowClose(f"d{index}", 0.4, release) for index in range(8)]
+    started = time.monotonic()
+    assert close_controllers(domains, wait_s=5.0) == []  # type: ignore[arg-type]
+    assert time.monotonic() - started < 0.4 * 8 / 2
+    assert all(domain.closed for domain in domains)
+    hung = [SlowClose("a", 0.0, release), SlowClose("b", 30.0, threading.Event())]
+    started = time.monotonic()
+    assert close_controllers(hung, wait_s=0.3) == ["b"]  # type: ignore[arg-type]
+    assert time.monotonic() - started < 2.0
+    (line,) = [r.getMessage() for r in caplog.records if "closing the controller" in r.getMessage()]
+    assert line.startswith("domain(s) b: ") and "\n" not in line
+    hung[1].release.set()
