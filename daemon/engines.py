@@ -46,6 +46,9 @@ class EngineSample:
     """Data-parallel engines the page shows (:func:`data_parallel_engines`): the sample's
     counts and tokens are their sums. 1 for one engine, however many tensor- or
     pipeline-parallel ranks it has, and where the page cannot tell."""
+    engine_labels: frozenset[tuple[tuple[str, str], ...]] | None = None
+    """Which engines those are: the label sets, rank labels left out, of the page's
+    running and waiting gauges (:func:`engine_labels`); None where no page was read."""
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
     finished_requests_total: float | None = None
@@ -542,18 +545,36 @@ def data_parallel_engines(series: Series, spec: EngineSpec) -> int:
     :func:`~daemon.exposition.aggregate` counts them. A page without such labels (TGI,
     an older SGLang) is one engine; one that serves several models counts each model's
     engines (their series are summed too)."""
-    counts = [1]
+    return max([1, *(len(keys) for keys in _gauge_label_sets(series, spec))])
+
+
+EngineLabels = frozenset[tuple[tuple[str, str], ...]]
+"""The label sets (rank labels left out) of the engines a page shows."""
+
+
+def _gauge_label_sets(series: Series, spec: EngineSpec) -> list[EngineLabels]:
+    """The distinct label sets, rank labels left out, of the page's running gauge and of
+    its waiting gauge (the first name of each the page has)."""
+    sets: list[EngineLabels] = []
     for names in (spec.running, spec.waiting):
         for name in names:
             rows = series.get(name)
             if rows:
-                keys = {
-                    tuple(sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS))
-                    for labels, _ in rows
-                }
-                counts.append(len(keys))
+                sets.append(
+                    frozenset(
+                        tuple(sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS))
+                        for labels, _ in rows
+                    )
+                )
                 break
-    return max(counts)
+    return sets
+
+
+def engine_labels(series: Series, spec: EngineSpec) -> EngineLabels:
+    """Which engines a page shows: the label sets of its running and waiting gauges
+    together (:func:`data_parallel_engines` counts them). Two pages of as many engines
+    may show other ones (one left, another joined): their sums are other engines'."""
+    return frozenset().union(*_gauge_label_sets(series, spec))
 
 
 def model_name(series: Series, names: Iterable[str]) -> str | None:
@@ -618,6 +639,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         running_requests=round(running or 0.0),
         waiting_requests=round(waiting),
         engines=data_parallel_engines(series, spec),
+        engine_labels=engine_labels(series, spec),
         prompt_tokens_total=_first(series, spec.prompt_tokens),
         generation_tokens_total=_first(series, spec.generation_tokens),
         finished_requests_total=_first(series, spec.finished),

@@ -152,8 +152,13 @@ def _another_engine(last: EngineSample, sample: EngineSample) -> bool:
     """Whether ``sample`` is another engine's than ``last``: of another kind, serving
     another model (a name either page lacks tells nothing), or as many data-parallel
     engines no more (a deployment scaled up or down: the sums now hold an engine's
-    lifetime counters more, or less); its counters are its own."""
+    lifetime counters more, or less), or other ones (one left and another joined
+    between two scrapes: the sums swapped one's lifetime for the other's); its counters
+    are its own."""
     if sample.engine != last.engine or sample.engines != last.engines:
+        return True
+    shown = (last.engine_labels, sample.engine_labels)
+    if None not in shown and shown[0] != shown[1]:
         return True
     names = (last.model_name, sample.model_name)
     return None not in names and names[0] != names[1]

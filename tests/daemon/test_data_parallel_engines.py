@@ -252,3 +252,34 @@ def test_an_engine_restarting_after_the_deployment_scaled_is_no_lifetime_of_work
         assert after.output_tokens_total <= before.output_tokens_total
         assert after.completed_requests <= before.completed_requests
     assert all(t.arrived_requests <= 24 for t in ticks[2:])
+
+
+def test_one_engine_leaving_and_another_joining_between_scrapes_is_another_engine() -> None:
+    """Three data-parallel engines; engine 0 leaves, then between two scrapes engine 1
+    leaves and engine 0 is back: as many engines as before, but the sums swapped engine
+    1's lifetime for engine 0's, read as 20,000 prompt tokens and 30 requests of work in
+    one window. Other engines are another engine, as another count is."""
+    three = []
+    for line in fixture_text("vllm_dp2_synthetic.txt").splitlines():
+        three.append(line)
+        if not line.startswith("#") and 'engine="1"' in line:
+            three.append(line.replace('engine="1"', 'engine="2"'))
+
+    def without(engine: str) -> str:
+        return "".join(line + "\n" for line in three if f'engine="{engine}"' not in line)
+
+    shown = ["\n".join(three) + "\n"]
+    observer = DomainObserver(
+        [_Gpu("0")], VllmSource("x", fetch=lambda url, t: shown[0]), stale_after_s=30.0
+    )
+    ticks = []
+    for step, page in enumerate([shown[0], without("0"), without("0"), without("1")]):
+        shown[0] = page
+        observed = observer.observe(float(step), step, None)
+        assert observed.engine_error is None, observed.engine_error
+        ticks.append(observed.observation)
+    assert [t.engines for t in ticks] == [3, 2, 2, 2]
+    swapped, before = ticks[3], ticks[2]
+    assert swapped.prompt_tokens_total <= before.prompt_tokens_total
+    assert swapped.completed_requests <= before.completed_requests
+    assert swapped.arrived_requests <= (12 + 3) + (8 + 1)  # those in flight, no lifetime
