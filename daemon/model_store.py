@@ -163,6 +163,9 @@ class PersistentOnlineModel(ControllerWrapper):
         ``tpot`` within and count): the restored window's last snapshot, where this run's
         counters start again (a node's are its own, from zero at each start)."""
         self.restored = False
+        self._name_adopted = False
+        """The key's model name is the stored file's, adopted while the engine named none
+        (no real name seen since)."""
         self._temporaries_checked = False
         """Whether the temporary files an interrupted save left were looked for."""
         self._settled_name = SettledName()
@@ -348,6 +351,7 @@ class PersistentOnlineModel(ControllerWrapper):
             return
         if key.model_name is None and stored.model_name is not None:
             key = self.key = stored
+            self._name_adopted = True
         self.inner.model_name = key.model_name
         self.restored = True
         model = self.inner.model
@@ -718,7 +722,13 @@ class PersistentOnlineModel(ControllerWrapper):
             self.key = ModelKey(self.gpu_uuids, name)
             self._restore(observation)
             return
-        name = self._settled_name.update(observation.model_name, self.key.model_name)
+        # A name adopted from the file is a guess, not the engine's word: the engine's
+        # first real name is taken at once, as a first name is (a stored model of another
+        # served model otherwise decided the clock for the ticks a new name settles in).
+        held = None if self._name_adopted else self.key.model_name
+        name = self._settled_name.update(observation.model_name, held)
+        if observation.model_name is not None:
+            self._name_adopted = False
         if name is None or name == self.key.model_name:
             return
         if self.key.model_name is None:

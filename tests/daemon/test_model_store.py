@@ -734,6 +734,7 @@ def test_a_real_model_name_change_relearns(tmp_path: Path) -> None:
     wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
     wrapper(_idle(0.0))  # name unknown: the stored llama model
     assert wrapper.restored
+    wrapper(_idle(0.5, name="llama"))  # the engine names it: no longer only adopted
     wrapper(_idle(1.0, name="mistral"))
     wrapper(_idle(1.25, name="mistral"))
     assert wrapper.restored and wrapper.inner.resets == 0  # not settled yet
@@ -1931,3 +1932,30 @@ def test_a_renamed_domain_takes_over_the_model_its_old_name_kept(tmp_path: Path)
     assert model is not None and model.samples == learned.samples
     assert not model_path(tmp_path, "llm").exists()
     assert read_stored(model_path(tmp_path, "pool"))["key"]["model_name"] == "llama"
+
+
+def test_a_stored_name_adopted_before_the_engine_named_one_gives_way_at_once(
+    tmp_path: Path,
+) -> None:
+    """Restored before the engine named its model, the stored model's name is adopted as
+    a guess; the engine's first real name is the evidence. Another name waited three
+    observations to settle, as a flapping label does, and meanwhile the stored model of
+    another served model decided the clock on this one's traffic. It gives way at once;
+    a name that agrees keeps the model, and a later change settles as before."""
+    _learn(tmp_path)
+    wrapper = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    wrapper(_idle(0.0))  # the engine not answering yet: no name
+    assert wrapper.restored and wrapper.key is not None
+    assert wrapper.key.model_name == "llama"  # adopted from the file
+    wrapper(_idle(0.25, name="mistral"))  # the engine's first real name
+    assert not wrapper.restored and wrapper.inner.resets == 1
+    assert wrapper.key.model_name == "mistral"
+    other = tmp_path / "agreeing"
+    _learn(other)
+    agreeing = PersistentOnlineModel(_controller(), other, "llm", GPUS)
+    agreeing(_idle(0.0))
+    agreeing(_idle(0.25, name="llama"))
+    assert agreeing.restored and agreeing.inner.resets == 0
+    agreeing(_idle(0.5, name="mistral"))  # a real change now: it settles first
+    assert agreeing.restored and agreeing.inner.resets == 0 and agreeing.key is not None
+    assert agreeing.key.model_name == "llama"
