@@ -164,6 +164,15 @@ def _another_engine(last: EngineSample, sample: EngineSample) -> bool:
     return None not in names and names[0] != names[1]
 
 
+def _returned(key: str, last: Counters, seen: Counters) -> bool:
+    """Whether ``key`` is a counter an earlier page had and the last one lacked. Not a
+    histogram's bucket (``ttft_buckets[0.5]``): a bound back on the page is another
+    layout, which no window is taken across (:func:`~daemon.attainment.bucket_delta`).
+    Not one no page had before: an engine publishes some only once they count
+    something (SGLang's first request, vLLM's first transferred prompt)."""
+    return key in seen and key not in last and "[" not in key
+
+
 class _InFlight:
     """What the requests in flight hold, as the difference of two cumulative engine
     counters (first tokens less finished requests; generated tokens less the finished
@@ -466,12 +475,12 @@ class DomainObserver:
             not restarted
             and last is not None
             and seen is not None
-            and any(key in seen and key not in last for key in now)
+            and any(_returned(key, last, seen) for key in now)
         ):
             # A counter the last page left out is back, at or above where it was: the
-            # scrape between read it as 0 (a restart, to every consumer), and the
-            # return would be its whole lifetime in one window. Every counter starts
-            # from zero here, as after a restart, so that they stay consistent.
+            # scrape between read it as 0 (a restart, to every consumer), and its return
+            # would be its whole lifetime in one window. Every counter starts from zero
+            # here, as after a restart, so that they stay consistent.
             self._offsets.restart_from(now)
         self._seen = now if seen is None or restarted else {**seen, **now}
         self._last_raw, self._jumped = now, None
