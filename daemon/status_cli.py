@@ -54,6 +54,11 @@ def may_lock_clocks(status_path: str | Path = "/proc/self/status") -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
+class UnreadableLockRecord(Exception):
+    """The state directory's lock record is there but cannot be read; the message names
+    it and why."""
+
+
 def held_by_gpugov(state_dir: Path | None, uuids: Iterable[str]) -> dict[str, dict[str, Any]]:
     """Per GPU key of ``uuids`` (a UUID, or the GPU as a backend without UUIDs names
     it), what a gpugov run recorded it holds there (:func:`recorded_holds`)."""
@@ -68,13 +73,28 @@ def recorded_holds(state_dir: Path | None) -> dict[str, dict[str, Any]]:
     whether it still runs (and, as ``gpu``, the GPU as the run named it); empty without
     a state directory this user may read, or a record. Read only: a record whose run is
     gone is what its next start (or ``gpugov reset-clocks``) undoes."""
+    from gpugov.daemon.files import InputFileError, read_input_text
     from gpugov.daemon.lockstate import STATE_FILE, LockState, live_writer, recorded_pid
 
-    try:
-        if state_dir is None or not (state_dir / STATE_FILE).exists():
-            return {}
-    except OSError:  # a state directory only its daemon's user may read (mode 0700)
+    if state_dir is None:
         return {}
+    path = state_dir / STATE_FILE
+    try:
+        if not path.exists():
+            return {}
+        read_input_text(path, "state")  # readable at all: its own reader says why not
+    except (OSError, InputFileError) as error:
+        # A state directory or record only the daemon's user may read (0700, 0600), or
+        # a damaged one: nothing shown read as nothing held.
+        why = (
+            str(error).removeprefix(f"{path}: ")
+            if isinstance(error, InputFileError)
+            else error.strerror or error
+        )
+        raise UnreadableLockRecord(
+            f"{path}: cannot read it ({why}): what a gpugov run recorded it holds is not "
+            "shown; run status as the daemon's user or root"
+        ) from None
     state = LockState(state_dir)
     held: dict[str, dict[str, Any]] = {}
     for uuid in sorted({*state.read(), *state.power_limits()}):
@@ -269,8 +289,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     state_dir = resolve_state_dir(config.daemon.state_dir if config else None)
     try:
         held = recorded_holds(state_dir)
-    except NewerLockRecord as newer:  # the GPUs are still shown, the record named
-        held, report["lock_record_error"] = {}, str(newer)
+    except (NewerLockRecord, UnreadableLockRecord) as refused:  # the GPUs still shown
+        held, report["lock_record_error"] = {}, str(refused)
     for gpu in report["gpus"]:
         mine = held.pop(gpu_key_of(gpu), None)
         gpu["held_by_gpugov"] = None if mine is None else _without_gpu(mine)

@@ -1335,3 +1335,42 @@ def test_status_shows_what_a_run_recorded_on_gpus_it_lists_by_index_or_not_at_al
     (elsewhere,) = report["held_elsewhere"]
     assert elsewhere["key"] == "GPU-gone" and elsewhere["gpu"] == "7"
     assert elsewhere["clock_lock_mhz"] == [600, 600]
+
+
+@pytest.mark.parametrize("how", ["not-a-file", "directory-unreadable"])
+def test_status_says_when_it_cannot_read_the_lock_record(
+    fake: FakeNvml,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    how: str,
+) -> None:
+    """A lock record status cannot read (a state directory or record only the daemon's
+    user may read: mode 0700 or 0600; a damaged one) showed no lock at all, silently or
+    under the daemon's own warning (`a crash would leave no record of the locks`), as
+    if nothing were held. One line says it was not read and why; the GPUs are shown."""
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    if how == "not-a-file":
+        (tmp_path / "locks.json").mkdir()
+    else:
+        from gpugov.daemon.lockstate import LockState
+
+        LockState(tmp_path, pid=2**22 + 1).record(fake.gpus[0].uuid, "0", 900, 900)
+        real_exists = Path.exists
+
+        def denied(path: Path, *args: Any, **kwargs: Any) -> bool:
+            if path.name == "locks.json":
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_exists(path, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "exists", denied)
+    assert node_cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith("lock record:")]
+    assert line.startswith(f"lock record: not read: {tmp_path / 'locks.json'}: ")
+    assert "not shown" in line and out.count("GPU ") >= 2
+    assert "a crash would leave no record" not in caplog.text
+    assert node_cli.main(["status", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "cannot read it" in report["lock_record_error"] and len(report["gpus"]) == 2
