@@ -73,7 +73,7 @@ def recorded_holds(state_dir: Path | None) -> dict[str, dict[str, Any]]:
     whether it still runs (and, as ``gpu``, the GPU as the run named it); empty without
     a state directory this user may read, or a record. Read only: a record whose run is
     gone is what its next start (or ``gpugov reset-clocks``) undoes."""
-    from gpugov.daemon.files import InputFileError, read_input_text
+    from gpugov.daemon.files import loads_json, read_input_text
     from gpugov.daemon.lockstate import STATE_FILE, LockState, live_writer, recorded_pid
 
     if state_dir is None:
@@ -82,15 +82,17 @@ def recorded_holds(state_dir: Path | None) -> dict[str, dict[str, Any]]:
     try:
         if not path.exists():
             return {}
-        read_input_text(path, "state")  # readable at all: its own reader says why not
-    except (OSError, InputFileError) as error:
+        # Readable and JSON at all: the record's own reader says why not.
+        loads_json(read_input_text(path, "state"), unique_keys=False)
+    except (OSError, ValueError) as error:  # InputFileError and a JSON error too
         # A state directory or record only the daemon's user may read (0700, 0600), or
         # a damaged one: nothing shown read as nothing held.
-        why = (
-            str(error).removeprefix(f"{path}: ")
-            if isinstance(error, InputFileError)
-            else error.strerror or error
-        )
+        if isinstance(error, json.JSONDecodeError):
+            why = f"not a lock record: {error.msg} at line {error.lineno}"
+        elif isinstance(error, OSError):
+            why = error.strerror or str(error)
+        else:
+            why = str(error).removeprefix(f"{path}: ")
         raise UnreadableLockRecord(
             f"{path}: cannot read it ({why}): what a gpugov run recorded it holds is not "
             "shown; run status as the daemon's user or root"

@@ -1337,7 +1337,7 @@ def test_status_shows_what_a_run_recorded_on_gpus_it_lists_by_index_or_not_at_al
     assert elsewhere["clock_lock_mhz"] == [600, 600]
 
 
-@pytest.mark.parametrize("how", ["not-a-file", "directory-unreadable"])
+@pytest.mark.parametrize("how", ["not-a-file", "damaged", "directory-unreadable"])
 def test_status_says_when_it_cannot_read_the_lock_record(
     fake: FakeNvml,
     tmp_path: Path,
@@ -1353,6 +1353,8 @@ def test_status_says_when_it_cannot_read_the_lock_record(
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
     if how == "not-a-file":
         (tmp_path / "locks.json").mkdir()
+    elif how == "damaged":
+        (tmp_path / "locks.json").write_text('{"version": 1, "gpus": {"GPU-')  # cut short
     else:
         from gpugov.daemon.lockstate import LockState
 
