@@ -5,7 +5,8 @@ Derivations from the engine's cumulative counters (documented in ``docs/daemon.m
 * ``arrived_requests``: the engine's arrival counter when it has one (TGI), else
   finished + waiting + running (every request that arrived is in one of the three),
   counted from the first scrape (the requests then in flight included) and from zero
-  again after an engine restart.
+  again after an engine restart (from that scrape, as from the first, on a page summed
+  over data-parallel engines, whose sums keep the other engines' lifetimes).
 * ``waiting_requests`` / ``decode_active``: the waiting and running gauges, with the
   running requests still in their prefill moved from one to the other (vLLM and SGLang
   run a prompt's chunks as a running request): the running gauge less the requests that
@@ -43,9 +44,10 @@ Derivations from the engine's cumulative counters (documented in ``docs/daemon.m
   and waiting gauges, rank labels left out; vLLM's ``engine``, SGLang's ``dp_rank``):
   every count and token above is their sum; 1 where the page shows one engine or none
   has been scraped. A scrape that shows another count than the last (a data-parallel
-  deployment scaled up or down) is another engine's, as one of another kind or model
-  is: the sums would jump by a joining engine's lifetime or fall by a leaving one's, so
-  the counters start from zero again there, as after an engine restart (no window,
+  deployment scaled up or down), or other engines (their gauges' label sets), is
+  another engine's, as one of another kind or model is: the sums would jump by a
+  joining engine's lifetime or fall by a leaving one's, so the counters start from
+  zero again there, as after an engine restart (no window,
   arrival or energy across it). ``busiest_prefill_tokens`` stays None on a node: a page gives
   each engine's waiting and running gauges, but the requests still in their prefill,
   and the length of their prompts, are derived from counters summed over the engines,
