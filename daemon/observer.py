@@ -171,7 +171,7 @@ def _returned(key: str, last: Counters, seen: Counters) -> bool:
     histogram's bucket (``ttft_buckets[0.5]``): a bound back on the page is another
     layout, which no window is taken across (:func:`~daemon.attainment.bucket_delta`).
     Not one no page had before: an engine publishes some only once they count
-    something (SGLang's first request, vLLM's first transferred prompt)."""
+    something (SGLang's after its first request)."""
     return key in seen and key not in last and "[" not in key
 
 
