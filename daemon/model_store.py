@@ -7,6 +7,7 @@ import copy
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -517,7 +518,7 @@ class PersistentOnlineModel(ControllerWrapper):
             else _newest_first(
                 candidate
                 for candidate in self.path.parent.glob("online-model-*.json")
-                if candidate.name != self.path.name
+                if candidate.name != self.path.name and _domain_file(candidate.name)
             )
         )
         for candidate in kept[:KEPT_LOOKED_AT] + renamed[:KEPT_LOOKED_AT]:
@@ -810,6 +811,15 @@ def _counters(observation: ServingObservation) -> list[float | None]:
             observation.tpot_count_total,
         )
     ]
+
+
+def _domain_file(name: str) -> bool:
+    """Whether ``name`` is the state file of a domain a config can name (a hand-made
+    ``online-model-a<newline>b.json`` is none: its name would cut a log line in two)."""
+    from gpugov.daemon.config import DOMAIN_NAME_PATTERN, MAX_DOMAIN_NAME_CHARS
+
+    domain = name.removeprefix("online-model-").removesuffix(".json")
+    return len(domain) <= MAX_DOMAIN_NAME_CHARS and bool(re.fullmatch(DOMAIN_NAME_PATTERN, domain))
 
 
 def _newest_first(paths: Iterable[Path]) -> list[Path]:

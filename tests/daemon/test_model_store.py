@@ -1959,3 +1959,15 @@ def test_a_stored_name_adopted_before_the_engine_named_one_gives_way_at_once(
     agreeing(_idle(0.5, name="mistral"))  # a real change now: it settles first
     assert agreeing.restored and agreeing.inner.resets == 0 and agreeing.key is not None
     assert agreeing.key.model_name == "llama"
+
+
+def test_a_hand_made_state_file_no_domain_could_have_is_not_taken_over(tmp_path: Path) -> None:
+    """Only a file a domain's name could have written is another domain's: one whose
+    name holds a newline would have cut the "took over" line in two."""
+    _learn(tmp_path)
+    path = model_path(tmp_path, "llm")
+    path.rename(tmp_path / "online-model-a\nb.json")
+    renamed = PersistentOnlineModel(_controller(), tmp_path, "pool", GPUS)
+    renamed(_idle(0.0, name="llama"))
+    assert not renamed.restored
+    assert not any("took over" in m for m in renamed.messages)
