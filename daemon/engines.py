@@ -620,7 +620,10 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
             f"more than any engine holds, {MAX_KV_TOKENS:.0e}); scrape discarded"
         )
     if capacity is None and kv_tokens and usage:
-        capacity = kv_tokens / usage
+        # SGLang's: used tokens over their share. A share rounded near 0 beside a count
+        # made one of petabytes; above MAX_KV_TOKENS it is not known, as a vLLM page's.
+        derived = kv_tokens / usage
+        capacity = derived if derived <= MAX_KV_TOKENS else None
     if kv_tokens is None and usage is not None and capacity is not None:
         # Data-parallel engines may have different caches: weight each one's usage by
         # its own capacity; the mean usage times the summed capacity only as a fallback.

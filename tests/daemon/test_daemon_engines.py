@@ -1166,3 +1166,22 @@ def test_a_page_of_no_engine_says_what_to_check() -> None:
         "metrics are off (vLLM's --disable-log-stats; SGLang needs --enable-metrics) or the "
         "URL is not an engine's"
     )
+
+
+def test_a_kv_capacity_derived_above_any_engine_is_not_known() -> None:
+    """SGLang's capacity is its used tokens over their share of the cache: a share read
+    near 0 (1e-12) beside 60,000 used tokens made a cache of 6e16 tokens, where a vLLM
+    page's capacity above 1e12 is not known (docs/daemon.md)."""
+    import re
+
+    page = re.sub(
+        r"^(sglang:token_usage\{[^}]*\}) \S+",
+        r"\1 1e-12",
+        fixture_text("sglang_pd_decode_synthetic.txt"),
+        flags=re.MULTILINE,
+    )
+    sample = SglangSource("x", fetch=lambda url, t: page).scrape()
+    assert sample.kv_tokens == 60000.0
+    assert sample.kv_capacity_tokens is None
+    whole = SglangSource("x", fetch=lambda u, t: fixture_text("sglang_pd_decode_synthetic.txt"))
+    assert whole.scrape().kv_capacity_tokens == pytest.approx(60000.0 / 0.41)
