@@ -66,7 +66,25 @@ def reset_left_locks(
             line = f"{found}; not reset ({backend}): {_reset_command(advice, named)}"
         else:
             try:
-                if gpu_key(backend) != key:
+                if gpu_key(backend) != key and _by_index(key, entry, backend):
+                    # Recorded by its index (a run through a backend without UUIDs, such
+                    # as nvidia-smi), opened here by the same index: in one boot an index
+                    # names one GPU (an earlier boot's entries are dropped), and it was
+                    # left locked low with its record never cleared.
+                    found = found.replace(
+                        f"GPU {named} ({key}), not in this config",
+                        f"GPU {named} (recorded by its index; {gpu_key(backend)})",
+                    )
+                    if gpu_key(backend) in ours:
+                        # A domain governs it: its reconcile dealt with what the GPU
+                        # showed, and a reset here would undo what that domain adopted.
+                        state.clear(key)
+                        line = f"{found}; governed by this config (its domain reconciled it)"
+                    else:
+                        calls.call(backend.reset_clocks)
+                        state.clear(key)
+                        line = f"{found}; reset"
+                elif gpu_key(backend) != key:
                     line = (
                         f"{found}; not reset: GPU {named} is now {gpu_key(backend)}; run "
                         "`gpugov reset-clocks` on the recorded GPU"
@@ -84,6 +102,14 @@ def reset_left_locks(
     lines.extend(_restore_left_power_limits(config, state, ours, stop, deadline_s, advice))
     lines.extend(_power_limits_left_unrestored(config, state, assembled.backends, advice))
     return lines
+
+
+def _by_index(key: str, entry: dict[str, Any], backend: GpuBackend) -> bool:
+    """Whether a lock record entry keyed ``key`` names ``backend``'s GPU by its index: a
+    run through a backend without UUIDs keys a GPU as its config names it, and an index
+    is the GPU of that index in this boot."""
+    named = str(entry.get("gpu", key))
+    return key.isascii() and key.isdigit() and named == key and backend.label == key
 
 
 def _power_limits_left_unrestored(

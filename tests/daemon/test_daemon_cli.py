@@ -1376,3 +1376,49 @@ def test_status_says_when_it_cannot_read_the_lock_record(
     assert node_cli.main(["status", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert "cannot read it" in report["lock_record_error"] and len(report["gpus"]) == 2
+
+
+def test_a_lock_a_killed_run_recorded_by_gpu_index_is_reset_by_a_run_through_nvml(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run through a backend without UUIDs (nvidia-smi) records a GPU by the index its
+    config names ("1"). Killed, and the node switched to NVML, governing GPU 0 only: the
+    start opened GPU 1, found its UUID is not "1", and left it locked low ("not reset:
+    GPU 1 is now GPU-..."), its record never cleared. In the same boot an index names
+    one GPU: it is reset and its entry cleared."""
+    from gpugov.daemon.lockstate import LockState
+    from gpugov.daemon.nvml import NvmlBackend
+
+    state_dir = tmp_path / "state"
+    NvmlBackend(1, nvml=fake).lock_clocks(900, 900)  # what the killed run left
+    LockState(state_dir, pid=2**22 + 7).record("1", "1", 900, 900)
+    assert fake.locked(1) == (900, 900)
+    _start_on_gpu_0_and_stop(tmp_path, state_dir, metrics_server, monkeypatch, caplog)
+    assert fake.locked(1) is None
+    assert LockState(state_dir).read() == {}
+    (line,) = [r.getMessage() for r in caplog.records if "left it locked" in r.getMessage()]
+    assert "GPU 1 (recorded by its index; GPU-fake-0001)" in line and line.endswith("; reset")
+
+
+def test_a_lock_recorded_by_the_index_of_a_gpu_now_governed_is_left_to_its_domain(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The index-keyed entry of a GPU this config governs (through NVML, by its UUID):
+    its domain's reconcile dealt with the GPU, so it is not reset again behind it; the
+    entry, which nothing else clears, is."""
+    from gpugov.daemon.lockstate import LockState
+
+    state_dir = tmp_path / "state"
+    LockState(state_dir, pid=2**22 + 7).record("0", "0", 900, 900)
+    _start_on_gpu_0_and_stop(tmp_path, state_dir, metrics_server, monkeypatch, caplog)
+    assert LockState(state_dir).read() == {}
+    (line,) = [r.getMessage() for r in caplog.records if "recorded by its index" in r.getMessage()]
+    assert line.endswith("governed by this config (its domain reconciled it)")
