@@ -84,6 +84,14 @@ def reset_left_locks(
                         calls.call(backend.reset_clocks)
                         state.clear(key)
                         line = f"{found}; reset"
+                elif gpu_key(backend) != key and gpu_key(backend) == backend.label:
+                    # A backend without UUIDs (nvidia-smi): "GPU 0 is now 0" said nothing,
+                    # and its reset-clocks would not clear an entry keyed by a UUID.
+                    line = (
+                        f"{found}; not reset: this backend gives no UUID to tell whether GPU "
+                        f"{named} is the recorded one; run `gpugov reset-clocks --backend nvml "
+                        f"--gpus {named}` as root (it clears the entry too)"
+                    )
                 elif gpu_key(backend) != key:
                     line = (
                         f"{found}; not reset: GPU {named} is now {gpu_key(backend)}; run "

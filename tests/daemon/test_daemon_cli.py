@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -1422,3 +1423,40 @@ def test_a_lock_recorded_by_the_index_of_a_gpu_now_governed_is_left_to_its_domai
     assert LockState(state_dir).read() == {}
     (line,) = [r.getMessage() for r in caplog.records if "recorded by its index" in r.getMessage()]
     assert line.endswith("governed by this config (its domain reconciled it)")
+
+
+def test_a_start_through_nvidia_smi_names_how_to_reset_a_gpu_recorded_by_uuid(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An entry a run through NVML keyed by UUID, found by a start through nvidia-smi
+    (which gives no UUID): "not reset: GPU 1 is now 1" said nothing, and the command it
+    named would not clear the entry. The line says why and names NVML's command."""
+    from fake_nvidia_smi import FakeNvidiaSmi
+
+    import gpugov.daemon.service as service
+    from gpugov.daemon.config import parse_config
+    from gpugov.daemon.lockstate import LockState
+    from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
+    from gpugov.daemon.reconcile import reset_left_locks
+
+    smi = FakeNvidiaSmi(2)
+    monkeypatch.setattr(service, "NvidiaSmiBackend", lambda gpu: NvidiaSmiBackend(gpu, runner=smi))
+    state_dir = tmp_path / "state"
+    LockState(state_dir, pid=2**22 + 7).record("GPU-recorded", "1", 900, 900)
+    config = parse_config(
+        {
+            "daemon": {"backend": "nvidia-smi", "state_dir": str(state_dir)},
+            "domains": [{"name": "llm", "gpus": [0], "engine": {"url": "http://127.0.0.1:1"}}],
+        }
+    )
+
+    assembled = SimpleNamespace(
+        state=LockState(state_dir), backends=[NvidiaSmiBackend(0, runner=smi)]
+    )
+    (line,) = reset_left_locks(config, assembled)  # type: ignore[arg-type]
+    assert "not reset: this backend gives no UUID to tell whether GPU 1" in line
+    assert line.endswith(
+        "run `gpugov reset-clocks --backend nvml --gpus 1` as root (it clears the entry too)"
+    )
+    assert set(LockState(state_dir).read()) == {"GPU-recorded"}
