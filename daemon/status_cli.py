@@ -334,7 +334,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         if gpu["held_by_gpugov"] is not None:
             _say(f"  {_held_line(gpu['held_by_gpugov'])}")
     for entry in report.get("held_elsewhere", []):
-        _say(f"GPU {entry['gpu']} ({entry['key']}), not among the GPUs listed: {_held_line(entry)}")
+        _say(
+            f"GPU {entry['gpu']} ({entry['key']}), matched to no GPU listed (gone, or "
+            f"recorded by a key this backend does not show): {_held_line(entry)}"
+        )
     for engine in report["engines"]:
         if engine.get("answer") == "http_error":
             _say(
