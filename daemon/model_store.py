@@ -532,6 +532,10 @@ class PersistentOnlineModel(ControllerWrapper):
             )
             if stored != key or not _same_clocks(payload["model"]["clocks_mhz"], clocks):
                 continue
+            if candidate in renamed and not _named_by_uuid(stored):
+                # GPUs keyed by index (nvidia-smi, a simulated run's "0") name no board: a
+                # simulated run's model saved beside the node's is not this node's.
+                continue
             try:
                 if self.path.exists():
                     set_aside(self.path, tag="other")
@@ -811,6 +815,12 @@ def _counters(observation: ServingObservation) -> list[float | None]:
             observation.tpot_count_total,
         )
     ]
+
+
+def _named_by_uuid(key: ModelKey) -> bool:
+    """Whether every GPU of ``key`` is named by an NVML UUID (``GPU-...``, ``MIG-...``),
+    which names one board for good; an index does not."""
+    return bool(key.gpu_uuids) and all(uuid.startswith(("GPU-", "MIG-")) for uuid in key.gpu_uuids)
 
 
 def _domain_file(name: str) -> bool:

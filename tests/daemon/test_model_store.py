@@ -1971,3 +1971,17 @@ def test_a_hand_made_state_file_no_domain_could_have_is_not_taken_over(tmp_path:
     renamed(_idle(0.0, name="llama"))
     assert not renamed.restored
     assert not any("took over" in m for m in renamed.messages)
+
+
+def test_a_model_keyed_by_gpu_index_is_never_taken_over_by_another_domain(
+    tmp_path: Path,
+) -> None:
+    """A simulated run (``gpugov run --simulate`` where ``$STATE_DIRECTORY`` is the
+    node's) keys its domain ``sim`` by the index ``0``, as a node through nvidia-smi keys
+    its GPU 0: an index names no board, so that file is no renamed domain's model."""
+    _learn(tmp_path, gpus=("0",))
+    model_path(tmp_path, "llm").rename(model_path(tmp_path, "sim"))
+    node = PersistentOnlineModel(_controller(), tmp_path, "llm", ("0",))
+    node(_idle(0.0, name="llama"))
+    assert not node.restored
+    assert model_path(tmp_path, "sim").exists()
