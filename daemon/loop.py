@@ -456,11 +456,15 @@ def close_controllers(
     after another, each final save waiting up to its 5 s on a disk that stopped answering
     at the stop, eight domains took 40 s and outlasted the units' ``TimeoutStopSec=``
     (30 s): systemd killed the daemon before its last lines. A single domain closes on
-    this thread, as before."""
-    if len(domains) <= 1:
-        for domain in domains:
+    this thread, as before, and so does every controller whose close saves no model (an
+    outside controller's code was never written to close beside another)."""
+    savers = [domain for domain in domains if _saves_a_model(domain)]
+    for domain in domains:
+        if len(savers) <= 1 or domain not in savers:
             domain.close_controller()
+    if len(savers) <= 1:
         return []
+    domains = savers
     threads = [
         threading.Thread(target=domain.close_controller, name=f"close-{domain.name}", daemon=True)
         for domain in domains
@@ -481,6 +485,20 @@ def close_controllers(
             wait_s,
         )
     return left
+
+
+def _saves_a_model(domain: Domain) -> bool:
+    """Whether ``domain``'s controller keeps a learned model in the state directory
+    (``mpc-online``'s :class:`~daemon.model_store.PersistentOnlineModel`), whose close
+    waits on the disk; never true where that module was never loaded."""
+    store = sys.modules.get("gpugov.daemon.model_store")
+    if store is None:
+        return False
+    from gpugov.controllers.contract import layers
+
+    return any(
+        isinstance(layer, store.PersistentOnlineModel) for layer in layers(domain.controller)
+    )
 
 
 def _raise_not_reset(

@@ -207,24 +207,35 @@ class SlowClose:
     """A domain whose controller's close (``mpc-online``'s final save) takes ``seconds``
     on a disk that stopped answering at the stop."""
 
-    def __init__(self, name: str, seconds: float, release: threading.Event) -> None:
-        self.name, self.seconds, self.release = name, seconds, release
+    def __init__(
+        self, name: str, seconds: float, release: threading.Event, *, saves: bool = True
+    ) -> None:
+        self.name, self.seconds, self.release, self.saves = name, seconds, release, saves
         self.closed = False
+        self.closed_on: threading.Thread | None = None
 
     def close_controller(self) -> None:
         self.release.wait(self.seconds)
         self.closed = True
+        self.closed_on = threading.current_thread()
 
 
 def test_the_controllers_close_together_within_one_final_save_wait(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each domain's final model save waits up to 5 s on a disk that hangs at the stop;
     one after another, eight domains took 40 s, past the units' TimeoutStopSec= (30 s).
-    They close at once, waited for together; one still closing past that is named."""
+    They close at once, waited for together; one still closing past that is named. A
+    controller that saves no model (an outside one's code) closes on the exit's thread,
+    as before."""
+    import gpugov.daemon.loop as loop
     from gpugov.daemon.loop import close_controllers
 
+    monkeypatch.setattr(loop, "_saves_a_model", lambda domain: domain.saves)
     release = threading.Event()
+    outside = SlowClose("outside", 0.0, release, saves=False)
+    assert close_controllers([outside, SlowClose("x", 0.0, release)]) == []  # type: ignore[list-item]
+    assert outside.closed_on is threading.current_thread()
     domains = [SlowClose(f"d{index}", 0.4, release) for index in range(8)]
     started = time.monotonic()
     assert close_controllers(domains, wait_s=5.0) == []  # type: ignore[arg-type]
@@ -237,3 +248,17 @@ def test_the_controllers_close_together_within_one_final_save_wait(
     (line,) = [r.getMessage() for r in caplog.records if "closing the controller" in r.getMessage()]
     assert line.startswith("domain(s) b: ") and "\n" not in line
     hung[1].release.set()
+
+
+def test_only_a_learned_model_s_close_counts_as_saving_one(tmp_path: Path) -> None:
+    """The domains whose close waits on the disk: those whose chain keeps mpc-online's
+    model in a state directory."""
+    from types import SimpleNamespace
+
+    from gpugov.controllers.online.controller import OnlineMPCController
+    from gpugov.daemon.loop import _saves_a_model
+    from gpugov.daemon.model_store import PersistentOnlineModel
+
+    store = PersistentOnlineModel(OnlineMPCController(), tmp_path, "llm", ("GPU-a",))
+    assert _saves_a_model(SimpleNamespace(controller=store))  # type: ignore[arg-type]
+    assert not _saves_a_model(SimpleNamespace(controller=store.inner))  # type: ignore[arg-type]
