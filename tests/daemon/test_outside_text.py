@@ -15,6 +15,7 @@ from fake_pynvml import FakeNvml
 
 import gpugov.daemon.node_cli as node_cli
 from gpugov.daemon.errors import LINE_CHARS, printable
+from gpugov.daemon.exposition import MAX_LINE_CHARS
 from gpugov.daemon.log_lines import LineFormatter
 
 FORGED = "evil\n2026-12-06 01:00:00 INFO gpugov: clocks reset\r\x1b[2J\x00"
@@ -146,7 +147,9 @@ def test_a_forged_model_name_on_the_engine_page_is_one_escaped_log_line(
     _assert_safe(err)
     for line in err.splitlines():
         assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ gpugov", line), line
-    metrics_server.page = _forged_page(HUGE)
+    # Longer than a log line, shorter than the longest metrics line a page may have
+    # (a longer one is refused unparsed, quoting nothing).
+    metrics_server.page = _forged_page(HUGE[: MAX_LINE_CHARS - 200])
     _without_pytests_handlers(monkeypatch)  # the first run's handler gone
     assert node_cli.main(["run", "--config", str(config)]) == 0
     err = capsys.readouterr().err
