@@ -30,6 +30,10 @@ class ProfileRunError(RuntimeError):
     """A measurement cannot go on (engine gone, model too small); the message says why."""
 
 
+class Interrupted(RuntimeError):
+    """SIGTERM/SIGINT arrived; the clocks were reset and the state file kept."""
+
+
 class _ShortWindow(ProfileRunError):
     """The batch never decoded together long enough; retried with a longer output."""
 
@@ -184,9 +188,25 @@ class PrefillResult:
     fixed_latency_s: float
 
 
+STOP_POLL_S = 0.1
+"""How often a measurement in flight looks at the stop event (Ctrl-C, SIGTERM)."""
+
+
 def _concurrent(
-    url: str, bodies: Sequence[dict], timeout_s: float, api_key: str | None = None
+    url: str,
+    bodies: Sequence[dict],
+    timeout_s: float,
+    api_key: str | None = None,
+    stop: threading.Event | None = None,
 ) -> list[StreamTiming]:
+    """Send ``bodies`` at once and wait for every stream to end.
+
+    Raises:
+        Interrupted: ``stop`` was set while waiting; the requests are left to their
+            daemon threads, so the caller resets the clocks at once rather than after the
+            slowest stream (minutes with a stalled engine).
+        ProfileRunError: a request failed or got no answer in time.
+    """
     results: list[StreamTiming | None] = [None] * len(bodies)
     barrier = threading.Barrier(len(bodies))
 
@@ -198,8 +218,12 @@ def _concurrent(
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(bodies))]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + timeout_s + 5.0
     for thread in threads:
-        thread.join(timeout=timeout_s + 5.0)
+        while thread.is_alive() and time.monotonic() < deadline:
+            if stop is not None and stop.is_set():
+                raise Interrupted("interrupted")
+            thread.join(timeout=min(STOP_POLL_S, max(0.0, deadline - time.monotonic())))
     out = [r for r in results if r is not None]
     failures = [r.error for r in out if r.error] + (["no answer"] * (len(bodies) - len(out)))
     if failures:
@@ -220,8 +244,11 @@ class Measurer:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         api_key: str | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.url = url
+        self.stop = stop
+        """Set by Ctrl-C/SIGTERM: a measurement in flight then raises :class:`Interrupted`."""
         self.api_key = api_key
         self.model = model
         self.sampler = sampler
@@ -237,7 +264,10 @@ class Measurer:
     def idle(self, dwell_s: float) -> tuple[float | None, float | None]:
         """Idle power and realised clock over ``dwell_s`` with no request in flight."""
         start = self._clock()
-        self._sleep(dwell_s)
+        if self.stop is None:
+            self._sleep(dwell_s)
+        elif self.stop.wait(dwell_s):  # a long --dwell must not hold a stop (and a lock)
+            raise Interrupted("interrupted")
         readings = self.sampler.window(start, self._clock())
         self.sampler.check()
         return window_power_w(readings), median_clock_mhz(readings)
@@ -246,7 +276,7 @@ class Measurer:
         """Send ``requests`` prompts of ``prompt_tokens`` at once with one output token each;
         the rate is the slope of completion time against cumulative prompt tokens."""
         bodies = [self._body(prompt_tokens, 1) for _ in range(requests)]
-        timings = _concurrent(self.url, bodies, self.request_timeout_s, self.api_key)
+        timings = _concurrent(self.url, bodies, self.request_timeout_s, self.api_key, self.stop)
         done = sorted(t.token_s[0] for t in timings if t.token_s)
         if len(done) < 3:
             raise ProfileRunError(f"engine at {self.url}: prefill requests returned no token")
@@ -301,7 +331,7 @@ class Measurer:
         self, batch: int, prompt_tokens: int, output_tokens: int
     ) -> tuple[DecodePoint, list[GpuReading]]:
         bodies = [self._body(prompt_tokens, output_tokens) for _ in range(batch)]
-        timings = _concurrent(self.url, bodies, self.request_timeout_s, self.api_key)
+        timings = _concurrent(self.url, bodies, self.request_timeout_s, self.api_key, self.stop)
         if any(len(t.token_s) < output_tokens for t in timings):
             short = min(len(t.token_s) for t in timings)
             raise ProfileRunError(

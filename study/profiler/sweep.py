@@ -33,6 +33,7 @@ from gpugov.study.profiler.fit import fit_decode
 from gpugov.study.profiler.measure import (
     DECODE_ATTEMPTS,
     GpuSampler,
+    Interrupted,
     Measurer,
     ProfileRunError,
     point_dict,
@@ -42,10 +43,6 @@ STATE_FILE = "sweep-state.jsonl"
 MAX_REMEASURES = 2
 DECODE_FIT_MIN_R2 = 0.995
 THERMAL_SAMPLE_S = 0.25
-
-
-class Interrupted(RuntimeError):
-    """SIGTERM/SIGINT arrived; the clocks were reset and the state file kept."""
 
 
 @dataclass(frozen=True)
@@ -345,7 +342,7 @@ class Sweep:
         done = {r["clock_mhz"] for r in records}
         todo = [c for c in self.settings.clocks_mhz if c not in done]
         sampler = GpuSampler(self.backends)
-        measurer = Measurer(self.url, self.model, sampler, api_key=self.api_key)
+        measurer = Measurer(self.url, self.model, sampler, api_key=self.api_key, stop=self.stop)
         progress = Progress(
             len(self.settings.clocks_mhz), "profile", unit="clocks", enabled=self.progress_enabled
         )
@@ -376,7 +373,7 @@ class Sweep:
     def dry_run(self) -> dict[str, Any]:
         """Measure at the clock in force now; lock nothing, reset nothing."""
         sampler = GpuSampler(self.backends)
-        measurer = Measurer(self.url, self.model, sampler, api_key=self.api_key)
+        measurer = Measurer(self.url, self.model, sampler, api_key=self.api_key, stop=self.stop)
         # Its measurements as the progress's steps: one clock takes a minute at --dwell 5.
         steps = 2 + len(self.settings.decode_points)
         progress = Progress(
