@@ -50,6 +50,24 @@ def _check_emulator_speed(emulator: str) -> None:
         )
 
 
+def profile_status(backend: str, engine_url: str) -> str:
+    """The written profile's ``status``: ``emulated`` when the GPUs are emulated or the
+    engine is ``gpugov emulate`` (its rates and powers are then the simulated plant's,
+    whatever GPU backend read them), else ``measured``: an emulated run is never
+    presented as a measurement of hardware."""
+    from gpugov.daemon.emulated import emulated_device_count
+    from gpugov.daemon.errors import GpuUnavailable
+
+    if backend == "emulated":
+        return "emulated"
+    try:
+        # gpugov emulate answers GET /gpu with its GPU count; an engine does not.
+        emulated_device_count(engine_url.rstrip("/").removesuffix("/v1"))
+    except GpuUnavailable:
+        return "measured"
+    return "emulated"
+
+
 def _gpus(text: str) -> list[int | str]:
     """``--gpus``: at least one index or UUID."""
     gpus = parse_gpu_list(text) or []
@@ -266,7 +284,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             records,
             out_dir,
             name=name,
-            status="emulated" if args.backend == "emulated" else "measured",
+            status=profile_status(args.backend, args.engine_url),
             gpu_name=str(getattr(backends[0], "name", "unknown GPU")),
             model=model,
             supported_clocks=supported,

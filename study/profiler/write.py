@@ -180,8 +180,9 @@ def write_profile(
     warning = (
         "Measured on real hardware by gpugov profile."
         if status == "measured"
-        else "Measured through gpugov emulate (an emulated GPU backed by the simulated plant), "
-        "not on hardware: it tests the profiler, it says nothing about a real GPU."
+        else "Measured through gpugov emulate (an emulated engine or GPU backed by the "
+        "simulated plant), not on hardware: it tests the profiler, it says nothing about a "
+        "real GPU."
     )
     manifest: dict[str, Any] = {
         "name": name,

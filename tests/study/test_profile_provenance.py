@@ -1,0 +1,54 @@
+"""A profile measured against ``gpugov emulate`` says ``emulated`` whatever GPU backend
+read it: with ``--backend nvml`` (a fake or real NVML) and the emulator as the engine, the
+rates are the simulated plant's, and the manifest said ``measured``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from synthetic import make_profile
+
+from gpugov.cli import main
+from gpugov.daemon import service
+from gpugov.daemon.emulated import EmulatedBackend
+from gpugov.plant import ServingPlant, load_profile
+from gpugov.study.emulate.node import EmulatedNode
+from gpugov.study.emulate.server import EmulatorServer
+from gpugov.study.profiler.cli import profile_status
+
+
+@pytest.fixture
+def emulator() -> Iterator[EmulatorServer]:
+    server = EmulatorServer(EmulatedNode(ServingPlant.from_profile(make_profile())), "127.0.0.1", 0)
+    server.start()
+    yield server
+    server.close()
+
+
+def test_the_status_follows_the_engine_as_well_as_the_backend(emulator: EmulatorServer) -> None:
+    assert profile_status("emulated", "http://127.0.0.1:9") == "emulated"
+    assert profile_status("nvml", emulator.url) == "emulated"
+    assert profile_status("nvidia-smi", emulator.url + "/v1") == "emulated"
+    assert profile_status("nvml", "http://127.0.0.1:9") == "measured"
+
+
+def test_an_nvml_run_against_the_emulator_writes_an_emulated_profile(
+    emulator: EmulatorServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The GPU NVML would open stands in as the emulator's own (its readings follow the
+    # emulated engine's load, as a board's follow its engine's).
+    def open_backend(gpu: Any, backend: str, **_: Any) -> EmulatedBackend:
+        return EmulatedBackend(int(gpu), emulator=emulator.url)
+
+    monkeypatch.setattr(service, "open_backend", open_backend)
+    argv = ["profile", "--engine-url", emulator.url, "--gpus", "0", "--backend", "nvml"]
+    argv += ["--out", str(tmp_path), "--quiet", "--clock-list", "1980,1290", "--dwell", "0.3"]
+    argv += ["--reference-batch", "16", "--reference-context", "256", "--name", "p"]
+    code = main(argv)
+    assert code == 0
+    profile = load_profile(tmp_path / "p.json")
+    assert profile.profile_status == "emulated" and not profile.is_measured
+    assert "not on hardware" in profile.manifest["warning"]
