@@ -11,6 +11,7 @@ import csv
 import datetime as dt
 import io
 import json
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import numpy as np
 
 from gpugov import __version__
 from gpugov.daemon.files import write_files_atomic
-from gpugov.plant.profile import CSV_COLUMNS, DEFAULT_MAX_BATCH_SIZE
+from gpugov.plant.profile import CSV_COLUMNS, DEFAULT_MAX_BATCH_SIZE, ProfileError
 from gpugov.plant.profile_files import load_profile
 from gpugov.study.profiler.fit import clock_fit, fit_decode, fit_thermal
 from gpugov.study.profiler.measure import ProfileRunError
@@ -244,6 +245,37 @@ def write_profile(
     files = {csv_path: csv_text.getvalue(), manifest_path: json.dumps(manifest, indent=2) + "\n"}
     # Both files at once: a failure midway (a full disk, Ctrl-C) leaves an earlier CSV
     # and manifest of that name whole, never a corrupt profile.
+    checked = _check_loads(files, manifest_path)  # it must load: fail here, not later
     write_files_atomic(files)
-    load_profile(manifest_path)  # the written profile must load: fail here, not later
+    if not checked:
+        load_profile(manifest_path)
     return manifest_path
+
+
+def _check_loads(files: dict[Path, str], manifest_path: Path) -> bool:
+    """Load the profile from a scratch copy before it is written: one the loader refuses
+    replaced an earlier profile of that name and stayed behind, unloadable. False where
+    no scratch copy could be written (a full disk): the real write then says why, or the
+    profile is loaded once written.
+
+    Raises:
+        ProfileRunError: the loader's refusal, naming the manifest's real path.
+    """
+    try:
+        scratch_dir = tempfile.TemporaryDirectory(prefix="gpugov-profile-")
+    except OSError:  # no writable temporary directory
+        return False
+    with scratch_dir as scratch:
+        try:
+            for path, text in files.items():
+                (Path(scratch) / path.name).write_text(text)
+        except OSError:
+            return False
+        try:
+            load_profile(Path(scratch) / manifest_path.name)
+        except ProfileError as error:
+            message = str(error).replace(str(Path(scratch)), str(manifest_path.parent))
+            raise ProfileRunError(
+                f"{message}; the profile was not written (the sweep state is kept)"
+            ) from None
+    return True
