@@ -129,9 +129,8 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     runner = spec_from_args(args)
     check_runner(runner)  # --ray: Ray installed and the cluster there, before any work
     check_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)
-    below_floor = check_inputs(config, quiet=args.quiet)
-    if below_floor is not None:
-        warn(below_floor)
+    for line in check_inputs(config, quiet=args.quiet) or ():
+        warn(line)
     skipped = skipped_zero_token_rows(config.trace)
     if skipped is not None and skipped[1]:
         # As a replay says it (`simulate`, `load`): the rows left out are failed requests.

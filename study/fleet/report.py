@@ -6,12 +6,12 @@ the JSON and the tables are written and one line says the plot was not."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpugov.daemon.files import write_files_atomic
-from gpugov.study.fleet.run import UNCAPPED
+from gpugov.study.fleet.run import UNCAPPED, UTILIZATION_TOLERANCE
 from gpugov.study.scoreboard.report import cell
 
 PLOTS_HINT = "matplotlib is not installed: no plot written (pip install 'gpugov[plots]')"
@@ -21,6 +21,16 @@ LABELS = {
     "slo": "SLO-aware (published need)",
     UNCAPPED: "uncapped (every node at TDP)",
 }
+
+
+def _load_reached(config: Mapping[str, Any], workload: Mapping[str, Any]) -> str:
+    """The load asked of the fleet and, where it missed that by more than the tolerance
+    (a trace too short or too sparse to scale), the load its requests reached."""
+    asked = f"{config['utilization']:g} of the fleet's fluid capacity"
+    reached = workload.get("reached_utilization")  # absent from an older fleet.json
+    if reached is None or abs(reached / config["utilization"] - 1.0) <= UTILIZATION_TOLERANCE:
+        return asked
+    return f"{asked} asked, {reached:.3g} reached: the trace cannot be scaled to it"
 
 
 def _pct(value: float | None, digits: int = 1) -> str:
@@ -98,7 +108,7 @@ def markdown(payload: dict[str, Any]) -> str:
         f"{decides}, "
         f"router `{config['router']}`, trace `{workload['trace']}` from "
         f"{workload['source_start_s']:g} s scaled {workload['load_scale']:.3g}x "
-        f"({config['utilization']:g} of the fleet's fluid capacity, "
+        f"({_load_reached(config, workload)}, "
         f"{workload['requests']} requests over {config['duration_s']:g} s, "
         f"then {config['drain_s']:g} s to drain). Summed TDP {payload['tdp_w']:.0f} W; the "
         f"allocator runs every {config['allocator_period_s']:g} s and splits the budget less "

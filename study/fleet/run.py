@@ -231,6 +231,50 @@ def _piece_start(start_s: float, length_s: float, span_s: float) -> float:
     return start_s if start_s + length_s <= span_s else start_s % (span_s - length_s)
 
 
+UTILIZATION_TOLERANCE = 0.1
+"""How far (relative) the load a fleet's workload puts on it may miss ``--utilization``
+before the scale is corrected or, where it cannot be, the run says so."""
+
+_SCALE_TRIES = 8
+"""Corrections of the scale at most (each one the ratio asked over reached)."""
+
+_SCALE_BOUND = 16.0
+"""How far the corrections may take the scale from the first window's (either way)."""
+
+
+def _overlaid(
+    full: Sequence[Request], config: FleetConfig, span: float, scale: float
+) -> tuple[Request, ...]:
+    """``ceil(scale)`` consecutive windows of the trace from ``--trace-start``, each
+    compressed by ``scale / ceil(scale)`` and laid over each other, cut at ``--duration``
+    and numbered in arrival order."""
+    pieces = max(1, math.ceil(scale))
+    each = scale / pieces
+    source = config.duration_s * each
+    merged: list[Request] = []
+    for j in range(pieces):
+        part = _piece(full, config.trace_start_s + j * source, min(source, span), span)
+        merged.extend(scale_load(part, each))
+    merged.sort(key=lambda r: (r.arrival_time_s, r.request_id))
+    return tuple(
+        Request(i, r.arrival_time_s, r.prompt_tokens, r.output_tokens)
+        for i, r in enumerate(merged)
+        if r.arrival_time_s < config.duration_s
+    )
+
+
+def fleet_utilization(
+    requests: Sequence[Request], config: FleetConfig, plants: Mapping[str, ServingPlant]
+) -> float:
+    """The load ``requests`` put on the fleet over ``--duration``, as ``--utilization``
+    counts it: one over the sum over nodes of the duration over the requests' work at the
+    node's top clock (0 for no requests)."""
+    works = [work_seconds_at_maximum(requests, plants[n].profile) for n in config.node_profiles()]
+    if not requests or min(works) <= 0.0:
+        return 0.0
+    return 1.0 / sum(config.duration_s / work for work in works)
+
+
 def fleet_workload(
     config: FleetConfig, plants: Mapping[str, ServingPlant], *, quiet: bool = False
 ) -> tuple[tuple[Request, ...], dict[str, Any]]:
@@ -272,19 +316,28 @@ def fleet_workload(
         for name in config.node_profiles()
     )
     scale = config.utilization * capacity
-    pieces = max(1, math.ceil(scale))
-    each = scale / pieces
-    source = config.duration_s * each
-    merged: list[Request] = []
-    for j in range(pieces):
-        part = _piece(full, config.trace_start_s + j * source, min(source, span), span)
-        merged.extend(scale_load(part, each))
-    merged.sort(key=lambda r: (r.arrival_time_s, r.request_id))
-    requests = tuple(
-        Request(i, r.arrival_time_s, r.prompt_tokens, r.output_tokens)
-        for i, r in enumerate(merged)
-        if r.arrival_time_s < config.duration_s
-    )
+    requests = _overlaid(full, config, span, scale)
+    reached = fleet_utilization(requests, config, plants)
+    if length >= config.duration_s:
+        # The scale was set on the first window; the later ones it overlays hold less work
+        # (a trace with hours of gaps: BurstGPT's first 720 s loaded the fleet to 0.23 of
+        # 0.6) or more: correct it by what it reached, within bounds (a trace of a few
+        # requests an hour apart would need millions of windows; such a load is said).
+        first_scale, tried = scale, scale
+        best = (abs(reached / config.utilization - 1.0), scale, requests, reached)
+        for _ in range(_SCALE_TRIES):
+            if not reached or best[0] <= UTILIZATION_TOLERANCE:
+                break
+            low, high = first_scale / _SCALE_BOUND, first_scale * _SCALE_BOUND
+            bounded = min(max(tried * config.utilization / reached, low), high)
+            if bounded == tried:
+                break
+            tried = bounded
+            attempt = _overlaid(full, config, span, tried)
+            reached = fleet_utilization(attempt, config, plants)
+            if abs(reached / config.utilization - 1.0) < best[0]:
+                best = (abs(reached / config.utilization - 1.0), tried, attempt, reached)
+        _, scale, requests, reached = best
     if not requests:
         # --utilization 1e-9 stretched the window past --duration: every cell ran a fleet
         # of no requests and the tables printed its idle energy as results.
@@ -294,11 +347,13 @@ def fleet_workload(
         )
     info = {
         "trace": config.trace,
+        "trace_span_s": span if full[-1].arrival_time_s > 0.0 else 0.0,
         "trace_sha256": digest,
         "source_start_s": config.trace_start_s,
         "load_scale": scale,
-        "overlaid_windows": pieces,
+        "overlaid_windows": max(1, math.ceil(scale)),
         "fluid_capacity_scale": capacity,
+        "reached_utilization": reached,
         "requests": len(requests),
         "rejected_requests": len(everything) - len(full),
         "workload_checksum": workload_checksum(requests),
@@ -647,11 +702,42 @@ def floor_warning(config: FleetConfig, plants: Mapping[str, ServingPlant]) -> st
     )
 
 
-def check_inputs(config: FleetConfig, *, quiet: bool = False) -> str | None:
+def load_warning(config: FleetConfig, info: Mapping[str, Any]) -> str | None:
+    """A line saying the load the trace puts on the fleet misses ``--utilization`` by more
+    than :data:`UTILIZATION_TOLERANCE`, and why (``info``: :func:`fleet_workload`'s); None
+    when it is within it. The results are the fleet at that load, not at the one asked."""
+    reached = float(info["reached_utilization"])
+    if abs(reached / config.utilization - 1.0) <= UTILIZATION_TOLERANCE:
+        return None
+    span = float(info["trace_span_s"])
+    load = (
+        f"the fleet's load over the {format_seconds(config.duration_s)} s window is "
+        f"{reached:.3g} of its capacity, not --utilization {config.utilization:g}"
+    )
+    if span == 0.0:
+        why = "its arrivals share one timestamp, so they are the load, all at time 0"
+        fix = "a trace with a rate to scale"
+    elif span < config.duration_s:
+        why = (
+            f"it spans {format_seconds(span)} s, shorter than --duration, so every overlaid "
+            "window arrives within that span and the fleet idles after it"
+        )
+        fix = f"a --duration of at most {format_seconds(span)} s or a longer trace"
+    else:
+        why = (
+            "its windows from --trace-start hold too little work (gaps between arrivals) "
+            "for the load to be scaled to it"
+        )
+        fix = "another --trace-start or a busier trace"
+    return f"--trace {config.trace}: {why}; {load}; choose {fix}"
+
+
+def check_inputs(config: FleetConfig, *, quiet: bool = False) -> tuple[str, ...]:
     """Everything a run reads, checked before any work: the settings, every profile, the
     trace and its window, and the controller spec (built once on the first profile); a
-    progress line while a large trace loads, unless ``quiet``. Returns
-    :func:`floor_warning`'s line (a budget below the fleet's floor), else None.
+    progress line while a large trace loads, unless ``quiet``. Returns the lines to warn
+    of: :func:`floor_warning`'s (a budget below the fleet's floor) and
+    :func:`load_warning`'s (a load that misses ``--utilization``), where they have one.
 
     Raises:
         UsageError, ProfileError, TraceError: one line naming the flag or file.
@@ -675,7 +761,7 @@ def check_inputs(config: FleetConfig, *, quiet: bool = False) -> str | None:
             )
         except UsageError as error:
             raise UsageError(f"{error} of {name}") from error
-    workload, _ = fleet_workload(config, plants, quiet=quiet)
+    workload, info = fleet_workload(config, plants, quiet=quiet)
     FleetNode(
         "check",
         first,
@@ -685,7 +771,8 @@ def check_inputs(config: FleetConfig, *, quiet: bool = False) -> str | None:
         floor_w=config.floor_fraction * first.power_limit_w,
         slo_target=slo_target_of(config.slo_target),
     )
-    return floor_warning(config, plants)
+    lines = (floor_warning(config, plants), load_warning(config, info))
+    return tuple(line for line in lines if line is not None)
 
 
 def run_fleet(

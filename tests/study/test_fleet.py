@@ -14,6 +14,7 @@ import pytest
 
 from gpugov.cli import main
 from gpugov.controllers.budget import SLOTarget
+from gpugov.plant.types import Request
 from gpugov.study.fleet import report as fleet_report
 from gpugov.study.fleet.allocators import (
     ALLOCATOR_FUNCTIONS,
@@ -26,16 +27,19 @@ from gpugov.study.fleet.allocators import (
 from gpugov.study.fleet.node import FleetNode
 from gpugov.study.fleet.router import make_router
 from gpugov.study.fleet.run import (
+    UTILIZATION_TOLERANCE,
     Cell,
     FleetConfig,
     _plants,
     budget_at,
     fleet_workload,
     floor_warning,
+    load_warning,
     run_cell,
     run_fleet,
 )
 from gpugov.study.runners import RunnerSpec
+from gpugov.study.scoreboard.scenarios import work_seconds_at_maximum
 
 TRACE = "arrival_time_s,prompt_tokens,output_tokens\n" + "".join(
     f"{0.25 * i:.2f},{200 + 37 * (i % 7)},{20 + 5 * (i % 5)}\n" for i in range(160)
@@ -836,3 +840,66 @@ def test_the_floor_line_names_the_budget_steps_hold_and_an_idle_floor_above_the_
         "over that budget"
     )
     assert floor_warning(replace(config, step=False), plants) is None
+
+
+def _fleet_load(config: FleetConfig, workload: tuple[Request, ...]) -> float:
+    """The load ``workload`` puts on the fleet over ``--duration``, as --utilization counts
+    it (one over the sum over nodes of the duration over the work at the top clock)."""
+    plants = _plants(config.profiles)
+    works = [work_seconds_at_maximum(workload, plants[n].profile) for n in config.node_profiles()]
+    return 1.0 / sum(config.duration_s / work for work in works)
+
+
+def test_a_trace_with_hours_of_gaps_is_scaled_to_the_utilization_asked(tmp_path: Path) -> None:
+    """The scale was set on the first window only; the later windows it overlays fell in
+    the trace's gaps, so the fleet ran at a fraction of --utilization (BurstGPT's first
+    720 s: 0.23 of 0.6) while the report said 0.6."""
+    trace = tmp_path / "gaps.csv"
+    busy = [f"{s},{300 + s % 50},{40 + s % 30}" for s in range(60)]
+    later = [f"{3600 + s},{250 + s % 40},{60 + s % 20}" for s in range(0, 600, 2)]
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + "\n".join(busy + later))
+    config = replace(
+        FleetConfig(nodes=2, profiles=("h100-sxm-llama3-8b",), trace=str(trace)),
+        trace_start_s=0.0,
+        duration_s=30.0,
+    )
+    workload, info = fleet_workload(config, _plants(config.profiles))
+    assert _fleet_load(config, workload) == pytest.approx(0.6, rel=UTILIZATION_TOLERANCE)
+    assert info["reached_utilization"] == pytest.approx(_fleet_load(config, workload))
+    assert load_warning(config, info) is None
+
+
+def test_a_trace_shorter_than_the_window_says_the_load_it_reaches(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A 2 s trace under a 30 s --duration put every overlaid window in the first 2 s and
+    left the fleet idle after: a load of 0.04, reported as --utilization 0.6 without a
+    word. It runs, but says so on stderr and in fleet.md."""
+    trace = tmp_path / "short.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,301,30\n1,302,30\n2,303,30\n")
+    out = tmp_path / "out"
+    argv = ["fleet", "--trace", str(trace), "--duration", "30", "--drain", "5", "--nodes", "2"]
+    argv += ["--no-step", "--budgets", "0.8", "--allocators", "uniform", "--controller", "max"]
+    argv += ["--trace-start", "0", "--quiet", "--jobs", "1", "--out", str(out)]
+    assert main(argv) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "--utilization" in line]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith(f"gpugov: warning: --trace {trace}: it spans 2 s, shorter ")
+    assert "not --utilization 0.6; choose a --duration of at most 2 s" in warned[0]
+    reached = json.loads((out / "fleet.json").read_text())["workload"]["reached_utilization"]
+    assert reached < 0.1
+    assert (
+        f"0.6 of the fleet's fluid capacity asked, {reached:.3g} reached"
+        in (out / "fleet.md").read_text()
+    )
+
+
+def test_a_trace_that_scales_says_nothing_of_its_load(tmp_path: Path) -> None:
+    config = replace(
+        FleetConfig(nodes=2, profiles=("h100-sxm-llama3-8b",), trace="azure-conv-10min"),
+        trace_start_s=0.0,
+        duration_s=120.0,
+    )
+    workload, info = fleet_workload(config, _plants(config.profiles))
+    assert _fleet_load(config, workload) == pytest.approx(0.6, rel=UTILIZATION_TOLERANCE)
+    assert load_warning(config, info) is None
