@@ -318,10 +318,21 @@ def cmd_profile(args: argparse.Namespace) -> int:
     finally:
         for backend in backends:
             backend.close()
-    print(f"gpugov profile: wrote {manifest} and {manifest.with_suffix('.csv').name}")
-    print(f"  use it: gpugov simulate --profile {manifest} --controller mpc:{manifest}")
-    print(f'  or in a config: [domains.controller] kind = "mpc", profile = "{manifest}"')
+    _print_written(manifest)
     return 0
+
+
+def _print_written(manifest: Path) -> None:
+    """Say where the profile is and how to use it: a command quoted for a shell and a
+    TOML line escaped, so both still work pasted when the path holds a space or quote."""
+    path = str(manifest)
+    command = shlex.join(["gpugov", "simulate", "--profile", path, "--controller", f"mpc:{path}"])
+    # A JSON string (ASCII, escaped as JSON escapes) is a TOML basic string.
+    toml_path = json.dumps(path)
+    print(printable(f"gpugov profile: wrote {manifest} and {manifest.with_suffix('.csv').name}"))
+    # Not through printable(): it shortens a long line, and these are to be pasted whole.
+    print(f"  use it: {command}")
+    print(f'  or in a config: [domains.controller] kind = "mpc", profile = {toml_path}')
 
 
 def _stopped_by(received: list[str]) -> tuple[str, int]:

@@ -1,0 +1,51 @@
+"""The lines ``gpugov profile`` ends with work pasted when ``--out`` holds a space or a
+quote: the shell command split the path at its space, the TOML line ended at its quote."""
+
+from __future__ import annotations
+
+import shlex
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from synthetic import make_profile
+
+from gpugov.cli import main
+from gpugov.plant import ServingPlant, load_profile
+from gpugov.study.emulate.node import EmulatedNode
+from gpugov.study.emulate.server import EmulatorServer
+
+
+@pytest.fixture
+def emulator() -> Iterator[EmulatorServer]:
+    server = EmulatorServer(EmulatedNode(ServingPlant.from_profile(make_profile())), "127.0.0.1", 0)
+    server.start()
+    yield server
+    server.close()
+
+
+def test_the_use_it_lines_quote_an_odd_path(
+    emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "my profiles \"x\" 'y'"
+    argv = ["profile", "--engine-url", emulator.url, "--gpus", "0", "--backend", "emulated"]
+    argv += ["--out", str(out), "--quiet", "--clock-list", "1980,1290", "--dwell", "0.3"]
+    argv += ["--reference-batch", "16", "--reference-context", "256", "--name", "p"]
+    assert main(argv) == 0
+    manifest = str(out / "p.json")
+    lines = capsys.readouterr().out.splitlines()
+    use_it = lines[-2].removeprefix("  use it: ")
+    assert shlex.split(use_it) == [
+        "gpugov",
+        "simulate",
+        "--profile",
+        manifest,
+        "--controller",
+        f"mpc:{manifest}",
+    ]
+    # The line's two keys, one per line, as a config file holds them.
+    table = lines[-1].removeprefix("  or in a config: ").replace("] ", "]\n", 1)
+    config = tomllib.loads(table.replace('"mpc", profile', '"mpc"\nprofile', 1))
+    assert config["domains"]["controller"] == {"kind": "mpc", "profile": manifest}
+    assert load_profile(manifest).profile_status == "emulated"
