@@ -385,7 +385,7 @@ class SnapshotCollector(Collector):
         floor = _gauge("gpugov_model_floor_hertz", "Lowest clock the exploration allows now", d)
         guard = _gauge(
             "gpugov_model_burst_guard_active",
-            "1 when the last decision was raised to the burst guard's clock",
+            "1 when the last decision was the burst guard's clock",
             d,
         )
         descent = _gauge(
@@ -449,7 +449,9 @@ class SnapshotCollector(Collector):
             warmup.add_metric(key, 0.0 if model.get("warmed_up") else 1.0)
             if model.get("floor_mhz") is not None:
                 floor.add_metric(key, float(model["floor_mhz"]) * MHZ)
-            guard.add_metric(key, 1.0 if model.get("reason") == "burst-guard" else 0.0)
+            guard.add_metric(
+                key, 1.0 if model.get("reason") in ("burst-guard", "warm-up-guard") else 0.0
+            )
             descent.add_metric(
                 key,
                 1.0 if model.get("reason") in ("decode-descent", "warm-up-descent") else 0.0,

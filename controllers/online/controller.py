@@ -75,6 +75,9 @@ FloatArray = NDArray[np.float64]
 ONLINE_STATUS = "online-identified"
 """Profile status of a learned model (``measured`` stays reserved for clock sweeps)."""
 DEFAULT_THERMAL_LIMIT_C = 87.0
+WARMUP_GUARD_BUSY_S = 1.0
+"""Busy windows, in seconds, a prefill pool's warm-up fits before its burst guard prices a
+backlog below the top clock (:meth:`OnlineMPCController._warmup_guarded`)."""
 UNCAPPED_POWER_SCALE_W = 300.0
 """Scale of the power prior (not a cap) when no power limit, hint or reading is known."""
 HORIZON_PERIODS = 10
@@ -666,7 +669,17 @@ class OnlineMPCController(MeasuredLatencyRules):
             return self.current_clock
         self.exploration.exploring = False
         clock = maximum
-        if self.last_reason == "warm-up" and slos is not None and self.decode_descent:
+        if self.last_reason == "warm-up" and slos is not None and self._warmup_guarded(observation):
+            # A prefill pool's backlog in the warm-up: the burst guard's drain, priced by
+            # the warm-up's fit, whose knots move together (the compute-bound 1/f law from
+            # where the busy windows ran: pessimistic below them), once a second of busy
+            # windows is in. A prefill pool runs one phase, so there is no decode mix
+            # for the missing clock shape to misprice.
+            guard = self.burst_floor(observation, slos, self.park_share(observation))
+            if guard is not None:
+                clock = guard
+                self.last_reason = "warm-up-guard"
+        elif self.last_reason == "warm-up" and slos is not None and self.decode_descent:
             # The decode descent's bound needs no model (the measured latency and the 1/f
             # law), so a decode-only window need not wait for the warm-up at the top. The
             # bound itself, not the model's pick among the clocks above it: the model has
@@ -680,6 +693,17 @@ class OnlineMPCController(MeasuredLatencyRules):
             # Keep the MPC's notion of the applied clock (its clock-change penalty).
             self.mpc.current_clock = clock
         return clock
+
+    def _warmup_guarded(self, observation: ServingObservation) -> bool:
+        """Whether the burst guard prices a backlog in the warm-up: a prefill pool's,
+        once :data:`WARMUP_GUARD_BUSY_S` of busy windows have been fitted."""
+        model = self.model
+        return (
+            self.burst_guard
+            and observation.role == "prefill"
+            and model is not None
+            and int(model.visits.sum()) * self.control_period_s >= WARMUP_GUARD_BUSY_S
+        )
 
     def efficient_clock(self, observation: ServingObservation) -> float:
         """The efficiency floor (:mod:`controllers.online.efficiency`) of the domain's
@@ -839,7 +863,15 @@ class OnlineMPCController(MeasuredLatencyRules):
 
 
 _NO_NEED_REASONS = frozenset(
-    {"start", "warm-up", "warm-up-descent", "idle-park", "no SLO known", "one clock"}
+    {
+        "start",
+        "warm-up",
+        "warm-up-descent",
+        "warm-up-guard",
+        "idle-park",
+        "no SLO known",
+        "one clock",
+    }
 )
 """The ``last_reason`` values of a decision with no model need to report."""
 

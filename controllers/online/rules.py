@@ -153,6 +153,16 @@ class MeasuredLatencyRules:
         parked = _first_fit(clocks, clocks >= float(clocks[-1]) * needed - 1e-9)
         return parked if parked < float(clocks[-1]) else None
 
+    def park_share(self, observation: ServingObservation) -> float | None:
+        """The share of the TTFT SLO a prompt may take and still leave an idle prefill
+        pool free to park (:meth:`idle_prefill_clock`): the parking threshold less what
+        one period adds at the SLO measured; None before a TTFT SLO is measured."""
+        slo_s = observation.ttft_recent_slo_s
+        if slo_s is None or not slo_s > 0.0:
+            return None
+        threshold = loosened(self.exploration.explore_threshold, self.looseness)
+        return max(0.0, threshold - self.control_period_s / slo_s)
+
     def arrival_floor(self, observation: ServingObservation) -> float:
         """The lowest clock at which a prompt arriving in the coming period still meets
         its TTFT SLO where that SLO is shorter than :data:`ARRIVAL_FLOOR_PERIODS` control
@@ -266,7 +276,10 @@ class MeasuredLatencyRules:
         return _physical(mixed, realized_mhz)
 
     def burst_floor(
-        self, observation: ServingObservation, slos: tuple[float, float]
+        self,
+        observation: ServingObservation,
+        slos: tuple[float, float],
+        target_share: float | None = None,
     ) -> float | None:
         """The lowest clock for a prompt backlog, or None when none waits and none is
         expected sooner than the next decision. ``slos``: (TTFT SLO, TPOT SLO), seconds.
@@ -299,6 +312,10 @@ class MeasuredLatencyRules:
         little.
         (Not where no clock meets the short-answer limit, a board whose prefill chunk alone
         outlasts the TPOT SLO: the top clock would not save them.)
+
+        ``target_share``, where given, is a tighter share of the flat SLO to drain within
+        (a prefill pool's warm-up keeps the measured TTFT under its parking threshold,
+        :meth:`park_share`), applied only where the top clock drains within it.
         """
         ttft_slo_s, tpot_slo_s = slos
         backlog = observation.prefill_remaining_tokens
@@ -351,29 +368,51 @@ class MeasuredLatencyRules:
             )
             fits &= typical <= max(tpot_slo_s, float(typical[-1])) + 1e-12
         if draining:
-            # The oldest waiting prompt has waited ``backlog_age.age_s`` already.
-            target = min(1.0, self.slo_margin * self.looseness) * ttft_slo_s
-            target -= self.backlog_age.age_s
-            if max(observation.waiting_requests, self.pooled_waiting) <= 1:
-                # One prompt waits: its own per-prompt allowance is known (the whole
-                # backlog). Behind several, the last may be short: the flat SLO. (In a
-                # pool of engines, one waiting in the pool: the view's share of two
-                # waiting prompts is one, but either may be the busiest engine's.)
-                credit = 1.0 if self.budget is None else self.budget.allowance_credit
-                target += credit * (observation.ttft_slo_per_prompt_token_s or 0.0) * backlog
-            drained = math.ceil(backlog / chunk) * mixed <= target
-            # Prompts priced alike is an estimate, and one misjudged drain can cost every
-            # waiting prompt: each by its own deadline only while the SLO window could
-            # afford them all.
-            if budget is None or budget.remaining >= budget.exposed:
-                in_order = self._drains_in_order(backlog, chunk, mixed, target)
-                if in_order is not None:
-                    if observation.role != "prefill":
-                        # The longer drain's mixed iterations are the decoding replies'.
-                        in_order &= mixed <= tpot_slo_s
-                    drained |= in_order
+            share = min(1.0, self.slo_margin * self.looseness)
+            drained = self._drains(observation, mixed, share * ttft_slo_s, tpot_slo_s)
+            if target_share is not None and target_share < share:
+                # Within the tighter share where the top clock drains in it (and so
+                # keeps what it is kept for); where not even the top clock does, that is
+                # lost at any clock, and the margin's drain stands.
+                kept = self._drains(observation, mixed, target_share * ttft_slo_s, tpot_slo_s)
+                if kept[-1]:
+                    drained = kept
             fits &= drained
         return _first_fit(clocks, fits)
+
+    def _drains(
+        self,
+        observation: ServingObservation,
+        mixed: FloatArray,
+        flat_target_s: float,
+        tpot_slo_s: float,
+    ) -> NDArray[np.bool_]:
+        """Per clock, whether the backlog drains, chunk by chunk at ``mixed`` seconds an
+        iteration, within ``flat_target_s`` of the flat TTFT SLO (:meth:`burst_floor`)."""
+        backlog = observation.prefill_remaining_tokens
+        chunk = _chunk_tokens(observation)
+        budget = self.budget
+        # The oldest waiting prompt has waited ``backlog_age.age_s`` already.
+        target = flat_target_s - self.backlog_age.age_s
+        if max(observation.waiting_requests, self.pooled_waiting) <= 1:
+            # One prompt waits: its own per-prompt allowance is known (the whole
+            # backlog). Behind several, the last may be short: the flat SLO. (In a
+            # pool of engines, one waiting in the pool: the view's share of two
+            # waiting prompts is one, but either may be the busiest engine's.)
+            credit = 1.0 if budget is None else budget.allowance_credit
+            target += credit * (observation.ttft_slo_per_prompt_token_s or 0.0) * backlog
+        drained = math.ceil(backlog / chunk) * mixed <= target
+        # Prompts priced alike is an estimate, and one misjudged drain can cost every
+        # waiting prompt: each by its own deadline only while the SLO window could
+        # afford them all.
+        if budget is None or budget.remaining >= budget.exposed:
+            in_order = self._drains_in_order(backlog, chunk, mixed, target)
+            if in_order is not None:
+                if observation.role != "prefill":
+                    # The longer drain's mixed iterations are the decoding replies'.
+                    in_order &= mixed <= tpot_slo_s
+                drained |= in_order
+        return np.asarray(drained)
 
     def _drains_in_order(
         self, backlog: float, chunk: float, mixed: FloatArray, target: float

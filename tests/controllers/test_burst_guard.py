@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -625,3 +626,54 @@ def test_past_its_budget_a_window_holds_the_top_clock_for_a_prompt_landing_in_it
         assert controller.burst_floor(decoding, (100.0, slo)) == pytest.approx(min(fitting))
     ttft_only = _spent_controller(tpot_misses=0.0, remaining=-0.5)
     assert ttft_only.burst_floor(decoding, (100.0, slo)) is None
+
+
+def test_a_prefill_pools_warm_up_drains_its_backlog_below_the_top_clock() -> None:
+    """In the warm-up, once a second of busy windows is fitted, a prefill pool's backlog
+    gets the burst guard's drain clock (the warm-up fit's 1/f law), not the top clock,
+    and every prompt still meets its TTFT SLO; before that second, the top clock. The
+    profile is one of the tests' own (a 20k token/s prefill, 1 s TTFT SLO), the run
+    shorter than the warm-up: it misses no more prompts than the maximum clock, for less
+    energy."""
+    from gpugov.controllers.online.controller import WARMUP_GUARD_BUSY_S
+    from gpugov.plant import ServingPlant
+    from gpugov.plant.disaggregated import simulate_disaggregated
+    from gpugov.plant.disaggregated_layout import DisaggregatedPlant, PoolSpec
+    from gpugov.plant.synthetic_workloads import LognormalLengths, poisson_workload
+
+    plant = ServingPlant.from_profile(make_profile())
+    requests = poisson_workload(
+        0.5, 90.0, seed=11, prompt_tokens=LognormalLengths(median=5000.0, mean=6000.0)
+    )
+    prefill = OnlineMPCController(control_period_s=0.25, mean_prompt_tokens=6000.0)
+    decisions: list[tuple[str, float, float, bool]] = []
+
+    def recorded(observation: ServingObservation) -> float:
+        clock = prefill(observation)
+        model = prefill.model
+        assert model is not None
+        busy_s = float(model.visits.sum()) * prefill.control_period_s
+        decisions.append((prefill.last_reason, clock, busy_s, model.warmed_up))
+        return clock
+
+    def run(controller: object) -> Any:
+        layout = DisaggregatedPlant(PoolSpec(plant), PoolSpec(plant))
+        controllers = {"prefill": controller, "decode": maximum_clock_controller}
+        return simulate_disaggregated(requests, layout, controllers, 0, control_period_s=0.25)  # type: ignore[arg-type]
+
+    result, at_top = run(recorded), run(maximum_clock_controller)
+    top = float(plant.profile.clock_mhz[-1])
+    guarded = [
+        (clock, busy_s, warm)
+        for reason, clock, busy_s, warm in decisions
+        if reason == "warm-up-guard"
+    ]
+    assert guarded, "no backlog was priced in the warm-up"
+    assert all(not warm and busy_s >= WARMUP_GUARD_BUSY_S for _, busy_s, warm in guarded)
+    assert min(clock for clock, _, _ in guarded) < 0.8 * top
+    early = [c for r, c, busy_s, _ in decisions if busy_s < WARMUP_GUARD_BUSY_S and r == "warm-up"]
+    assert early and all(clock == top for clock in early)
+    # The maximum clock misses one prompt of 48 here (a 9.7k-token prompt behind two).
+    assert result.metrics.ttft_slo_attainment == at_top.metrics.ttft_slo_attainment
+    spent = result.pools["prefill"].as_dict()["energy_j"]
+    assert spent < at_top.pools["prefill"].as_dict()["energy_j"]

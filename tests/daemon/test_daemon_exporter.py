@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import urllib.request
+from dataclasses import replace
 
 import pytest
 from prometheus_client import REGISTRY
@@ -179,6 +180,31 @@ def test_online_model_gauges(page: str) -> None:
     assert samples[("gpugov_model_burst_guard_active", key)] == 1.0
     assert samples[("gpugov_model_decode_descent_active", key)] == 0.0
     assert samples[("gpugov_model_backoffs_total", key)] == 2.0
+
+
+@pytest.mark.parametrize(
+    ("reason", "guard", "descent"),
+    [("warm-up-guard", 1.0, 0.0), ("warm-up-descent", 0.0, 1.0), ("mpc", 0.0, 0.0)],
+)
+def test_the_guard_and_descent_gauges_follow_the_reason(
+    reason: str, guard: float, descent: float
+) -> None:
+    # A prefill pool's warm-up clock is the burst guard's; a decode-only warm-up
+    # window's is the descent's.
+    snapshot = _snapshot()
+    model = {**(snapshot.model or {}), "reason": reason}
+    with Exporter("127.0.0.1", 0) as exporter:
+        exporter.publish([replace(snapshot, model=model)], LoopSnapshot(ticks_total=1))
+        with urllib.request.urlopen(exporter.url, timeout=5) as response:
+            text = response.read().decode()
+    samples = {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("gpugov_model_")
+    }
+    assert samples["gpugov_model_burst_guard_active"] == guard
+    assert samples["gpugov_model_decode_descent_active"] == descent
 
 
 def test_exposition_is_clean(page: str) -> None:
