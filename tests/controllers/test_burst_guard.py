@@ -677,3 +677,20 @@ def test_a_prefill_pools_warm_up_drains_its_backlog_below_the_top_clock() -> Non
     assert result.metrics.ttft_slo_attainment == at_top.metrics.ttft_slo_attainment
     spent = result.pools["prefill"].as_dict()["energy_j"]
     assert spent < at_top.pools["prefill"].as_dict()["energy_j"]
+
+
+def test_a_tighter_target_share_binds_only_where_the_top_clock_meets_it() -> None:
+    # A lone 9k-token prompt in a prefill pool: at the top clock it drains in 0.64 s.
+    # Within half the 1.6 s SLO (0.8 s) the top clock meets it, so that share binds;
+    # within 0.3 of it (0.48 s) no clock does, so the margin's drain stands.
+    controller = _controller()
+    z = controller.uncertainty_z
+    ttft, rest = 1.6, 9000.0
+    pool = _lone_prompt(rest, role="prefill")
+    margin = _drain_clock(rest, controller.slo_margin * ttft, prefill_pool=True, z=z)
+    half = _drain_clock(rest, 0.5 * ttft, prefill_pool=True, z=z)
+    assert margin < half < CLOCKS[-1]
+    assert controller.burst_floor(pool, (ttft, 1.0)) == pytest.approx(margin)
+    assert controller.burst_floor(pool, (ttft, 1.0), 0.5) == pytest.approx(half)
+    assert controller.burst_floor(pool, (ttft, 1.0), 0.3) == pytest.approx(margin)
+    assert controller.burst_floor(pool, (ttft, 1.0), 0.9) == pytest.approx(margin)
