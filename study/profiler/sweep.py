@@ -343,10 +343,18 @@ class Sweep:
         todo = [c for c in self.settings.clocks_mhz if c not in done]
         sampler = GpuSampler(self.backends)
         measurer = Measurer(self.url, self.model, sampler, api_key=self.api_key, stop=self.stop)
+        # Measurements, not clocks, are the progress's units: one clock takes a minute or
+        # more, and a line per clock left the first clock without a line or an ETA. Only
+        # the clocks still to measure count: resumed ones, "done" at the start, made the
+        # rate (and the ETA) as many clocks too fast.
+        steps = 2 + len(self.settings.decode_points)
+        total_clocks = len(self.settings.clocks_mhz)
         progress = Progress(
-            len(self.settings.clocks_mhz), "profile", unit="clocks", enabled=self.progress_enabled
+            len(todo) * steps, "profile", unit="measurements", enabled=self.progress_enabled
         )
-        progress.update(len(done), "resumed" if done else "", force=True)
+        resumed = f"{len(done)} of {total_clocks} clocks resumed" if done else ""
+        progress.update(0, resumed, force=True)
+        measured = [0]
         sampler.start()
         try:
             with ClockActuator(self.backends, domain="profile") as actuator:
@@ -354,13 +362,19 @@ class Sweep:
                     self._check_stop()
                     actuator.apply(clock_mhz)
                     time.sleep(self.settings.settle_s)
-                    record = self.measure_clock(measurer, sampler, clock_mhz)
+                    where = f"{clock_mhz} MHz (clock {len(records) + 1} of {total_clocks})"
+
+                    def step(name: str, where: str = where) -> None:
+                        measured[0] += 1
+                        progress.update(measured[0], f"{where}: {name} measured", force=True)
+
+                    record = self.measure_clock(measurer, sampler, clock_mhz, on_step=step)
                     if check_load is not None and not records:
                         check_load(record)
                     records.append(record)
                     _append(self.state_path, record)
                     progress.update(
-                        len(records),
+                        measured[0],
                         f"{clock_mhz} MHz: prefill {record['prefill']['tokens_per_s']:.0f} tok/s",
                         force=True,
                     )
