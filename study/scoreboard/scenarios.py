@@ -405,6 +405,33 @@ def _require_requests(window: Sequence[Request], trace: str, length_s: float) ->
         )
 
 
+class NoCapacityError(ScenarioSkip):
+    """A scenario's window never misses its SLO at the maximum clock, at any rate the
+    capacity search tries (too few requests, or all at one instant, to load the GPU): it
+    has no SLO capacity to scale a load to."""
+
+
+def _require_capacity(
+    window: Sequence[Request], plant: ServingPlant, length_s: float, capacity: float, trace: str
+) -> None:
+    """Raise :class:`NoCapacityError` when :func:`slo_capacity` returned its search limit
+    (``CAPACITY_SEARCH_LIMIT`` times the fluid guess, powers of two apart, so exact): the
+    window held its SLO at every rate tried, and the capacity is only that bound. A load
+    scaled to it (``cap70``, a recorded load split over ``1 / capacity`` nodes) would be
+    reported as a utilisation it is not: a trace of one request showed ``recorded/716``."""
+    guess = length_s / max(work_seconds_at_maximum(window, plant.profile), 1e-9)
+    if capacity < CAPACITY_SEARCH_LIMIT * guess:
+        return
+    instant = window[0].arrival_time_s == window[-1].arrival_time_s
+    over = "at one instant" if instant else f"over {format_seconds(length_s)} s"
+    raise NoCapacityError(
+        f"{trace}: the window's {len(window)} request(s) {over} "
+        f"meet the SLO at {plant.profile.name}'s maximum clock at every rate tried (up to "
+        f"{CAPACITY_SEARCH_LIMIT:g}x the fluid capacity): too few to load the GPU, so the "
+        "window has no SLO capacity to scale a load to"
+    )
+
+
 def build_scenario(
     trace: str,
     plant: ServingPlant,
@@ -446,6 +473,7 @@ def build_scenario(
     if trace in WHOLE_TRACE:
         window, start, length = _window(full, 0.0, full[-1].arrival_time_s + 1e-6)
         capacity, light, probes = slo_capacity(window, plant, length)
+        _require_capacity(window, plant, length, capacity, trace)
         target = BUSY_UTILIZATION if load == "recorded" else TARGET_UTILIZATION
         scale = target * capacity
         label = "busy" if load == "recorded" else "cap70"
@@ -460,6 +488,8 @@ def build_scenario(
             )
         capacity, light, probes = slo_capacity(window, plant, length)
         if load == "recorded":
+            if capacity < 1.0:  # the load is split by the capacity: it must be one
+                _require_capacity(window, plant, length, capacity, trace)
             pool = 1 if capacity >= 1.0 else math.ceil(1.0 / capacity)
             scale = 1.0 / pool
             label = "recorded" if pool == 1 else f"recorded/{pool}"
@@ -470,6 +500,7 @@ def build_scenario(
             window, start, length = _window(full, start, duration_s * TARGET_UTILIZATION * capacity)
             _require_requests(window, trace, length)
             capacity, light, more = slo_capacity(window, plant, length)
+            _require_capacity(window, plant, length, capacity, trace)
             probes += more
             scale = TARGET_UTILIZATION * capacity
             label = "cap70"
