@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import sys
@@ -246,6 +247,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 )
         else:
             clocks = pick_clocks(supported, args.clocks or 8)
+        name = args.name or _default_name(getattr(backends[0], "name", "gpu"), model)
+        if not args.resume and not args.dry_run:
+            _check_no_profile_named(out_dir, name)
         decode_points = default_decode_points(args.reference_batch, args.reference_context, max_len)
         _check_decode_points_fit(decode_points, _kv_capacity(args.engine_url))
         prepare_output_dir("--out", args.out)
@@ -279,7 +283,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 return 0
             records = sweep.run(resume=args.resume, check_load=_check_load)
         sample = backends[0].sample()
-        name = args.name or _default_name(getattr(backends[0], "name", "gpu"), model)
         manifest = write_profile(
             records,
             out_dir,
@@ -333,6 +336,24 @@ def _print_written(manifest: Path) -> None:
     # Not through printable(): it shortens a long line, and these are to be pasted whole.
     print(f"  use it: {command}")
     print(f'  or in a config: [domains.controller] kind = "mpc", profile = {toml_path}')
+
+
+def _check_no_profile_named(out_dir: Path, name: str) -> None:
+    """Refuse a new sweep whose profile would replace one already in ``--out`` (an earlier
+    sweep's, a copied one), before any clock is set: it was overwritten at the sweep's
+    end. A resumed sweep rewrites its own profile.
+
+    Raises:
+        UsageError: naming the file and the flags that avoid it.
+    """
+    for suffix in (".json", ".csv"):
+        path = out_dir / f"{name}{suffix}"
+        if os.path.lexists(path):
+            raise UsageError(
+                f"--out {out_dir}: already holds {path.name}, which this sweep's profile "
+                "would replace; give another --name or --out, or --resume to rewrite the "
+                "sweep's own profile (nothing was changed)"
+            )
 
 
 def _stopped_by(received: list[str]) -> tuple[str, int]:

@@ -49,3 +49,24 @@ def test_the_use_it_lines_quote_an_odd_path(
     config = tomllib.loads(table.replace('"mpc", profile', '"mpc"\nprofile', 1))
     assert config["domains"]["controller"] == {"kind": "mpc", "profile": manifest}
     assert load_profile(manifest).profile_status == "emulated"
+
+
+@pytest.mark.parametrize("existing", ["p.json", "p.csv"])
+def test_a_profile_already_in_out_is_not_replaced_by_a_new_sweep(
+    emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], existing: str
+) -> None:
+    """A new sweep overwrote a profile of its name already in ``--out`` at its end."""
+    kept = tmp_path / existing
+    kept.write_text("an earlier profile\n")
+    argv = ["profile", "--engine-url", emulator.url, "--gpus", "0", "--backend", "emulated"]
+    argv += ["--out", str(tmp_path), "--quiet", "--clock-list", "1980,1290", "--name", "p"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"gpugov: error: --out {tmp_path}: already holds {existing}, which this sweep's "
+        "profile would replace; give another --name or --out, or --resume to rewrite the "
+        "sweep's own profile (nothing was changed)"
+    ]
+    assert kept.read_text() == "an earlier profile\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == [existing]
+    assert emulator.node.gpu_state[0].locked is None
