@@ -163,17 +163,31 @@ def read_input_bytes(path: str | os.PathLike[str], kind: str) -> bytes:
     return b"".join(chunks)
 
 
+_COMPRESSED: tuple[tuple[bytes, str, str], ...] = (
+    (b"\x1f\x8b", "gzip-compressed", "gunzip -k"),  # the Azure 2025 trace ships .csv.gz
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed", "zstd -d"),
+    (b"BZh", "bzip2-compressed", "bunzip2 -k"),
+    (b"\xfd7zXZ\x00", "xz-compressed", "unxz -k"),
+    (b"PK\x03\x04", "a zip archive", "unzip"),
+)
+"""Magic numbers of the compressed forms a downloaded trace comes in, each named with the
+command that unpacks it: they were refused as "binary data (a NUL byte)" or "not UTF-8
+text (invalid start byte at byte 1)", no help with a ``.jsonl.zst``. (``BZh`` is text
+too, but no trace, config or recording starts with it.)"""
+
+
 def decode_input_text(source: str | os.PathLike[str], data: bytes, kind: str) -> str:
     """``data`` (a ``kind`` file's bytes) as UTF-8 text (a BOM is dropped).
 
     Raises:
-        InputFileError: gzip-compressed or UTF-16 (named as such), not UTF-8, or holds a
-            NUL byte (binary), naming the line.
+        InputFileError: compressed (gzip, zstd, bzip2, xz, zip) or UTF-16 (named as such),
+            not UTF-8, or holds a NUL byte (binary), naming the line.
     """
-    if data.startswith(b"\x1f\x8b"):  # the gzip magic (the Azure 2025 trace ships .csv.gz)
-        raise InputFileError(
-            source, None, f"gzip-compressed; not a {kind} file (decompress it: gunzip -k FILE)"
-        )
+    for magic, what, command in _COMPRESSED:
+        if data.startswith(magic):
+            raise InputFileError(
+                source, None, f"{what}; not a {kind} file (decompress it: {command} FILE)"
+            )
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):  # a UTF-16 BOM (a spreadsheet's export)
         raise InputFileError(
             source,

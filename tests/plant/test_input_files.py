@@ -3,9 +3,13 @@ always in one line naming the file (and the line)."""
 
 from __future__ import annotations
 
+import bz2
 import gzip
+import io
+import lzma
 import os
 import threading
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -88,20 +92,35 @@ def test_binary_and_non_utf8_name_the_line(tmp_path: Path, data: bytes, expected
     assert str(error.value).startswith(f"{path}{expected}")
 
 
+def _zipped(data: bytes) -> bytes:
+    """``data`` as the one member of a zip archive."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("trace.csv", data)
+    return buffer.getvalue()
+
+
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
         (gzip.compress(b"TIMESTAMP,ContextTokens,GeneratedTokens\n"), ": gzip-compressed; not a"),
         ("TIMESTAMP\n".encode("utf-16"), ": UTF-16 text; a trace file is UTF-8"),
         ("TIMESTAMP\n".encode("utf-16-be").join([b"\xfe\xff", b""]), ": UTF-16 text"),
+        (
+            b"\x28\xb5\x2f\xfd\x24\x05\x29\x00\x00",
+            ": zstd-compressed; not a trace file (decompress it: zstd -d FILE)",
+        ),
+        (bz2.compress(b"TIMESTAMP\n"), ": bzip2-compressed; not a trace file (decompress it: "),
+        (lzma.compress(b"TIMESTAMP\n"), ": xz-compressed; not a trace file (decompress it: unxz"),
+        (_zipped(b"TIMESTAMP\n"), ": a zip archive; not a trace file (decompress it: unzip FILE)"),
     ],
-    ids=["gzip", "utf-16-le", "utf-16-be"],
+    ids=["gzip", "utf-16-le", "utf-16-be", "zstd", "bzip2", "xz", "zip"],
 )
 def test_compressed_and_utf16_files_are_named_as_such(
     tmp_path: Path, data: bytes, expected: str
 ) -> None:
-    # Both were "binary data (a NUL byte)": true, but no help with a .csv.gz or a
-    # spreadsheet's "Unicode text" export.
+    # They were "binary data (a NUL byte)" or "not UTF-8 text": true, but no help with a
+    # .csv.gz, a .jsonl.zst or a spreadsheet's "Unicode text" export.
     path = tmp_path / "t.csv"
     path.write_bytes(data)
     with pytest.raises(InputFileError) as error:
