@@ -235,6 +235,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     except GpuUnavailable as error:
         return fail(f"{error}", EXIT_NO_GPU)
     received: list[str] = []  # the signal that stopped the sweep, by name
+    sweep: Sweep | None = None
     try:
         supported = backends[0].supported_clocks_mhz()
         if wanted_clocks is not None:
@@ -306,18 +307,19 @@ def cmd_profile(args: argparse.Namespace) -> int:
         line = (
             f"gpugov: {word}; the dry run changed nothing and wrote nothing ({out_dir})"
             if args.dry_run
-            else f"gpugov: {word}; clocks reset; rerun with --resume to continue ({out_dir})"
+            else f"gpugov: {word}; {_reset_words(sweep, args)}; rerun with --resume to continue "
+            f"({out_dir})"
         )
         print(printable(line), file=sys.stderr)
         return code
     except ProfileRunError as error:
-        return fail(f"{error}; clocks reset", EXIT_RUNTIME)
+        return fail(f"{error}; {_reset_words(sweep, args)}", EXIT_RUNTIME)
     except PermissionDenied as error:
         return fail(f"{error}", EXIT_PERMISSION)
     except GpuLost as error:
         return fail(f"{error}; clocks reset where possible", EXIT_GPU_LOST)
     except GpugovError as error:
-        return fail(f"{error}; clocks reset", EXIT_RUNTIME)
+        return fail(f"{error}; {_reset_words(sweep, args)}", EXIT_RUNTIME)
     finally:
         for backend in backends:
             backend.close()
@@ -336,6 +338,24 @@ def _print_written(manifest: Path) -> None:
     # Not through printable(): it shortens a long line, and these are to be pasted whole.
     print(f"  use it: {command}")
     print(f'  or in a config: [domains.controller] kind = "mpc", profile = {toml_path}')
+
+
+def _reset_words(sweep: Any, args: argparse.Namespace) -> str:
+    """What the exit line says of the clocks: reset, or which GPUs may still be locked
+    (their reset failed: the emulator or GPU stopped answering) and how to unlock them."""
+    unreset = getattr(sweep, "unreset", ())
+    if not unreset:
+        return "clocks reset"
+    gpus = ",".join(unreset)
+    command = ["gpugov", "reset-clocks", "--gpus", gpus]
+    if args.backend != "nvml":
+        command += ["--backend", args.backend]
+    if args.backend == "emulated":
+        command += ["--emulator", args.emulator or args.engine_url.rstrip("/").removesuffix("/v1")]
+    return (
+        f"GPU(s) {gpus} could not be reset and may still be locked: run "
+        f"{shlex.join(command)} once it answers"
+    )
 
 
 def _check_no_profile_named(out_dir: Path, name: str) -> None:

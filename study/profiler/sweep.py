@@ -10,6 +10,7 @@ written from the state file at the end: :mod:`gpugov.study.profiler.write`.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +39,8 @@ from gpugov.study.profiler.measure import (
     ProfileRunError,
     point_dict,
 )
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "sweep-state.jsonl"
 MAX_REMEASURES = 2
@@ -206,6 +209,8 @@ class Sweep:
     clock: Callable[[], float] = time.monotonic
     api_key: str | None = field(default=None, repr=False)
     """Sent with every request (``Authorization: Bearer``); never written to the state."""
+    unreset: tuple[str, ...] = field(default=(), init=False)
+    """The GPUs whose reset failed at the sweep's end (they may still be locked)."""
 
     @property
     def state_path(self) -> Path:
@@ -356,8 +361,9 @@ class Sweep:
         progress.update(0, resumed, force=True)
         measured = [0]
         sampler.start()
+        actuator = ClockActuator(self.backends, domain="profile")
         try:
-            with ClockActuator(self.backends, domain="profile") as actuator:
+            try:
                 for clock_mhz in todo:
                     self._check_stop()
                     actuator.apply(clock_mhz)
@@ -379,6 +385,11 @@ class Sweep:
                         force=True,
                     )
                     sampler.check()
+            finally:
+                # Kept for the exit line: "clocks reset" is said only when they were.
+                self.unreset = tuple(actuator.restore())
+                if self.unreset:
+                    log.error("domain profile: could not reset GPU(s) %s", ", ".join(self.unreset))
         finally:
             sampler.stop()
             progress.close()

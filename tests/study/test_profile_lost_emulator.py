@@ -1,0 +1,65 @@
+"""An emulator (GPU and engine) that stops answering midway: the exit line said "clocks
+reset" while the reset had failed; it now names the GPUs that may still be locked and
+the command that unlocks them."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from synthetic import make_profile
+
+from gpugov.cli import main
+from gpugov.study.profiler import cli as profile_cli
+from gpugov.study.profiler.accuracy import write_profile_files
+
+
+def test_a_failed_reset_is_not_reported_as_a_reset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_profile_files(make_profile(), tmp_path)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "gpugov", "emulate", "--profile", str(path)]
+    emulator = subprocess.Popen(
+        [*command, "--address", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/v1/models", timeout=2).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and emulator.poll() is None
+                time.sleep(0.2)
+
+        def gone_after_the_first_clock(record: dict[str, Any]) -> None:
+            emulator.kill()  # the emulated node (its GPU and its engine) is gone
+            emulator.wait()
+
+        monkeypatch.setattr(profile_cli, "_check_load", gone_after_the_first_clock)
+        argv = ["profile", "--engine-url", url, "--gpus", "0", "--backend", "emulated"]
+        argv += ["--out", str(tmp_path / "out"), "--quiet", "--clock-list", "1980,1290"]
+        argv += ["--dwell", "0.3", "--reference-batch", "16", "--reference-context", "256"]
+        code = main(argv)
+    finally:
+        emulator.kill()
+        emulator.wait()
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code != 0
+    assert "clocks reset" not in last, last
+    assert last.endswith(
+        "GPU(s) 0 could not be reset and may still be locked: run gpugov reset-clocks "
+        f"--gpus 0 --backend emulated --emulator {url} once it answers"
+    ), last
