@@ -161,6 +161,13 @@ def read_state(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]
     return header, records
 
 
+def _shown(value: object) -> str:
+    """A GPU list or model name for one line: ``0,1`` or the name, quoted and shortened."""
+    if isinstance(value, list):
+        return ",".join(str(item) for item in value)[:120]
+    return repr(str(value)[:120])
+
+
 def _positive(value: object) -> bool:
     number = finite_number(value)
     return number is not None and number > 0
@@ -320,6 +327,19 @@ class Sweep:
                     f"{self.state_path}: --resume with different settings or engine than the "
                     "interrupted sweep; rerun with the same flags or without --resume"
                 )
+            # Another GPU or model would be fitted into one profile with the clocks
+            # measured before: refused (a header without them, an older sweep's, passes).
+            gpus = [b.label for b in self.backends]
+            for what, before, now in (
+                ("--gpus", header.get("gpus"), gpus),
+                ("served model", header.get("model"), self.model),
+            ):
+                if before is not None and before != now:
+                    raise UsageError(
+                        f"{self.state_path}: --resume with {what} {_shown(now)}, the "
+                        f"interrupted sweep's was {_shown(before)}; rerun with the same "
+                        "GPUs and engine, or give another --out (nothing was changed)"
+                    )
             points = len(self.settings.decode_points)
             for record in records:
                 if len(record["decode"]) != points:
