@@ -238,9 +238,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     sweep: Sweep | None = None
     try:
         supported = backends[0].supported_clocks_mhz()
+        if not args.dry_run:  # a dry run locks no clock: one listed clock is enough
+            _check_supported_clocks(backends[0], supported)
         if wanted_clocks is not None:
             clocks = wanted_clocks
             bad = [c for c in clocks if c not in supported]
+            if bad and not supported:
+                raise UsageError(f"--clock-list: GPU {backends[0].label} lists no supported clock")
             if bad:
                 raise UsageError(
                     f"--clock-list: {bad[0]} MHz is not a supported clock "
@@ -338,6 +342,23 @@ def _print_written(manifest: Path) -> None:
     # Not through printable(): it shortens a long line, and these are to be pasted whole.
     print(f"  use it: {command}")
     print(f'  or in a config: [domains.controller] kind = "mpc", profile = {toml_path}')
+
+
+def _check_supported_clocks(backend: Any, supported: list[int]) -> None:
+    """Refuse a GPU whose clock list cannot make a profile (fewer than two different
+    clocks) before any clock is set: the sweep measured it, then could not write it.
+
+    Raises:
+        UsageError: naming the GPU and what it lists.
+    """
+    different = sorted(set(supported))
+    if len(different) >= 2:
+        return
+    label = getattr(backend, "label", "?")
+    listed = f"one supported clock ({different[0]} MHz)" if different else "no supported clock"
+    raise UsageError(
+        f"GPU {label} lists {listed}: a profile needs two; nothing was changed (see gpugov status)"
+    )
 
 
 def _reset_words(sweep: Any, args: argparse.Namespace) -> str:
