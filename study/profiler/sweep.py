@@ -138,6 +138,7 @@ def read_state(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]
     except InputFileError as error:
         raise UsageError(str(error)) from error
     lines = text.split("\n")
+    seen: dict[int, int] = {}  # clock -> the line that recorded it
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -152,11 +153,16 @@ def read_state(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]
             header = row
             continue
         problem = "not a header or clock record" if kind != "clock" else _record_problem(row)
+        if problem is None and row["clock_mhz"] in seen:
+            # Fitted twice into one profile: a clock range of one clock, or polyfit's
+            # RankWarning on the user's terminal.
+            problem = f"{row['clock_mhz']} MHz is recorded again (line {seen[row['clock_mhz']]})"
         if problem is not None:
             raise UsageError(
                 f"{path}:{number}: {problem}; remove the line (that clock is measured "
                 "again) or the file (--resume then starts over)"
             )
+        seen[row["clock_mhz"]] = number
         records.append(row)
     return header, records
 
@@ -176,7 +182,9 @@ def _positive(value: object) -> bool:
 def _record_problem(row: dict[str, Any]) -> str | None:
     """What makes a clock record unusable (None when it is usable)."""
     clock = row.get("clock_mhz")
-    if clock is not None and not (_positive(clock) and isinstance(clock, int)):
+    # Only a dry run measures at no clock (None), and it keeps no state: a record without
+    # a clock failed writing the profile with a TypeError.
+    if not (_positive(clock) and isinstance(clock, int) and not isinstance(clock, bool)):
         return f"clock_mhz is {clock!r}, not a clock in MHz"
     for name in ("realized_clock_mhz", "idle_power_w"):
         if not _positive(row.get(name)):

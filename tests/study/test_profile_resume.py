@@ -43,3 +43,37 @@ def test_a_resume_on_other_gpus_or_another_model_is_refused(tmp_path: Path) -> N
         for backend in backends:
             backend.close()
         server.close()
+
+
+def _clock_record(clock_mhz: object) -> dict[str, object]:
+    return {
+        "kind": "clock",
+        "clock_mhz": clock_mhz,
+        "realized_clock_mhz": 1980,
+        "idle_power_w": 100.0,
+        "prefill": {"tokens_per_s": 10_000.0},
+        "decode": [{"batch": 1, "iteration_s": 0.01, "context_tokens": 100}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("rows", "said"),
+    [
+        ([_clock_record(None)], ":2: clock_mhz is None, not a clock in MHz"),
+        ([_clock_record(1980), _clock_record(1980)], ":3: 1980 MHz is recorded again (line 2)"),
+    ],
+    ids=["no-clock", "twice"],
+)
+def test_a_state_record_without_a_clock_or_repeated_is_refused_by_line(
+    tmp_path: Path, rows: list[dict[str, object]], said: str
+) -> None:
+    """A clock record without a clock failed the profile's write with a TypeError after
+    the sweep; one recorded twice was fitted twice (a one-clock range, polyfit's
+    RankWarning on the terminal)."""
+    from gpugov.study.profiler.sweep import read_state
+
+    state = tmp_path / "sweep-state.jsonl"
+    state.write_text("".join(json.dumps(row) + "\n" for row in [{"kind": "header"}, *rows]))
+    with pytest.raises(UsageError) as refused:
+        read_state(state)
+    assert str(refused.value).startswith(f"{state}{said}; remove the line"), refused.value
