@@ -28,7 +28,7 @@ EXIT_RUNTIME, EXIT_PERMISSION, EXIT_NO_GPU, EXIT_GPU_LOST, EXIT_INTERRUPTED = (
 )
 
 
-def _check_emulator_speed(emulator: str) -> None:
+def _check_emulator_speed(emulator: str, flag: str = "--emulator") -> None:
     """Refuse an emulator that runs faster than real time (``gpugov emulate --speed X``):
     a profile measures wall-clock rates, so every rate would be X times the plant's. One
     that does not answer is left to the backend's own error (exit 4).
@@ -45,7 +45,7 @@ def _check_emulator_speed(emulator: str) -> None:
         return
     if speed is not None and speed != 1.0:
         raise UsageError(
-            f"--emulator {emulator}: gpugov emulate runs at --speed {speed:g} (plant seconds "
+            f"{flag} {emulator}: gpugov emulate runs at --speed {speed:g} (plant seconds "
             f"per wall second); a profile measures wall-clock rates, so its rates would be "
             f"{speed:g} times the plant's: run the emulator at --speed 1; nothing was changed"
         )
@@ -228,6 +228,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     if args.backend == "emulated":
         _check_emulator_speed(emulator)
+    engine_base = args.engine_url.rstrip("/").removesuffix("/v1")
+    if engine_base != emulator or args.backend != "emulated":
+        # An engine that is gpugov emulate streams its tokens X times fast whatever
+        # backend reads the GPUs (one that is not answers no GET /gpu: left alone).
+        _check_emulator_speed(engine_base, "--engine-url")
     try:
         backends = [
             open_backend(gpu, args.backend, dry_run=args.dry_run, emulator=emulator) for gpu in gpus

@@ -52,3 +52,28 @@ def test_an_nvml_run_against_the_emulator_writes_an_emulated_profile(
     profile = load_profile(tmp_path / "p.json")
     assert profile.profile_status == "emulated" and not profile.is_measured
     assert "not on hardware" in profile.manifest["warning"]
+
+
+def test_an_engine_faster_than_real_time_is_refused_whatever_the_backend(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``--speed`` check asked only ``--emulator`` under ``--backend emulated``: with
+    ``--backend nvml`` against ``gpugov emulate --speed 4`` every rate came out four times
+    the plant's."""
+    server = EmulatorServer(
+        EmulatedNode(ServingPlant.from_profile(make_profile()), speed=4.0), "127.0.0.1", 0
+    )
+    server.start()
+    opened: list[Any] = []
+    monkeypatch.setattr(service, "open_backend", lambda *a, **k: opened.append(a))
+    try:
+        out = tmp_path / "new"
+        argv = ["profile", "--engine-url", server.url + "/v1", "--gpus", "0", "--out", str(out)]
+        code = main([*argv, "--quiet"])
+    finally:
+        server.close()
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"gpugov: error: --engine-url {server.url}: ")
+    assert "--speed 4" in err[0] and "nothing was changed" in err[0]
+    assert not out.exists() and not opened
