@@ -213,6 +213,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
             f"--name {args.name[:80]!r}: a profile name is a file stem: letters, digits, "
             "'.', '_' and '-', at most 100 characters"
         )
+    if args.name is not None and args.name.lower() == "dry-run":
+        # --dry-run writes DIR/dry-run.json: it would replace this profile's manifest.
+        raise UsageError(
+            f"--name {args.name}: that name is --dry-run's record (dry-run.json); give another"
+        )
     for flag, url in (("--engine-url", args.engine_url), ("--emulator", args.emulator)):
         if url is not None:
             check_engine_url(url, flag=flag, example="http://127.0.0.1:8000")

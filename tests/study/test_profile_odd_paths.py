@@ -70,3 +70,15 @@ def test_a_profile_already_in_out_is_not_replaced_by_a_new_sweep(
     assert kept.read_text() == "an earlier profile\n"
     assert sorted(path.name for path in tmp_path.iterdir()) == [existing]
     assert emulator.node.gpu_state[0].locked is None
+
+
+@pytest.mark.parametrize("name", ["dry-run", "Dry-Run"])
+def test_the_dry_runs_file_name_is_no_profile_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """A profile named ``dry-run`` had its manifest replaced by the next ``--dry-run``'s
+    ``dry-run.json``, which left its CSV under a record the loader refuses."""
+    argv = ["profile", "--engine-url", "http://127.0.0.1:9", "--gpus", "0", "--name", name]
+    assert main([*argv, "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"gpugov: error: --name {name}: "), err
