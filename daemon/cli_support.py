@@ -223,6 +223,22 @@ def trace_progress(
     bar.close()
 
 
+def window_past_end_note(report: TraceLoadReport) -> str | None:
+    """A line saying a ``--start``/``--duration`` window runs past the trace's last arrival
+    (a 2 s trace under ``--duration 3600``), so a run covers less than the window asked
+    for: it ends once the window's requests finish, and its energy is that of those
+    seconds, not of the window's; None when the window ends within the trace."""
+    if report.duration_s is None or report.start_s + report.duration_s <= report.span_s:
+        return None
+    end = report.start_s + report.duration_s
+    return (
+        f"{Path(report.path).name}: the window from {format_seconds(report.start_s)} s to "
+        f"{format_seconds(end)} s runs past the trace's last arrival at "
+        f"{format_seconds(report.span_s)} s: it holds {report.requests} request(s), and a "
+        "run ends once they finish"
+    )
+
+
 def load_trace_for_cli(
     trace: str, *, progress: bool = True, format_flag: str | None = None, **options: Any
 ) -> tuple[tuple[Request, ...], TraceLoadReport]:

@@ -29,6 +29,7 @@ from gpugov.daemon.cli_support import (
     setup_logging,
     simulated_run_inputs,
     slo_target_of,
+    window_past_end_note,
     wrote,
 )
 from gpugov.daemon.config import default_control_period
@@ -235,6 +236,9 @@ def _print_summary(
         )
         + (f", fallbacks: {fallbacks}" if fallbacks else "")
     )
+    past_end = window_past_end_note(report)
+    if past_end is not None:  # the run covers less than the window asked for
+        print(f"note: {past_end}")
     note = light_load_note(simulation.result.request_records)
     if note:
         print(note)

@@ -111,6 +111,8 @@ class TraceLoadReport:
         name: the trace name when loaded by name (``azure-conv``...), else ``None``.
         batch_grid_s: the grid step (trace seconds) over which batched arrivals were
             spread, ``None`` when the trace is not batched or spreading was off.
+        span_s: the trace's last kept arrival in its own seconds from its first (after
+            spreading, before windowing): a window ending past it holds less than asked.
     """
 
     path: str
@@ -125,6 +127,7 @@ class TraceLoadReport:
     load_scale: float = 1.0
     name: str | None = None
     batch_grid_s: float | None = None
+    span_s: float = 0.0
 
 
 TraceProgress = Callable[[float], None]
@@ -413,6 +416,7 @@ def load_trace(
         load_scale=load_scale,
         name=name,
         batch_grid_s=grid,
+        span_s=arrivals[-1],
     )
     return tuple(requests), report
 

@@ -36,6 +36,7 @@ from gpugov.daemon.cli_support import (
     simulated_run_inputs,
     slo_target_of,
     warn,
+    window_past_end_note,
     wrote,
 )
 from gpugov.daemon.errors import ExitCode, Terminated, printable
@@ -303,6 +304,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     written = [str(path) for path in outputs]
     print(format_summary(metrics, title))
     print(energy_lines(energy))
+    past_end = window_past_end_note(report)
+    if past_end is not None:  # the run covers less than the window asked for
+        print(f"note: {past_end}")
     if note:
         print(note)
     for path in written:

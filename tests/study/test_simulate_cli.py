@@ -375,3 +375,21 @@ def test_the_loops_warnings_in_simulate_are_the_clis_warning_lines(
     assert any(
         line.startswith("gpugov: warning: mpc-online prior: GPU 'synthetic GPU") for line in err
     ), err
+
+
+def test_a_window_past_the_traces_end_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--duration 3600`` on a 2 s trace simulated 2.2 s without a word: the energy of
+    those seconds read as the window's. One note after the results says the window runs
+    past the end (after them: a refusal before the run stays one line)."""
+    trace = tmp_path / "short.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,50\n1,200,20\n2,300,30\n")
+    assert main(["simulate", "--trace", str(trace), "--duration", "3600", "--quiet"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "runs past" in line]
+    assert notes == [
+        "note: short.csv: the window from 0 s to 3,600 s runs past the trace's last "
+        "arrival at 2 s: it holds 3 request(s), and a run ends once they finish"
+    ]
+    assert main(["simulate", "--trace", str(trace), "--duration", "2", "--quiet"]) == 0
+    assert "runs past" not in capsys.readouterr().out
