@@ -204,6 +204,31 @@ def _record_problem(row: dict[str, Any]) -> str | None:
     return None
 
 
+def _check_readings(record: dict[str, Any]) -> None:
+    """Refuse a clock measured without GPU readings (the GPUs stopped answering, and not
+    as lost): it was kept, and the sweep went on for every other clock, to fail only when
+    the profile was written (or, the first clock, as "the model is too small").
+
+    Raises:
+        ProfileRunError: naming the clock and the reading missing.
+    """
+    missing = [
+        name
+        for name, value in (
+            ("idle power", record["idle_power_w"]),
+            ("prefill power", record["prefill"].get("power_w")),
+            ("decode power", any(p.get("power_w") for p in record["decode"]) or None),
+        )
+        if not value
+    ]
+    if missing:
+        raise ProfileRunError(
+            f"{record['clock_mhz']} MHz: no {' and no '.join(missing)} reading: the GPUs "
+            "gave no readings while it was measured (did a GPU stop answering?); that clock "
+            "was not recorded"
+        )
+
+
 def _append(path: Path, row: dict[str, Any]) -> None:
     with path.open("a") as handle:
         handle.write(json.dumps(row) + "\n")
@@ -403,6 +428,7 @@ class Sweep:
                         progress.update(measured[0], f"{where}: {name} measured", force=True)
 
                     record = self.measure_clock(measurer, sampler, clock_mhz, on_step=step)
+                    _check_readings(record)
                     if check_load is not None and not records:
                         check_load(record)
                     records.append(record)
