@@ -89,7 +89,8 @@ SHARED_TRACES: dict[str, str] = {
 
 
 class TraceWarning(UserWarning):
-    """A trace loaded, but some rows were skipped (zero-token rows: failed requests)."""
+    """A trace loaded, with something a user should hear of: rows skipped (zero-token
+    rows: failed requests), or stamps that look like a time since 1970 in another unit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +293,46 @@ def _check_scale(load_scale: float) -> None:
         raise ValueError(f"load_scale must be finite and > 0, got {load_scale!r}")
 
 
+_EPOCH_UNITS = (
+    ("seconds", 1.0),
+    ("milliseconds", 1e3),
+    ("microseconds", 1e6),
+    ("nanoseconds", 1e9),
+)
+"""Units a stamp counted from 1970 may be in, each with its count per second."""
+
+_EPOCH_RANGE_S = (1e9, 1e10)
+"""Seconds from 1970 to 2001 and to 2286: a first stamp in this range, in some unit, is
+most likely a time since 1970 in that unit."""
+
+
+def epoch_unit_warning(fmt: str, first_raw: str) -> str | None:
+    """A line saying the trace's first stamp looks like a time since 1970 in a unit other
+    than the one its format reads (``arrival_time_s`` of ``1700000000000``: milliseconds,
+    read as seconds, so the trace runs 1000 times slower; a Mooncake ``timestamp`` of
+    ``1700000000``: seconds, read as milliseconds, 1000 times faster), which no check
+    refuses; None where it fits the format's unit or is no number (Azure's dates)."""
+    read_as = {"csv": ("seconds", 1.0), "burstgpt": ("seconds", 1.0)}.get(
+        fmt, ("milliseconds", 1e3) if fmt == "mooncake" else None
+    )
+    if read_as is None:
+        return None
+    try:
+        stamp = float(first_raw)
+    except ValueError:
+        return None
+    for unit, per_second in _EPOCH_UNITS:
+        if unit != read_as[0] and _EPOCH_RANGE_S[0] <= stamp / per_second < _EPOCH_RANGE_S[1]:
+            factor = per_second / read_as[1]
+            how = f"{factor:g} times slower" if factor > 1 else f"{1 / factor:g} times faster"
+            return (
+                f"the first timestamp {first_raw[:40]} looks like {unit} since 1970, but the "
+                f"{fmt} format reads its stamps as {read_as[0]}: if so, the trace replays "
+                f"{how} than it was recorded (convert the stamps first)"
+            )
+    return None
+
+
 def load_trace(
     path_or_name: str | Path,
     *,
@@ -366,6 +407,9 @@ def load_trace(
             TraceWarning,
             stacklevel=2,
         )
+    unit = epoch_unit_warning(fmt, parsed.first_timestamp_raw)
+    if unit is not None:
+        warnings.warn(f"{path}: {unit}", TraceWarning, stacklevel=2)
 
     # The parsed column itself where nothing is spread: a list of the arrivals would be
     # 32 bytes a row more while the requests are built.

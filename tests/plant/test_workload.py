@@ -1150,3 +1150,57 @@ def test_classic_mac_line_endings_load_as_lines(tmp_path: Path) -> None:
     mac = write(tmp_path, "mac.csv", rows.replace("|", "\r"))
     unix = write(tmp_path, "unix.csv", rows.replace("|", "\n"))
     assert load_trace(mac)[0] == load_trace(unix)[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        (
+            "ms.csv",
+            "arrival_time_s,prompt_tokens,output_tokens\n1700000000000,100,5\n1700000001000,9,5\n",
+            "looks like milliseconds since 1970, but the csv format reads its stamps as "
+            "seconds: if so, the trace replays 1000 times slower",
+        ),
+        (
+            "ns.csv",
+            "arrival_time_s,prompt_tokens,output_tokens\n1.7e18,100,5\n1.7000001e18,9,5\n",
+            "looks like nanoseconds since 1970",
+        ),
+        (
+            "s.jsonl",
+            '{"timestamp": 1700000000, "input_length": 9, "output_length": 5}\n'
+            '{"timestamp": 1700000003, "input_length": 9, "output_length": 5}\n',
+            "looks like seconds since 1970, but the mooncake format reads its stamps as "
+            "milliseconds: if so, the trace replays 1000 times faster",
+        ),
+    ],
+)
+def test_stamps_since_1970_in_another_unit_are_warned_of(
+    tmp_path: Path, name: str, text: str, said: str
+) -> None:
+    """Epoch milliseconds in ``arrival_time_s`` replayed 1000 times slower, and epoch
+    seconds in a Mooncake ``timestamp`` 1000 times faster, without a word."""
+    trace = tmp_path / name
+    trace.write_text(text)
+    with pytest.warns(TraceWarning, match="looks like") as caught:
+        load_trace(trace)
+    assert said in str(caught[0].message)
+    assert str(caught[0].message).startswith(f"{trace}: the first timestamp ")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "arrival_time_s,prompt_tokens,output_tokens\n1700000000.5,100,5\n1700000001,9,5\n",
+        "arrival_time_s,prompt_tokens,output_tokens\n0,100,5\n3600,9,5\n",
+        '{"timestamp": 1700000000000, "input_length": 9, "output_length": 5}\n',
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,100,50\n",
+    ],
+    ids=["epoch-seconds", "relative-seconds", "mooncake-epoch-ms", "azure"],
+)
+def test_stamps_in_their_formats_unit_are_not_warned_of(tmp_path: Path, text: str) -> None:
+    trace = tmp_path / "t.txt"
+    trace.write_text(text)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceWarning)
+        load_trace(trace)
