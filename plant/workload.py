@@ -433,6 +433,15 @@ def load_trace(
                 shifted = arrival - start_s
                 if load_scale != 1.0:
                     shifted = shifted / load_scale
+                    if not math.isfinite(shifted):
+                        # 10 s / 1e-308 overflows: a Request refused it with a traceback.
+                        raise trace_error(
+                            path,
+                            None,
+                            f"a load scale of {load_scale:g} stretches the window's arrival "
+                            f"at {format_seconds(arrival - start_s)} s to no finite time; "
+                            "choose a larger load scale",
+                        )
                 requests.append(Request(rid, shifted, prompt, output))
         if on_progress is not None and last < count:
             on_progress(share + (1.0 - share) * last / count)

@@ -1204,3 +1204,18 @@ def test_stamps_in_their_formats_unit_are_not_warned_of(tmp_path: Path, text: st
     with warnings.catch_warnings():
         warnings.simplefilter("error", TraceWarning)
         load_trace(trace)
+
+
+def test_a_load_scale_that_stretches_an_arrival_past_any_finite_time_is_a_trace_error(
+    tmp_path: Path,
+) -> None:
+    """``--load-scale 1e-308`` divided 10 s into infinity, which the request refused with
+    a ValueError that reached the user as a traceback."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,5\n10,9,5\n")
+    with pytest.raises(TraceError) as error:
+        load_trace(trace, load_scale=1e-308)
+    assert str(error.value) == (
+        f"{trace}: a load scale of 1e-308 stretches the window's arrival at 10 s to no "
+        "finite time; choose a larger load scale"
+    )

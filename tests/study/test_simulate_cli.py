@@ -393,3 +393,17 @@ def test_a_window_past_the_traces_end_is_said(
     ]
     assert main(["simulate", "--trace", str(trace), "--duration", "2", "--quiet"]) == 0
     assert "runs past" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [["simulate", "--quiet"], ["run", "--simulate", "--quiet"]])
+def test_a_load_scale_too_small_for_any_finite_time_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,5\n10,9,5\n")
+    assert main([*command, "--trace", str(trace), "--load-scale", "1e-308"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == [
+        f"gpugov: error: {trace}: a load scale of 1e-308 stretches the window's arrival at "
+        "10 s to no finite time; choose a larger load scale"
+    ]
