@@ -723,6 +723,10 @@ def load_warning(config: FleetConfig, info: Mapping[str, Any]) -> str | None:
             "window arrives within that span and the fleet idles after it"
         )
         fix = f"a --duration of at most {format_seconds(span)} s or a longer trace"
+    elif reached > config.utilization:
+        # The first arrival is always kept: a load lighter than it cannot be made.
+        why = f"a load that light is less than the {info['requests']} request(s) kept"
+        fix = "a higher --utilization or a longer --duration"
     else:
         why = (
             "its windows from --trace-start hold too little work (gaps between arrivals) "

@@ -903,3 +903,23 @@ def test_a_trace_that_scales_says_nothing_of_its_load(tmp_path: Path) -> None:
     workload, info = fleet_workload(config, _plants(config.profiles))
     assert _fleet_load(config, workload) == pytest.approx(0.6, rel=UTILIZATION_TOLERANCE)
     assert load_warning(config, info) is None
+
+
+def test_a_load_lighter_than_one_request_is_said_as_such(tmp_path: Path) -> None:
+    """--utilization 1e-300 keeps the window's first arrival (at 0 s, whatever the scale):
+    the load reached is above the one asked, which is no gap in the trace."""
+    trace = tmp_path / "steady.csv"
+    rows = "".join(f"{second},100,10\n" for second in range(60))
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + rows)
+    config = replace(
+        FleetConfig(nodes=2, profiles=("h100-sxm-llama3-8b",), trace=str(trace)),
+        trace_start_s=0.0,
+        duration_s=30.0,
+        utilization=1e-300,
+    )
+    workload, info = fleet_workload(config, _plants(config.profiles))
+    assert len(workload) == 1
+    line = load_warning(config, info)
+    assert line is not None
+    assert "a load that light is less than the 1 request(s) kept" in line
+    assert line.endswith("choose a higher --utilization or a longer --duration")
