@@ -66,8 +66,9 @@ _READS = {
 }
 
 
-def _node_info(emulator: str, timeout_s: float) -> dict[str, Any]:
-    """``GET /gpu`` of ``gpugov emulate`` at ``emulator``: its GPU count and speed.
+def _node_info(emulator: str, timeout_s: float, api_key: str | None = None) -> dict[str, Any]:
+    """``GET /gpu`` of ``gpugov emulate`` at ``emulator``: its GPU count and speed (with
+    ``api_key`` as a bearer token: asked at an engine's URL, that engine's key).
 
     Raises:
         GpuUnavailable: the emulator does not answer, or not as ``gpugov emulate`` does.
@@ -77,7 +78,8 @@ def _node_info(emulator: str, timeout_s: float) -> dict[str, Any]:
         raise GpuUnavailable(f"emulator URL must be http://HOST:PORT, got {emulator!r}")
     connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
     try:
-        connection.request("GET", "/gpu")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        connection.request("GET", "/gpu", headers=headers)
         response = connection.getresponse()
         payload = json.loads(response.read() or b"{}")
     except (http.client.HTTPException, OSError, ValueError) as error:
@@ -93,24 +95,51 @@ def _node_info(emulator: str, timeout_s: float) -> dict[str, Any]:
     return dict(payload)
 
 
-def emulated_device_count(emulator: str, *, timeout_s: float = 2.0) -> int:
+def emulated_replicas(
+    emulator: str, *, timeout_s: float = 2.0, api_key: str | None = None
+) -> list[list[int]] | None:
+    """Each engine replica's GPUs of ``gpugov emulate`` at ``emulator`` (``GET /gpu``), or
+    None where it does not list them (an older emulator).
+
+    Raises:
+        GpuUnavailable: the emulator does not answer, or not as ``gpugov emulate`` does.
+    """
+    replicas = _node_info(emulator, timeout_s, api_key).get("replicas")
+    if not isinstance(replicas, list):
+        return None
+    groups = []
+    for replica in replicas:
+        gpus = replica.get("gpus") if isinstance(replica, dict) else None
+        if not isinstance(gpus, list) or not all(
+            isinstance(gpu, int) and not isinstance(gpu, bool) for gpu in gpus
+        ):
+            return None
+        groups.append(list(gpus))
+    return groups
+
+
+def emulated_device_count(
+    emulator: str, *, timeout_s: float = 2.0, api_key: str | None = None
+) -> int:
     """How many GPUs ``gpugov emulate`` at ``emulator`` serves (``GET /gpu``), as
     ``nvmlDeviceGetCount`` for the emulated node.
 
     Raises:
         GpuUnavailable: the emulator does not answer, or not as ``gpugov emulate`` does.
     """
-    return int(_node_info(emulator, timeout_s)["count"])
+    return int(_node_info(emulator, timeout_s, api_key)["count"])
 
 
-def emulated_speed(emulator: str, *, timeout_s: float = 2.0) -> float | None:
+def emulated_speed(
+    emulator: str, *, timeout_s: float = 2.0, api_key: str | None = None
+) -> float | None:
     """The plant seconds per wall second ``gpugov emulate`` at ``emulator`` runs at
     (``--speed``), or None where it does not say (an older emulator).
 
     Raises:
         GpuUnavailable: the emulator does not answer, or not as ``gpugov emulate`` does.
     """
-    speed = _node_info(emulator, timeout_s).get("speed")
+    speed = _node_info(emulator, timeout_s, api_key).get("speed")
     if isinstance(speed, int | float) and not isinstance(speed, bool) and math.isfinite(speed):
         return float(speed)
     return None

@@ -28,7 +28,9 @@ EXIT_RUNTIME, EXIT_PERMISSION, EXIT_NO_GPU, EXIT_GPU_LOST, EXIT_INTERRUPTED = (
 )
 
 
-def _check_emulator_speed(emulator: str, flag: str = "--emulator") -> None:
+def _check_emulator_speed(
+    emulator: str, flag: str = "--emulator", api_key: str | None = None
+) -> None:
     """Refuse an emulator that runs faster than real time (``gpugov emulate --speed X``):
     a profile measures wall-clock rates, so every rate would be X times the plant's. One
     that does not answer is left to the backend's own error (exit 4).
@@ -40,7 +42,7 @@ def _check_emulator_speed(emulator: str, flag: str = "--emulator") -> None:
     from gpugov.daemon.errors import GpuUnavailable
 
     try:
-        speed = emulated_speed(emulator)
+        speed = emulated_speed(emulator, api_key=api_key)
     except GpuUnavailable:
         return
     if speed is not None and speed != 1.0:
@@ -51,7 +53,7 @@ def _check_emulator_speed(emulator: str, flag: str = "--emulator") -> None:
         )
 
 
-def profile_status(backend: str, engine_url: str) -> str:
+def profile_status(backend: str, engine_url: str, api_key: str | None = None) -> str:
     """The written profile's ``status``: ``emulated`` when the GPUs are emulated or the
     engine is ``gpugov emulate`` (its rates and powers are then the simulated plant's,
     whatever GPU backend read them), else ``measured``: an emulated run is never
@@ -63,10 +65,47 @@ def profile_status(backend: str, engine_url: str) -> str:
         return "emulated"
     try:
         # gpugov emulate answers GET /gpu with its GPU count; an engine does not.
-        emulated_device_count(engine_url.rstrip("/").removesuffix("/v1"))
+        emulated_device_count(engine_url.rstrip("/").removesuffix("/v1"), api_key=api_key)
     except GpuUnavailable:
         return "measured"
     return "emulated"
+
+
+def _check_one_emulated_engine(
+    engine_base: str, gpus: list[int | str], api_key: str | None = None
+) -> None:
+    """Refuse a sweep whose engine is ``gpugov emulate`` serving several engine replicas
+    (it spreads the requests over them, and the locked GPUs run only some), or whose
+    ``--gpus`` are not its one replica's GPUs (a tensor-parallel group runs at its
+    slowest GPU's clock, and the powers would be some GPUs' of the group's rates). Not
+    an emulator: left alone.
+
+    Raises:
+        UsageError: naming the flag and the GPUs to list.
+    """
+    from gpugov.daemon.emulated import emulated_replicas
+    from gpugov.daemon.errors import GpuUnavailable
+
+    try:
+        groups = emulated_replicas(engine_base, api_key=api_key)
+    except GpuUnavailable:
+        return
+    if not groups:
+        return
+    if len(groups) > 1:
+        listed = "; ".join(",".join(str(gpu) for gpu in group) for group in groups)
+        raise UsageError(
+            f"--engine-url {engine_base}: gpugov emulate serves {len(groups)} engine "
+            f"replicas (GPUs {listed}) and spreads the requests over them; a profile "
+            "measures one engine: run the emulator with one replica; nothing was changed"
+        )
+    group = groups[0]
+    if all(isinstance(gpu, int) for gpu in gpus) and sorted(gpus) != sorted(group):  # type: ignore[type-var]
+        wanted = ",".join(str(gpu) for gpu in group)
+        raise UsageError(
+            f"--gpus {','.join(str(gpu) for gpu in gpus)}: the emulated engine runs on GPUs "
+            f"{wanted}: give exactly those (--gpus {wanted}); nothing was changed"
+        )
 
 
 def _gpus(text: str) -> list[int | str]:
@@ -237,7 +276,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if engine_base != emulator or args.backend != "emulated":
         # An engine that is gpugov emulate streams its tokens X times fast whatever
         # backend reads the GPUs (one that is not answers no GET /gpu: left alone).
-        _check_emulator_speed(engine_base, "--engine-url")
+        _check_emulator_speed(engine_base, "--engine-url", api_key)
+    _check_one_emulated_engine(engine_base, gpus, api_key)
     try:
         backends = [
             open_backend(gpu, args.backend, dry_run=args.dry_run, emulator=emulator) for gpu in gpus
@@ -302,7 +342,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             records,
             out_dir,
             name=name,
-            status=profile_status(args.backend, args.engine_url),
+            status=profile_status(args.backend, args.engine_url, api_key),
             gpu_name=str(getattr(backends[0], "name", "unknown GPU")),
             model=model,
             supported_clocks=supported,

@@ -77,3 +77,49 @@ def test_an_engine_faster_than_real_time_is_refused_whatever_the_backend(
     assert len(err) == 1 and err[0].startswith(f"gpugov: error: --engine-url {server.url}: ")
     assert "--speed 4" in err[0] and "nothing was changed" in err[0]
     assert not out.exists() and not opened
+
+
+@pytest.mark.parametrize(
+    ("gpus", "node_gpus", "said"),
+    [
+        ("0", 2, "--engine-url {url}: gpugov emulate serves 2 engine replicas (GPUs 0; 1)"),
+        ("0", 1, None),
+        ("0,1", 1, "--gpus 0,1: the emulated engine runs on GPUs 0: give exactly those (--gpus 0)"),
+    ],
+)
+def test_an_emulated_engine_is_profiled_on_its_one_replicas_gpus(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    gpus: str,
+    node_gpus: int,
+    said: str | None,
+) -> None:
+    """Against an emulator of two replicas the requests were spread over both while one
+    was locked; ``--gpus`` naming other GPUs than the engine's locked GPUs it does not
+    run on. Both measured a profile of nothing: refused before any clock is set."""
+    server = EmulatorServer(
+        EmulatedNode(ServingPlant.from_profile(make_profile()), gpus=node_gpus), "127.0.0.1", 0
+    )
+    server.start()
+
+    class Opened(Exception):
+        pass
+
+    def open_backend(*args: Any, **kwargs: Any) -> None:
+        raise Opened  # the checks passed: the GPUs are opened next
+
+    monkeypatch.setattr(service, "open_backend", open_backend)
+    try:
+        argv = ["profile", "--engine-url", server.url, "--gpus", gpus, "--backend", "emulated"]
+        argv += ["--out", str(tmp_path / "out"), "--quiet"]
+        if said is None:
+            with pytest.raises(Opened):
+                main(argv)
+            return
+        assert main(argv) == 2
+    finally:
+        server.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpugov: error: " + said.format(url=server.url))
+    assert not (tmp_path / "out").exists()
