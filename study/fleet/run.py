@@ -16,6 +16,7 @@ per second of plant time) exceeds the node's own work (a few milliseconds).
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,7 +40,7 @@ from gpugov.plant.profile import ProfileError
 from gpugov.plant.profile_files import load_profile
 from gpugov.plant.result import compute_metrics
 from gpugov.plant.types import Request, RequestRecord
-from gpugov.plant.workload import format_seconds, scale_load, select_window, workload_checksum
+from gpugov.plant.workload import format_seconds, scale_load, workload_checksum
 from gpugov.study.fleet.allocators import (
     ALLOCATOR_FUNCTIONS,
     ALLOCATORS,
@@ -212,8 +213,28 @@ _INSTANT_SPAN_S = 1e-6
 """The span given a trace whose arrivals all share one timestamp (it spans 0 s)."""
 
 
+class _SortedTrace:
+    """A trace's requests sorted by arrival (ties in their given order) with their arrival
+    times, so a window is two binary searches: :func:`select_window` sorts the whole trace
+    for each, and a sparse trace of a million rows overlays thousands of windows."""
+
+    def __init__(self, requests: Sequence[Request]) -> None:
+        self.requests = sorted(requests, key=lambda r: r.arrival_time_s)
+        self.arrivals = [r.arrival_time_s for r in self.requests]
+
+    def window(self, start_s: float, length_s: float) -> tuple[Request, ...]:
+        """``select_window(requests, start_s, length_s)``: the arrivals of ``[start, start +
+        length)`` rebased so ``start`` is 0."""
+        first = bisect.bisect_left(self.arrivals, start_s)
+        last = bisect.bisect_left(self.arrivals, start_s + length_s, lo=first)
+        return tuple(
+            Request(r.request_id, r.arrival_time_s - start_s, r.prompt_tokens, r.output_tokens)
+            for r in self.requests[first:last]
+        )
+
+
 def _piece(
-    full: Sequence[Request], start_s: float, length_s: float, span_s: float
+    full: _SortedTrace, start_s: float, length_s: float, span_s: float
 ) -> tuple[Request, ...]:
     """Arrivals of ``[start, start + length)`` rebased to 0, the start wrapped to fit; a
     length that covers the trace's span takes the whole trace, its last arrival included,
@@ -221,8 +242,8 @@ def _piece(
     end, and a start wrapped into no room at all was rounding noise that could drop the
     first)."""
     if length_s >= span_s:
-        return select_window(full, 0.0, math.nextafter(span_s, math.inf))
-    return select_window(full, _piece_start(start_s, length_s, span_s), length_s)
+        return full.window(0.0, math.nextafter(span_s, math.inf))
+    return full.window(_piece_start(start_s, length_s, span_s), length_s)
 
 
 def _piece_start(start_s: float, length_s: float, span_s: float) -> float:
@@ -243,7 +264,7 @@ _SCALE_BOUND = 16.0
 
 
 def _overlaid(
-    full: Sequence[Request], config: FleetConfig, span: float, scale: float
+    full: _SortedTrace, config: FleetConfig, span: float, scale: float
 ) -> tuple[Request, ...]:
     """``ceil(scale)`` consecutive windows of the trace from ``--trace-start``, each
     compressed by ``scale / ceil(scale)`` and laid over each other, cut at ``--duration``
@@ -293,9 +314,10 @@ def fleet_workload(
         raise UsageError(f"--trace {config.trace}: no request fits every node's KV cache")
     # A trace whose arrivals share one timestamp spans 0 s; simulate and sweep replay it as
     # it is, so the fleet takes a window just wide enough to hold those arrivals.
-    span = max(full[-1].arrival_time_s, _INSTANT_SPAN_S)
+    trace = _SortedTrace(full)
+    span = max(trace.arrivals[-1], _INSTANT_SPAN_S)
     length = min(config.duration_s, span)
-    window = _piece(full, config.trace_start_s, length, span)
+    window = _piece(trace, config.trace_start_s, length, span)
     if not window:
         # Only a window shorter than the span can miss every arrival: one in a gap.
         start = _piece_start(config.trace_start_s, length, span)
@@ -316,7 +338,7 @@ def fleet_workload(
         for name in config.node_profiles()
     )
     scale = config.utilization * capacity
-    requests = _overlaid(full, config, span, scale)
+    requests = _overlaid(trace, config, span, scale)
     reached = fleet_utilization(requests, config, plants)
     if length >= config.duration_s:
         # The scale was set on the first window; the later ones it overlays hold less work
@@ -333,7 +355,7 @@ def fleet_workload(
             if bounded == tried:
                 break
             tried = bounded
-            attempt = _overlaid(full, config, span, tried)
+            attempt = _overlaid(trace, config, span, tried)
             reached = fleet_utilization(attempt, config, plants)
             if abs(reached / config.utilization - 1.0) < best[0]:
                 best = (abs(reached / config.utilization - 1.0), tried, attempt, reached)
@@ -347,7 +369,7 @@ def fleet_workload(
         )
     info = {
         "trace": config.trace,
-        "trace_span_s": span if full[-1].arrival_time_s > 0.0 else 0.0,
+        "trace_span_s": span if trace.arrivals[-1] > 0.0 else 0.0,
         "trace_sha256": digest,
         "source_start_s": config.trace_start_s,
         "load_scale": scale,
