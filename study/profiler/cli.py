@@ -90,8 +90,9 @@ def _check_one_emulated_engine(
         groups = emulated_replicas(engine_base, api_key=api_key)
     except GpuUnavailable:
         return
-    if not groups:
-        return
+    known = {gpu for group in groups for gpu in group}
+    if not groups or not all(gpu in known for gpu in gpus):
+        return  # a GPU the emulator does not have: the backend says so (exit 4)
     if len(groups) > 1:
         listed = "; ".join(",".join(str(gpu) for gpu in group) for group in groups)
         raise UsageError(

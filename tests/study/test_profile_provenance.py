@@ -84,7 +84,8 @@ def test_an_engine_faster_than_real_time_is_refused_whatever_the_backend(
     [
         ("0", 2, "--engine-url {url}: gpugov emulate serves 2 engine replicas (GPUs 0; 1)"),
         ("0", 1, None),
-        ("0,1", 1, "--gpus 0,1: the emulated engine runs on GPUs 0: give exactly those (--gpus 0)"),
+        ("0,1", 4, "--gpus 0,1: the emulated engine runs on GPUs 0,1,2,3: give exactly those"),
+        ("0,7", 4, None),  # no GPU 7: the backend says so (exit 4)
     ],
 )
 def test_an_emulated_engine_is_profiled_on_its_one_replicas_gpus(
@@ -98,9 +99,13 @@ def test_an_emulated_engine_is_profiled_on_its_one_replicas_gpus(
     """Against an emulator of two replicas the requests were spread over both while one
     was locked; ``--gpus`` naming other GPUs than the engine's locked GPUs it does not
     run on. Both measured a profile of nothing: refused before any clock is set."""
-    server = EmulatorServer(
-        EmulatedNode(ServingPlant.from_profile(make_profile()), gpus=node_gpus), "127.0.0.1", 0
+    # Four GPUs: one replica of a tensor-parallel group of four.
+    node = EmulatedNode(
+        ServingPlant.from_profile(make_profile()),
+        gpus=node_gpus,
+        tensor_parallel=4 if node_gpus == 4 else None,
     )
+    server = EmulatorServer(node, "127.0.0.1", 0)
     server.start()
 
     class Opened(Exception):
