@@ -348,6 +348,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
             model=model,
             supported_clocks=supported,
             power_limit_w=(sample.power_limit_w or 700.0) * len(backends),
+            # An assumed limit is said to be one in the manifest, not passed off as read.
+            power_limit_read=bool(sample.power_limit_w),
             settings=settings.header(),
             command="gpugov " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else []),
             ttft_slo_s=args.ttft_slo,

@@ -110,6 +110,7 @@ def write_profile(
     kv_capacity_tokens: int | None,
     backend: str,
     tensor_parallel: int = 1,
+    power_limit_read: bool = True,
 ) -> Path:
     """Write ``DIR/NAME.csv`` and ``DIR/NAME.json``; return the manifest path (loadable
     by ``load_profile`` and usable as ``mpc:PATH``).
@@ -229,6 +230,14 @@ def write_profile(
             f"max_batch_size {engine['max_batch_size']} is vLLM's default max_num_seqs (256) "
             "or the reference batch where that is larger, not read from the engine.",
             thermal_note,
+            *(
+                []
+                if power_limit_read
+                else [
+                    f"power_limit_w {power_limit_w:g} W assumes 700 W per GPU: the GPU gave "
+                    "no power limit reading."
+                ]
+            ),
         ],
         "derivation": {
             "generator": f"gpugov profile {__version__}",

@@ -128,3 +128,26 @@ def test_an_emulated_engine_is_profiled_on_its_one_replicas_gpus(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gpugov: error: " + said.format(url=server.url))
     assert not (tmp_path / "out").exists()
+
+
+def test_an_assumed_power_limit_is_said_to_be_assumed(
+    emulator: EmulatorServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU that gave no power limit reading got 700 W written into the manifest with no
+    word that it was assumed, beside the measured columns."""
+    import dataclasses
+
+    class NoLimit(EmulatedBackend):
+        def sample(self):  # type: ignore[no-untyped-def]
+            return dataclasses.replace(super().sample(), power_limit_w=None)
+
+    monkeypatch.setattr(
+        service, "open_backend", lambda gpu, *a, **k: NoLimit(int(gpu), emulator=emulator.url)
+    )
+    argv = ["profile", "--engine-url", emulator.url, "--gpus", "0", "--backend", "emulated"]
+    argv += ["--out", str(tmp_path), "--quiet", "--clock-list", "1980,1290", "--dwell", "0.3"]
+    argv += ["--reference-batch", "16", "--reference-context", "256", "--name", "p"]
+    assert main(argv) == 0
+    manifest = load_profile(tmp_path / "p.json").manifest
+    assert manifest["power_limit_w"] == 700.0
+    assert any("assumes 700 W per GPU" in line for line in manifest["assumptions"])
