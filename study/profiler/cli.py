@@ -9,6 +9,7 @@ import re
 import shlex
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +91,10 @@ def _check_one_emulated_engine(
         groups = emulated_replicas(engine_base, api_key=api_key)
     except GpuUnavailable:
         return
+    if not groups:
+        return
     known = {gpu for group in groups for gpu in group}
-    if not groups or not all(gpu in known for gpu in gpus):
+    if not all(gpu in known for gpu in gpus):
         return  # a GPU the emulator does not have: the backend says so (exit 4)
     if len(groups) > 1:
         listed = "; ".join(",".join(str(gpu) for gpu in group) for group in groups)
@@ -397,7 +400,7 @@ def _print_written(manifest: Path) -> None:
     print(f'  or in a config: [domains.controller] kind = "mpc", profile = {toml_path}')
 
 
-def _check_supported_clocks(backend: Any, supported: list[int]) -> None:
+def _check_supported_clocks(backend: Any, supported: Sequence[int]) -> None:
     """Refuse a GPU whose clock list cannot make a profile (fewer than two different
     clocks) before any clock is set: the sweep measured it, then could not write it.
 
