@@ -46,12 +46,13 @@ from gpugov.daemon.cli_support import (
     require_extras,
     require_positive,
     simulated_run_inputs,
+    window_past_end_note,
     wrote,
 )
 from gpugov.daemon.progress import Progress
 from gpugov.plant import ServingPlant
 from gpugov.plant.profile import DEFAULT_PROFILE
-from gpugov.plant.workload import DEFAULT_TRACE
+from gpugov.plant.workload import DEFAULT_TRACE, format_seconds
 from gpugov.study.experiment_parts import (
     FIRST_STAGE,
     SuiteInputs,
@@ -164,6 +165,17 @@ METRICS_HEADER = (
 )
 
 
+def _past_end(trace: dict[str, Any]) -> str:
+    """``, past the trace's last arrival at X s`` where the evaluation window runs past it
+    (a 73 s trace under the default 300 s window read as 300 s of arrivals), else ``""``
+    (also for results written before the span was recorded)."""
+    span = trace.get("span_s")
+    duration = trace.get("duration_s")
+    if span is None or duration is None or trace.get("start_s", 0.0) + duration <= span:
+        return ""
+    return f", past the trace's last arrival at {format_seconds(span)} s"
+
+
 def format_summary_markdown(results: Mapping[str, Any], *, elapsed_s: float | None = None) -> str:
     """The ``summary.md`` text for a :func:`build_textbook_results` payload."""
     metadata = results["metadata"]
@@ -176,7 +188,7 @@ def format_summary_markdown(results: Mapping[str, Any], *, elapsed_s: float | No
         + (f", sha256 `{trace['sha256']}`" if trace.get("sha256") else ""),
         f"- Evaluation workload: {metadata['inputs']['evaluation_request_count']} requests "
         f"({metadata['scheduling_trace_source_window_s']:g} s from "
-        f"{trace.get('start_s', 0.0):g} s); animation workload: "
+        f"{trace.get('start_s', 0.0):g} s{_past_end(trace)}); animation workload: "
         f"{metadata['inputs']['animation_request_count']} requests",
         f"- Frequency experiment window: {window['source_window_start_s']:g}-"
         f"{window['source_window_end_s']:g} s of the evaluation workload, "
@@ -680,6 +692,7 @@ def run_experiments(args: argparse.Namespace) -> int:
             "rows": report.rows,
             "start_s": args.start,
             "duration_s": args.duration,
+            "span_s": report.span_s,
             "animation_duration_s": animation_s,
         },
         "profile": profile.describe(),
@@ -729,6 +742,9 @@ def run_experiments(args: argparse.Namespace) -> int:
         )
         written = [results_path, *figures, summary_path]
     bar.close("done", done=EXPERIMENT_STEPS)
+    past_end = window_past_end_note(report)
+    if past_end is not None:  # the evaluation window holds less than its duration says
+        print(f"note: {past_end}")
     for path in written:
         wrote(out / path.relative_to(staging))
     return 0

@@ -134,6 +134,8 @@ def test_quick_results_record_sizes_trace_and_version(quick_run) -> None:
     assert metadata["trace"]["name"] == "azure-conv-10min"
     assert len(metadata["trace"]["sha256"]) == 64
     assert metadata["trace"]["duration_s"] == 120.0
+    assert 599.0 < metadata["trace"]["span_s"] < 600.0  # the bundled slice's last arrival
+    assert "past the trace's last arrival" not in (out / "summary.md").read_text()
     assert metadata["scheduling_trace_source_window_s"] == 120.0
     assert metadata["gpugov_version"]
     assert metadata["profile"]["status"] == "literature-derived"
@@ -305,3 +307,18 @@ def test_a_window_shorter_than_the_animation_default_is_all_modelling_run(
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error == "gpugov: error: --animation (31 s) exceeds --duration (30 s)"
     assert experiments_cli.animation_length_s(None, 300.0) == experiments_cli.DEFAULT_ANIMATION_S
+
+
+@pytest.mark.parametrize(
+    ("trace", "said"),
+    [
+        ({"start_s": 0.0, "duration_s": 300.0, "span_s": 72.74}, ", past the trace's last "
+         "arrival at 72.74 s"),
+        ({"start_s": 100.0, "duration_s": 300.0, "span_s": 599.2}, ""),
+        ({"start_s": 0.0, "duration_s": 300.0}, ""),  # results from before the span was kept
+    ],
+)  # fmt: skip
+def test_the_summary_says_a_window_past_the_traces_end(trace: dict[str, Any], said: str) -> None:
+    """A 73 s trace under the default 300 s window was summarised as "400 requests (300 s
+    from 0 s)": the window's seconds, not the trace's."""
+    assert experiments_cli._past_end(trace) == said
