@@ -354,7 +354,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             # An assumed limit is said to be one in the manifest, not passed off as read.
             power_limit_read=bool(sample.power_limit_w),
             settings=settings.header(),
-            command="gpugov " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else []),
+            command=_command_line(args),
             ttft_slo_s=args.ttft_slo,
             tpot_slo_s=args.tpot_slo,
             kv_capacity_tokens=_kv_capacity(args.engine_url),
@@ -451,6 +451,30 @@ def _check_no_profile_named(out_dir: Path, name: str) -> None:
                 "would replace; give another --name or --out, or --resume to rewrite the "
                 "sweep's own profile (nothing was changed)"
             )
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The run's command for the manifest, from the parsed flags: ``sys.argv`` dropped
+    the word ``profile``, was another program's when called in process, and carried
+    ``--api-key KEY`` into the profile (the key is never written: the line says only
+    that one was given)."""
+    words = ["gpugov", "profile", "--engine-url", args.engine_url, "--gpus", args.gpus]
+    words += ["--backend", args.backend]
+    if args.emulator is not None:
+        words += ["--emulator", args.emulator]
+    words += ["--out", str(args.out)]
+    if args.clocks is not None:
+        words += ["--clocks", str(args.clocks)]
+    if args.clock_list is not None:
+        words += ["--clock-list", args.clock_list]
+    words += ["--dwell", f"{args.dwell:g}"]
+    if args.name is not None:
+        words += ["--name", args.name]
+    words += ["--reference-batch", str(args.reference_batch)]
+    words += ["--reference-context", str(args.reference_context)]
+    words += ["--ttft-slo", f"{args.ttft_slo:g}", "--tpot-slo", f"{args.tpot_slo:g}"]
+    line = shlex.join(words)
+    return f"{line} (with an API key)" if args.api_key else line
 
 
 def _stopped_by(received: list[str]) -> tuple[str, int]:

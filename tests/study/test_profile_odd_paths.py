@@ -82,3 +82,25 @@ def test_the_dry_runs_file_name_is_no_profile_name(
     assert main([*argv, "--out", str(tmp_path / "out"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"gpugov: error: --name {name}: "), err
+
+
+def test_the_manifests_command_is_the_run_and_holds_no_key(
+    emulator: EmulatorServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifest's command was ``sys.argv`` after its second word: ``profile`` went
+    missing, and ``--api-key KEY`` was written into the profile."""
+    import sys
+
+    key = "sk-test-0123456789abcdef"
+    argv = ["profile", "--engine-url", emulator.url, "--gpus", "0", "--backend", "emulated"]
+    argv += ["--out", str(tmp_path), "--quiet", "--clock-list", "1980,1290", "--dwell", "0.3"]
+    argv += ["--reference-batch", "16", "--reference-context", "256", "--name", "p"]
+    monkeypatch.setattr(sys, "argv", ["gpugov", *argv, "--api-key", key])  # as on a shell
+    assert main([*argv, "--api-key", key]) == 0
+    assert key not in (tmp_path / "p.json").read_text()
+    command = load_profile(tmp_path / "p.json").manifest["derivation"]["command"]
+    assert command == (
+        f"gpugov profile --engine-url {emulator.url} --gpus 0 --backend emulated --out "
+        f"{tmp_path} --clock-list 1980,1290 --dwell 0.3 --name p --reference-batch 16 "
+        "--reference-context 256 --ttft-slo 1 --tpot-slo 0.05 (with an API key)"
+    )
