@@ -7,7 +7,9 @@ Per seed, the board is ``random_shape(seed)`` (``plant/synthetic_profiles.py``, 
 ``bench/random_shapes.py`` draws it); its name states no GPU family or model size, so
 ``mpc-online`` runs with no hint, as on a node it never saw. The trace cycles over
 ``--traces`` (seed modulo their count), taken as the disaggregated scoreboard takes it
-(``--load``, ``--duration`` seconds from the trace's start), in ``--layout``. Every row
+(``--load``, ``--duration`` seconds from the trace's start), in ``--layout``; a
+scenario of fewer than ``MIN_REQUESTS`` requests is reported and not judged (one miss
+there is several points). Every row
 runs as the board's rows do (``study.scoreboard.disaggregated``): built by the node's
 factory, in its safety chain, each pool observing what its node's daemon derives from
 its engines' vLLM pages. Reported per controller: whether it holds the SLO (attainment
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from random_shapes import _seeds
+from random_shapes import MIN_REQUESTS, _seeds
 
 from gpugov.daemon.progress import Progress
 from gpugov.plant import ServingPlant
@@ -73,10 +75,13 @@ def run_seed(cell: Cell, shared: Any = None) -> dict[str, Any]:
     except ValueError as error:
         row["error"] = str(error)
         return row
+    row["requests"] = len(scenario.requests)
+    if len(scenario.requests) < MIN_REQUESTS:
+        row["skipped"] = f"{len(scenario.requests)} requests (fewer than {MIN_REQUESTS})"
+        return row
     outcome = disaggregated_scenario_outcome(
         scenario, plant, BenchConfig(), CONTROLLERS, best_fixed=False
     )
-    row["requests"] = len(scenario.requests)
     row["controllers"] = {
         run["controller"]: {
             "slo_attainment": run.get("slo_attainment"),
@@ -90,7 +95,7 @@ def run_seed(cell: Cell, shared: Any = None) -> dict[str, Any]:
 
 
 def summary(rows: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
-    """Holds and savings of ``key`` over the boards built."""
+    """Holds and savings of ``key`` over the boards judged."""
     runs = [row["controllers"][key] for row in rows if "controllers" in row]
     saved = [run["saved_fraction"] for run in runs]
     return {
@@ -107,7 +112,7 @@ def table(rows: Sequence[dict[str, Any]]) -> list[str]:
     for row in rows:
         head = f"seed {row['seed']:3d} {row['trace']:11s} {row['layout']}"
         if "controllers" not in row:
-            lines.append(f"{head} {row['error']}")
+            lines.append(f"{head} {row.get('error') or row.get('skipped')}")
             continue
         parts = [f"{head} requests {row['requests']:5d}"]
         for key in CONTROLLERS[1:]:

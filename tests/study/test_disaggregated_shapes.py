@@ -51,3 +51,17 @@ def test_a_short_run_writes_every_board_and_the_summary(tmp_path: Path) -> None:
         assert summary["holds_slo"] == int(run["holds_slo"])
         assert summary["median_saved_fraction"] == pytest.approx(run["saved_fraction"])
         assert f"{key}: holds {summary['holds_slo']}/1" in stdout
+
+
+def test_a_board_of_too_few_requests_is_reported_not_judged(tmp_path: Path) -> None:
+    out = tmp_path / "shapes.json"
+    argv = ["--seeds", "0:1", "--traces", "azure-conv-10min", "--duration", "0.5"]
+    code, stdout, _ = run_bench_main(
+        "disaggregated_shapes", [*argv, "--jobs", "1", "--out", str(out)]
+    )
+    assert code == 0
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
+    assert "controllers" not in row and "fewer than" in row["skipped"]
+    assert result["summary"]["mpc-online"]["boards"] == 0
+    assert "fewer than" in stdout
