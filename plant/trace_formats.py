@@ -137,16 +137,31 @@ def _token_count(raw: Any, field: str, path: Path, line: int) -> int:
     return value
 
 
+_DATE = re.compile(r"\s*\d{4}-\d{2}-\d{2}[ T]\d", re.ASCII)
+"""The start of a date and time (``2023-11-16 18:17:03``, ``2023-11-16T18:17:03Z``)."""
+
+
+def _not_a_number(raw: Any, field: str, path: Path, line: int) -> TraceError:
+    """The error for a timestamp that is no number; a date is told where dates are read
+    (the azure format), since a user's own log converted to ``arrival_time_s`` often
+    keeps its ISO dates."""
+    hint = ""
+    if isinstance(raw, str) and _DATE.match(raw):
+        hint = (
+            " (a date: this format's stamps are numbers; dates are read by the azure format, "
+            "header TIMESTAMP,ContextTokens,GeneratedTokens)"
+        )
+    return trace_error(path, line, f"field {field!r}: expected a number, got {raw!r:.40}{hint}")
+
+
 def _seconds(raw: Any, field: str, path: Path, line: int) -> float:
     """Parse a finite numeric timestamp (seconds or milliseconds, as the format says)."""
     if isinstance(raw, bool) or (isinstance(raw, str) and not plain_number_text(raw)):
-        raise trace_error(path, line, f"field {field!r}: expected a number, got {raw!r:.40}")
+        raise _not_a_number(raw, field, path, line)
     try:
         value = float(raw)
     except (TypeError, ValueError):
-        raise trace_error(
-            path, line, f"field {field!r}: expected a number, got {raw!r:.40}"
-        ) from None
+        raise _not_a_number(raw, field, path, line) from None
     except OverflowError:  # a JSON integer too large for a float (10**400)
         value = math.inf
     if not math.isfinite(value):

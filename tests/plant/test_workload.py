@@ -1219,3 +1219,31 @@ def test_a_load_scale_that_stretches_an_arrival_past_any_finite_time_is_a_trace_
         f"{trace}: a load scale of 1e-308 stretches the window's arrival at 10 s to no "
         "finite time; choose a larger load scale"
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "line"),
+    [
+        ("iso.csv", "arrival_time_s,prompt_tokens,output_tokens\n2023-11-16T18:17:03Z,9,5\n", 2),
+        (
+            "burst.csv",
+            "Timestamp,Request tokens,Response tokens\n5,9,5\n2024-05-10 00:00:01,9,5\n",
+            3,
+        ),
+    ],
+)
+def test_a_date_in_a_numeric_timestamp_column_names_the_format_that_reads_dates(
+    tmp_path: Path, name: str, text: str, line: int
+) -> None:
+    """A user's log converted to arrival_time_s with its ISO dates kept was refused as
+    "expected a number", with no word of the format that reads them."""
+    trace = tmp_path / name
+    trace.write_text(text)
+    with pytest.raises(TraceError) as error:
+        load_trace(trace)
+    message = str(error.value)
+    assert message.startswith(f"{trace}:{line}: field ")
+    assert message.endswith(
+        "(a date: this format's stamps are numbers; dates are read by the azure format, "
+        "header TIMESTAMP,ContextTokens,GeneratedTokens)"
+    )
