@@ -209,6 +209,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         require_positive,
     )
     from gpugov.daemon.errors import (
+        GpuError,
         GpugovError,
         GpuLost,
         GpuUnavailable,
@@ -282,12 +283,24 @@ def cmd_profile(args: argparse.Namespace) -> int:
         # backend reads the GPUs (one that is not answers no GET /gpu: left alone).
         _check_emulator_speed(engine_base, "--engine-url", api_key)
     _check_one_emulated_engine(engine_base, gpus, api_key)
+    backends = []
     try:
-        backends = [
-            open_backend(gpu, args.backend, dry_run=args.dry_run, emulator=emulator) for gpu in gpus
-        ]
-    except GpuUnavailable as error:
-        return fail(f"{error}", EXIT_NO_GPU)
+        for gpu in gpus:
+            backends.append(
+                open_backend(gpu, args.backend, dry_run=args.dry_run, emulator=emulator)
+            )
+    except GpuError as error:
+        # A GPU lost, refusing permission or failing as it is opened: one line (a lost
+        # one was a traceback), and the GPUs opened before it are closed again.
+        for backend in backends:
+            backend.close()
+        if isinstance(error, GpuUnavailable):
+            return fail(f"{error}", EXIT_NO_GPU)
+        if isinstance(error, GpuLost):
+            return fail(f"{error}; nothing was changed", EXIT_GPU_LOST)
+        if isinstance(error, PermissionDenied):
+            return fail(f"{error}", EXIT_PERMISSION)
+        return fail(f"{error}; nothing was changed", EXIT_RUNTIME)
     received: list[str] = []  # the signal that stopped the sweep, by name
     sweep: Sweep | None = None
     try:

@@ -79,3 +79,25 @@ def test_a_dry_run_on_a_gpu_of_one_clock_runs(
     argv += ["--out", str(tmp_path), "--quiet", "--dry-run", "--dwell", "0.3"]
     assert main([*argv, "--reference-batch", "16", "--reference-context", "256"]) == 0
     assert (tmp_path / "dry-run.json").exists()
+
+
+@pytest.mark.parametrize(("fault", "code"), [("lost", 5), ("no-permission", 3)])
+def test_a_gpu_failing_as_it_is_opened_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fault: str, code: int
+) -> None:
+    """An emulated GPU lost before the sweep (``gpugov emulate --fault lost``) raised
+    GpuLost out of the GPU's opening: a traceback."""
+    node = EmulatedNode(ServingPlant.from_profile(make_profile()), fault=fault)
+    server = EmulatorServer(node, "127.0.0.1", 0)
+    server.start()
+    try:
+        argv = ["profile", "--engine-url", server.url, "--gpus", "0", "--backend", "emulated"]
+        result = main([*argv, "--out", str(tmp_path / "out"), "--quiet"])
+    finally:
+        server.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    if fault == "lost":
+        assert result == code and len(err) == 1 and "GPU is lost" in err[0], err
+        assert not (tmp_path / "out").exists()
+    else:  # opened; refused at its first lock, as before
+        assert result == code and len(err) == 1, err
