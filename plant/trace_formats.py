@@ -286,6 +286,19 @@ def _column_key(name: str) -> str:
     return name.strip().casefold()
 
 
+def _csv_reason(error: csv.Error) -> str:
+    """The csv module's error in a trace's words: its "new-line character seen in unquoted
+    field - do you need to open the file in universal-newline mode?" is a carriage return
+    inside a line, from line ends that mix lone CRs with LFs (a file of lone CRs only is
+    read as it is), and names a Python mode no user can set."""
+    if "new-line character seen in unquoted field" in str(error):
+        return (
+            "a carriage return inside the line (line ends mixing lone CRs with LFs; make "
+            "them all LF first: tr '\\r' '\\n' < FILE > NEW)"
+        )
+    return str(error)
+
+
 def detect_format(path: Path, text: str) -> str:
     """Pick the format from the first line; raise naming the known formats otherwise."""
     if not text:
@@ -305,7 +318,9 @@ def detect_format(path: Path, text: str) -> str:
     try:
         header = {_column_key(name) for name in next(csv.reader([first]), [])}
     except csv.Error as error:
-        raise trace_error(path, line, f"the header is not a CSV row: {error}") from None
+        raise trace_error(
+            path, line, f"the header is not a CSV row: {_csv_reason(error)}"
+        ) from None
     columns = {fmt: {_column_key(col) for col in cols} for fmt, cols in _CSV_COLUMNS.items()}
     matches = [fmt for fmt, cols in columns.items() if cols <= header]
     if len(matches) == 1:
@@ -501,7 +516,7 @@ def _one_line_rows(reader: Any, path: Path) -> Iterator[list[str]]:
             return
         except csv.Error as error:
             if "field limit" not in str(error):
-                raise trace_error(path, start, f"not a CSV row: {error}") from None
+                raise trace_error(path, start, f"not a CSV row: {_csv_reason(error)}") from None
             raise trace_error(
                 path,
                 start,

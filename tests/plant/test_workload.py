@@ -1247,3 +1247,16 @@ def test_a_date_in_a_numeric_timestamp_column_names_the_format_that_reads_dates(
         "(a date: this format's stamps are numbers; dates are read by the azure format, "
         "header TIMESTAMP,ContextTokens,GeneratedTokens)"
     )
+
+
+def test_line_ends_mixing_lone_crs_with_lfs_are_named_as_such(tmp_path: Path) -> None:
+    """The csv module's own words reached the user: "new-line character seen in unquoted
+    field - do you need to open the file in universal-newline mode?"."""
+    trace = tmp_path / "mixed.csv"
+    trace.write_bytes(b"arrival_time_s,prompt_tokens,output_tokens\r0,100,50\r1,200,20\n")
+    with pytest.raises(TraceError) as error:
+        load_trace(trace)
+    assert str(error.value) == (
+        f"{trace}:1: the header is not a CSV row: a carriage return inside the line (line "
+        "ends mixing lone CRs with LFs; make them all LF first: tr '\\r' '\\n' < FILE > NEW)"
+    )
