@@ -348,6 +348,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         with stop_on_signals(stop, received):
             if args.dry_run:
                 record = sweep.dry_run()
+                # Its provenance, as a profile's: an emulated engine's numbers are the
+                # simulated plant's, not a measurement of hardware.
+                record["status"] = profile_status(args.backend, args.engine_url, api_key)
                 out_dir.mkdir(parents=True, exist_ok=True)
                 path = out_dir / "dry-run.json"
                 write_text_atomic(path, json.dumps(record, indent=2) + "\n")
@@ -511,8 +514,13 @@ def _default_name(gpu: str, model: str) -> str:
 
 def _print_dry_run(record: dict[str, Any], path: Path) -> None:
     prefill = record["prefill"]
+    where = (
+        " through gpugov emulate (the simulated plant's numbers, not hardware's)"
+        if record.get("status") == "emulated"
+        else ""
+    )
     print(
-        f"gpugov profile --dry-run: measured at the current clock "
+        f"gpugov profile --dry-run: measured{where} at the current clock "
         f"({record['realized_clock_mhz']} MHz), changed nothing; wrote {path}"
     )
     print(f"  idle power     {record['idle_power_w']:.1f} W")

@@ -151,3 +151,16 @@ def test_an_assumed_power_limit_is_said_to_be_assumed(
     manifest = load_profile(tmp_path / "p.json").manifest
     assert manifest["power_limit_w"] == 700.0
     assert any("assumes 700 W per GPU" in line for line in manifest["assumptions"])
+
+
+def test_a_dry_run_against_the_emulator_says_it_is_emulated(
+    emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The dry run's record and line said "measured" with no word of the emulator."""
+    import json
+
+    argv = ["profile", "--engine-url", emulator.url, "--gpus", "0", "--backend", "emulated"]
+    argv += ["--out", str(tmp_path), "--quiet", "--dry-run", "--dwell", "0.3"]
+    assert main([*argv, "--reference-batch", "16", "--reference-context", "256"]) == 0
+    assert json.loads((tmp_path / "dry-run.json").read_text())["status"] == "emulated"
+    assert "measured through gpugov emulate" in capsys.readouterr().out
