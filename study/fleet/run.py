@@ -40,7 +40,7 @@ from gpugov.plant.profile import ProfileError
 from gpugov.plant.profile_files import load_profile
 from gpugov.plant.result import compute_metrics
 from gpugov.plant.types import Request, RequestRecord
-from gpugov.plant.workload import format_seconds, scale_load, workload_checksum
+from gpugov.plant.workload import format_seconds, workload_checksum
 from gpugov.study.fleet.allocators import (
     ALLOCATOR_FUNCTIONS,
     ALLOCATORS,
@@ -275,7 +275,17 @@ def _overlaid(
     merged: list[Request] = []
     for j in range(pieces):
         part = _piece(full, config.trace_start_s + j * source, min(source, span), span)
-        merged.extend(scale_load(part, each))
+        for r in part:
+            # Scaled here, not by scale_load: a scale that underflowed to 0 (--utilization
+            # 5e-324) or an arrival over it that overflows raised a ValueError there; such
+            # an arrival lies past --duration and is dropped as the others past it are.
+            if each > 0.0:
+                at = r.arrival_time_s / each
+            else:
+                at = 0.0 if r.arrival_time_s == 0.0 else math.inf
+            if not at < config.duration_s:
+                continue
+            merged.append(Request(r.request_id, at, r.prompt_tokens, r.output_tokens))
     merged.sort(key=lambda r: (r.arrival_time_s, r.request_id))
     return tuple(
         Request(i, r.arrival_time_s, r.prompt_tokens, r.output_tokens)

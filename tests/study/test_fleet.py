@@ -923,3 +923,20 @@ def test_a_load_lighter_than_one_request_is_said_as_such(tmp_path: Path) -> None
     assert line is not None
     assert "a load that light is less than the 1 request(s) kept" in line
     assert line.endswith("choose a higher --utilization or a longer --duration")
+
+
+def test_a_utilization_that_underflows_the_scale_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--utilization 5e-324 took the scale to 0.0, and scale_load's ValueError reached the
+    user as a traceback."""
+    trace = tmp_path / "heavy.csv"  # more work than the fleet can do: the scale is below 1
+    rows = "".join(f"{i / 100},4000,1000\n" for i in range(6000))
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + rows)
+    argv = ["fleet", "--trace", str(trace), "--utilization", "5e-324", "--duration", "30"]
+    argv += ["--nodes", "2", "--no-step", "--trace-start", "0"]
+    out = tmp_path / "out"
+    assert main([*argv, "--out", str(out), "--quiet"]) == 2
+    line = _one_error_line(capsys)
+    assert "the fleet's 30 s window holds no request at that load" in line
+    assert not out.exists()
