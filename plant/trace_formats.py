@@ -479,6 +479,14 @@ def _parse_csv_rows(
         line = reader.line_num
         if not row or not any(cell.strip() for cell in row):
             continue  # blank line: not a record
+        if [_column_key(cell.lstrip("\ufeff")) for cell in row] == keys:
+            # Files joined with cat: the second one's header was "expected a number".
+            raise trace_error(
+                path,
+                line,
+                f"the header again (line {header_line}'s): files joined with cat? Keep the "
+                "first file's header only",
+            )
         if len(row) != width:
             if len(row) < width:
                 absent = header[len(row)]

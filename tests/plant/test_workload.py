@@ -1260,3 +1260,18 @@ def test_line_ends_mixing_lone_crs_with_lfs_are_named_as_such(tmp_path: Path) ->
         f"{trace}:1: the header is not a CSV row: a carriage return inside the line (line "
         "ends mixing lone CRs with LFs; make them all LF first: tr '\\r' '\\n' < FILE > NEW)"
     )
+
+
+@pytest.mark.parametrize("bom", ["", "\ufeff"])
+def test_a_second_header_from_joined_files_is_named_as_such(tmp_path: Path, bom: str) -> None:
+    """Two traces joined with cat: the second header was refused as "field 'TIMESTAMP':
+    expected a timestamp ..., got 'TIMESTAMP'", which does not say what happened."""
+    rows = "2023-11-16 18:17:03.9799600,100,50\n2023-11-16 18:17:04.1,200,20\n"
+    trace = tmp_path / "joined.csv"
+    trace.write_text(AZURE_HEADER + rows + bom + AZURE_HEADER + rows, encoding="utf-8")
+    with pytest.raises(TraceError) as error:
+        load_trace(trace)
+    assert str(error.value) == (
+        f"{trace}:4: the header again (line 1's): files joined with cat? Keep the first "
+        "file's header only"
+    )
