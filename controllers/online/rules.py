@@ -95,10 +95,11 @@ class MeasuredLatencyRules:
     ) -> float | None:
         """The clock an idle GPU parks at, or None where parking does not apply: the
         lowest clock for an idle prefill pool (role ``prefill``), and for a colocated GPU
-        the lowest clock the measured TTFT and TPOT allow: its clock in the warm-up (which
-        otherwise holds the top clock, idle or not), and past it a cap on the MPC's
-        decision, whose fluid model prices a prompt arriving in an idle period as
-        prefilled at that period's clock and so idles high where prompts are long.
+        or a decode pool the lowest clock the measured TTFT and TPOT allow: its clock in
+        the warm-up (which otherwise holds the top clock, idle or not), and past it a cap
+        on the MPC's decision, whose fluid model prices a prompt arriving in an idle
+        period as prefilled at that period's clock and so idles high where prompts are
+        long.
 
         A prompt that arrives meanwhile runs at most one control period at the parked
         clock before the next decision raises it. A prefill pool parks while the worst
@@ -110,9 +111,11 @@ class MeasuredLatencyRules:
         worst TTFT under the threshold, and the prompt's first tokens decode there, so
         ``f`` is also no lower than where the worst TPOT of the last
         :data:`PARK_MEMORY_S` would meet it (and it parks only once a TTFT and a TPOT
-        have been measured). It needs no model, so it applies in the warm-up too. The
-        pressures of the last :data:`PARK_MEMORY_S` count, or the last one measured where
-        none is that recent."""
+        have been measured). An idle decode pool (role ``decode``) parks by the TPOT half
+        alone, once a TPOT has been measured: it prefills nothing, and a request that
+        arrives decodes at most a period at ``f``. It needs no model, so it applies in the
+        warm-up too. The pressures of the last :data:`PARK_MEMORY_S` count, or the last
+        one measured where none is that recent."""
         ttft_ratio, tpot_ratio = SLOFeedback.latency_ratios(observation)
         slo_s = observation.ttft_recent_slo_s
         if ttft_ratio is not None and slo_s is not None and slo_s > 0.0:
@@ -130,16 +133,25 @@ class MeasuredLatencyRules:
             self._decode_pressures.popleft()
         model = self.model
         assert model is not None
-        if observation.role == "decode":
-            return None
-        if slos is None or not _idle(observation) or not self._prefill_pressures:
+        if slos is None or not _idle(observation):
             return None
         # An idle window measures nothing: the worst of the last minute.
         threshold = loosened(self.exploration.explore_threshold, self.looseness)
         clocks = model.clocks_mhz
+        if observation.role == "decode":
+            # A decode pool prefills nothing: a request arriving decodes at most a period
+            # at the parked clock, which the worst TPOT's 1/f bound covers.
+            if not self._decode_pressures:
+                return None
+            needed = max(ratio for _, ratio in self._decode_pressures) / threshold
+            if needed >= 1.0:
+                return None
+            parked = _first_fit(clocks, clocks >= float(clocks[-1]) * needed - 1e-9)
+            return parked if parked < float(clocks[-1]) else None
+        if not self._prefill_pressures:
+            return None
         if observation.role == "prefill":
-            worst = max(ratio + share for _, ratio, share in self._prefill_pressures)
-            return float(clocks[0]) if worst <= threshold else None
+            return float(clocks[0]) if self.prefill_pool_parks() else None
         if not self._decode_pressures:
             return None
         # The share of the top clock each bound needs: TTFT's from ratio + share * (1 -
@@ -152,6 +164,15 @@ class MeasuredLatencyRules:
             return None
         parked = _first_fit(clocks, clocks >= float(clocks[-1]) * needed - 1e-9)
         return parked if parked < float(clocks[-1]) else None
+
+    def prefill_pool_parks(self) -> bool:
+        """Whether an idle prefill pool parks now (:meth:`idle_prefill_clock`): a TTFT
+        has been measured, and the worst of the last :data:`PARK_MEMORY_S` plus a period
+        stays under the threshold."""
+        if not self._prefill_pressures:
+            return False
+        threshold = loosened(self.exploration.explore_threshold, self.looseness)
+        return max(ratio + share for _, ratio, share in self._prefill_pressures) <= threshold
 
     def park_share(self, observation: ServingObservation) -> float | None:
         """The share of the TTFT SLO a prompt may take and still leave an idle prefill

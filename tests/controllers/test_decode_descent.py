@@ -543,3 +543,40 @@ def test_past_the_warm_up_an_idle_gpu_parks_below_the_top_clock_and_holds() -> N
     # (71.9 kJ); the maximum clock 120.5 kJ.
     assert parked[1] < 0.5 * alone[1]
     assert parked[0] < 0.95 * alone[0] and alone[0] < reference.metrics.energy_j
+
+
+def _decode_pool(time_s: float, *, tpot_ratio: float | None, busy: bool) -> ServingObservation:
+    """A decode pool's observation at the top clock: TPOT measured at ``tpot_ratio`` of its
+    50 ms SLO (or nothing measured), two replies decoding, or an idle pool."""
+    seen = _seen(applied=TOP, tpot_ratio=tpot_ratio, running=2 if busy else 0)
+    return replace(seen, time_s=time_s, step_index=int(time_s * 4), role="decode")
+
+
+def test_an_idle_decode_pool_parks_where_the_worst_tpot_grown_like_1_over_f_fits() -> None:
+    """A request arriving at an idle decode pool decodes at most a period at the parked
+    clock: the pool parks at the lowest clock where the worst TPOT of the last minute,
+    grown like 1/f from the top, stays under the exploration threshold, in the warm-up
+    too; not before a TPOT is measured, and not where only the top clock fits."""
+    controller = OnlineMPCController(control_period_s=0.25)
+    threshold = controller.exploration.explore_threshold
+    slos = (2.0, 0.05)
+    controller(_decode_pool(0.0, tpot_ratio=None, busy=True))  # builds the model
+    assert (
+        controller.idle_prefill_clock(_decode_pool(0.25, tpot_ratio=None, busy=False), slos) is None
+    )
+    controller.idle_prefill_clock(_decode_pool(0.5, tpot_ratio=0.3, busy=True), slos)
+    parked = controller(replace(_decode_pool(0.75, tpot_ratio=None, busy=False), ttft_slo_s=2.0))
+    expected = min(c for c in CLOCKS if c >= TOP * 0.3 / threshold - 1e-9)
+    assert CLOCKS[0] < expected < TOP
+    assert parked == pytest.approx(expected)
+    assert controller.last_reason == "idle-park"
+    assert controller.model is not None and not controller.model.warmed_up
+    # A TPOT at the threshold leaves no clock below the top: no parking for a minute.
+    controller.idle_prefill_clock(_decode_pool(1.0, tpot_ratio=threshold, busy=True), slos)
+    assert (
+        controller.idle_prefill_clock(_decode_pool(30.0, tpot_ratio=None, busy=False), slos) is None
+    )
+    controller.idle_prefill_clock(_decode_pool(62.0, tpot_ratio=0.3, busy=True), slos)
+    assert controller.idle_prefill_clock(
+        _decode_pool(62.25, tpot_ratio=None, busy=False), slos
+    ) == pytest.approx(expected)
