@@ -697,15 +697,16 @@ class OnlineMPCController(MeasuredLatencyRules):
     def _warmup_guarded(self, observation: ServingObservation) -> bool:
         """Whether the burst guard prices a backlog in the warm-up: a prefill pool's,
         once :data:`WARMUP_GUARD_BUSY_S` of busy windows have been fitted, while the
-        pool could not park idle anyway (:meth:`prefill_pool_parks`): in the warm-up an
-        idle pool that does not park idles at the top clock, which costs more than a
-        lower clock on its prompts saves."""
+        measured TTFT leaves the pool no parking anyway (:meth:`prefill_pool_parks`): in
+        the warm-up an idle pool that does not park idles at the top clock, which costs
+        more than a lower clock on its prompts saves."""
         model = self.model
         return (
             self.burst_guard
             and observation.role == "prefill"
             and model is not None
             and int(model.visits.sum()) * self.control_period_s >= WARMUP_GUARD_BUSY_S
+            and bool(self._prefill_pressures)
             and not self.prefill_pool_parks()
         )
 

@@ -580,3 +580,21 @@ def test_an_idle_decode_pool_parks_where_the_worst_tpot_grown_like_1_over_f_fits
     assert controller.idle_prefill_clock(
         _decode_pool(62.25, tpot_ratio=None, busy=False), slos
     ) == pytest.approx(expected)
+
+
+def test_a_prefill_pools_warm_up_drain_spares_a_pool_that_parks() -> None:
+    """The warm-up's drain below the top clock spends TTFT, which would stop an idle
+    prefill pool parking for a minute: it applies only while the pool could not park."""
+    controller = OnlineMPCController(control_period_s=0.25)
+    threshold = controller.exploration.explore_threshold
+    slos = (2.0, 0.05)
+    busy = replace(_prefill_pool(0.0, ttft_ratio=None, busy=True), ttft_slo_s=2.0)
+    controller(busy)  # builds the model
+    assert controller.model is not None
+    controller.model.visits[-1] = 8  # two seconds of busy windows fitted
+    assert not controller._warmup_guarded(busy)  # no TTFT measured: nothing parks yet
+    controller.idle_prefill_clock(_prefill_pool(0.5, ttft_ratio=0.1, busy=True), slos)
+    assert controller.prefill_pool_parks() and not controller._warmup_guarded(busy)
+    controller.idle_prefill_clock(_prefill_pool(0.75, ttft_ratio=threshold, busy=True), slos)
+    assert not controller.prefill_pool_parks() and controller._warmup_guarded(busy)
+    assert not controller._warmup_guarded(replace(busy, role="colocated"))
