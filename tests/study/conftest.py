@@ -1,15 +1,32 @@
 """Fixtures shared by the study tests: one quick ``gpugov experiments`` run per session
-(the CLI tests read it, and the Ray test compares its sharded run with it)."""
+(the CLI tests read it, and the Ray test compares its sharded run with it), and an
+emulated node on the tests' synthetic profile, served on loopback."""
 
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from study_support import run_quick_experiments
+from synthetic import make_plant
+
+from gpugov.study.emulate.node import EmulatedNode
+from gpugov.study.emulate.server import EmulatorServer
+
+
+@pytest.fixture
+def emulator() -> Iterator[EmulatorServer]:
+    """``gpugov emulate`` on the synthetic profile, one GPU, on a free loopback port."""
+    server = EmulatorServer(EmulatedNode(make_plant()), "127.0.0.1", 0)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture(scope="session")

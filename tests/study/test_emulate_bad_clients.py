@@ -9,7 +9,6 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -19,16 +18,6 @@ from gpugov.study.emulate.node import EmulatedNode
 from gpugov.study.emulate.server import EmulatorServer
 from gpugov.study.load import LoadRun, summarize
 from gpugov.study.openai_client import stream_completion
-
-
-@pytest.fixture
-def emulator() -> Iterator[EmulatorServer]:
-    server = EmulatorServer(EmulatedNode(make_plant()), "127.0.0.1", 0)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def _raw(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:

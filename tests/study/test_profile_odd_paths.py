@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import shlex
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from synthetic import make_profile
 
 from gpugov.cli import main
-from gpugov.plant import ServingPlant, load_profile
-from gpugov.study.emulate.node import EmulatedNode
+from gpugov.plant import load_profile
 from gpugov.study.emulate.server import EmulatorServer
-
-
-@pytest.fixture
-def emulator() -> Iterator[EmulatorServer]:
-    server = EmulatorServer(EmulatedNode(ServingPlant.from_profile(make_profile())), "127.0.0.1", 0)
-    server.start()
-    yield server
-    server.close()
 
 
 def test_the_use_it_lines_quote_an_odd_path(

@@ -4,7 +4,6 @@ rates are the simulated plant's, and the manifest said ``measured``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +17,6 @@ from gpugov.plant import ServingPlant, load_profile
 from gpugov.study.emulate.node import EmulatedNode
 from gpugov.study.emulate.server import EmulatorServer
 from gpugov.study.profiler.cli import profile_status
-
-
-@pytest.fixture
-def emulator() -> Iterator[EmulatorServer]:
-    server = EmulatorServer(EmulatedNode(ServingPlant.from_profile(make_profile())), "127.0.0.1", 0)
-    server.start()
-    yield server
-    server.close()
 
 
 def test_the_status_follows_the_engine_as_well_as_the_backend(emulator: EmulatorServer) -> None:

@@ -4,7 +4,6 @@ failed writing a profile of one clock (or, with no clock listed, a traceback).""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +16,6 @@ from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.plant import ServingPlant
 from gpugov.study.emulate.node import EmulatedNode
 from gpugov.study.emulate.server import EmulatorServer
-
-
-@pytest.fixture
-def emulator() -> Iterator[EmulatorServer]:
-    server = EmulatorServer(EmulatedNode(ServingPlant.from_profile(make_profile())), "127.0.0.1", 0)
-    server.start()
-    yield server
-    server.close()
 
 
 @pytest.mark.parametrize(
