@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from random_shapes import MIN_REQUESTS, _seeds
+from random_shapes import MIN_REQUESTS, checked_inputs
 
 from gpugov.daemon.progress import Progress
 from gpugov.plant import ServingPlant
 from gpugov.plant.synthetic_profiles import random_shape, shape_profile
-from gpugov.plant.workload import TraceError, TraceWarning, load_trace
+from gpugov.plant.workload import TraceError, TraceWarning
 from gpugov.study.runners import RunnerSpec, map_cells
 from gpugov.study.scoreboard.disaggregated import disaggregated_scenario_outcome
 from gpugov.study.scoreboard.scenarios import (
@@ -135,15 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=str(OUT), help="output JSON")
     args = parser.parse_args(argv)
     try:
-        seeds = _seeds(args.seeds)
-        if not args.duration > 0.0:
-            raise ValueError(f"--duration must be positive, got {args.duration!r}")
-        if args.jobs < 1:
-            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", TraceWarning)
-            for trace in args.traces:
-                load_trace(trace)
+        seeds = checked_inputs(args)
     except (ValueError, TraceError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -212,6 +212,26 @@ def _seeds(text: str) -> range:
     return range(start, stop)
 
 
+def checked_inputs(args: argparse.Namespace) -> range:
+    """The seeds of ``args`` once ``--seeds``, ``--duration``, ``--jobs`` and every trace
+    of ``--traces`` are checked, before any board runs.
+
+    Raises:
+        ValueError: a bad flag.
+        TraceError: a trace that does not load.
+    """
+    seeds = _seeds(args.seeds)
+    if not args.duration > 0.0:
+        raise ValueError(f"--duration must be positive, got {args.duration!r}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceWarning)
+        for trace in args.traces:
+            load_trace(trace)
+    return seeds
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every seed and write the JSON."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -229,15 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=str(OUT), help="output JSON")
     args = parser.parse_args(argv)
     try:
-        seeds = _seeds(args.seeds)
-        if not args.duration > 0.0:
-            raise ValueError(f"--duration must be positive, got {args.duration!r}")
-        if args.jobs < 1:
-            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", TraceWarning)
-            for trace in args.traces:
-                load_trace(trace)
+        seeds = checked_inputs(args)
     except (ValueError, TraceError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
