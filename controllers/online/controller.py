@@ -75,9 +75,6 @@ FloatArray = NDArray[np.float64]
 ONLINE_STATUS = "online-identified"
 """Profile status of a learned model (``measured`` stays reserved for clock sweeps)."""
 DEFAULT_THERMAL_LIMIT_C = 87.0
-WARMUP_GUARD_BUSY_S = 1.0
-"""Busy windows, in seconds, a prefill pool's warm-up fits before its burst guard prices a
-backlog below the top clock (:meth:`OnlineMPCController._warmup_guarded`)."""
 UNCAPPED_POWER_SCALE_W = 300.0
 """Scale of the power prior (not a cap) when no power limit, hint or reading is known."""
 HORIZON_PERIODS = 10
@@ -669,7 +666,7 @@ class OnlineMPCController(MeasuredLatencyRules):
             return self.current_clock
         self.exploration.exploring = False
         clock = maximum
-        if self.last_reason == "warm-up" and slos is not None and self._warmup_guarded(observation):
+        if self.last_reason == "warm-up" and slos is not None and self.warmup_drains(observation):
             # A prefill pool's backlog in the warm-up: the burst guard's drain, priced by
             # the warm-up's fit, whose knots move together (the compute-bound 1/f law from
             # where the busy windows ran: pessimistic below them), once a second of busy
@@ -693,22 +690,6 @@ class OnlineMPCController(MeasuredLatencyRules):
             # Keep the MPC's notion of the applied clock (its clock-change penalty).
             self.mpc.current_clock = clock
         return clock
-
-    def _warmup_guarded(self, observation: ServingObservation) -> bool:
-        """Whether the burst guard prices a backlog in the warm-up: a prefill pool's,
-        once :data:`WARMUP_GUARD_BUSY_S` of busy windows have been fitted, while the
-        measured TTFT leaves the pool no parking anyway (:meth:`prefill_pool_parks`): in
-        the warm-up an idle pool that does not park idles at the top clock, which costs
-        more than a lower clock on its prompts saves."""
-        model = self.model
-        return (
-            self.burst_guard
-            and observation.role == "prefill"
-            and model is not None
-            and int(model.visits.sum()) * self.control_period_s >= WARMUP_GUARD_BUSY_S
-            and bool(self._prefill_pressures)
-            and not self.prefill_pool_parks()
-        )
 
     def efficient_clock(self, observation: ServingObservation) -> float:
         """The efficiency floor (:mod:`controllers.online.efficiency`) of the domain's

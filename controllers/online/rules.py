@@ -37,6 +37,10 @@ PARK_MEMORY_S = 60.0
 """How long a measured latency pressure counts for idle parking (the last one measured
 counts until a newer one comes: a long idle gap measures nothing)."""
 
+WARMUP_DRAIN_BUSY_S = 1.0
+"""Busy windows, in seconds, a prefill pool's warm-up fits before its burst guard prices a
+backlog below the top clock (:meth:`MeasuredLatencyRules.warmup_drains`)."""
+
 ARRIVAL_FLOOR_PERIODS = 1.0
 """The arrival floor (:meth:`MeasuredLatencyRules.arrival_floor`) applies where the TTFT
 SLO measured is shorter than this many control periods (no decision after an arrival
@@ -57,6 +61,7 @@ class MeasuredLatencyRules:
     slo_margin: float
     uncertainty_z: float
     control_period_s: float
+    burst_guard: bool
     mean_prompt_tokens: float
     mean_output_tokens: float
     _prefill_pressures: deque[tuple[float, float, float]]
@@ -164,6 +169,22 @@ class MeasuredLatencyRules:
             return None
         parked = _first_fit(clocks, clocks >= float(clocks[-1]) * needed - 1e-9)
         return parked if parked < float(clocks[-1]) else None
+
+    def warmup_drains(self, observation: ServingObservation) -> bool:
+        """Whether the burst guard prices a backlog in the warm-up: a prefill pool's,
+        once :data:`WARMUP_DRAIN_BUSY_S` of busy windows have been fitted, while the
+        measured TTFT leaves the pool no parking anyway (:meth:`prefill_pool_parks`): in
+        the warm-up an idle pool that does not park idles at the top clock, which costs
+        more than a lower clock on its prompts saves."""
+        model = self.model
+        return (
+            self.burst_guard
+            and observation.role == "prefill"
+            and model is not None
+            and int(model.visits.sum()) * self.control_period_s >= WARMUP_DRAIN_BUSY_S
+            and bool(self._prefill_pressures)
+            and not self.prefill_pool_parks()
+        )
 
     def prefill_pool_parks(self) -> bool:
         """Whether an idle prefill pool parks now (:meth:`idle_prefill_clock`): a TTFT

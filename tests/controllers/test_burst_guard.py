@@ -635,7 +635,7 @@ def test_a_prefill_pools_warm_up_drains_its_backlog_below_the_top_clock() -> Non
     profile is one of the tests' own (a 20k token/s prefill, 1 s TTFT SLO), the run
     shorter than the warm-up: it misses no more prompts than the maximum clock, for less
     energy."""
-    from gpugov.controllers.online.controller import WARMUP_GUARD_BUSY_S
+    from gpugov.controllers.online.rules import WARMUP_DRAIN_BUSY_S
     from gpugov.plant import ServingPlant
     from gpugov.plant.disaggregated import simulate_disaggregated
     from gpugov.plant.disaggregated_layout import DisaggregatedPlant, PoolSpec
@@ -669,9 +669,9 @@ def test_a_prefill_pools_warm_up_drains_its_backlog_below_the_top_clock() -> Non
         if reason == "warm-up-guard"
     ]
     assert guarded, "no backlog was priced in the warm-up"
-    assert all(not warm and busy_s >= WARMUP_GUARD_BUSY_S for _, busy_s, warm in guarded)
+    assert all(not warm and busy_s >= WARMUP_DRAIN_BUSY_S for _, busy_s, warm in guarded)
     assert min(clock for clock, _, _ in guarded) < 0.8 * top
-    early = [c for r, c, busy_s, _ in decisions if busy_s < WARMUP_GUARD_BUSY_S and r == "warm-up"]
+    early = [c for r, c, busy_s, _ in decisions if busy_s < WARMUP_DRAIN_BUSY_S and r == "warm-up"]
     assert early and all(clock == top for clock in early)
     # The maximum clock misses one prompt of 48 here (a 9.7k-token prompt behind two).
     assert result.metrics.ttft_slo_attainment == at_top.metrics.ttft_slo_attainment

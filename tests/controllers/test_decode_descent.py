@@ -592,9 +592,9 @@ def test_a_prefill_pools_warm_up_drain_spares_a_pool_that_parks() -> None:
     controller(busy)  # builds the model
     assert controller.model is not None
     controller.model.visits[-1] = 8  # two seconds of busy windows fitted
-    assert not controller._warmup_guarded(busy)  # no TTFT measured: nothing parks yet
+    assert not controller.warmup_drains(busy)  # no TTFT measured: nothing parks yet
     controller.idle_prefill_clock(_prefill_pool(0.5, ttft_ratio=0.1, busy=True), slos)
-    assert controller.prefill_pool_parks() and not controller._warmup_guarded(busy)
+    assert controller.prefill_pool_parks() and not controller.warmup_drains(busy)
     controller.idle_prefill_clock(_prefill_pool(0.75, ttft_ratio=threshold, busy=True), slos)
-    assert not controller.prefill_pool_parks() and controller._warmup_guarded(busy)
-    assert not controller._warmup_guarded(replace(busy, role="colocated"))
+    assert not controller.prefill_pool_parks() and controller.warmup_drains(busy)
+    assert not controller.warmup_drains(replace(busy, role="colocated"))
