@@ -14,14 +14,24 @@ from gpugov.plant import load_profile
 from gpugov.study.emulate.server import EmulatorServer
 
 
-def test_the_use_it_lines_quote_an_odd_path(
-    emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_the_use_it_lines_quote_an_odd_path_and_the_manifest_holds_no_key(
+    emulator: EmulatorServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """One sweep for both: the closing lines split an ``--out`` at its space and ended the
+    TOML line at its quote; and the manifest's command was ``sys.argv`` after its second
+    word, so ``profile`` went missing and ``--api-key KEY`` was written into the profile."""
+    import sys
+
+    key = "sk-test-0123456789abcdef"
     out = tmp_path / "my profiles \"x\" 'y'"
     argv = ["profile", "--engine-url", emulator.url, "--gpus", "0", "--backend", "emulated"]
     argv += ["--out", str(out), "--quiet", "--clock-list", "1980,1290", "--dwell", "0.3"]
     argv += ["--reference-batch", "16", "--reference-context", "256", "--name", "p"]
-    assert main(argv) == 0
+    monkeypatch.setattr(sys, "argv", ["gpugov", *argv, "--api-key", key])  # as on a shell
+    assert main([*argv, "--api-key", key]) == 0
     manifest = str(out / "p.json")
     lines = capsys.readouterr().out.splitlines()
     use_it = lines[-2].removeprefix("  use it: ")
@@ -38,6 +48,13 @@ def test_the_use_it_lines_quote_an_odd_path(
     config = tomllib.loads(table.replace('"mpc", profile', '"mpc"\nprofile', 1))
     assert config["domains"]["controller"] == {"kind": "mpc", "profile": manifest}
     assert load_profile(manifest).profile_status == "emulated"
+    assert key not in Path(manifest).read_text()
+    command = load_profile(manifest).manifest["derivation"]["command"]
+    words = ["gpugov", "profile", "--engine-url", emulator.url, "--gpus", "0", "--backend"]
+    words += ["emulated", "--out", str(out), "--clock-list", "1980,1290", "--dwell", "0.3"]
+    words += ["--name", "p", "--reference-batch", "16", "--reference-context", "256"]
+    words += ["--ttft-slo", "1", "--tpot-slo", "0.05"]
+    assert command == f"{shlex.join(words)} (with an API key)"
 
 
 @pytest.mark.parametrize("existing", ["p.json", "p.csv"])
@@ -71,25 +88,3 @@ def test_the_dry_runs_file_name_is_no_profile_name(
     assert main([*argv, "--out", str(tmp_path / "out"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"gpugov: error: --name {name}: "), err
-
-
-def test_the_manifests_command_is_the_run_and_holds_no_key(
-    emulator: EmulatorServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The manifest's command was ``sys.argv`` after its second word: ``profile`` went
-    missing, and ``--api-key KEY`` was written into the profile."""
-    import sys
-
-    key = "sk-test-0123456789abcdef"
-    argv = ["profile", "--engine-url", emulator.url, "--gpus", "0", "--backend", "emulated"]
-    argv += ["--out", str(tmp_path), "--quiet", "--clock-list", "1980,1290", "--dwell", "0.3"]
-    argv += ["--reference-batch", "16", "--reference-context", "256", "--name", "p"]
-    monkeypatch.setattr(sys, "argv", ["gpugov", *argv, "--api-key", key])  # as on a shell
-    assert main([*argv, "--api-key", key]) == 0
-    assert key not in (tmp_path / "p.json").read_text()
-    command = load_profile(tmp_path / "p.json").manifest["derivation"]["command"]
-    assert command == (
-        f"gpugov profile --engine-url {emulator.url} --gpus 0 --backend emulated --out "
-        f"{tmp_path} --clock-list 1980,1290 --dwell 0.3 --name p --reference-batch 16 "
-        "--reference-context 256 --ttft-slo 1 --tpot-slo 0.05 (with an API key)"
-    )

@@ -29,10 +29,20 @@ def test_the_status_follows_the_engine_as_well_as_the_backend(emulator: Emulator
 def test_an_nvml_run_against_the_emulator_writes_an_emulated_profile(
     emulator: EmulatorServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The manifest said ``measured`` for an NVML run against the emulator. The same run
+    (one sweep for both) reads no power limit from its GPU: 700 W was written with no
+    word that it was assumed, beside the measured columns."""
+    import dataclasses
+
     # The GPU NVML would open stands in as the emulator's own (its readings follow the
-    # emulated engine's load, as a board's follow its engine's).
+    # emulated engine's load, as a board's follow its engine's), with no power limit.
+    class NoLimit(EmulatedBackend):
+        def sample(self):  # type: ignore[no-untyped-def]
+            return dataclasses.replace(super().sample(), power_limit_w=None)
+
     def open_backend(gpu: Any, backend: str, **_: Any) -> EmulatedBackend:
-        return EmulatedBackend(int(gpu), emulator=emulator.url)
+        assert backend == "nvml"
+        return NoLimit(int(gpu), emulator=emulator.url)
 
     monkeypatch.setattr(service, "open_backend", open_backend)
     argv = ["profile", "--engine-url", emulator.url, "--gpus", "0", "--backend", "nvml"]
@@ -43,6 +53,8 @@ def test_an_nvml_run_against_the_emulator_writes_an_emulated_profile(
     profile = load_profile(tmp_path / "p.json")
     assert profile.profile_status == "emulated" and not profile.is_measured
     assert "not on hardware" in profile.manifest["warning"]
+    assert profile.manifest["power_limit_w"] == 700.0
+    assert any("assumes 700 W per GPU" in line for line in profile.manifest["assumptions"])
 
 
 def test_an_engine_faster_than_real_time_is_refused_whatever_the_backend(
@@ -119,29 +131,6 @@ def test_an_emulated_engine_is_profiled_on_its_one_replicas_gpus(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gpugov: error: " + said.format(url=server.url))
     assert not (tmp_path / "out").exists()
-
-
-def test_an_assumed_power_limit_is_said_to_be_assumed(
-    emulator: EmulatorServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A GPU that gave no power limit reading got 700 W written into the manifest with no
-    word that it was assumed, beside the measured columns."""
-    import dataclasses
-
-    class NoLimit(EmulatedBackend):
-        def sample(self):  # type: ignore[no-untyped-def]
-            return dataclasses.replace(super().sample(), power_limit_w=None)
-
-    monkeypatch.setattr(
-        service, "open_backend", lambda gpu, *a, **k: NoLimit(int(gpu), emulator=emulator.url)
-    )
-    argv = ["profile", "--engine-url", emulator.url, "--gpus", "0", "--backend", "emulated"]
-    argv += ["--out", str(tmp_path), "--quiet", "--clock-list", "1980,1290", "--dwell", "0.3"]
-    argv += ["--reference-batch", "16", "--reference-context", "256", "--name", "p"]
-    assert main(argv) == 0
-    manifest = load_profile(tmp_path / "p.json").manifest
-    assert manifest["power_limit_w"] == 700.0
-    assert any("assumes 700 W per GPU" in line for line in manifest["assumptions"])
 
 
 def test_a_dry_run_against_the_emulator_says_it_is_emulated(
