@@ -81,3 +81,53 @@ def run_bench_main(name: str, argv: list[str]) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = bench_script(name).main(argv)
     return code, stdout.getvalue(), stderr.getvalue()
+
+
+SMALL_BATCH, SMALL_CONTEXT = 16, 256
+"""The profiler tests' decode reference: a small batch and context, so a sweep's points take
+seconds in real time."""
+
+
+def small_sweep_settings(dwell_s: float) -> Any:
+    """What ``gpugov profile --clock-list 1980,1290 --dwell DWELL --reference-batch 16
+    --reference-context 256`` sweeps (``--resume`` compares them)."""
+    from gpugov.study.profiler.sweep import SweepSettings, default_decode_points
+
+    return SweepSettings(
+        clocks_mhz=(1980, 1290),
+        dwell_s=dwell_s,
+        decode_points=default_decode_points(SMALL_BATCH, SMALL_CONTEXT, 131_072),
+        reference_batch=SMALL_BATCH,
+        reference_context_tokens=SMALL_CONTEXT,
+    )
+
+
+def start_emulator_process(profile_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``gpugov emulate --profile PATH`` in its own process (as on a node: the profiler and
+    the emulator do not share an interpreter) on a free loopback port, once it answers:
+    ``(process, url)``. The caller ends the process."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "gpugov", "emulate", "--profile", str(profile_path)]
+    process = subprocess.Popen(
+        [*command, "--address", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/v1/models", timeout=2).read()
+            return process, url
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                process.wait()
+                raise
+            time.sleep(0.2)

@@ -6,9 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -18,6 +16,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from study_support import (
+    SMALL_BATCH,
+    SMALL_CONTEXT,
+    small_sweep_settings,
+    start_emulator_process,
+)
 from synthetic import make_profile
 
 from gpugov.cli import main
@@ -34,35 +38,8 @@ from gpugov.study.profiler.write import write_profile
 def emulator_process(profile: PerformanceProfile, directory: Path) -> Iterator[str]:
     """``gpugov emulate`` in its own process (as on a node: the profiler and the emulator
     do not share an interpreter); yields its URL."""
-    path = write_profile_files(profile, directory)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpugov",
-            "emulate",
-            "--profile",
-            str(path),
-            "--address",
-            f"127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process, url = start_emulator_process(write_profile_files(profile, directory))
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/v1/models", timeout=2).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise
-                time.sleep(0.2)
         yield url
     finally:
         process.send_signal(signal.SIGTERM)
@@ -174,21 +151,13 @@ def test_profile_matches_the_emulated_truth(
 # whose design points need about ten times the prompt tokens prefilled at every clock; the
 # two that measure a whole sweep take 1290 MHz as their low clock, not 600, where the same
 # points take about twice as long in real time.
-SMALL_BATCH, SMALL_CONTEXT = 16, 256
 SMALL_REFERENCE = ("--reference-batch", str(SMALL_BATCH), "--reference-context", str(SMALL_CONTEXT))
 
 
 def _settings(dwell: float) -> SweepSettings:
     """What ``_profile(..., "--clock-list", "1980,1290", "--dwell", DWELL, *SMALL_REFERENCE)``
     sweeps (``--resume`` compares them)."""
-    return SweepSettings(
-        clocks_mhz=(1980, 1290),
-        dwell_s=dwell,
-        prefill_prompt_tokens=4096,
-        decode_points=default_decode_points(SMALL_BATCH, SMALL_CONTEXT, 131_072),
-        reference_batch=SMALL_BATCH,
-        reference_context_tokens=SMALL_CONTEXT,
-    )
+    return small_sweep_settings(dwell)  # type: ignore[no-any-return]
 
 
 def test_interrupted_sweep_resets_and_resumes(

@@ -4,15 +4,11 @@ the command that unlocks them."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from study_support import start_emulator_process
 from synthetic import make_profile
 
 from gpugov.cli import main
@@ -23,26 +19,8 @@ from gpugov.study.profiler.accuracy import write_profile_files
 def test_a_failed_reset_is_not_reported_as_a_reset(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = write_profile_files(make_profile(), tmp_path)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "gpugov", "emulate", "--profile", str(path)]
-    emulator = subprocess.Popen(
-        [*command, "--address", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    emulator, url = start_emulator_process(write_profile_files(make_profile(), tmp_path))
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/v1/models", timeout=2).read()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and emulator.poll() is None
-                time.sleep(0.2)
 
         def gone_after_the_first_clock(record: dict[str, Any]) -> None:
             emulator.kill()  # the emulated node (its GPU and its engine) is gone

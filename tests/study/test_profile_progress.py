@@ -9,28 +9,19 @@ import threading
 from pathlib import Path
 
 import pytest
-from synthetic import make_profile
+from study_support import small_sweep_settings
 
 from gpugov.daemon.emulated import EmulatedBackend
-from gpugov.plant import ServingPlant
-from gpugov.study.emulate.node import EmulatedNode
 from gpugov.study.emulate.server import EmulatorServer
-from gpugov.study.profiler.sweep import Interrupted, Sweep, SweepSettings, default_decode_points
+from gpugov.study.profiler.sweep import Interrupted, Sweep
 
 
 def test_every_measurement_has_a_line_and_resumed_clocks_leave_the_eta_alone(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    server = EmulatorServer(EmulatedNode(ServingPlant.from_profile(make_profile())), "127.0.0.1", 0)
-    server.start()
+    server = emulator
     backend = EmulatedBackend(0, emulator=server.url)
-    settings = SweepSettings(
-        clocks_mhz=(1980, 1290),
-        dwell_s=0.3,
-        decode_points=default_decode_points(16, 256, 131_072),
-        reference_batch=16,
-        reference_context_tokens=256,
-    )
+    settings = small_sweep_settings(0.3)
     stop = threading.Event()
     try:
         sweep = Sweep([backend], server.url, "gpugov-emulated", settings, tmp_path, stop=stop)
@@ -54,4 +45,3 @@ def test_every_measurement_has_a_line_and_resumed_clocks_leave_the_eta_alone(
         assert "(6/6 measurements)" in second[-1]
     finally:
         backend.close()
-        server.close()
