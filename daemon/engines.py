@@ -43,12 +43,12 @@ class EngineSample:
     running_requests: int
     waiting_requests: int
     engines: int = 1
-    """Data-parallel engines the page shows (:func:`data_parallel_engines`): the sample's
+    """Data-parallel engines the page shows (:func:`shown_engines`): the sample's
     counts and tokens are their sums. 1 for one engine, however many tensor- or
     pipeline-parallel ranks it has, and where the page cannot tell."""
     engine_labels: frozenset[tuple[tuple[str, str], ...]] | None = None
     """Which engines those are: the label sets, rank labels left out, of the page's
-    running and waiting gauges (:func:`engine_labels`); None where no page was read."""
+    running and waiting gauges (:func:`shown_engines`); None where no page was read."""
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
     finished_requests_total: float | None = None
@@ -535,8 +535,13 @@ def check_request_gauges(series: Series, names: Iterable[str], source: str) -> N
                 )
 
 
-def data_parallel_engines(series: Series, spec: EngineSpec) -> int:
-    """The data-parallel engines a page shows: the distinct label sets, rank labels
+EngineLabels = frozenset[tuple[tuple[str, str], ...]]
+"""The label sets (rank labels left out) of the engines a page shows."""
+
+
+def shown_engines(series: Series, spec: EngineSpec) -> tuple[int, EngineLabels]:
+    """The data-parallel engines a page shows, and which ones: the count is the number of
+    distinct label sets, rank labels
     (:data:`~daemon.exposition.RANK_LABELS`) left out, of its running gauge and of its
     waiting gauge (the first name of each the page has), the larger of the two, at
     least 1. vLLM V1 labels each engine of a data-parallel deployment ``engine="0"``,
@@ -544,17 +549,9 @@ def data_parallel_engines(series: Series, spec: EngineSpec) -> int:
     TP and PP ranks of one engine (SGLang's ``tp_rank``, ``pp_rank``) count once, as
     :func:`~daemon.exposition.aggregate` counts them. A page without such labels (TGI,
     an older SGLang) is one engine; one that serves several models counts each model's
-    engines (their series are summed too)."""
-    return max([1, *(len(keys) for keys in _gauge_label_sets(series, spec))])
-
-
-EngineLabels = frozenset[tuple[tuple[str, str], ...]]
-"""The label sets (rank labels left out) of the engines a page shows."""
-
-
-def _gauge_label_sets(series: Series, spec: EngineSpec) -> list[EngineLabels]:
-    """The distinct label sets, rank labels left out, of the page's running gauge and of
-    its waiting gauge (the first name of each the page has)."""
+    engines (their series are summed too). Which engines: the label sets of both gauges
+    together; two pages of as many engines may show other ones (one left, another
+    joined), whose sums are other engines'."""
     sets: list[EngineLabels] = []
     for names in (spec.running, spec.waiting):
         for name in names:
@@ -567,14 +564,7 @@ def _gauge_label_sets(series: Series, spec: EngineSpec) -> list[EngineLabels]:
                     )
                 )
                 break
-    return sets
-
-
-def engine_labels(series: Series, spec: EngineSpec) -> EngineLabels:
-    """Which engines a page shows: the label sets of its running and waiting gauges
-    together (:func:`data_parallel_engines` counts them). Two pages of as many engines
-    may show other ones (one left, another joined): their sums are other engines'."""
-    return frozenset().union(*_gauge_label_sets(series, spec))
+    return max([1, *(len(keys) for keys in sets)]), frozenset().union(*sets)
 
 
 def model_name(series: Series, names: Iterable[str]) -> str | None:
@@ -637,12 +627,13 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
     output_lengths = _buckets(series, spec.request_generation_tokens, source)
     finished_generation = _histogram(series, spec.finished_generation)
     steps = _histogram(series, spec.iterations)
+    engines, labels = shown_engines(series, spec)
     sample = EngineSample(
         engine=spec.kind,
         running_requests=round(running or 0.0),
         waiting_requests=round(waiting),
-        engines=data_parallel_engines(series, spec),
-        engine_labels=engine_labels(series, spec),
+        engines=engines,
+        engine_labels=labels,
         prompt_tokens_total=_first(series, spec.prompt_tokens),
         generation_tokens_total=_first(series, spec.generation_tokens),
         finished_requests_total=_first(series, spec.finished),

@@ -40,7 +40,7 @@ Derivations from the engine's cumulative counters (documented in ``docs/daemon.m
 * GPU fields over the domain: power, energy and power limit summed; temperature the
   hottest GPU; realised clock the slowest; utilisation the mean.
 * ``engines``: the data-parallel engines the engine's page shows
-  (:func:`daemon.engines.data_parallel_engines`: the distinct label sets of its running
+  (:func:`daemon.engines.shown_engines`: the distinct label sets of its running
   and waiting gauges, rank labels left out; vLLM's ``engine``, SGLang's ``dp_rank``):
   every count and token above is their sum; 1 where the page shows one engine or none
   has been scraped. A scrape that shows another count than the last (a data-parallel
