@@ -402,6 +402,18 @@ def _ignore_further_interrupts() -> None:
                 signal.signal(signum, signal.SIG_IGN)
 
 
+def _forget_the_interpreters_unhandled_interrupt() -> None:
+    """Clear CPython's own note of an unhandled Ctrl-C, once ours is handled.
+
+    CPython notes a KeyboardInterrupt that leaves code run from a string (``exec`` of
+    source, as ``dataclasses`` and ``namedtuple`` build their methods). ``python -m
+    gpugov`` then ends by killing itself with SIGINT in place of the exit code, even
+    though the interrupt was caught. A Ctrl-C during an import that defines a dataclass
+    did that: exit -2 after ``gpugov: interrupted``. Running any source string resets
+    the note, and nothing else can reach it."""
+    exec("pass", {})  # a fixed string, run for the side effect above
+
+
 def _main(argv: list[str], command: str, *, process: bool = False) -> int:
     """:func:`main` past its signal set-up; ``process``: the command is this process's
     own, and what is set for an interrupt is left set for its exit."""
@@ -458,6 +470,7 @@ def _run_command(argv: list[str], command: str) -> int:
             )
             return 0
         _ignore_further_interrupts()
+        _forget_the_interpreters_unhandled_interrupt()
         # On a terminal, end a progress bar's line first; elsewhere the line stands alone.
         start = "\n" if sys.stderr.isatty() else ""
         from gpugov.daemon.errors import ExitCode, Terminated

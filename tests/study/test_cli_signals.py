@@ -126,6 +126,48 @@ def test_a_study_command_in_one_process_ends_on_sigterm_with_143_and_one_line(
     assert all(line.startswith(marker) for line in lines[:-1]), lines
 
 
+INTERRUPTED_IN_GENERATED_SOURCE = """
+import argparse
+import sys
+
+import gpugov.cli as cli
+
+
+def interrupted(args):
+    # A Ctrl-C arriving while dataclasses runs the source it builds for a class.
+    exec("raise KeyboardInterrupt", {})
+
+
+def parser(command):
+    built = argparse.ArgumentParser(prog="gpugov")
+    built.add_argument("command")
+    built.set_defaults(handler=interrupted)
+    return built
+
+
+cli.build_parser = parser
+sys.argv = ["gpugov", "profiles"]
+sys.exit(cli.main())
+"""
+
+
+def test_an_interrupt_inside_generated_source_still_exits_130(tmp_path: Path) -> None:
+    """A Ctrl-C raised in source run from a string (dataclasses build their methods so)
+    set CPython's own unhandled-interrupt note: ``python -m`` then killed itself with
+    SIGINT (-2) after ``gpugov: interrupted``, in place of exit 130."""
+    (tmp_path / "interrupted_command.py").write_text(INTERRUPTED_IN_GENERATED_SOURCE)
+    done = subprocess.run(
+        [sys.executable, "-m", "interrupted_command"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == "gpugov: interrupted\n"
+
+
 def test_closed_stdout_exits_quietly() -> None:
     process = _start(["profiles", "--json"])
     assert process.stdout is not None
