@@ -95,6 +95,22 @@ class NewerLockRecord(ConfigError):
     was rewritten as version 1 without the fields this gpugov does not know."""
 
 
+class StateDirectoryHeld(ConfigError):
+    """Another process holds the state directory (:meth:`LockState.hold`): a running
+    ``gpugov run``, or a ``gpugov profile`` keeping its locks there.
+
+    Attributes:
+        directory: the state directory.
+        holder: who holds it, as its hold file names it: ``"pid 4242"``, or
+            ``"pid unknown"``.
+    """
+
+    def __init__(self, message: str, directory: Path, holder: str) -> None:
+        super().__init__(message)
+        self.directory = directory
+        self.holder = holder
+
+
 class LockState:
     """The locks this daemon holds, in ``DIR/locks.json``.
 
@@ -157,7 +173,7 @@ class LockState:
         the pid (a full disk) is held, with one warning.
 
         Raises:
-            ConfigError: another process holds it (named, with its pid).
+            StateDirectoryHeld: another process holds it (named, with its pid).
         """
         import fcntl
 
@@ -178,9 +194,11 @@ class LockState:
                 holder = ""  # a hold file of other bytes (a device, a damaged file)
             handle.close()
             who = f"pid {holder}" if holder.isascii() and holder.isdigit() else "pid unknown"
-            raise ConfigError(
+            raise StateDirectoryHeld(
                 f"{path.parent}: another gpugov run ({who}) holds this state "
-                "directory; run one daemon per node (or give each its own state_dir and GPUs)"
+                "directory; run one daemon per node (or give each its own state_dir and GPUs)",
+                path.parent,
+                who,
             ) from None
         except OSError as error:
             # No lock to take here (a filesystem without flock: NFS without its lock

@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import UsageError, fail, parse_gpu_list
@@ -19,6 +19,9 @@ from gpugov.daemon.errors import ExitCode, printable
 from gpugov.daemon.files import write_text_atomic
 from gpugov.daemon.limits import MAX_CLOCK_MHZ
 from gpugov.plant.input_files import plain_number_text
+
+if TYPE_CHECKING:
+    from gpugov.daemon.lockstate import LockState
 
 EXIT_RUNTIME, EXIT_PERMISSION, EXIT_NO_GPU, EXIT_GPU_LOST, EXIT_INTERRUPTED = (
     ExitCode.FAILURE,
@@ -246,6 +249,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     gpus = _gpus(args.gpus)
+    _check_state_dir_flag(args.state_dir, args.dry_run)
     wanted_clocks = _clock_list(args.clock_list) if args.clock_list else None
     if wanted_clocks is not None and len(set(wanted_clocks)) < 2 and not args.dry_run:
         # Known from the flag alone: refused before the engine or a GPU is asked.
@@ -301,6 +305,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if isinstance(error, PermissionDenied):
             return fail(f"{error}", EXIT_PERMISSION)
         return fail(f"{error}; nothing was changed", EXIT_RUNTIME)
+    try:
+        # A dry run locks nothing: it neither needs the lock record nor touches it.
+        lock_state = None if args.dry_run else _held_lock_record(args.state_dir)
+    except BaseException:
+        for backend in backends:
+            backend.close()
+        raise
     received: list[str] = []  # the signal that stopped the sweep, by name
     sweep: Sweep | None = None
     try:
@@ -344,6 +355,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             stop=stop,
             progress_enabled=not args.quiet,
             api_key=api_key,
+            lock_state=lock_state,
         )
         with stop_on_signals(stop, received):
             if args.dry_run:
@@ -399,8 +411,81 @@ def cmd_profile(args: argparse.Namespace) -> int:
     finally:
         for backend in backends:
             backend.close()
+        if lock_state is not None:
+            lock_state.release()
     _print_written(manifest)
     return 0
+
+
+def _check_state_dir_flag(state_dir: str | None, dry_run: bool) -> None:
+    """Refuse an empty ``--state-dir`` (it would read as the working directory), as the
+    config's ``state_dir`` is refused, and, unless this is a dry run (which reads and
+    writes nothing there), one that is not an existing directory: a mistyped one would
+    keep the record where no ``gpugov run`` looks, and see no governor running. (The
+    daemon's own, ``$STATE_DIRECTORY``, is made when missing, as ``gpugov run`` makes it.)
+
+    Raises:
+        UsageError: naming the flag.
+    """
+    from gpugov.daemon.config_types import named_directory
+
+    try:
+        named_directory(state_dir)
+    except ValueError as error:
+        raise UsageError(f"--state-dir: {error}") from None
+    if state_dir is None or dry_run:
+        return
+    try:
+        found = Path(state_dir).is_dir()
+    except PermissionError:
+        found = True  # there, past a directory this user may not search: the record warns
+    except (OSError, ValueError):  # a NUL byte, a name too long
+        found = False
+    if not found:
+        what = "not a directory" if os.path.lexists(state_dir) else "no such directory"
+        raise UsageError(
+            f"--state-dir {state_dir}: {what}; give the state directory gpugov run keeps its "
+            "lock record in (systemd's StateDirectory=gpugov: /var/lib/gpugov); nothing was "
+            "changed"
+        )
+
+
+def _held_lock_record(state_dir: str | None) -> LockState | None:
+    """The lock record the sweep keeps its locks in: ``locks.json`` in ``--state-dir``,
+    else ``$STATE_DIRECTORY`` (the daemon's choice, :func:`~gpugov.daemon.files.resolve_state_dir`),
+    with the state directory held for the sweep as ``gpugov run`` holds it
+    (:meth:`~gpugov.daemon.lockstate.LockState.hold`); None where neither names one. A
+    directory that cannot be held or written is warned about once and the sweep goes on,
+    as the daemon does.
+
+    Raises:
+        UsageError: a running gpugov holds the directory (named, with its pid: a profile
+            would fight it over the clocks), or a newer gpugov wrote the record; before
+            any clock is locked.
+    """
+    from gpugov.daemon.deadline import EXIT_WRITE_WAIT_S
+    from gpugov.daemon.errors import ConfigError
+    from gpugov.daemon.files import resolve_state_dir
+    from gpugov.daemon.lockstate import LockState, StateDirectoryHeld
+
+    directory = resolve_state_dir(state_dir)
+    if directory is None:
+        return None
+    where = f"--state-dir {directory}" if state_dir is not None else f"$STATE_DIRECTORY={directory}"
+    try:
+        # A lock is written once a clock, and no loop waits on it: each write may take a
+        # slow disk's time, so the last one (the exit's reset) is not lost at the exit.
+        state = LockState(directory, write_deadline_s=EXIT_WRITE_WAIT_S)
+        state.hold()
+    except StateDirectoryHeld as held:
+        raise UsageError(
+            f"{where}: gpugov ({held.holder}) holds this state directory: a running "
+            "governor (or another profile) sets these clocks, and the two would fight over "
+            "them; stop it before profiling (systemctl stop gpugov); nothing was changed"
+        ) from None
+    except ConfigError as error:  # a lock record a newer gpugov wrote
+        raise UsageError(f"{where}: {error}; nothing was changed") from None
+    return state
 
 
 def _print_written(manifest: Path) -> None:
@@ -639,6 +724,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=0.05,
         metavar="S",
         help="TPOT SLO written into the manifest (default 0.05)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        default=None,
+        metavar="DIR",
+        help="the daemon's state directory, where each lock is recorded in locks.json "
+        "until it is reset, so that a profile killed outright is found and reset by the "
+        "next gpugov run or gpugov reset-clocks and shown by gpugov status; a running "
+        "gpugov holding it refuses the profile (default: $STATE_DIRECTORY; neither: no "
+        "record; --dry-run uses none)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     parser.set_defaults(handler=cmd_profile)

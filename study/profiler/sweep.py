@@ -2,9 +2,12 @@
 
 Clocks are locked through the daemon's :class:`~gpugov.daemon.actuator.ClockActuator`
 (the ``with`` block resets every GPU it touched on a normal end, on an error and on
-SIGTERM/SIGINT). After each clock one JSON line is appended to ``DIR/sweep-state.jsonl``,
-so ``--resume`` measures only the clocks still missing. The profile (CSV + manifest) is
-written from the state file at the end: :mod:`gpugov.study.profiler.write`.
+SIGTERM/SIGINT), and each lock is kept in the daemon's lock record (``locks.json`` in
+the state directory) while it holds, so a sweep killed outright leaves its GPUs named
+there for the next ``gpugov run`` or ``gpugov reset-clocks``. After each clock one JSON
+line is appended to ``DIR/sweep-state.jsonl``, so ``--resume`` measures only the clocks
+still missing. The profile (CSV + manifest) is written from the state file at the end:
+:mod:`gpugov.study.profiler.write`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from gpugov.daemon.files import (
     write_bytes_atomic,
     write_text_atomic,
 )
+from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.progress import Progress
 from gpugov.plant.input_files import finite_number
 from gpugov.study.profiler.fit import fit_decode
@@ -249,6 +253,11 @@ class Sweep:
     clock: Callable[[], float] = time.monotonic
     api_key: str | None = field(default=None, repr=False)
     """Sent with every request (``Authorization: Bearer``); never written to the state."""
+    lock_state: LockState | None = None
+    """Where each lock is recorded until it is reset (``locks.json`` in the state
+    directory, :mod:`gpugov.daemon.lockstate`): a sweep killed before its resets leaves its
+    GPUs named there, for the next ``gpugov run`` or ``gpugov reset-clocks`` to reset and
+    ``gpugov status`` to show. None: nowhere."""
     unreset: tuple[str, ...] = field(default=(), init=False)
     """The GPUs whose reset failed at the sweep's end (they may still be locked)."""
 
@@ -414,7 +423,7 @@ class Sweep:
         progress.update(0, resumed, force=True)
         measured = [0]
         sampler.start()
-        actuator = ClockActuator(self.backends, domain="profile")
+        actuator = ClockActuator(self.backends, domain="profile", state=self.lock_state)
         try:
             try:
                 for clock_mhz in todo:

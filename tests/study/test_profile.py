@@ -26,6 +26,7 @@ from synthetic import make_profile
 
 from gpugov.cli import main
 from gpugov.daemon.emulated import EmulatedBackend
+from gpugov.daemon.lockstate import LockState
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile
 from gpugov.study.emulate.node import EmulatedNode
 from gpugov.study.emulate.server import EmulatorServer
@@ -166,6 +167,7 @@ def test_interrupted_sweep_resets_and_resumes(
     url = synthetic_emulator.url
     backend = EmulatedBackend(0, emulator=url)
     stop = threading.Event()
+    state_dir = tmp_path / "state"
     sweep = Sweep(
         [backend],
         url,
@@ -174,17 +176,21 @@ def test_interrupted_sweep_resets_and_resumes(
         tmp_path,
         stop=stop,
         progress_enabled=False,
+        lock_state=LockState(state_dir),
     )
     with pytest.raises(Interrupted):
         sweep.run(check_load=lambda record: stop.set())
     backend.close()
     assert synthetic_emulator.node.gpu_state[0].locked is None
+    assert LockState(state_dir).read() == {}  # the interrupt's reset removed its entry
     lines = [json.loads(line) for line in (tmp_path / "sweep-state.jsonl").read_text().splitlines()]
     assert [row["clock_mhz"] for row in lines if row["kind"] == "clock"] == [1980]
     first = lines[1]
     state = tmp_path / "sweep-state.jsonl"
     kept = state.read_text()
     flags = ("--clock-list", "1980,1290", "--dwell", "0.5", *SMALL_REFERENCE)
+    state_flag = ("--state-dir", str(state_dir))
+    (state_dir / "locks.json").unlink()  # what the resumed run writes
     # Without --resume a sweep that measured clocks is refused, not wiped.
     assert _profile(url, tmp_path, *flags, "--name", "fresh") == 2
     assert state.read_text() == kept
@@ -194,8 +200,12 @@ def test_interrupted_sweep_resets_and_resumes(
     assert _profile(url, tmp_path, *flags, "--resume") == 2
     assert synthetic_emulator.node.gpu_state[0].locked is None
     state.write_text(kept + '{"kind": "clock", "clock_mhz": 6')  # a torn last write: ignored
-    code = _profile(url, tmp_path, *flags, "--resume", "--name", "resumed")
+    code = _profile(url, tmp_path, *flags, "--resume", "--name", "resumed", *state_flag)
     assert code == 0
+    # The lock of the clock it measured was recorded; the end's reset removed its entry,
+    # and the state directory was let go.
+    assert json.loads((state_dir / "locks.json").read_text())["gpus"] == {}
+    LockState(state_dir).hold()
     rows = [json.loads(line) for line in (tmp_path / "sweep-state.jsonl").read_text().splitlines()]
     assert [row["clock_mhz"] for row in rows if row["kind"] == "clock"] == [1980, 1290]
     assert rows[1] == first  # the measured clock was kept, not measured again
@@ -277,10 +287,18 @@ def test_dry_run_changes_nothing(
     synthetic_emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     node = synthetic_emulator.node
-    code = _profile(
-        synthetic_emulator.url, tmp_path, "--dry-run", "--dwell", "0.3", *SMALL_REFERENCE
-    )
+    state_dir = tmp_path / "state"
+    governor = LockState(state_dir)
+    governor.hold()  # a running governor: a dry run, which locks nothing, still runs
+    try:
+        code = _profile(
+            synthetic_emulator.url, tmp_path, "--dry-run", "--dwell", "0.3", *SMALL_REFERENCE,
+            "--state-dir", str(state_dir),
+        )  # fmt: skip
+    finally:
+        governor.release()
     assert code == 0
+    assert sorted(path.name for path in state_dir.iterdir()) == ["gpugov.lock"]  # untouched
     assert node.gpu_state[0].locked is None and node.simulations[0].requested_clock_mhz == 1980
     record = json.loads((tmp_path / "dry-run.json").read_text())
     assert record["prefill"]["tokens_per_s"] == pytest.approx(20_000.0, rel=0.05)
