@@ -356,6 +356,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             progress_enabled=not args.quiet,
             api_key=api_key,
             lock_state=lock_state,
+            on_first_lock=_warn_no_lock_record if lock_state is None else None,
         )
         with stop_on_signals(stop, received):
             if args.dry_run:
@@ -448,6 +449,23 @@ def _check_state_dir_flag(state_dir: str | None, dry_run: bool) -> None:
             "lock record in (systemd's StateDirectory=gpugov: /var/lib/gpugov); nothing was "
             "changed"
         )
+
+
+def _warn_no_lock_record() -> None:
+    """Run from a shell (the usual way) with no state directory: say, once the first
+    lock took, what a kill would leave and how to have the governor undo it."""
+    from gpugov.daemon.log_lines import command_line
+
+    print(
+        command_line(
+            "warning",
+            "no --state-dir (nor $STATE_DIRECTORY): the clock locks are recorded nowhere, so a "
+            "profile killed mid-sweep leaves its GPUs locked until gpugov reset-clocks; pass "
+            "--state-dir /var/lib/gpugov (the governor's StateDirectory=) to have the next "
+            "gpugov run reset them",
+        ),
+        file=sys.stderr,
+    )
 
 
 def _held_lock_record(state_dir: str | None) -> LockState | None:

@@ -258,6 +258,9 @@ class Sweep:
     directory, :mod:`gpugov.daemon.lockstate`): a sweep killed before its resets leaves its
     GPUs named there, for the next ``gpugov run`` or ``gpugov reset-clocks`` to reset and
     ``gpugov status`` to show. None: nowhere."""
+    on_first_lock: Callable[[], None] | None = None
+    """Called once, after the sweep's first lock took (the command's warning that no
+    record keeps it, said only once there is a lock to keep)."""
     unreset: tuple[str, ...] = field(default=(), init=False)
     """The GPUs whose reset failed at the sweep's end (they may still be locked)."""
 
@@ -424,11 +427,15 @@ class Sweep:
         measured = [0]
         sampler.start()
         actuator = ClockActuator(self.backends, domain="profile", state=self.lock_state)
+        on_first_lock = self.on_first_lock
         try:
             try:
                 for clock_mhz in todo:
                     self._check_stop()
                     actuator.apply(clock_mhz)
+                    if on_first_lock is not None:
+                        on_first_lock()
+                        on_first_lock = None
                     time.sleep(self.settings.settle_s)
                     where = f"{clock_mhz} MHz (clock {len(records) + 1} of {total_clocks})"
 

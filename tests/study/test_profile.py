@@ -162,7 +162,7 @@ def _settings(dwell: float) -> SweepSettings:
 
 
 def test_interrupted_sweep_resets_and_resumes(
-    synthetic_emulator: EmulatorServer, tmp_path: Path
+    synthetic_emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = synthetic_emulator.url
     backend = EmulatedBackend(0, emulator=url)
@@ -200,8 +200,10 @@ def test_interrupted_sweep_resets_and_resumes(
     assert _profile(url, tmp_path, *flags, "--resume") == 2
     assert synthetic_emulator.node.gpu_state[0].locked is None
     state.write_text(kept + '{"kind": "clock", "clock_mhz": 6')  # a torn last write: ignored
+    capsys.readouterr()
     code = _profile(url, tmp_path, *flags, "--resume", "--name", "resumed", *state_flag)
     assert code == 0
+    assert "no --state-dir" not in capsys.readouterr().err  # recorded: no warning
     # The lock of the clock it measured was recorded; the end's reset removed its entry,
     # and the state directory was let go.
     assert json.loads((state_dir / "locks.json").read_text())["gpus"] == {}
@@ -413,7 +415,9 @@ def test_model_too_small_to_load_the_gpu(
     finally:
         server.close()
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "too small to load the GPU" in err[0] and "clocks reset" in err[0]
+    # One line for the failure, after the warning that no state directory records the lock.
+    assert len(err) == 2 and "too small to load the GPU" in err[1] and "clocks reset" in err[1]
+    assert err[0].startswith("gpugov: warning: no --state-dir (nor $STATE_DIRECTORY)")
 
 
 def _domain_record(clock_mhz: int, gpus: int) -> dict[str, Any]:
