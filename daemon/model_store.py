@@ -10,7 +10,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,13 @@ from gpugov.daemon.stored_model import (
     payload_problem,
     read_stored,
     stored_gpu_names,
+)
+from gpugov.daemon.stored_slo_window import (
+    boot_unix_s,
+    budget_terms,
+    counted_on,
+    counter_base,
+    restore_window,
 )
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import MPCDiagnostics, ServingObservation
@@ -407,93 +414,14 @@ class PersistentOnlineModel(ControllerWrapper):
         return {**state, "thermal": {**thermal, "mean": mean, "covariance": covariance}}
 
     def _restore_budget(self, payload: dict[str, Any], observation: ServingObservation) -> None:
-        """Go on measuring the SLO window the stored run measured (its misses and its
-        looseness) where the file holds it, from this boot (a reboot restarts the engine
-        and its counters) and within the window
-        (:meth:`controllers.budget.AttainmentBudget.load_state`, its times moved from the
-        stored run's clock to this one's by the wall clock's time since the save); a
-        part it cannot read is one log line, never the model's loss."""
-        budget = self.inner.budget
-        state = payload.get("slo_budget")
-        clock = payload.get("clock")
-        saved_at = finite_number(payload.get("saved_at_unix_s"))
-        if budget is None or state is None or saved_at is None or not isinstance(clock, dict):
-            return
-        then = finite_number(clock.get("time_s"))
-        boot = finite_number(clock.get("boot_unix_s"))
-        if then is None or boot is None or abs(boot - boot_unix_s()) > SAME_BOOT_TOLERANCE_S:
-            return  # another boot, or no clock to place the window on: a new window
-        terms = self._budget_terms(observation)
-        stored_terms = payload.get("slo_budget_terms")
-        if not _same_terms(stored_terms, terms):
-            # Its counts were judged against those SLOs and its looseness earned against
-            # that target: under tighter ones it spent a budget this run does not have.
-            self._say(
-                logging.INFO,
-                f"{self.path}: SLO budget window not applied: it was measured against "
-                f"{_terms_text(stored_terms)}, this run's are {_terms_text(terms)}; a new "
-                "window at a looseness of 1",
-            )
-            return
-        now_unix = time.time()
-        shift = observation.time_s - (now_unix - saved_at) - then
-        try:
-            applied = budget.load_state(state, observation.time_s, shift)
-        except ValueError as error:
-            self._say(logging.WARNING, f"{self.path}: SLO budget not applied: {error}")
-            return
-        if applied:
-            self._count_on_from(state["snapshots"], observation)
-            self._say(
-                logging.INFO,
-                f"{self.path}: SLO budget window restored (looseness {budget.looseness:.2f})",
-            )
-
-    def _budget_terms(self, observation: ServingObservation) -> dict[str, float | None]:
-        """What the SLO budget's window is measured against: the latency SLOs the
-        observation carries (the config's), the per-prompt TTFT allowance and the
-        target (:func:`_same_terms` compares them at a restore)."""
-        budget = self.inner.budget
-        return {
-            "ttft_slo_s": observation.ttft_slo_s,
-            "tpot_slo_s": observation.tpot_slo_s,
-            "ttft_slo_per_prompt_token_s": observation.ttft_slo_per_prompt_token_s,
-            "attainment": None if budget is None else budget.target.attainment,
-            "window_s": None if budget is None else budget.window_s,
-        }
-
-    def _count_on_from(self, snapshots: list[Any], observation: ServingObservation) -> None:
-        """Have this run's SLO counters go on from the restored window's last snapshot
-        where they start again (a node's attainment estimator starts at zero with each
-        daemon): read as counters gone back, they dropped the window at its first update.
-        Counters that already go on from it (an engine's own) are left as they are."""
-        if not snapshots or self._counter_base is not None:
-            return
-        last = [finite_number(value) for value in snapshots[-1][1:5]]
-        now = _counters(observation)
-        for index in (0, 2):
-            last_within, last_count = last[index], last[index + 1]
-            if last_within is None or last_count is None:
-                continue
-            within, count = now[index], now[index + 1]
-            if within is None or count is None or within < last_within or count < last_count:
-                self._counter_base = tuple(last)
-                return
-
-    def _counted_on(self, observation: ServingObservation) -> ServingObservation:
-        """``observation`` with its SLO counters going on from :attr:`_counter_base`."""
-        base = self._counter_base
-        if base is None:
-            return observation
-        now = _counters(observation)
-        total = [None if n is None else n + (b or 0.0) for n, b in zip(now, base, strict=True)]
-        return replace(
-            observation,
-            ttft_within_slo_total=total[0],
-            ttft_count_total=total[1],
-            tpot_within_slo_total=total[2],
-            tpot_count_total=total[3],
+        """Go on measuring the stored SLO budget window where it applies
+        (:func:`daemon.stored_slo_window.restore_window`), this run's counters going on
+        from its last snapshot where they start again."""
+        snapshots = restore_window(
+            self.inner.budget, payload, observation, path=self.path, say=self._say
         )
+        if snapshots is not None and self._counter_base is None:
+            self._counter_base = counter_base(snapshots, observation)
 
     def _take_back(self, key: ModelKey, clocks: Sequence[float]) -> bool:
         """Put back, as the state file, the newest model kept aside for exactly ``key``
@@ -594,7 +522,7 @@ class PersistentOnlineModel(ControllerWrapper):
             payload["gpu_names"] = list(self.gpu_names)
         if self.inner.budget is not None and observation is not None:
             payload["slo_budget"] = json_safe(self.inner.budget.state_dict())
-            payload["slo_budget_terms"] = json_safe(self._budget_terms(observation))
+            payload["slo_budget_terms"] = json_safe(budget_terms(self.inner.budget, observation))
             payload["clock"] = {"time_s": observation.time_s, "boot_unix_s": boot_unix_s()}
         problem = self._unsaveable(payload)
         if problem is not None:
@@ -763,7 +691,7 @@ class PersistentOnlineModel(ControllerWrapper):
 
     def __call__(self, observation: ServingObservation) -> float:
         self._follow_key(observation)
-        observation = self._counted_on(observation)
+        observation = counted_on(observation, self._counter_base)
         self._last_observation = observation
         decision = self.inner(observation)
         due = observation.time_s - self._last_save_s >= self.save_every_s
@@ -792,31 +720,6 @@ class PersistentOnlineModel(ControllerWrapper):
         return self.inner.fallback_reasons
 
 
-SAME_BOOT_TOLERANCE_S = 5.0
-"""Most disagreement between two readings of the boot time (the wall clock less the
-monotonic clock) for both to be of one boot: NTP steps the wall clock by less."""
-
-
-def boot_unix_s() -> float:
-    """When this machine booted, on the wall clock (the wall clock less the monotonic
-    clock, which starts at boot): a stored SLO window is of this boot where it matches."""
-    return time.time() - time.monotonic()
-
-
-def _counters(observation: ServingObservation) -> list[float | None]:
-    """The observation's cumulative SLO counters: TTFT within and count, TPOT within and
-    count (None where unmeasured)."""
-    return [
-        finite_number(value)
-        for value in (
-            observation.ttft_within_slo_total,
-            observation.ttft_count_total,
-            observation.tpot_within_slo_total,
-            observation.tpot_count_total,
-        )
-    ]
-
-
 def _named_by_uuid(key: ModelKey) -> bool:
     """Whether every GPU of ``key`` is named by an NVML UUID (``GPU-...``, ``MIG-...``),
     which names one board for good; an index does not."""
@@ -842,39 +745,6 @@ def _newest_first(paths: Iterable[Path]) -> list[Path]:
             return 0.0
 
     return sorted(paths, key=changed, reverse=True)
-
-
-def _same_terms(stored: object, terms: dict[str, float | None]) -> bool:
-    """Whether a stored window's ``slo_budget_terms`` are ``terms`` (each the same
-    number, or unset in both); False where the file keeps none (saved before it kept
-    them: what its window was measured against is not known)."""
-    if not isinstance(stored, dict):
-        return False
-    for name, value in terms.items():
-        kept = finite_number(stored.get(name))
-        if value is None or kept is None:
-            if (value is None) != (stored.get(name) is None):
-                return False
-        elif not math.isclose(kept, float(value), rel_tol=1e-9):
-            return False
-    return True
-
-
-def _terms_text(terms: object) -> str:
-    """A window's terms for a log line: ``TTFT 2 s, TPOT 0.1 s, 0.99 over 600 s``."""
-    if not isinstance(terms, dict):
-        return "terms the file does not keep (saved before it kept them)"
-
-    def number(name: str) -> str:
-        value = finite_number(terms.get(name))
-        return "none" if value is None else f"{value:g}"
-
-    allowance = finite_number(terms.get("ttft_slo_per_prompt_token_s"))
-    per_token = "" if allowance is None else f" + {allowance:g} s a prompt token"
-    return (
-        f"TTFT {number('ttft_slo_s')} s{per_token}, TPOT {number('tpot_slo_s')} s, "
-        f"{number('attainment')} over {number('window_s')} s"
-    )
 
 
 def _same_clocks(stored: Sequence[float], node: Sequence[float]) -> bool:
@@ -910,7 +780,6 @@ def learned_windows(controller: OnlineMPCController) -> int:
 __all__ = [
     "ModelKey",
     "PersistentOnlineModel",
-    "boot_unix_s",
     "learned_windows",
     "set_aside",
 ]

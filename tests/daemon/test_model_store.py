@@ -20,7 +20,7 @@ from gpugov.cli import main
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.online.identification import OnlineModel
-from gpugov.daemon import model_store, stored_model
+from gpugov.daemon import stored_model, stored_slo_window
 from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.model_store import PersistentOnlineModel, set_aside
 from gpugov.daemon.stored_model import StoredModelError, model_path, read_stored
@@ -1678,9 +1678,9 @@ def test_a_stored_slo_window_of_another_boot_or_damaged_keeps_the_model(
     way."""
     before = _learn_budgeted(tmp_path)
     path = model_path(tmp_path, "llm")
-    booted = model_store.boot_unix_s() + 3600.0
+    booted = stored_slo_window.boot_unix_s() + 3600.0
     with monkeypatch.context() as patch:
-        patch.setattr(model_store, "boot_unix_s", lambda: booted)
+        patch.setattr(stored_slo_window, "boot_unix_s", lambda: booted)
         with caplog.at_level("INFO", logger="gpugov"):
             rebooted = _restart_budgeted(tmp_path, before, 5.0, seed=3)
     assert rebooted.restored
@@ -1688,7 +1688,7 @@ def test_a_stored_slo_window_of_another_boot_or_damaged_keeps_the_model(
     assert rebooted.inner.budget is not None and rebooted.inner.budget.looseness == 1.0
     payload = read_stored(path)
     payload["slo_budget"]["snapshots"] = [["x", 1, 1, 1, 1]]
-    payload["clock"]["boot_unix_s"] = model_store.boot_unix_s()  # saved on this boot
+    payload["clock"]["boot_unix_s"] = stored_slo_window.boot_unix_s()  # saved on this boot
     path.write_text(json.dumps(payload))
     caplog.clear()
     with caplog.at_level("INFO", logger="gpugov"):
