@@ -1,5 +1,6 @@
 """``mpc-online``'s learned model kept in the state directory: when it is restored, saved,
-kept aside or put back (:class:`PersistentOnlineModel`); the file: :mod:`daemon.stored_model`."""
+kept aside or put back (:class:`PersistentOnlineModel`); the file: :mod:`daemon.stored_model`;
+the SLO budget window stored with it: :mod:`daemon.stored_slo_window`."""
 
 from __future__ import annotations
 
