@@ -24,14 +24,8 @@ import numpy as np
 from gpugov.controllers.online.controller import REFERENCE_BATCH, OnlineMPCController
 from gpugov.controllers.online.identification import OnlineModel
 from gpugov.daemon import cli_types
-from gpugov.daemon.cli_support import (
-    check_output_dir,
-    fail,
-    note,
-    prepare_output_dir,
-    warn,
-    wrote,
-)
+from gpugov.daemon.cli_outputs import check_output_dir, prepare_output_dir
+from gpugov.daemon.cli_support import fail, note, warn, wrote
 from gpugov.daemon.config import (
     DOMAIN_NAME_PATTERN,
     MAX_DOMAIN_NAME_CHARS,

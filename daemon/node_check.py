@@ -32,12 +32,8 @@ from types import ModuleType
 from typing import Any
 
 from gpugov.daemon.backend import GpuBackend
-from gpugov.daemon.cli_support import (
-    UsageError,
-    check_not_an_input,
-    check_output_file,
-    controller_files,
-)
+from gpugov.daemon.cli_outputs import check_not_an_input, check_output_file, controller_files
+from gpugov.daemon.cli_support import UsageError
 from gpugov.daemon.config import (
     ONLINE_PERIOD_S,
     DomainConfig,

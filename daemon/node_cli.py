@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from gpugov.daemon import cli_types
+from gpugov.daemon.cli_outputs import check_output_file
 from gpugov.daemon.cli_support import (
     UsageError,
     add_decision_arguments,
@@ -36,7 +37,6 @@ from gpugov.daemon.cli_support import (
     add_safety_arguments,
     check_fixed_clock,
     check_metrics_address,
-    check_output_file,
     fail,
     hidden_alias,
     load_profile_for_cli,

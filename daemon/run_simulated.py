@@ -13,9 +13,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from gpugov.daemon.cli_outputs import check_output_file, simulated_run_inputs
 from gpugov.daemon.cli_support import (
     UsageError,
-    check_output_file,
     check_workload_fits,
     checked_controller_flag,
     format_summary,
@@ -27,7 +27,6 @@ from gpugov.daemon.cli_support import (
     require_positive,
     safety_from_args,
     setup_logging,
-    simulated_run_inputs,
     slo_target_of,
     window_past_end_note,
     wrote,

@@ -35,17 +35,15 @@ from typing import Any, TypedDict
 
 from gpugov import __version__
 from gpugov.daemon import cli_types
+from gpugov.daemon.cli_outputs import check_not_an_input, prepare_output_dir, simulated_run_inputs
 from gpugov.daemon.cli_support import (
     UsageError,
-    check_not_an_input,
     check_workload_fits,
     hidden_alias,
     load_profile_for_cli,
     load_trace_for_cli,
-    prepare_output_dir,
     require_extras,
     require_positive,
-    simulated_run_inputs,
     window_past_end_note,
     wrote,
 )

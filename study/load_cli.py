@@ -18,14 +18,8 @@ from gpugov.daemon.limits import MAX_CONCURRENCY, MAX_COUNT, MAX_SECONDS
 
 def cmd_load(args: argparse.Namespace) -> int:
     """Replay the trace window, print the summary, optionally write JSON."""
-    from gpugov.daemon.cli_support import (
-        UsageError,
-        check_output_file,
-        fail,
-        load_trace_for_cli,
-        require_positive,
-        trace_file,
-    )
+    from gpugov.daemon.cli_outputs import check_output_file, trace_file
+    from gpugov.daemon.cli_support import UsageError, fail, load_trace_for_cli, require_positive
     from gpugov.daemon.errors import ExitCode
     from gpugov.daemon.files import write_text_atomic
     from gpugov.daemon.progress import Progress

@@ -46,7 +46,8 @@ PLOTTED_FIELDS = (
 
 def run_plot(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov plot``."""
-    from gpugov.daemon.cli_support import UsageError, check_output_file, warn
+    from gpugov.daemon.cli_outputs import check_output_file
+    from gpugov.daemon.cli_support import UsageError, warn
     from gpugov.daemon.progress import Progress
     from gpugov.daemon.record import RecordingError, read_recording
     from gpugov.study.plots import check_image_format, pyplot
@@ -90,7 +91,8 @@ def _plot_domains(
 ) -> None:
     """Check every tick, then write one figure per domain of ``domains`` (beside ``out``
     where there are several), counting the ticks checked and drawn on ``progress``."""
-    from gpugov.daemon.cli_support import UsageError, check_output_file, wrote
+    from gpugov.daemon.cli_outputs import check_output_file
+    from gpugov.daemon.cli_support import UsageError, wrote
     from gpugov.study.plots import series_from_recording, write_run_plot
 
     checked_ticks(source, rows, controllers, progress)

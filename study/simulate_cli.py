@@ -11,14 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.daemon import cli_types
+from gpugov.daemon.cli_outputs import (
+    check_distinct_outputs,
+    check_output_file,
+    simulated_run_inputs,
+)
 from gpugov.daemon.cli_support import (
     CONTROLLER_HELP,
     UsageError,
     add_decision_arguments,
     add_engine_view_argument,
     add_safety_arguments,
-    check_distinct_outputs,
-    check_output_file,
     check_workload_fits,
     checked_controller_flag,
     control_period_of,
@@ -33,7 +36,6 @@ from gpugov.daemon.cli_support import (
     require_positive,
     safety_from_args,
     simulated_controller,
-    simulated_run_inputs,
     slo_target_of,
     warn,
     window_past_end_note,

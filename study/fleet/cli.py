@@ -70,17 +70,13 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     report; 0 on success."""
     import sys
 
-    from gpugov.daemon.cli_support import (
-        UsageError,
+    from gpugov.daemon.cli_outputs import (
         check_not_an_input,
         check_output_dir,
-        control_period_of,
-        note,
         prepare_output_dir,
         simulated_run_inputs,
-        warn,
-        wrote,
     )
+    from gpugov.daemon.cli_support import UsageError, control_period_of, note, warn, wrote
     from gpugov.daemon.errors import printable
     from gpugov.daemon.progress import Progress
     from gpugov.study.fleet.report import OUTPUT_NAMES, short_table, write_outputs

@@ -204,13 +204,8 @@ def _check_load(record: dict[str, Any]) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """Run the sweep (or the dry run) and write the profile; one line per failure."""
-    from gpugov.daemon.cli_support import (
-        UsageError,
-        check_engine_url,
-        check_output_dir,
-        prepare_output_dir,
-        require_positive,
-    )
+    from gpugov.daemon.cli_outputs import check_output_dir, prepare_output_dir
+    from gpugov.daemon.cli_support import UsageError, check_engine_url, require_positive
     from gpugov.daemon.errors import (
         GpuError,
         GpugovError,

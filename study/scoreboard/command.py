@@ -383,7 +383,7 @@ DISAGGREGATED_FILES = ("disaggregated.json", "disaggregated.md")
 def check_outputs_not_inputs(args: argparse.Namespace, config: BenchConfig, layout: str) -> None:
     """Refuse an ``--out`` or ``--report`` where a file the run writes is a trace file or
     a profile's manifest or CSV the run reads (one line, before any work)."""
-    from gpugov.daemon.cli_support import check_not_an_input
+    from gpugov.daemon.cli_outputs import check_not_an_input
     from gpugov.plant.profile_files import profile_files
 
     inputs: list[tuple[str, str | Path]] = [
@@ -409,7 +409,7 @@ def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -
     checked; else made here); print the summary and the paths. A failed run (no scenario
     could run, an error, Ctrl-C) removes the ``--out`` and ``--report`` directories it
     made while they are still empty."""
-    from gpugov.daemon.cli_support import output_dirs_removed_on_failure
+    from gpugov.daemon.cli_outputs import output_dirs_removed_on_failure
 
     with output_dirs_removed_on_failure(args.out, getattr(args, "report", None)):
         return _run_from_args(args, config)
@@ -419,7 +419,8 @@ def _run_from_args(args: argparse.Namespace, config: BenchConfig | None) -> int:
     """:func:`run_from_args`'s run."""
     if config is None:
         config = config_from_args(args)
-    from gpugov.daemon.cli_support import UsageError, check_output_dir, prepare_output_dir
+    from gpugov.daemon.cli_outputs import check_output_dir, prepare_output_dir
+    from gpugov.daemon.cli_support import UsageError
     from gpugov.daemon.progress import Progress
     from gpugov.study.plots import pyplot
 

@@ -758,7 +758,8 @@ def run_disaggregated_from_args(args: Any, config: BenchConfig) -> int:
     """``--layout disaggregated`` (or the second half of ``both``): run, write
     ``DIR/disaggregated.json`` and ``.md``, print the table. ``--traces`` and
     ``--profiles`` choose the scenarios when given; otherwise the disaggregated defaults."""
-    from gpugov.daemon.cli_support import UsageError, prepare_output_dir, wrote
+    from gpugov.daemon.cli_outputs import prepare_output_dir
+    from gpugov.daemon.cli_support import UsageError, wrote
     from gpugov.daemon.progress import Progress
 
     runner = replace(spec_from_args(args), jobs=config.jobs)

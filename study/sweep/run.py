@@ -13,14 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from gpugov import __version__
-from gpugov.daemon.cli_support import (
-    UsageError,
-    check_not_an_input,
-    check_output_dir,
-    prepare_output_dir,
-    simulated_controller,
-    slo_target_of,
-)
+from gpugov.daemon.cli_outputs import check_not_an_input, check_output_dir, prepare_output_dir
+from gpugov.daemon.cli_support import UsageError, simulated_controller, slo_target_of
 from gpugov.daemon.errors import printable
 from gpugov.daemon.files import json_safe, write_files_atomic, write_text_atomic
 from gpugov.daemon.progress import Progress

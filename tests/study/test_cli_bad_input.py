@@ -183,7 +183,7 @@ def test_an_output_on_the_file_behind_a_trace_name_is_refused_and_the_trace_kept
     given) replaced that trace with the run's JSON."""
     import socket
 
-    from gpugov.daemon.cli_support import simulated_run_inputs
+    from gpugov.daemon.cli_outputs import simulated_run_inputs
     from gpugov.plant.workload import DEFAULT_TRACE, resolve_trace
 
     shared = tmp_path / "burstgpt1_first400rows.csv"
