@@ -99,7 +99,7 @@ def _profile(url: str, out: Path, *extra: str) -> int:
 @pytest.mark.parametrize(
     ("truth_factory", "clocks", "reference"),
     [
-        (make_profile, "1980,1290,600", ("64", "1536")),
+        (make_profile, "1980,1290,600", ("32", "1024")),
         (memory_bound_profile, "1500,1050,600", ("32", "2048")),
     ],
     ids=["h100-like", "memory-bound"],
