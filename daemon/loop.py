@@ -525,7 +525,10 @@ def _raise_not_reset(
     )
     if isinstance(stopped_by, GpuLost) and lost_only:
         stopped_by.also_lost = tuple(label for label in gpus if label != stopped_by.gpu)
-    if not isinstance(stopped_by, Exception) or lost_only:
+        # Not `message`: its `gpugov reset-clocks` (or `nvidia-smi -pl`) cannot reach them.
+        log.error("%s", lost_message(gpus, bool(capped)))
+        return
+    if not isinstance(stopped_by, Exception):
         log.error("%s", message)
         return
     log.error("the run stopped: %s", stopped_by)
@@ -592,6 +595,19 @@ class ResetAdvice:
         if self.backend == "nvidia-smi":
             return f"{command} as root"
         return f"{command} ({self.backend} backend)"
+
+
+def lost_message(gpus: Sequence[str], capped: bool = False) -> str:
+    """The line for lost GPUs the exit could not reset: no command reaches a lost GPU (a
+    `gpugov reset-clocks` fails on it as the exit's reset did); a driver reload or a
+    reboot, which it needs anyway, clears what gpugov set."""
+    many = len(gpus) > 1
+    what = "SM clock lock" + (" and power limit" if capped else "")
+    return (
+        f"GPU(s) {','.join(gpus)} lost: {'their' if many else 'its'} {what}"
+        f"{'s' if many and not capped else ''} could not be reset; no command reaches "
+        f"a lost GPU: the driver reload or reboot it needs clears {'them' if many else 'it'}"
+    )
 
 
 def not_reset_message(

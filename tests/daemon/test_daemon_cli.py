@@ -115,6 +115,7 @@ def test_gpus_lost_together_exit_5_naming_them_not_6(
     metrics_server: MetricsServer,
     fake: FakeNvml,
     capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Both GPUs lost at once (a baseboard's fault; an emulated node with ``--fault
@@ -136,9 +137,13 @@ def test_gpus_lost_together_exit_5_naming_them_not_6(
     config = _config(tmp_path, metrics_server.url, extra="period_s = 0.1")
     assert node_cli.main(["run", "--config", str(config)]) == 5
     assert fake.locked(0) is not None and fake.locked(1) is not None
-    last = capsys.readouterr().err.strip().splitlines()[-1]
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
     assert last.startswith("gpugov: error: GPU 0: ") and "GPU is lost (NVML code 15)" in last
     assert last.endswith("; GPU(s) 1 lost too")
+    # The log's line too: none can reach them.
+    assert "reset-clocks" not in err + caplog.text, caplog.text
+    assert "GPU(s) 0,1 lost: their SM clock locks could not be reset" in caplog.text
 
 
 @pytest.mark.parametrize("code", [9, 1, 6, 18])  # DRIVER_NOT_LOADED, UNINITIALIZED, ...
