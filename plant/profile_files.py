@@ -105,8 +105,17 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
         if manifest is None:
             raise ProfileError(f"{shown}: no manifest {manifests[0].name} beside the CSV")
         return manifest
-    if "/" in str(name_or_path) and path_exists(candidate):
-        return candidate  # a path named as one: read (and refused) as a manifest
+    if "/" in str(name_or_path):
+        # A path named as one: read (and refused) as a manifest. Missing, it was looked up
+        # as a bundled name: "dir/x" was refused as an unknown profile with the bundled
+        # names, and "/abs/x", joined onto the bundled folder, replaced it and loaded
+        # "/abs/x.json" silently.
+        if path_exists(candidate):
+            return candidate
+        given = _cut(str(name_or_path))
+        named_manifest = f"{name_or_path}.json"
+        hint = f" (did you mean {_cut(named_manifest)!r}?)" if path_exists(named_manifest) else ""
+        raise ProfileError(f"{given}: profile file not found{hint}")
     bundled = bundled_profile_dir() / f"{name_or_path}.json"
     if path_exists(bundled):
         return bundled

@@ -221,6 +221,29 @@ def test_a_profile_file_here_loads_by_any_suffix_case(
     assert load_profile(NAME).name == NAME  # a bundled name still loads
 
 
+def test_a_missing_path_with_a_folder_is_named_as_a_missing_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A profile written as a path without a suffix (``mine/plain``, ``/abs/plain``) was
+    looked up as a bundled name: a relative one was refused as an unknown profile beside
+    the list of bundled names, with no word that the file is missing, and an absolute one
+    joined onto the bundled folder replaced it, so ``/abs/plain`` silently loaded
+    ``/abs/plain.json``."""
+    manifest, _ = copy_profile(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    stem = manifest.with_suffix("")
+    for given in (str(stem), f"./{stem.name}", "no-such-folder/x"):
+        with pytest.raises(ProfileError) as caught:
+            load_profile(given)
+        message = str(caught.value)
+        assert message.startswith(f"{given}: profile file not found"), message
+        assert "bundled profiles" not in message
+    with pytest.raises(ProfileError, match=rf"did you mean '{manifest}'\?"):
+        load_profile(str(stem))
+    assert load_profile(manifest).name == NAME  # the manifest named as it is still loads
+    assert load_profile(NAME).name == NAME  # and a bundled name
+
+
 @pytest.mark.parametrize(("suffix", "message"), [("", "unknown profile 'yyy"), (".json", "yyy")])
 def test_a_name_too_long_for_a_file_is_one_short_line(suffix: str, message: str) -> None:
     """Looking up a 60,000-character name raised "OSError: File name too long" past the
