@@ -474,9 +474,10 @@ def profile_fit_warnings(
     clocks the GPUs do not support (the chain locks each such planned clock at the next
     supported clock below it, so the MPC's model of that clock's latency is wrong and a
     planned 1,700 MHz may run at 1,000), one for a TP degree other than the domain's GPU
-    count (the profile's rates and powers are another domain's). Empty for other kinds
-    and for a profile that does not load (the controller's build refuses it)."""
-    if not isinstance(spec, MPCControllerConfig) or not clocks_mhz:
+    count (the profile's rates and powers are another domain's). No clocks (the GPUs not
+    read: ``check-config --offline``) give the TP line alone. Empty for other kinds and for
+    a profile that does not load (the controller's build refuses it)."""
+    if not isinstance(spec, MPCControllerConfig):
         return []
     from gpugov.plant import load_profile
     from gpugov.plant.profile import ProfileError
@@ -488,7 +489,7 @@ def profile_fit_warnings(
     lines = []
     supported = {round(float(clock)) for clock in clocks_mhz}
     missing = [float(c) for c in profile.clock_mhz if round(float(c)) not in supported]
-    if missing:
+    if missing and clocks_mhz:
         lines.append(
             f"{spec.kind} profile {profile.name!r}: {len(missing)} of its "
             f"{profile.clock_mhz.size} clocks ({profile.minimum_clock_mhz:g}-"

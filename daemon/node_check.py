@@ -514,14 +514,15 @@ def _check_domain(
         # Named as run names it (daemon.service.build_domain): the domain and its field.
         report.problems.append(ControllerError(f"domain {domain.name!r}: controller: {error}"))
         return
-    if backends is not None:
-        from gpugov.daemon.decide import profile_fit_warnings
+    from gpugov.daemon.decide import profile_fit_warnings
 
-        # The lines run logs at start (daemon.service.build_domain), word for word.
-        report.warnings.extend(
-            f"domain {domain.name!r}: controller: {line}"
-            for line in profile_fit_warnings(domain.controller, clocks, len(backends))
-        )
+    # The lines run logs at start (daemon.service.build_domain), word for word. Offline
+    # the clocks are unknown, but the domain's GPU count is the config's: the TP line.
+    count = len(backends) if backends is not None else len(domain.gpus)
+    report.warnings.extend(
+        f"domain {domain.name!r}: controller: {line}"
+        for line in profile_fit_warnings(domain.controller, clocks, count)
+    )
 
 
 def _check_budget(domain: DomainConfig, backends: Sequence[GpuBackend], report: NodeReport) -> None:

@@ -356,6 +356,30 @@ def test_offline_checks_the_file_and_the_controllers_only(
     )
 
 
+def test_offline_warns_of_an_mpc_profile_of_another_tp_degree(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The TP line needs only the config's GPU count, yet ``--offline`` said OK with no
+    word that a TP-1 profile plans a two-GPU domain (the clocks line needs the GPUs: it
+    stays online only)."""
+    for profile, warned in (("h100-sxm-llama3-8b", True), ("h100-sxm-mixtral-8x7b-tp2", False)):
+        tables = f'[domains.controller]\nkind = "mpc"\nprofile = "{profile}"\n'
+        path = _write(tmp_path, tables=tables)  # gpus = [0, 1]
+        assert node_cli.main(["check-config", str(path), "--offline"]) == 0
+        warnings = [line for line in capsys.readouterr().err.splitlines() if line]
+        expected = (
+            [
+                f"gpugov: warning: domain 'llm': controller: mpc profile '{profile}' describes "
+                "a domain of 1 GPU(s) (tensor_parallel), this domain has 2: its rates and "
+                "powers are another domain's"
+            ]
+            if warned
+            else []
+        )
+        assert warnings == expected
+    assert fake.calls.get("nvmlInit", 0) == 0
+
+
 def test_a_domain_without_slos_gets_one_warning_line_and_exit_0(
     tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
 ) -> None:
