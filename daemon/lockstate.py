@@ -63,7 +63,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from gpugov.daemon.deadline import WRITE_DEADLINE_S, LatestWriter
 from gpugov.daemon.episode_log import FailureRun
@@ -109,6 +109,67 @@ class StateDirectoryHeld(ConfigError):
         super().__init__(message)
         self.directory = directory
         self.holder = holder
+
+
+def _held_elsewhere(handle: IO[str], directory: Path) -> StateDirectoryHeld:
+    """The refusal of a state directory another process holds (its hold file ``handle``,
+    closed here, names it by pid)."""
+    try:
+        handle.seek(0)
+        holder = handle.read(32).strip()
+    except (OSError, UnicodeDecodeError):
+        holder = ""  # a hold file of other bytes (a device, a damaged file)
+    handle.close()
+    who = f"pid {holder}" if holder.isascii() and holder.isdigit() else "pid unknown"
+    return StateDirectoryHeld(
+        f"{directory}: another gpugov run ({who}) holds this state "
+        "directory; run one daemon per node (or give each its own state_dir and GPUs)",
+        directory,
+        who,
+    )
+
+
+def hold_model_file(directory: Path, domain: str, name: str) -> IO[str] | None:
+    """Hold domain ``domain``'s learned model in ``directory`` (where its ``mpc-online``
+    keeps it) for this process: an exclusive ``flock`` on
+    ``DIR/online-model-<domain>.lock`` with this process's pid in it, so that a second
+    daemon with a domain of that name there (each with its own ``daemon.state_dir``, one
+    model directory) does not set this one's model aside and overwrite it at every save.
+    Returns the open hold file (closing it lets the model go); None where there is
+    nothing to hold (the directory cannot be made, or takes no ``flock``: the model's own
+    saves say what is wrong with it). ``name`` is the config field naming the directory.
+
+    Raises:
+        StateDirectoryHeld: another process holds it (named, with its pid).
+    """
+    import fcntl
+
+    path = directory / f"online-model-{domain}.lock"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held for the run)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        held = _held_elsewhere(handle, directory)
+        raise StateDirectoryHeld(
+            f"{name} {directory}: another gpugov run ({held.holder}) keeps domain "
+            f"{domain!r}'s learned model here; give each daemon its own state_dir (or its "
+            "domains other names)",
+            directory,
+            held.holder,
+        ) from None
+    except OSError:
+        handle.close()
+        return None
+    try:
+        os.ftruncate(handle.fileno(), 0)
+        os.write(handle.fileno(), f"{os.getpid()}\n".encode())
+    except OSError:
+        pass  # held all the same: the pid only names the holder to a second run
+    return handle
 
 
 class LockState:
@@ -187,19 +248,7 @@ class LockState:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            try:
-                handle.seek(0)
-                holder = handle.read(32).strip()
-            except (OSError, UnicodeDecodeError):
-                holder = ""  # a hold file of other bytes (a device, a damaged file)
-            handle.close()
-            who = f"pid {holder}" if holder.isascii() and holder.isdigit() else "pid unknown"
-            raise StateDirectoryHeld(
-                f"{path.parent}: another gpugov run ({who}) holds this state "
-                "directory; run one daemon per node (or give each its own state_dir and GPUs)",
-                path.parent,
-                who,
-            ) from None
+            raise _held_elsewhere(handle, path.parent) from None
         except OSError as error:
             # No lock to take here (a filesystem without flock: NFS without its lock
             # daemon, ENOLCK), not one held: read as held, with a pid a previous run left

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import IO, Any
 
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.contract import layers
@@ -46,7 +46,7 @@ from gpugov.daemon.errors import (
 )
 from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
-from gpugov.daemon.lockstate import LockState
+from gpugov.daemon.lockstate import LockState, hold_model_file
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DEFAULT_TAIL_QUANTILE, DomainObserver
@@ -229,6 +229,9 @@ class Assembled:
     """The lock record, holding the state directory for this run."""
     hung_opens: list[str] = field(default_factory=list)
     """GPUs whose opening at the start hung past its deadline (no backend is closed)."""
+    held_models: list[IO[str]] = field(default_factory=list)
+    """The hold files of the domains' learned models (:func:`hold_models`), closed with
+    the rest."""
 
     def close(self) -> None:
         """Close every backend (NVML references) and engine connection, then let the
@@ -260,6 +263,70 @@ class Assembled:
             source.close()
         if self.state is not None:
             self.state.release()
+        for held in self.held_models:
+            held.close()
+        self.held_models.clear()
+
+
+MODEL_HOLD_WAIT_S = 2.0
+"""Longest a start waits to hold a domain's learned model (:func:`hold_models`): a hung
+disk under it never holds the start; generous, as a loaded machine is no hung disk."""
+
+
+def hold_models(config: GpugovConfig, held: list[IO[str]]) -> None:
+    """Hold each ``mpc-online`` domain's learned model where it is kept
+    (:func:`~gpugov.daemon.lockstate.hold_model_file`), appending the hold files to
+    ``held``: two daemons keeping a domain of one name in one directory (their own
+    ``daemon.state_dir`` each, one controller ``state_dir``) set each other's models aside
+    and overwrote them at every save.
+
+    Raises:
+        StateDirectoryHeld: another run holds one (the line names its config field).
+    """
+    for index, spec in enumerate(config.domains):
+        directory = controller_state_dir(spec.controller, config.daemon.state_dir)
+        if directory is None:
+            continue
+        own = getattr(spec.controller, "state_dir", None) is not None
+        field_name = f"domains[{index}].controller.state_dir" if own else "daemon.state_dir"
+        handle = _hold_within(directory, spec.name, field_name, MODEL_HOLD_WAIT_S)
+        if handle is not None:
+            held.append(handle)
+
+
+def _hold_within(directory: Path, domain: str, field_name: str, wait_s: float) -> IO[str] | None:
+    """:func:`~gpugov.daemon.lockstate.hold_model_file`, waited for at most ``wait_s``: a
+    hung disk or mount under the model's directory never holds the start (the model's
+    own reads and saves are bounded too); it is then not held, with one warning.
+
+    Raises:
+        StateDirectoryHeld: another run holds it.
+    """
+    outcome: list[Any] = []
+
+    def attempt() -> None:
+        try:
+            outcome.append(hold_model_file(directory, domain, field_name))
+        except Exception as error:  # handed to the caller below
+            outcome.append(error)
+
+    worker = threading.Thread(target=attempt, name=f"hold-model-{domain}", daemon=True)
+    worker.start()
+    worker.join(wait_s)
+    if not outcome:
+        log.warning(
+            "%s %s: domain %r's learned model could not be held within %g s (a hung disk "
+            "or mount?); a second daemon keeping a domain of that name there is not refused",
+            field_name,
+            directory,
+            domain,
+            wait_s,
+        )
+        return None
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    handle: IO[str] | None = outcome[0]
+    return handle
 
 
 def build_domain(
@@ -616,6 +683,8 @@ def domains_from_config(
     opened: dict[str, tuple[str, str]] = {}  # UUID -> (domain, the GPU as the config names it)
     phase = [] if phase is None else phase
     try:
+        if not dry_run:  # a dry run saves no model (state_read_only)
+            hold_models(config, assembled.held_models)
         for spec in config.domains:
             phase[:] = [OPENING_GPUS]
             backends: list[GpuBackend] = []

@@ -1067,6 +1067,85 @@ def test_a_second_daemon_on_the_same_state_directory_is_refused(tmp_path: Path) 
     second.hold()  # the holder's handle is gone with its LockState: free again
 
 
+def test_a_second_daemon_keeping_a_domain_of_the_same_name_in_one_model_directory_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Two daemons, each with its own ``daemon.state_dir``, whose ``mpc-online`` keeps
+    its model in one ``controller.state_dir`` (the example config's line copied into
+    both) under one domain name: nothing held the model, so the second set the first
+    one's aside as another node's and the two then overwrote each other's
+    ``online-model-<domain>.json`` at every save. The second is refused before any GPU is
+    touched, naming the field, the directory, the domain and the holder; domains of other
+    names may share the directory."""
+    shared = tmp_path / "models"
+
+    def config(state: str, **domains: int) -> Any:
+        specs = [
+            {
+                "name": name,
+                "gpus": [gpu],
+                "engine": {"url": "http://127.0.0.1:9/metrics"},
+                "controller": {"kind": "mpc-online", "state_dir": str(shared)},
+            }
+            for name, gpu in domains.items()
+        ]
+        daemon = {"period_s": 0.25, "state_dir": str(tmp_path / state)}
+        return parse_config({"daemon": daemon, "domains": specs})
+
+    fake = FakeNvml(3)
+    first = domains_from_config(config("a", llm=0, other=1), nvml=fake)
+    try:
+        with pytest.raises(ConfigError) as held:
+            domains_from_config(config("b", llm=2), nvml=fake)
+        assert str(held.value) == (
+            f"domains[0].controller.state_dir {shared}: another gpugov run (pid "
+            f"{os.getpid()}) keeps domain 'llm''s learned model here; give each daemon its "
+            "own state_dir (or its domains other names)"
+        )
+        assert fake.calls.get("nvmlDeviceSetGpuLockedClocks", 0) == 0  # nothing was touched
+        LockState(tmp_path / "b").hold()  # the refused start let its own directory go
+        # A domain of another name may keep its model there too.
+        domains_from_config(config("c", third=2), nvml=fake).close()
+        # A dry run saves no model and holds nothing: it may watch beside a running one.
+        domains_from_config(config("d", llm=2), nvml=fake, dry_run=True).close()
+    finally:
+        first.close()
+    domains_from_config(config("b", llm=2), nvml=fake).close()  # let go with the first
+
+
+def test_a_model_hold_that_hangs_never_holds_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The learned model's hold on a hung disk or mount: the start waits for it at most
+    MODEL_HOLD_WAIT_S and goes on, with one warning (the model's reads and saves are
+    bounded too)."""
+    import gpugov.daemon.service as service
+
+    release = threading.Event()
+
+    def hangs(directory: Path, domain: str, name: str) -> None:
+        release.wait(10.0)
+
+    monkeypatch.setattr(service, "hold_model_file", hangs)
+    monkeypatch.setattr(service, "MODEL_HOLD_WAIT_S", 0.1)
+    domain = {
+        "name": "llm",
+        "gpus": [0],
+        "engine": {"url": "http://127.0.0.1:9/metrics"},
+        "controller": {"kind": "mpc-online", "state_dir": str(tmp_path / "models")},
+    }
+    config = parse_config(
+        {"daemon": {"period_s": 0.25, "state_dir": str(tmp_path / "s")}, "domains": [domain]}
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="gpugov.daemon.service"):
+            domains_from_config(config, nvml=FakeNvml(1)).close()
+    finally:
+        release.set()
+    (line,) = [r.getMessage() for r in caplog.records if "could not be held" in r.getMessage()]
+    assert line.startswith("domains[0].controller.state_dir ") and "'llm'" in line
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_a_hold_file_that_cannot_take_the_pid_still_starts_the_daemon(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
