@@ -570,7 +570,16 @@ class LockState:
         self.write_failures += 1
         self.stale = True
         line = self._failures.failed()
-        if line.kind == "start":
+        if line.kind == "start" and self._deferred:
+            # The exit's resets (defer_writes): no tick comes to write it again.
+            log.warning(
+                "lock state %s: cannot write it (%s): the record still names the locks this "
+                "exit reset: the next start resets them again%s",
+                self.path,
+                error,
+                line.note,
+            )
+        elif line.kind == "start":
             log.warning(
                 "lock state %s: cannot write it (%s): the record of the locks is out of date, "
                 "and a daemon killed meanwhile leaves locks the next start finds only by "

@@ -75,6 +75,28 @@ def test_a_lock_state_write_that_fails_is_counted_retried_and_the_clocks_still_r
     assert set(LockState(tmp_path).read()) == {KEY}
 
 
+def test_a_record_the_exit_cannot_write_says_what_the_next_start_does(
+    tmp_path: Path, disk: _Disk, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The disk full from the exit's resets on (the record was written while the run
+    went on): the exit's one line said "the daemon writes it again every tick (while it
+    fails, one line a minute)", which no daemon on its way out does. It says the record
+    still names the locks the exit reset, which the next start resets again."""
+    fake = FakeNvml(1)
+    state = LockState(tmp_path, pid=1, write_deadline_s=PATIENT_S)
+    actuator = ClockActuator([NvmlBackend(0, nvml=fake)], state=state)
+    disk.full = False
+    assert actuator.apply(900) == 1 and not state.stale
+    disk.full = True
+    state.defer_writes()  # the exit's resets, as the loop's exit makes them
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.lockstate"):
+        assert actuator.restore() == [] and fake.locked(0) is None
+        assert state.flush() is False
+    (line,) = [r.getMessage() for r in caplog.records if "cannot write it" in r.getMessage()]
+    assert "every tick" not in line, line
+    assert "still names the locks this exit reset: the next start resets them again" in line
+
+
 def test_failing_lock_state_writes_log_one_line_a_minute_and_one_on_recovery(
     tmp_path: Path, disk: _Disk, caplog: pytest.LogCaptureFixture
 ) -> None:
