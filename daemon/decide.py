@@ -547,6 +547,21 @@ def _mpc(spec: MPCControllerConfig, context: ControllerContext) -> ClockControll
     return MPCController(planning_plant(spec, context), **options)
 
 
+_SAID_IN_THIS_PROCESS: set[str] = set()
+"""The hint warnings a study process has logged (:func:`_warn_once_in_this_process`)."""
+
+
+def _warn_once_in_this_process(message: str) -> None:
+    """A simulated run's hint warning, once per process: a benchmark or sweep builds an
+    ``mpc-online`` per scenario, pool and seed, and each said the same unknown GPU or
+    model name again (a node's controller, built once per domain, logs its own)."""
+    if message in _SAID_IN_THIS_PROCESS:
+        return
+    if len(_SAID_IN_THIS_PROCESS) < 1000:  # bounded: past it, each is said again
+        _SAID_IN_THIS_PROCESS.add(message)
+    log.warning(message)
+
+
 def _online(spec: OnlineMPCControllerConfig, context: ControllerContext) -> ClockController:
     """The self-calibrating MPC. It reads no profile while it runs; ``prior_profile``,
     when set, is read once here as a rough prior; ``prior`` hints are turned into one
@@ -568,7 +583,9 @@ def _online(spec: OnlineMPCControllerConfig, context: ControllerContext) -> Cloc
         from gpugov.controllers.online.prior import AutoHints
 
         auto_hints = AutoHints(
-            gpu=context.gpu_name, tensor_parallel=max(1, context.gpu_count), warn=log.warning
+            gpu=context.gpu_name,
+            tensor_parallel=max(1, context.gpu_count),
+            warn=log.warning if context.time_mode == "wall" else _warn_once_in_this_process,
         )
     if spec.prior_profile is not None:
         from gpugov.plant import load_profile

@@ -271,3 +271,32 @@ def test_simulated_observations_carry_the_profiles_model_name() -> None:
     seen.clear()
     simulate([Request(0, 0.0, 100, 10)], make_plant(unnamed), chunked_prefill_scheduler, recording)
     assert seen and set(seen) == {None}
+
+
+def test_simulated_runs_say_a_hint_warning_once_per_process(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A benchmark builds an ``mpc-online`` per scenario and pool: each said the same
+    unknown GPU and model name again, dozens of lines in a run. In simulated (virtual)
+    time a message is said once per process; a node's controller logs its own."""
+    gpu = "NVIDIA Unlisted Board 7319"  # a name no other test uses: said once here
+    profile = make_profile(gpu=gpu, model="an-unsized-model-7319")
+    plant = make_plant(profile)
+    workload = _poisson(1.0, 20.0, seed=3)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            _run(plant, "mpc-online", workload)
+    said = [r.getMessage() for r in caplog.records]
+    assert sum(gpu in line for line in said) == 1, said
+    assert sum("an-unsized-model-7319" in line for line in said) <= 1, said
+    # A node (wall time) builds one per domain and keeps its own lines.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            context = replace(
+                ControllerContext.for_plant(plant, workload, period_s=1.0), time_mode="wall"
+            )
+            controller = unwrap(build_controller(parse_controller_spec("mpc-online"), context))
+            assert isinstance(controller, OnlineMPCController) and controller.auto_hints
+            controller.auto_hints.prior_for("an-unsized-model-7319")
+    assert sum("an-unsized-model-7319" in r.getMessage() for r in caplog.records) == 2
