@@ -129,6 +129,29 @@ def _held_elsewhere(handle: IO[str], directory: Path) -> StateDirectoryHeld:
     )
 
 
+def refuse_if_held(directory: Path) -> None:
+    """Raise the refusal a start on ``directory`` would get, where another process holds
+    it now (:meth:`LockState.hold`); take nothing, make nothing. For a start refused on
+    something else first that a running daemon explains (its metrics port, taken).
+
+    Raises:
+        StateDirectoryHeld: another process holds it.
+    """
+    import fcntl
+
+    try:
+        handle = open(directory / HOLD_FILE, encoding="utf-8")  # noqa: SIM115 (closed below)
+    except OSError:
+        return  # no hold file, or none that can be read: nothing to say here
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _held_elsewhere(handle, directory) from None
+    except OSError:
+        pass
+    handle.close()  # its lock, if taken, goes with it
+
+
 def hold_model_file(directory: Path, domain: str, name: str) -> IO[str] | None:
     """Hold domain ``domain``'s learned model in ``directory`` (where its ``mpc-online``
     keeps it) for this process: an exclusive ``flock`` on

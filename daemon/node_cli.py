@@ -55,6 +55,8 @@ from gpugov.daemon.errors import (
     printable,
 )
 from gpugov.daemon.exit_restore import ExitBudget
+from gpugov.daemon.files import resolve_state_dir
+from gpugov.daemon.lockstate import refuse_if_held
 from gpugov.daemon.loop import (
     ResetAdvice,
     SystemdNotify,
@@ -103,14 +105,22 @@ def _run_node(args: argparse.Namespace) -> int:
         notify.check_period(config.daemon.period_s)
     except ValueError as error:
         raise UsageError(f"{args.config}: {error}") from error
-    # Before any GPU is opened: a bad address used to be refused after reconcile.
-    if args.metrics_address:
-        check_metrics_address(args.metrics_address)
-    else:
-        check_metrics_address(
-            config.daemon.metrics_address, f"{args.config}: daemon.metrics_address"
-        )
     dry_run = args.dry_run or config.daemon.dry_run
+    # Before any GPU is opened: a bad address used to be refused after reconcile.
+    try:
+        if args.metrics_address:
+            check_metrics_address(args.metrics_address)
+        else:
+            check_metrics_address(
+                config.daemon.metrics_address, f"{args.config}: daemon.metrics_address"
+            )
+    except UsageError:
+        # The port a running daemon serves on: the line names that daemon (the state
+        # directory it holds), not a port to change that the next try would meet.
+        state_dir = None if dry_run else resolve_state_dir(config.daemon.state_dir)
+        if state_dir is not None:
+            refuse_if_held(state_dir)
+        raise
     stop = threading.Event()
     received: list[str] = []
     # Signals are caught from here on: one during the start (opening the GPUs,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -93,6 +94,42 @@ def test_run_with_missing_gpu_exits_4(
     assert node_cli.main(["run", "--config", str(path)]) == 4
     assert "GPU 7" in capsys.readouterr().err
     assert fake.initialized == 0
+
+
+def test_a_second_run_on_a_held_node_names_the_holder_not_the_metrics_port(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gpugov run` with the running daemon's own config: its metrics port is taken too,
+    and that was the line (`daemon.metrics_address: cannot serve metrics on ...: Address
+    already in use; pick another`), which sent the operator to edit the config, only to
+    be refused on the state directory next. The refusal names the daemon holding it."""
+    import socket
+
+    from gpugov.daemon.lockstate import LockState
+
+    state = LockState(tmp_path / "state")
+    state.hold()  # the running daemon (this process)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = tmp_path / "gpugov.toml"
+        path.write_text(
+            f'[daemon]\nmetrics_address = "127.0.0.1:{port}"\n'
+            f'state_dir = "{tmp_path / "state"}"\n'
+            '[[domains]]\nname = "llm"\ngpus = [0, 1]\n'
+            '[domains.engine]\nkind = "vllm"\nurl = "http://127.0.0.1:9/metrics"\n'
+        )
+        try:
+            assert node_cli.main(["run", "--config", str(path)]) == 2
+        finally:
+            state.release()
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"gpugov: error: {tmp_path / 'state'}: another gpugov run (pid {os.getpid()}) holds "
+        "this state directory; run one daemon per node (or give each its own state_dir and GPUs)"
+    ), err
+    assert fake.calls.get("nvmlInit", 0) == 0  # refused before any GPU call
 
 
 def test_run_with_gpu_lost_exits_5(
