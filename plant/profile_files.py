@@ -106,16 +106,17 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
             raise ProfileError(f"{shown}: no manifest {manifests[0].name} beside the CSV")
         return manifest
     if "/" in str(name_or_path):
-        # A path named as one: read (and refused) as a manifest. Missing, it was looked up
-        # as a bundled name: "dir/x" was refused as an unknown profile with the bundled
-        # names, and "/abs/x", joined onto the bundled folder, replaced it and loaded
-        # "/abs/x.json" silently.
+        # A path named as one: read (and refused) as a manifest, or, where no such file
+        # is, its manifest "PATH.json", as a bundled name is its NAME.json. It was looked
+        # up as a bundled name: an absolute "/abs/x" replaced the bundled folder and
+        # loaded "/abs/x.json" (and a config's relative "dir/x", made absolute, did too),
+        # but a relative "dir/x" on the command line was refused as an unknown profile.
         if path_exists(candidate):
             return candidate
-        given = _cut(str(name_or_path))
-        named_manifest = f"{name_or_path}.json"
-        hint = f" (did you mean {_cut(named_manifest)!r}?)" if path_exists(named_manifest) else ""
-        raise ProfileError(f"{given}: profile file not found{hint}")
+        named_manifest = Path(f"{name_or_path}.json")
+        if path_exists(named_manifest):
+            return named_manifest
+        raise ProfileError(f"{_cut(str(name_or_path))}: profile file not found")
     bundled = bundled_profile_dir() / f"{name_or_path}.json"
     if path_exists(bundled):
         return bundled
