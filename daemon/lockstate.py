@@ -152,6 +152,11 @@ def refuse_if_held(directory: Path) -> None:
     handle.close()  # its lock, if taken, goes with it
 
 
+def model_hold_path(directory: Path, domain: str) -> Path:
+    """The file :func:`hold_model_file` holds for domain ``domain``'s learned model."""
+    return directory / f"online-model-{domain}.lock"
+
+
 def hold_model_file(directory: Path, domain: str, name: str) -> IO[str] | None:
     """Hold domain ``domain``'s learned model in ``directory`` (where its ``mpc-online``
     keeps it) for this process: an exclusive ``flock`` on
@@ -167,7 +172,7 @@ def hold_model_file(directory: Path, domain: str, name: str) -> IO[str] | None:
     """
     import fcntl
 
-    path = directory / f"online-model-{domain}.lock"
+    path = model_hold_path(directory, domain)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held for the run)

@@ -52,7 +52,7 @@ from gpugov.daemon.errors import (
     NotSupported,
 )
 from gpugov.daemon.files import STATE_DIR_ENV, resolve_state_dir
-from gpugov.daemon.lockstate import HOLD_FILE, STATE_FILE, newer_record
+from gpugov.daemon.lockstate import HOLD_FILE, STATE_FILE, model_hold_path, newer_record
 from gpugov.daemon.node_support import GPU_CALL_DEADLINE_S, bounded_gpu_call, write_path_status
 
 log = logging.getLogger(__name__)
@@ -149,6 +149,9 @@ def config_inputs(
             from gpugov.daemon.stored_model import model_path
 
             inputs.append((f"{where}'s learned model", model_path(directory, domain.name)))
+            inputs.append(
+                (f"{where}'s learned model's hold file", model_hold_path(directory, domain.name))
+            )
     if config.daemon.zeusd is not None:
         inputs.append(("daemon.zeusd.token_file", config.daemon.zeusd.token_file))
     state_dir = resolve_state_dir(config.daemon.state_dir)

@@ -196,6 +196,11 @@ RECORD_ON_A_STATE_FILE = {
         '[domains.controller]\nkind = "mpc-online"\nstate_dir = "{tmp}/models"\n',
         "domain 'llm''s learned model",
     ),
+    "a learned model's hold file": (
+        "models/online-model-llm.lock",
+        '[domains.controller]\nkind = "mpc-online"\nstate_dir = "{tmp}/models"\n',
+        "domain 'llm''s learned model's hold file",
+    ),
 }
 
 
