@@ -355,7 +355,24 @@ def profile_files(name_or_path: str | Path) -> tuple[Path, ...]:
     csv_name = manifest.get("csv") if isinstance(manifest, dict) else None
     if not isinstance(csv_name, str):
         return (manifest_path,)
-    return (manifest_path, manifest_path.parent / csv_name)
+    return (manifest_path, csv_beside(manifest_path, csv_name))
+
+
+def csv_beside(manifest_path: Path, csv_name: str) -> Path:
+    """The CSV a manifest's ``csv`` names: beside the manifest or, where it is not there and
+    the manifest is a link, beside the file the link leads to. A manifest linked from
+    another folder (``current.json`` -> a versioned profile) was refused as "csv ... not
+    found beside it"."""
+    beside = manifest_path.parent / csv_name
+    if path_exists(beside, dangling_links=True):
+        return beside
+    try:
+        target = manifest_path.resolve(strict=True) if manifest_path.is_symlink() else None
+    except (OSError, RuntimeError):
+        target = None
+    if target is not None and path_exists(target.parent / csv_name, dangling_links=True):
+        return target.parent / csv_name
+    return beside
 
 
 def load_profile(name_or_path: str | Path) -> PerformanceProfile:
@@ -485,7 +502,7 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
         raise ProfileError(
             f"{manifest_path}: csv must be the file name of the profile's CSV, got {csv_name!r:.80}"
         )
-    csv_path = manifest_path.parent / csv_name
+    csv_path = csv_beside(manifest_path, csv_name)
     if not csv_path.exists():
         raise ProfileError(f"{manifest_path}: csv {csv_name!r:.80} not found beside it")
     if csv_path.is_dir():

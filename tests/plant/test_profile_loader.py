@@ -243,6 +243,25 @@ def test_a_path_with_a_folder_and_no_suffix_is_a_file_or_its_manifest(
     assert load_profile(NAME).name == NAME  # and a bundled name
 
 
+def test_a_linked_manifest_reads_the_csv_beside_the_file_it_leads_to(tmp_path: Path) -> None:
+    """A manifest linked from another folder (``current.json`` -> a versioned profile) was
+    refused as "csv ... not found beside it": the CSV was looked for beside the link only.
+    A CSV beside the link is still the one read."""
+    manifest, csv_path = copy_profile(tmp_path)
+    elsewhere = tmp_path / "etc"
+    elsewhere.mkdir()
+    link = elsewhere / "current.json"
+    link.symlink_to(manifest)
+    profile = load_profile(link)
+    assert profile.name == "current"
+    assert profile_files_module.profile_files(link) == (link, csv_path)
+    beside = elsewhere / csv_path.name
+    shutil.copy(csv_path, beside)
+    beside.write_text(beside.read_text().replace("345,", "345.0,", 1))  # same numbers
+    assert profile_files_module.profile_files(link) == (link, beside)
+    assert load_profile(link).profile_csv_sha256 != profile.profile_csv_sha256
+
+
 @pytest.mark.parametrize(("suffix", "message"), [("", "unknown profile 'yyy"), (".json", "yyy")])
 def test_a_name_too_long_for_a_file_is_one_short_line(suffix: str, message: str) -> None:
     """Looking up a 60,000-character name raised "OSError: File name too long" past the
