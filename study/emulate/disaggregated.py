@@ -240,6 +240,8 @@ class DisaggregatedNode(EmulatedNode):
             stats.e2e.observe(first_s - arrival)
             stats.generation_tokens += 1
             stats.finished["length"] += 1  # a prefill instance's request: max_tokens=1
+            stats.prompt_lengths.observe(stream.prompt_tokens)
+            stats.output_lengths.observe(1)
             stream.prefill_energy = simulation.request_energy(index)
             stream.first_token_s = stream.last_token_s = first_s
             stream.sent = 1
@@ -302,6 +304,10 @@ class DisaggregatedNode(EmulatedNode):
                     stream.prefill_energy[1] + decode_j,
                 )
                 stats.e2e.observe(end - stream.first_token_s)
+                # Its lengths as this instance's counters have them: the prompt (its KV
+                # cache transferred in), the tokens generated here (the first was prefill's).
+                stats.prompt_lengths.observe(stream.prompt_tokens)
+                stats.output_lengths.observe(stream.sent - 1)
                 stats.finished[stream.finish_reason] += 1
                 self._finish(stream, end, energy)
                 done.append(index)

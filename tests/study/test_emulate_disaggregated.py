@@ -140,6 +140,30 @@ def test_completion_goes_through_both_pools(emulator: EmulatorServer) -> None:
     assert json.loads(_get(f"{url}/gpu"))["count"] == 2
 
 
+def test_each_pool_page_counts_its_finished_requests_lengths(emulator: EmulatorServer) -> None:
+    """Each pool's vllm:request_prompt_tokens / vllm:request_generation_tokens histograms
+    count the requests that pool finished (as its request_success_total does), with the
+    tokens it generated: the daemon's per-request energy histogram
+    (gpugov_energy_request_joules, the dashboard's p50/p90) reads them, and stayed empty
+    on a disaggregated node."""
+    url = emulator.url
+    _post(
+        f"{url}/v1/completions",
+        {"model": "gpugov-emulated", "prompt": "hi " * 500, "max_tokens": 40, "ignore_eos": True},
+    )
+    for pool, generated in (("prefill", 1), ("decode", 39)):
+        sample = VllmSource(f"{url}/{pool}/metrics", timeout_s=10.0).scrape()
+        assert sample.generation_tokens_total == generated
+        for buckets in (
+            sample.request_prompt_tokens_buckets,
+            sample.request_generation_tokens_buckets,
+        ):
+            assert buckets is not None and buckets[-1][1] == 1.0, (pool, buckets)
+        page = _get(f"{url}/{pool}/metrics")
+        labels = '{engine="0",model_name="gpugov-emulated"}'
+        assert f"vllm:request_generation_tokens_sum{labels} {float(generated)}" in page
+
+
 def test_a_transfer_in_flight_is_deferred_on_the_decode_page_and_can_be_aborted(
     plant: ServingPlant,
 ) -> None:
