@@ -69,6 +69,7 @@ from gpugov.daemon.phase_fit import (
 )
 
 if TYPE_CHECKING:
+    from gpugov.daemon.engines import EngineSample
     from gpugov.daemon.observer import Observed
 
 PHASES = ("prefill", "decode", "idle")
@@ -155,6 +156,17 @@ class EnergyReading:
     """Seconds of decode forward passes so far (TGI)."""
 
 
+def _prompt_tokens(engine: EngineSample, role: str) -> float | None:
+    """The engine's prompt tokens, less (in a disaggregated pool) those whose KV cache
+    another instance computed (vLLM's ``external_kv_transfer`` source), as
+    ``gpugov_prompt_tokens_total`` leaves them out: a decode pool prefilled none of them."""
+    total = engine.prompt_tokens_total
+    external = engine.prompt_tokens_external_total
+    if total is None or role == "colocated" or external is None:
+        return total
+    return max(0.0, total - external)
+
+
 def reading_from(observed: Observed) -> EnergyReading:
     """The estimator's reading of one tick of :class:`daemon.observer.DomainObserver`."""
     o = observed.observation
@@ -162,7 +174,7 @@ def reading_from(observed: Observed) -> EnergyReading:
     return EnergyReading(
         time_s=o.time_s,
         energy_j=o.energy_j,
-        prompt_tokens=None if engine is None else engine.prompt_tokens_total,
+        prompt_tokens=None if engine is None else _prompt_tokens(engine, o.role),
         output_tokens=None if engine is None else engine.generation_tokens_total,
         finished_requests=None if engine is None else engine.finished_requests_total,
         utilization=o.gpu_utilization,
@@ -554,6 +566,10 @@ class EnergyEstimator:
             if window.prompt_tokens > 0
             else rates.joules_per_prompt_token
         )
+        if j_prompt is None:
+            # No prompt prefilled here in the trailing minute (a decode pool: their KV
+            # caches came from the prefill pool): a prompt costs this domain nothing.
+            j_prompt = 0.0
         j_output = (
             window.decode_j / window.output_tokens
             if window.output_tokens > 0

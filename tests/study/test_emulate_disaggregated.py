@@ -20,10 +20,13 @@ from typing import Any
 
 import pytest
 
+from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.config import parse_config
 from gpugov.daemon.domain import TickRecord
+from gpugov.daemon.energy import EnergyEstimator, reading_from
 from gpugov.daemon.engine_sources import ScrapedSource, VllmSource
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run
+from gpugov.daemon.observer import DomainObserver
 from gpugov.daemon.service import domains_from_config
 from gpugov.plant import ServingPlant, load_profile
 from gpugov.study.emulate import cli as emulate_cli
@@ -162,6 +165,62 @@ def test_each_pool_page_counts_its_finished_requests_lengths(emulator: EmulatorS
         page = _get(f"{url}/{pool}/metrics")
         labels = '{engine="0",model_name="gpugov-emulated"}'
         assert f"vllm:request_generation_tokens_sum{labels} {float(generated)}" in page
+
+
+class _Gpu:
+    """A GpuBackend of one GPU drawing 300 W (its energy counter moves 300 J a read)."""
+
+    label = "0"
+
+    def __init__(self) -> None:
+        self.energy_j = 1e6
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        return (900, 1980)
+
+    def sample(self) -> GpuSample:
+        self.energy_j += 300.0
+        return GpuSample(gpu=self.label, energy_j=self.energy_j, power_limit_w=700.0)
+
+    def lock_clocks(self, min_mhz: int, max_mhz: int) -> None: ...
+
+    def reset_clocks(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def test_the_energy_attribution_counts_the_prompt_tokens_each_pool_prefilled(
+    emulator: EmulatorServer,
+) -> None:
+    """The decode pool's page counts the prompts whose KV cache the prefill pool computed
+    (vLLM's external_kv_transfer source). gpugov_prompt_tokens_total leaves them out; the
+    energy attribution's prompt tokens (gpugov_energy_tokens_total{kind="prompt"}, the
+    prefill J per prompt token) counted them, a decode pool's prefill energy spread over
+    prompts it never ran. Each pool's finished request still gets its estimated energy
+    (gpugov_energy_request_joules): the decode pool's, its decode energy alone."""
+    url = emulator.url
+    pools = {}
+    for role in ("prefill", "decode"):
+        source = VllmSource(f"{url}/{role}/metrics", timeout_s=10.0)
+        observer = DomainObserver([_Gpu()], source, stale_after_s=30.0, role=role)
+        estimator = EnergyEstimator()
+        estimator.update(reading_from(observer.observe(0.0, 0, None)))
+        pools[role] = (observer, estimator)
+    _post(
+        f"{url}/v1/completions",
+        {"model": "gpugov-emulated", "prompt": "hi " * 500, "max_tokens": 40, "ignore_eos": True},
+    )
+    for role, (observer, estimator) in pools.items():
+        observed = observer.observe(1.0, 1, None)
+        assert observed.engine_sample is not None
+        engine_prompt = observed.engine_sample.prompt_tokens_total
+        assert engine_prompt is not None and engine_prompt > 0
+        reading = reading_from(observed)
+        assert reading.prompt_tokens == observed.observation.prompt_tokens_total, role
+        estimator.update(reading)
+        histogram = estimator.models["gpugov-emulated"].histogram
+        assert histogram is not None and histogram.count == 1.0, role
+    assert reading.prompt_tokens == 0.0  # the decode pool prefilled none
 
 
 def test_a_transfer_in_flight_is_deferred_on_the_decode_page_and_can_be_aborted(
