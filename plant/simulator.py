@@ -31,8 +31,6 @@ The GPU side (realised clock, power, thermal RC integration) is a composed
 Time advances segment by segment (iteration ends, clock changes, arrivals while idle);
 series samples on the ``time_step_s`` grid are taken analytically inside segments and kept
 by a composed :class:`~gpugov.plant.grid_series.GridSeries`, in ``grid_series.py``.
-The records and :class:`~gpugov.plant.result.ServingResult` a run freezes into are assembled
-in ``simulation_result.py``.
 """
 
 from __future__ import annotations
@@ -53,9 +51,8 @@ from gpugov.plant.fork import fork_simulation
 from gpugov.plant.gpu_physics import _EPS, GpuParameters, GpuPhysics
 from gpugov.plant.grid_series import GridSeries
 from gpugov.plant.plant import ServingPlant
-from gpugov.plant.result import ServingResult
-from gpugov.plant.scheduler import chunked_prefill_scheduler
-from gpugov.plant.simulation_result import simulation_records, simulation_result
+from gpugov.plant.result import ServingResult, compute_metrics
+from gpugov.plant.scheduler import chunked_prefill_scheduler, scheduler_label
 from gpugov.plant.types import (
     IterationPlan,
     Request,
@@ -888,12 +885,71 @@ class PlantSimulation:
 
     # ----------------------------------------------------------------- results
     def records(self) -> tuple[RequestRecord, ...]:
-        """Records of every request that has arrived by now (``simulation_result.py``)."""
-        return simulation_records(self)
+        """Records of every request that has arrived by now."""
+        out = []
+        for index in range(self._next_arrival):
+            request = self.requests[index]
+            generated = self._generated[index]
+            if index in self._running:
+                generated += self._decode_counter - self._running[index]
+            prefill_j, decode_j = self.request_energy(index)
+            out.append(
+                RequestRecord(
+                    request_id=request.request_id,
+                    arrival_time_s=request.arrival_time_s,
+                    prompt_tokens=request.prompt_tokens,
+                    output_tokens=request.output_tokens,
+                    first_token_time_s=self._first_token[index],
+                    finish_time_s=self._finish[index],
+                    generated_tokens=generated,
+                    preemptions=self._preemptions[index],
+                    prefill_energy_j=prefill_j,
+                    decode_energy_j=decode_j,
+                )
+            )
+        return tuple(out)
 
     def result(
         self, controller_name: str = "", scheduler_name: str = "", **metadata: Any
     ) -> ServingResult:
-        """Freeze the run into a :class:`ServingResult` (``simulation_result.py``)."""
+        """Freeze the run into a :class:`ServingResult`."""
         self._move_arrivals(self.time_s)
-        return simulation_result(self, controller_name, scheduler_name, **metadata)
+        records = self.records()
+        series = self.series.arrays()
+        gpu = self.gpu
+        minimum = gpu.params.realized_clock_mhz[0]
+        at_minimum = np.isclose(series["realized_clock_mhz"], minimum)
+        queued = series["prefill_queue"] + series["decode_active"]
+        peak_at_minimum = float(np.max(queued[at_minimum])) if np.any(at_minimum) else 0.0
+        profile = self.plant.profile
+        metrics = compute_metrics(
+            records,
+            energy_j=gpu.energy_j,
+            duration_s=self.time_s,
+            output_tokens=self.counters.output_tokens,
+            ttft_slo_s=profile.ttft_slo_s,
+            tpot_slo_s=profile.tpot_slo_s,
+            ttft_slo_per_prompt_token_s=profile.ttft_slo_per_prompt_token_s,
+            power_cap_violation_s=gpu.power_violation_s,
+            thermal_violation_s=gpu.thermal_violation_s,
+            peak_temperature_c=gpu.peak_temperature_c,
+            peak_queued_requests_at_minimum_clock=peak_at_minimum,
+            preemptions=self.counters.preemptions,
+            clock_changes=self._clock_changes,
+            idle_energy_j=self.energy_ledger.idle_j,
+        )
+        meta = {
+            "seed": self.seed,
+            "plant": self.plant.describe(),
+            "scheduler": scheduler_name or scheduler_label(self.scheduler),
+            **metadata,
+        }
+        return ServingResult(
+            **series,
+            phase=tuple(self.series.phases),
+            request_records=records,
+            metrics=metrics,
+            controller_name=controller_name,
+            scheduler_name=scheduler_name or scheduler_label(self.scheduler),
+            metadata=meta,
+        )
