@@ -35,7 +35,12 @@ from gpugov.daemon.config import (
 from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.daemon.errors import ConfigError, printable
 from gpugov.daemon.files import resolve_state_dir, write_files_atomic
-from gpugov.daemon.stored_model import StoredModelError, read_stored, stored_gpu_names
+from gpugov.daemon.stored_model import (
+    StoredModelError,
+    read_stored,
+    stored_gpu_names,
+    stored_role,
+)
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.profile import CSV_COLUMNS
 
@@ -138,7 +143,7 @@ def load_model(path: Path) -> tuple[dict[str, Any], OnlineModel]:
     try:
         # read_stored checked the numbers (clocks, shapes, ranges), naming the field.
         model = OnlineModel(state["clocks_mhz"], float(state["power_limit_w"]))
-        model.load_state(state)
+        model.load_state(state, stored_role(payload) or "colocated")
         _controller(payload, model).check_learned()  # as the daemon's restore checks it
     except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise ModelCliError(f"{path}: stored model is invalid: {error}") from error

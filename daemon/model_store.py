@@ -39,6 +39,7 @@ from gpugov.daemon.stored_model import (
     payload_problem,
     read_stored,
     stored_gpu_names,
+    stored_role,
 )
 from gpugov.daemon.stored_slo_window import (
     boot_unix_s,
@@ -516,6 +517,8 @@ class PersistentOnlineModel(ControllerWrapper):
             "mean_prompt_tokens": self.inner.mean_prompt_tokens,
             "mean_output_tokens": self.inner.mean_output_tokens,
             "control_period_s": self.inner.control_period_s,
+            # The loader checks a prefill pool's model by its prefill latency alone.
+            "role": "colocated" if observation is None else observation.role,
             "status": json_safe(self.inner.status()),
             "model": model.state_dict(),
         }
@@ -594,7 +597,7 @@ class PersistentOnlineModel(ControllerWrapper):
         model = self.inner.model
         if problem is None and model is not None and model.time.samples > 0:
             try:
-                model.check_latencies()
+                model.check_latencies(stored_role(payload) or "colocated")
             except ValueError as error:
                 problem = str(error)
         return problem

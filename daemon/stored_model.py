@@ -83,6 +83,17 @@ def read_stored(path: Path) -> dict[str, Any]:
     return payload
 
 
+STORED_ROLES = ("colocated", "prefill", "decode")
+"""The roles a stored model may have been learned in (``role``; absent: colocated)."""
+
+
+def stored_role(payload: dict[str, Any]) -> str | None:
+    """The role of the domain the stored model was learned on (a file without one was
+    saved before roles were stored: colocated), or None where the field is not a role."""
+    role = payload.get("role", "colocated")
+    return role if isinstance(role, str) and role in STORED_ROLES else None
+
+
 def payload_problem(payload: dict[str, Any]) -> str | None:
     """What is wrong with a state file's content (the whole object), naming the field,
     or None: the loader's checks, which
@@ -111,6 +122,10 @@ def _check_payload(payload: dict[str, Any]) -> None:
     name = key.get("model_name")
     if name is not None and not isinstance(name, str):
         raise StoredModelError(f"key.model_name must be a name, got {name!r}")
+    if stored_role(payload) is None:
+        raise StoredModelError(
+            f"role must be one of {', '.join(STORED_ROLES)}, got {payload.get('role')!r:.40}"
+        )
     # Bounded as the config bounds them (what the daemon saves): 1e300 prompt tokens gave
     # no usable profile, and a longer SLO exported a profile its loader refuses.
     for field_name in ("mean_prompt_tokens", "mean_output_tokens"):
@@ -336,6 +351,7 @@ __all__ = [
     "FORMAT",
     "MAX_GPU_NAME_CHARS",
     "MAX_THERMAL_COEFFICIENT",
+    "STORED_ROLES",
     "OtherVersionError",
     "StoredModelError",
     "UnreadableStateError",
@@ -345,4 +361,5 @@ __all__ = [
     "payload_problem",
     "read_stored",
     "stored_gpu_names",
+    "stored_role",
 ]

@@ -339,7 +339,7 @@ class OnlineMPCController(MeasuredLatencyRules):
         """
         self._follow_name(observation.model_name)
         model = self._new_model(observation)
-        model.load_state(state)
+        model.load_state(state, observation.role)
         previous, self.model = self.model, model
         try:
             self.check_learned(self.slos(observation))

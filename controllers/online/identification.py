@@ -648,8 +648,9 @@ class OnlineModel:
             "thermal": self.thermal.state_dict(),
         }
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output.
+    def load_state(self, state: dict[str, Any], role: str = "colocated") -> None:
+        """Restore :meth:`state_dict`'s output, learned on a domain of ``role``
+        (:meth:`check_latencies`).
 
         Raises:
             ValueError: another version, other clocks, or a malformed field.
@@ -698,9 +699,9 @@ class OnlineModel:
             # what was measured (power, thermal) is kept.
             self.time.reset_prior(*prior)
             return
-        self.check_latencies()
+        self.check_latencies(role)
 
-    def check_latencies(self) -> None:
+    def check_latencies(self, role: str = "colocated") -> None:
         """Refuse a model whose mean decode latency is not positive at the top clock, or
         whose mean prefill latency there is below zero by more than three of its own
         standard deviations (a stored ``time.mean`` negated or zeroed drove the clock
@@ -712,6 +713,10 @@ class OnlineModel:
         controller decides with, so its restart must too (a valid model must never be
         refused).
 
+        A prefill pool's model (``role`` ``"prefill"``) learns no decode latency, as the
+        pool decodes nothing: its prefill latency must be positive there instead (every
+        save of such a model was refused, and the model went back to the last good file).
+
         Raises:
             ValueError: naming the latency.
         """
@@ -720,8 +725,12 @@ class OnlineModel:
         for batch, context in ((1.0, 0.0), (64.0, 1024.0)):
             rows = self._predict(realized, batch, context)
             checks = (
-                (PREFILL_MEAN, "prefill", -3.0 * float(rows[PREFILL_STD][0])),
-                (DECODE_MEAN, "decode iteration", 0.0),
+                ((PREFILL_MEAN, "prefill", 0.0),)
+                if role == "prefill"
+                else (
+                    (PREFILL_MEAN, "prefill", -3.0 * float(rows[PREFILL_STD][0])),
+                    (DECODE_MEAN, "decode iteration", 0.0),
+                )
             )
             for row, what, lowest in checks:
                 mean = float(rows[row][0])

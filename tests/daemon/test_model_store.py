@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import os
 import re
@@ -13,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from synthetic import make_plant, poisson_requests
 
@@ -25,7 +27,7 @@ from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.model_store import PersistentOnlineModel, set_aside
 from gpugov.daemon.stored_model import StoredModelError, model_path, read_stored
 from gpugov.plant import chunked_prefill_scheduler, load_profile, simulate
-from gpugov.plant.types import ServingObservation
+from gpugov.plant.types import Request, ServingObservation
 
 GPUS = ("GPU-aaaa", "GPU-bbbb")
 
@@ -73,6 +75,61 @@ def test_model_survives_a_restart(tmp_path: Path) -> None:
     restored = second.inner.model
     assert restored is not None and restored.warmed_up
     assert restored.samples >= learned.samples  # it kept learning from where it stopped
+
+
+class PrefillPool:
+    """A disaggregated prefill pool's view: each request served to its first token, the
+    role on every observation (what the observer sets from the config or the labels)."""
+
+    def __init__(self, inner: PersistentOnlineModel) -> None:
+        self.inner = inner
+
+    def __call__(self, observation):  # type: ignore[no-untyped-def]
+        return self.inner(replace(observation, role="prefill", model_name="llama"))
+
+
+def _prompts_only(count: int, seed: int) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    times = np.cumsum(rng.exponential(1.0, count))
+    return [Request(i, float(t), int(rng.integers(500, 4000)), 1) for i, t in enumerate(times)]
+
+
+def test_a_prefill_pools_model_is_saved_and_survives_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A prefill pool decodes nothing, so its model learns no decode latency: every save
+    was refused as predicting a decode iteration of 0 s, and each refusal sent the
+    running model back to the last good file (it never warmed up on a node)."""
+
+    def controller() -> OnlineMPCController:
+        return OnlineMPCController(mean_prompt_tokens=2000.0, mean_output_tokens=1.0, warmup_s=10.0)
+
+    first = PersistentOnlineModel(controller(), tmp_path, "prefill", GPUS)
+    with caplog.at_level(logging.WARNING):
+        simulate(
+            _prompts_only(120, 0), make_plant(), chunked_prefill_scheduler, PrefillPool(first), 0
+        )
+        first.close()
+    assert "not saved" not in caplog.text
+    learned = first.inner.model
+    assert learned is not None and learned.warmed_up and learned.samples > 50
+    second = PersistentOnlineModel(controller(), tmp_path, "prefill", GPUS)
+    simulate(_prompts_only(5, 1), make_plant(), chunked_prefill_scheduler, PrefillPool(second), 0)
+    assert second.restored
+    restored = second.inner.model
+    assert restored is not None and restored.warmed_up and restored.samples >= learned.samples
+    # A zeroed model is still refused for a prefill pool: its prefill latency is checked.
+    restored.time.mean[:] = 0.0
+    with pytest.raises(ValueError, match="prefill latency"):
+        restored.check_latencies("prefill")
+    # The file says the role it was learned in, and `gpugov model show` reads it by it.
+    path = model_path(tmp_path, "prefill")
+    assert read_stored(path)["role"] == "prefill"
+    assert main(["model", "show", "--state-dir", str(tmp_path)]) == 0
+    payload = json.loads(path.read_text())
+    path.write_text(json.dumps({**payload, "role": "router"}))
+    assert main(["model", "show", "--state-dir", str(tmp_path)]) != 0
+    assert "role must be one of colocated, prefill, decode" in capsys.readouterr().err
 
 
 def test_the_same_gpus_listed_in_another_order_keep_the_model(tmp_path: Path) -> None:
