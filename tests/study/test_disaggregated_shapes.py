@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from study_support import run_bench_main
@@ -30,14 +31,19 @@ def test_bad_arguments_are_refused_in_one_line(
     assert not out.exists()
 
 
-def test_a_short_run_writes_every_board_and_the_summary(tmp_path: Path) -> None:
+def _one_board(tmp_path: Path, duration_s: str) -> tuple[str, dict[str, Any]]:
+    """Seed 0 on azure-conv for ``duration_s``: the run's stdout and its JSON."""
     out = tmp_path / "shapes.json"
-    argv = ["--seeds", "0:1", "--traces", "azure-conv-10min", "--duration", "30"]
+    argv = ["--seeds", "0:1", "--traces", "azure-conv-10min", "--duration", duration_s]
     code, stdout, _ = run_bench_main(
         "disaggregated_shapes", [*argv, "--jobs", "1", "--out", str(out)]
     )
     assert code == 0
-    result = json.loads(out.read_text())
+    return stdout, json.loads(out.read_text())
+
+
+def test_a_short_run_writes_every_board_and_the_summary(tmp_path: Path) -> None:
+    stdout, result = _one_board(tmp_path, "30")
     (row,) = result["rows"]
     assert row["seed"] == 0 and row["layout"] == "1P1D" and row["requests"] > 0
     assert set(row["controllers"]) == {"max", "mpc-online", "voltana"}
@@ -54,13 +60,7 @@ def test_a_short_run_writes_every_board_and_the_summary(tmp_path: Path) -> None:
 
 
 def test_a_board_of_too_few_requests_is_reported_not_judged(tmp_path: Path) -> None:
-    out = tmp_path / "shapes.json"
-    argv = ["--seeds", "0:1", "--traces", "azure-conv-10min", "--duration", "0.5"]
-    code, stdout, _ = run_bench_main(
-        "disaggregated_shapes", [*argv, "--jobs", "1", "--out", str(out)]
-    )
-    assert code == 0
-    result = json.loads(out.read_text())
+    stdout, result = _one_board(tmp_path, "0.5")
     (row,) = result["rows"]
     assert "controllers" not in row and "fewer than" in row["skipped"]
     assert result["summary"]["mpc-online"]["boards"] == 0
