@@ -157,6 +157,42 @@ def model_hold_path(directory: Path, domain: str) -> Path:
     return directory / f"online-model-{domain}.lock"
 
 
+class _NoFileLock(OSError):
+    """A hold file that was made but takes no ``flock`` (a filesystem without file
+    locks: NFS without its lock daemon, ENOLCK)."""
+
+
+def _held_file(path: Path) -> tuple[IO[str], OSError | None]:
+    """``path`` (made, with its folder) held by this process: an exclusive ``flock``,
+    which the kernel releases when the process ends, with this process's pid written in
+    it unbuffered (a pid left in a buffer by a failed write would fail again at the
+    release); and the error the pid's write met, where it did (held all the same: the
+    flock is the hold, the pid only names the holder to a second run).
+
+    Raises:
+        StateDirectoryHeld: another process holds it (:func:`_held_elsewhere`).
+        _NoFileLock: it takes no ``flock``.
+        OSError: it cannot be made or opened.
+    """
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held for the run)
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _held_elsewhere(handle, path.parent) from None
+    except OSError as error:
+        handle.close()
+        raise _NoFileLock(*error.args) from error
+    try:
+        os.ftruncate(handle.fileno(), 0)
+        os.write(handle.fileno(), f"{os.getpid()}\n".encode())
+    except OSError as error:
+        return handle, error
+    return handle, None
+
+
 def hold_model_file(directory: Path, domain: str, name: str) -> IO[str] | None:
     """Hold domain ``domain``'s learned model in ``directory`` (where its ``mpc-online``
     keeps it) for this process: an exclusive ``flock`` on
@@ -170,18 +206,11 @@ def hold_model_file(directory: Path, domain: str, name: str) -> IO[str] | None:
     Raises:
         StateDirectoryHeld: another process holds it (named, with its pid).
     """
-    import fcntl
-
-    path = model_hold_path(directory, domain)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held for the run)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        held = _held_elsewhere(handle, directory)
+        # The pid only names the holder to a second run: one that cannot be written
+        # leaves the model held all the same.
+        handle, _ = _held_file(model_hold_path(directory, domain))
+    except StateDirectoryHeld as held:
         raise StateDirectoryHeld(
             f"{name} {directory}: another gpugov run ({held.holder}) keeps domain "
             f"{domain!r}'s learned model here; give each daemon its own state_dir (or its "
@@ -190,13 +219,7 @@ def hold_model_file(directory: Path, domain: str, name: str) -> IO[str] | None:
             held.holder,
         ) from None
     except OSError:
-        handle.close()
         return None
-    try:
-        os.ftruncate(handle.fileno(), 0)
-        os.write(handle.fileno(), f"{os.getpid()}\n".encode())
-    except OSError:
-        pass  # held all the same: the pid only names the holder to a second run
     return handle
 
 
@@ -264,24 +287,12 @@ class LockState:
         Raises:
             StateDirectoryHeld: another process holds it (named, with its pid).
         """
-        import fcntl
-
         path = self.path.parent / HOLD_FILE
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held for the run)
-        except OSError as error:
-            self._warn("hold it", error)
-            return
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _held_elsewhere(handle, path.parent) from None
-        except OSError as error:
-            # No lock to take here (a filesystem without flock: NFS without its lock
-            # daemon, ENOLCK), not one held: read as held, with a pid a previous run left
-            # in the file, every start was refused.
-            handle.close()
+            handle, pid_error = _held_file(path)
+        except _NoFileLock as error:
+            # No lock to take here, not one held: read as held, with a pid a previous run
+            # left in the file, every start was refused.
             log.warning(
                 "lock state %s: cannot hold the state directory: %s cannot be locked (%s: a "
                 "filesystem without file locks?); the lock record is kept all the same, but "
@@ -290,6 +301,9 @@ class LockState:
                 path,
                 error,
             )
+            return
+        except OSError as error:
+            self._warn("hold it", error)
             return
         if not self._writer.busy:
             # Held: no other run writes the record here. A record write a killed run left
@@ -301,21 +315,15 @@ class LockState:
                     self.path,
                     len(removed),
                 )
-        try:
-            # Unbuffered: a pid left in the file object's buffer by a failed write would
-            # fail again when the hold is released, at the daemon's stop.
-            os.ftruncate(handle.fileno(), 0)
-            os.write(handle.fileno(), f"{os.getpid()}\n".encode())
-        except OSError as error:
-            # Held all the same (the flock is the hold; the pid only names the holder to a
-            # second run): a full disk, or a link to a device, ended the start in a
+        if pid_error is not None:
+            # Held all the same: a full disk, or a link to a device, ended the start in a
             # traceback before any GPU was opened.
             log.warning(
                 "lock state %s: holds the state directory but cannot write its pid in %s "
                 "(%s); a second gpugov run on it is refused without naming this one",
                 self.path,
                 path,
-                error,
+                pid_error,
             )
         self._held = handle
 
