@@ -302,18 +302,10 @@ def _hold_within(directory: Path, domain: str, field_name: str, wait_s: float) -
     Raises:
         StateDirectoryHeld: another run holds it.
     """
-    outcome: list[Any] = []
-
-    def attempt() -> None:
-        try:
-            outcome.append(hold_model_file(directory, domain, field_name))
-        except Exception as error:  # handed to the caller below
-            outcome.append(error)
-
-    worker = threading.Thread(target=attempt, name=f"hold-model-{domain}", daemon=True)
-    worker.start()
-    worker.join(wait_s)
-    if not outcome:
+    calls = SerialCalls(wait_s, name=f"hold-model-{domain}", cause="a hung disk or mount")
+    try:
+        return calls.call(lambda: hold_model_file(directory, domain, field_name))
+    except CallTimeout:
         log.warning(
             "%s %s: domain %r's learned model could not be held within %g s (a hung disk "
             "or mount?); a second daemon keeping a domain of that name there is not refused",
@@ -323,10 +315,6 @@ def _hold_within(directory: Path, domain: str, field_name: str, wait_s: float) -
             wait_s,
         )
         return None
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    handle: IO[str] | None = outcome[0]
-    return handle
 
 
 def build_domain(
