@@ -583,7 +583,8 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
 
     Raises:
         EngineParseError: the page has neither the running nor the waiting gauge (wrong
-            engine kind or metrics disabled).
+            engine kind or metrics disabled), or only one of them: the other is not
+            known, and read as 0 it made a backlog (or a batch) look idle.
     """
     running = _first(series, spec.running)
     waiting = _first(series, spec.waiting)
@@ -592,10 +593,21 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
             f"{source}: no {spec.kind} queue gauges ({spec.running[0]}, {spec.waiting[0]}) "
             "on the page; wrong engine kind, or metrics not enabled"
         )
+    if running is None or waiting is None:
+        what, names, other = (
+            ("running", spec.running, "waiting")
+            if running is None
+            else ("waiting", spec.waiting, "running")
+        )
+        raise EngineParseError(
+            f"{source}: the {spec.kind} page has its {other} requests gauge but no {what} "
+            f"requests gauge ({' or '.join(names)}): the {what} requests are not known "
+            "(never read as 0); scrape discarded"
+        )
     check_values(series, source)
     requests = (*spec.running, *spec.waiting, *spec.waiting_also, *QUEUE_GAUGES.get(spec.kind, ()))
     check_request_gauges(series, requests, source)
-    waiting = (waiting or 0.0) + (_summed(series, spec.waiting_also) or 0.0)
+    waiting += _summed(series, spec.waiting_also) or 0.0
     usage = _first(series, spec.kv_usage, how="mean")
     if usage is not None and usage > 1.0 + 1e-6:
         raise EngineParseError(
@@ -630,7 +642,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
     engines, labels = shown_engines(series, spec)
     sample = EngineSample(
         engine=spec.kind,
-        running_requests=round(running or 0.0),
+        running_requests=round(running),
         waiting_requests=round(waiting),
         engines=engines,
         engine_labels=labels,

@@ -11,7 +11,7 @@ from daemon_support import MetricsServer, fixture_text
 
 from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.engine_sources import ScrapedSource, SglangSource, TgiSource, VllmSource
-from gpugov.daemon.engines import EngineSource, HistogramTotals, detect_engine
+from gpugov.daemon.engines import EngineKind, EngineSource, HistogramTotals, detect_engine
 from gpugov.daemon.errors import EngineHttpError, EngineParseError, EngineUnavailable
 from gpugov.daemon.exposition import aggregate, parse_page
 from gpugov.daemon.observer import DomainObserver
@@ -846,17 +846,62 @@ def test_a_complete_page_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
     assert caplog.records == []
 
 
-def test_a_page_with_one_queue_gauge_names_the_other(caplog: pytest.LogCaptureFixture) -> None:
-    """The waiting gauge alone missing read as an empty queue without a word."""
-    page = "\n".join(
-        line
-        for line in fixture_text("vllm_dp2_synthetic.txt").splitlines()
-        if not line.startswith("vllm:num_requests_waiting")
+@pytest.mark.parametrize(
+    ("fixture", "kind", "gauge", "message"),
+    [
+        (
+            "vllm_dp2_synthetic.txt",
+            "vllm",
+            "vllm:num_requests_waiting",
+            "the vllm page has its running requests gauge but no waiting requests gauge "
+            "(vllm:num_requests_waiting): the waiting requests are not known",
+        ),
+        (
+            "vllm_dp2_synthetic.txt",
+            "vllm",
+            "vllm:num_requests_running",
+            "the vllm page has its waiting requests gauge but no running requests gauge "
+            "(vllm:num_requests_running): the running requests are not known",
+        ),
+        (
+            "sglang_real.txt",
+            "sglang",
+            "sglang:num_queue_reqs",
+            "the sglang page has its running requests gauge but no waiting requests gauge "
+            "(sglang:num_queue_reqs or sglang:num_requests_waiting): the waiting requests "
+            "are not known",
+        ),
+        (
+            "tgi_synthetic.txt",
+            "tgi",
+            "tgi_queue_size",
+            "the tgi page has its running requests gauge but no waiting requests gauge "
+            "(tgi_queue_size): the waiting requests are not known",
+        ),
+    ],
+)
+def test_a_page_with_one_queue_gauge_is_a_bad_scrape(
+    fixture: str, kind: EngineKind, gauge: str, message: str
+) -> None:
+    """A page with one queue gauge read the missing one as 0 (with a warning): a backlog
+    read as an empty queue, so a controller lowered the clock. It is a bad scrape that
+    names the gauge: the last good data is kept and the fail-safe takes over when it
+    goes stale."""
+    page = (
+        "\n".join(line for line in fixture_text(fixture).splitlines() if not line.startswith(gauge))
+        + "\n"
     )
-    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.engines"):
-        sample = VllmSource("x", fetch=lambda url, t: page + "\n").scrape()
-    assert sample.waiting_requests == 0
-    assert "waiting requests (vllm:num_requests_waiting)" in caplog.records[0].getMessage()
+    with pytest.raises(EngineParseError) as caught:
+        ScrapedSource("http://e/metrics", kind, fetch=lambda url, t: page).scrape()
+    assert str(caught.value) == f"http://e/metrics: {message} (never read as 0); scrape discarded"
+    observer = DomainObserver(
+        [_IdleGpu()],
+        ScrapedSource("http://e/metrics", fetch=lambda url, t: page),
+        stale_after_s=3.0,
+    )
+    observed = observer.observe(0.0, 0, None)
+    assert not observed.engine_fresh and observed.engine_error is not None
+    assert message in observed.engine_error
 
 
 def test_tgi_before_v14_counts_forward_passes_by_inference_calls() -> None:

@@ -463,7 +463,8 @@ def test_engine_token_histograms_are_read_from_vllm_and_sglang_pages() -> None:
         ("sglang", "sglang:", "prompt_tokens_histogram", "generation_tokens_histogram"),
     ):
         running = "num_requests_running" if kind == "vllm" else "num_running_reqs"
-        lines = [f'{prefix}{running}{{model_name="m"}} 2']
+        waiting = "num_requests_waiting" if kind == "vllm" else "num_queue_reqs"
+        lines = [f'{prefix}{running}{{model_name="m"}} 2', f'{prefix}{waiting}{{model_name="m"}} 0']
         for name in (prompt, output):
             lines += [
                 f'{prefix}{name}_bucket{{le="100.0",model_name="m"}} 1',

@@ -401,7 +401,10 @@ def test_a_gpu_read_that_hangs_at_the_start_holds_neither_the_start_nor_the_stop
     hung = _HungRead(fake.nvmlDeviceGetTemperatureV)
     safety.append(hung)
     monkeypatch.setattr(fake, "nvmlDeviceGetTemperatureV", hung)
-    metrics_server.page = 'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
+    metrics_server.page = (
+        'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 3\n'
+    )
     config = tmp_path / "gpugov.toml"
     config.write_text(
         f'[daemon]\nmetrics_address = ""\nstate_dir = "{state_dir}"\n'
