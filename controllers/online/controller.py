@@ -53,13 +53,12 @@ from gpugov.controllers.mpc.search_kernel import compile_kernels
 from gpugov.controllers.online.efficiency import WorkMix, domain_floor
 from gpugov.controllers.online.engines import engine_view
 from gpugov.controllers.online.exploration import (
-    REFERENCE_BATCH,
     ArrivalClumping,
     BacklogAge,
     LatencyWindow,
     SafeExploration,
 )
-from gpugov.controllers.online.identification import ModelPrior, OnlineModel
+from gpugov.controllers.online.identification import REFERENCE_BATCH, ModelPrior, OnlineModel
 from gpugov.controllers.online.model_names import SettledName
 from gpugov.controllers.online.prediction import compile_prediction
 from gpugov.controllers.online.prior import AutoHints

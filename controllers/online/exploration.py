@@ -23,13 +23,14 @@ from numpy.typing import NDArray
 
 from gpugov.controllers.adaptation import SLOFeedback
 from gpugov.controllers.budget import loosened
-from gpugov.controllers.online.identification import OnlineModel
+from gpugov.controllers.online.identification import (
+    REFERENCE_BATCH,
+    REFERENCE_CONTEXT_TOKENS,
+    OnlineModel,
+)
 from gpugov.plant.types import ServingObservation, replace_observation
 
 FloatArray = NDArray[np.float64]
-
-REFERENCE_BATCH = 64
-"""Decode batch at which the learned profile and the exploration's uncertainty are read."""
 
 
 @dataclass
@@ -128,7 +129,7 @@ class SafeExploration:
         if candidates.size:
             # Read on every supported clock (the model caches that table between its
             # updates), then kept to the candidates.
-            table = model.table(clocks, REFERENCE_BATCH, 1024.0)
+            table = model.table(clocks, REFERENCE_BATCH, REFERENCE_CONTEXT_TOKENS)
             relative = np.maximum(
                 _relative(*table["prefill_s_per_token"]), _relative(*table["decode_iteration_s"])
             )[within]

@@ -60,6 +60,11 @@ DECODE_UNIT = 1000.0  # generated tokens per unit
 CONTEXT_UNIT = 1000.0  # context tokens per unit
 TIME_BLOCKS = ("prefill", "weights", "batch", "context")
 POWER_BLOCKS = ("idle", "prefill", "decode")
+REFERENCE_BATCH = 64
+"""Decode batch at which the learned profile, the exploration's uncertainty and the
+stored model's check read the decode iteration (and a hint's profile is built)."""
+REFERENCE_CONTEXT_TOKENS = 1024.0
+"""Context at which the exploration's uncertainty and the stored model's check read it."""
 NONFINITE_PARTS = ("window", "clock_ratio", "time", "power", "thermal")
 """Parts of :class:`OnlineModel` that skip a window holding a NaN or infinite field (or
 one no node can show: :data:`~plant.ceilings.MAX_TOKENS_PER_S`, a power fit gone to 0 W
@@ -713,6 +718,14 @@ class OnlineModel:
         controller decides with, so its restart must too (a valid model must never be
         refused).
 
+        The decode iteration is checked where the learned profile reads it, at the
+        reference batch (:data:`REFERENCE_BATCH` requests of
+        :data:`REFERENCE_CONTEXT_TOKENS` tokens), not at one request
+        with no context: a decode pool whose batch and context grow together cannot tell
+        weight reads from context reads, and can learn a weights-only part below zero,
+        which the running controller clamps at zero (every save of it was refused, and the
+        running model went back to the last good file).
+
         A prefill pool's model (``role`` ``"prefill"``) learns no decode latency, as the
         pool decodes nothing: its prefill latency must be positive there instead (every
         save of such a model was refused, and the model went back to the last good file).
@@ -722,23 +735,22 @@ class OnlineModel:
         """
         top = self.clocks_mhz[-1:] * self.realized_ratio[-1:]
         realized = np.ascontiguousarray(top, dtype=float)
-        for batch, context in ((1.0, 0.0), (64.0, 1024.0)):
-            rows = self._predict(realized, batch, context)
-            checks = (
-                ((PREFILL_MEAN, "prefill", 0.0),)
-                if role == "prefill"
-                else (
-                    (PREFILL_MEAN, "prefill", -3.0 * float(rows[PREFILL_STD][0])),
-                    (DECODE_MEAN, "decode iteration", 0.0),
-                )
+        rows = self._predict(realized, REFERENCE_BATCH, REFERENCE_CONTEXT_TOKENS)
+        checks = (
+            ((PREFILL_MEAN, "prefill", 0.0),)
+            if role == "prefill"
+            else (
+                (PREFILL_MEAN, "prefill", -3.0 * float(rows[PREFILL_STD][0])),
+                (DECODE_MEAN, "decode iteration", 0.0),
             )
-            for row, what, lowest in checks:
-                mean = float(rows[row][0])
-                if not (mean >= lowest if lowest < 0.0 else mean > lowest):
-                    raise ValueError(
-                        f"stored model predicts a {what} latency of {mean:.3g} s at its top "
-                        f"clock {float(self.clocks_mhz[-1]):g} MHz, which no GPU gives"
-                    )
+        )
+        for row, what, lowest in checks:
+            mean = float(rows[row][0])
+            if not (mean >= lowest if lowest < 0.0 else mean > lowest):
+                raise ValueError(
+                    f"stored model predicts a {what} latency of {mean:.3g} s at its top "
+                    f"clock {float(self.clocks_mhz[-1]):g} MHz, which no GPU gives"
+                )
 
     def nbytes(self) -> int:
         """Bytes held by the model's arrays (constant over the run)."""

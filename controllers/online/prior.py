@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from gpugov.controllers.online.identification import ModelPrior
+from gpugov.controllers.online.identification import REFERENCE_BATCH, ModelPrior
 from gpugov.controllers.online.model_names import hints_from_model_name
 from gpugov.plant import calibration
 from gpugov.plant.roofline import Domain, RooflineParameters
@@ -54,7 +54,6 @@ MAX_HINTED_TP = 64
 """The widest tensor-parallel group a hint describes (the config's bound)."""
 AUTO = "auto"
 """``gpu = "auto"``: the daemon fills in the NVML name of the domain's first GPU."""
-REFERENCE_BATCH = 64
 LAYER_WIDTH_RATIO = 115.0
 """Llama-like aspect ratio: ``d_model / n_layers`` of Llama 3.x 3B, 8B, 70B is 110-128."""
 

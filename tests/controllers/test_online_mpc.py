@@ -14,8 +14,7 @@ from synthetic import make_plant, make_profile
 
 from gpugov.controllers.baseline import maximum_clock_controller
 from gpugov.controllers.online.controller import OnlineMPCController
-from gpugov.controllers.online.exploration import REFERENCE_BATCH
-from gpugov.controllers.online.identification import OnlineModel
+from gpugov.controllers.online.identification import REFERENCE_BATCH, OnlineModel
 from gpugov.controllers.online.regression import RecursiveLeastSquares
 from gpugov.controllers.online.window import Window
 from gpugov.plant import PerformanceProfile, ServingPlant, chunked_prefill_scheduler, simulate

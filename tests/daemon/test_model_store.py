@@ -94,6 +94,61 @@ def _prompts_only(count: int, seed: int) -> list[Request]:
     return [Request(i, float(t), int(rng.integers(500, 4000)), 1) for i, t in enumerate(times)]
 
 
+def test_a_model_whose_weights_only_decode_part_is_below_zero_survives_a_restart(
+    tmp_path: Path,
+) -> None:
+    """A decode pool whose batch and context grow together cannot split weight reads from
+    context reads, and can learn a weights-only iteration below zero (seen: -0.0097 s at
+    one request with no context) while predicting its own batches right. The running
+    controller clamps that part at zero; the store refused every save of it, and the
+    running model went back to the last good file."""
+    learned = _learn(tmp_path).inner.model
+    assert learned is not None
+    top = learned.clocks_mhz[-1] * learned.realized_ratio[-1]
+    before = learned.decode_iteration_s(top, 64.0, 1024.0)[0]
+    # Move the top clock's weight reads to the batch's, the weights-only iteration to
+    # -0.0097 s, the reference batch's iteration kept (the prediction is linear in the
+    # blocks: one unit of each, measured, gives the shifts).
+    knots = learned.knots_mhz.size
+    weights, batch = slice(knots, 2 * knots), slice(2 * knots, 3 * knots)
+
+    def iteration(requests: float, context: float) -> float:
+        return learned.decode_iteration_s(top, requests, context)[0]
+
+    alone = iteration(1.0, 0.0)
+    learned.time.mean[weights] += 1.0
+    per_weight = iteration(1.0, 0.0) - alone
+    learned.time.mean[weights] -= 1.0
+    learned.time.mean[batch] += 1.0
+    per_batch = iteration(64.0, 1024.0) - before
+    learned.time.mean[batch] -= 1.0
+    shift = (alone + 0.0097) / per_weight
+    learned.time.mean[weights] -= shift
+    learned.time.mean[batch] += shift * per_weight / per_batch
+    assert learned.decode_iteration_s(top, 1.0, 0.0)[0] < 0.0
+    assert learned.decode_iteration_s(top, 64.0, 1024.0)[0] == pytest.approx(before)
+    path = model_path(tmp_path, "llm")
+    payload = json.loads(path.read_text())
+    payload["model"]["time"]["mean"] = learned.time.mean.tolist()
+    path.write_text(json.dumps(payload))
+    second = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    simulate(
+        poisson_requests(5.0, seed=9),
+        make_plant(),
+        chunked_prefill_scheduler,
+        Named(second, "llama"),
+        0,
+    )
+    assert second.restored
+    assert not [message for message in second.messages if "refused" in message]
+    second.close()
+    assert "not saved" not in " ".join(second.messages)
+    # A zeroed decode model is still refused.
+    learned.time.mean[knots:] = 0.0
+    with pytest.raises(ValueError, match="decode iteration latency"):
+        learned.check_latencies("decode")
+
+
 def test_a_prefill_pools_model_is_saved_and_survives_a_restart(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
