@@ -285,6 +285,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     except GpuUnavailable as error:
         report["gpu_error"] = str(error)
         code = ExitCode.NO_GPU
+        if emulated:
+            # The emulator takes locks from anyone, but only while it answers: one that
+            # is down or hangs takes none (its "yes" read as a node ready to govern).
+            report["may_lock_clocks"] = allowed = False
     from gpugov.daemon.files import resolve_state_dir
     from gpugov.daemon.lockstate import NewerLockRecord
 
@@ -311,7 +315,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
         return _said_on_stderr(report, code)
-    if emulated:
+    if emulated and not allowed:
+        line = f"no (the emulated GPUs cannot be read: {report['gpu_error']})"
+    elif emulated:
         line = f"yes (emulated GPUs at {emulator})"
     elif split:
         line = f"{'yes' if allowed else 'no'} (through the {kind}: {write_path})"

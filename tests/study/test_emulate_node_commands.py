@@ -84,6 +84,26 @@ def test_status_reads_the_configs_emulated_gpus(
     assert [gpu["index"] for gpu in report["gpus"]] == [0, 1]
 
 
+def test_status_with_the_emulator_down_says_no_lock_can_be_made(
+    emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the emulator not running, status said ``may lock clocks: yes (emulated GPUs
+    at URL)`` above the line saying the GPUs are unavailable: no lock can be made
+    through an emulator that does not answer. It says no, and why."""
+    config = _config(tmp_path, emulator.url)
+    emulator.close()
+    assert node_cli.main(["status", "--config", str(config)]) == 4
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("may lock clocks:"))
+    assert line.startswith(
+        f"may lock clocks: no (the emulated GPUs cannot be read: emulator {emulator.url} "
+        "does not answer"
+    ), line
+    assert node_cli.main(["status", "--config", str(config), "--json"]) == 4
+    report = json.loads(capsys.readouterr().out)
+    assert report["may_lock_clocks"] is False and "does not answer" in report["gpu_error"]
+
+
 def test_reset_clocks_resets_the_configs_emulated_gpus(
     emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
