@@ -24,6 +24,7 @@ from typing import Any
 
 from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.errors import (
+    GpuCallHung,
     GpuError,
     GpuLost,
     GpuUnavailable,
@@ -71,7 +72,9 @@ def _node_info(emulator: str, timeout_s: float, api_key: str | None = None) -> d
     ``api_key`` as a bearer token: asked at an engine's URL, that engine's key).
 
     Raises:
-        GpuUnavailable: the emulator does not answer, or not as ``gpugov emulate`` does.
+        GpuUnavailable: the emulator does not answer, or not as ``gpugov emulate`` does;
+            GpuCallHung (one) when it does not answer within ``timeout_s``: stopped or
+            hung, as an NVML call that hangs, where its GPUs may still be locked.
     """
     parts = urllib.parse.urlsplit(emulator)
     if parts.scheme != "http" or not parts.hostname:
@@ -82,6 +85,11 @@ def _node_info(emulator: str, timeout_s: float, api_key: str | None = None) -> d
         connection.request("GET", "/gpu", headers=headers)
         response = connection.getresponse()
         payload = json.loads(response.read() or b"{}")
+    except TimeoutError as error:  # an OSError: no answer in time, not nothing listening
+        raise GpuCallHung(
+            f"emulator {emulator} does not answer: no answer within {timeout_s:g} s "
+            "(stopped or hung)"
+        ) from error
     except (http.client.HTTPException, OSError, ValueError) as error:
         raise GpuUnavailable(f"emulator {emulator} does not answer: {error}") from error
     finally:

@@ -164,7 +164,8 @@ def _listed(kind: str, emulator: str | None, budget: _ResetBudget) -> list[int]:
     """:func:`gpu_indices` on a worker thread, waited for at most what ``budget`` allows.
 
     Raises:
-        ClocksNotReset: the listing hangs (exit 6: the GPUs may still be locked).
+        ClocksNotReset: the listing hangs (exit 6: the GPUs may still be locked): NVML's
+            past the budget, or an emulator that accepts and does not answer in time.
         GpuUnavailable: as :func:`gpu_indices`.
     """
     wait_s = budget.left_s()  # nvmlInit: seconds on a node without persistence mode
@@ -176,6 +177,11 @@ def _listed(kind: str, emulator: str | None, budget: _ResetBudget) -> list[int]:
             f"{GpuCallHung.after('list the GPUs', wait_s)}; no GPU was reset and they may still "
             "be locked: run `gpugov reset-clocks` (or `nvidia-smi -rgc`) again once the "
             "driver answers"
+        ) from None
+    except GpuCallHung as hung:  # a stopped or hung emulator: exit 6 as a hung NVML, not 4
+        raise ClocksNotReset(
+            f"{hung}; no GPU was reset and they may still be locked: run `gpugov "
+            "reset-clocks` again once it answers"
         ) from None
 
 
@@ -369,7 +375,8 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
 
     Exit 0 when every GPU was reset, 3 when permission was denied, 6 when any GPU could
     not be reset (each is named with its error; ``nvidia-smi --reset-gpu-clocks`` that
-    fails or hangs, every GPU), 4 when no GPU could be listed at all or a --gpus index
+    fails or hangs, every GPU; a listing that hangs, NVML's or a stopped emulator's), 4
+    when no GPU could be listed at all (no driver, no emulator running) or a --gpus index
     names one the node does not have, 2 when all were reset but the lock record is a newer
     gpugov's (named, and left as it is: neither cleared nor its power limits restored).
     """

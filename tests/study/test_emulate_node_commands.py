@@ -123,6 +123,29 @@ def test_reset_clocks_resets_the_configs_emulated_gpus(
     assert states[1].locked is None
 
 
+def test_reset_clocks_with_a_hung_emulator_exits_6_as_with_a_hung_nvml(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An emulator that accepts and never answers (stopped, hung) made the listing fail
+    as no GPU (exit 4), where a hung NVML listing is exit 6: the GPUs may still be
+    locked. One that is not running is still no GPU (exit 4)."""
+    import socket
+
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)  # the kernel accepts into its backlog; nothing ever answers
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        assert node_cli.main(["reset-clocks", "--backend", "emulated", "--emulator", url]) == 6
+    assert capsys.readouterr().err == (
+        f"gpugov: error: emulator {url} does not answer: no answer within 2 s (stopped or "
+        "hung); no GPU was reset and they may still be locked: run `gpugov reset-clocks` "
+        "again once it answers\n"
+    )
+    assert node_cli.main(["reset-clocks", "--backend", "emulated", "--emulator", url]) == 4
+    assert "Connection refused" in capsys.readouterr().err
+
+
 def test_reset_clocks_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
     assert node_cli.main(["reset-clocks", "--backend", "emulated"]) == 2
     assert "--backend emulated needs --emulator URL" in capsys.readouterr().err
