@@ -6,7 +6,9 @@ too unsure (``docs/online.md``).
   is prefilled, the lowest clock that drains it within the TTFT target and, beside
   decoding requests, whose mixed iteration fits the TPOT SLO;
 * the **decode descent** (:meth:`MeasuredLatencyRules.descent_window`): in a decode-only
-  window, the lower clocks the measured latency and the 1/f law allow;
+  window, the lower clocks the measured latency and the 1/f law allow, and across a coarse
+  grid's gap, which that law never crosses, the clock below
+  (:meth:`MeasuredLatencyRules.coarse_step`);
 * the **idle parking** of an idle GPU (:meth:`MeasuredLatencyRules.idle_prefill_clock`):
   a prefill pool's, and a colocated GPU's, which caps the MPC's decision past the warm-up;
 * the attainment budget's view the rules read (looseness, spending, the trusted ``z``).
@@ -265,7 +267,9 @@ class MeasuredLatencyRules:
         never visited look cheap and get tried, visited ones are priced by evidence.
         Where arrivals come together (:class:`ArrivalClumping`) it stays at or above the
         clock whose mixed iteration fits the TPOT SLO, as an idle GPU parks there (not in
-        a decode pool of disaggregated serving, where no prompt is prefilled)."""
+        a decode pool of disaggregated serving, where no prompt is prefilled). Across a
+        coarse grid's gap the clock below is allowed too (:meth:`coarse_step`), and taken
+        outright until the model has seen it."""
         if (
             observation.prefill_remaining_tokens > 0.0
             or observation.waiting_requests > 0
@@ -287,7 +291,16 @@ class MeasuredLatencyRules:
         optimistic = np.maximum(mean - self.uncertainty_z * std, 1e-9)
         energy = table["decode"][0] * optimistic
         allowed = clocks >= bound - 1e-9
-        if self.clumping.clumped and observation.role != "decode":
+        gap = self.coarse_step(observation, applied, bound, table)
+        if gap is not None:
+            # A coarse grid: the clock across the gap below the applied one, one period at
+            # a time; a probe until the model has seen it (its prior prices it 1/f slower,
+            # so the energy pick below would never try it).
+            visits = model.visits[int(np.searchsorted(clocks, gap - 1e-9))]
+            if visits < self.exploration.minimum_visits:
+                return gap, gap
+            allowed |= clocks >= gap - 1e-9
+        elif self.clumping.clumped and observation.role != "decode":
             # A decode pool prefills nothing: arrivals join its batch without a chunk.
             mixed = self._mixed_iteration_s(observation, table, clocks * model.realized_ratio)
             allowed &= clocks >= float(_first_fit(clocks, mixed <= slos[1]))
@@ -296,6 +309,68 @@ class MeasuredLatencyRules:
             return None
         chosen = candidates[int(np.argmin(energy[candidates]))]
         return float(clocks[candidates[0]]), float(clocks[chosen])
+
+    def coarse_step(
+        self,
+        observation: ServingObservation,
+        applied_mhz: float,
+        bound_mhz: float,
+        table: dict[str, tuple[FloatArray, FloatArray]],
+    ) -> float | None:
+        """The supported clock just below ``applied_mhz`` where the grid leaves a gap the
+        decode descent cannot cross, or None: its 1/f bound excludes that clock, which lies
+        farther below than the exploration's longest step (a board of a few clocks, such
+        as 345 and 1,980 MHz, whose 1/f bound from the top never reaches the lowest).
+
+        On a fine grid the descent measures its way down clock by clock; across such a gap
+        it would hold the applied clock for good, and the model, whose prior takes an
+        unvisited clock as 1/f slower, never learns the lower one. The step is taken one
+        decode-only window at a time (the next decision raises the clock for a prompt),
+        past the warm-up, while the measured latency has slack and the SLO window can
+        afford one more miss (:attr:`AttainmentBudget.affordable`; never without an SLO
+        target), and while the worst TTFT of the last minute plus what one period at that
+        clock adds to an arriving prompt (the 1/f law from the top, as an idle GPU parks)
+        stays under the threshold. Once the model has ``minimum_visits`` windows there,
+        its pessimistic decode iteration at the running batch (mean + ``z`` std, over the
+        applied clock's mean) must also keep the measured TPOT under the threshold; before
+        that each window there is a probe, whose latency the back-off watches. The
+        short-answer floor of clumped arrivals rounds up to the clock above on such a grid
+        and is not applied with the step: the budget pays for a short reply landing in it.
+        """
+        model = self.model
+        if model is None:
+            return None
+        clocks = model.clocks_mhz
+        below = np.flatnonzero(clocks < applied_mhz - 1e-9)
+        if not below.size:
+            return None
+        index = int(below[-1])
+        lower = float(clocks[index])
+        span = float(clocks[-1] - clocks[0])
+        exploration = self.exploration
+        if (
+            bound_mhz >= applied_mhz - 1e-9  # no slack: the measured latency allows no lower
+            or lower >= bound_mhz - 1e-9  # the descent's own bound reaches it
+            or applied_mhz - lower <= exploration.largest_step_fraction * span + 1e-9
+        ):
+            return None
+        budget = self.budget
+        if not model.warmed_up or budget is None or not budget.affordable:
+            return None
+        threshold = exploration.explore_threshold
+        if lower < exploration.backoff_floor(clocks) - 1e-9 or not self._prefill_pressures:
+            return None
+        delay = 1.0 - lower / float(clocks[-1])
+        if max(ratio + share * delay for _, ratio, share in self._prefill_pressures) > threshold:
+            return None
+        if model.visits[index] >= exploration.minimum_visits:
+            _, tpot_ratio = SLOFeedback.latency_ratios(observation)
+            mean, std = table["decode_iteration_s"]
+            applied = int(np.flatnonzero(clocks <= applied_mhz + 1e-9)[-1])
+            slower = (mean[index] + self.effective_z * std[index]) / max(mean[applied], 1e-9)
+            if tpot_ratio is not None and tpot_ratio * max(1.0, slower) > threshold:
+                return None
+        return lower
 
     def _mixed_iteration_s(
         self,
