@@ -39,18 +39,32 @@ class ChunkedPrefillScheduler:
 
 @dataclass(frozen=True, slots=True)
 class PrefillPriorityScheduler:
-    """vLLM V0's default: whole-prompt prefill iterations whenever prompts wait, else decode.
+    """vLLM V0's default: whole-prompt prefill iterations whenever a waiting prompt can be
+    admitted, else decode.
 
     New prompts are prefilled up to ``token_budget`` tokens per iteration (a prompt larger
     than the budget still runs, alone, in chunks of the budget); decodes pause meanwhile.
+    A prompt that waits for a batch slot or for KV-cache room lets the running requests
+    decode, as vLLM V0's scheduler decodes when no prefill can be scheduled: prefilling
+    instead would admit nothing and pause the decodes that free the room, for good.
     """
 
     token_budget: int = 8192
 
     def __call__(self, view: SchedulerView) -> IterationPlan:
-        if view.waiting_requests + view.prefilling_requests > 0:
+        if view.prefilling_requests > 0 or (view.waiting_requests > 0 and _admissible(view)):
             return IterationPlan(decode=False, prefill_token_budget=self.token_budget)
         return IterationPlan(decode=True, prefill_token_budget=0)
+
+
+def _admissible(view: SchedulerView) -> bool:
+    """Whether the first waiting request fits a prefill-only iteration: a free batch slot
+    and KV-cache room for its prompt (the plant's admission rule)."""
+    in_batch = view.decode_active + view.prefilling_requests
+    return (
+        in_batch < view.max_batch_size
+        and view.kv_tokens + view.next_prompt_tokens <= view.kv_capacity_tokens
+    )
 
 
 @dataclass(frozen=True, slots=True)

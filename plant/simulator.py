@@ -767,6 +767,7 @@ class PlantSimulation:
             kv_tokens=self._kv_prefill + self._kv_running(),
             kv_capacity_tokens=plant.kv_capacity_tokens,
             max_batch_size=plant.max_batch_size,
+            next_prompt_tokens=self._prefill_len[self._waiting[0]] if self._waiting else 0,
         )
 
     def _preempt_latest(self) -> None:

@@ -287,7 +287,12 @@ class PowerCapping(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SchedulerView:
-    """The engine state a scheduler sees at the start of an iteration."""
+    """The engine state a scheduler sees at the start of an iteration.
+
+    ``next_prompt_tokens``: the KV tokens the first waiting request needs to be admitted
+    (its prompt, plus what it generated before a preemption; 0 when none waits). The plant
+    admits it when the batch has a free slot and ``kv_tokens + next_prompt_tokens`` (plus a
+    slot per request the iteration decodes) fits ``kv_capacity_tokens``."""
 
     time_s: float
     waiting_requests: int
@@ -298,6 +303,7 @@ class SchedulerView:
     kv_tokens: int
     kv_capacity_tokens: int
     max_batch_size: int
+    next_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

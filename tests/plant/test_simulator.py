@@ -190,6 +190,32 @@ def test_kv_capacity_makes_requests_wait() -> None:
     assert last_ttft_small > last_ttft_large
 
 
+@pytest.mark.parametrize(
+    ("workload", "limits"),
+    [
+        # More requests at once than batch slots: 44 wait for a slot.
+        (tuple(Request(i, 0.0, 100, 200) for i in range(300)), {"max_batch_size": 256}),
+        # The third prompt waits for KV room the first two running requests hold.
+        (
+            (Request(0, 0.0, 9000, 300), Request(1, 0.0, 9000, 300), Request(2, 0.1, 9000, 300)),
+            {"kv_capacity_tokens": 20_000},
+        ),
+    ],
+    ids=["batch-full", "kv-full"],
+)
+def test_prefill_priority_decodes_while_a_waiting_prompt_cannot_be_admitted(
+    workload: tuple[Request, ...], limits: dict[str, int]
+) -> None:
+    """A prompt that waits for a batch slot or KV room lets the running requests decode
+    (vLLM V0 decodes when no prefill can be scheduled); a prefill-only iteration that
+    admits nothing paused the decodes that free the room for good: every request was
+    censored at the end of the run, none completed."""
+    plant = make_plant(**limits)
+    result = simulate(workload, plant, prefill_priority_scheduler, maximum_clock_controller)
+    assert result.metrics.completed_requests == len(workload)
+    assert all(r.generated_tokens == r.output_tokens for r in result.request_records)
+
+
 def test_identical_seeds_identical_results_different_seeds_differ() -> None:
     plant = make_plant(latency_noise_cv=0.2)
     workload = poisson_workload(4.0, 30.0, seed=5)
