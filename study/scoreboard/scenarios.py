@@ -412,18 +412,41 @@ class NoCapacityError(ScenarioSkip):
 
 
 def _require_capacity(
-    window: Sequence[Request], plant: ServingPlant, length_s: float, capacity: float, trace: str
+    window: Sequence[Request],
+    plant: ServingPlant,
+    length_s: float,
+    capacity: float,
+    trace: str,
+    light: float,
 ) -> None:
     """Raise :class:`NoCapacityError` when :func:`slo_capacity` returned its search limit
     (``CAPACITY_SEARCH_LIMIT`` times the fluid guess, powers of two apart, so exact): the
     window held its SLO at every rate tried, and the capacity is only that bound. A load
     scaled to it (``cap70``, a recorded load split over ``1 / capacity`` nodes) would be
-    reported as a utilisation it is not: a trace of one request showed ``recorded/716``."""
+    reported as a utilisation it is not: a trace of one request showed ``recorded/716``.
+
+    ``light`` is the light-load attainment the search measured against: at most the
+    tolerance, every rate is within the tolerance of it (a profile whose SLOs its maximum
+    clock never meets: a TPOT SLO under its fastest decode iteration), and the error says
+    so, not that the requests were too few to load the GPU."""
     guess = length_s / max(work_seconds_at_maximum(window, plant.profile), 1e-9)
     if capacity < CAPACITY_SEARCH_LIMIT * guess:
         return
     instant = window[0].arrival_time_s == window[-1].arrival_time_s
     over = "at one instant" if instant else f"over {format_seconds(length_s)} s"
+    if light <= SLO_TOLERANCE:
+        profile = plant.profile
+        per_token = profile.ttft_slo_per_prompt_token_s
+        ttft = f"{profile.ttft_slo_s:g} s" + (
+            f" + {per_token:g} s per prompt token" if per_token else ""
+        )
+        raise NoCapacityError(
+            f"{trace}: the window's {len(window)} request(s) {over} miss the SLO at "
+            f"{profile.name}'s maximum clock even at a light load ({light:.1%} within it): "
+            f"its SLOs (TTFT {ttft}, TPOT {profile.tpot_slo_s:g} s) are tighter than the "
+            "profile serves, so no rate holds them and the window has no SLO capacity to "
+            "scale a load to"
+        )
     raise NoCapacityError(
         f"{trace}: the window's {len(window)} request(s) {over} "
         f"meet the SLO at {plant.profile.name}'s maximum clock at every rate tried (up to "
@@ -473,7 +496,7 @@ def build_scenario(
     if trace in WHOLE_TRACE:
         window, start, length = _window(full, 0.0, full[-1].arrival_time_s + 1e-6)
         capacity, light, probes = slo_capacity(window, plant, length)
-        _require_capacity(window, plant, length, capacity, trace)
+        _require_capacity(window, plant, length, capacity, trace, light)
         target = BUSY_UTILIZATION if load == "recorded" else TARGET_UTILIZATION
         scale = target * capacity
         label = "busy" if load == "recorded" else "cap70"
@@ -489,7 +512,7 @@ def build_scenario(
         capacity, light, probes = slo_capacity(window, plant, length)
         if load == "recorded":
             if capacity < 1.0:  # the load is split by the capacity: it must be one
-                _require_capacity(window, plant, length, capacity, trace)
+                _require_capacity(window, plant, length, capacity, trace, light)
             pool = 1 if capacity >= 1.0 else math.ceil(1.0 / capacity)
             scale = 1.0 / pool
             label = "recorded" if pool == 1 else f"recorded/{pool}"
@@ -500,7 +523,7 @@ def build_scenario(
             window, start, length = _window(full, start, duration_s * TARGET_UTILIZATION * capacity)
             _require_requests(window, trace, length)
             capacity, light, more = slo_capacity(window, plant, length)
-            _require_capacity(window, plant, length, capacity, trace)
+            _require_capacity(window, plant, length, capacity, trace, light)
             probes += more
             scale = TARGET_UTILIZATION * capacity
             label = "cap70"

@@ -73,3 +73,28 @@ def test_only_tiny_windows_are_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert err[-1].startswith("gpugov: error: no scenario could run: ")
     assert "too few to load the GPU" in err[-1]
     assert not (out / "scoreboard.json").exists()
+
+
+def test_a_profile_whose_slo_its_maximum_clock_never_meets_is_told_so(tmp_path: Path) -> None:
+    """A TPOT SLO under the profile's fastest decode iteration: every rate misses it as the
+    light load does (0 %), so the search reached its limit and the skip said the window's
+    requests 'meet the SLO at every rate tried ... too few to load the GPU'."""
+    from gpugov.plant import ServingPlant
+    from gpugov.plant.profile_files import load_profile, resolve_profile_path
+
+    bundled = resolve_profile_path(PROFILE)
+    manifest = json.loads(bundled.read_text())
+    manifest["tpot_slo_s"] = 1e-9
+    (tmp_path / "tight.csv").write_bytes((bundled.parent / manifest["csv"]).read_bytes())
+    manifest["csv"] = "tight.csv"
+    (tmp_path / "tight.json").write_text(json.dumps(manifest))
+    plant = ServingPlant.from_profile(load_profile(str(tmp_path / "tight.json")))
+    trace = tmp_path / "steady.csv"
+    trace.write_text(HEADER + "".join(f"{i},500,100\n" for i in range(40)))
+    requests, report = load_trace(trace)
+    with pytest.raises(NoCapacityError) as caught:
+        build_scenario(str(trace), plant, "cap70", 30.0, (requests, report.sha256))
+    message = str(caught.value)
+    assert "miss the SLO at tight's maximum clock even at a light load (0.0% within it)" in message
+    assert "TPOT 1e-09 s" in message
+    assert "too few to load the GPU" not in message
