@@ -537,6 +537,31 @@ def shift_largest_burst(
     return tuple(shifted)
 
 
+def _no_window_reason(
+    requests: Sequence[Request], horizon_s: float, shift_s: float, lightest_over_s: float
+) -> str:
+    """Why :func:`select_frequency_experiment_window` found no window, in the user's terms:
+    the arrivals span too little for a burst ``shift_s`` into a window, or every window
+    that has one carries more work than the maximum clock serves in ``horizon_s``."""
+    first = requests[0].arrival_time_s
+    last = requests[-1].arrival_time_s
+    head = (
+        f"no trace window contains a shiftable forecast-work burst within the maximum-clock "
+        f"horizon capacity: the open-loop experiment moves a burst {shift_s:g} s earlier, so "
+        f"it needs a {horizon_s:g} s window with requests {shift_s:g} s or more into it"
+    )
+    if math.isfinite(lightest_over_s):
+        return (
+            f"{head} whose forecast work fits {horizon_s:g} s at the maximum clock; every such "
+            f"window holds more (the lightest {lightest_over_s:,.1f} s): use a lighter stretch of "
+            "the trace or a faster profile"
+        )
+    return (
+        f"{head} (windows start on a multiple of 10 s); the {len(requests)} request(s) arrive "
+        f"from {first:,.2f} s to {last:,.2f} s: use a longer stretch of the trace"
+    )
+
+
 def select_frequency_experiment_window(
     workload: Sequence[Request],
     profile: PerformanceProfile,
@@ -591,6 +616,8 @@ def select_frequency_experiment_window(
     all_arrivals = np.asarray([request.arrival_time_s for request in requests], dtype=float)
     best: tuple[tuple[float, float, float], float, int, int, float, int, float] | None = None
     capacity_tolerance = 1e-9 * max(1.0, horizon_s)
+    # The least work of a window with a burst to shift but over the horizon's capacity.
+    lightest_over_s = math.inf
     for raw_start in candidate_starts:
         source_start = float(raw_start)
         source_end = source_start + horizon_s
@@ -601,8 +628,6 @@ def select_frequency_experiment_window(
             continue
         weights = all_weights[low:high]
         total_work = float(np.sum(weights))
-        if total_work > horizon_s + capacity_tolerance:
-            continue
         relative_arrivals = all_arrivals[low:high] - source_start
         bin_indices = np.clip(
             np.floor(relative_arrivals / burst_window_s).astype(int), 0, number_bins - 1
@@ -614,15 +639,15 @@ def select_frequency_experiment_window(
         burst_work = float(totals[target_bin])
         if burst_work <= 0.0:
             continue
+        if total_work > horizon_s + capacity_tolerance:
+            lightest_over_s = min(lightest_over_s, total_work)
+            continue
         burst_count = int(np.count_nonzero(bin_indices == target_bin))
         score = (burst_work, total_work, -source_start)
         if best is None or score > best[0]:
             best = (score, source_start, low, high, total_work, burst_count, bin_starts[target_bin])
     if best is None:
-        raise ValueError(
-            "no trace window contains a shiftable forecast-work burst within "
-            "the maximum-clock horizon capacity"
-        )
+        raise ValueError(_no_window_reason(requests, horizon_s, shift_s, lightest_over_s))
     score, source_start, low, high, total_work, burst_count, burst_start = best
     rebased = tuple(
         replace(request, arrival_time_s=float(request.arrival_time_s - source_start))

@@ -52,6 +52,7 @@ from gpugov.plant import ServingPlant
 from gpugov.plant.profile import DEFAULT_PROFILE
 from gpugov.plant.workload import DEFAULT_TRACE, format_seconds
 from gpugov.study.experiment_parts import (
+    ARRIVAL_SHIFT_S,
     FIRST_STAGE,
     SuiteInputs,
     frequency_window,
@@ -670,7 +671,16 @@ def run_experiments(args: argparse.Namespace) -> int:
     try:
         frequency_window(inputs)  # the open-loop part's window: refused now, not minutes in
     except ValueError as error:
-        raise UsageError(f"--trace {args.trace}: {error}") from error
+        if args.duration <= ARRIVAL_SHIFT_S:  # no window of it can hold a burst to move
+            raise UsageError(
+                f"--duration {args.duration:g}: the open-loop experiment moves a burst "
+                f"{ARRIVAL_SHIFT_S:g} s earlier, from {ARRIVAL_SHIFT_S:g} s or more into "
+                f"the evaluation window, so it needs a --duration over {ARRIVAL_SHIFT_S:g} s"
+            ) from error
+        raise UsageError(
+            f"--trace {args.trace} (the window from {format_seconds(args.start)} s for "
+            f"{format_seconds(args.duration)} s): {error}"
+        ) from error
     out = Path(args.out)
     # results.json, summary.md, figures/*.png: none of them the trace or the profile,
     # which the move into DIR replaced (the trace became the summary).

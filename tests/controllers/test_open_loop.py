@@ -351,8 +351,14 @@ def test_window_selection_errors(synthetic_profile):
     with pytest.raises(ValueError, match="workload must be sorted by arrival_time_s"):
         select_frequency_experiment_window(trace[::-1], synthetic_profile)
     overloaded = tuple(Request(i, 0.1 * i, 20_000, 50) for i in range(900))
-    with pytest.raises(ValueError, match="no trace window contains a shiftable"):
+    with pytest.raises(ValueError, match="no trace window contains a shiftable") as caught:
         select_frequency_experiment_window(overloaded, synthetic_profile)
+    # Why, in the user's terms: every window with a burst to move is over the capacity.
+    assert "whose forecast work fits 60 s at the maximum clock; every such" in str(caught.value)
+    short = tuple(Request(i, float(i), 700, 50) for i in range(15))
+    with pytest.raises(ValueError, match="with requests 20 s or more into it") as caught:
+        select_frequency_experiment_window(short, synthetic_profile)
+    assert "the 15 request(s) arrive from 0.00 s to 14.00 s" in str(caught.value)
 
 
 def test_a_service_curve_that_dips_plans_on_the_clocks_that_serve_more(

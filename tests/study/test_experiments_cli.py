@@ -201,6 +201,10 @@ def test_identical_runs_give_identical_json_except_solve_times(
         (["--start", "-1"], "argument --start: must be a time in seconds in [0, "),
         (["--trace", "no-such-trace.csv"], "no-such-trace.csv"),
         (["--profile", "no-such-profile"], "no-such-profile"),
+        # Accepted durations no window of which holds a burst to move 20 s earlier: the
+        # refusal blamed the trace ('--trace azure-conv-10min: no trace window ...').
+        (["--duration", "10"], "--duration 10: the open-loop experiment moves a burst 20 s"),
+        (["--duration", "20"], "so it needs a --duration over 20 s"),
     ],
 )
 def test_bad_arguments_fail_with_one_clear_line(
@@ -322,3 +326,19 @@ def test_the_summary_says_a_window_past_the_traces_end(trace: dict[str, Any], sa
     """A 73 s trace under the default 300 s window was summarised as "400 requests (300 s
     from 0 s)": the window's seconds, not the trace's."""
     assert experiments_cli._past_end(trace) == said
+
+
+def test_a_trace_with_no_burst_to_move_is_told_what_the_experiment_needs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One request: the refusal said only 'no trace window contains a shiftable
+    forecast-work burst within the maximum-clock horizon capacity'."""
+    trace = tmp_path / "one.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,50\n")
+    code = main(["experiments", "--quick", "--trace", str(trace), "--out", str(tmp_path / "o")])
+    assert code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith(f"gpugov: error: --trace {trace} (the window ")
+    assert "it needs a 60 s window with requests 20 s or more into it" in error[0]
+    assert "the 1 request(s) arrive from 0.00 s to 0.00 s" in error[0]
+    assert not (tmp_path / "o").exists()
