@@ -65,6 +65,7 @@ from gpugov.controllers.mpc.model import (
     DEFAULT_EXPECTED_OUTPUT_TOKENS,
     DEFAULT_EXPECTED_PROMPT_TOKENS,
     DEFAULT_SOLVE_BUDGET_EVALUATIONS,
+    DEFAULT_WAIT_QUANTILE,
     FALLBACK_REASONS,
     LATENCY_MODELS,
     FloatArray,
@@ -175,6 +176,12 @@ class MPCController:
             hardly rises with the clock it sees no gain in finishing sooner and idling,
             and picks a slower clock that costs more. Inert where the lowest clocks are
             the cheapest (every bundled profile). False (the seed's): off.
+        hold_top_when_ttft_lost: decide the top clock, without a solve, where even the
+            top clock leaves the first period's new request at the capped TTFT penalty
+            (:meth:`MPCProblem.ttft_lost_at_top`): past the cap every clock costs the same
+            TTFT term, and the plan went by power alone, to a lower clock that misses more
+            (an overload, or a TTFT SLO no clock meets). Needs a ``ttft_excess_cap``;
+            False (the seed's): off.
 
     With the ``iteration`` latency model, where an observation carries a per-prompt TTFT
     allowance (``ttft_slo_per_prompt_token_s``), the TTFT proxy is judged per prompt
@@ -213,6 +220,7 @@ class MPCController:
         tail_yields_to_budget: bool = False,
         terminal_queued_replies: bool = False,
         efficiency_floor: bool = False,
+        hold_top_when_ttft_lost: bool = False,
     ) -> None:
         for name, value in (
             ("mean_prompt_tokens", mean_prompt_tokens),
@@ -281,6 +289,10 @@ class MPCController:
         self.tail_yields_to_budget = bool(tail_yields_to_budget)
         self.terminal_queued_replies = bool(terminal_queued_replies)
         self.efficiency_floor = bool(efficiency_floor)
+        self.hold_top_when_ttft_lost = bool(hold_top_when_ttft_lost)
+        self.ttft_lost_holds = 0
+        """Decisions that held the top clock, the TTFT lost there
+        (``hold_top_when_ttft_lost``)."""
         self._profile_floor = ProfileFloor(plant.profile) if efficiency_floor else None
         self.work_mix = WorkMix()
         """The recent prompt rate and decode share (``efficiency_floor``)."""
@@ -389,6 +401,11 @@ class MPCController:
             dwell_periods=self.dwell_s / self.control_period_s,
             held_clock_mhz=self.held_clock_mhz,
             held_periods=(observation.time_s - self.held_since_s) / self.control_period_s,
+            wait_quantile=(
+                DEFAULT_WAIT_QUANTILE
+                if self.slo_budget is None
+                else self.slo_budget.target.attainment
+            ),
         )
 
     def adapt(self, observation: ServingObservation) -> None:
@@ -473,6 +490,12 @@ class MPCController:
             bounds = [(0.0, 1.0)] * problem.horizon_steps
         start = self.timer()
         try:
+            if self.hold_top_when_ttft_lost and problem.ttft_lost_at_top():
+                # Fail towards performance: no clock keeps this period's request within
+                # the capped penalty, and the top clock serves it and the queue soonest.
+                self.ttft_lost_holds += 1
+                top = np.full(problem.horizon_steps, float(profile.maximum_clock_mhz))
+                return top, None, self.timer() - start
             if direct is not None:
                 # A discrete solver searches supported clocks directly: no rounding step.
                 outcome = direct(problem, self.last_plan)

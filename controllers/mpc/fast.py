@@ -49,6 +49,9 @@ FAST_MPC_PRESET: dict[str, float] = {
     # A queued prompt's replies are work left at the horizon's end: with the cap, an
     # overload otherwise priced the lowest clock cheapest (see MPCProblem).
     "terminal_queued_replies": True,
+    # Hold the top clock where it too leaves the next request past the cap: the capped
+    # cost then sees every clock alike and chose by power (see MPCController).
+    "hold_top_when_ttft_lost": True,
 }
 """The ``mpc`` kind's MPCController options beyond the seed's (``mpc-slsqp``) defaults."""
 

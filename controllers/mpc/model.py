@@ -4,7 +4,7 @@ horizon problem (:class:`MPCProblem`) whose cost every solver minimises."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -178,6 +178,14 @@ _mpc_fluid_rollout = mpc_fluid_rollout
 
 LATENCY_MODELS = ("seed", "iteration")
 CHUNK_TOKENS = 512.0  # the plant's chunked-prefill token budget
+DEFAULT_WAIT_QUANTILE = 0.99
+"""The share of random arrivals whose wait for a batch place the TTFT proxy covers where
+no SLO target says otherwise (:meth:`MPCProblem.place_wait_s`): a p99, the default
+target's."""
+PLACE_LOAD_CEILING = 0.99
+"""The highest load per batch place :meth:`MPCProblem.place_wait_s` prices a random
+arrival's wait at (100 mean residences at one place): past it the engine is overloaded,
+which the fluid queue itself shows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +250,9 @@ class MPCProblem:
     """The clock locked at the first decision (None: unknown, nothing held)."""
     held_periods: float = math.inf
     """Periods the held clock has been locked by the first decision."""
+    wait_quantile: float = DEFAULT_WAIT_QUANTILE
+    """The share of random arrivals whose wait for a batch place the TTFT proxy covers
+    (:meth:`place_wait_s`; the controller's SLO target where it has one)."""
 
     @property
     def ttft_own_prompt(self) -> float:
@@ -298,6 +309,8 @@ class MPCProblem:
             raise ValueError(
                 f"latency_model must be one of {LATENCY_MODELS}, got {self.latency_model!r}"
             )
+        if not 0.0 < self.wait_quantile < 1.0:
+            raise ValueError(f"wait_quantile must lie in (0, 1), got {self.wait_quantile!r}")
         if not (math.isfinite(self.dwell_periods) and self.dwell_periods >= 0.0):
             raise ValueError(f"dwell_periods must be finite and >= 0, got {self.dwell_periods!r}")
 
@@ -369,10 +382,13 @@ class MPCProblem:
         active: FloatArray,
         decode_rate: FloatArray,
         prefill_rate: FloatArray,
+        arrivals: float = 0.0,
     ) -> FloatArray:
         """TTFT proxy of the ``iteration`` latency model: the queued prompt tokens plus a
         new prompt, at the prefill rate chunked prefill leaves beside the decode batch
-        (``chunk`` tokens per iteration of ``t_dec + chunk / prefill_rate``).
+        (``chunk`` tokens per iteration of ``t_dec + chunk / prefill_rate``), after the
+        new request's wait for a place in the batch (:meth:`place_wait_s`, with the
+        period's ``arrivals`` in prompt tokens).
 
         With a per-prompt allowance ``a`` the new request of ``P`` own prompt tokens meets
         ``flat + a P``, i.e. its TTFT less ``a P`` meets the flat SLO, which the target
@@ -385,10 +401,78 @@ class MPCProblem:
         effective = chunk / (iteration + chunk / np.maximum(prefill_rate, 1e-12))
         proxy = (prefill + self.ttft_prompt) / effective
         allowance = self.ttft_slo_per_prompt_token_s
-        if allowance <= 0.0:
-            return proxy
-        own = self.ttft_own_prompt
-        return np.maximum(proxy - allowance * own, (prefill + self.ttft_prompt - own) / effective)
+        if allowance > 0.0:
+            own = self.ttft_own_prompt
+            proxy = np.maximum(
+                proxy - allowance * own, (prefill + self.ttft_prompt - own) / effective
+            )
+        return proxy + self.place_wait_s(prefill, active, decode_rate, prefill_rate, arrivals)
+
+    def place_wait_s(
+        self,
+        prefill: FloatArray,
+        active: FloatArray,
+        decode_rate: FloatArray,
+        prefill_rate: FloatArray,
+        arrivals: float,
+    ) -> FloatArray:
+        """A new request's wait for a place in the engine's batch of ``B`` places
+        (:attr:`ServingPlant.max_batch_size`), which the fluid model's prefill queue, served
+        beside the decode batch, leaves out: the larger of
+
+        * the queue in sight: the requests ahead (the active decodes, the queued prompts
+          and a burst charged ahead, in mean prompts) beyond ``B - 1`` each finish
+          first, one every ``mean_output * t_dec(b) / b`` s at a decode batch ``b`` (the
+          active decodes, within 1 and ``B``); and
+        * the wait of random arrivals (``arrivals`` prompt tokens a period) for one of
+          ``B`` places each held a request's prefill and decode ``R``, at a load ``rho``
+          per place of at most :data:`PLACE_LOAD_CEILING`: the :attr:`wait_quantile`
+          of the M/M/B approximation (a wait with probability about
+          ``rho ** (sqrt(2 (B + 1)) - 1)``, then exponential with mean
+          ``R / (B (1 - rho))``), since the SLO is judged per request, not on the mean.
+
+        Both are zero while the batch's places are plenty (with 256, until about 207
+        requests are in flight); one place makes the engine a single queue whose waits
+        grow as ``1 / (1 - rho)``, where the fluid queue waits only behind its own mean."""
+        places = float(self.plant.max_batch_size)
+        prompt = max(self.mean_prompt_tokens, 1.0)
+        burst = self.ttft_prompt - self.ttft_own_prompt
+        releases = np.maximum(active + (prefill + burst) / prompt + 1.0 - places, 0.0)
+        decoding = np.minimum(np.maximum(active, 1.0), places)
+        decode_s = self.mean_output_tokens * self.decode_iteration_s(decoding, decode_rate)
+        in_sight = releases * (decode_s / decoding)
+        residence = prompt / np.maximum(prefill_rate, 1e-12) + decode_s
+        load = np.minimum(
+            arrivals / (prompt * self.control_period_s) * residence / places, PLACE_LOAD_CEILING
+        )
+        exponent = math.sqrt(2.0 * (places + 1.0)) - 1.0
+        tail = exponent * np.log(np.maximum(load, 1e-300)) - math.log(1.0 - self.wait_quantile)
+        random = np.maximum(tail, 0.0) / (places * (1.0 - load)) * residence
+        return np.maximum(in_sight, random)
+
+    def ttft_lost_at_top(self) -> bool:
+        """Whether the top clock leaves the first period's new request at the capped TTFT
+        penalty (:attr:`ttft_excess_cap_s` past the target): every clock then leaves it
+        there, so the capped cost cannot tell the clocks apart by that request, while its
+        real TTFT, and the queue the next ones wait behind, are shortest at the top clock
+        (an overload, or a TTFT SLO no clock meets). False without a cap."""
+        if not math.isfinite(self.ttft_excess_cap_s):
+            return False
+        top = np.array([[self.plant.profile.maximum_clock_mhz]])
+        first = replace(
+            self,
+            prompt_arrivals=self.prompt_arrivals[:1],
+            weights=MPCWeights(
+                power=0.0,
+                ttft=1.0,
+                tpot=0.0,
+                clock_change=0.0,
+                constraint=0.0,
+                terminal_backlog=0.0,
+            ),
+        )
+        saturated = (self.ttft_excess_cap_s / max(self.plant.profile.ttft_slo_s, 1e-12)) ** 2
+        return bool(first.costs(top)[0] >= saturated * (1.0 - 1e-9))
 
     @property
     def horizon_steps(self) -> int:
@@ -516,7 +600,11 @@ class MPCProblem:
                 ttft_proxy = prefill / np.maximum(prefill_rate[:, index], 1e-12)
             else:
                 ttft_proxy = self.ttft_proxy(
-                    prefill, active, decode_rate[:, index], prefill_rate[:, index]
+                    prefill,
+                    active,
+                    decode_rate[:, index],
+                    prefill_rate[:, index],
+                    float(self.prompt_arrivals[index]),
                 )
             if self.latency_model == "seed":
                 tpot_proxy = active / np.maximum(decode_rate[:, index], 1e-12)

@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 
 from gpugov.controllers.compiled import inlined, jit
 from gpugov.controllers.mpc.controller import CHUNK_TOKENS, MPCProblem
+from gpugov.controllers.mpc.model import PLACE_LOAD_CEILING
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -70,7 +71,11 @@ _P_HELD_PERIODS = 35  # periods it has been held by then
 _P_TERMINAL_SHARE = 36  # share of the seed's terminal penalty charged
 _P_DEFERRED_DECODE = 37  # cost of a decode token the rest of the share defers, at its least energy
 _P_QUEUED_REPLIES = 38  # 1: a queued prompt's replies count in the terminal backlog
-_PARAMETERS = 39
+_P_BATCH_PLACES = 39  # the engine's batch bound (ServingPlant.max_batch_size)
+_P_PLACE_EXPONENT = 40  # sqrt(2 (places + 1)) - 1 (MPCProblem.place_wait_s)
+_P_MEAN_PROMPT = 41  # the mean prompt, at least 1 token
+_P_WAIT_LOG = 42  # log(1 - wait_quantile)
+_PARAMETERS = 43
 
 # Columns of a trajectory row (``_load`` / ``_store``): the state before a period, the
 # cost so far, and the safety chain's dwell state (the level applied, periods held).
@@ -211,6 +216,10 @@ def problem_arrays(
     parameters[_P_TTFT_OWN_PROMPT] = problem.ttft_own_prompt
     parameters[_P_TERMINAL_SHARE] = problem.terminal_share
     parameters[_P_QUEUED_REPLIES] = float(problem.terminal_queued_replies)
+    parameters[_P_BATCH_PLACES] = float(plant.max_batch_size)
+    parameters[_P_PLACE_EXPONENT] = math.sqrt(2.0 * (plant.max_batch_size + 1.0)) - 1.0
+    parameters[_P_MEAN_PROMPT] = max(problem.mean_prompt_tokens, 1.0)
+    parameters[_P_WAIT_LOG] = math.log(1.0 - problem.wait_quantile)
     parameters[_P_DEFERRED_DECODE] = (
         (1.0 - problem.terminal_share)
         * weights.power
@@ -225,6 +234,31 @@ def problem_arrays(
     else:
         parameters[_P_HELD_LEVEL] = -1.0
     return table, parameters, np.asarray(problem.prompt_arrivals, dtype=float)
+
+
+@inlined
+def _place_wait(
+    level: int,
+    prefill: float,
+    active: float,
+    arrivals: float,
+    table: FloatArray,
+    parameters: FloatArray,
+) -> float:
+    """A new request's wait for a place in the batch (MPCProblem.place_wait_s): the larger
+    of the queue in sight's and random arrivals' mean wait."""
+    places = parameters[_P_BATCH_PLACES]
+    prompt = parameters[_P_MEAN_PROMPT]
+    burst = parameters[_P_TTFT_PROMPT] - parameters[_P_TTFT_OWN_PROMPT]
+    releases = max(active + (prefill + burst) / prompt + 1.0 - places, 0.0)
+    decoding = min(max(active, 1.0), places)
+    decode_s = parameters[_P_MEAN_OUTPUT] * (table[_T0, level] + table[_T1, level] * decoding)
+    in_sight = releases * (decode_s / decoding)
+    residence = prompt * table[_INVERSE_RATE, level] + decode_s
+    load = min(arrivals / (prompt * parameters[_P_PERIOD]) * residence / places, PLACE_LOAD_CEILING)
+    tail = parameters[_P_PLACE_EXPONENT] * math.log(max(load, 1e-300)) - parameters[_P_WAIT_LOG]
+    random = max(tail, 0.0) / (places * (1.0 - load)) * residence
+    return max(in_sight, random)
 
 
 @inlined
@@ -281,6 +315,7 @@ def _advance(
                 ttft - parameters[_P_TTFT_ALLOWANCE] * own,
                 (prefill + parameters[_P_TTFT_PROMPT] - own) * per_token,
             )
+        ttft += _place_wait(level, prefill, active, arrivals[step], table, parameters)
         ttft -= parameters[_P_TTFT_TARGET]
         stretch = max(1.0 - served_prefill * table[_INVERSE_CAPACITY, level], 0.05)
         # While prompts are prefilled every decode iteration carries a chunk: the share of
