@@ -447,11 +447,21 @@ def _require_capacity(
             "profile serves, so no rate holds them and the window has no SLO capacity to "
             "scale a load to"
         )
+    work_s = work_seconds_at_maximum(window, plant.profile)
+    ttft_slo_s = plant.profile.ttft_slo_s
+    # Every arrival at once still finishes its first token within the TTFT SLO: the
+    # requests are too few for it, however many they are (an enormous SLO).
+    within = (
+        f" (the whole window's work at the maximum clock, {format_seconds(work_s)} s, fits "
+        f"within its TTFT SLO of {format_seconds(ttft_slo_s)} s)"
+        if work_s <= ttft_slo_s
+        else ""
+    )
     raise NoCapacityError(
         f"{trace}: the window's {len(window)} request(s) {over} "
         f"meet the SLO at {plant.profile.name}'s maximum clock at every rate tried (up to "
-        f"{CAPACITY_SEARCH_LIMIT:g}x the fluid capacity): too few to load the GPU, so the "
-        "window has no SLO capacity to scale a load to"
+        f"{CAPACITY_SEARCH_LIMIT:g}x the fluid capacity): too few to load the GPU past its "
+        f"SLOs{within}, so the window has no SLO capacity to scale a load to"
     )
 
 

@@ -75,26 +75,44 @@ def test_only_tiny_windows_are_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert not (out / "scoreboard.json").exists()
 
 
-def test_a_profile_whose_slo_its_maximum_clock_never_meets_is_told_so(tmp_path: Path) -> None:
-    """A TPOT SLO under the profile's fastest decode iteration: every rate misses it as the
-    light load does (0 %), so the search reached its limit and the skip said the window's
-    requests 'meet the SLO at every rate tried ... too few to load the GPU'."""
+def _plant_with(tmp_path: Path, name: str, **changes: float) -> object:
+    """A plant on a copy of the bundled profile, named ``name``, with manifest ``changes``."""
     from gpugov.plant import ServingPlant
     from gpugov.plant.profile_files import load_profile, resolve_profile_path
 
     bundled = resolve_profile_path(PROFILE)
     manifest = json.loads(bundled.read_text())
-    manifest["tpot_slo_s"] = 1e-9
-    (tmp_path / "tight.csv").write_bytes((bundled.parent / manifest["csv"]).read_bytes())
-    manifest["csv"] = "tight.csv"
-    (tmp_path / "tight.json").write_text(json.dumps(manifest))
-    plant = ServingPlant.from_profile(load_profile(str(tmp_path / "tight.json")))
+    manifest.update(changes)
+    (tmp_path / f"{name}.csv").write_bytes((bundled.parent / manifest["csv"]).read_bytes())
+    manifest["csv"] = f"{name}.csv"
+    (tmp_path / f"{name}.json").write_text(json.dumps(manifest))
+    return ServingPlant.from_profile(load_profile(str(tmp_path / f"{name}.json")))
+
+
+def _cap70_refusal(tmp_path: Path, plant: object) -> str:
+    """The NoCapacityError of a steady trace's cap70 scenario (40 requests over 39 s)."""
     trace = tmp_path / "steady.csv"
     trace.write_text(HEADER + "".join(f"{i},500,100\n" for i in range(40)))
     requests, report = load_trace(trace)
     with pytest.raises(NoCapacityError) as caught:
-        build_scenario(str(trace), plant, "cap70", 30.0, (requests, report.sha256))
-    message = str(caught.value)
+        build_scenario(str(trace), plant, "cap70", 30.0, (requests, report.sha256))  # type: ignore[arg-type]
+    return str(caught.value)
+
+
+def test_a_profile_whose_slo_its_maximum_clock_never_meets_is_told_so(tmp_path: Path) -> None:
+    """A TPOT SLO under the profile's fastest decode iteration: every rate misses it as the
+    light load does (0 %), so the search reached its limit and the skip said the window's
+    requests 'meet the SLO at every rate tried ... too few to load the GPU'."""
+    message = _cap70_refusal(tmp_path, _plant_with(tmp_path, "tight", tpot_slo_s=1e-9))
     assert "miss the SLO at tight's maximum clock even at a light load (0.0% within it)" in message
     assert "TPOT 1e-09 s" in message
     assert "too few to load the GPU" not in message
+
+
+def test_an_slo_longer_than_the_windows_whole_work_is_named(tmp_path: Path) -> None:
+    """Enormous SLOs: 40 requests queued at 16x the capacity still meet them, and the skip
+    said only 'too few to load the GPU', with no word of the SLO that no queue can miss."""
+    plant = _plant_with(tmp_path, "loose", ttft_slo_s=1e8, tpot_slo_s=1e8)
+    message = _cap70_refusal(tmp_path, plant)
+    assert "40 request(s) over 39 s meet the SLO at loose's maximum clock" in message
+    assert "fits within its TTFT SLO of 100,000,000 s)" in message
