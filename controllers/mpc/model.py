@@ -4,7 +4,7 @@ horizon problem (:class:`MPCProblem`) whose cost every solver minimises."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -456,23 +456,13 @@ class MPCProblem:
         there, so the capped cost cannot tell the clocks apart by that request, while its
         real TTFT, and the queue the next ones wait behind, are shortest at the top clock
         (an overload, or a TTFT SLO no clock meets). False without a cap."""
-        if not math.isfinite(self.ttft_excess_cap_s):
+        cap = self.ttft_excess_cap_s
+        if not math.isfinite(cap):
             return False
-        top = np.array([[self.plant.profile.maximum_clock_mhz]])
-        first = replace(
-            self,
-            prompt_arrivals=self.prompt_arrivals[:1],
-            weights=MPCWeights(
-                power=0.0,
-                ttft=1.0,
-                tpot=0.0,
-                clock_change=0.0,
-                constraint=0.0,
-                terminal_backlog=0.0,
-            ),
-        )
-        saturated = (self.ttft_excess_cap_s / max(self.plant.profile.ttft_slo_s, 1e-12)) ** 2
-        return bool(first.costs(top)[0] >= saturated * (1.0 - 1e-9))
+        from gpugov.controllers.mpc.search_kernel import first_ttft_excess_s
+
+        top = self.plant.profile.clock_mhz.size - 1
+        return first_ttft_excess_s(self, top) >= cap * (1.0 - 1e-9)
 
     @property
     def horizon_steps(self) -> int:

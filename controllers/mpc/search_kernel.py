@@ -236,6 +236,21 @@ def problem_arrays(
     return table, parameters, np.asarray(problem.prompt_arrivals, dtype=float)
 
 
+def first_ttft_excess_s(problem: MPCProblem, level: int) -> float:
+    """The TTFT excess over the target, at most :attr:`MPCProblem.ttft_excess_cap_s`, of
+    the first period's new request with the clock at ``level`` (an index into the
+    profile's clocks): the first period's TTFT term of :meth:`MPCProblem.costs`, priced
+    alone by the kernel (a few tens of microseconds, where ``costs`` takes hundreds)."""
+    table, parameters, arrivals = problem_arrays(problem)
+    for index in (_P_W_POWER, _P_W_TPOT, _P_W_CHANGE, _P_W_LIMIT, _P_W_TERMINAL):
+        parameters[index] = 0.0
+    parameters[_P_DEFERRED_DECODE] = 0.0
+    parameters[_P_W_TTFT] = 1.0
+    plan = np.full((1, 1), level, dtype=np.int64)
+    steps = np.zeros(1, dtype=np.int64)
+    return math.sqrt(float(price_plans(plan, steps, table, parameters, arrivals[:1])[0]))
+
+
 @inlined
 def _place_wait(
     level: int,

@@ -24,6 +24,8 @@ from test_mpc import _observation, _random_states
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.mpc.controller import MPCController
 from gpugov.controllers.mpc.fast import FAST_MPC_PRESET, DiscreteSearchSolver, plan_costs
+from gpugov.controllers.mpc.model import MPCWeights
+from gpugov.controllers.mpc.search_kernel import first_ttft_excess_s
 from gpugov.controllers.oracles import holds_slo
 from gpugov.daemon.cli_support import simulated_controller
 from gpugov.daemon.safety import SafetySettings
@@ -186,3 +188,17 @@ def test_kernel_costs_equal_problem_costs_on_odd_shapes(shape: str) -> None:
         levels = rng.integers(0, clocks.size, size=(30, problem.horizon_steps))
         expected = problem.costs(clocks[levels])
         np.testing.assert_allclose(plan_costs(problem, levels), expected, rtol=1e-12)
+        # The hold's test prices the first period's TTFT term alone, as costs does.
+        first = replace(
+            problem,
+            prompt_arrivals=problem.prompt_arrivals[:1],
+            weights=MPCWeights(
+                power=0.0, tpot=0.0, clock_change=0.0, constraint=0.0, terminal_backlog=0.0
+            ),
+        )
+        scale = plant.profile.ttft_slo_s
+        for level in (0, clocks.size // 2, clocks.size - 1):
+            term = first.costs(clocks[[[level]]])[0] / first.weights.ttft
+            assert first_ttft_excess_s(problem, level) == pytest.approx(
+                scale * np.sqrt(term), rel=1e-9, abs=1e-15
+            )
