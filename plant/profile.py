@@ -322,7 +322,7 @@ class PerformanceProfile:
         """Decode iteration model from the manifest (defaults: a pure aggregate rate)."""
         raw = self.manifest.get("decode_latency_model")
         engine = self.manifest.get("engine", {})
-        reference_batch = int(engine.get("reference_batch_size", 64))
+        reference_batch = int(engine.get("reference_batch_size", DEFAULT_REFERENCE_BATCH_SIZE))
         reference_context = int(engine.get("reference_context_tokens", 1024))
         if not raw:
             return DecodeLatencyModel(1.0, 0.0, 0.0, reference_batch, reference_context)
@@ -374,6 +374,9 @@ MAX_ENGINE_COUNT = 1e12
 """The largest engine count (a batch, a context, KV tokens) a profile may state."""
 DEFAULT_MAX_BATCH_SIZE = 256
 """The engine's batch bound where a manifest states no ``engine.max_batch_size``."""
+DEFAULT_REFERENCE_BATCH_SIZE = 64
+"""The batch a profile's decode rates are read at where a manifest states no
+``engine.reference_batch_size``."""
 
 
 def worst_calibration_error(manifest: Mapping[str, Any]) -> float | None:

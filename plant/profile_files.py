@@ -28,6 +28,7 @@ from gpugov.plant.input_files import (
 from gpugov.plant.profile import (
     CSV_COLUMNS,
     DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_REFERENCE_BATCH_SIZE,
     MAX_ENGINE_COUNT,
     PerformanceProfile,
     ProfileError,
@@ -447,6 +448,14 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
             )
     reference_batch = engine.get("reference_batch_size")
     largest_batch = engine.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE)
+    if reference_batch is None and largest_batch < DEFAULT_REFERENCE_BATCH_SIZE:
+        # Read at the default batch, a one-place engine's CSV was taken as measured at a
+        # batch the engine never runs, and every clock missed every SLO.
+        raise ProfileError(
+            f"{manifest_path}: engine.reference_batch_size is not given, and its default "
+            f"({DEFAULT_REFERENCE_BATCH_SIZE}) is above engine.max_batch_size "
+            f"({largest_batch!r}): state the batch the CSV's decode is measured at"
+        )
     if reference_batch is not None and reference_batch > largest_batch:
         # A reference batch of 1e12 was taken: every batch the engine runs then decoded at
         # a trillionth of the CSV's latency, and a run missed every SLO at any clock.

@@ -162,6 +162,29 @@ def test_manifest_values_checked_at_load(tmp_path: Path, change: dict, message: 
     assert manifest.name in str(info.value)
 
 
+def test_a_batch_bound_below_the_default_reference_batch_needs_the_reference_stated(
+    tmp_path: Path,
+) -> None:
+    """A manifest with ``max_batch_size`` 1 and no ``reference_batch_size`` was read at the
+    default reference batch of 64, a batch the engine never runs: every clock then missed
+    every SLO, the maximum clock's run included."""
+    manifest, _ = copy_profile(tmp_path)
+    data = json.loads(manifest.read_text())
+    data["engine"].pop("reference_batch_size", None)
+    data["engine"]["max_batch_size"] = 1
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(
+        ProfileError,
+        match=r"engine\.reference_batch_size is not given, and its default \(64\) is above "
+        r"engine\.max_batch_size \(1\): state the batch the CSV's decode is measured at$",
+    ) as info:
+        load_profile(manifest)
+    assert manifest.name in str(info.value)
+    data["engine"]["reference_batch_size"] = 1
+    manifest.write_text(json.dumps(data))
+    assert load_profile(manifest).decode_latency_model.reference_batch_size == 1
+
+
 def test_a_reference_batch_above_the_default_batch_bound_is_refused(tmp_path: Path) -> None:
     manifest, _ = copy_profile(tmp_path)
     data = json.loads(manifest.read_text())
