@@ -538,7 +538,11 @@ def shift_largest_burst(
 
 
 def _no_window_reason(
-    requests: Sequence[Request], horizon_s: float, shift_s: float, lightest_over_s: float
+    requests: Sequence[Request],
+    horizon_s: float,
+    burst_window_s: float,
+    shift_s: float,
+    lightest_over_s: float,
 ) -> str:
     """Why :func:`select_frequency_experiment_window` found no window, in the user's terms:
     the arrivals span too little for a burst ``shift_s`` into a window, or every window
@@ -557,8 +561,9 @@ def _no_window_reason(
             "the trace or a faster profile"
         )
     return (
-        f"{head} (windows start on a multiple of 10 s); the {len(requests)} request(s) arrive "
-        f"from {first:,.2f} s to {last:,.2f} s: use a longer stretch of the trace"
+        f"{head} (windows start on a multiple of {burst_window_s:g} s); the "
+        f"{len(requests)} request(s) arrive from {first:,.2f} s to {last:,.2f} s: use a "
+        "longer stretch of the trace"
     )
 
 
@@ -647,7 +652,9 @@ def select_frequency_experiment_window(
         if best is None or score > best[0]:
             best = (score, source_start, low, high, total_work, burst_count, bin_starts[target_bin])
     if best is None:
-        raise ValueError(_no_window_reason(requests, horizon_s, shift_s, lightest_over_s))
+        raise ValueError(
+            _no_window_reason(requests, horizon_s, burst_window_s, shift_s, lightest_over_s)
+        )
     score, source_start, low, high, total_work, burst_count, burst_start = best
     rebased = tuple(
         replace(request, arrival_time_s=float(request.arrival_time_s - source_start))

@@ -359,6 +359,9 @@ def test_window_selection_errors(synthetic_profile):
     with pytest.raises(ValueError, match="with requests 20 s or more into it") as caught:
         select_frequency_experiment_window(short, synthetic_profile)
     assert "the 15 request(s) arrive from 0.00 s to 14.00 s" in str(caught.value)
+    assert "(windows start on a multiple of 10 s)" in str(caught.value)
+    with pytest.raises(ValueError, match="start on a multiple of 5 s"):
+        select_frequency_experiment_window(short, synthetic_profile, burst_window_s=5.0)
 
 
 def test_a_service_curve_that_dips_plans_on_the_clocks_that_serve_more(
