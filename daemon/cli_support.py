@@ -319,8 +319,14 @@ def format_summary(metrics: dict[str, Any], title: str = "") -> str:
         ("output tokens", str(metrics["output_tokens"])),
         ("simulated time", _fmt(metrics["simulated_duration_s"], " s", 1)),
         (
-            "power-cap / thermal violation",
+            "board-limit / thermal violation",
             f"{metrics['power_cap_violation_s']:.2f} s / {metrics['thermal_violation_s']:.2f} s",
+        ),
+        (
+            "over the requested power cap",
+            "no cap set"
+            if metrics.get("cap_overshoot_s") is None
+            else f"{metrics['cap_overshoot_s']:.2f} s",
         ),
         ("peak temperature", _fmt(metrics["peak_temperature_c"], " C", 1)),
         ("clock changes", str(metrics["clock_changes"])),

@@ -50,7 +50,12 @@ from gpugov.plant.closed_loop import (
 from gpugov.plant.disaggregated_layout import ROLES, DisaggregatedPlant
 from gpugov.plant.gpu_physics import _EPS
 from gpugov.plant.plant import ServingPlant
-from gpugov.plant.result import ServingMetrics, ServingResult, compute_metrics
+from gpugov.plant.result import (
+    ServingMetrics,
+    ServingResult,
+    compute_metrics,
+    summed_cap_overshoot_s,
+)
 from gpugov.plant.scheduler import chunked_prefill_scheduler
 from gpugov.plant.simulator import PlantSimulation
 from gpugov.plant.types import (
@@ -454,6 +459,7 @@ class DisaggregatedSimulation:
             preemptions=sum(r.metrics.preemptions for r in results),
             clock_changes=sum(r.metrics.clock_changes for r in results),
             idle_energy_j=sum(p.idle_energy_j for p in pools.values()),
+            cap_overshoot_s=summed_cap_overshoot_s([r.metrics for r in results]),
         )
         transfers = tuple(self._transfer_s[i] for i in sorted(self._transfer_s))
         return DisaggregatedResult(
@@ -721,5 +727,6 @@ def simulate_colocated_replicas(
         preemptions=sum(r.metrics.preemptions for r in results),
         clock_changes=sum(r.metrics.clock_changes for r in results),
         idle_energy_j=sum(r.metrics.idle_energy_j for r in results),
+        cap_overshoot_s=summed_cap_overshoot_s([r.metrics for r in results]),
     )
     return ReplicatedResult(results, records, metrics)

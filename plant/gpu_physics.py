@@ -22,7 +22,9 @@ averaged over ``power_cap_window_s`` (an exponential average), so after the cap 
 the load grows the GPU keeps its clock, and overshoots the cap, until the average crosses
 it; with headroom the ceiling rises at once (boost). Once it has come down to the lowest
 clock, a cap below what that clock draws is held as the board limit is, by the slowdown. The
-seconds spent above the cap are :attr:`GpuPhysics.cap_overshoot_s`.
+seconds spent above the cap are :attr:`GpuPhysics.cap_overshoot_s` (a run's
+``cap_overshoot_s`` metric; :attr:`GpuPhysics.power_violation_s` counts the seconds above
+the board limit alone).
 """
 
 from __future__ import annotations
@@ -164,6 +166,8 @@ class GpuPhysics:
         self.average_power_w = idle
         self.cap_ceiling_index = len(params.clock_mhz) - 1
         self.cap_overshoot_s = 0.0
+        # Whether a run-time cap was ever set (:attr:`cap_overshoot_s` means something).
+        self.cap_requested = False
 
     @property
     def enforced_power_limit_w(self) -> float:
@@ -186,6 +190,7 @@ class GpuPhysics:
         if not math.isfinite(value) or value <= 0.0:
             raise ValueError(f"power cap must be finite and positive watts, got {cap_w!r}")
         self.cap_w = min(value, self.params.power_limit_w)
+        self.cap_requested = True
         return self.cap_w
 
     def _cap_ceiling(self, fit: int) -> int:

@@ -64,10 +64,23 @@ class ServingMetrics:
     """Energy attributed to the requests' decode tokens."""
     idle_energy_j: float = 0.0
     """Energy while no iteration ran (a node cost; the three sum to ``energy_j``)."""
+    cap_overshoot_s: float | None = None
+    """Seconds the GPU drew more than the run-time power cap in force (one a controller
+    requested, ``requested_power_cap_w``, or a node's power limit); None where no cap was
+    set during the run. ``power_cap_violation_s`` counts the seconds above the board limit
+    (``power_limit_w``) alone, which the firmware holds whatever is requested; a cap no
+    clock can hold (below the idle power) shows here."""
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict of every metric."""
         return asdict(self)
+
+
+def summed_cap_overshoot_s(metrics: Sequence[ServingMetrics]) -> float | None:
+    """The seconds over a run-time power cap of several GPUs' runs together (GPU-seconds;
+    summed as ``power_cap_violation_s`` is), None where none of them had a cap."""
+    present = [m.cap_overshoot_s for m in metrics if m.cap_overshoot_s is not None]
+    return float(sum(present)) if present else None
 
 
 def _percentile(values: NDArray[np.float64], q: float) -> float | None:
@@ -90,11 +103,13 @@ def compute_metrics(
     clock_changes: int,
     ttft_slo_per_prompt_token_s: float = 0.0,
     idle_energy_j: float = 0.0,
+    cap_overshoot_s: float | None = None,
 ) -> ServingMetrics:
     """Summarise records into :class:`ServingMetrics` (censoring kept visible).
 
     A request's TTFT SLO is ``ttft_slo_s + ttft_slo_per_prompt_token_s * prompt_tokens``.
     The phase energies sum the records' attributed energy; ``idle_energy_j`` is the rest.
+    ``cap_overshoot_s`` is None where no run-time power cap was set.
     """
     ttft = np.array([r.ttft_s for r in records if r.ttft_s is not None], dtype=float)
     tpot = np.array([r.tpot_s for r in records if r.tpot_s is not None], dtype=float)
@@ -148,6 +163,7 @@ def compute_metrics(
         prefill_energy_j=float(sum(r.prefill_energy_j for r in records)),
         decode_energy_j=float(sum(r.decode_energy_j for r in records)),
         idle_energy_j=float(idle_energy_j),
+        cap_overshoot_s=None if cap_overshoot_s is None else float(cap_overshoot_s),
     )
 
 

@@ -938,6 +938,7 @@ class PlantSimulation:
             preemptions=self.counters.preemptions,
             clock_changes=self._clock_changes,
             idle_energy_j=self.energy_ledger.idle_j,
+            cap_overshoot_s=gpu.cap_overshoot_s if gpu.cap_requested else None,
         )
         meta = {
             "seed": self.seed,

@@ -129,9 +129,9 @@ def energy_lines(energy: dict[str, Any]) -> str:
     per_request = energy["per_request_j"]
     per_token = energy["per_output_token_j"]
     return (
-        f"  {'energy prefill/decode/idle':<29}  {kj(energy['prefill_energy_j'])} / "
+        f"  {'energy prefill/decode/idle':<31}  {kj(energy['prefill_energy_j'])} / "
         f"{kj(energy['decode_energy_j'])} / {kj(energy['idle_energy_j'])}\n"
-        f"  {'J/request p50 / p90 / p99':<29}  "
+        f"  {'J/request p50 / p90 / p99':<31}  "
         + " / ".join(joules(per_request[k], 1) for k in ("p50", "p90", "p99"))
         + " J ("
         + " / ".join(joules(per_token[k], 3) for k in ("p50", "p90", "p99"))

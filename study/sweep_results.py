@@ -184,6 +184,7 @@ def summarize(
                 "tpot_p95_s": _mean([m["tpot_p95_s"] for m in metrics]),
                 "power_cap_violation_s": _mean([m["power_cap_violation_s"] for m in metrics]),
                 "thermal_violation_s": _mean([m["thermal_violation_s"] for m in metrics]),
+                "cap_overshoot_s": _mean([m.get("cap_overshoot_s") for m in metrics]),
             }
         )
     return table

@@ -617,6 +617,7 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
                 "requests": result.metrics.arrived_requests,
                 "energy_j": result.metrics.energy_j,
                 "power_cap_violation_s": result.metrics.power_cap_violation_s,
+                "cap_overshoot_s": result.metrics.cap_overshoot_s,
             }
             for node, result in zip(nodes, results, strict=True)
         ],

@@ -4,7 +4,8 @@ For each scenario (trace window x bundled profile x load) it runs the maximum cl
 best fixed clock in hindsight, the reactive governor, the open-loop plan, the SLSQP MPC,
 the fast (discrete-search) MPC and the window oracle on the detailed plant, plus the
 fluid LP lower bound on energy, and reports energy, J/token, SLO attainment, p95 TTFT and
-TPOT, power-cap and thermal violation seconds, decision times and oracle capture. It
+TPOT, the seconds above the board limit and the thermal limit, the seconds above the power
+cap a row requested, decision times and oracle capture. It
 also compares the two MPC solvers on every decision point of one recorded closed-loop
 run. See ``docs/scoreboard.md`` for every definition; ``gpugov bench controllers`` runs
 the same code. This module runs the scenarios; the command line is in ``command``, the
@@ -227,6 +228,7 @@ def _row(
         **fields,
         "power_cap_violation_s": metrics.power_cap_violation_s,
         "thermal_violation_s": metrics.thermal_violation_s,
+        "cap_overshoot_s": metrics.cap_overshoot_s,
         "censored_requests": censored,
         "decisions": len(times) if decision_times_s is not None else None,
         "decision_time_p50_s": _percentile(times, 50) if decision_times_s is not None else None,

@@ -145,6 +145,28 @@ def test_closed_loop_names_a_bad_cap() -> None:
         simulate(busy_workload(), make_plant(), controller=CapAt(math.nan))
 
 
+def test_a_run_reports_the_seconds_over_the_requested_cap_apart_from_the_board_limit() -> None:
+    """A cap below the idle power no clock can hold: the GPU never exceeds its board limit,
+    so the board-limit violation reads 0 s, and the result reported nothing else, so the
+    cap looked held. The seconds over the requested cap are the result's
+    ``cap_overshoot_s``; None for a run that set no cap."""
+    plant = make_plant()
+    idle = min(GpuParameters.from_plant(plant).idle_power_w)
+    unholdable = simulate(
+        busy_workload(), plant, controller=CapAt(0.5 * idle), control_period_s=0.5
+    )
+    metrics = unholdable.metrics
+    assert metrics.power_cap_violation_s == 0.0
+    assert metrics.cap_overshoot_s is not None
+    # Over the cap from the first decision (0.5 s) to the end of the run.
+    assert metrics.cap_overshoot_s == pytest.approx(metrics.simulated_duration_s - 0.5, abs=0.5)
+    assert unholdable.as_dict()["metrics"]["cap_overshoot_s"] == metrics.cap_overshoot_s
+    held = simulate(busy_workload(), plant, controller=CapAt(5000.0), control_period_s=0.5)
+    assert held.metrics.cap_overshoot_s == 0.0
+    free = simulate(busy_workload(), plant, controller=CapAt(None), control_period_s=0.5)
+    assert free.metrics.cap_overshoot_s is None
+
+
 def test_fast_forward_matches_iteration_by_iteration_under_a_cap() -> None:
     plant = make_plant(actuation_delay_s=0.0)
     workload = tuple(Request(i, 0.0, 300, 400) for i in range(32))

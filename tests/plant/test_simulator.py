@@ -388,6 +388,7 @@ def test_result_as_dict_is_json_and_strided(plant) -> None:  # type: ignore[no-u
         "simulated_duration_s",
         "power_cap_violation_s",
         "thermal_violation_s",
+        "cap_overshoot_s",
         "peak_queued_requests_at_minimum_clock",
     ):
         assert key in payload["metrics"]

@@ -26,6 +26,7 @@ ROW_KEYS = {
     "tpot_p95_s",
     "power_cap_violation_s",
     "thermal_violation_s",
+    "cap_overshoot_s",
     "decision_time_p50_s",
     "decision_time_p99_s",
 }

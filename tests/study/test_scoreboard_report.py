@@ -267,6 +267,38 @@ def test_request_stats_follow_the_documented_rules() -> None:
     assert stats["tpot_within_deadline"] == {"50ms": 0.5, "100ms": 0.5, "250ms": 0.75}
 
 
+def test_a_scenario_row_shows_the_seconds_over_the_requested_cap_apart() -> None:
+    """The scenario table's "cap / thermal" cell was the seconds above the board limit: a
+    power-cap row that ran over its own cap the whole scenario read 0.0 there."""
+    row: dict[str, Any] = {
+        "label": "power cap",
+        "energy_j": 9000.0,
+        "energy_saved_fraction": 0.1,
+        "energy_per_output_token_j": 0.2,
+        "slo_attainment": 0.95,
+        "holds_slo": False,
+        "ttft_p95_s": 0.9,
+        "tpot_p95_s": 0.047,
+        "power_cap_violation_s": 0.0,
+        "thermal_violation_s": 0.0,
+        "cap_overshoot_s": 36.2,
+        "decision_time_p50_s": None,
+        "decision_time_p99_s": None,
+        "oracle_capture": None,
+    }
+    header, alignment = scoreboard_report.SCENARIO_TABLE_HEAD
+    cells = [c.strip() for c in scoreboard_report.scenario_row(row).strip("|").split("|")]
+    names = [c.strip() for c in header.strip("|").split("|")]
+    assert len(cells) == len(names) == len(alignment.strip("|").split("|"))
+    by_name = dict(zip(names, cells, strict=True))
+    assert by_name["limit / thermal"] == "0.0 / 0.0 s"
+    assert by_name["over cap"] == "36.2 s"
+    # A row that sets no cap (the key absent, as in a scoreboard.json written before).
+    del row["cap_overshoot_s"]
+    cells = [c.strip() for c in scoreboard_report.scenario_row(row).strip("|").split("|")]
+    assert dict(zip(names, cells, strict=True))["over cap"] == "-"
+
+
 def test_without_matplotlib_the_plot_data_is_written_and_said(
     tiny_report: tuple[Path, int, str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,6 +26,7 @@ METRIC_KEYS = (
     "simulated_duration_s",
     "power_cap_violation_s",
     "thermal_violation_s",
+    "cap_overshoot_s",
     "peak_queued_requests_at_minimum_clock",
 )
 
@@ -97,6 +98,25 @@ def test_simulate_lower_clock_lower_energy_via_cli(tmp_path: Path) -> None:
         )
         energies.append(json.loads(out.read_text())["metrics"]["energy_j"])
     assert energies[1] < energies[0]
+
+
+def test_a_power_cap_no_clock_can_hold_is_reported_not_shown_as_held(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """power-cap:10 asks for less than the board draws idle (about 108 W): the GPU runs
+    over it the whole run, and the table printed "power-cap / thermal violation 0.00 s",
+    the seconds above the board limit, so the cap looked held."""
+    out = tmp_path / "cap.json"
+    argv = ["simulate", "--controller", "power-cap:10", "--duration", "20", "--quiet"]
+    assert main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    metrics = json.loads(out.read_text())["metrics"]
+    assert metrics["power_cap_violation_s"] == 0.0  # the board limit is never exceeded
+    assert metrics["cap_overshoot_s"] > 0.9 * metrics["simulated_duration_s"]
+    assert f"over the requested power cap     {metrics['cap_overshoot_s']:.2f} s" in printed
+    assert "board-limit / thermal violation  0.00 s / 0.00 s" in printed
+    assert main(["simulate", "--controller", "max", "--duration", "20", "--quiet"]) == 0
+    assert "over the requested power cap     no cap set" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
