@@ -206,23 +206,38 @@ def prepare_output_dir(flag: str, path: str | os.PathLike[str], *, parents: bool
     _check_writable_dir(flag, target, target)
 
 
+class OutputDirectoryHeld(UsageError):
+    """An output directory another run is writing (``gpugov.study.outputs``'
+    ``held_output_dir``): refused, and ``directory`` is that run's to keep."""
+
+    def __init__(self, message: str, directory: str | os.PathLike[str]) -> None:
+        super().__init__(message)
+        self.directory = os.fspath(directory)
+
+
 @contextlib.contextmanager
 def output_dirs_removed_on_failure(*paths: str | os.PathLike[str] | None) -> Iterator[None]:
     """Around a command that makes its ``--out DIR`` (:func:`prepare_output_dir`): each of
     ``paths`` that does not exist on entry and is still empty when the body fails (a run
     whose every scenario was skipped, an error, Ctrl-C) is removed again, so a failed run
-    leaves no empty directory behind. A directory that existed, or holds a file, stays."""
+    leaves no empty directory behind. A directory that existed, or holds a file, stays;
+    so does one another run holds (:class:`OutputDirectoryHeld`): two runs started at once
+    into a new ``DIR`` each saw it missing, and the refused one removed it from under the
+    other, still empty mid-run."""
     made = [os.fspath(path) for path in paths if path is not None and not os.path.lexists(path)]
     try:
         yield
-    except BaseException:
+    except BaseException as error:
         for path in made:
+            if isinstance(error, OutputDirectoryHeld) and _same_file(path, error.directory):
+                continue
             with contextlib.suppress(OSError):  # not empty, or never made: it stays as is
                 os.rmdir(path)
         raise
 
 
 __all__ = [
+    "OutputDirectoryHeld",
     "check_distinct_outputs",
     "check_not_an_input",
     "check_output_dir",

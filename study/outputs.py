@@ -42,33 +42,100 @@ def staged_outputs(out: Path, *, created: bool = False, flag: str = "--out") -> 
 
 @contextlib.contextmanager
 def held_output_dir(out: Path, flag: str = "--out") -> Iterator[None]:
-    """Hold the directory ``out`` (which exists) for one run. Two ``experiments`` runs into
+    """Hold the directory ``out`` (which exists) for one run: an exclusive ``flock`` on
+    the directory itself, which the kernel releases when the run ends, however it ends
+    (SIGKILL included), and which puts no file in ``out``. Two ``experiments`` runs into
     one directory shared its ``.partial``: the second removed the first's at its start,
     and the first's move took the second's files, so ``out`` held a mix of both runs and
     the other failed on a missing file; two ``sweep --resume`` runs each ran the cells
-    not yet done, twice.
+    not yet done, twice; two ``bench controllers`` or ``fleet`` runs each wrote their
+    files over the other's, with no word of it.
+
+    A directory this process holds already (``bench controllers --report DIR`` with
+    ``--out DIR``, or its ``--layout both``) is held again at no cost. A process forked
+    meanwhile (a local pool's worker) does not keep the hold: the run's own end lets
+    ``out`` go, not its last worker's.
 
     Raises:
-        UsageError: another run holds it (named by ``flag``).
+        OutputDirectoryHeld: another run holds it (named by ``flag``, with the holder's
+            pid where ``/proc/locks`` shows it).
     """
     import fcntl
 
-    from gpugov.daemon.cli_support import UsageError
+    from gpugov.daemon.cli_outputs import OutputDirectoryHeld
 
     handle = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    key = _file_key(handle)
+    if key in _HELD:  # this run holds it already
+        os.close(handle)
+        yield
+        return
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UsageError(
-                f"{flag} {out}: another run is writing its outputs there; wait for it to "
-                f"end, or give another {flag}"
+            raise OutputDirectoryHeld(
+                f"{flag} {out}: another run is writing its outputs there "
+                f"({_holder(handle)}); wait for it to end, or give another {flag}",
+                out,
             ) from None
         except OSError:
             pass  # no lock to take here (a filesystem without flock): run unheld
-        yield
+        _HELD[key] = handle
+        try:
+            yield
+        finally:
+            _HELD.pop(key, None)
     finally:
         os.close(handle)
+
+
+_HELD: dict[tuple[int, int], int] = {}
+"""The directories this process holds (device, inode), and the descriptor of each."""
+
+
+def _file_key(handle: int) -> tuple[int, int]:
+    """The open file's device and inode."""
+    status = os.fstat(handle)
+    return status.st_dev, status.st_ino
+
+
+def _drop_holds_in_child() -> None:
+    """In a forked child: close its copies of the held directories' descriptors, so that
+    the hold ends with the process that took it (a worker outliving a killed run by a
+    moment kept ``out`` held, and the next run refused, for that moment)."""
+    for handle in _HELD.values():
+        with contextlib.suppress(OSError):
+            os.close(handle)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_drop_holds_in_child)
+
+
+def _holder(handle: int) -> str:
+    """``pid N`` of the process holding the ``flock`` on ``handle``'s file, as
+    ``/proc/locks`` lists it, or ``pid unknown`` (no ``/proc``, a holder in another pid
+    namespace, or gone meanwhile)."""
+    status = os.fstat(handle)
+    device = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as table:
+            lines = table.read().splitlines()
+    except OSError:
+        return "pid unknown"
+    pids: dict[str, list[str]] = {}  # by device, of the flocks on this inode
+    for line in lines:
+        # "1: FLOCK  ADVISORY  WRITE 31051 fe:00:2245141 0 EOF"; a waiter's has "->"
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK" or not fields[4].isdigit():
+            continue
+        where, _, inode = fields[5].rpartition(":")
+        if inode == str(status.st_ino) and fields[4] != "0":
+            pids.setdefault(where, []).append(fields[4])
+    found = pids.get(device) or (next(iter(pids.values())) if len(pids) == 1 else [])
+    # A filesystem whose stat() device is not its superblock's (btrfs): the inode alone.
+    return f"pid {found[0]}" if found else "pid unknown"
 
 
 def _staged(out: Path, *, created: bool) -> Iterator[Path]:

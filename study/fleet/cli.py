@@ -4,6 +4,7 @@ import: the fleet itself loads only when the command runs)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
 from gpugov.daemon import cli_types
@@ -67,7 +68,14 @@ def _budgets(text: str) -> tuple[float, ...]:
 
 def run_fleet_command(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov fleet``: validate everything, run the cells, write the
-    report; 0 on success."""
+    report; 0 on success. ``--out`` is held from before the cells run to the end
+    (:func:`~gpugov.study.outputs.held_output_dir`)."""
+    with contextlib.ExitStack() as holds:
+        return _run_fleet_command(args, holds)
+
+
+def _run_fleet_command(args: argparse.Namespace, holds: contextlib.ExitStack) -> int:
+    """:func:`run_fleet_command`'s run; ``holds`` keeps ``--out`` held until it ends."""
     import sys
 
     from gpugov.daemon.cli_outputs import (
@@ -87,6 +95,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
         check_inputs,
         run_fleet,
     )
+    from gpugov.study.outputs import held_output_dir
     from gpugov.study.scoreboard.scenarios import skipped_zero_token_rows
 
     control_period = control_period_of(args.control_period, args.controller)
@@ -140,6 +149,8 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     for name in OUTPUT_NAMES:  # fleet.json, fleet.md, fleet.png: none of them an input
         check_not_an_input("--out", Path(args.out) / name, inputs)
     prepare_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)
+    # One run at a time writes DIR: a second one is refused here, before its cells.
+    holds.enter_context(held_output_dir(Path(args.out), "--out"))
     cells = cells_for(config)
     total = len(cells) * config.nodes * config.ticks * config.control_period_s
     bar = Progress(total, "fleet", unit="node-s", enabled=not args.quiet)

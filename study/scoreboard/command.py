@@ -9,6 +9,7 @@ the outputs, :mod:`~gpugov.study.scoreboard.disaggregated` the disaggregated lay
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -33,6 +34,7 @@ from gpugov.daemon.simulated import ENGINE_VIEWS
 from gpugov.plant.profile_files import list_bundled_profiles
 from gpugov.plant.synthetic_profiles import expand_synthetic, resolve_profile
 from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, TraceError
+from gpugov.study.outputs import held_output_dir
 from gpugov.study.runners import add_runner_arguments, check_runner, spec_from_args
 from gpugov.study.scoreboard.publish import FILES as REPORT_FILES
 from gpugov.study.scoreboard.publish import write_report
@@ -411,12 +413,18 @@ def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -
     made while they are still empty."""
     from gpugov.daemon.cli_outputs import output_dirs_removed_on_failure
 
-    with output_dirs_removed_on_failure(args.out, getattr(args, "report", None)):
-        return _run_from_args(args, config)
+    with (
+        output_dirs_removed_on_failure(args.out, getattr(args, "report", None)),
+        contextlib.ExitStack() as holds,
+    ):
+        return _run_from_args(args, config, holds)
 
 
-def _run_from_args(args: argparse.Namespace, config: BenchConfig | None) -> int:
-    """:func:`run_from_args`'s run."""
+def _run_from_args(
+    args: argparse.Namespace, config: BenchConfig | None, holds: contextlib.ExitStack
+) -> int:
+    """:func:`run_from_args`'s run; ``holds`` keeps ``--out`` and ``--report`` held
+    (:func:`~gpugov.study.outputs.held_output_dir`) until it ends."""
     if config is None:
         config = config_from_args(args)
     from gpugov.daemon.cli_outputs import check_output_dir, prepare_output_dir
@@ -440,6 +448,10 @@ def _run_from_args(args: argparse.Namespace, config: BenchConfig | None) -> int:
     prepare_output_dir("--out", args.out, parents=args.out == str(DEFAULT_OUT))
     if report_dir is not None:
         prepare_output_dir("--report", report_dir)
+    # One run at a time writes DIR: a second one is refused here, before its scenarios.
+    holds.enter_context(held_output_dir(Path(args.out), "--out"))
+    if report_dir is not None:
+        holds.enter_context(held_output_dir(Path(report_dir), "--report"))
     scenarios = config.scenario_count()
     # The total is the scenarios' real simulated seconds (run_scoreboard's on_progress):
     # known once their traces are loaded, and each scenario's exactly once it is built.

@@ -757,14 +757,24 @@ def write_disaggregated(payload: dict[str, Any], out: Path) -> dict[str, Path]:
 def run_disaggregated_from_args(args: Any, config: BenchConfig) -> int:
     """``--layout disaggregated`` (or the second half of ``both``): run, write
     ``DIR/disaggregated.json`` and ``.md``, print the table. ``--traces`` and
-    ``--profiles`` choose the scenarios when given; otherwise the disaggregated defaults."""
+    ``--profiles`` choose the scenarios when given; otherwise the disaggregated defaults.
+    ``DIR`` is held while it runs (:func:`~gpugov.study.outputs.held_output_dir`)."""
     from gpugov.daemon.cli_outputs import prepare_output_dir
-    from gpugov.daemon.cli_support import UsageError, wrote
-    from gpugov.daemon.progress import Progress
+    from gpugov.study.outputs import held_output_dir
 
     runner = replace(spec_from_args(args), jobs=config.jobs)
     check_runner(runner)  # --ray: Ray installed and the cluster there, before any work
     prepare_output_dir("--out", args.out, parents=args.out == str(DEFAULT_OUT))
+    # One run at a time writes DIR: a second one is refused here, before its scenarios.
+    with held_output_dir(Path(args.out), "--out"):
+        return _run_disaggregated_held(args, config, runner)
+
+
+def _run_disaggregated_held(args: Any, config: BenchConfig, runner: RunnerSpec) -> int:
+    """:func:`run_disaggregated_from_args`' run, once ``DIR`` is held."""
+    from gpugov.daemon.cli_support import UsageError, wrote
+    from gpugov.daemon.progress import Progress
+
     traces = getattr(args, "traces", None) or DISAGGREGATED_TRACES
     profiles = config.profiles if getattr(args, "profiles", None) else DISAGGREGATED_PROFILES
     total = len(traces) * len(profiles) * len(config.loads) * len(DISAGGREGATED_LAYOUTS)
