@@ -14,9 +14,10 @@ import contextlib
 import os
 import shutil
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from gpugov.daemon.files import remove_left_temporaries
 from gpugov.study.runners import signals_blocked
 
 PARTIAL = ".partial"
@@ -41,7 +42,7 @@ def staged_outputs(out: Path, *, created: bool = False, flag: str = "--out") -> 
 
 
 @contextlib.contextmanager
-def held_output_dir(out: Path, flag: str = "--out") -> Iterator[None]:
+def held_output_dir(out: Path, flag: str = "--out", outputs: Iterable[str] = ()) -> Iterator[None]:
     """Hold the directory ``out`` (which exists) for one run: an exclusive ``flock`` on
     the directory itself, which the kernel releases when the run ends, however it ends
     (SIGKILL included), and which puts no file in ``out``. Two ``experiments`` runs into
@@ -55,6 +56,11 @@ def held_output_dir(out: Path, flag: str = "--out") -> Iterator[None]:
     ``--out DIR``, or its ``--layout both``) is held again at no cost. A process forked
     meanwhile (a local pool's worker) does not keep the hold: the run's own end lets
     ``out`` go, not its last worker's.
+
+    ``outputs``: the names of the files the run writes in ``out`` (each with
+    :func:`~gpugov.daemon.files.write_files_atomic`). Once ``out`` is held, the temporary
+    files a run killed outright mid-write left beside them (``.NAME.`` and 8 hex digits,
+    which no reader takes for an output, but which nothing else removes) are removed.
 
     Raises:
         OutputDirectoryHeld: another run holds it (named by ``flag``, with the holder's
@@ -81,6 +87,9 @@ def held_output_dir(out: Path, flag: str = "--out") -> Iterator[None]:
             ) from None
         except OSError:
             pass  # no lock to take here (a filesystem without flock): run unheld
+        else:  # no other run of ours writes them now
+            for name in outputs:
+                remove_left_temporaries(out / name)
         _HELD[key] = handle
         try:
             yield

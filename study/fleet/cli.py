@@ -150,7 +150,7 @@ def _run_fleet_command(args: argparse.Namespace, holds: contextlib.ExitStack) ->
         check_not_an_input("--out", Path(args.out) / name, inputs)
     prepare_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)
     # One run at a time writes DIR: a second one is refused here, before its cells.
-    holds.enter_context(held_output_dir(Path(args.out), "--out"))
+    holds.enter_context(held_output_dir(Path(args.out), "--out", OUTPUT_NAMES))
     cells = cells_for(config)
     total = len(cells) * config.nodes * config.ticks * config.control_period_s
     bar = Progress(total, "fleet", unit="node-s", enabled=not args.quiet)

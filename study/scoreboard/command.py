@@ -449,9 +449,11 @@ def _run_from_args(
     if report_dir is not None:
         prepare_output_dir("--report", report_dir)
     # One run at a time writes DIR: a second one is refused here, before its scenarios.
-    holds.enter_context(held_output_dir(Path(args.out), "--out"))
+    outputs = (*SCOREBOARD_FILES, *DISAGGREGATED_FILES)
+    holds.enter_context(held_output_dir(Path(args.out), "--out", outputs))
     if report_dir is not None:
-        holds.enter_context(held_output_dir(Path(report_dir), "--report"))
+        report_outputs = (*REPORT_FILES, "scoreboard.json")
+        holds.enter_context(held_output_dir(Path(report_dir), "--report", report_outputs))
     scenarios = config.scenario_count()
     # The total is the scenarios' real simulated seconds (run_scoreboard's on_progress):
     # known once their traces are loaded, and each scenario's exactly once it is built.

@@ -766,7 +766,7 @@ def run_disaggregated_from_args(args: Any, config: BenchConfig) -> int:
     check_runner(runner)  # --ray: Ray installed and the cluster there, before any work
     prepare_output_dir("--out", args.out, parents=args.out == str(DEFAULT_OUT))
     # One run at a time writes DIR: a second one is refused here, before its scenarios.
-    with held_output_dir(Path(args.out), "--out"):
+    with held_output_dir(Path(args.out), "--out", ("disaggregated.json", "disaggregated.md")):
         return _run_disaggregated_held(args, config, runner)
 
 

@@ -174,3 +174,34 @@ def test_a_refused_run_leaves_the_directory_the_other_run_made(tmp_path: Path) -
         mine.mkdir()  # this run's (--out, where --report is the held one)
         raise OutputDirectoryHeld("held", out)
     assert out.is_dir() and not mine.exists()
+
+
+LEFT = {
+    "bench": "scoreboard.json",
+    "bench-disaggregated": "disaggregated.md",
+    "bench-report": "report.json",
+    "fleet": "fleet.png",
+}
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_the_temporary_files_a_killed_write_left_go_once_the_directory_is_held(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run killed outright mid-write leaves the temporary file beside its output
+    (``.scoreboard.json.`` and 8 hex digits): never taken for the output, but nothing
+    removed it, and one more piled up with each such run. The next run into DIR removes
+    them once it holds DIR, and nothing else."""
+    out, other = tmp_path / "out", tmp_path / "other"
+    out.mkdir()
+    left = out / f".{LEFT[name]}.0123abcd"
+    left.write_text('{"cut sh')
+    kept = [out / f".{LEFT[name]}.keep", out / "notes.txt", out / ".other.json.0123abcd"]
+    for path in kept:
+        path.write_text("the user's")
+    argv = [part.format(out=out, other=other) for part in COMMANDS[name]]
+    _patch_work(monkeypatch)
+    with pytest.raises(Reached):
+        main(argv)
+    assert not left.exists()
+    assert all(path.read_text() == "the user's" for path in kept)
