@@ -100,6 +100,7 @@ def checked_controller_flag(
     :class:`UsageError` line naming the flag. ``default_profile``: the spec's profile
     where it names none (default the profile's name)."""
     config = _parsed_for_profile(text, profile, default_profile or profile.name)
+    check_simulated_cap(config, profile, text)
     if isinstance(config, OpenLoopControllerConfig):
         from gpugov.controllers.open_loop import PlanFormatError, load_plan
 
@@ -139,6 +140,27 @@ def controller_label(spec: str) -> str:
         return spec_name(parse_controller_spec(spec))
     except ValueError:
         return spec
+
+
+def check_simulated_cap(config: object, profile: PerformanceProfile, spec: str) -> None:
+    """Refuse a ``power-cap:W`` (or a ``power-profile`` ``cap_w``) below the lowest power
+    limit the simulated GPUs accept together (a tenth of the profile's ``power_limit_w``,
+    :data:`~daemon.simulated.SIMULATED_LOWEST_LIMIT_SHARE`), as a node refuses a
+    configured ``cap_w`` below its GPUs' lowest (:func:`~daemon.power_budget.check_configured_cap`)
+    rather than clamping it."""
+    from gpugov.daemon.simulated import SIMULATED_LOWEST_LIMIT_SHARE
+
+    cap_w = getattr(config, "cap_w", None)
+    if cap_w is None:
+        return
+    board_w = float(profile.manifest.get("power_limit_w", 700.0))  # ServingPlant.from_profile's
+    lowest_w = SIMULATED_LOWEST_LIMIT_SHARE * board_w
+    if cap_w < lowest_w - 1e-9:
+        raise UsageError(
+            f"--controller {shown_spec(spec)}: cap_w ({cap_w:g} W) is below the lowest power "
+            f"limit the simulated GPUs accept ({lowest_w:g} W, a tenth of the profile's "
+            f"power_limit_w {board_w:g} W), as NVML refuses a limit below its lowest"
+        )
 
 
 def check_fixed_clock(config: object, low_mhz: float, high_mhz: float, spec: str) -> None:

@@ -511,6 +511,8 @@ def _check_domain(
             )
         else:
             _check_budget(domain, backends, report)
+        if not report.hung:
+            _check_configured_cap(domain, backends, report)
     try:
         _build_controller(config, domain, names, clocks, gpus_seen=backends is not None)
     except (GpugovError, ProfileError) as error:
@@ -568,6 +570,36 @@ def _check_budget(domain: DomainConfig, backends: Sequence[GpuBackend], report: 
             f"domain {domain.name}: power budget file {budget.file.path}: "
             f"{budget.file.value_w:g} W for the domain"
         )
+
+
+def _check_configured_cap(
+    domain: DomainConfig, backends: Sequence[GpuBackend], report: NodeReport
+) -> None:
+    """The controller's configured ``cap_w`` against the GPUs' lowest power limit, as
+    ``run`` refuses it (:func:`~daemon.power_budget.check_configured_cap`, word for
+    word), the limits read within :data:`~daemon.gpu_sampling.GPU_READ_DEADLINE_S` per
+    GPU; a read past it is a warning and marks the report hung."""
+    from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
+    from gpugov.daemon.power_budget import check_configured_cap
+
+    cap_w = getattr(domain.controller, "cap_w", None)
+    if cap_w is None:
+        return
+    try:
+        bounded_gpu_call(
+            lambda: check_configured_cap(domain.name, cap_w, backends),
+            "read the power limits",
+            GPU_READ_DEADLINE_S * len(backends),
+            gpu=", ".join(b.label for b in backends),
+        )
+    except GpuCallHung as error:
+        report.hung = True
+        report.warnings.append(
+            f"domain {domain.name}: {error}; the power cap not checked; no further GPU call "
+            "is made (it would queue behind the hung one)"
+        )
+    except ConfigError as error:
+        report.problems.append(error)
 
 
 def _common_clocks(backends: Sequence[GpuBackend]) -> tuple[float, ...]:

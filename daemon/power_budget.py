@@ -533,6 +533,36 @@ def domain_budget(
     return PowerBudget(name, config_w=config_w, file=reader)
 
 
+def check_configured_cap(
+    name: str,
+    cap_w: float | None,
+    backends: Sequence[GpuBackend],
+    *,
+    read_deadline_s: float | None = None,
+) -> None:
+    """Refuse a controller's configured power cap (``controller.cap_w`` of ``power-cap``
+    and ``power-profile``) below the lowest power limit the domain's GPUs accept together
+    (NVML's constraints, where the backend reports them, each read within
+    ``read_deadline_s``): NVML refuses such a limit, and clamping it to the lowest one
+    would hold a cap the config does not state.
+
+    Raises:
+        ConfigError: naming the domain, the field and both wattages.
+    """
+    if cap_w is None:
+        return
+    limits = domain_power_limit_range(backends, read_deadline_s)
+    if limits is None:
+        return
+    minimum = limits[0]
+    if cap_w < minimum - 1e-9:
+        raise ConfigError(
+            f"domain {name!r}: controller.cap_w ({cap_w:g} W) is below the lowest power "
+            f"limit its {len(backends)} GPU(s) accept ({minimum:g} W together; NVML refuses "
+            "a lower one)"
+        )
+
+
 __all__ = [
     "EVENT_LOG_EVERY_S",
     "SOURCES",
@@ -543,6 +573,7 @@ __all__ = [
     "OutsideLimits",
     "PowerBudget",
     "PowerLimitRange",
+    "check_configured_cap",
     "distinct_watts",
     "domain_budget",
     "domain_power_limit_range",

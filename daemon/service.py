@@ -50,7 +50,7 @@ from gpugov.daemon.lockstate import LockState, hold_model_file
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DEFAULT_TAIL_QUANTILE, DomainObserver
-from gpugov.daemon.power_budget import PowerBudget, domain_budget
+from gpugov.daemon.power_budget import PowerBudget, check_configured_cap, domain_budget
 from gpugov.daemon.power_limit import (
     POWER_LIMIT_WRITE_DEADLINE_S,
     power_limit_actuator,
@@ -376,7 +376,8 @@ def build_domain(
         NotSupported: a GPU lists no supported clocks.
         ControllerError: the controller cannot be built.
         ConfigError: the safety floor is above the GPUs' top clock, or the controller
-            sets a power cap that the GPUs' backend cannot set.
+            sets a power cap that the GPUs' backend cannot set, or its configured
+            ``cap_w`` is below the lowest power limit the GPUs accept.
     """
     safety = safety or SafetySettings()
     labelled = probe_role(source, name) if role is None else None
@@ -412,6 +413,12 @@ def build_domain(
             f"domain {name!r}: safety.floor_mhz ({floor_mhz:g} MHz) is above the top "
             f"supported clock of its GPUs ({clocks[-1]:g} MHz)"
         )
+    check_configured_cap(
+        name,
+        getattr(controller_spec, "cap_w", None),
+        backends,
+        read_deadline_s=gpu_read_deadline_s,
+    )
     context = ControllerContext(
         period_s=period_s,
         supported_clocks_mhz=tuple(clocks),

@@ -91,6 +91,12 @@ REFUSED = {
         2,
     ),
     "metrics address not on this host": ('metrics_address = "192.0.2.1:9400"', "", "", 2),
+    "power cap below the GPUs' lowest limit": (
+        "",
+        "",
+        '[domains.controller]\nkind = "power-cap"\ncap_w = 10.0\n',
+        2,
+    ),
 }
 
 

@@ -393,6 +393,31 @@ def test_a_node_caps_from_the_first_decision_and_restores_on_stop(
     assert "power_limits" not in json.loads((tmp_path / "locks.json").read_text())
 
 
+def test_a_configured_cap_below_the_gpus_lowest_limit_is_refused_naming_the_field(
+    vllm_server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NVML refuses a power limit below its constraints' lowest; a configured cap_w under
+    it was clamped to that lowest at the first tick, with a line that named no config
+    field, and the node held a cap the config does not state."""
+    fake = FakeNvml(2)  # each accepts 200-700 W: at least 400 W for the domain
+    section = {"controller": {"kind": "power-cap", "cap_w": 10.0}}
+    with (
+        caplog.at_level(logging.WARNING),
+        pytest.raises(ConfigError) as refused,
+    ):
+        domains_from_config(_config(vllm_server.url, **section), nvml=fake)
+    assert str(refused.value) == (
+        "domain 'llm': controller.cap_w (10 W) is below the lowest power limit its 2 GPU(s) "
+        "accept (400 W together; NVML refuses a lower one)"
+    )
+    assert _cap_writes(fake) == [] and "set instead" not in caplog.text
+    # At the lowest limit it is taken, as a budget there is.
+    assembled = domains_from_config(
+        _config(vllm_server.url, controller={"kind": "power-cap", "cap_w": 400.0}), nvml=fake
+    )
+    assembled.close()
+
+
 def test_a_node_restores_the_cap_when_the_run_ends_in_an_exception(
     vllm_server: MetricsServer,
 ) -> None:

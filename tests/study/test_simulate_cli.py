@@ -103,11 +103,11 @@ def test_simulate_lower_clock_lower_energy_via_cli(tmp_path: Path) -> None:
 def test_a_power_cap_no_clock_can_hold_is_reported_not_shown_as_held(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """power-cap:10 asks for less than the board draws idle (about 108 W): the GPU runs
+    """power-cap:80 asks for less than the board draws idle (about 108 W): the GPU runs
     over it the whole run, and the table printed "power-cap / thermal violation 0.00 s",
     the seconds above the board limit, so the cap looked held."""
     out = tmp_path / "cap.json"
-    argv = ["simulate", "--controller", "power-cap:10", "--duration", "20", "--quiet"]
+    argv = ["simulate", "--controller", "power-cap:80", "--duration", "20", "--quiet"]
     assert main([*argv, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     metrics = json.loads(out.read_text())["metrics"]
@@ -117,6 +117,26 @@ def test_a_power_cap_no_clock_can_hold_is_reported_not_shown_as_held(
     assert "board-limit / thermal violation  0.00 s / 0.00 s" in printed
     assert main(["simulate", "--controller", "max", "--duration", "20", "--quiet"]) == 0
     assert "over the requested power cap     no cap set" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "command", [["simulate"], ["run", "--simulate", "--metrics-address", "none"]]
+)
+def test_a_power_cap_below_the_simulated_gpus_lowest_limit_is_refused_as_nvml_refuses_it(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NVML refuses a limit below its lowest, and a node refuses such a configured cap_w;
+    a simulated run set power-cap:10 on the plant (simulate) or clamped it to the lowest
+    with a line naming no flag (run --simulate)."""
+    argv = [*command, "--controller", "power-cap:10", "--duration", "5", "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "gpugov: error: --controller power-cap:10: cap_w (10 W) is below the lowest power "
+        "limit the simulated GPUs accept (70 W, a tenth of the profile's power_limit_w "
+        "700 W), as NVML refuses a limit below its lowest"
+    ]
+    assert main([*command, "--controller", "power-cap:70", "--duration", "5", "--quiet"]) == 0
 
 
 @pytest.mark.parametrize(
