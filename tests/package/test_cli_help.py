@@ -1,9 +1,12 @@
-"""Every flag and argument of every command has help text, and one name per concept."""
+"""Every flag and argument of every command has help text, one name per concept, and the
+synopses of docs/commands.md list them."""
 
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 from gpugov.cli import COMMANDS, build_parser
 
@@ -63,3 +66,71 @@ def test_help_pages_print_no_format_escapes() -> None:
         text = parser.format_help()
         assert "%%" not in text, f"{path} --help prints '%%'"
         assert "%(" not in text, f"{path} --help prints an unexpanded %(...)s"
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def _documented_usage(page: str) -> dict[str, str]:
+    """The synopsis lines of a page's code blocks, by command (``model show``,
+    ``bench controllers``): each ``gpugov CMD ...`` line with its indented continuations
+    (a command given twice, ``actuator --probe``, is joined)."""
+    usage: dict[str, str] = {}
+    for block in re.findall(r"```\n(.*?)```", (DOCS / page).read_text(), re.S):
+        command = None
+        for line in block.splitlines():
+            match = re.match(r"gpugov ([a-z-]+(?: (?:show|export|controllers))?)\b", line)
+            if match:
+                command = match.group(1)
+                usage[command] = usage.get(command, "") + " " + line
+            elif command and line.startswith(" "):
+                usage[command] += " " + line
+            else:
+                command = None
+    return usage
+
+
+def _flags(text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text))
+
+
+def test_commands_md_synopses_list_each_commands_flags_and_only_those() -> None:
+    """docs/commands.md's synopsis of every command names each flag ``--help`` lists, and
+    no flag the command does not take (a hidden, deprecated alias is never documented);
+    where a flag has choices, the synopsis spells the same ones. daemon.md's shorter
+    synopses name only flags that exist."""
+    usage = _documented_usage("commands.md")
+    problems = []
+    for path, parser in _parsers(build_parser()):
+        command = path.removeprefix("gpugov ")
+        if command == "gpugov" or any(
+            isinstance(a, argparse._SubParsersAction) for a in parser._actions
+        ):
+            continue
+        shown = {
+            option: action
+            for action in parser._actions
+            if action.help != argparse.SUPPRESS
+            for option in action.option_strings
+            if option.startswith("--") and option != "--help"
+        }
+        if command not in usage:
+            problems.append(f"{command}: no synopsis in docs/commands.md")
+            continue
+        documented = _flags(usage[command])
+        problems += [
+            f"{command}: {flag} is not in the synopsis" for flag in shown.keys() - documented
+        ]
+        problems += [f"{command}: {flag} is no flag of it" for flag in documented - shown.keys()]
+        for flag, action in shown.items():
+            if action.choices is None:
+                continue
+            spelled = re.search(re.escape(flag) + r" ([\w-]+(?:\|[\w-]+)+)", usage[command])
+            if spelled and set(spelled.group(1).split("|")) != set(map(str, action.choices)):
+                problems.append(f"{command}: {flag} {spelled.group(1)}, not {action.choices}")
+    parsers = dict(_parsers(build_parser()))
+    for command, text in _documented_usage("daemon.md").items():
+        parser = parsers[f"gpugov {command}"]
+        known = {o for action in parser._actions for o in action.option_strings}
+        problems += [f"daemon.md: {command}: {f} is no flag of it" for f in _flags(text) - known]
+    assert not problems, problems
