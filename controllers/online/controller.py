@@ -212,9 +212,12 @@ class OnlineMPCController(MeasuredLatencyRules):
         self._prefill_pressures: deque[tuple[float, float, float]] = deque()
         """(time, TTFT pressure, one period over that TTFT SLO) measured over the last
         :data:`PARK_MEMORY_S` (idle parking)."""
-        self._decode_pressures: deque[tuple[float, float]] = deque()
-        """(time, TPOT pressure) measured over the last :data:`PARK_MEMORY_S` (a
-        colocated GPU's idle parking)."""
+        self._decode_pressures: deque[tuple[float, float, float, float]] = deque()
+        """(time, TPOT pressure, clock it was measured at, running requests) measured over
+        the last :data:`PARK_MEMORY_S` (idle parking)."""
+        self._last_requested_mhz: float | None = None
+        """The clock the previous observation's window ran at (a TPOT window's tokens
+        can come from the period before)."""
         self.backlog_age = BacklogAge()
         self.work_mix = WorkMix()
         self.budget = (

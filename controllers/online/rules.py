@@ -67,7 +67,8 @@ class MeasuredLatencyRules:
     mean_prompt_tokens: float
     mean_output_tokens: float
     _prefill_pressures: deque[tuple[float, float, float]]
-    _decode_pressures: deque[tuple[float, float]]
+    _decode_pressures: deque[tuple[float, float, float, float]]
+    _last_requested_mhz: float | None
     pooled_waiting: float
     """Requests waiting on all the engines the last observation pooled (the rules see one
     engine's view, :mod:`controllers.online.engines`)."""
@@ -131,15 +132,23 @@ class MeasuredLatencyRules:
             self._prefill_pressures.append(
                 (observation.time_s, ttft_ratio, self.control_period_s / slo_s)
             )
+        model = self.model
+        assert model is not None
+        top = float(model.clocks_mhz[-1])
+        requested = observation.requested_clock_mhz
+        current = top if requested is None or not math.isfinite(requested) else float(requested)
         if tpot_ratio is not None:
-            self._decode_pressures.append((observation.time_s, tpot_ratio))
+            # Measured at no more than the higher of this window's clock and the last one's.
+            measured_at = max(current, self._last_requested_mhz or current)
+            self._decode_pressures.append(
+                (observation.time_s, tpot_ratio, measured_at, max(observation.decode_active, 1.0))
+            )
+        self._last_requested_mhz = current
         horizon = observation.time_s - PARK_MEMORY_S
         while len(self._prefill_pressures) > 1 and self._prefill_pressures[0][0] < horizon:
             self._prefill_pressures.popleft()
         while len(self._decode_pressures) > 1 and self._decode_pressures[0][0] < horizon:
             self._decode_pressures.popleft()
-        model = self.model
-        assert model is not None
         if slos is None or not _idle(observation):
             return None
         # An idle window measures nothing: the worst of the last minute.
@@ -150,11 +159,11 @@ class MeasuredLatencyRules:
             # at the parked clock, which the worst TPOT's 1/f bound covers.
             if not self._decode_pressures:
                 return None
-            needed = max(ratio for _, ratio in self._decode_pressures) / threshold
-            if needed >= 1.0:
+            bound = self._decode_park_bound(threshold)
+            if bound >= top:
                 return None
-            parked = _first_fit(clocks, clocks >= float(clocks[-1]) * needed - 1e-9)
-            return parked if parked < float(clocks[-1]) else None
+            parked = _first_fit(clocks, clocks >= bound - 1e-9)
+            return parked if parked < top else None
         if not self._prefill_pressures:
             return None
         if observation.role == "prefill":
@@ -165,12 +174,35 @@ class MeasuredLatencyRules:
         # x) <= threshold, TPOT's from ratio / x <= threshold.
         needed = max(
             max(1.0 - (threshold - ratio) / share for _, ratio, share in self._prefill_pressures),
-            max(ratio for _, ratio in self._decode_pressures) / threshold,
+            max(sample[1] for sample in self._decode_pressures) / threshold,
         )
         if needed >= 1.0:
             return None
         parked = _first_fit(clocks, clocks >= float(clocks[-1]) * needed - 1e-9)
         return parked if parked < float(clocks[-1]) else None
+
+    def _decode_park_bound(self, threshold: float) -> float:
+        """The lowest clock an idle decode pool may park at by the TPOTs of the last
+        :data:`PARK_MEMORY_S`. A TPOT measured at clock ``c`` at pressure ``p`` keeps every
+        clock from ``c * p / threshold`` up under the threshold at that window's load (the
+        1/f law from where it was measured, not from the top clock); the bound is the
+        highest over the windows, each lowered by any window that decoded at least as
+        many requests at a lower clock within the threshold (a decode iteration is no
+        slower with fewer requests). So a memory-bound decode the descent measured low
+        parks low, where the 1/f law from the top held an idle pool far above the clock
+        its busy windows had just decoded at; a window at or over the threshold keeps its
+        own bound."""
+        samples = np.array([sample[1:] for sample in self._decode_pressures])
+        ratio, clock, batch = samples[:, 0], samples[:, 1], samples[:, 2]
+        bound = clock * ratio / threshold
+        covers = (
+            (batch[None, :] >= batch[:, None])
+            & (clock[None, :] < clock[:, None])
+            & (ratio[None, :] < threshold)
+            & (ratio[:, None] < threshold)
+        )
+        lowered = np.where(covers, bound[None, :], np.inf).min(axis=1)
+        return float(np.minimum(bound, lowered).max())
 
     def warmup_drains(self, observation: ServingObservation) -> bool:
         """Whether the burst guard prices a backlog in the warm-up: a prefill pool's,

@@ -582,6 +582,72 @@ def test_an_idle_decode_pool_parks_where_the_worst_tpot_grown_like_1_over_f_fits
     ) == pytest.approx(expected)
 
 
+def _decode_window(
+    time_s: float, *, applied: float, tpot_ratio: float | None, running: int = 2
+) -> ServingObservation:
+    """A busy decode pool's window decoded at ``applied`` MHz."""
+    seen = _seen(applied=applied, tpot_ratio=tpot_ratio, running=running)
+    return replace(seen, time_s=time_s, step_index=int(time_s * 4), role="decode")
+
+
+def test_an_idle_decode_pool_parks_by_the_tpot_grown_from_the_clock_it_was_measured_at() -> None:
+    """The warm-up's descent decodes a memory-bound pool down to a low clock, whose TPOT
+    barely grew; the idle pool then parked where the worst TPOT of the last minute, grown
+    like 1/f from the top clock, fits, and each busy period began again from there (a
+    random board's decode pool idled at 1,460-1,610 MHz after decoding at 500). A TPOT
+    bounds the clocks below the one it was measured at; a window that decoded as many
+    requests lower within the threshold covers one measured higher, while two windows at
+    the same clock keep the worse one's bound, and a window at the threshold its own.
+    (The exploration threshold is 0.6 of the SLO.)"""
+    controller = OnlineMPCController(control_period_s=0.25)
+    threshold = controller.exploration.explore_threshold
+    slos = (2.0, 0.05)
+    controller(_decode_pool(0.0, tpot_ratio=None, busy=True))  # builds the model
+    idle = _decode_pool(30.0, tpot_ratio=None, busy=False)
+
+    def parked_after(*windows: ServingObservation) -> float | None:
+        controller._decode_pressures.clear()
+        controller._last_requested_mhz = None
+        for window in windows:
+            controller.idle_prefill_clock(window, slos)
+        return controller.idle_prefill_clock(idle, slos)
+
+    def fit(mhz: float) -> float:
+        return float(min(c for c in CLOCKS if c >= mhz - 1e-9))
+
+    # Measured at the top, 0.4 of the SLO: the 1/f law from there.
+    top_only = parked_after(_decode_window(1.0, applied=TOP, tpot_ratio=0.4))
+    assert top_only == fit(TOP * 0.4 / threshold)
+    # Then decoded at 600 MHz at 0.45 (memory-bound): covered from there.
+    lower = (
+        _decode_window(1.0, applied=TOP, tpot_ratio=0.4),
+        _decode_window(1.25, applied=TOP, tpot_ratio=0.4),
+        _decode_window(1.5, applied=600.0, tpot_ratio=0.45),
+        _decode_window(1.75, applied=600.0, tpot_ratio=0.45),
+    )
+    assert parked_after(*lower) == fit(600.0 * 0.45 / threshold) == CLOCKS[0]
+    # Fewer requests decoded low do not cover a larger batch measured high.
+    fewer = (
+        _decode_window(1.0, applied=TOP, tpot_ratio=0.4, running=4),
+        *(replace(window, decode_active=1) for window in lower[2:]),
+    )
+    assert parked_after(*fewer) == top_only
+    # Two windows at the same clock: the worse one's bound.
+    assert parked_after(
+        _decode_window(1.0, applied=TOP, tpot_ratio=0.2),
+        _decode_window(1.25, applied=TOP, tpot_ratio=0.4),
+    ) == fit(TOP * 0.4 / threshold)
+    # A window at the threshold low is not covered, and covers nothing: its own bound.
+    assert parked_after(*lower, _decode_window(2.0, applied=900.0, tpot_ratio=threshold)) == fit(
+        900.0
+    )
+    # A TPOT's tokens may come from the period before: the higher of the two clocks.
+    assert parked_after(
+        _decode_window(1.0, applied=TOP, tpot_ratio=None),
+        _decode_window(1.25, applied=600.0, tpot_ratio=0.45),
+    ) == fit(TOP * 0.45 / threshold)
+
+
 def test_a_prefill_pools_warm_up_drain_spares_a_pool_that_parks() -> None:
     """The warm-up's drain below the top clock spends TTFT, which would stop an idle
     prefill pool parking for a minute: it applies only while the pool could not park."""
