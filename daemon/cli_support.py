@@ -484,7 +484,8 @@ def require_extra(module: str, needed_for: str) -> None:
     """Import ``module`` now, or raise one :class:`UsageError` line naming the extra.
 
     Commands call it before any work, so a missing optional dependency costs nothing:
-    e.g. ``simulate --plot needs matplotlib: pip install 'gpugov[plots]'``.
+    e.g. ``simulate --plot needs matplotlib, which is not installed: pip install
+    'gpugov[plots]'``.
 
     Raises:
         UsageError: the module (an optional dependency in :data:`EXTRAS`) is missing.

@@ -482,6 +482,9 @@ def test_missing_matplotlib_is_one_line(
     assert "needs matplotlib" in lines[0]
     assert lines[0].endswith("pip install 'gpugov[plots]'")
     assert not (tmp_path / "x.png").exists()
+    if argv[0] == "plot":  # docs/commands.md quotes it word for word
+        docs = Path(__file__).resolve().parents[2] / "docs" / "commands.md"
+        assert lines[0] in " ".join(docs.read_text().split())
 
 
 REAL = Path(__file__).resolve().parents[1] / "daemon" / "fixtures" / "h200_dryrun_reactive.jsonl"
