@@ -610,9 +610,15 @@ class OnlineMPCController(MeasuredLatencyRules):
         slos = self.slos(observation)
         self.exploration.observe_top(observation, maximum)
         parked = self.idle_prefill_clock(observation, slos)
+        # An idle prefill pool past the warm-up parked at the lowest clock is the
+        # decision; parked higher (its measured TTFT leaves less than a period's room
+        # there) it caps the MPC's, as a colocated GPU's parking does.
+        lowest = parked is not None and parked <= float(model.clocks_mhz[0])
         if not self.spending and self.exploration.backing_off(observation, maximum):
             self.last_reason = "backoff"
-        elif parked is not None and (observation.role == "prefill" or not model.warmed_up):
+        elif parked is not None and (
+            (observation.role == "prefill" and lowest) or not model.warmed_up
+        ):
             self.last_reason = "idle-park"
             self.current_clock = parked
             if self.mpc is not None:
@@ -643,7 +649,8 @@ class OnlineMPCController(MeasuredLatencyRules):
             arrival = self.arrival_floor(observation)
             self.current_clock = max(decision, floor, guard or 0.0, efficient, arrival)
             if parked is not None and max(parked, guard or 0.0) < self.current_clock:
-                # An idle colocated GPU past the warm-up: the MPC's fluid model spreads
+                # An idle colocated GPU past the warm-up (or a prefill pool parked above
+                # its lowest clock): the MPC's fluid model spreads
                 # the expected prompts over every period and prices each as prefilled at
                 # that period's clock, where one arriving is raised at the next decision.
                 # The parking bound caps it (the clump floor and the efficiency floor

@@ -102,28 +102,26 @@ class MeasuredLatencyRules:
         self, observation: ServingObservation, slos: tuple[float, float] | None
     ) -> float | None:
         """The clock an idle GPU parks at, or None where parking does not apply: the
-        lowest clock for an idle prefill pool (role ``prefill``), and for a colocated GPU
-        or a decode pool the lowest clock the measured TTFT and TPOT allow: its clock in
-        the warm-up (which otherwise holds the top clock, idle or not), and past it a cap
-        on the MPC's decision, whose fluid model prices a prompt arriving in an idle
-        period as prefilled at that period's clock and so idles high where prompts are
-        long.
+        lowest clock the measured TTFT (and, but in a prefill pool, TPOT) allows: its
+        clock in the warm-up (which otherwise holds the top clock, idle or not), and past
+        it a cap on the MPC's decision, whose fluid model prices a prompt arriving in an
+        idle period as prefilled at that period's clock and so idles high where prompts
+        are long (a prefill pool parked at its lowest clock takes that as its decision).
 
         A prompt that arrives meanwhile runs at most one control period at the parked
-        clock before the next decision raises it. A prefill pool parks while the worst
-        TTFT measured over the last :data:`PARK_MEMORY_S`, plus a whole period, stays
-        under the exploration threshold (loosened while the attainment budget is ahead).
-        A colocated GPU is bounded by the 1/f law from the top clock (an upper bound on
-        the latency wherever a measurement was taken lower): the period at ``f`` delays
-        that prompt by at most the period times ``1 - f / f_top``, which must keep the
-        worst TTFT under the threshold, and the prompt's first tokens decode there, so
-        ``f`` is also no lower than where the worst TPOT of the last
-        :data:`PARK_MEMORY_S` would meet it (and it parks only once a TTFT and a TPOT
-        have been measured). An idle decode pool (role ``decode``) parks by the TPOT half
-        alone, once a TPOT has been measured: it prefills nothing, and a request that
-        arrives decodes at most a period at ``f``. It needs no model, so it applies in the
-        warm-up too. The pressures of the last :data:`PARK_MEMORY_S` count, or the last
-        one measured where none is that recent."""
+        clock before the next decision raises it. By the 1/f law from the top clock (an
+        upper bound on the latency wherever a measurement was taken lower) the period at
+        ``f`` delays that prompt by at most the period times ``1 - f / f_top``, which must
+        keep the worst TTFT measured over the last :data:`PARK_MEMORY_S` under the
+        exploration threshold (loosened while the attainment budget is ahead). On a
+        colocated GPU the prompt's first tokens decode there, so ``f`` is also no lower
+        than where the worst TPOT of the last :data:`PARK_MEMORY_S` would meet it (and
+        it parks only once a TTFT and a TPOT have been measured). An idle decode pool
+        (role ``decode``) parks by the TPOT half alone (:meth:`_decode_park_bound`), once
+        a TPOT has been measured: it prefills nothing, and a request that arrives decodes
+        at most a period at ``f``. It needs no model, so it applies in the warm-up too.
+        The pressures of the last :data:`PARK_MEMORY_S` count, or the last one measured
+        where none is that recent."""
         ttft_ratio, tpot_ratio = SLOFeedback.latency_ratios(observation)
         slo_s = observation.ttft_recent_slo_s
         if ttft_ratio is not None and slo_s is not None and slo_s > 0.0:
@@ -166,20 +164,19 @@ class MeasuredLatencyRules:
             return parked if parked < top else None
         if not self._prefill_pressures:
             return None
-        if observation.role == "prefill":
-            return float(clocks[0]) if self.prefill_pool_parks() else None
-        if not self._decode_pressures:
-            return None
         # The share of the top clock each bound needs: TTFT's from ratio + share * (1 -
-        # x) <= threshold, TPOT's from ratio / x <= threshold.
+        # x) <= threshold, TPOT's (not in a prefill pool) from ratio / x <= threshold.
         needed = max(
-            max(1.0 - (threshold - ratio) / share for _, ratio, share in self._prefill_pressures),
-            max(sample[1] for sample in self._decode_pressures) / threshold,
+            1.0 - (threshold - ratio) / share for _, ratio, share in self._prefill_pressures
         )
+        if observation.role != "prefill":
+            if not self._decode_pressures:
+                return None
+            needed = max(needed, max(sample[1] for sample in self._decode_pressures) / threshold)
         if needed >= 1.0:
             return None
-        parked = _first_fit(clocks, clocks >= float(clocks[-1]) * needed - 1e-9)
-        return parked if parked < float(clocks[-1]) else None
+        parked = _first_fit(clocks, clocks >= top * needed - 1e-9)
+        return parked if parked < top else None
 
     def _decode_park_bound(self, threshold: float) -> float:
         """The lowest clock an idle decode pool may park at by the TPOTs of the last

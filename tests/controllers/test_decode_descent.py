@@ -203,8 +203,12 @@ def _prefill_pool(time_s: float, *, ttft_ratio: float | None, busy: bool) -> Ser
 
 def test_an_idle_prefill_pool_parks_at_the_lowest_clock_where_a_period_fits() -> None:
     """A prompt arriving at the parked clock runs at most one period there: the pool
-    parks while the TTFT measured over the last minute plus one period fits under the
-    exploration threshold, in the warm-up too, and never in a colocated domain."""
+    parks at the lowest clock while the TTFT measured over the last minute plus one
+    period fits under the exploration threshold, in the warm-up too, and never in a
+    colocated domain. With less room it parks where the period's shortfall at the
+    parked clock (``1 - f / f_top`` of it, the 1/f law) fits, as a colocated GPU's TTFT
+    half: parked at the lowest or not at all, a pool whose flat TTFT SLO is near a
+    period idled at the top clock through every run."""
     controller = OnlineMPCController(control_period_s=0.25)
     threshold = controller.exploration.explore_threshold
     slos = (2.0, 0.05)
@@ -223,20 +227,29 @@ def test_an_idle_prefill_pool_parks_at_the_lowest_clock_where_a_period_fits() ->
     # A colocated domain with the same history does not park.
     colocated = replace(_prefill_pool(1.0, ttft_ratio=None, busy=False), role="colocated")
     assert controller.idle_prefill_clock(colocated, slos) is None
-    # A TTFT too close to the threshold for one more period: no parking for a minute.
-    tight = threshold - 0.25 / 2.0 + 0.05
+    # A TTFT too close to the threshold for a whole period at the lowest clock: parked
+    # where the period's shortfall fits, for a minute.
+    share = 0.25 / 2.0
+    tight = threshold - share + 0.05
     controller.idle_prefill_clock(_prefill_pool(1.25, ttft_ratio=tight, busy=True), slos)
+    between = min(c for c in CLOCKS if c >= TOP * (1.0 - (threshold - tight) / share) - 1e-9)
+    assert CLOCKS[0] < between < TOP
+    assert controller.idle_prefill_clock(
+        _prefill_pool(30.0, ttft_ratio=None, busy=False), slos
+    ) == pytest.approx(between)
+    # A TTFT at the threshold leaves no clock below the top: no parking for a minute.
+    controller.idle_prefill_clock(_prefill_pool(30.25, ttft_ratio=threshold, busy=True), slos)
     assert (
-        controller.idle_prefill_clock(_prefill_pool(30.0, ttft_ratio=None, busy=False), slos)
+        controller.idle_prefill_clock(_prefill_pool(61.0, ttft_ratio=None, busy=False), slos)
         is None
     )
     assert (
-        controller.idle_prefill_clock(_prefill_pool(62.0, ttft_ratio=None, busy=False), slos)
+        controller.idle_prefill_clock(_prefill_pool(90.5, ttft_ratio=None, busy=False), slos)
         is None
     )
-    controller.idle_prefill_clock(_prefill_pool(62.25, ttft_ratio=slack, busy=True), slos)
+    controller.idle_prefill_clock(_prefill_pool(91.0, ttft_ratio=slack, busy=True), slos)
     assert (
-        controller.idle_prefill_clock(_prefill_pool(62.5, ttft_ratio=None, busy=False), slos)
+        controller.idle_prefill_clock(_prefill_pool(91.25, ttft_ratio=None, busy=False), slos)
         == CLOCKS[0]
     )
 
