@@ -75,7 +75,8 @@ _P_BATCH_PLACES = 39  # the engine's batch bound (ServingPlant.max_batch_size)
 _P_PLACE_EXPONENT = 40  # sqrt(2 (places + 1)) - 1 (MPCProblem.place_wait_s)
 _P_MEAN_PROMPT = 41  # the mean prompt, at least 1 token
 _P_WAIT_LOG = 42  # log(1 - wait_quantile)
-_PARAMETERS = 43
+_P_WAIT_LOAD = 43  # the load per place below which random arrivals' wait term is zero
+_PARAMETERS = 44
 
 # Columns of a trajectory row (``_load`` / ``_store``): the state before a period, the
 # cost so far, and the safety chain's dwell state (the level applied, periods held).
@@ -220,6 +221,7 @@ def problem_arrays(
     parameters[_P_PLACE_EXPONENT] = math.sqrt(2.0 * (plant.max_batch_size + 1.0)) - 1.0
     parameters[_P_MEAN_PROMPT] = max(problem.mean_prompt_tokens, 1.0)
     parameters[_P_WAIT_LOG] = math.log(1.0 - problem.wait_quantile)
+    parameters[_P_WAIT_LOAD] = math.exp(parameters[_P_WAIT_LOG] / parameters[_P_PLACE_EXPONENT])
     parameters[_P_DEFERRED_DECODE] = (
         (1.0 - problem.terminal_share)
         * weights.power
@@ -261,16 +263,20 @@ def _place_wait(
     parameters: FloatArray,
 ) -> float:
     """A new request's wait for a place in the batch (MPCProblem.place_wait_s): the larger
-    of the queue in sight's and random arrivals' mean wait."""
+    of the queue in sight's and random arrivals' mean wait. Zero, without the logarithm,
+    while no request waits in sight and the load per place is below the quantile's
+    (every decision on an engine of 256 places: the search prices this per plan step)."""
     places = parameters[_P_BATCH_PLACES]
     prompt = parameters[_P_MEAN_PROMPT]
     burst = parameters[_P_TTFT_PROMPT] - parameters[_P_TTFT_OWN_PROMPT]
     releases = max(active + (prefill + burst) / prompt + 1.0 - places, 0.0)
     decoding = min(max(active, 1.0), places)
     decode_s = parameters[_P_MEAN_OUTPUT] * (table[_T0, level] + table[_T1, level] * decoding)
-    in_sight = releases * (decode_s / decoding)
     residence = prompt * table[_INVERSE_RATE, level] + decode_s
     load = min(arrivals / (prompt * parameters[_P_PERIOD]) * residence / places, PLACE_LOAD_CEILING)
+    if releases <= 0.0 and load <= parameters[_P_WAIT_LOAD]:
+        return 0.0
+    in_sight = releases * (decode_s / decoding)
     tail = parameters[_P_PLACE_EXPONENT] * math.log(max(load, 1e-300)) - parameters[_P_WAIT_LOG]
     random = max(tail, 0.0) / (places * (1.0 - load)) * residence
     return max(in_sight, random)
