@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.cli_outputs import check_not_an_input, check_output_file, controller_files
@@ -54,6 +54,8 @@ from gpugov.daemon.errors import (
 from gpugov.daemon.files import STATE_DIR_ENV, resolve_state_dir
 from gpugov.daemon.lockstate import HOLD_FILE, STATE_FILE, model_hold_path, newer_record
 from gpugov.daemon.node_support import GPU_CALL_DEADLINE_S, bounded_gpu_call, write_path_status
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -530,27 +532,23 @@ def _check_domain(
     )
 
 
-def _check_budget(domain: DomainConfig, backends: Sequence[GpuBackend], report: NodeReport) -> None:
-    """The domain's power budget as ``run`` takes it: ``power_budget_w`` against the
-    GPUs' lowest power limit (a problem), and one read of ``power_budget_file`` (its
-    trouble is a warning: ``run`` starts and keeps the last good value).
-
-    The GPUs' power limits are read on a worker thread, waited for at most
-    :data:`~daemon.gpu_sampling.GPU_READ_DEADLINE_S` per GPU, as ``run``'s start reads
-    them; a read past it is a warning (``run`` takes the limits as unknown) and marks the
-    report hung: no further GPU call is made (it would queue behind the hung one)."""
+def _read_power_limits(
+    domain: DomainConfig,
+    backends: Sequence[GpuBackend],
+    report: NodeReport,
+    read: Callable[[], T],
+    unread: str,
+) -> T | None:
+    """``read()`` (a check that reads the GPUs' power limits) on a worker thread, waited
+    for at most :data:`~daemon.gpu_sampling.GPU_READ_DEADLINE_S` per GPU, as ``run``'s
+    start reads them; a read past it is a warning saying ``unread`` and marks the report
+    hung (no further GPU call is made: it would queue behind the hung one), a
+    :class:`ConfigError` a problem. None where either."""
     from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
-    from gpugov.daemon.power_budget import domain_budget
 
     try:
-        budget = bounded_gpu_call(
-            lambda: domain_budget(
-                domain.name,
-                backends,
-                config_w=domain.power_budget_w,
-                file=domain.power_budget_file,
-                file_scope=domain.power_budget_file_scope,
-            ),
+        return bounded_gpu_call(
+            read,
             "read the power limits",
             GPU_READ_DEADLINE_S * len(backends),
             gpu=", ".join(b.label for b in backends),
@@ -558,14 +556,36 @@ def _check_budget(domain: DomainConfig, backends: Sequence[GpuBackend], report: 
     except GpuCallHung as error:
         report.hung = True
         report.warnings.append(
-            f"domain {domain.name}: {error}; run takes the limits as unknown; no further "
-            "GPU call is made (it would queue behind the hung one)"
+            f"domain {domain.name}: {error}; {unread}; no further GPU call is made (it "
+            "would queue behind the hung one)"
         )
-        return
     except ConfigError as error:
         report.problems.append(error)
-        return
-    if budget.file is not None and budget.file.read() is not None:
+    return None
+
+
+def _check_budget(domain: DomainConfig, backends: Sequence[GpuBackend], report: NodeReport) -> None:
+    """The domain's power budget as ``run`` takes it: ``power_budget_w`` against the
+    GPUs' lowest power limit (a problem), and one read of ``power_budget_file`` (its
+    trouble is a warning: ``run`` starts and keeps the last good value); the limits read
+    as ``run``'s start reads them (:func:`_read_power_limits`: past the deadline ``run``
+    takes them as unknown)."""
+    from gpugov.daemon.power_budget import domain_budget
+
+    budget = _read_power_limits(
+        domain,
+        backends,
+        report,
+        lambda: domain_budget(
+            domain.name,
+            backends,
+            config_w=domain.power_budget_w,
+            file=domain.power_budget_file,
+            file_scope=domain.power_budget_file_scope,
+        ),
+        "run takes the limits as unknown",
+    )
+    if budget is not None and budget.file is not None and budget.file.read() is not None:
         report.lines.append(
             f"domain {domain.name}: power budget file {budget.file.path}: "
             f"{budget.file.value_w:g} W for the domain"
@@ -577,29 +597,19 @@ def _check_configured_cap(
 ) -> None:
     """The controller's configured ``cap_w`` against the GPUs' lowest power limit, as
     ``run`` refuses it (:func:`~daemon.power_budget.check_configured_cap`, word for
-    word), the limits read within :data:`~daemon.gpu_sampling.GPU_READ_DEADLINE_S` per
-    GPU; a read past it is a warning and marks the report hung."""
-    from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
+    word), the limits read as ``run``'s start reads them (:func:`_read_power_limits`)."""
     from gpugov.daemon.power_budget import check_configured_cap
 
     cap_w = getattr(domain.controller, "cap_w", None)
     if cap_w is None:
         return
-    try:
-        bounded_gpu_call(
-            lambda: check_configured_cap(domain.name, cap_w, backends),
-            "read the power limits",
-            GPU_READ_DEADLINE_S * len(backends),
-            gpu=", ".join(b.label for b in backends),
-        )
-    except GpuCallHung as error:
-        report.hung = True
-        report.warnings.append(
-            f"domain {domain.name}: {error}; the power cap not checked; no further GPU call "
-            "is made (it would queue behind the hung one)"
-        )
-    except ConfigError as error:
-        report.problems.append(error)
+    _read_power_limits(
+        domain,
+        backends,
+        report,
+        lambda: check_configured_cap(domain.name, cap_w, backends),
+        "the power cap not checked",
+    )
 
 
 def _common_clocks(backends: Sequence[GpuBackend]) -> tuple[float, ...]:
