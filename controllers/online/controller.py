@@ -215,6 +215,9 @@ class OnlineMPCController(MeasuredLatencyRules):
         self._decode_pressures: deque[tuple[float, float, float, float]] = deque()
         """(time, TPOT pressure, clock it was measured at, running requests) measured over
         the last :data:`PARK_MEMORY_S` (idle parking)."""
+        self._decode_park_cache: tuple[tuple[object, ...], float] | None = None
+        """The idle decode pool's last parking bound and what it was computed from
+        (the threshold, the TPOT windows' count, first and last)."""
         self._last_requested_mhz: float | None = None
         """The clock the previous observation's window ran at (a TPOT window's tokens
         can come from the period before)."""
