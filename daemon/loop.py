@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -44,7 +45,7 @@ from gpugov.daemon.exporter import Exporter, LoopSnapshot
 from gpugov.daemon.limits import MIN_PERIOD_S
 from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.observer import Observed
-from gpugov.daemon.stop_signals import STOP_SIGNALS
+from gpugov.daemon.stop_signals import STOP_SIGNALS, StopEvent, off_handler, set_from_handler
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class TimedLoop:
         if not math.isfinite(period_s) or period_s <= 0:
             raise ValueError(f"period_s must be positive, got {period_s!r}")
         self.period_s = period_s
-        self.stop = stop or threading.Event()
+        self.stop = stop or StopEvent()
         self._clock = clock
         self._sleep = sleep or self.stop.wait
         self.ticks = 0
@@ -128,7 +129,7 @@ class ScaledClock:
         self.speed = speed
         self._wall = wall
         self._start = wall()
-        self._stop = stop or threading.Event()
+        self._stop = stop or StopEvent()
 
     def start(self) -> None:
         """Restart at simulated time 0 now: call it once everything the run needs is
@@ -223,20 +224,31 @@ def stop_on_signals(stop: threading.Event, received: list[str] | None = None) ->
     start reconciles (see :meth:`daemon.actuator.ClockActuator.reconcile`). Only in the
     main thread; elsewhere this does nothing. ``received`` collects the name of the signal
     that stopped the loop (the node exits 130 after its reset when it was SIGINT).
+
+    The handler takes no lock (:func:`~daemon.stop_signals.set_from_handler`): ``stop``
+    (a :class:`~daemon.stop_signals.StopEvent` reads as set at once) is set and the lines
+    are logged from a thread of its own.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
+    seen: list[str] = []
+
     def handler(signum: int, frame: FrameType | None) -> None:
+        # No lock is taken here, a log line's or the event's: see set_from_handler.
         name = signal.Signals(signum).name
-        if stop.is_set():
-            log.warning("received %s again; still stopping (resetting clocks first)", name)
+        if seen or stop.is_set():
+            off_handler(
+                functools.partial(
+                    log.warning, "received %s again; still stopping (resetting clocks first)", name
+                )
+            )
             return
-        log.info("received %s; stopping", name)
+        seen.append(name)
         if received is not None:
             received.append(name)
-        stop.set()
+        set_from_handler(stop, first=functools.partial(log.info, "received %s; stopping", name))
 
     previous = {}
     for sig in STOP_SIGNALS:
@@ -249,6 +261,8 @@ def stop_on_signals(stop: threading.Event, received: list[str] | None = None) ->
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+        if seen:  # the stop's log line, written on a thread of its own, is out before the exit
+            (stop.settled if isinstance(stop, StopEvent) else stop.wait)(1.0)
 
 
 # ----------------------------------------------------------------------- the loop

@@ -75,6 +75,7 @@ from gpugov.daemon.reset_clocks import cmd_reset_clocks
 from gpugov.daemon.run_simulated import DEFAULT_CONTROLLER, DEFAULT_SPEED, run_simulated
 from gpugov.daemon.service import OPENING_GPUS, domains_from_config
 from gpugov.daemon.status_cli import cmd_status, may_lock_clocks
+from gpugov.daemon.stop_signals import StopEvent
 from gpugov.plant.profile import DEFAULT_PROFILE
 
 log = logging.getLogger("gpugov")
@@ -121,7 +122,7 @@ def _run_node(args: argparse.Namespace) -> int:
         if state_dir is not None:
             refuse_if_held(state_dir)
         raise
-    stop = threading.Event()
+    stop = StopEvent()
     received: list[str] = []
     # Signals are caught from here on: one during the start (opening the GPUs,
     # reconciling, building the MPC) ends the run cleanly before the first tick.

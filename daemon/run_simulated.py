@@ -37,6 +37,7 @@ from gpugov.daemon.loop import RunStats, ScaledClock, TimedLoop, VirtualClock, r
 from gpugov.daemon.loop import stop_on_signals as _stop_on_signals
 from gpugov.daemon.record import Recorder
 from gpugov.daemon.service import simulated_run
+from gpugov.daemon.stop_signals import StopEvent, set_from_handler
 
 DEFAULT_SPEED = 10.0
 """Simulated seconds per wall second of a paced ``run --simulate``."""
@@ -89,7 +90,7 @@ def run_simulated(args: argparse.Namespace) -> int:
         raise UsageError(f"--trace {trace}: the selected window holds no requests")
     plant = ServingPlant.from_profile(profile)
     check_workload_fits(workload, plant, trace)
-    stop = threading.Event()
+    stop = StopEvent()
     if args.virtual:
         virtual = VirtualClock()
         clock: Callable[[], float] = virtual
@@ -135,11 +136,10 @@ def run_simulated(args: argparse.Namespace) -> int:
         progress(now_s, simulation.node.simulation)
         return over
 
-    interrupted = threading.Event()
+    interrupted = StopEvent()
 
     def on_ctrl_c(signum: int, frame: FrameType | None) -> None:
-        interrupted.set()
-        stop.set()
+        set_from_handler(interrupted, stop)
 
     if isinstance(clock, ScaledClock):
         clock.start()  # the paced plant starts now: its controller is built and warmed

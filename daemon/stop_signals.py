@@ -3,7 +3,10 @@ to handle them before the daemon's own modules are imported (``gpugov.cli``)."""
 
 from __future__ import annotations
 
+import _thread
 import signal
+import threading
+from collections.abc import Callable
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
     getattr(signal, name)
@@ -26,4 +29,70 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
 """Every catchable signal whose default action ends the process (SIGPIPE stays ignored,
 as Python leaves it): each one stops the loop and the clocks are reset."""
 
-__all__ = ["STOP_SIGNALS"]
+
+class StopEvent(threading.Event):
+    """A :class:`threading.Event` that a signal handler may set (:func:`set_from_handler`):
+    seen set at once by :meth:`is_set` and :meth:`wait`, its waiters woken from a thread
+    of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._signalled = False
+
+    def is_set(self) -> bool:
+        """Whether it was set, by a handler or by :meth:`set`."""
+        return self._signalled or super().is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """As :meth:`threading.Event.wait`; True at once once a handler set it."""
+        return self._signalled or super().wait(timeout)
+
+    def settled(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for a handler's set to be carried out by its thread
+        (``first`` run, waiters woken): a stop's log line is out before the exit."""
+        return super().wait(timeout)
+
+    def clear(self) -> None:
+        """As :meth:`threading.Event.clear`, a handler's set included."""
+        self._signalled = False
+        super().clear()
+
+
+def set_from_handler(*events: threading.Event, first: Callable[[], object] | None = None) -> None:
+    """Set ``events`` from a signal handler, in order, never taking their locks.
+
+    ``Event.set`` takes the event's lock, which is not reentrant, and a handler runs in
+    the main thread between any two bytecodes: a signal that lands while the main thread
+    holds that lock (entering or leaving ``event.wait``, or inside an earlier handler's
+    ``set``) waited on it forever, a daemon hung at its stop with its GPUs locked. A
+    :class:`StopEvent` reads as set at once; one thread then sets them all in order (its
+    waiters woken), taking each lock once the handler has returned. ``first`` runs on that
+    thread before them: a log line, which in the handler could land inside the main
+    thread's own write to the same stream (a reentrant write, an error on stderr).
+    """
+    for event in events:
+        if isinstance(event, StopEvent):
+            event._signalled = True
+
+    def set_all() -> None:
+        try:
+            if first is not None:
+                first()
+        finally:
+            for event in events:
+                event.set()
+
+    off_handler(set_all)
+
+
+def off_handler(function: Callable[[], object]) -> None:
+    """Run ``function`` on a thread of its own, out of a signal handler's way (see
+    :func:`set_from_handler`). ``_thread`` starts it without ``threading``'s own locks,
+    which the interrupted main thread may hold as well."""
+    try:
+        _thread.start_new_thread(function, ())
+    except RuntimeError:  # no new thread at the interpreter's exit: nothing waits then
+        function()
+
+
+__all__ = ["STOP_SIGNALS", "StopEvent", "off_handler", "set_from_handler"]

@@ -6,7 +6,6 @@ import argparse
 import json
 import signal
 import sys
-import threading
 from collections import Counter
 from pathlib import Path
 from types import FrameType
@@ -14,6 +13,7 @@ from typing import Any
 
 from gpugov.daemon import cli_types
 from gpugov.daemon.limits import MAX_CONCURRENCY, MAX_COUNT, MAX_SECONDS
+from gpugov.daemon.stop_signals import StopEvent, set_from_handler
 
 
 def cmd_load(args: argparse.Namespace) -> int:
@@ -88,13 +88,12 @@ def cmd_load(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    stop = threading.Event()
-    interrupted = threading.Event()
-    terminated = threading.Event()
+    stop = StopEvent()
+    interrupted = StopEvent()
+    terminated = StopEvent()
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        (interrupted if signum == signal.SIGINT else terminated).set()
-        stop.set()
+        set_from_handler(interrupted if signum == signal.SIGINT else terminated, stop)
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     progress = Progress(max(window, 1e-9), "load", unit="s", enabled=not args.quiet)

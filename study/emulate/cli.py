@@ -6,12 +6,12 @@ import argparse
 import math
 import signal
 import sys
-import threading
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from gpugov.daemon import cli_types
 from gpugov.daemon.limits import MAX_EMULATED_GPUS, MAX_SECONDS
+from gpugov.daemon.stop_signals import StopEvent, set_from_handler
 
 if TYPE_CHECKING:
     from gpugov.study.emulate.node import EmulatedNode
@@ -117,13 +117,11 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--address {args.address}: cannot listen: {error.strerror or error}"
         ) from error
-    stop = threading.Event()
-    interrupted = threading.Event()
+    stop = StopEvent()
+    interrupted = StopEvent()
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT:
-            interrupted.set()
-        stop.set()
+        set_from_handler(*((interrupted, stop) if signum == signal.SIGINT else (stop,)))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)

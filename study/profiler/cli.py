@@ -8,7 +8,6 @@ import os
 import re
 import shlex
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -215,6 +214,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     )
     from gpugov.daemon.loop import stop_on_signals
     from gpugov.daemon.service import open_backend
+    from gpugov.daemon.stop_signals import StopEvent
     from gpugov.study.openai_client import (
         EngineUnreachable,
         resolve_api_key,
@@ -340,7 +340,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             reference_batch=args.reference_batch,
             reference_context_tokens=args.reference_context,
         )
-        stop = threading.Event()
+        stop = StopEvent()
         sweep = Sweep(
             backends,
             args.engine_url,

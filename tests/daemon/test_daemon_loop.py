@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import threading
 
 import pytest
 
 from gpugov.daemon.loop import ScaledClock, SystemdNotify, TimedLoop, VirtualClock, stop_on_signals
+from gpugov.daemon.stop_signals import StopEvent, set_from_handler
 
 
 def test_ticks_at_absolute_targets_without_drift() -> None:
@@ -106,3 +110,47 @@ def test_every_terminating_signal_sets_stop(name: str) -> None:
         os.kill(os.getpid(), sig)
         assert loop.stop.is_set()
     assert signal.getsignal(sig) is previous
+
+
+_STOP_WHILE_THE_LOCK_IS_HELD = """
+import signal, threading
+from gpugov.daemon.loop import TimedLoop, stop_on_signals
+for stop in (TimedLoop(1.0).stop, threading.Event()):
+    with stop_on_signals(stop):
+        # Where the main thread is on its way into or out of the loop's stop.wait: holding
+        # the event's lock, which is not reentrant. A handler that set the event here
+        # waited on that lock forever.
+        with stop._cond:
+            signal.raise_signal(signal.SIGTERM)
+            seen = stop.is_set()
+        print(type(stop).__name__, seen, stop.wait(10), flush=True)
+"""
+
+
+def test_a_stop_signal_while_the_loop_holds_the_stop_events_lock_still_stops() -> None:
+    """A daemon hung at its SIGTERM (GPUs locked) when the signal landed in ``stop.wait``'s
+    own few bytecodes that hold the event's lock."""
+    done = subprocess.run(
+        [sys.executable, "-c", _STOP_WHILE_THE_LOCK_IS_HELD],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    # The loop's own event reads as set at once; any other is set once the handler returned.
+    assert done.stdout.split("\n")[:2] == ["StopEvent True True", "Event False True"], done
+
+
+def test_events_set_from_a_handler_are_set_in_order() -> None:
+    """Whoever sees the last event set (the loop's stop) sees the first (Ctrl-C's) too."""
+    for _ in range(50):
+        first, last = threading.Event(), threading.Event()
+        set_from_handler(first, last)
+        assert last.wait(10)
+        assert first.is_set()
+    signalled = StopEvent()
+    set_from_handler(signalled)
+    assert signalled.is_set() and signalled.wait(0)  # at once, before its thread ran
+    assert threading.Event.wait(signalled, 10)  # and its thread's set() came
+    signalled.clear()
+    assert not signalled.is_set()

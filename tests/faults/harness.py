@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import importlib.util
 import json
@@ -331,6 +332,7 @@ class Daemon:
         env[STATE_ENV] = str(self.node.path)
         env["STATE_DIRECTORY"] = str(self.node.state_dir)
         env["PYTHONUNBUFFERED"] = "1"
+        env["PYTHONFAULTHANDLER"] = "1"  # a hung exit's threads: see wait()
         env.pop("NOTIFY_SOCKET", None)
         env.update(self.env)
         self.stderr_path = self.node.root / f"{self.name}.stderr"
@@ -413,9 +415,18 @@ class Daemon:
         return self.wait(timeout_s)
 
     def wait(self, timeout_s: float = 90.0) -> int:
-        """Wait for the exit; the exit code."""
+        """Wait for the exit; the exit code. One that never comes fails with every thread's
+        stack (SIGABRT: ``faulthandler``) and the daemon's stderr."""
         assert self.process is not None
-        return self.process.wait(timeout_s)
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(10)
+            raise AssertionError(
+                f"{self.name} did not exit within {timeout_s:g} s:\n{self.stderr}"
+            ) from None
 
     def kill(self) -> None:
         """SIGKILL (nothing is reset)."""
