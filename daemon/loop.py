@@ -45,6 +45,7 @@ from gpugov.daemon.exporter import Exporter, LoopSnapshot
 from gpugov.daemon.limits import MIN_PERIOD_S
 from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.observer import Observed
+from gpugov.daemon.sd_notify import SocketNotifier
 from gpugov.daemon.stop_signals import STOP_SIGNALS, StopEvent, off_handler, set_from_handler
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,8 @@ class SystemdNotify:
     """READY/WATCHDOG/STATUS/STOPPING for ``Type=notify`` units; silent outside systemd.
 
     Args:
-        notifier: a ``sdnotify.SystemdNotifier``-like object (tests pass a recorder).
+        notifier: what sends each message (default: a
+            :class:`~daemon.sd_notify.SocketNotifier`; tests pass a recorder).
         environ: for ``NOTIFY_SOCKET``, ``WATCHDOG_USEC`` and ``WATCHDOG_PID``.
     """
 
@@ -171,9 +173,8 @@ class SystemdNotify:
         except ValueError:
             self.watchdog_s = 0.0
         if notifier is None and env.get("NOTIFY_SOCKET"):
-            import sdnotify
-
-            notifier = sdnotify.SystemdNotifier()
+            # Not sdnotify's notifier: its blocking send waited on a full socket queue.
+            notifier = SocketNotifier(env)
         self._notifier = notifier
         self.ready_sent = False
 

@@ -1,10 +1,10 @@
 """systemd's notify protocol in the standard library alone, for ``gpugov actuator``.
 
-``gpugov run`` talks to systemd through :class:`gpugov.daemon.loop.SystemdNotify` (the
-``sdnotify`` package, one watchdog ping per control tick). The actuator imports nothing
-beyond the standard library, so it sends the same datagrams itself: ``READY=1`` once it
-serves, ``WATCHDOG=1`` from its serving loop (:class:`Watchdog`), ``STOPPING=1`` as it
-resets and exits. Outside systemd (no ``$NOTIFY_SOCKET``) nothing is sent.
+``gpugov run`` talks to systemd through :class:`gpugov.daemon.loop.SystemdNotify` (one
+watchdog ping per control tick, sent by :class:`SocketNotifier`); the actuator sends
+``READY=1`` once it serves, ``WATCHDOG=1`` from its serving loop (:class:`Watchdog`),
+``STOPPING=1`` as it resets and exits. Outside systemd (no ``$NOTIFY_SOCKET``) nothing is
+sent. A datagram the socket has no room for is dropped, never waited for.
 """
 
 from __future__ import annotations
@@ -24,7 +24,12 @@ and one round's NVML calls (a reset per GPU) must fit with room to spare."""
 
 
 def notify_systemd(state: str, environ: Mapping[str, str] | None = None) -> None:
-    """``sd_notify(state)`` when systemd asked for it (``$NOTIFY_SOCKET``); else nothing."""
+    """``sd_notify(state)`` when systemd asked for it (``$NOTIFY_SOCKET``); else nothing.
+
+    Sent without waiting: the socket queues a few datagrams only
+    (``net.unix.max_dgram_qlen``), and while its reader is busy (PID 1 in a long reload, a
+    container's notify proxy that stopped reading) a blocking send held the caller's loop,
+    its watchdog pings and, at a stop, the clocks' reset. One with no room is dropped."""
     address = (os.environ if environ is None else environ).get("NOTIFY_SOCKET")
     if not address:
         return
@@ -32,9 +37,21 @@ def notify_systemd(state: str, environ: Mapping[str, str] | None = None) -> None
         address = "\0" + address[1:]
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         try:
-            sock.sendto(state.encode(), address)
-        except OSError as error:
+            sock.sendto(state.encode(), socket.MSG_DONTWAIT, address)
+        except OSError as error:  # BlockingIOError: no room in its queue
             log.debug("sd_notify failed: %s", error)
+
+
+class SocketNotifier:
+    """``notify(state)`` to the ``$NOTIFY_SOCKET`` of ``environ``, never waiting for room
+    (:func:`notify_systemd`); ``gpugov run``'s sender (:class:`daemon.loop.SystemdNotify`)."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._environ = {"NOTIFY_SOCKET": environ.get("NOTIFY_SOCKET", "")}
+
+    def notify(self, state: str) -> None:
+        """Send ``state`` (``READY=1``, ``WATCHDOG=1``, ``STATUS=...``, ``STOPPING=1``)."""
+        notify_systemd(state, self._environ)
 
 
 def watchdog_seconds(environ: Mapping[str, str]) -> float | None:

@@ -179,3 +179,16 @@ def test_a_watchdog_shorter_than_the_minimum_is_a_problem(notify: NotifySocket) 
     assert problem is not None and "WatchdogSec=0.5s is too short" in problem
     assert Watchdog({**environ, "WATCHDOG_USEC": str(int(MIN_WATCHDOG_S * 1e6))}).problem() is None
     assert Watchdog(environ).problem() is None
+
+
+def test_a_notify_socket_nobody_reads_never_holds_the_serving_loop(notify: NotifySocket) -> None:
+    """A send to a notify socket whose queue is full (its reader busy) waited for room,
+    holding the actuator's serving loop, and so its lease enforcement; it is dropped now."""
+    environ = {"NOTIFY_SOCKET": str(notify.path)}
+    worker = threading.Thread(
+        target=lambda: [notify_systemd("WATCHDOG=1", environ) for _ in range(500)], daemon=True
+    )
+    worker.start()
+    worker.join(10.0)
+    assert not worker.is_alive(), "the notify send blocked on a full queue"
+    assert notify.next(1.0) == "WATCHDOG=1"

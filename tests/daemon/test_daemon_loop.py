@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +156,34 @@ def test_events_set_from_a_handler_are_set_in_order() -> None:
     assert threading.Event.wait(signalled, 10)  # and its thread's set() came
     signalled.clear()
     assert not signalled.is_set()
+
+
+def test_a_notify_socket_nobody_reads_never_holds_the_loop_or_its_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """systemd's notify socket holds a few datagrams only (``net.unix.max_dgram_qlen``):
+    while its reader is busy (PID 1 in a long reload, a container's notify proxy that
+    stopped reading) a blocking send waited for room, so the loop stopped at its watchdog
+    ping and, at a stop, ``STOPPING=1`` held the reset with the GPUs locked. A datagram
+    with no room is dropped now, as a ping that systemd would not have read in time."""
+    path = tmp_path / "notify"
+    reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    reader.bind(str(path))
+    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+    notify = SystemdNotify(environ={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "30000000"})
+    sent: list[int] = []
+
+    def ticks() -> None:
+        for tick in range(500):  # far past any queue's room
+            notify.tick(f"tick {tick}")
+            sent.append(tick)
+        notify.stopping()
+
+    worker = threading.Thread(target=ticks, daemon=True)
+    worker.start()
+    worker.join(10.0)
+    try:
+        assert not worker.is_alive(), f"the notify send blocked after {len(sent)} tick(s)"
+        assert reader.recv(4096) == b"READY=1"  # what had room was sent
+    finally:
+        reader.close()

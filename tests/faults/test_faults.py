@@ -15,6 +15,7 @@ import concurrent.futures
 import json
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -342,6 +343,33 @@ def _sigterm_during_lock(root: Path) -> dict[str, Any]:
     finally:
         daemon.kill()
         engine.close()
+
+
+@scenario("systemd-notify-socket-not-read")
+def _notify_not_read(root: Path) -> dict[str, Any]:
+    """systemd's notify socket queues a few datagrams; its reader stops reading (PID 1 in a
+    long reload, a container's notify proxy): the loop goes on, and a SIGTERM resets."""
+    engine = Engine("ok")
+    path = root / "notify"
+    reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    reader.bind(str(path))  # never read
+    node, daemon = _daemon(root, engine)
+    daemon.env = {"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "30000000"}
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        ticks = "gpugov_loop_ticks_total"
+        # Each tick sends two datagrams (WATCHDOG=1, STATUS=): far past the queue's room.
+        daemon.wait_for(lambda: daemon.metrics()[ticks] >= 40, 30, "40 ticks")
+        code = daemon.stop(timeout_s=30)
+        assert code == 0, daemon.stderr
+        assert node.locked() == [None, None], node.writes()
+        assert "stopped; every clock gpugov locked was reset" in daemon.stderr
+        assert_clean(daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+        reader.close()
 
 
 # ------------------------------------------------------------------------ files
