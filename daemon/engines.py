@@ -138,6 +138,11 @@ class EngineSample:
     prompt_tokens_external_total: float | None = None
     """Prompt tokens whose KV cache came from another instance instead of being computed
     here (``vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}``)."""
+    created: tuple[tuple[str, float], ...] | None = None
+    """When each counter and histogram series of the page was created (its ``_created``
+    series, by series), which tells one engine instance from another: a restarted engine
+    creates its series again. None where the page has none (prometheus_client's
+    multiprocess mode, SGLang, TGI)."""
 
 
 @runtime_checkable
@@ -333,7 +338,34 @@ class EngineSpec:
         ):
             names.add(f"{base}_bucket")
         names.update(DISAGGREGATION_SERIES.get(self.kind, ()))
+        names.update(self.created())
         return frozenset(names)
+
+    def created(self) -> tuple[str, ...]:
+        """The ``_created`` sample names of this engine's counters (``vllm:prompt_tokens_total``:
+        ``vllm:prompt_tokens_created``) and histograms, which prometheus_client writes
+        beside them: their values change when the engine restarts."""
+        counters = (
+            *self.prompt_tokens,
+            *self.generation_tokens,
+            *self.finished,
+            *self.arrived,
+            *self.preemptions,
+        )
+        histograms = (
+            *self.ttft,
+            *self.tpot,
+            *self.ttft_buckets,
+            *self.tpot_buckets,
+            *self.request_prompt_tokens,
+            *self.request_generation_tokens,
+            *self.iterations,
+        )
+        names = [
+            f"{name.removesuffix('_total')}_created" for name in counters if name.endswith("_total")
+        ]
+        names.extend(f"{base}_created" for base in histograms)
+        return tuple(dict.fromkeys(names))
 
 
 PER_REQUEST_TPOT = frozenset(
@@ -672,8 +704,20 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         iteration_tokens_total=_first(series, [f"{base}_sum" for base in spec.step_tokens]),
         prefill_forward_s_total=_method_seconds(series, spec.forward_seconds, "prefill"),
         decode_forward_s_total=_method_seconds(series, spec.forward_seconds, "decode"),
+        created=created_times(series, spec.created()),
     )
     return with_disaggregation(spec, series, sample)
+
+
+def created_times(series: Series, names: Iterable[str]) -> tuple[tuple[str, float], ...] | None:
+    """The creation time of each series of ``names`` the page has, by series (sorted), or
+    None when it has none."""
+    found = sorted(
+        (_series_text(name, labels), value)
+        for name in names
+        for labels, value in series.get(name) or ()
+    )
+    return tuple(found) or None
 
 
 GOVERNED_SERIES: tuple[tuple[str, str, bool], ...] = (

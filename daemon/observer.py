@@ -155,13 +155,19 @@ def _another_engine(last: EngineSample, sample: EngineSample) -> bool:
     another model (a name either page lacks tells nothing), or as many data-parallel
     engines no more (a deployment scaled up or down: the sums now hold an engine's
     lifetime counters more, or less), or other ones (one left and another joined
-    between two scrapes: the sums swapped one's lifetime for the other's); its counters
-    are its own."""
+    between two scrapes: the sums swapped one's lifetime for the other's), or with a
+    series created again (its ``_created`` time changed: a restart whose counters rose
+    past the old ones before this scrape, or another replica behind a load balancer,
+    whose lifetimes' difference no counter going back shows); its counters are its own."""
     if sample.engine != last.engine or sample.engines != last.engines:
         return True
     shown = (last.engine_labels, sample.engine_labels)
     if None not in shown and shown[0] != shown[1]:
         return True
+    if last.created and sample.created:
+        before = dict(last.created)
+        if any(before.get(key, value) != value for key, value in sample.created):
+            return True
     names = (last.model_name, sample.model_name)
     return None not in names and names[0] != names[1]
 

@@ -1,0 +1,89 @@
+"""Which engine instance a page is: the ``_created`` series of its counters and histograms
+(prometheus_client's creation time of each series, set again when an engine restarts)
+tell a restart, or another engine behind the URL, where no counter went back."""
+
+from __future__ import annotations
+
+from daemon_support import fixture_text
+from synthetic import IdleGpu
+
+from gpugov.daemon.engine_sources import VllmSource
+from gpugov.daemon.observer import DomainObserver
+
+CREATED = 1.7769301736e09
+"""When the first engine's series were created (a real page's ``_created`` value)."""
+
+
+def _page(scale: float, created: float) -> str:
+    """The per-request-TPOT vLLM page (real format) with every counter and histogram
+    series times ``scale`` and ``_created`` series at ``created``, as vLLM's default
+    registry writes them."""
+    lines = []
+    for line in fixture_text("vllm_request_tpot_synthetic.txt").splitlines():
+        name = line.split("{", 1)[0]
+        if name.endswith(("_total", "_bucket", "_count", "_sum")):
+            head, _, value = line.rpartition(" ")
+            line = f"{head} {float(value) * scale!r}"
+        lines.append(line)
+    labels = 'engine="0",model_name="m"'
+    for base in (
+        "vllm:prompt_tokens",
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:request_time_per_output_token_seconds",
+    ):
+        lines.append(f"vllm:{base[5:]}_created{{{labels}}} {created!r}")
+    return "\n".join(lines) + "\n"
+
+
+def _observe(pages: list[str]) -> list[object]:
+    shown = [pages[0]]
+    observer = DomainObserver(
+        [IdleGpu()],
+        VllmSource("http://e/metrics", fetch=lambda url, t: shown[0]),
+        stale_after_s=30.0,
+        ttft_slo_s=0.5,
+        tpot_slo_s=0.05,
+    )
+    ticks = []
+    for step, page in enumerate(pages):
+        shown[0] = page
+        observed = observer.observe(float(step), step, None)
+        assert observed.engine_error is None, (step, observed.engine_error)
+        ticks.append(observed.observation)
+    return ticks
+
+
+def test_a_restart_whose_counters_rose_past_the_old_ones_is_another_engine() -> None:
+    """The engine restarted between two scrapes and its new lifetime already passed the
+    old one's on every counter (the daemon missed its first pages): no counter went back,
+    so the difference of the two lifetimes was read as one window's work (200 first
+    tokens judged, 40,000 prompt tokens). Its series' creation times changed: it is
+    another engine, whose counters start from zero there."""
+    old, new = _page(1.0, CREATED), _page(3.0, CREATED + 600.0)
+    ticks = _observe([old, old, new, new])
+    before, switched, after = ticks[1], ticks[2], ticks[3]
+    assert switched.prompt_tokens_total <= before.prompt_tokens_total
+    assert switched.ttft_recent_s is None  # no window across the two engines
+    assert after.ttft_count_total == before.ttft_count_total == 0.0
+    assert after.tpot_count_total == before.tpot_count_total == 0.0
+
+
+def test_a_url_that_answers_for_two_engines_in_turn_counts_no_work_between_them() -> None:
+    """A URL behind a load balancer over two vLLM replicas of one model (same labels):
+    each page is the other engine's. Every other window went from the smaller lifetime
+    to the larger and counted the difference as work: 70 first tokens judged each time,
+    none of them served. Each page is another engine now, and idle pages count none."""
+    first, second = _page(1.0, CREATED), _page(0.3, CREATED + 3600.0)
+    ticks = _observe([first, second] * 4)
+    assert {t.ttft_count_total for t in ticks[1:]} <= {None, 0.0}
+    assert {t.tpot_count_total for t in ticks[1:]} <= {None, 0.0}
+    assert all(t.ttft_recent_s is None for t in ticks)
+
+
+def test_the_same_engine_scraped_again_is_one_engine() -> None:
+    """Unchanged creation times: the windows are taken as before (the work between two
+    pages of one engine is counted)."""
+    ticks = _observe([_page(1.0, CREATED), _page(1.5, CREATED), _page(2.0, CREATED)])
+    assert ticks[2].ttft_count_total == 100.0  # 50 first tokens a window
+    assert ticks[2].ttft_recent_s is not None
