@@ -453,7 +453,7 @@ def run(
                     close_controllers(domains)
         if failed or capped:
             found_lost = {label for domain in domains for label in domain.actuator.lost}
-            _raise_not_reset(failed, sys.exc_info()[1], capped, reset_advice, found_lost)
+            raise_not_reset(failed, sys.exc_info()[1], capped, reset_advice, found_lost)
     return stats
 
 
@@ -516,7 +516,7 @@ def _saves_a_model(domain: Domain) -> bool:
     )
 
 
-def _raise_not_reset(
+def raise_not_reset(
     failed: list[str],
     stopped_by: BaseException | None,
     capped: Mapping[str, float] | None = None,

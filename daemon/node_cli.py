@@ -49,6 +49,7 @@ from gpugov.daemon.cli_support import (
 from gpugov.daemon.config import GpugovConfig, load_config
 from gpugov.daemon.controller_config import ControllerConfig, PowerProfileControllerConfig
 from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller_spec, shown_spec
+from gpugov.daemon.domain import Domain
 from gpugov.daemon.errors import (
     ExitCode,
     TransientGpuError,
@@ -61,6 +62,7 @@ from gpugov.daemon.loop import (
     ResetAdvice,
     SystemdNotify,
     TimedLoop,
+    raise_not_reset,
     restore_all,
     restore_power_limits,
     run,
@@ -149,18 +151,19 @@ def _run_node(args: argparse.Namespace) -> int:
             return _stopped(received)
         exporter = None
         recorder = None
-        entered = False
+        restore_here = True  # the finally's restore: until the loop's exit or the stop's
+        advice = ResetAdvice(config.daemon.backend, args.config)
         try:
             for domain in assembled.domains:
                 domain.reconcile(config.daemon.reconcile, dry_run=dry_run)
             if not dry_run:
-                reset_left_locks(
-                    config, assembled, stop, advice=ResetAdvice(config.daemon.backend, args.config)
-                )
+                reset_left_locks(config, assembled, stop, advice=advice)
             if stop.is_set():
                 # Stopped while the start ran (opening the GPUs, reconciling, building
                 # the controllers): no loop, so no "locking clocks" line before the stop.
                 log.info("stopped during the start, before the first tick")
+                restore_here = False
+                _restore_at_start(assembled.domains, advice)  # before Ctrl-C's line says so
                 return _stopped(received)
             exporter = metrics_exporter(args.metrics_address or config.daemon.metrics_address)
             record = args.record or config.daemon.record
@@ -173,7 +176,7 @@ def _run_node(args: argparse.Namespace) -> int:
                 config.daemon.period_s,
                 f", metrics on {exporter.url}" if exporter else "",
             )
-            entered = True
+            restore_here = False
             run(
                 assembled.domains,
                 TimedLoop(config.daemon.period_s, stop=stop),
@@ -183,20 +186,36 @@ def _run_node(args: argparse.Namespace) -> int:
                 max_controller_failures=config.daemon.max_controller_failures,
                 concurrent_observation=True,
                 # exit 6's line: reset-clocks with this config, unless the GPUs are NVML's
-                reset_advice=ResetAdvice(config.daemon.backend, args.config),
+                reset_advice=advice,
             )
         finally:
-            if not entered:  # what reconcile could not reset is tried once more
-                budget = ExitBudget()  # within the exit's budget, as the loop's exit
-                restore_all(assembled.domains, budget)
-                restore_power_limits(assembled.domains, budget)
-            if recorder is not None:
-                recorder.close()
-            if exporter is not None:
-                exporter.close()
-            assembled.close()
+            try:
+                if restore_here:  # what reconcile could not reset is tried once more
+                    _restore_at_start(assembled.domains, advice)
+            finally:
+                if recorder is not None:
+                    recorder.close()
+                if exporter is not None:
+                    exporter.close()
+                assembled.close()
     log.info("stopped; every clock gpugov locked was reset")
     return _stopped(received)
+
+
+def _restore_at_start(domains: Sequence[Domain], advice: ResetAdvice) -> None:
+    """The exit of a start that never reached the loop: reset what reconcile locked or
+    could not reset, within the exit's budget, as the loop's exit does.
+
+    Raises:
+        ClocksNotReset: some GPUs may still be locked or capped (exit 6, the line naming
+            them; an error already on its way out is logged first), as after the loop.
+    """
+    budget = ExitBudget()
+    failed = restore_all(domains, budget)
+    capped = restore_power_limits(domains, budget)
+    if failed or capped:
+        lost = {label for domain in domains for label in domain.actuator.lost}
+        raise_not_reset(failed, sys.exc_info()[1], capped, advice, lost)
 
 
 STOP_GRACE_S = 1.0

@@ -1503,3 +1503,52 @@ def test_a_start_through_nvidia_smi_names_how_to_reset_a_gpu_recorded_by_uuid(
         "run `gpugov reset-clocks --backend nvml --gpus 1` as root (it clears the entry too)"
     )
     assert set(LockState(state_dir).read()) == {"GPU-recorded"}
+
+
+@pytest.mark.parametrize(("sig", "line"), [("SIGTERM", None), ("SIGINT", "interrupted")])
+def test_a_stop_during_the_start_that_leaves_a_gpu_locked_exits_6(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    sig: str,
+    line: str | None,
+) -> None:
+    """A killed run left GPU 0 locked at 1005 MHz; the next start is stopped before its
+    first tick and neither reconcile's reset nor the exit's goes through. The exit said 0
+    (130 and ``every clock gpugov locked was reset`` for Ctrl-C) and logged ``stopped
+    during the start``, GPU 0 still locked; it is exit 6 with the line naming it, as a
+    stop after the first tick says."""
+    import os
+    import signal
+
+    from gpugov.daemon.actuator import ClockActuator
+    from gpugov.daemon.lockstate import LockState
+    from gpugov.daemon.nvml import NvmlBackend
+
+    state_dir = tmp_path / "state"
+    ClockActuator([NvmlBackend(0, nvml=fake)], state=LockState(state_dir, pid=1)).apply(1005)
+    fake.fail("nvmlDeviceResetGpuLockedClocks", fake.NVML_ERROR_NOT_SUPPORTED, times=None)
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    real = node_cli.domains_from_config
+
+    def stopped_once_open(*args: Any, **kwargs: Any) -> Any:
+        assembled = real(*args, **kwargs)
+        os.kill(os.getpid(), getattr(signal, sig))
+        return assembled
+
+    monkeypatch.setattr(node_cli, "domains_from_config", stopped_once_open)
+    config = tmp_path / "gpugov.toml"
+    config.write_text(
+        f'[daemon]\nmetrics_address = ""\nstate_dir = "{state_dir}"\n'
+        '[[domains]]\nname = "llm"\ngpus = [0]\n'
+        f'[domains.engine]\nkind = "vllm"\nurl = "{metrics_server.url}"\n'
+    )
+    assert node_cli.main(["run", "--config", str(config)]) == 6
+    assert fake.locked(0) == (1005, 1005)
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("gpugov: error:") and "GPU(s) 0" in last, err
+    assert "every clock gpugov locked was reset" not in err
+    assert "GPU-fake-0000" in LockState(state_dir).read()  # kept for the next start
