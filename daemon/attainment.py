@@ -100,7 +100,8 @@ def within_window(
     """Observations of one window at or below ``threshold_s``, placed within the bucket
     that holds it by the window's ``_sum`` (module notes): the other buckets' observations
     taken at the mean of the ``known`` values in their bucket (else at its middle), the
-    rest of the sum is that bucket's. One observation there is judged at that value.
+    rest of the sum is that bucket's. One observation there (or part of one: counts that
+    are not whole) is judged at that value.
     Several are judged as the ``known`` values in that bucket (earlier windows' lone
     observations, each exact) spread around the window's mean (narrowed as the spread of
     draws with that mean is), once at least :data:`MIN_KNOWN_VALUES` are known; before
@@ -132,7 +133,9 @@ def within_window(
         mean = 0.5 * (lowest + highest)
     mean = min(high, max(low, mean))
     half = min(mean - low, high - mean)
-    if count == 1.0 or half <= 0.0:
+    if count <= 1.0 or half <= 0.0:
+        # One observation, or part of one (counts that are not whole: a page averaged
+        # over replicas), is judged at the mean: a spread of it has no meaning.
         return within_below + (count if mean <= threshold_s + 1e-12 else 0.0)
     inside = [value for value in known if low < value <= high]
     if len(inside) >= MIN_KNOWN_VALUES:

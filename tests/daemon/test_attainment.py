@@ -181,6 +181,21 @@ def test_the_estimator_keeps_lone_observations() -> None:
     assert (estimator.tpot_within, estimator.tpot_count) == (12.0, 12.0)
 
 
+def test_a_window_with_part_of_an_observation_in_the_slos_bucket_is_judged_at_its_mean() -> None:
+    """Bucket counts that are not whole (a proxy that averages its replicas' pages): a
+    window with half an observation in the SLO's bucket, once 8 lone values there were
+    known, took the square root of a negative number and ended the daemon's loop with a
+    ValueError. Less than one observation there is judged at its mean, as one is."""
+    estimator = AttainmentEstimator(None, 0.0163)
+    alone = ((0.01, 0.0), (0.025, 1.0), (math.inf, 1.0))
+    for value in (0.014, 0.0145, 0.015, 0.0155, 0.016, 0.015, 0.0148, 0.0152):
+        estimator.add_window(None, alone, None, tpot_sum_s=value)
+    half = ((0.01, 0.0), (0.025, 0.5), (math.inf, 0.5))
+    estimator.add_window(None, half, None, None, 0.5 * 0.015)
+    assert (estimator.tpot_within, estimator.tpot_count) == (8.5, 8.5)
+    assert within_window(half, 0.0145, 0.5 * 0.015, [0.015] * 8) == 0.0
+
+
 def test_the_estimator_uses_the_window_sum() -> None:
     estimator = AttainmentEstimator(1.0, None, ttft_slo_per_prompt_token_s=1e-4)
     window = ((1.0, 0.0), (2.5, 1.0), (math.inf, 1.0))
