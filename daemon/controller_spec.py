@@ -118,6 +118,11 @@ def load_factory(reference: str) -> Any:
         raise ValueError(
             f"controller factory {reference!r}: cannot import {module_name!r}: {error}"
         ) from None
+    except SystemExit as error:  # a module that exits on import (a script) is no factory
+        raise ValueError(
+            f"controller factory {reference!r}: cannot import {module_name!r}: "
+            f"it called sys.exit({error.code!r})"
+        ) from None
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise ValueError(f"controller factory {reference!r}: {module_name} has no {attribute}")

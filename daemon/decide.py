@@ -388,6 +388,10 @@ def _external(spec: ExternalControllerConfig, context: ControllerContext) -> Clo
         raise ControllerError(str(error)) from None
     try:
         controller = factory(dataclasses.replace(context, plant=None, plan=None))
+    except SystemExit as error:  # sys.exit() in outside code is its failure, not gpugov's exit
+        raise ControllerError(
+            f"controller factory {spec.factory!r} called sys.exit({error.code!r})"
+        ) from None
     except Exception as error:  # an outside factory: report any failure in one line
         raise ControllerError(f"controller factory {spec.factory!r} raised: {error}") from error
     if not callable(controller):

@@ -293,6 +293,43 @@ def test_warm_up_of_an_outside_controller_turns_sys_exit_into_an_error(governor:
         warm_up(chain, CLOCKS)
 
 
+@pytest.mark.parametrize(
+    ("source", "spec", "expected"),
+    [
+        (
+            "import sys\n\ndef make(context):\n    sys.exit('no GPU of mine here')\n",
+            "exiting_factory:make",
+            "controller factory 'exiting_factory:make' called sys.exit('no GPU of mine here')",
+        ),
+        (
+            "raise SystemExit(3)\n\ndef make(context):\n    return lambda o: 1000.0\n",
+            "exiting_factory:make",
+            "controller factory 'exiting_factory:make': cannot import 'exiting_factory': "
+            "it called sys.exit(3)",
+        ),
+    ],
+    ids=["in-the-factory", "at-import"],
+)
+def test_sys_exit_in_a_factory_or_its_import_is_one_line_before_any_work(
+    module_on_path: Callable[[str, str], str],
+    capsys: pytest.CaptureFixture[str],
+    source: str,
+    spec: str,
+    expected: str,
+) -> None:
+    """A factory (or its module's import) calling sys.exit() is the spec's usage error, as
+    any exception there is: it escaped as the process's exit with its argument printed."""
+    from gpugov.cli import main
+
+    module_on_path("exiting_factory", source)
+    code = main(["simulate", "--controller", spec, "--duration", "1", "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpugov: error: "), lines
+    assert expected in lines[0]
+
+
 # ------------------------------------------------------------------ entry points
 def _install(site: Path, package: str, entries: dict[str, str]) -> None:
     """A distribution ``package`` on ``site`` registering ``entries`` in the group."""
