@@ -223,6 +223,15 @@ class EngineConfig(FrozenModel):
             raise ValueError(
                 f"must name a host, such as http://127.0.0.1:8000/metrics, got {value!r}"
             )
+        if "@" in parts.netloc:
+            # Dropped from every request: each scrape of an engine behind authentication
+            # answered 401, and the node sat at the fail-safe. Not echoed: a password.
+            raise ValueError(
+                "cannot hold credentials (USER:PASSWORD@ before the host): gpugov sends "
+                "none, and would show them in its log lines; give it a metrics URL that "
+                f"needs none, such as {parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+                f"{parts.path or '/metrics'}"
+            )
         try:
             parts.port  # noqa: B018 - urllib checks the range when the port is read
         except ValueError:

@@ -314,15 +314,19 @@ def test_addresses_and_paths_no_system_call_takes_are_config_errors(
         ("http://127.0.0.1:8000/me trics", "cannot hold spaces or control characters"),
         ("http://127.0.0.1:8000/metrics\r\nX: y", "cannot hold spaces or control characters"),
         ("http://[::1:8000/metrics", "is not a URL"),
+        ("http://gpugov:s3cret@127.0.0.1:8000/metrics", "cannot hold credentials"),
+        ("https://token@engine.example:443/metrics", "cannot hold credentials"),
     ],
-    ids=["space", "crlf", "ipv6"],
+    ids=["space", "crlf", "ipv6", "user-password", "user"],
 )
 def test_an_engine_url_http_client_refuses_is_a_config_error(url: str, message: str) -> None:
-    # check-config said OK and the daemon sat at the fail-safe, an InvalidURL every tick.
+    # check-config said OK and the daemon sat at the fail-safe, an InvalidURL every tick
+    # (credentials: dropped from every request, a 401 every tick).
     domain = {"name": "llm", "gpus": [0], "engine": {"url": url}}
     with pytest.raises(ConfigError, match=message) as caught:
         parse_config({"domains": [domain]})
     assert "\r" not in str(caught.value).replace("\\r", "")
+    assert "s3cret" not in str(caught.value)  # a password is not echoed
 
 
 @pytest.mark.parametrize(
