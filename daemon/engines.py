@@ -477,6 +477,9 @@ def _weighted_kv_tokens(
 
     An engine's usage series and its ``cache_config_info`` row are matched on the labels
     they share (``engine`` for data-parallel vLLM). None when any engine has no match.
+    Several usage series matched to one row (a ``pid`` per process, prometheus_client's
+    multiprocess mode) are that engine's usage said more than once: their mean counts,
+    where each was added and the cache counted as many times over.
     The rows are looked up by the values of the labels they share, not each usage row
     against every capacity row: 2,000 of each (label churn) took 3.6 s, past any scrape
     deadline, after the page was read in time.
@@ -491,32 +494,37 @@ def _weighted_kv_tokens(
             usage[key] = max(usage.get(key, value), value)
         # Per set of usage label names: the capacity rows by the names they share with
         # it, then by those labels' values.
-        index: dict[frozenset[str], dict[tuple[str, ...], dict[tuple[str, ...], list[float]]]]
+        index: dict[
+            frozenset[str], dict[tuple[str, ...], dict[tuple[str, ...], list[tuple[int, float]]]]
+        ]
         index = {}
-        total = 0.0
+        per_cache: dict[int, list[float]] = {}  # the ratios of each matched capacity row
+        tokens_of: dict[int, float] = {}
         for key, ratio in usage.items():
             mine = dict(key)
             names = frozenset(mine)
             shared = index.get(names)
             if shared is None:
                 shared = index[names] = {}
-                for info, tokens in capacities.items():
+                for row, (info, tokens) in enumerate(capacities.items()):
                     common = tuple(k for k, _ in info if k in names)
                     if common:
                         values = tuple(v for k, v in info if k in names)
-                        shared.setdefault(common, {}).setdefault(values, []).append(tokens)
+                        shared.setdefault(common, {}).setdefault(values, []).append((row, tokens))
             matches = [
-                tokens
+                (row, tokens)
                 for common, by_values in shared.items()
-                for tokens in by_values.get(tuple(mine[k] for k in common), ())
+                for row, tokens in by_values.get(tuple(mine[k] for k in common), ())
             ]
             if len(matches) != 1:
                 if len(usage) == 1 and len(capacities) == 1:
-                    matches = list(capacities.values())
+                    matches = [(0, next(iter(capacities.values())))]
                 else:
                     return None
-            total += ratio * matches[0]
-        return total
+            row, tokens = matches[0]
+            per_cache.setdefault(row, []).append(ratio)
+            tokens_of[row] = tokens
+        return sum(tokens_of[row] * sum(r) / len(r) for row, r in per_cache.items())
     return None
 
 

@@ -1153,6 +1153,29 @@ def test_many_engines_kv_rows_are_matched_without_trying_every_pair() -> None:
     assert sample.kv_tokens == engines * 80.0
 
 
+def test_kv_usage_reported_by_several_processes_counts_each_engines_cache_once() -> None:
+    """vLLM with several API servers runs prometheus_client in multiprocess mode, where a
+    gauge without a multiprocess mode (``vllm:kv_cache_usage_perc`` in some releases) is
+    written once per process, labelled ``pid``: each process's row of an engine was
+    matched to that engine's cache and added, so two processes read the KV tokens twice
+    over and the usage at twice its value (0.67 of the caches for 0.33). An engine's
+    rows share its cache: their mean is its usage."""
+    page = "".join(
+        f'vllm:num_requests_running{{engine="{k}",model_name="m"}} 1\n'
+        f'vllm:num_requests_waiting{{engine="{k}",model_name="m"}} 0\n'
+        f'vllm:cache_config_info{{block_size="16",engine="{k}",num_gpu_blocks="{blocks}"}} 1\n'
+        + "".join(
+            f'vllm:kv_cache_usage_perc{{engine="{k}",model_name="m",pid="{pid}"}} {usage}\n'
+            for pid in (4101, 4102)
+        )
+        for k, blocks, usage in ((0, 1000, 0.5), (1, 2000, 0.25))
+    )
+    sample = VllmSource("http://e/metrics", fetch=lambda url, t: page).scrape()
+    assert sample.kv_capacity_tokens == 48_000.0
+    assert sample.kv_tokens == pytest.approx(0.5 * 16_000 + 0.25 * 32_000)
+    assert sample.kv_usage_ratio == pytest.approx(1 / 3)
+
+
 def test_an_answer_with_two_different_content_lengths_is_a_failed_scrape() -> None:
     """Two Content-Length headers that disagree (a proxy that adds its own): http.client
     reads as many bytes as the first says, so a page cut at a line the first length
