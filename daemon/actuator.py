@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
@@ -77,6 +78,16 @@ def _start_writes(
         except ClockWriteHung as error:
             refused[writer.label] = error
     return refused
+
+
+def _left_by(entry: dict[str, Any]) -> str:
+    """What a lock record entry of another run says: ``a previous gpugov run (pid ...,
+    time) left it locked at LOW-HIGH MHz``."""
+    low, held = entry.get("min_mhz"), entry.get("max_mhz")
+    at = f"at {low}-{held} MHz" if low is not None and held is not None else "(clocks unknown)"
+    return (
+        f"a previous gpugov run ({writer_pid_text(entry)}, {entry.get('time')}) left it locked {at}"
+    )
 
 
 class ClockActuator:
@@ -677,6 +688,7 @@ class ClockActuator:
         *,
         dry_run: bool = False,
         read: Callable[[GpuBackend], GpuSample] | None = None,
+        stop: threading.Event | None = None,
     ) -> list[str]:
         """At start: find locks a previous run (or someone else) left, reset or adopt them.
 
@@ -686,15 +698,40 @@ class ClockActuator:
         the top; a lock at the top is harmless and cannot be told from no lock).
 
         ``read`` reads a GPU (default: its sample on this thread; a node: its domain's
-        read under its deadline, so a hung read leaves the clock unknown).
+        read under its deadline, so a hung read leaves the clock unknown). Once ``stop`` is
+        set the GPUs left are not read (:meth:`_left_to_the_exit`).
 
         Returns:
             One line per GPU saying what was found and done (also logged).
         """
         lines = []
         for backend in self._backends:
-            lines.append(self._reconcile_one(backend, policy, dry_run, read))
+            if stop is not None and stop.is_set():
+                lines.append(self._left_to_the_exit(backend, dry_run))
+            else:
+                lines.append(self._reconcile_one(backend, policy, dry_run, read))
         return lines
+
+    def _left_to_the_exit(self, backend: GpuBackend, dry_run: bool) -> str:
+        """A GPU the reconcile did not reach before a stop: not read. A lock a previous run
+        recorded on it is reset by the exit (every GPU's at once, within the exit's
+        budget); read and reset here one GPU after another, a hung driver cost the stop
+        two deadlines a GPU, past a unit's stop timeout on eight GPUs."""
+        label, key = backend.label, gpu_key(backend)
+        entry = self.state.get(key) if self.state is not None else None
+        if entry is None or live_writer(entry):  # nothing recorded, or another daemon's
+            line = f"GPU {label}: not reconciled (stopped during the start)"
+            log.info("reconcile: %s", line)
+            return line
+        found = f"{_left_by(entry)}; not reconciled (stopped during the start)"
+        if dry_run:
+            line = f"GPU {label}: {found}; dry run: left as it is"
+        else:
+            self._touched.add(label)
+            self.locked_mhz[label] = _UNKNOWN
+            line = f"GPU {label}: {found}: reset at exit"
+        log.warning("reconcile: %s", line)
+        return line
 
     def _reconcile_one(
         self,
@@ -734,15 +771,7 @@ class ClockActuator:
         low = entry.get("min_mhz") if entry is not None else None
         held = entry.get("max_mhz") if entry is not None else None
         if entry is not None:
-            at = (
-                f"at {low}-{held} MHz"
-                if low is not None and held is not None
-                else "(clocks unknown)"
-            )
-            found = (
-                f"a previous gpugov run ({writer_pid_text(entry)}, {entry.get('time')}) left it "
-                f"locked {at} (now {now} of {top} MHz)"
-            )
+            found = f"{_left_by(entry)} (now {now} of {top} MHz)"
         elif seems_locked:
             found = (
                 f"it runs at {now} of {top} MHz with ApplicationsClocksSetting active: "

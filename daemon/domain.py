@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -304,12 +305,17 @@ class Domain:
             log.warning("domain %s: clock writes go through again; fail-safe ended", self.name)
         self.write_path_down = problem
 
-    def reconcile(self, policy: ReconcilePolicy, *, dry_run: bool = False) -> list[str]:
+    def reconcile(
+        self, policy: ReconcilePolicy, *, dry_run: bool = False, stop: threading.Event | None = None
+    ) -> list[str]:
         """At start: what a previous run left on the domain's GPUs, reset or adopted (one
-        line each), each GPU read as the loop reads it, under its deadline."""
-        lines = self.actuator.reconcile(policy, dry_run=dry_run, read=self.observer.gpus.read)
+        line each), each GPU read as the loop reads it, under its deadline; once ``stop`` is
+        set, what is left is the exit's to reset and restore (nothing more is read)."""
+        lines = self.actuator.reconcile(
+            policy, dry_run=dry_run, read=self.observer.gpus.read, stop=stop
+        )
         if self.power_limits is not None:
-            lines += self.power_limits.reconcile(dry_run=dry_run)
+            lines += self.power_limits.reconcile(dry_run=dry_run, stop=stop)
         return lines
 
     def observe(self, now_s: float, step: int) -> Observed:

@@ -155,7 +155,7 @@ def _run_node(args: argparse.Namespace) -> int:
         advice = ResetAdvice(config.daemon.backend, args.config)
         try:
             for domain in assembled.domains:
-                domain.reconcile(config.daemon.reconcile, dry_run=dry_run)
+                domain.reconcile(config.daemon.reconcile, dry_run=dry_run, stop=stop)
             if not dry_run:
                 reset_left_locks(config, assembled, stop, advice=advice)
             if stop.is_set():

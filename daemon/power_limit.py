@@ -49,6 +49,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -645,12 +646,14 @@ class PowerLimitActuator:
         return "failed" if outcome in ("failed", "hung") else "done"
 
     # ---------------------------------------------------------------- reconcile
-    def reconcile(self, *, dry_run: bool = False) -> list[str]:
+    def reconcile(self, *, dry_run: bool = False, stop: threading.Event | None = None) -> list[str]:
         """At start: restore the power limit a previous run left (the state file), once.
 
         A GPU whose limit is back at the recorded original, or was changed by someone else
         since (neither the original nor what that run set), is left as it is. A restore
-        that fails is tried again at exit (the recorded original is kept for it).
+        that fails is tried again at exit (the recorded original is kept for it), and so
+        is every GPU left once ``stop`` is set, not read here (a hung driver's two
+        deadlines a GPU, one GPU after another, held the stop).
 
         Returns:
             One line per GPU the state file names (also logged).
@@ -662,18 +665,22 @@ class PowerLimitActuator:
         if self.state is None:
             return lines
         for backend in self._backends:
-            line = self._reconcile_one(backend, dry_run)
+            line = self._reconcile_one(backend, dry_run, stopped=stop is not None and stop.is_set())
             if line is not None:
                 lines.append(line)
         return lines
 
-    def _reconcile_one(self, backend: PowerLimitBackend, dry_run: bool) -> str | None:
+    def _reconcile_one(
+        self, backend: PowerLimitBackend, dry_run: bool, *, stopped: bool = False
+    ) -> str | None:
         assert self.state is not None
         label, key = backend.label, gpu_key(backend)
         entry = self.state.get_power_limit(key)
         if entry is None or self.state.written_here(key, power_limit=True):
             return None
         if live_writer(entry):
+            if stopped:
+                return None
             raise ConfigError(
                 f"GPU {label}: gpugov {writer_pid_text(entry)} holds its power limit "
                 f"({self.state.path}) and is still running; stop it first"
@@ -685,6 +692,19 @@ class PowerLimitActuator:
         # write did not land (it hung, failed, or the run died first): gpugov's too.
         kept_mw = finite_number(entry.get("held_mw"))
         kept = None if kept_mw is None else kept_mw / 1000.0
+        if stopped:
+            found = (
+                f"a previous gpugov run ({writer_pid_text(entry)}, {entry.get('time')}) set its "
+                f"power limit to {'?' if left is None else f'{left:g}'} W, {original:g} W "
+                "before; not reconciled (stopped during the start)"
+            )
+            if dry_run:
+                line = f"GPU {label}: {found}; dry run: left as it is"
+            else:
+                self._left_to_the_exit(label, original, left)
+                line = f"GPU {label}: {found}: restored at exit"
+            log.warning("reconcile: %s", line)
+            return line
         try:
             now: float | None = float(self._writers[label].call(backend.power_limit_w, "read"))
         except GpuError as error:
@@ -716,10 +736,7 @@ class PowerLimitActuator:
                 )
             except GpuError as error:  # a restore that hangs too: tried again at exit
                 self._writers[label].count_failure()
-                self.original_w[label] = original  # the exit tries again, to the same limit
-                self.ledger.touched.add(label)
-                if left is not None:  # what it holds: the exit's restore judges by it
-                    self.ledger.asked_w[label] = left if now is None else now
+                self._left_to_the_exit(label, original, left if now is None else now)
                 line = f"GPU {label}: {found}; restore FAILED: {error}"
                 log.error("reconcile: %s", line)
                 return line
@@ -728,6 +745,14 @@ class PowerLimitActuator:
             line = f"GPU {label}: {found}; restored"
         log.warning("reconcile: %s", line)
         return line
+
+    def _left_to_the_exit(self, label: str, original: float, held: float | None) -> None:
+        """Leave GPU ``label``'s restore to ``original`` to the exit (:meth:`restore`), as
+        a limit gpugov set; ``held``, what it holds (None: unknown), the exit judges by."""
+        self.original_w[label] = original
+        self.ledger.touched.add(label)
+        if held is not None:
+            self.ledger.asked_w[label] = held
 
     # ------------------------------------------------------------------- budget
     def outside_limit_w(self, samples: Sequence[GpuSample]) -> float | None:

@@ -231,7 +231,16 @@ def sigterm_once_open(monkeypatch: Any) -> None:
 
     def terminated_once_open(*args: object, **kwargs: object) -> object:
         assembled = real(*args, **kwargs)  # type: ignore[arg-type]
-        os.kill(os.getpid(), signal.SIGTERM)
+        # After the last domain's reconcile: one stopped before it reconciles no more GPUs.
+        last = assembled.domains[-1]
+        reconcile = last.reconcile
+
+        def reconciled_then_terminated(*args: Any, **kwargs: Any) -> list[str]:
+            lines = reconcile(*args, **kwargs)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return lines
+
+        last.reconcile = reconciled_then_terminated  # type: ignore[method-assign]
         return assembled
 
     monkeypatch.setattr(node_cli, "domains_from_config", terminated_once_open)

@@ -582,3 +582,76 @@ def test_a_state_file_read_that_fails_late_is_handled_as_at_a_start(
     assert path.read_text() == "{}"  # still unreadable: nothing saved over it
     assert len([m for m in wrapper.messages if "cannot read state file" in m]) == 1
     assert not wrapper.restored
+
+
+def test_a_stop_during_the_reconciles_hung_reads_leaves_the_rest_to_the_exits_reset(
+    tmp_path: Path,
+    safety: list[_HungRead],
+    monkeypatch: pytest.MonkeyPatch,
+    metrics_server: MetricsServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A killed run left three GPUs locked; the next start's reconcile reads each GPU's
+    clocks (2 s each on a node when the driver hangs), and a SIGTERM lands during GPU 0's.
+    The reconcile went on, GPU after GPU, reading and resetting each (a hung read and a
+    hung reset, 4 s a GPU: eight GPUs outlived a unit's stop timeout), and so did the
+    power limits'. It stops at the stop now: the GPUs left are not read, and their
+    recorded locks and limits are the exit's to reset and restore (all at once, within
+    its budget)."""
+    import os
+    import signal
+
+    from daemon_support import node_commands_on
+
+    import gpugov.daemon.node_cli as node_cli
+    import gpugov.daemon.service as service
+    from gpugov.daemon.actuator import ClockActuator
+    from gpugov.daemon.lockstate import LockState
+    from gpugov.daemon.nvml import NvmlBackend
+
+    monkeypatch.setattr(service, "GPU_READ_DEADLINE_S", DEADLINE_S)
+    fake = node_commands_on(monkeypatch, FakeNvml(3))
+    state_dir = tmp_path / "state"
+    killed = LockState(state_dir, pid=1)
+    ClockActuator([NvmlBackend(i, nvml=fake) for i in range(3)], state=killed).apply(1005)
+    killed.record_power_limit(fake.gpus[2].uuid, "2", 700_000, 300_000)
+    fake.gpus[2].power_limit_mw = 300_000
+    hung = _HungRead(fake.nvmlDeviceGetTemperatureV)
+    safety.append(hung)
+
+    def stopped_while_hung(*args: Any, **options: Any) -> Any:
+        if hung.calls == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return hung(*args, **options)
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetTemperatureV", stopped_while_hung)
+    metrics_server.page = (
+        'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 3\n'
+    )
+    config = tmp_path / "gpugov.toml"
+    config.write_text(
+        f'[daemon]\nmetrics_address = ""\nstate_dir = "{state_dir}"\n'
+        '[[domains]]\nname = "llm"\ngpus = [0, 1, 2]\n'
+        f'[domains.engine]\nkind = "vllm"\nurl = "{metrics_server.url}"\n'
+    )
+    with caplog.at_level(logging.INFO):
+        assert node_cli.main(["run", "--config", str(config)]) == 0
+    assert hung.calls == 1  # GPU 0's read, which the stop landed in; no other GPU read
+    assert "stopped during the start" in caplog.text
+    for gpu in (1, 2):
+        assert (
+            f"reconcile: GPU {gpu}: a previous gpugov run (pid 1, " in caplog.text
+            and "left it locked at 1005-1005 MHz; not reconciled (stopped during the start): "
+            "reset at exit"
+            in caplog.text
+        ), caplog.text
+    assert (
+        "reconcile: GPU 2: a previous gpugov run (pid 1, " in caplog.text
+        and "set its power limit to 300 W, 700 W before; not reconciled (stopped during the "
+        "start): restored at exit"
+        in caplog.text
+    ), caplog.text
+    assert [fake.locked(i) for i in range(3)] == [None, None, None]
+    assert fake.gpus[2].power_limit_mw == 700_000
+    assert LockState(state_dir).read() == {} and LockState(state_dir).power_limits() == {}
