@@ -123,7 +123,10 @@ def _window_mean(now: HistogramTotals | None, before: HistogramTotals | None) ->
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or denominator is None or denominator <= 0:
+    """A mean per request: ``numerator`` over a count of requests, None below one request
+    (a count of 1e-300 made a mean output of 7.6e306 tokens, and the generated tokens
+    derived from it infinite)."""
+    if numerator is None or denominator is None or not denominator >= 1.0:
         return None
     return numerator / denominator
 

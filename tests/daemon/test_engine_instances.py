@@ -4,10 +4,12 @@ tell a restart, or another engine behind the URL, where no counter went back."""
 
 from __future__ import annotations
 
+import math
+
 from daemon_support import fixture_text
 from synthetic import IdleGpu
 
-from gpugov.daemon.engine_sources import VllmSource
+from gpugov.daemon.engine_sources import SglangSource, VllmSource
 from gpugov.daemon.observer import DomainObserver
 
 CREATED = 1.7769301736e09
@@ -87,3 +89,23 @@ def test_the_same_engine_scraped_again_is_one_engine() -> None:
     ticks = _observe([_page(1.0, CREATED), _page(1.5, CREATED), _page(2.0, CREATED)])
     assert ticks[2].ttft_count_total == 100.0  # 50 first tokens a window
     assert ticks[2].ttft_recent_s is not None
+
+
+def test_a_finished_count_below_one_request_gives_no_mean_per_request() -> None:
+    """A finished-requests count that is no whole request (1e-300: a proxy's arithmetic)
+    made the mean output per request 7.6e306 tokens and the tokens the running requests
+    had generated infinite, an observation no controller can use. A mean per request
+    needs a request: below one, the configured means stand in."""
+    page = fixture_text("sglang_real.txt").replace(
+        'sglang:e2e_request_latency_seconds_count{model_name="meta-llama/Llama-3.1-8B-Instruct"}'
+        " 11228.0",
+        'sglang:e2e_request_latency_seconds_count{model_name="meta-llama/Llama-3.1-8B-Instruct"}'
+        " 1e-300",
+    )
+    assert "1e-300" in page
+    observer = DomainObserver(
+        [IdleGpu()], SglangSource("http://e/metrics", fetch=lambda url, t: page), stale_after_s=30.0
+    )
+    observation = observer.observe(0.0, 0, None).observation
+    assert math.isfinite(observation.generated_decode_tokens)
+    assert observation.generated_decode_tokens == 162 * 256.0 / 2  # the configured mean
