@@ -59,10 +59,21 @@ _fraction_of_tdp = cli_types.float_in(0.0, 1.0, low_open=True, name="fraction of
 
 
 def _budgets(text: str) -> tuple[float, ...]:
-    """A comma-separated list of budgets, each a fraction of the summed TDP in (0, 1]."""
-    budgets = tuple(_fraction_of_tdp(part) for part in _items(text, "budget"))
+    """A comma-separated list of budgets, each a fraction of the summed TDP in (0, 1], no
+    two alike at the two decimals a run is named by (``slo@0.70``: one name, one run)."""
+    parts = _items(text, "budget")
+    budgets = tuple(_fraction_of_tdp(part) for part in parts)
     if len(set(budgets)) < len(budgets):
         raise argparse.ArgumentTypeError(f"a budget given more than once in {text!r}")
+    named: dict[str, str] = {}
+    for part, budget in zip(parts, budgets, strict=True):
+        name = f"{budget:.2f}"  # as Cell.key names it
+        if name in named:
+            raise argparse.ArgumentTypeError(
+                f"budgets {named[name]!r} and {part!r} are one budget ({name}) at the two "
+                "decimals a run is named by; give budgets that differ there"
+            )
+        named[name] = part
     return budgets
 
 

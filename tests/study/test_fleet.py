@@ -530,6 +530,8 @@ def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         (["--latency-noise", "1.0"], "--latency-noise"),
         (["--latency-noise", "-0.1"], "--latency-noise"),
         (["--budgets", "0.7,0.7"], "budget '0.7' given more than once"),
+        # Two budgets a run names alike (slo@0.70) ended in a traceback after the checks.
+        (["--budgets", "0.7,0.701"], "budgets '0.7' and '0.701' are one budget (0.70)"),
         (["--budgets", "0.7,"], "an empty budget in '0.7,'"),
         (["--allocators", "uniform,uniform"], "allocator 'uniform' given more than once"),
         (["--profiles", "h100-sxm-llama3-8b,,"], "an empty profile"),
