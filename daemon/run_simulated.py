@@ -36,7 +36,7 @@ from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.loop import RunStats, ScaledClock, TimedLoop, VirtualClock, run
 from gpugov.daemon.loop import stop_on_signals as _stop_on_signals
 from gpugov.daemon.record import Recorder
-from gpugov.daemon.service import simulated_run
+from gpugov.daemon.service import SIMULATED_DOMAIN, simulated_run
 from gpugov.daemon.stop_signals import StopEvent, set_from_handler
 
 DEFAULT_SPEED = 10.0
@@ -56,6 +56,29 @@ def _recorded_profile(spec: str | None, name: str) -> str:
     return str(resolve_profile_path(spec).resolve())
 
 
+def _learned_model_files(controller: str) -> list[tuple[str, Path]]:
+    """The files ``mpc-online`` keeps for the simulated domain in the state directory (its
+    learned model and the model's hold file), as ``--record``'s inputs: a record on the
+    model set it aside as corrupt, and the model saved at the end replaced the record."""
+    from gpugov.daemon.config import controller_state_dir
+    from gpugov.daemon.controller_spec import parse_controller_spec
+    from gpugov.daemon.lockstate import model_hold_path
+
+    try:
+        spec = parse_controller_spec(controller)
+    except ValueError:  # refused in its own line when the controller is built
+        return []
+    directory = controller_state_dir(spec, None)
+    if directory is None:
+        return []
+    from gpugov.daemon.stored_model import model_path
+
+    return [
+        ("the learned model", model_path(directory, SIMULATED_DOMAIN)),
+        ("the learned model's hold file", model_hold_path(directory, SIMULATED_DOMAIN)),
+    ]
+
+
 def run_simulated(args: argparse.Namespace) -> int:
     """``gpugov run --simulate``: the real loop on the simulated plant, then its summary
     and its saving against the maximum clock on the same trace."""
@@ -73,6 +96,8 @@ def run_simulated(args: argparse.Namespace) -> int:
     # read of a large trace.
     profile = load_profile_for_cli("--profile", args.profile)
     inputs = simulated_run_inputs(args.trace, args.profile, args.controller)
+    if args.record:
+        inputs += _learned_model_files(args.controller)
     check_output_file("--record", args.record, [*inputs, ("the config file", args.config)])
     spec = checked_controller_flag(args.controller, profile, default_profile=args.profile)
     if args.control_period is None:

@@ -257,8 +257,8 @@ class Assembled:
                 "process's exit releases them)",
                 ",".join(hanging),
             )
-        for backend in () if hanging else self.backends:
-            backend.close()
+        else:
+            self._close_backends()
         for source in self.sources:
             source.close()
         if self.state is not None:
@@ -267,6 +267,31 @@ class Assembled:
             held.close()
         self.held_models.clear()
 
+    def _close_backends(self, deadline_s: float | None = None) -> None:
+        """Close the backends on a worker thread, waited for at most ``deadline_s``
+        (:data:`BACKEND_CLOSE_DEADLINE_S`): a driver that wedges as the daemon stops
+        (the resets went through, then ``nvmlShutdown`` never returns) held the exit
+        until the unit's stop timeout killed it. One warning; the process's exit
+        releases NVML."""
+        if not self.backends:
+            return
+        wait_s = BACKEND_CLOSE_DEADLINE_S if deadline_s is None else deadline_s
+        calls = SerialCalls(wait_s, name="close", cause="a hung GPU call: a driver in trouble")
+        try:
+            calls.call(lambda: [backend.close() for backend in self.backends])
+        except CallTimeout:
+            log.warning(
+                "GPU(s) %s: closing them (NVML's shutdown) has not returned within %g s (a "
+                "hung GPU call: a driver in trouble); exiting without it (the process's "
+                "exit releases NVML)",
+                ",".join(backend.label for backend in self.backends),
+                wait_s,
+            )
+
+
+BACKEND_CLOSE_DEADLINE_S = GPU_READ_DEADLINE_S
+"""How long the exit waits for the GPUs' close (NVML's shutdown: milliseconds when the
+driver answers) before it goes on without it (:meth:`Assembled._close_backends`)."""
 
 MODEL_HOLD_WAIT_S = 2.0
 """Longest a start waits to hold a domain's learned model (:func:`hold_models`): a hung
@@ -772,6 +797,11 @@ class SimulatedRun:
         return self.result
 
 
+SIMULATED_DOMAIN = "sim"
+"""The domain of a simulated run: its learned model is ``online-model-sim.json``, never a
+node domain's."""
+
+
 def simulated_run(
     workload: Sequence[Request],
     plant: ServingPlant,
@@ -810,7 +840,7 @@ def simulated_run(
     backends = [SimulatedBackend(node, label=str(i), share=1.0 / gpus) for i in range(gpus)]
     profile = plant.profile
     domain = build_domain(
-        "sim",
+        SIMULATED_DOMAIN,
         backends,
         SimulatedSource(node, view=engine_view),
         controller_spec,

@@ -175,6 +175,30 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(
     assert config.read_text() == text
 
 
+@pytest.mark.parametrize("name", ["online-model-sim.json", "online-model-sim.lock"])
+def test_a_record_on_the_learned_model_of_a_simulated_run_is_refused_and_the_model_kept(
+    name: str,
+    trace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``run --simulate --record`` on the learned model (or its hold file) mpc-online keeps
+    in ``$STATE_DIRECTORY``: the recording truncated the model, which then read as corrupt
+    and was set aside, and the model written at the end replaced the recording."""
+    state = tmp_path / "state"
+    state.mkdir()
+    target = state / name
+    target.write_text("kept")
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    argv = ["run", "--simulate", "--virtual", "--controller", "mpc-online", "--trace"]
+    argv += [str(trace), "--metrics-address", "none", "--quiet", "--record", str(target)]
+    assert main(argv) == 2
+    assert f"--record {target}: is the learned model" in _one_error_line(capsys)
+    assert target.read_text() == "kept"
+    assert sorted(path.name for path in state.iterdir()) == [name]
+
+
 def test_an_output_on_the_file_behind_a_trace_name_is_refused_and_the_trace_kept(
     trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
