@@ -277,8 +277,13 @@ class Assembled:
             return
         wait_s = BACKEND_CLOSE_DEADLINE_S if deadline_s is None else deadline_s
         calls = SerialCalls(wait_s, name="close", cause="a hung GPU call: a driver in trouble")
+
+        def close_all() -> None:
+            for backend in self.backends:
+                backend.close()
+
         try:
-            calls.call(lambda: [backend.close() for backend in self.backends])
+            calls.call(close_all)
         except CallTimeout:
             log.warning(
                 "GPU(s) %s: closing them (NVML's shutdown) has not returned within %g s (a "

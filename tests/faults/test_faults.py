@@ -489,6 +489,30 @@ def _reset_fails(root: Path) -> dict[str, Any]:
         engine.close()
 
 
+@scenario("nvml-shutdown-hangs-at-exit")
+def _shutdown_hangs(root: Path) -> dict[str, Any]:
+    """The driver wedges as the daemon stops: the resets go through, then NVML's shutdown
+    never returns. The exit goes on without it (the process's exit releases NVML)."""
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        node.delay("nvmlShutdown", 60.0)
+        stopped = time.monotonic()
+        assert daemon.stop(timeout_s=30.0) == 0, daemon.stderr
+        took_s = time.monotonic() - stopped
+        assert took_s < 15.0, took_s  # the close's deadline, and an interpreter's exit
+        assert node.locked() == [None, None], node.writes()
+        assert "(NVML's shutdown) has not returned within 2 s" in daemon.stderr, daemon.stderr
+        assert_clean(daemon)
+        assert "stopped; every clock gpugov locked was reset" in daemon.stderr
+        return {}
+    finally:
+        node.edit(delays={})
+        daemon.kill()
+        engine.close()
+
+
 @scenario("nvml-transient-at-start")
 def _start_transient(root: Path) -> dict[str, Any]:
     engine = Engine("ok")
