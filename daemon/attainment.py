@@ -42,15 +42,20 @@ Buckets = tuple[tuple[float, float], ...]
 
 def bucket_delta(now: Buckets | None, before: Buckets | None) -> Buckets | None:
     """The histogram of the window between two scrapes, or None when it cannot be had:
-    either side missing, different bucket bounds, or a count that went backwards (an
-    engine restart)."""
+    either side missing, different bucket bounds, a count that went backwards (an
+    engine restart), or a window whose counts fall as ``le`` rises: no histogram, but
+    buckets summed over data-parallel engines one of which restarted while the others'
+    gains hid it (judged, 4 first tokens met of 3)."""
     if now is None or before is None or len(now) != len(before):
         return None
-    delta = []
+    delta: list[tuple[float, float]] = []
     for (le, count), (le_before, count_before) in zip(now, before, strict=True):
         if le != le_before or count < count_before:
             return None
-        delta.append((le, count - count_before))
+        window = count - count_before
+        if delta and window < delta[-1][1] - 1e-9 * max(delta[-1][1], 1.0):
+            return None
+        delta.append((le, window))
     return tuple(delta)
 
 
@@ -109,8 +114,9 @@ def within_window(
     a board's steady TPOT, then counts as partly missed: the safe side). Scraped every
     fraction of a second, a window holds few observations, so this is mostly exact where
     the coarse buckets are not. Without a usable sum (none, an observation above the last
-    finite bound): :func:`count_within`."""
-    if sum_s is None or not math.isfinite(sum_s) or not buckets:
+    finite bound), or one below zero (a sum that went back: no window's sum, which placed
+    its observations at their bucket's lower bound, every one met): :func:`count_within`."""
+    if sum_s is None or not math.isfinite(sum_s) or sum_s < 0.0 or not buckets:
         return count_within(buckets, threshold_s)
     bounds = bucket_counts(buckets)
     held = next((i for i, (_, upper, _) in enumerate(bounds) if threshold_s <= upper), None)

@@ -196,6 +196,15 @@ def test_a_window_with_part_of_an_observation_in_the_slos_bucket_is_judged_at_it
     assert within_window(half, 0.0145, 0.5 * 0.015, [0.015] * 8) == 0.0
 
 
+def test_a_window_sum_below_zero_is_no_sum() -> None:
+    """A window sum that went back (the ``_sum`` of an engine that restarted, hidden in a
+    data-parallel page's total) placed the window's observations at their bucket's lower
+    bound: all met. It is no sum: the buckets alone judge the window."""
+    window = ((0.5, 1.0), (1.0, 2.0), (math.inf, 2.0))
+    assert within_window(window, 0.6, -0.3) == count_within(window, 0.6)
+    assert within_window(window, 0.6, -0.3, [0.7] * 8) == count_within(window, 0.6)
+
+
 def test_the_estimator_uses_the_window_sum() -> None:
     estimator = AttainmentEstimator(1.0, None, ttft_slo_per_prompt_token_s=1e-4)
     window = ((1.0, 0.0), (2.5, 1.0), (math.inf, 1.0))

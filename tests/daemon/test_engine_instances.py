@@ -109,3 +109,44 @@ def test_a_finished_count_below_one_request_gives_no_mean_per_request() -> None:
     observation = observer.observe(0.0, 0, None).observation
     assert math.isfinite(observation.generated_decode_tokens)
     assert observation.generated_decode_tokens == 162 * 256.0 / 2  # the configured mean
+
+
+def _dp_page(engines: dict[str, tuple[float, float, float, float]]) -> str:
+    """A vLLM page of data-parallel engines in prometheus_client's multiprocess mode (no
+    ``_created`` series): per engine, its TTFT buckets at 0.5 s and 1.0 s, its count and
+    its sum."""
+    lines = []
+    for engine, (half, one, count, total) in engines.items():
+        labels = f'engine="{engine}",model_name="m"'
+        lines += [
+            f"vllm:num_requests_running{{{labels}}} 2.0",
+            f"vllm:num_requests_waiting{{{labels}}} 0.0",
+            f'vllm:time_to_first_token_seconds_bucket{{{labels},le="0.5"}} {half}',
+            f'vllm:time_to_first_token_seconds_bucket{{{labels},le="1.0"}} {one}',
+            f'vllm:time_to_first_token_seconds_bucket{{{labels},le="+Inf"}} {count}',
+            f"vllm:time_to_first_token_seconds_count{{{labels}}} {count}",
+            f"vllm:time_to_first_token_seconds_sum{{{labels}}} {total}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_restart_hidden_in_a_data_parallel_sum_judges_no_window() -> None:
+    """One of two data-parallel engines restarts (its one first token, 1.0 s, gone) while
+    the other makes four at 0.3 s: every sum on the page still rose, so no restart was
+    seen, and the window's buckets (4 at 0.5 s, 3 in all) fell as le rose: 4 first
+    tokens judged met of 3, an attainment above 100 %. Such a window is no histogram;
+    it is skipped, as a restart's is."""
+    before = _dp_page({"0": (100.0, 100.0, 100.0, 20.0), "1": (0.0, 1.0, 1.0, 1.0)})
+    after = _dp_page({"0": (104.0, 104.0, 104.0, 21.2), "1": (0.0, 0.0, 0.0, 0.0)})
+    shown = [before]
+    observer = DomainObserver(
+        [IdleGpu()],
+        VllmSource("http://e/metrics", fetch=lambda url, t: shown[0]),
+        stale_after_s=30.0,
+        ttft_slo_s=0.5,
+    )
+    observer.observe(0.0, 0, None)
+    shown[0] = after
+    observation = observer.observe(1.0, 1, None).observation
+    assert (observation.ttft_within_slo_total or 0.0) <= (observation.ttft_count_total or 0.0)
+    assert observation.ttft_count_total in (None, 0.0)
