@@ -21,6 +21,7 @@ from gpugov.plant.input_files import (
     read_input_text_and_digest,
 )
 from gpugov.plant.output_files import (
+    append_line,
     remove_left_temporaries,
     write_bytes_atomic,
     write_files_atomic,
@@ -73,6 +74,7 @@ __all__ = [
     "FILE_LIMITS",
     "STATE_DIR_ENV",
     "InputFileError",
+    "append_line",
     "json_safe",
     "loads_json",
     "loads_toml",

@@ -143,7 +143,34 @@ def remove_left_temporaries(path: Path) -> list[str]:
     return removed
 
 
+def append_line(path: Path, line: str, *, durable: bool = False) -> None:
+    """Append ``line`` (its newline included) to ``path``, fsynced when ``durable``: the
+    files a run appends to as it goes (a sweep's results, a profile's state).
+
+    Unbuffered, so a failed write (a full disk) leaves nothing for a later close to retry,
+    and raised naming ``path``: the kernel's error names no file, and a command's edge
+    printed it as a traceback. A line cut short by a full disk is left; readers of these
+    files drop a last line cut short.
+
+    Raises:
+        OSError: naming ``path``.
+    """
+    data = line.encode()
+    try:
+        with path.open("ab", buffering=0) as handle:
+            view = memoryview(data)
+            while view:  # a regular file's write can be short (the disk filling midway)
+                view = view[handle.write(view) or 0 :]
+            if durable:
+                os.fsync(handle.fileno())
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from error
+
+
 __all__ = [
+    "append_line",
     "remove_left_temporaries",
     "write_bytes_atomic",
     "write_files_atomic",

@@ -5,13 +5,12 @@ and its plot."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpugov.daemon.cli_support import UsageError
-from gpugov.daemon.files import InputFileError, loads_json, read_input_bytes
+from gpugov.daemon.files import InputFileError, append_line, loads_json, read_input_bytes
 from gpugov.plant.input_files import finite_number
 
 if TYPE_CHECKING:
@@ -101,11 +100,10 @@ def cell_fields(cell: SweepCell) -> tuple[Any, ...]:
     return (cell.trace, cell.profile, cell.load, cell.controller, cell.seed)
 
 
-def append_row(handle: Any, row: Mapping[str, Any]) -> None:
-    """Append one row and make it durable before the next cell is counted."""
-    handle.write(json.dumps(row, allow_nan=False) + "\n")
-    handle.flush()
-    os.fsync(handle.fileno())
+def append_row(path: Path, row: Mapping[str, Any]) -> None:
+    """Append one row to ``path`` and make it durable before the next cell is counted (a
+    failure, a full disk, raised naming ``path``: :func:`append_line`)."""
+    append_line(path, json.dumps(row, allow_nan=False) + "\n", durable=True)
 
 
 def _mean(values: Sequence[float | None]) -> float | None:

@@ -26,6 +26,7 @@ from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.cli_support import UsageError
 from gpugov.daemon.files import (
     InputFileError,
+    append_line,
     loads_json,
     read_input_text,
     write_bytes_atomic,
@@ -234,9 +235,8 @@ def _check_readings(record: dict[str, Any]) -> None:
 
 
 def _append(path: Path, row: dict[str, Any]) -> None:
-    with path.open("a") as handle:
-        handle.write(json.dumps(row) + "\n")
-        handle.flush()
+    """Append one record to the state file (a failure, a full disk, raised naming it)."""
+    append_line(path, json.dumps(row) + "\n")
 
 
 @dataclass

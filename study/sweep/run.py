@@ -230,14 +230,11 @@ def _run_plan(
             out / GRID_COPY, grid_toml(rebased_grid(plan.grid, grid_path.resolve().parent))
         )
     failed = 0
-    with (
-        results_path.open("a") as handle,
-        # Nothing to run (a finished sweep resumed): no bar, whose only line was
-        # "100.0% (0/0 cells) ... ETA ?"; the resume line above says why.
-        Progress(
-            len(todo), "sweep", unit="cells", stream=progress_stream, enabled=bool(todo)
-        ) as progress,
-    ):
+    # Nothing to run (a finished sweep resumed): no bar, whose only line was
+    # "100.0% (0/0 cells) ... ETA ?"; the resume line above says why.
+    with Progress(
+        len(todo), "sweep", unit="cells", stream=progress_stream, enabled=bool(todo)
+    ) as progress:
         # A line at once: the first cell can run for minutes (a whole trace under mpc),
         # and the sweep said nothing until it finished.
         progress.update(0, f"running {len(todo):,} cell(s)")
@@ -254,7 +251,7 @@ def _run_plan(
                 "gpugov_version": __version__,
                 "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
             }
-            append_row(handle, row)
+            append_row(results_path, row)
             rows.append(row)
             if row["status"] != "ok":
                 failed += 1
