@@ -29,6 +29,7 @@ from gpugov.daemon.cli_support import (
     MAX_SIMULATED_DAYS,
     UsageError,
     check_fixed_clock,
+    check_simulated_cap,
     parse_controller_flag,
     slo_target_of,
 )
@@ -790,7 +791,7 @@ def check_inputs(config: FleetConfig, *, quiet: bool = False) -> tuple[str, ...]
     first = plants[config.profiles[0]]
     # The spec itself, before the trace is read.
     spec = parse_controller_flag(config.controller, default_profile=first.profile.name)
-    for name, plant in plants.items():  # a fixed clock every node's GPU supports
+    for name, plant in plants.items():  # a fixed clock and a cap every node's GPU takes
         profile = plant.profile
         try:
             check_fixed_clock(
@@ -798,6 +799,10 @@ def check_inputs(config: FleetConfig, *, quiet: bool = False) -> tuple[str, ...]
             )
         except UsageError as error:
             raise UsageError(f"{error} of {name}") from error
+        try:
+            check_simulated_cap(spec, profile, config.controller)
+        except UsageError as error:
+            raise UsageError(f"{error} (profile {name})") from error
     workload, info = fleet_workload(config, plants, quiet=quiet)
     FleetNode(
         "check",

@@ -537,6 +537,9 @@ def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         (["--profiles", "h100-sxm-llama3-8b,,"], "an empty profile"),
         (["--controller", "fixed:99999"], "outside the supported range 345-1980 MHz of h100"),
         (["--controller", "fixed:1500"], "outside the supported range 510-1410 MHz of a100"),
+        # A cap below the lowest power limit the simulated GPUs accept (a tenth of the
+        # profile's 700 W): simulate refused it, fleet ran it.
+        (["--controller", "power-cap:69"], "cap_w (69 W) is below the lowest power limit"),
         # A step no period's budget sample falls in: its held budget was min() of none
         # (inf), and the run ended writing fleet.json in a traceback.
         # Every cell simulates --duration + --drain: 3e8 s ran with an ETA of 1,800 hours.
