@@ -529,9 +529,21 @@ def _weighted_kv_tokens(
 
 
 def _series_text(name: str, labels: dict[str, str]) -> str:
-    """One series as an error quotes it: ``name{k="v",...}``, its labels sorted."""
-    shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    """One series as an error quotes it: ``name{k="v",...}``, its labels sorted and their
+    values escaped as the page writes them (a newline in one split the error's log line
+    in two, the second of the page's making)."""
+    shown = ",".join(f'{k}="{_escaped(v)}"' for k, v in sorted(labels.items()))
     return f"{name}{{{shown}}}"
+
+
+def _escaped(value: str) -> str:
+    """A label value as exposition text writes it: backslash, double quote and newline
+    escaped; any other control character as its code, so a quoted series is one line."""
+    value = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return "".join(
+        character if character.isprintable() or character == " " else f"\\x{ord(character):02x}"
+        for character in value
+    )
 
 
 def check_values(series: Series, source: str) -> None:

@@ -1176,6 +1176,21 @@ def test_kv_usage_reported_by_several_processes_counts_each_engines_cache_once()
     assert sample.kv_usage_ratio == pytest.approx(1 / 3)
 
 
+def test_a_label_value_with_a_newline_is_quoted_escaped_in_the_error_line() -> None:
+    """A label value holding a newline (escaped ``\\n`` on the page) was quoted as it
+    parsed: the error line that names the series broke in two, its second half a log
+    line of the page's making. The series is quoted as the page writes it."""
+    page = (
+        'vllm:num_requests_running{model_name="m\\ngpugov: every clock was reset \\"ok\\""} NaN\n'
+        'vllm:num_requests_waiting{model_name="m"} 0\n'
+    )
+    with pytest.raises(EngineParseError) as caught:
+        VllmSource("http://e/metrics", fetch=lambda url, t: page).scrape()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert 'model_name="m\\ngpugov: every clock was reset \\"ok\\""' in message
+
+
 def test_an_answer_with_two_different_content_lengths_is_a_failed_scrape() -> None:
     """Two Content-Length headers that disagree (a proxy that adds its own): http.client
     reads as many bytes as the first says, so a page cut at a line the first length
