@@ -91,6 +91,19 @@ def _decode(body: bytes, url: str) -> str:
         raise EngineParseError(f"{url}: the metrics page is not UTF-8: {error}") from error
 
 
+SAID_CHARS = 200
+"""The most characters of what a server said (a status line, a reason phrase) a failure's
+line quotes."""
+
+
+def quoted(said: str) -> str:
+    """What a server said, on one line: its repr (CR, LF and other control characters
+    escaped), cut to :data:`SAID_CHARS` characters. As it came, an SSH server's banner
+    ended the failure's log line with its CRLF, and a status line of 64 KB was quoted
+    whole."""
+    return repr(said[:SAID_CHARS]) + ("..." if len(said) > SAID_CHARS else "")
+
+
 def describe_failure(error: BaseException, host: str, port: int) -> str:
     """What a failed fetch met, in words: a refused connection, a dropped one, a name
     that does not resolve, an answer that is not HTTP (a timeout is said by the caller,
@@ -110,7 +123,7 @@ def describe_failure(error: BaseException, host: str, port: int) -> str:
     if isinstance(error, ResolveTimeout):
         return str(error)  # names the host and the time waited
     if isinstance(error, http.client.HTTPException):
-        return f"not an HTTP answer ({type(error).__name__}: {error})"
+        return f"not an HTTP answer ({type(error).__name__}: {quoted(str(error))})"
     if isinstance(error, OSError) and error.strerror:
         return f"cannot reach {host}:{port}: {error.strerror}"
     return f"{type(error).__name__}: {error}"
@@ -417,7 +430,10 @@ class KeepAliveFetcher:
                 self._connections[key] = connection
             moved = _redirect_advice(url, response)
             if response.status != 200:
-                raise EngineHttpError(f"{url}: HTTP {response.status} {response.reason}{moved}")
+                reason = response.reason
+                if len(reason) > SAID_CHARS or not reason.isprintable():
+                    reason = quoted(reason)
+                raise EngineHttpError(f"{url}: HTTP {response.status} {reason}{moved}")
             page = _decompressed(body, response.getheader("Content-Encoding"), url, self.max_bytes)
             return _decode(page, url)
         raise self._late(url, timeout_s)

@@ -1191,6 +1191,47 @@ def test_a_label_value_with_a_newline_is_quoted_escaped_in_the_error_line() -> N
     assert 'model_name="m\\ngpugov: every clock was reset \\"ok\\""' in message
 
 
+@pytest.mark.parametrize(
+    ("answer", "shown"),
+    [
+        (
+            b"SSH-2.0-OpenSSH_9.6\r\n",
+            "not an HTTP answer (BadStatusLine: 'SSH-2.0-OpenSSH_9.6\\r\\n')",
+        ),
+        (b"HTTP/1.1 500 " + b"x" * 5000 + b"\r\nContent-Length: 0\r\n\r\n", "HTTP 500 'xxx"),
+    ],
+    ids=["not-http", "long-reason"],
+)
+def test_what_the_server_said_is_quoted_on_one_short_line(answer: bytes, shown: str) -> None:
+    """Something other than an engine on the port (an SSH server) answered a status line
+    that went into the failure's line as it came, its CRLF breaking the log line; a
+    reason phrase of kilobytes was quoted whole. Quoted escaped and cut to 200 characters."""
+    import socket
+    import threading
+
+    import gpugov.daemon.scrape as scrape
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_once() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(answer)
+
+    threading.Thread(target=answer_once, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/metrics"
+    try:
+        with pytest.raises(EngineUnavailable) as raised:
+            scrape.KeepAliveFetcher()(url, 5.0)
+    finally:
+        listener.close()
+    message = str(raised.value)
+    assert "\n" not in message and "\r" not in message
+    assert shown in message
+    assert len(message) < len(url) + 300
+
+
 def test_an_answer_with_two_different_content_lengths_is_a_failed_scrape() -> None:
     """Two Content-Length headers that disagree (a proxy that adds its own): http.client
     reads as many bytes as the first says, so a page cut at a line the first length
