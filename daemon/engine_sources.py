@@ -13,6 +13,7 @@ from gpugov.daemon.engines import (
     DYNAMO_MARK,
     DYNAMO_SERIES,
     SPECS,
+    TGI_BEFORE_FIRST_REQUEST,
     EngineKind,
     EngineSample,
     EngineSpec,
@@ -143,7 +144,7 @@ class ScrapedSource:
             raise EngineParseError(
                 f"{self.url}: no vllm:, sglang: or tgi_ metrics on the page: the engine's "
                 "metrics are off (vLLM's --disable-log-stats; SGLang needs --enable-metrics) "
-                "or the URL is not an engine's"
+                f"or the URL is not an engine's ({TGI_BEFORE_FIRST_REQUEST})"
             )
         if self.spec is not None and self.spec.kind == kind:
             return False

@@ -443,6 +443,13 @@ TGI = EngineSpec(
 )
 SPECS: dict[str, EngineSpec] = {"vllm": VLLM, "sglang": SGLANG, "tgi": TGI}
 
+TGI_BEFORE_FIRST_REQUEST = (
+    "TGI publishes its series from its first request on: a TGI that has served no "
+    "request yet has none"
+)
+"""What a page without TGI's queue gauges may be: TGI's router (metrics-rs) creates each
+series at its first use, so a fresh TGI's page has none of them."""
+
 
 MAX_KV_TOKENS = 1e12
 """KV cache tokens no engine holds: a token's cache is kilobytes (layers x KV heads x head
@@ -644,6 +651,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         raise EngineParseError(
             f"{source}: no {spec.kind} queue gauges ({spec.running[0]}, {spec.waiting[0]}) "
             "on the page; wrong engine kind, or metrics not enabled"
+            + (f" ({TGI_BEFORE_FIRST_REQUEST})" if spec.kind == "tgi" else "")
         )
     if running is None or waiting is None:
         what, names, other = (

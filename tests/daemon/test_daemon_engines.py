@@ -1232,6 +1232,21 @@ def test_what_the_server_said_is_quoted_on_one_short_line(answer: bytes, shown: 
     assert len(message) < len(url) + 300
 
 
+def test_a_tgi_that_has_served_no_request_is_said_to_be_one() -> None:
+    """TGI's router sets its queue gauges when a request first arrives (metrics-rs
+    registers a series at its first use): a TGI that has served none has neither, nor
+    any other ``tgi_`` series. Its node held the fail-safe with a line that blamed the
+    engine kind or metrics not enabled; the line now says a TGI publishes them from its
+    first request on (the fail-safe still holds: nothing on the page is read as 0)."""
+    page = "# HELP tgi_queue_size Current queue size\n# TYPE tgi_queue_size gauge\n"
+    with pytest.raises(EngineParseError) as configured:
+        TgiSource("http://e/metrics", fetch=lambda url, t: page).scrape()
+    with pytest.raises(EngineParseError) as detected:
+        ScrapedSource("http://e/metrics", fetch=lambda url, t: page).scrape()
+    for raised in (configured, detected):
+        assert "a TGI that has served no request yet has none" in str(raised.value)
+
+
 def test_an_answer_with_two_different_content_lengths_is_a_failed_scrape() -> None:
     """Two Content-Length headers that disagree (a proxy that adds its own): http.client
     reads as many bytes as the first says, so a page cut at a line the first length
@@ -1288,7 +1303,8 @@ def test_a_page_of_no_engine_says_what_to_check() -> None:
     assert str(caught.value) == (
         "http://e/metrics: no vllm:, sglang: or tgi_ metrics on the page: the engine's "
         "metrics are off (vLLM's --disable-log-stats; SGLang needs --enable-metrics) or the "
-        "URL is not an engine's"
+        "URL is not an engine's (TGI publishes its series from its first request on: a TGI "
+        "that has served no request yet has none)"
     )
 
 
