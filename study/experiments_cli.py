@@ -47,6 +47,7 @@ from gpugov.daemon.cli_support import (
     window_past_end_note,
     wrote,
 )
+from gpugov.daemon.files import write_text_atomic
 from gpugov.daemon.progress import Progress
 from gpugov.plant import ServingPlant
 from gpugov.plant.profile import DEFAULT_PROFILE
@@ -309,8 +310,13 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Any, path: Path) -> None:
-    fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
+    """Write ``fig`` (``save_figure``: a failure, a full disk, names ``path``) and close it."""
+    from gpugov.study.plots import save_figure
+
+    try:
+        save_figure(fig, path, dpi=110)
+    finally:
+        _pyplot().close(fig)
 
 
 def plot_trajectories(
@@ -741,12 +747,13 @@ def run_experiments(args: argparse.Namespace) -> int:
             raise UsageError(f"--trace {args.trace}: {error}") from error
 
         results_path = staging / "results.json"
-        results_path.write_text(json.dumps(results, allow_nan=False) + "\n")
+        # Each named in a failure (a full disk); Path.write_text's failed write names none.
+        write_text_atomic(results_path, json.dumps(results, allow_nan=False) + "\n")
         progress("writing figures")
         figures = write_figures(results, staging / "figures")
         summary_path = staging / "summary.md"
-        summary_path.write_text(
-            format_summary_markdown(results, elapsed_s=time.perf_counter() - started)
+        write_text_atomic(
+            summary_path, format_summary_markdown(results, elapsed_s=time.perf_counter() - started)
         )
         written = [results_path, *figures, summary_path]
     bar.close("done", done=EXPERIMENT_STEPS)

@@ -153,7 +153,13 @@ def _staged(out: Path, *, created: bool) -> Iterator[Path]:
     shutil.rmtree(staging, ignore_errors=True)  # a run killed outright left it
     staging.mkdir()
     try:
-        yield staging
+        try:
+            yield staging
+        except OSError as error:  # a full disk: named as the file in DIR, never .partial
+            named = _named_in(error, staging, out)
+            if named is error:
+                raise
+            raise named from error
         with signals_blocked({signal.SIGINT, signal.SIGTERM}):
             _move_into(staging, out)
     except BaseException:
@@ -163,6 +169,18 @@ def _staged(out: Path, *, created: bool) -> Iterator[Path]:
                 out.rmdir()  # only when empty: nothing of the user's goes
         raise
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def _named_in(error: OSError, staging: Path, out: Path) -> OSError:
+    """``error`` with a file under ``staging`` named as its place under ``out`` (where
+    the user will look for it); else ``error`` as it is."""
+    if error.filename is None or not error.errno:
+        return error
+    try:
+        relative = Path(os.fsdecode(error.filename)).relative_to(staging)
+    except ValueError:
+        return error
+    return OSError(error.errno, error.strerror, str(out / relative))
 
 
 def _move_into(staging: Path, out: Path) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import io
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,52 @@ def test_a_profile_state_file_that_cannot_grow_is_one_line_naming_it(tmp_path: P
     errors = [line for line in cut.stderr.splitlines() if line.startswith("gpugov: error:")]
     assert errors == [f"gpugov: error: {state}: File too large"], cut.stderr
     assert "Traceback" not in cut.stderr
+
+
+@contextlib.contextmanager
+def _file_size_limit(limit_bytes: int) -> Iterator[None]:
+    """Writing a file past ``limit_bytes`` fails (EFBIG, as a full disk fails a write) in
+    this process while the block runs (Python ignores the SIGXFSZ that would kill it)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_experiments_past_a_full_disk_is_one_line_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DIR/results.json`` was written with ``Path.write_text``, whose failed write names
+    no file: a traceback (exit 1). One line naming ``DIR/results.json`` now, and the
+    ``DIR`` the run made is gone again. The study's results are a stand-in: what is under
+    test is how the command writes them."""
+    from gpugov.study import experiments_cli
+
+    monkeypatch.setattr(
+        experiments_cli, "build_textbook_results", lambda *a, **k: {"pad": "x" * 50_000}
+    )
+    out = tmp_path / "out"
+    with _file_size_limit(16_384):
+        code, _, stderr = _run(["experiments", "--quick", "--out", str(out)])
+    assert code == 1, stderr
+    assert stderr.splitlines()[-1] == f"gpugov: error: {out / 'results.json'}: File too large"
+    assert "Traceback" not in stderr and not out.exists()
+
+
+def test_an_experiments_figure_past_a_full_disk_names_its_file(tmp_path: Path) -> None:
+    """The figures were saved by matplotlib in place, whose failed write (inside PIL)
+    names no file: a traceback. Written as every output is now, naming the figure."""
+    from gpugov.study import experiments_cli
+    from gpugov.study.plots import pyplot
+
+    fig, axis = pyplot().subplots()
+    axis.plot(range(1000), [(i * 7919) % 1000 for i in range(1000)])
+    target = tmp_path / "figure.png"
+    with _file_size_limit(4096), pytest.raises(OSError) as failed:
+        experiments_cli._save(fig, target)
+    assert failed.value.filename == str(target) and failed.value.errno == errno.EFBIG
+    assert not target.exists()
