@@ -75,6 +75,7 @@ from gpugov.daemon.files import (
     remove_left_temporaries,
     write_json_atomic,
 )
+from gpugov.daemon.limits import MAX_POWER_W
 from gpugov.plant.input_files import finite_number
 
 log = logging.getLogger(__name__)
@@ -406,7 +407,8 @@ class LockState:
     def _limit_entries(self, data: Any) -> dict[str, dict[str, Any]]:
         """The power limit entries of the parsed file ``data`` (empty when there are none
         or no file; an entry whose original limit is not a positive whole number of
-        milliwatts is logged and dropped: nothing known to restore)."""
+        milliwatts up to a megawatt (:data:`~daemon.limits.MAX_POWER_W`; pynvml would keep
+        the low 32 bits of a larger one) is logged and dropped: nothing known to restore)."""
         limits = data.get("power_limits") if isinstance(data, dict) else None
         if not isinstance(limits, dict):
             return {}
@@ -415,7 +417,7 @@ class LockState:
             if not isinstance(entry, dict):
                 continue
             value = finite_number(entry.get("original_mw"))
-            if value is None or value <= 0 or value != int(value):
+            if value is None or not 0 < value <= MAX_POWER_W * 1000.0 or value != int(value):
                 log.warning(
                     "lock state %s: GPU %s: original_mw is %r, not a power limit in mW; "
                     "its power limit before gpugov is unknown: check it (nvidia-smi -q -d "

@@ -296,6 +296,31 @@ def test_the_original_is_recorded_before_the_write_and_restored_after_a_crash(
     assert "previous gpugov run (pid 999999999" in caplog.text
 
 
+@pytest.mark.parametrize("original_mw", [10**30, 1e308, 2**32 + 450_000])
+def test_a_recorded_original_over_a_megawatt_is_no_limit_to_restore(
+    original_mw: float, fake_nvml: FakeNvml, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A damaged record's original limit past any board's (a megawatt): restored, NVML
+    was asked for it (pynvml passes a c_uint, which keeps the low 32 bits of a larger
+    one) and reset-clocks advised ``nvidia-smi -pl`` with a 28-digit number."""
+    PowerLimitActuator(
+        _backends(fake_nvml), domain="d", state=LockState(tmp_path, pid=999_999_999)
+    ).apply(600.0)
+    path = tmp_path / "locks.json"
+    data = json.loads(path.read_text())
+    data["power_limits"]["GPU-fake-0000"]["original_mw"] = original_mw
+    path.write_text(json.dumps(data))
+    before = list(fake_nvml.writes)
+    with caplog.at_level(logging.WARNING):
+        lines = PowerLimitActuator(
+            _backends(fake_nvml), domain="d", state=LockState(tmp_path)
+        ).reconcile()
+    assert len(lines) == 1 and "GPU 1" in lines[0]  # GPU 0's entry is dropped
+    assert [w for w in fake_nvml.writes[len(before) :] if w[0] == SET and w[1] == 0] == []
+    assert "GPU-fake-0000: original_mw is" in caplog.text
+    assert "not a power limit in mW" in caplog.text
+
+
 def test_reconcile_leaves_a_limit_someone_else_set_and_retries_a_failed_restore_at_exit(
     fake_nvml: FakeNvml, tmp_path: Path
 ) -> None:
