@@ -459,17 +459,17 @@ no count (an unsigned value wrapped below zero reads about 1.8e19)."""
 
 def _vllm_kv_capacities(series: Series) -> dict[tuple[tuple[str, str], ...], float]:
     """KV capacity in tokens per engine (non-rank labels), from ``vllm:cache_config_info``:
-    ``kv_cache_size_tokens`` (recent releases), else ``num_gpu_blocks * block_size``; one
-    above :data:`MAX_KV_TOKENS` is not known."""
+    ``kv_cache_size_tokens`` (recent releases), else (absent, or ``"None"``: an optional
+    field) ``num_gpu_blocks * block_size``; one above :data:`MAX_KV_TOKENS` is not known."""
     per_engine: dict[tuple[tuple[str, str], ...], float] = {}
     for labels, _ in series.get("vllm:cache_config_info") or ():
         try:
-            if "kv_cache_size_tokens" in labels:
-                tokens = float(labels["kv_cache_size_tokens"])
-            else:
-                tokens = float(labels["num_gpu_blocks"]) * float(labels["block_size"])
+            tokens = float(labels["kv_cache_size_tokens"])
         except (KeyError, ValueError):
-            continue
+            try:
+                tokens = float(labels["num_gpu_blocks"]) * float(labels["block_size"])
+            except (KeyError, ValueError):
+                continue
         if not math.isfinite(tokens) or tokens <= 0 or tokens > MAX_KV_TOKENS:
             continue  # no cache (a page before the engine profiled it), or no count
         key = tuple(sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS))

@@ -639,6 +639,23 @@ def test_a_vllm_cache_of_zero_blocks_is_no_kv_capacity() -> None:
     assert sample.kv_capacity_tokens is None
 
 
+def test_a_vllm_cache_size_of_none_falls_back_to_the_blocks() -> None:
+    """vLLM writes ``kv_cache_size_tokens="None"`` where its config holds no size (the
+    field is optional): the row was passed over though its ``num_gpu_blocks`` and
+    ``block_size`` give the capacity, and the KV capacity and tokens were not known."""
+    page = fixture_text("vllm_dp2_synthetic.txt")
+    assert 'num_gpu_blocks="10000"' in page and "kv_cache_size_tokens" not in page
+    known = VllmSource("x", fetch=lambda url, t: page).scrape()
+    assert known.kv_capacity_tokens is not None
+    sized = page.replace(
+        'num_gpu_blocks="10000"', 'kv_cache_size_tokens="None",num_gpu_blocks="10000"'
+    )
+    assert sized.count("kv_cache_size_tokens") == page.count('num_gpu_blocks="10000"')
+    sample = VllmSource("x", fetch=lambda url, t: sized).scrape()
+    assert sample.kv_capacity_tokens == known.kv_capacity_tokens
+    assert sample.kv_tokens == known.kv_tokens
+
+
 def test_a_vllm_cache_beyond_any_engine_is_no_kv_capacity() -> None:
     # num_gpu_blocks wrapped below zero: 5.9e20 tokens of capacity, and the engines' KV
     # tokens with it (usage x capacity), went to the controller as the node's cache.
