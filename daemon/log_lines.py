@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
+from collections import deque
+from typing import Any, TextIO
 
 from gpugov.daemon.errors import printable
 
@@ -55,10 +59,121 @@ class CommandLineFormatter(logging.Formatter):
         return command_line("error" if record.levelno >= logging.ERROR else "warning", message)
 
 
+LOG_WAIT_S = 0.5
+"""How long a log call waits for its line to be written to stderr (microseconds when the
+reader reads) before it goes on without it (:class:`BoundedStreamHandler`)."""
+LOG_QUEUE_LINES = 1000
+"""Lines held for a stderr that has not taken them; past that, lines are left out."""
+
+
+class BoundedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A :class:`logging.StreamHandler` whose lines are written on a thread of its own: a
+    log call waits for its line at most :data:`LOG_WAIT_S`, and not at all while a line
+    is still not taken after that (a full pipe: the log reader stopped reading, as a
+    container runtime's blocking log mode does on a full log disk).
+
+    Written on the caller's thread, such a write held the caller until the reader came
+    back: the loop, and a SIGTERM's reset, with the GPUs locked. At most
+    :data:`LOG_QUEUE_LINES` lines wait; those past it are left out and counted, in one
+    line where they would have been. Each line is out before its call returns while the
+    stream takes lines, so the order with what is printed to the same stream holds.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self._lines: deque[str] = deque()
+        # Reentrant: a signal handler that logs may land while this thread holds it.
+        self._changed = threading.Condition(threading.RLock())
+        self._queued = 0
+        self._written = 0
+        self._left_out = 0
+        self._writing_since: float | None = None
+        self._writer: threading.Thread | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Queue the record's line and wait for it (see the class)."""
+        try:
+            line = self.format(record) + self.terminator
+        except Exception:  # as StreamHandler.emit: a record that cannot be formatted
+            self.handleError(record)
+            return
+        with self._changed:
+            if len(self._lines) >= LOG_QUEUE_LINES:
+                self._left_out += 1
+                return
+            if self._left_out:
+                self._queue(self._left_out_line())
+            number = self._queue(line)
+            if self._stuck():
+                return
+            self._changed.wait_for(lambda: self._written >= number, timeout=LOG_WAIT_S)
+
+    def flush(self) -> None:
+        """Wait, at most :data:`LOG_WAIT_S` and not while the stream is stuck, for every
+        queued line to be written (the exit's ``logging.shutdown``)."""
+        with self._changed:
+            if not self._stuck():
+                self._changed.wait_for(lambda: not self._lines, timeout=LOG_WAIT_S)
+
+    def _queue(self, line: str) -> int:
+        """Hand ``line`` to the writer thread (started on the first); its number."""
+        self._lines.append(line)
+        self._queued += 1
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write, name="gpugov-log", daemon=True)
+            self._writer.start()
+        self._changed.notify_all()
+        return self._queued
+
+    def _stuck(self) -> bool:
+        """Whether a line has been in the stream's write for longer than the wait."""
+        since = self._writing_since
+        return since is not None and time.monotonic() - since >= LOG_WAIT_S
+
+    def _left_out_line(self) -> str:
+        """The line standing for the lines left out since the last one queued (their
+        count is reset), formatted as a record of its own."""
+        notice = logging.makeLogRecord(
+            {
+                "name": __name__,
+                "levelno": logging.WARNING,
+                "levelname": "WARNING",
+                "msg": "%d log line(s) left out: stderr did not take them (its reader "
+                "stopped reading: a full pipe)",
+                "args": (self._left_out,),
+            }
+        )
+        self._left_out = 0
+        return self.format(notice) + self.terminator
+
+    def _write(self) -> None:
+        """The writer thread: each queued line, in order, written and flushed."""
+        stream: Any = self.stream
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._lines))
+                line = self._lines[0]
+                self._writing_since = time.monotonic()
+            try:
+                stream.write(line)
+                stream.flush()
+            except Exception:  # a stream that fails: nowhere to say so
+                pass
+            finally:
+                with self._changed:
+                    self._lines.popleft()
+                    self._written += 1
+                    self._writing_since = None
+                    if not self._lines and self._left_out:  # no later line to say it
+                        self._queue(self._left_out_line())
+                    self._changed.notify_all()
+
+
 def log_to_stderr(level: int) -> None:
-    """Log records at ``level`` and above to stderr, one :class:`LineFormatter` line each
+    """Log records at ``level`` and above to stderr, one :class:`LineFormatter` line each,
+    never waiting long on a stderr that takes no lines (:class:`BoundedStreamHandler`)
     (``logging.basicConfig``: nothing when the root logger has a handler already)."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = BoundedStreamHandler(sys.stderr)
     handler.setFormatter(LineFormatter())
     logging.basicConfig(level=level, handlers=[handler])
 

@@ -321,6 +321,8 @@ class Daemon:
     """Run in the child before ``exec`` (a resource limit, a blocked signal)."""
     env: dict[str, str] = field(default_factory=dict)
     """Set in the child's environment (systemd's ``NOTIFY_SOCKET``, ``WATCHDOG_USEC``)."""
+    stderr_fd: int | None = None
+    """The child's stderr, when not the file :attr:`stderr` reads (a pipe the test reads)."""
 
     def start(self) -> Daemon:
         """Start it (stderr to a file)."""
@@ -343,7 +345,7 @@ class Daemon:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "gpugov", *self.args],
                 stdout=out,
-                stderr=err,
+                stderr=err if self.stderr_fd is None else self.stderr_fd,
                 env=env,
                 cwd=self.node.root,
                 preexec_fn=self.preexec,

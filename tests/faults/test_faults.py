@@ -12,12 +12,15 @@ write the figures (scenarios, passes, fail-safe times) as JSON.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import fcntl
 import json
 import os
 import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -370,6 +373,45 @@ def _notify_not_read(root: Path) -> dict[str, Any]:
         daemon.kill()
         engine.close()
         reader.close()
+
+
+@scenario("stderr-pipe-not-read")
+def _stderr_not_read(root: Path) -> dict[str, Any]:
+    """The daemon's stderr is a pipe whose reader stopped reading (a container runtime's
+    blocking log mode on a full log disk): the loop goes on, and a SIGTERM resets."""
+    engine = Engine("ok")
+    node, daemon = _daemon(root, engine)
+    reader, writer = os.pipe()
+    fcntl.fcntl(writer, fcntl.F_SETPIPE_SZ, 4096)
+    daemon.stderr_fd = writer
+    filler = threading.Thread(target=os.write, args=(writer, b"#" * 3500 + b"\n"), daemon=True)
+    try:
+        daemon.start()
+        os.set_blocking(reader, False)  # this end only: the daemon's stays blocking
+        seen = b""
+        deadline = time.monotonic() + 60
+        while node.locked() != [[LOCKED_MHZ] * 2] * 2 and time.monotonic() < deadline:
+            with contextlib.suppress(BlockingIOError):
+                seen += os.read(reader, 65536)
+            time.sleep(0.02)
+        assert node.locked() == [[LOCKED_MHZ] * 2] * 2, seen.decode(errors="replace")
+        filler.start()  # the reader stops; what room is left, the daemon's lines fill
+        for mode in ("down", "ok") * 3:  # the fail-safe in and out: log lines
+            engine.set(mode)
+            time.sleep(0.5)
+        assert daemon.process is not None and daemon.process.poll() is None
+        code = daemon.stop(timeout_s=20.0)
+        assert code == 0, code
+        assert node.locked() == [None, None], node.writes()
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+        with contextlib.suppress(OSError):
+            while os.read(reader, 65536):  # frees the filler
+                pass
+        os.close(reader)
+        os.close(writer)
 
 
 # ------------------------------------------------------------------------ files

@@ -1,0 +1,85 @@
+"""A stderr that stops taking lines (a pipe its reader stopped reading: a container
+runtime's blocking log mode on a full log disk) never holds the daemon's log calls: the
+loop, a stop's reset and the exit go on, and the lines come out in order once it takes
+them again, those left out counted in one line."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from daemon_support import JOIN_S
+
+from gpugov.daemon.log_lines import LOG_QUEUE_LINES, LOG_WAIT_S, BoundedStreamHandler, LineFormatter
+
+
+class StuckStream:
+    """A stream whose writes block until :attr:`release` is set (a full pipe)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.text: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.release.wait(JOIN_S)
+        self.text.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _logger(handler: logging.Handler) -> logging.Logger:
+    logger = logging.getLogger("gpugov.test.blocked_stderr")
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    return logger
+
+
+def test_log_calls_do_not_wait_on_a_stderr_that_takes_no_lines() -> None:
+    """Before, each log call wrote to stderr on the caller's thread: a full pipe held the
+    loop (and a SIGTERM's stop) there, the GPUs locked, until the reader came back."""
+    stream = StuckStream()
+    handler = BoundedStreamHandler(stream)
+    handler.setFormatter(LineFormatter("%(message)s"))
+    logger = _logger(handler)
+    try:
+        started = time.monotonic()
+        total = LOG_QUEUE_LINES + 50
+        for number in range(total):
+            logger.info("line %d", number)
+        handler.flush()  # the exit's: waits for nothing while the stream hangs
+        took_s = time.monotonic() - started
+        assert took_s < 2 * LOG_WAIT_S + 1.0, took_s  # one wait, not one per line
+        assert not stream.text
+        stream.release.set()
+        deadline = time.monotonic() + JOIN_S
+        while time.monotonic() < deadline and not any("left out" in t for t in stream.text):
+            time.sleep(0.01)
+        lines = "".join(stream.text).splitlines()
+        # The first lines in order; those past the queue's room left out, said once.
+        assert lines[:-1] == [f"line {number}" for number in range(LOG_QUEUE_LINES)]
+        assert lines[-1].startswith(
+            f"{total - LOG_QUEUE_LINES} log line(s) left out: stderr did not take them"
+        )
+    finally:
+        stream.release.set()
+        handler.close()
+
+
+def test_a_healthy_stream_gets_each_line_before_the_call_returns() -> None:
+    """Written on the handler's thread, each line is still out before its log call
+    returns (a command's own last line, printed to the same stderr, comes after it)."""
+    stream = StuckStream()
+    stream.release.set()
+    handler = BoundedStreamHandler(stream)
+    handler.setFormatter(LineFormatter("%(message)s"))
+    logger = _logger(handler)
+    try:
+        for number in range(20):
+            logger.warning("line %d", number)
+            assert stream.text[-1] == f"line {number}\n"
+    finally:
+        handler.close()
