@@ -41,7 +41,6 @@ FORBIDDEN_IMPORTS = (
     "scipy",
     "pydantic",
     "prometheus_client",
-    "sdnotify",
     "gpugov.daemon.engines",
     "gpugov.daemon.config",
     "gpugov.daemon.config_types",
