@@ -153,6 +153,13 @@ def _nothing_in_flight(engine: EngineSample) -> bool:
     return engine.running_requests <= 0 and engine.waiting_requests <= 0
 
 
+RESTARTS_LEFT_OUT = (
+    "{count} more in the {seconds:.0f} s before were not logged: does this URL reach "
+    "several engines in turn (a load balancer)?"
+)
+"""What a logged engine restart says about the restarts left out before it."""
+
+
 def _another_engine(last: EngineSample, sample: EngineSample) -> bool:
     """Whether ``sample`` is another engine's than ``last``: of another kind, serving
     another model (a name either page lacks tells nothing), or as many data-parallel
@@ -297,6 +304,9 @@ class DomainObserver:
         self._down_since_s: float | None = None
         self._last_reminder_s = -math.inf
         self._engine_episodes = EpisodeLog(log_every_s)
+        self._restarts = EpisodeLog(log_every_s, left_out=RESTARTS_LEFT_OUT)
+        """Engine restarts and changes said: at most one line a ``log_every_s``."""
+        self._restarted = False
         self.role = role
         self.role_from_config = role_from_config
         self.domain = domain
@@ -409,6 +419,8 @@ class DomainObserver:
             # so every consumer (windows, arrivals, the learned model, the energy
             # estimate) meets it as an engine restart, which each already handles.
             self._offsets.restart_from(counters(sample))
+        if new_engine or self._restarted:
+            self._report_restart(now_s, new_engine)
         sample = self._offsets.apply(sample)
         if self.failed_in_a_row:
             down_s = now_s - (self._down_since_s if self._down_since_s is not None else now_s)
@@ -452,6 +464,7 @@ class DomainObserver:
         last, jumped = self._last_raw, self._jumped
         seen = None if last is None else {**self._seen, **last}
         restarted = seen is not None and went_back(seen, now)
+        self._restarted = restarted
         if restarted:
             if sample.engines > 1:
                 # One of several data-parallel engines restarted: the sums still hold
@@ -660,6 +673,27 @@ class DomainObserver:
                 labelled,
                 self.role,
             )
+
+    def _report_restart(self, now_s: float, another: bool) -> None:
+        """One line when the engine restarts or another one answers on the URL (its
+        windows start again there), at most one a ``log_every_s``: a URL whose counters go
+        back scrape after scrape (a load balancer over replicas of one model) says how
+        many it left out, at WARNING. A restart was not logged at all."""
+        note = self._restarts.start(now_s)
+        what = (
+            "another engine answers (of another kind or model, other data-parallel "
+            "engines, or series created again)"
+            if another
+            else "the engine's counters went back (a restart)"
+        )
+        if note is None:
+            log.debug("%s", self._named(f"{what}: its counters start from zero here"))
+            return
+        log.log(
+            logging.WARNING if note else logging.INFO,
+            "%s",
+            self._named(f"{what}: its counters start from zero here{note}"),
+        )
 
     def _report_failure(self, now_s: float, error: str) -> None:
         """One WARNING when the engine goes down, then one reminder per ``log_every_s``;

@@ -4,8 +4,10 @@ tell a restart, or another engine behind the URL, where no counter went back."""
 
 from __future__ import annotations
 
+import logging
 import math
 
+import pytest
 from daemon_support import fixture_text
 from synthetic import IdleGpu
 
@@ -150,3 +152,36 @@ def test_a_restart_hidden_in_a_data_parallel_sum_judges_no_window() -> None:
     observation = observer.observe(1.0, 1, None).observation
     assert (observation.ttft_within_slo_total or 0.0) <= (observation.ttft_count_total or 0.0)
     assert observation.ttft_count_total in (None, 0.0)
+
+
+def test_a_restart_is_said_once_and_a_url_that_flips_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An engine restart (its counters went back) was silent: nothing in the log said
+    when the daemon's windows started again. One line says it; a URL whose counters go
+    back scrape after scrape (two replicas behind it, no ``_created`` series to tell
+    them apart) logs one line a minute, at WARNING, asking whether it reaches several."""
+    first = _page(1.0, CREATED).replace("_created", "_created_not")  # multiprocess mode
+    second = _page(0.3, CREATED).replace("_created", "_created_not")
+    restarted = [first, first, second, second, second]
+    with caplog.at_level(logging.DEBUG, logger="gpugov.daemon.observer"):
+        _observe(restarted)
+    said = [
+        r for r in caplog.records if r.levelno >= logging.INFO and "went back" in r.getMessage()
+    ]
+    assert [r.getMessage() for r in said] == [
+        "http://e/metrics: the engine's counters went back (a restart): its counters start "
+        "from zero here"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="gpugov.daemon.observer"):
+        _observe([first, second] * 65)  # 130 scrapes, one a second
+    said = [
+        r for r in caplog.records if r.levelno >= logging.INFO and "zero here" in r.getMessage()
+    ]
+    assert len(said) == 3, [r.getMessage() for r in said]
+    assert said[0].levelno == logging.INFO
+    assert said[1].levelno == logging.WARNING
+    assert "more in the 60 s before were not logged: does this URL reach several engines" in (
+        said[1].getMessage()
+    )
