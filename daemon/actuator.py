@@ -713,23 +713,26 @@ class ClockActuator:
         return lines
 
     def _left_to_the_exit(self, backend: GpuBackend, dry_run: bool) -> str:
-        """A GPU the reconcile did not reach before a stop: not read. A lock a previous run
-        recorded on it is reset by the exit (every GPU's at once, within the exit's
-        budget); read and reset here one GPU after another, a hung driver cost the stop
-        two deadlines a GPU, past a unit's stop timeout on eight GPUs."""
+        """A GPU the reconcile did not reach before a stop: not read, and reset by the exit
+        (every GPU's at once, within the exit's budget), as the reconcile would have reset
+        or adopted a lock it found (a reset where none is held changes nothing). Read and
+        reset here one GPU after another, a hung driver cost the stop two deadlines a GPU,
+        past a unit's stop timeout on eight GPUs. A GPU whose record names a gpugov that
+        still runs is left to it."""
         label, key = backend.label, gpu_key(backend)
         entry = self.state.get(key) if self.state is not None else None
-        if entry is None or live_writer(entry):  # nothing recorded, or another daemon's
-            line = f"GPU {label}: not reconciled (stopped during the start)"
-            log.info("reconcile: %s", line)
-            return line
-        found = f"{_left_by(entry)}; not reconciled (stopped during the start)"
-        if dry_run:
-            line = f"GPU {label}: {found}; dry run: left as it is"
+        found = "" if entry is None else f"{_left_by(entry)}; "
+        if entry is not None and live_writer(entry):
+            line = (
+                f"GPU {label}: not reconciled (stopped during the start): gpugov "
+                f"{writer_pid_text(entry)} holds its lock and still runs"
+            )
+        elif dry_run:
+            line = f"GPU {label}: {found}not reconciled (stopped during the start); dry run"
         else:
             self._touched.add(label)
             self.locked_mhz[label] = _UNKNOWN
-            line = f"GPU {label}: {found}: reset at exit"
+            line = f"GPU {label}: {found}not reconciled (stopped during the start): reset at exit"
         log.warning("reconcile: %s", line)
         return line
 

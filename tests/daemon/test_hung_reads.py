@@ -595,9 +595,9 @@ def test_a_stop_during_the_reconciles_hung_reads_leaves_the_rest_to_the_exits_re
     clocks (2 s each on a node when the driver hangs), and a SIGTERM lands during GPU 0's.
     The reconcile went on, GPU after GPU, reading and resetting each (a hung read and a
     hung reset, 4 s a GPU: eight GPUs outlived a unit's stop timeout), and so did the
-    power limits'. It stops at the stop now: the GPUs left are not read, and their
-    recorded locks and limits are the exit's to reset and restore (all at once, within
-    its budget)."""
+    power limits'. It stops at the stop now: the GPUs left are not read, and the exit
+    resets them (all at once, within its budget: a lock found or not) and restores their
+    recorded power limits."""
     import os
     import signal
 
@@ -610,10 +610,11 @@ def test_a_stop_during_the_reconciles_hung_reads_leaves_the_rest_to_the_exits_re
     from gpugov.daemon.nvml import NvmlBackend
 
     monkeypatch.setattr(service, "GPU_READ_DEADLINE_S", DEADLINE_S)
-    fake = node_commands_on(monkeypatch, FakeNvml(3))
+    fake = node_commands_on(monkeypatch, FakeNvml(4))
     state_dir = tmp_path / "state"
     killed = LockState(state_dir, pid=1)
     ClockActuator([NvmlBackend(i, nvml=fake) for i in range(3)], state=killed).apply(1005)
+    fake.gpus[3].locked = (900, 900)  # no record: a run that left none, or someone else
     killed.record_power_limit(fake.gpus[2].uuid, "2", 700_000, 300_000)
     fake.gpus[2].power_limit_mw = 300_000
     hung = _HungRead(fake.nvmlDeviceGetTemperatureV)
@@ -632,7 +633,7 @@ def test_a_stop_during_the_reconciles_hung_reads_leaves_the_rest_to_the_exits_re
     config = tmp_path / "gpugov.toml"
     config.write_text(
         f'[daemon]\nmetrics_address = ""\nstate_dir = "{state_dir}"\n'
-        '[[domains]]\nname = "llm"\ngpus = [0, 1, 2]\n'
+        '[[domains]]\nname = "llm"\ngpus = [0, 1, 2, 3]\n'
         f'[domains.engine]\nkind = "vllm"\nurl = "{metrics_server.url}"\n'
     )
     with caplog.at_level(logging.INFO):
@@ -652,6 +653,9 @@ def test_a_stop_during_the_reconciles_hung_reads_leaves_the_rest_to_the_exits_re
         "start): restored at exit"
         in caplog.text
     ), caplog.text
-    assert [fake.locked(i) for i in range(3)] == [None, None, None]
+    assert "reconcile: GPU 3: not reconciled (stopped during the start): reset at exit" in (
+        caplog.text
+    )
+    assert [fake.locked(i) for i in range(4)] == [None] * 4  # GPU 3's reset too, as before
     assert fake.gpus[2].power_limit_mw == 700_000
     assert LockState(state_dir).read() == {} and LockState(state_dir).power_limits() == {}
