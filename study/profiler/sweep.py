@@ -197,6 +197,10 @@ def _record_problem(row: dict[str, Any]) -> str | None:
     prefill = row.get("prefill")
     if not isinstance(prefill, dict) or not _positive(prefill.get("tokens_per_s")):
         return "prefill.tokens_per_s is missing or not a positive number"
+    if not _positive(prefill.get("power_w")):  # a clock without it is never recorded
+        return f"prefill.power_w is {prefill.get('power_w')!r}, not a positive number"
+    if finite_number(prefill.get("r_squared")) is None:
+        return f"prefill.r_squared is {prefill.get('r_squared')!r}, not a number"
     decode = row.get("decode")
     if not isinstance(decode, list) or not decode:
         return "decode is missing or not a list of design points"
@@ -206,6 +210,26 @@ def _record_problem(row: dict[str, Any]) -> str | None:
         for name in ("batch", "iteration_s", "context_tokens"):
             if not _positive(point.get(name)):
                 return f"decode[{index}].{name} is {point.get(name)!r}, not a positive number"
+        if "power_w" not in point:
+            return f"decode[{index}].power_w is missing (a power in W, or null: no reading)"
+        power = point["power_w"]
+        if power is not None and not (finite_number(power) is not None and power >= 0):
+            return f"decode[{index}].power_w is {power!r}, not a power in W or null"
+    return _thermal_problem(row.get("thermal"))
+
+
+def _thermal_problem(thermal: object) -> str | None:
+    """What makes a clock record's ``thermal`` readings unusable for the thermal fit (None
+    when each is a ``[time_s, power_w, temperature_c]`` of numbers)."""
+    if not isinstance(thermal, list):
+        return f"thermal is {thermal!r:.80}, not a list of [time_s, power_w, temperature_c]"
+    for index, reading in enumerate(thermal):
+        if not (
+            isinstance(reading, list)
+            and len(reading) == 3
+            and all(finite_number(value) is not None for value in reading)
+        ):
+            return f"thermal[{index}] is {reading!r:.80}, not [time_s, power_w, temperature_c]"
     return None
 
 
