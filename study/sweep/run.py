@@ -27,7 +27,14 @@ from gpugov.plant.scheduler import SCHEDULERS
 from gpugov.plant.types import Request
 from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, scale_load, workload_checksum
 from gpugov.study.outputs import held_output_dir
-from gpugov.study.runners import RunnerSpec, import_ray, map_cells, ray_endpoint, runner_ready
+from gpugov.study.runners import (
+    CellProgress,
+    RunnerSpec,
+    import_ray,
+    map_cells,
+    ray_endpoint,
+    runner_ready,
+)
 from gpugov.study.sweep.grid import (
     _profile_path_like,
     _resolve,
@@ -58,10 +65,31 @@ GRID_COPY = "grid.toml"
 PLOTS_HINT = "matplotlib is not installed: no plot written (pip install 'gpugov[plots]')"
 
 
+def last_arrival(window: Sequence[Request]) -> float:
+    """The last arrival of a trace's window, in seconds (0 for none)."""
+    return max((r.arrival_time_s for r in window), default=0.0)
+
+
+def cell_units(last_arrival_s: float, load: float) -> float:
+    """A cell's share of the sweep's progress: the simulated seconds to its last arrival at
+    its load (``simulate``'s own progress total), at least one."""
+    return max(last_arrival_s / load, 1.0)
+
+
 def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
     """One cell, as ``gpugov simulate`` runs it; a failure becomes a ``failed`` row (a
-    sweep of hours does not stop for one cell; ``--resume`` runs failed cells again)."""
+    sweep of hours does not stop for one cell; ``--resume`` runs failed cells again).
+    Its simulated seconds are counted as it runs in ``shared["progress"]`` (a
+    :class:`CellProgress`, where there is one); the count only reads the simulation."""
     started = time.perf_counter()
+    counter: CellProgress | None = shared.get("progress")
+    on_progress: Callable[[float, Any], None] | None = None
+    if counter is not None:
+        units = cell_units(last_arrival(shared[f"trace:{cell.trace}"]), cell.load)
+
+        def on_progress(time_s: float, simulation: Any) -> None:
+            counter.report(cell.key, min(time_s, units))
+
     settings = dict(cell.settings)
     base = {"key": cell.key, **cell.parameters(), "settings": settings}
     if cell.controller_file_sha256:
@@ -92,6 +120,7 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
             control_period_s=period,
             # Results written before the view existed observed the exact state.
             view=observation_view(settings.get("engine_view", "exact")),
+            on_progress=on_progress,
         )
     except Exception as error:  # the cell's outermost edge: recorded, the sweep goes on
         return {
@@ -230,20 +259,38 @@ def _run_plan(
             out / GRID_COPY, grid_toml(rebased_grid(plan.grid, grid_path.resolve().parent))
         )
     failed = 0
+    # The bar counts simulated seconds, each cell's as it runs (a local pool's workers
+    # through shared memory; a Ray cell's when it ends): counted in whole cells, a sweep
+    # of a few long cells read "0/1 cells, ETA ?" for minutes.
+    ends = {trace: last_arrival(plan.shared[f"trace:{trace}"]) for trace in plan.grid.traces}
+    units = [cell_units(ends[cell.trace], cell.load) for cell in todo]
+    count = 0
+    last = ""  # the cell finished last, named on each line
+
+    def show() -> None:
+        cells = f"{count:,}/{len(todo):,} cells"
+        progress.update(counter.total(), f"{cells}, {last}" if last else cells)
+
+    counter = CellProgress([cell.key for cell in todo], on_report=show)
     # Nothing to run (a finished sweep resumed): no bar, whose only line was
     # "100.0% (0/0 cells) ... ETA ?"; the resume line above says why.
     with Progress(
-        len(todo), "sweep", unit="cells", stream=progress_stream, enabled=bool(todo)
+        sum(units), "sweep", unit="simulated s", stream=progress_stream, enabled=bool(todo)
     ) as progress:
         # A line at once: the first cell can run for minutes (a whole trace under mpc),
         # and the sweep said nothing until it finished.
-        progress.update(0, f"running {len(todo):,} cell(s)")
-        for count, finished in enumerate(
-            map_cells(
-                run_cell, todo, spec=spec, shared=plan.shared, on_event=say, label=SweepCell.label
-            ),
-            1,
+        last = f"running {len(todo):,} cell(s)"
+        show()
+        for finished in map_cells(
+            run_cell,
+            todo,
+            spec=spec,
+            shared={**plan.shared, "progress": counter},
+            on_event=say,
+            label=SweepCell.label,
+            on_wait=show,
         ):
+            count += 1  # read by show()
             row = {
                 **finished.value,
                 "attempts": finished.attempts,
@@ -261,7 +308,9 @@ def _run_plan(
                     f"cell {todo[finished.index].label()}: {row['invalid_decisions']} "
                     "decision(s) were not a clock in MHz; the safety chain ran the top clock"
                 )
-            progress.update(count, todo[finished.index].label())
+            last = todo[finished.index].label()
+            counter.report(todo[finished.index].key, units[finished.index])  # and show()
+        progress.close(f"{count:,}/{len(todo):,} cells")
     table = summarize(rows, plan.cells)
     paths = {
         "results": results_path,

@@ -278,3 +278,55 @@ def test_bench_counts_a_short_trace_at_its_own_length(
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bench")]
     assert err[0].startswith("bench controllers:   0.0% (0/502 simulated s)"), err
     assert err[-1].startswith("bench controllers: 100.0% (502/502 simulated s)"), err
+
+
+SWEEP_LINE = re.compile(
+    r"^sweep: +\d+\.\d% \(([\d,]+)/([\d,]+) simulated s\), elapsed \S+, ETA \S+, "
+    r"(\d+)/(\d+) cells"
+)
+
+
+def test_a_sweep_counts_simulated_seconds_inside_its_cells(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep counted whole cells, so one of a few long cells (a whole trace under mpc)
+    read "0/1 cells, ETA ?" for minutes. It counts each cell's simulated seconds as it
+    runs now (to its last arrival, at the load's scale): here, with a line at every
+    update, counts inside the one cell of each load before it finishes."""
+    from gpugov.daemon import progress
+    from gpugov.study.runners import RunnerSpec
+    from gpugov.study.sweep import run as sweep_run
+    from gpugov.study.sweep import run_sweep
+
+    class EveryUpdate(progress.Progress):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "log_interval_s": 0.0})
+
+    monkeypatch.setattr(sweep_run, "Progress", EveryUpdate)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+        'controllers = ["max"]\nloads = [1.0, 2.0]\nduration_s = 60.0\n'
+    )
+    stream = io.StringIO()
+    run_sweep(
+        grid, tmp_path / "out", spec=RunnerSpec(jobs=1), say=lambda line: None,
+        progress_stream=stream,
+    )  # fmt: skip
+    lines = [line for line in stream.getvalue().splitlines() if line.strip()]
+    matches = [SWEEP_LINE.match(line) for line in lines]
+    assert all(matches), lines
+    counts = [
+        (float(m[1].replace(",", "")), float(m[2].replace(",", "")), int(m[3]))
+        for m in matches
+        if m
+    ]
+    total = counts[0][1]
+    assert 80.0 < total <= 90.0, lines  # 60 s at load 1 and 30 s at load 2, to the last arrivals
+    assert lines[0].startswith(
+        f"sweep:   0.0% (0/{total:,.0f} simulated s), elapsed 0s, ETA ?, 0/2 cells"
+    )
+    inside = [done for done, _, cells in counts if cells == 0 and done > 0.0]
+    assert len(inside) >= 3, lines  # within the first cell, before it finished
+    assert [done for done, _, _ in counts] == sorted(done for done, _, _ in counts)
+    assert counts[-1] == (total, total, 2), lines

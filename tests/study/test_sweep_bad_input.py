@@ -380,7 +380,7 @@ def test_a_sweep_says_it_runs_before_its_first_cell_ends(
         grid, tmp_path / "out", spec=RunnerSpec(jobs=1), say=lambda line: None,
         progress_stream=stream,
     )  # fmt: skip
-    first = "sweep:   0.0% (0/1 cells), elapsed 0s, ETA ?, running 1 cell(s)\n"
+    first = "sweep:   0.0% (0/5 simulated s), elapsed 0s, ETA ?, 0/1 cells, running 1 cell(s)\n"
     assert seen == [first]
 
 
